@@ -1,0 +1,105 @@
+"""Consistent initialization: the nearest state on the constraint manifold."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import lineax as lx
+import numpy as np
+import optimistix as optx
+
+from ._custom_types import ArrayLike, Coordinates, Float, ScalarLike, Velocities
+from ._system import LagrangianSystem, holonomic_terms, nonholonomic_terms
+
+
+def _position_residual(y, args):
+    """KKT conditions of `min ½ (q − q0)ᵀ M0 (q − q0)` s.t. `Φ(t0, q) = 0`."""
+    q, lam = y
+    system, t0, q0, mass0 = args
+    phi_fn = lambda q_: system.constraints(t0, q_)  # noqa: E731
+    phi, vjp = jax.vjp(phi_fn, q)
+    (jt_lam,) = vjp(lam)
+    return mass0 @ (q - q0) + jt_lam, phi
+
+
+@eqx.filter_jit
+def _project(system, t0, q0, v0, rtol, atol, max_steps):
+    mass0 = system.mass_matrix(t0, q0)
+    lam0 = jnp.zeros_like(system.constraints(t0, q0))
+    solver = optx.Newton(rtol=rtol, atol=atol, linear_solver=lx.AutoLinearSolver(well_posed=False))
+    sol = optx.root_find(
+        _position_residual, solver, (q0, lam0), args=(system, t0, q0, mass0),
+        max_steps=max_steps, throw=False,
+    )
+    q, _ = sol.value
+    # Velocities: the mass-metric projection onto {G v = −(Φ_t, a)}, a linear problem.
+    zero = jnp.zeros_like(v0)
+    phi, phi_t, jac_phi, _ = holonomic_terms(system.constraints, t0, q, zero)
+    psi0, jac_psi, _ = nonholonomic_terms(system.velocity_constraints, t0, q, zero)
+    g = jnp.concatenate([jac_phi, jac_psi])
+    offset = jnp.concatenate([phi_t, psi0])  # G v + offset = (Φ̇, Ψ)
+    mass = system.mass_matrix(t0, q)
+    minv_gt = jnp.linalg.solve(mass, g.T)
+    a_matrix = lx.MatrixLinearOperator(g @ minv_gt, lx.positive_semidefinite_tag)
+    lam = lx.linear_solve(a_matrix, g @ v0 + offset, lx.SVD(), throw=False).value
+    v = v0 - minv_gt @ lam
+    phi_final = system.constraints(t0, q)
+    _, dphi, _, _ = holonomic_terms(system.constraints, t0, q, v)
+    psi = system.velocity_constraints(t0, q, v)
+    return q, v, phi_final, dphi, psi, sol.result
+
+
+def consistent_initial_state(
+    system: LagrangianSystem,
+    t0: ScalarLike,
+    q0: Float[ArrayLike, " n"],
+    v0: Float[ArrayLike, " n"],
+    *,
+    tol: float | None = None,
+    max_steps: int = 64,
+) -> tuple[Coordinates, Velocities]:
+    """The state nearest to `(q0, v0)` in the mass metric with `Φ = 0`, `Φ̇ = 0` and `Ψ = 0`.
+
+    Positions solve the KKT system of `min ½ (q − q0)ᵀ M(q0) (q − q0)` subject to
+    `Φ(t0, q) = 0` with optimistix's Newton method (least-squares linear solves, so redundant
+    constraints are fine). Velocities are the `M`-orthogonal projection of `v0` onto
+    `{Φ̇ = 0, Ψ = 0}`, which is exact since both are affine in `v`.
+
+    **Arguments:**
+
+    - `system`: a [`jaxdae.LagrangianSystem`][].
+    - `t0`, `q0`, `v0`: the time and the guess.
+    - `tol`: accepted residual `max(|Φ|, |Φ̇|, |Ψ|)`; default `1e3 · eps` of the dtype, scaled
+        by the size of `q0`.
+    - `max_steps`: Newton iterations.
+
+    **Returns:**
+
+    `(q, v)`.
+
+    **Raises:**
+
+    `ValueError` if no consistent state is found near `q0` (the constraints may have no
+    solution there, e.g. a point outside the workspace).
+    """
+    q0 = jnp.asarray(q0, dtype=jnp.result_type(float))
+    v0 = jnp.asarray(v0, dtype=q0.dtype)
+    t0 = jnp.asarray(t0, dtype=q0.dtype)
+    if q0.ndim != 1 or q0.shape != v0.shape:
+        raise ValueError(
+            f"`q0` and `v0` must be 1-D arrays of the same shape (n,); got {q0.shape} and {v0.shape}."
+        )
+    eps = float(jnp.finfo(q0.dtype).eps)
+    scale = 1.0 + float(jnp.max(jnp.abs(q0), initial=0.0))
+    tol = 1e3 * eps * scale if tol is None else tol
+    q, v, phi, dphi, psi, result = _project(system, t0, q0, v0, 0.1 * tol, 0.1 * tol, max_steps)
+    residual = max(
+        float(jnp.max(jnp.abs(x), initial=0.0)) for x in (phi, dphi, psi)
+    )
+    if not np.isfinite(residual) or residual > tol:
+        raise ValueError(
+            f"No consistent initial state found near q0 = {np.asarray(q0)}: after Newton "
+            f"projection max(|Φ|, |Φ̇|, |Ψ|) = {residual:.3g} > tol = {tol:.3g} "
+            f"({optx.RESULTS[result]!s}). The constraints may have no solution near q0 "
+            "(e.g. a target outside the workspace): choose a closer q0 or check `constraints`."
+        )
+    return q, v

@@ -1,0 +1,39 @@
+"""Shape-annotated array aliases shared by the whole package."""
+
+from typing import TypeAlias
+
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PyTree
+
+Scalar: TypeAlias = Float[Array, ""]
+ScalarLike: TypeAlias = float | Float[ArrayLike, ""]
+Coordinates: TypeAlias = Float[Array, " n"]
+Velocities: TypeAlias = Float[Array, " n"]
+Momenta: TypeAlias = Float[Array, " n"]
+MassMatrix: TypeAlias = Float[Array, "n n"]
+HolonomicResidual: TypeAlias = Float[Array, " m"]
+HolonomicJacobian: TypeAlias = Float[Array, "m n"]
+NonholonomicResidual: TypeAlias = Float[Array, " k"]
+NonholonomicJacobian: TypeAlias = Float[Array, "k n"]
+Gain: TypeAlias = Float[Array, ""] | Float[Array, " c"] | Float[Array, "c c"]
+GainLike: TypeAlias = float | Float[ArrayLike, ""] | Float[ArrayLike, " c"] | Float[ArrayLike, "c c"]
+
+__all__ = [
+    "Array",
+    "ArrayLike",
+    "Bool",
+    "Coordinates",
+    "Float",
+    "Gain",
+    "GainLike",
+    "HolonomicJacobian",
+    "HolonomicResidual",
+    "Int",
+    "MassMatrix",
+    "Momenta",
+    "NonholonomicJacobian",
+    "NonholonomicResidual",
+    "PyTree",
+    "Scalar",
+    "ScalarLike",
+    "Velocities",
+]

@@ -1,0 +1,168 @@
+"""Exact Lagrange multipliers with generalized Baumgarte stabilization (paper 004)."""
+
+import equinox as eqx
+import jax.numpy as jnp
+import lineax as lx
+
+from .._custom_types import Gain, GainLike
+from .._gains import (
+    as_gain,
+    check_gain_size,
+    check_gain_structure,
+    gain_matrix,
+    is_concrete,
+    require_positive_definite,
+)
+from .._system import ConstrainedTerms
+from ._base import (
+    AbstractFormulation,
+    baumgarte_target,
+    constraint_matrix,
+    default_rcond,
+    multiplier_solve,
+    reciprocal_condition,
+)
+
+_LYAPUNOV = (
+    "paper 004, eq. [18]: a global Lyapunov function exists iff there is ε > 0 with "
+    "K_D − εI ≻ 0 and K_P + εK_D − ε²I ≻ 0, which for symmetric gains means K_D ≻ 0 and "
+    "K_P ≻ 0; use `Unstabilized()` for no stabilization"
+)
+
+
+def default_kv(kd: Gain) -> Gain:
+    """Default nonholonomic gain: the decay rate `k` of a critically damped `K_D = 2k`."""
+    if kd.ndim == 2:
+        return 0.5 * jnp.mean(jnp.diag(kd))
+    return 0.5 * jnp.mean(kd)
+
+
+def stabilization_gains(kd: GainLike, kp: GainLike, kv: GainLike | None):
+    """Converts `(kd, kp, kv)` to arrays, filling in the default `kv`."""
+    kd, kp = as_gain(kd), as_gain(kp)
+    return kd, kp, default_kv(kd) if kv is None else as_gain(kv)
+
+
+def check_gain_values(formulation, names, reason) -> None:
+    """Construction-time checks: structure always, values when concrete."""
+    for name in names:
+        gain = getattr(formulation, name)
+        check_gain_structure(name, gain)
+        if is_concrete(gain):
+            require_positive_definite(name, gain, reason)
+
+
+def check_stabilization_gains(formulation, names, num_holonomic, num_nonholonomic, reason):
+    """Shape checks (always) and SPD checks (eager or `error_if`) of `kd`, `kp`, `kv`, ...
+
+    Returns a copy of `formulation` whose gains carry the traced checks.
+    """
+    sizes = {"kd": num_holonomic, "kp": num_holonomic, "kv": num_nonholonomic}
+    what = {"kd": "holonomic constraints", "kp": "holonomic constraints",
+            "kv": "nonholonomic constraints"}
+    checked = {}
+    for name in names:
+        gain = getattr(formulation, name)
+        size = sizes.get(name, num_holonomic + num_nonholonomic)
+        check_gain_size(name, gain, size, what.get(name, "constraints (holonomic + nonholonomic)"))
+        checked[name] = require_positive_definite(name, gain, reason)
+    if is_concrete(formulation):
+        return formulation
+    return eqx.tree_at(lambda f: [getattr(f, n) for n in names], formulation,
+                       [checked[n] for n in names])
+
+
+class Unstabilized(AbstractFormulation):
+    """Index reduction only: `Φ̈ = 0`, `Ψ̇ = 0`, exact Lagrange multipliers.
+
+    The constraint violations drift (linearly or quadratically in time); useful as a
+    baseline for the stabilized formulations (paper 004, eq. [6] with `γ_s = γ`).
+
+    **Arguments:**
+
+    - `rcond`: the simulation stops with `RESULTS.singular_constraint_matrix` when the
+        reciprocal condition number of `J M⁻¹ Jᵀ` falls below it. Default `sqrt(eps)`.
+    """
+
+    rcond: float | None = None
+
+    def accelerations(self, terms):
+        return multiplier_solve(terms, terms.bias, lx.Cholesky())
+
+    def validate(self, num_holonomic, num_nonholonomic):
+        return self
+
+    def failure(self, terms):
+        tol = default_rcond(self.rcond, terms.mass_matrix.dtype)
+        return reciprocal_condition(constraint_matrix(terms)) < tol
+
+    @property
+    def can_fail(self):
+        return True
+
+
+class Baumgarte(AbstractFormulation):
+    """Generalized Baumgarte stabilization (paper 004, eqs. [16]–[21]; paper 002, eq. [0.7]).
+
+    Replaces `Φ̈ = 0` by `Φ̈ + K_D Φ̇ + K_P Φ = 0` and `Ψ̇ = 0` by `Ψ̇ + K_V Ψ = 0` and solves
+    for the exact multipliers `λ = (J M⁻¹ Jᵀ)⁻¹ (J M⁻¹ Q − s)` (eq. [21]). Constraint
+    perturbations then obey that linear ODE exactly and decay for positive definite gains.
+
+    Fails where `J M⁻¹ Jᵀ` is singular (redundant constraints, singular configurations):
+    the solve stops there with `RESULTS.singular_constraint_matrix`. Use
+    [`jaxdae.PseudoInverse`][] or [`jaxdae.ModifiedLagrange`][] there.
+
+    **Arguments:**
+
+    - `kd`, `kp`: `K_D`, `K_P` — a scalar, one value per holonomic constraint (diagonal),
+        or a full symmetric positive definite matrix. Remark 3 of paper 004: critically
+        damped `kd = 2k`, `kp = k²`.
+    - `kv`: `K_V` for nonholonomic constraints (same forms). Default: `mean(diag K_D) / 2`,
+        the rate `k` of a critically damped `K_D`.
+    - `rcond`: reciprocal condition number of `J M⁻¹ Jᵀ` below which the matrix is
+        treated as singular. Default `sqrt(eps)` of the state's dtype.
+
+    **Raises:**
+
+    `ValueError` if a gain is not a scalar/vector/square matrix or violates the
+    Lyapunov condition of paper 004 (not symmetric positive definite).
+    """
+
+    kd: Gain
+    kp: Gain
+    kv: Gain
+    rcond: float | None = None
+
+    def __init__(self, kd: GainLike, kp: GainLike, kv: GainLike | None = None,
+                 rcond: float | None = None):
+        self.kd, self.kp, self.kv = stabilization_gains(kd, kp, kv)
+        self.rcond = rcond
+
+    def __check_init__(self):
+        check_gain_values(self, ("kd", "kp", "kv"), _LYAPUNOV)
+
+    def accelerations(self, terms: ConstrainedTerms):
+        target = baumgarte_target(terms, self.kd, self.kp, self.kv)
+        return multiplier_solve(terms, target, lx.Cholesky())
+
+    def validate(self, num_holonomic, num_nonholonomic):
+        return check_stabilization_gains(
+            self, ("kd", "kp", "kv"), num_holonomic, num_nonholonomic, _LYAPUNOV
+        )
+
+    def failure(self, terms):
+        tol = default_rcond(self.rcond, terms.mass_matrix.dtype)
+        return reciprocal_condition(constraint_matrix(terms)) < tol
+
+    @property
+    def can_fail(self):
+        return True
+
+    def perturbation_matrix(self, num_holonomic: int):
+        """`H` of `d/dt (Φ, Φ̇) = H (Φ, Φ̇)` (paper 002 eq. [0.11]) for these gains."""
+        m = num_holonomic
+        dtype = self.kd.dtype
+        eye = jnp.eye(m, dtype=dtype)
+        zero = jnp.zeros((m, m), dtype)
+        return jnp.block([[zero, eye], [-gain_matrix(self.kp, m, dtype),
+                                         -gain_matrix(self.kd, m, dtype)]])

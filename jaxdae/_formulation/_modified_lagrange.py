@@ -1,0 +1,63 @@
+"""The modified Lagrange equation, a generalized penalty method (paper 004, eqs. [22]–[31])."""
+
+import lineax as lx
+
+from .._custom_types import Gain, GainLike
+from .._gains import as_gain, gain_matrix
+from ._base import AbstractFormulation, baumgarte_target
+from ._baumgarte import check_gain_values, check_stabilization_gains, stabilization_gains
+
+_PENALTY = (
+    "paper 004, eqs. [22]–[30]: the constraint masses 𝔄 and the gains K_D, K_P, K_V must be "
+    "positive definite so that the violations y = Φ behave as a damped stable oscillator"
+)
+
+
+class ModifiedLagrange(AbstractFormulation):
+    """Modified Lagrange equation: `(M + Jᵀ𝔄J) q̈ = Q − Jᵀ𝔄 (K_D Φ̇ + K_P Φ − γ)` (paper 004, eq. [30]).
+
+    The violations are treated as extra coordinates with "constraint masses" `𝔄`, damping
+    `K_D` and stiffness `K_P`; the multipliers are `λ = 𝔄 (Φ̈ + K_D Φ̇ + K_P Φ)` (eq. [31]).
+    `M + Jᵀ𝔄J` is positive definite even for redundant constraints and at singular
+    configurations, so the simulation runs through them where [`jaxdae.Baumgarte`][] stops.
+    Nonholonomic rows enter the same way with `Ψ̇ + K_V Ψ`. With scalar gains this is
+    Bayo's classical penalty method.
+
+    Too large `alpha` makes the ODE stiff (Remark 4 of paper 004): an adaptive explicit
+    solver then takes many small steps, a fixed-step one becomes unstable.
+
+    **Arguments:**
+
+    - `alpha`: `𝔄`, scalar, one value per constraint (holonomic then nonholonomic), or an
+        SPD matrix. The paper uses `𝔄 = αI`.
+    - `kd`, `kp`, `kv`: as for [`jaxdae.Baumgarte`][].
+    """
+
+    alpha: Gain
+    kd: Gain
+    kp: Gain
+    kv: Gain
+
+    def __init__(self, alpha: GainLike, kd: GainLike, kp: GainLike,
+                 kv: GainLike | None = None):
+        self.alpha = as_gain(alpha)
+        self.kd, self.kp, self.kv = stabilization_gains(kd, kp, kv)
+
+    def __check_init__(self):
+        check_gain_values(self, ("alpha", "kd", "kp", "kv"), _PENALTY)
+
+    def accelerations(self, terms):
+        g = terms.jacobian
+        target = baumgarte_target(terms, self.kd, self.kp, self.kv)
+        masses = gain_matrix(self.alpha, g.shape[0], g.dtype)
+        lhs = terms.mass_matrix + g.T @ masses @ g
+        lhs = 0.5 * (lhs + lhs.T)
+        rhs = terms.forces + g.T @ (masses @ target)
+        operator = lx.MatrixLinearOperator(lhs, lx.positive_semidefinite_tag)
+        acc = lx.linear_solve(operator, rhs, lx.Cholesky(), throw=False).value
+        return acc, masses @ (g @ acc - target)
+
+    def validate(self, num_holonomic, num_nonholonomic):
+        return check_stabilization_gains(
+            self, ("alpha", "kd", "kp", "kv"), num_holonomic, num_nonholonomic, _PENALTY
+        )

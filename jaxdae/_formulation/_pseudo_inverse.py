@@ -1,0 +1,54 @@
+"""Moore–Penrose multipliers for redundant constraints (paper 004, eqs. [6]–[8])."""
+
+import lineax as lx
+
+from .._custom_types import Gain, GainLike
+from ._base import AbstractFormulation, baumgarte_target, default_rcond, multiplier_solve
+from ._baumgarte import (
+    _LYAPUNOV,
+    check_gain_values,
+    check_stabilization_gains,
+    stabilization_gains,
+)
+
+
+class PseudoInverse(AbstractFormulation):
+    """Generalized Baumgarte stabilization with `A⁺`, for redundant or rank-deficient constraints.
+
+    Paper 004, eq. [6]: `λ = A⁺ (J M⁻¹ Q − s)` with `A = J M⁻¹ Jᵀ` and `A⁺` its
+    Moore–Penrose inverse (the ideal-constraint choice `(I − A⁺A)u = 0` of Proposition 1).
+    With independent constraints this is [`jaxdae.Baumgarte`][]; with redundant ones
+    (a closure equation written twice, an over-constrained four-bar) it still gives the
+    unique ideal reaction `−Jᵀλ`.
+
+    **Arguments:**
+
+    - `kd`, `kp`, `kv`: as for [`jaxdae.Baumgarte`][].
+    - `rcond`: singular values of `A` below `rcond · σ_max` are treated as zero.
+        Default `sqrt(eps)` of the state's dtype.
+    """
+
+    kd: Gain
+    kp: Gain
+    kv: Gain
+    rcond: float | None = None
+
+    def __init__(self, kd: GainLike, kp: GainLike, kv: GainLike | None = None,
+                 rcond: float | None = None):
+        self.kd, self.kp, self.kv = stabilization_gains(kd, kp, kv)
+        self.rcond = rcond
+
+    def __check_init__(self):
+        check_gain_values(self, ("kd", "kp", "kv"), _LYAPUNOV)
+        if self.rcond is not None and not 0 <= self.rcond < 1:
+            raise ValueError(f"`rcond` must be in [0, 1); got {self.rcond}.")
+
+    def accelerations(self, terms):
+        target = baumgarte_target(terms, self.kd, self.kp, self.kv)
+        rcond = default_rcond(self.rcond, terms.mass_matrix.dtype)
+        return multiplier_solve(terms, target, lx.SVD(rcond=rcond))
+
+    def validate(self, num_holonomic, num_nonholonomic):
+        return check_stabilization_gains(
+            self, ("kd", "kp", "kv"), num_holonomic, num_nonholonomic, _LYAPUNOV
+        )

@@ -1,0 +1,98 @@
+"""Gains: conversion, shape checks and positive-definiteness checks.
+
+A gain is a scalar (`k I`), a vector (`diag(k)`, one value per constraint) or a full matrix.
+Values are checked eagerly when they are concrete and with `eqx.error_if` when traced, so
+the checks never break `jit`, `vmap` or `grad` over the gains.
+"""
+
+import equinox as eqx
+import jax
+import jax.core
+import jax.numpy as jnp
+import numpy as np
+
+from ._custom_types import Array, Bool, Float, Gain, GainLike
+
+
+def as_gain(value: GainLike) -> Gain:
+    """Converts a Python number or array to a floating-point JAX array (ints become floats)."""
+    array = jnp.asarray(value)
+    if not jnp.issubdtype(array.dtype, jnp.floating):
+        array = array.astype(jnp.result_type(float))
+    return array
+
+
+def is_concrete(*values) -> bool:
+    """True when no leaf is a tracer, i.e. values can be checked eagerly in Python."""
+    return not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(values))
+
+
+def check_gain_structure(name: str, gain: Array, *, allow_zero_dim: bool = True) -> None:
+    """Raises a `ValueError` if `gain` is not a scalar, a vector or a square matrix."""
+    if gain.ndim > 2 or (gain.ndim == 2 and gain.shape[0] != gain.shape[1]):
+        raise ValueError(
+            f"`{name}` must be a scalar, a vector (one value per constraint) or a square "
+            f"matrix; got shape {gain.shape}."
+        )
+
+
+def check_gain_size(name: str, gain: Array, size: int, what: str) -> None:
+    """Raises a `ValueError` if a vector/matrix gain does not match the number of constraints."""
+    if gain.ndim >= 1 and gain.shape[0] != size:
+        expected = f"({size},) or ({size}, {size})"
+        raise ValueError(
+            f"`{name}` has shape {gain.shape} but the system has {size} {what}: pass a "
+            f"scalar or an array of shape {expected}."
+        )
+
+
+def gain_matrix(gain: Gain, size: int, dtype) -> Float[Array, "c c"]:
+    """The gain as a full `(size, size)` matrix."""
+    gain = gain.astype(dtype)
+    if gain.ndim == 0:
+        return gain * jnp.eye(size, dtype=dtype)
+    if gain.ndim == 1:
+        return jnp.diag(gain)
+    return gain
+
+
+def apply_gain(gain: Gain, x: Float[Array, " c"]) -> Float[Array, " c"]:
+    """`K x` without forming `K` for scalar and diagonal gains."""
+    gain = gain.astype(x.dtype)
+    if gain.ndim <= 1:
+        return gain * x
+    return gain @ x
+
+
+def not_positive_definite(gain: Gain) -> Bool[Array, ""]:
+    """True if the gain is not (symmetric) positive definite, or not finite."""
+    if gain.ndim <= 1:
+        bad = jnp.any(gain <= 0)
+    else:
+        sym = 0.5 * (gain + gain.T)
+        asym = jnp.max(jnp.abs(gain - gain.T), initial=0.0) > 1e-10 * (
+            1 + jnp.max(jnp.abs(gain), initial=0.0)
+        )
+        lowest = jnp.min(jnp.linalg.eigvalsh(sym), initial=jnp.inf)
+        bad = asym | (lowest <= 0)
+    return bad | jnp.any(~jnp.isfinite(gain))
+
+
+def describe_gain(gain) -> str:
+    gain = np.asarray(gain)
+    if gain.ndim <= 1:
+        return f"values {np.array2string(gain, precision=4)}"
+    return (
+        f"eigenvalues of its symmetric part {np.linalg.eigvalsh(0.5 * (gain + gain.T))}, "
+        f"asymmetry max|K - Kᵀ| = {np.max(np.abs(gain - gain.T)):.3g}"
+    )
+
+
+def require_positive_definite(name: str, gain: Array, reason: str) -> Array:
+    """Checks that `gain` is SPD: eagerly (`ValueError`) if concrete, else via `eqx.error_if`."""
+    message = f"`{name}` must be symmetric positive definite ({reason})."
+    if is_concrete(gain):
+        if bool(not_positive_definite(gain)):
+            raise ValueError(f"{message} Got {describe_gain(gain)}.")
+        return gain
+    return eqx.error_if(gain, not_positive_definite(gain), message)

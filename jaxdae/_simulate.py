@@ -1,0 +1,286 @@
+"""The one entry point: [`jaxdae.simulate`][]."""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._custom_types import Array, ArrayLike, Float, ScalarLike
+from ._formulation import AbstractFormulation
+from ._gains import is_concrete
+from ._solution import RESULTS, SimulationError, Solution, failure_message
+from ._system import AbstractSystem, ConstrainedTerms
+
+
+def _float_vector(name: str, value, dtype=None) -> Array:
+    array = jnp.asarray(value, dtype=dtype)
+    if not jnp.issubdtype(array.dtype, jnp.floating):
+        array = array.astype(jnp.result_type(float))
+    if array.ndim != 1:
+        raise ValueError(f"`{name}` must be a 1-D array of shape (n,); got shape {array.shape}.")
+    return array
+
+
+def _vector_field(t, y, args):
+    system, formulation = args
+    q, v = y
+    acc, _ = formulation.accelerations(system.terms(t, q, v))
+    return v, acc
+
+
+def _failure_event(t, y, args, **kwargs):
+    system, formulation = args
+    q, v = y
+    return formulation.failure(system.terms(t, q, v))
+
+
+def _diagnostics(system, formulation, t, q, v):
+    """Constraint residuals, multipliers and energy at one saved state."""
+    terms = system.terms(t, q, v)
+    _, multipliers = formulation.accelerations(terms)
+    return terms.phi, terms.dphi, terms.psi, multipliers, system.energy(t, q, v)
+
+
+def check_initial_state(system: AbstractSystem, t0, q0, v0) -> tuple[ConstrainedTerms, Array]:
+    """Terms at the initial state and a flag per problem found (for eager or traced checks)."""
+    terms = system.terms(t0, q0, v0)
+    mass = terms.mass_matrix
+    asym = jnp.max(jnp.abs(mass - mass.T)) > 1e-8 * (1 + jnp.max(jnp.abs(mass)))
+    lowest = jnp.linalg.eigvalsh(0.5 * (mass + mass.T))[0]
+    flags = jnp.stack(
+        [
+            ~jnp.all(jnp.isfinite(q0)),
+            ~jnp.all(jnp.isfinite(v0)),
+            asym | ~(lowest > 0) | ~jnp.all(jnp.isfinite(mass)),
+            ~jnp.all(jnp.isfinite(terms.forces)),
+        ]
+    )
+    return lowest, flags
+
+
+_INITIAL_STATE_MESSAGES = (
+    "`q0` contains non-finite values (nan or inf); pass finite initial coordinates.",
+    "`v0` contains non-finite values (nan or inf); pass finite initial velocities.",
+    "The mass matrix at `q0` is not symmetric positive definite; check `kinetic_energy` / "
+    "`mass_matrix` (every coordinate needs inertia) or move `q0` away from a degenerate "
+    "configuration.",
+    "The generalized forces at (t0, q0, v0) are not finite; check `potential_energy`, "
+    "`generalized_forces` and `kinetic_energy` at the initial state.",
+)
+
+_check_initial_state_jit = eqx.filter_jit(check_initial_state)
+
+
+def _validate(system, formulation, t0, t1, q0, v0, ts):
+    if not isinstance(system, AbstractSystem):
+        raise ValueError(
+            f"`system` must be a jaxdae system (e.g. a `jaxdae.LagrangianSystem` subclass); "
+            f"got {type(system).__name__}."
+        )
+    if not isinstance(formulation, AbstractFormulation):
+        raise ValueError(
+            "`formulation` must be a jaxdae formulation such as `jaxdae.Baumgarte(kd, kp)` or "
+            f"`jaxdae.ModifiedLagrange(alpha, kd, kp)`; got {type(formulation).__name__}."
+        )
+    if q0.shape != v0.shape:
+        raise ValueError(
+            f"`q0` and `v0` must have the same shape (n,); got {q0.shape} and {v0.shape}."
+        )
+    terms = eqx.filter_eval_shape(lambda s, t, q, v: s.terms(t, q, v), system, t0, q0, v0)
+    n = q0.shape[0]
+    if terms.mass_matrix.shape != (n, n):
+        raise ValueError(
+            f"The mass matrix has shape {terms.mass_matrix.shape} but `q0` has {n} "
+            f"coordinates; `q0` and `v0` must have one entry per generalized coordinate."
+        )
+    if terms.forces.shape != (n,):
+        raise ValueError(
+            f"`generalized_forces` must return shape ({n},); got {terms.forces.shape}."
+        )
+    num_holonomic, num_nonholonomic = terms.phi.shape[0], terms.psi.shape[0]
+    formulation = formulation.validate(num_holonomic, num_nonholonomic)
+
+    if is_concrete(t0, t1):
+        if not float(t1) > float(t0):
+            raise ValueError(f"`t1` must be greater than `t0`; got t0 = {t0}, t1 = {t1}.")
+    if ts is not None:
+        if ts.ndim != 1 or ts.shape[0] == 0:
+            raise ValueError(f"`ts` must be a non-empty 1-D array of times; got shape {ts.shape}.")
+        if is_concrete(ts, t0, t1):
+            ts_np = np.asarray(ts)
+            if np.any(np.diff(ts_np) < 0):
+                raise ValueError("`ts` must be sorted in increasing order; sort it (e.g. `jnp.sort(ts)`).")
+            if ts_np[0] < float(t0) or ts_np[-1] > float(t1):
+                raise ValueError(
+                    f"`ts` must lie in [t0, t1] = [{float(t0)}, {float(t1)}]; got "
+                    f"[{ts_np[0]}, {ts_np[-1]}]."
+                )
+    return formulation
+
+
+def simulate(
+    system: AbstractSystem,
+    formulation: AbstractFormulation,
+    t0: ScalarLike,
+    t1: ScalarLike,
+    q0: Float[ArrayLike, " n"],
+    v0: Float[ArrayLike, " n"],
+    *,
+    ts: Float[ArrayLike, " N"] | None = None,
+    solver: diffrax.AbstractSolver | None = None,
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
+    dt0: ScalarLike | None = None,
+    rtol: float = 1e-8,
+    atol: float = 1e-10,
+    max_steps: int = 100_000,
+    adjoint: diffrax.AbstractAdjoint | None = None,
+    throw: bool = True,
+) -> Solution:
+    """Simulates a constrained system, turned into an ODE by `formulation`, with diffrax.
+
+    Works under `jax.jit`, `jax.vmap` (over initial states, gains, system parameters) and
+    `jax.grad` (w.r.t. gains, parameters and initial state, through diffrax's adjoint).
+
+    **Arguments:**
+
+    - `system`: a [`jaxdae.LagrangianSystem`][] (or another `AbstractSystem`).
+    - `formulation`: how the constraints are enforced, e.g. [`jaxdae.Baumgarte`][],
+        [`jaxdae.PseudoInverse`][], [`jaxdae.ModifiedLagrange`][], [`jaxdae.Unstabilized`][].
+    - `t0`, `t1`: start and end time, `t1 > t0`.
+    - `q0`, `v0`: initial coordinates and velocities, shape `(n,)`. They need not satisfy
+        the constraints (the stabilized formulations pull them back); see
+        [`jaxdae.consistent_initial_state`][] for a consistent start.
+    - `ts`: times at which to save the solution. Default: `[t0, t1]`.
+    - `solver`: any diffrax ODE solver. Default `diffrax.Tsit5()` (adaptive, explicit).
+    - `stepsize_controller`: default `diffrax.PIDController(rtol, atol)`; pass
+        `diffrax.ConstantStepSize()` (with `dt0`) for a fixed-step method.
+    - `dt0`: initial step; default chosen automatically by the controller.
+    - `rtol`, `atol`: tolerances of the default step-size controller.
+    - `max_steps`: maximum number of steps.
+    - `adjoint`: diffrax adjoint for gradients. Default `diffrax.RecursiveCheckpointAdjoint()`.
+    - `throw`: raise [`jaxdae.SimulationError`][] when the solve fails (the message says what
+        happened, at which `t` and `q`); with `False` inspect `Solution.result` instead.
+
+    **Returns:**
+
+    A [`jaxdae.Solution`][].
+
+    **Raises:**
+
+    `ValueError` for bad input (shapes, non-finite values, a mass matrix that is not
+    symmetric positive definite at `q0`, gains that are not positive definite,
+    `t1 <= t0`, unsorted `ts`); [`jaxdae.SimulationError`][] for a failed solve with
+    `throw=True`.
+    """
+    q0 = _float_vector("q0", q0)
+    v0 = _float_vector("v0", v0)
+    dtype = jnp.result_type(q0, v0)
+    q0, v0 = q0.astype(dtype), v0.astype(dtype)
+    t0 = jnp.asarray(t0, dtype=dtype)
+    t1 = jnp.asarray(t1, dtype=dtype)
+    if ts is not None:
+        ts = jnp.asarray(ts, dtype=dtype)
+    formulation = _validate(system, formulation, t0, t1, q0, v0, ts)
+
+    eager = is_concrete(system, t0, q0, v0)
+    if eager:
+        lowest, flags = _check_initial_state_jit(system, t0, q0, v0)
+        flags = np.asarray(flags)
+        if flags.any():
+            message = _INITIAL_STATE_MESSAGES[int(np.argmax(flags))]
+            if flags[2]:
+                message += f" (lowest eigenvalue of its symmetric part: {float(lowest):.3g})"
+            raise ValueError(message)
+
+    sol = _simulate(
+        system, formulation, t0, t1, q0, v0, ts,
+        solver=Tsit5 if solver is None else solver,
+        stepsize_controller=(
+            diffrax.PIDController(rtol=rtol, atol=atol)
+            if stepsize_controller is None else stepsize_controller
+        ),
+        dt0=dt0,
+        max_steps=max_steps,
+        adjoint=diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint,
+        check_inputs=not eager,
+    )
+    if throw:
+        if is_concrete(sol.result):
+            message = failure_message(sol)
+            if message is not None:
+                raise SimulationError(message)
+        else:
+            sol = sol.result.error_if(sol, sol.result != RESULTS.successful)
+    return sol
+
+
+Tsit5 = diffrax.Tsit5()
+
+
+@eqx.filter_jit
+def _simulate(system, formulation, t0, t1, q0, v0, ts, *, solver, stepsize_controller,
+              dt0, max_steps, adjoint, check_inputs):
+    if check_inputs:
+        _, flags = check_initial_state(system, t0, q0, v0)
+        for flag, message in zip(flags, _INITIAL_STATE_MESSAGES):
+            q0 = eqx.error_if(q0, flag, message)
+        q0 = eqx.error_if(q0, ~(t1 > t0), "`t1` must be greater than `t0`.")
+        if ts is not None:
+            q0 = eqx.error_if(
+                q0, jnp.any(jnp.diff(ts) < 0) | (ts[0] < t0) | (ts[-1] > t1),
+                "`ts` must be sorted and lie in [t0, t1].",
+            )
+    save_ts = jnp.stack([t0, t1]) if ts is None else ts
+    saveat = diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=save_ts), diffrax.SubSaveAt(t1=True)])
+    event = diffrax.Event(_failure_event) if formulation.can_fail else None
+    out = diffrax.diffeqsolve(
+        diffrax.ODETerm(_vector_field),
+        solver,
+        t0,
+        t1,
+        dt0,
+        (q0, v0),
+        args=(system, formulation),
+        saveat=saveat,
+        stepsize_controller=stepsize_controller,
+        adjoint=adjoint,
+        event=event,
+        max_steps=max_steps,
+        throw=False,
+    )
+    result = RESULTS.promote(out.result)
+    result = RESULTS.where(
+        out.result == diffrax.RESULTS.event_occurred,
+        RESULTS.singular_constraint_matrix,
+        result,
+    )
+    (ts_out, ts_final), ((q, v), (q_final, v_final)) = out.ts, out.ys
+
+    # Rows after a failure are inf: evaluate at a safe state, then mask (no nan gradients).
+    valid = jnp.isfinite(ts_out)
+    phi, dphi, psi, multipliers, energy = jax.vmap(
+        _diagnostics, in_axes=(None, None, 0, 0, 0)
+    )(
+        system,
+        formulation,
+        jnp.where(valid, ts_out, t0),
+        jnp.where(valid[:, None], q, q0),
+        jnp.where(valid[:, None], v, v0),
+    )
+    mask = lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.inf)  # noqa: E731
+    return Solution(
+        ts=ts_out,
+        q=q,
+        v=v,
+        phi=mask(phi),
+        dphi=mask(dphi),
+        psi=mask(psi),
+        multipliers=mask(multipliers),
+        energy=mask(energy),
+        t_final=ts_final[0],
+        q_final=q_final[0],
+        v_final=v_final[0],
+        result=result,
+        stats=out.stats,
+    )

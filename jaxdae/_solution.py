@@ -1,0 +1,76 @@
+"""The result of [`jaxdae.simulate`][]."""
+
+import diffrax
+import equinox as eqx
+import numpy as np
+
+from ._custom_types import Array, Float, Int
+
+
+class RESULTS(diffrax.RESULTS):  # pyright: ignore[reportGeneralTypeIssues]
+    """Outcomes of a simulation; `RESULTS.successful` or a named failure."""
+
+    singular_constraint_matrix = (
+        "The constraint matrix J M⁻¹ Jᵀ became singular (redundant constraints or a "
+        "singular configuration), so the exact Lagrange multipliers do not exist there. "
+        "Use `jaxdae.PseudoInverse` or `jaxdae.ModifiedLagrange`, which continue through "
+        "such configurations."
+    )
+
+
+class SimulationError(RuntimeError):
+    """Raised by [`jaxdae.simulate`][] with `throw=True` when the solve did not succeed."""
+
+
+class Solution(eqx.Module):
+    """A constrained trajectory and its diagnostics at the saved times.
+
+    Rows after a failure (see `result`) are `inf`, as in diffrax.
+
+    **Fields:**
+
+    - `ts`: saved times, shape `(N,)`.
+    - `q`, `v`: coordinates and velocities, shape `(N, n)`.
+    - `phi`, `dphi`: holonomic residual `Φ` and its rate `Φ̇`, shape `(N, m)`.
+    - `psi`: nonholonomic residual `Ψ`, shape `(N, k)`.
+    - `multipliers`: the multipliers the formulation implies (`M q̈ = Q − Gᵀλ`), holonomic
+        then nonholonomic, shape `(N, m + k)`.
+    - `energy`: total mechanical energy `T + V`, shape `(N,)`.
+    - `t_final`, `q_final`, `v_final`: where the solve ended (at `t1`, or where it failed).
+    - `result`: a [`jaxdae.RESULTS`][] item.
+    - `stats`: diffrax's step statistics (`num_steps`, `num_accepted_steps`,
+        `num_rejected_steps`, `max_steps`).
+    """
+
+    ts: Float[Array, " N"]
+    q: Float[Array, "N n"]
+    v: Float[Array, "N n"]
+    phi: Float[Array, "N m"]
+    dphi: Float[Array, "N m"]
+    psi: Float[Array, "N k"]
+    multipliers: Float[Array, "N c"]
+    energy: Float[Array, " N"]
+    t_final: Float[Array, ""]
+    q_final: Float[Array, " n"]
+    v_final: Float[Array, " n"]
+    result: RESULTS
+    stats: dict[str, Int[Array, ""]]
+
+    @property
+    def succeeded(self):
+        """Boolean array: the solve reached `t1`."""
+        return self.result == RESULTS.successful
+
+
+def failure_message(sol: Solution) -> str | None:
+    """A message naming the first failed solve with its final `t` and `q` (concrete values only)."""
+    codes = np.asarray(sol.result._value)
+    failed = codes != RESULTS.successful._value
+    if not np.any(failed):
+        return None
+    index = tuple(int(i) for i in np.argwhere(failed)[0]) if codes.ndim else ()
+    text = RESULTS._index_to_message[int(codes[index])]
+    t = np.asarray(sol.t_final)[index]
+    q = np.asarray(sol.q_final)[index]
+    where = f" (batch element {index})" if index else ""
+    return f"{text}\nThe solve stopped{where} at t = {t:.9g}, q = {np.array2string(q, precision=6)}."

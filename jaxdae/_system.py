@@ -1,0 +1,214 @@
+"""Constrained mechanical systems and the terms of their equations of motion.
+
+The user writes energies, forces and constraints as plain JAX functions; everything the
+formulations need (`M`, the velocity-dependent forces, `J = Φ_q`, `γ`, `A = Ψ_v`, ...) is
+derived here by automatic differentiation (METHODS.md, "Notation").
+"""
+
+import abc
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ._custom_types import (
+    Array,
+    Coordinates,
+    Float,
+    HolonomicResidual,
+    MassMatrix,
+    NonholonomicResidual,
+    Scalar,
+    Velocities,
+)
+
+
+class ConstrainedTerms(eqx.Module):
+    """Every term of the constrained equations of motion at one state `(t, q, v)`.
+
+    The equations are `M q̈ = Q − Gᵀ λ` with the stacked constraint Jacobian
+    `G = [Φ_q; Ψ_v]` and the constraint accelerations
+    `[Φ̈; Ψ̇] = G q̈ − bias`, `bias = [γ; −(Ψ_t + Ψ_q v)]` (`γ` as in METHODS.md).
+
+    **Fields:**
+
+    - `mass_matrix`: `M(t, q)`, shape `(n, n)`.
+    - `forces`: `Q` of METHODS.md — applied forces minus potential, Coriolis and centrifugal
+        terms — so that the unconstrained system is `M q̈ = Q`; shape `(n,)`.
+    - `phi`, `dphi`: holonomic residual `Φ` and its rate `Φ̇ = Φ_q v + Φ_t`; shape `(m,)`.
+    - `psi`: nonholonomic residual `Ψ = A v + a`; shape `(k,)`.
+    - `jacobian`: `G = [Φ_q; Ψ_v]`, shape `(m + k, n)`.
+    - `bias`: shape `(m + k,)`, see above.
+    """
+
+    mass_matrix: MassMatrix
+    forces: Float[Array, " n"]
+    phi: HolonomicResidual
+    dphi: HolonomicResidual
+    psi: NonholonomicResidual
+    jacobian: Float[Array, "c n"]
+    bias: Float[Array, " c"]
+
+    @property
+    def num_holonomic(self) -> int:
+        return self.phi.shape[0]
+
+    @property
+    def num_nonholonomic(self) -> int:
+        return self.psi.shape[0]
+
+
+class AbstractSystem(eqx.Module):
+    """A constrained mechanical system, in whatever form it is written.
+
+    Subclasses provide [`jaxdae.AbstractSystem.terms`][], the data every formulation works on.
+    """
+
+    @abc.abstractmethod
+    def terms(self, t: Scalar, q: Coordinates, v: Velocities) -> ConstrainedTerms:
+        """All terms of the equations of motion at `(t, q, v)`."""
+
+    @abc.abstractmethod
+    def energy(self, t: Scalar, q: Coordinates, v: Velocities) -> Scalar:
+        """Total mechanical energy `T + V` (conserved by conservative scleronomic systems)."""
+
+
+class LagrangianSystem(AbstractSystem):
+    """A mechanical system `M q̈ + Φ_qᵀ λ + Ψ_vᵀ μ = Q`, `Φ(t, q) = 0`, `Ψ(t, q, v) = 0`.
+
+    Subclass it, declare the physical parameters as fields (JAX arrays, so that gradients
+    reach them) and override what the model needs; every method takes `t` first:
+
+    - `kinetic_energy(t, q, v)` **or** `mass_matrix(t, q)` (one is required);
+    - `potential_energy(t, q)` (default 0);
+    - `generalized_forces(t, q, v)`: non-conservative applied forces (default 0);
+    - `constraints(t, q)`: holonomic `Φ`, shape `(m,)` (default: none);
+    - `velocity_constraints(t, q, v)`: nonholonomic `Ψ = A(t, q) v + a(t, q)`, shape `(k,)`
+        (default: none).
+
+    All the matrices of the equations of motion (the mass matrix `∂²T/∂v²`, Coriolis and
+    centrifugal terms, `∂V/∂q`, `J = Φ_q`, `Φ_t`, `γ`, `A = Ψ_v`) are derived from these by
+    automatic differentiation, also for rheonomic constraints and time-dependent energies.
+
+    !!! Example
+
+        ```python
+        class Pendulum(jaxdae.LagrangianSystem):
+            mass: jax.Array
+            length: jax.Array
+
+            def kinetic_energy(self, t, q, v):
+                return 0.5 * self.mass * v @ v
+
+            def potential_energy(self, t, q):
+                return self.mass * 9.81 * q[1]
+
+            def constraints(self, t, q):
+                return jnp.array([q @ q - self.length**2])
+        ```
+    """
+
+    def __check_init__(self):
+        cls = type(self)
+        if (
+            cls.kinetic_energy is LagrangianSystem.kinetic_energy
+            and cls.mass_matrix is LagrangianSystem.mass_matrix
+        ):
+            raise TypeError(
+                f"{cls.__name__} must override `kinetic_energy(self, t, q, v)` or "
+                "`mass_matrix(self, t, q)`: jaxdae derives the other one from it."
+            )
+
+    # -- what the user overrides -------------------------------------------------------
+
+    def kinetic_energy(self, t: Scalar, q: Coordinates, v: Velocities) -> Scalar:
+        """`T(t, q, v)`. Default: `½ vᵀ M(t, q) v` from `mass_matrix`."""
+        return 0.5 * v @ (self.mass_matrix(t, q) @ v)
+
+    def mass_matrix(self, t: Scalar, q: Coordinates) -> MassMatrix:
+        """`M(t, q) = ∂²T/∂v²`. Default: the Hessian of `kinetic_energy` at `v = 0`."""
+        return jax.hessian(self.kinetic_energy, argnums=2)(t, q, jnp.zeros_like(q))
+
+    def potential_energy(self, t: Scalar, q: Coordinates) -> Scalar:
+        """`V(t, q)`. Default: 0."""
+        return jnp.zeros((), q.dtype)
+
+    def generalized_forces(self, t: Scalar, q: Coordinates, v: Velocities) -> Float[Array, " n"]:
+        """Non-conservative applied generalized forces. Default: 0."""
+        return jnp.zeros_like(q)
+
+    def constraints(self, t: Scalar, q: Coordinates) -> HolonomicResidual:
+        """Holonomic constraints `Φ(t, q)`, shape `(m,)`. Default: none."""
+        return jnp.zeros((0,), q.dtype)
+
+    def velocity_constraints(
+        self, t: Scalar, q: Coordinates, v: Velocities
+    ) -> NonholonomicResidual:
+        """Nonholonomic constraints `Ψ = A(t, q) v + a(t, q)`, shape `(k,)`. Default: none."""
+        return jnp.zeros((0,), q.dtype)
+
+    # -- derived by autodiff -----------------------------------------------------------
+
+    def energy(self, t, q, v):
+        return self.kinetic_energy(t, q, v) + self.potential_energy(t, q)
+
+    def terms(self, t, q, v) -> ConstrainedTerms:
+        one = jnp.ones_like(t)
+        mass = self.mass_matrix(t, q)
+        if jnp.shape(self.kinetic_energy(t, q, v)) != ():
+            raise ValueError("`kinetic_energy` must return a scalar (shape ()).")
+
+        # Lagrange: d/dt ∂T/∂v = M q̈ + (∂²T/∂v∂q) v + ∂²T/∂v∂t, a directional
+        # derivative of the momentum along (1, v).
+        def momentum(t_, q_):
+            return jax.grad(self.kinetic_energy, argnums=2)(t_, q_, v)
+
+        _, momentum_rate = jax.jvp(momentum, (t, q), (one, v))
+        lagrangian_q = jax.grad(
+            lambda q_: self.kinetic_energy(t, q_, v) - self.potential_energy(t, q_)
+        )(q)
+        forces = self.generalized_forces(t, q, v) + lagrangian_q - momentum_rate
+
+        phi, dphi, jac_phi, gamma = holonomic_terms(self.constraints, t, q, v)
+        psi, jac_psi, psi_rate = nonholonomic_terms(self.velocity_constraints, t, q, v)
+        return ConstrainedTerms(
+            mass_matrix=mass,
+            forces=forces,
+            phi=phi,
+            dphi=dphi,
+            psi=psi,
+            jacobian=jnp.concatenate([jac_phi, jac_psi], axis=0),
+            bias=jnp.concatenate([gamma, -psi_rate]),
+        )
+
+
+def holonomic_terms(constraints, t, q, v):
+    """`Φ`, `Φ̇`, `J = Φ_q` and `γ = −d²/ds² Φ(t + s, q + s v)|₀` (METHODS.md identity)."""
+    one = jnp.ones_like(t)
+
+    def along_motion(t_, q_):
+        return jax.jvp(constraints, (t_, q_), (one, v))
+
+    (phi, dphi), (_, second) = jax.jvp(along_motion, (t, q), (one, v))
+    _require_vector("constraints", phi, "m")
+    jac = jax.jacfwd(constraints, argnums=1)(t, q)
+    return phi, dphi, jac.reshape(phi.shape[0], q.shape[0]), -second
+
+
+def nonholonomic_terms(velocity_constraints, t, q, v):
+    """`Ψ`, `A = Ψ_v` and `Ψ_t + Ψ_q v`, so that `Ψ̇ = A q̈ + Ψ_t + Ψ_q v` for affine `Ψ`."""
+    one = jnp.ones_like(t)
+    psi, psi_rate = jax.jvp(
+        lambda t_, q_: velocity_constraints(t_, q_, v), (t, q), (one, v)
+    )
+    _require_vector("velocity_constraints", psi, "k")
+    jac = jax.jacfwd(velocity_constraints, argnums=2)(t, q, v)
+    return psi, jac.reshape(psi.shape[0], q.shape[0]), psi_rate
+
+
+def _require_vector(method: str, value, size: str) -> None:
+    if value.ndim != 1:
+        raise ValueError(
+            f"`{method}` must return a 1-D array of shape ({size},); got shape {value.shape}. "
+            "Wrap a single constraint as `jnp.array([expr])` or `jnp.atleast_1d(expr)`."
+        )

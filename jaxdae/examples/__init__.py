@@ -1,0 +1,8 @@
+"""Worked examples from the source papers, each a ready-to-simulate system."""
+
+from ._pendulum import CartesianPendulum as CartesianPendulum
+from ._two_link import (
+    TWO_LINK_Q0 as TWO_LINK_Q0,
+    TWO_LINK_V0 as TWO_LINK_V0,
+    TwoLinkManipulator as TwoLinkManipulator,
+)
