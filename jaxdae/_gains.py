@@ -64,18 +64,22 @@ def apply_gain(gain: Gain, x: Float[Array, " c"]) -> Float[Array, " c"]:
     return gain @ x
 
 
-def not_positive_definite(gain: Gain) -> Bool[Array, ""]:
-    """True if the gain is not (symmetric) positive definite, or not finite."""
+def not_positive_definite(gain: Gain, xnp=jnp) -> Bool[Array, ""]:
+    """True if the gain is not (symmetric) positive definite, or not finite.
+
+    `xnp` is `jax.numpy` (traced checks) or `numpy` (fast eager checks).
+    """
     if gain.ndim <= 1:
-        bad = jnp.any(gain <= 0)
+        bad = xnp.any(gain <= 0)
     else:
         sym = 0.5 * (gain + gain.T)
-        asym = jnp.max(jnp.abs(gain - gain.T), initial=0.0) > 1e-10 * (
-            1 + jnp.max(jnp.abs(gain), initial=0.0)
+        asym = xnp.max(xnp.abs(gain - gain.T), initial=0.0) > 1e-10 * (
+            1 + xnp.max(xnp.abs(gain), initial=0.0)
         )
-        lowest = jnp.min(jnp.linalg.eigvalsh(sym), initial=jnp.inf)
+        finite = xnp.all(xnp.isfinite(sym))
+        lowest = xnp.min(xnp.linalg.eigvalsh(xnp.where(finite, sym, 0.0)), initial=xnp.inf)
         bad = asym | (lowest <= 0)
-    return bad | jnp.any(~jnp.isfinite(gain))
+    return bad | xnp.any(~xnp.isfinite(gain))
 
 
 def describe_gain(gain) -> str:
@@ -92,7 +96,7 @@ def require_positive_definite(name: str, gain: Array, reason: str) -> Array:
     """Checks that `gain` is SPD: eagerly (`ValueError`) if concrete, else via `eqx.error_if`."""
     message = f"`{name}` must be symmetric positive definite ({reason})."
     if is_concrete(gain):
-        if bool(not_positive_definite(gain)):
+        if bool(not_positive_definite(np.asarray(gain), np)):
             raise ValueError(f"{message} Got {describe_gain(gain)}.")
         return gain
     return eqx.error_if(gain, not_positive_definite(gain), message)

@@ -22,29 +22,46 @@ def _float_vector(name: str, value, dtype=None) -> Array:
     return array
 
 
+# The per-state functions are jitted so that JAX traces them (and their derivatives) once,
+# however often diffrax and autodiff call them: tracing, not XLA, dominated compile time.
+@eqx.filter_jit
+def _terms(system, t, q, v):
+    return system.terms(t, q, v)
+
+
+@eqx.filter_jit
+def _accelerations(system, formulation, t, q, v):
+    return formulation.accelerations(_terms(system, t, q, v))
+
+
+@eqx.filter_jit
+def _failure(system, formulation, t, q, v):
+    return formulation.failure(_terms(system, t, q, v))
+
+
 def _vector_field(t, y, args):
     system, formulation = args
     q, v = y
-    acc, _ = formulation.accelerations(system.terms(t, q, v))
+    acc, _ = _accelerations(system, formulation, t, q, v)
     return v, acc
 
 
 def _failure_event(t, y, args, **kwargs):
     system, formulation = args
     q, v = y
-    return formulation.failure(system.terms(t, q, v))
+    return _failure(system, formulation, t, q, v)
 
 
 def _diagnostics(system, formulation, t, q, v):
     """Constraint residuals, multipliers and energy at one saved state."""
-    terms = system.terms(t, q, v)
+    terms = _terms(system, t, q, v)
     _, multipliers = formulation.accelerations(terms)
     return terms.phi, terms.dphi, terms.psi, multipliers, system.energy(t, q, v)
 
 
 def check_initial_state(system: AbstractSystem, t0, q0, v0) -> tuple[ConstrainedTerms, Array]:
     """Terms at the initial state and a flag per problem found (for eager or traced checks)."""
-    terms = system.terms(t0, q0, v0)
+    terms = _terms(system, t0, q0, v0)
     mass = terms.mass_matrix
     asym = jnp.max(jnp.abs(mass - mass.T)) > 1e-8 * (1 + jnp.max(jnp.abs(mass)))
     lowest = jnp.linalg.eigvalsh(0.5 * (mass + mass.T))[0]
@@ -72,7 +89,7 @@ _INITIAL_STATE_MESSAGES = (
 _check_initial_state_jit = eqx.filter_jit(check_initial_state)
 
 
-def _validate(system, formulation, t0, t1, q0, v0, ts):
+def _check_types(system, formulation):
     if not isinstance(system, AbstractSystem):
         raise ValueError(
             f"`system` must be a jaxdae system (e.g. a `jaxdae.LagrangianSystem` subclass); "
@@ -83,11 +100,15 @@ def _validate(system, formulation, t0, t1, q0, v0, ts):
             "`formulation` must be a jaxdae formulation such as `jaxdae.Baumgarte(kd, kp)` or "
             f"`jaxdae.ModifiedLagrange(alpha, kd, kp)`; got {type(formulation).__name__}."
         )
+
+
+def _check_structure(system, formulation, t0, q0, v0):
+    """Trace-time checks of shapes and constraint counts; returns the checked formulation."""
     if q0.shape != v0.shape:
         raise ValueError(
             f"`q0` and `v0` must have the same shape (n,); got {q0.shape} and {v0.shape}."
         )
-    terms = eqx.filter_eval_shape(lambda s, t, q, v: s.terms(t, q, v), system, t0, q0, v0)
+    terms = eqx.filter_eval_shape(_terms, system, t0, q0, v0)
     n = q0.shape[0]
     if terms.mass_matrix.shape != (n, n):
         raise ValueError(
@@ -98,25 +119,26 @@ def _validate(system, formulation, t0, t1, q0, v0, ts):
         raise ValueError(
             f"`generalized_forces` must return shape ({n},); got {terms.forces.shape}."
         )
-    num_holonomic, num_nonholonomic = terms.phi.shape[0], terms.psi.shape[0]
-    formulation = formulation.validate(num_holonomic, num_nonholonomic)
+    return formulation.validate(terms.phi.shape[0], terms.psi.shape[0])
 
+
+def _check_times(t0, t1, ts):
+    if ts is not None and (ts.ndim != 1 or ts.shape[0] == 0):
+        raise ValueError(f"`ts` must be a non-empty 1-D array of times; got shape {ts.shape}.")
     if is_concrete(t0, t1):
         if not float(t1) > float(t0):
             raise ValueError(f"`t1` must be greater than `t0`; got t0 = {t0}, t1 = {t1}.")
-    if ts is not None:
-        if ts.ndim != 1 or ts.shape[0] == 0:
-            raise ValueError(f"`ts` must be a non-empty 1-D array of times; got shape {ts.shape}.")
-        if is_concrete(ts, t0, t1):
-            ts_np = np.asarray(ts)
-            if np.any(np.diff(ts_np) < 0):
-                raise ValueError("`ts` must be sorted in increasing order; sort it (e.g. `jnp.sort(ts)`).")
-            if ts_np[0] < float(t0) or ts_np[-1] > float(t1):
-                raise ValueError(
-                    f"`ts` must lie in [t0, t1] = [{float(t0)}, {float(t1)}]; got "
-                    f"[{ts_np[0]}, {ts_np[-1]}]."
-                )
-    return formulation
+    if ts is not None and is_concrete(ts, t0, t1):
+        ts_np = np.asarray(ts)
+        if np.any(np.diff(ts_np) < 0):
+            raise ValueError(
+                "`ts` must be sorted in increasing order; sort it (e.g. `jnp.sort(ts)`)."
+            )
+        if ts_np[0] < float(t0) or ts_np[-1] > float(t1):
+            raise ValueError(
+                f"`ts` must lie in [t0, t1] = [{float(t0)}, {float(t1)}]; got "
+                f"[{ts_np[0]}, {ts_np[-1]}]."
+            )
 
 
 def simulate(
@@ -181,7 +203,10 @@ def simulate(
     t1 = jnp.asarray(t1, dtype=dtype)
     if ts is not None:
         ts = jnp.asarray(ts, dtype=dtype)
-    formulation = _validate(system, formulation, t0, t1, q0, v0, ts)
+    _check_types(system, formulation)
+    _check_times(t0, t1, ts)
+    if is_concrete(formulation):
+        formulation.check_values()
 
     eager = is_concrete(system, t0, q0, v0)
     if eager:
@@ -221,6 +246,7 @@ Tsit5 = diffrax.Tsit5()
 @eqx.filter_jit
 def _simulate(system, formulation, t0, t1, q0, v0, ts, *, solver, stepsize_controller,
               dt0, max_steps, adjoint, check_inputs):
+    formulation = _check_structure(system, formulation, t0, q0, v0)
     if check_inputs:
         _, flags = check_initial_state(system, t0, q0, v0)
         for flag, message in zip(flags, _INITIAL_STATE_MESSAGES):

@@ -35,6 +35,9 @@ class AbstractFormulation(eqx.Module):
         in `eqx.error_if` when traced. Returns the (possibly wrapped) formulation.
         """
 
+    def check_values(self) -> None:
+        """Eager checks of concrete gain values (`ValueError`); called by `simulate`."""
+
     def failure(self, terms: ConstrainedTerms) -> Bool[Array, ""]:
         """True where the formulation cannot continue (checked at the end of every step)."""
         return jnp.array(False)

@@ -141,6 +141,9 @@ class Baumgarte(AbstractFormulation):
     def __check_init__(self):
         check_gain_values(self, ("kd", "kp", "kv"), _LYAPUNOV)
 
+    def check_values(self):
+        check_gain_values(self, ("kd", "kp", "kv"), _LYAPUNOV)
+
     def accelerations(self, terms: ConstrainedTerms):
         target = baumgarte_target(terms, self.kd, self.kp, self.kv)
         return multiplier_solve(terms, target, lx.Cholesky())

@@ -46,6 +46,9 @@ class ModifiedLagrange(AbstractFormulation):
     def __check_init__(self):
         check_gain_values(self, ("alpha", "kd", "kp", "kv"), _PENALTY)
 
+    def check_values(self):
+        check_gain_values(self, ("alpha", "kd", "kp", "kv"), _PENALTY)
+
     def accelerations(self, terms):
         g = terms.jacobian
         target = baumgarte_target(terms, self.kd, self.kp, self.kv)

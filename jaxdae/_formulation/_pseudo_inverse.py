@@ -40,6 +40,9 @@ class PseudoInverse(AbstractFormulation):
 
     def __check_init__(self):
         check_gain_values(self, ("kd", "kp", "kv"), _LYAPUNOV)
+
+    def check_values(self):
+        check_gain_values(self, ("kd", "kp", "kv"), _LYAPUNOV)
         if self.rcond is not None and not 0 <= self.rcond < 1:
             raise ValueError(f"`rcond` must be in [0, 1); got {self.rcond}.")
 

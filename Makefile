@@ -1,0 +1,32 @@
+# Two entry points (see README): `make demo` and `make test`. Each sets up its own venv.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow bench clean
+
+$(STAMP): pyproject.toml requirements-lock.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c requirements-lock.txt -e ".[dev]"
+	touch $(STAMP)
+
+## Reproduce every paper's worked example: figures + SUMMARY.md in output/.
+demo: $(STAMP)
+	$(PY) experiments/run_all.py --out output
+
+## Default test run (fast; `slow` tests excluded).
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+## The long tests only.
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+## Benchmarks against SciPy and CasADi (prints tables).
+bench: $(STAMP)
+	$(PY) experiments/bench_core.py
+
+clean:
+	rm -rf $(VENV) output

@@ -1,0 +1,29 @@
+"""Every notebook in notebooks/ runs top to bottom without error.
+
+Notebooks listed in SLOW run only with `-m slow` (they compile many programs).
+"""
+
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+SLOW: set[str] = set()
+
+
+def _params():
+    for path in NOTEBOOKS:
+        marks = [pytest.mark.slow] if path.stem in SLOW else []
+        yield pytest.param(path, id=path.stem, marks=marks)
+
+
+@pytest.mark.parametrize("path", list(_params()))
+def test_notebook_runs(path, tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    notebook = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(
+        notebook, timeout=900, kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
+    client.execute()
