@@ -3,6 +3,8 @@
 Notebooks listed in SLOW run only with `-m slow` (they compile many programs).
 """
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,9 @@ def _params():
 
 
 @pytest.mark.parametrize("path", list(_params()))
-def test_notebook_runs(path, tmp_path):
+def test_notebook_runs(path, tmp_path, monkeypatch):
+    # The kernel must be this interpreter (the project's venv), not whatever `python` is first.
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     notebook = nbformat.read(path, as_version=4)
