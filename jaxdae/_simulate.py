@@ -1,5 +1,7 @@
 """The one entry point: [`jaxdae.simulate`][]."""
 
+import functools
+
 import diffrax
 import equinox as eqx
 import jax
@@ -102,24 +104,38 @@ def _check_types(system, formulation):
         )
 
 
+def _signature(tree):
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return treedef, tuple(
+        (jnp.shape(x), jnp.result_type(x)) if eqx.is_array_like(x) else x for x in leaves
+    )
+
+
 def _check_structure(system, formulation, t0, q0, v0):
-    """Trace-time checks of shapes and constraint counts; returns the checked formulation."""
+    """Shapes and constraint counts; returns the formulation with its gains checked."""
     if q0.shape != v0.shape:
         raise ValueError(
             f"`q0` and `v0` must have the same shape (n,); got {q0.shape} and {v0.shape}."
         )
-    terms = eqx.filter_eval_shape(_terms, system, t0, q0, v0)
-    n = q0.shape[0]
-    if terms.mass_matrix.shape != (n, n):
-        raise ValueError(
-            f"The mass matrix has shape {terms.mass_matrix.shape} but `q0` has {n} "
-            f"coordinates; `q0` and `v0` must have one entry per generalized coordinate."
-        )
-    if terms.forces.shape != (n,):
-        raise ValueError(
-            f"`generalized_forces` must return shape ({n},); got {terms.forces.shape}."
-        )
-    return formulation.validate(terms.phi.shape[0], terms.psi.shape[0])
+    key = (_signature(system), _signature((t0, q0, v0)))
+    counts = _COUNTS.get(key)
+    if counts is None:
+        terms = eqx.filter_eval_shape(_terms, system, t0, q0, v0)
+        n = q0.shape[0]
+        if terms.mass_matrix.shape != (n, n):
+            raise ValueError(
+                f"The mass matrix has shape {terms.mass_matrix.shape} but `q0` has {n} "
+                f"coordinates; `q0` and `v0` must have one entry per generalized coordinate."
+            )
+        if terms.forces.shape != (n,):
+            raise ValueError(
+                f"`generalized_forces` must return shape ({n},); got {terms.forces.shape}."
+            )
+        counts = _COUNTS[key] = (terms.phi.shape[0], terms.psi.shape[0])
+    return formulation.validate(*counts)
+
+
+_COUNTS: dict = {}  # constraint counts per (system, state) signature
 
 
 def _check_times(t0, t1, ts):
@@ -204,6 +220,7 @@ def simulate(
     if ts is not None:
         ts = jnp.asarray(ts, dtype=dtype)
     _check_types(system, formulation)
+    formulation = _check_structure(system, formulation, t0, q0, v0)
     _check_times(t0, t1, ts)
     if is_concrete(formulation):
         formulation.check_values()
@@ -246,7 +263,6 @@ Tsit5 = diffrax.Tsit5()
 @eqx.filter_jit
 def _simulate(system, formulation, t0, t1, q0, v0, ts, *, solver, stepsize_controller,
               dt0, max_steps, adjoint, check_inputs):
-    formulation = _check_structure(system, formulation, t0, q0, v0)
     if check_inputs:
         _, flags = check_initial_state(system, t0, q0, v0)
         for flag, message in zip(flags, _INITIAL_STATE_MESSAGES):

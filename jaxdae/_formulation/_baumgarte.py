@@ -72,6 +72,11 @@ def check_stabilization_gains(formulation, names, num_holonomic, num_nonholonomi
                        [checked[n] for n in names])
 
 
+def check_rcond(rcond: float | None) -> None:
+    if rcond is not None and not 0 <= rcond < 1:
+        raise ValueError(f"`rcond` must be in [0, 1) or None (default sqrt(eps)); got {rcond}.")
+
+
 class Unstabilized(AbstractFormulation):
     """Index reduction only: `Φ̈ = 0`, `Ψ̇ = 0`, exact Lagrange multipliers.
 
@@ -85,6 +90,9 @@ class Unstabilized(AbstractFormulation):
     """
 
     rcond: float | None = None
+
+    def __check_init__(self):
+        check_rcond(self.rcond)
 
     def accelerations(self, terms):
         return multiplier_solve(terms, terms.bias, lx.Cholesky())
@@ -140,6 +148,7 @@ class Baumgarte(AbstractFormulation):
 
     def __check_init__(self):
         check_gain_values(self, ("kd", "kp", "kv"), _LYAPUNOV)
+        check_rcond(self.rcond)
 
     def check_values(self):
         check_gain_values(self, ("kd", "kp", "kv"), _LYAPUNOV)

@@ -7,6 +7,7 @@ from ._base import AbstractFormulation, baumgarte_target, default_rcond, multipl
 from ._baumgarte import (
     _LYAPUNOV,
     check_gain_values,
+    check_rcond,
     check_stabilization_gains,
     stabilization_gains,
 )
@@ -40,11 +41,10 @@ class PseudoInverse(AbstractFormulation):
 
     def __check_init__(self):
         check_gain_values(self, ("kd", "kp", "kv"), _LYAPUNOV)
+        check_rcond(self.rcond)
 
     def check_values(self):
         check_gain_values(self, ("kd", "kp", "kv"), _LYAPUNOV)
-        if self.rcond is not None and not 0 <= self.rcond < 1:
-            raise ValueError(f"`rcond` must be in [0, 1); got {self.rcond}.")
 
     def accelerations(self, terms):
         target = baumgarte_target(terms, self.kd, self.kp, self.kv)

@@ -1,0 +1,72 @@
+"""Small systems used only by the tests."""
+
+import jax.numpy as jnp
+
+import jaxdae
+from jaxdae.examples import CartesianPendulum
+
+
+class DoublePendulum(jaxdae.LagrangianSystem):
+    """Two unit point masses in Cartesian coordinates, two length constraints (m = 2)."""
+
+    length: jnp.ndarray
+
+    def __init__(self, length=1.0):
+        self.length = jnp.asarray(length, dtype=float)
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def potential_energy(self, t, q):
+        return 9.81 * (q[1] + q[3])
+
+    def constraints(self, t, q):
+        d = q[2:] - q[:2]
+        return jnp.array([q[:2] @ q[:2] - self.length**2, d @ d - self.length**2])
+
+
+class TwicePendulum(CartesianPendulum):
+    """The pendulum with its one constraint written twice: redundant, J M⁻¹ Jᵀ singular."""
+
+    def constraints(self, t, q):
+        c = q @ q - self.length**2
+        return jnp.array([c, c])
+
+
+class DegenerateMass(jaxdae.LagrangianSystem):
+    """`T = ½ q₀² |v|²`: the mass matrix vanishes at q₀ = 0."""
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * q[0] ** 2 * v @ v
+
+
+class Unreachable(jaxdae.LagrangianSystem):
+    """A constraint with no real solution: `q₀² + 1 = 0`."""
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def constraints(self, t, q):
+        return jnp.array([q[0] ** 2 + 1.0])
+
+
+class MovingSupportPendulum(jaxdae.LagrangianSystem):
+    """A pendulum whose pivot moves as `x = a sin(ω t)` (rheonomic constraint)."""
+
+    amplitude: jnp.ndarray
+    frequency: jnp.ndarray
+
+    def __init__(self, amplitude=0.2, frequency=3.0):
+        self.amplitude = jnp.asarray(amplitude, dtype=float)
+        self.frequency = jnp.asarray(frequency, dtype=float)
+
+    def mass_matrix(self, t, q):
+        return jnp.eye(2)
+
+    def potential_energy(self, t, q):
+        return 9.81 * q[1]
+
+    def constraints(self, t, q):
+        pivot = jnp.array([self.amplitude * jnp.sin(self.frequency * t), 0.0])
+        d = q - pivot
+        return jnp.array([d @ d - 1.0])

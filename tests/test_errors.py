@@ -1,0 +1,113 @@
+"""Bad input gets a ValueError that names the argument and the fix (issue 2, item 6)."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdae
+from jaxdae.examples import CartesianPendulum
+
+from ._systems import DegenerateMass, Unreachable
+
+PENDULUM = CartesianPendulum()
+Q0, V0 = PENDULUM.state_from_angle(0.5, 0.0)
+BAUMGARTE = jaxdae.Baumgarte(10.0, 25.0)
+
+
+def _simulate(**overrides):
+    args = dict(system=PENDULUM, formulation=BAUMGARTE, t0=0.0, t1=1.0, q0=Q0, v0=V0)
+    kwargs = {k: overrides.pop(k) for k in list(overrides) if k not in args}
+    args.update(overrides)
+    return jaxdae.simulate(*args.values(), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (dict(q0=jnp.ones((2, 2))), r"`q0` must be a 1-D array"),
+        (dict(v0=jnp.ones(3)), r"`q0` and `v0` must have the same shape"),
+        (dict(q0=jnp.array([jnp.nan, 1.0])), r"`q0` contains non-finite"),
+        (dict(v0=jnp.array([0.0, jnp.inf])), r"`v0` contains non-finite"),
+        (dict(t1=0.0), r"`t1` must be greater than `t0`"),
+        (dict(t0=2.0, t1=1.0), r"`t1` must be greater than `t0`"),
+        (dict(ts=jnp.array([0.0, 0.5, 0.2])), r"`ts` must be sorted"),
+        (dict(ts=jnp.array([0.0, 2.0])), r"`ts` must lie in \[t0, t1\]"),
+        (dict(formulation=jaxdae.Baumgarte(jnp.ones(3), 1.0)), r"`kd` has shape \(3,\).*1 holonomic"),
+        (dict(formulation=jaxdae.ModifiedLagrange(jnp.ones(2), 1.0, 1.0)), r"`alpha` has shape"),
+        (dict(system=DegenerateMass(), q0=jnp.zeros(2), v0=jnp.zeros(2)),
+         r"mass matrix at `q0` is not symmetric positive definite"),
+        (dict(system="pendulum"), r"`system` must be a jaxdae system"),
+        (dict(formulation=None), r"`formulation` must be a jaxdae formulation"),
+    ],
+    ids=[
+        "q0-2d", "v0-shape", "q0-nan", "v0-inf", "t1-equals-t0", "t1-before-t0", "ts-unsorted",
+        "ts-outside", "kd-size", "alpha-size", "mass-not-spd", "not-a-system", "not-a-formulation",
+    ],
+)
+def test_bad_simulate_input(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        _simulate(**overrides)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: jaxdae.Baumgarte(-1.0, 1.0), r"`kd` must be symmetric positive definite.*Lyapunov"),
+        (lambda: jaxdae.Baumgarte(1.0, jnp.array([1.0, 0.0])), r"`kp` must be symmetric positive definite"),
+        (lambda: jaxdae.Baumgarte(jnp.array([[2.0, 1.0], [0.0, 2.0]]), 1.0), r"`kd`.*asymmetry"),
+        (lambda: jaxdae.Baumgarte(jnp.array([[1.0, 2.0], [2.0, 1.0]]), 1.0), r"`kd`.*eigenvalues"),
+        (lambda: jaxdae.Baumgarte(jnp.ones((2, 3)), 1.0), r"`kd` must be a scalar, a vector"),
+        (lambda: jaxdae.PseudoInverse(1.0, 1.0, rcond=2.0), r"`rcond` must be in \[0, 1\)"),
+        (lambda: jaxdae.ModifiedLagrange(0.0, 1.0, 1.0), r"`alpha` must be symmetric positive definite"),
+        (lambda: jaxdae.Baumgarte(jnp.nan, 1.0), r"`kd` must be symmetric positive definite"),
+    ],
+    ids=["kd-negative", "kp-zero", "kd-asymmetric", "kd-indefinite", "kd-not-square",
+         "rcond", "alpha-zero", "kd-nan"],
+)
+def test_bad_gains_are_refused_at_construction(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_gains_changed_after_construction_are_checked_by_simulate():
+    """E.g. an optimizer step that makes a gain negative (tree updates bypass __init__)."""
+    bad = eqx.tree_at(lambda f: f.kp, BAUMGARTE, jnp.array(-3.0))
+    with pytest.raises(ValueError, match=r"`kp` must be symmetric positive definite"):
+        _simulate(formulation=bad)
+
+
+def test_traced_bad_gains_raise_under_jit():
+    run = jax.jit(lambda kd: _simulate(formulation=jaxdae.Baumgarte(kd, 25.0)).q)
+    assert np.all(np.isfinite(run(jnp.array(10.0))))
+    with pytest.raises(Exception, match="`kd` must be symmetric positive definite"):
+        run(jnp.array(-1.0)).block_until_ready()
+
+
+def test_traced_bad_initial_state_raises_under_jit():
+    run = jax.jit(lambda q0: _simulate(q0=q0).q)
+    with pytest.raises(Exception, match="`q0` contains non-finite"):
+        run(jnp.array([jnp.nan, 0.0])).block_until_ready()
+
+
+def test_constraints_must_return_a_vector():
+    class ScalarConstraint(CartesianPendulum):
+        def constraints(self, t, q):
+            return q @ q - 1.0
+
+    with pytest.raises(ValueError, match=r"`constraints` must return a 1-D array.*jnp.array\(\[expr\]\)"):
+        _simulate(system=ScalarConstraint())
+
+
+def test_no_consistent_state():
+    with pytest.raises(ValueError, match="No consistent initial state found"):
+        jaxdae.consistent_initial_state(Unreachable(), 0.0, jnp.array([0.5, 0.0]), jnp.zeros(2))
+
+
+def test_failed_solve_reports_max_steps():
+    with pytest.raises(jaxdae.SimulationError, match=r"maximum number of solver steps[\s\S]*t = "):
+        _simulate(max_steps=5)
+    sol = _simulate(max_steps=5, throw=False)
+    assert sol.result == jaxdae.RESULTS.max_steps_reached
+    assert not bool(sol.succeeded)
