@@ -91,6 +91,13 @@ _INITIAL_STATE_MESSAGES = (
 _check_initial_state_jit = eqx.filter_jit(check_initial_state)
 
 
+def _cast_floating(tree, dtype):
+    def cast(x):
+        return x.astype(dtype) if eqx.is_inexact_array(x) and x.dtype != dtype else x
+
+    return jax.tree_util.tree_map(cast, tree)
+
+
 def _check_types(system, formulation):
     if not isinstance(system, AbstractSystem):
         raise ValueError(
@@ -220,6 +227,8 @@ def simulate(
     if ts is not None:
         ts = jnp.asarray(ts, dtype=dtype)
     _check_types(system, formulation)
+    # The state's dtype sets the precision: float32 states give a float32 simulation.
+    system, formulation = _cast_floating((system, formulation), dtype)
     formulation = _check_structure(system, formulation, t0, q0, v0)
     _check_times(t0, t1, ts)
     if is_concrete(formulation):
