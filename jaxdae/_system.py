@@ -153,32 +153,51 @@ class LagrangianSystem(AbstractSystem):
         return self.kinetic_energy(t, q, v) + self.potential_energy(t, q)
 
     def terms(self, t, q, v) -> ConstrainedTerms:
-        one = jnp.ones_like(t)
-        mass = self.mass_matrix(t, q)
-        if jnp.shape(self.kinetic_energy(t, q, v)) != ():
+        # Every term comes from ONE linearization of the local quantities
+        # `(L_q, L_v, Φ, Φ̇, Ψ)` at (t, q, v), `L = T − V`, applied to 2n + 1 tangents:
+        #   (0, 0, e_i) → M = L_vv = T_vv and A = Ψ_v;   (0, e_i, 0) → J = Φ_q;
+        #   (1, v, 0)   → d/dt ∂T/∂v − M q̈ = L_vq v + L_vt, −γ (METHODS.md identity,
+        #                 `Φ̇ = Φ_t + Φ_q v` with v held fixed) and Ψ_t + Ψ_q v.
+        n = q.shape[0]
+        if jax.eval_shape(self.kinetic_energy, t, q, v).shape != ():
             raise ValueError("`kinetic_energy` must return a scalar (shape ()).")
+        mass_given = type(self).mass_matrix is not LagrangianSystem.mass_matrix
 
-        # Lagrange: d/dt ∂T/∂v = M q̈ + (∂²T/∂v∂q) v + ∂²T/∂v∂t, a directional
-        # derivative of the momentum along (1, v).
-        def momentum(t_, q_):
-            return jax.grad(self.kinetic_energy, argnums=2)(t_, q_, v)
+        def lagrangian(t_, q_, v_):
+            return self.kinetic_energy(t_, q_, v_) - self.potential_energy(t_, q_)
 
-        _, momentum_rate = jax.jvp(momentum, (t, q), (one, v))
-        lagrangian_q = jax.grad(
-            lambda q_: self.kinetic_energy(t, q_, v) - self.potential_energy(t, q_)
-        )(q)
-        forces = self.generalized_forces(t, q, v) + lagrangian_q - momentum_rate
+        def local(t_, q_, v_):
+            lag_q, lag_v = jax.grad(lagrangian, argnums=(1, 2))(t_, q_, v_)
+            phi, dphi = jax.jvp(self.constraints, (t_, q_), (jnp.ones_like(t_), v_))
+            psi = self.velocity_constraints(t_, q_, v_)
+            return lag_q, lag_v, phi, dphi, psi
 
-        phi, dphi, jac_phi, gamma = holonomic_terms(self.constraints, t, q, v)
-        psi, jac_psi, psi_rate = nonholonomic_terms(self.velocity_constraints, t, q, v)
+        (lag_q, _, phi, dphi, psi), linear = jax.linearize(local, t, q, v)
+        _require_vector("constraints", phi, "m")
+        _require_vector("velocity_constraints", psi, "k")
+
+        # One batched application of the linear map to the 2n + 1 stacked tangents.
+        dtype, ttype = q.dtype, jnp.result_type(t)
+        eye, zeros = jnp.eye(n, dtype=dtype), jnp.zeros((n, n), dtype)
+        tangent_t = jnp.concatenate([jnp.zeros((2 * n,), ttype), jnp.ones((1,), ttype)])
+        tangent_q = jnp.concatenate([zeros, eye, v[None]])
+        tangent_v = jnp.concatenate([eye, zeros, jnp.zeros((1, n), dtype)])
+        _, d_lag_v, d_phi, d_dphi, d_psi = jax.vmap(linear)(tangent_t, tangent_q, tangent_v)
+        momentum_rate, second, psi_rate = d_lag_v[2 * n], d_dphi[2 * n], d_psi[2 * n]
+        d_lag_v, d_psi, d_phi = d_lag_v[:n], d_psi[:n], d_phi[n : 2 * n]
+        mass = self.mass_matrix(t, q) if mass_given else 0.5 * (d_lag_v + d_lag_v.T)
+        # Lagrange: d/dt ∂T/∂v = M q̈ + (∂²T/∂v∂q) v + ∂²T/∂v∂t.
+        forces = self.generalized_forces(t, q, v) + lag_q - momentum_rate
         return ConstrainedTerms(
             mass_matrix=mass,
             forces=forces,
             phi=phi,
             dphi=dphi,
             psi=psi,
-            jacobian=jnp.concatenate([jac_phi, jac_psi], axis=0),
-            bias=jnp.concatenate([gamma, -psi_rate]),
+            jacobian=jnp.concatenate(
+                [d_phi.T.reshape(phi.shape[0], n), d_psi.T.reshape(psi.shape[0], n)], axis=0
+            ),
+            bias=jnp.concatenate([-second, -psi_rate]),
         )
 
 

@@ -1,10 +1,8 @@
 """The modified Lagrange equation, a generalized penalty method (paper 004, eqs. [22]–[31])."""
 
-import lineax as lx
-
 from .._custom_types import Gain, GainLike
-from .._gains import as_gain, gain_matrix
-from ._base import AbstractFormulation, baumgarte_target
+from .._gains import as_gain
+from ._base import AbstractFormulation, baumgarte_target, small_matmul, spd_solve
 from ._baumgarte import check_gain_values, check_stabilization_gains, stabilization_gains
 
 _PENALTY = (
@@ -52,15 +50,24 @@ class ModifiedLagrange(AbstractFormulation):
     def accelerations(self, terms):
         g = terms.jacobian
         target = baumgarte_target(terms, self.kd, self.kp, self.kv)
-        masses = gain_matrix(self.alpha, g.shape[0], g.dtype)
-        lhs = terms.mass_matrix + g.T @ masses @ g
+        masses_g = _apply_masses(self.alpha, g)
+        lhs = terms.mass_matrix + small_matmul(g.T, masses_g)
         lhs = 0.5 * (lhs + lhs.T)
-        rhs = terms.forces + g.T @ (masses @ target)
-        operator = lx.MatrixLinearOperator(lhs, lx.positive_semidefinite_tag)
-        acc = lx.linear_solve(operator, rhs, lx.Cholesky(), throw=False).value
-        return acc, masses @ (g @ acc - target)
+        rhs = terms.forces + small_matmul(masses_g.T, target)
+        acc = spd_solve(lhs, rhs)
+        return acc, _apply_masses(self.alpha, small_matmul(g, acc) - target)
 
     def validate(self, num_holonomic, num_nonholonomic):
         return check_stabilization_gains(
             self, ("alpha", "kd", "kp", "kv"), num_holonomic, num_nonholonomic, _PENALTY
         )
+
+
+def _apply_masses(alpha: Gain, x):
+    """`𝔄 x` for `x` of shape `(c,)` or `(c, n)`, without forming a scalar or diagonal `𝔄`."""
+    alpha = alpha.astype(x.dtype)
+    if alpha.ndim == 2:
+        return small_matmul(alpha, x)
+    if alpha.ndim == 1 and x.ndim == 2:
+        return alpha[:, None] * x
+    return alpha * x

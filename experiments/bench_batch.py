@@ -1,0 +1,224 @@
+"""Benchmark: batch throughput of the two-link example vs batch size (issue 5, item 4).
+
+`ModifiedLagrange(10, [20, 10], [100, 25])` on `TwoLinkManipulator` over `t ∈ [0, 2]` from
+perturbed paper states, simulated with plain `jax.jit(jax.vmap(jaxdae.simulate ...))`:
+
+- trajectories per second vs batch size, float64 (`rtol = 1e-8`, `atol = 1e-10`) and float32
+  (`rtol = 1e-5`, `atol = 1e-7`: float32 cannot meet 1e-8), against CasADi CVODES-Adams (a
+  Python loop and `Function.map` with threads) and SciPy DOP853 (a Python loop) at the same
+  tolerances;
+- compile time per batch size (`jax.jit` retraces and recompiles for every batch shape);
+- the cost of the gradient of a batch loss (mean over the batch of `Σ q(2)² + |Φ(2)|²`)
+  w.r.t. the shared gains `(alpha, kd, kp)`, relative to the batched forward solve.
+
+The device is detected (`jax.devices()`); on the CPU the batch sizes stop at 4096 by
+default (≈ 1–4 s per call on 2 cores; `--max-batch` raises the cap), on a GPU they go to 10⁶.
+Every repetition times every tool at every size in turn (interleaved); figures are medians.
+
+    python experiments/bench_batch.py [--quick] [--out output] [--max-batch N]
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import casadi as ca  # noqa: E402
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from scipy.integrate import solve_ivp  # noqa: E402
+
+import _peers  # noqa: E402
+import jaxdae  # noqa: E402
+from _common import output_dir, write_json  # noqa: E402
+from bench_core import T1, casadi_integrator, casadi_map  # noqa: E402
+from jaxdae.examples import TwoLinkManipulator  # noqa: E402
+
+NAME = "bench_batch"
+TOLERANCES = {"float64": (1e-8, 1e-10), "float32": (1e-5, 1e-7)}
+
+
+def device_name() -> str:
+    device = jax.devices()[0]
+    return f"{device.platform}: {device.device_kind} ×{jax.device_count()}"
+
+
+def cast(tree, dtype):
+    return jax.tree_util.tree_map(
+        lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, tree)
+
+
+def jaxdae_batch(dtype):
+    """`(forward, loss)`: batched final `q` and the mean batch loss, gains as arguments."""
+    system = cast(TwoLinkManipulator(), dtype)
+    rtol, atol = TOLERANCES[jnp.dtype(dtype).name]
+
+    def solve(params, q0, v0):
+        alpha, kd, kp = params
+        return jaxdae.simulate(system, jaxdae.ModifiedLagrange(alpha, kd, kp), 0.0, T1, q0, v0,
+                               rtol=rtol, atol=atol)
+
+    def forward(params, q0, v0):
+        return jax.vmap(lambda q, v: solve(params, q, v).q_final)(q0, v0)
+
+    def loss(params, q0, v0):
+        def one(q, v):
+            sol = solve(params, q, v)
+            return jnp.sum(sol.q_final**2) + jnp.sum(sol.phi[-1] ** 2)
+
+        return jnp.mean(jax.vmap(one)(q0, v0))
+
+    return forward, loss
+
+
+def params_of(dtype):
+    alpha, kd1, kd2, kp1, kp2 = _peers.PARAMS
+    return (jnp.asarray(alpha, dtype), jnp.asarray([kd1, kd2], dtype),
+            jnp.asarray([kp1, kp2], dtype))
+
+
+def compiled(fn, *args):
+    start = time.perf_counter()
+    out = jax.jit(fn).lower(*args).compile()
+    return out, time.perf_counter() - start
+
+
+def main(out: Path, quick: bool = False, max_batch: int | None = None) -> dict:
+    folder = output_dir(out, NAME)
+    on_gpu = jax.default_backend() != "cpu"
+    if quick:
+        sizes, reps = [1, 16, 64], 2
+    elif on_gpu:
+        sizes, reps = [1, 256, 4096, 65536, 1_000_000], 3
+    else:
+        sizes, reps = [1, 16, 256, 4096], 3
+    if max_batch is not None:
+        sizes = sorted({s for s in sizes if s <= max_batch} | {max_batch})
+    loop_cap = 16 if quick else 64  # Python loops (CasADi loop, SciPy) run at most this many
+    grad_batch = 16 if quick else 256
+    dtypes = ["float64", "float32"]
+    qs, vs = _peers.perturbed_states(max(sizes))
+
+    # jaxdae: one compiled function per (dtype, size).
+    runners, compile_s = {}, {}
+    for dname in dtypes:
+        dtype = jnp.dtype(dname)
+        forward, _ = jaxdae_batch(dtype)
+        params = params_of(dtype)
+        for size in sizes:
+            q0, v0 = jnp.asarray(qs[:size], dtype), jnp.asarray(vs[:size], dtype)
+            fn, compile_s[(dname, size)] = compiled(forward, params, q0, v0)
+            runners[(f"jaxdae {dname}", size)] = (
+                lambda fn=fn, a=(params, q0, v0): jax.block_until_ready(fn(*a)))
+        print(f"  compiled jaxdae {dname}", file=sys.stderr, flush=True)
+
+    # Peers: CasADi CVODES-Adams (loop and threaded map), SciPy DOP853 (loop), each at the
+    # tolerances of each dtype row.
+    map_mode = None
+    for dname in dtypes:
+        rtol, atol = TOLERANCES[dname]
+        integrator, _ = casadi_integrator("adams", rtol=rtol, atol=atol)
+        rhs = _peers.numpy_rhs()
+        for size in sizes:
+            x = np.concatenate([qs[:size], vs[:size]], axis=1)
+            if size <= loop_cap:
+                runners[(f"CasADi loop @{dname} tol", size)] = (
+                    lambda f=integrator, x=x: [f(x0=xi, p=_peers.PARAMS)["xf"] for xi in x])
+                runners[(f"SciPy DOP853 loop @{dname} tol", size)] = (
+                    lambda x=x, rtol=rtol, atol=atol: [
+                        solve_ivp(rhs, (0.0, T1), xi, method="DOP853", rtol=rtol, atol=atol)
+                        for xi in x])
+            mapped, map_mode = casadi_map(integrator, size)
+            pb = np.tile(_peers.PARAMS[:, None], (1, size))
+            runners[(f"CasADi map @{dname} tol", size)] = (
+                lambda f=mapped, x=x.T, p=pb: f(x0=x, p=p))
+
+    # Gradient / forward of a batch loss (float64).
+    dtype = jnp.float64
+    forward, loss = jaxdae_batch(dtype)
+    params = params_of(dtype)
+    qg, vg = jnp.asarray(qs[:grad_batch]), jnp.asarray(vs[:grad_batch])
+    fwd_loss, c_fwd = compiled(loss, params, qg, vg)
+    grad_loss, c_grad = compiled(jax.value_and_grad(loss), params, qg, vg)
+    runners[("loss forward", grad_batch)] = lambda: jax.block_until_ready(fwd_loss(params, qg, vg))
+    runners[("loss gradient", grad_batch)] = (
+        lambda: jax.block_until_ready(grad_loss(params, qg, vg)))
+
+    for run in runners.values():  # warm-up
+        run()
+    times = {key: [] for key in runners}
+    for rep in range(reps):
+        for key, run in runners.items():
+            start = time.perf_counter()
+            run()
+            times[key].append(time.perf_counter() - start)
+        print(f"  repetition {rep + 1}/{reps} done", file=sys.stderr, flush=True)
+    med = {key: statistics.median(t) for key, t in times.items()}
+
+    tools = sorted({tool for tool, _ in runners if not tool.startswith("loss")},
+                   key=lambda t: (not t.startswith("jaxdae"), "float32" in t, t))
+    lines = [
+        f"Two-link, ModifiedLagrange(10, [20, 10], [100, 25]), t ∈ [0, {T1:g}]; device "
+        f"{device_name()}; float64 rows at rtol=1e-8, atol=1e-10, float32 rows (and peers "
+        f"'@float32 tol') at rtol=1e-5, atol=1e-7; medians of {reps} interleaved repetitions; "
+        f"CasADi map: {map_mode}; Python loops only up to {loop_cap}.",
+        "",
+        "Trajectories per second:",
+        "",
+        "| tool | " + " | ".join(f"batch {s:,}" for s in sizes) + " |",
+        "| --- |" + " ---: |" * len(sizes),
+    ]
+    for tool in tools:
+        cells = [f"{s / med[(tool, s)]:,.0f}" if (tool, s) in med else "–" for s in sizes]
+        lines.append(f"| {tool} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "jaxdae compile time [s] (trace + lower + XLA, per batch shape):",
+        "",
+        "| dtype | " + " | ".join(f"batch {s:,}" for s in sizes) + " |",
+        "| --- |" + " ---: |" * len(sizes),
+    ]
+    for dname in dtypes:
+        lines.append(f"| {dname} | " + " | ".join(f"{compile_s[(dname, s)]:.1f}" for s in sizes)
+                     + " |")
+    ratio = med[("loss gradient", grad_batch)] / med[("loss forward", grad_batch)]
+    lines += [
+        "",
+        f"Batch loss (mean of Σ q(2)² + |Φ(2)|² over {grad_batch} states, float64), gradient "
+        "w.r.t. (alpha, kd, kp) by `jax.value_and_grad` (diffrax RecursiveCheckpointAdjoint):",
+        "",
+        "| forward [s] | value and gradient [s] | gradient/forward (target ≤ 4) | "
+        "compile forward [s] | compile gradient [s] |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+        f"| {med[('loss forward', grad_batch)]:.3f} | {med[('loss gradient', grad_batch)]:.3f} | "
+        f"{ratio:.2f} | {c_fwd:.1f} | {c_grad:.1f} |",
+    ]
+    print("\n".join(lines))
+    write_json(folder / "bench_batch.json", {
+        "device": device_name(), "sizes": sizes, "reps": reps, "map_mode": map_mode,
+        "median_s": {f"{k[0]} | {k[1]}": v for k, v in med.items()},
+        "raw_s": {f"{k[0]} | {k[1]}": v for k, v in times.items()},
+        "compile_s": {f"{k[0]} | {k[1]}": v for k, v in compile_s.items()},
+        "gradient_forward_ratio": ratio, "compile_loss": c_fwd, "compile_grad": c_grad,
+    })
+    big = max(sizes)
+    best = big / med[("jaxdae float64", big)]
+    cas = big / med[("CasADi map @float64 tol", big)]
+    headline = (f"{device_name()}: jaxdae float64 {best:,.0f} traj/s at batch {big:,} "
+                f"({best / cas:.1f}× CasADi map); batch-loss gradient/forward {ratio:.2f}")
+    return {"headline": headline, "table": lines}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("output"))
+    parser.add_argument("--quick", action="store_true", help="small sizes, for smoke tests")
+    parser.add_argument("--max-batch", type=int, default=None,
+                        help="largest batch size (default 4096 on the CPU, 10**6 on a GPU)")
+    args = parser.parse_args()
+    main(args.out, args.quick, args.max_batch)

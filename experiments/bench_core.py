@@ -1,0 +1,316 @@
+"""Benchmark: jaxdae vs SciPy and CasADi on paper 004's two-link example (issue 2, item 9).
+
+`ModifiedLagrange(10, [20, 10], [100, 25])` on `TwoLinkManipulator` from its paper state over
+`t ∈ [0, 2]`, `rtol = 1e-8`, `atol = 1e-10`, float64. Timed side by side in one interleaved
+run (every repetition times every tool in turn, the reported figure is the median over the
+repetitions):
+
+- compile / set-up time (jaxdae: trace + lower + XLA compile, each measured from cold caches);
+- time of one trajectory;
+- throughput of a batch of perturbed initial states (jaxdae: `jax.jit(jax.vmap(...))`;
+  CasADi: `Function.map` with threads; SciPy: a Python loop over a subset, extrapolated);
+- time of the gradient of `Σ q(2)² + |Φ(2)|²` w.r.t. `(alpha, kd, kp)` (jaxdae: `jax.grad`
+  through diffrax's `RecursiveCheckpointAdjoint`; CasADi: CVODES adjoint sensitivities);
+- agreement of `q(2)` with a tight-tolerance reference (SciPy DOP853, `rtol = 1e-13`).
+
+The SciPy and CasADi right-hand sides are written by hand in `experiments/_peers.py`.
+
+    python experiments/bench_core.py [--quick] [--out output]
+"""
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import casadi as ca  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from scipy.integrate import solve_ivp  # noqa: E402
+
+import _peers  # noqa: E402
+import jaxdae  # noqa: E402
+from _common import output_dir, parse_args, write_json  # noqa: E402
+from jaxdae.examples import TwoLinkManipulator  # noqa: E402
+
+NAME = "bench_core"
+T1, RTOL, ATOL = 2.0, 1e-8, 1e-10
+
+
+def _timed(fn, *args):
+    start = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - start
+
+
+def _block(x):
+    return jax.block_until_ready(x)
+
+
+# -- jaxdae --------------------------------------------------------------------------------
+
+
+def jaxdae_functions(dtype=jnp.float64):
+    """Plain-`jax.jit` forward, batched forward and gradient of the benchmark problem."""
+    system = TwoLinkManipulator()
+
+    def gains(params):
+        alpha, kd, kp = params
+        return jaxdae.ModifiedLagrange(alpha, kd, kp)
+
+    def forward(params, q0, v0):
+        return jaxdae.simulate(system, gains(params), 0.0, T1, q0, v0, rtol=RTOL, atol=ATOL)
+
+    def final_q(params, q0, v0):
+        return forward(params, q0, v0).q_final
+
+    def loss(params, q0, v0):
+        sol = forward(params, q0, v0)
+        return jnp.sum(sol.q_final**2) + jnp.sum(sol.phi[-1] ** 2)
+
+    return {
+        "forward": final_q,
+        "batch": jax.vmap(final_q, in_axes=(None, 0, 0)),
+        "gradient": jax.value_and_grad(loss),
+    }
+
+
+def compile_jaxdae(fn, *args):
+    """Trace, lower and compile `jax.jit(fn)` from cold caches; returns `(compiled, times)`."""
+    jax.clear_caches()
+    jitted = jax.jit(fn)
+    traced, t_trace = _timed(jitted.trace, *args)
+    lowered, t_lower = _timed(traced.lower)
+    compiled, t_compile = _timed(lowered.compile)
+    return compiled, {"trace": t_trace, "lower": t_lower, "compile": t_compile,
+                      "total": t_trace + t_lower + t_compile}
+
+
+def jaxdae_params(dtype=jnp.float64):
+    alpha, kd1, kd2, kp1, kp2 = _peers.PARAMS
+    return (jnp.asarray(alpha, dtype), jnp.asarray([kd1, kd2], dtype),
+            jnp.asarray([kp1, kp2], dtype))
+
+
+def grad_vector(grads):
+    alpha, kd, kp = grads
+    return np.concatenate([np.atleast_1d(np.asarray(alpha)), np.asarray(kd), np.asarray(kp)])
+
+
+# -- CasADi --------------------------------------------------------------------------------
+
+
+def casadi_integrator(method: str, t1: float = T1, rtol: float = RTOL, atol: float = ATOL):
+    dae, phi = _peers.casadi_dae(ca)
+    opts = {"abstol": atol, "reltol": rtol, "linear_multistep_method": method,
+            "max_num_steps": 100_000}
+    return ca.integrator(f"F_{method}", "cvodes", dae, 0.0, t1, opts), phi
+
+
+def casadi_map(integrator, num: int):
+    """`integrator.map(num, "thread", cores)` if CasADi has threads, else serial."""
+    cores = os.cpu_count() or 1
+    try:
+        return integrator.map(num, "thread", cores), f"thread×{cores}"
+    except RuntimeError:
+        return integrator.map(num), "serial"
+
+
+def casadi_gradient(integrator, phi, x0):
+    """`(loss, ∂loss/∂p)` with reverse mode through the integrator (CVODES adjoints)."""
+    p = ca.MX.sym("p", 5)
+    xf = integrator(x0=x0, p=p)["xf"]
+    loss = ca.sumsqr(xf[:2]) + ca.sumsqr(phi(T1, xf))
+    grad = ca.jtimes(loss, p, ca.DM.ones(1), True)
+    return ca.Function("G", [p], [loss, grad])
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def main(out: Path, quick: bool = False) -> dict:
+    folder = output_dir(out, NAME)
+    reps = 2 if quick else 7
+    batch = 64 if quick else 1024
+    scipy_batch = 4 if quick else 16
+    inner = 3 if quick else 10  # calls per repetition for the single-trajectory timings
+
+    q0, v0 = (np.asarray(x) for x in TwoLinkManipulator().initial_state())
+    y0 = np.concatenate([q0, v0])
+    qb, vb = _peers.perturbed_states(batch)
+    params_np = _peers.PARAMS
+    params = jaxdae_params()
+
+    # Reference for q(2): SciPy DOP853 at tight tolerances.
+    reference = solve_ivp(_peers.numpy_rhs(), (0.0, T1), y0, method="DOP853",
+                          rtol=1e-13, atol=1e-14).y[:2, -1]
+
+    # Set-up / compile.
+    fns = jaxdae_functions()
+    args1 = (params, jnp.asarray(q0), jnp.asarray(v0))
+    argsb = (params, jnp.asarray(qb), jnp.asarray(vb))
+    jd_forward, c_forward = compile_jaxdae(fns["forward"], *args1)
+    jd_batch, c_batch = compile_jaxdae(fns["batch"], *argsb)
+    jd_grad, c_grad = compile_jaxdae(fns["gradient"], *args1)
+    setup = {"jaxdae": c_forward["total"], "jaxdae (gradient)": c_grad["total"],
+             "jaxdae (batch)": c_batch["total"]}
+    cas = {}
+    map_mode = None
+    for method in ("adams", "bdf"):
+        start = time.perf_counter()
+        integrator, phi = casadi_integrator(method)
+        mapped, map_mode = casadi_map(integrator, batch)
+        grad = casadi_gradient(integrator, phi, y0)
+        setup[f"CasADi CVODES-{method}"] = time.perf_counter() - start
+        cas[method] = (integrator, mapped, grad)
+    setup["SciPy DOP853"] = setup["SciPy LSODA"] = 0.0
+    rhs = _peers.numpy_rhs(params_np)
+
+    runners = {
+        "jaxdae": {
+            "single": lambda: np.asarray(_block(jd_forward(*args1))),
+            "batch": lambda: np.asarray(_block(jd_batch(*argsb))),
+            "grad": lambda: (lambda vg: (float(vg[0]), grad_vector(vg[1])))(
+                _block(jd_grad(*args1))),
+        },
+    }
+    for method in ("adams", "bdf"):
+        integrator, mapped, grad = cas[method]
+        xb = np.concatenate([qb, vb], axis=1).T
+        pb = np.tile(params_np[:, None], (1, batch))
+        runners[f"CasADi CVODES-{method}"] = {
+            "single": (lambda f: lambda: np.asarray(f(x0=y0, p=params_np)["xf"]).ravel()[:2])(
+                integrator),
+            "batch": (lambda f, xb, pb: lambda: np.asarray(f(x0=xb, p=pb)["xf"])[:2].T)(
+                mapped, xb, pb),
+            "grad": (lambda g: lambda: (lambda o: (float(o[0]), np.asarray(o[1]).ravel()))(
+                g(params_np)))(grad),
+        }
+    for method in ("DOP853", "LSODA"):
+        def single(method=method, y=y0):
+            return solve_ivp(rhs, (0.0, T1), y, method=method, rtol=RTOL, atol=ATOL).y[:2, -1]
+
+        def loop(method=method):
+            return np.stack([single(method, np.concatenate([qb[i], vb[i]]))
+                             for i in range(scipy_batch)])
+
+        runners[f"SciPy {method}"] = {"single": single, "batch": loop, "grad": None}
+
+    # Warm up (first calls), then the interleaved repetitions.
+    results = {name: {"single": [], "batch": [], "grad": []} for name in runners}
+    outputs = {}
+    for name, run in runners.items():
+        outputs[name] = {"single": run["single"](), "batch": run["batch"]()}
+        if run["grad"] is not None:
+            outputs[name]["grad"] = run["grad"]()
+    for rep in range(reps):
+        for name, run in runners.items():
+            start = time.perf_counter()
+            for _ in range(inner):
+                run["single"]()
+            results[name]["single"].append((time.perf_counter() - start) / inner)
+            _, t = _timed(run["batch"])
+            results[name]["batch"].append(t)
+            if run["grad"] is not None:
+                start = time.perf_counter()
+                for _ in range(max(1, inner // 2)):
+                    run["grad"]()
+                results[name]["grad"].append((time.perf_counter() - start) / max(1, inner // 2))
+        print(f"  repetition {rep + 1}/{reps} done", file=sys.stderr, flush=True)
+
+    med = {name: {k: (statistics.median(v) if v else None) for k, v in r.items()}
+           for name, r in results.items()}
+    n_batch = {name: (scipy_batch if name.startswith("SciPy") else batch) for name in runners}
+    throughput = {name: n_batch[name] / med[name]["batch"] for name in runners}
+    agreement = {name: float(np.max(np.abs(outputs[name]["single"] - reference)))
+                 for name in runners}
+    batch_agreement = {
+        name: float(np.max(np.abs(outputs[name]["batch"] - outputs["CasADi CVODES-bdf"]["batch"][
+            : n_batch[name]])))
+        for name in runners
+    }
+    grad_ref = outputs["CasADi CVODES-bdf"]["grad"][1]
+    grad_agreement = {
+        name: float(np.max(np.abs(outputs[name]["grad"][1] - grad_ref)) / np.max(np.abs(grad_ref)))
+        for name in runners if "grad" in outputs[name]
+    }
+
+    # Tables.
+    lines = [
+        f"Two-link, ModifiedLagrange(10, [20, 10], [100, 25]), t ∈ [0, {T1:g}], rtol={RTOL:g}, "
+        f"atol={ATOL:g}, float64; medians of {reps} interleaved repetitions; "
+        f"batch = {batch} perturbed initial states (SciPy: loop over {scipy_batch}, "
+        f"extrapolated); CasADi map: {map_mode}; device: {jax.devices()[0].device_kind}.",
+        "",
+        "| tool | setup/compile [s] | one trajectory [ms] | batch throughput [traj/s] | "
+        "gradient [ms] | grad/forward | max abs err q(2) | batch q(2) vs CVODES-bdf | "
+        "grad rel. diff vs CVODES-bdf |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name in runners:
+        m = med[name]
+        grad_ms = f"{1e3 * m['grad']:.3g}" if m["grad"] else "n/a"
+        ratio = f"{m['grad'] / m['single']:.2f}" if m["grad"] else "n/a"
+        gagree = f"{grad_agreement[name]:.1e}" if name in grad_agreement else "n/a"
+        compile_s = (f"{setup[name]:.2f} (grad {setup['jaxdae (gradient)']:.2f}, "
+                     f"batch {setup['jaxdae (batch)']:.2f})" if name == "jaxdae"
+                     else f"{setup[name]:.3f}")
+        lines.append(
+            f"| {name} | {compile_s} | {1e3 * m['single']:.3g} | {throughput[name]:,.0f} | "
+            f"{grad_ms} | {ratio} | {agreement[name]:.1e} | {batch_agreement[name]:.1e} | "
+            f"{gagree} |"
+        )
+    lines += [
+        "",
+        "jaxdae compile breakdown [s]:",
+        "",
+        "| function | trace | lower | XLA compile | total |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for label, c in (("simulate", c_forward), ("gradient", c_grad), ("vmap batch", c_batch)):
+        lines.append(f"| {label} | {c['trace']:.2f} | {c['lower']:.2f} | {c['compile']:.2f} | "
+                     f"{c['total']:.2f} |")
+
+    jd, adams = med["jaxdae"], med["CasADi CVODES-adams"]
+    targets = [
+        ("one trajectory ≤ CasADi CVODES-Adams", jd["single"] <= adams["single"],
+         f"{1e3 * jd['single']:.3g} ms vs {1e3 * adams['single']:.3g} ms"),
+        ("batch throughput ≥ 10× CasADi map (Adams)",
+         throughput["jaxdae"] >= 10 * throughput["CasADi CVODES-adams"],
+         f"{throughput['jaxdae'] / throughput['CasADi CVODES-adams']:.1f}×"),
+        ("batch throughput ≥ 10× CasADi map (BDF)",
+         throughput["jaxdae"] >= 10 * throughput["CasADi CVODES-bdf"],
+         f"{throughput['jaxdae'] / throughput['CasADi CVODES-bdf']:.1f}×"),
+        ("gradient ≤ CasADi adjoint (Adams)", jd["grad"] <= adams["grad"],
+         f"{1e3 * jd['grad']:.3g} ms vs {1e3 * adams['grad']:.3g} ms"),
+        ("gradient ≤ 3× own forward", jd["grad"] <= 3 * jd["single"],
+         f"{jd['grad'] / jd['single']:.2f}×"),
+        ("compile simulate ≤ 2 s", c_forward["total"] <= 2.0, f"{c_forward['total']:.2f} s"),
+        ("compile gradient ≤ 5 s", c_grad["total"] <= 5.0, f"{c_grad['total']:.2f} s"),
+    ]
+    lines += ["", "| target | met | measured |", "| --- | :---: | --- |"]
+    lines += [f"| {t} | {'yes' if ok else 'NO'} | {v} |" for t, ok, v in targets]
+    print("\n".join(lines))
+
+    write_json(folder / "bench_core.json", {
+        "medians": med, "throughput": throughput, "setup": setup,
+        "compile": {"forward": c_forward, "gradient": c_grad, "batch": c_batch},
+        "agreement_q2": agreement, "batch_agreement_q2": batch_agreement,
+        "grad_agreement": grad_agreement, "raw": results, "map_mode": map_mode,
+        "targets": {t: bool(ok) for t, ok, _ in targets}, "reps": reps, "batch": batch,
+    })
+    met = sum(ok for _, ok, _ in targets)
+    headline = (f"jaxdae {1e3 * jd['single']:.2g} ms/trajectory vs CVODES-Adams "
+                f"{1e3 * adams['single']:.2g} ms; batch {throughput['jaxdae']:,.0f} traj/s "
+                f"({throughput['jaxdae'] / throughput['CasADi CVODES-adams']:.1f}× CasADi map); "
+                f"{met}/{len(targets)} targets met")
+    return {"headline": headline, "table": lines}
+
+
+if __name__ == "__main__":
+    args = parse_args(NAME, __doc__.splitlines()[0])
+    main(args.out, args.quick)
