@@ -19,8 +19,10 @@ from ._formulation import (
     Baumgarte as Baumgarte,
     ModifiedLagrange as ModifiedLagrange,
     PseudoInverse as PseudoInverse,
+    RedundantCoordinates as RedundantCoordinates,
     Unstabilized as Unstabilized,
 )
+from ._lqr import LQRSolution as LQRSolution, lqr as lqr
 from ._simulate import simulate as simulate
 from ._solution import RESULTS as RESULTS, SimulationError as SimulationError, Solution as Solution
 from ._system import (

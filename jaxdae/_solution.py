@@ -16,6 +16,12 @@ class RESULTS(diffrax.RESULTS):  # pyright: ignore[reportGeneralTypeIssues]
         "Use `jaxdae.PseudoInverse` or `jaxdae.ModifiedLagrange`, which continue through "
         "such configurations."
     )
+    singular_dependent_jacobian = (
+        "The Jacobian ∂F/∂q_dep of the geometric constraints with respect to the dependent "
+        "coordinates became singular (condition [4] of paper 000 fails), so the dependent "
+        "velocities cannot be solved for: choose other coordinates as dependent in "
+        "`jaxdae.RedundantCoordinates`, or use a Lagrange-multiplier formulation."
+    )
 
 
 class SimulationError(RuntimeError):
