@@ -166,6 +166,10 @@ def _plots(path, d, runs, roa):
     plt.close(fig)
 
 
+def _roots(roots):
+    return [str(z) for z in np.sort_complex(np.asarray(roots))]
+
+
 def _fmt_roots(roots):
     roots = np.sort_complex(np.asarray(roots))
     return ", ".join(f"{z.real:.4g}{z.imag:+.4g}i" if abs(z.imag) > 1e-12 else f"{z.real:.4g}"
@@ -202,18 +206,22 @@ def main(out: Path, quick: bool = False) -> dict:
         equilibrium=dict(q=d["eq_e"].q, v=d["eq_e"].v, u=d["eq_e"].u,
                          residual=float(d["eq_e"].residual)),
         simplified_A=d["lin_s"].A, simplified_B=d["lin_s"].B,
-        lqr_gain=d["lqr"].gain, riccati=d["lqr"].riccati, riccati_residual=float(d["lqr"].residual),
+        lqr_gain=d["lqr"].gain, riccati=d["lqr"].riccati,
+        riccati_residual=float(d["lqr"].residual),
         state_order="x = (r, theta, r_dot, theta_dot, i)",
-        simplified_closed_loop_roots=[str(z) for z in np.sort_complex(simple_roots)],
-        exact_closed_loop_roots=[str(z) for z in np.sort_complex(exact_roots)],
-        exact_open_loop_roots=[str(z) for z in np.sort_complex(np.asarray(d["lin_open"].eigenvalues))],
-        exact_multiplier_form_roots=[str(z) for z in np.sort_complex(np.asarray(d["lin_lm"].eigenvalues))],
+        simplified_closed_loop_roots=_roots(simple_roots),
+        exact_closed_loop_roots=_roots(exact_roots),
+        exact_open_loop_roots=_roots(d["lin_open"].eigenvalues),
+        exact_multiplier_form_roots=_roots(d["lin_lm"].eigenvalues),
         exact_zero_roots=int(d["lin_e"].num_zero_roots),
         zero_root_tolerance=float(d["lin_e"].tol),
         exact_asymptotically_stable=bool(d["lin_e"].asymptotically_stable),
         max_root_difference=root_gap,
-        responses=[dict(start=run["start"], final_r_error=err, max_abs_phi=float(np.abs(run["phi"]).max()))
-                   for run, err in zip(runs, final_errors)],
+        responses=[
+            dict(start=run["start"], final_r_error=err,
+                 max_abs_phi=float(np.abs(run["phi"]).max()))
+            for run, err in zip(runs, final_errors)
+        ],
         region_of_attraction=dict(
             rs=rs, thetas=thetas, converged=roa["converged"].astype(int),
             fraction=float(roa["converged"].mean()),
@@ -227,17 +235,20 @@ def main(out: Path, quick: bool = False) -> dict:
     )
     write_json(path / "results.json", data)
 
+    gain_text = np.array2string(np.asarray(d["lqr"].gain)[0], precision=4)
+    verdict = ("asymptotically stable" if bool(d["lin_e"].asymptotically_stable)
+               else "not asymptotically stable")
     table = [
         "| quantity | value |",
         "| --- | --- |",
-        f"| LQR gain K (x = r, θ, ṙ, θ̇, i) | {np.array2string(np.asarray(d['lqr'].gain)[0], precision=4)} |",
+        f"| LQR gain K (x = r, θ, ṙ, θ̇, i) | {gain_text} |",
         f"| simplified closed-loop roots | {_fmt_roots(simple_roots)} |",
         f"| exact (Shulgin) closed-loop roots | {_fmt_roots(exact_roots)} |",
         f"| zero roots / constraints (tol {float(d['lin_e'].tol):.1e}) | "
         f"{int(d['lin_e'].num_zero_roots)} / {d['lin_e'].num_constraints} |",
         f"| max difference of the non-zero roots | {root_gap:.2e} |",
         f"| verdict (paper 000 theorem) | "
-        f"{'asymptotically stable' if bool(d['lin_e'].asymptotically_stable) else 'not asymptotically stable'} |",
+        f"{verdict} |",
         f"| open-loop exact roots | {_fmt_roots(d['lin_open'].eigenvalues)} |",
         f"| max final \\|r − r0\\| of {len(runs)} nonlinear responses | {max(final_errors):.2e} m |",
         f"| region of attraction: converged fraction of {roa['converged'].size} starts | "

@@ -21,7 +21,9 @@ class AbstractController(eqx.Module):
     """A feedback law `u = controller(t, q, v)`, shape `(p,)` (paper 000 §6, paper 002 [2.1])."""
 
     @abc.abstractmethod
-    def __call__(self, t: Scalar, q: Float[Array, " n"], v: Float[Array, " n"]) -> Float[Array, " p"]:
+    def __call__(
+        self, t: Scalar, q: Float[Array, " n"], v: Float[Array, " n"]
+    ) -> Float[Array, " p"]:
         """The input at the state `(t, q, v)`."""
 
 

@@ -120,7 +120,7 @@ class BallAndBeam(LagrangianSystem):
 
     @property
     def feedback_indices(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """`(positions, velocities)` of the paper's state `x = (r, θ, ṙ, θ̇, i)` (positions first)."""
+        """`(positions, velocities)` of the paper's state `x = (r, θ, ṙ, θ̇, i)`."""
         return ((0, 1), (0, 1, 3)) if self.exact else ((0, 1), (0, 1, 2))
 
     def _unpack(self, q, v):
