@@ -101,3 +101,34 @@ def test_alpha_branch_is_differentiable(design):
     exact = design["exact"]
     slope = jax.grad(exact.alpha_of_theta)(0.0)
     np.testing.assert_allclose(slope, exact.lever_radius / exact.beam_length, rtol=1e-10)
+
+
+def test_equilibrium_jit_vmap_grad(design):
+    simple = design["simple"]
+
+    def voltage(r0):
+        eq = jaxdae.equilibrium(simple, jnp.zeros(3).at[0].set(r0), fixed=(0,),
+                                cyclic=simple.cyclic, u_guess=[0.0])
+        return eq.u[0]
+
+    # Eq. [35]: e0 = R_a (d/L) m g r0 / (K1 K2), linear in r0.
+    slope = (simple.resistance * simple.lever_radius / simple.beam_length * simple.mass
+             * simple.gravity / (simple.amplifier_gain * simple.torque_constant))
+    grads = jax.jit(jax.vmap(jax.grad(voltage)))(jnp.array([0.2, 0.6]))
+    np.testing.assert_allclose(grads, [slope, slope], rtol=1e-8)
+
+
+def test_controller_errors(design):
+    eq = design["eq_e"]
+    with pytest.raises(ValueError, match="no `controller` field"):
+        jaxdae.with_controller(jaxdae.examples.CartesianPendulum(), jaxdae.ConstantControl(0.0))
+    with pytest.raises(ValueError, match="must be a `jaxdae.AbstractController`"):
+        jaxdae.with_controller(design["exact"], lambda t, q, v: q[:1])
+    with pytest.raises(ValueError, match="`gain` must have shape"):
+        jaxdae.LinearFeedback(jnp.ones((1, 4)), eq.q, eq.v, eq.u, (0, 1), (0, 1, 3))
+
+
+def test_linearize_rejects_non_cyclic(design):
+    eq = design["eq_e"]
+    with pytest.raises(ValueError, match="not cyclic"):
+        jaxdae.linearize(design["closed"], design["shulgin"], eq.q, eq.v, cyclic=(0,))
