@@ -7,6 +7,7 @@ import lineax as lx
 import numpy as np
 
 from .._custom_types import Array, Float
+from .._gains import is_concrete
 from .._solution import RESULTS
 from .._system import ConstrainedTerms
 from ._base import AbstractFormulation, default_rcond
@@ -245,9 +246,7 @@ class RedundantCoordinates(AbstractFormulation):
             "initial value); start on the constraint manifold, e.g. with "
             "`jaxdae.consistent_initial_state`."
         )
-        if eqx.is_array(ratio) and not isinstance(ratio, jax.core.Tracer) and not isinstance(
-            violation, jax.core.Tracer
-        ):
+        if is_concrete(ratio, violation):
             if not float(ratio) >= tol:
                 raise ValueError(f"{singular_msg} (σ_min/σ_max = {float(ratio):.3g}).")
             if not float(violation) <= self.tol:
