@@ -110,10 +110,14 @@ def _uncontrollable_unstable_modes(a, b, tol):
 
 @eqx.filter_jit
 def _lqr(a, b, q, r, rtol, max_steps):
+    # The initial guess needs no gradient. It is computed in the widest float available
+    # (optimistix' fixed-point state is float64 under x64, whatever the input dtype).
+    wide = jnp.result_type(float)
     p0, sign_result = _sign_solution(
-        jax.lax.stop_gradient(a), jax.lax.stop_gradient(b),
-        jax.lax.stop_gradient(q), jax.lax.stop_gradient(r), rtol, max_steps,
+        *(jax.lax.stop_gradient(x).astype(wide) for x in (a, b, q, r)),
+        max(rtol, float(100 * jnp.finfo(wide).eps)), max_steps,
     )
+    p0 = p0.astype(a.dtype)
     solver = optx.Newton(rtol=rtol, atol=rtol, linear_solver=lx.LU())
     sol = optx.root_find(
         _riccati_residual, solver, p0, args=(a, b, q, r), max_steps=max_steps,

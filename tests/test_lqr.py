@@ -103,3 +103,11 @@ def test_bad_input():
         jaxdae.lqr(np.eye(2), np.ones((2, 1)), np.eye(2), -np.eye(1))
     with pytest.raises(ValueError, match="`Q` must have shape"):
         jaxdae.lqr(np.eye(2), np.ones((2, 1)), np.eye(3), np.eye(1))
+
+
+def test_float32_stays_float32(problem):
+    a, b, q, r = (np.asarray(x, dtype=np.float32) for x in problem)
+    sol = jaxdae.lqr(a, b, q, r)
+    assert sol.P.dtype == jnp.float32 and sol.K.dtype == jnp.float32
+    p_ref = scipy.linalg.solve_continuous_are(*(x.astype(float) for x in (a, b, q, r)))
+    np.testing.assert_allclose(sol.P, p_ref, rtol=1e-4, atol=1e-4)
