@@ -102,6 +102,7 @@ def test_shulgin_keeps_constraints(rod_solutions):
     assert np.abs(sol.phi).max() < 1e-7  # Φ drifts only by the integration error
 
 
+@pytest.mark.slow  # one more compiled Baumgarte program; the rod and Ball & Beam cover it
 def test_cartesian_pendulum_one_constraint():
     pend = CartesianPendulum()
     q0, v0 = pend.state_from_angle(0.7, -0.4)
