@@ -36,7 +36,8 @@ class Solution(eqx.Module):
     **Fields:**
 
     - `ts`: saved times, shape `(N,)`.
-    - `q`, `v`: coordinates and velocities, shape `(N, n)`.
+    - `q`, `v`: coordinates and velocities, shape `(N, n)` (all coordinates; with
+        [`jaxdae.RedundantCoordinates`][] the dependent velocities are those of eq. [5]).
     - `phi`, `dphi`: holonomic residual `Φ` and its rate `Φ̇`, shape `(N, m)`.
     - `psi`: nonholonomic residual `Ψ`, shape `(N, k)`.
     - `multipliers`: the multipliers the formulation implies (`M q̈ = Q − Gᵀλ`), holonomic

@@ -39,8 +39,13 @@ class AbstractFormulation(eqx.Module):
     def check_values(self) -> None:
         """Eager checks of concrete gain values (`ValueError`); called by `simulate`."""
 
-    def failure(self, terms: ConstrainedTerms) -> Bool[Array, ""]:
-        """True where the formulation cannot continue (checked at the end of every step)."""
+    def failure(self, terms: ConstrainedTerms) -> Bool[Array, ""] | Float[Array, ""]:
+        """True where the formulation cannot continue (checked at the end of every step).
+
+        May instead return a real value: the solve then stops where it changes sign
+        between two steps (a diffrax `Event` condition), which also catches a singular
+        configuration stepped over between step ends.
+        """
         return jnp.array(False)
 
     @property
