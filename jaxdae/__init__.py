@@ -13,14 +13,28 @@ if _os.environ.get("JAXDAE_ENABLE_X64", "1") != "0":
     _jax.config.update("jax_enable_x64", True)
 
 from . import examples as examples
+from ._analysis import (
+    Equilibrium as Equilibrium,
+    Linearization as Linearization,
+    equilibrium as equilibrium,
+    linearize as linearize,
+)
 from ._consistent import consistent_initial_state as consistent_initial_state
 from ._formulation import (
     AbstractFormulation as AbstractFormulation,
     Baumgarte as Baumgarte,
     ModifiedLagrange as ModifiedLagrange,
     PseudoInverse as PseudoInverse,
+    RedundantCoordinates as RedundantCoordinates,
     Unstabilized as Unstabilized,
 )
+from ._control import (
+    AbstractController as AbstractController,
+    ConstantControl as ConstantControl,
+    LinearFeedback as LinearFeedback,
+    with_controller as with_controller,
+)
+from ._lqr import LQRSolution as LQRSolution, lqr as lqr
 from ._simulate import simulate as simulate
 from ._solution import RESULTS as RESULTS, SimulationError as SimulationError, Solution as Solution
 from ._system import (

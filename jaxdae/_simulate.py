@@ -41,9 +41,15 @@ def _failure(system, formulation, t, q, v):
     return formulation.failure(_terms(system, t, q, v))
 
 
+@eqx.filter_jit
+def _velocities(system, formulation, t, q, v):
+    return formulation.velocities(system, t, q, v)
+
+
 def _vector_field(t, y, args):
     system, formulation = args
     q, v = y
+    v = _velocities(system, formulation, t, q, v)
     acc, _ = _accelerations(system, formulation, t, q, v)
     return v, acc
 
@@ -55,10 +61,11 @@ def _failure_event(t, y, args, **kwargs):
 
 
 def _diagnostics(system, formulation, t, q, v):
-    """Constraint residuals, multipliers and energy at one saved state."""
+    """Velocities, constraint residuals, multipliers and energy at one saved state."""
+    v = _velocities(system, formulation, t, q, v)
     terms = _terms(system, t, q, v)
     _, multipliers = formulation.accelerations(terms)
-    return terms.phi, terms.dphi, terms.psi, multipliers, system.energy(t, q, v)
+    return v, terms.phi, terms.dphi, terms.psi, multipliers, system.energy(t, q, v)
 
 
 def check_initial_state(system: AbstractSystem, t0, q0, v0) -> tuple[ConstrainedTerms, Array]:
@@ -243,6 +250,7 @@ def simulate(
             if flags[2]:
                 message += f" (lowest eigenvalue of its symmetric part: {float(lowest):.3g})"
             raise ValueError(message)
+        formulation.check_state(system, t0, q0, v0)
 
     sol = _simulate(
         system, formulation, t0, t1, q0, v0, ts,
@@ -277,6 +285,7 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, solver, stepsize_contr
         for flag, message in zip(flags, _INITIAL_STATE_MESSAGES):
             q0 = eqx.error_if(q0, flag, message)
         q0 = eqx.error_if(q0, ~(t1 > t0), "`t1` must be greater than `t0`.")
+        q0 = formulation.check_state(system, t0, q0, v0)
         if ts is not None:
             q0 = eqx.error_if(
                 q0, jnp.any(jnp.diff(ts) < 0) | (ts[0] < t0) | (ts[-1] > t1),
@@ -308,7 +317,7 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, solver, stepsize_contr
     result = RESULTS.promote(out.result)
     result = RESULTS.where(
         out.result == diffrax.RESULTS.event_occurred,
-        RESULTS.singular_constraint_matrix,
+        formulation.failure_result,
         result,
     )
     if ts is None:
@@ -324,7 +333,7 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, solver, stepsize_contr
 
     # Rows after a failure are inf: evaluate at a safe state, then mask (no nan gradients).
     valid = jnp.isfinite(ts_out)
-    phi, dphi, psi, multipliers, energy = jax.vmap(
+    v, phi, dphi, psi, multipliers, energy = jax.vmap(
         _diagnostics, in_axes=(None, None, 0, 0, 0)
     )(
         system,
@@ -337,7 +346,7 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, solver, stepsize_contr
     return Solution(
         ts=ts_out,
         q=q,
-        v=v,
+        v=mask(v),
         phi=mask(phi),
         dphi=mask(dphi),
         psi=mask(psi),
@@ -345,7 +354,7 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, solver, stepsize_contr
         energy=mask(energy),
         t_final=ts_final[0],
         q_final=q_final[0],
-        v_final=v_final[0],
+        v_final=_velocities(system, formulation, ts_final[0], q_final[0], v_final[0]),
         result=result,
         stats=out.stats,
     )

@@ -16,6 +16,12 @@ class RESULTS(diffrax.RESULTS):  # pyright: ignore[reportGeneralTypeIssues]
         "Use `jaxdae.PseudoInverse` or `jaxdae.ModifiedLagrange`, which continue through "
         "such configurations."
     )
+    singular_dependent_jacobian = (
+        "The Jacobian ∂F/∂q_dep of the geometric constraints with respect to the dependent "
+        "coordinates became singular (condition [4] of paper 000 fails), so the dependent "
+        "velocities cannot be solved for: choose other coordinates as dependent in "
+        "`jaxdae.RedundantCoordinates`, or use a Lagrange-multiplier formulation."
+    )
 
 
 class SimulationError(RuntimeError):
@@ -30,7 +36,8 @@ class Solution(eqx.Module):
     **Fields:**
 
     - `ts`: saved times, shape `(N,)`.
-    - `q`, `v`: coordinates and velocities, shape `(N, n)`.
+    - `q`, `v`: coordinates and velocities, shape `(N, n)` (all coordinates; with
+        [`jaxdae.RedundantCoordinates`][] the dependent velocities are those of eq. [5]).
     - `phi`, `dphi`: holonomic residual `Φ` and its rate `Φ̇`, shape `(N, m)`.
     - `psi`: nonholonomic residual `Ψ`, shape `(N, k)`.
     - `multipliers`: the multipliers the formulation implies (`M q̈ = Q − Gᵀλ`), holonomic

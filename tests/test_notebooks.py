@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
-SLOW: set[str] = set()
+SLOW: set[str] = {"paper_000_redundant_coordinates"}
 
 
 def _params():

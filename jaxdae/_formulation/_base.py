@@ -10,6 +10,7 @@ import numpy as np
 
 from .._custom_types import Array, Bool, Float
 from .._gains import apply_gain
+from .._solution import RESULTS
 from .._system import ConstrainedTerms
 
 
@@ -38,14 +39,41 @@ class AbstractFormulation(eqx.Module):
     def check_values(self) -> None:
         """Eager checks of concrete gain values (`ValueError`); called by `simulate`."""
 
-    def failure(self, terms: ConstrainedTerms) -> Bool[Array, ""]:
-        """True where the formulation cannot continue (checked at the end of every step)."""
+    def failure(self, terms: ConstrainedTerms) -> Bool[Array, ""] | Float[Array, ""]:
+        """True where the formulation cannot continue (checked at the end of every step).
+
+        May instead return a real value: the solve then stops where it changes sign
+        between two steps (a diffrax `Event` condition), which also catches a singular
+        configuration stepped over between step ends.
+        """
         return jnp.array(False)
 
     @property
     def can_fail(self) -> bool:
         """Whether `failure` needs checking during the solve."""
         return False
+
+    @property
+    def failure_result(self) -> RESULTS:
+        """The [`jaxdae.RESULTS`][] item reported when `failure` stops the solve."""
+        return RESULTS.singular_constraint_matrix
+
+    def velocities(self, system, t, q: Float[Array, " n"], v: Float[Array, " n"]):
+        """The velocities `q̇` the formulation implies at the state `(q, v)`.
+
+        Default: `v` itself. A formulation that integrates fewer velocities (e.g.
+        [`jaxdae.RedundantCoordinates`][], whose dependent velocities follow from the
+        independent ones) overrides it; `simulate` integrates `q̇` = this and reports it.
+        """
+        return v
+
+    def check_state(self, system, t0, q0: Float[Array, " n"], v0: Float[Array, " n"]):
+        """Checks the initial state for this formulation; returns `q0`.
+
+        Raises `ValueError` when the values are concrete, wraps `q0` in `eqx.error_if`
+        when traced. Default: no check.
+        """
+        return q0
 
 
 def baumgarte_target(

@@ -1,5 +1,6 @@
 """Worked examples from the source papers, each a ready-to-simulate system."""
 
+from ._ball_and_beam import BallAndBeam as BallAndBeam
 from ._pendulum import CartesianPendulum as CartesianPendulum
 from ._two_link import (
     TWO_LINK_Q0 as TWO_LINK_Q0,

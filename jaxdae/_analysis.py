@@ -1,0 +1,335 @@
+"""Equilibria, linearization and the stability verdict of paper 000 (§§2–4)."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import lineax as lx
+import optimistix as optx
+
+from ._control import ConstantControl, num_inputs, with_controller
+from ._custom_types import Array, ArrayLike, Bool, Float, Int
+from ._formulation import AbstractFormulation, RedundantCoordinates, Unstabilized
+from ._gains import is_concrete
+
+
+def _indices(name, value, n):
+    idx = tuple(int(i) % n if -n <= int(i) < n else int(i) for i in value)
+    bad = [i for i in idx if not 0 <= i < n]
+    if bad:
+        raise ValueError(f"`{name}` indices {bad} are out of range for {n} coordinates.")
+    if len(set(idx)) != len(idx):
+        raise ValueError(f"`{name}` contains repeated indices: {value}.")
+    return idx
+
+
+def _with_input(system, u):
+    return system if u is None else with_controller(system, ConstantControl(u))
+
+
+# -- equilibria -------------------------------------------------------------------------
+
+
+class Equilibrium(eqx.Module):
+    """An equilibrium found by [`jaxdae.equilibrium`][].
+
+    **Fields:**
+
+    - `q`: all coordinates, `(n,)`; `v`: velocities, zero except for cyclic coordinates
+        (steady motions, e.g. the current through a motor's charge coordinate), `(n,)`.
+    - `u`: the equilibrium input `(p,)` (empty for an uncontrolled system).
+    - `residual`: `max(|Φ|, |q̈|)` at the solution.
+    """
+
+    q: Float[Array, " n"]
+    v: Float[Array, " n"]
+    u: Float[Array, " p"]
+    residual: Float[Array, ""]
+
+
+def _equilibrium_residual(z, args):
+    system, t, q_guess, free, cyclic, has_u = args
+    q_free, v_cyclic, u = z
+    q = q_guess.at[jnp.asarray(free, dtype=int)].set(q_free)
+    v = jnp.zeros_like(q_guess).at[jnp.asarray(cyclic, dtype=int)].set(v_cyclic)
+    system = _with_input(system, u if has_u else None)
+    terms = system.terms(t, q, v)
+    acc, _ = Unstabilized().accelerations(terms)
+    return jnp.concatenate([terms.phi, acc])
+
+
+@eqx.filter_jit
+def _solve_equilibrium(system, t, q_guess, v_cyclic, u_guess, free, cyclic, rtol, max_steps):
+    has_u = u_guess.shape[0] > 0
+    z0 = (q_guess[jnp.asarray(free, dtype=int)], v_cyclic, u_guess)
+    args = (system, t, q_guess, free, cyclic, has_u)
+    sol = optx.least_squares(
+        _equilibrium_residual,
+        optx.GaussNewton(rtol=rtol, atol=rtol, linear_solver=lx.AutoLinearSolver(well_posed=False)),
+        z0, args=args,
+        max_steps=max_steps, throw=False,
+    )
+    q_free, v_cyc, u = sol.value
+    q = q_guess.at[jnp.asarray(free, dtype=int)].set(q_free)
+    v = jnp.zeros_like(q_guess).at[jnp.asarray(cyclic, dtype=int)].set(v_cyc)
+    residual = jnp.max(jnp.abs(_equilibrium_residual(sol.value, args)), initial=0.0)
+    return q, v, u, residual
+
+
+def equilibrium(
+    system,
+    q_guess: Float[ArrayLike, " n"],
+    *,
+    fixed: tuple[int, ...] = (),
+    cyclic: tuple[int, ...] = (),
+    v_guess: Float[ArrayLike, " n"] | None = None,
+    u_guess: Float[ArrayLike, " p"] | None = None,
+    t: float = 0.0,
+    tol: float | None = None,
+    max_steps: int = 256,
+) -> Equilibrium:
+    """Finds an equilibrium (paper 000, eq. [11]) with optimistix' Gauss–Newton.
+
+    Unknowns: the coordinates not listed in `fixed` or `cyclic`, the velocities of the
+    `cyclic` coordinates (steady motions) and — for a controlled system given `u_guess` —
+    the input `u`. Equations: `Φ(q) = 0` and `q̈ = 0` with the exact multipliers, i.e.
+    `Q(q, v, u) ∈ range Φ_qᵀ`. Projected on the independent directions `N = [I; B]` this
+    is eq. [11], `∂W/∂q_i + B_ui ∂W/∂q_u = Q_i + B_ui Q_u`: in redundant coordinates an
+    equilibrium need not be a stationary point of `Π` (the reactions balance the rest),
+    and it does not depend on which coordinates are called dependent.
+
+    **Arguments:**
+
+    - `system`: a [`jaxdae.LagrangianSystem`][] (controlled or not).
+    - `q_guess`: initial guess; the `fixed` (and `cyclic`) entries are kept as given —
+        e.g. the ball position `r0` of the Ball & Beam.
+    - `fixed`: indices of coordinates held at their `q_guess` values.
+    - `cyclic`: indices of cyclic coordinates (their position appears nowhere, e.g. an
+        electric charge); their velocities are unknowns (guess from `v_guess`).
+    - `u_guess`: guess of the equilibrium input; if given, `u` is solved for (the system
+        must have a `controller` field, see [`jaxdae.with_controller`][]).
+    - `t`: the time (for time-dependent systems).
+    - `tol`: accepted `max(|Φ|, |q̈|)`; default `1e-8` in float64, `1e-4` in float32.
+    - `max_steps`: Gauss–Newton iterations (least-squares steps via SVD, so redundant
+        equations are fine).
+
+    **Returns:**
+
+    An [`jaxdae.Equilibrium`][].
+
+    **Raises:**
+
+    `ValueError` for bad indices, and when no equilibrium is found (residual above `tol`);
+    under `jit` the latter is an `eqx.error_if` runtime error.
+    """
+    q_guess = jnp.asarray(q_guess, dtype=jnp.result_type(q_guess, float))
+    if q_guess.ndim != 1:
+        raise ValueError(f"`q_guess` must be 1-D (n,); got shape {q_guess.shape}.")
+    n = q_guess.shape[0]
+    dtype = q_guess.dtype
+    fixed = _indices("fixed", fixed, n)
+    cyclic = _indices("cyclic", cyclic, n)
+    free = tuple(i for i in range(n) if i not in fixed and i not in cyclic)
+    v_all = jnp.zeros(n, dtype) if v_guess is None else jnp.asarray(v_guess, dtype=dtype)
+    v_cyclic = v_all[jnp.asarray(cyclic, dtype=int)]
+    t = jnp.asarray(t, dtype=dtype)
+    if u_guess is None:
+        u0 = jnp.zeros((0,), dtype)
+    else:
+        if not hasattr(system, "controller"):
+            raise ValueError(
+                "`u_guess` was given but the system has no `controller` field to set the "
+                "input through (see `jaxdae.with_controller`)."
+            )
+        u0 = jnp.atleast_1d(jnp.asarray(u_guess, dtype=dtype))
+    if tol is None:
+        tol = 1e-8 if dtype == jnp.float64 else 1e-4
+    rtol = 1e-3 * tol
+    q, v, u, residual = _solve_equilibrium(
+        system, t, q_guess, v_cyclic, u0, free, cyclic, rtol, max_steps
+    )
+    message = (
+        "No equilibrium found near `q_guess`: max(|Φ|, |q̈|) stayed above tol = {tol:.3g}. "
+        "Check the fixed values (is an equilibrium possible there?), give the equilibrium "
+        "input as unknown with `u_guess`, or start closer."
+    )
+    if is_concrete(residual):
+        if not float(residual) <= tol:
+            raise ValueError(message.format(tol=tol) + f" (residual {float(residual):.3g})")
+    else:
+        q = eqx.error_if(q, ~(residual <= tol), message.format(tol=tol))
+    return Equilibrium(q=q, v=v, u=u, residual=residual)
+
+
+# -- linearization ----------------------------------------------------------------------
+
+
+class Linearization(eqx.Module):
+    """The first approximation `ẋ = A x + B u` about an equilibrium, and its verdict.
+
+    **Fields:**
+
+    - `A` `(s, s)`, `B` `(s, p)`: Jacobians of the formulation's vector field.
+    - `positions`, `velocities`: the coordinate / velocity indices making up `x`
+        (`x = (q[positions], v[velocities])`; pass them to [`jaxdae.LinearFeedback`][]).
+    - `eigenvalues`: the characteristic roots, `(s,)` complex.
+    - `num_zero_roots`: roots with `|λ| ≤ tol`.
+    - `num_constraints`: `m`, the number of geometric constraints.
+    - `expected_zero_roots`: the zero roots the constraints account for — `m` in redundant
+        coordinates (paper 000 eqs. [16]–[18], `z = y − B x` carries `λ^m`), `0` in a
+        stabilized Lagrange-multiplier form (there the constraint roots are those of the
+        stabilization, e.g. `λ² + K_D λ + K_P`).
+    - `tol`: the tolerance used: a root is zero if `|λ| ≤ tol`, negative if `Re λ < −tol`.
+    - `asymptotically_stable`: the verdict of paper 000's theorem — exactly
+        `expected_zero_roots` zero roots and every other root with `Re λ < −tol`.
+    """
+
+    A: Float[Array, "s s"]
+    B: Float[Array, "s p"]
+    eigenvalues: Array
+    num_zero_roots: Int[Array, ""]
+    num_constraints: int = eqx.field(static=True)
+    expected_zero_roots: int = eqx.field(static=True)
+    tol: Float[Array, ""]
+    asymptotically_stable: Bool[Array, ""]
+    positions: tuple[int, ...] = eqx.field(static=True)
+    velocities: tuple[int, ...] = eqx.field(static=True)
+
+
+def _state_map(formulation, n, cyclic):
+    positions = tuple(i for i in range(n) if i not in cyclic)
+    if isinstance(formulation, RedundantCoordinates):
+        velocities = formulation.independent(n)
+    else:
+        velocities = tuple(range(n))
+    return positions, velocities
+
+
+def _vector_field(x, u, args):
+    system, formulation, t, q_eq, v_eq, positions, velocities = args
+    pos = jnp.asarray(positions, dtype=int)
+    vel = jnp.asarray(velocities, dtype=int)
+    s = len(positions)
+    q = q_eq.at[pos].set(x[:s])
+    v = v_eq.at[vel].set(x[s:])
+    system = _with_input(system, u)
+    v = formulation.velocities(system, t, q, v)
+    acc, _ = formulation.accelerations(system.terms(t, q, v))
+    return jnp.concatenate([v[pos], acc[vel]])
+
+
+@eqx.filter_jit
+def _linearize(system, formulation, t, q, v, u, positions, velocities, cyclic):
+    args = (system, formulation, t, q, v, positions, velocities)
+    x0 = jnp.concatenate([q[jnp.asarray(positions, dtype=int)],
+                          v[jnp.asarray(velocities, dtype=int)]])
+    a = jax.jacfwd(_vector_field, argnums=0)(x0, u, args)
+    if u is None:
+        b = jnp.zeros((x0.shape[0], 0), x0.dtype)
+    else:
+        b = jax.jacfwd(_vector_field, argnums=1)(x0, u, args)
+    # Cyclic coordinates must not enter the vector field.
+    if cyclic:
+        cyc = jnp.asarray(cyclic, dtype=int)
+
+        def of_cyclic(qc):
+            full = (system, formulation, t, q.at[cyc].set(qc), v, positions, velocities)
+            return _vector_field(x0, u, full)
+
+        dcyc = jax.jacfwd(of_cyclic)(q[cyc])
+    else:
+        dcyc = jnp.zeros((x0.shape[0], 0), x0.dtype)
+    drift = _vector_field(x0, u, args)
+    return a, b, dcyc, drift
+
+
+def linearize(
+    system,
+    formulation: AbstractFormulation,
+    q: Float[ArrayLike, " n"],
+    v: Float[ArrayLike, " n"] | None = None,
+    u: Float[ArrayLike, " p"] | None = None,
+    *,
+    t: float = 0.0,
+    cyclic: tuple[int, ...] = (),
+    tol: float | None = None,
+) -> Linearization:
+    """First approximation about an equilibrium and the stability verdict of paper 000.
+
+    `A = ∂f/∂x`, `B = ∂f/∂u` by forward-mode autodiff of the vector field `f` that
+    [`jaxdae.simulate`][] integrates with `formulation`:
+
+    - a Lagrange-multiplier form ([`jaxdae.Baumgarte`][], [`jaxdae.ModifiedLagrange`][],
+      ...): `x = (q, q̇)` — `2n` states;
+    - [`jaxdae.RedundantCoordinates`][]: `x = (q_ind, q_dep, q̇_ind)` — `2n − m` states;
+      the constraint equations `ż = (…) ẋ` [16] contribute `m` zero roots [18].
+
+    Cyclic coordinates (named in `cyclic`) are left out of `x` (their positions appear
+    nowhere; their velocities stay). **Theorem** (paper 000 §4): if the roots other
+    than the `m` zero roots of the constraints all have negative real parts, the
+    equilibrium is asymptotically stable (not merely stable). The result states the count
+    of (numerically) zero roots and the tolerance used.
+
+    **Arguments:**
+
+    - `system`: the system; if it has a `controller` field and `u` is given, the input is
+        set to the constant `u` and `B = ∂f/∂u` (for a closed loop, pass the system with its
+        feedback law and `u=None`: then `B` has no columns).
+    - `formulation`: as for `simulate`.
+    - `q`, `v`: the equilibrium (e.g. from [`jaxdae.equilibrium`][]); `v` defaults to 0.
+    - `u`: the equilibrium input, or `None`.
+    - `t`: time; `cyclic`: indices of cyclic coordinates.
+    - `tol`: a root is zero if `|λ| ≤ tol`; default `1e-6 · max(1, max|A|)`.
+
+    **Returns:**
+
+    A [`jaxdae.Linearization`][].
+
+    **Raises:**
+
+    `ValueError` when (concrete) `(q, v, u)` is not an equilibrium of the vector field
+    (`|f| > 1e-6` scaled), or a `cyclic` coordinate does enter the equations.
+    """
+    q = jnp.asarray(q, dtype=jnp.result_type(q, float))
+    n = q.shape[0]
+    v = jnp.zeros_like(q) if v is None else jnp.asarray(v, dtype=q.dtype)
+    if u is not None:
+        u = jnp.atleast_1d(jnp.asarray(u, dtype=q.dtype))
+        if not hasattr(system, "controller"):
+            raise ValueError("`u` was given but the system has no `controller` field.")
+    t = jnp.asarray(t, dtype=q.dtype)
+    cyclic = _indices("cyclic", cyclic, n)
+    terms = eqx.filter_eval_shape(lambda s: s.terms(t, q, v), system)
+    formulation = formulation.validate(terms.num_holonomic, terms.num_nonholonomic)
+    positions, velocities = _state_map(formulation, n, cyclic)
+    a, b, dcyc, drift = _linearize(system, formulation, t, q, v, u, positions, velocities, cyclic)
+    scale = 1.0 + jnp.max(jnp.abs(a), initial=0.0)
+    if is_concrete(a, drift, dcyc):
+        if float(jnp.max(jnp.abs(dcyc), initial=0.0)) > 1e-8 * float(scale):
+            raise ValueError(
+                f"Coordinates {cyclic} are not cyclic: the equations of motion depend on them "
+                f"(max |∂f/∂q_cyclic| = {float(jnp.max(jnp.abs(dcyc))):.3g})."
+            )
+        if float(jnp.max(jnp.abs(drift), initial=0.0)) > 1e-6 * float(scale):
+            raise ValueError(
+                "(q, v, u) is not an equilibrium: the vector field is "
+                f"{np.asarray(drift)} there. Find one first with `jaxdae.equilibrium`."
+            )
+    tol = 1e-6 * scale if tol is None else jnp.asarray(tol, dtype=q.dtype)
+    eig = jnp.linalg.eigvals(a)
+    zero = jnp.abs(eig) <= tol
+    m = terms.num_holonomic
+    expected = m if isinstance(formulation, RedundantCoordinates) else 0
+    num_zero = jnp.sum(zero)
+    stable = (num_zero == expected) & jnp.all(zero | (jnp.real(eig) < -tol))
+    return Linearization(
+        A=a, B=b, eigenvalues=eig, num_zero_roots=num_zero, num_constraints=m,
+        expected_zero_roots=expected, tol=tol, asymptotically_stable=stable,
+        positions=positions, velocities=velocities,
+    )
+
+
+def closed_loop_matrix(linearization: Linearization, gain: Float[Array, "p s"]):
+    """`A − B K` for a gain on the linearization's own state."""
+    return linearization.A - linearization.B @ gain
+

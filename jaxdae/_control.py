@@ -1,0 +1,128 @@
+"""Control inputs: feedback laws that a controlled system reads through its `controller` field.
+
+A *controlled system* is any system with a field named `controller` (an
+[`jaxdae.AbstractController`][]) whose `generalized_forces` (or energies) read the input as
+`u = self.controller(t, q, v)`. Closing a loop is then a pure function of the model:
+`jaxdae.with_controller(system, jaxdae.LinearFeedback(...))`, and
+[`jaxdae.linearize`][] / [`jaxdae.equilibrium`][] obtain the input matrix `B` and the
+equilibrium input by swapping in a [`jaxdae.ConstantControl`][]. Nothing in
+`simulate` knows about controls.
+"""
+
+import abc
+
+import equinox as eqx
+import jax.numpy as jnp
+
+from ._custom_types import Array, ArrayLike, Float, Scalar
+
+
+class AbstractController(eqx.Module):
+    """A feedback law `u = controller(t, q, v)`, shape `(p,)` (paper 000 §6, paper 002 [2.1])."""
+
+    @abc.abstractmethod
+    def __call__(
+        self, t: Scalar, q: Float[Array, " n"], v: Float[Array, " n"]
+    ) -> Float[Array, " p"]:
+        """The input at the state `(t, q, v)`."""
+
+
+class ConstantControl(AbstractController):
+    """An open-loop constant input `u` (also what `linearize` uses to differentiate in `u`).
+
+    **Arguments:**
+
+    - `u`: the input, shape `(p,)`.
+    """
+
+    u: Float[Array, " p"]
+
+    def __init__(self, u: Float[ArrayLike, " p"]):
+        self.u = jnp.atleast_1d(jnp.asarray(u, dtype=jnp.result_type(u, float)))
+
+    def __call__(self, t, q, v):
+        return self.u
+
+
+class LinearFeedback(AbstractController):
+    """`u = u_ref − K (x − x_ref)`, `x = (q[positions], v[velocities])` (paper 000, §6).
+
+    The state ordering is the one of [`jaxdae.linearize`][] (`Linearization.positions`,
+    `Linearization.velocities`), so an LQR gain designed on a linearization plugs in
+    directly; a gain designed on another model (e.g. the simplified Ball & Beam) is applied
+    to the matching coordinates of the exact one by naming its indices.
+
+    **Arguments:**
+
+    - `gain`: `K`, shape `(p, s)`.
+    - `q_ref`, `v_ref`: the reference state (full coordinate and velocity vectors, `(n,)`).
+    - `u_ref`: the equilibrium input, `(p,)`.
+    - `positions`, `velocities`: the coordinate and velocity indices that make up `x`
+        (static tuples, `len(positions) + len(velocities) = s`).
+    """
+
+    gain: Float[Array, "p s"]
+    q_ref: Float[Array, " n"]
+    v_ref: Float[Array, " n"]
+    u_ref: Float[Array, " p"]
+    positions: tuple[int, ...] = eqx.field(static=True)
+    velocities: tuple[int, ...] = eqx.field(static=True)
+
+    def __init__(self, gain, q_ref, v_ref, u_ref, positions, velocities):
+        dtype = jnp.result_type(gain, q_ref, v_ref, u_ref, float)
+        self.gain = jnp.atleast_2d(jnp.asarray(gain, dtype=dtype))
+        self.q_ref = jnp.asarray(q_ref, dtype=dtype)
+        self.v_ref = jnp.asarray(v_ref, dtype=dtype)
+        self.u_ref = jnp.atleast_1d(jnp.asarray(u_ref, dtype=dtype))
+        self.positions = tuple(int(i) for i in positions)
+        self.velocities = tuple(int(i) for i in velocities)
+
+    def __check_init__(self):
+        size = len(self.positions) + len(self.velocities)
+        if self.gain.ndim != 2 or self.gain.shape != (self.u_ref.shape[0], size):
+            raise ValueError(
+                f"`gain` must have shape (p, s) = ({self.u_ref.shape[0]}, {size}) for "
+                f"{len(self.positions)} positions + {len(self.velocities)} velocities and "
+                f"{self.u_ref.shape[0]} inputs; got {self.gain.shape}."
+            )
+        if self.q_ref.shape != self.v_ref.shape or self.q_ref.ndim != 1:
+            raise ValueError(
+                f"`q_ref` and `v_ref` must be 1-D of equal shape (n,); got {self.q_ref.shape} "
+                f"and {self.v_ref.shape}."
+            )
+
+    def state(self, q, v):
+        """`x = (q[positions], v[velocities])`."""
+        pos = jnp.asarray(self.positions, dtype=int)
+        vel = jnp.asarray(self.velocities, dtype=int)
+        return jnp.concatenate([q[pos], v[vel]])
+
+    def __call__(self, t, q, v):
+        dx = self.state(q, v) - self.state(self.q_ref, self.v_ref)
+        return self.u_ref - self.gain @ dx
+
+
+def with_controller(system, controller: AbstractController):
+    """A copy of a controlled `system` with its `controller` field replaced.
+
+    **Raises:**
+
+    `ValueError` if `system` has no `controller` field.
+    """
+    if not hasattr(system, "controller"):
+        raise ValueError(
+            f"{type(system).__name__} has no `controller` field: a controlled system declares "
+            "`controller: jaxdae.AbstractController` and reads `u = self.controller(t, q, v)`."
+        )
+    if not isinstance(controller, AbstractController):
+        raise ValueError(
+            f"`controller` must be a `jaxdae.AbstractController`; got {type(controller).__name__}."
+        )
+    return eqx.tree_at(lambda s: s.controller, system, controller)
+
+
+def num_inputs(system, t, q, v) -> int:
+    """`p`, the size of the input of a controlled system (0 without a `controller`)."""
+    if not hasattr(system, "controller"):
+        return 0
+    return int(jnp.shape(eqx.filter_eval_shape(system.controller, t, q, v))[0])
