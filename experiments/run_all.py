@@ -20,6 +20,7 @@ jax.config.update("jax_enable_x64", True)
 
 EXPERIMENTS = [
     "two_link_singularity",
+    "tune_two_link",
 ]
 
 

@@ -43,14 +43,16 @@ class AbstractParametrization(eqx.Module):
 
 
 class Positive(AbstractParametrization):
-    """Elementwise positive values `minimum + softplus(raw)`: a positive scalar gain, or a
-    positive diagonal gain given as a vector (one value per constraint).
+    """Elementwise positive values `minimum + softplus(raw)` (or `minimum + exp(raw)`): a
+    positive scalar gain, or a positive diagonal gain given as a vector (one per constraint).
 
     **Arguments:**
 
     - `value`: the initial positive value (scalar or vector); stored as `raw` with
         `value = minimum + softplus(raw)`.
     - `minimum`: a lower bound, `>= 0` (default 0), e.g. to keep a gain away from zero.
+    - `log_scale`: use `exp` instead of `softplus`: an optimizer step then changes the gain
+        by a relative amount, which suits gains spanning decades (`K_P` from 10 to 2500).
 
     **Raises:**
 
@@ -59,8 +61,9 @@ class Positive(AbstractParametrization):
 
     raw: Float[Array, "*c"]
     minimum: float = eqx.field(static=True, default=0.0)
+    log_scale: bool = eqx.field(static=True, default=False)
 
-    def __init__(self, value: ArrayLike, minimum: float = 0.0):
+    def __init__(self, value: ArrayLike, minimum: float = 0.0, log_scale: bool = False):
         value = _as_float(value)
         if value.ndim > 1:
             raise ValueError(
@@ -72,10 +75,12 @@ class Positive(AbstractParametrization):
         if not bool(jnp.all(value > minimum)):
             raise ValueError(f"`Positive` needs values > minimum = {minimum}; got {value}.")
         self.minimum = float(minimum)
-        self.raw = _softplus_inverse(value - minimum)
+        self.log_scale = bool(log_scale)
+        self.raw = jnp.log(value - minimum) if log_scale else _softplus_inverse(value - minimum)
 
     def value(self):
-        return self.minimum + jax.nn.softplus(self.raw)
+        positive = jnp.exp(self.raw) if self.log_scale else jax.nn.softplus(self.raw)
+        return self.minimum + positive
 
 
 class PositiveDefinite(AbstractParametrization):
