@@ -176,6 +176,9 @@ def test_parametrizations():
     np.testing.assert_allclose(p.value(), [2.0, 3.0], rtol=1e-12)
     # Any raw value maps to a value above the minimum.
     assert float(eqx.tree_at(lambda x: x.raw, p, jnp.array([-50.0, 50.0])).value()[0]) >= 0.5
+    log = jaxdae.Positive(jnp.array([10.0, 2500.0]), log_scale=True)
+    np.testing.assert_allclose(log.value(), [10.0, 2500.0], rtol=1e-12)
+    np.testing.assert_allclose(log.raw, np.log([10.0, 2500.0]), rtol=1e-12)
     k = jnp.array([[4.0, 1.0], [1.0, 3.0]])
     spd = jaxdae.PositiveDefinite(k)
     np.testing.assert_allclose(spd.value(), k, rtol=1e-12)
