@@ -58,6 +58,18 @@ def _auto(mesh: Mesh) -> Mesh:
     return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * mesh.devices.ndim)
 
 
+def _explicit_to_auto(x):
+    # Arrays placed on a mesh with Explicit axes (the default of `jax.make_mesh`) carry
+    # their sharding in their type, which `lax.map` and lineax refuse; the same placement on
+    # the Auto version of the mesh moves no data.
+    sharding = getattr(x, "sharding", None)
+    if (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+            and isinstance(sharding, NamedSharding)
+            and any(kind == AxisType.Explicit for kind in sharding.mesh.axis_types)):
+        return jax.device_put(x, NamedSharding(_auto(sharding.mesh), sharding.spec))
+    return x
+
+
 def _place(x, mesh: Mesh, spec: PartitionSpec):
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
@@ -87,13 +99,23 @@ def _batch_map(fn, args, chunk_size, mesh):
     if padded == per_step:
         out = chunk(args)
     else:
-        steps = padded // per_step
-        args = jax.tree.map(lambda x: x.reshape((steps, per_step) + x.shape[1:]), args)
-        args = jax.tree.map(lambda x: _place(x, mesh, PartitionSpec(None, spec[0])), args)
-        out = jax.lax.map(chunk, args)
-        out = jax.tree.map(lambda x: x.reshape((padded,) + x.shape[2:]), out)
-    out = jax.tree.map(lambda x: x[:size], out)
-    return out
+        # Device d owns the contiguous rows [d·B/D, (d+1)·B/D) and runs them chunk by chunk:
+        # (B,) -> (D, steps, c) -> (steps, D·c), sharded along D·c: no data moves.
+        steps, devices = padded // per_step, mesh.size
+        local = per_step // devices
+
+        def split(x):
+            x = _place(x, mesh, spec)
+            x = x.reshape((devices, steps, local) + x.shape[1:]).swapaxes(0, 1)
+            return _place(x.reshape((steps, per_step) + x.shape[3:]), mesh,
+                          PartitionSpec(None, spec[0]))
+
+        def merge(x):
+            x = x.reshape((steps, devices, local) + x.shape[2:]).swapaxes(0, 1)
+            return _place(x.reshape((padded,) + x.shape[3:]), mesh, spec)
+
+        out = jax.tree.map(merge, jax.lax.map(chunk, jax.tree.map(split, args)))
+    return jax.tree.map(lambda x: x[:size], out)
 
 
 def batch_map(
@@ -149,4 +171,5 @@ def batch_map(
             f"`jax.make_mesh((jax.device_count(),), ('batch',))`; got {type(mesh).__name__}."
         )
     batch_size_of(args)
+    args = jax.tree.map(_explicit_to_auto, args)
     return _batch_map(fn, args, None if chunk_size is None else int(chunk_size), mesh)

@@ -82,7 +82,7 @@ def _scenario_value_and_grad(trainable, static, simulate_fn, loss, penalty, scen
     ok = ~failed & jnp.isfinite(value) & _all_finite(grads)
     # `where` on the computed values (not inside the differentiated function): a failed
     # scenario's inf/nan cannot leak into the batch gradient.
-    value = jnp.where(ok, value, penalty)
+    value = jnp.where(ok, value, penalty.astype(jnp.result_type(value)))
     grads = jax.tree.map(lambda g: jnp.where(ok, g, jnp.zeros_like(g)), grads)
     return value, grads, ok
 

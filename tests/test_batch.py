@@ -84,6 +84,14 @@ def test_jit_vmap_grad_of_sharded_batch_map(mesh):
     expected = jax.grad(lambda k: jnp.sum(jax.vmap(_cubic)(k, x)))(k)
     for mesh_, chunk in ((None, None), (None, 4), (mesh, None), (mesh, 1)):
         np.testing.assert_allclose(jax.grad(total)(k, mesh_, chunk), expected, rtol=1e-12)
+    # Inputs already sharded on the mesh (Explicit axes, jax.make_mesh's default) work, and
+    # the chunked sharded output stays sharded: device d keeps its contiguous rows.
+    k8, x8 = jnp.linspace(0.5, 2.0, 8), jnp.linspace(-1.0, 1.0, 16).reshape(8, 2)
+    placed = jax.device_put((k8, x8), jaxdae.batch_sharding(mesh))
+    for mesh_, chunk in ((None, None), (None, 1), (mesh, None), (mesh, 1)):
+        out = jaxdae.batch_map(_cubic, *placed, mesh=mesh_, chunk_size=chunk)
+        np.testing.assert_allclose(out, jax.vmap(_cubic)(k8, x8), rtol=1e-12)
+    assert out.sharding.shard_shape(out.shape) == (2,)
     # Nested in vmap (a batch of batches).
     nested = jax.vmap(lambda k: jaxdae.batch_map(_cubic, k, x, chunk_size=4))(jnp.stack([k, k]))
     np.testing.assert_allclose(nested[1], jax.vmap(_cubic)(k, x), rtol=1e-12)
