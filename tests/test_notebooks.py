@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
-SLOW: set[str] = set()
+SLOW: set[str] = {"tuning"}
 
 
 def _params():
