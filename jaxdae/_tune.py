@@ -1,6 +1,7 @@
 """[`jaxdae.tune`][]: gradient-based tuning of gains over a batch of scenarios, with optax."""
 
 import csv
+import hashlib
 import json
 import math
 import os
@@ -167,19 +168,36 @@ def _atomic_write_text(path: Path, text: str):
     os.replace(tmp, path)
 
 
-def _save_checkpoint(directory: Path, state, step: int, history: dict):
+def _fingerprint(trainable, seed) -> str:
+    """Identifies a run's starting point, so a checkpoint is never resumed by another run."""
+    digest = hashlib.sha256(f"{jax.tree.structure(trainable)}|{seed}".encode())
+    for leaf in jax.tree.leaves(trainable):
+        leaf = np.asarray(leaf)
+        digest.update(f"{leaf.dtype}{leaf.shape}".encode())
+        digest.update(leaf.tobytes())
+    return digest.hexdigest()
+
+
+def _save_checkpoint(directory: Path, state, step: int, history: dict, fingerprint: str):
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / (_STATE_FILE + ".tmp")
     eqx.tree_serialise_leaves(tmp, state)
     os.replace(tmp, directory / _STATE_FILE)
-    _atomic_write_text(directory / _META_FILE, json.dumps({"step": step, "history": history}))
+    meta = {"step": step, "fingerprint": fingerprint, "history": history}
+    _atomic_write_text(directory / _META_FILE, json.dumps(meta))
 
 
-def _load_checkpoint(directory: Path, like):
+def _load_checkpoint(directory: Path, like, fingerprint: str):
     meta_path = directory / _META_FILE
     if not (meta_path.exists() and (directory / _STATE_FILE).exists()):
         return None
     meta = json.loads(meta_path.read_text())
+    if meta.get("fingerprint") != fingerprint:
+        raise ValueError(
+            f"The checkpoint in {directory} was written by a run with other initial parameters "
+            "or another seed. Use another `checkpoint` directory, or `resume=False` to start "
+            "afresh (it will be overwritten)."
+        )
     try:
         state = eqx.tree_deserialise_leaves(directory / _STATE_FILE, like)
     except Exception as error:  # structure or dtype mismatch
@@ -257,7 +275,8 @@ def tune(
     seed)`. Every `checkpoint_every` steps (and at the end) the trainable parameters,
     optimizer state, step and PRNG key are saved with `eqx.tree_serialise_leaves` in the
     directory `checkpoint`, with the history; calling `tune` again with the same arguments
-    resumes from there and gives bit-identical parameters to an uninterrupted run.
+    resumes from there and gives bit-identical parameters to an uninterrupted run. A
+    checkpoint written from other initial parameters or another seed is refused.
 
     **Arguments:**
 
@@ -330,9 +349,10 @@ def tune(
     step = 0
     history = {c: [] for c in HISTORY_COLUMNS}
     directory = None if checkpoint is None else Path(checkpoint)
+    fingerprint = _fingerprint(trainable_params, seed)
     elapsed_before = 0.0
     if directory is not None and resume:
-        loaded = _load_checkpoint(directory, (trainable_params, opt_state, key))
+        loaded = _load_checkpoint(directory, (trainable_params, opt_state, key), fingerprint)
         if loaded is not None:
             (trainable_params, opt_state, key), step, history = loaded
             if history["time"]:
@@ -374,7 +394,8 @@ def tune(
                     "the loss; pass `on_nonfinite='skip'` to skip such steps."
                 )
             if directory is not None and (step % checkpoint_every == 0 or step == steps):
-                _save_checkpoint(directory, (trainable_params, opt_state, key), step, history)
+                _save_checkpoint(directory, (trainable_params, opt_state, key), step, history,
+                                 fingerprint)
                 logger.flush(history)
             if callback is not None:
                 callback(step, row)

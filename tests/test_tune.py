@@ -93,6 +93,9 @@ def test_checkpoint_resume_is_bit_identical(reference, tmp_path):
     # A finished checkpoint resumes to the same result without stepping.
     again = tune(12, checkpoint=tmp_path / "ckpt")
     np.testing.assert_array_equal(np.asarray(again.model.kd), np.asarray(reference.model.kd))
+    # Another run (other seed or start) refuses the checkpoint.
+    with pytest.raises(ValueError, match="other initial parameters or another seed"):
+        tune(12, checkpoint=tmp_path / "ckpt", seed=3)
 
 
 def test_failed_scenario_gives_penalty_not_nan():
@@ -169,6 +172,20 @@ def test_deterministic_minibatches_and_bad_arguments():
                     trainable=lambda x: False)
     with pytest.raises(ValueError, match="optimizer"):
         jaxdae.tune(params, _quadratic, targets, _square, optimizer=None, steps=1)
+
+
+def test_sharded_float32_tuning_with_progress_bar():
+    mesh = jax.make_mesh((4,), ("batch",))
+    params = jaxdae.parametrize(jaxdae.Baumgarte(jnp.float32(1.0), jnp.float32(1.0)),
+                                lambda f: f.kd)
+    targets = jnp.linspace(0.5, 2.0, 6, dtype=jnp.float32)
+    kwargs = dict(optimizer=OPTIMIZER, steps=3, failure_penalty=10.0)
+    plain = jaxdae.tune(params, _quadratic, targets, _square, progress=True, **kwargs)
+    sharded = jaxdae.tune(params, _quadratic, targets, _square, mesh=mesh, chunk_size=1,
+                          progress=False, **kwargs)
+    assert plain.model.kd.dtype == jnp.float32
+    np.testing.assert_allclose(sharded.history["loss"], plain.history["loss"], rtol=1e-6)
+    np.testing.assert_allclose(sharded.model.kd, plain.model.kd, rtol=1e-6)
 
 
 def test_parametrizations():
