@@ -134,13 +134,18 @@ def batch_map(
     sol = jaxdae.batch_map(run, q0s, v0s, chunk_size=4096, mesh=mesh)  # sol.q: (B, N, n)
     ```
 
-    Each device gets `B / num_devices` elements (`jax.shard_map` over `mesh`, padding the
-    batch by repeating its last element) and runs them `chunk_size` at a time
-    (`jax.lax.map(..., batch_size=chunk_size)`, a `vmap` per chunk), so memory is bounded
-    by the chunk, not the batch. Without `mesh` everything runs on the default device.
-    Multi-host: call `jax.distributed.initialize()` on every process, build the mesh over
-    `jax.devices()` (all hosts' devices) and pass global arrays (e.g.
+    With `mesh`, the batch axis is sharded over the mesh (`NamedSharding`) and the jitted,
+    vmapped program is partitioned by XLA: device `d` owns the contiguous rows
+    `[d·B/D, (d+1)·B/D)` and runs them `chunk_size` at a time (a `jax.lax.map` over chunks,
+    a `vmap` per chunk), so memory is bounded by the chunk, not the batch. A batch that is
+    not a multiple of `D · chunk_size` is padded with copies of its last element and cut
+    back. Without `mesh`, everything runs on the default device
+    (`jax.lax.map(..., batch_size=chunk_size)`). Multi-host: call
+    `jax.distributed.initialize()` on every process, build the mesh over `jax.devices()`
+    (all hosts' devices) and pass global arrays (e.g.
     `jax.make_array_from_process_local_data(jaxdae.batch_sharding(mesh), local)`).
+    (`jax.shard_map` is not used: inside it lineax's structure checks see sharded shapes and
+    refuse to solve.)
 
     The call is jit-compiled; `fn` is part of the cache key, so pass the same function
     object (or an `eqx.Partial` whose array arguments may change) to reuse the compiled
