@@ -130,7 +130,7 @@ def spectral_radius(matrix: Float[Array, "d d"]) -> Float[Array, ""]:
     return jnp.max(jnp.abs(jnp.linalg.eigvals(matrix)))
 
 
-def spectral_radius_bound(matrix: Float[Array, "d d"], power: int = 64) -> Float[Array, ""]:
+def spectral_radius_bound(matrix: Float[Array, "d d"], power: int = 256) -> Float[Array, ""]:
     """The Gelfand bound `‖R^k‖_F^{1/k} >= ρ(R)`, smooth in `R`, for losses and penalties.
 
     Eigenvalues are not differentiable where they coincide (a critically damped
@@ -143,7 +143,7 @@ def spectral_radius_bound(matrix: Float[Array, "d d"], power: int = 64) -> Float
     **Arguments:**
 
     - `matrix`: `R`, shape `(d, d)`.
-    - `power`: `k`, rounded up to a power of two (default 64).
+    - `power`: `k`, rounded up to a power of two (default 256).
     """
     squarings = max(0, int(power - 1).bit_length())
     matrix = jnp.asarray(matrix)
@@ -185,7 +185,7 @@ class DiscreteStability(eqx.Module):
     weight: float = 1e3
     select: object = None
     constraint_matrix: Array | None = None
-    power: int = eqx.field(static=True, default=64)
+    power: int = eqx.field(static=True, default=256)
 
     def radius(self, model) -> Float[Array, ""]:
         """The bound `ρ̂` on the spectral radius of `R(τH)` for the model's gains."""
