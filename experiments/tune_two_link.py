@@ -158,7 +158,7 @@ def main(out: Path, quick: bool = False) -> dict:
             spectral_radius=spectral_radius(f),
             train_objective=objective(f, train),
             wall_s=tune_wall if label.startswith("tuned") else (
-                search_wall if label == "random search" else 0.0),
+                search_wall if label == "random search" else None),
         ))
 
     _plot(folder, result.history, search_curve, phis)
@@ -179,7 +179,8 @@ def main(out: Path, quick: bool = False) -> dict:
         table.append(
             f"| {r['gains']} | {r['h']:.3g} | {r['r']:.3g} | {r['p']:.3g} | {r['s']:.3g} | "
             f"{r['alpha']:.3g} | {r['held_out_loss']:.3g} | {r['max_violation']:.3g} | "
-            f"{r['failed']}/{len(held_out[0])} | {r['spectral_radius']:.3f} | {r['wall_s']:.1f} |"
+            f"{r['failed']}/{len(held_out[0])} | {r['spectral_radius']:.3f} | "
+            f"{'—' if r['wall_s'] is None else format(r['wall_s'], '.1f')} |"
         )
     print("\n".join(table))
     by = {r["gains"]: r for r in rows}
