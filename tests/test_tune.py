@@ -298,3 +298,30 @@ def test_discrete_stability_penalty():
     np.testing.assert_allclose(jaxdae.perturbation_matrix(ml, 1, w), h, rtol=1e-7)
     soft = jaxdae.perturbation_matrix(jaxdae.ModifiedLagrange(0.5, 2 * k, k**2), 1, w)
     np.testing.assert_allclose(soft[1], 0.5 * h[1], rtol=1e-12)
+
+
+TWO_LINK = jaxdae.examples.TwoLinkManipulator()
+
+
+def _two_link(formulation, scenario):
+    q0, v0 = scenario
+    return jaxdae.simulate(TWO_LINK, formulation, 0.0, 0.8, q0, v0,
+                           ts=jnp.linspace(0.0, 0.8, 9), throw=False, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.slow
+def test_baumgarte_stopping_at_the_singularity_is_a_failed_scenario():
+    """Paper 004 Example 1: Baumgarte (Case 1) stops where the arm folds (t ≈ 0.493 s);
+    inside a batch that scenario gets the penalty and a zero gradient, the other one tunes."""
+    q0, v0 = TWO_LINK.initial_state()
+    qs, vs = jnp.stack([q0, q0 + jnp.array([0.0, 0.3])]), jnp.stack([v0, v0])
+    params = jaxdae.parametrize(
+        jaxdae.Baumgarte(jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0])),
+        lambda f: (f.kd, f.kp),
+    )
+    assert not bool(_two_link(jaxdae.unwrap(params), (q0, v0)).succeeded)
+    result = jaxdae.tune(params, _two_link, (qs, vs), jaxdae.ConstraintViolation(),
+                         optimizer=OPTIMIZER, steps=2, failure_penalty=1e3, progress=False)
+    assert result.history["num_failed"] == [1, 1]
+    assert np.all(np.isfinite(result.history["grad_norm"]))
+    assert result.history["grad_norm"][0] > 0
