@@ -21,6 +21,7 @@ jax.config.update("jax_enable_x64", True)
 EXPERIMENTS = [
     "two_link_singularity",
     "ball_and_beam",
+    "tune_two_link",
 ]
 
 

@@ -42,5 +42,28 @@ from ._system import (
     ConstrainedTerms as ConstrainedTerms,
     LagrangianSystem as LagrangianSystem,
 )
+from ._batch import batch_map as batch_map, batch_sharding as batch_sharding
+from ._discrete import (
+    DiscreteStability as DiscreteStability,
+    perturbation_matrix as perturbation_matrix,
+    spectral_radius as spectral_radius,
+    spectral_radius_bound as spectral_radius_bound,
+    transition_matrix as transition_matrix,
+)
+from ._losses import (
+    AbstractLoss as AbstractLoss,
+    ConstraintViolation as ConstraintViolation,
+    ControlEffort as ControlEffort,
+    SettlingTime as SettlingTime,
+    TrackingError as TrackingError,
+)
+from ._parametrization import (
+    AbstractParametrization as AbstractParametrization,
+    Positive as Positive,
+    PositiveDefinite as PositiveDefinite,
+    parametrize as parametrize,
+    unwrap as unwrap,
+)
+from ._tune import TuneResult as TuneResult, tune as tune
 
 __version__ = "0.1.0"

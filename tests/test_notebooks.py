@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
-SLOW: set[str] = {"paper_000_redundant_coordinates"}
+SLOW: set[str] = {"paper_000_redundant_coordinates", "tuning"}
 
 
 def _params():

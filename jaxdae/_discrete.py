@@ -1,0 +1,198 @@
+"""Stability of the constraint perturbations under a fixed-step method (paper 002, §4).
+
+With constant gains the perturbations `y = (Φ, Φ̇)` obey `ẏ = H y` (paper 002, eq. [0.11];
+paper 004, eq. [16]). A one-step method with step `τ` maps `y_k` to `y_{k+1} = R(τH) y_k`,
+`R` the method's stability function (explicit Euler: `I + τH`; two-stage RK:
+`I + τH + τ²H²/2`, paper 002 §4). Asymptotic stability of `ẏ = Hy` is not enough: the
+numerical drift stays bounded only when the spectral radius `ρ(R(τH)) < 1`.
+
+Here `R(τH)` is computed generically by applying one step of the diffrax solver to the
+linear ODE `ẏ = Hy` from each unit vector, so it works for any diffrax one-step solver
+(explicit, implicit, SDIRK) without typing in a Butcher tableau.
+"""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optimistix as optx
+
+from ._custom_types import Array, Float, ScalarLike
+from ._gains import gain_matrix
+
+
+def _use_stepsize_tol():
+    from diffrax._root_finder import use_stepsize_tol  # the marker diffeqsolve replaces
+
+    return use_stepsize_tol
+
+
+def _linear_field(t, y, matrix):
+    return matrix @ y
+
+
+def transition_matrix(
+    matrix: Float[Array, "d d"], solver: diffrax.AbstractSolver, dt: ScalarLike
+) -> Float[Array, "d d"]:
+    """The one-step transition `R(τH)` of `solver` with step `τ = dt` on `ẏ = H y`.
+
+    Paper 002, §4: explicit Euler gives `I + τH`, the two-stage RK family
+    `I + τH + τ²H²/2`; in general `R` is the method's stability function. Computed by
+    stepping `solver` once from each unit vector (differentiable in `H` and `dt`).
+
+    **Arguments:**
+
+    - `matrix`: `H`, shape `(d, d)` (e.g. [`jaxdae.perturbation_matrix`][]).
+    - `solver`: a diffrax one-step ODE solver (`Euler()`, `Heun()`, `Midpoint()`,
+        `Tsit5()`, `ImplicitEuler()`, ...).
+    - `dt`: the step `τ`.
+
+    **Returns:**
+
+    `R(τH)`, shape `(d, d)`.
+    """
+    matrix = jnp.asarray(matrix)
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
+        raise ValueError(f"`matrix` must be square; got shape {matrix.shape}.")
+    dtype = matrix.dtype
+    term = diffrax.ODETerm(_linear_field)
+    if isinstance(solver, diffrax.AbstractImplicitSolver):
+        # Implicit solvers take their Newton tolerances from `diffeqsolve`'s step-size
+        # controller; set the ones still unset (the relation is linear: one or two iterations).
+        tol = 100 * float(jnp.finfo(dtype).eps)
+        values = {"rtol": tol, "atol": tol, "norm": optx.rms_norm}
+        unset = [a for a in values if getattr(solver.root_finder, a) is _use_stepsize_tol()]
+        if unset:
+            solver = eqx.tree_at(
+                lambda s: tuple(getattr(s.root_finder, a) for a in unset), solver,
+                tuple(values[a] for a in unset),
+            )
+    t0 = jnp.zeros((), dtype)
+    t1 = jnp.asarray(dt, dtype)
+
+    def step(y0):
+        state = solver.init(term, t0, t1, y0, matrix)
+        y1, _, _, _, _ = solver.step(term, t0, t1, y0, matrix, state, made_jump=False)
+        return y1
+
+    return jax.vmap(step, out_axes=1)(jnp.eye(matrix.shape[0], dtype=dtype))
+
+
+def perturbation_matrix(
+    formulation: eqx.Module,
+    num_constraints: int,
+    constraint_matrix: Float[Array, "m m"] | None = None,
+) -> Float[Array, "2m 2m"]:
+    """`H` of `d/dt (Φ, Φ̇) = H (Φ, Φ̇)` for the gains `K_D`, `K_P` of a formulation.
+
+    `H = [[0, I], [−K_P, −K_D]]` (paper 002, eq. [0.11]; paper 004, eq. [16]): exact for
+    [`jaxdae.Baumgarte`][] and [`jaxdae.PseudoInverse`][]. For
+    [`jaxdae.ModifiedLagrange`][] the perturbations obey (from eq. [30] by the
+    Woodbury identity) `Φ̈ = −S (K_D Φ̇ + K_P Φ) + forcing`, `S = (I + W𝔄)⁻¹ W𝔄`,
+    `W = J M⁻¹ Jᵀ`; pass `constraint_matrix=W` (at a state of interest) to get
+    `[[0, I], [−S K_P, −S K_D]]`, else the `𝔄 → ∞` limit `S = I` is used.
+
+    **Arguments:**
+
+    - `formulation`: any formulation with gain fields `kd`, `kp` (and `alpha`).
+    - `num_constraints`: `m`, the number of holonomic constraints.
+    - `constraint_matrix`: `W = J M⁻¹ Jᵀ` for the modified Lagrange formulation.
+
+    **Returns:**
+
+    `H`, shape `(2m, 2m)`.
+
+    **Raises:**
+
+    `ValueError` if the formulation has no `kd` / `kp` gains.
+    """
+    if not (hasattr(formulation, "kd") and hasattr(formulation, "kp")):
+        raise ValueError(
+            f"{type(formulation).__name__} has no `kd`/`kp` gains; `perturbation_matrix` "
+            "needs a Baumgarte-type formulation (Baumgarte, PseudoInverse, ModifiedLagrange)."
+        )
+    m = num_constraints
+    dtype = jnp.result_type(formulation.kd, formulation.kp)
+    kd = gain_matrix(jnp.asarray(formulation.kd), m, dtype)
+    kp = gain_matrix(jnp.asarray(formulation.kp), m, dtype)
+    if constraint_matrix is not None and hasattr(formulation, "alpha"):
+        w = jnp.asarray(constraint_matrix, dtype)
+        wa = w @ gain_matrix(jnp.asarray(formulation.alpha), m, dtype)
+        scale = jnp.linalg.solve(jnp.eye(m, dtype=dtype) + wa, wa)
+        kd, kp = scale @ kd, scale @ kp
+    eye = jnp.eye(m, dtype=dtype)
+    zero = jnp.zeros((m, m), dtype)
+    return jnp.block([[zero, eye], [-kp, -kd]])
+
+
+def spectral_radius(matrix: Float[Array, "d d"]) -> Float[Array, ""]:
+    """`max |eig(R)|` (for reporting; use [`jaxdae.spectral_radius_bound`][] in a loss)."""
+    return jnp.max(jnp.abs(jnp.linalg.eigvals(matrix)))
+
+
+def spectral_radius_bound(matrix: Float[Array, "d d"], power: int = 256) -> Float[Array, ""]:
+    """The Gelfand bound `‖R^k‖_F^{1/k} >= ρ(R)`, smooth in `R`, for losses and penalties.
+
+    Eigenvalues are not differentiable where they coincide (a critically damped
+    `K_D = 2k, K_P = k²` gives a double eigenvalue), so penalties use this upper bound
+    instead. `ρ(R)^k = ρ(R^k) <= ‖R^k‖_F`, so `bound < 1` implies `ρ < 1`; the bound tends
+    to `ρ(R)` as `k → ∞` (the excess factor is `(√d)^{1/k}` for a diagonalizable `R` with
+    orthogonal eigenvectors, larger for non-normal `R` and Jordan blocks).
+    Computed by repeated squaring with rescaling (no overflow).
+
+    **Arguments:**
+
+    - `matrix`: `R`, shape `(d, d)`.
+    - `power`: `k`, rounded up to a power of two (default 256).
+    """
+    squarings = max(0, int(power - 1).bit_length())
+    matrix = jnp.asarray(matrix)
+    log_scale = jnp.zeros((), matrix.dtype)
+    tiny = jnp.finfo(matrix.dtype).tiny
+    for _ in range(squarings):
+        norm = jnp.sqrt(jnp.sum(matrix**2) + tiny)
+        matrix = matrix / norm
+        log_scale = 2.0 * (log_scale + jnp.log(norm))
+        matrix = matrix @ matrix
+    log_norm = log_scale + 0.5 * jnp.log(jnp.sum(matrix**2) + tiny)
+    return jnp.exp(log_norm / 2**squarings)
+
+
+class DiscreteStability(eqx.Module):
+    """A penalty that keeps the perturbations stable under a fixed-step method (paper 002 §4).
+
+    `weight · max(0, ρ̂ − (1 − margin))²` with `ρ̂` = [`jaxdae.spectral_radius_bound`][] of
+    `R(τH)`, `H` = [`jaxdae.perturbation_matrix`][] of the formulation. Use it as the
+    `regularization` of [`jaxdae.tune`][] when tuning for `diffrax.ConstantStepSize()`.
+
+    **Arguments:**
+
+    - `solver`: the diffrax solver the gains are tuned for, e.g. `diffrax.Heun()`.
+    - `dt`: the fixed step `τ`.
+    - `num_constraints`: `m`, the number of holonomic constraints.
+    - `margin`: require `ρ̂ <= 1 − margin` (default 0.05).
+    - `weight`: penalty weight (default 1e3).
+    - `select`: picks the formulation out of the tuned model (default: the model itself).
+    - `constraint_matrix`: `W = J M⁻¹ Jᵀ` for [`jaxdae.ModifiedLagrange`][] (see
+        [`jaxdae.perturbation_matrix`][]).
+    - `power`: the `k` of the Gelfand bound.
+    """
+
+    solver: diffrax.AbstractSolver
+    dt: float
+    num_constraints: int = eqx.field(static=True)
+    margin: float = 0.05
+    weight: float = 1e3
+    select: object = None
+    constraint_matrix: Array | None = None
+    power: int = eqx.field(static=True, default=256)
+
+    def radius(self, model) -> Float[Array, ""]:
+        """The bound `ρ̂` on the spectral radius of `R(τH)` for the model's gains."""
+        formulation = model if self.select is None else self.select(model)
+        h = perturbation_matrix(formulation, self.num_constraints, self.constraint_matrix)
+        return spectral_radius_bound(transition_matrix(h, self.solver, self.dt), self.power)
+
+    def __call__(self, model) -> Float[Array, ""]:
+        excess = jax.nn.relu(self.radius(model) - (1.0 - self.margin))
+        return self.weight * excess**2
