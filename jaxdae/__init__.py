@@ -17,9 +17,19 @@ from ._consistent import consistent_initial_state as consistent_initial_state
 from ._formulation import (
     AbstractFormulation as AbstractFormulation,
     Baumgarte as Baumgarte,
+    CoupledPerturbation as CoupledPerturbation,
     ModifiedLagrange as ModifiedLagrange,
     PseudoInverse as PseudoInverse,
     Unstabilized as Unstabilized,
+)
+from ._hamiltonian import HamiltonianForm as HamiltonianForm, HamiltonianSystem as HamiltonianSystem
+from ._realizing import (
+    AbstractRealizingForce as AbstractRealizingForce,
+    BoundedForce as BoundedForce,
+    CustomForce as CustomForce,
+    RealizedConstraints as RealizedConstraints,
+    ViscousForce as ViscousForce,
+    reaction_bound as reaction_bound,
 )
 from ._simulate import simulate as simulate
 from ._solution import RESULTS as RESULTS, SimulationError as SimulationError, Solution as Solution

@@ -9,6 +9,7 @@ import numpy as np
 from ._custom_types import Array, ArrayLike, Float, ScalarLike
 from ._formulation import AbstractFormulation
 from ._gains import is_concrete
+from ._nonholonomic import is_not_affine
 from ._solution import RESULTS, SimulationError, Solution, failure_message
 from ._system import AbstractSystem, ConstrainedTerms
 
@@ -30,8 +31,11 @@ def _terms(system, t, q, v):
 
 
 @eqx.filter_jit
-def _accelerations(system, formulation, t, q, v):
-    return formulation.accelerations(_terms(system, t, q, v))
+def _rates(system, formulation, t, q, v):
+    """`(q̇, ṡ)` of the state `(q, s)`; `s` is `v` or whatever the system's state holds."""
+    terms = _terms(system, t, q, v)
+    acc, _ = formulation.accelerations(terms)
+    return system.velocities(t, q, v), system.state_rate(t, q, v, terms, acc)
 
 
 @eqx.filter_jit
@@ -42,8 +46,7 @@ def _failure(system, formulation, t, q, v):
 def _vector_field(t, y, args):
     system, formulation = args
     q, v = y
-    acc, _ = _accelerations(system, formulation, t, q, v)
-    return v, acc
+    return _rates(system, formulation, t, q, v)
 
 
 def _failure_event(t, y, args, **kwargs):
@@ -56,7 +59,8 @@ def _diagnostics(system, formulation, t, q, v):
     """Constraint residuals, multipliers and energy at one saved state."""
     terms = _terms(system, t, q, v)
     _, multipliers = formulation.accelerations(terms)
-    return terms.phi, terms.dphi, terms.psi, multipliers, system.energy(t, q, v)
+    return (terms.phi, terms.dphi, terms.psi, multipliers, system.energy(t, q, v),
+            system.velocities(t, q, v), system.momenta(t, q, v))
 
 
 def check_initial_state(system: AbstractSystem, t0, q0, v0) -> tuple[ConstrainedTerms, Array]:
@@ -71,6 +75,7 @@ def check_initial_state(system: AbstractSystem, t0, q0, v0) -> tuple[Constrained
             ~jnp.all(jnp.isfinite(v0)),
             asym | ~(lowest > 0) | ~jnp.all(jnp.isfinite(mass)),
             ~jnp.all(jnp.isfinite(terms.forces)),
+            is_not_affine(*system.velocity_constraint_curvature(t0, q0, v0)),
         ]
     )
     return lowest, flags
@@ -84,6 +89,9 @@ _INITIAL_STATE_MESSAGES = (
     "configuration.",
     "The generalized forces at (t0, q0, v0) are not finite; check `potential_energy`, "
     "`generalized_forces` and `kinetic_energy` at the initial state.",
+    "`velocity_constraints` is not affine in the velocities (∂²Ψ/∂v² ≠ 0 near the initial "
+    "state): every formulation needs Ψ = A(t, q) v + a(t, q) (paper 001 eq. [1]). Rewrite it "
+    "linearly in v (e.g. a rolling condition `v_x sin θ − v_y cos θ`, not its square).",
 )
 
 _check_initial_state_jit = eqx.filter_jit(check_initial_state)
@@ -170,7 +178,9 @@ def simulate(
     - `formulation`: how the constraints are enforced, e.g. [`jaxdae.Baumgarte`][],
         [`jaxdae.PseudoInverse`][], [`jaxdae.ModifiedLagrange`][], [`jaxdae.Unstabilized`][].
     - `t0`, `t1`: start and end time, `t1 > t0`.
-    - `q0`, `v0`: initial coordinates and velocities, shape `(n,)`. They need not satisfy
+    - `q0`, `v0`: initial coordinates and velocities, shape `(n,)` — for a system whose
+        state holds momenta ([`jaxdae.HamiltonianSystem`][]) `v0` is the initial momenta
+        `p0` (paper 001, eqs. [3]–[6]). They need not satisfy
         the constraints (the stabilized formulations pull them back); see
         [`jaxdae.consistent_initial_state`][] for a consistent start.
     - `ts`: times at which to save the solution. Default: `[t0, t1]`.
@@ -191,7 +201,8 @@ def simulate(
     **Raises:**
 
     `ValueError` for bad input (shapes, non-finite values, a mass matrix that is not
-    symmetric positive definite at `q0`, gains that are not positive definite,
+    symmetric positive definite at `q0`, gains that are not positive definite, a
+    `velocity_constraints` that is not affine in the velocities,
     `t1 <= t0`, unsorted `ts`); [`jaxdae.SimulationError`][] for a failed solve with
     `throw=True`.
     """
@@ -285,7 +296,7 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, solver, stepsize_contr
 
     # Rows after a failure are inf: evaluate at a safe state, then mask (no nan gradients).
     valid = jnp.isfinite(ts_out)
-    phi, dphi, psi, multipliers, energy = jax.vmap(
+    phi, dphi, psi, multipliers, energy, v, p = jax.vmap(
         _diagnostics, in_axes=(None, None, 0, 0, 0)
     )(
         system,
@@ -298,7 +309,7 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, solver, stepsize_contr
     return Solution(
         ts=ts_out,
         q=q,
-        v=v,
+        v=mask(v),
         phi=mask(phi),
         dphi=mask(dphi),
         psi=mask(psi),
@@ -306,7 +317,9 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, solver, stepsize_contr
         energy=mask(energy),
         t_final=ts_final[0],
         q_final=q_final[0],
-        v_final=v_final[0],
+        v_final=system.velocities(ts_final[0], q_final[0], v_final[0]),
         result=result,
         stats=out.stats,
+        p=mask(p),
+        p_final=system.momenta(ts_final[0], q_final[0], v_final[0]),
     )
