@@ -210,6 +210,10 @@ def simulate(
     v0 = _float_vector("v0", v0)
     dtype = jnp.result_type(q0, v0)
     q0, v0 = q0.astype(dtype), v0.astype(dtype)
+    if q0.shape != v0.shape:
+        raise ValueError(
+            f"`q0` and `v0` must have the same shape (n,); got {q0.shape} and {v0.shape}."
+        )
     t0 = jnp.asarray(t0, dtype=dtype)
     t1 = jnp.asarray(t1, dtype=dtype)
     if ts is not None:
