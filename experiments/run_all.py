@@ -20,6 +20,8 @@ jax.config.update("jax_enable_x64", True)
 
 EXPERIMENTS = [
     "two_link_singularity",
+    "cartesian_arm_hamiltonian",
+    "realizing_forces",
 ]
 
 
