@@ -17,7 +17,6 @@ from ._custom_types import (
     Scalar,
     Velocities,
 )
-from ._nonholonomic import velocity_curvature
 from ._system import (
     AbstractSystem,
     ConstrainedTerms,
@@ -134,9 +133,6 @@ class HamiltonianSystem(AbstractSystem):
         """`ṗ = M (q̈ − w)`, which equals `Q − ∇_q H − Gᵀλ` (paper 001, eq. [4])."""
         v = self._dh_dp(t, q, p)
         return terms.mass_matrix @ (acceleration - self._drift(t, q, p, v))
-
-    def velocity_constraint_curvature(self, t, q, p):
-        return velocity_curvature(self.velocity_constraints, t, q, self._dh_dp(t, q, p))
 
 
 class HamiltonianForm(HamiltonianSystem):

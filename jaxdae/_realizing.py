@@ -252,19 +252,9 @@ class RealizedConstraints(AbstractSystem):
         valid = jnp.isfinite(solution.ts)
         t = jnp.where(valid, solution.ts, 0.0)
         q = jnp.where(valid[:, None], solution.q, 0.0)
-        s = jnp.where(valid[:, None], _state(self.system, solution), 0.0)
-        psi = jax.vmap(lambda t_, q_, s_: self.system.terms(t_, q_, s_).psi)(t, q, s)
+        v = jnp.where(valid[:, None], solution.v, 0.0)
+        psi = jax.vmap(self.system.velocity_constraints)(t, q, v)
         return jnp.where(valid[:, None], psi, jnp.inf)
-
-
-def _state(system, solution):
-    """The second half of the state along a solution (`v`, or `p` for a Hamiltonian system)."""
-    from ._hamiltonian import HamiltonianSystem
-
-    inner = system
-    while isinstance(inner, RealizedConstraints):
-        inner = inner.system
-    return solution.p if isinstance(inner, HamiltonianSystem) else solution.v
 
 
 def reaction_bound(solution, num_holonomic: int | None = None) -> Float[Array, " k"]:

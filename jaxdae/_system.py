@@ -95,15 +95,17 @@ class AbstractSystem(eqx.Module):
         """
         return acceleration
 
+    def velocity_constraints(
+        self, t: Scalar, q: Coordinates, v: Velocities
+    ) -> NonholonomicResidual:
+        """Nonholonomic constraints `Ψ(t, q, v)` in the velocities, shape `(k,)`. Default: none."""
+        return jnp.zeros((0,), q.dtype)
+
     def velocity_constraint_curvature(
         self, t: Scalar, q: Coordinates, s: Velocities
     ) -> tuple[Scalar, Scalar]:
-        """`(max |∂²Ψ/∂v²|, max |Ψ_v|)` near the state; `simulate` refuses a non-affine `Ψ`.
-
-        Default: `(0, 0)` (no nonholonomic constraints).
-        """
-        zero = jnp.zeros((), q.dtype)
-        return zero, zero
+        """`(max |∂²Ψ/∂v²|, max |Ψ_v|)` near the state; `simulate` refuses a non-affine `Ψ`."""
+        return velocity_curvature(self.velocity_constraints, t, q, self.velocities(t, q, s))
 
 
 class LagrangianSystem(AbstractSystem):
@@ -192,9 +194,6 @@ class LagrangianSystem(AbstractSystem):
     def momenta(self, t, q, v):
         """`p = ∂T/∂v` (paper 001's Legendre transform)."""
         return jax.grad(self.kinetic_energy, argnums=2)(t, q, v)
-
-    def velocity_constraint_curvature(self, t, q, v):
-        return velocity_curvature(self.velocity_constraints, t, q, v)
 
     def terms(self, t, q, v) -> ConstrainedTerms:
         one = jnp.ones_like(t)

@@ -79,7 +79,7 @@ def test_bounded_force_reaches_constraint_in_finite_time(sleigh, constrained):
 def test_smooth_bounded_force_gradient(sleigh, constrained):
     q0, v0, _ = constrained
     v_off = v0 + jnp.array([0.0, 0.2, 0.0])
-    ts = jnp.linspace(0.0, 0.02, 3)  # still approaching ψ = 0: ψ̇ ≈ −b R̄, b = 3.5
+    ts = jnp.linspace(0.0, 0.02, TS.shape[0])  # still approaching ψ = 0: ψ̇ ≈ −b R̄, b = 3.5
 
     def final_x(bound):
         free = jaxdae.RealizedConstraints(sleigh, jaxdae.BoundedForce(bound, smoothing=1e-2))
