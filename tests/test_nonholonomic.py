@@ -246,3 +246,13 @@ def test_kv_shape_checked(sleigh):
         jaxdae.simulate(sleigh, jaxdae.Baumgarte(1.0, 1.0, kv=jnp.ones(2)), 0.0, 1.0, q0, v0)
     with pytest.raises(ValueError, match="positive definite"):
         jaxdae.Baumgarte(1.0, 1.0, kv=-1.0)
+
+
+def test_non_affine_velocity_constraint_refused_when_traced():
+    q0 = jnp.zeros(2)
+    simulate = jax.jit(
+        lambda v0: jaxdae.simulate(SquaredConstraint(), jaxdae.Baumgarte(1.0, 1.0), 0.0, 1.0,
+                                   q0, v0).q
+    )
+    with pytest.raises(Exception, match="not affine"):
+        jax.block_until_ready(simulate(jnp.ones(2)))
