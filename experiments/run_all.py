@@ -22,6 +22,8 @@ EXPERIMENTS = [
     "two_link_singularity",
     "ball_and_beam",
     "tune_two_link",
+    "cartesian_arm_hamiltonian",
+    "realizing_forces",
 ]
 
 

@@ -23,6 +23,7 @@ from ._consistent import consistent_initial_state as consistent_initial_state
 from ._formulation import (
     AbstractFormulation as AbstractFormulation,
     Baumgarte as Baumgarte,
+    CoupledPerturbation as CoupledPerturbation,
     ModifiedLagrange as ModifiedLagrange,
     PseudoInverse as PseudoInverse,
     RedundantCoordinates as RedundantCoordinates,
@@ -35,6 +36,15 @@ from ._control import (
     with_controller as with_controller,
 )
 from ._lqr import LQRSolution as LQRSolution, lqr as lqr
+from ._hamiltonian import HamiltonianForm as HamiltonianForm, HamiltonianSystem as HamiltonianSystem
+from ._realizing import (
+    AbstractRealizingForce as AbstractRealizingForce,
+    BoundedForce as BoundedForce,
+    CustomForce as CustomForce,
+    RealizedConstraints as RealizedConstraints,
+    ViscousForce as ViscousForce,
+    reaction_bound as reaction_bound,
+)
 from ._simulate import simulate as simulate
 from ._solution import RESULTS as RESULTS, SimulationError as SimulationError, Solution as Solution
 from ._system import (

@@ -11,6 +11,7 @@ import numpy as np
 from ._custom_types import Array, ArrayLike, Float, ScalarLike
 from ._formulation import AbstractFormulation
 from ._gains import is_concrete
+from ._nonholonomic import is_not_affine
 from ._solution import RESULTS, SimulationError, Solution, failure_message
 from ._system import AbstractSystem, ConstrainedTerms
 
@@ -32,8 +33,13 @@ def _terms(system, t, q, v):
 
 
 @eqx.filter_jit
-def _accelerations(system, formulation, t, q, v):
-    return formulation.accelerations(_terms(system, t, q, v))
+def _rates(system, formulation, t, q, s):
+    """`(q̇, ṡ)` of the state `(q, s)`: the system says what `s` holds (velocities or
+    momenta); a formulation may fill in dependent velocities (redundant coordinates)."""
+    s = formulation.velocities(system, t, q, s)
+    terms = _terms(system, t, q, s)
+    acc, _ = formulation.accelerations(terms)
+    return system.velocities(t, q, s), system.state_rate(t, q, s, terms, acc)
 
 
 @eqx.filter_jit
@@ -49,9 +55,7 @@ def _velocities(system, formulation, t, q, v):
 def _vector_field(t, y, args):
     system, formulation = args
     q, v = y
-    v = _velocities(system, formulation, t, q, v)
-    acc, _ = _accelerations(system, formulation, t, q, v)
-    return v, acc
+    return _rates(system, formulation, t, q, v)
 
 
 def _failure_event(t, y, args, **kwargs):
@@ -60,12 +64,13 @@ def _failure_event(t, y, args, **kwargs):
     return _failure(system, formulation, t, q, v)
 
 
-def _diagnostics(system, formulation, t, q, v):
-    """Velocities, constraint residuals, multipliers and energy at one saved state."""
-    v = _velocities(system, formulation, t, q, v)
-    terms = _terms(system, t, q, v)
+def _diagnostics(system, formulation, t, q, s):
+    """Constraint residuals, multipliers, energy, velocities and momenta at one saved state."""
+    s = _velocities(system, formulation, t, q, s)
+    terms = _terms(system, t, q, s)
     _, multipliers = formulation.accelerations(terms)
-    return v, terms.phi, terms.dphi, terms.psi, multipliers, system.energy(t, q, v)
+    return (terms.phi, terms.dphi, terms.psi, multipliers, system.energy(t, q, s),
+            system.velocities(t, q, s), system.momenta(t, q, s))
 
 
 def check_initial_state(system: AbstractSystem, t0, q0, v0) -> tuple[ConstrainedTerms, Array]:
@@ -80,6 +85,7 @@ def check_initial_state(system: AbstractSystem, t0, q0, v0) -> tuple[Constrained
             ~jnp.all(jnp.isfinite(v0)),
             asym | ~(lowest > 0) | ~jnp.all(jnp.isfinite(mass)),
             ~jnp.all(jnp.isfinite(terms.forces)),
+            is_not_affine(*system.velocity_constraint_curvature(t0, q0, v0)),
         ]
     )
     return lowest, flags
@@ -93,6 +99,9 @@ _INITIAL_STATE_MESSAGES = (
     "configuration.",
     "The generalized forces at (t0, q0, v0) are not finite; check `potential_energy`, "
     "`generalized_forces` and `kinetic_energy` at the initial state.",
+    "`velocity_constraints` is not affine in the velocities (∂²Ψ/∂v² ≠ 0 near the initial "
+    "state): every formulation needs Ψ = A(t, q) v + a(t, q) (paper 001 eq. [1]). Rewrite it "
+    "linearly in v (e.g. a rolling condition `v_x sin θ − v_y cos θ`, not its square).",
 )
 
 _check_initial_state_jit = eqx.filter_jit(check_initial_state)
@@ -200,7 +209,9 @@ def simulate(
     - `formulation`: how the constraints are enforced, e.g. [`jaxdae.Baumgarte`][],
         [`jaxdae.PseudoInverse`][], [`jaxdae.ModifiedLagrange`][], [`jaxdae.Unstabilized`][].
     - `t0`, `t1`: start and end time, `t1 > t0`.
-    - `q0`, `v0`: initial coordinates and velocities, shape `(n,)`. They need not satisfy
+    - `q0`, `v0`: initial coordinates and velocities, shape `(n,)` — for a system whose
+        state holds momenta ([`jaxdae.HamiltonianSystem`][]) `v0` is the initial momenta
+        `p0` (paper 001, eqs. [3]–[6]). They need not satisfy
         the constraints (the stabilized formulations pull them back); see
         [`jaxdae.consistent_initial_state`][] for a consistent start.
     - `ts`: times at which to save the solution. Default: `[t0, t1]`.
@@ -221,7 +232,8 @@ def simulate(
     **Raises:**
 
     `ValueError` for bad input (shapes, non-finite values, a mass matrix that is not
-    symmetric positive definite at `q0`, gains that are not positive definite,
+    symmetric positive definite at `q0`, gains that are not positive definite, a
+    `velocity_constraints` that is not affine in the velocities,
     `t1 <= t0`, unsorted `ts`); [`jaxdae.SimulationError`][] for a failed solve with
     `throw=True`.
     """
@@ -229,6 +241,10 @@ def simulate(
     v0 = _float_vector("v0", v0)
     dtype = jnp.result_type(q0, v0)
     q0, v0 = q0.astype(dtype), v0.astype(dtype)
+    if q0.shape != v0.shape:
+        raise ValueError(
+            f"`q0` and `v0` must have the same shape (n,); got {q0.shape} and {v0.shape}."
+        )
     t0 = jnp.asarray(t0, dtype=dtype)
     t1 = jnp.asarray(t1, dtype=dtype)
     if ts is not None:
@@ -333,7 +349,7 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, solver, stepsize_contr
 
     # Rows after a failure are inf: evaluate at a safe state, then mask (no nan gradients).
     valid = jnp.isfinite(ts_out)
-    v, phi, dphi, psi, multipliers, energy = jax.vmap(
+    phi, dphi, psi, multipliers, energy, v, p = jax.vmap(
         _diagnostics, in_axes=(None, None, 0, 0, 0)
     )(
         system,
@@ -343,6 +359,8 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, solver, stepsize_contr
         jnp.where(valid[:, None], v, v0),
     )
     mask = lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.inf)  # noqa: E731
+    t_final, q_final = ts_final[0], q_final[0]
+    s_final = _velocities(system, formulation, t_final, q_final, v_final[0])
     return Solution(
         ts=ts_out,
         q=q,
@@ -352,9 +370,11 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, solver, stepsize_contr
         psi=mask(psi),
         multipliers=mask(multipliers),
         energy=mask(energy),
-        t_final=ts_final[0],
-        q_final=q_final[0],
-        v_final=_velocities(system, formulation, ts_final[0], q_final[0], v_final[0]),
+        t_final=t_final,
+        q_final=q_final,
+        v_final=system.velocities(t_final, q_final, s_final),
         result=result,
         stats=out.stats,
+        p=mask(p),
+        p_final=system.momenta(t_final, q_final, s_final),
     )

@@ -38,12 +38,15 @@ class Solution(eqx.Module):
     - `ts`: saved times, shape `(N,)`.
     - `q`, `v`: coordinates and velocities, shape `(N, n)` (all coordinates; with
         [`jaxdae.RedundantCoordinates`][] the dependent velocities are those of eq. [5]).
+    - `p`: generalized momenta (`∂T/∂v` for a `LagrangianSystem`, the state's momenta for a
+        `HamiltonianSystem`), shape `(N, n)`.
     - `phi`, `dphi`: holonomic residual `Φ` and its rate `Φ̇`, shape `(N, m)`.
     - `psi`: nonholonomic residual `Ψ`, shape `(N, k)`.
     - `multipliers`: the multipliers the formulation implies (`M q̈ = Q − Gᵀλ`), holonomic
         then nonholonomic, shape `(N, m + k)`.
     - `energy`: total mechanical energy `T + V`, shape `(N,)`.
-    - `t_final`, `q_final`, `v_final`: where the solve ended (at `t1`, or where it failed).
+    - `t_final`, `q_final`, `v_final`, `p_final`: where the solve ended (at `t1`, or where it
+        failed).
     - `result`: a [`jaxdae.RESULTS`][] item.
     - `stats`: diffrax's step statistics (`num_steps`, `num_accepted_steps`,
         `num_rejected_steps`, `max_steps`).
@@ -62,6 +65,8 @@ class Solution(eqx.Module):
     v_final: Float[Array, " n"]
     result: RESULTS
     stats: dict[str, Int[Array, ""]]
+    p: Float[Array, "N n"]
+    p_final: Float[Array, " n"]
 
     @property
     def succeeded(self):

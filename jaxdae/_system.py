@@ -17,10 +17,12 @@ from ._custom_types import (
     Float,
     HolonomicResidual,
     MassMatrix,
+    Momenta,
     NonholonomicResidual,
     Scalar,
     Velocities,
 )
+from ._nonholonomic import velocity_curvature
 
 
 class ConstrainedTerms(eqx.Module):
@@ -71,6 +73,39 @@ class AbstractSystem(eqx.Module):
     @abc.abstractmethod
     def energy(self, t: Scalar, q: Coordinates, v: Velocities) -> Scalar:
         """Total mechanical energy `T + V` (conserved by conservative scleronomic systems)."""
+
+    # The state is `(q, s)`; `s` is the velocities `v` unless a subclass says otherwise
+    # (e.g. the momenta of a `HamiltonianSystem`). `terms`, `energy` and these take `s`.
+
+    def velocities(self, t: Scalar, q: Coordinates, s: Velocities) -> Velocities:
+        """`q̇` at the state `(q, s)`. Default: `s` (the state holds velocities)."""
+        return s
+
+    def momenta(self, t: Scalar, q: Coordinates, s: Velocities) -> Momenta:
+        """Generalized momenta at the state `(q, s)`. Default: `M(t, q) q̇`."""
+        return self.terms(t, q, s).mass_matrix @ self.velocities(t, q, s)
+
+    def state_rate(
+        self, t: Scalar, q: Coordinates, s: Velocities, terms: ConstrainedTerms,
+        acceleration: Float[Array, " n"],
+    ) -> Velocities:
+        """`ṡ` given `q̈` from a formulation (`terms` as returned by `terms(t, q, s)`).
+
+        Default: `q̈` (the state holds velocities).
+        """
+        return acceleration
+
+    def velocity_constraints(
+        self, t: Scalar, q: Coordinates, v: Velocities
+    ) -> NonholonomicResidual:
+        """Nonholonomic constraints `Ψ(t, q, v)` in the velocities, shape `(k,)`. Default: none."""
+        return jnp.zeros((0,), q.dtype)
+
+    def velocity_constraint_curvature(
+        self, t: Scalar, q: Coordinates, s: Velocities
+    ) -> tuple[Scalar, Scalar]:
+        """`(max |∂²Ψ/∂v²|, max |Ψ_v|)` near the state; `simulate` refuses a non-affine `Ψ`."""
+        return velocity_curvature(self.velocity_constraints, t, q, self.velocities(t, q, s))
 
 
 class LagrangianSystem(AbstractSystem):
@@ -144,13 +179,21 @@ class LagrangianSystem(AbstractSystem):
     def velocity_constraints(
         self, t: Scalar, q: Coordinates, v: Velocities
     ) -> NonholonomicResidual:
-        """Nonholonomic constraints `Ψ = A(t, q) v + a(t, q)`, shape `(k,)`. Default: none."""
+        """Nonholonomic constraints `Ψ = A(t, q) v + a(t, q)`, shape `(k,)`. Default: none.
+
+        Must be affine in `v`: [`jaxdae.simulate`][] refuses (`ValueError`) a `Ψ` whose
+        second derivative in `v` is not zero at the initial state.
+        """
         return jnp.zeros((0,), q.dtype)
 
     # -- derived by autodiff -----------------------------------------------------------
 
     def energy(self, t, q, v):
         return self.kinetic_energy(t, q, v) + self.potential_energy(t, q)
+
+    def momenta(self, t, q, v):
+        """`p = ∂T/∂v` (paper 001's Legendre transform)."""
+        return jax.grad(self.kinetic_energy, argnums=2)(t, q, v)
 
     def terms(self, t, q, v) -> ConstrainedTerms:
         # Every term comes from ONE linearization of the local quantities

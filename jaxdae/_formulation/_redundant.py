@@ -9,7 +9,7 @@ import numpy as np
 from .._custom_types import Array, Float
 from .._gains import is_concrete
 from .._solution import RESULTS
-from .._system import ConstrainedTerms
+from .._system import ConstrainedTerms, LagrangianSystem
 from ._base import AbstractFormulation, default_rcond
 
 
@@ -228,6 +228,11 @@ class RedundantCoordinates(AbstractFormulation):
         return RESULTS.singular_dependent_jacobian
 
     def check_state(self, system, t0, q0, v0):
+        if not isinstance(system, LagrangianSystem):
+            raise ValueError(
+                "`RedundantCoordinates` needs a `LagrangianSystem` (its state holds velocities, "
+                f"from which the dependent ones follow); got {type(system).__name__}."
+            )
         jac, _ = _constraint_rates(system, t0, q0, v0)
         (jd, _), _ = self._split(jac)
         phi = system.constraints(t0, q0) if hasattr(system, "constraints") else (

@@ -7,3 +7,8 @@ from ._two_link import (
     TWO_LINK_V0 as TWO_LINK_V0,
     TwoLinkManipulator as TwoLinkManipulator,
 )
+from ._cartesian_arm import (
+    CartesianArm as CartesianArm,
+    CartesianArmLagrangian as CartesianArmLagrangian,
+)
+from ._nonholonomic import ChaplyginSleigh as ChaplyginSleigh, KnifeEdge as KnifeEdge

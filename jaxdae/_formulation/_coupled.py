@@ -1,0 +1,223 @@
+"""The general linear constraint-perturbation equation (paper 002, eqs. [0.11]–[0.12])."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import lineax as lx
+import numpy as np
+
+from .._custom_types import Array, Float
+from .._gains import as_gain, gain_matrix, is_concrete
+from .._system import ConstrainedTerms
+from ._base import (
+    AbstractFormulation,
+    constraint_matrix,
+    default_rcond,
+    multiplier_solve,
+    reciprocal_condition,
+)
+
+_BLOCKS = ("k10", "k11", "k12", "k20", "k21", "k22")
+# (rows, columns) of each block: "m" holonomic, "k" nonholonomic constraints.
+_SHAPES = {"k10": "mm", "k11": "mm", "k12": "mk", "k20": "km", "k21": "km", "k22": "kk"}
+
+
+def _block(gain, rows: int, cols: int, dtype):
+    if gain is None:
+        return jnp.zeros((rows, cols), dtype)
+    if rows == cols:
+        return gain_matrix(gain, rows, dtype)
+    return jnp.broadcast_to(gain.astype(dtype), (rows, cols))
+
+
+def _not_hurwitz(matrix, xnp):
+    """True unless every eigenvalue of `matrix` has a negative real part.
+
+    Eagerly (`numpy`) from the eigenvalues. Traced (`jax.numpy`) by Lyapunov's theorem — `H` is
+    Hurwitz iff `Hᵀ P + P H = −I` has a symmetric positive definite solution — since a
+    non-symmetric eigensolver is not available on every JAX backend.
+    """
+    n = matrix.shape[0]
+    if n == 0:
+        return xnp.asarray(False)
+    finite = xnp.all(xnp.isfinite(matrix))
+    matrix = xnp.where(finite, matrix, 0.0)
+    if xnp is np:
+        return ~finite | (np.max(np.linalg.eigvals(matrix).real) >= 0)
+    eye = jnp.eye(n, dtype=matrix.dtype)
+    # vec(Hᵀ P + P H) = (I ⊗ Hᵀ + Hᵀ ⊗ I) vec(P) for row-major vec
+    lyapunov = jnp.kron(matrix.T, eye) + jnp.kron(eye, matrix.T)
+    solution = jnp.linalg.solve(lyapunov, -eye.reshape(-1)).reshape(n, n)
+    sym = 0.5 * (solution + solution.T)
+    ok = jnp.all(jnp.isfinite(sym))
+    lowest = jnp.linalg.eigvalsh(jnp.where(ok, sym, 0.0))[0]
+    residual = jnp.max(jnp.abs(matrix.T @ sym + sym @ matrix + eye))
+    scale = 1.0 + 2.0 * jnp.max(jnp.abs(matrix)) * jnp.max(jnp.abs(sym)) * n
+    tol = jnp.sqrt(jnp.finfo(matrix.dtype).eps) * scale
+    return ~finite | ~ok | ~(lowest > 0) | ~(residual <= tol)
+
+
+class CoupledPerturbation(AbstractFormulation):
+    """Constraint perturbations with arbitrary linear coupling (paper 002, eqs. [0.11]–[0.12]).
+
+    The exact multipliers are chosen so that the perturbations `y = (Φ, Φ̇, Ψ)` obey
+
+    ```
+    d/dt (Φ, Φ̇, Ψ) = [[0, I, 0], [K10, K11, K12], [K20, K21, K22]] (Φ, Φ̇, Ψ),
+    ```
+
+    i.e. `Φ̈ = K10 Φ + K11 Φ̇ + K12 Ψ` and `Ψ̇ = K20 Φ + K21 Φ̇ + K22 Ψ` (signs as written: a
+    stable choice has negative `K10`, `K11`, `K22`). Off-diagonal blocks couple or weight the
+    deviations. [`jaxdae.Baumgarte`]`(kd, kp, kv)` is the special case `K10 = −K_P`,
+    `K11 = −K_D`, `K22 = −K_V`, other blocks zero; paper 001's `ÿ = c1 y + c2 ẏ` is
+    `K10 = c1`, `K11 = c2`. As for Baumgarte, the solve stops with
+    `RESULTS.singular_constraint_matrix` where `G M⁻¹ Gᵀ` is singular.
+
+    **Arguments:**
+
+    - `k10`, `k11`: `(m, m)` blocks acting on `Φ`, `Φ̇` in `Φ̈` (scalars and vectors mean
+        `k I` and `diag(k)`). Required when the system has holonomic constraints.
+    - `k22`: `(k, k)` block acting on `Ψ` in `Ψ̇` (same forms). Required when the system
+        has nonholonomic constraints.
+    - `k12` `(m, k)`, `k20` `(k, m)`, `k21` `(k, m)`: coupling blocks; `None` (default) is 0.
+    - `rcond`: as for [`jaxdae.Baumgarte`][].
+
+    **Raises:**
+
+    `ValueError` if the blocks' shapes do not fit together or the system, a block needed by
+    the system is missing, or the block matrix is not Hurwitz (an eigenvalue with
+    non-negative real part: the perturbations would not decay). The Hurwitz check runs
+    eagerly for concrete blocks and through `eqx.error_if` for traced ones.
+    """
+
+    k10: Float[Array, "..."] | None = None
+    k11: Float[Array, "..."] | None = None
+    k12: Float[Array, "..."] | None = None
+    k20: Float[Array, "..."] | None = None
+    k21: Float[Array, "..."] | None = None
+    k22: Float[Array, "..."] | None = None
+    rcond: float | None = None
+
+    def __init__(self, k10=None, k11=None, k12=None, k20=None, k21=None, k22=None,
+                 rcond=None):
+        self.k10, self.k11, self.k12, self.k20, self.k21, self.k22 = (
+            None if g is None else as_gain(g) for g in (k10, k11, k12, k20, k21, k22)
+        )
+        self.rcond = rcond
+
+    def __check_init__(self):
+        self._sizes()
+        if is_concrete(self):
+            self.check_values()
+
+    def _sizes(self) -> tuple[int | None, int | None]:
+        """`(m, k)` implied by the non-scalar blocks (None where no block says)."""
+        sizes: dict[str, set[int]] = {"m": set(), "k": set()}
+        for name in _BLOCKS:
+            gain = getattr(self, name)
+            if gain is None:
+                continue
+            rows, cols = _SHAPES[name]
+            if rows != cols and gain.ndim not in (0, 2):
+                raise ValueError(
+                    f"`{name}` couples different constraint kinds: pass a matrix of shape "
+                    f"({rows}, {cols}) (or a scalar for a constant block); got shape {gain.shape}."
+                )
+            if rows == cols and (gain.ndim > 2 or (gain.ndim == 2 and gain.shape[0] != gain.shape[1])):
+                raise ValueError(
+                    f"`{name}` must be a scalar, a vector or a square matrix; got shape {gain.shape}."
+                )
+            if gain.ndim >= 1:
+                sizes[rows].add(gain.shape[0])
+                sizes[cols].add(gain.shape[-1])
+        for kind, found in sizes.items():
+            if len(found) > 1:
+                what = "holonomic (m)" if kind == "m" else "nonholonomic (k)"
+                raise ValueError(
+                    f"The blocks disagree on the number of {what} constraints: sizes {sorted(found)}."
+                )
+        return tuple(next(iter(sizes[x])) if sizes[x] else None for x in ("m", "k"))
+
+    def perturbation_matrix(self, num_holonomic: int, num_nonholonomic: int, dtype=None):
+        """The `(2m + k) × (2m + k)` block matrix of paper 002, eq. [0.12]."""
+        m, k = num_holonomic, num_nonholonomic
+        if dtype is None:
+            dtype = jnp.result_type(*[g for g in self._gains() if g is not None], float)
+        b = {name: _block(getattr(self, name), *(dict(m=m, k=k)[x] for x in _SHAPES[name]), dtype)
+             for name in _BLOCKS}
+        zero = lambda r, c: jnp.zeros((r, c), dtype)  # noqa: E731
+        return jnp.block([
+            [zero(m, m), jnp.eye(m, dtype=dtype), zero(m, k)],
+            [b["k10"], b["k11"], b["k12"]],
+            [b["k20"], b["k21"], b["k22"]],
+        ])
+
+    def _gains(self):
+        return [getattr(self, name) for name in _BLOCKS]
+
+    def _effective_sizes(self):
+        m, k = self._sizes()
+        has_m = self.k10 is not None or self.k11 is not None or self.k12 is not None
+        has_k = self.k22 is not None or self.k20 is not None or self.k21 is not None
+        return (m if m is not None else int(has_m)), (k if k is not None else int(has_k))
+
+    def check_values(self):
+        """Eager Hurwitz check with the sizes the blocks imply (scalar blocks: size 1)."""
+        if not is_concrete(self):
+            return
+        m, k = self._effective_sizes()
+        matrix = np.asarray(self.perturbation_matrix(m, k))
+        if bool(_not_hurwitz(matrix, np)):
+            eig = np.linalg.eigvals(matrix) if np.all(np.isfinite(matrix)) else "non-finite"
+            raise ValueError(
+                "The perturbation matrix [[0, I, 0], [K10, K11, K12], [K20, K21, K22]] is not "
+                f"Hurwitz (eigenvalues {eig}): the constraint perturbations would not decay "
+                "(paper 002, eq. [0.12]). Choose blocks whose matrix has all eigenvalues with "
+                "negative real part, e.g. K10 = −k², K11 = −2k, K22 = −k."
+            )
+
+    def validate(self, num_holonomic, num_nonholonomic):
+        m, k = num_holonomic, num_nonholonomic
+        bm, bk = self._sizes()
+        for kind, given, actual in (("holonomic", bm, m), ("nonholonomic", bk, k)):
+            if given is not None and given != actual:
+                raise ValueError(
+                    f"The blocks are sized for {given} {kind} constraints but the system has "
+                    f"{actual}."
+                )
+        if m > 0 and (self.k10 is None or self.k11 is None):
+            raise ValueError(
+                f"The system has {m} holonomic constraints: pass `k10` and `k11` (Φ̈ = K10 Φ + "
+                "K11 Φ̇ + ...)."
+            )
+        if k > 0 and self.k22 is None:
+            raise ValueError(
+                f"The system has {k} nonholonomic constraints: pass `k22` (Ψ̇ = K22 Ψ + ...)."
+            )
+        if is_concrete(self):
+            return self
+        dtype = jnp.result_type(*[g for g in self._gains() if g is not None], float)
+        bad = _not_hurwitz(jax.lax.stop_gradient(self.perturbation_matrix(m, k, dtype)), jnp)
+        message = ("The perturbation matrix of `CoupledPerturbation` is not Hurwitz: the "
+                   "constraint perturbations would not decay (paper 002, eq. [0.12]).")
+        names = [n for n in _BLOCKS if getattr(self, n) is not None]
+        return eqx.tree_at(
+            lambda f: [getattr(f, n) for n in names], self,
+            [eqx.error_if(getattr(self, n), bad, message) for n in names],
+        )
+
+    def accelerations(self, terms: ConstrainedTerms):
+        m, k = terms.num_holonomic, terms.num_nonholonomic
+        dtype = terms.mass_matrix.dtype
+        y = jnp.concatenate([terms.phi, terms.dphi, terms.psi])
+        rows = self.perturbation_matrix(m, k, dtype)[m:]
+        # G q̈ − bias = (Φ̈, Ψ̇) = rows · y
+        return multiplier_solve(terms, terms.bias + rows @ y, lx.Cholesky())
+
+    def failure(self, terms):
+        tol = default_rcond(self.rcond, terms.mass_matrix.dtype)
+        return reciprocal_condition(constraint_matrix(terms)) < tol
+
+    @property
+    def can_fail(self):
+        return True
