@@ -24,9 +24,10 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
-## Benchmarks against SciPy and CasADi (prints tables).
+## Benchmarks against SciPy and CasADi (prints Markdown tables; see docs/benchmarks.md).
 bench: $(STAMP)
 	$(PY) experiments/bench_core.py
+	$(PY) experiments/bench_batch.py
 
 clean:
 	rm -rf $(VENV) output

@@ -7,6 +7,8 @@ perturbed paper states, simulated with plain `jax.jit(jax.vmap(jaxdae.simulate .
   (`rtol = 1e-5`, `atol = 1e-7`: float32 cannot meet 1e-8), against CasADi CVODES-Adams (a
   Python loop and `Function.map` with threads) and SciPy DOP853 (a Python loop) at the same
   tolerances;
+- the same forward `jax.jit`-compiled with the batch axis sharded over one XLA CPU device
+  per core (`jax.sharding`, "sharded ×N" rows, float64), since CasADi's map uses all cores too;
 - compile time per batch size (`jax.jit` retraces and recompiles for every batch shape);
 - the cost of the gradient of a batch loss (mean over the batch of `Σ q(2)² + |Φ(2)|²`)
   w.r.t. the shared gains `(alpha, kd, kp)`, relative to the batched forward solve.
@@ -19,12 +21,16 @@ Every repetition times every tool at every size in turn (interleaved); figures a
 """
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+# One XLA CPU device per core, for the "sharded" rows (plain vmap runs on one device/core).
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + f" --xla_force_host_platform_device_count={os.cpu_count() or 1}")
 
 import casadi as ca  # noqa: E402
 import equinox as eqx  # noqa: E402
@@ -45,7 +51,7 @@ TOLERANCES = {"float64": (1e-8, 1e-10), "float32": (1e-5, 1e-7)}
 
 def device_name() -> str:
     device = jax.devices()[0]
-    return f"{device.platform}: {device.device_kind} ×{jax.device_count()}"
+    return f"{device.platform}: {device.device_kind} ×{len(jax.devices(device.platform))}"
 
 
 def cast(tree, dtype):
@@ -115,6 +121,16 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None) -> dict:
             fn, compile_s[(dname, size)] = compiled(forward, params, q0, v0)
             runners[(f"jaxdae {dname}", size)] = (
                 lambda fn=fn, a=(params, q0, v0): jax.block_until_ready(fn(*a)))
+            cpus = jax.devices("cpu")
+            if len(cpus) > 1 and size % len(cpus) == 0 and not on_gpu and dname == "float64":
+                mesh = jax.sharding.Mesh(np.array(cpus), ("batch",))
+                split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch"))
+                rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+                args = (jax.device_put(params, rep), jax.device_put(q0, split),
+                        jax.device_put(v0, split))
+                fn_sharded, _ = compiled(forward, *args)
+                runners[(f"jaxdae {dname} sharded ×{len(cpus)}", size)] = (
+                    lambda fn=fn_sharded, a=args: jax.block_until_ready(fn(*a)))
         print(f"  compiled jaxdae {dname}", file=sys.stderr, flush=True)
 
     # Peers: CasADi CVODES-Adams (loop and threaded map), SciPy DOP853 (loop), each at the

@@ -13,6 +13,10 @@ repetitions):
   through diffrax's `RecursiveCheckpointAdjoint`; CasADi: CVODES adjoint sensitivities);
 - agreement of `q(2)` with a tight-tolerance reference (SciPy DOP853, `rtol = 1e-13`).
 
+A row "diffrax + hand-written RHS" solves the same ODE with diffrax (same solver, controller
+and tolerances) on the peers' hand-written equations: the floor that jaxdae's
+autodiff-derived right-hand side is measured against.
+
 The SciPy and CasADi right-hand sides are written by hand in `experiments/_peers.py`.
 
     python experiments/bench_core.py [--quick] [--out output]
@@ -27,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import casadi as ca  # noqa: E402
+import diffrax  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -38,6 +43,7 @@ from _common import output_dir, parse_args, write_json  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
 NAME = "bench_core"
+HANDWRITTEN = "diffrax + hand-written RHS"
 T1, RTOL, ATOL = 2.0, 1e-8, 1e-10
 
 
@@ -101,6 +107,35 @@ def grad_vector(grads):
     return np.concatenate([np.atleast_1d(np.asarray(alpha)), np.asarray(kd), np.asarray(kp)])
 
 
+def handwritten_functions():
+    """The same solve with diffrax directly on the hand-written right-hand side of the peers
+    (`_peers._equations` in `jax.numpy`): a floor for what autodiff-derived terms could reach
+    with the same solver (Tsit5, same controller and tolerances)."""
+
+    def rhs(t, y, p):
+        return jnp.stack(_peers._equations(jnp, t, y, p)[0])
+
+    def final_y(p, q0, v0):
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(rhs), diffrax.Tsit5(), 0.0, T1, None, jnp.concatenate([q0, v0]),
+            args=p, saveat=diffrax.SaveAt(t1=True), max_steps=100_000,
+            stepsize_controller=diffrax.PIDController(rtol=RTOL, atol=ATOL))
+        return sol.ys[-1]
+
+    def final_q(p, q0, v0):
+        return final_y(p, q0, v0)[:2]
+
+    def loss(p, q0, v0):
+        y = final_y(p, q0, v0)
+        return jnp.sum(y[:2] ** 2) + jnp.sum(jnp.stack(_peers._equations(jnp, T1, y, p)[1]) ** 2)
+
+    return {
+        "forward": final_q,
+        "batch": jax.vmap(final_q, in_axes=(None, 0, 0)),
+        "gradient": jax.value_and_grad(loss),
+    }
+
+
 # -- CasADi --------------------------------------------------------------------------------
 
 
@@ -158,6 +193,16 @@ def main(out: Path, quick: bool = False) -> dict:
     jd_grad, c_grad = compile_jaxdae(fns["gradient"], *args1)
     setup = {"jaxdae": c_forward["total"], "jaxdae (gradient)": c_grad["total"],
              "jaxdae (batch)": c_batch["total"]}
+    hw = handwritten_functions()
+    p_hw = jnp.asarray(params_np)
+    hw1 = (p_hw, jnp.asarray(q0), jnp.asarray(v0))
+    hwb = (p_hw, jnp.asarray(qb), jnp.asarray(vb))
+    hw_forward, hc_forward = compile_jaxdae(hw["forward"], *hw1)
+    hw_batch, hc_batch = compile_jaxdae(hw["batch"], *hwb)
+    hw_grad, hc_grad = compile_jaxdae(hw["gradient"], *hw1)
+    setup[HANDWRITTEN] = hc_forward["total"]
+    setup[HANDWRITTEN + " (gradient)"] = hc_grad["total"]
+    setup[HANDWRITTEN + " (batch)"] = hc_batch["total"]
     cas = {}
     map_mode = None
     for method in ("adams", "bdf"):
@@ -177,6 +222,11 @@ def main(out: Path, quick: bool = False) -> dict:
             "grad": lambda: (lambda vg: (float(vg[0]), grad_vector(vg[1])))(
                 _block(jd_grad(*args1))),
         },
+    }
+    runners[HANDWRITTEN] = {
+        "single": lambda: np.asarray(_block(hw_forward(*hw1))),
+        "batch": lambda: np.asarray(_block(hw_batch(*hwb))),
+        "grad": lambda: (lambda vg: (float(vg[0]), np.asarray(vg[1])))(_block(hw_grad(*hw1))),
     }
     for method in ("adams", "bdf"):
         integrator, mapped, grad = cas[method]
@@ -256,8 +306,8 @@ def main(out: Path, quick: bool = False) -> dict:
         grad_ms = f"{1e3 * m['grad']:.3g}" if m["grad"] else "n/a"
         ratio = f"{m['grad'] / m['single']:.2f}" if m["grad"] else "n/a"
         gagree = f"{grad_agreement[name]:.1e}" if name in grad_agreement else "n/a"
-        compile_s = (f"{setup[name]:.2f} (grad {setup['jaxdae (gradient)']:.2f}, "
-                     f"batch {setup['jaxdae (batch)']:.2f})" if name == "jaxdae"
+        compile_s = (f"{setup[name]:.2f} (grad {setup[name + ' (gradient)']:.2f}, "
+                     f"batch {setup[name + ' (batch)']:.2f})" if name + " (batch)" in setup
                      else f"{setup[name]:.3f}")
         lines.append(
             f"| {name} | {compile_s} | {1e3 * m['single']:.3g} | {throughput[name]:,.0f} | "
@@ -271,7 +321,10 @@ def main(out: Path, quick: bool = False) -> dict:
         "| function | trace | lower | XLA compile | total |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
-    for label, c in (("simulate", c_forward), ("gradient", c_grad), ("vmap batch", c_batch)):
+    for label, c in (("simulate", c_forward), ("gradient", c_grad), ("vmap batch", c_batch),
+                     ("hand-written RHS: solve", hc_forward),
+                     ("hand-written RHS: gradient", hc_grad),
+                     ("hand-written RHS: vmap batch", hc_batch)):
         lines.append(f"| {label} | {c['trace']:.2f} | {c['lower']:.2f} | {c['compile']:.2f} | "
                      f"{c['total']:.2f} |")
 
