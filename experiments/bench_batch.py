@@ -32,7 +32,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + f" --xla_force_host_platform_device_count={os.cpu_count() or 1}")
 
-import casadi as ca  # noqa: E402
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -7,7 +7,7 @@ import numpy as np
 import lineax as lx
 import optimistix as optx
 
-from ._control import ConstantControl, num_inputs, with_controller
+from ._control import ConstantControl, with_controller
 from ._custom_types import Array, ArrayLike, Bool, Float, Int
 from ._formulation import AbstractFormulation, RedundantCoordinates, Unstabilized
 from ._gains import is_concrete

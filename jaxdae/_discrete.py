@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optimistix as optx
 
 from ._custom_types import Array, Float, ScalarLike
+from ._formulation._base import second_order_matrix
 from ._gains import gain_matrix
 
 
@@ -120,9 +121,7 @@ def perturbation_matrix(
         wa = w @ gain_matrix(jnp.asarray(formulation.alpha), m, dtype)
         scale = jnp.linalg.solve(jnp.eye(m, dtype=dtype) + wa, wa)
         kd, kp = scale @ kd, scale @ kp
-    eye = jnp.eye(m, dtype=dtype)
-    zero = jnp.zeros((m, m), dtype)
-    return jnp.block([[zero, eye], [-kp, -kd]])
+    return second_order_matrix(kp, kd)
 
 
 def spectral_radius(matrix: Float[Array, "d d"]) -> Float[Array, ""]:

@@ -10,12 +10,9 @@ from ._custom_types import (
     Array,
     Coordinates,
     Float,
-    HolonomicResidual,
     MassMatrix,
     Momenta,
-    NonholonomicResidual,
     Scalar,
-    Velocities,
 )
 from ._system import (
     AbstractSystem,
@@ -72,19 +69,6 @@ class HamiltonianSystem(AbstractSystem):
     def generalized_forces(self, t: Scalar, q: Coordinates, p: Momenta) -> Float[Array, " n"]:
         """Non-conservative applied generalized forces `Q(t, q, p)`. Default: 0."""
         return jnp.zeros_like(q)
-
-    def constraints(self, t: Scalar, q: Coordinates) -> HolonomicResidual:
-        """Holonomic constraints `Φ(t, q)`, shape `(m,)`. Default: none."""
-        return jnp.zeros((0,), q.dtype)
-
-    def velocity_constraints(
-        self, t: Scalar, q: Coordinates, v: Velocities
-    ) -> NonholonomicResidual:
-        """Nonholonomic constraints `Ψ = A(t, q) v + a(t, q)` in the velocities `v = ∇_p H`.
-
-        Default: none. Must be affine in `v` (checked by [`jaxdae.simulate`][]).
-        """
-        return jnp.zeros((0,), q.dtype)
 
     # -- derived by autodiff -----------------------------------------------------------
 

@@ -1,6 +1,5 @@
 """The one entry point: [`jaxdae.simulate`][]."""
 
-import functools
 
 import diffrax
 import equinox as eqx

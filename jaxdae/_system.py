@@ -95,10 +95,18 @@ class AbstractSystem(eqx.Module):
         """
         return acceleration
 
+    def constraints(self, t: Scalar, q: Coordinates) -> HolonomicResidual:
+        """Holonomic constraints `Φ(t, q)`, shape `(m,)`. Default: none."""
+        return jnp.zeros((0,), q.dtype)
+
     def velocity_constraints(
         self, t: Scalar, q: Coordinates, v: Velocities
     ) -> NonholonomicResidual:
-        """Nonholonomic constraints `Ψ(t, q, v)` in the velocities, shape `(k,)`. Default: none."""
+        """Nonholonomic constraints `Ψ = A(t, q) v + a(t, q)` in the velocities, shape `(k,)`.
+
+        Default: none. Must be affine in `v`: [`jaxdae.simulate`][] refuses (`ValueError`) a
+        `Ψ` whose second derivative in `v` is not zero at the initial state.
+        """
         return jnp.zeros((0,), q.dtype)
 
     def velocity_constraint_curvature(
@@ -172,19 +180,6 @@ class LagrangianSystem(AbstractSystem):
         """Non-conservative applied generalized forces. Default: 0."""
         return jnp.zeros_like(q)
 
-    def constraints(self, t: Scalar, q: Coordinates) -> HolonomicResidual:
-        """Holonomic constraints `Φ(t, q)`, shape `(m,)`. Default: none."""
-        return jnp.zeros((0,), q.dtype)
-
-    def velocity_constraints(
-        self, t: Scalar, q: Coordinates, v: Velocities
-    ) -> NonholonomicResidual:
-        """Nonholonomic constraints `Ψ = A(t, q) v + a(t, q)`, shape `(k,)`. Default: none.
-
-        Must be affine in `v`: [`jaxdae.simulate`][] refuses (`ValueError`) a `Ψ` whose
-        second derivative in `v` is not zero at the initial state.
-        """
-        return jnp.zeros((0,), q.dtype)
 
     # -- derived by autodiff -----------------------------------------------------------
 

@@ -93,6 +93,15 @@ def baumgarte_target(
     return terms.bias + feedback
 
 
+def second_order_matrix(
+    stiffness: Float[Array, "m m"], damping: Float[Array, "m m"]
+) -> Float[Array, "2m 2m"]:
+    """`H = [[0, I], [−K_P, −K_D]]` of `d/dt (Φ, Φ̇) = H (Φ, Φ̇)` (paper 002, eq. [0.11])."""
+    m = stiffness.shape[0]
+    eye = jnp.eye(m, dtype=stiffness.dtype)
+    return jnp.block([[jnp.zeros_like(eye), eye], [-stiffness, -damping]])
+
+
 def _spd(matrix) -> lx.MatrixLinearOperator:
     return lx.MatrixLinearOperator(matrix, lx.positive_semidefinite_tag)
 

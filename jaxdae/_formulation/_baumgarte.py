@@ -21,6 +21,7 @@ from ._base import (
     default_rcond,
     multiplier_solve,
     reciprocal_condition,
+    second_order_matrix,
 )
 
 _LYAPUNOV = (
@@ -172,9 +173,7 @@ class Baumgarte(AbstractFormulation):
 
     def perturbation_matrix(self, num_holonomic: int):
         """`H` of `d/dt (Φ, Φ̇) = H (Φ, Φ̇)` (paper 002 eq. [0.11]) for these gains."""
-        m = num_holonomic
-        dtype = self.kd.dtype
-        eye = jnp.eye(m, dtype=dtype)
-        zero = jnp.zeros((m, m), dtype)
-        return jnp.block([[zero, eye], [-gain_matrix(self.kp, m, dtype),
-                                         -gain_matrix(self.kd, m, dtype)]])
+        dtype = jnp.result_type(self.kd, self.kp)
+        return second_order_matrix(
+            gain_matrix(self.kp, num_holonomic, dtype), gain_matrix(self.kd, num_holonomic, dtype)
+        )
