@@ -48,7 +48,7 @@ def _free(system, make_force, params, q0s, v0s, ts):
 
 
 def _time_reached(ts, psi):
-    """First time after which |ψ| stays below REACHED (nan if never)."""
+    """First time after which |ψ| stays below REACHED (nan if never; the table says "never")."""
     above = np.nonzero(np.abs(psi) >= REACHED)[0]
     if len(above) == 0:
         return float(ts[0])
@@ -98,6 +98,10 @@ def _study(name, system, q0, v0, kick, ks, t1, n_save):
                 max_reaction_late=float(np.max(np.abs(np.asarray(ref.multipliers)[late, 0]))))
 
 
+def _time_or_never(t: float) -> str:
+    return "never" if np.isnan(t) else f"{t:.3g}"
+
+
 def main(out: Path, quick: bool = False) -> dict:
     import matplotlib.pyplot as plt
 
@@ -144,7 +148,7 @@ def main(out: Path, quick: bool = False) -> dict:
         "(ψ₀ = 0) | t with \\|ψ\\| < 1e-6 for good (ψ₀ = 0.2) | steps |",
         "| --- | --- | --- | --- | --- | --- |",
     ] + [f"| {r['system']} | {r['law']} | {r['max_abs_psi_late_on_start']:.1e} | "
-         f"{r['max_distance_on_start']:.1e} | {r['time_to_psi_reached_off_start']:.3g} | "
+         f"{r['max_distance_on_start']:.1e} | {_time_or_never(r['time_to_psi_reached_off_start'])} | "
          f"{r['steps']} |" for r in rows]
     sk = [r for r in studies[1]["rows"] if r["law"].startswith("viscous")]
     headline = (
