@@ -76,6 +76,24 @@ class AbstractFormulation(eqx.Module):
         return q0
 
 
+class AbstractExactMultipliers(AbstractFormulation):
+    """Formulations whose multipliers solve `(G M⁻¹ Gᵀ) λ = G M⁻¹ Q − s` exactly
+    (paper 004, eq. [21]): they cannot continue where `G M⁻¹ Gᵀ` is singular, so the solve stops
+    with `RESULTS.singular_constraint_matrix` when its reciprocal condition number falls below
+    `rcond` (default `sqrt(eps)` of the state's dtype).
+    """
+
+    rcond: eqx.AbstractVar[float | None]
+
+    def failure(self, terms):
+        tol = default_rcond(self.rcond, terms.mass_matrix.dtype)
+        return reciprocal_condition(constraint_matrix(terms)) < tol
+
+    @property
+    def can_fail(self):
+        return True
+
+
 def baumgarte_target(
     terms: ConstrainedTerms, kd, kp, kv
 ) -> Float[Array, " c"]:

@@ -15,12 +15,9 @@ from .._gains import (
 )
 from .._system import ConstrainedTerms
 from ._base import (
-    AbstractFormulation,
+    AbstractExactMultipliers,
     baumgarte_target,
-    constraint_matrix,
-    default_rcond,
     multiplier_solve,
-    reciprocal_condition,
     second_order_matrix,
 )
 
@@ -78,7 +75,7 @@ def check_rcond(rcond: float | None) -> None:
         raise ValueError(f"`rcond` must be in [0, 1) or None (default sqrt(eps)); got {rcond}.")
 
 
-class Unstabilized(AbstractFormulation):
+class Unstabilized(AbstractExactMultipliers):
     """Index reduction only: `Φ̈ = 0`, `Ψ̇ = 0`, exact Lagrange multipliers.
 
     The constraint violations drift (linearly or quadratically in time); useful as a
@@ -101,16 +98,8 @@ class Unstabilized(AbstractFormulation):
     def validate(self, num_holonomic, num_nonholonomic):
         return self
 
-    def failure(self, terms):
-        tol = default_rcond(self.rcond, terms.mass_matrix.dtype)
-        return reciprocal_condition(constraint_matrix(terms)) < tol
 
-    @property
-    def can_fail(self):
-        return True
-
-
-class Baumgarte(AbstractFormulation):
+class Baumgarte(AbstractExactMultipliers):
     """Generalized Baumgarte stabilization (paper 004, eqs. [16]–[21]; paper 002, eq. [0.7]).
 
     Replaces `Φ̈ = 0` by `Φ̈ + K_D Φ̇ + K_P Φ = 0` and `Ψ̇ = 0` by `Ψ̇ + K_V Ψ = 0` and solves
@@ -162,14 +151,6 @@ class Baumgarte(AbstractFormulation):
         return check_stabilization_gains(
             self, ("kd", "kp", "kv"), num_holonomic, num_nonholonomic, _LYAPUNOV
         )
-
-    def failure(self, terms):
-        tol = default_rcond(self.rcond, terms.mass_matrix.dtype)
-        return reciprocal_condition(constraint_matrix(terms)) < tol
-
-    @property
-    def can_fail(self):
-        return True
 
     def perturbation_matrix(self, num_holonomic: int):
         """`H` of `d/dt (Φ, Φ̇) = H (Φ, Φ̇)` (paper 002 eq. [0.11]) for these gains."""

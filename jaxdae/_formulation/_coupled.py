@@ -10,11 +10,8 @@ from .._custom_types import Array, Float
 from .._gains import as_gain, gain_matrix, is_concrete
 from .._system import ConstrainedTerms
 from ._base import (
-    AbstractFormulation,
-    constraint_matrix,
-    default_rcond,
+    AbstractExactMultipliers,
     multiplier_solve,
-    reciprocal_condition,
 )
 
 _BLOCKS = ("k10", "k11", "k12", "k20", "k21", "k22")
@@ -57,7 +54,7 @@ def _not_hurwitz(matrix, xnp):
     return ~finite | ~ok | ~(lowest > 0) | ~(residual <= tol)
 
 
-class CoupledPerturbation(AbstractFormulation):
+class CoupledPerturbation(AbstractExactMultipliers):
     """Constraint perturbations with arbitrary linear coupling (paper 002, eqs. [0.11]–[0.12]).
 
     The exact multipliers are chosen so that the perturbations `y = (Φ, Φ̇, Ψ)` obey
@@ -213,11 +210,3 @@ class CoupledPerturbation(AbstractFormulation):
         rows = self.perturbation_matrix(m, k, dtype)[m:]
         # G q̈ − bias = (Φ̈, Ψ̇) = rows · y
         return multiplier_solve(terms, terms.bias + rows @ y, lx.Cholesky())
-
-    def failure(self, terms):
-        tol = default_rcond(self.rcond, terms.mass_matrix.dtype)
-        return reciprocal_condition(constraint_matrix(terms)) < tol
-
-    @property
-    def can_fail(self):
-        return True
