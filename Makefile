@@ -18,7 +18,7 @@ demo: $(STAMP)
 
 ## Default test run (fast; `slow` tests excluded).
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 ## The long tests only.
 test-slow: $(STAMP)
