@@ -38,7 +38,8 @@ NAME = "ball_and_beam"
 R0 = 0.5  # equilibrium ball position (m), the middle of the 1 m beam
 
 
-def design(r0=R0):
+def plant(r0=R0):
+    """Both models, their equilibria with the ball at `r0` and the simplified linear model."""
     exact, simple = BallAndBeam(exact=True), BallAndBeam(exact=False)
     eq_s = jaxdae.equilibrium(
         simple, simple.equilibrium_state(r0)[0], fixed=(0,), cyclic=simple.cyclic, u_guess=[0.0]
@@ -48,6 +49,12 @@ def design(r0=R0):
     )
     lin_s = jaxdae.linearize(simple, jaxdae.Baumgarte(1.0, 1.0), eq_s.q, eq_s.v, eq_s.u,
                              cyclic=simple.cyclic)
+    return dict(exact=exact, simple=simple, eq_s=eq_s, eq_e=eq_e, lin_s=lin_s)
+
+
+def design(r0=R0):
+    p = plant(r0)
+    exact, eq_s, eq_e, lin_s = p["exact"], p["eq_s"], p["eq_e"], p["lin_s"]
     lqr = jaxdae.lqr(lin_s.A, lin_s.B, jnp.eye(5), jnp.eye(1))
     pos, vel = exact.feedback_indices
     controller = jaxdae.LinearFeedback(lqr.gain, eq_e.q, eq_e.v, eq_e.u, pos, vel)
@@ -57,7 +64,7 @@ def design(r0=R0):
     lin_open = jaxdae.linearize(exact, shulgin, eq_e.q, eq_e.v, eq_e.u, cyclic=exact.cyclic)
     lin_lm = jaxdae.linearize(closed, jaxdae.Baumgarte(20.0, 100.0), eq_e.q, eq_e.v,
                               cyclic=exact.cyclic)
-    return dict(exact=exact, simple=simple, eq_s=eq_s, eq_e=eq_e, lin_s=lin_s, lqr=lqr,
+    return dict(**p, lqr=lqr,
                 controller=controller, closed=closed, shulgin=shulgin, lin_e=lin_e,
                 lin_open=lin_open, lin_lm=lin_lm)
 

@@ -22,6 +22,7 @@ EXPERIMENTS = [
     "two_link_singularity",
     "ball_and_beam",
     "tune_two_link",
+    "tune_ball_and_beam",
     "cartesian_arm_hamiltonian",
     "realizing_forces",
 ]
