@@ -12,7 +12,7 @@ from ._formulation import AbstractFormulation
 from ._gains import is_concrete
 from ._nonholonomic import is_not_affine
 from ._solution import RESULTS, SimulationError, Solution, failure_message
-from ._system import AbstractSystem, ConstrainedTerms
+from ._system import AbstractSystem
 
 
 def _float_vector(name: str, value, dtype=None) -> Array:
@@ -72,8 +72,9 @@ def _diagnostics(system, formulation, t, q, s):
             system.velocities(t, q, s), system.momenta(t, q, s))
 
 
-def check_initial_state(system: AbstractSystem, t0, q0, v0) -> tuple[ConstrainedTerms, Array]:
-    """Terms at the initial state and a flag per problem found (for eager or traced checks)."""
+def check_initial_state(system: AbstractSystem, t0, q0, v0) -> tuple[Array, Array]:
+    """The lowest eigenvalue of the mass matrix at the initial state and one flag per problem
+    in `_INITIAL_STATE_MESSAGES` (used for eager and for traced checks)."""
     terms = _terms(system, t0, q0, v0)
     mass = terms.mass_matrix
     asym = jnp.max(jnp.abs(mass - mass.T)) > 1e-8 * (1 + jnp.max(jnp.abs(mass)))
