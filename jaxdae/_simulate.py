@@ -11,6 +11,7 @@ from ._custom_types import Array, ArrayLike, Float, ScalarLike
 from ._formulation import AbstractFormulation
 from ._gains import is_concrete
 from ._nonholonomic import is_not_affine
+from ._scalarize import scalarize
 from ._solution import RESULTS, SimulationError, Solution, failure_message
 from ._system import AbstractSystem
 
@@ -26,13 +27,14 @@ def _float_vector(name: str, value, dtype=None) -> Array:
 
 # The per-state functions are jitted so that JAX traces them (and their derivatives) once,
 # however often diffrax and autodiff call them: tracing, not XLA, dominated compile time.
+# The right-hand side and the failure check run at every stage of every step: for small
+# systems they are re-traced as scalar graphs, which XLA fuses (see `_scalarize.py`).
 @eqx.filter_jit
 def _terms(system, t, q, v):
     return system.terms(t, q, v)
 
 
-@eqx.filter_jit
-def _rates(system, formulation, t, q, s):
+def state_rates(system, formulation, t, q, s):
     """`(q̇, ṡ)` of the state `(q, s)`: the system says what `s` holds (velocities or
     momenta); a formulation may fill in dependent velocities (redundant coordinates)."""
     s = formulation.velocities(system, t, q, s)
@@ -41,9 +43,13 @@ def _rates(system, formulation, t, q, s):
     return system.velocities(t, q, s), system.state_rate(t, q, s, terms, acc)
 
 
-@eqx.filter_jit
-def _failure(system, formulation, t, q, v):
+def failure_indicator(system, formulation, t, q, v):
+    """The formulation's `failure` at the state `(q, v)`."""
     return formulation.failure(_terms(system, t, q, v))
+
+
+_rates = eqx.filter_jit(scalarize(state_rates))
+_failure = eqx.filter_jit(scalarize(failure_indicator))
 
 
 @eqx.filter_jit

@@ -1,0 +1,461 @@
+"""Scalar expression graphs for small systems: one fused kernel per right-hand side.
+
+The equations of motion are derived by automatic differentiation (`jax.linearize` applied to
+stacked tangents, small matrix products, slices of slices). For a handful of coordinates this
+gives thousands of tiny array operations; XLA's CPU backend runs most of them as separate
+kernels, so a right-hand side of a two-link arm cost ≈20× a hand-written one.
+
+[`scalarize`][] re-traces such a function element by element: every array in its jaxpr
+becomes a list of scalars, structural operations (slices, reshapes, transposes, broadcasts,
+pads, concatenations) become index bookkeeping at trace time, products and sums are unrolled,
+constants are folded (the zeros and ones of the identity tangents vanish) and repeated
+subexpressions are shared (each `sin q_i` is computed once). What is left is a graph of scalar
+operations, like CasADi's SX graphs, that XLA fuses into one loop (and, under `vmap`, into
+elementwise operations on the batch). The result is the same function: autodiff, `vmap` and
+`jit` apply to it as to the original.
+
+Functions whose arrays are large, or that contain operations without a scalar rule, still
+work: unknown primitives are applied to their operands re-assembled into arrays, and
+functions with arrays of more than `MAX_ELEMENTS` entries are not re-traced at all.
+"""
+
+import functools
+import math
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend import core as jex
+
+# Arrays with more entries than this make a function keep its array form: unrolling cost
+# (trace time, graph size) grows with the number of entries, while XLA's array kernels amortize
+# their dispatch over them.
+MAX_ELEMENTS = 128
+
+_ELEMENTWISE = frozenset(
+    """add add_any sub mul div rem pow max min atan2 nextafter neg sin cos tan asin acos atan
+    sinh cosh tanh asinh acosh atanh exp exp2 log log1p expm1 sqrt rsqrt cbrt abs sign floor
+    ceil round is_finite integer_pow square logistic erf erfc erf_inv not and or xor eq ne lt le
+    gt ge select_n convert_element_type clamp copy copy_p reduce_precision""".split()
+)
+_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint"})
+
+# Constant folding in numpy for the common operations (others are evaluated by JAX eagerly).
+_NUMPY = {
+    "add": np.add, "add_any": np.add, "sub": np.subtract, "mul": np.multiply,
+    "div": lambda a, b: np.divide(a, b) if np.issubdtype(a.dtype, np.inexact) else np.trunc(
+        np.divide(a, b)).astype(a.dtype),
+    "neg": np.negative, "max": np.maximum, "min": np.minimum, "sin": np.sin, "cos": np.cos,
+    "sqrt": np.sqrt, "exp": np.exp, "log": np.log, "abs": np.abs, "sign": np.sign,
+    "tanh": np.tanh, "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+    "gt": np.greater, "ge": np.greater_equal, "and": np.logical_and, "or": np.logical_or,
+    "not": np.logical_not, "square": np.square,
+}
+
+
+def _is_const(x) -> bool:
+    return isinstance(x, np.ndarray)
+
+
+class _Graph:
+    """One re-tracing: folds constants and shares repeated scalar operations."""
+
+    def __init__(self):
+        self.memo: dict = {}
+        self.alive: list = []  # keeps memo keys' objects alive so that their ids stay unique
+
+    def key(self, x):
+        if _is_const(x):
+            return ("c", x.dtype.str, x.item())
+        return id(x)
+
+    def apply(self, prim, params: dict, args: list, dtype):
+        """`prim` on scalars `args` (tracers or 0-d numpy constants), result of `dtype`."""
+        name = prim.name
+        folded = _fold(name, params, args, dtype)
+        if folded is not None:
+            return folded
+        try:
+            key = (prim, tuple(sorted(params.items())), tuple(self.key(a) for a in args))
+            hash(key)
+        except TypeError:
+            key = None
+        if key is not None and key in self.memo:
+            return self.memo[key]
+        if all(_is_const(a) for a in args):
+            out = _eval_const(prim, params, args, dtype)
+        else:
+            out = prim.bind(*args, **params)
+        if key is not None:
+            self.memo[key] = out
+            self.alive.append(args)
+        return out
+
+    # -- sums and products with folding ----------------------------------------------
+
+    def add(self, a, b, dtype):
+        return self.apply(lax.add_p, _params(lax.add), [a, b], dtype)
+
+    def mul(self, a, b, dtype):
+        return self.apply(lax.mul_p, _params(lax.mul), [a, b], dtype)
+
+    def sum(self, items: list, dtype):
+        total = np.zeros((), dtype)
+        for item in items:
+            total = self.add(total, item, dtype)
+        return total
+
+
+@functools.cache
+def _params(binary: Callable) -> dict:
+    """The parameters JAX binds `binary`'s primitive with (they differ between versions)."""
+    (eqn,) = jax.make_jaxpr(binary)(1.0, 1.0).eqns
+    return dict(eqn.params)
+
+
+def _zero_or_one(x):
+    if not _is_const(x):
+        return None
+    value = x.item()
+    return value if value in (0, 1, -1) else None
+
+
+def _fold(name, params, args, dtype):
+    """Algebraic simplifications with one constant operand; `None` when none applies."""
+    if name in ("mul", "add", "add_any", "sub", "div") and len(args) == 2:
+        a, b = args
+        ca, cb = _zero_or_one(a), _zero_or_one(b)
+        if _is_const(a) and _is_const(b):
+            return None
+        zero = np.zeros((), dtype)
+        if name == "mul":
+            for c, other in ((ca, b), (cb, a)):
+                if c == 0 and c is not None:
+                    return zero
+                if c == 1:
+                    return other
+        elif name in ("add", "add_any"):
+            if ca == 0 and ca is not None:
+                return b
+            if cb == 0 and cb is not None:
+                return a
+        elif name == "sub":
+            if cb == 0 and cb is not None:
+                return a
+        elif name == "div":
+            if ca == 0 and ca is not None:
+                return zero
+            if cb == 1:
+                return a
+    elif name == "convert_element_type" and not _is_const(args[0]):
+        if args[0].dtype == dtype:
+            return args[0]
+    elif name == "integer_pow" and params["y"] == 1:
+        return args[0]
+    elif name == "select_n" and _is_const(args[0]):
+        return args[1 + int(args[0].item())]
+    elif name in ("copy", "copy_p"):
+        return args[0]
+    return None
+
+
+def _eval_const(prim, params, args, dtype):
+    numpy_fn = _NUMPY.get(prim.name)
+    if numpy_fn is not None:
+        with np.errstate(all="ignore"):
+            return np.asarray(numpy_fn(*args), dtype=dtype)
+    if prim.name == "convert_element_type":
+        return np.asarray(args[0], dtype=dtype)
+    if prim.name == "integer_pow":
+        with np.errstate(all="ignore"):
+            return np.asarray(args[0] ** params["y"], dtype=dtype)
+    if prim.name == "select_n":
+        return np.asarray(args[1 + int(args[0].item())], dtype=dtype)
+    with jax.ensure_compile_time_eval():
+        return np.asarray(prim.bind(*args, **params), dtype=dtype)
+
+
+# -- arrays as flat lists of scalars -----------------------------------------------------
+
+
+class _Value:
+    """An array of `shape` and `dtype` held as a flat (row-major) list of scalars."""
+
+    __slots__ = ("elements", "shape", "dtype")
+
+    def __init__(self, elements: list, shape: tuple, dtype):
+        self.elements, self.shape, self.dtype = elements, tuple(shape), np.dtype(dtype)
+        assert len(elements) == math.prod(self.shape), (len(elements), self.shape)
+
+    def indices(self) -> np.ndarray:
+        return np.arange(len(self.elements)).reshape(self.shape)
+
+    def take(self, index: np.ndarray) -> "_Value":
+        return _Value([self.elements[i] for i in index.reshape(-1)], index.shape, self.dtype)
+
+
+def _from_array(x, dtype) -> _Value:
+    shape = np.shape(x)
+    if isinstance(x, np.ndarray | np.generic) or (
+        isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+    ):
+        flat = np.asarray(x, dtype=dtype).reshape(-1)
+        return _Value([np.asarray(e) for e in flat], shape, dtype)
+    flat = jnp.reshape(x, (-1,))
+    elements = [lax.squeeze(lax.slice(flat, (i,), (i + 1,)), (0,)) for i in range(flat.size)]
+    return _Value(elements, shape, dtype)
+
+
+def _to_array(value: _Value):
+    if all(_is_const(e) for e in value.elements):
+        return jnp.asarray(np.asarray(
+            [e.item() for e in value.elements], dtype=value.dtype).reshape(value.shape))
+    if not value.elements:
+        return jnp.zeros(value.shape, value.dtype)
+    scalars = [lax.convert_element_type(e, value.dtype) if _is_const(e) or e.dtype != value.dtype
+               else e for e in value.elements]
+    return jnp.stack(scalars).reshape(value.shape)
+
+
+# -- structural rules: index arithmetic, no operations emitted ---------------------------
+
+
+def _broadcast_in_dim(x: _Value, shape, broadcast_dimensions, **_):
+    expanded = [1] * len(shape)
+    for src, dst in enumerate(broadcast_dimensions):
+        expanded[dst] = x.shape[src]
+    return x.take(np.broadcast_to(x.indices().reshape(expanded), shape))
+
+
+def _pad(x: _Value, pad_value: _Value, padding_config):
+    index = x.indices()
+    for axis, (low, high, interior) in enumerate(padding_config):
+        size = index.shape[axis]
+        if interior and size:
+            grown = list(index.shape)
+            grown[axis] = size + (size - 1) * interior
+            spaced = np.full(grown, -1)
+            where = [slice(None)] * index.ndim
+            where[axis] = slice(None, None, interior + 1)
+            spaced[tuple(where)] = index
+            index = spaced
+        widths = [(0, 0)] * index.ndim
+        widths[axis] = (max(low, 0), max(high, 0))
+        index = np.pad(index, widths, constant_values=-1)
+        cut = [slice(None)] * index.ndim
+        cut[axis] = slice(max(-low, 0), index.shape[axis] - max(-high, 0))
+        index = index[tuple(cut)]
+    elements = x.elements + [pad_value.elements[0]]
+    return _Value([elements[i] for i in index.reshape(-1)], index.shape, x.dtype)
+
+
+def _structural(name, params, args: list[_Value]) -> list[_Value] | None:
+    x = args[0] if args else None
+    if name == "broadcast_in_dim":
+        return [_broadcast_in_dim(x, params["shape"], params["broadcast_dimensions"])]
+    if name == "reshape":
+        if params.get("dimensions") is not None:
+            return None
+        return [_Value(x.elements, params["new_sizes"], x.dtype)]
+    if name == "squeeze":
+        shape = [d for i, d in enumerate(x.shape) if i not in set(params["dimensions"])]
+        return [_Value(x.elements, shape, x.dtype)]
+    if name == "expand_dims":
+        return [_Value(x.elements, np.expand_dims(x.indices(), params["dimensions"]).shape,
+                       x.dtype)]
+    if name == "transpose":
+        return [x.take(x.indices().transpose(params["permutation"]))]
+    if name == "rev":
+        return [x.take(np.flip(x.indices(), params["dimensions"]))]
+    if name == "slice":
+        strides = params["strides"] or (1,) * len(x.shape)
+        cut = tuple(slice(lo, hi, st) for lo, hi, st in
+                    zip(params["start_indices"], params["limit_indices"], strides))
+        return [x.take(x.indices()[cut])]
+    if name == "concatenate":
+        offsets = np.cumsum([0] + [len(a.elements) for a in args])
+        index = np.concatenate([a.indices() + o for a, o in zip(args, offsets)],
+                               axis=params["dimension"])
+        elements = [e for a in args for e in a.elements]
+        return [_Value([elements[i] for i in index.reshape(-1)], index.shape, x.dtype)]
+    if name == "pad":
+        return [_pad(x, args[1], params["padding_config"])]
+    if name == "split":
+        axis, start, outs = params["axis"], 0, []
+        for size in params["sizes"]:
+            cut = [slice(None)] * len(x.shape)
+            cut[axis] = slice(start, start + size)
+            outs.append(x.take(x.indices()[tuple(cut)]))
+            start += size
+        return outs
+    return None
+
+
+# -- arithmetic rules --------------------------------------------------------------------
+
+
+def _elementwise(graph: _Graph, prim, params, args: list[_Value], out_shape, dtype):
+    # Operands may broadcast (size-1 dimensions or scalars), as in numpy.
+    columns = [a.elements if a.shape == tuple(out_shape)
+               else a.take(np.broadcast_to(a.indices(), out_shape)).elements for a in args]
+    return _Value(
+        [graph.apply(prim, params, list(row), dtype) for row in zip(*columns)], out_shape, dtype
+    )
+
+
+def _reduce(graph: _Graph, prim, x: _Value, axes, out_shape, dtype):
+    keep = [i for i in range(len(x.shape)) if i not in set(axes)]
+    count = math.prod(x.shape[i] for i in axes)
+    index = x.indices().transpose(keep + list(axes)).reshape(math.prod(out_shape), count)
+    combine = {"reduce_sum": lax.add, "reduce_max": lax.max, "reduce_min": lax.min,
+               "reduce_prod": lax.mul}[prim.name]
+    combine_prim = {lax.add: lax.add_p, lax.max: lax.max_p, lax.min: lax.min_p,
+                    lax.mul: lax.mul_p}[combine]
+    identity = {"reduce_sum": 0, "reduce_max": -np.inf, "reduce_min": np.inf,
+                "reduce_prod": 1}[prim.name]
+    out = []
+    for row in index:
+        if not len(row):
+            with np.errstate(all="ignore"):
+                out.append(np.asarray(identity).astype(dtype))
+            continue
+        acc = x.elements[row[0]]
+        for i in row[1:]:
+            acc = graph.apply(combine_prim, _params(combine), [acc, x.elements[i]], dtype)
+        out.append(acc)
+    return _Value(out, out_shape, dtype)
+
+
+def _dot_general(graph: _Graph, lhs: _Value, rhs: _Value, dimension_numbers, out_shape, dtype):
+    (lc, rc), (lb, rb) = dimension_numbers
+    lf = [i for i in range(len(lhs.shape)) if i not in lc and i not in lb]
+    rf = [i for i in range(len(rhs.shape)) if i not in rc and i not in rb]
+    batch = math.prod(lhs.shape[i] for i in lb)
+    contract = math.prod(lhs.shape[i] for i in lc)
+    li = lhs.indices().transpose(list(lb) + lf + list(lc)).reshape(
+        batch, math.prod(lhs.shape[i] for i in lf), contract)
+    ri = rhs.indices().transpose(list(rb) + rf + list(rc)).reshape(
+        batch, math.prod(rhs.shape[i] for i in rf), contract)
+    out = []
+    for b in range(batch):
+        for row in li[b]:
+            for col in ri[b]:
+                products = [graph.mul(lhs.elements[i], rhs.elements[j], lhs.dtype)
+                            for i, j in zip(row, col)]
+                total = graph.sum(products, lhs.dtype)
+                if lhs.dtype != dtype:
+                    total = graph.apply(lax.convert_element_type_p,
+                                        {"new_dtype": dtype, "weak_type": False,
+                                         "sharding": None}, [total], dtype)
+                out.append(total)
+    return _Value(out, out_shape, dtype)
+
+
+def _fallback(eqn, args: list[_Value]) -> list[_Value]:
+    """Applies an equation without a scalar rule to its operands as arrays."""
+    params = eqn.primitive.get_bind_params(eqn.params)
+    with eqn.ctx.manager:
+        outs = eqn.primitive.bind(*[_to_array(a) for a in args], **params)
+    if not eqn.primitive.multiple_results:
+        outs = [outs]
+    return [_from_array(o, v.aval.dtype) for o, v in zip(outs, eqn.outvars)]
+
+
+def _eval(graph: _Graph, jaxpr, consts: list, args: list[_Value]) -> list[_Value]:
+    env: dict = {}
+
+    def read(var):
+        if isinstance(var, jex.Literal):
+            return _from_array(np.asarray(var.val), var.aval.dtype)
+        return env[var]
+
+    for var, value in zip(jaxpr.constvars, consts):
+        env[var] = value
+    for var, value in zip(jaxpr.invars, args):
+        env[var] = value
+    for eqn in jaxpr.eqns:
+        name, params = eqn.primitive.name, eqn.params
+        operands = [read(v) for v in eqn.invars]
+        out_aval = eqn.outvars[0].aval if eqn.outvars else None
+        outs = None
+        if name in _CALLS and "jaxpr" in params:
+            inner = params["jaxpr"]
+            if isinstance(inner, jex.ClosedJaxpr):
+                consts_in = [_from_array(c, np.asarray(c).dtype) for c in inner.consts]
+                outs = _eval(graph, inner.jaxpr, consts_in, operands)
+            elif not inner.constvars:
+                outs = _eval(graph, inner, [], operands)
+        elif name in _ELEMENTWISE:
+            outs = [_elementwise(graph, eqn.primitive, params, operands, out_aval.shape,
+                                 out_aval.dtype)]
+        elif name in ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod"):
+            outs = [_reduce(graph, eqn.primitive, operands[0], params["axes"], out_aval.shape,
+                            out_aval.dtype)]
+        elif name == "dot_general":
+            outs = [_dot_general(graph, *operands, params["dimension_numbers"],
+                                 out_aval.shape, out_aval.dtype)]
+        elif name == "iota":
+            outs = [_iota(out_aval, params)]
+        else:
+            outs = _structural(name, params, operands)
+        if outs is None:
+            outs = _fallback(eqn, operands)
+        for var, value in zip(eqn.outvars, outs):
+            if not isinstance(var, jex.DropVar):
+                env[var] = value
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _iota(aval, params) -> _Value:
+    shape, dimension = aval.shape, params["dimension"]
+    values = np.broadcast_to(
+        np.arange(shape[dimension]).reshape([-1 if i == dimension else 1
+                                             for i in range(len(shape))]), shape)
+    return _from_array(values, aval.dtype)
+
+
+def _largest(jaxpr) -> int:
+    sizes = [0]
+    for var in list(jaxpr.invars) + list(jaxpr.constvars):
+        sizes.append(math.prod(getattr(var.aval, "shape", ())))
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            sizes.append(math.prod(getattr(var.aval, "shape", ())))
+        inner = eqn.params.get("jaxpr")
+        if eqn.primitive.name in _CALLS and inner is not None:
+            sizes.append(_largest(getattr(inner, "jaxpr", inner)))
+    return max(sizes)
+
+
+def scalarize(fn: Callable) -> Callable:
+    """`fn` (pytrees of arrays in and out) re-traced as a graph of scalar operations.
+
+    Same values, same derivatives (it is built from JAX primitives); for arrays of at most
+    `MAX_ELEMENTS` entries. Larger functions, and functions with side effects, are returned
+    unchanged at trace time.
+    """
+
+    @functools.wraps(fn)
+    def scalarized(*args):
+        dynamic, static = eqx.partition(args, eqx.is_array)
+        leaves, treedef = jax.tree_util.tree_flatten(dynamic)
+
+        def flat_fn(*flat):
+            return fn(*eqx.combine(jax.tree_util.tree_unflatten(treedef, flat), static))
+
+        closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
+        out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
+        if closed.effects or _largest(closed.jaxpr) > MAX_ELEMENTS:
+            return fn(*args)
+        graph = _Graph()
+        inputs = [_from_array(x, x.dtype) for x in leaves]
+        consts = [_from_array(c, np.asarray(c).dtype) for c in closed.consts]
+        outs = _eval(graph, closed.jaxpr, consts, inputs)
+        arrays = [_to_array(o).astype(s.dtype).reshape(s.shape)
+                  for o, s in zip(outs, out_leaves)]
+        return jax.tree_util.tree_unflatten(out_tree, arrays)
+
+    return scalarized
