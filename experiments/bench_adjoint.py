@@ -1,14 +1,22 @@
-"""Gradient cost vs diffrax checkpoints: `adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints=N)`.
+"""Gradient cost vs the adjoint: diffrax's checkpoint count, and forward mode.
 
-Paper 004's two-link example, `ModifiedLagrange(10, [20, 10], [100, 25])`, t ∈ [0, 2], default
-tolerances; gradient of `Σ q(2)² + |Φ(2)|²` w.r.t. the formulation. More checkpoints mean less
-recomputation in the backward pass (and less to compile) but memory of about
-`checkpoints × (size of the solver's loop state)` per trajectory — multiplied by the batch
-size under `vmap`, which is why jaxdae keeps diffrax's default (`log(max_steps)`).
+Paper 004's two-link example, `ModifiedLagrange(10, [20, 10], [100, 25])`, default tolerances;
+gradient of `Σ q(t1)² + |Φ(t1)|²` w.r.t. the formulation's five gains, over `t ∈ [0, 2]`
+(≈130 steps) and `t ∈ [0, 8]` (≈2000 steps: the arm is driven out of its workspace after
+2.85 s and the solve gets stiff). Rows:
 
-    python experiments/bench_adjoint.py
+- `RecursiveCheckpointAdjoint(checkpoints=N)` for diffrax's default (`None`: about
+  `sqrt(2 max_steps)` ≈ 450 for `max_steps = 100_000`) and for several `N`; jaxdae's default
+  is `N = 32` (`jaxdae._simulate.CHECKPOINTS`). Memory per trajectory is about
+  `N × (size of the solver's loop state)`, multiplied by the batch size under `vmap`.
+- `ForwardMode` + `jax.jacfwd` (forward sensitivities, one tangent per gain).
+
+Every repetition times every row in turn; the table reports medians.
+
+    python experiments/bench_adjoint.py [--repeats 7]
 """
 
+import argparse
 import time
 
 import diffrax
@@ -20,41 +28,61 @@ import numpy as np
 import jaxdae
 from jaxdae.examples import TwoLinkManipulator
 
-
-def _median_ms(fn, *args, repeats=15):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return 1e3 * float(np.median(times))
+CHECKPOINTS = (None, 16, 32, 64, 256)
 
 
-def main():
+def _loss(system, q0, v0, t1, adjoint):
+    def loss(formulation):
+        sol = jaxdae.simulate(system, formulation, 0.0, t1, q0, v0, adjoint=adjoint)
+        return jnp.sum(sol.q_final**2) + jnp.sum(sol.phi[-1] ** 2)
+
+    return loss
+
+
+def main(repeats: int = 7, inner: int = 5):
     system = TwoLinkManipulator()
     q0, v0 = system.initial_state()
     formulation = jaxdae.ModifiedLagrange(10.0, jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0]))
-    forward = jax.jit(lambda q: jaxdae.simulate(system, formulation, 0.0, 2.0, q, v0).q[-1])
-    jax.block_until_ready(forward(q0))
-    forward_ms = _median_ms(forward, q0)
-    print(f"forward: {forward_ms:.2f} ms (device {jax.devices()[0].platform})\n")
-    print("| adjoint | compile + first call [s] | gradient [ms] | gradient / forward |")
-    print("| --- | ---: | ---: | ---: |")
-    for checkpoints in (None, 256, 4096):
-        adjoint = diffrax.RecursiveCheckpointAdjoint(checkpoints=checkpoints)
-
-        def loss(f, q):
-            sol = jaxdae.simulate(system, f, 0.0, 2.0, q, v0, adjoint=adjoint)
-            return jnp.sum(sol.q[-1] ** 2) + jnp.sum(sol.phi[-1] ** 2)
-
-        grad = eqx.filter_jit(eqx.filter_grad(loss))
+    rows = {}
+    for t1 in (2.0, 8.0):
+        rows[(t1, "forward")] = eqx.filter_jit(_loss(system, q0, v0, t1, None))
+        for checkpoints in CHECKPOINTS:
+            adjoint = diffrax.RecursiveCheckpointAdjoint(checkpoints=checkpoints)
+            rows[(t1, checkpoints)] = eqx.filter_jit(
+                eqx.filter_grad(_loss(system, q0, v0, t1, adjoint)))
+        rows[(t1, "jacfwd")] = eqx.filter_jit(
+            eqx.filter_jacfwd(_loss(system, q0, v0, t1, diffrax.ForwardMode())))
+    compile_s, times = {}, {key: [] for key in rows}
+    for key, fn in rows.items():
         start = time.perf_counter()
-        jax.block_until_ready(grad(formulation, q0))
-        compile_s = time.perf_counter() - start
-        grad_ms = _median_ms(grad, formulation, q0)
-        name = "default (log(max_steps))" if checkpoints is None else f"checkpoints={checkpoints}"
-        print(f"| {name} | {compile_s:.2f} | {grad_ms:.1f} | {grad_ms / forward_ms:.1f} |")
+        jax.block_until_ready(fn(formulation))
+        compile_s[key] = time.perf_counter() - start
+    for _ in range(repeats):
+        for key, fn in rows.items():
+            start = time.perf_counter()
+            for _ in range(inner):
+                out = fn(formulation)
+            jax.block_until_ready(out)
+            times[key].append((time.perf_counter() - start) / inner)
+    median_ms = {key: 1e3 * float(np.median(v)) for key, v in times.items()}
+    print(f"device: {jax.devices()[0].platform}, {repeats} interleaved repetitions\n")
+    print("| t1 | adjoint | compile + first call [s] | time [ms] | / forward |")
+    print("| ---: | --- | ---: | ---: | ---: |")
+    for (t1, kind), ms in median_ms.items():
+        if kind == "forward":
+            name = "forward solve (no gradient)"
+        elif kind == "jacfwd":
+            name = "ForwardMode + jacfwd"
+        elif kind is None:
+            name = "RecursiveCheckpointAdjoint() (diffrax default)"
+        else:
+            name = f"RecursiveCheckpointAdjoint(checkpoints={kind})"
+        forward = median_ms[(t1, "forward")]
+        print(f"| {t1:g} | {name} | {compile_s[(t1, kind)]:.2f} | {ms:.2f} | "
+              f"{ms / forward:.1f} |")
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    main(parser.parse_args().repeats)

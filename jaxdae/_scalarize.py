@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src import ad_util
 from jax.extend import core as jex
 
 # Arrays with more entries than this make a function keep its array form: unrolling cost
@@ -41,6 +42,7 @@ _ELEMENTWISE = frozenset(
     ceil round is_finite integer_pow square logistic erf erfc erf_inv not and or xor eq ne lt le
     gt ge select_n convert_element_type clamp copy copy_p reduce_precision""".split()
 )
+_COMMUTATIVE = frozenset({"add", "mul", "max", "min", "eq", "ne", "and", "or", "xor"})
 _CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint"})
 
 # Constant folding in numpy for the common operations (others are evaluated by JAX eagerly).
@@ -74,12 +76,17 @@ class _Graph:
 
     def apply(self, prim, params: dict, args: list, dtype):
         """`prim` on scalars `args` (tracers or 0-d numpy constants), result of `dtype`."""
+        if prim is ad_util.add_jaxvals_p:  # the tangents' `add_any` is an ordinary sum here
+            prim, params = lax.add_p, _params(lax.add)
         name = prim.name
         folded = _fold(name, params, args, dtype)
         if folded is not None:
             return folded
         try:
-            key = (prim, tuple(sorted(params.items())), tuple(self.key(a) for a in args))
+            operands = [self.key(a) for a in args]
+            if name in _COMMUTATIVE:
+                operands.sort(key=repr)
+            key = (prim, tuple(sorted(params.items())), tuple(operands))
             hash(key)
         except TypeError:
             key = None
@@ -188,7 +195,6 @@ class _Value:
 
     def __init__(self, elements: list, shape: tuple, dtype):
         self.elements, self.shape, self.dtype = elements, tuple(shape), np.dtype(dtype)
-        assert len(elements) == math.prod(self.shape), (len(elements), self.shape)
 
     def indices(self) -> np.ndarray:
         return np.arange(len(self.elements)).reshape(self.shape)

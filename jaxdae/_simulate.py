@@ -9,6 +9,7 @@ import numpy as np
 
 from ._custom_types import Array, ArrayLike, Float, ScalarLike
 from ._formulation import AbstractFormulation
+from ._formulation._base import is_positive_definite
 from ._gains import is_concrete
 from ._nonholonomic import is_not_affine
 from ._scalarize import scalarize
@@ -30,6 +31,7 @@ def _float_vector(name: str, value, dtype=None) -> Array:
 # The right-hand side and the failure check run at every stage of every step: for small
 # systems they are re-traced as scalar graphs, which XLA fuses (see `_scalarize.py`).
 @eqx.filter_jit
+@scalarize
 def _terms(system, t, q, v):
     return system.terms(t, q, v)
 
@@ -79,22 +81,21 @@ def _diagnostics(system, formulation, t, q, s):
 
 
 def check_initial_state(system: AbstractSystem, t0, q0, v0) -> tuple[Array, Array]:
-    """The lowest eigenvalue of the mass matrix at the initial state and one flag per problem
-    in `_INITIAL_STATE_MESSAGES` (used for eager and for traced checks)."""
+    """The mass matrix at the initial state and one flag per problem in
+    `_INITIAL_STATE_MESSAGES` (used for eager and for traced checks)."""
     terms = _terms(system, t0, q0, v0)
     mass = terms.mass_matrix
     asym = jnp.max(jnp.abs(mass - mass.T)) > 1e-8 * (1 + jnp.max(jnp.abs(mass)))
-    lowest = jnp.linalg.eigvalsh(0.5 * (mass + mass.T))[0]
     flags = jnp.stack(
         [
             ~jnp.all(jnp.isfinite(q0)),
             ~jnp.all(jnp.isfinite(v0)),
-            asym | ~(lowest > 0) | ~jnp.all(jnp.isfinite(mass)),
+            asym | ~is_positive_definite(0.5 * (mass + mass.T)),
             ~jnp.all(jnp.isfinite(terms.forces)),
             is_not_affine(*system.velocity_constraint_curvature(t0, q0, v0)),
         ]
     )
-    return lowest, flags
+    return mass, flags
 
 
 _INITIAL_STATE_MESSAGES = (
@@ -227,7 +228,9 @@ def simulate(
     - `dt0`: initial step; default chosen automatically by the controller.
     - `rtol`, `atol`: tolerances of the default step-size controller.
     - `max_steps`: maximum number of steps.
-    - `adjoint`: diffrax adjoint for gradients. Default `diffrax.RecursiveCheckpointAdjoint()`.
+    - `adjoint`: diffrax adjoint for gradients. Default
+        `diffrax.RecursiveCheckpointAdjoint(checkpoints=32)` (discretize-then-optimize: the
+        exact gradient of the computed solution).
     - `throw`: raise [`jaxdae.SimulationError`][] when the solve fails (the message says what
         happened, at which `t` and `q`); with `False` inspect `Solution.result` instead.
 
@@ -265,12 +268,15 @@ def simulate(
 
     eager = is_concrete(system, t0, q0, v0)
     if eager:
-        lowest, flags = _check_initial_state_jit(system, t0, q0, v0)
+        mass, flags = _check_initial_state_jit(system, t0, q0, v0)
         flags = np.asarray(flags)
         if flags.any():
             message = _INITIAL_STATE_MESSAGES[int(np.argmax(flags))]
             if flags[2]:
-                message += f" (lowest eigenvalue of its symmetric part: {float(lowest):.3g})"
+                mass = np.asarray(mass)
+                lowest = np.linalg.eigvalsh(0.5 * (mass + mass.T))[0] if np.all(
+                    np.isfinite(mass)) else np.nan
+                message += f" (lowest eigenvalue of its symmetric part: {lowest:.3g})"
             raise ValueError(message)
         formulation.check_state(system, t0, q0, v0)
 
@@ -283,7 +289,8 @@ def simulate(
         ),
         dt0=dt0,
         max_steps=max_steps,
-        adjoint=diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint,
+        adjoint=(diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS)
+                 if adjoint is None else adjoint),
         check_inputs=not eager,
     )
     if throw:
@@ -298,21 +305,28 @@ def simulate(
 
 Tsit5 = diffrax.Tsit5()
 
+# Checkpoints of the default `RecursiveCheckpointAdjoint`. diffrax's default for
+# `max_steps = 100_000` is ≈450; on the two-link gradient (`experiments/bench_adjoint.py`,
+# 2-core CPU) 32 was 1.4× faster at 130 steps and no slower at ≈2000 steps (the extra
+# recomputation is cheaper than the larger checkpoint buffers), with 14× less memory per
+# trajectory, which matters under `vmap`.
+CHECKPOINTS = 32
+
 
 @eqx.filter_jit
 def _simulate(system, formulation, t0, t1, q0, v0, ts, *, solver, stepsize_controller,
               dt0, max_steps, adjoint, check_inputs):
     if check_inputs:
         _, flags = check_initial_state(system, t0, q0, v0)
-        for flag, message in zip(flags, _INITIAL_STATE_MESSAGES):
-            q0 = eqx.error_if(q0, flag, message)
-        q0 = eqx.error_if(q0, ~(t1 > t0), "`t1` must be greater than `t0`.")
+        messages = _INITIAL_STATE_MESSAGES + ("`t1` must be greater than `t0`.",
+                                              "`ts` must be sorted and lie in [t0, t1].")
+        flags = jnp.concatenate([flags, jnp.stack([
+            ~(t1 > t0),
+            False if ts is None else jnp.any(jnp.diff(ts) < 0) | (ts[0] < t0) | (ts[-1] > t1),
+        ])])
+        # One branched check, not one per flag: each `error_if` costs compile time.
+        q0 = eqx.branched_error_if(q0, jnp.any(flags), jnp.argmax(flags), messages)
         q0 = formulation.check_state(system, t0, q0, v0)
-        if ts is not None:
-            q0 = eqx.error_if(
-                q0, jnp.any(jnp.diff(ts) < 0) | (ts[0] < t0) | (ts[-1] > t1),
-                "`ts` must be sorted and lie in [t0, t1].",
-            )
     if ts is None:
         # Saving at t0 and t1 only: an interpolated `SubSaveAt(ts=[t0, t1])` would cost a
         # search of the save times at every step (≈2 µs/step on the CPU, ~10% of a two-link

@@ -158,18 +158,7 @@ def spd_solve(matrix: Float[Array, "n n"], rhs: Array) -> Array:
         solver = lx.Cholesky()
         solve = lambda b: lx.linear_solve(_spd(matrix), b, solver, throw=False).value  # noqa: E731
         return solve(rhs) if rhs.ndim == 1 else jax.vmap(solve, in_axes=1, out_axes=1)(rhs)
-    a = [[matrix[i, j] for j in range(n)] for i in range(n)]
-    low = [[None] * n for _ in range(n)]
-    for j in range(n):
-        diag = a[j][j]
-        for k in range(j):
-            diag = diag - low[j][k] * low[j][k]
-        low[j][j] = jnp.sqrt(diag)
-        for i in range(j + 1, n):
-            entry = a[i][j]
-            for k in range(j):
-                entry = entry - low[i][k] * low[j][k]
-            low[i][j] = entry / low[j][j]
+    low = _unrolled_cholesky(matrix)
     y = []
     for i in range(n):
         entry = rhs[i]
@@ -183,6 +172,42 @@ def spd_solve(matrix: Float[Array, "n n"], rhs: Array) -> Array:
             entry = entry - low[k][i] * x[k]
         x[i] = entry / low[i][i]
     return jnp.stack(x)
+
+
+def _unrolled_cholesky(matrix) -> list[list]:
+    """The lower Cholesky factor of a small matrix as nested lists of scalars; a matrix that
+    is not positive definite gives a non-positive pivot, whose square root is nan or 0."""
+    n = matrix.shape[0]
+    a = [[matrix[i, j] for j in range(n)] for i in range(n)]
+    low = [[None] * n for _ in range(n)]
+    for j in range(n):
+        diag = a[j][j]
+        for k in range(j):
+            diag = diag - low[j][k] * low[j][k]
+        low[j][j] = jnp.sqrt(diag)
+        for i in range(j + 1, n):
+            entry = a[i][j]
+            for k in range(j):
+                entry = entry - low[i][k] * low[j][k]
+            low[i][j] = entry / low[j][j]
+    return low
+
+
+def is_positive_definite(matrix: Float[Array, "n n"]) -> Bool[Array, ""]:
+    """Whether a symmetric matrix is positive definite (False for non-finite entries).
+
+    Small matrices are tested by an unrolled Cholesky factorization (positive pivots),
+    larger ones by their lowest eigenvalue.
+    """
+    n = matrix.shape[0]
+    finite = jnp.all(jnp.isfinite(matrix))
+    if n == 0:
+        return finite
+    if n > UNROLL_MAX:
+        return finite & (jnp.linalg.eigvalsh(jnp.where(finite, matrix, 0.0))[0] > 0)
+    low = _unrolled_cholesky(matrix)
+    pivots = jnp.stack([low[i][i] for i in range(n)])
+    return finite & jnp.all(pivots > 0)
 
 
 def _mass_solve(terms: ConstrainedTerms):
