@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxdae
-from jaxdae._scalarize import MAX_ELEMENTS, scalarize
+from jaxdae._scalarize import MAX_ELEMENTS, MAX_WORK, scalarize
 from jaxdae._simulate import failure_indicator, state_rates
 from jaxdae.examples import (
     CartesianArm,
@@ -131,6 +131,14 @@ def test_every_rule_matches_jax():
 
 def test_large_functions_keep_their_array_form():
     n = int(np.sqrt(MAX_ELEMENTS)) + 2
-    fn = scalarize(lambda a: a @ a)
-    jaxpr = jax.make_jaxpr(fn)(jnp.ones((n, n)))
+    jaxpr = jax.make_jaxpr(scalarize(lambda a: a @ a))(jnp.ones((n, n)))
     assert [e.primitive.name for e in jaxpr.eqns] == ["dot_general"]
+
+    def many_small(x):  # every array small, too much work in all
+        for _ in range(MAX_WORK // x.size + 1):
+            x = jnp.sin(x)
+        return x
+
+    jaxpr = jax.make_jaxpr(scalarize(many_small))(jnp.ones(8))
+    assert {e.primitive.name for e in jaxpr.eqns} == {"sin"}
+    assert all(e.outvars[0].aval.shape == (8,) for e in jaxpr.eqns)
