@@ -8,7 +8,8 @@ perturbed paper states, simulated with plain `jax.jit(jax.vmap(jaxdae.simulate .
   Python loop and `Function.map` with threads) and SciPy DOP853 (a Python loop) at the same
   tolerances;
 - the same forward `jax.jit`-compiled with the batch axis sharded over one XLA CPU device
-  per core (`jax.sharding`, "sharded ×N" rows, float64), since CasADi's map uses all cores too;
+  per core (`jax.sharding`, "sharded ×N" rows, batches of 256 and more), since CasADi's map
+  uses all cores too;
 - compile time per batch size (`jax.jit` retraces and recompiles for every batch shape);
 - the cost of the gradient of a batch loss (mean over the batch of `Σ q(2)² + |Φ(2)|²`)
   w.r.t. the shared gains `(alpha, kd, kp)`, relative to the batched forward solve.
@@ -101,7 +102,7 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None) -> dict:
     elif on_gpu:
         sizes, reps = [1, 256, 4096, 65536, 1_000_000], 3
     else:
-        sizes, reps = [1, 16, 256, 4096], 3
+        sizes, reps = [1, 16, 256, 1024, 4096], 3
     if max_batch is not None:
         sizes = sorted({s for s in sizes if s <= max_batch} | {max_batch})
     loop_cap = 16 if quick else 64  # Python loops (CasADi loop, SciPy) run at most this many
@@ -121,7 +122,7 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None) -> dict:
             runners[(f"jaxdae {dname}", size)] = (
                 lambda fn=fn, a=(params, q0, v0): jax.block_until_ready(fn(*a)))
             cpus = jax.devices("cpu")
-            if len(cpus) > 1 and size % len(cpus) == 0 and not on_gpu and dname == "float64":
+            if len(cpus) > 1 and size % len(cpus) == 0 and not on_gpu and size >= 256:
                 mesh = jax.sharding.Mesh(np.array(cpus), ("batch",))
                 split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch"))
                 rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
