@@ -28,6 +28,8 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(PY) experiments/bench_core.py
 	$(PY) experiments/bench_batch.py
+	$(PY) experiments/bench_adjoint.py
+	$(PY) experiments/bench_rhs.py
 
 clean:
 	rm -rf $(VENV) output

@@ -1,0 +1,155 @@
+"""Benchmark: the right-hand side as an array program vs as a scalar graph (`jaxdae/_scalarize.py`).
+
+1. Paper 004's two-link right-hand side (`ModifiedLagrange(10, [20, 10], [100, 25])`) in three
+   forms: jaxdae's derived equations as traced (array form), the same re-traced as a scalar
+   graph (what `simulate` integrates), and the hand-written equations of `experiments/_peers.py`.
+   For each: equations in the jaxpr, operations and fusions in XLA's optimized HLO, and the time
+   per evaluation inside one compiled `lax.fori_loop` (no dispatch).
+2. Whole simulations of chains of k point masses joined by unit links (n = 2k coordinates,
+   k length constraints, `Baumgarte(10, 25)`, t ∈ [0, 2]) with scalar graphs switched on and
+   off (`MAX_WORK = 0`): compile + first call and time per trajectory (interleaved medians).
+
+    python experiments/bench_rhs.py
+"""
+
+import collections
+import re
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import _peers  # noqa: E402
+import jaxdae  # noqa: E402
+from jaxdae import _scalarize  # noqa: E402
+from jaxdae._simulate import state_rates  # noqa: E402
+from jaxdae.examples import TwoLinkManipulator  # noqa: E402
+
+LOOP = 10_000
+DEFAULT_WORK = _scalarize.MAX_WORK
+
+
+def _hlo_counts(fn, *args):
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    ops = collections.Counter(re.findall(r"= \w+\[[^\]]*\]\S* ([\w-]+)\(", text))
+    skip = {"parameter", "constant", "bitcast", "tuple", "get-tuple-element"}
+    return sum(v for k, v in ops.items() if k not in skip), ops["fusion"]
+
+
+def _per_evaluation_us(rhs, y0):
+    """Seconds per evaluation of `rhs(y) -> ẏ` inside one compiled loop (tiny Euler steps)."""
+    loop = jax.jit(lambda y: jax.lax.fori_loop(0, LOOP, lambda i, y: y + 1e-7 * rhs(y), y))
+    jax.block_until_ready(loop(y0))
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        jax.block_until_ready(loop(y0))
+        times.append(time.perf_counter() - start)
+    return 1e6 * min(times) / LOOP
+
+
+def right_hand_sides():
+    system = TwoLinkManipulator()
+    formulation = jaxdae.ModifiedLagrange(10.0, jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0]))
+    q0, v0 = system.initial_state()
+    y0 = jnp.concatenate([q0, v0])
+    t = jnp.asarray(0.3)
+
+    def jaxdae_rhs(fn):
+        def rhs(y):
+            return jnp.concatenate(fn(system, formulation, t, y[:2], y[2:]))
+        return rhs
+
+    def handwritten(y):
+        return jnp.stack(_peers._equations(jnp, t, y, jnp.asarray(_peers.PARAMS))[0])
+
+    forms = {
+        "array form (autodiff-derived, as traced)": (jaxdae_rhs(state_rates), 0),
+        "scalar graph (what simulate integrates)": (jaxdae_rhs(state_rates), DEFAULT_WORK),
+        "hand-written jax.numpy equations": (handwritten, DEFAULT_WORK),
+    }
+    reference = np.asarray(jax.jit(handwritten)(y0))
+    print("| two-link right-hand side | jaxpr equations | HLO operations | fusions | "
+          "µs per evaluation | max abs diff vs hand-written |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, (rhs, max_work) in forms.items():
+        _scalarize.MAX_WORK = max_work  # 0: nothing is re-traced as a scalar graph
+        jax.clear_caches()
+        jaxpr = jax.make_jaxpr(rhs)(y0).jaxpr
+        equations = _count_equations(jaxpr)
+        ops, fusions = _hlo_counts(rhs, y0)
+        diff = np.max(np.abs(np.asarray(jax.jit(rhs)(y0)) - reference))
+        print(f"| {name} | {equations} | {ops} | {fusions} | "
+              f"{_per_evaluation_us(rhs, y0):.3f} | {diff:.1e} |")
+    _scalarize.MAX_WORK = DEFAULT_WORK
+
+
+def _count_equations(jaxpr) -> int:
+    """Equations of a jaxpr, those inside `jit` calls included."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        inner = eqn.params.get("jaxpr") if eqn.primitive.name in ("jit", "pjit") else None
+        total += 1 if inner is None else _count_equations(inner.jaxpr)
+    return total
+
+
+class Chain(jaxdae.LagrangianSystem):
+    """k unit point masses in a vertical plane, joined by unit links to each other and the origin."""
+
+    links: int
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def potential_energy(self, t, q):
+        return 9.81 * jnp.sum(q[1::2])
+
+    def constraints(self, t, q):
+        points = q.reshape(-1, 2)
+        previous = jnp.concatenate([jnp.zeros((1, 2), q.dtype), points[:-1]])
+        return jnp.sum((points - previous) ** 2, axis=1) - 1.0
+
+    def hanging_state(self):
+        angles = jnp.linspace(0.3, 1.0, self.links)
+        points = jnp.cumsum(jnp.stack([jnp.sin(angles), -jnp.cos(angles)], axis=1), axis=0)
+        return points.reshape(-1), jnp.zeros(2 * self.links)
+
+
+def chains():
+    """Both variants compiled first, then timed alternately (interleaved medians)."""
+    print("\n| n | scalar graphs | compile + first call [s] | one trajectory [ms] |")
+    print("| ---: | --- | ---: | ---: |")
+    for links in (2, 4, 6, 8):
+        system = Chain(links=links)
+        q0, v0 = system.hanging_state()
+        solves, compile_s = {}, {}
+        for on in (False, True):
+            _scalarize.MAX_WORK = DEFAULT_WORK if on else 0
+            jax.clear_caches()
+            start = time.perf_counter()
+            # Compiled ahead of time: `jax.clear_caches()` does not touch the executable.
+            solves[on] = jax.jit(lambda q: jaxdae.simulate(
+                system, jaxdae.Baumgarte(10.0, 25.0), 0.0, 2.0, q, v0).q_final
+            ).lower(q0).compile()
+            jax.block_until_ready(solves[on](q0))
+            compile_s[on] = time.perf_counter() - start
+        times = {False: [], True: []}
+        for _ in range(15):
+            for on, solve in solves.items():
+                start = time.perf_counter()
+                jax.block_until_ready(solve(q0))
+                times[on].append(time.perf_counter() - start)
+        for on in (False, True):
+            print(f"| {2 * links} | {'on' if on else 'off'} | {compile_s[on]:.2f} | "
+                  f"{1e3 * float(np.median(times[on])):.2f} |")
+    _scalarize.MAX_WORK = DEFAULT_WORK
+
+
+if __name__ == "__main__":
+    right_hand_sides()
+    chains()
