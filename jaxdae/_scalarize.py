@@ -2,8 +2,9 @@
 
 The equations of motion are derived by automatic differentiation (`jax.linearize` applied to
 stacked tangents, small matrix products, slices of slices). For a handful of coordinates this
-gives thousands of tiny array operations; XLA's CPU backend runs most of them as separate
-kernels, so a right-hand side of a two-link arm cost ≈20× a hand-written one.
+gives thousands of tiny array operations; XLA's CPU backend runs many of them as separate
+kernels, so the right-hand side of the two-link arm cost 13× a hand-written one
+(`experiments/bench_rhs.py`: 1.5 µs against 0.12 µs per evaluation; 0.23 µs re-traced).
 
 [`scalarize`][] re-traces such a function element by element: every array in its jaxpr
 becomes a list of scalars, structural operations (slices, reshapes, transposes, broadcasts,
@@ -34,10 +35,10 @@ from jax.extend import core as jex
 # Functions with a larger array, or computing more entries in all, keep their array form:
 # unrolling cost (trace time, graph size, XLA compile time) grows with the number of entries,
 # while XLA's array kernels amortize their dispatch over them. Measured on chains of k point
-# masses (n = 2k, `Baumgarte`, 2-core CPU): the right-hand side for n = 8 (work ≈ 5,900) runs
-# 3.1× faster and compiles in 2.8 s instead of 3.8 s; from n = 10 on (beyond the unrolled
-# linear algebra of the formulations, lineax's Cholesky inside) scalarized parts made whole
-# simulations up to 1.7× slower and compile up to 3× longer.
+# masses (`experiments/bench_rhs.py`, n = 2k, `Baumgarte`, 2-core CPU): n = 8 (right-hand side
+# work ≈ 5,900) simulates 1.8× faster and compiles in 2.6 s instead of 3.6 s; from n = 10 on
+# (beyond the formulations' unrolled linear algebra, lineax's Cholesky inside) partly
+# scalarized simulations were up to 1.7× slower and compiled up to 3× longer.
 MAX_ELEMENTS = 1024
 MAX_WORK = 6_000
 
@@ -128,38 +129,40 @@ def _params(binary: Callable) -> dict:
     return dict(eqn.params)
 
 
-def _zero_or_one(x):
-    if not _is_const(x):
-        return None
-    value = x.item()
-    return value if value in (0, 1, -1) else None
+def _constant(x):
+    """The value of a constant operand, `None` for a traced one."""
+    return x.item() if _is_const(x) else None
 
 
 def _fold(name, params, args, dtype):
-    """Algebraic simplifications with one constant operand; `None` when none applies."""
+    """Algebraic simplifications with one constant operand; `None` when none applies.
+
+    `x · 0 → 0` drops nan/inf propagation through that product; the zeros folded here are
+    structural (identity tangents, zero blocks), and a non-finite state still reaches the
+    result through the other terms, so diffrax still rejects such a step.
+    """
     if name in ("mul", "add", "add_any", "sub", "div") and len(args) == 2:
         a, b = args
-        ca, cb = _zero_or_one(a), _zero_or_one(b)
-        if _is_const(a) and _is_const(b):
+        ca, cb = _constant(a), _constant(b)
+        if ca is not None and cb is not None:
             return None
-        zero = np.zeros((), dtype)
         if name == "mul":
-            for c, other in ((ca, b), (cb, a)):
-                if c == 0 and c is not None:
-                    return zero
-                if c == 1:
-                    return other
-        elif name in ("add", "add_any"):
-            if ca == 0 and ca is not None:
+            if ca == 0 or cb == 0:
+                return np.zeros((), dtype)
+            if ca == 1:
                 return b
-            if cb == 0 and cb is not None:
+            if cb == 1:
                 return a
-        elif name == "sub":
-            if cb == 0 and cb is not None:
+        elif name in ("add", "add_any"):
+            if ca == 0:
+                return b
+            if cb == 0:
                 return a
+        elif name == "sub" and cb == 0:
+            return a
         elif name == "div":
-            if ca == 0 and ca is not None:
-                return zero
+            if ca == 0:
+                return np.zeros((), dtype)
             if cb == 1:
                 return a
     elif name == "convert_element_type" and not _is_const(args[0]):

@@ -28,8 +28,9 @@ def _float_vector(name: str, value, dtype=None) -> Array:
 
 # The per-state functions are jitted so that JAX traces them (and their derivatives) once,
 # however often diffrax and autodiff call them: tracing, not XLA, dominated compile time.
-# The right-hand side and the failure check run at every stage of every step: for small
-# systems they are re-traced as scalar graphs, which XLA fuses (see `_scalarize.py`).
+# For small systems the terms, the right-hand side and the failure check (evaluated at
+# every stage of every step) are re-traced as scalar graphs, which XLA fuses
+# (`_scalarize.py`).
 @eqx.filter_jit
 @scalarize
 def _terms(system, t, q, v):
@@ -307,9 +308,9 @@ Tsit5 = diffrax.Tsit5()
 
 # Checkpoints of the default `RecursiveCheckpointAdjoint`. diffrax's default for
 # `max_steps = 100_000` is ≈450; on the two-link gradient (`experiments/bench_adjoint.py`,
-# 2-core CPU) 32 was 1.4× faster at 130 steps and no slower at ≈2000 steps (the extra
-# recomputation is cheaper than the larger checkpoint buffers), with 14× less memory per
-# trajectory, which matters under `vmap`.
+# 2-core CPU) 32 was 1.15–1.2× faster at 130 steps and 1.05–1.3× faster at ≈2000 steps (the
+# extra recomputation costs less than the larger checkpoint buffers), with 14× less memory
+# per trajectory, which matters under `vmap`.
 CHECKPOINTS = 32
 
 
