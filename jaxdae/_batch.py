@@ -83,8 +83,8 @@ def _batch_map(fn, args, chunk_size, mesh):
     # (GSPMD): each device runs its slice of every chunk. (`shard_map` would let each device
     # run its own solver loop without meeting the others at every iteration — 1.47× on a
     # forward batch on 2 CPU devices — but inside it reverse-mode gradients of diffrax's
-    # checkpointed loops fail in equinox's closure conversion, and lineax's structure
-    # checks refuse sharded shapes under `check_vma=True`.)
+    # checkpointed loops fail in equinox's closure conversion (with `check_vma=False`; with
+    # `check_vma=True` already the linearization in `LagrangianSystem.terms` is refused).)
     mesh = _auto(mesh)
     spec = batch_spec(mesh)
     per_step = mesh.size * (size if chunk_size is None else chunk_size)
