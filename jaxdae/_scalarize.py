@@ -1,4 +1,4 @@
-"""Scalar expression graphs for small systems: one fused kernel per right-hand side.
+"""Scalar expression graphs for small systems: a few fused loops per right-hand side.
 
 The equations of motion are derived by automatic differentiation (`jax.linearize` applied to
 stacked tangents, small matrix products, slices of slices). For a handful of coordinates this
@@ -11,8 +11,8 @@ becomes a list of scalars, structural operations (slices, reshapes, transposes, 
 pads, concatenations) become index bookkeeping at trace time, products and sums are unrolled,
 constants are folded (the zeros and ones of the identity tangents vanish) and repeated
 subexpressions are shared (each `sin q_i` is computed once). What is left is a graph of scalar
-operations, like CasADi's SX graphs, that XLA fuses into one loop (and, under `vmap`, into
-elementwise operations on the batch). The result is the same function: autodiff, `vmap` and
+operations, like CasADi's SX graphs, that XLA fuses into a few loops (and, under `vmap`,
+into elementwise operations on the batch). The result is the same function: autodiff, `vmap` and
 `jit` apply to it as to the original.
 
 Functions whose arrays are large, or that contain operations without a scalar rule, still
@@ -452,7 +452,7 @@ def scalarize(fn: Callable) -> Callable:
 
     Same values, same derivatives (it is built from JAX primitives). Functions with an array
     of more than `MAX_ELEMENTS` entries, computing more than `MAX_WORK` entries in all, or
-    with side effects, are called unchanged.
+    with side effects, keep their array form.
     """
 
     @functools.wraps(fn)
@@ -467,7 +467,8 @@ def scalarize(fn: Callable) -> Callable:
         out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
         largest, work = _sizes(closed.jaxpr)
         if closed.effects or largest > MAX_ELEMENTS or work > MAX_WORK:
-            return fn(*args)
+            # Array form: replay the jaxpr rather than tracing `fn` a second time.
+            return jax.tree_util.tree_unflatten(out_tree, jex.jaxpr_as_fun(closed)(*leaves))
         graph = _Graph()
         inputs = [_from_array(x, x.dtype) for x in leaves]
         consts = [_from_array(c, np.asarray(c).dtype) for c in closed.consts]

@@ -64,7 +64,7 @@ def test_same_rates_and_gradients(name):
             return jnp.sum(jnp.sin(dq)) + jnp.sum(dv**2)
         return eqx.filter_jit(eqx.filter_grad(f))
 
-    g1 = loss(state_rates)((system, formulation, q, v)[0], formulation, q, v)
+    g1 = loss(state_rates)(system, formulation, q, v)
     g2 = loss(scalarize(state_rates))(system, formulation, q, v)
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
         np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-12)
