@@ -177,9 +177,8 @@ def sincos(x):
     exact by construction, `|x| < 2^20·π/2 ≈ 1.6e6` in float64 (`2^13·π/2 ≈ 1.3e4` in
     float32; tested). Beyond that `r` is rounded about as `x` itself is: on the 2-core
     CPU the error stayed within 1 ulp up to `|x| = 1e14` (float64) and 1.2 ulp up to
-    `2e6` (float32);
-    for arguments whose ulp exceeds 1 the values are meaningless but stay in `[-1, 1]`.
-    Non-finite `x` gives nan, as `jnp.sin`.
+    `2e6` (float32). For arguments whose ulp exceeds 1 the values are meaningless but
+    stay in `[-1, 1]`. Non-finite `x` gives nan, as `jnp.sin`.
     """
     split, sin_coefficients, cos_coefficients = _SINCOS[np.dtype(x.dtype)]
     n = lax.round(x * (2 / np.pi), lax.RoundingMethod.TO_NEAREST_EVEN)
