@@ -45,7 +45,11 @@ from ._realizing import (
     ViscousForce as ViscousForce,
     reaction_bound as reaction_bound,
 )
-from ._simulate import simulate as simulate
+from ._simulate import (
+    simulate as simulate,
+    simulate_ensemble as simulate_ensemble,
+    worst_trajectory_rms as worst_trajectory_rms,
+)
 from ._solution import RESULTS as RESULTS, SimulationError as SimulationError, Solution as Solution
 from ._system import (
     AbstractSystem as AbstractSystem,

@@ -5,9 +5,10 @@ from collections.abc import Callable
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ._custom_types import PyTree
+from ._sharding import auto_mesh as _auto, explicit_to_auto as _explicit_to_auto
 
 
 def batch_size_of(args: PyTree) -> int:
@@ -48,26 +49,6 @@ def batch_spec(mesh: Mesh) -> PartitionSpec:
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """`NamedSharding` of a batch split over every axis of `mesh` (for `jax.device_put`)."""
     return NamedSharding(mesh, batch_spec(mesh))
-
-
-def _auto(mesh: Mesh) -> Mesh:
-    # Inside `shard_map` over Explicit axes, shapes carry sharding types that lineax's
-    # structure checks reject; Auto axes give plain per-device shapes.
-    if all(kind == AxisType.Auto for kind in mesh.axis_types):
-        return mesh
-    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * mesh.devices.ndim)
-
-
-def _explicit_to_auto(x):
-    # Arrays placed on a mesh with Explicit axes (the default of `jax.make_mesh`) carry
-    # their sharding in their type, which `lax.map` and lineax refuse; the same placement on
-    # the Auto version of the mesh moves no data.
-    sharding = getattr(x, "sharding", None)
-    if (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
-            and isinstance(sharding, NamedSharding)
-            and any(kind == AxisType.Explicit for kind in sharding.mesh.axis_types)):
-        return jax.device_put(x, NamedSharding(_auto(sharding.mesh), sharding.spec))
-    return x
 
 
 def _place(x, mesh: Mesh, spec: PartitionSpec):

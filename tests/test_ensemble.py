@@ -1,0 +1,117 @@
+"""jaxdae.simulate_ensemble: the trajectories of `jax.vmap(simulate)` on one shared step
+sequence; jit, grad (against central differences), sharding, float32 and its errors."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdae
+
+SYSTEM = jaxdae.examples.CartesianPendulum()
+TS = jnp.linspace(0.0, 1.0, 5)
+TOL = dict(rtol=1e-9, atol=1e-11)
+
+
+def states(size, scale=1.05):
+    """Initial states off the constraint manifold (|q| = 1.05), from different angles."""
+    angles = jnp.linspace(0.2, 1.4, size)
+    q0, v0 = jax.vmap(lambda a: SYSTEM.state_from_angle(a, 0.5))(angles)
+    return q0 * scale, v0
+
+
+@eqx.filter_jit
+def ensemble(formulation, q0, v0):
+    return jaxdae.simulate_ensemble(SYSTEM, formulation, 0.0, 1.0, q0, v0, ts=TS, **TOL)
+
+
+@eqx.filter_jit
+def independent(formulation, q0, v0):
+    return jax.vmap(lambda q, v: jaxdae.simulate(SYSTEM, formulation, 0.0, 1.0, q, v, ts=TS,
+                                                 **TOL))(q0, v0)
+
+
+FORMULATION = jaxdae.ModifiedLagrange(5.0, 10.0, 25.0)
+
+
+def test_same_trajectories_as_vmap_of_simulate():
+    q0, v0 = states(6)
+    shared = ensemble(FORMULATION, q0, v0)
+    alone = independent(FORMULATION, q0, v0)
+    for field in ("ts", "q", "v", "phi", "dphi", "multipliers", "energy", "t_final",
+                  "q_final", "v_final", "p"):
+        a, b = getattr(shared, field), getattr(alone, field)
+        assert a.shape == b.shape, field
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-7, err_msg=field)
+    assert bool(jnp.all(shared.result == jaxdae.RESULTS.successful))
+    # One step sequence, set by the trajectory that needs the smallest steps.
+    steps = np.asarray(shared.stats["num_accepted_steps"])
+    assert np.all(steps == steps[0])
+    assert steps[0] >= np.max(alone.stats["num_accepted_steps"]) - 2
+    # Every trajectory meets the tolerances: errors against a much tighter solve are of
+    # the size of the independent solves' errors.
+    tight = jax.vmap(lambda q, v: jaxdae.simulate(
+        SYSTEM, FORMULATION, 0.0, 1.0, q, v, ts=TS, rtol=1e-12, atol=1e-14).q)(q0, v0)
+    error_shared = np.max(np.abs(shared.q - tight), axis=(1, 2))
+    error_alone = np.max(np.abs(alone.q - tight), axis=(1, 2))
+    assert np.all(error_shared <= 2 * np.max(error_alone) + 1e-12), (error_shared, error_alone)
+
+
+def test_gradient_matches_central_differences():
+    q0, v0 = states(3)
+
+    def loss(alpha, kp):
+        sol = ensemble(jaxdae.ModifiedLagrange(alpha, 10.0, kp), q0, v0)
+        return jnp.sum(sol.q_final**2) + jnp.sum(sol.phi**2)
+
+    alpha, kp = jnp.asarray(5.0), jnp.asarray(25.0)
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(alpha, kp)
+    for i, h in ((0, 1e-4), (1, 1e-3)):
+        plus = [alpha, kp]
+        minus = [alpha, kp]
+        plus[i], minus[i] = plus[i] + h, minus[i] - h
+        central = (loss(*plus) - loss(*minus)) / (2 * h)
+        np.testing.assert_allclose(grads[i], central, rtol=1e-5)
+
+
+def test_sharded_ensemble_equals_unsharded():
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 devices: tests/conftest.py gives 4 host CPU devices on CPU")
+    q0, v0 = states(8)
+    plain = ensemble(FORMULATION, q0, v0)
+    # On an Auto mesh under jit, and placed on jax.make_mesh's default (Explicit) mesh.
+    auto = jax.make_mesh((4,), ("batch",), axis_types=(jax.sharding.AxisType.Auto,))
+    sharded = ensemble(FORMULATION, *jax.device_put((q0, v0), jaxdae.batch_sharding(auto)))
+    np.testing.assert_allclose(sharded.q, plain.q, rtol=1e-12, atol=1e-14)
+    assert len(sharded.q.sharding.device_set) == 4
+    explicit = jax.device_put((q0, v0), jaxdae.batch_sharding(jax.make_mesh((4,), ("batch",))))
+    eager = jaxdae.simulate_ensemble(SYSTEM, FORMULATION, 0.0, 1.0, *explicit, ts=TS, **TOL)
+    np.testing.assert_allclose(eager.q, plain.q, rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match="Explicit sharding"):
+        ensemble(FORMULATION, *explicit)
+
+
+def test_float32_ensemble():
+    q0, v0 = states(4)
+    formulation = jaxdae.PseudoInverse(10.0, 25.0)
+    sol = jaxdae.simulate_ensemble(SYSTEM, formulation, 0.0, 1.0, q0.astype(jnp.float32),
+                                   v0.astype(jnp.float32), rtol=1e-5, atol=1e-7)
+    assert sol.q.dtype == jnp.float32 and sol.q.shape == (4, 2, 2)
+    assert bool(jnp.all(sol.result == jaxdae.RESULTS.successful))
+    reference = jaxdae.simulate_ensemble(SYSTEM, formulation, 0.0, 1.0, q0, v0)
+    np.testing.assert_allclose(sol.q_final, reference.q_final, atol=1e-4)
+
+
+def test_ensemble_errors():
+    q0, v0 = states(4)
+    with pytest.raises(ValueError, match="cannot run `Baumgarte`.*jax.vmap"):
+        jaxdae.simulate_ensemble(SYSTEM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, q0, v0)
+    with pytest.raises(ValueError, match=r"shape \(B, n\)"):
+        jaxdae.simulate_ensemble(SYSTEM, FORMULATION, 0.0, 1.0, q0[0], v0[0])
+    with pytest.raises(ValueError, match=r"same shape \(B, n\)"):
+        jaxdae.simulate_ensemble(SYSTEM, FORMULATION, 0.0, 1.0, q0, v0[:3])
+    with pytest.raises(ValueError, match="Trajectory 2 .*`v0` contains non-finite"):
+        jaxdae.simulate_ensemble(SYSTEM, FORMULATION, 0.0, 1.0, q0, v0.at[2, 0].set(jnp.inf))
+    with pytest.raises(jaxdae.SimulationError, match="maximum number of solver steps"):
+        jaxdae.simulate_ensemble(SYSTEM, FORMULATION, 0.0, 1.0, q0, v0, max_steps=3)
