@@ -1,7 +1,9 @@
 """Benchmark: batch throughput of the two-link example vs batch size (issue 5, item 4).
 
 `ModifiedLagrange(10, [20, 10], [100, 25])` on `TwoLinkManipulator` over `t ∈ [0, 2]` from
-perturbed paper states, simulated with plain `jax.jit(jax.vmap(jaxdae.simulate ...))`:
+perturbed paper states, simulated with plain `jax.jit(jax.vmap(jaxdae.simulate ...))` (every
+trajectory stepped on its own) and with `jaxdae.simulate_ensemble` (the batch as one ODE on a
+shared step sequence, "ensemble" rows):
 
 - trajectories per second vs batch size, float64 (`rtol = 1e-8`, `atol = 1e-10`) and float32
   (`rtol = 1e-5`, `atol = 1e-7`: float32 cannot meet 1e-8), against CasADi CVODES-Adams (a
@@ -79,7 +81,19 @@ def jaxdae_batch(dtype):
 
         return jnp.mean(jax.vmap(one)(q0, v0))
 
-    return forward, loss
+    def ensemble(params, q0, v0):
+        alpha, kd, kp = params
+        return jaxdae.simulate_ensemble(system, jaxdae.ModifiedLagrange(alpha, kd, kp), 0.0,
+                                        T1, q0, v0, rtol=rtol, atol=atol)
+
+    def ensemble_forward(params, q0, v0):
+        return ensemble(params, q0, v0).q_final
+
+    def ensemble_loss(params, q0, v0):
+        sol = ensemble(params, q0, v0)
+        return jnp.mean(jnp.sum(sol.q_final**2, axis=-1) + jnp.sum(sol.phi[:, -1] ** 2, axis=-1))
+
+    return {"vmap": (forward, loss), "ensemble": (ensemble_forward, ensemble_loss)}
 
 
 def params_of(dtype):
@@ -114,24 +128,25 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None) -> dict:
     runners, compile_s = {}, {}
     for dname in dtypes:
         dtype = jnp.dtype(dname)
-        forward, _ = jaxdae_batch(dtype)
         params = params_of(dtype)
-        for size in sizes:
-            q0, v0 = jnp.asarray(qs[:size], dtype), jnp.asarray(vs[:size], dtype)
-            fn, compile_s[(dname, size)] = compiled(forward, params, q0, v0)
-            runners[(f"jaxdae {dname}", size)] = (
-                lambda fn=fn, a=(params, q0, v0): jax.block_until_ready(fn(*a)))
-            cpus = jax.devices("cpu")
-            if len(cpus) > 1 and size % len(cpus) == 0 and not on_gpu and size >= 256:
-                mesh = jax.sharding.Mesh(np.array(cpus), ("batch",))
-                split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch"))
-                rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-                args = (jax.device_put(params, rep), jax.device_put(q0, split),
-                        jax.device_put(v0, split))
-                fn_sharded, _ = compiled(forward, *args)
-                runners[(f"jaxdae {dname} sharded ×{len(cpus)}", size)] = (
-                    lambda fn=fn_sharded, a=args: jax.block_until_ready(fn(*a)))
-        print(f"  compiled jaxdae {dname}", file=sys.stderr, flush=True)
+        for kind, (forward, _) in jaxdae_batch(dtype).items():
+            label = "jaxdae" if kind == "vmap" else "jaxdae ensemble"
+            for size in sizes:
+                q0, v0 = jnp.asarray(qs[:size], dtype), jnp.asarray(vs[:size], dtype)
+                fn, compile_s[(kind, dname, size)] = compiled(forward, params, q0, v0)
+                runners[(f"{label} {dname}", size)] = (
+                    lambda fn=fn, a=(params, q0, v0): jax.block_until_ready(fn(*a)))
+                cpus = jax.devices("cpu")
+                if len(cpus) > 1 and size % len(cpus) == 0 and not on_gpu and size >= 256:
+                    mesh = jax.sharding.Mesh(np.array(cpus), ("batch",))
+                    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch"))
+                    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+                    args = (jax.device_put(params, rep), jax.device_put(q0, split),
+                            jax.device_put(v0, split))
+                    fn_sharded, _ = compiled(forward, *args)
+                    runners[(f"{label} {dname} sharded ×{len(cpus)}", size)] = (
+                        lambda fn=fn_sharded, a=args: jax.block_until_ready(fn(*a)))
+            print(f"  compiled {label} {dname}", file=sys.stderr, flush=True)
 
     # Peers: CasADi CVODES-Adams (loop and threaded map), SciPy DOP853 (loop), each at the
     # tolerances of each dtype row.
@@ -156,14 +171,17 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None) -> dict:
 
     # Gradient / forward of a batch loss (float64).
     dtype = jnp.float64
-    forward, loss = jaxdae_batch(dtype)
     params = params_of(dtype)
     qg, vg = jnp.asarray(qs[:grad_batch]), jnp.asarray(vs[:grad_batch])
-    fwd_loss, c_fwd = compiled(loss, params, qg, vg)
-    grad_loss, c_grad = compiled(jax.value_and_grad(loss), params, qg, vg)
-    runners[("loss forward", grad_batch)] = lambda: jax.block_until_ready(fwd_loss(params, qg, vg))
-    runners[("loss gradient", grad_batch)] = (
-        lambda: jax.block_until_ready(grad_loss(params, qg, vg)))
+    c_loss = {}
+    for kind, (_, loss) in jaxdae_batch(dtype).items():
+        fwd_loss, c_fwd = compiled(loss, params, qg, vg)
+        grad_loss, c_grad = compiled(jax.value_and_grad(loss), params, qg, vg)
+        c_loss[kind] = (c_fwd, c_grad)
+        runners[(f"loss forward {kind}", grad_batch)] = (
+            lambda f=fwd_loss: jax.block_until_ready(f(params, qg, vg)))
+        runners[(f"loss gradient {kind}", grad_batch)] = (
+            lambda f=grad_loss: jax.block_until_ready(f(params, qg, vg)))
 
     for run in runners.values():  # warm-up
         run()
@@ -177,7 +195,7 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None) -> dict:
     med = {key: statistics.median(t) for key, t in times.items()}
 
     tools = sorted({tool for tool, _ in runners if not tool.startswith("loss")},
-                   key=lambda t: (not t.startswith("jaxdae"), "float32" in t, t))
+                   key=lambda t: (not t.startswith("jaxdae"), "float32" in t, "ensemble" in t, t))
     lines = [
         f"Two-link, ModifiedLagrange(10, [20, 10], [100, 25]), t ∈ [0, {T1:g}]; device "
         f"{device_name()}; float64 rows at rtol=1e-8, atol=1e-10, float32 rows (and peers "
@@ -196,37 +214,46 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None) -> dict:
         "",
         "jaxdae compile time [s] (trace + lower + XLA, per batch shape):",
         "",
-        "| dtype | " + " | ".join(f"batch {s:,}" for s in sizes) + " |",
+        "| function | " + " | ".join(f"batch {s:,}" for s in sizes) + " |",
         "| --- |" + " ---: |" * len(sizes),
     ]
-    for dname in dtypes:
-        lines.append(f"| {dname} | " + " | ".join(f"{compile_s[(dname, s)]:.1f}" for s in sizes)
-                     + " |")
-    ratio = med[("loss gradient", grad_batch)] / med[("loss forward", grad_batch)]
+    for kind in ("vmap", "ensemble"):
+        for dname in dtypes:
+            lines.append(f"| {kind} {dname} | " + " | ".join(
+                f"{compile_s[(kind, dname, s)]:.1f}" for s in sizes) + " |")
+    ratios = {kind: med[(f"loss gradient {kind}", grad_batch)]
+              / med[(f"loss forward {kind}", grad_batch)] for kind in c_loss}
+    ratio = min(ratios.values())
     lines += [
         "",
         f"Batch loss (mean of Σ q(2)² + |Φ(2)|² over {grad_batch} states, float64), gradient "
-        "w.r.t. (alpha, kd, kp) by `jax.value_and_grad` (diffrax RecursiveCheckpointAdjoint):",
+        "w.r.t. (alpha, kd, kp) by `jax.value_and_grad` (default adjoint):",
         "",
-        "| forward [s] | value and gradient [s] | gradient/forward (target ≤ 4) | "
+        "| batch | forward [s] | value and gradient [s] | gradient/forward (target ≤ 4) | "
         "compile forward [s] | compile gradient [s] |",
-        "| ---: | ---: | ---: | ---: | ---: |",
-        f"| {med[('loss forward', grad_batch)]:.3f} | {med[('loss gradient', grad_batch)]:.3f} | "
-        f"{ratio:.2f} | {c_fwd:.1f} | {c_grad:.1f} |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
+    for kind, (c_fwd, c_grad) in c_loss.items():
+        lines.append(
+            f"| {'`jax.vmap(simulate)`' if kind == 'vmap' else '`simulate_ensemble`'} | "
+            f"{med[(f'loss forward {kind}', grad_batch)]:.3f} | "
+            f"{med[(f'loss gradient {kind}', grad_batch)]:.3f} | {ratios[kind]:.2f} | "
+            f"{c_fwd:.1f} | {c_grad:.1f} |")
     print("\n".join(lines))
     write_json(folder / "bench_batch.json", {
         "device": device_name(), "sizes": sizes, "reps": reps, "map_mode": map_mode,
         "median_s": {f"{k[0]} | {k[1]}": v for k, v in med.items()},
         "raw_s": {f"{k[0]} | {k[1]}": v for k, v in times.items()},
-        "compile_s": {f"{k[0]} | {k[1]}": v for k, v in compile_s.items()},
-        "gradient_forward_ratio": ratio, "compile_loss": c_fwd, "compile_grad": c_grad,
+        "compile_s": {" | ".join(map(str, k)): v for k, v in compile_s.items()},
+        "gradient_forward_ratio": ratios, "compile_loss": c_loss,
     })
     big = max(sizes)
     best = big / med[("jaxdae float64", big)]
+    best_ensemble = big / med[("jaxdae ensemble float64", big)]
     cas = big / med[("CasADi map @float64 tol", big)]
     headline = (f"{device_name()}: jaxdae float64 {best:,.0f} traj/s at batch {big:,} "
-                f"({best / cas:.1f}× CasADi map); batch-loss gradient/forward {ratio:.2f}")
+                f"({best / cas:.1f}× CasADi map), ensemble {best_ensemble:,.0f} traj/s "
+                f"({best_ensemble / cas:.1f}×); batch-loss gradient/forward {ratio:.2f}")
     return {"headline": headline, "table": lines}
 
 
