@@ -344,7 +344,7 @@ def main(out: Path, quick: bool = False) -> dict:
         err = f"{agreement[name]:.1e}" if name in agreement else "–"
         compile_s = (f"{setup[name]:.2f} (grad {setup[name + ' (gradient)']:.2f}, "
                      f"batch {setup[name + ' (batch)']:.2f})" if name + " (batch)" in setup
-                     else f"{setup[name]:.3f}")
+                     else f"{setup[name]:.2f}" if name == ENSEMBLE else f"{setup[name]:.3f}")
         lines.append(
             f"| {name} | {compile_s} | {single_ms} | {throughput[name]:,.0f} | "
             f"{grad_ms} | {ratio} | {err} | {batch_agreement[name]:.1e} | {gagree} |"
