@@ -4,7 +4,9 @@
    forms: jaxdae's derived equations as traced (array form), the same re-traced as a scalar
    graph (what `simulate` integrates), and the hand-written equations of `experiments/_peers.py`.
    For each: equations in the jaxpr, operations and fusions in XLA's optimized HLO, and the time
-   per evaluation inside one compiled `lax.fori_loop` (no dispatch).
+   per evaluation inside one compiled `lax.fori_loop` (no dispatch), alone and vmapped over a
+   batch of 1024 states. One more row keeps XLA's `sin`/`cos` in the scalar graph instead of
+   `_scalarize.sincos`'s polynomials.
 2. Whole simulations of chains of k point masses joined by unit links (n = 2k coordinates,
    k length constraints, `Baumgarte(10, 25)`, t ∈ [0, 2]) with scalar graphs switched on and
    off (`MAX_WORK = 0`): compile + first call and time per trajectory (interleaved medians).
@@ -31,7 +33,9 @@ from jaxdae._simulate import state_rates  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
 LOOP = 10_000
+BATCH = 1024
 DEFAULT_WORK = _scalarize.MAX_WORK
+SINCOS = dict(_scalarize._SINCOS)
 
 
 def _hlo_counts(fn, *args):
@@ -41,16 +45,22 @@ def _hlo_counts(fn, *args):
     return sum(v for k, v in ops.items() if k not in skip), ops["fusion"]
 
 
-def _per_evaluation_us(rhs, y0):
-    """Seconds per evaluation of `rhs(y) -> ẏ` inside one compiled loop (tiny Euler steps)."""
-    loop = jax.jit(lambda y: jax.lax.fori_loop(0, LOOP, lambda i, y: y + 1e-7 * rhs(y), y))
-    jax.block_until_ready(loop(y0))
+def _per_evaluation_us(rhs, y0, loop=LOOP):
+    """µs per evaluation of `rhs(y) -> ẏ` inside one compiled loop (tiny Euler steps)."""
+    run = jax.jit(lambda y: jax.lax.fori_loop(0, loop, lambda i, y: y + 1e-7 * rhs(y), y))
+    jax.block_until_ready(run(y0))
     times = []
     for _ in range(5):
         start = time.perf_counter()
-        jax.block_until_ready(loop(y0))
+        jax.block_until_ready(run(y0))
         times.append(time.perf_counter() - start)
-    return 1e6 * min(times) / LOOP
+    return 1e6 * min(times) / loop
+
+
+def _batched_ns(rhs, y0):
+    """ns per evaluation per trajectory of the vmapped `rhs` on a batch of `BATCH` states."""
+    ys = y0 + 1e-2 * jax.random.normal(jax.random.key(0), (BATCH, y0.shape[0]), y0.dtype)
+    return 1e3 * _per_evaluation_us(jax.vmap(rhs), ys, loop=LOOP // 50) / BATCH
 
 
 def right_hand_sides():
@@ -68,25 +78,30 @@ def right_hand_sides():
     def handwritten(y):
         return jnp.stack(_peers._equations(jnp, t, y, jnp.asarray(_peers.PARAMS))[0])
 
-    forms = {
-        "array form (autodiff-derived, as traced)": (jaxdae_rhs(state_rates), 0),
-        "scalar graph (what simulate integrates)": (jaxdae_rhs(state_rates), DEFAULT_WORK),
-        "hand-written jax.numpy equations": (handwritten, DEFAULT_WORK),
+    forms = {  # (function, scalar graphs' work limit, their sin/cos polynomials)
+        "array form (autodiff-derived, as traced)": (jaxdae_rhs(state_rates), 0, True),
+        "scalar graph with XLA's sin/cos": (jaxdae_rhs(state_rates), DEFAULT_WORK, False),
+        "scalar graph (what simulate integrates)": (jaxdae_rhs(state_rates), DEFAULT_WORK, True),
+        "hand-written jax.numpy equations": (handwritten, DEFAULT_WORK, True),
     }
     reference = np.asarray(jax.jit(handwritten)(y0))
     print("| two-link right-hand side | jaxpr equations | HLO operations | fusions | "
-          "µs per evaluation | max abs diff vs hand-written |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for name, (rhs, max_work) in forms.items():
+          f"µs per evaluation | ns per trajectory, batch of {BATCH} | "
+          "max abs diff vs hand-written |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, (rhs, max_work, polynomials) in forms.items():
         _scalarize.MAX_WORK = max_work  # 0: nothing is re-traced as a scalar graph
+        _scalarize._SINCOS.clear()  # empty: sin and cos stay XLA's
+        _scalarize._SINCOS.update(SINCOS if polynomials else {})
         jax.clear_caches()
         jaxpr = jax.make_jaxpr(rhs)(y0).jaxpr
         equations = _count_equations(jaxpr)
         ops, fusions = _hlo_counts(rhs, y0)
         diff = np.max(np.abs(np.asarray(jax.jit(rhs)(y0)) - reference))
         print(f"| {name} | {equations} | {ops} | {fusions} | "
-              f"{_per_evaluation_us(rhs, y0):.3f} | {diff:.1e} |")
+              f"{_per_evaluation_us(rhs, y0):.3f} | {_batched_ns(rhs, y0):.1f} | {diff:.1e} |")
     _scalarize.MAX_WORK = DEFAULT_WORK
+    _scalarize._SINCOS.update(SINCOS)
 
 
 def _count_equations(jaxpr) -> int:
