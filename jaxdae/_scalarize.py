@@ -379,6 +379,15 @@ def _structural(name, params, args: list[_Value]) -> list[_Value] | None:
                                axis=params["dimension"])
         elements = [e for a in args for e in a.elements]
         return [_Value([elements[i] for i in index.reshape(-1)], index.shape, x.dtype)]
+    if name == "stack":
+        offsets = np.cumsum([0] + [len(a.elements) for a in args])
+        index = np.stack([a.indices() + o for a, o in zip(args, offsets)], axis=params["axis"])
+        elements = [e for a in args for e in a.elements]
+        return [_Value([elements[i] for i in index.reshape(-1)], index.shape, x.dtype)]
+    if name == "unstack":
+        indices = x.indices()
+        return [x.take(np.take(indices, i, axis=params["axis"]))
+                for i in range(indices.shape[params["axis"]])]
     if name == "pad":
         return [_pad(x, args[1], params["padding_config"])]
     if name == "split":
