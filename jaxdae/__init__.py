@@ -13,6 +13,12 @@ if _os.environ.get("JAXDAE_ENABLE_X64", "1") != "0":
     _jax.config.update("jax_enable_x64", True)
 
 from . import examples as examples
+from ._actuated import (
+    ActuatedSolution as ActuatedSolution,
+    ActuatedSystem as ActuatedSystem,
+    ConstraintEnforcingControl as ConstraintEnforcingControl,
+    simulate_actuated as simulate_actuated,
+)
 from ._analysis import (
     Equilibrium as Equilibrium,
     Linearization as Linearization,

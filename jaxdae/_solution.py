@@ -23,6 +23,13 @@ class RESULTS(diffrax.RESULTS):  # pyright: ignore[reportGeneralTypeIssues]
         "`jaxdae.RedundantCoordinates`, or use a Lagrange-multiplier formulation."
     )
 
+    singular_decoupling_matrix = (
+        "The decoupling matrix g = ∂f⁽ᵖ⁻¹⁾/∂w · B of the program constraints lost rank "
+        "(g gᵀ became singular), so no input enforces them there (paper 002, eq. [2.9]; "
+        "in the adaptive-optics element of §5: s(t) = 0 or sin φ = 0). Change the "
+        "programmed motion so that it avoids the singular configuration."
+    )
+
 
 class SimulationError(RuntimeError):
     """Raised by [`jaxdae.simulate`][] with `throw=True` when the solve did not succeed."""

@@ -12,3 +12,4 @@ from ._cartesian_arm import (
     CartesianArmLagrangian as CartesianArmLagrangian,
 )
 from ._nonholonomic import ChaplyginSleigh as ChaplyginSleigh, KnifeEdge as KnifeEdge
+from ._adaptive_optics import AdaptiveOpticsElement as AdaptiveOpticsElement, Crank as Crank

@@ -1,0 +1,466 @@
+"""Constraint-enforcing control through actuator dynamics (paper 002, §§2–5).
+
+A mechanism `q̇ = v`, `v̇ = a(t, q, v, w)` is driven by actuators with their own state `w`,
+`ẇ = b(t, q, v, w) + B(t, q, v, w) u` (paper 002, eq. [2.1]). The goal of the control `u` is a
+set of *program constraints* `f(t, q, v) = 0` (eqs. [2.3]–[2.4]). `u` reaches `f` only through
+the actuators, so it first appears in the derivative of order `ρ` (the relative degree) of
+`f` along the motion: `f⁽ᵖ⁾ = L_X^ρ f + g u` with the decoupling matrix
+`g = ∂(f⁽ᵖ⁻¹⁾)/∂w · B` (eqs. [2.8]–[2.9]; for the adaptive-optics element of §5, `ρ = 4` and
+`g = 2 c s(t) sin φ · k_a/L`, eq. [5.6]).
+
+[`jaxdae.ConstraintEnforcingControl`][] chooses `u` so that the perturbations
+`y = (f, ḟ, …, f⁽ᵖ⁻¹⁾)` obey the linear equation `f⁽ᵖ⁾ + K_{ρ−1} f⁽ᵖ⁻¹⁾ + … + K_0 f = 0`
+(eqs. [3.4]–[3.5], [3.12], [5.8]), i.e. `ẏ = H y` with `H` in companion form: the
+minimum-norm solution `u = gᵀ(g gᵀ)⁻¹(−Σ K_j f⁽ʲ⁾ − L_X^ρ f)` of eq. [2.11] (`g⁻¹` when `g`
+is square). All derivatives are Lie derivatives computed by automatic differentiation
+(nested `jax.jvp` along the drift): the user writes `f`, the mechanism's energies and the
+actuator equations, never `f⁽ᵏ⁾` or `g` by hand. With all gains zero this is the
+unstabilized law of eq. [2.9], for which the constraints are only first integrals.
+"""
+
+import abc
+import math
+from collections.abc import Sequence
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._custom_types import Array, ArrayLike, Float, Gain, GainLike, Int, ScalarLike
+from ._formulation._base import default_rcond, reciprocal_condition, spd_solve
+from ._gains import as_gain, check_gain_size, check_gain_structure, gain_matrix, is_concrete
+from ._scalarize import scalarize
+from ._simulate import CHECKPOINTS, Tsit5, _check_times, _float_array
+from ._solution import RESULTS, SimulationError, failure_message
+from ._system import LagrangianSystem
+
+
+class ActuatedSystem(eqx.Module):
+    """A mechanism driven through actuator dynamics (paper 002, eq. [2.1]).
+
+    The state is `(q, v, w)`: the mechanism's coordinates and velocities and the actuators'
+    state `w` (currents, torques, pressures, …):
+
+    `q̇ = v`, `M(t, q) v̇ = Q(t, q, v) + Q_a(t, q, v, w)`, `ẇ = b(t, q, v, w) + B(t, q, v, w) u`,
+
+    where `M` and `Q` come from `mechanism` (a [`jaxdae.LagrangianSystem`][] without
+    constraints of its own: its energies and forces, differentiated automatically) and
+    `Q_a` are the generalized forces the actuators apply to it. The control `u` enforces
+    the program constraints `f(t, q, v) = 0` (eqs. [2.3]–[2.4]) through
+    [`jaxdae.ConstraintEnforcingControl`][] and [`jaxdae.simulate_actuated`][].
+
+    Subclass it: declare `mechanism` and the actuators' parameters as fields and implement
+    the four methods below. See `jaxdae.examples.AdaptiveOpticsElement` (paper 002, §5).
+    """
+
+    mechanism: eqx.AbstractVar[LagrangianSystem]
+
+    @abc.abstractmethod
+    def actuator_forces(self, t, q, v, w) -> Float[Array, " n"]:
+        """`Q_a`: the generalized forces of the actuators on the mechanism, shape `(n,)`."""
+
+    @abc.abstractmethod
+    def actuator_drift(self, t, q, v, w) -> Float[Array, " k"]:
+        """`b`: the actuators' own dynamics at zero input, shape `(k,)`."""
+
+    @abc.abstractmethod
+    def input_matrix(self, t, q, v, w) -> Float[Array, "k s"]:
+        """`B`: how the input `u` (shape `(s,)`) drives `ẇ`, shape `(k, s)`."""
+
+    @abc.abstractmethod
+    def program_constraints(self, t, q, v) -> Float[Array, " r"]:
+        """`f`: the goals of the control, zero on the programmed motion, shape `(r,)`."""
+
+    def accelerations(self, t, q, v, w) -> Float[Array, " n"]:
+        """`a(t, q, v, w) = M⁻¹ (Q + Q_a)` of eq. [2.1]."""
+        terms = self.mechanism.terms(t, q, v)
+        return spd_solve(terms.mass_matrix, terms.forces + self.actuator_forces(t, q, v, w))
+
+    def drift(self, t, x):
+        """`X(t, x)`, the state's rate at zero input (eq. [5.3])."""
+        q, v, w = x
+        return v, self.accelerations(t, q, v, w), self.actuator_drift(t, q, v, w)
+
+
+def _lie_derivatives(system: ActuatedSystem, order: int, t, x) -> list:
+    """`[f, L_X f, …, L_X^order f]` at `(t, x)`: time derivatives of `f` along the drift,
+    by nested `jax.jvp` (the `∂/∂t` of rheonomic constraints included)."""
+    def constraint(t_, x_):
+        return system.program_constraints(t_, x_[0], x_[1])
+
+    functions = [constraint]
+    for _ in range(order):
+        def derivative(t_, x_, inner=functions[-1]):
+            tangent = (jnp.ones_like(t_), system.drift(t_, x_))
+            return jax.jvp(inner, (t_, x_), tangent)[1]
+        functions.append(derivative)
+    return functions
+
+
+def _input_gains(system, function, t, x) -> Float[Array, "r s"]:
+    """`∂function/∂w · B`: how the input moves `function`'s rate (one column per input)."""
+    q, v, w = x
+    columns = system.input_matrix(t, q, v, w)
+
+    def along(column):
+        return jax.jvp(lambda w_: function(t, (q, v, w_)), (w,), (column,))[1]
+
+    return jax.vmap(along, in_axes=1, out_axes=1)(columns)
+
+
+class ConstraintEnforcingControl(eqx.Module):
+    """Constraint stabilization through actuator dynamics (paper 002, eqs. [2.9]–[2.11],
+    [3.4]–[3.5], [5.7]–[5.8]).
+
+    The input `u` makes the program constraints' perturbations obey
+    `f⁽ᵖ⁾ + K_{ρ−1} f⁽ᵖ⁻¹⁾ + … + K_1 ḟ + K_0 f = 0`, `ρ = len(gains)` the relative degree
+    (the order of the first derivative of `f` in which `u` appears): in the paper's notation
+    `y⁽ᵖ⁾ = Σ_β h_β y⁽ᵝ⁻¹⁾` with `h_β = −K_{β−1}`. The perturbations decay when the
+    companion matrix `H` ([`jaxdae.perturbation_matrix`][]) is Hurwitz; under a fixed-step
+    method they stay bounded only when the spectral radius of its transition `R(τH)` is
+    below 1 (paper 002, §4; [`jaxdae.transition_matrix`][]).
+
+    `u = gᵀ(g gᵀ)⁻¹(−Σ_j K_j f⁽ʲ⁾ − L_X^ρ f)`, the minimum-norm input (eq. [2.11]; `g⁻¹`
+    for as many inputs as constraints). It fails where `g gᵀ` is singular (in §5: at
+    `s(t) = 0` or `sin φ = 0`): [`jaxdae.simulate_actuated`][] stops there with
+    `RESULTS.singular_decoupling_matrix`.
+
+    **Arguments:**
+
+    - `gains`: `(K_0, …, K_{ρ−1})`, each a scalar, a vector (one value per constraint) or a
+        matrix; their number is the relative degree `ρ`. The companion matrix must be
+        Hurwitz (checked for concrete values), except that all gains zero gives the
+        unstabilized law of eq. [2.9] for comparison.
+    - `rcond`: `g gᵀ` counts as singular when its reciprocal condition number is below
+        this (default `sqrt(machine epsilon)`).
+    """
+
+    gains: tuple[Gain, ...]
+    rcond: float | None = eqx.field(static=True, default=None)
+
+    def __init__(self, gains: Sequence[GainLike], rcond: float | None = None):
+        if isinstance(gains, (jax.Array, np.ndarray)) or not isinstance(gains, Sequence):
+            raise ValueError(
+                "`gains` must be a list or tuple `(K_0, …, K_{ρ−1})`, one gain per derivative "
+                "of the program constraints; got "
+                f"{type(gains).__name__}. For the relative degree ρ = 4 of paper 002 §5, "
+                "e.g. `ConstraintEnforcingControl.with_poles(10.0, order=4)`."
+            )
+        if len(gains) == 0:
+            raise ValueError("`gains` must hold at least one gain (the relative degree ≥ 1).")
+        self.gains = tuple(as_gain(k) for k in gains)
+        for j, gain in enumerate(self.gains):
+            check_gain_structure(f"gains[{j}]", gain)
+        self.rcond = rcond
+        if is_concrete(self.gains):
+            self._check_hurwitz()
+
+    @classmethod
+    def with_poles(cls, rate: GainLike, order: int, rcond: float | None = None
+                   ) -> "ConstraintEnforcingControl":
+        """The gains whose characteristic polynomial is `(μ + rate)^order` (one `order`-fold
+        pole at `−rate`, per constraint when `rate` is a vector): the choice of Ascher, Chin
+        and Reich that paper 002 recommends (eqs. [0.8]–[0.10]); `K_j = C(order, j)
+        rate^(order − j)`."""
+        rate = as_gain(rate)
+        if rate.ndim > 1:
+            raise ValueError(f"`rate` must be a scalar or a vector; got shape {rate.shape}.")
+        return cls([math.comb(order, j) * rate ** (order - j) for j in range(order)], rcond)
+
+    @property
+    def order(self) -> int:
+        """The relative degree `ρ`."""
+        return len(self.gains)
+
+    def _check_hurwitz(self):
+        gains = [np.asarray(k) for k in self.gains]
+        if all(np.all(k == 0) for k in gains):
+            return
+        sizes = {k.shape[0] for k in gains if k.ndim >= 1}
+        size = sizes.pop() if len(sizes) == 1 else (1 if not sizes else None)
+        if size is None:
+            raise ValueError(
+                "`gains` have different sizes; vector and matrix gains must all have one "
+                "row per program constraint."
+            )
+        matrix = np.asarray(self.perturbation_matrix(size))
+        if not np.all(np.isfinite(matrix)):
+            raise ValueError("`gains` must be finite.")
+        largest = float(np.max(np.linalg.eigvals(matrix).real))
+        if largest >= 0:
+            raise ValueError(
+                "The perturbation equation `f⁽ᵖ⁾ + Σ K_j f⁽ʲ⁾ = 0` of these `gains` is not "
+                f"asymptotically stable (largest real part of an eigenvalue of H: "
+                f"{largest:.4g}); the constraints would not be restored (paper 002, §3). Use "
+                "e.g. `ConstraintEnforcingControl.with_poles(rate, order)`, or all gains zero "
+                "for the unstabilized law."
+            )
+
+    def perturbation_matrix(self, num_constraints: int) -> Float[Array, "d d"]:
+        """`H` of `ẏ = H y`, `y = (f, ḟ, …, f⁽ᵖ⁻¹⁾)`, shape `(ρr, ρr)` (eqs. [3.12], [5.8])."""
+        r, order = num_constraints, self.order
+        dtype = jnp.result_type(*self.gains)
+        for j, gain in enumerate(self.gains):
+            check_gain_size(f"gains[{j}]", gain, r, "program constraints")
+        shift = jnp.eye(order * r, k=r, dtype=dtype)[: (order - 1) * r]
+        last = jnp.concatenate([-gain_matrix(k, r, dtype) for k in self.gains], axis=1)
+        return jnp.concatenate([shift, last], axis=0)
+
+    def outputs(self, system: ActuatedSystem, t, q, v, w):
+        """`(u, y, rcond)` at a state: the input, the perturbations
+        `y = (f, …, f⁽ᵖ⁻¹⁾)` (shape `(ρ, r)`) and the reciprocal condition of `g gᵀ`."""
+        x = (q, v, w)
+        functions = _lie_derivatives(system, self.order, t, x)
+        y = jnp.stack([fn(t, x) for fn in functions[:-1]])
+        g = _input_gains(system, functions[-2], t, x)
+        target = -sum(k * yj if k.ndim <= 1 else k @ yj for k, yj in zip(self.gains, y))
+        gram = g @ g.T
+        u = g.T @ jnp.linalg.solve(gram, target - functions[-1](t, x))
+        return u, y, reciprocal_condition(gram)
+
+
+class ActuatedSolution(eqx.Module):
+    """The result of [`jaxdae.simulate_actuated`][]. Rows after a failure are `inf`.
+
+    **Fields:**
+
+    - `ts`: saved times, shape `(N,)`.
+    - `q`, `v`, `w`: coordinates, velocities and actuator states, shapes `(N, n)`, `(N, n)`,
+        `(N, k)`.
+    - `u`: the input, shape `(N, s)`.
+    - `residuals`: the perturbations `(f, ḟ, …, f⁽ᵖ⁻¹⁾)` of the program constraints,
+        shape `(N, ρ, r)`.
+    - `t_final`, `q_final`, `v_final`, `w_final`: where the solve ended.
+    - `result`: a [`jaxdae.RESULTS`][] item; `stats`: diffrax's step statistics.
+    """
+
+    ts: Float[Array, " N"]
+    q: Float[Array, "N n"]
+    v: Float[Array, "N n"]
+    w: Float[Array, "N k"]
+    u: Float[Array, "N s"]
+    residuals: Float[Array, "N order r"]
+    t_final: Float[Array, ""]
+    q_final: Float[Array, " n"]
+    v_final: Float[Array, " n"]
+    w_final: Float[Array, " k"]
+    result: RESULTS
+    stats: dict[str, Int[Array, ""]]
+
+    @property
+    def succeeded(self):
+        """Boolean array: the solve reached `t1`."""
+        return self.result == RESULTS.successful
+
+
+def _closed_loop(system, control, t, q, v, w):
+    u, _, _ = control.outputs(system, t, q, v, w)
+    _, acceleration, drift = system.drift(t, (q, v, w))
+    return v, acceleration, drift + system.input_matrix(t, q, v, w) @ u
+
+
+# As for `simulate`: traced once, re-traced as scalar graphs for small systems.
+_rates = eqx.filter_jit(scalarize(_closed_loop))
+_outputs = eqx.filter_jit(scalarize(lambda system, control, t, q, v, w: control.outputs(
+    system, t, q, v, w)))
+
+
+def _vector_field(t, x, args):
+    system, control = args
+    return _rates(system, control, t, *x)
+
+
+def _decoupling_rcond(system, control, t, q, v, w):
+    x = (q, v, w)
+    top = _lie_derivatives(system, control.order - 1, t, x)[-1]
+    g = _input_gains(system, top, t, x)
+    return reciprocal_condition(g @ g.T)
+
+
+_rcond = eqx.filter_jit(scalarize(_decoupling_rcond))
+
+
+def _singular(t, x, args, **kwargs):
+    system, control = args
+    rcond = _rcond(system, control, t, *x)
+    return rcond < default_rcond(control.rcond, rcond.dtype)
+
+
+@eqx.filter_jit
+def _input_reach(system, control, t, q, v, w):
+    """For `k < ρ`: the largest entry of `∂f⁽ᵏ⁾/∂w · B` (zero below the relative degree) and
+    of `f⁽ᵏ⁺¹⁾` (for scale); the reciprocal condition of `g gᵀ`."""
+    x = (q, v, w)
+    functions = _lie_derivatives(system, control.order, t, x)
+    reach = [jnp.max(jnp.abs(_input_gains(system, fn, t, x))) for fn in functions[:-1]]
+    scale = [jnp.max(jnp.abs(fn(t, x))) for fn in functions[1:]]
+    g = _input_gains(system, functions[-2], t, x)
+    return jnp.stack(reach), jnp.stack(scale), reciprocal_condition(g @ g.T)
+
+
+def _check_system(system, control, t0, q0, v0, w0):
+    """Structure and, for concrete values, the relative degree at the initial state."""
+    if not isinstance(system, ActuatedSystem):
+        raise ValueError(
+            f"`system` must be a `jaxdae.ActuatedSystem`; got {type(system).__name__}.")
+    if not isinstance(control, ConstraintEnforcingControl):
+        raise ValueError("`control` must be a `jaxdae.ConstraintEnforcingControl`; got "
+                         f"{type(control).__name__}.")
+    terms = jax.eval_shape(system.mechanism.terms, t0, q0, v0)
+    if terms.phi.shape[0] or terms.psi.shape[0]:
+        raise ValueError(
+            "The `mechanism` of an `ActuatedSystem` must have no constraints of its own (its "
+            "`constraints`/`velocity_constraints` give shapes "
+            f"{terms.phi.shape}/{terms.psi.shape}); state the goals of the control as "
+            "`program_constraints`."
+        )
+    for name, value, shape in (("actuator_forces", system.actuator_forces, q0.shape),
+                               ("actuator_drift", system.actuator_drift, w0.shape)):
+        got = jax.eval_shape(value, t0, q0, v0, w0).shape
+        if got != shape:
+            raise ValueError(f"`{name}` must return shape {shape}; got {got}.")
+    inputs = jax.eval_shape(system.input_matrix, t0, q0, v0, w0).shape
+    if len(inputs) != 2 or inputs[0] != w0.shape[0]:
+        raise ValueError(
+            f"`input_matrix` must return shape (k, s) = ({w0.shape[0]}, s); got {inputs}.")
+    r = jax.eval_shape(system.program_constraints, t0, q0, v0).shape
+    if len(r) != 1 or r[0] == 0:
+        raise ValueError(f"`program_constraints` must return shape (r,), r ≥ 1; got {r}.")
+    if r[0] > inputs[1]:
+        raise ValueError(
+            f"{r[0]} program constraints need at least as many inputs; `input_matrix` has "
+            f"{inputs[1]} columns (paper 002 requires the rows of g = ψ_w B to be linearly "
+            "independent, eq. [2.9])."
+        )
+    control.perturbation_matrix(r[0])  # checks the gains' sizes
+    if not is_concrete(system, control, t0, q0, v0, w0):
+        return
+    reach, scale, rcond = (np.asarray(a) for a in _input_reach(system, control, t0, q0, v0, w0))
+    for k in range(control.order - 1):
+        if reach[k] > 1e-8 * (1.0 + scale[k]):
+            raise ValueError(
+                f"The input first appears in derivative {k + 1} of `program_constraints`, "
+                f"so their relative degree is {k + 1}, but `gains` has {control.order} "
+                f"entries: pass {k + 1} gains (e.g. `ConstraintEnforcingControl.with_poles("
+                f"rate, order={k + 1})`)."
+            )
+    if not float(rcond) >= default_rcond(control.rcond, q0.dtype):
+        raise ValueError(
+            f"The decoupling matrix g = ∂f⁽ᵖ⁻¹⁾/∂w · B is singular at the initial state "
+            f"(reciprocal condition of g gᵀ: {float(rcond):.3g}), so the input cannot enforce the "
+            f"program constraints there: either the relative degree is larger than "
+            f"{control.order} (the input does not appear in derivative {control.order}), or "
+            "the initial state is a singular configuration (paper 002 §5: s(t) = 0 or "
+            "sin φ = 0)."
+        )
+
+
+def simulate_actuated(
+    system: ActuatedSystem,
+    control: ConstraintEnforcingControl,
+    t0: ScalarLike,
+    t1: ScalarLike,
+    q0: Float[ArrayLike, " n"],
+    v0: Float[ArrayLike, " n"],
+    w0: Float[ArrayLike, " k"],
+    *,
+    ts: Float[ArrayLike, " N"] | None = None,
+    solver: diffrax.AbstractSolver | None = None,
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
+    dt0: ScalarLike | None = None,
+    rtol: float = 1e-8,
+    atol: float = 1e-10,
+    max_steps: int = 100_000,
+    adjoint: diffrax.AbstractAdjoint | None = None,
+    throw: bool = True,
+) -> ActuatedSolution:
+    """Simulates an actuated system under constraint-enforcing control (paper 002, eq.
+    [2.12] with the stabilized input of [3.4]–[3.5]), with diffrax.
+
+    Works under `jax.jit`, `jax.vmap` and `jax.grad` (w.r.t. the gains, the system's
+    parameters and the initial state).
+
+    **Arguments:**
+
+    - `system`: a [`jaxdae.ActuatedSystem`][].
+    - `control`: a [`jaxdae.ConstraintEnforcingControl`][]; its number of gains must be the
+        relative degree of `system.program_constraints`.
+    - `t0`, `t1`: start and end time, `t1 > t0`.
+    - `q0`, `v0`, `w0`: initial coordinates, velocities and actuator state. They need not
+        satisfy the program constraints: the control pulls the motion back.
+    - `ts`, `solver`, `stepsize_controller`, `dt0`, `rtol`, `atol`, `max_steps`, `adjoint`,
+        `throw`: as for [`jaxdae.simulate`][]. For a fixed-step method pass e.g.
+        `solver=diffrax.Euler(), stepsize_controller=diffrax.ConstantStepSize(), dt0=τ`.
+
+    **Returns:**
+
+    An [`jaxdae.ActuatedSolution`][].
+
+    **Raises:**
+
+    `ValueError` for bad input (shapes, non-finite values, a mechanism with constraints of
+    its own, a number of gains that is not the relative degree, a singular decoupling
+    matrix at the initial state, `t1 <= t0`, unsorted `ts`); [`jaxdae.SimulationError`][]
+    with `throw=True` when the solve fails (e.g. `g gᵀ` becomes singular on the way).
+    """
+    q0, v0, w0 = (_float_array(name, value) for name, value in
+                  (("q0", q0), ("v0", v0), ("w0", w0)))
+    dtype = jnp.result_type(q0, v0, w0)
+    q0, v0, w0 = q0.astype(dtype), v0.astype(dtype), w0.astype(dtype)
+    if q0.shape != v0.shape:
+        raise ValueError(
+            f"`q0` and `v0` must have the same shape (n,); got {q0.shape} and {v0.shape}.")
+    t0, t1 = jnp.asarray(t0, dtype=dtype), jnp.asarray(t1, dtype=dtype)
+    ts = None if ts is None else jnp.asarray(ts, dtype=dtype)
+    _check_times(t0, t1, ts)
+    for name, value in (("q0", q0), ("v0", v0), ("w0", w0)):
+        if is_concrete(value) and not np.all(np.isfinite(np.asarray(value))):
+            raise ValueError(f"`{name}` contains non-finite values (nan or inf).")
+    _check_system(system, control, t0, q0, v0, w0)
+    if stepsize_controller is None:
+        stepsize_controller = diffrax.PIDController(rtol=rtol, atol=atol)
+    sol = _simulate_actuated(
+        system, control, t0, t1, q0, v0, w0, ts,
+        solver=Tsit5 if solver is None else solver,
+        stepsize_controller=stepsize_controller, dt0=dt0, max_steps=max_steps,
+        adjoint=(diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS)
+                 if adjoint is None else adjoint),
+    )
+    if throw:
+        if is_concrete(sol.result):
+            message = failure_message(sol)
+            if message is not None:
+                raise SimulationError(message)
+        else:
+            sol = sol.result.error_if(sol, sol.result != RESULTS.successful)
+    return sol
+
+
+@eqx.filter_jit
+def _simulate_actuated(system, control, t0, t1, q0, v0, w0, ts, *, solver,
+                       stepsize_controller, dt0, max_steps, adjoint):
+    saveat = diffrax.SaveAt(subs=[
+        diffrax.SubSaveAt(ts=jnp.stack([t0, t1]) if ts is None else ts),
+        diffrax.SubSaveAt(t1=True),
+    ])
+    out = diffrax.diffeqsolve(
+        diffrax.ODETerm(_vector_field), solver, t0, t1, dt0, (q0, v0, w0),
+        args=(system, control), saveat=saveat, stepsize_controller=stepsize_controller,
+        adjoint=adjoint, event=diffrax.Event(_singular), max_steps=max_steps, throw=False,
+    )
+    result = RESULTS.where(out.result == diffrax.RESULTS.event_occurred,
+                           RESULTS.singular_decoupling_matrix, RESULTS.promote(out.result))
+    (ts_out, _), ((q, v, w), (q_end, v_end, w_end)) = out.ts, out.ys
+    # Rows the solve did not reach are inf: evaluate at the initial state, then mask.
+    valid = jnp.isfinite(ts_out)
+    u, residuals, _ = jax.vmap(_outputs, in_axes=(None, None, 0, 0, 0, 0))(
+        system, control, jnp.where(valid, ts_out, t0), jnp.where(valid[:, None], q, q0),
+        jnp.where(valid[:, None], v, v0), jnp.where(valid[:, None], w, w0))
+    mask = lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.inf)  # noqa: E731
+    return ActuatedSolution(
+        ts=ts_out, q=q, v=v, w=w, u=mask(u), residuals=mask(residuals),
+        t_final=out.ts[1][0], q_final=q_end[0], v_final=v_end[0], w_final=w_end[0],
+        result=result, stats=out.stats,
+    )
