@@ -6,7 +6,7 @@ set of *program constraints* `f(t, q, v) = 0` (eqs. [2.3]–[2.4]). `u` reaches 
 the actuators, so it first appears in the derivative of order `ρ` (the relative degree) of
 `f` along the motion: `f⁽ᵖ⁾ = L_X^ρ f + g u` with the decoupling matrix
 `g = ∂(f⁽ᵖ⁻¹⁾)/∂w · B` (eqs. [2.8]–[2.9]; for the adaptive-optics element of §5, `ρ = 4` and
-`g = 2 c s(t) sin φ · k_a/L`, eq. [5.6]).
+`g = 2 c s(t) sin φ k_a/(L m l²)`, eq. [5.6]).
 
 [`jaxdae.ConstraintEnforcingControl`][] chooses `u` so that the perturbations
 `y = (f, ḟ, …, f⁽ᵖ⁻¹⁾)` obey the linear equation `f⁽ᵖ⁾ + K_{ρ−1} f⁽ᵖ⁻¹⁾ + … + K_0 f = 0`
@@ -32,7 +32,14 @@ from ._custom_types import Array, ArrayLike, Float, Gain, GainLike, Int, ScalarL
 from ._formulation._base import default_rcond, reciprocal_condition, spd_solve
 from ._gains import as_gain, check_gain_size, check_gain_structure, gain_matrix, is_concrete
 from ._scalarize import scalarize
-from ._simulate import CHECKPOINTS, Tsit5, _check_times, _float_array
+from ._simulate import (
+    CHECKPOINTS,
+    Tsit5,
+    _check_times,
+    _float_array,
+    event_result,
+    solve_event,
+)
 from ._solution import RESULTS, SimulationError, failure_message
 from ._system import LagrangianSystem
 
@@ -133,8 +140,9 @@ class ConstraintEnforcingControl(eqx.Module):
         matrix; their number is the relative degree `ρ`. The companion matrix must be
         Hurwitz (checked for concrete values), except that all gains zero gives the
         unstabilized law of eq. [2.9] for comparison.
-    - `rcond`: `g gᵀ` counts as singular when its reciprocal condition number is below
-        this (default `sqrt(machine epsilon)`).
+    - `rcond`: `g gᵀ` counts as singular when its smallest eigenvalue falls below `rcond`
+        times its largest at the initial state, or its reciprocal condition number at the
+        initial state is below `rcond` (default `sqrt(machine epsilon)`).
     """
 
     gains: tuple[Gain, ...]
@@ -268,24 +276,28 @@ _outputs = eqx.filter_jit(scalarize(lambda system, control, t, q, v, w: control.
 
 
 def _vector_field(t, x, args):
-    system, control = args
+    system, control, _ = args
     return _rates(system, control, t, *x)
 
 
-def _decoupling_rcond(system, control, t, q, v, w):
+def _decoupling_eigenvalues(system, control, t, q, v, w):
+    """The smallest and largest eigenvalue of `g gᵀ`."""
     x = (q, v, w)
     top = _lie_derivatives(system, control.order - 1, t, x)[-1]
     g = _input_gains(system, top, t, x)
-    return reciprocal_condition(g @ g.T)
+    eigenvalues = jnp.linalg.eigvalsh(g @ g.T)
+    return eigenvalues[0], eigenvalues[-1]
 
 
-_rcond = eqx.filter_jit(scalarize(_decoupling_rcond))
+_eigenvalues = eqx.filter_jit(scalarize(_decoupling_eigenvalues))
 
 
 def _singular(t, x, args, **kwargs):
-    system, control = args
-    rcond = _rcond(system, control, t, *x)
-    return rcond < default_rcond(control.rcond, rcond.dtype)
+    """`g gᵀ` lost rank: its smallest eigenvalue fell below `rcond` times its largest at
+    the initial state (a relative test also for one constraint, where `g gᵀ` is 1 × 1)."""
+    system, control, initial_largest = args
+    smallest, _ = _eigenvalues(system, control, t, *x)
+    return smallest < default_rcond(control.rcond, smallest.dtype) * initial_largest
 
 
 @eqx.filter_jit
@@ -316,11 +328,15 @@ def _check_system(system, control, t0, q0, v0, w0):
             f"{terms.phi.shape}/{terms.psi.shape}); state the goals of the control as "
             "`program_constraints`."
         )
-    for name, value, shape in (("actuator_forces", system.actuator_forces, q0.shape),
-                               ("actuator_drift", system.actuator_drift, w0.shape)):
-        got = jax.eval_shape(value, t0, q0, v0, w0).shape
-        if got != shape:
-            raise ValueError(f"`{name}` must return shape {shape}; got {got}.")
+    forces = jax.eval_shape(system.actuator_forces, t0, q0, v0, w0).shape
+    if forces != q0.shape:
+        raise ValueError(f"`actuator_forces` must return shape {q0.shape}, one force per "
+                         f"coordinate; got {forces}.")
+    drift = jax.eval_shape(system.actuator_drift, t0, q0, v0, w0).shape
+    if drift != w0.shape:
+        raise ValueError(
+            f"`w0` has shape {w0.shape} but `actuator_drift` returns shape {drift}: `w0` "
+            "must hold one value per actuator state.")
     inputs = jax.eval_shape(system.input_matrix, t0, q0, v0, w0).shape
     if len(inputs) != 2 or inputs[0] != w0.shape[0]:
         raise ValueError(
@@ -447,11 +463,12 @@ def _simulate_actuated(system, control, t0, t1, q0, v0, w0, ts, *, solver,
     ])
     out = diffrax.diffeqsolve(
         diffrax.ODETerm(_vector_field), solver, t0, t1, dt0, (q0, v0, w0),
-        args=(system, control), saveat=saveat, stepsize_controller=stepsize_controller,
-        adjoint=adjoint, event=diffrax.Event(_singular), max_steps=max_steps, throw=False,
+        args=(system, control, _eigenvalues(system, control, t0, q0, v0, w0)[1]),
+        saveat=saveat, stepsize_controller=stepsize_controller,
+        adjoint=adjoint, event=solve_event([_singular], stepsize_controller),
+        max_steps=max_steps, throw=False,
     )
-    result = RESULTS.where(out.result == diffrax.RESULTS.event_occurred,
-                           RESULTS.singular_decoupling_matrix, RESULTS.promote(out.result))
+    result = event_result(out, [RESULTS.singular_decoupling_matrix])
     (ts_out, _), ((q, v, w), (q_end, v_end, w_end)) = out.ts, out.ys
     # Rows the solve did not reach are inf: evaluate at the initial state, then mask.
     valid = jnp.isfinite(ts_out)

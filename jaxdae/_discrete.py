@@ -84,7 +84,8 @@ def perturbation_matrix(
     num_constraints: int,
     constraint_matrix: Float[Array, "m m"] | None = None,
 ) -> Float[Array, "2m 2m"]:
-    """`H` of `d/dt (Φ, Φ̇) = H (Φ, Φ̇)` for the gains `K_D`, `K_P` of a formulation.
+    """`H` of `d/dt (Φ, Φ̇) = H (Φ, Φ̇)` for the gains `K_D`, `K_P` of a formulation, or of
+    `ẏ = H y`, `y = (f, …, f⁽ᵖ⁻¹⁾)`, for a [`jaxdae.ConstraintEnforcingControl`][].
 
     `H = [[0, I], [−K_P, −K_D]]` (paper 002, eq. [0.11]; paper 004, eq. [16]): exact for
     [`jaxdae.Baumgarte`][] and [`jaxdae.PseudoInverse`][]. For
@@ -95,18 +96,22 @@ def perturbation_matrix(
 
     **Arguments:**
 
-    - `formulation`: any formulation with gain fields `kd`, `kp` (and `alpha`).
-    - `num_constraints`: `m`, the number of holonomic constraints.
+    - `formulation`: any formulation with gain fields `kd`, `kp` (and `alpha`), or a
+        [`jaxdae.ConstraintEnforcingControl`][] (its companion matrix, paper 002 eqs.
+        [3.12], [5.8]).
+    - `num_constraints`: `m`, the number of holonomic (or program) constraints.
     - `constraint_matrix`: `W = J M⁻¹ Jᵀ` for the modified Lagrange formulation.
 
     **Returns:**
 
-    `H`, shape `(2m, 2m)`.
+    `H`, shape `(2m, 2m)` (`(ρm, ρm)` for a constraint-enforcing control).
 
     **Raises:**
 
     `ValueError` if the formulation has no `kd` / `kp` gains.
     """
+    if callable(getattr(formulation, "perturbation_matrix", None)):
+        return formulation.perturbation_matrix(num_constraints)
     if not (hasattr(formulation, "kd") and hasattr(formulation, "kp")):
         raise ValueError(
             f"{type(formulation).__name__} has no `kd`/`kp` gains; `perturbation_matrix` "
@@ -168,7 +173,7 @@ class DiscreteStability(eqx.Module):
 
     - `solver`: the diffrax solver the gains are tuned for, e.g. `diffrax.Heun()`.
     - `dt`: the fixed step `τ`.
-    - `num_constraints`: `m`, the number of holonomic constraints.
+    - `num_constraints`: `m`, the number of holonomic (or program) constraints.
     - `margin`: require `ρ̂ <= 1 − margin` (default 0.05).
     - `weight`: penalty weight (default 1e3).
     - `select`: picks the formulation out of the tuned model (default: the model itself).

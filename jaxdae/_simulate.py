@@ -94,6 +94,33 @@ def _failure_event(t, y, args, **kwargs):
     return _failure(system, formulation, t, q, v)
 
 
+def non_finite_event(t, y, args, **kwargs):
+    """Stops a fixed-step solve whose state overflowed (adaptive controllers reject such
+    steps instead)."""
+    return ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(y)]))
+
+
+def solve_event(conditions: list, stepsize_controller) -> diffrax.Event | None:
+    """The failure conditions of a solve, plus `non_finite_event` for fixed steps."""
+    if isinstance(stepsize_controller, diffrax.ConstantStepSize):
+        conditions = conditions + [non_finite_event]
+    return diffrax.Event(conditions) if conditions else None
+
+
+def event_result(out: diffrax.Solution, failures: list) -> RESULTS:
+    """jaxdae's result of a solve with `solve_event`: the failure named by the condition
+    that stopped it (`failures[i]` for the i-th condition), `non_finite_state` for the
+    appended non-finite condition."""
+    result = RESULTS.promote(out.result)
+    if out.event_mask is None:
+        return result
+    names = failures + [RESULTS.non_finite_state]
+    for stopped, name in zip(out.event_mask, names):
+        result = RESULTS.where((out.result == diffrax.RESULTS.event_occurred) & stopped,
+                               name, result)
+    return result
+
+
 def _diagnostics(system, formulation, t, q, s):
     """Constraint residuals, multipliers, energy, velocities and momenta at one saved state."""
     s = _velocities(system, formulation, t, q, s)
@@ -470,7 +497,8 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver,
         saveat = diffrax.SaveAt(t0=True, t1=True)
     else:
         saveat = diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)])
-    event = diffrax.Event(_failure_event) if formulation.can_fail else None
+    failures = [formulation.failure_result] if formulation.can_fail else []
+    event = solve_event([_failure_event] if formulation.can_fail else [], stepsize_controller)
     out = diffrax.diffeqsolve(
         diffrax.ODETerm(_ensemble_vector_field if ensemble else _vector_field),
         solver,
@@ -486,12 +514,7 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver,
         max_steps=max_steps,
         throw=False,
     )
-    result = RESULTS.promote(out.result)
-    result = RESULTS.where(
-        out.result == diffrax.RESULTS.event_occurred,
-        formulation.failure_result,
-        result,
-    )
+    result = event_result(out, failures)
     reached = out.result == diffrax.RESULTS.successful
 
     def solution(q0, v0, ys):

@@ -30,6 +30,13 @@ class RESULTS(diffrax.RESULTS):  # pyright: ignore[reportGeneralTypeIssues]
         "programmed motion so that it avoids the singular configuration."
     )
 
+    non_finite_state = (
+        "The state became non-finite (inf or nan) with a fixed step size: the step is too "
+        "large for the system or for the gains. Check the spectral radius of the method's "
+        "transition `jaxdae.transition_matrix(jaxdae.perturbation_matrix(...), solver, dt)` "
+        "(it must be below 1, paper 002 §4), or reduce `dt0`."
+    )
+
 
 class SimulationError(RuntimeError):
     """Raised by [`jaxdae.simulate`][] with `throw=True` when the solve did not succeed."""

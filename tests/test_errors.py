@@ -111,3 +111,20 @@ def test_failed_solve_reports_max_steps():
     sol = _simulate(max_steps=5, throw=False)
     assert sol.result == jaxdae.RESULTS.max_steps_reached
     assert not bool(sol.succeeded)
+
+
+def test_fixed_step_blow_up_is_reported_not_returned_as_nan():
+    """A fixed step too large for the gains (explicit Euler, ρ(I + τH) > 1) overflows: the
+    solve stops with `non_finite_state` instead of returning inf/nan as a success."""
+    import diffrax
+
+    gains = jaxdae.Baumgarte(200.0, 10_000.0)
+    h = jaxdae.perturbation_matrix(gains, 1)
+    assert jaxdae.spectral_radius(jaxdae.transition_matrix(h, diffrax.Euler(), 0.05)) > 1
+    fixed = dict(formulation=gains, t1=30.0, solver=diffrax.Euler(),
+                 stepsize_controller=diffrax.ConstantStepSize(), dt0=0.05)
+    sol = _simulate(**fixed, throw=False)
+    assert sol.result == jaxdae.RESULTS.non_finite_state
+    assert float(sol.t_final) < 30.0
+    with pytest.raises(jaxdae.SimulationError, match="became non-finite"):
+        _simulate(**fixed)

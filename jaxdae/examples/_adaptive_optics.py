@@ -35,8 +35,8 @@ class AdaptiveOpticsElement(ActuatedSystem):
       back-emf constants `k_a`, `k_b`).
     - Program constraint (eq. [5.1], the reflection law `α = β` without its special cases
       `sin φ = 0`, `s = c`): `f = l (s(t) + c) − 2 c s(t) cos φ = 0`. The voltage first
-      appears in `f⁽⁴⁾` (relative degree 4) with `g = 2 c s(t) sin φ · k_a/L` (eqs.
-      [5.6]–[5.7]).
+      appears in `f⁽⁴⁾` (relative degree 4) with `g = 2 c s(t) sin φ k_M k_a/L`,
+      `k_M = 1/(m l²)` (eq. [5.6]; the denominator of the paper's eq. [5.7] omits `k_M`).
 
     The paper gives no numbers. The defaults: `l = 0.1 m`, `c = 0.5 m`, `m = 0.05 kg`,
     `g = 9.81 m/s²`, `L = 0.02 H`, `R = 2 Ω`, `k_a = k_b = 0.05`, `n = 20`, and the source

@@ -1,0 +1,217 @@
+"""Constraint-enforcing control through actuator dynamics (paper 002, §§2–5)."""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.linalg
+
+import jaxdae
+from jaxdae._actuated import _input_gains, _lie_derivatives
+from jaxdae.examples import AdaptiveOpticsElement, CartesianPendulum
+
+OPTICS = AdaptiveOpticsElement()
+CONTROL = jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=4)
+TS = jnp.linspace(0.0, 3.0, 7)
+
+
+def _exact_perturbations(control, num_constraints, ts, y0):
+    """`y(t) = expm(H t) y0`, `y = (f, ḟ, …)` stacked by derivative then constraint."""
+    h = np.asarray(jaxdae.perturbation_matrix(control, num_constraints))
+    return np.stack([scipy.linalg.expm(h * t) @ y0 for t in np.asarray(ts)])
+
+
+def test_perturbations_decay_as_the_companion_equation():
+    """Started off the programmed motion, the reflection-law residual and its first three
+    derivatives follow `ẏ = H y` exactly (paper 002, eq. [5.8]), so the crank settles on
+    the programmed angle."""
+    q0, v0, w0 = OPTICS.initial_state(angle_error=0.05)
+    sol = jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, 3.0, q0, v0, w0, ts=TS)
+    y = np.asarray(sol.residuals[:, :, 0])
+    expected = _exact_perturbations(CONTROL, 1, TS, y[0])
+    scale = np.max(np.abs(y), axis=0)
+    np.testing.assert_array_less(np.max(np.abs(y - expected), axis=0), 1e-6 * scale)
+    assert abs(y[-1, 0]) < 1e-9 * abs(y[0, 0])
+    np.testing.assert_allclose(sol.q[-1, 0], OPTICS.programmed_angle(TS[-1]), atol=1e-9)
+    assert sol.succeeded and sol.u.shape == (7, 1) and sol.w.shape == (7, 2)
+    assert sol.t_final == 3.0
+
+
+def test_lie_derivatives_and_decoupling_match_the_paper():
+    """Autodiff gives the hand-derived `ḟ` of eq. [5.1] and `g = 2 c s sin φ k_M k_a/L`,
+    `k_M = 1/(m l²)` (eq. [5.6]; the denominator of eq. [5.7] omits `k_M`), and the input is
+    absent from `f, …, f⁽³⁾` (relative degree 4)."""
+    t, q, v, w = 0.7, jnp.array([1.2]), jnp.array([0.3]), jnp.array([0.004, -0.02])
+
+    @jax.jit
+    def quantities(t, q, v, w):
+        x = (q, v, w)
+        functions = _lie_derivatives(OPTICS, 4, t, x)
+        gains = [_input_gains(OPTICS, fn, t, x) for fn in functions[:4]]
+        return functions[1](t, x), gains
+
+    rate, gains = quantities(t, q, v, w)
+    c, l, s = OPTICS.distance, OPTICS.mechanism.length, OPTICS.source(t)
+    s_dot = OPTICS.source_amplitude * OPTICS.source_frequency * jnp.cos(
+        OPTICS.source_frequency * t)
+    phi, omega = q[0], v[0]
+    expected_rate = (l - 2 * c * jnp.cos(phi)) * s_dot + 2 * c * s * jnp.sin(phi) * omega
+    np.testing.assert_allclose(rate[0], expected_rate, rtol=1e-12)
+    for g in gains[:3]:
+        assert np.all(np.asarray(g) == 0)
+    np.testing.assert_allclose(
+        gains[3][0, 0],
+        2 * c * s * jnp.sin(phi) * OPTICS.torque_constant / OPTICS.inductance
+        / (OPTICS.mechanism.mass * l**2), rtol=1e-12)
+
+
+def test_vmap_and_grad_over_gains():
+    q0, v0, w0 = OPTICS.initial_state(angle_error=0.05)
+
+    def final_residual(rate, angle_error=0.05):
+        q0, v0, w0 = OPTICS.initial_state(angle_error=angle_error)
+        control = jaxdae.ConstraintEnforcingControl.with_poles(rate, order=4)
+        sol = jaxdae.simulate_actuated(OPTICS, control, 0.0, 0.5, q0, v0, w0)
+        return sol.residuals[-1, 0, 0]
+
+    errors = jnp.array([0.02, -0.05])
+    batched = jax.jit(jax.vmap(final_residual, in_axes=(None, 0)))(10.0, errors)
+    one = [final_residual(10.0, float(e)) for e in errors]
+    np.testing.assert_allclose(batched, one, rtol=1e-10)
+
+    grad = jax.jit(jax.grad(final_residual))(10.0)
+    eps = 1e-4
+    fd = (final_residual(10.0 + eps) - final_residual(10.0 - eps)) / (2 * eps)
+    np.testing.assert_allclose(grad, fd, rtol=1e-5)
+    assert grad < 0  # faster poles: a smaller residual at t = 0.5
+
+
+def test_fixed_step_stability_follows_the_transition_matrix():
+    """Paper 002 §4: the continuous perturbation equation is stable for every step, but
+    under explicit Euler the residual stays bounded only when `ρ(I + τH) < 1`."""
+    control = jaxdae.ConstraintEnforcingControl.with_poles(40.0, order=4)
+    h = jaxdae.perturbation_matrix(control, 1)
+    q0, v0, w0 = OPTICS.initial_state(angle_error=0.02)
+
+    def late_residual(dt):
+        sol = jaxdae.simulate_actuated(
+            OPTICS, control, 0.0, 6.0, q0, v0, w0, ts=jnp.linspace(3.0, 6.0, 31),
+            solver=diffrax.Euler(), stepsize_controller=diffrax.ConstantStepSize(), dt0=dt,
+            throw=False)
+        return sol.result, jnp.max(jnp.abs(sol.residuals[:, 0, 0]))
+
+    stable, unstable = jnp.asarray(0.02), jnp.asarray(0.06)
+    assert jaxdae.spectral_radius(jaxdae.transition_matrix(h, diffrax.Euler(), stable)) < 1
+    assert jaxdae.spectral_radius(jaxdae.transition_matrix(h, diffrax.Euler(), unstable)) > 1
+    result, residual = late_residual(stable)
+    assert result == jaxdae.RESULTS.successful and residual < 1e-3
+    result, _ = late_residual(unstable)
+    assert result == jaxdae.RESULTS.non_finite_state
+    with pytest.raises(jaxdae.SimulationError, match="non-finite"):
+        jaxdae.simulate_actuated(
+            OPTICS, control, 0.0, 6.0, q0, v0, w0, ts=jnp.linspace(3.0, 6.0, 31),
+            solver=diffrax.Euler(), stepsize_controller=diffrax.ConstantStepSize(),
+            dt0=unstable)
+
+
+def test_singular_configuration_is_reported():
+    """With the source passing `s = l c/(2c − l)`, the programmed crank angle reaches
+    `φ = 0`, where `g = 2 c s sin φ k_a/L` vanishes (eq. [5.7])."""
+    system = AdaptiveOpticsElement(source_mean=0.3, source_amplitude=0.28)
+    q0, v0, w0 = system.initial_state()
+    sol = jaxdae.simulate_actuated(system, CONTROL, 0.0, 3.0, q0, v0, w0, ts=TS, throw=False)
+    assert sol.result == jaxdae.RESULTS.singular_decoupling_matrix
+    assert 0.5 < sol.t_final < 3.0 and abs(sol.q_final[0]) < 0.1
+    assert np.all(np.isinf(np.asarray(sol.u[-1])))
+    with pytest.raises(jaxdae.SimulationError, match="decoupling matrix"):
+        jaxdae.simulate_actuated(system, CONTROL, 0.0, 3.0, q0, v0, w0, ts=TS)
+
+
+class _PlanarMass(jaxdae.LagrangianSystem):
+    mass: jax.Array
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * self.mass * v @ v
+
+
+class _ThreeThrusters(jaxdae.ActuatedSystem):
+    """A point mass pushed by three thrusters at 120° with first-order lag; its programmed
+    motion is a circle: two constraints, three inputs (minimum-norm input, eq. [2.11])."""
+
+    mechanism: _PlanarMass
+    lag: jax.Array
+
+    def __init__(self):
+        self.mechanism = _PlanarMass(jnp.asarray(2.0))
+        self.lag = jnp.asarray(0.1)
+
+    def directions(self):
+        angles = jnp.array([0.0, 2.0, 4.0]) * jnp.pi / 3
+        return jnp.stack([jnp.cos(angles), jnp.sin(angles)])
+
+    def actuator_forces(self, t, q, v, w):
+        return self.directions() @ w
+
+    def actuator_drift(self, t, q, v, w):
+        return -w / self.lag
+
+    def input_matrix(self, t, q, v, w):
+        return jnp.eye(3) / self.lag
+
+    def program_constraints(self, t, q, v):
+        return q - jnp.array([jnp.cos(t), jnp.sin(t)])
+
+
+def test_several_constraints_inputs_and_coupled_gains():
+    system = _ThreeThrusters()
+    coupling = jnp.array([[0.0, 0.3], [-0.3, 0.0]])
+    control = jaxdae.ConstraintEnforcingControl(
+        [125.0 * jnp.eye(2), 75.0 * jnp.eye(2) + coupling, jnp.array([15.0, 16.0])])
+    q0, v0, w0 = jnp.array([1.2, 0.1]), jnp.array([0.0, 0.8]), jnp.array([0.5, 0.0, -0.2])
+    ts = jnp.linspace(0.0, 2.0, 5)
+    sol = jaxdae.simulate_actuated(system, control, 0.0, 2.0, q0, v0, w0, ts=ts)
+    y = np.asarray(sol.residuals).reshape(len(ts), -1)  # (f, ḟ, f̈) per row
+    expected = _exact_perturbations(control, 2, ts, y[0])
+    np.testing.assert_allclose(y, expected, atol=1e-7 * np.max(np.abs(y)))
+    # The minimum-norm input lies in the row space of g = D/(m T) (no null-space part).
+    null = np.cross(*np.asarray(system.directions()))
+    np.testing.assert_allclose(np.asarray(sol.u) @ null, 0.0, atol=1e-8)
+    assert sol.succeeded
+
+
+def test_bad_input_is_refused():
+    q0, v0, w0 = OPTICS.initial_state(angle_error=0.05)
+    with pytest.raises(ValueError, match="relative degree is 4.*pass 4 gains"):
+        jaxdae.simulate_actuated(OPTICS, jaxdae.ConstraintEnforcingControl.with_poles(
+            10.0, order=5), 0.0, 1.0, q0, v0, w0)
+    with pytest.raises(ValueError, match="decoupling matrix .* singular at the initial"):
+        jaxdae.simulate_actuated(OPTICS, jaxdae.ConstraintEnforcingControl.with_poles(
+            10.0, order=3), 0.0, 1.0, q0, v0, w0)
+    with pytest.raises(ValueError, match="not asymptotically stable"):
+        jaxdae.ConstraintEnforcingControl([1.0, -2.0])
+    with pytest.raises(ValueError, match="list or tuple"):
+        jaxdae.ConstraintEnforcingControl(jnp.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match="`w0` has shape \\(3,\\) but `actuator_drift`"):
+        jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, 1.0, q0, v0, jnp.zeros(3))
+    with pytest.raises(ValueError, match="`w0` contains non-finite"):
+        jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, 1.0, q0, v0, w0.at[0].set(jnp.nan))
+    with pytest.raises(ValueError, match="`t1` must be greater"):
+        jaxdae.simulate_actuated(OPTICS, CONTROL, 1.0, 0.0, q0, v0, w0)
+    constrained = eqx.tree_at(lambda s: s.mechanism, OPTICS, CartesianPendulum(),
+                              is_leaf=lambda x: x is None)
+    with pytest.raises(ValueError, match="no constraints of its own"):
+        jaxdae.simulate_actuated(constrained, CONTROL, 0.0, 1.0, jnp.zeros(2), jnp.zeros(2),
+                                 w0)
+    # All gains zero: the unstabilized law of eq. [2.9] is allowed, for comparison.
+    assert jaxdae.ConstraintEnforcingControl([0.0] * 4).order == 4
+
+
+def test_discrete_stability_penalty_reads_the_control_gains():
+    penalty = jaxdae.DiscreteStability(diffrax.Euler(), dt=0.02, num_constraints=1)
+    slow = jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=4)
+    fast = jaxdae.ConstraintEnforcingControl.with_poles(150.0, order=4)  # 1 − τγ = −2
+    assert penalty(slow) == 0 and penalty(fast) > 0
+    grads = jax.grad(lambda c: penalty(c))(fast)
+    assert all(np.isfinite(np.asarray(g)).all() for g in grads.gains)
