@@ -25,6 +25,7 @@ EXPERIMENTS = [
     "tune_ball_and_beam",
     "cartesian_arm_hamiltonian",
     "realizing_forces",
+    "adaptive_optics",
 ]
 
 

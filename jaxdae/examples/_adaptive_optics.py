@@ -1,5 +1,6 @@
 """Paper 002, §5: an element of an adaptive optical system driven by a DC motor."""
 
+import jax
 import jax.numpy as jnp
 
 from .._actuated import ActuatedSystem
@@ -97,6 +98,24 @@ class AdaptiveOpticsElement(ActuatedSystem):
         """`φ(t)` on the programmed motion: `cos φ = l (s + c)/(2 c s)`, `φ ∈ (0, π)`."""
         s, c, l = self.source(t), self.distance, self.mechanism.length
         return jnp.arccos(l * (s + c) / (2 * c * s))
+
+    def programmed_state(self, t):
+        """`(q, v, w)` exactly on the programmed motion at `t` (`f = ḟ = f̈ = f⃛ = 0`): the
+        angle and its rate from `programmed_angle`, the torque `M` that produces its
+        acceleration (inverse dynamics with the crank's autodiff-derived terms) and `Ṁ`."""
+        t = jnp.asarray(t, dtype=float)
+
+        def angle_rate(t_):
+            return jax.jvp(self.programmed_angle, (t_,), (jnp.ones_like(t_),))
+
+        def torque(t_):
+            (phi, omega), (_, acceleration) = jax.jvp(angle_rate, (t_,), (jnp.ones_like(t_),))
+            terms = self.mechanism.terms(t_, phi[None], omega[None])
+            return (terms.mass_matrix @ acceleration[None] - terms.forces)[0]
+
+        phi, omega = angle_rate(t)
+        moment, moment_rate = jax.jvp(torque, (t,), (jnp.ones_like(t),))
+        return phi[None], omega[None], jnp.stack([moment, moment_rate])
 
     def initial_state(self, t0=0.0, angle_error=0.0):
         """`(q0, v0, w0)` at rest on the crank angle `φ(t0) + angle_error`, with the motor

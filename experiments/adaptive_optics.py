@@ -1,0 +1,212 @@
+"""Paper 002, §5: constraint-enforcing control of an adaptive-optics element through a DC motor.
+
+A mirror on a crank, turned by a DC motor (armature voltage `u`), must reflect a ray from a
+moving source `P = (s(t), 0)` onto a fixed point `C = (c, 0)`: the program constraint
+`f = l (s + c) − 2 c s cos φ = 0` (eq. [5.1]). The voltage reaches `f` through the motor's
+torque dynamics, so it first appears in `f⁽⁴⁾` (relative degree 4). The paper gives no
+numbers; `jaxdae.examples.AdaptiveOpticsElement` documents the ones used here.
+
+1. Adaptive integration (Tsit5, rtol 1e-10): `jaxdae.ConstraintEnforcingControl` with all four
+   poles at −10 (eqs. [3.4]–[3.5], [5.8]) against the unstabilized law of eq. [2.9] (all
+   gains zero, the constraint only a first integral), from the programmed motion and from
+   an error in the crank angle.
+2. Fixed steps (paper 002 §4): explicit Euler and Heun with step `τ`, poles at −10 and −40.
+   The perturbations are asymptotically stable in continuous time for every `τ`; the
+   discrete ones are bounded only if the spectral radius of the method's transition
+   `R(τH)` is below 1 (`jaxdae.transition_matrix`). The table lists `ρ(R(τH))`, `‖R(τH)‖₂`
+   and the measured residual. The paper's sufficient condition `‖R‖ ≤ ϑ < 1` depends on the
+   norm: in the Euclidean norm of `y = (f, ḟ, f̈, f⃛)`, whose entries scale with powers of
+   the poles, it never holds here, while the spectral radius (the same in every norm) is
+   the necessary condition the table tests.
+"""
+
+import time
+from pathlib import Path
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from _common import output_dir, parse_args, write_json
+
+import jaxdae
+from jaxdae.examples import AdaptiveOpticsElement
+
+NAME = "adaptive_optics"
+RATE = 10.0  # poles of the adaptive study
+ANGLE_ERROR = 0.05  # rad, initial error of the crank angle
+SMALL_ERROR = 1e-4  # rad, for the unstabilized law
+
+
+@eqx.filter_jit
+def _adaptive(system, control, q0, v0, w0, ts):
+    return jaxdae.simulate_actuated(system, control, ts[0], ts[-1], q0, v0, w0, ts=ts,
+                                    rtol=1e-10, atol=1e-12, throw=False)
+
+
+def _result_name(result) -> str:
+    for name in ("successful", "singular_decoupling_matrix", "max_steps_reached",
+                 "non_finite_state"):
+        if result == getattr(jaxdae.RESULTS, name):
+            return name
+    return str(result)
+
+
+def _adaptive_study(system, t1, n_save):
+    ts = jnp.linspace(0.0, t1, n_save)
+    on_program = system.programmed_state(0.0)
+    q_err = on_program[0] + ANGLE_ERROR
+    q_small = on_program[0] + SMALL_ERROR
+    stabilized = jaxdae.ConstraintEnforcingControl.with_poles(RATE, order=4)
+    unstabilized = jaxdae.ConstraintEnforcingControl([0.0] * 4)
+    runs = [
+        ("poles at −10", "programmed", stabilized, on_program[0]),
+        ("poles at −10", f"φ₀ error {ANGLE_ERROR:g}", stabilized, q_err),
+        ("unstabilized [2.9]", "programmed", unstabilized, on_program[0]),
+        ("unstabilized [2.9]", f"φ₀ error {SMALL_ERROR:g}", unstabilized, q_small),
+    ]
+    phi_program = np.asarray(jax.vmap(system.programmed_angle)(ts))
+    rows = []
+    for law, start, control, q0 in runs:
+        sol = _adaptive(system, control, q0, on_program[1], on_program[2], ts)
+        f = np.asarray(sol.residuals[:, 0, 0])
+        late = (np.asarray(ts) >= t1 / 2) & np.isfinite(f)
+        rows.append(dict(
+            law=law, start=start, result=_result_name(sol.result),
+            succeeded=bool(sol.succeeded), t_final=float(sol.t_final),
+            max_abs_f_late=float(np.max(np.abs(f[late]))),
+            abs_f_final=float(abs(f[np.isfinite(f)][-1])),
+            max_abs_angle_error_late=float(np.max(np.abs(np.asarray(sol.q[late, 0])
+                                                           - phi_program[late]))),
+            max_abs_voltage=float(np.max(np.abs(np.asarray(sol.u)[np.isfinite(f)]))),
+            steps=int(sol.stats["num_steps"]),
+            _ts=np.asarray(ts), _f=f, _phi_error=np.asarray(sol.q[:, 0]) - phi_program,
+            _u=np.asarray(sol.u[:, 0]), _torque=np.asarray(sol.w[:, 0]),
+        ))
+    return rows
+
+
+def _fixed_step_study(system, rates, steps, t1):
+    """max |f| on [t1/2, t1] for every (solver, rate, τ), with ρ(R(τH)) and ‖R(τH)‖₂."""
+    q0, v0, w0 = system.programmed_state(0.0)
+    q0 = q0 + 0.02
+    ts = jnp.linspace(t1 / 2, t1, 31)
+    rows = []
+    for solver in (diffrax.Euler(), diffrax.Heun()):
+        @jax.jit
+        @jax.vmap
+        def run(rate, dt, solver=solver):
+            control = jaxdae.ConstraintEnforcingControl.with_poles(rate, order=4)
+            sol = jaxdae.simulate_actuated(
+                system, control, 0.0, t1, q0, v0, w0, ts=ts, solver=solver,
+                stepsize_controller=diffrax.ConstantStepSize(), dt0=dt,
+                max_steps=int(np.ceil(t1 / min(steps))) + 8, throw=False)
+            transition = jaxdae.transition_matrix(jaxdae.perturbation_matrix(control, 1),
+                                                  solver, dt)
+            residual = jnp.max(jnp.abs(sol.residuals[:, 0, 0]))
+            return (sol.result._value, residual, jaxdae.spectral_radius(transition),
+                    jnp.linalg.norm(transition, 2))
+
+        grid = [(r, tau) for r in rates for tau in steps]
+        codes, residuals, radii, norms = run(jnp.array([g[0] for g in grid]),
+                                             jnp.array([g[1] for g in grid]))
+        for (rate, tau), code, res, rho, norm in zip(grid, codes, residuals, radii, norms):
+            ok = int(code) == int(jaxdae.RESULTS.successful._value)
+            rows.append(dict(solver=type(solver).__name__, rate=rate, tau=tau,
+                             spectral_radius=float(rho), norm=float(norm), bounded=ok,
+                             max_abs_f_late=float(res) if ok else float("inf")))
+    return rows
+
+
+def main(out: Path, quick: bool = False) -> dict:
+    import matplotlib.pyplot as plt
+
+    folder = output_dir(out, NAME)
+    system = AdaptiveOpticsElement()
+    t1 = 4.0 if quick else 8.0
+    steps = ([0.01, 0.03, 0.06, 0.1] if quick else
+             [0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25])
+    start = time.perf_counter()
+    adaptive = _adaptive_study(system, t1, 201 if quick else 801)
+    fixed = _fixed_step_study(system, [10.0, 40.0], steps, 6.0)
+    elapsed = time.perf_counter() - start
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    for r in adaptive:
+        label = f"{r['law']}, {r['start']}"
+        axes[0, 0].semilogy(r["_ts"], np.abs(r["_f"]) + 1e-18, label=label)
+        axes[0, 1].plot(r["_ts"], r["_phi_error"], label=label)
+        axes[1, 0].plot(r["_ts"], r["_u"], label=label)
+    axes[0, 0].set_title("|f(t)|, reflection-law residual (eq. [5.1])")
+    axes[0, 1].set_title("φ(t) − φ*(t) [rad]")
+    axes[0, 1].set_ylim(-0.2, 0.2)
+    axes[1, 0].set_yscale("symlog", linthresh=1.0)
+    axes[1, 0].set_title("armature voltage u(t) [V] (symmetric log scale)")
+    for solver, style in (("Euler", "o-"), ("Heun", "s--")):
+        for rate in (10.0, 40.0):
+            rows = [r for r in fixed if r["solver"] == solver and r["rate"] == rate]
+            taus = [r["tau"] for r in rows]
+            axes[1, 1].loglog(taus, [min(r["max_abs_f_late"], 1e3) for r in rows], style,
+                              label=f"{solver}, poles at −{rate:g}")
+    axes[1, 1].axhline(1e3, color="grey", lw=0.5)
+    axes[1, 1].set_title("max |f| on [3, 6] s vs fixed step τ (1e3 = overflowed)")
+    axes[1, 1].set_xlabel("τ [s]")
+    for ax in axes.flat[:3]:
+        ax.set_xlabel("t [s]")
+    for ax in axes.flat:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(folder / "adaptive_optics.png", dpi=120)
+    plt.close(fig)
+
+    write_json(folder / "results.json", dict(
+        seconds=elapsed, t1=t1, rate=RATE,
+        adaptive=[{k: v for k, v in r.items() if not k.startswith("_")} for r in adaptive],
+        fixed_step=fixed,
+    ))
+    table = [
+        "| law | start | max\\|f\\| on second half | max\\|φ − φ*\\| on second half | "
+        "max\\|u\\| [V] | steps | result |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ] + [f"| {r['law']} | {r['start']} | {r['max_abs_f_late']:.1e} | "
+         f"{r['max_abs_angle_error_late']:.1e} | {r['max_abs_voltage']:.3g} | {r['steps']} | "
+         f"{'ok' if r['succeeded'] else r['result'] + ' at t = %.3g' % r['t_final']} |"
+         for r in adaptive]
+    table += [
+        "",
+        "| solver | poles | τ [s] | ρ(R(τH)) | ‖R(τH)‖₂ | max\\|f\\| on [3, 6] s |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ] + [f"| {r['solver']} | −{r['rate']:g} | {r['tau']:g} | {r['spectral_radius']:.3f} | "
+         f"{r['norm']:.3g} | {r['max_abs_f_late']:.1e} |" for r in fixed]
+
+    def largest_bounded(solver, rate):
+        ok = [r["tau"] for r in fixed
+              if r["solver"] == solver and r["rate"] == rate and r["bounded"]]
+        return max(ok) if ok else float("nan")
+
+    def largest_stable(solver, rate):
+        ok = [r["tau"] for r in fixed if r["solver"] == solver and r["rate"] == rate
+              and r["spectral_radius"] < 1]
+        return max(ok) if ok else float("nan")
+
+    stab, unstab = adaptive[1], adaptive[3]
+    headline = (
+        f"With all four poles at −{RATE:g}, an initial angle error of {ANGLE_ERROR:g} rad "
+        f"decays to max|f| = {stab['max_abs_f_late']:.1e} on the second half; the unstabilized "
+        f"law of eq. [2.9] lets a {SMALL_ERROR:g} rad error grow until the solve stops "
+        f"({unstab['result']} at t = {unstab['t_final']:.3g} s). With fixed steps the residual stays bounded only "
+        f"where ρ(R(τH)) < 1: explicit Euler, poles at −40: largest bounded τ "
+        f"{largest_bounded('Euler', 40.0):g} s (ρ < 1 up to {largest_stable('Euler', 40.0):g} "
+        "s in the grid); ρ < 1 is necessary, not sufficient (table)."
+    )
+    print(headline)
+    print("\n".join(table))
+    print(f"({elapsed:.0f} s)")
+    return {"headline": headline, "table": table}
+
+
+if __name__ == "__main__":
+    args = parse_args(NAME, __doc__)
+    main(args.out, args.quick)
