@@ -20,7 +20,7 @@ unstabilized law of eq. [2.9], for which the constraints are only first integral
 
 import abc
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import diffrax
 import equinox as eqx
@@ -138,8 +138,15 @@ class ConstraintEnforcingControl(eqx.Module):
 
     - `gains`: `(K_0, …, K_{ρ−1})`, each a scalar, a vector (one value per constraint) or a
         matrix; their number is the relative degree `ρ`. The companion matrix must be
-        Hurwitz (checked for concrete values), except that all gains zero gives the
-        unstabilized law of eq. [2.9] for comparison.
+        Hurwitz, except that all gains zero gives the unstabilized law of eq. [2.9] for
+        comparison. Concrete gains are checked here; traced gains (under `jit`/`grad`, e.g.
+        in [`jaxdae.tune`][]) are not, so keep them Hurwitz by construction: tune the `rate`
+        of `with_poles`, or penalize with [`jaxdae.DiscreteStability`][] for explicit Euler,
+        since `ρ(I + τH) < 1` implies that `H` is Hurwitz.
+    - `null_space_input`: optional `(t, q, v, w) -> u₀`, shape `(s,)`, for more inputs than
+        constraints: its component in the null space of `g`, `(I − gᵀ(ggᵀ)⁻¹g) u₀`, is
+        added (the free part `u⁰u^τ` of eq. [2.10]); it does not affect the constraints
+        (e.g. a co-contraction of redundant actuators, or an effort-shaping term).
     - `rcond`: `g gᵀ` counts as singular when its smallest eigenvalue falls below `rcond`
         times its largest at the initial state, or its reciprocal condition number at the
         initial state is below `rcond` (default `sqrt(machine epsilon)`).
@@ -147,8 +154,10 @@ class ConstraintEnforcingControl(eqx.Module):
 
     gains: tuple[Gain, ...]
     rcond: float | None = eqx.field(static=True, default=None)
+    null_space_input: Callable | None = None
 
-    def __init__(self, gains: Sequence[GainLike], rcond: float | None = None):
+    def __init__(self, gains: Sequence[GainLike], rcond: float | None = None,
+                 null_space_input: Callable | None = None):
         if isinstance(gains, (jax.Array, np.ndarray)) or not isinstance(gains, Sequence):
             raise ValueError(
                 "`gains` must be a list or tuple `(K_0, …, K_{ρ−1})`, one gain per derivative "
@@ -162,12 +171,13 @@ class ConstraintEnforcingControl(eqx.Module):
         for j, gain in enumerate(self.gains):
             check_gain_structure(f"gains[{j}]", gain)
         self.rcond = rcond
+        self.null_space_input = null_space_input
         if is_concrete(self.gains):
             self._check_hurwitz()
 
     @classmethod
-    def with_poles(cls, rate: GainLike, order: int, rcond: float | None = None
-                   ) -> "ConstraintEnforcingControl":
+    def with_poles(cls, rate: GainLike, order: int, rcond: float | None = None,
+                   null_space_input: Callable | None = None) -> "ConstraintEnforcingControl":
         """The gains whose characteristic polynomial is `(μ + rate)^order` (one `order`-fold
         pole at `−rate`, per constraint when `rate` is a vector): the choice of Ascher, Chin
         and Reich that paper 002 recommends (eqs. [0.8]–[0.10]); `K_j = C(order, j)
@@ -175,7 +185,8 @@ class ConstraintEnforcingControl(eqx.Module):
         rate = as_gain(rate)
         if rate.ndim > 1:
             raise ValueError(f"`rate` must be a scalar or a vector; got shape {rate.shape}.")
-        return cls([math.comb(order, j) * rate ** (order - j) for j in range(order)], rcond)
+        return cls([math.comb(order, j) * rate ** (order - j) for j in range(order)], rcond,
+                   null_space_input)
 
     @property
     def order(self) -> int:
@@ -226,6 +237,9 @@ class ConstraintEnforcingControl(eqx.Module):
         target = -sum(k * yj if k.ndim <= 1 else k @ yj for k, yj in zip(self.gains, y))
         gram = g @ g.T
         u = g.T @ jnp.linalg.solve(gram, target - functions[-1](t, x))
+        if self.null_space_input is not None:  # eq. [2.10]: add its part in the null space of g
+            free = self.null_space_input(t, q, v, w)
+            u = u + free - g.T @ jnp.linalg.solve(gram, g @ free)
         return u, y, reciprocal_condition(gram)
 
 

@@ -180,6 +180,18 @@ def test_several_constraints_inputs_and_coupled_gains():
     np.testing.assert_allclose(np.asarray(sol.u) @ null, 0.0, atol=1e-8)
     assert sol.succeeded
 
+    # A null-space input (eq. [2.10]): all thrusters pushing 2 N more cancel out, and the
+    # part of `u₀` that would move the mass is projected away; the motion is unchanged.
+    nominal = jnp.array([3.0, 2.0, 2.0])
+    pushed = jaxdae.ConstraintEnforcingControl(control.gains,
+                                               null_space_input=lambda t, q, v, w: nominal)
+    sol2 = jaxdae.simulate_actuated(system, pushed, 0.0, 2.0, q0, v0, w0, ts=ts)
+    np.testing.assert_allclose(sol2.q, sol.q, atol=1e-7)
+    unit = null / np.linalg.norm(null)
+    change = np.asarray(sol2.u) - np.asarray(sol.u)
+    np.testing.assert_allclose(change, np.outer(change @ unit, unit), atol=1e-7)
+    np.testing.assert_allclose(change @ unit, float(nominal @ unit), rtol=1e-7)
+
 
 def test_bad_input_is_refused():
     q0, v0, w0 = OPTICS.initial_state(angle_error=0.05)
