@@ -91,30 +91,36 @@ class ActuatedSystem(eqx.Module):
         return v, self.accelerations(t, q, v, w), self.actuator_drift(t, q, v, w)
 
 
-def _lie_derivatives(system: ActuatedSystem, order: int, t, x) -> list:
-    """`[f, L_X f, …, L_X^order f]` at `(t, x)`: time derivatives of `f` along the drift,
-    by nested `jax.jvp` (the `∂/∂t` of rheonomic constraints included)."""
-    def constraint(t_, x_):
-        return system.program_constraints(t_, x_[0], x_[1])
+def lie_derivatives(system: ActuatedSystem, order: int, t, x):
+    """The program constraints' derivatives along the motion at `(t, x)`, by autodiff.
 
-    functions = [constraint]
-    for _ in range(order):
-        def derivative(t_, x_, inner=functions[-1]):
-            tangent = (jnp.ones_like(t_), system.drift(t_, x_))
-            return jax.jvp(inner, (t_, x_), tangent)[1]
-        functions.append(derivative)
-    return functions
+    Returns `(values, rates, input_gains)`: `values[k] = f⁽ᵏ⁾ = L_X^k f` and
+    `rates[k] = L_X^{k+1} f` (time derivatives along the drift `X`, `∂/∂t` of rheonomic
+    constraints included) for `k < order`, and `input_gains[k] = ∂f⁽ᵏ⁾/∂w · B`, shape
+    `(r, s)`: how the input moves `f⁽ᵏ⁺¹⁾` (zero below the relative degree; `g` at
+    `k = order − 1`, eq. [2.9]). One `jax.linearize` of the nested `jax.jvp`s gives every
+    order at once.
+    """
+    def series(k):
+        if k == 0:
+            return lambda t_, x_: (system.program_constraints(t_, x_[0], x_[1]),)
+        lower = series(k - 1)
 
+        def extended(t_, x_):
+            values, rates = jax.jvp(lower, (t_, x_), (jnp.ones_like(t_), system.drift(t_, x_)))
+            return values + (rates[-1],)
 
-def _input_gains(system, function, t, x) -> Float[Array, "r s"]:
-    """`∂function/∂w · B`: how the input moves `function`'s rate (one column per input)."""
+        return extended
+
+    values, linear = jax.linearize(series(order - 1), t, x)
+    rates = linear(jnp.ones_like(t), system.drift(t, x))
     q, v, w = x
-    columns = system.input_matrix(t, q, v, w)
 
     def along(column):
-        return jax.jvp(lambda w_: function(t, (q, v, w_)), (w,), (column,))[1]
+        return linear(jnp.zeros_like(t), (jnp.zeros_like(q), jnp.zeros_like(v), column))
 
-    return jax.vmap(along, in_axes=1, out_axes=1)(columns)
+    input_gains = jax.vmap(along, in_axes=1, out_axes=-1)(system.input_matrix(t, q, v, w))
+    return values, rates, input_gains
 
 
 class ConstraintEnforcingControl(eqx.Module):
@@ -230,13 +236,11 @@ class ConstraintEnforcingControl(eqx.Module):
     def outputs(self, system: ActuatedSystem, t, q, v, w):
         """`(u, y, rcond)` at a state: the input, the perturbations
         `y = (f, …, f⁽ᵖ⁻¹⁾)` (shape `(ρ, r)`) and the reciprocal condition of `g gᵀ`."""
-        x = (q, v, w)
-        functions = _lie_derivatives(system, self.order, t, x)
-        y = jnp.stack([fn(t, x) for fn in functions[:-1]])
-        g = _input_gains(system, functions[-2], t, x)
+        values, rates, input_gains = lie_derivatives(system, self.order, t, (q, v, w))
+        y, g = jnp.stack(values), input_gains[-1]
         target = -sum(k * yj if k.ndim <= 1 else k @ yj for k, yj in zip(self.gains, y))
         gram = g @ g.T
-        u = g.T @ jnp.linalg.solve(gram, target - functions[-1](t, x))
+        u = g.T @ jnp.linalg.solve(gram, target - rates[-1])
         if self.null_space_input is not None:  # eq. [2.10]: add its part in the null space of g
             free = self.null_space_input(t, q, v, w)
             u = u + free - g.T @ jnp.linalg.solve(gram, g @ free)
@@ -296,9 +300,7 @@ def _vector_field(t, x, args):
 
 def _decoupling_eigenvalues(system, control, t, q, v, w):
     """The smallest and largest eigenvalue of `g gᵀ`."""
-    x = (q, v, w)
-    top = _lie_derivatives(system, control.order - 1, t, x)[-1]
-    g = _input_gains(system, top, t, x)
+    g = lie_derivatives(system, control.order, t, (q, v, w))[2][-1]
     eigenvalues = jnp.linalg.eigvalsh(g @ g.T)
     return eigenvalues[0], eigenvalues[-1]
 
@@ -318,12 +320,11 @@ def _singular(t, x, args, **kwargs):
 def _input_reach(system, control, t, q, v, w):
     """For `k < ρ`: the largest entry of `∂f⁽ᵏ⁾/∂w · B` (zero below the relative degree) and
     of `f⁽ᵏ⁺¹⁾` (for scale); the reciprocal condition of `g gᵀ`."""
-    x = (q, v, w)
-    functions = _lie_derivatives(system, control.order, t, x)
-    reach = [jnp.max(jnp.abs(_input_gains(system, fn, t, x))) for fn in functions[:-1]]
-    scale = [jnp.max(jnp.abs(fn(t, x))) for fn in functions[1:]]
-    g = _input_gains(system, functions[-2], t, x)
-    return jnp.stack(reach), jnp.stack(scale), reciprocal_condition(g @ g.T)
+    _, rates, input_gains = lie_derivatives(system, control.order, t, (q, v, w))
+    reach = jnp.stack([jnp.max(jnp.abs(g)) for g in input_gains])
+    scale = jnp.stack([jnp.max(jnp.abs(rate)) for rate in rates])
+    g = input_gains[-1]
+    return reach, scale, reciprocal_condition(g @ g.T)
 
 
 def _check_system(system, control, t0, q0, v0, w0):
