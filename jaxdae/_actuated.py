@@ -38,9 +38,10 @@ from ._simulate import (
     _check_times,
     _float_array,
     event_result,
+    raise_failure,
     solve_event,
 )
-from ._solution import RESULTS, SimulationError, failure_message
+from ._solution import RESULTS
 from ._system import LagrangianSystem
 
 
@@ -459,14 +460,7 @@ def simulate_actuated(
         adjoint=(diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS)
                  if adjoint is None else adjoint),
     )
-    if throw:
-        if is_concrete(sol.result):
-            message = failure_message(sol)
-            if message is not None:
-                raise SimulationError(message)
-        else:
-            sol = sol.result.error_if(sol, sol.result != RESULTS.successful)
-    return sol
+    return raise_failure(sol) if throw else sol
 
 
 @eqx.filter_jit

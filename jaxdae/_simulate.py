@@ -449,15 +449,22 @@ def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_
         check_inputs=not eager,
     )
     if throw:
-        if is_concrete(sol.result):
-            message = failure_message(sol)
-            if message is not None:
-                raise SimulationError(message)
-        else:
-            # An ensemble's result is one value repeated per trajectory.
-            result = jax.tree.map(lambda x: x[0], sol.result) if ensemble else sol.result
-            sol = result.error_if(sol, result != RESULTS.successful)
+        # An ensemble's result is one value repeated per trajectory.
+        sol = raise_failure(sol, jax.tree.map(lambda x: x[0], sol.result) if ensemble else None)
     return sol
+
+
+def raise_failure(sol, result: RESULTS | None = None):
+    """`throw=True`: raises [`jaxdae.SimulationError`][] naming the failure of a concrete
+    solution, or attaches the check (`eqx.error_if`) to a traced one. `result` defaults to
+    `sol.result`."""
+    if is_concrete(sol.result):
+        message = failure_message(sol)
+        if message is not None:
+            raise SimulationError(message)
+        return sol
+    result = sol.result if result is None else result
+    return result.error_if(sol, result != RESULTS.successful)
 
 
 Tsit5 = diffrax.Tsit5()
