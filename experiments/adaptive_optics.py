@@ -18,6 +18,9 @@ numbers; `jaxdae.examples.AdaptiveOpticsElement` documents the ones used here.
    norm: in the Euclidean norm of `y = (f, ḟ, f̈, f⃛)`, whose entries scale with powers of
    the poles, it never holds here, while the spectral radius (the same in every norm) is
    the necessary condition the table tests.
+3. Tuning (the paper's `h_β`, here `K_0 … K_3`, through their four poles) for explicit
+   Euler at τ = 20 ms with `jaxdae.tune` and the discrete-stability penalty, against the
+   single-rate family `(μ + γ)⁴` on a grid of the same budget.
 """
 
 import time
@@ -120,6 +123,81 @@ def _fixed_step_study(system, rates, steps, t1):
     return rows
 
 
+TUNE_STEP = 0.02  # s, explicit Euler
+TUNE_T1 = 3.0
+
+
+def _fixed_step_run(system, control, angle_error):
+    """The Euler closed loop from the programmed state with an angle error (for tuning)."""
+    q0, v0, w0 = system.programmed_state(0.0)
+    return jaxdae.simulate_actuated(
+        system, control, 0.0, TUNE_T1, q0 + angle_error, v0, w0,
+        ts=jnp.linspace(0.0, TUNE_T1, 61), solver=diffrax.Euler(),
+        stepsize_controller=diffrax.ConstantStepSize(), dt0=TUNE_STEP,
+        max_steps=int(TUNE_T1 / TUNE_STEP) + 8, throw=False)
+
+
+def _violation(sol):
+    """`∫ f² dt` over the run (the constraint-violation loss), in mrad²·s-like units."""
+    return 1e4 * TUNE_T1 * jnp.mean(sol.residuals[:, 0, 0] ** 2)
+
+
+def _tuning_study(system, quick):
+    """Tunes the gains `K_0 … K_3` (the paper's `h_β`) for explicit Euler at τ = 20 ms with
+    `jaxdae.tune`, through their four poles (`ConstraintEnforcingControl.from_poles`), keeping
+    `ρ(I + τH) ≤ 0.95` with `jaxdae.DiscreteStability`, against the single-rate family
+    `(μ + γ)⁴` of paper 002 searched on a grid of the same budget."""
+    import optax
+
+    steps = 10 if quick else 40
+    train = jnp.linspace(-0.05, 0.05, 8)
+    held_out = jax.random.uniform(jax.random.key(1), (32,), minval=-0.06, maxval=0.06)
+    # Tuned: the four poles −γ_i, through log γ_i (stable by construction).
+    def control_of(rates):
+        return jaxdae.ConstraintEnforcingControl.from_poles(-rates)
+
+    start_rates = jnp.array([7.0, 9.0, 11.0, 13.0])
+    params = jaxdae.Positive(start_rates, log_scale=True)
+    stability = jaxdae.DiscreteStability(diffrax.Euler(), dt=TUNE_STEP, num_constraints=1,
+                                         select=control_of)
+    start = time.perf_counter()
+    result = jaxdae.tune(params, lambda rates, e: _fixed_step_run(system, control_of(rates), e),
+                         train, _violation, optimizer=optax.adam(0.1), steps=steps,
+                         regularization=stability, failure_penalty=1e3, progress=False)
+    tune_seconds = time.perf_counter() - start
+
+    @jax.jit
+    def batch_loss(control, errors):
+        sols = jax.vmap(lambda e: _fixed_step_run(system, control, e))(errors)
+        losses = jax.vmap(_violation)(sols)
+        return jnp.mean(jnp.where(sols.succeeded, losses, jnp.inf))
+
+    def with_rate(rate):
+        return jaxdae.ConstraintEnforcingControl.with_poles(rate, order=4)
+
+    start = time.perf_counter()
+    rates = np.geomspace(3.0, 60.0, steps)
+    grid = [float(batch_loss(with_rate(r), train)) for r in rates]
+    best_rate = float(rates[int(np.argmin(grid))])
+    grid_seconds = time.perf_counter() - start
+
+    def summary(name, control):
+        h = jaxdae.perturbation_matrix(control, 1)
+        rho = jaxdae.spectral_radius(jaxdae.transition_matrix(h, diffrax.Euler(), TUNE_STEP))
+        return dict(law=name, gains=[float(k) for k in control.gains],
+                    held_out_loss=float(batch_loss(control, held_out)),
+                    spectral_radius=float(rho),
+                    poles=[complex(z) for z in np.linalg.eigvals(np.asarray(h))])
+
+    tuned_rates = ", ".join(f"{float(r):.3g}" for r in result.model)
+    rows = [summary(f"poles at −{RATE:g} (paper 002's (μ + γ)⁴)", with_rate(RATE)),
+            summary("start of the tuning: poles −7, −9, −11, −13", control_of(start_rates)),
+            summary(f"best (μ + γ)⁴ on the grid, γ = {best_rate:.3g}", with_rate(best_rate)),
+            summary(f"tuned poles (jaxdae.tune): −({tuned_rates})", control_of(result.model))]
+    return dict(rows=rows, history=result.history["loss"], tune_seconds=tune_seconds,
+                grid_seconds=grid_seconds, steps=steps)
+
+
 def main(out: Path, quick: bool = False) -> dict:
     import matplotlib.pyplot as plt
 
@@ -131,6 +209,7 @@ def main(out: Path, quick: bool = False) -> dict:
     start = time.perf_counter()
     adaptive = _adaptive_study(system, t1, 201 if quick else 801)
     fixed = _fixed_step_study(system, [10.0, 40.0], steps, 6.0)
+    tuning = _tuning_study(system, quick)
     elapsed = time.perf_counter() - start
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
@@ -164,7 +243,7 @@ def main(out: Path, quick: bool = False) -> dict:
     write_json(folder / "results.json", dict(
         seconds=elapsed, t1=t1, rate=RATE,
         adaptive=[{k: v for k, v in r.items() if not k.startswith("_")} for r in adaptive],
-        fixed_step=fixed,
+        fixed_step=fixed, tuning=tuning,
     ))
     table = [
         "| law | start | max\\|f\\| on second half | max\\|φ − φ*\\| on second half | "
@@ -180,6 +259,18 @@ def main(out: Path, quick: bool = False) -> dict:
         "| --- | --- | --- | --- | --- | --- |",
     ] + [f"| {r['solver']} | −{r['rate']:g} | {r['tau']:g} | {r['spectral_radius']:.3f} | "
          f"{r['norm']:.3g} | {r['max_abs_f_late']:.1e} |" for r in fixed]
+
+    table += [
+        "",
+        f"Tuning for explicit Euler, τ = {TUNE_STEP:g} s, loss ∫f² dt (×1e4) over 0–{TUNE_T1:g} s, "
+        f"8 training / 32 held-out angle errors, {tuning['steps']} loss evaluations each "
+        f"(tune {tuning['tune_seconds']:.0f} s, grid {tuning['grid_seconds']:.0f} s, "
+        "compilation included):",
+        "",
+        "| gains | K_0, K_1, K_2, K_3 | held-out loss | ρ(I + τH) |",
+        "| --- | --- | --- | --- |",
+    ] + [f"| {r['law']} | {', '.join(f'{k:.4g}' for k in r['gains'])} | "
+         f"{r['held_out_loss']:.3g} | {r['spectral_radius']:.3f} |" for r in tuning["rows"]]
 
     def largest_bounded(solver, rate):
         ok = [r["tau"] for r in fixed
@@ -199,7 +290,12 @@ def main(out: Path, quick: bool = False) -> dict:
         f"({unstab['result']} at t = {unstab['t_final']:.3g} s). With fixed steps the residual stays bounded only "
         f"where ρ(R(τH)) < 1: explicit Euler, poles at −40: largest bounded τ "
         f"{largest_bounded('Euler', 40.0):g} s (ρ < 1 up to {largest_stable('Euler', 40.0):g} "
-        "s in the grid); ρ < 1 is necessary, not sufficient (table)."
+        "s in the grid); ρ < 1 is necessary, not sufficient. Gains tuned for Euler at "
+        f"τ = {TUNE_STEP:g} s reach a held-out loss of {tuning['rows'][3]['held_out_loss']:.3g} "
+        f"against {tuning['rows'][2]['held_out_loss']:.3g} for the best single-rate "
+        f"(μ + γ)⁴ and {tuning['rows'][0]['held_out_loss']:.3g} for poles at −{RATE:g}: both "
+        f"optima lie near the deadbeat poles −1/τ = −{1 / TUNE_STEP:g}, where I + τH is "
+        "nilpotent (table)."
     )
     print(headline)
     print("\n".join(table))

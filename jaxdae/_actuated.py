@@ -147,8 +147,8 @@ class ConstraintEnforcingControl(eqx.Module):
         matrix; their number is the relative degree `ρ`. The companion matrix must be
         Hurwitz, except that all gains zero gives the unstabilized law of eq. [2.9] for
         comparison. Concrete gains are checked here; traced gains (under `jit`/`grad`, e.g.
-        in [`jaxdae.tune`][]) are not, so keep them Hurwitz by construction: tune the `rate`
-        of `with_poles`, or penalize with [`jaxdae.DiscreteStability`][] for explicit Euler,
+        in [`jaxdae.tune`][]) are not, so keep them Hurwitz by construction: tune the poles
+        of `from_poles` (or the `rate` of `with_poles`), or penalize with [`jaxdae.DiscreteStability`][] for explicit Euler,
         since `ρ(I + τH) < 1` implies that `H` is Hurwitz.
     - `null_space_input`: optional `(t, q, v, w) -> u₀`, shape `(s,)`, for more inputs than
         constraints: its component in the null space of `g`, `(I − gᵀ(ggᵀ)⁻¹g) u₀`, is
@@ -194,6 +194,28 @@ class ConstraintEnforcingControl(eqx.Module):
             raise ValueError(f"`rate` must be a scalar or a vector; got shape {rate.shape}.")
         return cls([math.comb(order, j) * rate ** (order - j) for j in range(order)], rcond,
                    null_space_input)
+
+    @classmethod
+    def from_poles(cls, poles, rcond: float | None = None,
+                   null_space_input: Callable | None = None) -> "ConstraintEnforcingControl":
+        """The scalar gains whose characteristic polynomial `Π (μ − p_i)` has the given
+        poles (their number is the relative degree): real poles, or complex ones in
+        conjugate pairs. Differentiable in the poles, so tuning them (e.g. the logarithms of
+        `−p_i`) keeps the perturbation equation stable by construction."""
+        poles = jnp.asarray(poles)
+        if poles.ndim != 1 or poles.shape[0] == 0:
+            raise ValueError(f"`poles` must be a non-empty 1-D array; got shape {poles.shape}.")
+        coefficients = jnp.ones((1,), poles.dtype)  # of μ^k, highest power first
+        for pole in poles:
+            coefficients = (jnp.concatenate([coefficients, jnp.zeros((1,), poles.dtype)])
+                            - pole * jnp.concatenate([jnp.zeros((1,), poles.dtype), coefficients]))
+        if jnp.iscomplexobj(coefficients):
+            if is_concrete(coefficients) and np.max(np.abs(np.imag(np.asarray(coefficients)))
+                                                    ) > 1e-9 * np.max(np.abs(coefficients)):
+                raise ValueError("Complex `poles` must come in conjugate pairs (the gains are "
+                                 "real); got " + np.array2string(np.asarray(poles)) + ".")
+            coefficients = jnp.real(coefficients)
+        return cls(list(coefficients[1:][::-1]), rcond, null_space_input)
 
     @property
     def order(self) -> int:

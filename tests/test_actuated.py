@@ -225,3 +225,17 @@ def test_discrete_stability_penalty_reads_the_control_gains():
     assert penalty(slow) == 0 and penalty(fast) > 0
     grads = jax.grad(lambda c: penalty(c))(fast)
     assert all(np.isfinite(np.asarray(g)).all() for g in grads.gains)
+
+
+def test_gains_from_poles():
+    repeated = jaxdae.ConstraintEnforcingControl.from_poles(jnp.full(4, -10.0))
+    np.testing.assert_allclose([float(k) for k in repeated.gains], [1e4, 4e3, 600.0, 40.0])
+    pair = jaxdae.ConstraintEnforcingControl.from_poles(jnp.array([-1 + 2j, -1 - 2j, -3.0]))
+    np.testing.assert_allclose([float(k) for k in pair.gains], [15.0, 11.0, 5.0])  # np.poly
+    eigenvalues = np.linalg.eigvals(np.asarray(jaxdae.perturbation_matrix(pair, 1)))
+    np.testing.assert_allclose(np.sort_complex(eigenvalues), [-3, -1 - 2j, -1 + 2j], atol=1e-12)
+    with pytest.raises(ValueError, match="conjugate pairs"):
+        jaxdae.ConstraintEnforcingControl.from_poles(jnp.array([-1 + 2j, -3.0]))
+    grad = jax.grad(lambda p: jaxdae.ConstraintEnforcingControl.from_poles(p).gains[0])(
+        jnp.array([-1.0, -2.0]))
+    np.testing.assert_allclose(grad, [-2.0, -1.0])  # K_0 = p_1 p_2
