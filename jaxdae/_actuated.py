@@ -35,6 +35,7 @@ from ._scalarize import scalarize
 from ._simulate import (
     CHECKPOINTS,
     Tsit5,
+    _cast_floating,
     _check_times,
     _float_array,
     event_result,
@@ -472,6 +473,8 @@ def simulate_actuated(
     for name, value in (("q0", q0), ("v0", v0), ("w0", w0)):
         if is_concrete(value) and not np.all(np.isfinite(np.asarray(value))):
             raise ValueError(f"`{name}` contains non-finite values (nan or inf).")
+    # The state's dtype sets the precision: float32 states give a float32 simulation.
+    system, control = _cast_floating((system, control), dtype)
     _check_system(system, control, t0, q0, v0, w0)
     if stepsize_controller is None:
         stepsize_controller = diffrax.PIDController(rtol=rtol, atol=atol)

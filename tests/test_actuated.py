@@ -239,3 +239,11 @@ def test_gains_from_poles():
     grad = jax.grad(lambda p: jaxdae.ConstraintEnforcingControl.from_poles(p).gains[0])(
         jnp.array([-1.0, -2.0]))
     np.testing.assert_allclose(grad, [-2.0, -1.0])  # K_0 = p_1 p_2
+
+
+def test_float32_states_give_a_float32_simulation():
+    q0, v0, w0 = (x.astype(jnp.float32) for x in OPTICS.initial_state(angle_error=0.05))
+    sol = jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, 3.0, q0, v0, w0, rtol=1e-5,
+                                   atol=1e-7)
+    assert sol.q.dtype == sol.u.dtype == sol.residuals.dtype == jnp.float32
+    assert sol.succeeded and abs(float(sol.residuals[-1, 0, 0])) < 1e-6
