@@ -149,8 +149,9 @@ class ConstraintEnforcingControl(eqx.Module):
         Hurwitz, except that all gains zero gives the unstabilized law of eq. [2.9] for
         comparison. Concrete gains are checked here; traced gains (under `jit`/`grad`, e.g.
         in [`jaxdae.tune`][]) are not, so keep them Hurwitz by construction: tune the poles
-        of `from_poles` (or the `rate` of `with_poles`), or penalize with [`jaxdae.DiscreteStability`][] for explicit Euler,
-        since `ρ(I + τH) < 1` implies that `H` is Hurwitz.
+        of `from_poles` (or the `rate` of `with_poles`), or penalize with
+        [`jaxdae.DiscreteStability`][] for explicit Euler, since `ρ(I + τH) < 1` implies
+        that `H` is Hurwitz.
     - `null_space_input`: optional `(t, q, v, w) -> u₀`, shape `(s,)`, for more inputs than
         constraints: its component in the null space of `g`, `(I − gᵀ(ggᵀ)⁻¹g) u₀`, is
         added (the free part `u⁰u^τ` of eq. [2.10]); it does not affect the constraints
