@@ -93,10 +93,17 @@ class ActuatedSystem(eqx.Module):
         return v, self.accelerations(t, q, v, w), self.actuator_drift(t, q, v, w)
 
 
+def constraint_groups(system: ActuatedSystem, t, x) -> tuple:
+    """`program_constraints` as a tuple of groups (one array is one group)."""
+    f = system.program_constraints(t, x[0], x[1])
+    return tuple(f) if isinstance(f, (tuple, list)) else (f,)
+
+
 def lie_derivatives(system: ActuatedSystem, order: int, t, x):
     """The program constraints' derivatives along the motion at `(t, x)`, by autodiff.
 
-    Returns `(values, rates, input_gains)`: `values[k] = f⁽ᵏ⁾ = L_X^k f` and
+    Returns `(values, rates, input_gains)`, each entry a tuple over the constraint groups
+    (`constraint_groups`): `values[k] = f⁽ᵏ⁾ = L_X^k f` and
     `rates[k] = L_X^{k+1} f` (time derivatives along the drift `X`, `∂/∂t` of rheonomic
     constraints included) for `k < order`, and `input_gains[k] = ∂f⁽ᵏ⁾/∂w · B`, shape
     `(r, s)`: how the input moves `f⁽ᵏ⁺¹⁾` (zero below the relative degree; `g` at
@@ -105,7 +112,7 @@ def lie_derivatives(system: ActuatedSystem, order: int, t, x):
     """
     def series(k):
         if k == 0:
-            return lambda t_, x_: (system.program_constraints(t_, x_[0], x_[1]),)
+            return lambda t_, x_: (constraint_groups(system, t_, x_),)
         lower = series(k - 1)
 
         def extended(t_, x_):
@@ -161,24 +168,31 @@ class ConstraintEnforcingControl(eqx.Module):
         initial state is below `rcond` (default `sqrt(machine epsilon)`).
     """
 
-    gains: tuple[Gain, ...]
+    gains: tuple[Gain, ...] | tuple[tuple[Gain, ...], ...]
     rcond: float | None = eqx.field(static=True, default=None)
     null_space_input: Callable | None = None
 
-    def __init__(self, gains: Sequence[GainLike], rcond: float | None = None,
-                 null_space_input: Callable | None = None):
-        if isinstance(gains, (jax.Array, np.ndarray)) or not isinstance(gains, Sequence):
-            raise ValueError(
-                "`gains` must be a list or tuple `(K_0, …, K_{ρ−1})`, one gain per derivative "
-                "of the program constraints; got "
-                f"{type(gains).__name__}. For the relative degree ρ = 4 of paper 002 §5, "
-                "e.g. `ConstraintEnforcingControl.with_poles(10.0, order=4)`."
-            )
-        if len(gains) == 0:
-            raise ValueError("`gains` must hold at least one gain (the relative degree ≥ 1).")
-        self.gains = tuple(as_gain(k) for k in gains)
-        for j, gain in enumerate(self.gains):
-            check_gain_structure(f"gains[{j}]", gain)
+    def __init__(self, gains: Sequence[GainLike] | Sequence[Sequence[GainLike]],
+                 rcond: float | None = None, null_space_input: Callable | None = None):
+        def convert(group, name):
+            if isinstance(group, (jax.Array, np.ndarray)) or not isinstance(group, Sequence):
+                raise ValueError(
+                    f"`{name}` must be a list or tuple `(K_0, …, K_{{ρ−1}})`, one gain per "
+                    f"derivative of the program constraints; got {type(group).__name__}. For "
+                    "the relative degree ρ = 4 of paper 002 §5, e.g. "
+                    "`ConstraintEnforcingControl.with_poles(10.0, order=4)`."
+                )
+            if len(group) == 0:
+                raise ValueError(f"`{name}` must hold at least one gain (relative degree ≥ 1).")
+            group = tuple(as_gain(k) for k in group)
+            for j, gain in enumerate(group):
+                check_gain_structure(f"{name}[{j}]", gain)
+            return group
+
+        grouped = (isinstance(gains, Sequence) and len(gains) > 0
+                   and all(isinstance(g, (list, tuple)) for g in gains))
+        self.gains = (tuple(convert(g, f"gains[{i}]") for i, g in enumerate(gains))
+                      if grouped else convert(gains, "gains"))
         self.rcond = rcond
         self.null_space_input = null_space_input
         if is_concrete(self.gains):
@@ -220,56 +234,91 @@ class ConstraintEnforcingControl(eqx.Module):
         return cls(list(coefficients[1:][::-1]), rcond, null_space_input)
 
     @property
-    def order(self) -> int:
-        """The relative degree `ρ`."""
-        return len(self.gains)
+    def grouped(self) -> bool:
+        """Whether `gains` holds one gain sequence per group of program constraints."""
+        return isinstance(self.gains[0], tuple)
+
+    @property
+    def groups(self) -> tuple[tuple[Gain, ...], ...]:
+        """The gain sequences, one per group of program constraints."""
+        return self.gains if self.grouped else (self.gains,)
+
+    @property
+    def order(self) -> int | tuple[int, ...]:
+        """The relative degree `ρ` (one per group for grouped gains)."""
+        orders = tuple(len(group) for group in self.groups)
+        return orders if self.grouped else orders[0]
 
     def _check_hurwitz(self):
-        gains = [np.asarray(k) for k in self.gains]
-        if all(np.all(k == 0) for k in gains):
-            return
-        sizes = {k.shape[0] for k in gains if k.ndim >= 1}
-        size = sizes.pop() if len(sizes) == 1 else (1 if not sizes else None)
-        if size is None:
-            raise ValueError(
-                "`gains` have different sizes; vector and matrix gains must all have one "
-                "row per program constraint."
-            )
-        matrix = np.asarray(self.perturbation_matrix(size))
-        if not np.all(np.isfinite(matrix)):
-            raise ValueError("`gains` must be finite.")
-        largest = float(np.max(np.linalg.eigvals(matrix).real))
-        if largest >= 0:
-            raise ValueError(
-                "The perturbation equation `f⁽ᵖ⁾ + Σ K_j f⁽ʲ⁾ = 0` of these `gains` is not "
-                f"asymptotically stable (largest real part of an eigenvalue of H: "
-                f"{largest:.4g}); the constraints would not be restored (paper 002, §3). Use "
-                "e.g. `ConstraintEnforcingControl.with_poles(rate, order)`, or all gains zero "
-                "for the unstabilized law."
-            )
+        for i, group in enumerate(self.groups):
+            name = f"gains[{i}]" if self.grouped else "gains"
+            gains = [np.asarray(k) for k in group]
+            if all(np.all(k == 0) for k in gains):
+                continue
+            sizes = {k.shape[0] for k in gains if k.ndim >= 1}
+            size = sizes.pop() if len(sizes) == 1 else (1 if not sizes else None)
+            if size is None:
+                raise ValueError(
+                    f"`{name}` have different sizes; vector and matrix gains must all have "
+                    "one row per program constraint."
+                )
+            matrix = np.asarray(_companion(group, size, name))
+            if not np.all(np.isfinite(matrix)):
+                raise ValueError(f"`{name}` must be finite.")
+            largest = float(np.max(np.linalg.eigvals(matrix).real))
+            if largest >= 0:
+                raise ValueError(
+                    f"The perturbation equation `f⁽ᵖ⁾ + Σ K_j f⁽ʲ⁾ = 0` of `{name}` is not "
+                    f"asymptotically stable (largest real part of an eigenvalue of H: "
+                    f"{largest:.4g}); the constraints would not be restored (paper 002, §3). "
+                    "Use e.g. `ConstraintEnforcingControl.with_poles(rate, order)`, or all "
+                    "gains zero for the unstabilized law."
+                )
 
-    def perturbation_matrix(self, num_constraints: int) -> Float[Array, "d d"]:
-        """`H` of `ẏ = H y`, `y = (f, ḟ, …, f⁽ᵖ⁻¹⁾)`, shape `(ρr, ρr)` (eqs. [3.12], [5.8])."""
-        r, order = num_constraints, self.order
-        dtype = jnp.result_type(*self.gains)
-        for j, gain in enumerate(self.gains):
-            check_gain_size(f"gains[{j}]", gain, r, "program constraints")
-        shift = jnp.eye(order * r, k=r, dtype=dtype)[: (order - 1) * r]
-        last = jnp.concatenate([-gain_matrix(k, r, dtype) for k in self.gains], axis=1)
-        return jnp.concatenate([shift, last], axis=0)
+    def perturbation_matrix(self, num_constraints: int | Sequence[int]) -> Float[Array, "d d"]:
+        """`H` of `ẏ = H y`, `y = (f, ḟ, …, f⁽ᵖ⁻¹⁾)`, shape `(ρr, ρr)` (eqs. [3.12], [5.8]);
+        for grouped gains pass one size per group: `H` is block diagonal, one companion
+        block per group, `y` the groups' perturbations one after the other."""
+        sizes = tuple(num_constraints) if self.grouped else (num_constraints,)
+        if len(sizes) != len(self.groups):
+            raise ValueError(
+                f"`num_constraints` must give one size per group of gains ({len(self.groups)}); "
+                f"got {num_constraints}."
+            )
+        blocks = [_companion(group, r, f"gains[{i}]" if self.grouped else "gains")
+                  for i, (group, r) in enumerate(zip(self.groups, sizes))]
+        return jax.scipy.linalg.block_diag(*blocks)
 
     def outputs(self, system: ActuatedSystem, t, q, v, w):
-        """`(u, y, rcond)` at a state: the input, the perturbations
-        `y = (f, …, f⁽ᵖ⁻¹⁾)` (shape `(ρ, r)`) and the reciprocal condition of `g gᵀ`."""
-        values, rates, input_gains = lie_derivatives(system, self.order, t, (q, v, w))
-        y, g = jnp.stack(values), input_gains[-1]
-        target = -sum(k * yj if k.ndim <= 1 else k @ yj for k, yj in zip(self.gains, y))
+        """`(u, y, rcond)` at a state: the input, the perturbations `y = (f, …, f⁽ᵖ⁻¹⁾)`
+        (shape `(ρ, r)`; a tuple over groups for grouped gains) and the reciprocal
+        condition of `g gᵀ`."""
+        orders = tuple(len(group) for group in self.groups)
+        values, rates, input_gains = lie_derivatives(system, max(orders), t, (q, v, w))
+        ys, rows, rhs = [], [], []
+        for i, (group, order) in enumerate(zip(self.groups, orders)):
+            y = jnp.stack([values[k][i] for k in range(order)])
+            target = -sum(k * yj if k.ndim <= 1 else k @ yj for k, yj in zip(group, y))
+            ys.append(y)
+            rows.append(input_gains[order - 1][i])
+            rhs.append(target - rates[order - 1][i])
+        g = jnp.concatenate(rows)
         gram = g @ g.T
-        u = g.T @ jnp.linalg.solve(gram, target - rates[-1])
+        u = g.T @ jnp.linalg.solve(gram, jnp.concatenate(rhs))
         if self.null_space_input is not None:  # eq. [2.10]: add its part in the null space of g
             free = self.null_space_input(t, q, v, w)
             u = u + free - g.T @ jnp.linalg.solve(gram, g @ free)
-        return u, y, reciprocal_condition(gram)
+        return u, tuple(ys) if self.grouped else ys[0], reciprocal_condition(gram)
+
+
+def _companion(gains: tuple[Gain, ...], size: int, name: str) -> Float[Array, "d d"]:
+    """The companion matrix of `f⁽ᵖ⁾ + Σ K_j f⁽ʲ⁾ = 0` for `size` constraints."""
+    order, dtype = len(gains), jnp.result_type(*gains)
+    for j, gain in enumerate(gains):
+        check_gain_size(f"{name}[{j}]", gain, size, "program constraints")
+    shift = jnp.eye(order * size, k=size, dtype=dtype)[: (order - 1) * size]
+    last = jnp.concatenate([-gain_matrix(k, size, dtype) for k in gains], axis=1)
+    return jnp.concatenate([shift, last], axis=0)
 
 
 class ActuatedSolution(eqx.Module):
@@ -282,7 +331,7 @@ class ActuatedSolution(eqx.Module):
         `(N, k)`.
     - `u`: the input, shape `(N, s)`.
     - `residuals`: the perturbations `(f, ḟ, …, f⁽ᵖ⁻¹⁾)` of the program constraints,
-        shape `(N, ρ, r)`.
+        shape `(N, ρ, r)`; a tuple of those, one per group, for grouped constraints.
     - `t_final`, `q_final`, `v_final`, `w_final`: where the solve ended.
     - `result`: a [`jaxdae.RESULTS`][] item; `stats`: diffrax's step statistics.
     """
@@ -292,7 +341,7 @@ class ActuatedSolution(eqx.Module):
     v: Float[Array, "N n"]
     w: Float[Array, "N k"]
     u: Float[Array, "N s"]
-    residuals: Float[Array, "N order r"]
+    residuals: Float[Array, "N order r"] | tuple[Float[Array, "N order r"], ...]
     t_final: Float[Array, ""]
     q_final: Float[Array, " n"]
     v_final: Float[Array, " n"]
@@ -325,7 +374,9 @@ def _vector_field(t, x, args):
 
 def _decoupling_eigenvalues(system, control, t, q, v, w):
     """The smallest and largest eigenvalue of `g gᵀ`."""
-    g = lie_derivatives(system, control.order, t, (q, v, w))[2][-1]
+    orders = tuple(len(group) for group in control.groups)
+    input_gains = lie_derivatives(system, max(orders), t, (q, v, w))[2]
+    g = jnp.concatenate([input_gains[order - 1][i] for i, order in enumerate(orders)])
     eigenvalues = jnp.linalg.eigvalsh(g @ g.T)
     return eigenvalues[0], eigenvalues[-1]
 
@@ -345,10 +396,12 @@ def _singular(t, x, args, **kwargs):
 def _input_reach(system, control, t, q, v, w):
     """For `k < ρ`: the largest entry of `∂f⁽ᵏ⁾/∂w · B` (zero below the relative degree) and
     of `f⁽ᵏ⁺¹⁾` (for scale); the reciprocal condition of `g gᵀ`."""
-    _, rates, input_gains = lie_derivatives(system, control.order, t, (q, v, w))
-    reach = jnp.stack([jnp.max(jnp.abs(g)) for g in input_gains])
-    scale = jnp.stack([jnp.max(jnp.abs(rate)) for rate in rates])
-    g = input_gains[-1]
+    orders = tuple(len(group) for group in control.groups)
+    _, rates, input_gains = lie_derivatives(system, max(orders), t, (q, v, w))
+    # (derivative, group) tables
+    reach = jnp.stack([jnp.stack([jnp.max(jnp.abs(g)) for g in row]) for row in input_gains])
+    scale = jnp.stack([jnp.stack([jnp.max(jnp.abs(f)) for f in row]) for row in rates])
+    g = jnp.concatenate([input_gains[order - 1][i] for i, order in enumerate(orders)])
     return reach, scale, reciprocal_condition(g @ g.T)
 
 
@@ -381,34 +434,45 @@ def _check_system(system, control, t0, q0, v0, w0):
     if len(inputs) != 2 or inputs[0] != w0.shape[0]:
         raise ValueError(
             f"`input_matrix` must return shape (k, s) = ({w0.shape[0]}, s); got {inputs}.")
-    r = jax.eval_shape(system.program_constraints, t0, q0, v0).shape
-    if len(r) != 1 or r[0] == 0:
-        raise ValueError(f"`program_constraints` must return shape (r,), r ≥ 1; got {r}.")
-    if r[0] > inputs[1]:
+    shapes = [g.shape for g in jax.eval_shape(constraint_groups, system, t0, (q0, v0, w0))]
+    if any(len(shape) != 1 or shape[0] == 0 for shape in shapes):
+        raise ValueError("`program_constraints` must return an array of shape (r,), r ≥ 1, or "
+                         f"a tuple of such groups; got shapes {shapes}.")
+    if len(shapes) != len(control.groups) or (len(shapes) > 1 and not control.grouped):
         raise ValueError(
-            f"{r[0]} program constraints need at least as many inputs; `input_matrix` has "
-            f"{inputs[1]} columns (paper 002 requires the rows of g = ψ_w B to be linearly "
-            "independent, eq. [2.9])."
+            f"`program_constraints` returns {len(shapes)} group(s) but the control has "
+            f"{len(control.groups)} gain sequence(s): pass one sequence `(K_0, …, K_{{ρ−1}})` "
+            "per group (groups may differ in relative degree, e.g. holonomic and velocity "
+            "goals, paper 002 eqs. [2.3]–[2.4])."
         )
-    control.perturbation_matrix(r[0])  # checks the gains' sizes
+    sizes = [shape[0] for shape in shapes]
+    if sum(sizes) > inputs[1]:
+        raise ValueError(
+            f"{sum(sizes)} program constraints need at least as many inputs; `input_matrix` "
+            f"has {inputs[1]} columns (paper 002 requires the rows of g = ψ_w B to be "
+            "linearly independent, eq. [2.9])."
+        )
+    control.perturbation_matrix(sizes if control.grouped else sizes[0])  # gain sizes
     if not is_concrete(system, control, t0, q0, v0, w0):
         return
     reach, scale, rcond = (np.asarray(a) for a in _input_reach(system, control, t0, q0, v0, w0))
-    for k in range(control.order - 1):
-        if reach[k] > 1e-8 * (1.0 + scale[k]):
-            raise ValueError(
-                f"The input first appears in derivative {k + 1} of `program_constraints`, "
-                f"so their relative degree is {k + 1}, but `gains` has {control.order} "
-                f"entries: pass {k + 1} gains (e.g. `ConstraintEnforcingControl.with_poles("
-                f"rate, order={k + 1})`)."
-            )
+    for i, group in enumerate(control.groups):
+        which = f" (group {i})" if control.grouped else ""
+        for k in range(len(group) - 1):
+            if reach[k, i] > 1e-8 * (1.0 + scale[k, i]):
+                raise ValueError(
+                    f"The input first appears in derivative {k + 1} of "
+                    f"`program_constraints`{which}, so their relative degree is {k + 1}, but "
+                    f"the gains have {len(group)} entries: pass {k + 1} gains (e.g. "
+                    f"`ConstraintEnforcingControl.with_poles(rate, order={k + 1})`)."
+                )
     if not float(rcond) >= default_rcond(control.rcond, q0.dtype):
         raise ValueError(
             f"The decoupling matrix g = ∂f⁽ᵖ⁻¹⁾/∂w · B is singular at the initial state "
-            f"(reciprocal condition of g gᵀ: {float(rcond):.3g}), so the input cannot enforce the "
-            f"program constraints there: either the relative degree is larger than "
-            f"{control.order} (the input does not appear in derivative {control.order}), or "
-            "the initial state is a singular configuration (paper 002 §5: s(t) = 0 or "
+            f"(reciprocal condition of g gᵀ: {float(rcond):.3g}), so the input cannot "
+            f"enforce the program constraints there: either a relative degree is larger "
+            f"than {control.order} (the input does not appear in that derivative), or the "
+            "initial state is a singular configuration (paper 002 §5: s(t) = 0 or "
             "sin φ = 0)."
         )
 
@@ -512,7 +576,7 @@ def _simulate_actuated(system, control, t0, t1, q0, v0, w0, ts, *, solver,
         jnp.where(valid[:, None], v, v0), jnp.where(valid[:, None], w, w0))
     mask = lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.inf)  # noqa: E731
     return ActuatedSolution(
-        ts=ts_out, q=q, v=v, w=w, u=mask(u), residuals=mask(residuals),
+        ts=ts_out, q=q, v=v, w=w, u=mask(u), residuals=jax.tree.map(mask, residuals),
         t_final=out.ts[1][0], q_final=q_end[0], v_final=v_end[0], w_final=w_end[0],
         result=result, stats=out.stats,
     )

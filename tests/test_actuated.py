@@ -48,7 +48,7 @@ def test_lie_derivatives_and_decoupling_match_the_paper():
     @jax.jit
     def quantities(t, q, v, w):
         _, rates, gains = lie_derivatives(OPTICS, 4, t, (q, v, w))
-        return rates[0], gains
+        return rates[0][0], [g[0] for g in gains]  # the one group of constraints
 
     rate, gains = quantities(t, q, v, w)
     c, l, s = OPTICS.distance, OPTICS.mechanism.length, OPTICS.source(t)
@@ -189,6 +189,37 @@ def test_several_constraints_inputs_and_coupled_gains():
     change = np.asarray(sol2.u) - np.asarray(sol.u)
     np.testing.assert_allclose(change, np.outer(change @ unit, unit), atol=1e-7)
     np.testing.assert_allclose(change @ unit, float(nominal @ unit), rtol=1e-7)
+
+
+class _PositionAndSpeedGoals(_ThreeThrusters):
+    """The same mass with a holonomic goal `x = cos t` (relative degree 3) and a velocity
+    goal `ẏ = 0.5` (relative degree 2): groups of program constraints (paper 002, eqs.
+    [2.3]–[2.4])."""
+
+    def program_constraints(self, t, q, v):
+        return q[:1] - jnp.cos(t)[None], v[1:] - 0.5
+
+
+def test_groups_of_constraints_with_different_relative_degrees():
+    system = _PositionAndSpeedGoals()
+    control = jaxdae.ConstraintEnforcingControl(
+        ([125.0, 75.0, 15.0], jaxdae.ConstraintEnforcingControl.with_poles(4.0, 2).gains))
+    assert control.order == (3, 2)
+    q0, v0, w0 = jnp.array([1.2, 0.1]), jnp.array([0.0, 0.8]), jnp.array([0.5, 0.0, -0.2])
+    ts = jnp.linspace(0.0, 2.0, 5)
+    sol = jaxdae.simulate_actuated(system, control, 0.0, 2.0, q0, v0, w0, ts=ts)
+    position, speed = sol.residuals
+    assert position.shape == (5, 3, 1) and speed.shape == (5, 2, 1)
+    y = np.concatenate([np.asarray(position)[:, :, 0], np.asarray(speed)[:, :, 0]], axis=1)
+    expected = _exact_perturbations(control, (1, 1), ts, y[0])
+    np.testing.assert_allclose(y, expected, atol=1e-7 * np.max(np.abs(y)))
+    with pytest.raises(ValueError, match="returns 2 group\\(s\\) but the control has 1"):
+        jaxdae.simulate_actuated(system, jaxdae.ConstraintEnforcingControl.with_poles(4.0, 3),
+                                 0.0, 2.0, q0, v0, w0)
+    with pytest.raises(ValueError, match="group 1.*relative degree is 2"):
+        jaxdae.simulate_actuated(
+            system, jaxdae.ConstraintEnforcingControl(([125.0, 75.0, 15.0], [1.0, 3.0, 3.0])),
+            0.0, 2.0, q0, v0, w0)
 
 
 def test_bad_input_is_refused():
