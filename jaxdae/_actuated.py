@@ -80,7 +80,9 @@ class ActuatedSystem(eqx.Module):
 
     @abc.abstractmethod
     def program_constraints(self, t, q, v) -> Float[Array, " r"]:
-        """`f`: the goals of the control, zero on the programmed motion, shape `(r,)`."""
+        """`f`: the goals of the control, zero on the programmed motion, shape `(r,)`; or a
+        tuple of such arrays, groups whose relative degrees differ (e.g. holonomic goals
+        `f(t, q)` and velocity goals `φ(t, q, v)`, paper 002 eqs. [2.3]–[2.4])."""
 
     def accelerations(self, t, q, v, w) -> Float[Array, " n"]:
         """`a(t, q, v, w) = M⁻¹ (Q + Q_a)` of eq. [2.1]."""
@@ -152,7 +154,8 @@ class ConstraintEnforcingControl(eqx.Module):
     **Arguments:**
 
     - `gains`: `(K_0, …, K_{ρ−1})`, each a scalar, a vector (one value per constraint) or a
-        matrix; their number is the relative degree `ρ`. The companion matrix must be
+        matrix; their number is the relative degree `ρ`. For grouped program constraints,
+        one such sequence per group (`order` is then a tuple). The companion matrix must be
         Hurwitz, except that all gains zero gives the unstabilized law of eq. [2.9] for
         comparison. Concrete gains are checked here; traced gains (under `jit`/`grad`, e.g.
         in [`jaxdae.tune`][]) are not, so keep them Hurwitz by construction: tune the poles
