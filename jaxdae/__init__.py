@@ -17,6 +17,7 @@ from ._actuated import (
     ActuatedSolution as ActuatedSolution,
     ActuatedSystem as ActuatedSystem,
     ConstraintEnforcingControl as ConstraintEnforcingControl,
+    consistent_actuated_state as consistent_actuated_state,
     simulate_actuated as simulate_actuated,
 )
 from ._analysis import (

@@ -25,8 +25,11 @@ from collections.abc import Callable, Sequence
 import diffrax
 import equinox as eqx
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
+import optimistix as optx
 
 from ._custom_types import Array, ArrayLike, Float, Gain, GainLike, Int, ScalarLike
 from ._formulation._base import default_rcond, reciprocal_condition, spd_solve
@@ -322,6 +325,90 @@ def _companion(gains: tuple[Gain, ...], size: int, name: str) -> Float[Array, "d
     shift = jnp.eye(order * size, k=size, dtype=dtype)[: (order - 1) * size]
     last = jnp.concatenate([-gain_matrix(k, size, dtype) for k in gains], axis=1)
     return jnp.concatenate([shift, last], axis=0)
+
+
+def _program_residual(system, control, t, x):
+    """`y = (f, …, f⁽ᵖ⁻¹⁾)` of every group, flattened."""
+    orders = tuple(len(group) for group in control.groups)
+    values = lie_derivatives(system, max(orders), t, x)[0]
+    return jnp.concatenate([values[k][i] for i, order in enumerate(orders)
+                            for k in range(order)])
+
+
+def _kkt_residual(y, args):
+    """KKT conditions of `min ½ |x − x0|²` s.t. `y(x) = 0` (in the flattened state)."""
+    x, lam = y
+    system, control, t0, x0, unravel = args
+    residual, vjp = jax.vjp(lambda x_: _program_residual(system, control, t0, unravel(x_)), x)
+    return x - x0 + vjp(lam)[0], residual
+
+
+@eqx.filter_jit
+def _programmed_state(system, control, t0, x0, unravel, rtol, atol, max_steps):
+    lam0 = jnp.zeros_like(_program_residual(system, control, t0, unravel(x0)))
+    solver = optx.Newton(rtol=rtol, atol=atol, linear_solver=lx.AutoLinearSolver(well_posed=False))
+    sol = optx.root_find(_kkt_residual, solver, (x0, lam0),
+                         args=(system, control, t0, x0, unravel), max_steps=max_steps,
+                         throw=False)
+    x = sol.value[0]
+    return x, _program_residual(system, control, t0, unravel(x)), sol.result
+
+
+def consistent_actuated_state(
+    system: ActuatedSystem,
+    control: ConstraintEnforcingControl,
+    t0: ScalarLike,
+    q0: Float[ArrayLike, " n"],
+    v0: Float[ArrayLike, " n"],
+    w0: Float[ArrayLike, " k"],
+    *,
+    tol: float | None = None,
+    max_steps: int = 64,
+) -> tuple[Float[Array, " n"], Float[Array, " n"], Float[Array, " k"]]:
+    """The state nearest to `(q0, v0, w0)` (Euclidean norm) on the programmed motion:
+    `f = ḟ = … = f⁽ᵖ⁻¹⁾ = 0` for every group (paper 002, eq. [2.5]), the start for which
+    even the unstabilized law of eq. [2.9] keeps the constraints.
+
+    Newton's method (optimistix) on the KKT conditions of `min ½ |x − x0|²` subject to
+    those equations, with least-squares linear solves. When the equations fix the whole
+    state (as in the adaptive-optics element: four equations, four states) the result is
+    the unique programmed state, whatever the norm.
+
+    **Arguments:**
+
+    - `system`, `control`: as for [`jaxdae.simulate_actuated`][] (the control's relative
+        degrees say how many derivatives vanish).
+    - `t0`, `q0`, `v0`, `w0`: the time and the guess.
+    - `tol`: accepted `max |f⁽ᵏ⁾|`; default `1e3 · eps`, scaled by the size of the guess.
+    - `max_steps`: Newton iterations.
+
+    **Returns:**
+
+    `(q, v, w)`.
+
+    **Raises:**
+
+    `ValueError` if no such state is found near the guess.
+    """
+    q0, v0, w0 = (_float_array(name, value) for name, value in
+                  (("q0", q0), ("v0", v0), ("w0", w0)))
+    dtype = jnp.result_type(q0, v0, w0)
+    x0, unravel = jax.flatten_util.ravel_pytree((q0.astype(dtype), v0.astype(dtype),
+                                                 w0.astype(dtype)))
+    t0 = jnp.asarray(t0, dtype)
+    eps = float(jnp.finfo(dtype).eps)
+    tol = 1e3 * eps * (1.0 + float(jnp.max(jnp.abs(x0)))) if tol is None else tol
+    x, residual, result = _programmed_state(system, control, t0, x0, unravel, 0.1 * tol,
+                                            0.1 * tol, max_steps)
+    worst = float(jnp.max(jnp.abs(residual)))
+    if not np.isfinite(worst) or worst > tol:
+        raise ValueError(
+            f"No state on the programmed motion found near the guess: after Newton "
+            f"projection max|f⁽ᵏ⁾| = {worst:.3g} > tol = {tol:.3g} ({optx.RESULTS[result]!s}). "
+            "The program constraints may have no solution near it (e.g. a configuration "
+            "the mechanism cannot reach): choose a closer guess."
+        )
+    return unravel(x)
 
 
 class ActuatedSolution(eqx.Module):

@@ -278,3 +278,16 @@ def test_float32_states_give_a_float32_simulation():
                                    atol=1e-7)
     assert sol.q.dtype == sol.u.dtype == sol.residuals.dtype == jnp.float32
     assert sol.succeeded and abs(float(sol.residuals[-1, 0, 0])) < 1e-6
+
+
+def test_consistent_state_is_the_programmed_state():
+    """Four equations `f = … = f⃛ = 0` fix the element's four states: the projection of a
+    guess 0.05 rad off equals the inverse-dynamics `programmed_state`; an unreachable
+    program (cos φ = l (s + c)/(2 c s) > 1) is refused."""
+    q0, v0, w0 = OPTICS.initial_state(angle_error=0.05)
+    state = jaxdae.consistent_actuated_state(OPTICS, CONTROL, 0.0, q0, v0, w0)
+    for got, expected in zip(state, OPTICS.programmed_state(0.0)):
+        np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-14)
+    unreachable = AdaptiveOpticsElement(source_mean=0.02, source_amplitude=0.0)
+    with pytest.raises(ValueError, match="No state on the programmed motion"):
+        jaxdae.consistent_actuated_state(unreachable, CONTROL, 0.0, q0, v0, w0)
