@@ -354,6 +354,17 @@ def _programmed_state(system, control, t0, x0, unravel, rtol, atol, max_steps):
     return x, _program_residual(system, control, t0, unravel(x)), sol.result
 
 
+def _initial_state(q0, v0, w0):
+    """`(q0, v0, w0)` as 1-D floating arrays of one dtype, `q0` and `v0` of one shape."""
+    q0, v0, w0 = (_float_array(name, value) for name, value in
+                  (("q0", q0), ("v0", v0), ("w0", w0)))
+    if q0.shape != v0.shape:
+        raise ValueError(
+            f"`q0` and `v0` must have the same shape (n,); got {q0.shape} and {v0.shape}.")
+    dtype = jnp.result_type(q0, v0, w0)
+    return q0.astype(dtype), v0.astype(dtype), w0.astype(dtype)
+
+
 def consistent_actuated_state(
     system: ActuatedSystem,
     control: ConstraintEnforcingControl,
@@ -390,11 +401,9 @@ def consistent_actuated_state(
 
     `ValueError` if no such state is found near the guess.
     """
-    q0, v0, w0 = (_float_array(name, value) for name, value in
-                  (("q0", q0), ("v0", v0), ("w0", w0)))
-    dtype = jnp.result_type(q0, v0, w0)
-    x0, unravel = jax.flatten_util.ravel_pytree((q0.astype(dtype), v0.astype(dtype),
-                                                 w0.astype(dtype)))
+    q0, v0, w0 = _initial_state(q0, v0, w0)
+    dtype = q0.dtype
+    x0, unravel = jax.flatten_util.ravel_pytree((q0, v0, w0))
     t0 = jnp.asarray(t0, dtype)
     eps = float(jnp.finfo(dtype).eps)
     tol = 1e3 * eps * (1.0 + float(jnp.max(jnp.abs(x0)))) if tol is None else tol
@@ -615,13 +624,8 @@ def simulate_actuated(
     matrix at the initial state, `t1 <= t0`, unsorted `ts`); [`jaxdae.SimulationError`][]
     with `throw=True` when the solve fails (e.g. `g gᵀ` becomes singular on the way).
     """
-    q0, v0, w0 = (_float_array(name, value) for name, value in
-                  (("q0", q0), ("v0", v0), ("w0", w0)))
-    dtype = jnp.result_type(q0, v0, w0)
-    q0, v0, w0 = q0.astype(dtype), v0.astype(dtype), w0.astype(dtype)
-    if q0.shape != v0.shape:
-        raise ValueError(
-            f"`q0` and `v0` must have the same shape (n,); got {q0.shape} and {v0.shape}.")
+    q0, v0, w0 = _initial_state(q0, v0, w0)
+    dtype = q0.dtype
     t0, t1 = jnp.asarray(t0, dtype=dtype), jnp.asarray(t1, dtype=dtype)
     ts = None if ts is None else jnp.asarray(ts, dtype=dtype)
     _check_times(t0, t1, ts)
