@@ -310,10 +310,12 @@ class ConstraintEnforcingControl(eqx.Module):
             rhs.append(target - rates[order - 1][i])
         g = jnp.concatenate(rows)
         gram = g @ g.T
-        u = g.T @ jnp.linalg.solve(gram, jnp.concatenate(rhs))
+        # `g gᵀ` is SPD where `g` has full row rank: an unrolled Cholesky for small `r`
+        # (a LAPACK call per right-hand side otherwise).
+        u = g.T @ spd_solve(gram, jnp.concatenate(rhs))
         if self.null_space_input is not None:  # eq. [2.10]: add its part in the null space of g
             free = self.null_space_input(t, q, v, w)
-            u = u + free - g.T @ jnp.linalg.solve(gram, g @ free)
+            u = u + free - g.T @ spd_solve(gram, g @ free)
         return u, tuple(ys) if self.grouped else ys[0], reciprocal_condition(gram)
 
 
@@ -472,10 +474,14 @@ def _vector_field(t, x, args):
 
 
 def _decoupling_eigenvalues(system, control, t, q, v, w):
-    """The smallest and largest eigenvalue of `g gᵀ`."""
+    """The smallest and largest eigenvalue of `g gᵀ` (in closed form for one constraint,
+    which avoids a LAPACK call at every step)."""
     orders = tuple(len(group) for group in control.groups)
     input_gains = lie_derivatives(system, max(orders), t, (q, v, w))[2]
     g = jnp.concatenate([input_gains[order - 1][i] for i, order in enumerate(orders)])
+    if g.shape[0] == 1:
+        gram = jnp.sum(g**2)
+        return gram, gram
     eigenvalues = jnp.linalg.eigvalsh(g @ g.T)
     return eigenvalues[0], eigenvalues[-1]
 
