@@ -32,7 +32,12 @@ import numpy as np
 import optimistix as optx
 
 from ._custom_types import Array, ArrayLike, Float, Gain, GainLike, Int, ScalarLike
-from ._formulation._base import default_rcond, reciprocal_condition, spd_solve
+from ._formulation._base import (
+    default_rcond,
+    extreme_eigenvalues,
+    reciprocal_condition,
+    spd_solve,
+)
 from ._gains import as_gain, check_gain_size, check_gain_structure, gain_matrix, is_concrete
 from ._scalarize import scalarize
 from ._simulate import (
@@ -474,16 +479,11 @@ def _vector_field(t, x, args):
 
 
 def _decoupling_eigenvalues(system, control, t, q, v, w):
-    """The smallest and largest eigenvalue of `g gᵀ` (in closed form for one constraint,
-    which avoids a LAPACK call at every step)."""
+    """The smallest and largest eigenvalue of `g gᵀ`."""
     orders = tuple(len(group) for group in control.groups)
     input_gains = lie_derivatives(system, max(orders), t, (q, v, w))[2]
     g = jnp.concatenate([input_gains[order - 1][i] for i, order in enumerate(orders)])
-    if g.shape[0] == 1:
-        gram = jnp.sum(g**2)
-        return gram, gram
-    eigenvalues = jnp.linalg.eigvalsh(g @ g.T)
-    return eigenvalues[0], eigenvalues[-1]
+    return extreme_eigenvalues(g @ g.T)
 
 
 _eigenvalues = eqx.filter_jit(scalarize(_decoupling_eigenvalues))

@@ -324,3 +324,20 @@ def test_consistent_initial_state_is_the_mass_metric_projection():
     q, v = jaxdae.consistent_initial_state(system, 0.3, jnp.array([0.2, -1.1]), jnp.zeros(2))
     terms = eqx.filter_jit(system.terms)(jnp.array(0.3), q, v)
     assert np.abs(terms.phi).max() < 1e-12 and np.abs(terms.dphi).max() < 1e-12
+
+
+def test_extreme_eigenvalues_in_closed_form_match_eigvalsh():
+    """The failure checks' eigenvalues (closed form for 1 × 1 and 2 × 2, evaluated at every
+    step) equal LAPACK's, also for a nearly singular matrix."""
+    from jaxdae._formulation._base import extreme_eigenvalues, reciprocal_condition
+
+    rng = np.random.default_rng(0)
+    g = rng.normal(size=(2, 3))
+    nearly_singular = np.array([[1.0, 1.0], [1.0, 1.0 + 1e-7]])
+    for matrix in (g @ g.T, np.diag([3.0, 0.5]), nearly_singular, np.array([[2.5]]),
+                   g.T @ g):
+        expected = np.linalg.eigvalsh(matrix)
+        smallest, largest = extreme_eigenvalues(jnp.asarray(matrix))
+        np.testing.assert_allclose([smallest, largest], [expected[0], expected[-1]],
+                                   rtol=1e-9, atol=1e-15 * expected[-1])
+    assert abs(reciprocal_condition(jnp.asarray(nearly_singular)) - 2.5e-8) < 1e-12

@@ -243,12 +243,27 @@ def multiplier_solve(
     return minv_q - small_matmul(minv_gt, lam), lam
 
 
+def extreme_eigenvalues(matrix: Float[Array, "c c"]) -> tuple[Array, Array]:
+    """`(λ_min, λ_max)` of a symmetric matrix; in closed form for sizes 1 and 2, which
+    the failure checks evaluate at every step (`eigvalsh` is a LAPACK call that XLA cannot
+    fuse)."""
+    if matrix.shape[0] == 1:
+        return matrix[0, 0], matrix[0, 0]
+    if matrix.shape[0] == 2:
+        a, d, b = matrix[0, 0], matrix[1, 1], 0.5 * (matrix[0, 1] + matrix[1, 0])
+        largest = 0.5 * (a + d) + jnp.sqrt((0.5 * (a - d)) ** 2 + b**2)
+        smallest = (a * d - b**2) / jnp.where(largest == 0, 1.0, largest)
+        return smallest, largest
+    eig = jnp.linalg.eigvalsh(matrix)
+    return eig[0], eig[-1]
+
+
 def reciprocal_condition(matrix: Float[Array, "c c"]) -> Float[Array, ""]:
     """`λ_min / λ_max` of a symmetric positive semidefinite matrix (1 for an empty one)."""
     if matrix.shape[0] == 0:
         return jnp.ones((), matrix.dtype)
-    eig = jnp.linalg.eigvalsh(matrix)
-    return eig[0] / jnp.maximum(eig[-1], jnp.finfo(matrix.dtype).tiny)
+    smallest, largest = extreme_eigenvalues(matrix)
+    return smallest / jnp.maximum(largest, jnp.finfo(matrix.dtype).tiny)
 
 
 def default_rcond(rcond: float | None, dtype) -> float:
