@@ -234,3 +234,29 @@ def test_linearize_jit_vmap_grad():
     np.testing.assert_allclose(eqx.filter_jit(trace)(0.5), -0.5, atol=1e-10)
     np.testing.assert_allclose(jax.vmap(trace)(jnp.array([0.1, 0.2])), [-0.1, -0.2], atol=1e-10)
     np.testing.assert_allclose(jax.grad(trace)(0.5), -1.0, atol=1e-8)
+
+
+def test_small_closed_forms_match_lapack():
+    """`singular_ratio`, `small_det` and `lu_solve` (closed forms for 1 × 1 and 2 × 2,
+    evaluated at every stage) against numpy's SVD, det and solve."""
+    from jaxdae._formulation._redundant import lu_solve, singular_ratio, small_det
+
+    rng = np.random.default_rng(1)
+    for m in (1, 2, 3):
+        jacobian = rng.normal(size=(m, m + 2))
+        matrix = jacobian[:, :m]
+        expected = (np.linalg.svd(matrix, compute_uv=False)[-1]
+                    / np.linalg.svd(jacobian, compute_uv=False)[0])
+        np.testing.assert_allclose(singular_ratio(jnp.asarray(matrix), jnp.asarray(jacobian)),
+                                   expected, rtol=1e-12)
+        np.testing.assert_allclose(small_det(jnp.asarray(matrix)), np.linalg.det(matrix),
+                                   rtol=1e-12)
+        b = rng.normal(size=(m, 3))
+        np.testing.assert_allclose(lu_solve(jnp.asarray(matrix))(jnp.asarray(b)),
+                                   np.linalg.solve(matrix, b), rtol=1e-10)
+    nearly = np.array([[1.0, 1.0], [1.0, 1.0 + 1e-9]])
+    jacobian = np.concatenate([nearly, np.eye(2)], axis=1)
+    expected = np.linalg.svd(nearly, compute_uv=False)[-1] / np.linalg.svd(
+        jacobian, compute_uv=False)[0]
+    np.testing.assert_allclose(singular_ratio(jnp.asarray(nearly), jnp.asarray(jacobian)),
+                               expected, rtol=1e-6)

@@ -10,7 +10,7 @@ from .._custom_types import Array, Float
 from .._gains import is_concrete
 from .._solution import RESULTS
 from .._system import ConstrainedTerms, LagrangianSystem
-from ._base import AbstractFormulation, default_rcond
+from ._base import AbstractFormulation, default_rcond, extreme_eigenvalues, spd_solve
 
 
 def split_jacobian(jacobian, dependent, independent):
@@ -28,13 +28,43 @@ def singular_ratio(matrix: Float[Array, "m m"], jacobian: Float[Array, "m n"]) -
     """
     if matrix.shape[0] == 0:
         return jnp.ones((), matrix.dtype)
-    smin = jnp.linalg.svd(matrix, compute_uv=False)[-1]
-    smax = jnp.linalg.svd(jacobian, compute_uv=False)[0]
-    return smin / jnp.maximum(smax, jnp.finfo(matrix.dtype).tiny)
+    tiny = jnp.finfo(matrix.dtype).tiny
+    if matrix.shape[0] <= 2:
+        # Closed forms (LAPACK's SVD is a call per step that XLA cannot fuse): the largest
+        # singular value from the largest eigenvalue of A Aᵀ (no cancellation); the smallest
+        # of a 2 × 2 as |det| / σ_max (σ_min σ_max = |det|), of a 1 × 1 its |entry|.
+        smax = jnp.sqrt(extreme_eigenvalues(jacobian @ jacobian.T)[1])
+        if matrix.shape[0] == 1:
+            smin = jnp.abs(matrix[0, 0])
+        else:
+            smax_dep = jnp.sqrt(extreme_eigenvalues(matrix @ matrix.T)[1])
+            smin = jnp.abs(small_det(matrix)) / jnp.maximum(smax_dep, tiny)
+    else:
+        smin = jnp.linalg.svd(matrix, compute_uv=False)[-1]
+        smax = jnp.linalg.svd(jacobian, compute_uv=False)[0]
+    return smin / jnp.maximum(smax, tiny)
+
+
+def small_det(matrix: Float[Array, "m m"]) -> Float[Array, ""]:
+    """`det(matrix)`, in closed form for sizes 1 and 2."""
+    if matrix.shape[0] == 1:
+        return matrix[0, 0]
+    if matrix.shape[0] == 2:
+        return matrix[0, 0] * matrix[1, 1] - matrix[0, 1] * matrix[1, 0]
+    return jnp.linalg.det(matrix)
 
 
 def lu_solve(matrix):
-    """A function `b -> matrix⁻¹ b` (vectors or matrices) from one LU factorization."""
+    """A function `b -> matrix⁻¹ b` (vectors or matrices) from one LU factorization
+    (Cramer's rule for sizes 1 and 2: no LAPACK call per evaluation)."""
+    if matrix.shape[0] in (1, 2):
+        if matrix.shape[0] == 1:
+            inverse = 1.0 / matrix
+        else:
+            adjugate = jnp.stack([jnp.stack([matrix[1, 1], -matrix[0, 1]]),
+                                  jnp.stack([-matrix[1, 0], matrix[0, 0]])])
+            inverse = adjugate / small_det(matrix)
+        return lambda b: inverse @ b
     operator = lx.MatrixLinearOperator(matrix)
     solver = lx.LU()
     state = solver.init(operator, options={})
@@ -195,10 +225,7 @@ class RedundantCoordinates(AbstractFormulation):
         reduced = basis.T @ mass @ basis
         reduced = 0.5 * (reduced + reduced.T)
         rhs = basis.T @ (terms.forces - mass @ acc0)
-        acc_ind = lx.linear_solve(
-            lx.MatrixLinearOperator(reduced, lx.positive_semidefinite_tag), rhs, lx.Cholesky(),
-            throw=False,
-        ).value
+        acc_ind = spd_solve(reduced, rhs)
         acc = basis @ acc_ind + acc0
         # Implied reactions: M q̈ = Q − Jᵀλ, read on the dependent rows.
         residual = (terms.forces - mass @ acc)[dep_idx]
@@ -216,7 +243,7 @@ class RedundantCoordinates(AbstractFormulation):
         if jd.shape[0] == 0:
             return jnp.ones((), jd.dtype)
         ratio = singular_ratio(jd, terms.jacobian)
-        sign = jnp.where(jnp.linalg.det(jd) < 0, -1.0, 1.0).astype(jd.dtype)
+        sign = jnp.where(small_det(jd) < 0, -1.0, 1.0).astype(jd.dtype)
         return sign * (ratio - default_rcond(self.rcond, jd.dtype))
 
     @property
