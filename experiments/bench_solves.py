@@ -1,0 +1,104 @@
+"""Run time of whole solves for the formulations the core benchmark does not cover.
+
+`bench_core.py` times paper 004's two-link arm under `ModifiedLagrange`. This script times
+one trajectory and a `jax.vmap` batch of 64 for:
+
+- the Cartesian pendulum under `Baumgarte(10, 25)` over 10 s (its failure check, the
+  reciprocal condition of `J M⁻¹ Jᵀ`, runs at every step);
+- paper 000's Ball & Beam, LQR closed loop on the exact model in redundant coordinates
+  (`RedundantCoordinates`, Shulgin's equations) over 20 s, rtol 1e-6;
+- paper 002's adaptive-optics element under `ConstraintEnforcingControl` (poles at −10) over
+  3 s, rtol 1e-8.
+
+Medians of interleaved repetitions, float64, after compilation.
+
+    python experiments/bench_solves.py [--repeats 15]
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import jaxdae  # noqa: E402
+from jaxdae.examples import AdaptiveOpticsElement, CartesianPendulum  # noqa: E402
+
+BATCH = 64
+
+
+def pendulum():
+    system = CartesianPendulum()
+
+    def run(angle):
+        q0, v0 = system.state_from_angle(angle, 0.0)
+        return jaxdae.simulate(system, jaxdae.Baumgarte(10.0, 25.0), 0.0, 10.0, q0, v0).q_final
+
+    return run, jnp.asarray(0.5), jnp.linspace(0.2, 1.2, BATCH)
+
+
+def ball_and_beam():
+    import ball_and_beam
+
+    design = ball_and_beam.design()
+    exact, equilibrium = design["exact"], design["eq_e"]
+
+    def run(start):
+        q0, v0 = exact.state(start[0], start[1], current=equilibrium.v[3])
+        return jaxdae.simulate(design["closed"], design["shulgin"], 0.0, 20.0, q0, v0,
+                               rtol=1e-6, atol=1e-8, max_steps=20_000, throw=False).q_final
+
+    starts = jnp.stack([jnp.linspace(0.2, 0.8, BATCH), jnp.linspace(-0.2, 0.2, BATCH)], axis=1)
+    return run, jnp.array([0.3, 0.1]), starts
+
+
+def adaptive_optics():
+    system = AdaptiveOpticsElement()
+    control = jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=4)
+
+    def run(angle_error):
+        q0, v0, w0 = system.initial_state(angle_error=angle_error)
+        return jaxdae.simulate_actuated(system, control, 0.0, 3.0, q0, v0, w0).q_final
+
+    return run, jnp.asarray(0.05), jnp.linspace(-0.05, 0.05, BATCH)
+
+
+CASES = {
+    "pendulum, Baumgarte, 10 s": pendulum,
+    "Ball & Beam, RedundantCoordinates + LQR, 20 s": ball_and_beam,
+    "adaptive optics, ConstraintEnforcingControl, 3 s": adaptive_optics,
+}
+
+
+def main(repeats: int = 15):
+    rows = {}
+    for name, make in CASES.items():
+        run, one, batch = make()
+        single, batched = eqx.filter_jit(run), eqx.filter_jit(jax.vmap(run))
+        jax.block_until_ready((single(one), batched(batch)))
+        rows[name] = (single, one, batched, batch)
+    times = {(name, kind): [] for name in rows for kind in ("one", "batch")}
+    for _ in range(repeats):
+        for name, (single, one, batched, batch) in rows.items():
+            for kind, fn, arg in (("one", single, one), ("batch", batched, batch)):
+                start = time.perf_counter()
+                jax.block_until_ready(fn(arg))
+                times[(name, kind)].append(time.perf_counter() - start)
+    print(f"device: {jax.devices()[0].platform}, {repeats} interleaved repetitions\n")
+    print(f"| system | one trajectory [ms] | batch of {BATCH} [ms] |")
+    print("| --- | ---: | ---: |")
+    for name in rows:
+        one, batch = (1e3 * float(np.median(times[(name, k)])) for k in ("one", "batch"))
+        print(f"| {name} | {one:.2f} | {batch:.1f} |")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=15)
+    main(parser.parse_args().repeats)
