@@ -8,7 +8,9 @@ one trajectory and a `jax.vmap` batch of 64 for:
 - paper 000's Ball & Beam, LQR closed loop on the exact model in redundant coordinates
   (`RedundantCoordinates`, Shulgin's equations) over 20 s, rtol 1e-6;
 - paper 002's adaptive-optics element under `ConstraintEnforcingControl` (poles at −10) over
-  3 s, rtol 1e-8.
+  3 s, rtol 1e-8;
+- paper 001's Cartesian arm in Hamiltonian form (`HamiltonianForm` of the Lagrangian model:
+  the Legendre transform at every stage) under the paper's perturbation gains over 6 s.
 
 Medians of interleaved repetitions, float64, after compilation.
 
@@ -69,10 +71,30 @@ def adaptive_optics():
     return run, jnp.asarray(0.05), jnp.linspace(-0.05, 0.05, BATCH)
 
 
+def cartesian_arm():
+    from jaxdae.examples import CartesianArm, CartesianArmLagrangian
+
+    masses, forces = (1.0, 2.0), (0.0, -1.0, 0.5, -2.0)  # as experiments/cartesian_arm_…
+    arm = CartesianArm(masses=masses, forces=forces)
+    lagrangian = CartesianArmLagrangian(masses=masses, forces=forces)
+    system = jaxdae.HamiltonianForm(lagrangian)
+    formulation = CartesianArm.paper_formulation(-200.0, -30.0, -200.0, -30.0)
+    q0, p0 = arm.initial_state()
+    v0 = arm.velocities(0.0, q0, p0)
+
+    def run(scale):  # scale the first point's position: off the constraints
+        q = q0 * jnp.array([scale, scale, 1.0, 1.0])
+        return jaxdae.simulate(system, formulation, 0.0, 6.0, q,
+                               lagrangian.momenta(0.0, q, v0)).q_final
+
+    return run, jnp.asarray(1.02), jnp.linspace(0.98, 1.05, BATCH)
+
+
 CASES = {
     "pendulum, Baumgarte, 10 s": pendulum,
     "Ball & Beam, RedundantCoordinates + LQR, 20 s": ball_and_beam,
     "adaptive optics, ConstraintEnforcingControl, 3 s": adaptive_optics,
+    "Cartesian arm, HamiltonianForm + CoupledPerturbation, 6 s": cartesian_arm,
 }
 
 
