@@ -32,12 +32,8 @@ import numpy as np
 import optimistix as optx
 
 from ._custom_types import Array, ArrayLike, Float, Gain, GainLike, Int, ScalarLike
-from ._formulation._base import (
-    default_rcond,
-    extreme_eigenvalues,
-    reciprocal_condition,
-    spd_solve,
-)
+from ._formulation._base import default_rcond
+from ._linalg import extreme_eigenvalues, reciprocal_condition, spd_solve
 from ._gains import as_gain, check_gain_size, check_gain_structure, gain_matrix, is_concrete
 from ._scalarize import scalarize
 from ._simulate import (
@@ -273,7 +269,8 @@ class ConstraintEnforcingControl(eqx.Module):
                     f"`{name}` have different sizes; vector and matrix gains must all have "
                     "one row per program constraint."
                 )
-            matrix = np.asarray(_companion(group, size, name))
+            with jax.ensure_compile_time_eval():  # also inside a `jit` trace
+                matrix = np.asarray(_companion(group, size, name))
             if not np.all(np.isfinite(matrix)):
                 raise ValueError(f"`{name}` must be finite.")
             largest = float(np.max(np.linalg.eigvals(matrix).real))

@@ -4,7 +4,6 @@ import abc
 
 import jax
 import jax.numpy as jnp
-import lineax as lx
 
 from ._custom_types import (
     Array,
@@ -14,6 +13,7 @@ from ._custom_types import (
     Momenta,
     Scalar,
 )
+from ._linalg import spd_solve
 from ._system import (
     AbstractSystem,
     ConstrainedTerms,
@@ -24,15 +24,9 @@ from ._system import (
 
 
 def _spd_inverse(matrix: MassMatrix) -> MassMatrix:
-    """Inverse of a symmetric positive definite matrix (one Cholesky factorization)."""
-    operator = lx.MatrixLinearOperator(0.5 * (matrix + matrix.T), lx.positive_semidefinite_tag)
-    solver = lx.Cholesky()
-    state = solver.init(operator, options={})
-    eye = jnp.eye(matrix.shape[0], dtype=matrix.dtype)
-    solve = lambda b: lx.linear_solve(  # noqa: E731
-        operator, b, solver, state=state, throw=False
-    ).value
-    return jax.vmap(solve, in_axes=1, out_axes=1)(eye)
+    """Inverse of a symmetric positive definite matrix (one Cholesky factorization, unrolled
+    for small matrices: it runs at every stage, and a LAPACK call cannot be fused)."""
+    return spd_solve(0.5 * (matrix + matrix.T), jnp.eye(matrix.shape[0], dtype=matrix.dtype))
 
 
 class HamiltonianSystem(AbstractSystem):

@@ -9,7 +9,7 @@ import numpy as np
 
 from ._custom_types import Array, ArrayLike, Float, ScalarLike
 from ._formulation import AbstractFormulation
-from ._formulation._base import is_positive_definite
+from ._linalg import is_positive_definite
 from ._gains import is_concrete
 from ._nonholonomic import is_not_affine
 from ._scalarize import scalarize

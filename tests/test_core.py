@@ -329,7 +329,7 @@ def test_consistent_initial_state_is_the_mass_metric_projection():
 def test_extreme_eigenvalues_in_closed_form_match_eigvalsh():
     """The failure checks' eigenvalues (closed form for 1 × 1 and 2 × 2, evaluated at every
     step) equal LAPACK's, also for a nearly singular matrix."""
-    from jaxdae._formulation._base import extreme_eigenvalues, reciprocal_condition
+    from jaxdae._linalg import extreme_eigenvalues, reciprocal_condition
 
     rng = np.random.default_rng(0)
     g = rng.normal(size=(2, 3))

@@ -18,7 +18,7 @@ import pytest
 from scipy.integrate import solve_ivp
 
 import jaxdae
-from jaxdae._formulation._base import spd_solve
+from jaxdae._linalg import spd_solve
 from jaxdae.examples import CartesianPendulum, TwoLinkManipulator
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))

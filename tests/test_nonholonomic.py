@@ -256,3 +256,20 @@ def test_non_affine_velocity_constraint_refused_when_traced():
     )
     with pytest.raises(Exception, match="not affine"):
         jax.block_until_ready(simulate(jnp.ones(2)))
+
+
+def test_concrete_coupled_gains_closed_over_in_jit():
+    """A concrete `CoupledPerturbation` captured by a jitted function is checked eagerly
+    inside the trace (its Hurwitz check used to fail converting a tracer to numpy)."""
+    from jaxdae.examples import CartesianPendulum
+
+    pendulum = CartesianPendulum()
+    q0, v0 = pendulum.state_from_angle(0.5, 0.0)
+    stable = jaxdae.CoupledPerturbation(k10=-25.0, k11=-10.0)
+    run = jax.jit(lambda q: jaxdae.simulate(pendulum, stable, 0.0, 1.0, q, v0).q_final)
+    np.testing.assert_allclose(run(q0), jaxdae.simulate(pendulum, stable, 0.0, 1.0, q0,
+                                                        v0).q_final, rtol=1e-12)
+    # Gains changed after construction are checked there too.
+    unstable = eqx.tree_at(lambda f: f.k10, stable, jnp.asarray(25.0))
+    with pytest.raises(ValueError, match="not Hurwitz"):
+        jax.jit(lambda q: jaxdae.simulate(pendulum, unstable, 0.0, 1.0, q, v0).q_final)(q0)

@@ -3,7 +3,6 @@
 import abc
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import lineax as lx
 import numpy as np
@@ -11,6 +10,12 @@ import numpy as np
 from .._custom_types import Array, Bool, Float
 from .._gains import apply_gain
 from .._solution import RESULTS
+from .._linalg import (
+    spd_operator,
+    reciprocal_condition,
+    small_matmul,
+    spd_solve,
+)
 from .._system import ConstrainedTerms
 
 
@@ -120,96 +125,6 @@ def second_order_matrix(
     return jnp.block([[jnp.zeros_like(eye), eye], [-stiffness, -damping]])
 
 
-def _spd(matrix) -> lx.MatrixLinearOperator:
-    return lx.MatrixLinearOperator(matrix, lx.positive_semidefinite_tag)
-
-
-# Matrices up to this size are factorized by an unrolled Cholesky written with elementwise
-# JAX operations instead of `lineax.Cholesky`. The systems here are tiny (n coordinates,
-# c constraints), and lineax's Cholesky lowers to LAPACK custom calls (potrf + 2 trsm per
-# solve) that XLA cannot fuse: on the CPU each is a separate kernel with its own dispatch,
-# and under `vmap` a loop over the batch of 2×2 matrices. Measured on the two-link benchmark
-# (2-core AMD EPYC, `experiments/bench_core.py`, CPU time): right-hand side 4.0 → 2.6 µs,
-# one trajectory 4.0 → 3.0 ms, gradient 43 → 29 ms. Larger systems keep lineax.
-UNROLL_MAX = 8
-
-
-def small_matmul(a: Array, b: Array) -> Array:
-    """`a @ b` (`b` a matrix or a vector) as a broadcast product and a sum, which XLA fuses
-    with its neighbours, for small operands; `a @ b` otherwise."""
-    if max(a.shape + b.shape, default=0) > UNROLL_MAX:
-        return a @ b
-    if b.ndim == 1:
-        return jnp.sum(a * b, axis=-1)
-    return jnp.sum(a[:, :, None] * b[None, :, :], axis=1)
-
-
-def spd_solve(matrix: Float[Array, "n n"], rhs: Array) -> Array:
-    """Solves `matrix @ x = rhs` for a symmetric positive definite `matrix`, `rhs` of shape
-    `(n,)` or `(n, k)`: an unrolled Cholesky for `n <= UNROLL_MAX`, else `lineax.Cholesky`.
-
-    Like `lineax.linear_solve(..., throw=False)`, a matrix that is not positive definite
-    gives non-finite values (which make the ODE solver reject the step), not an error.
-    """
-    n = matrix.shape[0]
-    if n == 0:
-        return rhs
-    if n > UNROLL_MAX:
-        solver = lx.Cholesky()
-        solve = lambda b: lx.linear_solve(_spd(matrix), b, solver, throw=False).value  # noqa: E731
-        return solve(rhs) if rhs.ndim == 1 else jax.vmap(solve, in_axes=1, out_axes=1)(rhs)
-    low = _unrolled_cholesky(matrix)
-    y = []
-    for i in range(n):
-        entry = rhs[i]
-        for k in range(i):
-            entry = entry - low[i][k] * y[k]
-        y.append(entry / low[i][i])
-    x = [None] * n
-    for i in reversed(range(n)):
-        entry = y[i]
-        for k in range(i + 1, n):
-            entry = entry - low[k][i] * x[k]
-        x[i] = entry / low[i][i]
-    return jnp.stack(x)
-
-
-def _unrolled_cholesky(matrix) -> list[list]:
-    """The lower Cholesky factor of a small matrix as nested lists of scalars; a matrix that
-    is not positive definite gives a non-positive pivot, whose square root is nan or 0."""
-    n = matrix.shape[0]
-    a = [[matrix[i, j] for j in range(n)] for i in range(n)]
-    low = [[None] * n for _ in range(n)]
-    for j in range(n):
-        diag = a[j][j]
-        for k in range(j):
-            diag = diag - low[j][k] * low[j][k]
-        low[j][j] = jnp.sqrt(diag)
-        for i in range(j + 1, n):
-            entry = a[i][j]
-            for k in range(j):
-                entry = entry - low[i][k] * low[j][k]
-            low[i][j] = entry / low[j][j]
-    return low
-
-
-def is_positive_definite(matrix: Float[Array, "n n"]) -> Bool[Array, ""]:
-    """Whether a symmetric matrix is positive definite (False for non-finite entries).
-
-    Small matrices are tested by an unrolled Cholesky factorization (positive pivots),
-    larger ones by their lowest eigenvalue.
-    """
-    n = matrix.shape[0]
-    finite = jnp.all(jnp.isfinite(matrix))
-    if n == 0:
-        return finite
-    if n > UNROLL_MAX:
-        return finite & (jnp.linalg.eigvalsh(jnp.where(finite, matrix, 0.0))[0] > 0)
-    low = _unrolled_cholesky(matrix)
-    pivots = jnp.stack([low[i][i] for i in range(n)])
-    return finite & jnp.all(pivots > 0)
-
-
 def _mass_solve(terms: ConstrainedTerms):
     """`M⁻¹ Q` and `M⁻¹ Gᵀ` from one Cholesky factorization of `M`."""
     rhs = jnp.concatenate([terms.forces[:, None], terms.jacobian.T], axis=1)
@@ -239,31 +154,8 @@ def multiplier_solve(
     if isinstance(solver, lx.Cholesky):
         lam = spd_solve(a_matrix, rhs)
     else:
-        lam = lx.linear_solve(_spd(a_matrix), rhs, solver, throw=False).value
+        lam = lx.linear_solve(spd_operator(a_matrix), rhs, solver, throw=False).value
     return minv_q - small_matmul(minv_gt, lam), lam
-
-
-def extreme_eigenvalues(matrix: Float[Array, "c c"]) -> tuple[Array, Array]:
-    """`(λ_min, λ_max)` of a symmetric matrix; in closed form for sizes 1 and 2, which
-    the failure checks evaluate at every step (`eigvalsh` is a LAPACK call that XLA cannot
-    fuse)."""
-    if matrix.shape[0] == 1:
-        return matrix[0, 0], matrix[0, 0]
-    if matrix.shape[0] == 2:
-        a, d, b = matrix[0, 0], matrix[1, 1], 0.5 * (matrix[0, 1] + matrix[1, 0])
-        largest = 0.5 * (a + d) + jnp.sqrt((0.5 * (a - d)) ** 2 + b**2)
-        smallest = (a * d - b**2) / jnp.where(largest == 0, 1.0, largest)
-        return smallest, largest
-    eig = jnp.linalg.eigvalsh(matrix)
-    return eig[0], eig[-1]
-
-
-def reciprocal_condition(matrix: Float[Array, "c c"]) -> Float[Array, ""]:
-    """`λ_min / λ_max` of a symmetric positive semidefinite matrix (1 for an empty one)."""
-    if matrix.shape[0] == 0:
-        return jnp.ones((), matrix.dtype)
-    smallest, largest = extreme_eigenvalues(matrix)
-    return smallest / jnp.maximum(largest, jnp.finfo(matrix.dtype).tiny)
 
 
 def default_rcond(rcond: float | None, dtype) -> float:

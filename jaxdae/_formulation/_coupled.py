@@ -163,7 +163,9 @@ class CoupledPerturbation(AbstractExactMultipliers):
         if not is_concrete(self):
             return
         m, k = self._effective_sizes()
-        matrix = np.asarray(self.perturbation_matrix(m, k))
+        # Evaluated now even inside a `jit` trace (a concrete formulation closed over).
+        with jax.ensure_compile_time_eval():
+            matrix = np.asarray(self.perturbation_matrix(m, k))
         if bool(_not_hurwitz(matrix, np)):
             eig = np.linalg.eigvals(matrix) if np.all(np.isfinite(matrix)) else "non-finite"
             raise ValueError(

@@ -10,7 +10,8 @@ from .._custom_types import Array, Float
 from .._gains import is_concrete
 from .._solution import RESULTS
 from .._system import ConstrainedTerms, LagrangianSystem
-from ._base import AbstractFormulation, default_rcond, extreme_eigenvalues, spd_solve
+from .._linalg import extreme_eigenvalues, spd_solve
+from ._base import AbstractFormulation, default_rcond
 
 
 def split_jacobian(jacobian, dependent, independent):
