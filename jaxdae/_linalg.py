@@ -7,6 +7,7 @@ helpers use elementwise JAX operations (or closed forms) up to a small size, and
 through lineax or `jnp.linalg` beyond it.
 """
 
+import jax
 import jax.numpy as jnp
 import lineax as lx
 
