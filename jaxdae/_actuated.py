@@ -348,14 +348,18 @@ def _kkt_residual(y, args):
 
 
 @eqx.filter_jit
-def _programmed_state(system, control, t0, x0, unravel, rtol, atol, max_steps):
+def _programmed_state(system, control, t0, q0, v0, w0, tol, max_steps):
+    # Flattened inside the trace: an `unravel` made outside would be a new static argument,
+    # and a recompilation, at every call.
+    x0, unravel = jax.flatten_util.ravel_pytree((q0, v0, w0))
     lam0 = jnp.zeros_like(_program_residual(system, control, t0, unravel(x0)))
-    solver = optx.Newton(rtol=rtol, atol=atol, linear_solver=lx.AutoLinearSolver(well_posed=False))
+    solver = optx.Newton(rtol=0.1 * tol, atol=0.1 * tol,
+                         linear_solver=lx.AutoLinearSolver(well_posed=False))
     sol = optx.root_find(_kkt_residual, solver, (x0, lam0),
                          args=(system, control, t0, x0, unravel), max_steps=max_steps,
                          throw=False)
     x = sol.value[0]
-    return x, _program_residual(system, control, t0, unravel(x)), sol.result
+    return unravel(x), _program_residual(system, control, t0, unravel(x)), sol.result
 
 
 def _initial_state(q0, v0, w0):
@@ -407,12 +411,14 @@ def consistent_actuated_state(
     """
     q0, v0, w0 = _initial_state(q0, v0, w0)
     dtype = q0.dtype
-    x0, unravel = jax.flatten_util.ravel_pytree((q0, v0, w0))
     t0 = jnp.asarray(t0, dtype)
-    eps = float(jnp.finfo(dtype).eps)
-    tol = 1e3 * eps * (1.0 + float(jnp.max(jnp.abs(x0)))) if tol is None else tol
-    x, residual, result = _programmed_state(system, control, t0, x0, unravel, 0.1 * tol,
-                                            0.1 * tol, max_steps)
+    system, control = _cast_floating((system, control), dtype)
+    _check_system(system, control, t0, q0, v0, w0)
+    if tol is None:
+        size = max(float(jnp.max(jnp.abs(x), initial=0.0)) for x in (q0, v0, w0))
+        tol = 1e3 * float(jnp.finfo(dtype).eps) * (1.0 + size)
+    state, residual, result = _programmed_state(system, control, t0, q0, v0, w0,
+                                                jnp.asarray(tol, dtype), max_steps)
     worst = float(jnp.max(jnp.abs(residual)))
     if not np.isfinite(worst) or worst > tol:
         raise ValueError(
@@ -421,7 +427,7 @@ def consistent_actuated_state(
             "The program constraints may have no solution near it (e.g. a configuration "
             "the mechanism cannot reach): choose a closer guess."
         )
-    return unravel(x)
+    return state
 
 
 class ActuatedSolution(eqx.Module):
