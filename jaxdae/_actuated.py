@@ -298,9 +298,8 @@ class ConstraintEnforcingControl(eqx.Module):
         return jax.scipy.linalg.block_diag(*blocks)
 
     def outputs(self, system: ActuatedSystem, t, q, v, w):
-        """`(u, y, rcond)` at a state: the input, the perturbations `y = (f, …, f⁽ᵖ⁻¹⁾)`
-        (shape `(ρ, r)`; a tuple over groups for grouped gains) and the reciprocal
-        condition of `g gᵀ`."""
+        """`(u, y)` at a state: the input and the perturbations `y = (f, …, f⁽ᵖ⁻¹⁾)`
+        (shape `(ρ, r)`; a tuple over groups for grouped gains)."""
         orders = tuple(len(group) for group in self.groups)
         values, rates, input_gains = lie_derivatives(system, max(orders), t, (q, v, w))
         ys, rows, rhs = [], [], []
@@ -318,7 +317,7 @@ class ConstraintEnforcingControl(eqx.Module):
         if self.null_space_input is not None:  # eq. [2.10]: add its part in the null space of g
             free = self.null_space_input(t, q, v, w)
             u = u + free - g.T @ spd_solve(gram, g @ free)
-        return u, tuple(ys) if self.grouped else ys[0], reciprocal_condition(gram)
+        return u, tuple(ys) if self.grouped else ys[0]
 
 
 def _companion(gains: tuple[Gain, ...], size: int, name: str) -> Float[Array, "d d"]:
@@ -465,7 +464,7 @@ class ActuatedSolution(eqx.Module):
 
 
 def _closed_loop(system, control, t, q, v, w):
-    u, _, _ = control.outputs(system, t, q, v, w)
+    u, _ = control.outputs(system, t, q, v, w)
     _, acceleration, drift = system.drift(t, (q, v, w))
     return v, acceleration, drift + system.input_matrix(t, q, v, w) @ u
 
@@ -659,10 +658,10 @@ def simulate_actuated(
 @eqx.filter_jit
 def _simulate_actuated(system, control, t0, t1, q0, v0, w0, ts, *, solver,
                        stepsize_controller, dt0, max_steps, adjoint):
-    saveat = diffrax.SaveAt(subs=[
-        diffrax.SubSaveAt(ts=jnp.stack([t0, t1]) if ts is None else ts),
-        diffrax.SubSaveAt(t1=True),
-    ])
+    # As in `simulate`: without `ts`, save t0 and t1 directly (an interpolated
+    # `SubSaveAt(ts=[t0, t1])` would search the save times at every step).
+    saveat = (diffrax.SaveAt(t0=True, t1=True) if ts is None else
+              diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)]))
     out = diffrax.diffeqsolve(
         diffrax.ODETerm(_vector_field), solver, t0, t1, dt0, (q0, v0, w0),
         args=(system, control, _eigenvalues(system, control, t0, q0, v0, w0)[1]),
@@ -671,15 +670,24 @@ def _simulate_actuated(system, control, t0, t1, q0, v0, w0, ts, *, solver,
         max_steps=max_steps, throw=False,
     )
     result = event_result(out, [RESULTS.singular_decoupling_matrix])
-    (ts_out, _), ((q, v, w), (q_end, v_end, w_end)) = out.ts, out.ys
+    if ts is None:
+        ts_out, (q, v, w) = out.ts, out.ys
+        t_end, q_end, v_end, w_end = ts_out[1], q[1], v[1], w[1]
+        # As for `SubSaveAt(ts=...)`: a save time the solve did not reach is inf.
+        reached = out.result == diffrax.RESULTS.successful
+        ts_out, q, v, w = (x.at[1].set(jnp.where(reached, x[1], jnp.inf))
+                           for x in (ts_out, q, v, w))
+    else:
+        (ts_out, t_end), ((q, v, w), (q_end, v_end, w_end)) = out.ts, out.ys
+        t_end, q_end, v_end, w_end = t_end[0], q_end[0], v_end[0], w_end[0]
     # Rows the solve did not reach are inf: evaluate at the initial state, then mask.
     valid = jnp.isfinite(ts_out)
-    u, residuals, _ = jax.vmap(_outputs, in_axes=(None, None, 0, 0, 0, 0))(
+    u, residuals = jax.vmap(_outputs, in_axes=(None, None, 0, 0, 0, 0))(
         system, control, jnp.where(valid, ts_out, t0), jnp.where(valid[:, None], q, q0),
         jnp.where(valid[:, None], v, v0), jnp.where(valid[:, None], w, w0))
     mask = lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.inf)  # noqa: E731
     return ActuatedSolution(
         ts=ts_out, q=q, v=v, w=w, u=mask(u), residuals=jax.tree.map(mask, residuals),
-        t_final=out.ts[1][0], q_final=q_end[0], v_final=v_end[0], w_final=w_end[0],
+        t_final=t_end, q_final=q_end, v_final=v_end, w_final=w_end,
         result=result, stats=out.stats,
     )

@@ -123,6 +123,11 @@ def test_singular_configuration_is_reported():
     assert sol.result == jaxdae.RESULTS.singular_decoupling_matrix
     assert 0.5 < sol.t_final < 3.0 and abs(sol.q_final[0]) < 0.1
     assert np.all(np.isinf(np.asarray(sol.u[-1])))
+    # Without `ts` (t0 and t1 saved directly): the unreached t1 row is inf as well.
+    default = jaxdae.simulate_actuated(system, CONTROL, 0.0, 3.0, q0, v0, w0, throw=False)
+    assert default.result == jaxdae.RESULTS.singular_decoupling_matrix
+    np.testing.assert_allclose(default.t_final, sol.t_final, rtol=1e-6)
+    assert np.isinf(default.ts[1]) and np.all(np.isinf(np.asarray(default.residuals[1])))
     with pytest.raises(jaxdae.SimulationError, match="decoupling matrix"):
         jaxdae.simulate_actuated(system, CONTROL, 0.0, 3.0, q0, v0, w0, ts=TS)
 
