@@ -33,7 +33,7 @@ import optimistix as optx
 
 from ._custom_types import Array, ArrayLike, Float, Gain, GainLike, Int, ScalarLike
 from ._formulation._base import default_rcond
-from ._linalg import extreme_eigenvalues, reciprocal_condition, spd_solve
+from ._linalg import extreme_eigenvalues, not_hurwitz, reciprocal_condition, spd_solve
 from ._gains import as_gain, check_gain_size, check_gain_structure, gain_matrix, is_concrete
 from ._scalarize import scalarize
 from ._simulate import (
@@ -161,8 +161,9 @@ class ConstraintEnforcingControl(eqx.Module):
         matrix; their number is the relative degree `ρ`. For grouped program constraints,
         one such sequence per group (`order` is then a tuple). The companion matrix must be
         Hurwitz, except that all gains zero gives the unstabilized law of eq. [2.9] for
-        comparison. Concrete gains are checked here; traced gains (under `jit`/`grad`, e.g.
-        in [`jaxdae.tune`][]) are not, so keep them Hurwitz by construction: tune the poles
+        comparison. Concrete gains are checked here, traced ones (under `jit`/`vmap`/`grad`,
+        e.g. in [`jaxdae.tune`][]) by [`jaxdae.simulate_actuated`][] through `eqx.error_if`
+        (a run-time error). When tuning, keep them Hurwitz by construction: tune the poles
         of `from_poles` (or the `rate` of `with_poles`), or penalize with
         [`jaxdae.DiscreteStability`][] for explicit Euler, since `ρ(I + τH) < 1` implies
         that `H` is Hurwitz.
@@ -282,6 +283,30 @@ class ConstraintEnforcingControl(eqx.Module):
                     "Use e.g. `ConstraintEnforcingControl.with_poles(rate, order)`, or all "
                     "gains zero for the unstabilized law."
                 )
+
+    def validate(self, num_constraints: int | Sequence[int]) -> "ConstraintEnforcingControl":
+        """Checks the gains' sizes against `num_constraints` (one per group for grouped
+        gains) and returns the control. Concrete gains were checked for stability at
+        construction; traced ones (under `jit`, `vmap`, `grad`) come back wrapped in
+        `eqx.error_if`, which raises at run time unless each group's companion matrix is
+        Hurwitz or all its gains are zero (Lyapunov's test, as for
+        [`jaxdae.CoupledPerturbation`][])."""
+        self.perturbation_matrix(num_constraints)  # raises for gains of the wrong size
+        if is_concrete(self.gains):
+            return self
+        sizes = tuple(num_constraints) if self.grouped else (num_constraints,)
+        bad = jnp.asarray(False)
+        for i, (group, size) in enumerate(zip(self.groups, sizes)):
+            companion = jax.lax.stop_gradient(_companion(group, size, f"gains[{i}]"))
+            unstabilized = jnp.all(jnp.stack([jnp.all(k == 0) for k in group]))
+            bad = bad | (not_hurwitz(companion, jnp) & ~unstabilized)
+        message = ("The perturbation equation `f⁽ᵖ⁾ + Σ K_j f⁽ʲ⁾ = 0` of the traced "
+                   "`ConstraintEnforcingControl` gains is not asymptotically stable (H is not "
+                   "Hurwitz): the constraints would not be restored (paper 002, §3). Tune "
+                   "the poles of `ConstraintEnforcingControl.from_poles` to keep the gains "
+                   "stable by construction.")
+        return eqx.tree_at(lambda c: jax.tree.leaves(c.gains), self,
+                           [eqx.error_if(k, bad, message) for k in jax.tree.leaves(self.gains)])
 
     def perturbation_matrix(self, num_constraints: int | Sequence[int]) -> Float[Array, "d d"]:
         """`H` of `ẏ = H y`, `y = (f, ḟ, …, f⁽ᵖ⁻¹⁾)`, shape `(ρr, ρr)` (eqs. [3.12], [5.8]);
@@ -513,7 +538,8 @@ def _input_reach(system, control, t, q, v, w):
 
 
 def _check_system(system, control, t0, q0, v0, w0):
-    """Structure and, for concrete values, the relative degree at the initial state."""
+    """Structure and, for concrete values, the relative degree at the initial state; returns
+    the control with its traced gains checked (`ConstraintEnforcingControl.validate`)."""
     if not isinstance(system, ActuatedSystem):
         raise ValueError(
             f"`system` must be a `jaxdae.ActuatedSystem`; got {type(system).__name__}.")
@@ -559,9 +585,9 @@ def _check_system(system, control, t0, q0, v0, w0):
             f"has {inputs[1]} columns (paper 002 requires the rows of g = ψ_w B to be "
             "linearly independent, eq. [2.9])."
         )
-    control.perturbation_matrix(sizes if control.grouped else sizes[0])  # gain sizes
+    control = control.validate(sizes if control.grouped else sizes[0])
     if not is_concrete(system, control, t0, q0, v0, w0):
-        return
+        return control
     reach, scale, rcond = (np.asarray(a) for a in _input_reach(system, control, t0, q0, v0, w0))
     for i, group in enumerate(control.groups):
         which = f" (group {i})" if control.grouped else ""
@@ -582,6 +608,7 @@ def _check_system(system, control, t0, q0, v0, w0):
             "initial state is a singular configuration (paper 002 §5: s(t) = 0 or "
             "sin φ = 0)."
         )
+    return control
 
 
 def simulate_actuated(
@@ -642,7 +669,7 @@ def simulate_actuated(
             raise ValueError(f"`{name}` contains non-finite values (nan or inf).")
     # The state's dtype sets the precision: float32 states give a float32 simulation.
     system, control = _cast_floating((system, control), dtype)
-    _check_system(system, control, t0, q0, v0, w0)
+    control = _check_system(system, control, t0, q0, v0, w0)
     if stepsize_controller is None:
         stepsize_controller = diffrax.PIDController(rtol=rtol, atol=atol)
     sol = _simulate_actuated(

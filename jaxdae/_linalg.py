@@ -10,6 +10,7 @@ through lineax or `jnp.linalg` beyond it.
 import jax
 import jax.numpy as jnp
 import lineax as lx
+import numpy as np
 
 from ._custom_types import Array, Bool, Float
 
@@ -126,3 +127,30 @@ def reciprocal_condition(matrix: Float[Array, "c c"]) -> Float[Array, ""]:
         return jnp.ones((), matrix.dtype)
     smallest, largest = extreme_eigenvalues(matrix)
     return smallest / jnp.maximum(largest, jnp.finfo(matrix.dtype).tiny)
+
+
+def not_hurwitz(matrix: Float[Array, "d d"], xnp) -> Bool[Array, ""] | np.bool_:
+    """True unless every eigenvalue of `matrix` has a negative real part.
+
+    Eagerly (`numpy`) from the eigenvalues. Traced (`jax.numpy`) by Lyapunov's theorem — `H` is
+    Hurwitz iff `Hᵀ P + P H = −I` has a symmetric positive definite solution — since a
+    non-symmetric eigensolver is not available on every JAX backend.
+    """
+    n = matrix.shape[0]
+    if n == 0:
+        return xnp.asarray(False)
+    finite = xnp.all(xnp.isfinite(matrix))
+    matrix = xnp.where(finite, matrix, 0.0)
+    if xnp is np:
+        return ~finite | (np.max(np.linalg.eigvals(matrix).real) >= 0)
+    eye = jnp.eye(n, dtype=matrix.dtype)
+    # vec(Hᵀ P + P H) = (I ⊗ Hᵀ + Hᵀ ⊗ I) vec(P) for row-major vec
+    lyapunov = jnp.kron(matrix.T, eye) + jnp.kron(eye, matrix.T)
+    solution = jnp.linalg.solve(lyapunov, -eye.reshape(-1)).reshape(n, n)
+    sym = 0.5 * (solution + solution.T)
+    ok = jnp.all(jnp.isfinite(sym))
+    lowest = jnp.linalg.eigvalsh(jnp.where(ok, sym, 0.0))[0]
+    residual = jnp.max(jnp.abs(matrix.T @ sym + sym @ matrix + eye))
+    scale = 1.0 + 2.0 * jnp.max(jnp.abs(matrix)) * jnp.max(jnp.abs(sym)) * n
+    tol = jnp.sqrt(jnp.finfo(matrix.dtype).eps) * scale
+    return ~finite | ~ok | ~(lowest > 0) | ~(residual <= tol)

@@ -254,6 +254,19 @@ def test_bad_input_is_refused():
     assert jaxdae.ConstraintEnforcingControl([0.0] * 4).order == 4
 
 
+def test_traced_gains_are_checked_for_stability():
+    q0, v0, w0 = OPTICS.initial_state(angle_error=0.05)
+    run = jax.jit(lambda gains: jaxdae.simulate_actuated(
+        OPTICS, jaxdae.ConstraintEnforcingControl(list(gains)), 0.0, 0.05, q0, v0, w0).q_final)
+    stable = tuple(CONTROL.gains)
+    assert jnp.all(jnp.isfinite(run(stable)))
+    # All zero: the unstabilized law of eq. [2.9] passes the check under jit as well.
+    assert jnp.all(jnp.isfinite(run(tuple(jnp.zeros_like(k) for k in stable))))
+    unstable = stable[:3] + (-stable[3],)  # K_3 < 0: a root in the right half-plane
+    with pytest.raises(Exception, match="not asymptotically stable"):
+        run(unstable)
+
+
 def test_discrete_stability_penalty_reads_the_control_gains():
     penalty = jaxdae.DiscreteStability(diffrax.Euler(), dt=0.02, num_constraints=1)
     slow = jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=4)

@@ -8,6 +8,7 @@ import numpy as np
 
 from .._custom_types import Array, Float
 from .._gains import as_gain, gain_matrix, is_concrete
+from .._linalg import not_hurwitz
 from .._system import ConstrainedTerms
 from ._base import (
     AbstractExactMultipliers,
@@ -25,33 +26,6 @@ def _block(gain, rows: int, cols: int, dtype):
     if rows == cols:
         return gain_matrix(gain, rows, dtype)
     return jnp.broadcast_to(gain.astype(dtype), (rows, cols))
-
-
-def _not_hurwitz(matrix, xnp):
-    """True unless every eigenvalue of `matrix` has a negative real part.
-
-    Eagerly (`numpy`) from the eigenvalues. Traced (`jax.numpy`) by Lyapunov's theorem — `H` is
-    Hurwitz iff `Hᵀ P + P H = −I` has a symmetric positive definite solution — since a
-    non-symmetric eigensolver is not available on every JAX backend.
-    """
-    n = matrix.shape[0]
-    if n == 0:
-        return xnp.asarray(False)
-    finite = xnp.all(xnp.isfinite(matrix))
-    matrix = xnp.where(finite, matrix, 0.0)
-    if xnp is np:
-        return ~finite | (np.max(np.linalg.eigvals(matrix).real) >= 0)
-    eye = jnp.eye(n, dtype=matrix.dtype)
-    # vec(Hᵀ P + P H) = (I ⊗ Hᵀ + Hᵀ ⊗ I) vec(P) for row-major vec
-    lyapunov = jnp.kron(matrix.T, eye) + jnp.kron(eye, matrix.T)
-    solution = jnp.linalg.solve(lyapunov, -eye.reshape(-1)).reshape(n, n)
-    sym = 0.5 * (solution + solution.T)
-    ok = jnp.all(jnp.isfinite(sym))
-    lowest = jnp.linalg.eigvalsh(jnp.where(ok, sym, 0.0))[0]
-    residual = jnp.max(jnp.abs(matrix.T @ sym + sym @ matrix + eye))
-    scale = 1.0 + 2.0 * jnp.max(jnp.abs(matrix)) * jnp.max(jnp.abs(sym)) * n
-    tol = jnp.sqrt(jnp.finfo(matrix.dtype).eps) * scale
-    return ~finite | ~ok | ~(lowest > 0) | ~(residual <= tol)
 
 
 class CoupledPerturbation(AbstractExactMultipliers):
@@ -166,7 +140,7 @@ class CoupledPerturbation(AbstractExactMultipliers):
         # Evaluated now even inside a `jit` trace (a concrete formulation closed over).
         with jax.ensure_compile_time_eval():
             matrix = np.asarray(self.perturbation_matrix(m, k))
-        if bool(_not_hurwitz(matrix, np)):
+        if bool(not_hurwitz(matrix, np)):
             eig = np.linalg.eigvals(matrix) if np.all(np.isfinite(matrix)) else "non-finite"
             raise ValueError(
                 "The perturbation matrix [[0, I, 0], [K10, K11, K12], [K20, K21, K22]] is not "
@@ -196,7 +170,7 @@ class CoupledPerturbation(AbstractExactMultipliers):
         if is_concrete(self):
             return self
         dtype = jnp.result_type(*[g for g in self._gains() if g is not None], float)
-        bad = _not_hurwitz(jax.lax.stop_gradient(self.perturbation_matrix(m, k, dtype)), jnp)
+        bad = not_hurwitz(jax.lax.stop_gradient(self.perturbation_matrix(m, k, dtype)), jnp)
         message = ("The perturbation matrix of `CoupledPerturbation` is not Hurwitz: the "
                    "constraint perturbations would not decay (paper 002, eq. [0.12]).")
         names = [n for n in _BLOCKS if getattr(self, n) is not None]
