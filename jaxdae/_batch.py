@@ -35,6 +35,15 @@ def _local_map(fn, args, chunk_size):
     return jax.lax.map(one, args, batch_size=chunk_size)
 
 
+def chunk_layout(size: int, chunk_size: int | None, devices: int) -> tuple[int, int]:
+    """`(per_step, padded)` for a batch of `size` split over `devices`: the rows run at once
+    (`chunk_size` per device, at most each device's share of the batch; a multiple of
+    `devices`) and the padded batch size (a multiple of `per_step`)."""
+    share = -(-size // devices)
+    per_step = devices * (share if chunk_size is None else min(chunk_size, share))
+    return per_step, -(-size // per_step) * per_step
+
+
 def _pad(x, pad):
     if pad == 0:
         return x
@@ -68,9 +77,7 @@ def _batch_map(fn, args, chunk_size, mesh):
     # `check_vma=True` already the linearization in `LagrangianSystem.terms` is refused).)
     mesh = _auto(mesh)
     spec = batch_spec(mesh)
-    per_step = mesh.size * (size if chunk_size is None else chunk_size)
-    per_step = -(-per_step // mesh.size) * mesh.size
-    padded = -(-size // per_step) * per_step
+    per_step, padded = chunk_layout(size, chunk_size, mesh.size)
     args = jax.tree.map(lambda x: _pad(jnp.asarray(x), padded - size), args)
 
     def one(a):

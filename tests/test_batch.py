@@ -67,6 +67,18 @@ def test_sharded_equals_unsharded(mesh, unchunked):
                                atol=1e-12)
 
 
+def test_chunk_layout_pads_only_to_the_next_full_step():
+    from jaxdae._batch import chunk_layout
+
+    # (rows per step, padded size) for a batch of 10.
+    assert chunk_layout(10, None, 1) == (10, 10)
+    assert chunk_layout(10, 4, 1) == (4, 12)
+    assert chunk_layout(10, None, 4) == (12, 12)  # 3 rows per device, not 10
+    assert chunk_layout(10, 2, 4) == (8, 16)
+    assert chunk_layout(10, 100, 4) == (12, 12)  # a chunk larger than a device's share
+    assert chunk_layout(8, None, 4) == (8, 8)
+
+
 def _violation(kd, q0, v0):
     _, phi, _ = run(kd, q0, v0)
     return jnp.sum(phi**2)

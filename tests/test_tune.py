@@ -130,6 +130,50 @@ def test_nan_scenario_gets_zero_gradient():
     assert float(result.model.kd) < 1.0  # the successful scenarios pull kd down
 
 
+def _sqrt_ensemble(model, targets):
+    return jnp.sqrt(model.kd - targets)  # the batch at once
+
+
+def test_ensemble_chunks_fail_together():
+    params = jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
+    targets = jnp.array([0.0, 0.5, 5.0])
+    kwargs = dict(optimizer=OPTIMIZER, steps=1, failure_penalty=10.0, progress=False,
+                  ensemble=True)
+    # Chunks [0, 0.5] and [5.0, 5.0 (padding)]: only the second fails, as in the vmap test.
+    chunked = jaxdae.tune(params, _sqrt_ensemble, targets, lambda x: x, chunk_size=2, **kwargs)
+    assert chunked.history["num_failed"] == [1]
+    np.testing.assert_allclose(chunked.history["scenario_loss"][0],
+                               (1.0 + np.sqrt(0.5) + 10.0) / 3, rtol=1e-12)
+    reference = jaxdae.tune(params, _sqrt_model, targets, lambda x: x, optimizer=OPTIMIZER,
+                            steps=1, failure_penalty=10.0, progress=False)
+    np.testing.assert_allclose(chunked.model.kd, reference.model.kd, rtol=1e-12)
+    # One chunk: the failure takes the whole batch, and no gradient is applied.
+    whole = jaxdae.tune(params, _sqrt_ensemble, targets, lambda x: x, **kwargs)
+    assert whole.history["num_failed"] == [3]
+    assert whole.history["scenario_loss"] == [10.0] and whole.history["grad_norm"] == [0.0]
+    assert np.isfinite(whole.history["loss"][0])
+
+
+def test_ensemble_tuning_matches_vmap():
+    """`ensemble=True` with `simulate_ensemble`: the same losses and gains as the vmapped
+    scenarios, to the solver tolerance (the ensemble shares its step sizes)."""
+    def run_ensemble(formulation, scenarios):
+        q0, v0 = scenarios
+        return jaxdae.simulate_ensemble(SYSTEM, formulation, 0.0, 1.0, q0, v0, ts=TS,
+                                        throw=False, rtol=1e-6, atol=1e-8, max_steps=256)
+
+    params = jaxdae.parametrize(jaxdae.ModifiedLagrange(1.0, 0.5, 0.5),
+                                lambda f: (f.alpha, f.kd, f.kp), jaxdae.Positive)
+    kwargs = dict(optimizer=optax.adam(0.3), steps=3, progress=False)
+    plain = jaxdae.tune(params, run, scenarios(), LOSS, **kwargs)
+    together = jaxdae.tune(params, run_ensemble, scenarios(), LOSS, ensemble=True,
+                           chunk_size=3, **kwargs)  # chunks of 3 and 1 (+2 padding)
+    assert together.history["num_failed"] == [0, 0, 0]
+    np.testing.assert_allclose(together.history["loss"], plain.history["loss"], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(together.model), jax.tree.leaves(plain.model)):
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
 # Cheap problems (no simulation) for the argument checks and guards.
 def _quadratic(model, target):
     return model.kd * target
@@ -188,6 +232,11 @@ def test_sharded_float32_tuning_with_progress_bar():
     assert plain.model.kd.dtype == jnp.float32
     np.testing.assert_allclose(sharded.history["loss"], plain.history["loss"], rtol=1e-6)
     np.testing.assert_allclose(sharded.model.kd, plain.model.kd, rtol=1e-6)
+    # As one ensemble per chunk, each chunk split over the 4 devices (6 → 2 chunks of 4).
+    together = jaxdae.tune(params, _quadratic, targets, _square, mesh=mesh, chunk_size=3,
+                           ensemble=True, progress=False, **kwargs)
+    np.testing.assert_allclose(together.history["loss"], plain.history["loss"], rtol=1e-6)
+    np.testing.assert_allclose(together.model.kd, plain.model.kd, rtol=1e-6)
 
 
 def test_parametrizations():
