@@ -44,6 +44,8 @@ from ._simulate import (
     _float_array,
     event_result,
     raise_failure,
+    save_at,
+    saved_times,
     solve_event,
 )
 from ._solution import RESULTS
@@ -685,10 +687,7 @@ def simulate_actuated(
 @eqx.filter_jit
 def _simulate_actuated(system, control, t0, t1, q0, v0, w0, ts, *, solver,
                        stepsize_controller, dt0, max_steps, adjoint):
-    # As in `simulate`: without `ts`, save t0 and t1 directly (an interpolated
-    # `SubSaveAt(ts=[t0, t1])` would search the save times at every step).
-    saveat = (diffrax.SaveAt(t0=True, t1=True) if ts is None else
-              diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)]))
+    saveat = save_at(t0, t1, ts)
     out = diffrax.diffeqsolve(
         diffrax.ODETerm(_vector_field), solver, t0, t1, dt0, (q0, v0, w0),
         args=(system, control, _eigenvalues(system, control, t0, q0, v0, w0)[1]),
@@ -706,6 +705,7 @@ def _simulate_actuated(system, control, t0, t1, q0, v0, w0, ts, *, solver,
                            for x in (ts_out, q, v, w))
     else:
         (ts_out, t_end), ((q, v, w), (q_end, v_end, w_end)) = out.ts, out.ys
+        ts_out = saved_times(ts, ts_out)
         t_end, q_end, v_end, w_end = t_end[0], q_end[0], v_end[0], w_end[0]
     # Rows the solve did not reach are inf: evaluate at the initial state, then mask.
     valid = jnp.isfinite(ts_out)

@@ -309,6 +309,27 @@ def test_fixed_step_solver_and_float32():
     assert np.abs(sol32.phi).max() < 1e-4
 
 
+def test_gradient_of_save_times_on_the_fixed_step_grid():
+    """Save times on the step grid (`linspace(0, 1.5, 31)`, `dt0 = 0.01`): the reverse pass
+    of diffrax's checkpointed loop recomputed the step ends with other rounding and counted
+    the cotangent of `q(1.2)` twice under `jit` (`jaxdae._simulate.save_at`)."""
+    ts = jnp.linspace(0.0, 1.5, 31)
+
+    def q1(kd):
+        return jaxdae.simulate(
+            PENDULUM, jaxdae.Baumgarte(kd, 25.0), 0.0, 1.5, Q_ON * 1.02, V_ON, ts=ts,
+            solver=diffrax.Heun(), stepsize_controller=diffrax.ConstantStepSize(), dt0=0.01,
+            max_steps=200,
+        ).q[:, 0]
+
+    kd = jnp.asarray(6.0)
+    jacobian = jax.jit(jax.jacrev(q1))(kd)
+    forward = jax.jit(q1)
+    step = 1e-5
+    fd = (forward(kd + step) - forward(kd - step)) / (2 * step)
+    np.testing.assert_allclose(jacobian, fd, rtol=1e-5, atol=1e-9)
+
+
 # -- consistent initialization -----------------------------------------------------------
 
 
