@@ -364,11 +364,11 @@ def tune(
         receives a batch of scenarios (all of them, the minibatch, or a chunk of
         `chunk_size`) and returns one output with a leading batch axis, typically a
         [`jaxdae.simulate_ensemble`][] Solution; `loss` is still written for one scenario
-        (it is vmapped over that axis). One reverse pass per chunk instead of one per
-        scenario: for the two-link arm's batch of 256 initial states the gradient took
-        83 against 131 ms (`experiments/tune_two_link.py` prints both). Scenarios that
-        share a solve fail together: a failed or non-finite scenario gives its whole chunk
-        the penalty and a zero gradient.
+        (it is vmapped over that axis). One solve and one reverse pass per chunk instead of
+        one per scenario: the batch-loss gradient over 256 two-link initial states took
+        0.107 s as an ensemble against 0.188 s with `vmap` (`experiments/bench_batch.py`,
+        2-core CPU). Scenarios that share a solve fail together: a failed or non-finite
+        scenario gives its whole chunk the penalty and a zero gradient.
     - `checkpoint`: a directory for checkpoints (default: none).
     - `checkpoint_every`: checkpoint period in steps.
     - `resume`: resume from the checkpoint in `checkpoint` if there is one.
