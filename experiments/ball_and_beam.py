@@ -54,7 +54,7 @@ def plant(r0=R0):
 
 def design(r0=R0):
     p = plant(r0)
-    exact, eq_s, eq_e, lin_s = p["exact"], p["eq_s"], p["eq_e"], p["lin_s"]
+    exact, eq_e, lin_s = p["exact"], p["eq_e"], p["lin_s"]
     lqr = jaxdae.lqr(lin_s.A, lin_s.B, jnp.eye(5), jnp.eye(1))
     pos, vel = exact.feedback_indices
     controller = jaxdae.LinearFeedback(lqr.gain, eq_e.q, eq_e.v, eq_e.u, pos, vel)

@@ -113,8 +113,8 @@ def _ensemble_value_and_grad(trainable, static, simulate_fn, loss, penalty, scen
 def _ensemble_map(fn, scenarios, chunk_size, mesh):
     """`fn(chunk, weights)` over chunks of `chunk_size` scenarios per device (default: all
     at once), one after the other, each split over `mesh` when given (`chunk_layout`); the
-    batch is padded with copies of its last scenario, weighted 0. Returns the per-scenario values and `ok`, and the
-    gradient of the batch mean."""
+    batch is padded with copies of its last scenario, weighted 0. Returns the per-scenario
+    values and `ok`, and the gradient of the batch mean."""
     size = batch_size_of(scenarios)
     mesh = None if mesh is None else auto_mesh(mesh)
     per_chunk, padded = chunk_layout(size, chunk_size, 1 if mesh is None else mesh.size)
