@@ -687,7 +687,7 @@ def simulate_actuated(
 @eqx.filter_jit
 def _simulate_actuated(system, control, t0, t1, q0, v0, w0, ts, *, solver,
                        stepsize_controller, dt0, max_steps, adjoint):
-    saveat = save_at(t0, t1, ts)
+    saveat = save_at(t0, t1, ts, stepsize_controller)
     out = diffrax.diffeqsolve(
         diffrax.ODETerm(_vector_field), solver, t0, t1, dt0, (q0, v0, w0),
         args=(system, control, _eigenvalues(system, control, t0, q0, v0, w0)[1]),

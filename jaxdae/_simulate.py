@@ -497,7 +497,7 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver,
         q0 = eqx.branched_error_if(q0, jnp.any(flags), jnp.argmax(flags), messages)
         if not ensemble:
             q0 = formulation.check_state(system, t0, q0, v0)
-    saveat = save_at(t0, t1, ts)
+    saveat = save_at(t0, t1, ts, stepsize_controller)
     failures = [formulation.failure_result] if formulation.can_fail else []
     event = solve_event([_failure_event] if formulation.can_fail else [], stepsize_controller)
     out = diffrax.diffeqsolve(
@@ -527,7 +527,7 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver,
         q0, v0, out.ys)
 
 
-def save_at(t0, t1, ts) -> diffrax.SaveAt:
+def save_at(t0, t1, ts, stepsize_controller) -> diffrax.SaveAt:
     """What `simulate` and `simulate_actuated` ask diffrax to save: `t0` and `t1` without
     `ts`; else `ts` (read back with `saved_times`) and `t1`.
 
@@ -535,21 +535,23 @@ def save_at(t0, t1, ts) -> diffrax.SaveAt:
     `SubSaveAt(ts=[t0, t1])` would cost a search of the save times at every step (≈2 µs/step
     on the CPU, ~10% of a two-link trajectory) for the same values.
 
-    With `ts`, each save time is moved 16 ulps (of the larger of |t0|, |t1|) earlier.
-    diffrax saves `ts[i]` in the step whose end reaches it, and `RecursiveCheckpointAdjoint`
-    recomputes the steps in its reverse pass; when `ts[i]` lies within rounding of a step's
-    end (fixed steps on the save grid, e.g. `ts = linspace(0, 1.5, 31)` with `dt0 = 0.01`),
-    the recomputation can round that end the other way (`t0 + (t1 − t0)·k/N` compiled with
-    and without a fused multiply-add) and save `ts[i]` in the neighbouring step, and that
-    row's cotangent is then counted twice or lost: a gradient off by percents, with no
-    error. Moved earlier, every save time lies inside one step; the state moves by
-    `16 ulp · |ẏ|`, far below any tolerance.
+    With `ts` and fixed steps, each save time is moved 8 ulps (of max(|t0|, |ts[i]|))
+    earlier. diffrax saves `ts[i]` in the step whose end reaches it, and
+    `RecursiveCheckpointAdjoint` recomputes the steps in its reverse pass. When `ts[i]` lies
+    within rounding of a step's end (fixed steps on the save grid, e.g.
+    `ts = linspace(0, 1.5, 31)` with `dt0 = 0.01`), the recomputation can round that end the
+    other way (`t0 + (t1 − t0)·k/N` compiled with and without a fused multiply-add: at most
+    2 ulps apart) and save `ts[i]` in the neighbouring step; that row's cotangent is then
+    counted twice or lost, a gradient off by percents with no error. Moved earlier, every
+    save time lies inside one step. Adaptive steps end on a save time only by chance, so
+    their save times are not moved.
     """
     if ts is None:
         return diffrax.SaveAt(t0=True, t1=True)
-    scale = jnp.maximum(jnp.maximum(jnp.abs(t0), jnp.abs(t1)), 1.0)
-    early = jnp.maximum(ts - 16 * jnp.finfo(ts.dtype).eps * scale, t0)
-    return diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=early), diffrax.SubSaveAt(t1=True)])
+    if isinstance(stepsize_controller, diffrax.ConstantStepSize):
+        ulps = 8 * jnp.finfo(ts.dtype).eps * jnp.maximum(jnp.abs(ts), jnp.abs(t0))
+        ts = jnp.maximum(ts - ulps, t0)
+    return diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)])
 
 
 def saved_times(ts, saved):
