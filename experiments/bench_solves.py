@@ -10,7 +10,9 @@ one trajectory and a `jax.vmap` batch of 64 for:
 - paper 002's adaptive-optics element under `ConstraintEnforcingControl` (poles at −10) over
   3 s, rtol 1e-8;
 - paper 001's Cartesian arm in Hamiltonian form (`HamiltonianForm` of the Lagrangian model:
-  the Legendre transform at every stage) under the paper's perturbation gains over 6 s.
+  the Legendre transform at every stage) under the paper's perturbation gains over 6 s;
+- the Cartesian pendulum with its constraint written twice (a rank-1 `J M⁻¹ Jᵀ`) under
+  `PseudoInverse(10, 25)` over 10 s (paper 004 eqs. [6]–[8]: `A⁺` at every stage).
 
 Medians of interleaved repetitions, float64, after compilation.
 
@@ -93,11 +95,31 @@ def cartesian_arm():
     return run, jnp.asarray(1.02), jnp.linspace(0.98, 1.05, BATCH)
 
 
+class _TwicePendulum(CartesianPendulum):
+    """The pendulum's length constraint written twice: redundant constraints."""
+
+    def constraints(self, t, q):
+        phi = super().constraints(t, q)
+        return jnp.concatenate([phi, phi])
+
+
+def redundant_pendulum():
+    system = _TwicePendulum()
+
+    def run(angle):
+        q0, v0 = system.state_from_angle(angle, 0.0)
+        return jaxdae.simulate(system, jaxdae.PseudoInverse(10.0, 25.0), 0.0, 10.0, q0,
+                               v0).q_final
+
+    return run, jnp.asarray(0.5), jnp.linspace(0.2, 1.2, BATCH)
+
+
 CASES = {
     "pendulum, Baumgarte, 10 s": pendulum,
     "Ball & Beam, RedundantCoordinates + LQR, 20 s": ball_and_beam,
     "adaptive optics, ConstraintEnforcingControl, 3 s": adaptive_optics,
     "Cartesian arm, HamiltonianForm + CoupledPerturbation, 6 s": cartesian_arm,
+    "pendulum, constraint twice, PseudoInverse, 10 s": redundant_pendulum,
 }
 
 

@@ -129,6 +129,42 @@ def reciprocal_condition(matrix: Float[Array, "c c"]) -> Float[Array, ""]:
     return smallest / jnp.maximum(largest, jnp.finfo(matrix.dtype).tiny)
 
 
+def psd_pseudo_solve(matrix: Float[Array, "c c"], rhs: Float[Array, " c"],
+                     rcond: float) -> Float[Array, " c"]:
+    """`A⁺ rhs` for a symmetric positive semidefinite `A`: the Moore–Penrose inverse with
+    eigenvalues below `rcond · λ_max` treated as zero, as `lineax.SVD(rcond)` does.
+
+    In closed form for sizes 1 and 2 (a constraint written twice, a closure equation with
+    its redundant twin), where the SVD's LAPACK call at every stage cost 4–6× the whole
+    right-hand side; `lineax.SVD` beyond. For size 2 with `λ_min ≤ rcond · λ_max`,
+    `A − λ_min I = (λ_max − λ_min) v vᵀ` gives the rank-1 inverse `v vᵀ / λ_max`. Each
+    branch is evaluated with safe denominators, so the one not taken cannot put a nan into
+    the gradient.
+    """
+    size = matrix.shape[0]
+    if size == 0:
+        return rhs
+    if size > 2:
+        solver = lx.SVD(rcond=rcond)
+        return lx.linear_solve(spd_operator(matrix), rhs, solver, throw=False).value
+    tiny = jnp.finfo(matrix.dtype).tiny
+    if size == 1:
+        a = matrix[0, 0]
+        nonzero = a > tiny
+        return jnp.where(nonzero, rhs / jnp.where(nonzero, a, 1.0), 0.0)
+    a, d, b = matrix[0, 0], matrix[1, 1], 0.5 * (matrix[0, 1] + matrix[1, 0])
+    smallest, largest = extreme_eigenvalues(matrix)
+    full_rank = smallest > rcond * largest
+    rank_one = ~full_rank & (largest > tiny)
+    det = jnp.where(full_rank, a * d - b * b, 1.0)
+    inverse = jnp.stack([jnp.stack([d, -b]), jnp.stack([-b, a])]) / det
+    gap = jnp.where(rank_one, (largest - smallest) * largest, 1.0)
+    eye = jnp.eye(2, dtype=matrix.dtype)
+    truncated = (jnp.stack([jnp.stack([a, b]), jnp.stack([b, d])]) - smallest * eye) / gap
+    pseudo = jnp.where(full_rank, inverse, jnp.where(rank_one, truncated, 0.0))
+    return small_matmul(pseudo, rhs)
+
+
 def not_hurwitz(matrix: Float[Array, "d d"], xnp) -> Bool[Array, ""] | np.bool_:
     """True unless every eigenvalue of `matrix` has a negative real part.
 

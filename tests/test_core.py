@@ -361,3 +361,27 @@ def test_extreme_eigenvalues_in_closed_form_match_eigvalsh():
         np.testing.assert_allclose([smallest, largest], [expected[0], expected[-1]],
                                    rtol=1e-9, atol=1e-15 * expected[-1])
     assert abs(reciprocal_condition(jnp.asarray(nearly_singular)) - 2.5e-8) < 1e-12
+
+
+def test_pseudo_inverse_in_closed_form_matches_pinv():
+    """`PseudoInverse`'s `A⁺ b` for one or two constraints (closed form) equals numpy's
+    `pinv` with the same cut-off, for full rank, rank one (a constraint written twice, or
+    nearly so), zero and 3 × 3 (lineax); its gradient stays finite at rank one."""
+    from jaxdae._linalg import psd_pseudo_solve
+
+    rcond = 1.5e-8
+    rng = np.random.default_rng(1)
+    g = rng.normal(size=(2, 3))
+    row = rng.normal(size=(1, 3))
+    twice = np.concatenate([row, row]) @ np.concatenate([row, row]).T
+    nearly = np.array([[1.0, 1.0], [1.0, 1.0 + 1e-10]])
+    cases = (g @ g.T, twice, nearly, np.diag([2.0, 0.0]), np.zeros((2, 2)),
+             np.array([[2.5]]), np.zeros((1, 1)), g.T @ g)
+    for matrix in cases:
+        b = rng.normal(size=matrix.shape[0])
+        expected = np.linalg.pinv(matrix, rtol=rcond, hermitian=True) @ b
+        got = psd_pseudo_solve(jnp.asarray(matrix), jnp.asarray(b), rcond)
+        np.testing.assert_allclose(got, expected, rtol=1e-7, atol=1e-12)
+    grad = jax.grad(lambda m: jnp.sum(psd_pseudo_solve(m, jnp.ones(2), rcond)))(
+        jnp.asarray(twice))
+    assert np.all(np.isfinite(grad))

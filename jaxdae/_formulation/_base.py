@@ -11,6 +11,7 @@ from .._custom_types import Array, Bool, Float
 from .._gains import apply_gain
 from .._solution import RESULTS
 from .._linalg import (
+    psd_pseudo_solve,
     spd_operator,
     reciprocal_condition,
     small_matmul,
@@ -153,6 +154,8 @@ def multiplier_solve(
     rhs = small_matmul(g, minv_q) - target
     if isinstance(solver, lx.Cholesky):
         lam = spd_solve(a_matrix, rhs)
+    elif isinstance(solver, lx.SVD):
+        lam = psd_pseudo_solve(a_matrix, rhs, default_rcond(solver.rcond, a_matrix.dtype))
     else:
         lam = lx.linear_solve(spd_operator(a_matrix), rhs, solver, throw=False).value
     return minv_q - small_matmul(minv_gt, lam), lam
