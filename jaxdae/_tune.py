@@ -99,6 +99,15 @@ def _ensemble_value_and_grad(trainable, static, simulate_fn, loss, penalty, scen
     def chunk_loss(trainable):
         model = unwrap(eqx.combine(trainable, static))
         output = simulate_fn(model, scenarios)
+        size = weights.shape[0]
+        shapes = [jnp.shape(x) for x in jax.tree.leaves(output) if eqx.is_array_like(x)]
+        if not shapes or any(shape[:1] != (size,) for shape in shapes):
+            raise ValueError(
+                f"With `ensemble=True`, `simulate_fn(model, scenarios)` receives {size} "
+                "scenarios at once and must return one output with a leading axis of that "
+                f"size (e.g. a `jaxdae.simulate_ensemble` Solution); got shapes {shapes}. "
+                "For a function of one scenario, use `ensemble=False`."
+            )
         values = jax.vmap(loss)(output)
         return jnp.sum(weights * values), (values, _is_failed(output))
 

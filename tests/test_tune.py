@@ -152,6 +152,10 @@ def test_ensemble_chunks_fail_together():
     assert whole.history["num_failed"] == [3]
     assert whole.history["scenario_loss"] == [10.0] and whole.history["grad_norm"] == [0.0]
     assert np.isfinite(whole.history["loss"][0])
+    # A function of one scenario passed with ensemble=True: the error says what to do.
+    with pytest.raises(ValueError, match="leading axis of that size.*ensemble=False"):
+        jaxdae.tune(params, lambda model, targets: jnp.sum(model.kd * targets), targets,
+                    lambda x: x, **kwargs)
 
 
 def test_ensemble_tuning_matches_vmap():
