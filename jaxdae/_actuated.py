@@ -399,6 +399,13 @@ def _initial_state(q0, v0, w0):
     return q0.astype(dtype), v0.astype(dtype), w0.astype(dtype)
 
 
+_NOT_PROGRAMMED = (
+    "No state on the programmed motion found near the guess: {detail}. The program "
+    "constraints may have no solution near it (e.g. a configuration the mechanism cannot "
+    "reach): choose a closer guess."
+)
+
+
 def consistent_actuated_state(
     system: ActuatedSystem,
     control: ConstraintEnforcingControl,
@@ -433,7 +440,9 @@ def consistent_actuated_state(
 
     **Raises:**
 
-    `ValueError` if no such state is found near the guess.
+    `ValueError` if no such state is found near the guess; under `jax.jit`, `jax.vmap` or
+    `jax.grad` (which it supports, as [`jaxdae.consistent_initial_state`][] does) a runtime
+    error with the same message.
     """
     q0, v0, w0 = _initial_state(q0, v0, w0)
     dtype = q0.dtype
@@ -441,18 +450,19 @@ def consistent_actuated_state(
     system, control = _cast_floating((system, control), dtype)
     _check_system(system, control, t0, q0, v0, w0)
     if tol is None:
-        size = max(float(jnp.max(jnp.abs(x), initial=0.0)) for x in (q0, v0, w0))
+        size = jnp.max(jnp.stack([jnp.max(jnp.abs(x), initial=0.0) for x in (q0, v0, w0)]))
         tol = 1e3 * float(jnp.finfo(dtype).eps) * (1.0 + size)
-    state, residual, result = _programmed_state(system, control, t0, q0, v0, w0,
-                                                jnp.asarray(tol, dtype), max_steps)
-    worst = float(jnp.max(jnp.abs(residual)))
-    if not np.isfinite(worst) or worst > tol:
-        raise ValueError(
-            f"No state on the programmed motion found near the guess: after Newton "
-            f"projection max|f⁽ᵏ⁾| = {worst:.3g} > tol = {tol:.3g} ({optx.RESULTS[result]!s}). "
-            "The program constraints may have no solution near it (e.g. a configuration "
-            "the mechanism cannot reach): choose a closer guess."
-        )
+    tol = jax.lax.stop_gradient(jnp.asarray(tol, dtype))
+    state, residual, result = _programmed_state(system, control, t0, q0, v0, w0, tol, max_steps)
+    worst = jnp.max(jnp.abs(residual), initial=0.0)
+    failed = ~(worst <= tol)  # also NaN
+    if not is_concrete(failed):
+        return eqx.error_if(state, failed, _NOT_PROGRAMMED.format(
+            detail="max|f⁽ᵏ⁾| > tol after the Newton projection"))
+    if failed:
+        raise ValueError(_NOT_PROGRAMMED.format(
+            detail=f"after Newton projection max|f⁽ᵏ⁾| = {float(worst):.3g} > tol = "
+                   f"{float(tol):.3g} ({optx.RESULTS[result]!s})"))
     return state
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import optimistix as optx
 
 from ._custom_types import ArrayLike, Coordinates, Float, ScalarLike, Velocities
+from ._gains import is_concrete
 from ._system import LagrangianSystem, holonomic_terms, nonholonomic_terms
 
 
@@ -48,6 +49,13 @@ def _project(system, t0, q0, v0, rtol, atol, max_steps):
     return q, v, phi_final, dphi, psi, sol.result
 
 
+_NOT_FOUND = (
+    "No consistent initial state found near {where}: {detail}. The constraints may have no "
+    "solution near q0 (e.g. a target outside the workspace): choose a closer q0 or check "
+    "`constraints`."
+)
+
+
 def consistent_initial_state(
     system: LagrangianSystem,
     t0: ScalarLike,
@@ -79,7 +87,13 @@ def consistent_initial_state(
     **Raises:**
 
     `ValueError` if no consistent state is found near `q0` (the constraints may have no
-    solution there, e.g. a point outside the workspace).
+    solution there, e.g. a point outside the workspace). Under `jax.jit`, `jax.vmap` or
+    `jax.grad` the same check runs inside the computation (`eqx.error_if`) and raises a
+    runtime error with that message.
+
+    Works under `jax.jit` and `jax.vmap` (e.g. to project a batch of perturbed starts in one
+    call) and is differentiable: the gradient with respect to `q0`, `v0` or the system's
+    parameters comes from the implicit function theorem at the solution (optimistix).
     """
     q0 = jnp.asarray(q0, dtype=jnp.result_type(float))
     v0 = jnp.asarray(v0, dtype=q0.dtype)
@@ -88,18 +102,20 @@ def consistent_initial_state(
         raise ValueError(
             f"`q0` and `v0` must be 1-D arrays of the same shape (n,); got {q0.shape} and {v0.shape}."
         )
-    eps = float(jnp.finfo(q0.dtype).eps)
-    scale = 1.0 + float(jnp.max(jnp.abs(q0), initial=0.0))
-    tol = 1e3 * eps * scale if tol is None else tol
+    if tol is None:
+        tol = 1e3 * float(jnp.finfo(q0.dtype).eps) * (1.0 + jnp.max(jnp.abs(q0), initial=0.0))
+    # An array, not a Python float: a float would be a static argument of `_project`, one
+    # compilation per guess.
+    tol = jax.lax.stop_gradient(jnp.asarray(tol, q0.dtype))
     q, v, phi, dphi, psi, result = _project(system, t0, q0, v0, 0.1 * tol, 0.1 * tol, max_steps)
-    residual = max(
-        float(jnp.max(jnp.abs(x), initial=0.0)) for x in (phi, dphi, psi)
-    )
-    if not np.isfinite(residual) or residual > tol:
-        raise ValueError(
-            f"No consistent initial state found near q0 = {np.asarray(q0)}: after Newton "
-            f"projection max(|Φ|, |Φ̇|, |Ψ|) = {residual:.3g} > tol = {tol:.3g} "
-            f"({optx.RESULTS[result]!s}). The constraints may have no solution near q0 "
-            "(e.g. a target outside the workspace): choose a closer q0 or check `constraints`."
-        )
+    residual = jnp.max(jnp.stack([jnp.max(jnp.abs(x), initial=0.0) for x in (phi, dphi, psi)]))
+    failed = ~(residual <= tol)  # also NaN
+    if not is_concrete(failed):
+        return eqx.error_if((q, v), failed, _NOT_FOUND.format(
+            where="`q0`", detail="max(|Φ|, |Φ̇|, |Ψ|) > tol after the Newton projection"))
+    if failed:
+        raise ValueError(_NOT_FOUND.format(
+            where=f"q0 = {np.asarray(q0)}",
+            detail=f"after Newton projection max(|Φ|, |Φ̇|, |Ψ|) = {float(residual):.3g} > "
+                   f"tol = {float(tol):.3g} ({optx.RESULTS[result]!s})"))
     return q, v

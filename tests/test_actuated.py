@@ -309,3 +309,12 @@ def test_consistent_state_is_the_programmed_state():
     unreachable = AdaptiveOpticsElement(source_mean=0.02, source_amplitude=0.0)
     with pytest.raises(ValueError, match="No state on the programmed motion"):
         jaxdae.consistent_actuated_state(unreachable, CONTROL, 0.0, q0, v0, w0)
+    # Traced: a batch of guesses in one call, and the same refusal at run time.
+    guesses = [OPTICS.initial_state(angle_error=e) for e in (0.05, -0.03)]
+    batch = jax.vmap(lambda *x: jaxdae.consistent_actuated_state(OPTICS, CONTROL, 0.0, *x))(
+        *(jnp.stack(parts) for parts in zip(*guesses)))
+    for got, expected in zip(batch, OPTICS.programmed_state(0.0)):
+        np.testing.assert_allclose(got, jnp.stack([expected, expected]), rtol=1e-10, atol=1e-14)
+    with pytest.raises(Exception, match="No state on the programmed motion"):
+        jax.block_until_ready(jax.jit(lambda q: jaxdae.consistent_actuated_state(
+            unreachable, CONTROL, 0.0, q, v0, w0))(q0))

@@ -105,6 +105,13 @@ def test_no_consistent_state():
         jaxdae.consistent_initial_state(Unreachable(), 0.0, jnp.array([0.5, 0.0]), jnp.zeros(2))
 
 
+def test_no_consistent_state_under_jit():
+    project = jax.jit(lambda q0: jaxdae.consistent_initial_state(Unreachable(), 0.0, q0,
+                                                                jnp.zeros(2))[0])
+    with pytest.raises(Exception, match="No consistent initial state found near `q0`"):
+        jax.block_until_ready(project(jnp.array([0.5, 0.0])))
+
+
 def test_failed_solve_reports_max_steps():
     with pytest.raises(jaxdae.SimulationError, match=r"maximum number of solver steps[\s\S]*t = "):
         _simulate(max_steps=5)
