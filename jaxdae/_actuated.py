@@ -47,6 +47,7 @@ from ._simulate import (
     save_at,
     saved_times,
     solve_event,
+    step_options,
 )
 from ._solution import RESULTS
 from ._system import LagrangianSystem
@@ -682,8 +683,7 @@ def simulate_actuated(
     # The state's dtype sets the precision: float32 states give a float32 simulation.
     system, control = _cast_floating((system, control), dtype)
     control = _check_system(system, control, t0, q0, v0, w0)
-    if stepsize_controller is None:
-        stepsize_controller = diffrax.PIDController(rtol=rtol, atol=atol)
+    stepsize_controller, dt0 = step_options(stepsize_controller, dt0, rtol, atol, dtype)
     sol = _simulate_actuated(
         system, control, t0, t1, q0, v0, w0, ts,
         solver=Tsit5 if solver is None else solver,

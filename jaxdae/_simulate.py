@@ -6,6 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optimistix as optx
 
 from ._custom_types import Array, ArrayLike, Float, ScalarLike
 from ._formulation import AbstractFormulation
@@ -432,11 +433,9 @@ def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_
         if not ensemble:
             formulation.check_state(system, t0, q0, v0)
 
-    if stepsize_controller is None:
-        stepsize_controller = (
-            diffrax.PIDController(rtol=rtol, atol=atol, norm=worst_trajectory_rms)
-            if ensemble else diffrax.PIDController(rtol=rtol, atol=atol)
-        )
+    stepsize_controller, dt0 = step_options(
+        stepsize_controller, dt0, rtol, atol, dtype,
+        worst_trajectory_rms if ensemble else optx.rms_norm)
     sol = _simulate(
         system, formulation, t0, t1, q0, v0, ts,
         ensemble=ensemble,
@@ -525,6 +524,17 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver,
     # Saved states are (time, trajectory, coordinate) in an ensemble: one trajectory each.
     return jax.vmap(solution, in_axes=(0, 0, 1))(q0, v0, out.ys) if ensemble else solution(
         q0, v0, out.ys)
+
+
+def step_options(stepsize_controller, dt0, rtol, atol, dtype, norm=optx.rms_norm):
+    """The step-size controller (default: `diffrax.PIDController(rtol, atol, norm)`) and
+    `dt0`, with the numbers as arrays of `dtype`. Python floats would be static arguments of
+    the compiled solve: a sweep over `τ = dt0` or over tolerances would compile at every
+    value (≈ 2.5 s each for the pendulum)."""
+    if stepsize_controller is None:
+        stepsize_controller = diffrax.PIDController(
+            rtol=jnp.asarray(rtol, dtype), atol=jnp.asarray(atol, dtype), norm=norm)
+    return stepsize_controller, None if dt0 is None else jnp.asarray(dt0, dtype)
 
 
 def save_at(t0, t1, ts, stepsize_controller) -> diffrax.SaveAt:
