@@ -10,6 +10,11 @@
 2. Whole simulations of chains of k point masses joined by unit links (n = 2k coordinates,
    k length constraints, `Baumgarte(10, 25)`, t ∈ [0, 2]) with scalar graphs switched on and
    off (`MAX_WORK = 0`): compile + first call and time per trajectory (interleaved medians).
+3. What bounds the gradient's cost: one Tsit5 step of the two-link and its vector–Jacobian
+   product (w.r.t. the state and the gains, as in the reverse pass of `simulate`'s gradient),
+   in a compiled loop whose step times change at every iteration: diffrax's `Tsit5` (stages in
+   a loop) and the same tableau with its stages unrolled, next to the right-hand side alone.
+   µs per iteration and XLA fusions.
 
     python experiments/bench_rhs.py
 """
@@ -22,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import diffrax  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -29,7 +35,7 @@ import numpy as np  # noqa: E402
 import _peers  # noqa: E402
 import jaxdae  # noqa: E402
 from jaxdae import _scalarize  # noqa: E402
-from jaxdae._simulate import state_rates  # noqa: E402
+from jaxdae._simulate import _vector_field, state_rates  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
 LOOP = 10_000
@@ -165,6 +171,77 @@ def chains():
     _scalarize.MAX_WORK = DEFAULT_WORK
 
 
+def _unrolled_tsit5_step(term, t0, t1, y0, args):
+    """Tsit5's step with the stages written out (no stage loop); first stage evaluated."""
+    tableau, dt = diffrax.Tsit5.tableau, t1 - t0
+    ks = [jax.tree.map(lambda f: dt * f, term.vf(t0, y0, args))]
+    for c, row in zip(tableau.c, tableau.a_lower):
+        y = jax.tree.map(lambda y_, *k: y_ + sum(a * k_ for a, k_ in zip(row, k)), y0, *ks)
+        ks.append(jax.tree.map(lambda f: dt * f, term.vf(t0 + c * dt, y, args)))
+    return y  # Tsit5's last stage is its solution (first same as last)
+
+
+def steps(loop: int = 130):
+    system = TwoLinkManipulator()
+    formulation = jaxdae.ModifiedLagrange(10.0, jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0]))
+    y0 = system.initial_state()
+    term, solver = diffrax.ODETerm(_vector_field), diffrax.Tsit5()
+
+    def diffrax_step(formulation, t0, t1, y):
+        args = (system, formulation)
+        state = solver.init(term, t0, t1, y, args)
+        return solver.step(term, t0, t1, y, args, state, False)[0]
+
+    def unrolled_step(formulation, t0, t1, y):
+        return _unrolled_tsit5_step(term, t0, t1, y, (system, formulation))
+
+    def rhs(formulation, t0, t1, y):
+        return jax.tree.map(lambda y_, f: y_ + 1e-9 * f, y, term.vf(t0, y, (system, formulation)))
+
+    def forward(step):
+        return jax.jit(lambda f, y: jax.lax.fori_loop(
+            0, loop, lambda i, y: step(f, 0.01 * i, 0.01 * (i + 1), y), y))
+
+    def reverse(step):
+        def run(formulation, y):
+            def body(i, carry):  # linearized at (formulation, y) with the step's times
+                cotangent, gains = carry
+                _, vjp = jax.vjp(lambda f, y_: step(f, 0.01 * i, 0.01 * (i + 1), y_),
+                                 formulation, y)
+                d_gains, d_state = vjp(cotangent)
+                return d_state, jax.tree.map(jnp.add, gains, d_gains)
+            return jax.lax.fori_loop(0, loop, body, (y, formulation))
+        return jax.jit(run)
+
+    rows = (("right-hand side alone", rhs), ("diffrax `Tsit5` step", diffrax_step),
+            ("Tsit5 step, stages unrolled", unrolled_step))
+    compiled = {}
+    for name, step in rows:
+        for kind, build in (("forward", forward), ("vjp", reverse)):
+            fn = build(step)
+            compiled[name, kind] = (fn, _hlo_counts(fn, formulation, y0)[1])
+            jax.block_until_ready(fn(formulation, y0))
+    # Interleaved; the minimum over repetitions estimates the cost without the noise of
+    # other work on the (virtual) cores.
+    times = {key: [] for key in compiled}
+    for _ in range(15):
+        for key, (fn, _) in compiled.items():
+            start = time.perf_counter()
+            for _ in range(10):
+                out = fn(formulation, y0)
+            jax.block_until_ready(out)
+            times[key].append((time.perf_counter() - start) / 10)
+    us = {key: 1e6 * min(values) / loop for key, values in times.items()}
+    print(f"\n| per iteration of a compiled loop ({loop} iterations; minimum of 15 interleaved "
+          "repetitions) | forward [µs] | fusions | vjp [µs] | fusions | vjp / forward |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, _ in rows:
+        fwd, rev = us[name, "forward"], us[name, "vjp"]
+        print(f"| {name} | {fwd:.2f} | {compiled[name, 'forward'][1]} | {rev:.2f} | "
+              f"{compiled[name, 'vjp'][1]} | {rev / fwd:.1f} |")
+
+
 if __name__ == "__main__":
     right_hand_sides()
     chains()
+    steps()
