@@ -58,6 +58,7 @@ from ._simulate import (
     worst_trajectory_rms as worst_trajectory_rms,
 )
 from ._solution import RESULTS as RESULTS, SimulationError as SimulationError, Solution as Solution
+from ._solvers import UnrolledERK as UnrolledERK
 from ._system import (
     AbstractSystem as AbstractSystem,
     ConstrainedTerms as ConstrainedTerms,
