@@ -19,8 +19,10 @@ shared step sequence, "ensemble" rows):
 The device is detected (`jax.devices()`); on the CPU the batch sizes stop at 4096 by
 default (≈ 1–4 s per call on 2 cores; `--max-batch` raises the cap), on a GPU they go to 10⁶.
 Every repetition times every tool at every size in turn (interleaved); figures are medians.
+With `--unrolled` the jaxdae rows use `solver=jaxdae.UnrolledERK(diffrax.Tsit5())` instead of
+diffrax's `Tsit5` (the stages written out; see `experiments/bench_unrolled.py`).
 
-    python experiments/bench_batch.py [--quick] [--out output] [--max-batch N]
+    python experiments/bench_batch.py [--quick] [--out output] [--max-batch N] [--unrolled]
 """
 
 import argparse
@@ -35,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + f" --xla_force_host_platform_device_count={os.cpu_count() or 1}")
 
+import diffrax  # noqa: E402
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -61,7 +64,7 @@ def cast(tree, dtype):
         lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, tree)
 
 
-def jaxdae_batch(dtype):
+def jaxdae_batch(dtype, solver=None):
     """`(forward, loss)`: batched final `q` and the mean batch loss, gains as arguments."""
     system = cast(TwoLinkManipulator(), dtype)
     rtol, atol = TOLERANCES[jnp.dtype(dtype).name]
@@ -69,7 +72,7 @@ def jaxdae_batch(dtype):
     def solve(params, q0, v0):
         alpha, kd, kp = params
         return jaxdae.simulate(system, jaxdae.ModifiedLagrange(alpha, kd, kp), 0.0, T1, q0, v0,
-                               rtol=rtol, atol=atol)
+                               rtol=rtol, atol=atol, solver=solver)
 
     def forward(params, q0, v0):
         return jax.vmap(lambda q, v: solve(params, q, v).q_final)(q0, v0)
@@ -84,7 +87,7 @@ def jaxdae_batch(dtype):
     def ensemble(params, q0, v0):
         alpha, kd, kp = params
         return jaxdae.simulate_ensemble(system, jaxdae.ModifiedLagrange(alpha, kd, kp), 0.0,
-                                        T1, q0, v0, rtol=rtol, atol=atol)
+                                        T1, q0, v0, rtol=rtol, atol=atol, solver=solver)
 
     def ensemble_forward(params, q0, v0):
         return ensemble(params, q0, v0).q_final
@@ -108,8 +111,11 @@ def compiled(fn, *args):
     return out, time.perf_counter() - start
 
 
-def main(out: Path, quick: bool = False, max_batch: int | None = None) -> dict:
+def main(out: Path, quick: bool = False, max_batch: int | None = None,
+         unrolled: bool = False) -> dict:
     folder = output_dir(out, NAME)
+    solver = jaxdae.UnrolledERK(diffrax.Tsit5()) if unrolled else None
+    solver_name = "`UnrolledERK(Tsit5)`" if unrolled else "diffrax `Tsit5`"
     on_gpu = jax.default_backend() != "cpu"
     if quick:
         sizes, reps = [1, 16, 64], 2
@@ -129,7 +135,7 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None) -> dict:
     for dname in dtypes:
         dtype = jnp.dtype(dname)
         params = params_of(dtype)
-        for kind, (forward, _) in jaxdae_batch(dtype).items():
+        for kind, (forward, _) in jaxdae_batch(dtype, solver).items():
             label = "jaxdae" if kind == "vmap" else "jaxdae ensemble"
             for size in sizes:
                 q0, v0 = jnp.asarray(qs[:size], dtype), jnp.asarray(vs[:size], dtype)
@@ -174,7 +180,7 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None) -> dict:
     params = params_of(dtype)
     qg, vg = jnp.asarray(qs[:grad_batch]), jnp.asarray(vs[:grad_batch])
     c_loss = {}
-    for kind, (_, loss) in jaxdae_batch(dtype).items():
+    for kind, (_, loss) in jaxdae_batch(dtype, solver).items():
         fwd_loss, c_fwd = compiled(loss, params, qg, vg)
         grad_loss, c_grad = compiled(jax.value_and_grad(loss), params, qg, vg)
         c_loss[kind] = (c_fwd, c_grad)
@@ -198,7 +204,8 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None) -> dict:
                    key=lambda t: (not t.startswith("jaxdae"), "float32" in t, "ensemble" in t, t))
     lines = [
         f"Two-link, ModifiedLagrange(10, [20, 10], [100, 25]), t ∈ [0, {T1:g}]; device "
-        f"{device_name()}; float64 rows at rtol=1e-8, atol=1e-10, float32 rows (and peers "
+        f"{device_name()}; jaxdae solver {solver_name}; float64 rows at rtol=1e-8, "
+        "atol=1e-10, float32 rows (and peers "
         f"'@float32 tol') at rtol=1e-5, atol=1e-7; medians of {reps} interleaved repetitions; "
         f"CasADi map: {map_mode}; Python loops only up to {loop_cap}.",
         "",
@@ -240,8 +247,9 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None) -> dict:
             f"{med[(f'loss gradient {kind}', grad_batch)]:.3f} | {ratios[kind]:.2f} | "
             f"{c_fwd:.1f} | {c_grad:.1f} |")
     print("\n".join(lines))
-    write_json(folder / "bench_batch.json", {
-        "device": device_name(), "sizes": sizes, "reps": reps, "map_mode": map_mode,
+    write_json(folder / ("bench_batch_unrolled.json" if unrolled else "bench_batch.json"), {
+        "device": device_name(), "solver": solver_name, "sizes": sizes, "reps": reps,
+        "map_mode": map_mode,
         "median_s": {f"{k[0]} | {k[1]}": v for k, v in med.items()},
         "raw_s": {f"{k[0]} | {k[1]}": v for k, v in times.items()},
         "compile_s": {" | ".join(map(str, k)): v for k, v in compile_s.items()},
@@ -263,5 +271,7 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="small sizes, for smoke tests")
     parser.add_argument("--max-batch", type=int, default=None,
                         help="largest batch size (default 4096 on the CPU, 10**6 on a GPU)")
+    parser.add_argument("--unrolled", action="store_true",
+                        help="jaxdae rows with jaxdae.UnrolledERK(diffrax.Tsit5())")
     args = parser.parse_args()
-    main(args.out, args.quick, args.max_batch)
+    main(args.out, args.quick, args.max_batch, args.unrolled)

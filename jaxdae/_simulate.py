@@ -534,7 +534,12 @@ def step_options(stepsize_controller, dt0, rtol, atol, dtype, norm=optx.rms_norm
     if stepsize_controller is None:
         stepsize_controller = diffrax.PIDController(
             rtol=jnp.asarray(rtol, dtype), atol=jnp.asarray(atol, dtype), norm=norm)
-    return stepsize_controller, None if dt0 is None else jnp.asarray(dt0, dtype)
+    if dt0 is None:
+        return stepsize_controller, None
+    dt0 = jnp.asarray(dt0, dtype)
+    if is_concrete(dt0) and not (dt0.ndim == 0 and np.isfinite(dt0) and dt0 > 0):
+        raise ValueError(f"`dt0` must be a positive finite step (a scalar); got {dt0}.")
+    return stepsize_controller, dt0
 
 
 def save_at(t0, t1, ts, stepsize_controller) -> diffrax.SaveAt:

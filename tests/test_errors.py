@@ -120,6 +120,12 @@ def test_failed_solve_reports_max_steps():
     assert not bool(sol.succeeded)
 
 
+@pytest.mark.parametrize("dt0", [-0.01, 0.0, float("nan")])
+def test_bad_step_is_refused(dt0):
+    with pytest.raises(ValueError, match="`dt0` must be a positive finite step"):
+        _simulate(dt0=dt0)
+
+
 def test_fixed_step_blow_up_is_reported_not_returned_as_nan():
     """A fixed step too large for the gains (explicit Euler, ρ(I + τH) > 1) overflows: the
     solve stops with `non_finite_state` instead of returning inf/nan as a success."""
