@@ -39,7 +39,6 @@ from ._scalarize import scalarize
 from ._simulate import (
     CHECKPOINTS,
     Tsit5,
-    _cast_floating,
     _check_times,
     _float_array,
     event_result,
@@ -50,7 +49,7 @@ from ._simulate import (
     step_options,
 )
 from ._solution import RESULTS
-from ._system import LagrangianSystem
+from ._system import LagrangianSystem, cast_floating
 
 
 class ActuatedSystem(eqx.Module):
@@ -448,7 +447,7 @@ def consistent_actuated_state(
     q0, v0, w0 = _initial_state(q0, v0, w0)
     dtype = q0.dtype
     t0 = jnp.asarray(t0, dtype)
-    system, control = _cast_floating((system, control), dtype)
+    system, control = cast_floating((system, control), dtype)
     _check_system(system, control, t0, q0, v0, w0)
     if tol is None:
         size = jnp.max(jnp.stack([jnp.max(jnp.abs(x), initial=0.0) for x in (q0, v0, w0)]))
@@ -681,7 +680,7 @@ def simulate_actuated(
         if is_concrete(value) and not np.all(np.isfinite(np.asarray(value))):
             raise ValueError(f"`{name}` contains non-finite values (nan or inf).")
     # The state's dtype sets the precision: float32 states give a float32 simulation.
-    system, control = _cast_floating((system, control), dtype)
+    system, control = cast_floating((system, control), dtype)
     control = _check_system(system, control, t0, q0, v0, w0)
     stepsize_controller, dt0 = step_options(stepsize_controller, dt0, rtol, atol, dtype)
     sol = _simulate_actuated(

@@ -18,6 +18,7 @@ from ._system import (
     AbstractSystem,
     ConstrainedTerms,
     LagrangianSystem,
+    cast_floating,
     holonomic_terms,
     nonholonomic_terms,
 )
@@ -88,7 +89,7 @@ class HamiltonianSystem(AbstractSystem):
     def terms(self, t, q, p) -> ConstrainedTerms:
         if jnp.shape(self.hamiltonian(t, q, p)) != ():
             raise ValueError("`hamiltonian` must return a scalar (shape ()).")
-        v = self._dh_dp(t, q, p)
+        v = cast_floating(self._dh_dp(t, q, p), q.dtype)
         mass = _spd_inverse(jax.jacfwd(self._dh_dp, argnums=2)(t, q, p))
         forces = (
             self.generalized_forces(t, q, p)
@@ -97,7 +98,7 @@ class HamiltonianSystem(AbstractSystem):
         )
         phi, dphi, jac_phi, gamma = holonomic_terms(self.constraints, t, q, v)
         psi, jac_psi, psi_rate = nonholonomic_terms(self.velocity_constraints, t, q, v)
-        return ConstrainedTerms(
+        return cast_floating(ConstrainedTerms(
             mass_matrix=mass,
             forces=forces,
             phi=phi,
@@ -105,7 +106,7 @@ class HamiltonianSystem(AbstractSystem):
             psi=psi,
             jacobian=jnp.concatenate([jac_phi, jac_psi], axis=0),
             bias=jnp.concatenate([gamma, -psi_rate]),
-        )
+        ), q.dtype)
 
     def state_rate(self, t, q, p, terms, acceleration):
         """`ṗ = M (q̈ − w)`, which equals `Q − ∇_q H − Gᵀλ` (paper 001, eq. [4])."""

@@ -16,7 +16,7 @@ from ._nonholonomic import is_not_affine
 from ._scalarize import scalarize
 from ._sharding import explicit_to_auto, is_explicitly_sharded
 from ._solution import RESULTS, SimulationError, Solution, failure_message
-from ._system import AbstractSystem
+from ._system import AbstractSystem, cast_floating
 
 
 def _float_array(name: str, value, ensemble: bool = False) -> Array:
@@ -163,13 +163,6 @@ _INITIAL_STATE_MESSAGES = (
 )
 
 _check_initial_state_jit = eqx.filter_jit(check_initial_state)
-
-
-def _cast_floating(tree, dtype):
-    def cast(x):
-        return x.astype(dtype) if eqx.is_inexact_array(x) and x.dtype != dtype else x
-
-    return jax.tree_util.tree_map(cast, tree)
 
 
 def _check_types(system, formulation):
@@ -392,7 +385,7 @@ def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_
         ts = jnp.asarray(ts, dtype=dtype)
     _check_types(system, formulation)
     # The state's dtype sets the precision: float32 states give a float32 simulation.
-    system, formulation = _cast_floating((system, formulation), dtype)
+    system, formulation = cast_floating((system, formulation), dtype)
     if ensemble:  # shapes of one trajectory (no slicing: q0 may be sharded)
         lane = jax.ShapeDtypeStruct(q0.shape[1:], dtype)
         formulation = _check_structure(system, formulation, t0, lane, lane)

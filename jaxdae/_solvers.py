@@ -96,7 +96,8 @@ class UnrolledERK(diffrax.AbstractAdaptiveSolver):
         fs, ks = [f0], [terms.prod(f0, control)]
         for c, row in zip(tableau.c, tableau.a_lower):
             yi = _combine(y0, row, ks)
-            ti = t1 if c == 1 else t0 + c * dt
+            # Python floats: the tableau's float64 numbers would promote float32 times.
+            ti = t1 if c == 1 else t0 + float(c) * dt
             fs.append(terms.vf(ti, yi, args))
             ks.append(terms.prod(fs[-1], control))
         y1 = yi if tableau.ssal else _combine(y0, tableau.b_sol, ks)

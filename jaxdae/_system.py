@@ -226,7 +226,7 @@ class LagrangianSystem(AbstractSystem):
         mass = self.mass_matrix(t, q) if mass_given else 0.5 * (d_lag_v + d_lag_v.T)
         # Lagrange: d/dt ∂T/∂v = M q̈ + (∂²T/∂v∂q) v + ∂²T/∂v∂t.
         forces = self.generalized_forces(t, q, v) + lag_q - momentum_rate
-        return ConstrainedTerms(
+        return cast_floating(ConstrainedTerms(
             mass_matrix=mass,
             forces=forces,
             phi=phi,
@@ -236,7 +236,17 @@ class LagrangianSystem(AbstractSystem):
                 [d_phi.T.reshape(phi.shape[0], n), d_psi.T.reshape(psi.shape[0], n)], axis=0
             ),
             bias=jnp.concatenate([-second, -psi_rate]),
-        )
+        ), dtype)
+
+
+def cast_floating(tree, dtype):
+    """`tree` with its floating arrays cast to `dtype`: the state's dtype sets the precision,
+    also against a model's float64 constants (e.g. `jnp.eye(n)` with float64 enabled) in a
+    float32 simulation."""
+    def cast(x):
+        return x.astype(dtype) if eqx.is_inexact_array(x) and x.dtype != dtype else x
+
+    return jax.tree_util.tree_map(cast, tree)
 
 
 def holonomic_terms(constraints, t, q, v):

@@ -319,6 +319,22 @@ def test_fixed_step_solver_and_float32():
     assert jaxdae._simulate._simulate._cached._cache_size() == compiled
 
 
+def test_float32_despite_a_models_float64_constants():
+    """With float64 enabled, `jnp.eye(2)` in a model is float64 (`MovingSupportPendulum`'s
+    mass matrix). A float32 solve stays float32 (its state and stage times too: the
+    rheonomic constraint differentiates through them), with diffrax's `Tsit5` and with
+    `UnrolledERK`, which must not promote the stage times with its float64 tableau."""
+    system = MovingSupportPendulum()
+    q0, v0 = jnp.array([0.6, -0.8], jnp.float32), jnp.zeros(2, jnp.float32)
+    sols = [jaxdae.simulate(system, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, q0, v0,
+                            solver=solver, rtol=1e-5, atol=1e-7)
+            for solver in (diffrax.Tsit5(), jaxdae.UnrolledERK(diffrax.Tsit5()))]
+    for sol in sols:
+        assert sol.q.dtype == sol.phi.dtype == sol.multipliers.dtype == jnp.float32
+        assert sol.succeeded
+    np.testing.assert_allclose(sols[0].q_final, sols[1].q_final, atol=1e-5)
+
+
 def test_gradient_of_save_times_on_the_fixed_step_grid():
     """Save times on the step grid (`linspace(0, 1.5, 31)`, `dt0 = 0.01`): the reverse pass
     of diffrax's checkpointed loop recomputed the step ends with other rounding and counted
