@@ -86,7 +86,9 @@ class UnrolledERK(diffrax.AbstractAdaptiveSolver):
     def step(self, terms, t0: ScalarLike, t1: ScalarLike, y0, args, solver_state, made_jump):
         tableau = self.solver.tableau
         dt, control = t1 - t0, terms.contr(t0, t1)
-        if self._fsal(terms, t0, t1, y0, args):
+        if self._fsal(terms, t0, t1, y0, args) and made_jump is False:
+            f0 = solver_state  # diffrax passes a static `False` when no jump can happen
+        elif self._fsal(terms, t0, t1, y0, args):
             # After a jump the stored last stage is stale. One flag for the whole batch, so
             # that `vmap` keeps a branch instead of evaluating both.
             f0 = jax.lax.cond(eqxi.unvmap_any(made_jump),
