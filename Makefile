@@ -18,7 +18,7 @@ demo: $(STAMP)
 
 ## Default test run (fast; `slow` tests excluded).
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 ## The long tests only.
 test-slow: $(STAMP)

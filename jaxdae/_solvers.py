@@ -46,8 +46,9 @@ class UnrolledERK(diffrax.AbstractAdaptiveSolver):
     solver: diffrax.AbstractERK
 
     def __check_init__(self):
+        # `getattr`: wrapped solvers (e.g. `diffrax.HalfSolver`) pass diffrax's isinstance.
         if not (isinstance(self.solver, diffrax.AbstractERK)
-                and isinstance(self.solver.tableau, diffrax.ButcherTableau)):
+                and isinstance(getattr(self.solver, "tableau", None), diffrax.ButcherTableau)):
             raise ValueError(
                 "`UnrolledERK` wraps an explicit Runge–Kutta solver with one Butcher "
                 "tableau (e.g. `diffrax.Tsit5()`, `diffrax.Dopri5()`, `diffrax.Heun()`); got "
