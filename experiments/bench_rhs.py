@@ -171,29 +171,22 @@ def chains():
     _scalarize.MAX_WORK = DEFAULT_WORK
 
 
-def _unrolled_tsit5_step(term, t0, t1, y0, args):
-    """Tsit5's step with the stages written out (no stage loop); first stage evaluated."""
-    tableau, dt = diffrax.Tsit5.tableau, t1 - t0
-    ks = [jax.tree.map(lambda f: dt * f, term.vf(t0, y0, args))]
-    for c, row in zip(tableau.c, tableau.a_lower):
-        y = jax.tree.map(lambda y_, *k: y_ + sum(a * k_ for a, k_ in zip(row, k)), y0, *ks)
-        ks.append(jax.tree.map(lambda f: dt * f, term.vf(t0 + c * dt, y, args)))
-    return y  # Tsit5's last stage is its solution (first same as last)
-
-
 def steps(loop: int = 130):
     system = TwoLinkManipulator()
     formulation = jaxdae.ModifiedLagrange(10.0, jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0]))
     y0 = system.initial_state()
-    term, solver = diffrax.ODETerm(_vector_field), diffrax.Tsit5()
+    term = diffrax.ODETerm(_vector_field)
 
-    def diffrax_step(formulation, t0, t1, y):
-        args = (system, formulation)
-        state = solver.init(term, t0, t1, y, args)
-        return solver.step(term, t0, t1, y, args, state, False)[0]
+    def stepper(solver):
+        """One step from `y`, its first stage evaluated (by `init` or in the stage loop)."""
+        def step(formulation, t0, t1, y):
+            args = (system, formulation)
+            state = solver.init(term, t0, t1, y, args)
+            return solver.step(term, t0, t1, y, args, state, False)[0]
+        return step
 
-    def unrolled_step(formulation, t0, t1, y):
-        return _unrolled_tsit5_step(term, t0, t1, y, (system, formulation))
+    diffrax_step = stepper(diffrax.Tsit5())
+    unrolled_step = stepper(jaxdae.UnrolledERK(diffrax.Tsit5()))
 
     def rhs(formulation, t0, t1, y):
         return jax.tree.map(lambda y_, f: y_ + 1e-9 * f, y, term.vf(t0, y, (system, formulation)))

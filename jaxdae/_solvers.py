@@ -87,9 +87,10 @@ class UnrolledERK(diffrax.AbstractAdaptiveSolver):
     def step(self, terms, t0: ScalarLike, t1: ScalarLike, y0, args, solver_state, made_jump):
         tableau = self.solver.tableau
         dt, control = t1 - t0, terms.contr(t0, t1)
-        if self._fsal(terms, t0, t1, y0, args) and made_jump is False:
+        fsal = self._fsal(terms, t0, t1, y0, args)
+        if fsal and made_jump is False:
             f0 = solver_state  # diffrax passes a static `False` when no jump can happen
-        elif self._fsal(terms, t0, t1, y0, args):
+        elif fsal:
             # After a jump the stored last stage is stale. One flag for the whole batch, so
             # that `vmap` keeps a branch instead of evaluating both.
             f0 = jax.lax.cond(eqxi.unvmap_any(made_jump),
@@ -106,6 +107,6 @@ class UnrolledERK(diffrax.AbstractAdaptiveSolver):
         y1 = yi if tableau.ssal else _combine(y0, tableau.b_sol, ks)
         y_error = _combine(jax.tree.map(jnp.zeros_like, y0), tableau.b_error, ks)
         dense_info = dict(y0=y0, y1=y1, k=jax.tree.map(lambda *k: jnp.stack(k), *ks))
-        new_state = fs[-1] if self._fsal(terms, t0, t1, y0, args) else None
+        new_state = fs[-1] if fsal else None
         return y1, y_error, dense_info, new_state, diffrax.RESULTS.successful
 
