@@ -668,8 +668,9 @@ def simulate_actuated(
 
     `ValueError` for bad input (shapes, non-finite values, a mechanism with constraints of
     its own, a number of gains that is not the relative degree, a singular decoupling
-    matrix at the initial state, `t1 <= t0`, unsorted `ts`); [`jaxdae.SimulationError`][]
-    with `throw=True` when the solve fails (e.g. `g gᵀ` becomes singular on the way).
+    matrix at the initial state, non-finite times, `t1 <= t0`, unsorted `ts`, negative or
+    zero tolerances); [`jaxdae.SimulationError`][] with `throw=True` when the solve fails
+    (e.g. `g gᵀ` becomes singular on the way).
     """
     q0, v0, w0 = _initial_state(q0, v0, w0)
     dtype = q0.dtype

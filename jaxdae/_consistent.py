@@ -86,8 +86,9 @@ def consistent_initial_state(
 
     **Raises:**
 
-    `ValueError` if no consistent state is found near `q0` (the constraints may have no
-    solution there, e.g. a point outside the workspace). Under `jax.jit`, `jax.vmap` or
+    `ValueError` for non-finite `t0`, `q0`, `v0` or a `tol` that is not positive, and if no
+    consistent state is found near `q0` (the constraints may have no solution there, e.g. a
+    point outside the workspace). Under `jax.jit`, `jax.vmap` or
     `jax.grad` the same check runs inside the computation (`eqx.error_if`) and raises a
     runtime error with that message.
 
@@ -102,6 +103,12 @@ def consistent_initial_state(
         raise ValueError(
             f"`q0` and `v0` must be 1-D arrays of the same shape (n,); got {q0.shape} and {v0.shape}."
         )
+    for name, value in (("q0", q0), ("v0", v0), ("t0", t0)):
+        if is_concrete(value) and not np.all(np.isfinite(np.asarray(value))):
+            raise ValueError(f"`{name}` contains non-finite values (nan or inf); pass a finite "
+                             "guess.")
+    if tol is not None and is_concrete(tol) and not (np.ndim(tol) == 0 and 0 < tol < np.inf):
+        raise ValueError(f"`tol` must be a positive finite residual (a scalar); got {tol}.")
     if tol is None:
         tol = 1e3 * float(jnp.finfo(q0.dtype).eps) * (1.0 + jnp.max(jnp.abs(q0), initial=0.0))
     # An array, not a Python float: a float would be a static argument of `_project`, one

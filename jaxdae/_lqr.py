@@ -178,9 +178,10 @@ def lqr(
 
     **Raises:**
 
-    `ValueError` for bad shapes, for `R` not positive definite, and (concrete inputs) when
-    `(A, B)` is not stabilizable or no stabilizing solution is found. Under `jit`/`vmap`
-    the latter is an `eqx.error_if` runtime error with the same message.
+    `ValueError` for bad shapes and (concrete inputs) for non-finite entries, `Q` not
+    positive semidefinite, `R` not positive definite, `(A, B)` not stabilizable, or when no
+    stabilizing solution is found. Under `jit`/`vmap` the last is an `eqx.error_if` runtime
+    error with the same message.
     """
     dtype = jnp.result_type(A, B, Q, R, float)
     a, b, q, r = (jnp.asarray(x, dtype=dtype) for x in (A, B, Q, R))
@@ -200,6 +201,9 @@ def lqr(
     q, r = _sym(q), _sym(r)
     rtol = float(100 * jnp.finfo(dtype).eps) if rtol is None else rtol
     if is_concrete(a, b, q, r):
+        for name, value in (("A", a), ("B", b), ("Q", q), ("R", r)):
+            if not np.all(np.isfinite(np.asarray(value))):
+                raise ValueError(f"`{name}` contains non-finite values (nan or inf).")
         r_np = np.asarray(r)
         if np.linalg.eigvalsh(r_np)[0] <= 0:
             raise ValueError("`R` must be symmetric positive definite (every input costs).")

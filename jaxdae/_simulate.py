@@ -216,10 +216,17 @@ def _check_times(t0, t1, ts):
     if ts is not None and (ts.ndim != 1 or ts.shape[0] == 0):
         raise ValueError(f"`ts` must be a non-empty 1-D array of times; got shape {ts.shape}.")
     if is_concrete(t0, t1):
+        if not (np.isfinite(float(t0)) and np.isfinite(float(t1))):
+            raise ValueError(
+                f"`t0` and `t1` must be finite times; got t0 = {t0}, t1 = {t1}. (An infinite "
+                "`t1` would step until `max_steps`.)"
+            )
         if not float(t1) > float(t0):
             raise ValueError(f"`t1` must be greater than `t0`; got t0 = {t0}, t1 = {t1}.")
     if ts is not None and is_concrete(ts, t0, t1):
         ts_np = np.asarray(ts)
+        if not np.all(np.isfinite(ts_np)):
+            raise ValueError(f"`ts` must hold finite times; got {ts_np}.")
         if np.any(np.diff(ts_np) < 0):
             raise ValueError(
                 "`ts` must be sorted in increasing order; sort it (e.g. `jnp.sort(ts)`)."
@@ -286,9 +293,9 @@ def simulate(
 
     `ValueError` for bad input (shapes, non-finite values, a mass matrix that is not
     symmetric positive definite at `q0`, gains that are not positive definite, a
-    `velocity_constraints` that is not affine in the velocities,
-    `t1 <= t0`, unsorted `ts`); [`jaxdae.SimulationError`][] for a failed solve with
-    `throw=True`.
+    `velocity_constraints` that is not affine in the velocities, non-finite times,
+    `t1 <= t0`, unsorted `ts`, negative or zero tolerances); [`jaxdae.SimulationError`][]
+    for a failed solve with `throw=True`.
     """
     return _run(system, formulation, t0, t1, q0, v0, ts, ensemble=False, solver=solver,
                 stepsize_controller=stepsize_controller, dt0=dt0, rtol=rtol, atol=atol,
@@ -479,11 +486,13 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver,
         _, flags = check(system, t0, q0, v0)
         if ensemble:
             flags = jnp.any(flags, axis=0)
-        messages = _INITIAL_STATE_MESSAGES + ("`t1` must be greater than `t0`.",
-                                              "`ts` must be sorted and lie in [t0, t1].")
+        messages = _INITIAL_STATE_MESSAGES + (
+            "`t0` and `t1` must be finite, with `t1` greater than `t0`.",
+            "`ts` must be finite, sorted and lie in [t0, t1].")
         flags = jnp.concatenate([flags, jnp.stack([
-            ~(t1 > t0),
-            False if ts is None else jnp.any(jnp.diff(ts) < 0) | (ts[0] < t0) | (ts[-1] > t1),
+            ~(t1 > t0) | ~jnp.isfinite(t1 - t0),
+            False if ts is None else (jnp.any(jnp.diff(ts) < 0) | (ts[0] < t0) | (ts[-1] > t1)
+                                      | ~jnp.all(jnp.isfinite(ts))),
         ])])
         # One branched check, not one per flag: each `error_if` costs compile time.
         q0 = eqx.branched_error_if(q0, jnp.any(flags), jnp.argmax(flags), messages)
@@ -525,6 +534,13 @@ def step_options(stepsize_controller, dt0, rtol, atol, dtype, norm=optx.rms_norm
     the compiled solve: a sweep over `τ = dt0` or over tolerances would compile at every
     value (≈ 2.5 s each for the pendulum)."""
     if stepsize_controller is None:
+        if is_concrete(rtol, atol) and not (
+            np.all(np.isfinite([rtol, atol])) and min(rtol, atol) >= 0 and rtol + atol > 0
+        ):
+            raise ValueError(
+                f"`rtol` and `atol` must be finite and non-negative, not both zero; got "
+                f"rtol = {rtol}, atol = {atol}."
+            )
         stepsize_controller = diffrax.PIDController(
             rtol=jnp.asarray(rtol, dtype), atol=jnp.asarray(atol, dtype), norm=norm)
     if dt0 is None:

@@ -34,6 +34,11 @@ def _simulate(**overrides):
         (dict(t0=2.0, t1=1.0), r"`t1` must be greater than `t0`"),
         (dict(ts=jnp.array([0.0, 0.5, 0.2])), r"`ts` must be sorted"),
         (dict(ts=jnp.array([0.0, 2.0])), r"`ts` must lie in \[t0, t1\]"),
+        (dict(ts=jnp.array([0.1, jnp.nan])), r"`ts` must hold finite times"),
+        (dict(t1=float("inf")), r"`t0` and `t1` must be finite"),
+        (dict(t1=float("nan")), r"`t0` and `t1` must be finite"),
+        (dict(rtol=-1e-6), r"`rtol` and `atol` must be finite and non-negative"),
+        (dict(rtol=0.0, atol=0.0), r"`rtol` and `atol` .* not both zero"),
         (dict(formulation=jaxdae.Baumgarte(jnp.ones(3), 1.0)), r"`kd` has shape \(3,\).*1 holonomic"),
         (dict(formulation=jaxdae.ModifiedLagrange(jnp.ones(2), 1.0, 1.0)), r"`alpha` has shape"),
         (dict(system=DegenerateMass(), q0=jnp.zeros(2), v0=jnp.zeros(2)),
@@ -43,7 +48,7 @@ def _simulate(**overrides):
     ],
     ids=[
         "q0-2d", "v0-shape", "q0-nan", "v0-inf", "t1-equals-t0", "t1-before-t0", "ts-unsorted",
-        "ts-outside", "kd-size", "alpha-size", "mass-not-spd", "not-a-system", "not-a-formulation",
+        "ts-outside", "ts-nan", "t1-inf", "t1-nan", "rtol-negative", "tolerances-zero", "kd-size", "alpha-size", "mass-not-spd", "not-a-system", "not-a-formulation",
     ],
 )
 def test_bad_simulate_input(overrides, match):
@@ -91,6 +96,15 @@ def test_traced_bad_initial_state_raises_under_jit():
         run(jnp.array([jnp.nan, 0.0])).block_until_ready()
 
 
+def test_traced_bad_times_raise_under_jit():
+    run = jax.jit(lambda t1, ts: _simulate(t1=t1, ts=ts).q)
+    assert np.all(np.isfinite(run(1.0, jnp.array([0.0, 0.5]))))
+    with pytest.raises(Exception, match="`t0` and `t1` must be finite"):
+        run(jnp.inf, jnp.array([0.0, 0.5])).block_until_ready()
+    with pytest.raises(Exception, match="`ts` must be finite, sorted"):
+        run(1.0, jnp.array([0.0, jnp.nan])).block_until_ready()
+
+
 def test_constraints_must_return_a_vector():
     class ScalarConstraint(CartesianPendulum):
         def constraints(self, t, q):
@@ -103,6 +117,20 @@ def test_constraints_must_return_a_vector():
 def test_no_consistent_state():
     with pytest.raises(ValueError, match="No consistent initial state found"):
         jaxdae.consistent_initial_state(Unreachable(), 0.0, jnp.array([0.5, 0.0]), jnp.zeros(2))
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [(dict(tol=-1.0), "`tol` must be a positive finite residual"),
+     (dict(tol=0.0), "`tol` must be a positive finite residual"),
+     (dict(q0=jnp.array([jnp.nan, 0.0])), "`q0` contains non-finite values"),
+     (dict(t0=jnp.inf), "`t0` contains non-finite values")],
+    ids=["tol-negative", "tol-zero", "q0-nan", "t0-inf"],
+)
+def test_bad_consistent_state_input(overrides, match):
+    args = dict(t0=0.0, q0=Q0, v0=V0) | overrides
+    with pytest.raises(ValueError, match=match):
+        jaxdae.consistent_initial_state(PENDULUM, **args)
 
 
 def test_no_consistent_state_under_jit():

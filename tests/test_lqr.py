@@ -103,6 +103,8 @@ def test_bad_input():
         jaxdae.lqr(np.eye(2), np.ones((2, 1)), np.eye(2), -np.eye(1))
     with pytest.raises(ValueError, match="`Q` must have shape"):
         jaxdae.lqr(np.eye(2), np.ones((2, 1)), np.eye(3), np.eye(1))
+    with pytest.raises(ValueError, match="`Q` contains non-finite values"):
+        jaxdae.lqr(np.eye(2), np.ones((2, 1)), np.full((2, 2), np.nan), np.eye(1))
 
 
 def test_float32_stays_float32(problem):

@@ -322,6 +322,9 @@ def test_transition_matrix_is_the_stability_function():
     np.testing.assert_allclose(implicit, np.linalg.inv(eye - tau * np.asarray(h)), rtol=1e-6)
     with pytest.raises(ValueError, match="square"):
         jaxdae.transition_matrix(jnp.ones((2, 3)), diffrax.Euler(), tau)
+    for bad in (0.0, -tau, np.inf):
+        with pytest.raises(ValueError, match="`dt` must be a positive finite step"):
+            jaxdae.transition_matrix(h, diffrax.Euler(), bad)
     with pytest.raises(ValueError, match="kd"):
         jaxdae.perturbation_matrix(jaxdae.Unstabilized(), 2)
 
