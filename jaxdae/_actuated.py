@@ -41,6 +41,7 @@ from ._simulate import (
     Tsit5,
     _check_times,
     _float_array,
+    check_solve_options,
     event_result,
     raise_failure,
     save_at,
@@ -677,6 +678,7 @@ def simulate_actuated(
     t0, t1 = jnp.asarray(t0, dtype=dtype), jnp.asarray(t1, dtype=dtype)
     ts = None if ts is None else jnp.asarray(ts, dtype=dtype)
     _check_times(t0, t1, ts)
+    check_solve_options(solver, stepsize_controller, adjoint, max_steps)
     for name, value in (("q0", q0), ("v0", v0), ("w0", w0)):
         if is_concrete(value) and not np.all(np.isfinite(np.asarray(value))):
             raise ValueError(f"`{name}` contains non-finite values (nan or inf).")

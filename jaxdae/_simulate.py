@@ -21,6 +21,8 @@ from ._system import AbstractSystem, cast_floating
 
 def _float_array(name: str, value, ensemble: bool = False) -> Array:
     array = jnp.asarray(value)
+    if jnp.issubdtype(array.dtype, jnp.complexfloating):
+        raise ValueError(f"`{name}` must be real; got dtype {array.dtype}.")
     if not jnp.issubdtype(array.dtype, jnp.floating):
         array = array.astype(jnp.result_type(float))
     if ensemble and (array.ndim != 2 or array.shape[0] == 0):
@@ -165,17 +167,46 @@ _INITIAL_STATE_MESSAGES = (
 _check_initial_state_jit = eqx.filter_jit(check_initial_state)
 
 
-def _check_types(system, formulation):
+def _described(value) -> str:
+    if isinstance(value, type):
+        return f"the class {value.__name__} itself; pass an instance, e.g. {value.__name__}(...)"
+    return type(value).__name__
+
+
+def check_instance(name: str, value, kind: type, example: str) -> None:
+    """`ValueError` unless `value` is an instance of `kind` (`None`: the default)."""
+    if value is not None and not isinstance(value, kind):
+        raise ValueError(f"`{name}` must be {example}; got {_described(value)}.")
+
+
+def _check_types(system, formulation, solver, stepsize_controller, adjoint, max_steps):
     if not isinstance(system, AbstractSystem):
         raise ValueError(
             f"`system` must be a jaxdae system (e.g. a `jaxdae.LagrangianSystem` subclass); "
-            f"got {type(system).__name__}."
+            f"got {_described(system)}."
         )
     if not isinstance(formulation, AbstractFormulation):
         raise ValueError(
             "`formulation` must be a jaxdae formulation such as `jaxdae.Baumgarte(kd, kp)` or "
-            f"`jaxdae.ModifiedLagrange(alpha, kd, kp)`; got {type(formulation).__name__}."
+            f"`jaxdae.ModifiedLagrange(alpha, kd, kp)`; got {_described(formulation)}."
         )
+    check_solve_options(solver, stepsize_controller, adjoint, max_steps)
+
+
+def check_solve_options(solver, stepsize_controller, adjoint, max_steps) -> None:
+    """The diffrax options of a solve are instances of the right kind; `max_steps` is a
+    positive integer or `None`."""
+    check_instance("solver", solver, diffrax.AbstractSolver,
+                   "a diffrax solver instance such as `diffrax.Tsit5()`")
+    check_instance("stepsize_controller", stepsize_controller,
+                   diffrax.AbstractStepSizeController,
+                   "a diffrax step-size controller such as `diffrax.PIDController(rtol, atol)` "
+                   "or `diffrax.ConstantStepSize()`")
+    check_instance("adjoint", adjoint, diffrax.AbstractAdjoint,
+                   "a diffrax adjoint such as `diffrax.RecursiveCheckpointAdjoint()`")
+    if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(
+            max_steps, (int, np.integer)) or max_steps < 1):
+        raise ValueError(f"`max_steps` must be a positive integer or None; got {max_steps!r}.")
 
 
 def _signature(tree):
@@ -213,6 +244,8 @@ _COUNTS: dict = {}  # constraint counts per (system, state) signature
 
 
 def _check_times(t0, t1, ts):
+    if t0.ndim != 0 or t1.ndim != 0:
+        raise ValueError(f"`t0` and `t1` must be scalars; got shapes {t0.shape} and {t1.shape}.")
     if ts is not None and (ts.ndim != 1 or ts.shape[0] == 0):
         raise ValueError(f"`ts` must be a non-empty 1-D array of times; got shape {ts.shape}.")
     if is_concrete(t0, t1):
@@ -390,7 +423,8 @@ def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_
     t1 = jnp.asarray(t1, dtype=dtype)
     if ts is not None:
         ts = jnp.asarray(ts, dtype=dtype)
-    _check_types(system, formulation)
+    _check_types(system, formulation, solver, stepsize_controller, adjoint, max_steps)
+    _check_times(t0, t1, ts)
     # The state's dtype sets the precision: float32 states give a float32 simulation.
     system, formulation = cast_floating((system, formulation), dtype)
     if ensemble:  # shapes of one trajectory (no slicing: q0 may be sharded)
@@ -406,7 +440,6 @@ def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_
             "every trajectory on its own, or a formulation that runs through singular "
             "configurations (`ModifiedLagrange`, `PseudoInverse`)."
         )
-    _check_times(t0, t1, ts)
     if is_concrete(formulation):
         formulation.check_values()
 

@@ -197,8 +197,12 @@ class LagrangianSystem(AbstractSystem):
         #   (1, v, 0)   → d/dt ∂T/∂v − M q̈ = L_vq v + L_vt, −γ (METHODS.md identity,
         #                 `Φ̇ = Φ_t + Φ_q v` with v held fixed) and Ψ_t + Ψ_q v.
         n = q.shape[0]
-        if jax.eval_shape(self.kinetic_energy, t, q, v).shape != ():
-            raise ValueError("`kinetic_energy` must return a scalar (shape ()).")
+        energies = jax.eval_shape(
+            lambda: (self.kinetic_energy(t, q, v), self.potential_energy(t, q)))
+        for name, energy in zip(("kinetic_energy", "potential_energy"), energies):
+            if energy.shape != ():
+                raise ValueError(f"`{name}` must return a scalar (shape ()); got shape "
+                                 f"{energy.shape}. Return e.g. `expr[0]` or `jnp.sum(expr)`.")
         mass_given = type(self).mass_matrix is not LagrangianSystem.mass_matrix
 
         def lagrangian(t_, q_, v_):

@@ -1,5 +1,6 @@
 """Bad input gets a ValueError that names the argument and the fix (issue 2, item 6)."""
 
+import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,11 @@ from ._systems import DegenerateMass, Unreachable
 PENDULUM = CartesianPendulum()
 Q0, V0 = PENDULUM.state_from_angle(0.5, 0.0)
 BAUMGARTE = jaxdae.Baumgarte(10.0, 25.0)
+
+
+class VectorPotential(CartesianPendulum):
+    def potential_energy(self, t, q):
+        return jnp.atleast_1d(9.81 * q[1])
 
 
 def _simulate(**overrides):
@@ -45,10 +51,20 @@ def _simulate(**overrides):
          r"mass matrix at `q0` is not symmetric positive definite"),
         (dict(system="pendulum"), r"`system` must be a jaxdae system"),
         (dict(formulation=None), r"`formulation` must be a jaxdae formulation"),
+        (dict(formulation=jaxdae.Baumgarte), r"got the class Baumgarte itself; pass an instance"),
+        (dict(solver=diffrax.Tsit5), r"`solver` must be a diffrax solver.*class Tsit5 itself"),
+        (dict(stepsize_controller=1e-8), r"`stepsize_controller` must be a diffrax step-size"),
+        (dict(adjoint="backsolve"), r"`adjoint` must be a diffrax adjoint"),
+        (dict(max_steps=0), r"`max_steps` must be a positive integer or None"),
+        (dict(t0=jnp.zeros(1)), r"`t0` and `t1` must be scalars"),
+        (dict(q0=Q0.astype(complex)), r"`q0` must be real"),
+        (dict(system=VectorPotential()), r"`potential_energy` must return a scalar"),
     ],
     ids=[
         "q0-2d", "v0-shape", "q0-nan", "v0-inf", "t1-equals-t0", "t1-before-t0", "ts-unsorted",
         "ts-outside", "ts-nan", "t1-inf", "t1-nan", "rtol-negative", "tolerances-zero", "kd-size", "alpha-size", "mass-not-spd", "not-a-system", "not-a-formulation",
+        "formulation-class", "solver-class", "controller-not", "adjoint-not", "max-steps-zero",
+        "t0-vector", "q0-complex", "potential-vector",
     ],
 )
 def test_bad_simulate_input(overrides, match):
@@ -157,8 +173,6 @@ def test_bad_step_is_refused(dt0):
 def test_fixed_step_blow_up_is_reported_not_returned_as_nan():
     """A fixed step too large for the gains (explicit Euler, ρ(I + τH) > 1) overflows: the
     solve stops with `non_finite_state` instead of returning inf/nan as a success."""
-    import diffrax
-
     gains = jaxdae.Baumgarte(200.0, 10_000.0)
     h = jaxdae.perturbation_matrix(gains, 1)
     assert jaxdae.spectral_radius(jaxdae.transition_matrix(h, diffrax.Euler(), 0.05)) > 1
