@@ -31,6 +31,7 @@ import lineax as lx
 import numpy as np
 import optimistix as optx
 
+from ._checks import check_instance
 from ._custom_types import Array, ArrayLike, Float, Gain, GainLike, Int, ScalarLike
 from ._formulation._base import default_rcond
 from ._linalg import extreme_eigenvalues, not_hurwitz, reciprocal_condition, spd_solve
@@ -553,12 +554,9 @@ def _input_reach(system, control, t, q, v, w):
 def _check_system(system, control, t0, q0, v0, w0):
     """Structure and, for concrete values, the relative degree at the initial state; returns
     the control with its traced gains checked (`ConstraintEnforcingControl.validate`)."""
-    if not isinstance(system, ActuatedSystem):
-        raise ValueError(
-            f"`system` must be a `jaxdae.ActuatedSystem`; got {type(system).__name__}.")
-    if not isinstance(control, ConstraintEnforcingControl):
-        raise ValueError("`control` must be a `jaxdae.ConstraintEnforcingControl`; got "
-                         f"{type(control).__name__}.")
+    check_instance("system", system, ActuatedSystem, "a `jaxdae.ActuatedSystem`")
+    check_instance("control", control, ConstraintEnforcingControl,
+                   "a `jaxdae.ConstraintEnforcingControl`")
     terms = jax.eval_shape(system.mechanism.terms, t0, q0, v0)
     if terms.phi.shape[0] or terms.psi.shape[0]:
         raise ValueError(

@@ -7,10 +7,12 @@ import numpy as np
 import lineax as lx
 import optimistix as optx
 
+from ._checks import check_instance
 from ._control import ConstantControl, with_controller
 from ._custom_types import Array, ArrayLike, Bool, Float, Int
 from ._formulation import AbstractFormulation, RedundantCoordinates, Unstabilized
 from ._gains import is_concrete
+from ._system import AbstractSystem
 
 
 def _indices(name, value, n):
@@ -122,9 +124,12 @@ def equilibrium(
     `ValueError` for bad indices, and when no equilibrium is found (residual above `tol`);
     under `jit` the latter is an `eqx.error_if` runtime error.
     """
+    check_instance("system", system, AbstractSystem, "a jaxdae system")
     q_guess = jnp.asarray(q_guess, dtype=jnp.result_type(q_guess, float))
     if q_guess.ndim != 1:
         raise ValueError(f"`q_guess` must be 1-D (n,); got shape {q_guess.shape}.")
+    if is_concrete(q_guess) and not np.all(np.isfinite(np.asarray(q_guess))):
+        raise ValueError(f"`q_guess` contains non-finite values (nan or inf); got {q_guess}.")
     n = q_guess.shape[0]
     dtype = q_guess.dtype
     fixed = _indices("fixed", fixed, n)
@@ -290,6 +295,10 @@ def linearize(
     `ValueError` when (concrete) `(q, v, u)` is not an equilibrium of the vector field
     (`|f| > 1e-6` scaled), or a `cyclic` coordinate does enter the equations.
     """
+    check_instance("system", system, AbstractSystem, "a jaxdae system")
+    check_instance("formulation", formulation, AbstractFormulation,
+                   "a jaxdae formulation such as `jaxdae.Unstabilized()` or "
+                   "`jaxdae.RedundantCoordinates(dependent)`")
     q = jnp.asarray(q, dtype=jnp.result_type(q, float))
     n = q.shape[0]
     v = jnp.zeros_like(q) if v is None else jnp.asarray(v, dtype=q.dtype)

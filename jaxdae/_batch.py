@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ._checks import check_instance
 from ._custom_types import PyTree
 from ._sharding import auto_mesh as _auto, explicit_to_auto as _explicit_to_auto
 
@@ -161,11 +162,8 @@ def batch_map(
     """
     if chunk_size is not None and (int(chunk_size) != chunk_size or chunk_size < 1):
         raise ValueError(f"`chunk_size` must be a positive integer or None; got {chunk_size}.")
-    if mesh is not None and not isinstance(mesh, Mesh):
-        raise ValueError(
-            "`mesh` must be a `jax.sharding.Mesh`, e.g. "
-            f"`jax.make_mesh((jax.device_count(),), ('batch',))`; got {type(mesh).__name__}."
-        )
+    check_instance("mesh", mesh, Mesh, "a `jax.sharding.Mesh`, e.g. "
+                   "`jax.make_mesh((jax.device_count(),), ('batch',))`", optional=True)
     batch_size_of(args)
     args = jax.tree.map(_explicit_to_auto, args)
     return _batch_map(fn, args, None if chunk_size is None else int(chunk_size), mesh)

@@ -14,6 +14,7 @@ import abc
 import equinox as eqx
 import jax.numpy as jnp
 
+from ._checks import check_instance, described
 from ._custom_types import Array, ArrayLike, Float, Scalar
 
 
@@ -111,13 +112,11 @@ def with_controller(system, controller: AbstractController):
     """
     if not hasattr(system, "controller"):
         raise ValueError(
-            f"{type(system).__name__} has no `controller` field: a controlled system declares "
+            f"{described(system)} has no `controller` field: a controlled system declares "
             "`controller: jaxdae.AbstractController` and reads `u = self.controller(t, q, v)`."
         )
-    if not isinstance(controller, AbstractController):
-        raise ValueError(
-            f"`controller` must be a `jaxdae.AbstractController`; got {type(controller).__name__}."
-        )
+    check_instance("controller", controller, AbstractController,
+                   "a `jaxdae.AbstractController`")
     return eqx.tree_at(lambda s: s.controller, system, controller)
 
 

@@ -5,6 +5,7 @@ import abc
 import jax
 import jax.numpy as jnp
 
+from ._checks import check_instance
 from ._custom_types import (
     Array,
     Coordinates,
@@ -139,11 +140,8 @@ class HamiltonianForm(HamiltonianSystem):
     lagrangian: LagrangianSystem
 
     def __check_init__(self):
-        if not isinstance(self.lagrangian, LagrangianSystem):
-            raise ValueError(
-                "`HamiltonianForm` transforms a `jaxdae.LagrangianSystem`; got "
-                f"{type(self.lagrangian).__name__}."
-            )
+        check_instance("lagrangian", self.lagrangian, LagrangianSystem,
+                       "a `jaxdae.LagrangianSystem` (`HamiltonianForm` transforms one)")
 
     def velocity_from_momenta(self, t, q, p):
         """`v` with `∂T/∂v (t, q, v) = p`."""

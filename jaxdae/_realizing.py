@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 
+from ._checks import check_instance
 from ._custom_types import Array, Float, NonholonomicResidual
 from ._formulation._base import multiplier_solve
 from ._gains import as_gain, is_concrete
@@ -197,13 +198,10 @@ class RealizedConstraints(AbstractSystem):
     force: AbstractRealizingForce
 
     def __check_init__(self):
-        if not isinstance(self.system, AbstractSystem):
-            raise ValueError(f"`system` must be a jaxdae system; got {type(self.system).__name__}.")
-        if not isinstance(self.force, AbstractRealizingForce):
-            raise ValueError(
-                "`force` must be a realizing-force law such as `jaxdae.ViscousForce(k)` or "
-                f"`jaxdae.BoundedForce(bound)`; got {type(self.force).__name__}."
-            )
+        check_instance("system", self.system, AbstractSystem, "a jaxdae system")
+        check_instance("force", self.force, AbstractRealizingForce,
+                       "a realizing-force law such as `jaxdae.ViscousForce(k)` or "
+                       "`jaxdae.BoundedForce(bound)`")
 
     def terms(self, t, q, s) -> ConstrainedTerms:
         full = self.system.terms(t, q, s)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 
+from ._checks import check_instance
 from ._custom_types import Array, ArrayLike, Float, ScalarLike
 from ._formulation import AbstractFormulation
 from ._linalg import is_positive_definite
@@ -167,29 +168,12 @@ _INITIAL_STATE_MESSAGES = (
 _check_initial_state_jit = eqx.filter_jit(check_initial_state)
 
 
-def _described(value) -> str:
-    if isinstance(value, type):
-        return f"the class {value.__name__} itself; pass an instance, e.g. {value.__name__}(...)"
-    return type(value).__name__
-
-
-def check_instance(name: str, value, kind: type, example: str) -> None:
-    """`ValueError` unless `value` is an instance of `kind` (`None`: the default)."""
-    if value is not None and not isinstance(value, kind):
-        raise ValueError(f"`{name}` must be {example}; got {_described(value)}.")
-
-
 def _check_types(system, formulation, solver, stepsize_controller, adjoint, max_steps):
-    if not isinstance(system, AbstractSystem):
-        raise ValueError(
-            f"`system` must be a jaxdae system (e.g. a `jaxdae.LagrangianSystem` subclass); "
-            f"got {_described(system)}."
-        )
-    if not isinstance(formulation, AbstractFormulation):
-        raise ValueError(
-            "`formulation` must be a jaxdae formulation such as `jaxdae.Baumgarte(kd, kp)` or "
-            f"`jaxdae.ModifiedLagrange(alpha, kd, kp)`; got {_described(formulation)}."
-        )
+    check_instance("system", system, AbstractSystem,
+                   "a jaxdae system (e.g. a `jaxdae.LagrangianSystem` subclass)")
+    check_instance("formulation", formulation, AbstractFormulation,
+                   "a jaxdae formulation such as `jaxdae.Baumgarte(kd, kp)` or "
+                   "`jaxdae.ModifiedLagrange(alpha, kd, kp)`")
     check_solve_options(solver, stepsize_controller, adjoint, max_steps)
 
 
@@ -197,13 +181,14 @@ def check_solve_options(solver, stepsize_controller, adjoint, max_steps) -> None
     """The diffrax options of a solve are instances of the right kind; `max_steps` is a
     positive integer or `None`."""
     check_instance("solver", solver, diffrax.AbstractSolver,
-                   "a diffrax solver instance such as `diffrax.Tsit5()`")
+                   "a diffrax solver instance such as `diffrax.Tsit5()`", optional=True)
     check_instance("stepsize_controller", stepsize_controller,
                    diffrax.AbstractStepSizeController,
                    "a diffrax step-size controller such as `diffrax.PIDController(rtol, atol)` "
-                   "or `diffrax.ConstantStepSize()`")
+                   "or `diffrax.ConstantStepSize()`", optional=True)
     check_instance("adjoint", adjoint, diffrax.AbstractAdjoint,
-                   "a diffrax adjoint such as `diffrax.RecursiveCheckpointAdjoint()`")
+                   "a diffrax adjoint such as `diffrax.RecursiveCheckpointAdjoint()`",
+                   optional=True)
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(
             max_steps, (int, np.integer)) or max_steps < 1):
         raise ValueError(f"`max_steps` must be a positive integer or None; got {max_steps!r}.")

@@ -5,6 +5,7 @@ import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 
+from ._checks import described
 from ._custom_types import Array, PyTree, ScalarLike
 
 
@@ -52,7 +53,7 @@ class UnrolledERK(diffrax.AbstractAdaptiveSolver):
             raise ValueError(
                 "`UnrolledERK` wraps an explicit Runge–Kutta solver with one Butcher "
                 "tableau (e.g. `diffrax.Tsit5()`, `diffrax.Dopri5()`, `diffrax.Heun()`); got "
-                f"{type(self.solver).__name__}. Pass other solvers to `simulate` directly."
+                f"{described(self.solver)}. Pass other solvers to `simulate` directly."
             )
 
     @property

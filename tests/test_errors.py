@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxdae
-from jaxdae.examples import CartesianPendulum
+from jaxdae.examples import AdaptiveOpticsElement, CartesianPendulum
 
 from ._systems import DegenerateMass, Unreachable
 
@@ -90,6 +90,32 @@ def test_bad_simulate_input(overrides, match):
 def test_bad_gains_are_refused_at_construction(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: jaxdae.simulate_actuated(
+            AdaptiveOpticsElement(), jaxdae.ConstraintEnforcingControl, 0.0, 1.0,
+            *AdaptiveOpticsElement().initial_state()),
+         r"`control` must be a `jaxdae.ConstraintEnforcingControl`; got the class"),
+        (lambda: jaxdae.HamiltonianForm(PENDULUM.terms),
+         r"`lagrangian` must be a `jaxdae.LagrangianSystem`"),
+        (lambda: jaxdae.RealizedConstraints(PENDULUM, jaxdae.ViscousForce),
+         r"`force` must be a realizing-force law.*got the class ViscousForce"),
+        (lambda: jaxdae.linearize(PENDULUM, "unstabilized", Q0),
+         r"`formulation` must be a jaxdae formulation"),
+        (lambda: jaxdae.equilibrium(PENDULUM, jnp.array([jnp.nan, 1.0])),
+         r"`q_guess` contains non-finite values"),
+        (lambda: jaxdae.UnrolledERK(diffrax.Tsit5), r"got the class Tsit5 itself"),
+        (lambda: jaxdae.with_controller(PENDULUM, None), r"CartesianPendulum has no `controller`"),
+    ],
+    ids=["actuated-control-class", "hamiltonian-form", "realizing-force-class",
+         "linearize-formulation", "equilibrium-nan", "unrolled-class", "no-controller-field"],
+)
+def test_arguments_of_the_wrong_kind_are_named(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
 
 
 def test_gains_changed_after_construction_are_checked_by_simulate():

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 
+from .._checks import check_instance
 from .._custom_types import Array, Float
 from .._gains import is_concrete
 from .._solution import RESULTS
@@ -256,11 +257,9 @@ class RedundantCoordinates(AbstractFormulation):
         return RESULTS.singular_dependent_jacobian
 
     def check_state(self, system, t0, q0, v0):
-        if not isinstance(system, LagrangianSystem):
-            raise ValueError(
-                "`RedundantCoordinates` needs a `LagrangianSystem` (its state holds velocities, "
-                f"from which the dependent ones follow); got {type(system).__name__}."
-            )
+        check_instance("system", system, LagrangianSystem,
+                       "a `LagrangianSystem` for `RedundantCoordinates` (its state holds "
+                       "velocities, from which the dependent ones follow)")
         jac, _ = _constraint_rates(system, t0, q0, v0)
         (jd, _), _ = self._split(jac)
         phi = system.constraints(t0, q0) if hasattr(system, "constraints") else (
