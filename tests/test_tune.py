@@ -304,6 +304,21 @@ def test_losses_on_a_solution(reference):
     assert np.isfinite(float(jaxdae.ConstraintViolation()(failed)))
 
 
+@pytest.mark.parametrize(
+    "make, match",
+    [(lambda: jaxdae.SettlingTime(-1e-3), "`tolerance` must be a positive finite scalar"),
+     (lambda: jaxdae.SettlingTime(1e-3, width=0.0), "`width` must be a positive"),
+     (lambda: jaxdae.ConstraintViolation(rate_weight=-1.0), "`rate_weight` must be a non-neg"),
+     (lambda: jaxdae.ConstraintViolation(nonholonomic_weight=float("nan")),
+      "`nonholonomic_weight` must be a non-negative finite")],
+    ids=["settling-tolerance", "settling-width", "rate-weight", "nonholonomic-weight"],
+)
+def test_loss_weights_are_checked(make, match):
+    """A negative weight or tolerance would give a loss without a minimum or a nan."""
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
 def test_transition_matrix_is_the_stability_function():
     """Paper 002 §4: Euler gives I + τH, the two-stage RK family I + τH + τ²H²/2."""
     formulation = jaxdae.Baumgarte(jnp.array([4.0, 2.0]), jnp.array([4.0, 9.0]))
