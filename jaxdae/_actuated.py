@@ -31,7 +31,7 @@ import lineax as lx
 import numpy as np
 import optimistix as optx
 
-from ._checks import check_instance
+from ._checks import check_finite, check_instance, check_positive
 from ._custom_types import Array, ArrayLike, Float, Gain, GainLike, Int, ScalarLike
 from ._formulation._base import default_rcond
 from ._linalg import extreme_eigenvalues, not_hurwitz, reciprocal_condition, spd_solve
@@ -450,6 +450,10 @@ def consistent_actuated_state(
     dtype = q0.dtype
     t0 = jnp.asarray(t0, dtype)
     system, control = cast_floating((system, control), dtype)
+    check_finite("t0", t0)
+    for name, value in (("q0", q0), ("v0", v0), ("w0", w0)):
+        check_finite(name, value)
+    check_positive("tol", tol, "residual")
     _check_system(system, control, t0, q0, v0, w0)
     if tol is None:
         size = jnp.max(jnp.stack([jnp.max(jnp.abs(x), initial=0.0) for x in (q0, v0, w0)]))
@@ -678,8 +682,7 @@ def simulate_actuated(
     _check_times(t0, t1, ts)
     check_solve_options(solver, stepsize_controller, adjoint, max_steps)
     for name, value in (("q0", q0), ("v0", v0), ("w0", w0)):
-        if is_concrete(value) and not np.all(np.isfinite(np.asarray(value))):
-            raise ValueError(f"`{name}` contains non-finite values (nan or inf).")
+        check_finite(name, value)
     # The state's dtype sets the precision: float32 states give a float32 simulation.
     system, control = cast_floating((system, control), dtype)
     control = _check_system(system, control, t0, q0, v0, w0)

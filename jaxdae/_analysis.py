@@ -7,7 +7,7 @@ import numpy as np
 import lineax as lx
 import optimistix as optx
 
-from ._checks import check_instance
+from ._checks import check_finite, check_instance
 from ._control import ConstantControl, with_controller
 from ._custom_types import Array, ArrayLike, Bool, Float, Int
 from ._formulation import AbstractFormulation, RedundantCoordinates, Unstabilized
@@ -128,8 +128,7 @@ def equilibrium(
     q_guess = jnp.asarray(q_guess, dtype=jnp.result_type(q_guess, float))
     if q_guess.ndim != 1:
         raise ValueError(f"`q_guess` must be 1-D (n,); got shape {q_guess.shape}.")
-    if is_concrete(q_guess) and not np.all(np.isfinite(np.asarray(q_guess))):
-        raise ValueError(f"`q_guess` contains non-finite values (nan or inf); got {q_guess}.")
+    check_finite("q_guess", q_guess)
     n = q_guess.shape[0]
     dtype = q_guess.dtype
     fixed = _indices("fixed", fixed, n)

@@ -1,4 +1,8 @@
-"""What bad arguments are told: the shared wording of type errors."""
+"""What bad arguments are told: the shared wording of the input checks."""
+
+import numpy as np
+
+from ._gains import is_concrete
 
 
 def described(value) -> str:
@@ -15,3 +19,17 @@ def check_instance(name: str, value, kind: type | tuple[type, ...], expected: st
     `optional` argument)."""
     if not (isinstance(value, kind) or (optional and value is None)):
         raise ValueError(f"`{name}` must be {expected}; got {described(value)}.")
+
+
+def check_finite(name: str, value) -> None:
+    """`ValueError` if a concrete `value` holds nan or inf (traced values pass)."""
+    if is_concrete(value) and not np.all(np.isfinite(np.asarray(value))):
+        raise ValueError(f"`{name}` contains non-finite values (nan or inf); got {value}.")
+
+
+def check_positive(name: str, value, kind: str) -> None:
+    """`ValueError` unless a concrete `value` is a positive finite scalar (`None`, the
+    default, and traced values pass); `kind` names it: "step", "residual", ..."""
+    if value is not None and is_concrete(value) and not (
+            np.ndim(value) == 0 and 0 < float(value) < np.inf):
+        raise ValueError(f"`{name}` must be a positive finite {kind} (a scalar); got {value}.")

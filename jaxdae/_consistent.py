@@ -7,6 +7,7 @@ import lineax as lx
 import numpy as np
 import optimistix as optx
 
+from ._checks import check_finite, check_positive
 from ._custom_types import ArrayLike, Coordinates, Float, ScalarLike, Velocities
 from ._gains import is_concrete
 from ._system import LagrangianSystem, holonomic_terms, nonholonomic_terms
@@ -103,12 +104,9 @@ def consistent_initial_state(
         raise ValueError(
             f"`q0` and `v0` must be 1-D arrays of the same shape (n,); got {q0.shape} and {v0.shape}."
         )
-    for name, value in (("q0", q0), ("v0", v0), ("t0", t0)):
-        if is_concrete(value) and not np.all(np.isfinite(np.asarray(value))):
-            raise ValueError(f"`{name}` contains non-finite values (nan or inf); pass a finite "
-                             "guess.")
-    if tol is not None and is_concrete(tol) and not (np.ndim(tol) == 0 and 0 < tol < np.inf):
-        raise ValueError(f"`tol` must be a positive finite residual (a scalar); got {tol}.")
+    for name, value in (("t0", t0), ("q0", q0), ("v0", v0)):
+        check_finite(name, value)
+    check_positive("tol", tol, "residual")
     if tol is None:
         tol = 1e3 * float(jnp.finfo(q0.dtype).eps) * (1.0 + jnp.max(jnp.abs(q0), initial=0.0))
     # An array, not a Python float: a float would be a static argument of `_project`, one

@@ -17,9 +17,10 @@ import jax
 import jax.numpy as jnp
 import optimistix as optx
 
+from ._checks import check_positive
 from ._custom_types import Array, Float, ScalarLike
 from ._formulation._base import second_order_matrix
-from ._gains import gain_matrix, is_concrete
+from ._gains import gain_matrix
 
 
 def _use_stepsize_tol():
@@ -70,8 +71,7 @@ def transition_matrix(
             )
     t0 = jnp.zeros((), dtype)
     t1 = jnp.asarray(dt, dtype)
-    if is_concrete(t1) and not (t1.ndim == 0 and 0 < t1 < jnp.inf):
-        raise ValueError(f"`dt` must be a positive finite step (a scalar); got {dt}.")
+    check_positive("dt", t1, "step")
 
     def step(y0):
         state = solver.init(term, t0, t1, y0, matrix)

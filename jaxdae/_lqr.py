@@ -30,6 +30,7 @@ import lineax as lx
 import numpy as np
 import optimistix as optx
 
+from ._checks import check_finite
 from ._custom_types import Array, ArrayLike, Bool, Float
 from ._gains import is_concrete
 
@@ -202,8 +203,7 @@ def lqr(
     rtol = float(100 * jnp.finfo(dtype).eps) if rtol is None else rtol
     if is_concrete(a, b, q, r):
         for name, value in (("A", a), ("B", b), ("Q", q), ("R", r)):
-            if not np.all(np.isfinite(np.asarray(value))):
-                raise ValueError(f"`{name}` contains non-finite values (nan or inf).")
+            check_finite(name, value)
         r_np = np.asarray(r)
         if np.linalg.eigvalsh(r_np)[0] <= 0:
             raise ValueError("`R` must be symmetric positive definite (every input costs).")

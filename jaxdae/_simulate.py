@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 
-from ._checks import check_instance
+from ._checks import check_instance, check_positive
 from ._custom_types import Array, ArrayLike, Float, ScalarLike
 from ._formulation import AbstractFormulation
 from ._linalg import is_positive_definite
@@ -564,8 +564,7 @@ def step_options(stepsize_controller, dt0, rtol, atol, dtype, norm=optx.rms_norm
     if dt0 is None:
         return stepsize_controller, None
     dt0 = jnp.asarray(dt0, dtype)
-    if is_concrete(dt0) and not (dt0.ndim == 0 and np.isfinite(dt0) and dt0 > 0):
-        raise ValueError(f"`dt0` must be a positive finite step (a scalar); got {dt0}.")
+    check_positive("dt0", dt0, "step")
     return stepsize_controller, dt0
 
 

@@ -245,6 +245,12 @@ def test_bad_input_is_refused():
         jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, 1.0, q0, v0, w0.at[0].set(jnp.nan))
     with pytest.raises(ValueError, match="`t1` must be greater"):
         jaxdae.simulate_actuated(OPTICS, CONTROL, 1.0, 0.0, q0, v0, w0)
+    with pytest.raises(ValueError, match="`t0` and `t1` must be finite"):
+        jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, jnp.inf, q0, v0, w0)
+    with pytest.raises(ValueError, match="`tol` must be a positive finite residual"):
+        jaxdae.consistent_actuated_state(OPTICS, CONTROL, 0.0, q0, v0, w0, tol=0.0)
+    with pytest.raises(ValueError, match="`v0` contains non-finite"):
+        jaxdae.consistent_actuated_state(OPTICS, CONTROL, 0.0, q0, v0 * jnp.nan, w0)
     constrained = eqx.tree_at(lambda s: s.mechanism, OPTICS, CartesianPendulum(),
                               is_leaf=lambda x: x is None)
     with pytest.raises(ValueError, match="no constraints of its own"):
