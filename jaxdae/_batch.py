@@ -1,14 +1,19 @@
 """Large batches of simulations: `vmap` in chunks, sharded over devices with JAX's runtime."""
 
+import json
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ._checks import check_instance
 from ._custom_types import PyTree
+from ._persist import atomic_write_text, fingerprint, progress_bar
 from ._sharding import auto_mesh as _auto, explicit_to_auto as _explicit_to_auto
 
 
@@ -115,6 +120,8 @@ def batch_map(
     *args: PyTree,
     chunk_size: int | None = None,
     mesh: Mesh | None = None,
+    checkpoint: str | os.PathLike | None = None,
+    progress: bool = True,
 ) -> PyTree:
     """Maps `fn` over the leading axis of `args`: a batch of simulations, chunked and sharded.
 
@@ -139,6 +146,15 @@ def batch_map(
     (`jax.shard_map` is not used: reverse-mode gradients through diffrax's checkpointed loops
     fail inside it, see `docs/benchmarks.md`.)
 
+    **A long sweep never loses work** with `checkpoint=dir`: the chunks then run one after
+    the other from Python (each one compiled call, the same program for every chunk), and
+    each chunk's output is written to `dir` as soon as it is computed. Calling `batch_map`
+    again with the same function and arguments after an interruption computes only the
+    chunks that are missing, and returns the same values as an uninterrupted run. A
+    directory written for other arguments, another chunk size or another output structure
+    is refused. The output is assembled on the host and returned as device arrays (on the
+    mesh when given); single-process only.
+
     The call is jit-compiled; `fn` is part of the cache key, so pass the same function
     object (or an `eqx.Partial` whose array arguments may change) to reuse the compiled
     program. Simulations inside `fn` should use `throw=False` and report failures through
@@ -151,6 +167,9 @@ def batch_map(
     - `*args`: PyTrees whose array leaves all have the batch size `B` as leading axis.
     - `chunk_size`: number of elements vmapped at once per device (default: all).
     - `mesh`: a `jax.sharding.Mesh`; the batch axis is split over all of its axes.
+    - `checkpoint`: a directory for the chunks' outputs (default: none, one compiled call).
+    - `progress`: with `checkpoint`, show a tqdm progress bar over the chunks (if tqdm is
+        installed).
 
     **Returns:**
 
@@ -158,7 +177,8 @@ def batch_map(
 
     **Raises:**
 
-    `ValueError` if the arguments disagree on the batch size or `chunk_size < 1`.
+    `ValueError` if the arguments disagree on the batch size, `chunk_size < 1`, or
+    `checkpoint` holds the chunks of another sweep.
     """
     if chunk_size is not None and (int(chunk_size) != chunk_size or chunk_size < 1):
         raise ValueError(f"`chunk_size` must be a positive integer or None; got {chunk_size}.")
@@ -166,4 +186,63 @@ def batch_map(
                    "`jax.make_mesh((jax.device_count(),), ('batch',))`", optional=True)
     batch_size_of(args)
     args = jax.tree.map(_explicit_to_auto, args)
-    return _batch_map(fn, args, None if chunk_size is None else int(chunk_size), mesh)
+    chunk_size = None if chunk_size is None else int(chunk_size)
+    if checkpoint is None:
+        return _batch_map(fn, args, chunk_size, mesh)
+    return _checkpointed_batch_map(fn, args, chunk_size, mesh, Path(checkpoint), progress)
+
+
+_SWEEP_FILE = "sweep.json"
+
+
+def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progress: bool):
+    """`batch_map` chunk by chunk from Python, each chunk's output saved in `directory`
+    (`chunk_000000.npz`, ...) and reused by a later call with the same sweep."""
+    if jax.process_count() > 1:
+        raise ValueError("`checkpoint` works in a single process; in a multi-host run, "
+                         "checkpoint each process's share of the sweep yourself.")
+    size = batch_size_of(args)
+    mesh = None if mesh is None else _auto(mesh)
+    per_step, padded = chunk_layout(size, chunk_size, 1 if mesh is None else mesh.size)
+    args = jax.tree.map(lambda x: _pad(jnp.asarray(x), padded - size), args)
+    chunks = [jax.tree.map(lambda x, k=k: x[k * per_step:(k + 1) * per_step], args)
+              for k in range(padded // per_step)]
+    # One chunk is one vmap over `per_step` rows (split over the mesh): one compilation.
+    out_shape = eqx.filter_eval_shape(_batch_map, fn, chunks[0], None, mesh)
+    leaves_shape, treedef = jax.tree.flatten(out_shape)
+    identity = fingerprint(args, size, per_step, [(x.shape, x.dtype) for x in leaves_shape])
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = directory / _SWEEP_FILE
+    if meta.exists():
+        if json.loads(meta.read_text()).get("fingerprint") != identity:
+            raise ValueError(
+                f"{directory} holds the chunks of another sweep (other arguments, chunk size "
+                "or output). Use another `checkpoint` directory, or empty this one."
+            )
+    else:
+        atomic_write_text(meta, json.dumps({"fingerprint": identity, "size": size,
+                                            "chunks": len(chunks)}))
+    paths = [directory / f"chunk_{k:06d}.npz" for k in range(len(chunks))]
+    bar = progress_bar(len(chunks), sum(path.exists() for path in paths), progress,
+                       "batch_map")
+    try:
+        for chunk, path in zip(chunks, paths):
+            if path.exists():
+                continue
+            out = jax.tree.leaves(_batch_map(fn, chunk, None, mesh))
+            tmp = path.with_name(path.stem + ".tmp.npz")
+            np.savez(tmp, *[np.asarray(x) for x in out])
+            os.replace(tmp, path)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    saved = []
+    for path in paths:
+        with np.load(path) as chunk:
+            saved.append([chunk[f"arr_{i}"] for i in range(len(leaves_shape))])
+    leaves = [np.concatenate(column)[:size] for column in zip(*saved)]
+    if mesh is None or size % mesh.size:  # an uneven split cannot be placed on the mesh
+        return jax.tree.unflatten(treedef, [jnp.asarray(x) for x in leaves])
+    return jax.tree.unflatten(treedef, [jax.device_put(x, batch_sharding(mesh)) for x in leaves])

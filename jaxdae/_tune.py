@@ -1,7 +1,6 @@
 """[`jaxdae.tune`][]: gradient-based tuning of gains over a batch of scenarios, with optax."""
 
 import csv
-import hashlib
 import json
 import math
 import os
@@ -13,12 +12,12 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from ._batch import _batch_map, _pad, _place, batch_size_of, batch_spec, chunk_layout
 from ._custom_types import Array, PyTree
 from ._parametrization import unwrap
+from ._persist import atomic_write_text, fingerprint as run_fingerprint, progress_bar
 from ._sharding import auto_mesh
 
 _STATE_FILE = "state.eqx"
@@ -223,23 +222,7 @@ class _Logger:
 
     def flush(self, history):
         if self.path is not None and not self.csv:
-            _atomic_write_text(self.path, json.dumps(history, indent=1))
-
-
-def _atomic_write_text(path: Path, text: str):
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _fingerprint(trainable, seed) -> str:
-    """Identifies a run's starting point, so a checkpoint is never resumed by another run."""
-    digest = hashlib.sha256(f"{jax.tree.structure(trainable)}|{seed}".encode())
-    for leaf in jax.tree.leaves(trainable):
-        leaf = np.asarray(leaf)
-        digest.update(f"{leaf.dtype}{leaf.shape}".encode())
-        digest.update(leaf.tobytes())
-    return digest.hexdigest()
+            atomic_write_text(self.path, json.dumps(history, indent=1))
 
 
 def _save_checkpoint(directory: Path, state, step: int, history: dict, fingerprint: str):
@@ -248,7 +231,7 @@ def _save_checkpoint(directory: Path, state, step: int, history: dict, fingerpri
     eqx.tree_serialise_leaves(tmp, state)
     os.replace(tmp, directory / _STATE_FILE)
     meta = {"step": step, "fingerprint": fingerprint, "history": history}
-    _atomic_write_text(directory / _META_FILE, json.dumps(meta))
+    atomic_write_text(directory / _META_FILE, json.dumps(meta))
 
 
 def _load_checkpoint(directory: Path, like, fingerprint: str):
@@ -270,16 +253,6 @@ def _load_checkpoint(directory: Path, like, fingerprint: str):
             f"({error}). Use another `checkpoint` directory or `resume=False`."
         ) from error
     return state, int(meta["step"]), meta["history"]
-
-
-def _progress_bar(total, initial, enabled):
-    if not enabled:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # optional dependency: no bar
-        return None
-    return tqdm(total=total, initial=initial, desc="tune", leave=False)
 
 
 def tune(
@@ -424,7 +397,7 @@ def tune(
     step = 0
     history = {c: [] for c in HISTORY_COLUMNS}
     directory = None if checkpoint is None else Path(checkpoint)
-    fingerprint = _fingerprint(trainable_params, seed)
+    fingerprint = run_fingerprint(trainable_params, seed)
     elapsed_before = 0.0
     if directory is not None and resume:
         loaded = _load_checkpoint(directory, (trainable_params, opt_state, key), fingerprint)
@@ -435,7 +408,7 @@ def tune(
 
     penalty = jnp.asarray(failure_penalty, dtype=jnp.result_type(float))
     logger = _Logger(log, history)
-    bar = _progress_bar(steps, step, progress)
+    bar = progress_bar(steps, step, progress, "tune")
     start = time.perf_counter()
     try:
         while step < steps:

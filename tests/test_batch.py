@@ -67,6 +67,39 @@ def test_sharded_equals_unsharded(mesh, unchunked):
                                atol=1e-12)
 
 
+def test_checkpointed_sweep_resumes_where_it_stopped(tmp_path, unchunked):
+    directory = tmp_path / "sweep"
+    sweep = dict(chunk_size=4, checkpoint=directory, progress=False)  # chunks 4 + 4 + 2
+    full = jaxdae.batch_map(run, *inputs(10), **sweep)
+    for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(unchunked)):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    # An interruption while the second chunk was being written: only the first chunk is
+    # on disk, next to a partial file.
+    first = directory / "chunk_000000.npz"
+    stamp = first.stat().st_mtime_ns
+    for k in (1, 2):
+        (directory / f"chunk_{k:06d}.npz").unlink()
+    (directory / "chunk_000001.tmp.npz").write_bytes(b"partial")
+    resumed = jaxdae.batch_map(run, *inputs(10), **sweep)
+    assert first.stat().st_mtime_ns == stamp  # not computed again
+    for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(full)):
+        np.testing.assert_array_equal(a, b)
+    kd, q0, v0 = inputs(10)
+    with pytest.raises(ValueError, match="holds the chunks of another sweep"):
+        jaxdae.batch_map(run, 2 * kd, q0, v0, **sweep)
+    with pytest.raises(ValueError, match="holds the chunks of another sweep"):
+        jaxdae.batch_map(run, kd, q0, v0, **(sweep | dict(chunk_size=5)))
+
+
+def test_checkpointed_sweep_on_a_mesh(tmp_path, mesh):
+    sweep = jaxdae.batch_map(run, *inputs(8), mesh=mesh, chunk_size=1,
+                             checkpoint=tmp_path / "sweep", progress=False)  # 2 chunks of 4
+    assert len(list((tmp_path / "sweep").glob("chunk_*.npz"))) == 2
+    assert len(sweep[0].sharding.device_set) == 4
+    np.testing.assert_allclose(sweep[0], jaxdae.batch_map(run, *inputs(8))[0], rtol=1e-10,
+                               atol=1e-12)
+
+
 def test_chunk_layout_pads_only_to_the_next_full_step():
     from jaxdae._batch import chunk_layout
 
