@@ -125,26 +125,25 @@ def test_gains_changed_after_construction_are_checked_by_simulate():
         _simulate(formulation=bad)
 
 
+# Traced input: one compiled simulation for the checks that run inside it.
+_traced = jax.jit(lambda kd, q0, t1, ts: _simulate(
+    formulation=jaxdae.Baumgarte(kd, 25.0), q0=q0, t1=t1, ts=ts).q)
+_TS = jnp.array([0.0, 0.5])
+
+
 def test_traced_bad_gains_raise_under_jit():
-    run = jax.jit(lambda kd: _simulate(formulation=jaxdae.Baumgarte(kd, 25.0)).q)
-    assert np.all(np.isfinite(run(jnp.array(10.0))))
+    assert np.all(np.isfinite(_traced(10.0, Q0, 1.0, _TS)))
     with pytest.raises(Exception, match="`kd` must be symmetric positive definite"):
-        run(jnp.array(-1.0)).block_until_ready()
+        _traced(-1.0, Q0, 1.0, _TS).block_until_ready()
 
 
-def test_traced_bad_initial_state_raises_under_jit():
-    run = jax.jit(lambda q0: _simulate(q0=q0).q)
+def test_traced_bad_initial_state_and_times_raise_under_jit():
     with pytest.raises(Exception, match="`q0` contains non-finite"):
-        run(jnp.array([jnp.nan, 0.0])).block_until_ready()
-
-
-def test_traced_bad_times_raise_under_jit():
-    run = jax.jit(lambda t1, ts: _simulate(t1=t1, ts=ts).q)
-    assert np.all(np.isfinite(run(1.0, jnp.array([0.0, 0.5]))))
+        _traced(10.0, jnp.array([jnp.nan, 0.0]), 1.0, _TS).block_until_ready()
     with pytest.raises(Exception, match="`t0` and `t1` must be finite"):
-        run(jnp.inf, jnp.array([0.0, 0.5])).block_until_ready()
+        _traced(10.0, Q0, jnp.inf, _TS).block_until_ready()
     with pytest.raises(Exception, match="`ts` must be finite, sorted"):
-        run(1.0, jnp.array([0.0, jnp.nan])).block_until_ready()
+        _traced(10.0, Q0, 1.0, jnp.array([0.0, jnp.nan])).block_until_ready()
 
 
 def test_constraints_must_return_a_vector():
