@@ -368,23 +368,25 @@ def _program_residual(system, control, t, x):
 
 
 def _kkt_residual(y, args):
-    """KKT conditions of `min ½ |x − x0|²` s.t. `y(x) = 0` (in the flattened state)."""
+    """KKT conditions of `min ½ (x − x0)ᵀ W (x − x0)` s.t. `y(x) = 0`, `W = diag(metric)`
+    (in the flattened state)."""
     x, lam = y
-    system, control, t0, x0, unravel = args
+    system, control, t0, x0, metric, unravel = args
     residual, vjp = jax.vjp(lambda x_: _program_residual(system, control, t0, unravel(x_)), x)
-    return x - x0 + vjp(lam)[0], residual
+    return metric * (x - x0) + vjp(lam)[0], residual
 
 
 @eqx.filter_jit
-def _programmed_state(system, control, t0, q0, v0, w0, tol, max_steps):
+def _programmed_state(system, control, t0, q0, v0, w0, weights, tol, max_steps):
     # Flattened inside the trace: an `unravel` made outside would be a new static argument,
     # and a recompilation, at every call.
     x0, unravel = jax.flatten_util.ravel_pytree((q0, v0, w0))
+    metric, _ = jax.flatten_util.ravel_pytree(weights)
     lam0 = jnp.zeros_like(_program_residual(system, control, t0, unravel(x0)))
     solver = optx.Newton(rtol=0.1 * tol, atol=0.1 * tol,
                          linear_solver=lx.AutoLinearSolver(well_posed=False))
     sol = optx.root_find(_kkt_residual, solver, (x0, lam0),
-                         args=(system, control, t0, x0, unravel), max_steps=max_steps,
+                         args=(system, control, t0, x0, metric, unravel), max_steps=max_steps,
                          throw=False)
     x = sol.value[0]
     return unravel(x), _program_residual(system, control, t0, unravel(x)), sol.result
@@ -399,6 +401,29 @@ def _initial_state(q0, v0, w0):
             f"`q0` and `v0` must have the same shape (n,); got {q0.shape} and {v0.shape}.")
     dtype = jnp.result_type(q0, v0, w0)
     return q0.astype(dtype), v0.astype(dtype), w0.astype(dtype)
+
+
+def _metric_weights(weights, state):
+    """`weights` (default ones) broadcast to the shapes of `state = (q, v, w)`; concrete
+    weights must be positive and finite."""
+    if weights is None:
+        return tuple(jnp.ones_like(x) for x in state)
+    if not (isinstance(weights, (tuple, list)) and len(weights) == 3):
+        raise ValueError("`weights` must be a tuple `(w_q, w_v, w_w)` of the metric's weights "
+                         f"for q, v and w; got {weights!r}.")
+    out = []
+    for name, weight, x in zip(("w_q", "w_v", "w_w"), weights, state):
+        weight = jnp.asarray(weight, x.dtype)
+        try:
+            weight = jnp.broadcast_to(weight, x.shape)
+        except ValueError:
+            raise ValueError(f"`weights`: {name} must be a scalar or have shape {x.shape}; "
+                             f"got shape {weight.shape}.") from None
+        values = np.asarray(weight) if is_concrete(weight) else None
+        if values is not None and not (np.all(values > 0) and np.all(np.isfinite(values))):
+            raise ValueError(f"`weights`: {name} must be positive and finite; got {weight}.")
+        out.append(weight)
+    return tuple(out)
 
 
 _NOT_PROGRAMMED = (
@@ -416,23 +441,28 @@ def consistent_actuated_state(
     v0: Float[ArrayLike, " n"],
     w0: Float[ArrayLike, " k"],
     *,
+    weights: tuple[ArrayLike, ArrayLike, ArrayLike] | None = None,
     tol: float | None = None,
     max_steps: int = 64,
 ) -> tuple[Float[Array, " n"], Float[Array, " n"], Float[Array, " k"]]:
-    """The state nearest to `(q0, v0, w0)` (Euclidean norm) on the programmed motion:
+    """The state nearest to `(q0, v0, w0)` (in the metric `weights`) on the programmed motion:
     `f = ḟ = … = f⁽ᵖ⁻¹⁾ = 0` for every group (paper 002, eq. [2.5]), the start for which
     even the unstabilized law of eq. [2.9] keeps the constraints.
 
-    Newton's method (optimistix) on the KKT conditions of `min ½ |x − x0|²` subject to
-    those equations, with least-squares linear solves. When the equations fix the whole
-    state (as in the adaptive-optics element: four equations, four states) the result is
-    the unique programmed state, whatever the norm.
+    Newton's method (optimistix) on the KKT conditions of `min ½ (x − x0)ᵀ W (x − x0)`
+    subject to those equations, with least-squares linear solves. When the equations fix the
+    whole state (as in the adaptive-optics element: four equations, four states) the result
+    is the unique programmed state, whatever the metric. When they leave some of it free,
+    the metric says what to keep: positions, velocities and actuator states have different
+    units, and a large weight keeps that part of the guess.
 
     **Arguments:**
 
     - `system`, `control`: as for [`jaxdae.simulate_actuated`][] (the control's relative
         degrees say how many derivatives vanish).
     - `t0`, `q0`, `v0`, `w0`: the time and the guess.
+    - `weights`: `(w_q, w_v, w_w)`, the positive diagonal of `W` for `q`, `v` and `w`
+        (scalars or arrays of their shapes); default all ones (the Euclidean norm).
     - `tol`: accepted `max |f⁽ᵏ⁾|`; default `1e3 · eps`, scaled by the size of the guess.
     - `max_steps`: Newton iterations.
 
@@ -454,12 +484,14 @@ def consistent_actuated_state(
     for name, value in (("q0", q0), ("v0", v0), ("w0", w0)):
         check_finite(name, value)
     check_positive("tol", tol, "residual")
+    weights = _metric_weights(weights, (q0, v0, w0))
     _check_system(system, control, t0, q0, v0, w0)
     if tol is None:
         size = jnp.max(jnp.stack([jnp.max(jnp.abs(x), initial=0.0) for x in (q0, v0, w0)]))
         tol = 1e3 * float(jnp.finfo(dtype).eps) * (1.0 + size)
     tol = jax.lax.stop_gradient(jnp.asarray(tol, dtype))
-    state, residual, result = _programmed_state(system, control, t0, q0, v0, w0, tol, max_steps)
+    state, residual, result = _programmed_state(system, control, t0, q0, v0, w0, weights, tol,
+                                                max_steps)
     worst = jnp.max(jnp.abs(residual), initial=0.0)
     failed = ~(worst <= tol)  # also NaN
     if not is_concrete(failed):

@@ -227,6 +227,32 @@ def test_groups_of_constraints_with_different_relative_degrees():
             0.0, 2.0, q0, v0, w0)
 
 
+def test_consistent_state_in_a_weighted_metric():
+    """The circle program fixes `q`, `v` and `D w = m c̈`, leaving `w` free along the null
+    space of the thrust directions `D`: the weighted projection is the closed form
+    `w = w0 + W⁻¹Dᵀ(D W⁻¹ Dᵀ)⁻¹(m c̈ − D w0)`."""
+    system = _ThreeThrusters()
+    control = jaxdae.ConstraintEnforcingControl.with_poles(5.0, order=3)
+    q0, v0, w0 = jnp.array([1.2, 0.1]), jnp.array([0.0, 0.8]), jnp.array([0.5, 0.0, -0.2])
+    directions, target = np.asarray(system.directions()), 2.0 * np.array([-1.0, 0.0])
+    for w_w in (np.ones(3), np.array([1.0, 1.0, 100.0])):
+        q, v, w = jaxdae.consistent_actuated_state(system, control, 0.0, q0, v0, w0,
+                                                   weights=(1.0, 1.0, w_w))
+        inverse = np.diag(1 / w_w)
+        expected = w0 + inverse @ directions.T @ np.linalg.solve(
+            directions @ inverse @ directions.T, target - directions @ w0)
+        np.testing.assert_allclose(w, expected, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(q, [1.0, 0.0], atol=1e-14)
+        np.testing.assert_allclose(v, [0.0, 1.0], atol=1e-14)
+    assert abs(float(w[2]) - float(w0[2])) < 0.05  # the heavily weighted thruster kept its state
+    with pytest.raises(ValueError, match="w_v must be positive"):
+        jaxdae.consistent_actuated_state(system, control, 0.0, q0, v0, w0,
+                                         weights=(1.0, -1.0, 1.0))
+    with pytest.raises(ValueError, match=r"w_w must be a scalar or have shape \(3,\)"):
+        jaxdae.consistent_actuated_state(system, control, 0.0, q0, v0, w0,
+                                         weights=(1.0, 1.0, jnp.ones(2)))
+
+
 def test_bad_input_is_refused():
     q0, v0, w0 = OPTICS.initial_state(angle_error=0.05)
     with pytest.raises(ValueError, match="relative degree is 4.*pass 4 gains"):
