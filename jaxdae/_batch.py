@@ -151,8 +151,8 @@ def batch_map(
     each chunk's output is written to `dir` as soon as it is computed. Calling `batch_map`
     again with the same function and arguments after an interruption computes only the
     chunks that are missing, and returns the same values as an uninterrupted run. A
-    directory written for other arguments, another chunk size or another output structure
-    is refused. The output is assembled on the host and returned as device arrays (on the
+    directory written for another function (by name), other arguments, another chunk size
+    or outputs of other shapes is refused. The output is assembled on the host and returned as device arrays (on the
     mesh when given); single-process only.
 
     The call is jit-compiled; `fn` is part of the cache key, so pass the same function
@@ -205,31 +205,37 @@ def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progres
     mesh = None if mesh is None else _auto(mesh)
     per_step, padded = chunk_layout(size, chunk_size, 1 if mesh is None else mesh.size)
     args = jax.tree.map(lambda x: _pad(jnp.asarray(x), padded - size), args)
-    chunks = [jax.tree.map(lambda x, k=k: x[k * per_step:(k + 1) * per_step], args)
-              for k in range(padded // per_step)]
+    num_chunks = padded // per_step
+
+    def chunk(k):
+        return jax.tree.map(lambda x: x[k * per_step:(k + 1) * per_step], args)
+
     # One chunk is one vmap over `per_step` rows (split over the mesh): one compilation.
-    out_shape = eqx.filter_eval_shape(_batch_map, fn, chunks[0], None, mesh)
+    out_shape = eqx.filter_eval_shape(_batch_map, fn, chunk(0), None, mesh)
     leaves_shape, treedef = jax.tree.flatten(out_shape)
-    identity = fingerprint(args, size, per_step, [(x.shape, x.dtype) for x in leaves_shape])
+    name = getattr(getattr(fn, "func", fn), "__qualname__", type(fn).__qualname__)
+    identity = fingerprint(args, name, size, per_step,
+                           [(x.shape, x.dtype) for x in leaves_shape])
     directory.mkdir(parents=True, exist_ok=True)
     meta = directory / _SWEEP_FILE
     if meta.exists():
         if json.loads(meta.read_text()).get("fingerprint") != identity:
             raise ValueError(
-                f"{directory} holds the chunks of another sweep (other arguments, chunk size "
-                "or output). Use another `checkpoint` directory, or empty this one."
+                f"{directory} holds the chunks of another sweep (another function, other "
+                "arguments, chunk size or output shapes). Use another `checkpoint` directory, "
+                "or empty this one."
             )
     else:
         atomic_write_text(meta, json.dumps({"fingerprint": identity, "size": size,
-                                            "chunks": len(chunks)}))
-    paths = [directory / f"chunk_{k:06d}.npz" for k in range(len(chunks))]
-    bar = progress_bar(len(chunks), sum(path.exists() for path in paths), progress,
+                                            "chunks": num_chunks}))
+    paths = [directory / f"chunk_{k:06d}.npz" for k in range(num_chunks)]
+    bar = progress_bar(num_chunks, sum(path.exists() for path in paths), progress,
                        "batch_map")
     try:
-        for chunk, path in zip(chunks, paths):
+        for k, path in enumerate(paths):
             if path.exists():
                 continue
-            out = jax.tree.leaves(_batch_map(fn, chunk, None, mesh))
+            out = jax.tree.leaves(_batch_map(fn, chunk(k), None, mesh))
             tmp = path.with_name(path.stem + ".tmp.npz")
             np.savez(tmp, *[np.asarray(x) for x in out])
             os.replace(tmp, path)

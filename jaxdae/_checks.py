@@ -27,9 +27,13 @@ def check_finite(name: str, value) -> None:
         raise ValueError(f"`{name}` contains non-finite values (nan or inf); got {value}.")
 
 
-def check_positive(name: str, value, kind: str) -> None:
-    """`ValueError` unless a concrete `value` is a positive finite scalar (`None`, the
-    default, and traced values pass); `kind` names it: "step", "residual", ..."""
-    if value is not None and is_concrete(value) and not (
-            np.ndim(value) == 0 and 0 < float(value) < np.inf):
-        raise ValueError(f"`{name}` must be a positive finite {kind} (a scalar); got {value}.")
+def check_positive(name: str, value, kind: str, *, allow_zero: bool = False) -> None:
+    """`ValueError` unless a concrete `value` is a positive (or, with `allow_zero`,
+    non-negative) finite scalar; `None` (a default) and traced values pass. `kind` names
+    it: "step", "residual", "weight", ..."""
+    if value is None or not is_concrete(value):
+        return
+    ok = np.ndim(value) == 0 and np.isfinite(float(value))
+    if not (ok and (float(value) >= 0 if allow_zero else float(value) > 0)):
+        sign = "non-negative" if allow_zero else "positive"
+        raise ValueError(f"`{name}` must be a {sign} finite {kind} (a scalar); got {value}.")

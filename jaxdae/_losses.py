@@ -12,10 +12,9 @@ from collections.abc import Callable
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from ._checks import check_positive
 from ._custom_types import Array, Float
-from ._gains import is_concrete
 from ._solution import Solution
 
 
@@ -31,13 +30,6 @@ def integrate(sol: Solution, values: Float[Array, " N"]) -> Float[Array, ""]:
     both = valid[1:] & valid[:-1]
     dt = jnp.where(both, ts[1:] - ts[:-1], 0.0)
     return jnp.sum(0.5 * dt * (values[1:] + values[:-1]))
-
-
-def _require(name: str, value, condition: str, holds: Callable) -> None:
-    """`ValueError` unless a (concrete) scalar weight is finite and satisfies `holds`."""
-    if is_concrete(value) and not (np.ndim(value) == 0 and np.isfinite(value)
-                                   and holds(float(value))):
-        raise ValueError(f"`{name}` must be a {condition} finite scalar; got {value}.")
 
 
 def _safe(x, valid):
@@ -95,9 +87,9 @@ class ConstraintViolation(AbstractLoss):
     nonholonomic_weight: float = 1.0
 
     def __check_init__(self):
-        _require("rate_weight", self.rate_weight, "non-negative", lambda x: x >= 0)
-        _require("nonholonomic_weight", self.nonholonomic_weight, "non-negative",
-                 lambda x: x >= 0)
+        check_positive("rate_weight", self.rate_weight, "weight", allow_zero=True)
+        check_positive("nonholonomic_weight", self.nonholonomic_weight, "weight",
+                       allow_zero=True)
 
     def __call__(self, solution):
         valid = _valid_rows(solution)
@@ -176,8 +168,8 @@ class SettlingTime(AbstractLoss):
     signal: Callable | None = None
 
     def __check_init__(self):
-        _require("tolerance", self.tolerance, "positive", lambda x: x > 0)
-        _require("width", self.width, "positive", lambda x: x > 0)
+        check_positive("tolerance", self.tolerance, "band")
+        check_positive("width", self.width, "width")
 
     def __call__(self, solution):
         valid = _valid_rows(solution)

@@ -90,6 +90,12 @@ def test_checkpointed_sweep_resumes_where_it_stopped(tmp_path, unchunked):
     with pytest.raises(ValueError, match="holds the chunks of another sweep"):
         jaxdae.batch_map(run, kd, q0, v0, **(sweep | dict(chunk_size=5)))
 
+    def other(kd, q0, v0):
+        return run(kd, q0, v0)
+
+    with pytest.raises(ValueError, match="holds the chunks of another sweep.*another function"):
+        jaxdae.batch_map(other, kd, q0, v0, **sweep)
+
 
 def test_checkpointed_sweep_on_a_mesh(tmp_path, mesh):
     sweep = jaxdae.batch_map(run, *inputs(8), mesh=mesh, chunk_size=1,

@@ -306,7 +306,7 @@ def test_losses_on_a_solution(reference):
 
 @pytest.mark.parametrize(
     "make, match",
-    [(lambda: jaxdae.SettlingTime(-1e-3), "`tolerance` must be a positive finite scalar"),
+    [(lambda: jaxdae.SettlingTime(-1e-3), "`tolerance` must be a positive finite band"),
      (lambda: jaxdae.SettlingTime(1e-3, width=0.0), "`width` must be a positive"),
      (lambda: jaxdae.ConstraintViolation(rate_weight=-1.0), "`rate_weight` must be a non-neg"),
      (lambda: jaxdae.ConstraintViolation(nonholonomic_weight=float("nan")),
