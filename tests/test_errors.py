@@ -62,7 +62,8 @@ def _simulate(**overrides):
     ],
     ids=[
         "q0-2d", "v0-shape", "q0-nan", "v0-inf", "t1-equals-t0", "t1-before-t0", "ts-unsorted",
-        "ts-outside", "ts-nan", "t1-inf", "t1-nan", "rtol-negative", "tolerances-zero", "kd-size", "alpha-size", "mass-not-spd", "not-a-system", "not-a-formulation",
+        "ts-outside", "ts-nan", "t1-inf", "t1-nan", "rtol-negative", "tolerances-zero",
+        "kd-size", "alpha-size", "mass-not-spd", "not-a-system", "not-a-formulation",
         "formulation-class", "solver-class", "controller-not", "adjoint-not", "max-steps-zero",
         "t0-vector", "q0-complex", "potential-vector",
     ],
