@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
-SLOW: set[str] = {"paper_000_redundant_coordinates", "tuning"}
+# The longest notebooks (on a clean checkout: paper 002 ≈ 60 s); `make test-slow` runs them.
+SLOW: set[str] = {"paper_000_redundant_coordinates", "paper_002_adaptive_optics", "tuning"}
 
 
 def _params():
