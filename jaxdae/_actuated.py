@@ -393,12 +393,15 @@ def _programmed_state(system, control, t0, q0, v0, w0, weights, tol, max_steps):
 
 
 def _initial_state(q0, v0, w0):
-    """`(q0, v0, w0)` as 1-D floating arrays of one dtype, `q0` and `v0` of one shape."""
+    """`(q0, v0, w0)` as 1-D floating arrays of one dtype, `q0` and `v0` of one shape;
+    concrete values must be finite."""
     q0, v0, w0 = (_float_array(name, value) for name, value in
                   (("q0", q0), ("v0", v0), ("w0", w0)))
     if q0.shape != v0.shape:
         raise ValueError(
             f"`q0` and `v0` must have the same shape (n,); got {q0.shape} and {v0.shape}.")
+    for name, value in (("q0", q0), ("v0", v0), ("w0", w0)):
+        check_finite(name, value)
     dtype = jnp.result_type(q0, v0, w0)
     return q0.astype(dtype), v0.astype(dtype), w0.astype(dtype)
 
@@ -481,8 +484,6 @@ def consistent_actuated_state(
     t0 = jnp.asarray(t0, dtype)
     system, control = cast_floating((system, control), dtype)
     check_finite("t0", t0)
-    for name, value in (("q0", q0), ("v0", v0), ("w0", w0)):
-        check_finite(name, value)
     check_positive("tol", tol, "residual")
     weights = _metric_weights(weights, (q0, v0, w0))
     _check_system(system, control, t0, q0, v0, w0)
@@ -713,8 +714,6 @@ def simulate_actuated(
     ts = None if ts is None else jnp.asarray(ts, dtype=dtype)
     _check_times(t0, t1, ts)
     check_solve_options(solver, stepsize_controller, adjoint, max_steps)
-    for name, value in (("q0", q0), ("v0", v0), ("w0", w0)):
-        check_finite(name, value)
     # The state's dtype sets the precision: float32 states give a float32 simulation.
     system, control = cast_floating((system, control), dtype)
     control = _check_system(system, control, t0, q0, v0, w0)
