@@ -18,15 +18,23 @@ shared step sequence, "ensemble" rows):
 
 The device is detected (`jax.devices()`); on the CPU the batch sizes stop at 4096 by
 default (≈ 1–4 s per call on 2 cores; `--max-batch` raises the cap), on a GPU they go to 10⁶.
+
+`--large` measures instead the batches of 65,536 and 10⁶ trajectories through
+`jaxdae.batch_map` in chunks (`--chunk`, default 4096 rows per device; `ensemble=True` for
+the ensemble rows, each chunk one ensemble), on one device and sharded over one CPU device
+per core: two calls per row (the first compiles), the second timed; the peak memory of the
+process is reported at the end (≈ 10 min on 2 cores).
 Every repetition times every tool at every size in turn (interleaved); figures are medians.
 With `--unrolled` the jaxdae rows use `solver=jaxdae.UnrolledERK(diffrax.Tsit5())` instead of
 diffrax's `Tsit5` (the stages written out; see `experiments/bench_unrolled.py`).
 
     python experiments/bench_batch.py [--quick] [--out output] [--max-batch N] [--unrolled]
+    python experiments/bench_batch.py --large [--chunk 4096] [--sizes 65536,1000000]
 """
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
@@ -64,8 +72,8 @@ def cast(tree, dtype):
         lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, tree)
 
 
-def jaxdae_batch(dtype, solver=None):
-    """`(forward, loss)`: batched final `q` and the mean batch loss, gains as arguments."""
+def jaxdae_solve(dtype, solver=None):
+    """One trajectory's `Solution` as a function of `(params, q0, v0)`."""
     system = cast(TwoLinkManipulator(), dtype)
     rtol, atol = TOLERANCES[jnp.dtype(dtype).name]
 
@@ -73,6 +81,15 @@ def jaxdae_batch(dtype, solver=None):
         alpha, kd, kp = params
         return jaxdae.simulate(system, jaxdae.ModifiedLagrange(alpha, kd, kp), 0.0, T1, q0, v0,
                                rtol=rtol, atol=atol, solver=solver)
+
+    return solve
+
+
+def jaxdae_batch(dtype, solver=None):
+    """`(forward, loss)`: batched final `q` and the mean batch loss, gains as arguments."""
+    system = cast(TwoLinkManipulator(), dtype)
+    rtol, atol = TOLERANCES[jnp.dtype(dtype).name]
+    solve = jaxdae_solve(dtype, solver)
 
     def forward(params, q0, v0):
         return jax.vmap(lambda q, v: solve(params, q, v).q_final)(q0, v0)
@@ -265,6 +282,75 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
     return {"headline": headline, "table": lines}
 
 
+def large_batches(out: Path, sizes: list[int], chunk: int, unrolled: bool = False) -> dict:
+    """Throughput of chunked batches through `jaxdae.batch_map` (`--large`)."""
+    folder = output_dir(out, NAME)
+    solver = jaxdae.UnrolledERK(diffrax.Tsit5()) if unrolled else None
+    cpus = jax.devices()
+    mesh = jax.make_mesh((len(cpus),), ("batch",)) if len(cpus) > 1 else None
+    qs, vs = _peers.perturbed_states(max(sizes))
+    rows = {}
+    for dname in ("float64", "float32"):
+        dtype = jnp.dtype(dname)
+        params = params_of(dtype)
+        for kind, (forward, _) in jaxdae_batch(dtype, solver).items():
+            ensemble = kind == "ensemble"
+            # One function object per row: batch_map's compiled program is cached on it.
+            solve = jaxdae_solve(dtype, solver)
+            fn = eqx.Partial(forward if ensemble else
+                             lambda params, q, v: solve(params, q, v).q_final, params)
+            for devices in (None, mesh) if mesh is not None else (None,):
+                label = (f"jaxdae {'ensemble ' if ensemble else ''}{dname}"
+                         + ("" if devices is None else f" sharded ×{devices.size}"))
+                for size in sizes:
+                    q0, v0 = jnp.asarray(qs[:size], dtype), jnp.asarray(vs[:size], dtype)
+                    calls = []
+                    for _ in range(2):
+                        start = time.perf_counter()
+                        jax.block_until_ready(jaxdae.batch_map(
+                            fn, q0, v0, chunk_size=chunk, mesh=devices, ensemble=ensemble))
+                        calls.append(time.perf_counter() - start)
+                    rows[(label, size)] = calls
+                    print(f"  {label} {size:,}: {calls[1]:.1f} s ({size / calls[1]:,.0f} "
+                          f"traj/s; first call {calls[0]:.1f} s)", file=sys.stderr, flush=True)
+    # CasADi's threaded map at the largest size of the default run, for the ratio.
+    cas = {}
+    for dname in ("float64", "float32"):
+        rtol, atol = TOLERANCES[dname]
+        integrator, _ = casadi_integrator("adams", rtol=rtol, atol=atol)
+        mapped, map_mode = casadi_map(integrator, 4096)
+        x = np.concatenate([qs[:4096], vs[:4096]], axis=1).T
+        start = time.perf_counter()
+        mapped(x0=x, p=np.tile(_peers.PARAMS[:, None], (1, 4096)))
+        cas[dname] = 4096 / (time.perf_counter() - start)
+    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB on Linux
+    lines = [
+        f"Two-link, ModifiedLagrange(10, [20, 10], [100, 25]), t ∈ [0, {T1:g}]; device "
+        f"{device_name()}; `jaxdae.batch_map(..., chunk_size={chunk})` (rows per device and "
+        "chunk; ensemble rows with `ensemble=True`: one `simulate_ensemble` per chunk); "
+        "tolerances as in the default run; second of two calls (the first compiles). "
+        f"CasADi map ({map_mode}) at batch 4,096, one call: {cas['float64']:,.0f} traj/s "
+        f"@float64 tol, {cas['float32']:,.0f} @float32 tol. Peak resident memory of the "
+        f"whole run: {peak_gib:.1f} GiB.",
+        "",
+        "| tool | " + " | ".join(f"batch {s:,} [traj/s]" for s in sizes)
+        + " | vs CasADi map | first call at the largest batch [s] |",
+        "| --- |" + " ---: |" * (len(sizes) + 2),
+    ]
+    for label in dict.fromkeys(label for label, _ in rows):
+        rates = [size / rows[(label, size)][1] for size in sizes]
+        ratio = rates[-1] / cas["float32" if "float32" in label else "float64"]
+        lines.append(f"| {label} | " + " | ".join(f"{r:,.0f}" for r in rates)
+                     + f" | {ratio:.0f}× | {rows[(label, sizes[-1])][0]:.1f} |")
+    print("\n".join(lines))
+    write_json(folder / "bench_batch_large.json", {
+        "device": device_name(), "chunk": chunk, "sizes": sizes, "casadi_map": cas,
+        "peak_rss_gib": peak_gib,
+        "calls_s": {f"{k[0]} | {k[1]}": v for k, v in rows.items()},
+    })
+    return {"table": lines}
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("output"))
@@ -273,5 +359,15 @@ if __name__ == "__main__":
                         help="largest batch size (default 4096 on the CPU, 10**6 on a GPU)")
     parser.add_argument("--unrolled", action="store_true",
                         help="jaxdae rows with jaxdae.UnrolledERK(diffrax.Tsit5())")
+    parser.add_argument("--large", action="store_true",
+                        help="chunked batches of 65,536 and 10**6 through jaxdae.batch_map")
+    parser.add_argument("--chunk", type=int, default=4096,
+                        help="with --large: rows per device and chunk")
+    parser.add_argument("--sizes", default="65536,1000000",
+                        help="with --large: comma-separated batch sizes")
     args = parser.parse_args()
-    main(args.out, args.quick, args.max_batch, args.unrolled)
+    if args.large:
+        large_batches(args.out, [int(s) for s in args.sizes.split(",")], args.chunk,
+                      args.unrolled)
+    else:
+        main(args.out, args.quick, args.max_batch, args.unrolled)

@@ -32,13 +32,27 @@ def batch_size_of(args: PyTree) -> int:
     return sizes.pop()
 
 
-def _local_map(fn, args, chunk_size):
-    def one(a):
-        return fn(*a)
+def _rows_of(fn, ensemble: bool):
+    """The function of a chunk of rows: `fn` vmapped over them, or, with `ensemble=True`,
+    `fn` itself (it takes the whole chunk, e.g. a `simulate_ensemble` call), its output
+    checked for the chunk's leading axis."""
+    if not ensemble:
+        return jax.vmap(lambda a: fn(*a))
 
-    if chunk_size is None:
-        return jax.vmap(one)(args)
-    return jax.lax.map(one, args, batch_size=chunk_size)
+    def rows(a):
+        size = batch_size_of(a)
+        out = fn(*a)
+        shapes = [jnp.shape(x) for x in jax.tree.leaves(out) if eqx.is_array_like(x)]
+        if not shapes or any(shape[:1] != (size,) for shape in shapes):
+            raise ValueError(
+                f"With `ensemble=True`, `fn` receives {size} rows at once and must return "
+                "outputs with a leading axis of that size (e.g. a `jaxdae.simulate_ensemble` "
+                f"Solution); got shapes {shapes}. For a function of one row, use "
+                "`ensemble=False`."
+            )
+        return out
+
+    return rows
 
 
 def chunk_layout(size: int, chunk_size: int | None, devices: int) -> tuple[int, int]:
@@ -71,45 +85,51 @@ def _place(x, mesh: Mesh, spec: PartitionSpec):
 
 
 @eqx.filter_jit
-def _batch_map(fn, args, chunk_size, mesh):
+def _batch_map(fn, args, chunk_size, mesh, ensemble=False):
     size = batch_size_of(args)
-    if mesh is None:
-        return _local_map(fn, args, chunk_size)
+    rows = _rows_of(fn, ensemble)
+    if mesh is None and not ensemble:
+        if chunk_size is None:
+            return rows(args)
+        return jax.lax.map(lambda a: fn(*a), args, batch_size=chunk_size)
     # The batch axis is sharded over the mesh and the vmapped program partitioned by XLA
     # (GSPMD): each device runs its slice of every chunk. (`shard_map` would let each device
     # run its own solver loop without meeting the others at every iteration — 1.47× on a
     # forward batch on 2 CPU devices — but inside it reverse-mode gradients of diffrax's
     # checkpointed loops fail in equinox's closure conversion (with `check_vma=False`; with
     # `check_vma=True` already the linearization in `LagrangianSystem.terms` is refused).)
-    mesh = _auto(mesh)
-    spec = batch_spec(mesh)
-    per_step, padded = chunk_layout(size, chunk_size, mesh.size)
+    # An ensemble's chunks are padded (with copies of the last row, which cannot change a
+    # shared step size) rather than run with a smaller remainder, a second compilation.
+    mesh = None if mesh is None else _auto(mesh)
+    spec = None if mesh is None else batch_spec(mesh)
+    devices = 1 if mesh is None else mesh.size
+    per_step, padded = chunk_layout(size, chunk_size, devices)
     args = jax.tree.map(lambda x: _pad(jnp.asarray(x), padded - size), args)
 
-    def one(a):
-        return fn(*a)
+    def place(x, spec):
+        return x if mesh is None else _place(x, mesh, spec)
 
     def chunk(a):
-        a = jax.tree.map(lambda x: _place(x, mesh, spec), a)
-        return jax.tree.map(lambda x: _place(x, mesh, spec), jax.vmap(one)(a))
+        a = jax.tree.map(lambda x: place(x, spec), a)
+        return jax.tree.map(lambda x: place(x, spec), rows(a))
 
     if padded == per_step:
         out = chunk(args)
     else:
         # Device d owns the contiguous rows [d·B/D, (d+1)·B/D) and runs them chunk by chunk:
         # (B,) -> (D, steps, c) -> (steps, D·c), sharded along D·c: no data moves.
-        steps, devices = padded // per_step, mesh.size
+        steps = padded // per_step
         local = per_step // devices
 
         def split(x):
-            x = _place(x, mesh, spec)
+            x = place(x, spec)
             x = x.reshape((devices, steps, local) + x.shape[1:]).swapaxes(0, 1)
-            return _place(x.reshape((steps, per_step) + x.shape[3:]), mesh,
-                          PartitionSpec(None, spec[0]))
+            return place(x.reshape((steps, per_step) + x.shape[3:]),
+                         None if mesh is None else PartitionSpec(None, spec[0]))
 
         def merge(x):
             x = x.reshape((steps, devices, local) + x.shape[2:]).swapaxes(0, 1)
-            return _place(x.reshape((padded,) + x.shape[3:]), mesh, spec)
+            return place(x.reshape((padded,) + x.shape[3:]), spec)
 
         out = jax.tree.map(merge, jax.lax.map(chunk, jax.tree.map(split, args)))
     return jax.tree.map(lambda x: x[:size], out)
@@ -122,6 +142,7 @@ def batch_map(
     mesh: Mesh | None = None,
     checkpoint: str | os.PathLike | None = None,
     progress: bool = True,
+    ensemble: bool = False,
 ) -> PyTree:
     """Maps `fn` over the leading axis of `args`: a batch of simulations, chunked and sharded.
 
@@ -155,6 +176,14 @@ def batch_map(
     or outputs of other shapes is refused. The output is assembled on the host and returned as device arrays (on the
     mesh when given); single-process only.
 
+    **Ensembles** (`ensemble=True`): `fn` receives a whole chunk of rows at once (leading
+    axis `chunk_size` per device, or the whole batch without `chunk_size`) and returns
+    outputs with that leading axis, typically a [`jaxdae.simulate_ensemble`][] call, whose
+    trajectories share their steps. Each chunk is then one ensemble with its own step
+    sequence: a million trajectories run as chunks of a few thousand, with the memory of
+    one chunk. The batch is padded to whole chunks with copies of its last row (a copy
+    does not change a shared step size) and cut back.
+
     The call is jit-compiled; `fn` is part of the cache key, so pass the same function
     object (or an `eqx.Partial` whose array arguments may change) to reuse the compiled
     program. Simulations inside `fn` should use `throw=False` and report failures through
@@ -170,6 +199,7 @@ def batch_map(
     - `checkpoint`: a directory for the chunks' outputs (default: none, one compiled call).
     - `progress`: with `checkpoint`, show a tqdm progress bar over the chunks (if tqdm is
         installed).
+    - `ensemble`: `fn` takes a chunk of rows, not one row (see above).
 
     **Returns:**
 
@@ -177,8 +207,9 @@ def batch_map(
 
     **Raises:**
 
-    `ValueError` if the arguments disagree on the batch size, `chunk_size < 1`, or
-    `checkpoint` holds the chunks of another sweep.
+    `ValueError` if the arguments disagree on the batch size, `chunk_size < 1`,
+    `checkpoint` holds the chunks of another sweep, or, with `ensemble=True`, `fn`'s output
+    lacks the chunk's leading axis.
     """
     if chunk_size is not None and (int(chunk_size) != chunk_size or chunk_size < 1):
         raise ValueError(f"`chunk_size` must be a positive integer or None; got {chunk_size}.")
@@ -188,14 +219,16 @@ def batch_map(
     args = jax.tree.map(_explicit_to_auto, args)
     chunk_size = None if chunk_size is None else int(chunk_size)
     if checkpoint is None:
-        return _batch_map(fn, args, chunk_size, mesh)
-    return _checkpointed_batch_map(fn, args, chunk_size, mesh, Path(checkpoint), progress)
+        return _batch_map(fn, args, chunk_size, mesh, bool(ensemble))
+    return _checkpointed_batch_map(fn, args, chunk_size, mesh, Path(checkpoint), progress,
+                                   bool(ensemble))
 
 
 _SWEEP_FILE = "sweep.json"
 
 
-def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progress: bool):
+def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progress: bool,
+                            ensemble: bool):
     """`batch_map` chunk by chunk from Python, each chunk's output saved in `directory`
     (`chunk_000000.npz`, ...) and reused by a later call with the same sweep."""
     if jax.process_count() > 1:
@@ -211,11 +244,13 @@ def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progres
         return jax.tree.map(lambda x: x[k * per_step:(k + 1) * per_step], args)
 
     # One chunk is one vmap over `per_step` rows (split over the mesh): one compilation.
-    out_shape = eqx.filter_eval_shape(_batch_map, fn, chunk(0), None, mesh)
+    out_shape = eqx.filter_eval_shape(_batch_map, fn, chunk(0), None, mesh, ensemble)
     leaves_shape, treedef = jax.tree.flatten(out_shape)
     name = getattr(getattr(fn, "func", fn), "__qualname__", type(fn).__qualname__)
+    # (`ensemble` enters only when set, so that earlier sweeps keep their fingerprints.)
     identity = fingerprint(args, name, size, per_step,
-                           [(x.shape, x.dtype) for x in leaves_shape])
+                           [(x.shape, x.dtype) for x in leaves_shape],
+                           *(("ensemble",) if ensemble else ()))
     directory.mkdir(parents=True, exist_ok=True)
     meta = directory / _SWEEP_FILE
     if meta.exists():
@@ -235,7 +270,7 @@ def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progres
         for k, path in enumerate(paths):
             if path.exists():
                 continue
-            out = jax.tree.leaves(_batch_map(fn, chunk(k), None, mesh))
+            out = jax.tree.leaves(_batch_map(fn, chunk(k), None, mesh, ensemble))
             tmp = path.with_name(path.stem + ".tmp.npz")
             np.savez(tmp, *[np.asarray(x) for x in out])
             os.replace(tmp, path)

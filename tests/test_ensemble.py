@@ -92,6 +92,31 @@ def test_sharded_ensemble_equals_unsharded():
         ensemble(FORMULATION, *explicit)
 
 
+def test_chunks_of_a_batch_as_ensembles(tmp_path):
+    """`batch_map(..., ensemble=True)`: every chunk is one ensemble, the last one padded
+    with copies of the batch's last row."""
+    q0, v0 = states(6)
+
+    def run(q0, v0):
+        return ensemble(FORMULATION, q0, v0)
+
+    chunked = jaxdae.batch_map(run, q0, v0, chunk_size=4, ensemble=True)  # rows 4 + 2 (+ 2)
+    assert chunked.q.shape == (6, 5, 2)
+    last = [jnp.concatenate([x[4:], x[5:], x[5:]]) for x in (q0, v0)]
+    expected = jnp.concatenate([run(q0[:4], v0[:4]).q, run(*last).q[:2]])
+    np.testing.assert_allclose(chunked.q, expected, rtol=1e-12, atol=1e-14)
+    alone = independent(FORMULATION, q0, v0)
+    np.testing.assert_allclose(chunked.q, alone.q, rtol=0, atol=1e-7)
+    if jax.device_count() >= 4:  # 4 devices x 1 row: 2 steps of 4 rows, saved as they finish
+        mesh = jax.make_mesh((4,), ("batch",))
+        sweep = jaxdae.batch_map(run, q0, v0, chunk_size=1, mesh=mesh, ensemble=True,
+                                 checkpoint=tmp_path, progress=False)
+        assert len(list(tmp_path.glob("chunk_*.npz"))) == 2
+        np.testing.assert_allclose(sweep.q, alone.q, rtol=0, atol=1e-7)
+    with pytest.raises(ValueError, match="`fn` receives 6 rows at once.*got shapes"):
+        jaxdae.batch_map(lambda q, v: run(q, v).q[0], q0, v0, ensemble=True)
+
+
 def test_float32_ensemble():
     q0, v0 = states(4)
     formulation = jaxdae.PseudoInverse(10.0, 25.0)
