@@ -514,8 +514,10 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver,
             False if ts is None else (jnp.any(jnp.diff(ts) < 0) | (ts[0] < t0) | (ts[-1] > t1)
                                       | ~jnp.all(jnp.isfinite(ts))),
         ])])
-        # One branched check, not one per flag: each `error_if` costs compile time.
-        q0 = eqx.branched_error_if(q0, jnp.any(flags), jnp.argmax(flags), messages)
+        # One branched check, not one per flag: each `error_if` costs compile time. It is
+        # threaded through the scalar `t0`: through a sharded `q0`, its `lax.cond` (whose
+        # callback runs on one device) made XLA gather `q0` and partition it again.
+        t0 = eqx.branched_error_if(t0, jnp.any(flags), jnp.argmax(flags), messages)
         if not ensemble:
             q0 = formulation.check_state(system, t0, q0, v0)
     saveat = save_at(t0, t1, ts, stepsize_controller)
