@@ -40,19 +40,24 @@ def _rows_of(fn, ensemble: bool):
         return jax.vmap(lambda a: fn(*a))
 
     def rows(a):
-        size = batch_size_of(a)
         out = fn(*a)
-        shapes = [jnp.shape(x) for x in jax.tree.leaves(out) if eqx.is_array_like(x)]
-        if not shapes or any(shape[:1] != (size,) for shape in shapes):
-            raise ValueError(
-                f"With `ensemble=True`, `fn` receives {size} rows at once and must return "
-                "outputs with a leading axis of that size (e.g. a `jaxdae.simulate_ensemble` "
-                f"Solution); got shapes {shapes}. For a function of one row, use "
-                "`ensemble=False`."
-            )
+        check_ensemble_output(out, batch_size_of(a), "`fn`", "row")
         return out
 
     return rows
+
+
+def check_ensemble_output(output: PyTree, size: int, function: str, row: str) -> None:
+    """With `ensemble=True`, `function` took `size` rows at once: every array of its
+    `output` needs that leading axis (`ValueError` otherwise)."""
+    shapes = [jnp.shape(x) for x in jax.tree.leaves(output) if eqx.is_array_like(x)]
+    if not shapes or any(shape[:1] != (size,) for shape in shapes):
+        raise ValueError(
+            f"With `ensemble=True`, {function} receives {size} {row}s at once and must "
+            "return outputs with a leading axis of that size (e.g. a "
+            f"`jaxdae.simulate_ensemble` Solution); got shapes {shapes}. For a function of "
+            f"one {row}, use `ensemble=False`."
+        )
 
 
 def chunk_layout(size: int, chunk_size: int | None, devices: int) -> tuple[int, int]:

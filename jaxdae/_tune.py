@@ -14,7 +14,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ._batch import _batch_map, _pad, _place, batch_size_of, batch_spec, chunk_layout
+from ._batch import (
+    _batch_map, _pad, _place, batch_size_of, batch_spec, check_ensemble_output, chunk_layout,
+)
 from ._custom_types import Array, PyTree
 from ._parametrization import unwrap
 from ._persist import atomic_write_text, fingerprint as run_fingerprint, progress_bar
@@ -98,15 +100,8 @@ def _ensemble_value_and_grad(trainable, static, simulate_fn, loss, penalty, scen
     def chunk_loss(trainable):
         model = unwrap(eqx.combine(trainable, static))
         output = simulate_fn(model, scenarios)
-        size = weights.shape[0]
-        shapes = [jnp.shape(x) for x in jax.tree.leaves(output) if eqx.is_array_like(x)]
-        if not shapes or any(shape[:1] != (size,) for shape in shapes):
-            raise ValueError(
-                f"With `ensemble=True`, `simulate_fn(model, scenarios)` receives {size} "
-                "scenarios at once and must return one output with a leading axis of that "
-                f"size (e.g. a `jaxdae.simulate_ensemble` Solution); got shapes {shapes}. "
-                "For a function of one scenario, use `ensemble=False`."
-            )
+        check_ensemble_output(output, weights.shape[0], "`simulate_fn(model, scenarios)`",
+                              "scenario")
         values = jax.vmap(loss)(output)
         return jnp.sum(weights * values), (values, _is_failed(output))
 
