@@ -248,7 +248,8 @@ def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progres
     def chunk(k):
         return jax.tree.map(lambda x: x[k * per_step:(k + 1) * per_step], args)
 
-    # One chunk is one vmap over `per_step` rows (split over the mesh): one compilation.
+    # One chunk is one vmap (or one ensemble) over `per_step` rows (split over the mesh):
+    # one compilation.
     out_shape = eqx.filter_eval_shape(_batch_map, fn, chunk(0), None, mesh, ensemble)
     leaves_shape, treedef = jax.tree.flatten(out_shape)
     name = getattr(getattr(fn, "func", fn), "__qualname__", type(fn).__qualname__)
