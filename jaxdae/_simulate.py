@@ -17,6 +17,7 @@ from ._nonholonomic import is_not_affine
 from ._scalarize import scalarize
 from ._sharding import explicit_to_auto, is_explicitly_sharded
 from ._solution import RESULTS, SimulationError, Solution, failure_message
+from ._solvers import AbstractWrappedSolver
 from ._system import AbstractSystem, cast_floating
 
 
@@ -77,9 +78,58 @@ def _vector_field(t, y, args):
 
 
 def _ensemble_vector_field(t, y, args):
-    system, formulation = args
+    system, formulation, *stopped = args
     q, v = y
-    return jax.vmap(_rates, in_axes=(None, None, None, 0, 0))(system, formulation, t, q, v)
+    rates = jax.vmap(_rates, in_axes=(None, None, None, 0, 0))(system, formulation, t, q, v)
+    if stopped:  # `_StopFailedTrajectories`: stopped rows stand still
+        rates = _where_rows(stopped[0], jax.tree.map(jnp.zeros_like, rates), rates)
+    return rates
+
+
+def _where_rows(rows, a, b):
+    """`a` in the rows (leading axis) where `rows` is true, else `b`."""
+    return jax.tree.map(
+        lambda x, y: jnp.where(rows.reshape((-1,) + (1,) * (x.ndim - 1)), x, y), a, b)
+
+
+class _StopFailedTrajectories(AbstractWrappedSolver):
+    """The solver of an ensemble whose formulation can fail: a trajectory that fails stops
+    alone, and the others go on.
+
+    After every step the formulation's `failure` is evaluated for each trajectory at the
+    step's end, as `simulate`'s `diffrax.Event` does for one trajectory. A trajectory that
+    fails keeps that state: from then on its rates are zero (so its stages stay at its
+    state and it no longer constrains the step size) and the time of the failure is kept
+    in the solver state, `(inner_state, t_failed, failure_values)` (`inf` for the
+    trajectories that have not failed). A rejected step's failures go with it (diffrax keeps the previous solver
+    state).
+    """
+
+    solver: diffrax.AbstractSolver
+
+    def init(self, terms, t0, t1, y0, args):
+        t_failed = jnp.full(y0[0].shape[:1], jnp.inf, jnp.result_type(t0))
+        return self.solver.init(terms, t0, t1, y0, args), t_failed, _failure_rows(t0, y0, args)
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        inner, t_failed, last = solver_state
+        stopped = jnp.isfinite(t_failed)
+        y1, y_error, dense_info, inner, result = self.solver.step(
+            terms, t0, t1, y0, args + (stopped,), inner, made_jump)
+        # A first-same-as-last stage stored before the stop still holds the old rate.
+        y1 = _where_rows(stopped, y0, y1)
+        y_error = _where_rows(stopped, jax.tree.map(jnp.zeros_like, y_error), y_error)
+        value = _failure_rows(t1, y1, args)
+        # As `diffrax.Event`: a flag, or a real value that changed sign.
+        failing = value if value.dtype == bool else jnp.sign(value) != jnp.sign(last)
+        failing = failing & ~stopped
+        t_failed = jnp.where(failing, jnp.asarray(t1, t_failed.dtype), t_failed)
+        return y1, y_error, dense_info, (inner, t_failed, value), result
+
+
+def _failure_rows(t, y, args):
+    system, formulation = args
+    return jax.vmap(_failure, in_axes=(None, None, None, 0, 0))(system, formulation, t, *y)
 
 
 def worst_trajectory_rms(y) -> Array:
@@ -356,9 +406,18 @@ def simulate_ensemble(
     `jax.vmap(simulate)` (or [`jaxdae.batch_map`][]) takes fewer steps in all.
 
     Gains and system parameters are shared by the ensemble (batch them with
-    `jax.vmap(simulate)`); `stats` and `result` are shared too (repeated per trajectory).
-    Works under `jax.jit` and `jax.grad`; shard `q0` and `v0` over devices
+    `jax.vmap(simulate)`); `stats` are shared too (repeated per trajectory). Works under
+    `jax.jit` and `jax.grad`; shard `q0` and `v0` over devices
     (`jax.device_put(q0, jaxdae.batch_sharding(mesh))`) to split the ensemble.
+
+    A formulation that stops at singular configurations ([`jaxdae.Baumgarte`][],
+    [`jaxdae.Unstabilized`][], [`jaxdae.CoupledPerturbation`][],
+    [`jaxdae.RedundantCoordinates`][]) stops each trajectory alone: its failure is checked
+    at the end of every step, as `simulate` does, and a trajectory that fails keeps its
+    state from then on while the others go on. Its row of the `Solution` is what
+    `simulate` returns for it (its `result` names the failure, `t_final` and `q_final`
+    are where it stopped, later saved times are `inf`); the steps are shared, so they are
+    smaller near every trajectory's failure.
 
     **Arguments:**
 
@@ -375,11 +434,8 @@ def simulate_ensemble(
 
     **Raises:**
 
-    As [`jaxdae.simulate`][] (a bad initial state is reported with its row), and
-    `ValueError` for a formulation that can stop at a singular configuration
-    ([`jaxdae.Baumgarte`][], [`jaxdae.Unstabilized`][], [`jaxdae.CoupledPerturbation`][],
-    [`jaxdae.RedundantCoordinates`][]): one trajectory's failure would stop all of them,
-    so those run with `jax.vmap(simulate)` or [`jaxdae.batch_map`][].
+    As [`jaxdae.simulate`][]: a bad initial state is reported with its row, and with
+    `throw=True` the first trajectory that failed is named.
     """
     return _run(system, formulation, t0, t1, q0, v0, ts, ensemble=True, solver=solver,
                 stepsize_controller=stepsize_controller, dt0=dt0, rtol=rtol, atol=atol,
@@ -419,14 +475,6 @@ def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_
         formulation = _check_structure(system, formulation, t0, lane, lane)
     else:
         formulation = _check_structure(system, formulation, t0, q0, v0)
-    if ensemble and formulation.can_fail:
-        raise ValueError(
-            f"`simulate_ensemble` cannot run `{type(formulation).__name__}`: it stops at "
-            "singular configurations, and one trajectory's stop would end the whole "
-            "ensemble. Use `jax.vmap(jaxdae.simulate)` or `jaxdae.batch_map`, which step "
-            "every trajectory on its own, or a formulation that runs through singular "
-            "configurations (`ModifiedLagrange`, `PseudoInverse`)."
-        )
     if is_concrete(formulation):
         formulation.check_values()
 
@@ -468,8 +516,11 @@ def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_
         check_inputs=not eager,
     )
     if throw:
-        # An ensemble's result is one value repeated per trajectory.
-        sol = raise_failure(sol, jax.tree.map(lambda x: x[0], sol.result) if ensemble else None)
+        result = None
+        if ensemble:  # the first trajectory that failed, if any
+            first = jnp.argmax(sol.result != RESULTS.successful)
+            result = jax.tree.map(lambda x: x[first], sol.result)
+        sol = raise_failure(sol, result)
     return sol
 
 
@@ -520,9 +571,17 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver,
         t0 = eqx.branched_error_if(t0, jnp.any(flags), jnp.argmax(flags), messages)
         if not ensemble:
             q0 = formulation.check_state(system, t0, q0, v0)
+    if ensemble:  # traced, row by row (eagerly it would be one call per row)
+        q0 = jax.vmap(formulation.check_state, in_axes=(None, None, 0, 0))(system, t0, q0, v0)
     saveat = save_at(t0, t1, ts, stepsize_controller)
-    failures = [formulation.failure_result] if formulation.can_fail else []
-    event = solve_event([_failure_event] if formulation.can_fail else [], stepsize_controller)
+    # An ensemble's trajectories stop one by one; one trajectory's solve stops at an event.
+    stops_rows = ensemble and formulation.can_fail
+    if stops_rows:
+        solver = _StopFailedTrajectories(solver)
+        saveat = eqx.tree_at(lambda s: s.solver_state, saveat, True)
+    stops = formulation.can_fail and not ensemble
+    failures = [formulation.failure_result] if stops else []
+    event = solve_event([_failure_event] if stops else [], stepsize_controller)
     out = diffrax.diffeqsolve(
         diffrax.ODETerm(_ensemble_vector_field if ensemble else _vector_field),
         solver,
@@ -541,13 +600,31 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver,
     result = event_result(out, failures)
     reached = out.result == diffrax.RESULTS.successful
 
-    def solution(q0, v0, ys):
-        return _solution(system, formulation, t0, ts, q0, v0, ys, out.ts, reached, result,
+    if not ensemble:
+        return _solution(system, formulation, t0, ts, q0, v0, out.ys, out.ts, reached, result,
                          out.stats)
 
+    def trajectory(q0, v0, ys, t_failed):
+        failed = jnp.isfinite(t_failed)
+        ts_saved, ys = _cut_at(ts, out.ts, ys, t_failed)
+        return _solution(system, formulation, t0, ts, q0, v0, ys, ts_saved, reached & ~failed,
+                         RESULTS.where(failed, formulation.failure_result, result), out.stats)
+
     # Saved states are (time, trajectory, coordinate) in an ensemble: one trajectory each.
-    return jax.vmap(solution, in_axes=(0, 0, 1))(q0, v0, out.ys) if ensemble else solution(
-        q0, v0, out.ys)
+    t_failed = out.solver_state[1] if stops_rows else jnp.full(q0.shape[:1], jnp.inf, t1.dtype)
+    return jax.vmap(trajectory, in_axes=(0, 0, 1, 0))(q0, v0, out.ys, t_failed)
+
+
+def _cut_at(ts, ts_saved, ys, t_failed):
+    """One ensemble trajectory's saved times and states as a solve stopped at `t_failed`
+    (`inf`: not stopped) would have saved them: `inf` after it, the end time `t_failed`."""
+    if ts is None:  # [t0, t_end]; the state saved at the end is the stopped state
+        return ts_saved.at[1].min(t_failed), ys
+    (ts_requested, ts_end), ((q, v), final) = ts_saved, ys
+    late = ts_requested > t_failed
+    q, v = (jnp.where(late[:, None], jnp.inf, x) for x in (q, v))
+    return (jnp.where(late, jnp.inf, ts_requested), jnp.minimum(ts_end, t_failed)), (
+        (q, v), final)
 
 
 def step_options(stepsize_controller, dt0, rtol, atol, dtype, norm=optx.rms_norm):

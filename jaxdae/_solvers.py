@@ -1,6 +1,7 @@
 """An explicit Runge–Kutta solver with its stages written out, for batched solves."""
 
 import diffrax
+import equinox as eqx
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,35 @@ def _combine(base: PyTree[Array], weights, ks: list) -> PyTree[Array]:
                         base, *(k for _, k in terms))
 
 
-class UnrolledERK(diffrax.AbstractAdaptiveSolver):
+class AbstractWrappedSolver(diffrax.AbstractAdaptiveSolver):
+    """A solver that computes its steps its own way around a wrapped diffrax `solver`,
+    from which it takes everything else (terms, interpolation, order, vector field)."""
+
+    solver: eqx.AbstractVar[diffrax.AbstractSolver]
+
+    @property
+    def term_structure(self):
+        return self.solver.term_structure
+
+    @property
+    def term_compatible_contr_kwargs(self):
+        return self.solver.term_compatible_contr_kwargs
+
+    @property
+    def interpolation_cls(self):  # pyright: ignore
+        return self.solver.interpolation_cls
+
+    def order(self, terms):
+        return self.solver.order(terms)
+
+    def error_order(self, terms):
+        return self.solver.error_order(terms)
+
+    def func(self, terms, t0, y0, args):
+        return self.solver.func(terms, t0, y0, args)
+
+
+class UnrolledERK(AbstractWrappedSolver):
     """Wraps a diffrax explicit Runge–Kutta solver (`Tsit5`, `Dopri5`, `Bosh3`, `Heun`, …)
     and computes its steps with the stages written out one after the other, instead of in
     diffrax's loop over stages. Same tableau, error estimate, dense output and
@@ -55,27 +84,6 @@ class UnrolledERK(diffrax.AbstractAdaptiveSolver):
                 "tableau (e.g. `diffrax.Tsit5()`, `diffrax.Dopri5()`, `diffrax.Heun()`); got "
                 f"{described(self.solver)}. Pass other solvers to `simulate` directly."
             )
-
-    @property
-    def term_structure(self):
-        return self.solver.term_structure
-
-    @property
-    def term_compatible_contr_kwargs(self):
-        return self.solver.term_compatible_contr_kwargs
-
-    @property
-    def interpolation_cls(self):  # pyright: ignore
-        return self.solver.interpolation_cls
-
-    def order(self, terms):
-        return self.solver.order(terms)
-
-    def error_order(self, terms):
-        return self.solver.error_order(terms)
-
-    def func(self, terms, t0, y0, args):
-        return self.solver.func(terms, t0, y0, args)
 
     def _fsal(self, terms, t0, t1, y0, args) -> bool:
         # As diffrax: reusing the last stage needs the vector field itself, not `vf_prod`.

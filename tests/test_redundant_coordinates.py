@@ -128,6 +128,16 @@ def test_singular_configuration_during_motion_is_named():
     sol = _simulate(pend, formulation, q0, v0, throw=False)
     assert sol.result == jaxdae.RESULTS.singular_dependent_jacobian
     assert 0.0 < float(sol.t_final) < 1.5
+    # In an ensemble it stops alone (the real-valued failure changes sign, as for the
+    # event of one solve); a small swing next to it runs to the end.
+    small = pend.state_from_angle(0.3, 0.0)
+    both = jaxdae.simulate_ensemble(pend, formulation, 0.0, 1.5, jnp.stack([q0, small[0]]),
+                                    jnp.stack([v0, small[1]]), ts=TS, throw=False)
+    assert both.result._value.tolist() == [sol.result._value, 0]
+    np.testing.assert_allclose(both.t_final, [sol.t_final, 1.5], rtol=1e-6)
+    assert np.array_equal(np.isinf(both.q[0]), np.isinf(sol.q))
+    np.testing.assert_allclose(both.q[0][np.isfinite(sol.q)], sol.q[np.isfinite(sol.q)],
+                               atol=1e-7)
     assert abs(float(sol.q_final[1])) < 0.05
 
 
