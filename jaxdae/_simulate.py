@@ -101,8 +101,8 @@ class _StopFailedTrajectories(AbstractWrappedSolver):
     fails keeps that state: from then on its rates are zero (so its stages stay at its
     state and it no longer constrains the step size) and the time of the failure is kept
     in the solver state, `(inner_state, t_failed, failure_values)` (`inf` for the
-    trajectories that have not failed). A rejected step's failures go with it (diffrax keeps the previous solver
-    state).
+    trajectories that have not failed). A rejected step's failures go with it (diffrax
+    keeps the previous solver state).
     """
 
     solver: diffrax.AbstractSolver

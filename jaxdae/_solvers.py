@@ -1,4 +1,5 @@
-"""An explicit Runge–Kutta solver with its stages written out, for batched solves."""
+"""Solvers around a diffrax solver: the base that delegates to it, and an explicit
+Runge–Kutta solver with its stages written out, for batched solves."""
 
 import diffrax
 import equinox as eqx
