@@ -93,9 +93,10 @@ def _scenario_value_and_grad(trainable, static, simulate_fn, loss, penalty, scen
 def _ensemble_value_and_grad(trainable, static, simulate_fn, loss, penalty, scenarios,
                              weights):
     """A chunk of scenarios simulated together (e.g. by `simulate_ensemble`): their losses
-    and the gradient of `Σ weights_i loss_i`. The scenarios share one solve, so they fail
-    together: any failed scenario, or a non-finite loss or gradient, gives every scenario
-    of the chunk `penalty` and the chunk a zero gradient."""
+    and the gradient of `Σ weights_i loss_i` over the scenarios that succeeded with a
+    finite loss. The others count as `penalty`, as with `vmap`. They share the solve,
+    though: if the chunk's gradient is not finite all the same, every scenario of the
+    chunk counts as `penalty` and the chunk gives a zero gradient."""
 
     def chunk_loss(trainable):
         model = unwrap(eqx.combine(trainable, static))
@@ -103,14 +104,16 @@ def _ensemble_value_and_grad(trainable, static, simulate_fn, loss, penalty, scen
         check_ensemble_output(output, weights.shape[0], "`simulate_fn(model, scenarios)`",
                               "scenario")
         values = jax.vmap(loss)(output)
-        return jnp.sum(weights * values), (values, _is_failed(output))
+        kept = ~_is_failed(output) & jnp.isfinite(values)
+        return jnp.sum(jnp.where(kept, weights * values, 0.0)), (values, kept)
 
-    (_, (values, failed)), grads = eqx.filter_value_and_grad(chunk_loss, has_aux=True)(
+    (_, (values, kept)), grads = eqx.filter_value_and_grad(chunk_loss, has_aux=True)(
         trainable)
-    ok = ~jnp.any(failed) & jnp.all(jnp.isfinite(values)) & _all_finite(grads)
+    finite = _all_finite(grads)
+    ok = kept & finite
     values = jnp.where(ok, values, penalty.astype(jnp.result_type(values)))
-    grads = jax.tree.map(lambda g: jnp.where(ok, g, jnp.zeros_like(g)), grads)
-    return values, grads, jnp.broadcast_to(ok, values.shape)
+    grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
+    return values, grads, ok
 
 
 def _ensemble_map(fn, scenarios, chunk_size, mesh):
@@ -344,8 +347,10 @@ def tune(
         (it is vmapped over that axis). One solve and one reverse pass per chunk instead of
         one per scenario: the batch-loss gradient over 256 two-link initial states took
         0.107 s as an ensemble against 0.188 s with `vmap` (`experiments/bench_batch.py`,
-        2-core CPU). Scenarios that share a solve fail together: a failed or non-finite
-        scenario gives its whole chunk the penalty and a zero gradient.
+        2-core CPU). A failed or non-finite scenario counts as `failure_penalty` and
+        gives no gradient, as with `vmap`; the other scenarios of its chunk still do,
+        unless the chunk's gradient is not finite all the same (the solve is shared):
+        then the whole chunk counts as the penalty and gives a zero gradient.
     - `checkpoint`: a directory for checkpoints (default: none).
     - `checkpoint_every`: checkpoint period in steps.
     - `resume`: resume from the checkpoint in `checkpoint` if there is one.

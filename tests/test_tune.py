@@ -134,7 +134,7 @@ def _sqrt_ensemble(model, targets):
     return jnp.sqrt(model.kd - targets)  # the batch at once
 
 
-def test_ensemble_chunks_fail_together():
+def test_ensemble_chunks_fail_together_when_the_gradient_is_not_finite():
     params = jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
     targets = jnp.array([0.0, 0.5, 5.0])
     kwargs = dict(optimizer=OPTIMIZER, steps=1, failure_penalty=10.0, progress=False,
@@ -147,7 +147,8 @@ def test_ensemble_chunks_fail_together():
     reference = jaxdae.tune(params, _sqrt_model, targets, lambda x: x, optimizer=OPTIMIZER,
                             steps=1, failure_penalty=10.0, progress=False)
     np.testing.assert_allclose(chunked.model.kd, reference.model.kd, rtol=1e-12)
-    # One chunk: the failure takes the whole batch, and no gradient is applied.
+    # One chunk: the nan scenario's gradient poisons the chunk's (a shared solve), so
+    # the failure takes the whole batch, and no gradient is applied.
     whole = jaxdae.tune(params, _sqrt_ensemble, targets, lambda x: x, **kwargs)
     assert whole.history["num_failed"] == [3]
     assert whole.history["scenario_loss"] == [10.0] and whole.history["grad_norm"] == [0.0]
@@ -156,6 +157,34 @@ def test_ensemble_chunks_fail_together():
     with pytest.raises(ValueError, match="leading axis of that size.*ensemble=False"):
         jaxdae.tune(params, lambda model, targets: jnp.sum(model.kd * targets), targets,
                     lambda x: x, **kwargs)
+
+
+class _Flagged(eqx.Module):
+    """An output with per-scenario success flags, as a `Solution` has."""
+
+    value: jax.Array
+    succeeded: jax.Array
+
+
+def _flagged(model, targets):
+    # Targets above 2 "fail" with a finite value, as a trajectory that stops alone in
+    # `simulate_ensemble` does; works for one scenario and for a batch at once.
+    return _Flagged(model.kd * targets, targets < 2.0)
+
+
+def test_ensemble_scenario_fails_alone():
+    """A failed scenario with a finite gradient counts as the penalty and gives no
+    gradient; the other scenarios of its chunk still tune, exactly as with `vmap`."""
+    params = jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
+    targets = jnp.array([0.5, 1.0, 5.0])
+    kwargs = dict(optimizer=OPTIMIZER, steps=1, failure_penalty=10.0, progress=False)
+    together = jaxdae.tune(params, _flagged, targets, lambda out: out.value, ensemble=True,
+                           **kwargs)
+    alone = jaxdae.tune(params, _flagged, targets, lambda out: out.value, **kwargs)
+    assert together.history["num_failed"] == alone.history["num_failed"] == [1]
+    np.testing.assert_allclose(together.history["scenario_loss"][0], (1.5 + 10.0) / 3)
+    assert together.history["grad_norm"][0] > 0
+    np.testing.assert_allclose(together.model.kd, alone.model.kd, rtol=1e-12)
 
 
 def test_ensemble_tuning_matches_vmap():
