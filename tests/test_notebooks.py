@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
-# The longest notebooks (on a clean checkout: paper 002 ≈ 60 s); `make test-slow` runs them.
-SLOW: set[str] = {"paper_000_redundant_coordinates", "paper_002_adaptive_optics", "tuning"}
+# The longest notebooks (on a clean checkout: paper 002 ≈ 60 s), and those of papers 001 and
+# 003 (≈ 20 s each; their experiments' methods are tested in test_hamiltonian.py and
+# test_realizing_forces.py); `make test-slow` runs them.
+SLOW: set[str] = {"paper_000_redundant_coordinates", "paper_001_hamiltonian",
+                  "paper_002_adaptive_optics", "paper_003_realizing_forces", "tuning"}
 
 
 def _params():
