@@ -18,15 +18,15 @@ shared step sequence, "ensemble" rows):
 
 The device is detected (`jax.devices()`); on the CPU the batch sizes stop at 4096 by
 default (≈ 1–4 s per call on 2 cores; `--max-batch` raises the cap), on a GPU they go to 10⁶.
+Every repetition times every tool at every size in turn (interleaved); figures are medians.
+With `--unrolled` the jaxdae rows use `solver=jaxdae.UnrolledERK(diffrax.Tsit5())` instead of
+diffrax's `Tsit5` (the stages written out; see `experiments/bench_unrolled.py`).
 
 `--large` measures instead the batches of 65,536 and 10⁶ trajectories through
 `jaxdae.batch_map` in chunks (`--chunk`, default 4096 rows per device; `ensemble=True` for
 the ensemble rows, each chunk one ensemble), on one device and sharded over one CPU device
 per core: two calls per row (the first compiles), the second timed; the peak memory of the
-process is reported at the end (≈ 10 min on 2 cores).
-Every repetition times every tool at every size in turn (interleaved); figures are medians.
-With `--unrolled` the jaxdae rows use `solver=jaxdae.UnrolledERK(diffrax.Tsit5())` instead of
-diffrax's `Tsit5` (the stages written out; see `experiments/bench_unrolled.py`).
+process is reported at the end (≈ 11 min on 2 cores).
 
     python experiments/bench_batch.py [--quick] [--out output] [--max-batch N] [--unrolled]
     python experiments/bench_batch.py --large [--chunk 4096] [--sizes 65536,1000000]
@@ -293,10 +293,10 @@ def large_batches(out: Path, sizes: list[int], chunk: int, unrolled: bool = Fals
     for dname in ("float64", "float32"):
         dtype = jnp.dtype(dname)
         params = params_of(dtype)
+        solve = jaxdae_solve(dtype, solver)
         for kind, (forward, _) in jaxdae_batch(dtype, solver).items():
             ensemble = kind == "ensemble"
-            # One function object per row: batch_map's compiled program is cached on it.
-            solve = jaxdae_solve(dtype, solver)
+            # One function object per kind: batch_map's compiled programs are cached on it.
             fn = eqx.Partial(forward if ensemble else
                              lambda params, q, v: solve(params, q, v).q_final, params)
             for devices in (None, mesh) if mesh is not None else (None,):

@@ -178,8 +178,8 @@ def batch_map(
     again with the same function and arguments after an interruption computes only the
     chunks that are missing, and returns the same values as an uninterrupted run. A
     directory written for another function (by name), other arguments, another chunk size
-    or outputs of other shapes is refused. The output is assembled on the host and returned as device arrays (on the
-    mesh when given); single-process only.
+    or outputs of other shapes is refused. The output is assembled on the host and returned
+    as device arrays (on the mesh when given); single-process only.
 
     **Ensembles** (`ensemble=True`): `fn` receives a whole chunk of rows at once (leading
     axis `chunk_size` per device, or the whole batch without `chunk_size`) and returns
