@@ -4,7 +4,7 @@
 one trajectory and a `jax.vmap` batch of 64 for:
 
 - the Cartesian pendulum under `Baumgarte(10, 25)` over 10 s (its failure check, the
-  reciprocal condition of `J M⁻¹ Jᵀ`, runs at every step);
+  extreme eigenvalues of `J M⁻¹ Jᵀ`, runs at every step);
 - paper 000's Ball & Beam, LQR closed loop on the exact model in redundant coordinates
   (`RedundantCoordinates`, Shulgin's equations) over 20 s, rtol 1e-6;
 - paper 002's adaptive-optics element under `ConstraintEnforcingControl` (poles at −10) over

@@ -57,9 +57,16 @@ def state_rates(system, formulation, t, q, s):
     return system.velocities(t, q, s), system.state_rate(t, q, s, terms, acc)
 
 
-def failure_indicator(system, formulation, t, q, v):
+def failure_indicator(system, formulation, t, q, v, reference):
     """The formulation's `failure` at the state `(q, v)`."""
-    return formulation.failure(_terms(system, t, q, v))
+    return formulation.failure(_terms(system, t, q, v), reference)
+
+
+@eqx.filter_jit
+def _failure_reference(system, formulation, t, q, v):
+    """The formulation's `failure_reference` at the initial state `(q, v)` (evaluated once
+    per solve, so not re-traced as a scalar graph)."""
+    return formulation.failure_reference(_terms(system, t, q, v))
 
 
 _rates = eqx.filter_jit(scalarize(state_rates))
@@ -72,13 +79,13 @@ def _velocities(system, formulation, t, q, v):
 
 
 def _vector_field(t, y, args):
-    system, formulation = args
+    system, formulation, _ = args
     q, v = y
     return _rates(system, formulation, t, q, v)
 
 
 def _ensemble_vector_field(t, y, args):
-    system, formulation, *stopped = args
+    system, formulation, _, *stopped = args
     q, v = y
     rates = jax.vmap(_rates, in_axes=(None, None, None, 0, 0))(system, formulation, t, q, v)
     if stopped:  # `_StopFailedTrajectories`: stopped rows stand still
@@ -128,8 +135,9 @@ class _StopFailedTrajectories(AbstractWrappedSolver):
 
 
 def _failure_rows(t, y, args):
-    system, formulation = args
-    return jax.vmap(_failure, in_axes=(None, None, None, 0, 0))(system, formulation, t, *y)
+    system, formulation, reference = args
+    return jax.vmap(_failure, in_axes=(None, None, None, 0, 0, 0))(
+        system, formulation, t, *y, reference)
 
 
 def worst_trajectory_rms(y) -> Array:
@@ -143,9 +151,9 @@ def worst_trajectory_rms(y) -> Array:
 
 
 def _failure_event(t, y, args, **kwargs):
-    system, formulation = args
+    system, formulation, reference = args
     q, v = y
-    return _failure(system, formulation, t, q, v)
+    return _failure(system, formulation, t, q, v, reference)
 
 
 def non_finite_event(t, y, args, **kwargs):
@@ -580,6 +588,12 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver,
         solver = _StopFailedTrajectories(solver)
         saveat = eqx.tree_at(lambda s: s.solver_state, saveat, True)
     stops = formulation.can_fail and not ensemble
+    reference = None
+    if formulation.can_fail:
+        initial = _failure_reference
+        if ensemble:
+            initial = jax.vmap(initial, in_axes=(None, None, None, 0, 0))
+        reference = jax.lax.stop_gradient(initial(system, formulation, t0, q0, v0))
     failures = [formulation.failure_result] if stops else []
     event = solve_event([_failure_event] if stops else [], stepsize_controller)
     out = diffrax.diffeqsolve(
@@ -589,7 +603,7 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver,
         t1,
         dt0,
         (q0, v0),
-        args=(system, formulation),
+        args=(system, formulation, reference),
         saveat=saveat,
         stepsize_controller=stepsize_controller,
         adjoint=adjoint,

@@ -153,6 +153,32 @@ def test_two_link_baumgarte_stops_at_the_singular_configuration():
     assert np.max(np.abs(ok.phi)) < 0.05
 
 
+class _OneLine(jaxdae.LagrangianSystem):
+    """A point on the line `x = 1` written as `x² − 1 = 0`, whose gradient vanishes at `x = 0`."""
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def constraints(self, t, q):
+        return jnp.array([q[0] ** 2 - 1.0])
+
+
+def test_a_single_vanishing_constraint_gradient_is_named():
+    """`J M⁻¹ Jᵀ = 4x²` is 1 × 1, so its own condition number is 1 all the way to `x = 0`;
+    compared with its value at the start, Baumgarte stops there by name (it used to grind
+    through 100,000 shrinking steps and report `max_steps_reached`). The underdamped gains
+    make `Φ` overshoot from `x0 = 2` (`Φ = 3`) to `Φ = −1`."""
+    system = _OneLine()
+    formulation = jaxdae.Baumgarte(1.0, 25.0)
+    q0, v0 = jnp.array([2.0, 0.0]), jnp.zeros(2)
+    sol = jaxdae.simulate(system, formulation, 0.0, 2.0, q0, v0, throw=False)
+    assert sol.result == jaxdae.RESULTS.singular_constraint_matrix
+    assert int(sol.stats["num_steps"]) < 1000
+    assert abs(float(sol.q_final[0])) < 1e-3
+    with pytest.raises(jaxdae.SimulationError, match=r"singular[\s\S]*t = 0\.42"):
+        jaxdae.simulate(system, formulation, 0.0, 2.0, q0, v0)
+
+
 # -- exact perturbation dynamics ---------------------------------------------------------
 
 

@@ -11,9 +11,9 @@ from .._custom_types import Array, Bool, Float
 from .._gains import apply_gain
 from .._solution import RESULTS
 from .._linalg import (
+    extreme_eigenvalues,
     psd_pseudo_solve,
     spd_operator,
-    reciprocal_condition,
     small_matmul,
     spd_solve,
 )
@@ -45,14 +45,22 @@ class AbstractFormulation(eqx.Module):
     def check_values(self) -> None:
         """Eager checks of concrete gain values (`ValueError`); called by `simulate`."""
 
-    def failure(self, terms: ConstrainedTerms) -> Bool[Array, ""] | Float[Array, ""]:
+    def failure(
+        self, terms: ConstrainedTerms, reference
+    ) -> Bool[Array, ""] | Float[Array, ""]:
         """True where the formulation cannot continue (checked at the end of every step).
 
-        May instead return a real value: the solve then stops where it changes sign
-        between two steps (a diffrax `Event` condition), which also catches a singular
-        configuration stepped over between step ends.
+        `reference` is `failure_reference` at the initial state. May instead return a real
+        value: the solve then stops where it changes sign between two steps (a diffrax
+        `Event` condition), which also catches a singular configuration stepped over
+        between step ends.
         """
         return jnp.array(False)
+
+    def failure_reference(self, terms: ConstrainedTerms):
+        """What `failure` compares with, evaluated once at the initial state (a scale that
+        makes its test relative). Default: `None`."""
+        return None
 
     @property
     def can_fail(self) -> bool:
@@ -85,15 +93,27 @@ class AbstractFormulation(eqx.Module):
 class AbstractExactMultipliers(AbstractFormulation):
     """Formulations whose multipliers solve `(G M⁻¹ Gᵀ) λ = G M⁻¹ Q − s` exactly
     (paper 004, eq. [21]): they cannot continue where `G M⁻¹ Gᵀ` is singular, so the solve stops
-    with `RESULTS.singular_constraint_matrix` when its reciprocal condition number falls below
-    `rcond` (default `sqrt(eps)` of the state's dtype).
+    with `RESULTS.singular_constraint_matrix` when its smallest eigenvalue falls below `rcond`
+    (default `sqrt(eps)` of the state's dtype) times the larger of its largest eigenvalue now
+    and at the initial state. The second makes the test relative also where the whole
+    matrix vanishes, e.g. a single constraint whose gradient vanishes (`G M⁻¹ Gᵀ` is
+    1 × 1, so its own condition number is always 1).
     """
 
     rcond: eqx.AbstractVar[float | None]
 
-    def failure(self, terms):
-        tol = default_rcond(self.rcond, terms.mass_matrix.dtype)
-        return reciprocal_condition(constraint_matrix(terms)) < tol
+    def failure_reference(self, terms):
+        """The largest eigenvalue of `G M⁻¹ Gᵀ` at the initial state."""
+        matrix = constraint_matrix(terms)
+        return extreme_eigenvalues(matrix)[1] if matrix.shape[0] else None
+
+    def failure(self, terms, initial_largest):
+        matrix = constraint_matrix(terms)
+        if matrix.shape[0] == 0:
+            return jnp.array(False)
+        smallest, largest = extreme_eigenvalues(matrix)
+        tol = default_rcond(self.rcond, matrix.dtype)
+        return smallest <= tol * jnp.maximum(largest, initial_largest)
 
     @property
     def can_fail(self):

@@ -84,7 +84,8 @@ class Unstabilized(AbstractExactMultipliers):
     **Arguments:**
 
     - `rcond`: the simulation stops with `RESULTS.singular_constraint_matrix` when the
-        reciprocal condition number of `J M⁻¹ Jᵀ` falls below it. Default `sqrt(eps)`.
+        smallest eigenvalue of `J M⁻¹ Jᵀ` falls below `rcond` times its largest (now or at
+        the initial state, whichever is larger). Default `sqrt(eps)`.
     """
 
     rcond: float | None = None
@@ -117,8 +118,10 @@ class Baumgarte(AbstractExactMultipliers):
         damped `kd = 2k`, `kp = k²`.
     - `kv`: `K_V` for nonholonomic constraints (same forms). Default: `mean(diag K_D) / 2`,
         the rate `k` of a critically damped `K_D`.
-    - `rcond`: reciprocal condition number of `J M⁻¹ Jᵀ` below which the matrix is
-        treated as singular. Default `sqrt(eps)` of the state's dtype.
+    - `rcond`: `J M⁻¹ Jᵀ` is treated as singular when its smallest eigenvalue falls below
+        `rcond` times its largest (now or at the initial state, whichever is larger), so a
+        single constraint whose gradient vanishes is caught too. Default `sqrt(eps)` of the
+        state's dtype.
 
     **Raises:**
 

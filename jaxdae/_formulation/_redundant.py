@@ -234,7 +234,7 @@ class RedundantCoordinates(AbstractFormulation):
         lam = lu_solve(jd.T)(residual)
         return acc, lam
 
-    def failure(self, terms):
+    def failure(self, terms, reference):
         """`sign(det ∂F/∂q_dep) · (ratio − rcond)`: a real-valued event function.
 
         diffrax stops the solve when it changes sign between two steps: when the ratio
