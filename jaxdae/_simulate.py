@@ -192,9 +192,11 @@ def _diagnostics(system, formulation, t, q, s):
             system.velocities(t, q, s), system.momenta(t, q, s))
 
 
-def check_initial_state(system: AbstractSystem, t0, q0, v0) -> tuple[Array, Array]:
-    """The mass matrix at the initial state and one flag per problem in
-    `_INITIAL_STATE_MESSAGES` (used for eager and for traced checks)."""
+def check_initial_state(system: AbstractSystem, formulation, t0, q0, v0
+                        ) -> tuple[Array, Array, Array]:
+    """The mass matrix at the initial state, one flag per problem in
+    `_INITIAL_STATE_MESSAGES` followed by the formulation's `state_problems` flags, and the
+    values those quote (used for eager and for traced checks)."""
     terms = _terms(system, t0, q0, v0)
     mass = terms.mass_matrix
     asym = jnp.max(jnp.abs(mass - mass.T)) > 1e-8 * (1 + jnp.max(jnp.abs(mass)))
@@ -209,7 +211,15 @@ def check_initial_state(system: AbstractSystem, t0, q0, v0) -> tuple[Array, Arra
             if terms.num_nonholonomic else False,
         ]
     )
-    return mass, flags
+    problems, values = formulation.state_problems(system, t0, q0, v0)
+    return mass, jnp.concatenate([flags, problems]), values
+
+
+def _initial_state_message(formulation, problem: int) -> str:
+    """The message of flag `problem` of `check_initial_state`."""
+    if problem < len(_INITIAL_STATE_MESSAGES):
+        return _INITIAL_STATE_MESSAGES[problem]
+    return formulation.state_messages[problem - len(_INITIAL_STATE_MESSAGES)][0]
 
 
 _INITIAL_STATE_MESSAGES = (
@@ -489,25 +499,28 @@ def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_
     eager = is_concrete(system, t0, q0, v0)
     if eager:
         if ensemble:
-            mass, flags = jax.vmap(_check_initial_state_jit, in_axes=(None, None, 0, 0))(
-                system, t0, q0, v0)
+            mass, flags, values = jax.vmap(
+                _check_initial_state_jit, in_axes=(None, None, None, 0, 0))(
+                system, formulation, t0, q0, v0)
             flags = np.asarray(flags)
             row = int(np.argmax(flags.any(axis=1)))
-            mass, flags, where = mass[row], flags[row], f"Trajectory {row} (row of q0, v0): "
+            mass, flags, values = mass[row], flags[row], values[row]
+            where = f"Trajectory {row} (row of q0, v0): "
         else:
-            mass, flags = _check_initial_state_jit(system, t0, q0, v0)
+            mass, flags, values = _check_initial_state_jit(system, formulation, t0, q0, v0)
             flags, where = np.asarray(flags), ""
         if flags.any():
             problem = int(np.argmax(flags))
-            message = where + _INITIAL_STATE_MESSAGES[problem]
+            message = where + _initial_state_message(formulation, problem)
             if problem == 2:
                 mass = np.asarray(mass)
                 lowest = np.linalg.eigvalsh(0.5 * (mass + mass.T))[0] if np.all(
                     np.isfinite(mass)) else np.nan
                 message += f" (lowest eigenvalue of its symmetric part: {lowest:.3g})"
+            elif problem >= len(_INITIAL_STATE_MESSAGES):  # the formulation's
+                own = problem - len(_INITIAL_STATE_MESSAGES)
+                message += f" ({formulation.state_messages[own][1]}: {float(values[own]):.3g})"
             raise ValueError(message)
-        if not ensemble:
-            formulation.check_state(system, t0, q0, v0)
 
     stepsize_controller, dt0 = step_options(
         stepsize_controller, dt0, rtol, atol, dtype,
@@ -561,11 +574,11 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver,
     if check_inputs:
         check = _check_initial_state_jit
         if ensemble:
-            check = jax.vmap(check, in_axes=(None, None, 0, 0))
-        _, flags = check(system, t0, q0, v0)
+            check = jax.vmap(check, in_axes=(None, None, None, 0, 0))
+        _, flags, _ = check(system, formulation, t0, q0, v0)
         if ensemble:
             flags = jnp.any(flags, axis=0)
-        messages = _INITIAL_STATE_MESSAGES + (
+        messages = _INITIAL_STATE_MESSAGES + tuple(m for m, _ in formulation.state_messages) + (
             "`t0` and `t1` must be finite, with `t1` greater than `t0`.",
             "`ts` must be finite, sorted and lie in [t0, t1].")
         flags = jnp.concatenate([flags, jnp.stack([
@@ -577,10 +590,6 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver,
         # threaded through the scalar `t0`: through a sharded `q0`, its `lax.cond` (whose
         # callback runs on one device) made XLA gather `q0` and partition it again.
         t0 = eqx.branched_error_if(t0, jnp.any(flags), jnp.argmax(flags), messages)
-        if not ensemble:
-            q0 = formulation.check_state(system, t0, q0, v0)
-    if ensemble:  # traced, row by row (eagerly it would be one call per row)
-        q0 = jax.vmap(formulation.check_state, in_axes=(None, None, 0, 0))(system, t0, q0, v0)
     saveat = save_at(t0, t1, ts, stepsize_controller)
     # An ensemble's trajectories stop one by one; one trajectory's solve stops at an event.
     stops_rows = ensemble and formulation.can_fail

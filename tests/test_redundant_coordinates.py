@@ -115,8 +115,17 @@ def test_cartesian_pendulum_one_constraint():
 def test_singular_initial_state_raises():
     pend = CartesianPendulum()
     q0, v0 = pend.state_from_angle(np.pi / 2, 0.0)  # y = 0: ∂F/∂y = 2y = 0
-    with pytest.raises(ValueError, match=r"condition \[4\]"):
-        _simulate(pend, jaxdae.RedundantCoordinates(dependent=(1,)), q0, v0)
+    formulation = jaxdae.RedundantCoordinates(dependent=(1,))
+    with pytest.raises(ValueError, match=r"condition \[4\].*\(σ_min/σ_max: [0-9.e-]+\)"):
+        _simulate(pend, formulation, q0, v0)
+    # In an ensemble the row is named; traced, the same check runs with `simulate`'s own.
+    good = pend.state_from_angle(0.3, 0.0)
+    rows = [jnp.stack(pair) for pair in zip(good, (q0, v0))]
+    with pytest.raises(ValueError, match=r"Trajectory 1 \(row of q0, v0\): ∂F/∂q_dep"):
+        jaxdae.simulate_ensemble(pend, formulation, 0.0, 1.0, *rows)
+    with pytest.raises(Exception, match=r"condition \[4\]"):
+        jax.jit(lambda q, v: jaxdae.simulate_ensemble(pend, formulation, 0.0, 1.0, q, v).q)(
+            *rows)
 
 
 def test_singular_configuration_during_motion_is_named():

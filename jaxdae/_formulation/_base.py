@@ -81,13 +81,20 @@ class AbstractFormulation(eqx.Module):
         """
         return v
 
-    def check_state(self, system, t0, q0: Float[Array, " n"], v0: Float[Array, " n"]):
-        """Checks the initial state for this formulation; returns `q0`.
+    @property
+    def state_messages(self) -> tuple[tuple[str, str], ...]:
+        """`(message, name of the value it quotes)` for each flag of `state_problems`."""
+        return ()
 
-        Raises `ValueError` when the values are concrete, wraps `q0` in `eqx.error_if`
-        when traced. Default: no check.
+    def state_problems(
+        self, system, t0, q0: Float[Array, " n"], v0: Float[Array, " n"]
+    ) -> tuple[Bool[Array, " k"], Float[Array, " k"]]:
+        """What is wrong with the initial state for this formulation: `(flags, values)`,
+        with `flags[i]` true where `state_messages[i]` applies and `values[i]` the value it
+        quotes. Array code only: `simulate` evaluates it eagerly (a `ValueError`), traced
+        (with its other input checks) and row by row for ensembles. Default: nothing.
         """
-        return q0
+        return jnp.zeros(0, bool), jnp.zeros(0, jnp.result_type(q0))
 
 
 class AbstractExactMultipliers(AbstractFormulation):

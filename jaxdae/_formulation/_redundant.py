@@ -8,7 +8,6 @@ import numpy as np
 
 from .._checks import check_instance
 from .._custom_types import Array, Float
-from .._gains import is_concrete
 from .._solution import RESULTS
 from .._system import ConstrainedTerms, LagrangianSystem
 from .._linalg import extreme_eigenvalues, spd_solve
@@ -256,7 +255,18 @@ class RedundantCoordinates(AbstractFormulation):
     def failure_result(self):
         return RESULTS.singular_dependent_jacobian
 
-    def check_state(self, system, t0, q0, v0):
+    @property
+    def state_messages(self):
+        return (
+            ("∂F/∂q_dep is singular at q0 (condition [4] of paper 000 fails): the dependent "
+             f"coordinates {self.dependent} cannot be solved for there. Choose other dependent "
+             "coordinates or another initial configuration.", "σ_min/σ_max"),
+            ("q0 violates the geometric constraints (Shulgin's equations keep Φ at its "
+             "initial value); start on the constraint manifold, e.g. with "
+             "`jaxdae.consistent_initial_state`.", "max |Φ(q0)|"),
+        )
+
+    def state_problems(self, system, t0, q0, v0):
         check_instance("system", system, LagrangianSystem,
                        "a `LagrangianSystem` for `RedundantCoordinates` (its state holds "
                        "velocities, from which the dependent ones follow)")
@@ -266,23 +276,7 @@ class RedundantCoordinates(AbstractFormulation):
             system.terms(t0, q0, v0).phi
         )
         ratio = singular_ratio(jd, jac)
-        tol = default_rcond(self.rcond, jd.dtype)
         violation = jnp.max(jnp.abs(phi), initial=0.0)
-        singular_msg = (
-            "∂F/∂q_dep is singular at q0 (condition [4] of paper 000 fails): the dependent "
-            f"coordinates {self.dependent} cannot be solved for there. Choose other dependent "
-            "coordinates or another initial configuration."
-        )
-        violation_msg = (
-            "q0 violates the geometric constraints (Shulgin's equations keep Φ at its "
-            "initial value); start on the constraint manifold, e.g. with "
-            "`jaxdae.consistent_initial_state`."
-        )
-        if is_concrete(ratio, violation):
-            if not float(ratio) >= tol:
-                raise ValueError(f"{singular_msg} (σ_min/σ_max = {float(ratio):.3g}).")
-            if not float(violation) <= self.tol:
-                raise ValueError(f"{violation_msg} (max |Φ(q0)| = {float(violation):.3g}).")
-            return q0
-        q0 = eqx.error_if(q0, ~(ratio >= tol), singular_msg)
-        return eqx.error_if(q0, ~(violation <= self.tol), violation_msg)
+        flags = jnp.stack([~(ratio >= default_rcond(self.rcond, jd.dtype)),
+                           ~(violation <= self.tol)])
+        return flags, jnp.stack([ratio, violation]).astype(q0.dtype)
