@@ -85,7 +85,9 @@ def test_vmap_float32_and_failure_indicator():
     np.testing.assert_allclose(out, RATES(system, formulation, 0.0, q, v)[1], rtol=1e-4)
 
     failure, failure_scalar = _pair(failure_indicator)
-    assert failure(system, formulation, 0.0, q, v) == failure_scalar(system, formulation, 0.0, q, v)
+    reference = formulation.failure_reference(system.terms(0.0, q, v))
+    args = (system, formulation, 0.0, q, v, reference)
+    assert failure(*args) == failure_scalar(*args)
 
 
 def test_produces_a_scalar_graph():
