@@ -180,7 +180,7 @@ def steps(loop: int = 130):
     def stepper(solver):
         """One step from `y`, its first stage evaluated (by `init` or in the stage loop)."""
         def step(formulation, t0, t1, y):
-            args = (system, formulation)
+            args = (system, formulation, None)  # no failure reference
             state = solver.init(term, t0, t1, y, args)
             return solver.step(term, t0, t1, y, args, state, False)[0]
         return step
@@ -189,7 +189,8 @@ def steps(loop: int = 130):
     unrolled_step = stepper(jaxdae.UnrolledERK(diffrax.Tsit5()))
 
     def rhs(formulation, t0, t1, y):
-        return jax.tree.map(lambda y_, f: y_ + 1e-9 * f, y, term.vf(t0, y, (system, formulation)))
+        rates = term.vf(t0, y, (system, formulation, None))
+        return jax.tree.map(lambda y_, f: y_ + 1e-9 * f, y, rates)
 
     def forward(step):
         return jax.jit(lambda f, y: jax.lax.fori_loop(
