@@ -16,7 +16,9 @@ a PID controller) and the loss `Σ q(2)²`, differentiated with respect to the f
 `bench_rhs.py` (third table) found that the vector–Jacobian product of diffrax's Tsit5 step
 costs ≈ 5× the step while the right-hand side's own costs ≈ 3.3× the right-hand side; this
 script measures what is left when only the latter is paid, and where the rest goes (the two
-halves of the reverse sweep timed alone).
+halves of the reverse sweep timed alone). "compile" is trace, lowering and XLA compilation,
+in the order of the table within one process (the traces of the right-hand side that the
+first function makes are reused by the others).
 
     PYTHONPATH=. .venv/bin/python experiments/bench_stage_adjoint.py    # ≈ 1 min
 """
@@ -172,7 +174,8 @@ def main():
     print(f"two-link, t1 = {T1}, {int(stored[2])} accepted steps; minimum of 15 interleaved "
           f"calls; jax {jax.__version__}, diffrax {diffrax.__version__}, "
           f"{jax.devices()[0].platform}")
-    print("\n| function | compile [s] | time [ms] | / forward solve |\n| --- | ---: | ---: | ---: |")
+    print("\n| function | compile [s] | time [ms] | / forward solve |")
+    print("| --- | ---: | ---: | ---: |")
     for name in functions:
         print(f"| {name} | {compile_s[name]:.2f} | {best[name] * 1e3:.3f} | "
               f"{best[name] / best['forward solve']:.2f} |")
