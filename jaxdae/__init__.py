@@ -20,6 +20,7 @@ from ._actuated import (
     consistent_actuated_state as consistent_actuated_state,
     simulate_actuated as simulate_actuated,
 )
+from ._adjoint import ReverseSweepAdjoint as ReverseSweepAdjoint
 from ._analysis import (
     Equilibrium as Equilibrium,
     Linearization as Linearization,

@@ -23,7 +23,8 @@ _ORDER = (
     "test_notebooks.py", "test_core.py", "test_actuated.py", "test_ensemble.py",
     "test_nonholonomic.py", "test_ball_and_beam.py", "test_tune.py",
     "test_redundant_coordinates.py", "test_hamiltonian.py", "test_scalarize.py",
-    "test_realizing_forces.py", "test_batch.py", "test_core_consistency.py", "test_solvers.py",
+    "test_realizing_forces.py", "test_batch.py", "test_adjoint.py", "test_core_consistency.py",
+    "test_solvers.py",
     "test_lqr.py", "test_errors.py",
 )
 

@@ -1,0 +1,84 @@
+"""`jaxdae.ReverseSweepAdjoint` gives the default adjoint's gradients."""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdae
+from jaxdae.examples import CartesianPendulum, TwoLinkManipulator
+
+PENDULUM = CartesianPendulum()
+Q0, V0 = PENDULUM.state_from_angle(0.6, -0.5)
+
+
+def _gradients(loss, adjoint, *args):
+    return jax.jit(jax.grad(lambda *a: loss(*a, adjoint), argnums=tuple(range(len(args)))))(
+        *args)
+
+
+def _assert_same(reference, swept, rtol=1e-9):
+    for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(swept), strict=True):
+        np.testing.assert_allclose(b, a, rtol=rtol, atol=1e-12 * (1 + float(jnp.max(jnp.abs(a)))))
+
+
+def test_same_gradient_as_the_default_adjoint():
+    """Adaptive Tsit5, states saved inside steps (through the dense output) and at the end,
+    the diagnostics, a formulation that can stop: gradients with respect to the gains, the
+    system's parameters and the initial state."""
+    ts = jnp.linspace(0.0, 1.5, 7)
+
+    def loss(system, formulation, q0, v0, adjoint):
+        sol = jaxdae.simulate(system, formulation, 0.0, 1.5, q0, v0, ts=ts, adjoint=adjoint,
+                              max_steps=2048)
+        return (jnp.sum(sol.q**2) + jnp.sum(jnp.sin(sol.v)) + jnp.sum(sol.multipliers)
+                + 10 * jnp.sum(sol.phi**2) + jnp.sum(sol.q_final**3))
+
+    args = (PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 1.05 * Q0, V0)
+    grad = lambda adjoint: eqx.filter_jit(  # noqa: E731
+        eqx.filter_grad(lambda diff: loss(*diff, adjoint)))(args)
+    reference, swept = grad(None), grad(jaxdae.ReverseSweepAdjoint())
+    _assert_same(reference, swept)
+    assert float(jnp.abs(swept[1].kd)) > 0 and float(jnp.abs(swept[0].length)) > 0
+
+
+def test_errors():
+    sweep = jaxdae.ReverseSweepAdjoint()
+    with pytest.raises(ValueError, match="explicit Runge–Kutta.*Kvaerno5"):
+        jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q0, V0,
+                        solver=diffrax.Kvaerno5(), adjoint=sweep)
+    with pytest.raises(ValueError, match="simulate_ensemble"):
+        jaxdae.simulate_ensemble(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q0[None],
+                                 V0[None], adjoint=sweep)
+    with pytest.raises(ValueError, match="not with respect to `t0`, `t1`"):
+        jax.grad(lambda t1: jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, t1,
+                                            Q0, V0, adjoint=sweep).q_final[0])(1.0)
+
+
+@pytest.mark.slow  # two more gradient programs; the default test covers the sweep itself
+def test_fixed_steps_and_a_stopped_solve():
+    """Heun on a constant step with only the end saved; Baumgarte stopping at paper 004's
+    singular configuration (the sweep runs over the steps up to the stop)."""
+    def loss(kd, kp, q0, adjoint, **options):
+        sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(kd, kp), 0.0, 1.0, q0, V0,
+                              adjoint=adjoint, **options)
+        return jnp.sum(sol.q_final**2) + jnp.sum(sol.v_final)
+
+    heun = dict(solver=diffrax.Heun(), stepsize_controller=diffrax.ConstantStepSize(),
+                dt0=0.01)
+    _assert_same(*(_gradients(lambda *a: loss(*a, **heun), adjoint, 10.0, 25.0, Q0)
+                   for adjoint in (None, jaxdae.ReverseSweepAdjoint())))
+
+    arm = TwoLinkManipulator()
+    q0, v0 = arm.initial_state()
+
+    def stopped(kd, kp, q0, adjoint):
+        sol = jaxdae.simulate(arm, jaxdae.Baumgarte(kd, kp), 0.0, 2.0, q0, v0, throw=False,
+                              adjoint=adjoint, max_steps=4096)
+        return jnp.sum(sol.q_final**2)
+
+    gains = (jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0]))
+    _assert_same(*(_gradients(stopped, adjoint, *gains, q0)
+                   for adjoint in (None, jaxdae.ReverseSweepAdjoint())), rtol=1e-7)
