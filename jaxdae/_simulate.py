@@ -252,6 +252,9 @@ def _check_types(system, formulation, solver, stepsize_controller, adjoint, max_
                 "`jaxdae.ReverseSweepAdjoint` differentiates one trajectory's steps; for "
                 "`simulate_ensemble` use the default adjoint, or `jax.vmap(simulate)` with it.")
         explicit_tableau(Tsit5 if solver is None else solver)
+        if max_steps is None:
+            raise ValueError("`jaxdae.ReverseSweepAdjoint` stores every step: pass an integer "
+                             "`max_steps` (the number of steps kept per trajectory).")
         adjoint = None
     check_solve_options(solver, stepsize_controller, adjoint, max_steps)
 

@@ -52,6 +52,9 @@ def test_errors():
     with pytest.raises(ValueError, match="simulate_ensemble"):
         jaxdae.simulate_ensemble(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q0[None],
                                  V0[None], adjoint=sweep)
+    with pytest.raises(ValueError, match="integer `max_steps`"):
+        jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q0, V0,
+                        adjoint=sweep, max_steps=None)
     with pytest.raises(ValueError, match="not with respect to `t0`, `t1`"):
         jax.grad(lambda t1: jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, t1,
                                             Q0, V0, adjoint=sweep).q_final[0])(1.0)
