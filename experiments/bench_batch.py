@@ -14,7 +14,8 @@ shared step sequence, "ensemble" rows):
   uses all cores too;
 - compile time per batch size (`jax.jit` retraces and recompiles for every batch shape);
 - the cost of the gradient of a batch loss (mean over the batch of `Σ q(2)² + |Φ(2)|²`)
-  w.r.t. the shared gains `(alpha, kd, kp)`, relative to the batched forward solve.
+  w.r.t. the shared gains `(alpha, kd, kp)`, relative to the batched forward solve, with
+  the default adjoint and with `jaxdae.ReverseSweepAdjoint`.
 
 The device is detected (`jax.devices()`); on the CPU the batch sizes stop at 4096 by
 default (≈ 1–4 s per call on 2 cores; `--max-batch` raises the cap), on a GPU they go to 10⁶.
@@ -59,6 +60,8 @@ from bench_core import T1, casadi_integrator, casadi_map  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
 NAME = "bench_batch"
+LOSS_LABELS = {"vmap": "`jax.vmap(simulate)`", "ensemble": "`simulate_ensemble`",
+               "sweep": "`jax.vmap(simulate)`, `ReverseSweepAdjoint`"}
 TOLERANCES = {"float64": (1e-8, 1e-10), "float32": (1e-5, 1e-7)}
 
 
@@ -72,17 +75,30 @@ def cast(tree, dtype):
         lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, tree)
 
 
-def jaxdae_solve(dtype, solver=None):
-    """One trajectory's `Solution` as a function of `(params, q0, v0)`."""
+def jaxdae_solve(dtype, solver=None, **options):
+    """One trajectory's `Solution` as a function of `(params, q0, v0)`; `options` go to
+    `simulate` (e.g. `adjoint`)."""
     system = cast(TwoLinkManipulator(), dtype)
     rtol, atol = TOLERANCES[jnp.dtype(dtype).name]
 
     def solve(params, q0, v0):
         alpha, kd, kp = params
         return jaxdae.simulate(system, jaxdae.ModifiedLagrange(alpha, kd, kp), 0.0, T1, q0, v0,
-                               rtol=rtol, atol=atol, solver=solver)
+                               rtol=rtol, atol=atol, solver=solver, **options)
 
     return solve
+
+
+def batch_loss(solve):
+    """The mean over a batch of `Σ q(2)² + |Φ(2)|²`, by `jax.vmap` of `solve`."""
+    def loss(params, q0, v0):
+        def one(q, v):
+            sol = solve(params, q, v)
+            return jnp.sum(sol.q_final**2) + jnp.sum(sol.phi[-1] ** 2)
+
+        return jnp.mean(jax.vmap(one)(q0, v0))
+
+    return loss
 
 
 def jaxdae_batch(dtype, solver=None):
@@ -93,13 +109,6 @@ def jaxdae_batch(dtype, solver=None):
 
     def forward(params, q0, v0):
         return jax.vmap(lambda q, v: solve(params, q, v).q_final)(q0, v0)
-
-    def loss(params, q0, v0):
-        def one(q, v):
-            sol = solve(params, q, v)
-            return jnp.sum(sol.q_final**2) + jnp.sum(sol.phi[-1] ** 2)
-
-        return jnp.mean(jax.vmap(one)(q0, v0))
 
     def ensemble(params, q0, v0):
         alpha, kd, kp = params
@@ -113,7 +122,7 @@ def jaxdae_batch(dtype, solver=None):
         sol = ensemble(params, q0, v0)
         return jnp.mean(jnp.sum(sol.q_final**2, axis=-1) + jnp.sum(sol.phi[:, -1] ** 2, axis=-1))
 
-    return {"vmap": (forward, loss), "ensemble": (ensemble_forward, ensemble_loss)}
+    return {"vmap": (forward, batch_loss(solve)), "ensemble": (ensemble_forward, ensemble_loss)}
 
 
 def params_of(dtype):
@@ -197,7 +206,11 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
     params = params_of(dtype)
     qg, vg = jnp.asarray(qs[:grad_batch]), jnp.asarray(vs[:grad_batch])
     c_loss = {}
-    for kind, (_, loss) in jaxdae_batch(dtype, solver).items():
+    losses = {kind: loss for kind, (_, loss) in jaxdae_batch(dtype, solver).items()}
+    # The reverse sweep stores every step: 1,024 (the two-link takes ≈ 130) bound its memory.
+    losses["sweep"] = batch_loss(jaxdae_solve(dtype, solver, max_steps=1024,
+                                              adjoint=jaxdae.ReverseSweepAdjoint()))
+    for kind, loss in losses.items():
         fwd_loss, c_fwd = compiled(loss, params, qg, vg)
         grad_loss, c_grad = compiled(jax.value_and_grad(loss), params, qg, vg)
         c_loss[kind] = (c_fwd, c_grad)
@@ -251,7 +264,8 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
     lines += [
         "",
         f"Batch loss (mean of Σ q(2)² + |Φ(2)|² over {grad_batch} states, float64), gradient "
-        "w.r.t. (alpha, kd, kp) by `jax.value_and_grad` (default adjoint):",
+        "w.r.t. (alpha, kd, kp) by `jax.value_and_grad` (default adjoint; last row "
+        "`jaxdae.ReverseSweepAdjoint()`, `max_steps=1024`):",
         "",
         "| batch | forward [s] | value and gradient [s] | gradient/forward (target ≤ 4) | "
         "compile forward [s] | compile gradient [s] |",
@@ -259,7 +273,7 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
     ]
     for kind, (c_fwd, c_grad) in c_loss.items():
         lines.append(
-            f"| {'`jax.vmap(simulate)`' if kind == 'vmap' else '`simulate_ensemble`'} | "
+            f"| {LOSS_LABELS[kind]} | "
             f"{med[(f'loss forward {kind}', grad_batch)]:.3f} | "
             f"{med[(f'loss gradient {kind}', grad_batch)]:.3f} | {ratios[kind]:.2f} | "
             f"{c_fwd:.1f} | {c_grad:.1f} |")
