@@ -38,10 +38,10 @@ class ReverseSweepAdjoint(eqx.Module):
     - **Memory**: the stored steps take `max_steps × (state size + 1)` floats per
       trajectory (with `max_steps = 100_000`, 4 MB for a two-coordinate system). Set
       `max_steps` near the number of steps the solve needs, above all under `jax.vmap`.
-    - **Solvers**: explicit Runge–Kutta methods with a Butcher tableau (`diffrax.Tsit5`,
-      `Dopri5`, `Dopri8`, `Bosh3`, `Heun`, `Ralston`, `Midpoint`, … and
+    - **Solvers**: explicit Runge–Kutta methods with a Butcher tableau
+      (`diffrax.AbstractERK`: `Tsit5`, `Dopri5`, `Bosh3`, `Heun`, … and
       [`jaxdae.UnrolledERK`][] of them); adaptive or constant steps; solves that stop at a
-      failure.
+      failure. Others raise `ValueError`.
     - **Gradients** with respect to the system, the formulation, `q0` and `v0`. Not with
       respect to `t0`, `t1` or `ts` (a `ValueError` says so), and not for
       [`jaxdae.simulate_ensemble`][].
