@@ -65,6 +65,9 @@ def swept_diffeqsolve(vector_field, solver, t0, t1, dt0, y0, *, args, saveat, ts
     [`jaxdae.ReverseSweepAdjoint`][]. `saveat` is `SaveAt(t0=True, t1=True)` (`ts` None) or
     `SaveAt(subs=[SubSaveAt(ts=ts'), SubSaveAt(t1=True)])`, as `simulate` builds it."""
     tableau = explicit_tableau(solver)
+    saves = saveat.subs if ts is None else saveat.subs[0]
+    if not (saves.t0 and saves.t1) if ts is None else saves.ts is None:
+        raise ValueError("`swept_diffeqsolve` saves (t0, t1), or `ts` then t1.")
     static = dict(vector_field=vector_field, solver=solver, saveat=saveat, event=event,
                   stepsize_controller=stepsize_controller, max_steps=max_steps,
                   tableau=tableau)
