@@ -19,7 +19,7 @@ def _gradients(loss, adjoint, *args):
         *args)
 
 
-def _assert_same(reference, swept, rtol=1e-9):
+def _assert_same(reference, swept, rtol=1e-11):
     for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(swept), strict=True):
         np.testing.assert_allclose(b, a, rtol=rtol, atol=1e-12 * (1 + float(jnp.max(jnp.abs(a)))))
 
