@@ -85,3 +85,26 @@ def test_fixed_steps_and_a_stopped_solve():
     gains = (jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0]))
     _assert_same(*(_gradients(stopped, adjoint, *gains, q0)
                    for adjoint in (None, jaxdae.ReverseSweepAdjoint())), rtol=1e-7)
+
+
+@pytest.mark.slow  # four more gradient programs
+def test_other_solvers_vmap_and_float32():
+    """Other tableaus and their dense outputs, `UnrolledERK`, and a float32 batch."""
+    ts = jnp.linspace(0.0, 1.0, 5)
+
+    def loss(kp, q0, adjoint, solver, dtype=jnp.float64):
+        tol = dict(rtol=1e-5, atol=1e-7) if dtype == jnp.float32 else {}
+        sol = jaxdae.simulate(PENDULUM, jaxdae.ModifiedLagrange(5.0, 10.0, kp), 0.0, 1.0,
+                              q0.astype(dtype), V0.astype(dtype), ts=ts.astype(dtype),
+                              solver=solver, adjoint=adjoint, max_steps=4096, **tol)
+        return jnp.sum(sol.q**2) + jnp.sum(sol.v[-1])
+
+    for solver in (diffrax.Dopri5(), diffrax.Bosh3(), jaxdae.UnrolledERK(diffrax.Tsit5())):
+        _assert_same(*(_gradients(lambda kp, q, a: loss(kp, q, a, solver), adjoint, 25.0,
+                                  1.03 * Q0) for adjoint in (None, jaxdae.ReverseSweepAdjoint())))
+    starts = jnp.stack([1.02 * Q0, 1.05 * Q0])
+    float32 = [jax.jit(jax.vmap(jax.grad(lambda kp, q, a=adjoint: loss(
+        kp, q, a, diffrax.Tsit5(), jnp.float32)), in_axes=(None, 0)))(jnp.float32(25.0), starts)
+        for adjoint in (None, jaxdae.ReverseSweepAdjoint())]
+    assert float32[1].dtype == jnp.float32
+    np.testing.assert_allclose(float32[1], float32[0], rtol=1e-4)
