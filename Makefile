@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(PY) experiments/bench_batch.py
 	$(PY) experiments/bench_adjoint.py
 	$(PY) experiments/bench_rhs.py
+	$(PY) experiments/bench_stage_adjoint.py
 	$(PY) experiments/bench_solves.py
 	$(PY) experiments/bench_unrolled.py
 
