@@ -75,15 +75,15 @@ def jaxdae_functions(dtype=jnp.float64):
         alpha, kd, kp = params
         return jaxdae.ModifiedLagrange(alpha, kd, kp)
 
-    def forward(params, q0, v0):
-        return jaxdae.simulate(system, gains(params), 0.0, T1, q0, v0, rtol=RTOL, atol=ATOL)
+    def forward(params, q0, v0, adjoint=None):
+        return jaxdae.simulate(system, gains(params), 0.0, T1, q0, v0, rtol=RTOL, atol=ATOL,
+                               adjoint=adjoint)
 
     def final_q(params, q0, v0):
         return forward(params, q0, v0).q_final
 
     def loss(params, q0, v0, adjoint=None):
-        sol = jaxdae.simulate(system, gains(params), 0.0, T1, q0, v0, rtol=RTOL, atol=ATOL,
-                              adjoint=adjoint)
+        sol = forward(params, q0, v0, adjoint)
         return jnp.sum(sol.q_final**2) + jnp.sum(sol.phi[-1] ** 2)
 
     def ensemble(params, q0, v0):

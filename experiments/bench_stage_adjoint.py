@@ -66,9 +66,8 @@ def swept(params):
 
 def halves(params):
     """The sweep's forward pass (storing every step) and its backward pass, as functions."""
-    static = dict(vector_field=_vector_field, solver=diffrax.Tsit5(), saveat=SAVEAT,
-                  event=None, stepsize_controller=controller(), max_steps=STORED_STEPS,
-                  tableau=diffrax.Tsit5().tableau)
+    static = _adjoint.sweep_options(_vector_field, diffrax.Tsit5(), SAVEAT, controller(), None,
+                                    STORED_STEPS)
 
     def vjp_arg(params):
         return args_of(params), (Q0, V0), 0.0, T1, None, None

@@ -64,14 +64,18 @@ def swept_diffeqsolve(vector_field, solver, t0, t1, dt0, y0, *, args, saveat, ts
     """`diffrax.diffeqsolve(ODETerm(vector_field), ...)` whose reverse mode is the sweep of
     [`jaxdae.ReverseSweepAdjoint`][]. `saveat` is `SaveAt(t0=True, t1=True)` (`ts` None) or
     `SaveAt(subs=[SubSaveAt(ts=ts'), SubSaveAt(t1=True)])`, as `simulate` builds it."""
-    tableau = explicit_tableau(solver)
     saves = saveat.subs if ts is None else saveat.subs[0]
     if not (saves.t0 and saves.t1) if ts is None else saves.ts is None:
         raise ValueError("`swept_diffeqsolve` saves (t0, t1), or `ts` then t1.")
-    static = dict(vector_field=vector_field, solver=solver, saveat=saveat, event=event,
-                  stepsize_controller=stepsize_controller, max_steps=max_steps,
-                  tableau=tableau)
+    static = sweep_options(vector_field, solver, saveat, stepsize_controller, event, max_steps)
     return _swept((args, y0, t0, t1, ts, dt0), static)
+
+
+def sweep_options(vector_field, solver, saveat, stepsize_controller, event, max_steps) -> dict:
+    """The non-differentiated arguments of the swept solve (`_solve`, `_backward`)."""
+    return dict(vector_field=vector_field, solver=solver, saveat=saveat, event=event,
+                stepsize_controller=stepsize_controller, max_steps=max_steps,
+                tableau=explicit_tableau(solver))
 
 
 def _solve(vjp_arg, static, store: bool = True):
@@ -215,10 +219,10 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
 def _rows_bar(rows, like, count):
     """Cotangents of `count` saved rows of the state `like` as a `(count, size)` array
     (zeros where symbolic)."""
-    size = ravel_pytree(like)[0].size
-    dtype = ravel_pytree(like)[0].dtype
+    flat_like = ravel_pytree(like)[0]
+    dtype = flat_like.dtype
     if rows is None:
-        return jnp.zeros((count, size), dtype)
+        return jnp.zeros((count, flat_like.size), dtype)
     leaves = [jnp.zeros((count,) + jnp.shape(x), dtype) if r is None else r
               for r, x in zip(jax.tree.leaves(rows, is_leaf=lambda r: r is None),
                               jax.tree.leaves(like))]
