@@ -15,7 +15,7 @@ shared step sequence, "ensemble" rows):
 - compile time per batch size (`jax.jit` retraces and recompiles for every batch shape);
 - the cost of the gradient of a batch loss (mean over the batch of `Σ q(2)² + |Φ(2)|²`)
   w.r.t. the shared gains `(alpha, kd, kp)`, relative to the batched forward solve, with
-  the default adjoint and with `jaxdae.ReverseSweepAdjoint`.
+  the default adjoint and with `jaxdae.ReverseSweepAdjoint` (`vmap` and ensemble).
 
 The device is detected (`jax.devices()`); on the CPU the batch sizes stop at 4096 by
 default (≈ 1–4 s per call on 2 cores; `--max-batch` raises the cap), on a GPU they go to 10⁶.
@@ -61,7 +61,8 @@ from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
 NAME = "bench_batch"
 LOSS_LABELS = {"vmap": "`jax.vmap(simulate)`", "ensemble": "`simulate_ensemble`",
-               "sweep": "`jax.vmap(simulate)`, `ReverseSweepAdjoint`"}
+               "sweep": "`jax.vmap(simulate)`, `ReverseSweepAdjoint`",
+               "ensemble sweep": "`simulate_ensemble`, `ReverseSweepAdjoint`"}
 TOLERANCES = {"float64": (1e-8, 1e-10), "float32": (1e-5, 1e-7)}
 
 
@@ -101,11 +102,12 @@ def batch_loss(solve):
     return loss
 
 
-def jaxdae_batch(dtype, solver=None):
-    """`(forward, loss)`: batched final `q` and the mean batch loss, gains as arguments."""
+def jaxdae_batch(dtype, solver=None, **options):
+    """`(forward, loss)`: batched final `q` and the mean batch loss, gains as arguments, by
+    `jax.vmap(simulate)` and by `simulate_ensemble`; `options` go to both (e.g. `adjoint`)."""
     system = cast(TwoLinkManipulator(), dtype)
     rtol, atol = TOLERANCES[jnp.dtype(dtype).name]
-    solve = jaxdae_solve(dtype, solver)
+    solve = jaxdae_solve(dtype, solver, **options)
 
     def forward(params, q0, v0):
         return jax.vmap(lambda q, v: solve(params, q, v).q_final)(q0, v0)
@@ -113,7 +115,8 @@ def jaxdae_batch(dtype, solver=None):
     def ensemble(params, q0, v0):
         alpha, kd, kp = params
         return jaxdae.simulate_ensemble(system, jaxdae.ModifiedLagrange(alpha, kd, kp), 0.0,
-                                        T1, q0, v0, rtol=rtol, atol=atol, solver=solver)
+                                        T1, q0, v0, rtol=rtol, atol=atol, solver=solver,
+                                        **options)
 
     def ensemble_forward(params, q0, v0):
         return ensemble(params, q0, v0).q_final
@@ -208,8 +211,8 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
     c_loss = {}
     losses = {kind: loss for kind, (_, loss) in jaxdae_batch(dtype, solver).items()}
     # The reverse sweep stores every step: 1,024 (the two-link takes ≈ 130) bound its memory.
-    losses["sweep"] = batch_loss(jaxdae_solve(dtype, solver, max_steps=1024,
-                                              adjoint=jaxdae.ReverseSweepAdjoint()))
+    swept = jaxdae_batch(dtype, solver, max_steps=1024, adjoint=jaxdae.ReverseSweepAdjoint())
+    losses["sweep"], losses["ensemble sweep"] = swept["vmap"][1], swept["ensemble"][1]
     for kind, loss in losses.items():
         fwd_loss, c_fwd = compiled(loss, params, qg, vg)
         grad_loss, c_grad = compiled(jax.value_and_grad(loss), params, qg, vg)
@@ -264,7 +267,7 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
     lines += [
         "",
         f"Batch loss (mean of Σ q(2)² + |Φ(2)|² over {grad_batch} states, float64), gradient "
-        "w.r.t. (alpha, kd, kp) by `jax.value_and_grad` (default adjoint; last row "
+        "w.r.t. (alpha, kd, kp) by `jax.value_and_grad` (default adjoint; last two rows "
         "`jaxdae.ReverseSweepAdjoint()`, `max_steps=1024`):",
         "",
         "| batch | forward [s] | value and gradient [s] | gradient/forward (target ≤ 4) | "

@@ -37,20 +37,24 @@ class ReverseSweepAdjoint(eqx.Module):
 
     - **Memory**: the stored steps take `max_steps × (state size + 1)` floats per
       trajectory (with `max_steps = 100_000`, 4 MB for a two-coordinate system). Set
-      `max_steps` near the number of steps the solve needs, above all under `jax.vmap`.
+      `max_steps` near the number of steps the solve needs, above all under `jax.vmap` and
+      in ensembles.
     - **Solvers**: explicit Runge–Kutta methods with a Butcher tableau
       (`diffrax.AbstractERK`: `Tsit5`, `Dopri5`, `Bosh3`, `Heun`, … and
       [`jaxdae.UnrolledERK`][] of them); adaptive or constant steps; solves that stop at a
       failure. Others raise `ValueError`.
-    - **Gradients** with respect to the system, the formulation, `q0` and `v0`. Not with
-      respect to `t0`, `t1` or `ts` (a `ValueError` says so), and not for
-      [`jaxdae.simulate_ensemble`][].
+    - **Gradients** with respect to the system, the formulation, `q0` and `v0`, of
+      `simulate` and of [`jaxdae.simulate_ensemble`][] (whose trajectories share the steps:
+      the sweep runs once over the shared steps, every trajectory at once). Not with
+      respect to `t0`, `t1` or `ts` (a `ValueError` says so).
     """
 
 
 def explicit_tableau(solver) -> diffrax.ButcherTableau:
     """The Butcher tableau of an explicit Runge–Kutta `solver`, or a `ValueError`."""
-    base = solver.solver if isinstance(solver, AbstractWrappedSolver) else solver
+    base = solver
+    while isinstance(base, AbstractWrappedSolver):
+        base = base.solver
     if not isinstance(base, diffrax.AbstractERK):
         raise ValueError(
             "`jaxdae.ReverseSweepAdjoint` differentiates explicit Runge–Kutta solvers "
@@ -60,22 +64,32 @@ def explicit_tableau(solver) -> diffrax.ButcherTableau:
 
 
 def swept_diffeqsolve(vector_field, solver, t0, t1, dt0, y0, *, args, saveat, ts,
-                      stepsize_controller, event, max_steps):
+                      stepsize_controller, event, max_steps, step_args=None):
     """`diffrax.diffeqsolve(ODETerm(vector_field), ...)` whose reverse mode is the sweep of
     [`jaxdae.ReverseSweepAdjoint`][]. `saveat` is `SaveAt(t0=True, t1=True)` (`ts` None) or
-    `SaveAt(subs=[SubSaveAt(ts=ts'), SubSaveAt(t1=True)])`, as `simulate` builds it."""
+    `SaveAt(subs=[SubSaveAt(ts=ts'), SubSaveAt(t1=True)])`, as `simulate` builds it.
+
+    A solver that passes the vector field more than `args` (an ensemble's
+    `_StopFailedTrajectories` passes the rows stopped so far) gives
+    `step_args(args, solver_state, t)`: the arguments of the step that starts at `t`, from
+    the solver state at the end of the solve (`saveat.solver_state` must be set)."""
     saves = saveat.subs if ts is None else saveat.subs[0]
     if not (saves.t0 and saves.t1) if ts is None else saves.ts is None:
         raise ValueError("`swept_diffeqsolve` saves (t0, t1), or `ts` then t1.")
-    static = sweep_options(vector_field, solver, saveat, stepsize_controller, event, max_steps)
+    if step_args is not None and not saveat.solver_state:
+        raise ValueError("`step_args` reads the final solver state: save it "
+                         "(`SaveAt(solver_state=True)`).")
+    static = sweep_options(vector_field, solver, saveat, stepsize_controller, event, max_steps,
+                           step_args)
     return _swept((args, y0, t0, t1, ts, dt0), static)
 
 
-def sweep_options(vector_field, solver, saveat, stepsize_controller, event, max_steps) -> dict:
+def sweep_options(vector_field, solver, saveat, stepsize_controller, event, max_steps,
+                  step_args=None) -> dict:
     """The non-differentiated arguments of the swept solve (`_solve`, `_backward`)."""
     return dict(vector_field=vector_field, solver=solver, saveat=saveat, event=event,
                 stepsize_controller=stepsize_controller, max_steps=max_steps,
-                tableau=explicit_tableau(solver))
+                tableau=explicit_tableau(solver), step_args=step_args)
 
 
 def _solve(vjp_arg, static, store: bool = True):
@@ -87,7 +101,7 @@ def _solve(vjp_arg, static, store: bool = True):
     last = diffrax.SubSaveAt(steps=True) if store else diffrax.SubSaveAt(t1=True)
     out = diffrax.diffeqsolve(
         diffrax.ODETerm(static["vector_field"]), static["solver"], t0, t1, dt0, y0, args=args,
-        saveat=diffrax.SaveAt(subs=subs + [last]),
+        saveat=diffrax.SaveAt(subs=subs + [last], solver_state=saveat.solver_state),
         stepsize_controller=static["stepsize_controller"], event=static["event"],
         max_steps=static["max_steps"], adjoint=diffrax.RecursiveCheckpointAdjoint(),
         throw=False)
@@ -96,8 +110,8 @@ def _solve(vjp_arg, static, store: bool = True):
     if not isinstance(saveat.subs, list):
         ts_saved, ys_saved = ts_saved[0], ys_saved[0]
     steps = out.stats["num_accepted_steps"]
-    return eqx.tree_at(lambda o: (o.ts, o.ys), out, (ts_saved, ys_saved)), (step_ts, step_ys,
-                                                                            steps)
+    stored = step_ts, step_ys, steps, out.solver_state if static["step_args"] else None
+    return eqx.tree_at(lambda o: (o.ts, o.ys), out, (ts_saved, ys_saved)), stored
 
 
 @eqx.filter_custom_vjp
@@ -117,7 +131,7 @@ def _forward(perturbed, vjp_arg, static):
 
 def _backward(stored, out_bar, perturbed, vjp_arg, static):
     args, y0, t0, _, ts, _ = vjp_arg
-    step_ts, step_ys, steps = stored
+    step_ts, step_ys, steps, solver_state = stored
     tableau, solver = static["tableau"], static["solver"]
     flat_y0, unravel = ravel_pytree(y0)
     flat = lambda y: ravel_pytree(y)[0]  # noqa: E731
@@ -151,8 +165,11 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
     # Only the perturbed leaves: a cotangent for every parameter of the system costs more.
     diff_args, static_args = eqx.partition(args, perturbed[0])
 
-    def rates(t, y, diff_args):
-        return flat(static["vector_field"](t, unravel(y), eqx.combine(diff_args, static_args)))
+    def rates(t, y, diff_args, t_start):
+        step_args = eqx.combine(diff_args, static_args)
+        if static["step_args"] is not None:
+            step_args = static["step_args"](step_args, solver_state, t_start)
+        return flat(static["vector_field"](t, unravel(y), step_args))
 
     if save_ts is not None:  # the step that saved each `ts[j]`: the first ending at or after
         # it (diffrax fills the times of steps not taken with inf)
@@ -170,7 +187,7 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
 
         def stage(i, k_stages):
             y_stage = y_start + h * (a[i] @ k_stages)
-            return k_stages.at[i].set(rates(t_start + c[i] * h, y_stage, diff_args))
+            return k_stages.at[i].set(rates(t_start + c[i] * h, y_stage, diff_args, t_start))
 
         k_stages = jax.lax.fori_loop(0, stages, stage,
                                      jnp.zeros((stages, flat_y0.size), zero.dtype))
@@ -201,7 +218,8 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
             stages_bar, start_bar, args_bar = bars
             i = stages - 1 - ii
             y_stage = y_start + h * (a[i] @ k_stages)
-            _, pull = jax.vjp(lambda y, p: rates(t_start + c[i] * h, y, p), y_stage, diff_args)
+            _, pull = jax.vjp(lambda y, p: rates(t_start + c[i] * h, y, p, t_start), y_stage,
+                              diff_args)
             mu, p_bar = pull(stages_bar[i])
             stages_bar = stages_bar + h * a[i][:, None] * mu[None, :]
             return stages_bar, start_bar + mu, jax.tree.map(jnp.add, args_bar, p_bar)

@@ -135,6 +135,14 @@ class _StopFailedTrajectories(AbstractWrappedSolver):
         return y1, y_error, dense_info, (inner, t_failed, value), result
 
 
+    @staticmethod
+    def step_args(args, solver_state, t):
+        """The vector field's arguments in the step from `t`, given the solver state at the
+        end of the solve: the rows that failed at or before `t` are stopped
+        ([`jaxdae.ReverseSweepAdjoint`][] recomputes the steps)."""
+        return args + (solver_state[1] <= t,)
+
+
 def _failure_rows(t, y, args):
     system, formulation, reference = args
     return jax.vmap(_failure, in_axes=(None, None, None, 0, 0, 0))(
@@ -247,10 +255,6 @@ def _check_types(system, formulation, solver, stepsize_controller, adjoint, max_
                    "a jaxdae formulation such as `jaxdae.Baumgarte(kd, kp)` or "
                    "`jaxdae.ModifiedLagrange(alpha, kd, kp)`")
     if isinstance(adjoint, ReverseSweepAdjoint):
-        if ensemble:
-            raise ValueError(
-                "`jaxdae.ReverseSweepAdjoint` differentiates one trajectory's steps; for "
-                "`simulate_ensemble` use the default adjoint, or `jax.vmap(simulate)` with it.")
         explicit_tableau(Tsit5 if solver is None else solver)
         if max_steps is None:
             raise ValueError("`jaxdae.ReverseSweepAdjoint` stores every step: pass an integer "
@@ -458,6 +462,8 @@ def simulate_ensemble(
     - `stepsize_controller`: default `diffrax.PIDController(rtol, atol,
         norm=worst_trajectory_rms)`. A controller passed here should use a norm that
         looks at every trajectory in the same way.
+    - `adjoint`: as for `simulate`. With [`jaxdae.ReverseSweepAdjoint`][] the stored steps
+        hold every trajectory: `max_steps × B × (state size + 1)` floats.
 
     **Returns:**
 
@@ -620,10 +626,11 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver,
     failures = [formulation.failure_result] if stops else []
     event = solve_event([_failure_event] if stops else [], stepsize_controller)
     if isinstance(adjoint, ReverseSweepAdjoint):
-        out = swept_diffeqsolve(_vector_field, solver, t0, t1, dt0, (q0, v0),
-                                args=(system, formulation, reference), saveat=saveat, ts=ts,
-                                stepsize_controller=stepsize_controller, event=event,
-                                max_steps=max_steps)
+        out = swept_diffeqsolve(
+            _ensemble_vector_field if ensemble else _vector_field, solver, t0, t1, dt0,
+            (q0, v0), args=(system, formulation, reference), saveat=saveat, ts=ts,
+            stepsize_controller=stepsize_controller, event=event, max_steps=max_steps,
+            step_args=_StopFailedTrajectories.step_args if stops_rows else None)
     else:
         out = diffrax.diffeqsolve(
             diffrax.ODETerm(_ensemble_vector_field if ensemble else _vector_field),

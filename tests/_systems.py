@@ -70,3 +70,15 @@ class MovingSupportPendulum(jaxdae.LagrangianSystem):
         pivot = jnp.array([self.amplitude * jnp.sin(self.frequency * t), 0.0])
         d = q - pivot
         return jnp.array([d @ d - 1.0])
+
+
+class Bead(jaxdae.LagrangianSystem):
+    """A point on the lines `x = ±1`, `y = 0`: `J M⁻¹ Jᵀ = diag(4x², 1)` is singular at
+    `x = 0`. Released at `x0 > 1` under underdamped Baumgarte gains, `Φ₁ = x² − 1`
+    overshoots to about `−0.73 Φ₁(0)`: from `x0 ≈ 1.54` on, the bead reaches `x = 0`."""
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def constraints(self, t, q):
+        return jnp.array([q[0] ** 2 - 1.0, q[1]])

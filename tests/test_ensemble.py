@@ -9,6 +9,8 @@ import pytest
 
 import jaxdae
 
+from ._systems import Bead
+
 SYSTEM = jaxdae.examples.CartesianPendulum()
 TS = jnp.linspace(0.0, 1.0, 5)
 TOL = dict(rtol=1e-9, atol=1e-11)
@@ -130,18 +132,6 @@ def test_float32_ensemble():
     assert bool(jnp.all(sol.result == jaxdae.RESULTS.successful))
     reference = jaxdae.simulate_ensemble(SYSTEM, formulation, 0.0, 1.0, q0, v0)
     np.testing.assert_allclose(sol.q_final, reference.q_final, atol=1e-4)
-
-
-class Bead(jaxdae.LagrangianSystem):
-    """A point on the lines `x = ±1`, `y = 0`: `J M⁻¹ Jᵀ = diag(4x², 1)` is singular at
-    `x = 0`. Released at `x0 > 1` under underdamped Baumgarte gains, `Φ₁ = x² − 1`
-    overshoots to about `−0.73 Φ₁(0)`: from `x0 ≈ 1.54` on, the bead reaches `x = 0`."""
-
-    def kinetic_energy(self, t, q, v):
-        return 0.5 * v @ v
-
-    def constraints(self, t, q):
-        return jnp.array([q[0] ** 2 - 1.0, q[1]])
 
 
 def test_failed_trajectories_stop_alone():
