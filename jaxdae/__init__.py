@@ -3,9 +3,20 @@
 Importing jaxdae enables 64-bit floats in JAX (`jax_enable_x64`), since accuracy matters for
 constrained dynamics; arrays created as float32 stay float32 (e.g. for GPU batches). Set the
 environment variable `JAXDAE_ENABLE_X64=0` before importing to leave JAX's setting alone.
+
+It also lets XLA compile whole while loops into single CPU kernels (an option in
+`XLA_FLAGS`; see `jaxdae/_xla_flags.py`): solves of small systems run several times faster.
+Import jaxdae before the first JAX computation for it to apply; `JAXDAE_SET_XLA_FLAGS=0`
+leaves `XLA_FLAGS` alone.
 """
 
 import os as _os
+
+from ._xla_flags import set_xla_flags as _set_xla_flags
+
+# Before anything computes: XLA reads its flags when JAX starts its first backend.
+if _os.environ.get("JAXDAE_SET_XLA_FLAGS", "1") != "0":
+    _set_xla_flags()
 
 import jax as _jax
 

@@ -1,0 +1,64 @@
+"""The XLA option that jaxdae sets when it is imported: whole while loops as one CPU kernel.
+
+XLA's CPU runtime executes a compiled program as a sequence of "thunks", one per fused
+kernel, and pays a fixed cost for each at every iteration of a while loop. A diffrax step of
+a small constrained system is a few dozen small kernels, so the dispatching costs more than
+the arithmetic. XLA compiles a while loop into one kernel when it accesses fewer bytes than
+`xla_cpu_small_while_loop_byte_threshold`, 1 kB by default, which excludes every solve.
+jaxdae raises the limit so that its solves (and the user's other loops) run as single
+kernels. Measured on paper 004's two-link arm (`experiments/bench_core.py`, 2-core CPU,
+session 10): one trajectory 6× faster, its gradient ≈ 4× faster, batches 1.2–1.6× faster,
+with unchanged compile times.
+
+The option lives in `XLA_FLAGS`, which XLA reads once, when JAX starts its first backend;
+so it is set when jaxdae is imported, before any computation. It is left alone when
+`XLA_FLAGS` already names it (e.g. `...byte_threshold=0` restores XLA's default) or when
+the environment variable `JAXDAE_SET_XLA_FLAGS` is `0`. If JAX has already computed
+something when jaxdae is imported, a warning says how to get the option.
+"""
+
+import os
+import warnings
+
+SMALL_LOOP_OPTION = "xla_cpu_small_while_loop_byte_threshold"
+SMALL_LOOP_BYTES = 1_000_000_000
+_EXTRA_OPTIONS = "--xla_backend_extra_options="
+
+
+def with_small_loop_option(flags: str) -> str:
+    """`flags` (the value of `XLA_FLAGS`) with XLA:CPU's small-while-loop limit raised to
+    `SMALL_LOOP_BYTES`, unless it already names the option. The option joins the last
+    `--xla_backend_extra_options` given, if any, so that the user's extra options stay.
+    Options starting with `xla_` are XLA's own: GPU backends do not pass them to LLVM."""
+    if SMALL_LOOP_OPTION in flags:
+        return flags
+    option = f"{SMALL_LOOP_OPTION}={SMALL_LOOP_BYTES}"
+    tokens = flags.split()
+    extra = [i for i, token in enumerate(tokens) if token.startswith(_EXTRA_OPTIONS)]
+    if extra:
+        given = tokens[extra[-1]][len(_EXTRA_OPTIONS):]
+        tokens[extra[-1]] = _EXTRA_OPTIONS + (f"{given},{option}" if given else option)
+    else:
+        tokens.append(_EXTRA_OPTIONS + option)
+    return " ".join(tokens)
+
+
+def set_xla_flags() -> None:
+    """Raises XLA:CPU's small-while-loop limit in `XLA_FLAGS` (see the module docstring)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    wanted = with_small_loop_option(flags)
+    if wanted == flags:
+        return
+    try:
+        from jax._src.xla_bridge import backends_are_initialized
+    except ImportError:  # a JAX without it: assume no computation yet
+        backends_are_initialized = lambda: False  # noqa: E731
+    if backends_are_initialized():
+        warnings.warn(
+            "jaxdae was imported after JAX started its backend, so XLA runs while loops (every "
+            "solve) kernel by kernel, several times slower on the CPU. Import jaxdae before "
+            "the first JAX computation, or set the environment variable before starting "
+            f"Python: XLA_FLAGS='{wanted}' (set JAXDAE_SET_XLA_FLAGS=0 to silence this).",
+            stacklevel=2)
+        return
+    os.environ["XLA_FLAGS"] = wanted
