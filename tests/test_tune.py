@@ -188,12 +188,14 @@ def test_ensemble_scenario_fails_alone():
 
 
 def test_ensemble_tuning_matches_vmap():
-    """`ensemble=True` with `simulate_ensemble`: the same losses and gains as the vmapped
-    scenarios, to the solver tolerance (the ensemble shares its step sizes)."""
+    """`ensemble=True` with `simulate_ensemble`, differentiated by `ReverseSweepAdjoint`: the
+    same losses and gains as the vmapped scenarios with the default adjoint, to the solver
+    tolerance (the ensemble shares its step sizes)."""
     def run_ensemble(formulation, scenarios):
         q0, v0 = scenarios
         return jaxdae.simulate_ensemble(SYSTEM, formulation, 0.0, 1.0, q0, v0, ts=TS,
-                                        throw=False, rtol=1e-6, atol=1e-8, max_steps=256)
+                                        throw=False, rtol=1e-6, atol=1e-8, max_steps=256,
+                                        adjoint=jaxdae.ReverseSweepAdjoint())
 
     params = jaxdae.parametrize(jaxdae.ModifiedLagrange(1.0, 0.5, 0.5),
                                 lambda f: (f.alpha, f.kd, f.kp), jaxdae.Positive)
