@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from ._scalarize import scalarize
 from ._solvers import AbstractWrappedSolver
 
 
@@ -165,11 +166,21 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
     # Only the perturbed leaves: a cotangent for every parameter of the system costs more.
     diff_args, static_args = eqx.partition(args, perturbed[0])
 
-    def rates(t, y, diff_args, t_start):
+    def rates(t, y, diff_args, static_args, solver_state, t_start):
         step_args = eqx.combine(diff_args, static_args)
         if static["step_args"] is not None:
             step_args = static["step_args"](step_args, solver_state, t_start)
         return flat(static["vector_field"](t, unravel(y), step_args))
+
+    # The stage's vector–Jacobian product re-traced as one scalar graph (constants folded,
+    # the transposed structural operations gone): under `vmap` it cost 0.13 µs per state
+    # instead of 0.24 µs for the two-link (the right-hand side: 0.09 µs). Everything it
+    # reads is an argument: `scalarize` traces it on its own.
+    @scalarize
+    def stage_vjp(t, y, diff_args, static_args, solver_state, t_start, cotangent):
+        _, pull = jax.vjp(
+            lambda y, p: rates(t, y, p, static_args, solver_state, t_start), y, diff_args)
+        return pull(cotangent)
 
     if save_ts is not None:  # the step that saved each `ts[j]`: the first ending at or after
         # it (diffrax fills the times of steps not taken with inf)
@@ -187,7 +198,8 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
 
         def stage(i, k_stages):
             y_stage = y_start + h * (a[i] @ k_stages)
-            return k_stages.at[i].set(rates(t_start + c[i] * h, y_stage, diff_args, t_start))
+            return k_stages.at[i].set(rates(t_start + c[i] * h, y_stage, diff_args, static_args,
+                                            solver_state, t_start))
 
         k_stages = jax.lax.fori_loop(0, stages, stage,
                                      jnp.zeros((stages, flat_y0.size), zero.dtype))
@@ -218,9 +230,8 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
             stages_bar, start_bar, args_bar = bars
             i = stages - 1 - ii
             y_stage = y_start + h * (a[i] @ k_stages)
-            _, pull = jax.vjp(lambda y, p: rates(t_start + c[i] * h, y, p, t_start), y_stage,
-                              diff_args)
-            mu, p_bar = pull(stages_bar[i])
+            mu, p_bar = stage_vjp(t_start + c[i] * h, y_stage, diff_args, static_args,
+                                  solver_state, t_start, stages_bar[i])
             stages_bar = stages_bar + h * a[i][:, None] * mu[None, :]
             return stages_bar, start_bar + mu, jax.tree.map(jnp.add, args_bar, p_bar)
 
