@@ -65,7 +65,7 @@ def explicit_tableau(solver) -> diffrax.ButcherTableau:
 
 
 def swept_diffeqsolve(vector_field, solver, t0, t1, dt0, y0, *, args, saveat, ts,
-                      stepsize_controller, event, max_steps, step_args=None):
+                      stepsize_controller, event, max_steps, step_args=None, stage_vjp=None):
     """`diffrax.diffeqsolve(ODETerm(vector_field), ...)` whose reverse mode is the sweep of
     [`jaxdae.ReverseSweepAdjoint`][]. `saveat` is `SaveAt(t0=True, t1=True)` (`ts` None) or
     `SaveAt(subs=[SubSaveAt(ts=ts'), SubSaveAt(t1=True)])`, as `simulate` builds it.
@@ -73,7 +73,13 @@ def swept_diffeqsolve(vector_field, solver, t0, t1, dt0, y0, *, args, saveat, ts
     A solver that passes the vector field more than `args` (an ensemble's
     `_StopFailedTrajectories` passes the rows stopped so far) gives
     `step_args(args, solver_state, t)`: the arguments of the step that starts at `t`, from
-    the solver state at the end of the solve (`saveat.solver_state` must be set)."""
+    the solver state at the end of the solve (`saveat.solver_state` must be set).
+
+    `stage_vjp(t, y, args, solver_state, t_start, y_bar) -> (y_bar, args_bar)`, if given,
+    replaces the vector–Jacobian product of `vector_field` (at the stage `(t, y)` of the
+    step from `t_start`; `solver_state` as for `step_args`, else None); `args_bar` has the
+    structure of `args`. An ensemble passes one that applies each trajectory's own product
+    row by row."""
     saves = saveat.subs if ts is None else saveat.subs[0]
     if not (saves.t0 and saves.t1) if ts is None else saves.ts is None:
         raise ValueError("`swept_diffeqsolve` saves (t0, t1), or `ts` then t1.")
@@ -81,16 +87,16 @@ def swept_diffeqsolve(vector_field, solver, t0, t1, dt0, y0, *, args, saveat, ts
         raise ValueError("`step_args` reads the final solver state: save it "
                          "(`SaveAt(solver_state=True)`).")
     static = sweep_options(vector_field, solver, saveat, stepsize_controller, event, max_steps,
-                           step_args)
+                           step_args, stage_vjp)
     return _swept((args, y0, t0, t1, ts, dt0), static)
 
 
 def sweep_options(vector_field, solver, saveat, stepsize_controller, event, max_steps,
-                  step_args=None) -> dict:
+                  step_args=None, stage_vjp=None) -> dict:
     """The non-differentiated arguments of the swept solve (`_solve`, `_backward`)."""
     return dict(vector_field=vector_field, solver=solver, saveat=saveat, event=event,
                 stepsize_controller=stepsize_controller, max_steps=max_steps,
-                tableau=explicit_tableau(solver), step_args=step_args)
+                tableau=explicit_tableau(solver), step_args=step_args, stage_vjp=stage_vjp)
 
 
 def _solve(vjp_arg, static, store: bool = True):
@@ -172,15 +178,22 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
             step_args = static["step_args"](step_args, solver_state, t_start)
         return flat(static["vector_field"](t, unravel(y), step_args))
 
-    # The stage's vector–Jacobian product re-traced as one scalar graph (constants folded,
-    # the transposed structural operations gone): under `vmap` it cost 0.13 µs per state
-    # instead of 0.24 µs for the two-link (the right-hand side: 0.09 µs). Everything it
-    # reads is an argument: `scalarize` traces it on its own.
-    @scalarize
-    def stage_vjp(t, y, diff_args, static_args, solver_state, t_start, cotangent):
-        _, pull = jax.vjp(
-            lambda y, p: rates(t, y, p, static_args, solver_state, t_start), y, diff_args)
-        return pull(cotangent)
+    if static["stage_vjp"] is not None:  # the solve's own (an ensemble's: row by row)
+        def stage_vjp(t, y, diff_args, static_args, solver_state, t_start, cotangent):
+            y_bar, args_bar = static["stage_vjp"](
+                t, unravel(y), eqx.combine(diff_args, static_args), solver_state, t_start,
+                unravel(cotangent))
+            return flat(y_bar), eqx.partition(args_bar, perturbed[0])[0]
+    else:
+        # The stage's vector–Jacobian product re-traced as one scalar graph (constants
+        # folded, the transposed structural operations gone), which XLA runs faster under
+        # `vmap` (`experiments/bench_batch.py`, docs/benchmarks.md, session 10). Everything
+        # it reads is an argument: `scalarize` traces it on its own.
+        @scalarize
+        def stage_vjp(t, y, diff_args, static_args, solver_state, t_start, cotangent):
+            _, pull = jax.vjp(
+                lambda y, p: rates(t, y, p, static_args, solver_state, t_start), y, diff_args)
+            return pull(cotangent)
 
     if save_ts is not None:  # the step that saved each `ts[j]`: the first ending at or after
         # it (diffrax fills the times of steps not taken with inf)

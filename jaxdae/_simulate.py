@@ -94,6 +94,32 @@ def _ensemble_vector_field(t, y, args):
     return rates
 
 
+def _rates_vjp(system, formulation, t, q, s, cotangent):
+    """The vector–Jacobian product of `_rates` with respect to the system, the formulation
+    and the state."""
+    _, pull = eqx.filter_vjp(lambda sf, q, s: _rates(*sf, t, q, s), (system, formulation), q, s)
+    return pull(cotangent)
+
+
+_row_vjp = eqx.filter_jit(scalarize(_rates_vjp))
+
+
+def _ensemble_stage_vjp(t, y, args, solver_state, t_start, cotangent):
+    """`ReverseSweepAdjoint`'s vector–Jacobian product of `_ensemble_vector_field`: each
+    trajectory's own (a scalar graph under `vmap`, as the rates are), summed over the rows
+    for the shared system and formulation. Rows stopped at or before `t_start` have zero
+    rates."""
+    system, formulation, reference = args
+    if solver_state is not None:
+        stopped = _StopFailedTrajectories.step_args(args, solver_state, t_start)[-1]
+        cotangent = _where_rows(stopped, jax.tree.map(jnp.zeros_like, cotangent), cotangent)
+    (system_bar, formulation_bar), *y_bar = jax.vmap(
+        _row_vjp, in_axes=(None, None, None, 0, 0, 0))(system, formulation, t, *y, cotangent)
+    system_bar, formulation_bar = jax.tree.map(lambda x: jnp.sum(x, axis=0),
+                                               (system_bar, formulation_bar))
+    return tuple(y_bar), (system_bar, formulation_bar, jax.tree.map(jnp.zeros_like, reference))
+
+
 def _where_rows(rows, a, b):
     """`a` in the rows (leading axis) where `rows` is true, else `b`."""
     return jax.tree.map(
@@ -630,7 +656,8 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver,
             _ensemble_vector_field if ensemble else _vector_field, solver, t0, t1, dt0,
             (q0, v0), args=(system, formulation, reference), saveat=saveat, ts=ts,
             stepsize_controller=stepsize_controller, event=event, max_steps=max_steps,
-            step_args=_StopFailedTrajectories.step_args if stops_rows else None)
+            step_args=_StopFailedTrajectories.step_args if stops_rows else None,
+            stage_vjp=_ensemble_stage_vjp if ensemble else None)
     else:
         out = diffrax.diffeqsolve(
             diffrax.ODETerm(_ensemble_vector_field if ensemble else _vector_field),
