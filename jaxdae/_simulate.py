@@ -160,12 +160,11 @@ class _StopFailedTrajectories(AbstractWrappedSolver):
         t_failed = jnp.where(failing, jnp.asarray(t1, t_failed.dtype), t_failed)
         return y1, y_error, dense_info, (inner, t_failed, value), result
 
-
     @staticmethod
     def step_args(args, solver_state, t):
         """The vector field's arguments in the step from `t`, given the solver state at the
-        end of the solve: the rows that failed at or before `t` are stopped
-        ([`jaxdae.ReverseSweepAdjoint`][] recomputes the steps)."""
+        end of the solve: the rows that failed at or before `t` are stopped (for
+        [`jaxdae.ReverseSweepAdjoint`][], which recomputes the steps)."""
         return args + (solver_state[1] <= t,)
 
 
@@ -273,8 +272,7 @@ _INITIAL_STATE_MESSAGES = (
 _check_initial_state_jit = eqx.filter_jit(check_initial_state)
 
 
-def _check_types(system, formulation, solver, stepsize_controller, adjoint, max_steps,
-                 ensemble):
+def _check_types(system, formulation, solver, stepsize_controller, adjoint, max_steps):
     check_instance("system", system, AbstractSystem,
                    "a jaxdae system (e.g. a `jaxdae.LagrangianSystem` subclass)")
     check_instance("formulation", formulation, AbstractFormulation,
@@ -529,8 +527,7 @@ def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_
     t1 = jnp.asarray(t1, dtype=dtype)
     if ts is not None:
         ts = jnp.asarray(ts, dtype=dtype)
-    _check_types(system, formulation, solver, stepsize_controller, adjoint, max_steps,
-                 ensemble)
+    _check_types(system, formulation, solver, stepsize_controller, adjoint, max_steps)
     _check_times(t0, t1, ts)
     # The state's dtype sets the precision: float32 states give a float32 simulation.
     system, formulation = cast_floating((system, formulation), dtype)
