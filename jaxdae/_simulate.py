@@ -460,7 +460,7 @@ def simulate_ensemble(
     `rtol`/`atol`). `jax.vmap(simulate)` instead steps every trajectory on its own, and
     its batched loop then pays for bookkeeping per trajectory at every step. For batches
     of similar trajectories (perturbed initial states, Monte Carlo) the ensemble is
-    faster: the two-link batch of 1024 ran 2× faster on a 2-core CPU
+    faster: the two-link batch of 1024 ran 1.5–1.6× faster on a 2-core CPU
     (`experiments/bench_batch.py`). For trajectories of very different difficulty,
     `jax.vmap(simulate)` (or [`jaxdae.batch_map`][]) takes fewer steps in all.
 
