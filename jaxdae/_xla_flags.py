@@ -14,7 +14,7 @@ compile times unchanged.
 
 The option lives in `XLA_FLAGS`, which XLA reads once, when JAX starts its first backend;
 so it is set when jaxdae is imported, before any computation. It is left alone when
-`XLA_FLAGS` already names it (e.g. `...byte_threshold=0` restores XLA's default) or when
+`XLA_FLAGS` already names it (e.g. `...byte_threshold=1024`, XLA's default) or when
 the environment variable `JAXDAE_SET_XLA_FLAGS` is `0`. If JAX has already computed
 something when jaxdae is imported, a warning says how to get the option.
 """

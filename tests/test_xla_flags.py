@@ -20,8 +20,8 @@ def test_the_option_joins_the_flags_given():
     assert with_small_loop_option(
         "--xla_backend_extra_options=a=1 --xla_backend_extra_options=b=2") == (
         f"--xla_backend_extra_options=a=1 --xla_backend_extra_options=b=2,{OPTION}")
-    # A threshold the user chose (0: XLA's default behaviour) is kept.
-    mine = f"--xla_backend_extra_options={SMALL_LOOP_OPTION}=0"
+    # A threshold the user chose (here XLA's default, 1024 bytes) is kept.
+    mine = f"--xla_backend_extra_options={SMALL_LOOP_OPTION}=1024"
     assert with_small_loop_option(mine) == mine
 
 
