@@ -598,7 +598,12 @@ def raise_failure(sol, result: RESULTS | None = None):
             raise SimulationError(message)
         return sol
     result = sol.result if result is None else result
-    return result.error_if(sol, result != RESULTS.successful)
+    # The check runs on a scalar that every floating field then depends on (adding its zero):
+    # through the whole solution, its `lax.cond` (whose callback runs on one device) made
+    # XLA gather a sharded ensemble's solution onto one device and partition it again.
+    checked = result.error_if(jnp.zeros((), sol.t_final.dtype), result != RESULTS.successful)
+    return jax.tree.map(lambda x: x + checked.astype(x.dtype) if eqx.is_inexact_array(x) else x,
+                        sol)
 
 
 Tsit5 = diffrax.Tsit5()

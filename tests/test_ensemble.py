@@ -91,6 +91,13 @@ def test_sharded_ensemble_equals_unsharded(capfd):
     assert "Involuntary full rematerialization" not in capfd.readouterr().err
     np.testing.assert_allclose(sharded.q, plain.q, rtol=1e-12, atol=1e-14)
     assert len(sharded.q.sharding.device_set) == 4
+    # In `batch_map`'s sharded chunks the failure check (`throw=True`) is traced too: nor
+    # does it gather the solution.
+    capfd.readouterr()
+    chunked = jaxdae.batch_map(lambda q, v: ensemble(FORMULATION, q, v).q, q0, v0,
+                               chunk_size=2, mesh=auto, ensemble=True)
+    assert "Involuntary full rematerialization" not in capfd.readouterr().err
+    np.testing.assert_allclose(chunked, plain.q, rtol=1e-12, atol=1e-14)
     explicit = jax.device_put((q0, v0), jaxdae.batch_sharding(jax.make_mesh((4,), ("batch",))))
     eager = jaxdae.simulate_ensemble(SYSTEM, FORMULATION, 0.0, 1.0, *explicit, ts=TS, **TOL)
     np.testing.assert_allclose(eager.q, plain.q, rtol=1e-12, atol=1e-14)
