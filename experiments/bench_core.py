@@ -15,8 +15,7 @@ repetitions):
 - time of the gradient of `Σ q(2)² + |Φ(2)|²` w.r.t. `(alpha, kd, kp)` (jaxdae: `jax.grad`
   through diffrax's `RecursiveCheckpointAdjoint`, and, row "jaxdae ReverseSweepAdjoint",
   through `jaxdae.ReverseSweepAdjoint` with `max_steps=1024`, its ratio taken to jaxdae's
-  forward solve; CasADi:
-  CVODES adjoint sensitivities);
+  forward solve; CasADi: CVODES adjoint sensitivities);
 - agreement of `q(2)` with a tight-tolerance reference (SciPy DOP853, `rtol = 1e-13`).
 
 A row "diffrax + hand-written RHS" solves the same ODE with diffrax (same solver, controller
