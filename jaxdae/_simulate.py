@@ -1,6 +1,8 @@
 """The one entry point: [`jaxdae.simulate`][]."""
 
 
+import functools
+
 import diffrax
 import equinox as eqx
 import jax
@@ -503,6 +505,26 @@ def simulate_ensemble(
                 max_steps=max_steps, adjoint=adjoint, throw=throw)
 
 
+def in_current_mesh(fn):
+    """`fn` run with JAX's current abstract mesh set explicitly (the empty mesh outside
+    any mesh).
+
+    When reverse mode differentiates a jitted function (`_simulate`), JAX replays its
+    equations with the context each was recorded in, which names the empty mesh where the
+    caller's context named none. What is traced lazily there (`ReverseSweepAdjoint`'s
+    forward solve) then missed every trace cache that the input checks had filled, and
+    traced the equations of motion and the solve a second time: ≈ 0.7 s of the two-link
+    gradient's 3.5 s trace (`experiments/bench_core.py`)."""
+
+    @functools.wraps(fn)
+    def in_mesh(*args, **kwargs):
+        with jax.sharding.use_abstract_mesh(jax.sharding.get_abstract_mesh()):
+            return fn(*args, **kwargs)
+
+    return in_mesh
+
+
+@in_current_mesh
 def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_controller,
          dt0, rtol, atol, max_steps, adjoint, throw) -> Solution:
     """Checks the input of `simulate` (`ensemble=False`) or `simulate_ensemble`, solves and

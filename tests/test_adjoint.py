@@ -68,6 +68,31 @@ def test_ensemble_with_stopped_trajectories():
     assert np.all(np.abs(swept[2][:, 0]) > 0)  # every trajectory, stopped ones included
 
 
+def test_equations_traced_once():
+    """Reverse mode replays `simulate`'s jitted solve; the sweep's forward solve, traced
+    lazily there, reuses the trace of the equations of motion made by the input checks (it
+    traced them a second time, and the solve too, when the contexts differed): the gradient
+    traces the energies as often as the forward solve does."""
+
+    def traces(transform):
+        traced = []
+
+        class Counted(CartesianPendulum):  # a new class: in no trace cache
+            def kinetic_energy(self, t, q, v):
+                traced.append(t)
+                return super().kinetic_energy(t, q, v)
+
+        def loss(kd, q0, v0):
+            sol = jaxdae.simulate(Counted(), jaxdae.Baumgarte(kd, 25.0), 0.0, 1.0, q0, v0,
+                                  adjoint=jaxdae.ReverseSweepAdjoint(), max_steps=256)
+            return jnp.sum(sol.q_final**2)
+
+        jax.jit(transform(loss)).trace(10.0, Q0, V0)
+        return len(traced)
+
+    assert traces(lambda f: jax.grad(f, argnums=(0, 1, 2))) == traces(lambda f: f)
+
+
 def test_errors():
     sweep = jaxdae.ReverseSweepAdjoint()
     with pytest.raises(ValueError, match="explicit Runge–Kutta.*Kvaerno5"):
