@@ -2,14 +2,19 @@
 
 A gain is a scalar (`k I`), a vector (`diag(k)`, one value per constraint) or a full matrix.
 Values are checked eagerly when they are concrete and with `eqx.error_if` when traced, so
-the checks never break `jit`, `vmap` or `grad` over the gains.
+the checks never break `jit`, `vmap` or `grad` over the gains; `simulate` defers the traced
+checks of the formulation (`deferred_checks`) to attach them with its own as one error.
 """
+
+import contextlib
+import threading
 
 import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
 import numpy as np
+from jax.extend import core as jex
 
 from ._custom_types import Array, Bool, Float, Gain, GainLike
 
@@ -25,6 +30,34 @@ def as_gain(value: GainLike) -> Gain:
 def is_concrete(*values) -> bool:
     """True when no leaf is a tracer, i.e. values can be checked eagerly in Python."""
     return not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(values))
+
+
+def traced_check(value, flag: Bool[Array, ""], message: str):
+    """`eqx.error_if(value, flag, message)`; inside [`deferred_checks`][] and in the trace
+    that opened it, `value` itself, with `(flag, message)` recorded for the opener."""
+    trace, pending = getattr(_deferred, "checks", (None, None))
+    if pending is None or jex.get_opaque_trace_state(convention="flax") != trace:
+        return eqx.error_if(value, flag, message)  # (a flag of an inner trace cannot leave it)
+    pending.append((flag, message))
+    return value
+
+
+@contextlib.contextmanager
+def deferred_checks():
+    """Collects the `traced_check`s made inside, in the same trace, as `(flag, message)`
+    pairs in the list it yields, for the caller to attach as one `eqx.branched_error_if`
+    (`simulate` does, with its own checks): each `error_if` is a `lax.cond` with a host
+    callback, ≈ 0.1 s of XLA compile each (`experiments/bench_core.py`)."""
+    outer = getattr(_deferred, "checks", None)
+    checks = []
+    _deferred.checks = (jex.get_opaque_trace_state(convention="flax"), checks)
+    try:
+        yield checks
+    finally:
+        _deferred.checks = outer
+
+
+_deferred = threading.local()
 
 
 def check_gain_structure(name: str, gain: Array, *, allow_zero_dim: bool = True) -> None:
@@ -93,10 +126,11 @@ def describe_gain(gain) -> str:
 
 
 def require_positive_definite(name: str, gain: Array, reason: str) -> Array:
-    """Checks that `gain` is SPD: eagerly (`ValueError`) if concrete, else via `eqx.error_if`."""
+    """Checks that `gain` is SPD: eagerly (`ValueError`) if concrete, else via
+    `traced_check`."""
     message = f"`{name}` must be symmetric positive definite ({reason})."
     if is_concrete(gain):
         if bool(not_positive_definite(np.asarray(gain), np)):
             raise ValueError(f"{message} Got {describe_gain(gain)}.")
         return gain
-    return eqx.error_if(gain, not_positive_definite(gain), message)
+    return traced_check(gain, not_positive_definite(gain), message)

@@ -15,7 +15,7 @@ from ._checks import check_instance, check_positive
 from ._custom_types import Array, ArrayLike, Float, ScalarLike
 from ._formulation import AbstractFormulation
 from ._linalg import is_positive_definite
-from ._gains import is_concrete
+from ._gains import deferred_checks, is_concrete
 from ._nonholonomic import is_not_affine
 from ._scalarize import scalarize
 from ._sharding import explicit_to_auto, is_explicitly_sharded
@@ -563,11 +563,13 @@ def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_
     _check_times(t0, t1, ts)
     # The state's dtype sets the precision: float32 states give a float32 simulation.
     system, formulation = cast_floating((system, formulation), dtype)
-    if ensemble:  # shapes of one trajectory (no slicing: q0 may be sharded)
-        lane = jax.ShapeDtypeStruct(q0.shape[1:], dtype)
-        formulation = _check_structure(system, formulation, t0, lane, lane)
-    else:
-        formulation = _check_structure(system, formulation, t0, q0, v0)
+    # Traced gains' checks join the solve's one branched error (`_check_traced`).
+    with deferred_checks() as deferred:
+        if ensemble:  # shapes of one trajectory (no slicing: q0 may be sharded)
+            lane = jax.ShapeDtypeStruct(q0.shape[1:], dtype)
+            formulation = _check_structure(system, formulation, t0, lane, lane)
+        else:
+            formulation = _check_structure(system, formulation, t0, q0, v0)
     if is_concrete(formulation):
         formulation.check_values()
 
@@ -600,8 +602,9 @@ def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_
     stepsize_controller, dt0 = step_options(
         stepsize_controller, dt0, rtol, atol, dtype,
         worst_trajectory_rms if ensemble else optx.rms_norm)
+    traced = not is_concrete(system, formulation, t0, t1, q0, v0, ts)
     sol = _simulate(
-        system, formulation, t0, t1, q0, v0, ts,
+        system, formulation, t0, t1, q0, v0, ts, tuple(flag for flag, _ in deferred),
         ensemble=ensemble,
         solver=Tsit5 if solver is None else solver,
         stepsize_controller=stepsize_controller,
@@ -609,10 +612,12 @@ def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_
         max_steps=max_steps,
         adjoint=(diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS)
                  if adjoint is None else adjoint),
-        traced=not eager,
+        traced=traced,
+        check_state=not eager,
+        deferred_messages=tuple(message for _, message in deferred),
         throw=throw,
     )
-    if throw and eager:  # else `_simulate` attached the check
+    if throw and not traced:  # else `_simulate` attached the check
         sol = raise_failure(sol, _first_failure(sol.result) if ensemble else None)
     return sol
 
@@ -647,10 +652,12 @@ CHECKPOINTS = 32
 
 
 @eqx.filter_jit
-def _simulate(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver,
-              stepsize_controller, dt0, max_steps, adjoint, traced, throw):
-    """The solve and its `Solution`; for `traced` input (not checked eagerly), with the
-    input checks and the `throw` check attached (`_check_traced`)."""
+def _simulate(system, formulation, t0, t1, q0, v0, ts, deferred_flags, *, ensemble, solver,
+              stepsize_controller, dt0, max_steps, adjoint, traced, check_state,
+              deferred_messages, throw):
+    """The solve and its `Solution`; if anything is `traced`, with its checks attached
+    (`_check_traced`): the deferred ones (traced gains), those of the initial state
+    (`check_state`: a traced state) and of the times, and `throw`'s."""
     saveat = save_at(t0, t1, ts, stepsize_controller)
     # An ensemble's trajectories stop one by one; one trajectory's solve stops at an event.
     stops_rows = ensemble and formulation.can_fail
@@ -710,42 +717,44 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver,
         sol, initial = jax.vmap(trajectory, in_axes=(0, 0, 1, 0))(q0, v0, out.ys, t_failed)
     if traced:
         sol = _check_traced(sol, system, formulation, t0, t1, ts, q0, v0, *initial,
-                            ensemble=ensemble, throw=throw)
+                            deferred=(deferred_flags, deferred_messages), ensemble=ensemble,
+                            check_state=check_state, throw=throw)
     return sol
 
 
-def _check_traced(sol, system, formulation, t0, t1, ts, q0, v0, mass, forces, *, ensemble,
-                  throw):
-    """`sol` with the checks of a traced call attached as one branched error: those of
-    `check_initial_state` and of the times, then (`throw`) the failure of the solve.
+def _check_traced(sol, system, formulation, t0, t1, ts, q0, v0, mass, forces, *, deferred,
+                  ensemble, check_state, throw):
+    """`sol` with the checks of a traced call attached as one branched error: the
+    `deferred` ones (`(flags, messages)`), those of `check_initial_state` (`check_state`)
+    and of the times, then (`throw`) the failure of the solve.
 
-    One `error_if` for all: each costs ≈ 0.15 s of XLA compile. The input checks run after
-    the solve, on the mass matrix and forces that `_solution` evaluated at the initial
-    state: evaluated before it, on their own, they were a second copy of the equations of
-    motion in the compiled program (the two-link's optimized module: 3,921 instructions
-    against 2,306). A solve from a bad state thus runs before the input's error is
-    raised."""
-    problems = functools.partial(initial_state_problems, system, formulation, t0,
-                                 num_nonholonomic=sol.psi.shape[-1])
-    if ensemble:
-        problems = jax.vmap(problems)
-    flags, _ = problems(q0, v0, mass, forces)
-    if ensemble:
-        flags = jnp.any(flags, axis=0)
-    messages = _INITIAL_STATE_MESSAGES + tuple(m for m, _ in formulation.state_messages) + (
-        "`t0` and `t1` must be finite, with `t1` greater than `t0`.",
-        "`ts` must be finite, sorted and lie in [t0, t1].")
-    flags = jnp.concatenate([flags, jnp.stack([
-        ~(t1 > t0) | ~jnp.isfinite(t1 - t0),
-        False if ts is None else (jnp.any(jnp.diff(ts) < 0) | (ts[0] < t0) | (ts[-1] > t1)
-                                  | ~jnp.all(jnp.isfinite(ts))),
-    ])])
+    One `error_if` for all: each costs ≈ 0.1 s of XLA compile. The initial state's checks
+    run after the solve, on the mass matrix and forces that `_solution` evaluated at the
+    initial state: evaluated before it, on their own, they were a second copy of the
+    equations of motion in the compiled program (the two-link's optimized module: 3,921
+    instructions against 2,306). A solve from a bad state thus runs before the input's
+    error is raised."""
+    flags, messages = list(deferred[0]), deferred[1]
+    if check_state:
+        problems = functools.partial(initial_state_problems, system, formulation, t0,
+                                     num_nonholonomic=sol.psi.shape[-1])
+        state_flags, _ = (jax.vmap(problems) if ensemble else problems)(q0, v0, mass, forces)
+        flags += list(jnp.any(state_flags, axis=0) if ensemble else state_flags)
+        messages += _INITIAL_STATE_MESSAGES + tuple(m for m, _ in formulation.state_messages)
+    flags += [~(t1 > t0) | ~jnp.isfinite(t1 - t0),
+              False if ts is None else (jnp.any(jnp.diff(ts) < 0) | (ts[0] < t0)
+                                        | (ts[-1] > t1) | ~jnp.all(jnp.isfinite(ts)))]
+    messages += ("`t0` and `t1` must be finite, with `t1` greater than `t0`.",
+                 "`ts` must be finite, sorted and lie in [t0, t1].")
+    flags = jnp.stack(flags)
     wrong, index = jnp.any(flags), jnp.argmax(flags)
     if throw:
         result = _first_failure(sol.result) if ensemble else sol.result
         index = jnp.where(wrong, index, len(messages) + result._value)
         wrong = wrong | (result != RESULTS.successful)
         messages = messages + tuple(RESULTS._index_to_message)
+    # Under `vmap` equinox reports the largest index of the batch: 0 where nothing is wrong.
+    index = jnp.where(wrong, index, 0)
     return attach_check(sol, lambda x: eqx.branched_error_if(x, wrong, index, messages))
 
 

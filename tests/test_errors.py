@@ -138,6 +138,15 @@ def test_traced_bad_gains_raise_under_jit():
         _traced(-1.0, Q0, 1.0, _TS).block_until_ready()
 
 
+def test_traced_bad_gain_in_a_batch_names_the_gain():
+    """The checks and the failure are one branched error; under `vmap` it reports the
+    largest message index of the batch, so a good row must not add the index of
+    `RESULTS.successful` (the empty message)."""
+    batched = jax.vmap(lambda kd: _simulate(formulation=jaxdae.Baumgarte(kd, 25.0)).q)
+    with pytest.raises(Exception, match="`kd` must be symmetric positive definite"):
+        jax.block_until_ready(batched(jnp.array([10.0, -1.0])))
+
+
 def test_traced_bad_initial_state_and_times_raise_under_jit():
     with pytest.raises(Exception, match="`q0` contains non-finite"):
         _traced(10.0, jnp.array([jnp.nan, 0.0]), 1.0, _TS).block_until_ready()

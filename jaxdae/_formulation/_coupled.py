@@ -1,13 +1,12 @@
 """The general linear constraint-perturbation equation (paper 002, eqs. [0.11]–[0.12])."""
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 
 from .._custom_types import Array, Float
-from .._gains import as_gain, gain_matrix, is_concrete
+from .._gains import as_gain, gain_matrix, is_concrete, traced_check
 from .._linalg import not_hurwitz
 from .._system import ConstrainedTerms
 from ._base import (
@@ -173,11 +172,7 @@ class CoupledPerturbation(AbstractExactMultipliers):
         bad = not_hurwitz(jax.lax.stop_gradient(self.perturbation_matrix(m, k, dtype)), jnp)
         message = ("The perturbation matrix of `CoupledPerturbation` is not Hurwitz: the "
                    "constraint perturbations would not decay (paper 002, eq. [0.12]).")
-        names = [n for n in _BLOCKS if getattr(self, n) is not None]
-        return eqx.tree_at(
-            lambda f: [getattr(f, n) for n in names], self,
-            [eqx.error_if(getattr(self, n), bad, message) for n in names],
-        )
+        return traced_check(self, bad, message)
 
     def accelerations(self, terms: ConstrainedTerms):
         m, k = terms.num_holonomic, terms.num_nonholonomic
