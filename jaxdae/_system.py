@@ -197,16 +197,16 @@ class LagrangianSystem(AbstractSystem):
         #   (1, v, 0)   → d/dt ∂T/∂v − M q̈ = L_vq v + L_vt, −γ (METHODS.md identity,
         #                 `Φ̇ = Φ_t + Φ_q v` with v held fixed) and Ψ_t + Ψ_q v.
         n = q.shape[0]
-        energies = jax.eval_shape(
-            lambda: (self.kinetic_energy(t, q, v), self.potential_energy(t, q)))
-        for name, energy in zip(("kinetic_energy", "potential_energy"), energies):
-            if energy.shape != ():
-                raise ValueError(f"`{name}` must return a scalar (shape ()); got shape "
-                                 f"{energy.shape}. Return e.g. `expr[0]` or `jnp.sum(expr)`.")
         mass_given = type(self).mass_matrix is not LagrangianSystem.mass_matrix
 
         def lagrangian(t_, q_, v_):
-            return self.kinetic_energy(t_, q_, v_) - self.potential_energy(t_, q_)
+            energies = self.kinetic_energy(t_, q_, v_), self.potential_energy(t_, q_)
+            for name, energy in zip(("kinetic_energy", "potential_energy"), energies):
+                if jnp.shape(energy) != ():  # checked here: no trace of its own
+                    raise ValueError(f"`{name}` must return a scalar (shape ()); got shape "
+                                     f"{jnp.shape(energy)}. Return e.g. `expr[0]` or "
+                                     "`jnp.sum(expr)`.")
+            return energies[0] - energies[1]
 
         def local(t_, q_, v_):
             lag_q, lag_v = jax.grad(lagrangian, argnums=(1, 2))(t_, q_, v_)
