@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(PY) experiments/bench_rhs.py
 	$(PY) experiments/bench_stage_adjoint.py
 	$(PY) experiments/bench_xla_loops.py
+	$(PY) experiments/bench_compile.py
 	$(PY) experiments/bench_solves.py
 	$(PY) experiments/bench_unrolled.py
 
