@@ -124,7 +124,7 @@ def _solve(vjp_arg, static):
 def _swept(vjp_arg, static):
     # Stores the steps as `_forward` does (XLA drops them, unused): under reverse mode JAX
     # traces this primal too, and with the same arguments `_forward` then reuses its trace
-    # of `diffrax.diffeqsolve` (≈ 0.3 s of the two-link gradient's compile).
+    # of `diffrax.diffeqsolve`.
     return _solve(vjp_arg, static)[0]
 
 

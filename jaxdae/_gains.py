@@ -46,8 +46,8 @@ def traced_check(value, flag: Bool[Array, ""], message: str):
 def deferred_checks():
     """Collects the `traced_check`s made inside, in the same trace, as `(flag, message)`
     pairs in the list it yields, for the caller to attach as one `eqx.branched_error_if`
-    (`simulate` does, with its own checks): each `error_if` is a `lax.cond` with a host
-    callback, ≈ 0.1 s of XLA compile each (`experiments/bench_core.py`)."""
+    (`simulate` does, with its own checks): each `error_if` is a `lax.cond` with host
+    callbacks in the compiled program (`experiments/bench_compile.py` counts them)."""
     outer = getattr(_deferred, "checks", None)
     checks = []
     _deferred.checks = (jex.get_opaque_trace_state(convention="flax"), checks)

@@ -523,8 +523,9 @@ def in_current_mesh(fn):
     equations with the context each was recorded in, which names the empty mesh where the
     caller's context named none. What is traced lazily there (`ReverseSweepAdjoint`'s
     forward solve) then missed every trace cache that the input checks had filled, and
-    traced the equations of motion and the solve a second time: ≈ 0.7 s of the two-link
-    gradient's 3.5 s trace (`experiments/bench_core.py`)."""
+    traced the equations of motion and the solve a second time (with this fix and the
+    merged checks of `_check_traced`, the two-link sweep gradient's trace fell from
+    3.7–3.9 s to 2.3–3.0 s; `experiments/bench_compile.py`)."""
 
     @functools.wraps(fn)
     def in_mesh(*args, **kwargs):
@@ -728,11 +729,12 @@ def _check_traced(sol, system, formulation, t0, t1, ts, q0, v0, mass, forces, *,
     `deferred` ones (`(flags, messages)`), those of `check_initial_state` (`check_state`)
     and of the times, then (`throw`) the failure of the solve.
 
-    One `error_if` for all: each costs ≈ 0.1 s of XLA compile. The initial state's checks
-    run after the solve, on the mass matrix and forces that `_solution` evaluated at the
-    initial state: evaluated before it, on their own, they were a second copy of the
-    equations of motion in the compiled program (the two-link's optimized module: 3,921
-    instructions against 2,306). A solve from a bad state thus runs before the input's
+    One `error_if` for all, each being a `lax.cond` with host callbacks. The initial
+    state's checks run after the solve, on the mass matrix and forces that `_solution`
+    evaluated at the initial state: evaluated before it, on their own, they were a second
+    copy of the equations of motion in the compiled program (the two-link forward's
+    optimized module, with four more conditionals: 3,921 instructions against 2,365;
+    `experiments/bench_compile.py`). A solve from a bad state thus runs before the input's
     error is raised."""
     flags, messages = list(deferred[0]), deferred[1]
     if check_state:
