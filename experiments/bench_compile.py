@@ -17,7 +17,13 @@ between minutes on a 2-core virtual machine; alternate and compare medians):
       PYTHONPATH=$PWD <venv>/python experiments/bench_compile.py
     done
 
-    python experiments/bench_compile.py [--repeats 3] [--only forward]
+`--stages` also splits the trace of `simulate` (the forward function) by stage: the
+equations of motion (`LagrangianSystem.terms`, first trace), their scalar graphs
+(`scalarize`), diffrax's solve (which includes the right-hand side's first trace),
+the diagnostics at the saved states (`_solution`), the formulation's checks (`validate`)
+and the joined runtime checks (`_check_traced`), by wrapping those functions.
+
+    python experiments/bench_compile.py [--repeats 3] [--only forward] [--stages]
 """
 
 import argparse
@@ -72,10 +78,69 @@ def measure(fn, args, repeats: int) -> dict:
             **program_size(lowered, compiled)}
 
 
+def trace_stages(fn, args, repeats: int) -> dict:
+    """Wall time per stage of `repeats` cold traces of `fn` (medians), by wrapping the
+    functions named in the module docstring; nested stages count in their parents too."""
+    import diffrax
+
+    import jaxdae._scalarize as scalarize_module
+    import jaxdae._simulate as simulate_module
+    from jaxdae import LagrangianSystem
+
+    spent: dict = {}
+    active: set = set()
+
+    def timed(label, function):
+        def wrapper(*a, **k):
+            if label in active:  # a recursive call (`_eval` of a nested jaxpr)
+                return function(*a, **k)
+            active.add(label)
+            start = time.perf_counter()
+            try:
+                return function(*a, **k)
+            finally:
+                active.discard(label)
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - start
+        return wrapper
+
+    patches = [
+        (LagrangianSystem, "terms", "equations of motion (LagrangianSystem.terms)"),
+        (scalarize_module, "_eval", "scalar graphs (scalarize)"),
+        (simulate_module, "_solution", "diagnostics at the saved states (_solution)"),
+        (simulate_module, "_check_structure", "structure and gain checks (validate)"),
+        (simulate_module, "_check_traced", "joined runtime checks (_check_traced)"),
+    ]
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    solve = simulate_module.diffrax
+    try:
+        for (owner, name, label), (_, _, original) in zip(patches, originals):
+            setattr(owner, name, timed(label, original))
+        # `_simulate` calls `diffrax.diffeqsolve` through its module's name `diffrax`.
+        simulate_module.diffrax = type("diffrax", (), {
+            **{k: getattr(diffrax, k) for k in dir(diffrax) if not k.startswith("__")},
+            "diffeqsolve": staticmethod(timed("diffrax.diffeqsolve (with the right-hand "
+                                              "side)", diffrax.diffeqsolve))})
+        runs = []
+        for _ in range(repeats):
+            jax.clear_caches()
+            spent.clear()
+            start = time.perf_counter()
+            jax.jit(fn).trace(*args)
+            runs.append({"whole trace": time.perf_counter() - start, **spent})
+    finally:
+        simulate_module.diffrax = solve
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+    return {label: float(np.median([run.get(label, 0.0) for run in runs]))
+            for label in runs[0]}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=FUNCTIONS, action="append")
+    parser.add_argument("--stages", action="store_true",
+                        help="split the trace of `simulate` by stage")
     options = parser.parse_args()
     bench_core.warm_up_jax()
     functions = bench_core.jaxdae_functions()
@@ -91,6 +156,11 @@ def main():
             size = (f"{m['stablehlo ops']} | {m['HLO instructions']} | {m['conditionals']} | "
                     f"{m['custom calls']}") if stat == "min" else "| | |"
             print(f"| {name} | {stat} | {times} | {size} |", flush=True)
+    if options.stages:
+        print("\n| stage of the trace of `simulate` (median) | wall [s] |\n| --- | ---: |")
+        stages = trace_stages(functions["forward"], args, options.repeats)
+        for label, seconds in stages.items():
+            print(f"| {label} | {seconds:.3f} |")
 
 
 if __name__ == "__main__":
