@@ -35,7 +35,14 @@ from ._checks import check_finite, check_instance, check_positive
 from ._custom_types import Array, ArrayLike, Float, Gain, GainLike, Int, ScalarLike
 from ._formulation._base import default_rcond
 from ._linalg import extreme_eigenvalues, not_hurwitz, reciprocal_condition, spd_solve
-from ._gains import as_gain, check_gain_size, check_gain_structure, gain_matrix, is_concrete
+from ._gains import (
+    as_gain,
+    check_gain_size,
+    check_gain_structure,
+    gain_matrix,
+    is_concrete,
+    traced_check,
+)
 from ._scalarize import scalarize
 from ._simulate import (
     CHECKPOINTS,
@@ -291,8 +298,8 @@ class ConstraintEnforcingControl(eqx.Module):
     def validate(self, num_constraints: int | Sequence[int]) -> "ConstraintEnforcingControl":
         """Checks the gains' sizes against `num_constraints` (one per group for grouped
         gains) and returns the control. Concrete gains were checked for stability at
-        construction; traced ones (under `jit`, `vmap`, `grad`) come back wrapped in
-        `eqx.error_if`, which raises at run time unless each group's companion matrix is
+        construction; traced ones (under `jit`, `vmap`, `grad`) come back wrapped in one
+        `eqx.error_if` (`traced_check`), which raises at run time unless each group's companion matrix is
         Hurwitz or all its gains are zero (Lyapunov's test, as for
         [`jaxdae.CoupledPerturbation`][])."""
         self.perturbation_matrix(num_constraints)  # raises for gains of the wrong size
@@ -309,8 +316,8 @@ class ConstraintEnforcingControl(eqx.Module):
                    "Hurwitz): the constraints would not be restored (paper 002, §3). Tune "
                    "the poles of `ConstraintEnforcingControl.from_poles` to keep the gains "
                    "stable by construction.")
-        return eqx.tree_at(lambda c: jax.tree.leaves(c.gains), self,
-                           [eqx.error_if(k, bad, message) for k in jax.tree.leaves(self.gains)])
+        # One check for all the gains (one `lax.cond` with host callbacks each).
+        return eqx.tree_at(lambda c: c.gains, self, traced_check(self.gains, bad, message))
 
     def perturbation_matrix(self, num_constraints: int | Sequence[int]) -> Float[Array, "d d"]:
         """`H` of `ẏ = H y`, `y = (f, ḟ, …, f⁽ᵖ⁻¹⁾)`, shape `(ρr, ρr)` (eqs. [3.12], [5.8]);
