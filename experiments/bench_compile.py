@@ -8,13 +8,14 @@ machine's virtual cores), and the size of the compiled program: StableHLO operat
 before and HLO instructions after XLA's optimizations, conditionals (each traced check is
 one) and host callbacks.
 
-To compare two commits, run it alternately from each checkout (the figures move by 20–30%
-between minutes on a 2-core virtual machine; alternate and compare medians):
+To compare two commits, run this script alternately with `PYTHONPATH` at each checkout
+(jaxdae is imported from there; the figures move by 20–30% between minutes on a 2-core
+virtual machine, so alternate and compare medians):
 
     git worktree add /tmp/before <commit>
     for i in 1 2 3; do
-      (cd /tmp/before && PYTHONPATH=$PWD <venv>/python experiments/bench_compile.py)
-      PYTHONPATH=$PWD <venv>/python experiments/bench_compile.py
+      PYTHONPATH=/tmp/before .venv/bin/python experiments/bench_compile.py
+      PYTHONPATH=$PWD .venv/bin/python experiments/bench_compile.py
     done
 
 `--stages` also splits the trace of `simulate` (the forward function) by stage: the
