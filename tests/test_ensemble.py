@@ -182,3 +182,8 @@ def test_ensemble_errors():
         jaxdae.simulate_ensemble(SYSTEM, FORMULATION, 0.0, 1.0, q0, v0.at[2, 0].set(jnp.inf))
     with pytest.raises(jaxdae.SimulationError, match="maximum number of solver steps"):
         jaxdae.simulate_ensemble(SYSTEM, FORMULATION, 0.0, 1.0, q0, v0, max_steps=3)
+    # Traced states (the program of the tests above): the check runs after the solve, on
+    # each trajectory's diagnostics at its initial state.
+    q6, v6 = states(6)
+    with pytest.raises(Exception, match="`v0` contains non-finite"):
+        jax.block_until_ready(ensemble(FORMULATION, q6, v6.at[2, 0].set(jnp.nan)))
