@@ -34,7 +34,8 @@ class ReverseSweepAdjoint(eqx.Module):
     rounding; it is cheaper because diffrax's loop is not differentiated
     (`experiments/bench_core.py`).
 
-    Pass it as `simulate(..., adjoint=jaxdae.ReverseSweepAdjoint())`.
+    Pass it as `simulate(..., adjoint=jaxdae.ReverseSweepAdjoint())` (or to
+    [`jaxdae.simulate_ensemble`][] and [`jaxdae.simulate_actuated`][]).
 
     - **Memory**: the stored steps take `max_steps × (state size + 1)` floats per
       trajectory (with `max_steps = 100_000`, 4 MB for a two-coordinate system). Set
@@ -44,10 +45,11 @@ class ReverseSweepAdjoint(eqx.Module):
       (`diffrax.AbstractERK`: `Tsit5`, `Dopri5`, `Bosh3`, `Heun`, … and
       [`jaxdae.UnrolledERK`][] of them); adaptive or constant steps; solves that stop at a
       failure. Others raise `ValueError`.
-    - **Gradients** with respect to the system, the formulation, `q0` and `v0`, of
-      `simulate` and of [`jaxdae.simulate_ensemble`][] (whose trajectories share the steps:
-      the sweep runs once over the shared steps, every trajectory at once). Not with
-      respect to `t0`, `t1` or `ts` (a `ValueError` says so).
+    - **Gradients** with respect to the system, the formulation (or control), the initial
+      state, of `simulate`, of `simulate_actuated` and of [`jaxdae.simulate_ensemble`][]
+      (whose trajectories share the steps: the sweep runs once over the shared steps,
+      every trajectory at once). Not with respect to `t0`, `t1` or `ts` (a `ValueError`
+      says so).
     """
 
 

@@ -290,18 +290,19 @@ def _check_types(system, formulation, solver, stepsize_controller, adjoint, max_
     check_instance("formulation", formulation, AbstractFormulation,
                    "a jaxdae formulation such as `jaxdae.Baumgarte(kd, kp)` or "
                    "`jaxdae.ModifiedLagrange(alpha, kd, kp)`")
+    check_solve_options(solver, stepsize_controller, adjoint, max_steps)
+
+
+def check_solve_options(solver, stepsize_controller, adjoint, max_steps) -> None:
+    """The diffrax options of a solve are instances of the right kind (or
+    `jaxdae.ReverseSweepAdjoint` with an explicit Runge–Kutta solver and an integer
+    `max_steps`); `max_steps` is a positive integer or `None`."""
     if isinstance(adjoint, ReverseSweepAdjoint):
         explicit_tableau(Tsit5 if solver is None else solver)
         if max_steps is None:
             raise ValueError("`jaxdae.ReverseSweepAdjoint` stores every step: pass an integer "
                              "`max_steps` (the number of steps kept per trajectory).")
         adjoint = None
-    check_solve_options(solver, stepsize_controller, adjoint, max_steps)
-
-
-def check_solve_options(solver, stepsize_controller, adjoint, max_steps) -> None:
-    """The diffrax options of a solve are instances of the right kind; `max_steps` is a
-    positive integer or `None`."""
     check_instance("solver", solver, diffrax.AbstractSolver,
                    "a diffrax solver instance such as `diffrax.Tsit5()`", optional=True)
     check_instance("stepsize_controller", stepsize_controller,
@@ -309,8 +310,8 @@ def check_solve_options(solver, stepsize_controller, adjoint, max_steps) -> None
                    "a diffrax step-size controller such as `diffrax.PIDController(rtol, atol)` "
                    "or `diffrax.ConstantStepSize()`", optional=True)
     check_instance("adjoint", adjoint, diffrax.AbstractAdjoint,
-                   "a diffrax adjoint such as `diffrax.RecursiveCheckpointAdjoint()` (or, for "
-                   "`simulate`, `jaxdae.ReverseSweepAdjoint()`)", optional=True)
+                   "a diffrax adjoint such as `diffrax.RecursiveCheckpointAdjoint()` or "
+                   "`jaxdae.ReverseSweepAdjoint()`", optional=True)
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(
             max_steps, (int, np.integer)) or max_steps < 1):
         raise ValueError(f"`max_steps` must be a positive integer or None; got {max_steps!r}.")

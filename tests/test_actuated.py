@@ -66,25 +66,38 @@ def test_lie_derivatives_and_decoupling_match_the_paper():
 
 
 def test_vmap_and_grad_over_gains():
-    q0, v0, w0 = OPTICS.initial_state(angle_error=0.05)
+    """The gradient of a vmapped batch w.r.t. the gains and the initial state, against
+    central differences; `ReverseSweepAdjoint` gives the default adjoint's to rounding."""
 
-    def final_residual(rate, angle_error=0.05):
+    def final_residual(rate, angle_error=0.05, adjoint=None):
         q0, v0, w0 = OPTICS.initial_state(angle_error=angle_error)
         control = jaxdae.ConstraintEnforcingControl.with_poles(rate, order=4)
-        sol = jaxdae.simulate_actuated(OPTICS, control, 0.0, 0.5, q0, v0, w0)
+        sol = jaxdae.simulate_actuated(OPTICS, control, 0.0, 0.5, q0, v0, w0,
+                                       ts=jnp.array([0.0, 0.25, 0.5]), adjoint=adjoint,
+                                       max_steps=1024)
         return sol.residuals[-1, 0, 0]
 
     # One compiled program for both: the gradient of a vmapped batch.
     errors = jnp.array([0.05, -0.02])
-    batched, grads = jax.jit(jax.vmap(jax.value_and_grad(final_residual),
+    batched, grads = jax.jit(jax.vmap(jax.value_and_grad(final_residual, argnums=(0, 1)),
                                       in_axes=(None, 0)))(10.0, errors)
     one = [final_residual(10.0, float(e)) for e in errors]
     np.testing.assert_allclose(batched, one, rtol=1e-10)
 
     eps = 1e-4
     fd = (final_residual(10.0 + eps) - final_residual(10.0 - eps)) / (2 * eps)  # at 0.05
-    np.testing.assert_allclose(grads[0], fd, rtol=1e-5)
-    assert grads[0] < 0  # faster poles: a smaller residual at t = 0.5
+    np.testing.assert_allclose(grads[0][0], fd, rtol=1e-5)
+    assert grads[0][0] < 0  # faster poles: a smaller residual at t = 0.5
+    eps = 1e-6
+    fd = (final_residual(10.0, 0.05 + eps) - final_residual(10.0, 0.05 - eps)) / (2 * eps)
+    np.testing.assert_allclose(grads[1][0], fd, rtol=1e-5)
+
+    swept = jax.jit(jax.vmap(jax.value_and_grad(
+        lambda *a: final_residual(*a, adjoint=jaxdae.ReverseSweepAdjoint()), argnums=(0, 1)),
+        in_axes=(None, 0)))(10.0, errors)
+    np.testing.assert_allclose(swept[0], batched, rtol=1e-12)
+    for swept_grad, grad in zip(swept[1], grads):
+        np.testing.assert_allclose(swept_grad, grad, rtol=1e-9)
 
 
 def test_fixed_step_stability_follows_the_transition_matrix():
@@ -274,6 +287,12 @@ def test_bad_input_is_refused():
         jaxdae.simulate_actuated(OPTICS, CONTROL, 1.0, 0.0, q0, v0, w0)
     with pytest.raises(ValueError, match="`t0` and `t1` must be finite"):
         jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, jnp.inf, q0, v0, w0)
+    with pytest.raises(ValueError, match="ReverseSweepAdjoint` differentiates explicit"):
+        jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, 1.0, q0, v0, w0,
+                                 solver=diffrax.Kvaerno5(), adjoint=jaxdae.ReverseSweepAdjoint())
+    with pytest.raises(ValueError, match="ReverseSweepAdjoint` stores every step"):
+        jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, 1.0, q0, v0, w0, max_steps=None,
+                                 adjoint=jaxdae.ReverseSweepAdjoint())
     with pytest.raises(ValueError, match="`tol` must be a positive finite residual"):
         jaxdae.consistent_actuated_state(OPTICS, CONTROL, 0.0, q0, v0, w0, tol=0.0)
     with pytest.raises(ValueError, match="`v0` contains non-finite"):
