@@ -35,7 +35,7 @@ def is_concrete(*values) -> bool:
 def traced_check(value, flag: Bool[Array, ""], message: str):
     """`eqx.error_if(value, flag, message)`; inside [`deferred_checks`][] and in the trace
     that opened it, `value` itself, with `(flag, message)` recorded for the opener."""
-    trace, pending = getattr(_deferred, "checks", (None, None))
+    trace, pending = _deferred.checks
     if pending is None or jex.get_opaque_trace_state(convention="flax") != trace:
         return eqx.error_if(value, flag, message)  # (a flag of an inner trace cannot leave it)
     pending.append((flag, message))
@@ -48,7 +48,7 @@ def deferred_checks():
     pairs in the list it yields, for the caller to attach as one `eqx.branched_error_if`
     (`simulate` does, with its own checks): each `error_if` is a `lax.cond` with host
     callbacks in the compiled program (`experiments/bench_compile.py` counts them)."""
-    outer = getattr(_deferred, "checks", None)
+    outer = _deferred.checks
     checks = []
     _deferred.checks = (jex.get_opaque_trace_state(convention="flax"), checks)
     try:
@@ -57,7 +57,13 @@ def deferred_checks():
         _deferred.checks = outer
 
 
-_deferred = threading.local()
+class _DeferredChecks(threading.local):
+    """Per thread: `(trace, pending checks)` of the innermost open `deferred_checks`."""
+
+    checks = (None, None)  # none open (also after one has closed)
+
+
+_deferred = _DeferredChecks()
 
 
 def check_gain_structure(name: str, gain: Array, *, allow_zero_dim: bool = True) -> None:

@@ -147,6 +147,22 @@ def test_traced_bad_gain_in_a_batch_names_the_gain():
         jax.block_until_ready(batched(jnp.array([10.0, -1.0])))
 
 
+def test_traced_checks_outside_simulate_after_one_ran():
+    """Every `simulate` opens and closes `deferred_checks()`. A traced check made outside one
+    afterwards (`simulate_actuated`'s control gains, a realizing-force law re-traced in the
+    right-hand side) attaches its own error; it raised a `TypeError` while tracing once a
+    first `simulate` had closed its block (the demo's adaptive-optics study, run after the
+    two-link one)."""
+    from jaxdae._gains import deferred_checks, traced_check
+
+    with deferred_checks():
+        pass
+    check = jax.jit(lambda x: traced_check(x, x < 0, "`x` must be non-negative"))
+    assert float(check(1.0)) == 1.0
+    with pytest.raises(Exception, match="`x` must be non-negative"):
+        check(-1.0).block_until_ready()
+
+
 def test_traced_bad_initial_state_and_times_raise_under_jit():
     with pytest.raises(Exception, match="`q0` contains non-finite"):
         _traced(10.0, jnp.array([jnp.nan, 0.0]), 1.0, _TS).block_until_ready()
