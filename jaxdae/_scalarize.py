@@ -1,6 +1,6 @@
 """Scalar expression graphs for small systems: a few fused loops per right-hand side.
 
-The equations of motion are derived by automatic differentiation (`jax.linearize` applied to
+The equations of motion are derived by automatic differentiation (`jax.jvp` batched over
 stacked tangents, small matrix products, slices of slices). For a handful of coordinates this
 gives thousands of tiny array operations; XLA's CPU backend runs many of them as separate
 kernels, so the right-hand side of the two-link arm cost 13× a hand-written one
