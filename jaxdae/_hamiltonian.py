@@ -88,7 +88,8 @@ class HamiltonianSystem(AbstractSystem):
         return self.hamiltonian(t, q, p)
 
     def terms(self, t, q, p) -> ConstrainedTerms:
-        if jnp.shape(self.hamiltonian(t, q, p)) != ():
+        hamiltonian = self.hamiltonian(t, q, p)
+        if jnp.shape(hamiltonian) != ():
             raise ValueError("`hamiltonian` must return a scalar (shape ()).")
         v = cast_floating(self._dh_dp(t, q, p), q.dtype)
         mass = _spd_inverse(jax.jacfwd(self._dh_dp, argnums=2)(t, q, p))
@@ -107,6 +108,8 @@ class HamiltonianSystem(AbstractSystem):
             psi=psi,
             jacobian=jnp.concatenate([jac_phi, jac_psi], axis=0),
             bias=jnp.concatenate([gamma, -psi_rate]),
+            energy=hamiltonian if type(self).energy is HamiltonianSystem.energy else None,
+            momenta=p if type(self).momenta is HamiltonianSystem.momenta else None,
         ), q.dtype)
 
     def state_rate(self, t, q, p, terms, acceleration):

@@ -229,6 +229,8 @@ class RealizedConstraints(AbstractSystem):
             psi=jnp.zeros((0,), q.dtype),
             jacobian=full.jacobian[:m],
             bias=full.bias[:m],
+            energy=full.energy,  # (`energy` and `momenta` are the wrapped system's)
+            momenta=full.momenta,
         )
 
     def energy(self, t, q, s):

@@ -226,9 +226,17 @@ def _diagnostics(system, formulation, t, q, s):
     s = _velocities(system, formulation, t, q, s)
     terms = _terms(system, t, q, s)
     _, multipliers = formulation.accelerations(terms)
-    return (terms.phi, terms.dphi, terms.psi, multipliers, system.energy(t, q, s),
-            system.velocities(t, q, s), system.momenta(t, q, s), terms.mass_matrix,
+    return (terms.phi, terms.dphi, terms.psi, multipliers,
+            system.energy(t, q, s) if terms.energy is None else terms.energy,
+            system.velocities(t, q, s), momenta(system, t, q, s, terms), terms.mass_matrix,
             terms.forces)
+
+
+def momenta(system, t, q, s, terms=None):
+    """The system's momenta at the state `(q, s)`: from `terms` (by default the equations
+    of motion there, whose trace is cached) where they hold them."""
+    terms = _terms(system, t, q, s) if terms is None else terms
+    return system.momenta(t, q, s) if terms.momenta is None else terms.momenta
 
 
 def check_initial_state(system: AbstractSystem, formulation, t0, q0, v0
@@ -888,6 +896,6 @@ def _solution(system, formulation, t0, ts, q0, v0, ys, ts_saved, reached, result
         result=result,
         stats=stats,
         p=mask(p),
-        p_final=system.momenta(t_final, q_final, s_final),
+        p_final=momenta(system, t_final, q_final, s_final),
     )
     return sol, (mass[0], forces[0])

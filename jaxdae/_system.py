@@ -41,6 +41,9 @@ class ConstrainedTerms(eqx.Module):
     - `psi`: nonholonomic residual `Ψ = A v + a`; shape `(k,)`.
     - `jacobian`: `G = [Φ_q; Ψ_v]`, shape `(m + k, n)`.
     - `bias`: shape `(m + k,)`, see above.
+    - `energy`, `momenta`: the system's `energy` and `momenta` at the state, where deriving
+        the terms computes them anyway (`None`: [`jaxdae.simulate`][] asks the system). They
+        spare `simulate`'s diagnostics a trace of their own.
     """
 
     mass_matrix: MassMatrix
@@ -50,6 +53,8 @@ class ConstrainedTerms(eqx.Module):
     psi: NonholonomicResidual
     jacobian: Float[Array, "c n"]
     bias: Float[Array, " c"]
+    energy: Scalar | None = None
+    momenta: Momenta | None = None
 
     @property
     def num_holonomic(self) -> int:
@@ -199,7 +204,8 @@ class LagrangianSystem(AbstractSystem):
         # (`vmap` of `jvp` computes the unbatched primal once; it traces in about half the
         # time of `jax.linearize` followed by `vmap` of the linear map.)
         n = q.shape[0]
-        mass_given = type(self).mass_matrix is not LagrangianSystem.mass_matrix
+        cls = type(self)
+        mass_given = cls.mass_matrix is not LagrangianSystem.mass_matrix
 
         def lagrangian(t_, q_, v_):
             energies = self.kinetic_energy(t_, q_, v_), self.potential_energy(t_, q_)
@@ -208,22 +214,23 @@ class LagrangianSystem(AbstractSystem):
                     raise ValueError(f"`{name}` must return a scalar (shape ()); got shape "
                                      f"{jnp.shape(energy)}. Return e.g. `expr[0]` or "
                                      "`jnp.sum(expr)`.")
-            return energies[0] - energies[1]
+            return energies[0] - energies[1], energies[0] + energies[1]
 
         def local(t_, q_, v_):
-            lag_q, lag_v = jax.grad(lagrangian, argnums=(1, 2))(t_, q_, v_)
+            (lag_q, lag_v), energy = jax.grad(lagrangian, argnums=(1, 2), has_aux=True)(
+                t_, q_, v_)
             phi, dphi = jax.jvp(self.constraints, (t_, q_), (jnp.ones_like(t_), v_))
             psi = self.velocity_constraints(t_, q_, v_)
-            return lag_q, lag_v, phi, dphi, psi
+            return lag_q, lag_v, phi, dphi, psi, energy
 
         dtype, ttype = q.dtype, jnp.result_type(t)
         eye, zeros = jnp.eye(n, dtype=dtype), jnp.zeros((n, n), dtype)
         tangent_t = jnp.concatenate([jnp.zeros((2 * n,), ttype), jnp.ones((1,), ttype)])
         tangent_q = jnp.concatenate([zeros, eye, v[None]])
         tangent_v = jnp.concatenate([eye, zeros, jnp.zeros((1, n), dtype)])
-        (lag_q, _, phi, dphi, psi), (_, d_lag_v, d_phi, d_dphi, d_psi) = jax.vmap(
-            lambda *tangents: jax.jvp(local, (t, q, v), tangents),
-            out_axes=(None, 0))(tangent_t, tangent_q, tangent_v)
+        (lag_q, lag_v, phi, dphi, psi, energy), (_, d_lag_v, d_phi, d_dphi, d_psi, _) = (
+            jax.vmap(lambda *tangents: jax.jvp(local, (t, q, v), tangents),
+                     out_axes=(None, 0))(tangent_t, tangent_q, tangent_v))
         _require_vector("constraints", phi, "m")
         _require_vector("velocity_constraints", psi, "k")
         momentum_rate, second, psi_rate = d_lag_v[2 * n], d_dphi[2 * n], d_psi[2 * n]
@@ -241,6 +248,9 @@ class LagrangianSystem(AbstractSystem):
                 [d_phi.T.reshape(phi.shape[0], n), d_psi.T.reshape(psi.shape[0], n)], axis=0
             ),
             bias=jnp.concatenate([-second, -psi_rate]),
+            # `p = ∂T/∂v = L_v`; left to the methods where a subclass overrides them.
+            energy=energy if cls.energy is LagrangianSystem.energy else None,
+            momenta=lag_v if cls.momenta is LagrangianSystem.momenta else None,
         ), dtype)
 
 

@@ -92,6 +92,41 @@ def test_terms_match_separate_derivation(system, n):
         for name, value in want.items():
             np.testing.assert_allclose(getattr(got, name), value, rtol=1e-11, atol=1e-11,
                                        err_msg=name)
+        # The energy and momenta `terms` computes anyway (simulate's diagnostics read them).
+        np.testing.assert_allclose(got.energy, system.energy(t, q, v), rtol=1e-12)
+        np.testing.assert_allclose(got.momenta, system.momenta(t, q, v), rtol=1e-12,
+                                   atol=1e-12)
+
+
+def test_terms_energy_and_momenta_of_other_systems_and_overrides():
+    """Hamiltonian and realized-constraint systems carry their methods' energy and momenta
+    in `terms`; a subclass that overrides `energy` gets `None` there, and `simulate`'s
+    `Solution.energy` is the override's."""
+    from jaxdae.examples import ChaplyginSleigh
+
+    pendulum = CartesianPendulum()
+    q, v = jnp.array([0.6, -0.8]), jnp.array([0.3, 0.2])
+    sleigh = ChaplyginSleigh(mass=1.0, inertia=0.1, distance=0.5)
+    q_sleigh, v_sleigh = sleigh.initial_state(0.5, 2.0)
+    for system, state in [
+        (jaxdae.HamiltonianForm(pendulum), (q, pendulum.momenta(0.0, q, v))),
+        (jaxdae.RealizedConstraints(sleigh, jaxdae.ViscousForce(10.0)),
+         (q_sleigh, v_sleigh + 0.1)),
+    ]:
+        terms = system.terms(jnp.asarray(0.3), *state)
+        np.testing.assert_allclose(terms.energy, system.energy(0.3, *state), rtol=1e-12)
+        np.testing.assert_allclose(terms.momenta, system.momenta(0.3, *state), rtol=1e-12)
+
+    class Shifted(CartesianPendulum):
+        def energy(self, t, q, v):
+            return super().energy(t, q, v) + 1.0
+
+    shifted = Shifted()
+    assert shifted.terms(0.0, q, v).energy is None
+    assert shifted.terms(0.0, q, v).momenta is not None
+    sol = jaxdae.simulate(shifted, jaxdae.Baumgarte(20.0, 100.0), 0.0, 0.05, q, v * 0)
+    want = [shifted.energy(t, q_t, v_t) for t, q_t, v_t in zip(sol.ts, sol.q, sol.v)]
+    np.testing.assert_allclose(sol.energy, want, rtol=1e-12)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 8, 9])
