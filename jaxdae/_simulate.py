@@ -228,11 +228,11 @@ def _diagnostics(system, formulation, t, q, s):
     _, multipliers = formulation.accelerations(terms)
     return (terms.phi, terms.dphi, terms.psi, multipliers,
             system.energy(t, q, s) if terms.energy is None else terms.energy,
-            system.velocities(t, q, s), momenta(system, t, q, s, terms), terms.mass_matrix,
+            system.velocities(t, q, s), _momenta(system, t, q, s, terms), terms.mass_matrix,
             terms.forces)
 
 
-def momenta(system, t, q, s, terms=None):
+def _momenta(system, t, q, s, terms=None):
     """The system's momenta at the state `(q, s)`: from `terms` (by default the equations
     of motion there, whose trace is cached) where they hold them."""
     terms = _terms(system, t, q, s) if terms is None else terms
@@ -868,8 +868,8 @@ def _solution(system, formulation, t0, ts, q0, v0, ys, ts_saved, reached, result
             jnp.where(valid[:, None], v, v0))
     if ts is None:
         # Two rows, one call each: the second reuses the first's trace, where `vmap` would
-        # batch the equations' scalar graph, equation by equation, at trace time (≈ 0.2 s
-        # for the two-link arm).
+        # batch the equations' scalar graph, equation by equation, at trace time (the
+        # two-link diagnostics: 0.21–0.23 → 0.13–0.15 s, `bench_compile.py --stages`).
         per_row = [_diagnostics(system, formulation, *(x[i] for x in rows)) for i in (0, 1)]
         *diagnostics, mass, forces = jax.tree.map(lambda *x: jnp.stack(x), *per_row)
     else:  # the initial state first (without `ts`, row 0 is the initial state)
@@ -896,6 +896,6 @@ def _solution(system, formulation, t0, ts, q0, v0, ys, ts_saved, reached, result
         result=result,
         stats=stats,
         p=mask(p),
-        p_final=momenta(system, t_final, q_final, s_final),
+        p_final=_momenta(system, t_final, q_final, s_final),
     )
     return sol, (mass[0], forces[0])
