@@ -232,10 +232,9 @@ def _diagnostics(system, formulation, t, q, s):
             terms.forces)
 
 
-def _momenta(system, t, q, s, terms=None):
-    """The system's momenta at the state `(q, s)`: from `terms` (by default the equations
-    of motion there, whose trace is cached) where they hold them."""
-    terms = _terms(system, t, q, s) if terms is None else terms
+def _momenta(system, t, q, s, terms):
+    """The system's momenta at the state `(q, s)`: from its `terms` there where they hold
+    them."""
     return system.momenta(t, q, s) if terms.momenta is None else terms.momenta
 
 
@@ -896,6 +895,7 @@ def _solution(system, formulation, t0, ts, q0, v0, ys, ts_saved, reached, result
         result=result,
         stats=stats,
         p=mask(p),
-        p_final=_momenta(system, t_final, q_final, s_final),
+        p_final=_momenta(system, t_final, q_final, s_final,
+                         _terms(system, t_final, q_final, s_final)),  # (trace cached)
     )
     return sol, (mass[0], forces[0])
