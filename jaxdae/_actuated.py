@@ -43,10 +43,9 @@ from ._gains import (
     is_concrete,
     traced_check,
 )
-from ._adjoint import ReverseSweepAdjoint, swept_diffeqsolve
+from ._adjoint import ReverseSweepAdjoint, default_adjoint, swept_diffeqsolve
 from ._scalarize import scalarize
 from ._simulate import (
-    CHECKPOINTS,
     Tsit5,
     _check_times,
     _float_array,
@@ -705,10 +704,11 @@ def simulate_actuated(
     - `ts`, `solver`, `stepsize_controller`, `dt0`, `rtol`, `atol`, `max_steps`, `adjoint`,
         `throw`: as for [`jaxdae.simulate`][]. For a fixed-step method pass e.g.
         `solver=diffrax.Euler(), stepsize_controller=diffrax.ConstantStepSize(), dt0=τ`.
-        For gradients [`jaxdae.ReverseSweepAdjoint`][] (with `max_steps` near the steps
-        needed) gives the default adjoint's gradient faster: for the adaptive-optics
+        The default adjoint for explicit Runge–Kutta solvers, [`jaxdae.ReverseSweepAdjoint`][],
+        gives `diffrax.RecursiveCheckpointAdjoint`'s gradient faster: for the adaptive-optics
         element's gains and actuator state it compiled in 4–5 s instead of 12–14 s and ran
-        1.3–1.7× faster (`experiments/bench_solves.py`, 2-core CPU), agreeing to rounding.
+        1.3–1.7× faster (`experiments/bench_solves.py`, 2-core CPU, with all steps stored),
+        agreeing to rounding.
 
     **Returns:**
 
@@ -736,7 +736,7 @@ def simulate_actuated(
         system, control, t0, t1, q0, v0, w0, ts,
         solver=Tsit5 if solver is None else solver,
         stepsize_controller=stepsize_controller, dt0=dt0, max_steps=max_steps,
-        adjoint=(diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS)
+        adjoint=(default_adjoint(Tsit5 if solver is None else solver, max_steps)
                  if adjoint is None else adjoint),
     )
     return raise_failure(sol) if throw else sol
@@ -753,7 +753,7 @@ def _simulate_actuated(system, control, t0, t1, q0, v0, w0, ts, *, solver,
                    event=solve_event([_singular], stepsize_controller), max_steps=max_steps)
     if isinstance(adjoint, ReverseSweepAdjoint):
         out = swept_diffeqsolve(_vector_field, solver, t0, t1, dt0, (q0, v0, w0), ts=ts,
-                                **options)
+                                adjoint=adjoint, **options)
     else:
         out = diffrax.diffeqsolve(diffrax.ODETerm(_vector_field), solver, t0, t1, dt0,
                                   (q0, v0, w0), adjoint=adjoint, throw=False, **options)

@@ -9,11 +9,14 @@ forward solve stores every accepted step, and the backward pass is the discrete 
 the explicit Runge–Kutta step, applied step by step in reverse.
 """
 
+from collections.abc import Callable
+
 import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from diffrax._term import WrapTerm
 from jax.flatten_util import ravel_pytree
 
 from ._scalarize import scalarize
@@ -37,10 +40,15 @@ class ReverseSweepAdjoint(eqx.Module):
     Pass it as `simulate(..., adjoint=jaxdae.ReverseSweepAdjoint())` (or to
     [`jaxdae.simulate_ensemble`][] and [`jaxdae.simulate_actuated`][]).
 
-    - **Memory**: the stored steps take `max_steps × (state size + 1)` floats per
-      trajectory (with `max_steps = 100_000`, 4 MB for a two-coordinate system). Set
-      `max_steps` near the number of steps the solve needs, above all under `jax.vmap` and
-      in ensembles.
+    - **Memory**: at most `stored_steps` steps are stored at once, `stored_steps × (state
+      size + 1)` floats per trajectory (the default 1024: 40 kB for a two-coordinate
+      system). A solve allowed more steps (`max_steps > stored_steps`) runs in segments of
+      at most `stored_steps` steps: the forward solve keeps each segment's start (its state
+      and the solver's and step-size controller's) and the last segment's steps, and the
+      backward pass re-solves every earlier segment from its start before sweeping it. A
+      solve that ends within its first segment, the usual case, is solved once, as with
+      `stored_steps ≥ max_steps`. (With segments the step limit is `max_steps` rounded up
+      to a multiple of the segments' length: at most `max_steps / stored_steps` more.)
     - **Solvers**: explicit Runge–Kutta methods with a Butcher tableau
       (`diffrax.AbstractERK`: `Tsit5`, `Dopri5`, `Bosh3`, `Heun`, … and
       [`jaxdae.UnrolledERK`][] of them); adaptive or constant steps; solves that stop at a
@@ -48,16 +56,27 @@ class ReverseSweepAdjoint(eqx.Module):
     - **Gradients** with respect to the system, the formulation (or control), the initial
       state, of `simulate`, of `simulate_actuated` and of [`jaxdae.simulate_ensemble`][]
       (whose trajectories share the steps: the sweep runs once over the shared steps,
-      every trajectory at once). Not with respect to `t0`, `t1` or `ts` (a `ValueError`
-      says so).
+      every trajectory at once). Gradients with respect to `t0`, `t1`, `ts` or `dt0`
+      differentiate diffrax's loop instead (`diffrax.RecursiveCheckpointAdjoint`), inside
+      the same call.
+
+    **Arguments:**
+
+    - `stored_steps`: the most steps stored at once (see *Memory*).
     """
+
+    stored_steps: int = eqx.field(default=1024, static=True)
+
+    def __check_init__(self):
+        if isinstance(self.stored_steps, bool) or not isinstance(
+                self.stored_steps, (int, np.integer)) or self.stored_steps < 1:
+            raise ValueError("`ReverseSweepAdjoint(stored_steps=...)` must be a positive "
+                             f"integer; got {self.stored_steps!r}.")
 
 
 def explicit_tableau(solver) -> diffrax.ButcherTableau:
     """The Butcher tableau of an explicit Runge–Kutta `solver`, or a `ValueError`."""
-    base = solver
-    while isinstance(base, AbstractWrappedSolver):
-        base = base.solver
+    base = _unwrapped(solver)
     if not isinstance(base, diffrax.AbstractERK):
         raise ValueError(
             "`jaxdae.ReverseSweepAdjoint` differentiates explicit Runge–Kutta solvers "
@@ -66,10 +85,35 @@ def explicit_tableau(solver) -> diffrax.ButcherTableau:
     return base.tableau
 
 
+def _unwrapped(solver):
+    while isinstance(solver, AbstractWrappedSolver):
+        solver = solver.solver
+    return solver
+
+
+def default_adjoint(solver, max_steps) -> diffrax.AbstractAdjoint | ReverseSweepAdjoint:
+    """The adjoint of a solve given none: [`jaxdae.ReverseSweepAdjoint`][] for an explicit
+    Runge–Kutta `solver` with a step limit, else `diffrax.RecursiveCheckpointAdjoint` with
+    `CHECKPOINTS` checkpoints."""
+    if isinstance(_unwrapped(solver), diffrax.AbstractERK) and max_steps is not None:
+        return ReverseSweepAdjoint()
+    return diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS)
+
+
+# Checkpoints of `RecursiveCheckpointAdjoint` where it is the default. diffrax's default for
+# `max_steps = 100_000` is ≈450; on the two-link gradient (`experiments/bench_adjoint.py`,
+# 2-core CPU) 32 was 1.15–1.2× faster at 130 steps and 1.05–1.3× faster at ≈2000 steps (the
+# extra recomputation costs less than the larger checkpoint buffers), with 14× less memory
+# per trajectory, which matters under `vmap`.
+CHECKPOINTS = 32
+
+
 def swept_diffeqsolve(vector_field, solver, t0, t1, dt0, y0, *, args, saveat, ts,
-                      stepsize_controller, event, max_steps, step_args=None, stage_vjp=None):
+                      stepsize_controller, event, max_steps, adjoint=ReverseSweepAdjoint(),
+                      step_args=None, stage_vjp=None):
     """`diffrax.diffeqsolve(ODETerm(vector_field), ...)` whose reverse mode is the sweep of
-    [`jaxdae.ReverseSweepAdjoint`][]. `saveat` is `SaveAt(t0=True, t1=True)` (`ts` None) or
+    [`jaxdae.ReverseSweepAdjoint`][] (`adjoint`, which sets the steps stored at once).
+    `saveat` is `SaveAt(t0=True, t1=True)` (`ts` None) or
     `SaveAt(subs=[SubSaveAt(ts=ts'), SubSaveAt(t1=True)])`, as `simulate` builds it.
 
     A solver that passes the vector field more than `args` (an ensemble's
@@ -89,22 +133,37 @@ def swept_diffeqsolve(vector_field, solver, t0, t1, dt0, y0, *, args, saveat, ts
         raise ValueError("`step_args` reads the final solver state: save it "
                          "(`SaveAt(solver_state=True)`).")
     static = sweep_options(vector_field, solver, saveat, stepsize_controller, event, max_steps,
-                           step_args, stage_vjp)
-    return _swept((args, y0, t0, t1, ts, dt0), static)
+                           adjoint.stored_steps, step_args, stage_vjp)
+    # The save times as diffrax sees them (see `save_at`), differentiable: not in `static`.
+    return _swept((args, y0, t0, t1, None if ts is None else saves.ts, dt0), static)
 
 
 def sweep_options(vector_field, solver, saveat, stepsize_controller, event, max_steps,
-                  step_args=None, stage_vjp=None) -> dict:
+                  stored_steps, step_args=None, stage_vjp=None) -> dict:
     """The non-differentiated arguments of the swept solve (`_solve`, `_backward`)."""
-    return dict(vector_field=vector_field, solver=solver, saveat=saveat, event=event,
+    return dict(vector_field=vector_field, solver=solver,
+                save_solver_state=saveat.solver_state, event=event,
                 stepsize_controller=stepsize_controller, max_steps=max_steps,
+                segments=_segments(max_steps, stored_steps, stepsize_controller),
                 tableau=explicit_tableau(solver), step_args=step_args, stage_vjp=stage_vjp)
 
 
+def _segments(max_steps, stored_steps, stepsize_controller) -> tuple[int, int] | None:
+    """`(count, length)` of the segments of a solve allowed more than `stored_steps` steps,
+    else None. (`StepTo` counts its steps in diffrax's loop: never in segments.)"""
+    if max_steps <= stored_steps or isinstance(stepsize_controller, diffrax.StepTo):
+        return None
+    count = -(-max_steps // stored_steps)
+    return count, -(-max_steps // count)
+
+
 def _solve(vjp_arg, static):
-    """The solve, and every accepted step's end time and state."""
-    args, y0, t0, t1, _, dt0 = vjp_arg
-    saveat = static["saveat"]
+    """The solve, and what the sweep reads: every accepted step's end time and state (of
+    the last segment, and each segment's start, if in segments)."""
+    if static["segments"] is not None:
+        return _solve_in_segments(vjp_arg, static)
+    args, y0, t0, t1, ts, dt0 = vjp_arg
+    saveat = _saveat(ts, static)
     subs = saveat.subs if isinstance(saveat.subs, list) else [saveat.subs]
     last = diffrax.SubSaveAt(steps=True)
     out = diffrax.diffeqsolve(
@@ -122,31 +181,188 @@ def _solve(vjp_arg, static):
     return eqx.tree_at(lambda o: (o.ts, o.ys), out, (ts_saved, ys_saved)), stored
 
 
+def _saveat(ts, static) -> diffrax.SaveAt:
+    """What `swept_diffeqsolve` was asked to save: `t0` and `t1`, or `ts` and `t1`."""
+    if ts is None:
+        return diffrax.SaveAt(t0=True, t1=True, solver_state=static["save_solver_state"])
+    return diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)],
+                          solver_state=static["save_solver_state"])
+
+
+class _RecordProposal(diffrax.AbstractStepSizeController):
+    """`controller`, whose state also holds the end of the next step it proposes: a
+    segment ends with it, and the next one starts from it (diffrax's `Solution` does not
+    say it)."""
+
+    controller: diffrax.AbstractStepSizeController
+
+    def wrap(self, direction):
+        return _RecordProposal(self.controller.wrap(direction))
+
+    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
+        tnext, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
+        return tnext, (state, jnp.asarray(tnext, jnp.result_type(t0)))
+
+    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order,
+                        controller_state):
+        keep, tprev, tnext, jump, state, result = self.controller.adapt_step_size(
+            t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state[0])
+        return keep, tprev, tnext, jump, (state, jnp.asarray(tnext, jnp.result_type(t1))), result
+
+
+def _start(vjp_arg, static):
+    """The first segment's start `(t, y, solver state, controller state, made jump)`, as
+    `diffrax.diffeqsolve` begins a solve given no states."""
+    args, y0, t0, t1, _, dt0 = vjp_arg
+    # The terms as diffeqsolve wraps them (the controller's first step depends on the type).
+    solver, terms = static["solver"], WrapTerm(diffrax.ODETerm(static["vector_field"]), 1)
+    tnext, controller_state = _RecordProposal(static["stepsize_controller"]).wrap(1).init(
+        terms, t0, t1, y0, dt0, args, solver.func, solver.error_order(terms))
+    solver_state = solver.init(terms, t0, jnp.minimum(tnext, t1), y0, args)
+    return t0, y0, solver_state, controller_state, jnp.asarray(False)
+
+
+def _segment(start, args, t1, static, save_ts=None, event=None):
+    """At most one segment's length of steps from `start`, saving each step, the end (and
+    the solver's and controller's states there) and `save_ts` (those before the start at
+    the start: diffrax saves only within a solve)."""
+    t, y, solver_state, controller_state, made_jump = start
+    subs = [diffrax.SubSaveAt(t1=True), diffrax.SubSaveAt(steps=True)]
+    if save_ts is not None:
+        subs = [diffrax.SubSaveAt(ts=jnp.clip(save_ts, t, t1))] + subs
+    return diffrax.diffeqsolve(
+        diffrax.ODETerm(static["vector_field"]), static["solver"], t, t1,
+        controller_state[1] - t, y, args=args,
+        saveat=diffrax.SaveAt(subs=subs, solver_state=True, controller_state=True,
+                              made_jump=True),
+        stepsize_controller=_RecordProposal(static["stepsize_controller"]), event=event,
+        max_steps=static["segments"][1], solver_state=solver_state,
+        controller_state=controller_state, made_jump=made_jump if _jumps(static) else None,
+        adjoint=diffrax.RecursiveCheckpointAdjoint(), throw=False)
+
+
+def _jumps(static) -> bool:
+    """Whether the controller steps across discontinuities (the solver then re-evaluates a
+    step's first stage); if not, diffrax resolves `made_jump` when tracing."""
+    return getattr(static["stepsize_controller"], "jump_ts", None) is not None
+
+
+def _solve_in_segments(vjp_arg, static):
+    """`_solve` in segments: one `diffrax.diffeqsolve` per segment, each from where the last
+    stopped (after a segment's length of steps), until the solve ends or `max_steps`. Keeps
+    every segment's start and the last segment's steps."""
+    args, y0, t0, t1, ts, _ = vjp_arg
+    count, length = static["segments"]
+    event = static["event"]
+    start = _start(vjp_arg, static)
+    starts = jax.tree.map(lambda x: jnp.zeros((count + 1,) + jnp.shape(x), jnp.result_type(x))
+                          .at[0].set(x), start)
+    dtype = jnp.result_type(t0)
+    inf = lambda y: jnp.full(jnp.shape(y), jnp.inf, jnp.result_type(y))  # noqa: E731
+    # What the loop carries besides the starts: the last segment's steps, end, saves at
+    # `ts`, result and event mask, and the step counts of all segments.
+    last = dict(
+        step_ts=jnp.full(length, jnp.inf, dtype),
+        step_ys=jax.tree.map(lambda y: inf(jnp.zeros((length,) + jnp.shape(y))), y0),
+        t_end=jnp.full(1, jnp.inf, dtype), y_end=jax.tree.map(lambda y: inf(y[None]), y0),
+        result=diffrax.RESULTS.successful,
+        event_mask=None if event is None else jax.tree.map(lambda _: jnp.asarray(False),
+                                                           event.cond_fn))
+    saved = None if ts is None else (jnp.full(ts.shape, jnp.inf, dtype),
+                                     jax.tree.map(lambda y: inf(jnp.zeros(ts.shape + y.shape)),
+                                                  y0))
+    counts = jnp.zeros(3, int)  # steps, accepted, rejected (diffrax's integer type)
+
+    def going_on(carry):
+        index, _, _, last, _, _ = carry
+        return (index < count) & ((index == 0) | (
+            last["result"] == diffrax.RESULTS.max_steps_reached))
+
+    def segment(carry):
+        index, starts, start, _, saved, counts = carry
+        out = _segment(start, args, t1, static, ts, event)
+        *at_ts, t_end, step_ts = out.ts
+        *ys_at_ts, y_end, step_ys = out.ys
+        end = (t_end[0], jax.tree.map(lambda y: y[0], y_end), out.solver_state,
+               out.controller_state, out.made_jump)
+        starts = jax.tree.map(lambda buf, x: buf.at[index + 1].set(x), starts, end)
+        if saved is not None:  # a save time at or before the start was an earlier segment's
+            new = jnp.isfinite(at_ts[0]) & ((ts > start[0]) | (index == 0))
+            saved = (jnp.where(new, at_ts[0], saved[0]), jax.tree.map(
+                lambda old, y: jnp.where(new.reshape((-1,) + (1,) * (y.ndim - 1)), y, old),
+                saved[1], ys_at_ts[0]))
+        counts = counts + jnp.stack([out.stats[k] for k in _COUNTS]).astype(counts.dtype)
+        last = dict(step_ts=step_ts, step_ys=step_ys, t_end=t_end, y_end=y_end,
+                    result=out.result, event_mask=out.event_mask,
+                    steps=jnp.asarray(out.stats["num_accepted_steps"], jnp.int32))
+        return index + 1, starts, end, last, saved, counts
+
+    last["steps"] = jnp.zeros((), jnp.int32)
+    index, starts, end, last, saved, counts = jax.lax.while_loop(
+        going_on, segment, (jnp.zeros((), jnp.int32), starts, start, last, saved, counts))
+    if ts is None:  # SaveAt(t0=True, t1=True)
+        ts_out = jnp.concatenate([jnp.reshape(t0, (1,)).astype(dtype), last["t_end"]])
+        ys_out = jax.tree.map(lambda y, e: jnp.concatenate([y[None], e]), y0, last["y_end"])
+    else:
+        ts_out, ys_out = [saved[0], last["t_end"]], [saved[1], last["y_end"]]
+    out = diffrax.Solution(
+        t0=t0, t1=last["t_end"][0], ts=ts_out, ys=ys_out, interpolation=None,
+        stats=dict(zip(_COUNTS, counts), max_steps=static["max_steps"]),
+        result=last["result"],
+        solver_state=end[2] if static["save_solver_state"] else None, controller_state=None,
+        made_jump=None, event_mask=last["event_mask"])
+    return out, (last["step_ts"], last["step_ys"], last["steps"], starts, index)
+
+
+_COUNTS = ("num_steps", "num_accepted_steps", "num_rejected_steps")
+
+
 @eqx.filter_custom_vjp
 def _swept(vjp_arg, static):
-    # Stores the steps as `_forward` does (XLA drops them, unused): under reverse mode JAX
-    # traces this primal too, and with the same arguments `_forward` then reuses its trace
-    # of `diffrax.diffeqsolve`.
-    return _solve(vjp_arg, static)[0]
+    # Without reverse mode nothing is stored: the solve is diffrax's.
+    return _loop_solve(vjp_arg, static)
 
 
 def _forward(perturbed, vjp_arg, static):
     _, _, *times = perturbed
-    if any(jax.tree.leaves(times)):
-        raise ValueError(
-            "`jaxdae.ReverseSweepAdjoint` gives gradients with respect to the system, the "
-            "formulation, `q0` and `v0`, not with respect to `t0`, `t1`, `ts` or `dt0`; use "
-            "the default adjoint (`diffrax.RecursiveCheckpointAdjoint`) for those.")
+    if any(jax.tree.leaves(times)):  # the sweep holds the step times constant
+        out, pull = eqx.filter_vjp(lambda vjp_arg: _loop_solve(vjp_arg, static), vjp_arg)
+        return out, _LoopVJP(pull, out)
     return _solve(vjp_arg, static)
 
 
+class _LoopVJP(eqx.Module):
+    """The vector–Jacobian product of the solve through diffrax's loop, and the solve's
+    output (for gradients with respect to the times)."""
+
+    pull: Callable
+    out: diffrax.Solution
+
+
+def _loop_solve(vjp_arg, static):
+    """The solve by `diffrax.diffeqsolve` (differentiated through its loop, if at all)."""
+    args, y0, t0, t1, ts, dt0 = vjp_arg
+    return diffrax.diffeqsolve(
+        diffrax.ODETerm(static["vector_field"]), static["solver"], t0, t1, dt0, y0, args=args,
+        saveat=_saveat(ts, static), stepsize_controller=static["stepsize_controller"],
+        event=static["event"], max_steps=static["max_steps"],
+        adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS), throw=False)
+
+
 def _backward(stored, out_bar, perturbed, vjp_arg, static):
-    args, y0, t0, _, ts, _ = vjp_arg
-    step_ts, step_ys, steps, solver_state = stored
+    if isinstance(stored, _LoopVJP):
+        bar = jax.tree.map(lambda x: jnp.zeros_like(x) if eqx.is_inexact_array(x) else None,
+                           stored.out)
+        bar = eqx.tree_at(lambda o: (o.ts, o.ys), bar, replace_fn=lambda _: None)
+        bar = eqx.tree_at(lambda o: (o.ts, o.ys), bar, (
+            _as_zeros(out_bar.ts, stored.out.ts), _as_zeros(out_bar.ys, stored.out.ys)),
+            is_leaf=lambda x: x is None)
+        (vjp_arg_bar,) = stored.pull(bar)
+        return vjp_arg_bar
+    args, y0, t0, t1, ts, _ = vjp_arg
     tableau, solver = static["tableau"], static["solver"]
     flat_y0, unravel = ravel_pytree(y0)
     flat = lambda y: ravel_pytree(y)[0]  # noqa: E731
-    stored_state = lambda i: flat(jax.tree.map(lambda x: x[i], step_ys))  # noqa: E731
     zero = jnp.zeros_like(flat_y0)
 
     # Cotangents of the saved states: (ȳ₀ direct, ȳ at the last step's end, at `ts`).
@@ -160,7 +376,7 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
         save_bar = _rows_bar(at_ts, y0, ts.shape[0])
         final_bar = _rows_bar(at_end, y0, 1)[0]
         y0_bar = zero
-        save_ts = static["saveat"].subs[0].ts  # as diffrax saw them (see `save_at`)
+        save_ts = ts  # as diffrax saw them (see `save_at`)
 
     a = np.zeros((tableau.num_stages, tableau.num_stages))
     for i, row in enumerate(tableau.a_lower):
@@ -199,67 +415,107 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
                 lambda y, p: rates(t, y, p, static_args, solver_state, t_start), y, diff_args)
             return pull(cotangent)
 
-    if save_ts is not None:  # the step that saved each `ts[j]`: the first ending at or after
-        # it (diffrax fills the times of steps not taken with inf)
-        save_step = jnp.searchsorted(step_ts, save_ts, side="left")
+    def sweep(step_ts, step_ys, steps, solver_state, t0, flat_y0, end_bar, save_bar, args_bar):
+        """The cotangents of the steps' start state and of `args` (added to `args_bar`),
+        from the cotangent `end_bar` of the last step's end and `save_bar` of the states
+        saved at `save_ts` inside the steps."""
+        stored_state = lambda i: flat(jax.tree.map(lambda x: x[i], step_ys))  # noqa: E731
+        if save_ts is not None:  # the step that saved each `ts[j]`: the first ending at or
+            # after it (diffrax fills the times of steps not taken with inf)
+            save_step = jnp.searchsorted(step_ts, save_ts, side="left")
 
-    def step_back(k, carry):
-        end_bar, args_bar = carry
-        n = steps - 1 - k
-        first = n == 0
-        t_start = jnp.where(first, t0, step_ts[jnp.maximum(n - 1, 0)])
-        y_start = jnp.where(first, flat_y0, stored_state(jnp.maximum(n - 1, 0)))
-        t_end, y_end = step_ts[n], stored_state(n)
-        h = t_end - t_start
-        end_bar = end_bar + jnp.where(n == steps - 1, final_bar, zero)
+        def step_back(k, carry):
+            end_bar, args_bar = carry
+            n = steps - 1 - k
+            first = n == 0
+            t_start = jnp.where(first, t0, step_ts[jnp.maximum(n - 1, 0)])
+            y_start = jnp.where(first, flat_y0, stored_state(jnp.maximum(n - 1, 0)))
+            t_end, y_end = step_ts[n], stored_state(n)
+            h = t_end - t_start
 
-        def stage(i, k_stages):
-            y_stage = y_start + h * (a[i] @ k_stages)
-            return k_stages.at[i].set(rates(t_start + c[i] * h, y_stage, diff_args, static_args,
-                                            solver_state, t_start))
+            def stage(i, k_stages):
+                y_stage = y_start + h * (a[i] @ k_stages)
+                return k_stages.at[i].set(rates(t_start + c[i] * h, y_stage, diff_args,
+                                                static_args, solver_state, t_start))
 
-        k_stages = jax.lax.fori_loop(0, stages, stage,
-                                     jnp.zeros((stages, flat_y0.size), zero.dtype))
-        start_bar, stages_bar = end_bar, h * b[:, None] * end_bar[None, :]
-        if save_ts is not None:  # states saved inside this step, through the dense output
-            def interpolate(y_start, y_end, k_stages, t):
-                dense = solver.interpolation_cls(
-                    t0=t_start, t1=t_end, y0=unravel(y_start), y1=unravel(y_end),
-                    k=jax.vmap(unravel)(h * k_stages))
-                return flat(dense.evaluate(t))
+            k_stages = jax.lax.fori_loop(0, stages, stage,
+                                         jnp.zeros((stages, flat_y0.size), zero.dtype))
+            start_bar, stages_bar = end_bar, h * b[:, None] * end_bar[None, :]
+            if save_ts is not None:  # states saved inside this step, through the dense output
+                def interpolate(y_start, y_end, k_stages, t):
+                    dense = solver.interpolation_cls(
+                        t0=t_start, t1=t_end, y0=unravel(y_start), y1=unravel(y_end),
+                        k=jax.vmap(unravel)(h * k_stages))
+                    return flat(dense.evaluate(t))
 
-            def save_back(j, bars):
-                start_bar, end_inner, stages_bar = bars
-                _, pull = jax.vjp(lambda *x: interpolate(*x, save_ts[j]), y_start, y_end,
-                                  k_stages)
-                s_bar, e_bar, k_bar = pull(save_bar[j])
-                return start_bar + s_bar, end_inner + e_bar, stages_bar + k_bar
+                def save_back(j, bars):
+                    start_bar, end_inner, stages_bar = bars
+                    _, pull = jax.vjp(lambda *x: interpolate(*x, save_ts[j]), y_start, y_end,
+                                      k_stages)
+                    s_bar, e_bar, k_bar = pull(save_bar[j])
+                    return start_bar + s_bar, end_inner + e_bar, stages_bar + k_bar
 
-            first_save, end_save = (jnp.searchsorted(save_step, n, side=side)
-                                    for side in ("left", "right"))
-            start_bar, end_extra, stages_bar = jax.lax.fori_loop(
-                first_save, end_save, save_back, (start_bar, zero, stages_bar))
-            # y_end = y_start + h Σ bᵢ kᵢ: its cotangent from the dense output flows back too.
-            start_bar = start_bar + end_extra
-            stages_bar = stages_bar + h * b[:, None] * end_extra[None, :]
+                first_save, end_save = (jnp.searchsorted(save_step, n, side=side)
+                                        for side in ("left", "right"))
+                start_bar, end_extra, stages_bar = jax.lax.fori_loop(
+                    first_save, end_save, save_back, (start_bar, zero, stages_bar))
+                # y_end = y_start + h Σ bᵢ kᵢ: its cotangent from the dense output flows
+                # back too.
+                start_bar = start_bar + end_extra
+                stages_bar = stages_bar + h * b[:, None] * end_extra[None, :]
 
-        def stage_back(ii, bars):
-            stages_bar, start_bar, args_bar = bars
-            i = stages - 1 - ii
-            y_stage = y_start + h * (a[i] @ k_stages)
-            mu, p_bar = stage_vjp(t_start + c[i] * h, y_stage, diff_args, static_args,
-                                  solver_state, t_start, stages_bar[i])
-            stages_bar = stages_bar + h * a[i][:, None] * mu[None, :]
-            return stages_bar, start_bar + mu, jax.tree.map(jnp.add, args_bar, p_bar)
+            def stage_back(ii, bars):
+                stages_bar, start_bar, args_bar = bars
+                i = stages - 1 - ii
+                y_stage = y_start + h * (a[i] @ k_stages)
+                mu, p_bar = stage_vjp(t_start + c[i] * h, y_stage, diff_args, static_args,
+                                      solver_state, t_start, stages_bar[i])
+                stages_bar = stages_bar + h * a[i][:, None] * mu[None, :]
+                return stages_bar, start_bar + mu, jax.tree.map(jnp.add, args_bar, p_bar)
 
-        _, start_bar, args_bar = jax.lax.fori_loop(
-            0, stages, stage_back, (stages_bar, start_bar, args_bar))
-        return start_bar, args_bar
+            _, start_bar, args_bar = jax.lax.fori_loop(
+                0, stages, stage_back, (stages_bar, start_bar, args_bar))
+            return start_bar, args_bar
 
-    args_zero = jax.tree.map(jnp.zeros_like, diff_args)
-    start_bar, args_bar = jax.lax.fori_loop(0, steps, step_back, (zero, args_zero))
+        return jax.lax.fori_loop(0, steps, step_back, (end_bar, args_bar))
+
+    args_bar = jax.tree.map(jnp.zeros_like, diff_args)
+    if static["segments"] is None:
+        step_ts, step_ys, steps, solver_state = stored
+        start_bar, args_bar = sweep(step_ts, step_ys, steps, solver_state, t0, flat_y0,
+                                    final_bar, save_bar, args_bar)
+    else:
+        step_ts, step_ys, steps, starts, count = stored
+        last = step_ts, step_ys, steps
+
+        def segment_back(k, bars):
+            """Re-solves (but for the last) and sweeps the segment `count − 1 − k`."""
+            end_bar, args_bar = bars
+            i = count - 1 - k
+            start, end = (jax.tree.map(lambda x: x[j], starts) for j in (i, i + 1))
+            steps_i = jax.lax.cond(i == count - 1, lambda: last, lambda: _steps(
+                _segment(start, args, t1, static)))
+            save_bar_i = None if save_ts is None else jnp.where(
+                ((save_ts > start[0]) | (i == 0))[:, None], save_bar, 0)
+            return sweep(*steps_i, end[2] if static["step_args"] else None, start[0],
+                         flat(start[1]), end_bar, save_bar_i, args_bar)
+
+        start_bar, args_bar = jax.lax.fori_loop(0, count, segment_back, (final_bar, args_bar))
     y0_bar = unravel(y0_bar + start_bar)
     return (args_bar, y0_bar, None, None, None, None)
+
+
+def _steps(out):
+    """The accepted steps' end times and states, and their number, of a `_segment`."""
+    return out.ts[-1], out.ys[-1], jnp.asarray(out.stats["num_accepted_steps"], jnp.int32)
+
+
+def _as_zeros(bar, like):
+    """The cotangent `bar` of `like`, with zeros where it is symbolic (None)."""
+    if bar is None:
+        return jax.tree.map(jnp.zeros_like, like)
+    return jax.tree.map(lambda b, x: jnp.zeros_like(x) if b is None else b, bar, like,
+                        is_leaf=lambda b: b is None)
 
 
 def _rows_bar(rows, like, count):

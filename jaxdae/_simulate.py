@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 
-from ._adjoint import ReverseSweepAdjoint, explicit_tableau, swept_diffeqsolve
+from ._adjoint import ReverseSweepAdjoint, default_adjoint, explicit_tableau, swept_diffeqsolve
 from ._checks import check_instance, check_positive
 from ._custom_types import Array, ArrayLike, Float, ScalarLike
 from ._formulation import AbstractFormulation
@@ -308,8 +308,8 @@ def check_solve_options(solver, stepsize_controller, adjoint, max_steps) -> None
     if isinstance(adjoint, ReverseSweepAdjoint):
         explicit_tableau(Tsit5 if solver is None else solver)
         if max_steps is None:
-            raise ValueError("`jaxdae.ReverseSweepAdjoint` stores every step: pass an integer "
-                             "`max_steps` (the number of steps kept per trajectory).")
+            raise ValueError("`jaxdae.ReverseSweepAdjoint` stores the steps: pass an integer "
+                             "`max_steps` (it sizes the checkpoints of a long solve).")
         adjoint = None
     check_instance("solver", solver, diffrax.AbstractSolver,
                    "a diffrax solver instance such as `diffrax.Tsit5()`", optional=True)
@@ -408,7 +408,7 @@ def simulate(
     """Simulates a constrained system, turned into an ODE by `formulation`, with diffrax.
 
     Works under `jax.jit`, `jax.vmap` (over initial states, gains, system parameters) and
-    `jax.grad` (w.r.t. gains, parameters and initial state, through diffrax's adjoint).
+    `jax.grad` (w.r.t. gains, parameters, initial state and times; see `adjoint`).
 
     **Arguments:**
 
@@ -428,10 +428,13 @@ def simulate(
     - `dt0`: initial step; default chosen automatically by the controller.
     - `rtol`, `atol`: tolerances of the default step-size controller.
     - `max_steps`: maximum number of steps.
-    - `adjoint`: diffrax adjoint for gradients. Default
-        `diffrax.RecursiveCheckpointAdjoint(checkpoints=32)` (discretize-then-optimize: the
-        exact gradient of the computed solution). [`jaxdae.ReverseSweepAdjoint`][] gives the
-        same gradient faster for explicit Runge–Kutta solvers, storing every step.
+    - `adjoint`: how gradients are computed; both defaults are discretize-then-optimize
+        (the exact gradient of the computed solution). Default for explicit Runge–Kutta
+        solvers (with an integer `max_steps`): [`jaxdae.ReverseSweepAdjoint`][]`()`, the
+        discrete adjoint swept over the stored steps, at most 1024 at once (segments
+        beyond are re-solved from checkpoints); for other solvers
+        `diffrax.RecursiveCheckpointAdjoint(checkpoints=32)`. Any diffrax adjoint may be
+        passed.
     - `throw`: raise [`jaxdae.SimulationError`][] when the solve fails (the message says what
         happened, at which `t` and `q`); with `False` inspect `Solution.result` instead.
 
@@ -507,8 +510,9 @@ def simulate_ensemble(
     - `stepsize_controller`: default `diffrax.PIDController(rtol, atol,
         norm=worst_trajectory_rms)`. A controller passed here should use a norm that
         looks at every trajectory in the same way.
-    - `adjoint`: as for `simulate`. With [`jaxdae.ReverseSweepAdjoint`][] the stored steps
-        hold every trajectory: `max_steps × B × (state size + 1)` floats.
+    - `adjoint`: as for `simulate`. With [`jaxdae.ReverseSweepAdjoint`][] (the default for
+        explicit Runge–Kutta solvers) the stored steps hold every trajectory:
+        `stored_steps × B × (state size + 1)` floats.
 
     **Returns:**
 
@@ -620,7 +624,7 @@ def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_
         stepsize_controller=stepsize_controller,
         dt0=dt0,
         max_steps=max_steps,
-        adjoint=(diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS)
+        adjoint=(default_adjoint(Tsit5 if solver is None else solver, max_steps)
                  if adjoint is None else adjoint),
         traced=traced,
         check_state=not eager,
@@ -653,13 +657,6 @@ def raise_failure(sol, result: RESULTS | None = None):
 
 Tsit5 = diffrax.Tsit5()
 
-# Checkpoints of the default `RecursiveCheckpointAdjoint`. diffrax's default for
-# `max_steps = 100_000` is ≈450; on the two-link gradient (`experiments/bench_adjoint.py`,
-# 2-core CPU) 32 was 1.15–1.2× faster at 130 steps and 1.05–1.3× faster at ≈2000 steps (the
-# extra recomputation costs less than the larger checkpoint buffers), with 14× less memory
-# per trajectory, which matters under `vmap`.
-CHECKPOINTS = 32
-
 
 @eqx.filter_jit
 def _simulate(system, formulation, t0, t1, q0, v0, ts, deferred_flags, *, ensemble, solver,
@@ -688,7 +685,7 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, deferred_flags, *, ensemb
             _ensemble_vector_field if ensemble else _vector_field, solver, t0, t1, dt0,
             (q0, v0), args=(system, formulation, reference), saveat=saveat, ts=ts,
             stepsize_controller=stepsize_controller, event=event, max_steps=max_steps,
-            step_args=_StopFailedTrajectories.step_args if stops_rows else None,
+            adjoint=adjoint, step_args=_StopFailedTrajectories.step_args if stops_rows else None,
             stage_vjp=_ensemble_stage_vjp if ensemble else None)
     else:
         out = diffrax.diffeqsolve(

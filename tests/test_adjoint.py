@@ -1,4 +1,5 @@
-"""`jaxdae.ReverseSweepAdjoint` gives the default adjoint's gradients."""
+"""`jaxdae.ReverseSweepAdjoint` (the default adjoint of explicit Runge–Kutta solvers) gives
+diffrax's `RecursiveCheckpointAdjoint`'s gradients, all steps stored or in segments."""
 
 import diffrax
 import equinox as eqx
@@ -13,6 +14,9 @@ from jaxdae.examples import CartesianPendulum, TwoLinkManipulator
 from ._systems import Bead
 
 PENDULUM = CartesianPendulum()
+CHECKPOINTED = diffrax.RecursiveCheckpointAdjoint()
+# A few steps at once: the solves below run in several segments, re-solved from checkpoints.
+SEGMENTED = jaxdae.ReverseSweepAdjoint(stored_steps=16)
 Q0, V0 = PENDULUM.state_from_angle(0.6, -0.5)
 
 
@@ -42,8 +46,10 @@ def test_same_gradient_as_the_default_adjoint():
     args = (PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 1.05 * Q0, V0)
     grad = lambda adjoint: eqx.filter_jit(  # noqa: E731
         eqx.filter_grad(lambda diff: loss(*diff, adjoint)))(args)
-    reference, swept = grad(None), grad(jaxdae.ReverseSweepAdjoint())
+    reference, swept, segmented = (grad(adjoint) for adjoint in (
+        CHECKPOINTED, jaxdae.ReverseSweepAdjoint(stored_steps=2048), SEGMENTED))
     _assert_same(reference, swept)
+    _assert_same(reference, segmented)
     assert float(jnp.abs(swept[1].kd)) > 0 and float(jnp.abs(swept[0].length)) > 0
 
 
@@ -62,9 +68,10 @@ def test_ensemble_with_stopped_trajectories():
         return (jnp.sum(finite(sol.q) ** 2) + jnp.sum(finite(sol.multipliers))
                 + jnp.sum(sol.q_final**3))
 
-    reference, swept = (_gradients(loss, adjoint, 1.0, 25.0, q0)
-                        for adjoint in (None, jaxdae.ReverseSweepAdjoint()))
+    reference, swept, segmented = (_gradients(loss, adjoint, 1.0, 25.0, q0) for adjoint in (
+        CHECKPOINTED, jaxdae.ReverseSweepAdjoint(), SEGMENTED))
     _assert_same(reference, swept)
+    _assert_same(reference, segmented)
     assert np.all(np.abs(swept[2][:, 0]) > 0)  # every trajectory, stopped ones included
 
 
@@ -101,9 +108,21 @@ def test_errors():
     with pytest.raises(ValueError, match="integer `max_steps`"):
         jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q0, V0,
                         adjoint=sweep, max_steps=None)
-    with pytest.raises(ValueError, match="not with respect to `t0`, `t1`"):
-        jax.grad(lambda t1: jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, t1,
-                                            Q0, V0, adjoint=sweep).q_final[0])(1.0)
+    with pytest.raises(ValueError, match="stored_steps=...\\)` must be a positive integer"):
+        jaxdae.ReverseSweepAdjoint(stored_steps=0)
+
+
+def test_time_gradients_through_diffrax_loop():
+    """The sweep holds the step times constant: gradients with respect to `t0`, `t1` and
+    `ts` differentiate diffrax's loop instead, and equal the default adjoint's."""
+    def loss(t0, t1, ts, adjoint):
+        sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), t0, t1, Q0, V0,
+                              ts=ts, adjoint=adjoint, max_steps=256)
+        return jnp.sum(sol.q_final**2) + jnp.sum(sol.q[:, 0])
+
+    times = (0.0, 1.0, jnp.array([0.25, 0.5, 1.0]))
+    _assert_same(*(_gradients(loss, adjoint, *times) for adjoint in (
+        diffrax.RecursiveCheckpointAdjoint(), jaxdae.ReverseSweepAdjoint())))
 
 
 @pytest.mark.slow  # two more gradient programs; the default test covers the sweep itself
@@ -118,7 +137,7 @@ def test_fixed_steps_and_a_stopped_solve():
     heun = dict(solver=diffrax.Heun(), stepsize_controller=diffrax.ConstantStepSize(),
                 dt0=0.01)
     _assert_same(*(_gradients(lambda *a: loss(*a, **heun), adjoint, 10.0, 25.0, Q0)
-                   for adjoint in (None, jaxdae.ReverseSweepAdjoint())))
+                   for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint())))
 
     arm = TwoLinkManipulator()
     q0, v0 = arm.initial_state()
@@ -133,7 +152,7 @@ def test_fixed_steps_and_a_stopped_solve():
     # by 1.2e-4. A step missed or counted twice would move it by O(1).
     gains = (jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0]))
     _assert_same(*(_gradients(stopped, adjoint, *gains, q0)
-                   for adjoint in (None, jaxdae.ReverseSweepAdjoint())), rtol=1e-3)
+                   for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint())), rtol=1e-3)
 
 
 @pytest.mark.slow  # four more gradient programs
@@ -150,11 +169,11 @@ def test_other_solvers_vmap_and_float32():
 
     for solver in (diffrax.Dopri5(), diffrax.Bosh3(), jaxdae.UnrolledERK(diffrax.Tsit5())):
         _assert_same(*(_gradients(lambda kp, q, a: loss(kp, q, a, solver), adjoint, 25.0,
-                                  1.03 * Q0) for adjoint in (None, jaxdae.ReverseSweepAdjoint())),
+                                  1.03 * Q0) for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint())),
                      rtol=1e-10)
     starts = jnp.stack([1.02 * Q0, 1.05 * Q0])
     float32 = [jax.jit(jax.vmap(jax.grad(lambda kp, q, a=adjoint: loss(
         kp, q, a, diffrax.Tsit5(), jnp.float32)), in_axes=(None, 0)))(jnp.float32(25.0), starts)
-        for adjoint in (None, jaxdae.ReverseSweepAdjoint())]
+        for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint())]
     assert float32[1].dtype == jnp.float32
     np.testing.assert_allclose(float32[1], float32[0], rtol=1e-4)
