@@ -19,6 +19,7 @@ import numpy as np
 from diffrax._term import WrapTerm
 from jax.flatten_util import ravel_pytree
 
+from ._custom_types import Array
 from ._scalarize import scalarize
 from ._solvers import AbstractWrappedSolver
 
@@ -192,14 +193,18 @@ def _saveat(ts, static) -> diffrax.SaveAt:
 class _RecordProposal(diffrax.AbstractStepSizeController):
     """`controller`, whose state also holds the end of the next step it proposes: a
     segment ends with it, and the next one starts from it (diffrax's `Solution` does not
-    say it)."""
+    say it). Given `tnext`, the solve's first step ends there (no `dt0`: diffrax would
+    check its sign at run time, a branch and two host callbacks per solve)."""
 
     controller: diffrax.AbstractStepSizeController
+    tnext: Array | None = None
 
     def wrap(self, direction):
-        return _RecordProposal(self.controller.wrap(direction))
+        return _RecordProposal(self.controller.wrap(direction), self.tnext)
 
     def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
+        if self.tnext is not None:  # a segment's start: diffrax keeps its controller state
+            return self.tnext, None
         tnext, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
         return tnext, (state, jnp.asarray(tnext, jnp.result_type(t0)))
 
@@ -231,11 +236,11 @@ def _segment(start, args, t1, static, save_ts=None, event=None):
     if save_ts is not None:
         subs = [diffrax.SubSaveAt(ts=jnp.clip(save_ts, t, t1))] + subs
     return diffrax.diffeqsolve(
-        diffrax.ODETerm(static["vector_field"]), static["solver"], t, t1,
-        controller_state[1] - t, y, args=args,
+        diffrax.ODETerm(static["vector_field"]), static["solver"], t, t1, None, y, args=args,
         saveat=diffrax.SaveAt(subs=subs, solver_state=True, controller_state=True,
                               made_jump=True),
-        stepsize_controller=_RecordProposal(static["stepsize_controller"]), event=event,
+        stepsize_controller=_RecordProposal(static["stepsize_controller"],
+                                            controller_state[1]), event=event,
         max_steps=static["segments"][1], solver_state=solver_state,
         controller_state=controller_state, made_jump=made_jump if _jumps(static) else None,
         adjoint=diffrax.RecursiveCheckpointAdjoint(), throw=False)
@@ -258,19 +263,18 @@ def _solve_in_segments(vjp_arg, static):
     starts = jax.tree.map(lambda x: jnp.zeros((count + 1,) + jnp.shape(x), jnp.result_type(x))
                           .at[0].set(x), start)
     dtype = jnp.result_type(t0)
-    inf = lambda y: jnp.full(jnp.shape(y), jnp.inf, jnp.result_type(y))  # noqa: E731
+    inf = lambda rows, y: jnp.full(rows + jnp.shape(y), jnp.inf, jnp.result_type(y))  # noqa: E731
     # What the loop carries besides the starts: the last segment's steps, end, saves at
     # `ts`, result and event mask, and the step counts of all segments.
     last = dict(
         step_ts=jnp.full(length, jnp.inf, dtype),
-        step_ys=jax.tree.map(lambda y: inf(jnp.zeros((length,) + jnp.shape(y))), y0),
-        t_end=jnp.full(1, jnp.inf, dtype), y_end=jax.tree.map(lambda y: inf(y[None]), y0),
+        step_ys=jax.tree.map(lambda y: inf((length,), y), y0),
+        t_end=jnp.full(1, jnp.inf, dtype), y_end=jax.tree.map(lambda y: inf((1,), y), y0),
         result=diffrax.RESULTS.successful,
         event_mask=None if event is None else jax.tree.map(lambda _: jnp.asarray(False),
                                                            event.cond_fn))
     saved = None if ts is None else (jnp.full(ts.shape, jnp.inf, dtype),
-                                     jax.tree.map(lambda y: inf(jnp.zeros(ts.shape + y.shape)),
-                                                  y0))
+                                     jax.tree.map(lambda y: inf(ts.shape, y), y0))
     counts = jnp.zeros(3, int)  # steps, accepted, rejected (diffrax's integer type)
 
     def going_on(carry):
@@ -493,8 +497,8 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
             end_bar, args_bar = bars
             i = count - 1 - k
             start, end = (jax.tree.map(lambda x: x[j], starts) for j in (i, i + 1))
-            steps_i = jax.lax.cond(i == count - 1, lambda: last, lambda: _steps(
-                _segment(start, args, t1, static)))
+            steps_i = jax.lax.cond(i == count - 1, lambda: last,
+                                   lambda: _steps(_segment(start, args, t1, static)))
             save_bar_i = None if save_ts is None else jnp.where(
                 ((save_ts > start[0]) | (i == 0))[:, None], save_bar, 0)
             return sweep(*steps_i, end[2] if static["step_args"] else None, start[0],
