@@ -497,8 +497,11 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
             end_bar, args_bar = bars
             i = count - 1 - k
             start, end = (jax.tree.map(lambda x: x[j], starts) for j in (i, i + 1))
-            steps_i = jax.lax.cond(i == count - 1, lambda: last,
-                                   lambda: _steps(_segment(start, args, t1, static)))
+            # Not `lax.cond`: under `vmap` it would re-solve the last segment too. A solve
+            # from its start to its start takes no step.
+            is_last = i == count - 1
+            resolved = _steps(_segment(start, args, jnp.where(is_last, start[0], t1), static))
+            steps_i = jax.tree.map(lambda a, b: jnp.where(is_last, a, b), last, resolved)
             save_bar_i = None if save_ts is None else jnp.where(
                 ((save_ts > start[0]) | (i == 0))[:, None], save_bar, 0)
             return sweep(*steps_i, end[2] if static["step_args"] else None, start[0],
