@@ -15,7 +15,8 @@ shared step sequence, "ensemble" rows):
 - compile time per batch size (`jax.jit` retraces and recompiles for every batch shape);
 - the cost of the gradient of a batch loss (mean over the batch of `Σ q(2)² + |Φ(2)|²`)
   w.r.t. the shared gains `(alpha, kd, kp)`, relative to the batched forward solve, with
-  the default adjoint and with `jaxdae.ReverseSweepAdjoint` (`vmap` and ensemble).
+  the default adjoint (`jaxdae.ReverseSweepAdjoint()` in segments at the default
+  `max_steps`) and with `max_steps=1024` (one segment), `vmap` and ensemble.
 
 The device is detected (`jax.devices()`); on the CPU the batch sizes stop at 4096 by
 default (≈ 1–4 s per call on 2 cores; `--max-batch` raises the cap), on a GPU they go to 10⁶.
@@ -210,7 +211,8 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
     qg, vg = jnp.asarray(qs[:grad_batch]), jnp.asarray(vs[:grad_batch])
     c_loss = {}
     losses = {kind: loss for kind, (_, loss) in jaxdae_batch(dtype, solver).items()}
-    # The reverse sweep stores every step: 1,024 (the two-link takes ≈ 130) bound its memory.
+    # The default adjoint at the default `max_steps` runs in segments; with `max_steps=1024`
+    # (the two-link takes ≈ 130 steps) every step is stored in one.
     swept = jaxdae_batch(dtype, solver, max_steps=1024, adjoint=jaxdae.ReverseSweepAdjoint())
     losses["sweep"], losses["ensemble sweep"] = swept["vmap"][1], swept["ensemble"][1]
     for kind, loss in losses.items():
@@ -268,7 +270,7 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
         "",
         f"Batch loss (mean of Σ q(2)² + |Φ(2)|² over {grad_batch} states, float64), gradient "
         "w.r.t. (alpha, kd, kp) by `jax.value_and_grad` (default adjoint; last two rows "
-        "`jaxdae.ReverseSweepAdjoint()`, `max_steps=1024`):",
+        "with `max_steps=1024`, one segment):",
         "",
         "| batch | forward [s] | value and gradient [s] | gradient/forward (target ≤ 4) | "
         "compile forward [s] | compile gradient [s] |",

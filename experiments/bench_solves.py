@@ -18,7 +18,8 @@ Medians of interleaved repetitions, float64, after compilation.
 
 A second table times the gradient of the adaptive-optics element's saved residuals and
 final actuator state w.r.t. the pole rate and `w0` (t ∈ [0, 0.5], saves at 4 times) with
-the default adjoint and with `jaxdae.ReverseSweepAdjoint`: compile time (one cold compile
+diffrax's `RecursiveCheckpointAdjoint` and with `jaxdae.ReverseSweepAdjoint` (the default):
+compile time (one cold compile
 each) and run time.
 
     python experiments/bench_solves.py [--repeats 15]
@@ -29,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -162,8 +164,9 @@ def actuated_gradients(repeats: int):
                                        max_steps=1024)
         return jnp.sum(sol.residuals[:, 0, 0] ** 2) + jnp.sum(sol.w_final**2)
 
-    adjoints = {"default (RecursiveCheckpointAdjoint)": None,
-                "ReverseSweepAdjoint": jaxdae.ReverseSweepAdjoint()}
+    adjoints = {"RecursiveCheckpointAdjoint(checkpoints=32)":
+                diffrax.RecursiveCheckpointAdjoint(checkpoints=32),
+                "ReverseSweepAdjoint (the default)": jaxdae.ReverseSweepAdjoint()}
     compiled, compile_s, grads = {}, {}, {}
     for name, adjoint in adjoints.items():
         jax.clear_caches()
