@@ -1,13 +1,18 @@
-"""Gradient cost vs the adjoint: diffrax's checkpoint count, and forward mode.
+"""Gradient cost vs the adjoint: jaxdae's reverse sweep, diffrax's checkpoint count, and
+forward mode.
 
 Paper 004's two-link example, `ModifiedLagrange(10, [20, 10], [100, 25])`, default tolerances;
 gradient of `Σ q(t1)² + |Φ(t1)|²` w.r.t. the formulation's five gains, over `t ∈ [0, 2]`
 (≈130 steps) and `t ∈ [0, 8]` (≈2000 steps: the arm is driven out of its workspace after
 2.85 s and the solve gets stiff). Rows:
 
+- `ReverseSweepAdjoint()`, jaxdae's default since session 13: at most 1024 steps stored,
+  so over `t ∈ [0, 8]` the solve runs in segments and the backward pass re-solves all but
+  the last; and `ReverseSweepAdjoint(stored_steps=4096)`, every step stored.
 - `RecursiveCheckpointAdjoint(checkpoints=N)` for diffrax's default (`None`: about
   `sqrt(2 max_steps)` ≈ 450 for `max_steps = 100_000`) and for several `N`; jaxdae's default
-  is `N = 32` (`jaxdae._simulate.CHECKPOINTS`). Memory per trajectory is about
+  for solvers that are not explicit Runge–Kutta methods is `N = 32`
+  (`jaxdae._adjoint.CHECKPOINTS`). Memory per trajectory is about
   `N × (size of the solver's loop state)`, multiplied by the batch size under `vmap`.
 - `ForwardMode` + `jax.jacfwd` (forward sensitivities, one tangent per gain).
 
@@ -46,6 +51,9 @@ def main(repeats: int = 7, inner: int = 5):
     rows = {}
     for t1 in (2.0, 8.0):
         rows[(t1, "forward")] = eqx.filter_jit(_loss(system, q0, v0, t1, None))
+        for stored in (1024, 4096):
+            rows[(t1, f"sweep {stored}")] = eqx.filter_jit(eqx.filter_grad(_loss(
+                system, q0, v0, t1, jaxdae.ReverseSweepAdjoint(stored_steps=stored))))
         for checkpoints in CHECKPOINTS:
             adjoint = diffrax.RecursiveCheckpointAdjoint(checkpoints=checkpoints)
             rows[(t1, checkpoints)] = eqx.filter_jit(
@@ -75,6 +83,10 @@ def main(repeats: int = 7, inner: int = 5):
             name = "ForwardMode + jacfwd"
         elif kind is None:
             name = "RecursiveCheckpointAdjoint() (diffrax default)"
+        elif kind == "sweep 1024":
+            name = "ReverseSweepAdjoint() (jaxdae default)"
+        elif kind == "sweep 4096":
+            name = "ReverseSweepAdjoint(stored_steps=4096)"
         else:
             name = f"RecursiveCheckpointAdjoint(checkpoints={kind})"
         forward = median_ms[(t1, "forward")]

@@ -34,12 +34,14 @@ class ReverseSweepAdjoint(eqx.Module):
     (`ȳₙ = ȳₙ₊₁ + Σᵢ μᵢ`, `μᵢ = f_yᵀ(Yᵢ) λᵢ`, `λᵢ = h bᵢ ȳₙ₊₁ + h Σ_{j>i} a_ji μⱼ`), and
     the cotangents of the states saved inside the step through the solver's dense output.
     The step sizes are constants of the gradient, as diffrax's step-size controllers make
-    them, so the gradient equals that of the default `RecursiveCheckpointAdjoint` to
+    them, so the gradient equals that of diffrax's `RecursiveCheckpointAdjoint` to
     rounding; it is cheaper because diffrax's loop is not differentiated
     (`experiments/bench_core.py`).
 
-    Pass it as `simulate(..., adjoint=jaxdae.ReverseSweepAdjoint())` (or to
-    [`jaxdae.simulate_ensemble`][] and [`jaxdae.simulate_actuated`][]).
+    It is the default adjoint of `simulate`, [`jaxdae.simulate_ensemble`][] and
+    [`jaxdae.simulate_actuated`][] for explicit Runge–Kutta solvers with an integer
+    `max_steps`; pass `adjoint=jaxdae.ReverseSweepAdjoint(stored_steps=...)` to set its
+    memory.
 
     - **Memory**: at most `stored_steps` steps are stored at once, `stored_steps × (state
       size + 1)` floats per trajectory (the default 1024: 40 kB for a two-coordinate
@@ -120,7 +122,8 @@ def swept_diffeqsolve(vector_field, solver, t0, t1, dt0, y0, *, args, saveat, ts
     A solver that passes the vector field more than `args` (an ensemble's
     `_StopFailedTrajectories` passes the rows stopped so far) gives
     `step_args(args, solver_state, t)`: the arguments of the step that starts at `t`, from
-    the solver state at the end of the solve (`saveat.solver_state` must be set).
+    the solver state at the end of the solve, or of the segment that holds the step
+    (`saveat.solver_state` must be set).
 
     `stage_vjp(t, y, args, solver_state, t_start, y_bar) -> (y_bar, args_bar)`, if given,
     replaces the vector–Jacobian product of `vector_field` (at the stage `(t, y)` of the
