@@ -358,12 +358,11 @@ def _loop_solve(vjp_arg, static):
 
 def _backward(stored, out_bar, perturbed, vjp_arg, static):
     if isinstance(stored, _LoopVJP):
+        # Cotangents of the saved times and states; zeros for the rest of the output.
         bar = jax.tree.map(lambda x: jnp.zeros_like(x) if eqx.is_inexact_array(x) else None,
                            stored.out)
-        bar = eqx.tree_at(lambda o: (o.ts, o.ys), bar, replace_fn=lambda _: None)
         bar = eqx.tree_at(lambda o: (o.ts, o.ys), bar, (
-            _as_zeros(out_bar.ts, stored.out.ts), _as_zeros(out_bar.ys, stored.out.ys)),
-            is_leaf=lambda x: x is None)
+            _as_zeros(out_bar.ts, stored.out.ts), _as_zeros(out_bar.ys, stored.out.ys)))
         (vjp_arg_bar,) = stored.pull(bar)
         return vjp_arg_bar
     args, y0, t0, t1, ts, _ = vjp_arg
