@@ -114,7 +114,7 @@ def test_errors():
 
 def test_time_gradients_through_diffrax_loop():
     """The sweep holds the step times constant: gradients with respect to `t0`, `t1` and
-    `ts` differentiate diffrax's loop instead, and equal the default adjoint's."""
+    `ts` differentiate diffrax's loop instead, and equal `RecursiveCheckpointAdjoint`'s."""
     def loss(t0, t1, ts, adjoint):
         sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), t0, t1, Q0, V0,
                               ts=ts, adjoint=adjoint, max_steps=256)
@@ -169,8 +169,8 @@ def test_other_solvers_vmap_and_float32():
 
     for solver in (diffrax.Dopri5(), diffrax.Bosh3(), jaxdae.UnrolledERK(diffrax.Tsit5())):
         _assert_same(*(_gradients(lambda kp, q, a: loss(kp, q, a, solver), adjoint, 25.0,
-                                  1.03 * Q0) for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint())),
-                     rtol=1e-10)
+                                  1.03 * Q0)
+                       for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint())), rtol=1e-10)
     starts = jnp.stack([1.02 * Q0, 1.05 * Q0])
     float32 = [jax.jit(jax.vmap(jax.grad(lambda kp, q, a=adjoint: loss(
         kp, q, a, diffrax.Tsit5(), jnp.float32)), in_axes=(None, 0)))(jnp.float32(25.0), starts)
