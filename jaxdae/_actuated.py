@@ -43,7 +43,7 @@ from ._gains import (
     is_concrete,
     traced_check,
 )
-from ._adjoint import ReverseSweepAdjoint, default_adjoint, swept_diffeqsolve
+from ._adjoint import ReverseSweepAdjoint, default_adjoint, forward_mode_hint, swept_diffeqsolve
 from ._scalarize import scalarize
 from ._simulate import (
     Tsit5,
@@ -732,13 +732,14 @@ def simulate_actuated(
     system, control = cast_floating((system, control), dtype)
     control = _check_system(system, control, t0, q0, v0, w0)
     stepsize_controller, dt0 = step_options(stepsize_controller, dt0, rtol, atol, dtype)
-    sol = _simulate_actuated(
-        system, control, t0, t1, q0, v0, w0, ts,
-        solver=Tsit5 if solver is None else solver,
-        stepsize_controller=stepsize_controller, dt0=dt0, max_steps=max_steps,
-        adjoint=(default_adjoint(Tsit5 if solver is None else solver, max_steps)
-                 if adjoint is None else adjoint),
-    )
+    with forward_mode_hint():
+        sol = _simulate_actuated(
+            system, control, t0, t1, q0, v0, w0, ts,
+            solver=Tsit5 if solver is None else solver,
+            stepsize_controller=stepsize_controller, dt0=dt0, max_steps=max_steps,
+            adjoint=(default_adjoint(Tsit5 if solver is None else solver, max_steps)
+                     if adjoint is None else adjoint),
+        )
     return raise_failure(sol) if throw else sol
 
 

@@ -9,6 +9,7 @@ forward solve stores every accepted step, and the backward pass is the discrete 
 the explicit Runge–Kutta step, applied step by step in reverse.
 """
 
+import contextlib
 from collections.abc import Callable
 
 import diffrax
@@ -109,6 +110,22 @@ def default_adjoint(solver, max_steps) -> diffrax.AbstractAdjoint | ReverseSweep
 # extra recomputation costs less than the larger checkpoint buffers), with 14× less memory
 # per trajectory, which matters under `vmap`.
 CHECKPOINTS = 32
+
+
+@contextlib.contextmanager
+def forward_mode_hint():
+    """JAX's error for forward-mode differentiation of a solve whose adjoint is a custom VJP
+    (the sweep, diffrax's checkpointed loop), as one that names the fix."""
+    try:
+        yield
+    except TypeError as error:
+        if "forward-mode autodiff" not in str(error):
+            raise
+        raise ValueError(
+            "Forward-mode differentiation (`jax.jvp`, `jax.jacfwd`, `jax.hessian`) of a "
+            "solve needs `adjoint=diffrax.ForwardMode()`: the default adjoints "
+            "(`jaxdae.ReverseSweepAdjoint`, `diffrax.RecursiveCheckpointAdjoint`) work in "
+            "reverse mode only (`jax.grad`, `jax.vjp`).") from error
 
 
 def swept_diffeqsolve(vector_field, solver, t0, t1, dt0, y0, *, args, saveat, ts,

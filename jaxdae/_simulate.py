@@ -10,7 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 
-from ._adjoint import ReverseSweepAdjoint, default_adjoint, explicit_tableau, swept_diffeqsolve
+from ._adjoint import (
+    ReverseSweepAdjoint,
+    default_adjoint,
+    explicit_tableau,
+    forward_mode_hint,
+    swept_diffeqsolve,
+)
 from ._checks import check_instance, check_positive
 from ._custom_types import Array, ArrayLike, Float, ScalarLike
 from ._formulation import AbstractFormulation
@@ -433,7 +439,9 @@ def simulate(
         solvers (with an integer `max_steps`): [`jaxdae.ReverseSweepAdjoint`][]`()`, the
         discrete adjoint swept over the stored steps, at most 1024 at once (segments
         beyond are re-solved from checkpoints); for other solvers
-        `diffrax.RecursiveCheckpointAdjoint(checkpoints=32)`. Any diffrax adjoint may be
+        `diffrax.RecursiveCheckpointAdjoint(checkpoints=32)`. Both work in reverse mode
+        (`jax.grad`); forward mode (`jax.jvp`, `jax.jacfwd`) needs
+        `adjoint=diffrax.ForwardMode()` (a `ValueError` says so). Any diffrax adjoint may be
         passed.
     - `throw`: raise [`jaxdae.SimulationError`][] when the solve fails (the message says what
         happened, at which `t` and `q`); with `False` inspect `Solution.result` instead.
@@ -617,20 +625,21 @@ def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_
         stepsize_controller, dt0, rtol, atol, dtype,
         worst_trajectory_rms if ensemble else optx.rms_norm)
     traced = not is_concrete(system, formulation, t0, t1, q0, v0, ts)
-    sol = _simulate(
-        system, formulation, t0, t1, q0, v0, ts, tuple(flag for flag, _ in deferred),
-        ensemble=ensemble,
-        solver=Tsit5 if solver is None else solver,
-        stepsize_controller=stepsize_controller,
-        dt0=dt0,
-        max_steps=max_steps,
-        adjoint=(default_adjoint(Tsit5 if solver is None else solver, max_steps)
-                 if adjoint is None else adjoint),
-        traced=traced,
-        check_state=not eager,
-        deferred_messages=tuple(message for _, message in deferred),
-        throw=throw,
-    )
+    with forward_mode_hint():
+        sol = _simulate(
+            system, formulation, t0, t1, q0, v0, ts, tuple(flag for flag, _ in deferred),
+            ensemble=ensemble,
+            solver=Tsit5 if solver is None else solver,
+            stepsize_controller=stepsize_controller,
+            dt0=dt0,
+            max_steps=max_steps,
+            adjoint=(default_adjoint(Tsit5 if solver is None else solver, max_steps)
+                     if adjoint is None else adjoint),
+            traced=traced,
+            check_state=not eager,
+            deferred_messages=tuple(message for _, message in deferred),
+            throw=throw,
+        )
     if throw and not traced:  # else `_simulate` attached the check
         sol = raise_failure(sol, _first_failure(sol.result) if ensemble else None)
     return sol

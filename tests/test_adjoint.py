@@ -110,6 +110,10 @@ def test_errors():
                         adjoint=sweep, max_steps=None)
     with pytest.raises(ValueError, match="stored_steps=...\\)` must be a positive integer"):
         jaxdae.ReverseSweepAdjoint(stored_steps=0)
+    # Forward mode through a custom VJP: JAX's TypeError, as a message that names the fix.
+    with pytest.raises(ValueError, match=r"needs `adjoint=diffrax.ForwardMode\(\)`"):
+        jax.jacfwd(lambda kp: jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, kp), 0.0, 1.0,
+                                              Q0, V0, max_steps=256).q_final)(25.0)
 
 
 def test_time_gradients_through_diffrax_loop():
