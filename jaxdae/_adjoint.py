@@ -5,8 +5,9 @@ everything the loop does: the stage loop's buffers, the step-size controller, th
 the checkpoints. For the two-link benchmark that costs ≈ 6× the forward solve, while the
 right-hand side's own vector–Jacobian product costs 3.3× the right-hand side
 (`experiments/bench_rhs.py`). [`jaxdae.ReverseSweepAdjoint`][] pays only the latter: the
-forward solve stores every accepted step, and the backward pass is the discrete adjoint of
-the explicit Runge–Kutta step, applied step by step in reverse.
+forward solve stores the accepted steps (a long solve in segments, re-solved from
+checkpoints), and the backward pass is the discrete adjoint of the explicit Runge–Kutta
+step, applied step by step in reverse.
 """
 
 import contextlib
@@ -29,9 +30,10 @@ class ReverseSweepAdjoint(eqx.Module):
     """Differentiates `simulate` by a reverse sweep over the stored steps: the discrete
     adjoint of an explicit Runge–Kutta method.
 
-    The forward solve keeps every accepted step's end time and state. The backward pass
-    walks the steps from the last to the first; for each it recomputes the stages from the
-    stored state and applies the right-hand side's vector–Jacobian product at each stage
+    The forward solve keeps the accepted steps' end times and states (see *Memory*). The
+    backward pass walks the steps from the last to the first; for each it recomputes the
+    stages from the stored state and applies the right-hand side's vector–Jacobian product
+    at each stage
     (`ȳₙ = ȳₙ₊₁ + Σᵢ μᵢ`, `μᵢ = f_yᵀ(Yᵢ) λᵢ`, `λᵢ = h bᵢ ȳₙ₊₁ + h Σ_{j>i} a_ji μⱼ`), and
     the cotangents of the states saved inside the step through the solver's dense output.
     The step sizes are constants of the gradient, as diffrax's step-size controllers make
@@ -292,7 +294,8 @@ def _solve_in_segments(vjp_arg, static):
         t_end=jnp.full(1, jnp.inf, dtype), y_end=jax.tree.map(lambda y: inf((1,), y), y0),
         result=diffrax.RESULTS.successful,
         event_mask=None if event is None else jax.tree.map(lambda _: jnp.asarray(False),
-                                                           event.cond_fn))
+                                                           event.cond_fn),
+        steps=jnp.zeros((), jnp.int32))
     saved = None if ts is None else (jnp.full(ts.shape, jnp.inf, dtype),
                                      jax.tree.map(lambda y: inf(ts.shape, y), y0))
     counts = jnp.zeros(3, int)  # steps, accepted, rejected (diffrax's integer type)
@@ -321,7 +324,6 @@ def _solve_in_segments(vjp_arg, static):
                     steps=jnp.asarray(out.stats["num_accepted_steps"], jnp.int32))
         return index + 1, starts, end, last, saved, counts
 
-    last["steps"] = jnp.zeros((), jnp.int32)
     index, starts, end, last, saved, counts = jax.lax.while_loop(
         going_on, segment, (jnp.zeros((), jnp.int32), starts, start, last, saved, counts))
     if ts is None:  # SaveAt(t0=True, t1=True)
