@@ -43,7 +43,13 @@ from ._gains import (
     is_concrete,
     traced_check,
 )
-from ._adjoint import ReverseSweepAdjoint, default_adjoint, forward_mode_hint, swept_diffeqsolve
+from ._adjoint import (
+    ReverseSweepAdjoint,
+    default_adjoint,
+    forward_mode_hint,
+    jit_unless_staged,
+    swept_diffeqsolve,
+)
 from ._scalarize import scalarize
 from ._simulate import (
     Tsit5,
@@ -743,7 +749,7 @@ def simulate_actuated(
     return raise_failure(sol) if throw else sol
 
 
-@eqx.filter_jit
+@jit_unless_staged
 def _simulate_actuated(system, control, t0, t1, q0, v0, w0, ts, *, solver,
                        stepsize_controller, dt0, max_steps, adjoint):
     saveat = save_at(t0, t1, ts, stepsize_controller)

@@ -11,6 +11,7 @@ step, applied step by step in reverse.
 """
 
 import contextlib
+import functools
 from collections.abc import Callable
 
 import diffrax
@@ -128,6 +129,45 @@ def forward_mode_hint():
             "solve needs `adjoint=diffrax.ForwardMode()`: the default adjoints "
             "(`jaxdae.ReverseSweepAdjoint`, `diffrax.RecursiveCheckpointAdjoint`) work in "
             "reverse mode only (`jax.grad`, `jax.vjp`).") from error
+
+
+def jit_unless_staged(fn: Callable) -> Callable:
+    """`eqx.filter_jit(fn)`, but `fn` itself when its input is traced for an enclosing
+    `jax.jit` (under `grad` or `vmap` too), which compiles it whole anyway.
+
+    JAX stages a jitted function before it differentiates it, and staging a custom VJP
+    (the swept solve, diffrax's checkpointed loop) traces its primal solve, which reverse
+    mode then does not use: it traces the forward solve. Called inline, only the forward
+    solve is traced: the two-link gradient's trace fell from 2.01 to 1.60 s
+    (`experiments/bench_compile.py`). The price: a loss that calls `fn` several times
+    traces each call's solves (the jitted `fn`'s are cached); at three calls the two
+    trace equally long. Eager calls, eager `jax.grad` and `jax.vmap` included, keep the
+    jitted `fn`: they run its compiled program rather than one operation at a time."""
+    jitted = eqx.filter_jit(fn)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return (fn if _staged((args, kwargs)) else jitted)(*args, **kwargs)
+
+    call.jitted = jitted
+    return call
+
+
+def _staged(values) -> bool:
+    """Whether the tracers among `values` are traced for `jax.jit`: a trace under theirs
+    (a `grad`'s or `vmap`'s are over the jit's) stages a jaxpr. (JAX has no public way to
+    ask; should its internals change, the answer is no, and `jit_unless_staged` jits.)"""
+    tracer = next((x for x in jax.tree_util.tree_leaves(values)
+                   if isinstance(x, jax.core.Tracer)), None)
+    try:
+        from jax._src.interpreters.partial_eval import DynamicJaxprTrace
+
+        trace = tracer._trace
+        while not isinstance(trace, DynamicJaxprTrace):
+            trace = trace.parent_trace
+    except (AttributeError, ImportError):  # an eager trace (or none) at the bottom
+        return False
+    return True
 
 
 def swept_diffeqsolve(vector_field, solver, t0, t1, dt0, y0, *, args, saveat, ts,

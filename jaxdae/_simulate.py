@@ -15,6 +15,7 @@ from ._adjoint import (
     default_adjoint,
     explicit_tableau,
     forward_mode_hint,
+    jit_unless_staged,
     swept_diffeqsolve,
 )
 from ._checks import check_instance, check_positive
@@ -667,7 +668,7 @@ def raise_failure(sol, result: RESULTS | None = None):
 Tsit5 = diffrax.Tsit5()
 
 
-@eqx.filter_jit
+@jit_unless_staged
 def _simulate(system, formulation, t0, t1, q0, v0, ts, deferred_flags, *, ensemble, solver,
               stepsize_controller, dt0, max_steps, adjoint, traced, check_state,
               deferred_messages, throw):

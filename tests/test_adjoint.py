@@ -100,6 +100,37 @@ def test_equations_traced_once():
     assert traces(lambda f: jax.grad(f, argnums=(0, 1, 2))) == traces(lambda f: f)
 
 
+def test_reverse_mode_inside_jit_traces_no_primal_solve(monkeypatch):
+    """Inside an enclosing `jax.jit`, `simulate` is traced inline (`jit_unless_staged`):
+    reverse mode traces the sweep's forward solve only, not the custom VJP's primal solve
+    that staging a jitted `simulate` would trace. Eager calls (under `grad` or `vmap` too)
+    run the jitted `simulate`."""
+    from jaxdae import _adjoint
+
+    primal_solves = []
+    loop_solve = _adjoint._loop_solve
+    monkeypatch.setattr(_adjoint, "_loop_solve",
+                        lambda *a: primal_solves.append(1) or loop_solve(*a))
+
+    def loss(kd):
+        sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(kd, 25.0), 0.0, 1.0, Q0, V0,
+                              max_steps=256)
+        return jnp.sum(sol.q_final**2)
+
+    jax.jit(jax.grad(loss)).trace(10.0)
+    assert primal_solves == []
+    jax.jit(loss).trace(10.0)
+    assert primal_solves == [1]
+
+    staged = []
+    probe = lambda x: staged.append(_adjoint._staged(x)) or x  # noqa: E731
+    for transform, x in ((jax.jit, 1.0), (jax.grad, 1.0), (lambda f: jax.jit(jax.grad(f)), 1.0),
+                         (jax.vmap, jnp.ones(2)), (lambda f: jax.jit(jax.vmap(f)), jnp.ones(2)),
+                         (lambda f: f, jnp.ones(2))):
+        transform(probe)(x)
+    assert staged == [True, False, True, False, True, False]
+
+
 def test_errors():
     sweep = jaxdae.ReverseSweepAdjoint()
     with pytest.raises(ValueError, match="explicit Runge–Kutta.*Kvaerno5"):

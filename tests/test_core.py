@@ -336,14 +336,14 @@ def test_fixed_step_solver_and_float32():
     assert sol32.q.dtype == jnp.float32
     assert np.abs(sol32.phi).max() < 1e-4
     # A sweep over the step or the tolerances reuses the compiled solve.
-    compiled = jaxdae._simulate._simulate._cached._cache_size()
+    compiled = jaxdae._simulate._simulate.jitted._cached._cache_size()
     sol = jaxdae.simulate(
         PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q_ON, V_ON,
         solver=diffrax.Heun(), stepsize_controller=diffrax.ConstantStepSize(), dt0=2e-3,
     )
     assert sol.stats["num_steps"] == 500
     assert float32(1e-4).stats["num_steps"] < sol32.stats["num_steps"]
-    assert jaxdae._simulate._simulate._cached._cache_size() == compiled
+    assert jaxdae._simulate._simulate.jitted._cached._cache_size() == compiled
 
 
 def test_float32_despite_a_models_float64_constants():
