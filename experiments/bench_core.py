@@ -405,11 +405,13 @@ def main(out: Path, quick: bool = False) -> dict:
          best_batch >= 10 * throughput["CasADi CVODES-bdf"], batch_ratio("CasADi CVODES-bdf")),
         ("gradient ≤ CasADi adjoint (Adams)", jd["grad"] <= adams["grad"],
          f"{1e3 * jd['grad']:.3g} ms vs {1e3 * adams['grad']:.3g} ms"),
-        ("gradient ≤ 3× own forward", min(jd["grad"], sweep) <= 3 * jd["single"],
-         f"{jd['grad'] / jd['single']:.2f}× (ReverseSweepAdjoint {sweep / jd['single']:.2f}×)"),
+        # The default adjoint decides the gradient targets; one segment is reported beside.
+        ("gradient ≤ 3× own forward", jd["grad"] <= 3 * jd["single"],
+         f"{jd['grad'] / jd['single']:.2f}× (one segment, `max_steps=1024`: "
+         f"{sweep / jd['single']:.2f}×)"),
         ("compile simulate ≤ 2 s", c_forward["total"] <= 2.0, f"{c_forward['total']:.2f} s"),
-        ("compile gradient ≤ 5 s", min(c_grad["total"], c_sweep["total"]) <= 5.0,
-         f"{c_grad['total']:.2f} s (ReverseSweepAdjoint {c_sweep['total']:.2f} s)"),
+        ("compile gradient ≤ 5 s", c_grad["total"] <= 5.0,
+         f"{c_grad['total']:.2f} s (one segment, `max_steps=1024`: {c_sweep['total']:.2f} s)"),
     ]
     lines += ["", "| target | met | measured |", "| --- | :---: | --- |"]
     lines += [f"| {t} | {'yes' if ok else 'NO'} | {v} |" for t, ok, v in targets]
