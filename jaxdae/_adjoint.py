@@ -138,10 +138,10 @@ def jit_unless_staged(fn: Callable) -> Callable:
     JAX stages a jitted function before it differentiates it, and staging a custom VJP
     (the swept solve, diffrax's checkpointed loop) traces its primal solve, which reverse
     mode then does not use: it traces the forward solve. Called inline, only the forward
-    solve is traced: the two-link gradient's trace fell from 2.01 to 1.60 s
-    (`experiments/bench_compile.py`). The price: a loss that calls `fn` several times
-    traces each call's solves (the jitted `fn`'s are cached); at three calls the two
-    trace equally long. Eager calls, eager `jax.grad` and `jax.vmap` included, keep the
+    solve is traced: the two-link gradient's trace fell from 2.0–2.15 to 1.6–1.7 s
+    (`experiments/bench_compile.py`, docs/benchmarks.md "What changed in session 14").
+    The price: a loss that calls `fn` several times traces each call's solves (the
+    jitted `fn`'s are cached); at three calls the two trace equally long. Eager calls, eager `jax.grad` and `jax.vmap` included, keep the
     jitted `fn`: they run its compiled program rather than one operation at a time."""
     jitted = eqx.filter_jit(fn)
 

@@ -541,9 +541,9 @@ def in_current_mesh(fn):
     """`fn` run with JAX's current abstract mesh set explicitly (the empty mesh outside
     any mesh).
 
-    When reverse mode differentiates a jitted function (`_simulate`), JAX replays its
-    equations with the context each was recorded in, which names the empty mesh where the
-    caller's context named none. What is traced lazily there (`ReverseSweepAdjoint`'s
+    When reverse mode differentiates a jitted function (`_simulate` called eagerly), JAX
+    replays its equations with the context each was recorded in, which names the empty
+    mesh where the caller's context named none. What is traced lazily there (`ReverseSweepAdjoint`'s
     forward solve) then missed every trace cache that the structure checks had filled, and
     traced the equations of motion and the solve a second time (with this fix and the
     merged checks of `_check_traced`, the two-link sweep gradient's trace fell from
