@@ -19,8 +19,7 @@ Medians of interleaved repetitions, float64, after compilation.
 A second table times the gradient of the adaptive-optics element's saved residuals and
 final actuator state w.r.t. the pole rate and `w0` (t ∈ [0, 0.5], saves at 4 times) with
 diffrax's `RecursiveCheckpointAdjoint` and with `jaxdae.ReverseSweepAdjoint` (the default):
-compile time (one cold compile
-each) and run time.
+compile time (one cold compile each) and run time.
 
     python experiments/bench_solves.py [--repeats 15]
 """

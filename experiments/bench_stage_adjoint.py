@@ -6,7 +6,8 @@ bare `diffrax.diffeqsolve` of jaxdae's right-hand side, and the loss `Σ q(2)²`
 differentiated with respect to the five gains:
 
 - **checkpointed** — `diffrax.RecursiveCheckpointAdjoint(checkpoints=32)`, jaxdae's
-  default before session 13: reverse mode through diffrax's whole loop (steps recomputed from 32 checkpoints);
+  default before session 13: reverse mode through diffrax's whole loop (steps recomputed
+  from 32 checkpoints);
 - **reverse sweep** — the solve of [`jaxdae.ReverseSweepAdjoint`][] (`jaxdae/_adjoint.py`):
   the forward pass stores every accepted step, the backward pass runs over the steps in
   reverse, recomputing each step's stages and applying the right-hand side's
@@ -95,7 +96,8 @@ def main():
     forward_half, backward_half, steps = halves(params)
     functions = {
         "forward solve": checkpointed,
-        "gradient, checkpointed (the default before session 13)": jax.value_and_grad(checkpointed),
+        "gradient, checkpointed (the default before session 13)":
+            jax.value_and_grad(checkpointed),
         "gradient, reverse sweep (ReverseSweepAdjoint)": jax.value_and_grad(swept),
         "  its forward solve storing every step": forward_half,
         "  its reverse sweep alone": backward_half,

@@ -141,8 +141,9 @@ def jit_unless_staged(fn: Callable) -> Callable:
     solve is traced: the two-link gradient's trace fell from 2.0–2.15 to 1.6–1.7 s
     (`experiments/bench_compile.py`, docs/benchmarks.md "What changed in session 14").
     The price: a loss that calls `fn` several times traces each call's solves (the
-    jitted `fn`'s are cached); at three calls the two trace equally long. Eager calls, eager `jax.grad` and `jax.vmap` included, keep the
-    jitted `fn`: they run its compiled program rather than one operation at a time."""
+    jitted `fn`'s are cached); at three calls the two trace equally long. Eager calls,
+    eager `jax.grad` and `jax.vmap` included, keep the jitted `fn`: they run its compiled
+    program rather than one operation at a time."""
     jitted = eqx.filter_jit(fn)
 
     @functools.wraps(fn)
@@ -361,7 +362,7 @@ def _solve_in_segments(vjp_arg, static):
         counts = counts + jnp.stack([out.stats[k] for k in _COUNTS]).astype(counts.dtype)
         last = dict(step_ts=step_ts, step_ys=step_ys, t_end=t_end, y_end=y_end,
                     result=out.result, event_mask=out.event_mask,
-                    steps=jnp.asarray(out.stats["num_accepted_steps"], jnp.int32))
+                    steps=_steps(out)[2])
         return index + 1, starts, end, last, saved, counts
 
     index, starts, end, last, saved, counts = jax.lax.while_loop(

@@ -93,13 +93,13 @@ def test_vmap_and_grad_over_gains():
     fd = (final_residual(10.0, 0.05 + eps) - final_residual(10.0, 0.05 - eps)) / (2 * eps)
     np.testing.assert_allclose(grads[1][0], fd, rtol=1e-5)
 
-    swept = jax.jit(jax.vmap(jax.value_and_grad(
+    checkpointed = jax.jit(jax.vmap(jax.value_and_grad(
         lambda *a: final_residual(*a, adjoint=diffrax.RecursiveCheckpointAdjoint()),
         argnums=(0, 1)),
         in_axes=(None, 0)))(10.0, errors)
-    np.testing.assert_allclose(swept[0], batched, rtol=1e-12)
-    for swept_grad, grad in zip(swept[1], grads):
-        np.testing.assert_allclose(swept_grad, grad, rtol=1e-9)
+    np.testing.assert_allclose(checkpointed[0], batched, rtol=1e-12)
+    for checkpointed_grad, grad in zip(checkpointed[1], grads):
+        np.testing.assert_allclose(checkpointed_grad, grad, rtol=1e-9)
 
 
 def test_fixed_step_stability_follows_the_transition_matrix():
