@@ -256,18 +256,23 @@ def _saveat(ts, static) -> diffrax.SaveAt:
 class _RecordProposal(diffrax.AbstractStepSizeController):
     """`controller`, whose state also holds the end of the next step it proposes: a
     segment ends with it, and the next one starts from it (diffrax's `Solution` does not
-    say it). Given `tnext`, the solve's first step ends there (no `dt0`: diffrax would
-    check its sign at run time, a branch and two host callbacks per solve)."""
+    say it).
+
+    Given `restart = (t_start, tnext, made_jump)`, a segment's start (`made_jump` None
+    when the controller makes no jumps), the solve restarts there (see `_Restart`): its
+    first step ends at `t_start` and is kept, and from it the solve goes on as it did
+    from the step that ended there: its next step ends at `tnext`, with `made_jump` and
+    the controller state given to `diffeqsolve`."""
 
     controller: diffrax.AbstractStepSizeController
-    tnext: Array | None = None
+    restart: tuple | None = None
 
     def wrap(self, direction):
-        return _RecordProposal(self.controller.wrap(direction), self.tnext)
+        return _RecordProposal(self.controller.wrap(direction), self.restart)
 
     def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
-        if self.tnext is not None:  # a segment's start: diffrax keeps its controller state
-            return self.tnext, None
+        if self.restart is not None:  # diffrax keeps the controller state it is given
+            return self.restart[0], None
         tnext, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
         return tnext, (state, jnp.asarray(tnext, jnp.result_type(t0)))
 
@@ -275,7 +280,54 @@ class _RecordProposal(diffrax.AbstractStepSizeController):
                         controller_state):
         keep, tprev, tnext, jump, state, result = self.controller.adapt_step_size(
             t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state[0])
-        return keep, tprev, tnext, jump, (state, jnp.asarray(tnext, jnp.result_type(t1))), result
+        state = (state, jnp.asarray(tnext, jnp.result_type(t1)))
+        if self.restart is None:
+            return keep, tprev, tnext, jump, state, result
+        t_start, t_proposed, made_jump = self.restart
+        restarting = t1 <= t_start
+        pick = lambda new, old: jnp.where(restarting, old, new)  # noqa: E731
+        return (keep | restarting, pick(tprev, t_start), pick(tnext, t_proposed),
+                jump if made_jump is None else pick(jump, made_jump),
+                jax.tree.map(pick, state, controller_state),
+                diffrax.RESULTS.where(restarting, diffrax.RESULTS.successful, result))
+
+
+class _Restart(AbstractWrappedSolver):
+    """`solver`, restarting a solve at `t_start` with the solver state given to
+    `diffeqsolve`: a step that ends at or before `t_start` (the first, from the solve's
+    `t0`; see `_RecordProposal`) takes no time and keeps the solver state.
+
+    A segment is solved from the solve's own `t0` this way, not from its start: diffrax
+    multiplies times by `direction = where(t0 < t1, 1, -1)`, and a traced start makes it
+    traced. Then XLA cannot fold diffrax's end threshold, 100 `prevbefore` of
+    `t1 · direction`, about 1,700 instructions per solve (docs/benchmarks.md, session 15)."""
+
+    solver: diffrax.AbstractSolver
+    t_start: Array
+
+    def init(self, terms, t0, t1, y0, args):
+        return self.solver.init(terms, t0, t1, y0, args)
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        restarting = t1 <= self.t_start
+        # A step of length zero from the start (a constant dense output), whose rates may
+        # be anything: the start state, no error.
+        y1, y_error, dense_info, state, result = self.solver.step(
+            terms, jnp.where(restarting, t1, t0), t1, y0, args, solver_state, made_jump)
+        pick = lambda new, old: jnp.where(restarting, old, new)  # noqa: E731
+        return (jax.tree.map(pick, y1, y0),
+                jax.tree.map(lambda e: jnp.where(restarting, 0, e), y_error),
+                dense_info, jax.tree.map(pick, state, solver_state),
+                diffrax.RESULTS.where(restarting, diffrax.RESULTS.successful, result))
+
+
+def _after_start(cond_fn, t_start, t, y, args, **kwargs):
+    """An event's condition in a solve restarted at `t_start` (`_Restart`): evaluated at
+    the start for the solve's `t0`, so that a real value does not change sign across the
+    restart; a flag is false at the start, as diffrax ignores it at a solve's start (and
+    the segment before checked it there)."""
+    value = cond_fn(jnp.maximum(t, t_start), y, args, **kwargs)
+    return value & (t > t_start) if jnp.result_type(value) == jnp.bool_ else value
 
 
 def _start(vjp_arg, static):
@@ -290,23 +342,27 @@ def _start(vjp_arg, static):
     return t0, y0, solver_state, controller_state, jnp.asarray(False)
 
 
-def _segment(start, args, t1, static, save_ts=None, event=None):
+def _segment(start, args, t0, t1, static, save_ts=None, event=None):
     """At most one segment's length of steps from `start`, saving each step, the end (and
     the solver's and controller's states there) and `save_ts` (those before the start at
-    the start: diffrax saves only within a solve)."""
+    the start). The solve runs from `t0`, the whole solve's start, restarting at `start`
+    (`_Restart`); its first saved step is that start, and its counts include it."""
     t, y, solver_state, controller_state, made_jump = start
     subs = [diffrax.SubSaveAt(t1=True), diffrax.SubSaveAt(steps=True)]
     if save_ts is not None:
-        subs = [diffrax.SubSaveAt(ts=jnp.clip(save_ts, t, t1))] + subs
+        subs = [diffrax.SubSaveAt(ts=save_ts)] + subs
+    if event is not None:
+        event = diffrax.Event(jax.tree.map(lambda fn: eqx.Partial(_after_start, fn, t),
+                                           event.cond_fn, is_leaf=callable))
+    restart = t, controller_state[1], made_jump if _jumps(static) else None
     return diffrax.diffeqsolve(
-        diffrax.ODETerm(static["vector_field"]), static["solver"], t, t1, None, y, args=args,
-        saveat=diffrax.SaveAt(subs=subs, solver_state=True, controller_state=True,
-                              made_jump=True),
-        stepsize_controller=_RecordProposal(static["stepsize_controller"],
-                                            controller_state[1]), event=event,
-        max_steps=static["segments"][1], solver_state=solver_state,
-        controller_state=controller_state, made_jump=made_jump if _jumps(static) else None,
-        adjoint=diffrax.RecursiveCheckpointAdjoint(), throw=False)
+        diffrax.ODETerm(static["vector_field"]), _Restart(static["solver"], t), t0, t1, None,
+        y, args=args, saveat=diffrax.SaveAt(subs=subs, solver_state=True,
+                                            controller_state=True, made_jump=True),
+        stepsize_controller=_RecordProposal(static["stepsize_controller"], restart),
+        event=event, max_steps=static["segments"][1] + 1, solver_state=solver_state,
+        controller_state=controller_state, adjoint=diffrax.RecursiveCheckpointAdjoint(),
+        throw=False)
 
 
 def _jumps(static) -> bool:
@@ -348,9 +404,10 @@ def _solve_in_segments(vjp_arg, static):
 
     def segment(carry):
         index, starts, start, _, saved, counts = carry
-        out = _segment(start, args, t1, static, ts, event)
-        *at_ts, t_end, step_ts = out.ts
-        *ys_at_ts, y_end, step_ys = out.ys
+        out = _segment(start, args, t0, t1, static, ts, event)
+        *at_ts, t_end, _ = out.ts
+        *ys_at_ts, y_end, _ = out.ys
+        step_ts, step_ys, steps = _steps(out)
         end = (t_end[0], jax.tree.map(lambda y: y[0], y_end), out.solver_state,
                out.controller_state, out.made_jump)
         starts = jax.tree.map(lambda buf, x: buf.at[index + 1].set(x), starts, end)
@@ -359,10 +416,11 @@ def _solve_in_segments(vjp_arg, static):
             saved = (jnp.where(new, at_ts[0], saved[0]), jax.tree.map(
                 lambda old, y: jnp.where(new.reshape((-1,) + (1,) * (y.ndim - 1)), y, old),
                 saved[1], ys_at_ts[0]))
-        counts = counts + jnp.stack([out.stats[k] for k in _COUNTS]).astype(counts.dtype)
+        # Less the restart, a step taken and accepted.
+        counts = counts + jnp.stack([out.stats[k] for k in _COUNTS]).astype(
+            counts.dtype) - jnp.array([1, 1, 0], counts.dtype)
         last = dict(step_ts=step_ts, step_ys=step_ys, t_end=t_end, y_end=y_end,
-                    result=out.result, event_mask=out.event_mask,
-                    steps=_steps(out)[2])
+                    result=out.result, event_mask=out.event_mask, steps=steps)
         return index + 1, starts, end, last, saved, counts
 
     index, starts, end, last, saved, counts = jax.lax.while_loop(
@@ -560,9 +618,10 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
             i = count - 1 - k
             start, end = (jax.tree.map(lambda x: x[j], starts) for j in (i, i + 1))
             # Not `lax.cond`: under `vmap` it would re-solve the last segment too. A solve
-            # from its start to its start takes no step.
+            # restarted at `t1` takes no step.
             is_last = i == count - 1
-            resolved = _steps(_segment(start, args, jnp.where(is_last, start[0], t1), static))
+            restart = (jnp.where(is_last, t1, start[0]),) + start[1:]
+            resolved = _steps(_segment(restart, args, t0, t1, static))
             steps_i = jax.tree.map(lambda a, b: jnp.where(is_last, a, b), last, resolved)
             save_bar_i = None if save_ts is None else jnp.where(
                 ((save_ts > start[0]) | (i == 0))[:, None], save_bar, 0)
@@ -575,8 +634,10 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
 
 
 def _steps(out):
-    """The accepted steps' end times and states, and their number, of a `_segment`."""
-    return out.ts[-1], out.ys[-1], jnp.asarray(out.stats["num_accepted_steps"], jnp.int32)
+    """The accepted steps' end times and states, and their number, of a `_segment` (its
+    restart, saved first, left out)."""
+    return (out.ts[-1][1:], jax.tree.map(lambda y: y[1:], out.ys[-1]),
+            jnp.asarray(out.stats["num_accepted_steps"], jnp.int32) - 1)
 
 
 def _as_zeros(bar, like):

@@ -53,6 +53,31 @@ def test_same_gradient_as_the_default_adjoint():
     assert float(jnp.abs(swept[1].kd)) > 0 and float(jnp.abs(swept[0].length)) > 0
 
 
+def test_segments_take_the_solves_steps():
+    """In segments, each restarted from the solve's `t0` (`_Restart`), reverse mode's
+    forward solve takes the steps of diffrax's uninterrupted solve (the primal): the same
+    step counts and, up to XLA's rounding of another program, the same states. Jumps in
+    the step-size controller (restored across restarts), saves at `ts`, a formulation that
+    can stop."""
+    ts = jnp.linspace(0.0, 1.5, 7)
+    controller = diffrax.ClipStepSizeController(
+        diffrax.PIDController(rtol=1e-8, atol=1e-10), jump_ts=jnp.array([0.3, 0.77]))
+
+    def solve(kd):
+        return jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(kd, 25.0), 0.0, 1.5, 1.05 * Q0, V0,
+                               ts=ts, stepsize_controller=controller, adjoint=SEGMENTED,
+                               max_steps=2048)
+
+    plain = jax.jit(solve)(10.0)
+    segmented = jax.jit(lambda kd: jax.vjp(solve, kd)[0])(10.0)
+    assert int(plain.stats["num_accepted_steps"]) > 3 * SEGMENTED.stored_steps
+    for key in ("num_steps", "num_accepted_steps", "num_rejected_steps"):
+        assert int(segmented.stats[key]) == int(plain.stats[key]), key
+    assert segmented.result == plain.result
+    _assert_same((plain.q, plain.v, plain.q_final, plain.v_final),
+                 (segmented.q, segmented.v, segmented.q_final, segmented.v_final), rtol=1e-13)
+
+
 def test_ensemble_with_stopped_trajectories():
     """`simulate_ensemble`: one sweep over the shared steps. Two of the four beads reach the
     singular configuration and stop (`Baumgarte`); the sweep holds them still from their
