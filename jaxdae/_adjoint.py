@@ -259,10 +259,11 @@ class _RecordProposal(diffrax.AbstractStepSizeController):
     say it).
 
     Given `restart = (t_start, tnext, made_jump)`, a segment's start (`made_jump` None
-    when the controller makes no jumps), the solve restarts there (see `_Restart`): its
-    first step ends at `t_start` and is kept, and from it the solve goes on as it did
-    from the step that ended there: its next step ends at `tnext`, with `made_jump` and
-    the controller state given to `diffeqsolve`."""
+    when the controller makes no jumps), the solve's first step ends at `t_start` and is
+    kept (`_Restart` makes it take no time). From there the solve goes on as from the
+    step that ended at `t_start`: with the controller state given to `diffeqsolve`, its
+    next step ending at `tnext`, and `made_jump`. (Not through `dt0`: diffrax would check
+    its sign at run time, a branch and two host callbacks per solve.)"""
 
     controller: diffrax.AbstractStepSizeController
     restart: tuple | None = None
@@ -322,10 +323,10 @@ class _Restart(AbstractWrappedSolver):
 
 
 def _after_start(cond_fn, t_start, t, y, args, **kwargs):
-    """An event's condition in a solve restarted at `t_start` (`_Restart`): evaluated at
-    the start for the solve's `t0`, so that a real value does not change sign across the
-    restart; a flag is false at the start, as diffrax ignores it at a solve's start (and
-    the segment before checked it there)."""
+    """An event's condition in a solve restarted at `t_start` (`_Restart`). Earlier times
+    (the solve's `t0`, where diffrax first evaluates it) count as the start, so that a
+    real value does not change sign across the restart. A flag is false at the start:
+    diffrax ignores a flag at a solve's start, and the segment before checked it there."""
     value = cond_fn(jnp.maximum(t, t_start), y, args, **kwargs)
     return value & (t > t_start) if jnp.result_type(value) == jnp.bool_ else value
 
