@@ -311,8 +311,8 @@ class _Restart(AbstractWrappedSolver):
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         restarting = t1 <= self.t_start
-        # A step of length zero from the start (a constant dense output), whose rates may
-        # be anything: the start state, no error.
+        # A step of length zero from the start: the start state, no error, the solver state
+        # given, whatever the rates there.
         y1, y_error, dense_info, state, result = self.solver.step(
             terms, jnp.where(restarting, t1, t0), t1, y0, args, solver_state, made_jump)
         pick = lambda new, old: jnp.where(restarting, old, new)  # noqa: E731
@@ -353,8 +353,8 @@ def _segment(start, args, t0, t1, static, save_ts=None, event=None):
     if save_ts is not None:
         subs = [diffrax.SubSaveAt(ts=save_ts)] + subs
     if event is not None:
-        event = diffrax.Event(jax.tree.map(lambda fn: eqx.Partial(_after_start, fn, t),
-                                           event.cond_fn, is_leaf=callable))
+        event = eqx.tree_at(lambda e: e.cond_fn, event, jax.tree.map(
+            lambda fn: eqx.Partial(_after_start, fn, t), event.cond_fn, is_leaf=callable))
     restart = t, controller_state[1], made_jump if _jumps(static) else None
     return diffrax.diffeqsolve(
         diffrax.ODETerm(static["vector_field"]), _Restart(static["solver"], t), t0, t1, None,
