@@ -544,10 +544,10 @@ def in_current_mesh(fn):
     When reverse mode differentiates a jitted function (`_simulate` called eagerly), JAX
     replays its equations with the context each was recorded in, which names the empty
     mesh where the caller's context named none. What is traced lazily there
-    (`ReverseSweepAdjoint`'s forward solve) then missed every trace cache that the structure checks had filled, and
-    traced the equations of motion and the solve a second time (with this fix and the
-    merged checks of `_check_traced`, the two-link sweep gradient's trace fell from
-    3.7–3.9 s to 2.3–3.0 s; `experiments/bench_compile.py`)."""
+    (`ReverseSweepAdjoint`'s forward solve) then missed every trace cache that the
+    structure checks had filled, and traced the equations of motion and the solve a second
+    time (with this fix and the merged checks of `_check_traced`, the two-link sweep
+    gradient's trace fell from 3.7–3.9 s to 2.3–3.0 s; `experiments/bench_compile.py`)."""
 
     @functools.wraps(fn)
     def in_mesh(*args, **kwargs):

@@ -56,9 +56,11 @@ def test_same_gradient_as_the_default_adjoint():
 def test_segments_take_the_solves_steps():
     """In segments, each restarted from the solve's `t0` (`_Restart`), reverse mode's
     forward solve takes the steps of diffrax's uninterrupted solve (the primal): the same
-    step counts and, up to XLA's rounding of another program, the same states. Jumps in
-    the step-size controller (restored across restarts), saves at `ts`, a formulation that
-    can stop."""
+    step counts and, up to XLA's rounding of another program, the same states. A
+    controller with jump times (its state carried across restarts), saves at `ts`, a
+    formulation that can stop. (No segment here starts right after a jump, so the
+    restored `made_jump` flag is not exercised: with a smooth right-hand side it would
+    change the states only by rounding.)"""
     ts = jnp.linspace(0.0, 1.5, 7)
     controller = diffrax.ClipStepSizeController(
         diffrax.PIDController(rtol=1e-8, atol=1e-10), jump_ts=jnp.array([0.3, 0.77]))
