@@ -19,8 +19,11 @@ shared step sequence, "ensemble" rows):
   `max_steps`) and with `max_steps=1024` (one segment), `vmap` and ensemble.
 
 The device is detected (`jax.devices()`); on the CPU the batch sizes stop at 4096 by
-default (≈ 1–4 s per call on 2 cores; `--max-batch` raises the cap), on a GPU they go to 10⁶.
+default (≈ 1–4 s per call on 2 cores; `--max-batch` raises the cap), on a GPU they go to 10⁶
+(CasADi's `map`, on the host's cores, to 65,536).
 Every repetition times every tool at every size in turn (interleaved); figures are medians.
+The agreement of `q(2)` at the largest batch is reported: float32 against float64, and on a
+GPU its float64 against the CPU's for the first 256 states.
 With `--unrolled` the jaxdae rows use `solver=jaxdae.UnrolledERK(diffrax.Tsit5())` instead of
 diffrax's `Tsit5` (the stages written out; see `experiments/bench_unrolled.py`).
 
@@ -156,6 +159,9 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
     if max_batch is not None:
         sizes = sorted({s for s in sizes if s <= max_batch} | {max_batch})
     loop_cap = 16 if quick else 64  # Python loops (CasADi loop, SciPy) run at most this many
+    # CasADi's map runs on the host's cores: on a GPU machine it stops at 65,536 (≈ 4 s a call
+    # on 16 cores), so that the run fits in a device lease.
+    map_cap = 65_536 if on_gpu else max(sizes)
     grad_batch = 16 if quick else 256
     dtypes = ["float64", "float32"]
     qs, vs = _peers.perturbed_states(max(sizes))
@@ -200,6 +206,8 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
                     lambda x=x, rtol=rtol, atol=atol: [
                         solve_ivp(rhs, (0.0, T1), xi, method="DOP853", rtol=rtol, atol=atol)
                         for xi in x])
+            if size > map_cap:
+                continue
             mapped, map_mode = casadi_map(integrator, size)
             pb = np.tile(_peers.PARAMS[:, None], (1, size))
             runners[(f"CasADi map @{dname} tol", size)] = (
@@ -235,6 +243,25 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
         print(f"  repetition {rep + 1}/{reps} done", file=sys.stderr, flush=True)
     med = {key: statistics.median(t) for key, t in times.items()}
 
+    # Agreement at the largest batch: float32 against float64 (same device), and on a GPU its
+    # float64 against the CPU's for the first 256 states.
+    big = max(sizes)
+    final = {key: np.asarray(runners[key]()) for key in runners
+             if key[1] == big and key[0].startswith("jaxdae") and "sharded" not in key[0]}
+    agreement = {
+        kind: float(np.max(np.abs(final[(f"{label} float32", big)]
+                                  - final[(f"{label} float64", big)])))
+        for kind, label in (("vmap", "jaxdae"), ("ensemble", "jaxdae ensemble"))}
+    if on_gpu:
+        cpu = jax.devices("cpu")[0]
+        forward = jaxdae_batch(jnp.float64, solver)["vmap"][0]
+        n = min(256, big)
+        on_cpu = jax.device_put((params_of(jnp.float64), jnp.asarray(qs[:n]), jnp.asarray(vs[:n])),
+                                cpu)
+        reference = np.asarray(jax.jit(forward)(*on_cpu))
+        agreement["gpu float64 vs cpu float64"] = float(np.max(np.abs(
+            final[("jaxdae float64", big)][:n] - reference)))
+
     tools = sorted({tool for tool, _ in runners if not tool.startswith("loss")},
                    key=lambda t: (not t.startswith("jaxdae"), "float32" in t, "ensemble" in t, t))
     lines = [
@@ -263,6 +290,14 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
         for dname in dtypes:
             lines.append(f"| {kind} {dname} | " + " | ".join(
                 f"{compile_s[(kind, dname, s)]:.1f}" for s in sizes) + " |")
+    lines += [
+        "",
+        f"Agreement of q(2) at batch {big:,}, max |difference| [rad]: "
+        f"float32 vs float64 {agreement['vmap']:.1e} (`vmap`), {agreement['ensemble']:.1e} "
+        "(ensemble)" + (f"; {device_name()} float64 vs the CPU's, first {min(256, big)} "
+                        f"states: {agreement['gpu float64 vs cpu float64']:.1e}"
+                        if on_gpu else "") + ".",
+    ]
     ratios = {kind: med[(f"loss gradient {kind}", grad_batch)]
               / med[(f"loss forward {kind}", grad_batch)] for kind in c_loss}
     ratio = min(ratios.values())
@@ -289,15 +324,19 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
         "median_s": {f"{k[0]} | {k[1]}": v for k, v in med.items()},
         "raw_s": {f"{k[0]} | {k[1]}": v for k, v in times.items()},
         "compile_s": {" | ".join(map(str, k)): v for k, v in compile_s.items()},
-        "gradient_forward_ratio": ratios, "compile_loss": c_loss,
+        "gradient_forward_ratio": ratios, "compile_loss": c_loss, "agreement": agreement,
     })
-    big = max(sizes)
-    best = big / med[("jaxdae float64", big)]
-    best_ensemble = big / med[("jaxdae ensemble float64", big)]
-    cas = big / med[("CasADi map @float64 tol", big)]
-    headline = (f"{device_name()}: jaxdae float64 {best:,.0f} traj/s at batch {big:,} "
-                f"({best / cas:.1f}× CasADi map), ensemble {best_ensemble:,.0f} traj/s "
-                f"({best_ensemble / cas:.1f}×); batch-loss gradient/forward {ratio:.2f}")
+    rate = {tool: big / med[(tool, big)] for tool in tools if (tool, big) in med}
+    mapped = max(s for s in sizes if ("CasADi map @float64 tol", s) in med)
+    cas = {tool: mapped / med[(tool, mapped)] / (mapped / med[("CasADi map @float64 tol", mapped)])
+           for tool in ("jaxdae float64", "jaxdae ensemble float64")}
+    headline = (f"{device_name()}: at batch {big:,}, jaxdae float64 "
+                f"{rate['jaxdae float64']:,.0f} traj/s, ensemble "
+                f"{rate['jaxdae ensemble float64']:,.0f}; float32 {rate['jaxdae float32']:,.0f}, "
+                f"ensemble {rate['jaxdae ensemble float32']:,.0f}; at batch {mapped:,}, "
+                f"{cas['jaxdae float64']:.1f}× and {cas['jaxdae ensemble float64']:.1f}× CasADi "
+                f"map (float64); batch-loss gradient/forward {ratio:.2f}")
+    print(headline)
     return {"headline": headline, "table": lines}
 
 
