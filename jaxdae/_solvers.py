@@ -60,8 +60,11 @@ class UnrolledERK(AbstractWrappedSolver):
     (`simulate_ensemble`'s gradient 1.4×). The price is compile time (up to twice as long:
     the right-hand side is compiled once per stage) and, for a single trajectory, a
     gradient 1.4–1.9× slower than with diffrax's own step; batches of 4 were about 2×
-    slower, of 32 already faster. Use it for batches of a few tens of trajectories or more,
-    ensembles and tuning; keep the plain solver otherwise.
+    slower, of 32 already faster. On one NVIDIA H100 GPU (`bench_batch.py --unrolled`,
+    docs/benchmarks.md) batches of 1 to 10⁶ trajectories ran 1.9–3.9× faster: there every
+    loop of a step is a chain of kernel launches. Use it for batches of a few tens of
+    trajectories or more, ensembles, tuning and any batch on a GPU; keep the plain solver
+    otherwise.
 
     ```python
     solver = jaxdae.UnrolledERK(diffrax.Tsit5())
