@@ -34,7 +34,13 @@ import optimistix as optx
 from ._checks import check_finite, check_instance, check_positive
 from ._custom_types import Array, ArrayLike, Float, Gain, GainLike, Int, ScalarLike
 from ._formulation._base import default_rcond
-from ._linalg import extreme_eigenvalues, not_hurwitz, reciprocal_condition, spd_solve
+from ._linalg import (
+    extreme_eigenvalues,
+    full_precision,
+    not_hurwitz,
+    reciprocal_condition,
+    spd_solve,
+)
 from ._gains import (
     as_gain,
     check_gain_size,
@@ -450,6 +456,7 @@ _NOT_PROGRAMMED = (
 )
 
 
+@full_precision
 def consistent_actuated_state(
     system: ActuatedSystem,
     control: ConstraintEnforcingControl,
@@ -673,6 +680,7 @@ def _check_system(system, control, t0, q0, v0, w0):
     return control
 
 
+@full_precision
 @in_current_mesh
 def simulate_actuated(
     system: ActuatedSystem,

@@ -23,6 +23,7 @@ from diffrax._term import WrapTerm
 from jax.flatten_util import ravel_pytree
 
 from ._custom_types import Array
+from ._linalg import full_precision
 from ._scalarize import scalarize
 from ._solvers import AbstractWrappedSolver
 
@@ -475,6 +476,7 @@ def _loop_solve(vjp_arg, static):
         adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS), throw=False)
 
 
+@full_precision
 def _backward(stored, out_bar, perturbed, vjp_arg, static):
     if isinstance(stored, _LoopVJP):
         # Cotangents of the saved times and states; zeros for the rest of the output.

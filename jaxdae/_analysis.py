@@ -12,6 +12,7 @@ from ._control import ConstantControl, with_controller
 from ._custom_types import Array, ArrayLike, Bool, Float, Int
 from ._formulation import AbstractFormulation, RedundantCoordinates, Unstabilized
 from ._gains import is_concrete
+from ._linalg import full_precision
 from ._system import AbstractSystem
 
 
@@ -78,6 +79,7 @@ def _solve_equilibrium(system, t, q_guess, v_cyclic, u_guess, free, cyclic, rtol
     return q, v, u, residual
 
 
+@full_precision
 def equilibrium(
     system,
     q_guess: Float[ArrayLike, " n"],
@@ -247,6 +249,7 @@ def _linearize(system, formulation, t, q, v, u, positions, velocities, cyclic):
     return a, b, dcyc, drift
 
 
+@full_precision
 def linearize(
     system,
     formulation: AbstractFormulation,

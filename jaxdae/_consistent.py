@@ -10,6 +10,7 @@ import optimistix as optx
 from ._checks import check_finite, check_positive
 from ._custom_types import ArrayLike, Coordinates, Float, ScalarLike, Velocities
 from ._gains import is_concrete
+from ._linalg import full_precision
 from ._system import LagrangianSystem, holonomic_terms, nonholonomic_terms
 
 
@@ -57,6 +58,7 @@ _NOT_FOUND = (
 )
 
 
+@full_precision
 def consistent_initial_state(
     system: LagrangianSystem,
     t0: ScalarLike,

@@ -21,6 +21,7 @@ from ._checks import check_positive
 from ._custom_types import Array, Float, ScalarLike
 from ._formulation._base import second_order_matrix
 from ._gains import gain_matrix
+from ._linalg import full_precision
 
 
 def _use_stepsize_tol():
@@ -33,6 +34,7 @@ def _linear_field(t, y, matrix):
     return matrix @ y
 
 
+@full_precision
 def transition_matrix(
     matrix: Float[Array, "d d"], solver: diffrax.AbstractSolver, dt: ScalarLike
 ) -> Float[Array, "d d"]:
@@ -81,6 +83,7 @@ def transition_matrix(
     return jax.vmap(step, out_axes=1)(jnp.eye(matrix.shape[0], dtype=dtype))
 
 
+@full_precision
 def perturbation_matrix(
     formulation: eqx.Module,
     num_constraints: int,
@@ -136,6 +139,7 @@ def spectral_radius(matrix: Float[Array, "d d"]) -> Float[Array, ""]:
     return jnp.max(jnp.abs(jnp.linalg.eigvals(matrix)))
 
 
+@full_precision
 def spectral_radius_bound(matrix: Float[Array, "d d"], power: int = 256) -> Float[Array, ""]:
     """The Gelfand bound `‖R^k‖_F^{1/k} >= ρ(R)`, smooth in `R`, for losses and penalties.
 

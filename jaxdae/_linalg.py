@@ -7,12 +7,36 @@ helpers use elementwise JAX operations (or closed forms) up to a small size, and
 through lineax or `jnp.linalg` beyond it.
 """
 
+import functools
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 
 from ._custom_types import Array, Bool, Float
+
+
+def full_precision(fn: Callable) -> Callable:
+    """`fn` with JAX's matrix products at full precision, unless the user set
+    `jax_default_matmul_precision`.
+
+    On GPUs JAX multiplies float32 matrices in TF32 by default (a 10-bit mantissa): on an
+    H100, `jaxdae.lqr`'s float32 Riccati solution was off by 1.6e-3 (relative), against
+    2e-6 on the CPU. The matrices here are tiny, so full precision costs no measurable time.
+    Each product records its precision when traced, and the products of a gradient are
+    transposes of those, so gradients keep it too.
+    """
+
+    @functools.wraps(fn)
+    def with_full_precision(*args, **kwargs):
+        if jax.config.jax_default_matmul_precision is not None:
+            return fn(*args, **kwargs)
+        with jax.default_matmul_precision("highest"):
+            return fn(*args, **kwargs)
+
+    return with_full_precision
 
 
 def spd_operator(matrix) -> lx.MatrixLinearOperator:

@@ -33,6 +33,7 @@ import optimistix as optx
 from ._checks import check_finite
 from ._custom_types import Array, ArrayLike, Bool, Float
 from ._gains import is_concrete
+from ._linalg import full_precision
 
 
 class LQRSolution(eqx.Module):
@@ -146,6 +147,7 @@ _NOT_STABILIZABLE = (
 )
 
 
+@full_precision
 def lqr(
     A: Float[ArrayLike, "n n"],  # noqa: N803
     B: Float[ArrayLike, "n p"],  # noqa: N803

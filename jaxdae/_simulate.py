@@ -21,7 +21,7 @@ from ._adjoint import (
 from ._checks import check_instance, check_positive
 from ._custom_types import Array, ArrayLike, Float, ScalarLike
 from ._formulation import AbstractFormulation
-from ._linalg import is_positive_definite
+from ._linalg import full_precision, is_positive_definite
 from ._gains import deferred_checks, is_concrete
 from ._nonholonomic import is_not_affine
 from ._scalarize import scalarize
@@ -394,6 +394,7 @@ def _check_times(t0, t1, ts):
             )
 
 
+@full_precision
 def simulate(
     system: AbstractSystem,
     formulation: AbstractFormulation,
@@ -464,6 +465,7 @@ def simulate(
                 max_steps=max_steps, adjoint=adjoint, throw=throw)
 
 
+@full_precision
 def simulate_ensemble(
     system: AbstractSystem,
     formulation: AbstractFormulation,
