@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(PY) experiments/bench_compile.py
 	$(PY) experiments/bench_solves.py
 	$(PY) experiments/bench_unrolled.py
+	$(PY) experiments/bench_precision.py
 
 clean:
 	rm -rf $(VENV) output
