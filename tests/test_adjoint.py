@@ -58,9 +58,8 @@ def test_segments_take_the_solves_steps():
     forward solve takes the steps of diffrax's uninterrupted solve (the primal): the same
     step counts and, up to XLA's rounding of another program, the same states. A
     controller with jump times (its state carried across restarts), saves at `ts`, a
-    formulation that can stop. (No segment here starts right after a jump, so the
-    restored `made_jump` flag is not exercised: with a smooth right-hand side it would
-    change the states only by rounding.)"""
+    formulation that can stop. (No segment here starts right after a jump: see
+    `test_segment_starting_after_a_jump`.)"""
     ts = jnp.linspace(0.0, 1.5, 7)
     controller = diffrax.ClipStepSizeController(
         diffrax.PIDController(rtol=1e-8, atol=1e-10), jump_ts=jnp.array([0.3, 0.77]))
@@ -78,6 +77,40 @@ def test_segments_take_the_solves_steps():
     assert segmented.result == plain.result
     _assert_same((plain.q, plain.v, plain.q_final, plain.v_final),
                  (segmented.q, segmented.v, segmented.q_final, segmented.v_final), rtol=1e-13)
+
+
+class _Pushed(CartesianPendulum):
+    """The pendulum pushed sideways from `t = 0.3` on: a right-hand side that jumps there."""
+
+    def generalized_forces(self, t, q, v):
+        return jnp.where(t >= 0.3, 4.0, 0.0) * jnp.array([1.0, 0.0], q.dtype)
+
+
+def test_segment_starting_after_a_jump():
+    """A segment that starts right after a step clipped to a jump time (`jump_ts`) restores
+    diffrax's `made_jump`, so its first step evaluates the right-hand side after the jump
+    instead of reusing the last stage from before it (first same as last). Dropping the
+    flag changed the step counts (68/23 accepted/rejected against 64/11) and the final
+    state by 3e-7, checked by hand."""
+    q0, v0 = _Pushed().state_from_angle(0.6, -0.5)
+    controller = diffrax.ClipStepSizeController(
+        diffrax.PIDController(rtol=1e-8, atol=1e-10), jump_ts=jnp.array([0.3]))
+
+    def solve(kd, t1, adjoint=None):
+        return jaxdae.simulate(_Pushed(), jaxdae.Baumgarte(kd, 25.0), 0.0, t1, q0, v0,
+                               stepsize_controller=controller, adjoint=adjoint, max_steps=4096)
+
+    # The steps up to the jump (diffrax clips the last one to end just before it) make the
+    # first segment.
+    before = jax.jit(lambda kd: solve(kd, float(np.nextafter(0.3, 0.0))))(10.0)
+    adjoint = jaxdae.ReverseSweepAdjoint(stored_steps=int(before.stats["num_steps"]))
+    plain = jax.jit(lambda kd: solve(kd, 1.0, adjoint))(10.0)
+    segmented = jax.jit(lambda kd: jax.vjp(lambda k: solve(k, 1.0, adjoint), kd)[0])(10.0)
+    assert int(plain.stats["num_steps"]) > int(before.stats["num_steps"])
+    for key in ("num_steps", "num_accepted_steps", "num_rejected_steps"):
+        assert int(segmented.stats[key]) == int(plain.stats[key]), key
+    _assert_same((plain.q_final, plain.v_final), (segmented.q_final, segmented.v_final),
+                 rtol=1e-13)
 
 
 def test_ensemble_with_stopped_trajectories():
