@@ -22,6 +22,8 @@ import jaxdae
 from jaxdae._linalg import spd_solve
 from jaxdae.examples import CartesianPendulum, TwoLinkManipulator
 
+from ._jaxprs import equations
+
 sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
 import _peers  # noqa: E402
 
@@ -246,17 +248,8 @@ def test_gradient_wrt_gains_matches_central_differences(two_link):
 
 def _dot_precisions(jaxpr) -> list:
     """The `precision` of every matrix product in `jaxpr` and its sub-jaxprs."""
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            found.append(eqn.params["precision"])
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (tuple, list)) else (param,):
-                if isinstance(sub, jax.extend.core.ClosedJaxpr):
-                    found += _dot_precisions(sub.jaxpr)
-                elif isinstance(sub, jax.extend.core.Jaxpr):
-                    found += _dot_precisions(sub)
-    return found
+    return [eqn.params["precision"] for eqn in equations(jaxpr)
+            if eqn.primitive.name == "dot_general"]
 
 
 class _ArrayFormPendulum(CartesianPendulum):
