@@ -6,11 +6,13 @@
   with dense NumPy solves for every gain form.
 - `simulate` saves with `SaveAt(t0, t1)` when `ts` is None; it must return exactly what an
   explicit `ts=[t0, t1]` returns, also after a failure.
+- jaxdae's matrix products are traced at full precision (GPUs default to TF32 for float32).
 """
 
 import sys
 from pathlib import Path
 
+import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -274,15 +276,17 @@ def test_matrix_products_at_full_precision(monkeypatch):
         assert (jax.lax.Precision.HIGH,) * 2 in _dot_precisions(lqr(a).jaxpr)
 
     # The simulation's gradient, with the right-hand side left in array form (a scalar
-    # graph has no products): the reverse sweep's backward pass is traced at transpose time.
+    # graph has no products): the reverse sweep's backward pass is traced at transpose time;
+    # diffrax's checkpointed loop replays the traced step.
     monkeypatch.setattr(jaxdae._scalarize, "MAX_WORK", 0)
     pend = _ArrayFormPendulum()
     q0, v0 = (x.astype(jnp.float32) for x in pend.state_from_angle(0.4, 0.0))
 
-    def loss(kp):
-        sol = jaxdae.simulate(pend, jaxdae.Baumgarte(jnp.float32(2.0), kp), 0.0, 0.1, q0, v0,
-                              rtol=1e-5, atol=1e-7)
-        return jnp.sum(sol.q_final**2)
+    for adjoint in (None, diffrax.RecursiveCheckpointAdjoint()):
+        def loss(kp, adjoint=adjoint):
+            sol = jaxdae.simulate(pend, jaxdae.Baumgarte(jnp.float32(2.0), kp), 0.0, 0.1, q0,
+                                  v0, rtol=1e-5, atol=1e-7, adjoint=adjoint)
+            return jnp.sum(sol.q_final**2)
 
-    precisions = _dot_precisions(jax.make_jaxpr(jax.grad(loss))(jnp.float32(4.0)).jaxpr)
-    assert precisions and all(p == highest for p in precisions)
+        precisions = _dot_precisions(jax.make_jaxpr(jax.grad(loss))(jnp.float32(4.0)).jaxpr)
+        assert precisions and all(p == highest for p in precisions), adjoint
