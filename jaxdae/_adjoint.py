@@ -57,6 +57,10 @@ class ReverseSweepAdjoint(eqx.Module):
       solve that ends within its first segment, the usual case, is solved once, as with
       `stored_steps ≥ max_steps`. (With segments the step limit is `max_steps` rounded up
       to a multiple of the segments' length: at most `max_steps / stored_steps` more.)
+      A re-solve must end where the forward solve's segment ended (to `√ε` of the time
+      span): one that does not, because rounding changed which steps were accepted (a
+      chaotic or badly scaled solve), raises at run time rather than differentiate steps
+      the solve did not take.
     - **Solvers**: explicit Runge–Kutta methods with a Butcher tableau
       (`diffrax.AbstractERK`: `Tsit5`, `Dopri5`, `Bosh3`, `Heun`, … and
       [`jaxdae.UnrolledERK`][] of them); adaptive or constant steps; solves that stop at a
@@ -624,7 +628,8 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
             # restarted at `t1` takes no step.
             is_last = i == count - 1
             restart = (jnp.where(is_last, t1, start[0]),) + start[1:]
-            resolved = _steps(_segment(restart, args, t0, t1, static))
+            resolved = _resolved_steps(_segment(restart, args, t0, t1, static), end[0],
+                                       is_last, t0, t1)
             steps_i = jax.tree.map(lambda a, b: jnp.where(is_last, a, b), last, resolved)
             save_bar_i = None if save_ts is None else jnp.where(
                 ((save_ts > start[0]) | (i == 0))[:, None], save_bar, 0)
@@ -634,6 +639,34 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
         start_bar, args_bar = jax.lax.fori_loop(0, count, segment_back, (final_bar, args_bar))
     y0_bar = unravel(y0_bar + start_bar)
     return (args_bar, y0_bar, None, None, None, None)
+
+
+def _resolved_steps(out, t_next, is_last, t0, t1):
+    """`_steps` of a segment re-solved from its checkpoint, checked to end where the forward
+    solve's segment ended (`t_next`, the next segment's start), unless it is the last.
+
+    The two solves are the same computation compiled in two programs, which XLA may round
+    differently. Rounding moves the end by a few ulps; a step accepted in one and rejected
+    in the other (a chaotic or badly scaled solve) moves it by a step. The sweep would then
+    differentiate steps that the forward solve did not take, so that raises instead. (The
+    check also keeps XLA from compiling the backward loop into one CPU kernel, which holds
+    both the re-solve and the sweep and ran the two-link gradient ≈ 20% slower: docs/
+    benchmarks.md, session 17.)"""
+    steps = _steps(out)
+    t_end, dtype = out.ts[-2][0], jnp.result_type(t_next)
+    scale = jnp.maximum(jnp.maximum(jnp.abs(t0), jnp.abs(t1)), jnp.abs(t1 - t0))
+    elsewhere = ~(jnp.abs(t_end - t_next) <= np.sqrt(jnp.finfo(dtype).eps) * scale)
+    return eqx.error_if(steps, ~is_last & elsewhere, _RESOLVED_ELSEWHERE)
+
+
+_RESOLVED_ELSEWHERE = (
+    "The gradient's backward pass re-solved a segment of the solve from its checkpoint "
+    "(`jaxdae.ReverseSweepAdjoint` stores `stored_steps` steps at a time) and the re-solve "
+    "ended at another time than the forward solve: the two took different steps, so the "
+    "gradient would be of steps the solve did not take. This happens when rounding changes "
+    "whether a step is accepted (a chaotic or badly scaled solve). Store every step, "
+    "`adjoint=jaxdae.ReverseSweepAdjoint(stored_steps=max_steps)`, or differentiate "
+    "through diffrax's loop, `adjoint=diffrax.RecursiveCheckpointAdjoint()`.")
 
 
 def _steps(out):

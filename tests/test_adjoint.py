@@ -207,6 +207,37 @@ def test_errors():
                                               Q0, V0, max_steps=256).q_final)(25.0)
 
 
+def test_resolve_that_takes_other_steps_raises():
+    """The backward pass re-solves each earlier segment from its checkpoint and checks that
+    it ends where the forward solve's segment did. Here the vector field reads a host value
+    that changes between the forward solve and the backward pass, as if the two programs
+    had rounded differently enough to take other steps: the gradient raises, naming the
+    fix, instead of differentiating steps the solve did not take."""
+    from jaxdae._adjoint import swept_diffeqsolve
+
+    rate = {"value": 1.0}
+
+    def vector_field(t, y, k):
+        host = jax.pure_callback(lambda: np.asarray(rate["value"]),
+                                 jax.ShapeDtypeStruct((), jnp.float64))
+        return -k * host * y + jnp.sin(t)
+
+    def final(k):
+        out = swept_diffeqsolve(
+            vector_field, diffrax.Tsit5(), 0.0, 3.0, 0.1, jnp.array([1.0, 2.0]), args=k,
+            saveat=diffrax.SaveAt(t0=True, t1=True), ts=None,
+            stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-10), event=None,
+            max_steps=256, adjoint=jaxdae.ReverseSweepAdjoint(stored_steps=16))
+        return jnp.sum(out.ys[-1] ** 2)
+
+    _, pull = jax.vjp(final, 2.0)
+    (unchanged,) = pull(1.0)  # the same steps: no error
+    assert np.isfinite(unchanged)
+    rate["value"] = 1.5
+    with pytest.raises(Exception, match=r"re-solve ended at another time.*stored_steps=max_"):
+        jax.block_until_ready(pull(1.0))
+
+
 def test_time_gradients_through_diffrax_loop():
     """The sweep holds the step times constant: gradients with respect to `t0`, `t1` and
     `ts` differentiate diffrax's loop instead, and equal `RecursiveCheckpointAdjoint`'s."""
