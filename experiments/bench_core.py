@@ -16,7 +16,8 @@ repetitions):
   with the default adjoint, `ReverseSweepAdjoint()` at the default `max_steps = 100_000`:
   segments of at most 1024 steps, checkpointed; row "jaxdae ReverseSweepAdjoint": with
   `max_steps=1024`, every step stored in one segment; their ratio taken to jaxdae's forward
-  solve; CasADi: CVODES adjoint sensitivities);
+  solve; CasADi: CVODES adjoint sensitivities; each returns the value and the gradient as
+  one array, as each forward returns `q(2)`);
 - agreement of `q(2)` with a tight-tolerance reference (SciPy DOP853, `rtol = 1e-13`).
 
 A row "diffrax + hand-written RHS" solves the same ODE with diffrax (same solver, controller
@@ -41,6 +42,7 @@ import diffrax  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.flatten_util import ravel_pytree  # noqa: E402
 from scipy.integrate import solve_ivp  # noqa: E402
 
 import _peers  # noqa: E402
@@ -95,11 +97,30 @@ def jaxdae_functions(dtype=jnp.float64):
         "forward": final_q,
         "batch": jax.vmap(final_q, in_axes=(None, 0, 0)),
         "ensemble": ensemble,
-        "gradient": jax.value_and_grad(loss),
+        "gradient": value_and_gradient(loss),
         # One segment: no checkpoints, no re-solve code in the program.
-        "gradient, reverse sweep": jax.value_and_grad(
+        "gradient, reverse sweep": value_and_gradient(
             lambda *args: loss(*args, adjoint=jaxdae.ReverseSweepAdjoint(), max_steps=1024)),
     }
+
+
+def value_and_gradient(loss):
+    """`jax.value_and_grad(loss)` as one array, `[value, gradient with respect to the first
+    argument, flattened]`, as CasADi's gradient and every forward here return one array.
+    (Returned as a tuple of arrays, the two-link gradient's four outputs took ≈ 80 µs more
+    to reach NumPy than the forward's one, ≈ 10% of the gradient: docs/benchmarks.md,
+    session 17.)"""
+    def value_and_vector(*args):
+        value, grads = jax.value_and_grad(loss)(*args)
+        return jnp.concatenate([value[None], ravel_pytree(grads)[0]])
+
+    return value_and_vector
+
+
+def split_gradient(vector):
+    """`(value, gradient)` of a `value_and_gradient` output."""
+    vector = np.asarray(vector)
+    return float(vector[0]), vector[1:]
 
 
 def compile_jaxdae(fn, *args, repeats: int = 3):
@@ -137,11 +158,6 @@ def jaxdae_params(dtype=jnp.float64):
             jnp.asarray([kp1, kp2], dtype))
 
 
-def grad_vector(grads):
-    alpha, kd, kp = grads
-    return np.concatenate([np.atleast_1d(np.asarray(alpha)), np.asarray(kd), np.asarray(kp)])
-
-
 def handwritten_functions():
     """The same solve with diffrax directly on the hand-written right-hand side of the peers
     (`_peers._equations` in `jax.numpy`): a floor for what autodiff-derived terms could reach
@@ -167,7 +183,7 @@ def handwritten_functions():
     return {
         "forward": final_q,
         "batch": jax.vmap(final_q, in_axes=(None, 0, 0)),
-        "gradient": jax.value_and_grad(loss),
+        "gradient": value_and_gradient(loss),
     }
 
 
@@ -258,19 +274,17 @@ def main(out: Path, quick: bool = False) -> dict:
         "jaxdae": {
             "single": lambda: np.asarray(_block(jd_forward(*args1))),
             "batch": lambda: np.asarray(_block(jd_batch(*argsb))),
-            "grad": lambda: (lambda vg: (float(vg[0]), grad_vector(vg[1])))(
-                _block(jd_grad(*args1))),
+            "grad": lambda: split_gradient(_block(jd_grad(*args1))),
         },
         ENSEMBLE: {"single": None, "batch": lambda: np.asarray(_block(jd_ensemble(*argsb))),
                    "grad": None},
         SWEEP: {"single": None, "batch": None,
-                "grad": lambda: (lambda vg: (float(vg[0]), grad_vector(vg[1])))(
-                    _block(jd_sweep(*args1)))},
+                "grad": lambda: split_gradient(_block(jd_sweep(*args1)))},
     }
     runners[HANDWRITTEN] = {
         "single": lambda: np.asarray(_block(hw_forward(*hw1))),
         "batch": lambda: np.asarray(_block(hw_batch(*hwb))),
-        "grad": lambda: (lambda vg: (float(vg[0]), np.asarray(vg[1])))(_block(hw_grad(*hw1))),
+        "grad": lambda: split_gradient(_block(hw_grad(*hw1))),
     }
     for method in ("adams", "bdf"):
         integrator, mapped, grad = cas[method]
