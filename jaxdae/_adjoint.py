@@ -650,7 +650,7 @@ def _resolved_steps(out, t_next, is_last, t0, t1):
     in the other (a chaotic or badly scaled solve) moves it by a step. The sweep would then
     differentiate steps that the forward solve did not take, so that raises instead. (The
     check also keeps XLA from compiling the backward loop into one CPU kernel, which holds
-    both the re-solve and the sweep and ran the two-link gradient ≈ 20% slower: docs/
+    both the re-solve and the sweep and ran the two-link gradient 17–37% slower: docs/
     benchmarks.md, session 17.)"""
     steps = _steps(out)
     t_end, dtype = out.ts[-2][0], jnp.result_type(t_next)
