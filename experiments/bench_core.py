@@ -107,9 +107,9 @@ def jaxdae_functions(dtype=jnp.float64):
 def value_and_gradient(loss):
     """`jax.value_and_grad(loss)` as one array, `[value, gradient with respect to the first
     argument, flattened]`, as CasADi's gradient and every forward here return one array.
-    (Returned as a tuple of arrays, the two-link gradient's four outputs took ≈ 80 µs more
-    to reach NumPy than the forward's one, ≈ 10% of the gradient: docs/benchmarks.md,
-    session 17.)"""
+    (A jitted function returning four arrays, as `(value, (alpha, kd, kp))`, took ≈ 80 µs
+    more per call to reach NumPy than one returning one array, ≈ 10% of the gradient:
+    docs/benchmarks.md, session 17.)"""
     def value_and_vector(*args):
         value, grads = jax.value_and_grad(loss)(*args)
         return jnp.concatenate([value[None], ravel_pytree(grads)[0]])

@@ -57,10 +57,10 @@ class ReverseSweepAdjoint(eqx.Module):
       solve that ends within its first segment, the usual case, is solved once, as with
       `stored_steps ≥ max_steps`. (With segments the step limit is `max_steps` rounded up
       to a multiple of the segments' length: at most `max_steps / stored_steps` more.)
-      A re-solve must end where the forward solve's segment ended (to `√ε` of the time
-      span): one that does not, because rounding changed which steps were accepted (a
-      chaotic or badly scaled solve), raises at run time rather than differentiate steps
-      the solve did not take.
+      A re-solve must end where the forward solve's segment ended (to `√ε` times the
+      largest of `|t0|`, `|t1|` and `t1 − t0`): one that does not, because rounding changed
+      which steps were accepted (a chaotic or badly scaled solve), raises at run time
+      rather than differentiate steps the solve did not take.
     - **Solvers**: explicit Runge–Kutta methods with a Butcher tableau
       (`diffrax.AbstractERK`: `Tsit5`, `Dopri5`, `Bosh3`, `Heun`, … and
       [`jaxdae.UnrolledERK`][] of them); adaptive or constant steps; solves that stop at a
@@ -654,7 +654,7 @@ def _resolved_steps(out, t_next, is_last, t0, t1):
     benchmarks.md, session 17.)"""
     steps = _steps(out)
     t_end, dtype = out.ts[-2][0], jnp.result_type(t_next)
-    scale = jnp.maximum(jnp.maximum(jnp.abs(t0), jnp.abs(t1)), jnp.abs(t1 - t0))
+    scale = jnp.max(jnp.abs(jnp.stack([t0, t1, t1 - t0])))
     elsewhere = ~(jnp.abs(t_end - t_next) <= np.sqrt(jnp.finfo(dtype).eps) * scale)
     return eqx.error_if(steps, ~is_last & elsewhere, _RESOLVED_ELSEWHERE)
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import jaxdae
+from jaxdae._adjoint import swept_diffeqsolve
 from jaxdae.examples import CartesianPendulum, TwoLinkManipulator
 
 from ._systems import Bead
@@ -213,8 +214,6 @@ def test_resolve_that_takes_other_steps_raises():
     that changes between the forward solve and the backward pass, as if the two programs
     had rounded differently enough to take other steps: the gradient raises, naming the
     fix, instead of differentiating steps the solve did not take."""
-    from jaxdae._adjoint import swept_diffeqsolve
-
     rate = {"value": 1.0}
 
     def vector_field(t, y, k):
