@@ -24,7 +24,7 @@ from ._formulation import AbstractFormulation
 from ._linalg import full_precision, is_positive_definite
 from ._gains import deferred_checks, is_concrete
 from ._nonholonomic import is_not_affine
-from ._scalarize import scalarize
+from ._scalarize import scalar_vjp, scalarize, with_scalar_vjp
 from ._sharding import explicit_to_auto, is_explicitly_sharded
 from ._solution import RESULTS, SimulationError, Solution, failure_message
 from ._solvers import AbstractWrappedSolver
@@ -103,14 +103,13 @@ def _ensemble_vector_field(t, y, args):
     return rates
 
 
-def _rates_vjp(system, formulation, t, q, s, cotangent):
+@eqx.filter_jit
+def _row_vjp(system, formulation, t, q, s, cotangent):
     """The vector–Jacobian product of `_rates` with respect to the system, the formulation
-    and the state."""
-    _, pull = eqx.filter_vjp(lambda sf, q, s: _rates(*sf, t, q, s), (system, formulation), q, s)
-    return pull(cotangent)
-
-
-_row_vjp = eqx.filter_jit(scalarize(_rates_vjp))
+    and the state (reverse mode on its scalar graph)."""
+    diff, nondiff = eqx.partition((system, formulation), eqx.is_inexact_array)
+    return scalar_vjp(lambda d, q, s: _rates(*eqx.combine(d, nondiff), t, q, s), (diff, q, s),
+                      cotangent)
 
 
 def _ensemble_stage_vjp(t, y, args, solver_state, t_start, cotangent):
@@ -239,10 +238,23 @@ def _diagnostics(system, formulation, t, q, s):
             terms.forces)
 
 
+# Under a `ReverseSweepAdjoint` solve (which has no forward mode anyway) the diagnostics are
+# differentiated by reverse mode on their scalar graphs: JAX's linearization of the
+# two-link diagnostics had taken a fifth of the gradient's trace.
+_swept_diagnostics = with_scalar_vjp(_diagnostics)
+
+
 def _momenta(system, t, q, s, terms):
     """The system's momenta at the state `(q, s)`: from its `terms` there where they hold
     them."""
     return system.momenta(t, q, s) if terms.momenta is None else terms.momenta
+
+
+def _final_momenta(system, t, q, s):
+    return _momenta(system, t, q, s, _terms(system, t, q, s))  # (`_terms`' trace cached)
+
+
+_swept_final_momenta = with_scalar_vjp(_final_momenta)
 
 
 def check_initial_state(system: AbstractSystem, formulation, t0, q0, v0
@@ -701,7 +713,8 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, deferred_flags, *, ensemb
         reference = jax.lax.stop_gradient(initial(system, formulation, t0, q0, v0))
     failures = [formulation.failure_result] if stops else []
     event = solve_event([_failure_event] if stops else [], stepsize_controller)
-    if isinstance(adjoint, ReverseSweepAdjoint):
+    swept = isinstance(adjoint, ReverseSweepAdjoint)
+    if swept:
         out = swept_diffeqsolve(
             _ensemble_vector_field if ensemble else _vector_field, solver, t0, t1, dt0,
             (q0, v0), args=(system, formulation, reference), saveat=saveat, ts=ts,
@@ -729,7 +742,7 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, deferred_flags, *, ensemb
 
     if not ensemble:
         sol, initial = _solution(system, formulation, t0, ts, q0, v0, out.ys, out.ts, reached,
-                                 result, out.stats)
+                                 result, out.stats, swept)
     else:
         def trajectory(q0, v0, ys, t_failed):
             failed = jnp.isfinite(t_failed)
@@ -737,7 +750,7 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, deferred_flags, *, ensemb
             return _solution(system, formulation, t0, ts, q0, v0, ys, ts_saved,
                              reached & ~failed,
                              RESULTS.where(failed, formulation.failure_result, result),
-                             out.stats)
+                             out.stats, swept)
 
         # Saved states are (time, trajectory, coordinate) in an ensemble: one trajectory each.
         t_failed = (out.solver_state[1] if stops_rows
@@ -868,9 +881,12 @@ def saved_times(ts, saved):
 
 
 def _solution(system, formulation, t0, ts, q0, v0, ys, ts_saved, reached, result,
-              stats) -> tuple[Solution, tuple[Array, Array]]:
+              stats, swept: bool) -> tuple[Solution, tuple[Array, Array]]:
     """One trajectory's [`jaxdae.Solution`][] from the states diffrax saved, and the mass
-    matrix and forces at the initial state (for `_check_traced`)."""
+    matrix and forces at the initial state (for `_check_traced`). `swept`: the solve's
+    adjoint is a `ReverseSweepAdjoint`."""
+    diagnostics_at, final_momenta = ((_swept_diagnostics, _swept_final_momenta) if swept
+                                     else (_diagnostics, _final_momenta))
     if ts is None:
         ts_out, (q, v) = ts_saved, ys
         ts_final, q_final, v_final = ts_out[1:], q[1:], v[1:]
@@ -890,11 +906,11 @@ def _solution(system, formulation, t0, ts, q0, v0, ys, ts_saved, reached, result
         # Two rows, one call each: the second reuses the first's trace, where `vmap` would
         # batch the equations' scalar graph, equation by equation, at trace time (the
         # two-link diagnostics: 0.21–0.23 → 0.13–0.15 s, `bench_compile.py --stages`).
-        per_row = [_diagnostics(system, formulation, *(x[i] for x in rows)) for i in (0, 1)]
+        per_row = [diagnostics_at(system, formulation, *(x[i] for x in rows)) for i in (0, 1)]
         *diagnostics, mass, forces = jax.tree.map(lambda *x: jnp.stack(x), *per_row)
     else:  # the initial state first (without `ts`, row 0 is the initial state)
         rows = tuple(jnp.concatenate([x[None], row]) for x, row in zip((t0, q0, v0), rows))
-        *diagnostics, mass, forces = jax.vmap(_diagnostics, in_axes=(None, None, 0, 0, 0))(
+        *diagnostics, mass, forces = jax.vmap(diagnostics_at, in_axes=(None, None, 0, 0, 0))(
             system, formulation, *rows)
     phi, dphi, psi, multipliers, energy, v, p = (
         diagnostics if ts is None else (x[1:] for x in diagnostics))
@@ -916,7 +932,6 @@ def _solution(system, formulation, t0, ts, q0, v0, ys, ts_saved, reached, result
         result=result,
         stats=stats,
         p=mask(p),
-        p_final=_momenta(system, t_final, q_final, s_final,
-                         _terms(system, t_final, q_final, s_final)),  # (trace cached)
+        p_final=final_momenta(system, t_final, q_final, s_final),
     )
     return sol, (mass[0], forces[0])
