@@ -24,7 +24,7 @@ from jax.flatten_util import ravel_pytree
 
 from ._custom_types import Array
 from ._linalg import full_precision
-from ._scalarize import scalar_vjp
+from ._scalarize import scalarize
 from ._solvers import AbstractWrappedSolver
 
 
@@ -536,14 +536,15 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
                 unravel(cotangent))
             return flat(y_bar), eqx.partition(args_bar, perturbed[0])[0]
     else:
-        # The stage's vector–Jacobian product by reverse mode on the scalar graph (constants
+        # The stage's vector–Jacobian product re-traced as one scalar graph (constants
         # folded, the transposed structural operations gone), which XLA runs faster under
-        # `vmap` (`experiments/bench_batch.py`, docs/benchmarks.md, session 10) and which
-        # traces in a fraction of JAX's linearization (`_scalarize.py`).
+        # `vmap` (`experiments/bench_batch.py`, docs/benchmarks.md, session 10). Everything
+        # it reads is an argument: `scalarize` traces it on its own.
+        @scalarize
         def stage_vjp(t, y, diff_args, static_args, solver_state, t_start, cotangent):
-            return scalar_vjp(
-                lambda y, p: rates(t, y, p, static_args, solver_state, t_start),
-                (y, diff_args), cotangent)
+            _, pull = jax.vjp(
+                lambda y, p: rates(t, y, p, static_args, solver_state, t_start), y, diff_args)
+            return pull(cotangent)
 
     def sweep(step_ts, step_ys, steps, solver_state, t0, flat_y0, end_bar, save_bar, args_bar):
         """The cotangents of the steps' start state and of `args` (added to `args_bar`),

@@ -575,9 +575,12 @@ def _eval(graph: _Graph, jaxpr, consts: list, args: list[_Value]) -> list[_Value
 #
 # JAX's reverse mode linearizes a jaxpr equation by equation, tracing each primitive's JVP
 # rule into a jaxpr of its own: for the two-link right-hand side's 571 scalar equations
-# that took 0.56–0.68 s, where replaying them took 0.05 s. On the scalar graph the adjoint
-# of each operation is one or two scalar operations, emitted through the same graph (so
-# folded and shared with the forward ones).
+# that took 0.56–0.68 s, where replaying them took 0.05 s and this reverse mode 0.08 s. On
+# the scalar graph the adjoint of each operation is one or two scalar operations, emitted
+# through the same graph (so folded and shared with the forward ones). Used for the
+# diagnostics under `ReverseSweepAdjoint` (`_simulate.py`). The sweep's stage VJP keeps
+# JAX's: with this one the two-link gradient ran 25–70% slower inside the sweep's loops,
+# though the VJP alone, in a loop of its own, ran as fast (docs/benchmarks.md, session 18).
 
 
 def _adjoints(graph: _Graph, prim, params, args: list, out, bar) -> list:

@@ -24,7 +24,7 @@ from ._formulation import AbstractFormulation
 from ._linalg import full_precision, is_positive_definite
 from ._gains import deferred_checks, is_concrete
 from ._nonholonomic import is_not_affine
-from ._scalarize import scalar_vjp, scalarize, with_scalar_vjp
+from ._scalarize import scalarize, with_scalar_vjp
 from ._sharding import explicit_to_auto, is_explicitly_sharded
 from ._solution import RESULTS, SimulationError, Solution, failure_message
 from ._solvers import AbstractWrappedSolver
@@ -103,13 +103,14 @@ def _ensemble_vector_field(t, y, args):
     return rates
 
 
-@eqx.filter_jit
-def _row_vjp(system, formulation, t, q, s, cotangent):
+def _rates_vjp(system, formulation, t, q, s, cotangent):
     """The vector–Jacobian product of `_rates` with respect to the system, the formulation
-    and the state (reverse mode on its scalar graph)."""
-    diff, nondiff = eqx.partition((system, formulation), eqx.is_inexact_array)
-    return scalar_vjp(lambda d, q, s: _rates(*eqx.combine(d, nondiff), t, q, s), (diff, q, s),
-                      cotangent)
+    and the state."""
+    _, pull = eqx.filter_vjp(lambda sf, q, s: _rates(*sf, t, q, s), (system, formulation), q, s)
+    return pull(cotangent)
+
+
+_row_vjp = eqx.filter_jit(scalarize(_rates_vjp))
 
 
 def _ensemble_stage_vjp(t, y, args, solver_state, t_start, cotangent):
