@@ -506,24 +506,33 @@ def _fallback(graph: _Graph, eqn, args: list[_Value]) -> list[_Value]:
     `jax.vjp` with respect to the floating ones)."""
     params = eqn.primitive.get_bind_params(eqn.params)
     arrays = [_to_array(a) for a in args]
-    diff = [i for i, a in enumerate(args) if _is_inexact(a.dtype)
-            and not all(_is_const(e) for e in a.elements)]
 
-    def apply(*differentiated):
-        operands = list(arrays)
-        for i, x in zip(diff, differentiated):
-            operands[i] = x
+    def apply(*operands):
         with eqn.ctx.manager:
             outs = eqn.primitive.bind(*operands, **params)
         return outs if eqn.primitive.multiple_results else [outs]
 
+    diff = [i for i, a in enumerate(args) if _is_inexact(a.dtype)
+            and not all(_is_const(e) for e in a.elements)]
     if graph.tape is None or not diff:
-        outs = apply(*[arrays[i] for i in diff])
+        outs = apply(*arrays)
         return [_from_array(o, v.aval.dtype) for o, v in zip(outs, eqn.outvars)]
-    outs, pullback = jax.vjp(apply, *[arrays[i] for i in diff])
+    outs, pullback = _vjp_of(apply, arrays, diff)
     values = [_from_array(o, v.aval.dtype) for o, v in zip(outs, eqn.outvars)]
     graph.tape.append((_ARRAY, pullback, [args[i] for i in diff], values))
     return values
+
+
+def _vjp_of(fn: Callable, operands: list, diff: list[int]):
+    """`jax.vjp` of `fn(*operands)` with respect to the operands at the indices `diff`."""
+
+    def of_differentiated(*differentiated):
+        full = list(operands)
+        for i, x in zip(diff, differentiated):
+            full[i] = x
+        return fn(*full)
+
+    return jax.vjp(of_differentiated, *[operands[i] for i in diff])
 
 
 def _eval(graph: _Graph, jaxpr, consts: list, args: list[_Value]) -> list[_Value]:
@@ -640,14 +649,7 @@ def _adjoints(graph: _Graph, prim, params, args: list, out, bar) -> list:
         return [None] * len(args)
     # Any other primitive: its own VJP from JAX.
     diff = [i for i, a in enumerate(args) if not _is_const(a) and _is_inexact(a.dtype)]
-
-    def apply(*differentiated):
-        operands = list(args)
-        for i, x in zip(diff, differentiated):
-            operands[i] = x
-        return prim.bind(*operands, **params)
-
-    _, pullback = jax.vjp(apply, *[args[i] for i in diff])
+    _, pullback = _vjp_of(lambda *operands: prim.bind(*operands, **params), args, diff)
     contributions = [None] * len(args)
     for i, c in zip(diff, pullback(bar)):
         contributions[i] = c
@@ -658,9 +660,16 @@ _NO_DERIVATIVE = frozenset(
     """sign floor ceil round is_finite not and or xor eq ne lt le gt ge""".split())
 
 
+def _adjoint_array(adjoint: dict, value: _Value):
+    """The adjoints of `value`'s scalars as an array (zeros where none reached them)."""
+    return _to_array(_Value([adjoint.get(id(e), np.zeros((), value.dtype))
+                             for e in value.elements], value.shape, value.dtype))
+
+
 def _backward(graph: _Graph, seeds: list) -> dict:
     """Adjoints (by `id`) of the scalars the taped operations read, from `seeds`, pairs of
-    a scalar and its adjoint."""
+    a scalar and its adjoint (the tape keeps those scalars alive, so their ids stay
+    unique)."""
     adjoint: dict = {}
 
     def give(x, contribution):
@@ -672,8 +681,8 @@ def _backward(graph: _Graph, seeds: list) -> dict:
                 "new_dtype": x.dtype, "weak_type": False, "sharding": None},
                 [contribution], x.dtype)
         key = id(x)
-        adjoint[key] = (x, graph.add(adjoint[key][1], contribution, x.dtype)
-                        if key in adjoint else contribution)
+        adjoint[key] = (graph.add(adjoint[key], contribution, x.dtype) if key in adjoint
+                        else contribution)
 
     for x, bar in seeds:
         give(x, bar)
@@ -682,11 +691,7 @@ def _backward(graph: _Graph, seeds: list) -> dict:
         if prim is _ARRAY:  # `params` is the equation's pullback, `out` its results
             if not any(id(e) in adjoint for value in out for e in value.elements):
                 continue
-            cotangents = [_to_array(_Value([adjoint[id(e)][1] if id(e) in adjoint
-                                            else np.zeros((), value.dtype)
-                                            for e in value.elements], value.shape,
-                                           value.dtype))
-                          if _is_inexact(value.dtype)
+            cotangents = [_adjoint_array(adjoint, value) if _is_inexact(value.dtype)
                           else np.zeros(value.shape, jax.dtypes.float0) for value in out]
             for value, bar in zip(args, params(cotangents)):
                 for e, c in zip(value.elements, _from_array(bar, value.dtype).elements):
@@ -695,14 +700,13 @@ def _backward(graph: _Graph, seeds: list) -> dict:
             sin, cos = out
             (x,) = args
             dtype = np.dtype(x.dtype)
-            sin_bar, cos_bar = (adjoint.get(id(y), (None, None))[1] for y in out)
+            sin_bar, cos_bar = (adjoint.get(id(y)) for y in out)
             if sin_bar is not None:
                 give(x, graph.mul(sin_bar, cos, dtype))
             if cos_bar is not None:
                 give(x, graph.neg(graph.mul(cos_bar, sin, dtype), dtype))
-        elif id(out) in adjoint and _is_inexact(out.dtype):
-            for a, c in zip(args, _adjoints(graph, prim, params, args, out,
-                                            adjoint[id(out)][1])):
+        elif id(out) in adjoint:
+            for a, c in zip(args, _adjoints(graph, prim, params, args, out, adjoint[id(out)])):
                 give(a, c)
     return adjoint
 
@@ -741,9 +745,8 @@ def scalar_vjp(fn: Callable, primals: tuple, cotangent) -> tuple:
     seeds = [(e, c) for out, bar in zip(outs, cotangents) if bar is not None
              for e, c in zip(out.elements, _from_array(bar, out.dtype).elements)]
     adjoint = _backward(graph, seeds)
-    bars = [_to_array(_Value([adjoint[id(e)][1] if id(e) in adjoint else np.zeros((), x.dtype)
-                              for e in value.elements], value.shape, x.dtype))
-            if _is_inexact(x.dtype) else np.zeros(x.shape, jax.dtypes.float0)
+    bars = [_adjoint_array(adjoint, value) if _is_inexact(x.dtype)
+            else np.zeros(x.shape, jax.dtypes.float0)
             for value, x in zip(inputs, leaves)]
     return jax.tree_util.tree_unflatten(treedef, bars)
 
