@@ -7,7 +7,7 @@ repetitions):
 
 - compile / set-up time (jaxdae: trace + lower + XLA compile, each measured from cold caches,
   median of 3, after one unrelated diffrax compile that pays the process's one-time costs);
-- time of one trajectory;
+- time of one trajectory (jaxdae and diffrax: a call of the `jax.jit`-compiled function);
 - throughput of a batch of perturbed initial states (jaxdae: `jax.jit(jax.vmap(simulate))`,
   every trajectory stepped on its own, and `jaxdae.simulate_ensemble`, the batch as one ODE
   on a shared step sequence; CasADi: `Function.map` with threads; SciPy: a Python loop over
@@ -125,17 +125,23 @@ def split_gradient(vector):
 
 def compile_jaxdae(fn, *args, repeats: int = 3):
     """Trace, lower and compile `jax.jit(fn)` from cold caches, `repeats` times; returns
-    `(compiled, times)` with the median of each phase."""
+    `(jax.jit(fn), times)` with the median of each phase.
+
+    The timed calls go through `jax.jit`, as users call a compiled function, not through
+    the compiled object: JAX calls a program with host callbacks (jaxdae's and diffrax's
+    runtime checks) through its Python path when it was compiled ahead of time, ≈ 0.1 ms
+    more per call (docs/benchmarks.md, session 19). `jax.jit(fn)` compiles again at its
+    first call (the warm-up before the timings)."""
     runs = []
     for _ in range(repeats):
         jax.clear_caches()
         jitted = jax.jit(fn)
         traced, t_trace = _timed(jitted.trace, *args)
         lowered, t_lower = _timed(traced.lower)
-        compiled, t_compile = _timed(lowered.compile)
+        _, t_compile = _timed(lowered.compile)
         runs.append((t_trace, t_lower, t_compile, t_trace + t_lower + t_compile))
     trace, lower, xla, total = (float(np.median(column)) for column in zip(*runs))
-    return compiled, {"trace": trace, "lower": lower, "compile": xla, "total": total}
+    return jitted, {"trace": trace, "lower": lower, "compile": xla, "total": total}
 
 
 def warm_up_jax():
