@@ -12,16 +12,22 @@ instruction came from in the optimized HLO. Needs Linux `perf` and `gdb`, and pe
 to attach to the process (root, or `kernel.yama.ptrace_scope = 0`).
 
 Session 19 used it to find why the sweep's stage VJP by `scalar_vjp` ran the gradient 25-70%
-slower (docs/benchmarks.md): the kernel of the sweep's loop, `call.40`, took 0.72 against
-0.21 ms per gradient.
+slower (docs/benchmarks.md): the kernel of the sweep's loop took 0.72 against 0.21 ms per
+gradient, and where the default gradient's time goes (40% outside XLA's kernels).
+
+`--call-paths ROUNDS` instead times the functions through `jax.jit` and through the
+objects of `jax.jit(f).lower(...).compile()` (no `perf` needed): JAX calls the latter
+through its Python path when the program has host callbacks (session 19).
 
     python experiments/bench_kernels.py [--function gradient] [--seconds 4] [--batch 256]
+    python experiments/bench_kernels.py --call-paths 2000
 """
 
 import argparse
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +42,7 @@ import jaxdae  # noqa: E402, F401  (sets jaxdae's XLA option before JAX starts)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+import _peers  # noqa: E402
 import bench_core  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
@@ -138,6 +145,46 @@ def op_names(compiled) -> dict[str, str]:
     return names
 
 
+def call_paths(rounds: int):
+    """Per-call wall time (medians of `rounds` interleaved calls, one process) of the
+    two-link functions called through `jax.jit` and through the object of
+    `jax.jit(f).lower(...).compile()`, for jaxdae, for diffrax on the hand-written
+    equations and for a trivial function."""
+    q0, v0 = (jnp.asarray(x) for x in TwoLinkManipulator().initial_state())
+    jaxdae_args = (bench_core.jaxdae_params(), q0, v0)
+    handwritten_args = (jnp.asarray(_peers.PARAMS), q0, v0)
+    functions = [
+        ("jaxdae forward", bench_core.jaxdae_functions()["forward"], jaxdae_args),
+        ("jaxdae gradient (default adjoint)", bench_core.jaxdae_functions()["gradient"],
+         jaxdae_args),
+        ("diffrax forward, hand-written equations",
+         bench_core.handwritten_functions()["forward"], handwritten_args),
+        ("diffrax gradient, hand-written equations",
+         bench_core.handwritten_functions()["gradient"], handwritten_args),
+        ("`lambda p, q, v: q`", lambda p, q, v: q, jaxdae_args),
+    ]
+    calls = {}
+    for label, fn, inputs in functions:
+        jitted = jax.jit(fn)
+        calls[label, "compiled"] = (jitted.lower(*inputs).compile(), inputs)
+        calls[label, "jit"] = (jitted, inputs)
+    times = {key: [] for key in calls}
+    for _ in range(rounds):
+        for key, (call, inputs) in calls.items():
+            start = time.perf_counter()
+            jax.block_until_ready(call(*inputs))
+            times[key].append(time.perf_counter() - start)
+    median = {key: 1e6 * statistics.median(t[1:]) for key, t in times.items()}
+    print(f"\nMedians of {rounds} interleaved calls [µs]\n")
+    print("| function | compiled object | `jax.jit` |")
+    print("| --- | ---: | ---: |")
+    for label, _, _ in functions:
+        print(f"| {label} | {median[label, 'compiled']:.1f} | {median[label, 'jit']:.1f} |")
+    forward, gradient = (median[f"jaxdae {name}", "jit"]
+                         for name in ("forward", "gradient (default adjoint)"))
+    print(f"\njaxdae gradient / forward through `jax.jit`: {gradient / forward:.2f}×")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--function", choices=FUNCTIONS, default="gradient")
@@ -145,7 +192,13 @@ def main():
     parser.add_argument("--batch", type=int, default=256,
                         help="trajectories of `batch` and `ensemble`")
     parser.add_argument("--top", type=int, default=12, help="kernels listed")
+    parser.add_argument("--call-paths", type=int, metavar="ROUNDS", default=0,
+                        help="instead: time the functions through `jax.jit` and through "
+                        "their ahead-of-time compiled objects, ROUNDS interleaved calls")
     args = parser.parse_args()
+    if args.call_paths:
+        call_paths(args.call_paths)
+        return
     require_tools()
 
     fn = bench_core.jaxdae_functions()[args.function]
