@@ -6,9 +6,10 @@ per loop small enough to run as a single kernel (`_xla_flags.py`); JAX's runtime
 Python that calls it are the rest. This script calls one of `bench_core.py`'s compiled
 two-link functions in a loop while `perf` samples the process, then names each sampled
 address of the compiled code by its kernel (XLA registers its code with gdb's JIT
-interface, so `gdb` can name it; `perf` cannot) and prints each kernel's share of the run
-time and its microseconds per call, with the operation (`op_name`) the kernel's
-instruction came from in the optimized HLO. Needs Linux `perf` and `gdb`, and permission
+interface, so `gdb` can name it; `perf` cannot). It prints the CPU time per call by thread
+(the calling one, XLA's pool) and library, and by kernel with the operation (`op_name`) the
+kernel's instruction came from in the optimized HLO. Threads run in parallel, so CPU times
+may add up to more than the wall time. Needs Linux `perf` and `gdb`, and permission
 to attach to the process (root, or `kernel.yama.ptrace_scope = 0`).
 
 Session 19 used it to find why the sweep's stage VJP by `scalar_vjp` ran the gradient 25-70%
@@ -50,10 +51,10 @@ FUNCTIONS = ("forward", "gradient", "gradient, reverse sweep", "batch", "ensembl
 
 
 def arguments(name: str, batch: int):
-    q0, v0 = (jnp.asarray(x) for x in TwoLinkManipulator().initial_state())
-    if name in ("batch", "ensemble"):
-        rows = 1e-4 * jnp.arange(batch, dtype=q0.dtype)[:, None]
-        q0, v0 = q0 + rows, v0 + 0 * rows  # perturbed positions, as in bench_core.py
+    if name in ("batch", "ensemble"):  # bench_core.py's perturbed states
+        q0, v0 = (jnp.asarray(x) for x in _peers.perturbed_states(batch))
+    else:
+        q0, v0 = (jnp.asarray(x) for x in TwoLinkManipulator().initial_state())
     return bench_core.jaxdae_params(), q0, v0
 
 
