@@ -82,7 +82,7 @@ class _Graph:
     """One re-tracing: folds constants and shares repeated scalar operations.
 
     With `tape` a list, every operation it emits is recorded there for reverse mode
-    ([`scalar_vjp`][]): `(primitive, params, operands, result)`, `(sincos, x, (sin, cos))`
+    ([`scalar_vjp`][]): `(primitive, params, operands, result)`, `(sincos, None, [x], (sin, cos))`
     or, for an equation applied to arrays, `(_ARRAY, pullback, operands, results)`.
     """
 
@@ -589,7 +589,9 @@ def _eval(graph: _Graph, jaxpr, consts: list, args: list[_Value]) -> list[_Value
 # through the same graph (so folded and shared with the forward ones). Used for the
 # diagnostics under `ReverseSweepAdjoint` (`_simulate.py`). The sweep's stage VJP keeps
 # JAX's: with this one the two-link gradient ran 25–70% slower inside the sweep's loops,
-# though the VJP alone, in a loop of its own, ran as fast (docs/benchmarks.md, session 18).
+# though the VJP alone, in a loop of its own, ran as fast. XLA fuses the VJP's result into
+# each consumer and computes it element by element, and LLVM merged the elements' shared
+# work for JAX's graph but not for this one (docs/benchmarks.md, sessions 18 and 19).
 
 
 def _adjoints(graph: _Graph, prim, params, args: list, out, bar) -> list:
@@ -723,14 +725,12 @@ def scalar_vjp(fn: Callable, primals: tuple, cotangent) -> tuple:
     def flat_fn(*flat):
         return fn(*jax.tree_util.tree_unflatten(treedef, flat))
 
-    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
-    out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
+    closed, out_leaves, out_tree, array_form = _traced(flat_fn, leaves)
     # A `None` cotangent is a zero one (as equinox's symbolic zeros): nothing flows back.
     cotangents = [None if c is None or not _is_inexact(o.dtype) else c
                   for c, o in zip(out_tree.flatten_up_to(cotangent), out_leaves)]
-    largest, work = _sizes(closed.jaxpr)
-    if (closed.effects or largest > MAX_ELEMENTS or work > MAX_WORK
-            or any(jnp.issubdtype(x.dtype, jnp.complexfloating) for x in leaves + out_leaves)):
+    if array_form or any(jnp.issubdtype(x.dtype, jnp.complexfloating)
+                         for x in leaves + out_leaves):
         _, pullback = jax.vjp(jex.jaxpr_as_fun(closed), *leaves)
         return jax.tree_util.tree_unflatten(treedef, pullback([
             (np.zeros(o.shape, jax.dtypes.float0) if not _is_inexact(o.dtype)
@@ -738,10 +738,7 @@ def scalar_vjp(fn: Callable, primals: tuple, cotangent) -> tuple:
             for c, o in zip(cotangents, out_leaves)]))
     graph = _Graph(tape=[])
     inputs = [_from_array(x, x.dtype) for x in leaves]
-    # (`fn`'s closure may hold tracers: they are constants here)
-    consts = [_from_array(c, c.dtype if hasattr(c, "dtype") else np.asarray(c).dtype)
-              for c in closed.consts]
-    outs = _eval(graph, closed.jaxpr, consts, inputs)
+    outs = _eval(graph, closed.jaxpr, _const_values(closed), inputs)
     seeds = [(e, c) for out, bar in zip(outs, cotangents) if bar is not None
              for e, c in zip(out.elements, _from_array(bar, out.dtype).elements)]
     adjoint = _backward(graph, seeds)
@@ -807,6 +804,23 @@ def _sizes(jaxpr) -> tuple[int, int]:
     return largest, work
 
 
+def _traced(flat_fn: Callable, leaves: list):
+    """`flat_fn`'s closed jaxpr at `leaves`, its outputs' shapes and tree, and whether it
+    keeps its array form: side effects, an array of more than `MAX_ELEMENTS` entries or
+    more than `MAX_WORK` entries computed in all."""
+    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
+    out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
+    largest, work = _sizes(closed.jaxpr)
+    return closed, out_leaves, out_tree, bool(closed.effects) or largest > MAX_ELEMENTS or (
+        work > MAX_WORK)
+
+
+def _const_values(closed) -> list[_Value]:
+    """The jaxpr's constants as values (tracers a closure held are constants here)."""
+    return [_from_array(c, c.dtype if hasattr(c, "dtype") else np.asarray(c).dtype)
+            for c in closed.consts]
+
+
 def scalarize(fn: Callable) -> Callable:
     """`fn` (pytrees of arrays in and out) re-traced as a graph of scalar operations.
 
@@ -823,16 +837,11 @@ def scalarize(fn: Callable) -> Callable:
         def flat_fn(*flat):
             return fn(*eqx.combine(jax.tree_util.tree_unflatten(treedef, flat), static))
 
-        closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
-        out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
-        largest, work = _sizes(closed.jaxpr)
-        if closed.effects or largest > MAX_ELEMENTS or work > MAX_WORK:
-            # Array form: replay the jaxpr rather than tracing `fn` a second time.
+        closed, out_leaves, out_tree, array_form = _traced(flat_fn, leaves)
+        if array_form:  # replay the jaxpr rather than tracing `fn` a second time
             return jax.tree_util.tree_unflatten(out_tree, jex.jaxpr_as_fun(closed)(*leaves))
-        graph = _Graph()
         inputs = [_from_array(x, x.dtype) for x in leaves]
-        consts = [_from_array(c, np.asarray(c).dtype) for c in closed.consts]
-        outs = _eval(graph, closed.jaxpr, consts, inputs)
+        outs = _eval(_Graph(), closed.jaxpr, _const_values(closed), inputs)
         arrays = [_to_array(o).astype(s.dtype).reshape(s.shape)
                   for o, s in zip(outs, out_leaves)]
         return jax.tree_util.tree_unflatten(out_tree, arrays)
