@@ -624,13 +624,16 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
             end_bar, args_bar = bars
             i = count - 1 - k
             start, end = (jax.tree.map(lambda x: x[j], starts) for j in (i, i + 1))
-            # Not `lax.cond`: under `vmap` it would re-solve the last segment too. A solve
-            # restarted at `t1` takes no step.
             is_last = i == count - 1
-            restart = (jnp.where(is_last, t1, start[0]),) + start[1:]
-            resolved = _resolved_steps(_segment(restart, args, t0, t1, static), end[0],
+
+            def resolve():
+                # Under `vmap` (a batched `is_last`) `lax.cond` runs both branches: this one
+                # then restarts the last segment at `t1`, where it takes no step.
+                restart = (jnp.where(is_last, t1, start[0]),) + start[1:]
+                return _resolved_steps(_segment(restart, args, t0, t1, static), end[0],
                                        is_last, t0, t1)
-            steps_i = jax.tree.map(lambda a, b: jnp.where(is_last, a, b), last, resolved)
+
+            steps_i = jax.lax.cond(is_last, lambda: last, resolve)
             save_bar_i = None if save_ts is None else jnp.where(
                 ((save_ts > start[0]) | (i == 0))[:, None], save_bar, 0)
             return sweep(*steps_i, end[2] if static["step_args"] else None, start[0],
