@@ -80,6 +80,26 @@ def test_segments_take_the_solves_steps():
                  (segmented.q, segmented.v, segmented.q_final, segmented.v_final), rtol=1e-13)
 
 
+def test_vmap_over_solves_with_different_segment_counts():
+    """Under `vmap` the backward pass's segment loop runs as long as the trajectory with the
+    most segments: one solved in a single segment (its stored steps swept, through
+    `lax.cond`, which `vmap` makes a select) gets its own gradient beside one re-solved from
+    three checkpoints."""
+    def loss(kd, t1, adjoint):
+        sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(kd, 25.0), 0.0, t1, 1.05 * Q0, V0,
+                              adjoint=adjoint, max_steps=2048)
+        return jnp.sum(sol.q_final**2) + jnp.sum(sol.phi[-1] ** 2)
+
+    t1s = jnp.array([0.05, 1.0])
+    steps = jax.jit(jax.vmap(lambda t1: jaxdae.simulate(
+        PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, t1, 1.05 * Q0, V0,
+        max_steps=2048).stats["num_accepted_steps"]))(t1s)
+    assert int(steps[0]) < SEGMENTED.stored_steps < 3 * SEGMENTED.stored_steps < int(steps[1])
+    reference, segmented = (jax.jit(jax.vmap(jax.grad(lambda kd, t1, a=adjoint: loss(
+        kd, t1, a)), in_axes=(None, 0)))(10.0, t1s) for adjoint in (CHECKPOINTED, SEGMENTED))
+    _assert_same(reference, segmented)
+
+
 class _Pushed(CartesianPendulum):
     """The pendulum pushed sideways from `t = 0.3` on: a right-hand side that jumps there."""
 
