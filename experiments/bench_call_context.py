@@ -5,10 +5,11 @@ XLA's CPU runtime runs a program's operations ("thunks") one after the other on 
 thread when every buffer they touch is at most 512 bytes, or when there are at most 8 of them.
 Otherwise it runs them as a dependency graph and hands ready operations to its thread pool
 whenever more than 8 are ready at once. `simulate`'s forward program is of the first kind.
-Its gradient is of the second: the stored steps are kilobytes, and the program starts with 22
-independent operations (input checks, and the initial values of the forward solve's loop).
-Most of its work then runs on the pool's threads, and its speed depends on what else runs
-in the process (docs/benchmarks.md, session 20).
+Its gradient is of the second (the stored steps are kilobytes). Until session 20 it started
+with 22 independent operations (input checks, and the initial values of the forward solve's
+loop): most of its work then ran on the pool's threads, and its speed depended on what else
+ran in the process. It now starts with 9 and runs on the calling thread
+(docs/benchmarks.md, session 20).
 
 Each repetition times `--calls` forward solves, then optionally runs something else, then
 times `--calls` gradients. It prints the medians over all calls, and the gradient's first

@@ -385,16 +385,17 @@ def _solve_in_segments(vjp_arg, static):
     count, length = static["segments"]
     event = static["event"]
     start = _start(vjp_arg, static)
-    starts = jax.tree.map(lambda x: jnp.zeros((count + 1,) + jnp.shape(x), jnp.result_type(x))
-                          .at[0].set(x), start)
     dtype = jnp.result_type(t0)
+    layout = _Layout.of(start)
+    start = layout.ravel(start)
+    starts = jnp.zeros((count + 1,) + start.shape, layout.dtype).at[0].set(start)
     inf = lambda rows, y: jnp.full(rows + jnp.shape(y), jnp.inf, jnp.result_type(y))  # noqa: E731
-    # What the loop carries besides the starts: the last segment's steps, end, saves at
-    # `ts`, result and event mask, and the step counts of all segments.
+    # What the loop carries besides the starts and the current one (the solve's end, after
+    # the loop): the last segment's steps, saves at `ts`, result and event mask, and the
+    # step counts of all segments.
     last = dict(
         step_ts=jnp.full(length, jnp.inf, dtype),
         step_ys=jax.tree.map(lambda y: inf((length,), y), y0),
-        t_end=jnp.full(1, jnp.inf, dtype), y_end=jax.tree.map(lambda y: inf((1,), y), y0),
         result=diffrax.RESULTS.successful,
         event_mask=None if event is None else jax.tree.map(lambda _: jnp.asarray(False),
                                                            event.cond_fn),
@@ -409,14 +410,16 @@ def _solve_in_segments(vjp_arg, static):
             last["result"] == diffrax.RESULTS.max_steps_reached))
 
     def segment(carry):
-        index, starts, start, _, saved, counts = carry
+        index, starts, flat_start, _, saved, counts = carry
+        start = layout.unravel(flat_start)
         out = _segment(start, args, t0, t1, static, ts, event)
         *at_ts, t_end, _ = out.ts
-        *ys_at_ts, y_end, _ = out.ys
+        *ys_at_ts, y_end, _ = out.ys  # the end (`SubSaveAt(t1=True)`), saved as (1, ...)
         step_ts, step_ys, steps = _steps(out)
         end = (t_end[0], jax.tree.map(lambda y: y[0], y_end), out.solver_state,
                out.controller_state, out.made_jump)
-        starts = jax.tree.map(lambda buf, x: buf.at[index + 1].set(x), starts, end)
+        end = layout.ravel(end)
+        starts = starts.at[index + 1].set(end)
         if saved is not None:  # a save time at or before the start was an earlier segment's
             new = jnp.isfinite(at_ts[0]) & ((ts > start[0]) | (index == 0))
             saved = (jnp.where(new, at_ts[0], saved[0]), jax.tree.map(
@@ -425,24 +428,63 @@ def _solve_in_segments(vjp_arg, static):
         # Less the restart, a step taken and accepted.
         counts = counts + jnp.stack([out.stats[k] for k in _COUNTS]).astype(
             counts.dtype) - jnp.array([1, 1, 0], counts.dtype)
-        last = dict(step_ts=step_ts, step_ys=step_ys, t_end=t_end, y_end=y_end,
-                    result=out.result, event_mask=out.event_mask, steps=steps)
+        last = dict(step_ts=step_ts, step_ys=step_ys, result=out.result,
+                    event_mask=out.event_mask, steps=steps)
         return index + 1, starts, end, last, saved, counts
 
     index, starts, end, last, saved, counts = jax.lax.while_loop(
         going_on, segment, (jnp.zeros((), jnp.int32), starts, start, last, saved, counts))
+    t_end, y_end, solver_state = layout.unravel(end)[:3]
+    t_end, y_end = t_end[None], jax.tree.map(lambda y: y[None], y_end)
     if ts is None:  # SaveAt(t0=True, t1=True)
-        ts_out = jnp.concatenate([jnp.reshape(t0, (1,)).astype(dtype), last["t_end"]])
-        ys_out = jax.tree.map(lambda y, e: jnp.concatenate([y[None], e]), y0, last["y_end"])
+        ts_out = jnp.concatenate([jnp.reshape(t0, (1,)).astype(dtype), t_end])
+        ys_out = jax.tree.map(lambda y, e: jnp.concatenate([y[None], e]), y0, y_end)
     else:
-        ts_out, ys_out = [saved[0], last["t_end"]], [saved[1], last["y_end"]]
+        ts_out, ys_out = [saved[0], t_end], [saved[1], y_end]
     out = diffrax.Solution(
-        t0=t0, t1=last["t_end"][0], ts=ts_out, ys=ys_out, interpolation=None,
+        t0=t0, t1=t_end[0], ts=ts_out, ys=ys_out, interpolation=None,
         stats=dict(zip(_COUNTS, counts), max_steps=static["max_steps"]),
         result=last["result"],
-        solver_state=end[2] if static["save_solver_state"] else None, controller_state=None,
+        solver_state=solver_state if static["save_solver_state"] else None,
+        controller_state=None,
         made_jump=None, event_mask=last["event_mask"])
-    return out, (last["step_ts"], last["step_ys"], last["steps"], starts, index)
+    return out, (last["step_ts"], last["step_ys"], last["steps"], starts, index, layout)
+
+
+class _Layout(eqx.Module):
+    """Where each array of a segment's start (time, state, solver and controller states,
+    jump flag) sits in one flat vector of their floating dtype (`ravel`, `unravel`; flags and
+    small counters convert exactly).
+
+    The segments' starts are carried and stored as rows of one array, not one array per
+    leaf. With one per leaf, XLA's CPU runtime began the gradient's program with 22
+    independent operations (their initial values and copies, and the input checks). It runs
+    a program with more than 8 ready operations on its thread pool, which cost the two-link
+    gradient 100–200 µs per call when other threads were busy (docs/benchmarks.md,
+    session 20)."""
+
+    treedef: jax.tree_util.PyTreeDef = eqx.field(static=True)
+    shapes: tuple = eqx.field(static=True)
+    dtype: np.dtype = eqx.field(static=True)
+
+    @staticmethod
+    def of(tree) -> "_Layout":
+        leaves, treedef = jax.tree.flatten(tree)
+        floats = [x for x in leaves if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+        return _Layout(treedef, tuple((jnp.shape(x), jnp.result_type(x)) for x in leaves),
+                       jnp.result_type(*floats))
+
+    def ravel(self, tree):
+        return jnp.concatenate([jnp.ravel(x).astype(self.dtype)
+                                for x in jax.tree.leaves(tree)])
+
+    def unravel(self, flat):
+        leaves, offset = [], 0
+        for shape, dtype in self.shapes:
+            size = int(np.prod(shape))
+            leaves.append(flat[offset:offset + size].reshape(shape).astype(dtype))
+            offset += size
+        return jax.tree.unflatten(self.treedef, leaves)
 
 
 _COUNTS = ("num_steps", "num_accepted_steps", "num_rejected_steps")
@@ -616,28 +658,31 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
         start_bar, args_bar = sweep(step_ts, step_ys, steps, solver_state, t0, flat_y0,
                                     final_bar, save_bar, args_bar)
     else:
-        step_ts, step_ys, steps, starts, count = stored
+        step_ts, step_ys, steps, starts, count, layout = stored
         last = step_ts, step_ys, steps
 
         def segment_back(k, bars):
             """Re-solves (but for the last) and sweeps the segment `count − 1 − k`."""
             end_bar, args_bar = bars
             i = count - 1 - k
-            start, end = (jax.tree.map(lambda x: x[j], starts) for j in (i, i + 1))
+            start_row, end_row = starts[i], starts[i + 1]
             is_last = i == count - 1
 
-            def resolve():
+            def resolve(start_row, end_row):
                 # Under `vmap` (a batched `is_last`) `lax.cond` runs both branches: this one
                 # then restarts the last segment at `t1`, where it takes no step.
+                start = layout.unravel(start_row)
                 restart = (jnp.where(is_last, t1, start[0]),) + start[1:]
-                return _resolved_steps(_segment(restart, args, t0, t1, static), end[0],
-                                       is_last, t0, t1)
+                return _resolved_steps(_segment(restart, args, t0, t1, static),
+                                       layout.unravel(end_row)[0], is_last, t0, t1)
 
-            steps_i = jax.lax.cond(is_last, lambda: last, resolve)
+            steps_i = jax.lax.cond(is_last, lambda *_: last, resolve, start_row, end_row)
+            start = layout.unravel(start_row)
             save_bar_i = None if save_ts is None else jnp.where(
                 ((save_ts > start[0]) | (i == 0))[:, None], save_bar, 0)
-            return sweep(*steps_i, end[2] if static["step_args"] else None, start[0],
-                         flat(start[1]), end_bar, save_bar_i, args_bar)
+            solver_state = layout.unravel(end_row)[2] if static["step_args"] else None
+            return sweep(*steps_i, solver_state, start[0], flat(start[1]), end_bar, save_bar_i,
+                         args_bar)
 
         start_bar, args_bar = jax.lax.fori_loop(0, count, segment_back, (final_bar, args_bar))
     y0_bar = unravel(y0_bar + start_bar)

@@ -108,8 +108,8 @@ def not_positive_definite(gain: Gain, xnp=jnp) -> Bool[Array, ""]:
 
     `xnp` is `jax.numpy` (traced checks) or `numpy` (fast eager checks).
     """
-    if gain.ndim <= 1:
-        bad = xnp.any(gain <= 0)
+    if gain.ndim <= 1:  # one reduction (traced: one operation in the compiled program)
+        return xnp.any(~((gain > 0) & xnp.isfinite(gain)))
     else:
         sym = 0.5 * (gain + gain.T)
         asym = xnp.max(xnp.abs(gain - gain.T), initial=0.0) > 1e-10 * (

@@ -280,9 +280,13 @@ def initial_state_problems(system, formulation, t0, q0, v0, mass, forces,
     column broadcast over the rows and reduced, XLA's GPU compiler constant-folded it row by
     row (2 s at 10⁶ rows on an H100)."""
     asym = jnp.max(jnp.abs(mass - mass.T)) > 1e-8 * (1 + jnp.max(jnp.abs(mass)))
+    if jnp.shape(q0) == jnp.shape(v0):  # one reduction: one operation fewer in the program
+        q0_finite, v0_finite = jnp.all(jnp.isfinite(jnp.stack([q0, v0])).reshape(2, -1), axis=1)
+    else:
+        q0_finite, v0_finite = jnp.all(jnp.isfinite(q0)), jnp.all(jnp.isfinite(v0))
     flags = [
-        ~jnp.all(jnp.isfinite(q0)),
-        ~jnp.all(jnp.isfinite(v0)),
+        ~q0_finite,
+        ~v0_finite,
         asym | ~is_positive_definite(0.5 * (mass + mass.T)),
         ~jnp.all(jnp.isfinite(forces)),
         # Only nonholonomic constraints can fail to be affine (a Hessian costs trace time).
