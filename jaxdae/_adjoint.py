@@ -218,17 +218,24 @@ def sweep_options(vector_field, solver, saveat, stepsize_controller, event, max_
 
 
 def _segments(max_steps, stored_steps, stepsize_controller) -> tuple[int, int] | None:
-    """`(count, length)` of the segments of a solve allowed more than `stored_steps` steps,
-    else None. (`StepTo` counts its steps in diffrax's loop: never in segments.)"""
-    if max_steps <= stored_steps or isinstance(stepsize_controller, diffrax.StepTo):
+    """`(count, length)` of the segments of a solve: one of `max_steps` if it may store them
+    all. None for `StepTo`, which counts its steps in diffrax's loop: solved by diffrax's
+    `SaveAt(steps=True)` instead.
+
+    One segment is solved as several are, not by diffrax's `SaveAt(steps=True)`: that loop's
+    state begins the gradient's program with 17 independent operations, which XLA's CPU
+    runtime runs on its thread pool (more than 8 ready at once); the segments' state begins
+    it with 9 (`_Layout`; docs/benchmarks.md, session 20)."""
+    if isinstance(stepsize_controller, diffrax.StepTo):
         return None
     count = -(-max_steps // stored_steps)
     return count, -(-max_steps // count)
 
 
 def _solve(vjp_arg, static):
-    """The solve, and what the sweep reads: every accepted step's end time and state (of
-    the last segment, and each segment's start, if in segments)."""
+    """The solve, and what the sweep reads: every accepted step's end time and state of the
+    last segment, and each segment's start (`StepTo`: of the whole solve, by diffrax's
+    `SaveAt(steps=True)`)."""
     if static["segments"] is not None:
         return _solve_in_segments(vjp_arg, static)
     args, y0, t0, t1, ts, dt0 = vjp_arg
@@ -661,6 +668,12 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
         step_ts, step_ys, steps, starts, count, layout = stored
         last = step_ts, step_ys, steps
 
+        def sweep_last(end_bar, args_bar):
+            """Sweeps the one segment whose steps are stored (no re-solve, no loop)."""
+            start, end = layout.unravel(starts[0]), layout.unravel(starts[1])
+            return sweep(*last, end[2] if static["step_args"] else None, start[0],
+                         flat(start[1]), end_bar, save_bar, args_bar)
+
         def segment_back(k, bars):
             """Re-solves (but for the last) and sweeps the segment `count − 1 − k`."""
             end_bar, args_bar = bars
@@ -684,7 +697,11 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
             return sweep(*steps_i, solver_state, start[0], flat(start[1]), end_bar, save_bar_i,
                          args_bar)
 
-        start_bar, args_bar = jax.lax.fori_loop(0, count, segment_back, (final_bar, args_bar))
+        if static["segments"][0] == 1:
+            start_bar, args_bar = sweep_last(final_bar, args_bar)
+        else:
+            start_bar, args_bar = jax.lax.fori_loop(0, count, segment_back,
+                                                    (final_bar, args_bar))
     y0_bar = unravel(y0_bar + start_bar)
     return (args_bar, y0_bar, None, None, None, None)
 
