@@ -110,15 +110,13 @@ def not_positive_definite(gain: Gain, xnp=jnp) -> Bool[Array, ""]:
     """
     if gain.ndim <= 1:  # one reduction (traced: one operation in the compiled program)
         return xnp.any(~((gain > 0) & xnp.isfinite(gain)))
-    else:
-        sym = 0.5 * (gain + gain.T)
-        asym = xnp.max(xnp.abs(gain - gain.T), initial=0.0) > 1e-10 * (
-            1 + xnp.max(xnp.abs(gain), initial=0.0)
-        )
-        finite = xnp.all(xnp.isfinite(sym))
-        lowest = xnp.min(xnp.linalg.eigvalsh(xnp.where(finite, sym, 0.0)), initial=xnp.inf)
-        bad = asym | (lowest <= 0)
-    return bad | xnp.any(~xnp.isfinite(gain))
+    sym = 0.5 * (gain + gain.T)
+    asym = xnp.max(xnp.abs(gain - gain.T), initial=0.0) > 1e-10 * (
+        1 + xnp.max(xnp.abs(gain), initial=0.0)
+    )
+    finite = xnp.all(xnp.isfinite(sym))
+    lowest = xnp.min(xnp.linalg.eigvalsh(xnp.where(finite, sym, 0.0)), initial=xnp.inf)
+    return asym | (lowest <= 0) | xnp.any(~xnp.isfinite(gain))
 
 
 def describe_gain(gain) -> str:
