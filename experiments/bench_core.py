@@ -4,11 +4,10 @@
 `t ∈ [0, 2]`, `rtol = 1e-8`, `atol = 1e-10`, float64. Timed side by side in one interleaved
 run: every repetition times every tool in turn, and the reported figure is the median over
 all calls of all repetitions. One trajectory and the gradient are both timed call by call,
-`inner` calls in a row per repetition, the same for both and for every tool, so that their
-ratio compares like with like; the median of each repetition's mean is kept in the JSON
-(`block_means`), the statistic before session 20, which counted the first, colder call of
-each block into the figure, and the gradient's block (5 calls, after the batch) differently
-from the forward's (10 calls):
+`inner` calls in a row per repetition for both and for every tool, so that their ratio
+compares like with like. The JSON also keeps the median of the repetitions' means
+(`block_means`, the statistic before session 20, which counts each block's first, colder
+call in):
 
 - compile / set-up time (jaxdae: trace + lower + XLA compile, each measured from cold caches,
   median of 3, after one unrelated diffrax compile that pays the process's one-time costs);

@@ -225,7 +225,7 @@ def _segments(max_steps, stored_steps, stepsize_controller) -> tuple[int, int] |
     One segment is solved as several are, not by diffrax's `SaveAt(steps=True)`: that loop's
     state begins the gradient's program with 17 independent operations, which XLA's CPU
     runtime runs on its thread pool (more than 8 ready at once); the segments' state begins
-    it with 9 (`_Layout`; docs/benchmarks.md, session 20)."""
+    it with 9 (`_solve_in_segments`; docs/benchmarks.md, session 20)."""
     if isinstance(stepsize_controller, diffrax.StepTo):
         return None
     count = -(-max_steps // stored_steps)
@@ -393,9 +393,14 @@ def _solve_in_segments(vjp_arg, static):
     event = static["event"]
     start = _start(vjp_arg, static)
     dtype = jnp.result_type(t0)
-    layout = _Layout.of(start)
-    start = layout.ravel(start)
-    starts = jnp.zeros((count + 1,) + start.shape, layout.dtype).at[0].set(start)
+    # The starts as rows of one array (leaves in their common dtype: flags and small counters
+    # convert exactly), not one array per leaf. Each leaf's initial value and copy was an
+    # independent operation at the top of the gradient's program; with more than 8 ready at
+    # once XLA's CPU runtime runs the program on its thread pool, which cost the two-link
+    # gradient 100–200 µs per call when other threads were busy (docs/benchmarks.md,
+    # session 20).
+    start, unravel_start = ravel_pytree(start)
+    starts = jnp.zeros((count + 1,) + start.shape, start.dtype).at[0].set(start)
     inf = lambda rows, y: jnp.full(rows + jnp.shape(y), jnp.inf, jnp.result_type(y))  # noqa: E731
     # What the loop carries besides the starts and the current one (the solve's end, after
     # the loop): the last segment's steps, saves at `ts`, result and event mask, and the
@@ -418,14 +423,14 @@ def _solve_in_segments(vjp_arg, static):
 
     def segment(carry):
         index, starts, flat_start, _, saved, counts = carry
-        start = layout.unravel(flat_start)
+        start = unravel_start(flat_start)
         out = _segment(start, args, t0, t1, static, ts, event)
         *at_ts, t_end, _ = out.ts
         *ys_at_ts, y_end, _ = out.ys  # the end (`SubSaveAt(t1=True)`), saved as (1, ...)
         step_ts, step_ys, steps = _steps(out)
         end = (t_end[0], jax.tree.map(lambda y: y[0], y_end), out.solver_state,
                out.controller_state, out.made_jump)
-        end = layout.ravel(end)
+        end = ravel_pytree(end)[0]
         starts = starts.at[index + 1].set(end)
         if saved is not None:  # a save time at or before the start was an earlier segment's
             new = jnp.isfinite(at_ts[0]) & ((ts > start[0]) | (index == 0))
@@ -441,7 +446,7 @@ def _solve_in_segments(vjp_arg, static):
 
     index, starts, end, last, saved, counts = jax.lax.while_loop(
         going_on, segment, (jnp.zeros((), jnp.int32), starts, start, last, saved, counts))
-    t_end, y_end, solver_state = layout.unravel(end)[:3]
+    t_end, y_end, solver_state = unravel_start(end)[:3]
     t_end, y_end = t_end[None], jax.tree.map(lambda y: y[None], y_end)
     if ts is None:  # SaveAt(t0=True, t1=True)
         ts_out = jnp.concatenate([jnp.reshape(t0, (1,)).astype(dtype), t_end])
@@ -455,43 +460,8 @@ def _solve_in_segments(vjp_arg, static):
         solver_state=solver_state if static["save_solver_state"] else None,
         controller_state=None,
         made_jump=None, event_mask=last["event_mask"])
-    return out, (last["step_ts"], last["step_ys"], last["steps"], starts, index, layout)
-
-
-class _Layout(eqx.Module):
-    """Where each array of a segment's start (time, state, solver and controller states,
-    jump flag) sits in one flat vector of their floating dtype (`ravel`, `unravel`; flags and
-    small counters convert exactly).
-
-    The segments' starts are carried and stored as rows of one array, not one array per
-    leaf. With one per leaf, XLA's CPU runtime began the gradient's program with 22
-    independent operations (their initial values and copies, and the input checks). It runs
-    a program with more than 8 ready operations on its thread pool, which cost the two-link
-    gradient 100–200 µs per call when other threads were busy (docs/benchmarks.md,
-    session 20)."""
-
-    treedef: jax.tree_util.PyTreeDef = eqx.field(static=True)
-    shapes: tuple = eqx.field(static=True)
-    dtype: np.dtype = eqx.field(static=True)
-
-    @staticmethod
-    def of(tree) -> "_Layout":
-        leaves, treedef = jax.tree.flatten(tree)
-        floats = [x for x in leaves if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
-        return _Layout(treedef, tuple((jnp.shape(x), jnp.result_type(x)) for x in leaves),
-                       jnp.result_type(*floats))
-
-    def ravel(self, tree):
-        return jnp.concatenate([jnp.ravel(x).astype(self.dtype)
-                                for x in jax.tree.leaves(tree)])
-
-    def unravel(self, flat):
-        leaves, offset = [], 0
-        for shape, dtype in self.shapes:
-            size = int(np.prod(shape))
-            leaves.append(flat[offset:offset + size].reshape(shape).astype(dtype))
-            offset += size
-        return jax.tree.unflatten(self.treedef, leaves)
+    return out, (last["step_ts"], last["step_ys"], last["steps"], starts, index,
+                 unravel_start)
 
 
 _COUNTS = ("num_steps", "num_accepted_steps", "num_rejected_steps")
@@ -665,12 +635,12 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
         start_bar, args_bar = sweep(step_ts, step_ys, steps, solver_state, t0, flat_y0,
                                     final_bar, save_bar, args_bar)
     else:
-        step_ts, step_ys, steps, starts, count, layout = stored
+        step_ts, step_ys, steps, starts, count, unravel_start = stored
         last = step_ts, step_ys, steps
 
         def sweep_last(end_bar, args_bar):
             """Sweeps the one segment whose steps are stored (no re-solve, no loop)."""
-            start, end = layout.unravel(starts[0]), layout.unravel(starts[1])
+            start, end = unravel_start(starts[0]), unravel_start(starts[1])
             return sweep(*last, end[2] if static["step_args"] else None, start[0],
                          flat(start[1]), end_bar, save_bar, args_bar)
 
@@ -684,16 +654,16 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
             def resolve(start_row, end_row):
                 # Under `vmap` (a batched `is_last`) `lax.cond` runs both branches: this one
                 # then restarts the last segment at `t1`, where it takes no step.
-                start = layout.unravel(start_row)
+                start = unravel_start(start_row)
                 restart = (jnp.where(is_last, t1, start[0]),) + start[1:]
                 return _resolved_steps(_segment(restart, args, t0, t1, static),
-                                       layout.unravel(end_row)[0], is_last, t0, t1)
+                                       unravel_start(end_row)[0], is_last, t0, t1)
 
             steps_i = jax.lax.cond(is_last, lambda *_: last, resolve, start_row, end_row)
-            start = layout.unravel(start_row)
+            start = unravel_start(start_row)
             save_bar_i = None if save_ts is None else jnp.where(
                 ((save_ts > start[0]) | (i == 0))[:, None], save_bar, 0)
-            solver_state = layout.unravel(end_row)[2] if static["step_args"] else None
+            solver_state = unravel_start(end_row)[2] if static["step_args"] else None
             return sweep(*steps_i, solver_state, start[0], flat(start[1]), end_bar, save_bar_i,
                          args_bar)
 
