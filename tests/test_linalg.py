@@ -1,0 +1,173 @@
+"""The small dense linear algebra (`jaxdae/_linalg.py`) against NumPy and lineax.
+
+Each helper has an unrolled or closed-form path for tiny matrices and a LAPACK path (lineax or
+`jnp.linalg`) beyond `UNROLL_MAX`; both paths are checked, under `vmap` and `grad` too.
+"""
+
+import jax
+import jax.numpy as jnp
+import lineax as lx
+import numpy as np
+import pytest
+
+from jaxdae._linalg import (
+    UNROLL_MAX,
+    extreme_eigenvalues,
+    full_precision,
+    is_positive_definite,
+    not_hurwitz,
+    psd_pseudo_solve,
+    reciprocal_condition,
+    small_matmul,
+    spd_solve,
+)
+
+SIZES = [1, 2, 3, UNROLL_MAX, UNROLL_MAX + 1]
+
+
+def _spd(n, seed, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n, n))
+    return (a @ a.T + n * np.eye(n)).astype(dtype)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_spd_solve(n, dtype):
+    """Matrix and vector right-hand sides, and `vmap` over columns, equal NumPy's solve."""
+    a = _spd(n, n, dtype)
+    b = np.random.default_rng(n).standard_normal((n, 3)).astype(dtype)
+    tol = 1e-12 if dtype == np.float64 else 1e-4
+    x = spd_solve(jnp.asarray(a), jnp.asarray(b))
+    assert x.dtype == dtype
+    np.testing.assert_allclose(x, np.linalg.solve(a, b), rtol=tol, atol=tol)
+    np.testing.assert_allclose(spd_solve(jnp.asarray(a), jnp.asarray(b[:, 0])),
+                               np.linalg.solve(a, b[:, 0]), rtol=tol, atol=tol)
+    batched = jax.vmap(spd_solve, in_axes=(None, 1), out_axes=1)(jnp.asarray(a), jnp.asarray(b))
+    np.testing.assert_allclose(batched, np.linalg.solve(a, b), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("n", [3, UNROLL_MAX + 1])
+def test_spd_solve_gradient_matches_lineax(n):
+    """The unrolled Cholesky's gradient w.r.t. matrix and right-hand side is lineax's. The
+    unrolled factorization reads the lower triangle only, so the matrix gradients are compared
+    as derivatives along symmetric perturbations (lower triangle of `G + Gᵀ − diag G`)."""
+    a, b = jnp.asarray(_spd(n, 7)), jnp.arange(1.0, n + 1.0)
+
+    def ours(a, b):
+        return jnp.sum(jnp.sin(spd_solve(a, b)))
+
+    def reference(a, b):
+        operator = lx.MatrixLinearOperator(a, lx.positive_semidefinite_tag)
+        return jnp.sum(jnp.sin(lx.linear_solve(operator, b, lx.Cholesky()).value))
+
+    def symmetric(g):
+        return jnp.tril(g + g.T) - jnp.diag(jnp.diag(g))
+
+    (got_a, got_b), (want_a, want_b) = jax.grad(ours, (0, 1))(a, b), jax.grad(reference, (0, 1))(a, b)
+    np.testing.assert_allclose(symmetric(got_a), symmetric(want_a), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got_b, want_b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [2, UNROLL_MAX + 1])
+def test_spd_solve_of_indefinite_matrix_is_not_finite(n):
+    """Like `lineax.linear_solve(..., throw=False)`: non-finite values, not an error, so that
+    the ODE solver rejects the step."""
+    a = np.eye(n)
+    a[0, 0] = -1.0
+    assert not np.all(np.isfinite(spd_solve(jnp.asarray(a), jnp.ones(n))))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_is_positive_definite(n):
+    a = _spd(n, 3)
+    assert bool(is_positive_definite(jnp.asarray(a)))
+    indefinite = a.copy()
+    indefinite[-1, -1] = -abs(indefinite[-1, -1]) - 10.0 * n
+    assert not bool(is_positive_definite(jnp.asarray(indefinite)))
+    singular = np.zeros((n, n))
+    assert not bool(is_positive_definite(jnp.asarray(singular)))
+    not_finite = a.copy()
+    not_finite[0, 0] = np.nan
+    assert not bool(is_positive_definite(jnp.asarray(not_finite)))
+    batch = jnp.stack([jnp.asarray(a), jnp.asarray(indefinite)])
+    assert jax.vmap(is_positive_definite)(batch).tolist() == [True, False]
+
+
+@pytest.mark.parametrize("shapes", [((2, 3), (3,)), ((2, 3), (3, 4)), ((9, 9), (9, 2)),
+                                    ((3, 12), (12,))])
+def test_small_matmul(shapes):
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(shape) for shape in shapes)
+    np.testing.assert_allclose(small_matmul(jnp.asarray(a), jnp.asarray(b)), a @ b, rtol=1e-13)
+
+
+def test_extreme_eigenvalues_in_closed_form_match_eigvalsh():
+    """The failure checks' eigenvalues (closed form for 1 × 1 and 2 × 2, evaluated at every
+    step) equal LAPACK's, also for a nearly singular matrix."""
+    rng = np.random.default_rng(0)
+    g = rng.normal(size=(2, 3))
+    nearly_singular = np.array([[1.0, 1.0], [1.0, 1.0 + 1e-7]])
+    for matrix in (g @ g.T, np.diag([3.0, 0.5]), nearly_singular, np.array([[2.5]]),
+                   g.T @ g):
+        expected = np.linalg.eigvalsh(matrix)
+        smallest, largest = extreme_eigenvalues(jnp.asarray(matrix))
+        np.testing.assert_allclose([smallest, largest], [expected[0], expected[-1]],
+                                   rtol=1e-9, atol=1e-15 * expected[-1])
+    assert abs(reciprocal_condition(jnp.asarray(nearly_singular)) - 2.5e-8) < 1e-12
+    assert reciprocal_condition(jnp.zeros((0, 0))) == 1.0
+
+
+def test_pseudo_inverse_in_closed_form_matches_pinv():
+    """`PseudoInverse`'s `A⁺ b` for one or two constraints (closed form) equals the
+    eigendecomposition's pseudo-inverse with the same cut-off, for full rank, rank one (a
+    constraint written twice, or nearly so), zero and 3 × 3 (lineax); its gradient stays
+    finite at rank one."""
+    rcond = 1.5e-8
+    rng = np.random.default_rng(1)
+    g = rng.normal(size=(2, 3))
+    row = rng.normal(size=(1, 3))
+    twice = np.concatenate([row, row]) @ np.concatenate([row, row]).T
+    nearly = np.array([[1.0, 1.0], [1.0, 1.0 + 1e-10]])
+    cases = (g @ g.T, twice, nearly, np.diag([2.0, 0.0]), np.zeros((2, 2)),
+             np.array([[2.5]]), np.zeros((1, 1)), g.T @ g)
+    for matrix in cases:
+        b = rng.normal(size=matrix.shape[0])
+        w, vectors = np.linalg.eigh(matrix)
+        keep = w > rcond * max(w.max(), 0.0)
+        expected = vectors[:, keep] @ ((vectors[:, keep].T @ b) / w[keep])
+        got = psd_pseudo_solve(jnp.asarray(matrix), jnp.asarray(b), rcond)
+        np.testing.assert_allclose(got, expected, rtol=1e-7, atol=1e-12)
+    grad = jax.grad(lambda m: jnp.sum(psd_pseudo_solve(m, jnp.ones(2), rcond)))(
+        jnp.asarray(twice))
+    assert np.all(np.isfinite(grad))
+
+
+@pytest.mark.parametrize("matrix, hurwitz", [
+    ([[-1.0]], True),
+    ([[0.0]], False),
+    ([[0.0, 1.0], [-4.0, -0.5]], True),      # damped oscillator
+    ([[0.0, 1.0], [-4.0, 0.0]], False),      # undamped: eigenvalues on the imaginary axis
+    ([[0.0, 1.0], [4.0, -1.0]], False),      # a saddle
+    ([[-1.0, 5.0, 0.0], [0.0, -2.0, 3.0], [0.0, 0.0, -0.1]], True),
+    ([[np.nan, 0.0], [0.0, -1.0]], False),
+])
+def test_not_hurwitz_eager_and_traced_agree_with_eigenvalues(matrix, hurwitz):
+    """The eager path (NumPy's eigenvalues) and the traced one (Lyapunov's equation) agree."""
+    matrix = np.asarray(matrix)
+    assert bool(not_hurwitz(matrix, np)) == (not hurwitz)
+    assert bool(jax.jit(lambda m: not_hurwitz(m, jnp))(jnp.asarray(matrix))) == (not hurwitz)
+
+
+def test_full_precision_keeps_the_users_choice():
+    """Products are traced at the highest precision unless the user set one."""
+    product = full_precision(lambda a: a @ a)
+    a = jnp.ones((2, 2), jnp.float32)
+
+    def precisions():
+        jaxpr = jax.make_jaxpr(product)(a).jaxpr
+        return {eqn.params["precision"] for eqn in jaxpr.eqns if eqn.primitive.name == "dot_general"}
+
+    assert precisions() == {(jax.lax.Precision.HIGHEST,) * 2}
+    with jax.default_matmul_precision("tensorfloat32"):
+        assert precisions() == {(jax.lax.Precision.HIGH,) * 2}
