@@ -24,18 +24,15 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
-## Benchmarks against SciPy and CasADi (prints Markdown tables; see docs/benchmarks.md).
+## Benchmarks against SciPy and CasADi (prints Markdown tables, writes JSON to output/; see docs/benchmarks.md).
 bench: $(STAMP)
-	$(PY) experiments/bench_core.py
-	$(PY) experiments/bench_batch.py
+	$(PY) experiments/bench_core.py --out output
+	$(PY) experiments/bench_batch.py --out output
 	$(PY) experiments/bench_adjoint.py
-	$(PY) experiments/bench_rhs.py
-	$(PY) experiments/bench_stage_adjoint.py
-	$(PY) experiments/bench_xla_loops.py
 	$(PY) experiments/bench_compile.py
 	$(PY) experiments/bench_solves.py
 	$(PY) experiments/bench_unrolled.py
-	$(PY) experiments/bench_precision.py
+	$(PY) experiments/bench_precision.py --out output
 
 clean:
 	rm -rf $(VENV) output

@@ -6,7 +6,7 @@ gradient of `Σ q(t1)² + |Φ(t1)|²` w.r.t. the formulation's five gains, over 
 (≈130 steps) and `t ∈ [0, 8]` (≈2000 steps: the arm is driven out of its workspace after
 2.85 s and the solve gets stiff). Rows:
 
-- `ReverseSweepAdjoint()`, jaxdae's default since session 13: at most 1024 steps stored,
+- `ReverseSweepAdjoint()`, jaxdae's default for explicit Runge–Kutta solvers: at most 1024 steps stored,
   so over `t ∈ [0, 8]` the solve runs in segments and the backward pass re-solves all but
   the last; and `ReverseSweepAdjoint(stored_steps=4096)`, every step stored.
 - `RecursiveCheckpointAdjoint(checkpoints=N)` for diffrax's default (`None`: about

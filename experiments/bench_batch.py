@@ -1,4 +1,4 @@
-"""Benchmark: batch throughput of the two-link example vs batch size (issue 5, item 4).
+"""Benchmark: batch throughput of the two-link example vs batch size.
 
 `ModifiedLagrange(10, [20, 10], [100, 25])` on `TwoLinkManipulator` over `t ∈ [0, 2]` from
 perturbed paper states, simulated with plain `jax.jit(jax.vmap(jaxdae.simulate ...))` (every

@@ -1,4 +1,4 @@
-"""Benchmark: where the compile time of `simulate` and its gradients goes (issue 2, item 9).
+"""Benchmark: where the compile time of `simulate` and its gradients goes.
 
 The three jaxdae functions of `bench_core.py` (the two-link forward solve, the gradient with
 the default adjoint and with `ReverseSweepAdjoint`), each traced, lowered and compiled from

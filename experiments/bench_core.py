@@ -1,4 +1,4 @@
-"""Benchmark: jaxdae vs SciPy and CasADi on paper 004's two-link example (issue 2, item 9).
+"""Benchmark: jaxdae vs SciPy and CasADi on paper 004's two-link example.
 
 `ModifiedLagrange(10, [20, 10], [100, 25])` on `TwoLinkManipulator` from its paper state over
 `t ∈ [0, 2]`, `rtol = 1e-8`, `atol = 1e-10`, float64. Timed side by side in one interleaved
@@ -6,8 +6,7 @@ run: every repetition times every tool in turn, and the reported figure is the m
 all calls of all repetitions. One trajectory and the gradient are both timed call by call,
 `inner` calls in a row per repetition for both and for every tool, so that their ratio
 compares like with like. The JSON also keeps the median of the repetitions' means
-(`block_means`, the statistic before session 20, which counts each block's first, colder
-call in):
+(`block_means`, which counts each block's first, colder call in):
 
 - compile / set-up time (jaxdae: trace + lower + XLA compile, each measured from cold caches,
   median of 3, after one unrelated diffrax compile that pays the process's one-time costs);
@@ -111,9 +110,9 @@ def jaxdae_functions(dtype=jnp.float64):
 def value_and_gradient(loss):
     """`jax.value_and_grad(loss)` as one array, `[value, gradient with respect to the first
     argument, flattened]`, as CasADi's gradient and every forward here return one array.
-    (A jitted function returning four arrays, as `(value, (alpha, kd, kp))`, took ≈ 80 µs
-    more per call to reach NumPy than one returning one array, ≈ 10% of the gradient:
-    docs/benchmarks.md, session 17.)"""
+    (A jitted function returning four arrays, as `(value, (alpha, kd, kp))`, takes tens of
+    µs more per call to reach NumPy than one returning one array: a cost of the harness, not
+    of the gradient.)"""
     def value_and_vector(*args):
         value, grads = jax.value_and_grad(loss)(*args)
         return jnp.concatenate([value[None], ravel_pytree(grads)[0]])
@@ -134,8 +133,8 @@ def compile_jaxdae(fn, *args, repeats: int = 3):
     The timed calls go through `jax.jit`, as users call a compiled function, not through
     the compiled object: JAX calls a program with host callbacks (jaxdae's and diffrax's
     runtime checks) through its Python path when it was compiled ahead of time, ≈ 0.1 ms
-    more per call (docs/benchmarks.md, session 19). `jax.jit(fn)` compiles again at its
-    first call (the warm-up before the timings)."""
+    more per call. `jax.jit(fn)` compiles again at its first call (the warm-up before the
+    timings)."""
     runs = []
     for _ in range(repeats):
         jax.clear_caches()

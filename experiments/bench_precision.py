@@ -32,10 +32,31 @@ import numpy as np  # noqa: E402
 
 import jaxdae  # noqa: E402
 from _common import output_dir, parse_args, write_json  # noqa: E402
-from bench_rhs import Chain  # noqa: E402
 
 NAME = "bench_precision"
 PRECISIONS = {"full (jaxdae's default)": None, "TF32 (JAX's GPU default)": "tensorfloat32"}
+
+
+class Chain(jaxdae.LagrangianSystem):
+    """k unit point masses in a vertical plane, joined by unit links to each other and the origin."""
+
+    links: int
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def potential_energy(self, t, q):
+        return 9.81 * jnp.sum(q[1::2])
+
+    def constraints(self, t, q):
+        points = q.reshape(-1, 2)
+        previous = jnp.concatenate([jnp.zeros((1, 2), q.dtype), points[:-1]])
+        return jnp.sum((points - previous) ** 2, axis=1) - 1.0
+
+    def hanging_state(self):
+        angles = jnp.linspace(0.3, 1.0, self.links)
+        points = jnp.cumsum(jnp.stack([jnp.sin(angles), -jnp.cos(angles)], axis=1), axis=0)
+        return points.reshape(-1), jnp.zeros(2 * self.links)
 
 
 def lqr_problem(dtype):

@@ -1,15 +1,15 @@
-"""Benchmark: the two-link forward solve and gradient, call by call, depending on what the
-process ran just before (issue 2, item 9: find where the time goes).
+"""The two-link forward solve and gradient, call by call, depending on what the process ran
+just before.
 
 XLA's CPU runtime runs a program's operations ("thunks") one after the other on the calling
 thread when every buffer they touch is at most 512 bytes, or when there are at most 8 of them.
 Otherwise it runs them as a dependency graph and hands ready operations to its thread pool
-whenever more than 8 are ready at once. `simulate`'s forward program is of the first kind.
-Its gradient is of the second (the stored steps are kilobytes). Until session 20 it started
-with 22 independent operations (input checks, and the initial values of the forward solve's
-loop): most of its work then ran on the pool's threads, and its speed depended on what else
-ran in the process. It now starts with 9 and runs on the calling thread
-(docs/benchmarks.md, session 20).
+whenever more than 8 are ready at once, and the program's speed then depends on what else
+runs in the process. `simulate`'s forward program is of the first kind. Its gradient touches
+kilobyte buffers (the stored steps), so jaxdae keeps the operations that can be ready at
+once at 8 or fewer (one flat array of segment starts, joined input checks): it runs on the
+calling thread too. This script checks that: with `--before casadi` the gradient's ratio to the
+forward should stay where it is with `--before none` (see docs/benchmarks.md).
 
 Each repetition times `--calls` forward solves, then optionally runs something else, then
 times `--calls` gradients. It prints the medians over all calls, and the gradient's first
@@ -20,7 +20,7 @@ repetition call by call:
   between the two;
 - `--before casadi`: that batch and CasADi's threaded `map` over the same batch.
 
-    python experiments/bench_call_context.py [--before none|batch|casadi] [--reps 7]
+    python experiments/diagnostics/bench_call_context.py [--before none|batch|casadi] [--reps 7]
 """
 
 import argparse
@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))
 
 import jaxdae  # noqa: E402, F401  (sets jaxdae's XLA option before JAX starts)
 import jax  # noqa: E402

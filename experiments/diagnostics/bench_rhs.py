@@ -16,7 +16,7 @@
    a loop) and the same tableau with its stages unrolled, next to the right-hand side alone.
    µs per iteration and XLA fusions.
 
-    python experiments/bench_rhs.py
+    python experiments/diagnostics/bench_rhs.py
 """
 
 import collections
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))
 
 import diffrax  # noqa: E402
 import jax  # noqa: E402
@@ -34,6 +34,7 @@ import numpy as np  # noqa: E402
 
 import _peers  # noqa: E402
 import jaxdae  # noqa: E402
+from bench_precision import Chain  # noqa: E402
 from jaxdae import _scalarize  # noqa: E402
 from jaxdae._simulate import _vector_field, state_rates  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
@@ -117,28 +118,6 @@ def _count_equations(jaxpr) -> int:
         inner = eqn.params.get("jaxpr") if eqn.primitive.name in ("jit", "pjit") else None
         total += 1 if inner is None else _count_equations(inner.jaxpr)
     return total
-
-
-class Chain(jaxdae.LagrangianSystem):
-    """k unit point masses in a vertical plane, joined by unit links to each other and the origin."""
-
-    links: int
-
-    def kinetic_energy(self, t, q, v):
-        return 0.5 * v @ v
-
-    def potential_energy(self, t, q):
-        return 9.81 * jnp.sum(q[1::2])
-
-    def constraints(self, t, q):
-        points = q.reshape(-1, 2)
-        previous = jnp.concatenate([jnp.zeros((1, 2), q.dtype), points[:-1]])
-        return jnp.sum((points - previous) ** 2, axis=1) - 1.0
-
-    def hanging_state(self):
-        angles = jnp.linspace(0.3, 1.0, self.links)
-        points = jnp.cumsum(jnp.stack([jnp.sin(angles), -jnp.cos(angles)], axis=1), axis=0)
-        return points.reshape(-1), jnp.zeros(2 * self.links)
 
 
 def chains():

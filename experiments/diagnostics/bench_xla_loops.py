@@ -12,7 +12,7 @@ Without the option XLA runs every fused kernel of the loop body as a separate "t
 fixed cost per iteration, unless the loop accesses fewer than 1 kB: the cost jumps as the
 body grows. With it, each loop is compiled into one kernel.
 
-    PYTHONPATH=. .venv/bin/python experiments/bench_xla_loops.py    # ≈ 1 min
+    PYTHONPATH=. .venv/bin/python experiments/diagnostics/bench_xla_loops.py    # ≈ 1 min
 """
 
 import json
