@@ -2,10 +2,9 @@
 
 Reverse mode through diffrax's loop (`RecursiveCheckpointAdjoint`) differentiates
 everything the loop does: the stage loop's buffers, the step-size controller, the saving,
-the checkpoints. For the two-link benchmark that costs ≈ 6× the forward solve, while the
-right-hand side's own vector–Jacobian product costs 3.3× the right-hand side
-(`experiments/bench_rhs.py`). [`jaxdae.ReverseSweepAdjoint`][] pays only the latter: the
-forward solve stores the accepted steps (a long solve in segments, re-solved from
+the checkpoints, and that costs several times the right-hand side's own vector–Jacobian
+products (`experiments/diagnostics/bench_rhs.py` times one step and its VJP).
+[`jaxdae.ReverseSweepAdjoint`][] pays only for the latter: the forward solve stores the accepted steps (a long solve in segments, re-solved from
 checkpoints), and the backward pass is the discrete adjoint of the explicit Runge–Kutta
 step, applied step by step in reverse.
 """
@@ -143,9 +142,8 @@ def jit_unless_staged(fn: Callable) -> Callable:
     JAX stages a jitted function before it differentiates it, and staging a custom VJP
     (the swept solve, diffrax's checkpointed loop) traces its primal solve, which reverse
     mode then does not use: it traces the forward solve. Called inline, only the forward
-    solve is traced: the two-link gradient's trace fell from 2.0–2.15 to 1.6–1.7 s
-    (`experiments/bench_compile.py`, docs/benchmarks.md "What changed in session 14").
-    The price: a loss that calls `fn` several times traces each call's solves (the
+    solve is traced, which shortens the gradient's trace by a fifth or so on the two-link
+    benchmark (`experiments/bench_compile.py --only gradient`). The price: a loss that calls `fn` several times traces each call's solves (the
     jitted `fn`'s are cached); at three calls the two trace equally long. Eager calls,
     eager `jax.grad` and `jax.vmap` included, keep the jitted `fn`: they run its compiled
     program rather than one operation at a time."""
@@ -223,9 +221,10 @@ def _segments(max_steps, stored_steps, stepsize_controller) -> tuple[int, int] |
     `SaveAt(steps=True)` instead.
 
     One segment is solved as several are, not by diffrax's `SaveAt(steps=True)`: that loop's
-    state begins the gradient's program with 17 independent operations, which XLA's CPU
-    runtime runs on its thread pool (more than 8 ready at once); the segments' state begins
-    it with 9 (`_solve_in_segments`; docs/benchmarks.md, session 20)."""
+    state begins the gradient's program with many independent operations, and XLA's CPU
+    runtime hands a program to its thread pool when more than 8 are ready at once, where its
+    speed depends on what else runs. The segments' state keeps the program on the calling
+    thread (`_solve_in_segments`; docs/benchmarks.md, "Design measurements")."""
     if isinstance(stepsize_controller, diffrax.StepTo):
         return None
     count = -(-max_steps // stored_steps)
@@ -313,7 +312,7 @@ class _Restart(AbstractWrappedSolver):
     A segment is solved from the solve's own `t0` this way, not from its start: diffrax
     multiplies times by `direction = where(t0 < t1, 1, -1)`, and a traced start makes it
     traced. Then XLA cannot fold diffrax's end threshold, 100 `prevbefore` of
-    `t1 · direction`, about 1,700 instructions per solve (docs/benchmarks.md, session 15)."""
+    `t1 · direction`, and compiles it as about 1,700 instructions per solve."""
 
     solver: diffrax.AbstractSolver
     t_start: Array
@@ -394,11 +393,11 @@ def _solve_in_segments(vjp_arg, static):
     start = _start(vjp_arg, static)
     dtype = jnp.result_type(t0)
     # The starts as rows of one array (leaves in their common dtype: flags and small counters
-    # convert exactly), not one array per leaf. Each leaf's initial value and copy was an
+    # convert exactly), not one array per leaf. Each leaf's initial value and copy would be an
     # independent operation at the top of the gradient's program; with more than 8 ready at
-    # once XLA's CPU runtime runs the program on its thread pool, which cost the two-link
-    # gradient 100–200 µs per call when other threads were busy (docs/benchmarks.md,
-    # session 20).
+    # once XLA's CPU runtime runs the program on its thread pool, where it waits for threads
+    # that other work keeps busy. One flat array keeps it on the calling thread
+    # (docs/benchmarks.md, "Design measurements").
     start, unravel_start = ravel_pytree(start)
     starts = jnp.zeros((count + 1,) + start.shape, start.dtype).at[0].set(start)
     inf = lambda rows, y: jnp.full(rows + jnp.shape(y), jnp.inf, jnp.result_type(y))  # noqa: E731
@@ -557,7 +556,7 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
     else:
         # The stage's vector–Jacobian product re-traced as one scalar graph (constants
         # folded, the transposed structural operations gone), which XLA runs faster under
-        # `vmap` (`experiments/bench_batch.py`, docs/benchmarks.md, session 10). Everything
+        # `vmap` (the batch-loss gradient of `experiments/bench_batch.py`). Everything
         # it reads is an argument: `scalarize` traces it on its own.
         @scalarize
         def stage_vjp(t, y, diff_args, static_args, solver_state, t_start, cotangent):
@@ -684,9 +683,9 @@ def _resolved_steps(out, t_next, is_last, t0, t1):
     differently. Rounding moves the end by a few ulps; a step accepted in one and rejected
     in the other (a chaotic or badly scaled solve) moves it by a step. The sweep would then
     differentiate steps that the forward solve did not take, so that raises instead. (The
-    check also keeps XLA from compiling the backward loop into one CPU kernel, which holds
-    both the re-solve and the sweep and ran the two-link gradient 17–37% slower: docs/
-    benchmarks.md, session 17.)"""
+    check also keeps XLA from compiling the backward loop into one CPU kernel holding both
+    the re-solve and the sweep, which runs the two-link gradient slower: docs/benchmarks.md,
+    "Design measurements".)"""
     steps = _steps(out)
     t_end, dtype = out.ts[-2][0], jnp.result_type(t_next)
     scale = jnp.max(jnp.abs(jnp.stack([t0, t1, t1 - t0])))

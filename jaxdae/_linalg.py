@@ -50,9 +50,9 @@ def spd_operator(matrix) -> lx.MatrixLinearOperator:
 # JAX operations instead of `lineax.Cholesky`. The systems here are tiny (n coordinates,
 # c constraints), and lineax's Cholesky lowers to LAPACK custom calls (potrf + 2 trsm per
 # solve) that XLA cannot fuse: on the CPU each is a separate kernel with its own dispatch,
-# and under `vmap` a loop over the batch of 2×2 matrices. Measured on the two-link benchmark
-# (2-core AMD EPYC, `experiments/bench_core.py`, CPU time): right-hand side 4.0 → 2.6 µs,
-# one trajectory 4.0 → 3.0 ms, gradient 43 → 29 ms. Larger systems keep lineax.
+# and under `vmap` a loop over the batch of 2×2 matrices. On the two-link benchmark the
+# unrolled form made the right-hand side, one trajectory and its gradient about 1.3–1.5×
+# faster (`experiments/bench_core.py`, 2-core CPU). Larger systems keep lineax.
 UNROLL_MAX = 8
 
 
@@ -161,9 +161,9 @@ def psd_pseudo_solve(matrix: Float[Array, "c c"], rhs: Float[Array, " c"],
     eigenvalues below `rcond · λ_max` treated as zero, as `lineax.SVD(rcond)` does.
 
     In closed form for sizes 1 and 2 (a constraint written twice, a closure equation with
-    its redundant twin), where the SVD's LAPACK call at every stage made a whole
-    simulation 8× slower (`experiments/bench_solves.py`: the pendulum with its constraint
-    written twice, 14.98 → 1.91 ms); `lineax.SVD` beyond. For size 2 with `λ_min ≤ rcond · λ_max`,
+    its redundant twin), where the SVD's LAPACK call at every stage makes a whole
+    simulation about 8× slower (`experiments/bench_solves.py`: the pendulum with its
+    constraint written twice); `lineax.SVD` beyond. For size 2 with `λ_min ≤ rcond · λ_max`,
     `A − λ_min I = (λ_max − λ_min) v vᵀ` gives the rank-1 inverse `v vᵀ / λ_max`. Each
     branch is evaluated with safe denominators, so the one not taken cannot put a nan into
     the gradient.

@@ -4,7 +4,8 @@ The equations of motion are derived by automatic differentiation (`jax.jvp` batc
 stacked tangents, small matrix products, slices of slices). For a handful of coordinates this
 gives thousands of tiny array operations; XLA's CPU backend runs many of them as separate
 kernels, so the right-hand side of the two-link arm cost 13× a hand-written one
-(`experiments/bench_rhs.py`: 1.5 µs against 0.12 µs per evaluation; 0.23 µs re-traced).
+(`experiments/diagnostics/bench_rhs.py`: 1.5 µs against 0.12 µs per evaluation; 0.23 µs
+re-traced).
 
 [`scalarize`][] re-traces such a function element by element: every array in its jaxpr
 becomes a list of scalars, structural operations (slices, reshapes, transposes, broadcasts,
@@ -38,7 +39,7 @@ from ._linalg import full_precision
 # Functions with a larger array, or computing more entries in all, keep their array form:
 # unrolling cost (trace time, graph size, XLA compile time) grows with the number of entries,
 # while XLA's array kernels amortize their dispatch over them. Measured on chains of k point
-# masses (`experiments/bench_rhs.py`, n = 2k, `Baumgarte`, 2-core CPU): n = 8 (right-hand side
+# masses (`experiments/diagnostics/bench_rhs.py`, n = 2k, `Baumgarte`, 2-core CPU): n = 8 (right-hand side
 # work ≈ 5,900) simulates 1.8× faster and compiles in 2.6 s instead of 3.6 s; from n = 10 on
 # (beyond the formulations' unrolled linear algebra, lineax's Cholesky inside) partly
 # scalarized simulations were up to 1.7× slower and compiled up to 3× longer.
@@ -169,8 +170,8 @@ class _Graph:
 # so it recomputes them in every fusion that reads them (16 evaluations instead of 4 in the
 # batched two-link right-hand side). Written as Cody–Waite reduction plus polynomials, they
 # are a few dozen multiply-adds that XLA vectorizes; recomputing those is cheap. Measured on
-# that right-hand side (batch of 1024, 2-core CPU, `experiments/bench_rhs.py`): 318 ns per
-# trajectory with XLA's `sin`/`cos`, 160 ns with the polynomials.
+# that right-hand side (batch of 1024, 2-core CPU, `experiments/diagnostics/bench_rhs.py`):
+# about half the time per trajectory with the polynomials as with XLA's `sin`/`cos`.
 
 # Per dtype: π/2 split in three parts whose leading two have few enough bits that `n · part`
 # is exact for `|n| < 2^20` (float64, fdlibm's `pio2_1`, `pio2_2`, `pio2_2t`) or `2^13`
@@ -591,7 +592,7 @@ def _eval(graph: _Graph, jaxpr, consts: list, args: list[_Value]) -> list[_Value
 # JAX's: with this one the two-link gradient ran 25–70% slower inside the sweep's loops,
 # though the VJP alone, in a loop of its own, ran as fast. XLA fuses the VJP's result into
 # each consumer and computes it element by element, and LLVM merged the elements' shared
-# work for JAX's graph but not for this one (docs/benchmarks.md, sessions 18 and 19).
+# work for JAX's graph but not for this one.
 
 
 def _adjoints(graph: _Graph, prim, params, args: list, out, bar) -> list:

@@ -202,8 +202,7 @@ class LagrangianSystem(AbstractSystem):
         #   (1, v, 0)   → d/dt ∂T/∂v − M q̈ = L_vq v + L_vt, −γ (METHODS.md identity,
         #                 `Φ̇ = Φ_t + Φ_q v` with v held fixed) and Ψ_t + Ψ_q v.
         # (`vmap` of `jvp` computes the unbatched primal once; for the two-link arm it traces
-        # in two thirds of the time of `jax.linearize` followed by `vmap` of the linear map:
-        # `jax.make_jaxpr` of `terms`, 0.27–0.31 → 0.19–0.20 s.)
+        # in two thirds of the time of `jax.linearize` followed by `vmap` of the linear map.)
         n = q.shape[0]
         cls = type(self)
         mass_given = cls.mass_matrix is not LagrangianSystem.mass_matrix

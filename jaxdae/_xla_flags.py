@@ -6,11 +6,11 @@ a small constrained system is a few dozen small kernels, so the dispatching cost
 the arithmetic. XLA compiles a while loop into one kernel when it accesses fewer bytes than
 `xla_cpu_small_while_loop_byte_threshold`, 1 kB by default, which excludes every solve.
 jaxdae raises the limit so that its solves (and the user's other loops) run as single
-kernels. Measured on paper 004's two-link arm (2-core CPU, docs/benchmarks.md "What
-changed in session 10"): a loop evaluating the right-hand side 6 times per iteration runs
-6.5× faster (`experiments/bench_xla_loops.py`); with `experiments/bench_core.py` one
-trajectory ran 2.8× faster, its gradient 5.3× faster, batches of 1024 1.6–2.0× faster, with
-compile times unchanged.
+kernels. On paper 004's two-link arm (2-core CPU) a loop evaluating the right-hand side 6
+times per iteration runs about 6× faster with it
+(`experiments/diagnostics/bench_xla_loops.py`), and one trajectory about 3×, its gradient
+about 5× and batches of 1024 1.6–2× faster, at unchanged compile times
+(`experiments/bench_core.py` with and without `JAXDAE_SET_XLA_FLAGS=0`; docs/benchmarks.md).
 
 The option lives in `XLA_FLAGS`, which XLA reads once, when JAX starts its first backend;
 so it is set when jaxdae is imported, before any computation. It is left alone when

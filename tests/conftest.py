@@ -16,9 +16,8 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 # Files go to the two `make test` workers longest first (with `--no-loadscope-reorder` in
 # this order), so that the last ones handed out are short and both workers finish together
-# (longest-processing-time-first). Order measured on a cold compilation cache, as on CI
-# (session 7: 10m50s in alphabetical order after the first three; a file not listed runs
-# last; test_ensemble.py moved up in session 8, when it grew to ≈ 110 s).
+# (longest-processing-time-first). Order by each file's time on a cold compilation cache,
+# as on CI; a file not listed runs last. Re-measure and reorder when a file grows.
 _ORDER = (
     "test_notebooks.py", "test_core.py", "test_actuated.py", "test_ensemble.py",
     "test_nonholonomic.py", "test_ball_and_beam.py", "test_tune.py",

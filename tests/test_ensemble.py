@@ -43,8 +43,8 @@ def test_traced_checks_keep_constant_flags_off_the_batch():
     """Traced, the ensemble's initial-state checks reduce each flag over the rows inside
     their `vmap`, so a flag that is a constant (here the nonholonomic one: the pendulum has
     no nonholonomic constraints) is not broadcast over the batch. Broadcast and reduced,
-    it was constant-folded row by row by XLA's GPU compiler: 2 s at 10⁶ rows on an H100
-    (docs/benchmarks.md, session 16)."""
+    it would be constant-folded row by row by XLA's GPU compiler, a compile time that grows
+    with the batch (2 s at 10⁶ rows on an H100)."""
     rows = 7
     q0, v0 = states(rows)
     program = jax.make_jaxpr(lambda q, v: jaxdae.simulate_ensemble(
