@@ -1,4 +1,4 @@
-"""Bad input gets a ValueError that names the argument and the fix (issue 2, item 6)."""
+"""Bad input gets a ValueError that names the argument and the fix."""
 
 import diffrax
 import equinox as eqx
