@@ -1,5 +1,7 @@
 """Bad input gets a ValueError that names the argument and the fix."""
 
+import inspect
+
 import diffrax
 import equinox as eqx
 import jax
@@ -234,3 +236,41 @@ def test_fixed_step_blow_up_is_reported_not_returned_as_nan():
     assert float(sol.t_final) < 30.0
     with pytest.raises(jaxdae.SimulationError, match="became non-finite"):
         _simulate(**fixed)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        # Two gains for three: read as alpha, kd; the message also says the other reading.
+        (lambda: jaxdae.ModifiedLagrange(10.0, 25.0),
+         r"`ModifiedLagrange\(alpha, kd, kp, kv=None\)` needs the gains `alpha`, `kd` and "
+         r"`kp`; `kp` is missing\. The 2 positional arguments were read in order as "
+         r"alpha=10\.0, kd=25\.0\. If you meant kd=10\.0, kp=25\.0, `alpha` is missing\."),
+        (lambda: jaxdae.ModifiedLagrange(kd=10.0, kp=25.0), r"; `alpha` is missing\. Pass"),
+        (lambda: jaxdae.Baumgarte(10.0), r"`Baumgarte\(kd, kp, kv=None, rcond=None\)` needs "
+         r"the gains `kd` and `kp`; `kp` is missing\. The positional argument was read as kd=10\.0\."),
+        (lambda: jaxdae.PseudoInverse(), r"`kd` and `kp` are missing"),
+        (lambda: jaxdae.Baumgarte(kd=10.0, k_p=25.0), r"has no argument `k_p`; its arguments "
+         r"are `kd`, `kp`, `kv` and `rcond`"),
+        (lambda: jaxdae.Baumgarte(10.0, kd=25.0), r"got `kd` both by position and by name"),
+        (lambda: jaxdae.PseudoInverse(1.0, 2.0, 3.0, 4.0, 5.0), r"takes at most 4 arguments"),
+        (lambda: jaxdae.CoupledPerturbation(k_10=-25.0), r"has no argument `k_10`"),
+    ],
+)
+def test_formulation_arguments_are_named_as_in_the_signature(make, match):
+    """A missing, misspelt or doubled gain raises a `TypeError` that quotes the
+    constructor's signature and shows a call that works; the class is unchanged."""
+    with pytest.raises(TypeError, match=match) as info:
+        make()
+    assert "Pass the gains by name, e.g. `" in str(info.value)
+    assert inspect.signature(jaxdae.ModifiedLagrange).parameters.keys() == {
+        "alpha", "kd", "kp", "kv"}
+    formulation = jaxdae.ModifiedLagrange(alpha=100.0, kd=10.0, kp=25.0)
+    assert float(formulation.alpha) == 100.0 and float(formulation.kp) == 25.0
+
+
+def test_coupled_perturbation_names_the_missing_blocks():
+    """The blocks a system needs are checked against its constraints when it is simulated."""
+    with pytest.raises(ValueError, match=r"1 holonomic constraint: pass `k10` and `k11` to "
+                       r"`CoupledPerturbation`.*e\.g\. `CoupledPerturbation\(k10=-25\.0"):
+        _simulate(formulation=jaxdae.CoupledPerturbation())

@@ -14,6 +14,7 @@ from .._gains import (
     require_positive_definite,
 )
 from .._system import ConstrainedTerms
+from ._arguments import explain_arguments
 from ._base import (
     AbstractExactMultipliers,
     baumgarte_target,
@@ -134,6 +135,7 @@ class Baumgarte(AbstractExactMultipliers):
     kv: Gain
     rcond: float | None = None
 
+    @explain_arguments("Baumgarte(kd=10.0, kp=25.0)")
     def __init__(self, kd: GainLike, kp: GainLike, kv: GainLike | None = None,
                  rcond: float | None = None):
         self.kd, self.kp, self.kv = stabilization_gains(kd, kp, kv)

@@ -9,11 +9,13 @@ from .._custom_types import Array, Float
 from .._gains import as_gain, gain_matrix, is_concrete, traced_check
 from .._linalg import not_hurwitz
 from .._system import ConstrainedTerms
+from ._arguments import explain_arguments
 from ._base import (
     AbstractExactMultipliers,
     multiplier_solve,
 )
 
+_EXAMPLE = "CoupledPerturbation(k10=-25.0, k11=-10.0, k22=-5.0)"
 _BLOCKS = ("k10", "k11", "k12", "k20", "k21", "k22")
 # (rows, columns) of each block: "m" holonomic, "k" nonholonomic constraints.
 _SHAPES = {"k10": "mm", "k11": "mm", "k12": "mk", "k20": "km", "k21": "km", "k22": "kk"}
@@ -68,6 +70,7 @@ class CoupledPerturbation(AbstractExactMultipliers):
     k22: Float[Array, "..."] | None = None
     rcond: float | None = None
 
+    @explain_arguments(_EXAMPLE)
     def __init__(self, k10=None, k11=None, k12=None, k20=None, k21=None, k22=None,
                  rcond=None):
         self.k10, self.k11, self.k12, self.k20, self.k21, self.k22 = (
@@ -157,14 +160,16 @@ class CoupledPerturbation(AbstractExactMultipliers):
                     f"The blocks are sized for {given} {kind} constraints but the system has "
                     f"{actual}."
                 )
-        if m > 0 and (self.k10 is None or self.k11 is None):
+        missing = [n for n in ("k10", "k11") if m > 0 and getattr(self, n) is None]
+        missing += ["k22"] if k > 0 and self.k22 is None else []
+        if missing:
+            counts = [f"{m} holonomic"] if m else []
+            counts += [f"{k} nonholonomic"] if k else []
             raise ValueError(
-                f"The system has {m} holonomic constraints: pass `k10` and `k11` (Φ̈ = K10 Φ + "
-                "K11 Φ̇ + ...)."
-            )
-        if k > 0 and self.k22 is None:
-            raise ValueError(
-                f"The system has {k} nonholonomic constraints: pass `k22` (Ψ̇ = K22 Ψ + ...)."
+                f"The system has {' and '.join(counts)} constraint{'s' if m + k > 1 else ''}: "
+                f"pass {' and '.join(f'`{n}`' for n in missing)} to `CoupledPerturbation` "
+                "(Φ̈ = K10 Φ + K11 Φ̇ + ..., Ψ̇ = K22 Ψ + ...), e.g. "
+                f"`{_EXAMPLE}` (critically damped, rate 5)."
             )
         if is_concrete(self):
             return self

@@ -3,6 +3,7 @@
 from .._custom_types import Gain, GainLike
 from .._gains import as_gain
 from .._linalg import small_matmul, spd_solve
+from ._arguments import explain_arguments
 from ._base import AbstractFormulation, baumgarte_target
 from ._baumgarte import check_gain_values, check_stabilization_gains, stabilization_gains
 
@@ -37,6 +38,7 @@ class ModifiedLagrange(AbstractFormulation):
     kp: Gain
     kv: Gain
 
+    @explain_arguments("ModifiedLagrange(alpha=100.0, kd=10.0, kp=25.0)")
     def __init__(self, alpha: GainLike, kd: GainLike, kp: GainLike,
                  kv: GainLike | None = None):
         self.alpha = as_gain(alpha)

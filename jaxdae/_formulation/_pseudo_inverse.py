@@ -3,6 +3,7 @@
 import lineax as lx
 
 from .._custom_types import Gain, GainLike
+from ._arguments import explain_arguments
 from ._base import AbstractFormulation, baumgarte_target, default_rcond, multiplier_solve
 from ._baumgarte import (
     _LYAPUNOV,
@@ -34,6 +35,7 @@ class PseudoInverse(AbstractFormulation):
     kv: Gain
     rcond: float | None = None
 
+    @explain_arguments("PseudoInverse(kd=10.0, kp=25.0)")
     def __init__(self, kd: GainLike, kp: GainLike, kv: GainLike | None = None,
                  rcond: float | None = None):
         self.kd, self.kp, self.kv = stabilization_gains(kd, kp, kv)
