@@ -2,7 +2,7 @@
 
 The user writes energies, forces and constraints as plain JAX functions; everything the
 formulations need (`M`, the velocity-dependent forces, `J = Φ_q`, `γ`, `A = Ψ_v`, ...) is
-derived here by automatic differentiation (METHODS.md, "Notation").
+derived here by automatic differentiation (notation: docs/methods.md).
 """
 
 import abc
@@ -30,12 +30,12 @@ class ConstrainedTerms(eqx.Module):
 
     The equations are `M q̈ = Q − Gᵀ λ` with the stacked constraint Jacobian
     `G = [Φ_q; Ψ_v]` and the constraint accelerations
-    `[Φ̈; Ψ̇] = G q̈ − bias`, `bias = [γ; −(Ψ_t + Ψ_q v)]` (`γ` as in METHODS.md).
+    `[Φ̈; Ψ̇] = G q̈ − bias`, `bias = [γ; −(Ψ_t + Ψ_q v)]` (`γ` as in docs/methods.md).
 
     **Fields:**
 
     - `mass_matrix`: `M(t, q)`, shape `(n, n)`.
-    - `forces`: `Q` of METHODS.md — applied forces minus potential, Coriolis and centrifugal
+    - `forces`: `Q` of docs/methods.md — applied forces minus potential, Coriolis and centrifugal
         terms — so that the unconstrained system is `M q̈ = Q`; shape `(n,)`.
     - `phi`, `dphi`: holonomic residual `Φ` and its rate `Φ̇ = Φ_q v + Φ_t`; shape `(m,)`.
     - `psi`: nonholonomic residual `Ψ = A v + a`; shape `(k,)`.
@@ -154,6 +154,15 @@ class LagrangianSystem(AbstractSystem):
             def constraints(self, t, q):
                 return jnp.array([q @ q - self.length**2])
         ```
+
+    !!! Warning "Parameters must be arrays to get gradients"
+
+        Store every parameter you may differentiate or vary as a JAX array: build the model
+        with `Pendulum(mass=jnp.array(1.0), length=jnp.array(0.5))`, or convert in
+        `__init__` with `jnp.asarray(value, dtype=float)` as `jaxdae.examples` do. Equinox
+        treats a field that holds a Python `float` as a static constant: `eqx.filter_grad`
+        returns `None` for it without an error, [`jaxdae.tune`][] does not tune it, and
+        `eqx.filter_jit` compiles again for every new value.
     """
 
     def __check_init__(self):
@@ -199,7 +208,7 @@ class LagrangianSystem(AbstractSystem):
         # Every term comes from ONE batched JVP of the local quantities
         # `(L_q, L_v, Φ, Φ̇, Ψ)` at (t, q, v), `L = T − V`, along 2n + 1 tangents:
         #   (0, 0, e_i) → M = L_vv = T_vv and A = Ψ_v;   (0, e_i, 0) → J = Φ_q;
-        #   (1, v, 0)   → d/dt ∂T/∂v − M q̈ = L_vq v + L_vt, −γ (METHODS.md identity,
+        #   (1, v, 0)   → d/dt ∂T/∂v − M q̈ = L_vq v + L_vt, −γ (docs/methods.md identity,
         #                 `Φ̇ = Φ_t + Φ_q v` with v held fixed) and Ψ_t + Ψ_q v.
         # (`vmap` of `jvp` computes the unbatched primal once; for the two-link arm it traces
         # in two thirds of the time of `jax.linearize` followed by `vmap` of the linear map.)
@@ -265,7 +274,7 @@ def cast_floating(tree, dtype):
 
 
 def holonomic_terms(constraints, t, q, v):
-    """`Φ`, `Φ̇`, `J = Φ_q` and `γ = −d²/ds² Φ(t + s, q + s v)|₀` (METHODS.md identity)."""
+    """`Φ`, `Φ̇`, `J = Φ_q` and `γ = −d²/ds² Φ(t + s, q + s v)|₀` (docs/methods.md identity)."""
     one = jnp.ones_like(t)
 
     def along_motion(t_, q_):

@@ -25,11 +25,11 @@ class Crank(LagrangianSystem):
 
 
 class AdaptiveOpticsElement(ActuatedSystem):
-    """Paper 002, §5 (METHODS.md, paper 002 item 7): a mirror on a crank turned by a DC
+    """Paper 002, §5 (docs/methods.md): a mirror on a crank turned by a DC
     motor must reflect a ray from a moving source `P = (s(t), 0)` onto the fixed point
     `C = (c, 0)`.
 
-    - Mechanism: [`Crank`][], `q = (φ,)`, `v = (ω,)`.
+    - Mechanism: [`jaxdae.examples.Crank`][], `q = (φ,)`, `v = (ω,)`.
     - Actuator: `w = (M, ν)`, the motor torque and its rate, `Ṁ = ν`,
       `ν̇ = −(R/L) ν − (k_a k_b/(n L)) ω + (k_a/L) u` with the armature voltage `u`
       (eq. [5.2]; armature inductance `L`, resistance `R`, gear ratio `n`, torque and

@@ -14,7 +14,7 @@ TWO_LINK_V0 = (0.358620, -0.867745)
 class TwoLinkManipulator(LagrangianSystem):
     """Two uniform rods in a vertical plane, tip constrained to `y = l/2`, `x = x0 − v t`.
 
-    Paper 004, Example 1 (METHODS.md): `l1 = l`, `l2 = l/2`, `m1 = 2m`, `m2 = m`,
+    Paper 004, Example 1 (docs/methods.md): `l1 = l`, `l2 = l/2`, `m1 = 2m`, `m2 = m`,
     `I_i = m_i l_i² / 12`, `l = 1 m`, `m = 1 kg`, gravity `g` along −y. Coordinates `q1`
     (link 1 from the x axis) and `q2` (link 2 relative to link 1). The tip
     `P = (l1 cos q1 + l2 cos(q1+q2), l1 sin q1 + l2 sin(q1+q2))` obeys the rheonomic
