@@ -4,7 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench clean
+.PHONY: help demo test test-slow bench clean
+.DEFAULT_GOAL := help
+
+## List the targets, one line each (`make` alone does this).
+help:
+	@awk '/^## /{doc = doc (doc ? " " : "") substr($$0, 4); next} \
+	     /^[A-Za-z][A-Za-z0-9_-]*:/{if (doc) {sub(/:.*/, "", $$1); printf "  make %-10s %s\n", $$1, doc}} \
+	     {doc = ""}' $(firstword $(MAKEFILE_LIST))
 
 $(STAMP): pyproject.toml requirements-lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -12,9 +19,10 @@ $(STAMP): pyproject.toml requirements-lock.txt
 	$(PY) -m pip install --quiet -c requirements-lock.txt -e ".[dev]"
 	touch $(STAMP)
 
-## Reproduce every paper's worked example: figures + SUMMARY.md in output/.
+## Reproduce the papers' worked examples: figures + output/SUMMARY.md
+## (ARGS=--quick: a smoke test; ARGS="--only NAME[,NAME]"; ARGS=--help).
 demo: $(STAMP)
-	$(PY) experiments/run_all.py --out output
+	$(PY) experiments/run_all.py --out output $(ARGS)
 
 ## Default test run (fast; `slow` tests excluded).
 test: $(STAMP)
@@ -34,5 +42,6 @@ bench: $(STAMP)
 	$(PY) experiments/bench_unrolled.py
 	$(PY) experiments/bench_precision.py --out output
 
+## Remove the virtual environment and output/.
 clean:
 	rm -rf $(VENV) output

@@ -1,21 +1,26 @@
-"""Shared plumbing for the experiment scripts: command line, output folder, JSON."""
+"""Shared plumbing for the experiment scripts: command line, output folder, JSON, progress."""
 
 import argparse
 import json
 import os
+import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
 def parse_args(name: str, description: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=description)
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument(
         "--out", type=Path, default=Path("output"),
         help=f"output root; results go to OUT/{name}/ (default: output)",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="smaller sizes, for smoke tests"
+        "--quick", action="store_true",
+        help="smaller grids, fewer steps, shorter horizons: a smoke test with coarser figures",
     )
     return parser.parse_args()
 
@@ -34,3 +39,54 @@ def write_json(path: Path, data) -> None:
             return str(x)
 
     Path(path).write_text(json.dumps(data, indent=2, default=default))
+
+
+def interactive() -> bool:
+    """Whether progress bars are shown: stderr is a terminal (not a log file or CI) and
+    `NO_PROGRESS` is not set."""
+    return sys.stderr.isatty() and not os.environ.get("NO_PROGRESS") and (
+        os.environ.get("TERM") != "dumb")
+
+
+def progress(iterable, description: str, total: int | None = None, unit: str = "it"):
+    """Iterates over `iterable` showing progress.
+
+    On a terminal a tqdm bar, nested under `run_all.py`'s bar over the experiments and
+    removed when done. Elsewhere (a log file, CI) no bar: one line when the loop ends,
+    `  description: N unit in T s`, so that logs stay readable.
+    """
+    if total is None:
+        total = len(iterable) if hasattr(iterable, "__len__") else None
+    if interactive():
+        from tqdm.auto import tqdm
+
+        yield from tqdm(iterable, desc=description, total=total, unit=unit, leave=False,
+                        dynamic_ncols=True)
+        return
+    start, count = time.perf_counter(), 0
+    for item in iterable:
+        yield item
+        count += 1
+    print(f"  {description}: {count} {unit} in {time.perf_counter() - start:.1f} s", flush=True)
+
+
+def figure(path: Path, caption: str) -> dict:
+    """A figure an experiment wrote, with the one-line caption `run_all.py` puts beside
+    its link in SUMMARY.md."""
+    return {"path": Path(path), "caption": caption}
+
+
+def log_values(values, floor: float):
+    """`|values|` for a log axis whose lower limit is `floor`: smaller values (exact zeros,
+    round-off noise below the floor) are left out (NaN) instead of drawn below the frame."""
+    import numpy as np
+
+    values = np.abs(np.asarray(values, dtype=float))
+    return np.where(values >= floor, values, np.nan)
+
+
+def legend_below(ax, ncol: int = 2, **kwargs):
+    """A legend under the axes (below its x label), so that it never covers data; use
+    with `plt.subplots(..., layout="constrained")`, which makes room for it."""
+    return ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol, fontsize=8,
+                     frameon=False, **kwargs)

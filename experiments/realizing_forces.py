@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from _common import output_dir, parse_args, write_json
+from _common import figure, log_values, progress, output_dir, parse_args, write_json
 
 import jaxdae
 from jaxdae.examples import ChaplyginSleigh, KnifeEdge
@@ -114,26 +114,32 @@ def main(out: Path, quick: bool = False) -> dict:
     q_s, v_s = sleigh.initial_state(0.5, 2.0)
     skate = KnifeEdge(incline=0.3)
     q_k, v_k = jnp.zeros(3), jnp.array([0.0, 0.0, 2.0])
-    studies = [
-        _study("Chaplygin sleigh", sleigh, q_s, v_s, jnp.array([0.0, 0.2, 0.0]), ks, t1, n_save),
-        _study("knife edge (skate)", skate, q_k, v_k, jnp.array([0.0, 0.2, 0.0]), ks, t1, n_save),
-    ]
+    systems = [("Chaplygin sleigh", sleigh, q_s, v_s), ("knife edge (skate)", skate, q_k, v_k)]
+    studies = [_study(name, system, q0, v0, jnp.array([0.0, 0.2, 0.0]), ks, t1, n_save)
+               for name, system, q0, v0 in progress(systems, "systems", unit="system")]
     elapsed = time.perf_counter() - start
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    floor = 1e-14
+    fig, axes = plt.subplots(2, 2, figsize=(15, 8.5), layout="constrained")
     for row, study in zip(axes, studies):
+        curves = []
         for r in study["rows"]:
             style = "-" if r["law"].startswith("viscous") else "--"
-            row[0].semilogy(study["ts"], r["_psi_off"] + 1e-16, style, label=r["law"])
-            row[1].semilogy(study["ts"], r["_distance"] + 1e-16, style, label=r["law"])
+            curves.append(log_values(r["_psi_off"], floor))
+            row[0].semilogy(study["ts"], curves[-1], style, label=r["law"])
+            curves.append(log_values(r["_distance"], floor))
+            row[1].semilogy(study["ts"], curves[-1], style, label=r["law"])
+        top = 10.0 ** np.ceil(np.log10(np.nanmax(curves)) + 0.3)  # every curve inside
         name = study["rows"][0]["system"]
-        row[0].set_title(f"{name}: |ψ(t)| from ψ₀ = {study['psi0']:g}")
-        row[1].set_title(f"{name}: |q_free − q_constr.|, same consistent start")
+        row[0].set_title(f"{name}: |ψ(t)| from ψ₀ = {study['psi0']:g} m/s")
+        row[0].set_ylabel("|ψ|, lateral slip velocity [m/s]")
+        row[1].set_title(f"{name}: distance to the constrained motion, from ψ₀ = 0")
+        row[1].set_ylabel("‖q_free − q_constrained‖ [m, rad]")
         for ax in row:
-            ax.set_xlabel("t")
-            ax.set_ylim(1e-14, 10)
-        row[0].legend(fontsize=7)
-    fig.tight_layout()
+            ax.set_xlabel("t [s]")
+            ax.set_ylim(floor, top)
+        row[1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
+                      title="force law", title_fontsize=8)
     fig.savefig(folder / "realizing_forces.png", dpi=120)
     plt.close(fig)
 
@@ -161,7 +167,11 @@ def main(out: Path, quick: bool = False) -> dict:
     print(headline)
     print("\n".join(table))
     print(f"({elapsed:.0f} s)")
-    return {"headline": headline, "table": table}
+    return {"headline": headline, "table": table, "figures": [figure(
+        folder / "realizing_forces.png",
+        "Chaplygin sleigh and knife edge driven by forces on the free system: the "
+        "constraint residual |ψ| from an inconsistent start (left) and the distance to the "
+        "constrained motion from a consistent one (right), per force law")]}
 
 
 if __name__ == "__main__":
