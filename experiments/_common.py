@@ -67,7 +67,8 @@ def progress(iterable, description: str, total: int | None = None, unit: str = "
     for item in iterable:
         yield item
         count += 1
-    print(f"  {description}: {count} {unit} in {time.perf_counter() - start:.1f} s", flush=True)
+    units = unit if count == 1 else unit + "s"
+    print(f"  {description}: {count} {units} in {time.perf_counter() - start:.1f} s", flush=True)
 
 
 def figure(path: Path, caption: str) -> dict:

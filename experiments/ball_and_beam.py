@@ -29,7 +29,7 @@ jax.config.update("jax_enable_x64", True)
 import equinox as eqx  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _common import output_dir, parse_args, write_json  # noqa: E402
+from _common import figure, output_dir, parse_args, progress, write_json  # noqa: E402
 
 import jaxdae  # noqa: E402
 from jaxdae.examples import BallAndBeam  # noqa: E402
@@ -83,13 +83,14 @@ def responses(d, starts, t1, num):
     return out
 
 
-def region_of_attraction(d, rs, thetas, t1, tol=1e-2):
+def region_of_attraction(d, rs, thetas, t1, tol=1e-2, chunk=512):
     """Vmapped batch over the grid; converged = |r − r0|, |θ| < tol at t1 and the ball stayed
-    on the beam (0 ≤ r ≤ L) at the saved times."""
+    on the beam (0 ≤ r ≤ L) at the saved times. The grid runs in chunks of `chunk` starts
+    (one compilation: the last chunk is padded), with a progress bar."""
     exact, eq = d["exact"], d["eq_e"]
     r_grid, th_grid = np.meshgrid(rs, thetas, indexing="ij")
-    starts = jnp.stack([jnp.asarray(r_grid.ravel()), jnp.asarray(th_grid.ravel())], axis=1)
-    ts = jnp.linspace(0.0, t1, 41)
+    starts = np.stack([r_grid.ravel(), th_grid.ravel()], axis=1)
+    ts = jnp.linspace(0.0, t1, int(4 * t1) + 1)  # every 0.25 s: on the beam, excursion
 
     @eqx.filter_jit
     def batch(starts):
@@ -104,20 +105,25 @@ def region_of_attraction(d, rs, thetas, t1, tol=1e-2):
 
         return jax.vmap(one)(starts)
 
-    succeeded, on_beam, final, excursion = batch(starts)
+    chunk = min(chunk, len(starts))
+    count = -(-len(starts) // chunk)
+    padded = np.concatenate([starts, np.repeat(starts[-1:], count * chunk - len(starts), 0)])
+    parts = [jax.device_get(batch(jnp.asarray(part)))
+             for part in progress(np.split(padded, count), "region of attraction",
+                                  unit="chunk")]
+    succeeded, on_beam, final, excursion = (
+        np.concatenate(column)[: len(starts)] for column in zip(*parts))
     shape = r_grid.shape
-    converged = np.asarray(succeeded & on_beam & (final < tol)).reshape(shape)
-    converged_unbounded = np.asarray(succeeded & (final < tol)).reshape(shape)
+    converged = (succeeded & on_beam & (final < tol)).reshape(shape)
+    converged_unbounded = (succeeded & (final < tol)).reshape(shape)
     return dict(
         rs=rs, thetas=thetas, converged=converged, converged_unbounded=converged_unbounded,
-        succeeded=np.asarray(succeeded).reshape(shape),
-        on_beam=np.asarray(on_beam).reshape(shape),
-        final_error=np.asarray(final).reshape(shape),
-        excursion=np.asarray(excursion).reshape(shape),
+        succeeded=succeeded.reshape(shape), on_beam=on_beam.reshape(shape),
+        final_error=final.reshape(shape), excursion=excursion.reshape(shape),
     )
 
 
-def _plots(path, d, runs, roa):
+def _plots(path, d, runs, starts, roa):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 4))
@@ -128,8 +134,8 @@ def _plots(path, d, runs, roa):
     ax.scatter(exact.real, exact.imag, marker="x", color="C3",
                label="exact model [38] (Shulgin), closed loop")
     ax.axvline(0, color="k", lw=0.5)
-    ax.set_xlabel("Re λ")
-    ax.set_ylabel("Im λ")
+    ax.set_xlabel("Re λ [1/s]")
+    ax.set_ylabel("Im λ [1/s]")
     ax.set_title("Characteristic roots (one zero root = one constraint)")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -138,37 +144,55 @@ def _plots(path, d, runs, roa):
 
     fig, axes = plt.subplots(2, 2, figsize=(10, 6), sharex=True)
     for run in runs:
-        label = f"r(0) = {run['start'][0]:.2f} m"
+        label = f"r(0) = {run['start'][0]:.2f} m, θ(0) = {run['start'][1]:g} rad"
         axes[0, 0].plot(run["ts"], run["q"][:, 0], label=label)
         axes[0, 1].plot(run["ts"], run["q"][:, 1])
         axes[1, 0].plot(run["ts"], np.degrees(run["q"][:, 2]))
         axes[1, 1].plot(run["ts"], run["voltage"])
-    axes[0, 0].set_ylabel("ball position r (m)")
-    axes[0, 1].set_ylabel("wheel angle θ (rad)")
-    axes[1, 0].set_ylabel("beam angle α (deg)")
-    axes[1, 1].set_ylabel("voltage e (V)")
+    for end in (0.0, float(d["exact"].beam_length)):
+        axes[0, 0].axhline(end, color="gray", ls=":", lw=1)
+    axes[0, 0].set_ylabel("ball position r [m] (dotted: beam ends)")
+    axes[0, 1].set_ylabel("wheel angle θ [rad]")
+    axes[1, 0].set_ylabel("beam angle α [deg]")
+    axes[1, 1].set_ylabel("voltage e [V]")
     for ax in axes[1]:
-        ax.set_xlabel("t (s)")
+        ax.set_xlabel("t [s]")
     axes[0, 0].legend(fontsize=8)
     fig.suptitle("Exact Ball & Beam under the LQR of the simplified model")
     fig.tight_layout()
     fig.savefig(path / "responses.png", dpi=120)
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5), sharey=True, layout="constrained")
     rs, thetas = roa["rs"], roa["thetas"]
-    panels = [("converged", "converges and the ball stays on the beam (0 ≤ r ≤ L)"),
-              ("converged_unbounded", "converges (beam of unbounded length)")]
-    for ax, (key, title) in zip(axes, panels):
-        ax.pcolormesh(rs, thetas, roa[key].T.astype(float), cmap="RdYlGn", vmin=0, vmax=1,
-                      shading="nearest")
-        ax.plot([R0], [0.0], "k*", ms=12, label="equilibrium")
-        ax.set_xlabel("initial ball position r (m)")
-        ax.set_title(f"green: {title}", fontsize=9)
-    axes[0].set_ylabel("initial wheel angle θ (rad)")
-    axes[0].legend(fontsize=8)
-    fig.suptitle("Region of attraction of the exact model, LQR of the simplified model")
-    fig.tight_layout()
+    # 0: does not converge, 1: converges only on an unbounded beam, 2: converges on the beam
+    kind = roa["converged_unbounded"].astype(int) + roa["converged"].astype(int)
+    colors = ["#b2182b", "#f4a582", "#1a9850"]
+    axes[0].pcolormesh(rs, thetas, kind.T, cmap=ListedColormap(colors), vmin=-0.5, vmax=2.5,
+                       shading="nearest")
+    axes[0].set_title(f"Outcome of {kind.size} closed-loop runs (t = 0 … {roa['t1']:g} s)",
+                      fontsize=10)
+    mesh = axes[1].pcolormesh(rs, thetas, roa["excursion"].T, cmap="viridis", shading="nearest")
+    fig.colorbar(mesh, ax=axes[1], label="max |r(t) − r0| [m]")
+    axes[1].contour(rs, thetas, roa["excursion"].T, levels=[R0], colors="w", linewidths=1.5)
+    axes[1].set_title("How far the ball runs (white: it reaches an end of the 1 m beam)",
+                      fontsize=10)
+    for ax in axes:
+        ax.plot([R0], [0.0], "k*", ms=12)
+        ax.plot(*np.asarray(starts).T, "wo", mec="k", ms=6)
+        ax.set_xlabel("initial ball position r [m]")
+    axes[0].set_ylabel("initial wheel angle θ [rad]")
+    handles = [Patch(color=colors[2], label="converges, the ball stays on the beam"),
+               Patch(color=colors[1], label="converges only if the beam were longer"),
+               Patch(color=colors[0], label="does not converge"),
+               plt.Line2D([], [], ls="", marker="*", color="k", ms=10, label="equilibrium"),
+               plt.Line2D([], [], ls="", marker="o", mfc="w", mec="k",
+                          label="starts of responses.png")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=5, fontsize=9)
+    fig.suptitle("Region of attraction of the exact model under the LQR of the simplified model")
     fig.savefig(path / "region_of_attraction.png", dpi=120)
     plt.close(fig)
 
@@ -199,14 +223,15 @@ def main(out: Path, quick: bool = False) -> dict:
     runs = responses(d, starts, 40.0 if quick else 60.0, 201 if quick else 601)
     t_runs = time.perf_counter() - start
 
-    n_r, n_th = (7, 7) if quick else (31, 25)
+    n_r, n_th = (13, 25) if quick else (61, 121)
     rs = np.linspace(0.02, 0.98, n_r)
     thetas = np.linspace(-3.0, 3.0, n_th)
     start = time.perf_counter()
     roa = region_of_attraction(d, rs, thetas, 40.0 if quick else 60.0)
+    roa["t1"] = 40.0 if quick else 60.0
     t_roa = time.perf_counter() - start
 
-    _plots(path, d, runs, roa)
+    _plots(path, d, runs, starts, roa)
     final_errors = [float(np.abs(run["q"][-1, 0] - R0)) for run in runs]
     data = dict(
         r0=R0,
@@ -273,7 +298,15 @@ def main(out: Path, quick: bool = False) -> dict:
         f"keep the ball on the 1 m beam."
     )
     print(headline)
-    return {"headline": headline, "table": table}
+    return {"headline": headline, "table": table, "figures": [
+        figure(path / "roots.png", "closed-loop characteristic roots of the simplified and "
+               "the exact model: the same, plus one zero root for the one constraint"),
+        figure(path / "responses.png", "nonlinear closed-loop responses of the exact model "
+               "from five initial states: ball position, wheel angle, beam angle, voltage"),
+        figure(path / "region_of_attraction.png", f"region of attraction on a {n_r}×{n_th} "
+               "grid of initial (r, θ): which starts converge with the ball on the beam, and "
+               "how far the ball runs"),
+    ]}
 
 
 if __name__ == "__main__":
