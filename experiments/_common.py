@@ -67,8 +67,16 @@ def progress(iterable, description: str, total: int | None = None, unit: str = "
     for item in iterable:
         yield item
         count += 1
-    units = unit if count == 1 else unit + "s"
-    print(f"  {description}: {count} {units} in {time.perf_counter() - start:.1f} s", flush=True)
+    loop_done(description, count, unit, time.perf_counter() - start)
+
+
+def loop_done(description: str, count: int, unit: str, seconds: float) -> None:
+    """The line `progress` prints at the end of a loop in a log (nothing on a terminal, where
+    the loop had a bar); for loops that show their own bar, e.g. `jaxdae.tune(...,
+    progress=interactive())`."""
+    if not interactive():
+        units = unit if count == 1 else unit + "s"
+        print(f"  {description}: {count} {units} in {seconds:.1f} s", flush=True)
 
 
 def figure(path: Path, caption: str) -> dict:

@@ -31,9 +31,16 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from _common import (
-    figure, interactive, legend_below, log_values, output_dir, parse_args, progress, write_json,
+    figure,
+    interactive,
+    legend_below,
+    log_values,
+    loop_done,
+    output_dir,
+    parse_args,
+    progress,
+    write_json,
 )
 
 import jaxdae
@@ -169,6 +176,7 @@ def _tuning_study(system, quick):
                          regularization=stability, failure_penalty=1e3,
                          progress=interactive())
     tune_seconds = time.perf_counter() - start
+    loop_done("jaxdae.tune", steps, "step", tune_seconds)
 
     @jax.jit
     def batch_loss(control, errors):

@@ -134,8 +134,8 @@ def run(names: list[str], out: Path, quick: bool) -> list[str]:
     if list(names) != list(EXPERIMENTS):
         command += " --only " + ",".join(names)
     count = f"{len(names)} experiment" + ("s" if len(names) > 1 else "")
-    lines += [f"`{command}` ({mode} run, {count}, {total:.0f} s). "
-              "Each section gives the experiment's headline, its table and its figures.", ""]
+    lines += [(f"`{command}` ({mode} run, {count}, {total:.0f} s). Each section gives the "
+               "experiment's headline, its table and its figures."), ""]
     (out / "SUMMARY.md").write_text("\n".join(lines + sections))
     print(f"wrote {out / 'SUMMARY.md'} ({total:.0f} s)")
     return failed

@@ -30,7 +30,7 @@ import equinox as eqx  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from _common import output_dir, parse_args, write_json  # noqa: E402
+from _common import figure, interactive, loop_done, output_dir, parse_args, write_json  # noqa: E402
 from ball_and_beam import R0, plant  # noqa: E402
 
 import jaxdae  # noqa: E402
@@ -150,9 +150,10 @@ def main(out: Path, quick: bool = False) -> dict:
     result = jaxdae.tune(
         params, problem, train, loss, optimizer=optax.adam(0.2), steps=steps,
         failure_penalty=PENALTY, seed=0, log=folder / "history.csv", checkpoint=None,
-        progress=False,
+        progress=interactive(),
     )
     t_tune = time.perf_counter() - start
+    loop_done("jaxdae.tune", steps, "step", t_tune)
     tuned = result.model
 
     start = time.perf_counter()
@@ -201,32 +202,41 @@ def main(out: Path, quick: bool = False) -> dict:
         f"{p['converged']:.0%} → {t['converged']:.0%}."
     )
     print(headline)
-    return {"headline": headline, "table": table}
+    return {"headline": headline, "table": table, "figures": [figure(
+        folder / "tune_ball_and_beam.png",
+        "loss during the tuning of the LQR weights; ball position and voltage from held-out "
+        "starts with the paper's weights (dashed) and the tuned ones (solid)")]}
 
 
 def _plot(folder, history, metrics, held_out):
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 3, figsize=(15, 4))
+    fig, ax = plt.subplots(1, 3, figsize=(16, 5), layout="constrained")
     ax[0].plot(history["step"], history["loss"])
     ax[0].set_xlabel("Adam step")
-    ax[0].set_ylabel("training loss (settling time + effort)")
-    ax[0].set_title("Loss curve")
+    ax[0].set_ylabel(f"training loss [s]: settling time + {EFFORT_WEIGHT:g}·∫(u − u₀)² dt")
+    ax[0].set_title("Loss curve (mean over the training starts)")
+    shown = min(3, len(held_out))
     for (label, m), style in zip(metrics.items(), ("--", "-")):
         ts = np.asarray(m["ts"])
-        for i, color in zip(range(min(3, len(held_out))), ("C0", "C1", "C2")):
-            name = f"{label}" if i == 0 else None
-            ax[1].plot(ts, np.asarray(m["r"][i]), style, color=color, label=name)
-            ax[2].plot(ts, np.asarray(m["u"][i]), style, color=color, label=name)
-    ax[1].axhspan(R0 - TOL, R0 + TOL, color="gray", alpha=0.2, label=f"±{TOL} m")
+        for i in range(shown):
+            ax[1].plot(ts, np.asarray(m["r"][i]), style, color=f"C{i}")
+            ax[2].plot(ts, np.asarray(m["u"][i]), style, color=f"C{i}")
+    ax[1].axhspan(R0 - TOL, R0 + TOL, color="gray", alpha=0.2)
     ax[1].set_xlabel("t [s]")
     ax[1].set_ylabel("ball position r [m]")
-    ax[1].set_title("Held-out responses (dashed: paper, solid: tuned)")
-    ax[1].legend(fontsize=8)
+    ax[1].set_title(f"Ball position, {shown} held-out starts")
     ax[2].set_xlabel("t [s]")
     ax[2].set_ylabel("u − u₀ [V]")
-    ax[2].set_title("Voltage deviation")
-    fig.tight_layout()
+    ax[2].set_title("Voltage deviation from the equilibrium's")
+    handles = [plt.Line2D([], [], ls=style, color="k", label=label)
+               for label, style in zip(metrics, ("--", "-"))]
+    handles += [plt.Line2D([], [], color=f"C{i}", label=f"start r = {held_out[i][0]:.2f} m, "
+                           f"θ = {held_out[i][1]:.2f} rad") for i in range(shown)]
+    handles.append(plt.matplotlib.patches.Patch(color="gray", alpha=0.2,
+                                                label=f"settling band ±{TOL} m"))
+    ax[1].legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+                 fontsize=8, frameon=False)
     fig.savefig(folder / "tune_ball_and_beam.png", dpi=120)
     plt.close(fig)
 

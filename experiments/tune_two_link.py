@@ -31,7 +31,14 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from _common import (  # noqa: E402
-    figure, interactive, legend_below, output_dir, parse_args, progress, write_json,
+    figure,
+    interactive,
+    legend_below,
+    loop_done,
+    output_dir,
+    parse_args,
+    progress,
+    write_json,
 )
 
 import jaxdae  # noqa: E402
@@ -165,6 +172,7 @@ def main(out: Path, quick: bool = False) -> dict:
         log=folder / "history.csv", checkpoint=None, progress=interactive(),
     )
     tune_wall = time.perf_counter() - start
+    loop_done("jaxdae.tune", steps, "step", tune_wall)
     tuned = result.model
 
     search, search_curve, search_wall = random_search(jax.random.PRNGKey(2), steps, train)

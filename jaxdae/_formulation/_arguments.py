@@ -94,5 +94,5 @@ def _short(value) -> str:
         return repr(value)
     try:
         return repr(np.asarray(value).tolist())
-    except Exception:  # e.g. a tracer
+    except TypeError:  # a tracer (jax.errors.TracerArrayConversionError)
         return f"<{type(value).__name__} of shape {shape}>"
