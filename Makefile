@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help demo test test-slow bench clean
+.PHONY: help demo test test-slow bench docs clean
 .DEFAULT_GOAL := help
 
 ## List the targets, one line each (`make` alone does this).
@@ -41,6 +41,10 @@ bench: $(STAMP)
 	$(PY) experiments/bench_solves.py
 	$(PY) experiments/bench_unrolled.py
 	$(PY) experiments/bench_precision.py --out output
+
+## Build the documentation site into site/ (mkdocs --strict: a warning fails the build).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 ## Remove the virtual environment and output/.
 clean:

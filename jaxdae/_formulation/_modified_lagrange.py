@@ -23,8 +23,12 @@ class ModifiedLagrange(AbstractFormulation):
     Nonholonomic rows enter the same way with `Ψ̇ + K_V Ψ`. With scalar gains this is
     Bayo's classical penalty method.
 
-    Too large `alpha` makes the ODE stiff (Remark 4 of paper 004): an adaptive explicit
-    solver then takes many small steps, a fixed-step one becomes unstable.
+    The violation does not vanish: the penalty forces need one to act on. It falls like
+    `1/α` away from singular configurations (more slowly near them) at an unchanged step
+    count, while the condition number of `M + Jᵀ𝔄J` grows like `α`; keep it well below
+    `1/eps` of the dtype, float32 especially. Paper 004 (Remark 4) leaves the choice open;
+    the guide "Choosing a formulation and its gains" (docs/guides/choosing_a_formulation.md)
+    measures the trade-off (`experiments/modified_lagrange_alpha.py`).
 
     **Arguments:**
 
