@@ -1,19 +1,23 @@
-"""The documentation site builds with `mkdocs build --strict`: every page in the nav exists,
-every link and anchor between pages resolves, every `[`jaxdae.X`][]` cross-reference in a
-docstring names a documented object, and griffe reads every docstring without a warning."""
+"""The documentation: the site builds with `mkdocs build --strict` (every page in the nav
+exists, every link and anchor between pages resolves, every `[`jaxdae.X`][]` cross-reference
+in a docstring names a documented object), and every equation that the code, the notebooks
+and the docs cite ("paper 004, eq. [16]") is stated on the methods page, docs/methods.md."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mkdocs", reason="mkdocs is not installed: pip install -e '.[docs]'")
-pytest.importorskip("mkdocstrings", reason="mkdocstrings is not installed: pip install -e '.[docs]'")
-pytest.importorskip("material", reason="mkdocs-material is not installed: pip install -e '.[docs]'")
-
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def require_mkdocs():
+    for module, package in (("mkdocs", "mkdocs"), ("mkdocstrings", "mkdocstrings[python]"),
+                            ("material", "mkdocs-material")):
+        pytest.importorskip(module, reason=f"{package} is not installed: pip install -e '.[docs]'")
 
 
 def build(config: Path, site_dir: Path) -> subprocess.CompletedProcess:
@@ -27,6 +31,7 @@ def build(config: Path, site_dir: Path) -> subprocess.CompletedProcess:
 
 
 def test_site_builds_without_warnings(tmp_path):
+    require_mkdocs()
     site = tmp_path / "site"
     result = build(ROOT / "mkdocs.yml", site)
     output = result.stdout + result.stderr
@@ -42,9 +47,79 @@ def test_site_builds_without_warnings(tmp_path):
 
 def test_strict_build_fails_on_a_broken_link(tmp_path):
     """The check above can fail: the same build refuses a page whose link has no target."""
+    require_mkdocs()
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "index.md").write_text("# Home\n\nSee [a page](missing.md).\n")
     (tmp_path / "mkdocs.yml").write_text("site_name: check\nnav:\n  - Home: index.md\n")
     result = build(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert result.returncode != 0
     assert "missing.md" in result.stdout + result.stderr
+
+
+# -- citations ---------------------------------------------------------------------------
+
+_EQ = r"\[(\d+(?:\.\d+)?)\]"
+_RANGE = re.compile(_EQ + r"\s*[–-]\s*" + _EQ)
+_PAPER = re.compile(r"[Pp]aper (00[0-4])")
+_LIST = r"((?:" + _EQ + r"(?:\s*[–-]\s*" + _EQ + r")?(?:,\s*)?)+)"
+_CITATION = re.compile(r"eqs?\.\s*" + _LIST + r"|[Pp]aper 00[0-4],?\s+" + _LIST)
+
+
+def _equations(text: str) -> set[str]:
+    """Equation numbers in `text`, with ranges `[22]–[31]` and `[2.9]–[2.11]` filled in."""
+    found = set(re.findall(_EQ, text))
+    for match in _RANGE.finditer(text):
+        a, b = match.groups()
+        if "." not in a + b:
+            found |= {str(i) for i in range(int(a), int(b) + 1)}
+        elif "." in a and "." in b and a.split(".")[0] == b.split(".")[0]:
+            major = a.split(".")[0]
+            found |= {f"{major}.{i}" for i in range(int(a.split(".")[1]),
+                                                    int(b.split(".")[1]) + 1)}
+    return found
+
+
+def _citations(text: str):
+    """`(paper, equation, line)` for each "eq. [n]" / "paper 00k, [n]" in `text`. A citation
+    belongs to the last paper named before it in its paragraph (or docstring), else to the
+    first paper the file names."""
+    first = _PAPER.search(text)
+    offset = 0
+    for chunk in re.split(r'(\n\s*\n|""")', text):
+        papers = [(m.start(), m.group(1)) for m in _PAPER.finditer(chunk)]
+        for match in _CITATION.finditer(chunk):
+            before = [paper for start, paper in papers if start <= match.start()]
+            paper = before[-1] if before else (first.group(1) if first else None)
+            line = text.count("\n", 0, offset + match.start()) + 1
+            for equation in re.findall(_EQ, match.group(0)):
+                if paper is not None:
+                    yield paper, equation, line
+        offset += len(chunk)
+
+
+def test_every_cited_equation_is_on_the_methods_page():
+    methods = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
+    parts = re.split(r"^## Paper (00[0-4])", methods, flags=re.M)
+    stated = {parts[i]: _equations(parts[i + 1]) for i in range(1, len(parts), 2)}
+    assert sorted(stated) == ["000", "001", "002", "003", "004"]
+    files = [*ROOT.glob("jaxdae/**/*.py"), *ROOT.glob("experiments/**/*.py"),
+             *ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("docs/**/*.md"), ROOT / "README.md"]
+    checked, missing = 0, []
+    for path in files:
+        if path.name == "methods.md":
+            continue
+        for paper, equation, line in _citations(path.read_text(encoding="utf-8")):
+            checked += 1
+            if equation not in stated[paper]:
+                missing.append(f"{path.relative_to(ROOT)}:{line}: paper {paper}, eq. [{equation}]")
+    assert checked > 50  # the pattern still finds the project's citations
+    assert not missing, ("cited but not stated in docs/methods.md (add the equation to its "
+                         "paper's section):\n" + "\n".join(missing))
+
+
+def test_citation_check_can_fail():
+    text = '"""Uses paper 004, eq. [16] and eqs. [22]–[31]; paper 002, eq. [9.9]."""'
+    assert set(_citations(text)) == {("004", "16", 1), ("004", "22", 1), ("004", "31", 1),
+                                     ("002", "9.9", 1)}
+    assert "9.9" not in _equations("[0.11]–[0.12], [2.9]–[2.11]")
+    assert {"2.9", "2.10", "2.11", "0.11", "0.12"} <= _equations("[0.11]–[0.12], [2.9]–[2.11]")
