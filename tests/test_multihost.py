@@ -1,5 +1,5 @@
 """`jaxdae.batch_map` over two processes joined by `jax.distributed` (the multi-host recipe
-of docs/tuning_and_batches.md), on the CPU: two worker processes
+of docs/guides/tuning_and_batches.md), on the CPU: two worker processes
 (`tests/_multihost_worker.py`) with two devices each, gloo collectives."""
 
 import os
