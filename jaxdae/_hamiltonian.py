@@ -113,7 +113,7 @@ class HamiltonianSystem(AbstractSystem):
         ), q.dtype)
 
     def state_rate(self, t, q, p, terms, acceleration):
-        """`ṗ = M (q̈ − w)`, which equals `Q − ∇_q H − Gᵀλ` (paper 001, eq. [4])."""
+        """`ṗ = M (q̈ − w)`, which equals `Q − ∇_q H − Gᵀλ` (paper 001, eq. [5])."""
         v = self._dh_dp(t, q, p)
         return terms.mass_matrix @ (acceleration - self._drift(t, q, p, v))
 
