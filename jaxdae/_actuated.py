@@ -69,6 +69,7 @@ from ._simulate import (
     saved_times,
     solve_event,
     step_options,
+    stop_stalled_steps,
 )
 from ._solution import RESULTS
 from ._system import LagrangianSystem, cast_floating
@@ -764,7 +765,7 @@ def _simulate_actuated(system, control, t0, t1, q0, v0, w0, ts, *, solver,
     # The scale of `_singular`'s test: a constant of the gradient, as the event is.
     initial_largest = jax.lax.stop_gradient(_eigenvalues(system, control, t0, q0, v0, w0)[1])
     options = dict(args=(system, control, initial_largest), saveat=saveat,
-                   stepsize_controller=stepsize_controller,
+                   stepsize_controller=stop_stalled_steps(stepsize_controller),
                    event=solve_event([_singular], stepsize_controller), max_steps=max_steps)
     if isinstance(adjoint, ReverseSweepAdjoint):
         out = swept_diffeqsolve(_vector_field, solver, t0, t1, dt0, (q0, v0, w0), ts=ts,

@@ -206,3 +206,41 @@ class DiscreteStability(eqx.Module):
     def __call__(self, model) -> Float[Array, ""]:
         excess = jax.nn.relu(self.radius(model) - (1.0 - self.margin))
         return self.weight * excess**2
+
+
+def fixed_step_radius(formulation, num_constraints: int, solver, dt) -> float | None:
+    """`ρ(R(τH))` for a fixed step `τ = dt` of `solver` on the perturbations of
+    `formulation` (paper 002 §4), in NumPy, or None where it is not known cheaply and
+    exactly: traced gains or step, no constraints, a formulation other than
+    [`jaxdae.Baumgarte`][] and [`jaxdae.PseudoInverse`][] (whose perturbations obey
+    `ẏ = H y` exactly; [`jaxdae.ModifiedLagrange`][]'s depend on the state), or a solver
+    that is neither `diffrax.Euler` nor an explicit Runge–Kutta method.
+
+    `R` is built from the Butcher tableau, `K_i = H (I + τ Σ_{j<i} a_ij K_j)`,
+    `R = I + τ Σ_i b_i K_i` (explicit Euler: `I + τH`), as [`jaxdae.transition_matrix`][]
+    computes it by stepping the solver, without compiling anything (`simulate` asks it
+    before every fixed-step solve)."""
+    import numpy as np
+
+    from ._formulation import Baumgarte, PseudoInverse
+    from ._gains import is_concrete
+
+    if not (type(formulation) in (Baumgarte, PseudoInverse) and num_constraints
+            and dt is not None and is_concrete(formulation, dt)):
+        return None
+    if isinstance(solver, diffrax.Euler):
+        a_lower, b = (), np.ones(1)
+    elif isinstance(solver, diffrax.AbstractERK):
+        a_lower, b = solver.tableau.a_lower, np.asarray(solver.tableau.b_sol)
+    else:
+        return None
+    m = num_constraints
+    kd, kp = (np.asarray(gain_matrix(jnp.asarray(g), m, jnp.float64)) for g in
+              (formulation.kd, formulation.kp))
+    h = np.block([[np.zeros((m, m)), np.eye(m)], [-kp, -kd]])
+    tau, eye = float(dt), np.eye(2 * m)
+    stages = [h]
+    for row in a_lower:
+        stages.append(h @ (eye + tau * sum(a * k for a, k in zip(row, stages))))
+    transition = eye + tau * sum(w * k for w, k in zip(b, stages))
+    return float(np.max(np.abs(np.linalg.eigvals(transition))))

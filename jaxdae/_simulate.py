@@ -2,6 +2,7 @@
 
 
 import functools
+import warnings
 
 import diffrax
 import equinox as eqx
@@ -20,15 +21,17 @@ from ._adjoint import (
 )
 from ._checks import check_instance, check_positive
 from ._custom_types import Array, ArrayLike, Float, ScalarLike
-from ._formulation import AbstractFormulation
-from ._linalg import full_precision, is_positive_definite
+from ._discrete import fixed_step_radius
+from ._formulation import AbstractFormulation, Baumgarte, ModifiedLagrange, PseudoInverse
+from ._formulation._base import baumgarte_target
+from ._linalg import full_precision, is_positive_definite, small_matmul
 from ._gains import deferred_checks, is_concrete
 from ._nonholonomic import is_not_affine
 from ._scalarize import scalarize, with_scalar_vjp
 from ._sharding import explicit_to_auto, is_explicitly_sharded
 from ._solution import RESULTS, SimulationError, Solution, failure_message
 from ._solvers import AbstractWrappedSolver
-from ._system import AbstractSystem, cast_floating
+from ._system import AbstractSystem, LagrangianSystem, cast_floating
 
 
 def _float_array(name: str, value, ensemble: bool = False) -> Array:
@@ -205,6 +208,158 @@ def non_finite_event(t, y, args, **kwargs):
     return ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(y)]))
 
 
+class _StopStalledSteps(diffrax.AbstractAdaptiveStepSizeController):
+    """An adaptive controller that ends the solve with `diffrax.RESULTS.dt_min_reached`
+    when the step it proposes has shrunk to the rounding level of `t`.
+
+    Where the model yields nan or inf (a potential that leaves its domain at some `t` or
+    `q`), every step across that point is rejected and the step shrinks until `t + dt`
+    rounds to `t`: the solve then takes steps of length zero until `max_steps`, or forever
+    with `max_steps=None`. Here it stops at the first proposal shorter than
+    `4 ε max(|t|, 10⁻³ |t1 − t0|)` (`ε` the machine epsilon of `t`), which no solve that
+    can still reach `t1` proposes; `simulate` then names what was non-finite
+    (`_non_finite_term`). One comparison per step, on scalars."""
+
+    controller: diffrax.AbstractAdaptiveStepSizeController
+
+    @property
+    def rtol(self):
+        return self.controller.rtol
+
+    @property
+    def atol(self):
+        return self.controller.atol
+
+    @property
+    def norm(self):  # pyright: ignore[reportIncompatibleMethodOverride]
+        return self.controller.norm
+
+    @property
+    def jump_ts(self):  # read by the swept solve (`_adjoint._jumps`)
+        return getattr(self.controller, "jump_ts", None)
+
+    def wrap(self, direction):
+        return _StopStalledSteps(self.controller.wrap(direction))
+
+    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
+        tnext, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
+        dtype = jnp.result_type(t0)
+        floor = 1e-3 * jnp.abs(jnp.asarray(t1, dtype) - t0)
+        return tnext, (state, floor)
+
+    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order,
+                        controller_state):
+        state, floor = controller_state
+        keep, tprev, tnext, jump, state, result = self.controller.adapt_step_size(
+            t0, t1, y0, y1_candidate, args, y_error, error_order, state)
+        eps = jnp.finfo(jnp.result_type(tprev)).eps
+        stalled = tnext - tprev <= 4 * eps * jnp.maximum(jnp.abs(tprev), floor)
+        result = diffrax.RESULTS.where(
+            stalled & (result == diffrax.RESULTS.successful), diffrax.RESULTS.dt_min_reached,
+            result)
+        return keep, tprev, tnext, jump, (state, floor), result
+
+
+def stop_stalled_steps(stepsize_controller):
+    """`stepsize_controller` wrapped in `_StopStalledSteps` if it is adaptive."""
+    if isinstance(stepsize_controller, diffrax.AbstractAdaptiveStepSizeController):
+        return _StopStalledSteps(stepsize_controller)
+    return stepsize_controller
+
+
+_NON_FINITE = (RESULTS.non_finite_mass_matrix, RESULTS.non_finite_forces,
+               RESULTS.non_finite_constraints, RESULTS.non_finite_rates)
+
+
+def _all_finite(*arrays) -> Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in arrays]))
+
+
+@eqx.filter_jit
+def _non_finite_term(system, formulation, t0, t, q, s):
+    """Which term of the model is non-finite at or just after the state `(t, q, s)` where a
+    solve stalled: `1 + i` for `_NON_FINITE[i]` (mass matrix, forces, constraints, rates),
+    0 if none is. Probed at the state and at four points along its rates, 4, 64, 1024 and
+    16384 rounding units of `t` ahead (the steps the controller rejected ended there)."""
+    rates = _rates(system, formulation, t, q, s)
+    rates = jax.tree.map(lambda r: jnp.where(jnp.isfinite(r), r, 0), rates)
+    unit = jnp.finfo(jnp.result_type(t)).eps * jnp.maximum(jnp.maximum(jnp.abs(t),
+                                                                       jnp.abs(t0)), 1e-300)
+
+    def code(offset):
+        tp, qp, sp = t + offset, q + offset * rates[0], s + offset * rates[1]
+        velocities = formulation.velocities(system, tp, qp, sp)
+        terms = _terms(system, tp, qp, velocities)
+        flags = jnp.stack([
+            ~_all_finite(terms.mass_matrix),
+            ~_all_finite(terms.forces),
+            ~_all_finite(terms.phi, terms.dphi, terms.psi, terms.jacobian, terms.bias),
+            ~_all_finite(*_rates(system, formulation, tp, qp, sp)),
+        ])
+        return jnp.where(jnp.any(flags), jnp.argmax(flags) + 1, 0).astype(jnp.int32)
+
+    codes = jax.lax.map(code, unit * jnp.array([0.0, 4.0, 64.0, 1024.0, 16384.0]))
+    return codes[jnp.argmax(codes != 0)]
+
+
+# The formulations whose accelerations aim at Baumgarte's target `G q̈ = s` (paper 004,
+# eq. [20]), which `_end_checks` tests for consistency.
+_TARGETED = (Baumgarte, PseudoInverse, ModifiedLagrange)
+
+
+@eqx.filter_jit
+def _end_checks(system, formulation, t, q, s):
+    """At the end of a solve: the constraint residual `max(|Φ|, |Ψ|)`, and for the
+    formulations in `_TARGETED` on a `LagrangianSystem` the part of their target `s` that
+    no acceleration can meet, `max |s − G G⁺ s|` (`G⁺` with singular values below
+    `√ε σ_max` dropped), and the target's size `max |s|` (else zeros). For consistent
+    constraints `s` lies in the range of `G` (independent rows: always; redundant ones:
+    their targets agree), so the first is zero up to rounding."""
+    velocities = formulation.velocities(system, t, q, s)
+    terms = _terms(system, t, q, velocities)
+    residual = jnp.max(jnp.abs(jnp.concatenate([terms.phi, terms.psi])), initial=0.0)
+    zero = jnp.zeros((), residual.dtype)
+    if not (isinstance(formulation, _TARGETED) and isinstance(system, LagrangianSystem)
+            and terms.jacobian.shape[0]):
+        return residual, zero, zero
+    target = baumgarte_target(terms, formulation.kd, formulation.kp, formulation.kv)
+    g = terms.jacobian
+    eps = jnp.finfo(g.dtype).eps
+    reachable = g @ (jnp.linalg.pinv(g, rtol=jnp.sqrt(eps)) @ target)
+    return residual, jnp.max(jnp.abs(target - reachable)), jnp.max(jnp.abs(target))
+
+
+def checked_result(system, formulation, t0, initial_residual, t, q, s, result: RESULTS
+                   ) -> RESULTS:
+    """`result` after the checks at the end of a solve (docs/failures.md):
+
+    - a stalled solve (`dt_min_reached`) whose model is non-finite at or just after its
+        end names the term (`_non_finite_term`);
+    - a solve that reached `t1` `diverged` if its constraint residual at the end exceeds
+        `10⁶ max(r₀, 1)` (`r₀` the residual at `t0`) or is not finite;
+    - else its constraints are not met (`constraints_not_met`) where more than a tenth of
+        the stabilization's target lies outside the range of the constraint Jacobian
+        (`max |s − G G⁺ s| > 0.1 max |s|`: no acceleration meets it, the constraints
+        contradict each other) while the residual is above `10⁻⁶ max(r₀, 1)`.
+
+    All on values that carry no gradient."""
+    system, formulation, t0, initial_residual, t, q, s = jax.tree.map(
+        lambda x: jax.lax.stop_gradient(x) if eqx.is_array(x) else x,
+        (system, formulation, t0, initial_residual, t, q, s))
+    code = jax.lax.cond(result == RESULTS.dt_min_reached,
+                        lambda: _non_finite_term(system, formulation, t0, t, q, s),
+                        lambda: jnp.zeros((), jnp.int32))
+    for i, name in enumerate(_NON_FINITE):
+        result = RESULTS.where(code == i + 1, name, result)
+    residual, gap, target = _end_checks(system, formulation, t, q, s)
+    scale = jnp.maximum(initial_residual, 1.0)
+    ok = result == RESULTS.successful
+    diverged = ok & ((residual > 1e6 * scale) | ~jnp.isfinite(residual))
+    not_met = ok & ~diverged & (gap > 0.1 * target) & (residual > 1e-6 * scale)
+    result = RESULTS.where(diverged, RESULTS.diverged, result)
+    return RESULTS.where(not_met, RESULTS.constraints_not_met, result)
+
+
 def solve_event(conditions: list, stepsize_controller) -> diffrax.Event | None:
     """The failure conditions of a solve, plus `non_finite_event` for fixed steps."""
     if isinstance(stepsize_controller, diffrax.ConstantStepSize):
@@ -356,6 +511,71 @@ def check_solve_options(solver, stepsize_controller, adjoint, max_steps) -> None
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(
             max_steps, (int, np.integer)) or max_steps < 1):
         raise ValueError(f"`max_steps` must be a positive integer or None; got {max_steps!r}.")
+    check_controller_values(stepsize_controller)
+    if isinstance(adjoint, diffrax.RecursiveCheckpointAdjoint) and not (
+            adjoint.checkpoints is None or (isinstance(adjoint.checkpoints, (int, np.integer))
+                                            and adjoint.checkpoints >= 1)):
+        raise ValueError("`diffrax.RecursiveCheckpointAdjoint(checkpoints=...)` must be a "
+                         f"positive integer or None; got {adjoint.checkpoints!r}.")
+
+
+def _controller_value(name, value, rule, fix):
+    """`ValueError` naming `name` unless a concrete `value` satisfies `rule` (None and
+    traced values pass)."""
+    if value is None or not is_concrete(value):
+        return
+    array = np.asarray(value, dtype=float)
+    if not (array.ndim == 0 and np.isfinite(array) and rule(float(array))):
+        raise ValueError(f"The step-size controller's `{name}` must be {fix}; got {value!r}.")
+
+
+def check_controller_values(controller) -> None:
+    """The numbers of a diffrax step-size controller that the user passed, checked as
+    `simulate` checks its own `rtol` and `atol` (concrete values only): a
+    `diffrax.PIDController`'s tolerances, coefficients, step bounds and factors, the
+    controller inside a `diffrax.ClipStepSizeController` and its times, a `diffrax.StepTo`'s
+    times. A negative `rtol`, say, would make every step pass its error test."""
+    if isinstance(controller, diffrax.ClipStepSizeController):
+        for name in ("step_ts", "jump_ts"):
+            times = getattr(controller, name)
+            if times is not None and is_concrete(times) and not np.all(
+                    np.isfinite(np.asarray(times))):
+                raise ValueError(f"`diffrax.ClipStepSizeController({name}=...)` must hold "
+                                 f"finite times; got {times}.")
+        controller = controller.controller
+    if isinstance(controller, diffrax.StepTo):
+        times = controller.ts
+        if is_concrete(times):
+            times = np.asarray(times)
+            if not (np.all(np.isfinite(times)) and np.all(np.diff(times) > 0)):
+                raise ValueError("`diffrax.StepTo(ts=...)` must hold finite, strictly "
+                                 f"increasing times; got {times}.")
+    if not isinstance(controller, diffrax.PIDController):
+        return
+    rtol, atol = controller.rtol, controller.atol
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        _controller_value(name, value, lambda x: x >= 0, "a finite non-negative number")
+    if is_concrete(rtol, atol) and np.ndim(rtol) == 0 and np.ndim(atol) == 0 and (
+            float(rtol) + float(atol) <= 0):
+        raise ValueError("The step-size controller's `rtol` and `atol` must not both be "
+                         "zero: every step would fail its error test.")
+    for name in ("pcoeff", "icoeff", "dcoeff"):
+        _controller_value(name, getattr(controller, name), lambda x: True, "finite")
+    _controller_value("icoeff", controller.icoeff, lambda x: x > 0,
+                      "positive (it sets how the step follows the error)")
+    for name in ("dtmin", "dtmax"):
+        _controller_value(name, getattr(controller, name), lambda x: x > 0,
+                          "a positive finite step or None")
+    dtmin, dtmax = controller.dtmin, controller.dtmax
+    if dtmin is not None and dtmax is not None and is_concrete(dtmin, dtmax) and (
+            float(dtmin) > float(dtmax)):
+        raise ValueError(f"The step-size controller's `dtmin` ({dtmin}) must not exceed its "
+                         f"`dtmax` ({dtmax}).")
+    _controller_value("factormin", controller.factormin, lambda x: 0 < x <= 1,
+                      "in (0, 1]")
+    _controller_value("factormax", controller.factormax, lambda x: x >= 1,
+                      "at least 1")
+    _controller_value("safety", controller.safety, lambda x: 0 < x <= 1, "in (0, 1]")
 
 
 def _signature(tree):
@@ -390,6 +610,24 @@ def _check_structure(system, formulation, t0, q0, v0):
 
 
 _COUNTS: dict = {}  # constraint counts per (system, state) signature
+
+
+def warn_unstable_step(formulation, num_holonomic: int, solver, dt0) -> None:
+    """A `UserWarning` before a fixed-step solve whose step makes the constraint
+    perturbations grow: `ρ(R(τH)) > 1` (paper 002 §4; [`fixed_step_radius`][], known for
+    `Baumgarte` and `PseudoInverse` with concrete gains and step). A warning, not an
+    error: a short solve, or a study of the instability, may mean it; a solve whose
+    residual then explodes ends with `RESULTS.diverged`."""
+    radius = fixed_step_radius(formulation, num_holonomic, solver, dt0)
+    if radius is not None and radius > 1 + 1e-12:
+        warnings.warn(
+            f"The fixed step dt0 = {float(dt0):.4g} of {type(solver).__name__} makes the "
+            f"constraint perturbations of {type(formulation).__name__} unstable: the "
+            f"spectral radius of the step's transition R(τH) is {radius:.4g} > 1 "
+            "(paper 002 §4), so the residual grows by that factor per step. Reduce `dt0` "
+            "(or the gains) until `jaxdae.spectral_radius(jaxdae.transition_matrix("
+            "jaxdae.perturbation_matrix(formulation, m), solver, dt0))` < 1.",
+            UserWarning, stacklevel=6)
 
 
 def _check_times(t0, t1, ts):
@@ -517,7 +755,7 @@ def simulate_ensemble(
     of the [`jaxdae.Solution`][] has a leading axis `B`), computed differently: one
     diffrax solve integrates all trajectories at once, with the step size set by the
     trajectory that needs the smallest (the controller's error norm is the largest of the
-    trajectories' RMS norms, [`worst_trajectory_rms`][], so every trajectory meets
+    trajectories' RMS norms, [`jaxdae.worst_trajectory_rms`][], so every trajectory meets
     `rtol`/`atol`). `jax.vmap(simulate)` instead steps every trajectory on its own, and
     its batched loop then pays for bookkeeping per trajectory at every step. For batches
     of similar trajectories (perturbed initial states, Monte Carlo) the ensemble is
@@ -574,8 +812,8 @@ def in_current_mesh(fn):
     mesh where the caller's context named none. What is traced lazily there
     (`ReverseSweepAdjoint`'s forward solve) then missed every trace cache that the
     structure checks had filled, and traced the equations of motion and the solve a second
-    time (with this fix and the merged checks of `_check_traced`, the two-link sweep
-    gradient's trace fell from 3.7–3.9 s to 2.3–3.0 s; `experiments/bench_compile.py`)."""
+    time. Setting the current mesh explicitly keeps those caches valid
+    (`experiments/bench_compile.py` shows the gradient's trace time)."""
 
     @functools.wraps(fn)
     def in_mesh(*args, **kwargs):
@@ -653,6 +891,11 @@ def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_
     stepsize_controller, dt0 = step_options(
         stepsize_controller, dt0, rtol, atol, dtype,
         worst_trajectory_rms if ensemble else optx.rms_norm)
+    if isinstance(stepsize_controller, diffrax.ConstantStepSize):
+        state = (lane, lane) if ensemble else (q0, v0)  # as `_check_structure` saw it
+        counts = _COUNTS.get((_signature(system), _signature((t0, *state))))
+        warn_unstable_step(formulation, counts[0] if counts else 0,
+                           Tsit5 if solver is None else solver, dt0)
     traced = not is_concrete(system, formulation, t0, t1, q0, v0, ts)
     with forward_mode_hint():
         sol = _simulate(
@@ -710,6 +953,13 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, deferred_flags, *, ensemb
         solver = _StopFailedTrajectories(solver)
         saveat = eqx.tree_at(lambda s: s.solver_state, saveat, True)
     stops = formulation.can_fail and not ensemble
+    checked_q0, checked_v0 = q0, v0
+    if ensemble and traced and not throw:
+        # A row with a non-finite start would stall the shared steps of every row: it is
+        # solved as a copy of a finite row, and reported as `invalid_input` (`_check_traced`).
+        finite = jnp.all(jnp.isfinite(q0), axis=1) & jnp.all(jnp.isfinite(v0), axis=1)
+        donor = jnp.argmax(finite)
+        q0, v0 = (jnp.where(finite[:, None], x, x[donor]) for x in (q0, v0))
     reference = None
     if formulation.can_fail:
         initial = _failure_reference
@@ -718,6 +968,7 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, deferred_flags, *, ensemb
         reference = jax.lax.stop_gradient(initial(system, formulation, t0, q0, v0))
     failures = [formulation.failure_result] if stops else []
     event = solve_event([_failure_event] if stops else [], stepsize_controller)
+    stepsize_controller = stop_stalled_steps(stepsize_controller)
     swept = isinstance(adjoint, ReverseSweepAdjoint)
     if swept:
         out = swept_diffeqsolve(
@@ -762,7 +1013,8 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, deferred_flags, *, ensemb
                     else jnp.full(q0.shape[:1], jnp.inf, t1.dtype))
         sol, initial = jax.vmap(trajectory, in_axes=(0, 0, 1, 0))(q0, v0, out.ys, t_failed)
     if traced:
-        sol = _check_traced(sol, system, formulation, t0, t1, ts, q0, v0, *initial,
+        sol = _check_traced(sol, system, formulation, t0, t1, ts, checked_q0, checked_v0,
+                            *initial,
                             deferred=(deferred_flags, deferred_messages), ensemble=ensemble,
                             check_state=check_state, throw=throw)
     return sol
@@ -776,21 +1028,26 @@ def _check_traced(sol, system, formulation, t0, t1, ts, q0, v0, mass, forces, *,
 
     One `error_if` for all, each being a `lax.cond` with host callbacks. The initial
     state's checks run after the solve, on the mass matrix and forces that `_solution`
-    evaluated at the initial state: evaluated before it, on their own, they were a second
-    copy of the equations of motion in the compiled program (the two-link forward's
-    optimized module, with four more conditionals: 3,921 instructions against 2,365;
-    `experiments/bench_compile.py`). A solve from a bad state thus runs before the input's
-    error is raised."""
+    evaluated at the initial state: evaluated before it, on their own, they would be a
+    second copy of the equations of motion in the compiled program, which XLA neither shares
+    nor prunes (`experiments/bench_compile.py` counts the program's instructions). A solve
+    from a bad state thus runs before the input's error is raised."""
     flags, messages = list(deferred[0]), deferred[1]
+    rows_invalid = False
     if check_state:
         problems = functools.partial(initial_state_problems, system, formulation, t0,
                                      num_nonholonomic=sol.psi.shape[-1],
-                                     rows="rows" if ensemble else None)
-        if ensemble:
+                                     rows="rows" if ensemble and throw else None)
+        if ensemble and throw:
             problems = jax.vmap(problems, axis_name="rows", out_axes=(None, 0))
+        elif ensemble:  # each row's own flags, for its own result
+            problems = jax.vmap(problems, out_axes=(0, 0))
         state_flags, _ = problems(q0, v0, mass, forces)
-        flags += list(state_flags)
-        messages += _INITIAL_STATE_MESSAGES + tuple(m for m, _ in formulation.state_messages)
+        if ensemble and not throw:
+            rows_invalid = jnp.any(state_flags, axis=1)
+        else:
+            flags += list(state_flags)
+            messages += _INITIAL_STATE_MESSAGES + tuple(m for m, _ in formulation.state_messages)
     flags += [~(t1 > t0) | ~jnp.isfinite(t1 - t0),
               False if ts is None else (jnp.any(jnp.diff(ts) < 0) | (ts[0] < t0)
                                         | (ts[-1] > t1) | ~jnp.all(jnp.isfinite(ts)))]
@@ -798,14 +1055,45 @@ def _check_traced(sol, system, formulation, t0, t1, ts, q0, v0, mass, forces, *,
                  "`ts` must be finite, sorted and lie in [t0, t1].")
     flags = jnp.stack(flags)
     wrong, index = jnp.any(flags), jnp.argmax(flags)
-    if throw:
-        result = _first_failure(sol.result) if ensemble else sol.result
-        index = jnp.where(wrong, index, len(messages) + result._value)
-        wrong = wrong | (result != RESULTS.successful)
-        messages = messages + tuple(RESULTS._index_to_message)
+    if not throw:
+        return invalid_as_result(sol, wrong | rows_invalid)
+    result = _first_failure(sol.result) if ensemble else sol.result
+    index = jnp.where(wrong, index, len(messages) + result._value)
+    wrong = wrong | (result != RESULTS.successful)
+    messages = messages + tuple(m + _TRACED_HINT for m in RESULTS._index_to_message)
     # Under `vmap` equinox reports the largest index of the batch: 0 where nothing is wrong.
     index = jnp.where(wrong, index, 0)
     return attach_check(sol, lambda x: eqx.branched_error_if(x, wrong, index, messages))
+
+
+# Where a traced solve failed, its time and state are not in the message (it is fixed when
+# the program is compiled); this says where to find them.
+_TRACED_HINT = (" (Traced: to see where the solve stopped, call it with `throw=False` and "
+                "read `sol.result`, `sol.t_final` and `sol.q_final`.)")
+
+
+def invalid_as_result(sol, invalid):
+    """`throw=False` with traced input: where `invalid` (a flag, or one per row of an
+    ensemble), the solution's result is `RESULTS.invalid_input` and its floating fields
+    are nan, instead of an error that would end a whole batch for one member."""
+    invalid = jnp.asarray(invalid)
+    result = sol.result
+    result = eqx.tree_at(lambda r: r._value, result, jnp.where(
+        invalid, RESULTS.invalid_input._value, result._value).astype(result._value.dtype))
+
+    def blank(x):
+        if not eqx.is_inexact_array(x):
+            return x
+        return jnp.where(invalid.reshape(invalid.shape + (1,) * (x.ndim - invalid.ndim)),
+                         jnp.nan, x)
+
+    sol = eqx.tree_at(lambda s: s.result, sol, result)
+    return eqx.tree_at(lambda s: [getattr(s, f) for f in _FLOAT_FIELDS], sol,
+                       [blank(getattr(sol, f)) for f in _FLOAT_FIELDS])
+
+
+_FLOAT_FIELDS = ("ts", "q", "v", "phi", "dphi", "psi", "multipliers", "energy", "t_final",
+                 "q_final", "v_final", "p", "p_final")
 
 
 def attach_check(sol, check):
@@ -909,18 +1197,23 @@ def _solution(system, formulation, t0, ts, q0, v0, ys, ts_saved, reached, result
             jnp.where(valid[:, None], v, v0))
     if ts is None:
         # Two rows, one call each: the second reuses the first's trace, where `vmap` would
-        # batch the equations' scalar graph, equation by equation, at trace time (the
-        # two-link diagnostics: 0.21–0.23 → 0.13–0.15 s, `bench_compile.py --stages`).
+        # batch the equations' scalar graph, equation by equation, at trace time (a third
+        # less trace time for the two-link diagnostics, `bench_compile.py --stages`).
         per_row = [diagnostics_at(system, formulation, *(x[i] for x in rows)) for i in (0, 1)]
         *diagnostics, mass, forces = jax.tree.map(lambda *x: jnp.stack(x), *per_row)
     else:  # the initial state first (without `ts`, row 0 is the initial state)
         rows = tuple(jnp.concatenate([x[None], row]) for x, row in zip((t0, q0, v0), rows))
         *diagnostics, mass, forces = jax.vmap(diagnostics_at, in_axes=(None, None, 0, 0, 0))(
             system, formulation, *rows)
+    # Row 0 is the initial state, with or without `ts`.
+    initial_residual = jnp.max(jnp.abs(jnp.concatenate([diagnostics[0][0], diagnostics[2][0]])),
+                               initial=0.0)
     phi, dphi, psi, multipliers, energy, v, p = (
         diagnostics if ts is None else (x[1:] for x in diagnostics))
     mask = lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.inf)  # noqa: E731
     t_final, q_final = ts_final[0], q_final[0]
+    result = checked_result(system, formulation, t0, initial_residual, t_final, q_final,
+                            v_final[0], result)
     s_final = _velocities(system, formulation, t_final, q_final, v_final[0])
     sol = Solution(
         ts=ts_out,

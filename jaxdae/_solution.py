@@ -1,5 +1,7 @@
 """The result of [`jaxdae.simulate`][]."""
 
+import warnings
+
 import diffrax
 import equinox as eqx
 import numpy as np
@@ -7,35 +9,101 @@ import numpy as np
 from ._custom_types import Array, Float, Int
 
 
-class RESULTS(diffrax.RESULTS):  # pyright: ignore[reportGeneralTypeIssues]
-    """Outcomes of a simulation; `RESULTS.successful` or a named failure."""
+with warnings.catch_warnings():  # `successful` gets a message (diffrax's is empty)
+    warnings.simplefilter("ignore")
 
-    singular_constraint_matrix = (
-        "The constraint matrix J M⁻¹ Jᵀ became singular (redundant constraints or a "
-        "singular configuration), so the exact Lagrange multipliers do not exist there. "
-        "Use `jaxdae.PseudoInverse` or `jaxdae.ModifiedLagrange`, which continue through "
-        "such configurations."
-    )
-    singular_dependent_jacobian = (
-        "The Jacobian ∂F/∂q_dep of the geometric constraints with respect to the dependent "
-        "coordinates became singular (condition [4] of paper 000 fails), so the dependent "
-        "velocities cannot be solved for: choose other coordinates as dependent in "
-        "`jaxdae.RedundantCoordinates`, or use a Lagrange-multiplier formulation."
-    )
+    class RESULTS(diffrax.RESULTS):  # pyright: ignore[reportGeneralTypeIssues]
+        """Outcomes of a simulation: `RESULTS.successful` or a named failure.
 
-    singular_decoupling_matrix = (
-        "The decoupling matrix g = ∂f⁽ᵖ⁻¹⁾/∂w · B of the program constraints lost rank "
-        "(g gᵀ became singular), so no input enforces them there (paper 002, eq. [2.9]; "
-        "in the adaptive-optics element of §5: s(t) = 0 or sin φ = 0). Change the "
-        "programmed motion so that it avoids the singular configuration."
-    )
+        `sol.result == jaxdae.RESULTS.successful` (or `sol.succeeded`) tests an outcome;
+        printed, an item shows its message. Besides diffrax's own (`max_steps_reached`,
+        `dt_min_reached`, ...): `singular_constraint_matrix`,
+        `singular_dependent_jacobian`, `singular_decoupling_matrix`, `non_finite_state`
+        (fixed steps), `non_finite_mass_matrix`, `non_finite_forces`,
+        `non_finite_constraints`, `non_finite_rates` (the model broke mid-run),
+        `diverged`, `constraints_not_met` (checks after the solve) and `invalid_input`
+        (a bad member of a traced batch with `throw=False`). The guide "Failures and
+        guarantees" (docs/failures.md) says what each means and what to do about it."""
 
-    non_finite_state = (
-        "The state became non-finite (inf or nan) with a fixed step size: the step is too "
-        "large for the system or for the gains. Check the spectral radius of the method's "
-        "transition `jaxdae.transition_matrix(jaxdae.perturbation_matrix(...), solver, dt)` "
-        "(it must be below 1, paper 002 §4), or reduce `dt0`."
-    )
+        successful = "The solve reached `t1`."
+
+        singular_constraint_matrix = (
+            "The constraint matrix J M⁻¹ Jᵀ became singular (redundant constraints or a "
+            "singular configuration), so the exact Lagrange multipliers do not exist there. "
+            "Use `jaxdae.PseudoInverse` or `jaxdae.ModifiedLagrange`, which continue through "
+            "such configurations."
+        )
+        singular_dependent_jacobian = (
+            "The Jacobian ∂F/∂q_dep of the geometric constraints with respect to the dependent "
+            "coordinates became singular (condition [4] of paper 000 fails), so the dependent "
+            "velocities cannot be solved for: choose other coordinates as dependent in "
+            "`jaxdae.RedundantCoordinates`, or use a Lagrange-multiplier formulation."
+        )
+
+        singular_decoupling_matrix = (
+            "The decoupling matrix g = ∂f⁽ᵖ⁻¹⁾/∂w · B of the program constraints lost rank "
+            "(g gᵀ became singular), so no input enforces them there (paper 002, eq. [2.9]; "
+            "in the adaptive-optics element of §5: s(t) = 0 or sin φ = 0). Change the "
+            "programmed motion so that it avoids the singular configuration."
+        )
+
+        non_finite_state = (
+            "The state became non-finite (inf or nan) with a fixed step size: the step is too "
+            "large for the system or for the gains (or the model itself produced nan or inf "
+            "there: evaluate it at the reported t and q). Check the spectral radius of the "
+            "method's "
+            "transition `jaxdae.transition_matrix(jaxdae.perturbation_matrix(...), solver, dt)` "
+            "(it must be below 1, paper 002 §4), or reduce `dt0`."
+        )
+
+        non_finite_mass_matrix = (
+            "The model produced a non-finite mass matrix (nan or inf) during the solve, so "
+            "the step size shrank to nothing: check `kinetic_energy` / `mass_matrix` near "
+            "the reported t and q (a square root or division that leaves its domain)."
+        )
+        non_finite_forces = (
+            "The model produced non-finite generalized forces (nan or inf) during the "
+            "solve, so the step size shrank to nothing: check `potential_energy`, "
+            "`generalized_forces` and the velocity terms of `kinetic_energy` near the "
+            "reported t and q (a square root or division that leaves its domain)."
+        )
+        non_finite_constraints = (
+            "The model produced non-finite constraints or constraint derivatives (nan or "
+            "inf) during the solve, so the step size shrank to nothing: check `constraints` "
+            "/ `velocity_constraints` (and their first and second derivatives) near the "
+            "reported t and q."
+        )
+        non_finite_rates = (
+            "The rates of the state became non-finite (nan or inf) during the solve although "
+            "the mass matrix, forces and constraints are finite there: the formulation's "
+            "linear solve broke down (a singular mass matrix or constraint matrix). Check "
+            "the model near the reported t and q."
+        )
+        diverged = (
+            "The solve diverged: the constraint residual grew more than a million-fold "
+            "(above 1e6 · max(|Φ(t0)|, 1), docs/failures.md), so the trajectory is "
+            "meaningless. With a fixed step, the step is too large for the gains: check "
+            "`jaxdae.spectral_radius(jaxdae.transition_matrix(jaxdae.perturbation_matrix("
+            "formulation, m), solver, dt0))` < 1 (paper 002 §4), or reduce `dt0` or the "
+            "gains."
+        )
+        constraints_not_met = (
+            "The constraints cannot be met: at the end of the solve more than a tenth of "
+            "the stabilization's target G q̈ = s lies outside the range of the constraint "
+            "Jacobian G while |Φ| is not small (docs/failures.md): the constraints "
+            "contradict each other (e.g. |q|² = 1 and |q|² = 4) and the formulation settled "
+            "on a compromise. Check `constraints` for inconsistent rows."
+        )
+        invalid_input = (
+            "The input of this member of a traced batch is invalid (a non-finite initial "
+            "state, a mass matrix that is not positive definite at q0, non-finite forces "
+            "at the start, gains that are not positive definite, or bad times); with "
+            "`throw=False` it is reported here instead of raising for the whole batch. "
+            "Call `jaxdae.simulate` on this member alone for the exact message."
+        )
+
+
+RESULTS.__module__ = "jaxdae"  # printed as `jaxdae.RESULTS<message>`
 
 
 class SimulationError(RuntimeError):
@@ -84,7 +152,10 @@ class Solution(eqx.Module):
 
     @property
     def succeeded(self):
-        """Boolean array: the solve reached `t1`."""
+        """Boolean array (one per trajectory of a batch): `result` is
+        `RESULTS.successful`, i.e. the solve reached `t1` and passed the checks after it
+        (finite, not diverged, constraints met; docs/failures.md). With `throw=False`,
+        test it before using a solution."""
         return self.result == RESULTS.successful
 
 
@@ -99,4 +170,14 @@ def failure_message(sol: Solution) -> str | None:
     t = np.asarray(sol.t_final)[index]
     q = np.asarray(sol.q_final)[index]
     where = f" (batch element {index})" if index else ""
-    return f"{text}\nThe solve stopped{where} at t = {t:.9g}, q = {np.array2string(q, precision=6)}."
+    message = (f"{text}\nThe solve stopped{where} at t = {t:.9g}, "
+               f"q = {np.array2string(q, precision=6)}.")
+    if int(codes[index]) in (RESULTS.diverged._value, RESULTS.constraints_not_met._value):
+        residual = np.concatenate([np.asarray(sol.phi)[index], np.asarray(sol.psi)[index]],
+                                  axis=-1)
+        last = residual[np.all(np.isfinite(residual), axis=-1)]
+        if len(last):
+            message += (f" Constraint residual at the last saved time: |Φ| = "
+                        f"{np.max(np.abs(last[-1]), initial=0.0):.3g} "
+                        f"(at the start: {np.max(np.abs(residual[0]), initial=0.0):.3g}).")
+    return message

@@ -1,0 +1,226 @@
+"""Fault injection: models that break mid-run, solves that blow up, constraints that cannot
+be met, bad strategy objects and batches with bad members. Every case ends in a named
+failure (or a named error), never in a silent wrong result or a hang (docs/failures.md)."""
+
+import warnings
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdae
+from jaxdae.examples import CartesianPendulum
+
+from ._systems import TwicePendulum
+
+PENDULUM = CartesianPendulum()
+Q0, V0 = PENDULUM.state_from_angle(0.5, 0.0)
+BAUMGARTE = jaxdae.Baumgarte(10.0, 25.0)
+T_BAD = 0.3  # where the broken models below stop being finite
+
+
+def _broken(t):
+    """0 before `T_BAD`, nan after (and in every derivative there)."""
+    return jnp.sqrt(T_BAD - t) - jnp.sqrt(T_BAD - t)
+
+
+class NaNForces(CartesianPendulum):
+    def potential_energy(self, t, q):
+        return super().potential_energy(t, q) * (1 + _broken(t))
+
+
+class NaNMass(CartesianPendulum):
+    def mass_matrix(self, t, q):
+        return jnp.eye(2) * (1 + _broken(t))
+
+
+class NaNConstraints(CartesianPendulum):
+    def constraints(self, t, q):
+        return super().constraints(t, q) + _broken(t)
+
+
+class Incompatible(CartesianPendulum):
+    """`|q|² = 1` and `|q|² = 4`: no configuration meets both."""
+
+    def constraints(self, t, q):
+        return jnp.array([q @ q - 1.0, q @ q - 4.0])
+
+
+# Model faults mid-run ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("system, result, term", [
+    (NaNForces(), jaxdae.RESULTS.non_finite_forces, "generalized forces"),
+    (NaNMass(), jaxdae.RESULTS.non_finite_mass_matrix, "mass matrix"),
+    (NaNConstraints(), jaxdae.RESULTS.non_finite_constraints, "constraints"),
+])
+def test_a_model_that_turns_non_finite_mid_run_is_named(system, result, term):
+    """Not `max_steps_reached`, and no endless loop with `max_steps=None`: the solve stops
+    where the model broke, and the result names the term."""
+    sol = jaxdae.simulate(system, BAUMGARTE, 0.0, 1.0, Q0, V0, max_steps=None, throw=False)
+    assert sol.result == result
+    assert not sol.succeeded
+    assert float(sol.t_final) == pytest.approx(T_BAD, abs=1e-9)
+    assert int(sol.stats["num_steps"]) < 500
+    assert term in jaxdae.RESULTS[sol.result]
+
+
+def test_a_non_finite_model_raises_with_the_term_time_and_state():
+    with pytest.raises(jaxdae.SimulationError,
+                       match=r"non-finite generalized forces(.|\n)*stopped at t = 0\.3"):
+        jaxdae.simulate(NaNForces(), BAUMGARTE, 0.0, 1.0, Q0, V0, max_steps=2000)
+
+
+def test_a_non_finite_model_is_named_under_jit_and_vmap():
+    """The same result traced, and per member of a batch (the others reach `t1`)."""
+    solve = jax.jit(jax.vmap(lambda t1: jaxdae.simulate(
+        NaNForces(), BAUMGARTE, 0.0, t1, Q0, V0, max_steps=1000, throw=False).result._value))
+    codes = np.asarray(solve(jnp.array([0.2, 1.0, 0.25])))
+    expected = [jaxdae.RESULTS.successful, jaxdae.RESULTS.non_finite_forces,
+                jaxdae.RESULTS.successful]
+    assert codes.tolist() == [int(r._value) for r in expected]
+
+
+# Divergence -------------------------------------------------------------------------
+
+EULER_UNSTABLE = dict(solver=diffrax.Euler(), stepsize_controller=diffrax.ConstantStepSize(),
+                      dt0=0.1)
+
+
+def test_an_unstable_fixed_step_warns_and_its_divergence_is_a_failure():
+    """Explicit Euler at τ = 0.1 with K_D = 200, K_P = 10⁴: ρ(I + τH) = 9 (paper 002 §4),
+    said before the solve; the residual then grows past 10⁶ and the solve fails."""
+    formulation = jaxdae.Baumgarte(200.0, 1e4)
+    with pytest.warns(UserWarning, match=r"spectral radius .* is 9 > 1"):
+        sol = jaxdae.simulate(PENDULUM, formulation, 0.0, 1.0, Q0, V0, throw=False,
+                              **EULER_UNSTABLE)
+    assert sol.result == jaxdae.RESULTS.diverged
+    assert not sol.succeeded
+    with pytest.warns(UserWarning), pytest.raises(
+            jaxdae.SimulationError, match=r"diverged(.|\n)*\|Φ\| = 2\.87e\+07"):
+        jaxdae.simulate(PENDULUM, formulation, 0.0, 1.0, Q0, V0, **EULER_UNSTABLE)
+
+
+def test_a_stable_fixed_step_does_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sol = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, solver=diffrax.Heun(),
+                              stepsize_controller=diffrax.ConstantStepSize(), dt0=0.01)
+    assert sol.succeeded
+
+
+def test_fixed_step_radius_matches_transition_matrix():
+    from jaxdae._discrete import fixed_step_radius
+
+    for formulation, m in ((jaxdae.Baumgarte(200.0, 1e4), 1),
+                           (jaxdae.PseudoInverse([20.0, 10.0], [100.0, 25.0]), 2)):
+        for solver in (diffrax.Euler(), diffrax.Heun(), diffrax.Tsit5()):
+            h = jaxdae.perturbation_matrix(formulation, m)
+            exact = float(jaxdae.spectral_radius(jaxdae.transition_matrix(h, solver, 0.05)))
+            assert fixed_step_radius(formulation, m, solver, 0.05) == pytest.approx(exact,
+                                                                                   rel=1e-6)
+
+
+# Constraints that cannot be met -----------------------------------------------------
+
+
+@pytest.mark.parametrize("formulation", [jaxdae.PseudoInverse(10.0, 25.0),
+                                         jaxdae.ModifiedLagrange(10.0, 10.0, 25.0)],
+                         ids=["PseudoInverse", "ModifiedLagrange"])
+def test_incompatible_constraints_are_a_failure(formulation):
+    sol = jaxdae.simulate(Incompatible(), formulation, 0.0, 1.0, Q0, V0, throw=False)
+    assert sol.result == jaxdae.RESULTS.constraints_not_met
+    with pytest.raises(jaxdae.SimulationError,
+                       match=r"cannot be met(.|\n)*\|Φ\| = 1\.5\d+ \(at the start: 3\)"):
+        jaxdae.simulate(Incompatible(), formulation, 0.0, 1.0, Q0, V0)
+
+
+@pytest.mark.parametrize("system, formulation, scale, t1", [
+    (TwicePendulum(), jaxdae.PseudoInverse(10.0, 25.0), 1.3, 0.2),  # redundant, consistent
+    (PENDULUM, jaxdae.PseudoInverse(2.0, 1.0), 1.5, 0.5),  # a slow, large transient
+    (PENDULUM, jaxdae.ModifiedLagrange(1.0, 2.0, 1.0), 1.5, 0.5),
+    (PENDULUM, jaxdae.Unstabilized(), 1.2, 1.0),  # a violation that never decays
+], ids=["redundant", "slow-transient", "weak-penalty", "unstabilized"])
+def test_legitimate_residuals_are_not_failures(system, formulation, scale, t1):
+    """Residuals that are still large at the end, or that no gain pulls back, are not a
+    failure where the constraints are consistent."""
+    sol = jaxdae.simulate(system, formulation, 0.0, t1, scale * Q0, V0)
+    assert sol.succeeded
+    assert float(jnp.max(jnp.abs(sol.phi[-1]))) > 1e-3
+
+
+# Strategy objects -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(stepsize_controller=diffrax.PIDController(rtol=-1, atol=1e-8)), r"`rtol` must be"),
+    (dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=float("nan"))),
+     r"`atol` must be"),
+    (dict(stepsize_controller=diffrax.PIDController(rtol=0.0, atol=0.0)), r"not both be zero"),
+    (dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8, dtmin=-1.0)),
+     r"`dtmin` must be a positive"),
+    (dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8, dtmin=0.1,
+                                                    dtmax=0.01)), r"`dtmin` .* must not exceed"),
+    (dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8, factormax=0.5)),
+     r"`factormax` must be at least 1"),
+    (dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8, safety=0.0)),
+     r"`safety` must be in \(0, 1\]"),
+    (dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8,
+                                                    pcoeff=float("inf"))), r"`pcoeff` must be"),
+    (dict(stepsize_controller=diffrax.ClipStepSizeController(
+        diffrax.PIDController(rtol=-1e-6, atol=1e-8))), r"`rtol` must be"),
+    (dict(stepsize_controller=diffrax.ClipStepSizeController(
+        diffrax.PIDController(rtol=1e-6, atol=1e-8), jump_ts=[0.5, float("nan")])),
+     r"jump_ts=...\)` must hold finite times"),
+    (dict(adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints=0)),
+     r"\(checkpoints=\.\.\.\)` must be a positive integer"),
+])
+def test_bad_strategy_objects_are_named(options, match):
+    with pytest.raises(ValueError, match=match):
+        jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, **options)
+
+
+# Batches with bad members -----------------------------------------------------------
+
+GOOD_Q0 = jnp.stack([Q0, 1.01 * Q0])
+BAD_Q0 = jnp.stack([Q0, Q0.at[0].set(jnp.nan), 1.01 * Q0])
+BAD_V0 = jnp.stack([V0, V0, V0])
+INVALID = int(jaxdae.RESULTS.invalid_input._value)
+SUCCESS = int(jaxdae.RESULTS.successful._value)
+
+
+def test_a_bad_member_under_vmap_is_that_members_failure():
+    """`throw=False`: a nan start or a negative gain fails its own member only."""
+    by_state = jax.jit(jax.vmap(lambda q, v: jaxdae.simulate(
+        PENDULUM, BAUMGARTE, 0.0, 1.0, q, v, throw=False)))
+    sol = by_state(BAD_Q0, BAD_V0)
+    assert np.asarray(sol.result._value).tolist() == [SUCCESS, INVALID, SUCCESS]
+    assert np.all(np.isnan(sol.q_final[1]))
+    good = by_state(GOOD_Q0, BAD_V0[:2])
+    np.testing.assert_allclose(sol.q_final[np.array([0, 2])], good.q_final, rtol=0, atol=1e-12)
+
+    by_gain = jax.vmap(lambda kp: jaxdae.simulate(
+        PENDULUM, jaxdae.Baumgarte(10.0, kp), 0.0, 1.0, Q0, V0, throw=False))
+    sol = by_gain(jnp.array([25.0, -1.0]))
+    assert np.asarray(sol.result._value).tolist() == [SUCCESS, INVALID]
+    assert np.all(np.isfinite(sol.q_final[0]))
+
+
+def test_a_bad_row_of_a_traced_ensemble_is_that_rows_failure():
+    """`throw=False`: the row with a nan start does not stall the others' shared steps,
+    which give what they give without it."""
+    solve = jax.jit(lambda q, v: jaxdae.simulate_ensemble(
+        PENDULUM, BAUMGARTE, 0.0, 1.0, q, v, throw=False))
+    sol = solve(BAD_Q0, BAD_V0)
+    assert np.asarray(sol.result._value).tolist() == [SUCCESS, INVALID, SUCCESS]
+    assert np.all(np.isnan(sol.q_final[1]))
+    good = solve(GOOD_Q0, BAD_V0[:2])
+    np.testing.assert_allclose(sol.q_final[np.array([0, 2])], good.q_final, rtol=0, atol=1e-12)
+
+
+def test_a_bad_member_still_raises_with_throw():
+    with pytest.raises(Exception, match=r"`q0` contains non-finite values"):
+        jax.vmap(lambda q, v: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, q, v))(
+            BAD_Q0, BAD_V0)
