@@ -2,6 +2,7 @@
 
 import json
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +14,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ._checks import check_instance
 from ._custom_types import PyTree
-from ._persist import atomic_write_text, fingerprint, progress_bar
+from ._persist import (
+    atomic_write, atomic_write_text, fingerprint, program_fingerprint, progress_bar, read_json,
+)
 from ._sharding import auto_mesh as _auto, explicit_to_auto as _explicit_to_auto
 
 
@@ -230,18 +233,105 @@ def batch_map(
 
 
 _SWEEP_FILE = "sweep.json"
+_FINGERPRINT = "sweep_fingerprint"  # the entry of every chunk file that names its sweep
+
+# What each part of a sweep's identity covers (for the message when one differs).
+_PARTS = {
+    "function": "another function (another name or code, or other values that it closes "
+                "over or binds with `eqx.Partial`)",
+    "arguments": "other arguments",
+    "layout": "another batch size, chunk size, mesh or output shapes",
+}
+
+
+def _sweep_identity(fn, args, chunk_args, mesh, ensemble, size, per_step):
+    """The parts of a sweep's identity and the output shapes of one chunk.
+
+    The function is identified by its name, the program it computes on a chunk (the text
+    of its jaxpr with every literal, and the values of the arrays it closes over: see
+    `program_fingerprint`) and the values of its own array leaves (an `eqx.Partial`'s
+    arguments), so a changed closure or bound argument is another sweep."""
+    program, out_dynamic, out_static = eqx.filter_make_jaxpr(_batch_map)(
+        fn, chunk_args, None, mesh, ensemble)
+    out_shape = eqx.combine(out_dynamic, out_static)
+    shapes = [(x.shape, x.dtype) for x in jax.tree.leaves(out_shape)]
+    name = getattr(getattr(fn, "func", fn), "__qualname__", type(fn).__qualname__)
+    parts = {
+        "function": fingerprint(eqx.filter(fn, eqx.is_array), name,
+                                program_fingerprint(program)),
+        "arguments": fingerprint(args),
+        "layout": fingerprint(None, size, per_step, shapes, ensemble,
+                              None if mesh is None else mesh.shape),
+    }
+    return parts, fingerprint(None, *sorted(parts.items())), out_shape
+
+
+def _read_chunk(path: Path, identity: str, shapes):
+    """The arrays of a chunk file, or a string saying why they cannot be used: `"damaged:
+    ..."` (unreadable, truncated, other shapes) or `"other"` (another sweep's chunk)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if _FINGERPRINT not in data.files:
+                return "other"
+            if str(data[_FINGERPRINT]) != identity:
+                return "other"
+            arrays = [data[f"arr_{i}"] for i in range(len(shapes))]
+    except Exception as error:  # a truncated or overwritten file: zipfile, OSError, KeyError
+        return f"damaged: {type(error).__name__}: {error}"
+    for array, (shape, dtype) in zip(arrays, shapes):
+        if array.shape != shape or array.dtype != dtype:
+            return f"damaged: an array of shape {array.shape} {array.dtype}, expected {shape} {dtype}"
+    return arrays
+
+
+def _check_sweep_file(directory: Path, parts: dict, identity: str, paths, shapes, record):
+    """Accepts `directory` for this sweep or refuses it (`ValueError`). A missing or damaged
+    `sweep.json` is (re)written when no chunk on disk belongs to another sweep."""
+    meta = directory / _SWEEP_FILE
+    fix = ("Use another `checkpoint` directory, or empty this one (its chunks are then "
+           "computed again).")
+    damaged = None
+    if meta.exists():
+        try:
+            old = read_json(meta, fix)
+        except ValueError as error:
+            damaged = error
+        else:
+            if old.get("fingerprint") == identity:
+                return
+            differ = [text for part, text in _PARTS.items()
+                      if old.get("parts", {}).get(part) != parts[part]]
+            raise ValueError(
+                f"{directory} holds the chunks of another sweep ({'; '.join(differ)}) than "
+                f"this call of `batch_map`: resuming would return that sweep's results. {fix}"
+            )
+    others = [path for path in paths if path.exists()
+              and _read_chunk(path, identity, shapes) == "other"]
+    if others:
+        raise ValueError(
+            f"{directory} holds the chunks of another sweep ({others[0].name} and "
+            f"{len(others) - 1} more), and its {_SWEEP_FILE} is "
+            f"{'damaged' if damaged else 'missing'}. {fix}"
+        )
+    if damaged is not None:
+        warnings.warn(f"{damaged.args[0].split('. ')[0]}; it was written again: the chunks "
+                      "of this sweep on disk are kept, damaged ones computed again.",
+                      stacklevel=4)
+    atomic_write_text(meta, json.dumps(record))
 
 
 def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progress: bool,
                             ensemble: bool):
     """`batch_map` chunk by chunk from Python, each chunk's output saved in `directory`
-    (`chunk_000000.npz`, ...) and reused by a later call with the same sweep."""
+    (`chunk_000000.npz`, ... with the sweep's fingerprint) and reused by a later call with
+    the same sweep; a damaged chunk is computed again."""
     if jax.process_count() > 1:
         raise ValueError("`checkpoint` works in a single process; in a multi-host run, "
                          "checkpoint each process's share of the sweep yourself.")
     size = batch_size_of(args)
     mesh = None if mesh is None else _auto(mesh)
     per_step, padded = chunk_layout(size, chunk_size, 1 if mesh is None else mesh.size)
+    given = args
     args = jax.tree.map(lambda x: _pad(jnp.asarray(x), padded - size), args)
     num_chunks = padded // per_step
 
@@ -249,46 +339,42 @@ def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progres
         return jax.tree.map(lambda x: x[k * per_step:(k + 1) * per_step], args)
 
     # One chunk is one vmap (or one ensemble) over `per_step` rows (split over the mesh):
-    # one compilation.
-    out_shape = eqx.filter_eval_shape(_batch_map, fn, chunk(0), None, mesh, ensemble)
+    # one compilation, traced once here for the sweep's identity and reused by the calls.
+    parts, identity, out_shape = _sweep_identity(fn, given, chunk(0), mesh, ensemble, size,
+                                                 per_step)
     leaves_shape, treedef = jax.tree.flatten(out_shape)
-    name = getattr(getattr(fn, "func", fn), "__qualname__", type(fn).__qualname__)
-    # (`ensemble` enters only when set, so that earlier sweeps keep their fingerprints.)
-    identity = fingerprint(args, name, size, per_step,
-                           [(x.shape, x.dtype) for x in leaves_shape],
-                           *(("ensemble",) if ensemble else ()))
+    shapes = [(x.shape, np.dtype(x.dtype)) for x in leaves_shape]
     directory.mkdir(parents=True, exist_ok=True)
-    meta = directory / _SWEEP_FILE
-    if meta.exists():
-        if json.loads(meta.read_text()).get("fingerprint") != identity:
-            raise ValueError(
-                f"{directory} holds the chunks of another sweep (another function, other "
-                "arguments, chunk size or output shapes). Use another `checkpoint` directory, "
-                "or empty this one."
-            )
-    else:
-        atomic_write_text(meta, json.dumps({"fingerprint": identity, "size": size,
-                                            "chunks": num_chunks}))
     paths = [directory / f"chunk_{k:06d}.npz" for k in range(num_chunks)]
-    bar = progress_bar(num_chunks, sum(path.exists() for path in paths), progress,
-                       "batch_map")
+    name = getattr(getattr(fn, "func", fn), "__qualname__", type(fn).__qualname__)
+    _check_sweep_file(directory, parts, identity, paths, shapes,
+                      {"fingerprint": identity, "parts": parts, "function": name,
+                       "size": size, "chunks": num_chunks})
+    saved = [None] * num_chunks
+    for k, path in enumerate(paths):
+        if path.exists():
+            read = _read_chunk(path, identity, shapes)
+            if isinstance(read, str):
+                warnings.warn(f"{path} is {read}; the chunk is computed again.",
+                              stacklevel=3)
+            else:
+                saved[k] = read
+    done = sum(x is not None for x in saved)
+    bar = progress_bar(num_chunks, done, progress, "batch_map")
     try:
         for k, path in enumerate(paths):
-            if path.exists():
+            if saved[k] is not None:
                 continue
-            out = jax.tree.leaves(_batch_map(fn, chunk(k), None, mesh, ensemble))
-            tmp = path.with_name(path.stem + ".tmp.npz")
-            np.savez(tmp, *[np.asarray(x) for x in out])
-            os.replace(tmp, path)
+            out = [np.asarray(x) for x in
+                   jax.tree.leaves(_batch_map(fn, chunk(k), None, mesh, ensemble))]
+            atomic_write(path, lambda file: np.savez(
+                file, *out, **{_FINGERPRINT: np.array(identity)}))
+            saved[k] = out
             if bar is not None:
                 bar.update(1)
     finally:
         if bar is not None:
             bar.close()
-    saved = []
-    for path in paths:
-        with np.load(path) as chunk:
-            saved.append([chunk[f"arr_{i}"] for i in range(len(leaves_shape))])
     leaves = [np.concatenate(column)[:size] for column in zip(*saved)]
     if mesh is None or size % mesh.size:  # an uneven split cannot be placed on the mesh
         return jax.tree.unflatten(treedef, [jnp.asarray(x) for x in leaves])
