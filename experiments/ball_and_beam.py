@@ -142,7 +142,7 @@ def _plots(path, d, runs, starts, roa):
     fig.savefig(path / "roots.png", dpi=120)
     plt.close(fig)
 
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6), sharex=True)
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.8), sharex=True, layout="constrained")
     for run in runs:
         label = f"r(0) = {run['start'][0]:.2f} m, θ(0) = {run['start'][1]:g} rad"
         axes[0, 0].plot(run["ts"], run["q"][:, 0], label=label)
@@ -157,9 +157,9 @@ def _plots(path, d, runs, starts, roa):
     axes[1, 1].set_ylabel("voltage e [V]")
     for ax in axes[1]:
         ax.set_xlabel("t [s]")
-    axes[0, 0].legend(fontsize=8)
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside lower center", ncol=3,
+               fontsize=8, title="initial state (at rest)", title_fontsize=8)
     fig.suptitle("Exact Ball & Beam under the LQR of the simplified model")
-    fig.tight_layout()
     fig.savefig(path / "responses.png", dpi=120)
     plt.close(fig)
 

@@ -180,7 +180,7 @@ def main(out: Path, quick: bool = False) -> dict:
     candidates = {**{k: formulation(g) for k, g in CASES.items()},
                   "random search": formulation(search), "tuned (jaxdae.tune)": tuned}
     rows, curves = [], {}
-    for label, f in progress(candidates.items(), "held-out evaluation", unit="gains"):
+    for label, f in progress(candidates.items(), "held-out evaluation", unit="gain set"):
         losses, max_phi, ok, integrand = map(np.asarray, evaluate(f, held_out))
         curves[label] = dict(integrand=integrand[ok].mean(axis=0),
                              running=running_loss(integrand, losses, ok),
