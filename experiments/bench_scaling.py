@@ -1,0 +1,435 @@
+"""Benchmark: cost against the size of the mechanism (jaxdae, hand-written diffrax, CasADi).
+
+Three model families of growing size (`experiments/scaling_models.py`): the Cartesian chain
+of `N` point masses (`2N` coordinates, `N` constraints), the `N`-link pendulum in relative
+joint angles (`N` coordinates, dense mass matrix, no constraints) and a ladder of `N`
+four-bars in absolute coordinates (`4N` coordinates, `3N` constraints). Every model is
+solved with `Baumgarte(kd=20, kp=100)` over `t ∈ [0, 1]` from rest, `rtol = 1e-8`,
+`atol = 1e-10`, float64, by
+
+- jaxdae: one `jax.jit`-compiled `simulate` (Tsit5, PID controller); its gradient, with
+  `eqx.filter_grad`, of `|q(1)|²` with respect to the gains and the initial velocities (the
+  pendulum has no constraints: its gains do not enter); a `jax.vmap` batch of initial
+  velocities perturbed by `1e-3 · N(0, 1)`; the compile times (trace + lower + XLA compile)
+  of the solve and of the gradient;
+- "diffrax + hand-written RHS": the same ODE written by hand in `jax.numpy` (dense
+  `jnp.linalg.solve` of `J M⁻¹ Jᵀ`, or of `M` for the pendulum), solved by
+  `diffrax.diffeqsolve` with the same solver and controller; the same quantities;
+- CasADi: the same ODE from SX derivatives of `T`, `V`, `Φ` with CasADi's sparse LDL
+  (`casadi.solve(..., "ldl")`), integrated by CVODES Adams with functional iteration at the
+  same tolerances; its gradient by CVODES adjoint sensitivities; the batch with
+  `Function.map` over threads. Left out if CasADi is not installed.
+
+Times are medians of `--repeats` calls after a first (warm-up) call; "per step" divides a
+solve by its number of steps (accepted and rejected). A method × size whose single solve
+would exceed `--budget` seconds, extrapolated from the previous size as `t · (n / n_prev)^2.5`,
+or whose compile took more than `--compile-budget` seconds at the previous size, is skipped and marked so in the table; the batch
+shrinks at large sizes to what fits in `--budget`. The table's last column is the largest
+`|q(1)|` difference from jaxdae's end state.
+
+    python experiments/bench_scaling.py [--quick] [--out output] [--sizes 2,4,8,...]
+        [--families chain,pendulum,ladder] [--batch 256] [--budget 20] [--repeats 3]
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scaling_models
+from _common import output_dir, write_json
+
+import jaxdae
+
+try:
+    import casadi as ca
+except ImportError:  # the CasADi rows are left out
+    ca = None
+if ca is not None:
+    from bench_core import casadi_map, warm_up_jax
+else:  # bench_core needs CasADi
+    casadi_map = None
+
+    def warm_up_jax():
+        pass
+
+NAME = "bench_scaling"
+T1, RTOL, ATOL = 1.0, 1e-8, 1e-10
+KD, KP = 20.0, 100.0
+JAXDAE, HANDWRITTEN, CASADI = "jaxdae", "diffrax + hand-written RHS", "CasADi CVODES-Adams"
+METHODS = (JAXDAE, HANDWRITTEN, CASADI)
+DEFAULT_SIZES = (2, 4, 8, 16, 32, 64, 128, 256)
+QUICK_SIZES = (2, 8)
+GROWTH = 2.5  # exponent of the extrapolation that decides what to skip
+
+
+def _median_time(fn, repeats):
+    """`(first output, median seconds of repeats calls)`; `fn` was called once before."""
+    times, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return out, statistics.median(times)
+
+
+def perturbed_velocities(v0, batch, seed=0):
+    rng = np.random.default_rng(seed)
+    return jnp.asarray(np.asarray(v0) + 1e-3 * rng.standard_normal((batch, v0.shape[0])))
+
+
+# -- jaxdae and hand-written diffrax ---------------------------------------------------------
+
+
+def jaxdae_functions(model):
+    """`forward(gains, q0, v0) -> (q(1), steps)` and `gradient(gains, q0, v0)`."""
+    def simulate(gains, q0, v0):
+        return jaxdae.simulate(model, jaxdae.Baumgarte(*gains), 0.0, T1, q0, v0, rtol=RTOL,
+                               atol=ATOL)
+
+    def forward(gains, q0, v0):
+        sol = simulate(gains, q0, v0)
+        return sol.q_final, sol.stats["num_steps"]
+
+    def gradient(gains, q0, v0):
+        def loss(diff):
+            formulation, v0_ = diff
+            sol = jaxdae.simulate(model, formulation, 0.0, T1, q0, v0_, rtol=RTOL, atol=ATOL)
+            return jnp.sum(sol.q_final**2)
+
+        return eqx.filter_grad(loss)((jaxdae.Baumgarte(*gains), v0))
+
+    return forward, gradient
+
+
+def handwritten_functions(model):
+    """The same as `jaxdae_functions` on `model.handwritten_rhs()` with `diffrax` directly."""
+    rhs = model.handwritten_rhs()
+
+    def solve(gains, q0, v0):
+        return diffrax.diffeqsolve(
+            diffrax.ODETerm(rhs), diffrax.Tsit5(), 0.0, T1, None, jnp.concatenate([q0, v0]),
+            args=gains, saveat=diffrax.SaveAt(t1=True), max_steps=100_000,
+            stepsize_controller=diffrax.PIDController(rtol=RTOL, atol=ATOL))
+
+    def forward(gains, q0, v0):
+        sol = solve(gains, q0, v0)
+        return sol.ys[-1, : q0.shape[0]], sol.stats["num_steps"]
+
+    def gradient(gains, q0, v0):
+        def loss(diff):
+            gains_, v0_ = diff
+            return jnp.sum(solve(gains_, q0, v0_).ys[-1, : q0.shape[0]] ** 2)
+
+        return jax.grad(loss)((gains, v0))
+
+    return forward, gradient
+
+
+def _compile(fn, *args):
+    """`(jax.jit(fn), {"first call": seconds})` after its first call. The compile time is
+    the first call's excess over a later call (`_first_call_excess`): one compile per
+    function, where `bench_core.compile_jaxdae` compiles twice (its breakdown into trace,
+    lower and XLA compile is not needed here)."""
+    jitted = jax.jit(fn)
+    start = time.perf_counter()
+    jax.block_until_ready(jitted(*args))
+    return jitted, {"first call": time.perf_counter() - start}
+
+
+def _first_call_excess(times, later):
+    times["total"] = times.pop("first call") - later
+
+
+def measure_jax(functions, model, skip, batch, repeats, budget):
+    """Times one JAX method (`jaxdae_functions` or `handwritten_functions`) on `model`;
+    `skip` names the parts ("all", "gradient") extrapolated past the budget."""
+    forward, gradient = functions(model)
+    q0, v0 = model.initial_state()
+    gains = (jnp.asarray(KD), jnp.asarray(KP))
+    out = {}
+    jitted, out["compile"] = _compile(forward, gains, q0, v0)
+    (q_final, steps), single = _median_time(
+        lambda: jax.block_until_ready(jitted(gains, q0, v0)), repeats)
+    _first_call_excess(out["compile"], single)
+    out.update(single=single, steps=int(steps), per_step=single / int(steps),
+               q_final=np.asarray(q_final))
+    if "gradient" not in skip:
+        jitted_grad, out["compile_gradient"] = _compile(gradient, gains, q0, v0)
+        _, out["gradient"] = _median_time(
+            lambda: jax.block_until_ready(jitted_grad(gains, q0, v0)), repeats)
+        _first_call_excess(out["compile_gradient"], out["gradient"])
+    size = int(min(batch, max(1, budget // single)))
+    vb = perturbed_velocities(v0, size)
+    batched = jax.jit(jax.vmap(lambda v: forward(gains, q0, v)[0]))
+    jax.block_until_ready(batched(vb))
+    _, t_batch = _median_time(lambda: jax.block_until_ready(batched(vb)),
+                              1 if size * single > 1.0 else repeats)
+    out.update(batch=size, batch_time=t_batch, throughput=size / t_batch)
+    return out
+
+
+# -- CasADi ----------------------------------------------------------------------------------
+
+
+def measure_casadi(model, skip, batch, repeats, budget):
+    q0, v0 = (np.asarray(x) for x in model.initial_state())
+    n = q0.size
+    x0 = np.concatenate([q0, v0])
+    gains = np.array([KD, KP])
+    start = time.perf_counter()
+    dae = scaling_models.casadi_baumgarte_ode(ca, model)
+    options = {"abstol": ATOL, "reltol": RTOL, "linear_multistep_method": "adams",
+               "nonlinear_solver_iteration": "functional", "max_num_steps": 100_000}
+    integrator = ca.integrator("F", "cvodes", dae, 0.0, T1, options)
+    out = {"compile": {"total": time.perf_counter() - start}}
+
+    def forward():
+        return np.asarray(integrator(x0=x0, p=gains)["xf"]).ravel()[:n]
+
+    forward()
+    q_final, single = _median_time(forward, repeats)
+    steps = int(integrator.stats()["nsteps"])
+    out.update(single=single, steps=steps, per_step=single / steps, q_final=q_final)
+    if "gradient" not in skip:
+        start = time.perf_counter()
+        p, v = ca.MX.sym("p", 2), ca.MX.sym("v0", n)
+        xf = integrator(x0=ca.vertcat(ca.DM(q0), v), p=p)["xf"]
+        loss = ca.sumsqr(xf[:n])
+        grad = ca.Function("G", [p, v], [ca.gradient(loss, ca.vertcat(p, v))])
+        grad(gains, v0)
+        out["compile_gradient"] = {"total": time.perf_counter() - start}
+        _, out["gradient"] = _median_time(lambda: np.asarray(grad(gains, v0)), repeats)
+    size = int(min(batch, max(1, budget // single)))
+    mapped, mode = casadi_map(integrator, size)
+    xb = np.concatenate([np.tile(q0[:, None], (1, size)),
+                         np.asarray(perturbed_velocities(v0, size)).T])
+    pb = np.tile(gains[:, None], (1, size))
+    mapped(x0=xb, p=pb)
+    _, t_batch = _median_time(lambda: mapped(x0=xb, p=pb), 1 if size * single > 1.0 else repeats)
+    out.update(batch=size, batch_time=t_batch, throughput=size / t_batch, map_mode=mode)
+    return out
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+def coordinates(family, size):
+    return {"chain": 2 * size, "pendulum": size, "ladder": 4 * size}[family]
+
+
+def constraints(family, size):
+    return {"chain": size, "pendulum": 0, "ladder": 3 * size}[family]
+
+
+def predicted_skip(previous, n, budget, compile_budget):
+    """What to skip at `n` coordinates from the previous measured size (None: nothing)."""
+    if previous is None:
+        return set(), ""
+    scale = (n / previous["n"]) ** GROWTH
+    single = previous["single"] * scale
+    if single > budget:
+        return {"all"}, f"solve ≈ {single:.0f} s > budget"
+    if previous["compile"]["total"] > compile_budget:  # compile time is no smooth power law
+        return {"all"}, f"compile {previous['compile']['total']:.0f} s > budget at n = {previous['n']}"
+    if "gradient" not in previous or previous["gradient"] * scale > budget:
+        grad = previous.get("gradient")
+        return {"gradient"}, ("gradient skipped at the previous size" if grad is None else
+                              f"gradient ≈ {grad * scale:.0f} s > budget")
+    return set(), ""
+
+
+def run(families, sizes, batch, budget, compile_budget, repeats, methods):
+    results = []
+    for family in families:
+        previous = dict.fromkeys(methods)
+        for size in sizes:
+            model = scaling_models.FAMILIES[family](size)
+            n = coordinates(family, size)
+            row = {"family": family, "size": size, "coordinates": n,
+                   "constraints": constraints(family, size), "methods": {}}
+            for method in methods:
+                skip, why = predicted_skip(previous[method], n, budget, compile_budget)
+                if "all" in skip:
+                    row["methods"][method] = {"skipped": why}
+                    print(f"  {family} N={size} {method}: skipped ({why})", flush=True)
+                    continue
+                start = time.perf_counter()
+                if method == CASADI:
+                    result = measure_casadi(model, skip, batch, repeats, budget)
+                else:
+                    functions = jaxdae_functions if method == JAXDAE else handwritten_functions
+                    result = measure_jax(functions, model, skip, batch, repeats, budget)
+                result["n"] = n
+                if "gradient" in skip:
+                    result["gradient_skipped"] = why
+                row["methods"][method] = result
+                previous[method] = result
+                print(f"  {family} N={size} {method}: solve {1e3 * result['single']:.3g} ms, "
+                      f"{result['steps']} steps ({time.perf_counter() - start:.1f} s)",
+                      flush=True)
+            reference = row["methods"].get(JAXDAE, {}).get("q_final")
+            for result in row["methods"].values():
+                if reference is not None and "q_final" in result:
+                    result["difference"] = float(np.max(np.abs(result["q_final"] - reference)))
+            results.append(row)
+    return results
+
+
+def _ms(seconds):
+    return f"{1e3 * seconds:.3g}"
+
+
+def table(results, methods):
+    lines = [
+        ("| family | N | coordinates | method | solve [ms] | steps | per step [µs] | "
+         "gradient [ms] | grad/solve | batch [traj/s] (size) | compile solve / gradient [s] | "
+         "max \\|Δq(1)\\| vs jaxdae |"),
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in results:
+        for method in methods:
+            r = row["methods"].get(method)
+            if r is None:
+                continue
+            cells = [row["family"], str(row["size"]), str(row["coordinates"]), method]
+            if "skipped" in r:
+                lines.append("| " + " | ".join(cells + [f"skipped: {r['skipped']}"]
+                                               + [""] * 7) + " |")
+                continue
+            grad = r.get("gradient")
+            compile_grad = r.get("compile_gradient", {}).get("total")
+            cells += [
+                _ms(r["single"]), str(r["steps"]), f"{1e6 * r['per_step']:.3g}",
+                _ms(grad) if grad else "skipped", f"{grad / r['single']:.2f}" if grad else "–",
+                f"{r['throughput']:,.3g} ({r['batch']})",
+                f"{r['compile']['total']:.2f} / "
+                + (f"{compile_grad:.2f}" if compile_grad is not None else "–"),
+                f"{r['difference']:.1e}" if "difference" in r else "–",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot(results, methods, path):
+    import matplotlib.pyplot as plt
+    from _common import legend_below
+
+    colors = dict(zip(METHODS, ("C0", "C1", "C2")))
+    markers = {"chain": "o", "pendulum": "s", "ladder": "^"}
+    styles = {"chain": "-", "pendulum": ":", "ladder": "--"}
+    fig, ax = plt.subplots(figsize=(7, 5), layout="constrained")
+    for family, marker in markers.items():
+        for method in methods:
+            points = [(row["coordinates"], row["methods"][method]["per_step"])
+                      for row in results if row["family"] == family
+                      and "per_step" in row["methods"].get(method, {})]
+            if points:
+                x, y = zip(*points)
+                ax.plot(x, 1e6 * np.asarray(y), styles[family], marker=marker,
+                        color=colors[method], label=f"{method}, {family}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("coordinates n")
+    ax.set_ylabel("time per step [µs]")
+    ax.set_title(f"Baumgarte(kd={KD:g}, kp={KP:g}), t ∈ [0, {T1:g}], rtol={RTOL:g}, "
+                 f"atol={ATOL:g}, float64", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    legend_below(ax, ncol=3)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("output"),
+                        help=f"output root; results go to OUT/{NAME}/ (default: output)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"a smoke test: sizes {QUICK_SIZES}, batch 8, one repeat")
+    parser.add_argument("--sizes", type=_int_list, default=None,
+                        help="links (cells) per model, comma-separated (default: "
+                        + ",".join(map(str, DEFAULT_SIZES)) + ")")
+    parser.add_argument("--families", type=_family_list, default=list(scaling_models.FAMILIES),
+                        help="comma-separated subset of " + ",".join(scaling_models.FAMILIES))
+    parser.add_argument("--batch", type=int, default=256,
+                        help="trajectories per vmap / map batch (default 256; fewer where "
+                        "the batch would exceed --budget)")
+    parser.add_argument("--budget", type=float, default=20.0,
+                        help="seconds: skip a method × size whose single solve is predicted "
+                        "to take longer (default 20)")
+    parser.add_argument("--compile-budget", type=float, default=120.0,
+                        help="seconds: skip the sizes after one whose compile took longer "
+                        "(default 120)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed calls per measurement; the median is reported (default 3)")
+    args = parser.parse_args()
+    if args.batch < 1 or args.repeats < 1 or args.budget <= 0 or args.compile_budget <= 0:
+        parser.error("--batch and --repeats must be at least 1, the budgets positive")
+    if args.quick:
+        args.sizes = args.sizes or list(QUICK_SIZES)
+        args.batch, args.repeats = min(args.batch, 8), 1
+    args.sizes = args.sizes or list(DEFAULT_SIZES)
+    return args
+
+
+def _int_list(text):
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"sizes must be integers ≥ 1, got {text!r}")
+    return sorted(set(values))
+
+
+def _family_list(text):
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if x not in scaling_models.FAMILIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown family {unknown or text!r}; choose from {', '.join(scaling_models.FAMILIES)}")
+    return names
+
+
+def main():
+    args = parse_args()
+    if ca is None:
+        print("CasADi is not installed: its rows are left out (pip install casadi).")
+    folder = output_dir(args.out, NAME)
+    methods = [m for m in METHODS if m != CASADI or ca is not None]
+    warm_up_jax()
+    start = time.perf_counter()
+    results = run(args.families, args.sizes, args.batch, args.budget, args.compile_budget,
+                  args.repeats, methods)
+    lines = [
+        f"Baumgarte(kd={KD:g}, kp={KP:g}), t ∈ [0, {T1:g}] from rest, rtol={RTOL:g}, "
+        f"atol={ATOL:g}, float64; medians of {args.repeats} calls; device: "
+        f"{jax.devices()[0].device_kind}; jax {jax.__version__}"
+        + (f", casadi {ca.__version__}" if ca is not None else "")
+        + f"; budget {args.budget:g} s per solve; {time.perf_counter() - start:.0f} s in all.",
+        "",
+    ] + table(results, methods)
+    print("\n".join(lines))
+    plot(results, methods, folder / "bench_scaling.png")
+    for row in results:
+        for r in row["methods"].values():
+            r.pop("q_final", None)
+    write_json(folder / "bench_scaling.json", {
+        "results": results, "sizes": args.sizes, "families": args.families,
+        "batch": args.batch, "budget": args.budget, "repeats": args.repeats,
+        "jax": jax.__version__, "casadi": None if ca is None else ca.__version__,
+        "table": lines})
+    print(f"wrote {folder / 'bench_scaling.json'} and {folder / 'bench_scaling.png'}")
+
+
+if __name__ == "__main__":
+    main()
