@@ -24,6 +24,7 @@ if _os.environ.get("JAXDAE_ENABLE_X64", "1") != "0":
     _jax.config.update("jax_enable_x64", True)
 
 from . import examples as examples
+from . import multibody as multibody
 from ._actuated import (
     ActuatedSolution as ActuatedSolution,
     ActuatedSystem as ActuatedSystem,

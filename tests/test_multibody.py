@@ -1,0 +1,371 @@
+"""The planar multibody layer: mechanisms built from bodies, joints and force elements
+against hand-written models and closed-form dynamics, the formulations on a slider-crank and
+a redundant four-bar, mobility, gradients, jit and vmap, and the errors of bad models."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdae
+import jaxdae.multibody as mb
+
+G = 9.81
+
+
+def accelerations(system, q, v, t=0.0):
+    """Exact `(q̈, λ)` of the index-3 DAE at a consistent state (`Φ̈ = 0`)."""
+    return jaxdae.Unstabilized().accelerations(system.terms(jnp.asarray(t), q, v))
+
+
+# -- models ------------------------------------------------------------------------------
+
+
+def slider_crank(damping=0.0):
+    """Crank 0.1 m about its centre of mass, rod 0.3 m, slider on the x axis."""
+    forces = [mb.Gravity()]
+    if damping:
+        forces.append(mb.SpringDamper("ground", "slider", damping=damping))
+    return mb.Mechanism(
+        bodies=[
+            mb.Body("crank", mass=1.0, inertia=2e-3, markers={"pin": (0.1, 0.0)}),
+            mb.Body("rod", mass=0.5, inertia=4e-3, markers={"a": (-0.15, 0.0), "b": (0.15, 0.0)},
+                    position=(0.25, 0.0)),
+            mb.Body("slider", mass=0.3, inertia=1e-4, position=(0.4, 0.0)),
+        ],
+        joints=[mb.Revolute("ground", "crank", name="crank"), mb.Revolute("crank.pin", "rod.a"),
+                mb.Revolute("rod.b", "slider"), mb.Prismatic("ground", "slider", name="slide")],
+        forces=forces,
+    )
+
+
+def double_pendulum(l1=1.0, l2=0.7, m1=1.2, m2=0.8):
+    """Two uniform rods hanging from the origin (body x axis along the rod)."""
+    return mb.Mechanism(
+        bodies=[
+            mb.Body("upper", mass=m1, inertia=m1 * l1**2 / 12,
+                    markers={"top": (-l1 / 2, 0.0), "bottom": (l1 / 2, 0.0)}),
+            mb.Body("lower", mass=m2, inertia=m2 * l2**2 / 12, markers={"top": (-l2 / 2, 0.0)}),
+        ],
+        joints=[mb.Revolute("ground", "upper.top"), mb.Revolute("upper.bottom", "lower.top")],
+        forces=[mb.Gravity((0.0, -G))],
+    )
+
+
+class HandDoublePendulum(jaxdae.LagrangianSystem):
+    """The same double pendulum written by hand in absolute coordinates."""
+
+    l1: jax.Array
+    l2: jax.Array
+    m1: jax.Array
+    m2: jax.Array
+
+    def __init__(self, l1=1.0, l2=0.7, m1=1.2, m2=0.8):
+        self.l1, self.l2, self.m1, self.m2 = (jnp.asarray(x) for x in (l1, l2, m1, m2))
+
+    def kinetic_energy(self, t, q, v):
+        i1, i2 = self.m1 * self.l1**2 / 12, self.m2 * self.l2**2 / 12
+        return 0.5 * (self.m1 * (v[0] ** 2 + v[1] ** 2) + i1 * v[2] ** 2
+                      + self.m2 * (v[3] ** 2 + v[4] ** 2) + i2 * v[5] ** 2)
+
+    def potential_energy(self, t, q):
+        return G * (self.m1 * q[1] + self.m2 * q[4])
+
+    def constraints(self, t, q):
+        x1, y1, a1, x2, y2, a2 = q
+        h1, h2 = self.l1 / 2, self.l2 / 2
+        return jnp.array([
+            x1 - h1 * jnp.cos(a1), y1 - h1 * jnp.sin(a1),
+            x2 - h2 * jnp.cos(a2) - x1 - h1 * jnp.cos(a1),
+            y2 - h2 * jnp.sin(a2) - y1 - h1 * jnp.sin(a1),
+        ])
+
+
+def parallelogram():
+    """Three parallel cranks (0.5 m) on the ground at x = 0, 0.5, 1 joined by a coupler:
+    a parallelogram four-bar with a redundant fifth bar (12 coordinates, 12 equations)."""
+    crank = dict(mass=0.4, inertia=0.4 * 0.5**2 / 12,
+                 markers={"base": (-0.25, 0.0), "tip": (0.25, 0.0)})
+    return mb.Mechanism(
+        bodies=[
+            mb.Ground(markers={"A": (0.0, 0.0), "B": (0.5, 0.0), "C": (1.0, 0.0)}),
+            mb.Body("left", **crank, position=(0.0, -0.25), angle=-np.pi / 2),
+            mb.Body("middle", **crank, position=(0.5, -0.25), angle=-np.pi / 2),
+            mb.Body("right", **crank, position=(1.0, -0.25), angle=-np.pi / 2),
+            mb.Body("coupler", mass=1.0, inertia=1.0 / 12,
+                    markers={"l": (-0.5, 0.0), "r": (0.5, 0.0)}, position=(0.5, -0.5)),
+        ],
+        joints=[
+            mb.Revolute("ground.A", "left.base", name="left"),
+            mb.Revolute("ground.B", "middle.base"), mb.Revolute("ground.C", "right.base"),
+            mb.Revolute("left.tip", "coupler.l"), mb.Revolute("middle.tip", "coupler"),
+            mb.Revolute("right.tip", "coupler.r"),
+        ],
+        forces=[mb.Gravity()],
+    )
+
+
+# -- hand-written references ---------------------------------------------------------------
+
+
+def test_physical_pendulum_closed_form():
+    """A body on a revolute joint: `(I + m l²) θ̈ = −m g l sin θ`, and the reaction on the
+    body is `m c̈ − m g` (Newton's law for its centre of mass)."""
+    m, inertia, length = 0.7, 0.05, 0.4
+    mech = mb.Mechanism([mb.Body("bob", m, inertia, markers={"pivot": (0.0, length)})],
+                        [mb.Revolute("ground", "bob.pivot", name="pin")], [mb.Gravity((0.0, -G))])
+    theta, omega = 0.8, -1.3
+    q0, v0 = mech.initial_state(q=jnp.array([0.0, -length, 0.0]),
+                                joint_coordinates={"pin": (theta, omega)})
+    assert abs(float(q0[2]) - theta) < 1e-12 and abs(float(v0[2]) - omega) < 1e-12
+    acc, lam = accelerations(mech, q0, v0)
+    alpha = -m * G * length * np.sin(theta) / (inertia + m * length**2)
+    np.testing.assert_allclose(acc[2], alpha, rtol=1e-12)
+    centre_acc = (length * alpha * np.array([np.cos(theta), np.sin(theta)])
+                  + length * omega**2 * np.array([-np.sin(theta), np.cos(theta)]))
+    np.testing.assert_allclose(acc[:2], centre_acc, rtol=1e-12, atol=1e-12)
+    reaction = mech.reactions(q0, lam)["pin"]
+    np.testing.assert_allclose(reaction.force, m * centre_acc - m * np.array([0.0, -G]), atol=1e-12)
+    assert abs(float(reaction.torque)) < 1e-12
+    assert mech.joint_coordinates(q0)["pin"] == pytest.approx(theta)
+
+
+def test_distance_joint_is_the_cartesian_pendulum():
+    """A body on a massless link from the origin to its centre of mass moves like
+    `examples.CartesianPendulum` and does not turn."""
+    mech = mb.Mechanism([mb.Body("bob", 1.3, 0.02)], [mb.Distance("ground", "bob", 0.9)],
+                        [mb.Gravity((0.0, -G))])
+    reference = jaxdae.examples.CartesianPendulum(mass=1.3, length=0.9, gravity=G)
+    qp, vp = reference.state_from_angle(0.6, 1.7)
+    q = jnp.concatenate([qp, jnp.array([0.3])])
+    v = jnp.concatenate([vp, jnp.array([0.4])])
+    acc, _ = accelerations(mech, q, v)
+    acc_ref, _ = accelerations(reference, qp, vp)
+    np.testing.assert_allclose(acc[:2], acc_ref, rtol=1e-12, atol=1e-13)
+    assert abs(float(acc[2])) < 1e-13
+
+
+def test_double_pendulum_matches_hand_written_terms():
+    mech, hand = double_pendulum(), HandDoublePendulum()
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    qs, vs = jax.random.normal(keys[0], (5, 6)), jax.random.normal(keys[1], (5, 6))
+    terms = jax.jit(jax.vmap(lambda s, q, v: s.terms(0.0, q, v), (None, 0, 0)))
+    for name in ("mass_matrix", "forces", "phi", "dphi", "jacobian", "bias"):
+        np.testing.assert_allclose(getattr(terms(mech, qs, vs), name),
+                                   getattr(terms(hand, qs, vs), name),
+                                   rtol=1e-12, atol=1e-12, err_msg=name)
+    for q, v in zip(qs, vs):
+        assert float(mech.energy(0.0, q, v)) == pytest.approx(float(hand.energy(0.0, q, v)),
+                                                              rel=1e-13)
+
+
+def test_double_pendulum_trajectory_matches_hand_written():
+    mech, hand = double_pendulum(), HandDoublePendulum()
+    angles = jnp.array([-0.9, -0.2])  # from the x axis; hanging is −π/2
+    guess = jnp.array([0.5 * np.cos(-0.9), 0.5 * np.sin(-0.9), -0.9,
+                       np.cos(-0.9) + 0.35 * np.cos(-0.2), np.sin(-0.9) + 0.35 * np.sin(-0.2), -0.2])
+    q0, v0 = mech.initial_state(q=guess, v=jnp.zeros(6).at[2].set(1.0))
+    assert jnp.allclose(q0[jnp.array([2, 5])], angles, atol=1e-12)
+    formulation, ts = jaxdae.Baumgarte(10.0, 25.0), jnp.linspace(0.0, 1.0, 6)
+    kwargs = dict(ts=ts, rtol=1e-12, atol=1e-12)
+    sol = jaxdae.simulate(mech, formulation, 0.0, 1.0, q0, v0, **kwargs)
+    ref = jaxdae.simulate(hand, formulation, 0.0, 1.0, q0, v0, **kwargs)
+    np.testing.assert_allclose(sol.q, ref.q, atol=1e-10)
+    np.testing.assert_allclose(sol.v, ref.v, atol=1e-10)
+    np.testing.assert_allclose(sol.multipliers, ref.multipliers, atol=1e-9)
+
+
+# -- joints and force elements against closed forms ---------------------------------------
+
+
+def test_gear_torque_input_and_rotational_spring():
+    """Two wheels pivoted at their centres, geared `θ_b = −2 θ_a`; a torque input `u` on
+    `a`, a rotational spring-damper `τ_b = −k (θ_b − θ₀) − c θ̇_b` on `b`:
+    `(I_a + 4 I_b) θ̈_a = u − 2 τ_b`."""
+    ia, ib, k, c, rest = 0.3, 0.05, 4.0, 0.7, 0.2
+    mech = mb.Mechanism(
+        [mb.Ground(markers={"axle": (1.0, 0.0)}), mb.Body("a", 1.0, ia),
+         mb.Body("b", 0.5, ib, position=(1.0, 0.0))],
+        [mb.Revolute("ground", "a"), mb.Revolute("ground.axle", "b"), mb.Gear("a", "b", -2.0)],
+        [mb.Torque("a", actuator=0), mb.RotationalSpringDamper("ground", "b", k, c, rest)],
+    )
+    assert mech.mobility() == mb.Mobility(6, 5, 1, 5, 1, 0)
+    mech = jaxdae.with_controller(mech, jaxdae.ConstantControl(jnp.array([1.5])))
+    theta, omega = 0.4, -0.9
+    q0, v0 = mech.initial_state(q=jnp.array([0.0, 0.0, theta, 1.0, 0.0, -2 * theta]),
+                                v=jnp.array([0.0, 0.0, omega, 0.0, 0.0, -2 * omega]))
+    acc, _ = accelerations(mech, q0, v0)
+    torque_b = -k * (-2 * theta - rest) - c * (-2 * omega)
+    expected = (1.5 - 2 * torque_b) / (ia + 4 * ib)
+    np.testing.assert_allclose(acc[2], expected, rtol=1e-12)
+    np.testing.assert_allclose(acc[5], -2 * expected, rtol=1e-12)
+
+
+def test_slider_with_spring_force_and_point_on_line():
+    """A block on an inclined line (point-on-line, turning free) pulled by a spring-damper
+    and a local force: `m s̈ = −k (s − ℓ₀) − c ṡ + F + m g·u` along the line."""
+    slope = 0.3
+    u = np.array([np.cos(slope), np.sin(slope)])
+    m, k, c, rest, push = 0.8, 30.0, 1.5, 0.2, 2.0
+    mech = mb.Mechanism(
+        [mb.Body("block", m, 0.01)],
+        [mb.PointOnLine("ground", "block", axis=tuple(u), name="line")],
+        [mb.Gravity((0.0, -G)), mb.SpringDamper("ground", "block", k, c, rest),
+         mb.Force("block", push, direction=(1.0, 0.0), local=True)],
+    )
+    s, sdot, angle = 0.5, -0.4, slope  # the block's x axis along the line: the push is along u
+    q0, v0 = mech.initial_state(q=jnp.array([*(s * u), angle]), v=jnp.array([*(sdot * u), 0.0]))
+    acc, _ = accelerations(mech, q0, v0)
+    expected = (-k * (s - rest) - c * sdot + push + m * np.array([0.0, -G]) @ u) / m
+    np.testing.assert_allclose(acc[:2], expected * u, rtol=1e-12, atol=1e-12)
+    assert abs(float(acc[2])) < 1e-12
+    assert mech.joint_coordinates(q0)["line"] == pytest.approx(s)
+    assert mech.joint_rates(q0, v0)["line"] == pytest.approx(sdot)
+
+
+def test_fixed_and_prismatic_mobility():
+    body = dict(mass=1.0, inertia=0.1)
+    welded = mb.Mechanism([mb.Body("a", **body), mb.Body("b", **body, markers={"p": (1.0, 0.0)})],
+                          [mb.Fixed("ground", "a"), mb.Prismatic("a", "b.p", axis=(0.0, 1.0))])
+    assert welded.mobility() == mb.Mobility(6, 5, 1, 5, 1, 0)
+    q = jnp.array([0.0, 0.0, 0.0, -1.0, 0.3, 0.0])
+    assert jnp.allclose(welded.constraints(0.0, q), 0.0)
+    assert welded.joint_coordinates(q)["prismatic_0"] == pytest.approx(0.3)
+
+
+def test_marker_velocity_is_the_derivative_of_its_position():
+    mech = double_pendulum()
+    q, v = jnp.arange(6.0) / 7, jnp.cos(jnp.arange(6.0))
+    _, expected = jax.jvp(lambda q_: mech.marker_position(q_, "lower.top"), (q,), (v,))
+    np.testing.assert_allclose(mech.marker_velocity(q, v, "lower.top"), expected, rtol=1e-13)
+    batch = mech.marker_position(jnp.stack([q, 2 * q]), "upper.bottom")
+    assert batch.shape == (2, 2)
+    np.testing.assert_allclose(batch[1], mech.marker_position(2 * q, "upper.bottom"))
+
+
+# -- formulations, mobility, redundancy ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def crank_start():
+    mech = slider_crank()
+    return mech, mech.initial_state(joint_coordinates={"crank": (0.5, 10.0)})
+
+
+def test_slider_crank_initial_state_and_mobility(crank_start):
+    mech, (q0, v0) = crank_start
+    assert mech.mobility(q0) == mb.Mobility(9, 8, 1, 8, 1, 0)
+    assert float(jnp.max(jnp.abs(mech.constraints(0.0, q0)))) < 1e-12
+    assert mech.joint_coordinates(q0)["crank"] == pytest.approx(0.5)
+    assert mech.joint_rates(q0, v0)["crank"] == pytest.approx(10.0)
+    # The slider is where the crank and rod put it: x = r cos φ + sqrt(l² − r² sin² φ).
+    x = 0.1 * np.cos(0.5) + np.sqrt(0.3**2 - (0.1 * np.sin(0.5)) ** 2)
+    assert mech.joint_coordinates(q0)["slide"] == pytest.approx(x, rel=1e-12)
+
+
+@pytest.mark.parametrize("formulation", [
+    jaxdae.Baumgarte(20.0, 100.0), jaxdae.PseudoInverse(20.0, 100.0),
+    jaxdae.ModifiedLagrange(1e3, 20.0, 100.0),
+], ids=["baumgarte", "pseudo_inverse", "modified_lagrange"])
+def test_slider_crank_formulations(crank_start, formulation):
+    mech, (q0, v0) = crank_start
+    sol = jaxdae.simulate(mech, formulation, 0.0, 1.0, q0, v0, ts=jnp.linspace(0.0, 1.0, 21))
+    assert float(jnp.max(jnp.abs(sol.phi))) < 1e-6
+    energy = jax.vmap(mech.energy)(sol.ts, sol.q, sol.v)
+    assert float(jnp.max(jnp.abs(energy - energy[0]))) < 1e-6 * float(jnp.abs(energy[0]))
+    # The crank turns through several revolutions.
+    assert float(mech.joint_coordinates(sol.q)["crank"][-1]) > 0.5 + 2 * np.pi
+
+
+def test_redundant_parallelogram_with_pseudo_inverse():
+    mech = parallelogram()
+    assert mech.mobility().grubler == 0
+    q0, v0 = mech.initial_state(joint_coordinates={"left": (-1.2, 2.0)})
+    assert mech.mobility(q0) == mb.Mobility(12, 12, 0, 11, 1, 1)
+    sol = jaxdae.simulate(mech, jaxdae.PseudoInverse(20.0, 100.0), 0.0, 1.0, q0, v0,
+                          ts=jnp.linspace(0.0, 1.0, 11))
+    assert float(jnp.max(jnp.abs(sol.phi))) < 1e-7
+    energy = jax.vmap(mech.energy)(sol.ts, sol.q, sol.v)
+    assert float(jnp.max(jnp.abs(energy - energy[0]))) < 1e-6 * float(jnp.abs(energy[0]))
+    # The coupler stays horizontal and the three cranks parallel.
+    angles = sol.q[:, jnp.array([2, 5, 8])]
+    assert float(jnp.max(jnp.abs(sol.q[:, 11]))) < 1e-6
+    assert float(jnp.max(jnp.abs(angles - angles[:, :1]))) < 1e-6
+    reactions = mech.reactions(sol.q, sol.multipliers)
+    assert reactions["left"].force.shape == (11, 2)
+
+
+# -- gradients, jit and vmap ----------------------------------------------------------------
+
+
+def sprung_pendulum(mass, stiffness):
+    return mb.Mechanism(
+        [mb.Ground(markers={"anchor": (0.5, 0.0)}),
+         mb.Body("bob", mass, 0.02, markers={"pivot": (0.0, 0.5)}, position=(0.0, -0.5))],
+        [mb.Revolute("ground", "bob.pivot")],
+        [mb.Gravity(), mb.SpringDamper("ground.anchor", "bob", stiffness, 0.3, 0.6)],
+    )
+
+
+@eqx.filter_jit
+def final_angle(mech):
+    q0 = jnp.array([0.5 * jnp.sin(0.4), -0.5 * jnp.cos(0.4), 0.4])
+    sol = jaxdae.simulate(mech, jaxdae.Baumgarte(10.0, 25.0), 0.0, 0.5, q0, jnp.zeros(3),
+                          rtol=1e-10, atol=1e-12)
+    return sol.q[-1, 2]
+
+
+def test_gradients_against_central_differences():
+    mech = sprung_pendulum(0.7, 5.0)
+    grads = eqx.filter_grad(final_angle)(mech)
+    for where, h in ((lambda m: m.bodies[0].mass, 1e-5), (lambda m: m.forces[1].stiffness, 1e-4)):
+        value = where(mech)
+        diff = (final_angle(eqx.tree_at(where, mech, value + h))
+                - final_angle(eqx.tree_at(where, mech, value - h))) / (2 * h)
+        assert abs(float(diff)) > 1e-3
+        np.testing.assert_allclose(where(grads), diff, rtol=1e-5)
+
+
+def test_vmap_over_a_parameter_under_jit():
+    stiffnesses = jnp.array([2.0, 5.0, 9.0])
+    batched = jax.jit(jax.vmap(lambda k: final_angle(sprung_pendulum(0.7, k))))(stiffnesses)
+    single = jnp.stack([final_angle(sprung_pendulum(0.7, k)) for k in stiffnesses])
+    np.testing.assert_allclose(batched, single, rtol=1e-10)
+    assert float(jnp.ptp(batched)) > 1e-3
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+def test_bad_models_are_refused():
+    body = mb.Body("a", 1.0, 0.1, markers={"p": (0.1, 0.0)})
+    with pytest.raises(ValueError, match="body 'b', which is not in the mechanism"):
+        mb.Mechanism([body], [mb.Revolute("ground", "b")])
+    with pytest.raises(ValueError, match="has no marker 'q'"):
+        mb.Mechanism([body], [mb.Revolute("ground", "a.q")])
+    with pytest.raises(ValueError, match="marker 'c.p'.*|body 'c'"):
+        mb.Mechanism([body], forces=[mb.SpringDamper("ground", "c.p", 1.0)])
+    with pytest.raises(ValueError, match="mass 0.0"):
+        mb.Body("z", 0.0, 0.1)
+    with pytest.raises(ValueError, match="inertia -1.0"):
+        mb.Body("z", 1.0, -1.0)
+    with pytest.raises(ValueError, match="Duplicate body names"):
+        mb.Mechanism([body, mb.Body("a", 2.0, 0.2)])
+    with pytest.raises(ValueError, match="Duplicate joint names"):
+        mb.Mechanism([body], [mb.Revolute("ground", "a", name="j"), mb.Fixed("ground", "a", name="j")])
+    with pytest.raises(ValueError, match="joins body 'a' to itself"):
+        mb.Mechanism([body], [mb.Revolute("a", "a.p")])
+    with pytest.raises(ValueError, match="pass an instance"):
+        mb.Mechanism([body], [mb.Revolute])
+    with pytest.raises(ValueError, match="without '.'"):
+        mb.Body("a.b", 1.0, 0.1)
+    with pytest.raises(ValueError, match="'ground' names the fixed frame"):
+        mb.Body("ground", 1.0, 0.1)
+    with pytest.raises(ValueError, match="positive finite `length`"):
+        mb.Distance("ground", "a", 0.0)
+    with pytest.raises(ValueError, match="vector of 2 numbers"):
+        mb.Body("a", 1.0, 0.1, markers={"p": (0.1, 0.0, 0.0)})
+    with pytest.raises(ValueError, match="has no joint coordinate"):
+        mb.Mechanism([body], [mb.Fixed("ground", "a", name="w")]).initial_state(
+            joint_coordinates={"w": 0.1})
