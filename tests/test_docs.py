@@ -123,3 +123,23 @@ def test_citation_check_can_fail():
                                      ("002", "9.9", 1)}
     assert "9.9" not in _equations("[0.11]–[0.12], [2.9]–[2.11]")
     assert {"2.9", "2.10", "2.11", "0.11", "0.12"} <= _equations("[0.11]–[0.12], [2.9]–[2.11]")
+
+
+def test_every_public_name_is_in_the_api_reference():
+    """Each class and function exported by `jaxdae`, `jaxdae.examples` and `jaxdae.multibody`
+    has a `::: name` entry on a page of docs/api/ (constants and subpackages excepted)."""
+    import jaxdae
+
+    documented = set()
+    for page in (ROOT / "docs" / "api").glob("*.md"):
+        documented |= set(re.findall(r"^::: ([\w.]+)$", page.read_text(encoding="utf-8"),
+                                     flags=re.M))
+    missing = []
+    for module in (jaxdae, jaxdae.examples, jaxdae.multibody):
+        for name in dir(module):
+            value = getattr(module, name)
+            if name.startswith("_") or name.isupper() or type(value).__name__ == "module":
+                continue
+            if f"{module.__name__}.{name}" not in documented:
+                missing.append(f"{module.__name__}.{name}")
+    assert not missing, f"add to a page of docs/api/ (and to mkdocs.yml's nav): {missing}"
