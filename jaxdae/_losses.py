@@ -1,9 +1,17 @@
 """Built-in losses on a [`jaxdae.Solution`][] for [`jaxdae.tune`][].
 
 Every loss integrates over the saved times `Solution.ts` with the trapezoidal rule, so pass
-`ts=` with enough points to resolve the transient. Rows after a failed solve (`inf`) are
-ignored here; [`jaxdae.tune`][] replaces a failed scenario's loss by its penalty anyway.
-Losses combine linearly: `ConstraintViolation() + 0.1 * ControlEffort()`.
+`ts=` with enough points to resolve the transient. Losses combine linearly:
+`ConstraintViolation() + 0.1 * ControlEffort()`.
+
+**A failed solve** (`simulate(..., throw=False)` whose `Solution.succeeded` is false) has
+the loss `inf` and a zero gradient (no `nan`), whatever the loss: the rule of
+[`jaxdae.tune`][], where a failed scenario counts as a constant (`failure_penalty`) with
+no gradient, with `inf` in place of the penalty, which a loss on its own does not know. So
+a failure is never mistaken for a good result (the saved rows after the failure are `inf`,
+and the part of the run before it would otherwise give a small loss), a mean over
+scenarios with a failure is `inf`, and `jnp.where(jnp.isfinite(loss), loss, penalty)`
+gives `tune`'s penalized loss.
 """
 
 import abc
@@ -32,6 +40,16 @@ def integrate(sol: Solution, values: Float[Array, " N"]) -> Float[Array, ""]:
     return jnp.sum(0.5 * dt * (values[1:] + values[:-1]))
 
 
+def _failed(solution) -> Array:
+    succeeded = getattr(solution, "succeeded", None)
+    return jnp.array(False) if succeeded is None else ~jnp.asarray(succeeded)
+
+
+def _or_inf(solution, value):
+    """`value`, or `inf` (with a zero gradient) where `solution` failed."""
+    return jnp.where(_failed(solution), jnp.inf, value)
+
+
 def _safe(x, valid):
     return jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0.0)
 
@@ -45,7 +63,7 @@ class AbstractLoss(eqx.Module):
 
     @abc.abstractmethod
     def __call__(self, solution: Solution) -> Float[Array, ""]:
-        """The loss of one solution."""
+        """The loss of one solution: `inf`, with a zero gradient, if it failed."""
 
     def __add__(self, other):
         return _Sum((self, other))
@@ -63,7 +81,7 @@ class _Sum(AbstractLoss):
     terms: tuple
 
     def __call__(self, solution):
-        return sum(term(solution) for term in self.terms)
+        return _or_inf(solution, sum(term(solution) for term in self.terms))
 
 
 class _Scaled(AbstractLoss):
@@ -71,7 +89,7 @@ class _Scaled(AbstractLoss):
     weight: Array
 
     def __call__(self, solution):
-        return self.weight * self.loss(solution)
+        return _or_inf(solution, self.weight * self.loss(solution))
 
 
 class ConstraintViolation(AbstractLoss):
@@ -101,7 +119,7 @@ class ConstraintViolation(AbstractLoss):
             + self.rate_weight * jnp.sum(dphi**2, axis=-1)
             + self.nonholonomic_weight * jnp.sum(psi**2, axis=-1)
         )
-        return integrate(solution, density)
+        return _or_inf(solution, integrate(solution, density))
 
 
 class TrackingError(AbstractLoss):
@@ -123,7 +141,7 @@ class TrackingError(AbstractLoss):
         q = _safe(solution.q, valid)
         y = q if self.output is None else jax.vmap(self.output)(ts, q)
         r = jax.vmap(self.reference)(ts) if callable(self.reference) else self.reference
-        return integrate(solution, jnp.sum((y - r) ** 2, axis=-1))
+        return _or_inf(solution, integrate(solution, jnp.sum((y - r) ** 2, axis=-1)))
 
 
 class ControlEffort(AbstractLoss):
@@ -145,7 +163,7 @@ class ControlEffort(AbstractLoss):
         else:
             ts = jnp.where(valid, solution.ts, 0.0)
             u = jax.vmap(self.control)(ts, _safe(solution.q, valid), _safe(solution.v, valid))
-        return integrate(solution, jnp.sum(u**2, axis=-1))
+        return _or_inf(solution, integrate(solution, jnp.sum(u**2, axis=-1)))
 
 
 class SettlingTime(AbstractLoss):
@@ -184,4 +202,4 @@ class SettlingTime(AbstractLoss):
         tiny = jnp.finfo(squared.dtype).tiny
         log_error = 0.5 * jnp.log(squared + tiny)
         indicator = jax.nn.sigmoid((log_error - jnp.log(self.tolerance)) / self.width)
-        return integrate(solution, indicator)
+        return _or_inf(solution, integrate(solution, indicator))

@@ -1,9 +1,12 @@
 """[`jaxdae.tune`][]: gradient-based tuning of gains over a batch of scenarios, with optax."""
 
 import csv
+import hashlib
+import io
 import json
 import math
 import os
+import warnings
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,16 +22,18 @@ from ._batch import (
 )
 from ._custom_types import Array, PyTree
 from ._parametrization import unwrap
-from ._persist import atomic_write_text, fingerprint as run_fingerprint, progress_bar
+from ._persist import (
+    atomic_write, atomic_write_text, fingerprint as run_fingerprint, program_fingerprint,
+    progress_bar, read_json,
+)
 from ._sharding import auto_mesh
 
-_STATE_FILE = "state.eqx"
 _META_FILE = "checkpoint.json"
 
 #: Columns of the tuning history (and of the CSV log).
 HISTORY_COLUMNS = (
     "step", "loss", "scenario_loss", "regularization", "num_failed", "grad_norm",
-    "skipped", "time",
+    "skipped", "time", "failed_scenarios",
 )
 
 
@@ -43,7 +48,8 @@ class TuneResult(eqx.Module):
         parameters before the step, failed scenarios counted at the penalty, plus the
         regularization), `scenario_loss`, `regularization`, `num_failed`, `grad_norm`,
         `skipped` (a non-finite update that was not applied), `time` (seconds since start,
-        including compilation).
+        including compilation), `failed_scenarios` (the indices of the scenarios that
+        failed at that step, into `scenarios`).
     - `opt_state`: the optimizer state after the last step.
     - `key`: the PRNG key after the last step.
     - `step`: the number of steps done.
@@ -158,8 +164,10 @@ def _regularization_value_and_grad(trainable, static, regularization):
 def _tune_step(trainable, static, opt_state, key, scenarios, simulate_fn, loss,
                regularization, optimizer, penalty, batch_size, chunk_size, mesh, ensemble):
     key, subkey = jax.random.split(key)
-    if batch_size is not None:
-        size = batch_size_of(scenarios)
+    size = batch_size_of(scenarios)
+    if batch_size is None:
+        index = jnp.arange(size)
+    else:
         index = jax.random.choice(subkey, size, (batch_size,), replace=False)
         scenarios = jax.tree.map(lambda x: x[index], scenarios)
     if ensemble:
@@ -191,8 +199,13 @@ def _tune_step(trainable, static, opt_state, key, scenarios, simulate_fn, loss,
         num_failed=jnp.sum(~ok),
         grad_norm=grad_norm,
         skipped=~finite,
+        failed=jnp.where(ok, -1, index),  # the failed scenarios' indices, -1 elsewhere
     )
     return trainable, opt_state, key, stats
+
+
+def _csv_cell(value):
+    return " ".join(map(str, value)) if isinstance(value, list) else value
 
 
 class _Logger:
@@ -209,48 +222,133 @@ class _Logger:
                 writer = csv.writer(f)
                 writer.writerow(HISTORY_COLUMNS)
                 for row in zip(*(history[c] for c in HISTORY_COLUMNS)):
-                    writer.writerow(row)
+                    writer.writerow(map(_csv_cell, row))
         else:
             self.flush(history)
 
     def row(self, history):
         if self.path is not None and self.csv:
             with open(self.path, "a", newline="") as f:
-                csv.writer(f).writerow([history[c][-1] for c in HISTORY_COLUMNS])
+                csv.writer(f).writerow([_csv_cell(history[c][-1]) for c in HISTORY_COLUMNS])
 
     def flush(self, history):
         if self.path is not None and not self.csv:
             atomic_write_text(self.path, json.dumps(history, indent=1))
 
 
-def _save_checkpoint(directory: Path, state, step: int, history: dict, fingerprint: str):
+# What each part of a run's identity covers (for the message when one differs).
+_PARTS = {
+    "start": "other initial parameters or another seed",
+    "scenarios": "other scenarios",
+    "problem": "another problem: another `simulate_fn`, `loss`, `optimizer`, "
+               "`regularization`, `failure_penalty`, fixed parameters, `batch_size`, "
+               "`chunk_size`, `mesh` or `ensemble` (the compiled step differs)",
+}
+_FIX = ("Use another `checkpoint` directory, or `resume=False` to start afresh (the "
+        "checkpoint is then overwritten).")
+
+
+def _run_identity(step_args: tuple, start: str, scenarios) -> dict:
+    """The parts of a tuning run's identity: its start (initial parameters, seed), its
+    scenarios, and its problem: the program of one step (the jaxpr of `_tune_step`, with
+    every literal such as a learning rate or a loss weight, and the arrays closed over: see
+    `program_fingerprint`) and the array leaves of the functions and fixed parameters."""
+    program = eqx.filter_make_jaxpr(_tune_step)(*step_args)[0]
+    functions = eqx.filter(step_args[1:2] + step_args[5:10], eqx.is_array)
+    return {"start": start, "scenarios": run_fingerprint(scenarios),
+            "problem": run_fingerprint(functions, program_fingerprint(program))}
+
+
+def _save_checkpoint(directory: Path, state, step: int, history: dict, identity: dict):
+    """Writes the state of step `step` to its own file, then `checkpoint.json` naming it
+    (both atomically), then removes older states: a run killed at any point leaves a
+    `checkpoint.json` and the state it names, of the same step."""
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / (_STATE_FILE + ".tmp")
-    eqx.tree_serialise_leaves(tmp, state)
-    os.replace(tmp, directory / _STATE_FILE)
-    meta = {"step": step, "fingerprint": fingerprint, "history": history}
+    buffer = io.BytesIO()
+    eqx.tree_serialise_leaves(buffer, state)
+    data = buffer.getvalue()
+    name = f"state_{step:06d}.eqx"
+    atomic_write(directory / name, lambda file: file.write(data))
+    meta = {"step": step, "state": name, "state_sha256": hashlib.sha256(data).hexdigest(),
+            "parts": identity, "history": history}
     atomic_write_text(directory / _META_FILE, json.dumps(meta))
+    for old in directory.glob("state_*.eqx"):
+        if old.name != name:
+            old.unlink(missing_ok=True)
 
 
-def _load_checkpoint(directory: Path, like, fingerprint: str):
+def _load_checkpoint(directory: Path, like, identity: dict):
     meta_path = directory / _META_FILE
-    if not (meta_path.exists() and (directory / _STATE_FILE).exists()):
+    if not meta_path.exists():
         return None
-    meta = json.loads(meta_path.read_text())
-    if meta.get("fingerprint") != fingerprint:
+    meta = read_json(meta_path, _FIX)
+    parts = meta.get("parts", {})
+    differ = [text for part, text in _PARTS.items() if parts.get(part) != identity[part]]
+    if differ:
         raise ValueError(
-            f"The checkpoint in {directory} was written by a run with other initial parameters "
-            "or another seed. Use another `checkpoint` directory, or `resume=False` to start "
-            "afresh (it will be overwritten)."
+            f"The checkpoint in {directory} was written by a run with {'; '.join(differ)}: "
+            f"resuming would continue that run. {_FIX}"
         )
+    state_path = directory / str(meta.get("state"))
     try:
-        state = eqx.tree_deserialise_leaves(directory / _STATE_FILE, like)
+        data = state_path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != meta.get("state_sha256"):
+            raise ValueError("its content is not the one checkpoint.json recorded")
+        step, history = int(meta["step"]), meta["history"]
+        if any(len(history[c]) != step for c in HISTORY_COLUMNS):
+            raise ValueError("the history does not have one row per step")
+    except (OSError, KeyError, TypeError, ValueError) as error:
+        raise ValueError(
+            f"The checkpoint in {directory} is damaged: {state_path.name} "
+            f"({type(error).__name__}: {error}). {_FIX}"
+        ) from error
+    try:
+        state = eqx.tree_deserialise_leaves(io.BytesIO(data), like)
     except Exception as error:  # structure or dtype mismatch
         raise ValueError(
             f"The checkpoint in {directory} does not match these parameters / optimizer "
-            f"({error}). Use another `checkpoint` directory or `resume=False`."
+            f"({error}). {_FIX}"
         ) from error
-    return state, int(meta["step"]), meta["history"]
+    return state, step, history
+
+
+def _domain_errors(model) -> list[str]:
+    """The messages of the eager value checks (`check_values`, e.g. a gain that is not
+    positive definite or not finite) of every module in `model` that has them."""
+    errors = []
+    is_checked = lambda x: hasattr(x, "check_values")  # noqa: E731
+    for node in jax.tree.leaves(model, is_leaf=is_checked):
+        if is_checked(node):
+            try:
+                node.check_values()
+            except (ValueError, FloatingPointError) as error:
+                errors.append(f"{type(node).__name__}: {error}")
+    return errors
+
+
+def _first_line(error: BaseException) -> str:
+    """The line of `error`'s message that says what happened: for an error raised inside
+    compiled code (`eqx.error_if`), the runtime error's own message, not the callback's
+    traceback around it."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    inner = [line.split("RuntimeError: ", 1)[1] for line in lines
+             if "EquinoxRuntimeError: " in line]
+    return inner[-1] if inner else f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+def _bad_scenarios(model, simulate_fn, scenarios, ensemble, limit=5) -> list[tuple]:
+    """The first `limit` scenarios whose simulation raises on its own: `(index, error)`."""
+    one = eqx.filter_jit(simulate_fn if not ensemble else
+                  lambda m, s: simulate_fn(m, jax.tree.map(lambda x: x[None], s)))
+    bad = []
+    for i in range(batch_size_of(scenarios)):
+        try:
+            jax.block_until_ready(one(model, jax.tree.map(lambda x: x[i], scenarios)))
+        except Exception as error:
+            bad.append((i, _first_line(error)))
+            if len(bad) == limit:
+                break
+    return bad
 
 
 def tune(
@@ -311,9 +409,23 @@ def tune(
     **Checkpoints and determinism:** the run is a pure function of `(params, scenarios,
     seed)`. Every `checkpoint_every` steps (and at the end) the trainable parameters,
     optimizer state, step and PRNG key are saved with `eqx.tree_serialise_leaves` in the
-    directory `checkpoint`, with the history; calling `tune` again with the same arguments
-    resumes from there and gives bit-identical parameters to an uninterrupted run. A
-    checkpoint written from other initial parameters or another seed is refused.
+    directory `checkpoint`, with the history (each file written atomically, so a run killed
+    at any point leaves a consistent checkpoint); calling `tune` again with the same
+    arguments resumes from there and gives bit-identical parameters to an uninterrupted
+    run. A checkpoint written by another run is refused with what differs: other initial
+    parameters or seed, other scenarios, or another problem (the program of one step,
+    traced once: `simulate_fn` with the values it closes over, `loss`, `optimizer` with its
+    learning rate, `regularization`, `failure_penalty`, fixed parameters, `batch_size`,
+    `chunk_size`, `mesh`, `ensemble`). `steps`, `checkpoint_every`, `log`, `progress`,
+    `on_nonfinite` and `callback` may change between calls. A damaged checkpoint is
+    refused with the file named.
+
+    **A step that cannot run** stops the run with its last good parameters kept (and
+    checkpointed), as `error.result` (a `TuneResult`): an update that would take a gain out
+    of its domain (the formulation's `check_values`, e.g. a learning rate so large that a
+    gain becomes negative) is not applied, and the error names the step and the gain; if
+    scenarios raise when simulated, the error names them (with `throw=False`, a failed
+    solve is a penalized scenario instead).
 
     **Arguments:**
 
@@ -365,8 +477,10 @@ def tune(
 
     **Raises:**
 
-    `ValueError` for bad arguments or a checkpoint that does not match; `FloatingPointError`
-    for a non-finite update with `on_nonfinite="raise"`.
+    `ValueError` for bad arguments, a checkpoint that does not match or is damaged, an update
+    that took the parameters out of their domain, or scenarios that raise;
+    `FloatingPointError` for a non-finite update with `on_nonfinite="raise"`. The last two
+    carry the last good state as `error.result`.
     """
     if int(steps) != steps or steps < 0:
         raise ValueError(f"`steps` must be a non-negative integer; got {steps}.")
@@ -397,28 +511,86 @@ def tune(
     step = 0
     history = {c: [] for c in HISTORY_COLUMNS}
     directory = None if checkpoint is None else Path(checkpoint)
-    fingerprint = run_fingerprint(trainable_params, seed)
+    penalty = jnp.asarray(failure_penalty, dtype=jnp.result_type(float))
+
+    def step_args():
+        return (trainable_params, static, opt_state, key, scenarios, simulate_fn, loss,
+                regularization, optimizer, penalty, batch_size, chunk_size, mesh,
+                bool(ensemble))
+
     elapsed_before = 0.0
+    identity = None
+    if directory is not None:
+        identity = _run_identity(step_args(), run_fingerprint(trainable_params, seed),
+                                 scenarios)
     if directory is not None and resume:
-        loaded = _load_checkpoint(directory, (trainable_params, opt_state, key), fingerprint)
+        loaded = _load_checkpoint(directory, (trainable_params, opt_state, key), identity)
         if loaded is not None:
             (trainable_params, opt_state, key), step, history = loaded
             if history["time"]:
                 elapsed_before = history["time"][-1]
 
-    penalty = jnp.asarray(failure_penalty, dtype=jnp.result_type(float))
+    def stop(error_type, message, cause):
+        """Saves the run as it stands (its last good state) and raises `error_type` with
+        `message`; the exception's `result` is that state as a `TuneResult`."""
+        if directory is not None:
+            _save_checkpoint(directory, (trainable_params, opt_state, key), step, history,
+                             identity)
+            message += f" It is saved in {directory}."
+        _Logger(log, history)  # the log as the run stands
+        error = error_type(message)
+        tuned = eqx.combine(trainable_params, static)
+        error.result = TuneResult(params=tuned, model=unwrap(tuned), history=history,
+                                  opt_state=opt_state, key=key, step=step)
+        raise error from cause
+
     logger = _Logger(log, history)
     bar = progress_bar(steps, step, progress, "tune")
     start = time.perf_counter()
+    warned = False
     try:
         while step < steps:
-            trainable_params, opt_state, key, stats = _tune_step(
-                trainable_params, static, opt_state, key, scenarios, simulate_fn, loss,
-                regularization, optimizer, penalty, batch_size, chunk_size, mesh,
-                bool(ensemble),
-            )
-            stats = jax.device_get(stats)
+            try:
+                new_trainable, new_opt_state, new_key, stats = _tune_step(*step_args())
+                stats = jax.device_get(stats)
+            except Exception as error:  # raised inside the step, e.g. by `simulate_fn`
+                model = unwrap(eqx.combine(trainable_params, static))
+                domain = _domain_errors(model)
+                if domain:
+                    stop(ValueError, f"The parameters at step {step} are outside their "
+                         f"domain ({domain[0]}): step {step + 1} could not run "
+                         f"({_first_line(error)}).", error)
+                bad = _bad_scenarios(model, simulate_fn, scenarios, bool(ensemble))
+                if bad:
+                    listed = "; ".join(f"scenario {i}: {text}" for i, text in bad)
+                    stop(ValueError,
+                         f"Step {step + 1} stopped: {len(bad)}{'+' if len(bad) == 5 else ''} "
+                         f"scenario(s) raise when simulated on their own ({listed}). One "
+                         "scenario that raises stops the whole batch: fix or remove it, or "
+                         "simulate with `throw=False` so that a failure counts as "
+                         f"`failure_penalty`. The parameters after step {step} are kept: "
+                         "`error.result`.", error)
+                if directory is not None:
+                    _save_checkpoint(directory, (trainable_params, opt_state, key), step,
+                                     history, identity)
+                error.add_note(f"(raised by jaxdae.tune in step {step + 1}"
+                               + ("" if directory is None else
+                                  f"; the parameters after step {step} are saved in "
+                                  f"{directory}") + ")")
+                raise
+            domain = _domain_errors(unwrap(eqx.combine(new_trainable, static)))
+            if domain:
+                stop(ValueError,
+                     f"Step {step + 1}'s update took the parameters out of their domain "
+                     f"({domain[0]}); it was not applied (loss {float(stats['loss'])}, "
+                     f"gradient norm {float(stats['grad_norm'])}). The optimizer's steps are "
+                     "too large for these gains: lower the learning rate, or parametrize the "
+                     "gains (`jaxdae.parametrize` with `jaxdae.Positive`) so that every "
+                     f"update stays valid. The parameters after step {step} are kept: "
+                     "`error.result`.", None)
+            trainable_params, opt_state, key = new_trainable, new_opt_state, new_key
             step += 1
+            failed = sorted({int(i) for i in stats["failed"] if i >= 0})
             row = dict(
                 step=step,
                 loss=float(stats["loss"]),
@@ -428,6 +600,7 @@ def tune(
                 grad_norm=float(stats["grad_norm"]),
                 skipped=bool(stats["skipped"]),
                 time=elapsed_before + time.perf_counter() - start,
+                failed_scenarios=failed,
             )
             for c in HISTORY_COLUMNS:
                 history[c].append(row[c])
@@ -435,16 +608,25 @@ def tune(
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{row['loss']:.4g}", failed=row["num_failed"])
+            if failed and not warned:
+                warned = True
+                warnings.warn(
+                    f"jaxdae.tune: at step {step}, scenario(s) {failed[:10]}"
+                    f"{' ...' if len(failed) > 10 else ''} failed (a solve that did not "
+                    "succeed, or a non-finite loss or gradient); they count as "
+                    f"`failure_penalty` = {failure_penalty} with no gradient. "
+                    "`history['failed_scenarios']` lists them at every step.", stacklevel=2)
             if row["skipped"] and on_nonfinite == "raise":
-                raise FloatingPointError(
-                    f"Step {step}: the update is not finite (loss {row['loss']}, gradient norm "
-                    f"{row['grad_norm']}); it was not applied. Failed scenarios are already "
-                    "masked, so look at the regularization, the optimizer's learning rate or "
-                    "the loss; pass `on_nonfinite='skip'` to skip such steps."
-                )
+                stop(FloatingPointError,
+                     f"Step {step}: the update is not finite (loss {row['loss']}, gradient "
+                     f"norm {row['grad_norm']}); it was not applied. Failed scenarios are "
+                     "already masked, so look at the regularization, the optimizer's "
+                     "learning rate or the loss; pass `on_nonfinite='skip'` to skip such "
+                     "steps. The parameters before this step are kept: `error.result`.",
+                     None)
             if directory is not None and (step % checkpoint_every == 0 or step == steps):
                 _save_checkpoint(directory, (trainable_params, opt_state, key), step, history,
-                                 fingerprint)
+                                 identity)
                 logger.flush(history)
             if callback is not None:
                 callback(step, row)
