@@ -7,7 +7,9 @@ jax.config.update("jax_enable_x64", True)
 # sharded batch tests (tests/test_batch.py) run on a real multi-device mesh. Computations
 # that are not sharded still run on one device.
 jax.config.update("jax_num_cpu_devices", 4)
-# Reuse compiled XLA programs across test processes and runs.
+# Reuse compiled XLA programs across test processes and runs. JAX does not store programs
+# with host callbacks (every `simulate` has them: its traced checks), so this saves the
+# compiles of the smaller helpers only.
 jax.config.update(
     "jax_compilation_cache_dir",
     os.environ.get("JAXDAE_TEST_CACHE", os.path.join(os.path.dirname(__file__), "..", ".cache", "jax")),
@@ -22,7 +24,7 @@ _ORDER = (
     "test_notebooks.py", "test_core.py", "test_actuated.py", "test_ensemble.py",
     "test_nonholonomic.py", "test_ball_and_beam.py", "test_tune.py",
     "test_redundant_coordinates.py", "test_hamiltonian.py", "test_scalarize.py",
-    "test_realizing_forces.py", "test_batch.py", "test_adjoint.py", "test_core_consistency.py",
+    "test_realizing_forces.py", "test_batch.py", "test_adjoint.py", "test_references.py",
     "test_solvers.py",
     "test_lqr.py", "test_errors.py",
 )
