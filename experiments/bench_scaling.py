@@ -247,7 +247,8 @@ def predicted_skip(previous, n, budget, compile_budget):
     return set(), ""
 
 
-def run(families, sizes, batch, budget, compile_budget, repeats, methods):
+def run(families, sizes, batch, budget, compile_budget, repeats, methods, on_row=None):
+    """Measures every family × size × method; `on_row(results)` after each size."""
     results = []
     for family in families:
         previous = dict.fromkeys(methods)
@@ -281,6 +282,8 @@ def run(families, sizes, batch, budget, compile_budget, repeats, methods):
                 if reference is not None and "q_final" in result:
                     result["difference"] = float(np.max(np.abs(result["q_final"] - reference)))
             results.append(row)
+            if on_row is not None:
+                on_row(results)
     return results
 
 
@@ -408,26 +411,31 @@ def main():
     methods = [m for m in METHODS if m != CASADI or ca is not None]
     warm_up_jax()
     start = time.perf_counter()
+
+    def report(results, final=False):
+        """Writes the table, the JSON and the figure of what is measured so far."""
+        lines = [
+            f"Baumgarte(kd={KD:g}, kp={KP:g}), t ∈ [0, {T1:g}] from rest, rtol={RTOL:g}, "
+            f"atol={ATOL:g}, float64; medians of {args.repeats} calls; device: "
+            f"{jax.devices()[0].device_kind}; jax {jax.__version__}"
+            + (f", casadi {ca.__version__}" if ca is not None else "")
+            + f"; budget {args.budget:g} s per solve; {time.perf_counter() - start:.0f} s in all.",
+            "",
+        ] + table(results, methods)
+        if final:
+            print("\n".join(lines))
+        plot(results, methods, folder / "bench_scaling.png")
+        rows = [{**row, "methods": {m: {k: x for k, x in r.items() if k != "q_final"}
+                                    for m, r in row["methods"].items()}} for row in results]
+        write_json(folder / "bench_scaling.json", {
+            "results": rows, "sizes": args.sizes, "families": args.families,
+            "batch": args.batch, "budget": args.budget, "repeats": args.repeats,
+            "jax": jax.__version__, "casadi": None if ca is None else ca.__version__,
+            "complete": final, "table": lines})
+
     results = run(args.families, args.sizes, args.batch, args.budget, args.compile_budget,
-                  args.repeats, methods)
-    lines = [
-        f"Baumgarte(kd={KD:g}, kp={KP:g}), t ∈ [0, {T1:g}] from rest, rtol={RTOL:g}, "
-        f"atol={ATOL:g}, float64; medians of {args.repeats} calls; device: "
-        f"{jax.devices()[0].device_kind}; jax {jax.__version__}"
-        + (f", casadi {ca.__version__}" if ca is not None else "")
-        + f"; budget {args.budget:g} s per solve; {time.perf_counter() - start:.0f} s in all.",
-        "",
-    ] + table(results, methods)
-    print("\n".join(lines))
-    plot(results, methods, folder / "bench_scaling.png")
-    for row in results:
-        for r in row["methods"].values():
-            r.pop("q_final", None)
-    write_json(folder / "bench_scaling.json", {
-        "results": results, "sizes": args.sizes, "families": args.families,
-        "batch": args.batch, "budget": args.budget, "repeats": args.repeats,
-        "jax": jax.__version__, "casadi": None if ca is None else ca.__version__,
-        "table": lines})
+                  args.repeats, methods, on_row=report)
+    report(results, final=True)
     print(f"wrote {folder / 'bench_scaling.json'} and {folder / 'bench_scaling.png'}")
 
 
