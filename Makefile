@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(PY) experiments/bench_solves.py
 	$(PY) experiments/bench_unrolled.py
 	$(PY) experiments/bench_precision.py --out output
+	$(PY) experiments/bench_scaling.py --out output
 
 ## Build the documentation site into site/ (mkdocs --strict: a warning fails the build).
 docs: $(STAMP)
