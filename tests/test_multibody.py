@@ -85,8 +85,8 @@ class HandDoublePendulum(jaxdae.LagrangianSystem):
 def parallelogram():
     """Three parallel cranks (0.5 m) on the ground at x = 0, 0.5, 1 joined by a coupler:
     a parallelogram four-bar with a redundant fifth bar (12 coordinates, 12 equations)."""
-    crank = dict(mass=0.4, inertia=0.4 * 0.5**2 / 12,
-                 markers={"base": (-0.25, 0.0), "tip": (0.25, 0.0)})
+    crank = {"mass": 0.4, "inertia": 0.4 * 0.5**2 / 12,
+                 "markers": {"base": (-0.25, 0.0), "tip": (0.25, 0.0)}}
     return mb.Mechanism(
         bodies=[
             mb.Ground(markers={"A": (0.0, 0.0), "B": (0.5, 0.0), "C": (1.0, 0.0)}),
@@ -160,6 +160,7 @@ def test_double_pendulum_matches_hand_written_terms():
                                                               rel=1e-13)
 
 
+@pytest.mark.slow
 def test_double_pendulum_trajectory_matches_hand_written():
     mech, hand = double_pendulum(), HandDoublePendulum()
     angles = jnp.array([-0.9, -0.2])  # from the x axis; hanging is −π/2
@@ -168,7 +169,7 @@ def test_double_pendulum_trajectory_matches_hand_written():
     q0, v0 = mech.initial_state(q=guess, v=jnp.zeros(6).at[2].set(1.0))
     assert jnp.allclose(q0[jnp.array([2, 5])], angles, atol=1e-12)
     formulation, ts = jaxdae.Baumgarte(10.0, 25.0), jnp.linspace(0.0, 1.0, 6)
-    kwargs = dict(ts=ts, rtol=1e-12, atol=1e-12)
+    kwargs = {"ts": ts, "rtol": 1e-12, "atol": 1e-12}
     sol = jaxdae.simulate(mech, formulation, 0.0, 1.0, q0, v0, **kwargs)
     ref = jaxdae.simulate(hand, formulation, 0.0, 1.0, q0, v0, **kwargs)
     np.testing.assert_allclose(sol.q, ref.q, atol=1e-10)
@@ -225,7 +226,7 @@ def test_slider_with_spring_force_and_point_on_line():
 
 
 def test_fixed_and_prismatic_mobility():
-    body = dict(mass=1.0, inertia=0.1)
+    body = {"mass": 1.0, "inertia": 0.1}
     welded = mb.Mechanism([mb.Body("a", **body), mb.Body("b", **body, markers={"p": (1.0, 0.0)})],
                           [mb.Fixed("ground", "a"), mb.Prismatic("a", "b.p", axis=(0.0, 1.0))])
     assert welded.mobility() == mb.Mobility(6, 5, 1, 5, 1, 0)
@@ -264,16 +265,19 @@ def test_slider_crank_initial_state_and_mobility(crank_start):
     assert mech.joint_coordinates(q0)["slide"] == pytest.approx(x, rel=1e-12)
 
 
-@pytest.mark.parametrize("formulation", [
-    jaxdae.Baumgarte(20.0, 100.0), jaxdae.PseudoInverse(20.0, 100.0),
-    jaxdae.ModifiedLagrange(1e3, 20.0, 100.0),
+@pytest.mark.parametrize("formulation, tol, energy_tol", [
+    (jaxdae.Baumgarte(20.0, 100.0), 1e-6, 1e-6),
+    pytest.param(jaxdae.PseudoInverse(20.0, 100.0), 1e-6, 1e-6, marks=pytest.mark.slow),
+    # The modified Lagrange equation leaves a violation of order 1/alpha (measured here:
+    # |Φ| ≤ 1.3e-4, relative energy drift 1.3e-3 at alpha = 1e4).
+    pytest.param(jaxdae.ModifiedLagrange(1e4, 20.0, 100.0), 1e-3, 5e-3, marks=pytest.mark.slow),
 ], ids=["baumgarte", "pseudo_inverse", "modified_lagrange"])
-def test_slider_crank_formulations(crank_start, formulation):
+def test_slider_crank_formulations(crank_start, formulation, tol, energy_tol):
     mech, (q0, v0) = crank_start
     sol = jaxdae.simulate(mech, formulation, 0.0, 1.0, q0, v0, ts=jnp.linspace(0.0, 1.0, 21))
-    assert float(jnp.max(jnp.abs(sol.phi))) < 1e-6
+    assert float(jnp.max(jnp.abs(sol.phi))) < tol
     energy = jax.vmap(mech.energy)(sol.ts, sol.q, sol.v)
-    assert float(jnp.max(jnp.abs(energy - energy[0]))) < 1e-6 * float(jnp.abs(energy[0]))
+    assert float(jnp.max(jnp.abs(energy - energy[0]))) < energy_tol * float(jnp.abs(energy[0]))
     # The crank turns through several revolutions.
     assert float(mech.joint_coordinates(sol.q)["crank"][-1]) > 0.5 + 2 * np.pi
 
@@ -308,10 +312,13 @@ def sprung_pendulum(mass, stiffness):
     )
 
 
+BAUMGARTE = jaxdae.Baumgarte(10.0, 25.0)
+
+
 @eqx.filter_jit
 def final_angle(mech):
     q0 = jnp.array([0.5 * jnp.sin(0.4), -0.5 * jnp.cos(0.4), 0.4])
-    sol = jaxdae.simulate(mech, jaxdae.Baumgarte(10.0, 25.0), 0.0, 0.5, q0, jnp.zeros(3),
+    sol = jaxdae.simulate(mech, BAUMGARTE, 0.0, 0.5, q0, jnp.zeros(3),
                           rtol=1e-10, atol=1e-12)
     return sol.q[-1, 2]
 

@@ -8,24 +8,52 @@ is an ordinary jaxdae system: simulate it with any formulation, differentiate wi
 to any of its numbers.
 """
 
-from ._body import Body as Body, Ground as Ground
+from ._body import Body as Body
+from ._body import Ground as Ground
 from ._force import (
     AbstractForce as AbstractForce,
+)
+from ._force import (
     Force as Force,
+)
+from ._force import (
     Gravity as Gravity,
+)
+from ._force import (
     Load as Load,
+)
+from ._force import (
     RotationalSpringDamper as RotationalSpringDamper,
+)
+from ._force import (
     SpringDamper as SpringDamper,
+)
+from ._force import (
     Torque as Torque,
 )
 from ._joint import (
     AbstractJoint as AbstractJoint,
+)
+from ._joint import (
     Distance as Distance,
+)
+from ._joint import (
     Fixed as Fixed,
+)
+from ._joint import (
     Gear as Gear,
+)
+from ._joint import (
     PointOnLine as PointOnLine,
+)
+from ._joint import (
     Prismatic as Prismatic,
+)
+from ._joint import (
     Revolute as Revolute,
 )
-from ._kinematics import Frame as Frame, Kinematics as Kinematics
-from ._model import Mechanism as Mechanism, Mobility as Mobility, Reaction as Reaction
+from ._kinematics import Frame as Frame
+from ._kinematics import Kinematics as Kinematics
+from ._model import Mechanism as Mechanism
+from ._model import Mobility as Mobility
+from ._model import Reaction as Reaction

@@ -5,7 +5,6 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from .._custom_types import Array, Float
-from ._body import GROUND
 
 
 class Frame(NamedTuple):
@@ -48,6 +47,12 @@ class Kinematics:
 
     def __init__(self, mechanism, t, q, v=None, inputs=None):
         self.mechanism, self.t, self.q, self.v, self.inputs = mechanism, t, q, v, inputs
+        self._rotations: dict[int, Array] = {}  # one rotation matrix per body in the trace
+
+    def _rotation(self, slot):
+        if slot not in self._rotations:
+            self._rotations[slot] = rotation(self.q[3 * slot + 2])
+        return self._rotations[slot]
 
     def _local(self, ref):
         name, marker = split(ref)
@@ -62,7 +67,7 @@ class Kinematics:
             return Frame(zero, jnp.zeros((), self.q.dtype), jnp.eye(2, dtype=self.q.dtype),
                          s.astype(self.q.dtype))
         r, angle = self.q[3 * slot : 3 * slot + 2], self.q[3 * slot + 2]
-        rot = rotation(angle)
+        rot = self._rotation(slot)
         return Frame(r, angle, rot, r + rot @ s)
 
     def velocity(self, ref: str) -> tuple[Float[Array, "2"], Float[Array, ""]]:
@@ -71,5 +76,5 @@ class Kinematics:
         if slot < 0:
             return jnp.zeros((2,), self.q.dtype), jnp.zeros((), self.q.dtype)
         rdot, omega = self.v[3 * slot : 3 * slot + 2], self.v[3 * slot + 2]
-        return rdot + omega * perpendicular(rotation(self.q[3 * slot + 2]) @ s), omega
+        return rdot + omega * perpendicular(self._rotation(slot) @ s), omega
 
