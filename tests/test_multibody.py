@@ -129,6 +129,30 @@ def test_physical_pendulum_closed_form():
     np.testing.assert_allclose(reaction.force, m * centre_acc - m * np.array([0.0, -G]), atol=1e-12)
     assert abs(float(reaction.torque)) < 1e-12
     assert mech.joint_coordinates(q0)["pin"] == pytest.approx(theta)
+    # The same joint written the other way round: the load on the ground, about its marker.
+    flipped = mb.Mechanism([mb.Body("bob", m, inertia, markers={"pivot": (0.0, length)})],
+                           [mb.Revolute("bob.pivot", "ground", name="pin")], [mb.Gravity((0.0, -G))])
+    acc_f, lam_f = accelerations(flipped, q0, v0)
+    np.testing.assert_allclose(acc_f, acc, rtol=1e-12, atol=1e-12)
+    on_ground = flipped.reactions(q0, lam_f)["pin"]
+    np.testing.assert_allclose(on_ground.force, -reaction.force, atol=1e-12)
+    assert abs(float(on_ground.torque)) < 1e-12
+
+
+def test_linearize_reads_the_input_channel():
+    """A torque input on a hanging physical pendulum: `B` has `1 / (I + m l²)` in the row
+    of `θ̈`, and the swinging roots are `±i sqrt(m g l / (I + m l²))`."""
+    m, inertia, length = 0.7, 0.05, 0.4
+    mech = mb.Mechanism([mb.Body("bob", m, inertia, markers={"pivot": (0.0, length)})],
+                        [mb.Revolute("ground", "bob.pivot")],
+                        [mb.Gravity((0.0, -G)), mb.Torque("bob", actuator=0)])
+    assert mech.controller(0.0, jnp.zeros(3), jnp.zeros(3)).shape == (1,)
+    lin = jaxdae.linearize(mech, jaxdae.Baumgarte(10.0, 25.0), jnp.array([0.0, -length, 0.0]),
+                           u=jnp.zeros(1))
+    np.testing.assert_allclose(lin.B[5, 0], 1.0 / (inertia + m * length**2), rtol=1e-10)
+    omega = np.sqrt(m * G * length / (inertia + m * length**2))
+    roots = np.asarray(lin.eigenvalues)
+    assert np.min(np.abs(roots - 1j * omega)) < 1e-8
 
 
 def test_distance_joint_is_the_cartesian_pendulum():
