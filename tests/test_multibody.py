@@ -29,10 +29,10 @@ def slider_crank(damping=0.0):
         forces.append(mb.SpringDamper("ground", "slider", damping=damping))
     return mb.Mechanism(
         bodies=[
-            mb.Body("crank", mass=1.0, inertia=2e-3, markers={"pin": (0.1, 0.0)}),
-            mb.Body("rod", mass=0.5, inertia=4e-3, markers={"a": (-0.15, 0.0), "b": (0.15, 0.0)},
-                    position=(0.25, 0.0)),
-            mb.Body("slider", mass=0.3, inertia=1e-4, position=(0.4, 0.0)),
+            mb.PlanarBody("crank", mass=1.0, inertia=2e-3, markers={"pin": (0.1, 0.0)}),
+            mb.PlanarBody("rod", mass=0.5, inertia=4e-3,
+                          markers={"a": (-0.15, 0.0), "b": (0.15, 0.0)}, position=(0.25, 0.0)),
+            mb.PlanarBody("slider", mass=0.3, inertia=1e-4, position=(0.4, 0.0)),
         ],
         joints=[mb.Revolute("ground", "crank", name="crank"), mb.Revolute("crank.pin", "rod.a"),
                 mb.Revolute("rod.b", "slider"), mb.Prismatic("ground", "slider", name="slide")],
@@ -44,9 +44,10 @@ def double_pendulum(l1=1.0, l2=0.7, m1=1.2, m2=0.8):
     """Two uniform rods hanging from the origin (body x axis along the rod)."""
     return mb.Mechanism(
         bodies=[
-            mb.Body("upper", mass=m1, inertia=m1 * l1**2 / 12,
-                    markers={"top": (-l1 / 2, 0.0), "bottom": (l1 / 2, 0.0)}),
-            mb.Body("lower", mass=m2, inertia=m2 * l2**2 / 12, markers={"top": (-l2 / 2, 0.0)}),
+            mb.PlanarBody("upper", mass=m1, inertia=m1 * l1**2 / 12,
+                          markers={"top": (-l1 / 2, 0.0), "bottom": (l1 / 2, 0.0)}),
+            mb.PlanarBody("lower", mass=m2, inertia=m2 * l2**2 / 12,
+                          markers={"top": (-l2 / 2, 0.0)}),
         ],
         joints=[mb.Revolute("ground", "upper.top"), mb.Revolute("upper.bottom", "lower.top")],
         forces=[mb.Gravity((0.0, -G))],
@@ -90,11 +91,11 @@ def parallelogram():
     return mb.Mechanism(
         bodies=[
             mb.Ground(markers={"A": (0.0, 0.0), "B": (0.5, 0.0), "C": (1.0, 0.0)}),
-            mb.Body("left", **crank, position=(0.0, -0.25), angle=-np.pi / 2),
-            mb.Body("middle", **crank, position=(0.5, -0.25), angle=-np.pi / 2),
-            mb.Body("right", **crank, position=(1.0, -0.25), angle=-np.pi / 2),
-            mb.Body("coupler", mass=1.0, inertia=1.0 / 12,
-                    markers={"l": (-0.5, 0.0), "r": (0.5, 0.0)}, position=(0.5, -0.5)),
+            mb.PlanarBody("left", **crank, position=(0.0, -0.25), angle=-np.pi / 2),
+            mb.PlanarBody("middle", **crank, position=(0.5, -0.25), angle=-np.pi / 2),
+            mb.PlanarBody("right", **crank, position=(1.0, -0.25), angle=-np.pi / 2),
+            mb.PlanarBody("coupler", mass=1.0, inertia=1.0 / 12,
+                          markers={"l": (-0.5, 0.0), "r": (0.5, 0.0)}, position=(0.5, -0.5)),
         ],
         joints=[
             mb.Revolute("ground.A", "left.base", name="left"),
@@ -113,8 +114,9 @@ def test_physical_pendulum_closed_form():
     """A body on a revolute joint: `(I + m l²) θ̈ = −m g l sin θ`, and the reaction on the
     body is `m c̈ − m g` (Newton's law for its centre of mass)."""
     m, inertia, length = 0.7, 0.05, 0.4
-    mech = mb.Mechanism([mb.Body("bob", m, inertia, markers={"pivot": (0.0, length)})],
-                        [mb.Revolute("ground", "bob.pivot", name="pin")], [mb.Gravity((0.0, -G))])
+    mech = mb.Mechanism([mb.PlanarBody("bob", m, inertia, markers={"pivot": (0.0, length)})],
+                        [mb.Revolute("ground", "bob.pivot", name="pin")],
+                        [mb.Gravity((0.0, -G))])
     theta, omega = 0.8, -1.3
     q0, v0 = mech.initial_state(q=jnp.array([0.0, -length, 0.0]),
                                 joint_coordinates={"pin": (theta, omega)})
@@ -130,8 +132,9 @@ def test_physical_pendulum_closed_form():
     assert abs(float(reaction.torque)) < 1e-12
     assert mech.joint_coordinates(q0)["pin"] == pytest.approx(theta)
     # The same joint written the other way round: the load on the ground, about its marker.
-    flipped = mb.Mechanism([mb.Body("bob", m, inertia, markers={"pivot": (0.0, length)})],
-                           [mb.Revolute("bob.pivot", "ground", name="pin")], [mb.Gravity((0.0, -G))])
+    flipped = mb.Mechanism([mb.PlanarBody("bob", m, inertia, markers={"pivot": (0.0, length)})],
+                           [mb.Revolute("bob.pivot", "ground", name="pin")],
+                           [mb.Gravity((0.0, -G))])
     acc_f, lam_f = accelerations(flipped, q0, v0)
     np.testing.assert_allclose(acc_f, acc, rtol=1e-12, atol=1e-12)
     on_ground = flipped.reactions(q0, lam_f)["pin"]
@@ -143,7 +146,7 @@ def test_linearize_reads_the_input_channel():
     """A torque input on a hanging physical pendulum: `B` has `1 / (I + m l²)` in the row
     of `θ̈`, and the swinging roots are `±i sqrt(m g l / (I + m l²))`."""
     m, inertia, length = 0.7, 0.05, 0.4
-    mech = mb.Mechanism([mb.Body("bob", m, inertia, markers={"pivot": (0.0, length)})],
+    mech = mb.Mechanism([mb.PlanarBody("bob", m, inertia, markers={"pivot": (0.0, length)})],
                         [mb.Revolute("ground", "bob.pivot")],
                         [mb.Gravity((0.0, -G)), mb.Torque("bob", actuator=0)])
     assert mech.controller(0.0, jnp.zeros(3), jnp.zeros(3)).shape == (1,)
@@ -158,7 +161,7 @@ def test_linearize_reads_the_input_channel():
 def test_distance_joint_is_the_cartesian_pendulum():
     """A body on a massless link from the origin to its centre of mass moves like
     `examples.CartesianPendulum` and does not turn."""
-    mech = mb.Mechanism([mb.Body("bob", 1.3, 0.02)], [mb.Distance("ground", "bob", 0.9)],
+    mech = mb.Mechanism([mb.PlanarBody("bob", 1.3, 0.02)], [mb.Distance("ground", "bob", 0.9)],
                         [mb.Gravity((0.0, -G))])
     reference = jaxdae.examples.CartesianPendulum(mass=1.3, length=0.9, gravity=G)
     qp, vp = reference.state_from_angle(0.6, 1.7)
@@ -188,8 +191,9 @@ def test_double_pendulum_matches_hand_written_terms():
 def test_double_pendulum_trajectory_matches_hand_written():
     mech, hand = double_pendulum(), HandDoublePendulum()
     angles = jnp.array([-0.9, -0.2])  # from the x axis; hanging is −π/2
-    guess = jnp.array([0.5 * np.cos(-0.9), 0.5 * np.sin(-0.9), -0.9,
-                       np.cos(-0.9) + 0.35 * np.cos(-0.2), np.sin(-0.9) + 0.35 * np.sin(-0.2), -0.2])
+    tip = np.array([np.cos(-0.9), np.sin(-0.9)])
+    guess = jnp.array([*(0.5 * tip), -0.9, *(tip + 0.35 * np.array([np.cos(-0.2), np.sin(-0.2)])),
+                       -0.2])
     q0, v0 = mech.initial_state(q=guess, v=jnp.zeros(6).at[2].set(1.0))
     assert jnp.allclose(q0[jnp.array([2, 5])], angles, atol=1e-12)
     formulation, ts = jaxdae.Baumgarte(10.0, 25.0), jnp.linspace(0.0, 1.0, 6)
@@ -210,8 +214,8 @@ def test_gear_torque_input_and_rotational_spring():
     `(I_a + 4 I_b) θ̈_a = u − 2 τ_b`."""
     ia, ib, k, c, rest = 0.3, 0.05, 4.0, 0.7, 0.2
     mech = mb.Mechanism(
-        [mb.Ground(markers={"axle": (1.0, 0.0)}), mb.Body("a", 1.0, ia),
-         mb.Body("b", 0.5, ib, position=(1.0, 0.0))],
+        [mb.Ground(markers={"axle": (1.0, 0.0)}), mb.PlanarBody("a", 1.0, ia),
+         mb.PlanarBody("b", 0.5, ib, position=(1.0, 0.0))],
         [mb.Revolute("ground", "a"), mb.Revolute("ground.axle", "b"), mb.Gear("a", "b", -2.0)],
         [mb.Torque("a", actuator=0), mb.RotationalSpringDamper("ground", "b", k, c, rest)],
     )
@@ -234,7 +238,7 @@ def test_slider_with_spring_force_and_point_on_line():
     u = np.array([np.cos(slope), np.sin(slope)])
     m, k, c, rest, push = 0.8, 30.0, 1.5, 0.2, 2.0
     mech = mb.Mechanism(
-        [mb.Body("block", m, 0.01)],
+        [mb.PlanarBody("block", m, 0.01)],
         [mb.PointOnLine("ground", "block", axis=tuple(u), name="line")],
         [mb.Gravity((0.0, -G)), mb.SpringDamper("ground", "block", k, c, rest),
          mb.Force("block", push, direction=(1.0, 0.0), local=True)],
@@ -251,7 +255,8 @@ def test_slider_with_spring_force_and_point_on_line():
 
 def test_fixed_and_prismatic_mobility():
     body = {"mass": 1.0, "inertia": 0.1}
-    welded = mb.Mechanism([mb.Body("a", **body), mb.Body("b", **body, markers={"p": (1.0, 0.0)})],
+    welded = mb.Mechanism([mb.PlanarBody("a", **body),
+                           mb.PlanarBody("b", **body, markers={"p": (1.0, 0.0)})],
                           [mb.Fixed("ground", "a"), mb.Prismatic("a", "b.p", axis=(0.0, 1.0))])
     assert welded.mobility() == mb.Mobility(6, 5, 1, 5, 1, 0)
     q = jnp.array([0.0, 0.0, 0.0, -1.0, 0.3, 0.0])
@@ -330,7 +335,7 @@ def test_redundant_parallelogram_with_pseudo_inverse():
 def sprung_pendulum(mass, stiffness):
     return mb.Mechanism(
         [mb.Ground(markers={"anchor": (0.5, 0.0)}),
-         mb.Body("bob", mass, 0.02, markers={"pivot": (0.0, 0.5)}, position=(0.0, -0.5))],
+         mb.PlanarBody("bob", mass, 0.02, markers={"pivot": (0.0, 0.5)}, position=(0.0, -0.5))],
         [mb.Revolute("ground", "bob.pivot")],
         [mb.Gravity(), mb.SpringDamper("ground.anchor", "bob", stiffness, 0.3, 0.6)],
     )
@@ -370,7 +375,7 @@ def test_vmap_over_a_parameter_under_jit():
 
 
 def test_bad_models_are_refused():
-    body = mb.Body("a", 1.0, 0.1, markers={"p": (0.1, 0.0)})
+    body = mb.PlanarBody("a", 1.0, 0.1, markers={"p": (0.1, 0.0)})
     with pytest.raises(ValueError, match="body 'b', which is not in the mechanism"):
         mb.Mechanism([body], [mb.Revolute("ground", "b")])
     with pytest.raises(ValueError, match="has no marker 'q'"):
@@ -378,25 +383,26 @@ def test_bad_models_are_refused():
     with pytest.raises(ValueError, match="marker 'c.p'.*|body 'c'"):
         mb.Mechanism([body], forces=[mb.SpringDamper("ground", "c.p", 1.0)])
     with pytest.raises(ValueError, match="mass 0.0"):
-        mb.Body("z", 0.0, 0.1)
+        mb.PlanarBody("z", 0.0, 0.1)
     with pytest.raises(ValueError, match="inertia -1.0"):
-        mb.Body("z", 1.0, -1.0)
+        mb.PlanarBody("z", 1.0, -1.0)
     with pytest.raises(ValueError, match="Duplicate body names"):
-        mb.Mechanism([body, mb.Body("a", 2.0, 0.2)])
+        mb.Mechanism([body, mb.PlanarBody("a", 2.0, 0.2)])
     with pytest.raises(ValueError, match="Duplicate joint names"):
-        mb.Mechanism([body], [mb.Revolute("ground", "a", name="j"), mb.Fixed("ground", "a", name="j")])
+        mb.Mechanism([body], [mb.Revolute("ground", "a", name="j"),
+                              mb.Fixed("ground", "a", name="j")])
     with pytest.raises(ValueError, match="joins body 'a' to itself"):
         mb.Mechanism([body], [mb.Revolute("a", "a.p")])
     with pytest.raises(ValueError, match="pass an instance"):
         mb.Mechanism([body], [mb.Revolute])
     with pytest.raises(ValueError, match="without '.'"):
-        mb.Body("a.b", 1.0, 0.1)
+        mb.PlanarBody("a.b", 1.0, 0.1)
     with pytest.raises(ValueError, match="'ground' names the fixed frame"):
-        mb.Body("ground", 1.0, 0.1)
+        mb.PlanarBody("ground", 1.0, 0.1)
     with pytest.raises(ValueError, match="positive finite `length`"):
         mb.Distance("ground", "a", 0.0)
     with pytest.raises(ValueError, match="vector of 2 numbers"):
-        mb.Body("a", 1.0, 0.1, markers={"p": (0.1, 0.0, 0.0)})
+        mb.PlanarBody("a", 1.0, 0.1, markers={"p": (0.1, 0.0, 0.0)})
     with pytest.raises(ValueError, match="has no joint coordinate"):
         mb.Mechanism([body], [mb.Fixed("ground", "a", name="w")]).initial_state(
             joint_coordinates={"w": 0.1})

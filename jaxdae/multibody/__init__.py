@@ -8,8 +8,8 @@ is an ordinary jaxdae system: simulate it with any formulation, differentiate wi
 to any of its numbers.
 """
 
-from ._body import Body as Body
 from ._body import Ground as Ground
+from ._body import PlanarBody as PlanarBody
 from ._force import (
     AbstractForce as AbstractForce,
 )

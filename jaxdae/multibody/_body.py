@@ -14,7 +14,8 @@ def _array(name: str, value) -> Array:
     try:
         array = jnp.asarray(value)
     except TypeError as error:
-        raise ValueError(f"{name} must be a number or an array of numbers; got {value!r}.") from error
+        raise ValueError(
+            f"{name} must be a number or an array of numbers; got {value!r}.") from error
     return array if jnp.issubdtype(array.dtype, jnp.inexact) else array.astype(float)
 
 
@@ -55,7 +56,7 @@ def _markers(owner: str, markers) -> dict[str, Array]:
     }
 
 
-class Body(eqx.Module):
+class PlanarBody(eqx.Module):
     """A planar rigid body, described by the absolute coordinates `(x, y, θ)` of its centre
     of mass and its orientation.
 

@@ -89,7 +89,8 @@ def _norm(d):
 def _non_negative(owner, **values):
     for key, value in values.items():
         if is_concrete(value) and not (np.isfinite(value) and value >= 0):
-            raise ValueError(f"`{key}` of {owner} must be a non-negative number; got {float(value)}.")
+            raise ValueError(
+                f"`{key}` of {owner} must be a non-negative number; got {float(value)}.")
 
 
 class Gravity(AbstractForce):

@@ -12,7 +12,7 @@ from .._consistent import consistent_initial_state
 from .._control import AbstractController, ConstantControl
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._system import LagrangianSystem
-from ._body import GROUND, Body, Ground
+from ._body import GROUND, Ground, PlanarBody
 from ._force import AbstractForce
 from ._joint import AbstractJoint
 from ._kinematics import Kinematics, split
@@ -126,10 +126,10 @@ class Mechanism(LagrangianSystem):
 
         mechanism = mb.Mechanism(
             bodies=[
-                mb.Body("crank", mass=1.0, inertia=1e-3, markers={"pin": (0.1, 0.0)}),
-                mb.Body("rod", mass=0.5, inertia=4e-3, markers={"a": (-0.15, 0), "b": (0.15, 0)},
-                        position=(0.25, 0.0)),
-                mb.Body("slider", mass=0.3, inertia=1e-4, position=(0.4, 0.0)),
+                mb.PlanarBody("crank", mass=1.0, inertia=1e-3, markers={"pin": (0.1, 0.0)}),
+                mb.PlanarBody("rod", mass=0.5, inertia=4e-3,
+                              markers={"a": (-0.15, 0.0), "b": (0.15, 0.0)}, position=(0.25, 0.0)),
+                mb.PlanarBody("slider", mass=0.3, inertia=1e-4, position=(0.4, 0.0)),
             ],
             joints=[mb.Revolute("ground", "crank", name="crank"), mb.Revolute("crank.pin", "rod.a"),
                     mb.Revolute("rod.b", "slider"), mb.Prismatic("ground", "slider")],
@@ -140,7 +140,7 @@ class Mechanism(LagrangianSystem):
 
     **Arguments:**
 
-    - `bodies`: the [`jaxdae.multibody.Body`][]s, optionally with a
+    - `bodies`: the [`jaxdae.multibody.PlanarBody`][]s, optionally with a
         [`jaxdae.multibody.Ground`][] that carries markers on the fixed frame.
     - `joints`: [`jaxdae.multibody.AbstractJoint`][]s (revolute, prismatic, ...).
     - `forces`: force elements ([`jaxdae.multibody.Gravity`][], spring-dampers, applied
@@ -153,10 +153,10 @@ class Mechanism(LagrangianSystem):
     `ValueError` before any solve for: an element that is not a body, joint or force
     element; duplicate body, joint or force names; a joint or force on a body that is not
     in the mechanism or on a marker its body does not have; a joint between a body and
-    itself; a body with non-positive mass or inertia (from [`jaxdae.multibody.Body`][]).
+    itself; a body with non-positive mass or inertia (from [`jaxdae.multibody.PlanarBody`][]).
     """
 
-    bodies: tuple[Body, ...]
+    bodies: tuple[PlanarBody, ...]
     ground: Ground
     joints: tuple[AbstractJoint, ...]
     forces: tuple[AbstractForce, ...]
@@ -166,21 +166,21 @@ class Mechanism(LagrangianSystem):
 
     def __init__(
         self,
-        bodies: Sequence[Body | Ground],
+        bodies: Sequence[PlanarBody | Ground],
         joints: Sequence[AbstractJoint] = (),
         forces: Sequence[AbstractForce] = (),
         *,
         controller: AbstractController | None = None,
     ):
-        items = _kind_check("bodies", bodies, (Body, Ground),
-                           "jaxdae.multibody.Body (or one Ground) instances")
+        items = _kind_check("bodies", bodies, (PlanarBody, Ground),
+                           "jaxdae.multibody.PlanarBody (or one Ground) instances")
         grounds = [b for b in items if isinstance(b, Ground)]
         if len(grounds) > 1:
             raise ValueError("`bodies` holds more than one Ground; merge their markers into one.")
         self.ground = grounds[0] if grounds else Ground()
-        self.bodies = tuple(b for b in items if isinstance(b, Body))
+        self.bodies = tuple(b for b in items if isinstance(b, PlanarBody))
         if not self.bodies:
-            raise ValueError("A Mechanism needs at least one Body.")
+            raise ValueError("A Mechanism needs at least one PlanarBody.")
         _names("body", self.bodies)
         self.joints = _kind_check("joints", joints, AbstractJoint,
                                   "joints (jaxdae.multibody.Revolute, Prismatic, ...)")
@@ -204,7 +204,8 @@ class Mechanism(LagrangianSystem):
             controller = ConstantControl(jnp.zeros((max(channels, default=-1) + 1,)))
         if not isinstance(controller, AbstractController):
             raise ValueError(
-                f"`controller` must be a jaxdae.AbstractController; got {type(controller).__name__}."
+                "`controller` must be a jaxdae.AbstractController; got "
+                f"{type(controller).__name__}."
             )
         self.controller = controller
 
@@ -229,7 +230,7 @@ class Mechanism(LagrangianSystem):
         −1 for the ground."""
         return -1 if name == GROUND else self.body_names.index(name)
 
-    def body(self, name: str) -> Body | Ground:
+    def body(self, name: str) -> PlanarBody | Ground:
         return self.ground if name == GROUND else self.bodies[self.slot(name)]
 
     def joint_rows(self, name: str) -> slice:
