@@ -24,7 +24,7 @@ from ._custom_types import Array, ArrayLike, Float, ScalarLike
 from ._discrete import fixed_step_radius
 from ._formulation import AbstractFormulation, Baumgarte, ModifiedLagrange, PseudoInverse
 from ._formulation._base import baumgarte_target
-from ._linalg import full_precision, is_positive_definite, small_matmul
+from ._linalg import full_precision, is_positive_definite
 from ._gains import deferred_checks, is_concrete
 from ._nonholonomic import is_not_affine
 from ._scalarize import scalarize, with_scalar_vjp

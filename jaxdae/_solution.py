@@ -8,7 +8,6 @@ import numpy as np
 
 from ._custom_types import Array, Float, Int
 
-
 with warnings.catch_warnings():  # `successful` gets a message (diffrax's is empty)
     warnings.simplefilter("ignore")
 
