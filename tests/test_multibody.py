@@ -355,12 +355,15 @@ def final_angle(mech):
 def test_gradients_against_central_differences():
     mech = sprung_pendulum(0.7, 5.0)
     grads = eqx.filter_grad(final_angle)(mech)
-    for where, h in ((lambda m: m.bodies[0].mass, 1e-5), (lambda m: m.forces[1].stiffness, 1e-4)):
+    for where, h in ((lambda m: m.bodies[0].mass, 1e-5), (lambda m: m.forces[1].stiffness, 1e-4),
+                     (lambda m: m.ground.markers["anchor"], jnp.array([1e-5, 0.0]))):
         value = where(mech)
+        h = jnp.asarray(h)
         diff = (final_angle(eqx.tree_at(where, mech, value + h))
-                - final_angle(eqx.tree_at(where, mech, value - h))) / (2 * h)
+                - final_angle(eqx.tree_at(where, mech, value - h))) / (2 * jnp.linalg.norm(h))
+        gradient = where(grads) if h.ndim == 0 else where(grads) @ h / jnp.linalg.norm(h)
         assert abs(float(diff)) > 1e-3
-        np.testing.assert_allclose(where(grads), diff, rtol=1e-5)
+        np.testing.assert_allclose(gradient, diff, rtol=1e-5)
 
 
 def test_vmap_over_a_parameter_under_jit():
@@ -380,7 +383,7 @@ def test_bad_models_are_refused():
         mb.Mechanism([body], [mb.Revolute("ground", "b")])
     with pytest.raises(ValueError, match="has no marker 'q'"):
         mb.Mechanism([body], [mb.Revolute("ground", "a.q")])
-    with pytest.raises(ValueError, match="marker 'c.p'.*|body 'c'"):
+    with pytest.raises(ValueError, match="force element 'springdamper_0' refers to body 'c', which is not"):
         mb.Mechanism([body], forces=[mb.SpringDamper("ground", "c.p", 1.0)])
     with pytest.raises(ValueError, match="mass 0.0"):
         mb.PlanarBody("z", 0.0, 0.1)
