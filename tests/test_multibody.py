@@ -299,7 +299,7 @@ def test_slider_crank_initial_state_and_mobility(crank_start):
     pytest.param(jaxdae.PseudoInverse(20.0, 100.0), 1e-6, 1e-6, marks=pytest.mark.slow),
     # The modified Lagrange equation leaves a violation of order 1/alpha (measured here:
     # |Φ| ≤ 1.3e-5, relative energy drift 1.3e-3 at alpha = 1e4; 1.3e-4, 1.3e-2 at 1e3).
-    pytest.param(jaxdae.ModifiedLagrange(1e4, 20.0, 100.0), 1e-3, 5e-3, marks=pytest.mark.slow),
+    pytest.param(jaxdae.ModifiedLagrange(1e4, 20.0, 100.0), 1e-4, 5e-3, marks=pytest.mark.slow),
 ], ids=["baumgarte", "pseudo_inverse", "modified_lagrange"])
 def test_slider_crank_formulations(crank_start, formulation, tol, energy_tol):
     mech, (q0, v0) = crank_start
