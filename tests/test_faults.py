@@ -109,6 +109,7 @@ def test_a_stable_fixed_step_does_not_warn():
         sol = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, solver=diffrax.Heun(),
                               stepsize_controller=diffrax.ConstantStepSize(), dt0=0.01)
     assert sol.succeeded
+    assert repr(sol.result) == "jaxdae.RESULTS<The solve reached `t1`.>"
 
 
 def test_fixed_step_radius_matches_transition_matrix():
