@@ -15,9 +15,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ._checks import check_instance
 from ._custom_types import PyTree
 from ._persist import (
-    atomic_write, atomic_write_text, fingerprint, program_fingerprint, progress_bar, read_json,
+    atomic_write,
+    atomic_write_text,
+    fingerprint,
+    program_fingerprint,
+    progress_bar,
+    read_json,
 )
-from ._sharding import auto_mesh as _auto, explicit_to_auto as _explicit_to_auto
+from ._sharding import auto_mesh as _auto
+from ._sharding import explicit_to_auto as _explicit_to_auto
 
 
 def batch_size_of(args: PyTree) -> int:
@@ -367,7 +373,7 @@ def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progres
                 continue
             out = [np.asarray(x) for x in
                    jax.tree.leaves(_batch_map(fn, chunk(k), None, mesh, ensemble))]
-            atomic_write(path, lambda file: np.savez(
+            atomic_write(path, lambda file, out=out: np.savez(
                 file, *out, **{_FINGERPRINT: np.array(identity)}))
             saved[k] = out
             if bar is not None:

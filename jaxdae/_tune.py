@@ -6,8 +6,8 @@ import io
 import json
 import math
 import os
-import warnings
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,13 +18,25 @@ import jax.numpy as jnp
 import optax
 
 from ._batch import (
-    _batch_map, _pad, _place, batch_size_of, batch_spec, check_ensemble_output, chunk_layout,
+    _batch_map,
+    _pad,
+    _place,
+    batch_size_of,
+    batch_spec,
+    check_ensemble_output,
+    chunk_layout,
 )
 from ._custom_types import Array, PyTree
 from ._parametrization import unwrap
 from ._persist import (
-    atomic_write, atomic_write_text, fingerprint as run_fingerprint, program_fingerprint,
-    progress_bar, read_json,
+    atomic_write,
+    atomic_write_text,
+    program_fingerprint,
+    progress_bar,
+    read_json,
+)
+from ._persist import (
+    fingerprint as run_fingerprint,
 )
 from ._sharding import auto_mesh
 
@@ -343,7 +355,7 @@ def _bad_scenarios(model, simulate_fn, scenarios, ensemble, limit=5) -> list[tup
     bad = []
     for i in range(batch_size_of(scenarios)):
         try:
-            jax.block_until_ready(one(model, jax.tree.map(lambda x: x[i], scenarios)))
+            jax.block_until_ready(one(model, jax.tree.map(lambda x, i=i: x[i], scenarios)))
         except Exception as error:
             bad.append((i, _first_line(error)))
             if len(bad) == limit:

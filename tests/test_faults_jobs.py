@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import equinox as eqx
@@ -18,7 +17,6 @@ import optax
 import pytest
 
 import jaxdae
-
 
 # --- batch_map: a sweep's identity -------------------------------------------------------
 
