@@ -498,6 +498,15 @@ def _loop_solve(vjp_arg, static):
         adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS), throw=False)
 
 
+def _typed_literal_as_array(x):
+    """A constant that JAX hands to the backward pass as a typed Python scalar (a gain
+    built from a Python float inside the caller's `jit`) as the array it was in the forward
+    pass: the re-solve calls the model and formulation with it, which use array methods."""
+    if isinstance(x, (int, float, complex)) and not isinstance(x, bool) and hasattr(x, "aval"):
+        return jnp.asarray(x, x.dtype)
+    return x
+
+
 @full_precision
 def _backward(stored, out_bar, perturbed, vjp_arg, static):
     if isinstance(stored, _LoopVJP):
@@ -508,7 +517,7 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
             _as_zeros(out_bar.ts, stored.out.ts), _as_zeros(out_bar.ys, stored.out.ys)))
         (vjp_arg_bar,) = stored.pull(bar)
         return vjp_arg_bar
-    args, y0, t0, t1, ts, _ = vjp_arg
+    args, y0, t0, t1, ts, _ = jax.tree.map(_typed_literal_as_array, vjp_arg)
     tableau, solver = static["tableau"], static["solver"]
     flat_y0, unravel = ravel_pytree(y0)
     flat = lambda y: ravel_pytree(y)[0]  # noqa: E731

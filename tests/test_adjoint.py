@@ -322,3 +322,19 @@ def test_other_solvers_vmap_and_float32():
         for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint())]
     assert float32[1].dtype == jnp.float32
     np.testing.assert_allclose(float32[1], float32[0], rtol=1e-4)
+
+
+def test_formulation_built_inside_the_differentiated_function():
+    """Gains built from Python floats inside the caller's `jit` reach the backward pass as
+    typed Python scalars (JAX's literals); the re-solve gets them back as arrays."""
+
+    def loss(system, adjoint):
+        formulation = jaxdae.Baumgarte(10.0, 25.0)
+        sol = jaxdae.simulate(system, formulation, 0.0, 0.3, Q0, V0, adjoint=adjoint,
+                              max_steps=64)
+        return jnp.sum(sol.q_final**2)
+
+    def gradient(adjoint):
+        return eqx.filter_grad(eqx.filter_jit(lambda s: loss(s, adjoint)))(PENDULUM)
+
+    _assert_same(gradient(CHECKPOINTED), gradient(SEGMENTED))
