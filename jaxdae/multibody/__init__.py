@@ -36,6 +36,7 @@ from ._joint import (
 )
 from ._joint import (
     Distance as Distance,
+    Driver as Driver,
 )
 from ._joint import (
     Fixed as Fixed,

@@ -1,6 +1,7 @@
 """Planar joints: holonomic constraints between two markers."""
 
 import abc
+from collections.abc import Callable
 from typing import ClassVar
 
 import equinox as eqx
@@ -25,7 +26,7 @@ class AbstractJoint(eqx.Module):
     the [`jaxdae.multibody.Mechanism`][] and, if it has one, a joint coordinate (the
     relative angle of a revolute joint, the displacement of a prismatic one).
 
-    Subclasses define `residual(a, b)` (and `coordinate(a, b)`) on the two markers'
+    Subclasses define `residual(t, a, b)` (and `coordinate(a, b)`) on the two markers'
     [`jaxdae.multibody.Frame`][]s.
     """
 
@@ -35,8 +36,8 @@ class AbstractJoint(eqx.Module):
     num_equations: ClassVar[int]
 
     @abc.abstractmethod
-    def residual(self, a: Frame, b: Frame) -> Float[Array, " m"]:
-        """The constraint residual, shape `(num_equations,)`."""
+    def residual(self, t: Float[Array, ""], a: Frame, b: Frame) -> Float[Array, " m"]:
+        """The constraint residual at time `t`, shape `(num_equations,)`."""
 
     def coordinate(self, a: Frame, b: Frame) -> Float[Array, ""] | None:
         """The joint coordinate, or `None` for a joint without one."""
@@ -70,7 +71,7 @@ class Revolute(AbstractJoint):
     def __init__(self, a: str, b: str, *, name: str | None = None):
         self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
 
-    def residual(self, a, b):
+    def residual(self, t, a, b):
         return b.point - a.point
 
     def coordinate(self, a, b):
@@ -106,7 +107,7 @@ class Prismatic(AbstractJoint):
         self.axis = _vector("`axis` of a Prismatic joint", axis, 2)
         self.angle = _scalar("`angle` of a Prismatic joint", angle)
 
-    def residual(self, a, b):
+    def residual(self, t, a, b):
         u = _unit(a.rotation @ self.axis)
         return jnp.stack([perpendicular(u) @ (b.point - a.point), b.angle - a.angle - self.angle])
 
@@ -130,7 +131,7 @@ class Fixed(AbstractJoint):
         self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
         self.angle = _scalar("`angle` of a Fixed joint", angle)
 
-    def residual(self, a, b):
+    def residual(self, t, a, b):
         return jnp.concatenate([b.point - a.point, (b.angle - a.angle - self.angle)[None]])
 
 
@@ -154,7 +155,7 @@ class Distance(AbstractJoint):
     def __check_init__(self):
         _check_length(self.length)
 
-    def residual(self, a, b):
+    def residual(self, t, a, b):
         d = b.point - a.point
         return ((d @ d - self.length**2) / (2 * self.length))[None]
 
@@ -177,7 +178,7 @@ class PointOnLine(AbstractJoint):
         self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
         self.axis = _vector("`axis` of a PointOnLine joint", axis, 2)
 
-    def residual(self, a, b):
+    def residual(self, t, a, b):
         u = _unit(a.rotation @ self.axis)
         return (perpendicular(u) @ (b.point - a.point))[None]
 
@@ -206,5 +207,38 @@ class Gear(AbstractJoint):
         self.ratio = _scalar("`ratio` of a Gear", ratio)
         self.offset = _scalar("`offset` of a Gear", offset)
 
-    def residual(self, a, b):
+    def residual(self, t, a, b):
         return (b.angle - self.ratio * a.angle - self.offset)[None]
+
+
+class Driver(AbstractJoint):
+    """Prescribed motion: marker `b` follows marker `a` along a given path,
+    `p_b − p_a = motion(t)` in the global frame (2 rheonomic equations).
+
+    A trajectory to track (paper 004's two-link arm, whose tip follows a point moving along
+    a line), or a kinematic input. The bodies turn freely.
+
+    **Arguments:**
+
+    - `a`, `b`: the markers.
+    - `motion`: a function `t -> (2,)`; an `eqx.Module` with array fields makes its
+        parameters differentiable leaves of the mechanism.
+    - `name`: the joint's name in outputs.
+    """
+
+    a: str = eqx.field(static=True)
+    b: str = eqx.field(static=True)
+    motion: Callable
+    name: str | None = eqx.field(static=True)
+    num_equations: ClassVar[int] = 2
+
+    def __init__(self, a: str, b: str, motion: Callable, *, name: str | None = None):
+        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
+        if not callable(motion):
+            raise ValueError(
+                f"`motion` of a Driver must be a function t -> (2,); got {type(motion).__name__}."
+            )
+        self.motion = motion
+
+    def residual(self, t, a, b):
+        return b.point - a.point - jnp.asarray(self.motion(t), b.point.dtype).reshape(2)

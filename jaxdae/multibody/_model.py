@@ -304,7 +304,8 @@ class Mechanism(LagrangianSystem):
             return jnp.zeros((0,), q.dtype)
         kin = Kinematics(self, t, q)
         return jnp.concatenate([
-            jnp.asarray(j.residual(kin.frame(j.a), kin.frame(j.b)), q.dtype) for j in self.joints
+            jnp.asarray(j.residual(t, kin.frame(j.a), kin.frame(j.b)), q.dtype)
+            for j in self.joints
         ])
 
     # -- outputs -----------------------------------------------------------------------
@@ -347,8 +348,8 @@ class Mechanism(LagrangianSystem):
         return _over_leading(lambda q_, v_: jax.jvp(self.joint_coordinates, (q_,), (v_,))[1],
                              q, v)
 
-    def reactions(self, q: Float[Array, "*batch n"], multipliers: Float[Array, "*batch c"]
-                  ) -> dict[str, Reaction]:
+    def reactions(self, q: Float[Array, "*batch n"], multipliers: Float[Array, "*batch c"],
+                  t: Float[ArrayLike, "*batch"] = 0.0) -> dict[str, Reaction]:
         """The joints' reaction loads from the multipliers of a solve, by joint name.
 
         The constraint forces are `−Φ_qᵀ λ` (`M q̈ = Q − Φ_qᵀ λ`); each joint's rows give
@@ -360,18 +361,20 @@ class Mechanism(LagrangianSystem):
         - `q`, `multipliers`: e.g. `sol.q` and `sol.multipliers` of a
             [`jaxdae.Solution`][] (leading axes are mapped over; the first `m` multipliers
             are the holonomic ones).
+        - `t`: the times (e.g. `sol.ts`), for joints whose Jacobian depends on time.
         """
         m = self.num_equations
 
-        def one(q_, lam):
-            kin = Kinematics(self, 0.0, q_)
+        def one(q_, lam, t_):
+            t_ = t_[0]
+            kin = Kinematics(self, t_, q_)
             out = {}
             for name, joint in zip(self.joint_names, self.joints):
                 rows = self.joint_rows(name)
 
                 def residual(q__, joint=joint):
-                    k = Kinematics(self, 0.0, q__)
-                    return joint.residual(k.frame(joint.a), k.frame(joint.b))
+                    k = Kinematics(self, t_, q__)
+                    return joint.residual(t_, k.frame(joint.a), k.frame(joint.b))
 
                 _, vjp = jax.vjp(residual, q_)
                 (load,) = vjp(-lam[rows])
@@ -390,7 +393,8 @@ class Mechanism(LagrangianSystem):
                 out[name] = Reaction(force, torque)
             return out
 
-        return _over_leading(lambda q_, lam: one(q_, lam[..., :m]), q, multipliers)
+        t = jnp.broadcast_to(jnp.asarray(t, q.dtype), q.shape[:-1])[..., None]
+        return _over_leading(lambda q_, lam, t_: one(q_, lam[..., :m], t_), q, multipliers, t)
 
     # -- analysis ----------------------------------------------------------------------
 
