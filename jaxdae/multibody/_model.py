@@ -103,8 +103,11 @@ class Mechanism(LagrangianSystem):
     (see `coordinate_names`). The mass matrix is then constant and diagonal,
     `diag(m₁, m₁, I₁, m₂, …)`, there are no velocity-dependent inertial forces, and each
     joint's constraints involve only its two bodies' coordinates (a sparse Jacobian).
-    These are the absolute (reference-point) coordinates of Nikravesh and Haug, also used
-    by Exudyn's and Chrono's planar bodies.
+    These are the absolute (reference-point) coordinates of Nikravesh's and Haug's planar
+    multibody texts, also those of Exudyn's `RigidBody2D`. They cost more coordinates than
+    joint (relative) coordinates, but every joint is a local, closed-form constraint and
+    closed loops need nothing special; redundant joints (a parallelogram's extra bar) show
+    as a rank-deficient `Φ_q` (see `mobility`).
 
     **The system.** `Mechanism` is a [`jaxdae.LagrangianSystem`][]: `Φ` stacks the joints'
     equations in the order of `joints`, `V` sums gravity and the springs, the generalized
