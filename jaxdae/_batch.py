@@ -185,10 +185,15 @@ def batch_map(
     the other from Python (each one compiled call, the same program for every chunk), and
     each chunk's output is written to `dir` as soon as it is computed. Calling `batch_map`
     again with the same function and arguments after an interruption computes only the
-    chunks that are missing, and returns the same values as an uninterrupted run. A
-    directory written for another function (by name), other arguments, another chunk size
-    or outputs of other shapes is refused. The output is assembled on the host and returned
-    as device arrays (on the mesh when given); single-process only.
+    chunks that are missing, and returns the same values as an uninterrupted run, bit for
+    bit (also after the process was killed). A directory written by another sweep is
+    refused, with what differs: another function (its name, the program it computes on a
+    chunk, i.e. its code and every value it closes over, or the arrays it binds with
+    `eqx.Partial`), other arguments, or another batch size, chunk size, mesh or output
+    shapes. Each chunk file carries the sweep's fingerprint: a damaged chunk (truncated,
+    empty) is computed again and a damaged `sweep.json` written again, with a warning,
+    keeping every intact chunk. The output is assembled on the host and returned as device
+    arrays (on the mesh when given); single-process only.
 
     **Ensembles** (`ensemble=True`): `fn` receives a whole chunk of rows at once (leading
     axis `chunk_size` per device, or the whole batch without `chunk_size`) and returns
@@ -222,7 +227,8 @@ def batch_map(
     **Raises:**
 
     `ValueError` if the arguments disagree on the batch size, `chunk_size < 1`,
-    `checkpoint` holds the chunks of another sweep, or, with `ensemble=True`, `fn`'s output
+    `checkpoint` holds the chunks of another sweep (the message names the directory and
+    what differs), or, with `ensemble=True`, `fn`'s output
     lacks the chunk's leading axis.
     """
     if chunk_size is not None and (int(chunk_size) != chunk_size or chunk_size < 1):

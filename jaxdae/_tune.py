@@ -15,6 +15,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from ._batch import (
@@ -134,16 +135,19 @@ def _ensemble_value_and_grad(trainable, static, simulate_fn, loss, penalty, scen
     return values, grads, ok
 
 
-def _ensemble_map(fn, scenarios, chunk_size, mesh):
+def _ensemble_map(fn, scenarios, chunk_size, mesh, dropped=None):
     """`fn(chunk, weights)` over chunks of `chunk_size` scenarios per device (default: all
     at once), one after the other, each split over `mesh` when given (`chunk_layout`); the
-    batch is padded with copies of its last scenario, weighted 0. Returns the per-scenario
+    batch is padded with copies of its last scenario, weighted 0, as are the `dropped`
+    scenarios. Returns the per-scenario
     values and `ok`, and the gradient of the batch mean."""
     size = batch_size_of(scenarios)
     mesh = None if mesh is None else auto_mesh(mesh)
     per_chunk, padded = chunk_layout(size, chunk_size, 1 if mesh is None else mesh.size)
     dtype = jnp.result_type(float)
     weights = jnp.where(jnp.arange(padded) < size, 1.0 / size, 0.0).astype(dtype)
+    if dropped is not None:  # no gradient from these scenarios
+        weights = jnp.where(_pad(dropped, padded - size), 0.0, weights)
     scenarios = jax.tree.map(lambda x: _pad(jnp.asarray(x), padded - size), scenarios)
 
     def chunk(args):
@@ -172,25 +176,44 @@ def _regularization_value_and_grad(trainable, static, regularization):
     return eqx.filter_value_and_grad(reg)(trainable)
 
 
+def _rows(mask, x):
+    return mask.reshape(mask.shape + (1,) * (jnp.ndim(x) - 1))
+
+
 @eqx.filter_jit
 def _tune_step(trainable, static, opt_state, key, scenarios, simulate_fn, loss,
-               regularization, optimizer, penalty, batch_size, chunk_size, mesh, ensemble):
+               regularization, optimizer, penalty, batch_size, chunk_size, mesh, ensemble,
+               excluded=None):
     key, subkey = jax.random.split(key)
     size = batch_size_of(scenarios)
+    if excluded is not None:
+        # Scenarios that raise when simulated run as a copy of one that does not, and then
+        # count as failed: `penalty`, no gradient.
+        substitute = jax.tree.map(lambda x: x[jnp.argmin(excluded)], scenarios)
     if batch_size is None:
         index = jnp.arange(size)
     else:
         index = jax.random.choice(subkey, size, (batch_size,), replace=False)
         scenarios = jax.tree.map(lambda x: x[index], scenarios)
+    if excluded is not None:
+        dropped = excluded[index]
+        scenarios = jax.tree.map(lambda x, s: jnp.where(_rows(dropped, x), s, x), scenarios,
+                                 substitute)
     if ensemble:
         fn = eqx.Partial(_ensemble_value_and_grad, trainable, static, simulate_fn, loss,
                          penalty)
-        values, grads, ok = _ensemble_map(fn, scenarios, chunk_size, mesh)
+        values, grads, ok = _ensemble_map(fn, scenarios, chunk_size, mesh,
+                                          None if excluded is None else dropped)
     else:
         fn = eqx.Partial(_scenario_value_and_grad, trainable, static, simulate_fn, loss,
                          penalty)
         values, grads, ok = _batch_map(fn, (scenarios,), chunk_size, mesh)
+        if excluded is not None:
+            grads = jax.tree.map(lambda g: jnp.where(_rows(dropped, g), 0.0, g), grads)
         grads = jax.tree.map(lambda g: jnp.mean(g, axis=0), grads)
+    if excluded is not None:
+        ok = ok & ~dropped
+        values = jnp.where(dropped, penalty.astype(values.dtype), values)
     scenario_loss = jnp.mean(values)
     reg_value, reg_grads = _regularization_value_and_grad(trainable, static, regularization)
     grads = jax.tree.map(jnp.add, grads, reg_grads)
@@ -271,7 +294,8 @@ def _run_identity(step_args: tuple, start: str, scenarios) -> dict:
             "problem": run_fingerprint(functions, program_fingerprint(program))}
 
 
-def _save_checkpoint(directory: Path, state, step: int, history: dict, identity: dict):
+def _save_checkpoint(directory: Path, state, step: int, history: dict, identity: dict,
+                     excluded=None):
     """Writes the state of step `step` to its own file, then `checkpoint.json` naming it
     (both atomically), then removes older states: a run killed at any point leaves a
     `checkpoint.json` and the state it names, of the same step."""
@@ -282,7 +306,8 @@ def _save_checkpoint(directory: Path, state, step: int, history: dict, identity:
     name = f"state_{step:06d}.eqx"
     atomic_write(directory / name, lambda file: file.write(data))
     meta = {"step": step, "state": name, "state_sha256": hashlib.sha256(data).hexdigest(),
-            "parts": identity, "history": history}
+            "parts": identity, "history": history,
+            "excluded": [] if excluded is None else np.flatnonzero(excluded).tolist()}
     atomic_write_text(directory / _META_FILE, json.dumps(meta))
     for old in directory.glob("state_*.eqx"):
         if old.name != name:
@@ -321,7 +346,7 @@ def _load_checkpoint(directory: Path, like, identity: dict):
             f"The checkpoint in {directory} does not match these parameters / optimizer "
             f"({error}). {_FIX}"
         ) from error
-    return state, step, history
+    return state, step, history, meta.get("excluded", [])
 
 
 def _domain_errors(model) -> list[str]:
@@ -348,18 +373,17 @@ def _first_line(error: BaseException) -> str:
     return inner[-1] if inner else f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
-def _bad_scenarios(model, simulate_fn, scenarios, ensemble, limit=5) -> list[tuple]:
-    """The first `limit` scenarios whose simulation raises on its own: `(index, error)`."""
+def _bad_scenarios(model, simulate_fn, scenarios, ensemble, candidates) -> list[tuple]:
+    """The scenarios among `candidates` whose simulation raises on its own: `(index,
+    error)`. (One compiled call per scenario: run only after a step raised.)"""
     one = eqx.filter_jit(simulate_fn if not ensemble else
-                  lambda m, s: simulate_fn(m, jax.tree.map(lambda x: x[None], s)))
+                         lambda m, s: simulate_fn(m, jax.tree.map(lambda x: x[None], s)))
     bad = []
-    for i in range(batch_size_of(scenarios)):
+    for i in candidates:
         try:
             jax.block_until_ready(one(model, jax.tree.map(lambda x, i=i: x[i], scenarios)))
         except Exception as error:
             bad.append((i, _first_line(error)))
-            if len(bad) == limit:
-                break
     return bad
 
 
@@ -435,9 +459,11 @@ def tune(
     **A step that cannot run** stops the run with its last good parameters kept (and
     checkpointed), as `error.result` (a `TuneResult`): an update that would take a gain out
     of its domain (the formulation's `check_values`, e.g. a learning rate so large that a
-    gain becomes negative) is not applied, and the error names the step and the gain; if
-    scenarios raise when simulated, the error names them (with `throw=False`, a failed
-    solve is a penalized scenario instead).
+    gain becomes negative) is not applied, and the error names the step and the gain.
+    **Scenarios that raise** when simulated (e.g. a check on their data inside
+    `simulate_fn`) are found one by one, named in a warning, and count as failed from then
+    on (`failure_penalty`, no gradient, listed in `history["failed_scenarios"]`); the run
+    stops only if every scenario raises.
 
     **Arguments:**
 
@@ -528,8 +554,9 @@ def tune(
     def step_args():
         return (trainable_params, static, opt_state, key, scenarios, simulate_fn, loss,
                 regularization, optimizer, penalty, batch_size, chunk_size, mesh,
-                bool(ensemble))
+                bool(ensemble), None if excluded is None else jnp.asarray(excluded))
 
+    excluded = None  # once scenarios raise: a mask of them (they count as failed)
     elapsed_before = 0.0
     identity = None
     if directory is not None:
@@ -538,7 +565,10 @@ def tune(
     if directory is not None and resume:
         loaded = _load_checkpoint(directory, (trainable_params, opt_state, key), identity)
         if loaded is not None:
-            (trainable_params, opt_state, key), step, history = loaded
+            (trainable_params, opt_state, key), step, history, dropped = loaded
+            if dropped:
+                excluded = np.zeros(size, bool)
+                excluded[dropped] = True
             if history["time"]:
                 elapsed_before = history["time"][-1]
 
@@ -547,7 +577,7 @@ def tune(
         `message`; the exception's `result` is that state as a `TuneResult`."""
         if directory is not None:
             _save_checkpoint(directory, (trainable_params, opt_state, key), step, history,
-                             identity)
+                             identity, excluded)
             message += f" It is saved in {directory}."
         _Logger(log, history)  # the log as the run stands
         error = error_type(message)
@@ -572,19 +602,28 @@ def tune(
                     stop(ValueError, f"The parameters at step {step} are outside their "
                          f"domain ({domain[0]}): step {step + 1} could not run "
                          f"({_first_line(error)}).", error)
-                bad = _bad_scenarios(model, simulate_fn, scenarios, bool(ensemble))
+                candidates = [i for i in range(size) if excluded is None or not excluded[i]]
+                bad = _bad_scenarios(model, simulate_fn, scenarios, bool(ensemble), candidates)
+                listed = "; ".join(f"scenario {i}: {text}" for i, text in bad[:5])
+                listed += f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
+                if bad and len(bad) < len(candidates):
+                    excluded = np.zeros(size, bool) if excluded is None else excluded.copy()
+                    excluded[[i for i, _ in bad]] = True
+                    warnings.warn(
+                        f"jaxdae.tune: in step {step + 1}, {len(bad)} scenario(s) raise when "
+                        f"simulated on their own ({listed}); from now on they count as "
+                        f"failed (`failure_penalty` = {failure_penalty}, no gradient) and "
+                        "`history['failed_scenarios']` names them. Fix or remove them, or "
+                        "simulate with `throw=False`.", stacklevel=2)
+                    continue
                 if bad:
-                    listed = "; ".join(f"scenario {i}: {text}" for i, text in bad)
                     stop(ValueError,
-                         f"Step {step + 1} stopped: {len(bad)}{'+' if len(bad) == 5 else ''} "
-                         f"scenario(s) raise when simulated on their own ({listed}). One "
-                         "scenario that raises stops the whole batch: fix or remove it, or "
-                         "simulate with `throw=False` so that a failure counts as "
-                         f"`failure_penalty`. The parameters after step {step} are kept: "
+                         f"Step {step + 1} stopped: every scenario raises when simulated on "
+                         f"its own ({listed}). The parameters after step {step} are kept: "
                          "`error.result`.", error)
                 if directory is not None:
                     _save_checkpoint(directory, (trainable_params, opt_state, key), step,
-                                     history, identity)
+                                     history, identity, excluded)
                 error.add_note(f"(raised by jaxdae.tune in step {step + 1}"
                                + ("" if directory is None else
                                   f"; the parameters after step {step} are saved in "
@@ -620,11 +659,12 @@ def tune(
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{row['loss']:.4g}", failed=row["num_failed"])
-            if failed and not warned:
+            unnamed = [i for i in failed if excluded is None or not excluded[i]]
+            if unnamed and not warned:
                 warned = True
                 warnings.warn(
-                    f"jaxdae.tune: at step {step}, scenario(s) {failed[:10]}"
-                    f"{' ...' if len(failed) > 10 else ''} failed (a solve that did not "
+                    f"jaxdae.tune: at step {step}, scenario(s) {unnamed[:10]}"
+                    f"{' ...' if len(unnamed) > 10 else ''} failed (a solve that did not "
                     "succeed, or a non-finite loss or gradient); they count as "
                     f"`failure_penalty` = {failure_penalty} with no gradient. "
                     "`history['failed_scenarios']` lists them at every step.", stacklevel=2)
@@ -638,7 +678,7 @@ def tune(
                      None)
             if directory is not None and (step % checkpoint_every == 0 or step == steps):
                 _save_checkpoint(directory, (trainable_params, opt_state, key), step, history,
-                                 identity)
+                                 identity, excluded)
                 logger.flush(history)
             if callback is not None:
                 callback(step, row)

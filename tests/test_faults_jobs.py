@@ -211,11 +211,31 @@ def _raises_for_negative(model, target):
     return eqx.error_if(model.kd * target, target < 0, "the target must be non-negative")
 
 
-def test_a_scenario_that_raises_is_named_and_the_run_kept(tmp_path):
+@pytest.mark.parametrize("ensemble", [False, True])
+def test_a_scenario_that_raises_is_named_and_counted_as_failed(tmp_path, ensemble):
+    """One scenario that raises (here a check on its own data) does not lose the run: it is
+    named, and counts as failed, as a solve that failed with `throw=False` would."""
     targets = jnp.array([0.5, 1.0, -2.0, 1.5])
-    with pytest.raises(ValueError, match=r"Step 1 stopped: 1 scenario\(s\) raise when simulated "
-                                         r"on their own \(scenario 2: .*non-negative\)") as info:
-        _tune(tmp_path, scenarios=targets, simulate_fn=_raises_for_negative)
+    with pytest.warns(UserWarning, match=r"in step 1, 1 scenario\(s\) raise when simulated on "
+                                         r"their own \(scenario 2: .*non-negative\)"):
+        result = _tune(tmp_path, scenarios=targets, simulate_fn=_raises_for_negative,
+                       failure_penalty=7.0, ensemble=ensemble)
+    assert result.step == 2 and result.history["failed_scenarios"] == [[2], [2]]
+    # The others tune as they would without it: the same gradient steps (the failed
+    # scenario adds `failure_penalty / 4` to the mean loss and nothing to the gradient).
+    alone = _tune(None, scenarios=targets[jnp.array([0, 1, 3])], simulate_fn=_quadratic)
+    np.testing.assert_allclose(result.history["scenario_loss"][0],
+                               (3 * alone.history["scenario_loss"][0] + 7.0) / 4)
+    assert float(result.model.kd) != 1.0
+    # The checkpoint remembers it: a resume does not need to find it again.
+    assert json.loads((tmp_path / "checkpoint.json").read_text())["excluded"] == [2]
+    more = _tune(tmp_path, steps=3, scenarios=targets, simulate_fn=_raises_for_negative,
+                 failure_penalty=7.0, ensemble=ensemble)
+    assert more.history["failed_scenarios"] == [[2], [2], [2]]
+    # Every scenario raising stops the run, with the scenarios named.
+    with pytest.raises(ValueError, match=r"Step 1 stopped: every scenario raises.*scenario 0: "
+                                         r".*non-negative") as info:
+        _tune(None, scenarios=-targets - 3, simulate_fn=_raises_for_negative)
     assert info.value.result.step == 0
 
 

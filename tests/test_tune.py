@@ -11,6 +11,10 @@ import pytest
 
 import jaxdae
 
+# Tuning runs with failed scenarios on purpose: the warning that names them is checked in
+# tests/test_faults_jobs.py.
+pytestmark = pytest.mark.filterwarnings(r"ignore:jaxdae\.tune. at step:UserWarning")
+
 SYSTEM = jaxdae.examples.CartesianPendulum()
 TS = jnp.linspace(0.0, 1.0, 11)
 OPTIMIZER = optax.adam(0.5)
