@@ -374,15 +374,15 @@ def _first_line(error: BaseException) -> str:
 
 
 def _bad_scenarios(model, simulate_fn, scenarios, ensemble, candidates) -> list[tuple]:
-    """The scenarios among `candidates` whose simulation raises on its own: `(index,
-    error)`. (One compiled call per scenario: run only after a step raised.)"""
+    """The scenarios among `candidates` whose simulation raises on its own while running:
+    `(index, error)`. (One compiled call per scenario: run only after a step raised.)"""
     one = eqx.filter_jit(simulate_fn if not ensemble else
                          lambda m, s: simulate_fn(m, jax.tree.map(lambda x: x[None], s)))
     bad = []
     for i in candidates:
         try:
             jax.block_until_ready(one(model, jax.tree.map(lambda x, i=i: x[i], scenarios)))
-        except Exception as error:
+        except RuntimeError as error:  # raised while running, by this scenario's values
             bad.append((i, _first_line(error)))
     return bad
 
@@ -603,7 +603,10 @@ def tune(
                          f"domain ({domain[0]}): step {step + 1} could not run "
                          f"({_first_line(error)}).", error)
                 candidates = [i for i in range(size) if excluded is None or not excluded[i]]
-                bad = _bad_scenarios(model, simulate_fn, scenarios, bool(ensemble), candidates)
+                # An error while running (not while tracing: a bug in the code, the same
+                # for every scenario) may come from some scenarios' data: find them.
+                bad = [] if not isinstance(error, RuntimeError) else _bad_scenarios(
+                    model, simulate_fn, scenarios, bool(ensemble), candidates)
                 listed = "; ".join(f"scenario {i}: {text}" for i, text in bad[:5])
                 listed += f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
                 if bad and len(bad) < len(candidates):
