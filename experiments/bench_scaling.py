@@ -20,6 +20,7 @@ solved with `Baumgarte(kd=20, kp=100)` over `t ∈ [0, 1]` from rest, `rtol = 1e
   same tolerances; its gradient by CVODES adjoint sensitivities; the batch with
   `Function.map` over threads. Left out if CasADi is not installed.
 
+OpenBLAS (LAPACK inside JAX) runs on one thread unless `OPENBLAS_NUM_THREADS` says otherwise.
 Times are medians of `--repeats` calls after a first (warm-up) call; "per step" divides a
 solve by its number of steps (accepted and rejected). A method × size whose single solve
 would exceed `--budget` seconds, extrapolated from the previous size as `t · (n / n_prev)^2.5`,
@@ -32,10 +33,17 @@ shrinks at large sizes to what fits in `--budget`. The table's last column is th
 """
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
+
+# One BLAS thread (before NumPy and JAX load OpenBLAS), as CVODES and CasADi's LDL run: on a
+# busy 2-core machine OpenBLAS's threads made LAPACK's `eigvalsh` of a 64 × 64 matrix take
+# 7 ms of CPU instead of 0.44 ms and a 128 × 128 Cholesky 2–12 ms instead of 0.1 ms, which
+# would measure the contention, not the methods. Set OPENBLAS_NUM_THREADS to override.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -329,7 +337,7 @@ def plot(results, methods, path):
     colors = dict(zip(METHODS, ("C0", "C1", "C2")))
     markers = {"chain": "o", "pendulum": "s", "ladder": "^"}
     styles = {"chain": "-", "pendulum": ":", "ladder": "--"}
-    fig, ax = plt.subplots(figsize=(7, 5), layout="constrained")
+    fig, ax = plt.subplots(figsize=(7, 5.5), layout="constrained")
     for family, marker in markers.items():
         for method in methods:
             points = [(row["coordinates"], row["methods"][method]["per_step"])
@@ -346,7 +354,7 @@ def plot(results, methods, path):
     ax.set_title(f"Baumgarte(kd={KD:g}, kp={KP:g}), t ∈ [0, {T1:g}], rtol={RTOL:g}, "
                  f"atol={ATOL:g}, float64", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    legend_below(ax, ncol=3)
+    legend_below(ax, ncol=2)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
