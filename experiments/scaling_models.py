@@ -37,11 +37,12 @@ import jaxdae
 GRAVITY = 9.81
 
 
-def initial_angles(num: int) -> np.ndarray:
+def initial_angles(num: int, amplitude: float = 0.6, offset: float = 0.3) -> np.ndarray:
     """Absolute link angles from the downward vertical, `(num,)`: a smooth, non-trivial
-    configuration away from every singular one (each within ±0.9 rad of hanging down)."""
+    configuration, `amplitude · cos(0.7 i) + offset` (by default within ±0.9 rad of
+    hanging down)."""
     i = np.arange(num)
-    return 0.6 * np.cos(0.7 * i) + 0.3
+    return amplitude * np.cos(0.7 * i) + offset
 
 
 def _unit_links(angles):
@@ -229,8 +230,11 @@ class FourBarLadder(jaxdae.LagrangianSystem):
 
     def initial_state(self):
         """`(q0, v0)` on the constraint manifold: the rails of cell `i` at
-        `initial_angles(N)[i]` from the downward vertical, at rest."""
-        rails = jnp.cumsum(_unit_links(jnp.asarray(initial_angles(self.num_cells))), axis=0)
+        `initial_angles(N, 0.2, 0.1)[i]` from the downward vertical, at rest. (A cell is
+        singular where its rails turn parallel to its rung; from larger angles the free end
+        of a long ladder whips up to that within `t = 1`.)"""
+        rails = jnp.cumsum(
+            _unit_links(jnp.asarray(initial_angles(self.num_cells, 0.2, 0.1))), axis=0)
         nodes = jnp.stack([rails, rails + jnp.array([1.0, 0.0]) * self.width], axis=1)
         q0 = nodes.ravel()
         return q0, jnp.zeros_like(q0)
