@@ -2,10 +2,12 @@
 
 
 import functools
+import sys
 import warnings
 
 import diffrax
 import equinox as eqx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,7 +31,14 @@ from ._gains import deferred_checks, is_concrete
 from ._nonholonomic import is_not_affine
 from ._scalarize import scalarize, with_scalar_vjp
 from ._sharding import explicit_to_auto, is_explicitly_sharded
-from ._solution import RESULTS, SimulationError, Solution, failure_message
+from ._solution import (
+    RESULTS,
+    SimulationError,
+    Solution,
+    failure_message,
+    failure_text,
+    residuals,
+)
 from ._solvers import AbstractWrappedSolver
 from ._system import AbstractSystem, LagrangianSystem, cast_floating
 
@@ -933,7 +942,52 @@ def raise_failure(sol, result: RESULTS | None = None):
             raise SimulationError(message)
         return sol
     result = sol.result if result is None else result
-    return attach_check(sol, lambda x: result.error_if(x, result != RESULTS.successful))
+    return attach_check(sol, lambda x: result.error_if(x + reported_failure(sol),
+                                                       result != RESULTS.successful))
+
+
+def reported_failure(sol) -> Array:
+    """A zero that, where a traced solve failed (`throw=True` inside the caller's `jit`,
+    `vmap` or `grad`), is computed by a host callback that first writes
+    [`failure_text`][] to standard error: what happened, the batch element, `t` and `q`.
+
+    The error raised next (`equinox.error_if`) has a message fixed when the program was
+    compiled, and under the caller's own `jax.jit` JAX puts its own lines before it; this
+    line comes first and keeps the time and state. Nothing runs where every solve
+    succeeded: the callback sits in a `lax.cond` on whether any element of the batch failed.
+    An ensemble's first failed row is picked by reductions, so that a sharded ensemble is
+    not gathered onto the callback's device."""
+    codes = sol.result._value
+    failed = codes != RESULTS.successful._value
+    arrays = (codes, sol.t_final, sol.q_final, *residuals(sol))
+    element = ()
+    if codes.ndim:  # an ensemble: the values of its first failed row
+        first = jnp.argmax(failed.reshape(-1))
+        pick = (jnp.arange(codes.size) == first).reshape(codes.shape)
+
+        def row(x):
+            mask = pick.reshape(pick.shape + (1,) * (x.ndim - pick.ndim))
+            return jnp.sum(jnp.where(mask, x, jnp.zeros((), x.dtype)), axis=tuple(
+                range(pick.ndim)))
+
+        arrays = tuple(row(x) for x in arrays)
+        element = (jnp.stack(jnp.unravel_index(first, codes.shape)),)
+    arrays = jax.lax.stop_gradient(arrays)
+    dtype = sol.t_final.dtype
+
+    def report(*values):
+        *values, row = values if element else (*values, None)
+        message = failure_text(*values, element=row)
+        if message is not None:
+            print(f"jaxdae.SimulationError: {message}", file=sys.stderr, flush=True)
+        return np.zeros(np.shape(values[1]), dtype)
+
+    def callback():
+        return jax.pure_callback(report, jax.ShapeDtypeStruct((), dtype), *arrays, *element,
+                                 vmap_method="broadcast_all")
+
+    return jax.lax.cond(eqxi.unvmap_any(jnp.any(failed)), callback,
+                        lambda: jnp.zeros((), dtype))
 
 
 Tsit5 = diffrax.Tsit5()
@@ -1063,13 +1117,15 @@ def _check_traced(sol, system, formulation, t0, t1, ts, q0, v0, mass, forces, *,
     messages = messages + tuple(m + _TRACED_HINT for m in RESULTS._index_to_message)
     # Under `vmap` equinox reports the largest index of the batch: 0 where nothing is wrong.
     index = jnp.where(wrong, index, 0)
-    return attach_check(sol, lambda x: eqx.branched_error_if(x, wrong, index, messages))
+    return attach_check(sol, lambda x: eqx.branched_error_if(x + reported_failure(sol), wrong,
+                                                             index, messages))
 
 
 # Where a traced solve failed, its time and state are not in the message (it is fixed when
-# the program is compiled); this says where to find them.
-_TRACED_HINT = (" (Traced: to see where the solve stopped, call it with `throw=False` and "
-                "read `sol.result`, `sol.t_final` and `sol.q_final`.)")
+# the program is compiled); this says where to find them (`reported_failure`).
+_TRACED_HINT = (" (Traced: where the solve stopped is written to standard error just before "
+                "this error; with `throw=False`, read `sol.result`, `sol.t_final` and "
+                "`sol.q_final`.)")
 
 
 def invalid_as_result(sol, invalid):

@@ -160,19 +160,36 @@ class Solution(eqx.Module):
 
 def failure_message(sol: Solution) -> str | None:
     """A message naming the first failed solve with its final `t` and `q` (concrete values only)."""
-    codes = np.asarray(sol.result._value)
+    return failure_text(sol.result._value, sol.t_final, sol.q_final, *residuals(sol))
+
+
+def residuals(sol) -> tuple:
+    """`(Φ, Ψ)` of a solution that has them (an `ActuatedSolution` has not: `()`)."""
+    return (sol.phi, sol.psi) if isinstance(sol, Solution) else ()
+
+
+def failure_text(codes, t_final, q_final, phi=None, psi=None, element=None) -> str | None:
+    """[`failure_message`][] from the arrays of a solution (NumPy values; with leading batch
+    axes, the first failed element is named), or None if every solve succeeded. `phi` and
+    `psi` (saved residuals) add the constraint residual to a divergence's message; `element`
+    (one index per batch axis, after those of `codes`) names the element these values were
+    taken from."""
+    codes = np.asarray(codes)
     failed = codes != RESULTS.successful._value
     if not np.any(failed):
         return None
     index = tuple(int(i) for i in np.argwhere(failed)[0]) if codes.ndim else ()
+    named = index if element is None else index + tuple(
+        int(i) for i in np.asarray(element)[index])
     text = RESULTS._index_to_message[int(codes[index])]
-    t = np.asarray(sol.t_final)[index]
-    q = np.asarray(sol.q_final)[index]
-    where = f" (batch element {index})" if index else ""
+    t = np.asarray(t_final)[index]
+    q = np.asarray(q_final)[index]
+    where = f" (batch element {named})" if named else ""
     message = (f"{text}\nThe solve stopped{where} at t = {t:.9g}, "
                f"q = {np.array2string(q, precision=6)}.")
-    if int(codes[index]) in (RESULTS.diverged._value, RESULTS.constraints_not_met._value):
-        residual = np.concatenate([np.asarray(sol.phi)[index], np.asarray(sol.psi)[index]],
+    if phi is not None and int(codes[index]) in (RESULTS.diverged._value,
+                                                 RESULTS.constraints_not_met._value):
+        residual = np.concatenate([np.asarray(phi)[index], np.asarray(psi)[index]],
                                   axis=-1)
         last = residual[np.all(np.isfinite(residual), axis=-1)]
         if len(last):

@@ -2,6 +2,7 @@
 be met, bad strategy objects and batches with bad members. Every case ends in a named
 failure (or a named error), never in a silent wrong result or a hang (docs/failures.md)."""
 
+import re
 import warnings
 
 import diffrax
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 import jaxdae
-from jaxdae.examples import CartesianPendulum
+from jaxdae.examples import CartesianPendulum, TwoLinkManipulator
 
 from ._systems import TwicePendulum
 
@@ -225,3 +226,26 @@ def test_a_bad_member_still_raises_with_throw():
     with pytest.raises(Exception, match=r"`q0` contains non-finite values"):
         jax.vmap(lambda q, v: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, q, v))(
             BAD_Q0, BAD_V0)
+
+
+def test_traced_failure_reports_member_time_and_state(capsys):
+    """Under the caller's `jax.jit` and `vmap`, a failed solve writes what happened, the
+    failed member, `t` and `q` to standard error before the error (whose message is fixed
+    at compile time); successful solves write nothing."""
+    arm = TwoLinkManipulator()
+    q0, v0 = arm.initial_state()
+    solve = jax.jit(jax.vmap(lambda t1: jaxdae.simulate(
+        arm, jaxdae.Baumgarte(20.0, 100.0), 0.0, t1, q0, v0).q_final))
+    solve(jnp.array([0.2, 0.3]))
+    assert "jaxdae" not in capsys.readouterr().err
+    with pytest.raises(Exception, match="singular"):
+        solve(jnp.array([0.2, 2.0]))
+    err = capsys.readouterr().err
+    assert err.startswith("jaxdae.SimulationError: The constraint matrix")
+    assert re.search(r"stopped \(batch element \(1,\)\) at t = 0\.49\d+, q = \[", err)
+    ensemble = jax.jit(lambda q, v: jaxdae.simulate_ensemble(
+        arm, jaxdae.Baumgarte(20.0, 100.0), 0.0, 2.0, q, v).q_final)
+    with pytest.raises(Exception, match="singular"):
+        ensemble(jnp.stack([q0, q0]), jnp.stack([v0, 1.01 * v0]))
+    assert re.search(r"stopped \(batch element \(0,\)\) at t = 0\.49\d+",
+                     capsys.readouterr().err)
