@@ -47,6 +47,6 @@ bench: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
-## Remove the virtual environment and output/.
+## Remove the virtual environment, output/ and the built site/.
 clean:
-	rm -rf $(VENV) output
+	rm -rf $(VENV) output site
