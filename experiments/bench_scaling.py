@@ -10,8 +10,8 @@ solved with `Baumgarte(kd=20, kp=100)` over `t ∈ [0, 1]` from rest, `rtol = 1e
 - jaxdae: one `jax.jit`-compiled `simulate` (Tsit5, PID controller); its gradient, with
   `eqx.filter_grad`, of `|q(1)|²` with respect to the gains and the initial velocities (the
   pendulum has no constraints: its gains do not enter); a `jax.vmap` batch of initial
-  velocities perturbed by `1e-3 · N(0, 1)`; the compile times (trace + lower + XLA compile)
-  of the solve and of the gradient;
+  velocities perturbed by `1e-3 · N(0, 1)`; the compile times (trace + lower + XLA compile,
+  ahead of time) of the solve and of the gradient;
 - "diffrax + hand-written RHS": the same ODE written by hand in `jax.numpy` (dense
   `jnp.linalg.solve` of `J M⁻¹ Jᵀ`, or of `M` for the pendulum), solved by
   `diffrax.diffeqsolve` with the same solver and controller; the same quantities;
@@ -143,18 +143,23 @@ def handwritten_functions(model):
 
 
 def _compile(fn, *args):
-    """`(jax.jit(fn), {"first call": seconds})` after its first call. The compile time is
-    the first call's excess over a later call (`_first_call_excess`): one compile per
-    function, where `bench_core.compile_jaxdae` compiles twice (its breakdown into trace,
-    lower and XLA compile is not needed here)."""
-    jitted = jax.jit(fn)
+    """`(compiled fn, {"trace", "lower", "compile", "total"})`: `jax.jit(fn)` traced, lowered
+    and compiled ahead of time (each model is new, so no cache holds it), once. The timings
+    call the compiled object, which JAX calls through its Python path when the program has
+    host callbacks (jaxdae's and diffrax's runtime checks): about 0.1 ms more per call, on
+    both JAX rows (`bench_core.compile_jaxdae` instead compiles twice to call through
+    `jax.jit`)."""
+    times = {}
     start = time.perf_counter()
-    jax.block_until_ready(jitted(*args))
-    return jitted, {"first call": time.perf_counter() - start}
-
-
-def _first_call_excess(times, later):
-    times["total"] = times.pop("first call") - later
+    traced = jax.jit(fn).trace(*args)
+    times["trace"] = time.perf_counter() - start
+    lowered = traced.lower()
+    times["lower"] = time.perf_counter() - start - times["trace"]
+    compiled = lowered.compile()
+    times["total"] = time.perf_counter() - start
+    times["compile"] = times["total"] - times["trace"] - times["lower"]
+    jax.block_until_ready(compiled(*args))
+    return compiled, times
 
 
 def measure_jax(functions, model, skip, batch, repeats, budget):
@@ -167,14 +172,12 @@ def measure_jax(functions, model, skip, batch, repeats, budget):
     jitted, out["compile"] = _compile(forward, gains, q0, v0)
     (q_final, steps), single = _median_time(
         lambda: jax.block_until_ready(jitted(gains, q0, v0)), repeats)
-    _first_call_excess(out["compile"], single)
     out.update(single=single, steps=int(steps), per_step=single / int(steps),
                q_final=np.asarray(q_final))
     if "gradient" not in skip:
         jitted_grad, out["compile_gradient"] = _compile(gradient, gains, q0, v0)
         _, out["gradient"] = _median_time(
             lambda: jax.block_until_ready(jitted_grad(gains, q0, v0)), repeats)
-        _first_call_excess(out["compile_gradient"], out["gradient"])
     size = int(min(batch, max(1, budget // single)))
     vb = perturbed_velocities(v0, size)
     batched = jax.jit(jax.vmap(lambda v: forward(gains, q0, v)[0]))
