@@ -224,7 +224,7 @@ def _segments(max_steps, stored_steps, stepsize_controller) -> tuple[int, int] |
     state begins the gradient's program with many independent operations, and XLA's CPU
     runtime hands a program to its thread pool when more than 8 are ready at once, where its
     speed depends on what else runs. The segments' state keeps the program on the calling
-    thread (`_solve_in_segments`; docs/benchmarks.md, "Design measurements")."""
+    thread (`_solve_in_segments`; experiments/diagnostics/README.md, "Design measurements")."""
     if isinstance(stepsize_controller, diffrax.StepTo):
         return None
     count = -(-max_steps // stored_steps)
@@ -397,7 +397,7 @@ def _solve_in_segments(vjp_arg, static):
     # independent operation at the top of the gradient's program; with more than 8 ready at
     # once XLA's CPU runtime runs the program on its thread pool, where it waits for threads
     # that other work keeps busy. One flat array keeps it on the calling thread
-    # (docs/benchmarks.md, "Design measurements").
+    # (experiments/diagnostics/README.md, "Design measurements").
     start, unravel_start = ravel_pytree(start)
     starts = jnp.zeros((count + 1,) + start.shape, start.dtype).at[0].set(start)
     inf = lambda rows, y: jnp.full(rows + jnp.shape(y), jnp.inf, jnp.result_type(y))  # noqa: E731
@@ -693,8 +693,8 @@ def _resolved_steps(out, t_next, is_last, t0, t1):
     in the other (a chaotic or badly scaled solve) moves it by a step. The sweep would then
     differentiate steps that the forward solve did not take, so that raises instead. (The
     check also keeps XLA from compiling the backward loop into one CPU kernel holding both
-    the re-solve and the sweep, which runs the two-link gradient slower: docs/benchmarks.md,
-    "Design measurements".)"""
+    the re-solve and the sweep, which runs the two-link gradient slower:
+    experiments/diagnostics/README.md, "Design measurements".)"""
     steps = _steps(out)
     t_end, dtype = out.ts[-2][0], jnp.result_type(t_next)
     scale = jnp.max(jnp.abs(jnp.stack([t0, t1, t1 - t0])))
