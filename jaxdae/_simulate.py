@@ -311,19 +311,43 @@ def _non_finite_term(system, formulation, t0, t, q, s):
     return codes[jnp.argmax(codes != 0)]
 
 
+def name_non_finite_term(sol, system, formulation, t0):
+    """`sol` (concrete) with each stalled solve (`dt_min_reached`) whose model is non-finite
+    at or just after its end relabelled by the term (`_NON_FINITE`, found by
+    `_non_finite_term`). Done here, after the solve and only for a stalled one, rather than
+    inside every compiled solve, where the probe (a second copy of the equations of motion)
+    doubled XLA's compile time of `simulate`; traced solves keep `dt_min_reached`."""
+    codes = np.array(sol.result._value)
+    stalled = codes == RESULTS.dt_min_reached._value
+    if not np.any(stalled) or (type(formulation).velocities
+                               is not AbstractFormulation.velocities):
+        return sol  # (a formulation that maps the state to velocities: state not at hand)
+    state = sol.v_final if type(system).velocities is AbstractSystem.velocities else sol.p_final
+    for index in (np.argwhere(stalled) if codes.ndim else [()]):
+        index = tuple(index)
+        code = int(_non_finite_term(system, formulation, t0, sol.t_final[index],
+                                    sol.q_final[index], state[index]))
+        if code:
+            codes[index] = _NON_FINITE[code - 1]._value
+    result = eqx.tree_at(lambda r: r._value, sol.result,
+                         jnp.asarray(codes, sol.result._value.dtype))
+    return eqx.tree_at(lambda s: s.result, sol, result)
+
+
 # The formulations whose accelerations aim at Baumgarte's target `G q̈ = s` (paper 004,
 # eq. [20]), which `_end_checks` tests for consistency.
 _TARGETED = (Baumgarte, PseudoInverse, ModifiedLagrange)
 
 
 @eqx.filter_jit
-def _end_checks(system, formulation, t, q, s):
+def _end_checks(system, formulation, t, q, s, floor):
     """At the end of a solve: the constraint residual `max(|Φ|, |Ψ|)`, and for the
     formulations in `_TARGETED` on a `LagrangianSystem` the part of their target `s` that
     no acceleration can meet, `max |s − G G⁺ s|` (`G⁺` with singular values below
     `√ε σ_max` dropped), and the target's size `max |s|` (else zeros). For consistent
     constraints `s` lies in the range of `G` (independent rows: always; redundant ones:
-    their targets agree), so the first is zero up to rounding."""
+    their targets agree), so the first is zero up to rounding. Computed only where the
+    residual exceeds `floor` (zeros else): the common, met case skips the SVD."""
     velocities = formulation.velocities(system, t, q, s)
     terms = _terms(system, t, q, velocities)
     residual = jnp.max(jnp.abs(jnp.concatenate([terms.phi, terms.psi])), initial=0.0)
@@ -331,19 +355,20 @@ def _end_checks(system, formulation, t, q, s):
     if not (isinstance(formulation, _TARGETED) and isinstance(system, LagrangianSystem)
             and terms.jacobian.shape[0]):
         return residual, zero, zero
-    target = baumgarte_target(terms, formulation.kd, formulation.kp, formulation.kv)
-    g = terms.jacobian
-    eps = jnp.finfo(g.dtype).eps
-    reachable = g @ (jnp.linalg.pinv(g, rtol=jnp.sqrt(eps)) @ target)
-    return residual, jnp.max(jnp.abs(target - reachable)), jnp.max(jnp.abs(target))
+    def gap():
+        target = baumgarte_target(terms, formulation.kd, formulation.kp, formulation.kv)
+        g = terms.jacobian
+        eps = jnp.finfo(g.dtype).eps
+        reachable = g @ (jnp.linalg.pinv(g, rtol=jnp.sqrt(eps)) @ target)
+        return jnp.max(jnp.abs(target - reachable)), jnp.max(jnp.abs(target))
+
+    return residual, *jax.lax.cond(residual > floor, gap, lambda: (zero, zero))
 
 
 def checked_result(system, formulation, t0, initial_residual, t, q, s, result: RESULTS
                    ) -> RESULTS:
     """`result` after the checks at the end of a solve (docs/failures.md):
 
-    - a stalled solve (`dt_min_reached`) whose model is non-finite at or just after its
-        end names the term (`_non_finite_term`);
     - a solve that reached `t1` `diverged` if its constraint residual at the end exceeds
         `10⁶ max(r₀, 1)` (`r₀` the residual at `t0`) or is not finite;
     - else its constraints are not met (`constraints_not_met`) where more than a tenth of
@@ -351,17 +376,13 @@ def checked_result(system, formulation, t0, initial_residual, t, q, s, result: R
         (`max |s − G G⁺ s| > 0.1 max |s|`: no acceleration meets it, the constraints
         contradict each other) while the residual is above `10⁻⁶ max(r₀, 1)`.
 
-    All on values that carry no gradient."""
+    All on values that carry no gradient. (Which term of a stalled solve was non-finite is
+    found after the solve, eagerly: `name_non_finite_term`.)"""
     system, formulation, t0, initial_residual, t, q, s = jax.tree.map(
         lambda x: jax.lax.stop_gradient(x) if eqx.is_array(x) else x,
         (system, formulation, t0, initial_residual, t, q, s))
-    code = jax.lax.cond(result == RESULTS.dt_min_reached,
-                        lambda: _non_finite_term(system, formulation, t0, t, q, s),
-                        lambda: jnp.zeros((), jnp.int32))
-    for i, name in enumerate(_NON_FINITE):
-        result = RESULTS.where(code == i + 1, name, result)
-    residual, gap, target = _end_checks(system, formulation, t, q, s)
     scale = jnp.maximum(initial_residual, 1.0)
+    residual, gap, target = _end_checks(system, formulation, t, q, s, 1e-6 * scale)
     ok = result == RESULTS.successful
     diverged = ok & ((residual > 1e6 * scale) | ~jnp.isfinite(residual))
     not_met = ok & ~diverged & (gap > 0.1 * target) & (residual > 1e-6 * scale)
@@ -921,6 +942,8 @@ def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_
             deferred_messages=tuple(message for _, message in deferred),
             throw=throw,
         )
+    if not traced:
+        sol = name_non_finite_term(sol, system, formulation, t0)
     if throw and not traced:  # else `_simulate` attached the check
         sol = raise_failure(sol, _first_failure(sol.result) if ensemble else None)
     return sol
