@@ -50,15 +50,8 @@ def _unit_links(angles):
     return jnp.stack([jnp.sin(angles), -jnp.cos(angles)], axis=-1)
 
 
-class CartesianChain(jaxdae.LagrangianSystem):
-    """`N` unit point masses in the plane, `q = (x_1, y_1, …, x_N, y_N)`, joined by massless
-    rods of length 1, the first to the origin: `Φ_i = |p_i − p_{i−1}|² − 1`, `p_0 = 0`.
-
-    **Arguments:**
-
-    - `num_links`: `N ≥ 1`.
-    - `gravity`: `g` (along −y).
-    """
+class _Links(jaxdae.LagrangianSystem):
+    """`N` unit links with unit masses under gravity: the chain's and the pendulum's fields."""
 
     num_links: int = eqx.field(static=True)
     gravity: jax.Array
@@ -68,6 +61,17 @@ class CartesianChain(jaxdae.LagrangianSystem):
             raise ValueError(f"`num_links` must be at least 1; got {num_links}.")
         self.num_links = int(num_links)
         self.gravity = jnp.asarray(gravity, dtype=float)
+
+
+class CartesianChain(_Links):
+    """`N` unit point masses in the plane, `q = (x_1, y_1, …, x_N, y_N)`, joined by massless
+    rods of length 1, the first to the origin: `Φ_i = |p_i − p_{i−1}|² − 1`, `p_0 = 0`.
+
+    **Arguments:**
+
+    - `num_links`: `N ≥ 1`.
+    - `gravity`: `g` (along −y).
+    """
 
     def kinetic_energy(self, t, q, v):
         return 0.5 * v @ v
@@ -109,7 +113,7 @@ class CartesianChain(jaxdae.LagrangianSystem):
         return kinetic, potential, ca.vertcat(*phi)
 
 
-class NLinkPendulum(jaxdae.LagrangianSystem):
+class NLinkPendulum(_Links):
     """`N` unit point masses at the ends of `N` massless unit links, in relative joint
     angles: `q_i` is link `i`'s angle to link `i − 1` (link 1's to the downward vertical).
 
@@ -121,15 +125,6 @@ class NLinkPendulum(jaxdae.LagrangianSystem):
     - `num_links`: `N ≥ 1`.
     - `gravity`: `g` (along −y).
     """
-
-    num_links: int = eqx.field(static=True)
-    gravity: jax.Array
-
-    def __init__(self, num_links: int, gravity: float = GRAVITY):
-        if int(num_links) < 1:
-            raise ValueError(f"`num_links` must be at least 1; got {num_links}.")
-        self.num_links = int(num_links)
-        self.gravity = jnp.asarray(gravity, dtype=float)
 
     def positions(self, q):
         """Link ends `p_k`, shape `(N, 2)`."""
