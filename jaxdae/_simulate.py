@@ -226,8 +226,8 @@ class _StopStalledSteps(diffrax.AbstractAdaptiveStepSizeController):
     rounds to `t`: the solve then takes steps of length zero until `max_steps`, or forever
     with `max_steps=None`. Here it stops at the first proposal shorter than
     `4 ε max(|t|, 10⁻³ |t1 − t0|)` (`ε` the machine epsilon of `t`), which no solve that
-    can still reach `t1` proposes; `simulate` then names what was non-finite
-    (`_non_finite_term`). One comparison per step, on scalars."""
+    can still reach `t1` proposes; called eagerly, `simulate` then names what was
+    non-finite (`name_non_finite_term`). One comparison per step, on scalars."""
 
     controller: diffrax.AbstractAdaptiveStepSizeController
 
