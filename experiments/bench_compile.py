@@ -84,8 +84,8 @@ def trace_stages(fn, args, repeats: int) -> dict:
     functions named in the module docstring; nested stages count in their parents too."""
     import diffrax
 
-    import jaxdae._scalarize as scalarize_module
-    import jaxdae._simulate as simulate_module
+    import jaxdae._compilation._scalarize as scalarize_module
+    import jaxdae._integration._simulate as simulate_module
     from jaxdae import LagrangianSystem
 
     spent: dict = {}

@@ -1,7 +1,7 @@
 """Benchmark: float32 accuracy and speed of jaxdae's full-precision matrix products.
 
 On GPUs JAX multiplies float32 matrices in TF32 by default (a 10-bit mantissa); jaxdae's
-functions trace their products at full precision instead (`jaxdae/_linalg.py`,
+functions trace their products at full precision instead (`jaxdae/_compilation/_linalg.py`,
 `full_precision`), unless the user sets a precision. This script compares, in float32:
 
 - jaxdae's default (full precision) against the products in TF32, obtained by setting

@@ -5,14 +5,14 @@ constrained dynamics; arrays created as float32 stay float32 (e.g. for GPU batch
 environment variable `JAXDAE_ENABLE_X64=0` before importing to leave JAX's setting alone.
 
 It also lets XLA compile whole while loops into single CPU kernels (an option in
-`XLA_FLAGS`; see `jaxdae/_xla_flags.py`): solves of small systems run several times faster.
+`XLA_FLAGS`; see `jaxdae/_compilation/_xla_flags.py`): solves of small systems run several times faster.
 Import jaxdae before the first JAX computation for it to apply; `JAXDAE_SET_XLA_FLAGS=0`
 leaves `XLA_FLAGS` alone.
 """
 
 import os as _os
 
-from ._xla_flags import set_xla_flags as _set_xla_flags
+from ._compilation._xla_flags import set_xla_flags as _set_xla_flags
 
 # Before anything computes: XLA reads its flags when JAX starts its first backend.
 if _os.environ.get("JAXDAE_SET_XLA_FLAGS", "1") != "0":
@@ -25,22 +25,22 @@ if _os.environ.get("JAXDAE_ENABLE_X64", "1") != "0":
 
 from . import examples as examples
 from . import multibody as multibody
-from ._actuated import (
+from ._integration._actuated import (
     ActuatedSolution as ActuatedSolution,
     ActuatedSystem as ActuatedSystem,
     ConstraintEnforcingControl as ConstraintEnforcingControl,
     consistent_actuated_state as consistent_actuated_state,
     simulate_actuated as simulate_actuated,
 )
-from ._adjoint import ReverseSweepAdjoint as ReverseSweepAdjoint
-from ._analysis import (
+from ._integration._adjoint import ReverseSweepAdjoint as ReverseSweepAdjoint
+from ._analysis._linearize import (
     Equilibrium as Equilibrium,
     Linearization as Linearization,
     equilibrium as equilibrium,
     linearize as linearize,
 )
-from ._consistent import consistent_initial_state as consistent_initial_state
-from ._formulation import (
+from ._analysis._consistent import consistent_initial_state as consistent_initial_state
+from ._formulations import (
     AbstractFormulation as AbstractFormulation,
     Baumgarte as Baumgarte,
     CoupledPerturbation as CoupledPerturbation,
@@ -49,15 +49,15 @@ from ._formulation import (
     RedundantCoordinates as RedundantCoordinates,
     Unstabilized as Unstabilized,
 )
-from ._control import (
+from ._analysis._control import (
     AbstractController as AbstractController,
     ConstantControl as ConstantControl,
     LinearFeedback as LinearFeedback,
     with_controller as with_controller,
 )
-from ._lqr import LQRSolution as LQRSolution, lqr as lqr
-from ._hamiltonian import HamiltonianForm as HamiltonianForm, HamiltonianSystem as HamiltonianSystem
-from ._realizing import (
+from ._analysis._lqr import LQRSolution as LQRSolution, lqr as lqr
+from ._systems._hamiltonian import HamiltonianForm as HamiltonianForm, HamiltonianSystem as HamiltonianSystem
+from ._formulations._realizing import (
     AbstractRealizingForce as AbstractRealizingForce,
     BoundedForce as BoundedForce,
     CustomForce as CustomForce,
@@ -65,40 +65,40 @@ from ._realizing import (
     ViscousForce as ViscousForce,
     reaction_bound as reaction_bound,
 )
-from ._simulate import (
+from ._integration._simulate import (
     simulate as simulate,
     simulate_ensemble as simulate_ensemble,
     worst_trajectory_rms as worst_trajectory_rms,
 )
 from ._solution import RESULTS as RESULTS, SimulationError as SimulationError, Solution as Solution
-from ._solvers import UnrolledERK as UnrolledERK
-from ._system import (
+from ._integration._solvers import UnrolledERK as UnrolledERK
+from ._systems._system import (
     AbstractSystem as AbstractSystem,
     ConstrainedTerms as ConstrainedTerms,
     LagrangianSystem as LagrangianSystem,
 )
-from ._batch import batch_map as batch_map, batch_sharding as batch_sharding
-from ._discrete import (
+from ._tuning._batch import batch_map as batch_map, batch_sharding as batch_sharding
+from ._analysis._discrete import (
     DiscreteStability as DiscreteStability,
     perturbation_matrix as perturbation_matrix,
     spectral_radius as spectral_radius,
     spectral_radius_bound as spectral_radius_bound,
     transition_matrix as transition_matrix,
 )
-from ._losses import (
+from ._tuning._losses import (
     AbstractLoss as AbstractLoss,
     ConstraintViolation as ConstraintViolation,
     ControlEffort as ControlEffort,
     SettlingTime as SettlingTime,
     TrackingError as TrackingError,
 )
-from ._parametrization import (
+from ._tuning._parametrization import (
     AbstractParametrization as AbstractParametrization,
     Positive as Positive,
     PositiveDefinite as PositiveDefinite,
     parametrize as parametrize,
     unwrap as unwrap,
 )
-from ._tune import TuneResult as TuneResult, tune as tune
+from ._tuning._tune import TuneResult as TuneResult, tune as tune
 
 __version__ = "0.1.0"

@@ -9,7 +9,7 @@ import pytest
 import scipy.linalg
 
 import jaxdae
-from jaxdae._actuated import lie_derivatives
+from jaxdae._integration._actuated import lie_derivatives
 from jaxdae.examples import AdaptiveOpticsElement, CartesianPendulum
 
 OPTICS = AdaptiveOpticsElement()

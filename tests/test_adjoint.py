@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxdae
-from jaxdae._adjoint import swept_diffeqsolve
+from jaxdae._integration._adjoint import swept_diffeqsolve
 from jaxdae.examples import CartesianPendulum, TwoLinkManipulator
 
 from ._systems import Bead

@@ -107,7 +107,7 @@ def test_checkpointed_sweep_on_a_mesh(tmp_path, mesh):
 
 
 def test_chunk_layout_pads_only_to_the_next_full_step():
-    from jaxdae._batch import chunk_layout
+    from jaxdae._tuning._batch import chunk_layout
 
     # (rows per step, padded size) for a batch of 10.
     assert chunk_layout(10, None, 1) == (10, 10)

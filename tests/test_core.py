@@ -336,14 +336,14 @@ def test_fixed_step_solver_and_float32():
     assert sol32.q.dtype == jnp.float32
     assert np.abs(sol32.phi).max() < 1e-4
     # A sweep over the step or the tolerances reuses the compiled solve.
-    compiled = jaxdae._simulate._simulate.jitted._cached._cache_size()
+    compiled = jaxdae._integration._simulate._simulate.jitted._cached._cache_size()
     sol = jaxdae.simulate(
         PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q_ON, V_ON,
         solver=diffrax.Heun(), stepsize_controller=diffrax.ConstantStepSize(), dt0=2e-3,
     )
     assert sol.stats["num_steps"] == 500
     assert float32(1e-4).stats["num_steps"] < sol32.stats["num_steps"]
-    assert jaxdae._simulate._simulate.jitted._cached._cache_size() == compiled
+    assert jaxdae._integration._simulate._simulate.jitted._cached._cache_size() == compiled
 
 
 def test_float32_despite_a_models_float64_constants():
@@ -365,7 +365,7 @@ def test_float32_despite_a_models_float64_constants():
 def test_gradient_of_save_times_on_the_fixed_step_grid():
     """Save times on the step grid (`linspace(0, 1.5, 31)`, `dt0 = 0.01`): the reverse pass
     of diffrax's checkpointed loop recomputed the step ends with other rounding and counted
-    the cotangent of `q(1.2)` twice under `jit` (`jaxdae._simulate.save_at`)."""
+    the cotangent of `q(1.2)` twice under `jit` (`jaxdae._integration._simulate.save_at`)."""
     ts = jnp.linspace(0.0, 1.5, 31)
 
     def solve(kd):
@@ -408,7 +408,7 @@ def test_consistent_initial_state_under_vmap_and_grad():
     """A batch projected with `vmap` equals the guesses projected one by one; the Jacobian of
     the pendulum's projection `q = L q0/|q0|` is `(L/|q0|)(I − q̂ q̂ᵀ)`; eager calls with new
     guesses reuse one compilation (the tolerance, scaled by the guess, is traced)."""
-    from jaxdae._consistent import _project
+    from jaxdae._analysis._consistent import _project
 
     guesses = jnp.array([[0.9, -0.5], [-0.3, -0.6], [0.1, 1.2]])
     velocities = jnp.array([[0.7, 0.4], [0.0, 1.0], [-2.0, 0.3]])

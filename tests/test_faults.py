@@ -115,7 +115,7 @@ def test_a_stable_fixed_step_does_not_warn():
 
 
 def test_fixed_step_radius_matches_transition_matrix():
-    from jaxdae._discrete import fixed_step_radius
+    from jaxdae._analysis._discrete import fixed_step_radius
 
     for formulation, m in ((jaxdae.Baumgarte(200.0, 1e4), 1),
                            (jaxdae.PseudoInverse([20.0, 10.0], [100.0, 25.0]), 2)):

@@ -352,17 +352,17 @@ def tuning(kind, steps, directory=None, callback=None):
 
 CHILD = '''
 import sys, time
-import jaxdae._batch
+import jaxdae._tuning._batch
 exec(open(sys.argv[1]).read())
 what, kind, directory = sys.argv[2:5]
 if what == "sweep":
-    write = jaxdae._batch.atomic_write
+    write = jaxdae._tuning._batch.atomic_write
 
     def slow_write(path, data):  # time for the parent to kill between two chunks
         write(path, data)
         time.sleep(0.3)
 
-    jaxdae._batch.atomic_write = slow_write
+    jaxdae._tuning._batch.atomic_write = slow_write
     sweep(kind, directory)
 else:
     tuning(kind, 40, directory, callback=lambda step, row: time.sleep(0.3))

@@ -1,4 +1,4 @@
-"""The small dense linear algebra (`jaxdae/_linalg.py`) against NumPy and lineax.
+"""The small dense linear algebra (`jaxdae/_compilation/_linalg.py`) against NumPy and lineax.
 
 Each helper has an unrolled or closed-form path for tiny matrices and a LAPACK path (lineax or
 `jnp.linalg`) beyond `UNROLL_MAX`; both paths are checked, under `vmap` and `grad` too.
@@ -10,7 +10,7 @@ import lineax as lx
 import numpy as np
 import pytest
 
-from jaxdae._linalg import (
+from jaxdae._compilation._linalg import (
     UNROLL_MAX,
     extreme_eigenvalues,
     full_precision,

@@ -258,7 +258,7 @@ def test_linearize_jit_vmap_grad():
 def test_small_closed_forms_match_lapack():
     """`singular_ratio`, `small_det` and `lu_solve` (closed forms for 1 × 1 and 2 × 2,
     evaluated at every stage) against numpy's SVD, det and solve."""
-    from jaxdae._formulation._redundant import lu_solve, singular_ratio, small_det
+    from jaxdae._formulations._redundant import lu_solve, singular_ratio, small_det
 
     rng = np.random.default_rng(1)
     for m in (1, 2, 3):

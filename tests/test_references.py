@@ -260,7 +260,7 @@ def test_matrix_products_at_full_precision(monkeypatch):
     # The simulation's gradient, with the right-hand side left in array form (a scalar
     # graph has no products): the reverse sweep's backward pass is traced at transpose time;
     # diffrax's checkpointed loop replays the traced step.
-    monkeypatch.setattr(jaxdae._scalarize, "MAX_WORK", 0)
+    monkeypatch.setattr(jaxdae._compilation._scalarize, "MAX_WORK", 0)
     pend = _ArrayFormPendulum()
     q0, v0 = (x.astype(jnp.float32) for x in pend.state_from_angle(0.4, 0.0))
 

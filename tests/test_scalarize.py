@@ -1,4 +1,4 @@
-"""The scalar re-tracing of small right-hand sides (`jaxdae/_scalarize.py`): same values,
+"""The scalar re-tracing of small right-hand sides (`jaxdae/_compilation/_scalarize.py`): same values,
 same derivatives, same batching; and it really produces a scalar graph."""
 
 import collections
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxdae
-from jaxdae._scalarize import (
+from jaxdae._compilation._scalarize import (
     MAX_ELEMENTS,
     MAX_WORK,
     scalar_vjp,
@@ -18,7 +18,7 @@ from jaxdae._scalarize import (
     sincos,
     with_scalar_vjp,
 )
-from jaxdae._simulate import failure_indicator, state_rates
+from jaxdae._integration._simulate import failure_indicator, state_rates
 from jaxdae.examples import (
     CartesianArm,
     ChaplyginSleigh,

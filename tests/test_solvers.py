@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jaxdae
-from jaxdae._simulate import _vector_field
+from jaxdae._integration._simulate import _vector_field
 from jaxdae.examples import CartesianPendulum
 
 PENDULUM = CartesianPendulum(mass=1.3, length=0.8)

@@ -1,4 +1,4 @@
-"""jaxdae's XLA option: while loops compiled as single CPU kernels (`jaxdae/_xla_flags.py`)."""
+"""jaxdae's XLA option: while loops compiled as single CPU kernels (`jaxdae/_compilation/_xla_flags.py`)."""
 
 import os
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import jaxdae  # noqa: F401  (sets the option on import)
-from jaxdae._xla_flags import SMALL_LOOP_BYTES, SMALL_LOOP_OPTION, with_small_loop_option
+from jaxdae._compilation._xla_flags import SMALL_LOOP_BYTES, SMALL_LOOP_OPTION, with_small_loop_option
 
 OPTION = f"{SMALL_LOOP_OPTION}={SMALL_LOOP_BYTES}"
 

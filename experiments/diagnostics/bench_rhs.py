@@ -1,4 +1,4 @@
-"""Benchmark: the right-hand side as an array program vs as a scalar graph (`jaxdae/_scalarize.py`).
+"""Benchmark: the right-hand side as an array program vs as a scalar graph (`jaxdae/_compilation/_scalarize.py`).
 
 1. Paper 004's two-link right-hand side (`ModifiedLagrange(10, [20, 10], [100, 25])`) in three
    forms: jaxdae's derived equations as traced (array form), the same re-traced as a scalar
@@ -36,7 +36,7 @@ import _peers  # noqa: E402
 import jaxdae  # noqa: E402
 from bench_precision import Chain  # noqa: E402
 from jaxdae import _scalarize  # noqa: E402
-from jaxdae._simulate import _vector_field, state_rates  # noqa: E402
+from jaxdae._integration._simulate import _vector_field, state_rates  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
 LOOP = 10_000

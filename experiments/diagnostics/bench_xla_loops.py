@@ -1,4 +1,4 @@
-"""Why jaxdae raises XLA's small-while-loop limit (`jaxdae/_xla_flags.py`): loop cost per
+"""Why jaxdae raises XLA's small-while-loop limit (`jaxdae/_compilation/_xla_flags.py`): loop cost per
 iteration with and without it.
 
 A `jax.lax.fori_loop` of 672 iterations whose body evaluates the two-link right-hand side
@@ -31,7 +31,7 @@ def measure() -> dict:
     import jax.numpy as jnp
 
     import jaxdae
-    from jaxdae._simulate import _vector_field
+    from jaxdae._integration._simulate import _vector_field
     from jaxdae.examples import TwoLinkManipulator
 
     system = TwoLinkManipulator()

@@ -3,9 +3,9 @@
 import jax
 import jax.numpy as jnp
 
-from .._actuated import ActuatedSystem
+from .._integration._actuated import ActuatedSystem
 from .._custom_types import Array
-from .._system import LagrangianSystem
+from .._systems._system import LagrangianSystem
 
 
 class Crank(LagrangianSystem):

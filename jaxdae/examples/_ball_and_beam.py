@@ -4,9 +4,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._control import AbstractController, ConstantControl
+from .._analysis._control import AbstractController, ConstantControl
 from .._custom_types import Array
-from .._system import LagrangianSystem
+from .._systems._system import LagrangianSystem
 
 
 class BallAndBeam(LagrangianSystem):

@@ -3,9 +3,9 @@
 import jax.numpy as jnp
 
 from .._custom_types import Array
-from .._formulation import CoupledPerturbation
-from .._hamiltonian import HamiltonianSystem
-from .._system import LagrangianSystem
+from .._formulations import CoupledPerturbation
+from .._systems._hamiltonian import HamiltonianSystem
+from .._systems._system import LagrangianSystem
 
 
 def _lengths(q, l1, l2):

@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 
 from .._custom_types import Array
-from .._system import LagrangianSystem
+from .._systems._system import LagrangianSystem
 
 
 class CartesianPendulum(LagrangianSystem):

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 
 from .._custom_types import Array
-from .._system import LagrangianSystem
+from .._systems._system import LagrangianSystem
 
 #: Initial state of paper 004's Example 1 (`Φ = 0`, `Φ̇ = 0` for `speed = 0.6`).
 TWO_LINK_Q0 = (1.396263, 3.563268)

@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._consistent import consistent_initial_state
-from .._control import AbstractController, ConstantControl
+from .._analysis._consistent import consistent_initial_state
+from .._analysis._control import AbstractController, ConstantControl
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
-from .._system import LagrangianSystem
+from .._systems._system import LagrangianSystem
 from ._body import GROUND, Ground, PlanarBody
 from ._force import AbstractForce
 from ._joint import AbstractJoint

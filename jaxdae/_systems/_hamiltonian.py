@@ -5,8 +5,8 @@ import abc
 import jax
 import jax.numpy as jnp
 
-from ._checks import check_instance
-from ._custom_types import (
+from .._checks import check_instance
+from .._custom_types import (
     Array,
     Coordinates,
     Float,
@@ -14,7 +14,7 @@ from ._custom_types import (
     Momenta,
     Scalar,
 )
-from ._linalg import spd_solve
+from .._compilation._linalg import spd_solve
 from ._system import (
     AbstractSystem,
     ConstrainedTerms,

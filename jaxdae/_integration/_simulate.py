@@ -21,17 +21,17 @@ from ._adjoint import (
     jit_unless_staged,
     swept_diffeqsolve,
 )
-from ._checks import check_instance, check_positive
-from ._custom_types import Array, ArrayLike, Float, ScalarLike
-from ._discrete import fixed_step_radius
-from ._formulation import AbstractFormulation, Baumgarte, ModifiedLagrange, PseudoInverse
-from ._formulation._base import baumgarte_target
-from ._linalg import full_precision, is_positive_definite
-from ._gains import deferred_checks, is_concrete
-from ._nonholonomic import is_not_affine
-from ._scalarize import scalarize, with_scalar_vjp
-from ._sharding import explicit_to_auto, is_explicitly_sharded
-from ._solution import (
+from .._checks import check_instance, check_positive
+from .._custom_types import Array, ArrayLike, Float, ScalarLike
+from .._analysis._discrete import fixed_step_radius
+from .._formulations import AbstractFormulation, Baumgarte, ModifiedLagrange, PseudoInverse
+from .._formulations._base import baumgarte_target
+from .._compilation._linalg import full_precision, is_positive_definite
+from .._gains import deferred_checks, is_concrete
+from .._systems._nonholonomic import is_not_affine
+from .._compilation._scalarize import scalarize, with_scalar_vjp
+from .._compilation._sharding import explicit_to_auto, is_explicitly_sharded
+from .._solution import (
     RESULTS,
     SimulationError,
     Solution,
@@ -40,7 +40,7 @@ from ._solution import (
     residuals,
 )
 from ._solvers import AbstractWrappedSolver
-from ._system import AbstractSystem, LagrangianSystem, cast_floating
+from .._systems._system import AbstractSystem, LagrangianSystem, cast_floating
 
 
 def _float_array(name: str, value, ensemble: bool = False) -> Array:

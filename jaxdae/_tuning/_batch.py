@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ._checks import check_instance
-from ._custom_types import PyTree
+from .._checks import check_instance
+from .._custom_types import PyTree
 from ._persist import (
     atomic_write,
     atomic_write_text,
@@ -22,8 +22,8 @@ from ._persist import (
     progress_bar,
     read_json,
 )
-from ._sharding import auto_mesh as _auto
-from ._sharding import explicit_to_auto as _explicit_to_auto
+from .._compilation._sharding import auto_mesh as _auto
+from .._compilation._sharding import explicit_to_auto as _explicit_to_auto
 
 
 def batch_size_of(args: PyTree) -> int:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 
-from ._custom_types import Array, Bool, Float
+from .._custom_types import Array, Bool, Float
 
 
 def full_precision(fn: Callable) -> Callable:

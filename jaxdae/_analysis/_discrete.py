@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import optimistix as optx
 
-from ._checks import check_positive
-from ._custom_types import Array, Float, ScalarLike
-from ._formulation._base import second_order_matrix
-from ._gains import gain_matrix
-from ._linalg import full_precision
+from .._checks import check_positive
+from .._custom_types import Array, Float, ScalarLike
+from .._formulations._base import second_order_matrix
+from .._gains import gain_matrix
+from .._compilation._linalg import full_precision
 
 
 def _use_stepsize_tol():
@@ -222,8 +222,8 @@ def fixed_step_radius(formulation, num_constraints: int, solver, dt) -> float | 
     before every fixed-step solve)."""
     import numpy as np
 
-    from ._formulation import Baumgarte, PseudoInverse
-    from ._gains import is_concrete
+    from .._formulations import Baumgarte, PseudoInverse
+    from .._gains import is_concrete
 
     if not (type(formulation) in (Baumgarte, PseudoInverse) and num_constraints
             and dt is not None and is_concrete(formulation, dt)):

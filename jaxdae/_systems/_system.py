@@ -11,7 +11,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._custom_types import (
+from .._custom_types import (
     Array,
     Coordinates,
     Float,

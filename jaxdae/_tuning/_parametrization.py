@@ -15,7 +15,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._custom_types import Array, ArrayLike, Float, PyTree
+from .._custom_types import Array, ArrayLike, Float, PyTree
 
 
 def _softplus_inverse(y):

@@ -7,11 +7,11 @@ import lineax as lx
 import numpy as np
 import optimistix as optx
 
-from ._checks import check_finite, check_positive
-from ._custom_types import ArrayLike, Coordinates, Float, ScalarLike, Velocities
-from ._gains import is_concrete
-from ._linalg import full_precision
-from ._system import LagrangianSystem, holonomic_terms, nonholonomic_terms
+from .._checks import check_finite, check_positive
+from .._custom_types import ArrayLike, Coordinates, Float, ScalarLike, Velocities
+from .._gains import is_concrete
+from .._compilation._linalg import full_precision
+from .._systems._system import LagrangianSystem, holonomic_terms, nonholonomic_terms
 
 
 def _position_residual(y, args):

@@ -2,7 +2,7 @@
 
 from .._custom_types import Gain, GainLike
 from .._gains import as_gain
-from .._linalg import small_matmul, spd_solve
+from .._compilation._linalg import small_matmul, spd_solve
 from ._arguments import explain_arguments
 from ._base import AbstractFormulation, baumgarte_target
 from ._baumgarte import check_gain_values, check_stabilization_gains, stabilization_gains

@@ -31,17 +31,17 @@ import lineax as lx
 import numpy as np
 import optimistix as optx
 
-from ._checks import check_finite, check_instance, check_positive
-from ._custom_types import Array, ArrayLike, Float, Gain, GainLike, Int, ScalarLike
-from ._formulation._base import default_rcond
-from ._linalg import (
+from .._checks import check_finite, check_instance, check_positive
+from .._custom_types import Array, ArrayLike, Float, Gain, GainLike, Int, ScalarLike
+from .._formulations._base import default_rcond
+from .._compilation._linalg import (
     extreme_eigenvalues,
     full_precision,
     not_hurwitz,
     reciprocal_condition,
     spd_solve,
 )
-from ._gains import (
+from .._gains import (
     as_gain,
     check_gain_size,
     check_gain_structure,
@@ -56,7 +56,7 @@ from ._adjoint import (
     jit_unless_staged,
     swept_diffeqsolve,
 )
-from ._scalarize import scalarize
+from .._compilation._scalarize import scalarize
 from ._simulate import (
     Tsit5,
     _check_times,
@@ -71,8 +71,8 @@ from ._simulate import (
     step_options,
     stop_stalled_steps,
 )
-from ._solution import RESULTS
-from ._system import LagrangianSystem, cast_floating
+from .._solution import RESULTS
+from .._systems._system import LagrangianSystem, cast_floating
 
 
 class ActuatedSystem(eqx.Module):

@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 
-from ._checks import check_instance
-from ._custom_types import Array, Float, NonholonomicResidual
-from ._formulation._base import multiplier_solve
-from ._gains import as_gain, is_concrete, traced_check
-from ._system import AbstractSystem, ConstrainedTerms
+from .._checks import check_instance
+from .._custom_types import Array, Float, NonholonomicResidual
+from ._base import multiplier_solve
+from .._gains import as_gain, is_concrete, traced_check
+from .._systems._system import AbstractSystem, ConstrainedTerms
 
 
 def _positive(name: str, value: Array, law: str) -> Array:

@@ -10,14 +10,14 @@ import numpy as np
 from .._custom_types import Array, Bool, Float
 from .._gains import apply_gain
 from .._solution import RESULTS
-from .._linalg import (
+from .._compilation._linalg import (
     extreme_eigenvalues,
     psd_pseudo_solve,
     spd_operator,
     small_matmul,
     spd_solve,
 )
-from .._system import ConstrainedTerms
+from .._systems._system import ConstrainedTerms
 
 
 class AbstractFormulation(eqx.Module):

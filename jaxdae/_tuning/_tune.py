@@ -27,7 +27,7 @@ from ._batch import (
     check_ensemble_output,
     chunk_layout,
 )
-from ._custom_types import Array, PyTree
+from .._custom_types import Array, PyTree
 from ._parametrization import unwrap
 from ._persist import (
     atomic_write,
@@ -39,7 +39,7 @@ from ._persist import (
 from ._persist import (
     fingerprint as run_fingerprint,
 )
-from ._sharding import auto_mesh
+from .._compilation._sharding import auto_mesh
 
 _META_FILE = "checkpoint.json"
 

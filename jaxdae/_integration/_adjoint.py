@@ -21,9 +21,9 @@ import numpy as np
 from diffrax._term import WrapTerm
 from jax.flatten_util import ravel_pytree
 
-from ._custom_types import Array
-from ._linalg import full_precision
-from ._scalarize import scalarize
+from .._custom_types import Array
+from .._compilation._linalg import full_precision
+from .._compilation._scalarize import scalarize
 from ._solvers import AbstractWrappedSolver
 
 

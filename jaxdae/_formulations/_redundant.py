@@ -9,8 +9,8 @@ import numpy as np
 from .._checks import check_instance
 from .._custom_types import Array, Float
 from .._solution import RESULTS
-from .._system import ConstrainedTerms, LagrangianSystem
-from .._linalg import extreme_eigenvalues, spd_solve
+from .._systems._system import ConstrainedTerms, LagrangianSystem
+from .._compilation._linalg import extreme_eigenvalues, spd_solve
 from ._base import AbstractFormulation, default_rcond
 
 

@@ -13,7 +13,7 @@ from .._gains import (
     is_concrete,
     require_positive_definite,
 )
-from .._system import ConstrainedTerms
+from .._systems._system import ConstrainedTerms
 from ._arguments import explain_arguments
 from ._base import (
     AbstractExactMultipliers,

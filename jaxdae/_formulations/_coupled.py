@@ -7,8 +7,8 @@ import numpy as np
 
 from .._custom_types import Array, Float
 from .._gains import as_gain, gain_matrix, is_concrete, traced_check
-from .._linalg import not_hurwitz
-from .._system import ConstrainedTerms
+from .._compilation._linalg import not_hurwitz
+from .._systems._system import ConstrainedTerms
 from ._arguments import explain_arguments
 from ._base import (
     AbstractExactMultipliers,

@@ -14,8 +14,8 @@ import abc
 import equinox as eqx
 import jax.numpy as jnp
 
-from ._checks import check_instance, described
-from ._custom_types import Array, ArrayLike, Float, Scalar
+from .._checks import check_instance, described
+from .._custom_types import Array, ArrayLike, Float, Scalar
 
 
 class AbstractController(eqx.Module):

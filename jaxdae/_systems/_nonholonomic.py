@@ -3,7 +3,7 @@
 import jax
 import jax.numpy as jnp
 
-from ._custom_types import Array, Float, Scalar
+from .._custom_types import Array, Float, Scalar
 
 
 def velocity_curvature(velocity_constraints, t, q, v) -> tuple[Scalar, Scalar]:

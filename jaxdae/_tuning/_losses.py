@@ -21,9 +21,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._checks import check_positive
-from ._custom_types import Array, Float
-from ._solution import Solution
+from .._checks import check_positive
+from .._custom_types import Array, Float
+from .._solution import Solution
 
 
 def _valid_rows(sol: Solution):

@@ -7,8 +7,8 @@ import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 
-from ._checks import described
-from ._custom_types import Array, PyTree, ScalarLike
+from .._checks import described
+from .._custom_types import Array, PyTree, ScalarLike
 
 
 def _combine(base: PyTree[Array], weights, ks: list) -> PyTree[Array]:

@@ -7,13 +7,13 @@ import numpy as np
 import lineax as lx
 import optimistix as optx
 
-from ._checks import check_finite, check_instance
+from .._checks import check_finite, check_instance
 from ._control import ConstantControl, with_controller
-from ._custom_types import Array, ArrayLike, Bool, Float, Int
-from ._formulation import AbstractFormulation, RedundantCoordinates, Unstabilized
-from ._gains import is_concrete
-from ._linalg import full_precision
-from ._system import AbstractSystem
+from .._custom_types import Array, ArrayLike, Bool, Float, Int
+from .._formulations import AbstractFormulation, RedundantCoordinates, Unstabilized
+from .._gains import is_concrete
+from .._compilation._linalg import full_precision
+from .._systems._system import AbstractSystem
 
 
 def _indices(name, value, n):

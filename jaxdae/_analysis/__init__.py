@@ -1,0 +1,1 @@
+"""Analysis and control: linearization, equilibria, discrete stability, consistent initial states, LQR."""

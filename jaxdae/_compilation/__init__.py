@@ -1,0 +1,1 @@
+"""Compilation helpers: scalar graphs, small dense linear algebra, XLA options, device meshes."""

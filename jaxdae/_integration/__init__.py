@@ -1,0 +1,1 @@
+"""Simulation: the solve, its adjoint, solvers and the actuated solve."""

@@ -1,0 +1,1 @@
+"""The model layer: systems and the terms of their equations of motion."""

@@ -1,0 +1,1 @@
+"""Tuning and batches: optax loops over simulations, losses, parametrizations, checkpointed sweeps."""
