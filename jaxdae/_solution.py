@@ -20,7 +20,8 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
         `singular_dependent_jacobian`, `singular_decoupling_matrix`, `non_finite_state`
         (fixed steps), `non_finite_mass_matrix`, `non_finite_forces`,
         `non_finite_constraints`, `non_finite_rates` (the model broke mid-run),
-        `diverged`, `constraints_not_met` (checks after the solve) and `invalid_input`
+        `diverged`, `constraints_not_met` (checks after the solve), `projection_failed`
+        (`jaxdae.Projected`) and `invalid_input`
         (a bad member of a traced batch with `throw=False`). The guide "Failures and
         guarantees" (docs/failures.md) says what each means and what to do about it."""
 
@@ -92,6 +93,14 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
             "Jacobian G while |Φ| is not small (docs/failures.md): the constraints "
             "contradict each other (e.g. |q|² = 1 and |q|² = 4) and the formulation settled "
             "on a compromise. Check `constraints` for inconsistent rows."
+        )
+        projection_failed = (
+            "The projection onto the constraint manifold (`jaxdae.Projected`) did not "
+            "converge after an accepted step: its Newton iterations left |Φ| or |Φ̇, Ψ| "
+            "above its tolerance, or met a singular constraint matrix J M⁻¹ Jᵀ (redundant "
+            "constraints: pass `linear_solver=lineax.SVD()`; a singular configuration; "
+            "constraints that no configuration meets). Reduce `rtol`/`atol` (a smaller "
+            "drift per step), raise `Projected(iterations=...)` or loosen its `tol`."
         )
         invalid_input = (
             "The input of this member of a traced batch is invalid (a non-finite initial "
