@@ -51,10 +51,8 @@ def set_xla_flags() -> None:
     wanted = with_small_loop_option(flags)
     if wanted == flags:
         return
-    try:
-        from jax._src.xla_bridge import backends_are_initialized
-    except ImportError:  # a JAX without it: assume no computation yet
-        backends_are_initialized = lambda: False  # noqa: E731
+    from ._private_apis import backends_are_initialized
+
     if backends_are_initialized():
         warnings.warn(
             "jaxdae was imported after JAX started its backend, so XLA runs while loops (every "

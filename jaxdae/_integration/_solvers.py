@@ -3,11 +3,11 @@ Runge–Kutta solver with its stages written out, for batched solves."""
 
 import diffrax
 import equinox as eqx
-import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 
 from .._checks import described
+from .._compilation._private_apis import unvmap_any
 from .._custom_types import Array, PyTree, ScalarLike
 
 
@@ -106,7 +106,7 @@ class UnrolledERK(AbstractWrappedSolver):
         elif fsal:
             # After a jump the stored last stage is stale. One flag for the whole batch, so
             # that `vmap` keeps a branch instead of evaluating both.
-            f0 = jax.lax.cond(eqxi.unvmap_any(made_jump),
+            f0 = jax.lax.cond(unvmap_any(made_jump),
                               lambda: terms.vf(t0, y0, args), lambda: solver_state)
         else:
             f0 = terms.vf(t0, y0, args)

@@ -1,0 +1,79 @@
+"""The one home of the private JAX, diffrax and equinox names that jaxdae uses.
+
+Each name below has no public counterpart (the reason is given beside it); the rest of
+jaxdae imports it from here, never from `jax._src`, `diffrax._*` or `equinox.internal`
+directly. `tests/test_private_apis.py` checks that each still exists and behaves as jaxdae
+relies on, and names the installed versions when one has moved, so that a new release
+that breaks one fails that test rather than a solve somewhere else.
+
+Two of them only make jaxdae faster and have a safe answer when they are gone:
+`backends_are_initialized` (then: assume JAX has computed nothing yet) and
+`traced_for_jit` (then: never, so `jit_unless_staged` always jits). The others are
+needed for correct results and are imported without a fallback.
+"""
+
+import jax
+
+# diffrax wraps the terms of every solve in `WrapTerm(term, direction)` before the step size
+# controller and the solver see them, and exports no name for it; the reverse sweep rebuilds
+# a solve's start exactly as `diffrax.diffeqsolve` does (the controller's first step
+# depends on the terms' type), so it needs the same wrapper.
+from diffrax._term import WrapTerm as WrapTerm
+
+# `jnp.any` over the entries of a batched array as one unbatched flag; equinox's own
+# `while_loop`s use it to skip work that no batch entry needs. JAX has no public way for a
+# function to ignore the batch dimension that `jax.vmap` adds.
+from equinox.internal import unvmap_any as unvmap_any
+
+# Names found missing at import, each with the library versions it was missing from;
+# tests/test_private_apis.py requires this to be empty.
+MISSING: dict[str, str] = {}
+
+
+def _versions() -> str:
+    import diffrax
+    import equinox
+
+    return (f"jax {jax.__version__}, diffrax {diffrax.__version__}, "
+            f"equinox {equinox.__version__}")
+
+
+# Whether JAX has started a backend (and so read `XLA_FLAGS`). `jax.extend.backend` offers
+# `backends()`, which starts them: no public function asks without doing so.
+try:
+    from jax._src.xla_bridge import backends_are_initialized as backends_are_initialized
+except ImportError:
+    MISSING["jax._src.xla_bridge.backends_are_initialized"] = _versions()
+
+    def backends_are_initialized() -> bool:
+        """Assumed False: the backend cannot be asked (see `MISSING`)."""
+        return False
+
+
+# The trace of `jax.jit` (and `jax.make_jaxpr`): a tracer whose trace stack holds one is being
+# staged into a jaxpr. JAX exposes tracers (`jax.core.Tracer`) but not the types of traces,
+# nor a public question "is this value being traced for a jit?".
+try:
+    from jax._src.interpreters.partial_eval import DynamicJaxprTrace as DynamicJaxprTrace
+except ImportError:
+    MISSING["jax._src.interpreters.partial_eval.DynamicJaxprTrace"] = _versions()
+    DynamicJaxprTrace = None
+
+
+def traced_for_jit(values) -> bool:
+    """Whether the first tracer among the leaves of `values` is traced for an enclosing
+    `jax.jit`: a trace under its own (a `grad`'s or `vmap`'s is over the jit's) stages a
+    jaxpr. False for concrete values, under eager transformations, and when JAX's trace
+    internals (`Tracer._trace`, `Trace.parent_trace`) have moved."""
+    tracer = next((x for x in jax.tree_util.tree_leaves(values)
+                   if isinstance(x, jax.core.Tracer)), None)
+    if tracer is None or DynamicJaxprTrace is None:
+        return False
+    try:
+        trace = tracer._trace
+        while not isinstance(trace, DynamicJaxprTrace):
+            trace = trace.parent_trace
+    except AttributeError:  # an eager trace at the bottom
+        return False
+    return True
+

@@ -1,0 +1,79 @@
+"""The private JAX, diffrax and equinox names of `jaxdae/_compilation/_private_apis.py` exist
+and behave as jaxdae relies on. A failure names the installed versions: a release that
+moved a name fails here, not inside a solve."""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxdae._compilation import _private_apis as private
+
+VERSIONS = (f"jax {jax.__version__}, diffrax {diffrax.__version__}, "
+            f"equinox {eqx.__version__}")
+
+
+def test_every_private_name_was_found():
+    assert not private.MISSING, (
+        f"private names missing from {VERSIONS}: {sorted(private.MISSING)}; update "
+        "jaxdae/_compilation/_private_apis.py for this version or bound it in pyproject.toml")
+
+
+def test_backends_are_initialized_after_a_computation():
+    jnp.zeros(1).block_until_ready()
+    assert private.backends_are_initialized() is True, (
+        f"jax._src.xla_bridge.backends_are_initialized does not report a started backend "
+        f"in {VERSIONS}")
+
+
+def test_traced_for_jit_tells_jit_from_eager_transformations():
+    seen = {}
+
+    def record(name):
+        def fn(x):
+            seen[name] = private.traced_for_jit((x, {"other": 1.0}))
+            return jnp.sin(x)
+        return fn
+
+    x = jnp.asarray(0.5)
+    record("eager")(x)
+    jax.jit(record("jit"))(x)
+    jax.grad(record("grad"))(x)
+    jax.vmap(record("vmap"))(jnp.ones(2))
+    jax.jit(jax.grad(record("grad under jit")))(x)
+    jax.jit(jax.vmap(record("vmap under jit")))(jnp.ones(2))
+    jax.grad(jax.jit(record("jit under grad")))(x)
+    jax.make_jaxpr(record("make_jaxpr"))(x)
+    assert seen == {
+        "eager": False, "jit": True, "grad": False, "vmap": False, "grad under jit": True,
+        "vmap under jit": True, "jit under grad": True, "make_jaxpr": True,
+    }, f"JAX's trace internals (Tracer._trace, Trace.parent_trace) changed in {VERSIONS}"
+
+
+def test_unvmap_any_ignores_the_batch_dimension():
+    flags = jnp.array([[False, False], [False, True]])
+    per_row = jax.vmap(private.unvmap_any)(flags)
+    assert per_row.shape == (2,) and bool(per_row.all()), (
+        f"equinox.internal.unvmap_any is not one flag for the whole batch in {VERSIONS}")
+    assert not bool(jax.vmap(private.unvmap_any)(jnp.zeros((3, 2), bool)).any())
+    assert bool(private.unvmap_any(jnp.array([False, True])))
+
+
+def test_wrap_term_is_the_wrapper_diffeqsolve_gives_the_solver():
+    seen = []
+
+    class Recording(diffrax.Euler):
+        def init(self, terms, t0, t1, y0, args):
+            seen.append(terms)
+            return super().init(terms, t0, t1, y0, args)
+
+    term = diffrax.ODETerm(lambda t, y, args: -y)
+    diffrax.diffeqsolve(term, Recording(), 0.0, 1.0, 0.5, jnp.ones(1))
+    assert type(seen[0]) is private.WrapTerm, (
+        f"diffrax.diffeqsolve no longer wraps terms in diffrax._term.WrapTerm in {VERSIONS} "
+        f"(it passed {type(seen[0]).__name__}); the reverse sweep's start must follow it")
+    assert type(seen[0].term) is diffrax.ODETerm
+    wrapped = private.WrapTerm(term, -1)
+    assert float(wrapped.vf(2.0, jnp.ones(1), None)[0]) == pytest.approx(-1.0)
+    assert float(wrapped.contr(0.0, 0.5)) == pytest.approx(-0.5)
