@@ -156,6 +156,7 @@ def test_ensemble_with_stopped_trajectories():
     assert np.all(np.abs(swept[2][:, 0]) > 0)  # every trajectory, stopped ones included
 
 
+@pytest.mark.perf(reason="counts traces of the equations of motion (gradient trace time)")
 def test_equations_traced_once():
     """Reverse mode replays `simulate`'s jitted solve; the sweep's forward solve, traced
     lazily there, reuses the trace of the equations of motion made by the input checks (it
@@ -181,6 +182,7 @@ def test_equations_traced_once():
     assert traces(lambda f: jax.grad(f, argnums=(0, 1, 2))) == traces(lambda f: f)
 
 
+@pytest.mark.perf(reason="monkeypatches the private `_loop_solve` (gradient trace time)")
 def test_reverse_mode_inside_jit_traces_no_primal_solve(monkeypatch):
     """Inside an enclosing `jax.jit`, `simulate` is traced inline (`jit_unless_staged`):
     reverse mode traces the sweep's forward solve only, not the custom VJP's primal solve

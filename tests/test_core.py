@@ -320,6 +320,7 @@ def test_vmap_over_initial_states_gains_and_parameters_matches_loop():
         np.testing.assert_allclose(batched[i], single, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.perf(reason="pins the jit cache size of the private `_simulate`")
 def test_fixed_step_solver_and_float32():
     """Any diffrax solver/controller may be passed; float32 inputs give a float32 solution."""
     sol = jaxdae.simulate(
@@ -404,6 +405,7 @@ def test_consistent_initial_state_is_the_mass_metric_projection():
     assert np.abs(terms.phi).max() < 1e-12 and np.abs(terms.dphi).max() < 1e-12
 
 
+@pytest.mark.perf(reason="pins the jit cache size of the private `_project`")
 def test_consistent_initial_state_under_vmap_and_grad():
     """A batch projected with `vmap` equals the guesses projected one by one; the Jacobian of
     the pendulum's projection `q = L q0/|q0|` is `(L/|q0|)(I − q̂ q̂ᵀ)`; eager calls with new

@@ -39,6 +39,7 @@ def independent(formulation, q0, v0):
 FORMULATION = jaxdae.ModifiedLagrange(5.0, 10.0, 25.0)
 
 
+@pytest.mark.perf(reason="pins a broadcast pattern (GPU compile time per batch row)")
 def test_traced_checks_keep_constant_flags_off_the_batch():
     """Traced, the ensemble's initial-state checks reduce each flag over the rows inside
     their `vmap`, so a flag that is a constant (here the nonholonomic one: the pendulum has

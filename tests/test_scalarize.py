@@ -97,6 +97,7 @@ def test_vmap_float32_and_failure_indicator():
     assert failure(*args) == failure_scalar(*args)
 
 
+@pytest.mark.perf(reason="bounds the size and the primitives of a traced right-hand side")
 def test_produces_a_scalar_graph():
     """The two-link right-hand side becomes scalar operations only: no matrix products,
     no data movement, the sine and cosine of each angle evaluated once, as polynomials."""
@@ -226,6 +227,7 @@ def test_with_scalar_vjp_is_reverse_mode_only():
         jax.jvp(lambda q: wrapped(params, q), (q,), (q,))
 
 
+@pytest.mark.perf(reason="pins the private size thresholds `MAX_ELEMENTS` and `MAX_WORK`")
 def test_large_functions_keep_their_array_form():
     n = int(np.sqrt(MAX_ELEMENTS)) + 2
     jaxpr = jax.make_jaxpr(scalarize(lambda a: a @ a))(jnp.ones((n, n)))
