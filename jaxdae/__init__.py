@@ -72,6 +72,7 @@ from ._integration._simulate import (
 )
 from ._solution import RESULTS as RESULTS, SimulationError as SimulationError, Solution as Solution
 from ._integration._solvers import UnrolledERK as UnrolledERK
+from ._integration._projection import Projected as Projected
 from ._systems._system import (
     AbstractSystem as AbstractSystem,
     ConstrainedTerms as ConstrainedTerms,

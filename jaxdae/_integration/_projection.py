@@ -1,0 +1,306 @@
+"""Projection onto the constraint manifold after every step: [`jaxdae.Projected`][]."""
+
+from collections.abc import Callable
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import lineax as lx
+import numpy as np
+
+from .._checks import check_instance, described
+from .._compilation._scalarize import scalarize
+from .._custom_types import Array, Bool, PyTree, ScalarLike
+from .._formulations._base import AbstractFormulation, multiplier_solve
+from .._formulations._redundant import RedundantCoordinates
+from .._solution import RESULTS
+from .._systems._system import AbstractSystem
+
+
+def _max_abs(x: Array) -> Array:
+    return jnp.max(jnp.abs(x), initial=0.0)
+
+
+def _correction(terms, jacobian, residual, linear_solver) -> Array:
+    """`−M⁻¹ Gᵀ (G M⁻¹ Gᵀ)⁻¹ r` for `G = jacobian`: the smallest step `Δ` in the metric
+    of the mass matrix `M = terms.mass_matrix` with `G Δ = −r`. [`multiplier_solve`][] of
+    `M a + Gᵀλ = 0`, `G a = −r` (no forces), so the constraint solves are the
+    formulations' own (`linear_solver`: Cholesky, or `lineax.SVD` for redundant rows)."""
+    free = eqx.tree_at(lambda t: (t.forces, t.jacobian), terms,
+                       (jnp.zeros_like(terms.forces), jacobian))
+    step, _ = multiplier_solve(free, -residual, linear_solver)
+    return step
+
+
+def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q, s,
+                  linear_solver: lx.AbstractLinearSolver, iterations: int, tol: float):
+    """The state `(q, s)` projected onto `Φ(t, q) = 0` and then onto `Φ̇ = 0, Ψ = 0`, and
+    whether each projection converged (`(q, s), ok`).
+
+    Positions: simplified Newton iterations `q ← q − M⁻¹Jᵀ(J M⁻¹ Jᵀ)⁻¹ Φ(q)` with `M`
+    and `J` frozen at the unprojected point `q̃` (Hairer, Lubich & Wanner, *Geometric
+    Numerical Integration*, §IV.4, Algorithm 4.2): every iterate lies in
+    `q̃ + range(M⁻¹Jᵀ)`, so the limit is the point of the manifold that is closest to `q̃`
+    in the metric `M` up to a term of second order in the (small) drift. The first
+    iteration is a full Newton step; `iterations` of them are always taken (straight-line
+    code: differentiable in both modes and the same work in every member of a batch).
+
+    Velocities: at the projected `q`, the state's velocities `v` are replaced by the
+    closest in the metric `M(q)` that satisfy `G v = −c` (`[Φ̇; Ψ] = G v + c`, affine in
+    `v`): one linear solve, `v ← v − M⁻¹Gᵀ(G M⁻¹ Gᵀ)⁻¹ [Φ̇; Ψ]`. A state that holds
+    momenta (a [`jaxdae.HamiltonianSystem`][]) is changed by the matching impulse,
+    `p ← p + M Δv` (exact for a Hamiltonian quadratic in `p`). A
+    [`jaxdae.RedundantCoordinates`][] state is projected in its positions only: its
+    velocities follow from the independent ones and satisfy `Φ̇ = 0` by construction.
+
+    Converged means `max |Φ| ≤ tol (1 + max|J| max|q|)` and
+    `max |[Φ̇; Ψ]| ≤ tol (1 + max|G| max|v|)` at the projected state: relative to the size
+    of the terms that cancel in the residuals, which sets their rounding error.
+    """
+    derives_velocities = isinstance(formulation, RedundantCoordinates)
+    if type(formulation).velocities is not AbstractFormulation.velocities and (
+            not derives_velocities):
+        raise ValueError(
+            f"`jaxdae.Projected` cannot project the state of {described(formulation)}: it "
+            "derives the velocities from the state in its own way "
+            "(`AbstractFormulation.velocities`). Use it with a formulation whose state "
+            "holds the velocities (or momenta), or with `jaxdae.RedundantCoordinates`.")
+
+    def velocities(q_, s_):
+        return system.velocities(t, q_, formulation.velocities(system, t, q_, s_))
+
+    def terms_at(q_, s_):
+        return system.terms(t, q_, formulation.velocities(system, t, q_, s_))
+
+    frozen = terms_at(q, s)
+    m = frozen.num_holonomic
+    jacobian = frozen.jacobian[:m]
+    phi = frozen.phi
+    q_new = q
+    for i in range(iterations):
+        if i:
+            phi = terms_at(q_new, s).phi
+        q_new = q_new + _correction(frozen, jacobian, phi, linear_solver)
+    at_new = terms_at(q_new, s)
+    position_ok = _max_abs(at_new.phi) <= tol * (
+        1.0 + _max_abs(at_new.jacobian[:m]) * _max_abs(q_new))
+    if derives_velocities:
+        return (q_new, s), position_ok, jnp.array(True)
+
+    # Velocities: `[Φ̇; Ψ]` is affine in `v`, so one solve meets it up to rounding.
+    residual = jnp.concatenate([at_new.dphi, at_new.psi])
+    dv = _correction(at_new, at_new.jacobian, residual, linear_solver)
+    zero = jnp.zeros_like(dv)
+    # `ṡ` is affine in `q̈`: its linear part maps a change of velocity to a change of `s`
+    # (the identity for velocities, `M` for momenta).
+    ds = (system.state_rate(t, q_new, s, at_new, dv)
+          - system.state_rate(t, q_new, s, at_new, zero))
+    s_new = s + ds
+    v_old, v_new = velocities(q_new, s), velocities(q_new, s_new)
+    residual = residual + at_new.jacobian @ (v_new - v_old)
+    velocity_ok = _max_abs(residual) <= tol * (
+        1.0 + _max_abs(at_new.jacobian) * _max_abs(v_new))
+    return (q_new, s_new), position_ok, velocity_ok
+
+
+# One trace per system, formulation and options; the small systems' projection becomes a
+# scalar graph (`_scalarize.py`), as the right-hand side does.
+_project = eqx.filter_jit(scalarize(project_state))
+
+
+class _ProjectedInterpolation(diffrax.AbstractLocalInterpolation):
+    """The wrapped solver's dense output over a step, plus the projection's correction
+    blended in linearly: `y(t) = ỹ(t) + θ (y₁ − ỹ₁)`, `θ = (t − t₀)/(t₁ − t₀)`, which starts
+    at the (projected) start of the step and ends at its projected end."""
+
+    t0: ScalarLike
+    t1: ScalarLike
+    inner: diffrax.AbstractLocalInterpolation
+    correction: PyTree[Array]
+
+    def evaluate(self, t0, t1=None, left: bool = True):
+        if t1 is not None:
+            return jax.tree.map(lambda a, b: a - b, self.evaluate(t1, left=left),
+                                self.evaluate(t0, left=left))
+        theta = (t0 - self.t0) / (self.t1 - self.t0)
+        return jax.tree.map(lambda y, c: y + (theta * c).astype(y.dtype),
+                            self.inner.evaluate(t0, left=left), self.correction)
+
+
+def _interpolation(inner_cls: Callable) -> Callable:
+    def build(*, t0, t1, inner, correction):
+        return _ProjectedInterpolation(t0=t0, t1=t1, inner=inner_cls(t0=t0, t1=t1, **inner),
+                                       correction=correction)
+
+    return build
+
+
+def _failure_item(failed: Bool[Array, ""], result):
+    """`result`, or `RESULTS.projection_failed` where `failed`, as an item of diffrax's
+    enumeration (the solver's result must be one): jaxdae's `RESULTS` extends diffrax's,
+    so `RESULTS.promote` of the solve's result names the failure."""
+    failed_item = eqx.tree_at(lambda r: r._value, diffrax.RESULTS.successful,
+                              np.asarray(RESULTS.projection_failed._value))
+    failed_item = diffrax.RESULTS.where(failed, failed_item, diffrax.RESULTS.successful)
+    return diffrax.RESULTS.where(result == diffrax.RESULTS.successful, failed_item, result)
+
+
+class Projected(diffrax.AbstractAdaptiveSolver):
+    """Wraps a diffrax solver and projects the state onto the constraint manifold after
+    every step: positions onto `Φ(t, q) = 0`, then velocities onto `Φ̇ = 0`, `Ψ = 0`, each
+    by the smallest change in the metric of the mass matrix (coordinate projection, or
+    post-stabilization: Hairer, Lubich & Wanner, *Geometric Numerical Integration*, §IV.4;
+    Ascher & Petzold, *Computer Methods for ODEs and DAEs*, §10.1.4).
+
+    The formulation's stabilization (Baumgarte's gains, the penalty of the modified
+    Lagrange equation) keeps acting between the steps; the projection removes what drift is
+    left at every step end, whatever the gains, so even [`jaxdae.Unstabilized`][] stays on
+    the manifold. Use it with [`jaxdae.simulate`][] and [`jaxdae.simulate_ensemble`][] and
+    any formulation and solver:
+
+    ```python
+    sol = jaxdae.simulate(system, jaxdae.Baumgarte(20.0, 100.0), 0.0, 2.0, q0, v0,
+                          solver=jaxdae.Projected(diffrax.Tsit5()))
+    ```
+
+    **Positions**: `iterations` simplified Newton iterations
+    `q ← q − M⁻¹Jᵀ(J M⁻¹ Jᵀ)⁻¹ Φ(q)`, `M` and `J = Φ_q` evaluated once at the step's end
+    (the first iteration is a Newton step; the drift of one step is of the order of the
+    local error, so two iterations usually reach rounding). **Velocities** (or momenta):
+    one linear solve at the projected positions,
+    `v ← v − M⁻¹Gᵀ(G M⁻¹ Gᵀ)⁻¹ [Φ̇; Ψ]`, `G = [Φ_q; Ψ_v]`. With
+    [`jaxdae.RedundantCoordinates`][] only the positions are projected (the dependent
+    velocities meet `Φ̇ = 0` by construction).
+
+    **Error estimate and dense output**: the step's error estimate is the wrapped solver's
+    for the unprojected step (the projection moves the state by less than that error). Saved
+    states between step ends (`ts=`) come from the wrapped solver's dense output with the
+    projection's correction blended in linearly over the step, so they are continuous and
+    end on the manifold at every step end, but between step ends they are off it by up to
+    the local error; to save projected states, make the save times step ends, e.g.
+    `stepsize_controller=diffrax.ClipStepSizeController(diffrax.PIDController(rtol, atol),
+    step_ts=ts)`. After each projection the wrapped solver evaluates the first stage anew
+    (its first-same-as-last stage belongs to the unprojected state): one right-hand side
+    per step more.
+
+    **Gradients** flow through the discrete iteration: the projection is straight-line
+    code (a fixed number of iterations and its convergence test), so reverse and forward
+    mode differentiate the computed solution exactly. The default adjoint for this solver
+    is `diffrax.RecursiveCheckpointAdjoint`; [`jaxdae.ReverseSweepAdjoint`][], which
+    recomputes the wrapped Runge–Kutta steps without their projections, is refused.
+
+    **Failure**: a projection that leaves `max |Φ|` or `max |[Φ̇; Ψ]|` above `tol`, relative
+    to the size of the terms that cancel in them (`1 + max|J| max|q|`, `1 + max|G| max|v|`),
+    after an accepted step ends the solve with `jaxdae.RESULTS.projection_failed` (in an
+    ensemble, the whole ensemble: the steps are shared).
+
+    **Arguments:**
+
+    - `solver`: the diffrax solver to wrap, e.g. `diffrax.Tsit5()`.
+    - `iterations`: simplified Newton iterations for the positions (static); default 3.
+    - `tol`: convergence tolerance of the residuals (relative, see above); default
+        `1000 ε` of the state's dtype (`2.2e-13` in float64).
+    - `linear_solver`: how `G M⁻¹ Gᵀ` is solved: `lineax.Cholesky()` (default,
+        independent constraints) or `lineax.SVD()` (redundant constraints, as
+        [`jaxdae.PseudoInverse`][] does).
+
+    **Raises:**
+
+    `ValueError` for a `solver` that is not a diffrax solver, `iterations < 1` or
+    `tol <= 0`; when the solve starts, for use outside `simulate` / `simulate_ensemble`
+    and with a formulation that derives velocities other than
+    [`jaxdae.RedundantCoordinates`][].
+    """
+
+    solver: diffrax.AbstractSolver
+    iterations: int = eqx.field(default=3, static=True)
+    tol: float | None = eqx.field(default=None, static=True)
+    linear_solver: lx.AbstractLinearSolver = eqx.field(default=lx.Cholesky(), static=True)
+
+    def __check_init__(self):
+        check_instance("solver", self.solver, diffrax.AbstractSolver,
+                       "a diffrax solver instance such as `diffrax.Tsit5()`")
+        if isinstance(self.iterations, bool) or not isinstance(
+                self.iterations, (int, np.integer)) or self.iterations < 1:
+            raise ValueError(
+                f"`iterations` must be a positive integer; got {self.iterations!r}.")
+        if self.tol is not None and not (np.isfinite(self.tol) and self.tol > 0):
+            raise ValueError(f"`tol` must be a positive finite number; got {self.tol!r}.")
+        check_instance("linear_solver", self.linear_solver, lx.AbstractLinearSolver,
+                       "a lineax solver such as `lineax.Cholesky()` or `lineax.SVD()`")
+
+    @property
+    def term_structure(self):
+        return self.solver.term_structure
+
+    @property
+    def term_compatible_contr_kwargs(self):
+        return self.solver.term_compatible_contr_kwargs
+
+    @property
+    def interpolation_cls(self):  # pyright: ignore
+        return _interpolation(self.solver.interpolation_cls)
+
+    def order(self, terms):
+        return self.solver.order(terms)
+
+    def error_order(self, terms):
+        return self.solver.error_order(terms)
+
+    def func(self, terms, t0, y0, args):
+        return self.solver.func(terms, t0, y0, args)
+
+    def _inner(self) -> diffrax.AbstractSolver:
+        # diffrax runs the stages of its Runge–Kutta solvers in a checkpointed scan unless
+        # told otherwise (its adjoints set this on the solvers they see, not on a wrapped
+        # one); a plain scan also supports forward mode.
+        if getattr(self.solver, "scan_kind", "") is None:
+            return eqx.tree_at(lambda s: s.scan_kind, self.solver, "lax",
+                               is_leaf=lambda x: x is None)
+        return self.solver
+
+    def init(self, terms, t0, t1, y0, args):
+        _check_args(y0, args)
+        return self._inner().init(terms, t0, t1, y0, args)
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        system, formulation = _check_args(y0, args)
+        # The stored first-same-as-last stage is that of the unprojected state: a jump.
+        y1, y_error, dense_info, solver_state, result = self._inner().step(
+            terms, t0, t1, y0, args, solver_state, True)
+        q, s = y1
+        tol = self.tol if self.tol is not None else float(1000 * jnp.finfo(q.dtype).eps)
+        project = lambda q_, s_: _project(system, formulation, t1, q_, s_,  # noqa: E731
+                                          self.linear_solver, self.iterations, tol)
+        if q.ndim == 1:
+            (q_new, s_new), position_ok, velocity_ok = project(q, s)
+            ok = keep = position_ok & velocity_ok
+            failed = ~ok
+        else:  # an ensemble: one projection per trajectory (row)
+            (q_new, s_new), position_ok, velocity_ok = jax.vmap(project)(q, s)
+            ok = position_ok & velocity_ok
+            # Rows stopped by their formulation's failure (`_StopFailedTrajectories`)
+            # stand still: neither projected nor counted.
+            stopped = args[3] if len(args) > 3 else jnp.zeros_like(ok)
+            failed = jnp.any(~ok & ~stopped)
+            keep = (ok & ~stopped)[:, None]
+        # Where the projection failed, the unprojected end (finite) is where it stopped.
+        y_new = (jnp.where(keep, q_new, q), jnp.where(keep, s_new, s))
+        correction = jax.tree.map(lambda a, b: a - b, y_new, y1)
+        return (y_new, y_error, dict(inner=dense_info, correction=correction), solver_state,
+                _failure_item(failed, result))
+
+
+def _check_args(y0, args) -> tuple[AbstractSystem, AbstractFormulation]:
+    """The system and formulation of a `simulate` / `simulate_ensemble` solve."""
+    if not (isinstance(args, tuple) and len(args) >= 3 and isinstance(args[0], AbstractSystem)
+            and isinstance(args[1], AbstractFormulation) and isinstance(y0, tuple)
+            and len(y0) == 2):
+        raise ValueError(
+            "`jaxdae.Projected` projects the states of `jaxdae.simulate` and "
+            "`jaxdae.simulate_ensemble` (it reads the system and formulation from their "
+            "solve); it does not apply to other solves (e.g. `jaxdae.simulate_actuated` "
+            "or a direct `diffrax.diffeqsolve`).")
+    return args[0], args[1]
+
