@@ -1,4 +1,11 @@
-"""Rigid bodies and the ground, with their markers."""
+"""Rigid bodies (planar and spatial) and the ground, with their markers.
+
+Each body class also says how its coordinates describe it (`pose`, velocities, kinetic
+energy, its own constraints) and how a force at a point enters its generalized forces, so
+that [`jaxdae.multibody.Mechanism`][] is written once for both.
+"""
+
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -6,6 +13,14 @@ import numpy as np
 
 from .._custom_types import Array, ArrayLike, Float
 from .._gains import is_concrete
+from ._kinematics import (
+    body_map,
+    euler_rotation,
+    global_map,
+    perpendicular,
+    quaternion_from_matrix,
+    rotation,
+)
 
 GROUND = "ground"
 
@@ -42,18 +57,55 @@ def _check_name(kind: str, name) -> str:
     return name
 
 
-def _markers(owner: str, markers) -> dict[str, Array]:
+def _markers(owner: str, markers, sizes=(2,)) -> dict[str, Array]:
     if markers is None:
         return {}
     if not isinstance(markers, dict):
+        example = "(0.5, 0.0)" if sizes == (2,) else "(0.5, 0.0, 0.0)"
         raise ValueError(
             f"`markers` of {owner!r} must be a dict from marker names to points in body "
-            f"coordinates, e.g. {{'tip': (0.5, 0.0)}}; got {type(markers).__name__}."
+            f"coordinates, e.g. {{'tip': {example}}}; got {type(markers).__name__}."
         )
-    return {
-        _check_name("marker", key): _vector(f"Marker {owner}.{key}", value, 2)
-        for key, value in markers.items()
-    }
+    out = {}
+    for key, value in markers.items():
+        array = _array(f"Marker {owner}.{key}", value)
+        if array.ndim != 1 or array.shape[0] not in sizes:
+            size = " or ".join(str(n) for n in sizes)
+            raise ValueError(
+                f"Marker {owner}.{key} must be a vector of {size} numbers; got shape "
+                f"{array.shape}.")
+        out[_check_name("marker", key)] = array
+    return out
+
+
+def _orientations(owner: str, orientations, markers) -> dict[str, Array]:
+    """Marker orientations: 3×3 rotation matrices (marker frame → body frame)."""
+    if orientations is None:
+        return {}
+    if not isinstance(orientations, dict):
+        raise ValueError(
+            f"`orientations` of {owner!r} must be a dict from marker names to 3×3 rotation "
+            f"matrices; got {type(orientations).__name__}.")
+    out = {}
+    for key, value in orientations.items():
+        if key not in markers:
+            raise ValueError(
+                f"`orientations` of {owner!r} names marker {key!r}, which is not in its "
+                f"`markers` ({sorted(markers) or 'none'}); add the marker's position there.")
+        array = _array(f"The orientation of marker {owner}.{key}", value)
+        if array.shape != (3, 3):
+            raise ValueError(
+                f"The orientation of marker {owner}.{key} must be a 3×3 rotation matrix; got "
+                f"shape {array.shape}.")
+        if is_concrete(array):
+            a = np.asarray(array)
+            if not (np.allclose(a.T @ a, np.eye(3), atol=1e-9) and np.linalg.det(a) > 0):
+                raise ValueError(
+                    f"The orientation of marker {owner}.{key} is not a rotation matrix "
+                    "(orthonormal, determinant +1); build one with "
+                    "`jaxdae.multibody.rotation_matrix(axis, angle)` or `rpy_matrix`.")
+        out[key] = array
+    return out
 
 
 class PlanarBody(eqx.Module):
@@ -114,6 +166,211 @@ class PlanarBody(eqx.Module):
                     "body to the ground with `Fixed` instead of giving it no mass."
                 )
 
+    # -- what the mechanism needs (body coordinates qb = (x, y, θ)) ----------------------
+
+    dimension: ClassVar[int] = 2
+    num_coordinates: ClassVar[int] = 3
+    num_own_constraints: ClassVar[int] = 0
+    coordinate_labels: ClassVar[tuple[str, ...]] = ("x", "y", "theta")
+
+    def reference_coordinates(self):
+        return jnp.concatenate([self.position, self.angle[None]])
+
+    def pose(self, qb):
+        return qb[:2], rotation(qb[2])
+
+    def angular_velocity(self, qb, vb):
+        return vb[2]
+
+    def point_velocity(self, qb, vb, arm):
+        return vb[:2] + vb[2] * perpendicular(arm)
+
+    def mass_diagonal(self):
+        return jnp.stack([self.mass, self.mass, self.inertia])
+
+    def mass_matrix(self, qb):
+        return jnp.diag(self.mass_diagonal().astype(qb.dtype))
+
+    def kinetic_energy(self, qb, vb):
+        return 0.5 * jnp.sum(self.mass_diagonal() * vb**2)
+
+    def constraints(self, qb):
+        return jnp.zeros((0,), qb.dtype)
+
+    def generalized_load(self, qb, arm, force, torque):
+        """The generalized force of `force` at `r + arm` and a `torque`."""
+        return jnp.concatenate([force, (arm[0] * force[1] - arm[1] * force[0] + torque)[None]])
+
+    def wrench(self, qb, load):
+        """`(force, moment about the centre of mass)` of a generalized force."""
+        return load[:2], load[2]
+
+
+def _inertia_tensor(name, value) -> Array:
+    array = _array(f"`inertia` of body {name!r}", value)
+    if array.shape == ():
+        array = array * jnp.ones((3,), array.dtype)
+    if array.shape == (3,):
+        array = jnp.diag(array)
+    if array.shape != (3, 3):
+        raise ValueError(
+            f"`inertia` of body {name!r} must be the 3×3 inertia tensor about the centre of "
+            f"mass, its principal moments (3,), or one number; got shape {array.shape}.")
+    return array
+
+
+class RigidBody(eqx.Module):
+    """A spatial rigid body: the position `r` of its centre of mass and the Euler
+    parameters `p = (e₀, e₁, e₂, e₃)` (a unit quaternion) of its orientation, seven
+    coordinates with one holonomic constraint of its own, `(pᵀp − 1)/2 = 0`.
+
+    A point fixed on the body at `s` (body coordinates, from the centre of mass) is at
+    `r + R(p) s`, `R(p) = (2e₀² − 1) I + 2(e eᵀ + e₀ ẽ)`. Markers are frames: a position and,
+    optionally, an orientation `A` (marker axes in body coordinates); spatial joints are
+    written on the marker frames (a revolute joint turns about the markers' common `axis`).
+
+    The kinetic energy is `½ m |ṙ|² + 2 ṗᵀ Gᵀ J G ṗ` (`ω' = 2 G(p) ṗ`, `J` the inertia
+    tensor in body axes) plus `½ k (pᵀṗ)²` with `k = 4 tr(J)/3`: the last term vanishes
+    wherever the norm constraint holds, so the motion is unchanged, but it makes the mass
+    matrix positive definite (the rotational block alone is singular along `p`), so every
+    formulation that solves with `M` works (Nikravesh's modified mass matrix).
+
+    **Arguments:**
+
+    - `name`: a unique name (no `.`).
+    - `mass`: `m > 0`.
+    - `inertia`: the inertia tensor about the centre of mass in body axes, `(3, 3)`, or its
+        principal moments `(3,)`: symmetric, positive definite, and its principal moments
+        obey the triangle inequality `J₁ + J₂ ≥ J₃` (any rigid mass distribution does).
+    - `markers`: dict from marker names to points `(sx, sy, sz)` in body coordinates.
+    - `orientations`: dict from marker names to `(3, 3)` rotation matrices (marker axes in
+        body coordinates); markers not named have the body's axes.
+    - `position`, `orientation`: the pose used as the initial guess of
+        [`jaxdae.multibody.Mechanism.initial_state`][]: a point `(3,)` and a rotation
+        matrix `(3, 3)` or Euler parameters `(4,)`. Default: the origin, the global axes.
+
+    **Raises:**
+
+    `ValueError` for a mass that is not positive, an inertia tensor that is not symmetric
+    positive definite or breaks the triangle inequality, a marker that is not a point in
+    space, or a marker orientation that is not a rotation matrix.
+    """
+
+    name: str = eqx.field(static=True)
+    mass: Float[Array, ""]
+    inertia: Float[Array, "3 3"]
+    markers: dict[str, Float[Array, "3"]]
+    orientations: dict[str, Float[Array, "3 3"]]
+    position: Float[Array, "3"]
+    orientation: Float[Array, "4"]
+
+    dimension: ClassVar[int] = 3
+    num_coordinates: ClassVar[int] = 7
+    num_own_constraints: ClassVar[int] = 1
+    coordinate_labels: ClassVar[tuple[str, ...]] = ("x", "y", "z", "e0", "e1", "e2", "e3")
+
+    def __init__(self, name: str, mass: ArrayLike, inertia: ArrayLike, markers=None, *,
+                 orientations=None, position: ArrayLike = (0.0, 0.0, 0.0),
+                 orientation: ArrayLike | None = None):
+        self.name = _check_name("body", name)
+        if name == GROUND:
+            raise ValueError(
+                f"{GROUND!r} names the fixed frame; give the moving body another name (use "
+                "`jaxdae.multibody.Ground(markers=...)` to put markers on the ground)."
+            )
+        self.mass = _scalar(f"`mass` of body {name!r}", mass)
+        self.inertia = _inertia_tensor(name, inertia)
+        self.markers = _markers(name, markers, (3,))
+        self.orientations = _orientations(name, orientations, self.markers)
+        self.position = _vector(f"`position` of body {name!r}", position, 3)
+        if orientation is None:
+            self.orientation = jnp.array([1.0, 0.0, 0.0, 0.0])
+        else:
+            value = _array(f"`orientation` of body {name!r}", orientation)
+            if value.shape == (3, 3):
+                value = quaternion_from_matrix(value)
+            elif value.shape == (4,):
+                value = value / jnp.sqrt(value @ value)
+            else:
+                raise ValueError(
+                    f"`orientation` of body {name!r} must be a 3×3 rotation matrix or Euler "
+                    f"parameters (4,); got shape {value.shape}.")
+            self.orientation = value
+
+    def __check_init__(self):
+        if is_concrete(self.mass) and not (np.isfinite(self.mass) and self.mass > 0):
+            raise ValueError(
+                f"Body {self.name!r} has mass {float(self.mass)}: a rigid body needs a positive "
+                "finite mass (it can move in every direction). Fix the body to the ground with "
+                "`Fixed` instead of giving it no mass.")
+        if is_concrete(self.inertia):
+            j = np.asarray(self.inertia, dtype=float)
+            if not np.all(np.isfinite(j)) or not np.allclose(j, j.T, rtol=1e-12,
+                                                             atol=1e-14 * np.abs(j).max()):
+                raise ValueError(
+                    f"The inertia tensor of body {self.name!r} is not a finite symmetric "
+                    f"matrix: {j.tolist()}.")
+            moments = np.linalg.eigvalsh(j)
+            if not moments[0] > 0:
+                raise ValueError(
+                    f"The inertia tensor of body {self.name!r} is not positive definite "
+                    f"(principal moments {moments.tolist()}): a body that can turn about "
+                    "every axis needs a positive moment of inertia about each; fix a body "
+                    "that must not turn with a joint instead.")
+            if moments[0] + moments[1] < moments[2] * (1 - 1e-9):
+                raise ValueError(
+                    f"The inertia tensor of body {self.name!r} breaks the triangle inequality "
+                    f"(principal moments {moments.tolist()}: {moments[0]:.6g} + "
+                    f"{moments[1]:.6g} < {moments[2]:.6g}); no distribution of mass has it. "
+                    "Check the units and the axes of the tensor.")
+
+    # -- what the mechanism needs (body coordinates qb = (r, p)) -------------------------
+
+    def reference_coordinates(self):
+        return jnp.concatenate([self.position, self.orientation])
+
+    def pose(self, qb):
+        return qb[:3], euler_rotation(qb[3:])
+
+    def angular_velocity(self, qb, vb):
+        """`ω = 2 E(p) ṗ` in the global frame."""
+        return 2 * global_map(qb[3:]) @ vb[3:]
+
+    def point_velocity(self, qb, vb, arm):
+        return vb[:3] + jnp.cross(self.angular_velocity(qb, vb), arm)
+
+    def _rotational_mass(self, p):
+        g = body_map(p)
+        j = self.inertia.astype(p.dtype)
+        k = 4 * jnp.trace(j) / 3
+        return 4 * g.T @ j @ g + k * jnp.outer(p, p)
+
+    def mass_matrix(self, qb):
+        eye = self.mass.astype(qb.dtype) * jnp.eye(3, dtype=qb.dtype)
+        rot = self._rotational_mass(qb[3:])
+        zeros = jnp.zeros((3, 4), qb.dtype)
+        return jnp.block([[eye, zeros], [zeros.T, rot]])
+
+    def kinetic_energy(self, qb, vb):
+        pdot = vb[3:]
+        return 0.5 * self.mass * (vb[:3] @ vb[:3]) + 0.5 * pdot @ (
+            self._rotational_mass(qb[3:]) @ pdot)
+
+    def constraints(self, qb):
+        p = qb[3:]
+        return (0.5 * (p @ p - 1))[None]
+
+    def generalized_load(self, qb, arm, force, torque):
+        """`(f, 2 Eᵀ (arm × f + n))`: the power `f·ṙ + (arm × f + n)·ω` with `ω = 2 E ṗ`."""
+        moment = jnp.cross(arm, force) + torque
+        return jnp.concatenate([force, 2 * global_map(qb[3:]).T @ moment])
+
+    def wrench(self, qb, load):
+        """The inverse of `generalized_load` (`E Eᵀ = |p|² I`; the part of the load
+        along `p` is the norm constraint's)."""
+        p = qb[3:]
+        return load[:3], global_map(p) @ load[3:] / (2 * (p @ p))
+
 
 class Ground(eqx.Module):
     """The fixed frame (named `"ground"`), with optional markers in global coordinates.
@@ -123,12 +380,17 @@ class Ground(eqx.Module):
 
     **Arguments:**
 
-    - `markers`: dict from marker names to points `(x, y)` in the global frame.
+    - `markers`: dict from marker names to points in the global frame: `(x, y)` in a
+        planar mechanism, `(x, y, z)` in a spatial one.
+    - `orientations`: (spatial) dict from marker names to `(3, 3)` rotation matrices, the
+        marker axes in the global frame.
     """
 
     name: str = eqx.field(static=True)
-    markers: dict[str, Float[Array, "2"]]
+    markers: dict[str, Float[Array, " d"]]
+    orientations: dict[str, Float[Array, "3 3"]]
 
-    def __init__(self, markers=None):
+    def __init__(self, markers=None, *, orientations=None):
         self.name = GROUND
-        self.markers = _markers(GROUND, markers)
+        self.markers = _markers(GROUND, markers, (2, 3))
+        self.orientations = _orientations(GROUND, orientations, self.markers)

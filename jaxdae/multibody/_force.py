@@ -2,6 +2,9 @@
 
 import abc
 from collections.abc import Callable
+from typing import ClassVar
+
+import jax
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -9,8 +12,20 @@ import numpy as np
 
 from .._custom_types import Array, ArrayLike, Float
 from .._gains import is_concrete
-from ._body import _array, _scalar, _vector
+from ._body import _array, _scalar
 from ._kinematics import Kinematics
+
+
+def _free_vector(name, value, sizes=(2, 3)):
+    array = _array(name, value)
+    if array.ndim != 1 or array.shape[0] not in sizes:
+        raise ValueError(f"{name} must be a vector of {' or '.join(map(str, sizes))} numbers; "
+                         f"got shape {array.shape}.")
+    return array
+
+
+def _no_torque(kin):
+    return jnp.zeros(() if kin.dimension == 2 else (3,), kin.q.dtype)
 
 #: An actuator: `None` (none), a constant, the index of an input channel of the
 #: mechanism's controller (`u[i]`), or a function `(t, q, v) -> value`.
@@ -18,11 +33,12 @@ Actuator = None | int | ArrayLike | Callable
 
 
 class Load(eqx.Module):
-    """A force `(2,)` in the global frame and a torque acting at the marker `at`."""
+    """A force `(d,)` in the global frame and a torque acting at the marker `at` (a scalar
+    in the plane, a vector `(3,)` in the global frame in space)."""
 
     at: str = eqx.field(static=True)
-    force: Float[Array, "2"]
-    torque: Float[Array, ""]
+    force: Float[Array, " d"]
+    torque: Float[Array, "..."]
 
 
 class AbstractForce(eqx.Module):
@@ -31,10 +47,36 @@ class AbstractForce(eqx.Module):
     Its conservative part is a potential energy (so that `jaxdae` derives its forces and the
     mechanism's energy includes it); the rest are [`jaxdae.multibody.Load`][]s at markers:
     forces in the global frame plus torques, turned into generalized forces by the
-    mechanism.
+    mechanism, or generalized forces directly (`generalized_forces`).
     """
 
     name: eqx.AbstractVar[str | None]
+    dimensions: ClassVar[tuple[int, ...]] = (2, 3)
+
+    @property
+    def joints(self) -> tuple[str, ...]:
+        """The joints (by name) it acts on."""
+        return ()
+
+    def check_dimension(self, dimension: int, owner: str) -> None:
+        """Raise `ValueError` if it does not exist in a mechanism of `dimension`."""
+        if dimension not in self.dimensions:
+            kind = {2: "planar", 3: "spatial"}
+            raise ValueError(
+                f"The {owner} is a {type(self).__name__}, which is "
+                f"{' and '.join(kind[d] for d in self.dimensions)} only; this mechanism is "
+                f"{kind[dimension]}.")
+        for field, sizes in (("acceleration", (dimension,)), ("direction", (dimension,)),
+                             ("axis", (3,))):
+            value = getattr(self, field, None)
+            if value is not None and eqx.is_array(value) and value.shape not in (sizes,):
+                raise ValueError(
+                    f"`{field}` of the {owner} has shape {value.shape}; in this "
+                    f"{dimension}-D mechanism it needs {sizes}.")
+
+    def generalized_forces(self, kin: Kinematics) -> Float[Array, " n"] | None:
+        """Generalized forces it applies directly (needs `kin.v`). Default: none."""
+        return None
 
     @property
     @abc.abstractmethod
@@ -98,14 +140,16 @@ class Gravity(AbstractForce):
 
     **Arguments:**
 
-    - `acceleration`: `g` in the global frame. Default `(0, −9.81)` (y up).
+    - `acceleration`: `g` in the global frame. Default `(0, −9.81)` in the plane (y up),
+        `(0, 0, −9.81)` in space (z up).
     """
 
-    acceleration: Float[Array, "2"]
+    acceleration: Float[Array, " d"] | None
     name: str | None = eqx.field(static=True)
 
-    def __init__(self, acceleration: ArrayLike = (0.0, -9.81), *, name: str | None = None):
-        self.acceleration = _vector("`acceleration` of Gravity", acceleration, 2)
+    def __init__(self, acceleration: ArrayLike | None = None, *, name: str | None = None):
+        self.acceleration = (None if acceleration is None
+                             else _free_vector("`acceleration` of Gravity", acceleration))
         self.name = name
 
     @property
@@ -113,9 +157,12 @@ class Gravity(AbstractForce):
         return ()
 
     def potential_energy(self, kin):
-        mech = kin.mechanism
-        positions = jnp.reshape(kin.q, (-1, 3))[:, :2]
-        return -jnp.sum(mech.masses * (positions @ self.acceleration))
+        g = self.acceleration
+        if g is None:
+            g = jnp.zeros((kin.dimension,), kin.q.dtype).at[-1 if kin.dimension == 3 else 1].set(
+                -9.81)
+        centres = jnp.stack([kin.pose(i)[0] for i in range(len(kin.mechanism.bodies))])
+        return -jnp.sum(kin.mechanism.masses * (centres @ g))
 
 
 class SpringDamper(AbstractForce):
@@ -171,7 +218,7 @@ class SpringDamper(AbstractForce):
         e = d / jnp.where(length > 0, length, 1.0)
         rate = e @ (kin.velocity(self.b)[0] - kin.velocity(self.a)[0])
         f = actuation(self, kin) - self.damping * rate
-        zero = jnp.zeros((), d.dtype)
+        zero = _no_torque(kin)
         return Load(self.a, -f * e, zero), Load(self.b, f * e, zero)
 
 
@@ -180,6 +227,7 @@ class RotationalSpringDamper(AbstractForce):
 
     With the relative angle `Δθ = θ_b − θ_a`, the torque on `b` is `τ` and on `a` is `−τ`,
     `τ = −k (Δθ − Δθ₀) − c Δθ̇ + u`; the spring is the potential `½ k (Δθ − Δθ₀)²`.
+    Planar; in space put a [`jaxdae.multibody.JointSpringDamper`][] on a revolute joint.
 
     **Arguments:**
 
@@ -197,6 +245,7 @@ class RotationalSpringDamper(AbstractForce):
     actuator: Actuator
     channel: int | None = eqx.field(static=True)
     name: str | None = eqx.field(static=True)
+    dimensions: ClassVar[tuple[int, ...]] = (2,)
 
     def __init__(self, a: str, b: str, stiffness: ArrayLike = 0.0, damping: ArrayLike = 0.0,
                  rest_angle: ArrayLike = 0.0, *, actuator: Actuator = None,
@@ -227,7 +276,7 @@ class RotationalSpringDamper(AbstractForce):
 
 
 class Force(AbstractForce):
-    """An applied force at a marker, in the global frame (or the body's, `local=True`).
+    """An applied force at a marker, in the global frame (or the marker's, `local=True`).
 
     The force is `u · direction`, or `u` itself (a vector) without a `direction`.
 
@@ -235,16 +284,16 @@ class Force(AbstractForce):
 
     - `at`: the marker.
     - `actuator`: `u`: a constant, an input channel `i` of the mechanism's controller or a
-        function `(t, q, v) -> scalar` (with a `direction`) or `-> (2,)` (without).
-    - `direction`: `(2,)`, or `None`.
-    - `local`: the force (direction) is in the body's frame and turns with it.
+        function `(t, q, v) -> scalar` (with a `direction`) or `-> (d,)` (without).
+    - `direction`: `(d,)` (`d` = 2 in the plane, 3 in space), or `None`.
+    - `local`: the force (direction) is in the marker's frame and turns with its body.
     - `name`: its name.
     """
 
     at: str = eqx.field(static=True)
     actuator: Actuator
     channel: int | None = eqx.field(static=True)
-    direction: Float[Array, "2"] | None
+    direction: Float[Array, " d"] | None
     local: bool = eqx.field(static=True)
     name: str | None = eqx.field(static=True)
 
@@ -252,8 +301,8 @@ class Force(AbstractForce):
                  local: bool = False, name: str | None = None):
         self.at, self.local, self.name = at, bool(local), name
         self.channel, self.actuator = _actuator(actuator)
-        self.direction = None if direction is None else _vector("`direction` of a Force",
-                                                                  direction, 2)
+        self.direction = None if direction is None else _free_vector("`direction` of a Force",
+                                                                       direction)
         if self.direction is None and self.channel is not None:
             raise ValueError(
                 "A Force driven by an input channel needs a `direction` (the channel is a "
@@ -266,37 +315,125 @@ class Force(AbstractForce):
 
     def loads(self, kin):
         if self.direction is None:
-            force = actuation(self, kin, (2,))
+            force = actuation(self, kin, (kin.dimension,))
         else:
             force = actuation(self, kin) * self.direction
         if self.local:
             force = kin.frame(self.at).rotation @ force
-        return (Load(self.at, force, jnp.zeros((), kin.q.dtype)),)
+        return (Load(self.at, force, _no_torque(kin)),)
 
 
 class Torque(AbstractForce):
     """An applied torque `u` on the body of marker `at`.
 
+    In the plane `u` is a scalar. In space the torque is `u · axis` (a scalar `u`), or `u`
+    itself, a vector `(3,)`, without an `axis`; in the global frame, or in the marker's
+    frame with `local=True`.
+
     **Arguments:**
 
-    - `at`: the body.
+    - `at`: the body (or a marker on it).
     - `actuator`: `u`: a constant, an input channel of the mechanism's controller or a
-        function `(t, q, v) -> scalar`.
+        function `(t, q, v) -> value`.
+    - `axis`: (spatial) `(3,)`, or `None`.
+    - `local`: (spatial) the torque (axis) is in the marker's frame and turns with its body.
     - `name`: its name.
     """
 
     at: str = eqx.field(static=True)
     actuator: Actuator
     channel: int | None = eqx.field(static=True)
+    axis: Float[Array, "3"] | None
+    local: bool = eqx.field(static=True)
     name: str | None = eqx.field(static=True)
 
-    def __init__(self, at: str, actuator: Actuator, *, name: str | None = None):
-        self.at, self.name = at, name
+    def __init__(self, at: str, actuator: Actuator, axis: ArrayLike | None = None, *,
+                 local: bool = False, name: str | None = None):
+        self.at, self.local, self.name = at, bool(local), name
         self.channel, self.actuator = _actuator(actuator)
+        self.axis = None if axis is None else _free_vector("`axis` of a Torque", axis, (3,))
+
+    def check_dimension(self, dimension, owner):
+        super().check_dimension(dimension, owner)
+        if dimension == 2 and (self.axis is not None or self.local):
+            raise ValueError(f"The {owner} is planar: its torque is about z; drop `axis` and "
+                             "`local`.")
+        if dimension == 3 and self.axis is None and self.channel is not None:
+            raise ValueError(
+                f"The {owner} reads a scalar input channel: give it an `axis`, e.g. "
+                "Torque('body', actuator=0, axis=(0.0, 0.0, 1.0)).")
 
     @property
     def markers(self):
         return (self.at,)
 
     def loads(self, kin):
-        return (Load(self.at, jnp.zeros((2,), kin.q.dtype), actuation(self, kin)),)
+        zero = jnp.zeros((kin.dimension,), kin.q.dtype)
+        if kin.dimension == 2:
+            return (Load(self.at, zero, actuation(self, kin)),)
+        torque = (actuation(self, kin, (3,)) if self.axis is None
+                  else actuation(self, kin) * self.axis)
+        if self.local:
+            torque = kin.frame(self.at).rotation @ torque
+        return (Load(self.at, zero, torque),)
+
+
+class JointSpringDamper(AbstractForce):
+    """A spring-damper-actuator on a joint's coordinate: a rotational one on a revolute
+    joint (a torque about its axis), a translational one on a prismatic or cylindrical
+    joint (a force along it); in the plane and in space.
+
+    With the joint coordinate `c` (see [`jaxdae.multibody.Mechanism.joint_coordinates`][])
+    the load is the generalized force `(−k (c − c₀) − d ċ + u) ∂c/∂q`: the spring is the
+    potential `½ k (c − c₀)²`, the damper and the actuator `u` (a joint motor) apply
+    `(u − d ċ) ∂c/∂q`, the same virtual work as a torque (force) pair on the two bodies.
+
+    **Arguments:**
+
+    - `joint`: the joint's name in the mechanism (a joint with a coordinate).
+    - `stiffness` `k`, `damping` `d`: non-negative; `rest` `c₀`.
+    - `actuator`: `u` (see [`jaxdae.multibody.SpringDamper`][]).
+    - `name`: its name.
+    """
+
+    joint: str = eqx.field(static=True)
+    stiffness: Float[Array, ""]
+    damping: Float[Array, ""]
+    rest: Float[Array, ""]
+    actuator: Actuator
+    channel: int | None = eqx.field(static=True)
+    name: str | None = eqx.field(static=True)
+
+    def __init__(self, joint: str, stiffness: ArrayLike = 0.0, damping: ArrayLike = 0.0,
+                 rest: ArrayLike = 0.0, *, actuator: Actuator = None, name: str | None = None):
+        if not isinstance(joint, str):
+            raise ValueError(f"`joint` of a JointSpringDamper is a joint's name; got {joint!r}.")
+        self.joint, self.name = joint, name
+        self.stiffness = _scalar("`stiffness` of a JointSpringDamper", stiffness)
+        self.damping = _scalar("`damping` of a JointSpringDamper", damping)
+        self.rest = _scalar("`rest` of a JointSpringDamper", rest)
+        self.channel, self.actuator = _actuator(actuator)
+
+    def __check_init__(self):
+        _non_negative(f"JointSpringDamper on {self.joint!r}", stiffness=self.stiffness,
+                      damping=self.damping)
+
+    @property
+    def markers(self):
+        return ()
+
+    @property
+    def joints(self):
+        return (self.joint,)
+
+    def _coordinate(self, kin, q):
+        return kin.mechanism.joint_coordinate(self.joint, q, kin.t)
+
+    def potential_energy(self, kin):
+        return 0.5 * self.stiffness * (self._coordinate(kin, kin.q) - self.rest) ** 2
+
+    def generalized_forces(self, kin):
+        value, vjp = jax.vjp(lambda q: self._coordinate(kin, q), kin.q)
+        rate = jax.jvp(lambda q: self._coordinate(kin, q), (kin.q,), (kin.v,))[1]
+        (gradient,) = vjp(jnp.ones_like(value))
+        return (actuation(self, kin) - self.damping * rate) * gradient

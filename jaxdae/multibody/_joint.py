@@ -1,4 +1,12 @@
-"""Planar joints: holonomic constraints between two markers."""
+"""Joints: holonomic constraints between two markers, in the plane and in space.
+
+The spatial joints are the standard constraints of Haug's *Computer Aided Kinematics and
+Dynamics of Mechanical Systems* (ch. 9) written on marker frames: a point coincidence
+(spherical), "dot-1" conditions that keep an axis of one frame perpendicular to axes of the
+other (revolute, cylindrical, universal), "dot-2" conditions that keep the vector between the
+markers perpendicular to an axis (prismatic, cylindrical, point-on-line), and a locked
+relative orientation (fixed, prismatic).
+"""
 
 import abc
 from collections.abc import Callable
@@ -10,7 +18,7 @@ import numpy as np
 
 from .._custom_types import Array, ArrayLike, Float
 from .._gains import is_concrete
-from ._body import _scalar, _vector
+from ._body import _array, _scalar, _vector
 from ._kinematics import Frame, perpendicular
 
 
@@ -27,13 +35,35 @@ class AbstractJoint(eqx.Module):
     relative angle of a revolute joint, the displacement of a prismatic one).
 
     Subclasses define `residual(t, a, b)` (and `coordinate(a, b)`) on the two markers'
-    [`jaxdae.multibody.Frame`][]s.
+    [`jaxdae.multibody.Frame`][]s. A joint that exists in the plane and in space (revolute,
+    prismatic, fixed, distance, point-on-line, driver) lists both in `dimensions` and says
+    how many equations it has in each with `equations(dimension)`.
     """
 
     a: eqx.AbstractVar[str]
     b: eqx.AbstractVar[str]
     name: eqx.AbstractVar[str | None]
     num_equations: ClassVar[int]
+    dimensions: ClassVar[tuple[int, ...]] = (2,)
+
+    def equations(self, dimension: int) -> int:
+        """The number of constraint equations in a planar (2) or spatial (3) mechanism."""
+        return self.num_equations
+
+    def check_dimension(self, dimension: int, owner: str) -> None:
+        """Raise `ValueError` if the joint does not exist in a mechanism of `dimension`."""
+        if dimension not in self.dimensions:
+            kind = {2: "planar", 3: "spatial"}
+            raise ValueError(
+                f"The {owner} is a {type(self).__name__}, which is "
+                f"{' and '.join(kind[d] for d in self.dimensions)} only; this mechanism is "
+                f"{kind[dimension]}.")
+        for field in ("axis", "axis_a", "axis_b"):
+            value = getattr(self, field, None)
+            if value is not None and value.shape != (dimension,):
+                raise ValueError(
+                    f"`{field}` of the {owner} has {value.shape[0]} components; in a "
+                    f"{dimension}-D mechanism it needs {dimension}.")
 
     @abc.abstractmethod
     def residual(self, t: Float[Array, ""], a: Frame, b: Frame) -> Float[Array, " m"]:
@@ -42,6 +72,52 @@ class AbstractJoint(eqx.Module):
     def coordinate(self, a: Frame, b: Frame) -> Float[Array, ""] | None:
         """The joint coordinate, or `None` for a joint without one."""
         return None
+
+
+def _basis(u):
+    """`(û, w₁, w₂)`: the unit axis and two unit vectors completing a right-handed frame."""
+    u = _unit(u)
+    helper = jnp.eye(3, dtype=u.dtype)[jnp.argmin(jnp.abs(u))]
+    w1 = _unit(helper - (helper @ u) * u)
+    return u, w1, jnp.cross(u, w1)
+
+
+def _locked(a, b):
+    """Zero when the marker frames are parallel: the skew part of `A_aᵀ A_b` (3 equations)."""
+    c = a.rotation.T @ b.rotation
+    return 0.5 * jnp.stack([c[2, 1] - c[1, 2], c[0, 2] - c[2, 0], c[1, 0] - c[0, 1]])
+
+
+def _on_axis(a, b, axis):
+    """Zero when marker `b` is on the line through `a` along `axis` (2 equations)."""
+    _, w1, w2 = _basis(axis)
+    d = b.point - a.point
+    return jnp.stack([(a.rotation @ w1) @ d, (a.rotation @ w2) @ d])
+
+
+def _aligned(a, b, axis):
+    """Zero when both frames' `axis` coincide in direction (2 dot-1 equations)."""
+    u, w1, w2 = _basis(axis)
+    ua = a.rotation @ u
+    return jnp.stack([ua @ (b.rotation @ w1), ua @ (b.rotation @ w2)])
+
+
+def _optional(name, value, sizes=(2, 3)):
+    if value is None:
+        return None
+    array = _array(name, value)
+    if array.ndim != 1 or array.shape[0] not in sizes:
+        raise ValueError(f"{name} must be a vector of {' or '.join(map(str, sizes))} numbers; "
+                         f"got shape {array.shape}.")
+    return array
+
+
+def _zero_in_space(joint, field, dimension, owner):
+    value = getattr(joint, field)
+    if dimension == 3 and is_concrete(value) and float(value) != 0.0:
+        raise ValueError(
+            f"`{field}` of the {owner} is for planar mechanisms; in space give the markers "
+            "orientations (`orientations=` of the bodies) instead.")
 
 
 def _check_length(length):
@@ -58,67 +134,124 @@ def _ref(value, which: str) -> str:
 
 
 class Revolute(AbstractJoint):
-    """A pin joint: markers `a` and `b` coincide, the bodies turn freely (2 equations).
+    """A pin (hinge) joint: markers `a` and `b` coincide and the bodies turn about one axis.
 
-    `Φ = p_b − p_a`. Joint coordinate: the relative angle `θ_b − θ_a`.
-    """
-
-    a: str = eqx.field(static=True)
-    b: str = eqx.field(static=True)
-    name: str | None = eqx.field(static=True)
-    num_equations: ClassVar[int] = 2
-
-    def __init__(self, a: str, b: str, *, name: str | None = None):
-        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
-
-    def residual(self, t, a, b):
-        return b.point - a.point
-
-    def coordinate(self, a, b):
-        return b.angle - a.angle
-
-
-class Prismatic(AbstractJoint):
-    """A translational joint: marker `b` slides along the line through marker `a` in the
-    direction `axis` (fixed on `a`'s body), and the bodies keep their relative angle
-    (2 equations).
-
-    `Φ = (n·(p_b − p_a), θ_b − θ_a − angle)`, `n ⟂ R(θ_a) axis`. Joint coordinate: the
-    displacement `u·(p_b − p_a)` along the unit axis `u`.
+    In the plane (2 equations): `Φ = p_b − p_a`; joint coordinate: the relative angle
+    `θ_b − θ_a`. In space (5 equations): the points coincide and the hinge axis `u`, the
+    same vector in both marker frames, stays common: `Φ = (p_b − p_a, (A_a u)·(A_b w₁),
+    (A_a u)·(A_b w₂))`, `w₁, w₂ ⟂ u` (Haug's dot-1 conditions); joint coordinate: the angle
+    in `(−π, π]` that turns `A_a w₁` into `A_b w₁` about `A_a u`.
 
     **Arguments:**
 
     - `a`, `b`: the markers.
-    - `axis`: direction of the sliding in body `a`'s coordinates (normalized). Default x.
-    - `angle`: the relative angle `θ_b − θ_a` the joint keeps. Default 0.
+    - `axis`: (spatial) the hinge axis in the marker frames, `(3,)`. Default z.
     - `name`: the joint's name in outputs.
     """
 
     a: str = eqx.field(static=True)
     b: str = eqx.field(static=True)
-    axis: Float[Array, "2"]
+    axis: Float[Array, "3"] | None
+    name: str | None = eqx.field(static=True)
+    num_equations: ClassVar[int] = 2
+    dimensions: ClassVar[tuple[int, ...]] = (2, 3)
+
+    def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
+                 name: str | None = None):
+        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
+        self.axis = _optional("`axis` of a Revolute joint", axis, (3,))
+
+    def equations(self, dimension):
+        return 2 if dimension == 2 else 5
+
+    def check_dimension(self, dimension, owner):
+        if dimension == 2 and self.axis is not None:
+            raise ValueError(f"The {owner} is planar: it turns about z and takes no `axis`.")
+        super().check_dimension(dimension, owner)
+
+    def _axis(self, dtype):
+        return jnp.array([0.0, 0.0, 1.0], dtype) if self.axis is None else self.axis
+
+    def residual(self, t, a, b):
+        if a.point.shape[0] == 2:
+            return b.point - a.point
+        return jnp.concatenate([b.point - a.point, _aligned(a, b, self._axis(a.point.dtype))])
+
+    def coordinate(self, a, b):
+        if a.angle is not None:
+            return b.angle - a.angle
+        u, w1, _ = _basis(self._axis(a.point.dtype))
+        ua, xa, xb = a.rotation @ u, a.rotation @ w1, b.rotation @ w1
+        return jnp.arctan2(jnp.cross(xa, xb) @ ua, xa @ xb)
+
+
+class Prismatic(AbstractJoint):
+    """A translational joint: marker `b` slides along the line through marker `a` in the
+    direction `axis` (fixed on `a`'s frame), and the bodies keep their relative orientation.
+
+    In the plane (2 equations): `Φ = (n·(p_b − p_a), θ_b − θ_a − angle)`, `n ⟂ R(θ_a) axis`.
+    In space (5 equations): `p_b − p_a` stays perpendicular to `A_a w₁` and `A_a w₂`
+    (`w₁, w₂ ⟂ axis`) and the marker frames stay parallel. Joint coordinate: the
+    displacement `u·(p_b − p_a)` along the unit axis `u`.
+
+    **Arguments:**
+
+    - `a`, `b`: the markers.
+    - `axis`: direction of the sliding in marker `a`'s frame (normalized), `(2,)` or `(3,)`.
+        Default x.
+    - `angle`: (planar) the relative angle `θ_b − θ_a` the joint keeps. Default 0.
+    - `name`: the joint's name in outputs.
+    """
+
+    a: str = eqx.field(static=True)
+    b: str = eqx.field(static=True)
+    axis: Float[Array, " d"] | None
     angle: Float[Array, ""]
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 2
+    dimensions: ClassVar[tuple[int, ...]] = (2, 3)
 
-    def __init__(self, a: str, b: str, axis: ArrayLike = (1.0, 0.0), *, angle: ArrayLike = 0.0,
-                 name: str | None = None):
+    def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
+                 angle: ArrayLike = 0.0, name: str | None = None):
         self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
-        self.axis = _vector("`axis` of a Prismatic joint", axis, 2)
+        self.axis = _optional("`axis` of a Prismatic joint", axis)
         self.angle = _scalar("`angle` of a Prismatic joint", angle)
 
+    def equations(self, dimension):
+        return 2 if dimension == 2 else 5
+
+    def check_dimension(self, dimension, owner):
+        super().check_dimension(dimension, owner)
+        _zero_in_space(self, "angle", dimension, owner)
+
+    def _axis(self, d, dtype):
+        return jnp.eye(d, dtype=dtype)[0] if self.axis is None else self.axis
+
     def residual(self, t, a, b):
-        u = _unit(a.rotation @ self.axis)
+        d = a.point.shape[0]
+        axis = self._axis(d, a.point.dtype)
+        if d == 3:
+            return jnp.concatenate([_on_axis(a, b, axis), _locked(a, b)])
+        u = _unit(a.rotation @ axis)
         return jnp.stack([perpendicular(u) @ (b.point - a.point), b.angle - a.angle - self.angle])
 
     def coordinate(self, a, b):
-        return _unit(a.rotation @ self.axis) @ (b.point - a.point)
+        axis = self._axis(a.point.shape[0], a.point.dtype)
+        return _unit(a.rotation @ axis) @ (b.point - a.point)
 
 
 class Fixed(AbstractJoint):
-    """A weld: markers `a` and `b` coincide and the relative angle is fixed (3 equations).
+    """A weld: markers `a` and `b` coincide and their frames keep their relative orientation.
 
-    `Φ = (p_b − p_a, θ_b − θ_a − angle)`.
+    In the plane (3 equations): `Φ = (p_b − p_a, θ_b − θ_a − angle)`. In space
+    (6 equations): `p_b − p_a` and the skew part of `A_aᵀ A_b` (the marker frames are
+    parallel; give the markers `orientations` for a weld at an angle).
+
+    **Arguments:**
+
+    - `a`, `b`: the markers.
+    - `angle`: (planar) the relative angle `θ_b − θ_a` it keeps. Default 0.
+    - `name`: the joint's name in outputs.
     """
 
     a: str = eqx.field(static=True)
@@ -126,12 +259,22 @@ class Fixed(AbstractJoint):
     angle: Float[Array, ""]
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 3
+    dimensions: ClassVar[tuple[int, ...]] = (2, 3)
 
     def __init__(self, a: str, b: str, *, angle: ArrayLike = 0.0, name: str | None = None):
         self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
         self.angle = _scalar("`angle` of a Fixed joint", angle)
 
+    def equations(self, dimension):
+        return 3 if dimension == 2 else 6
+
+    def check_dimension(self, dimension, owner):
+        super().check_dimension(dimension, owner)
+        _zero_in_space(self, "angle", dimension, owner)
+
     def residual(self, t, a, b):
+        if a.point.shape[0] == 3:
+            return jnp.concatenate([b.point - a.point, _locked(a, b)])
         return jnp.concatenate([b.point - a.point, (b.angle - a.angle - self.angle)[None]])
 
 
@@ -139,7 +282,7 @@ class Distance(AbstractJoint):
     """A massless link of length `L` between markers `a` and `b` (1 equation).
 
     `Φ = (|p_b − p_a|² − L²) / (2L)`: smooth everywhere, in units of length, and equal to
-    `|p_b − p_a| − L` to first order on the constraint.
+    `|p_b − p_a| − L` to first order on the constraint. The same in the plane and in space.
     """
 
     a: str = eqx.field(static=True)
@@ -147,6 +290,7 @@ class Distance(AbstractJoint):
     length: Float[Array, ""]
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 1
+    dimensions: ClassVar[tuple[int, ...]] = (2, 3)
 
     def __init__(self, a: str, b: str, length: ArrayLike, *, name: str | None = None):
         self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
@@ -161,29 +305,49 @@ class Distance(AbstractJoint):
 
 
 class PointOnLine(AbstractJoint):
-    """Marker `b` stays on the line through marker `a` along `axis` (fixed on `a`'s body);
-    the bodies turn freely (1 equation).
+    """Marker `b` stays on the line through marker `a` along `axis` (fixed on `a`'s frame);
+    the bodies turn freely (1 equation in the plane, 2 in space).
 
-    `Φ = n·(p_b − p_a)`, `n ⟂ R(θ_a) axis`. Joint coordinate: the position `u·(p_b − p_a)`
+    Plane: `Φ = n·(p_b − p_a)`, `n ⟂ R(θ_a) axis`; space: `p_b − p_a` perpendicular to
+    `A_a w₁`, `A_a w₂` (`w₁, w₂ ⟂ axis`). Joint coordinate: the position `u·(p_b − p_a)`
     along the unit axis `u`.
+
+    **Arguments:**
+
+    - `a`, `b`: the markers.
+    - `axis`: the line's direction in marker `a`'s frame, `(2,)` or `(3,)`. Default x.
+    - `name`: the joint's name in outputs.
     """
 
     a: str = eqx.field(static=True)
     b: str = eqx.field(static=True)
-    axis: Float[Array, "2"]
+    axis: Float[Array, " d"] | None
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 1
+    dimensions: ClassVar[tuple[int, ...]] = (2, 3)
 
-    def __init__(self, a: str, b: str, axis: ArrayLike = (1.0, 0.0), *, name: str | None = None):
+    def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
+                 name: str | None = None):
         self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
-        self.axis = _vector("`axis` of a PointOnLine joint", axis, 2)
+        self.axis = _optional("`axis` of a PointOnLine joint", axis)
+
+    def equations(self, dimension):
+        return dimension - 1
+
+    def _axis(self, d, dtype):
+        return jnp.eye(d, dtype=dtype)[0] if self.axis is None else self.axis
 
     def residual(self, t, a, b):
-        u = _unit(a.rotation @ self.axis)
+        d = a.point.shape[0]
+        axis = self._axis(d, a.point.dtype)
+        if d == 3:
+            return _on_axis(a, b, axis)
+        u = _unit(a.rotation @ axis)
         return (perpendicular(u) @ (b.point - a.point))[None]
 
     def coordinate(self, a, b):
-        return _unit(a.rotation @ self.axis) @ (b.point - a.point)
+        axis = self._axis(a.point.shape[0], a.point.dtype)
+        return _unit(a.rotation @ axis) @ (b.point - a.point)
 
 
 class Gear(AbstractJoint):
@@ -213,7 +377,7 @@ class Gear(AbstractJoint):
 
 class Driver(AbstractJoint):
     """Prescribed motion: marker `b` follows marker `a` along a given path,
-    `p_b − p_a = motion(t)` in the global frame (2 rheonomic equations).
+    `p_b − p_a = motion(t)` in the global frame (2 rheonomic equations; 3 in space).
 
     A trajectory to track (paper 004's two-link arm, whose tip follows a point moving along
     a line), or a kinematic input. The bodies turn freely.
@@ -221,7 +385,7 @@ class Driver(AbstractJoint):
     **Arguments:**
 
     - `a`, `b`: the markers.
-    - `motion`: a function `t -> (2,)`; an `eqx.Module` with array fields makes its
+    - `motion`: a function `t -> (d,)`; an `eqx.Module` with array fields makes its
         parameters differentiable leaves of the mechanism.
     - `name`: the joint's name in outputs.
     """
@@ -231,14 +395,98 @@ class Driver(AbstractJoint):
     motion: Callable
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 2
+    dimensions: ClassVar[tuple[int, ...]] = (2, 3)
+
+    def equations(self, dimension):
+        return dimension
 
     def __init__(self, a: str, b: str, motion: Callable, *, name: str | None = None):
         self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
         if not callable(motion):
             raise ValueError(
-                f"`motion` of a Driver must be a function t -> (2,); got {type(motion).__name__}."
+                f"`motion` of a Driver must be a function t -> (d,); got {type(motion).__name__}."
             )
         self.motion = motion
 
     def residual(self, t, a, b):
-        return b.point - a.point - jnp.asarray(self.motion(t), b.point.dtype).reshape(2)
+        d = b.point.shape[0]
+        return b.point - a.point - jnp.asarray(self.motion(t), b.point.dtype).reshape(d)
+
+
+class Spherical(AbstractJoint):
+    """A ball joint: markers `a` and `b` coincide, the bodies turn freely (3 equations,
+    spatial). `Φ = p_b − p_a`."""
+
+    a: str = eqx.field(static=True)
+    b: str = eqx.field(static=True)
+    name: str | None = eqx.field(static=True)
+    num_equations: ClassVar[int] = 3
+    dimensions: ClassVar[tuple[int, ...]] = (3,)
+
+    def __init__(self, a: str, b: str, *, name: str | None = None):
+        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
+
+    def residual(self, t, a, b):
+        return b.point - a.point
+
+
+class Universal(AbstractJoint):
+    """A Hooke (cardan) joint: markers `a` and `b` coincide and the cross's two axes, `axis_a`
+    on marker `a`'s frame and `axis_b` on marker `b`'s, stay perpendicular (4 equations,
+    spatial). `Φ = (p_b − p_a, (A_a axis_a)·(A_b axis_b))`.
+
+    **Arguments:**
+
+    - `a`, `b`: the markers.
+    - `axis_a`, `axis_b`: the cross's axes in the two marker frames, `(3,)`. Default x and y.
+    - `name`: the joint's name in outputs.
+    """
+
+    a: str = eqx.field(static=True)
+    b: str = eqx.field(static=True)
+    axis_a: Float[Array, "3"]
+    axis_b: Float[Array, "3"]
+    name: str | None = eqx.field(static=True)
+    num_equations: ClassVar[int] = 4
+    dimensions: ClassVar[tuple[int, ...]] = (3,)
+
+    def __init__(self, a: str, b: str, axis_a: ArrayLike = (1.0, 0.0, 0.0),
+                 axis_b: ArrayLike = (0.0, 1.0, 0.0), *, name: str | None = None):
+        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
+        self.axis_a = _vector("`axis_a` of a Universal joint", axis_a, 3)
+        self.axis_b = _vector("`axis_b` of a Universal joint", axis_b, 3)
+
+    def residual(self, t, a, b):
+        cross = (a.rotation @ _unit(self.axis_a)) @ (b.rotation @ _unit(self.axis_b))
+        return jnp.concatenate([b.point - a.point, cross[None]])
+
+
+class Cylindrical(AbstractJoint):
+    """Marker `b` slides along and turns about the axis of marker `a` (4 equations, spatial):
+    `p_b − p_a` is perpendicular to `A_a w₁`, `A_a w₂` and the frames' `axis` stay common
+    (`w₁, w₂ ⟂ axis`). Joint coordinate: the displacement `u·(p_b − p_a)` along the axis.
+
+    **Arguments:**
+
+    - `a`, `b`: the markers.
+    - `axis`: the axis in the marker frames, `(3,)`. Default z.
+    - `name`: the joint's name in outputs.
+    """
+
+    a: str = eqx.field(static=True)
+    b: str = eqx.field(static=True)
+    axis: Float[Array, "3"]
+    name: str | None = eqx.field(static=True)
+    num_equations: ClassVar[int] = 4
+    dimensions: ClassVar[tuple[int, ...]] = (3,)
+
+    def __init__(self, a: str, b: str, axis: ArrayLike = (0.0, 0.0, 1.0), *,
+                 name: str | None = None):
+        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
+        self.axis = _vector("`axis` of a Cylindrical joint", axis, 3)
+
+    def residual(self, t, a, b):
+        return jnp.concatenate([_on_axis(a, b, self.axis), _aligned(a, b, self.axis)])
+
+    def coordinate(self, a, b):
+        return _unit(a.rotation @ self.axis) @ (b.point - a.point)

@@ -1,25 +1,28 @@
-"""Markers in the plane at a configuration: what joints and force elements are written on."""
+"""Markers at a configuration (what joints and force elements are written on), and the
+rotations of planar and spatial bodies."""
 
 from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from .._custom_types import Array, Float
+from .._custom_types import Array, ArrayLike, Float
 
 
 class Frame(NamedTuple):
     """A marker at a configuration, as joints and force elements see it.
 
-    - `origin`: the body's centre of mass `r` (the origin for the ground), `(2,)`.
-    - `angle`: the body's angle `θ` (0 for the ground).
-    - `rotation`: `R(θ)`, `(2, 2)`.
-    - `point`: the marker in the plane, `r + R(θ) s`, `(2,)`.
+    - `origin`: the body's centre of mass `r` (the origin for the ground), `(d,)`.
+    - `angle`: a planar body's angle `θ` (0 for the ground); `None` in space.
+    - `rotation`: the marker frame's orientation in the global frame, `(d, d)`: `R(θ)` in
+        the plane; in space `R(p) A`, the body's rotation times the marker's orientation
+        `A` on the body.
+    - `point`: the marker in the global frame, `r + R s`, `(d,)`.
     """
 
-    origin: Float[Array, "2"]
-    angle: Float[Array, ""]
-    rotation: Float[Array, "2 2"]
-    point: Float[Array, "2"]
+    origin: Float[Array, " d"]
+    angle: Float[Array, ""] | None
+    rotation: Float[Array, "d d"]
+    point: Float[Array, " d"]
 
 
 def perpendicular(u):
@@ -30,6 +33,85 @@ def perpendicular(u):
 def rotation(angle):
     c, s = jnp.cos(angle), jnp.sin(angle)
     return jnp.stack([jnp.stack([c, -s]), jnp.stack([s, c])])
+
+
+def skew(w):
+    """The matrix `w̃` with `w̃ x = w × x`."""
+    zero = jnp.zeros((), w.dtype)
+    return jnp.stack([jnp.stack([zero, -w[2], w[1]]), jnp.stack([w[2], zero, -w[0]]),
+                      jnp.stack([-w[1], w[0], zero])])
+
+
+def euler_rotation(p):
+    """The rotation matrix of the Euler parameters `p = (e₀, e)`:
+    `R = (2e₀² − 1) I + 2 (e eᵀ + e₀ ẽ)` (Haug, *Computer Aided Kinematics and Dynamics of
+    Mechanical Systems*, eq. 6.3.11)."""
+    e0, e = p[0], p[1:]
+    return (2 * e0**2 - 1) * jnp.eye(3, dtype=p.dtype) + 2 * (jnp.outer(e, e) + e0 * skew(e))
+
+
+def global_map(p):
+    """`E(p) = [−e, ẽ + e₀ I]`: the angular velocity in the global frame is `ω = 2 E ṗ`."""
+    e0, e = p[0], p[1:]
+    return jnp.concatenate([-e[:, None], skew(e) + e0 * jnp.eye(3, dtype=p.dtype)], axis=1)
+
+
+def body_map(p):
+    """`G(p) = [−e, −ẽ + e₀ I]`: the angular velocity in the body frame is `ω' = 2 G ṗ`."""
+    e0, e = p[0], p[1:]
+    return jnp.concatenate([-e[:, None], -skew(e) + e0 * jnp.eye(3, dtype=p.dtype)], axis=1)
+
+
+def quaternion_from_matrix(matrix):
+    """The Euler parameters (`e₀ ≥ 0`) of a rotation matrix, by Shepperd's method."""
+    r = matrix
+    trace = r[0, 0] + r[1, 1] + r[2, 2]
+    candidates = jnp.stack([
+        jnp.stack([1 + trace, r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1]]),
+        jnp.stack([r[2, 1] - r[1, 2], 1 + r[0, 0] - r[1, 1] - r[2, 2], r[0, 1] + r[1, 0],
+                   r[0, 2] + r[2, 0]]),
+        jnp.stack([r[0, 2] - r[2, 0], r[0, 1] + r[1, 0], 1 - r[0, 0] + r[1, 1] - r[2, 2],
+                   r[1, 2] + r[2, 1]]),
+        jnp.stack([r[1, 0] - r[0, 1], r[0, 2] + r[2, 0], r[1, 2] + r[2, 1],
+                   1 - r[0, 0] - r[1, 1] + r[2, 2]]),
+    ])
+    k = jnp.argmax(jnp.diagonal(candidates))
+    c = candidates[k]
+    p = c / (2 * jnp.sqrt(c[k]))
+    return jnp.where(p[0] < 0, -p, p)
+
+
+def rotation_matrix(axis: Float[ArrayLike, "3"], angle: Float[ArrayLike, ""]) -> Float[Array, "3 3"]:
+    """The rotation by `angle` (radians, right-handed) about `axis` (normalized), by
+    Rodrigues' formula: for marker orientations and a body's initial `orientation`.
+
+    **Arguments:**
+
+    - `axis`: `(3,)`, not zero.
+    - `angle`: the angle in radians.
+
+    **Returns:**
+
+    The `(3, 3)` rotation matrix.
+    """
+    axis = jnp.asarray(axis, dtype=float)
+    axis = axis / jnp.sqrt(axis @ axis)
+    angle = jnp.asarray(angle, dtype=axis.dtype)
+    k = skew(axis)
+    return jnp.eye(3, dtype=axis.dtype) + jnp.sin(angle) * k + (1 - jnp.cos(angle)) * (k @ k)
+
+
+def rpy_matrix(roll: Float[ArrayLike, ""], pitch: Float[ArrayLike, ""],
+               yaw: Float[ArrayLike, ""]) -> Float[Array, "3 3"]:
+    """The rotation of roll, pitch and yaw angles as URDF defines them:
+    `R_z(yaw) R_y(pitch) R_x(roll)` (fixed axes x, y, z in that order).
+
+    **Returns:**
+
+    The `(3, 3)` rotation matrix.
+    """
+    return (rotation_matrix((0.0, 0.0, 1.0), yaw) @ rotation_matrix((0.0, 1.0, 0.0), pitch)
+            @ rotation_matrix((1.0, 0.0, 0.0), roll))
 
 
 def split(ref: str) -> tuple[str, str | None]:
@@ -47,34 +129,50 @@ class Kinematics:
 
     def __init__(self, mechanism, t, q, v=None, inputs=None):
         self.mechanism, self.t, self.q, self.v, self.inputs = mechanism, t, q, v, inputs
-        self._rotations: dict[int, Array] = {}  # one rotation matrix per body in the trace
+        self.dimension = mechanism.dimension
+        self._poses: dict[int, tuple[Array, Array]] = {}  # one pose per body in the trace
 
-    def _rotation(self, slot):
-        if slot not in self._rotations:
-            self._rotations[slot] = rotation(self.q[3 * slot + 2])
-        return self._rotations[slot]
+    def body_coordinates(self, slot, x=None):
+        start = self.mechanism.offsets[slot]
+        x = self.q if x is None else x
+        return x[start : start + self.mechanism.bodies[slot].num_coordinates]
+
+    def pose(self, slot):
+        """`(r, R)` of body `slot`: its centre of mass and rotation."""
+        if slot not in self._poses:
+            self._poses[slot] = self.mechanism.bodies[slot].pose(self.body_coordinates(slot))
+        return self._poses[slot]
 
     def _local(self, ref):
         name, marker = split(ref)
         body = self.mechanism.body(name)
-        s = jnp.zeros((2,), self.q.dtype) if marker is None else body.markers[marker]
-        return self.mechanism.slot(name), s
+        d = self.dimension
+        if marker is None:
+            return self.mechanism.slot(name), jnp.zeros((d,), self.q.dtype), None
+        return (self.mechanism.slot(name), body.markers[marker],
+                getattr(body, "orientations", {}).get(marker))
 
     def frame(self, ref: str) -> Frame:
-        slot, s = self._local(ref)
+        slot, s, orientation = self._local(ref)
+        d, dtype = self.dimension, self.q.dtype
         if slot < 0:
-            zero = jnp.zeros((2,), self.q.dtype)
-            return Frame(zero, jnp.zeros((), self.q.dtype), jnp.eye(2, dtype=self.q.dtype),
-                         s.astype(self.q.dtype))
-        r, angle = self.q[3 * slot : 3 * slot + 2], self.q[3 * slot + 2]
-        rot = self._rotation(slot)
-        return Frame(r, angle, rot, r + rot @ s)
+            rot = jnp.eye(d, dtype=dtype) if orientation is None else orientation.astype(dtype)
+            return Frame(jnp.zeros((d,), dtype), jnp.zeros((), dtype) if d == 2 else None, rot,
+                         s.astype(dtype))
+        r, rot = self.pose(slot)
+        angle = self.body_coordinates(slot)[2] if d == 2 else None
+        marker_rot = rot if orientation is None else rot @ orientation
+        return Frame(r, angle, marker_rot, r + rot @ s)
 
-    def velocity(self, ref: str) -> tuple[Float[Array, "2"], Float[Array, ""]]:
-        """`(ṗ, θ̇)`: the marker's velocity in the plane and its body's angular velocity."""
-        slot, s = self._local(ref)
+    def velocity(self, ref: str) -> tuple[Float[Array, " d"], Float[Array, "..."]]:
+        """`(ṗ, ω)`: the marker's velocity and its body's angular velocity (a scalar `θ̇` in
+        the plane, a vector in the global frame in space)."""
+        slot, s, _ = self._local(ref)
+        d, dtype = self.dimension, self.q.dtype
         if slot < 0:
-            return jnp.zeros((2,), self.q.dtype), jnp.zeros((), self.q.dtype)
-        rdot, omega = self.v[3 * slot : 3 * slot + 2], self.v[3 * slot + 2]
-        return rdot + omega * perpendicular(self._rotation(slot) @ s), omega
-
+            return jnp.zeros((d,), dtype), jnp.zeros(() if d == 2 else (3,), dtype)
+        body = self.mechanism.bodies[slot]
+        qb, vb = self.body_coordinates(slot), self.body_coordinates(slot, self.v)
+        _, rot = self.pose(slot)
+        omega = body.angular_velocity(qb, vb)
+        return body.point_velocity(qb, vb, rot @ s), omega

@@ -1,4 +1,4 @@
-"""A planar mechanism assembled from bodies, joints and force elements: a jaxdae system."""
+"""A mechanism assembled from bodies, joints and force elements: a jaxdae system."""
 
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
@@ -6,13 +6,14 @@ from typing import NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jax.scipy.linalg
 import numpy as np
 
 from .._analysis._consistent import consistent_initial_state
 from .._analysis._control import AbstractController, ConstantControl
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._systems._system import LagrangianSystem
-from ._body import GROUND, Ground, PlanarBody
+from ._body import GROUND, Ground, PlanarBody, RigidBody
 from ._force import AbstractForce
 from ._joint import AbstractJoint
 from ._kinematics import Kinematics, split
@@ -21,22 +22,25 @@ from ._kinematics import Kinematics, split
 class Reaction(NamedTuple):
     """The load a joint exerts on its second body (marker `b`), from the multipliers.
 
-    - `force`: the force in the global frame, `(..., 2)`.
-    - `torque`: the moment about marker `b`, `(...)` (zero for a revolute joint).
+    - `force`: the force in the global frame, `(..., d)`.
+    - `torque`: the moment about marker `b`: `(...)` in the plane (zero for a revolute
+        joint), `(..., 3)` in the global frame in space.
 
     The joint exerts `−force` on the body of marker `a`.
     """
 
-    force: Float[Array, "*batch 2"]
+    force: Float[Array, "*batch d"]
     torque: Float[Array, "*batch"]
 
 
 class Mobility(NamedTuple):
     """Degrees of freedom of a mechanism at a configuration.
 
-    - `coordinates`: `n = 3 ×` bodies.
-    - `equations`: `m`, the number of constraint equations of the joints.
-    - `grubler`: the Grübler (Chebychev–Grübler–Kutzbach) count `n − m`.
+    - `coordinates`: `n`: 3 per planar body, 7 per spatial body.
+    - `equations`: `m`, the number of constraint equations: the joints' and, in space, one
+        Euler-parameter norm per body.
+    - `grubler`: the Grübler (Chebychev–Grübler–Kutzbach) count `n − m` (in space
+        `6 × bodies −` the joints' equations).
     - `rank`: the rank `r` of the constraint Jacobian `Φ_q` there.
     - `dof`: the degrees of freedom `n − r`.
     - `redundant`: the redundant constraint equations `m − r` (`dof − grubler`).
@@ -50,8 +54,10 @@ class Mobility(NamedTuple):
     redundant: int
 
 
-def _cross(a, b):
-    return a[0] * b[1] - a[1] * b[0]
+def _moment(arm, force):
+    if arm.shape[0] == 2:
+        return arm[0] * force[1] - arm[1] * force[0]
+    return jnp.cross(arm, force)
 
 
 def _over_leading(fn, *arrays):
@@ -96,22 +102,27 @@ def _names(kind, elements):
 
 
 class Mechanism(LagrangianSystem):
-    """A planar mechanism of rigid bodies, joints and force elements, as a jaxdae system.
+    """A planar or spatial mechanism of rigid bodies, joints and force elements, as a
+    jaxdae system.
 
-    **Coordinates.** Each body has the absolute coordinates `(x, y, θ)` of its centre of
-    mass and its orientation; `q = (x₁, y₁, θ₁, x₂, y₂, θ₂, …)` in the order of `bodies`
-    (see `coordinate_names`). The mass matrix is then constant and diagonal,
-    `diag(m₁, m₁, I₁, m₂, …)`, there are no velocity-dependent inertial forces, and each
-    joint's constraints involve only its two bodies' coordinates (a sparse Jacobian).
-    These are the absolute (reference-point) coordinates of Nikravesh's and Haug's planar
-    multibody texts, also those of Exudyn's `RigidBody2D`. They cost more coordinates than
-    joint (relative) coordinates, but every joint is a local, closed-form constraint and
-    closed loops need nothing special; redundant joints (a parallelogram's extra bar) show
-    as a rank-deficient `Φ_q` (see `mobility`).
+    **Coordinates.** Each body has absolute coordinates: a planar body
+    ([`jaxdae.multibody.PlanarBody`][]) the position `(x, y)` of its centre of mass and its
+    angle `θ`, a spatial one ([`jaxdae.multibody.RigidBody`][]) the position `(x, y, z)` and
+    the Euler parameters `(e₀, e₁, e₂, e₃)` of its orientation; `q` lists them body by body
+    in the order of `bodies` (see `coordinate_names`). In the plane the mass matrix is
+    constant and diagonal, `diag(m₁, m₁, I₁, m₂, …)`; in space it is block diagonal, one
+    `7 × 7` block per body. Each joint's constraints involve only its two bodies'
+    coordinates (a sparse Jacobian). These are the absolute (reference-point) coordinates of
+    Nikravesh's and Haug's multibody texts, also those of Exudyn's `RigidBody2D` and
+    `RigidBodyEP`. They cost more coordinates than joint (relative) coordinates, but every
+    joint is a local, closed-form constraint and closed loops need nothing special;
+    redundant joints (a parallelogram's extra bar, Bricard's linkage) show as a
+    rank-deficient `Φ_q` (see `mobility`).
 
     **The system.** `Mechanism` is a [`jaxdae.LagrangianSystem`][]: `Φ` stacks the joints'
-    equations in the order of `joints`, `V` sums gravity and the springs, the generalized
-    forces sum the dampers' and actuators' loads. Every formulation,
+    equations in the order of `joints`, then each spatial body's Euler-parameter norm
+    `(pᵀp − 1)/2`; `V` sums gravity and the springs, the generalized forces sum the
+    dampers' and actuators' loads. Every formulation,
     [`jaxdae.simulate`][], [`jaxdae.consistent_initial_state`][], [`jaxdae.linearize`][]
     and the gradients work on it; every number (masses, inertias, marker positions, joint
     axes and lengths, spring constants) is an array leaf that `eqx.filter_grad` reaches.
@@ -143,7 +154,8 @@ class Mechanism(LagrangianSystem):
 
     **Arguments:**
 
-    - `bodies`: the [`jaxdae.multibody.PlanarBody`][]s, optionally with a
+    - `bodies`: the [`jaxdae.multibody.PlanarBody`][]s (a planar mechanism) or the
+        [`jaxdae.multibody.RigidBody`][]s (a spatial one), optionally with a
         [`jaxdae.multibody.Ground`][] that carries markers on the fixed frame.
     - `joints`: [`jaxdae.multibody.AbstractJoint`][]s (revolute, prismatic, ...).
     - `forces`: force elements ([`jaxdae.multibody.Gravity`][], spring-dampers, applied
@@ -156,47 +168,76 @@ class Mechanism(LagrangianSystem):
     `ValueError` before any solve for: an element that is not a body, joint or force
     element; duplicate body, joint or force names; a joint or force on a body that is not
     in the mechanism or on a marker its body does not have; a joint between a body and
-    itself; a body with non-positive mass or inertia (from [`jaxdae.multibody.PlanarBody`][]).
+    itself; planar and spatial bodies mixed, or a joint or force element of the other
+    dimension; a body with non-positive mass or inertia (from the body classes).
     """
 
-    bodies: tuple[PlanarBody, ...]
+    bodies: tuple[PlanarBody | RigidBody, ...]
     ground: Ground
     joints: tuple[AbstractJoint, ...]
     forces: tuple[AbstractForce, ...]
     controller: AbstractController
     joint_names: tuple[str, ...] = eqx.field(static=True)
     force_names: tuple[str, ...] = eqx.field(static=True)
+    joint_sizes: tuple[int, ...] = eqx.field(static=True)
+    offsets: tuple[int, ...] = eqx.field(static=True)
+    dimension: int = eqx.field(static=True)
 
     def __init__(
         self,
-        bodies: Sequence[PlanarBody | Ground],
+        bodies: Sequence[PlanarBody | RigidBody | Ground],
         joints: Sequence[AbstractJoint] = (),
         forces: Sequence[AbstractForce] = (),
         *,
         controller: AbstractController | None = None,
     ):
-        items = _kind_check("bodies", bodies, (PlanarBody, Ground),
-                           "jaxdae.multibody.PlanarBody (or one Ground) instances")
+        items = _kind_check("bodies", bodies, (PlanarBody, RigidBody, Ground),
+                           "jaxdae.multibody.PlanarBody or RigidBody (and one Ground) instances")
         grounds = [b for b in items if isinstance(b, Ground)]
         if len(grounds) > 1:
             raise ValueError("`bodies` holds more than one Ground; merge their markers into one.")
         self.ground = grounds[0] if grounds else Ground()
-        self.bodies = tuple(b for b in items if isinstance(b, PlanarBody))
+        self.bodies = tuple(b for b in items if not isinstance(b, Ground))
         if not self.bodies:
-            raise ValueError("A Mechanism needs at least one PlanarBody.")
+            raise ValueError("A Mechanism needs at least one PlanarBody or RigidBody.")
         _names("body", self.bodies)
+        dimensions = {b.dimension for b in self.bodies}
+        if len(dimensions) > 1:
+            raise ValueError(
+                "`bodies` mixes PlanarBody and RigidBody: a mechanism is planar or spatial. "
+                "Model a planar part in space with RigidBody and planar joints' spatial "
+                "counterparts.")
+        self.dimension = dimensions.pop()
+        for key, point in self.ground.markers.items():
+            if point.shape != (self.dimension,):
+                raise ValueError(
+                    f"Ground marker {key!r} has {point.shape[0]} coordinates; this mechanism "
+                    f"is {self.dimension}-D.")
+        if self.dimension == 2 and self.ground.orientations:
+            raise ValueError("Ground `orientations` are for spatial mechanisms.")
+        self.offsets = tuple(int(o) for o in np.cumsum(
+            [0] + [b.num_coordinates for b in self.bodies[:-1]]))
         self.joints = _kind_check("joints", joints, AbstractJoint,
                                   "joints (jaxdae.multibody.Revolute, Prismatic, ...)")
         self.forces = _kind_check("forces", forces, AbstractForce,
                                   "force elements (jaxdae.multibody.Gravity, SpringDamper, ...)")
         self.joint_names = _names("joint", self.joints)
         self.force_names = _names("force element", self.forces)
+        self.joint_sizes = tuple(j.equations(self.dimension) for j in self.joints)
         for kind, names, elements in (("joint", self.joint_names, self.joints),
                                       ("force element", self.force_names, self.forces)):
             for name, element in zip(names, elements):
+                element.check_dimension(self.dimension, f"{kind} {name!r}")
                 refs = (element.a, element.b) if kind == "joint" else element.markers
                 for ref in refs:
                     self._check_ref(f"{kind} {name!r}", ref)
+                for joint in (() if kind == "joint" else element.joints):
+                    self._joint_index(joint, f"the {kind} {name!r}")
+                    if joint not in dict(self._coordinate_joints()):
+                        raise ValueError(
+                            f"The {kind} {name!r} acts on joint {joint!r}, which has no joint "
+                            "coordinate (a revolute, prismatic, cylindrical or point-on-line "
+                            "joint has one).")
                 if kind == "joint" and split(element.a)[0] == split(element.b)[0]:
                     raise ValueError(
                         f"Joint {name!r} joins body {split(element.a)[0]!r} to itself "
@@ -220,31 +261,39 @@ class Mechanism(LagrangianSystem):
 
     @property
     def coordinate_names(self) -> tuple[str, ...]:
-        """`("crank.x", "crank.y", "crank.theta", ...)`, the order of `q`."""
-        return tuple(f"{b}.{c}" for b in self.body_names for c in ("x", "y", "theta"))
+        """`("crank.x", "crank.y", "crank.theta", ...)` (planar) or `("link.x", ...,
+        "link.e0", ..., "link.e3", ...)` (spatial): the order of `q`."""
+        return tuple(f"{b.name}.{c}" for b in self.bodies for c in b.coordinate_labels)
 
     @property
     def num_equations(self) -> int:
-        """`m`, the number of constraint equations."""
-        return sum(j.num_equations for j in self.joints)
+        """`m`, the number of constraint equations: the joints', then (in space) one norm
+        constraint per body."""
+        return sum(self.joint_sizes) + sum(b.num_own_constraints for b in self.bodies)
 
     def slot(self, name: str) -> int:
-        """The index of body `name` in `bodies` (its coordinates are `q[3i : 3i + 3]`);
-        −1 for the ground."""
+        """The index of body `name` in `bodies` (its coordinates are
+        `q[offsets[i] : offsets[i] + bodies[i].num_coordinates]`); −1 for the ground."""
         return -1 if name == GROUND else self.body_names.index(name)
 
-    def body(self, name: str) -> PlanarBody | Ground:
+    def body(self, name: str) -> PlanarBody | RigidBody | Ground:
         return self.ground if name == GROUND else self.bodies[self.slot(name)]
+
+    def joint(self, name: str) -> AbstractJoint:
+        """The joint called `name`."""
+        return self.joints[self._joint_index(name)]
 
     def joint_rows(self, name: str) -> slice:
         """The rows of joint `name` in `Φ` (and in the holonomic multipliers)."""
         index = self._joint_index(name)
-        start = sum(j.num_equations for j in self.joints[:index])
-        return slice(start, start + self.joints[index].num_equations)
+        start = sum(self.joint_sizes[:index])
+        return slice(start, start + self.joint_sizes[index])
 
-    def _joint_index(self, name):
+    def _joint_index(self, name, owner=None):
         if name not in self.joint_names:
-            raise ValueError(f"No joint named {name!r}; the joints are {list(self.joint_names)}.")
+            where = f"{owner} refers to joint {name!r}, which is not in the mechanism" if owner \
+                else f"No joint named {name!r}"
+            raise ValueError(f"{where}; the joints are {list(self.joint_names)}.")
         return self.joint_names.index(name)
 
     def _check_ref(self, owner, ref):
@@ -268,20 +317,26 @@ class Mechanism(LagrangianSystem):
         return jnp.stack([b.mass for b in self.bodies])
 
     @property
-    def inertias(self) -> Float[Array, " bodies"]:
+    def inertias(self) -> Float[Array, "bodies ..."]:
+        """The moments of inertia (planar, `(bodies,)`) or inertia tensors (spatial,
+        `(bodies, 3, 3)`)."""
         return jnp.stack([b.inertia for b in self.bodies])
 
-    def _diagonal(self):
-        m = self.masses
-        return jnp.stack([m, m, self.inertias], axis=-1).reshape(-1)
+    def _body_slices(self, x):
+        return [x[o : o + b.num_coordinates] for o, b in zip(self.offsets, self.bodies)]
 
     # -- the LagrangianSystem ----------------------------------------------------------
 
     def mass_matrix(self, t, q):
-        return jnp.diag(self._diagonal().astype(q.dtype))
+        if self.dimension == 2:
+            return jnp.diag(jnp.concatenate([b.mass_diagonal() for b in self.bodies]).astype(
+                q.dtype))
+        return jax.scipy.linalg.block_diag(*[b.mass_matrix(qb) for b, qb in
+                                             zip(self.bodies, self._body_slices(q))])
 
     def kinetic_energy(self, t, q, v):
-        return 0.5 * jnp.sum(self._diagonal() * v**2)
+        return sum(b.kinetic_energy(qb, vb) for b, qb, vb in
+                   zip(self.bodies, self._body_slices(q), self._body_slices(v)))
 
     def potential_energy(self, t, q):
         kin = Kinematics(self, t, q)
@@ -296,41 +351,74 @@ class Mechanism(LagrangianSystem):
                 slot = self.slot(split(load.at)[0])
                 if slot < 0:
                     continue  # the ground takes it
-                frame = kin.frame(load.at)
-                moment = _cross(frame.point - frame.origin, load.force) + load.torque
-                forces = forces.at[3 * slot : 3 * slot + 3].add(
-                    jnp.concatenate([load.force, moment[None]]).astype(q.dtype))
+                frame, body = kin.frame(load.at), self.bodies[slot]
+                start = self.offsets[slot]
+                generalized = body.generalized_load(kin.body_coordinates(slot),
+                                                    frame.point - frame.origin, load.force,
+                                                    load.torque)
+                forces = forces.at[start : start + body.num_coordinates].add(
+                    generalized.astype(q.dtype))
+            direct = element.generalized_forces(kin)
+            if direct is not None:
+                forces = forces + direct.astype(q.dtype)
         return forces
 
     def constraints(self, t, q):
-        if not self.joints:
-            return jnp.zeros((0,), q.dtype)
         kin = Kinematics(self, t, q)
-        return jnp.concatenate([
-            jnp.asarray(j.residual(t, kin.frame(j.a), kin.frame(j.b)), q.dtype)
-            for j in self.joints
-        ])
+        parts = [jnp.asarray(j.residual(t, kin.frame(j.a), kin.frame(j.b)), q.dtype)
+                 for j in self.joints]
+        parts += [b.constraints(qb) for b, qb in zip(self.bodies, self._body_slices(q))]
+        return jnp.concatenate(parts) if parts else jnp.zeros((0,), q.dtype)
 
     # -- outputs -----------------------------------------------------------------------
 
-    def body_coordinates(self, q: Float[Array, "*batch n"], name: str) -> Float[Array, "*batch 3"]:
-        """`(x, y, θ)` of body `name`; `q` may carry leading (time, batch) axes."""
+    def body_coordinates(self, q: Float[Array, "*batch n"], name: str
+                         ) -> Float[Array, "*batch c"]:
+        """`(x, y, θ)` (planar) or `(x, y, z, e₀, e₁, e₂, e₃)` (spatial) of body `name`; `q`
+        may carry leading (time, batch) axes."""
         self._check_ref("request", name)
         slot = self.slot(name)
-        return q[..., 3 * slot : 3 * slot + 3]
+        if slot < 0:
+            raise ValueError("The ground has no coordinates.")
+        start = self.offsets[slot]
+        return q[..., start : start + self.bodies[slot].num_coordinates]
 
-    def marker_position(self, q: Float[Array, "*batch n"], marker: str) -> Float[Array, "*batch 2"]:
-        """The position of `marker` (`"body.marker"` or `"body"`) in the plane; `q` may carry
-        leading (time, batch) axes, e.g. `sol.q`."""
+    def marker_position(self, q: Float[Array, "*batch n"], marker: str) -> Float[Array, "*batch d"]:
+        """The position of `marker` (`"body.marker"` or `"body"`) in the global frame; `q`
+        may carry leading (time, batch) axes, e.g. `sol.q`."""
         self._check_ref("request", marker)
         return _over_leading(lambda q_: Kinematics(self, 0.0, q_).frame(marker).point, q)
 
     def marker_velocity(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"],
-                        marker: str) -> Float[Array, "*batch 2"]:
-        """The velocity of `marker` in the plane, `ṙ + θ̇ R(θ + π/2) s`."""
+                        marker: str) -> Float[Array, "*batch d"]:
+        """The velocity of `marker` in the global frame, `ṙ + ω × R s` (`ω` the body's
+        angular velocity; `θ̇` about z in the plane)."""
         self._check_ref("request", marker)
         return _over_leading(lambda q_, v_: Kinematics(self, 0.0, q_, v_).velocity(marker)[0],
                              q, v)
+
+    def marker_rotation(self, q: Float[Array, "*batch n"], marker: str
+                        ) -> Float[Array, "*batch d d"]:
+        """The orientation of `marker`'s frame in the global frame (its body's rotation times
+        the marker's orientation on the body)."""
+        self._check_ref("request", marker)
+        return _over_leading(lambda q_: Kinematics(self, 0.0, q_).frame(marker).rotation, q)
+
+    def angular_velocity(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"],
+                         name: str) -> Float[Array, "*batch"]:
+        """Body `name`'s angular velocity: `θ̇` in the plane, `ω = 2 E(p) ṗ` in the global
+        frame in space."""
+        self._check_ref("request", name)
+        return _over_leading(lambda q_, v_: Kinematics(self, 0.0, q_, v_).velocity(name)[1],
+                             q, v)
+
+    def joint_coordinate(self, name: str, q: Float[Array, " n"],
+                         t: ScalarLike = 0.0) -> Float[Array, ""]:
+        """The coordinate of joint `name` at one configuration `q` (see
+        `joint_coordinates`)."""
+        joint = self.joint(name)
+        kin = Kinematics(self, t, q)
+        return joint.coordinate(kin.frame(joint.a), kin.frame(joint.b))
 
     def _coordinate_joints(self):
         return [(name, j) for name, j in zip(self.joint_names, self.joints)
@@ -338,7 +426,8 @@ class Mechanism(LagrangianSystem):
 
     def joint_coordinates(self, q: Float[Array, "*batch n"]) -> dict[str, Float[Array, "*batch"]]:
         """The joint coordinates by joint name: a revolute joint's relative angle
-        `θ_b − θ_a`, a prismatic or point-on-line joint's displacement along its axis."""
+        (`θ_b − θ_a` in the plane; in `(−π, π]` about its axis in space), a prismatic,
+        cylindrical or point-on-line joint's displacement along its axis."""
         def coords(q_):
             kin = Kinematics(self, 0.0, q_)
             return {n: j.coordinate(kin.frame(j.a), kin.frame(j.b))
@@ -357,7 +446,9 @@ class Mechanism(LagrangianSystem):
 
         The constraint forces are `−Φ_qᵀ λ` (`M q̈ = Q − Φ_qᵀ λ`); each joint's rows give
         the force and torque it exerts on its bodies, reported as a
-        [`jaxdae.multibody.Reaction`][] on the body of marker `b` (about that marker).
+        [`jaxdae.multibody.Reaction`][] on the body of marker `b` (about that marker). In
+        space the rows' generalized force on the Euler parameters is turned into a moment
+        by `n = E(p) Q_p / (2|p|²)` (its part along `p` is the norm constraint's).
 
         **Arguments:**
 
@@ -382,17 +473,22 @@ class Mechanism(LagrangianSystem):
                 _, vjp = jax.vjp(residual, q_)
                 (load,) = vjp(-lam[rows])
                 point = kin.frame(joint.b).point
-                slot_b = self.slot(split(joint.b)[0])
-                if slot_b >= 0:
-                    force = load[3 * slot_b : 3 * slot_b + 2]
+
+                def wrench(ref, load=load):
+                    slot = self.slot(split(ref)[0])
+                    body, start = self.bodies[slot], self.offsets[slot]
+                    return body.wrench(kin.body_coordinates(slot),
+                                       load[start : start + body.num_coordinates])
+
+                if self.slot(split(joint.b)[0]) >= 0:
+                    force, moment = wrench(joint.b)
                     origin = kin.frame(joint.b).origin
-                    torque = load[3 * slot_b + 2] - _cross(point - origin, force)
+                    torque = moment - _moment(point - origin, force)
                 else:  # the ground: action and reaction on the body of marker a
-                    slot_a = self.slot(split(joint.a)[0])
-                    force_a = load[3 * slot_a : 3 * slot_a + 2]
+                    force_a, moment_a = wrench(joint.a)
                     origin = kin.frame(joint.a).origin
                     force = -force_a
-                    torque = -(load[3 * slot_a + 2] - _cross(point - origin, force_a))
+                    torque = -(moment_a - _moment(point - origin, force_a))
                 out[name] = Reaction(force, torque)
             return out
 
@@ -428,8 +524,9 @@ class Mechanism(LagrangianSystem):
                         redundant=m - rank)
 
     def reference_coordinates(self) -> Float[Array, " n"]:
-        """`q` from the bodies' `position` and `angle` (a guess; need not satisfy `Φ`)."""
-        return jnp.concatenate([jnp.concatenate([b.position, b.angle[None]]) for b in self.bodies])
+        """`q` from the bodies' `position` and `angle` (planar) or `orientation` (spatial):
+        a guess; need not satisfy `Φ`."""
+        return jnp.concatenate([b.reference_coordinates() for b in self.bodies])
 
     def initial_state(
         self,
