@@ -188,7 +188,7 @@ def test_reverse_mode_inside_jit_traces_no_primal_solve(monkeypatch):
     reverse mode traces the sweep's forward solve only, not the custom VJP's primal solve
     that staging a jitted `simulate` would trace. Eager calls (under `grad` or `vmap` too)
     run the jitted `simulate`."""
-    from jaxdae import _adjoint
+    from jaxdae._integration import _adjoint
 
     primal_solves = []
     loop_solve = _adjoint._loop_solve

@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 import _peers  # noqa: E402
 import jaxdae  # noqa: E402
 from bench_precision import Chain  # noqa: E402
-from jaxdae import _scalarize  # noqa: E402
+from jaxdae._compilation import _scalarize  # noqa: E402
 from jaxdae._integration._simulate import _vector_field, state_rates  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
