@@ -33,6 +33,11 @@ from ._integration._actuated import (
     simulate_actuated as simulate_actuated,
 )
 from ._integration._adjoint import ReverseSweepAdjoint as ReverseSweepAdjoint
+from ._integration._generalized_alpha import GeneralizedAlpha as GeneralizedAlpha
+from ._integration._implicit import (
+    ToleranceChord as ToleranceChord,
+    configure_implicit as configure_implicit,
+)
 from ._analysis._linearize import (
     Equilibrium as Equilibrium,
     Linearization as Linearization,

@@ -1,0 +1,229 @@
+"""The generalized-α method for the index-3 equations of motion, as a diffrax solver
+([`jaxdae.GeneralizedAlpha`][])."""
+
+from typing import ClassVar
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optimistix as optx
+
+from .._formulations._base import AbstractFormulation
+from .._formulations._baumgarte import Unstabilized
+from .._systems._system import AbstractSystem
+
+
+def chung_hulbert(rho_inf: float) -> tuple[float, float, float, float]:
+    """`(α_m, α_f, γ, β)` of the generalized-α method with spectral radius `ρ∞` at infinite
+    step (Chung & Hulbert 1993; Arnold & Brüls 2007, eq. (21)): `α_m = (2ρ∞ − 1)/(ρ∞ + 1)`,
+    `α_f = ρ∞/(ρ∞ + 1)`, `γ = ½ + α_f − α_m`, `β = ¼ (γ + ½)²`."""
+    alpha_m = (2 * rho_inf - 1) / (rho_inf + 1)
+    alpha_f = rho_inf / (rho_inf + 1)
+    gamma = 0.5 + alpha_f - alpha_m
+    beta = 0.25 * (gamma + 0.5) ** 2
+    return alpha_m, alpha_f, gamma, beta
+
+
+class _Step(eqx.Module):
+    """The quantities of one step that do not depend on the unknown new positions."""
+
+    h: jax.Array
+    c: jax.Array  # ∂q_{n+1}/∂q̈_{n+1} = h² β (1 − α_f)/(1 − α_m)
+    hb: jax.Array  # h² β
+    q_hat: jax.Array  # q_{n+1} − h² β a_{n+1}
+    q_tilde: jax.Array  # q_{n+1} − c q̈_{n+1}
+    v_hat: jax.Array  # v_{n+1} − h γ a_{n+1}
+    gamma: float
+
+    def unpack(self, q):
+        """`(v, q̈, a)` at the new positions `q`."""
+        a = (q - self.q_hat) / self.hb
+        return self.v_hat + self.h * self.gamma * a, (q - self.q_tilde) / self.c, a
+
+
+def _residual(x, args):
+    """The step's equations in units of position: `c (M q̈ + Gᵀλ − Q)` with `μ = c λ`,
+    `Φ(t, q)` and `h Ψ(t, q, v)`."""
+    q, mu = x
+    system, t, step = args
+    v, qdd, _ = step.unpack(q)
+    terms = system.terms(t, q, v)
+    dynamics = step.c * (terms.mass_matrix @ qdd - terms.forces) + terms.jacobian.T @ mu
+    return dynamics, jnp.concatenate([terms.phi, step.h * terms.psi])
+
+
+class GeneralizedAlpha(diffrax.AbstractImplicitSolver, diffrax.AbstractAdaptiveSolver):
+    """The generalized-α method (Chung & Hulbert 1993) applied to the index-3 equations
+    `M q̈ + Φ_qᵀ λ + Ψ_vᵀ μ = Q`, `Φ(t, q) = 0`, `Ψ(t, q, v) = 0` as Arnold & Brüls (2007)
+    formulate it, with an adaptive step: the implicit integrator of multibody codes
+    (Chrono's and Exudyn's default), for stiff systems — stiff springs and bushings,
+    large stabilization gains, fast actuator dynamics — whose step an explicit solver
+    must keep within its stability region.
+
+    One step from `t_n` to `t_{n+1} = t_n + h` (Arnold & Brüls 2007, eqs. (8)–(9), (14)):
+
+    - `q_{n+1} = q_n + h v_n + h² (½ − β) a_n + h² β a_{n+1}`,
+    - `v_{n+1} = v_n + h (1 − γ) a_n + h γ a_{n+1}`,
+    - `(1 − α_m) a_{n+1} + α_m a_n = (1 − α_f) q̈_{n+1} + α_f q̈_n`,
+    - the equations of motion and the constraints at `t_{n+1}`: `Φ(t_{n+1}, q_{n+1}) = 0`
+        (positions, index 3) and `Ψ(t_{n+1}, q_{n+1}, v_{n+1}) = 0`.
+
+    `a` is an acceleration-like variable, `α_m, α_f, γ, β` follow from the spectral radius
+    `ρ∞` at infinite step (Chung–Hulbert: second order, high frequencies damped to `ρ∞`
+    per step, low ones barely). The unknowns are the new positions and the scaled
+    multipliers `c λ` (`c = h² β (1 − α_f)/(1 − α_m)`), so that every equation is in
+    units of position and the Newton iteration (an optimistix root finder; its linear
+    solves by lineax) stops on the tolerances of the step-size controller: the
+    constraints hold to `atol` (`|Φ| ≤ atol` in the controller's norm) at every step.
+
+    **Local error estimate.** The step's position error is estimated by
+    `h² (β − γ/2 + 1/12) (a_{n+1} − a_n)`: the Taylor expansion of the step, with
+    `a_n ≈ q̈(t_n + (α_m − α_f) h)`, leaves `h³ (1/6 − β − (α_m − α_f)/2) q⃛` in the
+    positions, and `a_{n+1} − a_n ≈ h q⃛` (for Newmark's average acceleration, `ρ∞ = 1`,
+    the classical `h² (β − 1/6)(a_{n+1} − a_n)`). The error is `O(h³)`, so the step-size
+    controller uses `error_order = 3`; the velocities' entries of the estimate are zero
+    (their error follows the positions'). A step whose Newton iteration does not converge
+    is rejected (its error is infinite) and retried with a smaller step.
+
+    **Start.** The accelerations and multipliers at `t0` are consistent: those of the
+    index-1 equations `Φ̈ = 0`, `Ψ̇ = 0` ([`jaxdae.Unstabilized`][]), and `a_0 = q̈_0`.
+    `q0` should satisfy `Φ = 0` ([`jaxdae.consistent_initial_state`][]): the first step
+    moves it onto the constraints in one step.
+
+    **With [`jaxdae.simulate`][].** Pass it as the solver:
+
+    ```python
+    sol = jaxdae.simulate(system, jaxdae.Baumgarte(10.0, 25.0), 0.0, 2.0, q0, v0,
+                          solver=jaxdae.GeneralizedAlpha(), rtol=1e-6, atol=1e-9)
+    ```
+
+    It integrates the exact constraints itself and reads the system from the solve's
+    arguments; the formulation does not change the motion. It is used where `simulate`
+    uses it besides the integration: the saved multipliers (the formulation's, at the
+    saved states, where `Φ ≈ 0`; for the exact ones of the index-1 equations pass
+    [`jaxdae.Unstabilized`][]) and the formulation's failure test (e.g.
+    [`jaxdae.Baumgarte`][] stops at a singular `G M⁻¹ Gᵀ`; [`jaxdae.ModifiedLagrange`][]
+    does not). `Φ̇` is not enforced and is `O(h²)`. Gradients (`jax.grad`, through
+    `diffrax.RecursiveCheckpointAdjoint`, the default for this solver, and optimistix's
+    implicit differentiation of each Newton solve) and `jax.vmap` work as with any
+    solver. A formulation that changes the velocities
+    ([`jaxdae.RedundantCoordinates`][]), a system whose state holds momenta
+    ([`jaxdae.HamiltonianSystem`][]) or realized constraints, and
+    [`jaxdae.simulate_ensemble`][] are refused with a `ValueError`; batch with
+    `jax.vmap(simulate)`.
+
+    **Arguments:**
+
+    - `rho_inf`: the spectral radius at infinite step, in `[0, 1]` (default `0.8`): `1`
+        damps nothing (Newmark's average acceleration), `0` annihilates the highest
+        frequencies in one step.
+    - `root_finder`: the optimistix root finder of each step (default `optimistix.Newton`
+        with the step-size controller's `rtol`, `atol` and norm, set by diffrax). With a
+        fixed step (`diffrax.ConstantStepSize()`) pass one with tolerances, e.g.
+        `optimistix.Newton(rtol=1e-8, atol=1e-10)`.
+    - `root_find_max_steps`: the most Newton iterations of a step (default `10`).
+
+    **Raises:**
+
+    `ValueError` for `rho_inf` outside `[0, 1]`; when the solve starts, for the
+    combinations above.
+
+    **Reference:** M. Arnold, O. Brüls, "Convergence of the generalized-α scheme for
+    constrained mechanical systems", Multibody System Dynamics 18 (2007) 185–202;
+    J. Chung, G. M. Hulbert, J. Appl. Mech. 60 (1993) 371–375.
+    """
+
+    rho_inf: float = 0.8
+    root_finder: optx.AbstractRootFinder = diffrax.with_stepsize_controller_tols(optx.Newton)()
+    root_find_max_steps: int = 10
+
+    term_structure: ClassVar = diffrax.AbstractTerm
+    interpolation_cls: ClassVar = diffrax.ThirdOrderHermitePolynomialInterpolation
+
+    def __check_init__(self):
+        if not (isinstance(self.rho_inf, (int, float)) and 0 <= self.rho_inf <= 1):
+            raise ValueError(f"`GeneralizedAlpha(rho_inf=...)` must be a number in [0, 1]; "
+                             f"got {self.rho_inf!r}.")
+        if not (isinstance(self.root_find_max_steps, int) and self.root_find_max_steps >= 1):
+            raise ValueError("`GeneralizedAlpha(root_find_max_steps=...)` must be a positive "
+                             f"integer; got {self.root_find_max_steps!r}.")
+
+    def order(self, terms):
+        return 2
+
+    def error_order(self, terms):
+        return 3
+
+    def init(self, terms, t0, t1, y0, args):
+        system = _system(y0, args)
+        acc, multipliers = _consistent(system, t0, *y0)
+        return acc, acc, multipliers
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        del terms, made_jump
+        system = _system(y0, args)
+        q0, v0 = y0
+        a0, qdd0, lam0 = solver_state
+        alpha_m, alpha_f, gamma, beta = chung_hulbert(float(self.rho_inf))
+        h = t1 - t0
+        hb = h**2 * beta
+        q_hat = q0 + h * v0 + h**2 * (0.5 - beta) * a0
+        step = _Step(
+            h=h, c=hb * (1 - alpha_f) / (1 - alpha_m), hb=hb, q_hat=q_hat,
+            q_tilde=q_hat + hb / (1 - alpha_m) * (alpha_f * qdd0 - alpha_m * a0),
+            v_hat=v0 + h * (1 - gamma) * a0, gamma=gamma)
+        guess = (step.q_tilde + step.c * qdd0, step.c * lam0)
+        solution = optx.root_find(_residual, self.root_finder, guess, (system, t1, step),
+                                  max_steps=self.root_find_max_steps, throw=False)
+        q1, mu = solution.value
+        v1, qdd1, a1 = step.unpack(q1)
+        ok = solution.result == optx.RESULTS.successful
+        q_error = hb * (beta - gamma / 2 + 1 / 12) * (a1 - a0)
+        q_error = jnp.where(ok, q_error, jnp.inf)
+        y1 = (q1, v1)
+        dense_info = dict(y0=y0, y1=y1, k0=(h * v0, h * qdd0), k1=(h * v1, h * qdd1))
+        result = diffrax.RESULTS.promote(solution.result)  # kept only if the step is
+        return (y1, (q_error, jnp.zeros_like(v1)), dense_info, (a1, qdd1, mu / step.c),
+                result)
+
+    def func(self, terms, t0, y0, args):
+        system = _system(y0, args)
+        q, v = y0
+        acc, _ = _consistent(system, t0, q, v)
+        return v, acc
+
+
+def _consistent(system, t, q, v):
+    """`(q̈, multipliers)` of the index-1 equations `Φ̈ = 0`, `Ψ̇ = 0` at `(t, q, v)`."""
+    return Unstabilized().accelerations(system.terms(t, q, v))
+
+
+def _system(y0, args) -> AbstractSystem:
+    """The system of a solve (`args = (system, formulation, …)` as
+    [`jaxdae.simulate`][] passes them), checked for what the method needs."""
+    if not (isinstance(args, tuple) and len(args) >= 2 and isinstance(args[0], AbstractSystem)
+            and isinstance(args[1], AbstractFormulation)):
+        raise ValueError(
+            "`jaxdae.GeneralizedAlpha` integrates a jaxdae system: use it as "
+            "`jaxdae.simulate(system, formulation, ..., solver=jaxdae.GeneralizedAlpha())`, "
+            "not with `diffrax.diffeqsolve` directly.")
+    system, formulation = args[0], args[1]
+    q0, v0 = y0
+    if q0.ndim != 1:
+        raise ValueError(
+            "`jaxdae.GeneralizedAlpha` integrates one trajectory at a time: batch it with "
+            "`jax.vmap(jaxdae.simulate)` instead of `jaxdae.simulate_ensemble`.")
+    if type(system).velocities is not AbstractSystem.velocities:
+        raise ValueError(
+            f"`jaxdae.GeneralizedAlpha` integrates positions and velocities; the state of "
+            f"{type(system).__name__} holds something else (momenta of a "
+            "`HamiltonianSystem`, realized constraints). Integrate it with an ODE solver "
+            "(e.g. `diffrax.Tsit5()`), or write it as a `jaxdae.LagrangianSystem`.")
+    if type(formulation).velocities is not AbstractFormulation.velocities:
+        raise ValueError(
+            f"`jaxdae.GeneralizedAlpha` enforces the constraints itself; "
+            f"{type(formulation).__name__} integrates other velocities (redundant "
+            "coordinates) and cannot be combined with it. Pass e.g. `jaxdae.Unstabilized()` "
+            "or `jaxdae.Baumgarte(...)` (used only for the saved multipliers).")
+    return system
