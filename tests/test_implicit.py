@@ -1,0 +1,193 @@
+"""Implicit integration: diffrax's implicit solvers configured by `configure_implicit`, and
+the generalized-α method for the index-3 equations (`GeneralizedAlpha`)."""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
+import pytest
+
+import jaxdae
+from jaxdae._integration._implicit import configure_for_controller
+from jaxdae._integration._generalized_alpha import chung_hulbert
+
+PENDULUM = jaxdae.examples.CartesianPendulum()
+BAUMGARTE = jaxdae.Baumgarte(10.0, 25.0)
+Q0, V0 = PENDULUM.state_from_angle(1.0, 0.0)
+T1 = 1.0
+
+
+def _reference(system=PENDULUM, t1=T1, q0=Q0, v0=V0, ts=None):
+    return jaxdae.simulate(system, BAUMGARTE, 0.0, t1, q0, v0, ts=ts, rtol=1e-12, atol=1e-14)
+
+
+REFERENCE = None
+
+
+def reference():
+    global REFERENCE
+    if REFERENCE is None:
+        REFERENCE = _reference()
+    return REFERENCE
+
+
+# --- configure_implicit ---------------------------------------------------------------
+
+
+def test_configure_leaves_explicit_solvers_and_other_root_finders():
+    tsit5 = diffrax.Tsit5()
+    assert jaxdae.configure_implicit(tsit5, 1e-6, 1e-9) is tsit5
+    newton = diffrax.Kvaerno5(root_finder=optx.Newton(rtol=1e-5, atol=1e-7))
+    assert jaxdae.configure_implicit(newton, 1e-6, 1e-9) is newton
+    assert configure_for_controller(diffrax.Kvaerno5(), diffrax.ConstantStepSize()).root_finder \
+        is diffrax.Kvaerno5().root_finder
+
+
+def test_configure_replaces_very_chord():
+    solver = jaxdae.configure_implicit(diffrax.Kvaerno5(), 1e-6, 1e-9)
+    finder = solver.root_finder
+    assert isinstance(finder, jaxdae.ToleranceChord)
+    assert (finder.rtol, finder.atol, finder.norm) == (1e-6, 1e-9, optx.rms_norm)
+    own = diffrax.Kvaerno3(root_finder=diffrax.VeryChord(rtol=1e-3, atol=1e-4, kappa=0.1))
+    finder = jaxdae.configure_implicit(own, 1e-6, 1e-9).root_finder
+    assert (finder.rtol, finder.atol, finder.kappa) == (1e-3, 1e-4, 0.1)
+    controller = diffrax.ClipStepSizeController(diffrax.PIDController(rtol=1e-5, atol=1e-7))
+    finder = configure_for_controller(diffrax.Kvaerno5(), controller).root_finder
+    assert (finder.rtol, finder.atol) == (1e-5, 1e-7)
+
+
+@pytest.mark.slow  # Kvaerno5's compile: ~25 s
+def test_configured_kvaerno_takes_the_steps_of_an_explicit_solver():
+    """On a non-stiff problem the configured Kvaerno5 takes no more than twice Tsit5's
+    steps; diffrax's `VeryChord` rejected converged iterations and took several times
+    more."""
+    def steps(solver):
+        sol = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 2.0, Q0, V0, solver=solver,
+                              rtol=1e-6, atol=1e-8)
+        return int(sol.stats["num_steps"]), sol.q_final
+
+    explicit, q_explicit = steps(diffrax.Tsit5())
+    implicit, q_implicit = steps(jaxdae.configure_implicit(diffrax.Kvaerno5(), 1e-6, 1e-8))
+    assert implicit <= 2 * explicit
+    np.testing.assert_allclose(q_implicit, q_explicit, atol=1e-5)
+
+
+# --- GeneralizedAlpha -------------------------------------------------------------------
+
+
+def test_chung_hulbert_parameters():
+    alpha_m, alpha_f, gamma, beta = chung_hulbert(1.0)
+    assert (alpha_m, alpha_f, gamma, beta) == (0.5, 0.5, 0.5, 0.25)
+    alpha_m, alpha_f, gamma, beta = chung_hulbert(0.0)
+    assert (alpha_m, alpha_f, gamma, beta) == (-1.0, 0.0, 1.5, 1.0)
+
+
+def _fixed(dt, rho_inf=0.8, t1=T1, system=PENDULUM, q0=Q0, v0=V0):
+    solver = jaxdae.GeneralizedAlpha(rho_inf, root_finder=optx.Newton(rtol=1e-13, atol=1e-13))
+    return jaxdae.simulate(system, BAUMGARTE, 0.0, t1, q0, v0, solver=solver,
+                           stepsize_controller=diffrax.ConstantStepSize(), dt0=dt,
+                           max_steps=10_000)
+
+
+def test_generalized_alpha_converges_with_order_two():
+    dts = np.array([0.02, 0.01, 0.005])
+    ref = reference()
+    errors = [float(jnp.max(jnp.abs(_fixed(dt).q_final - ref.q_final))) for dt in dts]
+    slope = np.polyfit(np.log(dts), np.log(errors), 1)[0]
+    assert 1.8 < slope < 2.3, (errors, slope)
+
+
+def test_generalized_alpha_adaptive_meets_constraints_and_reference():
+    ts = jnp.linspace(0.0, T1, 11)
+    atol = 1e-10
+    solver = jaxdae.GeneralizedAlpha()
+    sol = jaxdae.simulate(PENDULUM, jaxdae.Unstabilized(), 0.0, T1, Q0, V0, ts=ts,
+                          solver=solver, rtol=1e-8, atol=atol)
+    assert sol.succeeded
+    # Φ = 0 to the Newton tolerance at the end of every step (between steps, `ts` are
+    # interpolated)
+    steps = diffrax.diffeqsolve(
+        diffrax.ODETerm(lambda t, y, args: y), solver, 0.0, T1, None, (Q0, V0),
+        args=(PENDULUM, jaxdae.Unstabilized(), None), saveat=diffrax.SaveAt(steps=True),
+        stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=atol, norm=optx.rms_norm))
+    q_steps = steps.ys[0][jnp.isfinite(steps.ts)]
+    assert q_steps.shape[0] > 10
+    phi = jax.vmap(lambda q: PENDULUM.constraints(0.0, q))(q_steps)
+    assert float(jnp.max(jnp.abs(phi))) <= atol
+    ref = _reference(ts=ts)
+    assert float(jnp.max(jnp.abs(sol.q - ref.q))) < 2e-5
+    assert float(jnp.max(jnp.abs(sol.v - ref.v))) < 1e-4
+    # the saved multipliers (Unstabilized's, at the saved states) are the exact ones
+    np.testing.assert_allclose(sol.multipliers, ref.multipliers, rtol=1e-3)
+
+
+def test_generalized_alpha_gradient_matches_central_differences():
+    def loss(gravity):
+        system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
+        return _fixed(0.02, t1=0.5, system=system).q_final[0]
+
+    g = jnp.asarray(9.81)
+    grad = jax.grad(loss)(g)
+    eps = 1e-5
+    central = (loss(g + eps) - loss(g - eps)) / (2 * eps)
+    np.testing.assert_allclose(grad, central, rtol=1e-6)
+
+
+@pytest.mark.slow  # ~45 s on a busy 2-core machine
+def test_generalized_alpha_adaptive_gradient():
+    def loss(gravity):
+        system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
+        return jaxdae.simulate(system, BAUMGARTE, 0.0, 0.5, Q0, V0, rtol=1e-9, atol=1e-11,
+                               solver=jaxdae.GeneralizedAlpha()).q_final[0]
+
+    g = jnp.asarray(9.81)
+    grad = jax.grad(loss)(g)
+    eps = 1e-4
+    central = (loss(g + eps) - loss(g - eps)) / (2 * eps)
+    np.testing.assert_allclose(grad, central, rtol=1e-4)
+
+
+def test_generalized_alpha_vmap():
+    angles = jnp.array([0.5, 1.0, 1.5])
+    q0s, v0s = jax.vmap(PENDULUM.state_from_angle, in_axes=(0, None))(angles, 0.0)
+    solver = jaxdae.GeneralizedAlpha()
+
+    def solve(q0, v0):
+        return jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.5, q0, v0, solver=solver,
+                               rtol=1e-7, atol=1e-9).q_final
+
+    batched = jax.vmap(solve)(q0s, v0s)
+    for i in range(3):
+        np.testing.assert_allclose(batched[i], solve(q0s[i], v0s[i]), rtol=1e-10, atol=1e-12)
+
+
+def test_generalized_alpha_nonholonomic():
+    """The knife edge (one nonholonomic constraint) follows its closed-form motion, with
+    Ψ = 0 to the Newton tolerance."""
+    system = jaxdae.examples.KnifeEdge()
+    q0, v0 = jnp.zeros(3), jnp.array([0.0, 0.0, 2.0])
+    atol = 1e-10
+    sol = jaxdae.simulate(system, jaxdae.Unstabilized(), 0.0, 1.0, q0, v0,
+                          solver=jaxdae.GeneralizedAlpha(), rtol=1e-8, atol=atol)
+    assert float(jnp.max(jnp.abs(sol.psi))) < 10 * atol
+    q1, _ = system.closed_form(jnp.asarray(1.0), 2.0)
+    np.testing.assert_allclose(sol.q_final, q1, atol=1e-4)
+
+
+def test_generalized_alpha_refuses_what_it_cannot_integrate():
+    with pytest.raises(ValueError, match="rho_inf"):
+        jaxdae.GeneralizedAlpha(1.5)
+    with pytest.raises(ValueError, match="jax.vmap"):
+        jaxdae.simulate_ensemble(PENDULUM, BAUMGARTE, 0.0, 0.1, Q0[None], V0[None],
+                                 solver=jaxdae.GeneralizedAlpha())
+    arm = jaxdae.examples.CartesianArm()
+    with pytest.raises(ValueError, match="momenta"):
+        q0 = jnp.array([1.0, 0.0, 1.0, 1.0])
+        jaxdae.simulate(arm, BAUMGARTE, 0.0, 0.1, q0, jnp.zeros(4),
+                        solver=jaxdae.GeneralizedAlpha())
+    with pytest.raises(ValueError, match="jaxdae.simulate"):
+        diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, a: y), jaxdae.GeneralizedAlpha(),
+                            0.0, 1.0, 0.1, (Q0, V0),
+                            stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-6))
