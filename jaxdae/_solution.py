@@ -21,7 +21,7 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
         (fixed steps), `non_finite_mass_matrix`, `non_finite_forces`,
         `non_finite_constraints`, `non_finite_rates` (the model broke mid-run),
         `diverged`, `constraints_not_met` (checks after the solve), `projection_failed`
-        (`jaxdae.Projected`) and `invalid_input`
+        ([`jaxdae.Projected`][]) and `invalid_input`
         (a bad member of a traced batch with `throw=False`). The guide "Failures and
         guarantees" (docs/failures.md) says what each means and what to do about it."""
 

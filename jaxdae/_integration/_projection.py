@@ -136,14 +136,30 @@ def _interpolation(inner_cls: Callable) -> Callable:
     return build
 
 
+# The solver's result must be an item of diffrax's enumeration, and `RESULTS.promote` maps
+# only diffrax's own items to jaxdae's; a failed projection is reported as the one item
+# that no diffrax solver step returns (`conlim`, lineax's LSMR, which diffrax does not
+# use), and `simulate` names it (`named_result`).
+_CARRIER = diffrax.RESULTS.conlim
+
+
 def _failure_item(failed: Bool[Array, ""], result):
-    """`result`, or `RESULTS.projection_failed` where `failed`, as an item of diffrax's
-    enumeration (the solver's result must be one): jaxdae's `RESULTS` extends diffrax's,
-    so `RESULTS.promote` of the solve's result names the failure."""
-    failed_item = eqx.tree_at(lambda r: r._value, diffrax.RESULTS.successful,
-                              np.asarray(RESULTS.projection_failed._value))
-    failed_item = diffrax.RESULTS.where(failed, failed_item, diffrax.RESULTS.successful)
-    return diffrax.RESULTS.where(result == diffrax.RESULTS.successful, failed_item, result)
+    """`result` of the wrapped step, or the carrier of `projection_failed` where the step
+    succeeded but its projection `failed`."""
+    return diffrax.RESULTS.where(failed & (result == diffrax.RESULTS.successful), _CARRIER,
+                                 result)
+
+
+def named_result(solver, result: RESULTS) -> RESULTS:
+    """`result` of a solve with `solver`, with a failed projection named
+    `RESULTS.projection_failed` when `solver` is (or wraps) a [`jaxdae.Projected`][]."""
+    while not isinstance(solver, Projected) and isinstance(
+            getattr(solver, "solver", None), diffrax.AbstractSolver):
+        solver = solver.solver
+    if not isinstance(solver, Projected):
+        return result
+    return RESULTS.where(result == RESULTS.promote(_CARRIER), RESULTS.projection_failed,
+                         result)
 
 
 class Projected(diffrax.AbstractAdaptiveSolver):
@@ -252,11 +268,11 @@ class Projected(diffrax.AbstractAdaptiveSolver):
         return self.solver.func(terms, t0, y0, args)
 
     def _inner(self) -> diffrax.AbstractSolver:
-        # diffrax runs the stages of its Runge–Kutta solvers in a checkpointed scan unless
-        # told otherwise (its adjoints set this on the solvers they see, not on a wrapped
-        # one); a plain scan also supports forward mode.
+        # diffrax's Runge–Kutta solvers loop over their stages in a checkpointed loop
+        # (reverse mode only) unless told otherwise; its adjoints set the loop's kind on the
+        # solver they see, not on a wrapped one. A bounded loop supports both modes.
         if getattr(self.solver, "scan_kind", "") is None:
-            return eqx.tree_at(lambda s: s.scan_kind, self.solver, "lax",
+            return eqx.tree_at(lambda s: s.scan_kind, self.solver, "bounded",
                                is_leaf=lambda x: x is None)
         return self.solver
 

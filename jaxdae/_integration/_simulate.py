@@ -40,6 +40,7 @@ from .._solution import (
     residuals,
 )
 from ._solvers import AbstractWrappedSolver
+from ._projection import named_result
 from .._systems._system import AbstractSystem, LagrangianSystem, cast_floating
 
 
@@ -1070,7 +1071,7 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, deferred_flags, *, ensemb
             max_steps=max_steps,
             throw=False,
         )
-    result = event_result(out, failures)
+    result = named_result(solver, event_result(out, failures))
     reached = out.result == diffrax.RESULTS.successful
 
     if not ensemble:

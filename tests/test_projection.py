@@ -1,0 +1,210 @@
+"""`jaxdae.Projected`: projection onto the constraint manifold after every step."""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import lineax as lx
+import numpy as np
+import pytest
+
+import jaxdae
+from jaxdae._integration._adjoint import default_adjoint
+from jaxdae.examples import CartesianArm, CartesianPendulum, TwoLinkManipulator
+
+from ._systems import TwicePendulum, Unreachable
+
+PENDULUM = CartesianPendulum(mass=1.3, length=0.8)
+Q0, V0 = PENDULUM.state_from_angle(1.0, 0.5)
+T1 = 5.0
+TS = jnp.linspace(0.0, T1, 26)
+PROJECTED = jaxdae.Projected(diffrax.Tsit5())
+
+
+def _on_save_times(ts, rtol=1e-8, atol=1e-10):
+    """Adaptive steps that end at every save time, so that the saved states are the
+    projected step ends."""
+    return diffrax.ClipStepSizeController(diffrax.PIDController(rtol=rtol, atol=atol),
+                                          step_ts=ts)
+
+
+def _residual(sol):
+    return (float(np.max(np.abs(sol.phi))), float(np.max(np.abs(sol.dphi))),
+            float(np.max(np.abs(sol.psi), initial=0.0)))
+
+
+def _pendulum(formulation, solver, **kwargs):
+    return jaxdae.simulate(PENDULUM, formulation, 0.0, T1, Q0, V0, ts=TS, solver=solver,
+                           stepsize_controller=_on_save_times(TS), **kwargs)
+
+
+@pytest.mark.parametrize("formulation", [jaxdae.Unstabilized(), jaxdae.Baumgarte(10.0, 25.0)],
+                         ids=["Unstabilized", "Baumgarte"])
+def test_stays_on_the_manifold(formulation):
+    """|Φ| and |Φ̇| ≤ 1e-12 at every saved step end; without projection the same solve
+    drifts (Unstabilized) or keeps a residual of the order of the tolerances (Baumgarte)."""
+    plain = _residual(_pendulum(formulation, diffrax.Tsit5()))
+    projected = _residual(_pendulum(formulation, PROJECTED))
+    assert max(projected) <= 1e-12, projected
+    assert max(plain) > 1e-10, plain
+
+
+def test_rheonomic_two_link_arm_on_the_manifold():
+    """Paper 004's arm: a constraint that moves with time (the tip follows a line at
+    0.6 m/s), before its singular configuration."""
+    arm = TwoLinkManipulator()
+    q0, v0, *_ = jaxdae.consistent_initial_state(arm, 0.0, *arm.initial_state())
+    ts = jnp.linspace(0.0, 0.4, 9)
+    sol = jaxdae.simulate(arm, jaxdae.Unstabilized(), 0.0, 0.4, q0, v0, ts=ts,
+                          solver=PROJECTED, stepsize_controller=_on_save_times(ts))
+    assert max(_residual(sol)) <= 1e-12
+
+
+def test_hamiltonian_momenta_projected():
+    """A state that holds momenta: the velocity correction is applied as an impulse."""
+    arm = CartesianArm()
+    q0, p0 = arm.initial_state()
+    ts = jnp.linspace(0.0, 2.0, 11)
+    sol = jaxdae.simulate(arm, jaxdae.Unstabilized(), 0.0, 2.0, q0, p0, ts=ts,
+                          solver=PROJECTED, stepsize_controller=_on_save_times(ts))
+    assert max(_residual(sol)) <= 1e-12
+    np.testing.assert_allclose(sol.energy, sol.energy[0], rtol=1e-7)
+
+
+def test_redundant_coordinates_positions_projected():
+    """Shulgin's equations: positions are projected, the dependent velocities follow."""
+    formulation = jaxdae.RedundantCoordinates(dependent=(1,))
+    plain = _residual(_pendulum(formulation, diffrax.Tsit5()))
+    projected = _residual(_pendulum(formulation, PROJECTED))
+    assert max(projected) <= 1e-12 < plain[0]
+
+
+def test_agrees_with_a_reference():
+    """The projected solution at rtol 1e-8 is as close to a tight unprojected reference as
+    the unprojected one (the projection moves the state by less than the local error)."""
+    formulation = jaxdae.Baumgarte(10.0, 25.0)
+    reference = jaxdae.simulate(PENDULUM, formulation, 0.0, T1, Q0, V0, ts=TS, rtol=1e-13,
+                                atol=1e-13)
+    sol = _pendulum(formulation, PROJECTED)
+    plain = _pendulum(formulation, diffrax.Tsit5())
+    error = float(np.max(np.abs(sol.q - reference.q)))
+    assert error < 1e-6
+    assert error < 10 * float(np.max(np.abs(plain.q - reference.q))) + 1e-9
+
+
+def test_dense_output_ends_on_the_projected_state():
+    """Between step ends the saved states interpolate; at a step end they are projected."""
+    term = diffrax.ODETerm(jaxdae._integration._simulate._vector_field)
+    args = (PENDULUM, jaxdae.Unstabilized(), None)
+    y0 = (Q0, V0)
+    state = PROJECTED.init(term, 0.0, 0.1, y0, args)
+    y1, _, dense, _, result = PROJECTED.step(term, 0.0, 0.1, y0, args, state, False)
+    assert result == diffrax.RESULTS.successful
+    path = PROJECTED.interpolation_cls(t0=0.0, t1=0.1, **dense)
+    for a, b in zip(path.evaluate(0.1), y1):
+        np.testing.assert_allclose(a, b, atol=1e-14)
+    for a, b in zip(path.evaluate(0.0), y0):
+        np.testing.assert_allclose(a, b, atol=1e-14)
+
+
+def test_default_adjoint_and_the_sweep_refused():
+    """The wrapper is not an explicit Runge–Kutta solver to `default_adjoint` (whose sweep
+    would recompute the unprojected steps): it gets `RecursiveCheckpointAdjoint`, and an
+    explicit `ReverseSweepAdjoint` is refused."""
+    assert isinstance(default_adjoint(PROJECTED, 4096), diffrax.RecursiveCheckpointAdjoint)
+    with pytest.raises(ValueError, match="ReverseSweepAdjoint.*Projected"):
+        jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q0, V0,
+                        solver=PROJECTED, adjoint=jaxdae.ReverseSweepAdjoint())
+
+
+def _final_angle_loss(length, solver, adjoint=None):
+    system = eqx.tree_at(lambda s: s.length, PENDULUM, length)
+    q0, v0 = system.state_from_angle(1.0, 0.5)
+    sol = jaxdae.simulate(system, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, q0, v0,
+                          solver=solver, dt0=0.01,
+                          stepsize_controller=diffrax.ConstantStepSize(), adjoint=adjoint)
+    return jnp.arctan2(sol.q_final[0], -sol.q_final[1])
+
+
+def test_gradient_matches_central_differences():
+    """Reverse mode through the iterations (fixed steps: a smooth function of the
+    parameter) against central differences, float64; forward mode agrees."""
+    length = jnp.asarray(0.8)
+    grad = jax.grad(_final_angle_loss)(length, PROJECTED)
+    h = 1e-6
+    fd = (_final_angle_loss(length + h, PROJECTED) - _final_angle_loss(length - h, PROJECTED)) / (
+        2 * h)
+    np.testing.assert_allclose(grad, fd, rtol=1e-6)
+    _, tangent = jax.jvp(lambda x: _final_angle_loss(x, PROJECTED, diffrax.ForwardMode()),
+                         (length,), (jnp.ones(()),))
+    np.testing.assert_allclose(tangent, grad, rtol=1e-9)
+
+
+def test_vmap_and_jit():
+    """`jax.vmap` of a jitted solve: each member projected, equal to its own solve."""
+    angles = jnp.array([0.3, 1.0, 2.0])
+
+    @jax.jit
+    @jax.vmap
+    def solve(angle):
+        q0, v0 = PENDULUM.state_from_angle(angle, 0.5)
+        return jaxdae.simulate(PENDULUM, jaxdae.Unstabilized(), 0.0, T1, q0, v0, ts=TS,
+                               solver=PROJECTED, stepsize_controller=_on_save_times(TS))
+
+    sols = solve(angles)
+    assert max(_residual(sols)) <= 1e-12
+    q0, v0 = PENDULUM.state_from_angle(angles[2], 0.5)
+    one = jaxdae.simulate(PENDULUM, jaxdae.Unstabilized(), 0.0, T1, q0, v0, ts=TS,
+                          solver=PROJECTED, stepsize_controller=_on_save_times(TS))
+    np.testing.assert_allclose(sols.q[2], one.q, atol=1e-12)
+
+
+def test_ensemble():
+    """`simulate_ensemble`: every trajectory projected (one projection per row)."""
+    q0, v0 = jax.vmap(PENDULUM.state_from_angle)(jnp.array([0.3, 1.0, 2.0]),
+                                                  jnp.array([0.5, 0.0, -1.0]))
+    sol = jaxdae.simulate_ensemble(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, T1, q0, v0,
+                                   ts=TS, solver=PROJECTED,
+                                   stepsize_controller=_on_save_times(TS))
+    assert bool(jnp.all(sol.succeeded))
+    assert max(_residual(sol)) <= 1e-12
+
+
+def test_failure_is_named():
+    """Constraints that no configuration meets: the projection cannot converge, and the
+    solve says so by name."""
+    system = Unreachable()
+    q0, v0 = jnp.array([0.5, 0.0]), jnp.array([0.0, 1.0])
+    sol = jaxdae.simulate(system, jaxdae.Baumgarte(1.0, 1.0), 0.0, 1.0, q0, v0,
+                          solver=PROJECTED, throw=False)
+    assert sol.result == jaxdae.RESULTS.projection_failed
+    with pytest.raises(jaxdae.SimulationError, match="projection"):
+        jaxdae.simulate(system, jaxdae.Baumgarte(1.0, 1.0), 0.0, 1.0, q0, v0,
+                        solver=PROJECTED)
+
+
+def test_redundant_constraints_need_a_pseudo_inverse():
+    """A constraint written twice: Cholesky of the singular J M⁻¹ Jᵀ fails by name; the
+    SVD solve projects."""
+    system = TwicePendulum(mass=1.3, length=0.8)
+    formulation = jaxdae.PseudoInverse(10.0, 25.0)
+    sol = jaxdae.simulate(system, formulation, 0.0, 1.0, Q0, V0, solver=PROJECTED,
+                          throw=False)
+    assert sol.result == jaxdae.RESULTS.projection_failed
+    solver = jaxdae.Projected(diffrax.Tsit5(), linear_solver=lx.SVD())
+    ts = jnp.linspace(0.0, 1.0, 6)
+    sol = jaxdae.simulate(system, formulation, 0.0, 1.0, Q0, V0, ts=ts, solver=solver,
+                          stepsize_controller=_on_save_times(ts))
+    assert max(_residual(sol)) <= 1e-12
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="iterations"):
+        jaxdae.Projected(diffrax.Tsit5(), iterations=0)
+    with pytest.raises(ValueError, match="tol"):
+        jaxdae.Projected(diffrax.Tsit5(), tol=-1.0)
+    with pytest.raises(ValueError, match="solver"):
+        jaxdae.Projected("Tsit5")
+    with pytest.raises(ValueError, match="simulate"):
+        diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, args: -y), PROJECTED, 0.0, 1.0, 0.1,
+                            jnp.ones(2))
