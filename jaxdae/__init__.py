@@ -1,27 +1,19 @@
 """jaxdae: differentiable simulation of constrained mechanical systems in JAX.
 
-Importing jaxdae enables 64-bit floats in JAX (`jax_enable_x64`), since accuracy matters for
-constrained dynamics; arrays created as float32 stay float32 (e.g. for GPU batches). Set the
-environment variable `JAXDAE_ENABLE_X64=0` before importing to leave JAX's setting alone.
+Importing jaxdae changes two settings of JAX (`jaxdae/_compilation/_xla_flags.py`):
 
-It also lets XLA compile whole while loops into single CPU kernels (an option in
-`XLA_FLAGS`; see `jaxdae/_compilation/_xla_flags.py`): solves of small systems run several times faster.
-Import jaxdae before the first JAX computation for it to apply; `JAXDAE_SET_XLA_FLAGS=0`
-leaves `XLA_FLAGS` alone.
+- it enables 64-bit floats (`jax_enable_x64`), since accuracy matters for constrained
+  dynamics; arrays created as float32 stay float32 (e.g. for GPU batches). The environment
+  variable `JAXDAE_ENABLE_X64=0`, or JAX's own `JAX_ENABLE_X64`, leaves JAX's setting alone.
+- it lets XLA compile whole while loops into single CPU kernels (an option in `XLA_FLAGS`):
+  solves of small systems run several times faster. Import jaxdae before the first JAX
+  computation for it to apply; `JAXDAE_SET_XLA_FLAGS=0` leaves `XLA_FLAGS` alone.
 """
 
-import os as _os
-
-from ._compilation._xla_flags import set_xla_flags as _set_xla_flags
+from ._compilation._xla_flags import configure_on_import as _configure_on_import
 
 # Before anything computes: XLA reads its flags when JAX starts its first backend.
-if _os.environ.get("JAXDAE_SET_XLA_FLAGS", "1") != "0":
-    _set_xla_flags()
-
-import jax as _jax
-
-if _os.environ.get("JAXDAE_ENABLE_X64", "1") != "0":
-    _jax.config.update("jax_enable_x64", True)
+_configure_on_import()
 
 from . import examples as examples
 from . import multibody as multibody

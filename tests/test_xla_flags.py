@@ -1,4 +1,7 @@
-"""jaxdae's XLA option: while loops compiled as single CPU kernels (`jaxdae/_compilation/_xla_flags.py`)."""
+"""What importing jaxdae changes in JAX, and its opt-outs (`jaxdae/_compilation/_xla_flags.py`):
+float64, and XLA's option that compiles while loops as single CPU kernels."""
+
+import json
 
 import os
 import subprocess
@@ -10,6 +13,39 @@ import jaxdae  # noqa: F401  (sets the option on import)
 from jaxdae._compilation._xla_flags import SMALL_LOOP_BYTES, SMALL_LOOP_OPTION, with_small_loop_option
 
 OPTION = f"{SMALL_LOOP_OPTION}={SMALL_LOOP_BYTES}"
+_VARIABLES = ("XLA_FLAGS", "JAXDAE_SET_XLA_FLAGS", "JAXDAE_ENABLE_X64", "JAX_ENABLE_X64")
+
+
+def _fresh_env(**variables) -> dict:
+    """This process's environment without jaxdae's and JAX's settings, plus `variables`."""
+    env = {k: v for k, v in os.environ.items() if k not in _VARIABLES}
+    return env | variables
+
+
+def _import_in_a_new_process(**variables) -> dict:
+    """JAX's float64 setting before and after `import jaxdae`, and `XLA_FLAGS` after it, in a
+    new Python process whose environment sets `variables`."""
+    code = ("import json, os, jax; before = jax.config.jax_enable_x64; import jaxdae; "
+            "print(json.dumps({'x64 before': before, 'x64': jax.config.jax_enable_x64, "
+            "'XLA_FLAGS': os.environ.get('XLA_FLAGS')}))")
+    run = subprocess.run([sys.executable, "-c", code], env=_fresh_env(**variables),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("variables, x64, flags", [
+    ({}, True, f"--xla_backend_extra_options={OPTION}"),
+    ({"JAXDAE_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION}"),
+    ({"JAX_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION}"),
+    ({"JAXDAE_SET_XLA_FLAGS": "0"}, True, None),
+    ({"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}, True,
+     f"--xla_force_host_platform_device_count=2 --xla_backend_extra_options={OPTION}"),
+], ids=["default", "JAXDAE_ENABLE_X64=0", "JAX_ENABLE_X64=0", "JAXDAE_SET_XLA_FLAGS=0",
+        "XLA_FLAGS given"])
+def test_what_importing_changes_and_the_opt_outs(variables, x64, flags):
+    imported = _import_in_a_new_process(**variables)
+    assert imported == {"x64 before": False, "x64": x64, "XLA_FLAGS": flags}
 
 
 def test_the_option_joins_the_flags_given():
@@ -31,10 +67,9 @@ def test_set_in_this_process():
 
 
 def test_warns_when_imported_after_a_computation():
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXDAE_SET_XLA_FLAGS")}
     code = "import jax; jax.numpy.ones(1).block_until_ready(); import jaxdae"
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run([sys.executable, "-c", code], env=_fresh_env(), capture_output=True,
+                         text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "imported after JAX started its backend" in run.stderr
     assert OPTION in run.stderr  # the message gives the setting

@@ -1,13 +1,23 @@
-"""The XLA option that jaxdae sets when it is imported: whole while loops as one CPU kernel.
+"""What importing jaxdae changes in JAX: 64-bit floats and one XLA option for while loops.
 
-XLA's CPU runtime executes a compiled program as a sequence of "thunks", one per fused
-kernel, and pays a fixed cost for each at every iteration of a while loop. A diffrax step of
-a small constrained system is a few dozen small kernels, so the dispatching costs more than
-the arithmetic. XLA compiles a while loop into one kernel when it accesses fewer bytes than
-`xla_cpu_small_while_loop_byte_threshold`, 1 kB by default, which excludes every solve.
-jaxdae raises the limit so that its solves (and the user's other loops) run as single
-kernels. On paper 004's two-link arm (2-core CPU) a loop evaluating the right-hand side 6
-times per iteration runs about 6× faster with it
+Both are set by `configure_on_import`, which `jaxdae/__init__.py` calls first thing; each has
+an opt-out, an environment variable read at the import.
+
+**float64.** `jax_enable_x64` is turned on: JAX's float32 default cannot meet the
+tolerances that constrained dynamics needs (`rtol=1e-8` is below float32's resolution; on
+paper 004's two-link arm a float32 solve at that tolerance takes about 70× as long as the
+float64 one and ends 1e-7 away from it). Arrays created as float32 stay float32, and a
+float32 `q0` runs the whole simulation in float32. Left alone when `JAXDAE_ENABLE_X64=0`,
+or when JAX's own `JAX_ENABLE_X64` is set (the user chose).
+
+**Whole while loops as one CPU kernel.** XLA's CPU runtime executes a compiled program as a
+sequence of "thunks", one per fused kernel, and pays a fixed cost for each at every iteration
+of a while loop. A diffrax step of a small constrained system is a few dozen small kernels,
+so the dispatching costs more than the arithmetic. XLA compiles a while loop into one kernel
+when it accesses fewer bytes than `xla_cpu_small_while_loop_byte_threshold`, 1 kB by
+default, which excludes every solve. jaxdae raises the limit so that its solves (and the
+user's other loops) run as single kernels. On paper 004's two-link arm (2-core CPU) a loop
+evaluating the right-hand side 6 times per iteration runs about 6× faster with it
 (`experiments/diagnostics/bench_xla_loops.py`), and one trajectory about 3×, its gradient
 about 5× and batches of 1024 1.6–2× faster, at unchanged compile times
 (`experiments/bench_core.py` with and without `JAXDAE_SET_XLA_FLAGS=0`; docs/benchmarks.md).
@@ -16,7 +26,8 @@ The option lives in `XLA_FLAGS`, which XLA reads once, when JAX starts its first
 so it is set when jaxdae is imported, before any computation. It is left alone when
 `XLA_FLAGS` already names it (e.g. `...byte_threshold=1024`, XLA's default) or when
 the environment variable `JAXDAE_SET_XLA_FLAGS` is `0`. If JAX has already computed
-something when jaxdae is imported, a warning says how to get the option.
+something when jaxdae is imported, a warning says how to get the option. GPU backends do
+not read it.
 """
 
 import os
@@ -62,3 +73,15 @@ def set_xla_flags() -> None:
             stacklevel=2)
         return
     os.environ["XLA_FLAGS"] = wanted
+
+
+def configure_on_import() -> None:
+    """Sets what importing jaxdae changes (see the module docstring): the XLA option unless
+    `JAXDAE_SET_XLA_FLAGS=0`, then float64 unless `JAXDAE_ENABLE_X64=0` or `JAX_ENABLE_X64`
+    is set. Runs before jaxdae computes anything."""
+    if os.environ.get("JAXDAE_SET_XLA_FLAGS", "1") != "0":
+        set_xla_flags()
+    if os.environ.get("JAXDAE_ENABLE_X64", "1") != "0" and "JAX_ENABLE_X64" not in os.environ:
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
