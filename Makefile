@@ -3,14 +3,17 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+LOWEST := .venv-lowest
+LOWEST_TESTS := tests/test_private_apis.py tests/test_linalg.py tests/test_core.py tests/test_lqr.py \
+	tests/test_tune.py::test_tuning_decreases_loss tests/test_tune.py::test_losses_on_a_solution
 
-.PHONY: help demo test test-slow bench docs clean
+.PHONY: help demo test test-slow test-lowest bench docs clean
 .DEFAULT_GOAL := help
 
 ## List the targets, one line each (`make` alone does this).
 help:
 	@awk '/^## /{doc = doc (doc ? " " : "") substr($$0, 4); next} \
-	     /^[A-Za-z][A-Za-z0-9_-]*:/{if (doc) {sub(/:.*/, "", $$1); printf "  make %-10s %s\n", $$1, doc}} \
+	     /^[A-Za-z][A-Za-z0-9_-]*:/{if (doc) {sub(/:.*/, "", $$1); printf "  make %-11s %s\n", $$1, doc}} \
 	     {doc = ""}' $(firstword $(MAKEFILE_LIST))
 
 $(STAMP): pyproject.toml requirements-lock.txt
@@ -32,6 +35,17 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
+$(LOWEST)/.installed: pyproject.toml requirements-lowest.txt
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install --quiet --upgrade pip
+	$(LOWEST)/bin/python -m pip install --quiet -c requirements-lowest.txt -e ".[test]"
+	touch $@
+
+## The lowest supported dependency versions (requirements-lowest.txt, in .venv-lowest/) on a
+## subset of the tests: the private-API checks, linear algebra, simulation, LQR and tuning.
+test-lowest: $(LOWEST)/.installed
+	JAXDAE_TEST_CACHE=.cache/jax-lowest $(LOWEST)/bin/python -m pytest -q -p no:xdist $(LOWEST_TESTS)
+
 ## Benchmarks against SciPy and CasADi (prints Markdown tables, writes JSON to output/; see docs/benchmarks.md).
 bench: $(STAMP)
 	$(PY) experiments/bench_core.py --out output
@@ -47,6 +61,6 @@ bench: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
-## Remove the virtual environment, output/ and the built site/.
+## Remove the virtual environments, output/ and the built site/.
 clean:
-	rm -rf $(VENV) output site
+	rm -rf $(VENV) $(LOWEST) output site
