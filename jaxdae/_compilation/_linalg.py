@@ -132,6 +132,17 @@ def is_positive_definite(matrix: Float[Array, "n n"]) -> Bool[Array, ""]:
     return finite & jnp.all(pivots > 0)
 
 
+def cholesky_pivots(matrix: Float[Array, "n n"]) -> Float[Array, " n"]:
+    """The pivots `D` of `matrix = L D Lᵀ` (`L` unit lower triangular): the squared diagonal of
+    the Cholesky factor (unrolled up to `UNROLL_MAX`, LAPACK beyond). Non-finite where the
+    matrix is not positive definite."""
+    n = matrix.shape[0]
+    if n <= UNROLL_MAX:
+        low = _unrolled_cholesky(matrix)
+        return jnp.stack([low[i][i] ** 2 for i in range(n)])
+    return jnp.diagonal(jnp.linalg.cholesky(matrix)) ** 2
+
+
 def extreme_eigenvalues(matrix: Float[Array, "c c"]) -> tuple[Array, Array]:
     """`(λ_min, λ_max)` of a symmetric matrix; in closed form for sizes 1 and 2, which
     the failure checks evaluate at every step (`eigvalsh` is a LAPACK call that XLA cannot

@@ -2,6 +2,8 @@
 
 import abc
 
+from typing import NamedTuple
+
 import equinox as eqx
 import jax.numpy as jnp
 import lineax as lx
@@ -11,12 +13,14 @@ from .._custom_types import Array, Bool, Float
 from .._gains import apply_gain
 from .._solution import RESULTS
 from .._compilation._linalg import (
+    cholesky_pivots,
     extreme_eigenvalues,
     psd_pseudo_solve,
     spd_operator,
     small_matmul,
     spd_solve,
 )
+from .._compilation._sparse import SparseMatrix, block_inverse, sparse_add, sparse_matmul
 from .._systems._system import ConstrainedTerms
 
 
@@ -100,27 +104,39 @@ class AbstractFormulation(eqx.Module):
 class AbstractExactMultipliers(AbstractFormulation):
     """Formulations whose multipliers solve `(G M⁻¹ Gᵀ) λ = G M⁻¹ Q − s` exactly
     (paper 004, eq. [21]): they cannot continue where `G M⁻¹ Gᵀ` is singular, so the solve stops
-    with `RESULTS.singular_constraint_matrix` when its smallest eigenvalue falls below `rcond`
-    (default `sqrt(eps)` of the state's dtype) times the larger of its largest eigenvalue now
-    and at the initial state. The second makes the test relative also where the whole
-    matrix vanishes, e.g. a single constraint whose gradient vanishes (`G M⁻¹ Gᵀ` is
-    1 × 1, so its own condition number is always 1).
+    with `RESULTS.singular_constraint_matrix` when its smallest *pivot* falls below `rcond`
+    (default `sqrt(eps)` of the state's dtype) times the larger of its largest pivot now and
+    at the initial state. The second makes the test relative also where the whole matrix
+    vanishes, e.g. a single constraint whose gradient vanishes (`G M⁻¹ Gᵀ` is 1 × 1, so its
+    own condition number is always 1).
+
+    The pivots are the eigenvalues for one or two constraints (closed forms) and, for more,
+    the diagonal of `D` in the factorization `G M⁻¹ Gᵀ = L D Lᵀ` (the squared diagonal of its
+    Cholesky factor), the factorization the multipliers are solved with anyway: each lies
+    between the smallest and the largest eigenvalue, and one of them vanishes where the
+    matrix turns singular (a non-positive or non-finite pivot also counts as failed). This
+    costs a Cholesky factorization per step instead of an eigenvalue decomposition.
     """
 
     rcond: eqx.AbstractVar[float | None]
 
     def failure_reference(self, terms):
-        """The largest eigenvalue of `G M⁻¹ Gᵀ` at the initial state."""
+        """The largest pivot of `G M⁻¹ Gᵀ` at the initial state."""
         matrix = constraint_matrix(terms)
-        return extreme_eigenvalues(matrix)[1] if matrix.shape[0] else None
+        return _extreme_pivots(matrix)[1] if matrix.shape[0] else None
 
     def failure(self, terms, initial_largest):
         matrix = constraint_matrix(terms)
         if matrix.shape[0] == 0:
             return jnp.array(False)
-        smallest, largest = extreme_eigenvalues(matrix)
+        smallest, largest = _extreme_pivots(matrix)
         tol = default_rcond(self.rcond, matrix.dtype)
-        return smallest <= tol * jnp.maximum(largest, initial_largest)
+        if matrix.shape[0] <= 2:
+            return smallest <= tol * jnp.maximum(largest, initial_largest)
+        # A pivot that is not positive (nan from the factorization) counts as failed; a
+        # matrix that is not finite is the non-finite check's to report.
+        finite = jnp.all(jnp.isfinite(matrix))
+        return finite & ~(smallest > tol * jnp.maximum(largest, initial_largest))
 
     @property
     def can_fail(self):
@@ -153,17 +169,108 @@ def second_order_matrix(
     return jnp.block([[jnp.zeros_like(eye), eye], [-stiffness, -damping]])
 
 
+def _extreme_pivots(matrix):
+    """`(smallest, largest)` pivot of a symmetric matrix (see `AbstractExactMultipliers`)."""
+    if matrix.shape[0] <= 2:
+        return extreme_eigenvalues(matrix)
+    pivots = cholesky_pivots(matrix)
+    return jnp.min(pivots), jnp.max(pivots)
+
+
+# A constraint Jacobian denser than this is multiplied as a dense matrix.
+SPARSE_MAX_DENSITY = 0.3
+
+
+class Elimination(NamedTuple):
+    """What eliminating `q̈` from `M q̈ + Gᵀλ = Q` gives (paper 004, eqs. [6], [21]).
+
+    - `minv_q`: `M⁻¹ Q`, `(n,)`.
+    - `minv_gt`: `M⁻¹ Gᵀ`, `(n, c)`: a dense array or a [`SparseMatrix`][].
+    - `matrix`: `A = G M⁻¹ Gᵀ`, dense `(c, c)`, symmetrized.
+    - `g_minv_q`: `G M⁻¹ Q`, `(c,)`.
+    """
+
+    minv_q: Array
+    minv_gt: Array | SparseMatrix
+    matrix: Array
+    g_minv_q: Array
+
+    def apply_minv_gt(self, lam):
+        """`M⁻¹ Gᵀ λ`."""
+        if isinstance(self.minv_gt, SparseMatrix):
+            return self.minv_gt.matvec(lam)
+        return small_matmul(self.minv_gt, lam)
+
+
+def eliminate(terms: ConstrainedTerms) -> Elimination:
+    """`M⁻¹ Q`, `M⁻¹ Gᵀ`, `G M⁻¹ Gᵀ` and `G M⁻¹ Q`, following the structure the terms carry.
+
+    Where the terms carry sparse `M` and `G` (`ConstrainedTerms.sparse_mass`) and `M` is made
+    of small diagonal blocks, `M⁻¹` is inverted block by block and the products are sparse
+    (their cost grows with the non-zeros of `G`, not with `c · n · c`); otherwise `M` is
+    factorized once by Cholesky and the products are dense.
+    """
+    if terms.sparse_mass is not None and terms.sparse_jacobian is not None and (
+        terms.sparse_jacobian.pattern.density <= SPARSE_MAX_DENSITY
+    ):
+        minv = block_inverse(terms.sparse_mass)
+        if minv is not None:
+            g = terms.sparse_jacobian
+            minv_q = minv.matvec(terms.forces)
+            minv_gt = sparse_matmul(minv, g.T)
+            matrix = sparse_matmul(g, minv_gt).symmetrized().dense()
+            return Elimination(minv_q, minv_gt, matrix, g.matvec(minv_q))
+    minv_q, minv_gt = _mass_solve(terms)
+    g = terms.jacobian
+    matrix = small_matmul(g, minv_gt)
+    matrix = 0.5 * (matrix + matrix.T)
+    return Elimination(minv_q, minv_gt, matrix, small_matmul(g, minv_q))
+
+
+def penalized_mass(terms: ConstrainedTerms, apply_masses):
+    """`M + Gᵀ 𝔄 G` (dense, symmetrized) and `𝔄 G` (a [`SparseMatrix`][]) of the modified
+    Lagrange equation (paper 004, eq. [30]); `apply_masses(G)` gives `𝔄 G` for `G` a
+    `SparseMatrix` or a dense array. From sparse products where the terms carry sparse `M`
+    and `G`."""
+    if terms.sparse_mass is not None and terms.sparse_jacobian is not None and (
+        terms.sparse_jacobian.pattern.density <= SPARSE_MAX_DENSITY
+    ):
+        masses_g = apply_masses(terms.sparse_jacobian)
+        product = sparse_matmul(terms.sparse_jacobian.T, masses_g)
+        lhs = sparse_add(terms.sparse_mass, product).dense()
+        return 0.5 * (lhs + lhs.T), masses_g
+    g = terms.jacobian
+    masses_g = apply_masses(g)
+    lhs = terms.mass_matrix + small_matmul(g.T, masses_g)
+    return 0.5 * (lhs + lhs.T), _Dense(masses_g)
+
+
+def jacobian_matvec(terms: ConstrainedTerms, x: Array) -> Array:
+    """`G x`, sparse where the terms carry `G`'s pattern."""
+    if terms.sparse_jacobian is not None:
+        return terms.sparse_jacobian.matvec(x)
+    return small_matmul(terms.jacobian, x)
+
+
+class _Dense(NamedTuple):
+    """A dense matrix with `SparseMatrix`'s `rmatvec`."""
+
+    matrix: Array
+
+    def rmatvec(self, x):
+        return small_matmul(self.matrix.T, x)
+
+
 def _mass_solve(terms: ConstrainedTerms):
-    """`M⁻¹ Q` and `M⁻¹ Gᵀ` from one Cholesky factorization of `M`."""
+    """`M⁻¹ Q` and `M⁻¹ Gᵀ` (dense) from one Cholesky factorization of `M`."""
     rhs = jnp.concatenate([terms.forces[:, None], terms.jacobian.T], axis=1)
     sol = spd_solve(terms.mass_matrix, rhs)
     return sol[:, 0], sol[:, 1:]
 
 
 def constraint_matrix(terms: ConstrainedTerms) -> Float[Array, "c c"]:
-    """`G M⁻¹ Gᵀ` (paper 004's `A = J M⁻¹ Jᵀ`, extended to nonholonomic rows)."""
-    _, minv_gt = _mass_solve(terms)
-    return small_matmul(terms.jacobian, minv_gt)
+    """`G M⁻¹ Gᵀ` (paper 004's `A = J M⁻¹ Jᵀ`, extended to nonholonomic rows), symmetrized."""
+    return eliminate(terms).matrix
 
 
 def multiplier_solve(
@@ -174,18 +281,16 @@ def multiplier_solve(
     `λ = A⁻¹ (G M⁻¹ Q − target)` with `A = G M⁻¹ Gᵀ`; `solver` decides what `A⁻¹` means
     (Cholesky for independent constraints, an SVD pseudo-inverse for redundant ones).
     """
-    minv_q, minv_gt = _mass_solve(terms)
-    g = terms.jacobian
-    a_matrix = small_matmul(g, minv_gt)
-    a_matrix = 0.5 * (a_matrix + a_matrix.T)
-    rhs = small_matmul(g, minv_q) - target
+    elimination = eliminate(terms)
+    a_matrix = elimination.matrix
+    rhs = elimination.g_minv_q - target
     if isinstance(solver, lx.Cholesky):
         lam = spd_solve(a_matrix, rhs)
     elif isinstance(solver, lx.SVD):
         lam = psd_pseudo_solve(a_matrix, rhs, default_rcond(solver.rcond, a_matrix.dtype))
     else:
         lam = lx.linear_solve(spd_operator(a_matrix), rhs, solver, throw=False).value
-    return minv_q - small_matmul(minv_gt, lam), lam
+    return elimination.minv_q - elimination.apply_minv_gt(lam), lam
 
 
 def default_rcond(rcond: float | None, dtype) -> float:

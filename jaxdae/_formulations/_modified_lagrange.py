@@ -3,8 +3,9 @@
 from .._custom_types import Gain, GainLike
 from .._gains import as_gain
 from .._compilation._linalg import small_matmul, spd_solve
+from .._compilation._sparse import SparseMatrix
 from ._arguments import explain_arguments
-from ._base import AbstractFormulation, baumgarte_target
+from ._base import AbstractFormulation, baumgarte_target, jacobian_matvec, penalized_mass
 from ._baumgarte import check_gain_values, check_stabilization_gains, stabilization_gains
 
 _PENALTY = (
@@ -55,14 +56,11 @@ class ModifiedLagrange(AbstractFormulation):
         check_gain_values(self, ("alpha", "kd", "kp", "kv"), _PENALTY)
 
     def accelerations(self, terms):
-        g = terms.jacobian
         target = baumgarte_target(terms, self.kd, self.kp, self.kv)
-        masses_g = _apply_masses(self.alpha, g)
-        lhs = terms.mass_matrix + small_matmul(g.T, masses_g)
-        lhs = 0.5 * (lhs + lhs.T)
-        rhs = terms.forces + small_matmul(masses_g.T, target)
+        lhs, masses_g = penalized_mass(terms, lambda g: _apply_masses(self.alpha, g))
+        rhs = terms.forces + masses_g.rmatvec(target)
         acc = spd_solve(lhs, rhs)
-        return acc, _apply_masses(self.alpha, small_matmul(g, acc) - target)
+        return acc, _apply_masses(self.alpha, jacobian_matvec(terms, acc) - target)
 
     def validate(self, num_holonomic, num_nonholonomic):
         return check_stabilization_gains(
@@ -71,7 +69,14 @@ class ModifiedLagrange(AbstractFormulation):
 
 
 def _apply_masses(alpha: Gain, x):
-    """`𝔄 x` for `x` of shape `(c,)` or `(c, n)`, without forming a scalar or diagonal `𝔄`."""
+    """`𝔄 x` for `x` of shape `(c,)` or `(c, n)` (an array or a `SparseMatrix`), without
+    forming a scalar or diagonal `𝔄`."""
+    if isinstance(x, SparseMatrix):
+        if alpha.ndim == 2:
+            return SparseMatrix.from_dense(_apply_masses(alpha, x.dense()))
+        rows = x.pattern.rows
+        scale = alpha.astype(x.values.dtype)
+        return SparseMatrix(x.values * (scale[rows] if alpha.ndim == 1 else scale), x.pattern)
     alpha = alpha.astype(x.dtype)
     if alpha.ndim == 2:
         return small_matmul(alpha, x)

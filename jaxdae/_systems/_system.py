@@ -6,10 +6,12 @@ derived here by automatic differentiation (notation: docs/methods.md).
 """
 
 import abc
+from typing import ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .._custom_types import (
     Array,
@@ -22,7 +24,9 @@ from .._custom_types import (
     Scalar,
     Velocities,
 )
+from .._compilation._sparse import SparseMatrix
 from ._nonholonomic import velocity_curvature
+from ._structure import colour_matrix, terms_structure
 
 
 class ConstrainedTerms(eqx.Module):
@@ -44,6 +48,11 @@ class ConstrainedTerms(eqx.Module):
     - `energy`, `momenta`: the system's `energy` and `momenta` at the state, where deriving
         the terms computes them anyway (`None`: [`jaxdae.simulate`][] asks the system). They
         spare `simulate`'s diagnostics a trace of their own.
+    - `sparse_mass`, `sparse_jacobian`: `M` and `G` as [`SparseMatrix`][] values on the
+        patterns found from the model (`_systems/_structure.py`), where the system derived
+        them so; `None` otherwise (the dense fields are then all there is). The dense fields
+        always hold the same matrices; under `jit`, a dense field nobody reads costs nothing.
+    - `mass_is_constant`: `M` does not depend on `t`, `q`, `v` (static).
     """
 
     mass_matrix: MassMatrix
@@ -55,6 +64,21 @@ class ConstrainedTerms(eqx.Module):
     bias: Float[Array, " c"]
     energy: Scalar | None = None
     momenta: Momenta | None = None
+    sparse_mass: SparseMatrix | None = None
+    sparse_jacobian: SparseMatrix | None = None
+    mass_is_constant: bool = eqx.field(default=False, static=True)
+
+    def mass_operator(self) -> SparseMatrix:
+        """`M` as a [`SparseMatrix`][]: on its pattern where known, else every entry."""
+        if self.sparse_mass is not None:
+            return self.sparse_mass
+        return SparseMatrix.from_dense(self.mass_matrix)
+
+    def jacobian_operator(self) -> SparseMatrix:
+        """`G = [Φ_q; Ψ_v]` as a [`SparseMatrix`][]: on its pattern where known."""
+        if self.sparse_jacobian is not None:
+            return self.sparse_jacobian
+        return SparseMatrix.from_dense(self.jacobian)
 
     @property
     def num_holonomic(self) -> int:
@@ -155,6 +179,17 @@ class LagrangianSystem(AbstractSystem):
                 return jnp.array([q @ q - self.length**2])
         ```
 
+    !!! Note "Structure"
+
+        For more than 32 coordinates, jaxdae finds the sparsity patterns of `M` and of the
+        constraint Jacobians, and whether `M` is constant, from the jaxprs of these methods
+        (a structural analysis: valid for every state and parameter value), derives the
+        matrices with one directional derivative per colour of their columns, and the
+        formulations' linear algebra follows the patterns (a diagonal or block-diagonal `M` is
+        inverted block by block, `G M⁻¹ Gᵀ` is assembled from sparse products). The class
+        attribute `structured_terms` overrides the choice: `True` uses the patterns at any
+        size, `False` never (both give the same matrices).
+
     !!! Warning "Parameters must be arrays to get gradients"
 
         Store every parameter you may differentiate or vary as a JAX array: build the model
@@ -164,6 +199,10 @@ class LagrangianSystem(AbstractSystem):
         returns `None` for it without an error, [`jaxdae.tune`][] does not tune it, and
         `eqx.filter_jit` compiles again for every new value.
     """
+
+    # `None`: derive the terms from their sparsity patterns above 32 coordinates; `True`
+    # / `False`: always / never (see "Structure" above).
+    structured_terms: ClassVar[bool | None] = None
 
     def __check_init__(self):
         cls = type(self)
@@ -215,6 +254,7 @@ class LagrangianSystem(AbstractSystem):
         n = q.shape[0]
         cls = type(self)
         mass_given = cls.mass_matrix is not LagrangianSystem.mass_matrix
+        structure = terms_structure(self, t, q, v)
 
         def lagrangian(t_, q_, v_):
             energies = self.kinetic_energy(t_, q_, v_), self.potential_energy(t_, q_)
@@ -233,6 +273,8 @@ class LagrangianSystem(AbstractSystem):
             return lag_q, lag_v, phi, dphi, psi, energy
 
         dtype, ttype = q.dtype, jnp.result_type(t)
+        if structure is not None:
+            return self._structured_terms(structure, local, t, q, v, mass_given)
         eye, zeros = jnp.eye(n, dtype=dtype), jnp.zeros((n, n), dtype)
         tangent_t = jnp.concatenate([jnp.zeros((2 * n,), ttype), jnp.ones((1,), ttype)])
         tangent_q = jnp.concatenate([zeros, eye, v[None]])
@@ -260,6 +302,55 @@ class LagrangianSystem(AbstractSystem):
             # `p = ∂T/∂v = L_v`; left to the methods where a subclass overrides them.
             energy=energy if cls.energy is LagrangianSystem.energy else None,
             momenta=lag_v if cls.momenta is LagrangianSystem.momenta else None,
+        ), dtype)
+
+    def _structured_terms(self, structure, local, t, q, v, mass_given):
+        # As above, with compressed tangents: one per colour of `[M; Ψ_v]`'s columns
+        # (`(0, 0, s)`), one per colour of `Φ_q`'s (`(0, s, 0)`), and `(1, v, 0)`. Entry
+        # `(i, j)` of a matrix is row `i` of the derivative along the seed of `j`'s colour.
+        n, dtype, ttype = q.shape[0], q.dtype, jnp.result_type(t)
+        seeds_v = jnp.asarray(colour_matrix(structure.velocity_colours), dtype)
+        seeds_q = jnp.asarray(colour_matrix(structure.position_colours), dtype)
+        kv, kq = seeds_v.shape[0], seeds_q.shape[0]
+        tangent_t = jnp.concatenate([jnp.zeros((kv + kq,), ttype), jnp.ones((1,), ttype)])
+        tangent_q = jnp.concatenate([jnp.zeros((kv, n), dtype), seeds_q, v[None]])
+        tangent_v = jnp.concatenate([seeds_v, jnp.zeros((kq + 1, n), dtype)])
+        (lag_q, lag_v, phi, dphi, psi, energy), (_, d_lag_v, d_phi, d_dphi, d_psi, _) = (
+            jax.vmap(lambda *tangents: jax.jvp(local, (t, q, v), tangents),
+                     out_axes=(None, 0))(tangent_t, tangent_q, tangent_v))
+        _require_vector("constraints", phi, "m")
+        _require_vector("velocity_constraints", psi, "k")
+        m = phi.shape[0]
+        momentum_rate, second, psi_rate = d_lag_v[-1], d_dphi[-1], d_psi[-1]
+        colours_v = np.asarray(structure.velocity_colours)
+        colours_q = np.asarray(structure.position_colours)
+        if mass_given:
+            mass = SparseMatrix.from_dense(self.mass_matrix(t, q), structure.mass)
+        else:
+            p = structure.mass
+            mass = SparseMatrix(d_lag_v[colours_v[p.cols], p.rows], p).symmetrized()
+        g = structure.jacobian
+        holonomic = g.rows < m
+        values = jnp.concatenate([
+            d_phi[kv + colours_q[g.cols[holonomic]], g.rows[holonomic]],
+            d_psi[colours_v[g.cols[~holonomic]], g.rows[~holonomic] - m],
+        ]).astype(dtype)
+        jacobian = SparseMatrix(values, g)
+        forces = self.generalized_forces(t, q, v) + lag_q - momentum_rate
+        cls = type(self)
+        return cast_floating(ConstrainedTerms(
+            mass_matrix=mass.dense(),
+            forces=forces,
+            phi=phi,
+            dphi=dphi,
+            psi=psi,
+            jacobian=jacobian.dense(),
+            bias=jnp.concatenate([-second, -psi_rate]),
+            energy=energy if cls.energy is LagrangianSystem.energy else None,
+            momenta=lag_v if cls.momenta is LagrangianSystem.momenta else None,
+            sparse_mass=mass,
+            sparse_jacobian=jacobian,
+            mass_is_constant=structure.mass_is_constant,
         ), dtype)
 
 

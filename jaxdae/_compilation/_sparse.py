@@ -1,0 +1,272 @@
+"""Sparse matrices with a pattern fixed at trace time, and the products and solves the
+formulations need from them.
+
+A [`SparseMatrix`][] is its non-zero values (a JAX array of shape `(nnz,)`) plus a static
+[`Pattern`][] (row and column of each value, as numpy arrays). Every operation on it is a
+gather with index arrays computed once from the patterns while tracing, an elementwise
+product and a sum over a padded axis (no scatter, which XLA's CPU backend runs serially), so
+its cost is proportional to the number of non-zeros (times the padding of the longest row)
+and its graph does not grow with the size of the matrix. Products of two sparse matrices find
+their pattern and the pairs of entries that meet (`sparse_matmul`) symbolically, once per
+pair of patterns.
+"""
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._custom_types import Array, Float
+
+# Mass matrices whose connected blocks (after grouping coordinates that share an entry) are
+# at most this large are inverted block by block; larger blocks keep a dense Cholesky.
+BLOCK_MAX = 12
+
+
+class Pattern:
+    """A static sparsity pattern: the `(row, col)` of each stored entry, in row-major order.
+
+    Hashable and compared by value, so that it can be a static field of an `eqx.Module`
+    and a key of the trace-time caches.
+    """
+
+    __slots__ = ("shape", "rows", "cols", "_hash")
+
+    def __init__(self, shape: tuple[int, int], rows, cols):
+        rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
+        order = np.lexsort((cols, rows))
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.rows, self.cols = rows[order], cols[order]
+        self.rows.setflags(write=False)
+        self.cols.setflags(write=False)
+        self._hash = hash((self.shape, self.rows.tobytes(), self.cols.tobytes()))
+
+    @classmethod
+    def from_mask(cls, mask) -> "Pattern":
+        mask = np.asarray(mask, bool)
+        rows, cols = np.nonzero(mask)
+        return cls(mask.shape, rows, cols)
+
+    @classmethod
+    def full(cls, shape) -> "Pattern":
+        return cls.from_mask(np.ones(shape, bool))
+
+    def mask(self) -> np.ndarray:
+        out = np.zeros(self.shape, bool)
+        out[self.rows, self.cols] = True
+        return out
+
+    @property
+    def nnz(self) -> int:
+        return int(self.rows.size)
+
+    @property
+    def density(self) -> float:
+        size = self.shape[0] * self.shape[1]
+        return self.nnz / size if size else 1.0
+
+    @property
+    def is_diagonal(self) -> bool:
+        return self.shape[0] == self.shape[1] and bool(np.all(self.rows == self.cols))
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        return (isinstance(other, Pattern) and self.shape == other.shape
+                and np.array_equal(self.rows, other.rows)
+                and np.array_equal(self.cols, other.cols))
+
+    def __repr__(self):
+        return f"Pattern(shape={self.shape}, nnz={self.nnz})"
+
+
+@functools.lru_cache(maxsize=256)
+def _transpose(pattern: Pattern) -> tuple[Pattern, np.ndarray]:
+    """The transposed pattern and the permutation taking values to its order."""
+    order = np.lexsort((pattern.rows, pattern.cols))
+    return Pattern(pattern.shape[::-1], pattern.cols[order], pattern.rows[order]), order
+
+
+class SparseMatrix(eqx.Module):
+    """A matrix stored as its values on a static [`Pattern`][] (entries off the pattern are
+    zero)."""
+
+    values: Float[Array, " nnz"]
+    pattern: Pattern = eqx.field(static=True)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.pattern.shape
+
+    @classmethod
+    def from_dense(cls, matrix: Array, pattern: Pattern | None = None) -> "SparseMatrix":
+        """The entries of `matrix` on `pattern` (default: every entry)."""
+        pattern = Pattern.full(matrix.shape) if pattern is None else pattern
+        return cls(matrix[pattern.rows, pattern.cols], pattern)
+
+    def dense(self) -> Array:
+        return _padded(self.values)[_positions(self.pattern)]
+
+    @property
+    def T(self) -> "SparseMatrix":  # noqa: N802 - the usual name
+        pattern, order = _transpose(self.pattern)
+        return SparseMatrix(self.values[order], pattern)
+
+    def symmetrized(self) -> "SparseMatrix":
+        """`(A + Aᵀ) / 2` of a square matrix whose pattern is symmetric."""
+        pattern, order = _transpose(self.pattern)
+        if pattern != self.pattern:
+            raise ValueError("symmetrized() needs a symmetric pattern.")
+        return SparseMatrix(0.5 * (self.values + self.values[order]), self.pattern)
+
+    def matvec(self, x: Array) -> Array:
+        """`A x` for `x` of shape `(cols,)`."""
+        positions, cols = _rows(self.pattern)
+        return jnp.sum(_padded(self.values)[positions] * x[cols], axis=1)
+
+    def rmatvec(self, x: Array) -> Array:
+        """`Aᵀ x` for `x` of shape `(rows,)`."""
+        return self.T.matvec(x)
+
+
+def _padded(values: Array) -> Array:
+    """`values` with a zero appended: index `nnz` marks padding."""
+    return jnp.concatenate([values, jnp.zeros((1,), values.dtype)])
+
+
+def _group(keys: np.ndarray, num: int, items: np.ndarray, fill: int):
+    """`items` grouped by `keys` (in `range(num)`) into a `(num, width)` array padded with
+    `fill`."""
+    order = np.argsort(keys, kind="stable")
+    keys, items = keys[order], items[order]
+    counts = np.bincount(keys, minlength=num)
+    width = max(int(counts.max(initial=0)), 1)
+    out = np.full((num, width), fill, np.int64)
+    slot = np.arange(keys.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    out[keys, slot] = items
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _rows(pattern: Pattern) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: positions of its values (padded with `nnz`) and their columns (padded 0)."""
+    positions = _group(pattern.rows, pattern.shape[0], np.arange(pattern.nnz), pattern.nnz)
+    cols = np.where(positions < pattern.nnz, _padded_np(pattern.cols)[positions], 0)
+    return positions, cols
+
+
+def _padded_np(x: np.ndarray) -> np.ndarray:
+    return np.concatenate([x, np.zeros(1, x.dtype)])
+
+
+@functools.lru_cache(maxsize=256)
+def _product(a: Pattern, b: Pattern) -> tuple[Pattern, np.ndarray, np.ndarray, np.ndarray]:
+    """Pattern of `A B` and, for each pair of entries `A[i, k] B[k, j]`, the positions of the
+    two factors in `A`'s and `B`'s values and of the result in `A B`'s."""
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"shapes {a.shape} and {b.shape} do not multiply")
+    # entries of B grouped by row k
+    b_start = np.searchsorted(b.rows, np.arange(b.shape[0] + 1))
+    counts = b_start[a.cols + 1] - b_start[a.cols]  # partners of each entry of A
+    a_pos = np.repeat(np.arange(a.nnz), counts)
+    offsets = np.arange(a_pos.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    b_pos = np.repeat(b_start[a.cols], counts) + offsets
+    rows, cols = a.rows[a_pos], b.cols[b_pos]
+    keys = rows * b.shape[1] + cols
+    unique, c_pos = np.unique(keys, return_inverse=True)
+    pattern = Pattern((a.shape[0], b.shape[1]), unique // b.shape[1], unique % b.shape[1])
+    # pairs grouped by the entry of the product they add to (padding: index nnz, a zero)
+    pairs = _group(c_pos.reshape(-1), pattern.nnz, np.arange(a_pos.size), a_pos.size)
+    return pattern, _padded_np(a_pos)[pairs], _padded_np(b_pos)[pairs], pairs < a_pos.size
+
+
+def sparse_matmul(a: SparseMatrix, b: SparseMatrix) -> SparseMatrix:
+    """`A B` on the symbolic product of the patterns (cost: the number of pairs
+    `A[i, k] B[k, j]`, padded to the most for one entry)."""
+    pattern, a_pos, b_pos, valid = _product(a.pattern, b.pattern)
+    a_values = jnp.where(valid, _padded(a.values)[np.where(valid, a_pos, a.pattern.nnz)], 0.0)
+    values = jnp.sum(a_values * _padded(b.values)[np.where(valid, b_pos, b.pattern.nnz)], axis=1)
+    return SparseMatrix(values, pattern)
+
+
+def sparse_add(a: SparseMatrix, b: SparseMatrix) -> SparseMatrix:
+    """`A + B` on the union of the patterns."""
+    pattern = Pattern.from_mask(a.pattern.mask() | b.pattern.mask())
+    a_index = _positions(a.pattern)[pattern.rows, pattern.cols]
+    b_index = _positions(b.pattern)[pattern.rows, pattern.cols]
+    return SparseMatrix(_padded(a.values)[a_index] + _padded(b.values)[b_index], pattern)
+
+
+@functools.lru_cache(maxsize=256)
+def _positions(pattern: Pattern) -> np.ndarray:
+    """`(rows, cols)` array of each entry's position in the values, `nnz` off the pattern."""
+    index = np.full(pattern.shape, pattern.nnz, np.int64)
+    index[pattern.rows, pattern.cols] = np.arange(pattern.nnz)
+    return index
+
+
+@functools.lru_cache(maxsize=256)
+def diagonal_blocks(pattern: Pattern) -> np.ndarray | None:
+    """The coordinates of each diagonal block of a symmetric pattern (its connected
+    components), as `(blocks, size)` indices padded with `-1`, or `None` if a block has more
+    than `BLOCK_MAX` coordinates."""
+    n = pattern.shape[0]
+    parent = np.arange(n)
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, j in zip(pattern.rows, pattern.cols):
+        ri, rj = find(i), find(j)
+        if ri != rj:
+            parent[max(ri, rj)] = min(ri, rj)
+    roots = np.array([find(i) for i in range(n)])
+    _, labels = np.unique(roots, return_inverse=True)
+    sizes = np.bincount(labels)
+    if sizes.max(initial=0) > BLOCK_MAX:
+        return None
+    blocks = np.full((sizes.size, sizes.max(initial=1)), -1, np.int64)
+    fill = np.zeros(sizes.size, np.int64)
+    for i, label in enumerate(labels):
+        blocks[label, fill[label]] = i
+        fill[label] += 1
+    return blocks
+
+
+def block_inverse(mass: SparseMatrix) -> SparseMatrix | None:
+    """`M⁻¹` of a symmetric positive definite matrix made of small diagonal blocks (a
+    diagonal matrix: the reciprocals), as a `SparseMatrix` on the blocks; `None` when a block
+    is larger than `BLOCK_MAX` (the caller keeps a dense factorization). A block that is not
+    positive definite gives non-finite values, as a failed Cholesky factorization does."""
+    pattern = mass.pattern
+    if pattern.is_diagonal and pattern.nnz == pattern.shape[0]:
+        return SparseMatrix(1.0 / mass.values, pattern)
+    blocks = diagonal_blocks(pattern)
+    if blocks is None:
+        return None
+    size = blocks.shape[1]
+    valid = blocks >= 0
+    safe = np.where(valid, blocks, 0)
+    entry = _positions(pattern)[safe[:, :, None], safe[:, None, :]]  # (blocks, size, size)
+    present = valid[:, :, None] & valid[:, None, :]
+    values = _padded(mass.values)[np.where(present, entry, pattern.nnz)]
+    padding = np.eye(size, dtype=bool)[None] & ~valid[:, :, None]
+    values = jnp.where(padding, 1.0, values)
+    values = 0.5 * (values + jnp.swapaxes(values, 1, 2))
+    low = jnp.linalg.cholesky(values)
+    eye = jnp.broadcast_to(jnp.eye(size, dtype=values.dtype), values.shape)
+    inverse_low = jax.lax.linalg.triangular_solve(low, eye, left_side=True, lower=True)
+    inverse = jnp.einsum("bki,bkj->bij", inverse_low, inverse_low)
+    rows = np.repeat(safe, size, axis=1).reshape(-1)
+    cols = np.tile(safe, (1, size)).reshape(-1)
+    keep = (valid[:, :, None] & valid[:, None, :]).reshape(-1)
+    out = Pattern((pattern.shape[0],) * 2, rows[keep], cols[keep])
+    # `Pattern` sorts its entries: reorder the values the same way.
+    order = np.lexsort((cols[keep], rows[keep]))
+    return SparseMatrix(inverse.reshape(-1)[np.flatnonzero(keep)[order]], out)

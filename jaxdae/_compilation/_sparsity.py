@@ -1,0 +1,292 @@
+"""Sparsity patterns found from a function's jaxpr, and column colourings for compressed
+derivatives.
+
+[`nonzero_masks`][] traces a function to its jaxpr and runs it on *masks*: every array is
+replaced by a boolean array of the same shape that is `False` where the entry is zero for
+every value of the inputs (structurally zero), `True` where it may not be. Each primitive has
+a rule: products intersect their operands' masks, sums unite them, structural operations
+(reshape, transpose, slices, concatenations, gathers and scatters at known indices, dot
+products, reductions) are applied to the masks themselves, zero-preserving functions (`sin`,
+`sqrt`, `tanh`, ...) keep the mask, others (`cos`, `exp`, comparisons) give `True`
+everywhere. Values that do not depend on the inputs (literals, `iota`, constant index arrays,
+the identity tangents of `jax.jacfwd`) are evaluated, so a gather from a constant index array
+or a product with a constant zero is exact. Anything without a rule, or indices that depend
+on the inputs, gives `True`: the analysis may over-estimate a pattern, never miss an entry
+(floating-point exceptions such as `0 · inf` aside), at every point, not only where it was
+traced. Branches (`select_n`, `cond` with an unknown predicate) contribute the union of their
+masks; loops (`while`, `scan`) iterate their carry's mask to a fixed point.
+
+[`column_colouring`][] groups the columns of a pattern so that no two columns of a group share
+a row: one directional derivative per group then gives all of their entries (Curtis, Powell
+and Reid, "On the estimation of sparse Jacobian matrices", 1974).
+"""
+
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jex
+
+# Elementwise functions with f(0) = 0: the output may be non-zero only where the input is.
+_ZERO_PRESERVING = frozenset(
+    """neg sin tan asin atan sinh tanh asinh atanh sqrt cbrt abs sign expm1 log1p erf
+    erf_inv floor ceil round square real imag conj copy copy_p reduce_precision
+    convert_element_type stop_gradient optimization_barrier""".split()
+)
+# Elementwise: the output may be non-zero where any operand is (sums, maxima).
+_UNION = frozenset("add add_any sub max min or xor nextafter atan2".split())
+# Elementwise: the output may be non-zero only where every operand is (products).
+_INTERSECTION = frozenset({"mul", "and"})
+# Elementwise: non-zero only where the first operand is (`x / y`, `x % y` for non-zero `y`).
+_FIRST = frozenset({"div", "rem"})
+# Linear in each (float) operand, or moving entries about: applied to 0/1 masks, whose
+# entries are non-negative, so no sum cancels and a non-zero result marks a possible one.
+_STRUCTURAL = frozenset(
+    """reshape broadcast_in_dim squeeze expand_dims transpose rev slice reduce_sum reduce_max
+    cumsum cummax concatenate pad split dot_general gather dynamic_slice dynamic_update_slice
+    scatter scatter-add scatter_add select_and_gather_add""".split()
+)
+_CALLS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+
+
+class _Abstract:
+    """An array's mask (`False`: structurally zero) and, where it does not depend on the
+    inputs, its value."""
+
+    __slots__ = ("mask", "value")
+
+    def __init__(self, mask, value=None):
+        self.mask = np.asarray(mask, dtype=bool)
+        self.value = value
+
+
+def _full(aval) -> _Abstract:
+    return _Abstract(np.ones(aval.shape, bool))
+
+
+def _known(value) -> _Abstract:
+    value = np.asarray(value)
+    return _Abstract(value != 0, value)
+
+
+def nonzero_masks(fn: Callable, *args) -> list[np.ndarray]:
+    """The structural non-zero masks of the array outputs of `fn(*args)` (flattened).
+
+    `args` are arrays or `jax.ShapeDtypeStruct`s (pytrees); only their shapes and dtypes are
+    used: every input is taken as possibly non-zero everywhere.
+
+    **Returns:** a list of boolean numpy arrays, one per output leaf, of the leaves' shapes.
+    """
+    closed = jax.make_jaxpr(fn)(*args)
+    inputs = [_full(v.aval) for v in closed.jaxpr.invars]
+    return [a.mask for a in _run_closed(closed, inputs)]
+
+
+def _run_closed(closed, inputs):
+    consts = [_const(c) for c in closed.consts]
+    return _run(closed.jaxpr, consts, inputs)
+
+
+def _const(value) -> _Abstract:
+    try:
+        return _known(np.asarray(value))
+    except Exception:  # a tracer closed over: unknown value
+        return _Abstract(np.ones(np.shape(value), bool))
+
+
+def _run(jaxpr, consts, inputs):
+    env = {}
+
+    def read(var):
+        if isinstance(var, jex.Literal):
+            return _known(var.val)
+        return env[var]
+
+    for var, val in zip(jaxpr.constvars, consts):
+        env[var] = val
+    for var, val in zip(jaxpr.invars, inputs):
+        env[var] = val
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        outs = _equation(eqn, ins)
+        for var, out in zip(eqn.outvars, outs):
+            if not isinstance(var, jex.DropVar):
+                if out.mask.shape != tuple(var.aval.shape):
+                    out = _Abstract(np.broadcast_to(out.mask, var.aval.shape))
+                env[var] = out
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _evaluate(eqn, values):
+    with jax.ensure_compile_time_eval():
+        out = eqn.primitive.bind(*values, **eqn.params)
+    outs = out if eqn.primitive.multiple_results else [out]
+    return [_known(np.asarray(o)) for o in outs]
+
+
+def _structural(eqn, ins):
+    """Applies the primitive to float masks (non-float operands by their known values)."""
+    args = []
+    for var, a in zip(eqn.invars, ins):
+        if jnp.issubdtype(var.aval.dtype, jnp.inexact):
+            args.append(a.mask.astype(np.float64 if var.aval.dtype == np.float64 else
+                                      np.dtype(var.aval.dtype)))
+        elif a.value is not None:
+            args.append(a.value)
+        else:
+            return None  # e.g. indices that depend on the inputs
+    params = dict(eqn.params)
+    if "preferred_element_type" in params and params["preferred_element_type"] is not None:
+        if not jnp.issubdtype(params["preferred_element_type"], jnp.inexact):
+            return None
+    try:
+        outs = _evaluate(eqn, args)
+    except Exception:
+        return None
+    return [_Abstract(o.mask) for o in outs]
+
+
+def _equation(eqn, ins) -> list[_Abstract]:
+    name = eqn.primitive.name
+    outs_avals = [v.aval for v in eqn.outvars]
+    sub = next((eqn.params[k] for k in _CALLS if k in eqn.params), None)
+    if all(a.value is not None for a in ins) and not eqn.effects and name not in (
+        "while", "scan", "cond"
+    ):
+        try:
+            return _evaluate(eqn, [a.value for a in ins])
+        except Exception:
+            pass
+    if name == "cond":
+        return _cond(eqn, ins)
+    if name == "while":
+        return _while(eqn, ins)
+    if name == "scan":
+        return _scan(eqn, ins)
+    if sub is not None:  # pjit, closed_call, custom_jvp_call, custom_vjp_call, remat, ...
+        if isinstance(sub, jex.ClosedJaxpr):
+            inner_ins = ins[len(ins) - len(sub.jaxpr.invars):]
+            return _run_closed(sub, inner_ins)
+        if isinstance(sub, jex.Jaxpr):
+            return _run(sub, [], ins[len(ins) - len(sub.invars):])
+    floating = all(jnp.issubdtype(a.dtype, jnp.inexact) for a in outs_avals)
+    if floating and name in _ZERO_PRESERVING:
+        return [_Abstract(ins[0].mask)]
+    if floating and name in _UNION:
+        return [_Abstract(np.logical_or(ins[0].mask, ins[1].mask))]
+    if floating and name in _INTERSECTION:
+        return [_Abstract(np.logical_and(ins[0].mask, ins[1].mask))]
+    if floating and name in _FIRST:
+        return [_Abstract(np.broadcast_to(ins[0].mask, outs_avals[0].shape))]
+    if floating and name == "integer_pow" and eqn.params["y"] > 0:
+        return [_Abstract(ins[0].mask)]
+    if floating and name == "pow" and ins[1].value is not None and np.all(ins[1].value > 0):
+        return [_Abstract(np.broadcast_to(ins[0].mask, outs_avals[0].shape))]
+    if name == "select_n" and floating:
+        predicate = ins[0]
+        if predicate.value is not None:
+            cases = [np.broadcast_to(c.mask, outs_avals[0].shape) for c in ins[1:]]
+            chosen = np.choose(np.asarray(predicate.value, dtype=int), cases)
+            return [_Abstract(chosen)]
+        return [_Abstract(np.logical_or.reduce([np.broadcast_to(c.mask, outs_avals[0].shape)
+                                                for c in ins[1:]]))]
+    if floating and name == "clamp":
+        return [_Abstract(np.logical_or.reduce(
+            [np.broadcast_to(a.mask, outs_avals[0].shape) for a in ins]))]
+    if floating and name in _STRUCTURAL:
+        outs = _structural(eqn, ins)
+        if outs is not None:
+            return outs
+    return [_full(a) for a in outs_avals]
+
+
+def _union(a: Sequence[_Abstract], b: Sequence[_Abstract]) -> list[_Abstract]:
+    return [_Abstract(np.logical_or(x.mask, y.mask)) for x, y in zip(a, b)]
+
+
+def _cond(eqn, ins):
+    branches = eqn.params["branches"]
+    index, operands = ins[0], ins[1:]
+    if index.value is not None:
+        which = int(np.clip(index.value, 0, len(branches) - 1))
+        return _run_closed(branches[which], operands)
+    outs = None
+    for branch in branches:
+        result = _run_closed(branch, operands)
+        outs = result if outs is None else _union(outs, result)
+    return [_Abstract(o.mask) for o in outs]
+
+
+def _unknown(values: Sequence[_Abstract]) -> list[_Abstract]:
+    return [_Abstract(v.mask) for v in values]
+
+
+def _fixed_point(step, carry, limit=64):
+    """Unites `carry` with `step(carry)` until it stops changing (masks only grow)."""
+    carry = _unknown(carry)
+    for _ in range(limit):
+        new = _union(carry, step(carry))
+        if all(np.array_equal(x.mask, y.mask) for x, y in zip(new, carry)):
+            return new, True
+        carry = new
+    return carry, False
+
+
+def _while(eqn, ins):
+    p = eqn.params
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    body_consts, carry = ins[nc : nc + nb], ins[nc + nb :]
+
+    def step(c):
+        return _run_closed(p["body_jaxpr"], list(body_consts) + list(c))
+
+    carry, converged = _fixed_point(step, carry)
+    if not converged:
+        return [_full(v.aval) for v in eqn.outvars]
+    return carry
+
+
+def _scan(eqn, ins):
+    p = eqn.params
+    nconsts, ncarry = p["num_consts"], p["num_carry"]
+    consts, carry, xs = ins[:nconsts], ins[nconsts : nconsts + ncarry], ins[nconsts + ncarry :]
+    # One iteration sees any slice of `xs`: the union over the scanned axis.
+    x_slices = [_Abstract(np.any(x.mask, axis=0)) for x in xs]
+    ys_masks = []
+
+    def step(c):
+        outs = _run_closed(p["jaxpr"], list(consts) + list(c) + x_slices)
+        ys_masks.append(outs[ncarry:])
+        return outs[:ncarry]
+
+    carry, converged = _fixed_point(step, carry)
+    if not converged:
+        return [_full(v.aval) for v in eqn.outvars]
+    ys = _run_closed(p["jaxpr"], list(consts) + list(carry) + x_slices)[ncarry:]
+    ys = [_Abstract(np.broadcast_to(y.mask, v.aval.shape))
+          for y, v in zip(ys, eqn.outvars[ncarry:])]
+    return list(carry) + ys
+
+
+def column_colouring(mask: np.ndarray) -> np.ndarray:
+    """A colour per column of a `(rows, cols)` pattern such that no two columns of one
+    colour have an entry in the same row (greedy, columns in order; a banded pattern gets
+    about as many colours as its bandwidth).
+
+    **Returns:** `(cols,)` integer colours `0, 1, ..., k − 1`.
+    """
+    mask = np.asarray(mask, bool)
+    rows_of = [np.flatnonzero(mask[:, j]) for j in range(mask.shape[1])]
+    # the colours already used in each row
+    used: list[set[int]] = [set() for _ in range(mask.shape[0])]
+    colours = np.zeros(mask.shape[1], dtype=np.int64)
+    for j, rows in enumerate(rows_of):
+        taken = set().union(*(used[i] for i in rows)) if rows.size else set()
+        colour = 0
+        while colour in taken:
+            colour += 1
+        colours[j] = colour
+        for i in rows:
+            used[i].add(colour)
+    return colours

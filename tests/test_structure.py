@@ -1,0 +1,328 @@
+"""Structure of the derived terms: sparsity patterns found from the user's jaxprs, compressed
+derivatives, and the structured linear algebra against the dense path."""
+
+import sys
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdae
+from jaxdae._compilation._sparse import (
+    Pattern,
+    SparseMatrix,
+    block_inverse,
+    sparse_add,
+    sparse_matmul,
+)
+from jaxdae._compilation._sparsity import column_colouring, nonzero_masks
+from jaxdae._systems._structure import terms_structure
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
+from scaling_models import CartesianChain, FourBarLadder, NLinkPendulum  # noqa: E402
+
+# -- pattern detection --------------------------------------------------------------------
+
+
+def _jacobian_mask(fn, n):
+    (mask,) = nonzero_masks(jax.jacfwd(fn), jax.ShapeDtypeStruct((n,), jnp.float64))
+    return mask
+
+
+def _numeric_mask(fn, n, points=3):
+    rng = np.random.default_rng(0)
+    mask = np.zeros((), bool)
+    for _ in range(points):
+        mask = mask | (np.asarray(jax.jacfwd(fn)(jnp.asarray(rng.standard_normal(n)))) != 0)
+    return mask
+
+
+def _chain_constraints_awkward(q):
+    # `.at[].set` in a Python loop, a reshape and a transpose
+    out = jnp.zeros(4)
+    p = q.reshape(2, 4).T  # p[i] = (q[i], q[4 + i])
+    for i in range(4):
+        prev = p[i - 1] if i else jnp.zeros(2)
+        out = out.at[i].set(jnp.sum((p[i] - prev) ** 2) - 1.0)
+    return out
+
+
+def _gathered(q):
+    index = np.array([3, 0, 5, 5])
+    return q[index] * jnp.sin(q[index + 1]) + jnp.where(q[2] > 0, q[1], 0.0)
+
+
+def _scanned(q):
+    def step(carry, x):
+        return carry, carry * x
+    _, ys = jax.lax.scan(step, q[0], q[1:])
+    return ys
+
+
+@pytest.mark.parametrize("fn,n", [
+    (_chain_constraints_awkward, 8),
+    (_gathered, 7),
+    (_scanned, 5),
+    (lambda q: jnp.cumsum(q) ** 2, 5),
+    (lambda q: jnp.cos(q) - 1.0, 4),
+    (lambda q: jnp.outer(q, q) @ jnp.arange(4.0), 4),
+])
+def test_patterns_contain_every_nonzero(fn, n):
+    found = _jacobian_mask(fn, n)
+    numeric = _numeric_mask(fn, n)
+    assert found.shape == numeric.shape
+    assert not np.any(numeric & ~found), "an entry that is not zero was left out"
+
+
+def test_patterns_are_exact_on_awkward_models():
+    expected = np.zeros((4, 8), bool)
+    for i in range(4):
+        expected[i, [i, 4 + i]] = True
+        if i:
+            expected[i, [i - 1, 3 + i]] = True
+    np.testing.assert_array_equal(_jacobian_mask(_chain_constraints_awkward, 8), expected)
+    # both branches of the `where` count, whatever the point
+    gathered = _jacobian_mask(_gathered, 7)
+    np.testing.assert_array_equal(gathered[0], np.isin(np.arange(7), [1, 3, 4]))
+    # a scan's iterations are merged: every output may depend on every scanned input
+    assert np.all(_jacobian_mask(_scanned, 5))
+
+
+class _Loops(jaxdae.LagrangianSystem):
+    """Point masses on a line written with Python loops and `.at[].set`: diagonal `M`
+    (masses as a parameter), a Jacobian with two entries per row."""
+
+    masses: jax.Array
+    structured_terms = True
+
+    def kinetic_energy(self, t, q, v):
+        total = 0.0
+        for i in range(q.shape[0]):
+            total = total + 0.5 * self.masses[i] * v[i] ** 2
+        return total
+
+    def potential_energy(self, t, q):
+        return jnp.sum(jnp.cos(q))
+
+    def constraints(self, t, q):
+        phi = jnp.zeros(q.shape[0] - 1, q.dtype)
+        for i in range(q.shape[0] - 1):
+            phi = phi.at[i].set(jnp.sin(q[i + 1]) - q[i] * (1.0 + 0.1 * t))
+        return phi
+
+
+def test_system_structure():
+    n = 6
+    model = _Loops(jnp.linspace(1.0, 2.0, n))
+    q, v = jnp.linspace(0.1, 0.6, n), jnp.linspace(-0.3, 0.3, n)
+    structure = terms_structure(model, 0.0, q, v)
+    assert structure.mass.is_diagonal and structure.mass_is_constant
+    assert structure.jacobian.nnz == 2 * (n - 1)
+    assert max(structure.position_colours) + 1 == 2
+    assert max(structure.velocity_colours) + 1 == 1
+    # the dense pendulum: full mass matrix that depends on q
+    pendulum = StructuredPendulum(10)
+    q, v = pendulum.initial_state()
+    structure = terms_structure(pendulum, 0.0, q, v)
+    assert structure.mass.nnz == 100 and not structure.mass_is_constant
+    # small systems keep the dense derivation unless they ask; large ones are structured
+    q, v = CartesianChain(2).initial_state()
+    assert terms_structure(CartesianChain(2), 0.0, q, v) is None
+    q, v = CartesianChain(20).initial_state()
+    assert terms_structure(CartesianChain(20), 0.0, q, v).jacobian.nnz == 4 * 20 - 2
+
+
+class _GivenMass(jaxdae.LagrangianSystem):
+    """A constant block-diagonal mass matrix given by `mass_matrix` (2 × 2 blocks)."""
+
+    structured_terms = True
+
+    def mass_matrix(self, t, q):
+        block = jnp.array([[2.0, 0.5], [0.5, 1.0]])
+        return jnp.kron(jnp.eye(q.shape[0] // 2), block)
+
+    def potential_energy(self, t, q):
+        return 9.81 * jnp.sum(q[1::2])
+
+    def constraints(self, t, q):
+        p = q.reshape(-1, 2)
+        return jnp.sum(jnp.diff(p, axis=0) ** 2, axis=1) - 1.0
+
+
+def test_given_block_mass():
+    model = _GivenMass()
+    q = jnp.array([0.0, 0.0, 1.0, 0.0, 1.0, -1.0, 2.0, -1.0])
+    v = jnp.linspace(-1.0, 1.0, 8)
+    structure = terms_structure(model, 0.0, q, v)
+    assert structure.mass_is_constant and structure.mass.nnz == 16
+    terms = model.terms(0.0, q, v)
+    inverse = block_inverse(terms.sparse_mass)
+    np.testing.assert_allclose(inverse.dense() @ terms.mass_matrix, np.eye(8), atol=1e-14)
+
+
+# -- sparse matrices ----------------------------------------------------------------------
+
+
+def _random_sparse(rng, shape, density):
+    mask = rng.random(shape) < density
+    values = rng.standard_normal(shape) * mask
+    return SparseMatrix.from_dense(jnp.asarray(values), Pattern.from_mask(mask)), values
+
+
+def test_sparse_operations():
+    rng = np.random.default_rng(1)
+    a, a_dense = _random_sparse(rng, (7, 9), 0.3)
+    b, b_dense = _random_sparse(rng, (9, 5), 0.3)
+    c, c_dense = _random_sparse(rng, (7, 9), 0.3)
+    x = rng.standard_normal(9)
+    np.testing.assert_allclose(a.dense(), a_dense)
+    np.testing.assert_allclose(a.matvec(x), a_dense @ x, atol=1e-14)
+    np.testing.assert_allclose(a.rmatvec(x[:7]), a_dense.T @ x[:7], atol=1e-14)
+    np.testing.assert_allclose(a.T.dense(), a_dense.T)
+    np.testing.assert_allclose(sparse_matmul(a, b).dense(), a_dense @ b_dense, atol=1e-14)
+    np.testing.assert_allclose(sparse_add(a, c).dense(), a_dense + c_dense, atol=1e-14)
+
+
+def test_colouring_is_valid():
+    rng = np.random.default_rng(2)
+    mask = rng.random((30, 40)) < 0.1
+    colours = column_colouring(mask)
+    for colour in np.unique(colours):
+        assert np.all(mask[:, colours == colour].sum(axis=1) <= 1)
+    banded = np.abs(np.arange(20)[:, None] - np.arange(20)[None]) <= 2
+    assert column_colouring(banded).max() + 1 == 5
+
+
+# -- structured against dense ---------------------------------------------------------------
+
+
+class DenseChain(CartesianChain):
+    structured_terms = False
+
+
+class DenseLadder(FourBarLadder):
+    structured_terms = False
+
+
+class StructuredChain(CartesianChain):
+    structured_terms = True
+
+
+class StructuredLadder(FourBarLadder):
+    structured_terms = True
+
+
+class StructuredPendulum(NLinkPendulum):
+    structured_terms = True
+
+
+class DenseGivenMass(_GivenMass):
+    structured_terms = False
+
+
+def _state(model):
+    q, _ = model.initial_state()
+    v = 0.3 * jnp.cos(jnp.arange(q.size, dtype=float))
+    return q, v
+
+
+FORMULATIONS = {
+    "Baumgarte": jaxdae.Baumgarte(kd=20.0, kp=100.0),
+    "PseudoInverse": jaxdae.PseudoInverse(kd=20.0, kp=100.0),
+    "ModifiedLagrange": jaxdae.ModifiedLagrange(alpha=50.0, kd=20.0, kp=100.0),
+    "CoupledPerturbation": jaxdae.CoupledPerturbation(k10=-100.0, k11=-20.0),
+    "Unstabilized": jaxdae.Unstabilized(),
+}
+
+
+def _pairs():
+    chain, ladder = StructuredChain(5), StructuredLadder(3)
+    return {"chain": (chain, DenseChain(5), *_state(chain)),
+            "ladder": (ladder, DenseLadder(3), *_state(ladder))}
+
+
+@eqx.filter_jit
+def _everything(model, q, v, formulations):
+    terms = model.terms(0.1, q, v)
+    fields = [getattr(terms, f) for f in ("mass_matrix", "forces", "phi", "dphi", "jacobian",
+                                         "bias")]
+    return fields, [f.accelerations(terms) for f in formulations], terms.sparse_mass is None
+
+
+@pytest.mark.parametrize("family", ["chain", "ladder"])
+def test_structured_terms_and_accelerations_agree(family):
+    structured, dense, q, v = _pairs()[family]
+    formulations = list(FORMULATIONS.values())
+    if family == "chain":  # one dependent y per link
+        formulations.append(jaxdae.RedundantCoordinates(dependent=tuple(range(1, q.size, 2))))
+    fields_s, results_s, dense_s = _everything(structured, q, v, formulations)
+    fields_d, results_d, dense_d = _everything(dense, q, v, formulations)
+    assert not dense_s and dense_d
+    for a, b in zip(fields_s, fields_d):
+        np.testing.assert_allclose(a, b, atol=1e-12)
+    for formulation, (acc_s, lam_s), (acc_d, lam_d) in zip(formulations, results_s, results_d):
+        name = type(formulation).__name__
+        np.testing.assert_allclose(acc_s, acc_d, rtol=1e-10, atol=1e-10, err_msg=name)
+        np.testing.assert_allclose(lam_s, lam_d, rtol=1e-10, atol=1e-10, err_msg=name)
+
+
+def test_given_mass_agrees():
+    q = jnp.array([0.0, 0.0, 1.0, 0.0, 1.0, -1.0, 2.0, -1.0])
+    v = jnp.linspace(-1.0, 1.0, 8)
+    formulations = [FORMULATIONS["Baumgarte"], FORMULATIONS["ModifiedLagrange"]]
+    _, results_s, _ = _everything(_GivenMass(), q, v, formulations)
+    _, results_d, _ = _everything(DenseGivenMass(), q, v, formulations)
+    for (acc_s, lam_s), (acc_d, lam_d) in zip(results_s, results_d):
+        np.testing.assert_allclose(acc_s, acc_d, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(lam_s, lam_d, rtol=1e-10, atol=1e-10)
+
+
+def test_failure_check_agrees_on_a_singular_chain():
+    # the ladder's first cell turned horizontal: its rails are parallel to its rung, the
+    # three constraint gradients dependent, `J M⁻¹ Jᵀ` singular
+    q = jnp.array([1.0, 0.0, 2.0, 0.0, 1.0, -1.0, 2.0, -1.0, 1.0, -2.0, 2.0, -2.0])
+    v = jnp.zeros(12)
+    formulation = FORMULATIONS["Baumgarte"]
+    structured, dense, q0, v0 = _pairs()["ladder"]
+    np.testing.assert_allclose(structured.constraints(0.0, q), 0.0, atol=1e-15)
+    for model in (structured, dense):
+        assert bool(_fails(model, formulation, q, v))
+        assert not bool(_fails(model, formulation, q0, v0))
+
+
+@eqx.filter_jit
+def _fails(model, formulation, q, v):
+    terms = model.terms(0.0, q, v)
+    return formulation.failure(terms, formulation.failure_reference(terms))
+
+
+@eqx.filter_jit
+def _final(model, formulation, q0, v0):
+    sol = jaxdae.simulate(model, formulation, 0.0, 0.3, q0, v0, rtol=1e-10, atol=1e-12)
+    return sol.q_final, sol.v_final
+
+
+@eqx.filter_jit
+def _gradient(model, formulation, q0, v0):
+    def loss(diff):
+        formulation_, v0_ = diff
+        sol = jaxdae.simulate(model, formulation_, 0.0, 0.3, q0, v0_, rtol=1e-10, atol=1e-12)
+        return jnp.sum(sol.q_final**2)
+
+    return eqx.filter_grad(loss)((formulation, v0))
+
+
+@pytest.mark.parametrize("name", [
+    "Baumgarte", pytest.param("ModifiedLagrange", marks=pytest.mark.slow)])
+def test_simulations_and_gradients_agree(name):
+    structured, dense, q0, v0 = _pairs()["chain"]
+    formulation = FORMULATIONS[name]
+    for a, b in zip(_final(structured, formulation, q0, v0), _final(dense, formulation, q0, v0)):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
+    grad_s = _gradient(structured, formulation, q0, v0)
+    grad_d = _gradient(dense, formulation, q0, v0)
+    for a, b in zip(jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d)):
+        np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-10)
