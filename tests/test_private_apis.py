@@ -77,3 +77,11 @@ def test_wrap_term_is_the_wrapper_diffeqsolve_gives_the_solver():
     wrapped = private.WrapTerm(term, -1)
     assert float(wrapped.vf(2.0, jnp.ones(1), None)[0]) == pytest.approx(-1.0)
     assert float(wrapped.contr(0.0, 0.5)) == pytest.approx(-0.5)
+
+
+def test_use_stepsize_tol_marks_a_root_finder_without_tolerances():
+    finder = diffrax.with_stepsize_controller_tols(diffrax.VeryChord)()
+    assert finder.rtol is finder.atol is finder.norm is private.use_stepsize_tol, (
+        f"diffrax._root_finder.use_stepsize_tol is not the marker of "
+        f"diffrax.with_stepsize_controller_tols in {VERSIONS}")
+    assert diffrax.Kvaerno5().root_finder.rtol is private.use_stepsize_tol

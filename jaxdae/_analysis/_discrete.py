@@ -25,7 +25,7 @@ from .._compilation._linalg import full_precision
 
 
 def _use_stepsize_tol():
-    from diffrax._root_finder import use_stepsize_tol  # the marker diffeqsolve replaces
+    from .._compilation._private_apis import use_stepsize_tol  # the marker diffeqsolve replaces
 
     return use_stepsize_tol
 

@@ -20,6 +20,12 @@ import jax
 # depends on the terms' type), so it needs the same wrapper.
 from diffrax._term import WrapTerm as WrapTerm
 
+# The marker with which a root finder made by the public `diffrax.with_stepsize_controller_tols`
+# (the default of every implicit diffrax solver) says "take `rtol`, `atol` and `norm` from
+# the step size controller"; `diffeqsolve` replaces it. diffrax exports the wrapper, not the
+# marker, and jaxdae needs it to tell whether a root finder has tolerances of its own.
+from diffrax._root_finder import use_stepsize_tol as use_stepsize_tol
+
 # `jnp.any` over the entries of a batched array as one unbatched flag; equinox's own
 # `while_loop`s use it to skip work that no batch entry needs. JAX has no public way for a
 # function to ignore the batch dimension that `jax.vmap` adds.
