@@ -38,3 +38,6 @@ from ._kinematics import rpy_matrix as rpy_matrix
 from ._model import Mechanism as Mechanism
 from ._model import Mobility as Mobility
 from ._model import Reaction as Reaction
+from ._urdf import JointLimit as JointLimit
+from ._urdf import UrdfRobot as UrdfRobot
+from ._urdf import load_urdf as load_urdf

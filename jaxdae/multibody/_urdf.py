@@ -1,0 +1,283 @@
+"""URDF import: serial and tree robots as the bodies and joints of a spatial mechanism."""
+
+import os
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from ._body import GROUND, Ground, RigidBody
+from ._force import AbstractForce
+from ._joint import AbstractJoint, Fixed, Prismatic, Revolute
+from ._model import Mechanism
+
+
+class JointLimit(NamedTuple):
+    """A URDF joint's `<limit>`, kept as data (the mechanism does not enforce it).
+
+    - `lower`, `upper`: the range of the joint coordinate (rad or m); `None` for a
+        continuous joint.
+    - `effort`: the largest torque (force); `velocity`: the largest rate. `None` where the
+        file gives none.
+    """
+
+    lower: float | None
+    upper: float | None
+    effort: float | None
+    velocity: float | None
+
+
+class UrdfRobot(NamedTuple):
+    """A robot read from a URDF file: the parts of a spatial
+    [`jaxdae.multibody.Mechanism`][], ready to be completed in Python.
+
+    - `name`: the robot's name.
+    - `bodies`: a [`jaxdae.multibody.Ground`][] and one [`jaxdae.multibody.RigidBody`][] per
+        link with mass (body frame: the link's inertial frame; marker `frame`: the link
+        frame; marker `<joint>` on a parent: the joint frame; massless links on fixed joints
+        become markers `<link>` of the body they are welded to).
+    - `joints`: one joint per moving URDF joint (named as in the file) and a `Fixed` weld
+        for a fixed joint between two bodies with mass.
+    - `limits`: the joints' [`jaxdae.multibody.JointLimit`][]s by joint name.
+    - `root`: the root link (the ground where the base is fixed).
+    - `joint_names`: the moving joints in the file's order (the robot's joint vector).
+    """
+
+    name: str
+    bodies: tuple
+    joints: tuple[AbstractJoint, ...]
+    limits: dict[str, JointLimit]
+    root: str
+    joint_names: tuple[str, ...]
+
+    def mechanism(self, joints: Sequence[AbstractJoint] = (), forces: Sequence[AbstractForce] = (),
+                  *, ground_markers: dict | None = None, controller=None) -> Mechanism:
+        """The [`jaxdae.multibody.Mechanism`][] of the robot, with extra joints (to close
+        loops) and force elements (gravity, joint motors).
+
+        **Arguments:**
+
+        - `joints`: joints added to the robot's, e.g. a `Spherical` that closes a loop.
+        - `forces`: force elements, e.g. `[mb.Gravity()]` and
+            [`jaxdae.multibody.JointSpringDamper`][]s as motors.
+        - `ground_markers`: more markers on the ground (global coordinates).
+        - `controller`: as for [`jaxdae.multibody.Mechanism`][].
+        """
+        bodies = list(self.bodies)
+        if ground_markers:
+            ground = bodies[0]
+            bodies[0] = Ground({**ground.markers, **ground_markers},
+                               orientations=dict(ground.orientations))
+        return Mechanism(bodies, tuple(self.joints) + tuple(joints), forces,
+                         controller=controller)
+
+
+def _where(path, lines, kind, name):
+    line = lines.get((kind, name))
+    return f"{path}, line {line}" if line is not None else str(path)
+
+
+def _source_lines(path):
+    """Parse with lxml (yourdfpy's XML parser) for the line of each link and joint; a file
+    that is not well-formed XML is refused with its line."""
+    from lxml import etree
+
+    try:
+        tree = etree.parse(os.fspath(path))
+    except OSError as error:
+        raise ValueError(f"Cannot read the URDF file {path}: {error}.") from error
+    except etree.XMLSyntaxError as error:
+        line = error.lineno if error.lineno is not None else "?"
+        raise ValueError(f"{path}, line {line}: not a well-formed URDF (XML) file: "
+                         f"{error.msg}.") from error
+    root = tree.getroot()
+    if root.tag != "robot":
+        raise ValueError(f"{path}, line {root.sourceline}: the root element is <{root.tag}>; a "
+                         "URDF file has one <robot> element.")
+    lines = {}
+    for element in root:
+        if element.tag in ("link", "joint"):
+            name = element.get("name")
+            if name is None:
+                raise ValueError(f"{path}, line {element.sourceline}: a <{element.tag}> without "
+                                 "a `name` attribute.")
+            lines[(element.tag, name)] = element.sourceline
+    return lines
+
+
+def _transform(matrix):
+    matrix = np.eye(4) if matrix is None else np.asarray(matrix, dtype=float)
+    return matrix[:3, :3], matrix[:3, 3]
+
+
+def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
+    """Read a serial or tree robot from a URDF file.
+
+    The file is parsed by `yourdfpy` (install it with `pip install 'jaxdae[urdf]'`); links'
+    `<inertial>` give the bodies (mass, inertia tensor about the centre of mass in the
+    inertial frame), `revolute` and `continuous` joints become
+    [`jaxdae.multibody.Revolute`][] joints about their `<axis>`, `prismatic` joints
+    [`jaxdae.multibody.Prismatic`][] joints along it, `fixed` joints welds (a massless link
+    on a fixed joint becomes a marker of the body it is welded to, as tool frames usually
+    are); `<limit>`s are kept as data in `limits`. Every body starts at its pose for zero
+    joint coordinates. Visual and collision geometry is not read.
+
+    Close kinematic loops by adding joints in Python:
+    `robot.mechanism(joints=[mb.Spherical("link3.tip", "ground.anchor")], forces=[mb.Gravity()])`.
+
+    **Arguments:**
+
+    - `path`: the URDF file.
+    - `fixed_base`: the root link is the ground (default); otherwise it is a free body
+        (it needs an `<inertial>`).
+
+    **Returns:**
+
+    A [`jaxdae.multibody.UrdfRobot`][].
+
+    **Raises:**
+
+    `ValueError` naming the file and line for: a file that is not well-formed XML or has no
+    `<robot>` element; a joint whose parent or child link is not in the file; a link with
+    two parents or a loop of URDF joints; a `floating` or `planar` joint; a link without
+    mass (or with a non-positive-definite inertia) that a moving joint would move; a link or
+    joint name that jaxdae cannot use (containing `.`, or `ground`). `ImportError` when
+    `yourdfpy` is not installed.
+    """
+    try:
+        import yourdfpy
+    except ImportError as error:
+        raise ImportError("URDF import needs yourdfpy: pip install 'jaxdae[urdf]' (or "
+                          "pip install yourdfpy).") from error
+    lines = _source_lines(path)
+    urdf = yourdfpy.URDF.load(os.fspath(path), build_scene_graph=False, load_meshes=False,
+                              build_collision_scene_graph=False, load_collision_meshes=False)
+    robot = urdf.robot
+    links = {link.name: link for link in robot.links}
+    for kind, items in (("link", robot.links), ("joint", robot.joints)):
+        for item in items:
+            if "." in item.name or item.name == GROUND:
+                raise ValueError(
+                    f"{_where(path, lines, kind, item.name)}: {kind} name {item.name!r} cannot "
+                    f"name a jaxdae body or joint (no '.', not {GROUND!r}); rename it.")
+    parent_joint = {}
+    for joint in robot.joints:
+        where = _where(path, lines, "joint", joint.name)
+        for role in ("parent", "child"):
+            if getattr(joint, role) not in links:
+                raise ValueError(f"{where}: joint {joint.name!r} names {role} link "
+                                 f"{getattr(joint, role)!r}, which is not in the file.")
+        if joint.child in parent_joint:
+            raise ValueError(f"{where}: link {joint.child!r} is the child of two joints "
+                             f"({parent_joint[joint.child].name!r} and {joint.name!r}); URDF "
+                             "describes trees: close loops with joints added in Python.")
+        if joint.type not in ("revolute", "continuous", "prismatic", "fixed"):
+            raise ValueError(f"{where}: joint {joint.name!r} is of type {joint.type!r}; jaxdae "
+                             "imports revolute, continuous, prismatic and fixed joints.")
+        parent_joint[joint.child] = joint
+    roots = [name for name in links if name not in parent_joint]
+    if len(roots) != 1:
+        raise ValueError(f"{path}: the links form {'no tree (a loop)' if not roots else 'several trees'}"
+                         f" (roots: {roots}); a URDF robot has one root link.")
+    root = roots[0]
+    children: dict[str, list] = {}
+    for joint in robot.joints:
+        children.setdefault(joint.parent, []).append(joint)
+
+    # World pose of every link frame at zero joint coordinates, root first.
+    world = {root: (np.eye(3), np.zeros(3))}
+    order = [root]
+    for name in order:
+        for joint in children.get(name, []):
+            rot, pos = world[name]
+            r, p = _transform(joint.origin)
+            world[joint.child] = (rot @ r, pos + rot @ p)
+            order.append(joint.child)
+
+    def massive(name):
+        inertial = links[name].inertial
+        return inertial is not None and inertial.mass is not None and inertial.mass > 0
+
+    # Which body carries each link: itself, the ground (the fixed root) or the body a
+    # massless link is welded to.
+    carrier = {}
+    for name in order:
+        if name == root:
+            carrier[name] = GROUND if fixed_base else name
+            if not fixed_base and not massive(name):
+                raise ValueError(f"{_where(path, lines, 'link', name)}: the root link {name!r} "
+                                 "has no mass; a free (fixed_base=False) base needs an "
+                                 "<inertial>.")
+            continue
+        joint = parent_joint[name]
+        if massive(name):
+            carrier[name] = name
+        elif joint.type == "fixed":
+            carrier[name] = carrier[joint.parent]
+        else:
+            raise ValueError(
+                f"{_where(path, lines, 'link', name)}: link {name!r} has no mass (no "
+                f"<inertial> with a positive <mass>) but the {joint.type} joint "
+                f"{joint.name!r} moves it; give it an <inertial> or make the joint fixed.")
+
+    # Body frames: the inertial frame of each massive link (world pose), the ground's the
+    # global frame.
+    frames = {GROUND: (np.eye(3), np.zeros(3))}
+    for name in order:
+        if carrier[name] == name:
+            r, p = _transform(links[name].inertial.origin)
+            rot, pos = world[name]
+            frames[name] = (rot @ r, pos + rot @ p)
+    markers: dict[str, dict] = {body: {} for body in frames}
+    orientations: dict[str, dict] = {body: {} for body in frames}
+
+    def add_marker(body, key, rot, pos):
+        """A marker at the world pose (rot, pos) on `body`, in its body frame."""
+        body_rot, body_pos = frames[body]
+        markers[body][key] = body_rot.T @ (pos - body_pos)
+        orientations[body][key] = body_rot.T @ rot
+
+    for name in order:
+        add_marker(carrier[name], "frame" if carrier[name] == name else name, *world[name])
+    joints = []
+    for joint in robot.joints:
+        if joint.type == "fixed" and not massive(joint.child):
+            continue  # a marker of its carrier
+        rot, pos = world[joint.child]  # the joint frame at zero coordinates
+        add_marker(carrier[joint.parent], joint.name, rot, pos)
+        a = f"{carrier[joint.parent]}.{joint.name}"
+        b = f"{joint.child}.frame"
+        axis = None if joint.axis is None else np.asarray(joint.axis, dtype=float)
+        if joint.type in ("revolute", "continuous"):
+            joints.append(Revolute(a, b, axis=(0.0, 0.0, 1.0) if axis is None else axis,
+                                   name=joint.name))
+        elif joint.type == "prismatic":
+            joints.append(Prismatic(a, b, axis=(1.0, 0.0, 0.0) if axis is None else axis,
+                                    name=joint.name))
+        else:
+            joints.append(Fixed(a, b, name=joint.name))
+    bodies = [Ground(markers[GROUND], orientations=orientations[GROUND])]
+    for name in order:
+        if carrier[name] != name:
+            continue
+        inertial = links[name].inertial
+        rot, pos = frames[name]
+        try:
+            bodies.append(RigidBody(name, inertial.mass, np.asarray(inertial.inertia, float),
+                                    markers[name], orientations=orientations[name],
+                                    position=pos, orientation=rot))
+        except ValueError as error:
+            raise ValueError(f"{_where(path, lines, 'link', name)}: {error}") from error
+    limits = {}
+    for joint in robot.joints:
+        if joint.type == "fixed":
+            continue
+        limit = joint.limit
+        value = (lambda x: None if x is None else float(x))
+        limits[joint.name] = JointLimit(
+            None if joint.type == "continuous" or limit is None else value(limit.lower),
+            None if joint.type == "continuous" or limit is None else value(limit.upper),
+            None if limit is None else value(limit.effort),
+            None if limit is None else value(limit.velocity))
+    moving = tuple(j.name for j in robot.joints if j.type != "fixed")
+    return UrdfRobot(robot.name, tuple(bodies), tuple(joints), limits, root, moving)

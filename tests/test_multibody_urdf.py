@@ -1,0 +1,126 @@
+"""URDF import: a small spatial arm from tests/data (links' inertials, continuous, revolute,
+prismatic and fixed joints, limits), its forward kinematics against the chain of transforms,
+a loop closed in Python, and the errors of files that do not parse or describe no tree."""
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdae
+import jaxdae.multibody as mb
+
+pytest.importorskip("yourdfpy", reason="URDF import needs yourdfpy: pip install 'jaxdae[urdf]'")
+
+ARM = Path(__file__).parent / "data" / "three_link_arm.urdf"
+
+
+@pytest.fixture(scope="module")
+def robot():
+    return mb.load_urdf(ARM)
+
+
+def tool_position(yaw, shoulder, elbow, wrist):
+    """The tool frame's origin by the chain of URDF transforms."""
+    rz, ry = (lambda a: mb.rotation_matrix((0, 0, 1), a)), (lambda a: mb.rotation_matrix((0, 1, 0), a))
+    forearm = jnp.array([0.4 + wrist + 0.05, 0.0, 0.0])
+    return jnp.array([0, 0, 0.1]) + rz(yaw) @ (jnp.array([0, 0, 0.1]) + ry(shoulder) @ (
+        jnp.array([0, 0, 0.5]) + ry(elbow) @ forearm))
+
+
+def test_structure_limits_and_mobility(robot):
+    assert robot.name == "three_link_arm" and robot.root == "base_link"
+    assert robot.joint_names == ("yaw", "shoulder", "elbow", "wrist")
+    assert [b.name for b in robot.bodies] == ["ground", "turret", "upper_arm", "forearm", "slider"]
+    assert robot.limits["shoulder"] == mb.JointLimit(-1.5, 1.5, 40.0, 2.0)
+    assert robot.limits["wrist"] == mb.JointLimit(0.0, 0.1, 10.0, 0.5)
+    assert robot.limits["yaw"] == mb.JointLimit(None, None, None, None)  # continuous
+    forearm = robot.bodies[3]
+    assert float(forearm.mass) == 1.0
+    np.testing.assert_allclose(forearm.inertia, np.diag([0.0136, 0.0136, 0.0008]))
+    # The massless tool link on a fixed joint is a marker of the slider.
+    np.testing.assert_allclose(robot.bodies[4].markers["tool"], [0.05, 0.0, 0.0])
+    model = robot.mechanism(forces=[mb.Gravity()])
+    q = model.reference_coordinates()
+    assert float(jnp.max(jnp.abs(model.constraints(0.0, q)))) < 1e-15
+    assert model.mobility(q) == mb.Mobility(28, 24, 4, 24, 4, 0)
+    # The forearm's inertial frame is pitched by π/2: its centre is 0.2 m along the link.
+    np.testing.assert_allclose(model.marker_position(q, "forearm"), [0.2, 0.0, 0.7], atol=1e-15)
+    np.testing.assert_allclose(model.marker_position(q, "slider.tool"), tool_position(0, 0, 0, 0),
+                               atol=1e-15)
+
+
+def test_forward_kinematics_of_the_joint_coordinates(robot):
+    model = robot.mechanism()
+    angles = {"yaw": 0.3, "shoulder": 0.4, "elbow": -0.8, "wrist": 0.05}
+    q0, v0 = model.initial_state(joint_coordinates=angles)
+    coordinates = model.joint_coordinates(q0)
+    for name, value in angles.items():
+        assert float(coordinates[name]) == pytest.approx(value, abs=1e-10)
+    np.testing.assert_allclose(model.marker_position(q0, "slider.tool"),
+                               tool_position(*angles.values()), atol=1e-10)
+
+
+def test_loop_closed_in_python(robot):
+    """A ball joint from the tool to a ground point takes three degrees of freedom: 4 − 3."""
+    angles = {"yaw": 0.0, "shoulder": 0.4, "elbow": -0.8, "wrist": 0.05}
+    target = np.asarray(tool_position(*angles.values()))
+    model = robot.mechanism(joints=[mb.Spherical("slider.tool", "ground.anchor", name="loop")],
+                            forces=[mb.Gravity()], ground_markers={"anchor": target})
+    q0, v0 = robot.mechanism().initial_state(joint_coordinates=angles)
+    assert float(jnp.max(jnp.abs(model.constraints(0.0, q0)))) < 1e-10
+    assert model.mobility(q0) == mb.Mobility(28, 27, 1, 27, 1, 0)
+
+
+@pytest.mark.slow
+def test_urdf_arm_conserves_energy(robot):
+    model = robot.mechanism(forces=[mb.Gravity()])
+    q0, v0 = model.initial_state(joint_coordinates={"yaw": (0.0, 1.0), "shoulder": (0.4, 0.0),
+                                                   "elbow": -0.8, "wrist": 0.05})
+    sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 0.5, q0, v0,
+                          ts=jnp.linspace(0.0, 0.5, 6), rtol=1e-10, atol=1e-10)
+    energy = jax.vmap(model.energy)(sol.ts, sol.q, sol.v)
+    assert float(jnp.max(jnp.abs(energy - energy[0]))) < 1e-7
+    assert float(jnp.max(jnp.abs(sol.phi))) < 1e-8
+
+
+def write(tmp_path, text):
+    path = tmp_path / "bad.urdf"
+    path.write_text(text)
+    return path
+
+
+LINK = '<link name="{}"><inertial><mass value="1"/><inertia ixx="1" iyy="1" izz="1" ixy="0" ixz="0" iyz="0"/></inertial></link>'
+
+
+def test_bad_urdf_files_name_file_and_line(tmp_path):
+    path = write(tmp_path, '<robot name="r">\n<link name="a">\n</robot>\n')
+    with pytest.raises(ValueError, match=r"bad.urdf, line \d: not a well-formed URDF"):
+        mb.load_urdf(path)
+    path = write(tmp_path, '<robot name="r">\n<link name="a"/>\n'
+                 '<joint name="j" type="revolute">\n<parent link="a"/><child link="b"/>\n'
+                 '</joint>\n</robot>\n')
+    with pytest.raises(ValueError, match=r"bad.urdf, line 3: joint 'j' names child link 'b'"):
+        mb.load_urdf(path)
+    path = write(tmp_path, '<robot name="r">\n<link name="a"/>\n<link name="b"/>\n'
+                 '<joint name="j" type="revolute">\n<parent link="a"/><child link="b"/>\n'
+                 '</joint>\n</robot>\n')
+    with pytest.raises(ValueError, match=r"bad.urdf, line 3: link 'b' has no mass"):
+        mb.load_urdf(path)
+    path = write(tmp_path, '<robot name="r">\n<link name="a"/>\n' + LINK.format("b") + '\n'
+                 '<joint name="j" type="floating">\n<parent link="a"/><child link="b"/>\n'
+                 '</joint>\n</robot>\n')
+    with pytest.raises(ValueError, match=r"line 4: joint 'j' is of type 'floating'"):
+        mb.load_urdf(path)
+    bad_inertia = LINK.format("b").replace('ixx="1"', 'ixx="5"')
+    path = write(tmp_path, '<robot name="r">\n<link name="a"/>\n' + bad_inertia + '\n'
+                 '<joint name="j" type="revolute">\n<parent link="a"/><child link="b"/>\n'
+                 '</joint>\n</robot>\n')
+    with pytest.raises(ValueError, match=r"line 3: .*triangle inequality"):
+        mb.load_urdf(path)
+    with pytest.raises(ValueError, match="the root element is <robt>"):
+        mb.load_urdf(write(tmp_path, '<robt name="r"/>\n'))
+    with pytest.raises(ValueError, match="Cannot read the URDF file"):
+        mb.load_urdf(tmp_path / "missing.urdf")
