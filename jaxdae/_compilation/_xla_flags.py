@@ -5,8 +5,9 @@ an opt-out, an environment variable read at the import.
 
 **float64.** `jax_enable_x64` is turned on: JAX's float32 default cannot meet the
 tolerances that constrained dynamics needs (`rtol=1e-8` is below float32's resolution; on
-paper 004's two-link arm a float32 solve at that tolerance takes about 70× as long as the
-float64 one and ends 1e-7 away from it). Arrays created as float32 stay float32, and a
+paper 004's two-link arm a float32 solve at that tolerance takes 23× the steps and 45× the
+time of the float64 one and ends 2.7e-7 away from it;
+`experiments/diagnostics/bench_import_settings.py`). Arrays created as float32 stay float32, and a
 float32 `q0` runs the whole simulation in float32. Left alone when `JAXDAE_ENABLE_X64=0`,
 or when JAX's own `JAX_ENABLE_X64` is set (the user chose).
 
