@@ -26,8 +26,8 @@ _ORDER = (
     "test_nonholonomic.py", "test_ball_and_beam.py", "test_tune.py",
     "test_redundant_coordinates.py", "test_hamiltonian.py", "test_scalarize.py",
     "test_realizing_forces.py", "test_batch.py", "test_adjoint.py", "test_references.py",
-    "test_solvers.py", "test_scaling_models.py", "test_docs.py",
-    "test_lqr.py", "test_errors.py", "test_linalg.py",
+    "test_solvers.py", "test_xla_flags.py", "test_scaling_models.py", "test_docs.py",
+    "test_lqr.py", "test_errors.py", "test_linalg.py", "test_private_apis.py",
 )
 
 
