@@ -10,8 +10,8 @@ import optimistix as optx
 import pytest
 
 import jaxdae
-from jaxdae._integration._implicit import configure_for_controller
 from jaxdae._integration._generalized_alpha import chung_hulbert
+from jaxdae._integration._implicit import configure_for_controller
 
 PENDULUM = jaxdae.examples.CartesianPendulum()
 BAUMGARTE = jaxdae.Baumgarte(10.0, 25.0)
@@ -187,7 +187,7 @@ def test_generalized_alpha_refuses_what_it_cannot_integrate():
         q0 = jnp.array([1.0, 0.0, 1.0, 1.0])
         jaxdae.simulate(arm, BAUMGARTE, 0.0, 0.1, q0, jnp.zeros(4),
                         solver=jaxdae.GeneralizedAlpha())
-    with pytest.raises(ValueError, match="jaxdae.simulate"):
+    with pytest.raises(ValueError, match="args = "):
         diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, a: y), jaxdae.GeneralizedAlpha(),
                             0.0, 1.0, 0.1, (Q0, V0),
                             stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-6))
