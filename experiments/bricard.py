@@ -96,24 +96,25 @@ def exudyn_p3(t1, steps):
             body = mbs.CreateRigidBody(inertia=inertia, referencePosition=list(POINTS[i]),
                                        referenceRotationMatrix=rotations[i],
                                        gravity=[0, -GRAVITY, 0])
-            mbs.CreateRevoluteJoint(bodyNumbers=[bodies[-1], body], position=list(POINTS[i]),
+            mbs.CreateRevoluteJoint(itemNumbers=[bodies[-1], body], position=list(POINTS[i]),
                                     axis=list(AXES[i]))
         else:  # the loop closure: a joint free about x, as Exudyn's own model closes it
-            mbs.CreateGenericJoint(bodyNumbers=[bodies[-1], body], position=list(POINTS[i]),
+            mbs.CreateGenericJoint(itemNumbers=[bodies[-1], body], position=list(POINTS[i]),
                                    constrainedAxes=[1, 1, 1, 0, 1, 1])
         bodies.append(body)
     sensor = mbs.AddSensor(SensorBody(bodyNumber=bodies[3], localPosition=[LENGTH, 0, 0],
-                                      storeInternal=True, outputVariableType=exu.OutputVariableType.Position))
+                                      storeInternal=True,
+                                      outputVariableType=exu.OutputVariableType.Position))
     mbs.Assemble()
     settings = exu.SimulationSettings()
     settings.timeIntegration.numberOfSteps = steps
     settings.timeIntegration.endTime = t1
     settings.timeIntegration.verboseMode = 0
-    settings.solutionSettings.writeSolutionToFile = False
-    settings.solutionSettings.sensorsWritePeriod = t1 / steps
+    settings.solution.file.write = False
+    settings.solution.sensors.writePeriod = t1 / steps
     settings.timeIntegration.newton.relativeTolerance = 1e-10
-    settings.linearSolverType = exu.LinearSolverType.EigenDense
-    settings.linearSolverSettings.ignoreSingularJacobian = True
+    settings.linearSolver.solverType = exu.LinearSolverType.EigenDense
+    settings.linearSolver.ignoreSingularJacobian = True
     start = time.perf_counter()
     mbs.SolveDynamic(settings)
     elapsed = time.perf_counter() - start
