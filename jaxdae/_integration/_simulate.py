@@ -26,7 +26,7 @@ from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._analysis._discrete import fixed_step_radius
 from .._formulations import AbstractFormulation, Baumgarte, ModifiedLagrange, PseudoInverse
 from .._formulations._base import baumgarte_target
-from .._compilation._linalg import full_precision, is_positive_definite
+from .._compilation._linalg import full_precision, is_positive_definite, psd_pseudo_solve
 from .._gains import deferred_checks, is_concrete
 from .._systems._nonholonomic import is_not_affine
 from .._compilation._scalarize import scalarize, with_scalar_vjp
@@ -336,39 +336,21 @@ def name_non_finite_term(sol, system, formulation, t0):
 
 
 # The formulations whose accelerations aim at Baumgarte's target `G q̈ = s` (paper 004,
-# eq. [20]), which `_end_checks` tests for consistency.
+# eq. [20]), which `checked_result` tests for consistency.
 _TARGETED = (Baumgarte, PseudoInverse, ModifiedLagrange)
 
 
-@eqx.filter_jit
-def _end_checks(system, formulation, t, q, s, floor):
-    """At the end of a solve: the constraint residual `max(|Φ|, |Ψ|)`, and for the
-    formulations in `_TARGETED` on a `LagrangianSystem` the part of their target `s` that
-    no acceleration can meet, `max |s − G G⁺ s|` (`G⁺` with singular values below
-    `√ε σ_max` dropped), and the target's size `max |s|` (else zeros). For consistent
-    constraints `s` lies in the range of `G` (independent rows: always; redundant ones:
-    their targets agree), so the first is zero up to rounding. Computed only where the
-    residual exceeds `floor` (zeros else): the common, met case skips the SVD."""
-    velocities = formulation.velocities(system, t, q, s)
-    terms = _terms(system, t, q, velocities)
-    residual = jnp.max(jnp.abs(jnp.concatenate([terms.phi, terms.psi])), initial=0.0)
-    zero = jnp.zeros((), residual.dtype)
-    if not (isinstance(formulation, _TARGETED) and isinstance(system, LagrangianSystem)
-            and terms.jacobian.shape[0]):
-        return residual, zero, zero
-    def gap():
-        target = baumgarte_target(terms, formulation.kd, formulation.kp, formulation.kv)
-        g = terms.jacobian
-        eps = jnp.finfo(g.dtype).eps
-        reachable = g @ (jnp.linalg.pinv(g, rtol=jnp.sqrt(eps)) @ target)
-        return jnp.max(jnp.abs(target - reachable)), jnp.max(jnp.abs(target))
-
-    return residual, *jax.lax.cond(residual > floor, gap, lambda: (zero, zero))
+def _targets(system, formulation, terms) -> bool:
+    """Whether `checked_result` tests the range of the target `s` (a formulation in
+    `_TARGETED` on a `LagrangianSystem` with constraints)."""
+    return (isinstance(formulation, _TARGETED) and isinstance(system, LagrangianSystem)
+            and terms.jacobian.shape[0] > 0)
 
 
-def checked_result(system, formulation, t0, initial_residual, t, q, s, result: RESULTS
-                   ) -> RESULTS:
-    """`result` after the checks at the end of a solve (docs/failures.md):
+def checked_result(initial_residual, residual, range_inputs, result: RESULTS) -> RESULTS:
+    """`result` after the checks at the end of a solve (docs/failures.md), from the
+    constraint residual `max(|Φ|, |Ψ|)` at the start (`initial_residual`) and at the end
+    (`residual`, `inf` where the final state is not finite):
 
     - a solve that reached `t1` `diverged` if its constraint residual at the end exceeds
         `10⁶ max(r₀, 1)` (`r₀` the residual at `t0`) or is not finite;
@@ -377,17 +359,38 @@ def checked_result(system, formulation, t0, initial_residual, t, q, s, result: R
         (`max |s − G G⁺ s| > 0.1 max |s|`: no acceleration meets it, the constraints
         contradict each other) while the residual is above `10⁻⁶ max(r₀, 1)`.
 
+    `range_inputs`: `(G, s)` at the final state for the formulations in `_TARGETED` on a
+    `LagrangianSystem` (`_diagnostics` returns them with the final row), else None. For
+    consistent constraints `s` lies in the range of `G` (independent rows: always;
+    redundant ones: their targets agree), so the part outside it is zero up to rounding.
+    `G⁺` drops singular values below `√ε σ_max`; the pseudo-inverse is computed in a
+    `lax.cond` only where the residual exceeds its floor: the common, met case skips it.
+
     All on values that carry no gradient. (Which term of a stalled solve was non-finite is
     found after the solve, eagerly: `name_non_finite_term`.)"""
-    system, formulation, t0, initial_residual, t, q, s = jax.tree.map(
-        lambda x: jax.lax.stop_gradient(x) if eqx.is_array(x) else x,
-        (system, formulation, t0, initial_residual, t, q, s))
+    initial_residual, residual, range_inputs = jax.lax.stop_gradient(
+        (initial_residual, residual, range_inputs))
     scale = jnp.maximum(initial_residual, 1.0)
-    residual, gap, target = _end_checks(system, formulation, t, q, s, 1e-6 * scale)
+    floor = 1e-6 * scale
     ok = result == RESULTS.successful
     diverged = ok & ((residual > 1e6 * scale) | ~jnp.isfinite(residual))
-    not_met = ok & ~diverged & (gap > 0.1 * target) & (residual > 1e-6 * scale)
     result = RESULTS.where(diverged, RESULTS.diverged, result)
+    if range_inputs is None:
+        return result
+    g, target = range_inputs
+    zero = jnp.zeros((), residual.dtype)
+
+    def gap():
+        # G G⁺ s = A A⁺ s with A = G Gᵀ, whose eigenvalues are G's squared singular
+        # values: `psd_pseudo_solve` drops those below `ε λ_max`, in closed form for up to
+        # two constraints (an SVD, a LAPACK call, cost a tenth of a two-link trajectory
+        # even in the branch not taken).
+        gram = g @ g.T
+        reachable = gram @ psd_pseudo_solve(gram, target, jnp.finfo(g.dtype).eps)
+        return jnp.max(jnp.abs(target - reachable)), jnp.max(jnp.abs(target))
+
+    gap, size = jax.lax.cond(residual > floor, gap, lambda: (zero, zero))
+    not_met = ok & ~diverged & (gap > 0.1 * size) & (residual > floor)
     return RESULTS.where(not_met, RESULTS.constraints_not_met, result)
 
 
@@ -415,14 +418,19 @@ def event_result(out: diffrax.Solution, failures: list) -> RESULTS:
 @eqx.filter_jit
 def _diagnostics(system, formulation, t, q, s):
     """Constraint residuals, multipliers, energy, velocities and momenta at one saved state,
-    and the mass matrix and forces there."""
+    the mass matrix and forces there, and the inputs of `checked_result`'s range test
+    (`(G, s)`, or None: `_targets`)."""
     s = _velocities(system, formulation, t, q, s)
     terms = _terms(system, t, q, s)
     _, multipliers = formulation.accelerations(terms)
+    range_inputs = None
+    if _targets(system, formulation, terms):
+        range_inputs = terms.jacobian, baumgarte_target(terms, formulation.kd, formulation.kp,
+                                                        formulation.kv)
     return (terms.phi, terms.dphi, terms.psi, multipliers,
             system.energy(t, q, s) if terms.energy is None else terms.energy,
             system.velocities(t, q, s), _momenta(system, t, q, s, terms), terms.mass_matrix,
-            terms.forces)
+            terms.forces, range_inputs)
 
 
 # Under a `ReverseSweepAdjoint` solve (which has no forward mode anyway) the diagnostics are
@@ -435,13 +443,6 @@ def _momenta(system, t, q, s, terms):
     """The system's momenta at the state `(q, s)`: from its `terms` there where they hold
     them."""
     return system.momenta(t, q, s) if terms.momenta is None else terms.momenta
-
-
-def _final_momenta(system, t, q, s):
-    return _momenta(system, t, q, s, _terms(system, t, q, s))  # (`_terms`' trace cached)
-
-
-_swept_final_momenta = with_scalar_vjp(_final_momenta)
 
 
 def check_initial_state(system: AbstractSystem, formulation, t0, q0, v0
@@ -1257,44 +1258,56 @@ def _solution(system, formulation, t0, ts, q0, v0, ys, ts_saved, reached, result
               stats, swept: bool) -> tuple[Solution, tuple[Array, Array]]:
     """One trajectory's [`jaxdae.Solution`][] from the states diffrax saved, and the mass
     matrix and forces at the initial state (for `_check_traced`). `swept`: the solve's
-    adjoint is a `ReverseSweepAdjoint`."""
-    diagnostics_at, final_momenta = ((_swept_diagnostics, _swept_final_momenta) if swept
-                                     else (_diagnostics, _final_momenta))
+    adjoint is a `ReverseSweepAdjoint`.
+
+    The diagnostics are evaluated once per row: the initial state, the saved states and
+    the final state (without `ts` the second row is the final state), and the final row
+    also gives `v_final`, `p_final` and the inputs of `checked_result`, so that the
+    compiled program holds the equations of motion once for all of them."""
+    diagnostics_at = _swept_diagnostics if swept else _diagnostics
     if ts is None:
         ts_out, (q, v) = ts_saved, ys
-        ts_final, q_final, v_final = ts_out[1:], q[1:], v[1:]
+        t_final, q_final, v_final = ts_out[1], q[1], v[1]
         # As for `SubSaveAt(ts=...)`: a save time the solve did not reach is inf.
         ts_out = ts_out.at[1].set(jnp.where(reached, ts_out[1], jnp.inf))
         q = q.at[1].set(jnp.where(reached, q[1], jnp.inf))
-        v = v.at[1].set(jnp.where(reached, v[1], jnp.inf))
     else:
         (ts_out, ts_final), ((q, v), (q_final, v_final)) = ts_saved, ys
         ts_out = saved_times(ts, ts_out)
+        t_final, q_final, v_final = ts_final[0], q_final[0], v_final[0]
 
-    # Rows after a failure are inf: evaluate at a safe state, then mask (no nan gradients).
+    # Rows after a failure are inf, and a final state may be: evaluate at a safe state (the
+    # initial one), then mask (no nan gradients).
     valid = jnp.isfinite(ts_out)
-    rows = (jnp.where(valid, ts_out, t0), jnp.where(valid[:, None], q, q0),
-            jnp.where(valid[:, None], v, v0))
+    final_finite = _all_finite(t_final, q_final, v_final)
+    final = tuple(jnp.where(final_finite, x, x0) for x, x0 in zip((t_final, q_final, v_final),
+                                                                  (t0, q0, v0)))
     if ts is None:
         # Two rows, one call each: the second reuses the first's trace, where `vmap` would
         # batch the equations' scalar graph, equation by equation, at trace time (a third
         # less trace time for the two-link diagnostics, `bench_compile.py --stages`).
-        per_row = [diagnostics_at(system, formulation, *(x[i] for x in rows)) for i in (0, 1)]
-        *diagnostics, mass, forces = jax.tree.map(lambda *x: jnp.stack(x), *per_row)
-    else:  # the initial state first (without `ts`, row 0 is the initial state)
-        rows = tuple(jnp.concatenate([x[None], row]) for x, row in zip((t0, q0, v0), rows))
-        *diagnostics, mass, forces = jax.vmap(diagnostics_at, in_axes=(None, None, 0, 0, 0))(
-            system, formulation, *rows)
-    # Row 0 is the initial state, with or without `ts`.
-    initial_residual = jnp.max(jnp.abs(jnp.concatenate([diagnostics[0][0], diagnostics[2][0]])),
-                               initial=0.0)
-    phi, dphi, psi, multipliers, energy, v, p = (
-        diagnostics if ts is None else (x[1:] for x in diagnostics))
-    mask = lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.inf)  # noqa: E731
-    t_final, q_final = ts_final[0], q_final[0]
-    result = checked_result(system, formulation, t0, initial_residual, t_final, q_final,
-                            v_final[0], result)
-    s_final = _velocities(system, formulation, t_final, q_final, v_final[0])
+        per_row = [diagnostics_at(system, formulation, *row) for row in ((t0, q0, v0), final)]
+        *diagnostics, mass, forces, range_inputs = jax.tree.map(
+            lambda *x: jnp.stack(x), *per_row)
+        outputs = diagnostics
+    else:  # the initial state first, the final state last
+        rows = (jnp.where(valid, ts_out, t0), jnp.where(valid[:, None], q, q0),
+                jnp.where(valid[:, None], v, v0))
+        rows = tuple(jnp.concatenate([x0[None], row, x[None]])
+                     for x0, row, x in zip((t0, q0, v0), rows, final))
+        *diagnostics, mass, forces, range_inputs = jax.vmap(
+            diagnostics_at, in_axes=(None, None, 0, 0, 0))(system, formulation, *rows)
+        outputs = [x[1:-1] for x in diagnostics]
+    phi, dphi, psi, multipliers, energy, v, p = outputs
+    # Row 0 is the initial state and the last row the final one, with or without `ts`.
+    initial_residual, final_residual = (
+        jnp.max(jnp.abs(jnp.concatenate([diagnostics[0][i], diagnostics[2][i]])), initial=0.0)
+        for i in (0, -1))
+    result = checked_result(initial_residual,
+                            jnp.where(final_finite, final_residual, jnp.inf),
+                            jax.tree.map(lambda x: x[-1], range_inputs), result)
+    mask = lambda x: jnp.where(  # noqa: E731
+        valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.inf)
     sol = Solution(
         ts=ts_out,
         q=q,
@@ -1306,10 +1319,10 @@ def _solution(system, formulation, t0, ts, q0, v0, ys, ts_saved, reached, result
         energy=mask(energy),
         t_final=t_final,
         q_final=q_final,
-        v_final=system.velocities(t_final, q_final, s_final),
+        v_final=jnp.where(final_finite, diagnostics[5][-1], v_final),
         result=result,
         stats=stats,
         p=mask(p),
-        p_final=final_momenta(system, t_final, q_final, s_final),
+        p_final=jnp.where(final_finite, diagnostics[6][-1], jnp.nan),
     )
     return sol, (mass[0], forces[0])
