@@ -1,6 +1,10 @@
 """`jaxdae.ReverseSweepAdjoint` (the default adjoint of explicit Runge–Kutta solvers) gives
 diffrax's `RecursiveCheckpointAdjoint`'s gradients, all steps stored or in segments."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import diffrax
 import equinox as eqx
 import jax
@@ -82,9 +86,9 @@ def test_segments_take_the_solves_steps():
 
 def test_vmap_over_solves_with_different_segment_counts():
     """Under `vmap` the backward pass's segment loop runs as long as the trajectory with the
-    most segments: one solved in a single segment (its stored steps swept, through
-    `lax.cond`, which `vmap` makes a select) gets its own gradient beside one re-solved from
-    three checkpoints."""
+    most segments: one solved in a single segment (its stored steps swept before the loop,
+    which then re-solves a segment whose result it does not use) gets its own gradient
+    beside one re-solved from three checkpoints."""
     def loss(kd, t1, adjoint):
         sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(kd, 25.0), 0.0, t1, 1.05 * Q0, V0,
                               adjoint=adjoint, max_steps=2048)
@@ -98,6 +102,32 @@ def test_vmap_over_solves_with_different_segment_counts():
     reference, segmented = (jax.jit(jax.vmap(jax.grad(lambda kd, t1, a=adjoint: loss(
         kd, t1, a)), in_axes=(None, 0)))(10.0, t1s) for adjoint in (CHECKPOINTED, SEGMENTED))
     _assert_same(reference, segmented)
+
+
+_VMAPPED_SEGMENTS = """
+import jax, jax.numpy as jnp
+import jaxdae
+from jaxdae.examples import CartesianPendulum
+system = CartesianPendulum()
+q0, v0 = system.state_from_angle(0.6, -0.5)
+def loss(kd):
+    sol = jaxdae.simulate(system, jaxdae.Baumgarte(kd, kd), 0.0, 0.5, q0, v0,
+                          adjoint=jaxdae.ReverseSweepAdjoint(stored_steps=16), max_steps=256)
+    return jnp.sum(sol.q_final ** 2)
+print(jax.jit(jax.vmap(jax.grad(loss)))(jnp.array([5.0, 20.0])))
+"""
+
+
+def test_vmapped_segments_compile_without_xla_errors():
+    """`jit(vmap(grad))` of a solve in segments compiles without XLA's "Algebraic simplifier
+    is likely stuck in a circular simplification loop" errors on standard error (a `t1`
+    batched inside the backward pass's loop would send XLA's simplifier through diffrax's
+    chain of 100 `prevbefore`s of it). XLA writes them from C++, so the program runs in a
+    child process whose standard error is read."""
+    child = subprocess.run([sys.executable, "-c", _VMAPPED_SEGMENTS], capture_output=True,
+                           text=True, timeout=600, cwd=Path(__file__).parent.parent)
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert "circular simplification" not in child.stderr, child.stderr[-3000:]
 
 
 class _Pushed(CartesianPendulum):

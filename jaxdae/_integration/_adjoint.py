@@ -644,49 +644,44 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
                                     final_bar, save_bar, args_bar)
     else:
         step_ts, step_ys, steps, starts, count, unravel_start = stored
-        last = step_ts, step_ys, steps
 
-        def sweep_last(end_bar, args_bar):
-            """Sweeps the one segment whose steps are stored (no re-solve, no loop)."""
-            start, end = unravel_start(starts[0]), unravel_start(starts[1])
-            return sweep(*last, end[2] if static["step_args"] else None, start[0],
-                         flat(start[1]), end_bar, save_bar, args_bar)
-
-        def segment_back(k, bars):
-            """Re-solves (but for the last) and sweeps the segment `count − 1 − k`."""
-            end_bar, args_bar = bars
-            i = count - 1 - k
-            start_row, end_row = starts[i], starts[i + 1]
-            is_last = i == count - 1
-
-            def resolve(start_row, end_row):
-                # Under `vmap` (a batched `is_last`) `lax.cond` runs both branches: this one
-                # then restarts the last segment at `t1`, where it takes no step.
-                start = unravel_start(start_row)
-                restart = (jnp.where(is_last, t1, start[0]),) + start[1:]
-                return _resolved_steps(_segment(restart, args, t0, t1, static),
-                                       unravel_start(end_row)[0], is_last, t0, t1)
-
-            steps_i = jax.lax.cond(is_last, lambda *_: last, resolve, start_row, end_row)
-            start = unravel_start(start_row)
+        def sweep_segment(i, steps_i, end_bar, args_bar):
+            """Sweeps the segment `i`, whose steps are `steps_i`."""
+            start = unravel_start(starts[i])
             save_bar_i = None if save_ts is None else jnp.where(
                 ((save_ts > start[0]) | (i == 0))[:, None], save_bar, 0)
-            solver_state = unravel_start(end_row)[2] if static["step_args"] else None
+            solver_state = unravel_start(starts[i + 1])[2] if static["step_args"] else None
             return sweep(*steps_i, solver_state, start[0], flat(start[1]), end_bar, save_bar_i,
                          args_bar)
 
-        if static["segments"][0] == 1:
-            start_bar, args_bar = sweep_last(final_bar, args_bar)
-        else:
-            start_bar, args_bar = jax.lax.fori_loop(0, count, segment_back,
-                                                    (final_bar, args_bar))
+        def segment_back(k, bars):
+            """Re-solves and sweeps the segment `count − 2 − k` (one before the last)."""
+            # Under `vmap` the loop runs as long as the longest member's: a member done
+            # re-solves its first segment, a real one, whose result is not used.
+            i = jnp.maximum(count - 2 - k, 0)
+            steps_i = _resolved_steps(_segment(unravel_start(starts[i]), args, t0, t1, static),
+                                      unravel_start(starts[i + 1])[0], t0, t1)
+            return sweep_segment(i, steps_i, *bars)
+
+        # The last segment's steps are stored: it is swept first, outside the loop over the
+        # others. (Not by a `lax.cond` on the segment's index inside the loop: under `vmap`
+        # that cond becomes a select whose branches take every value they read as batched,
+        # `t1` included, and XLA's algebraic simplifier then sinks that broadcast through
+        # diffrax's 100 `prevbefore`s of `t1` one operation per pass, and gives up with
+        # "stuck in a circular simplification loop" messages.)
+        one = static["segments"][0] == 1
+        start_bar, args_bar = sweep_segment(0 if one else count - 1, (step_ts, step_ys, steps),
+                                            final_bar, args_bar)
+        if not one:
+            start_bar, args_bar = jax.lax.fori_loop(0, count - 1, segment_back,
+                                                    (start_bar, args_bar))
     y0_bar = unravel(y0_bar + start_bar)
     return (args_bar, y0_bar, None, None, None, None)
 
 
-def _resolved_steps(out, t_next, is_last, t0, t1):
+def _resolved_steps(out, t_next, t0, t1):
     """`_steps` of a segment re-solved from its checkpoint, checked to end where the forward
-    solve's segment ended (`t_next`, the next segment's start), unless it is the last.
+    solve's segment ended (`t_next`, the next segment's start).
 
     The two solves are the same computation compiled in two programs, which XLA may round
     differently. Rounding moves the end by a few ulps; a step accepted in one and rejected
@@ -699,7 +694,7 @@ def _resolved_steps(out, t_next, is_last, t0, t1):
     t_end, dtype = out.ts[-2][0], jnp.result_type(t_next)
     scale = jnp.max(jnp.abs(jnp.stack([t0, t1, t1 - t0])))
     elsewhere = ~(jnp.abs(t_end - t_next) <= np.sqrt(jnp.finfo(dtype).eps) * scale)
-    return eqx.error_if(steps, ~is_last & elsewhere, _RESOLVED_ELSEWHERE)
+    return eqx.error_if(steps, elsewhere, _RESOLVED_ELSEWHERE)
 
 
 _RESOLVED_ELSEWHERE = (
