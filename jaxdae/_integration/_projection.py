@@ -15,28 +15,105 @@ from .._custom_types import Array, Bool, PyTree, ScalarLike
 from .._formulations._base import AbstractFormulation, multiplier_solve
 from .._formulations._redundant import RedundantCoordinates
 from .._solution import RESULTS
-from .._systems._system import AbstractSystem
+from .._systems._hamiltonian import HamiltonianSystem
+from .._systems._system import AbstractSystem, ConstrainedTerms, LagrangianSystem
 
 
 def _max_abs(x: Array) -> Array:
     return jnp.max(jnp.abs(x), initial=0.0)
 
 
-def _correction(terms, jacobian, residual, linear_solver) -> Array:
+def _correction(mass, jacobian, residual, linear_solver) -> Array:
     """`−M⁻¹ Gᵀ (G M⁻¹ Gᵀ)⁻¹ r` for `G = jacobian`: the smallest step `Δ` in the metric
-    of the mass matrix `M = terms.mass_matrix` with `G Δ = −r`. [`multiplier_solve`][] of
-    `M a + Gᵀλ = 0`, `G a = −r` (no forces), so the constraint solves are the
-    formulations' own (`linear_solver`: Cholesky, or `lineax.SVD` for redundant rows)."""
-    free = eqx.tree_at(lambda t: (t.forces, t.jacobian), terms,
-                       (jnp.zeros_like(terms.forces), jacobian))
+    of the mass matrix `M` with `G Δ = −r`. [`multiplier_solve`][] of `M a + Gᵀλ = 0`,
+    `G a = −r` (no forces), so the constraint solves are the formulations' own
+    (`linear_solver`: Cholesky, or `lineax.SVD` for redundant rows)."""
+    n, c = mass.shape[0], jacobian.shape[0]
+    zeros = jnp.zeros((n,), mass.dtype)
+    free = ConstrainedTerms(mass_matrix=mass, forces=zeros, phi=residual, dphi=residual,
+                            psi=jnp.zeros((0,), mass.dtype), jacobian=jacobian,
+                            bias=jnp.zeros((c,), mass.dtype))
     step, _ = multiplier_solve(free, -residual, linear_solver)
     return step
+
+
+def _derives_velocities(formulation) -> bool:
+    """Whether the formulation derives the velocities from the state
+    ([`jaxdae.RedundantCoordinates`][]); a `ValueError` for another that does."""
+    if isinstance(formulation, RedundantCoordinates):
+        return True
+    if type(formulation).velocities is not AbstractFormulation.velocities:
+        raise ValueError(
+            f"`jaxdae.Projected` cannot project the state of {described(formulation)}: it "
+            "derives the velocities from the state in its own way "
+            "(`AbstractFormulation.velocities`). Use it with a formulation whose state "
+            "holds the velocities (or momenta), or with `jaxdae.RedundantCoordinates`.")
+    return False
+
+
+def _terms_at(system, formulation, t, q, s):
+    return system.terms(t, q, formulation.velocities(system, t, q, s))
+
+
+def _constraint_values(system, formulation, t, q, s):
+    """`Φ(t, q)`: from `constraints` where the system's terms take `Φ` from it, else from
+    its terms."""
+    if type(system).terms in (LagrangianSystem.terms, HamiltonianSystem.terms):
+        return system.constraints(t, q)
+    return _terms_at(system, formulation, t, q, s).phi
+
+
+# Each piece is traced once per system and formulation and, for small systems, re-traced
+# as a scalar graph (`_scalarize.py`), as the right-hand side is: one function for the
+# whole projection would exceed the size up to which that pays.
+@eqx.filter_jit
+@scalarize
+def _first_iteration(system, formulation, t, q, s, linear_solver):
+    """`M` and `J` at the unprojected state, and the first (Newton) iterate."""
+    terms = _terms_at(system, formulation, t, q, s)
+    jacobian = terms.jacobian[: terms.num_holonomic]
+    return terms.mass_matrix, jacobian, q + _correction(terms.mass_matrix, jacobian,
+                                                        terms.phi, linear_solver)
+
+
+@eqx.filter_jit
+@scalarize
+def _next_iteration(system, formulation, t, q, s, mass, jacobian, linear_solver):
+    """A simplified Newton iterate: `M` and `J` frozen."""
+    phi = _constraint_values(system, formulation, t, q, s)
+    return q + _correction(mass, jacobian, phi, linear_solver)
+
+
+@eqx.filter_jit
+@scalarize
+def _velocity_projection(system, formulation, t, q, s, linear_solver, tol):
+    """At the projected positions `q`: whether `Φ` converged, the projected `s`, and
+    whether `[Φ̇; Ψ]` did."""
+    terms = _terms_at(system, formulation, t, q, s)
+    m = terms.num_holonomic
+    position_ok = _max_abs(terms.phi) <= tol * (
+        1.0 + _max_abs(terms.jacobian[:m]) * _max_abs(q))
+    if _derives_velocities(formulation):
+        return position_ok, s, jnp.array(True)
+    # `[Φ̇; Ψ]` is affine in `v`, so one solve meets it up to rounding.
+    residual = jnp.concatenate([terms.dphi, terms.psi])
+    dv = _correction(terms.mass_matrix, terms.jacobian, residual, linear_solver)
+    # `ṡ` is affine in `q̈`: its linear part maps a change of velocity to a change of `s`
+    # (the identity for velocities, `M` for momenta).
+    ds = (system.state_rate(t, q, s, terms, dv)
+          - system.state_rate(t, q, s, terms, jnp.zeros_like(dv)))
+    s_new = s + ds
+    v_old, v_new = (system.velocities(t, q, x) for x in (s, s_new))
+    residual = residual + terms.jacobian @ (v_new - v_old)
+    velocity_ok = _max_abs(residual) <= tol * (
+        1.0 + _max_abs(terms.jacobian) * _max_abs(v_new))
+    return position_ok, s_new, velocity_ok
 
 
 def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q, s,
                   linear_solver: lx.AbstractLinearSolver, iterations: int, tol: float):
     """The state `(q, s)` projected onto `Φ(t, q) = 0` and then onto `Φ̇ = 0, Ψ = 0`, and
-    whether each projection converged (`(q, s), ok`).
+    whether each projection converged (`(q, s), position_ok, velocity_ok`).
 
     Positions: simplified Newton iterations `q ← q − M⁻¹Jᵀ(J M⁻¹ Jᵀ)⁻¹ Φ(q)` with `M`
     and `J` frozen at the unprojected point `q̃` (Hairer, Lubich & Wanner, *Geometric
@@ -58,55 +135,14 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
     `max |[Φ̇; Ψ]| ≤ tol (1 + max|G| max|v|)` at the projected state: relative to the size
     of the terms that cancel in the residuals, which sets their rounding error.
     """
-    derives_velocities = isinstance(formulation, RedundantCoordinates)
-    if type(formulation).velocities is not AbstractFormulation.velocities and (
-            not derives_velocities):
-        raise ValueError(
-            f"`jaxdae.Projected` cannot project the state of {described(formulation)}: it "
-            "derives the velocities from the state in its own way "
-            "(`AbstractFormulation.velocities`). Use it with a formulation whose state "
-            "holds the velocities (or momenta), or with `jaxdae.RedundantCoordinates`.")
-
-    def velocities(q_, s_):
-        return system.velocities(t, q_, formulation.velocities(system, t, q_, s_))
-
-    def terms_at(q_, s_):
-        return system.terms(t, q_, formulation.velocities(system, t, q_, s_))
-
-    frozen = terms_at(q, s)
-    m = frozen.num_holonomic
-    jacobian = frozen.jacobian[:m]
-    phi = frozen.phi
-    q_new = q
-    for i in range(iterations):
-        if i:
-            phi = terms_at(q_new, s).phi
-        q_new = q_new + _correction(frozen, jacobian, phi, linear_solver)
-    at_new = terms_at(q_new, s)
-    position_ok = _max_abs(at_new.phi) <= tol * (
-        1.0 + _max_abs(at_new.jacobian[:m]) * _max_abs(q_new))
-    if derives_velocities:
-        return (q_new, s), position_ok, jnp.array(True)
-
-    # Velocities: `[Φ̇; Ψ]` is affine in `v`, so one solve meets it up to rounding.
-    residual = jnp.concatenate([at_new.dphi, at_new.psi])
-    dv = _correction(at_new, at_new.jacobian, residual, linear_solver)
-    zero = jnp.zeros_like(dv)
-    # `ṡ` is affine in `q̈`: its linear part maps a change of velocity to a change of `s`
-    # (the identity for velocities, `M` for momenta).
-    ds = (system.state_rate(t, q_new, s, at_new, dv)
-          - system.state_rate(t, q_new, s, at_new, zero))
-    s_new = s + ds
-    v_old, v_new = velocities(q_new, s), velocities(q_new, s_new)
-    residual = residual + at_new.jacobian @ (v_new - v_old)
-    velocity_ok = _max_abs(residual) <= tol * (
-        1.0 + _max_abs(at_new.jacobian) * _max_abs(v_new))
+    _derives_velocities(formulation)
+    mass, jacobian, q_new = _first_iteration(system, formulation, t, q, s, linear_solver)
+    for _ in range(iterations - 1):
+        q_new = _next_iteration(system, formulation, t, q_new, s, mass, jacobian,
+                                linear_solver)
+    position_ok, s_new, velocity_ok = _velocity_projection(system, formulation, t, q_new, s,
+                                                           linear_solver, tol)
     return (q_new, s_new), position_ok, velocity_ok
-
-
-# One trace per system, formulation and options; the small systems' projection becomes a
-# scalar graph (`_scalarize.py`), as the right-hand side does.
-_project = eqx.filter_jit(scalarize(project_state))
 
 
 class _ProjectedInterpolation(diffrax.AbstractLocalInterpolation):
@@ -204,7 +240,11 @@ class Projected(diffrax.AbstractAdaptiveSolver):
     code (a fixed number of iterations and its convergence test), so reverse and forward
     mode differentiate the computed solution exactly. The default adjoint for this solver
     is `diffrax.RecursiveCheckpointAdjoint`; [`jaxdae.ReverseSweepAdjoint`][], which
-    recomputes the wrapped Runge–Kutta steps without their projections, is refused.
+    recomputes the wrapped Runge–Kutta steps without their projections, is refused. For
+    forward mode (`adjoint=diffrax.ForwardMode()`) wrap a Runge–Kutta solver whose stages
+    run in a plain loop, `Projected(diffrax.Tsit5(scan_kind="lax"))`: diffrax sets that on
+    the solvers it sees, not on a wrapped one (its default loop over the stages supports
+    reverse mode only, and a loop that supports both made every solve about 1.5× slower).
 
     **Failure**: a projection that leaves `max |Φ|` or `max |[Φ̇; Ψ]|` above `tol`, relative
     to the size of the terms that cancel in them (`1 + max|J| max|q|`, `1 + max|G| max|v|`),
@@ -267,28 +307,19 @@ class Projected(diffrax.AbstractAdaptiveSolver):
     def func(self, terms, t0, y0, args):
         return self.solver.func(terms, t0, y0, args)
 
-    def _inner(self) -> diffrax.AbstractSolver:
-        # diffrax's Runge–Kutta solvers loop over their stages in a checkpointed loop
-        # (reverse mode only) unless told otherwise; its adjoints set the loop's kind on the
-        # solver they see, not on a wrapped one. A bounded loop supports both modes.
-        if getattr(self.solver, "scan_kind", "") is None:
-            return eqx.tree_at(lambda s: s.scan_kind, self.solver, "bounded",
-                               is_leaf=lambda x: x is None)
-        return self.solver
-
     def init(self, terms, t0, t1, y0, args):
         _check_args(y0, args)
-        return self._inner().init(terms, t0, t1, y0, args)
+        return self.solver.init(terms, t0, t1, y0, args)
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         system, formulation = _check_args(y0, args)
         # The stored first-same-as-last stage is that of the unprojected state: a jump.
-        y1, y_error, dense_info, solver_state, result = self._inner().step(
+        y1, y_error, dense_info, solver_state, result = self.solver.step(
             terms, t0, t1, y0, args, solver_state, True)
         q, s = y1
         tol = self.tol if self.tol is not None else float(1000 * jnp.finfo(q.dtype).eps)
-        project = lambda q_, s_: _project(system, formulation, t1, q_, s_,  # noqa: E731
-                                          self.linear_solver, self.iterations, tol)
+        project = lambda q_, s_: project_state(  # noqa: E731
+            system, formulation, t1, q_, s_, self.linear_solver, self.iterations, tol)
         if q.ndim == 1:
             (q_new, s_new), position_ok, velocity_ok = project(q, s)
             ok = keep = position_ok & velocity_ok
