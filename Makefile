@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LOWEST := .venv-lowest
-LOWEST_TESTS := tests/test_private_apis.py tests/test_linalg.py tests/test_core.py tests/test_lqr.py \
+LOWEST_TESTS := tests/test_private_apis.py tests/test_xla_flags.py tests/test_linalg.py tests/test_core.py tests/test_lqr.py \
 	tests/test_tune.py::test_tuning_decreases_loss tests/test_tune.py::test_losses_on_a_solution
 
 .PHONY: help demo test test-slow test-lowest bench docs clean
@@ -42,7 +42,8 @@ $(LOWEST)/.installed: pyproject.toml requirements-lowest.txt
 	touch $@
 
 ## The lowest supported dependency versions (requirements-lowest.txt, in .venv-lowest/) on a
-## subset of the tests: the private-API checks, linear algebra, simulation, LQR and tuning.
+## subset of the tests: the private-API checks, import settings, linear algebra, simulation,
+## LQR and tuning.
 test-lowest: $(LOWEST)/.installed
 	JAXDAE_TEST_CACHE=.cache/jax-lowest $(LOWEST)/bin/python -m pytest -q -p no:xdist $(LOWEST_TESTS)
 

@@ -16,6 +16,10 @@ jax.config.update(
 )
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
+# jaxdae before any test module: its XLA option must be set before something (some diffrax
+# releases, on import) starts JAX's backend.
+import jaxdae  # noqa: E402, F401
+
 # Files go to the two `make test` workers longest first (with `--no-loadscope-reorder` in
 # this order), so that the last ones handed out are short and both workers finish together
 # (longest-processing-time-first). Order by each file's time on a cold compilation cache,

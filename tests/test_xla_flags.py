@@ -2,7 +2,6 @@
 float64, and XLA's option that compiles while loops as single CPU kernels."""
 
 import json
-
 import os
 import subprocess
 import sys
@@ -10,7 +9,11 @@ import sys
 import pytest
 
 import jaxdae  # noqa: F401  (sets the option on import)
-from jaxdae._compilation._xla_flags import SMALL_LOOP_BYTES, SMALL_LOOP_OPTION, with_small_loop_option
+from jaxdae._compilation._xla_flags import (
+    SMALL_LOOP_BYTES,
+    SMALL_LOOP_OPTION,
+    with_small_loop_option,
+)
 
 OPTION = f"{SMALL_LOOP_OPTION}={SMALL_LOOP_BYTES}"
 _VARIABLES = ("XLA_FLAGS", "JAXDAE_SET_XLA_FLAGS", "JAXDAE_ENABLE_X64", "JAX_ENABLE_X64")

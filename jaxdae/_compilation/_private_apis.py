@@ -12,24 +12,39 @@ Two of them only make jaxdae faster and have a safe answer when they are gone:
 needed for correct results and are imported without a fallback.
 """
 
+import importlib
+
 import jax
 
-# diffrax wraps the terms of every solve in `WrapTerm(term, direction)` before the step size
-# controller and the solver see them, and exports no name for it; the reverse sweep rebuilds
-# a solve's start exactly as `diffrax.diffeqsolve` does (the controller's first step
-# depends on the terms' type), so it needs the same wrapper.
-from diffrax._term import WrapTerm as WrapTerm
+# The names of diffrax and equinox are imported when first used: `backends_are_initialized`
+# is asked before jaxdae imports them, and some releases start JAX's backend on import.
+_LAZY = {
+    # diffrax wraps the terms of every solve in `WrapTerm(term, direction)` before the step
+    # size controller and the solver see them, and exports no name for it; the reverse sweep
+    # rebuilds a solve's start exactly as `diffrax.diffeqsolve` does (the controller's first
+    # step depends on the terms' type), so it needs the same wrapper.
+    "WrapTerm": ("diffrax._term", "WrapTerm"),
+    # The marker with which a root finder made by the public
+    # `diffrax.with_stepsize_controller_tols` (the default of every implicit diffrax solver)
+    # says "take `rtol`, `atol` and `norm` from the step size controller"; `diffeqsolve`
+    # replaces it. diffrax exports the wrapper, not the marker, and jaxdae needs it to tell
+    # whether a root finder has tolerances of its own.
+    "use_stepsize_tol": ("diffrax._root_finder", "use_stepsize_tol"),
+    # `jnp.any` over the entries of a batched array as one unbatched flag; equinox's own
+    # `while_loop`s use it to skip work that no batch entry needs. JAX has no public way for
+    # a function to ignore the batch dimension that `jax.vmap` adds.
+    "unvmap_any": ("equinox.internal", "unvmap_any"),
+}
 
-# The marker with which a root finder made by the public `diffrax.with_stepsize_controller_tols`
-# (the default of every implicit diffrax solver) says "take `rtol`, `atol` and `norm` from
-# the step size controller"; `diffeqsolve` replaces it. diffrax exports the wrapper, not the
-# marker, and jaxdae needs it to tell whether a root finder has tolerances of its own.
-from diffrax._root_finder import use_stepsize_tol as use_stepsize_tol
 
-# `jnp.any` over the entries of a batched array as one unbatched flag; equinox's own
-# `while_loop`s use it to skip work that no batch entry needs. JAX has no public way for a
-# function to ignore the batch dimension that `jax.vmap` adds.
-from equinox.internal import unvmap_any as unvmap_any
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _LAZY[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
+
 
 # Names found missing at import, each with the library versions it was missing from;
 # tests/test_private_apis.py requires this to be empty.
