@@ -8,8 +8,8 @@ import diffrax
 import equinox as eqx
 import jax.numpy as jnp
 import optimistix as optx
-from diffrax._root_finder._with_tols import use_stepsize_tol
 
+from .._compilation._private_apis import use_stepsize_tol
 from .._custom_types import PyTree, Scalar
 
 
