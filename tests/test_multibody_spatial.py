@@ -94,6 +94,34 @@ def test_free_body_follows_euler_equations():
                                euler_rotation(p) @ omega_body, atol=1e-14)
 
 
+def test_applied_loads_and_spring_in_space():
+    """A free body at rest: a force `f` at marker `s` (global), a torque `n` about a local
+    axis and a spring-damper to a ground point give `m r̈ = f + f_spring` and
+    `J ω̇' = Rᵀ n + s' × Rᵀ(f + f_spring)` (`s'` the marker in body axes)."""
+    inertia = jnp.diag(jnp.array([0.2, 0.3, 0.4]))
+    rot = mb.rotation_matrix((1.0, -1.0, 0.5), 0.8)
+    s_body = jnp.array([0.1, -0.2, 0.3])
+    f = jnp.array([0.5, -1.0, 2.0])
+    k, rest, anchor = 7.0, 0.2, jnp.array([1.0, 0.5, -0.4])
+    mech = mb.Mechanism(
+        [mb.Ground(markers={"anchor": anchor}),
+         mb.RigidBody("b", 1.5, inertia, markers={"m": s_body}, orientation=rot)],
+        forces=[mb.Force("b.m", f), mb.Torque("b", 0.7, axis=(0.0, 0.0, 1.0), local=True),
+                mb.SpringDamper("ground.anchor", "b.m", k, 3.0, rest)])
+    q, v = mech.reference_coordinates(), jnp.zeros(7)
+    acc, _ = accelerations(mech, q, v)
+    point = rot @ s_body
+    d = point - anchor
+    spring = -k * (jnp.linalg.norm(d) - rest) * d / jnp.linalg.norm(d)
+    total = f + spring
+    np.testing.assert_allclose(acc[:3], total / 1.5, rtol=1e-12, atol=1e-13)
+    torque_body = rot.T @ (0.7 * rot @ jnp.array([0.0, 0.0, 1.0])) + jnp.cross(s_body,
+                                                                               rot.T @ total)
+    omega_dot = 2 * body_map(q[3:]) @ acc[3:]
+    np.testing.assert_allclose(omega_dot, jnp.linalg.solve(inertia, torque_body), rtol=1e-11,
+                               atol=1e-12)
+
+
 def hinged(axis=(1.0, 0.0, 0.0), m=1.3, length=0.4, forces=()):
     """A body hanging from a hinge along `axis` (horizontal) at distance `length` above
     its centre of mass; principal moments (0.02, 0.03, 0.04) about its body axes."""
@@ -268,10 +296,7 @@ def final_angle(mech, q0, v0):
     return mech.joint_coordinate("pin", sol.q[-1])
 
 
-def test_gradients_linearize_and_ensemble():
-    """Design gradients (mass, marker position) against central differences; the hinged
-    body's linearization swings at `sqrt(m g l / (I + m l²))`; an ensemble equals single
-    solves."""
+def test_design_gradients_against_central_differences():
     mech = hinged()
     q0, v0 = mech.initial_state(joint_coordinates={"pin": (0.5, 0.0)})
     grads = eqx.filter_grad(final_angle)(mech, q0, v0)
@@ -284,15 +309,25 @@ def test_gradients_linearize_and_ensemble():
         gradient = where(grads) if h.ndim == 0 else where(grads) @ h / jnp.linalg.norm(h)
         assert abs(float(diff)) > 1e-4
         np.testing.assert_allclose(gradient, diff, rtol=1e-5)
-    lin = jaxdae.linearize(mech, BAUMGARTE, mech.reference_coordinates())
+
+
+def test_linearize_swings_at_the_pendulum_frequency():
+    """The hinged body's linearization about hanging: `±i sqrt(m g l / (I + m l²))`."""
+    lin = jaxdae.linearize(hinged(), BAUMGARTE, hinged().reference_coordinates())
     omega = np.sqrt(1.3 * G * 0.4 / (0.02 + 1.3 * 0.4**2))
     assert np.min(np.abs(np.asarray(lin.eigenvalues) - 1j * omega)) < 1e-8
+
+
+@pytest.mark.slow
+def test_ensemble_equals_single_solves():
+    mech = hinged()
     starts = [mech.initial_state(joint_coordinates={"pin": (a, 0.0)}) for a in (0.3, 0.5)]
     q0s, v0s = jnp.stack([s[0] for s in starts]), jnp.stack([s[1] for s in starts])
     ensemble = jaxdae.simulate_ensemble(mech, BAUMGARTE, 0.0, 0.3, q0s, v0s, rtol=1e-10,
                                         atol=1e-12)
     final = mech.joint_coordinates(ensemble.q[:, -1])["pin"]
-    assert float(final[1]) == pytest.approx(float(final_angle(mech, q0, v0)), abs=1e-8)
+    for k in range(2):
+        assert float(final[k]) == pytest.approx(float(final_angle(mech, *starts[k])), abs=1e-8)
 
 
 @pytest.mark.slow
