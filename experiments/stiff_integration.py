@@ -1,0 +1,330 @@
+"""Stiff systems: implicit integrators against explicit ones, steps and time at matched accuracy.
+
+Three studies, each written to OUT/stiff_integration/ (summary.json, figures):
+
+1. **Configuration of diffrax's implicit solvers.** `diffrax.Kvaerno5()` as diffrax builds it
+   (its `VeryChord` root finder) against `jaxdae.configure_implicit(diffrax.Kvaerno5(), rtol,
+   atol)` and `diffrax.Tsit5()`: paper 004's two-link arm with `ModifiedLagrange(α, [20, 10],
+   [100, 25])`, α = 10, 1e3, 1e5, over [0, 2] s at rtol 1e-6, atol 1e-8 (not stiff), and the
+   stiff spring pendulum below at rtol 1e-6, atol 1e-9.
+2. **Work–precision on stiff cases**, against a reference solved at rtol 1e-12 (Tsit5):
+   - *spring pendulum*: a unit pendulum (`|p₁|² = 1`, mass 1, `Baumgarte(10, 25)`) carrying a
+     second mass (1 kg) on a spring of rest length 0.5 m, stiffness `k = 10⁶` N/m and damping
+     `10³` N·s/m, over [0, 2] s;
+   - *Cartesian arm, Baumgarte gains in the thousands*: paper 001's two-link arm in Cartesian
+     coordinates (`jaxdae.examples.CartesianArmLagrangian`, gravity as applied forces) with
+     `Baumgarte(2000, 10⁶)` (both constraint perturbations decay at rate 1000 s⁻¹), from a
+     consistent state, over [0, 2] s.
+   Solvers: `Tsit5`, `Dopri5`, the configured `Kvaerno5`, `jaxdae.GeneralizedAlpha()` over a
+   range of tolerances; error = max over 41 saved times of |q − q_ref| / max |q_ref|; time =
+   best of 3 calls of the jitted solve. The table compares, per case, the cheapest run of each
+   solver that reaches a relative error of 1e-6.
+3. **Gradients** on the stiff cases: `jax.grad` of the final position with respect to a mass,
+   through each implicit solver, against central differences.
+
+    python experiments/stiff_integration.py --out output [--quick]
+"""
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import diffrax
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from _common import figure, legend_below, output_dir, parse_args, progress, write_json
+
+import jaxdae
+
+NAME = "stiff_integration"
+T1 = 2.0
+TARGETS = (1e-3, 1e-6)  # relative errors at which the solvers are compared
+
+
+class SpringPendulum(jaxdae.LagrangianSystem):
+    """A point mass `m1` on a massless rod of unit length (`Φ = |p₁|² − 1`), carrying a
+    second mass `m2` on a spring–damper of rest length `rest`, stiffness `k` and damping `c`;
+    gravity along −y. `q = (p₁, p₂)`."""
+
+    m1: jax.Array
+    m2: jax.Array
+    k: jax.Array
+    c: jax.Array
+    rest: jax.Array
+    gravity: jax.Array
+
+    def __init__(self, m1=1.0, m2=1.0, k=1e6, c=1e3, rest=0.5, gravity=9.81):
+        self.m1, self.m2, self.k, self.c, self.rest, self.gravity = (
+            jnp.asarray(x, dtype=float) for x in (m1, m2, k, c, rest, gravity))
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * self.m1 * v[:2] @ v[:2] + 0.5 * self.m2 * v[2:] @ v[2:]
+
+    def potential_energy(self, t, q):
+        d = q[2:] - q[:2]
+        stretch = jnp.sqrt(d @ d) - self.rest
+        return self.gravity * (self.m1 * q[1] + self.m2 * q[3]) + 0.5 * self.k * stretch**2
+
+    def generalized_forces(self, t, q, v):
+        d = q[2:] - q[:2]
+        axis = d / jnp.sqrt(d @ d)
+        damping = -self.c * ((v[2:] - v[:2]) @ axis) * axis  # on the second mass
+        return jnp.concatenate([-damping, damping])
+
+    def constraints(self, t, q):
+        return jnp.array([q[:2] @ q[:2] - 1.0])
+
+
+def spring_case(k=1e6, c=1e3):
+    system = SpringPendulum(k=k, c=c)
+    p1 = jnp.array([jnp.sin(jnp.pi / 3), -jnp.cos(jnp.pi / 3)])
+    q0 = jnp.concatenate([p1, p1 + jnp.array([0.1, -0.5])])
+    return system, jaxdae.Baumgarte(10.0, 25.0), q0, jnp.zeros(4), "m1"
+
+
+def arm_case():
+    system = jaxdae.examples.CartesianArmLagrangian(forces=(0.0, -9.81, 0.0, -9.81))
+    (l1, l2), (a1, a2), (w1, w2) = system.lengths, (0.3, 1.1), (1.0, -0.5)
+    u1, u2 = jnp.array([jnp.cos(a1), jnp.sin(a1)]), jnp.array([jnp.cos(a2), jnp.sin(a2)])
+    n1, n2 = jnp.array([-u1[1], u1[0]]), jnp.array([-u2[1], u2[0]])
+    q0 = jnp.concatenate([l1 * u1, l1 * u1 + l2 * u2])
+    v0 = jnp.concatenate([l1 * w1 * n1, l1 * w1 * n1 + l2 * w2 * n2])
+    return system, jaxdae.Baumgarte(2000.0, 1e6), q0, v0, "masses"
+
+
+CASES = {"spring pendulum (k = 1e6)": spring_case,
+         "spring pendulum (k = 1e8)": lambda: spring_case(k=1e8, c=1e4),
+         "Cartesian arm, Baumgarte(2000, 1e6)": arm_case}
+
+
+def solvers(rtol, atol):
+    return {
+        "Tsit5": diffrax.Tsit5(),
+        "Dopri5": diffrax.Dopri5(),
+        "Kvaerno5 (configured)": jaxdae.configure_implicit(diffrax.Kvaerno5(), rtol, atol),
+        "GeneralizedAlpha": jaxdae.GeneralizedAlpha(),
+    }
+
+
+def solve_fn(system, formulation, name, ts=None):
+    """The jitted solve `(q0, v0, rtol, atol) -> Solution` with solver `name` of `solvers`:
+    the tolerances are traced, so one compile serves every tolerance."""
+    @jax.jit
+    def solve(q0, v0, rtol, atol):
+        return jaxdae.simulate(system, formulation, 0.0, T1, q0, v0, ts=ts,
+                               solver=solvers(rtol, atol)[name], rtol=rtol, atol=atol,
+                               max_steps=200_000, throw=False)
+
+    return solve
+
+
+def timed(solve, *args, repeats=3):
+    """The solution and the best wall time of `repeats` calls (after one to compile)."""
+    sol = jax.block_until_ready(solve(*args))
+    best = np.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(solve(*args))
+        best = min(best, time.perf_counter() - start)
+    return sol, best
+
+
+def stats(sol, wall):
+    return dict(steps=int(sol.stats["num_accepted_steps"]),
+                rejected=int(sol.stats["num_rejected_steps"]), time_ms=1e3 * wall,
+                succeeded=bool(sol.succeeded))
+
+
+def configuration_study(quick):
+    """Study 1: Kvaerno5 as diffrax builds it, configured, and Tsit5."""
+    rows = []
+    arm = jaxdae.examples.TwoLinkManipulator()
+    q0, v0 = arm.initial_state()
+    runs = [(f"two-link arm, ModifiedLagrange(α = {alpha:g})", arm,
+             jaxdae.ModifiedLagrange(alpha, jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0])),
+             q0, v0, 1e-6, 1e-8) for alpha in ((10.0,) if quick else (10.0, 1e3, 1e5))]
+    system, formulation, q0, v0, _ = spring_case()
+    runs.append(("spring pendulum (k = 1e6)", system, formulation, q0, v0, 1e-6, 1e-9))
+    for label, system, formulation, q0, v0, rtol, atol in progress(runs, "configuration",
+                                                                   unit="case"):
+        for name, solver in (("Tsit5", diffrax.Tsit5()),
+                             ("Kvaerno5 (diffrax's VeryChord)", diffrax.Kvaerno5()),
+                             ("Kvaerno5 (configure_implicit)",
+                              jaxdae.configure_implicit(diffrax.Kvaerno5(), rtol, atol))):
+            solve = jax.jit(lambda q0, v0, solver=solver, system=system, formulation=formulation,
+                            rtol=rtol, atol=atol: jaxdae.simulate(
+                                system, formulation, 0.0, T1, q0, v0, solver=solver, rtol=rtol,
+                                atol=atol, max_steps=200_000, throw=False))
+            sol, wall = timed(solve, q0, v0, repeats=1 if "VeryChord" in name else 3)
+            rows.append(dict(case=label, solver=name, rtol=rtol, atol=atol, **stats(sol, wall)))
+    return rows
+
+
+def work_precision(quick):
+    """Study 2: error against steps and time for each solver and tolerance."""
+    ts = jnp.linspace(0.0, T1, 41)
+    rtols = [1e-3, 1e-5, 1e-7] if quick else [1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9]
+    results = {}
+    for case, make in CASES.items():
+        system, formulation, q0, v0, _ = make()
+        reference = jaxdae.simulate(system, formulation, 0.0, T1, q0, v0, ts=ts, rtol=1e-12,
+                                    atol=1e-14, max_steps=10**6).q
+        scale = float(jnp.max(jnp.abs(reference)))
+        rows = []
+        names = list(solvers(1e-6, 1e-9))
+        for name in progress(names, case, unit="solver"):
+            solve = solve_fn(system, formulation, name, ts)
+            for rtol in rtols:
+                atol = 1e-3 * rtol
+                sol, wall = timed(solve, q0, v0, jnp.asarray(rtol), jnp.asarray(atol))
+                error = float(jnp.max(jnp.abs(sol.q - reference))) / scale
+                rows.append(dict(solver=name, rtol=rtol, atol=atol, error=error,
+                                 max_phi=float(jnp.max(jnp.abs(sol.phi))), **stats(sol, wall)))
+        results[case] = rows
+    return results
+
+
+def at_target(rows, target):
+    """Per solver, its run with the fewest steps among those with an error at most `target`
+    (by steps, not time: the times are noisy)."""
+    best = {}
+    for row in rows:
+        if row["error"] <= target and row["succeeded"] and (
+                row["solver"] not in best or row["steps"] < best[row["solver"]]["steps"]):
+            best[row["solver"]] = row
+    return best
+
+
+def gradients(quick):
+    """Study 3: d q_final[0] / d mass through the implicit solvers, against central
+    differences of the same solver and of a reference (Tsit5 at rtol 1e-12)."""
+    rows = []
+    t1 = 0.5 if quick else 1.0
+    for case, make in list(CASES.items())[::2]:
+        system, formulation, q0, v0, field = make()
+
+        def loss(mass, solver, rtol, system=system, formulation=formulation, q0=q0, v0=v0,
+                 field=field):
+            value = mass if field == "m1" else jnp.stack([mass, system.masses[1]])
+            model = eqx.tree_at(lambda s: getattr(s, field), system, value)
+            return jaxdae.simulate(model, formulation, 0.0, t1, q0, v0, solver=solver,
+                                   rtol=rtol, atol=1e-3 * rtol, max_steps=200_000).q_final[0]
+
+        mass, eps = jnp.asarray(1.0), 1e-4
+        reference = float((loss(mass + eps, diffrax.Tsit5(), 1e-12)
+                           - loss(mass - eps, diffrax.Tsit5(), 1e-12)) / (2 * eps))
+        for name, rtol in (("Kvaerno5 (configured)", 1e-8), ("GeneralizedAlpha", 1e-8)):
+            solver = solvers(rtol, 1e-3 * rtol)[name]
+            grad_fn = jax.jit(jax.grad(lambda m, solver=solver, rtol=rtol: loss(m, solver, rtol)))
+            grad = float(grad_fn(mass))
+            start = time.perf_counter()
+            jax.block_until_ready(grad_fn(mass))
+            wall = time.perf_counter() - start
+            central = float((loss(mass + eps, solver, rtol) - loss(mass - eps, solver, rtol))
+                            / (2 * eps))
+            rows.append(dict(case=case, solver=name, rtol=rtol, gradient=grad, central=central,
+                             relative_difference=abs(grad - central) / abs(central),
+                             reference=reference,
+                             error_vs_reference=abs(grad - reference) / abs(reference),
+                             time_ms=1e3 * wall))
+    return rows
+
+
+def main(out: Path, quick: bool = False) -> dict:
+    folder = output_dir(out, NAME)
+    configuration = configuration_study(quick)
+    precision = work_precision(quick)
+    grads = gradients(quick)
+    best = {f"{target:g}": {case: at_target(rows, target) for case, rows in precision.items()}
+            for target in TARGETS}
+    write_json(folder / "summary.json", dict(target_relative_errors=TARGETS, t1=T1,
+                                             configuration=configuration,
+                                             work_precision=precision, at_target=best,
+                                             gradients=grads))
+    _plot(folder, precision)
+
+    table = ["| case | solver | steps (rejected) | time [ms] |", "|---|---|---|---|"]
+    for row in configuration:
+        table.append(f"| {row['case']} | {row['solver']} | {row['steps']} ({row['rejected']}) "
+                     f"| {row['time_ms']:.1f} |")
+    table += ["", "| target | stiff case | solver | rtol | rel. error | steps (rejected) | "
+              "time [ms] |", "|---|---|---|---|---|---|---|"]
+    for target, cases in best.items():
+        for case, rows in cases.items():
+            for name, row in rows.items():
+                table.append(f"| {target} | {case} | {name} | {row['rtol']:g} | "
+                             f"{row['error']:.1e} | {row['steps']} ({row['rejected']}) | "
+                             f"{row['time_ms']:.2f} |")
+    table += ["", "| stiff case | solver | gradient | central difference (same solver) | "
+              "rel. diff. | rel. diff. to reference | time [ms] |",
+              "|---|---|---|---|---|---|---|"]
+    for row in grads:
+        table.append(f"| {row['case']} | {row['solver']} | {row['gradient']:.8g} | "
+                     f"{row['central']:.8g} | {row['relative_difference']:.1e} | "
+                     f"{row['error_vs_reference']:.1e} | {row['time_ms']:.1f} |")
+    headline = _headline(configuration, best)
+    print("\n".join(table))
+    print(headline)
+    return dict(headline=headline, table=table, figures=[figure(
+        folder / "work_precision.png",
+        "relative error against accepted steps and wall time for explicit (Tsit5, Dopri5) "
+        "and implicit (configured Kvaerno5, GeneralizedAlpha) solvers on the stiff cases")])
+
+
+def _headline(configuration, best) -> str:
+    spring = {r["solver"]: r for r in configuration if r["case"].startswith("spring")}
+    before = spring["Kvaerno5 (diffrax's VeryChord)"]
+    after = spring["Kvaerno5 (configure_implicit)"]
+    parts = [f"Spring pendulum, Kvaerno5: {before['steps']} steps ({before['rejected']} "
+             f"rejected) as diffrax builds it, {after['steps']} ({after['rejected']}) "
+             f"configured; Tsit5 {spring['Tsit5']['steps']}."]
+    for target, cases in best.items():
+        for case, rows in cases.items():
+            explicit = min((r for n, r in rows.items() if n in ("Tsit5", "Dopri5")),
+                           key=lambda r: r["steps"], default=None)
+            for name in ("Kvaerno5 (configured)", "GeneralizedAlpha"):
+                if explicit is None or name not in rows:
+                    continue
+                row = rows[name]
+                parts.append(f"{case}, {name} at relative error ≤ {target}: "
+                             f"{explicit['steps'] / row['steps']:.1f}× fewer steps than "
+                             f"the explicit solver with fewest ({explicit['solver']}), in "
+                             f"{row['time_ms'] / explicit['time_ms']:.0f}× its time.")
+    return " ".join(parts)
+
+
+def _plot(folder: Path, precision: dict) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    fig, axes = plt.subplots(len(precision), 2, figsize=(10, 4 * len(precision)),
+                             layout="constrained", squeeze=False)
+    for (case, rows), (ax_steps, ax_time) in zip(precision.items(), axes):
+        for name in dict.fromkeys(r["solver"] for r in rows):
+            mine = [r for r in rows if r["solver"] == name and r["succeeded"]]
+            errors = [r["error"] for r in mine]
+            ax_steps.loglog([r["steps"] for r in mine], errors, "o-", label=name)
+            ax_time.loglog([r["time_ms"] for r in mine], errors, "o-", label=name)
+        for ax, label in ((ax_steps, "accepted steps"), (ax_time, "wall time [ms]")):
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            for target in TARGETS:
+                ax.axhline(target, color="gray", ls=":", lw=1)
+            ax.set_xlabel(label)
+            ax.set_ylabel("relative error")
+            ax.set_title(case, fontsize=10)
+            ax.grid(True, which="both", alpha=0.3)
+        legend_below(ax_steps)
+    fig.savefig(folder / "work_precision.png", dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    args = parse_args(NAME, __doc__)
+    main(args.out, args.quick)
