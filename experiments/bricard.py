@@ -130,7 +130,7 @@ def main():
     out = output_dir(args.out, "bricard")
     t1, num = (2.0, 201) if args.quick else (10.0, 1001)
     model = bricard()
-    q0, v0 = model.initial_state()
+    q0, _ = model.initial_state()
     mobility = model.mobility(q0)
     start = time.perf_counter()
     sol = simulate(model, t1, num)

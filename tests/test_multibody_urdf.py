@@ -55,7 +55,7 @@ def test_structure_limits_and_mobility(robot):
 def test_forward_kinematics_of_the_joint_coordinates(robot):
     model = robot.mechanism()
     angles = {"yaw": 0.3, "shoulder": 0.4, "elbow": -0.8, "wrist": 0.05}
-    q0, v0 = model.initial_state(joint_coordinates=angles)
+    q0, _ = model.initial_state(joint_coordinates=angles)
     coordinates = model.joint_coordinates(q0)
     for name, value in angles.items():
         assert float(coordinates[name]) == pytest.approx(value, abs=1e-10)
@@ -69,7 +69,7 @@ def test_loop_closed_in_python(robot):
     target = np.asarray(tool_position(*angles.values()))
     model = robot.mechanism(joints=[mb.Spherical("slider.tool", "ground.anchor", name="loop")],
                             forces=[mb.Gravity()], ground_markers={"anchor": target})
-    q0, v0 = robot.mechanism().initial_state(joint_coordinates=angles)
+    q0, _ = robot.mechanism().initial_state(joint_coordinates=angles)
     assert float(jnp.max(jnp.abs(model.constraints(0.0, q0)))) < 1e-10
     assert model.mobility(q0) == mb.Mobility(28, 27, 1, 27, 1, 0)
 

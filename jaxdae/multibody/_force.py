@@ -4,9 +4,8 @@ import abc
 from collections.abc import Callable
 from typing import ClassVar
 
-import jax
-
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 
