@@ -16,7 +16,7 @@ from .._systems._system import AbstractSystem
 
 def chung_hulbert(rho_inf: float) -> tuple[float, float, float, float]:
     """`(α_m, α_f, γ, β)` of the generalized-α method with spectral radius `ρ∞` at infinite
-    step (Chung & Hulbert 1993; Arnold & Brüls 2007, eq. (21)): `α_m = (2ρ∞ − 1)/(ρ∞ + 1)`,
+    step (Chung & Hulbert 1993; as used by Arnold & Brüls 2007): `α_m = (2ρ∞ − 1)/(ρ∞ + 1)`,
     `α_f = ρ∞/(ρ∞ + 1)`, `γ = ½ + α_f − α_m`, `β = ¼ (γ + ½)²`."""
     alpha_m = (2 * rho_inf - 1) / (rho_inf + 1)
     alpha_f = rho_inf / (rho_inf + 1)
@@ -61,7 +61,7 @@ class GeneralizedAlpha(diffrax.AbstractImplicitSolver, diffrax.AbstractAdaptiveS
     large stabilization gains, fast actuator dynamics — whose step an explicit solver
     must keep within its stability region.
 
-    One step from `t_n` to `t_{n+1} = t_n + h` (Arnold & Brüls 2007, eqs. (8)–(9), (14)):
+    One step from `t_n` to `t_{n+1} = t_n + h` (Arnold & Brüls 2007):
 
     - `q_{n+1} = q_n + h v_n + h² (½ − β) a_n + h² β a_{n+1}`,
     - `v_{n+1} = v_n + h (1 − γ) a_n + h γ a_{n+1}`,
@@ -86,6 +86,14 @@ class GeneralizedAlpha(diffrax.AbstractImplicitSolver, diffrax.AbstractAdaptiveS
     (their error follows the positions'). A step whose Newton iteration does not converge
     is rejected (its error is infinite) and retried with a smaller step.
 
+    **When it pays.** Its steps do not grow with the stiffness, but it is second order and
+    each step costs a Jacobian, an LU factorization and a few Newton iterations: on the
+    small stiff models of `experiments/stiff_integration.py` (CPU) it took 19× fewer steps
+    than `diffrax.Tsit5` for a relative error of `10⁻³` on a spring of stiffness `10⁸`, in
+    8× Tsit5's time, and its global error was several hundred to several thousand times
+    `rtol`. Use it at engineering accuracy on very stiff systems
+    (`docs/guides/stiff_integration.md`).
+
     **Start.** The accelerations and multipliers at `t0` are consistent: those of the
     index-1 equations `Φ̈ = 0`, `Ψ̇ = 0` ([`jaxdae.Unstabilized`][]), and `a_0 = q̈_0`.
     `q0` should satisfy `Φ = 0` ([`jaxdae.consistent_initial_state`][]): the first step
@@ -104,7 +112,8 @@ class GeneralizedAlpha(diffrax.AbstractImplicitSolver, diffrax.AbstractAdaptiveS
     saved states, where `Φ ≈ 0`; for the exact ones of the index-1 equations pass
     [`jaxdae.Unstabilized`][]) and the formulation's failure test (e.g.
     [`jaxdae.Baumgarte`][] stops at a singular `G M⁻¹ Gᵀ`; [`jaxdae.ModifiedLagrange`][]
-    does not). `Φ̇` is not enforced and is `O(h²)`. Gradients (`jax.grad`, through
+    does not). `Φ̇` is not enforced and is `O(h²)`. Saved states between step ends are
+    interpolated (cubic Hermite), and there `Φ` is the interpolation's error. Gradients (`jax.grad`, through
     `diffrax.RecursiveCheckpointAdjoint`, the default for this solver, and optimistix's
     implicit differentiation of each Newton solve) and `jax.vmap` work as with any
     solver. A formulation that changes the velocities
