@@ -58,6 +58,19 @@ def test_configure_replaces_very_chord():
     assert (finder.rtol, finder.atol) == (1e-5, 1e-7)
 
 
+def test_configure_for_simulates_controller():
+    """The hook for `simulate`: the controller `step_options` builds from `rtol`, `atol`
+    gives the root finder its tolerances and norm."""
+    from jaxdae._integration._simulate import step_options
+
+    controller, _ = step_options(None, None, 1e-6, 1e-9, jnp.float64)
+    finder = configure_for_controller(diffrax.Kvaerno5(), controller).root_finder
+    assert isinstance(finder, jaxdae.ToleranceChord)
+    assert (float(finder.rtol), float(finder.atol)) == (1e-6, 1e-9)
+    assert finder.norm is controller.norm
+    assert configure_for_controller(None, controller) is None  # simulate's default solver
+
+
 @pytest.mark.slow  # Kvaerno5's compile: ~25 s
 def test_configured_kvaerno_takes_the_steps_of_an_explicit_solver():
     """On a non-stiff problem the configured Kvaerno5 takes no more than twice Tsit5's
