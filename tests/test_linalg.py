@@ -171,3 +171,21 @@ def test_full_precision_keeps_the_users_choice():
     assert precisions() == {(jax.lax.Precision.HIGHEST,) * 2}
     with jax.default_matmul_precision("tensorfloat32"):
         assert precisions() == {(jax.lax.Precision.HIGH,) * 2}
+
+
+@pytest.mark.parametrize("size", [3, 12])
+def test_cholesky_pivots(size):
+    from jaxdae._compilation._linalg import cholesky_pivots
+
+    rng = np.random.default_rng(size)
+    a = rng.standard_normal((size, size))
+    matrix = a @ a.T + 0.1 * np.eye(size)
+    pivots = np.asarray(cholesky_pivots(jnp.asarray(matrix)))
+    eig = np.linalg.eigvalsh(matrix)
+    np.testing.assert_allclose(np.prod(pivots), np.linalg.det(matrix), rtol=1e-9)
+    assert eig[0] * (1 - 1e-12) <= pivots.min() and pivots.max() <= eig[-1] * (1 + 1e-12)
+    singular = matrix.copy()
+    singular[-1], singular[:, -1] = matrix[0], matrix[:, 0]
+    singular[-1, -1] = matrix[0, 0]
+    pivots = np.asarray(cholesky_pivots(jnp.asarray(singular)))
+    assert not pivots.min() > 1e-8 * pivots.max()

@@ -14,10 +14,13 @@ import jaxdae
 from jaxdae._compilation._sparse import (
     Pattern,
     SparseMatrix,
+    banded_plan,
+    banded_solve,
     block_inverse,
     sparse_add,
     sparse_matmul,
 )
+from jaxdae._compilation import _sparse
 from jaxdae._compilation._sparsity import column_colouring, nonzero_masks
 from jaxdae._systems._structure import terms_structure
 
@@ -282,11 +285,15 @@ def test_given_mass_agrees():
 
 def test_failure_check_agrees_on_a_singular_chain():
     # the ladder's first cell turned horizontal: its rails are parallel to its rung, the
-    # three constraint gradients dependent, `J M⁻¹ Jᵀ` singular
-    q = jnp.array([1.0, 0.0, 2.0, 0.0, 1.0, -1.0, 2.0, -1.0, 1.0, -2.0, 2.0, -2.0])
-    v = jnp.zeros(12)
+    # three constraint gradients dependent, `J M⁻¹ Jᵀ` singular; 12 cells: 36 constraints,
+    # whose `J M⁻¹ Jᵀ` is factorized by block cyclic reduction
+    cells = 12
+    q = jnp.stack([jnp.ones(cells), -jnp.arange(cells), 2 * jnp.ones(cells),
+                   -jnp.arange(cells)], axis=1).ravel().astype(float)
+    v = jnp.zeros(4 * cells)
     formulation = FORMULATIONS["Baumgarte"]
-    structured, dense, q0, v0 = _pairs()["ladder"]
+    structured, dense = StructuredLadder(cells), DenseLadder(cells)
+    q0, v0 = _state(structured)
     np.testing.assert_allclose(structured.constraints(0.0, q), 0.0, atol=1e-15)
     for model in (structured, dense):
         assert bool(_fails(model, formulation, q, v))
@@ -297,6 +304,58 @@ def test_failure_check_agrees_on_a_singular_chain():
 def _fails(model, formulation, q, v):
     terms = model.terms(0.0, q, v)
     return formulation.failure(terms, formulation.failure_reference(terms))
+
+
+def test_banded_factorization():
+    rng = np.random.default_rng(3)
+    for size, band in ((40, 1), (64, 3), (37, 2)):
+        mask = np.abs(np.arange(size)[:, None] - np.arange(size)[None]) <= band
+        permutation = rng.permutation(size)  # scrambled: found again by reordering
+        mask = mask[permutation][:, permutation]
+        noise = rng.standard_normal((size, size)) * mask
+        matrix = (0.3 * (noise + noise.T) + 5 * np.eye(size)) * mask
+        plan = banded_plan(Pattern.from_mask(mask))
+        assert plan is not None and plan.width <= 2 * band
+        rhs = rng.standard_normal((size, 2))
+        sparse = SparseMatrix.from_dense(jnp.asarray(matrix), Pattern.from_mask(mask))
+        x, pivots = jax.jit(lambda a, b: banded_solve(a, b, plan))(sparse, jnp.asarray(rhs))
+        np.testing.assert_allclose(x, np.linalg.solve(matrix, rhs), atol=1e-13)
+        assert pivots.shape == (size,)
+        np.testing.assert_allclose(np.prod(pivots), np.linalg.det(matrix), rtol=1e-10)
+    assert banded_plan(Pattern.full((40, 40))) is None
+
+
+def test_banded_path_agrees(monkeypatch):
+    # banded factorizations from 4 rows on (32 by default), so that a small chain's
+    # `J M⁻¹ Jᵀ` (9 × 9, tridiagonal) uses one
+    monkeypatch.setattr(_sparse, "BANDED_MIN", 4)
+    _sparse.banded_plan.cache_clear()
+    structured, dense = StructuredChain(9), DenseChain(9)
+    assert banded_plan(structured.terms(0.0, *_state(structured)).sparse_mass.pattern)
+    q, v = _state(structured)
+    formulations = [FORMULATIONS["Baumgarte"], FORMULATIONS["ModifiedLagrange"]]
+    _, results_s, dense_s = _everything(structured, q, v, formulations)
+    _, results_d, _ = _everything(dense, q, v, formulations)
+    assert not dense_s
+    for (acc_s, lam_s), (acc_d, lam_d) in zip(results_s, results_d):
+        np.testing.assert_allclose(acc_s, acc_d, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(lam_s, lam_d, rtol=1e-10, atol=1e-10)
+    # gradients through the banded path: w.r.t. the gains, the state and the parameters
+    grad_s = _acceleration_gradient(structured, formulations, q, v)
+    grad_d = _acceleration_gradient(dense, formulations, q, v)
+    for a, b in zip(jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d)):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
+    _sparse.banded_plan.cache_clear()
+
+
+@eqx.filter_jit
+def _acceleration_gradient(model, formulations, q, v):
+    def loss(diff):
+        model_, formulations_, q_, v_ = diff
+        terms = model_.terms(0.1, q_, v_)
+        return sum(jnp.sum(jnp.sin(f.accelerations(terms)[0])) for f in formulations_)
+
+    return eqx.filter_grad(loss)((model, formulations, q, v))
 
 
 @eqx.filter_jit
@@ -315,10 +374,12 @@ def _gradient(model, formulation, q0, v0):
     return eqx.filter_grad(loss)((formulation, v0))
 
 
-@pytest.mark.parametrize("name", [
-    "Baumgarte", pytest.param("ModifiedLagrange", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["Baumgarte", "ModifiedLagrange"])
 def test_simulations_and_gradients_agree(name):
-    structured, dense, q0, v0 = _pairs()["chain"]
+    # 17 links, 34 coordinates: structured by default (not re-traced as a scalar graph)
+    structured, dense = CartesianChain(17), DenseChain(17)
+    q0, v0 = _state(structured)
     formulation = FORMULATIONS[name]
     for a, b in zip(_final(structured, formulation, q0, v0), _final(dense, formulation, q0, v0)):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)

@@ -270,3 +270,175 @@ def block_inverse(mass: SparseMatrix) -> SparseMatrix | None:
     # `Pattern` sorts its entries: reorder the values the same way.
     order = np.lexsort((cols[keep], rows[keep]))
     return SparseMatrix(inverse.reshape(-1)[np.flatnonzero(keep)[order]], out)
+
+
+# Block-tridiagonal (banded) factorization: for symmetric positive definite matrices whose
+# pattern, in its own order or after reverse Cuthill–McKee, has a half-bandwidth `b` small
+# against the size. Block cyclic reduction: `log2(size / b)` levels of batched `b × b`
+# Cholesky factorizations and products, so the work is `O(size · b²)` and the graph grows
+# with the logarithm of the size only.
+BANDED_MIN = 32  # smaller matrices keep the dense Cholesky
+BANDED_MAX_RATIO = 0.125  # half-bandwidth at most this fraction of the size
+
+
+class BandedPlan:
+    """Static data of a block-tridiagonal factorization: the symmetric permutation, block
+    size, and where each block entry sits in the matrix's values."""
+
+    def __init__(self, pattern: Pattern, order: np.ndarray, width: int):
+        size = pattern.shape[0]
+        self.size, self.order, self.width = size, order, width
+        self.blocks = -(-size // width)
+        padded = self.blocks * width
+        inverse = np.empty(size, np.int64)
+        inverse[order] = np.arange(size)
+        position = np.full((padded, padded), pattern.nnz, np.int64)
+        position[inverse[pattern.rows], inverse[pattern.cols]] = np.arange(pattern.nnz)
+        grid = position.reshape(self.blocks, width, self.blocks, width)
+        index = np.arange(self.blocks)
+        self.diagonal = grid[index, :, index, :]  # (blocks, b, b)
+        lower = np.full((self.blocks, width, width), pattern.nnz, np.int64)
+        lower[1:] = grid[index[1:], :, index[:-1], :]
+        self.lower = lower  # A[i, i − 1] blocks
+        self.padding = np.arange(padded) >= size  # padded rows (an identity there)
+        self.inverse_order = inverse
+
+
+@functools.lru_cache(maxsize=256)
+def banded_plan(pattern: Pattern) -> BandedPlan | None:
+    """A [`BandedPlan`][] for a symmetric pattern, or `None` where the dense Cholesky is
+    the better choice (small, or not narrow enough)."""
+    size = pattern.shape[0]
+    if size < BANDED_MIN:
+        return None
+
+    def bandwidth(order):
+        inverse = np.empty(size, np.int64)
+        inverse[order] = np.arange(size)
+        return int(np.max(np.abs(inverse[pattern.rows] - inverse[pattern.cols]), initial=0))
+
+    natural = np.arange(size)
+    best, width = natural, bandwidth(natural)
+    try:
+        import scipy.sparse
+        from scipy.sparse.csgraph import reverse_cuthill_mckee
+
+        graph = scipy.sparse.csr_matrix(
+            (np.ones(pattern.nnz), (pattern.rows, pattern.cols)), shape=(size, size))
+        rcm = np.asarray(reverse_cuthill_mckee(graph, symmetric_mode=True), np.int64)
+        if bandwidth(rcm) < width:
+            best, width = rcm, bandwidth(rcm)
+    except ImportError:  # pragma: no cover - scipy comes with jax
+        pass
+    width = max(width, 1)
+    if width > BANDED_MAX_RATIO * size:
+        return None
+    return BandedPlan(pattern, best, width)
+
+
+# Blocks up to this size are factorized by unrolled elementwise operations on the whole
+# batch (which XLA fuses), larger ones by LAPACK's batched Cholesky.
+_UNROLLED_BLOCK = 6
+
+
+def _cholesky(blocks):
+    """Lower Cholesky factors of a batch of blocks `(k, b, b)`."""
+    b = blocks.shape[1]
+    if b > _UNROLLED_BLOCK:
+        return jnp.linalg.cholesky(blocks)
+    low = [[None] * b for _ in range(b)]
+    zero = jnp.zeros_like(blocks[:, 0, 0])
+    for j in range(b):
+        diag = blocks[:, j, j]
+        for k in range(j):
+            diag = diag - low[j][k] ** 2
+        low[j][j] = jnp.sqrt(diag)
+        for i in range(j + 1, b):
+            entry = blocks[:, i, j]
+            for k in range(j):
+                entry = entry - low[i][k] * low[j][k]
+            low[i][j] = entry / low[j][j]
+    rows = [jnp.stack([low[i][j] if j <= i else zero for j in range(b)], axis=-1)
+            for i in range(b)]
+    return jnp.stack(rows, axis=1)
+
+
+def _cholesky_solve(low, rhs):
+    """`(L Lᵀ)⁻¹ rhs` for batched `low` `(k, b, b)` and `rhs` `(k, b, m)`."""
+    b = low.shape[1]
+    if b > _UNROLLED_BLOCK:
+        y = jax.lax.linalg.triangular_solve(low, rhs, left_side=True, lower=True)
+        return jax.lax.linalg.triangular_solve(low, y, left_side=True, lower=True,
+                                               transpose_a=True)
+    y = []
+    for i in range(b):
+        entry = rhs[:, i]
+        for k in range(i):
+            entry = entry - low[:, i, k, None] * y[k]
+        y.append(entry / low[:, i, i, None])
+    x = [None] * b
+    for i in reversed(range(b)):
+        entry = y[i]
+        for k in range(i + 1, b):
+            entry = entry - low[:, k, i, None] * x[k]
+        x[i] = entry / low[:, i, i, None]
+    return jnp.stack(x, axis=1)
+
+
+def _reduce(diag, lower, rhs, valid):
+    """Block cyclic reduction of `A x = rhs`, `A` block tridiagonal with diagonal blocks
+    `diag` `(k, b, b)` and sub-diagonal blocks `lower[i] = A[i, i − 1]` (`lower[0] = 0`);
+    `rhs` `(k, b, m)`. Returns `x` and the pivots of the factorization, `valid` a static
+    mask of the entries that are not padding."""
+    k, b = diag.shape[0], diag.shape[1]
+    if k == 1:
+        low = _cholesky(diag)
+        pivots = jnp.diagonal(low, axis1=1, axis2=2).reshape(-1) ** 2
+        return _cholesky_solve(low, rhs), pivots[valid.reshape(-1)]
+    if k % 2:  # an identity block, uncoupled
+        eye = jnp.eye(b, dtype=diag.dtype)[None]
+        diag = jnp.concatenate([diag, eye])
+        lower = jnp.concatenate([lower, jnp.zeros_like(lower[:1])])
+        rhs = jnp.concatenate([rhs, jnp.zeros_like(rhs[:1])])
+        valid = np.concatenate([valid, np.zeros((1, b), bool)])
+    diag_even, diag_odd = diag[0::2], diag[1::2]
+    lower_odd = lower[1::2]  # A[2j + 1, 2j]
+    lower_even = lower[0::2]  # A[2j, 2j − 1]
+    upper_odd = jnp.swapaxes(jnp.concatenate([lower_even[1:], jnp.zeros_like(lower[:1])]),
+                             1, 2)  # A[2j + 1, 2j + 2]
+    low = _cholesky(diag_odd)
+    odd_pivots = jnp.diagonal(low, axis1=1, axis2=2).reshape(-1) ** 2
+    z_lower = _cholesky_solve(low, lower_odd)  # D⁻¹ A[2j+1, 2j]
+    z_upper = _cholesky_solve(low, upper_odd)  # D⁻¹ A[2j+1, 2j+2]
+    z_rhs = _cholesky_solve(low, rhs[1::2])
+    t = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
+    shift = lambda x: jnp.concatenate([jnp.zeros_like(x[:1]), x[:-1]])  # noqa: E731
+    new_diag = diag_even - t(lower_odd) @ z_lower - lower_even @ shift(z_upper)
+    new_lower = -lower_even @ shift(z_lower)
+    new_rhs = rhs[0::2] - t(lower_odd) @ z_rhs - lower_even @ shift(z_rhs)
+    x_even, pivots = _reduce(new_diag, new_lower, new_rhs, valid[0::2])
+    next_even = jnp.concatenate([x_even[1:], jnp.zeros_like(x_even[:1])])
+    x_odd = z_rhs - z_lower @ x_even - z_upper @ next_even
+    x = jnp.stack([x_even, x_odd], axis=1).reshape(-1, b, rhs.shape[2])
+    pivots = jnp.concatenate([odd_pivots[valid[1::2].reshape(-1)], pivots])
+    return x[: k], pivots
+
+
+def banded_solve(matrix: SparseMatrix, rhs: Array, plan: BandedPlan) -> tuple[Array, Array]:
+    """`(A⁻¹ rhs, pivots)` of a symmetric positive definite sparse `A` by block cyclic
+    reduction on `plan`; `rhs` of shape `(size,)` or `(size, m)`. The pivots are those of a
+    symmetric factorization `P A Pᵀ = L D Lᵀ` (non-finite where `A` is not positive
+    definite)."""
+    values = _padded(matrix.values)
+    padding = jnp.asarray(plan.padding.reshape(plan.blocks, plan.width), values.dtype)
+    diag = values[plan.diagonal] + jax.vmap(jnp.diag)(padding)
+    lower = values[plan.lower]
+    vector = rhs.ndim == 1
+    b = rhs[:, None] if vector else rhs
+    padding_rows = jnp.zeros((plan.blocks * plan.width - plan.size, b.shape[1]), b.dtype)
+    permuted = jnp.concatenate([b[plan.order], padding_rows])
+    x, pivots = _reduce(diag, lower, permuted.reshape(plan.blocks, plan.width, -1),
+                        ~plan.padding.reshape(plan.blocks, plan.width))
+    x = x.reshape(-1, b.shape[1])[: plan.size]
+    out = x[plan.inverse_order]
+    return (out[:, 0] if vector else out), pivots

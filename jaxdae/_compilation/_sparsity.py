@@ -119,10 +119,99 @@ def _run(jaxpr, consts, inputs):
 
 
 def _evaluate(eqn, values):
-    with jax.ensure_compile_time_eval():
-        out = eqn.primitive.bind(*values, **eqn.params)
-    outs = out if eqn.primitive.multiple_results else [out]
+    outs = _numpy(eqn.primitive.name, eqn.params, values)
+    if outs is None:  # evaluated by JAX (one small compile per shape)
+        with jax.ensure_compile_time_eval():
+            out = eqn.primitive.bind(*values, **eqn.params)
+        outs = out if eqn.primitive.multiple_results else [out]
     return [_known(np.asarray(o)) for o in outs]
+
+
+_NUMPY_ELEMENTWISE = {
+    "add": np.add, "add_any": np.add, "sub": np.subtract, "mul": np.multiply,
+    "neg": np.negative, "max": np.maximum, "min": np.minimum, "eq": np.equal,
+    "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+    "ge": np.greater_equal, "and": np.logical_and, "or": np.logical_or, "not": np.logical_not,
+    "sin": np.sin, "cos": np.cos, "exp": np.exp, "sqrt": np.sqrt, "abs": np.abs,
+    "sign": np.sign, "square": np.square,
+}
+
+
+def _numpy(name, params, args):
+    """The primitive evaluated by numpy on concrete arguments, for the common ones (JAX's
+    eager evaluation compiles each primitive for each shape: seconds per model); `None`
+    for the others."""
+    args = [np.asarray(a) for a in args]
+    x = args[0] if args else None
+    if name in _NUMPY_ELEMENTWISE:
+        if name in ("and", "or", "not") and x.dtype != bool:
+            return None
+        return [_NUMPY_ELEMENTWISE[name](*args)]
+    if name == "div" and np.issubdtype(x.dtype, np.inexact):
+        return [np.divide(*args)]
+    if name == "integer_pow":
+        return [x ** params["y"]]
+    if name in ("copy", "copy_p"):
+        return [x]
+    if name == "convert_element_type":
+        return [x.astype(params["new_dtype"])]
+    if name == "iota":
+        shape, dimension = params["shape"], params["dimension"]
+        index = np.arange(shape[dimension], dtype=params["dtype"])
+        view = [1] * len(shape)
+        view[dimension] = shape[dimension]
+        return [np.broadcast_to(index.reshape(view), shape)]
+    if name == "reshape" and params.get("dimensions") is None:
+        return [np.reshape(x, params["new_sizes"])]
+    if name == "broadcast_in_dim":
+        shape, dims = params["shape"], tuple(params["broadcast_dimensions"])
+        view = [x.shape[dims.index(i)] if i in dims else 1 for i in range(len(shape))]
+        return [np.broadcast_to(x.reshape(view), shape)]
+    if name == "transpose":
+        return [np.transpose(x, params["permutation"])]
+    if name == "squeeze":
+        return [np.squeeze(x, axis=tuple(params["dimensions"]))]
+    if name == "expand_dims":
+        return [np.expand_dims(x, tuple(params["dimensions"]))]
+    if name == "rev":
+        return [np.flip(x, axis=tuple(params["dimensions"]))]
+    if name == "slice":
+        strides = params["strides"] or (1,) * x.ndim
+        return [x[tuple(slice(a, b, c) for a, b, c in
+                        zip(params["start_indices"], params["limit_indices"], strides))]]
+    if name == "concatenate":
+        return [np.concatenate(args, axis=params["dimension"])]
+    if name == "split":
+        cuts = np.cumsum(params["sizes"])[:-1]
+        return np.split(x, cuts, axis=params["axis"])
+    if name in ("reduce_sum", "reduce_max", "reduce_min", "reduce_or", "reduce_and"):
+        fn = {"reduce_sum": np.sum, "reduce_max": np.max, "reduce_min": np.min,
+              "reduce_or": np.any, "reduce_and": np.all}[name]
+        return [fn(x, axis=tuple(params["axes"]))]
+    if name == "cumsum":
+        axis = params["axis"]
+        if params.get("reverse"):
+            return [np.flip(np.cumsum(np.flip(x, axis), axis=axis), axis)]
+        return [np.cumsum(x, axis=axis)]
+    if name == "select_n":
+        cases = np.broadcast_arrays(*args[1:])
+        return [np.choose(np.asarray(x, dtype=int), cases)]
+    if name == "dot_general":
+        (lc, rc), (lb, rb) = params["dimension_numbers"]
+        lhs, rhs = args
+        letters = iter("abcdefghijklmnopqrstuvwxyz")
+        ls = [next(letters) for _ in range(lhs.ndim)]
+        rs = [next(letters) for _ in range(rhs.ndim)]
+        for i, j in zip(lc, rc):
+            rs[j] = ls[i]
+        for i, j in zip(lb, rb):
+            rs[j] = ls[i]
+        batch = [ls[i] for i in lb]
+        free_l = [ls[i] for i in range(lhs.ndim) if i not in lc and i not in lb]
+        free_r = [rs[j] for j in range(rhs.ndim) if j not in rc and j not in rb]
+        spec = f"{''.join(ls)},{''.join(rs)}->{''.join(batch + free_l + free_r)}"
+        return [np.einsum(spec, lhs, rhs)]
+    return None
 
 
 def _structural(eqn, ins):

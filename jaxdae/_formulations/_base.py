@@ -20,7 +20,14 @@ from .._compilation._linalg import (
     small_matmul,
     spd_solve,
 )
-from .._compilation._sparse import SparseMatrix, block_inverse, sparse_add, sparse_matmul
+from .._compilation._sparse import (
+    SparseMatrix,
+    banded_plan,
+    banded_solve,
+    block_inverse,
+    sparse_add,
+    sparse_matmul,
+)
 from .._systems._system import ConstrainedTerms
 
 
@@ -122,20 +129,23 @@ class AbstractExactMultipliers(AbstractFormulation):
 
     def failure_reference(self, terms):
         """The largest pivot of `G M⁻¹ Gᵀ` at the initial state."""
-        matrix = constraint_matrix(terms)
-        return _extreme_pivots(matrix)[1] if matrix.shape[0] else None
+        elimination = eliminate(terms)
+        matrix = elimination.matrix
+        return _extreme_pivots(matrix, elimination.sparse_matrix)[1] if matrix.shape[0] else None
 
     def failure(self, terms, initial_largest):
-        matrix = constraint_matrix(terms)
+        elimination = eliminate(terms)
+        matrix = elimination.matrix
         if matrix.shape[0] == 0:
             return jnp.array(False)
-        smallest, largest = _extreme_pivots(matrix)
+        smallest, largest = _extreme_pivots(matrix, elimination.sparse_matrix)
         tol = default_rcond(self.rcond, matrix.dtype)
         if matrix.shape[0] <= 2:
             return smallest <= tol * jnp.maximum(largest, initial_largest)
         # A pivot that is not positive (nan from the factorization) counts as failed; a
         # matrix that is not finite is the non-finite check's to report.
-        finite = jnp.all(jnp.isfinite(matrix))
+        values = matrix if elimination.sparse_matrix is None else elimination.sparse_matrix.values
+        finite = jnp.all(jnp.isfinite(values))
         return finite & ~(smallest > tol * jnp.maximum(largest, initial_largest))
 
     @property
@@ -169,12 +179,25 @@ def second_order_matrix(
     return jnp.block([[jnp.zeros_like(eye), eye], [-stiffness, -damping]])
 
 
-def _extreme_pivots(matrix):
+def _extreme_pivots(matrix, sparse=None):
     """`(smallest, largest)` pivot of a symmetric matrix (see `AbstractExactMultipliers`)."""
     if matrix.shape[0] <= 2:
         return extreme_eigenvalues(matrix)
-    pivots = cholesky_pivots(matrix)
+    plan = None if sparse is None else banded_plan(sparse.pattern)
+    if plan is not None:
+        _, pivots = banded_solve(sparse, jnp.zeros(matrix.shape[0], matrix.dtype), plan)
+    else:
+        pivots = cholesky_pivots(matrix)
     return jnp.min(pivots), jnp.max(pivots)
+
+
+def spd_solve_with_pivots(matrix, sparse, rhs):
+    """`(matrix⁻¹ rhs, pivots or None)`: block cyclic reduction where `sparse` (the same
+    matrix on its pattern, or `None`) is banded, else `spd_solve` (pivots `None`)."""
+    plan = None if sparse is None else banded_plan(sparse.pattern)
+    if plan is not None:
+        return banded_solve(sparse, rhs, plan)
+    return spd_solve(matrix, rhs), None
 
 
 # A constraint Jacobian denser than this is multiplied as a dense matrix.
@@ -188,12 +211,20 @@ class Elimination(NamedTuple):
     - `minv_gt`: `M⁻¹ Gᵀ`, `(n, c)`: a dense array or a [`SparseMatrix`][].
     - `matrix`: `A = G M⁻¹ Gᵀ`, dense `(c, c)`, symmetrized.
     - `g_minv_q`: `G M⁻¹ Q`, `(c,)`.
+    - `sparse_matrix`: `A` on its pattern where it came from sparse products, else `None`.
     """
 
     minv_q: Array
     minv_gt: Array | SparseMatrix
     matrix: Array
     g_minv_q: Array
+    sparse_matrix: SparseMatrix | None = None
+
+    def solve(self, rhs):
+        """`(A⁻¹ rhs, pivots or None)` for `A` positive definite: block cyclic reduction
+        where `A`'s pattern is banded (after reordering), else Cholesky (pivots `None`:
+        `_extreme_pivots` factorizes again where asked)."""
+        return spd_solve_with_pivots(self.matrix, self.sparse_matrix, rhs)
 
     def apply_minv_gt(self, lam):
         """`M⁻¹ Gᵀ λ`."""
@@ -218,8 +249,8 @@ def eliminate(terms: ConstrainedTerms) -> Elimination:
             g = terms.sparse_jacobian
             minv_q = minv.matvec(terms.forces)
             minv_gt = sparse_matmul(minv, g.T)
-            matrix = sparse_matmul(g, minv_gt).symmetrized().dense()
-            return Elimination(minv_q, minv_gt, matrix, g.matvec(minv_q))
+            sparse = sparse_matmul(g, minv_gt).symmetrized()
+            return Elimination(minv_q, minv_gt, sparse.dense(), g.matvec(minv_q), sparse)
     minv_q, minv_gt = _mass_solve(terms)
     g = terms.jacobian
     matrix = small_matmul(g, minv_gt)
@@ -228,7 +259,8 @@ def eliminate(terms: ConstrainedTerms) -> Elimination:
 
 
 def penalized_mass(terms: ConstrainedTerms, apply_masses):
-    """`M + Gᵀ 𝔄 G` (dense, symmetrized) and `𝔄 G` (a [`SparseMatrix`][]) of the modified
+    """`M + Gᵀ 𝔄 G` (dense, symmetrized), `𝔄 G` (with `rmatvec`) and `M + Gᵀ 𝔄 G` on its
+    pattern (or `None`) of the modified
     Lagrange equation (paper 004, eq. [30]); `apply_masses(G)` gives `𝔄 G` for `G` a
     `SparseMatrix` or a dense array. From sparse products where the terms carry sparse `M`
     and `G`."""
@@ -237,12 +269,12 @@ def penalized_mass(terms: ConstrainedTerms, apply_masses):
     ):
         masses_g = apply_masses(terms.sparse_jacobian)
         product = sparse_matmul(terms.sparse_jacobian.T, masses_g)
-        lhs = sparse_add(terms.sparse_mass, product).dense()
-        return 0.5 * (lhs + lhs.T), masses_g
+        lhs = sparse_add(terms.sparse_mass, product).symmetrized()
+        return lhs.dense(), masses_g, lhs
     g = terms.jacobian
     masses_g = apply_masses(g)
     lhs = terms.mass_matrix + small_matmul(g.T, masses_g)
-    return 0.5 * (lhs + lhs.T), _Dense(masses_g)
+    return 0.5 * (lhs + lhs.T), _Dense(masses_g), None
 
 
 def jacobian_matvec(terms: ConstrainedTerms, x: Array) -> Array:
@@ -285,7 +317,7 @@ def multiplier_solve(
     a_matrix = elimination.matrix
     rhs = elimination.g_minv_q - target
     if isinstance(solver, lx.Cholesky):
-        lam = spd_solve(a_matrix, rhs)
+        lam, _ = elimination.solve(rhs)
     elif isinstance(solver, lx.SVD):
         lam = psd_pseudo_solve(a_matrix, rhs, default_rcond(solver.rcond, a_matrix.dtype))
     else:

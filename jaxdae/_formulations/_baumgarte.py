@@ -85,8 +85,9 @@ class Unstabilized(AbstractExactMultipliers):
     **Arguments:**
 
     - `rcond`: the simulation stops with `RESULTS.singular_constraint_matrix` when the
-        smallest eigenvalue of `J M⁻¹ Jᵀ` falls below `rcond` times its largest (now or at
-        the initial state, whichever is larger). Default `sqrt(eps)`.
+        smallest pivot of `J M⁻¹ Jᵀ` (its eigenvalues for one or two constraints, the
+        Cholesky factorization's pivots for more) falls below `rcond` times its largest (now
+        or at the initial state, whichever is larger). Default `sqrt(eps)`.
     """
 
     rcond: float | None = None
@@ -119,10 +120,11 @@ class Baumgarte(AbstractExactMultipliers):
         damped `kd = 2k`, `kp = k²`.
     - `kv`: `K_V` for nonholonomic constraints (same forms). Default: `mean(diag K_D) / 2`,
         the rate `k` of a critically damped `K_D`.
-    - `rcond`: `J M⁻¹ Jᵀ` is treated as singular when its smallest eigenvalue falls below
-        `rcond` times its largest (now or at the initial state, whichever is larger), so a
-        single constraint whose gradient vanishes is caught too. Default `sqrt(eps)` of the
-        state's dtype.
+    - `rcond`: `J M⁻¹ Jᵀ` is treated as singular when its smallest pivot (its eigenvalues
+        for one or two constraints, the pivots of its Cholesky factorization for more; see
+        `AbstractExactMultipliers`) falls below `rcond` times its largest (now or at the
+        initial state, whichever is larger), so a single constraint whose gradient vanishes
+        is caught too. Default `sqrt(eps)` of the state's dtype.
 
     **Raises:**
 

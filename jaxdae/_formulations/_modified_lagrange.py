@@ -2,10 +2,16 @@
 
 from .._custom_types import Gain, GainLike
 from .._gains import as_gain
-from .._compilation._linalg import small_matmul, spd_solve
+from .._compilation._linalg import small_matmul
 from .._compilation._sparse import SparseMatrix
 from ._arguments import explain_arguments
-from ._base import AbstractFormulation, baumgarte_target, jacobian_matvec, penalized_mass
+from ._base import (
+    AbstractFormulation,
+    baumgarte_target,
+    jacobian_matvec,
+    penalized_mass,
+    spd_solve_with_pivots,
+)
 from ._baumgarte import check_gain_values, check_stabilization_gains, stabilization_gains
 
 _PENALTY = (
@@ -57,9 +63,9 @@ class ModifiedLagrange(AbstractFormulation):
 
     def accelerations(self, terms):
         target = baumgarte_target(terms, self.kd, self.kp, self.kv)
-        lhs, masses_g = penalized_mass(terms, lambda g: _apply_masses(self.alpha, g))
+        lhs, masses_g, sparse = penalized_mass(terms, lambda g: _apply_masses(self.alpha, g))
         rhs = terms.forces + masses_g.rmatvec(target)
-        acc = spd_solve(lhs, rhs)
+        acc, _ = spd_solve_with_pivots(lhs, sparse, rhs)
         return acc, _apply_masses(self.alpha, jacobian_matvec(terms, acc) - target)
 
     def validate(self, num_holonomic, num_nonholonomic):
