@@ -4,7 +4,8 @@ For each mechanism and formulation, the same adaptive `Tsit5` solve (rtol 1e-8,
 atol 1e-10) with and without `jaxdae.Projected(diffrax.Tsit5())`:
 
 - `max |Φ|`, `max |[Φ̇; Ψ]|` over 201 save times that are step ends (the steps are clipped
-  to them, `diffrax.ClipStepSizeController(step_ts=ts)`), leaving out the initial state;
+  to them, `diffrax.ClipStepSizeController(step_ts=ts)`), leaving out the initial state
+  (up to where that solve stopped, if it stopped early);
 - steps and wall time of the solve without save times (a jitted solve, the best of
   interleaved repetitions; the machine's other load makes single timings noisy);
 - the gradient of a final-state loss with respect to a system parameter: its time, and its
@@ -88,6 +89,12 @@ def mechanisms(quick: bool):
     ]
 
 
+def _name(result) -> str:
+    """The name of a `jaxdae.RESULTS` item."""
+    return next(name for name, item in jaxdae.RESULTS._name_to_item.items()
+                if bool(item == result))
+
+
 def best_times(functions: dict, repeats: int) -> dict:
     """The best wall time of each function, the functions called in turn `repeats` times
     (interleaved, so that a change in the machine's load affects them alike)."""
@@ -112,9 +119,12 @@ def run_case(system, state, t1, formulation, parameter, repeats, gradient: bool)
             diffrax.PIDController(rtol=RTOL, atol=ATOL), step_ts=ts)
         sol = jaxdae.simulate(system, formulation, 0.0, t1, q0, s0, ts=ts, solver=solver,
                               stepsize_controller=clipped, throw=False)
-        residual_v = np.concatenate([np.asarray(sol.dphi[1:]), np.asarray(sol.psi[1:])], axis=1)
-        row[name] = dict(result=str(sol.result).split("<")[1].rstrip(">")[:60],
-                         max_phi=float(np.max(np.abs(sol.phi[1:]))),
+        # Rows after a stop are inf: the residuals up to where the solve stopped.
+        reached = np.isfinite(np.asarray(sol.ts[1:]))
+        residual_v = np.concatenate([np.asarray(sol.dphi[1:]), np.asarray(sol.psi[1:])],
+                                    axis=1)[reached]
+        row[name] = dict(saved_result=_name(sol.result), saved_until=float(sol.t_final),
+                         max_phi=float(np.max(np.abs(sol.phi[1:][reached]))),
                          max_dphi=float(np.max(np.abs(residual_v))))
     solves = {name: jax.jit(lambda q, s, solver=solver: jaxdae.simulate(
         system, formulation, 0.0, t1, q, s, solver=solver, rtol=RTOL, atol=ATOL,
@@ -124,6 +134,8 @@ def run_case(system, state, t1, formulation, parameter, repeats, gradient: bool)
         row[name]["steps"] = int(sol.stats["num_accepted_steps"])
         row[name]["rejected"] = int(sol.stats["num_rejected_steps"])
         row[name]["ok"] = bool(sol.succeeded)
+        row[name]["result"] = _name(sol.result)
+        row[name]["t_final"] = float(sol.t_final)
     times = best_times({name: (lambda solve=solve: solve(q0, s0).q_final)
                         for name, solve in solves.items()}, repeats)
     for name in solvers:
@@ -222,14 +234,19 @@ def main(out: Path, quick: bool = False) -> dict:
         results.append(row)
     figures = plot(results, out)
     lines = ["| mechanism | formulation | max abs Φ plain / projected | max abs Φ̇,Ψ plain / "
-             "projected | steps plain / projected | time ratio | gradient time ratio |",
-             "|---|---|---|---|---|---|---|"]
+             "projected | steps plain / projected | time ratio | gradient time ratio (same "
+             "adjoint) |", "|---|---|---|---|---|---|---|"]
     for r in results:
         p, j = r["plain"], r["projected"]
-        grad = f"{r['grad_time_ratio']:.2f}" if "grad_time_ratio" in r else "—"
+        grad = (f"{r['grad_time_ratio']:.2f} ({r['grad_time_ratio_same_adjoint']:.2f})"
+                if "grad_time_ratio" in r else "—")
+        steps = " / ".join(str(x["steps"]) + ("" if x["ok"] else f" ({x['result']} at t = "
+                                               f"{x['t_final']:.3g})") for x in (p, j))
+        until = ("" if p["saved_until"] >= r["t1"] else
+                 f" (to t = {p['saved_until']:.3g}: {p['saved_result']})")
         lines.append(
             f"| {r['mechanism']} | {r['formulation']} | {p['max_phi']:.1e} / {j['max_phi']:.1e}"
-            f" | {p['max_dphi']:.1e} / {j['max_dphi']:.1e} | {p['steps']} / {j['steps']} | "
+            f"{until} | {p['max_dphi']:.1e} / {j['max_dphi']:.1e} | {steps} | "
             f"{r['time_ratio']:.2f} | {grad} |")
     print("\n".join(lines))
     worst = max(max(r["projected"]["max_phi"], r["projected"]["max_dphi"]) for r in results)
