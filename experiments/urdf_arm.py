@@ -5,7 +5,8 @@ The arm is tests/data/three_link_arm.urdf: a turret on a continuous yaw joint, a
 and an elbow (revolute), a prismatic wrist and a tool frame on a fixed joint. It starts at
 zero joint coordinates with the yaw joint turning at 2 rad/s and the shoulder at 1 rad/s,
 and swings for 2 s under gravity (−z) with no damping, simulated with Baumgarte
-stabilization. With `exudyn` installed, the same bodies (masses, inertia tensors and poses
+stabilization; a spring (200 N/m, rest length 0.45 m) from the elbow to the wrist's slider
+keeps the prismatic wrist near its range (URDF limits are data, not forces). With `exudyn` installed, the same bodies (masses, inertia tensors and poses
 taken from the imported model) and joints are built with Exudyn's `CreateRigidBody`,
 `CreateRevoluteJoint`, `CreatePrismaticJoint` and solved by its generalized-α integrator; the
 tool's trajectories are compared.
@@ -59,6 +60,15 @@ def exudyn_tool(robot, model, q0, v0, t1, steps):
         else:
             mbs.CreateGenericJoint(itemNumbers=bodies, position=position,
                                    constrainedAxes=[1, 1, 1, 1, 1, 1])
+    for force in model.forces:
+        if isinstance(force, mb.SpringDamper):
+            (body_a, marker_a), (body_b, marker_b) = (ref.split(".") for ref in force.markers)
+            mbs.CreateSpringDamper(
+                bodyNumbers=[numbers[body_a], numbers[body_b]],
+                localPosition0=list(np.asarray(model.body(body_a).markers[marker_a])),
+                localPosition1=list(np.asarray(model.body(body_b).markers[marker_b])),
+                referenceLength=float(force.rest_length), stiffness=float(force.stiffness),
+                damping=float(force.damping))
     slider = robot.bodies[-1]
     sensor = mbs.AddSensor(SensorBody(
         bodyNumber=numbers[slider.name], localPosition=list(np.asarray(slider.markers["tool"])),
@@ -87,7 +97,8 @@ def main():
     out = output_dir(args.out, "urdf_arm")
     t1, num = (0.5, 51) if args.quick else (2.0, 201)
     robot = mb.load_urdf(URDF)
-    model = robot.mechanism(forces=[mb.Gravity()])
+    model = robot.mechanism(forces=[
+        mb.Gravity(), mb.SpringDamper("forearm.frame", "slider.frame", 200.0, 0.0, 0.45)])
     q0, v0 = model.initial_state(joint_coordinates=RATES, tol=1e-10)
     start = time.perf_counter()
     sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, t1, q0, v0,
@@ -96,7 +107,7 @@ def main():
     elapsed = time.perf_counter() - start
     energy = np.asarray(jax.vmap(model.energy)(sol.ts, sol.q, sol.v))
     tool = np.asarray(model.marker_position(sol.q, "slider.tool"))
-    reference = exudyn_tool(robot, model, q0, v0, t1, 20 * (num - 1))
+    reference = exudyn_tool(robot, model, q0, v0, t1, 80 * (num - 1))
     coordinates = model.joint_coordinates(sol.q)
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 4), constrained_layout=True)
     for k, label in enumerate("xyz"):
