@@ -236,7 +236,7 @@ def test_reverse_mode_inside_jit_traces_no_primal_solve(monkeypatch):
     assert primal_solves == [1]
 
     staged = []
-    probe = lambda x: staged.append(_adjoint._staged(x)) or x  # noqa: E731
+    probe = lambda x: staged.append(_adjoint.traced_for_jit(x)) or x  # noqa: E731
     for transform, x in ((jax.jit, 1.0), (jax.grad, 1.0), (lambda f: jax.jit(jax.grad(f)), 1.0),
                          (jax.vmap, jnp.ones(2)), (lambda f: jax.jit(jax.vmap(f)), jnp.ones(2)),
                          (lambda f: f, jnp.ones(2))):

@@ -31,8 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax._src import ad_util
 from jax.extend import core as jex
+from jax.extend.core.primitives import add_jaxvals_p
 
 from ._linalg import full_precision
 
@@ -99,7 +99,7 @@ class _Graph:
 
     def apply(self, prim, params: dict, args: list, dtype):
         """`prim` on scalars `args` (tracers or 0-d numpy constants), result of `dtype`."""
-        if prim is ad_util.add_jaxvals_p:  # the tangents' `add_any` is an ordinary sum here
+        if prim is add_jaxvals_p:  # the tangents' `add_any` is an ordinary sum here
             prim, params = lax.add_p, _params(lax.add)
         name = prim.name
         folded = _fold(name, params, args, dtype)

@@ -18,11 +18,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from diffrax._term import WrapTerm
 from jax.flatten_util import ravel_pytree
 
 from .._custom_types import Array
 from .._compilation._linalg import full_precision
+from .._compilation._private_apis import WrapTerm, traced_for_jit
 from .._compilation._scalarize import scalarize
 from ._solvers import AbstractWrappedSolver
 
@@ -151,27 +151,10 @@ def jit_unless_staged(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        return (fn if _staged((args, kwargs)) else jitted)(*args, **kwargs)
+        return (fn if traced_for_jit((args, kwargs)) else jitted)(*args, **kwargs)
 
     call.jitted = jitted
     return call
-
-
-def _staged(values) -> bool:
-    """Whether the tracers among `values` are traced for `jax.jit`: a trace under theirs
-    (a `grad`'s or `vmap`'s are over the jit's) stages a jaxpr. (JAX has no public way to
-    ask; should its internals change, the answer is no, and `jit_unless_staged` jits.)"""
-    tracer = next((x for x in jax.tree_util.tree_leaves(values)
-                   if isinstance(x, jax.core.Tracer)), None)
-    try:
-        from jax._src.interpreters.partial_eval import DynamicJaxprTrace
-
-        trace = tracer._trace
-        while not isinstance(trace, DynamicJaxprTrace):
-            trace = trace.parent_trace
-    except (AttributeError, ImportError):  # an eager trace (or none) at the bottom
-        return False
-    return True
 
 
 def swept_diffeqsolve(vector_field, solver, t0, t1, dt0, y0, *, args, saveat, ts,
@@ -199,20 +182,31 @@ def swept_diffeqsolve(vector_field, solver, t0, t1, dt0, y0, *, args, saveat, ts
     if step_args is not None and not saveat.solver_state:
         raise ValueError("`step_args` reads the final solver state: save it "
                          "(`SaveAt(solver_state=True)`).")
-    static = sweep_options(vector_field, solver, saveat, stepsize_controller, event, max_steps,
-                           adjoint.stored_steps, step_args, stage_vjp)
+    static = SweepOptions(
+        vector_field=vector_field, solver=solver, save_solver_state=saveat.solver_state,
+        event=event, stepsize_controller=stepsize_controller, max_steps=max_steps,
+        segments=_segments(max_steps, adjoint.stored_steps, stepsize_controller),
+        tableau=explicit_tableau(solver), step_args=step_args, stage_vjp=stage_vjp)
     # The save times as diffrax sees them (see `save_at`), differentiable: not in `static`.
     return _swept((args, y0, t0, t1, None if ts is None else saves.ts, dt0), static)
 
 
-def sweep_options(vector_field, solver, saveat, stepsize_controller, event, max_steps,
-                  stored_steps, step_args=None, stage_vjp=None) -> dict:
-    """The non-differentiated arguments of the swept solve (`_solve`, `_backward`)."""
-    return dict(vector_field=vector_field, solver=solver,
-                save_solver_state=saveat.solver_state, event=event,
-                stepsize_controller=stepsize_controller, max_steps=max_steps,
-                segments=_segments(max_steps, stored_steps, stepsize_controller),
-                tableau=explicit_tableau(solver), step_args=step_args, stage_vjp=stage_vjp)
+class SweepOptions(eqx.Module):
+    """The non-differentiated arguments of the swept solve (`_solve`, `_backward`): what
+    `swept_diffeqsolve` was given, the segments' `(count, length)` (`_segments`) and the
+    solver's Butcher tableau. The solver, controller and event may hold arrays (a
+    controller's tolerances): ordinary fields; the rest is static."""
+
+    vector_field: Callable = eqx.field(static=True)
+    solver: diffrax.AbstractSolver
+    save_solver_state: bool = eqx.field(static=True)
+    event: diffrax.Event | None
+    stepsize_controller: diffrax.AbstractStepSizeController
+    max_steps: int = eqx.field(static=True)
+    segments: tuple[int, int] | None = eqx.field(static=True)
+    tableau: diffrax.ButcherTableau
+    step_args: Callable | None = eqx.field(static=True)
+    stage_vjp: Callable | None = eqx.field(static=True)
 
 
 def _segments(max_steps, stored_steps, stepsize_controller) -> tuple[int, int] | None:
@@ -235,33 +229,33 @@ def _solve(vjp_arg, static):
     """The solve, and what the sweep reads: every accepted step's end time and state of the
     last segment, and each segment's start (`StepTo`: of the whole solve, by diffrax's
     `SaveAt(steps=True)`)."""
-    if static["segments"] is not None:
+    if static.segments is not None:
         return _solve_in_segments(vjp_arg, static)
     args, y0, t0, t1, ts, dt0 = vjp_arg
     saveat = _saveat(ts, static)
     subs = saveat.subs if isinstance(saveat.subs, list) else [saveat.subs]
     last = diffrax.SubSaveAt(steps=True)
     out = diffrax.diffeqsolve(
-        diffrax.ODETerm(static["vector_field"]), static["solver"], t0, t1, dt0, y0, args=args,
+        diffrax.ODETerm(static.vector_field), static.solver, t0, t1, dt0, y0, args=args,
         saveat=diffrax.SaveAt(subs=subs + [last], solver_state=saveat.solver_state),
-        stepsize_controller=static["stepsize_controller"], event=static["event"],
-        max_steps=static["max_steps"], adjoint=diffrax.RecursiveCheckpointAdjoint(),
+        stepsize_controller=static.stepsize_controller, event=static.event,
+        max_steps=static.max_steps, adjoint=diffrax.RecursiveCheckpointAdjoint(),
         throw=False)
     *ts_saved, step_ts = out.ts
     *ys_saved, step_ys = out.ys
     if not isinstance(saveat.subs, list):
         ts_saved, ys_saved = ts_saved[0], ys_saved[0]
     steps = out.stats["num_accepted_steps"]
-    stored = step_ts, step_ys, steps, out.solver_state if static["step_args"] else None
+    stored = step_ts, step_ys, steps, out.solver_state if static.step_args else None
     return eqx.tree_at(lambda o: (o.ts, o.ys), out, (ts_saved, ys_saved)), stored
 
 
 def _saveat(ts, static) -> diffrax.SaveAt:
     """What `swept_diffeqsolve` was asked to save: `t0` and `t1`, or `ts` and `t1`."""
     if ts is None:
-        return diffrax.SaveAt(t0=True, t1=True, solver_state=static["save_solver_state"])
+        return diffrax.SaveAt(t0=True, t1=True, solver_state=static.save_solver_state)
     return diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)],
-                          solver_state=static["save_solver_state"])
+                          solver_state=static.save_solver_state)
 
 
 class _RecordProposal(diffrax.AbstractStepSizeController):
@@ -347,8 +341,8 @@ def _start(vjp_arg, static):
     `diffrax.diffeqsolve` begins a solve given no states."""
     args, y0, t0, t1, _, dt0 = vjp_arg
     # The terms as diffeqsolve wraps them (the controller's first step depends on the type).
-    solver, terms = static["solver"], WrapTerm(diffrax.ODETerm(static["vector_field"]), 1)
-    tnext, controller_state = _RecordProposal(static["stepsize_controller"]).wrap(1).init(
+    solver, terms = static.solver, WrapTerm(diffrax.ODETerm(static.vector_field), 1)
+    tnext, controller_state = _RecordProposal(static.stepsize_controller).wrap(1).init(
         terms, t0, t1, y0, dt0, args, solver.func, solver.error_order(terms))
     solver_state = solver.init(terms, t0, jnp.minimum(tnext, t1), y0, args)
     return t0, y0, solver_state, controller_state, jnp.asarray(False)
@@ -368,11 +362,11 @@ def _segment(start, args, t0, t1, static, save_ts=None, event=None):
             lambda fn: eqx.Partial(_after_start, fn, t), event.cond_fn, is_leaf=callable))
     restart = t, controller_state[1], made_jump if _jumps(static) else None
     return diffrax.diffeqsolve(
-        diffrax.ODETerm(static["vector_field"]), _Restart(static["solver"], t), t0, t1, None,
+        diffrax.ODETerm(static.vector_field), _Restart(static.solver, t), t0, t1, None,
         y, args=args, saveat=diffrax.SaveAt(subs=subs, solver_state=True,
                                             controller_state=True, made_jump=True),
-        stepsize_controller=_RecordProposal(static["stepsize_controller"], restart),
-        event=event, max_steps=static["segments"][1] + 1, solver_state=solver_state,
+        stepsize_controller=_RecordProposal(static.stepsize_controller, restart),
+        event=event, max_steps=static.segments[1] + 1, solver_state=solver_state,
         controller_state=controller_state, adjoint=diffrax.RecursiveCheckpointAdjoint(),
         throw=False)
 
@@ -380,7 +374,7 @@ def _segment(start, args, t0, t1, static, save_ts=None, event=None):
 def _jumps(static) -> bool:
     """Whether the controller steps across discontinuities (the solver then re-evaluates a
     step's first stage); if not, diffrax resolves `made_jump` when tracing."""
-    return getattr(static["stepsize_controller"], "jump_ts", None) is not None
+    return getattr(static.stepsize_controller, "jump_ts", None) is not None
 
 
 def _solve_in_segments(vjp_arg, static):
@@ -388,8 +382,8 @@ def _solve_in_segments(vjp_arg, static):
     stopped (after a segment's length of steps), until the solve ends or `max_steps`. Keeps
     every segment's start and the last segment's steps."""
     args, y0, t0, t1, ts, _ = vjp_arg
-    count, length = static["segments"]
-    event = static["event"]
+    count, length = static.segments
+    event = static.event
     start = _start(vjp_arg, static)
     dtype = jnp.result_type(t0)
     # The starts as rows of one array (leaves in their common dtype: flags and small counters
@@ -454,9 +448,9 @@ def _solve_in_segments(vjp_arg, static):
         ts_out, ys_out = [saved[0], t_end], [saved[1], y_end]
     out = diffrax.Solution(
         t0=t0, t1=t_end[0], ts=ts_out, ys=ys_out, interpolation=None,
-        stats=dict(zip(_COUNTS, counts), max_steps=static["max_steps"]),
+        stats=dict(zip(_COUNTS, counts), max_steps=static.max_steps),
         result=last["result"],
-        solver_state=solver_state if static["save_solver_state"] else None,
+        solver_state=solver_state if static.save_solver_state else None,
         controller_state=None,
         made_jump=None, event_mask=last["event_mask"])
     return out, (last["step_ts"], last["step_ys"], last["steps"], starts, index,
@@ -492,9 +486,9 @@ def _loop_solve(vjp_arg, static):
     """The solve by `diffrax.diffeqsolve` (differentiated through its loop, if at all)."""
     args, y0, t0, t1, ts, dt0 = vjp_arg
     return diffrax.diffeqsolve(
-        diffrax.ODETerm(static["vector_field"]), static["solver"], t0, t1, dt0, y0, args=args,
-        saveat=_saveat(ts, static), stepsize_controller=static["stepsize_controller"],
-        event=static["event"], max_steps=static["max_steps"],
+        diffrax.ODETerm(static.vector_field), static.solver, t0, t1, dt0, y0, args=args,
+        saveat=_saveat(ts, static), stepsize_controller=static.stepsize_controller,
+        event=static.event, max_steps=static.max_steps,
         adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS), throw=False)
 
 
@@ -518,7 +512,7 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
         (vjp_arg_bar,) = stored.pull(bar)
         return vjp_arg_bar
     args, y0, t0, t1, ts, _ = jax.tree.map(_typed_literal_as_array, vjp_arg)
-    tableau, solver = static["tableau"], static["solver"]
+    tableau, solver = static.tableau, static.solver
     flat_y0, unravel = ravel_pytree(y0)
     flat = lambda y: ravel_pytree(y)[0]  # noqa: E731
     zero = jnp.zeros_like(flat_y0)
@@ -552,13 +546,13 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
 
     def rates(t, y, diff_args, static_args, solver_state, t_start):
         step_args = eqx.combine(diff_args, static_args)
-        if static["step_args"] is not None:
-            step_args = static["step_args"](step_args, solver_state, t_start)
-        return flat(static["vector_field"](t, unravel(y), step_args))
+        if static.step_args is not None:
+            step_args = static.step_args(step_args, solver_state, t_start)
+        return flat(static.vector_field(t, unravel(y), step_args))
 
-    if static["stage_vjp"] is not None:  # the solve's own (an ensemble's: row by row)
+    if static.stage_vjp is not None:  # the solve's own (an ensemble's: row by row)
         def stage_vjp(t, y, diff_args, static_args, solver_state, t_start, cotangent):
-            y_bar, args_bar = static["stage_vjp"](
+            y_bar, args_bar = static.stage_vjp(
                 t, unravel(y), eqx.combine(diff_args, static_args), solver_state, t_start,
                 unravel(cotangent))
             return flat(y_bar), eqx.partition(args_bar, perturbed[0])[0]
@@ -638,7 +632,7 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
         return jax.lax.fori_loop(0, steps, step_back, (end_bar, args_bar))
 
     args_bar = jax.tree.map(jnp.zeros_like, diff_args)
-    if static["segments"] is None:
+    if static.segments is None:
         step_ts, step_ys, steps, solver_state = stored
         start_bar, args_bar = sweep(step_ts, step_ys, steps, solver_state, t0, flat_y0,
                                     final_bar, save_bar, args_bar)
@@ -650,7 +644,7 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
             start = unravel_start(starts[i])
             save_bar_i = None if save_ts is None else jnp.where(
                 ((save_ts > start[0]) | (i == 0))[:, None], save_bar, 0)
-            solver_state = unravel_start(starts[i + 1])[2] if static["step_args"] else None
+            solver_state = unravel_start(starts[i + 1])[2] if static.step_args else None
             return sweep(*steps_i, solver_state, start[0], flat(start[1]), end_bar, save_bar_i,
                          args_bar)
 
@@ -669,7 +663,7 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
         # `t1` included, and XLA's algebraic simplifier then sinks that broadcast through
         # diffrax's 100 `prevbefore`s of `t1` one operation per pass, and gives up with
         # "stuck in a circular simplification loop" messages.)
-        one = static["segments"][0] == 1
+        one = static.segments[0] == 1
         start_bar, args_bar = sweep_segment(0 if one else count - 1, (step_ts, step_ys, steps),
                                             final_bar, args_bar)
         if not one:

@@ -7,7 +7,6 @@ import warnings
 
 import diffrax
 import equinox as eqx
-import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,6 +25,7 @@ from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._analysis._discrete import fixed_step_radius
 from .._formulations import AbstractFormulation, Baumgarte, ModifiedLagrange, PseudoInverse
 from .._formulations._base import baumgarte_target
+from .._compilation._private_apis import unvmap_any
 from .._compilation._linalg import full_precision, is_positive_definite, psd_pseudo_solve
 from .._gains import deferred_checks, is_concrete
 from .._systems._nonholonomic import is_not_affine
@@ -756,9 +756,9 @@ def simulate(
     `t1 <= t0`, unsorted `ts`, negative or zero tolerances); [`jaxdae.SimulationError`][]
     for a failed solve with `throw=True`.
     """
-    return _run(system, formulation, t0, t1, q0, v0, ts, ensemble=False, solver=solver,
-                stepsize_controller=stepsize_controller, dt0=dt0, rtol=rtol, atol=atol,
-                max_steps=max_steps, adjoint=adjoint, throw=throw)
+    return _run(system, formulation, t0, t1, q0, v0, _Call(
+        ts=ts, ensemble=False, solver=solver, stepsize_controller=stepsize_controller, dt0=dt0,
+        rtol=rtol, atol=atol, max_steps=max_steps, adjoint=adjoint, throw=throw))
 
 
 @full_precision
@@ -830,9 +830,57 @@ def simulate_ensemble(
     As [`jaxdae.simulate`][]: a bad initial state is reported with its row, and with
     `throw=True` the first trajectory that failed is named.
     """
-    return _run(system, formulation, t0, t1, q0, v0, ts, ensemble=True, solver=solver,
-                stepsize_controller=stepsize_controller, dt0=dt0, rtol=rtol, atol=atol,
-                max_steps=max_steps, adjoint=adjoint, throw=throw)
+    return _run(system, formulation, t0, t1, q0, v0, _Call(
+        ts=ts, ensemble=True, solver=solver, stepsize_controller=stepsize_controller, dt0=dt0,
+        rtol=rtol, atol=atol, max_steps=max_steps, adjoint=adjoint, throw=throw))
+
+
+class _Call(eqx.Module):
+    """The keyword arguments of a call of `simulate` (`ensemble=False`) or
+    `simulate_ensemble`, as given."""
+
+    ts: object
+    ensemble: bool = eqx.field(static=True)
+    solver: object
+    stepsize_controller: object
+    dt0: object
+    rtol: object
+    atol: object
+    max_steps: object
+    adjoint: object
+    throw: object
+
+
+class _Times(eqx.Module):
+    """The times of a checked solve: start, end and the save times (None: `[t0, t1]`)."""
+
+    t0: Array
+    t1: Array
+    ts: Array | None
+
+
+class _SolveOptions(eqx.Module):
+    """How `_simulate` solves: diffrax's solver, step-size controller, first step, step
+    limit and adjoint (defaults filled in), and whether the states are an ensemble's rows."""
+
+    solver: diffrax.AbstractSolver
+    stepsize_controller: diffrax.AbstractStepSizeController
+    dt0: Array | None
+    max_steps: int | None = eqx.field(static=True)
+    adjoint: diffrax.AbstractAdjoint | ReverseSweepAdjoint
+    ensemble: bool = eqx.field(static=True)
+
+
+class _TracedChecks(eqx.Module):
+    """What `_simulate` checks when anything is `traced` (`_check_traced`): the deferred
+    checks of traced gains (`deferred_flags`, one message each), the initial state
+    (`check_state`: a traced state) and the times, and the solve's failure (`throw`)."""
+
+    deferred_flags: tuple
+    deferred_messages: tuple[str, ...] = eqx.field(static=True)
+    traced: bool = eqx.field(static=True)
+    check_state: bool = eqx.field(static=True)
+    throw: bool = eqx.field(static=True)
 
 
 def in_current_mesh(fn):
@@ -856,10 +904,12 @@ def in_current_mesh(fn):
 
 
 @in_current_mesh
-def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_controller,
-         dt0, rtol, atol, max_steps, adjoint, throw) -> Solution:
-    """Checks the input of `simulate` (`ensemble=False`) or `simulate_ensemble`, solves and
-    reports failures."""
+def _run(system, formulation, t0, t1, q0, v0, call: _Call) -> Solution:
+    """Checks the input of `simulate` (`call.ensemble` false) or `simulate_ensemble`, solves
+    and reports failures."""
+    ts, ensemble, solver, stepsize_controller, dt0, rtol, atol, max_steps, adjoint, throw = (
+        call.ts, call.ensemble, call.solver, call.stepsize_controller, call.dt0, call.rtol,
+        call.atol, call.max_steps, call.adjoint, call.throw)
     q0 = _float_array("q0", explicit_to_auto(q0), ensemble)
     v0 = _float_array("v0", explicit_to_auto(v0), ensemble)
     if is_explicitly_sharded(q0) or is_explicitly_sharded(v0):
@@ -930,20 +980,17 @@ def _run(system, formulation, t0, t1, q0, v0, ts, *, ensemble, solver, stepsize_
                            Tsit5 if solver is None else solver, dt0)
     traced = not is_concrete(system, formulation, t0, t1, q0, v0, ts)
     with forward_mode_hint():
-        sol = _simulate(
-            system, formulation, t0, t1, q0, v0, ts, tuple(flag for flag, _ in deferred),
-            ensemble=ensemble,
-            solver=Tsit5 if solver is None else solver,
-            stepsize_controller=stepsize_controller,
-            dt0=dt0,
+        solver = Tsit5 if solver is None else solver
+        options = _SolveOptions(
+            solver=solver, stepsize_controller=stepsize_controller, dt0=dt0,
             max_steps=max_steps,
-            adjoint=(default_adjoint(Tsit5 if solver is None else solver, max_steps)
-                     if adjoint is None else adjoint),
-            traced=traced,
-            check_state=not eager,
-            deferred_messages=tuple(message for _, message in deferred),
-            throw=throw,
-        )
+            adjoint=default_adjoint(solver, max_steps) if adjoint is None else adjoint,
+            ensemble=ensemble)
+        checks = _TracedChecks(
+            deferred_flags=tuple(flag for flag, _ in deferred),
+            deferred_messages=tuple(message for _, message in deferred), traced=traced,
+            check_state=not eager, throw=throw)
+        sol = _simulate(system, formulation, _Times(t0, t1, ts), q0, v0, options, checks)
     if not traced:
         sol = name_non_finite_term(sol, system, formulation, t0)
     if throw and not traced:  # else `_simulate` attached the check
@@ -1011,7 +1058,7 @@ def reported_failure(sol) -> Array:
         return jax.pure_callback(report, jax.ShapeDtypeStruct((), dtype), *arrays, *element,
                                  vmap_method="broadcast_all")
 
-    return jax.lax.cond(eqxi.unvmap_any(jnp.any(failed)), callback,
+    return jax.lax.cond(unvmap_any(jnp.any(failed)), callback,
                         lambda: jnp.zeros((), dtype))
 
 
@@ -1019,12 +1066,15 @@ Tsit5 = diffrax.Tsit5()
 
 
 @jit_unless_staged
-def _simulate(system, formulation, t0, t1, q0, v0, ts, deferred_flags, *, ensemble, solver,
-              stepsize_controller, dt0, max_steps, adjoint, traced, check_state,
-              deferred_messages, throw):
-    """The solve and its `Solution`; if anything is `traced`, with its checks attached
-    (`_check_traced`): the deferred ones (traced gains), those of the initial state
-    (`check_state`: a traced state) and of the times, and `throw`'s."""
+def _simulate(system, formulation, times: _Times, q0, v0, options: _SolveOptions,
+              checks: _TracedChecks):
+    """The solve and its `Solution`; if anything is `checks.traced`, with its checks
+    attached (`_check_traced`)."""
+    t0, t1, ts = times.t0, times.t1, times.ts
+    solver, stepsize_controller, dt0, max_steps, adjoint, ensemble = (
+        options.solver, options.stepsize_controller, options.dt0, options.max_steps,
+        options.adjoint, options.ensemble)
+    traced, throw = checks.traced, checks.throw
     saveat = save_at(t0, t1, ts, stepsize_controller)
     # An ensemble's trajectories stop one by one; one trajectory's solve stops at an event.
     stops_rows = ensemble and formulation.can_fail
@@ -1076,34 +1126,33 @@ def _simulate(system, formulation, t0, t1, q0, v0, ts, deferred_flags, *, ensemb
     reached = out.result == diffrax.RESULTS.successful
 
     if not ensemble:
-        sol, initial = _solution(system, formulation, t0, ts, q0, v0, out.ys, out.ts, reached,
-                                 result, out.stats, swept)
+        sol, initial = _solution(system, formulation, (t0, q0, v0), ts, (out.ts, out.ys),
+                                 (reached, result, out.stats), swept)
     else:
         def trajectory(q0, v0, ys, t_failed):
             failed = jnp.isfinite(t_failed)
             ts_saved, ys = _cut_at(ts, out.ts, ys, t_failed)
-            return _solution(system, formulation, t0, ts, q0, v0, ys, ts_saved,
-                             reached & ~failed,
-                             RESULTS.where(failed, formulation.failure_result, result),
-                             out.stats, swept)
+            return _solution(system, formulation, (t0, q0, v0), ts, (ts_saved, ys),
+                             (reached & ~failed,
+                              RESULTS.where(failed, formulation.failure_result, result),
+                              out.stats), swept)
 
         # Saved states are (time, trajectory, coordinate) in an ensemble: one trajectory each.
         t_failed = (out.solver_state[1] if stops_rows
                     else jnp.full(q0.shape[:1], jnp.inf, t1.dtype))
         sol, initial = jax.vmap(trajectory, in_axes=(0, 0, 1, 0))(q0, v0, out.ys, t_failed)
     if traced:
-        sol = _check_traced(sol, system, formulation, t0, t1, ts, checked_q0, checked_v0,
-                            *initial,
-                            deferred=(deferred_flags, deferred_messages), ensemble=ensemble,
-                            check_state=check_state, throw=throw)
+        sol = _check_traced(sol, system, formulation, times,
+                            (checked_q0, checked_v0, *initial), checks, ensemble)
     return sol
 
 
-def _check_traced(sol, system, formulation, t0, t1, ts, q0, v0, mass, forces, *, deferred,
-                  ensemble, check_state, throw):
+def _check_traced(sol, system, formulation, times: _Times, initial,
+                  checks: _TracedChecks, ensemble: bool):
     """`sol` with the checks of a traced call attached as one branched error: the
-    `deferred` ones (`(flags, messages)`), those of `check_initial_state` (`check_state`)
-    and of the times, then (`throw`) the failure of the solve.
+    deferred ones (`checks.deferred_flags`), those of `check_initial_state`
+    (`checks.check_state`) on `initial = (q0, v0, mass matrix, forces)` and of the times,
+    then (`checks.throw`) the failure of the solve.
 
     One `error_if` for all, each being a `lax.cond` with host callbacks. The initial
     state's checks run after the solve, on the mass matrix and forces that `_solution`
@@ -1111,7 +1160,10 @@ def _check_traced(sol, system, formulation, t0, t1, ts, q0, v0, mass, forces, *,
     second copy of the equations of motion in the compiled program, which XLA neither shares
     nor prunes (`experiments/bench_compile.py` counts the program's instructions). A solve
     from a bad state thus runs before the input's error is raised."""
-    flags, messages = list(deferred[0]), deferred[1]
+    t0, t1, ts = times.t0, times.t1, times.ts
+    q0, v0, mass, forces = initial
+    check_state, throw = checks.check_state, checks.throw
+    flags, messages = list(checks.deferred_flags), checks.deferred_messages
     rows_invalid = False
     if check_state:
         problems = functools.partial(initial_state_problems, system, formulation, t0,
@@ -1254,16 +1306,18 @@ def saved_times(ts, saved):
     return jnp.where(jnp.isfinite(saved), ts, jnp.inf)
 
 
-def _solution(system, formulation, t0, ts, q0, v0, ys, ts_saved, reached, result,
-              stats, swept: bool) -> tuple[Solution, tuple[Array, Array]]:
-    """One trajectory's [`jaxdae.Solution`][] from the states diffrax saved, and the mass
-    matrix and forces at the initial state (for `_check_traced`). `swept`: the solve's
+def _solution(system, formulation, start, ts, saved, outcome, swept: bool
+              ) -> tuple[Solution, tuple[Array, Array]]:
+    """One trajectory's [`jaxdae.Solution`][] from its `start = (t0, q0, v0)`, the times
+    and states diffrax `saved` and the solve's `outcome = (reached, result, stats)`, and the
+    mass matrix and forces at the initial state (for `_check_traced`). `swept`: the solve's
     adjoint is a `ReverseSweepAdjoint`.
 
     The diagnostics are evaluated once per row: the initial state, the saved states and
     the final state (without `ts` the second row is the final state), and the final row
     also gives `v_final`, `p_final` and the inputs of `checked_result`, so that the
     compiled program holds the equations of motion once for all of them."""
+    (t0, q0, v0), (ts_saved, ys), (reached, result, stats) = start, saved, outcome
     diagnostics_at = _swept_diagnostics if swept else _diagnostics
     if ts is None:
         ts_out, (q, v) = ts_saved, ys
