@@ -108,7 +108,12 @@ class SparseMatrix(eqx.Module):
         return cls(matrix[pattern.rows, pattern.cols], pattern)
 
     def dense(self) -> Array:
-        return _padded(self.values)[_positions(self.pattern)]
+        # A scatter of the nnz values (not a gather of every entry): where the values are
+        # constant, XLA folds it at compile time, and its evaluator took seconds for a gather
+        # of 128 × 128 entries.
+        p = self.pattern
+        return jnp.zeros(p.shape, self.values.dtype).at[p.rows, p.cols].set(
+            self.values, indices_are_sorted=True, unique_indices=True)
 
     @property
     def T(self) -> "SparseMatrix":  # noqa: N802 - the usual name
