@@ -71,18 +71,17 @@ def test_configure_for_simulates_controller():
     assert configure_for_controller(None, controller) is None  # simulate's default solver
 
 
-@pytest.mark.slow  # Kvaerno5's compile: ~25 s
 def test_configured_kvaerno_takes_the_steps_of_an_explicit_solver():
-    """On a non-stiff problem the configured Kvaerno5 takes no more than twice Tsit5's
-    steps; diffrax's `VeryChord` rejected converged iterations and took several times
-    more."""
+    """On a non-stiff problem a `Kvaerno5` handed to `simulate` (which configures its root
+    finder) takes no more than twice Tsit5's steps; diffrax's `VeryChord` rejected
+    converged iterations and took several times more."""
     def steps(solver):
         sol = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 2.0, Q0, V0, solver=solver,
                               rtol=1e-6, atol=1e-8)
         return int(sol.stats["num_steps"]), sol.q_final
 
     explicit, q_explicit = steps(diffrax.Tsit5())
-    implicit, q_implicit = steps(jaxdae.configure_implicit(diffrax.Kvaerno5(), 1e-6, 1e-8))
+    implicit, q_implicit = steps(diffrax.Kvaerno5())
     assert implicit <= 2 * explicit
     np.testing.assert_allclose(q_implicit, q_explicit, atol=1e-5)
 

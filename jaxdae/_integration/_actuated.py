@@ -57,6 +57,7 @@ from ._adjoint import (
     swept_diffeqsolve,
 )
 from .._compilation._scalarize import scalarize
+from ._implicit import configure_for_controller
 from ._simulate import (
     Tsit5,
     _check_times,
@@ -747,6 +748,8 @@ def simulate_actuated(
     system, control = cast_floating((system, control), dtype)
     control = _check_system(system, control, t0, q0, v0, w0)
     stepsize_controller, dt0 = step_options(stepsize_controller, dt0, rtol, atol, dtype)
+    if solver is not None:
+        solver = configure_for_controller(solver, stepsize_controller)
     with forward_mode_hint():
         sol = _simulate_actuated(
             system, control, t0, t1, q0, v0, w0, ts,

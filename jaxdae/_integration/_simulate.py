@@ -40,6 +40,7 @@ from .._solution import (
     residuals,
 )
 from ._solvers import AbstractWrappedSolver
+from ._implicit import configure_for_controller
 from ._projection import named_result
 from .._systems._system import AbstractSystem, LagrangianSystem, cast_floating
 
@@ -980,7 +981,8 @@ def _run(system, formulation, t0, t1, q0, v0, call: _Call) -> Solution:
                            Tsit5 if solver is None else solver, dt0)
     traced = not is_concrete(system, formulation, t0, t1, q0, v0, ts)
     with forward_mode_hint():
-        solver = Tsit5 if solver is None else solver
+        # An implicit solver's root finder stops at the step's tolerance (`ToleranceChord`).
+        solver = Tsit5 if solver is None else configure_for_controller(solver, stepsize_controller)
         options = _SolveOptions(
             solver=solver, stepsize_controller=stepsize_controller, dt0=dt0,
             max_steps=max_steps,
