@@ -48,7 +48,7 @@ class ConstrainedTerms(eqx.Module):
     - `energy`, `momenta`: the system's `energy` and `momenta` at the state, where deriving
         the terms computes them anyway (`None`: [`jaxdae.simulate`][] asks the system). They
         spare `simulate`'s diagnostics a trace of their own.
-    - `sparse_mass`, `sparse_jacobian`: `M` and `G` as [`SparseMatrix`][] values on the
+    - `sparse_mass`, `sparse_jacobian`: `M` and `G` as values on the static sparsity
         patterns found from the model (`_systems/_structure.py`), where the system derived
         them so; `None` otherwise (the dense fields are then all there is). The dense fields
         always hold the same matrices; under `jit`, a dense field nobody reads costs nothing.
@@ -69,13 +69,13 @@ class ConstrainedTerms(eqx.Module):
     mass_is_constant: bool = eqx.field(default=False, static=True)
 
     def mass_operator(self) -> SparseMatrix:
-        """`M` as a [`SparseMatrix`][]: on its pattern where known, else every entry."""
+        """`M` as a `SparseMatrix`: on its pattern where known, else every entry."""
         if self.sparse_mass is not None:
             return self.sparse_mass
         return SparseMatrix.from_dense(self.mass_matrix)
 
     def jacobian_operator(self) -> SparseMatrix:
-        """`G = [Φ_q; Ψ_v]` as a [`SparseMatrix`][]: on its pattern where known."""
+        """`G = [Φ_q; Ψ_v]` as a `SparseMatrix`: on its pattern where known."""
         if self.sparse_jacobian is not None:
             return self.sparse_jacobian
         return SparseMatrix.from_dense(self.jacobian)
