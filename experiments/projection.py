@@ -26,18 +26,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import jax  # noqa: E402
+import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import diffrax  # noqa: E402
-import equinox as eqx  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import diffrax
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from _common import figure, output_dir, parse_args, progress, write_json
 
-import jaxdae  # noqa: E402
-from _common import figure, output_dir, parse_args, progress, write_json  # noqa: E402
-from jaxdae.examples import (  # noqa: E402
+import jaxdae
+from jaxdae.examples import (
     BallAndBeam,
     CartesianArm,
     CartesianPendulum,
@@ -123,9 +123,9 @@ def run_case(system, state, t1, formulation, parameter, repeats, gradient: bool)
         reached = np.isfinite(np.asarray(sol.ts[1:]))
         residual_v = np.concatenate([np.asarray(sol.dphi[1:]), np.asarray(sol.psi[1:])],
                                     axis=1)[reached]
-        row[name] = dict(saved_result=_name(sol.result), saved_until=float(sol.t_final),
-                         max_phi=float(np.max(np.abs(sol.phi[1:][reached]))),
-                         max_dphi=float(np.max(np.abs(residual_v))))
+        row[name] = {"saved_result": _name(sol.result), "saved_until": float(sol.t_final),
+                         "max_phi": float(np.max(np.abs(sol.phi[1:][reached]))),
+                         "max_dphi": float(np.max(np.abs(residual_v)))}
     solves = {name: jax.jit(lambda q, s, solver=solver: jaxdae.simulate(
         system, formulation, 0.0, t1, q, s, solver=solver, rtol=RTOL, atol=ATOL,
         throw=False)) for name, solver in solvers.items()}
@@ -186,7 +186,7 @@ def plot(results, out):
     fig, axes = plt.subplots(1, 2, figsize=(11, 0.38 * len(results) + 1.5), sharey=True,
                              layout="constrained")
     for ax, key, title in ((axes[0], "max_phi", "max |Φ| at step ends"),
-                           (axes[1], "max_dphi", "max |Φ̇, Ψ| at step ends")):
+                           (axes[1], "max_dphi", "max |dΦ/dt|, |Ψ| at step ends")):
         for offset, name, colour in ((-0.2, "plain", "tab:red"),
                                      (0.2, "projected", "tab:blue")):
             values = np.maximum([r[name][key] for r in results], 1e-17)
@@ -215,7 +215,7 @@ def plot(results, out):
     cost = out / "projection_cost.png"
     fig.savefig(cost, dpi=130)
     plt.close(fig)
-    return [figure(drift, "max |Φ| and |Φ̇, Ψ| at step ends, with and without projection"),
+    return [figure(drift, "max |Φ| and |dΦ/dt|, |Ψ| at step ends, with and without projection"),
             figure(cost, "cost of the projection: time ratio of the solve and its gradient")]
 
 
@@ -233,9 +233,9 @@ def main(out: Path, quick: bool = False) -> dict:
         row.update(mechanism=name, formulation=fname, t1=t1)
         results.append(row)
     figures = plot(results, out)
-    lines = ["| mechanism | formulation | max abs Φ plain / projected | max abs Φ̇,Ψ plain / "
+    lines = [("| mechanism | formulation | max abs Φ plain / projected | max abs Φ̇,Ψ plain / "
              "projected | steps plain / projected | time ratio | gradient time ratio (same "
-             "adjoint) |", "|---|---|---|---|---|---|---|"]
+             "adjoint) |"), "|---|---|---|---|---|---|---|"]
     for r in results:
         p, j = r["plain"], r["projected"]
         grad = (f"{r['grad_time_ratio']:.2f} ({r['grad_time_ratio_same_adjoint']:.2f})"
@@ -255,8 +255,8 @@ def main(out: Path, quick: bool = False) -> dict:
                 f"{min(r['time_ratio'] for r in results):.2f}–"
                 f"{max(r['time_ratio'] for r in results):.2f}")
     print(headline)
-    write_json(out / "projection.json", dict(rtol=RTOL, atol=ATOL, quick=quick,
-                                             results=results))
+    write_json(out / "projection.json", {"rtol": RTOL, "atol": ATOL, "quick": quick,
+                                             "results": results})
     return {"headline": headline, "table": lines, "figures": figures}
 
 

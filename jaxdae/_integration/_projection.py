@@ -321,7 +321,7 @@ class Projected(diffrax.AbstractAdaptiveSolver):
             terms, t0, t1, y0, args, solver_state, True)
         q, s = y1
         tol = self.tol if self.tol is not None else float(1000 * jnp.finfo(q.dtype).eps)
-        project = lambda q_, s_: project_state(  # noqa: E731
+        project = lambda q_, s_: project_state(
             system, formulation, t1, q_, s_, self.linear_solver, self.iterations, tol)
         if q.ndim == 1:
             (q_new, s_new), position_ok, velocity_ok = project(q, s)
@@ -338,7 +338,7 @@ class Projected(diffrax.AbstractAdaptiveSolver):
         # Where the projection failed, the unprojected end (finite) is where it stopped.
         y_new = (jnp.where(keep, q_new, q), jnp.where(keep, s_new, s))
         correction = jax.tree.map(lambda a, b: a - b, y_new, y1)
-        return (y_new, y_error, dict(inner=dense_info, correction=correction), solver_state,
+        return (y_new, y_error, {"inner": dense_info, "correction": correction}, solver_state,
                 _failure_item(failed, result))
 
 
