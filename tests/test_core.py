@@ -405,6 +405,14 @@ def test_consistent_initial_state_is_the_mass_metric_projection():
     assert np.abs(terms.phi).max() < 1e-12 and np.abs(terms.dphi).max() < 1e-12
 
 
+def test_consistent_initial_state_tolerance_scales_with_velocities():
+    """A fast guess is projected to `Φ̇ = 0` up to rounding relative to its speed, not
+    refused: the default tolerance of `Φ̇` and `Ψ` scales with `max |v0|`."""
+    q, v = jaxdae.consistent_initial_state(PENDULUM, 0.0, jnp.array([0.9, -0.5]),
+                                           1e6 * jnp.array([0.7, 0.4]))
+    assert abs(float(q @ v)) < 1e3 * np.finfo(float).eps * 1e6
+
+
 @pytest.mark.perf(reason="pins the jit cache size of the private `_project`")
 def test_consistent_initial_state_under_vmap_and_grad():
     """A batch projected with `vmap` equals the guesses projected one by one; the Jacobian of

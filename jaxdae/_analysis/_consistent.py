@@ -43,8 +43,10 @@ def _project(system, t0, q0, v0, rtol, atol, max_steps):
     mass = system.mass_matrix(t0, q)
     minv_gt = jnp.linalg.solve(mass, g.T)
     a_matrix = lx.MatrixLinearOperator(g @ minv_gt, lx.positive_semidefinite_tag)
-    lam = lx.linear_solve(a_matrix, g @ v0 + offset, lx.SVD(), throw=False).value
-    v = v0 - minv_gt @ lam
+    v = v0
+    for _ in range(2):  # the second pass refines the first's rounding (large |v0|)
+        lam = lx.linear_solve(a_matrix, g @ v + offset, lx.SVD(), throw=False).value
+        v = v - minv_gt @ lam
     phi_final = system.constraints(t0, q)
     _, dphi, _, _ = holonomic_terms(system.constraints, t0, q, v)
     psi = system.velocity_constraints(t0, q, v)
@@ -79,8 +81,9 @@ def consistent_initial_state(
 
     - `system`: a [`jaxdae.LagrangianSystem`][].
     - `t0`, `q0`, `v0`: the time and the guess.
-    - `tol`: accepted residual `max(|Φ|, |Φ̇|, |Ψ|)`; default `1e3 · eps` of the dtype, scaled
-        by the size of `q0`.
+    - `tol`: accepted residual `max(|Φ|, |Φ̇|, |Ψ|)`; default `1e3 · eps` of the dtype times
+        `1 + max |q0|` for `Φ`, and times `(1 + max |q0|)(1 + max |v0|)` for `Φ̇` and `Ψ`
+        (which scale with the velocities).
     - `max_steps`: Newton iterations.
 
     **Returns:**
@@ -111,12 +114,18 @@ def consistent_initial_state(
     check_positive("tol", tol, "residual")
     if tol is None:
         tol = 1e3 * float(jnp.finfo(q0.dtype).eps) * (1.0 + jnp.max(jnp.abs(q0), initial=0.0))
-    # An array, not a Python float: a float would be a static argument of `_project`, one
+        velocity_tol = tol * (1.0 + jnp.max(jnp.abs(v0), initial=0.0))
+    else:
+        velocity_tol = tol
+    # Arrays, not Python floats: a float would be a static argument of `_project`, one
     # compilation per guess.
-    tol = jax.lax.stop_gradient(jnp.asarray(tol, q0.dtype))
+    tol, velocity_tol = (jax.lax.stop_gradient(jnp.asarray(x, q0.dtype))
+                         for x in (tol, velocity_tol))
     q, v, phi, dphi, psi, result = _project(system, t0, q0, v0, 0.1 * tol, 0.1 * tol, max_steps)
     residual = jnp.max(jnp.stack([jnp.max(jnp.abs(x), initial=0.0) for x in (phi, dphi, psi)]))
-    failed = ~(residual <= tol)  # also NaN
+    velocity_residual = jnp.max(jnp.abs(jnp.concatenate([dphi, psi])), initial=0.0)
+    failed = ~((jnp.max(jnp.abs(phi), initial=0.0) <= tol)
+               & (velocity_residual <= velocity_tol))  # also NaN
     if not is_concrete(failed):
         return eqx.error_if((q, v), failed, _NOT_FOUND.format(
             where="`q0`", detail="max(|Φ|, |Φ̇|, |Ψ|) > tol after the Newton projection"))
@@ -124,5 +133,6 @@ def consistent_initial_state(
         raise ValueError(_NOT_FOUND.format(
             where=f"q0 = {np.asarray(q0)}",
             detail=f"after Newton projection max(|Φ|, |Φ̇|, |Ψ|) = {float(residual):.3g} > "
-                   f"tol = {float(tol):.3g} ({optx.RESULTS[result]!s})"))
+                   f"tol = {float(tol):.3g} (velocities: {float(velocity_tol):.3g}; "
+                   f"{optx.RESULTS[result]!s})"))
     return q, v
