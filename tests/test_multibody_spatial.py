@@ -296,6 +296,7 @@ def final_angle(mech, q0, v0):
     return mech.joint_coordinate("pin", sol.q[-1])
 
 
+@pytest.mark.slow  # ~50 s of compile on a 2-core CPU; the planar layer's gradients run by default
 def test_design_gradients_against_central_differences():
     mech = hinged()
     q0, v0 = mech.initial_state(joint_coordinates={"pin": (0.5, 0.0)})
