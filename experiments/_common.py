@@ -99,3 +99,24 @@ def legend_below(ax, ncol: int = 2, **kwargs):
     with `plt.subplots(..., layout="constrained")`, which makes room for it."""
     return ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol, fontsize=8,
                      frameon=False, **kwargs)
+
+
+def exudyn_solve(exu, mbs, sensor, t1: float, steps: int, *, singular_jacobian: bool = False):
+    """Solve an assembled Exudyn system `mbs` with its generalized-α integrator in `steps`
+    fixed steps over `[0, t1]` (Newton to a relative 1e-10, dense linear algebra; with
+    `singular_jacobian`, redundant constraints accepted), and return the `sensor`'s stored
+    data (column 0 the time) and the solve's wall time in seconds."""
+    mbs.Assemble()
+    settings = exu.SimulationSettings()
+    settings.timeIntegration.numberOfSteps = steps
+    settings.timeIntegration.endTime = t1
+    settings.timeIntegration.verboseMode = 0
+    settings.solution.file.write = False
+    settings.solution.sensors.writePeriod = t1 / steps
+    settings.timeIntegration.newton.relativeTolerance = 1e-10
+    settings.linearSolver.solverType = exu.LinearSolverType.EigenDense
+    settings.linearSolver.ignoreSingularJacobian = singular_jacobian
+    start = time.perf_counter()
+    mbs.SolveDynamic(settings)
+    elapsed = time.perf_counter() - start
+    return mbs.GetSensorStoredData(sensor), elapsed

@@ -105,20 +105,9 @@ def exudyn_p3(t1, steps):
     sensor = mbs.AddSensor(SensorBody(bodyNumber=bodies[3], localPosition=[LENGTH, 0, 0],
                                       storeInternal=True,
                                       outputVariableType=exu.OutputVariableType.Position))
-    mbs.Assemble()
-    settings = exu.SimulationSettings()
-    settings.timeIntegration.numberOfSteps = steps
-    settings.timeIntegration.endTime = t1
-    settings.timeIntegration.verboseMode = 0
-    settings.solution.file.write = False
-    settings.solution.sensors.writePeriod = t1 / steps
-    settings.timeIntegration.newton.relativeTolerance = 1e-10
-    settings.linearSolver.solverType = exu.LinearSolverType.EigenDense
-    settings.linearSolver.ignoreSingularJacobian = True
-    start = time.perf_counter()
-    mbs.SolveDynamic(settings)
-    elapsed = time.perf_counter() - start
-    data = mbs.GetSensorStoredData(sensor)
+    from _common import exudyn_solve
+
+    data, elapsed = exudyn_solve(exu, mbs, sensor, t1, steps, singular_jacobian=True)
     return data[:, 0], data[:, 1:4], elapsed
 
 

@@ -133,25 +133,15 @@ def exudyn_s(model, t1, steps):
     for force in model.forces[1:]:
         (body_a, marker_a), (body_b, marker_b) = (ref.split(".") for ref in force.markers)
         mbs.CreateSpringDamper(
-            bodyNumbers=[numbers[body_a], numbers[body_b]],
+            itemNumbers=[numbers[body_a], numbers[body_b]],
             localPosition0=list(np.asarray(model.body(body_a).markers[marker_a])),
             localPosition1=list(np.asarray(model.body(body_b).markers[marker_b])),
             referenceLength=REST, stiffness=K, damping=C)
     sensor = mbs.AddSensor(SensorBody(bodyNumber=numbers["slider"], storeInternal=True,
                                       outputVariableType=exu.OutputVariableType.Position))
-    mbs.Assemble()
-    settings = exu.SimulationSettings()
-    settings.timeIntegration.numberOfSteps = steps
-    settings.timeIntegration.endTime = t1
-    settings.timeIntegration.verboseMode = 0
-    settings.solution.file.write = False
-    settings.solution.sensors.writePeriod = t1 / steps
-    settings.timeIntegration.newton.relativeTolerance = 1e-10
-    settings.linearSolver.solverType = exu.LinearSolverType.EigenDense
-    start = time.perf_counter()
-    mbs.SolveDynamic(settings)
-    elapsed = time.perf_counter() - start
-    data = mbs.GetSensorStoredData(sensor)
+    from _common import exudyn_solve
+
+    data, elapsed = exudyn_solve(exu, mbs, sensor, t1, steps)
     return data[:, 0], data[:, 3], elapsed
 
 

@@ -64,7 +64,7 @@ def exudyn_tool(robot, model, q0, v0, t1, steps):
         if isinstance(force, mb.SpringDamper):
             (body_a, marker_a), (body_b, marker_b) = (ref.split(".") for ref in force.markers)
             mbs.CreateSpringDamper(
-                bodyNumbers=[numbers[body_a], numbers[body_b]],
+                itemNumbers=[numbers[body_a], numbers[body_b]],
                 localPosition0=list(np.asarray(model.body(body_a).markers[marker_a])),
                 localPosition1=list(np.asarray(model.body(body_b).markers[marker_b])),
                 referenceLength=float(force.rest_length), stiffness=float(force.stiffness),
@@ -73,19 +73,9 @@ def exudyn_tool(robot, model, q0, v0, t1, steps):
     sensor = mbs.AddSensor(SensorBody(
         bodyNumber=numbers[slider.name], localPosition=list(np.asarray(slider.markers["tool"])),
         storeInternal=True, outputVariableType=exu.OutputVariableType.Position))
-    mbs.Assemble()
-    settings = exu.SimulationSettings()
-    settings.timeIntegration.numberOfSteps = steps
-    settings.timeIntegration.endTime = t1
-    settings.timeIntegration.verboseMode = 0
-    settings.solution.file.write = False
-    settings.solution.sensors.writePeriod = t1 / steps
-    settings.timeIntegration.newton.relativeTolerance = 1e-10
-    settings.linearSolver.solverType = exu.LinearSolverType.EigenDense
-    start = time.perf_counter()
-    mbs.SolveDynamic(settings)
-    elapsed = time.perf_counter() - start
-    data = mbs.GetSensorStoredData(sensor)
+    from _common import exudyn_solve
+
+    data, elapsed = exudyn_solve(exu, mbs, sensor, t1, steps)
     return data[:, 0], data[:, 1:4], elapsed
 
 
