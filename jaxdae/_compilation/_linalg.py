@@ -80,7 +80,7 @@ def spd_solve(matrix: Float[Array, "n n"], rhs: Array) -> Array:
         solver = lx.Cholesky()
         solve = lambda b: lx.linear_solve(spd_operator(matrix), b, solver, throw=False).value  # noqa: E731
         return solve(rhs) if rhs.ndim == 1 else jax.vmap(solve, in_axes=1, out_axes=1)(rhs)
-    low = _unrolled_cholesky(matrix)
+    low = unrolled_cholesky(matrix)
     y = []
     for i in range(n):
         entry = rhs[i]
@@ -96,7 +96,7 @@ def spd_solve(matrix: Float[Array, "n n"], rhs: Array) -> Array:
     return jnp.stack(x)
 
 
-def _unrolled_cholesky(matrix) -> list[list]:
+def unrolled_cholesky(matrix) -> list[list]:
     """The lower Cholesky factor of a small matrix as nested lists of scalars; a matrix that
     is not positive definite gives a non-positive pivot, whose square root is nan or 0."""
     n = matrix.shape[0]
@@ -127,7 +127,7 @@ def is_positive_definite(matrix: Float[Array, "n n"]) -> Bool[Array, ""]:
         return finite
     if n > UNROLL_MAX:
         return finite & (jnp.linalg.eigvalsh(jnp.where(finite, matrix, 0.0))[0] > 0)
-    low = _unrolled_cholesky(matrix)
+    low = unrolled_cholesky(matrix)
     pivots = jnp.stack([low[i][i] for i in range(n)])
     return finite & jnp.all(pivots > 0)
 
@@ -138,7 +138,7 @@ def cholesky_pivots(matrix: Float[Array, "n n"]) -> Float[Array, " n"]:
     matrix is not positive definite."""
     n = matrix.shape[0]
     if n <= UNROLL_MAX:
-        low = _unrolled_cholesky(matrix)
+        low = unrolled_cholesky(matrix)
         return jnp.stack([low[i][i] ** 2 for i in range(n)])
     return jnp.diagonal(jnp.linalg.cholesky(matrix)) ** 2
 
@@ -171,13 +171,7 @@ def psd_pseudo_solve(matrix: Float[Array, "c c"], rhs: Float[Array, " c"],
     """`A⁺ rhs` for a symmetric positive semidefinite `A`: the Moore–Penrose inverse with
     eigenvalues below `rcond · λ_max` treated as zero, as `lineax.SVD(rcond)` does.
 
-    In closed form for sizes 1 and 2 (a constraint written twice, a closure equation with
-    its redundant twin), where the SVD's LAPACK call at every stage makes a whole
-    simulation about 8× slower (`experiments/bench_solves.py`: the pendulum with its
-    constraint written twice); `lineax.SVD` beyond. For size 2 with `λ_min ≤ rcond · λ_max`,
-    `A − λ_min I = (λ_max − λ_min) v vᵀ` gives the rank-1 inverse `v vᵀ / λ_max`. Each
-    branch is evaluated with safe denominators, so the one not taken cannot put a nan into
-    the gradient.
+    In closed form for sizes 1 and 2 ([`psd_pseudo_inverse`][]), `lineax.SVD` beyond.
     """
     size = matrix.shape[0]
     if size == 0:
@@ -185,11 +179,34 @@ def psd_pseudo_solve(matrix: Float[Array, "c c"], rhs: Float[Array, " c"],
     if size > 2:
         solver = lx.SVD(rcond=rcond)
         return lx.linear_solve(spd_operator(matrix), rhs, solver, throw=False).value
+    return small_matmul(psd_pseudo_inverse(matrix, rcond), rhs)
+
+
+def psd_pseudo_inverse(matrix: Float[Array, "c c"], rcond: float) -> Float[Array, "c c"]:
+    """`A⁺` of a symmetric positive semidefinite `A`, eigenvalues below `rcond · λ_max`
+    treated as zero.
+
+    In closed form for sizes 1 and 2 (a constraint written twice, a closure equation with
+    its redundant twin), where the SVD's LAPACK call at every stage makes a whole
+    simulation about 8× slower (`experiments/bench_solves.py`: the pendulum with its
+    constraint written twice); by a symmetric eigendecomposition beyond. For size 2 with
+    `λ_min ≤ rcond · λ_max`, `A − λ_min I = (λ_max − λ_min) v vᵀ` gives the rank-1 inverse
+    `v vᵀ / λ_max`. Each branch is evaluated with safe denominators, so the one not taken
+    cannot put a nan into the gradient.
+    """
+    size = matrix.shape[0]
+    if size == 0:
+        return matrix
     tiny = jnp.finfo(matrix.dtype).tiny
+    if size > 2:
+        eigenvalues, vectors = jnp.linalg.eigh(0.5 * (matrix + matrix.T))
+        keep = eigenvalues > rcond * jnp.maximum(eigenvalues[-1], tiny)
+        inverse = jnp.where(keep, 1.0 / jnp.where(keep, eigenvalues, 1.0), 0.0)
+        return (vectors * inverse) @ vectors.T
     if size == 1:
         a = matrix[0, 0]
         nonzero = a > tiny
-        return jnp.where(nonzero, rhs / jnp.where(nonzero, a, 1.0), 0.0)
+        return jnp.where(nonzero, 1.0 / jnp.where(nonzero, a, 1.0), 0.0).reshape(1, 1)
     a, d, b = matrix[0, 0], matrix[1, 1], 0.5 * (matrix[0, 1] + matrix[1, 0])
     smallest, largest = extreme_eigenvalues(matrix)
     full_rank = smallest > rcond * largest
@@ -199,8 +216,7 @@ def psd_pseudo_solve(matrix: Float[Array, "c c"], rhs: Float[Array, " c"],
     gap = jnp.where(rank_one, (largest - smallest) * largest, 1.0)
     eye = jnp.eye(2, dtype=matrix.dtype)
     truncated = (jnp.stack([jnp.stack([a, b]), jnp.stack([b, d])]) - smallest * eye) / gap
-    pseudo = jnp.where(full_rank, inverse, jnp.where(rank_one, truncated, 0.0))
-    return small_matmul(pseudo, rhs)
+    return jnp.where(full_rank, inverse, jnp.where(rank_one, truncated, 0.0))
 
 
 def not_hurwitz(matrix: Float[Array, "d d"], xnp) -> Bool[Array, ""] | np.bool_:

@@ -12,22 +12,13 @@ import numpy as np
 from .._custom_types import Array, Bool, Float
 from .._gains import apply_gain
 from .._solution import RESULTS
-from .._compilation._linalg import (
-    cholesky_pivots,
-    extreme_eigenvalues,
-    psd_pseudo_solve,
-    spd_operator,
-    small_matmul,
-    spd_solve,
+from .._compilation._linalg import extreme_eigenvalues, small_matmul, spd_solve
+from .._compilation._linear_solvers import (
+    PositiveDefinite,
+    symmetric_operator,
+    symmetric_solve,
 )
-from .._compilation._sparse import (
-    SparseMatrix,
-    banded_plan,
-    banded_solve,
-    block_inverse,
-    sparse_add,
-    sparse_matmul,
-)
+from .._compilation._sparse import SparseMatrix, block_inverse, sparse_add, sparse_matmul
 from .._systems._system import ConstrainedTerms
 
 
@@ -130,15 +121,14 @@ class AbstractExactMultipliers(AbstractFormulation):
     def failure_reference(self, terms):
         """The largest pivot of `G M⁻¹ Gᵀ` at the initial state."""
         elimination = eliminate(terms)
-        matrix = elimination.matrix
-        return _extreme_pivots(matrix, elimination.sparse_matrix)[1] if matrix.shape[0] else None
+        return _extreme_pivots(elimination)[1] if elimination.matrix.shape[0] else None
 
     def failure(self, terms, initial_largest):
         elimination = eliminate(terms)
         matrix = elimination.matrix
         if matrix.shape[0] == 0:
             return jnp.array(False)
-        smallest, largest = _extreme_pivots(matrix, elimination.sparse_matrix)
+        smallest, largest = _extreme_pivots(elimination)
         tol = default_rcond(self.rcond, matrix.dtype)
         if matrix.shape[0] <= 2:
             return smallest <= tol * jnp.maximum(largest, initial_largest)
@@ -179,25 +169,14 @@ def second_order_matrix(
     return jnp.block([[jnp.zeros_like(eye), eye], [-stiffness, -damping]])
 
 
-def _extreme_pivots(matrix, sparse=None):
-    """`(smallest, largest)` pivot of a symmetric matrix (see `AbstractExactMultipliers`)."""
-    if matrix.shape[0] <= 2:
-        return extreme_eigenvalues(matrix)
-    plan = None if sparse is None else banded_plan(sparse.pattern)
-    if plan is not None:
-        _, pivots = banded_solve(sparse, jnp.zeros(matrix.shape[0], matrix.dtype), plan)
-    else:
-        pivots = cholesky_pivots(matrix)
+def _extreme_pivots(elimination):
+    """`(smallest, largest)` pivot of `G M⁻¹ Gᵀ` (see `AbstractExactMultipliers`): closed-form
+    eigenvalues for one or two constraints, else the pivots of [`PositiveDefinite`][]'s
+    factorization (the one the multipliers are solved with)."""
+    if elimination.matrix.shape[0] <= 2:
+        return extreme_eigenvalues(elimination.matrix)
+    pivots = PositiveDefinite().init(elimination.operator, {}).pivots
     return jnp.min(pivots), jnp.max(pivots)
-
-
-def spd_solve_with_pivots(matrix, sparse, rhs):
-    """`(matrix⁻¹ rhs, pivots or None)`: block cyclic reduction where `sparse` (the same
-    matrix on its pattern, or `None`) is banded, else `spd_solve` (pivots `None`)."""
-    plan = None if sparse is None else banded_plan(sparse.pattern)
-    if plan is not None:
-        return banded_solve(sparse, rhs, plan)
-    return spd_solve(matrix, rhs), None
 
 
 # A constraint Jacobian denser than this is multiplied as a dense matrix.
@@ -220,11 +199,11 @@ class Elimination(NamedTuple):
     g_minv_q: Array
     sparse_matrix: SparseMatrix | None = None
 
-    def solve(self, rhs):
-        """`(A⁻¹ rhs, pivots or None)` for `A` positive definite: block cyclic reduction
-        where `A`'s pattern is banded (after reordering), else Cholesky (pivots `None`:
-        `_extreme_pivots` factorizes again where asked)."""
-        return spd_solve_with_pivots(self.matrix, self.sparse_matrix, rhs)
+    @property
+    def operator(self) -> lx.AbstractLinearOperator:
+        """`A` as a lineax operator tagged positive semidefinite, on its pattern where it
+        has one."""
+        return symmetric_operator(self.matrix, self.sparse_matrix)
 
     def apply_minv_gt(self, lam):
         """`M⁻¹ Gᵀ λ`."""
@@ -259,22 +238,21 @@ def eliminate(terms: ConstrainedTerms) -> Elimination:
 
 
 def penalized_mass(terms: ConstrainedTerms, apply_masses):
-    """`M + Gᵀ 𝔄 G` (dense, symmetrized), `𝔄 G` (with `rmatvec`) and `M + Gᵀ 𝔄 G` on its
-    pattern (or `None`) of the modified
-    Lagrange equation (paper 004, eq. [30]); `apply_masses(G)` gives `𝔄 G` for `G` a
-    `SparseMatrix` or a dense array. From sparse products where the terms carry sparse `M`
-    and `G`."""
+    """`M + Gᵀ 𝔄 G` of the modified Lagrange equation (paper 004, eq. [30]) as a lineax
+    operator tagged positive semidefinite (symmetrized; on its pattern where the terms carry
+    sparse `M` and `G`), and `𝔄 G` (with `rmatvec`); `apply_masses(G)` gives `𝔄 G` for `G` a
+    `SparseMatrix` or a dense array."""
     if terms.sparse_mass is not None and terms.sparse_jacobian is not None and (
         terms.sparse_jacobian.pattern.density <= SPARSE_MAX_DENSITY
     ):
         masses_g = apply_masses(terms.sparse_jacobian)
         product = sparse_matmul(terms.sparse_jacobian.T, masses_g)
         lhs = sparse_add(terms.sparse_mass, product).symmetrized()
-        return lhs.dense(), masses_g, lhs
+        return symmetric_operator(lhs.dense(), lhs), masses_g
     g = terms.jacobian
     masses_g = apply_masses(g)
     lhs = terms.mass_matrix + small_matmul(g.T, masses_g)
-    return 0.5 * (lhs + lhs.T), _Dense(masses_g), None
+    return symmetric_operator(0.5 * (lhs + lhs.T)), _Dense(masses_g)
 
 
 def jacobian_matvec(terms: ConstrainedTerms, x: Array) -> Array:
@@ -310,18 +288,15 @@ def multiplier_solve(
 ):
     """Solves `M q̈ + Gᵀλ = Q`, `G q̈ = target` by eliminating `q̈` (paper 004 eqs. [6], [21]).
 
-    `λ = A⁻¹ (G M⁻¹ Q − target)` with `A = G M⁻¹ Gᵀ`; `solver` decides what `A⁻¹` means
-    (Cholesky for independent constraints, an SVD pseudo-inverse for redundant ones).
+    `λ = A⁻¹ (G M⁻¹ Q − target)` with `A = G M⁻¹ Gᵀ` as a positive semidefinite lineax
+    operator (on its pattern where the terms carry one), solved with `solver`
+    ([`symmetric_solve`][]): [`PositiveDefinite`][] for independent constraints,
+    [`PositiveSemidefinitePseudoInverse`][] (`A⁺`) for redundant ones, or any lineax solver
+    (through `lineax.linear_solve`).
     """
     elimination = eliminate(terms)
-    a_matrix = elimination.matrix
     rhs = elimination.g_minv_q - target
-    if isinstance(solver, lx.Cholesky):
-        lam, _ = elimination.solve(rhs)
-    elif isinstance(solver, lx.SVD):
-        lam = psd_pseudo_solve(a_matrix, rhs, default_rcond(solver.rcond, a_matrix.dtype))
-    else:
-        lam = lx.linear_solve(spd_operator(a_matrix), rhs, solver, throw=False).value
+    lam = symmetric_solve(elimination.operator, rhs, solver)
     return elimination.minv_q - elimination.apply_minv_gt(lam), lam
 
 

@@ -2,7 +2,6 @@
 
 import equinox as eqx
 import jax.numpy as jnp
-import lineax as lx
 
 from .._custom_types import Gain, GainLike
 from .._gains import (
@@ -13,6 +12,7 @@ from .._gains import (
     is_concrete,
     require_positive_definite,
 )
+from .._compilation._linear_solvers import PositiveDefinite
 from .._systems._system import ConstrainedTerms
 from ._arguments import explain_arguments
 from ._base import (
@@ -96,7 +96,7 @@ class Unstabilized(AbstractExactMultipliers):
         check_rcond(self.rcond)
 
     def accelerations(self, terms):
-        return multiplier_solve(terms, terms.bias, lx.Cholesky())
+        return multiplier_solve(terms, terms.bias, PositiveDefinite())
 
     def validate(self, num_holonomic, num_nonholonomic):
         return self
@@ -152,7 +152,7 @@ class Baumgarte(AbstractExactMultipliers):
 
     def accelerations(self, terms: ConstrainedTerms):
         target = baumgarte_target(terms, self.kd, self.kp, self.kv)
-        return multiplier_solve(terms, target, lx.Cholesky())
+        return multiplier_solve(terms, target, PositiveDefinite())
 
     def validate(self, num_holonomic, num_nonholonomic):
         return check_stabilization_gains(

@@ -2,12 +2,12 @@
 
 import jax
 import jax.numpy as jnp
-import lineax as lx
 import numpy as np
 
 from .._custom_types import Array, Float
 from .._gains import as_gain, gain_matrix, is_concrete, traced_check
 from .._compilation._linalg import not_hurwitz
+from .._compilation._linear_solvers import PositiveDefinite
 from .._systems._system import ConstrainedTerms
 from ._arguments import explain_arguments
 from ._base import (
@@ -185,4 +185,4 @@ class CoupledPerturbation(AbstractExactMultipliers):
         y = jnp.concatenate([terms.phi, terms.dphi, terms.psi])
         rows = self.perturbation_matrix(m, k, dtype)[m:]
         # G q̈ − bias = (Φ̈, Ψ̇) = rows · y
-        return multiplier_solve(terms, terms.bias + rows @ y, lx.Cholesky())
+        return multiplier_solve(terms, terms.bias + rows @ y, PositiveDefinite())

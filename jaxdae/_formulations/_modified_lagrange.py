@@ -3,6 +3,7 @@
 from .._custom_types import Gain, GainLike
 from .._gains import as_gain
 from .._compilation._linalg import small_matmul
+from .._compilation._linear_solvers import PositiveDefinite, symmetric_solve
 from .._compilation._sparse import SparseMatrix
 from ._arguments import explain_arguments
 from ._base import (
@@ -10,7 +11,6 @@ from ._base import (
     baumgarte_target,
     jacobian_matvec,
     penalized_mass,
-    spd_solve_with_pivots,
 )
 from ._baumgarte import check_gain_values, check_stabilization_gains, stabilization_gains
 
@@ -63,9 +63,9 @@ class ModifiedLagrange(AbstractFormulation):
 
     def accelerations(self, terms):
         target = baumgarte_target(terms, self.kd, self.kp, self.kv)
-        lhs, masses_g, sparse = penalized_mass(terms, lambda g: _apply_masses(self.alpha, g))
+        lhs, masses_g = penalized_mass(terms, lambda g: _apply_masses(self.alpha, g))
         rhs = terms.forces + masses_g.rmatvec(target)
-        acc, _ = spd_solve_with_pivots(lhs, sparse, rhs)
+        acc = symmetric_solve(lhs, rhs, PositiveDefinite())
         return acc, _apply_masses(self.alpha, jacobian_matvec(terms, acc) - target)
 
     def validate(self, num_holonomic, num_nonholonomic):

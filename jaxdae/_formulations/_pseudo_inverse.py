@@ -1,10 +1,9 @@
 """Moore–Penrose multipliers for redundant constraints (paper 004, eqs. [6]–[8])."""
 
-import lineax as lx
-
+from .._compilation._linear_solvers import PositiveSemidefinitePseudoInverse
 from .._custom_types import Gain, GainLike
 from ._arguments import explain_arguments
-from ._base import AbstractFormulation, baumgarte_target, default_rcond, multiplier_solve
+from ._base import AbstractFormulation, baumgarte_target, multiplier_solve
 from ._baumgarte import (
     _LYAPUNOV,
     check_gain_values,
@@ -50,8 +49,7 @@ class PseudoInverse(AbstractFormulation):
 
     def accelerations(self, terms):
         target = baumgarte_target(terms, self.kd, self.kp, self.kv)
-        rcond = default_rcond(self.rcond, terms.mass_matrix.dtype)
-        return multiplier_solve(terms, target, lx.SVD(rcond=rcond))
+        return multiplier_solve(terms, target, PositiveSemidefinitePseudoInverse(self.rcond))
 
     def validate(self, num_holonomic, num_nonholonomic):
         return check_stabilization_gains(

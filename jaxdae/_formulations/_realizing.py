@@ -6,11 +6,11 @@ from collections.abc import Callable
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import lineax as lx
 import numpy as np
 
 from .._checks import check_instance
 from .._custom_types import Array, Float, NonholonomicResidual
+from .._compilation._linear_solvers import PositiveDefinite
 from ._base import multiplier_solve
 from .._gains import as_gain, is_concrete, traced_check
 from .._systems._system import AbstractSystem, ConstrainedTerms
@@ -217,7 +217,7 @@ class RealizedConstraints(AbstractSystem):
             # Equivalent control: exact multipliers with Φ̈ = 0, Ψ̇ = −rate Ψ; R = −μ.
             rate = getattr(force, "rate", 0.0)
             target = full.bias + jnp.concatenate([jnp.zeros(m, q.dtype), -rate * full.psi])
-            _, multipliers = multiplier_solve(full, target, lx.Cholesky())
+            _, multipliers = multiplier_solve(full, target, PositiveDefinite())
             return -multipliers[m:]
 
         realizing = force(full.psi, reaction)

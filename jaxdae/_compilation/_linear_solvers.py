@@ -1,0 +1,322 @@
+"""The linear solvers of the constraint and penalty solves, as lineax solvers.
+
+The formulations solve with symmetric positive (semi)definite matrices: `G M⁻¹ Gᵀ` for the
+multipliers (paper 004, eq. [21]; its pseudo-inverse for redundant constraints, eq. [6])
+and `M + Gᵀ𝔄G` for the modified Lagrange equation (eq. [30]). They pass the matrix as a
+lineax operator — [`SparseSymmetricOperator`][] where the terms carry a sparsity pattern,
+`lineax.MatrixLinearOperator` otherwise — to [`symmetric_solve`][] with one of the solvers
+here or any lineax solver a user passes (which goes through `lineax.linear_solve`).
+
+- [`PositiveDefinite`][]: a Cholesky factorization that follows the size and the structure:
+  unrolled elementwise operations for tiny matrices (which XLA fuses), block cyclic
+  reduction where the operator's pattern is banded, LAPACK otherwise. Its state carries the
+  pivots that the failure checks read.
+- [`PositiveSemidefinitePseudoInverse`][]: the Moore–Penrose inverse of a symmetric positive
+  semidefinite matrix, with eigenvalues below `rcond · λ_max` treated as zero (what
+  `lineax.SVD(rcond)` computes for such a matrix), in closed form for sizes 1 and 2.
+"""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import lineax as lx
+import numpy as np
+
+from .._custom_types import Array, Float
+from ._linalg import UNROLL_MAX, psd_pseudo_inverse, small_matmul, unrolled_cholesky
+from ._sparse import BandedPlan, SparseMatrix, banded_plan, banded_solve
+
+
+class SparseSymmetricOperator(lx.AbstractLinearOperator):
+    """A symmetric [`SparseMatrix`][] as a lineax operator: products on its pattern, and
+    the pattern available to the solvers ([`PositiveDefinite`][] factorizes a banded one
+    by block cyclic reduction).
+
+    **Arguments:**
+
+    - `matrix`: a square `SparseMatrix` whose values are symmetric on a symmetric pattern.
+    - `tags`: lineax tags besides `lineax.symmetric_tag` (always present), e.g.
+        `lineax.positive_semidefinite_tag`. Unchecked, as lineax's own.
+    """
+
+    matrix: SparseMatrix
+    tags: frozenset = eqx.field(static=True)
+
+    def __init__(self, matrix: SparseMatrix, tags: object | frozenset = ()):
+        rows, cols = matrix.shape
+        if rows != cols:
+            raise ValueError(f"`SparseSymmetricOperator` needs a square matrix; got {matrix.shape}.")
+        self.matrix = matrix
+        tags = frozenset(tags) if isinstance(tags, (frozenset, set, tuple, list)) else (
+            frozenset([tags]))
+        self.tags = tags | {lx.symmetric_tag}
+
+    def mv(self, vector):
+        return self.matrix.matvec(vector)
+
+    def as_matrix(self):
+        return self.matrix.dense()
+
+    def transpose(self):
+        return self
+
+    def in_structure(self):
+        return jax.ShapeDtypeStruct((self.matrix.shape[1],), self.matrix.values.dtype)
+
+    def out_structure(self):
+        return jax.ShapeDtypeStruct((self.matrix.shape[0],), self.matrix.values.dtype)
+
+
+# lineax asks every operator these questions through `functools.singledispatch`.
+@lx.linearise.register(SparseSymmetricOperator)
+@lx.materialise.register(SparseSymmetricOperator)
+def _(operator):
+    return operator
+
+
+@lx.diagonal.register(SparseSymmetricOperator)
+def _(operator):
+    return jnp.diagonal(operator.as_matrix())
+
+
+@lx.tridiagonal.register(SparseSymmetricOperator)
+def _(operator):
+    matrix = operator.as_matrix()
+    return jnp.diagonal(matrix, -1), jnp.diagonal(matrix), jnp.diagonal(matrix, 1)
+
+
+@lx.is_symmetric.register(SparseSymmetricOperator)
+def _(operator):
+    return True
+
+
+def _has_tag(tag):
+    return lambda operator: tag in operator.tags
+
+
+lx.is_positive_semidefinite.register(SparseSymmetricOperator)(
+    _has_tag(lx.positive_semidefinite_tag))
+lx.is_negative_semidefinite.register(SparseSymmetricOperator)(
+    _has_tag(lx.negative_semidefinite_tag))
+lx.has_unit_diagonal.register(SparseSymmetricOperator)(_has_tag(lx.unit_diagonal_tag))
+
+
+@lx.is_diagonal.register(SparseSymmetricOperator)
+def _(operator):
+    return operator.matrix.pattern.is_diagonal
+
+
+@lx.is_tridiagonal.register(SparseSymmetricOperator)
+def _(operator):
+    pattern = operator.matrix.pattern
+    return bool(abs(pattern.rows - pattern.cols).max(initial=0) <= 1)
+
+
+@lx.is_lower_triangular.register(SparseSymmetricOperator)
+@lx.is_upper_triangular.register(SparseSymmetricOperator)
+def _(operator):
+    return operator.matrix.pattern.is_diagonal
+
+
+@lx.conj.register(SparseSymmetricOperator)
+def _(operator):
+    return operator  # real values
+
+
+def symmetric_operator(matrix: Float[Array, "c c"],
+                       sparse: SparseMatrix | None = None) -> lx.AbstractLinearOperator:
+    """A symmetric positive semidefinite matrix as a lineax operator: on its pattern where
+    `sparse` (the same matrix as a `SparseMatrix`) is given, else dense."""
+    if sparse is not None:
+        return SparseSymmetricOperator(sparse, lx.positive_semidefinite_tag)
+    return lx.MatrixLinearOperator(matrix, lx.positive_semidefinite_tag)
+
+
+class CholeskyFactor(eqx.Module):
+    """The state of [`PositiveDefinite`][]: a factorization and its pivots.
+
+    - `factor`: the lower Cholesky factor (unrolled and LAPACK methods), or the matrix's
+        values on its pattern (banded method: block cyclic reduction factorizes and solves
+        in one pass).
+    - `pivots`: the pivots `D` of `P A Pᵀ = L D Lᵀ` (`L` unit lower triangular; `P = I`
+        unless banded): non-finite or not positive where `A` is not positive definite.
+    - `plan`: the banded plan, or `None`.
+    """
+
+    factor: Array | SparseMatrix
+    pivots: Float[Array, " c"]
+    plan: BandedPlan | None = eqx.field(static=True)
+
+
+class AbstractDirectSolver(lx.AbstractLinearSolver):
+    """A lineax solver whose `init` and `compute` are ordinary differentiable JAX code
+    (elementwise operations, LAPACK calls with JAX's own derivative rules).
+
+    [`symmetric_solve`][] applies such a solver directly where `direct` says so: JAX then
+    differentiates the factorization itself, as it would a hand-written solve, and the scalar
+    graphs of small systems (`_scalarize.py`) fuse it with the rest of the right-hand side,
+    which they cannot do across `lineax.linear_solve`'s primitive (they apply it as an
+    opaque array operation and differentiate it with respect to all its operands, the
+    solver's state included, which lineax's derivative rule does not accept). Everywhere
+    else it is an ordinary lineax solver.
+    """
+
+    def direct(self, operator: lx.AbstractLinearOperator) -> bool:
+        """Whether `init` and `compute` may be differentiated directly for `operator`
+        (otherwise through `lineax.linear_solve`'s rules). Default: always."""
+        return True
+
+
+def symmetric_solve(operator: lx.AbstractLinearOperator, vector: Array,
+                    solver: lx.AbstractLinearSolver) -> Array:
+    """`operator⁻¹ vector` with `solver`, a failed solve giving non-finite values rather
+    than an error (which make the ODE solver reject the step and the failure checks report
+    it): directly for an [`AbstractDirectSolver`][] that allows it, else
+    `lineax.linear_solve(..., throw=False)`. An empty system gives `vector`."""
+    if vector.shape[0] == 0:
+        return vector
+    if isinstance(solver, AbstractDirectSolver) and solver.direct(operator):
+        solution, _, _ = solver.compute(solver.init(operator, {}), vector, {})
+        return solution
+    return lx.linear_solve(operator, vector, solver, throw=False).value
+
+
+class PositiveDefinite(AbstractDirectSolver):
+    """Cholesky solver for symmetric positive definite operators, following their size and
+    structure.
+
+    - Up to `UNROLL_MAX` rows: a Cholesky factorization unrolled into elementwise JAX
+      operations. LAPACK's factorization and triangular solves are custom calls that XLA
+      cannot fuse (on the CPU a kernel each with its own dispatch, and under `vmap` a loop
+      over the batch of tiny matrices).
+    - A [`SparseSymmetricOperator`][] whose pattern (in its own order or after reverse
+      Cuthill–McKee) is banded: block cyclic reduction, `O(size · b²)` work for a
+      half-bandwidth `b` (`banded_plan` decides where it applies).
+    - Otherwise LAPACK's Cholesky factorization.
+
+    Like `lineax.Cholesky` with `lineax.linear_solve(..., throw=False)`, a matrix that is not
+    positive definite gives non-finite values rather than an error. The state
+    ([`CholeskyFactor`][]) holds the factorization's pivots: each lies between the smallest
+    and the largest eigenvalue, and one vanishes where the matrix turns singular, so they
+    serve as the per-step test of `jaxdae.Baumgarte` and the other exact-multiplier
+    formulations.
+    """
+
+    def init(self, operator: lx.AbstractLinearOperator, options: dict[str, Any]) -> CholeskyFactor:
+        del options
+        if operator.in_size() != operator.out_size():
+            raise ValueError("`PositiveDefinite` needs a square operator.")
+        if not (lx.is_symmetric(operator) or lx.is_positive_semidefinite(operator)):
+            raise ValueError(
+                "`PositiveDefinite` solves with symmetric positive definite operators: tag "
+                "the operator with `lineax.positive_semidefinite_tag`.")
+        plan = None
+        if isinstance(operator, SparseSymmetricOperator):
+            plan = banded_plan(operator.matrix.pattern)
+        if plan is not None:
+            size = operator.in_size()
+            _, pivots = banded_solve(operator.matrix, jnp.zeros(size, operator.matrix.values.dtype),
+                                     plan)
+            return CholeskyFactor(operator.matrix, pivots, plan)
+        matrix = operator.as_matrix()
+        n = matrix.shape[0]
+        if n <= UNROLL_MAX:
+            low = unrolled_cholesky(matrix)
+            zero = jnp.zeros((), matrix.dtype)
+            factor = jnp.stack([jnp.stack([low[i][j] if j <= i else zero for j in range(n)])
+                                for i in range(n)]) if n else matrix
+        else:
+            factor = jnp.linalg.cholesky(matrix)
+        return CholeskyFactor(factor, jnp.diagonal(factor) ** 2, None)
+
+    def compute(self, state: CholeskyFactor, vector: Array, options: dict[str, Any]):
+        del options
+        if state.plan is not None:
+            solution, _ = banded_solve(state.factor, vector, state.plan)
+        elif vector.shape[0] <= UNROLL_MAX:
+            solution = _unrolled_cholesky_solve(state.factor, vector)
+        else:
+            low = state.factor
+            y = jax.lax.linalg.triangular_solve(low, vector[:, None], left_side=True, lower=True)
+            solution = jax.lax.linalg.triangular_solve(
+                low, y, left_side=True, lower=True, transpose_a=True)[:, 0]
+        return solution, lx.RESULTS.successful, {}
+
+    def transpose(self, state: CholeskyFactor, options: dict[str, Any]):
+        return state, options  # symmetric
+
+    def conj(self, state: CholeskyFactor, options: dict[str, Any]):
+        return state, options  # real
+
+    def assume_full_rank(self):
+        return True
+
+
+def _unrolled_cholesky_solve(low: Float[Array, "n n"], rhs: Float[Array, " n"]) -> Array:
+    """`(L Lᵀ)⁻¹ rhs` by forward and back substitution, unrolled."""
+    n = rhs.shape[0]
+    if n == 0:
+        return rhs
+    y = []
+    for i in range(n):
+        entry = rhs[i]
+        for k in range(i):
+            entry = entry - low[i, k] * y[k]
+        y.append(entry / low[i, i])
+    x = [None] * n
+    for i in reversed(range(n)):
+        entry = y[i]
+        for k in range(i + 1, n):
+            entry = entry - low[k, i] * x[k]
+        x[i] = entry / low[i, i]
+    return jnp.stack(x)
+
+
+class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):
+    """Moore–Penrose solver for symmetric positive semidefinite operators.
+
+    Eigenvalues below `rcond · λ_max` count as zero: for such a matrix its singular values are
+    its eigenvalues, so this is `lineax.SVD(rcond)`'s solution. In closed form for sizes 1
+    and 2 (a constraint written twice, a closure equation with its redundant twin), where an
+    SVD's LAPACK call at every stage made a whole simulation about 8× slower
+    (`experiments/bench_solves.py`); by a symmetric eigendecomposition beyond. Gradients follow
+    lineax's rule for pseudo-inverse solves.
+
+    **Arguments:**
+
+    - `rcond`: the relative cut-off. Default `sqrt(eps)` of the operator's dtype.
+    """
+
+    rcond: float | None = None
+
+    def direct(self, operator):
+        """For sizes 1 and 2 (closed forms with safe branches); beyond, lineax's rule for
+        pseudo-inverse solves (an eigendecomposition's own derivative is not finite where
+        eigenvalues repeat, as the zero ones of a rank-deficient matrix do)."""
+        return operator.in_size() <= 2
+
+    def init(self, operator: lx.AbstractLinearOperator, options: dict[str, Any]):
+        del options
+        if not (lx.is_symmetric(operator) or lx.is_positive_semidefinite(operator)):
+            raise ValueError(
+                "`PositiveSemidefinitePseudoInverse` solves with symmetric positive "
+                "semidefinite operators: tag the operator with "
+                "`lineax.positive_semidefinite_tag`, or use `lineax.SVD`.")
+        matrix = operator.as_matrix()
+        rcond = float(np.sqrt(np.finfo(matrix.dtype).eps)) if self.rcond is None else self.rcond
+        return psd_pseudo_inverse(matrix, rcond)
+
+    def compute(self, state: Array, vector: Array, options: dict[str, Any]):
+        del options
+        return small_matmul(state, vector), lx.RESULTS.successful, {}
+
+    def transpose(self, state: Array, options: dict[str, Any]):
+        return state, options  # symmetric
+
+    def conj(self, state: Array, options: dict[str, Any]):
+        return state, options  # real
+
+    def assume_full_rank(self):
+        return False
