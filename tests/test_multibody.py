@@ -260,6 +260,107 @@ def test_two_link_arm_matches_the_hand_written_example():
     np.testing.assert_allclose(tip.force, -ref.multipliers[:, ::-1], rtol=1e-8, atol=1e-8)
 
 
+def ball_and_beam(bb: jaxdae.examples.BallAndBeam, voltage: float) -> mb.Mechanism:
+    """Paper 000's Ball & Beam (`jaxdae.examples.BallAndBeam(exact=True)`) from bodies:
+    a massless beam pinned at O, a massless lever (a `Distance` joint) to a pin on the
+    motor's wheel, the ball rolling on the beam (`Rolling`, its centre on the beam's axis as
+    in the example), and the armature circuit as a rotor whose angle is the charge `s`
+    (inertia `L_a`; resistance and friction as rotational dampers, the motor's torque and
+    back-emf as applied torques). Bodies: ball, beam, wheel, armature."""
+    big, d, lever = bb.beam_length, bb.lever_radius, bb.lever_length
+    ball, beam, wheel, armature = 0, 3, 6, 9  # offsets of the bodies' (x, y, θ)
+    return mb.Mechanism(
+        [mb.Ground(markers={"hub": (big - d, -lever), "motor": (0.0, -1.0)}),
+         mb.PlanarBody("ball", bb.mass, bb.ball_inertia),
+         mb.PlanarBody("beam", 0.0, 0.0, markers={"end": (big, 0.0)}),
+         mb.PlanarBody("wheel", 1.0, bb.motor_inertia, markers={"pin": (d, 0.0)},
+                       position=(big - d, -lever)),
+         mb.PlanarBody("armature", 1.0, bb.inductance, position=(0.0, -1.0))],
+        [mb.Revolute("ground", "beam", name="pivot"),
+         mb.Revolute("ground.hub", "wheel", name="wheel"),
+         mb.Revolute("ground.motor", "armature", name="charge"),
+         mb.Distance("beam.end", "wheel.pin", lever, name="lever"),
+         mb.Rolling("beam", "ball", bb.radius, name="roll")],
+        [mb.Gravity((0.0, -bb.gravity)),
+         mb.RotationalSpringDamper("ground", "wheel", damping=bb.friction),
+         mb.RotationalSpringDamper("ground", "armature", damping=bb.resistance),
+         mb.Torque("wheel", actuator=lambda t, q, v: bb.torque_constant * v[armature + 2]),
+         mb.Torque("armature", actuator=lambda t, q, v: (
+             bb.amplifier_gain * voltage - bb.emf_constant * v[wheel + 2]))],
+    )
+
+
+def _ball_and_beam_pair(voltage=2.0):
+    bb = jaxdae.examples.BallAndBeam(
+        exact=True, controller=jaxdae.ConstantControl(jnp.array([voltage])))
+    mech = ball_and_beam(bb, voltage)
+
+    def absolute(q):
+        r, theta, alpha, charge = q
+        zero = jnp.zeros(())
+        return jnp.stack([r * jnp.cos(alpha), r * jnp.sin(alpha), alpha - r / bb.radius,
+                          zero, zero, alpha, bb.beam_length - bb.lever_radius,
+                          -bb.lever_length, theta, zero, -1.0 + zero, charge])
+
+    def relative(q):  # (r, θ, α, s) of the built model's coordinates
+        return jnp.stack([q[0] * jnp.cos(q[5]) + q[1] * jnp.sin(q[5]), q[8], q[5], q[11]])
+
+    return bb, mech, absolute, relative
+
+
+def test_ball_and_beam_matches_the_hand_written_terms():
+    """Paper 000's Ball & Beam built from bodies (a massless beam and lever, the ball
+    rolling on the beam, the motor's circuit as a rotor): at consistent states, the
+    accelerations r̈, θ̈, α̈, s̈ and the energy of the hand-written model."""
+    bb, mech, absolute, relative = _ball_and_beam_pair()
+
+    @eqx.filter_jit
+    def compare(mech, bb, q_hand, v_hand):
+        q0, v0 = jax.jvp(absolute, (q_hand,), (v_hand,))
+        acc, _ = accelerations(mech, q0, v0)
+        rates, acc_rel = jax.jvp(lambda q, v: jax.jvp(relative, (q,), (v,))[1], (q0, v0),
+                                 (v0, acc))
+        kinetic = mech.kinetic_energy(0.0, q0, v0), bb.kinetic_energy(0.0, q_hand, v_hand)
+        return (jnp.max(jnp.abs(mech.constraints(0.0, q0))), rates, acc_rel,
+                accelerations(bb, q_hand, v_hand)[0], kinetic)
+
+    for r, theta, dr, dtheta, current in [(0.3, 0.2, 0.1, 0.5, 0.05), (-0.4, -0.5, -0.3, 1.2, 0.4)]:
+        q_hand, v_hand = bb.state(r, theta, dr=dr, dtheta=dtheta, current=current)
+        phi, rates, acc, expected, (kinetic, kinetic_hand) = compare(mech, bb, q_hand, v_hand)
+        assert float(phi) < 1e-12
+        np.testing.assert_allclose(rates, v_hand, rtol=0, atol=1e-13)
+        np.testing.assert_allclose(acc, expected, rtol=1e-10, atol=1e-12)
+        # the armature rotor's kinetic energy is the circuit's magnetic energy ½ L_a i²
+        assert float(kinetic) == pytest.approx(float(kinetic_hand), rel=1e-13)
+    q0 = absolute(q_hand)
+    assert mech.mobility(q0) == mb.Mobility(12, 9, 3, 9, 3, 0)
+
+
+@pytest.mark.slow
+def test_ball_and_beam_matches_the_hand_written_example():
+    """The builder's Ball & Beam against paper 000's hand-written model: the same r, θ, α
+    and charge s over 0.5 s with the motor driven at 2 V (the beam is massless, as in the
+    example)."""
+    bb, mech, absolute, relative = _ball_and_beam_pair()
+    q_hand, v_hand = bb.state(0.3, 0.2, dr=0.1, dtheta=0.5, current=0.05)
+    q0, v0 = jax.jvp(absolute, (q_hand,), (v_hand,))
+    formulation, ts = jaxdae.Baumgarte(20.0, 100.0), jnp.linspace(0.0, 0.5, 6)
+    kwargs = dict(ts=ts, rtol=1e-12, atol=1e-12)
+    sol = jaxdae.simulate(mech, formulation, 0.0, 0.5, q0, v0, **kwargs)
+    ref = jaxdae.simulate(bb, formulation, 0.0, 0.5, q_hand, v_hand, **kwargs)
+    np.testing.assert_allclose(jax.vmap(relative)(sol.q), ref.q, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(mech.joint_coordinates(sol.q)["roll"], ref.q[:, 0], atol=1e-10)
+    np.testing.assert_allclose(sol.v[:, 11], ref.v[:, 3], rtol=0, atol=1e-10)  # current
+    assert float(jnp.ptp(ref.q[:, 0])) > 1e-3  # the ball moves
+
+
+def test_a_massless_body_must_be_held_by_joints():
+    with pytest.raises(ValueError, match="'beam' has no mass or no moment of inertia"):
+        mb.Mechanism([mb.PlanarBody("beam", 0.0, 0.0)], [mb.Revolute("ground", "beam")])
+    with pytest.raises(ValueError, match="positive finite `radius`"):
+        mb.Rolling("a", "b", 0.0)
+
+
 # -- joints and force elements against closed forms ---------------------------------------
 
 
@@ -440,8 +541,8 @@ def test_bad_models_are_refused():
         mb.Mechanism([body], [mb.Revolute("ground", "a.q")])
     with pytest.raises(ValueError, match="force element 'springdamper_0' refers to body 'c', which is not"):
         mb.Mechanism([body], forces=[mb.SpringDamper("ground", "c.p", 1.0)])
-    with pytest.raises(ValueError, match="mass 0.0"):
-        mb.PlanarBody("z", 0.0, 0.1)
+    with pytest.raises(ValueError, match="mass -1.0"):
+        mb.PlanarBody("z", -1.0, 0.1)
     with pytest.raises(ValueError, match="inertia -1.0"):
         mb.PlanarBody("z", 1.0, -1.0)
     with pytest.raises(ValueError, match="Duplicate body names"):

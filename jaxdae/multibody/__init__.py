@@ -29,6 +29,7 @@ from ._joint import Gear as Gear
 from ._joint import PointOnLine as PointOnLine
 from ._joint import Prismatic as Prismatic
 from ._joint import Revolute as Revolute
+from ._joint import Rolling as Rolling
 from ._joint import Spherical as Spherical
 from ._joint import Universal as Universal
 from ._kinematics import Frame as Frame

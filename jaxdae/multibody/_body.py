@@ -120,8 +120,11 @@ class PlanarBody(eqx.Module):
     **Arguments:**
 
     - `name`: a unique name (no `.`).
-    - `mass`: `m > 0`.
-    - `inertia`: moment of inertia about the centre of mass, `I > 0`.
+    - `mass`: `m ≥ 0`.
+    - `inertia`: moment of inertia about the centre of mass, `I ≥ 0`. Zero mass or inertia
+        (a massless beam or lever) is allowed where the joints hold the body in the
+        directions it lacks them: [`jaxdae.multibody.Mechanism`][] checks this and keeps
+        its mass matrix positive definite (see `Mechanism.kinetic_energy`).
     - `markers`: dict from marker names to points `(sx, sy)` in body coordinates.
     - `position`, `angle`: the pose `(x, y)`, `θ` used as the initial guess of
         [`jaxdae.multibody.Mechanism.initial_state`][] (it need not satisfy the joints).
@@ -131,7 +134,7 @@ class PlanarBody(eqx.Module):
 
     **Raises:**
 
-    `ValueError` for a name with a `.`, a mass or inertia that is not a positive number,
+    `ValueError` for a name with a `.`, a mass or inertia that is negative or not finite,
     or a marker that is not a point of the plane.
     """
 
@@ -159,12 +162,17 @@ class PlanarBody(eqx.Module):
     def __check_init__(self):
         for field, what in (("mass", "mass"), ("inertia", "moment of inertia")):
             value = getattr(self, field)
-            if is_concrete(value) and not (np.isfinite(value) and value > 0):
+            if is_concrete(value) and not (np.isfinite(value) and value >= 0):
                 raise ValueError(
                     f"Body {self.name!r} has {field} {float(value)}: a planar rigid body needs "
-                    f"a positive finite {what} (it can move and turn in the plane). Fix the "
-                    "body to the ground with `Fixed` instead of giving it no mass."
+                    f"a finite, non-negative {what} (positive where it can move freely)."
                 )
+
+    @property
+    def massless(self) -> bool:
+        """Whether the body has (concretely) zero mass or zero moment of inertia: allowed
+        only where its joints hold it (see [`jaxdae.multibody.Mechanism`][])."""
+        return any(is_concrete(x) and float(x) == 0.0 for x in (self.mass, self.inertia))
 
     # -- what the mechanism needs (body coordinates qb = (x, y, θ)) ----------------------
 

@@ -375,6 +375,67 @@ class Gear(AbstractJoint):
         return (b.angle - self.ratio * a.angle - self.offset)[None]
 
 
+class Rolling(AbstractJoint):
+    """A disc rolling without slipping along a line on another body (rack and pinion; a
+    ball on a beam): 2 equations, planar.
+
+    The disc's centre, marker `b`, stays on the line through marker `a` along `axis`
+    (fixed on `a`'s body), and the disc turns by the distance it travels over its radius:
+
+        n·(p_b − p_a) = 0,    radius (θ_b − θ_a) + u·(p_b − p_a) = offset,
+
+    `u = R(θ_a) axis / |axis|`, `n` = `u` turned by +90°. The disc rolls on the side of
+    `+n` (on top of a line along x): moving forward along `u` turns it clockwise relative
+    to body `a`. Place marker `a` on the line the centre follows (a rolling surface's
+    offset by the radius). Joint coordinate: the position `u·(p_b − p_a)` along the line.
+
+    **Arguments:**
+
+    - `a`: the marker whose line the disc follows.
+    - `b`: the disc's centre (its body's angle is the disc's angle).
+    - `radius`: the rolling radius, positive.
+    - `axis`: the line's direction in `a`'s body frame, `(2,)`. Default x.
+    - `offset`: the constant of the rolling equation, usually `radius (θ_b − θ_a) +
+        u·(p_b − p_a)` at the start (default 0).
+    - `name`: the joint's name in outputs.
+
+    **Raises:**
+
+    `ValueError` for a radius that is not positive and finite.
+    """
+
+    a: str = eqx.field(static=True)
+    b: str = eqx.field(static=True)
+    radius: Float[Array, ""]
+    axis: Float[Array, " d"] | None
+    offset: Float[Array, ""]
+    name: str | None = eqx.field(static=True)
+    num_equations: ClassVar[int] = 2
+
+    def __init__(self, a: str, b: str, radius: ArrayLike, axis: ArrayLike | None = None, *,
+                 offset: ArrayLike = 0.0, name: str | None = None):
+        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
+        self.radius = _scalar("`radius` of a Rolling joint", radius)
+        self.axis = _optional("`axis` of a Rolling joint", axis, sizes=(2,))
+        self.offset = _scalar("`offset` of a Rolling joint", offset)
+        if is_concrete(self.radius) and not (np.isfinite(self.radius) and self.radius > 0):
+            raise ValueError(
+                f"A Rolling joint needs a positive finite `radius`; got {float(self.radius)}.")
+
+    def _direction(self, a):
+        axis = jnp.eye(2, dtype=a.point.dtype)[0] if self.axis is None else self.axis
+        return _unit(a.rotation @ axis)
+
+    def residual(self, t, a, b):
+        u = self._direction(a)
+        d = b.point - a.point
+        return jnp.stack([perpendicular(u) @ d,
+                          self.radius * (b.angle - a.angle) + u @ d - self.offset])
+
+    def coordinate(self, a, b):
+        return self._direction(a) @ (b.point - a.point)
+
+
 class Driver(AbstractJoint):
     """Prescribed motion: marker `b` follows marker `a` along a given path,
     `p_b − p_a = motion(t)` in the global frame (2 rheonomic equations; 3 in space).

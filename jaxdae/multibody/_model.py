@@ -169,7 +169,9 @@ class Mechanism(LagrangianSystem):
     element; duplicate body, joint or force names; a joint or force on a body that is not
     in the mechanism or on a marker its body does not have; a joint between a body and
     itself; planar and spatial bodies mixed, or a joint or force element of the other
-    dimension; a body with non-positive mass or inertia (from the body classes).
+    dimension; a body with negative mass or inertia (from the body classes), or with zero
+    mass or inertia in a direction its joints let it move (a massless body must be held by
+    joints; see `kinetic_energy`).
     """
 
     bodies: tuple[PlanarBody | RigidBody, ...]
@@ -182,6 +184,7 @@ class Mechanism(LagrangianSystem):
     joint_sizes: tuple[int, ...] = eqx.field(static=True)
     offsets: tuple[int, ...] = eqx.field(static=True)
     dimension: int = eqx.field(static=True)
+    holding: tuple[int, ...] = eqx.field(static=True)
 
     def __init__(
         self,
@@ -243,6 +246,8 @@ class Mechanism(LagrangianSystem):
                         f"Joint {name!r} joins body {split(element.a)[0]!r} to itself "
                         f"({element.a!r} and {element.b!r}): a joint connects two bodies."
                     )
+        self.holding = ()
+        self._check_massless()
         channels = [c for force in self.forces for c in force.channels]
         if controller is None:
             controller = ConstantControl(jnp.zeros((max(channels, default=-1) + 1,)))
@@ -252,6 +257,46 @@ class Mechanism(LagrangianSystem):
                 f"{type(controller).__name__}."
             )
         self.controller = controller
+
+    def _check_massless(self):
+        """A body with zero mass or inertia must be held by its joints in those directions:
+        `Φ_q` restricted to the coordinates without mass has full column rank at the
+        bodies' given poses. The joints on such bodies are recorded in `holding` (see
+        `kinetic_energy`)."""
+        bodies = [(slot, b) for slot, b in enumerate(self.bodies)
+                  if isinstance(b, PlanarBody) and b.massless]
+        if not bodies:
+            return
+        names = {b.name for _, b in bodies}
+        self.holding = tuple(i for i, j in enumerate(self.joints)
+                             if {split(j.a)[0], split(j.b)[0]} & names)
+        columns = [self.offsets[slot] + k for slot, b in bodies
+                   for k, value in enumerate(np.asarray(b.mass_diagonal())) if value == 0.0]
+        q = self.reference_coordinates()
+        jacobian = np.asarray(jax.jacfwd(lambda q_: self.constraints(0.0, q_))(q))[:, columns]
+        rank = np.linalg.matrix_rank(jacobian) if jacobian.size else 0
+        if rank < len(columns):
+            listed = ", ".join(repr(b.name) for _, b in bodies)
+            raise ValueError(
+                f"Body {listed} has no mass or no moment of inertia in a direction its joints "
+                f"let it move (the joints hold {rank} of its {len(columns)} massless "
+                "coordinates at the bodies' given poses). Give it mass and inertia, or hold "
+                "it by joints (a massless beam pinned at one end and linked at the other).")
+
+    def _holding_rates(self, t, q, v):
+        """`Φ̇` of the joints on massless bodies and the weight `k` of `½ k |Φ̇|²`: the
+        bodies' mean mass."""
+        t = jnp.asarray(t, q.dtype)
+
+        def residuals(t_, q_):
+            kin = Kinematics(self, t_, q_)
+            return jnp.concatenate([jnp.asarray(self.joints[i].residual(
+                t_, kin.frame(self.joints[i].a), kin.frame(self.joints[i].b)), q.dtype)
+                for i in self.holding])
+
+        rates = jax.jvp(residuals, (t, q), (jnp.ones_like(t), v))[1]
+        weight = jnp.mean(self.masses).astype(q.dtype)
+        return rates, weight
 
     # -- structure ---------------------------------------------------------------------
 
@@ -329,14 +374,31 @@ class Mechanism(LagrangianSystem):
 
     def mass_matrix(self, t, q):
         if self.dimension == 2:
-            return jnp.diag(jnp.concatenate([b.mass_diagonal() for b in self.bodies]).astype(
+            mass = jnp.diag(jnp.concatenate([b.mass_diagonal() for b in self.bodies]).astype(
                 q.dtype))
-        return jax.scipy.linalg.block_diag(*[b.mass_matrix(qb) for b, qb in
-                                             zip(self.bodies, self._body_slices(q))])
+        else:
+            mass = jax.scipy.linalg.block_diag(*[b.mass_matrix(qb) for b, qb in
+                                                 zip(self.bodies, self._body_slices(q))])
+        if self.holding:
+            jacobian = jax.jacfwd(lambda v_: self._holding_rates(t, q, v_)[0])(
+                jnp.zeros_like(q))
+            mass = mass + self._holding_rates(t, q, jnp.zeros_like(q))[1] * (
+                jacobian.T @ jacobian)
+        return mass
 
     def kinetic_energy(self, t, q, v):
-        return sum(b.kinetic_energy(qb, vb) for b, qb, vb in
-                   zip(self.bodies, self._body_slices(q), self._body_slices(v)))
+        """`T = Σ ½ vᵢᵀ Mᵢ vᵢ` over the bodies. With massless bodies (zero mass or
+        inertia, held by joints), plus `½ k |Φ̇_h|²` over the equations `Φ_h` of the joints
+        on them (`k` the bodies' mean mass): zero wherever those joints' velocity
+        constraints hold, so the motion does not change, and it makes `M` positive definite
+        in the directions without mass (as the Euler parameters' `½ k (pᵀṗ)²` of
+        [`jaxdae.multibody.RigidBody`][]), so that every formulation runs."""
+        energy = sum(b.kinetic_energy(qb, vb) for b, qb, vb in
+                     zip(self.bodies, self._body_slices(q), self._body_slices(v)))
+        if self.holding:
+            rates, weight = self._holding_rates(t, q, v)
+            energy = energy + 0.5 * weight * (rates @ rates)
+        return energy
 
     def potential_energy(self, t, q):
         kin = Kinematics(self, t, q)
