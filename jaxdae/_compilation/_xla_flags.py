@@ -19,9 +19,10 @@ when it accesses fewer bytes than `xla_cpu_small_while_loop_byte_threshold`, 1 k
 default, which excludes every solve. jaxdae raises the limit so that its solves (and the
 user's other loops) run as single kernels. On paper 004's two-link arm (2-core CPU) a loop
 evaluating the right-hand side 6 times per iteration runs about 6× faster with it
-(`experiments/diagnostics/bench_xla_loops.py`), and one trajectory about 3×, its gradient
-about 5× and batches of 1024 1.6–2× faster, at unchanged compile times
-(`experiments/bench_core.py` with and without `JAXDAE_SET_XLA_FLAGS=0`; docs/benchmarks.md).
+(`experiments/diagnostics/bench_xla_loops.py`); one trajectory takes 0.14 ms instead of
+0.54 ms and its gradient 0.37 ms instead of 10–12 ms, at unchanged compile times
+(`experiments/diagnostics/bench_import_settings.py`, which runs the two-link benchmark with
+and without `JAXDAE_SET_XLA_FLAGS=0`).
 
 The option lives in `XLA_FLAGS`, which XLA reads once, when JAX starts its first backend;
 so it is set when jaxdae is imported, before any computation. It is left alone when
