@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._custom_types import Array, Float
+from ._linalg import UNROLL_MAX, unrolled_cholesky
 
 # Mass matrices whose connected blocks (after grouping coordinates that share an entry) are
 # at most this large are inverted block by block; larger blocks keep a dense Cholesky.
@@ -279,9 +280,9 @@ def block_inverse(mass: SparseMatrix) -> SparseMatrix | None:
 
 # Block-tridiagonal (banded) factorization: for symmetric positive definite matrices whose
 # pattern, in its own order or after reverse Cuthill–McKee, has a half-bandwidth `b` small
-# against the size. Block cyclic reduction: `log2(size / b)` levels of batched `b × b`
-# Cholesky factorizations and products, so the work is `O(size · b²)` and the graph grows
-# with the logarithm of the size only.
+# against the size. With blocks of `b` rows the matrix is block tridiagonal, and its block
+# LDLᵀ factorization runs one block row at a time in a `lax.scan`: `O(size · b²)` work and a
+# program whose size does not depend on the size of the matrix.
 BANDED_MIN = 32  # smaller matrices keep the dense Cholesky
 BANDED_MAX_RATIO = 0.125  # half-bandwidth at most this fraction of the size
 
@@ -292,7 +293,7 @@ class BandedPlan:
 
     def __init__(self, pattern: Pattern, order: np.ndarray, width: int):
         size = pattern.shape[0]
-        self.size, self.order, self.width = size, order, width
+        self.pattern, self.size, self.order, self.width = pattern, size, order, width
         self.blocks = -(-size // width)
         padded = self.blocks * width
         inverse = np.empty(size, np.int64)
@@ -341,109 +342,141 @@ def banded_plan(pattern: Pattern) -> BandedPlan | None:
     return BandedPlan(pattern, best, width)
 
 
-# Blocks up to this size are factorized by unrolled elementwise operations on the whole
-# batch (which XLA fuses), larger ones by LAPACK's batched Cholesky.
-_UNROLLED_BLOCK = 6
+def _block_cholesky(block: Float[Array, "b b"]) -> Float[Array, "b b"]:
+    """The lower Cholesky factor of one small block: unrolled into elementwise operations
+    up to `UNROLL_MAX` rows (fused with the rest of the loop), LAPACK beyond. A block that
+    is not positive definite gives non-finite entries."""
+    b = block.shape[0]
+    if b > UNROLL_MAX:
+        return jnp.linalg.cholesky(block)
+    low = unrolled_cholesky(block)
+    zero = jnp.zeros((), block.dtype)
+    return jnp.stack([jnp.stack([low[i][j] if j <= i else zero for j in range(b)])
+                      for i in range(b)])
 
 
-def _cholesky(blocks):
-    """Lower Cholesky factors of a batch of blocks `(k, b, b)`."""
-    b = blocks.shape[1]
-    if b > _UNROLLED_BLOCK:
-        return jnp.linalg.cholesky(blocks)
-    low = [[None] * b for _ in range(b)]
-    zero = jnp.zeros_like(blocks[:, 0, 0])
-    for j in range(b):
-        diag = blocks[:, j, j]
-        for k in range(j):
-            diag = diag - low[j][k] ** 2
-        low[j][j] = jnp.sqrt(diag)
-        for i in range(j + 1, b):
-            entry = blocks[:, i, j]
-            for k in range(j):
-                entry = entry - low[i][k] * low[j][k]
-            low[i][j] = entry / low[j][j]
-    rows = [jnp.stack([low[i][j] if j <= i else zero for j in range(b)], axis=-1)
-            for i in range(b)]
-    return jnp.stack(rows, axis=1)
-
-
-def _cholesky_solve(low, rhs):
-    """`(L Lᵀ)⁻¹ rhs` for batched `low` `(k, b, b)` and `rhs` `(k, b, m)`."""
-    b = low.shape[1]
-    if b > _UNROLLED_BLOCK:
+def _block_solve(low: Float[Array, "b b"], rhs: Float[Array, "b m"]) -> Float[Array, "b m"]:
+    """`(L Lᵀ)⁻¹ rhs` for one block's Cholesky factor `low`."""
+    b = low.shape[0]
+    if b > UNROLL_MAX:
         y = jax.lax.linalg.triangular_solve(low, rhs, left_side=True, lower=True)
         return jax.lax.linalg.triangular_solve(low, y, left_side=True, lower=True,
                                                transpose_a=True)
     y = []
     for i in range(b):
-        entry = rhs[:, i]
+        entry = rhs[i]
         for k in range(i):
-            entry = entry - low[:, i, k, None] * y[k]
-        y.append(entry / low[:, i, i, None])
+            entry = entry - low[i, k] * y[k]
+        y.append(entry / low[i, i])
     x = [None] * b
     for i in reversed(range(b)):
         entry = y[i]
         for k in range(i + 1, b):
-            entry = entry - low[:, k, i, None] * x[k]
-        x[i] = entry / low[:, i, i, None]
-    return jnp.stack(x, axis=1)
+            entry = entry - low[k, i] * x[k]
+        x[i] = entry / low[i, i]
+    return jnp.stack(x)
 
 
-def _reduce(diag, lower, rhs, valid):
-    """Block cyclic reduction of `A x = rhs`, `A` block tridiagonal with diagonal blocks
-    `diag` `(k, b, b)` and sub-diagonal blocks `lower[i] = A[i, i − 1]` (`lower[0] = 0`);
-    `rhs` `(k, b, m)`. Returns `x` and the pivots of the factorization, `valid` a static
-    mask of the entries that are not padding."""
-    k, b = diag.shape[0], diag.shape[1]
-    if k == 1:
-        low = _cholesky(diag)
-        pivots = jnp.diagonal(low, axis1=1, axis2=2).reshape(-1) ** 2
-        return _cholesky_solve(low, rhs), pivots[valid.reshape(-1)]
-    if k % 2:  # an identity block, uncoupled
-        eye = jnp.eye(b, dtype=diag.dtype)[None]
-        diag = jnp.concatenate([diag, eye])
-        lower = jnp.concatenate([lower, jnp.zeros_like(lower[:1])])
-        rhs = jnp.concatenate([rhs, jnp.zeros_like(rhs[:1])])
-        valid = np.concatenate([valid, np.zeros((1, b), bool)])
-    diag_even, diag_odd = diag[0::2], diag[1::2]
-    lower_odd = lower[1::2]  # A[2j + 1, 2j]
-    lower_even = lower[0::2]  # A[2j, 2j − 1]
-    upper_odd = jnp.swapaxes(jnp.concatenate([lower_even[1:], jnp.zeros_like(lower[:1])]),
-                             1, 2)  # A[2j + 1, 2j + 2]
-    low = _cholesky(diag_odd)
-    odd_pivots = jnp.diagonal(low, axis1=1, axis2=2).reshape(-1) ** 2
-    z_lower = _cholesky_solve(low, lower_odd)  # D⁻¹ A[2j+1, 2j]
-    z_upper = _cholesky_solve(low, upper_odd)  # D⁻¹ A[2j+1, 2j+2]
-    z_rhs = _cholesky_solve(low, rhs[1::2])
-    t = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
-    shift = lambda x: jnp.concatenate([jnp.zeros_like(x[:1]), x[:-1]])  # noqa: E731
-    new_diag = diag_even - t(lower_odd) @ z_lower - lower_even @ shift(z_upper)
-    new_lower = -lower_even @ shift(z_lower)
-    new_rhs = rhs[0::2] - t(lower_odd) @ z_rhs - lower_even @ shift(z_rhs)
-    x_even, pivots = _reduce(new_diag, new_lower, new_rhs, valid[0::2])
-    next_even = jnp.concatenate([x_even[1:], jnp.zeros_like(x_even[:1])])
-    x_odd = z_rhs - z_lower @ x_even - z_upper @ next_even
-    x = jnp.stack([x_even, x_odd], axis=1).reshape(-1, b, rhs.shape[2])
-    pivots = jnp.concatenate([odd_pivots[valid[1::2].reshape(-1)], pivots])
-    return x[: k], pivots
+class BandedFactor(eqx.Module):
+    """The block LDLᵀ factorization of a symmetric positive definite block-tridiagonal
+    matrix `A` (diagonal blocks `A_i`, sub-diagonal blocks `B_i = A[i, i − 1]`): the pivot
+    blocks `S_0 = A_0`, `S_i = A_i − B_i S_{i−1}⁻¹ B_iᵀ`, held as their Cholesky factors, and
+    the couplings `W_i = S_{i−1}⁻¹ B_iᵀ` (`W_0 = 0`), so that
+    `A = L diag(S) Lᵀ` with `L` unit lower block-bidiagonal, `L[i, i − 1] = W_iᵀ`.
+
+    **Fields:**
+
+    - `low`: Cholesky factors of the `S_i`, `(blocks, b, b)`.
+    - `coupling`: the `W_i`, `(blocks, b, b)`.
+    - `plan`: the [`BandedPlan`][] (static).
+    """
+
+    low: Float[Array, "k b b"]
+    coupling: Float[Array, "k b b"]
+    plan: BandedPlan = eqx.field(static=True)
+
+    @property
+    def pivots(self) -> Float[Array, " size"]:
+        """The pivots `D` of `P A Pᵀ = L D Lᵀ` (`L` unit lower triangular, `P` the plan's
+        permutation): non-finite or not positive where `A` is not positive definite."""
+        squares = jnp.diagonal(self.low, axis1=1, axis2=2).reshape(-1) ** 2
+        return squares[np.flatnonzero(~self.plan.padding)]
+
+    def solve(self, rhs: Array) -> Array:
+        """`A⁻¹ rhs` for `rhs` of shape `(size,)` or `(size, m)`: forward substitution,
+        the pivot blocks, back substitution (two scans over the blocks)."""
+        plan = self.plan
+        vector = rhs.ndim == 1
+        b = rhs[:, None] if vector else rhs
+        padding_rows = jnp.zeros((plan.blocks * plan.width - plan.size, b.shape[1]), b.dtype)
+        permuted = jnp.concatenate([b[plan.order], padding_rows])
+        blocks = permuted.reshape(plan.blocks, plan.width, -1)
+
+        def forward(previous, block):  # L u = rhs, then v = S⁻¹ u
+            low, coupling, rhs_i = block
+            u = rhs_i - coupling.T @ previous
+            return u, _block_solve(low, u)
+
+        _, v = jax.lax.scan(forward, jnp.zeros_like(blocks[0]), (self.low, self.coupling, blocks))
+        following = jnp.concatenate([self.coupling[1:], jnp.zeros_like(self.coupling[:1])])
+
+        def backward(next_x, block):  # Lᵀ x = v
+            v_i, coupling_next = block
+            x = v_i - coupling_next @ next_x
+            return x, x
+
+        _, x = jax.lax.scan(backward, jnp.zeros_like(blocks[0]), (v, following), reverse=True)
+        out = x.reshape(-1, b.shape[1])[: plan.size][plan.inverse_order]
+        return out[:, 0] if vector else out
 
 
-def banded_solve(matrix: SparseMatrix, rhs: Array, plan: BandedPlan) -> tuple[Array, Array]:
-    """`(A⁻¹ rhs, pivots)` of a symmetric positive definite sparse `A` by block cyclic
-    reduction on `plan`; `rhs` of shape `(size,)` or `(size, m)`. The pivots are those of a
-    symmetric factorization `P A Pᵀ = L D Lᵀ` (non-finite where `A` is not positive
-    definite)."""
+def banded_factor(matrix: SparseMatrix, plan: BandedPlan) -> BandedFactor:
+    """The [`BandedFactor`][] of a symmetric positive definite sparse `A` on `plan` (one
+    scan over the blocks)."""
     values = _padded(matrix.values)
     padding = jnp.asarray(plan.padding.reshape(plan.blocks, plan.width), values.dtype)
     diag = values[plan.diagonal] + jax.vmap(jnp.diag)(padding)
     lower = values[plan.lower]
-    vector = rhs.ndim == 1
-    b = rhs[:, None] if vector else rhs
-    padding_rows = jnp.zeros((plan.blocks * plan.width - plan.size, b.shape[1]), b.dtype)
-    permuted = jnp.concatenate([b[plan.order], padding_rows])
-    x, pivots = _reduce(diag, lower, permuted.reshape(plan.blocks, plan.width, -1),
-                        ~plan.padding.reshape(plan.blocks, plan.width))
-    x = x.reshape(-1, b.shape[1])[: plan.size]
-    out = x[plan.inverse_order]
-    return (out[:, 0] if vector else out), pivots
+
+    def step(previous_low, block):
+        diag_i, lower_i = block
+        coupling = _block_solve(previous_low, lower_i.T)
+        low = _block_cholesky(diag_i - lower_i @ coupling)
+        return low, (low, coupling)
+
+    eye = jnp.eye(plan.width, dtype=values.dtype)
+    _, (low, coupling) = jax.lax.scan(step, eye, (diag, lower))
+    return BandedFactor(low, coupling, plan)
+
+
+def banded_solve(matrix: SparseMatrix, rhs: Array, plan: BandedPlan) -> tuple[Array, Array]:
+    """`(A⁻¹ rhs, pivots)` of a symmetric positive definite sparse `A` on `plan`; `rhs` of
+    shape `(size,)` or `(size, m)`. The pivots are those of a symmetric factorization
+    `P A Pᵀ = L D Lᵀ` (non-finite where `A` is not positive definite; see
+    [`BandedFactor`][]); they are a diagnostic, not differentiated (zero tangents).
+
+    Differentiated implicitly, `d(A⁻¹ r) = A⁻¹ (dr − dA A⁻¹ r)`, with the factorization of
+    the solve: a derivative costs a solve with the same factor (two scans), not the
+    derivative of the factorization."""
+    return _banded_solve(plan, matrix.values, rhs)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _banded_solve(plan, values, rhs):
+    factor = banded_factor(SparseMatrix(values, plan.pattern), plan)
+    return factor.solve(rhs), factor.pivots
+
+
+@_banded_solve.defjvp
+def _banded_solve_jvp(plan, primals, tangents):
+    values, rhs = primals
+    d_values, d_rhs = tangents
+    factor = banded_factor(SparseMatrix(values, plan.pattern), plan)
+    x = factor.solve(rhs)
+    # `dA x` as a sum over each row's entries written as an addition at the rows (a
+    # scatter), so that its transpose, which reverse mode runs, is a gather.
+    p = plan.pattern
+    x_cols = x[p.cols]
+    product = d_values.reshape((-1,) + (1,) * (x.ndim - 1)) * x_cols
+    d_matrix_x = jnp.zeros_like(x).at[p.rows].add(product, indices_are_sorted=True)
+    return (x, factor.pivots), (factor.solve(d_rhs - d_matrix_x), jnp.zeros_like(factor.pivots))

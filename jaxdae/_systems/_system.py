@@ -329,6 +329,8 @@ class LagrangianSystem(AbstractSystem):
         else:
             p = structure.mass
             mass = SparseMatrix(d_lag_v[colours_v[p.cols], p.rows], p).symmetrized()
+        if structure.mass_is_constant:
+            mass = SparseMatrix(jax.lax.optimization_barrier(mass.values), mass.pattern)
         g = structure.jacobian
         holonomic = g.rows < m
         values = jnp.concatenate([
