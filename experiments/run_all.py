@@ -3,7 +3,9 @@
 Runs each experiment below in turn, writes its figures and data to OUT/<name>/ and a
 summary of all of them to OUT/SUMMARY.md (one section per experiment: its headline, its
 table and a link to each figure with a one-line caption). A failing experiment is
-reported and the others still run; the exit status is 1 if any failed.
+reported and the others still run; the exit status is 1 if any failed. The benchmark
+studies (projection, stiff_integration, work_precision) always run in their quick form
+here; run their scripts directly for the full studies.
 
 A progress bar runs over the experiments and inside the long ones (sweeps, tuning loops)
 when the output is a terminal; in a log or CI a line per experiment and per loop instead
@@ -36,7 +38,13 @@ EXPERIMENTS = {
     "cartesian_arm_hamiltonian": "paper 001: Hamiltonian arm, exact decay of perturbations",
     "realizing_forces": "paper 003: nonholonomic constraints realized by forces",
     "adaptive_optics": "paper 002: constraint-enforcing control through a DC motor",
+    "projection": "projection onto the constraints after each step: drift and cost",
+    "stiff_integration": "stiff systems: implicit against explicit solvers",
+    "work_precision": "error against CPU time, every formulation x integrator",
 }
+# Studies that run in their --quick form here even in a full run (the full forms take
+# tens of minutes each; run them directly, as their guides say).
+ALWAYS_QUICK = {"projection", "stiff_integration", "work_precision"}
 
 EPILOG = "experiments:\n" + "\n".join(
     f"  {name:<27} {text}" for name, text in EXPERIMENTS.items()
@@ -118,7 +126,8 @@ def run(names: list[str], out: Path, quick: bool) -> list[str]:
                 overall.set_postfix_str(name)
             start = time.perf_counter()
             try:
-                summary = importlib.import_module(name).main(out, quick=quick)
+                summary = importlib.import_module(name).main(
+                    out, quick=quick or name in ALWAYS_QUICK)
             except Exception:  # report and go on: one broken study must not hide the others
                 traceback.print_exc()
                 failed.append(name)
