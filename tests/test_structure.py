@@ -306,6 +306,32 @@ def _fails(model, formulation, q, v):
     return formulation.failure(terms, formulation.failure_reference(terms))
 
 
+def test_take_is_a_gather_both_ways():
+    # `take` (the sparse algebra's gather) against indexing: values, padding, derivatives in
+    # both modes, batching; its transpose is a gather too (no scatter in the program)
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal((7, 3)))
+    index = np.array([[6, 0, 7], [2, 2, 1]])  # 7 = padding (zeros); 2 read twice
+    padded = jnp.concatenate([x, jnp.zeros((1, 3))])
+    np.testing.assert_array_equal(_sparse.take(x, index), padded[index])
+
+    def loss(fn, x):
+        return jnp.sum(jnp.sin(fn(x)) * jnp.arange(18.0).reshape(2, 3, 3))
+
+    ours = lambda x: _sparse.take(x, index)  # noqa: E731
+    reference = lambda x: jnp.concatenate([x, jnp.zeros((1, 3))])[index]  # noqa: E731
+    for transform in (jax.grad, jax.jacfwd):
+        np.testing.assert_allclose(transform(lambda x: loss(ours, x))(x),
+                                   transform(lambda x: loss(reference, x))(x), rtol=1e-14)
+    for axis in (0, 1):
+        batch = jnp.stack([x, 2 * x], axis=axis)
+        got = jax.vmap(jax.grad(lambda x: loss(ours, x)), in_axes=axis)(batch)
+        want = jax.vmap(jax.grad(lambda x: loss(reference, x)), in_axes=axis)(batch)
+        np.testing.assert_allclose(got, want, rtol=1e-14)
+    program = jax.jit(jax.grad(lambda x: loss(ours, x))).lower(x).compile().as_text()
+    assert " scatter(" not in program
+
+
 def test_banded_factorization():
     rng = np.random.default_rng(3)
     # (200, 9): blocks wider than the unrolled Cholesky's limit (LAPACK per block)

@@ -24,7 +24,7 @@ from .._custom_types import (
     Scalar,
     Velocities,
 )
-from .._compilation._sparse import SparseMatrix
+from .._compilation._sparse import SparseMatrix, take
 from ._nonholonomic import velocity_curvature
 from ._structure import colour_matrix, terms_structure
 
@@ -328,14 +328,16 @@ class LagrangianSystem(AbstractSystem):
             mass = SparseMatrix.from_dense(self.mass_matrix(t, q), structure.mass)
         else:
             p = structure.mass
-            mass = SparseMatrix(d_lag_v[colours_v[p.cols], p.rows], p).symmetrized()
+            mass = SparseMatrix(take(d_lag_v.reshape(-1), colours_v[p.cols] * n + p.rows),
+                                p).symmetrized()
         if structure.mass_is_constant:
             mass = SparseMatrix(jax.lax.optimization_barrier(mass.values), mass.pattern)
         g = structure.jacobian
         holonomic = g.rows < m
+        k = psi.shape[0]
         values = jnp.concatenate([
-            d_phi[kv + colours_q[g.cols[holonomic]], g.rows[holonomic]],
-            d_psi[colours_v[g.cols[~holonomic]], g.rows[~holonomic] - m],
+            take(d_phi.reshape(-1), (kv + colours_q[g.cols[holonomic]]) * m + g.rows[holonomic]),
+            take(d_psi.reshape(-1), colours_v[g.cols[~holonomic]] * k + g.rows[~holonomic] - m),
         ]).astype(dtype)
         jacobian = SparseMatrix(values, g)
         forces = self.generalized_forces(t, q, v) + lag_q - momentum_rate
