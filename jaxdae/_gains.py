@@ -1,22 +1,25 @@
 """Gains: conversion, shape checks and positive-definiteness checks.
 
 A gain is a scalar (`k I`), a vector (`diag(k)`, one value per constraint) or a full matrix.
-Values are checked eagerly when they are concrete and with `eqx.error_if` when traced, so
-the checks never break `jit`, `vmap` or `grad` over the gains; `simulate` defers the traced
-checks of the formulation (`deferred_checks`) to attach them with its own as one error.
+Values are checked eagerly when they are concrete (`ValueError`); traced ones (under `jit`,
+`vmap`, `grad`) give `(flag, message)` pairs, `flag` true where `message` applies, that the
+caller attaches (`attach_checks`): `simulate` attaches a formulation's (its `traced_checks`)
+with its own checks as one error. So the checks never break `jit`, `vmap` or `grad` over
+the gains.
 """
 
-import contextlib
-import threading
+from collections.abc import Sequence
 
 import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
 import numpy as np
-from jax.extend import core as jex
 
 from ._custom_types import Array, Bool, Float, Gain, GainLike
+
+TracedCheck = tuple[Bool[Array, ""], str]
+"""A check of traced values: `(flag, message)`, the flag true where the message applies."""
 
 
 def as_gain(value: GainLike) -> Gain:
@@ -32,38 +35,16 @@ def is_concrete(*values) -> bool:
     return not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(values))
 
 
-def traced_check(value, flag: Bool[Array, ""], message: str):
-    """`eqx.error_if(value, flag, message)`; inside [`deferred_checks`][] and in the trace
-    that opened it, `value` itself, with `(flag, message)` recorded for the opener."""
-    trace, pending = _deferred.checks
-    if pending is None or jex.get_opaque_trace_state(convention="flax") != trace:
-        return eqx.error_if(value, flag, message)  # (a flag of an inner trace cannot leave it)
-    pending.append((flag, message))
-    return value
-
-
-@contextlib.contextmanager
-def deferred_checks():
-    """Collects the `traced_check`s made inside, in the same trace, as `(flag, message)`
-    pairs in the list it yields, for the caller to attach as one `eqx.branched_error_if`
-    (`simulate` does, with its own checks): each `error_if` is a `lax.cond` with host
-    callbacks in the compiled program (`experiments/bench_compile.py` counts them)."""
-    outer = _deferred.checks
-    checks = []
-    _deferred.checks = (jex.get_opaque_trace_state(convention="flax"), checks)
-    try:
-        yield checks
-    finally:
-        _deferred.checks = outer
-
-
-class _DeferredChecks(threading.local):
-    """Per thread: `(trace, pending checks)` of the innermost open `deferred_checks`."""
-
-    checks = (None, None)  # none open (also after one has closed)
-
-
-_deferred = _DeferredChecks()
+def attach_checks(value, checks: Sequence[TracedCheck]):
+    """`value` (any PyTree) with the traced `checks` attached as one
+    `eqx.branched_error_if`, which raises the message of the first flag that is true; `value`
+    itself when there are none. One error for all: each is a `lax.cond` with host callbacks
+    in the compiled program (`experiments/bench_compile.py` counts them)."""
+    if not checks:
+        return value
+    flags = jnp.stack([jnp.asarray(flag) for flag, _ in checks])
+    return eqx.branched_error_if(value, jnp.any(flags), jnp.argmax(flags),
+                                 tuple(message for _, message in checks))
 
 
 def check_gain_structure(name: str, gain: Array, *, allow_zero_dim: bool = True) -> None:
@@ -129,12 +110,12 @@ def describe_gain(gain) -> str:
     )
 
 
-def require_positive_definite(name: str, gain: Array, reason: str) -> Array:
-    """Checks that `gain` is SPD: eagerly (`ValueError`) if concrete, else via
-    `traced_check`."""
+def require_positive_definite(name: str, gain: Array, reason: str) -> tuple[TracedCheck, ...]:
+    """Checks that `gain` is SPD: eagerly (`ValueError`) if concrete, returning no check;
+    traced, returns the check `(flag, message)` for the caller to attach (`attach_checks`)."""
     message = f"`{name}` must be symmetric positive definite ({reason})."
     if is_concrete(gain):
         if bool(not_positive_definite(np.asarray(gain), np)):
             raise ValueError(f"{message} Got {describe_gain(gain)}.")
-        return gain
-    return traced_check(gain, not_positive_definite(gain), message)
+        return ()
+    return ((not_positive_definite(gain), message),)

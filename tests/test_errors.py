@@ -150,16 +150,13 @@ def test_traced_bad_gain_in_a_batch_names_the_gain():
 
 
 def test_traced_checks_outside_simulate_after_one_ran():
-    """Every `simulate` opens and closes `deferred_checks()`. A traced check made outside one
-    afterwards (`simulate_actuated`'s control gains, a realizing-force law re-traced in the
-    right-hand side) attaches its own error; it raised a `TypeError` while tracing once a
-    first `simulate` had closed its block (the demo's adaptive-optics study, run after the
-    two-link one)."""
-    from jaxdae._gains import deferred_checks, traced_check
+    """A traced check made outside `simulate` after one ran (`simulate_actuated`'s control
+    gains, a realizing-force law re-traced in the right-hand side) attaches its own error
+    (the demo's adaptive-optics study runs after the two-link one)."""
+    from jaxdae._gains import attach_checks
 
-    with deferred_checks():
-        pass
-    check = jax.jit(lambda x: traced_check(x, x < 0, "`x` must be non-negative"))
+    _simulate(formulation=jaxdae.Baumgarte(10.0, 25.0))
+    check = jax.jit(lambda x: attach_checks(x, [(x < 0, "`x` must be non-negative")]))
     assert float(check(1.0)) == 1.0
     with pytest.raises(Exception, match="`x` must be non-negative"):
         check(-1.0).block_until_ready()

@@ -11,7 +11,7 @@ from .._checks import check_finite, check_instance
 from ._control import ConstantControl, with_controller
 from .._custom_types import Array, ArrayLike, Bool, Float, Int
 from .._formulations import AbstractFormulation, RedundantCoordinates, Unstabilized
-from .._gains import is_concrete
+from .._gains import attach_checks, is_concrete
 from .._compilation._linalg import full_precision
 from .._systems._system import AbstractSystem
 
@@ -311,7 +311,8 @@ def linearize(
     t = jnp.asarray(t, dtype=q.dtype)
     cyclic = _indices("cyclic", cyclic, n)
     terms = eqx.filter_eval_shape(lambda s: s.terms(t, q, v), system)
-    formulation = formulation.validate(terms.num_holonomic, terms.num_nonholonomic)
+    counts = (terms.num_holonomic, terms.num_nonholonomic)
+    formulation = attach_checks(formulation.validate(*counts), formulation.traced_checks(*counts))
     positions, velocities = _state_map(formulation, n, cyclic)
     a, b, dcyc, drift = _linearize(system, formulation, t, q, v, u, positions, velocities, cyclic)
     scale = 1.0 + jnp.max(jnp.abs(a), initial=0.0)

@@ -40,9 +40,17 @@ class AbstractFormulation(eqx.Module):
     def validate(self, num_holonomic: int, num_nonholonomic: int) -> "AbstractFormulation":
         """Checks the gains against the system's constraint counts and values.
 
-        Shapes raise `ValueError`; values raise `ValueError` when concrete and are wrapped
-        in `eqx.error_if` when traced. Returns the (possibly wrapped) formulation.
+        Shapes raise `ValueError`, and so do concrete values; traced values are checked by
+        `traced_checks`. Returns the formulation.
         """
+
+    def traced_checks(self, num_holonomic: int, num_nonholonomic: int
+                      ) -> tuple[tuple[Bool[Array, ""], str], ...]:
+        """The checks of traced gain values (under `jit`, `vmap`, `grad`) as `(flag,
+        message)` pairs, the flag true where the message applies: `simulate` attaches them
+        with its own checks as one `eqx.branched_error_if`, other callers with
+        `attach_checks`. Default: none."""
+        return ()
 
     def check_values(self) -> None:
         """Eager checks of concrete gain values (`ValueError`); called by `simulate`."""

@@ -1,6 +1,5 @@
 """Exact Lagrange multipliers with generalized Baumgarte stabilization (paper 004)."""
 
-import equinox as eqx
 import jax.numpy as jnp
 
 from .._custom_types import Gain, GainLike
@@ -52,23 +51,26 @@ def check_gain_values(formulation, names, reason) -> None:
 
 
 def check_stabilization_gains(formulation, names, num_holonomic, num_nonholonomic, reason):
-    """Shape checks (always) and SPD checks (eager or `error_if`) of `kd`, `kp`, `kv`, ...
-
-    Returns a copy of `formulation` whose gains carry the traced checks.
-    """
+    """Shape checks of `kd`, `kp`, `kv`, ... against the constraint counts, and SPD checks of
+    the concrete ones (`ValueError`); traced ones: `stabilization_checks`. Returns
+    `formulation`."""
     sizes = {"kd": num_holonomic, "kp": num_holonomic, "kv": num_nonholonomic}
     what = {"kd": "holonomic constraints", "kp": "holonomic constraints",
             "kv": "nonholonomic constraints"}
-    checked = {}
     for name in names:
         gain = getattr(formulation, name)
         size = sizes.get(name, num_holonomic + num_nonholonomic)
         check_gain_size(name, gain, size, what.get(name, "constraints (holonomic + nonholonomic)"))
-        checked[name] = require_positive_definite(name, gain, reason)
-    if is_concrete(formulation):
-        return formulation
-    return eqx.tree_at(lambda f: [getattr(f, n) for n in names], formulation,
-                       [checked[n] for n in names])
+        if is_concrete(gain):
+            require_positive_definite(name, gain, reason)
+    return formulation
+
+
+def stabilization_checks(formulation, names, reason) -> tuple:
+    """The `(flag, message)` checks that the traced gains `names` are SPD (the
+    formulation's `traced_checks`)."""
+    return sum((require_positive_definite(name, getattr(formulation, name), reason)
+                for name in names), ())
 
 
 def check_rcond(rcond: float | None) -> None:
@@ -158,6 +160,9 @@ class Baumgarte(AbstractExactMultipliers):
         return check_stabilization_gains(
             self, ("kd", "kp", "kv"), num_holonomic, num_nonholonomic, _LYAPUNOV
         )
+
+    def traced_checks(self, num_holonomic, num_nonholonomic):
+        return stabilization_checks(self, ("kd", "kp", "kv"), _LYAPUNOV)
 
     def perturbation_matrix(self, num_holonomic: int):
         """`H` of `d/dt (Φ, Φ̇) = H (Φ, Φ̇)` (paper 002 eq. [0.11]) for these gains."""

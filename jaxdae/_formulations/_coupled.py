@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._custom_types import Array, Float
-from .._gains import as_gain, gain_matrix, is_concrete, traced_check
+from .._gains import as_gain, gain_matrix, is_concrete
 from .._compilation._linalg import not_hurwitz
 from .._compilation._linear_solvers import PositiveDefinite
 from .._systems._system import ConstrainedTerms
@@ -171,13 +171,16 @@ class CoupledPerturbation(AbstractExactMultipliers):
                 "(Φ̈ = K10 Φ + K11 Φ̇ + ..., Ψ̇ = K22 Ψ + ...), e.g. "
                 f"`{_EXAMPLE}` (critically damped, rate 5)."
             )
+        return self
+
+    def traced_checks(self, num_holonomic, num_nonholonomic):
         if is_concrete(self):
-            return self
+            return ()
         dtype = jnp.result_type(*[g for g in self._gains() if g is not None], float)
-        bad = not_hurwitz(jax.lax.stop_gradient(self.perturbation_matrix(m, k, dtype)), jnp)
+        matrix = self.perturbation_matrix(num_holonomic, num_nonholonomic, dtype)
         message = ("The perturbation matrix of `CoupledPerturbation` is not Hurwitz: the "
                    "constraint perturbations would not decay (paper 002, eq. [0.12]).")
-        return traced_check(self, bad, message)
+        return ((not_hurwitz(jax.lax.stop_gradient(matrix), jnp), message),)
 
     def accelerations(self, terms: ConstrainedTerms):
         m, k = terms.num_holonomic, terms.num_nonholonomic

@@ -12,7 +12,12 @@ from ._base import (
     jacobian_matvec,
     penalized_mass,
 )
-from ._baumgarte import check_gain_values, check_stabilization_gains, stabilization_gains
+from ._baumgarte import (
+    check_gain_values,
+    check_stabilization_gains,
+    stabilization_checks,
+    stabilization_gains,
+)
 
 _PENALTY = (
     "paper 004, eqs. [22]–[30]: the constraint masses 𝔄 and the gains K_D, K_P, K_V must be "
@@ -72,6 +77,9 @@ class ModifiedLagrange(AbstractFormulation):
         return check_stabilization_gains(
             self, ("alpha", "kd", "kp", "kv"), num_holonomic, num_nonholonomic, _PENALTY
         )
+
+    def traced_checks(self, num_holonomic, num_nonholonomic):
+        return stabilization_checks(self, ("alpha", "kd", "kp", "kv"), _PENALTY)
 
 
 def _apply_masses(alpha: Gain, x):

@@ -9,6 +9,7 @@ from ._baumgarte import (
     check_gain_values,
     check_rcond,
     check_stabilization_gains,
+    stabilization_checks,
     stabilization_gains,
 )
 
@@ -55,3 +56,6 @@ class PseudoInverse(AbstractFormulation):
         return check_stabilization_gains(
             self, ("kd", "kp", "kv"), num_holonomic, num_nonholonomic, _LYAPUNOV
         )
+
+    def traced_checks(self, num_holonomic, num_nonholonomic):
+        return stabilization_checks(self, ("kd", "kp", "kv"), _LYAPUNOV)

@@ -12,12 +12,12 @@ from .._checks import check_instance
 from .._custom_types import Array, Float, NonholonomicResidual
 from .._compilation._linear_solvers import PositiveDefinite
 from ._base import multiplier_solve
-from .._gains import as_gain, is_concrete, traced_check
+from .._gains import as_gain, is_concrete
 from .._systems._system import AbstractSystem, ConstrainedTerms
 
 
 def _positive(name: str, value: Array, law: str) -> Array:
-    """`ValueError` when concrete and not all positive and finite; `traced_check` when
+    """`ValueError` when concrete and not all positive and finite; `eqx.error_if` when
     traced."""
     message = f"`{name}` must be positive and finite ({law}); got {{}}."
     if value.ndim > 1:
@@ -28,7 +28,7 @@ def _positive(name: str, value: Array, law: str) -> Array:
         if not np.all(np.isfinite(array) & (array > 0)):
             raise ValueError(message.format(array))
         return value
-    return traced_check(value, ~jnp.all(jnp.isfinite(value) & (value > 0)),
+    return eqx.error_if(value, ~jnp.all(jnp.isfinite(value) & (value > 0)),
                         message.format("a non-positive value"))
 
 

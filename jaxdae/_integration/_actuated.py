@@ -19,6 +19,7 @@ unstabilized law of eq. [2.9], for which the constraints are only first integral
 """
 
 import abc
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -43,34 +44,24 @@ from .._compilation._linalg import (
 )
 from .._gains import (
     as_gain,
+    attach_checks,
     check_gain_size,
     check_gain_structure,
     gain_matrix,
     is_concrete,
-    traced_check,
 )
-from ._adjoint import (
-    ReverseSweepAdjoint,
-    default_adjoint,
-    forward_mode_hint,
-    jit_unless_staged,
-    swept_diffeqsolve,
-)
+from ._adjoint import forward_mode_hint, jit_unless_staged
 from .._compilation._scalarize import scalarize
-from ._implicit import configure_for_controller
 from ._simulate import (
-    Tsit5,
-    _check_times,
+    Dynamics,
+    SolveCall,
     _float_array,
-    check_solve_options,
-    event_result,
+    at_valid,
     in_current_mesh,
+    integrate,
+    masked,
     raise_failure,
-    save_at,
-    saved_times,
-    solve_event,
-    step_options,
-    stop_stalled_steps,
+    saved_rows,
 )
 from .._solution import RESULTS
 from .._systems._system import LagrangianSystem, cast_floating
@@ -314,7 +305,7 @@ class ConstraintEnforcingControl(eqx.Module):
         """Checks the gains' sizes against `num_constraints` (one per group for grouped
         gains) and returns the control. Concrete gains were checked for stability at
         construction; traced ones (under `jit`, `vmap`, `grad`) come back wrapped in one
-        `eqx.error_if` (`traced_check`), which raises at run time unless each group's companion matrix is
+        `eqx.error_if` (`attach_checks`), which raises at run time unless each group's companion matrix is
         Hurwitz or all its gains are zero (Lyapunov's test, as for
         [`jaxdae.CoupledPerturbation`][])."""
         self.perturbation_matrix(num_constraints)  # raises for gains of the wrong size
@@ -332,7 +323,7 @@ class ConstraintEnforcingControl(eqx.Module):
                    "the poles of `ConstraintEnforcingControl.from_poles` to keep the gains "
                    "stable by construction.")
         # One check for all the gains (one `lax.cond` with host callbacks each).
-        return eqx.tree_at(lambda c: c.gains, self, traced_check(self.gains, bad, message))
+        return eqx.tree_at(lambda c: c.gains, self, attach_checks(self.gains, [(bad, message)]))
 
     def perturbation_matrix(self, num_constraints: int | Sequence[int]) -> Float[Array, "d d"]:
         """`H` of `ẏ = H y`, `y = (f, ḟ, …, f⁽ᵖ⁻¹⁾)`, shape `(ρr, ρr)` (eqs. [3.12], [5.8]);
@@ -399,10 +390,12 @@ def _kkt_residual(y, args):
 
 
 @eqx.filter_jit
-def _programmed_state(system, control, t0, q0, v0, w0, weights, tol, max_steps):
+def _programmed_state(system, control, t0, guess, weights, tol, max_steps):
+    """Newton's method on `_kkt_residual` from the `guess = (q0, v0, w0)`: the state, its
+    residual `y` and optimistix's result."""
     # Flattened inside the trace: an `unravel` made outside would be a new static argument,
     # and a recompilation, at every call.
-    x0, unravel = jax.flatten_util.ravel_pytree((q0, v0, w0))
+    x0, unravel = jax.flatten_util.ravel_pytree(guess)
     metric, _ = jax.flatten_util.ravel_pytree(weights)
     lam0 = jnp.zeros_like(_program_residual(system, control, t0, unravel(x0)))
     solver = optx.Newton(rtol=0.1 * tol, atol=0.1 * tol,
@@ -514,7 +507,7 @@ def consistent_actuated_state(
         size = jnp.max(jnp.stack([jnp.max(jnp.abs(x), initial=0.0) for x in (q0, v0, w0)]))
         tol = 1e3 * float(jnp.finfo(dtype).eps) * (1.0 + size)
     tol = jax.lax.stop_gradient(jnp.asarray(tol, dtype))
-    state, residual, result = _programmed_state(system, control, t0, q0, v0, w0, weights, tol,
+    state, residual, result = _programmed_state(system, control, t0, (q0, v0, w0), weights, tol,
                                                 max_steps)
     worst = jnp.max(jnp.abs(residual), initial=0.0)
     failed = ~(worst <= tol)  # also NaN
@@ -738,64 +731,44 @@ def simulate_actuated(
     zero tolerances); [`jaxdae.SimulationError`][] with `throw=True` when the solve fails
     (e.g. `g gᵀ` becomes singular on the way).
     """
+    call = SolveCall(ts=ts, ensemble=False, solver=solver,
+                     stepsize_controller=stepsize_controller, dt0=dt0, rtol=rtol, atol=atol,
+                     max_steps=max_steps, adjoint=adjoint, throw=throw)
     q0, v0, w0 = _initial_state(q0, v0, w0)
     dtype = q0.dtype
-    t0, t1 = jnp.asarray(t0, dtype=dtype), jnp.asarray(t1, dtype=dtype)
-    ts = None if ts is None else jnp.asarray(ts, dtype=dtype)
-    _check_times(t0, t1, ts)
-    check_solve_options(solver, stepsize_controller, adjoint, max_steps)
+    times = call.times(t0, t1, dtype)
+    call.check_options()
     # The state's dtype sets the precision: float32 states give a float32 simulation.
     system, control = cast_floating((system, control), dtype)
-    control = _check_system(system, control, t0, q0, v0, w0)
-    stepsize_controller, dt0 = step_options(stepsize_controller, dt0, rtol, atol, dtype)
-    if solver is not None:
-        solver = configure_for_controller(solver, stepsize_controller)
+    control = _check_system(system, control, times.t0, q0, v0, w0)
+    options = call.options(dtype)
     with forward_mode_hint():
-        sol = _simulate_actuated(
-            system, control, t0, t1, q0, v0, w0, ts,
-            solver=Tsit5 if solver is None else solver,
-            stepsize_controller=stepsize_controller, dt0=dt0, max_steps=max_steps,
-            adjoint=(default_adjoint(Tsit5 if solver is None else solver, max_steps)
-                     if adjoint is None else adjoint),
-        )
+        sol = _simulate_actuated(system, control, times, (q0, v0, w0), options)
     return raise_failure(sol) if throw else sol
 
 
+# The actuated system's ODE on the common solve path: `args = (system, control, λ_max)`, the
+# largest eigenvalue of `g gᵀ` at the start the scale of `_singular`'s test.
+_DYNAMICS = Dynamics(_vector_field, (_singular,), (RESULTS.singular_decoupling_matrix,))
+
+
 @jit_unless_staged
-def _simulate_actuated(system, control, t0, t1, q0, v0, w0, ts, *, solver,
-                       stepsize_controller, dt0, max_steps, adjoint):
-    saveat = save_at(t0, t1, ts, stepsize_controller)
+def _simulate_actuated(system, control, times, y0, options) -> ActuatedSolution:
+    """The solve (`integrate`) and its `ActuatedSolution`."""
+    t0 = times.t0
     # The scale of `_singular`'s test: a constant of the gradient, as the event is.
-    initial_largest = jax.lax.stop_gradient(_eigenvalues(system, control, t0, q0, v0, w0)[1])
-    options = dict(args=(system, control, initial_largest), saveat=saveat,
-                   stepsize_controller=stop_stalled_steps(stepsize_controller),
-                   event=solve_event([_singular], stepsize_controller), max_steps=max_steps)
-    if isinstance(adjoint, ReverseSweepAdjoint):
-        out = swept_diffeqsolve(_vector_field, solver, t0, t1, dt0, (q0, v0, w0), ts=ts,
-                                adjoint=adjoint, **options)
-    else:
-        out = diffrax.diffeqsolve(diffrax.ODETerm(_vector_field), solver, t0, t1, dt0,
-                                  (q0, v0, w0), adjoint=adjoint, throw=False, **options)
-    result = event_result(out, [RESULTS.singular_decoupling_matrix])
-    if ts is None:
-        ts_out, (q, v, w) = out.ts, out.ys
-        t_end, q_end, v_end, w_end = ts_out[1], q[1], v[1], w[1]
-        # As for `SubSaveAt(ts=...)`: a save time the solve did not reach is inf.
-        reached = out.result == diffrax.RESULTS.successful
-        ts_out, q, v, w = (x.at[1].set(jnp.where(reached, x[1], jnp.inf))
-                           for x in (ts_out, q, v, w))
-    else:
-        (ts_out, t_end), ((q, v, w), (q_end, v_end, w_end)) = out.ts, out.ys
-        ts_out = saved_times(ts, ts_out)
-        t_end, q_end, v_end, w_end = t_end[0], q_end[0], v_end[0], w_end[0]
+    initial_largest = jax.lax.stop_gradient(_eigenvalues(system, control, t0, *y0)[1])
+    out, result = integrate(_DYNAMICS, (system, control, initial_largest), y0, times, options)
+    ts_out, ys, (t_final, y_final) = saved_rows(
+        times.ts, (out.ts, out.ys), out.result == diffrax.RESULTS.successful)
     # Rows the solve did not reach are inf: evaluate at the initial state, then mask.
     valid = jnp.isfinite(ts_out)
     u, residuals = jax.vmap(_outputs, in_axes=(None, None, 0, 0, 0, 0))(
-        system, control, jnp.where(valid, ts_out, t0), jnp.where(valid[:, None], q, q0),
-        jnp.where(valid[:, None], v, v0), jnp.where(valid[:, None], w, w0))
-    mask = lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.inf)  # noqa: E731
+        system, control, *at_valid(valid, (ts_out, *ys), (t0, *y0)))
+    (q, v, w), (q_final, v_final, w_final) = ys, y_final
     return ActuatedSolution(
-        ts=ts_out, q=q, v=v, w=w, u=mask(u), residuals=jax.tree.map(mask, residuals),
-        t_final=t_end, q_final=q_end, v_final=v_end, w_final=w_end,
+        ts=ts_out, q=q, v=v, w=w, u=masked(valid, u),
+        residuals=jax.tree.map(functools.partial(masked, valid), residuals),
+        t_final=t_final, q_final=q_final, v_final=v_final, w_final=w_final,
         result=result, stats=out.stats,
     )

@@ -4,6 +4,7 @@
 import functools
 import sys
 import warnings
+from collections.abc import Callable
 
 import diffrax
 import equinox as eqx
@@ -27,7 +28,7 @@ from .._formulations import AbstractFormulation, Baumgarte, ModifiedLagrange, Ps
 from .._formulations._base import baumgarte_target
 from .._compilation._private_apis import unvmap_any
 from .._compilation._linalg import full_precision, is_positive_definite, psd_pseudo_solve
-from .._gains import deferred_checks, is_concrete
+from .._gains import is_concrete
 from .._systems._nonholonomic import is_not_affine
 from .._compilation._scalarize import scalarize, with_scalar_vjp
 from .._compilation._sharding import explicit_to_auto, is_explicitly_sharded
@@ -452,21 +453,22 @@ def check_initial_state(system: AbstractSystem, formulation, t0, q0, v0
     `_INITIAL_STATE_MESSAGES` followed by the formulation's `state_problems` flags, and the
     values those quote (the eager checks)."""
     terms = _terms(system, t0, q0, v0)
-    flags, values = initial_state_problems(system, formulation, t0, q0, v0, terms.mass_matrix,
-                                           terms.forces, terms.num_nonholonomic)
+    flags, values = initial_state_problems(system, formulation, (t0, q0, v0),
+                                           (terms.mass_matrix, terms.forces),
+                                           terms.num_nonholonomic)
     return terms.mass_matrix, flags, values
 
 
-def initial_state_problems(system, formulation, t0, q0, v0, mass, forces,
-                           num_nonholonomic: int, rows: str | None = None
-                           ) -> tuple[Array, Array]:
-    """The flags and values of `check_initial_state`, given the mass matrix and the forces
-    at the initial state.
+def initial_state_problems(system, formulation, state, terms, num_nonholonomic: int,
+                           rows: str | None = None) -> tuple[Array, Array]:
+    """The flags and values of `check_initial_state` at the initial `state = (t0, q0, v0)`,
+    given `terms = (mass matrix, forces)` there.
 
     With `rows`, the name of a `vmap` axis over trajectories, each flag says whether it holds
     in any row. A flag that is the same in every row (a constant) then stays one value: as a
     column broadcast over the rows and reduced, XLA's GPU compiler constant-folded it row by
     row (2 s at 10⁶ rows on an H100)."""
+    (t0, q0, v0), (mass, forces) = state, terms
     asym = jnp.max(jnp.abs(mass - mass.T)) > 1e-8 * (1 + jnp.max(jnp.abs(mass)))
     if jnp.shape(q0) == jnp.shape(v0):  # one reduction: one operation fewer in the program
         q0_finite, v0_finite = jnp.all(jnp.isfinite(jnp.stack([q0, v0])).reshape(2, -1), axis=1)
@@ -513,13 +515,12 @@ _INITIAL_STATE_MESSAGES = (
 _check_initial_state_jit = eqx.filter_jit(check_initial_state)
 
 
-def _check_types(system, formulation, solver, stepsize_controller, adjoint, max_steps):
+def _check_types(system, formulation):
     check_instance("system", system, AbstractSystem,
                    "a jaxdae system (e.g. a `jaxdae.LagrangianSystem` subclass)")
     check_instance("formulation", formulation, AbstractFormulation,
                    "a jaxdae formulation such as `jaxdae.Baumgarte(kd, kp)` or "
                    "`jaxdae.ModifiedLagrange(alpha, kd, kp)`")
-    check_solve_options(solver, stepsize_controller, adjoint, max_steps)
 
 
 def check_solve_options(solver, stepsize_controller, adjoint, max_steps) -> None:
@@ -619,7 +620,8 @@ def _signature(tree):
 
 
 def _check_structure(system, formulation, t0, q0, v0):
-    """Shapes and constraint counts; returns the formulation with its gains checked."""
+    """Shapes and constraint counts; returns the formulation with its gains' shapes checked
+    (`validate`) and the constraint counts."""
     if q0.shape != v0.shape:
         raise ValueError(
             f"`q0` and `v0` must have the same shape (n,); got {q0.shape} and {v0.shape}."
@@ -639,7 +641,7 @@ def _check_structure(system, formulation, t0, q0, v0):
                 f"`generalized_forces` must return shape ({n},); got {terms.forces.shape}."
             )
         counts = _COUNTS[key] = (terms.phi.shape[0], terms.psi.shape[0])
-    return formulation.validate(*counts)
+    return formulation.validate(*counts), counts
 
 
 _COUNTS: dict = {}  # constraint counts per (system, state) signature
@@ -757,7 +759,7 @@ def simulate(
     `t1 <= t0`, unsorted `ts`, negative or zero tolerances); [`jaxdae.SimulationError`][]
     for a failed solve with `throw=True`.
     """
-    return _run(system, formulation, t0, t1, q0, v0, _Call(
+    return _run(system, formulation, t0, t1, q0, v0, SolveCall(
         ts=ts, ensemble=False, solver=solver, stepsize_controller=stepsize_controller, dt0=dt0,
         rtol=rtol, atol=atol, max_steps=max_steps, adjoint=adjoint, throw=throw))
 
@@ -831,14 +833,15 @@ def simulate_ensemble(
     As [`jaxdae.simulate`][]: a bad initial state is reported with its row, and with
     `throw=True` the first trajectory that failed is named.
     """
-    return _run(system, formulation, t0, t1, q0, v0, _Call(
+    return _run(system, formulation, t0, t1, q0, v0, SolveCall(
         ts=ts, ensemble=True, solver=solver, stepsize_controller=stepsize_controller, dt0=dt0,
         rtol=rtol, atol=atol, max_steps=max_steps, adjoint=adjoint, throw=throw))
 
 
-class _Call(eqx.Module):
-    """The keyword arguments of a call of `simulate` (`ensemble=False`) or
-    `simulate_ensemble`, as given."""
+class SolveCall(eqx.Module):
+    """The keyword arguments of a call of [`jaxdae.simulate`][] (`ensemble=False`),
+    [`jaxdae.simulate_ensemble`][] or [`jaxdae.simulate_actuated`][], as given, and what the
+    solve makes of them (`times`, `options`)."""
 
     ts: object
     ensemble: bool = eqx.field(static=True)
@@ -850,6 +853,31 @@ class _Call(eqx.Module):
     max_steps: object
     adjoint: object
     throw: object
+
+    def check_options(self) -> None:
+        """`check_solve_options` of the solver, controller, adjoint and step limit."""
+        check_solve_options(self.solver, self.stepsize_controller, self.adjoint,
+                            self.max_steps)
+
+    def times(self, t0, t1, dtype) -> "_Times":
+        """`t0`, `t1` and `ts` as arrays of `dtype`, checked (`_check_times`)."""
+        t0, t1 = jnp.asarray(t0, dtype=dtype), jnp.asarray(t1, dtype=dtype)
+        ts = None if self.ts is None else jnp.asarray(self.ts, dtype=dtype)
+        _check_times(t0, t1, ts)
+        return _Times(t0, t1, ts)
+
+    def options(self, dtype, norm=optx.rms_norm) -> "_SolveOptions":
+        """The solve's options with the defaults filled in: `step_options` (the default
+        controller measures errors with `norm`), an implicit solver's root finder set to
+        stop at the step's tolerance (`configure_for_controller`), `default_adjoint`."""
+        stepsize_controller, dt0 = step_options(self.stepsize_controller, self.dt0, self.rtol,
+                                                self.atol, dtype, norm)
+        solver = (Tsit5 if self.solver is None
+                  else configure_for_controller(self.solver, stepsize_controller))
+        adjoint = (default_adjoint(solver, self.max_steps) if self.adjoint is None
+                   else self.adjoint)
+        return _SolveOptions(solver=solver, stepsize_controller=stepsize_controller, dt0=dt0,
+                             max_steps=self.max_steps, adjoint=adjoint, ensemble=self.ensemble)
 
 
 class _Times(eqx.Module):
@@ -873,12 +901,13 @@ class _SolveOptions(eqx.Module):
 
 
 class _TracedChecks(eqx.Module):
-    """What `_simulate` checks when anything is `traced` (`_check_traced`): the deferred
-    checks of traced gains (`deferred_flags`, one message each), the initial state
+    """What `_simulate` checks when anything is `traced` (`_check_traced`): the checks
+    of traced gains (`gain_flags`, one message each: the formulation's `traced_checks`),
+    the initial state
     (`check_state`: a traced state) and the times, and the solve's failure (`throw`)."""
 
-    deferred_flags: tuple
-    deferred_messages: tuple[str, ...] = eqx.field(static=True)
+    gain_flags: tuple
+    gain_messages: tuple[str, ...] = eqx.field(static=True)
     traced: bool = eqx.field(static=True)
     check_state: bool = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
@@ -905,12 +934,10 @@ def in_current_mesh(fn):
 
 
 @in_current_mesh
-def _run(system, formulation, t0, t1, q0, v0, call: _Call) -> Solution:
+def _run(system, formulation, t0, t1, q0, v0, call: SolveCall) -> Solution:
     """Checks the input of `simulate` (`call.ensemble` false) or `simulate_ensemble`, solves
     and reports failures."""
-    ts, ensemble, solver, stepsize_controller, dt0, rtol, atol, max_steps, adjoint, throw = (
-        call.ts, call.ensemble, call.solver, call.stepsize_controller, call.dt0, call.rtol,
-        call.atol, call.max_steps, call.adjoint, call.throw)
+    ensemble = call.ensemble
     q0 = _float_array("q0", explicit_to_auto(q0), ensemble)
     v0 = _float_array("v0", explicit_to_auto(v0), ensemble)
     if is_explicitly_sharded(q0) or is_explicitly_sharded(v0):
@@ -927,21 +954,19 @@ def _run(system, formulation, t0, t1, q0, v0, call: _Call) -> Solution:
         raise ValueError(
             f"`q0` and `v0` must have the same shape {shape}; got {q0.shape} and {v0.shape}."
         )
-    t0 = jnp.asarray(t0, dtype=dtype)
-    t1 = jnp.asarray(t1, dtype=dtype)
-    if ts is not None:
-        ts = jnp.asarray(ts, dtype=dtype)
-    _check_types(system, formulation, solver, stepsize_controller, adjoint, max_steps)
-    _check_times(t0, t1, ts)
+    _check_types(system, formulation)
+    call.check_options()
+    times = call.times(t0, t1, dtype)
+    t0 = times.t0
     # The state's dtype sets the precision: float32 states give a float32 simulation.
     system, formulation = cast_floating((system, formulation), dtype)
+    if ensemble:  # shapes of one trajectory (no slicing: q0 may be sharded)
+        lane = jax.ShapeDtypeStruct(q0.shape[1:], dtype)
+        formulation, counts = _check_structure(system, formulation, t0, lane, lane)
+    else:
+        formulation, counts = _check_structure(system, formulation, t0, q0, v0)
     # Traced gains' checks join the solve's one branched error (`_check_traced`).
-    with deferred_checks() as deferred:
-        if ensemble:  # shapes of one trajectory (no slicing: q0 may be sharded)
-            lane = jax.ShapeDtypeStruct(q0.shape[1:], dtype)
-            formulation = _check_structure(system, formulation, t0, lane, lane)
-        else:
-            formulation = _check_structure(system, formulation, t0, q0, v0)
+    gain_checks = formulation.traced_checks(*counts)
     if is_concrete(formulation):
         formulation.check_values()
 
@@ -971,31 +996,20 @@ def _run(system, formulation, t0, t1, q0, v0, call: _Call) -> Solution:
                 message += f" ({formulation.state_messages[own][1]}: {float(values[own]):.3g})"
             raise ValueError(message)
 
-    stepsize_controller, dt0 = step_options(
-        stepsize_controller, dt0, rtol, atol, dtype,
-        worst_trajectory_rms if ensemble else optx.rms_norm)
-    if isinstance(stepsize_controller, diffrax.ConstantStepSize):
-        state = (lane, lane) if ensemble else (q0, v0)  # as `_check_structure` saw it
-        counts = _COUNTS.get((_signature(system), _signature((t0, *state))))
-        warn_unstable_step(formulation, counts[0] if counts else 0,
-                           Tsit5 if solver is None else solver, dt0)
-    traced = not is_concrete(system, formulation, t0, t1, q0, v0, ts)
+    options = call.options(dtype, worst_trajectory_rms if ensemble else optx.rms_norm)
+    if isinstance(options.stepsize_controller, diffrax.ConstantStepSize):
+        warn_unstable_step(formulation, counts[0],
+                           Tsit5 if call.solver is None else call.solver, options.dt0)
+    traced = not is_concrete(system, formulation, times, q0, v0)
+    checks = _TracedChecks(
+        gain_flags=tuple(flag for flag, _ in gain_checks),
+        gain_messages=tuple(message for _, message in gain_checks), traced=traced,
+        check_state=not eager, throw=call.throw)
     with forward_mode_hint():
-        # An implicit solver's root finder stops at the step's tolerance (`ToleranceChord`).
-        solver = Tsit5 if solver is None else configure_for_controller(solver, stepsize_controller)
-        options = _SolveOptions(
-            solver=solver, stepsize_controller=stepsize_controller, dt0=dt0,
-            max_steps=max_steps,
-            adjoint=default_adjoint(solver, max_steps) if adjoint is None else adjoint,
-            ensemble=ensemble)
-        checks = _TracedChecks(
-            deferred_flags=tuple(flag for flag, _ in deferred),
-            deferred_messages=tuple(message for _, message in deferred), traced=traced,
-            check_state=not eager, throw=throw)
-        sol = _simulate(system, formulation, _Times(t0, t1, ts), q0, v0, options, checks)
+        sol = _simulate(system, formulation, times, q0, v0, options, checks)
     if not traced:
         sol = name_non_finite_term(sol, system, formulation, t0)
-    if throw and not traced:  # else `_simulate` attached the check
+    if call.throw and not traced:  # else `_simulate` attached the check
         sol = raise_failure(sol, _first_failure(sol.result) if ensemble else None)
     return sol
 
@@ -1067,22 +1081,73 @@ def reported_failure(sol) -> Array:
 Tsit5 = diffrax.Tsit5()
 
 
+class Dynamics(eqx.Module):
+    """What the solve path integrates for a model `(system, strategy)` (a system and its
+    formulation, or an actuated system and its control): the vector field
+    `vector_field(t, y, args)` with `args = (system, strategy, reference)` (`reference`:
+    what the failure test compares with, evaluated at the start), and the conditions
+    (diffrax event conditions on the same arguments) that stop the solve, each with the
+    [`jaxdae.RESULTS`][] item it reports.
+
+    An ensemble whose trajectories stop one by one gives `step_args` and `stage_vjp` (as
+    `swept_diffeqsolve` takes them); the solve then saves its final solver state."""
+
+    vector_field: Callable = eqx.field(static=True)
+    conditions: tuple[Callable, ...] = eqx.field(static=True, default=())
+    failures: tuple[RESULTS, ...] = ()
+    step_args: Callable | None = eqx.field(static=True, default=None)
+    stage_vjp: Callable | None = eqx.field(static=True, default=None)
+
+
+def integrate(dynamics: Dynamics, args, y0, times: "_Times", options: "_SolveOptions"
+              ) -> tuple[diffrax.Solution, RESULTS]:
+    """The one diffrax solve of [`jaxdae.simulate`][], [`jaxdae.simulate_ensemble`][] and
+    [`jaxdae.simulate_actuated`][]: from `y0` over `times` with `options`, saving as
+    `save_at` says, stopped by `dynamics.conditions` (and a non-finite state under fixed
+    steps, `solve_event`) and by a stalled step (`stop_stalled_steps`); with
+    [`jaxdae.ReverseSweepAdjoint`][] through `swept_diffeqsolve`. Returns diffrax's solution
+    and jaxdae's result (the failure that stopped it named, `event_result`)."""
+    solver, controller = options.solver, options.stepsize_controller
+    t0, t1, ts = times.t0, times.t1, times.ts
+    saveat = save_at(t0, t1, ts, controller)
+    if dynamics.step_args is not None:  # read from the final solver state
+        saveat = eqx.tree_at(lambda s: s.solver_state, saveat, True)
+    event = solve_event(list(dynamics.conditions), controller)
+    controller = stop_stalled_steps(controller)
+    if isinstance(options.adjoint, ReverseSweepAdjoint):
+        out = swept_diffeqsolve(
+            dynamics.vector_field, solver, t0, t1, options.dt0, y0, args=args, saveat=saveat,
+            ts=ts, stepsize_controller=controller, event=event, max_steps=options.max_steps,
+            adjoint=options.adjoint, step_args=dynamics.step_args,
+            stage_vjp=dynamics.stage_vjp)
+    else:
+        out = diffrax.diffeqsolve(
+            diffrax.ODETerm(dynamics.vector_field),
+            solver,
+            t0,
+            t1,
+            options.dt0,
+            y0,
+            args=args,
+            saveat=saveat,
+            stepsize_controller=controller,
+            adjoint=options.adjoint,
+            event=event,
+            max_steps=options.max_steps,
+            throw=False,
+        )
+    return out, named_result(solver, event_result(out, list(dynamics.failures)))
+
+
 @jit_unless_staged
 def _simulate(system, formulation, times: _Times, q0, v0, options: _SolveOptions,
               checks: _TracedChecks):
     """The solve and its `Solution`; if anything is `checks.traced`, with its checks
     attached (`_check_traced`)."""
-    t0, t1, ts = times.t0, times.t1, times.ts
-    solver, stepsize_controller, dt0, max_steps, adjoint, ensemble = (
-        options.solver, options.stepsize_controller, options.dt0, options.max_steps,
-        options.adjoint, options.ensemble)
+    t0, t1, ts, ensemble = times.t0, times.t1, times.ts, options.ensemble
     traced, throw = checks.traced, checks.throw
-    saveat = save_at(t0, t1, ts, stepsize_controller)
     # An ensemble's trajectories stop one by one; one trajectory's solve stops at an event.
     stops_rows = ensemble and formulation.can_fail
-    if stops_rows:
-        solver = _StopFailedTrajectories(solver)
-        saveat = eqx.tree_at(lambda s: s.solver_state, saveat, True)
     stops = formulation.can_fail and not ensemble
     checked_q0, checked_v0 = q0, v0
     if ensemble and traced and not throw:
@@ -1097,35 +1162,20 @@ def _simulate(system, formulation, times: _Times, q0, v0, options: _SolveOptions
         if ensemble:
             initial = jax.vmap(initial, in_axes=(None, None, None, 0, 0))
         reference = jax.lax.stop_gradient(initial(system, formulation, t0, q0, v0))
-    failures = [formulation.failure_result] if stops else []
-    event = solve_event([_failure_event] if stops else [], stepsize_controller)
-    stepsize_controller = stop_stalled_steps(stepsize_controller)
-    swept = isinstance(adjoint, ReverseSweepAdjoint)
-    if swept:
-        out = swept_diffeqsolve(
-            _ensemble_vector_field if ensemble else _vector_field, solver, t0, t1, dt0,
-            (q0, v0), args=(system, formulation, reference), saveat=saveat, ts=ts,
-            stepsize_controller=stepsize_controller, event=event, max_steps=max_steps,
-            adjoint=adjoint, step_args=_StopFailedTrajectories.step_args if stops_rows else None,
-            stage_vjp=_ensemble_stage_vjp if ensemble else None)
+    if stops:
+        dynamics = Dynamics(_vector_field, (_failure_event,), (formulation.failure_result,))
+    elif stops_rows:
+        dynamics = Dynamics(_ensemble_vector_field, step_args=_StopFailedTrajectories.step_args,
+                            stage_vjp=_ensemble_stage_vjp)
+        options = eqx.tree_at(lambda o: o.solver, options,
+                              _StopFailedTrajectories(options.solver))
     else:
-        out = diffrax.diffeqsolve(
-            diffrax.ODETerm(_ensemble_vector_field if ensemble else _vector_field),
-            solver,
-            t0,
-            t1,
-            dt0,
-            (q0, v0),
-            args=(system, formulation, reference),
-            saveat=saveat,
-            stepsize_controller=stepsize_controller,
-            adjoint=adjoint,
-            event=event,
-            max_steps=max_steps,
-            throw=False,
-        )
-    result = named_result(solver, event_result(out, failures))
+        dynamics = Dynamics(_ensemble_vector_field if ensemble else _vector_field,
+                            stage_vjp=_ensemble_stage_vjp if ensemble else None)
+    out, result = integrate(dynamics, (system, formulation, reference), (q0, v0), times,
+                            options)
     reached = out.result == diffrax.RESULTS.successful
+    swept = isinstance(options.adjoint, ReverseSweepAdjoint)
 
     if not ensemble:
         sol, initial = _solution(system, formulation, (t0, q0, v0), ts, (out.ts, out.ys),
@@ -1152,7 +1202,7 @@ def _simulate(system, formulation, times: _Times, q0, v0, options: _SolveOptions
 def _check_traced(sol, system, formulation, times: _Times, initial,
                   checks: _TracedChecks, ensemble: bool):
     """`sol` with the checks of a traced call attached as one branched error: the
-    deferred ones (`checks.deferred_flags`), those of `check_initial_state`
+    gains' (`checks.gain_flags`), those of `check_initial_state`
     (`checks.check_state`) on `initial = (q0, v0, mass matrix, forces)` and of the times,
     then (`checks.throw`) the failure of the solve.
 
@@ -1165,12 +1215,14 @@ def _check_traced(sol, system, formulation, times: _Times, initial,
     t0, t1, ts = times.t0, times.t1, times.ts
     q0, v0, mass, forces = initial
     check_state, throw = checks.check_state, checks.throw
-    flags, messages = list(checks.deferred_flags), checks.deferred_messages
+    flags, messages = list(checks.gain_flags), checks.gain_messages
     rows_invalid = False
     if check_state:
-        problems = functools.partial(initial_state_problems, system, formulation, t0,
-                                     num_nonholonomic=sol.psi.shape[-1],
-                                     rows="rows" if ensemble and throw else None)
+        def problems(q0, v0, mass, forces):
+            return initial_state_problems(system, formulation, (t0, q0, v0), (mass, forces),
+                                          sol.psi.shape[-1], "rows" if ensemble and throw
+                                          else None)
+
         if ensemble and throw:
             problems = jax.vmap(problems, axis_name="rows", out_axes=(None, 0))
         elif ensemble:  # each row's own flags, for its own result
@@ -1308,6 +1360,36 @@ def saved_times(ts, saved):
     return jnp.where(jnp.isfinite(saved), ts, jnp.inf)
 
 
+def saved_rows(ts, saved, reached):
+    """What a solve with `save_at(t0, t1, ts, ...)` saved, as a solution reports it:
+    `(ts_out, ys, (t_final, y_final))`, the save times (`inf` where the solve did not
+    reach: without `ts`, the second row where it did not reach `t1`), the states saved
+    there (those rows `inf` too) and where the solve ended. `saved = (ts, ys)` as diffrax
+    returns them; `reached`: the solve reached `t1`."""
+    ts_saved, ys = saved
+    if ts is None:
+        final = (ts_saved[1], jax.tree.map(lambda x: x[1], ys))
+        # As for `SubSaveAt(ts=...)`: a save time the solve did not reach is inf.
+        ts_out, ys = jax.tree.map(lambda x: x.at[1].set(jnp.where(reached, x[1], jnp.inf)),
+                                  (ts_saved, ys))
+        return ts_out, ys, final
+    (ts_out, ts_final), (ys, y_final) = ts_saved, ys
+    return saved_times(ts, ts_out), ys, (ts_final[0], jax.tree.map(lambda x: x[0], y_final))
+
+
+def at_valid(valid, rows, start):
+    """`rows` (leading axis: the saved times) where `valid`, else the start state: the
+    diagnostics are evaluated at a safe state where nothing was saved (`inf`), then
+    `masked` (no nan gradients)."""
+    return jax.tree.map(lambda x, x0: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)),
+                                                x, x0), rows, start)
+
+
+def masked(valid, x):
+    """`x` (leading axis: the saved times) where `valid`, else `inf`."""
+    return jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.inf)
+
+
 def _solution(system, formulation, start, ts, saved, outcome, swept: bool
               ) -> tuple[Solution, tuple[Array, Array]]:
     """One trajectory's [`jaxdae.Solution`][] from its `start = (t0, q0, v0)`, the times
@@ -1319,18 +1401,9 @@ def _solution(system, formulation, start, ts, saved, outcome, swept: bool
     the final state (without `ts` the second row is the final state), and the final row
     also gives `v_final`, `p_final` and the inputs of `checked_result`, so that the
     compiled program holds the equations of motion once for all of them."""
-    (t0, q0, v0), (ts_saved, ys), (reached, result, stats) = start, saved, outcome
+    (t0, q0, v0), (reached, result, stats) = start, outcome
     diagnostics_at = _swept_diagnostics if swept else _diagnostics
-    if ts is None:
-        ts_out, (q, v) = ts_saved, ys
-        t_final, q_final, v_final = ts_out[1], q[1], v[1]
-        # As for `SubSaveAt(ts=...)`: a save time the solve did not reach is inf.
-        ts_out = ts_out.at[1].set(jnp.where(reached, ts_out[1], jnp.inf))
-        q = q.at[1].set(jnp.where(reached, q[1], jnp.inf))
-    else:
-        (ts_out, ts_final), ((q, v), (q_final, v_final)) = ts_saved, ys
-        ts_out = saved_times(ts, ts_out)
-        t_final, q_final, v_final = ts_final[0], q_final[0], v_final[0]
+    ts_out, (q, v), (t_final, (q_final, v_final)) = saved_rows(ts, saved, reached)
 
     # Rows after a failure are inf, and a final state may be: evaluate at a safe state (the
     # initial one), then mask (no nan gradients).
@@ -1347,8 +1420,7 @@ def _solution(system, formulation, start, ts, saved, outcome, swept: bool
             lambda *x: jnp.stack(x), *per_row)
         outputs = diagnostics
     else:  # the initial state first, the final state last
-        rows = (jnp.where(valid, ts_out, t0), jnp.where(valid[:, None], q, q0),
-                jnp.where(valid[:, None], v, v0))
+        rows = at_valid(valid, (ts_out, q, v), (t0, q0, v0))
         rows = tuple(jnp.concatenate([x0[None], row, x[None]])
                      for x0, row, x in zip((t0, q0, v0), rows, final))
         *diagnostics, mass, forces, range_inputs = jax.vmap(
@@ -1362,8 +1434,7 @@ def _solution(system, formulation, start, ts, saved, outcome, swept: bool
     result = checked_result(initial_residual,
                             jnp.where(final_finite, final_residual, jnp.inf),
                             jax.tree.map(lambda x: x[-1], range_inputs), result)
-    mask = lambda x: jnp.where(  # noqa: E731
-        valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.inf)
+    mask = functools.partial(masked, valid)
     sol = Solution(
         ts=ts_out,
         q=q,
