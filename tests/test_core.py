@@ -436,3 +436,26 @@ def test_consistent_initial_state_under_vmap_and_grad():
     unit = q0 / jnp.linalg.norm(q0)
     expected = 0.8 / jnp.linalg.norm(q0) * (jnp.eye(2) - jnp.outer(unit, unit))
     np.testing.assert_allclose(jacobian, expected, atol=1e-10)
+
+
+def test_traced_gain_checks_are_values():
+    """A formulation returns the checks of its traced gains as `(flag, message)` pairs
+    (`traced_checks`), which `simulate` joins to its own runtime checks as one error;
+    `validate` checks shapes (and concrete values) and returns the formulation."""
+    messages = []
+
+    @jax.jit
+    def flags(kd):
+        formulation = jaxdae.Baumgarte(kd, 25.0)
+        assert formulation.validate(1, 0) is formulation
+        checks = formulation.traced_checks(1, 0)
+        messages[:] = [message for _, message in checks]
+        return jnp.stack([flag for flag, _ in checks])
+
+    assert not np.any(np.asarray(flags(10.0)))
+    bad = np.asarray(flags(-1.0))
+    assert bad[0] and not bad[1]  # `kd` (and the default `kv = kd/2`), not `kp`
+    assert messages[0].startswith("`kd` must be symmetric positive definite")
+    assert jaxdae.Baumgarte(10.0, 25.0).traced_checks(1, 0) == ()  # checked eagerly
+    with pytest.raises(ValueError, match="`kd` has shape"):
+        jaxdae.Baumgarte(jnp.ones(3), 25.0).validate(2, 0)

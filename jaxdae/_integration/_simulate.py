@@ -843,16 +843,16 @@ class SolveCall(eqx.Module):
     [`jaxdae.simulate_ensemble`][] or [`jaxdae.simulate_actuated`][], as given, and what the
     solve makes of them (`times`, `options`)."""
 
-    ts: object
+    ts: Float[ArrayLike, " N"] | None
     ensemble: bool = eqx.field(static=True)
-    solver: object
-    stepsize_controller: object
-    dt0: object
-    rtol: object
-    atol: object
-    max_steps: object
-    adjoint: object
-    throw: object
+    solver: diffrax.AbstractSolver | None
+    stepsize_controller: diffrax.AbstractStepSizeController | None
+    dt0: ScalarLike | None
+    rtol: ScalarLike
+    atol: ScalarLike
+    max_steps: int | None
+    adjoint: diffrax.AbstractAdjoint | ReverseSweepAdjoint | None
+    throw: bool
 
     def check_options(self) -> None:
         """`check_solve_options` of the solver, controller, adjoint and step limit."""
