@@ -1,5 +1,6 @@
 """`jaxdae.ReverseSweepAdjoint` (the default adjoint of explicit Runge–Kutta solvers) gives
-diffrax's `RecursiveCheckpointAdjoint`'s gradients, all steps stored or in segments."""
+diffrax's `RecursiveCheckpointAdjoint`'s gradients, all steps stored or in segments, in
+`simulate` and as the adjoint of a `diffrax.diffeqsolve` of one's own."""
 
 import subprocess
 import sys
@@ -10,10 +11,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optimistix as optx
 import pytest
 
 import jaxdae
-from jaxdae._integration._adjoint import swept_diffeqsolve
 from jaxdae.examples import CartesianPendulum, TwoLinkManipulator
 
 from ._systems import Bead
@@ -213,11 +214,13 @@ def test_equations_traced_once():
 
 
 @pytest.mark.perf(reason="monkeypatches the private `_loop_solve` (gradient trace time)")
-def test_reverse_mode_inside_jit_traces_no_primal_solve(monkeypatch):
-    """Inside an enclosing `jax.jit`, `simulate` is traced inline (`jit_unless_staged`):
-    reverse mode traces the sweep's forward solve only, not the custom VJP's primal solve
-    that staging a jitted `simulate` would trace. Eager calls (under `grad` or `vmap` too)
-    run the jitted `simulate`."""
+def test_reverse_mode_inside_jit_traces_the_primal_solve_once(monkeypatch):
+    """`diffrax.diffeqsolve` is jitted: staging it traces the custom VJP's primal solve
+    (diffrax's loop), which reverse mode then does not compile (it compiles the sweep's
+    forward solve). The gradient inside an enclosing `jax.jit` traces that primal once,
+    not once more for `simulate`'s own jit (`jit_unless_staged`: inside an enclosing jit
+    `simulate` is traced inline; eager calls, under `grad` or `vmap` too, run the jitted
+    `simulate`)."""
     from jaxdae._integration import _adjoint
 
     primal_solves = []
@@ -231,8 +234,6 @@ def test_reverse_mode_inside_jit_traces_no_primal_solve(monkeypatch):
         return jnp.sum(sol.q_final**2)
 
     jax.jit(jax.grad(loss)).trace(10.0)
-    assert primal_solves == []
-    jax.jit(loss).trace(10.0)
     assert primal_solves == [1]
 
     staged = []
@@ -274,10 +275,10 @@ def test_resolve_that_takes_other_steps_raises():
         return -k * host * y + jnp.sin(t)
 
     def final(k):
-        out = swept_diffeqsolve(
-            vector_field, diffrax.Tsit5(), 0.0, 3.0, 0.1, jnp.array([1.0, 2.0]), args=k,
-            saveat=diffrax.SaveAt(t0=True, t1=True), ts=None,
-            stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-10), event=None,
+        out = diffrax.diffeqsolve(
+            diffrax.ODETerm(vector_field), diffrax.Tsit5(), 0.0, 3.0, 0.1,
+            jnp.array([1.0, 2.0]), args=k,
+            stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-10),
             max_steps=256, adjoint=jaxdae.ReverseSweepAdjoint(stored_steps=16))
         return jnp.sum(out.ys[-1] ** 2)
 
@@ -370,3 +371,105 @@ def test_formulation_built_inside_the_differentiated_function():
         return eqx.filter_grad(eqx.filter_jit(lambda s: loss(s, adjoint)))(PENDULUM)
 
     _assert_same(gradient(CHECKPOINTED), gradient(SEGMENTED))
+
+
+# A solve of one's own: `diffrax.diffeqsolve(..., adjoint=jaxdae.ReverseSweepAdjoint())`.
+def _forced_pendulum(t, y, k):
+    return jnp.stack([y[1], -k[0] * jnp.sin(y[0]) - k[1] * y[1] + 0.3 * jnp.cos(2.0 * t)])
+
+
+class _Field(eqx.Module):
+    """A vector field holding an array: its gradient is the term's."""
+
+    coupling: jax.Array
+
+    def __call__(self, t, y, k):
+        return _forced_pendulum(t, y, k) + self.coupling * y[::-1]
+
+
+_PID = diffrax.PIDController(rtol=1e-8, atol=1e-10)
+_USER_SOLVES = {  # saveat, step-size controller, (t0, t1)
+    "t1, adaptive": (diffrax.SaveAt(t1=True), _PID, (0.0, 3.0)),
+    "ts, adaptive": (diffrax.SaveAt(ts=jnp.linspace(0.0, 3.0, 7)), _PID, (0.0, 3.0)),
+    "ts, constant steps": (diffrax.SaveAt(ts=jnp.linspace(0.01, 2.93, 5)),
+                           diffrax.ConstantStepSize(), (0.0, 3.0)),
+    # two `SubSaveAt`s whose save times interleave, solved backwards in time
+    "t0, ts and t1, backwards": (diffrax.SaveAt(subs=[
+        diffrax.SubSaveAt(t0=True, ts=jnp.array([2.5, 1.1, 0.2])),
+        diffrax.SubSaveAt(ts=jnp.array([2.0, 0.6]), t1=True)]), _PID, (3.0, 0.0)),
+}
+
+
+@pytest.mark.parametrize("case", list(_USER_SOLVES))
+def test_user_diffeqsolve_same_as_recursive_checkpoint(case):
+    """`ReverseSweepAdjoint` as the adjoint of a plain `diffrax.diffeqsolve`: the forward
+    solve's values are diffrax's to the bit (plain and under reverse mode), and the
+    gradients with respect to `args`, `y0` and the vector field's array equal
+    `RecursiveCheckpointAdjoint`'s to 1e-10 relative, all steps stored or in segments."""
+    saveat, controller, (t0, t1) = _USER_SOLVES[case]
+
+    def solve(field, k, y0, adjoint):
+        return diffrax.diffeqsolve(
+            diffrax.ODETerm(field), diffrax.Tsit5(), t0, t1, 0.05 * np.sign(t1 - t0), y0,
+            args=k, saveat=saveat, stepsize_controller=controller, max_steps=512,
+            adjoint=adjoint)
+
+    def loss(diff, adjoint):
+        ys = jax.tree.leaves(solve(*diff, adjoint).ys)
+        return sum(jnp.sum(jnp.sin(y) * jnp.arange(1.0, 1.0 + y.size).reshape(y.shape))
+                   for y in ys)
+
+    diff = (_Field(jnp.asarray(0.2)), jnp.array([4.0, 0.3]), jnp.array([1.0, 0.0]))
+    results = {}
+    for name, adjoint in (("checkpointed", CHECKPOINTED),
+                          ("swept", jaxdae.ReverseSweepAdjoint()),
+                          ("segmented", jaxdae.ReverseSweepAdjoint(stored_steps=8))):
+        value_and_grad = eqx.filter_jit(eqx.filter_value_and_grad(
+            lambda diff, a=adjoint: loss(diff, a)))
+        results[name] = value_and_grad(diff)
+    plain = eqx.filter_jit(solve)(*diff, jaxdae.ReverseSweepAdjoint())
+    reference = eqx.filter_jit(solve)(*diff, CHECKPOINTED)
+    assert int(reference.stats["num_steps"]) > 3 * 8  # several segments
+    assert int(plain.stats["num_steps"]) == int(reference.stats["num_steps"])
+    for a, b in zip(jax.tree.leaves((plain.ts, plain.ys)),
+                    jax.tree.leaves((reference.ts, reference.ys)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    value, gradient = results["checkpointed"]
+    for name in ("swept", "segmented"):
+        assert float(results[name][0]) == float(value), name
+        _assert_same(gradient, results[name][1], rtol=1e-10)
+    assert all(float(jnp.max(jnp.abs(g))) > 0 for g in jax.tree.leaves(gradient))
+
+
+def test_user_diffeqsolve_refuses_what_it_cannot_sweep():
+    """What the sweep does not support raises `ValueError` when the solve is traced (here
+    only traced, never run), naming the fix."""
+    y0, k = jnp.array([1.0, 0.0]), jnp.array([4.0, 0.3])
+
+    def trace(term=diffrax.ODETerm(_forced_pendulum), solver=diffrax.Tsit5(), **options):
+        options = dict(dict(max_steps=64, adjoint=jaxdae.ReverseSweepAdjoint()), **options)
+        return eqx.filter_eval_shape(lambda y0: diffrax.diffeqsolve(
+            term, solver, 0.0, 1.0, 0.1, y0, args=k, **options), y0)
+
+    trace()  # supported
+    fix = "RecursiveCheckpointAdjoint"
+    with pytest.raises(ValueError, match=f"explicit Runge–Kutta.*Kvaerno5.*{fix}"):
+        trace(solver=diffrax.Kvaerno5(), stepsize_controller=_PID)
+    with pytest.raises(ValueError, match="integer `max_steps`"):
+        trace(max_steps=None)
+    with pytest.raises(ValueError, match=f"dense=True.*SaveAt\\(ts=...\\).*{fix}"):
+        trace(saveat=diffrax.SaveAt(dense=True))
+    with pytest.raises(ValueError, match=f"steps=True.*SaveAt\\(ts=...\\).*{fix}"):
+        trace(saveat=diffrax.SaveAt(steps=True))
+    with pytest.raises(ValueError, match=f"apply `fn`.*{fix}"):
+        trace(saveat=diffrax.SaveAt(t1=True, fn=lambda t, y, args: y[0]))
+    with pytest.raises(ValueError, match=f"controller_state.*{fix}"):
+        trace(saveat=diffrax.SaveAt(t1=True, controller_state=True))
+    with pytest.raises(ValueError, match=f"without a `root_finder`.*{fix}"):
+        trace(event=diffrax.Event(lambda t, y, args, **kwargs: y[0] + 2.0,
+                                  root_finder=optx.Newton(rtol=1e-8, atol=1e-8)))
+    term = diffrax.ODETerm(_forced_pendulum)
+    with pytest.raises(ValueError, match=f"do not pass `solver_state`.*{fix}"):
+        trace(solver_state=diffrax.Tsit5().init(term, 0.0, 0.1, y0, k))
+    with pytest.raises(ValueError, match=f"one `diffrax.ODETerm`.*{fix}"):
+        trace(term=diffrax.MultiTerm(term, term))

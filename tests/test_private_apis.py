@@ -6,7 +6,6 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import pytest
 
 from jaxdae._compilation import _private_apis as private
 
@@ -58,25 +57,6 @@ def test_unvmap_any_ignores_the_batch_dimension():
         f"equinox.internal.unvmap_any is not one flag for the whole batch in {VERSIONS}")
     assert not bool(jax.vmap(private.unvmap_any)(jnp.zeros((3, 2), bool)).any())
     assert bool(private.unvmap_any(jnp.array([False, True])))
-
-
-def test_wrap_term_is_the_wrapper_diffeqsolve_gives_the_solver():
-    seen = []
-
-    class Recording(diffrax.Euler):
-        def init(self, terms, t0, t1, y0, args):
-            seen.append(terms)
-            return super().init(terms, t0, t1, y0, args)
-
-    term = diffrax.ODETerm(lambda t, y, args: -y)
-    diffrax.diffeqsolve(term, Recording(), 0.0, 1.0, 0.5, jnp.ones(1))
-    assert type(seen[0]) is private.WrapTerm, (
-        f"diffrax.diffeqsolve no longer wraps terms in diffrax._term.WrapTerm in {VERSIONS} "
-        f"(it passed {type(seen[0]).__name__}); the reverse sweep's start must follow it")
-    assert type(seen[0].term) is diffrax.ODETerm
-    wrapped = private.WrapTerm(term, -1)
-    assert float(wrapped.vf(2.0, jnp.ones(1), None)[0]) == pytest.approx(-1.0)
-    assert float(wrapped.contr(0.0, 0.5)) == pytest.approx(-0.5)
 
 
 def test_use_stepsize_tol_marks_a_root_finder_without_tolerances():

@@ -19,11 +19,6 @@ import jax
 # The names of diffrax and equinox are imported when first used: `backends_are_initialized`
 # is asked before jaxdae imports them, and some releases start JAX's backend on import.
 _LAZY = {
-    # diffrax wraps the terms of every solve in `WrapTerm(term, direction)` before the step
-    # size controller and the solver see them, and exports no name for it; the reverse sweep
-    # rebuilds a solve's start exactly as `diffrax.diffeqsolve` does (the controller's first
-    # step depends on the terms' type), so it needs the same wrapper.
-    "WrapTerm": ("diffrax._term", "WrapTerm"),
     # The marker with which a root finder made by the public
     # `diffrax.with_stepsize_controller_tols` (the default of every implicit diffrax solver)
     # says "take `rtol`, `atol` and `norm` from the step size controller"; `diffeqsolve`

@@ -10,6 +10,7 @@ step, applied step by step in reverse.
 """
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -22,14 +23,15 @@ from jax.flatten_util import ravel_pytree
 
 from .._custom_types import Array
 from .._compilation._linalg import full_precision
-from .._compilation._private_apis import WrapTerm, traced_for_jit
+from .._compilation._private_apis import traced_for_jit
 from .._compilation._scalarize import scalarize
 from ._solvers import AbstractWrappedSolver
 
 
-class ReverseSweepAdjoint(eqx.Module):
-    """Differentiates `simulate` by a reverse sweep over the stored steps: the discrete
-    adjoint of an explicit Runge–Kutta method.
+class ReverseSweepAdjoint(diffrax.AbstractAdjoint):
+    """Differentiates a solve by a reverse sweep over its stored steps: the discrete
+    adjoint of an explicit Runge–Kutta method. A `diffrax.AbstractAdjoint`: pass it to
+    `simulate` or to `diffrax.diffeqsolve` as `adjoint=`.
 
     The forward solve keeps the accepted steps' end times and states (see *Memory*). The
     backward pass walks the steps from the last to the first; for each it recomputes the
@@ -40,12 +42,31 @@ class ReverseSweepAdjoint(eqx.Module):
     The step sizes are constants of the gradient, as diffrax's step-size controllers make
     them, so the gradient equals that of diffrax's `RecursiveCheckpointAdjoint` to
     rounding; it is cheaper because diffrax's loop is not differentiated
-    (`experiments/bench_core.py`).
+    (`experiments/bench_core.py`). Without reverse mode (a plain call, `jax.vmap`) the
+    solve is diffrax's own loop, as with `RecursiveCheckpointAdjoint`.
 
     It is the default adjoint of `simulate`, [`jaxdae.simulate_ensemble`][] and
     [`jaxdae.simulate_actuated`][] for explicit Runge–Kutta solvers with an integer
     `max_steps`; pass `adjoint=jaxdae.ReverseSweepAdjoint(stored_steps=...)` to set its
-    memory.
+    memory. In a solve of your own:
+
+    ```python
+    import diffrax
+    import jax
+    import jax.numpy as jnp
+    import jaxdae
+
+    def loss(k):
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(lambda t, y, k: -k * y + jnp.sin(t)), diffrax.Tsit5(),
+            0.0, 2.0, 0.1, jnp.array([1.0, 2.0]), args=k,
+            saveat=diffrax.SaveAt(ts=jnp.linspace(0.0, 2.0, 5)),
+            stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-10),
+            max_steps=4096, adjoint=jaxdae.ReverseSweepAdjoint())
+        return jnp.sum(sol.ys**2)
+
+    jax.grad(loss)(0.7)  # equals the gradient with diffrax.RecursiveCheckpointAdjoint()
+    ```
 
     - **Memory**: at most `stored_steps` steps are stored at once, `stored_steps × (state
       size + 1)` floats per trajectory (the default 1024: 40 kB for a two-coordinate
@@ -60,16 +81,28 @@ class ReverseSweepAdjoint(eqx.Module):
       largest of `|t0|`, `|t1|` and `t1 − t0`): one that does not, because rounding changed
       which steps were accepted (a chaotic or badly scaled solve), raises at run time
       rather than differentiate steps the solve did not take.
-    - **Solvers**: explicit Runge–Kutta methods with a Butcher tableau
-      (`diffrax.AbstractERK`: `Tsit5`, `Dopri5`, `Bosh3`, `Heun`, … and
-      [`jaxdae.UnrolledERK`][] of them); adaptive or constant steps; solves that stop at a
-      failure. Others raise `ValueError`.
-    - **Gradients** with respect to the system, the formulation (or control), the initial
-      state, of `simulate`, of `simulate_actuated` and of [`jaxdae.simulate_ensemble`][]
-      (whose trajectories share the steps: the sweep runs once over the shared steps,
-      every trajectory at once). Gradients with respect to `t0`, `t1`, `ts` or `dt0`
-      differentiate diffrax's loop instead (`diffrax.RecursiveCheckpointAdjoint`), inside
-      the same call.
+    - **Solves**: an ODE given as one `diffrax.ODETerm`; explicit Runge–Kutta methods with
+      a Butcher tableau (`diffrax.AbstractERK`: `Tsit5`, `Dopri5`, `Bosh3`, `Heun`, … and
+      [`jaxdae.UnrolledERK`][] of them); adaptive or constant steps (`PIDController`,
+      `ConstantStepSize`, `StepTo`, `ClipStepSizeController`); an integer `max_steps`;
+      saves at `t0`, `ts` and `t1` (any `SubSaveAt`s of those, and the final
+      `solver_state`); events without a root finder (the solve stops at the end of the
+      step where one triggers). Anything else raises `ValueError` when the solve is
+      traced, naming the fix: an implicit solver, `max_steps=None`, `SaveAt(dense=True)`,
+      `SaveAt(steps=True)`, `SubSaveAt(fn=...)`, a saved `controller_state` or
+      `made_jump`, an event's `root_finder`, a `solver_state` passed to `diffeqsolve`.
+    - **Gradients** with respect to `y0`, `args` and arrays held by the vector field
+      (the term), of `simulate`, of `simulate_actuated` and of
+      [`jaxdae.simulate_ensemble`][] (whose trajectories share the steps: the sweep runs
+      once over the shared steps, every trajectory at once). Gradients with respect to
+      `t0`, `t1`, the save times or `dt0` differentiate diffrax's loop instead
+      (`diffrax.RecursiveCheckpointAdjoint`), inside the same call. Reverse mode only:
+      forward mode (`jax.jvp`) needs `diffrax.ForwardMode()`.
+    - **Extensions** (used by [`jaxdae.simulate_ensemble`][]): a solver that passes its
+      vector field more than `args` defines `step_args(args, solver_state, t)`, the
+      vector field's arguments in the step that starts at `t` given the solver state at
+      the end of the solve; an `ODETerm` subclass with a `stage_vjp` method brings its own
+      vector–Jacobian product (jaxdae's `ODETermWithVJP`).
 
     **Arguments:**
 
@@ -83,6 +116,100 @@ class ReverseSweepAdjoint(eqx.Module):
                 self.stored_steps, (int, np.integer)) or self.stored_steps < 1:
             raise ValueError("`ReverseSweepAdjoint(stored_steps=...)` must be a positive "
                              f"integer; got {self.stored_steps!r}.")
+
+    def loop(self, *, args, terms, solver, stepsize_controller, event, saveat, t0, t1, dt0,
+             max_steps, throw, init_state, passed_solver_state, passed_controller_state,
+             progress_meter):
+        """diffrax's solve loop, whose reverse mode is the sweep (see the class)."""
+        del throw, passed_controller_state  # `diffeqsolve` throws; the steps are constants
+        _check_sweepable(terms, solver, saveat, event, max_steps, passed_solver_state)
+        static = SweepOptions(
+            solver=solver, stepsize_controller=stepsize_controller, event=event,
+            progress_meter=progress_meter, max_steps=max_steps,
+            segments=_segments(max_steps, self.stored_steps, stepsize_controller),
+            tableau=explicit_tableau(solver), step_args=getattr(solver, "step_args", None))
+        problem = _Problem(terms=terms, args=args, init_state=init_state, t0=t0, t1=t1,
+                           dt0=dt0, saveat=saveat)
+        out = _swept(problem, static)
+        # No tangents for the result and counts (JAX gives a custom VJP's integer outputs
+        # symbolic ones, which `diffeqsolve`'s `throw` check cannot take).
+        out = jax.tree.map(lambda x: x if eqx.is_inexact_array(x) else jax.lax.stop_gradient(x),
+                           out)
+        return _final_state(init_state, out, saveat), {}
+
+
+class ODETermWithVJP(diffrax.ODETerm):
+    """`diffrax.ODETerm(vector_field)` with its own vector–Jacobian product, which
+    [`jaxdae.ReverseSweepAdjoint`][] applies at each stage instead of differentiating
+    `vector_field` (an ensemble applies each trajectory's own product row by row).
+
+    **Arguments:**
+
+    - `vector_field`: `vector_field(t, y, args)`, as for `diffrax.ODETerm`.
+    - `vjp`: `vjp(t, y, args, solver_state, t_start, cotangent) -> (y_bar, args_bar)`, the
+      vector–Jacobian product of `vector_field` at `(t, y)` in the step from `t_start`
+      (the solver's time, see `step_args` in [`jaxdae.ReverseSweepAdjoint`][]), with
+      respect to `y` and `args`; `solver_state` is the solver state at the end of the
+      solve (or of the segment that holds the step) if the solver defines `step_args`,
+      else None. `args_bar` has the structure of `args` (None for no cotangent).
+    """
+
+    vjp: Callable
+
+    def stage_vjp(self, t, y, args, solver_state, t_start, cotangent):
+        """`(y_bar, args_bar)`: the vector–Jacobian product of `vector_field` (see `vjp`)."""
+        return self.vjp(t, y, args, solver_state, t_start, cotangent)
+
+
+_SAVE_Y = diffrax.SubSaveAt(t1=True).fn  # a `SubSaveAt`'s default `fn`: the state itself
+
+
+def _subsaves(saveat: diffrax.SaveAt) -> list:
+    """The `SubSaveAt`s of `saveat`, in the order of its pytree."""
+    return jax.tree.leaves(saveat.subs, is_leaf=lambda s: isinstance(s, diffrax.SubSaveAt))
+
+
+def _check_sweepable(terms, solver, saveat, event, max_steps, passed_solver_state) -> None:
+    """A `ValueError` naming the fix for a solve that `ReverseSweepAdjoint` cannot sweep."""
+    fix = ("or differentiate through diffrax's loop, "
+           "`adjoint=diffrax.RecursiveCheckpointAdjoint()`.")
+    explicit_tableau(solver)
+    odes = _terms_within(terms)
+    if len(odes) != 1 or not isinstance(odes[0], diffrax.ODETerm):
+        raise ValueError(
+            "`jaxdae.ReverseSweepAdjoint` differentiates an ODE given as one "
+            f"`diffrax.ODETerm`; got {[type(x).__name__ for x in odes]}. Pass "
+            f"`diffrax.ODETerm(vector_field)`, {fix}")
+    if max_steps is None:
+        raise ValueError("`jaxdae.ReverseSweepAdjoint` stores the steps: pass an integer "
+                         "`max_steps` (it sizes the checkpoints of a long solve).")
+    if saveat.dense:
+        raise ValueError("`jaxdae.ReverseSweepAdjoint` does not save a dense solution "
+                         f"(`SaveAt(dense=True)`): save at `SaveAt(ts=...)` instead, {fix}")
+    if saveat.controller_state or saveat.made_jump:
+        raise ValueError("`jaxdae.ReverseSweepAdjoint` does not return the step-size "
+                         "controller's state or `made_jump` (`SaveAt(controller_state=True)`, "
+                         f"`SaveAt(made_jump=True)`): leave them unsaved, {fix}")
+    for sub in _subsaves(saveat):
+        if sub.steps:
+            raise ValueError("`jaxdae.ReverseSweepAdjoint` does not save every step "
+                             f"(`SaveAt(steps=True)`): save at `SaveAt(ts=...)` instead, {fix}")
+        if sub.fn is not _SAVE_Y:
+            raise ValueError("`jaxdae.ReverseSweepAdjoint` saves the state itself: apply "
+                             f"`fn` to the saved states instead of `SaveAt(fn=fn)`, {fix}")
+    if event is not None and event.root_finder is not None:
+        raise ValueError("`jaxdae.ReverseSweepAdjoint` stops a solve at the end of the step "
+                         "where an event triggers: pass `diffrax.Event(cond_fn)` without a "
+                         f"`root_finder`, {fix}")
+    if passed_solver_state:
+        raise ValueError("`jaxdae.ReverseSweepAdjoint` recomputes the first step's stages "
+                         "from `y0`: do not pass `solver_state` to `diffeqsolve`, " + fix)
+
+
+def _terms_within(terms) -> list:
+    """The ODE terms and multi-terms inside `terms` (as `diffeqsolve` wrapped them)."""
+    is_term = lambda x: isinstance(x, (diffrax.ODETerm, diffrax.MultiTerm))  # noqa: E731
+    return [x for x in jax.tree.leaves(terms, is_leaf=is_term) if is_term(x)]
 
 
 def explicit_tableau(solver) -> diffrax.ButcherTableau:
@@ -160,53 +287,102 @@ def jit_unless_staged(fn: Callable) -> Callable:
 def swept_diffeqsolve(vector_field, solver, t0, t1, dt0, y0, *, args, saveat, ts,
                       stepsize_controller, event, max_steps, adjoint=ReverseSweepAdjoint(),
                       step_args=None, stage_vjp=None):
-    """`diffrax.diffeqsolve(ODETerm(vector_field), ...)` whose reverse mode is the sweep of
-    [`jaxdae.ReverseSweepAdjoint`][] (`adjoint`, which sets the steps stored at once).
-    `saveat` is `SaveAt(t0=True, t1=True)` (`ts` None) or
-    `SaveAt(subs=[SubSaveAt(ts=ts'), SubSaveAt(t1=True)])`, as `simulate` builds it.
-
-    A solver that passes the vector field more than `args` (an ensemble's
-    `_StopFailedTrajectories` passes the rows stopped so far) gives
-    `step_args(args, solver_state, t)`: the arguments of the step that starts at `t`, from
-    the solver state at the end of the solve, or of the segment that holds the step
-    (`saveat.solver_state` must be set).
-
-    `stage_vjp(t, y, args, solver_state, t_start, y_bar) -> (y_bar, args_bar)`, if given,
-    replaces the vector–Jacobian product of `vector_field` (at the stage `(t, y)` of the
-    step from `t_start`; `solver_state` as for `step_args`, else None); `args_bar` has the
-    structure of `args`. An ensemble passes one that applies each trajectory's own product
-    row by row."""
-    saves = saveat.subs if ts is None else saveat.subs[0]
-    if not (saves.t0 and saves.t1) if ts is None else saves.ts is None:
-        raise ValueError("`swept_diffeqsolve` saves (t0, t1), or `ts` then t1.")
-    if step_args is not None and not saveat.solver_state:
-        raise ValueError("`step_args` reads the final solver state: save it "
-                         "(`SaveAt(solver_state=True)`).")
-    static = SweepOptions(
-        vector_field=vector_field, solver=solver, save_solver_state=saveat.solver_state,
-        event=event, stepsize_controller=stepsize_controller, max_steps=max_steps,
-        segments=_segments(max_steps, adjoint.stored_steps, stepsize_controller),
-        tableau=explicit_tableau(solver), step_args=step_args, stage_vjp=stage_vjp)
-    # The save times as diffrax sees them (see `save_at`), differentiable: not in `static`.
-    return _swept((args, y0, t0, t1, None if ts is None else saves.ts, dt0), static)
+    """`diffrax.diffeqsolve(ODETerm(vector_field), ..., adjoint=adjoint, throw=False)` with
+    [`jaxdae.ReverseSweepAdjoint`][] `adjoint`: `ts` is read from `saveat`, `step_args` from
+    the solver (`solver.step_args`, checked to be the one given), and `stage_vjp` makes the
+    term an `ODETermWithVJP`."""
+    del ts  # the save times are `saveat`'s
+    if step_args is not None and getattr(solver, "step_args", None) is not step_args:
+        raise ValueError("`step_args` is the solver's own: give the solver a `step_args` "
+                         "method instead.")
+    term = (diffrax.ODETerm(vector_field) if stage_vjp is None
+            else ODETermWithVJP(vector_field, stage_vjp))
+    return diffrax.diffeqsolve(term, solver, t0, t1, dt0, y0, args=args, saveat=saveat,
+                               stepsize_controller=stepsize_controller, event=event,
+                               max_steps=max_steps, adjoint=adjoint, throw=False)
 
 
 class SweepOptions(eqx.Module):
-    """The non-differentiated arguments of the swept solve (`_solve`, `_backward`): what
-    `swept_diffeqsolve` was given, the segments' `(count, length)` (`_segments`) and the
-    solver's Butcher tableau. The solver, controller and event may hold arrays (a
-    controller's tolerances): ordinary fields; the rest is static."""
+    """The non-differentiated arguments of the swept solve (`_solve`, `_backward`): the
+    solve's solver, step-size controller, event and progress meter as `diffeqsolve` gave
+    them to the adjoint, its step limit, the segments' `(count, length)` (`_segments`), the
+    solver's Butcher tableau and its `step_args` (or None). The solver, controller and
+    event may hold arrays (a controller's tolerances): ordinary fields; the rest is
+    static."""
 
-    vector_field: Callable = eqx.field(static=True)
     solver: diffrax.AbstractSolver
-    save_solver_state: bool = eqx.field(static=True)
-    event: diffrax.Event | None
     stepsize_controller: diffrax.AbstractStepSizeController
+    event: diffrax.Event | None
+    progress_meter: diffrax.AbstractProgressMeter
     max_steps: int = eqx.field(static=True)
     segments: tuple[int, int] | None = eqx.field(static=True)
     tableau: diffrax.ButcherTableau
     step_args: Callable | None = eqx.field(static=True)
-    stage_vjp: Callable | None = eqx.field(static=True)
+
+
+class _Problem(eqx.Module):
+    """The differentiated arguments of the swept solve, as `diffeqsolve` gave them to the
+    adjoint (times multiplied by the solve's direction, terms wrapped to match): the terms
+    and `args`, the state it starts from (`init_state.y` is `y0`; the solver's and
+    controller's states are constants of the gradient), the times and what to save."""
+
+    terms: diffrax.AbstractTerm
+    args: object
+    init_state: eqx.Module
+    t0: Array
+    t1: Array
+    dt0: Array | None
+    saveat: diffrax.SaveAt
+
+
+class _Output(eqx.Module):
+    """What `diffrax.diffeqsolve` reads from the final state of a solve (`_final_state`):
+    each `SubSaveAt`'s saved times and states (in the order of `_subsaves`), the result,
+    the step counts (all, accepted, rejected), the event mask and, if saved, the solver
+    state."""
+
+    ts: list
+    ys: list
+    result: diffrax.RESULTS
+    counts: tuple
+    event_mask: object
+    solver_state: object
+
+    @classmethod
+    def of(cls, state, saveat: diffrax.SaveAt) -> "_Output":
+        """The output of diffrax's final `state`."""
+        saves = _subsaves_def(saveat).flatten_up_to(state.save_state)
+        return cls(ts=[s.ts for s in saves], ys=[s.ys for s in saves], result=state.result,
+                   counts=_counts(state.num_steps, state.num_accepted_steps,
+                                  state.num_rejected_steps),
+                   event_mask=state.event_mask,
+                   solver_state=state.solver_state if saveat.solver_state else None)
+
+
+def _counts(*counts) -> tuple:
+    """Step counts in diffrax's integer type."""
+    return tuple(jnp.asarray(c, jnp.asarray(0).dtype) for c in counts)
+
+
+def _subsaves_def(saveat: diffrax.SaveAt):
+    """The pytree structure of `saveat.subs` down to its `SubSaveAt`s."""
+    return jax.tree.structure(saveat.subs,
+                              is_leaf=lambda s: isinstance(s, diffrax.SubSaveAt))
+
+
+def _final_state(init_state, out: _Output, saveat: diffrax.SaveAt):
+    """`init_state` with the fields that `diffeqsolve` reads after the solve loop set to
+    `out`'s."""
+    subs_def = _subsaves_def(saveat)
+    save_state = subs_def.unflatten([
+        dataclasses.replace(s, ts=ts, ys=ys) for s, ts, ys in zip(
+            subs_def.flatten_up_to(init_state.save_state), out.ts, out.ys, strict=True)])
+    num_steps, num_accepted_steps, num_rejected_steps = out.counts
+    return dataclasses.replace(
+        init_state, save_state=save_state, result=out.result, num_steps=num_steps,
+        num_accepted_steps=num_accepted_steps, num_rejected_steps=num_rejected_steps,
+        event_mask=out.event_mask,
+        solver_state=out.solver_state if saveat.solver_state else init_state.solver_state)
 
 
 def _segments(max_steps, stored_steps, stepsize_controller) -> tuple[int, int] | None:
@@ -225,37 +401,29 @@ def _segments(max_steps, stored_steps, stepsize_controller) -> tuple[int, int] |
     return count, -(-max_steps // count)
 
 
-def _solve(vjp_arg, static):
-    """The solve, and what the sweep reads: every accepted step's end time and state of the
-    last segment, and each segment's start (`StepTo`: of the whole solve, by diffrax's
-    `SaveAt(steps=True)`)."""
+def _solve(problem, static):
+    """The solve's output, and what the sweep reads: every accepted step's end time and
+    state of the last segment, and each segment's start (`StepTo`: of the whole solve, by
+    diffrax's `SaveAt(steps=True)`)."""
     if static.segments is not None:
-        return _solve_in_segments(vjp_arg, static)
-    args, y0, t0, t1, ts, dt0 = vjp_arg
-    saveat = _saveat(ts, static)
-    subs = saveat.subs if isinstance(saveat.subs, list) else [saveat.subs]
-    last = diffrax.SubSaveAt(steps=True)
+        return _solve_in_segments(problem, static)
+    saveat = problem.saveat
     out = diffrax.diffeqsolve(
-        diffrax.ODETerm(static.vector_field), static.solver, t0, t1, dt0, y0, args=args,
-        saveat=diffrax.SaveAt(subs=subs + [last], solver_state=saveat.solver_state),
+        problem.terms, static.solver, problem.t0, problem.t1, problem.dt0,
+        problem.init_state.y, args=problem.args,
+        saveat=diffrax.SaveAt(subs=[saveat.subs, diffrax.SubSaveAt(steps=True)],
+                              solver_state=saveat.solver_state or bool(static.step_args)),
         stepsize_controller=static.stepsize_controller, event=static.event,
         max_steps=static.max_steps, adjoint=diffrax.RecursiveCheckpointAdjoint(),
         throw=False)
-    *ts_saved, step_ts = out.ts
-    *ys_saved, step_ys = out.ys
-    if not isinstance(saveat.subs, list):
-        ts_saved, ys_saved = ts_saved[0], ys_saved[0]
+    (ts_saved, step_ts), (ys_saved, step_ys) = out.ts, out.ys
+    subs_def = _subsaves_def(saveat)
+    output = _Output(ts=subs_def.flatten_up_to(ts_saved), ys=subs_def.flatten_up_to(ys_saved),
+                     result=out.result, counts=_counts(*(out.stats[k] for k in _COUNTS)),
+                     event_mask=out.event_mask,
+                     solver_state=out.solver_state if saveat.solver_state else None)
     steps = out.stats["num_accepted_steps"]
-    stored = step_ts, step_ys, steps, out.solver_state if static.step_args else None
-    return eqx.tree_at(lambda o: (o.ts, o.ys), out, (ts_saved, ys_saved)), stored
-
-
-def _saveat(ts, static) -> diffrax.SaveAt:
-    """What `swept_diffeqsolve` was asked to save: `t0` and `t1`, or `ts` and `t1`."""
-    if ts is None:
-        return diffrax.SaveAt(t0=True, t1=True, solver_state=static.save_solver_state)
-    return diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)],
-                          solver_state=static.save_solver_state)
+    return output, (step_ts, step_ys, steps, out.solver_state if static.step_args else None)
 
 
 class _RecordProposal(diffrax.AbstractStepSizeController):
@@ -336,35 +504,22 @@ def _after_start(cond_fn, t_start, t, y, args, **kwargs):
     return value & (t > t_start) if jnp.result_type(value) == jnp.bool_ else value
 
 
-def _start(vjp_arg, static):
-    """The first segment's start `(t, y, solver state, controller state, made jump)`, as
-    `diffrax.diffeqsolve` begins a solve given no states."""
-    args, y0, t0, t1, _, dt0 = vjp_arg
-    # The terms as diffeqsolve wraps them (the controller's first step depends on the type).
-    solver, terms = static.solver, WrapTerm(diffrax.ODETerm(static.vector_field), 1)
-    tnext, controller_state = _RecordProposal(static.stepsize_controller).wrap(1).init(
-        terms, t0, t1, y0, dt0, args, solver.func, solver.error_order(terms))
-    solver_state = solver.init(terms, t0, jnp.minimum(tnext, t1), y0, args)
-    return t0, y0, solver_state, controller_state, jnp.asarray(False)
-
-
-def _segment(start, args, t0, t1, static, save_ts=None, event=None):
+def _segment(start, problem, static, save_ts=(), event=None):
     """At most one segment's length of steps from `start`, saving each step, the end (and
-    the solver's and controller's states there) and `save_ts` (those before the start at
-    the start). The solve runs from `t0`, the whole solve's start, restarting at `start`
-    (`_Restart`); its first saved step is that start, and its counts include it."""
+    the solver's and controller's states there) and each of `save_ts` (those before the
+    start at the start). The solve runs from `t0`, the whole solve's start, restarting at
+    `start` (`_Restart`); its first saved step is that start, and its counts include it."""
     t, y, solver_state, controller_state, made_jump = start
-    subs = [diffrax.SubSaveAt(t1=True), diffrax.SubSaveAt(steps=True)]
-    if save_ts is not None:
-        subs = [diffrax.SubSaveAt(ts=save_ts)] + subs
+    subs = [diffrax.SubSaveAt(ts=ts) for ts in save_ts]
+    subs = subs + [diffrax.SubSaveAt(t1=True), diffrax.SubSaveAt(steps=True)]
     if event is not None:
         event = eqx.tree_at(lambda e: e.cond_fn, event, jax.tree.map(
             lambda fn: eqx.Partial(_after_start, fn, t), event.cond_fn, is_leaf=callable))
     restart = t, controller_state[1], made_jump if _jumps(static) else None
     return diffrax.diffeqsolve(
-        diffrax.ODETerm(static.vector_field), _Restart(static.solver, t), t0, t1, None,
-        y, args=args, saveat=diffrax.SaveAt(subs=subs, solver_state=True,
-                                            controller_state=True, made_jump=True),
+        problem.terms, _Restart(static.solver, t), problem.t0, problem.t1, None, y,
+        args=problem.args, saveat=diffrax.SaveAt(subs=subs, solver_state=True,
+                                                 controller_state=True, made_jump=True),
         stepsize_controller=_RecordProposal(static.stepsize_controller, restart),
         event=event, max_steps=static.segments[1] + 1, solver_state=solver_state,
         controller_state=controller_state, adjoint=diffrax.RecursiveCheckpointAdjoint(),
@@ -377,15 +532,19 @@ def _jumps(static) -> bool:
     return getattr(static.stepsize_controller, "jump_ts", None) is not None
 
 
-def _solve_in_segments(vjp_arg, static):
+def _solve_in_segments(problem, static):
     """`_solve` in segments: one `diffrax.diffeqsolve` per segment, each from where the last
     stopped (after a segment's length of steps), until the solve ends or `max_steps`. Keeps
     every segment's start and the last segment's steps."""
-    args, y0, t0, t1, ts, _ = vjp_arg
     count, length = static.segments
-    event = static.event
-    start = _start(vjp_arg, static)
+    event, init, t0 = static.event, problem.init_state, problem.t0
+    y0 = init.y
     dtype = jnp.result_type(t0)
+    # The start as `diffeqsolve` made it, `(t, y, solver state, controller state, made
+    # jump)`; the controller's state holds its proposed step end too (`_RecordProposal`).
+    start = (t0, y0, init.solver_state, (init.controller_state, jnp.asarray(init.tnext, dtype)),
+             jnp.asarray(init.made_jump))
+    save_ts = [sub.ts for sub in _subsaves(problem.saveat) if sub.ts is not None]
     # The starts as rows of one array (leaves in their common dtype: flags and small counters
     # convert exactly), not one array per leaf. Each leaf's initial value and copy would be an
     # independent operation at the top of the gradient's program; with more than 8 ready at
@@ -405,8 +564,8 @@ def _solve_in_segments(vjp_arg, static):
         event_mask=None if event is None else jax.tree.map(lambda _: jnp.asarray(False),
                                                            event.cond_fn),
         steps=jnp.zeros((), jnp.int32))
-    saved = None if ts is None else (jnp.full(ts.shape, jnp.inf, dtype),
-                                     jax.tree.map(lambda y: inf(ts.shape, y), y0))
+    saved = [(jnp.full(ts.shape, jnp.inf, dtype), jax.tree.map(
+        functools.partial(inf, ts.shape), y0)) for ts in save_ts]
     counts = jnp.zeros(3, int)  # steps, accepted, rejected (diffrax's integer type)
 
     def going_on(carry):
@@ -417,7 +576,7 @@ def _solve_in_segments(vjp_arg, static):
     def segment(carry):
         index, starts, flat_start, _, saved, counts = carry
         start = unravel_start(flat_start)
-        out = _segment(start, args, t0, t1, static, ts, event)
+        out = _segment(start, problem, static, save_ts, event)
         *at_ts, t_end, _ = out.ts
         *ys_at_ts, y_end, _ = out.ys  # the end (`SubSaveAt(t1=True)`), saved as (1, ...)
         step_ts, step_ys, steps = _steps(out)
@@ -425,11 +584,9 @@ def _solve_in_segments(vjp_arg, static):
                out.controller_state, out.made_jump)
         end = ravel_pytree(end)[0]
         starts = starts.at[index + 1].set(end)
-        if saved is not None:  # a save time at or before the start was an earlier segment's
-            new = jnp.isfinite(at_ts[0]) & ((ts > start[0]) | (index == 0))
-            saved = (jnp.where(new, at_ts[0], saved[0]), jax.tree.map(
-                lambda old, y: jnp.where(new.reshape((-1,) + (1,) * (y.ndim - 1)), y, old),
-                saved[1], ys_at_ts[0]))
+        # A save time at or before the start was an earlier segment's.
+        saved = [_new_saves(old, (ts_k, ys_k), ts, (ts > start[0]) | (index == 0))
+                 for old, ts_k, ys_k, ts in zip(saved, at_ts, ys_at_ts, save_ts, strict=True)]
         # Less the restart, a step taken and accepted.
         counts = counts + jnp.stack([out.stats[k] for k in _COUNTS]).astype(
             counts.dtype) - jnp.array([1, 1, 0], counts.dtype)
@@ -440,38 +597,47 @@ def _solve_in_segments(vjp_arg, static):
     index, starts, end, last, saved, counts = jax.lax.while_loop(
         going_on, segment, (jnp.zeros((), jnp.int32), starts, start, last, saved, counts))
     t_end, y_end, solver_state = unravel_start(end)[:3]
-    t_end, y_end = t_end[None], jax.tree.map(lambda y: y[None], y_end)
-    if ts is None:  # SaveAt(t0=True, t1=True)
-        ts_out = jnp.concatenate([jnp.reshape(t0, (1,)).astype(dtype), t_end])
-        ys_out = jax.tree.map(lambda y, e: jnp.concatenate([y[None], e]), y0, y_end)
-    else:
-        ts_out, ys_out = [saved[0], t_end], [saved[1], y_end]
-    out = diffrax.Solution(
-        t0=t0, t1=t_end[0], ts=ts_out, ys=ys_out, interpolation=None,
-        stats=dict(zip(_COUNTS, counts), max_steps=static.max_steps),
-        result=last["result"],
-        solver_state=solver_state if static.save_solver_state else None,
-        controller_state=None,
-        made_jump=None, event_mask=last["event_mask"])
+    end = t_end[None], jax.tree.map(lambda y: y[None], y_end)
+    start = jnp.reshape(t0, (1,)).astype(dtype), jax.tree.map(lambda y: y[None], y0)
+    saved = iter(saved)
+    ts_out, ys_out = [], []
+    for sub in _subsaves(problem.saveat):  # rows as diffrax orders them: t0, ts, t1
+        rows = ([start] if sub.t0 else []) + ([next(saved)] if sub.ts is not None else []) + (
+            [end] if sub.t1 else [])
+        ts_out.append(rows[0][0] if len(rows) == 1 else jnp.concatenate([r[0] for r in rows]))
+        ys_out.append(rows[0][1] if len(rows) == 1 else jax.tree.map(
+            lambda *ys: jnp.concatenate(ys), *[r[1] for r in rows]))
+    out = _Output(ts=ts_out, ys=ys_out, result=last["result"], counts=_counts(*counts),
+                  event_mask=last["event_mask"],
+                  solver_state=solver_state if problem.saveat.solver_state else None)
     return out, (last["step_ts"], last["step_ys"], last["steps"], starts, index,
                  unravel_start)
+
+
+def _new_saves(saved, new, ts, after_start):
+    """The saves `(times, states)` at `ts` so far, updated with a segment's `new` ones
+    (those `after_start` and reached)."""
+    take = jnp.isfinite(new[0]) & after_start
+    return (jnp.where(take, new[0], saved[0]), jax.tree.map(
+        lambda old, y: jnp.where(take.reshape((-1,) + (1,) * (y.ndim - 1)), y, old),
+        saved[1], new[1]))
 
 
 _COUNTS = ("num_steps", "num_accepted_steps", "num_rejected_steps")
 
 
 @eqx.filter_custom_vjp
-def _swept(vjp_arg, static):
+def _swept(problem, static):
     # Without reverse mode nothing is stored: the solve is diffrax's.
-    return _loop_solve(vjp_arg, static)
+    return _loop_solve(problem, static)
 
 
-def _forward(perturbed, vjp_arg, static):
-    _, _, *times = perturbed
-    if any(jax.tree.leaves(times)):  # the sweep holds the step times constant
-        out, pull = eqx.filter_vjp(lambda vjp_arg: _loop_solve(vjp_arg, static), vjp_arg)
+def _forward(perturbed, problem, static):
+    if any(jax.tree.leaves((perturbed.t0, perturbed.t1, perturbed.dt0, perturbed.saveat))):
+        # The sweep holds the step times constant.
+        out, pull = eqx.filter_vjp(lambda problem: _loop_solve(problem, static), problem)
         return out, _LoopVJP(pull, out)
-    return _solve(vjp_arg, static)
+    return _solve(problem, static)
 
 
 class _LoopVJP(eqx.Module):
@@ -479,17 +645,19 @@ class _LoopVJP(eqx.Module):
     output (for gradients with respect to the times)."""
 
     pull: Callable
-    out: diffrax.Solution
+    out: _Output
 
 
-def _loop_solve(vjp_arg, static):
-    """The solve by `diffrax.diffeqsolve` (differentiated through its loop, if at all)."""
-    args, y0, t0, t1, ts, dt0 = vjp_arg
-    return diffrax.diffeqsolve(
-        diffrax.ODETerm(static.vector_field), static.solver, t0, t1, dt0, y0, args=args,
-        saveat=_saveat(ts, static), stepsize_controller=static.stepsize_controller,
-        event=static.event, max_steps=static.max_steps,
-        adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS), throw=False)
+def _loop_solve(problem, static) -> _Output:
+    """The solve by diffrax's loop (differentiated through, if at all)."""
+    final_state, _ = diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS).loop(
+        args=problem.args, terms=problem.terms, solver=static.solver,
+        stepsize_controller=static.stepsize_controller, event=static.event,
+        saveat=problem.saveat, t0=problem.t0, t1=problem.t1, dt0=problem.dt0,
+        max_steps=static.max_steps, throw=False, init_state=problem.init_state,
+        passed_solver_state=False, passed_controller_state=False,
+        progress_meter=static.progress_meter)
+    return _Output.of(final_state, problem.saveat)
 
 
 def _typed_literal_as_array(x):
@@ -501,34 +669,34 @@ def _typed_literal_as_array(x):
     return x
 
 
+def _is_none(x) -> bool:
+    return x is None
+
+
+def _nones(tree):
+    """`tree` with None for every leaf: no cotangent."""
+    return jax.tree.map(lambda _: None, tree)
+
+
 @full_precision
-def _backward(stored, out_bar, perturbed, vjp_arg, static):
+def _backward(stored, out_bar, perturbed, problem, static):
     if isinstance(stored, _LoopVJP):
-        # Cotangents of the saved times and states; zeros for the rest of the output.
-        bar = jax.tree.map(lambda x: jnp.zeros_like(x) if eqx.is_inexact_array(x) else None,
-                           stored.out)
-        bar = eqx.tree_at(lambda o: (o.ts, o.ys), bar, (
-            _as_zeros(out_bar.ts, stored.out.ts), _as_zeros(out_bar.ys, stored.out.ys)))
-        (vjp_arg_bar,) = stored.pull(bar)
-        return vjp_arg_bar
-    args, y0, t0, t1, ts, _ = jax.tree.map(_typed_literal_as_array, vjp_arg)
+        # Zeros where the output's cotangent is symbolic.
+        bar = jax.tree.map(lambda b, x: (jnp.zeros_like(x) if b is None else b)
+                           if eqx.is_inexact_array(x) else None, out_bar, stored.out,
+                           is_leaf=_is_none)
+        (problem_bar,) = stored.pull(bar)
+        return problem_bar
+    problem = jax.tree.map(_typed_literal_as_array, problem)
+    terms, t0, t1, y0 = problem.terms, problem.t0, problem.t1, problem.init_state.y
     tableau, solver = static.tableau, static.solver
     flat_y0, unravel = ravel_pytree(y0)
     flat = lambda y: ravel_pytree(y)[0]  # noqa: E731
     zero = jnp.zeros_like(flat_y0)
-
-    # Cotangents of the saved states: (ȳ₀ direct, ȳ at the last step's end, at `ts`).
-    ys_bar = out_bar.ys
-    if ts is None:  # SaveAt(t0=True, t1=True): rows are y0 and the final state
-        rows = _rows_bar(ys_bar, y0, 2)
-        y0_bar, final_bar, save_bar = rows[0], rows[1], None
-        save_ts = None
-    else:
-        at_ts, at_end = ys_bar if ys_bar is not None else (None, None)
-        save_bar = _rows_bar(at_ts, y0, ts.shape[0])
-        final_bar = _rows_bar(at_end, y0, 1)[0]
-        y0_bar = zero
-        save_ts = ts  # as diffrax saw them (see `save_at`)
+    # Cotangents of the saved states: ȳ₀ direct, ȳ at the last step's end, at the save
+    # times inside the steps (`save_ts`, as diffrax saw them).
+    y0_bar, final_bar, save_ts, save_bar = _saves_bar(out_bar.ys, problem.saveat, y0)
+    final_bar = zero if final_bar is None else final_bar
 
     a = np.zeros((tableau.num_stages, tableau.num_stages))
     for i, row in enumerate(tableau.a_lower):
@@ -541,54 +709,64 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
         i for i in range(tableau.num_stages) if b[i] != 0 or np.any(a[i + 1:, i] != 0))
     a, b, c = a[:stages, :stages], b[:stages], c[:stages]
     a, b, c = (jnp.asarray(x, flat_y0.dtype) for x in (a, b, c))
-    # Only the perturbed leaves: a cotangent for every parameter of the system costs more.
-    diff_args, static_args = eqx.partition(args, perturbed[0])
+    # Only the perturbed leaves of the terms and `args`: a cotangent for every parameter of
+    # the system costs more.
+    diff_p, static_p = eqx.partition((terms, problem.args), (perturbed.terms, perturbed.args))
 
-    def rates(t, y, diff_args, static_args, solver_state, t_start):
-        step_args = eqx.combine(diff_args, static_args)
+    def rates(t, y, diff_p, static_p, solver_state, t_start):
+        terms, args = eqx.combine(diff_p, static_p)
         if static.step_args is not None:
-            step_args = static.step_args(step_args, solver_state, t_start)
-        return flat(static.vector_field(t, unravel(y), step_args))
+            args = static.step_args(args, solver_state, t_start)
+        return flat(terms.vf(t, unravel(y), args))
 
-    if static.stage_vjp is not None:  # the solve's own (an ensemble's: row by row)
-        def stage_vjp(t, y, diff_args, static_args, solver_state, t_start, cotangent):
-            y_bar, args_bar = static.stage_vjp(
-                t, unravel(y), eqx.combine(diff_args, static_args), solver_state, t_start,
-                unravel(cotangent))
-            return flat(y_bar), eqx.partition(args_bar, perturbed[0])[0]
+    if isinstance(_terms_within(terms)[0], ODETermWithVJP):  # the term's own product
+        # `diffeqsolve` solves in the time `direction × t`: the control of its wrapper of
+        # the ODE term over a unit step is `direction`.
+        direction = terms.contr(jnp.zeros_like(t0), jnp.ones_like(t0))
+
+        def stage_vjp(t, y, diff_p, static_p, solver_state, t_start, cotangent):
+            terms, args = eqx.combine(diff_p, static_p)
+            y_bar, args_bar = _terms_within(terms)[0].stage_vjp(
+                direction * t, unravel(y), args, solver_state, t_start, unravel(cotangent))
+            return flat(y_bar), (jax.tree.map(jnp.zeros_like, diff_p[0]),
+                                 eqx.partition(args_bar, perturbed.args)[0])
     else:
         # The stage's vector–Jacobian product re-traced as one scalar graph (constants
         # folded, the transposed structural operations gone), which XLA runs faster under
         # `vmap` (the batch-loss gradient of `experiments/bench_batch.py`). Everything
         # it reads is an argument: `scalarize` traces it on its own.
         @scalarize
-        def stage_vjp(t, y, diff_args, static_args, solver_state, t_start, cotangent):
+        def stage_vjp(t, y, diff_p, static_p, solver_state, t_start, cotangent):
             _, pull = jax.vjp(
-                lambda y, p: rates(t, y, p, static_args, solver_state, t_start), y, diff_args)
+                lambda y, p: rates(t, y, p, static_p, solver_state, t_start), y, diff_p)
             return pull(cotangent)
 
-    def sweep(step_ts, step_ys, steps, solver_state, t0, flat_y0, end_bar, save_bar, args_bar):
-        """The cotangents of the steps' start state and of `args` (added to `args_bar`),
-        from the cotangent `end_bar` of the last step's end and `save_bar` of the states
-        saved at `save_ts` inside the steps."""
+    def sweep(steps, solver_state, start, end_bar, save_bar, p_bar):
+        """The cotangents of the start state `start = (t, y)` of the stored `steps` (end
+        times, states, count) and of the terms and `args` (added to `p_bar`), from the
+        cotangent `end_bar` of the last step's end and `save_bar` of the states saved at
+        `save_ts` inside the steps."""
+        step_ts, step_ys, count = steps
+        t0, flat_y0 = start
         stored_state = lambda i: flat(jax.tree.map(lambda x: x[i], step_ys))  # noqa: E731
         if save_ts is not None:  # the step that saved each `ts[j]`: the first ending at or
             # after it (diffrax fills the times of steps not taken with inf)
             save_step = jnp.searchsorted(step_ts, save_ts, side="left")
 
         def step_back(k, carry):
-            end_bar, args_bar = carry
-            n = steps - 1 - k
+            end_bar, p_bar = carry
+            n = count - 1 - k
             first = n == 0
             t_start = jnp.where(first, t0, step_ts[jnp.maximum(n - 1, 0)])
             y_start = jnp.where(first, flat_y0, stored_state(jnp.maximum(n - 1, 0)))
             t_end, y_end = step_ts[n], stored_state(n)
-            h = t_end - t_start
+            dt = t_end - t_start
+            h = terms.contr(t_start, t_end)  # `dt` times the solve's direction
 
             def stage(i, k_stages):
                 y_stage = y_start + h * (a[i] @ k_stages)
-                return k_stages.at[i].set(rates(t_start + c[i] * h, y_stage, diff_args,
-                                                static_args, solver_state, t_start))
+                return k_stages.at[i].set(rates(t_start + c[i] * dt, y_stage, diff_p,
+                                                static_p, solver_state, t_start))
 
             k_stages = jax.lax.fori_loop(0, stages, stage,
                                          jnp.zeros((stages, flat_y0.size), zero.dtype))
@@ -617,43 +795,42 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
                 stages_bar = stages_bar + h * b[:, None] * end_extra[None, :]
 
             def stage_back(ii, bars):
-                stages_bar, start_bar, args_bar = bars
+                stages_bar, start_bar, p_bar = bars
                 i = stages - 1 - ii
                 y_stage = y_start + h * (a[i] @ k_stages)
-                mu, p_bar = stage_vjp(t_start + c[i] * h, y_stage, diff_args, static_args,
-                                      solver_state, t_start, stages_bar[i])
+                mu, stage_p_bar = stage_vjp(t_start + c[i] * dt, y_stage, diff_p, static_p,
+                                            solver_state, t_start, stages_bar[i])
                 stages_bar = stages_bar + h * a[i][:, None] * mu[None, :]
-                return stages_bar, start_bar + mu, jax.tree.map(jnp.add, args_bar, p_bar)
+                return stages_bar, start_bar + mu, jax.tree.map(jnp.add, p_bar, stage_p_bar)
 
-            _, start_bar, args_bar = jax.lax.fori_loop(
-                0, stages, stage_back, (stages_bar, start_bar, args_bar))
-            return start_bar, args_bar
+            _, start_bar, p_bar = jax.lax.fori_loop(
+                0, stages, stage_back, (stages_bar, start_bar, p_bar))
+            return start_bar, p_bar
 
-        return jax.lax.fori_loop(0, steps, step_back, (end_bar, args_bar))
+        return jax.lax.fori_loop(0, count, step_back, (end_bar, p_bar))
 
-    args_bar = jax.tree.map(jnp.zeros_like, diff_args)
+    p_bar = jax.tree.map(jnp.zeros_like, diff_p)
     if static.segments is None:
-        step_ts, step_ys, steps, solver_state = stored
-        start_bar, args_bar = sweep(step_ts, step_ys, steps, solver_state, t0, flat_y0,
-                                    final_bar, save_bar, args_bar)
+        *steps, solver_state = stored
+        start_bar, p_bar = sweep(steps, solver_state, (t0, flat_y0), final_bar, save_bar, p_bar)
     else:
-        step_ts, step_ys, steps, starts, count, unravel_start = stored
+        *steps, starts, count, unravel_start = stored
 
-        def sweep_segment(i, steps_i, end_bar, args_bar):
+        def sweep_segment(i, steps_i, end_bar, p_bar):
             """Sweeps the segment `i`, whose steps are `steps_i`."""
             start = unravel_start(starts[i])
             save_bar_i = None if save_ts is None else jnp.where(
                 ((save_ts > start[0]) | (i == 0))[:, None], save_bar, 0)
             solver_state = unravel_start(starts[i + 1])[2] if static.step_args else None
-            return sweep(*steps_i, solver_state, start[0], flat(start[1]), end_bar, save_bar_i,
-                         args_bar)
+            return sweep(steps_i, solver_state, (start[0], flat(start[1])), end_bar,
+                         save_bar_i, p_bar)
 
         def segment_back(k, bars):
             """Re-solves and sweeps the segment `count − 2 − k` (one before the last)."""
             # Under `vmap` the loop runs as long as the longest member's: a member done
             # re-solves its first segment, a real one, whose result is not used.
             i = jnp.maximum(count - 2 - k, 0)
-            steps_i = _resolved_steps(_segment(unravel_start(starts[i]), args, t0, t1, static),
+            steps_i = _resolved_steps(_segment(unravel_start(starts[i]), problem, static),
                                       unravel_start(starts[i + 1])[0], t0, t1)
             return sweep_segment(i, steps_i, *bars)
 
@@ -664,13 +841,41 @@ def _backward(stored, out_bar, perturbed, vjp_arg, static):
         # diffrax's 100 `prevbefore`s of `t1` one operation per pass, and gives up with
         # "stuck in a circular simplification loop" messages.)
         one = static.segments[0] == 1
-        start_bar, args_bar = sweep_segment(0 if one else count - 1, (step_ts, step_ys, steps),
-                                            final_bar, args_bar)
+        start_bar, p_bar = sweep_segment(0 if one else count - 1, steps, final_bar, p_bar)
         if not one:
-            start_bar, args_bar = jax.lax.fori_loop(0, count - 1, segment_back,
-                                                    (start_bar, args_bar))
-    y0_bar = unravel(y0_bar + start_bar)
-    return (args_bar, y0_bar, None, None, None, None)
+            start_bar, p_bar = jax.lax.fori_loop(0, count - 1, segment_back,
+                                                 (start_bar, p_bar))
+    y0_bar = unravel(start_bar if y0_bar is None else y0_bar + start_bar)
+    terms_bar, args_bar = p_bar
+    init_state_bar = eqx.tree_at(lambda s: s.y, _nones(problem.init_state), y0_bar,
+                                 is_leaf=_is_none)
+    return dataclasses.replace(_nones(problem), terms=terms_bar, args=args_bar,
+                               init_state=init_state_bar)
+
+
+def _saves_bar(ys_bar, saveat, y0):
+    """The cotangents of the saved states `ys_bar` (one per `SubSaveAt`, None where
+    symbolic) as `(ȳ₀, ȳ at the end, save times, ȳ at the save times)` (flat; each None
+    where none is saved), the save times of all `SubSaveAt`s in order."""
+    subs = _subsaves(saveat)
+    ys_bar = [None] * len(subs) if ys_bar is None else ys_bar
+    y0_bar = final_bar = None
+    times, bars = [], []
+    for sub, bar in zip(subs, ys_bar, strict=True):
+        at_ts = 0 if sub.ts is None else sub.ts.shape[0]
+        rows = _rows_bar(bar, y0, sub.t0 + at_ts + sub.t1)
+        if sub.t0:
+            y0_bar = rows[0] if y0_bar is None else y0_bar + rows[0]
+        if sub.ts is not None:
+            times.append(sub.ts)
+            bars.append(rows[int(sub.t0): int(sub.t0) + at_ts])
+        if sub.t1:
+            final_bar = rows[-1] if final_bar is None else final_bar + rows[-1]
+    if len(times) <= 1:
+        return y0_bar, final_bar, *(times + bars or [None, None])
+    times, bars = jnp.concatenate(times), jnp.concatenate(bars)
+    order = jnp.argsort(times, stable=True)
+    return y0_bar, final_bar, times[order], bars[order]
 
 
 def _resolved_steps(out, t_next, t0, t1):
@@ -706,14 +911,6 @@ def _steps(out):
     restart, saved first, left out)."""
     return (out.ts[-1][1:], jax.tree.map(lambda y: y[1:], out.ys[-1]),
             jnp.asarray(out.stats["num_accepted_steps"], jnp.int32) - 1)
-
-
-def _as_zeros(bar, like):
-    """The cotangent `bar` of `like`, with zeros where it is symbolic (None)."""
-    if bar is None:
-        return jax.tree.map(jnp.zeros_like, like)
-    return jax.tree.map(lambda b, x: jnp.zeros_like(x) if b is None else b, bar, like,
-                        is_leaf=lambda b: b is None)
 
 
 def _rows_bar(rows, like, count):
