@@ -78,6 +78,21 @@ def lu_solve(matrix):
     return solve
 
 
+def _mass_product(terms: ConstrainedTerms):
+    """`x ↦ M x` for vectors and matrices: on `M`'s pattern where the terms carry one (its
+    cost grows with the non-zeros of `M`, not with `n²`), else dense."""
+    sparse = terms.sparse_mass
+    if sparse is None:
+        return lambda x: terms.mass_matrix @ x
+
+    def product(x):
+        if x.ndim == 2:
+            return jax.vmap(sparse.matvec, in_axes=1, out_axes=1)(x)
+        return sparse.matvec(x)
+
+    return product
+
+
 def _constraint_rates(system, t, q, v):
     """`F_q` and `F_t` at `(t, q)`, from `system.constraints` when it exists."""
     if hasattr(system, "constraints"):
@@ -110,6 +125,12 @@ class RedundantCoordinates(AbstractFormulation):
     dependent velocities are not used by the dynamics; `Solution.v` reports [5].
     `Solution.multipliers` are the reactions the motion implies,
     `λ = (∂F/∂q_dep)⁻ᵀ (Q − M q̈)_dep`.
+
+    Where the terms carry `M`'s sparsity pattern (`ConstrainedTerms.sparse_mass`), the
+    products with `M` follow it. `∂F/∂q_dep` is factorized densely (LU): `B` is dense in
+    general whatever its pattern (on a chain of links in Cartesian coordinates with one
+    dependent coordinate per link, `∂F/∂q_dep` is bidiagonal and its inverse a full
+    triangle), and so is `Nᵀ M N`.
 
     Use it when a mechanism is naturally described with more coordinates than degrees of
     freedom (closed chains such as the four-bar lever of the Ball & Beam) and the choice
@@ -222,14 +243,14 @@ class RedundantCoordinates(AbstractFormulation):
         acc0 = jnp.zeros((n,), g.dtype).at[dep_idx].set(
             lu_solve(jd)(terms.bias)
         )
-        mass = terms.mass_matrix
-        reduced = basis.T @ mass @ basis
+        mass = _mass_product(terms)
+        reduced = basis.T @ mass(basis)
         reduced = 0.5 * (reduced + reduced.T)
-        rhs = basis.T @ (terms.forces - mass @ acc0)
+        rhs = basis.T @ (terms.forces - mass(acc0))
         acc_ind = spd_solve(reduced, rhs)
         acc = basis @ acc_ind + acc0
         # Implied reactions: M q̈ = Q − Jᵀλ, read on the dependent rows.
-        residual = (terms.forces - mass @ acc)[dep_idx]
+        residual = (terms.forces - mass(acc))[dep_idx]
         lam = lu_solve(jd.T)(residual)
         return acc, lam
 
