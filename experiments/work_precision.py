@@ -413,8 +413,12 @@ def verdict(rows: list[dict]) -> dict:
     tight = rows[-1]
     if stopped:
         first = stopped[0]
-        text = (f"stops at t = {first['stopped_at']:.3g} s ({first['result']}), error "
-                f"{first['error']:.1e} until then")
+        text = f"stops at t = {first['stopped_at']:.3g} s ({first['result']})"
+        if np.isfinite(first["error"]):
+            text += f", error {first['error']:.1e} until then"
+        text += f" at rtol {first['rtol']:g}" if len(stopped) < len(rows) else ""
+        text += "".join(f"; at rtol {r['rtol']:g} it runs to t1 with error {r['error']:.1e}"
+                        for r in rows if r["succeeded"])
         kind = "stops"
     elif all(r["error"] <= REACHED * r["rtol"] for r in rows):
         text, kind = (f"follows the reference (error {tight['error']:.1e} at rtol "
@@ -480,7 +484,7 @@ def plot(folder: Path, results: dict, mechanism_names) -> None:
             if ok:
                 ax.loglog([r["time_ms"] for r in ok],
                           [max(r["error"], 1e-16) for r in ok], "-", lw=1, **style)
-            failed = [r for r in runs if not r["succeeded"] and np.isfinite(r["error"])]
+            failed = [r for r in runs if not r["succeeded"] and r["error"] > 0]
             if failed:  # where it stopped: the error until then, hollow
                 ax.loglog([r["time_ms"] for r in failed],
                           [max(r["error"], 1e-16) for r in failed], ls="none",
