@@ -32,6 +32,24 @@ from ._linalg import UNROLL_MAX, unrolled_cholesky
 BLOCK_MAX = 12
 
 
+# Padded axes up to this width are summed by adding their slices. A `reduce` of a few
+# thousand rows is offloaded by XLA's CPU backend to a library kernel (a `__ynn_fusion`)
+# whose fixed cost per call was 30 µs inside a solve: 4× the arithmetic of the product of
+# the 512-coordinate ladder's sparse matrices, and its time per step 5× the 256's.
+_SLICED_SUM_MAX = 16
+
+
+def _row_sum(x: Array) -> Array:
+    """`x.sum(axis=1)` (the padded axis of a gather)."""
+    width = x.shape[1]
+    if width > _SLICED_SUM_MAX:
+        return jnp.sum(x, axis=1)
+    total = x[:, 0]
+    for w in range(1, width):
+        total = total + x[:, w]
+    return total
+
+
 class _Table:
     """A static index table `(rows, width)` into a source of `size` entries along axis 0:
     entry `i` of the result is the sum of the source entries `table[i, :]`, index `size`
@@ -70,7 +88,7 @@ class _Table:
 def _gather_sum(x, *, table: _Table):
     padded = jnp.concatenate([x, jnp.zeros((1,) + x.shape[1:], x.dtype)])
     gathered = padded[table.index]
-    return gathered[:, 0] if table.index.shape[1] == 1 else jnp.sum(gathered, axis=1)
+    return _row_sum(gathered)
 
 
 def _gather_sum_batched(args, dims, *, table: _Table):
@@ -214,7 +232,7 @@ class SparseMatrix(eqx.Module):
     def matvec(self, x: Array) -> Array:
         """`A x` for `x` of shape `(cols,)`."""
         positions, cols = _rows(self.pattern)
-        return jnp.sum(take(self.values, positions) * take(x, cols), axis=1)
+        return _row_sum(take(self.values, positions) * take(x, cols))
 
     def rmatvec(self, x: Array) -> Array:
         """`Aᵀ x` for `x` of shape `(rows,)`."""
@@ -272,7 +290,7 @@ def sparse_matmul(a: SparseMatrix, b: SparseMatrix) -> SparseMatrix:
     `A[i, k] B[k, j]`, padded to the most for one entry)."""
     pattern, a_pos, b_pos, valid = _product(a.pattern, b.pattern)
     a_values = take(a.values, np.where(valid, a_pos, a.pattern.nnz))
-    values = jnp.sum(a_values * take(b.values, np.where(valid, b_pos, b.pattern.nnz)), axis=1)
+    values = _row_sum(a_values * take(b.values, np.where(valid, b_pos, b.pattern.nnz)))
     return SparseMatrix(values, pattern)
 
 
