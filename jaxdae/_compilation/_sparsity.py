@@ -44,7 +44,7 @@ _FIRST = frozenset({"div", "rem"})
 # entries are non-negative, so no sum cancels and a non-zero result marks a possible one.
 _STRUCTURAL = frozenset(
     """reshape broadcast_in_dim squeeze expand_dims transpose rev slice reduce_sum reduce_max
-    cumsum cummax concatenate pad split dot_general gather dynamic_slice dynamic_update_slice
+    cumsum cummax concatenate stack pad split dot_general gather dynamic_slice dynamic_update_slice
     scatter scatter-add scatter_add select_and_gather_add""".split()
 )
 _CALLS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
