@@ -28,7 +28,7 @@ Mechanisms, each against a reference computed without jaxdae's formulations or d
   `(3 I_w + 2 m_r r²) θ̈ = −2 m_r g r cos θ`, by scipy's DOP853 at rtol 1e-13.
 - **Bricard's mechanism** (IFToMM A04, built with `jaxdae.multibody` by
   `experiments/bricard.py`): spatial, one of its 30 constraints redundant everywhere, over
-  [0, 1] s. Reference: the null-space equations of the same model (`q̈ = G⁺γ + N (NᵀMN)⁻¹
+  [0, 1] s (quick: 0.5 s); `Projected` solves its projections with `lineax.SVD()` there. Reference: the null-space equations of the same model (`q̈ = G⁺γ + N (NᵀMN)⁻¹
   Nᵀ (Q − M G⁺γ)`, `N` an orthonormal basis of the null space of `G` from an SVD: no
   multipliers, no stabilization) by scipy's DOP853 at rtol 1e-12.
 - **stiff spring pendulum**: the pendulum of `experiments/stiff_integration.py` (a mass on
@@ -65,6 +65,7 @@ jax.config.update("jax_enable_x64", True)
 
 import diffrax
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
 from _common import figure, output_dir, progress, write_json
 
@@ -223,6 +224,8 @@ class Mechanism:
     t1: float
     formulations: dict  # name -> formulation, or a string saying why it does not apply
     reference: np.ndarray  # q at the saved times
+    # redundant constraints: Projected solves its projections with lineax.SVD()
+    redundant: bool = False
     # the formulations run with the integrators in COSTLY (None: all), and whether
     # GeneralizedAlpha runs (not when empty): on the 35-coordinate Bricard model each of
     # their compiles takes minutes
@@ -304,6 +307,7 @@ def mechanisms(quick: bool, num: int, folder: Path) -> list[Mechanism]:
     out.append(Mechanism("Bricard (spatial, redundant)", model, q0, v0, t1, formulations,
                          cached(folder, f"bricard {t1} {num}",
                                 lambda: null_space_reference(model, q0, v0, ts)),
+                         redundant=True,
                          costly_with=("PseudoInverse",) if not quick else ()))
 
     return out
@@ -361,7 +365,10 @@ def solve_fn(mechanism: Mechanism, formulation, solver, ts):
 def run(mechanism: Mechanism, integrator: str, formulation_name: str, formulation, rtols,
         repeats: int) -> list[dict]:
     ts = jnp.linspace(0.0, mechanism.t1, mechanism.reference.shape[0])
-    solve = solve_fn(mechanism, formulation, INTEGRATORS[integrator], ts)
+    solver = INTEGRATORS[integrator]
+    if mechanism.redundant and isinstance(solver, jaxdae.Projected):
+        solver = jaxdae.Projected(solver.solver, linear_solver=lx.SVD())
+    solve = solve_fn(mechanism, formulation, solver, ts)
     reference = mechanism.reference
     scale = float(np.max(np.abs(reference)))
     rows = []
@@ -505,12 +512,13 @@ def plot(folder: Path, results: dict, mechanism_names) -> None:
 
 
 def main(out: Path, quick: bool = False, repeats: int | None = None,
-         only: list[str] | None = None) -> dict:
+         only: list[str] | None = None, integrators: list[str] | None = None) -> dict:
     folder = output_dir(out, NAME)
     rtols = [1e-4, 1e-7] if quick else [1e-3, 1e-5, 1e-7, 1e-9]
     repeats = repeats or (1 if quick else 3)
-    integrators = (["Tsit5", "Kvaerno5", "Projected(Tsit5)", "GeneralizedAlpha"] if quick
-                   else list(INTEGRATORS))
+    integrators = integrators or (
+        ["Tsit5", "Kvaerno5", "Projected(Tsit5)", "GeneralizedAlpha"] if quick
+        else list(INTEGRATORS))
     all_mechanisms = mechanisms(quick, 21 if quick else 41, folder)
     if quick:
         for mechanism in all_mechanisms:
@@ -567,5 +575,8 @@ if __name__ == "__main__":
                         help="timed calls per run (best taken; default 3, quick 1)")
     parser.add_argument("--only", default=None,
                         help="comma-separated parts of mechanism names to run")
+    parser.add_argument("--integrators", default=None,
+                        help=f"comma-separated integrators to run, of {', '.join(INTEGRATORS)}")
     args = parser.parse_args()
-    main(args.out, args.quick, args.repeats, args.only.split(",") if args.only else None)
+    main(args.out, args.quick, args.repeats, args.only.split(",") if args.only else None,
+         args.integrators.split(",") if args.integrators else None)
