@@ -30,7 +30,7 @@ from .._compilation._private_apis import unvmap_any
 from .._compilation._linalg import full_precision, is_positive_definite, psd_pseudo_solve
 from .._gains import is_concrete
 from .._systems._nonholonomic import is_not_affine
-from .._compilation._scalarize import scalarize
+from .._compilation._scalarize import scalarize, with_scalar_vjp
 from .._compilation._sharding import explicit_to_auto, is_explicitly_sharded
 from .._solution import (
     RESULTS,
@@ -433,6 +433,12 @@ def _diagnostics(system, formulation, t, q, s):
             system.energy(t, q, s) if terms.energy is None else terms.energy,
             system.velocities(t, q, s), _momenta(system, t, q, s, terms), terms.mass_matrix,
             terms.forces, range_inputs)
+
+
+# Under a `ReverseSweepAdjoint` solve (which has no forward mode anyway) the diagnostics are
+# differentiated by reverse mode on their scalar graphs: JAX's linearization of the
+# two-link diagnostics had taken a fifth of the gradient's trace.
+_swept_diagnostics = with_scalar_vjp(_diagnostics)
 
 
 def _momenta(system, t, q, s, terms):
@@ -1169,10 +1175,11 @@ def _simulate(system, formulation, times: _Times, q0, v0, options: _SolveOptions
     out, result = integrate(dynamics, (system, formulation, reference), (q0, v0), times,
                             options)
     reached = out.result == diffrax.RESULTS.successful
+    swept = isinstance(options.adjoint, ReverseSweepAdjoint)
 
     if not ensemble:
         sol, initial = _solution(system, formulation, (t0, q0, v0), ts, (out.ts, out.ys),
-                                 (reached, result, out.stats))
+                                 (reached, result, out.stats), swept)
     else:
         def trajectory(q0, v0, ys, t_failed):
             failed = jnp.isfinite(t_failed)
@@ -1180,7 +1187,7 @@ def _simulate(system, formulation, times: _Times, q0, v0, options: _SolveOptions
             return _solution(system, formulation, (t0, q0, v0), ts, (ts_saved, ys),
                              (reached & ~failed,
                               RESULTS.where(failed, formulation.failure_result, result),
-                              out.stats))
+                              out.stats), swept)
 
         # Saved states are (time, trajectory, coordinate) in an ensemble: one trajectory each.
         t_failed = (out.solver_state[1] if stops_rows
@@ -1383,17 +1390,19 @@ def masked(valid, x):
     return jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.inf)
 
 
-def _solution(system, formulation, start, ts, saved, outcome
+def _solution(system, formulation, start, ts, saved, outcome, swept: bool
               ) -> tuple[Solution, tuple[Array, Array]]:
     """One trajectory's [`jaxdae.Solution`][] from its `start = (t0, q0, v0)`, the times
     and states diffrax `saved` and the solve's `outcome = (reached, result, stats)`, and the
-    mass matrix and forces at the initial state (for `_check_traced`).
+    mass matrix and forces at the initial state (for `_check_traced`). `swept`: the solve's
+    adjoint is a `ReverseSweepAdjoint`.
 
     The diagnostics are evaluated once per row: the initial state, the saved states and
     the final state (without `ts` the second row is the final state), and the final row
     also gives `v_final`, `p_final` and the inputs of `checked_result`, so that the
     compiled program holds the equations of motion once for all of them."""
     (t0, q0, v0), (reached, result, stats) = start, outcome
+    diagnostics_at = _swept_diagnostics if swept else _diagnostics
     ts_out, (q, v), (t_final, (q_final, v_final)) = saved_rows(ts, saved, reached)
 
     # Rows after a failure are inf, and a final state may be: evaluate at a safe state (the
@@ -1406,8 +1415,7 @@ def _solution(system, formulation, start, ts, saved, outcome
         # Two rows, one call each: the second reuses the first's trace, where `vmap` would
         # batch the equations' scalar graph, equation by equation, at trace time (a third
         # less trace time for the two-link diagnostics, `bench_compile.py --stages`).
-        per_row = [_diagnostics(system, formulation, *row)
-                   for row in ((t0, q0, v0), final)]
+        per_row = [diagnostics_at(system, formulation, *row) for row in ((t0, q0, v0), final)]
         *diagnostics, mass, forces, range_inputs = jax.tree.map(
             lambda *x: jnp.stack(x), *per_row)
         outputs = diagnostics
@@ -1416,7 +1424,7 @@ def _solution(system, formulation, start, ts, saved, outcome
         rows = tuple(jnp.concatenate([x0[None], row, x[None]])
                      for x0, row, x in zip((t0, q0, v0), rows, final))
         *diagnostics, mass, forces, range_inputs = jax.vmap(
-            _diagnostics, in_axes=(None, None, 0, 0, 0))(system, formulation, *rows)
+            diagnostics_at, in_axes=(None, None, 0, 0, 0))(system, formulation, *rows)
         outputs = [x[1:-1] for x in diagnostics]
     phi, dphi, psi, multipliers, energy, v, p = outputs
     # Row 0 is the initial state and the last row the final one, with or without `ts`.
