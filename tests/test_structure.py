@@ -286,7 +286,7 @@ def test_given_mass_agrees():
 def test_failure_check_agrees_on_a_singular_chain():
     # the ladder's first cell turned horizontal: its rails are parallel to its rung, the
     # three constraint gradients dependent, `J M⁻¹ Jᵀ` singular; 12 cells: 36 constraints,
-    # whose `J M⁻¹ Jᵀ` is factorized by block cyclic reduction
+    # whose `J M⁻¹ Jᵀ` is banded (block LDLᵀ factorization)
     cells = 12
     q = jnp.stack([jnp.ones(cells), -jnp.arange(cells), 2 * jnp.ones(cells),
                    -jnp.arange(cells)], axis=1).ravel().astype(float)
