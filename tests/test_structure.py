@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import jaxdae
+from jaxdae._compilation import _sparse
 from jaxdae._compilation._sparse import (
     Pattern,
     SparseMatrix,
@@ -20,12 +21,11 @@ from jaxdae._compilation._sparse import (
     sparse_add,
     sparse_matmul,
 )
-from jaxdae._compilation import _sparse
 from jaxdae._compilation._sparsity import column_colouring, nonzero_masks
 from jaxdae._systems._structure import terms_structure
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
-from scaling_models import CartesianChain, FourBarLadder, NLinkPendulum  # noqa: E402
+from scaling_models import CartesianChain, FourBarLadder, NLinkPendulum
 
 # -- pattern detection --------------------------------------------------------------------
 
@@ -318,8 +318,8 @@ def test_take_is_a_gather_both_ways():
     def loss(fn, x):
         return jnp.sum(jnp.sin(fn(x)) * jnp.arange(18.0).reshape(2, 3, 3))
 
-    ours = lambda x: _sparse.take(x, index)  # noqa: E731
-    reference = lambda x: jnp.concatenate([x, jnp.zeros((1, 3))])[index]  # noqa: E731
+    ours = lambda x: _sparse.take(x, index)
+    reference = lambda x: jnp.concatenate([x, jnp.zeros((1, 3))])[index]
     for transform in (jax.grad, jax.jacfwd):
         np.testing.assert_allclose(transform(lambda x: loss(ours, x))(x),
                                    transform(lambda x: loss(reference, x))(x), rtol=1e-14)
@@ -345,7 +345,7 @@ def test_banded_factorization():
         assert plan is not None and plan.width <= 2 * band
         rhs = rng.standard_normal((size, 2))
         sparse = SparseMatrix.from_dense(jnp.asarray(matrix), Pattern.from_mask(mask))
-        x, pivots = jax.jit(lambda a, b: banded_solve(a, b, plan))(sparse, jnp.asarray(rhs))
+        x, pivots = jax.jit(lambda a, b, plan=plan: banded_solve(a, b, plan))(sparse, jnp.asarray(rhs))
         np.testing.assert_allclose(x, np.linalg.solve(matrix, rhs), atol=1e-13)
         assert pivots.shape == (size,)
         np.testing.assert_allclose(np.prod(pivots), np.linalg.det(matrix), rtol=1e-10)

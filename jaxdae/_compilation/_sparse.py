@@ -55,7 +55,7 @@ class _Table:
     entry `i` of the result is the sum of the source entries `table[i, :]`, index `size`
     standing for zero (padding). Hashable and compared by value (a primitive parameter)."""
 
-    __slots__ = ("index", "size", "_hash", "_transposed")
+    __slots__ = ("_hash", "_transposed", "index", "size")
 
     def __init__(self, index: np.ndarray, size: int):
         self.index = np.asarray(index, np.int64)
@@ -133,7 +133,7 @@ class Pattern:
     and a key of the trace-time caches.
     """
 
-    __slots__ = ("shape", "rows", "cols", "_hash")
+    __slots__ = ("_hash", "cols", "rows", "shape")
 
     def __init__(self, shape: tuple[int, int], rows, cols):
         rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
@@ -218,7 +218,7 @@ class SparseMatrix(eqx.Module):
             self.values, indices_are_sorted=True, unique_indices=True)
 
     @property
-    def T(self) -> "SparseMatrix":  # noqa: N802 - the usual name
+    def T(self) -> "SparseMatrix":
         pattern, order = _transpose(self.pattern)
         return SparseMatrix(take(self.values, order), pattern)
 

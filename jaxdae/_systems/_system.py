@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._compilation._sparse import SparseMatrix, take
 from .._custom_types import (
     Array,
     Coordinates,
@@ -24,7 +25,6 @@ from .._custom_types import (
     Scalar,
     Velocities,
 )
-from .._compilation._sparse import SparseMatrix, take
 from ._nonholonomic import velocity_curvature
 from ._structure import colour_matrix, terms_structure
 
