@@ -73,7 +73,7 @@ class HandPlanar(jaxdae.LagrangianSystem):
 
 # -- slider-crank ------------------------------------------------------------------------
 
-CRANK = dict(masses=(1.0, 0.5, 0.3), inertias=(2e-3, 4e-3, 1e-4))
+CRANK = {"masses": (1.0, 0.5, 0.3), "inertias": (2e-3, 4e-3, 1e-4)}
 
 
 def built_slider_crank():

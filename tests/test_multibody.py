@@ -268,7 +268,7 @@ def ball_and_beam(bb: jaxdae.examples.BallAndBeam, voltage: float) -> mb.Mechani
     (inertia `L_a`; resistance and friction as rotational dampers, the motor's torque and
     back-emf as applied torques). Bodies: ball, beam, wheel, armature."""
     big, d, lever = bb.beam_length, bb.lever_radius, bb.lever_length
-    ball, beam, wheel, armature = 0, 3, 6, 9  # offsets of the bodies' (x, y, θ)
+    wheel, armature = 6, 9  # offsets of the bodies' (x, y, θ): ball 0, beam 3
     return mb.Mechanism(
         [mb.Ground(markers={"hub": (big - d, -lever), "motor": (0.0, -1.0)}),
          mb.PlanarBody("ball", bb.mass, bb.ball_inertia),
@@ -345,7 +345,7 @@ def test_ball_and_beam_matches_the_hand_written_example():
     q_hand, v_hand = bb.state(0.3, 0.2, dr=0.1, dtheta=0.5, current=0.05)
     q0, v0 = jax.jvp(absolute, (q_hand,), (v_hand,))
     formulation, ts = jaxdae.Baumgarte(20.0, 100.0), jnp.linspace(0.0, 0.5, 6)
-    kwargs = dict(ts=ts, rtol=1e-12, atol=1e-12)
+    kwargs = {"ts": ts, "rtol": 1e-12, "atol": 1e-12}
     sol = jaxdae.simulate(mech, formulation, 0.0, 0.5, q0, v0, **kwargs)
     ref = jaxdae.simulate(bb, formulation, 0.0, 0.5, q_hand, v_hand, **kwargs)
     np.testing.assert_allclose(jax.vmap(relative)(sol.q), ref.q, rtol=0, atol=1e-10)
