@@ -10,6 +10,7 @@ import lineax as lx
 import numpy as np
 
 from .._checks import check_instance, described
+from .._compilation._linear_solvers import PositiveDefinite
 from .._compilation._scalarize import scalarize
 from .._custom_types import Array, Bool, PyTree, ScalarLike
 from .._formulations._base import AbstractFormulation, multiplier_solve
@@ -27,7 +28,10 @@ def _correction(mass, jacobian, residual, linear_solver) -> Array:
     """`−M⁻¹ Gᵀ (G M⁻¹ Gᵀ)⁻¹ r` for `G = jacobian`: the smallest step `Δ` in the metric
     of the mass matrix `M` with `G Δ = −r`. [`multiplier_solve`][] of `M a + Gᵀλ = 0`,
     `G a = −r` (no forces), so the constraint solves are the formulations' own
-    (`linear_solver`: Cholesky, or `lineax.SVD` for redundant rows)."""
+    (`linear_solver`: `None` for the formulations' positive-definite solve, or a lineax
+    solver such as `lineax.SVD()` for redundant rows)."""
+    if linear_solver is None:
+        linear_solver = PositiveDefinite()
     n, c = mass.shape[0], jacobian.shape[0]
     zeros = jnp.zeros((n,), mass.dtype)
     free = ConstrainedTerms(mass_matrix=mass, forces=zeros, phi=residual, dphi=residual,
@@ -260,9 +264,11 @@ class Projected(diffrax.AbstractAdaptiveSolver):
         8e-5 of a modified-Lagrange step on the two-link arm near its fold four.
     - `tol`: convergence tolerance of the residuals (relative, see above); default
         `1000 ε` of the state's dtype (`2.2e-13` in float64).
-    - `linear_solver`: how `G M⁻¹ Gᵀ` is solved: `lineax.Cholesky()` (default,
-        independent constraints) or `lineax.SVD()` (redundant constraints, as
-        [`jaxdae.PseudoInverse`][] does).
+    - `linear_solver`: how `G M⁻¹ Gᵀ` is solved. `None` (default, independent
+        constraints): the positive-definite solve of [`jaxdae.Baumgarte`][] (an unrolled
+        Cholesky for small systems, a banded factorization where the constraints are
+        banded, LAPACK otherwise). A lineax solver otherwise, e.g. `lineax.SVD()` for
+        redundant constraints, as [`jaxdae.PseudoInverse`][] does.
 
     **Raises:**
 
@@ -275,7 +281,7 @@ class Projected(diffrax.AbstractAdaptiveSolver):
     solver: diffrax.AbstractSolver
     iterations: int = eqx.field(default=5, static=True)
     tol: float | None = eqx.field(default=None, static=True)
-    linear_solver: lx.AbstractLinearSolver = eqx.field(default=lx.Cholesky(), static=True)
+    linear_solver: lx.AbstractLinearSolver | None = eqx.field(default=None, static=True)
 
     def __check_init__(self):
         check_instance("solver", self.solver, diffrax.AbstractSolver,
@@ -287,7 +293,7 @@ class Projected(diffrax.AbstractAdaptiveSolver):
         if self.tol is not None and not (np.isfinite(self.tol) and self.tol > 0):
             raise ValueError(f"`tol` must be a positive finite number; got {self.tol!r}.")
         check_instance("linear_solver", self.linear_solver, lx.AbstractLinearSolver,
-                       "a lineax solver such as `lineax.Cholesky()` or `lineax.SVD()`")
+                       "a lineax solver such as `lineax.SVD()`, or None", optional=True)
 
     @property
     def term_structure(self):
