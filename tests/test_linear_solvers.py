@@ -115,7 +115,7 @@ def _banded(size, band, seed):
 
 
 def test_banded_operator_matches_lineax_cholesky():
-    """A banded `SparseSymmetricOperator` is factorized by block cyclic reduction; values,
+    """A banded `SparseSymmetricOperator` is factorized by the banded block LDLᵀ factorization; values,
     gradients w.r.t. its values and the right-hand side, and `vmap` equal `lineax.Cholesky`
     on the dense matrix."""
     sparse = _banded(40, 2, 0)
@@ -260,7 +260,7 @@ def _values_and_gradients(model, formulations, q, v):
 @pytest.mark.parametrize("banded", [False, True])
 def test_structured_formulations_agree_with_dense(banded, monkeypatch):
     """Every formulation on a chain of 9 links (18 coordinates) with structured terms (sparse
-    products; with `banded`, the block cyclic reduction of `J M⁻¹ Jᵀ` and `M + Jᵀ𝔄J` from 4
+    products; with `banded`, the banded factorization of `J M⁻¹ Jᵀ` and `M + Jᵀ𝔄J` from 4
     rows on) and with dense ones: accelerations, multipliers and gradients w.r.t. the
     gains, the model's parameters and the velocities agree to 1e-10."""
     if banded:
@@ -295,7 +295,7 @@ def test_structured_formulations_agree_with_dense(banded, monkeypatch):
 @pytest.mark.parametrize("redundant", [False, True])
 def test_banded_pseudo_inverse_matches_lineax_svd(redundant):
     """`G Gᵀ` of a banded `G` (40 rows; with `redundant`, one row repeated, so rank 39) as a
-    `SparseSymmetricOperator`: solved through the block cyclic reduction where it has full
+    `SparseSymmetricOperator`: solved through the banded factorization where it has full
     rank and by the eigendecomposition where it does not; values and gradients w.r.t. the
     right-hand side equal `lineax.SVD`'s."""
     size = 40

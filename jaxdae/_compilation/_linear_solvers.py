@@ -8,8 +8,8 @@ lineax operator — [`SparseSymmetricOperator`][] where the terms carry a sparsi
 here or any lineax solver a user passes (which goes through `lineax.linear_solve`).
 
 - [`PositiveDefinite`][]: a Cholesky factorization that follows the size and the structure:
-  unrolled elementwise operations for tiny matrices (which XLA fuses), block cyclic
-  reduction where the operator's pattern is banded, LAPACK otherwise. Its state carries the
+  unrolled elementwise operations for tiny matrices (which XLA fuses), a block LDLᵀ
+  factorization where the operator's pattern is banded, LAPACK otherwise. Its state carries the
   pivots that the failure checks read.
 - [`PositiveSemidefinitePseudoInverse`][]: the Moore–Penrose inverse of a symmetric positive
   semidefinite matrix, with eigenvalues below `rcond · λ_max` treated as zero (what
@@ -26,13 +26,13 @@ import numpy as np
 
 from .._custom_types import Array, Float
 from ._linalg import UNROLL_MAX, psd_pseudo_inverse, small_matmul, unrolled_cholesky
-from ._sparse import BandedPlan, SparseMatrix, banded_plan, banded_solve
+from ._sparse import BandedPlan, SparseMatrix, banded_factor, banded_plan, banded_solve
 
 
 class SparseSymmetricOperator(lx.AbstractLinearOperator):
     """A symmetric [`SparseMatrix`][] as a lineax operator: products on its pattern, and
     the pattern available to the solvers ([`PositiveDefinite`][] factorizes a banded one
-    by block cyclic reduction).
+    by a block LDLᵀ factorization).
 
     **Arguments:**
 
@@ -138,8 +138,8 @@ class CholeskyFactor(eqx.Module):
     """The state of [`PositiveDefinite`][]: a factorization and its pivots.
 
     - `factor`: the lower Cholesky factor (unrolled and LAPACK methods), or the matrix's
-        values on its pattern (banded method: block cyclic reduction factorizes and solves
-        in one pass).
+        values on its pattern (banded method: `banded_solve` factorizes and solves in one
+        pass).
     - `pivots`: the pivots `D` of `P A Pᵀ = L D Lᵀ` (`L` unit lower triangular; `P = I`
         unless banded): non-finite or not positive where `A` is not positive definite.
     - `plan`: the banded plan, or `None`.
@@ -192,7 +192,7 @@ class PositiveDefinite(AbstractDirectSolver):
       cannot fuse (on the CPU a kernel each with its own dispatch, and under `vmap` a loop
       over the batch of tiny matrices).
     - A [`SparseSymmetricOperator`][] whose pattern (in its own order or after reverse
-      Cuthill–McKee) is banded: block cyclic reduction, `O(size · b²)` work for a
+      Cuthill–McKee) is banded: a block LDLᵀ factorization (`banded_factor`), `O(size · b²)` work for a
       half-bandwidth `b` (`banded_plan` decides where it applies).
     - Otherwise LAPACK's Cholesky factorization.
 
@@ -216,9 +216,10 @@ class PositiveDefinite(AbstractDirectSolver):
         if isinstance(operator, SparseSymmetricOperator):
             plan = banded_plan(operator.matrix.pattern)
         if plan is not None:
-            size = operator.in_size()
-            _, pivots = banded_solve(operator.matrix, jnp.zeros(size, operator.matrix.values.dtype),
-                                     plan)
+            # The pivots are a diagnostic (the failure checks read them); `compute` solves
+            # with `banded_solve`, whose derivative reuses its own factorization. Where only
+            # the solve is used, XLA drops this factorization as dead code.
+            pivots = jax.lax.stop_gradient(banded_factor(operator.matrix, plan).pivots)
             return CholeskyFactor(operator.matrix, pivots, plan)
         matrix = operator.as_matrix()
         n = matrix.shape[0]
@@ -282,7 +283,7 @@ class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):
     and 2 (a constraint written twice, a closure equation with its redundant twin), where an
     SVD's LAPACK call at every stage made a whole simulation about 8× slower
     (`experiments/bench_solves.py`). Beyond, the matrix is first factorized as
-    [`PositiveDefinite`][] does (block cyclic reduction where its pattern is banded, LAPACK's
+    [`PositiveDefinite`][] does (a block LDLᵀ factorization where its pattern is banded, LAPACK's
     Cholesky otherwise): where the pivots show full rank (each above `rcond` times the
     largest, the test of `jaxdae.Baumgarte`), `A⁺ = A⁻¹` is applied through that
     factorization, and a symmetric eigendecomposition (`O(c³)`, on the dense matrix) runs
