@@ -284,24 +284,6 @@ def jit_unless_staged(fn: Callable) -> Callable:
     return call
 
 
-def swept_diffeqsolve(vector_field, solver, t0, t1, dt0, y0, *, args, saveat, ts,
-                      stepsize_controller, event, max_steps, adjoint=ReverseSweepAdjoint(),
-                      step_args=None, stage_vjp=None):
-    """`diffrax.diffeqsolve(ODETerm(vector_field), ..., adjoint=adjoint, throw=False)` with
-    [`jaxdae.ReverseSweepAdjoint`][] `adjoint`: `ts` is read from `saveat`, `step_args` from
-    the solver (`solver.step_args`, checked to be the one given), and `stage_vjp` makes the
-    term an `ODETermWithVJP`."""
-    del ts  # the save times are `saveat`'s
-    if step_args is not None and getattr(solver, "step_args", None) is not step_args:
-        raise ValueError("`step_args` is the solver's own: give the solver a `step_args` "
-                         "method instead.")
-    term = (diffrax.ODETerm(vector_field) if stage_vjp is None
-            else ODETermWithVJP(vector_field, stage_vjp))
-    return diffrax.diffeqsolve(term, solver, t0, t1, dt0, y0, args=args, saveat=saveat,
-                               stepsize_controller=stepsize_controller, event=event,
-                               max_steps=max_steps, adjoint=adjoint, throw=False)
-
-
 class SweepOptions(eqx.Module):
     """The non-differentiated arguments of the swept solve (`_solve`, `_backward`): the
     solve's solver, step-size controller, event and progress meter as `diffeqsolve` gave

@@ -13,25 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 
-from ._adjoint import (
-    ReverseSweepAdjoint,
-    default_adjoint,
-    explicit_tableau,
-    forward_mode_hint,
-    jit_unless_staged,
-    swept_diffeqsolve,
-)
-from .._checks import check_instance, check_positive
-from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._analysis._discrete import fixed_step_radius
-from .._formulations import AbstractFormulation, Baumgarte, ModifiedLagrange, PseudoInverse
-from .._formulations._base import baumgarte_target
-from .._compilation._private_apis import unvmap_any
+from .._checks import check_instance, check_positive
 from .._compilation._linalg import full_precision, is_positive_definite, psd_pseudo_solve
-from .._gains import is_concrete
-from .._systems._nonholonomic import is_not_affine
+from .._compilation._private_apis import unvmap_any
 from .._compilation._scalarize import scalarize, with_scalar_vjp
 from .._compilation._sharding import explicit_to_auto, is_explicitly_sharded
+from .._custom_types import Array, ArrayLike, Float, ScalarLike
+from .._formulations import AbstractFormulation, Baumgarte, ModifiedLagrange, PseudoInverse
+from .._formulations._base import baumgarte_target
+from .._gains import is_concrete
 from .._solution import (
     RESULTS,
     SimulationError,
@@ -40,10 +31,18 @@ from .._solution import (
     failure_text,
     residuals,
 )
-from ._solvers import AbstractWrappedSolver
+from .._systems._nonholonomic import is_not_affine
+from .._systems._system import AbstractSystem, LagrangianSystem, cast_floating
+from ._adjoint import (
+    ODETermWithVJP,
+    ReverseSweepAdjoint,
+    default_adjoint,
+    forward_mode_hint,
+    jit_unless_staged,
+)
 from ._implicit import configure_for_controller
 from ._projection import named_result
-from .._systems._system import AbstractSystem, LagrangianSystem, cast_floating
+from ._solvers import AbstractWrappedSolver
 
 
 def _float_array(name: str, value, ensemble: bool = False) -> Array:
@@ -524,15 +523,9 @@ def _check_types(system, formulation):
 
 
 def check_solve_options(solver, stepsize_controller, adjoint, max_steps) -> None:
-    """The diffrax options of a solve are instances of the right kind (or
-    `jaxdae.ReverseSweepAdjoint` with an explicit Runge–Kutta solver and an integer
-    `max_steps`); `max_steps` is a positive integer or `None`."""
-    if isinstance(adjoint, ReverseSweepAdjoint):
-        explicit_tableau(Tsit5 if solver is None else solver)
-        if max_steps is None:
-            raise ValueError("`jaxdae.ReverseSweepAdjoint` stores the steps: pass an integer "
-                             "`max_steps` (it sizes the checkpoints of a long solve).")
-        adjoint = None
+    """The diffrax options of a solve are instances of the right kind; `max_steps` is a
+    positive integer or `None`. (What [`jaxdae.ReverseSweepAdjoint`][] cannot sweep — an
+    implicit solver, `max_steps=None` — it refuses itself when the solve is traced.)"""
     check_instance("solver", solver, diffrax.AbstractSolver,
                    "a diffrax solver instance such as `diffrax.Tsit5()`", optional=True)
     check_instance("stepsize_controller", stepsize_controller,
@@ -1089,14 +1082,17 @@ class Dynamics(eqx.Module):
     (diffrax event conditions on the same arguments) that stop the solve, each with the
     [`jaxdae.RESULTS`][] item it reports.
 
-    An ensemble whose trajectories stop one by one gives `step_args` and `stage_vjp` (as
-    `swept_diffeqsolve` takes them); the solve then saves its final solver state."""
+    `stage_vjp`, if given, is the vector–Jacobian product that
+    [`jaxdae.ReverseSweepAdjoint`][] applies at each stage (`ODETermWithVJP`; an ensemble
+    applies each trajectory's own, row by row); other adjoints ignore it.
+    `saves_solver_state`: the solve keeps its final solver state (an ensemble whose
+    trajectories stop one by one reads the stopped rows from it)."""
 
     vector_field: Callable = eqx.field(static=True)
     conditions: tuple[Callable, ...] = eqx.field(static=True, default=())
     failures: tuple[RESULTS, ...] = ()
-    step_args: Callable | None = eqx.field(static=True, default=None)
     stage_vjp: Callable | None = eqx.field(static=True, default=None)
+    saves_solver_state: bool = eqx.field(static=True, default=False)
 
 
 def integrate(dynamics: Dynamics, args, y0, times: "_Times", options: "_SolveOptions"
@@ -1104,38 +1100,20 @@ def integrate(dynamics: Dynamics, args, y0, times: "_Times", options: "_SolveOpt
     """The one diffrax solve of [`jaxdae.simulate`][], [`jaxdae.simulate_ensemble`][] and
     [`jaxdae.simulate_actuated`][]: from `y0` over `times` with `options`, saving as
     `save_at` says, stopped by `dynamics.conditions` (and a non-finite state under fixed
-    steps, `solve_event`) and by a stalled step (`stop_stalled_steps`); with
-    [`jaxdae.ReverseSweepAdjoint`][] through `swept_diffeqsolve`. Returns diffrax's solution
-    and jaxdae's result (the failure that stopped it named, `event_result`)."""
+    steps, `solve_event`) and by a stalled step (`stop_stalled_steps`). Returns diffrax's
+    solution and jaxdae's result (the failure that stopped it named, `event_result`)."""
     solver, controller = options.solver, options.stepsize_controller
     t0, t1, ts = times.t0, times.t1, times.ts
     saveat = save_at(t0, t1, ts, controller)
-    if dynamics.step_args is not None:  # read from the final solver state
+    if dynamics.saves_solver_state:
         saveat = eqx.tree_at(lambda s: s.solver_state, saveat, True)
     event = solve_event(list(dynamics.conditions), controller)
     controller = stop_stalled_steps(controller)
-    if isinstance(options.adjoint, ReverseSweepAdjoint):
-        out = swept_diffeqsolve(
-            dynamics.vector_field, solver, t0, t1, options.dt0, y0, args=args, saveat=saveat,
-            ts=ts, stepsize_controller=controller, event=event, max_steps=options.max_steps,
-            adjoint=options.adjoint, step_args=dynamics.step_args,
-            stage_vjp=dynamics.stage_vjp)
-    else:
-        out = diffrax.diffeqsolve(
-            diffrax.ODETerm(dynamics.vector_field),
-            solver,
-            t0,
-            t1,
-            options.dt0,
-            y0,
-            args=args,
-            saveat=saveat,
-            stepsize_controller=controller,
-            adjoint=options.adjoint,
-            event=event,
-            max_steps=options.max_steps,
-            throw=False,
-        )
+    term = (diffrax.ODETerm(dynamics.vector_field) if dynamics.stage_vjp is None
+            else ODETermWithVJP(dynamics.vector_field, dynamics.stage_vjp))
+    out = diffrax.diffeqsolve(term, solver, t0, t1, options.dt0, y0, args=args, saveat=saveat,
+                              stepsize_controller=controller, adjoint=options.adjoint,
+                              event=event, max_steps=options.max_steps, throw=False)
     return out, named_result(solver, event_result(out, list(dynamics.failures)))
 
 
@@ -1165,8 +1143,8 @@ def _simulate(system, formulation, times: _Times, q0, v0, options: _SolveOptions
     if stops:
         dynamics = Dynamics(_vector_field, (_failure_event,), (formulation.failure_result,))
     elif stops_rows:
-        dynamics = Dynamics(_ensemble_vector_field, step_args=_StopFailedTrajectories.step_args,
-                            stage_vjp=_ensemble_stage_vjp)
+        dynamics = Dynamics(_ensemble_vector_field, stage_vjp=_ensemble_stage_vjp,
+                            saves_solver_state=True)
         options = eqx.tree_at(lambda o: o.solver, options,
                               _StopFailedTrajectories(options.solver))
     else:
