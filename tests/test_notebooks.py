@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
-# The longest notebooks (on a clean checkout: paper 002 ≈ 60 s), and those of papers 001 and
-# 003 (≈ 20 s each; their experiments' methods are tested in test_hamiltonian.py and
+# The longest notebooks (on a clean checkout: paper 002 ≈ 60 s; building a mechanism ≈ 2 min
+# of CPU, its models tested in test_multibody*.py), and those of papers 001 and 003 (≈ 20 s
+# each; their experiments' methods are tested in test_hamiltonian.py and
 # test_realizing_forces.py); `make test-slow` runs them.
 SLOW: set[str] = {"paper_000_redundant_coordinates", "paper_001_hamiltonian",
-                  "paper_002_adaptive_optics", "paper_003_realizing_forces", "tuning"}
+                  "paper_002_adaptive_optics", "paper_003_realizing_forces", "tuning",
+                  "building_a_mechanism"}
 
 
 def _params():
