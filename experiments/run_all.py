@@ -55,7 +55,7 @@ EPILOG = "experiments:\n" + "\n".join(
 
 examples:
   python experiments/run_all.py --out output          all but the studies (make demo)
-  python experiments/run_all.py --quick --out /tmp/x  smoke test of all of them
+  python experiments/run_all.py --quick --out /tmp/x  smoke test of the demo
   python experiments/run_all.py --only ball_and_beam,tune_two_link
 """
 
