@@ -25,8 +25,16 @@ import lineax as lx
 import numpy as np
 
 from .._custom_types import Array, Float
-from ._linalg import UNROLL_MAX, psd_pseudo_inverse, small_matmul, unrolled_cholesky
-from ._sparse import BandedPlan, SparseMatrix, banded_factor, banded_plan, banded_solve
+from ._linalg import psd_pseudo_inverse, small_matmul
+from ._sparse import (
+    BandedPlan,
+    SparseMatrix,
+    banded_factor,
+    banded_plan,
+    banded_solve,
+    cholesky_factor,
+    cholesky_solve,
+)
 
 
 class SparseSymmetricOperator(lx.AbstractLinearOperator):
@@ -222,27 +230,15 @@ class PositiveDefinite(AbstractDirectSolver):
             pivots = jax.lax.stop_gradient(banded_factor(operator.matrix, plan).pivots)
             return CholeskyFactor(operator.matrix, pivots, plan)
         matrix = operator.as_matrix()
-        n = matrix.shape[0]
-        if n <= UNROLL_MAX:
-            low = unrolled_cholesky(matrix)
-            zero = jnp.zeros((), matrix.dtype)
-            factor = jnp.stack([jnp.stack([low[i][j] if j <= i else zero for j in range(n)])
-                                for i in range(n)]) if n else matrix
-        else:
-            factor = jnp.linalg.cholesky(matrix)
+        factor = cholesky_factor(matrix) if matrix.shape[0] else matrix
         return CholeskyFactor(factor, jnp.diagonal(factor) ** 2, None)
 
     def compute(self, state: CholeskyFactor, vector: Array, options: dict[str, Any]):
         del options
         if state.plan is not None:
             solution, _ = banded_solve(state.factor, vector, state.plan)
-        elif vector.shape[0] <= UNROLL_MAX:
-            solution = _unrolled_cholesky_solve(state.factor, vector)
         else:
-            low = state.factor
-            y = jax.lax.linalg.triangular_solve(low, vector[:, None], left_side=True, lower=True)
-            solution = jax.lax.linalg.triangular_solve(
-                low, y, left_side=True, lower=True, transpose_a=True)[:, 0]
+            solution = cholesky_solve(state.factor, vector[:, None])[:, 0]
         return solution, lx.RESULTS.successful, {}
 
     def transpose(self, state: CholeskyFactor, options: dict[str, Any]):
@@ -253,26 +249,6 @@ class PositiveDefinite(AbstractDirectSolver):
 
     def assume_full_rank(self):
         return True
-
-
-def _unrolled_cholesky_solve(low: Float[Array, "n n"], rhs: Float[Array, " n"]) -> Array:
-    """`(L Lᵀ)⁻¹ rhs` by forward and back substitution, unrolled."""
-    n = rhs.shape[0]
-    if n == 0:
-        return rhs
-    y = []
-    for i in range(n):
-        entry = rhs[i]
-        for k in range(i):
-            entry = entry - low[i, k] * y[k]
-        y.append(entry / low[i, i])
-    x = [None] * n
-    for i in reversed(range(n)):
-        entry = y[i]
-        for k in range(i + 1, n):
-            entry = entry - low[k, i] * x[k]
-        x[i] = entry / low[i, i]
-    return jnp.stack(x)
 
 
 class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):

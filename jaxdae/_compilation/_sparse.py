@@ -438,8 +438,9 @@ def banded_plan(pattern: Pattern) -> BandedPlan | None:
     return BandedPlan(pattern, best, width)
 
 
-def _block_cholesky(block: Float[Array, "b b"]) -> Float[Array, "b b"]:
-    """The lower Cholesky factor of one small block: unrolled into elementwise operations
+def cholesky_factor(block: Float[Array, "b b"]) -> Float[Array, "b b"]:
+    """The lower Cholesky factor of a small matrix (a block of the banded factorization,
+    `PositiveDefinite`'s dense matrices): unrolled into elementwise operations
     up to `UNROLL_MAX` rows (fused with the rest of the loop), LAPACK beyond. A block that
     is not positive definite gives non-finite entries."""
     b = block.shape[0]
@@ -451,8 +452,9 @@ def _block_cholesky(block: Float[Array, "b b"]) -> Float[Array, "b b"]:
                       for i in range(b)])
 
 
-def _block_solve(low: Float[Array, "b b"], rhs: Float[Array, "b m"]) -> Float[Array, "b m"]:
-    """`(L Lᵀ)⁻¹ rhs` for one block's Cholesky factor `low`."""
+def cholesky_solve(low: Float[Array, "b b"], rhs: Float[Array, "b m"]) -> Float[Array, "b m"]:
+    """`(L Lᵀ)⁻¹ rhs` for a Cholesky factor `low` (from `cholesky_factor`), `rhs` of
+    shape `(b, m)`."""
     b = low.shape[0]
     if b > UNROLL_MAX:
         y = jax.lax.linalg.triangular_solve(low, rhs, left_side=True, lower=True)
@@ -511,7 +513,7 @@ class BandedFactor(eqx.Module):
         def forward(previous, block):  # L u = rhs, then v = S⁻¹ u
             low, coupling, rhs_i = block
             u = rhs_i - coupling.T @ previous
-            return u, _block_solve(low, u)
+            return u, cholesky_solve(low, u)
 
         _, v = jax.lax.scan(forward, jnp.zeros_like(blocks[0]), (self.low, self.coupling, blocks))
         following = jnp.concatenate([self.coupling[1:], jnp.zeros_like(self.coupling[:1])])
@@ -536,8 +538,8 @@ def banded_factor(matrix: SparseMatrix, plan: BandedPlan) -> BandedFactor:
 
     def step(previous_low, block):
         diag_i, lower_i = block
-        coupling = _block_solve(previous_low, lower_i.T)
-        low = _block_cholesky(diag_i - lower_i @ coupling)
+        coupling = cholesky_solve(previous_low, lower_i.T)
+        low = cholesky_factor(diag_i - lower_i @ coupling)
         return low, (low, coupling)
 
     eye = jnp.eye(plan.width, dtype=values.dtype)
