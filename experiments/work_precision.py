@@ -28,9 +28,11 @@ Mechanisms, each against a reference computed without jaxdae's formulations or d
   `(3 I_w + 2 m_r r²) θ̈ = −2 m_r g r cos θ`, by scipy's DOP853 at rtol 1e-13.
 - **Bricard's mechanism** (IFToMM A04, built with `jaxdae.multibody` by
   `experiments/bricard.py`): spatial, one of its 30 constraints redundant everywhere, over
-  [0, 1] s (quick: 0.5 s); `Projected` solves its projections with `lineax.SVD()` there. Reference: the null-space equations of the same model (`q̈ = G⁺γ + N (NᵀMN)⁻¹
-  Nᵀ (Q − M G⁺γ)`, `N` an orthonormal basis of the null space of `G` from an SVD: no
-  multipliers, no stabilization) by scipy's DOP853 at rtol 1e-12.
+  [0, 1] s (quick: 0.5 s, without `Dopri8`, `Kvaerno5` and `GeneralizedAlpha`, whose
+  compiles take minutes on its 35 coordinates); `Projected` solves its projections with
+  `lineax.SVD()` there. Reference: the null-space equations of the same model
+  (`q̈ = G⁺γ + N (NᵀMN)⁻¹ Nᵀ (Q − M G⁺γ)`, `N` an orthonormal basis of the null space of
+  `G` from an SVD: no multipliers, no stabilization) by scipy's DOP853 at rtol 1e-12.
 - **stiff spring pendulum**: the pendulum of `experiments/stiff_integration.py` (a mass on
   a unit rod carrying a second mass on a spring of stiffness 1e6 N/m, damping 1e3 N s/m)
   over [0, 1] s. Reference: its minimal coordinates (the rod's angle, the second mass's
@@ -41,18 +43,35 @@ Error: the largest deviation of `q` from the reference over the saved times, rel
 reached is reported with where and why it stopped. A combination *reaches* a requested
 tolerance where its error is at most `10 rtol` (an adaptive solver controls each step's
 local error to `rtol`; the global error usually ends a few times above it). Time: the best
-of `--repeats` calls of the jitted solve after compiling it (the tolerances are traced, so
-one compile serves every tolerance).
+CPU time (`time.process_time`) of the jitted solve after compiling it (the tolerances are
+traced, so one compile serves every tolerance), over at least `--repeats` calls and more
+while they take under 0.3 s in all; one call where it stops with a failure. Set
+`OPENBLAS_NUM_THREADS=1` when timing on a loaded machine.
 
-Writes OUT/work_precision/work_precision.json (every run, and a table of each combination
-at each tolerance), work_precision.png (error against time, one panel per mechanism) and
-prints the table.
+Projection: for every `Projected(Tsit5)` combination that runs, the same solve again with
+its steps clipped to the saved times, so that each saved state is a step end, gives the
+largest `|Φ|` and `|Φ̇|` at step ends (the dense output between step ends is off the
+manifold by up to the local error); the table `projection_table` sets them beside the time
+of the projected solve over the unprojected `Tsit5` solve's, same formulation and `rtol`.
+
+Writes OUT/work_precision/work_precision.json (every run, a table of each combination at
+each tolerance and the projection table), work_precision.png (error against time, one
+panel per mechanism) and prints the tables. Each combination's runs are also stored in
+OUT/work_precision/runs/ (and the references in OUT/work_precision/references/): a later
+call with the same settings reads them instead of solving again, so the mechanisms can run
+in separate processes (`--only`) and one call with `--stored-only` joins them.
 
     python experiments/work_precision.py --out output [--quick]
+    python experiments/work_precision.py --out output --only two-link,wheels   # in parallel:
+    python experiments/work_precision.py --out output --only spring,Bricard
+    python experiments/work_precision.py --out output --stored-only            # then join
 """
 
 import argparse
 import dataclasses
+import functools
+import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -223,7 +242,8 @@ class Mechanism:
     v0: jax.Array
     t1: float
     formulations: dict  # name -> formulation, or a string saying why it does not apply
-    reference: np.ndarray  # q at the saved times
+    # q at the saved times (a function computing it, until `main` calls it)
+    reference: np.ndarray
     # redundant constraints: Projected solves its projections with lineax.SVD()
     redundant: bool = False
     # the formulations run with the integrators in COSTLY (None: all), and whether
@@ -233,14 +253,13 @@ class Mechanism:
 
 
 def cached(folder: Path, key: str, compute) -> np.ndarray:
-    """A reference from `folder/references.npz` when computed before with the same key,
-    else computed (seconds to minutes) and stored."""
-    path = folder / "references.npz"
-    stored = dict(np.load(path)) if path.exists() else {}
-    if key not in stored:
-        stored[key] = np.asarray(compute())
-        np.savez(path, **stored)
-    return stored[key]
+    """A reference from `folder/references/KEY.npy` when computed before with the same
+    key, else computed (seconds to minutes) and stored."""
+    path = folder / "references" / (re.sub(r"[^A-Za-z0-9.]+", "_", key) + ".npy")
+    if not path.exists():
+        path.parent.mkdir(exist_ok=True)
+        np.save(path, np.asarray(compute()))
+    return np.load(path)
 
 
 def mechanisms(quick: bool, num: int, folder: Path) -> list[Mechanism]:
@@ -257,6 +276,10 @@ def mechanisms(quick: bool, num: int, folder: Path) -> list[Mechanism]:
             "CoupledPerturbation": jaxdae.CoupledPerturbation(k10=-kp, k11=-kd),
         }
 
+    def reference(key, compute, *args):
+        # computed when `main` calls it, for the mechanisms it runs
+        return functools.partial(cached, folder, key, functools.partial(compute, *args))
+
     out = []
     # two-link arm through its fold
     arm = jaxdae.examples.TwoLinkManipulator()
@@ -267,8 +290,8 @@ def mechanisms(quick: bool, num: int, folder: Path) -> list[Mechanism]:
     formulations["RedundantCoordinates"] = (
         "does not apply: as many constraints as coordinates (the motion is prescribed)")
     out.append(Mechanism("two-link arm through its fold", arm, q0, v0, t1, formulations,
-                         cached(folder, f"two-link {t1} {num}",
-                                lambda: two_link_reference(arm, ts, q0))))
+                         reference(f"two-link {t1} {num}", two_link_reference, arm, ts,
+                                   q0)))
 
     # coupled wheels
     wheels = CoupledWheels()
@@ -280,8 +303,8 @@ def mechanisms(quick: bool, num: int, folder: Path) -> list[Mechanism]:
     formulations = standard(20.0, 100.0, 1e3)
     formulations["RedundantCoordinates"] = jaxdae.RedundantCoordinates(dependent=(1, 2, 3, 4))
     out.append(Mechanism("coupled wheels (two gradients vanish when flat)", wheels, q0, v0,
-                         t1, formulations, cached(folder, f"wheels {t1} {num}",
-                                                 lambda: wheels.reference(theta0, omega0, ts))))
+                         t1, formulations, reference(f"wheels {t1} {num}", wheels.reference,
+                                                     theta0, omega0, ts)))
 
     # stiff spring pendulum
     spring = SpringPendulum(k=1e6, c=1e3)
@@ -293,8 +316,8 @@ def mechanisms(quick: bool, num: int, folder: Path) -> list[Mechanism]:
     formulations = standard(10.0, 25.0, 1e3)
     formulations["RedundantCoordinates"] = jaxdae.RedundantCoordinates(dependent=(1,))
     out.append(Mechanism("stiff spring pendulum (k = 1e6)", spring, q0, v0, t1, formulations,
-                         cached(folder, f"spring {t1} {num}",
-                                lambda: spring_reference(spring, q0, v0, ts))))
+                         reference(f"spring {t1} {num}", spring_reference, spring, q0, v0,
+                                   ts)))
 
     # Bricard
     model = bricard()
@@ -305,10 +328,10 @@ def mechanisms(quick: bool, num: int, folder: Path) -> list[Mechanism]:
     formulations["RedundantCoordinates"] = (
         "does not apply: a redundant constraint leaves no square, invertible ∂Φ/∂q_dep")
     out.append(Mechanism("Bricard (spatial, redundant)", model, q0, v0, t1, formulations,
-                         cached(folder, f"bricard {t1} {num}",
-                                lambda: null_space_reference(model, q0, v0, ts)),
+                         reference(f"bricard {t1} {num}", null_space_reference, model, q0,
+                                   v0, ts),
                          redundant=True,
-                         costly_with=("PseudoInverse",) if not quick else ()))
+                         costly_with=None if not quick else ()))
 
     return out
 
@@ -347,19 +370,44 @@ def combinations(mechanism: Mechanism, integrators):
             yield integrator, name, formulation
 
 
-def solve_fn(mechanism: Mechanism, formulation, solver, ts):
-    """The jitted solve `(rtol) -> (q at ts, result, t_final, steps, rejected, max |Φ|)`;
-    `atol = 1e-3 rtol`."""
+def solve_fn(mechanism: Mechanism, formulation, solver, ts, step_ends: bool = False):
+    """The jitted solve `(rtol) -> (q at ts, result, t_final, steps, rejected, max |Φ|,
+    max |Φ̇|)`, the residuals over the saved times; `atol = 1e-3 rtol`. With `step_ends`,
+    the steps are clipped to the saved times (`diffrax.ClipStepSizeController`), so that
+    every saved state is a step end."""
     system, q0, v0, t1 = mechanism.system, mechanism.q0, mechanism.v0, mechanism.t1
 
     @jax.jit
     def solve(rtol):
+        controller = (diffrax.ClipStepSizeController(
+            diffrax.PIDController(rtol=rtol, atol=1e-3 * rtol), step_ts=ts)
+            if step_ends else None)  # None: simulate's own, from rtol and atol
         sol = jaxdae.simulate(system, formulation, 0.0, t1, q0, v0, ts=ts, solver=solver,
-                              rtol=rtol, atol=1e-3 * rtol, max_steps=MAX_STEPS, throw=False)
+                              stepsize_controller=controller, rtol=rtol, atol=1e-3 * rtol,
+                              max_steps=MAX_STEPS, throw=False)
         return (sol.q, sol.result, sol.t_final, sol.stats["num_accepted_steps"],
-                sol.stats["num_rejected_steps"], jnp.nanmax(jnp.abs(sol.phi)))
+                sol.stats["num_rejected_steps"], jnp.nanmax(jnp.abs(sol.phi)),
+                jnp.nanmax(jnp.abs(sol.dphi)))
 
     return solve
+
+
+def timed(solve, arg, repeats: int, budget: float = 0.3, limit: float = 10.0):
+    """`(output of the first call, best CPU time in s)` of `solve(arg)`: at least `repeats`
+    calls, more (at most 200) while they have taken less than `budget` s in all, fewer
+    once one call has taken more than `limit` s; one call where it stops with a failure
+    (its time is not a solve's)."""
+    best, total, out = np.inf, 0.0, None
+    for i in range(200):
+        start = time.process_time()
+        result = jax.block_until_ready(solve(arg))
+        spent = time.process_time() - start
+        best, total = min(best, spent), total + spent
+        out = result if out is None else out
+        if (_name(out[1]) != "successful" or spent > limit
+                or (i + 1 >= repeats and total >= budget)):
+            break
+    return out, best
 
 
 def run(mechanism: Mechanism, integrator: str, formulation_name: str, formulation, rtols,
@@ -373,18 +421,15 @@ def run(mechanism: Mechanism, integrator: str, formulation_name: str, formulatio
     scale = float(np.max(np.abs(reference)))
     rows = []
     start = time.perf_counter()
-    compiled = jax.block_until_ready(solve(jnp.asarray(rtols[0])))
+    first = jax.block_until_ready(solve(jnp.asarray(rtols[0])))
     compile_s = time.perf_counter() - start
     for rtol in rtols:
         arg = jnp.asarray(rtol)
-        out = compiled if rtol == rtols[0] else jax.block_until_ready(solve(arg))
-        best = np.inf
-        for _ in range(repeats):
-            start = time.perf_counter()
-            jax.block_until_ready(solve(arg))
-            best = min(best, time.perf_counter() - start)
+        out, best = timed(solve, arg, repeats)
+        if rtol == rtols[0]:
+            assert _name(first[1]) == _name(out[1]), "the solve is not deterministic"
         q, result, t_final = np.asarray(out[0]), _name(out[1]), float(out[2])
-        steps, rejected, max_phi = (np.asarray(x) for x in out[3:])
+        steps, rejected, max_phi, max_dphi = (np.asarray(x) for x in out[3:])
         finite = np.all(np.isfinite(q), axis=1)
         reached = int(np.argmin(finite)) if not finite.all() else len(finite)
         error = (float(np.max(np.abs(q[:reached] - reference[:reached]))) / scale
@@ -395,7 +440,18 @@ def run(mechanism: Mechanism, integrator: str, formulation_name: str, formulatio
             succeeded=result == "successful" and bool(finite.all()),
             result=result, stopped_at=None if result == "successful" else t_final,
             steps=int(steps), rejected=int(rejected), max_phi=float(max_phi),
-            time_ms=1e3 * best, compile_s=compile_s))
+            max_dphi=float(max_dphi), time_ms=1e3 * best, compile_s=compile_s))
+    if isinstance(solver, jaxdae.Projected) and any(r["succeeded"] for r in rows):
+        # The constraint residuals at step ends: the same solve with its steps clipped to
+        # the saved times (between step ends the dense output is off the manifold by up
+        # to the local error).
+        clipped = solve_fn(mechanism, formulation, solver, ts, step_ends=True)
+        for row in rows:
+            out = clipped(jnp.asarray(row["rtol"]))
+            reached = np.isfinite(np.asarray(out[0])).all(axis=1)
+            row["step_ends"] = {"result": _name(out[1]), "steps": int(out[3]),
+                                "max_phi": float(out[5]), "max_dphi": float(out[6]),
+                                "saved": int(reached.sum())}
     return rows
 
 
@@ -472,6 +528,44 @@ def table(results: dict, rtols) -> list[str]:
     return lines
 
 
+def projection_table(results: dict, rtols) -> list[str]:
+    """For each mechanism × formulation solved with `Projected(Tsit5)`: the largest `|Φ|`
+    and `|Φ̇|` at its step ends (the solve with its steps clipped to the saved times) over
+    the tolerances at which it succeeded, and at each tolerance the CPU time of the
+    projected solve over that of the unprojected `Tsit5` solve (or why there is none)."""
+    lines = ["| mechanism | formulation | max abs Φ at step ends | max abs Φ̇ at step ends | "
+             + " | ".join(f"time ratio at rtol {r:g}" for r in rtols) + " |",
+             "|" + "---|" * (len(rtols) + 4)]
+    for key, entry in results.items():
+        mechanism, formulation, integrator = key.split(" | ")
+        if integrator != "Projected(Tsit5)":
+            continue
+        plain = results.get(f"{mechanism} | {formulation} | Tsit5")
+        plain = {r["rtol"]: r for r in plain["runs"]} if plain else {}
+        ends = [r["step_ends"] for r in entry["runs"] if "step_ends" in r
+                and r["step_ends"]["result"] == "successful"]
+        if ends:
+            phi = f"{max(e['max_phi'] for e in ends):.1e}"
+            dphi = f"{max(e['max_dphi'] for e in ends):.1e}"
+        else:
+            first = entry["runs"][0]
+            phi = dphi = f"— ({first['result']} at t = {first['stopped_at']:.3g} s)"
+        cells = []
+        for r in entry["runs"]:
+            p = plain.get(r["rtol"])
+            if not r["succeeded"]:
+                cells.append(f"— (stops: {r['result']})")
+            elif p is None or not p["succeeded"]:
+                cells.append("— (Tsit5 " + ("not run" if p is None else
+                                            f"stops: {p['result']}") + ")")
+            else:
+                cells.append(f"{r['time_ms'] / p['time_ms']:.2f} "
+                             f"({r['steps']} / {p['steps']} steps)")
+        lines.append(f"| {mechanism} | {formulation} | {phi} | {dphi} | "
+                     + " | ".join(cells) + " |")
+    return lines
+
+
 def plot(folder: Path, results: dict, mechanism_names) -> None:
     import matplotlib.pyplot as plt
 
@@ -512,7 +606,8 @@ def plot(folder: Path, results: dict, mechanism_names) -> None:
 
 
 def main(out: Path, quick: bool = False, repeats: int | None = None,
-         only: list[str] | None = None, integrators: list[str] | None = None) -> dict:
+         only: list[str] | None = None, integrators: list[str] | None = None,
+         stored_only: bool = False) -> dict:
     folder = output_dir(out, NAME)
     rtols = [1e-4, 1e-7] if quick else [1e-3, 1e-5, 1e-7, 1e-9]
     repeats = repeats or (1 if quick else 3)
@@ -528,16 +623,31 @@ def main(out: Path, quick: bool = False, repeats: int | None = None,
         all_mechanisms = [m for m in all_mechanisms if any(o in m.name for o in only)]
     results, skipped = {}, {}
     for mechanism in all_mechanisms:
+        mechanism.reference = mechanism.reference()
+        settings = {"rtols": rtols, "repeats": repeats, "t1": mechanism.t1,
+                    "saved": mechanism.reference.shape[0], "max_steps": MAX_STEPS}
         todo = list(combinations(mechanism, integrators))
         for integrator, name, formulation in progress(todo, mechanism.name, unit="solve"):
             key = f"{mechanism.name} | {name} | {integrator}"
             if isinstance(formulation, str):
                 skipped[key] = formulation
                 continue
-            runs = run(mechanism, integrator, name, formulation, rtols, repeats)
+            # Each combination's runs are kept in OUT/work_precision/runs/: a later call
+            # with the same settings reads them instead of solving again (so that processes
+            # running different mechanisms, `--only`, can be joined by one call without it).
+            path = folder / "runs" / (re.sub(r"[^A-Za-z0-9.()]+", "_", key) + ".json")
+            stored = json.loads(path.read_text()) if path.exists() else None
+            if stored is not None and stored["settings"] == settings:
+                runs = stored["runs"]
+            elif stored_only:
+                skipped[key] = "not run"
+                continue
+            else:
+                runs = run(mechanism, integrator, name, formulation, rtols, repeats)
+                path.parent.mkdir(exist_ok=True)
+                write_json(path, {"settings": settings, "runs": runs})
             results[key] = dict(runs=runs, verdict=verdict(runs))
             print(f"  {key}: {results[key]['verdict']['text']}", flush=True)
-            write_json(folder / "partial.json", results)  # what is done, should it stop
     names = [m.name for m in all_mechanisms]
     best = {}
     for mechanism in names:
@@ -545,9 +655,11 @@ def main(out: Path, quick: bool = False, repeats: int | None = None,
                 for r in e["runs"]]
         best[mechanism] = {f"{t:g}": fastest(rows, t) for t in (1e-3, 1e-6)}
     lines = table(results, rtols)
+    projection_lines = projection_table(results, rtols)
     write_json(folder / "work_precision.json", dict(
         rtols=rtols, reached_factor=REACHED, repeats=repeats, integrators=integrators,
-        results=results, does_not_apply=skipped, fastest=best, table=lines))
+        results=results, does_not_apply=skipped, fastest=best, table=lines,
+        projection_table=projection_lines))
     plot(folder, results, names)
     parts = []
     for mechanism, targets in best.items():
@@ -557,6 +669,7 @@ def main(out: Path, quick: bool = False, repeats: int | None = None,
                              f"+ {row['integrator']} ({row['time_ms']:.2f} ms).")
     headline = " ".join(parts)
     print("\n".join(lines))
+    print("\n".join(projection_lines))
     print(headline)
     return dict(headline=headline, table=lines, figures=[figure(
         folder / "work_precision.png",
@@ -577,6 +690,9 @@ if __name__ == "__main__":
                         help="comma-separated parts of mechanism names to run")
     parser.add_argument("--integrators", default=None,
                         help=f"comma-separated integrators to run, of {', '.join(INTEGRATORS)}")
+    parser.add_argument("--stored-only", action="store_true",
+                        help="solve nothing: tabulate and plot the runs stored under OUT "
+                             "(by earlier calls, e.g. one per mechanism with --only)")
     args = parser.parse_args()
     main(args.out, args.quick, args.repeats, args.only.split(",") if args.only else None,
-         args.integrators.split(",") if args.integrators else None)
+         args.integrators.split(",") if args.integrators else None, args.stored_only)
