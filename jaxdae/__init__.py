@@ -26,6 +26,7 @@ from ._integration._actuated import (
 )
 from ._integration._adjoint import ReverseSweepAdjoint as ReverseSweepAdjoint
 from ._integration._generalized_alpha import GeneralizedAlpha as GeneralizedAlpha
+from ._integration._rosenbrock import Rodas5P as Rodas5P
 from ._integration._implicit import (
     ToleranceChord as ToleranceChord,
     configure_implicit as configure_implicit,
