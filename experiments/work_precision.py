@@ -45,8 +45,8 @@ tolerance where its error is at most `10 rtol` (an adaptive solver controls each
 local error to `rtol`; the global error usually ends a few times above it). Time: the best
 CPU time (`time.process_time`) of the jitted solve after compiling it (the tolerances are
 traced, so one compile serves every tolerance), over at least `--repeats` calls and more
-while they take under 0.3 s in all; one call where it stops with a failure. Set
-`OPENBLAS_NUM_THREADS=1` when timing on a loaded machine.
+while they take under 0.3 s in all; one call where it stops with a failure. OpenBLAS
+runs on one thread unless `OPENBLAS_NUM_THREADS` says otherwise.
 
 Projection: for every `Projected(Tsit5)` combination that runs, the same solve again with
 its steps clipped to the saved times, so that each saved state is a step end, gives the
@@ -71,10 +71,16 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 import re
 import sys
 import time
 from pathlib import Path
+
+# One BLAS thread (before NumPy and JAX load OpenBLAS): on a busy 2-core machine OpenBLAS's
+# spinning threads made a 28-step Bricard solve (its SVDs) take 21 s of wall time; on one
+# thread 70 steps take 0.16 s of CPU. Set OPENBLAS_NUM_THREADS to override.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -475,13 +481,22 @@ def verdict(rows: list[dict]) -> dict:
     stopped = [r for r in rows if not r["succeeded"]]
     tight = rows[-1]
     if stopped:
-        first = stopped[0]
-        text = f"stops at t = {first['stopped_at']:.3g} s ({first['result']})"
-        if np.isfinite(first["error"]):
-            text += f", error {first['error']:.1e} until then"
-        text += f" at rtol {first['rtol']:g}" if len(stopped) < len(rows) else ""
-        text += "".join(f"; at rtol {r['rtol']:g} it runs to t1 with error {r['error']:.1e}"
-                        for r in rows if r["succeeded"])
+        # the stops that name the same failure at the same time, grouped
+        groups = {}
+        for r in stopped:
+            groups.setdefault((r["result"], f"{r['stopped_at']:.3g}"), []).append(r)
+        parts = []
+        for (result, at), group in groups.items():
+            part = f"stops at t = {at} s ({result})"
+            errors = [f"{r['error']:.1e}" for r in group if np.isfinite(r["error"])]
+            if errors:
+                part += f", error {' / '.join(errors)} until then"
+            rtols = ("every rtol" if len(group) == len(rows) else
+                     "rtol " + ", ".join(f"{r['rtol']:g}" for r in group))
+            parts.append(f"{part} at {rtols}")
+        text = "; ".join(parts) + "".join(
+            f"; at rtol {r['rtol']:g} it runs to t1 with error {r['error']:.1e}"
+            for r in rows if r["succeeded"])
         kind = "stops"
     elif all(r["error"] <= REACHED * r["rtol"] for r in rows):
         text, kind = (f"follows the reference (error {tight['error']:.1e} at rtol "
