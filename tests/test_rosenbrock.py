@@ -1,0 +1,227 @@
+"""The Rosenbrock solver `Rodas5P`: its order (linear and nonlinear), stability, dense output,
+accuracy on stiff problems against scipy's Radau, the compressed Jacobian, and the
+transformations (`jit`, `grad`, `vmap`, float32) through `diffeqsolve` and `simulate`."""
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdae
+from jaxdae._integration._rosenbrock import _linearization
+
+DECAY = diffrax.ODETerm(lambda t, y, args: args * y)
+
+
+def _forced_vdp(t, y, args):
+    """A mildly nonlinear, non-autonomous test ODE (forced Van der Pol, `μ = 1`)."""
+    return jnp.stack([y[1], (1 - y[0] ** 2) * y[1] - y[0] + jnp.sin(3 * t)])
+
+
+VDP_Y0 = jnp.array([2.0, 0.0])
+
+
+@jax.jit
+def _fixed(y0, dt):
+    """Rodas5P with a constant step `dt` (traced: one compile for every step)."""
+    sol = diffrax.diffeqsolve(diffrax.ODETerm(_forced_vdp), jaxdae.Rodas5P(), 0.0, 1.0, dt, y0,
+                              stepsize_controller=diffrax.ConstantStepSize(), max_steps=256)
+    return sol.ys[-1]
+
+
+def _reference(t1=1.0):
+    return diffrax.diffeqsolve(
+        diffrax.ODETerm(_forced_vdp), diffrax.Dopri8(), 0.0, t1, 0.01, VDP_Y0,
+        stepsize_controller=diffrax.PIDController(rtol=1e-13, atol=1e-13),
+        max_steps=10_000).ys[-1]
+
+
+def _slope(hs, errors):
+    return np.polyfit(np.log(hs), np.log(errors), 1)[0]
+
+
+def test_stability_function_and_embedded_estimate():
+    """One step of `y' = λy`: `R(z) − eᶻ = O(z⁶)` (order 5), the error estimate `O(z⁵)`
+    (embedded order 4), and `R(−∞) = 0` (L-stable)."""
+    solver = jaxdae.Rodas5P()
+    zs = np.array([0.2, 0.1, 0.05])
+    local, estimate = [], []
+    for z in zs:
+        y1, error, _, _, result = solver.step(DECAY, 0.0, 1.0, jnp.ones(1), -z, None, False)
+        assert result == diffrax.RESULTS.successful
+        local.append(abs(float(y1[0]) - np.exp(-z)))
+        estimate.append(abs(float(error[0])))
+    assert _slope(zs, local) > 5.8
+    assert 4.7 < _slope(zs, estimate) < 5.5
+    for stiff in (1e6, 1e10):
+        y1, *_ = solver.step(DECAY, 0.0, 1.0, jnp.ones(1), -stiff, None, False)
+        assert abs(float(y1[0])) < 100 / stiff  # R(z) = O(1/z)
+
+
+def test_order_five_on_a_nonlinear_non_autonomous_ode():
+    reference = _reference()
+    hs = np.array([1 / 8, 1 / 16, 1 / 32])
+    errors = [float(jnp.max(jnp.abs(_fixed(VDP_Y0, h) - reference))) for h in hs]
+    assert 4.6 < _slope(hs, errors) < 5.5, errors
+    assert errors[-1] < 1e-7
+
+
+def test_dense_output_is_fourth_order():
+    """Saved between the step ends, the interpolant's error falls like `h⁵` (locally)."""
+    ts = jnp.linspace(0.0, 1.0, 9)[1:]
+    term = diffrax.ODETerm(_forced_vdp)
+    reference = diffrax.diffeqsolve(
+        term, diffrax.Dopri8(), 0.0, 1.0, 0.01, VDP_Y0, saveat=diffrax.SaveAt(ts=ts),
+        stepsize_controller=diffrax.PIDController(rtol=1e-13, atol=1e-13)).ys
+    hs = np.array([0.3, 0.15, 0.075])  # step ends never at the saved times
+    errors = []
+    for h in hs:
+        sol = diffrax.diffeqsolve(term, jaxdae.Rodas5P(), 0.0, 1.0, h, VDP_Y0,
+                                  saveat=diffrax.SaveAt(ts=ts), max_steps=64)
+        errors.append(float(jnp.max(jnp.abs(sol.ys - reference))))
+    assert _slope(hs, errors) > 3.8, errors
+
+
+def test_coloured_jacobian_equals_the_dense_one():
+    """A tridiagonal vector field: three tangents (colours) give the whole Jacobian."""
+
+    def f(t, y):
+        inner = -2.0 * y ** 3 + jnp.sin(t) * y
+        inner = inner.at[1:].add(y[:-1] ** 2).at[:-1].add(jnp.cos(y[1:]))
+        return inner
+
+    y = jnp.linspace(0.1, 1.0, 12)
+    t = jnp.asarray(0.3)
+    f0, coloured, f_t = _linearization(f, t, y, "coloured")
+    _, dense, _ = _linearization(f, t, y, "dense")
+    np.testing.assert_allclose(coloured, jax.jacfwd(lambda x: f(t, x))(y), atol=1e-14)
+    np.testing.assert_allclose(dense, coloured, atol=1e-14)
+    np.testing.assert_allclose(f0, f(t, y))
+    np.testing.assert_allclose(f_t, jax.jacfwd(lambda s: f(s, y))(t), atol=1e-14)
+
+
+def _robertson(t, y, args, np=jnp):
+    k1, k2, k3 = 0.04, 3e7, 1e4
+    return np.stack([-k1 * y[0] + k3 * y[1] * y[2],
+                     k1 * y[0] - k3 * y[1] * y[2] - k2 * y[1] ** 2,
+                     k2 * y[1] ** 2])
+
+
+def _robertson_jacobian(t, y):
+    k2, k3 = 3e7, 1e4
+    return np.array([[-0.04, k3 * y[2], k3 * y[1]],
+                     [0.04, -k3 * y[2] - 2 * k2 * y[1], -k3 * y[1]],
+                     [0.0, 2 * k2 * y[1], 0.0]])
+
+
+def test_robertson_against_scipy_radau():
+    from scipy.integrate import solve_ivp
+
+    ts = np.array([1.0, 10.0, 100.0, 1000.0])
+    y0 = np.array([1.0, 0.0, 0.0])
+    radau = solve_ivp(lambda t, y: _robertson(t, y, None, np=np), (0.0, ts[-1]), y0,
+                      method="Radau", rtol=1e-12, atol=1e-16, t_eval=ts,
+                      jac=_robertson_jacobian).y.T
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(_robertson), jaxdae.Rodas5P(), 0.0, ts[-1], 1e-6, jnp.asarray(y0),
+        saveat=diffrax.SaveAt(ts=jnp.asarray(ts)), max_steps=2000,
+        stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-12))
+    relative = np.abs(np.asarray(sol.ys) - radau) / np.abs(radau)
+    assert np.max(relative) < 1e-6, relative
+    assert int(sol.stats["num_accepted_steps"]) < 300
+
+
+@pytest.mark.slow
+def test_van_der_pol_relaxation_against_scipy_radau():
+    """Van der Pol with `μ = 10³` over two relaxation periods (fast jumps between slow
+    phases), against Radau at `rtol = 1e-12`."""
+    from scipy.integrate import solve_ivp
+
+    mu = 1e3
+    ts = np.linspace(0.0, 3000.0, 31)
+    y0 = np.array([2.0, -0.66])
+
+    def vdp(t, y, args=None):
+        return jnp.stack([y[1], mu * (1 - y[0] ** 2) * y[1] - y[0]])
+
+    radau = solve_ivp(lambda t, y: np.array([y[1], mu * (1 - y[0] ** 2) * y[1] - y[0]]),
+                      (0.0, ts[-1]), y0, method="Radau", rtol=1e-12, atol=1e-12, t_eval=ts,
+                      jac=lambda t, y: np.array([[0.0, 1.0], [-2 * mu * y[0] * y[1] - 1,
+                                                              mu * (1 - y[0] ** 2)]])).y.T
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(vdp), jaxdae.Rodas5P(), 0.0, ts[-1], 1e-6, jnp.asarray(y0),
+        saveat=diffrax.SaveAt(ts=jnp.asarray(ts)), max_steps=20_000,
+        stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-8))
+    # the position y₀ (the velocity is O(μ) only within the jumps)
+    assert np.max(np.abs(np.asarray(sol.ys[:, 0]) - radau[:, 0])) < 1e-4
+
+
+# --- through jaxdae.simulate ----------------------------------------------------------
+
+PENDULUM = jaxdae.examples.CartesianPendulum()
+BAUMGARTE = jaxdae.Baumgarte(10.0, 25.0)
+Q0, V0 = PENDULUM.state_from_angle(1.0, 0.0)
+
+
+@jax.jit
+def _simulate(length, q0, v0):
+    system = jaxdae.examples.CartesianPendulum(length=length)
+    return jaxdae.simulate(system, BAUMGARTE, 0.0, 1.0, q0, v0, solver=jaxdae.Rodas5P(),
+                           ts=jnp.linspace(0.0, 1.0, 5), rtol=1e-8, atol=1e-10)
+
+
+def test_simulate_matches_the_explicit_reference():
+    sol = _simulate(PENDULUM.length, Q0, V0)
+    reference = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0,
+                                ts=jnp.linspace(0.0, 1.0, 5), rtol=1e-12, atol=1e-14)
+    assert sol.succeeded
+    np.testing.assert_allclose(sol.q, reference.q, atol=1e-7)
+    assert float(jnp.max(jnp.abs(sol.phi))) < 1e-7
+
+
+def test_vmap_over_initial_states():
+    angles = jnp.array([0.5, 1.0])
+    q0s, v0s = jax.vmap(lambda a: PENDULUM.state_from_angle(a, 0.0))(angles)
+    batched = jax.vmap(_simulate, in_axes=(None, 0, 0))(PENDULUM.length, q0s, v0s)
+    single = _simulate(PENDULUM.length, q0s[0], v0s[0])
+    np.testing.assert_allclose(batched.q[0], single.q, atol=1e-12)
+
+
+def test_grad_with_fixed_steps_equals_central_differences():
+    """`jax.grad` through the steps (Jacobians and LU factorizations included) with the
+    default adjoint, against central differences of the same fixed-step solve."""
+
+    @jax.jit
+    def final_x(length):
+        system = jaxdae.examples.CartesianPendulum(length=length)
+        return jaxdae.simulate(system, BAUMGARTE, 0.0, 0.5, Q0 * length, V0, dt0=0.05,
+                               solver=jaxdae.Rodas5P(),
+                               stepsize_controller=diffrax.ConstantStepSize()).q_final[0]
+
+    length, eps = jnp.asarray(1.0), 1e-5
+    grad = float(jax.jit(jax.grad(final_x))(length))
+    central = float((final_x(length + eps) - final_x(length - eps)) / (2 * eps))
+    assert abs(grad - central) < 1e-7 * max(1.0, abs(central)), (grad, central)
+
+
+def test_float32_runs_without_nan():
+    q0, v0 = Q0.astype(jnp.float32), V0.astype(jnp.float32)
+    sol = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, q0, v0, solver=jaxdae.Rodas5P(),
+                          ts=jnp.linspace(0.0, 1.0, 5, dtype=jnp.float32), rtol=1e-4,
+                          atol=1e-6)
+    assert sol.q.dtype == jnp.float32 and sol.succeeded
+    assert bool(jnp.all(jnp.isfinite(sol.q)))
+    reference = _simulate(PENDULUM.length, Q0, V0)
+    np.testing.assert_allclose(sol.q, reference.q, atol=1e-3)
+
+
+def test_reverse_sweep_adjoint_refuses_it():
+    with pytest.raises(ValueError, match="explicit Runge–Kutta.*Rodas5P.*RecursiveCheckpoint"):
+        jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.1, Q0, V0, solver=jaxdae.Rodas5P(),
+                        adjoint=jaxdae.ReverseSweepAdjoint())
+
+
+def test_bad_jacobian_option():
+    with pytest.raises(ValueError, match="coloured"):
+        jaxdae.Rodas5P(jacobian="sparse")
