@@ -183,6 +183,66 @@ def test_ensemble():
     assert max(_residual(sol)) <= 1e-12
 
 
+# Many save times: a step that ends a rounding error short of one is extended to it.
+# Save times 0.01 apart (not exactly representable) at rtol 1e-9: between them the
+# controller repeats equal steps, and their ends drift a few rounding units below the save
+# times (to 0.5 − 1 ulp after 50 steps); clipped to the save time, the next step would be
+# a rounding error long and stop the solve as stalled.
+DENSE_TS = jnp.linspace(0.0, 1.0, 101)
+
+
+@pytest.mark.parametrize("solver", [diffrax.Tsit5(), PROJECTED], ids=["Tsit5", "Projected"])
+def test_steps_clipped_to_many_save_times_reach_t1(solver):
+    sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q0, V0,
+                          ts=DENSE_TS, solver=solver,
+                          stepsize_controller=_on_save_times(DENSE_TS, 1e-9, 1e-11),
+                          throw=False)
+    assert sol.result == jaxdae.RESULTS.successful, jaxdae.RESULTS[sol.result]
+    assert float(sol.t_final) == 1.0
+    np.testing.assert_array_equal(sol.ts, DENSE_TS)
+    assert int(sol.stats["num_accepted_steps"]) >= len(DENSE_TS) - 1  # one per interval
+    if solver is PROJECTED:  # every saved state a projected step end
+        assert max(_residual(sol)) <= 1e-12
+
+
+def test_ensemble_steps_clipped_to_many_save_times_reach_t1():
+    """Two copies of the same trajectory take that trajectory's steps."""
+    sol = jaxdae.simulate_ensemble(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0,
+                                   jnp.stack([Q0, Q0]), jnp.stack([V0, V0]), ts=DENSE_TS,
+                                   stepsize_controller=_on_save_times(DENSE_TS, 1e-9, 1e-11),
+                                   throw=False)
+    assert bool(jnp.all(sol.succeeded))
+    np.testing.assert_array_equal(sol.t_final, [1.0, 1.0])
+
+
+def test_a_step_ending_just_short_of_a_clip_time_is_extended_to_it():
+    """`snap_to_clip_times`: a proposed step end a few ulps short of a save time, or of the
+    last time before a jump, moves to it; a gap of more than 128 rounding units, or of more
+    than half the step, stays."""
+    from jaxdae._integration._simulate import snap_to_clip_times
+
+    controller = diffrax.ClipStepSizeController(
+        diffrax.PIDController(rtol=1e-8, atol=1e-10), step_ts=DENSE_TS, jump_ts=[0.705])
+    floor = jnp.asarray(1e-3)
+
+    def below(t, ulps):
+        for _ in range(ulps):
+            t = jnp.nextafter(t, -jnp.inf)
+        return t
+
+    def snap(tprev, tnext):
+        return float(snap_to_clip_times(controller, jnp.asarray(tprev), tnext, floor))
+
+    save = DENSE_TS[50]
+    assert snap(0.49, below(save, 3)) == float(save)
+    before_jump = below(jnp.asarray(0.705), 1)
+    assert snap(0.7, below(before_jump, 5)) == float(before_jump)
+    assert snap(0.49, below(save, 1000)) == float(below(save, 1000))
+    assert snap(0.4999, jnp.asarray(0.4999)) == 0.4999
+    short = below(save, 3)
+    assert snap(below(save, 4), short) == float(short)  # the gap exceeds half the step
+
+
 def test_failure_is_named():
     """Constraints that no configuration meets: the projection cannot converge, and the
     solve says so by name."""

@@ -32,6 +32,7 @@ from .._solution import (
     residuals,
 )
 from .._systems._nonholonomic import is_not_affine
+from .._systems._structure import constant_mass_factor, with_mass_factor
 from .._systems._system import AbstractSystem, LagrangianSystem, cast_floating
 from ._adjoint import (
     ODETermWithVJP,
@@ -72,11 +73,12 @@ def _terms(system, t, q, v):
     return system.terms(t, q, v)
 
 
-def state_rates(system, formulation, t, q, s):
+def state_rates(system, formulation, t, q, s, mass_factor=None):
     """`(q̇, ṡ)` of the state `(q, s)`: the system says what `s` holds (velocities or
-    momenta); a formulation may fill in dependent velocities (redundant coordinates)."""
+    momenta); a formulation may fill in dependent velocities (redundant coordinates).
+    `mass_factor`: the factor of a constant `M`, computed once per solve (or `None`)."""
     s = formulation.velocities(system, t, q, s)
-    terms = _terms(system, t, q, s)
+    terms = with_mass_factor(_terms(system, t, q, s), mass_factor)
     acc, _ = formulation.accelerations(terms)
     return system.velocities(t, q, s), system.state_rate(t, q, s, terms, acc)
 
@@ -103,9 +105,9 @@ def _velocities(system, formulation, t, q, v):
 
 
 def _vector_field(t, y, args):
-    system, formulation, _ = args
+    system, formulation, _, *mass_factor = args  # (a constant M's factor, if any)
     q, v = y
-    return _rates(system, formulation, t, q, v)
+    return _rates(system, formulation, t, q, v, *mass_factor)
 
 
 def _ensemble_vector_field(t, y, args):
@@ -208,7 +210,7 @@ def worst_trajectory_rms(y) -> Array:
 
 
 def _failure_event(t, y, args, **kwargs):
-    system, formulation, reference = args
+    system, formulation, reference = args[:3]
     q, v = y
     return _failure(system, formulation, t, q, v, reference)
 
@@ -229,7 +231,14 @@ class _StopStalledSteps(diffrax.AbstractAdaptiveStepSizeController):
     with `max_steps=None`. Here it stops at the first proposal shorter than
     `4 ε max(|t|, 10⁻³ |t1 − t0|)` (`ε` the machine epsilon of `t`), which no solve that
     can still reach `t1` proposes; called eagerly, `simulate` then names what was
-    non-finite (`name_non_finite_term`). One comparison per step, on scalars."""
+    non-finite (`name_non_finite_term`). One comparison per step, on scalars.
+
+    A step that the controller proposes to end just short of a time it steps to (a
+    `diffrax.ClipStepSizeController`'s `step_ts`, or the last time before one of its
+    `jump_ts`) is extended to that time (`snap_to_clip_times`): else the next step, clipped
+    to it, would be a rounding error long and stop the solve here. (Equal steps between
+    evenly spaced save times accumulate that rounding error, e.g. `t + 0.025` landing
+    two ulps before the save time 2.9.)"""
 
     controller: diffrax.AbstractAdaptiveStepSizeController
 
@@ -256,6 +265,7 @@ class _StopStalledSteps(diffrax.AbstractAdaptiveStepSizeController):
         tnext, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
         dtype = jnp.result_type(t0)
         floor = 1e-3 * jnp.abs(jnp.asarray(t1, dtype) - t0)
+        tnext = snap_to_clip_times(self.controller, t0, tnext, floor)
         return tnext, (state, floor)
 
     def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order,
@@ -263,12 +273,45 @@ class _StopStalledSteps(diffrax.AbstractAdaptiveStepSizeController):
         state, floor = controller_state
         keep, tprev, tnext, jump, state, result = self.controller.adapt_step_size(
             t0, t1, y0, y1_candidate, args, y_error, error_order, state)
+        tnext = snap_to_clip_times(self.controller, tprev, tnext, floor)
         eps = jnp.finfo(jnp.result_type(tprev)).eps
         stalled = tnext - tprev <= 4 * eps * jnp.maximum(jnp.abs(tprev), floor)
         result = diffrax.RESULTS.where(
             stalled & (result == diffrax.RESULTS.successful), diffrax.RESULTS.dt_min_reached,
             result)
         return keep, tprev, tnext, jump, (state, floor), result
+
+
+def _clip_times(controller) -> list[Array]:
+    """The sorted times that `controller` (a `diffrax.ClipStepSizeController`, possibly
+    wrapping another) ends steps on: its `step_ts`, and the last time before each of its
+    `jump_ts` (after which it restarts just past the jump)."""
+    times = []
+    while isinstance(controller, diffrax.ClipStepSizeController):
+        if controller.step_ts is not None and controller.step_ts.size:
+            times.append(controller.step_ts)
+        if controller.jump_ts is not None and controller.jump_ts.size:
+            times.append(jnp.nextafter(controller.jump_ts, -jnp.inf))
+        controller = controller.controller
+    return times
+
+
+def snap_to_clip_times(controller, tprev, tnext, floor, ulps: int = 128) -> Array:
+    """`tnext`, the end of the step from `tprev` that `controller` proposes, moved up to the
+    next of its `_clip_times` where that lies at most `ulps` rounding units
+    (`ε max(|t|, floor)`, as `_StopStalledSteps` measures a stall) and at most half the step
+    beyond it. (Never more than half the step: a step that the error test keeps rejecting
+    still shrinks below the gap, and is then stopped as stalled.)"""
+    for times in _clip_times(controller):
+        times = times.astype(jnp.result_type(tnext))
+        index = jnp.searchsorted(times, tnext, side="left", method="scan_unrolled")
+        target = times[jnp.minimum(index, times.shape[0] - 1)]
+        gap = target - tnext
+        unit = jnp.finfo(gap.dtype).eps * jnp.maximum(jnp.abs(target), floor)
+        snap = (index < times.shape[0]) & (gap > 0) & (gap <= ulps * unit) & (
+            gap <= 0.5 * (tnext - tprev))
+        tnext = jnp.where(snap, target, tnext)
+    return tnext
 
 
 def stop_stalled_steps(stepsize_controller):
@@ -1150,8 +1193,11 @@ def _simulate(system, formulation, times: _Times, q0, v0, options: _SolveOptions
     else:
         dynamics = Dynamics(_ensemble_vector_field if ensemble else _vector_field,
                             stage_vjp=_ensemble_stage_vjp if ensemble else None)
-    out, result = integrate(dynamics, (system, formulation, reference), (q0, v0), times,
-                            options)
+    args = (system, formulation, reference)
+    if not ensemble:  # a constant mass matrix is factored once, here, not at every stage
+        mass_factor = constant_mass_factor(system, t0, q0, v0, _terms)
+        args = args if mass_factor is None else args + (mass_factor,)
+    out, result = integrate(dynamics, args, (q0, v0), times, options)
     reached = out.result == diffrax.RESULTS.successful
     swept = isinstance(options.adjoint, ReverseSweepAdjoint)
 
