@@ -24,7 +24,11 @@ equations of motion (`LagrangianSystem.terms`, first trace), their scalar graphs
 the diagnostics at the saved states (`_solution`), the formulation's checks (`validate`)
 and the joined runtime checks (`_check_traced`), by wrapping those functions.
 
+`--model chain:64` (or `ladder:128`, `pendulum:32`) measures instead the forward solve and the
+gradient of `bench_scaling.py` on that family and size (`experiments/scaling_models.py`).
+
     python experiments/bench_compile.py [--repeats 3] [--only forward] [--stages]
+        [--model two-link | chain:N | ladder:N | pendulum:N]
 """
 
 import argparse
@@ -138,21 +142,41 @@ def trace_stages(fn, args, repeats: int) -> dict:
             for label in runs[0]}
 
 
+def model_functions(model: str):
+    """`(functions by name, their arguments)` of `--model`."""
+    if model == "two-link":
+        q0, v0 = (jnp.asarray(x) for x in TwoLinkManipulator().initial_state())
+        return bench_core.jaxdae_functions(), (bench_core.jaxdae_params(), q0, v0)
+    import bench_scaling
+    import scaling_models
+
+    family, _, size = model.partition(":")
+    classes = {"chain": scaling_models.CartesianChain, "ladder": scaling_models.FourBarLadder,
+               "pendulum": scaling_models.NLinkPendulum}
+    if family not in classes or not size.isdigit():
+        raise SystemExit(f"--model: two-link, or chain:N, ladder:N, pendulum:N; got {model!r}")
+    system = classes[family](int(size))
+    forward, gradient = bench_scaling.jaxdae_functions(system)
+    q0, v0 = system.initial_state()
+    gains = (jnp.asarray(bench_scaling.KD), jnp.asarray(bench_scaling.KP))
+    return {"forward": forward, "gradient": gradient}, (gains, q0, v0)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=FUNCTIONS, action="append")
     parser.add_argument("--stages", action="store_true",
                         help="split the trace of `simulate` by stage")
+    parser.add_argument("--model", default="two-link",
+                        help="two-link (bench_core's problem), or chain:N, ladder:N, pendulum:N")
     options = parser.parse_args()
     bench_core.warm_up_jax()
-    functions = bench_core.jaxdae_functions()
-    q0, v0 = (jnp.asarray(x) for x in TwoLinkManipulator().initial_state())
-    args = (bench_core.jaxdae_params(), q0, v0)
+    functions, args = model_functions(options.model)
     print("| function | | trace [s] | lower [s] | XLA compile [s] | XLA compile, CPU [s] | "
           "total [s] | StableHLO ops | HLO instructions | conditionals | custom calls |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for name in options.only or FUNCTIONS:
+    for name in options.only or [f for f in FUNCTIONS if f in functions]:
         m = measure(functions[name], args, options.repeats)
         for stat in ("min", "median"):
             times = " | ".join(f"{x:.2f}" for x in m[stat])

@@ -444,3 +444,102 @@ def test_simulations_and_gradients_agree(name):
     grad_d = _gradient(dense, formulation, q0, v0)
     for a, b in zip(jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d)):
         np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-10)
+
+
+# -- a constant mass matrix factored once per solve ----------------------------------------
+
+
+class _ConstantMass(jaxdae.LagrangianSystem):
+    """Point masses in the plane joined by unit bars (as `CartesianChain`), with a constant
+    mass matrix that is not diagonal: 2 × 2 blocks per point, and with `coupled` every
+    coordinate coupled to the next (one connected block: a dense Cholesky factor)."""
+
+    structured_terms = True
+    masses: jax.Array
+    coupled: bool = eqx.field(static=True)
+
+    def kinetic_energy(self, t, q, v):
+        w = v.reshape(-1, 2)
+        energy = 0.5 * jnp.sum(self.masses[:, None] * w**2) + 0.25 * jnp.sum(
+            self.masses * w[:, 0] * w[:, 1])
+        return energy + 0.1 * jnp.sum(v[1:] * v[:-1]) if self.coupled else energy
+
+    def potential_energy(self, t, q):
+        return 9.81 * jnp.sum(self.masses * q[1::2])
+
+    def constraints(self, t, q):
+        p = q.reshape(-1, 2)
+        previous = jnp.concatenate([jnp.zeros((1, 2), q.dtype), p[:-1]])
+        return jnp.sum((p - previous) ** 2, axis=-1) - 1.0
+
+
+_MASS_FORMULATIONS = ["Baumgarte", "PseudoInverse", "Unstabilized"]
+
+
+@eqx.filter_jit
+def _accelerations_with_factor(model, q, v):
+    from jaxdae._systems._structure import constant_mass_factor, with_mass_factor
+
+    terms = model.terms(0.1, q, v)
+    factored = with_mass_factor(terms, constant_mass_factor(model, 0.0, q, v))
+    return [(FORMULATIONS[name].accelerations(factored), FORMULATIONS[name].accelerations(terms))
+            for name in _MASS_FORMULATIONS]
+
+
+@pytest.mark.parametrize("coupled", [False, True])
+def test_constant_mass_factor(coupled):
+    from jaxdae._systems._structure import constant_mass_factor
+
+    q0, _ = CartesianChain(8).initial_state()
+    v0 = 0.3 * jnp.cos(jnp.arange(16.0))
+    model = _ConstantMass(jnp.linspace(1.0, 2.0, 8), coupled)
+    factor = constant_mass_factor(model, 0.0, q0, v0)
+    # 2 × 2 blocks: inverted block by block; 16 coupled coordinates: one Cholesky factor
+    assert (factor.inverse is None) == coupled and (factor.cholesky is None) != coupled
+    terms = model.terms(0.0, q0, v0)
+    np.testing.assert_allclose(factor.solve(terms.mass_matrix), np.eye(16), atol=1e-13)
+    # a mass matrix that depends on the state is not factored ahead
+    pendulum = StructuredPendulum(40)
+    assert constant_mass_factor(pendulum, 0.0, *pendulum.initial_state()) is None
+    # the formulations that solve with `M⁻¹` give the same accelerations and multipliers
+    for name, (with_factor, without) in zip(_MASS_FORMULATIONS,
+                                            _accelerations_with_factor(model, q0, v0)):
+        for a, b in zip(with_factor, without):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.slow
+def test_constant_mass_factor_in_simulate():
+    # the solve factors `M` once (passed to every right-hand side) and ends where a solve
+    # that factors it at every stage ends; its derivative with respect to the masses goes
+    # through that one factor: against central differences
+    from jaxdae._integration import _simulate
+
+    q0, v0 = CartesianChain(8).initial_state()
+    formulation = FORMULATIONS["Baumgarte"]
+
+    def loss(masses):
+        model = _ConstantMass(masses, True)
+        sol = jaxdae.simulate(model, formulation, 0.0, 0.3, q0, v0, rtol=1e-11, atol=1e-12)
+        return jnp.sum(sol.q_final**2)
+
+    masses = jnp.linspace(1.0, 2.0, 8)
+    calls = []
+    original = _simulate.constant_mass_factor
+
+    def per_stage(*args, **kwargs):  # returns None: the right-hand side factors `M` itself
+        calls.append(original(*args, **kwargs))
+
+    _simulate.constant_mass_factor = per_stage
+    try:
+        unfactored = jax.jit(loss)(masses)
+    finally:
+        _simulate.constant_mass_factor = original
+    assert calls and calls[0] is not None
+    value, got = jax.jit(jax.value_and_grad(loss))(masses)
+    np.testing.assert_allclose(value, unfactored, rtol=1e-12)
+    eps = 1e-5
+    steps = eps * jnp.eye(8)[jnp.array([0, 3, 7])]
+    ends = jax.jit(jax.vmap(loss))(jnp.concatenate([masses + steps, masses - steps]))
+    np.testing.assert_allclose(got[jnp.array([0, 3, 7])], (ends[:3] - ends[3:]) / (2 * eps),
+                               rtol=1e-6, atol=1e-9)

@@ -226,12 +226,15 @@ def eliminate(terms: ConstrainedTerms) -> Elimination:
     Where the terms carry sparse `M` and `G` (`ConstrainedTerms.sparse_mass`) and `M` is made
     of small diagonal blocks, `M⁻¹` is inverted block by block and the products are sparse
     (their cost grows with the non-zeros of `G`, not with `c · n · c`); otherwise `M` is
-    factorized once by Cholesky and the products are dense.
+    factorized once by Cholesky and the products are dense. Where the terms carry the factor
+    of a constant `M` (`ConstrainedTerms.mass_factor`, factored once per solve), it is used
+    instead of factorizing `M` here.
     """
+    factor = terms.mass_factor
     if terms.sparse_mass is not None and terms.sparse_jacobian is not None and (
         terms.sparse_jacobian.pattern.density <= SPARSE_MAX_DENSITY
     ):
-        minv = block_inverse(terms.sparse_mass)
+        minv = block_inverse(terms.sparse_mass) if factor is None else factor.inverse
         if minv is not None:
             g = terms.sparse_jacobian
             minv_q = minv.matvec(terms.forces)
@@ -280,9 +283,13 @@ class _Dense(NamedTuple):
 
 
 def _mass_solve(terms: ConstrainedTerms):
-    """`M⁻¹ Q` and `M⁻¹ Gᵀ` (dense) from one Cholesky factorization of `M`."""
+    """`M⁻¹ Q` and `M⁻¹ Gᵀ` (dense) from one Cholesky factorization of `M` (or the factor
+    the terms carry)."""
     rhs = jnp.concatenate([terms.forces[:, None], terms.jacobian.T], axis=1)
-    sol = spd_solve(terms.mass_matrix, rhs)
+    if terms.mass_factor is not None:
+        sol = terms.mass_factor.solve(rhs)
+    else:
+        sol = spd_solve(terms.mass_matrix, rhs)
     return sol[:, 0], sol[:, 1:]
 
 

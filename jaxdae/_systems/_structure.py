@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._compilation._sparse import Pattern
+from .._compilation._sparse import MassFactor, Pattern
 from .._compilation._sparsity import column_colouring, nonzero_masks
 
 # Systems with at most this many coordinates keep the dense derivation (one batched JVP over
@@ -147,6 +147,33 @@ def _analyse(system, t, q, v) -> TermsStructure:
         velocity_colours=tuple(int(c) for c in column_colouring(velocity_rows)),
         position_colours=tuple(int(c) for c in column_colouring(phi_mask)),
     )
+
+
+def constant_mass_factor(system, t, q, v, terms=None) -> MassFactor | None:
+    """`M⁻¹` of the system's mass matrix, factored at `(t, q, v)`, where its structure says
+    that `M` does not depend on the state (`TermsStructure.mass_is_constant`), else `None`.
+
+    A solve factors it once, before its loop, and hands it to every right-hand side
+    ([`with_mass_factor`][]): only the parameters enter it, so its derivative is taken once
+    per solve too. `terms(system, t, q, v)` computes the terms (default `system.terms`).
+    """
+    from ._system import LagrangianSystem
+
+    if not isinstance(system, LagrangianSystem) or jnp.ndim(q) != 1:
+        return None
+    structure = terms_structure(system, t, q, v)
+    if structure is None or not structure.mass_is_constant:
+        return None
+    at = (system.terms if terms is None else functools.partial(terms, system))(t, q, v)
+    return MassFactor.factor(at.mass_matrix, at.sparse_mass)
+
+
+def with_mass_factor(terms, factor: MassFactor | None):
+    """`terms` (a `ConstrainedTerms`) carrying `factor` ([`constant_mass_factor`][]) as its
+    `mass_factor`; unchanged where `factor` is `None`."""
+    if factor is None:
+        return terms
+    return eqx.tree_at(lambda x: x.mass_factor, terms, factor, is_leaf=lambda x: x is None)
 
 
 @functools.lru_cache(maxsize=64)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._compilation._sparse import SparseMatrix, take
+from .._compilation._sparse import MassFactor, SparseMatrix, take
 from .._custom_types import (
     Array,
     Coordinates,
@@ -53,6 +53,8 @@ class ConstrainedTerms(eqx.Module):
         them so; `None` otherwise (the dense fields are then all there is). The dense fields
         always hold the same matrices; under `jit`, a dense field nobody reads costs nothing.
     - `mass_is_constant`: `M` does not depend on `t`, `q`, `v` (static).
+    - `mass_factor`: `M⁻¹` of a constant `M`, factored once per solve outside its loop
+        ([`with_mass_factor`][]), or `None`: the formulations then factorize `M` themselves.
     """
 
     mass_matrix: MassMatrix
@@ -67,6 +69,7 @@ class ConstrainedTerms(eqx.Module):
     sparse_mass: SparseMatrix | None = None
     sparse_jacobian: SparseMatrix | None = None
     mass_is_constant: bool = eqx.field(default=False, static=True)
+    mass_factor: MassFactor | None = None
 
     def mass_operator(self) -> SparseMatrix:
         """`M` as a `SparseMatrix`: on its pattern where known, else every entry."""
