@@ -4,9 +4,17 @@ hand.
 Each model is simulated twice with the same formulation, solver and tolerances: once as a
 `jaxdae.multibody.Mechanism`, once as a `jaxdae.LagrangianSystem` written by hand in the
 same absolute coordinates (`(x, y, θ)` per body: a constant diagonal mass matrix, the joints'
-equations written out with array operations). Both are `jax.jit`-compiled functions of the
-initial state; the figure is the median wall time of `--reps` calls after a warm-up call,
-and the ratio built / hand is the layer's cost. Models:
+equations written out with array operations). For each it reports:
+
+- the size of the traced right-hand side: the equations of the jaxpr of
+  `Baumgarte.accelerations(system.terms(t, q, v))`, nested ones included;
+- the compile time of the solve (`jax.jit(solve).lower(q0, v0).compile()`, CPU time by
+  `time.process_time`, so that other processes on a shared machine do not count);
+- the time of one compiled solve: the best CPU time of `--reps` calls after a warm-up call,
+  the built and the hand-written model called in turn (interleaved);
+- steps and the largest difference of the end states.
+
+The ratio built / hand is the layer's cost. Models:
 
 - the slider-crank of the guide (3 bodies, 8 equations), 1 s;
 - paper 004's two-link arm with its tip driven along a line (2 bodies, 6 equations), 0.4 s,
@@ -19,12 +27,12 @@ and the ratio built / hand is the layer's cost. Models:
 
 `Baumgarte(20, 100)`, Tsit5, `rtol = atol = 1e-8`, float64, CPU.
 
-    python experiments/bench_multibody.py [--out output] [--quick] [--reps 7]
+    OPENBLAS_NUM_THREADS=1 python experiments/bench_multibody.py [--out output] [--quick]
+        [--reps 7] [--links 4,16,64]
     # prints the table, writes OUT/bench_multibody/bench_multibody.json
 """
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -176,39 +184,76 @@ def hand_chain(n):
 # -- timing ------------------------------------------------------------------------------
 
 
-def timed(system, t1, q0, v0, reps):
-    """`(median seconds, compile seconds, steps, q(t1))` of a jitted solve from `(q0, v0)`."""
+def equations(jaxpr) -> int:
+    """The number of equations of a jaxpr, those of nested jaxprs (loops, calls) included."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += 1
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, list | tuple) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    count += equations(inner)
+    return count
+
+
+def rhs_equations(system, q0, v0) -> int:
+    """The size of the traced right-hand side (the model closed over, as in a solve)."""
+    def rhs(t, q, v):
+        return FORMULATION.accelerations(system.terms(t, q, v))
+
+    return equations(jax.make_jaxpr(rhs)(jnp.asarray(0.0), q0, v0).jaxpr)
+
+
+def compiled_solve(system, t1, q0, v0):
+    """`(compiled solve, compile seconds)`: CPU time of lowering and compiling."""
 
     @jax.jit
     def solve(q0, v0):
         sol = jaxdae.simulate(system, FORMULATION, 0.0, t1, q0, v0, rtol=RTOL, atol=ATOL)
         return sol.q[-1], sol.stats["num_steps"]
 
-    start = time.perf_counter()
+    start = time.process_time()
     compiled = solve.lower(q0, v0).compile()
-    compile_seconds = time.perf_counter() - start
-    jax.block_until_ready(compiled(q0, v0))  # warm-up
-    times = []
+    return compiled, time.process_time() - start
+
+
+def timed_pair(built, hand, t1, q0, v0, reps):
+    """Compile both, then time them in turn: `{which: (best CPU seconds, compile seconds,
+    steps, q(t1))}`."""
+    runs = {}
+    for which, system in (("built", built), ("hand", hand)):
+        compiled, seconds = compiled_solve(system, t1, q0, v0)
+        q1, steps = jax.block_until_ready(compiled(q0, v0))  # warm-up
+        runs[which] = [compiled, seconds, int(steps), np.asarray(q1), []]
     for _ in range(reps):
-        start = time.perf_counter()
-        q1, steps = jax.block_until_ready(compiled(q0, v0))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), compile_seconds, int(steps), np.asarray(q1)
+        for run in runs.values():
+            start = time.process_time()
+            jax.block_until_ready(run[0](q0, v0))
+            run[4].append(time.process_time() - start)
+    return {which: (min(run[4]), run[1], run[2], run[3]) for which, run in runs.items()}
 
 
 def structure_check(n):
-    """What the built chain of `n` links hands the core: the terms' sparse `M` and `Φ_q`."""
-    model = built_chain(n)
+    """What the chain of `n` links hands the core, built and by hand: the terms' sparse `M`
+    and `Φ_q` (non-zeros), and the half-bandwidth of `Φ_q Φ_qᵀ` (whose band the core
+    factorizes)."""
     q0, v0 = chain_start(n)
-    terms = model.terms(0.0, q0, v0)
-    mass, jac = terms.sparse_mass, terms.sparse_jacobian
-    out = {"links": n, "coordinates": 3 * n, "equations": 2 * n,
-           "sparse_mass": mass is not None, "sparse_jacobian": jac is not None}
-    if mass is not None and jac is not None:
-        out.update(mass_nonzeros=int(mass.pattern.rows.shape[0]),
-                   jacobian_nonzeros=int(jac.pattern.rows.shape[0]),
-                   jacobian_density=float(jac.pattern.density),
-                   mass_is_constant=bool(terms.mass_is_constant))
+    out = {"links": n, "coordinates": 3 * n, "equations": 2 * n}
+    for which, model in (("built", built_chain(n)), ("hand", hand_chain(n))):
+        terms = model.terms(0.0, q0, v0)
+        mass, jac = terms.sparse_mass, terms.sparse_jacobian
+        entry = {"sparse_mass": mass is not None, "sparse_jacobian": jac is not None}
+        if mass is not None and jac is not None:
+            mask = np.zeros(jac.pattern.shape, bool)
+            mask[jac.pattern.rows, jac.pattern.cols] = True
+            rows, cols = np.nonzero(mask.astype(int) @ mask.T.astype(int))
+            entry.update(mass_nonzeros=int(mass.pattern.rows.shape[0]),
+                         jacobian_nonzeros=int(jac.pattern.rows.shape[0]),
+                         jacobian_density=float(jac.pattern.density),
+                         mass_is_constant=bool(terms.mass_is_constant),
+                         half_bandwidth=int(np.abs(rows - cols).max()))
+        out[which] = entry
     return out
 
 
@@ -217,8 +262,14 @@ def main():
     parser.add_argument("--out", type=Path, default=Path("output"))
     parser.add_argument("--quick", action="store_true", help="chains of 4 and 16 links only")
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--links", default=None,
+                        help="comma-separated chain lengths (default 4,16,64; --quick: 4,16)")
+    parser.add_argument("--no-small", action="store_true",
+                        help="the chains only (not the slider-crank and the two-link arm)")
     args = parser.parse_args()
     out = output_dir(args.out, "bench_multibody")
+    links = ([int(n) for n in args.links.split(",")] if args.links
+             else [4, 16] if args.quick else [4, 16, 64])
 
     arm = TwoLinkManipulator()
     q_rel, v_rel = jaxdae.consistent_initial_state(arm, 0.0, *arm.initial_state())
@@ -227,47 +278,61 @@ def main():
         c1, c2 = arm._centres(q)
         return jnp.concatenate([c1, q[:1], c2, (q[0] + q[1])[None]])
 
-    arm_q0, arm_v0 = jax.jvp(absolute, (q_rel,), (v_rel,))
-    (l1, l2), (m1, m2) = arm.lengths, arm.masses
-    hand_arm = HandTwoLink(masses=jnp.stack([m1, m2]),
-                           inertias=jnp.stack([m1 * l1**2 / 12, m2 * l2**2 / 12]),
-                           lengths=jnp.stack([l1, l2]), x0=arm.x0, speed=arm.speed)
-    crank = built_slider_crank()
-    crank_q0, crank_v0 = crank.initial_state(joint_coordinates={"crank": (0.5, 10.0)})
-    hand_crank = HandSliderCrank(masses=jnp.asarray(CRANK["masses"]),
-                                 inertias=jnp.asarray(CRANK["inertias"]))
-    cases = [("slider-crank", 1.0, crank, hand_crank, crank_q0, crank_v0),
-             ("two-link arm", 0.4, built_two_link(arm), hand_arm, arm_q0, arm_v0)]
-    for n in (4, 16) if args.quick else (4, 16, 64):
+    cases = []
+    if not args.no_small:
+        arm_q0, arm_v0 = jax.jvp(absolute, (q_rel,), (v_rel,))
+        (l1, l2), (m1, m2) = arm.lengths, arm.masses
+        hand_arm = HandTwoLink(masses=jnp.stack([m1, m2]),
+                               inertias=jnp.stack([m1 * l1**2 / 12, m2 * l2**2 / 12]),
+                               lengths=jnp.stack([l1, l2]), x0=arm.x0, speed=arm.speed)
+        crank = built_slider_crank()
+        crank_q0, crank_v0 = crank.initial_state(joint_coordinates={"crank": (0.5, 10.0)})
+        hand_crank = HandSliderCrank(masses=jnp.asarray(CRANK["masses"]),
+                                     inertias=jnp.asarray(CRANK["inertias"]))
+        cases += [("slider-crank", 1.0, crank, hand_crank, crank_q0, crank_v0),
+                  ("two-link arm", 0.4, built_two_link(arm), hand_arm, arm_q0, arm_v0)]
+    for n in links:
         cases.append((f"chain of {n} links", 0.5, built_chain(n), hand_chain(n),
                       *chain_start(n)))
 
     rows = []
-    header = (f"{'model':<20} {'n':>4} {'built [ms]':>11} {'hand [ms]':>10} {'ratio':>6} "
-              f"{'steps':>11} {'compile built/hand [s]':>23} {'max |Δq(t1)|':>13}")
+    header = (f"{'model':<20} {'n':>4} {'jaxpr built/hand':>17} {'compile built/hand [s]':>23} "
+              f"{'built [ms]':>11} {'hand [ms]':>10} {'ratio':>6} {'steps':>11} "
+              f"{'max |Δq(t1)|':>13}")
     print(header)
     print("-" * len(header))
     for name, t1, built, hand, q0, v0 in cases:
-        tb, cb, sb, qb = timed(built, t1, q0, v0, args.reps)
-        th, ch, sh, qh = timed(hand, t1, q0, v0, args.reps)
-        row = dict(model=name, coordinates=int(q0.shape[0]), t1=t1, built_ms=1e3 * tb,
-                   hand_ms=1e3 * th, ratio=tb / th, built_steps=sb, hand_steps=sh,
-                   built_compile_s=cb, hand_compile_s=ch,
+        eb, eh = rhs_equations(built, q0, v0), rhs_equations(hand, q0, v0)
+        runs = timed_pair(built, hand, t1, q0, v0, args.reps)
+        (tb, cb, sb, qb), (th, ch, sh, qh) = runs["built"], runs["hand"]
+        row = dict(model=name, coordinates=int(q0.shape[0]), t1=t1, built_equations=eb,
+                   hand_equations=eh, built_ms=1e3 * tb, hand_ms=1e3 * th, ratio=tb / th,
+                   built_steps=sb, hand_steps=sh, built_compile_s=cb, hand_compile_s=ch,
                    max_q_difference=float(np.abs(qb - qh).max()))
         rows.append(row)
-        print(f"{name:<20} {row['coordinates']:>4} {row['built_ms']:>11.2f} "
-              f"{row['hand_ms']:>10.2f} {row['ratio']:>6.2f} {f'{sb}/{sh}':>11} "
-              f"{f'{cb:.1f}/{ch:.1f}':>23} {row['max_q_difference']:>13.1e}", flush=True)
-    # the same arm in relative angles (the paper's model), for scale
-    tr, cr, sr, _ = timed(arm, 0.4, q_rel, v_rel, args.reps)
-    print(f"{'two-link (relative)':<20} {2:>4} {'':>11} {1e3 * tr:>10.2f} {'':>6} "
-          f"{sr:>11} {f'{cr:.1f}':>23}")
-    structure = structure_check(16 if args.quick else 64)
+        print(f"{name:<20} {row['coordinates']:>4} {f'{eb}/{eh}':>17} "
+              f"{f'{cb:.1f}/{ch:.1f}':>23} {row['built_ms']:>11.2f} {row['hand_ms']:>10.2f} "
+              f"{row['ratio']:>6.2f} {f'{sb}/{sh}':>11} {row['max_q_difference']:>13.1e}",
+              flush=True)
+    result = {"rows": rows, "reps": args.reps, "rtol": RTOL, "atol": ATOL,
+              "device": jax.devices()[0].device_kind}
+    if not args.no_small:
+        # the same arm in relative angles (the paper's model), for scale
+        compiled, cr = compiled_solve(arm, 0.4, q_rel, v_rel)
+        _, sr = jax.block_until_ready(compiled(q_rel, v_rel))
+        times = []
+        for _ in range(args.reps):
+            start = time.process_time()
+            jax.block_until_ready(compiled(q_rel, v_rel))
+            times.append(time.process_time() - start)
+        tr = min(times)
+        print(f"{'two-link (relative)':<20} {2:>4} {'':>17} {f'{cr:.1f}':>23} {'':>11} "
+              f"{1e3 * tr:>10.2f} {'':>6} {int(sr):>11}")
+        result.update(relative_two_link_ms=1e3 * tr, relative_two_link_steps=int(sr))
+    structure = structure_check(max(links))
     print(f"structure handed to the core by the built chain: {structure}")
-    write_json(out / "bench_multibody.json", {
-        "rows": rows, "relative_two_link_ms": 1e3 * tr, "relative_two_link_steps": sr,
-        "structure": structure, "reps": args.reps, "rtol": RTOL, "atol": ATOL,
-        "device": jax.devices()[0].device_kind})
+    result["structure"] = structure
+    write_json(out / "bench_multibody.json", result)
     print(f"wrote {out / 'bench_multibody.json'}")
 
 

@@ -347,22 +347,11 @@ class RigidBody(eqx.Module):
     def point_velocity(self, qb, vb, arm):
         return vb[:3] + jnp.cross(self.angular_velocity(qb, vb), arm)
 
-    def _rotational_mass(self, p):
-        g = body_map(p)
-        j = self.inertia.astype(p.dtype)
-        k = 4 * jnp.trace(j) / 3
-        return 4 * g.T @ j @ g + k * jnp.outer(p, p)
-
     def mass_matrix(self, qb):
-        eye = self.mass.astype(qb.dtype) * jnp.eye(3, dtype=qb.dtype)
-        rot = self._rotational_mass(qb[3:])
-        zeros = jnp.zeros((3, 4), qb.dtype)
-        return jnp.block([[eye, zeros], [zeros.T, rot]])
+        return rigid_mass_matrix(self.mass, self.inertia, qb)
 
     def kinetic_energy(self, qb, vb):
-        pdot = vb[3:]
-        return 0.5 * self.mass * (vb[:3] @ vb[:3]) + 0.5 * pdot @ (
-            self._rotational_mass(qb[3:]) @ pdot)
+        return rigid_kinetic_energy(self.mass, self.inertia, qb, vb)
 
     def constraints(self, qb):
         p = qb[3:]
@@ -378,6 +367,30 @@ class RigidBody(eqx.Module):
         along `p` is the norm constraint's)."""
         p = qb[3:]
         return load[:3], global_map(p) @ load[3:] / (2 * (p @ p))
+
+
+def rotational_mass(inertia, p):
+    """`4 Gᵀ J G + k p pᵀ`, `k = 4 tr(J)/3`: the Euler parameters' block of a
+    [`jaxdae.multibody.RigidBody`][]'s mass matrix (functions of the parameters, so that a
+    mechanism maps them over its bodies)."""
+    g = body_map(p)
+    j = inertia.astype(p.dtype)
+    k = 4 * jnp.trace(j) / 3
+    return 4 * g.T @ j @ g + k * jnp.outer(p, p)
+
+
+def rigid_mass_matrix(mass, inertia, qb):
+    """The `7 × 7` mass matrix of a rigid body at `qb = (r, p)`."""
+    eye = mass.astype(qb.dtype) * jnp.eye(3, dtype=qb.dtype)
+    rot = rotational_mass(inertia, qb[3:])
+    zeros = jnp.zeros((3, 4), qb.dtype)
+    return jnp.block([[eye, zeros], [zeros.T, rot]])
+
+
+def rigid_kinetic_energy(mass, inertia, qb, vb):
+    """`½ m |ṙ|² + ½ ṗᵀ (4 Gᵀ J G + k p pᵀ) ṗ` of a rigid body."""
+    pdot = vb[3:]
+    return 0.5 * mass * (vb[:3] @ vb[:3]) + 0.5 * pdot @ (rotational_mass(inertia, qb[3:]) @ pdot)
 
 
 class Ground(eqx.Module):

@@ -51,6 +51,10 @@ class AbstractForce(eqx.Module):
 
     name: eqx.AbstractVar[str | None]
     dimensions: ClassVar[tuple[int, ...]] = (2, 3)
+    #: Whether its energy and loads read only `kin.frame`, `kin.velocity` of its own
+    #: `markers`, `kin.t`, `kin.inputs` and its array fields: then the mechanism evaluates
+    #: the elements of the class with the same static fields together, under `jax.vmap`.
+    grouped: ClassVar[bool] = False
 
     @property
     def joints(self) -> tuple[str, ...]:
@@ -160,8 +164,7 @@ class Gravity(AbstractForce):
         if g is None:
             g = jnp.zeros((kin.dimension,), kin.q.dtype).at[-1 if kin.dimension == 3 else 1].set(
                 -9.81)
-        centres = jnp.stack([kin.pose(i)[0] for i in range(len(kin.mechanism.bodies))])
-        return -jnp.sum(kin.mechanism.masses * (centres @ g))
+        return -jnp.sum(kin.mechanism.masses * (kin.centres() @ g))
 
 
 class SpringDamper(AbstractForce):
@@ -189,6 +192,7 @@ class SpringDamper(AbstractForce):
     actuator: Actuator
     channel: int | None = eqx.field(static=True)
     name: str | None = eqx.field(static=True)
+    grouped: ClassVar[bool] = True
 
     def __init__(self, a: str, b: str, stiffness: ArrayLike = 0.0, damping: ArrayLike = 0.0,
                  rest_length: ArrayLike = 0.0, *, actuator: Actuator = None,
@@ -244,6 +248,7 @@ class RotationalSpringDamper(AbstractForce):
     actuator: Actuator
     channel: int | None = eqx.field(static=True)
     name: str | None = eqx.field(static=True)
+    grouped: ClassVar[bool] = True
     dimensions: ClassVar[tuple[int, ...]] = (2,)
 
     def __init__(self, a: str, b: str, stiffness: ArrayLike = 0.0, damping: ArrayLike = 0.0,
@@ -295,6 +300,7 @@ class Force(AbstractForce):
     direction: Float[Array, " d"] | None
     local: bool = eqx.field(static=True)
     name: str | None = eqx.field(static=True)
+    grouped: ClassVar[bool] = True
 
     def __init__(self, at: str, actuator: Actuator, direction: ArrayLike | None = None, *,
                  local: bool = False, name: str | None = None):
@@ -345,6 +351,7 @@ class Torque(AbstractForce):
     axis: Float[Array, "3"] | None
     local: bool = eqx.field(static=True)
     name: str | None = eqx.field(static=True)
+    grouped: ClassVar[bool] = True
 
     def __init__(self, at: str, actuator: Actuator, axis: ArrayLike | None = None, *,
                  local: bool = False, name: str | None = None):

@@ -3,7 +3,9 @@ rotations of planar and spatial bodies."""
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .._custom_types import Array, ArrayLike, Float
 
@@ -124,13 +126,22 @@ class Kinematics:
     """The bodies' poses (and velocities) at `(t, q, v)`, looked up by marker name.
 
     Built by [`jaxdae.multibody.Mechanism`][] inside its methods; `inputs` is the
-    controller's output `u` there (empty where no element reads it).
+    controller's output `u` there (empty where no element reads it). `frame` and `velocity`
+    give one marker; `frames` and `velocities` give many at once, stacked along a leading
+    axis, from the poses of all bodies computed together (what the groups of elements of
+    one kind read).
     """
 
     def __init__(self, mechanism, t, q, v=None, inputs=None):
         self.mechanism, self.t, self.q, self.v, self.inputs = mechanism, t, q, v, inputs
         self.dimension = mechanism.dimension
         self._poses: dict[int, tuple[Array, Array]] = {}  # one pose per body in the trace
+        self._all: tuple[Array, Array, Array] | None = None
+        self._velocity_rows: Array | None = None
+        # body name -> (slot, body); the ground's slot is -1. (A dict rather than calls of
+        # the mechanism's methods, each of which flattens the mechanism while tracing.)
+        self._bodies = {b.name: (i, b) for i, b in enumerate(mechanism.bodies)}
+        self._bodies[mechanism.ground.name] = (-1, mechanism.ground)
 
     def body_coordinates(self, slot, x=None):
         start = self.mechanism.offsets[slot]
@@ -145,12 +156,11 @@ class Kinematics:
 
     def _local(self, ref):
         name, marker = split(ref)
-        body = self.mechanism.body(name)
+        slot, body = self._bodies[name]
         d = self.dimension
         if marker is None:
-            return self.mechanism.slot(name), jnp.zeros((d,), self.q.dtype), None
-        return (self.mechanism.slot(name), body.markers[marker],
-                getattr(body, "orientations", {}).get(marker))
+            return slot, jnp.zeros((d,), self.q.dtype), None
+        return slot, body.markers[marker], getattr(body, "orientations", {}).get(marker)
 
     def frame(self, ref: str) -> Frame:
         slot, s, orientation = self._local(ref)
@@ -176,3 +186,109 @@ class Kinematics:
         _, rot = self.pose(slot)
         omega = body.angular_velocity(qb, vb)
         return body.point_velocity(qb, vb, rot @ s), omega
+
+    # -- many markers at once --------------------------------------------------------------
+
+    def _rows(self, x, ground):
+        """`x` as one row per body after a first row `ground` (the ground's), `(bodies + 1,
+        c)`: body `slot` is row `slot + 1`, the ground (slot −1) row 0."""
+        bodies = self.mechanism.bodies
+        rows = x.reshape(len(bodies), bodies[0].num_coordinates)
+        return jnp.concatenate([jnp.asarray(ground, x.dtype)[None], rows])
+
+    def _poses_all(self):
+        """`(Q, r, R)`: every body's coordinates, centre of mass and rotation (rows as in
+        `_rows`: the ground, at rest at the origin and unrotated, first). In the plane `R`
+        is the pair `(cos θ, sin θ)`, `(bodies + 1,)` each (see `_rotations`)."""
+        if self._all is None:
+            body = self.mechanism.bodies[0]
+            ground = np.zeros(body.num_coordinates)
+            if self.dimension == 3:
+                ground[3] = 1.0  # the Euler parameters of no rotation
+                rows = self._rows(self.q, ground)
+                r, rot = jax.vmap(body.pose)(rows)
+            else:
+                rows = self._rows(self.q, ground)
+                r, rot = rows[:, :2], (jnp.cos(rows[:, 2]), jnp.sin(rows[:, 2]))
+            self._all = (rows, r, rot)
+        return self._all
+
+    def _rotations(self, take):
+        """The rotation matrices of the rows `take`, `(k, d, d)`."""
+        rot = self._poses_all()[2]
+        if self.dimension == 3:
+            return take(rot)
+        c, s = take(rot[0]), take(rot[1])
+        return jnp.stack([jnp.stack([c, -s], -1), jnp.stack([s, c], -1)], -2)
+
+    def centres(self) -> Float[Array, "bodies d"]:
+        """The bodies' centres of mass, `(bodies, d)`."""
+        return self._poses_all()[1][1:]
+
+    def _locals(self, refs):
+        """The rows of the markers' bodies (see `_rows`), the stacked marker points in body
+        coordinates and the marker orientations (`None` where no marker has one)."""
+        d = self.dimension
+        index, points, orientations = [], [], []
+        for ref in refs:
+            name, marker = split(ref)
+            slot, body = self._bodies[name]
+            index.append(slot + 1)
+            if marker is None:
+                points.append(np.zeros(d))
+                orientations.append(None)
+            else:
+                points.append(body.markers[marker])
+                orientations.append(getattr(body, "orientations", {}).get(marker))
+        if all(o is None for o in orientations):
+            rotations = None
+        else:
+            rotations = jnp.stack([np.eye(d) if o is None else o for o in orientations])
+        return _Rows(np.asarray(index, dtype=np.int64)), jnp.stack(points), rotations
+
+    def frames(self, refs) -> Frame:
+        """The [`jaxdae.multibody.Frame`][]s of the markers `refs`, stacked: each field
+        with a leading axis of `len(refs)`."""
+        take, s, orientations = self._locals(refs)
+        rows, r, _ = self._poses_all()
+        origin, rot = take(r), self._rotations(take)
+        point = origin + _apply(rot, s.astype(rows.dtype))
+        angle = take(rows[:, 2]) if self.dimension == 2 else None
+        if orientations is not None:
+            rot = jnp.sum(rot[:, :, :, None] * orientations.astype(rows.dtype)[:, None], axis=2)
+        return Frame(origin, angle, rot, point)
+
+    def velocities(self, refs) -> tuple[Float[Array, "k d"], Float[Array, "k ..."]]:
+        """`(ṗ, ω)` of the markers `refs` (see `velocity`), stacked along a leading axis."""
+        take, s, _ = self._locals(refs)
+        rows = self._poses_all()[0]
+        if self._velocity_rows is None:
+            self._velocity_rows = self._rows(self.v, np.zeros(rows.shape[1]))
+        body = self.mechanism.bodies[0]
+        qb, vb = take(rows), take(self._velocity_rows)
+        arm = _apply(self._rotations(take), s.astype(rows.dtype))
+        omega = jax.vmap(body.angular_velocity)(qb, vb)
+        return jax.vmap(body.point_velocity)(qb, vb, arm), omega
+
+
+def _apply(rotations, vectors):
+    """`R_k s_k` for stacked `(k, d, d)` rotations and `(k, d)` vectors: one batched matrix
+    product (which also makes XLA evaluate each rotation once, rather than fusing its
+    sines and cosines into every entry that reads them)."""
+    return jnp.einsum("kij,kj->ki", rotations, vectors)
+
+
+class _Rows:
+    """Static row indices: `take(x)` is `x[index]`, a slice where they are consecutive (a
+    chain's joints read consecutive bodies) and a gather otherwise."""
+
+    def __init__(self, index: np.ndarray):
+        self.index = index
+        start = int(index[0]) if index.size else 0
+        self.consecutive = bool(np.array_equal(index, start + np.arange(index.size)))
+        self.start = start
+
+    def __call__(self, x):
+        if self.consecutive:
+            return x[self.start : self.start + self.index.size]
+        return x[self.index]

@@ -6,15 +6,15 @@ from typing import NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg
 import numpy as np
 
 from .._analysis._consistent import consistent_initial_state
 from .._analysis._control import AbstractController, ConstantControl
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._systems._system import LagrangianSystem
-from ._body import GROUND, Ground, PlanarBody, RigidBody
+from ._body import GROUND, Ground, PlanarBody, RigidBody, rigid_kinetic_energy, rigid_mass_matrix
 from ._force import AbstractForce
+from ._groups import group_key, groups, reorder, vmapped
 from ._joint import AbstractJoint
 from ._kinematics import Kinematics, split
 
@@ -289,10 +289,7 @@ class Mechanism(LagrangianSystem):
         t = jnp.asarray(t, q.dtype)
 
         def residuals(t_, q_):
-            kin = Kinematics(self, t_, q_)
-            return jnp.concatenate([jnp.asarray(self.joints[i].residual(
-                t_, kin.frame(self.joints[i].a), kin.frame(self.joints[i].b)), q.dtype)
-                for i in self.holding])
+            return self._joint_residuals(Kinematics(self, t_, q_), t_, self.holding)
 
         rates = jax.jvp(residuals, (t, q), (jnp.ones_like(t), v))[1]
         weight = jnp.mean(self.masses).astype(q.dtype)
@@ -367,18 +364,27 @@ class Mechanism(LagrangianSystem):
         `(bodies, 3, 3)`)."""
         return jnp.stack([b.inertia for b in self.bodies])
 
-    def _body_slices(self, x):
-        return [x[o : o + b.num_coordinates] for o, b in zip(self.offsets, self.bodies)]
-
     # -- the LagrangianSystem ----------------------------------------------------------
+
+    def _mass_diagonal(self, dtype):
+        """`(m₁, m₁, I₁, m₂, …)`: the diagonal of a planar mechanism's mass matrix."""
+        masses = self.masses.astype(dtype)
+        return jnp.stack([masses, masses, self.inertias.astype(dtype)], axis=1).reshape(-1)
+
+    def _mass_blocks(self, q):
+        """The spatial bodies' `7 × 7` mass matrices, `(bodies, 7, 7)`, evaluated together."""
+        rows = q.reshape(len(self.bodies), 7)
+        return jax.vmap(rigid_mass_matrix)(self.masses, self.inertias, rows)
 
     def mass_matrix(self, t, q):
         if self.dimension == 2:
-            mass = jnp.diag(jnp.concatenate([b.mass_diagonal() for b in self.bodies]).astype(
-                q.dtype))
+            mass = jnp.diag(self._mass_diagonal(q.dtype))
         else:
-            mass = jax.scipy.linalg.block_diag(*[b.mass_matrix(qb) for b, qb in
-                                                 zip(self.bodies, self._body_slices(q))])
+            blocks = self._mass_blocks(q)
+            count = blocks.shape[0]
+            eye = jnp.eye(count, dtype=q.dtype)
+            mass = (eye[:, None, :, None] * blocks[:, :, None, :]).reshape(q.shape[0],
+                                                                           q.shape[0])
         if self.holding:
             jacobian = jax.jacfwd(lambda v_: self._holding_rates(t, q, v_)[0])(
                 jnp.zeros_like(q))
@@ -393,44 +399,124 @@ class Mechanism(LagrangianSystem):
         constraints hold, so the motion does not change, and it makes `M` positive definite
         in the directions without mass (as the Euler parameters' `½ k (pᵀṗ)²` of
         [`jaxdae.multibody.RigidBody`][]), so that every formulation runs."""
-        energy = sum(b.kinetic_energy(qb, vb) for b, qb, vb in
-                     zip(self.bodies, self._body_slices(q), self._body_slices(v)))
+        if self.dimension == 2:
+            energy = 0.5 * jnp.sum(self._mass_diagonal(q.dtype) * v**2)
+        else:
+            shape = (len(self.bodies), 7)
+            energy = jnp.sum(jax.vmap(rigid_kinetic_energy)(
+                self.masses, self.inertias, q.reshape(shape), v.reshape(shape)))
         if self.holding:
             rates, weight = self._holding_rates(t, q, v)
             energy = energy + 0.5 * weight * (rates @ rates)
         return energy
 
+    def _force_groups(self):
+        """The force elements by group (see `_groups.py`): elements of a class that reads
+        only its own markers (`grouped`) evaluate together; others alone."""
+        keys = [group_key(f, f.markers) if type(f).grouped else None for f in self.forces]
+        return [[self.forces[i] for i in members] for members in groups(keys)]
+
     def potential_energy(self, t, q):
         kin = Kinematics(self, t, q)
-        return sum((f.potential_energy(kin) for f in self.forces), jnp.zeros((), q.dtype))
+        energy = jnp.zeros((), q.dtype)
+        for elements in self._force_groups():
+            if len(elements) == 1:
+                energy = energy + elements[0].potential_energy(kin)
+                continue
+            roles = elements[0].markers
+            frames = [kin.frames([f.markers[k] for f in elements]) for k in range(len(roles))]
+
+            def one(element, *frames_, roles=roles):
+                return element.potential_energy(_ElementKinematics(kin, roles, frames_))
+
+            energy = energy + jnp.sum(vmapped(elements, one, *frames))
+        return energy
+
+    def _add_loads(self, forces, kin, loads, refs, frames):
+        """`forces` plus the generalized forces of a group's loads: `loads[i]` stacked over
+        the group (`force` `(K, d)`), at the markers `refs[i]` whose stacked frames are
+        `frames[i]`."""
+        for load, refs_, frame in zip(loads, refs, frames, strict=True):
+            slots = np.asarray([kin._bodies[split(ref)[0]][0] for ref in refs_])
+            keep = np.flatnonzero(slots >= 0)  # the ground takes the rest
+            if keep.size == 0:
+                continue
+            rows = kin._poses_all()[0][slots[keep] + 1]
+            arm = (frame.point - frame.origin)[keep]
+            generalized = jax.vmap(self.bodies[0].generalized_load)(
+                rows, arm, load.force[keep], load.torque[keep])
+            c = self.bodies[0].num_coordinates
+            index = np.asarray(self.offsets)[slots[keep]][:, None] + np.arange(c)
+            forces = forces.at[index].add(generalized.astype(forces.dtype))
+        return forces
 
     def generalized_forces(self, t, q, v):
         needs_input = any(f.channels for f in self.forces)
         kin = Kinematics(self, t, q, v, self.controller(t, q, v) if needs_input else None)
         forces = jnp.zeros_like(q)
-        for element in self.forces:
-            for load in element.loads(kin):
-                slot = self.slot(split(load.at)[0])
-                if slot < 0:
-                    continue  # the ground takes it
-                frame, body = kin.frame(load.at), self.bodies[slot]
-                start = self.offsets[slot]
-                generalized = body.generalized_load(kin.body_coordinates(slot),
-                                                    frame.point - frame.origin, load.force,
-                                                    load.torque)
-                forces = forces.at[start : start + body.num_coordinates].add(
-                    generalized.astype(q.dtype))
-            direct = element.generalized_forces(kin)
-            if direct is not None:
-                forces = forces + direct.astype(q.dtype)
+        for elements in self._force_groups():
+            if len(elements) == 1:
+                element = elements[0]
+                for load in element.loads(kin):
+                    slot = self.slot(split(load.at)[0])
+                    if slot < 0:
+                        continue  # the ground takes it
+                    frame, body = kin.frame(load.at), self.bodies[slot]
+                    start = self.offsets[slot]
+                    generalized = body.generalized_load(kin.body_coordinates(slot),
+                                                        frame.point - frame.origin, load.force,
+                                                        load.torque)
+                    forces = forces.at[start : start + body.num_coordinates].add(
+                        generalized.astype(q.dtype))
+                direct = element.generalized_forces(kin)
+                if direct is not None:
+                    forces = forces + direct.astype(q.dtype)
+                continue
+            roles = elements[0].markers
+            refs = [[f.markers[k] for f in elements] for k in range(len(roles))]
+            frames = [kin.frames(r) for r in refs]
+            velocities = [kin.velocities(r) for r in refs]
+
+            def one(element, frames_, velocities_, roles=roles):
+                return element.loads(_ElementKinematics(kin, roles, frames_, velocities_))
+
+            loads = vmapped(elements, one, frames, velocities)
+            where = [roles.index(load.at) for load in loads]
+            forces = self._add_loads(forces, kin, loads, [refs[k] for k in where],
+                                     [frames[k] for k in where])
         return forces
+
+    def _joint_residuals(self, kin, t, indices):
+        """The residuals of the joints `indices`, in that order, stacked: the joints of one
+        group (see `_groups.py`) evaluated together, then put in order."""
+        joints = [self.joints[i] for i in indices]
+        sizes = [self.joint_sizes[i] for i in indices]
+        starts = np.cumsum([0] + sizes[:-1])
+        keys = [group_key(j, (j.a, j.b)) for j in joints]
+        parts, positions = [], []
+        for members in groups(keys):
+            group = [joints[k] for k in members]
+            if len(group) == 1:
+                j = group[0]
+                residual = j.residual(t, kin.frame(j.a), kin.frame(j.b))
+            else:
+                residual = vmapped(group, lambda j, a, b: j.residual(t, a, b),
+                                   kin.frames([j.a for j in group]),
+                                   kin.frames([j.b for j in group]))
+            parts.append(jnp.asarray(residual, kin.q.dtype).reshape(-1))
+            positions += [starts[k] + r for k in members for r in range(sizes[k])]
+        return reorder(parts, positions)
 
     def constraints(self, t, q):
         kin = Kinematics(self, t, q)
-        parts = [jnp.asarray(j.residual(t, kin.frame(j.a), kin.frame(j.b)), q.dtype)
-                 for j in self.joints]
-        parts += [b.constraints(qb) for b, qb in zip(self.bodies, self._body_slices(q))]
-        return jnp.concatenate(parts) if parts else jnp.zeros((0,), q.dtype)
+        parts = []
+        if self.joints:
+            parts.append(self._joint_residuals(kin, t, range(len(self.joints))))
+        if self.dimension == 3:
+            p = q.reshape(len(self.bodies), 7)[:, 3:]
+            parts.append(0.5 * (jnp.sum(p * p, axis=1) - 1))
+        return jnp.concatenate(parts) if len(parts) > 1 else (
+            parts[0] if parts else jnp.zeros((0,), q.dtype))
 
     # -- outputs -----------------------------------------------------------------------
 
@@ -644,6 +730,25 @@ class Mechanism(LagrangianSystem):
             system = _Driven(self, tuple(names), jnp.stack(values), jnp.stack(rates),
                              jnp.asarray(t0, q.dtype))
         return consistent_initial_state(system, t0, q, v, tol=tol, max_steps=max_steps)
+
+
+class _ElementKinematics:
+    """What one element of a group of force elements sees under `jax.vmap`: the frames
+    (and velocities) of its own markers, looked up by the names of the group's first
+    element (`roles`), and the mechanism's state."""
+
+    def __init__(self, kin, roles, frames, velocities=None):
+        self.mechanism, self.t, self.q, self.v = kin.mechanism, kin.t, kin.q, kin.v
+        self.inputs, self.dimension = kin.inputs, kin.dimension
+        self._frames = dict(zip(roles, frames, strict=True))
+        self._velocities = None if velocities is None else dict(
+            zip(roles, velocities, strict=True))
+
+    def frame(self, ref):
+        return self._frames[ref]
+
+    def velocity(self, ref):
+        return self._velocities[ref]
 
 
 class _Driven(LagrangianSystem):
