@@ -441,6 +441,46 @@ def test_user_diffeqsolve_same_as_recursive_checkpoint(case):
     assert all(float(jnp.max(jnp.abs(g))) > 0 for g in jax.tree.leaves(gradient))
 
 
+class _Lattice(eqx.Module):
+    """A chain of 32 coupled oscillators (a state of 64 entries, enough for the sweep to
+    keep each stage's linearization): `ẍ_i = k (x_{i−1} − 2 x_i + x_{i+1}) − sin x_i`."""
+
+    stiffness: jax.Array
+
+    def __call__(self, t, y, damping):
+        x, v = y[:32], y[32:]
+        padded = jnp.concatenate([jnp.zeros(1), x, jnp.zeros(1)])
+        force = self.stiffness * (padded[:-2] - 2 * x + padded[2:]) - jnp.sin(x)
+        return jnp.concatenate([v, force - damping * v])
+
+
+def test_sweep_keeps_linearizations_of_larger_states():
+    """States of `LINEARIZED_MIN_SIZE` entries or more: the sweep keeps each stage's
+    linearization from the stages' recomputation and transposes it on the way back; the
+    gradients (saves inside the steps and at the end) are `RecursiveCheckpointAdjoint`'s,
+    all steps stored or in segments."""
+    from jaxdae._integration._adjoint import LINEARIZED_MIN_SIZE
+
+    saveat, controller, (t0, t1) = _USER_SOLVES["ts, adaptive"]
+    y0 = jnp.concatenate([jnp.sin(jnp.arange(32.0)), jnp.zeros(32)])
+    assert y0.size >= LINEARIZED_MIN_SIZE
+
+    def loss(diff, adjoint):
+        field, damping, y0 = diff
+        ys = diffrax.diffeqsolve(
+            diffrax.ODETerm(field), diffrax.Tsit5(), t0, t1, 0.05, y0, args=damping,
+            saveat=saveat, stepsize_controller=controller, max_steps=256, adjoint=adjoint).ys
+        return jnp.sum(jnp.sin(ys) * jnp.arange(1.0, 1.0 + ys.shape[-1]))
+
+    diff = (_Lattice(jnp.asarray(3.0)), jnp.asarray(0.1), y0)
+    gradient, swept, segmented = (
+        eqx.filter_jit(eqx.filter_grad(lambda diff, a=adjoint: loss(diff, a)))(diff)
+        for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint(),
+                        jaxdae.ReverseSweepAdjoint(stored_steps=16)))
+    _assert_same(gradient, swept, rtol=1e-10)
+    _assert_same(gradient, segmented, rtol=1e-10)
+
+
 def test_user_diffeqsolve_refuses_what_it_cannot_sweep():
     """What the sweep does not support raises `ValueError` when the solve is traced (here
     only traced, never run), naming the fix."""

@@ -245,6 +245,11 @@ def default_adjoint(solver, max_steps) -> diffrax.AbstractAdjoint | ReverseSweep
 # per trajectory, which matters under `vmap`.
 CHECKPOINTS = 32
 
+# States of at least this many entries keep each stage's linearization in the reverse sweep
+# (`_backward`). Smaller ones evaluate each stage's vector–Jacobian product as one scalar
+# graph (`scalarize`), which needs the right-hand side inside it.
+LINEARIZED_MIN_SIZE = 64
+
 
 @contextlib.contextmanager
 def forward_mode_hint():
@@ -701,7 +706,12 @@ def _backward(stored, out_bar, perturbed, problem, static):
             args = static.step_args(args, solver_state, t_start)
         return flat(terms.vf(t, unravel(y), args))
 
-    if isinstance(_terms_within(terms)[0], ODETermWithVJP):  # the term's own product
+    own_vjp = isinstance(_terms_within(terms)[0], ODETermWithVJP)
+    # Larger states: each stage's linearization is kept from the stages' recomputation
+    # (`jax.vjp`'s residuals, stacked over the stages) and only transposed on the way back,
+    # instead of evaluating the right-hand side again inside each stage's product.
+    linearized = not own_vjp and flat_y0.size >= LINEARIZED_MIN_SIZE
+    if own_vjp:  # the term's own product
         # `diffeqsolve` solves in the time `direction × t`: the control of its wrapper of
         # the ODE term over a unit step is `direction`.
         direction = terms.contr(jnp.zeros_like(t0), jnp.ones_like(t0))
@@ -750,8 +760,31 @@ def _backward(stored, out_bar, perturbed, problem, static):
                 return k_stages.at[i].set(rates(t_start + c[i] * dt, y_stage, diff_p,
                                                 static_p, solver_state, t_start))
 
-            k_stages = jax.lax.fori_loop(0, stages, stage,
-                                         jnp.zeros((stages, flat_y0.size), zero.dtype))
+            k_init = jnp.zeros((stages, flat_y0.size), zero.dtype)
+            if linearized:
+                def linearize(t, y):
+                    """The rate and its pullback as one flat array (and how to rebuild it)."""
+                    rate, pull = jax.vjp(lambda y_, p_: rates(t, y_, p_, static_p, solver_state,
+                                                              t_start), y, diff_p)
+                    leaves, tree = jax.tree_util.tree_flatten(pull)
+                    flat_leaves, unflatten = ravel_pytree(leaves)
+                    return rate, flat_leaves, (tree, unflatten)
+
+                spec = jax.eval_shape(lambda: linearize(t_start, y_start)[1])
+                pullbacks = {}
+
+                def stage_linearized(i, carry):
+                    k_stages, kept = carry
+                    y_stage = y_start + h * (a[i] @ k_stages)
+                    rate, flat_leaves, pullbacks["rebuild"] = linearize(t_start + c[i] * dt,
+                                                                        y_stage)
+                    return k_stages.at[i].set(rate), kept.at[i].set(flat_leaves)
+
+                k_stages, kept = jax.lax.fori_loop(
+                    0, stages, stage_linearized,
+                    (k_init, jnp.zeros((stages, spec.size), spec.dtype)))
+            else:
+                k_stages = jax.lax.fori_loop(0, stages, stage, k_init)
             start_bar, stages_bar = end_bar, h * b[:, None] * end_bar[None, :]
             if save_ts is not None:  # states saved inside this step, through the dense output
                 def interpolate(y_start, y_end, k_stages, t):
@@ -779,9 +812,14 @@ def _backward(stored, out_bar, perturbed, problem, static):
             def stage_back(ii, bars):
                 stages_bar, start_bar, p_bar = bars
                 i = stages - 1 - ii
-                y_stage = y_start + h * (a[i] @ k_stages)
-                mu, stage_p_bar = stage_vjp(t_start + c[i] * dt, y_stage, diff_p, static_p,
-                                            solver_state, t_start, stages_bar[i])
+                if linearized:
+                    tree, unflatten = pullbacks["rebuild"]
+                    pull = jax.tree_util.tree_unflatten(tree, unflatten(kept[i]))
+                    mu, stage_p_bar = pull(stages_bar[i])
+                else:
+                    y_stage = y_start + h * (a[i] @ k_stages)
+                    mu, stage_p_bar = stage_vjp(t_start + c[i] * dt, y_stage, diff_p,
+                                                static_p, solver_state, t_start, stages_bar[i])
                 stages_bar = stages_bar + h * a[i][:, None] * mu[None, :]
                 return stages_bar, start_bar + mu, jax.tree.map(jnp.add, p_bar, stage_p_bar)
 
