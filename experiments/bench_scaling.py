@@ -28,8 +28,14 @@ or whose compile took more than `--compile-budget` seconds at the previous size,
 shrinks at large sizes to what fits in `--budget`. The table's last column is the largest
 `|q(1)|` difference from jaxdae's end state.
 
+`--cpu-per-step` measures instead, for jaxdae only, the process CPU time (all threads; steadier
+than wall time on a shared machine) of one solve per step, of one right-hand side (`R` of them
+in a compiled loop) and of the gradient against the solve, at each size, and fits the growth
+exponent of the time per step against the number of coordinates (log-log least squares).
+
     python experiments/bench_scaling.py [--quick] [--out output] [--sizes 2,4,8,...]
         [--families chain,pendulum,ladder] [--batch 256] [--budget 20] [--repeats 3]
+        [--cpu-per-step]
 """
 
 import argparse
@@ -186,6 +192,51 @@ def measure_jax(functions, model, skip, batch, repeats, budget):
                               1 if size * single > 1.0 else repeats)
     out.update(batch=size, batch_time=t_batch, throughput=size / t_batch)
     return out
+
+
+def cpu_per_step(families, sizes, repeats, calls=300):
+    """The `--cpu-per-step` rows: `(family, size, coordinates, steps, solve per step [µs],
+    right-hand side [µs], gradient / solve)`, process CPU time, medians of `repeats`."""
+    from jaxdae._integration._simulate import _rates
+
+    formulation = jaxdae.Baumgarte(KD, KP)
+    gains = (jnp.asarray(KD), jnp.asarray(KP))
+    rows = []
+    for family in families:
+        for size in sizes:
+            model = scaling_models.FAMILIES[family](size)
+            q0, v0 = model.initial_state()
+
+            @jax.jit
+            def rates(q, v, model=model):
+                def body(i, total):  # each call depends on the last: not hoisted
+                    return total + _rates(model, formulation, 0.0, q + 1e-9 * total, v)[1]
+                return jax.lax.fori_loop(0, calls, body, jnp.zeros_like(v))
+
+            forward, gradient = (jax.jit(f) for f in jaxdae_functions(model))
+            steps = int(forward(gains, q0, v0)[1])
+            jax.block_until_ready((rates(q0, v0), gradient(gains, q0, v0)))
+            times = {"solve": [], "rates": [], "gradient": []}
+            for _ in range(repeats):  # interleaved
+                for name, fn, fn_args in (("solve", forward, (gains, q0, v0)),
+                                          ("rates", rates, (q0, v0)),
+                                          ("gradient", gradient, (gains, q0, v0))):
+                    start = time.process_time()
+                    jax.block_until_ready(fn(*fn_args))
+                    times[name].append(time.process_time() - start)
+            solve, rhs, grad = (statistics.median(times[k]) for k in ("solve", "rates", "gradient"))
+            row = (family, size, q0.size, steps, 1e6 * solve / steps, 1e6 * rhs / calls,
+                   grad / solve)
+            rows.append(row)
+            print("| {} | {} | {} | {} | {:.1f} | {:.2f} | {:.2f} |".format(*row), flush=True)
+    for family in families:
+        mine = [r for r in rows if r[0] == family]
+        if len(mine) > 1:
+            n = np.log([r[2] for r in mine])
+            step, rhs = (np.polyfit(n, np.log([r[k] for r in mine]), 1)[0] for k in (4, 5))
+            print(f"{family}: time per step grows as n^{step:.2f}, one right-hand side as "
+                  f"n^{rhs:.2f} ({mine[0][2]} to {mine[-1][2]} coordinates)")
+    return rows
 
 
 # -- CasADi ----------------------------------------------------------------------------------
@@ -385,6 +436,9 @@ def parse_args():
                         "(default 120)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed calls per measurement; the median is reported (default 3)")
+    parser.add_argument("--cpu-per-step", action="store_true",
+                        help="jaxdae only: CPU time per step, per right-hand side and "
+                        "gradient / solve at each size, and the growth exponents")
     args = parser.parse_args()
     if args.batch < 1 or args.repeats < 1 or args.budget <= 0 or args.compile_budget <= 0:
         parser.error("--batch and --repeats must be at least 1, the budgets positive")
@@ -416,6 +470,12 @@ def _family_list(text):
 
 def main():
     args = parse_args()
+    if args.cpu_per_step:
+        warm_up_jax()
+        print("| family | N | coordinates | steps | solve per step [µs] | right-hand side [µs] "
+              "| gradient / solve |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        cpu_per_step(args.families, args.sizes, args.repeats)
+        return
     if ca is None:
         print("CasADi is not installed: its rows are left out (pip install casadi).")
     folder = output_dir(args.out, NAME)
