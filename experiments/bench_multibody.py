@@ -22,13 +22,14 @@ The ratio built / hand is the layer's cost. Models:
   same motion in other coordinates;
 - a pendulum chain of N uniform links joined by revolute joints, released from rest at
   30° under gravity (3N coordinates, 2N equations), 0.5 s; above 32 coordinates the core
-  derives the terms from their sparsity patterns (both versions), and the script checks
-  that the built 64-link chain hands a block-diagonal `M` and a sparse `Φ_q` to the core.
+  derives the terms from their sparsity patterns (both versions), and the script reports
+  what the longest chain hands the core, built and by hand: the non-zeros of `M` and
+  `Φ_q` and the half-bandwidth of `Φ_q Φ_qᵀ`.
 
 `Baumgarte(20, 100)`, Tsit5, `rtol = atol = 1e-8`, float64, CPU.
 
     OPENBLAS_NUM_THREADS=1 python experiments/bench_multibody.py [--out output] [--quick]
-        [--reps 7] [--links 4,16,64]
+        [--reps 7] [--links 4,16,64] [--no-small]
     # prints the table, writes OUT/bench_multibody/bench_multibody.json
 """
 

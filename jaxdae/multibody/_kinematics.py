@@ -272,10 +272,18 @@ class Kinematics:
 
 
 def _apply(rotations, vectors):
-    """`R_k s_k` for stacked `(k, d, d)` rotations and `(k, d)` vectors: one batched matrix
-    product (which also makes XLA evaluate each rotation once, rather than fusing its
-    sines and cosines into every entry that reads them)."""
-    return jnp.einsum("kij,kj->ki", rotations, vectors)
+    """`R_k s_k` for stacked `(k, d, d)` rotations and `(k, d)` vectors. Many markers take
+    one batched matrix product, which makes XLA evaluate each rotation once (fused into an
+    elementwise loop, the sines and cosines would be evaluated again for every entry that
+    reads them); a few take elementwise products and a sum (a matrix product is a library
+    call with a fixed cost on the CPU). Measured on the 64-link chain and the slider-crank
+    (`experiments/bench_multibody.py`)."""
+    if rotations.shape[0] > _BATCHED_PRODUCT_MIN:
+        return jnp.einsum("kij,kj->ki", rotations, vectors)
+    return jnp.sum(rotations * vectors[:, None, :], axis=-1)
+
+
+_BATCHED_PRODUCT_MIN = 8
 
 
 class _Rows:
