@@ -129,6 +129,16 @@ class Mechanism(LagrangianSystem):
     A redundant mechanism (see [`jaxdae.multibody.Mechanism.mobility`][]) runs with
     [`jaxdae.PseudoInverse`][].
 
+    **Evaluation.** The joints of one class with the same settings, the bodies, and the
+    spring-dampers, forces and torques of one class are each evaluated as one group: their
+    parameters stacked while tracing and their formula run once under `jax.vmap`, the
+    joints' rows then put back in the order of `joints`. The traced program grows with the
+    number of kinds of element rather than of elements (a chain of 64 revolute joints traces
+    as many equations as one of 16), and the core finds the same sparse structure in it as
+    in a model written by hand. Elements with Python functions as parameters (a `Driver`'s
+    `motion`, a function actuator) and [`jaxdae.multibody.JointSpringDamper`][]s are
+    evaluated one by one.
+
     **Inputs.** Force elements whose `actuator` is an integer `i` read
     `u = controller(t, q, v)[i]`, so `jaxdae.with_controller(mechanism, controller)`
     closes a loop and [`jaxdae.linearize`][] finds the input matrix.
