@@ -54,7 +54,8 @@ class ConstrainedTerms(eqx.Module):
         always hold the same matrices; under `jit`, a dense field nobody reads costs nothing.
     - `mass_is_constant`: `M` does not depend on `t`, `q`, `v` (static).
     - `mass_factor`: `M⁻¹` of a constant `M`, factored once per solve outside its loop
-        (`simulate` does so where the structure finds `M` constant), or `None`: the formulations then factorize `M` themselves.
+        (`simulate` does so where the structure finds `M` constant), or `None`: the
+        formulations then factorize `M` themselves.
     """
 
     mass_matrix: MassMatrix
