@@ -3,6 +3,8 @@ many joints, bodies and force elements against the same model written by hand, t
 of its constraints, gradients through grouped parameters, the structure it hands the core,
 and the size of its traced program against the number of links."""
 
+from typing import ClassVar
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -285,3 +287,25 @@ def test_traced_size_does_not_grow_with_the_links():
                 m.terms(t, q_, v_)), q, v)
     assert rhs["built", 20] == rhs["built", 40], rhs
     assert rhs["built", 40] <= 1.2 * rhs["hand", 40], rhs
+
+
+class _OneRowTooFew(mb.AbstractJoint):
+    """A joint whose residual disagrees with its `num_equations`."""
+
+    a: str = eqx.field(static=True)
+    b: str = eqx.field(static=True)
+    name: str | None = eqx.field(static=True, default=None)
+    num_equations: ClassVar[int] = 2
+
+    def residual(self, t, a, b):
+        return (b.point - a.point)[:1]
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_a_residual_of_the_wrong_size_is_refused(count):
+    """Alone or in a group, a joint whose residual has fewer rows than it declares."""
+    mech = chain(3)
+    mech = mb.Mechanism(mech.bodies, [_OneRowTooFew("ground", "l0.a")] + [
+        _OneRowTooFew(f"l{i - 1}.b", f"l{i}.a") for i in range(1, count)])
+    with pytest.raises(ValueError, match="gave 1 equations where its `equations` says 2"):
+        mech.constraints(0.0, mech.reference_coordinates())

@@ -41,9 +41,9 @@ class AbstractJoint(eqx.Module):
 
     A mechanism evaluates the joints of one class with equal static fields (other than the
     marker names `a`, `b` and `name`) and array parameters of equal shapes together, under
-    `jax.vmap` over their stacked parameters: `residual` reads the time,
-    the two frames and the joint's parameters, not the marker names. A joint with a
-    parameter that is not an array (a Python function) is evaluated alone.
+    `jax.vmap` over their stacked parameters: `residual` reads the time, the two frames and
+    the joint's parameters, not the marker names. A joint with a parameter that is not an
+    array (a Python function) is evaluated alone.
     """
 
     a: eqx.AbstractVar[str]

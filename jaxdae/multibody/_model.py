@@ -513,7 +513,14 @@ class Mechanism(LagrangianSystem):
                 residual = vmapped(group, lambda j, a, b: j.residual(t, a, b),
                                    kin.frames([j.a for j in group]),
                                    kin.frames([j.b for j in group]))
-            parts.append(jnp.asarray(residual, kin.q.dtype).reshape(-1))
+            residual = jnp.asarray(residual, kin.q.dtype).reshape(-1)
+            expected = sum(sizes[k] for k in members)
+            if residual.shape[0] != expected:
+                raise ValueError(
+                    f"A {type(group[0]).__name__} joint's `residual` gave "
+                    f"{residual.shape[0] // len(group)} equations where its `equations` says "
+                    f"{expected // len(group)}: make them agree.")
+            parts.append(residual)
             positions += [starts[k] + r for k in members for r in range(sizes[k])]
         return reorder(parts, positions)
 
