@@ -114,6 +114,7 @@ def trace_stages(fn, args, repeats: int) -> dict:
         (simulate_module, "_solution", "diagnostics at the saved states (_solution)"),
         (simulate_module, "_check_structure", "structure and gain checks (validate)"),
         (simulate_module, "_check_traced", "joined runtime checks (_check_traced)"),
+        (simulate_module, "_diffeqsolve", "diffrax.diffeqsolve (with the right-hand side)"),
     ]
     # (a stage a checkout does not have, e.g. an older commit's, is left out)
     patches = [patch for patch in patches if hasattr(patch[0], patch[1])]
@@ -122,7 +123,8 @@ def trace_stages(fn, args, repeats: int) -> dict:
     try:
         for (owner, name, label), (_, _, original) in zip(patches, originals):
             setattr(owner, name, timed(label, original))
-        # `_simulate` calls `diffrax.diffeqsolve` through its module's name `diffrax`.
+        # (A checkout without `_diffeqsolve` calls `diffrax.diffeqsolve` through its
+        # module's name `diffrax`.)
         simulate_module.diffrax = type("diffrax", (), {
             **{k: getattr(diffrax, k) for k in dir(diffrax) if not k.startswith("__")},
             "diffeqsolve": staticmethod(timed("diffrax.diffeqsolve (with the right-hand "
