@@ -13,10 +13,8 @@ import jaxdae
 from jaxdae._compilation._scalarize import (
     MAX_ELEMENTS,
     MAX_WORK,
-    scalar_vjp,
     scalarize,
     sincos,
-    with_scalar_vjp,
 )
 from jaxdae._integration._simulate import failure_indicator, state_rates
 from jaxdae.examples import (
@@ -171,60 +169,6 @@ def test_every_rule_matches_jax():
         g1 = jax.grad(lambda x: jnp.sum(_kitchen_sink(x, y)[out] ** 2))(x)
         g2 = jax.grad(lambda x: jnp.sum(scalarize(_kitchen_sink)(x, y)[out] ** 2))(x)
         np.testing.assert_allclose(g2, g1, rtol=1e-11)
-
-
-def _elementary(x, y, k):
-    """The primitives with adjoint rules of their own in `scalar_vjp`, and some without."""
-    z = jnp.abs(x) + 1
-    ints = k * 2 + 1  # an integer input: a float0 cotangent
-    return (jnp.exp(x) - jnp.log(z) + x**3 + x**-1 + x**0 + jnp.square(y) + jnp.tanh(y),
-            jnp.sqrt(z) * jnp.sin(y) / jnp.cos(x) + jax.lax.rsqrt(z) + jnp.sign(x) * x,
-            jnp.power(z, y) + jnp.arctan2(x, y) + jnp.minimum(x, y) + jnp.clip(y, -0.5, 0.5),
-            jnp.sin(x.astype(jnp.float16)).astype(x.dtype) + ints,
-            ints, (x > y).astype(x.dtype) * y)
-
-
-@pytest.mark.parametrize("fn", [_kitchen_sink, _elementary], ids=["kitchen_sink", "elementary"])
-def test_scalar_vjp_matches_jax(fn):
-    x, y = jax.random.normal(jax.random.key(1), (2, 3, 3))
-    args = (x, y) if fn is _kitchen_sink else (x, y, jnp.arange(3))
-    out = jax.eval_shape(fn, *args)
-    cotangents = [jax.random.normal(jax.random.key(i), o.shape, o.dtype)
-                  if jnp.issubdtype(o.dtype, jnp.inexact) else None
-                  for i, o in enumerate(jax.tree.leaves(out))]
-    cotangents[1] = None  # a symbolic zero: nothing flows back from that output
-    cotangents = jax.tree.unflatten(jax.tree.structure(out), cotangents)
-    jax_cotangents = jax.tree.map(
-        lambda c, o: c if c is not None else (
-            jnp.zeros(o.shape, o.dtype) if jnp.issubdtype(o.dtype, jnp.inexact)
-            else np.zeros(o.shape, jax.dtypes.float0)),
-        cotangents, out, is_leaf=lambda c: c is None)
-    expected = jax.jit(lambda *a: jax.vjp(fn, *a)[1](jax_cotangents))(*args)
-    got = jax.jit(lambda *a: scalar_vjp(fn, a, cotangents))(*args)
-    assert jax.tree.structure(got) == jax.tree.structure(expected)
-    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(got)):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        if a.dtype != jax.dtypes.float0:
-            np.testing.assert_allclose(b, a, rtol=1e-11, atol=1e-13)
-    if fn is _elementary:  # the adjoint is a scalar graph too: no array arithmetic
-        jaxpr = jax.make_jaxpr(lambda *a: scalar_vjp(fn, a, cotangents))(*args)
-        assert all(e.outvars[0].aval.shape == () for e in jaxpr.eqns
-                   if e.primitive.name in ("mul", "add", "sub", "div", "neg"))
-
-
-def test_with_scalar_vjp_is_reverse_mode_only():
-    def energy(params, q):
-        return params["m"] * jnp.sin(q) @ jnp.cos(q) + jnp.sum(params["k"] * q**2)
-
-    wrapped = with_scalar_vjp(energy)
-    params, q = {"m": jnp.asarray(1.5), "k": jnp.asarray([2.0, 3.0])}, jnp.asarray([0.3, -1.2])
-    expected = jax.grad(energy, argnums=(0, 1))(params, q)
-    got = jax.jit(jax.grad(wrapped, argnums=(0, 1)))(params, q)
-    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(got)):
-        np.testing.assert_allclose(b, a, rtol=1e-13)
-    np.testing.assert_allclose(wrapped(params, q), energy(params, q), rtol=1e-15)
-    with pytest.raises(TypeError, match="custom_vjp"):
-        jax.jvp(lambda q: wrapped(params, q), (q,), (q,))
 
 
 @pytest.mark.perf(reason="pins the private size thresholds `MAX_ELEMENTS` and `MAX_WORK`")

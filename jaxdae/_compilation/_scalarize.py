@@ -34,7 +34,6 @@ from jax import lax
 from jax.extend import core as jex
 from jax.extend.core.primitives import add_jaxvals_p
 
-from ._linalg import full_precision
 
 # Functions with a larger array, or computing more entries in all, keep their array form:
 # unrolling cost (trace time, graph size, XLA compile time) grows with the number of entries,
@@ -76,21 +75,12 @@ def _is_inexact(dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.inexact)
 
 
-_ARRAY = object()  # marks a taped equation applied to arrays
-
-
 class _Graph:
-    """One re-tracing: folds constants and shares repeated scalar operations.
+    """One re-tracing: folds constants and shares repeated scalar operations."""
 
-    With `tape` a list, every operation it emits is recorded there for reverse mode
-    ([`scalar_vjp`][]): `(primitive, params, operands, result)`, `(sincos, None, [x], (sin, cos))`
-    or, for an equation applied to arrays, `(_ARRAY, pullback, operands, results)`.
-    """
-
-    def __init__(self, tape: list | None = None):
+    def __init__(self):
         self.memo: dict = {}
         self.alive: list = []  # keeps memo keys' objects alive so that their ids stay unique
-        self.tape = tape
 
     def key(self, x):
         if _is_const(x):
@@ -110,8 +100,6 @@ class _Graph:
             if key not in self.memo:
                 self.memo[key] = sincos(args[0])
                 self.alive.append(args)
-                if self.tape is not None and not _is_const(args[0]):
-                    self.tape.append((sincos, None, args, self.memo[key]))
             return self.memo[key][0 if prim is lax.sin_p else 1]
         try:
             operands = [self.key(a) for a in args]
@@ -127,8 +115,6 @@ class _Graph:
             out = _eval_const(prim, params, args, dtype)
         else:
             out = prim.bind(*args, **params)
-            if self.tape is not None:
-                self.tape.append((prim, params, args, out))
         if key is not None:
             self.memo[key] = out
             self.alive.append(args)
@@ -503,37 +489,12 @@ def _dot_general(graph: _Graph, lhs: _Value, rhs: _Value, dimension_numbers, out
 
 
 def _fallback(graph: _Graph, eqn, args: list[_Value]) -> list[_Value]:
-    """Applies an equation without a scalar rule to its operands as arrays (taped as its
-    `jax.vjp` with respect to the floating ones)."""
+    """Applies an equation without a scalar rule to its operands as arrays."""
     params = eqn.primitive.get_bind_params(eqn.params)
-    arrays = [_to_array(a) for a in args]
-
-    def apply(*operands):
-        with eqn.ctx.manager:
-            outs = eqn.primitive.bind(*operands, **params)
-        return outs if eqn.primitive.multiple_results else [outs]
-
-    diff = [i for i, a in enumerate(args) if _is_inexact(a.dtype)
-            and not all(_is_const(e) for e in a.elements)]
-    if graph.tape is None or not diff:
-        outs = apply(*arrays)
-        return [_from_array(o, v.aval.dtype) for o, v in zip(outs, eqn.outvars)]
-    outs, pullback = _vjp_of(apply, arrays, diff)
-    values = [_from_array(o, v.aval.dtype) for o, v in zip(outs, eqn.outvars)]
-    graph.tape.append((_ARRAY, pullback, [args[i] for i in diff], values))
-    return values
-
-
-def _vjp_of(fn: Callable, operands: list, diff: list[int]):
-    """`jax.vjp` of `fn(*operands)` with respect to the operands at the indices `diff`."""
-
-    def of_differentiated(*differentiated):
-        full = list(operands)
-        for i, x in zip(diff, differentiated):
-            full[i] = x
-        return fn(*full)
-
-    return jax.vjp(of_differentiated, *[operands[i] for i in diff])
+    with eqn.ctx.manager:
+        outs = eqn.primitive.bind(*[_to_array(a) for a in args], **params)
+    outs = outs if eqn.primitive.multiple_results else [outs]
+    return [_from_array(o, v.aval.dtype) for o, v in zip(outs, eqn.outvars)]
 
 
 def _eval(graph: _Graph, jaxpr, consts: list, args: list[_Value]) -> list[_Value]:
@@ -579,213 +540,6 @@ def _eval(graph: _Graph, jaxpr, consts: list, args: list[_Value]) -> list[_Value
             if not isinstance(var, jex.DropVar):
                 env[var] = value
     return [read(v) for v in jaxpr.outvars]
-
-
-# -- reverse mode on the scalar graph ----------------------------------------------------
-#
-# JAX's reverse mode linearizes a jaxpr equation by equation, tracing each primitive's JVP
-# rule into a jaxpr of its own: for the two-link right-hand side's 571 scalar equations
-# that took 0.56–0.68 s, where replaying them took 0.05 s and this reverse mode 0.08 s. On
-# the scalar graph the adjoint of each operation is one or two scalar operations, emitted
-# through the same graph (so folded and shared with the forward ones). Used for the
-# diagnostics under `ReverseSweepAdjoint` (`_simulate.py`). The sweep's stage VJP keeps
-# JAX's: with this one the two-link gradient ran 25–70% slower inside the sweep's loops,
-# though the VJP alone, in a loop of its own, ran as fast. XLA fuses the VJP's result into
-# each consumer and computes it element by element, and LLVM merged the elements' shared
-# work for JAX's graph but not for this one.
-
-
-def _adjoints(graph: _Graph, prim, params, args: list, out, bar) -> list:
-    """The contributions of the adjoint `bar` of `out = prim(*args)` to each operand's
-    adjoint (`None`: none); operations without a rule here use JAX's `vjp`."""
-    name = prim.name
-    dtype = np.dtype(out.dtype)
-    if name in ("add", "add_any"):
-        return [bar, bar]
-    if name == "sub":
-        return [bar, graph.neg(bar, dtype)]
-    if name == "mul":
-        a, b = args
-        return [graph.mul(bar, b, dtype), graph.mul(bar, a, dtype)]
-    if name == "div":
-        a, b = args
-        return [graph.div(bar, b, dtype), graph.neg(graph.div(graph.mul(bar, out, dtype), b,
-                                                              dtype), dtype)]
-    if name == "neg":
-        return [graph.neg(bar, dtype)]
-    if name == "sin":
-        return [graph.mul(bar, graph.unary(lax.cos, args[0], dtype), dtype)]
-    if name == "cos":
-        return [graph.neg(graph.mul(bar, graph.unary(lax.sin, args[0], dtype), dtype), dtype)]
-    if name == "sqrt":
-        return [graph.div(graph.mul(bar, np.asarray(0.5, dtype), dtype), out, dtype)]
-    if name == "exp":
-        return [graph.mul(bar, out, dtype)]
-    if name == "log":
-        return [graph.div(bar, args[0], dtype)]
-    if name == "tanh":
-        one = np.ones((), dtype)
-        return [graph.mul(bar, graph.sub(one, graph.mul(out, out, dtype), dtype), dtype)]
-    if name == "integer_pow":
-        n = params["y"]
-        if n == 0:
-            return [None]
-        power = args[0] if n == 2 else graph.apply(prim, {"y": n - 1}, [args[0]], dtype)
-        return [graph.mul(bar, graph.mul(np.asarray(n, dtype), power, dtype), dtype)]
-    if name == "square":
-        return [graph.mul(bar, graph.mul(np.asarray(2, dtype), args[0], dtype), dtype)]
-    if name == "abs" and not jnp.issubdtype(dtype, jnp.complexfloating):
-        return [graph.mul(bar, graph.unary(lax.sign, args[0], dtype), dtype)]
-    if name == "select_n":
-        zero = np.zeros((), dtype)
-        return [None] + [graph.apply(prim, params, [args[0]] + [bar if j == i else zero
-                                                                for j in range(len(args) - 1)],
-                                     dtype) for i in range(len(args) - 1)]
-    if name in ("convert_element_type", "copy", "copy_p"):
-        a = args[0]
-        if not _is_inexact(a.dtype):
-            return [None]
-        return [bar if a.dtype == dtype else graph.apply(
-            lax.convert_element_type_p, {"new_dtype": a.dtype, "weak_type": False,
-                                         "sharding": None}, [bar], a.dtype)]
-    if name in _NO_DERIVATIVE:
-        return [None] * len(args)
-    # Any other primitive: its own VJP from JAX.
-    diff = [i for i, a in enumerate(args) if not _is_const(a) and _is_inexact(a.dtype)]
-    _, pullback = _vjp_of(lambda *operands: prim.bind(*operands, **params), args, diff)
-    contributions = [None] * len(args)
-    for i, c in zip(diff, pullback(bar)):
-        contributions[i] = c
-    return contributions
-
-
-_NO_DERIVATIVE = frozenset(
-    """sign floor ceil round is_finite not and or xor eq ne lt le gt ge""".split())
-
-
-def _adjoint_array(adjoint: dict, value: _Value):
-    """The adjoints of `value`'s scalars as an array (zeros where none reached them)."""
-    return _to_array(_Value([adjoint.get(id(e), np.zeros((), value.dtype))
-                             for e in value.elements], value.shape, value.dtype))
-
-
-def _backward(graph: _Graph, seeds: list) -> dict:
-    """Adjoints (by `id`) of the scalars the taped operations read, from `seeds`, pairs of
-    a scalar and its adjoint (the tape keeps those scalars alive, so their ids stay
-    unique)."""
-    adjoint: dict = {}
-
-    def give(x, contribution):
-        if (contribution is None or _is_const(x) or not _is_inexact(x.dtype)
-                or (_is_const(contribution) and not contribution.any())):
-            return
-        if contribution.dtype != x.dtype:
-            contribution = graph.apply(lax.convert_element_type_p, {
-                "new_dtype": x.dtype, "weak_type": False, "sharding": None},
-                [contribution], x.dtype)
-        key = id(x)
-        adjoint[key] = (graph.add(adjoint[key], contribution, x.dtype) if key in adjoint
-                        else contribution)
-
-    for x, bar in seeds:
-        give(x, bar)
-    tape, graph.tape = graph.tape, None
-    for prim, params, args, out in reversed(tape):
-        if prim is _ARRAY:  # `params` is the equation's pullback, `out` its results
-            if not any(id(e) in adjoint for value in out for e in value.elements):
-                continue
-            cotangents = [_adjoint_array(adjoint, value) if _is_inexact(value.dtype)
-                          else np.zeros(value.shape, jax.dtypes.float0) for value in out]
-            for value, bar in zip(args, params(cotangents)):
-                for e, c in zip(value.elements, _from_array(bar, value.dtype).elements):
-                    give(e, c)
-        elif prim is sincos:
-            sin, cos = out
-            (x,) = args
-            dtype = np.dtype(x.dtype)
-            sin_bar, cos_bar = (adjoint.get(id(y)) for y in out)
-            if sin_bar is not None:
-                give(x, graph.mul(sin_bar, cos, dtype))
-            if cos_bar is not None:
-                give(x, graph.neg(graph.mul(cos_bar, sin, dtype), dtype))
-        elif id(out) in adjoint:
-            for a, c in zip(args, _adjoints(graph, prim, params, args, out, adjoint[id(out)])):
-                give(a, c)
-    return adjoint
-
-
-def scalar_vjp(fn: Callable, primals: tuple, cotangent) -> tuple:
-    """`jax.vjp(fn, *primals)[1](cotangent)`, by reverse mode on `fn`'s scalar graph.
-
-    Like [`scalarize`][], functions too large for a scalar graph, with side effects or with
-    complex numbers keep their array form (and JAX's reverse mode).
-    """
-    leaves, treedef = jax.tree_util.tree_flatten(primals)
-    leaves = [jnp.asarray(x) for x in leaves]
-
-    def flat_fn(*flat):
-        return fn(*jax.tree_util.tree_unflatten(treedef, flat))
-
-    closed, out_leaves, out_tree, array_form = _traced(flat_fn, leaves)
-    # A `None` cotangent is a zero one (as equinox's symbolic zeros): nothing flows back.
-    cotangents = [None if c is None or not _is_inexact(o.dtype) else c
-                  for c, o in zip(out_tree.flatten_up_to(cotangent), out_leaves)]
-    if array_form or any(jnp.issubdtype(x.dtype, jnp.complexfloating)
-                         for x in leaves + out_leaves):
-        _, pullback = jax.vjp(jex.jaxpr_as_fun(closed), *leaves)
-        return jax.tree_util.tree_unflatten(treedef, pullback([
-            (np.zeros(o.shape, jax.dtypes.float0) if not _is_inexact(o.dtype)
-             else jnp.zeros(o.shape, o.dtype)) if c is None else c
-            for c, o in zip(cotangents, out_leaves)]))
-    graph = _Graph(tape=[])
-    inputs = [_from_array(x, x.dtype) for x in leaves]
-    outs = _eval(graph, closed.jaxpr, _const_values(closed), inputs)
-    seeds = [(e, c) for out, bar in zip(outs, cotangents) if bar is not None
-             for e, c in zip(out.elements, _from_array(bar, out.dtype).elements)]
-    adjoint = _backward(graph, seeds)
-    bars = [_adjoint_array(adjoint, value) if _is_inexact(x.dtype)
-            else np.zeros(x.shape, jax.dtypes.float0)
-            for value, x in zip(inputs, leaves)]
-    return jax.tree_util.tree_unflatten(treedef, bars)
-
-
-def with_scalar_vjp(fn: Callable) -> Callable:
-    """`fn` (of pytrees) whose vector–Jacobian product is [`scalar_vjp`][]'s.
-
-    Reverse mode only: `jax.jvp` of the result raises, as of any `jax.custom_vjp`.
-
-    Kept for the compile time of gradients, which users wait for at every new shape: on the
-    two-link benchmark (`experiments/bench_core.py`, 2-core CPU under load, 3 runs with
-    it and 2 without, alternated) the gradient's trace took 3.6–13.9 s with it and
-    31.7–39.4 s without, and its whole compile 12.6–43.9 s against 83–101 s; the run time
-    of the gradient and the compiled program are the same within 0.5% (14,113 and 14,181
-    HLO instructions, `experiments/bench_compile.py --only gradient`).
-    """
-
-    @eqx.filter_jit
-    def pullback(args, cotangent):
-        diff, nondiff = eqx.partition(args, eqx.is_inexact_array)
-        (diff_bar,) = scalar_vjp(lambda d: fn(*eqx.combine(d, nondiff)), (diff,), cotangent)
-        return diff_bar
-
-    @eqx.filter_custom_vjp
-    def reverse_only(args):
-        return fn(*args)
-
-    @reverse_only.def_fwd
-    def forward(perturbed, args):
-        return fn(*args), None
-
-    @reverse_only.def_bwd
-    @full_precision  # as the forward: traced at transpose time, outside `simulate`'s scope,
-    def backward(residuals, cotangent, perturbed, args):  # it would miss the jit caches
-        return pullback(args, cotangent)
-
-    @functools.wraps(fn)
-    def wrapped(*args):
-        return reverse_only(args)
-
-    return wrapped
 
 
 def _iota(aval, params) -> _Value:

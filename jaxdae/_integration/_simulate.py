@@ -17,7 +17,7 @@ from .._analysis._discrete import fixed_step_radius
 from .._checks import check_instance, check_positive
 from .._compilation._linalg import full_precision, is_positive_definite, psd_pseudo_solve
 from .._compilation._private_apis import unvmap_any
-from .._compilation._scalarize import scalarize, with_scalar_vjp
+from .._compilation._scalarize import scalarize
 from .._compilation._sharding import explicit_to_auto, is_explicitly_sharded
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._formulations import AbstractFormulation, Baumgarte, ModifiedLagrange, PseudoInverse
@@ -463,7 +463,8 @@ def event_result(out: diffrax.Solution, failures: list) -> RESULTS:
 def _diagnostics(system, formulation, t, q, s):
     """Constraint residuals, multipliers, energy, velocities and momenta at one saved state,
     the mass matrix and forces there, and the inputs of `checked_result`'s range test
-    (`(G, s)`, or None: `_targets`)."""
+    (`(G, s)`, or None: `_targets`). Differentiated by JAX, in forward and reverse mode,
+    whatever the solve's adjoint."""
     s = _velocities(system, formulation, t, q, s)
     terms = _terms(system, t, q, s)
     _, multipliers = formulation.accelerations(terms)
@@ -476,11 +477,6 @@ def _diagnostics(system, formulation, t, q, s):
             system.velocities(t, q, s), _momenta(system, t, q, s, terms), terms.mass_matrix,
             terms.forces, range_inputs)
 
-
-# Under a `ReverseSweepAdjoint` solve (which has no forward mode anyway) the diagnostics are
-# differentiated by reverse mode on their scalar graphs: JAX's linearization of the
-# two-link diagnostics had taken a fifth of the gradient's trace.
-_swept_diagnostics = with_scalar_vjp(_diagnostics)
 
 
 def _momenta(system, t, q, s, terms):
@@ -1208,11 +1204,10 @@ def _simulate(system, formulation, times: _Times, q0, v0, options: _SolveOptions
         args = args if mass_factor is None else args + (mass_factor,)
     out, result = integrate(dynamics, args, (q0, v0), times, options)
     reached = out.result == diffrax.RESULTS.successful
-    swept = isinstance(options.adjoint, ReverseSweepAdjoint)
 
     if not ensemble:
         sol, initial = _solution(system, formulation, (t0, q0, v0), ts, (out.ts, out.ys),
-                                 (reached, result, out.stats), swept)
+                                 (reached, result, out.stats))
     else:
         def trajectory(q0, v0, ys, t_failed):
             failed = jnp.isfinite(t_failed)
@@ -1220,7 +1215,7 @@ def _simulate(system, formulation, times: _Times, q0, v0, options: _SolveOptions
             return _solution(system, formulation, (t0, q0, v0), ts, (ts_saved, ys),
                              (reached & ~failed,
                               RESULTS.where(failed, formulation.failure_result, result),
-                              out.stats), swept)
+                              out.stats))
 
         # Saved states are (time, trajectory, coordinate) in an ensemble: one trajectory each.
         t_failed = (out.solver_state[1] if stops_rows
@@ -1423,19 +1418,17 @@ def masked(valid, x):
     return jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.inf)
 
 
-def _solution(system, formulation, start, ts, saved, outcome, swept: bool
+def _solution(system, formulation, start, ts, saved, outcome
               ) -> tuple[Solution, tuple[Array, Array]]:
     """One trajectory's [`jaxdae.Solution`][] from its `start = (t0, q0, v0)`, the times
     and states diffrax `saved` and the solve's `outcome = (reached, result, stats)`, and the
-    mass matrix and forces at the initial state (for `_check_traced`). `swept`: the solve's
-    adjoint is a `ReverseSweepAdjoint`.
+    mass matrix and forces at the initial state (for `_check_traced`).
 
     The diagnostics are evaluated once per row: the initial state, the saved states and
     the final state (without `ts` the second row is the final state), and the final row
     also gives `v_final`, `p_final` and the inputs of `checked_result`, so that the
     compiled program holds the equations of motion once for all of them."""
     (t0, q0, v0), (reached, result, stats) = start, outcome
-    diagnostics_at = _swept_diagnostics if swept else _diagnostics
     ts_out, (q, v), (t_final, (q_final, v_final)) = saved_rows(ts, saved, reached)
 
     # Rows after a failure are inf, and a final state may be: evaluate at a safe state (the
@@ -1448,7 +1441,7 @@ def _solution(system, formulation, start, ts, saved, outcome, swept: bool
         # Two rows, one call each: the second reuses the first's trace, where `vmap` would
         # batch the equations' scalar graph, equation by equation, at trace time (a third
         # less trace time for the two-link diagnostics, `bench_compile.py --stages`).
-        per_row = [diagnostics_at(system, formulation, *row) for row in ((t0, q0, v0), final)]
+        per_row = [_diagnostics(system, formulation, *row) for row in ((t0, q0, v0), final)]
         *diagnostics, mass, forces, range_inputs = jax.tree.map(
             lambda *x: jnp.stack(x), *per_row)
         outputs = diagnostics
@@ -1457,7 +1450,7 @@ def _solution(system, formulation, start, ts, saved, outcome, swept: bool
         rows = tuple(jnp.concatenate([x0[None], row, x[None]])
                      for x0, row, x in zip((t0, q0, v0), rows, final))
         *diagnostics, mass, forces, range_inputs = jax.vmap(
-            diagnostics_at, in_axes=(None, None, 0, 0, 0))(system, formulation, *rows)
+            _diagnostics, in_axes=(None, None, 0, 0, 0))(system, formulation, *rows)
         outputs = [x[1:-1] for x in diagnostics]
     phi, dphi, psi, multipliers, energy, v, p = outputs
     # Row 0 is the initial state and the last row the final one, with or without `ts`.
