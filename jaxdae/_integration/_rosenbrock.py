@@ -122,11 +122,12 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
     `jacobian="coloured"` (the default) the structural non-zeros of `∂f/∂y` are found
     once, when the solve is traced, from the vector field's jaxpr, and its columns are
     grouped so that no two columns of a group share a row (Curtis, Powell & Reid 1974): one
-    tangent per group instead of one per state. A banded or block-diagonal Jacobian —
-    a chain of bodies in Cartesian coordinates with springs between neighbours, an
-    ensemble of independent trajectories — then costs a few tangents; a dense one (most
-    formulations, whose multiplier solve couples every coordinate) costs `n`, as with
-    `jacobian="dense"`, which skips the analysis.
+    tangent per group instead of one per state. A banded or block-diagonal Jacobian — an
+    ODE with local couplings written out, an ensemble of independent trajectories — then
+    costs a few tangents. The ODE of a constrained system from jaxdae's formulations is
+    structurally dense (the solves with the mass matrix and for the multipliers couple
+    every coordinate) and costs `n` tangents, as with `jacobian="dense"`, which skips the
+    analysis.
 
     **With [`jaxdae.simulate`][]** pass it as the solver; it integrates the formulation's
     ODE like any diffrax solver (every formulation and system), with the default adjoint
