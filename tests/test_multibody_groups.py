@@ -259,6 +259,16 @@ def _size(fn, *args):
     return _equations(jax.make_jaxpr(fn)(*args).jaxpr)
 
 
+def spatial_chain(n):
+    ends = {"a": (0.0, 0.0, 0.1), "b": (0.0, 0.0, -0.1)}
+    bodies = [mb.RigidBody(f"l{i}", 1.0, (0.01, 0.01, 0.002), markers=ends,
+                           position=(0.0, 0.0, -0.2 * i - 0.1)) for i in range(n)]
+    joints = [mb.Revolute("ground", "l0.a", axis=(1.0, 0.0, 0.0))] + [
+        mb.Spherical(f"l{i - 1}.b", f"l{i}.a") for i in range(1, n)]
+    springs = [mb.SpringDamper(f"l{i - 1}.a", f"l{i}.b", 10.0, 0.1, 0.2) for i in range(1, n)]
+    return mb.Mechanism(bodies, joints, [mb.Gravity(), *springs])
+
+
 def _method_size(method, t, *args):
     return _size(lambda *a: method(t, *a), *args)
 
@@ -266,8 +276,8 @@ def _method_size(method, t, *args):
 @pytest.mark.perf(reason="pins the size of the traced equations of a built chain")
 def test_traced_size_does_not_grow_with_the_links():
     """Joints, bodies and force elements of one kind are traced once per group: the
-    mechanism's functions have the same number of equations for 12 and 32 links (groups of
-    more than 8 markers both, see `_kinematics._apply`), and so has the right-hand side for
+    mechanism's functions have the same number of equations for 12 and 32 links, planar and
+    spatial (groups of more than 8 markers both, see `_kinematics._apply`), and so has the right-hand side for
     20 and 40 links (where the core takes the structured terms and the banded factorization
     of `J M⁻¹ Jᵀ` for both), within 20 % of the hand-written chain's."""
     t = jnp.asarray(0.0)
@@ -279,6 +289,14 @@ def test_traced_size_does_not_grow_with_the_links():
                     for name in ("constraints", "mass_matrix", "potential_energy")]
         sizes[n].append(_method_size(mech.generalized_forces, t, q, v))
     assert sizes[12] == sizes[32], sizes
+    spatial = {}
+    for n in (12, 32):  # rigid bodies, spherical joints, spring-dampers between the links
+        mech = spatial_chain(n)
+        q = mech.reference_coordinates()
+        spatial[n] = [_method_size(getattr(mech, name), t, q)
+                      for name in ("constraints", "mass_matrix", "potential_energy")]
+        spatial[n].append(_method_size(mech.generalized_forces, t, q, jnp.zeros_like(q)))
+    assert spatial[12] == spatial[32], spatial
     rhs = {}
     for n in (20, 40):
         q, v = _chain_state(n)
