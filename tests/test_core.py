@@ -459,3 +459,29 @@ def test_traced_gain_checks_are_values():
     assert jaxdae.Baumgarte(10.0, 25.0).traced_checks(1, 0) == ()  # checked eagerly
     with pytest.raises(ValueError, match="`kd` has shape"):
         jaxdae.Baumgarte(jnp.ones(3), 25.0).validate(2, 0)
+
+
+def test_diagnostics_differentiate_alike_in_forward_and_reverse_mode():
+    """The saved states' residuals, multipliers, energy and momenta are the same function
+    whatever the adjoint: `jax.jvp` (with `diffrax.ForwardMode()`) and `jax.grad` (with
+    the default `ReverseSweepAdjoint` and with `RecursiveCheckpointAdjoint`) agree. Fixed
+    steps: every adjoint differentiates the same computation. (Started off the constraint,
+    so that the gain matters.)"""
+    q0, v0 = PENDULUM.state_from_angle(1.0, 0.3)
+    q0 = 1.05 * q0
+    ts = jnp.linspace(0.0, 0.5, 6)
+
+    def loss(kd, adjoint=None):
+        sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(kd, 25.0), 0.0, 0.5, q0, v0, ts=ts,
+                              solver=diffrax.Tsit5(), dt0=0.01,
+                              stepsize_controller=diffrax.ConstantStepSize(), adjoint=adjoint)
+        return (jnp.sum(sol.phi**2) + jnp.sum(sol.dphi) + jnp.sum(sol.energy)
+                + jnp.sum(sol.multipliers) + jnp.sum(sol.p_final))
+
+    kd = jnp.asarray(10.0)
+    _, forward = jax.jvp(lambda k: loss(k, diffrax.ForwardMode()), (kd,), (jnp.ones(()),))
+    swept = jax.grad(loss)(kd)
+    checkpointed = jax.grad(loss)(kd, diffrax.RecursiveCheckpointAdjoint(checkpoints=8))
+    assert abs(float(swept)) > 1e-4
+    np.testing.assert_allclose(forward, swept, rtol=1e-10)
+    np.testing.assert_allclose(checkpointed, swept, rtol=1e-10)
