@@ -374,7 +374,6 @@ def block_inverse(mass: SparseMatrix) -> SparseMatrix | None:
     return SparseMatrix(take(inverse.reshape(-1), np.flatnonzero(keep)[order]), out)
 
 
-
 class MassFactor(eqx.Module):
     """`M⁻¹` of a mass matrix that does not depend on the state, factored once per solve
     (`jaxdae.simulate` does so where the model's structure says that `M` is constant) and
