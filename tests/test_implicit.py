@@ -5,6 +5,7 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
 import optimistix as optx
 import pytest
@@ -12,6 +13,8 @@ import pytest
 import jaxdae
 from jaxdae._integration._generalized_alpha import chung_hulbert
 from jaxdae._integration._implicit import configure_for_controller
+
+from ._systems import TwicePendulum
 
 PENDULUM = jaxdae.examples.CartesianPendulum()
 BAUMGARTE = jaxdae.Baumgarte(10.0, 25.0)
@@ -133,6 +136,25 @@ def test_generalized_alpha_adaptive_meets_constraints_and_reference():
     assert float(jnp.max(jnp.abs(sol.v - ref.v))) < 1e-4
     # the saved multipliers (Unstabilized's, at the saved states) are the exact ones
     np.testing.assert_allclose(sol.multipliers, ref.multipliers, rtol=1e-3)
+
+
+def test_generalized_alpha_redundant_constraints_with_a_least_squares_newton_solve():
+    """The pendulum with its constraint written twice: the start's least-squares
+    multipliers are finite, and with an SVD in the Newton iteration the motion is the
+    pendulum's own; the default LU solve stops with `dt_min_reached`, as documented."""
+    twice = TwicePendulum()
+    svd = diffrax.with_stepsize_controller_tols(optx.Chord)(linear_solver=lx.SVD())
+
+    def solve(system, solver):
+        return jaxdae.simulate(system, jaxdae.PseudoInverse(10.0, 25.0), 0.0, 0.5, Q0, V0,
+                               solver=solver, rtol=1e-6, atol=1e-9, throw=False)
+
+    redundant = solve(twice, solver=jaxdae.GeneralizedAlpha(root_finder=svd))
+    single = solve(PENDULUM, solver=jaxdae.GeneralizedAlpha())
+    assert redundant.succeeded
+    np.testing.assert_allclose(redundant.q_final, single.q_final, atol=1e-10)
+    default = solve(twice, solver=jaxdae.GeneralizedAlpha())
+    assert default.result == jaxdae.RESULTS.dt_min_reached
 
 
 def test_generalized_alpha_gradient_matches_central_differences():

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import optimistix as optx
 
 from .._formulations._base import AbstractFormulation
-from .._formulations._baumgarte import Unstabilized
+from .._formulations._pseudo_inverse import PseudoInverse
 from .._systems._system import AbstractSystem
 
 
@@ -95,9 +95,16 @@ class GeneralizedAlpha(diffrax.AbstractImplicitSolver, diffrax.AbstractAdaptiveS
     (`docs/guides/stiff_integration.md`).
 
     **Start.** The accelerations and multipliers at `t0` are consistent: those of the
-    index-1 equations `Φ̈ = 0`, `Ψ̇ = 0` ([`jaxdae.Unstabilized`][]), and `a_0 = q̈_0`.
-    `q0` should satisfy `Φ = 0` ([`jaxdae.consistent_initial_state`][]): the first step
-    moves it onto the constraints in one step.
+    index-1 equations `Φ̈ = 0`, `Ψ̇ = 0` with least-squares multipliers
+    ([`jaxdae.PseudoInverse`][] without gains; the same as [`jaxdae.Unstabilized`][]'s
+    where the constraints are independent), and `a_0 = q̈_0`. `q0` should satisfy `Φ = 0`
+    ([`jaxdae.consistent_initial_state`][]): the first step moves it onto the constraints
+    in one step.
+
+    **Redundant constraints** make each step's Newton matrix singular: the default LU
+    solve fails, every step is rejected and the solve stops with `dt_min_reached`. Pass a
+    root finder with a least-squares linear solve,
+    `root_finder=diffrax.with_stepsize_controller_tols(optimistix.Chord)(linear_solver=lineax.SVD())`.
 
     **With [`jaxdae.simulate`][].** Pass it as the solver:
 
@@ -207,8 +214,10 @@ class GeneralizedAlpha(diffrax.AbstractImplicitSolver, diffrax.AbstractAdaptiveS
 
 
 def _consistent(system, t, q, v):
-    """`(q̈, multipliers)` of the index-1 equations `Φ̈ = 0`, `Ψ̇ = 0` at `(t, q, v)`."""
-    return Unstabilized().accelerations(system.terms(t, q, v))
+    """`(q̈, multipliers)` of the index-1 equations `Φ̈ = 0`, `Ψ̇ = 0` at `(t, q, v)`: the
+    least-squares multipliers (`PseudoInverse` without stabilization), so that redundant
+    constraints, whose `G M⁻¹ Gᵀ` is singular, start from finite accelerations."""
+    return PseudoInverse(0.0, 0.0).accelerations(system.terms(t, q, v))
 
 
 def _system(y0, args) -> AbstractSystem:
