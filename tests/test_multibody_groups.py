@@ -16,6 +16,8 @@ import jaxdae.multibody as mb
 from jaxdae._compilation._sparse import Pattern, banded_plan
 from jaxdae._systems._structure import terms_structure
 
+from ._jaxprs import equations
+
 G = 9.81
 HALF = 0.2  # half the length of a link
 BAUMGARTE = jaxdae.Baumgarte(20.0, 100.0)
@@ -243,20 +245,8 @@ def test_built_chain_hands_the_core_the_hand_written_structure():
     np.testing.assert_allclose(lam_b, lam_h, rtol=1e-10, atol=1e-10)
 
 
-def _equations(jaxpr):
-    count = 0
-    for eqn in jaxpr.eqns:
-        count += 1
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, list | tuple) else (param,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    count += _equations(inner)
-    return count
-
-
 def _size(fn, *args):
-    return _equations(jax.make_jaxpr(fn)(*args).jaxpr)
+    return sum(1 for _ in equations(jax.make_jaxpr(fn)(*args).jaxpr))
 
 
 def spatial_chain(n):
