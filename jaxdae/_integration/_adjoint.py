@@ -846,25 +846,29 @@ def _backward(stored, out_bar, perturbed, problem, static):
                          save_bar_i, p_bar)
 
         def segment_back(k, bars):
-            """Re-solves and sweeps the segment `count − 2 − k` (one before the last)."""
+            """Sweeps the segment `count − 1 − k`: the last one (`k = 0`) from its stored
+            steps, the others re-solved from their checkpoints."""
+            last = k == 0
             # Under `vmap` the loop runs as long as the longest member's: a member done
             # re-solves its first segment, a real one, whose result is not used.
-            i = jnp.maximum(count - 2 - k, 0)
-            steps_i = _resolved_steps(_segment(unravel_start(starts[i]), problem, static),
-                                      unravel_start(starts[i + 1])[0], t0, t1)
+            i = jnp.maximum(count - 1 - k, 0)
+            # The last segment's re-solve starts at the solve's end and takes no step: one
+            # copy of the sweep serves stored and re-solved steps, and no `lax.cond` on the
+            # segment's index picks between them (under `vmap` that cond becomes a select
+            # whose branches take every value they read as batched, `t1` included, and
+            # XLA's algebraic simplifier then sinks that broadcast through diffrax's 100
+            # `prevbefore`s of `t1` one operation per pass, and gives up with "stuck in a
+            # circular simplification loop" messages).
+            out = _segment(unravel_start(starts[jnp.where(last, count, i)]), problem, static)
+            resolved = _resolved_steps(out, unravel_start(starts[i + 1])[0], t0, t1, ~last)
+            steps_i = jax.tree.map(lambda s, r: jnp.where(last, s, r), tuple(steps),
+                                   tuple(resolved))
             return sweep_segment(i, steps_i, *bars)
 
-        # The last segment's steps are stored: it is swept first, outside the loop over the
-        # others. (Not by a `lax.cond` on the segment's index inside the loop: under `vmap`
-        # that cond becomes a select whose branches take every value they read as batched,
-        # `t1` included, and XLA's algebraic simplifier then sinks that broadcast through
-        # diffrax's 100 `prevbefore`s of `t1` one operation per pass, and gives up with
-        # "stuck in a circular simplification loop" messages.)
-        one = static.segments[0] == 1
-        start_bar, p_bar = sweep_segment(0 if one else count - 1, steps, final_bar, p_bar)
-        if not one:
-            start_bar, p_bar = jax.lax.fori_loop(0, count - 1, segment_back,
-                                                 (start_bar, p_bar))
+        if static.segments[0] == 1:
+            start_bar, p_bar = sweep_segment(0, steps, final_bar, p_bar)
+        else:
+            start_bar, p_bar = jax.lax.fori_loop(0, count, segment_back, (final_bar, p_bar))
     y0_bar = unravel(start_bar if y0_bar is None else y0_bar + start_bar)
     terms_bar, args_bar = p_bar
     init_state_bar = eqx.tree_at(lambda s: s.y, _nones(problem.init_state), y0_bar,
@@ -898,9 +902,9 @@ def _saves_bar(ys_bar, saveat, y0):
     return y0_bar, final_bar, times[order], bars[order]
 
 
-def _resolved_steps(out, t_next, t0, t1):
-    """`_steps` of a segment re-solved from its checkpoint, checked to end where the forward
-    solve's segment ended (`t_next`, the next segment's start).
+def _resolved_steps(out, t_next, t0, t1, check=True):
+    """`_steps` of a segment re-solved from its checkpoint, checked (where `check`) to end
+    where the forward solve's segment ended (`t_next`, the next segment's start).
 
     The two solves are the same computation compiled in two programs, which XLA may round
     differently. Rounding moves the end by a few ulps; a step accepted in one and rejected
@@ -913,7 +917,7 @@ def _resolved_steps(out, t_next, t0, t1):
     t_end, dtype = out.ts[-2][0], jnp.result_type(t_next)
     scale = jnp.max(jnp.abs(jnp.stack([t0, t1, t1 - t0])))
     elsewhere = ~(jnp.abs(t_end - t_next) <= np.sqrt(jnp.finfo(dtype).eps) * scale)
-    return eqx.error_if(steps, elsewhere, _RESOLVED_ELSEWHERE)
+    return eqx.error_if(steps, elsewhere & check, _RESOLVED_ELSEWHERE)
 
 
 _RESOLVED_ELSEWHERE = (
