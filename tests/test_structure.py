@@ -12,6 +12,7 @@ import pytest
 
 import jaxdae
 from jaxdae._compilation import _sparse
+from jaxdae._compilation._scalarize import array_form_scope, scalarize
 from jaxdae._compilation._sparse import (
     Pattern,
     SparseMatrix,
@@ -22,7 +23,7 @@ from jaxdae._compilation._sparse import (
     sparse_matmul,
 )
 from jaxdae._compilation._sparsity import column_colouring, nonzero_masks
-from jaxdae._systems._structure import terms_structure
+from jaxdae._systems._structure import STRUCTURED_MIN, terms_structure
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
 from scaling_models import CartesianChain, FourBarLadder, NLinkPendulum
@@ -136,6 +137,50 @@ def test_system_structure():
     assert terms_structure(CartesianChain(2), 0.0, q, v) is None
     q, v = CartesianChain(20).initial_state()
     assert terms_structure(CartesianChain(20), 0.0, q, v).jacobian.nnz == 4 * 20 - 2
+
+
+def test_structured_above_threshold():
+    """`STRUCTURED_MIN` coordinates keep the dense derivation, one more takes the patterns
+    (`experiments/diagnostics/bench_structured_threshold.py` measured the crossover); the
+    class attribute overrides both ways."""
+    for model, structured in ((NLinkPendulum(STRUCTURED_MIN), False),
+                              (NLinkPendulum(STRUCTURED_MIN + 1), True),
+                              (CartesianChain(STRUCTURED_MIN // 2), False),
+                              (CartesianChain(STRUCTURED_MIN // 2 + 1), True),
+                              (StructuredChain(2), True),
+                              (DenseChain(STRUCTURED_MIN), False)):
+        q, v = model.initial_state()
+        assert (terms_structure(model, 0.0, q, v) is not None) == structured, model
+
+
+def _equations(fn, *args):
+    return len(jax.make_jaxpr(fn)(*args).jaxpr.eqns)
+
+
+def test_array_form_scope():
+    """`scalarize` re-traces a small function as a scalar graph, but not one that traces
+    anything in `array_form_scope`; the structured terms run in that scope, so a small
+    structured model keeps its array form where the dense one of the same size does not."""
+
+    def small(x):
+        return jnp.sin(x) * x + 1.0
+
+    def marked(x):
+        with array_form_scope():
+            return small(x)
+
+    x = jnp.linspace(0.1, 0.5, 4)
+    assert _equations(scalarize(small), x) != _equations(small, x)
+    assert _equations(scalarize(marked), x) == _equations(marked, x)
+    np.testing.assert_allclose(scalarize(marked)(x), small(x), rtol=1e-15)
+    for cls, array_form in ((StructuredChain, True), (DenseChain, False)):
+        model = cls(3)
+        q, v = _state(model)
+
+        def forces(q, v, model=model):
+            return model.terms(0.0, q, v).forces
+
+        assert (_equations(scalarize(forces), q, v) == _equations(forces, q, v)) == array_form
 
 
 class _GivenMass(jaxdae.LagrangianSystem):

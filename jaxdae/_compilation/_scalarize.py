@@ -45,6 +45,19 @@ from jax.extend.core.primitives import add_jaxvals_p
 MAX_ELEMENTS = 1024
 MAX_WORK = 6_000
 
+# Functions that trace anything under this name scope ([`array_form_scope`][]) keep their
+# array form, whatever their size: the terms derived from sparsity patterns
+# (`_systems/_structure.py`) are gathers and loops that a scalar graph would unroll into
+# more operations than it saves (a chain of 5 masses, 10 coordinates, took 4× the time per
+# step and twice the compile time as a partial scalar graph, 2-core CPU).
+ARRAY_FORM_SCOPE = "jaxdae_array_form"
+
+
+def array_form_scope():
+    """A name scope: the functions [`scalarize`][] wraps keep their array form where they
+    trace anything inside it."""
+    return jax.named_scope(ARRAY_FORM_SCOPE)
+
 _ELEMENTWISE = frozenset(
     """add add_any sub mul div rem pow max min atan2 nextafter neg sin cos tan asin acos atan
     sinh cosh tanh asinh acosh atanh exp exp2 log log1p expm1 sqrt rsqrt cbrt abs sign floor
@@ -568,13 +581,26 @@ def _sizes(jaxpr) -> tuple[int, int]:
 
 def _traced(flat_fn: Callable, leaves: list):
     """`flat_fn`'s closed jaxpr at `leaves`, its outputs' shapes and tree, and whether it
-    keeps its array form: side effects, an array of more than `MAX_ELEMENTS` entries or
-    more than `MAX_WORK` entries computed in all."""
+    keeps its array form: side effects, an array of more than `MAX_ELEMENTS` entries,
+    more than `MAX_WORK` entries computed in all, or an `array_form_scope` inside."""
     closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
     out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
     largest, work = _sizes(closed.jaxpr)
     return closed, out_leaves, out_tree, bool(closed.effects) or largest > MAX_ELEMENTS or (
-        work > MAX_WORK)
+        work > MAX_WORK) or _in_array_form_scope(closed.jaxpr)
+
+
+def _in_array_form_scope(jaxpr) -> bool:
+    """Whether an equation of `jaxpr` or of the calls in it was traced in
+    [`array_form_scope`][] (its name, transformed or not, is in the equation's name stack)."""
+    for eqn in jaxpr.eqns:
+        if ARRAY_FORM_SCOPE in str(eqn.source_info.name_stack):
+            return True
+        inner = eqn.params.get("jaxpr")
+        if eqn.primitive.name in _CALLS and inner is not None and _in_array_form_scope(
+                getattr(inner, "jaxpr", inner)):
+            return True
+    return False
 
 
 def _const_values(closed) -> list[_Value]:
@@ -587,8 +613,8 @@ def scalarize(fn: Callable) -> Callable:
     """`fn` (pytrees of arrays in and out) re-traced as a graph of scalar operations.
 
     Same values, same derivatives (it is built from JAX primitives). Functions with an array
-    of more than `MAX_ELEMENTS` entries, computing more than `MAX_WORK` entries in all, or
-    with side effects, keep their array form.
+    of more than `MAX_ELEMENTS` entries, computing more than `MAX_WORK` entries in all,
+    with side effects, or tracing anything in [`array_form_scope`][], keep their array form.
     """
 
     @functools.wraps(fn)

@@ -30,11 +30,16 @@ from .._compilation._sparsity import column_colouring, nonzero_masks
 
 # Systems with at most this many coordinates keep the dense derivation (one batched JVP over
 # `2n + 1` tangents), which the scalar-graph path (`_compilation/_scalarize.py`) turns into a
-# few fused loops for the smallest; larger ones derive their terms from the patterns found
-# here. At 32 the dense terms hold 1,024 entries, the most the scalar-graph path unrolls:
-# below that, structured terms (fewer operations) would be unrolled, whose compile took
-# about 3× the dense path's (chain of 5 masses, 2-core CPU).
-STRUCTURED_MIN = 32
+# few fused loops; larger ones derive their terms from the patterns found here, in array form
+# (`array_form_scope`: a scalar graph of the structured terms ran 3-4× slower than their array
+# form). Measured by `experiments/diagnostics/bench_structured_threshold.py` (CPU time per
+# step of one solve, 2-core CPU): at 8 coordinates the dense path is faster on the chain
+# (3.6 against 13.7 µs), the ladder (15.5 against 19.0 µs) and the pendulum (31 against
+# 46 µs); from 10 coordinates on the structured path is, on all three (chain 37 against 48 µs
+# at 10, ladder 35 against 52 µs at 12, pendulum 55 against 65 µs at 10, chain 40 against
+# 101 µs at 32), and on the multibody slider-crank (9 coordinates) and chains of 3 and 4
+# bodies (9 and 12), at the same compile times.
+STRUCTURED_MIN = 8
 
 
 class TermsStructure(eqx.Module):

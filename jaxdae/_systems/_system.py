@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._compilation._scalarize import array_form_scope
 from .._compilation._sparse import MassFactor, SparseMatrix, take
 from .._custom_types import (
     Array,
@@ -185,7 +186,7 @@ class LagrangianSystem(AbstractSystem):
 
     !!! Note "Structure"
 
-        For more than 32 coordinates, jaxdae finds the sparsity patterns of `M` and of the
+        For more than 8 coordinates, jaxdae finds the sparsity patterns of `M` and of the
         constraint Jacobians, and whether `M` is constant, from the jaxprs of these methods
         (a structural analysis: valid for every state and parameter value), derives the
         matrices with one directional derivative per colour of their columns, and the
@@ -204,7 +205,7 @@ class LagrangianSystem(AbstractSystem):
         `eqx.filter_jit` compiles again for every new value.
     """
 
-    # `None`: derive the terms from their sparsity patterns above 32 coordinates; `True`
+    # `None`: derive the terms from their sparsity patterns above 8 coordinates; `True`
     # / `False`: always / never (see "Structure" above).
     structured_terms: ClassVar[bool | None] = None
 
@@ -278,7 +279,8 @@ class LagrangianSystem(AbstractSystem):
 
         dtype, ttype = q.dtype, jnp.result_type(t)
         if structure is not None:
-            return self._structured_terms(structure, local, t, q, v, mass_given)
+            with array_form_scope():  # not re-traced as a scalar graph
+                return self._structured_terms(structure, local, t, q, v, mass_given)
         eye, zeros = jnp.eye(n, dtype=dtype), jnp.zeros((n, n), dtype)
         tangent_t = jnp.concatenate([jnp.zeros((2 * n,), ttype), jnp.ones((1,), ttype)])
         tangent_q = jnp.concatenate([zeros, eye, v[None]])
