@@ -34,11 +34,12 @@ in a compiled loop) and of the gradient against the solve, at each size, and fit
 exponent of the time per step against the number of coordinates (log-log least squares).
 
     python experiments/bench_scaling.py [--quick] [--out output] [--sizes 2,4,8,...]
-        [--families chain,pendulum,ladder] [--batch 256] [--budget 20] [--repeats 3]
-        [--cpu-per-step]
+        [--families chain,pendulum,ladder] [--max-coordinates chain=512,pendulum=64]
+        [--batch 256] [--budget 20] [--repeats 3] [--cpu-per-step]
 """
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -194,9 +195,10 @@ def measure_jax(functions, model, skip, batch, repeats, budget):
     return out
 
 
-def cpu_per_step(families, sizes, repeats, calls=300):
+def cpu_per_step(families, sizes, repeats, max_coordinates=None, calls=300):
     """The `--cpu-per-step` rows: `(family, size, coordinates, steps, solve per step [µs],
-    right-hand side [µs], gradient / solve)`, process CPU time, medians of `repeats`."""
+    right-hand side [µs], gradient / solve)`, process CPU time, medians of `repeats`; sizes
+    above `max_coordinates[family]` (where given) left out."""
     from jaxdae._integration._simulate import _rates
 
     formulation = jaxdae.Baumgarte(KD, KP)
@@ -204,6 +206,8 @@ def cpu_per_step(families, sizes, repeats, calls=300):
     rows = []
     for family in families:
         for size in sizes:
+            if coordinates(family, size) > (max_coordinates or {}).get(family, math.inf):
+                continue
             model = scaling_models.FAMILIES[family](size)
             q0, v0 = model.initial_state()
 
@@ -309,14 +313,18 @@ def predicted_skip(previous, n, budget, compile_budget):
     return set(), ""
 
 
-def run(families, sizes, batch, budget, compile_budget, repeats, methods, on_row=None):
-    """Measures every family × size × method; `on_row(results)` after each size."""
+def run(families, sizes, batch, budget, compile_budget, repeats, methods, on_row=None,
+        max_coordinates=None):
+    """Measures every family × size × method; `on_row(results)` after each size. Sizes with
+    more coordinates than `max_coordinates[family]` (where given) are left out."""
     results = []
     for family in families:
         previous = dict.fromkeys(methods)
         for size in sizes:
-            model = scaling_models.FAMILIES[family](size)
             n = coordinates(family, size)
+            if n > (max_coordinates or {}).get(family, n):
+                continue
+            model = scaling_models.FAMILIES[family](size)
             row = {"family": family, "size": size, "coordinates": n,
                    "constraints": constraints(family, size), "methods": {}}
             for method in methods:
@@ -436,6 +444,9 @@ def parse_args():
                         "(default 120)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed calls per measurement; the median is reported (default 3)")
+    parser.add_argument("--max-coordinates", type=_limits, default={},
+                        help="leave out the sizes with more coordinates: one number for "
+                        "every family, or family=number pairs, e.g. chain=512,pendulum=64")
     parser.add_argument("--cpu-per-step", action="store_true",
                         help="jaxdae only: CPU time per step, per right-hand side and "
                         "gradient / solve at each size, and the growth exponents")
@@ -459,6 +470,18 @@ def _int_list(text):
     return sorted(set(values))
 
 
+def _limits(text):
+    limits = {}
+    for item in text.split(","):
+        family, _, number = item.strip().rpartition("=")
+        if not number.isdigit() or (family and family not in scaling_models.FAMILIES):
+            raise argparse.ArgumentTypeError(
+                f"expected a number or family=number pairs, got {text!r}")
+        for name in [family] if family else scaling_models.FAMILIES:
+            limits[name] = int(number)
+    return limits
+
+
 def _family_list(text):
     names = [x.strip() for x in text.split(",") if x.strip()]
     unknown = [x for x in names if x not in scaling_models.FAMILIES]
@@ -474,7 +497,7 @@ def main():
         warm_up_jax()
         print("| family | N | coordinates | steps | solve per step [µs] | right-hand side [µs] "
               "| gradient / solve |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-        cpu_per_step(args.families, args.sizes, args.repeats)
+        cpu_per_step(args.families, args.sizes, args.repeats, args.max_coordinates)
         return
     if ca is None:
         print("CasADi is not installed: its rows are left out (pip install casadi).")
@@ -501,11 +524,12 @@ def main():
         write_json(folder / "bench_scaling.json", {
             "results": rows, "sizes": args.sizes, "families": args.families,
             "batch": args.batch, "budget": args.budget, "repeats": args.repeats,
+            "max_coordinates": args.max_coordinates,
             "jax": jax.__version__, "casadi": None if ca is None else ca.__version__,
             "complete": final, "table": lines})
 
     results = run(args.families, args.sizes, args.batch, args.budget, args.compile_budget,
-                  args.repeats, methods, on_row=report)
+                  args.repeats, methods, on_row=report, max_coordinates=args.max_coordinates)
     report(results, final=True)
     print(f"wrote {folder / 'bench_scaling.json'} and {folder / 'bench_scaling.png'}")
 
