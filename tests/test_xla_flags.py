@@ -1,6 +1,5 @@
 """What importing jaxdae changes in JAX, and its opt-outs (`jaxdae/_compilation/_xla_flags.py`):
-float64, XLA's option that compiles while loops as single CPU kernels, and XLA:CPU's classic
-fusion emitters (on the jaxlib series where that option was measured)."""
+float64, and XLA's option that compiles while loops as single CPU kernels."""
 
 import json
 import os
@@ -11,18 +10,12 @@ import pytest
 
 import jaxdae  # noqa: F401  (sets the option on import)
 from jaxdae._compilation._xla_flags import (
-    FUSION_OPTION,
     SMALL_LOOP_BYTES,
     SMALL_LOOP_OPTION,
-    jaxlib_knows_fusion_option,
-    wanted_flags,
-    with_fusion_option,
     with_small_loop_option,
 )
 
 OPTION = f"{SMALL_LOOP_OPTION}={SMALL_LOOP_BYTES}"
-# What the import appends after the loop option (nothing on a jaxlib it was not measured on)
-FUSION = f" --{FUSION_OPTION}=false" if jaxlib_knows_fusion_option() else ""
 _VARIABLES = ("XLA_FLAGS", "JAXDAE_SET_XLA_FLAGS", "JAXDAE_ENABLE_X64", "JAX_ENABLE_X64")
 
 
@@ -45,16 +38,14 @@ def _import_in_a_new_process(**variables) -> dict:
 
 
 @pytest.mark.parametrize("variables, x64, flags", [
-    ({}, True, f"--xla_backend_extra_options={OPTION}{FUSION}"),
-    ({"JAXDAE_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION}{FUSION}"),
-    ({"JAX_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION}{FUSION}"),
+    ({}, True, f"--xla_backend_extra_options={OPTION}"),
+    ({"JAXDAE_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION}"),
+    ({"JAX_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION}"),
     ({"JAXDAE_SET_XLA_FLAGS": "0"}, True, None),
     ({"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}, True,
-     f"--xla_force_host_platform_device_count=2 --xla_backend_extra_options={OPTION}{FUSION}"),
-    ({"XLA_FLAGS": f"--{FUSION_OPTION}=true"}, True,
-     f"--{FUSION_OPTION}=true --xla_backend_extra_options={OPTION}"),
+     f"--xla_force_host_platform_device_count=2 --xla_backend_extra_options={OPTION}"),
 ], ids=["default", "JAXDAE_ENABLE_X64=0", "JAX_ENABLE_X64=0", "JAXDAE_SET_XLA_FLAGS=0",
-        "XLA_FLAGS given", "fusion option given"])
+        "XLA_FLAGS given"])
 def test_what_importing_changes_and_the_opt_outs(variables, x64, flags):
     imported = _import_in_a_new_process(**variables)
     assert imported == {"x64 before": False, "x64": x64, "XLA_FLAGS": flags}
@@ -71,17 +62,6 @@ def test_the_option_joins_the_flags_given():
     # A threshold the user chose (here XLA's default, 1024 bytes) is kept.
     mine = f"--xla_backend_extra_options={SMALL_LOOP_OPTION}=1024"
     assert with_small_loop_option(mine) == mine
-
-
-def test_fusion_option():
-    assert with_fusion_option("") == f"--{FUSION_OPTION}=false"
-    assert with_fusion_option("--a=1  --b=2") == f"--a=1 --b=2 --{FUSION_OPTION}=false"
-    mine = f"--{FUSION_OPTION}=true"
-    assert with_fusion_option(mine) == mine  # the user's choice stays
-    # measured on the jaxlib 0.10 series (the pinned one): XLA aborts on unknown options
-    from jaxlib.version import __version__
-    assert jaxlib_knows_fusion_option() == __version__.startswith("0.10.")
-    assert wanted_flags("") == f"--xla_backend_extra_options={OPTION}{FUSION}"
 
 
 @pytest.mark.skipif(os.environ.get("JAXDAE_SET_XLA_FLAGS") == "0", reason="opted out")

@@ -1,4 +1,4 @@
-"""What importing jaxdae changes in JAX: 64-bit floats and two XLA options for the CPU.
+"""What importing jaxdae changes in JAX: 64-bit floats and one XLA option for while loops.
 
 Both are set by `configure_on_import`, which `jaxdae/__init__.py` calls first thing; each has
 an opt-out, an environment variable read at the import.
@@ -24,35 +24,25 @@ evaluating the right-hand side 6 times per iteration runs about 6× faster with 
 (`experiments/diagnostics/bench_import_settings.py`, which runs the two-link benchmark with
 and without `JAXDAE_SET_XLA_FLAGS=0`).
 
-**XLA's classic CPU fusion emitters.** `xla_cpu_use_fusion_emitters=false` has XLA:CPU
-generate its fused kernels with its classic LLVM emitters instead of the MLIR-based ones,
-which take longer to compile the many small fusions of a solve and of its gradient. Measured
-by `experiments/diagnostics/bench_xla_compile_options.py` (each setting in its own process,
-three runs each, process CPU time of the XLA compile, 2-core CPU): the two-link solve
-1.26–1.36 → 0.78–0.89 s, its gradient 3.03–3.21 → 2.19–2.55 s, a `vmap` batch of it
-2.36–2.47 → 1.78–1.88 s, the chain of 64 point masses (128 coordinates) 2.28–2.34 →
-1.83–1.91 s and its gradient 4.92–5.29 → 4.24–4.42 s, the ladder of 128 four-bars (512
-coordinates) 2.93–3.05 → 2.29–2.39 s and its gradient 6.68–7.04 → 5.55–6.03 s; the compiled
-programs ran as fast (medians within 3%, within the spread between runs). XLA aborts on an
-option it does not know, so it is set only for the jaxlib versions it was measured on
-(`FUSION_JAXLIB`, the 0.10 series).
+XLA's compile time is left to XLA's defaults: its classic CPU fusion emitters
+(`--xla_cpu_use_fusion_emitters=false`) compiled jaxdae's programs with 15–37% less CPU time
+(two-link solve 1.3 → 0.8 s), but some of the programs ran 25–40% slower (the structured
+solves of the chain and the ladder at 32 coordinates) and others 4× faster, so the choice
+belongs to the user.
 
-The options live in `XLA_FLAGS`, which XLA reads once, when JAX starts its first backend;
-so they are set when jaxdae is imported, before any computation. Each is left alone when
-`XLA_FLAGS` already names it (e.g. `...byte_threshold=1024` or
-`--xla_cpu_use_fusion_emitters=true`, XLA's defaults); `JAXDAE_SET_XLA_FLAGS=0` leaves
-`XLA_FLAGS` alone altogether. If JAX has already computed something when jaxdae is
-imported, a warning says how to get the options. GPU backends do not read them.
+The option lives in `XLA_FLAGS`, which XLA reads once, when JAX starts its first backend;
+so it is set when jaxdae is imported, before any computation. It is left alone when
+`XLA_FLAGS` already names it (e.g. `...byte_threshold=1024`, XLA's default) or when
+the environment variable `JAXDAE_SET_XLA_FLAGS` is `0`. If JAX has already computed
+something when jaxdae is imported, a warning says how to get the option. GPU backends do
+not read it.
 """
 
 import os
-import re
 import warnings
 
 SMALL_LOOP_OPTION = "xla_cpu_small_while_loop_byte_threshold"
 SMALL_LOOP_BYTES = 1_000_000_000
-FUSION_OPTION = "xla_cpu_use_fusion_emitters"
-FUSION_JAXLIB = ((0, 10), (0, 11))  # jaxlib releases [from, to) that take `FUSION_OPTION`
 _EXTRA_OPTIONS = "--xla_backend_extra_options="
 
 
@@ -74,35 +64,10 @@ def with_small_loop_option(flags: str) -> str:
     return " ".join(tokens)
 
 
-def with_fusion_option(flags: str) -> str:
-    """`flags` (the value of `XLA_FLAGS`) with XLA:CPU's classic fusion emitters chosen
-    (`FUSION_OPTION=false`), unless it already names the option."""
-    if FUSION_OPTION in flags:
-        return flags
-    return " ".join([*flags.split(), f"--{FUSION_OPTION}=false"])
-
-
-def jaxlib_knows_fusion_option() -> bool:
-    """Whether the installed jaxlib is of a series on which `FUSION_OPTION` was measured
-    (`FUSION_JAXLIB`); read from `jaxlib.version`, which starts no backend."""
-    try:
-        from jaxlib.version import __version__
-    except ImportError:
-        return False
-    release = tuple(int(x) for x in re.findall(r"\d+", __version__)[:2])
-    return FUSION_JAXLIB[0] <= release < FUSION_JAXLIB[1]
-
-
-def wanted_flags(flags: str) -> str:
-    """`flags` with jaxdae's options added (see the module docstring)."""
-    wanted = with_small_loop_option(flags)
-    return with_fusion_option(wanted) if jaxlib_knows_fusion_option() else wanted
-
-
 def set_xla_flags() -> None:
-    """Adds jaxdae's XLA:CPU options to `XLA_FLAGS` (see the module docstring)."""
+    """Raises XLA:CPU's small-while-loop limit in `XLA_FLAGS` (see the module docstring)."""
     flags = os.environ.get("XLA_FLAGS", "")
-    wanted = wanted_flags(flags)
+    wanted = with_small_loop_option(flags)
     if wanted == flags:
         return
     from ._private_apis import backends_are_initialized
@@ -110,9 +75,8 @@ def set_xla_flags() -> None:
     if backends_are_initialized():
         warnings.warn(
             "jaxdae was imported after JAX started its backend, so XLA runs while loops (every "
-            "solve) kernel by kernel, several times slower on the CPU, and compiles more "
-            "slowly. Import jaxdae before the first JAX computation, or set the environment "
-            "variable before starting "
+            "solve) kernel by kernel, several times slower on the CPU. Import jaxdae before "
+            "the first JAX computation, or set the environment variable before starting "
             f"Python: XLA_FLAGS='{wanted}' (set JAXDAE_SET_XLA_FLAGS=0 to silence this).",
             stacklevel=2)
         return
@@ -120,7 +84,7 @@ def set_xla_flags() -> None:
 
 
 def configure_on_import() -> None:
-    """Sets what importing jaxdae changes (see the module docstring): the XLA options unless
+    """Sets what importing jaxdae changes (see the module docstring): the XLA option unless
     `JAXDAE_SET_XLA_FLAGS=0`, then float64 unless `JAXDAE_ENABLE_X64=0` or `JAX_ENABLE_X64`
     is set. Runs before jaxdae computes anything."""
     if os.environ.get("JAXDAE_SET_XLA_FLAGS", "1") != "0":
