@@ -3,8 +3,9 @@
 For each model, the same `simulate` (`Baumgarte(20, 100)`, Tsit5, `t ∈ [0, 1]`,
 `rtol=1e-8, atol=1e-10`, float64; `bench_scaling.py`'s forward function) compiled twice: with
 the terms derived densely (`structured_terms = False`) and from the sparsity patterns
-(`structured_terms = True`). Prints the wall time of each compile (trace + lower + XLA) and
-the process CPU time per step of one solve (median of `--repeats`, the two variants
+(`structured_terms = True`). Prints the wall time of the solve's compile (trace + lower + XLA)
+and the process CPU time per step of one solve and of its gradient (`bench_scaling.py`'s, with
+respect to the gains and the initial velocities; medians of `--repeats`, the two variants
 interleaved). `jaxdae/_systems/_structure.py` sets `STRUCTURED_MIN`, the largest number of
 coordinates that keeps the dense derivation by default, from these figures.
 
@@ -50,19 +51,25 @@ def compare(family: str, size: int, repeats: int) -> dict:
     for structured in (False, True):
         model = variant(family, size, structured)
         q0, v0 = model.initial_state()
-        forward, _ = jaxdae_functions(model)
+        forward, gradient = jaxdae_functions(model)
         start = time.perf_counter()
         compiled[structured] = jax.jit(forward).trace(gains, q0, v0).lower().compile()
         row[structured] = {"compile": time.perf_counter() - start, "times": [],
+                           "gradient times": [],
                            "steps": int(compiled[structured](gains, q0, v0)[1])}
+        compiled[structured, "gradient"] = jax.jit(gradient).lower(gains, q0, v0).compile()
+        jax.block_until_ready(compiled[structured, "gradient"](gains, q0, v0))
     for _ in range(repeats):
         for structured in (False, True):
-            start = time.process_time()
-            jax.block_until_ready(compiled[structured](gains, q0, v0))
-            row[structured]["times"].append(time.process_time() - start)
+            for key, fn in (("times", compiled[structured]),
+                            ("gradient times", compiled[structured, "gradient"])):
+                start = time.process_time()
+                jax.block_until_ready(fn(gains, q0, v0))
+                row[structured][key].append(time.process_time() - start)
     return {"coordinates": int(q0.shape[0]), **{
         key: {"compile [s]": r["compile"], "steps": r["steps"],
-              "per step [µs]": 1e6 * statistics.median(r["times"]) / r["steps"]}
+              "per step [µs]": 1e6 * statistics.median(r["times"]) / r["steps"],
+              "gradient per step [µs]": 1e6 * statistics.median(r["gradient times"]) / r["steps"]}
         for key, r in (("dense", row[False]), ("structured", row[True]))}}
 
 
@@ -71,9 +78,9 @@ def main():
     parser.add_argument("models", nargs="*", default=DEFAULT, help="family:N")
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    print("| model | coordinates | steps | dense per step [µs] | structured per step [µs] | "
-          "dense compile [s] | structured compile [s] |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| model | coordinates | steps | solve per step, dense / structured [µs] | "
+          "gradient per step, dense / structured [µs] | compile, dense / structured [s] |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for spec in args.models:
         family, _, size = spec.partition(":")
         if family not in scaling_models.FAMILIES or not size.isdigit():
@@ -81,9 +88,10 @@ def main():
                              f"{sorted(scaling_models.FAMILIES)}; got {spec!r}")
         r = compare(family, int(size), args.repeats)
         d, s = r["dense"], r["structured"]
-        print(f"| {spec} | {r['coordinates']} | {d['steps']} | {d['per step [µs]']:.1f} | "
-              f"{s['per step [µs]']:.1f} | {d['compile [s]']:.2f} | {s['compile [s]']:.2f} |",
-              flush=True)
+        print(f"| {spec} | {r['coordinates']} | {d['steps']} | {d['per step [µs]']:.1f} / "
+              f"{s['per step [µs]']:.1f} | {d['gradient per step [µs]']:.1f} / "
+              f"{s['gradient per step [µs]']:.1f} | {d['compile [s]']:.2f} / "
+              f"{s['compile [s]']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -33,12 +33,13 @@ from .._compilation._sparsity import column_colouring, nonzero_masks
 # few fused loops; larger ones derive their terms from the patterns found here, in array form
 # (`array_form_scope`: a scalar graph of the structured terms ran 3-4× slower than their array
 # form). Measured by `experiments/diagnostics/bench_structured_threshold.py` (CPU time per
-# step of one solve, 2-core CPU): at 8 coordinates the dense path is faster on the chain
-# (3.6 against 13.7 µs), the ladder (15.5 against 19.0 µs) and the pendulum (31 against
-# 46 µs); from 10 coordinates on the structured path is, on all three (chain 37 against 48 µs
-# at 10, ladder 35 against 52 µs at 12, pendulum 55 against 65 µs at 10, chain 40 against
-# 101 µs at 32), and on the multibody slider-crank (9 coordinates) and chains of 3 and 4
-# bodies (9 and 12), at the same compile times.
+# step of one solve and of its gradient, dense / structured, 2-core CPU): at 8 coordinates
+# the dense path is faster on the chain (solve 4.4 / 12.7 µs, gradient 9.1 / 92.8 µs), the
+# ladder (15.3 / 19.3, 126 / 346 µs) and the pendulum (34.5 / 49.4, 125 / 361 µs); from 10
+# coordinates on the structured path is, on all three: chain 44.8 / 33.9 and 283 / 199 µs at
+# 10, 101 / 40.0 and 499 / 189 µs at 32; ladder 51.0 / 34.2 and 255 / 131 µs at 12;
+# pendulum 61.6 / 51.9 and 217 / 195 µs at 10. So are the multibody slider-crank (9
+# coordinates) and chains of 3 and 4 bodies (9 and 12); the compile times are alike.
 STRUCTURED_MIN = 8
 
 
