@@ -11,10 +11,13 @@ import numpy as np
 import pytest
 
 from jaxdae._compilation._linalg import (
+    LU_UNROLL_MAX,
     UNROLL_MAX,
     extreme_eigenvalues,
     full_precision,
     is_positive_definite,
+    lu_factor,
+    lu_solve,
     not_hurwitz,
     psd_pseudo_solve,
     reciprocal_condition,
@@ -189,3 +192,54 @@ def test_cholesky_pivots(size):
     singular[-1, -1] = matrix[0, 0]
     pivots = np.asarray(cholesky_pivots(jnp.asarray(singular)))
     assert not pivots.min() > 1e-8 * pivots.max()
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, LU_UNROLL_MAX, LU_UNROLL_MAX + 1])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_lu_solve_matches_scipy(n, dtype):
+    """`lu_factor`/`lu_solve` (unrolled up to `LU_UNROLL_MAX`, LAPACK beyond) give
+    `jax.scipy.linalg.lu_solve`'s solution, for vector and matrix right-hand sides, and
+    the row permutation of LAPACK's partial pivoting."""
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal((n, n)).astype(dtype)
+    b = rng.standard_normal((n, 3)).astype(dtype)
+    factors = jax.jit(lu_factor)(a)
+    expected = jax.scipy.linalg.lu_solve(jax.scipy.linalg.lu_factor(a), b)
+    tol = 1e-10 if dtype == np.float64 else 1e-3
+    scale = np.max(np.abs(expected))
+    np.testing.assert_allclose(lu_solve(factors, b), expected, atol=tol * scale)
+    np.testing.assert_allclose(lu_solve(factors, b[:, 0]), expected[:, 0], atol=tol * scale)
+    np.testing.assert_array_equal(factors[1], jax.lax.linalg.lu(a)[2])
+    assert factors[0].dtype == dtype
+
+
+def test_lu_pivots_where_the_leading_entries_are_small():
+    """`I − hγJ` of a mechanical system `ẏ = [[0, I], [A, B]] y` for a large `hγ`: its
+    leading block is 1 next to entries of 10⁸. Elimination without row exchanges loses
+    the solution to rounding; partial pivoting keeps it."""
+    stiffness = np.array([[-2.0, 1.0], [1.0, -2.0]]) * 1e8
+    jacobian = np.block([[np.zeros((2, 2)), np.eye(2)], [stiffness, -1e3 * np.eye(2)]])
+    matrix = np.eye(4) - 1.0 * jacobian
+    matrix[0, 0] = 1e-12  # a tiny first pivot
+    b = np.arange(1.0, 5.0)
+    x = lu_solve(lu_factor(matrix), b)
+    np.testing.assert_allclose(matrix @ np.asarray(x), b, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(x, np.linalg.solve(matrix, b), rtol=1e-8)
+    permutation = np.array([[0.0, 1.0], [1.0, 0.0]])  # a zero on the diagonal
+    np.testing.assert_allclose(lu_solve(lu_factor(permutation), np.array([2.0, 3.0])), [3.0, 2.0])
+
+
+def test_lu_singular_gives_non_finite_values():
+    x = lu_solve(lu_factor(np.ones((3, 3))), np.ones(3))
+    assert not np.all(np.isfinite(x))
+
+
+def test_lu_under_vmap_and_grad():
+    rng = np.random.default_rng(0)
+    a = np.eye(4) + 0.3 * rng.standard_normal((5, 4, 4))
+    b = rng.standard_normal(4)
+    batched = jax.vmap(lambda m: lu_solve(lu_factor(m), b))(a)
+    np.testing.assert_allclose(batched, np.linalg.solve(a, b), rtol=1e-10)
+    loss = lambda m: jnp.sum(jnp.sin(lu_solve(lu_factor(m), b)))  # noqa: E731
+    reference = lambda m: jnp.sum(jnp.sin(jnp.linalg.solve(m, b)))  # noqa: E731
+    np.testing.assert_allclose(jax.grad(loss)(a[0]), jax.grad(reference)(a[0]), rtol=1e-10)

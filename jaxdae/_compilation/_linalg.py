@@ -248,3 +248,74 @@ def not_hurwitz(matrix: Float[Array, "d d"], xnp) -> Bool[Array, ""] | np.bool_:
     scale = 1.0 + 2.0 * jnp.max(jnp.abs(matrix)) * jnp.max(jnp.abs(sym)) * n
     tol = jnp.sqrt(jnp.finfo(matrix.dtype).eps) * scale
     return ~finite | ~ok | ~(lowest > 0) | ~(residual <= tol)
+
+
+# Square matrices up to this size are LU-factorized by `lu_factor` with array operations
+# that XLA fuses into the surrounding kernel, instead of LAPACK's `getrf` (and two `trsm`
+# per solve) as custom calls. See `lu_factor`.
+LU_UNROLL_MAX = 16
+
+
+def lu_factor(matrix: Float[Array, "n n"]) -> tuple[Array, Array]:
+    """The LU factorization with partial pivoting `matrix[perm] = L U` (`L` unit lower
+    triangular, stored below the diagonal of `lu`, `U` on and above it), as
+    `(lu, perm)`: `perm` is the row permutation (not LAPACK's pivot swaps), for
+    [`lu_solve`][].
+
+    Up to `LU_UNROLL_MAX` rows the elimination is unrolled over the columns, each column
+    a handful of whole-matrix operations: the pivot is the largest entry on or below the
+    diagonal (an `argmax`), the row swap two `where` selects, the elimination a rank-one
+    update. XLA fuses them with the rest of a loop body, where LAPACK's `getrf` is a
+    separate custom call (with two `trsm` per solve) at every use. Pivoting is kept: a
+    Rosenbrock matrix `I − hγJ` is close to the identity for small steps, but for a
+    mechanical system's Jacobian `[[0, I], [A, B]]` and a large `hγ` its leading
+    entries are small next to the others, and elimination without row exchanges would
+    grow the entries by `1/pivot`. Beyond `LU_UNROLL_MAX` rows: `jax.lax.linalg.lu`
+    (LAPACK).
+
+    A singular matrix gives a zero pivot, and the solves non-finite values (which make
+    an ODE solver reject the step), not an error. Differentiable (the pivot choice is
+    piecewise constant).
+    """
+    n = matrix.shape[0]
+    if n > LU_UNROLL_MAX:
+        lu, _, perm = jax.lax.linalg.lu(matrix)
+        return lu, perm
+    rows = jnp.arange(n)
+    a, perm = matrix, rows
+    for k in range(n - 1):
+        column = jnp.where(rows >= k, jnp.abs(a[:, k]), -1.0)
+        pivot = jnp.argmax(column)
+        at_pivot, at_k = rows == pivot, rows == k
+        pivot_row = jnp.sum(jnp.where(at_pivot[:, None], a, 0.0), axis=0)
+        a = jnp.where(at_k[:, None], pivot_row[None, :],
+                      jnp.where(at_pivot[:, None], a[k][None, :], a))
+        pivot_index = jnp.sum(jnp.where(at_pivot, perm, 0))
+        perm = jnp.where(at_k, pivot_index, jnp.where(at_pivot, perm[k], perm))
+        below = rows > k
+        factors = jnp.where(below, a[:, k] / a[k, k], 0.0)
+        update = jnp.where(rows > k, a[k], 0.0)
+        a = a - factors[:, None] * update[None, :]
+        a = jnp.where(below[:, None] & at_k[None, :], factors[:, None], a)
+    return a, perm
+
+
+def lu_solve(factors: tuple[Array, Array], rhs: Array) -> Array:
+    """Solves `matrix @ x = rhs` from `lu_factor(matrix)`, `rhs` of shape `(n,)` or
+    `(n, k)`: forward and back substitution unrolled over the rows up to `LU_UNROLL_MAX`,
+    `jax.scipy.linalg.solve_triangular` (LAPACK) beyond."""
+    lu, perm = factors
+    n = lu.shape[0]
+    b = jnp.asarray(rhs)[perm]
+    if n > LU_UNROLL_MAX:
+        y = jax.scipy.linalg.solve_triangular(lu, b, lower=True, unit_diagonal=True)
+        return jax.scipy.linalg.solve_triangular(lu, y, lower=False)
+    rows = jnp.arange(n)
+    shape = (n,) + (1,) * (rhs.ndim - 1)
+    for k in range(n - 1):
+        b = b - jnp.where(rows > k, lu[:, k], 0.0).reshape(shape) * b[k]
+    for k in reversed(range(n)):
+        x_k = b[k] / lu[k, k]
+        b = jnp.where((rows == k).reshape(shape), x_k,
+                      b - jnp.where(rows < k, lu[:, k], 0.0).reshape(shape) * x_k)
+    return b

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from .._compilation._linalg import lu_factor, lu_solve
 from .._compilation._sparsity import column_colouring, nonzero_masks
 from .._custom_types import Array, PyTree
 
@@ -118,7 +119,9 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
     order 3) because an order-5 method reaches a relative error of `10⁻⁶` in fewer steps.
 
     **The Jacobian.** `∂f/∂y` and `∂f/∂t` come from one `jax.linearize` of the vector field
-    at the step's start, applied to a batch of tangents (`jax.vmap`). With
+    at the step's start, applied to each tangent in turn (up to 17 tangents; beyond, to
+    all at once with `jax.vmap`, whose batched products do not fuse on the CPU: 6× the
+    time on an 8-state ODE of jaxdae's formulations). With
     `jacobian="coloured"` (the default) the structural non-zeros of `∂f/∂y` are found
     once, when the solve is traced, from the vector field's jaxpr, and its columns are
     grouped so that no two columns of a group share a row (Curtis, Powell & Reid 1974): one
@@ -146,14 +149,15 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
 
     **When it pays.** Its steps do not shrink with the stiffness, and a step costs a
     fraction of an implicit Runge–Kutta step: on the small stiff models of
-    `experiments/stiff_integration.py` (CPU) a step cost 18–31 µs, 0.4× a configured
-    `diffrax.Kvaerno5` step, and at equal accuracy it was 1.1–3.2× faster than Kvaerno5;
-    it was still slower than the explicit solvers there, whose steps cost under 1 µs
+    `experiments/stiff_integration.py` (CPU) a step of the spring pendulum's 8-state ODE
+    cost about 10 µs, a tenth of a configured `diffrax.Kvaerno5` step and 7 Tsit5 steps
     (`docs/guides/stiff_integration.md`). Use it where the explicit step is held far below
     the accuracy-limited one.
 
     **Cost per step**: one linearization, `n` (or the number of colours) Jacobian-vector
-    products, an `n × n` LU factorization (`jax.scipy.linalg.lu_factor`) and eight
+    products, an `n × n` LU factorization with partial pivoting (up to 16 states written
+    with array operations that XLA fuses into the step, LAPACK's `getrf` beyond: 2.5× less
+    time per step on the 8-state ODE), eight solves with its factors and eight
     evaluations of `f`. For large dense `n` the factorization (`O(n³)`) dominates; for
     an ensemble given to [`jaxdae.simulate_ensemble`][] the matrix is that of the whole
     batch (block-diagonal, factorized densely): batch stiff solves with
@@ -207,7 +211,7 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
 
         f0, jacobian, f_t = _linearization(f, t0, y, self.jacobian)
         hg = h * _GAMMA
-        lu = jax.scipy.linalg.lu_factor(jnp.eye(y.size, dtype=dtype) - hg * jacobian)
+        lu = lu_factor(jnp.eye(y.size, dtype=dtype) - hg * jacobian)
 
         ks = []
         for i in range(1, _STAGES + 1):
@@ -221,7 +225,7 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
                 rhs = rhs + (h * _D[i - 1]) * f_t
             if i > 1:
                 rhs = rhs + _combine(_C[i], ks) / h
-            ks.append(jax.scipy.linalg.lu_solve(lu, hg * rhs))
+            ks.append(lu_solve(lu, hg * rhs))
         y1 = y + _combine(_M, ks)
         error = jnp.where(jnp.all(jnp.isfinite(y1)), ks[-1], jnp.inf)
         dense = jnp.stack([_combine(row, ks) for row in _H])
@@ -230,6 +234,15 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
 
     def func(self, terms, t0, y0, args):
         return terms.vf(t0, y0, args)
+
+
+# Up to this many tangents the linearized vector field is applied to each in turn, beyond
+# it to all at once with `jax.vmap`. The batched products of `vmap` (batched dot_generals,
+# transposes and copies) do not fuse on the CPU: on the spring pendulum's 8-state ODE from
+# `jaxdae.Baumgarte` the 9 tangents cost 16.6 µs batched and 2.6 µs one after the other
+# (`experiments/stiff_integration.py --study step_costs`), while the compiled program
+# grows with the number of copies.
+TANGENT_LOOP_MAX = 17
 
 
 def _linearization(f, t, y, jacobian: str):
@@ -247,9 +260,15 @@ def _linearization(f, t, y, jacobian: str):
         seeds = np.eye(n)
     else:
         seeds = (colours[None, :] == np.arange(groups)[:, None]).astype(np.float64)
-    directions = jnp.asarray(np.concatenate([seeds, np.zeros((1, n))]), y.dtype)
-    in_t = jnp.zeros(len(seeds) + 1, t.dtype).at[-1].set(1)
-    products = jax.vmap(tangent)(in_t, directions)  # (tangents, n)
+    directions = np.concatenate([seeds, np.zeros((1, n))])
+    in_t = np.zeros(len(directions))
+    in_t[-1] = 1.0
+    if len(directions) <= TANGENT_LOOP_MAX:
+        products = jnp.stack([tangent(jnp.asarray(s, t.dtype), jnp.asarray(d, y.dtype))
+                              for s, d in zip(in_t, directions)])
+    else:
+        products = jax.vmap(tangent)(jnp.asarray(in_t, t.dtype),
+                                     jnp.asarray(directions, y.dtype))  # (tangents, n)
     f_t = products[-1]
     compressed = products[:-1].T  # (n, groups): column g holds Σ_{j in g} ∂f/∂y_j
     if len(seeds) == n and np.array_equal(seeds, np.eye(n)):
