@@ -404,10 +404,15 @@ def step_costs(quick):
         state = solver.init(lx.MatrixLinearOperator(jnp.eye(8) + 1e-3 * jnp.outer(y, y)), {})
         return solver.compute(state, y, {})[0]
 
+    def in_turn(y):
+        _, tangent = jax.linearize(lambda y: f_jaxdae(0.0, y, None), y)
+        return jnp.stack([tangent(e) for e in jnp.eye(y.size)], 1)[0]
+
     pieces = {
         "right-hand side (jaxdae)": lambda y: f_jaxdae(0.0, y, None),
-        "Jacobian, jax.jacfwd (jaxdae)": lambda y: jax.jacfwd(
+        "Jacobian, jax.jacfwd: tangents batched by vmap (jaxdae)": lambda y: jax.jacfwd(
             lambda y: f_jaxdae(0.0, y, None))(y)[0],
+        "Jacobian, jax.linearize: tangents in turn (jaxdae)": in_turn,
         "Jacobian, jax.jacfwd (written out)": lambda y: jax.jacfwd(
             lambda y: f_hand(0.0, y, None))(y)[0],
         "LU factorization + solve, 8 x 8 (lineax)": lu,
@@ -420,19 +425,23 @@ def step_costs(quick):
                                         jnp.ones(8))}
     per_step = []
     for label, (fn, y) in odes.items():
-        for name in ("Tsit5", "Kvaerno5 (configured)", "Rodas5P"):
-            solver = solvers(rtol, 1e-3 * rtol)[name]
+        solves = {}
+        for name in ("Tsit5", "Kvaerno5 (configured)", "Rodas5P", LAPACK_RODAS):
+            solver = solvers(rtol, 1e-3 * rtol)[name.split(" (")[0] if name == LAPACK_RODAS
+                                                 else name]
 
             def solve(fn=fn, y=y, solver=solver):
+                term = diffrax.ODETerm(lambda t, y, args: fn(t, y, args))  # one per variant
                 sol = diffrax.diffeqsolve(
-                    diffrax.ODETerm(fn), solver, 0.0, T1, 1e-4, y, max_steps=10**6,
+                    term, solver, 0.0, T1, 1e-4, y, max_steps=10**6,
                     stepsize_controller=diffrax.PIDController(rtol=rtol, atol=1e-3 * rtol))
-                return sol.stats["num_accepted_steps"] + sol.stats["num_rejected_steps"]
+                return sol.stats["num_accepted_steps"] + sol.stats["num_rejected_steps"], sol.ys
 
-            solve = jax.jit(solve)
-            steps = int(solve())
-            wall = _best_us(solve, 3)
-            per_step.append(dict(ode=label, solver=name, steps=steps, us_per_step=wall / steps))
+            solves[name] = jax.jit(_lapack_rodas(solve) if name == LAPACK_RODAS else solve)
+        steps = {name: int(solve()[0]) for name, solve in solves.items()}
+        _, best = timed_interleaved(solves, (), 3)
+        per_step += [dict(ode=label, solver=name, steps=steps[name],
+                          us_per_step=1e6 * best[name] / steps[name]) for name in solves]
     chord = []
     for rtol in ([1e-6] if quick else [1e-6, 1e-7]):
         for kappa in (1e-2, 1e-4):
@@ -453,11 +462,34 @@ def step_costs(quick):
                 lu_us=lu_costs(quick))
 
 
+LAPACK_RODAS = "Rodas5P (LAPACK LU, tangents batched by vmap)"
+
+
+def _lapack_rodas(fn):
+    """`fn` traced with Rodas5P's LU by LAPACK (`getrf`, `trsm`) at every size and the
+    Jacobian's tangents batched by `jax.vmap`, for comparison with the defaults."""
+    from jaxdae._compilation import _linalg
+    from jaxdae._integration import _rosenbrock
+
+    def traced(*args):
+        saved = _linalg.LU_UNROLL_MAX, _rosenbrock.TANGENT_LOOP_MAX
+        _linalg.LU_UNROLL_MAX, _rosenbrock.TANGENT_LOOP_MAX = 0, 0
+        try:
+            return fn(*args)
+        finally:
+            _linalg.LU_UNROLL_MAX, _rosenbrock.TANGENT_LOOP_MAX = saved
+
+    return traced
+
+
 def lu_costs(quick):
     """An `n × n` LU factorization and nine solves with it (a Rodas5P step's linear
-    algebra) by `jax.scipy.linalg.lu_factor`/`lu_solve` and by lineax's `LU`, each inside a
-    `lax.scan` of repetitions, for n = 4 … 128."""
+    algebra) by `jax.scipy.linalg.lu_factor`/`lu_solve`, by lineax's `LU` and by jaxdae's
+    `lu_factor`/`lu_solve` (unrolled up to 16 rows, the others' LAPACK beyond), each inside
+    a `lax.scan` of repetitions, for n = 4 … 128."""
     import lineax as lx
+
+    from jaxdae._compilation._linalg import lu_factor, lu_solve
 
     rows = []
     for n in (4, 16, 64) if quick else (4, 8, 16, 32, 64, 128):
@@ -478,8 +510,15 @@ def lu_costs(quick):
                 x = x + 1e-12 * solver.compute(state, b, {})[0]
             return x
 
+        def unrolled_lu(x, base=base, b=b, n=n):
+            factors = lu_factor(base + 1e-9 * x[0] * jnp.eye(n))
+            for _ in range(9):
+                x = x + 1e-12 * lu_solve(factors, b)
+            return x
+
         row = {"n": n}
-        for label, g in (("jax.scipy.linalg", scipy_lu), ("lineax.LU", lineax_lu)):
+        for label, g in (("jax.scipy.linalg", scipy_lu), ("lineax.LU", lineax_lu),
+                         ("lu_factor", unrolled_lu)):
             fn = jax.jit(lambda g=g, b=b, count=count: jax.lax.scan(
                 lambda x, _: (g(x), None), b, None, length=count)[0])
             row[label] = _best_us(fn, 5) / count
@@ -487,7 +526,148 @@ def lu_costs(quick):
     return rows
 
 
-STUDIES = ("configuration", "work_precision", "gradients", "step_costs")
+def _fewest_steps(rows, target=1e-6):
+    """Per code, the run with the fewest steps whose error is at most `target`."""
+    return {code: min((r for r in rows if r["code"] == code and r["error"] <= target),
+                      key=lambda r: r["steps"], default=None)
+            for code in dict.fromkeys(r["code"] for r in rows)}
+
+
+def _ode(system, formulation):
+    """The formulation's ODE `f(t, y, args)` in `y = (q, v)`, as `simulate` integrates it."""
+    def f(t, y, args):
+        n = y.size // 2
+        q, v = y[:n], y[n:]
+        return jnp.concatenate([v, formulation.accelerations(system.terms(t, q, v))[0]])
+
+    return f
+
+
+def _sundials_callbacks(f, jac):
+    """SUNDIALS' callbacks `rhs(t, y, yp)` and `jacobian(t, y, yp, matrix)`, which fill
+    their last argument (scikit-sundae counts the arguments: no defaults)."""
+    def rhs(t, y, yp):
+        yp[:] = np.asarray(f(t, y))
+
+    def jacobian(t, y, yp, matrix):
+        matrix[:, :] = np.asarray(jac(t, y))
+
+    return rhs, jacobian
+
+
+def crosscheck(quick):
+    """Study 5: the ODEs of the three small stiff cases (`CASES`) solved by independent
+    stiff codes — scipy's Radau (Radau IIA, order 5) and BDF with the exact Jacobian,
+    SUNDIALS' CVODE (BDF, `scikit-sundae`, when installed) — and by diffrax with Tsit5,
+    Dopri8, Rodas5P and the configured Kvaerno5, at rtol 1e-3 … 1e-8 (atol 1e-3 rtol):
+    accepted steps and the error in `q` (41 times, relative to max |q_ref|) against Dopri8
+    at rtol 1e-13. Then the double pendulum with its spring made rigid (a second
+    constraint, from the spring pendulum's state at t = 0.05 s, after the spring's
+    transient), for the steps that the slow motion alone needs."""
+    import scipy.integrate
+
+    try:
+        from sksundae.cvode import CVODE
+    except ImportError:
+        CVODE = None
+    rtols = (1e-4, 1e-6) if quick else (1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8)
+    ts = np.linspace(0.0, T1, 41)
+    out = {}
+    for case, make in CASES.items():
+        system, formulation, q0, v0, _ = make()
+        f_ode = _ode(system, formulation)
+        y0 = jnp.concatenate([q0, v0])
+        n = q0.size
+        term = diffrax.ODETerm(f_ode)
+        reference = np.asarray(diffrax.diffeqsolve(
+            term, diffrax.Dopri8(), 0.0, T1, 1e-6, y0, saveat=diffrax.SaveAt(ts=jnp.asarray(ts)),
+            max_steps=10**7, stepsize_controller=diffrax.PIDController(rtol=1e-13, atol=1e-15)).ys)
+        scale = np.max(np.abs(reference[:, :n]))
+        f = jax.jit(lambda t, y, f_ode=f_ode: f_ode(t, y, None))
+        jac = jax.jit(jax.jacfwd(lambda t, y, f_ode=f_ode: f_ode(t, y, None), argnums=1))
+        rows = []
+        for rtol in progress(rtols, f"crosscheck {case}", unit="tolerance"):
+            atol = 1e-3 * rtol
+
+            def record(code, steps, ys, rtol=rtol, n=n, reference=reference, scale=scale,
+                       rows=rows):
+                error = float(np.max(np.abs(np.asarray(ys)[:, :n] - reference[:, :n])) / scale)
+                rows.append({"code": code, "rtol": rtol, "steps": int(steps), "error": error})
+
+            for method in ("Radau", "BDF"):
+                sol = scipy.integrate.solve_ivp(
+                    lambda t, y, f=f: np.asarray(f(t, y)), (0.0, T1), np.asarray(y0),
+                    method=method, jac=lambda t, y, jac=jac: np.asarray(jac(t, y)), rtol=rtol,
+                    atol=atol, dense_output=True)
+                record(f"scipy {method}", len(sol.t) - 1, sol.sol(ts).T)
+            if CVODE is not None:
+                rhs, jacobian = _sundials_callbacks(f, jac)
+
+                def cvode(span, rtol=rtol, atol=atol, rhs=rhs, jacobian=jacobian, y0=y0):
+                    return CVODE(rhs, rtol=rtol, atol=atol, jacfn=jacobian,
+                                 max_num_steps=10**6).solve(span, np.asarray(y0))
+
+                record("SUNDIALS CVODE (BDF)", len(cvode(np.array([0.0, T1])).t) - 1,
+                       cvode(ts).y)
+            for name, solver in (("Tsit5", diffrax.Tsit5()), ("Dopri8", diffrax.Dopri8()),
+                                 ("Rodas5P", jaxdae.Rodas5P()),
+                                 ("Kvaerno5 (configured)",
+                                  jaxdae.configure_implicit(diffrax.Kvaerno5(), rtol, atol))):
+                sol = diffrax.diffeqsolve(
+                    term, solver, 0.0, T1, None, y0, saveat=diffrax.SaveAt(ts=jnp.asarray(ts)),
+                    max_steps=400_000, throw=False,
+                    stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol))
+                record(f"diffrax {name}", sol.stats["num_accepted_steps"], sol.ys)
+        out[case] = {"runs": rows, "fewest_steps_at_1e-6": _fewest_steps(rows)}
+    out["rigid double pendulum"] = _rigid_double_pendulum(rtols)
+    return out
+
+
+class RigidDoublePendulum(jaxdae.LagrangianSystem):
+    """The spring pendulum with its spring made rigid: unit masses, `|p₁|² = 1`,
+    `|p₂ − p₁|² = 0.25`, gravity along −y."""
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def potential_energy(self, t, q):
+        return 9.81 * (q[1] + q[3])
+
+    def constraints(self, t, q):
+        d = q[2:] - q[:2]
+        return jnp.array([q[:2] @ q[:2] - 1.0, d @ d - 0.25])
+
+
+def _rigid_double_pendulum(rtols, t0=0.05):
+    """Steps and error of Tsit5, Dopri8 and Rodas5P on the rigid double pendulum from the
+    spring pendulum's state at `t0` (projected onto the rigid link), over [t0, 2] s."""
+    y0, _, f_hand = _spring_ode()
+    y = diffrax.diffeqsolve(diffrax.ODETerm(f_hand), diffrax.Dopri8(), 0.0, t0, 1e-6, y0,
+                            max_steps=10**6, stepsize_controller=diffrax.PIDController(
+                                rtol=1e-13, atol=1e-15)).ys[-1]
+    p1, p2, v1, v2 = y[:2], y[2:4], y[4:6], y[6:]
+    axis = (p2 - p1) / jnp.linalg.norm(p2 - p1)
+    q0 = jnp.concatenate([p1, p1 + 0.5 * axis])
+    v0 = jnp.concatenate([v1, v2 - ((v2 - v1) @ axis) * axis])
+    system, formulation = RigidDoublePendulum(), jaxdae.Baumgarte(10.0, 25.0)
+    ts = jnp.linspace(t0, T1, 41)
+    reference = jaxdae.simulate(system, formulation, t0, T1, q0, v0, ts=ts,
+                                solver=diffrax.Dopri8(), rtol=1e-13, atol=1e-15,
+                                max_steps=10**6).q
+    scale = float(jnp.max(jnp.abs(reference)))
+    rows = []
+    for name, solver in (("Tsit5", diffrax.Tsit5()), ("Dopri8", diffrax.Dopri8()),
+                         ("Rodas5P", jaxdae.Rodas5P())):
+        for rtol in rtols:
+            sol = jaxdae.simulate(system, formulation, t0, T1, q0, v0, ts=ts, solver=solver,
+                                  rtol=rtol, atol=1e-3 * rtol, max_steps=10**6)
+            rows.append({"code": f"diffrax {name}", "rtol": rtol,
+                         "steps": int(sol.stats["num_accepted_steps"]),
+                         "error": float(jnp.max(jnp.abs(sol.q - reference))) / scale})
+    return {"runs": rows, "fewest_steps_at_1e-6": _fewest_steps(rows)}
+
+
+STUDIES = ("configuration", "work_precision", "gradients", "step_costs", "crosscheck")
 
 
 def main(out: Path, quick: bool = False, studies=STUDIES, only=None) -> dict:
@@ -496,12 +676,14 @@ def main(out: Path, quick: bool = False, studies=STUDIES, only=None) -> dict:
     precision = work_precision(quick, only) if "work_precision" in studies else {}
     grads = gradients(quick) if "gradients" in studies else []
     costs = step_costs(quick) if "step_costs" in studies else {}
+    checks = crosscheck(quick) if "crosscheck" in studies else {}
     best = {f"{target:g}": {case: at_target(rows, target) for case, rows in precision.items()}
             for target in TARGETS}
     write_json(folder / "summary.json", dict(target_relative_errors=TARGETS, t1=T1,
                                              configuration=configuration,
                                              work_precision=precision, at_target=best,
-                                             gradients=grads, step_costs=costs))
+                                             gradients=grads, step_costs=costs,
+                                             crosscheck=checks))
     if precision:
         _plot(folder, precision)
 
@@ -526,6 +708,10 @@ def main(out: Path, quick: bool = False, studies=STUDIES, only=None) -> dict:
                      f"{row['error_vs_reference']:.1e} | {row['time_ms']:.1f} |")
     if costs:
         table += _cost_table(costs)
+    for case, result in checks.items():
+        table += ["", f"| {case}: code | rtol | steps | rel. error |", "|---|---|---|---|"]
+        table += [f"| {r['code']} | {r['rtol']:g} | {r['steps']} | {r['error']:.1e} |"
+                  for r in result["runs"]]
     headline = _headline(configuration, best)
     print("\n".join(table))
     print(headline)
@@ -546,10 +732,10 @@ def _cost_table(costs) -> list[str]:
               "|---|---|---|---|"]
     table += [f"| {r['rtol']:g} | {r['kappa']:g} | {r['steps']} ({r['rejected']}) | "
               f"{r['median_step_after_half_second']:.2e} |" for r in costs["chord_tolerance"]]
-    table += ["", "| n | LU + 9 solves, jax.scipy.linalg [µs] | lineax.LU [µs] |",
-              "|---|---|---|"]
-    table += [f"| {r['n']} | {r['jax.scipy.linalg']:.1f} | {r['lineax.LU']:.1f} |"
-              for r in costs["lu_us"]]
+    table += ["", "| n | LU + 9 solves, jax.scipy.linalg [µs] | lineax.LU [µs] | "
+              "lu_factor [µs] |", "|---|---|---|---|"]
+    table += [f"| {r['n']} | {r['jax.scipy.linalg']:.1f} | {r['lineax.LU']:.1f} | "
+              f"{r['lu_factor']:.1f} |" for r in costs["lu_us"]]
     return table
 
 
