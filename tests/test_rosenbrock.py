@@ -188,9 +188,9 @@ def test_steps_on_a_stiff_damped_spring_do_not_grow_with_the_stiffness():
         args = (jnp.asarray(k), jnp.asarray(np.sqrt(k)))
         count, error = _dragged_solve(args)
         radau = solve_ivp(
-            lambda t, y: np.asarray(_dragged_spring(t, y, args)), (0.0, 10.0), [0.0, 1.0],
-            method="Radau", rtol=1e-6, atol=1e-9,
-            jac=lambda t, y: np.array([[0.0, 1.0], [-k, -np.sqrt(k)]]))
+            lambda t, y, args=args: np.asarray(_dragged_spring(t, y, args)), (0.0, 10.0),
+            [0.0, 1.0], method="Radau", rtol=1e-6, atol=1e-9,
+            jac=lambda t, y, k=k: np.array([[0.0, 1.0], [-k, -np.sqrt(k)]]))
         assert int(count) <= 1.5 * (len(radau.t) - 1), (k, int(count), len(radau.t) - 1)
         assert float(error) < 1e-5, (k, float(error))
         steps.append(int(count))
