@@ -155,10 +155,11 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
     the accuracy-limited one.
 
     **Cost per step**: one linearization, `n` (or the number of colours) Jacobian-vector
-    products, an `n × n` LU factorization with partial pivoting (up to 16 states written
-    with array operations that XLA fuses into the step, LAPACK's `getrf` beyond: 2.5× less
-    time per step on the 8-state ODE), eight solves with its factors and eight
-    evaluations of `f`. For large dense `n` the factorization (`O(n³)`) dominates; for
+    products, an `n × n` LU factorization with partial pivoting, eight solves with it and
+    eight evaluations of `f`. Up to 16 states the factorization is written with array
+    operations that XLA fuses into the step (LAPACK's `getrf` beyond), and its factors
+    are turned into the inverse once, so that each stage's solve is one matrix–vector
+    product. For large dense `n` the factorization (`O(n³)`) dominates; for
     an ensemble given to [`jaxdae.simulate_ensemble`][] the matrix is that of the whole
     batch (block-diagonal, factorized densely): batch stiff solves with
     `jax.vmap(jaxdae.simulate)` instead.
@@ -212,6 +213,11 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
         f0, jacobian, f_t = _linearization(f, t0, y, self.jacobian)
         hg = h * _GAMMA
         lu = lu_factor(jnp.eye(y.size, dtype=dtype) - hg * jacobian)
+        if y.size <= INVERSE_MAX:
+            inverse = lu_solve(lu, jnp.eye(y.size, dtype=dtype))
+            solve = lambda b: jnp.sum(inverse * b[None, :], axis=1)
+        else:
+            solve = lambda b: lu_solve(lu, b)
 
         ks = []
         for i in range(1, _STAGES + 1):
@@ -225,7 +231,7 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
                 rhs = rhs + (h * _D[i - 1]) * f_t
             if i > 1:
                 rhs = rhs + _combine(_C[i], ks) / h
-            ks.append(lu_solve(lu, hg * rhs))
+            ks.append(solve(hg * rhs))
         y1 = y + _combine(_M, ks)
         error = jnp.where(jnp.all(jnp.isfinite(y1)), ks[-1], jnp.inf)
         dense = jnp.stack([_combine(row, ks) for row in _H])
@@ -243,6 +249,18 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
 # (`experiments/stiff_integration.py --study step_costs`), while the compiled program
 # grows with the number of copies.
 TANGENT_LOOP_MAX = 17
+
+# Up to this many states a step turns the LU factors of `I − hγJ` into its inverse (one
+# solve with the identity) and each stage's solve is a product with it, one fused
+# kernel, instead of a chain of `2n` dependent substitution steps per stage. On the
+# spring pendulum (8 states, `jaxdae.simulate`, rtol 1e-7) this halved both the time per
+# step (7.6 -> 3.7 µs) and the compile time (7.0 -> 3.5 s), with the same steps and
+# solution. A product with the computed inverse is not backward stable like a
+# substitution, but its forward error is of the same order, `cond(I − hγJ) · eps`, and
+# for a dissipative `J` the inverse is bounded (`‖(I − hγJ)⁻¹‖ ≤ 1` for a normal `J`
+# with eigenvalues in the left half-plane); `tests/test_rosenbrock.py` (Robertson's
+# problem against Radau to 1e-6, Van der Pol with μ = 10³, float32) holds with it.
+INVERSE_MAX = 16
 
 
 def _linearization(f, t, y, jacobian: str):
