@@ -150,7 +150,7 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
     **When it pays.** Its steps do not shrink with the stiffness, and a step costs a
     fraction of an implicit Runge–Kutta step: on the small stiff models of
     `experiments/stiff_integration.py` (CPU) a step of the spring pendulum's 8-state ODE
-    cost about 10 µs, a tenth of a configured `diffrax.Kvaerno5` step and 7 Tsit5 steps
+    cost about 8 µs, a twenty-fifth of a configured `diffrax.Kvaerno5` step and 5 Tsit5 steps
     (`docs/guides/stiff_integration.md`). Use it where the explicit step is held far below
     the accuracy-limited one.
 
