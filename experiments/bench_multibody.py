@@ -21,7 +21,7 @@ The ratio built / hand is the layer's cost. Models:
   also against `jaxdae.examples.TwoLinkManipulator` (relative angles, 2 equations): the
   same motion in other coordinates;
 - a pendulum chain of N uniform links joined by revolute joints, released from rest at
-  30° under gravity (3N coordinates, 2N equations), 0.5 s; above 32 coordinates the core
+  30° under gravity (3N coordinates, 2N equations), 0.5 s; above 8 coordinates the core
   derives the terms from their sparsity patterns (both versions), and the script reports
   what the longest chain hands the core, built and by hand: the non-zeros of `M` and
   `Φ_q` and the half-bandwidth of `Φ_q Φ_qᵀ`.
