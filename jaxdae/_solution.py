@@ -21,7 +21,8 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
         (fixed steps), `non_finite_mass_matrix`, `non_finite_forces`,
         `non_finite_constraints`, `non_finite_rates` (the model broke mid-run),
         `diverged`, `constraints_not_met` (checks after the solve), `projection_failed`
-        ([`jaxdae.Projected`][]) and `invalid_input`
+        ([`jaxdae.Projected`][]), `singular_newton_matrix` ([`jaxdae.GeneralizedAlpha`][])
+        and `invalid_input`
         (a bad member of a traced batch with `throw=False`). The guide "Failures and
         guarantees" (docs/failures.md) says what each means and what to do about it."""
 
@@ -108,6 +109,14 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
             "at the start, gains that are not positive definite, or bad times); with "
             "`throw=False` it is reported here instead of raising for the whole batch. "
             "Call `jaxdae.simulate` on this member alone for the exact message."
+        )
+        singular_newton_matrix = (
+            "The steps of `jaxdae.GeneralizedAlpha` failed until the step size shrank to "
+            "nothing, because its Newton matrix is singular: the constraint Jacobian [Φ_q; Ψ_v] has dependent rows at the reported "
+            "state (redundant constraints, or a singular configuration), and the Newton "
+            "iteration's LU solve needs independent ones. Pass a least-squares solve: "
+            "`jaxdae.GeneralizedAlpha(root_finder=diffrax.with_stepsize_controller_tols("
+            "optimistix.Chord)(linear_solver=lineax.SVD()))`."
         )
 
 

@@ -141,7 +141,8 @@ def test_generalized_alpha_adaptive_meets_constraints_and_reference():
 def test_generalized_alpha_redundant_constraints_with_a_least_squares_newton_solve():
     """The pendulum with its constraint written twice: the start's least-squares
     multipliers are finite, and with an SVD in the Newton iteration the motion is the
-    pendulum's own; the default LU solve stops with `dt_min_reached`, as documented."""
+    pendulum's own; the default LU solve stops, named `singular_newton_matrix` (eagerly;
+    `dt_min_reached` when traced), and raises with the fix in its message."""
     twice = TwicePendulum()
     svd = diffrax.with_stepsize_controller_tols(optx.Chord)(linear_solver=lx.SVD())
 
@@ -154,7 +155,12 @@ def test_generalized_alpha_redundant_constraints_with_a_least_squares_newton_sol
     assert redundant.succeeded
     np.testing.assert_allclose(redundant.q_final, single.q_final, atol=1e-10)
     default = solve(twice, solver=jaxdae.GeneralizedAlpha())
-    assert default.result == jaxdae.RESULTS.dt_min_reached
+    assert default.result == jaxdae.RESULTS.singular_newton_matrix
+    traced = eqx.filter_jit(solve)(twice, jaxdae.GeneralizedAlpha())
+    assert traced.result == jaxdae.RESULTS.dt_min_reached
+    with pytest.raises(jaxdae.SimulationError, match="linear_solver=lineax.SVD()"):
+        jaxdae.simulate(twice, jaxdae.PseudoInverse(10.0, 25.0), 0.0, 0.5, Q0, V0,
+                        solver=jaxdae.GeneralizedAlpha(), rtol=1e-6, atol=1e-9)
 
 
 def test_generalized_alpha_gradient_matches_central_differences():

@@ -7,10 +7,13 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import lineax as lx
+import numpy as np
 import optimistix as optx
 
 from .._formulations._base import AbstractFormulation
 from .._formulations._pseudo_inverse import PseudoInverse
+from .._solution import RESULTS
 from .._systems._system import AbstractSystem
 
 
@@ -102,8 +105,11 @@ class GeneralizedAlpha(diffrax.AbstractImplicitSolver, diffrax.AbstractAdaptiveS
     in one step.
 
     **Redundant constraints** make each step's Newton matrix singular: the default LU
-    solve fails, every step is rejected and the solve stops with `dt_min_reached`. Pass a
-    root finder with a least-squares linear solve,
+    solve fails, every step is rejected and the solve stops. Called eagerly,
+    [`jaxdae.simulate`][] then finds the constraint Jacobian rank-deficient at the state
+    where it stopped and reports `RESULTS.singular_newton_matrix` (traced, under your own
+    `jit`, `vmap` or `grad`: `dt_min_reached`). Pass a root finder with a least-squares
+    linear solve,
     `root_finder=diffrax.with_stepsize_controller_tols(optimistix.Chord)(linear_solver=lineax.SVD())`.
 
     **With [`jaxdae.simulate`][].** Pass it as the solver:
@@ -211,6 +217,37 @@ class GeneralizedAlpha(diffrax.AbstractImplicitSolver, diffrax.AbstractAdaptiveS
         q, v = y0
         acc, _ = _consistent(system, t0, q, v)
         return v, acc
+
+
+def _solves_least_squares(solver: GeneralizedAlpha) -> bool:
+    """Whether the Newton iteration of `solver` solves rank-deficient systems (an SVD)."""
+    linear_solver = getattr(solver.root_finder, "linear_solver", None)
+    return isinstance(linear_solver, lx.SVD) or (
+        isinstance(linear_solver, lx.AutoLinearSolver) and linear_solver.well_posed is False)
+
+
+def name_singular_newton_matrix(sol, solver: diffrax.AbstractSolver, system: AbstractSystem):
+    """`sol` (concrete) relabelled `RESULTS.singular_newton_matrix` where a
+    [`jaxdae.GeneralizedAlpha`][] solve whose Newton iteration needs a nonsingular matrix
+    stalled (`dt_min_reached`) at a state whose constraint Jacobian `G = [Φ_q; Ψ_v]` has
+    fewer independent rows than rows (singular values below `√ε σ_max`, as
+    `checked_result` counts the range of `G`): redundant constraints, or a singular
+    configuration. Found after the solve, and only for a stalled one."""
+    while not isinstance(solver, GeneralizedAlpha) and isinstance(
+            getattr(solver, "solver", None), diffrax.AbstractSolver):
+        solver = solver.solver
+    if (not isinstance(solver, GeneralizedAlpha) or _solves_least_squares(solver)
+            or np.ndim(sol.result._value) != 0
+            or sol.result != RESULTS.dt_min_reached):
+        return sol
+    jacobian = np.asarray(system.terms(sol.t_final, sol.q_final, sol.v_final).jacobian)
+    if jacobian.shape[0] == 0 or not np.all(np.isfinite(jacobian)):
+        return sol
+    singular_values = np.linalg.svd(jacobian, compute_uv=False)
+    floor = np.sqrt(np.finfo(jacobian.dtype).eps) * singular_values[0]
+    if np.sum(singular_values > floor) == jacobian.shape[0]:
+        return sol
+    return eqx.tree_at(lambda s: s.result, sol, RESULTS.singular_newton_matrix)
 
 
 def _consistent(system, t, q, v):

@@ -41,6 +41,7 @@ from ._adjoint import (
     forward_mode_hint,
     jit_unless_staged,
 )
+from ._generalized_alpha import name_singular_newton_matrix
 from ._implicit import configure_for_controller
 from ._projection import named_result
 from ._solvers import AbstractWrappedSolver
@@ -1041,6 +1042,7 @@ def _run(system, formulation, t0, t1, q0, v0, call: SolveCall) -> Solution:
         sol = _simulate(system, formulation, times, q0, v0, options, checks)
     if not traced:
         sol = name_non_finite_term(sol, system, formulation, t0)
+        sol = name_singular_newton_matrix(sol, options.solver, system)
     if call.throw and not traced:  # else `_simulate` attached the check
         sol = raise_failure(sol, _first_failure(sol.result) if ensemble else None)
     return sol
