@@ -307,9 +307,8 @@ def test_traced_size_does_not_grow_with_the_links():
     """Joints, bodies and force elements of one kind are traced once per group: the
     mechanism's functions have the same number of equations for 12 and 32 links, planar and
     spatial (groups of more than 8 markers, see `_kinematics._apply`), and so has the
-    right-hand side for
-    20 and 40 links (where the core takes the structured terms and the banded factorization
-    of `J M⁻¹ Jᵀ` for both), within 20 % of the hand-written chain's."""
+    right-hand side for 20 and 40 links (where the core takes the structured terms and the
+    banded factorization of `J M⁻¹ Jᵀ` for both), within 20 % of the hand-written chain's."""
     t = jnp.asarray(0.0)
     sizes = {}
     for n in (12, 32):
