@@ -142,7 +142,8 @@ class Kinematics:
     controller's output `u` there (empty where no element reads it). `frame` and `velocity`
     give one marker; `frames` and `velocities` give many at once, stacked along a leading
     axis, from the poses of all bodies computed together (what the groups of elements of
-    one kind read).
+    one kind read). In the plane a marker's point and arm are written out from `cos θ`
+    and `sin θ` ([`turned`][]), not as products with the matrix `R(θ)`.
     """
 
     def __init__(self, mechanism, t, q, v=None, inputs=None):
