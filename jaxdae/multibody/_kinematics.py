@@ -41,7 +41,7 @@ def turned(cos, sin, vectors):
     """`R(θ) s = cos θ s + sin θ s⊥` (`s⊥` the vector turned by +90°), for one vector (`cos`,
     `sin` scalars, `vectors` `(2,)`) or many (`(k, 1)`, `(k, 2)`).
 
-    [`Kinematics`][] computes the planar markers' points and arms so, not as products with
+    `Kinematics` computes the planar markers' points and arms so, not as products with
     the matrix `R(θ)` (elementwise and summed, or a batched matrix product), which XLA
     compiled into slower right-hand sides: with the matrix products the built slider-crank
     of `experiments/bench_multibody.py` solved in 1.8× the time of the hand-written model,
@@ -143,7 +143,7 @@ class Kinematics:
     give one marker; `frames` and `velocities` give many at once, stacked along a leading
     axis, from the poses of all bodies computed together (what the groups of elements of
     one kind read). In the plane a marker's point and arm are written out from `cos θ`
-    and `sin θ` ([`turned`][]), not as products with the matrix `R(θ)`.
+    and `sin θ` (`turned`), not as products with the matrix `R(θ)`.
     """
 
     def __init__(self, mechanism, t, q, v=None, inputs=None):
@@ -236,7 +236,7 @@ class Kinematics:
     def _rotations(self, take, vectors):
         """The rotation matrices of the rows `take`, `(k, d, d)`, and the markers' arms
         `R s` for the body vectors `vectors`, `(k, d)`: in the plane written out from
-        `cos θ` and `sin θ` ([`turned`][]), in space a product with the matrices
+        `cos θ` and `sin θ` (`turned`), in space a product with the matrices
         (`_apply`)."""
         rot = self._poses_all()[2]
         if self.dimension == 3:
