@@ -15,6 +15,7 @@ import jaxdae
 import jaxdae.multibody as mb
 from jaxdae._compilation._sparse import Pattern, banded_plan
 from jaxdae._systems._structure import terms_structure
+from jaxdae.multibody._kinematics import Kinematics
 
 from ._jaxprs import equations
 
@@ -182,6 +183,44 @@ def test_gradients_through_grouped_parameters():
         np.testing.assert_allclose(gradient, diff, rtol=1e-5)
 
 
+def test_markers_one_by_one_and_together_agree_with_the_rotation():
+    """`Kinematics.frame` and `frames` (one marker, and many stacked) give the point
+    `r + R s`, the rotation `R` and the velocity `d/dt (r + R s)`, planar (`R(θ) s` written
+    out from `cos θ`, `sin θ`) and spatial."""
+    rng = np.random.default_rng(2)
+    for mech in (mixed_chain(3), spatial_chain(2)):
+        q = np.asarray(mech.reference_coordinates())
+        q = q + 0.3 * rng.standard_normal(q.shape[0])
+        v = rng.standard_normal(q.shape[0])
+        if mech.dimension == 3:  # unit Euler parameters p and rates with pᵀṗ = 0
+            qs, vs = q.reshape(-1, 7), v.reshape(-1, 7)
+            qs[:, 3:] /= np.linalg.norm(qs[:, 3:], axis=1, keepdims=True)
+            vs[:, 3:] -= np.sum(vs[:, 3:] * qs[:, 3:], axis=1, keepdims=True) * qs[:, 3:]
+        q, v = jnp.asarray(q), jnp.asarray(v)
+        refs = ["ground"] + [f"{b.name}{m}" for b in mech.bodies for m in ("", ".a", ".b")]
+        kin = Kinematics(mech, 0.0, q, v)
+        together, (velocities, _) = kin.frames(refs), kin.velocities(refs)
+
+        def points(q_):
+            return jnp.stack([Kinematics(mech, 0.0, q_).frame(ref).point for ref in refs])
+
+        rates = jax.jvp(points, (q,), (v,))[1]
+        for k, ref in enumerate(refs):
+            one = kin.frame(ref)
+            name, _, marker = ref.partition(".")
+            if name == "ground":
+                rot, expected = np.eye(mech.dimension), np.zeros(mech.dimension)
+            else:
+                r, rot = mech.body(name).pose(mech.body_coordinates(q, name))
+                s = mech.body(name).markers[marker] if marker else jnp.zeros(mech.dimension)
+                expected = r + rot @ s
+            for frame in (one, jax.tree.map(lambda x, k=k: x[k], together)):
+                np.testing.assert_allclose(frame.point, expected, atol=1e-14)
+                np.testing.assert_allclose(frame.rotation, rot, atol=1e-14)
+            np.testing.assert_allclose(kin.velocity(ref)[0], rates[k], atol=1e-13)
+            np.testing.assert_allclose(velocities[k], rates[k], atol=1e-13)
+
+
 # -- chains of uniform links, built and by hand ------------------------------------------
 
 
@@ -267,9 +306,9 @@ def _method_size(method, t, *args):
 def test_traced_size_does_not_grow_with_the_links():
     """Joints, bodies and force elements of one kind are traced once per group: the
     mechanism's functions have the same number of equations for 12 and 32 links, planar and
-    spatial (groups of more than 8 markers both, see `_kinematics._apply`), and so has the right-hand side for
-    20 and 40 links (where the core takes the structured terms and the banded factorization
-    of `J M⁻¹ Jᵀ` for both), within 20 % of the hand-written chain's."""
+    spatial (groups of more than 8 markers, see `_kinematics._apply`), and so has the
+    right-hand side for 20 and 40 links (where the core takes the structured terms and the
+    banded factorization of `J M⁻¹ Jᵀ` for both), within 20 % of the hand-written chain's."""
     t = jnp.asarray(0.0)
     sizes = {}
     for n in (12, 32):

@@ -37,6 +37,19 @@ def rotation(angle):
     return jnp.stack([jnp.stack([c, -s]), jnp.stack([s, c])])
 
 
+def turned(cos, sin, vectors):
+    """`R(θ) s = cos θ s + sin θ s⊥` (`s⊥` the vector turned by +90°), for one vector (`cos`,
+    `sin` scalars, `vectors` `(2,)`) or many (`(k, 1)`, `(k, 2)`).
+
+    `Kinematics` computes the planar markers' points and arms so, not as products with
+    the matrix `R(θ)` (elementwise and summed, or a batched matrix product), which XLA
+    compiled into slower right-hand sides: with the matrix products the built slider-crank
+    of `experiments/bench_multibody.py` solved in 1.8× the time of the hand-written model,
+    written out in 1.0× (see docs/benchmarks.md)."""
+    normal = jnp.stack([-vectors[..., 1], vectors[..., 0]], axis=-1)
+    return cos * vectors + sin * normal
+
+
 def skew(w):
     """The matrix `w̃` with `w̃ x = w × x`."""
     zero = jnp.zeros((), w.dtype)
@@ -129,7 +142,8 @@ class Kinematics:
     controller's output `u` there (empty where no element reads it). `frame` and `velocity`
     give one marker; `frames` and `velocities` give many at once, stacked along a leading
     axis, from the poses of all bodies computed together (what the groups of elements of
-    one kind read).
+    one kind read). In the plane a marker's point and arm are written out from `cos θ`
+    and `sin θ` (`turned`), not as products with the matrix `R(θ)`.
     """
 
     def __init__(self, mechanism, t, q, v=None, inputs=None):
@@ -169,10 +183,14 @@ class Kinematics:
             rot = jnp.eye(d, dtype=dtype) if orientation is None else orientation.astype(dtype)
             return Frame(jnp.zeros((d,), dtype), jnp.zeros((), dtype) if d == 2 else None, rot,
                          s.astype(dtype))
+        if d == 2:
+            qb = self.body_coordinates(slot)
+            cos, sin = jnp.cos(qb[2]), jnp.sin(qb[2])
+            rot = jnp.stack([jnp.stack([cos, -sin]), jnp.stack([sin, cos])])
+            return Frame(qb[:2], qb[2], rot, qb[:2] + turned(cos, sin, s.astype(dtype)))
         r, rot = self.pose(slot)
-        angle = self.body_coordinates(slot)[2] if d == 2 else None
         marker_rot = rot if orientation is None else rot @ orientation
-        return Frame(r, angle, marker_rot, r + rot @ s)
+        return Frame(r, None, marker_rot, r + rot @ s)
 
     def velocity(self, ref: str) -> tuple[Float[Array, " d"], Float[Array, "..."]]:
         """`(ṗ, ω)`: the marker's velocity and its body's angular velocity (a scalar `θ̇` in
@@ -183,9 +201,11 @@ class Kinematics:
             return jnp.zeros((d,), dtype), jnp.zeros(() if d == 2 else (3,), dtype)
         body = self.mechanism.bodies[slot]
         qb, vb = self.body_coordinates(slot), self.body_coordinates(slot, self.v)
-        _, rot = self.pose(slot)
-        omega = body.angular_velocity(qb, vb)
-        return body.point_velocity(qb, vb, rot @ s), omega
+        if d == 2:
+            arm = turned(jnp.cos(qb[2]), jnp.sin(qb[2]), s.astype(dtype))
+        else:
+            arm = self.pose(slot)[1] @ s
+        return body.point_velocity(qb, vb, arm), body.angular_velocity(qb, vb)
 
     # -- many markers at once --------------------------------------------------------------
 
@@ -199,7 +219,7 @@ class Kinematics:
     def _poses_all(self):
         """`(Q, r, R)`: every body's coordinates, centre of mass and rotation (rows as in
         `_rows`: the ground, at rest at the origin and unrotated, first). In the plane `R`
-        is the pair `(cos θ, sin θ)`, `(bodies + 1,)` each (see `_rotations`)."""
+        is the pair `(cos θ, sin θ)`, `(bodies + 1, 1)` each (see `_rotations`)."""
         if self._all is None:
             body = self.mechanism.bodies[0]
             ground = np.zeros(body.num_coordinates)
@@ -209,17 +229,22 @@ class Kinematics:
                 r, rot = jax.vmap(body.pose)(rows)
             else:
                 rows = self._rows(self.q, ground)
-                r, rot = rows[:, :2], (jnp.cos(rows[:, 2]), jnp.sin(rows[:, 2]))
+                r, rot = rows[:, :2], (jnp.cos(rows[:, 2:]), jnp.sin(rows[:, 2:]))
             self._all = (rows, r, rot)
         return self._all
 
-    def _rotations(self, take):
-        """The rotation matrices of the rows `take`, `(k, d, d)`."""
+    def _rotations(self, take, vectors):
+        """The rotation matrices of the rows `take`, `(k, d, d)`, and the markers' arms
+        `R s` for the body vectors `vectors`, `(k, d)`: in the plane written out from
+        `cos θ` and `sin θ` (`turned`), in space a product with the matrices
+        (`_apply`)."""
         rot = self._poses_all()[2]
         if self.dimension == 3:
-            return take(rot)
+            rot = take(rot)
+            return rot, _apply(rot, vectors)
         c, s = take(rot[0]), take(rot[1])
-        return jnp.stack([jnp.stack([c, -s], -1), jnp.stack([s, c], -1)], -2)
+        matrices = jnp.stack([jnp.concatenate([c, -s], -1), jnp.concatenate([s, c], -1)], -2)
+        return matrices, turned(c, s, vectors)
 
     def centres(self) -> Float[Array, "bodies d"]:
         """The bodies' centres of mass, `(bodies, d)`."""
@@ -251,8 +276,9 @@ class Kinematics:
         with a leading axis of `len(refs)`."""
         take, s, orientations = self._locals(refs)
         rows, r, _ = self._poses_all()
-        origin, rot = take(r), self._rotations(take)
-        point = origin + _apply(rot, s.astype(rows.dtype))
+        rot, arms = self._rotations(take, s.astype(rows.dtype))
+        origin = take(r)
+        point = origin + arms
         angle = take(rows[:, 2]) if self.dimension == 2 else None
         if orientations is not None:
             rot = jnp.sum(rot[:, :, :, None] * orientations.astype(rows.dtype)[:, None], axis=2)
@@ -266,18 +292,17 @@ class Kinematics:
             self._velocity_rows = self._rows(self.v, np.zeros(rows.shape[1]))
         body = self.mechanism.bodies[0]
         qb, vb = take(rows), take(self._velocity_rows)
-        arm = _apply(self._rotations(take), s.astype(rows.dtype))
+        arm = self._rotations(take, s.astype(rows.dtype))[1]
         omega = jax.vmap(body.angular_velocity)(qb, vb)
         return jax.vmap(body.point_velocity)(qb, vb, arm), omega
 
 
 def _apply(rotations, vectors):
-    """`R_k s_k` for stacked `(k, d, d)` rotations and `(k, d)` vectors. Many markers take
-    one batched matrix product, which makes XLA evaluate each rotation once (fused into an
-    elementwise loop, the sines and cosines would be evaluated again for every entry that
-    reads them); a few take elementwise products and a sum (a matrix product is a library
-    call with a fixed cost on the CPU). Measured on the 64-link chain and the slider-crank
-    (`experiments/bench_multibody.py`)."""
+    """`R_k s_k` for stacked spatial `(k, 3, 3)` rotations and `(k, 3)` vectors. Many
+    markers take one batched matrix product, which makes XLA evaluate each rotation once
+    (fused into an elementwise loop, the rotation's entries would be evaluated again for
+    every entry that reads them); a few take elementwise products and a sum (a matrix
+    product is a library call with a fixed cost on the CPU)."""
     if rotations.shape[0] > _BATCHED_PRODUCT_MIN:
         return jnp.einsum("kij,kj->ki", rotations, vectors)
     return jnp.sum(rotations * vectors[:, None, :], axis=-1)
