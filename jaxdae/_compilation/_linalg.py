@@ -56,6 +56,89 @@ def spd_operator(matrix) -> lx.MatrixLinearOperator:
 UNROLL_MAX = 8
 
 
+# Constraint matrices (`PositiveDefinite`) from `UNROLL_MAX + 1` up to this size are factorized
+# and solved by loops of whole-vector operations (`looped_cholesky`, `looped_triangular_solve`)
+# instead of LAPACK. XLA:CPU runs a while loop (an ODE solve) as one compiled kernel only
+# where its body has no custom call (`_xla_flags.py`): a LAPACK call at every evaluation keeps
+# the whole solve kernel by kernel. With the loops a step of the chain of 16 links (16
+# constraints) took 25 instead of 36 µs, of the ladder of 4 and of 8 cells (12 and 24
+# constraints) 20 and 43 instead of 35 and 52 µs (`experiments/bench_scaling.py
+# --cpu-per-step`, 2-core CPU, loaded). The dense mass matrices of `spd_solve` keep LAPACK:
+# the pendulum of 16 links solved 1.4× slower with the loops.
+LOOPED_MAX = 32
+
+
+def _looped_cholesky(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
+    n = matrix.shape[0]
+    index = jnp.arange(n)
+
+    def column(j, low):
+        row = jax.lax.dynamic_index_in_dim(low, j, 0, keepdims=False)  # L[j, :j], zeros after
+        entries = jax.lax.dynamic_index_in_dim(matrix, j, 1, keepdims=False) - low @ row
+        pivot = jnp.sqrt(jax.lax.dynamic_index_in_dim(entries, j, 0, keepdims=False))
+        values = jnp.where(index > j, entries / pivot, jnp.where(index == j, pivot, 0.0))
+        return jax.lax.dynamic_update_slice_in_dim(low, values[:, None], j, 1)
+
+    return jax.lax.fori_loop(0, n, column, jnp.zeros_like(matrix))
+
+
+def _looped_substitution(low: Float[Array, "n n"], rhs: Float[Array, "n m"],
+                         transpose: bool) -> Float[Array, "n m"]:
+    n = low.shape[0]
+    index = jnp.arange(n)
+    rows = low.T if transpose else low
+
+    def row_step(k, x):
+        i = n - 1 - k if transpose else k
+        row = jax.lax.dynamic_index_in_dim(rows, i, 0, keepdims=False)
+        entry = jax.lax.dynamic_index_in_dim(rhs, i, 0, keepdims=False) - row @ x
+        value = entry / jax.lax.dynamic_index_in_dim(row, i, 0, keepdims=False)
+        return jax.lax.dynamic_update_slice_in_dim(x, value[None, :], i, 0)
+
+    return jax.lax.fori_loop(0, n, row_step, jnp.zeros_like(rhs))
+
+
+@jax.custom_jvp
+def looped_cholesky(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
+    """The lower Cholesky factor of a symmetric positive definite matrix (its lower triangle
+    is read), by a `lax.fori_loop` over the columns, each a few whole-vector operations that
+    XLA fuses with a surrounding loop (no LAPACK call; see `LOOPED_MAX`). A matrix that is
+    not positive definite gives non-finite entries.
+
+    Differentiated by the factorization's own rule, `dL = L Φ(L⁻¹ dA L⁻ᵀ)` (`Φ`: the lower
+    triangle with the diagonal halved), with the same loops, not through the loop."""
+    return _looped_cholesky(matrix)
+
+
+@looped_cholesky.defjvp
+def _looped_cholesky_jvp(primals, tangents):
+    (matrix,), (d_matrix,) = primals, tangents
+    low = _looped_cholesky(matrix)
+    # Masks, not `jnp.diagonal` (a gather, whose transpose is a scatter: see `LOOPED_MAX`).
+    rows, cols = jnp.indices(matrix.shape)
+    d_matrix = jnp.where(rows >= cols, d_matrix, d_matrix.T)  # what the factorization reads
+    inner = _looped_substitution(low, _looped_substitution(low, d_matrix, False).T, False)
+    phi = jnp.where(rows > cols, inner, jnp.where(rows == cols, 0.5 * inner, 0.0))
+    return low, low @ phi
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def looped_triangular_solve(low: Float[Array, "n n"], rhs: Float[Array, "n m"],
+                            transpose: bool = False) -> Float[Array, "n m"]:
+    """`L⁻¹ rhs` (or `L⁻ᵀ rhs` where `transpose`) for a lower triangular `L`, by forward (back)
+    substitution in a `lax.fori_loop` over the rows. Differentiated implicitly,
+    `dx = L⁻¹ (d rhs − dL x)`."""
+    return _looped_substitution(low, rhs, transpose)
+
+
+@looped_triangular_solve.defjvp
+def _looped_triangular_solve_jvp(transpose, primals, tangents):
+    (low, rhs), (d_low, d_rhs) = primals, tangents
+    x = _looped_substitution(low, rhs, transpose)
+    residual = d_rhs - (d_low.T if transpose else d_low) @ x
+    return x, _looped_substitution(low, residual, transpose)
+
+
 def small_matmul(a: Array, b: Array) -> Array:
     """`a @ b` (`b` a matrix or a vector) as a broadcast product and a sum, which XLA fuses
     with its neighbours, for small operands; `a @ b` otherwise."""
