@@ -154,7 +154,7 @@ def symmetric_operator(matrix: Float[Array, "c c"],
 class CholeskyFactor(eqx.Module):
     """The state of [`PositiveDefinite`][]: a factorization and its pivots.
 
-    - `factor`: the lower Cholesky factor (unrolled and LAPACK methods), or the matrix's
+    - `factor`: the lower Cholesky factor (unrolled, looped and LAPACK methods), or the matrix's
         values on its pattern (banded method: `banded_solve` factorizes and solves in one
         pass).
     - `pivots`: the pivots `D` of `P A Pᵀ = L D Lᵀ` (`L` unit lower triangular; `P = I`
