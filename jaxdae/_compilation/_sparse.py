@@ -56,8 +56,11 @@ def _row_sum(x: Array) -> Array:
     return total
 
 
-# `SparseMatrix.dense()` gathers matrices of up to this many entries, scatters larger ones.
-GATHER_DENSE_MAX = 4096
+# `SparseMatrix.dense()` gathers matrices of up to this many entries, scatters larger ones:
+# the matrices that a solve's right-hand side factorizes densely (`LOOPED_MAX` rows). Larger
+# dense forms are not used inside a solve's loop (XLA drops them there), and a bound this low
+# keeps the traced program of a structured model the same for every larger size.
+GATHER_DENSE_MAX = LOOPED_MAX**2
 
 
 class _Table:
