@@ -66,8 +66,8 @@ UNROLL_MAX = 8
 # --cpu-per-step`, 2-core CPU, loaded). Under `vmap` the factorization and the substitutions
 # are unrolled or LAPACK's batched ones (`_batched_otherwise`): a batch of 256 on the chain of
 # 8 links ran at 870–890 trajectories per second of CPU time, 560–620 with the loops batched
-# (the ladder of 4 cells: 395–415 and 380–400). The dense mass matrices of `spd_solve` keep LAPACK: the pendulum of 16 links solved 1.4×
-# slower with the loops.
+# (the ladder of 4 cells: 395–415 and 380–400). The dense mass matrices of `spd_solve` keep
+# LAPACK: the pendulum of 16 links solved 1.4× slower with the loops.
 LOOPED_MAX = 32
 
 
@@ -88,7 +88,6 @@ def _looped_cholesky(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
 def _looped_substitution(low: Float[Array, "n n"], rhs: Float[Array, "n m"],
                          transpose: bool) -> Float[Array, "n m"]:
     n = low.shape[0]
-    index = jnp.arange(n)
     rows = low.T if transpose else low
 
     def row_step(k, x):
@@ -101,7 +100,8 @@ def _looped_substitution(low: Float[Array, "n n"], rhs: Float[Array, "n m"],
     return jax.lax.fori_loop(0, n, row_step, jnp.zeros_like(rhs))
 
 
-def _unrolled_factor(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
+def unrolled_cholesky_factor(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
+    """[`unrolled_cholesky`][] as a lower triangular matrix."""
     n = matrix.shape[0]
     low = unrolled_cholesky(matrix)
     zero = jnp.zeros((), matrix.dtype)
@@ -140,7 +140,7 @@ def _batched_otherwise(looped: Callable, small: Callable, lapack: Callable) -> C
 
 
 _cholesky = _batched_otherwise(
-    _looped_cholesky, _unrolled_factor,
+    _looped_cholesky, unrolled_cholesky_factor,
     lambda a: jax.lax.linalg.cholesky(a, symmetrize_input=False))
 _substitutions = {
     transpose: _batched_otherwise(
@@ -181,7 +181,8 @@ def looped_triangular_solve(low: Float[Array, "n n"], rhs: Float[Array, "n m"],
                             transpose: bool = False) -> Float[Array, "n m"]:
     """`L⁻¹ rhs` (or `L⁻ᵀ rhs` where `transpose`) for a lower triangular `L`, by forward (back)
     substitution in a `lax.fori_loop` over the rows (under `jax.vmap`, unrolled up to
-    `UNROLL_MAX` rows, LAPACK's batched triangular solve beyond). Differentiated implicitly, `dx = L⁻¹ (d rhs − dL x)`."""
+    `UNROLL_MAX` rows, LAPACK's batched triangular solve beyond). Differentiated implicitly,
+    `dx = L⁻¹ (d rhs − dL x)`."""
     return _substitutions[transpose](low, rhs)
 
 

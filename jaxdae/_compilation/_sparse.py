@@ -30,7 +30,7 @@ from ._linalg import (
     UNROLL_MAX,
     looped_cholesky,
     looped_triangular_solve,
-    unrolled_cholesky,
+    unrolled_cholesky_factor,
 )
 
 # Mass matrices whose connected blocks (after grouping coordinates that share an entry) are
@@ -499,10 +499,7 @@ def cholesky_factor(block: Float[Array, "b b"], unroll_max: int = UNROLL_MAX
         return jnp.linalg.cholesky(block)
     if b > unroll_max:
         return looped_cholesky(block)
-    low = unrolled_cholesky(block)
-    zero = jnp.zeros((), block.dtype)
-    return jnp.stack([jnp.stack([low[i][j] if j <= i else zero for j in range(b)])
-                      for i in range(b)])
+    return unrolled_cholesky_factor(block)
 
 
 def cholesky_solve(low: Float[Array, "b b"], rhs: Float[Array, "b m"],
