@@ -1,7 +1,8 @@
 """The small dense linear algebra (`jaxdae/_compilation/_linalg.py`) against NumPy and lineax.
 
 Each helper has an unrolled or closed-form path for tiny matrices and a LAPACK path (lineax or
-`jnp.linalg`) beyond `UNROLL_MAX`; both paths are checked, under `vmap` and `grad` too.
+`jnp.linalg`) beyond `UNROLL_MAX` (the loops of vector operations, `looped_cholesky`, too);
+every path is checked, under `vmap` and `grad` too.
 """
 
 import jax
@@ -16,6 +17,8 @@ from jaxdae._compilation._linalg import (
     extreme_eigenvalues,
     full_precision,
     is_positive_definite,
+    looped_cholesky,
+    looped_triangular_solve,
     lu_factor,
     lu_solve,
     not_hurwitz,
@@ -79,6 +82,47 @@ def test_spd_solve_of_indefinite_matrix_is_not_finite(n):
     a = np.eye(n)
     a[0, 0] = -1.0
     assert not np.all(np.isfinite(spd_solve(jnp.asarray(a), jnp.ones(n))))
+
+
+@pytest.mark.parametrize("n", [5, UNROLL_MAX + 1])
+def test_looped_cholesky_and_substitutions(n):
+    """The looped factorization and substitutions equal LAPACK's; their derivatives (the
+    factorization's rule, implicit substitutions) equal those of `jnp.linalg.cholesky` and
+    `solve_triangular` in both modes, on symmetric perturbations, also under `vmap`; the
+    programs have no LAPACK call and no scatter (which would keep XLA:CPU from compiling a
+    solve's loop as one kernel)."""
+    a, b = jnp.asarray(_spd(n, 11)), jnp.asarray(np.random.default_rng(n).standard_normal((n, 2)))
+    low = jnp.linalg.cholesky(a)
+    np.testing.assert_allclose(looped_cholesky(a), low, rtol=1e-12, atol=1e-13)
+    for transpose in (False, True):
+        want = jax.scipy.linalg.solve_triangular(low, b, lower=True, trans=int(transpose))
+        np.testing.assert_allclose(looped_triangular_solve(low, b, transpose), want, rtol=1e-12)
+    tangent = jnp.asarray(_spd(n, 12))
+    np.testing.assert_allclose(jax.jvp(looped_cholesky, (a,), (tangent,))[1],
+                               jax.jvp(jnp.linalg.cholesky, (a,), (tangent,))[1],
+                               rtol=1e-10, atol=1e-12)
+
+    def solve(factor, triangular):
+        return lambda a, b: jnp.sum(jnp.cos(triangular(factor(0.5 * (a + a.T)), b)))
+
+    ours = solve(looped_cholesky, lambda low, b: looped_triangular_solve(low, b, True))
+    reference = solve(jnp.linalg.cholesky, lambda low, b: jax.scipy.linalg.solve_triangular(
+        low, b, lower=True, trans=1))
+    for got, want in zip(jax.grad(ours, (0, 1))(a, b), jax.grad(reference, (0, 1))(a, b)):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    program = jax.jit(jax.grad(ours, (0, 1))).lower(a, b).compile().as_text()
+    assert " scatter(" not in program and " custom-call(" not in program
+    indefinite = a.at[n // 2, n // 2].set(-1.0)
+    assert not np.all(np.isfinite(looped_cholesky(indefinite)))
+    # under `vmap`: unrolled or LAPACK's batched routines, the same values and derivatives
+    batch = jnp.stack([a, 2.0 * a, indefinite])
+    lows = jax.vmap(looped_cholesky)(batch)
+    np.testing.assert_allclose(lows[:2], jnp.linalg.cholesky(batch[:2]), rtol=1e-12, atol=1e-13)
+    assert not np.all(np.isfinite(lows[2]))
+    got = jax.vmap(jax.grad(ours, (0, 1)), in_axes=(0, None))(batch[:2], b)
+    want = jax.vmap(jax.grad(reference, (0, 1)), in_axes=(0, None))(batch[:2], b)
+    for got_, want_ in zip(got, want):
+        np.testing.assert_allclose(got_, want_, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("n", SIZES)

@@ -25,6 +25,8 @@ from jaxdae._compilation._sparse import (
 from jaxdae._compilation._sparsity import column_colouring, nonzero_masks
 from jaxdae._systems._structure import STRUCTURED_MIN, terms_structure
 
+from ._jaxprs import equations
+
 sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
 from scaling_models import CartesianChain, FourBarLadder, NLinkPendulum
 
@@ -588,3 +590,38 @@ def test_constant_mass_factor_in_simulate():
     ends = jax.jit(jax.vmap(loss))(jnp.concatenate([masses + steps, masses - steps]))
     np.testing.assert_allclose(got[jnp.array([0, 3, 7])], (ends[:3] - ends[3:]) / (2 * eps),
                                rtol=1e-6, atol=1e-9)
+
+
+# -- what a solve's loop may hold ------------------------------------------------------------
+
+# Primitives that keep XLA:CPU from compiling a solve's while loop into one kernel
+# (`_compilation/_xla_flags.py`): scatters, sorts and custom calls (LAPACK, host callbacks).
+_NOT_IN_A_LOOP = {"scatter", "scatter-add", "scatter_add", "sort", "cholesky",
+                  "triangular_solve", "lu", "eigh", "svd", "qr", "pure_callback",
+                  "linear_solve"}
+
+
+@pytest.mark.perf(reason="pins which primitives the right-hand side of small structured "
+                         "models traces")
+@pytest.mark.parametrize("model", [CartesianChain(8), CartesianChain(16), FourBarLadder(4),
+                                   FourBarLadder(8)],
+                         ids=["chain-8", "chain-16", "ladder-4", "ladder-8"])
+def test_right_hand_side_runs_in_one_kernel(model):
+    """The right-hand side evaluated at every stage, its vector–Jacobian product (the
+    reverse sweep's) and the failure indicator of constrained models with 16 to 32
+    coordinates hold no scatter, sort or custom call: each would make XLA:CPU run a solve
+    kernel by kernel (the chain of 8 links took 4× the time per step with the scatter of its
+    constraint matrix into a dense one)."""
+    from jaxdae._integration._simulate import _failure, _failure_reference, _rates
+
+    formulation = jaxdae.Baumgarte(20.0, 100.0)
+    q, v = model.initial_state()
+    reference = _failure_reference(model, formulation, 0.0, q, v)
+
+    def rates_and_vjp(q, v):
+        out, pull = jax.vjp(lambda q, v: _rates(model, formulation, 0.0, q, v), q, v)
+        return out, pull(out), _failure(model, formulation, 0.0, q, v, reference)
+
+    jaxpr = jax.make_jaxpr(rates_and_vjp)(q, v).jaxpr
+    found = {eqn.primitive.name for eqn in equations(jaxpr)} & _NOT_IN_A_LOOP
+    assert not found, found

@@ -56,6 +56,144 @@ def spd_operator(matrix) -> lx.MatrixLinearOperator:
 UNROLL_MAX = 8
 
 
+# Constraint matrices (`PositiveDefinite`) from `UNROLL_MAX + 1` up to this size are factorized
+# and solved by loops of whole-vector operations (`looped_cholesky`, `looped_triangular_solve`)
+# instead of LAPACK. XLA:CPU runs a while loop (an ODE solve) as one compiled kernel only
+# where its body has no custom call (`_xla_flags.py`): a LAPACK call at every evaluation keeps
+# the whole solve kernel by kernel. With the loops a step of the chain of 16 links (16
+# constraints) took 25 instead of 36 µs, of the ladder of 4 and of 8 cells (12 and 24
+# constraints) 20 and 43 instead of 35 and 52 µs (`experiments/bench_scaling.py
+# --cpu-per-step`, 2-core CPU, loaded). Under `vmap` the factorization and the substitutions
+# are unrolled or LAPACK's batched ones (`_batched_otherwise`): a batch of 256 on the chain of
+# 8 links ran at 870–890 trajectories per second of CPU time, 560–620 with the loops batched
+# (the ladder of 4 cells: 395–415 and 380–400). The dense mass matrices of `spd_solve` keep
+# LAPACK: the pendulum of 16 links solved 1.4× slower with the loops.
+LOOPED_MAX = 32
+
+
+def _looped_cholesky(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
+    n = matrix.shape[0]
+    index = jnp.arange(n)
+
+    def column(j, low):
+        row = jax.lax.dynamic_index_in_dim(low, j, 0, keepdims=False)  # L[j, :j], zeros after
+        entries = jax.lax.dynamic_index_in_dim(matrix, j, 1, keepdims=False) - low @ row
+        pivot = jnp.sqrt(jax.lax.dynamic_index_in_dim(entries, j, 0, keepdims=False))
+        values = jnp.where(index > j, entries / pivot, jnp.where(index == j, pivot, 0.0))
+        return jax.lax.dynamic_update_slice_in_dim(low, values[:, None], j, 1)
+
+    return jax.lax.fori_loop(0, n, column, jnp.zeros_like(matrix))
+
+
+def _looped_substitution(low: Float[Array, "n n"], rhs: Float[Array, "n m"],
+                         transpose: bool) -> Float[Array, "n m"]:
+    n = low.shape[0]
+    rows = low.T if transpose else low
+
+    def row_step(k, x):
+        i = n - 1 - k if transpose else k
+        row = jax.lax.dynamic_index_in_dim(rows, i, 0, keepdims=False)
+        entry = jax.lax.dynamic_index_in_dim(rhs, i, 0, keepdims=False) - row @ x
+        value = entry / jax.lax.dynamic_index_in_dim(row, i, 0, keepdims=False)
+        return jax.lax.dynamic_update_slice_in_dim(x, value[None, :], i, 0)
+
+    return jax.lax.fori_loop(0, n, row_step, jnp.zeros_like(rhs))
+
+
+def unrolled_cholesky_factor(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
+    """[`unrolled_cholesky`][] as a lower triangular matrix."""
+    n = matrix.shape[0]
+    low = unrolled_cholesky(matrix)
+    zero = jnp.zeros((), matrix.dtype)
+    return jnp.stack([jnp.stack([low[i][j] if j <= i else zero for j in range(n)])
+                      for i in range(n)])
+
+
+def _unrolled_substitution(low: Float[Array, "n n"], rhs: Float[Array, "n m"],
+                           transpose: bool) -> Float[Array, "n m"]:
+    n = low.shape[0]
+    x = [None] * n
+    for i in reversed(range(n)) if transpose else range(n):
+        entry = rhs[i]
+        for k in range(i + 1, n) if transpose else range(i):
+            entry = entry - (low[k, i] if transpose else low[i, k]) * x[k]
+        x[i] = entry / low[i, i]
+    return jnp.stack(x)
+
+
+def _batched_otherwise(looped: Callable, small: Callable, lapack: Callable) -> Callable:
+    """`looped` (a function of arrays), whose `vmap` is `small` batched by `jax.vmap` for
+    matrices of up to `UNROLL_MAX` rows and `lapack` applied to the batch beyond (every
+    argument batched along axis 0): batched elementwise operations and LAPACK's batched
+    routines are faster than a batched loop."""
+    function = jax.custom_batching.custom_vmap(looped)
+
+    @function.def_vmap
+    def _(axis_size, in_batched, *args):
+        args = [x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
+                for x, batched in zip(args, in_batched, strict=True)]
+        if args[0].shape[-1] <= UNROLL_MAX:
+            return jax.vmap(small)(*args), True
+        return lapack(*args), True
+
+    return function
+
+
+_cholesky = _batched_otherwise(
+    _looped_cholesky, unrolled_cholesky_factor,
+    lambda a: jax.lax.linalg.cholesky(a, symmetrize_input=False))
+_substitutions = {
+    transpose: _batched_otherwise(
+        functools.partial(_looped_substitution, transpose=transpose),
+        functools.partial(_unrolled_substitution, transpose=transpose),
+        functools.partial(jax.lax.linalg.triangular_solve, left_side=True, lower=True,
+                          transpose_a=transpose))
+    for transpose in (False, True)}
+
+
+@jax.custom_jvp
+def looped_cholesky(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
+    """The lower Cholesky factor of a symmetric positive definite matrix (its lower triangle
+    is read), by a `lax.fori_loop` over the columns, each a few whole-vector operations that
+    XLA fuses with a surrounding loop (no LAPACK call; see `LOOPED_MAX`). A matrix that is
+    not positive definite gives non-finite entries. Under `jax.vmap`, unrolled up to
+    `UNROLL_MAX` rows, LAPACK's batched factorization beyond.
+
+    Differentiated by the factorization's own rule, `dL = L Φ(L⁻¹ dA L⁻ᵀ)` (`Φ`: the lower
+    triangle with the diagonal halved), with the same loops, not through the loop."""
+    return _cholesky(matrix)
+
+
+@looped_cholesky.defjvp
+def _looped_cholesky_jvp(primals, tangents):
+    (matrix,), (d_matrix,) = primals, tangents
+    low = _cholesky(matrix)
+    # Masks, not `jnp.diagonal` (a gather, whose transpose is a scatter: see `LOOPED_MAX`).
+    rows, cols = jnp.indices(matrix.shape)
+    d_matrix = jnp.where(rows >= cols, d_matrix, d_matrix.T)  # what the factorization reads
+    inner = _looped_substitution(low, _looped_substitution(low, d_matrix, False).T, False)
+    phi = jnp.where(rows > cols, inner, jnp.where(rows == cols, 0.5 * inner, 0.0))
+    return low, low @ phi
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def looped_triangular_solve(low: Float[Array, "n n"], rhs: Float[Array, "n m"],
+                            transpose: bool = False) -> Float[Array, "n m"]:
+    """`L⁻¹ rhs` (or `L⁻ᵀ rhs` where `transpose`) for a lower triangular `L`, by forward (back)
+    substitution in a `lax.fori_loop` over the rows (under `jax.vmap`, unrolled up to
+    `UNROLL_MAX` rows, LAPACK's batched triangular solve beyond). Differentiated implicitly,
+    `dx = L⁻¹ (d rhs − dL x)`."""
+    return _substitutions[transpose](low, rhs)
+
+
+@looped_triangular_solve.defjvp
+def _looped_triangular_solve_jvp(transpose, primals, tangents):
+    (low, rhs), (d_low, d_rhs) = primals, tangents
+    x = _substitutions[transpose](low, rhs)
+    residual = d_rhs - (d_low.T if transpose else d_low) @ x
+    return x, _looped_substitution(low, residual, transpose)
+
+
 def small_matmul(a: Array, b: Array) -> Array:
     """`a @ b` (`b` a matrix or a vector) as a broadcast product and a sum, which XLA fuses
     with its neighbours, for small operands; `a @ b` otherwise."""

@@ -25,7 +25,13 @@ from jax.extend import core as jex
 from jax.interpreters import ad, batching, mlir
 
 from .._custom_types import Array, Float
-from ._linalg import UNROLL_MAX, unrolled_cholesky
+from ._linalg import (
+    LOOPED_MAX,
+    UNROLL_MAX,
+    looped_cholesky,
+    looped_triangular_solve,
+    unrolled_cholesky_factor,
+)
 
 # Mass matrices whose connected blocks (after grouping coordinates that share an entry) are
 # at most this large are inverted block by block; larger blocks keep a dense Cholesky.
@@ -48,6 +54,13 @@ def _row_sum(x: Array) -> Array:
     for w in range(1, width):
         total = total + x[:, w]
     return total
+
+
+# `SparseMatrix.dense()` gathers matrices of up to this many entries, scatters larger ones:
+# the matrices that a solve's right-hand side factorizes densely (`LOOPED_MAX` rows). Larger
+# dense forms are not used inside a solve's loop (XLA drops them there), and a bound this low
+# keeps the traced program of a structured model the same for every larger size.
+GATHER_DENSE_MAX = LOOPED_MAX**2
 
 
 class _Table:
@@ -210,10 +223,15 @@ class SparseMatrix(eqx.Module):
                    pattern)
 
     def dense(self) -> Array:
-        # A scatter of the nnz values (not a gather of every entry): where the values are
-        # constant, XLA folds it at compile time, and its evaluator took seconds for a gather
-        # of 128 × 128 entries.
+        # Up to `GATHER_DENSE_MAX` entries a gather of every entry (padding read as zero):
+        # XLA:CPU runs a solve's while loop as one kernel only where its body has no scatter
+        # (`_xla_flags.py`), and the chain of 8 links, whose 8 × 8 constraint matrix was
+        # scattered at every evaluation, took 35 µs per step instead of 8. Beyond, a scatter
+        # of the nnz values: where the values are constant XLA folds the matrix at compile
+        # time, and its evaluator took seconds for a gather of 128 × 128 entries.
         p = self.pattern
+        if p.shape[0] * p.shape[1] <= GATHER_DENSE_MAX:
+            return take(self.values, _positions(p))
         return jnp.zeros(p.shape, self.values.dtype).at[p.rows, p.cols].set(
             self.values, indices_are_sorted=True, unique_indices=True)
 
@@ -469,28 +487,33 @@ def banded_plan(pattern: Pattern) -> BandedPlan | None:
     return BandedPlan(pattern, best, width)
 
 
-def cholesky_factor(block: Float[Array, "b b"]) -> Float[Array, "b b"]:
+def cholesky_factor(block: Float[Array, "b b"], unroll_max: int = UNROLL_MAX
+                    ) -> Float[Array, "b b"]:
     """The lower Cholesky factor of a small matrix (a block of the banded factorization,
     `PositiveDefinite`'s dense matrices): unrolled into elementwise operations
-    up to `UNROLL_MAX` rows (fused with the rest of the loop), LAPACK beyond. A block that
-    is not positive definite gives non-finite entries."""
+    up to `unroll_max` rows, a loop of vector operations up to `LOOPED_MAX` (both fused with
+    the rest of a solve's loop), LAPACK beyond. A block that is not positive definite gives
+    non-finite entries."""
     b = block.shape[0]
-    if b > UNROLL_MAX:
+    if b > LOOPED_MAX:
         return jnp.linalg.cholesky(block)
-    low = unrolled_cholesky(block)
-    zero = jnp.zeros((), block.dtype)
-    return jnp.stack([jnp.stack([low[i][j] if j <= i else zero for j in range(b)])
-                      for i in range(b)])
+    if b > unroll_max:
+        return looped_cholesky(block)
+    return unrolled_cholesky_factor(block)
 
 
-def cholesky_solve(low: Float[Array, "b b"], rhs: Float[Array, "b m"]) -> Float[Array, "b m"]:
+def cholesky_solve(low: Float[Array, "b b"], rhs: Float[Array, "b m"],
+                   unroll_max: int = UNROLL_MAX) -> Float[Array, "b m"]:
     """`(L Lᵀ)⁻¹ rhs` for a Cholesky factor `low` (from `cholesky_factor`), `rhs` of
-    shape `(b, m)`."""
+    shape `(b, m)`: substitutions unrolled up to `unroll_max` rows, loops up to
+    `LOOPED_MAX`, LAPACK beyond."""
     b = low.shape[0]
-    if b > UNROLL_MAX:
+    if b > LOOPED_MAX:
         y = jax.lax.linalg.triangular_solve(low, rhs, left_side=True, lower=True)
         return jax.lax.linalg.triangular_solve(low, y, left_side=True, lower=True,
                                                transpose_a=True)
+    if b > unroll_max:
+        return looped_triangular_solve(low, looped_triangular_solve(low, rhs, False), True)
     y = []
     for i in range(b):
         entry = rhs[i]

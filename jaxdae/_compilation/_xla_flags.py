@@ -22,7 +22,10 @@ evaluating the right-hand side 6 times per iteration runs about 6× faster with 
 (`experiments/diagnostics/bench_xla_loops.py`); one trajectory takes 0.14 ms instead of
 0.54 ms and its gradient 0.37 ms instead of 10–12 ms, at unchanged compile times
 (`experiments/diagnostics/bench_import_settings.py`, which runs the two-link benchmark with
-and without `JAXDAE_SET_XLA_FLAGS=0`).
+and without `JAXDAE_SET_XLA_FLAGS=0`). A loop whose body holds a scatter, a sort or a
+custom call (a LAPACK routine, a host callback) still runs kernel by kernel, so the
+right-hand sides of the solves avoid them (`SparseMatrix.dense`, `LOOPED_MAX` in
+`_linalg.py`).
 
 XLA's compile time is left to XLA's defaults: its classic CPU fusion emitters
 (`--xla_cpu_use_fusion_emitters=false`) compiled jaxdae's programs with 15–37% less CPU time
