@@ -699,8 +699,10 @@ def projection_cost(out: Path, only: list[str] | None = None,
     tolerances. Both are compiled first; then `rounds` rounds each time every solve in turn
     (the best of as many calls as fit in 0.3 s, at least one), so that a change of load
     affects both alike, and the ratio of each round's pair is taken: the median over the
-    rounds, with the smallest and largest. Writes OUT/work_precision/projection_cost.json
-    and prints the table."""
+    rounds, with the smallest and largest; and the largest `|Φ|`, `|Φ̇|` at the step ends of
+    the projected solve with its steps clipped to the saved times, over the tolerances at
+    which it succeeds. Writes OUT/work_precision/projection_cost.json and prints the
+    table."""
     folder = output_dir(out, NAME)
     rtols = [1e-3, 1e-5, 1e-7, 1e-9]
     chosen = [m for m in mechanisms(False, 41, folder)
@@ -716,22 +718,29 @@ def projection_cost(out: Path, only: list[str] | None = None,
                       for solver in (diffrax.Tsit5(), projected)]
             for solve in solves:  # compile
                 jax.block_until_ready(solve(jnp.asarray(rtols[0])))
-            cases.append((mechanism.name, name, solves))
+            # the residuals at step ends: the projected solve with its steps clipped to ts
+            clipped = solve_fn(mechanism, formulation, projected, ts, step_ends=True)
+            ends = [clipped(jnp.asarray(rtol)) for rtol in rtols]
+            ends = [(float(out[5]), float(out[6])) for out in ends
+                    if _name(out[1]) == "successful"]
+            residuals = (f"{max(e[0] for e in ends):.1e} / {max(e[1] for e in ends):.1e}"
+                         if ends else "—")
+            cases.append((mechanism.name, name, solves, residuals))
             print(f"  compiled {mechanism.name} | {name}", flush=True)
     times = {}
     for _ in range(rounds):
-        for mechanism, name, solves in cases:
+        for mechanism, name, solves, _ in cases:
             for rtol in rtols:
                 for i, solve in enumerate(solves):
                     result, best = timed(solve, jnp.asarray(rtol), 1)
                     entry = times.setdefault((mechanism, name, rtol, i), dict(times=[]))
                     entry["times"].append(best)
                     entry.update(result=_name(result[1]), steps=int(result[3]))
-    lines = ["| mechanism | formulation | "
+    lines = ["| mechanism | formulation | max abs Φ / Φ̇ at step ends | "
              + " | ".join(f"rtol {r:g}: ratio (min–max; steps)" for r in rtols) + " |",
-             "|" + "---|" * (len(rtols) + 2)]
+             "|" + "---|" * (len(rtols) + 3)]
     rows = []
-    for mechanism, name, _ in cases:
+    for mechanism, name, _, residuals in cases:
         cells = []
         for rtol in rtols:
             plain, proj = (times[(mechanism, name, rtol, i)] for i in (0, 1))
@@ -746,7 +755,7 @@ def projection_cost(out: Path, only: list[str] | None = None,
                              plain_ms=[1e3 * t for t in plain["times"]],
                              projected_ms=[1e3 * t for t in proj["times"]],
                              ratios=ratios.tolist(), steps=[proj["steps"], plain["steps"]]))
-        lines.append(f"| {mechanism} | {name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {mechanism} | {name} | {residuals} | " + " | ".join(cells) + " |")
     write_json(folder / "projection_cost.json", dict(rounds=rounds, rows=rows, table=lines))
     print("\n".join(lines))
     return lines

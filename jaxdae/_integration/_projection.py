@@ -203,8 +203,8 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
     correction, so each iteration multiplies the residual by about that much; the limit
     meets `G(q) v = −c` and lies in `ṽ + range(M⁻¹Gᵀ)`. Where the rate seen does not bring
     the residual below the tolerance within two more iterations (a large correction, a
-    nearly singular `G M⁻¹ Gᵀ`), the next step evaluates `M` and `G` at `(q, v)` and
-    factorizes anew: one such step meets the affine constraints up to rounding. A state that holds momenta (a
+    nearly singular `G M⁻¹ Gᵀ`), the iterations stop and one step evaluates `M` and `G` at
+    `(q, v)` and factorizes anew: it meets the affine constraints up to rounding. A state that holds momenta (a
     [`jaxdae.HamiltonianSystem`][]) is changed by the matching impulse, `p ← p + M Δv`
     (exact for a Hamiltonian quadratic in `p`). A [`jaxdae.RedundantCoordinates`][] state is
     projected in its positions only: its velocities follow from the independent ones and
@@ -235,32 +235,37 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
     def velocity_converged(v, residual):
         return _max_abs(residual) <= tol * (1.0 + gains.velocity_scale * _max_abs(v))
 
-    # The carry is `(s, v, r)`, `r` the largest residual before the last step: the rate of
-    # the frozen iteration.
-    def velocity_step(carry, residual):
-        s_, v, _ = carry
+    # The carry is `(s, v, r)`, `r` the largest residual before the last step: with the
+    # residual after it, the rate of the frozen iteration.
+    def frozen_step(carry, residual):
+        s_, _, _ = carry
+        dv = -small_matmul(gains.velocities, residual)
+        if _momenta(system):
+            dv = _state_change(system, t, q_new, s_, gains.terms, dv)
+        residual_new, v = _velocity_residual(system, formulation, t, q_new, s_ + dv)
+        return (s_ + dv, v, _max_abs(residual)), residual_new
+
+    def done_or_slow(carry, residual):
+        # Done, or the rate seen would not reach the tolerance within two more steps.
         size = _max_abs(residual)
         rate = size / carry[2]
-        # A frozen step where the rate seen brings the residual below the tolerance within
-        # two steps; else a step with `M` and `G` evaluated and factorized anew.
-        frozen = size * rate**2 <= tol * (1.0 + gains.velocity_scale * _max_abs(v))
+        return velocity_converged(carry[1], residual) | ~(
+            size * rate**2 <= tol * (1.0 + gains.velocity_scale * _max_abs(carry[1])))
 
-        def frozen_step():
-            dv = -small_matmul(gains.velocities, residual)
-            if not _momenta(system):
-                return dv
-            return _state_change(system, t, q_new, s_, gains.terms, dv)
-
-        ds = jax.lax.cond(frozen, frozen_step, lambda: _exact_velocity_step(
-            system, formulation, t, q_new, s_, residual, linear_solver))
-        residual_new, v = _velocity_residual(system, formulation, t, q_new, s_ + ds)
-        return (s_ + ds, v, size), residual_new
+    def exact_step(carry, residual):
+        s_ = carry[0] + _exact_velocity_step(system, formulation, t, q_new, carry[0],
+                                             residual, linear_solver)
+        residual_new, v = _velocity_residual(system, formulation, t, q_new, s_)
+        return (s_, v, _max_abs(residual)), residual_new
 
     residual, v = _velocity_residual(system, formulation, t, q_new, s)
-    # The first step is frozen (the rate is 0 until one is seen).
-    carry, residual = velocity_step((s, v, jnp.asarray(jnp.inf, residual.dtype)), residual)
-    carry, residual = _iterate(velocity_step, carry, residual,
-                               lambda c_, r_: velocity_converged(c_[1], r_), iterations - 1)
+    # The first step is frozen (the rate is 0 until one is seen); then frozen steps while
+    # they converge fast enough, and one exact step if that did not reach the tolerance
+    # (under `vmap`, where every branch runs, one exact step in all).
+    carry, residual = frozen_step((s, v, jnp.asarray(jnp.inf, residual.dtype)), residual)
+    carry, residual = _iterate(frozen_step, carry, residual, done_or_slow, iterations - 1)
+    carry, residual = _iterate(exact_step, carry, residual,
+                               lambda c_, r_: velocity_converged(c_[1], r_), 1)
     return (q_new, carry[0]), position_ok, velocity_converged(carry[1], residual)
 
 
