@@ -173,6 +173,13 @@ def _exact_velocity_step(system, formulation, t, q, s, residual, linear_solver):
                    (dv,))[1]
 
 
+# The iterations stop once their residual is below `tol / STOP`: rounding level (`10 ε`)
+# for the default `tol` (`1000 ε`), which decides whether the projection succeeded. Stopping
+# at `tol` itself left `|Φ|` up to 2.7e-12 on the coupled wheels (`tol` is relative to
+# `1 + max|J| max|q|`, about 10 there), where one more iteration reaches 1e-15.
+STOP = 100.0
+
+
 def _iterate(step, x, residual, converged, iterations: int):
     """Up to `iterations` applications of `(x, residual) -> step(x, residual)`, each only
     while `converged(x, residual)` is false (a `lax.cond`: straight-line code that reverse
@@ -210,9 +217,9 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
     projected in its positions only: its velocities follow from the independent ones and
     satisfy `Φ̇ = 0` by construction.
 
-    Each iteration runs only while its residual is above the tolerance, at most
-    `iterations` of each (`lax.cond`, differentiable in both modes; under `vmap` every
-    iteration runs). Converged means `max |Φ| ≤ tol (1 + max|J| max|q|)` and
+    Each iteration runs only while its residual is above `tol / 100` (rounding level for the
+    default `tol`), at most `iterations` of each (`lax.cond`, differentiable in both modes;
+    under `vmap` every iteration runs). Converged means `max |Φ| ≤ tol (1 + max|J| max|q|)` and
     `max |[Φ̇; Ψ]| ≤ tol (1 + max|G| max|v|)` (`J`, `G` at `q̃`): relative to the size of the
     terms that cancel in the residuals, which sets their rounding error.
     """
@@ -223,16 +230,20 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
         q_ = q_ - small_matmul(gains.positions, phi)
         return q_, _constraint_values(system, formulation, t, q_, s)
 
-    def position_converged(q_, phi):
+    # The iterations go on to `tol / STOP` (rounding level for the default `tol`); `tol`
+    # decides whether the projection succeeded.
+    def position_converged(q_, phi, tol=tol):
         return _max_abs(phi) <= tol * (1.0 + gains.position_scale * _max_abs(q_))
 
     phi = _constraint_values(system, formulation, t, q_new, s)
-    q_new, phi = _iterate(position_step, q_new, phi, position_converged, iterations - 1)
+    q_new, phi = _iterate(position_step, q_new, phi,
+                          lambda q_, phi_: position_converged(q_, phi_, tol / STOP),
+                          iterations - 1)
     position_ok = position_converged(q_new, phi)
     if derived:
         return (q_new, s), position_ok, jnp.array(True)
 
-    def velocity_converged(v, residual):
+    def velocity_converged(v, residual, tol=tol):
         return _max_abs(residual) <= tol * (1.0 + gains.velocity_scale * _max_abs(v))
 
     # The carry is `(s, v, r)`, `r` the largest residual before the last step: with the
@@ -249,8 +260,8 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
         # Done, or the rate seen would not reach the tolerance within two more steps.
         size = _max_abs(residual)
         rate = size / carry[2]
-        return velocity_converged(carry[1], residual) | ~(
-            size * rate**2 <= tol * (1.0 + gains.velocity_scale * _max_abs(carry[1])))
+        return velocity_converged(carry[1], residual, tol / STOP) | ~(
+            size * rate**2 <= tol / STOP * (1.0 + gains.velocity_scale * _max_abs(carry[1])))
 
     def exact_step(carry, residual):
         s_ = carry[0] + _exact_velocity_step(system, formulation, t, q_new, carry[0],
@@ -265,7 +276,7 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
     carry, residual = frozen_step((s, v, jnp.asarray(jnp.inf, residual.dtype)), residual)
     carry, residual = _iterate(frozen_step, carry, residual, done_or_slow, iterations - 1)
     carry, residual = _iterate(exact_step, carry, residual,
-                               lambda c_, r_: velocity_converged(c_[1], r_), 1)
+                               lambda c_, r_: velocity_converged(c_[1], r_, tol / STOP), 1)
     return (q_new, carry[0]), position_ok, velocity_converged(carry[1], residual)
 
 
@@ -346,7 +357,7 @@ class Projected(diffrax.AbstractAdaptiveSolver):
     usually reach rounding). **Velocities** (or momenta), at the projected positions:
     `v ← v − M⁻¹Gᵀ(G M⁻¹ Gᵀ)⁻¹ [Φ̇; Ψ]`, `G = [Φ_q; Ψ_v]`, with the same frozen `M` and
     the factorization of the same `G M⁻¹ Gᵀ` (one iteration usually reaches rounding; where
-    the iterations converge too slowly, a step with `M` and `G` evaluated at the projected
+    they converge too slowly, one step with `M` and `G` evaluated at the projected
     positions). Each stops once its residual is below `tol`. With
     [`jaxdae.RedundantCoordinates`][] only the positions are projected (the dependent
     velocities meet `Φ̇ = 0` by construction).
@@ -381,8 +392,8 @@ class Projected(diffrax.AbstractAdaptiveSolver):
     **Arguments:**
 
     - `solver`: the diffrax solver to wrap, e.g. `diffrax.Tsit5()`.
-    - `iterations`: the most simplified Newton iterations for the positions, and for the
-        velocities (static); default 5. They converge linearly, at a rate set by how much
+    - `iterations`: the most simplified Newton iterations for the positions, and with the
+        frozen factorization for the velocities (static); default 5. They converge linearly, at a rate set by how much
         `J` changes over the correction and by the conditioning of `J M⁻¹ Jᵀ`: a drift of
         1e-9 needs one, the 8e-5 of a modified-Lagrange step on the two-link arm near its
         fold four.
