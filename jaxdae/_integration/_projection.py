@@ -182,12 +182,16 @@ STOP = 100.0
 
 def _iterate(step, x, residual, converged, iterations: int):
     """Up to `iterations` applications of `(x, residual) -> step(x, residual)`, each only
-    while `converged(x, residual)` is false (a `lax.cond`: straight-line code that reverse
-    and forward mode differentiate; under `vmap` every step runs)."""
-    for _ in range(iterations):
-        x, residual = jax.lax.cond(converged(x, residual), lambda x_, r_: (x_, r_), step,
-                                   x, residual)
-    return x, residual
+    while `converged(x, residual)` is false: nested `lax.cond`s, so that a converged
+    iteration costs one test (straight-line code that reverse and forward mode
+    differentiate; under `vmap` every step runs)."""
+    if iterations == 0:
+        return x, residual
+
+    def go_on(x_, r_):
+        return _iterate(step, *step(x_, r_), converged, iterations - 1)
+
+    return jax.lax.cond(converged(x, residual), lambda x_, r_: (x_, r_), go_on, x, residual)
 
 
 def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q, s,
