@@ -10,10 +10,10 @@ import lineax as lx
 import numpy as np
 
 from .._checks import check_instance, described
-from .._compilation._linear_solvers import symmetric_operator
-from .._compilation._sparse import cholesky_factor, cholesky_solve
-from .._compilation._scalarize import scalarize
 from .._compilation._linalg import small_matmul
+from .._compilation._linear_solvers import symmetric_operator
+from .._compilation._scalarize import scalarize
+from .._compilation._sparse import cholesky_factor, cholesky_solve
 from .._custom_types import Array, Bool, Float, PyTree, ScalarLike
 from .._formulations._base import AbstractFormulation, eliminate
 from .._formulations._redundant import RedundantCoordinates
@@ -121,8 +121,8 @@ def _gains(system, formulation, t, q, s, linear_solver, velocities: bool):
         all_rows = positions
     else:
         all_rows = _solve(matrix, minv_gt.T, linear_solver).T
-    gains = _Gains(positions, all_rows, terms if _momenta(system) else None, _max_abs(terms.jacobian[:m]),
-                   _max_abs(terms.jacobian))
+    gains = _Gains(positions, all_rows, terms if _momenta(system) else None,
+                   _max_abs(terms.jacobian[:m]), _max_abs(terms.jacobian))
     return gains, q - small_matmul(positions, terms.phi)
 
 
@@ -167,16 +167,13 @@ def _exact_velocity_step(system, formulation, t, q, s, residual, linear_solver):
     terms = _terms_at(system, formulation, t, q, s)
     matrix, minv_gt = _dense_minv_gt(terms)
     dv = -small_matmul(minv_gt, _solve(matrix, residual[:, None], linear_solver)[:, 0])
-    if not _momenta(system):
-        return dv
-    return jax.jvp(lambda a: system.state_rate(t, q, s, terms, a), (jnp.zeros_like(dv),),
-                   (dv,))[1]
+    return _state_change(system, t, q, s, terms, dv) if _momenta(system) else dv
 
 
 # The iterations stop once their residual is below `tol / STOP`: rounding level (`10 ε`)
-# for the default `tol` (`1000 ε`), which decides whether the projection succeeded. Stopping
-# at `tol` itself left `|Φ|` up to 2.7e-12 on the coupled wheels (`tol` is relative to
-# `1 + max|J| max|q|`, about 10 there), where one more iteration reaches 1e-15.
+# for the default `tol` (`1000 ε`), which decides whether the projection succeeded. `tol`
+# is relative to `1 + max|J| max|q|` (about 10 on the coupled wheels of
+# `experiments/work_precision.py`), so stopping at it could leave `|Φ|` above 1e-12.
 STOP = 100.0
 
 
@@ -215,8 +212,8 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
     meets `G(q) v = −c` and lies in `ṽ + range(M⁻¹Gᵀ)`. Where the rate seen does not bring
     the residual below the tolerance within two more iterations (a large correction, a
     nearly singular `G M⁻¹ Gᵀ`), the iterations stop and one step evaluates `M` and `G` at
-    `(q, v)` and factorizes anew: it meets the affine constraints up to rounding. A state that holds momenta (a
-    [`jaxdae.HamiltonianSystem`][]) is changed by the matching impulse, `p ← p + M Δv`
+    `(q, v)` and factorizes anew: it meets the affine constraints up to rounding. A state
+    that holds momenta (a [`jaxdae.HamiltonianSystem`][]) is changed by the matching impulse, `p ← p + M Δv`
     (exact for a Hamiltonian quadratic in `p`). A [`jaxdae.RedundantCoordinates`][] state is
     projected in its positions only: its velocities follow from the independent ones and
     satisfy `Φ̇ = 0` by construction.
