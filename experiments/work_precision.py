@@ -29,8 +29,7 @@ Mechanisms, each against a reference computed without jaxdae's formulations or d
 - **Bricard's mechanism** (IFToMM A04, built with `jaxdae.multibody` by
   `experiments/bricard.py`): spatial, one of its 30 constraints redundant everywhere, over
   [0, 1] s (quick: 0.5 s, without `Dopri8`, `Kvaerno5` and `GeneralizedAlpha`, whose
-  compiles take minutes on its 35 coordinates); `Projected` solves its projections with
-  `lineax.SVD()` there. Reference: the null-space equations of the same model
+  compiles take minutes on its 35 coordinates). Reference: the null-space equations of the same model
   (`q̈ = G⁺γ + N (NᵀMN)⁻¹ Nᵀ (Q − M G⁺γ)`, `N` an orthonormal basis of the null space of
   `G` from an SVD: no multipliers, no stabilization) by scipy's DOP853 at rtol 1e-12.
 - **stiff spring pendulum**: the pendulum of `experiments/stiff_integration.py` (a mass on
@@ -53,6 +52,9 @@ its steps clipped to the saved times, so that each saved state is a step end, gi
 largest `|Φ|` and `|Φ̇|` at step ends (the dense output between step ends is off the
 manifold by up to the local error); the table `projection_table` sets them beside the time
 of the projected solve over the unprojected `Tsit5` solve's, same formulation and `rtol`.
+`--projection-cost` times only these two, interleaved: each round times every solve in
+turn, and the table gives the median of the rounds' ratios with their range
+(OUT/work_precision/projection_cost.json).
 
 Writes OUT/work_precision/work_precision.json (every run, a table of each combination at
 each tolerance and the projection table), work_precision.png (error against time, one
@@ -65,6 +67,7 @@ in separate processes (`--only`) and one call with `--stored-only` joins them.
     python experiments/work_precision.py --out output --only two-link,wheels   # in parallel:
     python experiments/work_precision.py --out output --only spring,Bricard
     python experiments/work_precision.py --out output --stored-only            # then join
+    python experiments/work_precision.py --out output --projection-cost [--only wheels]
 """
 
 import argparse
@@ -90,7 +93,6 @@ jax.config.update("jax_enable_x64", True)
 
 import diffrax
 import jax.numpy as jnp
-import lineax as lx
 import numpy as np
 from _common import figure, output_dir, progress, write_json
 
@@ -250,8 +252,6 @@ class Mechanism:
     formulations: dict  # name -> formulation, or a string saying why it does not apply
     # q at the saved times (a function computing it, until `main` calls it)
     reference: np.ndarray
-    # redundant constraints: Projected solves its projections with lineax.SVD()
-    redundant: bool = False
     # the formulations run with the integrators in COSTLY (None: all), and whether
     # GeneralizedAlpha runs (not when empty): on the 35-coordinate Bricard model each of
     # their compiles takes minutes
@@ -336,7 +336,6 @@ def mechanisms(quick: bool, num: int, folder: Path) -> list[Mechanism]:
     out.append(Mechanism("Bricard (spatial, redundant)", model, q0, v0, t1, formulations,
                          reference(f"bricard {t1} {num}", null_space_reference, model, q0,
                                    v0, ts),
-                         redundant=True,
                          costly_with=None if not quick else ()))
 
     return out
@@ -422,8 +421,6 @@ def run(mechanism: Mechanism, integrator: str, formulation_name: str, formulatio
         repeats: int) -> list[dict]:
     ts = jnp.linspace(0.0, mechanism.t1, mechanism.reference.shape[0])
     solver = INTEGRATORS[integrator]
-    if mechanism.redundant and isinstance(solver, jaxdae.Projected):
-        solver = jaxdae.Projected(solver.solver, linear_solver=lx.SVD())
     solve = solve_fn(mechanism, formulation, solver, ts)
     reference = mechanism.reference
     scale = float(np.max(np.abs(reference)))
@@ -694,6 +691,76 @@ def main(out: Path, quick: bool = False, repeats: int | None = None,
         "mechanisms (hollow: a solve that stopped, with its error until then)")])
 
 
+def projection_cost(out: Path, only: list[str] | None = None,
+                    formulations: list[str] | None = None, rounds: int = 3) -> list[str]:
+    """The projection's cost alone: for each mechanism (`only`) and formulation
+    (`formulations`, default all) that `Projected(Tsit5)` applies to, the CPU time of the
+    projected solve over that of the unprojected `Tsit5` solve at each of the study's
+    tolerances. Both are compiled first; then `rounds` rounds each time every solve in turn
+    (the best of as many calls as fit in 0.3 s, at least one), so that a change of load
+    affects both alike, and the ratio of each round's pair is taken: the median over the
+    rounds, with the smallest and largest; and the largest `|Φ|`, `|Φ̇|` at the step ends of
+    the projected solve with its steps clipped to the saved times, over the tolerances at
+    which it succeeds. Writes OUT/work_precision/projection_cost.json and prints the
+    table."""
+    folder = output_dir(out, NAME)
+    rtols = [1e-3, 1e-5, 1e-7, 1e-9]
+    chosen = [m for m in mechanisms(False, 41, folder)
+              if not only or any(o in m.name for o in only)]
+    cases = []
+    for mechanism in chosen:
+        ts = jnp.linspace(0.0, mechanism.t1, 41)
+        projected = INTEGRATORS["Projected(Tsit5)"]
+        for name, formulation in mechanism.formulations.items():
+            if isinstance(formulation, str) or (formulations and name not in formulations):
+                continue
+            solves = [solve_fn(mechanism, formulation, solver, ts)
+                      for solver in (diffrax.Tsit5(), projected)]
+            for solve in solves:  # compile
+                jax.block_until_ready(solve(jnp.asarray(rtols[0])))
+            # the residuals at step ends: the projected solve with its steps clipped to ts
+            clipped = solve_fn(mechanism, formulation, projected, ts, step_ends=True)
+            ends = [clipped(jnp.asarray(rtol)) for rtol in rtols]
+            ends = [(float(out[5]), float(out[6])) for out in ends
+                    if _name(out[1]) == "successful"]
+            residuals = (f"{max(e[0] for e in ends):.1e} / {max(e[1] for e in ends):.1e}"
+                         if ends else "—")
+            cases.append((mechanism.name, name, solves, residuals))
+            print(f"  compiled {mechanism.name} | {name}", flush=True)
+    times = {}
+    for _ in range(rounds):
+        for mechanism, name, solves, _ in cases:
+            for rtol in rtols:
+                for i, solve in enumerate(solves):
+                    result, best = timed(solve, jnp.asarray(rtol), 1)
+                    entry = times.setdefault((mechanism, name, rtol, i), dict(times=[]))
+                    entry["times"].append(best)
+                    entry.update(result=_name(result[1]), steps=int(result[3]))
+    lines = ["| mechanism | formulation | max abs Φ / Φ̇ at step ends | "
+             + " | ".join(f"rtol {r:g}: ratio (min–max; steps)" for r in rtols) + " |",
+             "|" + "---|" * (len(rtols) + 3)]
+    rows = []
+    for mechanism, name, _, residuals in cases:
+        cells = []
+        for rtol in rtols:
+            plain, proj = (times[(mechanism, name, rtol, i)] for i in (0, 1))
+            if "successful" not in (plain["result"], proj["result"]) or (
+                    plain["result"] != proj["result"]):
+                cells.append(f"— (Tsit5 {plain['result']}, projected {proj['result']})")
+                continue
+            ratios = np.array(proj["times"]) / np.array(plain["times"])
+            cells.append(f"{np.median(ratios):.2f} ({ratios.min():.2f}–{ratios.max():.2f}; "
+                         f"{proj['steps']} / {plain['steps']})")
+            rows.append(dict(mechanism=mechanism, formulation=name, rtol=rtol,
+                             plain_ms=[1e3 * t for t in plain["times"]],
+                             projected_ms=[1e3 * t for t in proj["times"]],
+                             ratios=ratios.tolist(), steps=[proj["steps"], plain["steps"]]))
+        lines.append(f"| {mechanism} | {name} | {residuals} | " + " | ".join(cells) + " |")
+    write_json(folder / "projection_cost.json", dict(rounds=rounds, rows=rows, table=lines))
+    print("\n".join(lines))
+    return lines
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -710,6 +777,18 @@ if __name__ == "__main__":
     parser.add_argument("--stored-only", action="store_true",
                         help="solve nothing: tabulate and plot the runs stored under OUT "
                              "(by earlier calls, e.g. one per mechanism with --only)")
+    parser.add_argument("--projection-cost", action="store_true",
+                        help="time only Tsit5 against Projected(Tsit5), interleaved, "
+                             "median of --rounds (with --only, --formulations)")
+    parser.add_argument("--formulations", default=None,
+                        help="with --projection-cost: comma-separated formulations")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="with --projection-cost: interleaved rounds (default 3)")
     args = parser.parse_args()
+    if args.projection_cost:
+        projection_cost(args.out, args.only.split(",") if args.only else None,
+                        args.formulations.split(",") if args.formulations else None,
+                        args.rounds)
+        raise SystemExit
     main(args.out, args.quick, args.repeats, args.only.split(",") if args.only else None,
          args.integrators.split(",") if args.integrators else None, args.stored_only)

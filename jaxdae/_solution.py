@@ -98,9 +98,8 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
         projection_failed = (
             "The projection onto the constraint manifold (`jaxdae.Projected`) did not "
             "converge after an accepted step: its Newton iterations left |Φ| or |Φ̇, Ψ| "
-            "above its tolerance, or met a singular constraint matrix J M⁻¹ Jᵀ (redundant "
-            "constraints: pass `linear_solver=lineax.SVD()`; a singular configuration; "
-            "constraints that no configuration meets). Reduce `rtol`/`atol` (a smaller "
+            "above its tolerance (near a singular configuration, where J M⁻¹ Jᵀ is nearly "
+            "singular; constraints that no configuration meets). Reduce `rtol`/`atol` (a smaller "
             "drift per step), raise `Projected(iterations=...)` or loosen its `tol`."
         )
         invalid_input = (

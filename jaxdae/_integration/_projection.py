@@ -10,10 +10,12 @@ import lineax as lx
 import numpy as np
 
 from .._checks import check_instance, described
-from .._compilation._linear_solvers import PositiveDefinite
+from .._compilation._linalg import small_matmul
+from .._compilation._linear_solvers import symmetric_operator
 from .._compilation._scalarize import scalarize
-from .._custom_types import Array, Bool, PyTree, ScalarLike
-from .._formulations._base import AbstractFormulation, multiplier_solve
+from .._compilation._sparse import cholesky_factor, cholesky_solve
+from .._custom_types import Array, Bool, Float, PyTree, ScalarLike
+from .._formulations._base import AbstractFormulation, eliminate
 from .._formulations._redundant import RedundantCoordinates
 from .._solution import RESULTS
 from .._systems._hamiltonian import HamiltonianSystem
@@ -24,21 +26,39 @@ def _max_abs(x: Array) -> Array:
     return jnp.max(jnp.abs(x), initial=0.0)
 
 
-def _correction(mass, jacobian, residual, linear_solver) -> Array:
-    """`−M⁻¹ Gᵀ (G M⁻¹ Gᵀ)⁻¹ r` for `G = jacobian`: the smallest step `Δ` in the metric
-    of the mass matrix `M` with `G Δ = −r`. [`multiplier_solve`][] of `M a + Gᵀλ = 0`,
-    `G a = −r` (no forces), so the constraint solves are the formulations' own
-    (`linear_solver`: `None` for the formulations' positive-definite solve, or a lineax
-    solver such as `lineax.SVD()` for redundant rows)."""
+def _solve(matrix: Float[Array, "c c"], rhs: Float[Array, "c k"],
+           linear_solver: lx.AbstractLinearSolver | None) -> Float[Array, "c k"]:
+    """`(G M⁻¹ Gᵀ)⁻¹ rhs` for `matrix` = `G M⁻¹ Gᵀ`: one factorization for all columns.
+
+    `linear_solver=None`: the Cholesky factorization (unrolled for small systems, LAPACK
+    otherwise) of `G M⁻¹ Gᵀ + δ I`, `δ = 100 c ε max diag(G M⁻¹ Gᵀ)` (`c` rows, `ε` the
+    machine epsilon): above the rounding error of the zero eigenvalues that redundant
+    constraints give the computed matrix, so the factorization exists for them too. A step
+    `Δ = −M⁻¹Gᵀ(G M⁻¹ Gᵀ + δ I)⁻¹ r` lies in `range(M⁻¹Gᵀ)` and meets `G Δ = −r` up to a
+    relative `δ / σ` along each eigenvalue `σ > 0` (the iterations of [`project_state`][]
+    remove it); along the redundant directions, which `Gᵀ` maps to zero, its multipliers
+    stay bounded by `|r| / δ`. A lineax solver otherwise (e.g. `lineax.SVD()`): one
+    factorization, applied column by column."""
+    c = matrix.shape[0]
+    if c == 0:
+        return rhs
     if linear_solver is None:
-        linear_solver = PositiveDefinite()
-    n, c = mass.shape[0], jacobian.shape[0]
-    zeros = jnp.zeros((n,), mass.dtype)
-    free = ConstrainedTerms(mass_matrix=mass, forces=zeros, phi=residual, dphi=residual,
-                            psi=jnp.zeros((0,), mass.dtype), jacobian=jacobian,
-                            bias=jnp.zeros((c,), mass.dtype))
-    step, _ = multiplier_solve(free, -residual, linear_solver)
-    return step
+        eps = float(jnp.finfo(matrix.dtype).eps)
+        shift = 100 * c * eps * jnp.max(jnp.diagonal(matrix))
+        factor = cholesky_factor(matrix + shift * jnp.eye(c, dtype=matrix.dtype))
+        return cholesky_solve(factor, rhs)
+    operator = symmetric_operator(matrix)
+    return jax.vmap(lambda b: lx.linear_solve(operator, b, linear_solver, throw=False).value,
+                    in_axes=1, out_axes=1)(rhs)
+
+
+def _dense_minv_gt(terms: ConstrainedTerms):
+    """`G M⁻¹ Gᵀ` and `M⁻¹Gᵀ` (dense) of the terms ([`eliminate`][])."""
+    elimination = eliminate(terms)
+    minv_gt = elimination.minv_gt
+    if not isinstance(minv_gt, jax.Array):
+        minv_gt = minv_gt.dense()
+    return elimination.matrix, minv_gt
 
 
 def _derives_velocities(formulation) -> bool:
@@ -59,12 +79,26 @@ def _terms_at(system, formulation, t, q, s):
     return system.terms(t, q, formulation.velocities(system, t, q, s))
 
 
-def _constraint_values(system, formulation, t, q, s):
-    """`Φ(t, q)`: from `constraints` where the system's terms take `Φ` from it, else from
-    its terms."""
-    if type(system).terms in (LagrangianSystem.terms, HamiltonianSystem.terms):
-        return system.constraints(t, q)
-    return _terms_at(system, formulation, t, q, s).phi
+def _own_terms(system) -> bool:
+    """Whether the system's terms take `Φ`, `Φ̇` and `Ψ` from its `constraints` and
+    `velocity_constraints` (so they can be evaluated alone)."""
+    return type(system).terms in (LagrangianSystem.terms, HamiltonianSystem.terms)
+
+
+def _momenta(system) -> bool:
+    """Whether the state holds something other than the velocities (`state_rate` is not
+    the identity)."""
+    return type(system).state_rate is not AbstractSystem.state_rate
+
+
+class _Gains(eqx.Module):
+    """What [`project_state`][] freezes at the unprojected end `(q̃, s̃)` of a step."""
+
+    positions: Float[Array, "n m"]  # `K` for the holonomic rows
+    velocities: Float[Array, "n c"]  # `K` for all rows `G = [Φ_q; Ψ_v]`
+    terms: ConstrainedTerms | None  # at `(q̃, s̃)` where `system.state_rate` needs them
+    position_scale: Array  # `max |J|`
+    velocity_scale: Array  # `max |G|`
 
 
 # Each piece is traced once per system and formulation and, for small systems, re-traced
@@ -72,81 +106,179 @@ def _constraint_values(system, formulation, t, q, s):
 # whole projection would exceed the size up to which that pays.
 @eqx.filter_jit
 @scalarize
-def _first_iteration(system, formulation, t, q, s, linear_solver):
-    """`M` and `J` at the unprojected state, and the first (Newton) iterate."""
-    terms = _terms_at(system, formulation, t, q, s)
-    jacobian = terms.jacobian[: terms.num_holonomic]
-    return terms.mass_matrix, jacobian, q + _correction(terms.mass_matrix, jacobian,
-                                                        terms.phi, linear_solver)
-
-
-@eqx.filter_jit
-@scalarize
-def _next_iteration(system, formulation, t, q, s, mass, jacobian, linear_solver):
-    """A simplified Newton iterate: `M` and `J` frozen."""
-    phi = _constraint_values(system, formulation, t, q, s)
-    return q + _correction(mass, jacobian, phi, linear_solver)
-
-
-@eqx.filter_jit
-@scalarize
-def _velocity_projection(system, formulation, t, q, s, linear_solver, tol):
-    """At the projected positions `q`: whether `Φ` converged, the projected `s`, and
-    whether `[Φ̇; Ψ]` did."""
+def _gains(system, formulation, t, q, s, linear_solver, velocities: bool):
+    """The terms at the unprojected state, the gains `K` from them, and the first (Newton)
+    iterate of the positions."""
     terms = _terms_at(system, formulation, t, q, s)
     m = terms.num_holonomic
-    position_ok = _max_abs(terms.phi) <= tol * (
-        1.0 + _max_abs(terms.jacobian[:m]) * _max_abs(q))
-    if _derives_velocities(formulation):
-        return position_ok, s, jnp.array(True)
-    # `[Φ̇; Ψ]` is affine in `v`, so one solve meets it up to rounding.
-    residual = jnp.concatenate([terms.dphi, terms.psi])
-    dv = _correction(terms.mass_matrix, terms.jacobian, residual, linear_solver)
-    # `ṡ` is affine in `q̈`: its linear part maps a change of velocity to a change of `s`
-    # (the identity for velocities, `M` for momenta).
-    ds = (system.state_rate(t, q, s, terms, dv)
-          - system.state_rate(t, q, s, terms, jnp.zeros_like(dv)))
-    s_new = s + ds
-    v_old, v_new = (system.velocities(t, q, x) for x in (s, s_new))
-    residual = residual + terms.jacobian @ (v_new - v_old)
-    velocity_ok = _max_abs(residual) <= tol * (
-        1.0 + _max_abs(terms.jacobian) * _max_abs(v_new))
-    return position_ok, s_new, velocity_ok
+    matrix, minv_gt = _dense_minv_gt(terms)
+    # `K = M⁻¹Gᵀ (G M⁻¹ Gᵀ)⁻¹`: `Δ = −K r` is the smallest step in the metric `M` with
+    # `G Δ = −r`.
+    positions = _solve(matrix[:m, :m], minv_gt[:, :m].T, linear_solver).T
+    if not velocities:
+        all_rows = positions[:, :0]
+    elif m == matrix.shape[0]:
+        all_rows = positions
+    else:
+        all_rows = _solve(matrix, minv_gt.T, linear_solver).T
+    gains = _Gains(positions, all_rows, terms if _momenta(system) else None,
+                   _max_abs(terms.jacobian[:m]), _max_abs(terms.jacobian))
+    return gains, q - small_matmul(positions, terms.phi)
+
+
+@eqx.filter_jit
+@scalarize
+def _constraint_values(system, formulation, t, q, s):
+    """`Φ(t, q)`: from `constraints` where the system's terms take `Φ` from it, else from
+    its terms."""
+    if _own_terms(system):
+        return system.constraints(t, q)
+    return _terms_at(system, formulation, t, q, s).phi
+
+
+@eqx.filter_jit
+@scalarize
+def _velocity_residual(system, formulation, t, q, s):
+    """`[Φ̇; Ψ]` at `(t, q, s)` and the velocities `v` (from `constraints` and
+    `velocity_constraints` where the system's terms take them from these, else from its
+    terms)."""
+    v = system.velocities(t, q, s)
+    if _own_terms(system):
+        _, dphi = jax.jvp(system.constraints, (t, q), (jnp.ones_like(t), v))
+        return jnp.concatenate([dphi, system.velocity_constraints(t, q, v)]), v
+    terms = system.terms(t, q, v)
+    return jnp.concatenate([terms.dphi, terms.psi]), v
+
+
+@eqx.filter_jit
+@scalarize
+def _state_change(system, t, q, s, terms, dv):
+    """The change of the state `s` for a change `dv` of the velocities: the linear part of
+    `ṡ(q̈)` (`ṡ` is affine in `q̈`; the identity for velocities, `M` for momenta)."""
+    rate = lambda a: system.state_rate(t, q, s, terms, a)
+    return jax.jvp(rate, (jnp.zeros_like(dv),), (dv,))[1]
+
+
+@eqx.filter_jit
+@scalarize
+def _exact_velocity_step(system, formulation, t, q, s, residual, linear_solver):
+    """`Δs` for `Δv = −M⁻¹Gᵀ(G M⁻¹ Gᵀ)⁻¹ r` with `M` and `G` at `(q, s)`: one step meets the
+    affine `[Φ̇; Ψ] = 0` up to rounding."""
+    terms = _terms_at(system, formulation, t, q, s)
+    matrix, minv_gt = _dense_minv_gt(terms)
+    dv = -small_matmul(minv_gt, _solve(matrix, residual[:, None], linear_solver)[:, 0])
+    return _state_change(system, t, q, s, terms, dv) if _momenta(system) else dv
+
+
+# The iterations stop once their residual is below `tol / STOP`: rounding level (`10 ε`)
+# for the default `tol` (`1000 ε`), which decides whether the projection succeeded. `tol`
+# is relative to `1 + max|J| max|q|` (about 10 on the coupled wheels of
+# `experiments/work_precision.py`), so stopping at it could leave `|Φ|` above 1e-12.
+STOP = 100.0
+
+
+def _iterate(step, x, residual, converged, iterations: int):
+    """Up to `iterations` applications of `(x, residual) -> step(x, residual)`, each only
+    while `converged(x, residual)` is false: nested `lax.cond`s, so that a converged
+    iteration costs one test (straight-line code that reverse and forward mode
+    differentiate; under `vmap` every step runs)."""
+    if iterations == 0:
+        return x, residual
+
+    def go_on(x_, r_):
+        return _iterate(step, *step(x_, r_), converged, iterations - 1)
+
+    return jax.lax.cond(converged(x, residual), lambda x_, r_: (x_, r_), go_on, x, residual)
 
 
 def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q, s,
-                  linear_solver: lx.AbstractLinearSolver, iterations: int, tol: float):
+                  linear_solver: lx.AbstractLinearSolver | None, iterations: int, tol: float):
     """The state `(q, s)` projected onto `Φ(t, q) = 0` and then onto `Φ̇ = 0, Ψ = 0`, and
     whether each projection converged (`(q, s), position_ok, velocity_ok`).
 
-    Positions: simplified Newton iterations `q ← q − M⁻¹Jᵀ(J M⁻¹ Jᵀ)⁻¹ Φ(q)` with `M`
-    and `J` frozen at the unprojected point `q̃` (Hairer, Lubich & Wanner, *Geometric
-    Numerical Integration*, §IV.4, Algorithm 4.2): every iterate lies in
-    `q̃ + range(M⁻¹Jᵀ)`, so the limit is the point of the manifold that is closest to `q̃`
-    in the metric `M` up to a term of second order in the (small) drift. The first
-    iteration is a full Newton step; `iterations` of them are always taken (straight-line
-    code: differentiable in both modes and the same work in every member of a batch).
+    Both are simplified Newton iterations with the gain `K = M⁻¹Gᵀ(G M⁻¹ Gᵀ)⁻¹`, `M` and
+    `G` frozen at the unprojected point `(q̃, ṽ)` and factorized once ([`_solve`][]; Hairer,
+    Lubich & Wanner, *Geometric Numerical Integration*, §IV.4, Algorithm 4.2; Ascher &
+    Petzold, *Computer Methods for ODEs and DAEs*, §10.1.4).
 
-    Velocities: at the projected `q`, the state's velocities `v` are replaced by the
-    closest in the metric `M(q)` that satisfy `G v = −c` (`[Φ̇; Ψ] = G v + c`, affine in
-    `v`): one linear solve, `v ← v − M⁻¹Gᵀ(G M⁻¹ Gᵀ)⁻¹ [Φ̇; Ψ]`. A state that holds
-    momenta (a [`jaxdae.HamiltonianSystem`][]) is changed by the matching impulse,
-    `p ← p + M Δv` (exact for a Hamiltonian quadratic in `p`). A
-    [`jaxdae.RedundantCoordinates`][] state is projected in its positions only: its
-    velocities follow from the independent ones and satisfy `Φ̇ = 0` by construction.
+    Positions: `q ← q − K_J Φ(q)` (`K_J` from the holonomic rows `J` of `G`), starting with
+    a Newton step from `q̃`. Every iterate lies in `q̃ + range(M⁻¹Jᵀ)`, so the limit is the
+    point of the manifold that is closest to `q̃` in the metric `M` up to a term of second
+    order in the (small) drift.
 
-    Converged means `max |Φ| ≤ tol (1 + max|J| max|q|)` and
-    `max |[Φ̇; Ψ]| ≤ tol (1 + max|G| max|v|)` at the projected state: relative to the size
-    of the terms that cancel in the residuals, which sets their rounding error.
+    Velocities, at the projected `q`: `v ← v − K_G [Φ̇; Ψ](q, v)`. `[Φ̇; Ψ]` is affine in `v`
+    and its matrix `G(q)` differs from the frozen `G(q̃)` by the order of the position
+    correction, so each iteration multiplies the residual by about that much; the limit
+    meets `G(q) v = −c` and lies in `ṽ + range(M⁻¹Gᵀ)`. Where the rate seen does not bring
+    the residual below the tolerance within two more iterations (a large correction, a
+    nearly singular `G M⁻¹ Gᵀ`), the iterations stop and one step evaluates `M` and `G` at
+    `(q, v)` and factorizes anew: it meets the affine constraints up to rounding. A state
+    that holds momenta (a [`jaxdae.HamiltonianSystem`][]) is changed by the matching impulse, `p ← p + M Δv`
+    (exact for a Hamiltonian quadratic in `p`). A [`jaxdae.RedundantCoordinates`][] state is
+    projected in its positions only: its velocities follow from the independent ones and
+    satisfy `Φ̇ = 0` by construction.
+
+    Each iteration runs only while its residual is above `tol / 100` (rounding level for the
+    default `tol`), at most `iterations` of each (`lax.cond`, differentiable in both modes;
+    under `vmap` every iteration runs). Converged means `max |Φ| ≤ tol (1 + max|J| max|q|)` and
+    `max |[Φ̇; Ψ]| ≤ tol (1 + max|G| max|v|)` (`J`, `G` at `q̃`): relative to the size of the
+    terms that cancel in the residuals, which sets their rounding error.
     """
-    _derives_velocities(formulation)
-    mass, jacobian, q_new = _first_iteration(system, formulation, t, q, s, linear_solver)
-    for _ in range(iterations - 1):
-        q_new = _next_iteration(system, formulation, t, q_new, s, mass, jacobian,
-                                linear_solver)
-    position_ok, s_new, velocity_ok = _velocity_projection(system, formulation, t, q_new, s,
-                                                           linear_solver, tol)
-    return (q_new, s_new), position_ok, velocity_ok
+    derived = _derives_velocities(formulation)
+    gains, q_new = _gains(system, formulation, t, q, s, linear_solver, not derived)
+
+    def position_step(q_, phi):
+        q_ = q_ - small_matmul(gains.positions, phi)
+        return q_, _constraint_values(system, formulation, t, q_, s)
+
+    # The iterations go on to `tol / STOP` (rounding level for the default `tol`); `tol`
+    # decides whether the projection succeeded.
+    def position_converged(q_, phi, tol=tol):
+        return _max_abs(phi) <= tol * (1.0 + gains.position_scale * _max_abs(q_))
+
+    phi = _constraint_values(system, formulation, t, q_new, s)
+    q_new, phi = _iterate(position_step, q_new, phi,
+                          lambda q_, phi_: position_converged(q_, phi_, tol / STOP),
+                          iterations - 1)
+    position_ok = position_converged(q_new, phi)
+    if derived:
+        return (q_new, s), position_ok, jnp.array(True)
+
+    def velocity_converged(v, residual, tol=tol):
+        return _max_abs(residual) <= tol * (1.0 + gains.velocity_scale * _max_abs(v))
+
+    # The carry is `(s, v, r)`, `r` the largest residual before the last step: with the
+    # residual after it, the rate of the frozen iteration.
+    def frozen_step(carry, residual):
+        s_, _, _ = carry
+        dv = -small_matmul(gains.velocities, residual)
+        if _momenta(system):
+            dv = _state_change(system, t, q_new, s_, gains.terms, dv)
+        residual_new, v = _velocity_residual(system, formulation, t, q_new, s_ + dv)
+        return (s_ + dv, v, _max_abs(residual)), residual_new
+
+    def done_or_slow(carry, residual):
+        # Done, or the rate seen would not reach the tolerance within two more steps.
+        size = _max_abs(residual)
+        rate = size / carry[2]
+        return velocity_converged(carry[1], residual, tol / STOP) | ~(
+            size * rate**2 <= tol / STOP * (1.0 + gains.velocity_scale * _max_abs(carry[1])))
+
+    def exact_step(carry, residual):
+        s_ = carry[0] + _exact_velocity_step(system, formulation, t, q_new, carry[0],
+                                             residual, linear_solver)
+        residual_new, v = _velocity_residual(system, formulation, t, q_new, s_)
+        return (s_, v, _max_abs(residual)), residual_new
+
+    residual, v = _velocity_residual(system, formulation, t, q_new, s)
+    # The first step is frozen (the rate is 0 until one is seen); then frozen steps while
+    # they converge fast enough, and one exact step if that did not reach the tolerance
+    # (under `vmap`, where every branch runs, one exact step in all).
+    carry, residual = frozen_step((s, v, jnp.asarray(jnp.inf, residual.dtype)), residual)
+    carry, residual = _iterate(frozen_step, carry, residual, done_or_slow, iterations - 1)
+    carry, residual = _iterate(exact_step, carry, residual,
+                               lambda c_, r_: velocity_converged(c_[1], r_, tol / STOP), 1)
+    return (q_new, carry[0]), position_ok, velocity_converged(carry[1], residual)
 
 
 class _ProjectedInterpolation(diffrax.AbstractLocalInterpolation):
@@ -220,12 +352,14 @@ class Projected(diffrax.AbstractAdaptiveSolver):
                           solver=jaxdae.Projected(diffrax.Tsit5()))
     ```
 
-    **Positions**: `iterations` simplified Newton iterations
-    `q ← q − M⁻¹Jᵀ(J M⁻¹ Jᵀ)⁻¹ Φ(q)`, `M` and `J = Φ_q` evaluated once at the step's end
-    (the first iteration is a Newton step; the drift of one step is of the order of the
-    local error, so two iterations usually reach rounding). **Velocities** (or momenta):
-    one linear solve at the projected positions,
-    `v ← v − M⁻¹Gᵀ(G M⁻¹ Gᵀ)⁻¹ [Φ̇; Ψ]`, `G = [Φ_q; Ψ_v]`. With
+    **Positions**: simplified Newton iterations `q ← q − M⁻¹Jᵀ(J M⁻¹ Jᵀ)⁻¹ Φ(q)`, `M` and
+    `J = Φ_q` evaluated and factorized once, at the step's end (the first iteration is a
+    Newton step; the drift of one step is of the order of the local error, so one or two
+    usually reach rounding). **Velocities** (or momenta), at the projected positions:
+    `v ← v − M⁻¹Gᵀ(G M⁻¹ Gᵀ)⁻¹ [Φ̇; Ψ]`, `G = [Φ_q; Ψ_v]`, with the same frozen `M` and
+    the factorization of the same `G M⁻¹ Gᵀ` (one iteration usually reaches rounding; where
+    they converge too slowly, one step with `M` and `G` evaluated at the projected
+    positions). Each stops once its residual is below `tol`. With
     [`jaxdae.RedundantCoordinates`][] only the positions are projected (the dependent
     velocities meet `Φ̇ = 0` by construction).
 
@@ -241,8 +375,9 @@ class Projected(diffrax.AbstractAdaptiveSolver):
     per step more.
 
     **Gradients** flow through the discrete iteration: the projection is straight-line
-    code (a fixed number of iterations and its convergence test), so reverse and forward
-    mode differentiate the computed solution exactly. The default adjoint for this solver
+    code (at most `iterations` of each iteration, each behind a `lax.cond` on its
+    convergence test), so reverse and forward mode differentiate the computed solution
+    exactly. The default adjoint for this solver
     is `diffrax.RecursiveCheckpointAdjoint`; [`jaxdae.ReverseSweepAdjoint`][], which
     recomputes the wrapped Runge–Kutta steps without their projections, is refused. For
     forward mode (`adjoint=diffrax.ForwardMode()`) wrap a Runge–Kutta solver whose stages
@@ -258,17 +393,19 @@ class Projected(diffrax.AbstractAdaptiveSolver):
     **Arguments:**
 
     - `solver`: the diffrax solver to wrap, e.g. `diffrax.Tsit5()`.
-    - `iterations`: simplified Newton iterations for the positions (static); default 5.
-        They converge linearly, at a rate set by how much `J` changes over the correction
-        and by the conditioning of `J M⁻¹ Jᵀ`: a drift of 1e-9 needs one or two, the
-        8e-5 of a modified-Lagrange step on the two-link arm near its fold four.
+    - `iterations`: the most simplified Newton iterations for the positions, and with the
+        frozen factorization for the velocities (static); default 5. They converge linearly, at a rate set by how much
+        `J` changes over the correction and by the conditioning of `J M⁻¹ Jᵀ`: a drift of
+        1e-9 needs one, the 8e-5 of a modified-Lagrange step on the two-link arm near its
+        fold four.
     - `tol`: convergence tolerance of the residuals (relative, see above); default
         `1000 ε` of the state's dtype (`2.2e-13` in float64).
-    - `linear_solver`: how `G M⁻¹ Gᵀ` is solved. `None` (default, independent
-        constraints): the positive-definite solve of [`jaxdae.Baumgarte`][] (an unrolled
-        Cholesky for small systems, a banded factorization where the constraints are
-        banded, LAPACK otherwise). A lineax solver otherwise, e.g. `lineax.SVD()` for
-        redundant constraints, as [`jaxdae.PseudoInverse`][] does.
+    - `linear_solver`: how `G M⁻¹ Gᵀ` is solved. `None` (default): a Cholesky
+        factorization (unrolled for small systems, LAPACK otherwise) of
+        `G M⁻¹ Gᵀ + δ I`, `δ = 100 c ε max diag(G M⁻¹ Gᵀ)` for `c` constraints: for
+        independent constraints the Cholesky solve up to a relative `δ / σ_min`, and it
+        also projects redundant constraints, whose `G M⁻¹ Gᵀ` is singular (the iterations
+        remove what the shift leaves). A lineax solver otherwise, e.g. `lineax.SVD()`.
 
     **Raises:**
 
