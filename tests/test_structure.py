@@ -25,7 +25,7 @@ from jaxdae._compilation._sparse import (
 from jaxdae._compilation._sparsity import column_colouring, nonzero_masks
 from jaxdae._systems._structure import STRUCTURED_MIN, terms_structure
 
-from ._jaxprs import equations
+from ._jaxprs import equations, not_in_a_loop
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
 from scaling_models import CartesianChain, FourBarLadder, NLinkPendulum
@@ -594,13 +594,6 @@ def test_constant_mass_factor_in_simulate():
 
 # -- what a solve's loop may hold ------------------------------------------------------------
 
-# Primitives that keep XLA:CPU from compiling a solve's while loop into one kernel
-# (`_compilation/_xla_flags.py`): scatters, sorts and custom calls (LAPACK, host callbacks).
-_NOT_IN_A_LOOP = {"scatter", "scatter-add", "scatter_add", "sort", "cholesky",
-                  "triangular_solve", "lu", "eigh", "svd", "qr", "pure_callback",
-                  "linear_solve"}
-
-
 @pytest.mark.perf(reason="pins which primitives the right-hand side of small structured "
                          "models traces")
 @pytest.mark.parametrize("model", [CartesianChain(8), CartesianChain(16), FourBarLadder(4),
@@ -623,5 +616,5 @@ def test_right_hand_side_runs_in_one_kernel(model):
         return out, pull(out), _failure(model, formulation, 0.0, q, v, reference)
 
     jaxpr = jax.make_jaxpr(rates_and_vjp)(q, v).jaxpr
-    found = {eqn.primitive.name for eqn in equations(jaxpr)} & _NOT_IN_A_LOOP
+    found = not_in_a_loop(jaxpr)
     assert not found, found

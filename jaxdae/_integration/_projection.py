@@ -44,7 +44,10 @@ def _solve(matrix: Float[Array, "c c"], rhs: Float[Array, "c k"],
         return rhs
     if linear_solver is None:
         eps = float(jnp.finfo(matrix.dtype).eps)
-        shift = 100 * c * eps * jnp.max(jnp.diagonal(matrix))
+        # The largest diagonal entry by a mask, not `jnp.diagonal`: a gather, whose
+        # transpose (a scatter) keeps a gradient's reverse loop from running as one kernel.
+        diagonal = jnp.where(jnp.eye(c, dtype=bool), matrix, -jnp.inf)
+        shift = 100 * c * eps * jnp.max(diagonal)
         factor = cholesky_factor(matrix + shift * jnp.eye(c, dtype=matrix.dtype))
         return cholesky_solve(factor, rhs)
     operator = symmetric_operator(matrix)
@@ -95,8 +98,8 @@ class _Gains(eqx.Module):
     """What [`project_state`][] freezes at the unprojected end `(q̃, s̃)` of a step."""
 
     positions: Float[Array, "n m"]  # `K` for the holonomic rows
-    velocities: Float[Array, "n c"]  # `K` for all rows `G = [Φ_q; Ψ_v]`
-    terms: ConstrainedTerms | None  # at `(q̃, s̃)` where `system.state_rate` needs them
+    # `K` for all rows `G = [Φ_q; Ψ_v]`, mapped to the state (`M K` for momenta)
+    velocities: Float[Array, "n c"]
     position_scale: Array  # `max |J|`
     velocity_scale: Array  # `max |G|`
 
@@ -107,8 +110,8 @@ class _Gains(eqx.Module):
 @eqx.filter_jit
 @scalarize
 def _gains(system, formulation, t, q, s, linear_solver, velocities: bool):
-    """The terms at the unprojected state, the gains `K` from them, and the first (Newton)
-    iterate of the positions."""
+    """The gains `K` at the unprojected state (for the velocities, mapped to the state:
+    `M K` where it holds momenta), and the first (Newton) iterate of the positions."""
     terms = _terms_at(system, formulation, t, q, s)
     m = terms.num_holonomic
     matrix, minv_gt = _dense_minv_gt(terms)
@@ -121,8 +124,10 @@ def _gains(system, formulation, t, q, s, linear_solver, velocities: bool):
         all_rows = positions
     else:
         all_rows = _solve(matrix, minv_gt.T, linear_solver).T
-    gains = _Gains(positions, all_rows, terms if _momenta(system) else None,
-                   _max_abs(terms.jacobian[:m]), _max_abs(terms.jacobian))
+    if velocities and _momenta(system):  # the state's change for each column's `Δv`
+        all_rows = jax.vmap(lambda dv: _state_change(system, t, q, s, terms, dv),
+                            in_axes=1, out_axes=1)(all_rows)
+    gains = _Gains(positions, all_rows, _max_abs(terms.jacobian[:m]), _max_abs(terms.jacobian))
     return gains, q - small_matmul(positions, terms.phi)
 
 
@@ -251,11 +256,9 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
     # residual after it, the rate of the frozen iteration.
     def frozen_step(carry, residual):
         s_, _, _ = carry
-        dv = -small_matmul(gains.velocities, residual)
-        if _momenta(system):
-            dv = _state_change(system, t, q_new, s_, gains.terms, dv)
-        residual_new, v = _velocity_residual(system, formulation, t, q_new, s_ + dv)
-        return (s_ + dv, v, _max_abs(residual)), residual_new
+        s_ = s_ - small_matmul(gains.velocities, residual)
+        residual_new, v = _velocity_residual(system, formulation, t, q_new, s_)
+        return (s_, v, _max_abs(residual)), residual_new
 
     def done_or_slow(carry, residual):
         # Done, or the rate seen would not reach the tolerance within two more steps.
