@@ -109,8 +109,10 @@ def unrolled_cholesky_factor(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]
                       for i in range(n)])
 
 
-def _unrolled_substitution(low: Float[Array, "n n"], rhs: Float[Array, "n m"],
-                           transpose: bool) -> Float[Array, "n m"]:
+def unrolled_substitution(low: Float[Array, "n n"], rhs: Float[Array, "n m"],
+                          transpose: bool) -> Float[Array, "n m"]:
+    """`L⁻¹ rhs` (or `L⁻ᵀ rhs` where `transpose`) for a lower triangular `L`, unrolled into
+    elementwise operations."""
     n = low.shape[0]
     x = [None] * n
     for i in reversed(range(n)) if transpose else range(n):
@@ -145,7 +147,7 @@ _cholesky = _batched_otherwise(
 _substitutions = {
     transpose: _batched_otherwise(
         functools.partial(_looped_substitution, transpose=transpose),
-        functools.partial(_unrolled_substitution, transpose=transpose),
+        functools.partial(unrolled_substitution, transpose=transpose),
         functools.partial(jax.lax.linalg.triangular_solve, left_side=True, lower=True,
                           transpose_a=transpose))
     for transpose in (False, True)}

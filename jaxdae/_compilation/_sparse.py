@@ -31,6 +31,7 @@ from ._linalg import (
     looped_cholesky,
     looped_triangular_solve,
     unrolled_cholesky_factor,
+    unrolled_substitution,
 )
 
 # Mass matrices whose connected blocks (after grouping coordinates that share an entry) are
@@ -514,19 +515,7 @@ def cholesky_solve(low: Float[Array, "b b"], rhs: Float[Array, "b m"],
                                                transpose_a=True)
     if b > unroll_max:
         return looped_triangular_solve(low, looped_triangular_solve(low, rhs, False), True)
-    y = []
-    for i in range(b):
-        entry = rhs[i]
-        for k in range(i):
-            entry = entry - low[i, k] * y[k]
-        y.append(entry / low[i, i])
-    x = [None] * b
-    for i in reversed(range(b)):
-        entry = y[i]
-        for k in range(i + 1, b):
-            entry = entry - low[k, i] * x[k]
-        x[i] = entry / low[i, i]
-    return jnp.stack(x)
+    return unrolled_substitution(low, unrolled_substitution(low, rhs, False), True)
 
 
 class BandedFactor(eqx.Module):

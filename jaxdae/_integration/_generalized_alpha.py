@@ -15,6 +15,7 @@ from .._formulations._base import AbstractFormulation
 from .._formulations._pseudo_inverse import PseudoInverse
 from .._solution import RESULTS
 from .._systems._system import AbstractSystem
+from ._solvers import unwrapped
 
 
 def chung_hulbert(rho_inf: float) -> tuple[float, float, float, float]:
@@ -233,9 +234,7 @@ def name_singular_newton_matrix(sol, solver: diffrax.AbstractSolver, system: Abs
     fewer independent rows than rows (singular values below `√ε σ_max`, as
     `checked_result` counts the range of `G`): redundant constraints, or a singular
     configuration. Found after the solve, and only for a stalled one."""
-    while not isinstance(solver, GeneralizedAlpha) and isinstance(
-            getattr(solver, "solver", None), diffrax.AbstractSolver):
-        solver = solver.solver
+    solver = unwrapped(solver, GeneralizedAlpha)
     if (not isinstance(solver, GeneralizedAlpha) or _solves_least_squares(solver)
             or np.ndim(sol.result._value) != 0
             or sol.result != RESULTS.dt_min_reached):

@@ -20,6 +20,7 @@ from .._formulations._redundant import RedundantCoordinates
 from .._solution import RESULTS
 from .._systems._hamiltonian import HamiltonianSystem
 from .._systems._system import AbstractSystem, ConstrainedTerms, LagrangianSystem
+from ._solvers import unwrapped
 
 
 def _max_abs(x: Array) -> Array:
@@ -328,10 +329,7 @@ def _failure_item(failed: Bool[Array, ""], result):
 def named_result(solver, result: RESULTS) -> RESULTS:
     """`result` of a solve with `solver`, with a failed projection named
     `RESULTS.projection_failed` when `solver` is (or wraps) a [`jaxdae.Projected`][]."""
-    while not isinstance(solver, Projected) and isinstance(
-            getattr(solver, "solver", None), diffrax.AbstractSolver):
-        solver = solver.solver
-    if not isinstance(solver, Projected):
+    if not isinstance(unwrapped(solver, Projected), Projected):
         return result
     return RESULTS.where(result == RESULTS.promote(_CARRIER), RESULTS.projection_failed,
                          result)

@@ -20,6 +20,15 @@ def _combine(base: PyTree[Array], weights, ks: list) -> PyTree[Array]:
                         base, *(k for _, k in terms))
 
 
+def unwrapped(solver: diffrax.AbstractSolver, cls: type) -> diffrax.AbstractSolver:
+    """The first solver of class `cls` along the chain of wrapped solvers (`.solver`)
+    starting at `solver`, or the innermost one if none is."""
+    while not isinstance(solver, cls) and isinstance(
+            getattr(solver, "solver", None), diffrax.AbstractSolver):
+        solver = solver.solver
+    return solver
+
+
 class AbstractWrappedSolver(diffrax.AbstractAdaptiveSolver):
     """A solver that computes its steps its own way around a wrapped diffrax `solver`,
     from which it takes everything else (terms, interpolation, order, vector field)."""
