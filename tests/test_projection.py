@@ -11,6 +11,7 @@ import pytest
 import jaxdae
 from jaxdae._integration._adjoint import default_adjoint
 from jaxdae._integration._projection import project_state
+from jaxdae._integration._simulate import SolveArgs, _vector_field
 from jaxdae.examples import CartesianArm, CartesianPendulum, TwoLinkManipulator
 
 from ._jaxprs import not_in_a_loop
@@ -100,8 +101,8 @@ def test_agrees_with_a_reference():
 
 def test_dense_output_ends_on_the_projected_state():
     """Between step ends the saved states interpolate; at a step end they are projected."""
-    term = diffrax.ODETerm(jaxdae._integration._simulate._vector_field)
-    args = (PENDULUM, jaxdae.Unstabilized(), None)
+    term = diffrax.ODETerm(_vector_field)
+    args = SolveArgs(PENDULUM, jaxdae.Unstabilized(), None)
     y0 = (Q0, V0)
     state = PROJECTED.init(term, 0.0, 0.1, y0, args)
     y1, _, dense, _, result = PROJECTED.step(term, 0.0, 0.1, y0, args, state, False)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jaxdae
-from jaxdae._integration._simulate import _vector_field
+from jaxdae._integration._simulate import SolveArgs, _vector_field
 from jaxdae.examples import CartesianPendulum
 
 PENDULUM = CartesianPendulum(mass=1.3, length=0.8)
@@ -27,7 +27,7 @@ def _max_diff(a, b):
 def test_step_matches_the_wrapped_solver(solver):
     """One step: solution, error estimate and dense output (first-same-as-last or not)."""
     term, y0 = diffrax.ODETerm(_vector_field), (Q0, V0)
-    args = (PENDULUM, jaxdae.Baumgarte(10.0, 25.0), None)  # (system, formulation, reference)
+    args = SolveArgs(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), None)
     unrolled = jaxdae.UnrolledERK(solver)
     ours = unrolled.step(term, 0.1, 0.15, y0, args, unrolled.init(term, 0.1, 0.15, y0, args), False)
     theirs = solver.step(term, 0.1, 0.15, y0, args, solver.init(term, 0.1, 0.15, y0, args), False)

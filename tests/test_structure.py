@@ -4,6 +4,7 @@ derivatives, and the structured linear algebra against the dense path."""
 import sys
 from pathlib import Path
 
+import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -590,6 +591,51 @@ def test_constant_mass_factor_in_simulate():
     ends = jax.jit(jax.vmap(loss))(jnp.concatenate([masses + steps, masses - steps]))
     np.testing.assert_allclose(got[jnp.array([0, 3, 7])], (ends[:3] - ends[3:]) / (2 * eps),
                                rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("adjoint", [
+    pytest.param(jaxdae.ReverseSweepAdjoint(), id="reverse-sweep"),
+    pytest.param(diffrax.RecursiveCheckpointAdjoint(), id="checkpoint", marks=pytest.mark.slow)])
+def test_ensemble_shares_one_mass_factor(adjoint):
+    # an ensemble's trajectories share the system: its constant `M` is factored once for all
+    # of them, and the gradient with respect to the masses (the reverse sweep's own row-wise
+    # products included) goes through that factor: against the trajectories solved one by one
+    from jaxdae._integration import _simulate
+
+    q0, _ = CartesianChain(3).initial_state()
+    rows = jnp.stack([q0, q0 + 0.01, q0 - 0.02])
+    v0 = 0.1 * jnp.sin(jnp.arange(18.0)).reshape(3, 6)
+    formulation = FORMULATIONS["Baumgarte"]
+    options = dict(rtol=1e-10, atol=1e-12, adjoint=adjoint)
+
+    def loss(masses, ensemble):
+        model = _ConstantMass(masses, True)
+        if ensemble:
+            return jnp.sum(jaxdae.simulate_ensemble(model, formulation, 0.0, 0.2, rows, v0,
+                                                    **options).q_final ** 2)
+        one = lambda q, v: jaxdae.simulate(model, formulation, 0.0, 0.2, q, v,  # noqa: E731
+                                           **options).q_final
+        return jnp.sum(jax.vmap(one)(rows, v0) ** 2)
+
+    masses = jnp.array([1.0, 1.5, 2.0])
+    factors = []
+    original = _simulate.constant_mass_factor
+
+    def recorded(*args, **kwargs):
+        factors.append(original(*args, **kwargs))
+        return factors[-1]
+
+    _simulate.constant_mass_factor = recorded
+    try:
+        value, grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)(masses, True)
+    finally:
+        _simulate.constant_mass_factor = original
+    # one factor, of one matrix: here the 36 entries of the dense `M⁻¹`
+    assert factors and all(f is not None and {x.shape for x in jax.tree.leaves(f)} == {(36,)}
+                           for f in factors)
+    expected, expected_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)(masses, False)
+    np.testing.assert_allclose(value, expected, rtol=1e-10)
+    np.testing.assert_allclose(grad, expected_grad, rtol=1e-7)
 
 
 # -- what a solve's loop may hold ------------------------------------------------------------

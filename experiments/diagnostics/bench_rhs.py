@@ -36,7 +36,7 @@ import _peers  # noqa: E402
 import jaxdae  # noqa: E402
 from bench_precision import Chain  # noqa: E402
 from jaxdae._compilation import _scalarize  # noqa: E402
-from jaxdae._integration._simulate import _vector_field, state_rates  # noqa: E402
+from jaxdae._integration._simulate import SolveArgs, _vector_field, state_rates  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
 LOOP = 10_000
@@ -159,7 +159,7 @@ def steps(loop: int = 130):
     def stepper(solver):
         """One step from `y`, its first stage evaluated (by `init` or in the stage loop)."""
         def step(formulation, t0, t1, y):
-            args = (system, formulation, None)  # no failure reference
+            args = SolveArgs(system, formulation, None)  # no failure reference
             state = solver.init(term, t0, t1, y, args)
             return solver.step(term, t0, t1, y, args, state, False)[0]
         return step
@@ -168,7 +168,7 @@ def steps(loop: int = 130):
     unrolled_step = stepper(jaxdae.UnrolledERK(diffrax.Tsit5()))
 
     def rhs(formulation, t0, t1, y):
-        rates = term.vf(t0, y, (system, formulation, None))
+        rates = term.vf(t0, y, SolveArgs(system, formulation, None))
         return jax.tree.map(lambda y_, f: y_ + 1e-9 * f, y, rates)
 
     def forward(step):

@@ -31,7 +31,7 @@ def measure() -> dict:
     import jax.numpy as jnp
 
     import jaxdae
-    from jaxdae._integration._simulate import _vector_field
+    from jaxdae._integration._simulate import SolveArgs, _vector_field
     from jaxdae.examples import TwoLinkManipulator
 
     system = TwoLinkManipulator()
@@ -42,7 +42,7 @@ def measure() -> dict:
     params = (jnp.asarray(10.0), jnp.asarray([20.0, 10.0]), jnp.asarray([100.0, 25.0]))
 
     def rates(t, y, params):
-        args = (system, jaxdae.ModifiedLagrange(*params), None)
+        args = SolveArgs(system, jaxdae.ModifiedLagrange(*params), None)
         return jnp.concatenate(_vector_field(t, (y[:2], y[2:]), args))
 
     def loop(k):

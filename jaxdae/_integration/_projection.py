@@ -476,7 +476,8 @@ class Projected(diffrax.AbstractAdaptiveSolver):
             ok = position_ok & velocity_ok
             # Rows stopped by their formulation's failure (`_StopFailedTrajectories`)
             # stand still: neither projected nor counted.
-            stopped = args[3] if len(args) > 3 else jnp.zeros_like(ok)
+            stopped = getattr(args, "stopped", None)
+            stopped = jnp.zeros_like(ok) if stopped is None else stopped
             failed = jnp.any(~ok & ~stopped)
             keep = (ok & ~stopped)[:, None]
         # Where the projection failed, the unprojected end (finite) is where it stopped.

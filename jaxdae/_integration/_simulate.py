@@ -5,6 +5,7 @@ import functools
 import sys
 import warnings
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import diffrax
 import equinox as eqx
@@ -32,7 +33,7 @@ from .._solution import (
     residuals,
 )
 from .._systems._nonholonomic import is_not_affine
-from .._systems._structure import constant_mass_factor, with_mass_factor
+from .._systems._structure import MassFactor, constant_mass_factor, with_mass_factor
 from .._systems._system import AbstractSystem, LagrangianSystem, cast_floating
 from ._adjoint import (
     ODETermWithVJP,
@@ -105,25 +106,41 @@ def _velocities(system, formulation, t, q, v):
     return formulation.velocities(system, t, q, v)
 
 
-def _vector_field(t, y, args):
-    system, formulation, _, *mass_factor = args  # (a constant M's factor, if any)
-    q, v = y
-    return _rates(system, formulation, t, q, v, *mass_factor)
+class SolveArgs(NamedTuple):
+    """The `args` of the diffrax solve of [`jaxdae.simulate`][] and
+    [`jaxdae.simulate_ensemble`][]."""
+
+    system: AbstractSystem
+    formulation: AbstractFormulation
+    # What the formulation's failure test compares with, evaluated at the start (or None).
+    reference: Any
+    # The factor of a constant `M` (`constant_mass_factor`), computed once per solve and
+    # shared by every stage (and every trajectory of an ensemble), or None.
+    mass_factor: MassFactor | None = None
+    # An ensemble's rows stopped by their formulation's failure, added to the arguments of
+    # each step by `_StopFailedTrajectories`, or None.
+    stopped: Array | None = None
 
 
-def _ensemble_vector_field(t, y, args):
-    system, formulation, _, *stopped = args
+def _vector_field(t, y, args: SolveArgs):
     q, v = y
-    rates = jax.vmap(_rates, in_axes=(None, None, None, 0, 0))(system, formulation, t, q, v)
-    if stopped:  # `_StopFailedTrajectories`: stopped rows stand still
-        rates = _where_rows(stopped[0], jax.tree.map(jnp.zeros_like, rates), rates)
+    return _rates(args.system, args.formulation, t, q, v, args.mass_factor)
+
+
+def _ensemble_vector_field(t, y, args: SolveArgs):
+    q, v = y
+    rates = jax.vmap(_rates, in_axes=(None, None, None, 0, 0, None))(
+        args.system, args.formulation, t, q, v, args.mass_factor)
+    if args.stopped is not None:  # `_StopFailedTrajectories`: stopped rows stand still
+        rates = _where_rows(args.stopped, jax.tree.map(jnp.zeros_like, rates), rates)
     return rates
 
 
-def _rates_vjp(system, formulation, t, q, s, cotangent):
-    """The vector–Jacobian product of `_rates` with respect to the system, the formulation
-    and the state."""
-    _, pull = eqx.filter_vjp(lambda sf, q, s: _rates(*sf, t, q, s), (system, formulation), q, s)
+def _rates_vjp(system, formulation, mass_factor, t, q, s, cotangent):
+    """The vector–Jacobian product of `_rates` with respect to the system, the formulation,
+    the constant mass matrix's factor (or None) and the state."""
+    _, pull = eqx.filter_vjp(lambda sfm, q, s: _rates(*sfm[:2], t, q, s, sfm[2]),
+                             (system, formulation, mass_factor), q, s)
     return pull(cotangent)
 
 
@@ -135,15 +152,16 @@ def _ensemble_stage_vjp(t, y, args, solver_state, t_start, cotangent):
     trajectory's own (a scalar graph under `vmap`, as the rates are), summed over the rows
     for the shared system and formulation. Rows stopped at or before `t_start` have zero
     rates."""
-    system, formulation, reference = args
     if solver_state is not None:
-        stopped = _StopFailedTrajectories.step_args(args, solver_state, t_start)[-1]
+        stopped = _StopFailedTrajectories.step_args(args, solver_state, t_start).stopped
         cotangent = _where_rows(stopped, jax.tree.map(jnp.zeros_like, cotangent), cotangent)
-    (system_bar, formulation_bar), *y_bar = jax.vmap(
-        _row_vjp, in_axes=(None, None, None, 0, 0, 0))(system, formulation, t, *y, cotangent)
-    system_bar, formulation_bar = jax.tree.map(lambda x: jnp.sum(x, axis=0),
-                                               (system_bar, formulation_bar))
-    return tuple(y_bar), (system_bar, formulation_bar, jax.tree.map(jnp.zeros_like, reference))
+    shared_bar, *y_bar = jax.vmap(_row_vjp, in_axes=(None, None, None, None, 0, 0, 0))(
+        args.system, args.formulation, args.mass_factor, t, *y, cotangent)
+    system_bar, formulation_bar, mass_factor_bar = jax.tree.map(
+        lambda x: jnp.sum(x, axis=0), shared_bar)
+    return tuple(y_bar), args._replace(
+        system=system_bar, formulation=formulation_bar, mass_factor=mass_factor_bar,
+        reference=jax.tree.map(jnp.zeros_like, args.reference))
 
 
 def _where_rows(rows, a, b):
@@ -175,7 +193,7 @@ class _StopFailedTrajectories(AbstractWrappedSolver):
         inner, t_failed, last = solver_state
         stopped = jnp.isfinite(t_failed)
         y1, y_error, dense_info, inner, result = self.solver.step(
-            terms, t0, t1, y0, args + (stopped,), inner, made_jump)
+            terms, t0, t1, y0, args._replace(stopped=stopped), inner, made_jump)
         # A first-same-as-last stage stored before the stop still holds the old rate.
         y1 = _where_rows(stopped, y0, y1)
         y_error = _where_rows(stopped, jax.tree.map(jnp.zeros_like, y_error), y_error)
@@ -191,13 +209,12 @@ class _StopFailedTrajectories(AbstractWrappedSolver):
         """The vector field's arguments in the step from `t`, given the solver state at the
         end of the solve: the rows that failed at or before `t` are stopped (for
         [`jaxdae.ReverseSweepAdjoint`][], which recomputes the steps)."""
-        return args + (solver_state[1] <= t,)
+        return args._replace(stopped=solver_state[1] <= t)
 
 
-def _failure_rows(t, y, args):
-    system, formulation, reference = args
+def _failure_rows(t, y, args: SolveArgs):
     return jax.vmap(_failure, in_axes=(None, None, None, 0, 0, 0))(
-        system, formulation, t, *y, reference)
+        args.system, args.formulation, t, *y, args.reference)
 
 
 def worst_trajectory_rms(y) -> Array:
@@ -210,10 +227,9 @@ def worst_trajectory_rms(y) -> Array:
     return jnp.sqrt(jnp.max(squares))
 
 
-def _failure_event(t, y, args, **kwargs):
-    system, formulation, reference = args[:3]
+def _failure_event(t, y, args: SolveArgs, **kwargs):
     q, v = y
-    return _failure(system, formulation, t, q, v, reference)
+    return _failure(args.system, args.formulation, t, q, v, args.reference)
 
 
 def non_finite_event(t, y, args, **kwargs):
@@ -1118,10 +1134,9 @@ Tsit5 = diffrax.Tsit5()
 class Dynamics(eqx.Module):
     """What the solve path integrates for a model `(system, strategy)` (a system and its
     formulation, or an actuated system and its control): the vector field
-    `vector_field(t, y, args)` with `args = (system, strategy, reference)` (`reference`:
-    what the failure test compares with, evaluated at the start), and the conditions
-    (diffrax event conditions on the same arguments) that stop the solve, each with the
-    [`jaxdae.RESULTS`][] item it reports.
+    `vector_field(t, y, args)` with the solve's `args` (`SolveArgs` for a system and its
+    formulation), and the conditions (diffrax event conditions on the same arguments) that
+    stop the solve, each with the [`jaxdae.RESULTS`][] item it reports.
 
     `stage_vjp`, if given, is the vector–Jacobian product that
     [`jaxdae.ReverseSweepAdjoint`][] applies at each stage (`ODETermWithVJP`; an ensemble
@@ -1200,10 +1215,11 @@ def _simulate(system, formulation, times: _Times, q0, v0, options: _SolveOptions
     else:
         dynamics = Dynamics(_ensemble_vector_field if ensemble else _vector_field,
                             stage_vjp=_ensemble_stage_vjp if ensemble else None)
-    args = (system, formulation, reference)
-    if not ensemble:  # a constant mass matrix is factored once, here, not at every stage
-        mass_factor = constant_mass_factor(system, t0, q0, v0, _terms)
-        args = args if mass_factor is None else args + (mass_factor,)
+    # A constant mass matrix is factored once, here, not at every stage (an ensemble's
+    # trajectories share the system, so they share it too).
+    first = (lambda x: x[0]) if ensemble else (lambda x: x)
+    args = SolveArgs(system, formulation, reference,
+                     constant_mass_factor(system, t0, first(q0), first(v0), _terms))
     out, result = integrate(dynamics, args, (q0, v0), times, options)
     reached = out.result == diffrax.RESULTS.successful
 
