@@ -32,14 +32,14 @@ from .._compilation._sparsity import column_colouring, nonzero_masks
 # `2n + 1` tangents), which the scalar-graph path (`_compilation/_scalarize.py`) turns into a
 # few fused loops; larger ones derive their terms from the patterns found here, in array form
 # (`array_form_scope`: a scalar graph of the structured terms ran 3-4× slower than their array
-# form). Measured by `experiments/diagnostics/bench_structured_threshold.py` (CPU time per
-# step of one solve and of its gradient, dense / structured, 2-core CPU): at 8 coordinates
-# the dense path is faster on the chain (solve 4.4 / 12.7 µs, gradient 9.1 / 92.8 µs), the
-# ladder (15.3 / 19.3, 126 / 346 µs) and the pendulum (34.5 / 49.4, 125 / 361 µs); from 10
-# coordinates on the structured path is, on all three: chain 44.8 / 33.9 and 283 / 199 µs at
-# 10, 101 / 40.0 and 499 / 189 µs at 32; ladder 51.0 / 34.2 and 255 / 131 µs at 12;
-# pendulum 61.6 / 51.9 and 217 / 195 µs at 10. So are the multibody slider-crank (9
-# coordinates) and chains of 3 and 4 bodies (9 and 12); the compile times are alike.
+# form). Measured by `experiments/diagnostics/bench_structured_threshold.py --repeats 5`
+# (CPU time per step of one solve and of its gradient, dense / structured, 2-core CPU at a
+# load of 5-8): at 8 coordinates the dense path is faster on the chain (solve 2.9 / 4.6 µs,
+# gradient 6.9 / 17.7 µs) and the structured one on the ladder (12.9 / 7.6, 100 / 54 µs) and
+# the pendulum (28.2 / 19.9, 100 / 73 µs); from 10 coordinates on the structured path is
+# faster on all three (chain 41.7 / 29.9 and 273 / 202 µs at 10, 137 / 22.7 and 636 / 107 µs
+# at 32; ladder 54.4 / 14.3 and 279 / 52 µs at 12; pendulum 47.5 / 41.2 and 188 / 146 µs at
+# 10). At 8 coordinates the choice is the chain's, whose dense solve is the faster one.
 STRUCTURED_MIN = 8
 
 
