@@ -85,9 +85,11 @@ def state_rates(system, formulation, t, q, s, mass_factor=None):
     return system.velocities(t, q, s), system.state_rate(t, q, s, terms, acc)
 
 
-def failure_indicator(system, formulation, t, q, v, reference):
-    """The formulation's `failure` at the state `(q, v)`."""
-    return formulation.failure(_terms(system, t, q, v), reference)
+def failure_indicator(system, formulation, t, q, v, reference, mass_factor=None):
+    """The formulation's `failure` at the state `(q, v)` (`mass_factor` as for
+    `state_rates`)."""
+    return formulation.failure(with_mass_factor(_terms(system, t, q, v), mass_factor),
+                               reference)
 
 
 @eqx.filter_jit
@@ -213,8 +215,8 @@ class _StopFailedTrajectories(AbstractWrappedSolver):
 
 
 def _failure_rows(t, y, args: SolveArgs):
-    return jax.vmap(_failure, in_axes=(None, None, None, 0, 0, 0))(
-        args.system, args.formulation, t, *y, args.reference)
+    return jax.vmap(_failure, in_axes=(None, None, None, 0, 0, 0, None))(
+        args.system, args.formulation, t, *y, args.reference, args.mass_factor)
 
 
 def worst_trajectory_rms(y) -> Array:
@@ -229,7 +231,7 @@ def worst_trajectory_rms(y) -> Array:
 
 def _failure_event(t, y, args: SolveArgs, **kwargs):
     q, v = y
-    return _failure(args.system, args.formulation, t, q, v, args.reference)
+    return _failure(args.system, args.formulation, t, q, v, args.reference, args.mass_factor)
 
 
 def non_finite_event(t, y, args, **kwargs):
