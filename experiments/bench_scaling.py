@@ -30,8 +30,10 @@ shrinks at large sizes to what fits in `--budget`. The table's last column is th
 
 `--cpu-per-step` measures instead, for jaxdae only, the process CPU time (all threads; steadier
 than wall time on a shared machine) of one solve per step, of one right-hand side (`R` of them
-in a compiled loop) and of the gradient against the solve, at each size, and fits the growth
-exponent of the time per step against the number of coordinates (log-log least squares).
+in a compiled loop), of the gradient against the solve, of the failure test that ends every
+step and of one vector–Jacobian product of the right-hand side (the reverse sweep's, at every
+stage), at each size, and fits the growth exponent of the time per step against the number of
+coordinates (log-log least squares).
 
     python experiments/bench_scaling.py [--quick] [--out output] [--sizes 2,4,8,...]
         [--families chain,pendulum,ladder] [--max-coordinates chain=512,pendulum=64]
@@ -197,9 +199,13 @@ def measure_jax(functions, model, skip, batch, repeats, budget):
 
 def cpu_per_step(families, sizes, repeats, max_coordinates=None, calls=300):
     """The `--cpu-per-step` rows: `(family, size, coordinates, steps, solve per step [µs],
-    right-hand side [µs], gradient / solve)`, process CPU time, medians of `repeats`; sizes
-    above `max_coordinates[family]` (where given) left out."""
-    from jaxdae._integration._simulate import _rates
+    right-hand side [µs], gradient / solve, failure test [µs], vector–Jacobian product of the
+    right-hand side [µs])`, process CPU time, medians of `repeats`; sizes above
+    `max_coordinates[family]` (where given) left out. The failure test is the formulation's
+    check at the end of every step (`Baumgarte`: the pivots of `J M⁻¹ Jᵀ`); the product is the
+    one the gradient's reverse sweep applies at every stage of every step (with respect to the
+    state and the gains, its right-hand side evaluated with it)."""
+    from jaxdae._integration._simulate import _failure, _failure_reference, _rates
 
     formulation = jaxdae.Baumgarte(KD, KP)
     gains = (jnp.asarray(KD), jnp.asarray(KP))
@@ -217,22 +223,45 @@ def cpu_per_step(families, sizes, repeats, max_coordinates=None, calls=300):
                     return total + _rates(model, formulation, 0.0, q + 1e-9 * total, v)[1]
                 return jax.lax.fori_loop(0, calls, body, jnp.zeros_like(v))
 
+            @jax.jit
+            def failure(q, v, model=model):
+                reference = _failure_reference(model, formulation, 0.0, q, v)
+
+                def body(i, total):
+                    failed = _failure(model, formulation, 0.0, q + 1e-9 * total, v, reference)
+                    return total + jnp.asarray(failed, q.dtype)
+                return jax.lax.fori_loop(0, calls, body, jnp.zeros((), q.dtype))
+
+            @jax.jit
+            def rates_vjp(q, v, model=model):
+                def body(i, total):
+                    out, pull = jax.vjp(lambda q_, v_, f_: _rates(model, f_, 0.0, q_, v_),
+                                        q + 1e-9 * total, v, formulation)
+                    q_bar, v_bar, _ = pull(out)
+                    return total + q_bar + v_bar
+                return jax.lax.fori_loop(0, calls, body, jnp.zeros_like(v))
+
             forward, gradient = (jax.jit(f) for f in jaxdae_functions(model))
             steps = int(forward(gains, q0, v0)[1])
-            jax.block_until_ready((rates(q0, v0), gradient(gains, q0, v0)))
-            times = {"solve": [], "rates": [], "gradient": []}
+            jax.block_until_ready((rates(q0, v0), gradient(gains, q0, v0), failure(q0, v0),
+                                   rates_vjp(q0, v0)))
+            times = {"solve": [], "rates": [], "gradient": [], "failure": [], "vjp": []}
             for _ in range(repeats):  # interleaved
                 for name, fn, fn_args in (("solve", forward, (gains, q0, v0)),
                                           ("rates", rates, (q0, v0)),
-                                          ("gradient", gradient, (gains, q0, v0))):
+                                          ("gradient", gradient, (gains, q0, v0)),
+                                          ("failure", failure, (q0, v0)),
+                                          ("vjp", rates_vjp, (q0, v0))):
                     start = time.process_time()
                     jax.block_until_ready(fn(*fn_args))
                     times[name].append(time.process_time() - start)
-            solve, rhs, grad = (statistics.median(times[k]) for k in ("solve", "rates", "gradient"))
+            solve, rhs, grad, fail, vjp = (statistics.median(times[k]) for k in (
+                "solve", "rates", "gradient", "failure", "vjp"))
             row = (family, size, q0.size, steps, 1e6 * solve / steps, 1e6 * rhs / calls,
-                   grad / solve)
+                   grad / solve, 1e6 * fail / calls, 1e6 * vjp / calls)
             rows.append(row)
-            print("| {} | {} | {} | {} | {:.1f} | {:.2f} | {:.2f} |".format(*row), flush=True)
+            print("| {} | {} | {} | {} | {:.1f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} |".format(*row),
+                  flush=True)
     for family in families:
         mine = [r for r in rows if r[0] == family]
         if len(mine) > 1:
@@ -496,7 +525,8 @@ def main():
     if args.cpu_per_step:
         warm_up_jax()
         print("| family | N | coordinates | steps | solve per step [µs] | right-hand side [µs] "
-              "| gradient / solve |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+              "| gradient / solve | failure test [µs] | vector–Jacobian product [µs] |\n"
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         cpu_per_step(args.families, args.sizes, args.repeats, args.max_coordinates)
         return
     if ca is None:
