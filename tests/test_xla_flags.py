@@ -1,5 +1,6 @@
 """What importing jaxdae changes in JAX, and its opt-outs (`jaxdae/_compilation/_xla_flags.py`):
-float64, and XLA's option that compiles while loops as single CPU kernels."""
+float64, XLA's option that compiles while loops as single CPU kernels, and the disabled pass
+that would hand matrix products inside them to a library."""
 
 import json
 import os
@@ -10,12 +11,15 @@ import pytest
 
 import jaxdae  # noqa: F401  (sets the option on import)
 from jaxdae._compilation._xla_flags import (
+    DOT_LIBRARY_PASS,
     SMALL_LOOP_BYTES,
     SMALL_LOOP_OPTION,
     with_small_loop_option,
+    without_dot_library_pass,
 )
 
 OPTION = f"{SMALL_LOOP_OPTION}={SMALL_LOOP_BYTES}"
+PASS = f"--xla_disable_hlo_passes={DOT_LIBRARY_PASS}"
 _VARIABLES = ("XLA_FLAGS", "JAXDAE_SET_XLA_FLAGS", "JAXDAE_ENABLE_X64", "JAX_ENABLE_X64")
 
 
@@ -38,12 +42,12 @@ def _import_in_a_new_process(**variables) -> dict:
 
 
 @pytest.mark.parametrize("variables, x64, flags", [
-    ({}, True, f"--xla_backend_extra_options={OPTION}"),
-    ({"JAXDAE_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION}"),
-    ({"JAX_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION}"),
+    ({}, True, f"--xla_backend_extra_options={OPTION} {PASS}"),
+    ({"JAXDAE_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION} {PASS}"),
+    ({"JAX_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION} {PASS}"),
     ({"JAXDAE_SET_XLA_FLAGS": "0"}, True, None),
     ({"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}, True,
-     f"--xla_force_host_platform_device_count=2 --xla_backend_extra_options={OPTION}"),
+     f"--xla_force_host_platform_device_count=2 --xla_backend_extra_options={OPTION} {PASS}"),
 ], ids=["default", "JAXDAE_ENABLE_X64=0", "JAX_ENABLE_X64=0", "JAXDAE_SET_XLA_FLAGS=0",
         "XLA_FLAGS given"])
 def test_what_importing_changes_and_the_opt_outs(variables, x64, flags):
@@ -62,6 +66,27 @@ def test_the_option_joins_the_flags_given():
     # A threshold the user chose (here XLA's default, 1024 bytes) is kept.
     mine = f"--xla_backend_extra_options={SMALL_LOOP_OPTION}=1024"
     assert with_small_loop_option(mine) == mine
+
+
+def test_the_disabled_pass_joins_the_passes_given():
+    assert without_dot_library_pass("") == PASS
+    assert without_dot_library_pass("--xla_disable_hlo_passes=a,b") == (
+        f"--xla_disable_hlo_passes=a,b,{DOT_LIBRARY_PASS}")
+    assert without_dot_library_pass(PASS) == PASS
+
+
+@pytest.mark.skipif(os.environ.get("JAXDAE_SET_XLA_FLAGS") == "0", reason="opted out")
+def test_no_matrix_product_leaves_a_loop_for_a_library():
+    """A matrix product of 10 × 10 matrices inside a loop stays XLA's own (no library
+    fusion): the loop can run as one kernel."""
+    import jax
+    import jax.numpy as jnp
+
+    def loop(a):
+        return jax.lax.fori_loop(0, 3, lambda i, x: jnp.tanh(x @ a), a)
+
+    compiled = jax.jit(loop).lower(jnp.ones((10, 10))).compile().as_text()
+    assert "kind=kCustom" not in compiled
 
 
 @pytest.mark.skipif(os.environ.get("JAXDAE_SET_XLA_FLAGS") == "0", reason="opted out")

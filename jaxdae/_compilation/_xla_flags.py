@@ -1,7 +1,7 @@
-"""What importing jaxdae changes in JAX: 64-bit floats and one XLA option for while loops.
+"""What importing jaxdae changes in JAX: 64-bit floats and two XLA:CPU options for while loops.
 
-Both are set by `configure_on_import`, which `jaxdae/__init__.py` calls first thing; each has
-an opt-out, an environment variable read at the import.
+They are set by `configure_on_import`, which `jaxdae/__init__.py` calls first thing; float64
+and the XLA options each have an opt-out, an environment variable read at the import.
 
 **float64.** `jax_enable_x64` is turned on: JAX's float32 default cannot meet the
 tolerances that constrained dynamics needs (`rtol=1e-8` is below float32's resolution; on
@@ -27,15 +27,29 @@ custom call (a LAPACK routine, a host callback) still runs kernel by kernel, so 
 right-hand sides of the solves avoid them (`SparseMatrix.dense`, `LOOPED_MAX` in
 `_linalg.py`).
 
+**No matrix product handed to a library inside a loop.** XLA:CPU hands matrix–matrix
+products with a dimension of 8 or more to a library (YNNPACK, its `dot-library-rewriter`
+pass); such a call is a separate kernel, so a loop that holds one runs kernel by kernel.
+The right-hand sides of mid-sized models hold such products (the elimination's `J M⁻¹ Jᵀ`
+of the Cartesian chain of 5 or 6 links, 10 or 12 coordinates; a user's own matrix
+products). jaxdae disables that pass (`--xla_disable_hlo_passes`, joined to the passes the
+user disables). On the chain of 5 links (`Baumgarte(20, 100)`) a step costs 4.7–5.2 µs
+with the pass disabled and 25 µs with it; from the chain of 8 links to the chain of 64,
+the ladders of 5 to 16 four-bars and the pendulums of 5 to 32 links, steps cost the same
+both ways within the machine's noise (`bench_scaling.py --cpu-per-step --families
+chain,pendulum,ladder --sizes 5,8,16,32,64`, as is and with `JAXDAE_SET_XLA_FLAGS=0
+XLA_FLAGS=--xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold=1000000000`;
+CPU time, 2-core machine at a load of 5-6).
+
 XLA's compile time is left to XLA's defaults: its classic CPU fusion emitters
 (`--xla_cpu_use_fusion_emitters=false`) compiled jaxdae's programs with 15–37% less CPU time
 (two-link solve 1.3 → 0.8 s), but some of the programs ran 25–40% slower (the structured
 solves of the chain and the ladder at 32 coordinates) and others 4× faster, so the choice
 belongs to the user.
 
-The option lives in `XLA_FLAGS`, which XLA reads once, when JAX starts its first backend;
-so it is set when jaxdae is imported, before any computation. It is left alone when
-`XLA_FLAGS` already names it (e.g. `...byte_threshold=1024`, XLA's default) or when
+The options live in `XLA_FLAGS`, which XLA reads once, when JAX starts its first backend;
+so they are set when jaxdae is imported, before any computation. Each is left alone when
+`XLA_FLAGS` already names it (e.g. `...byte_threshold=1024`, XLA's default), and both when
 the environment variable `JAXDAE_SET_XLA_FLAGS` is `0`. If JAX has already computed
 something when jaxdae is imported, a warning says how to get the option. GPU backends do
 not read it.
@@ -49,6 +63,23 @@ SMALL_LOOP_BYTES = 1_000_000_000
 _EXTRA_OPTIONS = "--xla_backend_extra_options="
 
 
+DOT_LIBRARY_PASS = "dot-library-rewriter"
+_DISABLED_PASSES = "--xla_disable_hlo_passes="
+
+
+def _joined(flags: str, flag: str, item: str) -> str:
+    """`flags` with `item` added to the comma-separated value of the last `flag` (a prefix
+    such as `--xla_disable_hlo_passes=`) given, or with `flag + item` appended."""
+    tokens = flags.split()
+    given = [i for i, token in enumerate(tokens) if token.startswith(flag)]
+    if given:
+        value = tokens[given[-1]][len(flag):]
+        tokens[given[-1]] = flag + (f"{value},{item}" if value else item)
+    else:
+        tokens.append(flag + item)
+    return " ".join(tokens)
+
+
 def with_small_loop_option(flags: str) -> str:
     """`flags` (the value of `XLA_FLAGS`) with XLA:CPU's small-while-loop limit raised to
     `SMALL_LOOP_BYTES`, unless it already names the option. The option joins the last
@@ -56,21 +87,22 @@ def with_small_loop_option(flags: str) -> str:
     Options starting with `xla_` are XLA's own: GPU backends do not pass them to LLVM."""
     if SMALL_LOOP_OPTION in flags:
         return flags
-    option = f"{SMALL_LOOP_OPTION}={SMALL_LOOP_BYTES}"
-    tokens = flags.split()
-    extra = [i for i, token in enumerate(tokens) if token.startswith(_EXTRA_OPTIONS)]
-    if extra:
-        given = tokens[extra[-1]][len(_EXTRA_OPTIONS):]
-        tokens[extra[-1]] = _EXTRA_OPTIONS + (f"{given},{option}" if given else option)
-    else:
-        tokens.append(_EXTRA_OPTIONS + option)
-    return " ".join(tokens)
+    return _joined(flags, _EXTRA_OPTIONS, f"{SMALL_LOOP_OPTION}={SMALL_LOOP_BYTES}")
+
+
+def without_dot_library_pass(flags: str) -> str:
+    """`flags` with XLA:CPU's `DOT_LIBRARY_PASS` disabled, unless they already name it. The
+    pass joins the last `--xla_disable_hlo_passes` given, if any. XLA ignores a pass name
+    it does not know (a version without the pass)."""
+    if DOT_LIBRARY_PASS in flags:
+        return flags
+    return _joined(flags, _DISABLED_PASSES, DOT_LIBRARY_PASS)
 
 
 def set_xla_flags() -> None:
-    """Raises XLA:CPU's small-while-loop limit in `XLA_FLAGS` (see the module docstring)."""
+    """Sets jaxdae's XLA:CPU options in `XLA_FLAGS` (see the module docstring)."""
     flags = os.environ.get("XLA_FLAGS", "")
-    wanted = with_small_loop_option(flags)
+    wanted = without_dot_library_pass(with_small_loop_option(flags))
     if wanted == flags:
         return
     from ._private_apis import backends_are_initialized
@@ -87,7 +119,7 @@ def set_xla_flags() -> None:
 
 
 def configure_on_import() -> None:
-    """Sets what importing jaxdae changes (see the module docstring): the XLA option unless
+    """Sets what importing jaxdae changes (see the module docstring): the XLA options unless
     `JAXDAE_SET_XLA_FLAGS=0`, then float64 unless `JAXDAE_ENABLE_X64=0` or `JAX_ENABLE_X64`
     is set. Runs before jaxdae computes anything."""
     if os.environ.get("JAXDAE_SET_XLA_FLAGS", "1") != "0":
