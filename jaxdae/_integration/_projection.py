@@ -351,7 +351,8 @@ class Projected(diffrax.AbstractAdaptiveSolver):
     `M + Jᵀ𝔄J` (without them its dynamics pull the state back towards the penalty's
     equilibrium off the manifold, `Φ = O(1/α)`, after every projection, which costs steps
     and accuracy; at singular configurations they change little, and the solve passes them
-    as before). Use it with [`jaxdae.simulate`][] and [`jaxdae.simulate_ensemble`][] and
+    as the penalty does; the saved `multipliers` are the penalty's own at the saved
+    states). Use it with [`jaxdae.simulate`][] and [`jaxdae.simulate_ensemble`][] and
     any formulation and solver:
 
     ```python
@@ -403,8 +404,7 @@ class Projected(diffrax.AbstractAdaptiveSolver):
     - `iterations`: the most simplified Newton iterations for the positions, and with the
         frozen factorization for the velocities (static); default 5. They converge linearly, at a rate set by how much
         `J` changes over the correction and by the conditioning of `J M⁻¹ Jᵀ`: a drift of
-        1e-9 needs one, the 8e-5 of a modified-Lagrange step on the two-link arm near its
-        fold four.
+        1e-9 needs one, one of 8e-5 on the two-link arm near its fold four.
     - `tol`: convergence tolerance of the residuals (relative, see above); default
         `1000 ε` of the state's dtype (`2.2e-13` in float64).
     - `linear_solver`: how `G M⁻¹ Gᵀ` is solved. `None` (default): a Cholesky
