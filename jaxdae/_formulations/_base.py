@@ -82,6 +82,12 @@ class AbstractFormulation(eqx.Module):
         """The [`jaxdae.RESULTS`][] item reported when `failure` stops the solve."""
         return RESULTS.singular_constraint_matrix
 
+    def for_projection(self) -> "AbstractFormulation":
+        """The formulation whose equations [`jaxdae.Projected`][] integrates between its
+        projections. Default: this one ([`jaxdae.ModifiedLagrange`][] adds augmented
+        Lagrangian iterations, which bring its flow closer to the manifold's)."""
+        return self
+
     def velocities(self, system, t, q: Float[Array, " n"], v: Float[Array, " n"]):
         """The velocities `q̇` the formulation implies at the state `(q, v)`.
 

@@ -1,9 +1,11 @@
 """The modified Lagrange equation, a generalized penalty method (paper 004, eqs. [22]–[31])."""
 
+import equinox as eqx
+
 from .._custom_types import Gain, GainLike
 from .._gains import as_gain
 from .._compilation._linalg import small_matmul
-from .._compilation._linear_solvers import PositiveDefinite, symmetric_solve
+from .._compilation._linear_solvers import PositiveDefinite
 from .._compilation._sparse import SparseMatrix
 from ._arguments import explain_arguments
 from ._base import (
@@ -42,6 +44,12 @@ class ModifiedLagrange(AbstractFormulation):
     the guide "Choosing a formulation and its gains" (docs/guides/choosing_a_formulation.md)
     measures the trade-off (`experiments/modified_lagrange_alpha.py`).
 
+    Wrapped in [`jaxdae.Projected`][], the solve integrates this equation with its
+    multipliers refined by two augmented Lagrangian iterations (`for_projection`,
+    `λ ← λ + 𝔄 (G q̈ − s)` with the same factorization of `M + Jᵀ𝔄J`), which bring its
+    flow to the manifold's where `J M⁻¹ Jᵀ` is well conditioned: the projection holds the
+    manifold, and the penalty's equilibrium off it would only cost steps and accuracy.
+
     **Arguments:**
 
     - `alpha`: `𝔄`, scalar, one value per constraint (holonomic then nonholonomic), or an
@@ -67,11 +75,12 @@ class ModifiedLagrange(AbstractFormulation):
         check_gain_values(self, ("alpha", "kd", "kp", "kv"), _PENALTY)
 
     def accelerations(self, terms):
-        target = baumgarte_target(terms, self.kd, self.kp, self.kv)
-        lhs, masses_g = penalized_mass(terms, lambda g: _apply_masses(self.alpha, g))
-        rhs = terms.forces + masses_g.rmatvec(target)
-        acc = symmetric_solve(lhs, rhs, PositiveDefinite())
-        return acc, _apply_masses(self.alpha, jacobian_matvec(terms, acc) - target)
+        return _accelerations(self, terms, 0)
+
+    def for_projection(self):
+        """This formulation with its multipliers refined by two augmented Lagrangian
+        iterations (above), which [`jaxdae.Projected`][] integrates."""
+        return _AugmentedLagrange(self, PROJECTED_ITERATIONS)
 
     def validate(self, num_holonomic, num_nonholonomic):
         return check_stabilization_gains(
@@ -80,6 +89,66 @@ class ModifiedLagrange(AbstractFormulation):
 
     def traced_checks(self, num_holonomic, num_nonholonomic):
         return stabilization_checks(self, ("alpha", "kd", "kp", "kv"), _PENALTY)
+
+
+def _accelerations(formulation: ModifiedLagrange, terms, iterations: int):
+    """`(q̈, λ)` of the modified Lagrange equation, refined by `iterations` augmented
+    Lagrangian iterations (`_AugmentedLagrange`) with the same factorization of
+    `M + Jᵀ𝔄J`."""
+    alpha = formulation.alpha
+    target = baumgarte_target(terms, formulation.kd, formulation.kp, formulation.kv)
+    lhs, masses_g = penalized_mass(terms, lambda g: _apply_masses(alpha, g))
+    rhs = terms.forces + masses_g.rmatvec(target)
+    if rhs.shape[0] == 0:
+        return rhs, _apply_masses(alpha, -target)
+    solver = PositiveDefinite()
+    factor = solver.init(lhs, {})
+    acc = solver.compute(factor, rhs, {})[0]
+    residual = jacobian_matvec(terms, acc) - target
+    multipliers = _apply_masses(alpha, residual)
+    for _ in range(iterations):  # λ ← λ + 𝔄 (G q̈ − s)
+        acc = acc - solver.compute(factor, masses_g.rmatvec(residual), {})[0]
+        residual = jacobian_matvec(terms, acc) - target
+        multipliers = multipliers + _apply_masses(alpha, residual)
+    return acc, multipliers
+
+
+# The augmented Lagrangian iterations of the equations that `jaxdae.Projected` integrates
+# for a `ModifiedLagrange` formulation: each shrinks the penalty's pull off the manifold by
+# about `1/(α σ)` and costs two triangular solves per right-hand side.
+PROJECTED_ITERATIONS = 2
+
+
+class _AugmentedLagrange(AbstractFormulation):
+    """A [`jaxdae.ModifiedLagrange`][] formulation whose multipliers are refined by
+    augmented Lagrangian iterations (Bayo & Ledesma, "Augmented Lagrangian and
+    mass-orthogonal projection methods for constrained multibody dynamics", *Nonlinear
+    Dynamics* 9, 1996): `λ ← λ + 𝔄 (G q̈ − s)`, `(M + Jᵀ𝔄J) q̈ = Q + Jᵀ𝔄 s − Jᵀλ`, `s` the
+    target of [`jaxdae.Baumgarte`][] (`Φ̈ + K_D Φ̇ + K_P Φ = 0`), with one factorization.
+
+    What [`jaxdae.Projected`][] integrates between its projections. On the manifold the
+    penalty's `q̈` differs from the constrained one by `(M + Jᵀ𝔄J)⁻¹Jᵀλ`, in
+    `range(M⁻¹Jᵀ)`: a change of the velocities that the projection removes, while the
+    dynamics pull the state towards the penalty's equilibrium off the manifold
+    (`Φ = O(1/α)`) within each step, which the step's error estimate sees. Each iteration
+    multiplies `G q̈ − s` by `(I + 𝔄 G M⁻¹ Gᵀ)⁻¹`: by about `1/(α σ)` along an eigenvalue
+    `σ` of `G M⁻¹ Gᵀ` well above `1/α`, by about 1 along one near zero (a singular
+    configuration, a redundant constraint), where `M + Jᵀ𝔄J` and the multipliers stay
+    bounded as without them. One iteration costs two triangular solves and two products
+    with `G`."""
+
+    formulation: ModifiedLagrange
+    iterations: int = eqx.field(static=True)
+
+    def accelerations(self, terms):
+        return _accelerations(self.formulation, terms, self.iterations)
+
+    def validate(self, num_holonomic, num_nonholonomic):
+        self.formulation.validate(num_holonomic, num_nonholonomic)
+        return self
+
+    def traced_checks(self, num_holonomic, num_nonholonomic):
+        return self.formulation.traced_checks(num_holonomic, num_nonholonomic)
 
 
 def _apply_masses(alpha: Gain, x):

@@ -345,7 +345,14 @@ class Projected(diffrax.AbstractAdaptiveSolver):
     The formulation's stabilization (Baumgarte's gains, the penalty of the modified
     Lagrange equation) keeps acting between the steps; the projection removes what drift is
     left at every step end, whatever the gains, so even [`jaxdae.Unstabilized`][] stays on
-    the manifold. Use it with [`jaxdae.simulate`][] and [`jaxdae.simulate_ensemble`][] and
+    the manifold. The equations integrated between the projections are the formulation's
+    `for_projection()`: its own, except that [`jaxdae.ModifiedLagrange`][] refines its
+    multipliers by two augmented Lagrangian iterations with its factorization of
+    `M + Jᵀ𝔄J` (without them its dynamics pull the state back towards the penalty's
+    equilibrium off the manifold, `Φ = O(1/α)`, after every projection, which costs steps
+    and accuracy; at singular configurations they change little, and the solve passes them
+    as the penalty does; the saved `multipliers` are the penalty's own at the saved
+    states). Use it with [`jaxdae.simulate`][] and [`jaxdae.simulate_ensemble`][] and
     any formulation and solver:
 
     ```python
@@ -397,8 +404,7 @@ class Projected(diffrax.AbstractAdaptiveSolver):
     - `iterations`: the most simplified Newton iterations for the positions, and with the
         frozen factorization for the velocities (static); default 5. They converge linearly, at a rate set by how much
         `J` changes over the correction and by the conditioning of `J M⁻¹ Jᵀ`: a drift of
-        1e-9 needs one, the 8e-5 of a modified-Lagrange step on the two-link arm near its
-        fold four.
+        1e-9 needs one, one of 8e-5 on the two-link arm near its fold four.
     - `tol`: convergence tolerance of the residuals (relative, see above); default
         `1000 ε` of the state's dtype (`2.2e-13` in float64).
     - `linear_solver`: how `G M⁻¹ Gᵀ` is solved. `None` (default): a Cholesky
@@ -452,17 +458,16 @@ class Projected(diffrax.AbstractAdaptiveSolver):
         return self.solver.error_order(terms)
 
     def func(self, terms, t0, y0, args):
-        return self.solver.func(terms, t0, y0, args)
+        return self.solver.func(terms, t0, y0, _between_projections(y0, args))
 
     def init(self, terms, t0, t1, y0, args):
-        _check_args(y0, args)
-        return self.solver.init(terms, t0, t1, y0, args)
+        return self.solver.init(terms, t0, t1, y0, _between_projections(y0, args))
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         system, formulation = _check_args(y0, args)
         # The stored first-same-as-last stage is that of the unprojected state: a jump.
         y1, y_error, dense_info, solver_state, result = self.solver.step(
-            terms, t0, t1, y0, args, solver_state, True)
+            terms, t0, t1, y0, _between_projections(y0, args), solver_state, True)
         q, s = y1
         tol = self.tol if self.tol is not None else float(1000 * jnp.finfo(q.dtype).eps)
         project = lambda q_, s_: project_state(
@@ -485,6 +490,13 @@ class Projected(diffrax.AbstractAdaptiveSolver):
         correction = jax.tree.map(lambda a, b: a - b, y_new, y1)
         return (y_new, y_error, {"inner": dense_info, "correction": correction}, solver_state,
                 _failure_item(failed, result))
+
+
+def _between_projections(y0, args) -> tuple:
+    """The solve's arguments with the formulation that is integrated between the
+    projections (`AbstractFormulation.for_projection`)."""
+    _, formulation = _check_args(y0, args)
+    return (args[0], formulation.for_projection(), *args[2:])
 
 
 def _check_args(y0, args) -> tuple[AbstractSystem, AbstractFormulation]:
