@@ -481,8 +481,7 @@ class Projected(diffrax.AbstractAdaptiveSolver):
             ok = position_ok & velocity_ok
             # Rows stopped by their formulation's failure (`_StopFailedTrajectories`)
             # stand still: neither projected nor counted.
-            stopped = getattr(args, "stopped", None)
-            stopped = jnp.zeros_like(ok) if stopped is None else stopped
+            stopped = jnp.zeros_like(ok) if args.stopped is None else args.stopped
             failed = jnp.any(~ok & ~stopped)
             keep = (ok & ~stopped)[:, None]
         # Where the projection failed, the unprojected end (finite) is where it stopped.
@@ -492,22 +491,23 @@ class Projected(diffrax.AbstractAdaptiveSolver):
                 _failure_item(failed, result))
 
 
-def _between_projections(y0, args) -> tuple:
+def _between_projections(y0, args):
     """The solve's arguments with the formulation that is integrated between the
     projections (`AbstractFormulation.for_projection`)."""
     _, formulation = _check_args(y0, args)
-    return (args[0], formulation.for_projection(), *args[2:])
+    return args._replace(formulation=formulation.for_projection())
 
 
 def _check_args(y0, args) -> tuple[AbstractSystem, AbstractFormulation]:
-    """The system and formulation of a `simulate` / `simulate_ensemble` solve."""
-    if not (isinstance(args, tuple) and len(args) >= 3 and isinstance(args[0], AbstractSystem)
-            and isinstance(args[1], AbstractFormulation) and isinstance(y0, tuple)
-            and len(y0) == 2):
+    """The system and formulation of a `simulate` / `simulate_ensemble` solve (its
+    arguments are a `SolveArgs`)."""
+    if not (isinstance(getattr(args, "system", None), AbstractSystem)
+            and isinstance(getattr(args, "formulation", None), AbstractFormulation)
+            and hasattr(args, "_replace") and isinstance(y0, tuple) and len(y0) == 2):
         raise ValueError(
             "`jaxdae.Projected` projects the states of `jaxdae.simulate` and "
             "`jaxdae.simulate_ensemble` (it reads the system and formulation from their "
             "solve); it does not apply to other solves (e.g. `jaxdae.simulate_actuated` "
             "or a direct `diffrax.diffeqsolve`).")
-    return args[0], args[1]
+    return args.system, args.formulation
 
