@@ -1,5 +1,5 @@
 """What importing jaxdae changes in JAX, and its opt-outs (`jaxdae/_compilation/_xla_flags.py`):
-float64, and XLA's option that compiles while loops as single CPU kernels."""
+float64, and XLA's options that compile while loops as single CPU kernels."""
 
 import json
 import os
@@ -10,12 +10,17 @@ import pytest
 
 import jaxdae  # noqa: F401  (sets the option on import)
 from jaxdae._compilation._xla_flags import (
+    LIBRARY_FUSION_OPTION,
+    LIBRARY_PRODUCTS,
     SMALL_LOOP_BYTES,
     SMALL_LOOP_OPTION,
+    loop_options,
     with_small_loop_option,
 )
 
 OPTION = f"{SMALL_LOOP_OPTION}={SMALL_LOOP_BYTES}"
+PRODUCTS = f"--{LIBRARY_FUSION_OPTION}={LIBRARY_PRODUCTS}"
+OPTIONS = f"--xla_backend_extra_options={OPTION} {PRODUCTS}"
 _VARIABLES = ("XLA_FLAGS", "JAXDAE_SET_XLA_FLAGS", "JAXDAE_ENABLE_X64", "JAX_ENABLE_X64")
 
 
@@ -38,14 +43,16 @@ def _import_in_a_new_process(**variables) -> dict:
 
 
 @pytest.mark.parametrize("variables, x64, flags", [
-    ({}, True, f"--xla_backend_extra_options={OPTION}"),
-    ({"JAXDAE_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION}"),
-    ({"JAX_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION}"),
+    ({}, True, OPTIONS),
+    ({"JAXDAE_ENABLE_X64": "0"}, False, OPTIONS),
+    ({"JAX_ENABLE_X64": "0"}, False, OPTIONS),
     ({"JAXDAE_SET_XLA_FLAGS": "0"}, True, None),
     ({"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}, True,
-     f"--xla_force_host_platform_device_count=2 --xla_backend_extra_options={OPTION}"),
+     f"--xla_force_host_platform_device_count=2 {OPTIONS}"),
+    ({"XLA_FLAGS": f"--{LIBRARY_FUSION_OPTION}="}, True,
+     f"--{LIBRARY_FUSION_OPTION}= --xla_backend_extra_options={OPTION}"),
 ], ids=["default", "JAXDAE_ENABLE_X64=0", "JAX_ENABLE_X64=0", "JAXDAE_SET_XLA_FLAGS=0",
-        "XLA_FLAGS given"])
+        "XLA_FLAGS given", "library fusions given"])
 def test_what_importing_changes_and_the_opt_outs(variables, x64, flags):
     imported = _import_in_a_new_process(**variables)
     assert imported == {"x64 before": False, "x64": x64, "XLA_FLAGS": flags}
@@ -62,11 +69,16 @@ def test_the_option_joins_the_flags_given():
     # A threshold the user chose (here XLA's default, 1024 bytes) is kept.
     mine = f"--xla_backend_extra_options={SMALL_LOOP_OPTION}=1024"
     assert with_small_loop_option(mine) == mine
+    # The products join as a flag of their own, unless the user named the library fusions.
+    assert loop_options("") == OPTIONS
+    assert loop_options(f"--{LIBRARY_FUSION_OPTION}=+individual_dot") == (
+        f"--{LIBRARY_FUSION_OPTION}=+individual_dot --xla_backend_extra_options={OPTION}")
 
 
 @pytest.mark.skipif(os.environ.get("JAXDAE_SET_XLA_FLAGS") == "0", reason="opted out")
 def test_set_in_this_process():
     assert SMALL_LOOP_OPTION in os.environ.get("XLA_FLAGS", "")
+    assert LIBRARY_FUSION_OPTION in os.environ.get("XLA_FLAGS", "")
 
 
 def test_warns_when_imported_after_a_computation():
@@ -75,4 +87,4 @@ def test_warns_when_imported_after_a_computation():
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "imported after JAX started its backend" in run.stderr
-    assert OPTION in run.stderr  # the message gives the setting
+    assert OPTIONS in run.stderr  # the message gives the setting

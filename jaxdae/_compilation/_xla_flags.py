@@ -1,6 +1,6 @@
-"""What importing jaxdae changes in JAX: 64-bit floats and one XLA option for while loops.
+"""What importing jaxdae changes in JAX: 64-bit floats and two XLA options for while loops.
 
-Both are set by `configure_on_import`, which `jaxdae/__init__.py` calls first thing; each has
+They are set by `configure_on_import`, which `jaxdae/__init__.py` calls first thing; each has
 an opt-out, an environment variable read at the import.
 
 **float64.** `jax_enable_x64` is turned on: JAX's float32 default cannot meet the
@@ -27,15 +27,27 @@ custom call (a LAPACK routine, a host callback) still runs kernel by kernel, so 
 right-hand sides of the solves avoid them (`SparseMatrix.dense`, `LOOPED_MAX` in
 `_linalg.py`).
 
+**Matrix products inside those loops.** XLA:CPU hands a matrix product whose largest
+dimension is 8 or more to a library (YNNPACK, a "library fusion"), and a loop holding one
+is not compiled into one kernel either. The products of jaxdae's right-hand sides are
+small (rotation matrices, a body's `4 × 4` blocks) but batched over the tangents of the
+derivatives, which makes them that large: the flyball governor of
+`experiments/flyball_governor.py` (4 rigid bodies, 28 coordinates) evaluated its
+right-hand side in 88 µs with them and in 28 µs without (a loop of 2,000 evaluations, CPU
+time, 2-core CPU), and a Tsit5 step took 684 µs against 213 µs. jaxdae therefore removes
+the individual products from the library's fusions
+(`--xla_cpu_experimental_ynn_fusion_type=-individual_dot`); XLA then compiles them itself,
+as it does products of every size without the library.
+
 XLA's compile time is left to XLA's defaults: its classic CPU fusion emitters
 (`--xla_cpu_use_fusion_emitters=false`) compiled jaxdae's programs with 15–37% less CPU time
 (two-link solve 1.3 → 0.8 s), but some of the programs ran 25–40% slower (the structured
 solves of the chain and the ladder at 32 coordinates) and others 4× faster, so the choice
 belongs to the user.
 
-The option lives in `XLA_FLAGS`, which XLA reads once, when JAX starts its first backend;
-so it is set when jaxdae is imported, before any computation. It is left alone when
-`XLA_FLAGS` already names it (e.g. `...byte_threshold=1024`, XLA's default) or when
+The options live in `XLA_FLAGS`, which XLA reads once, when JAX starts its first backend;
+so they are set when jaxdae is imported, before any computation. Each is left alone when
+`XLA_FLAGS` already names it (e.g. `...byte_threshold=1024`, XLA's default), and both when
 the environment variable `JAXDAE_SET_XLA_FLAGS` is `0`. If JAX has already computed
 something when jaxdae is imported, a warning says how to get the option. GPU backends do
 not read it.
@@ -47,6 +59,8 @@ import warnings
 SMALL_LOOP_OPTION = "xla_cpu_small_while_loop_byte_threshold"
 SMALL_LOOP_BYTES = 1_000_000_000
 _EXTRA_OPTIONS = "--xla_backend_extra_options="
+LIBRARY_FUSION_OPTION = "xla_cpu_experimental_ynn_fusion_type"
+LIBRARY_PRODUCTS = "-individual_dot"
 
 
 def with_small_loop_option(flags: str) -> str:
@@ -67,10 +81,24 @@ def with_small_loop_option(flags: str) -> str:
     return " ".join(tokens)
 
 
+def without_library_products(flags: str) -> str:
+    """`flags` (the value of `XLA_FLAGS`) with XLA:CPU's individual matrix products taken
+    out of its library fusions (`LIBRARY_PRODUCTS`), unless it already names the option."""
+    if LIBRARY_FUSION_OPTION in flags:
+        return flags
+    return " ".join(flags.split() + [f"--{LIBRARY_FUSION_OPTION}={LIBRARY_PRODUCTS}"])
+
+
+def loop_options(flags: str) -> str:
+    """`flags` with both of jaxdae's options for loops (see the module docstring)."""
+    return without_library_products(with_small_loop_option(flags))
+
+
 def set_xla_flags() -> None:
-    """Raises XLA:CPU's small-while-loop limit in `XLA_FLAGS` (see the module docstring)."""
+    """Raises XLA:CPU's small-while-loop limit and takes the individual matrix products out
+    of its library fusions in `XLA_FLAGS` (see the module docstring)."""
     flags = os.environ.get("XLA_FLAGS", "")
-    wanted = with_small_loop_option(flags)
+    wanted = loop_options(flags)
     if wanted == flags:
         return
     from ._private_apis import backends_are_initialized
