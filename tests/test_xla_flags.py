@@ -11,7 +11,7 @@ import pytest
 import jaxdae  # noqa: F401  (sets the option on import)
 from jaxdae._compilation._xla_flags import (
     LIBRARY_FUSION_OPTION,
-    LIBRARY_PRODUCTS,
+    LIBRARY_FUSIONS,
     SMALL_LOOP_BYTES,
     SMALL_LOOP_OPTION,
     loop_options,
@@ -19,8 +19,8 @@ from jaxdae._compilation._xla_flags import (
 )
 
 OPTION = f"{SMALL_LOOP_OPTION}={SMALL_LOOP_BYTES}"
-PRODUCTS = f"--{LIBRARY_FUSION_OPTION}={LIBRARY_PRODUCTS}"
-OPTIONS = f"--xla_backend_extra_options={OPTION} {PRODUCTS}"
+FUSIONS = f"--{LIBRARY_FUSION_OPTION}={LIBRARY_FUSIONS}"
+OPTIONS = f"--xla_backend_extra_options={OPTION} {FUSIONS}"
 _VARIABLES = ("XLA_FLAGS", "JAXDAE_SET_XLA_FLAGS", "JAXDAE_ENABLE_X64", "JAX_ENABLE_X64")
 
 
@@ -49,8 +49,8 @@ def _import_in_a_new_process(**variables) -> dict:
     ({"JAXDAE_SET_XLA_FLAGS": "0"}, True, None),
     ({"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}, True,
      f"--xla_force_host_platform_device_count=2 {OPTIONS}"),
-    ({"XLA_FLAGS": f"--{LIBRARY_FUSION_OPTION}="}, True,
-     f"--{LIBRARY_FUSION_OPTION}= --xla_backend_extra_options={OPTION}"),
+    ({"XLA_FLAGS": f"--{LIBRARY_FUSION_OPTION}=-individual_dot"}, True,
+     f"--{LIBRARY_FUSION_OPTION}=-individual_dot --xla_backend_extra_options={OPTION}"),
 ], ids=["default", "JAXDAE_ENABLE_X64=0", "JAX_ENABLE_X64=0", "JAXDAE_SET_XLA_FLAGS=0",
         "XLA_FLAGS given", "library fusions given"])
 def test_what_importing_changes_and_the_opt_outs(variables, x64, flags):
@@ -69,7 +69,7 @@ def test_the_option_joins_the_flags_given():
     # A threshold the user chose (here XLA's default, 1024 bytes) is kept.
     mine = f"--xla_backend_extra_options={SMALL_LOOP_OPTION}=1024"
     assert with_small_loop_option(mine) == mine
-    # The products join as a flag of their own, unless the user named the library fusions.
+    # The library fusions are turned off by a flag of their own, unless the user named it.
     assert loop_options("") == OPTIONS
     assert loop_options(f"--{LIBRARY_FUSION_OPTION}=+individual_dot") == (
         f"--{LIBRARY_FUSION_OPTION}=+individual_dot --xla_backend_extra_options={OPTION}")

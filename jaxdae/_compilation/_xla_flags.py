@@ -27,17 +27,17 @@ custom call (a LAPACK routine, a host callback) still runs kernel by kernel, so 
 right-hand sides of the solves avoid them (`SparseMatrix.dense`, `LOOPED_MAX` in
 `_linalg.py`).
 
-**Matrix products inside those loops.** XLA:CPU hands a matrix product whose largest
-dimension is 8 or more to a library (YNNPACK, a "library fusion"), and a loop holding one
-is not compiled into one kernel either. The products of jaxdae's right-hand sides are
-small (rotation matrices, a body's `4 × 4` blocks) but batched over the tangents of the
-derivatives, which makes them that large: the flyball governor of
-`experiments/flyball_governor.py` (4 rigid bodies, 28 coordinates) evaluated its
-right-hand side in 88 µs with them and in 28 µs without (a loop of 2,000 evaluations, CPU
-time, 2-core CPU), and a Tsit5 step took 684 µs against 213 µs. jaxdae therefore removes
-the individual products from the library's fusions
-(`--xla_cpu_experimental_ynn_fusion_type=-individual_dot`); XLA then compiles them itself,
-as it does products of every size without the library.
+**No library fusions inside those loops.** XLA:CPU hands some operations to a library
+(YNNPACK's "library fusions": a matrix product whose largest dimension is 8 or more, some
+reductions), and a loop holding one is not compiled into one kernel either. The products
+and sums of jaxdae's right-hand sides are small (rotation matrices, a body's `4 × 4`
+blocks) but batched over the tangents of the derivatives, which makes them that large:
+the flyball governor of `experiments/flyball_governor.py` (4 rigid bodies, 28
+coordinates) evaluated its right-hand side in 88 µs with them and in 28 µs without (a
+loop of 2,000 evaluations, CPU time, 2-core CPU), and a Tsit5 step took 684 µs against
+213 µs. jaxdae therefore turns the library fusions off
+(`--xla_cpu_experimental_ynn_fusion_type=`, an empty list); XLA then compiles those
+operations itself, as it does without the library.
 
 XLA's compile time is left to XLA's defaults: its classic CPU fusion emitters
 (`--xla_cpu_use_fusion_emitters=false`) compiled jaxdae's programs with 15–37% less CPU time
@@ -60,7 +60,7 @@ SMALL_LOOP_OPTION = "xla_cpu_small_while_loop_byte_threshold"
 SMALL_LOOP_BYTES = 1_000_000_000
 _EXTRA_OPTIONS = "--xla_backend_extra_options="
 LIBRARY_FUSION_OPTION = "xla_cpu_experimental_ynn_fusion_type"
-LIBRARY_PRODUCTS = "-individual_dot"
+LIBRARY_FUSIONS = ""  # none
 
 
 def with_small_loop_option(flags: str) -> str:
@@ -81,22 +81,22 @@ def with_small_loop_option(flags: str) -> str:
     return " ".join(tokens)
 
 
-def without_library_products(flags: str) -> str:
-    """`flags` (the value of `XLA_FLAGS`) with XLA:CPU's individual matrix products taken
-    out of its library fusions (`LIBRARY_PRODUCTS`), unless it already names the option."""
+def without_library_fusions(flags: str) -> str:
+    """`flags` (the value of `XLA_FLAGS`) with XLA:CPU's library fusions turned off
+    (`LIBRARY_FUSIONS`), unless it already names the option."""
     if LIBRARY_FUSION_OPTION in flags:
         return flags
-    return " ".join(flags.split() + [f"--{LIBRARY_FUSION_OPTION}={LIBRARY_PRODUCTS}"])
+    return " ".join(flags.split() + [f"--{LIBRARY_FUSION_OPTION}={LIBRARY_FUSIONS}"])
 
 
 def loop_options(flags: str) -> str:
     """`flags` with both of jaxdae's options for loops (see the module docstring)."""
-    return without_library_products(with_small_loop_option(flags))
+    return without_library_fusions(with_small_loop_option(flags))
 
 
 def set_xla_flags() -> None:
-    """Raises XLA:CPU's small-while-loop limit and takes the individual matrix products out
-    of its library fusions in `XLA_FLAGS` (see the module docstring)."""
+    """Raises XLA:CPU's small-while-loop limit and turns its library fusions off in
+    `XLA_FLAGS` (see the module docstring)."""
     flags = os.environ.get("XLA_FLAGS", "")
     wanted = loop_options(flags)
     if wanted == flags:
