@@ -33,9 +33,9 @@ reductions), and a loop holding one is not compiled into one kernel either. The 
 and sums of jaxdae's right-hand sides are small (rotation matrices, a body's `4 × 4`
 blocks) but batched over the tangents of the derivatives, which makes them that large:
 the flyball governor of `experiments/flyball_governor.py` (4 rigid bodies, 28
-coordinates) evaluated its right-hand side in 88 µs with them and in 28 µs without (a
-loop of 2,000 evaluations, CPU time, 2-core CPU), and a Tsit5 step took 684 µs against
-213 µs. jaxdae therefore turns the library fusions off
+coordinates) evaluated its right-hand side in 74 µs with them and in 27 µs without (a
+loop of 2,000 evaluations, CPU time, 2-core CPU, load 4–5), and a Tsit5 step took 459 µs
+against 208 µs (`experiments/diagnostics/bench_import_settings.py --model governor`). jaxdae therefore turns the library fusions off
 (`--xla_cpu_experimental_ynn_fusion_type=`, an empty list); XLA then compiles those
 operations itself, as it does without the library.
 
