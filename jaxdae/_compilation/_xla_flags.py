@@ -35,9 +35,10 @@ blocks) but batched over the tangents of the derivatives, which makes them that 
 the flyball governor of `experiments/flyball_governor.py` (4 rigid bodies, 28
 coordinates) evaluated its right-hand side in 74 µs with them and in 27 µs without (a
 loop of 2,000 evaluations, CPU time, 2-core CPU, load 4–5), and a Tsit5 step took 459 µs
-against 208 µs (`experiments/diagnostics/bench_import_settings.py --model governor`). jaxdae therefore turns the library fusions off
-(`--xla_cpu_experimental_ynn_fusion_type=`, an empty list); XLA then compiles those
-operations itself, as it does without the library.
+against 208 µs (`experiments/diagnostics/bench_import_settings.py --model governor`).
+jaxdae therefore turns the library fusions off (`--xla_cpu_experimental_ynn_fusion_type=`,
+an empty list); XLA then compiles those operations itself, as it does without the
+library.
 
 XLA's compile time is left to XLA's defaults: its classic CPU fusion emitters
 (`--xla_cpu_use_fusion_emitters=false`) compiled jaxdae's programs with 15–37% less CPU time
