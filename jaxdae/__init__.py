@@ -5,9 +5,11 @@ Importing jaxdae changes two settings of JAX (`jaxdae/_compilation/_xla_flags.py
 - it enables 64-bit floats (`jax_enable_x64`), since accuracy matters for constrained
   dynamics; arrays created as float32 stay float32 (e.g. for GPU batches). The environment
   variable `JAXDAE_ENABLE_X64=0`, or JAX's own `JAX_ENABLE_X64`, leaves JAX's setting alone.
-- it lets XLA compile whole while loops into single CPU kernels (an option in `XLA_FLAGS`):
-  solves of small systems run several times faster. Import jaxdae before the first JAX
-  computation for it to apply; `JAXDAE_SET_XLA_FLAGS=0` leaves `XLA_FLAGS` alone.
+- it lets XLA compile whole while loops into single CPU kernels (two options in
+  `XLA_FLAGS`: the size limit of such loops, and no library fusions, which keep a loop
+  from one kernel): solves of small systems run several times faster. Import jaxdae
+  before the first JAX computation for them to apply; `JAXDAE_SET_XLA_FLAGS=0` leaves
+  `XLA_FLAGS` alone.
 """
 
 from ._compilation._xla_flags import configure_on_import as _configure_on_import

@@ -135,6 +135,19 @@ def take(x: Array, index) -> Array:
     return out.reshape(index.shape + x.shape[1:])
 
 
+def add_at(x: Array, index, values: Array) -> Array:
+    """`x.at[index].add(values)` along axis 0 for a static integer `index` array (numpy, any
+    shape; `values` of shape `index.shape + x.shape[1:]`), as the transpose of [`take`][]: a
+    gather of the entries added to each row of `x`, not a scatter (which keeps XLA:CPU from
+    compiling a solve's loop into one kernel)."""
+    index = np.asarray(index, np.int64).reshape(-1)
+    if index.size == 0:
+        return x
+    values = jnp.reshape(values, (index.size,) + x.shape[1:])
+    table = _table(index.reshape(-1, 1).tobytes(), index.size, x.shape[0]).transposed()
+    return x + _gather_sum_p.bind(values.astype(x.dtype), table=table)
+
+
 @functools.lru_cache(maxsize=1024)
 def _table(index_bytes: bytes, count: int, size: int) -> _Table:
     return _Table(np.frombuffer(index_bytes, np.int64).reshape(count, 1), size)
@@ -380,10 +393,12 @@ def block_inverse(mass: SparseMatrix) -> SparseMatrix | None:
     padding = np.eye(size, dtype=bool)[None] & ~valid[:, :, None]
     values = jnp.where(padding, 1.0, values)
     values = 0.5 * (values + jnp.swapaxes(values, 1, 2))
-    low = jnp.linalg.cholesky(values)
-    eye = jnp.broadcast_to(jnp.eye(size, dtype=values.dtype), values.shape)
-    inverse_low = jax.lax.linalg.triangular_solve(low, eye, left_side=True, lower=True)
-    inverse = jnp.einsum("bki,bkj->bij", inverse_low, inverse_low)
+    # Unrolled over the entries of a block, elementwise over the blocks: LAPACK's batched
+    # `potrf` and `trsm` are custom calls, which keep a solve's loop from one kernel.
+    low = jax.vmap(unrolled_cholesky_factor)(values)
+    eye = jnp.eye(size, dtype=values.dtype)
+    inverse_low = jax.vmap(lambda low_: unrolled_substitution(low_, eye, False))(low)
+    inverse = jnp.sum(inverse_low[:, :, :, None] * inverse_low[:, :, None, :], axis=1)
     rows = np.repeat(safe, size, axis=1).reshape(-1)
     cols = np.tile(safe, (1, size)).reshape(-1)
     keep = (valid[:, :, None] & valid[:, None, :]).reshape(-1)

@@ -45,7 +45,7 @@ _FIRST = frozenset({"div", "rem"})
 _STRUCTURAL = frozenset(
     """reshape broadcast_in_dim squeeze expand_dims transpose rev slice reduce_sum reduce_max
     cumsum cummax concatenate stack pad split dot_general gather dynamic_slice dynamic_update_slice
-    scatter scatter-add scatter_add select_and_gather_add""".split()
+    scatter scatter-add scatter_add select_and_gather_add jaxdae_gather_sum""".split()
 )
 _CALLS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
@@ -196,6 +196,10 @@ def _numpy(name, params, args):
     if name == "select_n":
         cases = np.broadcast_arrays(*args[1:])
         return [np.choose(np.asarray(x, dtype=int), cases)]
+    if name == "jaxdae_gather_sum":  # `_sparse.take` and its transpose
+        table = params["table"]
+        padded = np.concatenate([x, np.zeros((1,) + x.shape[1:], x.dtype)])
+        return [padded[table.index].sum(axis=1)]
     if name == "dot_general":
         (lc, rc), (lb, rb) = params["dimension_numbers"]
         lhs, rhs = args

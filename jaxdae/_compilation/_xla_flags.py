@@ -27,13 +27,18 @@ custom call (a LAPACK routine, a host callback) still runs kernel by kernel, so 
 right-hand sides of the solves avoid them (`SparseMatrix.dense`, `LOOPED_MAX` in
 `_linalg.py`).
 
-**No matrix product handed to a library inside a loop.** XLA:CPU hands matrix–matrix
-products with a dimension of 8 or more to a library (YNNPACK, its `dot-library-rewriter`
-pass); such a call is a separate kernel, so a loop that holds one runs kernel by kernel.
-The right-hand sides of mid-sized models hold such products (the elimination's `J M⁻¹ Jᵀ`
-of the Cartesian chain of 5 or 6 links, 10 or 12 coordinates; a user's own matrix
-products). jaxdae disables that pass (`--xla_disable_hlo_passes`, joined to the passes the
-user disables). On the chain of 5 links (`Baumgarte(20, 100)`) a step costs 4.7–5.2 µs
+**No library fusions inside those loops.** XLA:CPU hands matrix–matrix products with a
+dimension of 8 or more, with the operations around them, to a library (YNNPACK, its
+`dot-library-rewriter` pass); such a call is a separate kernel, so a loop that holds one
+runs kernel by kernel. The right-hand sides of mid-sized models hold such products (the
+elimination's `J M⁻¹ Jᵀ` of the Cartesian chain of 5 or 6 links, 10 or 12 coordinates; a
+rigid body's small products batched over the tangents of the derivatives; a user's own
+matrix products). jaxdae disables that pass (`--xla_disable_hlo_passes`, joined to the
+passes the user disables; XLA ignores a pass name it does not know). The flyball governor
+of `experiments/flyball_governor.py` (4 rigid bodies, 28 coordinates) evaluates its
+right-hand side in 30 µs without the pass and 118 µs with it, a Tsit5 step in 210 and
+862 µs (`experiments/diagnostics/bench_import_settings.py --model governor`, CPU time,
+2-core CPU at a load of 3-5). On the chain of 5 links (`Baumgarte(20, 100)`) a step costs 4.7–5.2 µs
 with the pass disabled and 25 µs with it; from the chain of 8 links to the chain of 64,
 the ladders of 5 to 16 four-bars and the pendulums of 5 to 32 links, steps cost the same
 both ways within the machine's noise (`bench_scaling.py --cpu-per-step --families

@@ -162,8 +162,7 @@ class Gravity(AbstractForce):
     def potential_energy(self, kin):
         g = self.acceleration
         if g is None:
-            g = jnp.zeros((kin.dimension,), kin.q.dtype).at[-1 if kin.dimension == 3 else 1].set(
-                -9.81)
+            g = jnp.asarray(-9.81 * np.eye(kin.dimension)[-1], kin.q.dtype)
         return -jnp.sum(kin.mechanism.masses * (kin.centres() @ g))
 
 

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._compilation._sparse import take
 from .._custom_types import Array, ArrayLike, Float
 
 
@@ -313,7 +314,8 @@ _BATCHED_PRODUCT_MIN = 8
 
 class _Rows:
     """Static row indices: `take(x)` is `x[index]`, a slice where they are consecutive (a
-    chain's joints read consecutive bodies) and a gather otherwise."""
+    chain's joints read consecutive bodies) and a gather otherwise (`_sparse.take`, whose
+    transpose is a gather too, not a scatter)."""
 
     def __init__(self, index: np.ndarray):
         self.index = index
@@ -324,4 +326,4 @@ class _Rows:
     def __call__(self, x):
         if self.consecutive:
             return x[self.start : self.start + self.index.size]
-        return x[self.index]
+        return take(x, self.index)

@@ -10,6 +10,7 @@ import numpy as np
 
 from .._analysis._consistent import consistent_initial_state
 from .._analysis._control import AbstractController, ConstantControl
+from .._compilation._sparse import add_at, take
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._systems._system import LagrangianSystem
 from ._body import GROUND, Ground, PlanarBody, RigidBody, rigid_kinetic_energy, rigid_mass_matrix
@@ -451,13 +452,13 @@ class Mechanism(LagrangianSystem):
             keep = np.flatnonzero(slots >= 0)  # the ground takes the rest
             if keep.size == 0:
                 continue
-            rows = kin._poses_all()[0][slots[keep] + 1]
+            rows = take(kin._poses_all()[0], slots[keep] + 1)
             arm = (frame.point - frame.origin)[keep]
             generalized = jax.vmap(self.bodies[0].generalized_load)(
                 rows, arm, load.force[keep], load.torque[keep])
             c = self.bodies[0].num_coordinates
             index = np.asarray(self.offsets)[slots[keep]][:, None] + np.arange(c)
-            forces = forces.at[index].add(generalized.astype(forces.dtype))
+            forces = add_at(forces, index, generalized)
         return forces
 
     def generalized_forces(self, t, q, v):
@@ -476,8 +477,9 @@ class Mechanism(LagrangianSystem):
                     generalized = body.generalized_load(kin.body_coordinates(slot),
                                                         frame.point - frame.origin, load.force,
                                                         load.torque)
-                    forces = forces.at[start : start + body.num_coordinates].add(
-                        generalized.astype(q.dtype))
+                    # a pad, not `.at[...].add` (a scatter: see `_sparse.add_at`)
+                    forces = forces + jnp.pad(generalized.astype(q.dtype), (
+                        start, q.shape[0] - start - body.num_coordinates))
                 direct = element.generalized_forces(kin)
                 if direct is not None:
                     forces = forces + direct.astype(q.dtype)
