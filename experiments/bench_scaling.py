@@ -7,7 +7,8 @@ four-bars in absolute coordinates (`4N` coordinates, `3N` constraints). Every mo
 solved with `Baumgarte(kd=20, kp=100)` over `t ∈ [0, 1]` from rest, `rtol = 1e-8`,
 `atol = 1e-10`, float64, by
 
-- jaxdae: one `jax.jit`-compiled `simulate` (Tsit5, PID controller); its gradient, with
+- jaxdae: one `jax.jit`-compiled `simulate` (Tsit5, or `--solver`; PID controller); its
+  gradient, with
   `eqx.filter_grad`, of `|q(1)|²` with respect to the gains and the initial velocities (the
   pendulum has no constraints: its gains do not enter); a `jax.vmap` batch of initial
   velocities perturbed by `1e-3 · N(0, 1)`; the compile times (trace + lower + XLA compile,
@@ -37,10 +38,11 @@ coordinates (log-log least squares).
 
     python experiments/bench_scaling.py [--quick] [--out output] [--sizes 2,4,8,...]
         [--families chain,pendulum,ladder] [--max-coordinates chain=512,pendulum=64]
-        [--batch 256] [--budget 20] [--repeats 3] [--cpu-per-step]
+        [--batch 256] [--budget 20] [--repeats 3] [--solver Tsit5|Dopri8] [--cpu-per-step]
 """
 
 import argparse
+import functools
 import math
 import os
 import statistics
@@ -106,11 +108,15 @@ def perturbed_velocities(v0, batch, seed=0):
 # -- jaxdae and hand-written diffrax ---------------------------------------------------------
 
 
-def jaxdae_functions(model):
-    """`forward(gains, q0, v0) -> (q(1), steps)` and `gradient(gains, q0, v0)`."""
+SOLVERS = {"Tsit5": diffrax.Tsit5(), "Dopri8": diffrax.Dopri8()}
+
+
+def jaxdae_functions(model, solver=SOLVERS["Tsit5"]):
+    """`forward(gains, q0, v0) -> (q(1), steps)` and `gradient(gains, q0, v0)`, solved with
+    `solver`."""
     def simulate(gains, q0, v0):
-        return jaxdae.simulate(model, jaxdae.Baumgarte(*gains), 0.0, T1, q0, v0, rtol=RTOL,
-                               atol=ATOL)
+        return jaxdae.simulate(model, jaxdae.Baumgarte(*gains), 0.0, T1, q0, v0, solver=solver,
+                               rtol=RTOL, atol=ATOL)
 
     def forward(gains, q0, v0):
         sol = simulate(gains, q0, v0)
@@ -119,7 +125,8 @@ def jaxdae_functions(model):
     def gradient(gains, q0, v0):
         def loss(diff):
             formulation, v0_ = diff
-            sol = jaxdae.simulate(model, formulation, 0.0, T1, q0, v0_, rtol=RTOL, atol=ATOL)
+            sol = jaxdae.simulate(model, formulation, 0.0, T1, q0, v0_, solver=solver,
+                                  rtol=RTOL, atol=ATOL)
             return jnp.sum(sol.q_final**2)
 
         return eqx.filter_grad(loss)((jaxdae.Baumgarte(*gains), v0))
@@ -127,13 +134,13 @@ def jaxdae_functions(model):
     return forward, gradient
 
 
-def handwritten_functions(model):
+def handwritten_functions(model, solver=SOLVERS["Tsit5"]):
     """The same as `jaxdae_functions` on `model.handwritten_rhs()` with `diffrax` directly."""
     rhs = model.handwritten_rhs()
 
     def solve(gains, q0, v0):
         return diffrax.diffeqsolve(
-            diffrax.ODETerm(rhs), diffrax.Tsit5(), 0.0, T1, None, jnp.concatenate([q0, v0]),
+            diffrax.ODETerm(rhs), solver, 0.0, T1, None, jnp.concatenate([q0, v0]),
             args=gains, saveat=diffrax.SaveAt(t1=True), max_steps=100_000,
             stepsize_controller=diffrax.PIDController(rtol=RTOL, atol=ATOL))
 
@@ -343,9 +350,10 @@ def predicted_skip(previous, n, budget, compile_budget):
 
 
 def run(families, sizes, batch, budget, compile_budget, repeats, methods, on_row=None,
-        max_coordinates=None):
-    """Measures every family × size × method; `on_row(results)` after each size. Sizes with
-    more coordinates than `max_coordinates[family]` (where given) are left out."""
+        max_coordinates=None, solver=SOLVERS["Tsit5"]):
+    """Measures every family × size × method, the JAX methods with `solver`; `on_row(results)`
+    after each size. Sizes with more coordinates than `max_coordinates[family]` (where
+    given) are left out."""
     results = []
     for family in families:
         previous = dict.fromkeys(methods)
@@ -366,7 +374,9 @@ def run(families, sizes, batch, budget, compile_budget, repeats, methods, on_row
                 if method == CASADI:
                     result = measure_casadi(model, skip, batch, repeats, budget)
                 else:
-                    functions = jaxdae_functions if method == JAXDAE else handwritten_functions
+                    functions = functools.partial(
+                        jaxdae_functions if method == JAXDAE else handwritten_functions,
+                        solver=solver)
                     result = measure_jax(functions, model, skip, batch, repeats, budget)
                 result["n"] = n
                 if "gradient" in skip:
@@ -476,6 +486,9 @@ def parse_args():
     parser.add_argument("--max-coordinates", type=_limits, default={},
                         help="leave out the sizes with more coordinates: one number for "
                         "every family, or family=number pairs, e.g. chain=512,pendulum=64")
+    parser.add_argument("--solver", choices=list(SOLVERS), default="Tsit5",
+                        help="the explicit solver of jaxdae and of the hand-written diffrax "
+                        "solve (default Tsit5)")
     parser.add_argument("--cpu-per-step", action="store_true",
                         help="jaxdae only: CPU time per step, per right-hand side and "
                         "gradient / solve at each size, and the growth exponents")
@@ -539,7 +552,8 @@ def main():
     def report(results, final=False):
         """Writes the table, the JSON and the figure of what is measured so far."""
         lines = [
-            f"Baumgarte(kd={KD:g}, kp={KP:g}), t ∈ [0, {T1:g}] from rest, rtol={RTOL:g}, "
+            f"Baumgarte(kd={KD:g}, kp={KP:g}), t ∈ [0, {T1:g}] from rest, {args.solver}, "
+            f"rtol={RTOL:g}, "
             f"atol={ATOL:g}, float64; medians of {args.repeats} calls; device: "
             f"{jax.devices()[0].device_kind}; jax {jax.__version__}"
             + (f", casadi {ca.__version__}" if ca is not None else "")
@@ -559,7 +573,8 @@ def main():
             "complete": final, "table": lines})
 
     results = run(args.families, args.sizes, args.batch, args.budget, args.compile_budget,
-                  args.repeats, methods, on_row=report, max_coordinates=args.max_coordinates)
+                  args.repeats, methods, on_row=report, max_coordinates=args.max_coordinates,
+                  solver=SOLVERS[args.solver])
     report(results, final=True)
     print(f"wrote {folder / 'bench_scaling.json'} and {folder / 'bench_scaling.png'}")
 
