@@ -32,13 +32,13 @@ from .._compilation._sparsity import column_colouring, nonzero_masks
 # `2n + 1` tangents), which the scalar-graph path (`_compilation/_scalarize.py`) turns into a
 # few fused loops; larger ones derive their terms from the patterns found here, in array form
 # (`array_form_scope`: a scalar graph of the structured terms ran 3-4× slower than their array
-# form). Measured by `experiments/diagnostics/bench_structured_threshold.py --repeats 5`
+# form). Measured by `experiments/diagnostics/bench_structured_threshold.py --repeats 3`
 # (CPU time per step of one solve and of its gradient, dense / structured, 2-core CPU at a
-# load of 5-8): at 8 coordinates the dense path is faster on the chain (solve 2.9 / 4.6 µs,
-# gradient 6.9 / 17.7 µs) and the structured one on the ladder (12.9 / 7.6, 100 / 54 µs) and
-# the pendulum (28.2 / 19.9, 100 / 73 µs); from 10 coordinates on the structured path is
-# faster on all three (chain 41.7 / 29.9 and 273 / 202 µs at 10, 137 / 22.7 and 636 / 107 µs
-# at 32; ladder 54.4 / 14.3 and 279 / 52 µs at 12; pendulum 47.5 / 41.2 and 188 / 146 µs at
+# load of 2-3): at 8 coordinates the dense path is faster on the chain (solve 2.6 / 3.9 µs,
+# gradient 8.6 / 18.2 µs) and the structured one on the ladder (12.6 / 7.0, 99 / 53 µs) and
+# the pendulum (26.7 / 19.9, 101 / 71 µs); from 10 coordinates on the structured path is
+# faster on all three (chain 37.5 / 7.3 and 190 / 24 µs at 10, 62.0 / 12.5 and 575 / 40 µs
+# at 16; ladder 49.7 / 16.7 and 270 / 53 µs at 12; pendulum 47.6 / 38.6 and 167 / 156 µs at
 # 10). At 8 coordinates the choice is the chain's, whose dense solve is the faster one.
 STRUCTURED_MIN = 8
 
