@@ -38,11 +38,12 @@ passes the user disables; XLA ignores a pass name it does not know). The flyball
 of `experiments/flyball_governor.py` (4 rigid bodies, 28 coordinates) evaluates its
 right-hand side in 30 µs without the pass and 118 µs with it, a Tsit5 step in 210 and
 862 µs (`experiments/diagnostics/bench_import_settings.py --model governor`, CPU time,
-2-core CPU at a load of 3-5). On the chain of 5 links (`Baumgarte(20, 100)`) a step costs 4.7–5.2 µs
-with the pass disabled and 25 µs with it; from the chain of 8 links to the chain of 64,
-the ladders of 5 to 16 four-bars and the pendulums of 5 to 32 links, steps cost the same
-both ways within the machine's noise (`bench_scaling.py --cpu-per-step --families
-chain,pendulum,ladder --sizes 5,8,16,32,64`, as is and with `JAXDAE_SET_XLA_FLAGS=0
+2-core CPU at a load of 3-5). On the chain of 5 links (`Baumgarte(20, 100)`) a step
+costs 4.7–5.2 µs with the pass disabled and 25 µs with it; from the chain of 8 links to
+the chain of 64, the ladders of 5 to 16 four-bars and the pendulums of 5 to 32 links,
+steps cost the same both ways within the machine's noise (`bench_scaling.py
+--cpu-per-step --families chain,pendulum,ladder --sizes 5,8,16,32,64`, as is and with
+`JAXDAE_SET_XLA_FLAGS=0
 XLA_FLAGS=--xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold=1000000000`;
 CPU time, 2-core machine at a load of 5-6).
 
