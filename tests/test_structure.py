@@ -380,6 +380,34 @@ def test_take_is_a_gather_both_ways():
     assert " scatter(" not in program
 
 
+def test_add_at_is_a_gather_both_ways():
+    # `add_at`, `take`'s transpose, against `.at[].add` (repeated indices included), with
+    # derivatives; no scatter in the program, and the sparsity analysis sees which rows it
+    # writes
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.standard_normal((5, 2)))
+    index = np.array([[4, 0], [0, 2]])  # row 0 added to twice; rows 1 and 3 untouched
+    values = jnp.asarray(rng.standard_normal((2, 2, 2)))
+    np.testing.assert_allclose(_sparse.add_at(x, index, values),
+                               x.at[index].add(values), rtol=1e-15)
+
+    def loss(fn, x, values):
+        return jnp.sum(jnp.sin(fn(x, values)) * jnp.arange(10.0).reshape(5, 2))
+
+    ours = lambda x, v: _sparse.add_at(x, index, v)  # noqa: E731
+    reference = lambda x, v: x.at[index].add(v)  # noqa: E731
+    for transform in (jax.grad, jax.jacfwd):
+        got = transform(lambda x, v: loss(ours, x, v), argnums=(0, 1))(x, values)
+        want = transform(lambda x, v: loss(reference, x, v), argnums=(0, 1))(x, values)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-14)
+    program = jax.jit(jax.grad(lambda v: loss(ours, x, v))).lower(values).compile().as_text()
+    assert " scatter(" not in program
+    (mask,) = nonzero_masks(lambda v: _sparse.add_at(jnp.zeros((5, 2)), index, v), values)
+    np.testing.assert_array_equal(mask.reshape(5, 2).any(axis=1),
+                                  [True, False, True, False, True])
+
+
 def test_banded_factorization():
     rng = np.random.default_rng(3)
     # (200, 9): blocks wider than the unrolled Cholesky's limit (LAPACK per block)

@@ -152,8 +152,8 @@ _row_vjp = eqx.filter_jit(scalarize(_rates_vjp))
 def _ensemble_stage_vjp(t, y, args, solver_state, t_start, cotangent):
     """`ReverseSweepAdjoint`'s vector–Jacobian product of `_ensemble_vector_field`: each
     trajectory's own (a scalar graph under `vmap`, as the rates are), summed over the rows
-    for the shared system and formulation. Rows stopped at or before `t_start` have zero
-    rates."""
+    for the shared system, formulation and mass factor. Rows stopped at or before `t_start`
+    have zero rates."""
     if solver_state is not None:
         stopped = _StopFailedTrajectories.step_args(args, solver_state, t_start).stopped
         cotangent = _where_rows(stopped, jax.tree.map(jnp.zeros_like, cotangent), cotangent)
