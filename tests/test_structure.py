@@ -8,6 +8,7 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
 import pytest
 
@@ -692,3 +693,51 @@ def test_right_hand_side_runs_in_one_kernel(model):
     jaxpr = jax.make_jaxpr(rates_and_vjp)(q, v).jaxpr
     found = not_in_a_loop(jaxpr)
     assert not found, found
+
+
+class _ChainClosedTwice(CartesianChain):
+    """The chain with its last link's length constraint written twice: `J M⁻¹ Jᵀ` is singular
+    everywhere, so `PseudoInverse` takes its rank-deficient branch at every evaluation."""
+
+    def constraints(self, t, q):
+        phi = super().constraints(t, q)
+        return jnp.concatenate([phi, phi[-1:]])
+
+
+@pytest.mark.perf(reason="pins that PseudoInverse's right-hand side compiles into one kernel")
+@pytest.mark.parametrize("model", [CartesianChain(5), _ChainClosedTwice(5)],
+                         ids=["independent", "redundant"])
+def test_pseudo_inverse_loop_holds_no_lapack_call(model):
+    """A loop of `PseudoInverse`'s right-hand side holds no custom call, in either branch of
+    its solve (the factorization, or the pivoted one for a rank-deficient `J M⁻¹ Jᵀ`), and
+    XLA compiles it into one kernel (`xla_cpu_small_call`): a LAPACK eigendecomposition in
+    the untaken branch made a step of the chain of 5 links cost 6× `Baumgarte`'s. The
+    rank-deficient branch gives the multipliers of `lineax.SVD`."""
+    from jaxdae._integration._simulate import _rates, _terms
+    from jaxdae._systems._structure import constant_mass_factor
+
+    formulation = jaxdae.PseudoInverse(20.0, 100.0)
+    q, v = model.initial_state()
+    mass_factor = constant_mass_factor(model, 0.0, q, v, _terms)  # once per solve
+
+    @jax.jit
+    def loop(q, v, count):
+        def body(_, y):
+            dq, dv = _rates(model, formulation, 0.0, *y, mass_factor)
+            return y[0] + 1e-9 * dq, y[1] + 1e-9 * dv
+        return jax.lax.fori_loop(0, count, body, (q, v))
+
+    text = loop.lower(q, v, 10).compile().as_text()
+    entry = text[text.index("\nENTRY"):]
+    entry = entry[:entry.index("\n}")]
+    assert " while(" not in entry and "xla_cpu_small_call" in entry
+    assert "kind=kCustom" not in text and "custom_call_target" not in text
+    from jaxdae._compilation._linear_solvers import PositiveSemidefinitePseudoInverse
+    from jaxdae._formulations._base import multiplier_solve
+
+    terms = model.terms(0.0, q, v)
+    target = jnp.linspace(-1.0, 1.0, terms.phi.shape[0])
+    rcond = float(np.sqrt(np.finfo(q.dtype).eps))
+    for x, y in zip(multiplier_solve(terms, target, PositiveSemidefinitePseudoInverse()),
+                    multiplier_solve(terms, target, lx.SVD(rcond=rcond)), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-11)
