@@ -459,6 +459,67 @@ def test_banded_solve_derivatives():
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
+def test_banded_multiplier_solve_derivatives():
+    # `multiplier_solve` on sparse `M` (2 × 2 blocks) and `G` (a chain's pattern) whose
+    # `G M⁻¹ Gᵀ` is banded: values and derivatives (reverse, forward, under vmap) with
+    # respect to `M`, `G`, `Q` and the target against the dense elimination's (`M`'s
+    # symmetric part, which the block inverse reads)
+    from jaxdae._compilation._linear_solvers import PositiveDefinite
+    from jaxdae._formulations._base import multiplier_solve
+    from jaxdae._systems._system import ConstrainedTerms
+
+    rng = np.random.default_rng(7)
+    links = 32
+    n = 2 * links
+    rows = np.repeat(np.arange(links), 4)[2:]
+    cols = np.concatenate([[0, 1], (2 * np.arange(links)[1:, None] + np.arange(-2, 2)).ravel()])
+    g_pattern = Pattern((links, n), rows, cols)
+    blocks = np.kron(np.eye(links), np.ones((2, 2))) > 0
+    m_pattern = Pattern.from_mask(blocks)
+    noise = 0.3 * rng.standard_normal((n, n))
+    mass = np.where(blocks, noise + noise.T + 3 * np.eye(n), 0.0)
+    m_values = jnp.asarray(mass[m_pattern.rows, m_pattern.cols])
+    g_values = jnp.asarray(rng.standard_normal(g_pattern.nnz))
+    forces, target = (jnp.asarray(rng.standard_normal(size)) for size in (n, links))
+    empty = jnp.zeros((0,))
+
+    def structured(m_values, g_values, forces, target):
+        mass, g = SparseMatrix(m_values, m_pattern), SparseMatrix(g_values, g_pattern)
+        terms = ConstrainedTerms(mass.dense(), forces, target, target, empty, g.dense(), target,
+                                 sparse_mass=mass, sparse_jacobian=g)
+        return multiplier_solve(terms, target, PositiveDefinite())
+
+    def dense(m_values, g_values, forces, target):
+        mass = SparseMatrix(m_values, m_pattern).dense()
+        mass = 0.5 * (mass + mass.T)
+        g = SparseMatrix(g_values, g_pattern).dense()
+        minv_gt = jnp.linalg.solve(mass, g.T)
+        lam = jnp.linalg.solve(g @ minv_gt, g @ jnp.linalg.solve(mass, forces) - target)
+        return jnp.linalg.solve(mass, forces) - minv_gt @ lam, lam
+
+    args = (m_values, g_values, forces, target)
+    assert banded_plan(sparse_matmul(SparseMatrix(g_values, g_pattern), SparseMatrix(
+        g_values, g_pattern).T).pattern) is not None
+    assert "name=_banded_multipliers" in str(jax.make_jaxpr(structured)(*args))
+    for a, b in zip(jax.jit(structured)(*args), dense(*args)):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+    def loss(fn):
+        return lambda *x: sum(jnp.sum(jnp.sin(out) * w) for out, w in zip(fn(*x), (1.0, 0.7)))
+
+    tangents = tuple(jnp.asarray(rng.standard_normal(x.shape)) for x in args)
+    batch = jnp.stack([forces, 2 * forces])
+
+    def derivatives(fn):
+        return (jax.grad(loss(fn), argnums=(0, 1, 2, 3))(*args), jax.jvp(fn, args, tangents),
+                jax.vmap(jax.grad(loss(fn), argnums=(1, 2)), in_axes=(None, None, 0, None))(
+                    m_values, g_values, batch, target))
+
+    derivatives = jax.jit(derivatives, static_argnums=0)
+    for a, b in zip(*(jax.tree.leaves(derivatives(fn)) for fn in (structured, dense))):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+
+
 def test_banded_path_agrees(monkeypatch):
     # banded factorizations from 4 rows on (32 by default), so that a small chain's
     # `J M⁻¹ Jᵀ` (9 × 9, tridiagonal) uses one
