@@ -325,6 +325,26 @@ def test_modified_lagrange_integrated_with_augmented_multipliers():
     assert float(jnp.max(jnp.abs(difference))) <= 2e-5
 
 
+@pytest.mark.parametrize("iterations", [1, 2, 3])
+def test_augmented_iterations_batched_as_in_turn(iterations):
+    """The augmented Lagrangian iterations give the same `(q̈, λ)` with the solves for
+    `(M + Jᵀ𝔄J)⁻¹ Gᵀ𝔄` batched beside `q̈` (one constraint here, two on the arm) as with
+    one solve per iteration in turn."""
+    from jaxdae._formulations._modified_lagrange import _accelerations
+
+    arm = TwoLinkManipulator()
+    q, v = arm.initial_state()
+    cases = [(PENDULUM, PENDULUM.terms(0.0, Q0 * 1.01, V0 + 0.01 * Q0)),
+             (arm, arm.terms(0.1, q + 0.01, v))]
+    for system, terms in cases:
+        penalty = jaxdae.ModifiedLagrange(jnp.full(terms.phi.shape, 50.0), 10.0, 25.0)
+        batched = _accelerations(penalty, terms, iterations, batched=True)
+        in_turn = _accelerations(penalty, terms, iterations, batched=False)
+        for a, b in zip(batched, in_turn):
+            assert float(jnp.max(jnp.abs(a - b))) <= 1e-12 * (1.0 + float(jnp.max(jnp.abs(b))))
+        assert float(jnp.max(jnp.abs(batched[0] - _accelerations(penalty, terms, 0)[0]))) > 1e-6
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="iterations"):
         jaxdae.Projected(diffrax.Tsit5(), iterations=0)
