@@ -116,21 +116,31 @@ def _accelerations(formulation: ModifiedLagrange, terms, iterations: int,
     factor = solver.init(lhs, {})
     if batched is None:
         batched = 0 < target.shape[0] <= iterations
-    if batched and iterations > 0:
-        masses_gt = (masses_g.dense() if isinstance(masses_g, SparseMatrix)
-                     else masses_g.matrix).T
-        columns = solver.compute(factor, jnp.concatenate([rhs[:, None], masses_gt], 1), {})[0]
-        acc, gain = columns[:, 0], columns[:, 1:]  # `gain = (M + Jᵀ𝔄J)⁻¹ Gᵀ𝔄`
-        correction = lambda r: small_matmul(gain, r)
-    else:
+    if not (batched and iterations > 0):
         acc = solver.compute(factor, rhs, {})[0]
-        correction = lambda r: solver.compute(factor, masses_g.rmatvec(r), {})[0]
-    residual = jacobian_matvec(terms, acc) - target
-    multipliers = _apply_masses(alpha, residual)
-    for _ in range(iterations):  # λ ← λ + 𝔄 (G q̈ − s)
-        acc = acc - correction(residual)
         residual = jacobian_matvec(terms, acc) - target
-        multipliers = multipliers + _apply_masses(alpha, residual)
+        multipliers = _apply_masses(alpha, residual)
+        for _ in range(iterations):  # λ ← λ + 𝔄 (G q̈ − s)
+            acc = acc - solver.compute(factor, masses_g.rmatvec(residual), {})[0]
+            residual = jacobian_matvec(terms, acc) - target
+            multipliers = multipliers + _apply_masses(alpha, residual)
+        return acc, multipliers
+    masses_gt = (masses_g.dense() if isinstance(masses_g, SparseMatrix)
+                 else masses_g.matrix).T
+    columns = solver.compute(factor, jnp.concatenate([rhs[:, None], masses_gt], 1), {})[0]
+    acc, gain = columns[:, 0], columns[:, 1:]  # `gain = (M + Jᵀ𝔄J)⁻¹ Gᵀ𝔄`
+    # The residuals `r_k = G q̈_k − s` follow `r_{k+1} = (I − C) r_k`, `C = G gain`, so
+    # `q̈_k = q̈_0 − gain P_k r_0` and `λ = 𝔄 P_{k+1} r_0`, `P_k = Σ_{j<k} (I − C)ʲ`
+    # (Horner: `P_{k+1} = I + (I − C) P_k`), a product with `r_0` at the end.
+    eye = jnp.eye(target.shape[0], dtype=rhs.dtype)
+    step = eye - small_matmul(terms.jacobian, gain)
+    polynomial = eye
+    for _ in range(iterations - 1):
+        polynomial = eye + small_matmul(step, polynomial)
+    residual = jacobian_matvec(terms, acc) - target
+    acc = acc - small_matmul(gain, small_matmul(polynomial, residual))
+    multipliers = _apply_masses(
+        alpha, residual + small_matmul(step, small_matmul(polynomial, residual)))
     return acc, multipliers
 
 
