@@ -146,9 +146,8 @@ def _accelerations(formulation: ModifiedLagrange, terms, iterations: int,
 
 # The augmented Lagrangian iterations of the equations that `jaxdae.Projected` integrates
 # for a `ModifiedLagrange` formulation: each shrinks the penalty's pull off the manifold by
-# about `1/(α σ)` and costs two products with `G` and either two triangular solves or, for
-# at most `PROJECTED_ITERATIONS` constraints, one column more in the first solve's
-# (`_accelerations`).
+# about `1/(α σ)` and costs two triangular solves, or, for at most `PROJECTED_ITERATIONS`
+# constraints, one column more in the solve for `q̈` (`_accelerations`).
 PROJECTED_ITERATIONS = 2
 
 
