@@ -10,7 +10,9 @@ from pathlib import Path
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
-def parse_args(name: str, description: str) -> argparse.Namespace:
+def parse_args(name: str, description: str, only: bool = False) -> argparse.Namespace:
+    """`--out` and `--quick`, and with `only` an `--only` filter (comma-separated parts of
+    what the study names its rows by)."""
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -22,6 +24,9 @@ def parse_args(name: str, description: str) -> argparse.Namespace:
         "--quick", action="store_true",
         help="smaller grids, fewer steps, shorter horizons: a smoke test with coarser figures",
     )
+    if only:
+        parser.add_argument("--only", default=None,
+                            help="comma-separated parts of the names of the rows to run")
     return parser.parse_args()
 
 

@@ -18,6 +18,7 @@ four-bar lever (paper 000; 0–2 s, open loop), and paper 001's Cartesian arm in
 form (0–5 s). Writes `projection.json`, `projection_drift.png`, `projection_cost.png`.
 
     python experiments/projection.py --out output [--quick]
+    python experiments/projection.py --out output --only "Cartesian pendulum | ModifiedLagrange"
 """
 
 import sys
@@ -219,7 +220,7 @@ def plot(results, out):
             figure(cost, "cost of the projection: time ratio of the solve and its gradient")]
 
 
-def main(out: Path, quick: bool = False) -> dict:
+def main(out: Path, quick: bool = False, only: list[str] | None = None) -> dict:
     out = output_dir(out, "projection")
     repeats = 5 if quick else 30
     results = []
@@ -227,6 +228,8 @@ def main(out: Path, quick: bool = False) -> dict:
     # formulation of each mechanism (quick: the pendulum's only).
     cases = [(m, f, i == 1 and (not quick or k == 0)) for k, m in enumerate(mechanisms(quick))
              for i, f in enumerate(list(m[4].items())[:2 if quick else None])]
+    if only:  # the rows whose "mechanism | formulation" contains one of `only`
+        cases = [c for c in cases if any(o in f"{c[0][0]} | {c[1][0]}" for o in only)]
     for (name, system, state, t1, _, parameter), (fname, formulation), gradient in progress(
             cases, "projection"):
         row = run_case(system, state, t1, formulation, parameter, repeats, gradient)
@@ -261,5 +264,5 @@ def main(out: Path, quick: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    args = parse_args("projection", __doc__)
-    main(args.out, args.quick)
+    args = parse_args("projection", __doc__, only=True)
+    main(args.out, args.quick, args.only.split(",") if args.only else None)

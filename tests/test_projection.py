@@ -325,6 +325,52 @@ def test_modified_lagrange_integrated_with_augmented_multipliers():
     assert float(jnp.max(jnp.abs(difference))) <= 2e-5
 
 
+@pytest.mark.parametrize("iterations", [1, 2, 3])
+def test_augmented_iterations_batched_as_in_turn(iterations):
+    """The augmented Lagrangian iterations give the same `(q̈, λ)` with the solves for
+    `(M + Jᵀ𝔄J)⁻¹ Gᵀ𝔄` batched beside `q̈` (one constraint here, two on the arm) as with
+    one solve per iteration in turn."""
+    from jaxdae._formulations._modified_lagrange import _accelerations
+
+    arm = TwoLinkManipulator()
+    q, v = arm.initial_state()
+    cases = [(PENDULUM, PENDULUM.terms(0.0, Q0 * 1.01, V0 + 0.01 * Q0)),
+             (arm, arm.terms(0.1, q + 0.01, v))]
+    for system, terms in cases:
+        penalty = jaxdae.ModifiedLagrange(jnp.full(terms.phi.shape, 50.0), 10.0, 25.0)
+        batched = _accelerations(penalty, terms, iterations, batched=True)
+        in_turn = _accelerations(penalty, terms, iterations, batched=False)
+        for a, b in zip(batched, in_turn):
+            assert float(jnp.max(jnp.abs(a - b))) <= 1e-12 * (1.0 + float(jnp.max(jnp.abs(b))))
+        assert float(jnp.max(jnp.abs(batched[0] - _accelerations(penalty, terms, 0)[0]))) > 1e-6
+
+
+class _StructuredPendulum(CartesianPendulum):
+    structured_terms = True  # terms from sparsity patterns, in array form
+
+
+def test_projection_residuals_take_the_form_of_the_terms():
+    """`Φ` and `[Φ̇; Ψ]` of the projection keep their array form where the terms are
+    structured (a scalar graph in a loop that runs kernel by kernel is many small kernels),
+    are scalar graphs where the terms are, and project to the same state."""
+    from jaxdae._compilation._scalarize import _in_array_form_scope
+    from jaxdae._integration._projection import _constraint_values, _velocity_residual
+
+    structured = _StructuredPendulum(mass=1.3, length=0.8)
+    formulation = jaxdae.Baumgarte(1.0, 1.0)
+    q, v = Q0 * 1.001, V0 + 1e-4 * Q0
+    projected = []
+    for system, array_form in ((PENDULUM, False), (structured, True)):
+        for piece in (_constraint_values, _velocity_residual):
+            jaxpr = jax.make_jaxpr(lambda q_, v_: piece(system, formulation, 0.0, q_, v_))(q, v)
+            assert _in_array_form_scope(jaxpr.jaxpr) == array_form
+        (q_new, v_new), position_ok, velocity_ok = project_state(
+            system, formulation, 0.0, q, v, None, 5, 2.2e-13)
+        assert bool(position_ok) and bool(velocity_ok)
+        projected.append(jnp.concatenate([q_new, v_new]))
+    assert float(jnp.max(jnp.abs(projected[0] - projected[1]))) <= 1e-14
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="iterations"):
         jaxdae.Projected(diffrax.Tsit5(), iterations=0)

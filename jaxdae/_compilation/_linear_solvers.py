@@ -261,9 +261,13 @@ class PositiveDefinite(AbstractDirectSolver):
         return CholeskyFactor(factor, jnp.diagonal(factor) ** 2, None, unroll_max)
 
     def compute(self, state: CholeskyFactor, vector: Array, options: dict[str, Any]):
+        """The solution for `vector`, `(size,)`, or (called directly, not through lineax)
+        for the columns of `vector`, `(size, k)`, in one pass of substitutions."""
         del options
         if state.plan is not None:
             solution, _ = banded_solve(state.factor, vector, state.plan)
+        elif vector.ndim == 2:  # columns, solved together (not a lineax call)
+            solution = cholesky_solve(state.factor, vector, state.unroll_max)
         else:
             solution = cholesky_solve(state.factor, vector[:, None], state.unroll_max)[:, 0]
         return solution, lx.RESULTS.successful, {}

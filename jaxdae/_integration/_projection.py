@@ -1,5 +1,6 @@
 """Projection onto the constraint manifold after every step: [`jaxdae.Projected`][]."""
 
+import contextlib
 from collections.abc import Callable
 
 import diffrax
@@ -12,13 +13,14 @@ import numpy as np
 from .._checks import check_instance, described
 from .._compilation._linalg import small_matmul
 from .._compilation._linear_solvers import symmetric_operator
-from .._compilation._scalarize import scalarize
+from .._compilation._scalarize import array_form_scope, scalarize
 from .._compilation._sparse import cholesky_factor, cholesky_solve
 from .._custom_types import Array, Bool, Float, PyTree, ScalarLike
 from .._formulations._base import AbstractFormulation, eliminate
 from .._formulations._redundant import RedundantCoordinates
 from .._solution import RESULTS
 from .._systems._hamiltonian import HamiltonianSystem
+from .._systems._structure import terms_structure
 from .._systems._system import AbstractSystem, ConstrainedTerms, LagrangianSystem
 from ._solvers import unwrapped
 
@@ -132,13 +134,26 @@ def _gains(system, formulation, t, q, s, linear_solver, velocities: bool):
     return gains, q - small_matmul(positions, terms.phi)
 
 
+def _form_of_terms(system, t, q, s):
+    """[`array_form_scope`][] where the system's terms are structured (derived from their
+    sparsity patterns, in array form), else no scope: `Φ` and `[Φ̇; Ψ]`, evaluated from
+    `constraints` alone, take the form of the terms. A scalar graph is many small kernels
+    wherever the solve's loop does not run as one (a LAPACK call in it, as on Bricard's
+    mechanism of `experiments/work_precision.py`: 35 coordinates, whose projection ran
+    about 1,560 kernels with them, 460 in array form)."""
+    if isinstance(system, LagrangianSystem) and terms_structure(system, t, q, s) is not None:
+        return array_form_scope()
+    return contextlib.nullcontext()
+
+
 @eqx.filter_jit
 @scalarize
 def _constraint_values(system, formulation, t, q, s):
     """`Φ(t, q)`: from `constraints` where the system's terms take `Φ` from it, else from
     its terms."""
     if _own_terms(system):
-        return system.constraints(t, q)
+        with _form_of_terms(system, t, q, s):
+            return system.constraints(t, q)
     return _terms_at(system, formulation, t, q, s).phi
 
 
@@ -150,8 +165,9 @@ def _velocity_residual(system, formulation, t, q, s):
     terms)."""
     v = system.velocities(t, q, s)
     if _own_terms(system):
-        _, dphi = jax.jvp(system.constraints, (t, q), (jnp.ones_like(t), v))
-        return jnp.concatenate([dphi, system.velocity_constraints(t, q, v)]), v
+        with _form_of_terms(system, t, q, s):
+            _, dphi = jax.jvp(system.constraints, (t, q), (jnp.ones_like(t), v))
+            return jnp.concatenate([dphi, system.velocity_constraints(t, q, v)]), v
     terms = system.terms(t, q, v)
     return jnp.concatenate([terms.dphi, terms.psi]), v
 
