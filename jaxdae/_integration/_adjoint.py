@@ -238,6 +238,13 @@ def default_adjoint(solver, max_steps) -> diffrax.AbstractAdjoint | ReverseSweep
     return diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS)
 
 
+def reverse_only(adjoint) -> bool:
+    """Whether `adjoint` differentiates a solve in reverse mode only (its forward mode raises):
+    [`jaxdae.ReverseSweepAdjoint`][] and `diffrax.RecursiveCheckpointAdjoint`, both custom
+    VJPs."""
+    return isinstance(adjoint, (ReverseSweepAdjoint, diffrax.RecursiveCheckpointAdjoint))
+
+
 # Checkpoints of `RecursiveCheckpointAdjoint` where it is the default. diffrax's default for
 # `max_steps = 100_000` is ≈450; on the two-link gradient (`experiments/bench_adjoint.py`,
 # 2-core CPU) 32 was 1.15–1.2× faster at 130 steps and 1.05–1.3× faster at ≈2000 steps (the
@@ -656,11 +663,11 @@ def _typed_literal_as_array(x):
     return x
 
 
-def _is_none(x) -> bool:
+def is_none(x) -> bool:
     return x is None
 
 
-def _nones(tree):
+def nones(tree):
     """`tree` with None for every leaf: no cotangent."""
     return jax.tree.map(lambda _: None, tree)
 
@@ -671,7 +678,7 @@ def _backward(stored, out_bar, perturbed, problem, static):
         # Zeros where the output's cotangent is symbolic.
         bar = jax.tree.map(lambda b, x: (jnp.zeros_like(x) if b is None else b)
                            if eqx.is_inexact_array(x) else None, out_bar, stored.out,
-                           is_leaf=_is_none)
+                           is_leaf=is_none)
         (problem_bar,) = stored.pull(bar)
         return problem_bar
     problem = jax.tree.map(_typed_literal_as_array, problem)
@@ -874,9 +881,9 @@ def _backward(stored, out_bar, perturbed, problem, static):
             start_bar, p_bar = jax.lax.fori_loop(0, count, segment_back, (final_bar, p_bar))
     y0_bar = unravel(start_bar if y0_bar is None else y0_bar + start_bar)
     terms_bar, args_bar = p_bar
-    init_state_bar = eqx.tree_at(lambda s: s.y, _nones(problem.init_state), y0_bar,
-                                 is_leaf=_is_none)
-    return dataclasses.replace(_nones(problem), terms=terms_bar, args=args_bar,
+    init_state_bar = eqx.tree_at(lambda s: s.y, nones(problem.init_state), y0_bar,
+                                 is_leaf=is_none)
+    return dataclasses.replace(nones(problem), terms=terms_bar, args=args_bar,
                                init_state=init_state_bar)
 
 
