@@ -785,23 +785,22 @@ def _backward(stored, out_bar, perturbed, problem, static):
                     leaves, tree = jax.tree_util.tree_flatten(pull)
                     return rate, leaves, tree
 
-                specs = jax.eval_shape(lambda: linearize(t_start, y_start)[1])
                 pullbacks = {}
 
-                def stage_linearized(i, carry):
-                    k_stages, kept = carry
+                def stage_linearized(k_stages, i):
                     y_stage = y_start + h * (a[i] @ k_stages)
                     rate, leaves, pullbacks["tree"] = linearize(t_start + c[i] * dt, y_stage)
-                    return k_stages.at[i].set(rate), [
-                        stack.at[i].set(leaf) for stack, leaf in zip(kept, leaves, strict=True)]
+                    return k_stages.at[i].set(rate), leaves
 
                 # One stack of the stages' values per residual, not one flat array of all of
                 # them: concatenating the residuals and slicing them apart again made a
                 # stage's linearization and product cost 22 instead of 19 µs on the chain of
-                # 64 links (`experiments/bench_scaling.py --cpu-per-step`).
-                k_stages, kept = jax.lax.fori_loop(
-                    0, stages, stage_linearized,
-                    (k_init, [jnp.zeros((stages,) + x.shape, x.dtype) for x in specs]))
+                # 64 links (`experiments/bench_scaling.py --cpu-per-step`). Stacked by
+                # `scan`, whose body is traced once: stacks allocated before the loop need
+                # the residuals' shapes, and `eval_shape` traced the linearization again
+                # (a twelfth of the ladder of 128 four-bars' gradient trace,
+                # `experiments/bench_compile.py --model ladder:128 --only gradient`).
+                k_stages, kept = jax.lax.scan(stage_linearized, k_init, jnp.arange(stages))
             else:
                 k_stages = jax.lax.fori_loop(0, stages, stage, k_init)
             start_bar, stages_bar = end_bar, h * b[:, None] * end_bar[None, :]
