@@ -153,7 +153,8 @@ def _rank_deficient(n, rank, seed):
     return a @ a.T
 
 
-@pytest.mark.parametrize("n, rank", [(1, 1), (1, 0), (2, 2), (2, 1), (3, 2), (5, 3), (5, 5)])
+@pytest.mark.parametrize("n, rank", [(1, 1), (1, 0), (2, 2), (2, 1), (3, 2), (5, 3), (5, 5),
+                                     (4, 0), (12, 7)])
 def test_pseudo_inverse_matches_lineax_svd(n, rank):
     """Values against `lineax.SVD(rcond)` on random full-rank and rank-deficient positive
     semidefinite matrices, `vmap`, and gradients through `lineax.linear_solve`."""

@@ -8,6 +8,7 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
 import pytest
 
@@ -458,6 +459,67 @@ def test_banded_solve_derivatives():
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
+def test_banded_multiplier_solve_derivatives():
+    # `multiplier_solve` on sparse `M` (2 × 2 blocks) and `G` (a chain's pattern) whose
+    # `G M⁻¹ Gᵀ` is banded: values and derivatives (reverse, forward, under vmap) with
+    # respect to `M`, `G`, `Q` and the target against the dense elimination's (`M`'s
+    # symmetric part, which the block inverse reads)
+    from jaxdae._compilation._linear_solvers import PositiveDefinite
+    from jaxdae._formulations._base import multiplier_solve
+    from jaxdae._systems._system import ConstrainedTerms
+
+    rng = np.random.default_rng(7)
+    links = 32
+    n = 2 * links
+    rows = np.repeat(np.arange(links), 4)[2:]
+    cols = np.concatenate([[0, 1], (2 * np.arange(links)[1:, None] + np.arange(-2, 2)).ravel()])
+    g_pattern = Pattern((links, n), rows, cols)
+    blocks = np.kron(np.eye(links), np.ones((2, 2))) > 0
+    m_pattern = Pattern.from_mask(blocks)
+    noise = 0.3 * rng.standard_normal((n, n))
+    mass = np.where(blocks, noise + noise.T + 3 * np.eye(n), 0.0)
+    m_values = jnp.asarray(mass[m_pattern.rows, m_pattern.cols])
+    g_values = jnp.asarray(rng.standard_normal(g_pattern.nnz))
+    forces, target = (jnp.asarray(rng.standard_normal(size)) for size in (n, links))
+    empty = jnp.zeros((0,))
+
+    def structured(m_values, g_values, forces, target):
+        mass, g = SparseMatrix(m_values, m_pattern), SparseMatrix(g_values, g_pattern)
+        terms = ConstrainedTerms(mass.dense(), forces, target, target, empty, g.dense(), target,
+                                 sparse_mass=mass, sparse_jacobian=g)
+        return multiplier_solve(terms, target, PositiveDefinite())
+
+    def dense(m_values, g_values, forces, target):
+        mass = SparseMatrix(m_values, m_pattern).dense()
+        mass = 0.5 * (mass + mass.T)
+        g = SparseMatrix(g_values, g_pattern).dense()
+        minv_gt = jnp.linalg.solve(mass, g.T)
+        lam = jnp.linalg.solve(g @ minv_gt, g @ jnp.linalg.solve(mass, forces) - target)
+        return jnp.linalg.solve(mass, forces) - minv_gt @ lam, lam
+
+    args = (m_values, g_values, forces, target)
+    assert banded_plan(sparse_matmul(SparseMatrix(g_values, g_pattern), SparseMatrix(
+        g_values, g_pattern).T).pattern) is not None
+    assert "name=_banded_multipliers" in str(jax.make_jaxpr(structured)(*args))
+    for a, b in zip(jax.jit(structured)(*args), dense(*args)):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+    def loss(fn):
+        return lambda *x: sum(jnp.sum(jnp.sin(out) * w) for out, w in zip(fn(*x), (1.0, 0.7)))
+
+    tangents = tuple(jnp.asarray(rng.standard_normal(x.shape)) for x in args)
+    batch = jnp.stack([forces, 2 * forces])
+
+    def derivatives(fn):
+        return (jax.grad(loss(fn), argnums=(0, 1, 2, 3))(*args), jax.jvp(fn, args, tangents),
+                jax.vmap(jax.grad(loss(fn), argnums=(1, 2)), in_axes=(None, None, 0, None))(
+                    m_values, g_values, batch, target))
+
+    derivatives = jax.jit(derivatives, static_argnums=0)
+    for a, b in zip(*(jax.tree.leaves(derivatives(fn)) for fn in (structured, dense))):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+
+
 def test_banded_path_agrees(monkeypatch):
     # banded factorizations from 4 rows on (32 by default), so that a small chain's
     # `J M⁻¹ Jᵀ` (9 × 9, tridiagonal) uses one
@@ -692,3 +754,51 @@ def test_right_hand_side_runs_in_one_kernel(model):
     jaxpr = jax.make_jaxpr(rates_and_vjp)(q, v).jaxpr
     found = not_in_a_loop(jaxpr)
     assert not found, found
+
+
+class _ChainClosedTwice(CartesianChain):
+    """The chain with its last link's length constraint written twice: `J M⁻¹ Jᵀ` is singular
+    everywhere, so `PseudoInverse` takes its rank-deficient branch at every evaluation."""
+
+    def constraints(self, t, q):
+        phi = super().constraints(t, q)
+        return jnp.concatenate([phi, phi[-1:]])
+
+
+@pytest.mark.perf(reason="pins that PseudoInverse's right-hand side compiles into one kernel")
+@pytest.mark.parametrize("model", [CartesianChain(5), _ChainClosedTwice(5)],
+                         ids=["independent", "redundant"])
+def test_pseudo_inverse_loop_holds_no_lapack_call(model):
+    """A loop of `PseudoInverse`'s right-hand side holds no custom call, in either branch of
+    its solve (the factorization, or the pivoted one for a rank-deficient `J M⁻¹ Jᵀ`), and
+    XLA compiles it into one kernel (`xla_cpu_small_call`): a LAPACK eigendecomposition in
+    the untaken branch made a step of the chain of 5 links cost 6× `Baumgarte`'s. The
+    rank-deficient branch gives the multipliers of `lineax.SVD`."""
+    from jaxdae._integration._simulate import _rates, _terms
+    from jaxdae._systems._structure import constant_mass_factor
+
+    formulation = jaxdae.PseudoInverse(20.0, 100.0)
+    q, v = model.initial_state()
+    mass_factor = constant_mass_factor(model, 0.0, q, v, _terms)  # once per solve
+
+    @jax.jit
+    def loop(q, v, count):
+        def body(_, y):
+            dq, dv = _rates(model, formulation, 0.0, *y, mass_factor)
+            return y[0] + 1e-9 * dq, y[1] + 1e-9 * dv
+        return jax.lax.fori_loop(0, count, body, (q, v))
+
+    text = loop.lower(q, v, 10).compile().as_text()
+    entry = text[text.index("\nENTRY"):]
+    entry = entry[:entry.index("\n}")]
+    assert " while(" not in entry and "xla_cpu_small_call" in entry
+    assert "kind=kCustom" not in text and "custom_call_target" not in text
+    from jaxdae._compilation._linear_solvers import PositiveSemidefinitePseudoInverse
+    from jaxdae._formulations._base import multiplier_solve
+
+    terms = model.terms(0.0, q, v)
+    target = jnp.linspace(-1.0, 1.0, terms.phi.shape[0])
+    rcond = float(np.sqrt(np.finfo(q.dtype).eps))
+    for x, y in zip(multiplier_solve(terms, target, PositiveSemidefinitePseudoInverse()),
+                    multiplier_solve(terms, target, lx.SVD(rcond=rcond)), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-11)

@@ -9,13 +9,14 @@ through lineax or `jnp.linalg` beyond it.
 
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 
-from .._custom_types import Array, Bool, Float
+from .._custom_types import Array, Bool, Float, Int
 
 
 def full_precision(fn: Callable) -> Callable:
@@ -333,10 +334,13 @@ def psd_pseudo_inverse(matrix: Float[Array, "c c"], rcond: float) -> Float[Array
     In closed form for sizes 1 and 2 (a constraint written twice, a closure equation with
     its redundant twin), where the SVD's LAPACK call at every stage makes a whole
     simulation about 8× slower (`experiments/bench_solves.py`: the pendulum with its
-    constraint written twice); by a symmetric eigendecomposition beyond. For size 2 with
-    `λ_min ≤ rcond · λ_max`, `A − λ_min I = (λ_max − λ_min) v vᵀ` gives the rank-1 inverse
-    `v vᵀ / λ_max`. Each branch is evaluated with safe denominators, so the one not taken
-    cannot put a nan into the gradient.
+    constraint written twice). For
+    size 2 with `λ_min ≤ rcond · λ_max`, `A − λ_min I = (λ_max − λ_min) v vᵀ` gives the
+    rank-1 inverse `v vᵀ / λ_max`. Each branch is evaluated with safe denominators, so the
+    one not taken cannot put a nan into the gradient.
+
+    Beyond, by a symmetric eigendecomposition (LAPACK): the solves of an ODE's right-hand
+    side use [`pivoted_pseudo_solve`][] up to `LOOPED_MAX` rows instead.
     """
     size = matrix.shape[0]
     if size == 0:
@@ -361,6 +365,97 @@ def psd_pseudo_inverse(matrix: Float[Array, "c c"], rcond: float) -> Float[Array
     eye = jnp.eye(2, dtype=matrix.dtype)
     truncated = (jnp.stack([jnp.stack([a, b]), jnp.stack([b, d])]) - smallest * eye) / gap
     return jnp.where(full_rank, inverse, jnp.where(rank_one, truncated, 0.0))
+
+
+def pivoted_cholesky(matrix: Float[Array, "n n"], rcond: float
+                     ) -> tuple[Float[Array, "n n"], Float[Array, " n"], Int[Array, " n"]]:
+    """The Cholesky factorization with symmetric (diagonal) pivoting of a symmetric positive
+    semidefinite matrix, stopped at its numerical rank: `(low, pivots, perm)` with
+    `matrix[perm][:, perm] = low diag(pivots) lowᵀ`, `low` unit lower trapezoidal.
+
+    At step `k` the largest remaining diagonal entry of the Schur complement is moved to
+    `k`; once it is at most `rcond` times the largest diagonal entry of `matrix`, it and
+    every later pivot are set to zero, with their columns of `low` (the criterion of
+    LAPACK's `?pstrf`, Higham, *Accuracy and Stability of Numerical Algorithms*, §10.3).
+    The entries of `low` are at most 1 in magnitude. A `lax.fori_loop` over the columns,
+    each a few whole-matrix operations (no LAPACK call).
+    """
+    n = matrix.shape[0]
+    rows = jnp.arange(n)
+    eye = rows[:, None] == rows[None, :]
+    cut = rcond * jnp.max(jnp.where(eye, matrix, -jnp.inf))
+
+    def swap(x, k, p):  # rows k and p
+        at_k, at_p = (rows == k)[:, None], (rows == p)[:, None]
+        row_k = jax.lax.dynamic_index_in_dim(x, k, 0)
+        row_p = jax.lax.dynamic_index_in_dim(x, p, 0)
+        return jnp.where(at_k, row_p, jnp.where(at_p, row_k, x))
+
+    def column(k, state):
+        a, low, pivots, perm = state
+        diagonal = jnp.sum(jnp.where(eye, a, 0.0), axis=1)
+        p = jnp.argmax(jnp.where(rows >= k, diagonal, -jnp.inf))
+        a = swap(swap(a, k, p).T, k, p).T
+        low = swap(low, k, p)
+        perm = swap(perm[:, None], k, p)[:, 0]
+        entries = jax.lax.dynamic_index_in_dim(a, k, 1, keepdims=False)
+        pivot = jax.lax.dynamic_index_in_dim(entries, k, 0, keepdims=False)
+        keep = pivot > cut
+        values = jnp.where((rows > k) & keep, entries / jnp.where(keep, pivot, 1.0), 0.0)
+        low = jax.lax.dynamic_update_slice_in_dim(
+            low, (values + jnp.where((rows == k) & keep, 1.0, 0.0))[:, None], k, 1)
+        pivots = jnp.where(rows == k, jnp.where(keep, pivot, 0.0), pivots)
+        a = a - jnp.where(keep, pivot, 0.0) * values[:, None] * values[None, :]
+        return a, low, pivots, perm
+
+    zeros = jnp.zeros_like(matrix)
+    _, low, pivots, perm = jax.lax.fori_loop(
+        0, n, column, (matrix, zeros, jnp.zeros(n, matrix.dtype), rows))
+    return low, pivots, perm
+
+
+class PivotedPseudoFactor(NamedTuple):
+    """[`pivoted_cholesky`][]'s `low`, `pivots` and `perm` as a one-hot matrix `P`
+    (`(P b)_i = b_perm[i]`), and the Cholesky factor of `LᵀL` (the cut columns of `L`
+    replaced by unit vectors), for [`pivoted_pseudo_solve`][]."""
+
+    low: Array
+    pivots: Array
+    permutation: Array
+    gram_low: Array
+
+
+def pivoted_pseudo_factor(matrix: Float[Array, "n n"], rcond: float) -> PivotedPseudoFactor:
+    """The factorization of a symmetric positive semidefinite `matrix` from which
+    [`pivoted_pseudo_solve`][] applies its Moore–Penrose inverse (of numerical rank set by
+    `rcond`, as [`pivoted_cholesky`][] decides it)."""
+    n = matrix.shape[0]
+    low, pivots, perm = pivoted_cholesky(0.5 * (matrix + matrix.T), rcond)
+    gram = low.T @ low + jnp.diag(jnp.where(pivots > 0, 0.0, 1.0))
+    permutation = (perm[:, None] == jnp.arange(n)[None, :]).astype(matrix.dtype)
+    return PivotedPseudoFactor(low, pivots, permutation, looped_cholesky(gram))
+
+
+def pivoted_pseudo_solve(factor: PivotedPseudoFactor, rhs: Array) -> Array:
+    """`A⁺ rhs` from `pivoted_pseudo_factor(A)`, `rhs` of shape `(n,)` or `(n, k)`.
+
+    With `P A Pᵀ = L D Lᵀ`, `L` the `r` columns kept, `A⁺ = Pᵀ L (LᵀL)⁻¹ D⁻¹ (LᵀL)⁻¹ Lᵀ P`:
+    the Moore–Penrose inverse of `F Fᵀ` with `F = L D^½` of full column rank is
+    `F (FᵀF)⁻² Fᵀ`. Array operations only (no LAPACK call, no sort), so it can sit in an
+    ODE solve's loop that XLA:CPU compiles into one kernel.
+    """
+    vector = rhs.ndim == 1
+    b = rhs[:, None] if vector else rhs
+    kept = factor.pivots > 0
+    inverse = jnp.where(kept, 1.0 / jnp.where(kept, factor.pivots, 1.0), 0.0)
+
+    def gram_solve(x):
+        return looped_triangular_solve(
+            factor.gram_low, looped_triangular_solve(factor.gram_low, x), True)
+
+    y = gram_solve(factor.low.T @ (factor.permutation @ b))
+    x = factor.permutation.T @ (factor.low @ gram_solve(inverse[:, None] * y))
+    return x[:, 0] if vector else x
 
 
 def not_hurwitz(matrix: Float[Array, "d d"], xnp) -> Bool[Array, ""] | np.bool_:

@@ -13,8 +13,9 @@ here or any lineax solver a user passes (which goes through `lineax.linear_solve
   operator's pattern is banded, LAPACK for large dense ones. Its state carries the
   pivots that the failure checks read.
 - [`PositiveSemidefinitePseudoInverse`][]: the Moore–Penrose inverse of a symmetric positive
-  semidefinite matrix, with eigenvalues below `rcond · λ_max` treated as zero (what
-  `lineax.SVD(rcond)` computes for such a matrix), in closed form for sizes 1 and 2.
+  semidefinite matrix of numerical rank set by `rcond` (what `lineax.SVD(rcond)` computes
+  for such a matrix), in closed form for sizes 1 and 2, by a rank-revealing (pivoted)
+  Cholesky factorization beyond.
 """
 
 from typing import Any
@@ -26,7 +27,15 @@ import lineax as lx
 import numpy as np
 
 from .._custom_types import Array, Float
-from ._linalg import UNROLL_MAX, psd_pseudo_inverse, small_matmul
+from ._linalg import (
+    LOOPED_MAX,
+    UNROLL_MAX,
+    PivotedPseudoFactor,
+    pivoted_pseudo_factor,
+    pivoted_pseudo_solve,
+    psd_pseudo_inverse,
+    small_matmul,
+)
 from ._sparse import (
     BandedPlan,
     SparseMatrix,
@@ -272,18 +281,25 @@ class PositiveDefinite(AbstractDirectSolver):
 class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):
     """Moore–Penrose solver for symmetric positive semidefinite operators.
 
-    Eigenvalues below `rcond · λ_max` count as zero: for such a matrix its singular values are
-    its eigenvalues, so this is `lineax.SVD(rcond)`'s solution. In closed form for sizes 1
-    and 2 (a constraint written twice, a closure equation with its redundant twin), where an
-    SVD's LAPACK call at every stage made a whole simulation about 8× slower
+    For sizes 1 and 2 (a constraint written twice, a closure equation with its redundant
+    twin) in closed form, eigenvalues below `rcond · λ_max` counting as zero: for such a
+    matrix its singular values are its eigenvalues, so this is `lineax.SVD(rcond)`'s
+    solution; an SVD's LAPACK call at every stage made a whole simulation about 8× slower
     (`experiments/bench_solves.py`). Beyond, the matrix is first factorized as
-    [`PositiveDefinite`][] does (a block LDLᵀ factorization where its pattern is banded, LAPACK's
-    Cholesky otherwise): where the pivots show full rank (each above `rcond` times the
-    largest, the test of `jaxdae.Baumgarte`), `A⁺ = A⁻¹` is applied through that
-    factorization, and a symmetric eigendecomposition (`O(c³)`, on the dense matrix) runs
-    only where they do not (a `lax.cond`; under `vmap` both branches run). On a chain of 64
-    links (64 constraints) this made an evaluation of `jaxdae.PseudoInverse` about 75×
-    cheaper. Gradients follow lineax's rule for pseudo-inverse solves.
+    [`PositiveDefinite`][] does (a block LDLᵀ factorization where its pattern is banded,
+    LAPACK's Cholesky otherwise): where the pivots show full rank (each above `rcond` times
+    the largest, the test of `jaxdae.Baumgarte`), `A⁺ = A⁻¹` is applied through that
+    factorization; where they do not (a `lax.cond`; under `vmap` both branches run), up to
+    `LOOPED_MAX` rows a Cholesky factorization with symmetric pivoting stopped at the
+    numerical rank (pivots below `rcond` times the largest diagonal entry count as zero)
+    gives the Moore–Penrose inverse (`pivoted_pseudo_solve`), beyond a symmetric
+    eigendecomposition (eigenvalues below `rcond · λ_max` count as zero). Up to
+    `LOOPED_MAX` both branches are array operations without LAPACK calls, so a solve's loop
+    still compiles into one kernel: on chains of 5 to 16 links a step costs what
+    `Baumgarte`'s does, where an eigendecomposition in the untaken branch made it up to 6×
+    dearer. On a chain of 64 links (64 constraints) the factorization made an evaluation of
+    `jaxdae.PseudoInverse` about 75× cheaper than an eigendecomposition did. Gradients
+    follow lineax's rule for pseudo-inverse solves.
 
     **Arguments:**
 
@@ -294,8 +310,8 @@ class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):
 
     def direct(self, operator):
         """For sizes 1 and 2 (closed forms with safe branches); beyond, lineax's rule for
-        pseudo-inverse solves (an eigendecomposition's own derivative is not finite where
-        eigenvalues repeat, as the zero ones of a rank-deficient matrix do)."""
+        pseudo-inverse solves (a rank-revealing factorization's own derivative is not
+        defined where the rank changes)."""
         return operator.in_size() <= 2
 
     def init(self, operator: lx.AbstractLinearOperator, options: dict[str, Any]):
@@ -312,7 +328,14 @@ class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):
         factor = PositiveDefinite().init(operator, {})
         pivots = factor.pivots
         full_rank = jnp.all(pivots > rcond * jnp.max(pivots))
-        return _PseudoInverseState(operator, full_rank, factor, rcond)
+        if operator.in_size() > LOOPED_MAX:
+            return _PseudoInverseState(operator, full_rank, factor, None, rcond)
+        matrix = operator.as_matrix()
+        pivoted = jax.lax.cond(  # its structure without its cost where of full rank
+            full_rank, lambda: jax.tree.map(jnp.zeros_like, jax.eval_shape(
+                pivoted_pseudo_factor, matrix, rcond)),
+            lambda: pivoted_pseudo_factor(matrix, rcond))
+        return _PseudoInverseState(operator, full_rank, factor, pivoted, rcond)
 
     def compute(self, state, vector: Array, options: dict[str, Any]):
         del options
@@ -322,10 +345,12 @@ class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):
         def by_factorization():
             return PositiveDefinite().compute(state.factor, vector, {})[0]
 
-        def by_eigendecomposition():
-            return psd_pseudo_inverse(state.matrix.as_matrix(), state.rcond) @ vector
+        def rank_deficient():
+            if state.pivoted is None:  # beyond `LOOPED_MAX`
+                return psd_pseudo_inverse(state.matrix.as_matrix(), state.rcond) @ vector
+            return pivoted_pseudo_solve(state.pivoted, vector)
 
-        solution = jax.lax.cond(state.full_rank, by_factorization, by_eigendecomposition)
+        solution = jax.lax.cond(state.full_rank, by_factorization, rank_deficient)
         return solution, lx.RESULTS.successful, {}
 
     def transpose(self, state, options: dict[str, Any]):
@@ -340,9 +365,11 @@ class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):
 
 class _PseudoInverseState(eqx.Module):
     """`matrix`: the pseudo-inverse for sizes 1 and 2 (`full_rank` `None`), else the operator,
-    with its Cholesky `factor` and whether the factor's pivots show full rank."""
+    with its Cholesky `factor`, whether the factor's pivots show full rank, and up to
+    `LOOPED_MAX` rows where they do not its `pivoted` factorization (zeros where they do)."""
 
     matrix: Array | lx.AbstractLinearOperator
     full_rank: Array | None
     factor: CholeskyFactor | None = None
+    pivoted: PivotedPseudoFactor | None = None
     rcond: float = eqx.field(default=0.0, static=True)

@@ -326,6 +326,16 @@ def sparse_matmul(a: SparseMatrix, b: SparseMatrix) -> SparseMatrix:
     return SparseMatrix(values, pattern)
 
 
+def product_pattern(a: Pattern, b: Pattern) -> Pattern:
+    """The pattern of `A B` (that of [`sparse_matmul`][]'s result)."""
+    return _product(a, b)[0]
+
+
+def transposed_pattern(pattern: Pattern) -> Pattern:
+    """The pattern of `Aᵀ`."""
+    return _transpose(pattern)[0]
+
+
 def sparse_add(a: SparseMatrix, b: SparseMatrix) -> SparseMatrix:
     """`A + B` on the union of the patterns."""
     pattern = Pattern.from_mask(a.pattern.mask() | b.pattern.mask())

@@ -257,6 +257,15 @@ CHECKPOINTS = 32
 # graph (`scalarize`), which needs the right-hand side inside it.
 LINEARIZED_MIN_SIZE = 64
 
+# Stages per iteration of the loop that applies the kept linearizations in reverse (the loop
+# body holds this many copies of the right-hand side's transposed linearization). On the
+# chain of 64 links (`experiments/bench_scaling.py --families chain --sizes 64`, 2-core
+# CPU, load 5-7) a stage's linearization and product took about 14 µs with 2 stages per
+# iteration and 17 µs with 1, with Tsit5 (6 stages) and Dopri8 (12); the whole loop
+# unrolled was no faster than 2 and compiled the gradient in 8.7 and 13.4 s instead of
+# 6.5 and 6.3 s (2 stages: 6.9 and 7.8 s).
+LINEARIZED_UNROLL = 2
+
 
 @contextlib.contextmanager
 def forward_mode_hint():
@@ -769,8 +778,15 @@ def _backward(stored, out_bar, perturbed, problem, static):
             # after it (diffrax fills the times of steps not taken with inf)
             save_step = jnp.searchsorted(step_ts, save_ts, side="left")
 
+        def linearize(t, y, t_start):
+            """The rate and its pullback's residuals (and their tree)."""
+            rate, pull = jax.vjp(lambda y_, p_: rates(t, y_, p_, static_p, solver_state,
+                                                      t_start), y, diff_p)
+            leaves, tree = jax.tree_util.tree_flatten(pull)
+            return rate, leaves, tree
+
         def step_back(k, carry):
-            end_bar, p_bar = carry
+            end_bar, p_bar, kept = carry
             n = count - 1 - k
             first = n == 0
             t_start = jnp.where(first, t0, step_ts[jnp.maximum(n - 1, 0)])
@@ -786,29 +802,17 @@ def _backward(stored, out_bar, perturbed, problem, static):
 
             k_init = jnp.zeros((stages, flat_y0.size), zero.dtype)
             if linearized:
-                def linearize(t, y):
-                    """The rate and its pullback's residuals (and their tree)."""
-                    rate, pull = jax.vjp(lambda y_, p_: rates(t, y_, p_, static_p, solver_state,
-                                                              t_start), y, diff_p)
-                    leaves, tree = jax.tree_util.tree_flatten(pull)
-                    return rate, leaves, tree
-
                 pullbacks = {}
 
-                def stage_linearized(k_stages, i):
+                def stage_linearized(i, carry):
+                    k_stages, kept = carry
                     y_stage = y_start + h * (a[i] @ k_stages)
-                    rate, leaves, pullbacks["tree"] = linearize(t_start + c[i] * dt, y_stage)
-                    return k_stages.at[i].set(rate), leaves
+                    rate, leaves, pullbacks["tree"] = linearize(t_start + c[i] * dt, y_stage,
+                                                                t_start)
+                    return k_stages.at[i].set(rate), [
+                        stack.at[i].set(leaf) for stack, leaf in zip(kept, leaves, strict=True)]
 
-                # One stack of the stages' values per residual, not one flat array of all of
-                # them: concatenating the residuals and slicing them apart again made a
-                # stage's linearization and product cost 22 instead of 19 µs on the chain of
-                # 64 links (`experiments/bench_scaling.py --cpu-per-step`). Stacked by
-                # `scan`, whose body is traced once: stacks allocated before the loop need
-                # the residuals' shapes, and `eval_shape` traced the linearization again
-                # (a twelfth of the ladder of 128 four-bars' gradient trace,
-                # `experiments/bench_compile.py --model ladder:128 --only gradient`).
-                k_stages, kept = jax.lax.scan(stage_linearized, k_init, jnp.arange(stages))
+                k_stages, kept = jax.lax.fori_loop(0, stages, stage_linearized, (k_init, kept))
             else:
                 k_stages = jax.lax.fori_loop(0, stages, stage, k_init)
             start_bar, stages_bar = end_bar, h * b[:, None] * end_bar[None, :]
@@ -850,10 +854,20 @@ def _backward(stored, out_bar, perturbed, problem, static):
                 return stages_bar, start_bar + mu, jax.tree.map(jnp.add, p_bar, stage_p_bar)
 
             _, start_bar, p_bar = jax.lax.fori_loop(
-                0, stages, stage_back, (stages_bar, start_bar, p_bar))
-            return start_bar, p_bar
+                0, stages, stage_back, (stages_bar, start_bar, p_bar),
+                unroll=LINEARIZED_UNROLL if linearized else 1)
+            return start_bar, p_bar, kept
 
-        return jax.lax.fori_loop(0, count, step_back, (end_bar, p_bar))
+        # One stack of the stages' values per residual, not one flat array of all of them:
+        # concatenating the residuals and slicing them apart again made a stage's
+        # linearization and product cost 22 instead of 19 µs on the chain of 64 links
+        # (`experiments/bench_scaling.py --cpu-per-step`). Each step writes every stage's
+        # row, so the stacks are carried from step to step rather than zeroed in each.
+        kept = [] if not linearized else [
+            jnp.zeros((stages,) + x.shape, x.dtype)
+            for x in jax.eval_shape(lambda: linearize(t0, flat_y0, t0)[1])]
+        start_bar, p_bar, _ = jax.lax.fori_loop(0, count, step_back, (end_bar, p_bar, kept))
+        return start_bar, p_bar
 
     p_bar = jax.tree.map(jnp.zeros_like, diff_p)
     if static.segments is None:
