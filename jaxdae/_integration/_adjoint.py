@@ -512,9 +512,9 @@ def _after_start(cond_fn, t_start, t, y, args, **kwargs):
     (the solve's `t0`, where diffrax first evaluates it) count as the start, so that a
     real value does not change sign across the restart. A flag is false at the start (the
     segment before checked it there): at diffrax's first evaluation, recognized by its time
-    being the solve's `t0` itself, a flag is not evaluated (it was a copy of the condition
-    in each segment's program that XLA kept: 315 of the 9,860 HLO instructions of the
-    ladder of 128 four-bars' gradient, `experiments/bench_compile.py`)."""
+    being the solve's `t0` itself, a flag is not evaluated: that evaluation is a copy of
+    the condition in the program, which XLA keeps (about 300 HLO instructions of the ladder
+    of 128 four-bars' gradient, the failure test, `experiments/bench_compile.py`)."""
     def evaluate():
         return cond_fn(jnp.maximum(t, t_start), y, args, **kwargs)
 
