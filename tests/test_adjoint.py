@@ -481,6 +481,32 @@ def test_sweep_keeps_linearizations_of_larger_states():
     _assert_same(gradient, segmented, rtol=1e-10)
 
 
+@pytest.mark.parametrize("kind", ["flag", "real"])
+def test_event_stops_a_solve_in_segments_as_diffrax(kind):
+    """An event (a flag, or a real value that changes sign) that stops a solve in a later
+    segment stops it where diffrax's own loop does, with the same values and gradients."""
+    def condition(t, y, args, **kwargs):
+        return t > 2.2 if kind == "flag" else 2.2 - t
+
+    def loss(k, y0, adjoint):
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(_forced_pendulum), diffrax.Tsit5(), 0.0, 3.0, 0.05, y0, args=k,
+            saveat=diffrax.SaveAt(t1=True), stepsize_controller=_PID,
+            event=diffrax.Event(condition), max_steps=512, adjoint=adjoint)
+        return jnp.sum(jnp.sin(sol.ys) * jnp.array([1.0, 2.0])), (sol.ts, sol.result)
+
+    args = (jnp.array([4.0, 0.3]), jnp.array([1.0, 0.0]))
+    (value, (ts, result)), gradient = jax.jit(jax.value_and_grad(
+        lambda *a: loss(*a, CHECKPOINTED), argnums=(0, 1), has_aux=True))(*args)
+    (swept, (swept_ts, swept_result)), swept_gradient = jax.jit(jax.value_and_grad(
+        lambda *a: loss(*a, jaxdae.ReverseSweepAdjoint(stored_steps=8)), argnums=(0, 1),
+        has_aux=True))(*args)
+    assert result == diffrax.RESULTS.event_occurred and swept_result == result
+    assert 2.2 < float(ts[0]) < 3.0 and float(swept_ts[0]) == float(ts[0])
+    assert float(swept) == float(value)
+    _assert_same(gradient, swept_gradient, rtol=1e-10)
+
+
 def test_user_diffeqsolve_refuses_what_it_cannot_sweep():
     """What the sweep does not support raises `ValueError` when the solve is traced (here
     only traced, never run), naming the fix."""

@@ -461,22 +461,25 @@ def test_traced_gain_checks_are_values():
         jaxdae.Baumgarte(jnp.ones(3), 25.0).validate(2, 0)
 
 
-def test_diagnostics_differentiate_alike_in_forward_and_reverse_mode():
+@pytest.mark.parametrize("saved", ["ts", "ends"])
+def test_diagnostics_differentiate_alike_in_forward_and_reverse_mode(saved):
     """The saved states' residuals, multipliers, energy and momenta are the same function
-    whatever the adjoint: `jax.jvp` (with `diffrax.ForwardMode()`) and `jax.grad` (with
-    the default `ReverseSweepAdjoint` and with `RecursiveCheckpointAdjoint`) agree. Fixed
-    steps: every adjoint differentiates the same computation. (Started off the constraint,
-    so that the gain matters.)"""
+    whatever the adjoint: `jax.jvp` (with `diffrax.ForwardMode()`, which differentiates
+    them by JAX) and `jax.grad` (with the default `ReverseSweepAdjoint` and with
+    `RecursiveCheckpointAdjoint`, which differentiate them by their own vector–Jacobian
+    product, given cotangents for some of their outputs only) agree, at save times `ts`
+    and at the two ends. Fixed steps: every adjoint differentiates the same computation.
+    (Started off the constraint, so that the gain matters.)"""
     q0, v0 = PENDULUM.state_from_angle(1.0, 0.3)
     q0 = 1.05 * q0
-    ts = jnp.linspace(0.0, 0.5, 6)
+    ts = jnp.linspace(0.0, 0.5, 6) if saved == "ts" else None
 
     def loss(kd, adjoint=None):
         sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(kd, 25.0), 0.0, 0.5, q0, v0, ts=ts,
                               solver=diffrax.Tsit5(), dt0=0.01,
                               stepsize_controller=diffrax.ConstantStepSize(), adjoint=adjoint)
         return (jnp.sum(sol.phi**2) + jnp.sum(sol.dphi) + jnp.sum(sol.energy)
-                + jnp.sum(sol.multipliers) + jnp.sum(sol.p_final))
+                + jnp.sum(sol.multipliers) + jnp.sum(sol.p_final) + jnp.sum(sol.q_final))
 
     kd = jnp.asarray(10.0)
     _, forward = jax.jvp(lambda k: loss(k, diffrax.ForwardMode()), (kd,), (jnp.ones(()),))

@@ -238,6 +238,13 @@ def default_adjoint(solver, max_steps) -> diffrax.AbstractAdjoint | ReverseSweep
     return diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS)
 
 
+def reverse_only(adjoint) -> bool:
+    """Whether `adjoint` differentiates a solve in reverse mode only (its forward mode raises):
+    [`jaxdae.ReverseSweepAdjoint`][] and `diffrax.RecursiveCheckpointAdjoint`, both custom
+    VJPs."""
+    return isinstance(adjoint, (ReverseSweepAdjoint, diffrax.RecursiveCheckpointAdjoint))
+
+
 # Checkpoints of `RecursiveCheckpointAdjoint` where it is the default. diffrax's default for
 # `max_steps = 100_000` is ≈450; on the two-link gradient (`experiments/bench_adjoint.py`,
 # 2-core CPU) 32 was 1.15–1.2× faster at 130 steps and 1.05–1.3× faster at ≈2000 steps (the
@@ -479,24 +486,41 @@ class _Restart(AbstractWrappedSolver):
         return self.solver.init(terms, t0, t1, y0, args)
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
-        restarting = t1 <= self.t_start
-        # A step of length zero from the start: the start state, no error, the solver state
-        # given, whatever the rates there.
-        y1, y_error, dense_info, state, result = self.solver.step(
-            terms, jnp.where(restarting, t1, t0), t1, y0, args, solver_state, made_jump)
-        pick = lambda new, old: jnp.where(restarting, old, new)  # noqa: E731
-        return (jax.tree.map(pick, y1, y0),
-                jax.tree.map(lambda e: jnp.where(restarting, 0, e), y_error),
-                dense_info, jax.tree.map(pick, state, solver_state),
-                diffrax.RESULTS.where(restarting, diffrax.RESULTS.successful, result))
+        return _restarted_step(self, terms, t0, t1, y0, args, solver_state, made_jump)
+
+
+@eqx.filter_jit
+def _restarted_step(restart: _Restart, terms, t0, t1, y0, args, solver_state, made_jump):
+    """`restart.step`, jitted: diffrax traces a solve's step function three times, and
+    the backward pass of a solve in segments re-solves them with the same step. Traced
+    once, the gradient of the ladder of 128 four-bars traced 0.3 s (a sixth) faster
+    (`experiments/bench_compile.py --model ladder:128 --only gradient`)."""
+    restarting = t1 <= restart.t_start
+    # A step of length zero from the start: the start state, no error, the solver state
+    # given, whatever the rates there.
+    y1, y_error, dense_info, state, result = restart.solver.step(
+        terms, jnp.where(restarting, t1, t0), t1, y0, args, solver_state, made_jump)
+    pick = lambda new, old: jnp.where(restarting, old, new)  # noqa: E731
+    return (jax.tree.map(pick, y1, y0),
+            jax.tree.map(lambda e: jnp.where(restarting, 0, e), y_error),
+            dense_info, jax.tree.map(pick, state, solver_state),
+            diffrax.RESULTS.where(restarting, diffrax.RESULTS.successful, result))
 
 
 def _after_start(cond_fn, t_start, t, y, args, **kwargs):
     """An event's condition in a solve restarted at `t_start` (`_Restart`). Earlier times
     (the solve's `t0`, where diffrax first evaluates it) count as the start, so that a
-    real value does not change sign across the restart. A flag is false at the start:
-    diffrax ignores a flag at a solve's start, and the segment before checked it there."""
-    value = cond_fn(jnp.maximum(t, t_start), y, args, **kwargs)
+    real value does not change sign across the restart. A flag is false at the start (the
+    segment before checked it there): at diffrax's first evaluation, recognized by its time
+    being the solve's `t0` itself, a flag is not evaluated: that evaluation is a copy of
+    the condition in the program, which XLA keeps (about 300 HLO instructions of the ladder
+    of 128 four-bars' gradient, the failure test, `experiments/bench_compile.py`)."""
+    def evaluate():
+        return cond_fn(jnp.maximum(t, t_start), y, args, **kwargs)
+
+    if t is kwargs.get("t0") and eqx.filter_eval_shape(evaluate).dtype == jnp.bool_:
+        return jnp.zeros((), jnp.bool_)
+    value = evaluate()
     return value & (t > t_start) if jnp.result_type(value) == jnp.bool_ else value
 
 
@@ -665,11 +689,11 @@ def _typed_literal_as_array(x):
     return x
 
 
-def _is_none(x) -> bool:
+def is_none(x) -> bool:
     return x is None
 
 
-def _nones(tree):
+def nones(tree):
     """`tree` with None for every leaf: no cotangent."""
     return jax.tree.map(lambda _: None, tree)
 
@@ -680,7 +704,7 @@ def _backward(stored, out_bar, perturbed, problem, static):
         # Zeros where the output's cotangent is symbolic.
         bar = jax.tree.map(lambda b, x: (jnp.zeros_like(x) if b is None else b)
                            if eqx.is_inexact_array(x) else None, out_bar, stored.out,
-                           is_leaf=_is_none)
+                           is_leaf=is_none)
         (problem_bar,) = stored.pull(bar)
         return problem_bar
     problem = jax.tree.map(_typed_literal_as_array, problem)
@@ -887,9 +911,9 @@ def _backward(stored, out_bar, perturbed, problem, static):
             start_bar, p_bar = jax.lax.fori_loop(0, count, segment_back, (final_bar, p_bar))
     y0_bar = unravel(start_bar if y0_bar is None else y0_bar + start_bar)
     terms_bar, args_bar = p_bar
-    init_state_bar = eqx.tree_at(lambda s: s.y, _nones(problem.init_state), y0_bar,
-                                 is_leaf=_is_none)
-    return dataclasses.replace(_nones(problem), terms=terms_bar, args=args_bar,
+    init_state_bar = eqx.tree_at(lambda s: s.y, nones(problem.init_state), y0_bar,
+                                 is_leaf=is_none)
+    return dataclasses.replace(nones(problem), terms=terms_bar, args=args_bar,
                                init_state=init_state_bar)
 
 

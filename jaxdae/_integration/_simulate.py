@@ -40,7 +40,10 @@ from ._adjoint import (
     ReverseSweepAdjoint,
     default_adjoint,
     forward_mode_hint,
+    is_none,
     jit_unless_staged,
+    nones,
+    reverse_only,
 )
 from ._generalized_alpha import name_singular_newton_matrix
 from ._implicit import configure_for_controller
@@ -483,7 +486,8 @@ def _diagnostics(system, formulation, t, q, s):
     """Constraint residuals, multipliers, energy, velocities and momenta at one saved state,
     the mass matrix and forces there, and the inputs of `checked_result`'s range test
     (`(G, s)`, or None: `_targets`). Differentiated by JAX, in forward and reverse mode,
-    whatever the solve's adjoint."""
+    where the solve's adjoint works in both; by its vector–Jacobian product where the
+    adjoint works in reverse mode only (`_reverse_diagnostics`)."""
     s = _velocities(system, formulation, t, q, s)
     terms = _terms(system, t, q, s)
     _, multipliers = formulation.accelerations(terms)
@@ -495,6 +499,41 @@ def _diagnostics(system, formulation, t, q, s):
             system.energy(t, q, s) if terms.energy is None else terms.energy,
             system.velocities(t, q, s), _momenta(system, t, q, s, terms), terms.mass_matrix,
             terms.forces, range_inputs)
+
+
+@eqx.filter_custom_vjp
+def _reverse_diagnostics(state):
+    """`_diagnostics(*state)`, `state = (system, formulation, t, q, s)`, for solves whose
+    adjoint works in reverse mode only (`reverse_only`): differentiated by its vector–Jacobian
+    product, evaluated in the backward pass only where an output has a cotangent.
+
+    JAX differentiates a function in reverse mode by linearizing it whole, so every output
+    used or not: most losses read none of the diagnostics (a loss on `q_final`), and their
+    linearization, which XLA removes again, was a fifth of the gradient's trace on the
+    ladder of 128 four-bars (`experiments/bench_compile.py --model ladder:128 --only
+    gradient`). A loss on them pays instead for a second evaluation in the backward pass.
+    (Not for forward mode, which a custom VJP refuses: `simulate` keeps `_diagnostics` for
+    adjoints such as `diffrax.ForwardMode()`.)"""
+    return _diagnostics(*state)
+
+
+@_reverse_diagnostics.def_fwd
+def _reverse_diagnostics_fwd(perturbed, state):
+    del perturbed
+    return _diagnostics(*state), None
+
+
+@_reverse_diagnostics.def_bwd
+def _reverse_diagnostics_bwd(residuals, out_bar, perturbed, state):
+    del residuals
+    if all(bar is None for bar in jax.tree.leaves(out_bar, is_leaf=is_none)):
+        return nones(eqx.filter(state, eqx.is_inexact_array))
+    diff, static = eqx.partition(state, perturbed)
+    out, pull = jax.vjp(lambda diff: eqx.filter(_diagnostics(*eqx.combine(diff, static)),
+                                                eqx.is_inexact_array), diff)
+    (diff_bar,) = pull(jax.tree.map(lambda bar, x: jnp.zeros_like(x) if bar is None else bar,
+                                    out_bar, out, is_leaf=is_none))
+    return diff_bar
 
 
 
@@ -1224,10 +1263,11 @@ def _simulate(system, formulation, times: _Times, q0, v0, options: _SolveOptions
                      constant_mass_factor(system, t0, first(q0), first(v0), _terms))
     out, result = integrate(dynamics, args, (q0, v0), times, options)
     reached = out.result == diffrax.RESULTS.successful
+    reverse = reverse_only(options.adjoint)
 
     if not ensemble:
         sol, initial = _solution(system, formulation, (t0, q0, v0), ts, (out.ts, out.ys),
-                                 (reached, result, out.stats))
+                                 (reached, result, out.stats), reverse)
     else:
         def trajectory(q0, v0, ys, t_failed):
             failed = jnp.isfinite(t_failed)
@@ -1235,7 +1275,7 @@ def _simulate(system, formulation, times: _Times, q0, v0, options: _SolveOptions
             return _solution(system, formulation, (t0, q0, v0), ts, (ts_saved, ys),
                              (reached & ~failed,
                               RESULTS.where(failed, formulation.failure_result, result),
-                              out.stats))
+                              out.stats), reverse)
 
         # Saved states are (time, trajectory, coordinate) in an ensemble: one trajectory each.
         t_failed = (out.solver_state[1] if stops_rows
@@ -1438,11 +1478,13 @@ def masked(valid, x):
     return jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.inf)
 
 
-def _solution(system, formulation, start, ts, saved, outcome
+def _solution(system, formulation, start, ts, saved, outcome, reverse: bool = False
               ) -> tuple[Solution, tuple[Array, Array]]:
     """One trajectory's [`jaxdae.Solution`][] from its `start = (t0, q0, v0)`, the times
     and states diffrax `saved` and the solve's `outcome = (reached, result, stats)`, and the
-    mass matrix and forces at the initial state (for `_check_traced`).
+    mass matrix and forces at the initial state (for `_check_traced`). `reverse`: the solve
+    is differentiable in reverse mode only, and so are the diagnostics
+    (`_reverse_diagnostics`).
 
     The diagnostics are evaluated once per row: the initial state, the saved states and
     the final state (without `ts` the second row is the final state), and the final row
@@ -1450,6 +1492,7 @@ def _solution(system, formulation, start, ts, saved, outcome
     compiled program holds the equations of motion once for all of them."""
     (t0, q0, v0), (reached, result, stats) = start, outcome
     ts_out, (q, v), (t_final, (q_final, v_final)) = saved_rows(ts, saved, reached)
+    diagnostics = (lambda *state: _reverse_diagnostics(state)) if reverse else _diagnostics
 
     # Rows after a failure are inf, and a final state may be: evaluate at a safe state (the
     # initial one), then mask (no nan gradients).
@@ -1461,7 +1504,7 @@ def _solution(system, formulation, start, ts, saved, outcome
         # Two rows, one call each: the second reuses the first's trace, where `vmap` would
         # batch the equations' scalar graph, equation by equation, at trace time (a third
         # less trace time for the two-link diagnostics, `bench_compile.py --stages`).
-        per_row = [_diagnostics(system, formulation, *row) for row in ((t0, q0, v0), final)]
+        per_row = [diagnostics(system, formulation, *row) for row in ((t0, q0, v0), final)]
         *diagnostics, mass, forces, range_inputs = jax.tree.map(
             lambda *x: jnp.stack(x), *per_row)
         outputs = diagnostics
@@ -1470,7 +1513,7 @@ def _solution(system, formulation, start, ts, saved, outcome
         rows = tuple(jnp.concatenate([x0[None], row, x[None]])
                      for x0, row, x in zip((t0, q0, v0), rows, final))
         *diagnostics, mass, forces, range_inputs = jax.vmap(
-            _diagnostics, in_axes=(None, None, 0, 0, 0))(system, formulation, *rows)
+            diagnostics, in_axes=(None, None, 0, 0, 0))(system, formulation, *rows)
         outputs = [x[1:-1] for x in diagnostics]
     phi, dphi, psi, multipliers, energy, v, p = outputs
     # Row 0 is the initial state and the last row the final one, with or without `ts`.
