@@ -531,8 +531,9 @@ def _reverse_diagnostics_bwd(residuals, out_bar, perturbed, state):
     diff, static = eqx.partition(state, perturbed)
     out, pull = jax.vjp(lambda diff: eqx.filter(_diagnostics(*eqx.combine(diff, static)),
                                                 eqx.is_inexact_array), diff)
-    (diff_bar,) = pull(jax.tree.map(lambda bar, x: jnp.zeros_like(x) if bar is None else bar,
-                                    out_bar, out, is_leaf=is_none))
+    (diff_bar,) = pull(jax.tree.map(
+        lambda x, bar: None if x is None else jnp.zeros_like(x) if bar is None else bar,
+        out, out_bar, is_leaf=is_none))
     return diff_bar
 
 
