@@ -28,3 +28,26 @@ NOT_IN_A_LOOP = frozenset({"scatter", "scatter-add", "scatter_add", "sort", "cho
 def not_in_a_loop(jaxpr: jex_core.Jaxpr) -> set[str]:
     """The primitives of `NOT_IN_A_LOOP` that `jaxpr` (nested jaxprs included) holds."""
     return {eqn.primitive.name for eqn in equations(jaxpr)} & NOT_IN_A_LOOP
+
+
+def assert_rates_loop_is_one_kernel(system, formulation, q, v, mass_factor=None) -> None:
+    """XLA compiles a jitted loop of `system`'s right-hand side under `formulation` (with
+    the factor of a constant mass matrix, as a solve passes it) into one CPU kernel: the
+    while loop is hoisted into a call (`xla_cpu_small_call`) and the program holds no custom
+    call (LAPACK, a library fusion: `jaxdae/_compilation/_xla_flags.py`)."""
+    import jax
+
+    from jaxdae._integration._simulate import _rates
+
+    @jax.jit
+    def loop(q, v, count):
+        def body(_, y):
+            dq, dv = _rates(system, formulation, 0.0, *y, mass_factor)
+            return y[0] + 1e-9 * dq, y[1] + 1e-9 * dv
+        return jax.lax.fori_loop(0, count, body, (q, v))
+
+    text = loop.lower(q, v, 10).compile().as_text()
+    entry = text[text.index("\nENTRY"):]
+    entry = entry[:entry.index("\n}")]
+    assert " while(" not in entry and "xla_cpu_small_call" in entry
+    assert "kind=kCustom" not in text and "custom_call_target" not in text

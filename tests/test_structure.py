@@ -27,7 +27,7 @@ from jaxdae._compilation._sparse import (
 from jaxdae._compilation._sparsity import column_colouring, nonzero_masks
 from jaxdae._systems._structure import STRUCTURED_MIN, terms_structure
 
-from ._jaxprs import equations, not_in_a_loop
+from ._jaxprs import assert_rates_loop_is_one_kernel, equations, not_in_a_loop
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
 from scaling_models import CartesianChain, FourBarLadder, NLinkPendulum
@@ -774,26 +774,14 @@ def test_pseudo_inverse_loop_holds_no_lapack_call(model):
     XLA compiles it into one kernel (`xla_cpu_small_call`): a LAPACK eigendecomposition in
     the untaken branch made a step of the chain of 5 links cost 6× `Baumgarte`'s. The
     rank-deficient branch gives the multipliers of `lineax.SVD`."""
-    from jaxdae._integration._simulate import _rates, _terms
+    from jaxdae._compilation._linear_solvers import PositiveSemidefinitePseudoInverse
+    from jaxdae._integration._simulate import _terms
     from jaxdae._systems._structure import constant_mass_factor
 
     formulation = jaxdae.PseudoInverse(20.0, 100.0)
     q, v = model.initial_state()
     mass_factor = constant_mass_factor(model, 0.0, q, v, _terms)  # once per solve
-
-    @jax.jit
-    def loop(q, v, count):
-        def body(_, y):
-            dq, dv = _rates(model, formulation, 0.0, *y, mass_factor)
-            return y[0] + 1e-9 * dq, y[1] + 1e-9 * dv
-        return jax.lax.fori_loop(0, count, body, (q, v))
-
-    text = loop.lower(q, v, 10).compile().as_text()
-    entry = text[text.index("\nENTRY"):]
-    entry = entry[:entry.index("\n}")]
-    assert " while(" not in entry and "xla_cpu_small_call" in entry
-    assert "kind=kCustom" not in text and "custom_call_target" not in text
-    from jaxdae._compilation._linear_solvers import PositiveSemidefinitePseudoInverse
+    assert_rates_loop_is_one_kernel(model, formulation, q, v, mass_factor)
     from jaxdae._formulations._base import multiplier_solve
 
     terms = model.terms(0.0, q, v)
