@@ -537,7 +537,6 @@ def _reverse_diagnostics_bwd(residuals, out_bar, perturbed, state):
     return diff_bar
 
 
-
 def _momenta(system, t, q, s, terms):
     """The system's momenta at the state `(q, s)`: from its `terms` there where they hold
     them."""
