@@ -51,6 +51,11 @@ from ._projection import named_result
 from ._solvers import AbstractWrappedSolver
 
 
+def _detached(tree):
+    """`tree` with `stop_gradient` on its arrays (a computation on it is not linearized)."""
+    return jax.tree.map(lambda x: jax.lax.stop_gradient(x) if eqx.is_array(x) else x, tree)
+
+
 def _float_array(name: str, value, ensemble: bool = False) -> Array:
     array = jnp.asarray(value)
     if jnp.issubdtype(array.dtype, jnp.complexfloating):
@@ -1245,7 +1250,8 @@ def _simulate(system, formulation, times: _Times, q0, v0, options: _SolveOptions
         initial = _failure_reference
         if ensemble:
             initial = jax.vmap(initial, in_axes=(None, None, None, 0, 0))
-        reference = jax.lax.stop_gradient(initial(system, formulation, t0, q0, v0))
+        # Detached before the call: stopped after it, the call would still be linearized.
+        reference = initial(*_detached((system, formulation, t0, q0, v0)))
     if stops:
         dynamics = Dynamics(_vector_field, (_failure_event,), (formulation.failure_result,))
     elif stops_rows:
@@ -1300,6 +1306,9 @@ def _check_traced(sol, system, formulation, times: _Times, initial,
     second copy of the equations of motion in the compiled program, which XLA neither shares
     nor prunes (`experiments/bench_compile.py` counts the program's instructions). A solve
     from a bad state thus runs before the input's error is raised."""
+    # The checks carry no gradient: their inputs are detached, so they are not linearized.
+    system, formulation, times, initial, checks = _detached(
+        (system, formulation, times, initial, checks))
     t0, t1, ts = times.t0, times.t1, times.ts
     q0, v0, mass, forces = initial
     check_state, throw = checks.check_state, checks.throw
