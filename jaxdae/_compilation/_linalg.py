@@ -68,8 +68,13 @@ UNROLL_MAX = 8
 # are unrolled or LAPACK's batched ones (`_batched_otherwise`): a batch of 256 on the chain of
 # 8 links ran at 870–890 trajectories per second of CPU time, 560–620 with the loops batched
 # (the ladder of 4 cells: 395–415 and 380–400). The dense mass matrices of `spd_solve` keep
-# LAPACK: the pendulum of 16 links solved 1.4× slower with the loops.
-LOOPED_MAX = 32
+# LAPACK: the pendulum of 16 links solved 1.4× slower with the loops. Up to 48 rows a looped
+# factorization and two substitutions cost at most 1.4× LAPACK's (12 against 9 µs at 48 rows,
+# 31 against 15 at 64), while a loop kept kernel by kernel pays for each of its kernels: on
+# Bricard's mechanism of `experiments/work_precision.py` (35 coordinates and constraints) a
+# `ModifiedLagrange` Tsit5 solve took 20 instead of 48 ms with its 35 × 35 `M + Jᵀ𝔄J` looped,
+# a `PseudoInverse` one 83 instead of 128 ms.
+LOOPED_MAX = 48
 
 
 def _looped_cholesky(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
