@@ -29,33 +29,49 @@ def _max_abs(x: Array) -> Array:
     return jnp.max(jnp.abs(x), initial=0.0)
 
 
-def _solve(matrix: Float[Array, "c c"], rhs: Float[Array, "c k"],
-           linear_solver: lx.AbstractLinearSolver | None) -> Float[Array, "c k"]:
-    """`(G M⁻¹ Gᵀ)⁻¹ rhs` for `matrix` = `G M⁻¹ Gᵀ`: one factorization for all columns.
+class _Factored(eqx.Module):
+    """`G M⁻¹ Gᵀ` factorized once, for solves with one residual at a time.
 
-    `linear_solver=None`: the Cholesky factorization (unrolled for small systems, LAPACK
-    otherwise) of `G M⁻¹ Gᵀ + δ I`, `δ = 100 c ε max diag(G M⁻¹ Gᵀ)` (`c` rows, `ε` the
+    `linear_solver=None`: the Cholesky factorization (unrolled for small systems, looped or
+    LAPACK beyond) of `G M⁻¹ Gᵀ + δ I`, `δ = 100 c ε max diag(G M⁻¹ Gᵀ)` (`c` rows, `ε` the
     machine epsilon): above the rounding error of the zero eigenvalues that redundant
     constraints give the computed matrix, so the factorization exists for them too. A step
     `Δ = −M⁻¹Gᵀ(G M⁻¹ Gᵀ + δ I)⁻¹ r` lies in `range(M⁻¹Gᵀ)` and meets `G Δ = −r` up to a
     relative `δ / σ` along each eigenvalue `σ > 0` (the iterations of [`project_state`][]
     remove it); along the redundant directions, which `Gᵀ` maps to zero, its multipliers
-    stay bounded by `|r| / δ`. A lineax solver otherwise (e.g. `lineax.SVD()`): one
-    factorization, applied column by column."""
-    c = matrix.shape[0]
-    if c == 0:
-        return rhs
-    if linear_solver is None:
-        eps = float(jnp.finfo(matrix.dtype).eps)
-        # The largest diagonal entry by a mask, not `jnp.diagonal`: a gather, whose
-        # transpose (a scatter) keeps a gradient's reverse loop from running as one kernel.
-        diagonal = jnp.where(jnp.eye(c, dtype=bool), matrix, -jnp.inf)
-        shift = 100 * c * eps * jnp.max(diagonal)
-        factor = cholesky_factor(matrix + shift * jnp.eye(c, dtype=matrix.dtype))
-        return cholesky_solve(factor, rhs)
-    operator = symmetric_operator(matrix)
-    return jax.vmap(lambda b: lx.linear_solve(operator, b, linear_solver, throw=False).value,
-                    in_axes=1, out_axes=1)(rhs)
+    stay bounded by `|r| / δ`. A lineax solver otherwise (e.g. `lineax.SVD()`): its state
+    (one factorization), applied to each residual."""
+
+    factor: PyTree[Array]  # the Cholesky factor, or (the operator, the lineax solver's state)
+    linear_solver: lx.AbstractLinearSolver | None = eqx.field(static=True)
+
+    @classmethod
+    def of(cls, matrix: Float[Array, "c c"], linear_solver: lx.AbstractLinearSolver | None):
+        c = matrix.shape[0]
+        if c == 0:
+            return cls(matrix, None)
+        if linear_solver is None:
+            eps = float(jnp.finfo(matrix.dtype).eps)
+            # The largest diagonal entry by a mask, not `jnp.diagonal`: a gather, whose
+            # transpose (a scatter) keeps a gradient's reverse loop from running as one kernel.
+            diagonal = jnp.where(jnp.eye(c, dtype=bool), matrix, -jnp.inf)
+            shift = 100 * c * eps * jnp.max(diagonal)
+            return cls(cholesky_factor(matrix + shift * jnp.eye(c, dtype=matrix.dtype)), None)
+        operator = symmetric_operator(matrix)
+        # Initialized as `lineax.linear_solve` does (without a gradient: its solve's own rule
+        # differentiates with respect to the operator).
+        state = linear_solver.init(symmetric_operator(jax.lax.stop_gradient(matrix)), {})
+        return cls((operator, state), linear_solver)
+
+    def solve(self, rhs: Float[Array, " c"]) -> Float[Array, " c"]:
+        """`(G M⁻¹ Gᵀ)⁻¹ rhs`."""
+        if rhs.shape[0] == 0:
+            return rhs
+        if self.linear_solver is None:
+            return cholesky_solve(self.factor, rhs[:, None])[:, 0]
+        operator, state = self.factor
+        return lx.linear_solve(operator, rhs, self.linear_solver, state=state,
+                               throw=False).value
 
 
 def _dense_minv_gt(terms: ConstrainedTerms):
@@ -98,13 +114,25 @@ def _momenta(system) -> bool:
 
 
 class _Gains(eqx.Module):
-    """What [`project_state`][] freezes at the unprojected end `(q̃, s̃)` of a step."""
+    """What [`project_state`][] freezes at the unprojected end `(q̃, s̃)` of a step: the
+    gains `K = M⁻¹Gᵀ (G M⁻¹ Gᵀ)⁻¹` as their two factors, applied to one residual at a time
+    (forming `K` would take a solve per constraint; an iteration takes one)."""
 
-    positions: Float[Array, "n m"]  # `K` for the holonomic rows
-    # `K` for all rows `G = [Φ_q; Ψ_v]`, mapped to the state (`M K` for momenta)
+    positions: Float[Array, "n m"]  # `M⁻¹Jᵀ` for the holonomic rows `J`
+    position_factor: _Factored  # of `J M⁻¹ Jᵀ`
+    # `M⁻¹Gᵀ` for all rows `G = [Φ_q; Ψ_v]`, mapped to the state where it holds momenta
     velocities: Float[Array, "n c"]
+    velocity_factor: _Factored  # of `G M⁻¹ Gᵀ`
     position_scale: Array  # `max |J|`
     velocity_scale: Array  # `max |G|`
+
+    def position_step(self, phi: Float[Array, " m"]) -> Float[Array, " n"]:
+        """`K_J Φ`."""
+        return small_matmul(self.positions, self.position_factor.solve(phi))
+
+    def velocity_step(self, residual: Float[Array, " c"]) -> Float[Array, " n"]:
+        """`K_G r`, mapped to the state."""
+        return small_matmul(self.velocities, self.velocity_factor.solve(residual))
 
 
 # Each piece is traced once per system and formulation and, for small systems, re-traced
@@ -118,20 +146,21 @@ def _gains(system, formulation, t, q, s, linear_solver, velocities: bool):
     terms = _terms_at(system, formulation, t, q, s)
     m = terms.num_holonomic
     matrix, minv_gt = _dense_minv_gt(terms)
-    # `K = M⁻¹Gᵀ (G M⁻¹ Gᵀ)⁻¹`: `Δ = −K r` is the smallest step in the metric `M` with
+    # `Δ = −K r`, `K = M⁻¹Gᵀ (G M⁻¹ Gᵀ)⁻¹`, is the smallest step in the metric `M` with
     # `G Δ = −r`.
-    positions = _solve(matrix[:m, :m], minv_gt[:, :m].T, linear_solver).T
+    position_factor = _Factored.of(matrix[:m, :m], linear_solver)
     if not velocities:
-        all_rows = positions[:, :0]
+        all_rows, velocity_factor = minv_gt[:, :0], _Factored.of(matrix[:0, :0], None)
     elif m == matrix.shape[0]:
-        all_rows = positions
+        all_rows, velocity_factor = minv_gt, position_factor
     else:
-        all_rows = _solve(matrix, minv_gt.T, linear_solver).T
+        all_rows, velocity_factor = minv_gt, _Factored.of(matrix, linear_solver)
     if velocities and _momenta(system):  # the state's change for each column's `Δv`
         all_rows = jax.vmap(lambda dv: _state_change(system, t, q, s, terms, dv),
                             in_axes=1, out_axes=1)(all_rows)
-    gains = _Gains(positions, all_rows, _max_abs(terms.jacobian[:m]), _max_abs(terms.jacobian))
-    return gains, q - small_matmul(positions, terms.phi)
+    gains = _Gains(minv_gt[:, :m], position_factor, all_rows, velocity_factor,
+                   _max_abs(terms.jacobian[:m]), _max_abs(terms.jacobian))
+    return gains, q - gains.position_step(terms.phi)
 
 
 def _form_of_terms(system, t, q, s):
@@ -188,7 +217,7 @@ def _exact_velocity_step(system, formulation, t, q, s, residual, linear_solver):
     affine `[Φ̇; Ψ] = 0` up to rounding."""
     terms = _terms_at(system, formulation, t, q, s)
     matrix, minv_gt = _dense_minv_gt(terms)
-    dv = -small_matmul(minv_gt, _solve(matrix, residual[:, None], linear_solver)[:, 0])
+    dv = -small_matmul(minv_gt, _Factored.of(matrix, linear_solver).solve(residual))
     return _state_change(system, t, q, s, terms, dv) if _momenta(system) else dv
 
 
@@ -219,7 +248,7 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
     whether each projection converged (`(q, s), position_ok, velocity_ok`).
 
     Both are simplified Newton iterations with the gain `K = M⁻¹Gᵀ(G M⁻¹ Gᵀ)⁻¹`, `M` and
-    `G` frozen at the unprojected point `(q̃, ṽ)` and factorized once ([`_solve`][]; Hairer,
+    `G` frozen at the unprojected point `(q̃, ṽ)` and factorized once ([`_Factored`][]; Hairer,
     Lubich & Wanner, *Geometric Numerical Integration*, §IV.4, Algorithm 4.2; Ascher &
     Petzold, *Computer Methods for ODEs and DAEs*, §10.1.4).
 
@@ -250,7 +279,7 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
     gains, q_new = _gains(system, formulation, t, q, s, linear_solver, not derived)
 
     def position_step(q_, phi):
-        q_ = q_ - small_matmul(gains.positions, phi)
+        q_ = q_ - gains.position_step(phi)
         return q_, _constraint_values(system, formulation, t, q_, s)
 
     # The iterations go on to `tol / STOP` (rounding level for the default `tol`); `tol`
@@ -273,7 +302,7 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
     # residual after it, the rate of the frozen iteration.
     def frozen_step(carry, residual):
         s_, _, _ = carry
-        s_ = s_ - small_matmul(gains.velocities, residual)
+        s_ = s_ - gains.velocity_step(residual)
         residual_new, v = _velocity_residual(system, formulation, t, q_new, s_)
         return (s_, v, _max_abs(residual)), residual_new
 
