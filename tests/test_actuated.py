@@ -65,38 +65,48 @@ def test_lie_derivatives_and_decoupling_match_the_paper():
         / (OPTICS.mechanism.mass * l**2), rtol=1e-12)
 
 
+def _final_residual(rate, angle_error=0.05, adjoint=None):
+    q0, v0, w0 = OPTICS.initial_state(angle_error=angle_error)
+    control = jaxdae.ConstraintEnforcingControl.with_poles(rate, order=4)
+    sol = jaxdae.simulate_actuated(OPTICS, control, 0.0, 0.5, q0, v0, w0,
+                                   ts=jnp.array([0.0, 0.25, 0.5]), adjoint=adjoint,
+                                   max_steps=1024)
+    return sol.residuals[-1, 0, 0]
+
+
+_ERRORS = jnp.array([0.05, -0.02])
+
+
+def _batched_gradients(adjoint=None):
+    """Values and gradients w.r.t. the poles' rate and the initial angle error of a vmapped
+    batch of two angle errors: one compiled program."""
+    return jax.jit(jax.vmap(jax.value_and_grad(
+        lambda *a: _final_residual(*a, adjoint=adjoint), argnums=(0, 1)),
+        in_axes=(None, 0)))(10.0, _ERRORS)
+
+
 def test_vmap_and_grad_over_gains():
-    """The gradient of a vmapped batch w.r.t. the gains and the initial state, against
-    central differences (the default adjoint, `ReverseSweepAdjoint`); diffrax's
-    `RecursiveCheckpointAdjoint` gives the same to rounding."""
-
-    def final_residual(rate, angle_error=0.05, adjoint=None):
-        q0, v0, w0 = OPTICS.initial_state(angle_error=angle_error)
-        control = jaxdae.ConstraintEnforcingControl.with_poles(rate, order=4)
-        sol = jaxdae.simulate_actuated(OPTICS, control, 0.0, 0.5, q0, v0, w0,
-                                       ts=jnp.array([0.0, 0.25, 0.5]), adjoint=adjoint,
-                                       max_steps=1024)
-        return sol.residuals[-1, 0, 0]
-
-    # One compiled program for both: the gradient of a vmapped batch.
-    errors = jnp.array([0.05, -0.02])
-    batched, grads = jax.jit(jax.vmap(jax.value_and_grad(final_residual, argnums=(0, 1)),
-                                      in_axes=(None, 0)))(10.0, errors)
-    one = [final_residual(10.0, float(e)) for e in errors]
+    """The gradient of a vmapped batch w.r.t. the gains and the initial state (the default
+    adjoint, `ReverseSweepAdjoint`), against central differences."""
+    batched, grads = _batched_gradients()
+    one = [_final_residual(10.0, float(e)) for e in _ERRORS]
     np.testing.assert_allclose(batched, one, rtol=1e-10)
 
     eps = 1e-4
-    fd = (final_residual(10.0 + eps) - final_residual(10.0 - eps)) / (2 * eps)  # at 0.05
+    fd = (_final_residual(10.0 + eps) - _final_residual(10.0 - eps)) / (2 * eps)  # at 0.05
     np.testing.assert_allclose(grads[0][0], fd, rtol=1e-5)
     assert grads[0][0] < 0  # faster poles: a smaller residual at t = 0.5
     eps = 1e-6
-    fd = (final_residual(10.0, 0.05 + eps) - final_residual(10.0, 0.05 - eps)) / (2 * eps)
+    fd = (_final_residual(10.0, 0.05 + eps) - _final_residual(10.0, 0.05 - eps)) / (2 * eps)
     np.testing.assert_allclose(grads[1][0], fd, rtol=1e-5)
 
-    checkpointed = jax.jit(jax.vmap(jax.value_and_grad(
-        lambda *a: final_residual(*a, adjoint=diffrax.RecursiveCheckpointAdjoint()),
-        argnums=(0, 1)),
-        in_axes=(None, 0)))(10.0, errors)
+
+@pytest.mark.slow
+def test_vmap_and_grad_over_gains_with_checkpoints():
+    """diffrax's `RecursiveCheckpointAdjoint` gives the default adjoint's batched values and
+    gradients to rounding."""
+    batched, grads = _batched_gradients()
+    checkpointed = _batched_gradients(diffrax.RecursiveCheckpointAdjoint())
     np.testing.assert_allclose(checkpointed[0], batched, rtol=1e-12)
     for checkpointed_grad, grad in zip(checkpointed[1], grads):
         np.testing.assert_allclose(checkpointed_grad, grad, rtol=1e-9)
