@@ -292,6 +292,24 @@ def test_projects_a_large_drift():
     assert not (bool(position_ok) and bool(velocity_ok))
 
 
+def test_derivatives_with_a_lineax_solver():
+    """With `lineax.SVD()` (its state initialized once per step end, each residual solved by
+    `lineax.linear_solve` and differentiated by lineax's rule) the projection's forward and
+    reverse derivatives equal those with the default Cholesky solve."""
+    q, v = Q0 * (1.0 + 1e-4), V0 + 1e-4 * Q0
+
+    def projected(linear_solver):
+        return lambda q_, v_: jnp.concatenate(project_state(
+            PENDULUM, jaxdae.Baumgarte(1.0, 1.0), 0.0, q_, v_, linear_solver, 5, 1e-13)[0])
+
+    default = jax.jacrev(projected(None), argnums=(0, 1))(q, v)
+    for jacobian in (jax.jacrev, jax.jacfwd):
+        svd = jacobian(projected(lx.SVD()), argnums=(0, 1))(q, v)
+        for a, b in zip(svd, default, strict=True):
+            assert np.all(np.isfinite(a))
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
 def test_modified_lagrange_integrated_with_augmented_multipliers():
     """Between projections a `ModifiedLagrange` solve integrates its equation with
     augmented Lagrangian iterations (`for_projection`): each keeps `M q̈ + Gᵀλ = Q` and
