@@ -454,7 +454,12 @@ class MassFactor(eqx.Module):
 # against the size. With blocks of `b` rows the matrix is block tridiagonal, and its block
 # LDLᵀ factorization runs one block row at a time in a `lax.scan`: `O(size · b²)` work and a
 # program whose size does not depend on the size of the matrix.
-BANDED_MIN = 32  # smaller matrices keep the dense Cholesky
+# From 8 rows the banded factorization is the faster: the chain of 8, 12, 16 and 24 links
+# (tridiagonal `J M⁻¹ Jᵀ`) took 8.0, 9.8, 12.2 and 17.6 µs per Tsit5 step with it and 11.0,
+# 17.3, 22.5 and 38.0 with the dense looped Cholesky, and its gradient 2.7–3.6× the solve
+# against 3.6–4.9× (`experiments/bench_scaling.py --cpu-per-step --families chain,ladder
+# --sizes 4,8,12,16,24`, CPU time, 2-core CPU at a load of about 1.6).
+BANDED_MIN = 8  # smaller matrices keep the dense Cholesky
 BANDED_MAX_RATIO = 0.125  # half-bandwidth at most this fraction of the size
 
 
