@@ -59,6 +59,31 @@ def test_same_gradient_as_the_default_adjoint():
     assert float(jnp.abs(swept[1].kd)) > 0 and float(jnp.abs(swept[0].length)) > 0
 
 
+class _Swings(jaxdae.LagrangianSystem):
+    """Ten uncoupled pendulums in their angles: no constraints, structured terms (above 8
+    coordinates), whose failure test is the constant `False`."""
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * jnp.sum(v**2)
+
+    def potential_energy(self, t, q):
+        return -jnp.sum(jnp.cos(q))
+
+
+def test_segmented_gradient_without_constraints():
+    """A formulation that can stop, on a system without constraints (its failure test a
+    Python `False`): the segmented sweep's gradient equals diffrax's."""
+    q0 = jnp.linspace(-0.5, 0.5, 10)
+
+    def loss(v0, adjoint):
+        sol = jaxdae.simulate(_Swings(), jaxdae.Baumgarte(10.0, 25.0), 0.0, 3.0, q0, v0,
+                              adjoint=adjoint, max_steps=512)
+        return jnp.sum(sol.q_final**2)
+
+    v0 = jnp.linspace(0.3, -0.2, 10)
+    _assert_same(*(_gradients(loss, adjoint, v0) for adjoint in (CHECKPOINTED, SEGMENTED)))
+
+
 def test_segments_take_the_solves_steps():
     """In segments, each restarted from the solve's `t0` (`_Restart`), reverse mode's
     forward solve takes the steps of diffrax's uninterrupted solve (the primal): the same

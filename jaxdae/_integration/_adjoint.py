@@ -518,7 +518,9 @@ def _after_start(cond_fn, t_start, t, y, args, **kwargs):
     def evaluate():
         return cond_fn(jnp.maximum(t, t_start), y, args, **kwargs)
 
-    if t is kwargs.get("t0") and eqx.filter_eval_shape(evaluate).dtype == jnp.bool_:
+    # (`jnp.result_type`: a condition may be a Python bool, e.g. the failure test of a
+    # system without constraints.)
+    if t is kwargs.get("t0") and jnp.result_type(eqx.filter_eval_shape(evaluate)) == jnp.bool_:
         return jnp.zeros((), jnp.bool_)
     value = evaluate()
     return value & (t > t_start) if jnp.result_type(value) == jnp.bool_ else value
