@@ -683,9 +683,12 @@ def test_constant_mass_factor_in_simulate():
                                rtol=1e-6, atol=1e-9)
 
 
+# Slow (about 20 s each, mostly compiling): the constant factor itself is checked in the
+# default run by `test_constant_mass_factor`.
+@pytest.mark.slow
 @pytest.mark.parametrize("adjoint", [
     pytest.param(jaxdae.ReverseSweepAdjoint(), id="reverse-sweep"),
-    pytest.param(diffrax.RecursiveCheckpointAdjoint(), id="checkpoint", marks=pytest.mark.slow)])
+    pytest.param(diffrax.RecursiveCheckpointAdjoint(), id="checkpoint")])
 def test_ensemble_shares_one_mass_factor(adjoint):
     # an ensemble's trajectories share the system: its constant `M` is factored once for all
     # of them, and the gradient with respect to the masses (the reverse sweep's own row-wise
