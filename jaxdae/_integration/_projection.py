@@ -141,8 +141,9 @@ class _Gains(eqx.Module):
 @eqx.filter_jit
 @scalarize
 def _gains(system, formulation, t, q, s, linear_solver, velocities: bool):
-    """The gains `K` at the unprojected state (for the velocities, mapped to the state:
-    `M K` where it holds momenta), and the first (Newton) iterate of the positions."""
+    """The gains `K` at the unprojected state, as their factors (`_Gains`; for the
+    velocities mapped to the state where it holds momenta), and the first (Newton) iterate
+    of the positions."""
     terms = _terms_at(system, formulation, t, q, s)
     m = terms.num_holonomic
     matrix, minv_gt = _dense_minv_gt(terms)
