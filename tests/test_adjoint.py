@@ -110,6 +110,7 @@ def test_segments_take_the_solves_steps():
                  (segmented.q, segmented.v, segmented.q_final, segmented.v_final), rtol=1e-13)
 
 
+@pytest.mark.slow  # the default run keeps segments under `vmap` (the compile test below)
 def test_vmap_over_solves_with_different_segment_counts():
     """Under `vmap` the backward pass's segment loop runs as long as the trajectory with the
     most segments: one solved in a single segment (its stored steps swept before the loop,
@@ -190,6 +191,7 @@ def test_segment_starting_after_a_jump():
                  rtol=1e-13)
 
 
+@pytest.mark.slow  # the default run keeps stopped ensemble rows (test_ensemble.py)
 def test_ensemble_with_stopped_trajectories():
     """`simulate_ensemble`: one sweep over the shared steps. Two of the four beads reach the
     singular configuration and stop (`Baumgarte`); the sweep holds them still from their
@@ -425,7 +427,10 @@ _USER_SOLVES = {  # saveat, step-size controller, (t0, t1)
 }
 
 
-@pytest.mark.parametrize("case", list(_USER_SOLVES))
+# (Saves at `ts` with adaptive steps are also those of the backwards case.)
+@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.slow)
+                                  if case == "ts, adaptive" else case
+                                  for case in _USER_SOLVES])
 def test_user_diffeqsolve_same_as_recursive_checkpoint(case):
     """`ReverseSweepAdjoint` as the adjoint of a plain `diffrax.diffeqsolve`: the forward
     solve's values are diffrax's to the bit (plain and under reverse mode), and the
@@ -530,6 +535,28 @@ def test_event_stops_a_solve_in_segments_as_diffrax(kind):
     assert 2.2 < float(ts[0]) < 3.0 and float(swept_ts[0]) == float(ts[0])
     assert float(swept) == float(value)
     _assert_same(gradient, swept_gradient, rtol=1e-10)
+
+
+@pytest.mark.parametrize("stored_steps", [8, 1024])
+def test_flag_raised_at_the_start_ends_the_solve_there(stored_steps):
+    """A flag already true at `t0` ends the solve before its first step, as diffrax's own
+    loop does, whether the solve runs in segments or in one: the end is `y0`, so the
+    gradient w.r.t. the arguments is zero and w.r.t. `y0` the loss's own."""
+    def loss(k, y0, adjoint):
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(_forced_pendulum), diffrax.Tsit5(), 0.0, 3.0, 0.05, y0, args=k,
+            saveat=diffrax.SaveAt(t1=True), stepsize_controller=_PID,
+            event=diffrax.Event(lambda t, y, args, **kwargs: y[0] > 0.5), max_steps=512,
+            adjoint=adjoint)
+        return jnp.sum(jnp.sin(sol.ys) * jnp.array([1.0, 2.0])), (sol.ts, sol.result)
+
+    args = (jnp.array([4.0, 0.3]), jnp.array([1.0, 0.0]))
+    (_, (ts, result)), (k_bar, y0_bar) = jax.jit(jax.value_and_grad(
+        lambda *a: loss(*a, jaxdae.ReverseSweepAdjoint(stored_steps=stored_steps)),
+        argnums=(0, 1), has_aux=True))(*args)
+    assert result == diffrax.RESULTS.event_occurred and float(ts[0]) == 0.0
+    np.testing.assert_array_equal(k_bar, 0.0)
+    np.testing.assert_allclose(y0_bar, [np.cos(1.0), 2.0], rtol=1e-14)
 
 
 def test_user_diffeqsolve_refuses_what_it_cannot_sweep():

@@ -98,6 +98,7 @@ def test_gradient_matches_central_differences():
         np.testing.assert_allclose(grads[i], central, rtol=1e-5)
 
 
+@pytest.mark.slow  # the default run keeps sharding (test_batch.py)
 def test_sharded_ensemble_equals_unsharded(capfd):
     if jax.device_count() < 4:
         pytest.skip("needs 4 devices: tests/conftest.py gives 4 host CPU devices on CPU")

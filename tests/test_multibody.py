@@ -467,6 +467,7 @@ def test_slider_crank_formulations(crank_start, formulation, tol, energy_tol):
     assert float(mech.joint_coordinates(sol.q)["crank"][-1]) > 0.5 + 2 * np.pi
 
 
+@pytest.mark.slow  # the default run keeps redundant constraints (test_core.py)
 def test_redundant_parallelogram_with_pseudo_inverse():
     mech = parallelogram()
     assert mech.mobility().grubler == 0

@@ -11,12 +11,13 @@ import pytest
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 # The longest notebooks (on a clean checkout: paper 002 ≈ 60 s; building a mechanism ≈ 2 min
-# of CPU, its models tested in test_multibody*.py), and those of papers 001 and 003 (≈ 20 s
-# each; their experiments' methods are tested in test_hamiltonian.py and
-# test_realizing_forces.py); `make test-slow` runs them.
+# of CPU, its models tested in test_multibody*.py), and those of papers 001, 003 and 004
+# (≈ 20 s each; their experiments' methods are tested in test_hamiltonian.py,
+# test_realizing_forces.py and test_core.py); `make test-slow` runs them. The quickstart runs
+# in the default test run.
 SLOW: set[str] = {"paper_000_redundant_coordinates", "paper_001_hamiltonian",
-                  "paper_002_adaptive_optics", "paper_003_realizing_forces", "tuning",
-                  "building_a_mechanism"}
+                  "paper_002_adaptive_optics", "paper_003_realizing_forces",
+                  "paper_004_two_link", "tuning", "building_a_mechanism"}
 
 
 def _params():

@@ -511,10 +511,12 @@ def _after_start(cond_fn, t_start, t, y, args, **kwargs):
     """An event's condition in a solve restarted at `t_start` (`_Restart`). Earlier times
     (the solve's `t0`, where diffrax first evaluates it) count as the start, so that a
     real value does not change sign across the restart. A flag is false at the start (the
-    segment before checked it there): at diffrax's first evaluation, recognized by its time
-    being the solve's `t0` itself, a flag is not evaluated: that evaluation is a copy of
-    the condition in the program, which XLA keeps (about 300 HLO instructions of the ladder
-    of 128 four-bars' gradient, the failure test, `experiments/bench_compile.py`)."""
+    segment before checked it there; for the first segment, `diffeqsolve` at `t0`, and
+    `_solve_in_segments` stops there if it was raised): at diffrax's first evaluation,
+    recognized by its time being the solve's `t0` itself, a flag is not evaluated: that
+    evaluation is a copy of the condition in the program, which XLA keeps (about 300 HLO
+    instructions of the ladder of 128 four-bars' gradient, the failure test,
+    `experiments/bench_compile.py`)."""
     def evaluate():
         return cond_fn(jnp.maximum(t, t_start), y, args, **kwargs)
 
@@ -578,13 +580,15 @@ def _solve_in_segments(problem, static):
     inf = lambda rows, y: jnp.full(rows + jnp.shape(y), jnp.inf, jnp.result_type(y))  # noqa: E731
     # What the loop carries besides the starts and the current one (the solve's end, after
     # the loop): the last segment's steps, saves at `ts`, result and event mask, and the
-    # step counts of all segments.
+    # step counts of all segments. The result and mask start as `diffeqsolve` left them
+    # at `t0`: a flag already raised there ends the solve before its first step, as in
+    # diffrax's own loop (a segment does not evaluate a flag at its start: `_after_start`).
     last = dict(
         step_ts=jnp.full(length, jnp.inf, dtype),
         step_ys=jax.tree.map(lambda y: inf((length,), y), y0),
-        result=diffrax.RESULTS.successful,
-        event_mask=None if event is None else jax.tree.map(lambda _: jnp.asarray(False),
-                                                           event.cond_fn),
+        result=init.result,
+        event_mask=None if event is None else jax.tree.map(
+            lambda mask: jnp.asarray(mask, bool), init.event_mask),
         steps=jnp.zeros((), jnp.int32))
     saved = [(jnp.full(ts.shape, jnp.inf, dtype), jax.tree.map(
         functools.partial(inf, ts.shape), y0)) for ts in save_ts]
@@ -592,8 +596,9 @@ def _solve_in_segments(problem, static):
 
     def going_on(carry):
         index, _, _, last, _, _ = carry
-        return (index < count) & ((index == 0) | (
-            last["result"] == diffrax.RESULTS.max_steps_reached))
+        return (index < count) & (
+            ((index == 0) & (last["result"] == diffrax.RESULTS.successful))
+            | (last["result"] == diffrax.RESULTS.max_steps_reached))
 
     def segment(carry):
         index, starts, flat_start, _, saved, counts = carry
