@@ -65,15 +65,13 @@ class UnrolledERK(AbstractWrappedSolver):
 
     Without the stage loop XLA fuses more of a step, and batches gain most: on paper 004's
     two-link example (`experiments/bench_unrolled.py`, 2-core CPU, 256 trajectories)
-    `jax.vmap(jaxdae.simulate)` ran 1.4× faster and its gradient 1.5× faster
-    (`simulate_ensemble`'s gradient 1.6×). The price is compile time (2–3.5× as long: the
-    right-hand side is compiled once per stage) and, for a single trajectory, a slower
-    gradient than with diffrax's own step; batches of 4 were about 2× slower, of 32
-    already faster. On one NVIDIA H100 GPU (`bench_batch.py --unrolled`,
-    docs/benchmarks.md) batches of 1 to 10⁶ trajectories ran 1.9–3.9× faster: there every
-    loop of a step is a chain of kernel launches. Use it for batches of a few tens of
-    trajectories or more, ensembles, tuning and any batch on a GPU; keep the plain solver
-    otherwise.
+    `jax.vmap(jaxdae.simulate)` ran 2.0× faster and `simulate_ensemble` 1.6× (their
+    gradients 1.06× and 1.2×), one trajectory 1.2× (its gradient 5%). The price is compile
+    time (up to 1.4× as long: the right-hand side is compiled once per stage). On one
+    NVIDIA H100 GPU (`bench_batch.py --unrolled`, docs/benchmarks.md) batches of 1 to 10⁶
+    trajectories ran 1.9–3.9× faster: there every loop of a step is a chain of kernel
+    launches. Use it for batches, ensembles, tuning and any batch on a GPU; keep the plain
+    solver where compile time matters.
 
     ```python
     solver = jaxdae.UnrolledERK(diffrax.Tsit5())
