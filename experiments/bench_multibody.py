@@ -10,8 +10,9 @@ equations written out with array operations). For each it reports:
   `Baumgarte.accelerations(system.terms(t, q, v))`, nested ones included;
 - the compile time of the solve (`jax.jit(solve).lower(q0, v0).compile()`, CPU time by
   `time.process_time`, so that other processes on a shared machine do not count);
-- the time of one compiled solve: the best CPU time of `--reps` calls after a warm-up call,
-  the built and the hand-written model called in turn (interleaved);
+- the time of one compiled solve: the median CPU time of `--reps` calls after a warm-up
+  call, the built and the hand-written model called in turn (interleaved; the median, as
+  this virtual machine's process clock now and then reports a call at a tenth of its time);
 - steps and the largest difference of the end states.
 
 The ratio built / hand is the layer's cost. Models:
@@ -220,7 +221,7 @@ def compiled_solve(system, t1, q0, v0):
 
 
 def timed_pair(built, hand, t1, q0, v0, reps):
-    """Compile both, then time them in turn: `{which: (best CPU seconds, compile seconds,
+    """Compile both, then time them in turn: `{which: (median CPU seconds, compile seconds,
     steps, q(t1))}`."""
     runs = {}
     for which, system in (("built", built), ("hand", hand)):
@@ -232,7 +233,8 @@ def timed_pair(built, hand, t1, q0, v0, reps):
             start = time.process_time()
             jax.block_until_ready(run[0](q0, v0))
             run[4].append(time.process_time() - start)
-    return {which: (min(run[4]), run[1], run[2], run[3]) for which, run in runs.items()}
+    return {which: (float(np.median(run[4])), run[1], run[2], run[3])
+            for which, run in runs.items()}
 
 
 def structure_check(n):
@@ -326,7 +328,7 @@ def main():
             start = time.process_time()
             jax.block_until_ready(compiled(q_rel, v_rel))
             times.append(time.process_time() - start)
-        tr = min(times)
+        tr = float(np.median(times))
         print(f"{'two-link (relative)':<20} {2:>4} {'':>17} {f'{cr:.1f}':>23} {'':>11} "
               f"{1e3 * tr:>10.2f} {'':>6} {int(sr):>11}")
         result.update(relative_two_link_ms=1e3 * tr, relative_two_link_steps=int(sr))
