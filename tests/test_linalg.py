@@ -22,6 +22,7 @@ from jaxdae._compilation._linalg import (
     lu_factor,
     lu_solve,
     not_hurwitz,
+    pivoted_cholesky,
     psd_pseudo_solve,
     reciprocal_condition,
     small_matmul,
@@ -287,3 +288,22 @@ def test_lu_under_vmap_and_grad():
     loss = lambda m: jnp.sum(jnp.sin(lu_solve(lu_factor(m), b)))  # noqa: E731
     reference = lambda m: jnp.sum(jnp.sin(jnp.linalg.solve(m, b)))  # noqa: E731
     np.testing.assert_allclose(jax.grad(loss)(a[0]), jax.grad(reference)(a[0]), rtol=1e-10)
+
+
+def test_pivoted_cholesky_of_a_rank_deficient_matrix():
+    """`A = L diag(D) Lᵀ` for a positive semidefinite `A` of rank 7 (12 × 12, entries of
+    different sizes): seven positive pivots, the largest remaining diagonal entry first,
+    `L[order]` unit lower trapezoidal with entries at most 1 in magnitude, zero columns
+    where the pivots are cut."""
+    rng = np.random.default_rng(3)
+    f = rng.standard_normal((12, 7)) * np.array([1e-3, 1.0, 5.0, 0.2, 3.0, 1.0, 0.05])
+    a = f @ f.T
+    low, pivots, order = (np.asarray(x) for x in jax.jit(pivoted_cholesky, static_argnums=1)(
+        jnp.asarray(a), 1e-8))
+    np.testing.assert_allclose(low @ np.diag(pivots) @ low.T, a, atol=1e-12 * np.abs(a).max())
+    assert np.sum(pivots > 0) == 7 and np.all(pivots[7:] == 0) and np.all(low[:, 7:] == 0)
+    assert np.all(np.diff(pivots[:7]) <= 0) and pivots[0] == np.max(np.diag(a))
+    assert sorted(order) == list(range(12))
+    permuted = low[order]
+    np.testing.assert_array_equal(np.diagonal(permuted)[:7], 1.0)
+    assert np.all(np.triu(permuted, 1) == 0) and np.max(np.abs(low)) <= 1.0

@@ -375,58 +375,53 @@ def psd_pseudo_inverse(matrix: Float[Array, "c c"], rcond: float) -> Float[Array
 def pivoted_cholesky(matrix: Float[Array, "n n"], rcond: float
                      ) -> tuple[Float[Array, "n n"], Float[Array, " n"], Int[Array, " n"]]:
     """The Cholesky factorization with symmetric (diagonal) pivoting of a symmetric positive
-    semidefinite matrix, stopped at its numerical rank: `(low, pivots, perm)` with
-    `matrix[perm][:, perm] = low diag(pivots) lowᵀ`, `low` unit lower trapezoidal.
+    semidefinite matrix, stopped at its numerical rank: `(low, pivots, order)` with
+    `matrix = low diag(pivots) lowᵀ`; column `k` of `low` is the one eliminated at step `k`,
+    of row `order[k]`, so `low[order]` is unit lower trapezoidal (its rows are left in the
+    matrix's order: nothing is swapped).
 
-    At step `k` the largest remaining diagonal entry of the Schur complement is moved to
-    `k`; once it is at most `rcond` times the largest diagonal entry of `matrix`, it and
-    every later pivot are set to zero, with their columns of `low` (the criterion of
-    LAPACK's `?pstrf`, Higham, *Accuracy and Stability of Numerical Algorithms*, §10.3).
-    The entries of `low` are at most 1 in magnitude. A `lax.fori_loop` over the columns,
-    each a few whole-matrix operations (no LAPACK call).
+    At step `k` the row with the largest diagonal entry of the Schur complement among those
+    not yet eliminated is eliminated; once that entry is at most `rcond` times the largest
+    diagonal entry of `matrix`, it and every later pivot are set to zero, with their
+    columns of `low` (the criterion of LAPACK's `?pstrf`, Higham, *Accuracy and Stability of
+    Numerical Algorithms*, §10.3). The entries of `low` are at most 1 in magnitude. A
+    `lax.fori_loop` over the columns, each a few whole-vector operations and one rank-1
+    update (no LAPACK call).
     """
     n = matrix.shape[0]
     rows = jnp.arange(n)
-    eye = rows[:, None] == rows[None, :]
-    cut = rcond * jnp.max(jnp.where(eye, matrix, -jnp.inf))
-
-    def swap(x, k, p):  # rows k and p
-        at_k, at_p = (rows == k)[:, None], (rows == p)[:, None]
-        row_k = jax.lax.dynamic_index_in_dim(x, k, 0)
-        row_p = jax.lax.dynamic_index_in_dim(x, p, 0)
-        return jnp.where(at_k, row_p, jnp.where(at_p, row_k, x))
+    cut = rcond * jnp.max(jnp.diagonal(matrix))
 
     def column(k, state):
-        a, low, pivots, perm = state
-        diagonal = jnp.sum(jnp.where(eye, a, 0.0), axis=1)
-        p = jnp.argmax(jnp.where(rows >= k, diagonal, -jnp.inf))
-        a = swap(swap(a, k, p).T, k, p).T
-        low = swap(low, k, p)
-        perm = swap(perm[:, None], k, p)[:, 0]
-        entries = jax.lax.dynamic_index_in_dim(a, k, 1, keepdims=False)
-        pivot = jax.lax.dynamic_index_in_dim(entries, k, 0, keepdims=False)
+        a, low, pivots, order, diagonal, remaining = state
+        p = jnp.argmax(jnp.where(remaining, diagonal, -jnp.inf))
+        pivot = jax.lax.dynamic_index_in_dim(diagonal, p, 0, keepdims=False)
         keep = pivot > cut
-        values = jnp.where((rows > k) & keep, entries / jnp.where(keep, pivot, 1.0), 0.0)
+        remaining = remaining & (rows != p)
+        entries = jax.lax.dynamic_index_in_dim(a, p, 1, keepdims=False)
+        values = jnp.where(remaining & keep, entries / jnp.where(keep, pivot, 1.0), 0.0)
         low = jax.lax.dynamic_update_slice_in_dim(
-            low, (values + jnp.where((rows == k) & keep, 1.0, 0.0))[:, None], k, 1)
-        pivots = jnp.where(rows == k, jnp.where(keep, pivot, 0.0), pivots)
-        a = a - jnp.where(keep, pivot, 0.0) * values[:, None] * values[None, :]
-        return a, low, pivots, perm
+            low, (values + jnp.where((rows == p) & keep, 1.0, 0.0))[:, None], k, 1)
+        kept_pivot = jnp.where(keep, pivot, 0.0)
+        pivots = jnp.where(rows == k, kept_pivot, pivots)
+        order = jnp.where(rows == k, p, order)
+        a = a - kept_pivot * values[:, None] * values[None, :]
+        diagonal = diagonal - kept_pivot * values**2
+        return a, low, pivots, order, diagonal, remaining
 
     zeros = jnp.zeros_like(matrix)
-    _, low, pivots, perm = jax.lax.fori_loop(
-        0, n, column, (matrix, zeros, jnp.zeros(n, matrix.dtype), rows))
-    return low, pivots, perm
+    _, low, pivots, order, _, _ = jax.lax.fori_loop(
+        0, n, column, (matrix, zeros, jnp.zeros(n, matrix.dtype), rows, jnp.diagonal(matrix),
+                       jnp.ones(n, bool)))
+    return low, pivots, order
 
 
 class PivotedPseudoFactor(NamedTuple):
-    """[`pivoted_cholesky`][]'s `low`, `pivots` and `perm` as a one-hot matrix `P`
-    (`(P b)_i = b_perm[i]`), and the Cholesky factor of `LᵀL` (the cut columns of `L`
-    replaced by unit vectors), for [`pivoted_pseudo_solve`][]."""
+    """[`pivoted_cholesky`][]'s `low` and `pivots`, and the Cholesky factor of `LᵀL` (the cut
+    columns of `L` replaced by unit vectors), for [`pivoted_pseudo_solve`][]."""
 
     low: Array
     pivots: Array
-    permutation: Array
     gram_low: Array
 
 
@@ -434,20 +429,18 @@ def pivoted_pseudo_factor(matrix: Float[Array, "n n"], rcond: float) -> PivotedP
     """The factorization of a symmetric positive semidefinite `matrix` from which
     [`pivoted_pseudo_solve`][] applies its Moore–Penrose inverse (of numerical rank set by
     `rcond`, as [`pivoted_cholesky`][] decides it)."""
-    n = matrix.shape[0]
-    low, pivots, perm = pivoted_cholesky(0.5 * (matrix + matrix.T), rcond)
+    low, pivots, _ = pivoted_cholesky(0.5 * (matrix + matrix.T), rcond)
     gram = low.T @ low + jnp.diag(jnp.where(pivots > 0, 0.0, 1.0))
-    permutation = (perm[:, None] == jnp.arange(n)[None, :]).astype(matrix.dtype)
-    return PivotedPseudoFactor(low, pivots, permutation, looped_cholesky(gram))
+    return PivotedPseudoFactor(low, pivots, looped_cholesky(gram))
 
 
 def pivoted_pseudo_solve(factor: PivotedPseudoFactor, rhs: Array) -> Array:
     """`A⁺ rhs` from `pivoted_pseudo_factor(A)`, `rhs` of shape `(n,)` or `(n, k)`.
 
-    With `P A Pᵀ = L D Lᵀ`, `L` the `r` columns kept, `A⁺ = Pᵀ L (LᵀL)⁻¹ D⁻¹ (LᵀL)⁻¹ Lᵀ P`:
-    the Moore–Penrose inverse of `F Fᵀ` with `F = L D^½` of full column rank is
-    `F (FᵀF)⁻² Fᵀ`. Array operations only (no LAPACK call, no sort), so it can sit in an
-    ODE solve's loop that XLA:CPU compiles into one kernel.
+    With `A = L D Lᵀ`, `L` the `r` columns kept, `A⁺ = L (LᵀL)⁻¹ D⁻¹ (LᵀL)⁻¹ Lᵀ`: the
+    Moore–Penrose inverse of `F Fᵀ` with `F = L D^½` of full column rank is `F (FᵀF)⁻² Fᵀ`.
+    Array operations only (no LAPACK call, no sort), so it can sit in an ODE solve's loop
+    that XLA:CPU compiles into one kernel.
     """
     vector = rhs.ndim == 1
     b = rhs[:, None] if vector else rhs
@@ -458,8 +451,8 @@ def pivoted_pseudo_solve(factor: PivotedPseudoFactor, rhs: Array) -> Array:
         return looped_triangular_solve(
             factor.gram_low, looped_triangular_solve(factor.gram_low, x), True)
 
-    y = gram_solve(factor.low.T @ (factor.permutation @ b))
-    x = factor.permutation.T @ (factor.low @ gram_solve(inverse[:, None] * y))
+    y = gram_solve(factor.low.T @ b)
+    x = factor.low @ gram_solve(inverse[:, None] * y)
     return x[:, 0] if vector else x
 
 
