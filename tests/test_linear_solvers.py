@@ -1,6 +1,7 @@
 """The lineax solvers of the constraint solves (`jaxdae/_compilation/_linear_solvers.py`)
 against lineax's own, and the structured formulations against the dense ones."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -176,6 +177,24 @@ def test_pseudo_inverse_matches_lineax_svd(n, rank):
                        argnums=(0, 1))
     for x, y in zip(grad(a, b), grad_lx(a, b)):
         np.testing.assert_allclose(x, y, rtol=1e-7, atol=1e-9)
+
+
+def test_vmapped_pseudo_inverse_lapack_calls_run_in_sequence():
+    """Under `vmap` (a solve's saved states, an ensemble) the rank-deficient branch stays
+    batched loops: the program's LAPACK calls are the full-rank branch's factorization and
+    its two substitutions, each waiting for the one before. Two batched LAPACK calls that
+    run at once on XLA:CPU's thread pool each wait for pool threads the other holds (jaxlib
+    splits a batched call over that pool): on 2 cores a vmapped solve hung."""
+    solver = PositiveSemidefinitePseudoInverse(1e-8)
+    a = jnp.asarray(_rank_deficient(12, 7, 3))
+    matrices = jnp.stack([a, a + 0.1 * jnp.eye(12)])
+    b = jnp.asarray(np.random.default_rng(4).standard_normal(12))
+    solve = jax.jit(jax.vmap(lambda m: _solve(solver, m, b)))
+    program = solve.lower(matrices).compile().as_text()
+    calls = re.findall(r'custom_call_target="(lapack_\w+)"', program)
+    assert sorted(calls) == ["lapack_dpotrf_ffi"] + ["lapack_dtrsm_ffi"] * 2, calls
+    np.testing.assert_allclose(solve(matrices)[0], _solve(lx.SVD(rcond=1e-8), a, b),
+                               rtol=1e-9, atol=1e-12)
 
 
 def test_pseudo_inverse_direct_gradient_of_full_rank_pair():

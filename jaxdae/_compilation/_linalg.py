@@ -431,7 +431,7 @@ def pivoted_pseudo_factor(matrix: Float[Array, "n n"], rcond: float) -> PivotedP
     `rcond`, as [`pivoted_cholesky`][] decides it)."""
     low, pivots, _ = pivoted_cholesky(0.5 * (matrix + matrix.T), rcond)
     gram = low.T @ low + jnp.diag(jnp.where(pivots > 0, 0.0, 1.0))
-    return PivotedPseudoFactor(low, pivots, looped_cholesky(gram))
+    return PivotedPseudoFactor(low, pivots, _looped_cholesky(gram))
 
 
 def pivoted_pseudo_solve(factor: PivotedPseudoFactor, rhs: Array) -> Array:
@@ -440,7 +440,13 @@ def pivoted_pseudo_solve(factor: PivotedPseudoFactor, rhs: Array) -> Array:
     With `A = L D Lᵀ`, `L` the `r` columns kept, `A⁺ = L (LᵀL)⁻¹ D⁻¹ (LᵀL)⁻¹ Lᵀ`: the
     Moore–Penrose inverse of `F Fᵀ` with `F = L D^½` of full column rank is `F (FᵀF)⁻² Fᵀ`.
     Array operations only (no LAPACK call, no sort), so it can sit in an ODE solve's loop
-    that XLA:CPU compiles into one kernel.
+    that XLA:CPU compiles into one kernel. With [`pivoted_pseudo_factor`][] it stays loops
+    under `vmap` too (not LAPACK's batched routines, as `looped_cholesky` and
+    `looped_triangular_solve` become there): beside it the full-rank branch of
+    `PositiveSemidefinitePseudoInverse` is a batched LAPACK call, and two such calls running
+    at once on XLA:CPU's thread pool each wait for pool threads the other holds (jaxlib
+    splits a batched LAPACK call over that pool). On 2 cores the vmapped diagnostics of
+    Bricard's `PseudoInverse` solve (1,001 saved states, `experiments/bricard.py`) hung.
     """
     vector = rhs.ndim == 1
     b = rhs[:, None] if vector else rhs
@@ -448,8 +454,8 @@ def pivoted_pseudo_solve(factor: PivotedPseudoFactor, rhs: Array) -> Array:
     inverse = jnp.where(kept, 1.0 / jnp.where(kept, factor.pivots, 1.0), 0.0)
 
     def gram_solve(x):
-        return looped_triangular_solve(
-            factor.gram_low, looped_triangular_solve(factor.gram_low, x), True)
+        return _looped_substitution(
+            factor.gram_low, _looped_substitution(factor.gram_low, x, False), True)
 
     y = gram_solve(factor.low.T @ b)
     x = factor.low @ gram_solve(inverse[:, None] * y)
