@@ -390,7 +390,9 @@ def pivoted_cholesky(matrix: Float[Array, "n n"], rcond: float
     """
     n = matrix.shape[0]
     rows = jnp.arange(n)
-    cut = rcond * jnp.max(jnp.diagonal(matrix))
+    # A mask, not `jnp.diagonal` (a gather, whose transpose is a scatter: see `LOOPED_MAX`).
+    diagonal = jnp.sum(jnp.where(rows[:, None] == rows[None, :], matrix, 0.0), axis=1)
+    cut = rcond * jnp.max(diagonal)
 
     def column(k, state):
         a, low, pivots, order, diagonal, remaining = state
@@ -411,7 +413,7 @@ def pivoted_cholesky(matrix: Float[Array, "n n"], rcond: float
 
     zeros = jnp.zeros_like(matrix)
     _, low, pivots, order, _, _ = jax.lax.fori_loop(
-        0, n, column, (matrix, zeros, jnp.zeros(n, matrix.dtype), rows, jnp.diagonal(matrix),
+        0, n, column, (matrix, zeros, jnp.zeros(n, matrix.dtype), rows, diagonal,
                        jnp.ones(n, bool)))
     return low, pivots, order
 
