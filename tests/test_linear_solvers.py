@@ -184,7 +184,7 @@ def test_vmapped_pseudo_inverse_lapack_calls_run_in_sequence():
     batched loops: the program's LAPACK calls are the full-rank branch's factorization and
     its two substitutions, each waiting for the one before. Two batched LAPACK calls that
     run at once on XLA:CPU's thread pool each wait for pool threads the other holds (jaxlib
-    splits a batched call over that pool): on 2 cores a vmapped solve hung."""
+    splits a batched call over that pool): on 2 cores a vmapped solve can hang that way."""
     solver = PositiveSemidefinitePseudoInverse(1e-8)
     a = jnp.asarray(_rank_deficient(12, 7, 3))
     matrices = jnp.stack([a, a + 0.1 * jnp.eye(12)])
