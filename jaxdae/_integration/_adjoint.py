@@ -22,6 +22,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .._custom_types import Array
+from .._compilation._kernels import kernel_boundary
 from .._compilation._linalg import full_precision
 from .._compilation._private_apis import traced_for_jit
 from .._compilation._scalarize import scalarize
@@ -794,6 +795,8 @@ def _backward(stored, out_bar, perturbed, problem, static):
 
         def step_back(k, carry):
             end_bar, p_bar, kept = carry
+            if linearized:  # its two stage loops compile as separate kernels
+                end_bar = kernel_boundary(end_bar)
             n = count - 1 - k
             first = n == 0
             t_start = jnp.where(first, t0, step_ts[jnp.maximum(n - 1, 0)])

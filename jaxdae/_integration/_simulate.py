@@ -223,8 +223,8 @@ class _StopFailedTrajectories(AbstractWrappedSolver):
 
 
 def _failure_rows(t, y, args: SolveArgs):
-    return jax.vmap(_failure, in_axes=(None, None, None, 0, 0, 0, None))(
-        args.system, args.formulation, t, *y, args.reference, args.mass_factor)
+    return jax.vmap(_failure, in_axes=(None, None, None, 0, 0, 0, None))(*_detached(
+        (args.system, args.formulation, t, *y, args.reference, args.mass_factor)))
 
 
 def worst_trajectory_rms(y) -> Array:
@@ -238,8 +238,11 @@ def worst_trajectory_rms(y) -> Array:
 
 
 def _failure_event(t, y, args: SolveArgs, **kwargs):
+    # A flag has no derivative: detached, a differentiated solve does not linearize the
+    # test (diffrax evaluates it at `t0` outside its loop).
     q, v = y
-    return _failure(args.system, args.formulation, t, q, v, args.reference, args.mass_factor)
+    return _failure(*_detached((args.system, args.formulation, t, q, v, args.reference,
+                                args.mass_factor)))
 
 
 def non_finite_event(t, y, args, **kwargs):

@@ -170,6 +170,9 @@ def constant_mass_factor(system, t, q, v, terms=None) -> MassFactor | None:
     structure = terms_structure(system, t, q, v)
     if structure is None or not structure.mass_is_constant:
         return None
+    # `M` does not depend on the state: detached, a differentiated solve does not linearize
+    # the other terms computed with it.
+    t, q, v = (jax.lax.stop_gradient(x) for x in (t, q, v))
     at = (system.terms if terms is None else functools.partial(terms, system))(t, q, v)
     return MassFactor.factor(at.mass_matrix, at.sparse_mass)
 

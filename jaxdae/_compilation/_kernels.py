@@ -1,0 +1,35 @@
+"""Where XLA:CPU splits a while loop into separately compiled kernels.
+
+jaxdae raises XLA:CPU's small-loop limit on import (`_xla_flags.py`), so that a while loop
+without a scatter, a dot or a custom call is compiled into one CPU kernel: one LLVM
+function holding the loop and every loop inside it. Running a solve's loop that way is
+several times faster for small systems; compiling it costs more than its size, and one
+such kernel is compiled on one thread. [`kernel_boundary`][] makes a loop run its body
+kernel by kernel instead, while the loops inside that body each stay one kernel, compiled
+separately and in parallel. It pays where a loop's body holds several large loops and an
+iteration costs far more than the handful of kernel launches it adds: the reverse sweep's
+step, whose stage loops linearize and transpose the right-hand side.
+"""
+
+import jax.numpy as jnp
+
+from .._custom_types import Array
+
+# The entries that the boundary's scatter touches: XLA rewrites a scatter into one entry as
+# a dynamic update and drops it, but keeps one into two.
+_ENTRIES = (0, 1)
+
+
+def kernel_boundary(x: Array) -> Array:
+    """`x` (a floating array of at least two entries) unchanged, through a scatter: XLA:CPU
+    does not compile a loop whose body holds a scatter into one kernel (its
+    `SmallWhileLoopHoistingPass`), so the loop that computes `x` runs its body kernel by
+    kernel and compiles the loops inside it as separate kernels (see the module
+    docstring). On the ladder of 128 four-bars the gradient's largest kernel, the reverse
+    sweep's step, took 2.7 s of LLVM's time on one thread; split, its two stage loops take
+    1.0 and 0.4–0.8 s, compiled in parallel (`experiments/bench_compile.py --model
+    ladder:128 --only gradient`, XLA's `ir_compiler` log)."""
+    flat = jnp.ravel(x)
+    if flat.size < len(_ENTRIES):
+        return x
+    return flat.at[jnp.asarray(_ENTRIES)].add(0).reshape(jnp.shape(x))
