@@ -688,10 +688,11 @@ def _loop_solve(problem, static) -> _Output:
     return _Output.of(final_state, problem.saveat)
 
 
-def _typed_literal_as_array(x):
-    """A constant that JAX hands to the backward pass as a typed Python scalar (a gain
-    built from a Python float inside the caller's `jit`) as the array it was in the forward
-    pass: the re-solve calls the model and formulation with it, which use array methods."""
+def typed_literal_as_array(x):
+    """A constant that JAX hands to a backward pass as a typed Python scalar (a gain built
+    from a Python float inside the caller's `jit`) as the array it was in the forward pass:
+    a backward pass that calls the model and formulation with it (the re-solve, the
+    diagnostics' product) needs their array methods."""
     if isinstance(x, (int, float, complex)) and not isinstance(x, bool) and hasattr(x, "aval"):
         return jnp.asarray(x, x.dtype)
     return x
@@ -715,7 +716,7 @@ def _backward(stored, out_bar, perturbed, problem, static):
                            is_leaf=is_none)
         (problem_bar,) = stored.pull(bar)
         return problem_bar
-    problem = jax.tree.map(_typed_literal_as_array, problem)
+    problem = jax.tree.map(typed_literal_as_array, problem)
     terms, t0, t1, y0 = problem.terms, problem.t0, problem.t1, problem.init_state.y
     tableau, solver = static.tableau, static.solver
     flat_y0, unravel = ravel_pytree(y0)

@@ -44,6 +44,7 @@ from ._adjoint import (
     jit_unless_staged,
     nones,
     reverse_only,
+    typed_literal_as_array,
 )
 from ._generalized_alpha import name_singular_newton_matrix
 from ._implicit import configure_for_controller
@@ -536,6 +537,7 @@ def _reverse_diagnostics_bwd(residuals, out_bar, perturbed, state):
     del residuals
     if all(bar is None for bar in jax.tree.leaves(out_bar, is_leaf=is_none)):
         return nones(eqx.filter(state, eqx.is_inexact_array))
+    state = jax.tree.map(typed_literal_as_array, state)
     diff, static = eqx.partition(state, perturbed)
     out, pull = jax.vjp(lambda diff: eqx.filter(_diagnostics(*eqx.combine(diff, static)),
                                                 eqx.is_inexact_array), diff)
