@@ -21,6 +21,7 @@ from jaxdae._compilation._sparse import (
     banded_plan,
     banded_solve,
     block_inverse,
+    blocks_positive_definite,
     sparse_add,
     sparse_matmul,
 )
@@ -213,6 +214,61 @@ def test_given_block_mass():
     terms = model.terms(0.0, q, v)
     inverse = block_inverse(terms.sparse_mass)
     np.testing.assert_allclose(inverse.dense() @ terms.mass_matrix, np.eye(8), atol=1e-14)
+
+
+class _IndefiniteGivenMass(_GivenMass):
+    """`_GivenMass` with its last block indefinite."""
+
+    def mass_matrix(self, t, q):
+        mass = super().mass_matrix(t, q)
+        return mass.at[-2:, -2:].set(jnp.array([[1.0, 2.0], [2.0, 1.0]]))
+
+
+class _MasslessLastChain(CartesianChain):
+    """A structured chain whose last point mass is zero (`M` diagonal, one zero entry)."""
+
+    structured_terms = True
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * jnp.sum(v[:-2] ** 2)
+
+
+def test_blocks_positive_definite():
+    """By blocks as a dense Cholesky factorization says: positive blocks, an indefinite one,
+    one singular in its last pivot, non-finite entries; a diagonal; no answer for a block
+    larger than `BLOCK_MAX`."""
+    block = np.array([[2.0, 0.5, 0.1], [0.5, 1.0, 0.2], [0.1, 0.2, 1.5]])
+    singular = np.array([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    for last, want in ((block, True), (np.diag([1.0, -1.0, 1.0]), False), (singular, False),
+                       (np.full((3, 3), np.nan), False)):
+        dense = jax.scipy.linalg.block_diag(jnp.asarray(block), jnp.asarray(last))
+        sparse = SparseMatrix.from_dense(dense, Pattern.from_mask(
+            np.kron(np.eye(2), np.ones((3, 3))).astype(bool)))
+        assert bool(blocks_positive_definite(sparse)) is want, last
+    diagonal = Pattern.from_mask(np.eye(4, dtype=bool))
+    for values, want in (([1.0, 2.0, 3.0, 4.0], True), ([1.0, 0.0, 3.0, 4.0], False),
+                         ([1.0, 2.0, -3.0, 4.0], False), ([1.0, np.nan, 3.0, 4.0], False)):
+        assert bool(blocks_positive_definite(SparseMatrix(jnp.asarray(values), diagonal))) is want
+    wide = Pattern.from_mask(np.ones((2 * _sparse.BLOCK_MAX,) * 2, bool))
+    assert blocks_positive_definite(SparseMatrix.from_dense(
+        jnp.eye(2 * _sparse.BLOCK_MAX), wide)) is None
+
+
+@pytest.mark.parametrize("model", [_IndefiniteGivenMass(), _MasslessLastChain(5)])
+def test_a_mass_that_is_not_positive_definite_is_refused(model):
+    """The structured models' initial mass check (block by block, without a dense
+    factorization), eager and traced."""
+    if isinstance(model, _IndefiniteGivenMass):
+        q, v = jnp.array([0.0, 0.0, 1.0, 0.0, 1.0, -1.0, 2.0, -1.0]), jnp.zeros(8)
+    else:
+        q, v = _state(model)
+    assert terms_structure(model, 0.0, q, v) is not None
+    formulation = FORMULATIONS["Baumgarte"]
+    with pytest.raises(ValueError, match="not symmetric positive definite"):
+        jaxdae.simulate(model, formulation, 0.0, 0.1, q, v)
+    traced = jax.jit(lambda q: jaxdae.simulate(model, formulation, 0.0, 0.1, q, v).q_final)
+    with pytest.raises(Exception, match="not symmetric positive definite"):
+        jax.block_until_ready(traced(q))
 
 
 # -- sparse matrices ----------------------------------------------------------------------

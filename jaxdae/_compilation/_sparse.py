@@ -24,7 +24,7 @@ import numpy as np
 from jax.extend import core as jex
 from jax.interpreters import ad, batching, mlir
 
-from .._custom_types import Array, Float
+from .._custom_types import Array, Bool, Float
 from ._linalg import (
     LOOPED_MAX,
     UNROLL_MAX,
@@ -416,6 +416,19 @@ def block_inverse(mass: SparseMatrix) -> SparseMatrix | None:
     # `Pattern` sorts its entries: reorder the values the same way.
     order = np.lexsort((cols[keep], rows[keep]))
     return SparseMatrix(take(inverse.reshape(-1), np.flatnonzero(keep)[order]), out)
+
+
+def blocks_positive_definite(mass: SparseMatrix) -> Bool[Array, ""] | None:
+    """Whether a symmetric matrix made of small diagonal blocks is positive definite, block by
+    block (each block's Cholesky factorization, [`block_inverse`][]; a diagonal's entries are
+    positive); `None` where a block is larger than `BLOCK_MAX`."""
+    pattern = mass.pattern
+    if pattern.is_diagonal and pattern.nnz == pattern.shape[0]:
+        return jnp.all(mass.values > 0)
+    inverse = block_inverse(mass)
+    if inverse is None:
+        return None
+    return jnp.all(jnp.isfinite(mass.values)) & jnp.all(jnp.isfinite(inverse.values))
 
 
 class MassFactor(eqx.Module):

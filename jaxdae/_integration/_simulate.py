@@ -16,7 +16,7 @@ import optimistix as optx
 
 from .._analysis._discrete import fixed_step_radius
 from .._checks import check_instance, check_positive
-from .._compilation._linalg import full_precision, is_positive_definite, psd_pseudo_solve
+from .._compilation._linalg import full_precision, psd_pseudo_solve
 from .._compilation._private_apis import unvmap_any
 from .._compilation._scalarize import scalarize
 from .._compilation._sharding import explicit_to_auto, is_explicitly_sharded
@@ -33,7 +33,12 @@ from .._solution import (
     residuals,
 )
 from .._systems._nonholonomic import is_not_affine
-from .._systems._structure import MassFactor, constant_mass_factor, with_mass_factor
+from .._systems._structure import (
+    MassFactor,
+    constant_mass_factor,
+    is_mass_positive_definite,
+    with_mass_factor,
+)
 from .._systems._system import AbstractSystem, LagrangianSystem, cast_floating
 from ._adjoint import (
     ODETermWithVJP,
@@ -583,7 +588,7 @@ def initial_state_problems(system, formulation, state, terms, num_nonholonomic: 
     flags = [
         ~q0_finite,
         ~v0_finite,
-        asym | ~is_positive_definite(0.5 * (mass + mass.T)),
+        asym | ~is_mass_positive_definite(system, t0, q0, v0, 0.5 * (mass + mass.T)),
         ~jnp.all(jnp.isfinite(forces)),
         # Only nonholonomic constraints can fail to be affine (a Hessian costs trace time).
         is_not_affine(*system.velocity_constraint_curvature(t0, q0, v0))
