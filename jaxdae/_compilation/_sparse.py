@@ -424,7 +424,7 @@ def blocks_positive_definite(mass: SparseMatrix) -> Bool[Array, ""] | None:
     positive); `None` where a block is larger than `BLOCK_MAX`."""
     pattern = mass.pattern
     if pattern.is_diagonal and pattern.nnz == pattern.shape[0]:
-        return jnp.all(mass.values > 0)
+        return jnp.all(jnp.isfinite(mass.values) & (mass.values > 0))
     inverse = block_inverse(mass)
     if inverse is None:
         return None
