@@ -28,9 +28,9 @@ def kernel_boundary(x: Array) -> Array:
     docstring). On the ladder of 128 four-bars the gradient's largest kernel, the reverse
     sweep's step, took 2.7 s of LLVM's time on one thread; split, its two stage loops take
     1.0 and 0.8 s, compiled in parallel, and the gradient compiled 0.3–1.7 s faster (four
-    alternating pairs of cold compiles) and ran at the same speed (`TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=ir_compiler=1 python
-    experiments/bench_compile.py --model ladder:128 --only gradient --repeats 1` logs each
-    kernel's LLVM time)."""
+    alternating pairs of cold compiles) and ran at the same speed (`TF_CPP_MIN_LOG_LEVEL=0
+    TF_CPP_VMODULE=ir_compiler=1 python experiments/bench_compile.py --model ladder:128
+    --only gradient --repeats 1` logs each kernel's LLVM time)."""
     flat = jnp.ravel(x)
     if flat.size < len(_ENTRIES):
         return x
