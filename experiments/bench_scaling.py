@@ -282,16 +282,22 @@ def cpu_per_step(families, sizes, repeats, max_coordinates=None, calls=300):
 # -- CasADi ----------------------------------------------------------------------------------
 
 
+def casadi_integrator(model, rtol, atol):
+    """CVODES Adams with functional iteration on `model`'s Baumgarte ODE (parameters: the
+    gains), from 0 to `T1`."""
+    dae = scaling_models.casadi_baumgarte_ode(ca, model)
+    options = {"abstol": atol, "reltol": rtol, "linear_multistep_method": "adams",
+               "nonlinear_solver_iteration": "functional", "max_num_steps": 100_000}
+    return ca.integrator("F", "cvodes", dae, 0.0, T1, options)
+
+
 def measure_casadi(model, skip, batch, repeats, budget):
     q0, v0 = (np.asarray(x) for x in model.initial_state())
     n = q0.size
     x0 = np.concatenate([q0, v0])
     gains = np.array([KD, KP])
     start = time.perf_counter()
-    dae = scaling_models.casadi_baumgarte_ode(ca, model)
-    options = {"abstol": ATOL, "reltol": RTOL, "linear_multistep_method": "adams",
-               "nonlinear_solver_iteration": "functional", "max_num_steps": 100_000}
-    integrator = ca.integrator("F", "cvodes", dae, 0.0, T1, options)
+    integrator = casadi_integrator(model, RTOL, ATOL)
     out = {"compile": {"total": time.perf_counter() - start}}
 
     def forward():
@@ -319,6 +325,147 @@ def measure_casadi(model, skip, batch, repeats, budget):
     _, t_batch = _median_time(lambda: mapped(x0=xb, p=pb), 1 if size * single > 1.0 else repeats)
     out.update(batch=size, batch_time=t_batch, throughput=size / t_batch, map_mode=mode)
     return out
+
+
+# -- batch throughput (GPU) -----------------------------------------------------------------
+
+# float32 cannot meet rtol = 1e-8: its rows use the tolerances of `bench_batch.py`.
+THROUGHPUT_TOLERANCES = {"float64": (RTOL, ATOL), "float32": (1e-5, 1e-7)}
+THROUGHPUT_TOOLS = ("vmap", "ensemble", "vmap, UnrolledERK", "hand-written, vmap")
+
+
+def cast(tree, dtype):
+    """`tree` with its floating-point arrays in `dtype`."""
+    return jax.tree_util.tree_map(
+        lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, tree)
+
+
+def batched_solve(model, tool, dtype):
+    """`solve(gains, q0, v0) -> (q(1), steps)` of a batch (leading axis of `v0`) of `model`'s
+    Baumgarte ODE in `dtype`, by `tool` (one of `THROUGHPUT_TOOLS`)."""
+    model = cast(model, dtype)
+    rtol, atol = THROUGHPUT_TOLERANCES[jnp.dtype(dtype).name]
+    if tool == "hand-written, vmap":
+        rhs = model.handwritten_rhs()
+
+        def one(gains, q0, v0):
+            sol = diffrax.diffeqsolve(
+                diffrax.ODETerm(rhs), diffrax.Tsit5(), 0.0, T1, None, jnp.concatenate([q0, v0]),
+                args=gains, saveat=diffrax.SaveAt(t1=True), max_steps=100_000,
+                stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol))
+            return sol.ys[-1, : q0.shape[0]], sol.stats["num_steps"]
+
+        return jax.vmap(one, in_axes=(None, None, 0))
+    solver = jaxdae.UnrolledERK(diffrax.Tsit5()) if "Unrolled" in tool else diffrax.Tsit5()
+    options = dict(solver=solver, rtol=rtol, atol=atol)
+    if tool == "ensemble":
+        def ensemble(gains, q0, v0):
+            q0 = jnp.broadcast_to(q0, v0.shape)
+            sol = jaxdae.simulate_ensemble(model, jaxdae.Baumgarte(*gains), 0.0, T1, q0, v0,
+                                           **options)
+            return sol.q_final, sol.stats["num_steps"]
+
+        return ensemble
+
+    def one(gains, q0, v0):
+        sol = jaxdae.simulate(model, jaxdae.Baumgarte(*gains), 0.0, T1, q0, v0, **options)
+        return sol.q_final, sol.stats["num_steps"]
+
+    return jax.vmap(one, in_axes=(None, None, 0))
+
+
+def batch_throughput(family, size, batch, repeats, tools, on_row=None):
+    """The `--throughput` rows: trajectories per second of `batch` perturbed trajectories of
+    `family` of `size` by each of `tools`, float64 and float32, on the default device, with
+    compile times, step counts and the agreement of `q(1)` (float32 against float64, every
+    tool against jaxdae's `vmap`, and on an accelerator float64 against the host CPU's for
+    the first 16 trajectories)."""
+    model = scaling_models.FAMILIES[family](size)
+    q0, v0 = model.initial_state()
+    vb = perturbed_velocities(v0, batch)
+    rows, finals = [], {}
+    for dtype in ("float64", "float32"):
+        gains = (jnp.asarray(KD, dtype), jnp.asarray(KP, dtype))
+        args = (gains, q0.astype(dtype), vb.astype(dtype))
+        for tool in tools:
+            start = time.perf_counter()
+            compiled, compile_times = _compile(batched_solve(model, tool, dtype), *args)
+            (q_final, steps), seconds = _median_time(
+                lambda: jax.block_until_ready(compiled(*args)), repeats)
+            finals[tool, dtype] = np.asarray(q_final, dtype=np.float64)
+            steps = np.asarray(steps)
+            row = {"tool": tool, "dtype": dtype, "batch": batch, "seconds": seconds,
+                   "throughput": batch / seconds, "compile": compile_times["total"],
+                   "steps_median": float(np.median(steps)), "steps_max": int(steps.max()),
+                   "finite": bool(np.isfinite(finals[tool, dtype]).all())}
+            rows.append(row)
+            print(f"  {tool} {dtype}: {batch / seconds:,.0f} traj/s ({seconds:.3g} s a call, "
+                  f"compile {row['compile']:.1f} s; {time.perf_counter() - start:.0f} s)",
+                  flush=True)
+            if on_row is not None:
+                on_row(rows, {})
+        if casadi_map is not None:
+            rows.append(casadi_throughput(model, vb, repeats, dtype))
+            finals[rows[-1]["tool"], dtype] = rows[-1].pop("q_final")
+            print(f"  {rows[-1]['tool']}, {dtype} tolerances: "
+                  f"{rows[-1]['throughput']:,.0f} traj/s", flush=True)
+    reference = finals["vmap", "float64"]
+    agreement = {}
+    for row in rows:
+        final = finals[row["tool"], row["dtype"]]
+        row["difference"] = float(np.max(np.abs(final - reference[: final.shape[0]])))
+        if row["dtype"] == "float32" and row["tool"] in tools:
+            agreement[f"{row['tool']}: float32 against float64"] = float(
+                np.max(np.abs(final - finals[row["tool"], "float64"])))
+    if jax.default_backend() != "cpu":
+        cpu = jax.devices("cpu")[0]
+        head = 16
+        with jax.default_device(cpu):
+            args = ((jnp.asarray(KD), jnp.asarray(KP)), q0, vb[:head])
+            args = jax.device_put(args, cpu)
+            q_cpu, _ = jax.jit(batched_solve(model, "vmap", "float64"))(*args)
+        agreement["vmap float64: accelerator against host CPU (16 trajectories)"] = float(
+            np.max(np.abs(reference[:head] - np.asarray(q_cpu))))
+    if on_row is not None:
+        on_row(rows, agreement)
+    return rows, agreement
+
+
+def casadi_throughput(model, vb, repeats, dtype):
+    """CasADi's row of `batch_throughput`: `Function.map` of the CVODES integrator over the
+    host's cores, in float64 at the tolerances of `dtype`'s rows, on as many of the batch's
+    trajectories as take about a second (at most all of them)."""
+    rtol, atol = THROUGHPUT_TOLERANCES[dtype]
+    integrator = casadi_integrator(model, rtol, atol)
+    q0, v0 = (np.asarray(x) for x in model.initial_state())
+    gains = np.array([KD, KP])
+    start = time.perf_counter()
+    integrator(x0=np.concatenate([q0, v0]), p=gains)
+    single = time.perf_counter() - start
+    size = int(min(len(vb), max(16, (os.cpu_count() or 1) / single)))
+    mapped, mode = casadi_map(integrator, size)
+    xb = np.concatenate([np.tile(q0[:, None], (1, size)), np.asarray(vb[:size]).T])
+    pb = np.tile(gains[:, None], (1, size))
+    out, seconds = _median_time(lambda: mapped(x0=xb, p=pb), repeats)
+    steps = int(integrator.stats()["nsteps"])
+    return {"tool": f"CasADi `map` ({mode})", "dtype": dtype, "batch": size,
+            "seconds": seconds, "throughput": size / seconds, "compile": None,
+            "steps_median": float(steps), "steps_max": steps, "finite": True,
+            "q_final": np.asarray(out["xf"])[: q0.size].T}
+
+
+def throughput_table(rows, agreement):
+    lines = ["| tool | dtype | batch | trajectories / s | seconds a call | steps (median, max) "
+             "| compile [s] | largest `q(1)` difference from `vmap` float64 |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        difference = f"{r['difference']:.1e}" if "difference" in r else "–"
+        compile_time = "–" if r["compile"] is None else f"{r['compile']:.1f}"
+        lines.append(f"| {r['tool']} | {r['dtype']} | {r['batch']:,} | {r['throughput']:,.0f} | "
+                     f"{r['seconds']:.3g} | {r['steps_median']:g}, {r['steps_max']} | "
+                     f"{compile_time} | {difference} |")
+    lines += [f"- {name}: {value:.1e}" for name, value in agreement.items()]
+    return lines
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -472,9 +619,9 @@ def parse_args():
                         + ",".join(map(str, DEFAULT_SIZES)) + ")")
     parser.add_argument("--families", type=_family_list, default=list(scaling_models.FAMILIES),
                         help="comma-separated subset of " + ",".join(scaling_models.FAMILIES))
-    parser.add_argument("--batch", type=int, default=256,
-                        help="trajectories per vmap / map batch (default 256; fewer where "
-                        "the batch would exceed --budget)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="trajectories per vmap / map batch (default 256, fewer where "
+                        "the batch would exceed --budget; with --throughput 4096)")
     parser.add_argument("--budget", type=float, default=20.0,
                         help="seconds: skip a method × size whose single solve is predicted "
                         "to take longer (default 20)")
@@ -492,7 +639,18 @@ def parse_args():
     parser.add_argument("--cpu-per-step", action="store_true",
                         help="jaxdae only: CPU time per step, per right-hand side and "
                         "gradient / solve at each size, and the growth exponents")
+    parser.add_argument("--throughput", action="store_true",
+                        help="trajectories per second of one batch (--batch, default 4096) "
+                        "of each family × size (default: chains of 64 links), float64 and "
+                        "float32, by vmap, the ensemble, UnrolledERK, the hand-written ODE "
+                        "and CasADi's map; for GPUs")
     args = parser.parse_args()
+    if args.batch is None:
+        args.batch = 4096 if args.throughput else 256
+    if args.throughput:
+        args.sizes = args.sizes or [64]
+        if "--families" not in " ".join(sys.argv):
+            args.families = ["chain"]
     if args.batch < 1 or args.repeats < 1 or args.budget <= 0 or args.compile_budget <= 0:
         parser.error("--batch and --repeats must be at least 1, the budgets positive")
     if args.quick:
@@ -533,6 +691,41 @@ def _family_list(text):
     return names
 
 
+def throughput_run(args, folder):
+    """`--throughput`: `batch_throughput` of each family × size, its table printed and
+    written with the JSON after every row (`bench_scaling_throughput.{md,json}`)."""
+    warm_up_jax()
+    device = jax.devices()[0]
+    header = (f"Baumgarte(kd={KD:g}, kp={KP:g}), t ∈ [0, {T1:g}], velocities perturbed by "
+              f"1e-3·N(0, 1), Tsit5; float64 at rtol={RTOL:g}, atol={ATOL:g}, float32 at "
+              "rtol={:g}, atol={:g}; medians of {} calls; device: {} ({}); jax {}".format(
+                  *THROUGHPUT_TOLERANCES["float32"], args.repeats, device.device_kind,
+                  device.platform, jax.__version__)
+              + (f", casadi {ca.__version__} on {os.cpu_count()} host cores"
+                 if ca is not None else ""))
+    results = {}
+    for family in args.families:
+        for size in args.sizes:
+            key = f"{family} N={size} ({coordinates(family, size)} coordinates)"
+            print(key, flush=True)
+
+            def report(rows, agreement, key=key):
+                results[key] = {"rows": rows, "agreement": agreement}
+                lines = [header, ""]
+                for name, result in results.items():
+                    lines += [f"**{name}**", ""] + throughput_table(
+                        result["rows"], result["agreement"]) + [""]
+                (folder / "bench_scaling_throughput.md").write_text("\n".join(lines))
+                write_json(folder / "bench_scaling_throughput.json",
+                           {"header": header, "results": results, "batch": args.batch,
+                            "repeats": args.repeats, "jax": jax.__version__})
+                return lines
+
+            batch_throughput(family, size, args.batch, args.repeats, THROUGHPUT_TOOLS,
+                             on_row=report)
+    print((folder / "bench_scaling_throughput.md").read_text())
+
+
 def main():
     args = parse_args()
     if args.cpu_per_step:
@@ -545,6 +738,9 @@ def main():
     if ca is None:
         print("CasADi is not installed: its rows are left out (pip install casadi).")
     folder = output_dir(args.out, NAME)
+    if args.throughput:
+        throughput_run(args, folder)
+        return
     methods = [m for m in METHODS if m != CASADI or ca is not None]
     warm_up_jax()
     start = time.perf_counter()

@@ -289,13 +289,14 @@ def bars_rhs(first, second, anchors, lengths, gravity):
     def rhs(t, y, gains):
         kd, kp = gains
         q, v = y[: 2 * num_nodes].reshape(-1, 2), y[2 * num_nodes :].reshape(-1, 2)
-        d = q[first] - jnp.where(mask > 0, q[second_node], anchors)
-        dd = v[first] - mask * v[second_node]
-        phi = jnp.sum(d**2, axis=-1) - squared
+        keep = mask.astype(y.dtype)  # float32 states stay float32
+        d = q[first] - jnp.where(keep > 0, q[second_node], anchors.astype(y.dtype))
+        dd = v[first] - keep * v[second_node]
+        phi = jnp.sum(d**2, axis=-1) - squared.astype(y.dtype)
         dphi = 2 * jnp.sum(d * dd, axis=-1)
         target = -2 * jnp.sum(dd**2, axis=-1) - kd * dphi - kp * phi
         jac = jnp.zeros((first.size, num_nodes, 2), y.dtype)
-        jac = jac.at[bars, first].add(2 * d).at[bars, second_node].add(-2 * d * mask)
+        jac = jac.at[bars, first].add(2 * d).at[bars, second_node].add(-2 * d * keep)
         jac = jac.reshape(first.size, -1)
         forces = jnp.zeros((num_nodes, 2), y.dtype).at[:, 1].set(-gravity).ravel()
         lam = jnp.linalg.solve(jac @ jac.T, jac @ forces - target)
