@@ -357,7 +357,7 @@ def batched_solve(model, tool, dtype):
 
         return jax.vmap(one, in_axes=(None, None, 0))
     solver = jaxdae.UnrolledERK(diffrax.Tsit5()) if "Unrolled" in tool else diffrax.Tsit5()
-    options = dict(solver=solver, rtol=rtol, atol=atol)
+    options = {"solver": solver, "rtol": rtol, "atol": atol}
     if tool == "ensemble":
         def ensemble(gains, q0, v0):
             q0 = jnp.broadcast_to(q0, v0.shape)
@@ -391,7 +391,8 @@ def batch_throughput(family, size, batch, repeats, tools, on_row=None):
             start = time.perf_counter()
             compiled, compile_times = _compile(batched_solve(model, tool, dtype), *args)
             (q_final, steps), seconds = _median_time(
-                lambda: jax.block_until_ready(compiled(*args)), repeats)
+                lambda compiled=compiled, args=args: jax.block_until_ready(compiled(*args)),
+                repeats)
             finals[tool, dtype] = np.asarray(q_final, dtype=np.float64)
             steps = np.asarray(steps)
             row = {"tool": tool, "dtype": dtype, "batch": batch, "seconds": seconds,
@@ -455,8 +456,8 @@ def casadi_throughput(model, vb, repeats, dtype):
 
 
 def throughput_table(rows, agreement):
-    lines = ["| tool | dtype | batch | trajectories / s | seconds a call | steps (median, max) "
-             "| compile [s] | largest `q(1)` difference from `vmap` float64 |",
+    lines = [("| tool | dtype | batch | trajectories / s | seconds a call | steps (median, max) "
+              "| compile [s] | largest `q(1)` difference from `vmap` float64 |"),
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         difference = f"{r['difference']:.1e}" if "difference" in r else "–"
