@@ -140,6 +140,41 @@ def test_incompatible_constraints_are_a_failure(formulation):
         jaxdae.simulate(Incompatible(), formulation, 0.0, 1.0, Q0, V0)
 
 
+class ThreeIncompatible(CartesianPendulum):
+    """`|q|² = 1, 4, 9`: three constraints, so the range test takes an SVD."""
+
+    def constraints(self, t, q):
+        return jnp.array([q @ q - 1.0, q @ q - 4.0, q @ q - 9.0])
+
+
+def test_range_test_of_a_batch():
+    # Under vmap the range test runs once for the batch where any trajectory needs it, not
+    # on every row (its SVD sits in a conditional), and each row keeps its own verdict.
+    from ._jaxprs import equations
+
+    formulation = jaxdae.PseudoInverse(2.0, 1.0)
+    q0 = jnp.stack([Q0, 1.5 * Q0])  # the second row's residual is large but consistent
+    solve = jax.vmap(lambda system, q: jaxdae.simulate(system, formulation, 0.0, 0.5, q, V0,
+                                                       throw=False), in_axes=(None, 0))
+    assert np.all(solve(PENDULUM, q0).result == jaxdae.RESULTS.successful)
+    failed = solve(ThreeIncompatible(), q0)
+    assert np.all(failed.result == jaxdae.RESULTS.constraints_not_met)
+    jaxpr = jax.make_jaxpr(lambda q: solve(ThreeIncompatible(), q))(q0).jaxpr
+
+    def outside_conditionals(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name != "cond":
+                yield eqn.primitive.name
+                for param in eqn.params.values():
+                    for sub in param if isinstance(param, (tuple, list)) else (param,):
+                        inner = getattr(sub, "jaxpr", sub)
+                        if hasattr(inner, "eqns"):
+                            yield from outside_conditionals(inner)
+
+    assert "svd" in {eqn.primitive.name for eqn in equations(jaxpr)}
+    assert "svd" not in set(outside_conditionals(jaxpr))
+
+
 @pytest.mark.parametrize("system, formulation, scale, t1", [
     (TwicePendulum(), jaxdae.PseudoInverse(10.0, 25.0), 1.3, 0.2),  # redundant, consistent
     (PENDULUM, jaxdae.PseudoInverse(2.0, 1.0), 1.5, 0.5),  # a slow, large transient

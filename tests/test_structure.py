@@ -504,10 +504,13 @@ def test_add_at_is_a_gather_both_ways():
                                   [True, False, True, False, True])
 
 
-def test_banded_factorization():
+@pytest.mark.parametrize("cyclic", [False, True])
+def test_banded_factorization(cyclic):
+    # block row by block row, and by cyclic reduction (the accelerators' default)
     rng = np.random.default_rng(3)
-    # (200, 9): blocks wider than the unrolled Cholesky's limit (LAPACK per block)
-    for size, band in ((40, 1), (64, 3), (37, 2), (200, 9)):
+    # (200, 9): blocks wider than the unrolled Cholesky's limit (LAPACK per block);
+    # (9, 1): a block count that is not a power of two, at the banded minimum
+    for size, band in ((40, 1), (64, 3), (37, 2), (200, 9), (9, 1)):
         mask = np.abs(np.arange(size)[:, None] - np.arange(size)[None]) <= band
         permutation = rng.permutation(size)  # scrambled: found again by reordering
         mask = mask[permutation][:, permutation]
@@ -517,14 +520,25 @@ def test_banded_factorization():
         assert plan is not None and plan.width <= 2 * band
         rhs = rng.standard_normal((size, 2))
         sparse = SparseMatrix.from_dense(jnp.asarray(matrix), Pattern.from_mask(mask))
-        x, pivots = jax.jit(lambda a, b, plan=plan: banded_solve(a, b, plan))(sparse, jnp.asarray(rhs))
+        solve = jax.jit(lambda a, b, plan=plan: banded_solve(a, b, plan, cyclic))
+        x, pivots = solve(sparse, jnp.asarray(rhs))
         np.testing.assert_allclose(x, np.linalg.solve(matrix, rhs), atol=1e-13)
         assert pivots.shape == (size,)
-        np.testing.assert_allclose(np.prod(pivots), np.linalg.det(matrix), rtol=1e-10)
+        eigenvalues = np.linalg.eigvalsh(matrix)
+        assert np.all(pivots >= eigenvalues[0] * (1 - 1e-12))
+        assert np.all(pivots <= eigenvalues[-1] * (1 + 1e-12))
+        if not cyclic:  # the pivots of one elimination order
+            np.testing.assert_allclose(np.prod(pivots), np.linalg.det(matrix), rtol=1e-10)
+        # not positive definite: a pivot says so
+        shifted = matrix - (eigenvalues[0] + 0.5 * (eigenvalues[1] - eigenvalues[0])) * mask * np.eye(size)
+        _, pivots = solve(SparseMatrix.from_dense(jnp.asarray(shifted), Pattern.from_mask(mask)),
+                          jnp.asarray(rhs))
+        assert not np.all(np.asarray(pivots) > 0)
     assert banded_plan(Pattern.full((40, 40))) is None
 
 
-def test_banded_solve_derivatives():
+@pytest.mark.parametrize("cyclic", [False, True])
+def test_banded_solve_derivatives(cyclic):
     # implicit derivatives (a solve with the same factor) against the dense solve's, in
     # reverse and forward mode and under vmap
     rng = np.random.default_rng(5)
@@ -538,7 +552,8 @@ def test_banded_solve_derivatives():
     rhs = jnp.asarray(rng.standard_normal(size))
 
     def banded(values, rhs):
-        return jnp.sum(jnp.sin(banded_solve(SparseMatrix(values, pattern), rhs, plan)[0]))
+        return jnp.sum(jnp.sin(banded_solve(SparseMatrix(values, pattern), rhs, plan,
+                                            cyclic)[0]))
 
     def dense(values, rhs):
         return jnp.sum(jnp.sin(jnp.linalg.solve(SparseMatrix(values, pattern).dense(), rhs)))
