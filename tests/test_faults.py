@@ -6,6 +6,7 @@ import re
 import warnings
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -138,6 +139,30 @@ def test_incompatible_constraints_are_a_failure(formulation):
     with pytest.raises(jaxdae.SimulationError,
                        match=r"cannot be met(.|\n)*\|Φ\| = 1\.5\d+ \(at the start: 3\)"):
         jaxdae.simulate(Incompatible(), formulation, 0.0, 1.0, Q0, V0)
+
+
+def test_range_test_floor_follows_the_precision():
+    # a residual at float32's rounding level is not tested (no SVD where nothing failed);
+    # the same residual in float64, and a float32 model whose constraints contradict each
+    # other, are
+    from jaxdae._integration._simulate import checked_result
+
+    def verdict(dtype, residual):
+        g = jnp.asarray([[1.0, 0.0], [1.0, 0.0]], dtype)  # s outside the range of G
+        target = jnp.asarray([1.0, -1.0], dtype)
+        return checked_result(jnp.zeros((), dtype), jnp.asarray(residual, dtype), (g, target),
+                              jaxdae.RESULTS.successful)
+
+    assert verdict(jnp.float32, 2e-5) == jaxdae.RESULTS.successful
+    assert verdict(jnp.float64, 2e-5) == jaxdae.RESULTS.constraints_not_met
+    assert verdict(jnp.float32, 1e-2) == jaxdae.RESULTS.constraints_not_met
+    system = jax.tree.map(lambda x: x.astype(jnp.float32) if eqx.is_inexact_array(x) else x,
+                          Incompatible())
+    formulation = jaxdae.PseudoInverse(jnp.float32(10.0), jnp.float32(25.0))
+    sol = jaxdae.simulate(system, formulation, 0.0, 1.0, Q0.astype(jnp.float32),
+                          V0.astype(jnp.float32), rtol=1e-5, atol=1e-7, throw=False)
+    assert sol.q_final.dtype == jnp.float32
+    assert sol.result == jaxdae.RESULTS.constraints_not_met
 
 
 class ThreeIncompatible(CartesianPendulum):

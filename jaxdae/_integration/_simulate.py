@@ -437,7 +437,9 @@ def checked_result(initial_residual, residual, range_inputs, result: RESULTS) ->
     - else its constraints are not met (`constraints_not_met`) where more than a tenth of
         the stabilization's target lies outside the range of the constraint Jacobian
         (`max |s − G G⁺ s| > 0.1 max |s|`: no acceleration meets it, the constraints
-        contradict each other) while the residual is above `10⁻⁶ max(r₀, 1)`.
+        contradict each other) while the residual is above
+        `max(10⁻⁶, 10⁴ ε) max(r₀, 1)`: `10⁻⁶` in float64, `1.2 · 10⁻³` in float32, where
+        rounding alone leaves a chain of 64 links at `|Φ| ≈ 2 · 10⁻⁵`.
 
     `range_inputs`: `(G, s)` at the final state for the formulations in `_TARGETED` on a
     `LagrangianSystem` (`_diagnostics` returns them with the final row), else None. For
@@ -452,7 +454,7 @@ def checked_result(initial_residual, residual, range_inputs, result: RESULTS) ->
     initial_residual, residual, range_inputs = jax.lax.stop_gradient(
         (initial_residual, residual, range_inputs))
     scale = jnp.maximum(initial_residual, 1.0)
-    floor = 1e-6 * scale
+    floor = max(1e-6, 1e4 * float(jnp.finfo(residual.dtype).eps)) * scale
     ok = result == RESULTS.successful
     diverged = ok & ((residual > 1e6 * scale) | ~jnp.isfinite(residual))
     result = RESULTS.where(diverged, RESULTS.diverged, result)
