@@ -466,7 +466,8 @@ class MassFactor(eqx.Module):
 # pattern, in its own order or after reverse Cuthill–McKee, has a half-bandwidth `b` small
 # against the size. With blocks of `b` rows the matrix is block tridiagonal, and its block
 # LDLᵀ factorization runs one block row at a time in a `lax.scan`: `O(size · b²)` work and a
-# program whose size does not depend on the size of the matrix.
+# program whose size does not depend on the size of the matrix (on accelerators, cyclic
+# reduction instead: `CyclicReductionFactor`).
 # From 8 rows the banded factorization is the faster: the chain of 8, 12, 16 and 24 links
 # (tridiagonal `J M⁻¹ Jᵀ`) took 8.0, 9.8, 12.2 and 17.6 µs per Tsit5 step with it and 11.0,
 # 17.3, 22.5 and 38.0 with the dense looped Cholesky, and its gradient 2.7–3.6× the solve
