@@ -588,7 +588,7 @@ def test_banded_solve_derivatives():
     batch = jnp.stack([rhs, 2 * rhs])
     want = jax.vmap(jax.grad(dense, argnums=1), in_axes=(None, 0))(values, batch)
     for cyclic in (False, True):
-        got = jax.jit(jax.vmap(jax.grad(lambda v, r: banded(v, r, cyclic), argnums=1),
+        got = jax.jit(jax.vmap(jax.grad(lambda v, r, c=cyclic: banded(v, r, c), argnums=1),
                                in_axes=(None, 0)))(values, batch)
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
