@@ -200,6 +200,21 @@ def test_range_test_of_a_batch():
     assert "svd" not in set(outside_conditionals(jaxpr))
 
 
+def test_contradicting_constraints_under_baumgarte():
+    # Baumgarte's singularity test reports them at the start; at its default `rcond` the
+    # solve then has no range test at its end (no SVD in the program), with a given one it
+    # keeps it
+    from ._jaxprs import equations
+
+    sol = jaxdae.simulate(ThreeIncompatible(), BAUMGARTE, 0.0, 1.0, Q0, V0, throw=False)
+    assert sol.result == jaxdae.RESULTS.singular_constraint_matrix and sol.t_final == 0.0
+    for rcond, has_range_test in ((None, False), (1e-12, True)):
+        formulation = jaxdae.Baumgarte(10.0, 25.0, rcond=rcond)
+        jaxpr = jax.make_jaxpr(lambda q, f=formulation: jaxdae.simulate(
+            ThreeIncompatible(), f, 0.0, 1.0, q, V0, throw=False).q_final)(Q0).jaxpr
+        assert ("svd" in {eqn.primitive.name for eqn in equations(jaxpr)}) == has_range_test
+
+
 @pytest.mark.parametrize("system, formulation, scale, t1", [
     (TwicePendulum(), jaxdae.PseudoInverse(10.0, 25.0), 1.3, 0.2),  # redundant, consistent
     (PENDULUM, jaxdae.PseudoInverse(2.0, 1.0), 1.5, 0.5),  # a slow, large transient
