@@ -644,8 +644,6 @@ class CyclicReductionFactor(eqx.Module):
     rows are uncoupled, `x_i = S_i⁻¹ r_i`. On a GPU the sequential factorization's loop
     costs a kernel launch per block row and per stage; this one a few per level.
 
-    **Fields:**
-
     Below float64 a solve takes one step of iterative refinement: in float32 the reduction's
     rounding made the ODE solver's error estimate reject steps, the chain of 64 links took
     2.7× and the ladder of 16 four-bars 11× the steps of the sequential factorization

@@ -425,11 +425,11 @@ def _targets(system, formulation, terms) -> bool:
     `_TARGETED` on a `LagrangianSystem` with constraints).
 
     Not for `Baumgarte` at its default `rcond`: constraints that contradict each other make
-    `G M⁻¹ Gᵀ` singular, which its failure test reports at the first step
+    `G M⁻¹ Gᵀ` singular, which its failure test reports at the start
     (`singular_constraint_matrix`), so a solve that succeeded has a `G` of full rank, whose
-    range holds every target. Left out, the test's terms at the final state and its SVD no
-    longer cost the gradient of the ladder of 128 four-bars 0.4–0.5 s of its 6.1–6.4 s
-    compile (`experiments/bench_compile.py --model ladder:128 --only gradient`)."""
+    range holds every target. The test's terms at the final state and its SVD would add
+    0.4–0.5 s to the 5.7–5.9 s compile of the ladder of 128 four-bars' gradient
+    (`experiments/bench_compile.py --model ladder:128 --only gradient`)."""
     if isinstance(formulation, Baumgarte) and formulation.rcond is None:
         return False
     return (isinstance(formulation, _TARGETED) and isinstance(system, LagrangianSystem)
