@@ -530,7 +530,7 @@ def test_banded_factorization(cyclic):
         if not cyclic:  # the pivots of one elimination order
             np.testing.assert_allclose(np.prod(pivots), np.linalg.det(matrix), rtol=1e-10)
         # not positive definite: a pivot says so
-        shift = eigenvalues[0] + 0.5 * (eigenvalues[1] - eigenvalues[0])  # one below zero
+        shift = eigenvalues[0] + 0.5 * (eigenvalues[1] - eigenvalues[0])  # one eigenvalue below zero
         shifted = matrix - shift * np.eye(size)
         _, pivots = solve(SparseMatrix.from_dense(jnp.asarray(shifted), Pattern.from_mask(mask)),
                           jnp.asarray(rhs))
@@ -561,8 +561,7 @@ def test_cyclic_reduction_in_float32():
 
 def test_banded_solve_derivatives():
     # implicit derivatives (a solve with the same factor) against the dense solve's, in
-    # reverse and forward mode and under vmap (the rule calls the factor's `solve`, which
-    # `test_banded_factorization` checks for both factorizations)
+    # reverse and forward mode and, for both factorizations, under vmap
     rng = np.random.default_rng(5)
     size = 48
     mask = np.abs(np.arange(size)[:, None] - np.arange(size)[None]) <= 2
