@@ -349,8 +349,11 @@ def batched_solve(model, tool, dtype):
         rhs = model.handwritten_rhs()
 
         def one(gains, q0, v0):
+            # Times in the state's dtype, as jaxdae's: float64 times would promote a float32
+            # solve's increments to float64 (half the steps on the chain of 64 links).
+            t0, t1 = jnp.asarray(0.0, q0.dtype), jnp.asarray(T1, q0.dtype)
             sol = diffrax.diffeqsolve(
-                diffrax.ODETerm(rhs), diffrax.Tsit5(), 0.0, T1, None, jnp.concatenate([q0, v0]),
+                diffrax.ODETerm(rhs), diffrax.Tsit5(), t0, t1, None, jnp.concatenate([q0, v0]),
                 args=gains, saveat=diffrax.SaveAt(t1=True), max_steps=100_000,
                 stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol))
             return sol.ys[-1, : q0.shape[0]], sol.stats["num_steps"]
