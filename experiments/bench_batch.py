@@ -61,6 +61,7 @@ import _peers  # noqa: E402
 import jaxdae  # noqa: E402
 from _common import output_dir, write_json  # noqa: E402
 from bench_core import T1, casadi_integrator, casadi_map  # noqa: E402
+from jaxdae._systems._system import cast_floating  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
 NAME = "bench_batch"
@@ -75,15 +76,10 @@ def device_name() -> str:
     return f"{device.platform}: {device.device_kind} ×{len(jax.devices(device.platform))}"
 
 
-def cast(tree, dtype):
-    return jax.tree_util.tree_map(
-        lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, tree)
-
-
 def jaxdae_solve(dtype, solver=None, **options):
     """One trajectory's `Solution` as a function of `(params, q0, v0)`; `options` go to
     `simulate` (e.g. `adjoint`)."""
-    system = cast(TwoLinkManipulator(), dtype)
+    system = cast_floating(TwoLinkManipulator(), dtype)
     rtol, atol = TOLERANCES[jnp.dtype(dtype).name]
 
     def solve(params, q0, v0):
@@ -109,7 +105,7 @@ def batch_loss(solve):
 def jaxdae_batch(dtype, solver=None, **options):
     """`(forward, loss)`: batched final `q` and the mean batch loss, gains as arguments, by
     `jax.vmap(simulate)` and by `simulate_ensemble`; `options` go to both (e.g. `adjoint`)."""
-    system = cast(TwoLinkManipulator(), dtype)
+    system = cast_floating(TwoLinkManipulator(), dtype)
     rtol, atol = TOLERANCES[jnp.dtype(dtype).name]
     solve = jaxdae_solve(dtype, solver, **options)
 

@@ -67,6 +67,7 @@ import scaling_models
 from _common import output_dir, write_json
 
 import jaxdae
+from jaxdae._systems._system import cast_floating  # the library's own float32 cast
 
 try:
     import casadi as ca
@@ -334,16 +335,10 @@ THROUGHPUT_TOLERANCES = {"float64": (RTOL, ATOL), "float32": (1e-5, 1e-7)}
 THROUGHPUT_TOOLS = ("vmap", "ensemble", "vmap, UnrolledERK", "hand-written, vmap")
 
 
-def cast(tree, dtype):
-    """`tree` with its floating-point arrays in `dtype`."""
-    return jax.tree_util.tree_map(
-        lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, tree)
-
-
 def batched_solve(model, tool, dtype):
     """`solve(gains, q0, v0) -> (q(1), steps)` of a batch (leading axis of `v0`) of `model`'s
     Baumgarte ODE in `dtype`, by `tool` (one of `THROUGHPUT_TOOLS`)."""
-    model = cast(model, dtype)
+    model = cast_floating(model, dtype)
     rtol, atol = THROUGHPUT_TOLERANCES[jnp.dtype(dtype).name]
     if tool == "hand-written, vmap":
         rhs = model.handwritten_rhs()

@@ -499,6 +499,26 @@ class BandedPlan:
         self.padding = np.arange(padded) >= size  # padded rows (an identity there)
         self.inverse_order = inverse
 
+    def to_blocks(self, rhs: Array) -> Array:
+        """`rhs`, `(size,)` or `(size, m)`, permuted and cut into `(blocks, width, m)`
+        (padded rows zero)."""
+        columns = rhs[:, None] if rhs.ndim == 1 else rhs
+        padding_rows = jnp.zeros((self.blocks * self.width - self.size, columns.shape[1]),
+                                 columns.dtype)
+        permuted = jnp.concatenate([take(columns, self.order), padding_rows])
+        return permuted.reshape(self.blocks, self.width, -1)
+
+    def from_blocks(self, blocks: Array, like: Array) -> Array:
+        """The inverse of `to_blocks`, shaped as `like`."""
+        out = take(blocks.reshape(-1, blocks.shape[-1]), self.inverse_order)
+        return out[:, 0] if like.ndim == 1 else out
+
+    def pivots(self, low: Array) -> Array:
+        """The squared diagonals of the blocks' Cholesky factors `low`, `(blocks, b, b)`,
+        without the padded rows."""
+        squares = jnp.diagonal(low, axis1=1, axis2=2).reshape(-1) ** 2
+        return take(squares, np.flatnonzero(~self.padding))
+
 
 @functools.lru_cache(maxsize=256)
 def banded_plan(pattern: Pattern) -> BandedPlan | None:
@@ -584,18 +604,12 @@ class BandedFactor(eqx.Module):
     def pivots(self) -> Float[Array, " size"]:
         """The pivots `D` of `P A Pᵀ = L D Lᵀ` (`L` unit lower triangular, `P` the plan's
         permutation): non-finite or not positive where `A` is not positive definite."""
-        squares = jnp.diagonal(self.low, axis1=1, axis2=2).reshape(-1) ** 2
-        return take(squares, np.flatnonzero(~self.plan.padding))
+        return self.plan.pivots(self.low)
 
     def solve(self, rhs: Array) -> Array:
         """`A⁻¹ rhs` for `rhs` of shape `(size,)` or `(size, m)`: forward substitution,
         the pivot blocks, back substitution (two scans over the blocks)."""
-        plan = self.plan
-        vector = rhs.ndim == 1
-        b = rhs[:, None] if vector else rhs
-        padding_rows = jnp.zeros((plan.blocks * plan.width - plan.size, b.shape[1]), b.dtype)
-        permuted = jnp.concatenate([take(b, plan.order), padding_rows])
-        blocks = permuted.reshape(plan.blocks, plan.width, -1)
+        blocks = self.plan.to_blocks(rhs)
 
         def forward(previous, block):  # L u = rhs, then v = S⁻¹ u
             low, coupling, rhs_i = block
@@ -611,8 +625,7 @@ class BandedFactor(eqx.Module):
             return x, x
 
         _, x = jax.lax.scan(backward, jnp.zeros_like(blocks[0]), (v, following), reverse=True)
-        out = take(x.reshape(-1, b.shape[1]), plan.inverse_order)
-        return out[:, 0] if vector else out
+        return self.plan.from_blocks(x, rhs)
 
 
 def _shifted(blocks: Array, shift: Array, fill: Array) -> Array:
@@ -668,8 +681,7 @@ class CyclicReductionFactor(eqx.Module):
         """Pivots of symmetric eliminations of `A` (for each block, the order that
         eliminates it last; each lies between `A`'s extreme eigenvalues): non-finite or not
         positive where `A` is not positive definite."""
-        squares = jnp.diagonal(self.low, axis1=1, axis2=2).reshape(-1) ** 2
-        return take(squares, np.flatnonzero(~self.plan.padding))
+        return self.plan.pivots(self.low)
 
     def solve(self, rhs: Array) -> Array:
         """`A⁻¹ rhs` for `rhs` of shape `(size,)` or `(size, m)`: one batched update per
@@ -681,12 +693,7 @@ class CyclicReductionFactor(eqx.Module):
         return x + self._reduced_solve(rhs - product(x))
 
     def _reduced_solve(self, rhs: Array) -> Array:
-        plan = self.plan
-        vector = rhs.ndim == 1
-        b = rhs[:, None] if vector else rhs
-        padding_rows = jnp.zeros((plan.blocks * plan.width - plan.size, b.shape[1]), b.dtype)
-        permuted = jnp.concatenate([take(b, plan.order), padding_rows])
-        blocks = permuted.reshape(plan.blocks, plan.width, -1)
+        blocks = self.plan.to_blocks(rhs)
         zero = jnp.zeros((), blocks.dtype)
 
         def level(r, xs):
@@ -695,10 +702,8 @@ class CyclicReductionFactor(eqx.Module):
                     - gamma @ _shifted(r, stride, zero)), None
 
         blocks, _ = jax.lax.scan(level, blocks,
-                                 (self.alphas, self.gammas, _strides(plan.blocks)))
-        x = jax.vmap(cholesky_solve)(self.low, blocks)
-        out = take(x.reshape(-1, b.shape[1]), plan.inverse_order)
-        return out[:, 0] if vector else out
+                                 (self.alphas, self.gammas, _strides(self.plan.blocks)))
+        return self.plan.from_blocks(jax.vmap(cholesky_solve)(self.low, blocks), rhs)
 
 
 def _strides(blocks: int) -> Array:
