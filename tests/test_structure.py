@@ -559,16 +559,18 @@ def test_cyclic_reduction_in_float32():
     assert residuals[True] < 2 * residuals[False]
 
 
-def test_banded_solve_derivatives():
+@pytest.mark.parametrize("size,band", [(48, 2), (96, 9)])
+def test_banded_solve_derivatives(size, band):
     # implicit derivatives (a solve with the same factor) against the dense solve's, in
-    # reverse and forward mode and, for both factorizations, under vmap
+    # reverse and forward mode and, for both factorizations, under vmap; blocks of
+    # 2 rows (unrolled) and of 9 (loops, whose tangent solves reverse mode must transpose)
     rng = np.random.default_rng(5)
-    size = 48
-    mask = np.abs(np.arange(size)[:, None] - np.arange(size)[None]) <= 2
+    mask = np.abs(np.arange(size)[:, None] - np.arange(size)[None]) <= band
     noise = rng.standard_normal((size, size)) * mask
     matrix = (0.3 * (noise + noise.T) + 5 * np.eye(size)) * mask
     pattern = Pattern.from_mask(mask)
     plan = banded_plan(pattern)
+    assert (plan.width > _sparse.UNROLL_MAX) == (band > 2)
     values = jnp.asarray(matrix[pattern.rows, pattern.cols])
     rhs = jnp.asarray(rng.standard_normal(size))
 
@@ -674,6 +676,68 @@ def test_banded_path_agrees(monkeypatch):
     for a, b in zip(jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d)):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
     _sparse.banded_plan.cache_clear()
+
+
+class _Net(jaxdae.LagrangianSystem):
+    """A net of unit point masses in the plane, `rows × cols` nodes joined to their
+    neighbours by bars and hanging by its top row from fixed points; the bars' lengths are
+    those of slightly irregular `positions` (so that they are consistent and the constraints
+    independent). Its `J M⁻¹ Jᵀ` is banded with blocks of `≈ 2 cols` rows."""
+
+    structured_terms = True
+    rows: int = eqx.field(static=True)
+    cols: int = eqx.field(static=True)
+    lengths: jax.Array
+
+    def __init__(self, rows, cols):
+        self.rows, self.cols = rows, cols
+        self.lengths = self._squared_lengths(self.positions())
+
+    def positions(self):
+        rows, cols = np.meshgrid(np.arange(self.rows), np.arange(self.cols), indexing="ij")
+        grid = np.stack([cols, -1.0 - rows], axis=-1)
+        return jnp.asarray(grid + 0.1 * np.random.default_rng(0).standard_normal(grid.shape)
+                           ).ravel()
+
+    def _squared_lengths(self, q):
+        nodes = q.reshape(self.rows, self.cols, 2)
+        anchors = jnp.stack([jnp.arange(self.cols, dtype=q.dtype),
+                             jnp.zeros(self.cols, q.dtype)], axis=-1)
+        above = jnp.concatenate([anchors[None], nodes[:-1]])
+        hanging = jnp.sum((nodes - above) ** 2, axis=-1)
+        across = jnp.sum((nodes[:, 1:] - nodes[:, :-1]) ** 2, axis=-1)
+        return jnp.concatenate([hanging, across], axis=1).ravel()  # row by row
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def potential_energy(self, t, q):
+        return 9.81 * jnp.sum(q[1::2])
+
+    def constraints(self, t, q):
+        return self._squared_lengths(q) - self.lengths
+
+
+class _DenseNet(_Net):
+    structured_terms = False
+
+
+def test_gradients_through_wide_bands():
+    # a net of 9 × 5 nodes: `J M⁻¹ Jᵀ` (81 × 81) banded in blocks of 9 rows, beyond the
+    # unrolled factorization's limit; reverse mode transposes the tangent solves of the
+    # banded multipliers' derivative
+    structured = _Net(9, 5)
+    dense = eqx.tree_at(lambda m: m.lengths, _DenseNet(9, 5), structured.lengths)
+    q = structured.positions()
+    v = 0.3 * jnp.cos(jnp.arange(q.size, dtype=float))
+    terms = structured.terms(0.0, q, v)
+    g = terms.sparse_jacobian
+    assert banded_plan(sparse_matmul(g, g.T).pattern).width > _sparse.UNROLL_MAX
+    formulations = [FORMULATIONS["Baumgarte"]]
+    grad_s = _acceleration_gradient(structured, formulations, q, v)
+    grad_d = _acceleration_gradient(dense, formulations, q, v)
+    for a, b in zip(jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d)):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9 * np.max(np.abs(b)))
 
 
 @eqx.filter_jit

@@ -91,8 +91,13 @@ def _looped_cholesky(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
     return jax.lax.fori_loop(0, n, column, jnp.zeros_like(matrix))
 
 
-def _looped_substitution(low: Float[Array, "n n"], rhs: Float[Array, "n m"],
-                         transpose: bool) -> Float[Array, "n m"]:
+def looped_substitution(low: Float[Array, "n n"], rhs: Float[Array, "n m"],
+                        transpose: bool) -> Float[Array, "n m"]:
+    """`L⁻¹ rhs` (or `L⁻ᵀ rhs` where `transpose`) for a lower triangular `L` by a
+    `lax.fori_loop` over the rows, differentiated and transposed by JAX through the loop and
+    batched as a loop. [`looped_triangular_solve`][] is the same loop with a faster batched
+    form, which JAX cannot transpose: a substitution of a tangent inside a JVP rule, which
+    JAX's reverse mode transposes, takes this one."""
     n = low.shape[0]
     rows = low.T if transpose else low
 
@@ -152,7 +157,7 @@ _cholesky = _batched_otherwise(
     lambda a: jax.lax.linalg.cholesky(a, symmetrize_input=False))
 _substitutions = {
     transpose: _batched_otherwise(
-        functools.partial(_looped_substitution, transpose=transpose),
+        functools.partial(looped_substitution, transpose=transpose),
         functools.partial(unrolled_substitution, transpose=transpose),
         functools.partial(jax.lax.linalg.triangular_solve, left_side=True, lower=True,
                           transpose_a=transpose))
@@ -179,7 +184,7 @@ def _looped_cholesky_jvp(primals, tangents):
     # Masks, not `jnp.diagonal` (a gather, whose transpose is a scatter: see `LOOPED_MAX`).
     rows, cols = jnp.indices(matrix.shape)
     d_matrix = jnp.where(rows >= cols, d_matrix, d_matrix.T)  # what the factorization reads
-    inner = _looped_substitution(low, _looped_substitution(low, d_matrix, False).T, False)
+    inner = looped_substitution(low, looped_substitution(low, d_matrix, False).T, False)
     phi = jnp.where(rows > cols, inner, jnp.where(rows == cols, 0.5 * inner, 0.0))
     return low, low @ phi
 
@@ -199,7 +204,7 @@ def _looped_triangular_solve_jvp(transpose, primals, tangents):
     (low, rhs), (d_low, d_rhs) = primals, tangents
     x = _substitutions[transpose](low, rhs)
     residual = d_rhs - (d_low.T if transpose else d_low) @ x
-    return x, _looped_substitution(low, residual, transpose)
+    return x, looped_substitution(low, residual, transpose)
 
 
 def small_matmul(a: Array, b: Array) -> Array:
@@ -457,8 +462,8 @@ def pivoted_pseudo_solve(factor: PivotedPseudoFactor, rhs: Array) -> Array:
     inverse = jnp.where(kept, 1.0 / jnp.where(kept, factor.pivots, 1.0), 0.0)
 
     def gram_solve(x):
-        return _looped_substitution(
-            factor.gram_low, _looped_substitution(factor.gram_low, x, False), True)
+        return looped_substitution(
+            factor.gram_low, looped_substitution(factor.gram_low, x, False), True)
 
     y = gram_solve(factor.low.T @ b)
     x = factor.low @ gram_solve(inverse[:, None] * y)

@@ -29,6 +29,7 @@ from ._linalg import (
     LOOPED_MAX,
     UNROLL_MAX,
     looped_cholesky,
+    looped_substitution,
     looped_triangular_solve,
     unrolled_cholesky_factor,
     unrolled_substitution,
@@ -568,17 +569,21 @@ def cholesky_factor(block: Float[Array, "b b"], unroll_max: int = UNROLL_MAX
 
 
 def cholesky_solve(low: Float[Array, "b b"], rhs: Float[Array, "b m"],
-                   unroll_max: int = UNROLL_MAX) -> Float[Array, "b m"]:
+                   unroll_max: int = UNROLL_MAX, *, tangent: bool = False
+                   ) -> Float[Array, "b m"]:
     """`(L Lᵀ)⁻¹ rhs` for a Cholesky factor `low` (from `cholesky_factor`), `rhs` of
     shape `(b, m)`: substitutions unrolled up to `unroll_max` rows, loops up to
-    `LOOPED_MAX`, LAPACK beyond."""
+    `LOOPED_MAX`, LAPACK beyond. With `tangent` (`rhs` a tangent inside a JVP rule, which
+    reverse mode transposes) the loops are [`looped_substitution`][], which JAX can
+    transpose."""
     b = low.shape[0]
     if b > LOOPED_MAX:
         y = jax.lax.linalg.triangular_solve(low, rhs, left_side=True, lower=True)
         return jax.lax.linalg.triangular_solve(low, y, left_side=True, lower=True,
                                                transpose_a=True)
     if b > unroll_max:
-        return looped_triangular_solve(low, looped_triangular_solve(low, rhs, False), True)
+        substitution = looped_substitution if tangent else looped_triangular_solve
+        return substitution(low, substitution(low, rhs, False), True)
     return unrolled_substitution(low, unrolled_substitution(low, rhs, False), True)
 
 
@@ -606,15 +611,16 @@ class BandedFactor(eqx.Module):
         permutation): non-finite or not positive where `A` is not positive definite."""
         return self.plan.pivots(self.low)
 
-    def solve(self, rhs: Array) -> Array:
+    def solve(self, rhs: Array, tangent: bool = False) -> Array:
         """`A⁻¹ rhs` for `rhs` of shape `(size,)` or `(size, m)`: forward substitution,
-        the pivot blocks, back substitution (two scans over the blocks)."""
+        the pivot blocks, back substitution (two scans over the blocks). `tangent`: `rhs`
+        is a tangent inside a JVP rule (see [`cholesky_solve`][])."""
         blocks = self.plan.to_blocks(rhs)
 
         def forward(previous, block):  # L u = rhs, then v = S⁻¹ u
             low, coupling, rhs_i = block
             u = rhs_i - coupling.T @ previous
-            return u, cholesky_solve(low, u)
+            return u, cholesky_solve(low, u, tangent=tangent)
 
         _, v = jax.lax.scan(forward, jnp.zeros_like(blocks[0]), (self.low, self.coupling, blocks))
         following = jnp.concatenate([self.coupling[1:], jnp.zeros_like(self.coupling[:1])])
@@ -683,9 +689,11 @@ class CyclicReductionFactor(eqx.Module):
         positive where `A` is not positive definite."""
         return self.plan.pivots(self.low)
 
-    def solve(self, rhs: Array) -> Array:
+    def solve(self, rhs: Array, tangent: bool = False) -> Array:
         """`A⁻¹ rhs` for `rhs` of shape `(size,)` or `(size, m)`: one batched update per
-        level, then the uncoupled block solves (twice below float64, see above)."""
+        level, then the uncoupled block solves (twice below float64, see above). The block
+        solves are batched, so JAX transposes them whether or not `rhs` is a tangent."""
+        del tangent
         x = self._reduced_solve(rhs)
         if jnp.finfo(x.dtype).bits >= 64:
             return x
@@ -792,4 +800,5 @@ def _banded_solve_jvp(plan, cyclic, primals, tangents):
     x = factor.solve(rhs)
     d_matrix = SparseMatrix(d_values, plan.pattern)
     d_matrix_x = d_matrix.matvec(x) if x.ndim == 1 else jax.vmap(d_matrix.matvec, 1, 1)(x)
-    return (x, factor.pivots), (factor.solve(d_rhs - d_matrix_x), jnp.zeros_like(factor.pivots))
+    return (x, factor.pivots), (factor.solve(d_rhs - d_matrix_x, tangent=True),
+                                jnp.zeros_like(factor.pivots))

@@ -398,7 +398,7 @@ def _banded_multipliers_jvp(patterns, primals, tangents):
         r = r + d_g.matvec(acc)
     if d_target is not None:
         r = r - d_target
-    d_lam = factor.solve(r)
+    d_lam = factor.solve(r, tangent=True)
     return (acc, lam), (p - minv_gt.matvec(d_lam), d_lam)
 
 
