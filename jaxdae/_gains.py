@@ -76,6 +76,22 @@ def gain_matrix(gain: Gain, size: int, dtype) -> Float[Array, "c c"]:
     return gain
 
 
+def uncoupled_companions(gains: Sequence[Gain], size: int, dtype
+                         ) -> Float[Array, "size p p"] | None:
+    """The companion matrices of `f⁽ᵖ⁾ + Σ_j K_j f⁽ʲ⁾ = 0` (`gains = (K_0, …, K_{p−1})`)
+    constraint by constraint, `(size, p, p)`, where every `K_j` is a scalar or a vector: the
+    `(p·size)`-square companion matrix is then, up to a permutation, block diagonal with
+    these blocks, and Hurwitz iff each of them is. `None` where a gain is a matrix."""
+    if any(jnp.ndim(gain) > 1 for gain in gains):
+        return None
+    order = len(gains)
+    last = -jnp.stack([jnp.broadcast_to(jnp.asarray(gain, dtype), (size,)) for gain in gains],
+                      axis=-1)
+    shift = jnp.broadcast_to(jnp.eye(order, k=1, dtype=dtype)[: order - 1],
+                             (size, order - 1, order))
+    return jnp.concatenate([shift, last[:, None, :]], axis=1)
+
+
 def apply_gain(gain: Gain, x: Float[Array, " c"]) -> Float[Array, " c"]:
     """`K x` without forming `K` for scalar and diagonal gains."""
     gain = gain.astype(x.dtype)

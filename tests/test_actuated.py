@@ -331,6 +331,21 @@ def test_traced_gains_are_checked_for_stability():
         jax.block_until_ready(run(unstable))  # on a GPU the error comes with the result
 
 
+def test_uncoupled_companions_hold_the_companion_eigenvalues():
+    # vector and scalar gains: the (p·size)-square companion matrix is block diagonal up to
+    # a permutation, with one p × p block per constraint
+    from jaxdae._gains import uncoupled_companions
+    from jaxdae._integration._actuated import _companion
+
+    gains = (jnp.array([6.0, 1.0, 10.0]), jnp.asarray(11.0), jnp.array([6.0, 3.0, 9.0]))
+    blocks = uncoupled_companions(gains, 3, jnp.float64)
+    assert blocks.shape == (3, 3, 3)
+    full = np.linalg.eigvals(np.asarray(_companion(gains, 3, "gains")))
+    np.testing.assert_allclose(np.sort_complex(np.linalg.eigvals(np.asarray(blocks)).ravel()),
+                               np.sort_complex(full), rtol=1e-9, atol=1e-9)
+    assert uncoupled_companions((jnp.eye(3), jnp.asarray(1.0)), 3, jnp.float64) is None
+
+
 def test_discrete_stability_penalty_reads_the_control_gains():
     penalty = jaxdae.DiscreteStability(diffrax.Euler(), dt=0.02, num_constraints=1)
     slow = jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=4)

@@ -13,6 +13,7 @@ import pytest
 
 from jaxdae._compilation._linalg import (
     LU_UNROLL_MAX,
+    LYAPUNOV_MAX,
     UNROLL_MAX,
     extreme_eigenvalues,
     full_precision,
@@ -191,6 +192,13 @@ def test_pseudo_inverse_in_closed_form_matches_pinv():
     assert np.all(np.isfinite(grad))
 
 
+def _oscillators(count, damping):
+    """`count` oscillators `ẍ_i = −4 x_i − damping ẋ_i + 0.1 x_{i+1}`, as one first-order
+    matrix."""
+    block = jnp.kron(jnp.eye(count), jnp.asarray([[0.0, 1.0], [-4.0, -damping]]))
+    return block + 0.1 * jnp.eye(2 * count, k=1) * jnp.tile(jnp.asarray([0.0, 1.0]), count)[:, None]
+
+
 @pytest.mark.parametrize("matrix, hurwitz", [
     ([[-1.0]], True),
     ([[0.0]], False),
@@ -199,12 +207,31 @@ def test_pseudo_inverse_in_closed_form_matches_pinv():
     ([[0.0, 1.0], [4.0, -1.0]], False),      # a saddle
     ([[-1.0, 5.0, 0.0], [0.0, -2.0, 3.0], [0.0, 0.0, -0.1]], True),
     ([[np.nan, 0.0], [0.0, -1.0]], False),
+    # beyond LYAPUNOV_MAX rows (traced: eigenvalues on the host): 15 coupled oscillators,
+    # all damped, and with the last undamped
+    (_oscillators(15, damping=0.5), True),
+    (_oscillators(15, damping=0.5).at[-1, -1].set(0.0), False),
 ])
 def test_not_hurwitz_eager_and_traced_agree_with_eigenvalues(matrix, hurwitz):
-    """The eager path (NumPy's eigenvalues) and the traced one (Lyapunov's equation) agree."""
+    """The eager path (NumPy's eigenvalues) and the traced one (Lyapunov's equation, or the
+    host's eigenvalues for large matrices) agree."""
     matrix = np.asarray(matrix)
     assert bool(not_hurwitz(matrix, np)) == (not hurwitz)
     assert bool(jax.jit(lambda m: not_hurwitz(m, jnp))(jnp.asarray(matrix))) == (not hurwitz)
+
+
+def test_not_hurwitz_of_stacks_and_batches():
+    """A stack is Hurwitz where each of its matrices is; batches of large matrices (host
+    eigenvalues) keep one verdict per row."""
+    stack = np.asarray([[[0.0, 1.0], [-4.0, -0.5]], [[0.0, 1.0], [4.0, -1.0]]])
+    traced = jax.jit(lambda m: not_hurwitz(m, jnp))
+    for matrices, bad in ((stack[:1], False), (stack, True), (stack[:0], False)):
+        assert bool(not_hurwitz(matrices, np)) == bad
+        assert bool(traced(jnp.asarray(matrices))) == bad
+    large = jnp.stack([_oscillators(15, damping=d) for d in (0.5, 0.0, 0.1)])
+    assert large.shape[-1] > LYAPUNOV_MAX
+    np.testing.assert_array_equal(jax.vmap(traced)(large), [False, True, False])
+    np.testing.assert_array_equal(jax.vmap(traced)(large[:, None]), [False, True, False])
 
 
 def test_full_precision_keeps_the_users_choice():

@@ -233,6 +233,33 @@ def test_coupled_bad_blocks(kwargs, match):
         jaxdae.CoupledPerturbation(**kwargs)
 
 
+def test_traced_hurwitz_checks_of_many_constraints():
+    # traced gains (under jit, vmap, grad) of many constraints: uncoupled scalar or diagonal
+    # blocks are checked constraint by constraint (the (2m)² × (2m)² Lyapunov system of
+    # m = 200 would hold 1.3e11 entries); coupled blocks beyond the Lyapunov limit by the
+    # host's eigenvalues, row by row under vmap
+    m = 200
+
+    def uncoupled(k10, k11):
+        ((flag, _),) = jaxdae.CoupledPerturbation(k10=k10, k11=k11).traced_checks(m, 0)
+        return flag
+
+    stable = jnp.full(m, -25.0)
+    check = jax.jit(uncoupled).lower(stable, -10.0).compile()
+    assert check.memory_analysis().temp_size_in_bytes < 1e6
+    assert not check(stable, -10.0)
+    assert check(stable.at[17].set(1.0), -10.0)
+    assert check(stable, 0.0)  # undamped
+
+    def coupled(k22):
+        formulation = jaxdae.CoupledPerturbation(k10=-25.0, k11=-10.0, k12=0.1, k22=k22)
+        ((flag, _),) = formulation.traced_checks(20, 2)
+        return flag
+
+    np.testing.assert_array_equal(jax.jit(jax.vmap(coupled))(jnp.array([-5.0, 1.0, -1.0])),
+                                  [False, True, False])
+
+
 def test_coupled_blocks_must_fit_system(sleigh):
     q0, v0 = sleigh.initial_state(U0, W0)
     with pytest.raises(ValueError, match="pass `k22`"):

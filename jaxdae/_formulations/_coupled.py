@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._custom_types import Array, Float
-from .._gains import as_gain, gain_matrix, is_concrete
+from .._gains import apply_gain, as_gain, gain_matrix, is_concrete, uncoupled_companions
 from .._compilation._linalg import not_hurwitz
 from .._compilation._linear_solvers import PositiveDefinite
 from .._systems._system import ConstrainedTerms
@@ -176,16 +176,40 @@ class CoupledPerturbation(AbstractExactMultipliers):
     def traced_checks(self, num_holonomic, num_nonholonomic):
         if is_concrete(self):
             return ()
+        m, k = num_holonomic, num_nonholonomic
         dtype = jnp.result_type(*[g for g in self._gains() if g is not None], float)
-        matrix = self.perturbation_matrix(num_holonomic, num_nonholonomic, dtype)
         message = ("The perturbation matrix of `CoupledPerturbation` is not Hurwitz: the "
                    "constraint perturbations would not decay (paper 002, eq. [0.12]).")
-        return ((not_hurwitz(jax.lax.stop_gradient(matrix), jnp), message),)
+        zero = jnp.zeros((), dtype)
+        holonomic = uncoupled_companions(
+            [-(zero if g is None else g) for g in (self.k10, self.k11)], m, dtype)
+        if self.k12 is None and self.k20 is None and self.k21 is None and holonomic is not None:
+            # uncoupled, scalar or diagonal blocks: Hurwitz iff each constraint's block is,
+            # `[[0, 1], [k10_i, k11_i]]` and `k22_j`
+            k22 = jnp.zeros((k,), dtype) if self.k22 is None else self.k22
+            flag = not_hurwitz(jax.lax.stop_gradient(holonomic), jnp) | not_hurwitz(
+                jax.lax.stop_gradient(jnp.broadcast_to(k22, (k,))[:, None, None]), jnp)
+        else:
+            matrix = self.perturbation_matrix(m, k, dtype)
+            flag = not_hurwitz(jax.lax.stop_gradient(matrix), jnp)
+        return ((flag, message),)
 
     def accelerations(self, terms: ConstrainedTerms):
         m, k = terms.num_holonomic, terms.num_nonholonomic
         dtype = terms.mass_matrix.dtype
-        y = jnp.concatenate([terms.phi, terms.dphi, terms.psi])
-        rows = self.perturbation_matrix(m, k, dtype)[m:]
-        # G q̈ − bias = (Φ̈, Ψ̇) = rows · y
-        return multiplier_solve(terms, terms.bias + rows @ y, PositiveDefinite())
+        sizes = {"m": m, "k": k}
+
+        def times(name, x):  # K x, without forming a scalar or diagonal K
+            gain = getattr(self, name)
+            rows, cols = _SHAPES[name]
+            if gain is None:
+                return jnp.zeros((sizes[rows],), dtype)
+            if rows == cols:
+                return jnp.broadcast_to(apply_gain(gain, x), (sizes[rows],))
+            return _block(gain, sizes[rows], sizes[cols], dtype) @ x
+
+        phi, dphi, psi = terms.phi, terms.dphi, terms.psi
+        # G q̈ − bias = (Φ̈, Ψ̇) = (K10 Φ + K11 Φ̇ + K12 Ψ, K20 Φ + K21 Φ̇ + K22 Ψ)
+        rates = jnp.concatenate([times("k10", phi) + times("k11", dphi) + times("k12", psi),
+                                 times("k20", phi) + times("k21", dphi) + times("k22", psi)])
+        return multiplier_solve(terms, terms.bias + rates, PositiveDefinite())

@@ -49,6 +49,7 @@ from .._gains import (
     check_gain_structure,
     gain_matrix,
     is_concrete,
+    uncoupled_companions,
 )
 from ._adjoint import forward_mode_hint, jit_unless_staged
 from .._compilation._scalarize import scalarize
@@ -307,14 +308,17 @@ class ConstraintEnforcingControl(eqx.Module):
         construction; traced ones (under `jit`, `vmap`, `grad`) come back wrapped in one
         `eqx.error_if` (`attach_checks`), which raises at run time unless each group's companion matrix is
         Hurwitz or all its gains are zero (Lyapunov's test, as for
-        [`jaxdae.CoupledPerturbation`][])."""
+        [`jaxdae.CoupledPerturbation`][]; for scalar and vector gains, constraint by
+        constraint)."""
         self.perturbation_matrix(num_constraints)  # raises for gains of the wrong size
         if is_concrete(self.gains):
             return self
         sizes = tuple(num_constraints) if self.grouped else (num_constraints,)
         bad = jnp.asarray(False)
         for i, (group, size) in enumerate(zip(self.groups, sizes)):
-            companion = jax.lax.stop_gradient(_companion(group, size, f"gains[{i}]"))
+            blocks = uncoupled_companions(group, size, jnp.result_type(*group))
+            companion = jax.lax.stop_gradient(
+                _companion(group, size, f"gains[{i}]") if blocks is None else blocks)
             unstabilized = jnp.all(jnp.stack([jnp.all(k == 0) for k in group]))
             bad = bad | (not_hurwitz(companion, jnp) & ~unstabilized)
         message = ("The perturbation equation `f⁽ᵖ⁾ + Σ K_j f⁽ʲ⁾ = 0` of the traced "
