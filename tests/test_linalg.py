@@ -94,15 +94,9 @@ def test_looped_cholesky_and_substitutions(n):
     programs have no LAPACK call and no scatter (which would keep XLA:CPU from compiling a
     solve's loop as one kernel)."""
     a, b = jnp.asarray(_spd(n, 11)), jnp.asarray(np.random.default_rng(n).standard_normal((n, 2)))
-    low = jnp.linalg.cholesky(a)
-    np.testing.assert_allclose(looped_cholesky(a), low, rtol=1e-12, atol=1e-13)
-    for transpose in (False, True):
-        want = jax.scipy.linalg.solve_triangular(low, b, lower=True, trans=int(transpose))
-        np.testing.assert_allclose(looped_triangular_solve(low, b, transpose), want, rtol=1e-12)
     tangent = jnp.asarray(_spd(n, 12))
-    np.testing.assert_allclose(jax.jvp(looped_cholesky, (a,), (tangent,))[1],
-                               jax.jvp(jnp.linalg.cholesky, (a,), (tangent,))[1],
-                               rtol=1e-10, atol=1e-12)
+    indefinite = a.at[n // 2, n // 2].set(-1.0)
+    batch = jnp.stack([a, 2.0 * a, indefinite])
 
     def solve(factor, triangular):
         return lambda a, b: jnp.sum(jnp.cos(triangular(factor(0.5 * (a + a.T)), b)))
@@ -110,21 +104,39 @@ def test_looped_cholesky_and_substitutions(n):
     ours = solve(looped_cholesky, lambda low, b: looped_triangular_solve(low, b, True))
     reference = solve(jnp.linalg.cholesky, lambda low, b: jax.scipy.linalg.solve_triangular(
         low, b, lower=True, trans=1))
-    for got, want in zip(jax.grad(ours, (0, 1))(a, b), jax.grad(reference, (0, 1))(a, b)):
-        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+    @jax.jit  # one program for all the comparisons (eagerly, each operation compiles alone)
+    def pairs(a, b, tangent, batch):
+        low = jnp.linalg.cholesky(a)
+        return {
+            "factor": (looped_cholesky(a), low),
+            **{f"substitution, transpose={transpose}": (
+                looped_triangular_solve(low, b, transpose),
+                jax.scipy.linalg.solve_triangular(low, b, lower=True, trans=int(transpose)))
+               for transpose in (False, True)},
+            "factor's tangent": (jax.jvp(looped_cholesky, (a,), (tangent,))[1],
+                                 jax.jvp(jnp.linalg.cholesky, (a,), (tangent,))[1]),
+            "gradient": (jax.grad(ours, (0, 1))(a, b), jax.grad(reference, (0, 1))(a, b)),
+            # under `vmap`: unrolled or LAPACK's batched routines
+            "batched factor": (jax.vmap(looped_cholesky)(batch[:2]),
+                               jnp.linalg.cholesky(batch[:2])),
+            "batched gradient": (
+                jax.vmap(jax.grad(ours, (0, 1)), in_axes=(0, None))(batch[:2], b),
+                jax.vmap(jax.grad(reference, (0, 1)), in_axes=(0, None))(batch[:2], b)),
+            "indefinite, alone and batched": (looped_cholesky(indefinite),
+                                              jax.vmap(looped_cholesky)(batch)[2]),
+        }
+
+    for name, (got, want) in pairs(a, b, tangent, batch).items():
+        if name.startswith("indefinite"):
+            assert not np.all(np.isfinite(got)) and not np.all(np.isfinite(want))
+            continue
+        derivative = "tangent" in name or "gradient" in name
+        tolerance = dict(rtol=1e-10, atol=1e-12) if derivative else dict(rtol=1e-12, atol=1e-13)
+        for got_, want_ in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(got_, want_, err_msg=name, **tolerance)
     program = jax.jit(jax.grad(ours, (0, 1))).lower(a, b).compile().as_text()
     assert " scatter(" not in program and " custom-call(" not in program
-    indefinite = a.at[n // 2, n // 2].set(-1.0)
-    assert not np.all(np.isfinite(looped_cholesky(indefinite)))
-    # under `vmap`: unrolled or LAPACK's batched routines, the same values and derivatives
-    batch = jnp.stack([a, 2.0 * a, indefinite])
-    lows = jax.vmap(looped_cholesky)(batch)
-    np.testing.assert_allclose(lows[:2], jnp.linalg.cholesky(batch[:2]), rtol=1e-12, atol=1e-13)
-    assert not np.all(np.isfinite(lows[2]))
-    got = jax.vmap(jax.grad(ours, (0, 1)), in_axes=(0, None))(batch[:2], b)
-    want = jax.vmap(jax.grad(reference, (0, 1)), in_axes=(0, None))(batch[:2], b)
-    for got_, want_ in zip(got, want):
-        np.testing.assert_allclose(got_, want_, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("n", SIZES)

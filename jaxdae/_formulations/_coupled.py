@@ -59,7 +59,10 @@ class CoupledPerturbation(AbstractExactMultipliers):
     `ValueError` if the blocks' shapes do not fit together or the system, a block needed by
     the system is missing, or the block matrix is not Hurwitz (an eigenvalue with
     non-negative real part: the perturbations would not decay). The Hurwitz check runs
-    eagerly for concrete blocks and through `eqx.error_if` for traced ones.
+    eagerly for concrete blocks and through `eqx.error_if` for traced ones: constraint by
+    constraint where the coupling blocks are absent and the others scalars or vectors (so it
+    costs `O(m + k)` for any number of constraints), else on the whole matrix (Lyapunov's
+    equation up to 24 rows, the eigenvalues on the host beyond).
     """
 
     k10: Float[Array, "..."] | None = None
