@@ -1,9 +1,10 @@
 """Benchmark: cost against the size of the mechanism (jaxdae, hand-written diffrax, CasADi).
 
-Three model families of growing size (`experiments/scaling_models.py`): the Cartesian chain
+Four model families of growing size (`experiments/scaling_models.py`): the Cartesian chain
 of `N` point masses (`2N` coordinates, `N` constraints), the `N`-link pendulum in relative
-joint angles (`N` coordinates, dense mass matrix, no constraints) and a ladder of `N`
-four-bars in absolute coordinates (`4N` coordinates, `3N` constraints). Every model is
+joint angles (`N` coordinates, dense mass matrix, no constraints), a ladder of `N`
+four-bars in absolute coordinates (`4N` coordinates, `3N` constraints) and a net of `N`
+rows of 5 point masses joined by bars (`10N` coordinates, `9N` constraints). Every model is
 solved with `Baumgarte(kd=20, kp=100)` over `t ∈ [0, 1]` from rest, `rtol = 1e-8`,
 `atol = 1e-10`, float64, by
 
@@ -37,7 +38,7 @@ stage), at each size, and fits the growth exponent of the time per step against 
 coordinates (log-log least squares).
 
     python experiments/bench_scaling.py [--quick] [--out output] [--sizes 2,4,8,...]
-        [--families chain,pendulum,ladder] [--max-coordinates chain=512,pendulum=64]
+        [--families chain,pendulum,ladder,net] [--max-coordinates chain=512,pendulum=64]
         [--batch 256] [--budget 20] [--repeats 3] [--solver Tsit5|Dopri8] [--cpu-per-step]
 """
 
@@ -471,11 +472,11 @@ def throughput_table(rows, agreement):
 
 
 def coordinates(family, size):
-    return {"chain": 2 * size, "pendulum": size, "ladder": 4 * size}[family]
+    return {"chain": 2 * size, "pendulum": size, "ladder": 4 * size, "net": 10 * size}[family]
 
 
 def constraints(family, size):
-    return {"chain": size, "pendulum": 0, "ladder": 3 * size}[family]
+    return {"chain": size, "pendulum": 0, "ladder": 3 * size, "net": 9 * size}[family]
 
 
 def predicted_skip(previous, n, budget, compile_budget):

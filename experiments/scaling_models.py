@@ -1,6 +1,6 @@
 """Model families of growing size for `bench_scaling.py`, written as users write them.
 
-Three planar families, each with unit masses, unit link lengths and gravity `g` along −y, in
+Four planar families, each with unit masses, unit link lengths and gravity `g` along −y, in
 plain vectorized `jax.numpy` (no hand-derived matrices: jaxdae derives `M`, `J`, `γ`, ...):
 
 - [`CartesianChain`][]: `N` point masses in Cartesian coordinates (`2N` coordinates), each
@@ -15,8 +15,12 @@ plain vectorized `jax.numpy` (no hand-derived matrices: jaxdae derives `M`, `J`,
   `R_0 = (w, 0)`, joined by rails `|L_i − L_{i−1}| = |R_i − R_{i−1}| = 1` and rungs
   `|R_i − L_i| = w`: `3N` holonomic constraints, `N` degrees of freedom, a closed loop per
   cell. Point masses joined by bars (a planar truss) rather than rigid bodies `(x, y, θ)`:
-  the ladder then has the most constraints per coordinate of the three families (3 per 4),
+  the ladder then has 3 constraints per 4 coordinates,
   and each cell is a parallelogram four-bar whose rung stays horizontal.
+- [`BarNet`][]: a net of `N` rows of 5 point masses (`10N` coordinates) joined by bars to
+  their neighbours above and to the left, hanging from fixed points: `9N` holonomic
+  constraints coupled in two directions, whose `J M⁻¹ Jᵀ` has a band of 9 rows (1 for the
+  chain, 3 for the ladder).
 
 The chain and the pendulum are the same mechanism: `NLinkPendulum(N)` and `CartesianChain(N)`
 move alike from the same initial state (`tests/test_scaling_models.py` checks it).
@@ -268,6 +272,105 @@ class FourBarLadder(jaxdae.LagrangianSystem):
         return kinetic, potential, ca.vertcat(*phi)
 
 
+class BarNet(jaxdae.LagrangianSystem):
+    """A net of `N × C` unit point masses (`N` rows of `C` nodes, `2NC` coordinates) hanging
+    by its top row from the fixed points `(j, 0)`: each node is joined by a bar to the node
+    above it (or its anchor) and to its left neighbour, `NC + N(C − 1)` holonomic
+    constraints `|p_a − p_b|² − ℓ_ab² = 0`, `N` degrees of freedom.
+
+    The bars' lengths are those of `rest_positions` (a unit grid moved by `0.1 · N(0, 1)`,
+    seed 0), so that the rest state is consistent and the constraints independent (on a
+    straight grid the collinear bars would meet in singular configurations). The net's
+    `J M⁻¹ Jᵀ` is banded with blocks of about `2C` rows, which grow with its width and not
+    its length: at `C = 5`, 9 rows, beyond the factorization's unrolled blocks (`C` fixed,
+    the family grows in length).
+
+    **Arguments:**
+
+    - `num_rows`: `N ≥ 1`.
+    - `num_cols`: `C ≥ 1` (default 5).
+    - `gravity`: `g` (along −y).
+    """
+
+    num_rows: int = eqx.field(static=True)
+    num_cols: int = eqx.field(static=True)
+    squared_lengths: jax.Array
+    gravity: jax.Array
+
+    def __init__(self, num_rows: int, num_cols: int = 5, gravity: float = GRAVITY):
+        if int(num_rows) < 1 or int(num_cols) < 1:
+            raise ValueError(f"`num_rows` and `num_cols` must be at least 1; got {num_rows}, "
+                             f"{num_cols}.")
+        self.num_rows, self.num_cols = int(num_rows), int(num_cols)
+        self.gravity = jnp.asarray(gravity, dtype=float)
+        self.squared_lengths = self._squared_distances(self.rest_positions())
+
+    def rest_positions(self) -> jax.Array:
+        """`q` of the rest state: node `(i, j)` near `(j, −1 − i)`."""
+        rows, cols = np.meshgrid(np.arange(self.num_rows), np.arange(self.num_cols),
+                                 indexing="ij")
+        grid = np.stack([cols, -1.0 - rows], axis=-1)
+        grid = grid + 0.1 * np.random.default_rng(0).standard_normal(grid.shape)
+        return jnp.asarray(grid.ravel())
+
+    def _squared_distances(self, q):
+        """`|p_a − p_b|²` of every bar, row by row: the row's hanging bars, then its bars
+        across."""
+        nodes = q.reshape(self.num_rows, self.num_cols, 2)
+        anchors = jnp.stack([jnp.arange(self.num_cols, dtype=q.dtype),
+                             jnp.zeros(self.num_cols, q.dtype)], axis=-1)
+        above = jnp.concatenate([anchors[None], nodes[:-1]])
+        hanging = jnp.sum((nodes - above) ** 2, axis=-1)
+        across = jnp.sum((nodes[:, 1:] - nodes[:, :-1]) ** 2, axis=-1)
+        return jnp.concatenate([hanging, across], axis=1).ravel()
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def potential_energy(self, t, q):
+        return self.gravity * jnp.sum(q.reshape(-1, 2)[:, 1])
+
+    def constraints(self, t, q):
+        return self._squared_distances(q) - self.squared_lengths
+
+    def initial_state(self):
+        """`(q0, v0)`: the rest positions, at rest."""
+        q0 = self.rest_positions()
+        return q0, jnp.zeros_like(q0)
+
+    # -- peers ---------------------------------------------------------------------------
+
+    def bars(self):
+        """As [`CartesianChain.bars`][], in the order of `constraints`: node `i C + j` is
+        node `(i, j)`."""
+        rows, cols = self.num_rows, self.num_cols
+        first, second, anchors = [], [], []
+        for i in range(rows):
+            for j in range(cols):
+                first.append(i * cols + j)
+                second.append((i - 1) * cols + j if i else -1)
+                anchors.append([float(j), 0.0])
+            for j in range(1, cols):
+                first.append(i * cols + j)
+                second.append(i * cols + j - 1)
+                anchors.append([0.0, 0.0])
+        lengths = np.sqrt(np.asarray(self.squared_lengths))
+        return np.array(first), np.array(second), np.array(anchors), lengths
+
+    def handwritten_rhs(self):
+        return bars_rhs(*self.bars(), self.gravity)
+
+    def casadi_model(self, ca, q, v):
+        first, second, anchors, lengths = self.bars()
+        nodes = ca.reshape(q, 2, self.num_rows * self.num_cols)  # column k: node k
+        phi = [ca.sumsqr(nodes[:, a] - (nodes[:, b] if b >= 0 else ca.DM(anchor)))
+               - float(length) ** 2
+               for a, b, anchor, length in zip(first, second, anchors, lengths, strict=True)]
+        kinetic = 0.5 * ca.dot(v, v)
+        potential = float(self.gravity) * ca.sum2(nodes[1, :])
+        return kinetic, potential, ca.vertcat(*phi)
+
+
 def bars_rhs(first, second, anchors, lengths, gravity):
     """The Baumgarte ODE of unit point masses joined by bars, written by hand.
 
@@ -309,6 +412,7 @@ FAMILIES = {
     "chain": CartesianChain,
     "pendulum": NLinkPendulum,
     "ladder": FourBarLadder,
+    "net": BarNet,
 }
 
 

@@ -19,6 +19,7 @@ from jaxdae.examples import CartesianPendulum
 sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
 from scaling_models import (
     FAMILIES,
+    BarNet,
     CartesianChain,
     FourBarLadder,
     NLinkPendulum,
@@ -50,7 +51,8 @@ def jaxdae_rate(family):
 
 @pytest.mark.parametrize("size", [1, 3, 7])
 def test_initial_states_are_consistent(size):
-    for model, num in ((CartesianChain(size), size), (FourBarLadder(size), 3 * size)):
+    for model, num in ((CartesianChain(size), size), (FourBarLadder(size), 3 * size),
+                       (BarNet(size), 9 * size)):
         q0, v0 = model.initial_state()
         phi = model.constraints(0.0, q0)
         assert phi.shape == (num,)

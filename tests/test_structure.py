@@ -31,7 +31,7 @@ from jaxdae._systems._structure import STRUCTURED_MIN, terms_structure
 from ._jaxprs import assert_rates_loop_is_one_kernel, equations, not_in_a_loop
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
-from scaling_models import CartesianChain, FourBarLadder, NLinkPendulum
+from scaling_models import BarNet, CartesianChain, FourBarLadder, NLinkPendulum
 
 # -- pattern detection --------------------------------------------------------------------
 
@@ -678,47 +678,7 @@ def test_banded_path_agrees(monkeypatch):
     _sparse.banded_plan.cache_clear()
 
 
-class _Net(jaxdae.LagrangianSystem):
-    """A net of unit point masses in the plane, `rows × cols` nodes joined to their
-    neighbours by bars and hanging by its top row from fixed points; the bars' lengths are
-    those of slightly irregular `positions` (so that they are consistent and the constraints
-    independent). Its `J M⁻¹ Jᵀ` is banded with blocks of `≈ 2 cols` rows."""
-
-    structured_terms = True
-    rows: int = eqx.field(static=True)
-    cols: int = eqx.field(static=True)
-    lengths: jax.Array
-
-    def __init__(self, rows, cols):
-        self.rows, self.cols = rows, cols
-        self.lengths = self._squared_lengths(self.positions())
-
-    def positions(self):
-        rows, cols = np.meshgrid(np.arange(self.rows), np.arange(self.cols), indexing="ij")
-        grid = np.stack([cols, -1.0 - rows], axis=-1)
-        return jnp.asarray(grid + 0.1 * np.random.default_rng(0).standard_normal(grid.shape)
-                           ).ravel()
-
-    def _squared_lengths(self, q):
-        nodes = q.reshape(self.rows, self.cols, 2)
-        anchors = jnp.stack([jnp.arange(self.cols, dtype=q.dtype),
-                             jnp.zeros(self.cols, q.dtype)], axis=-1)
-        above = jnp.concatenate([anchors[None], nodes[:-1]])
-        hanging = jnp.sum((nodes - above) ** 2, axis=-1)
-        across = jnp.sum((nodes[:, 1:] - nodes[:, :-1]) ** 2, axis=-1)
-        return jnp.concatenate([hanging, across], axis=1).ravel()  # row by row
-
-    def kinetic_energy(self, t, q, v):
-        return 0.5 * v @ v
-
-    def potential_energy(self, t, q):
-        return 9.81 * jnp.sum(q[1::2])
-
-    def constraints(self, t, q):
-        return self._squared_lengths(q) - self.lengths
-
-
-class _DenseNet(_Net):
+class _DenseNet(BarNet):
     structured_terms = False
 
 
@@ -726,9 +686,8 @@ def test_gradients_through_wide_bands():
     # a net of 9 × 5 nodes: `J M⁻¹ Jᵀ` (81 × 81) banded in blocks of 9 rows, beyond the
     # unrolled factorization's limit; reverse mode transposes the tangent solves of the
     # banded multipliers' derivative
-    structured = _Net(9, 5)
-    dense = eqx.tree_at(lambda m: m.lengths, _DenseNet(9, 5), structured.lengths)
-    q = structured.positions()
+    structured, dense = BarNet(9), _DenseNet(9)
+    q, _ = structured.initial_state()
     v = 0.3 * jnp.cos(jnp.arange(q.size, dtype=float))
     terms = structured.terms(0.0, q, v)
     g = terms.sparse_jacobian
