@@ -24,11 +24,11 @@ equations of motion (`LagrangianSystem.terms`, first trace), their scalar graphs
 the diagnostics at the saved states (`_solution`), the formulation's checks (`validate`)
 and the joined runtime checks (`_check_traced`), by wrapping those functions.
 
-`--model chain:64` (or `ladder:128`, `pendulum:32`) measures instead the forward solve and the
+`--model chain:64` (or `ladder:128`, `pendulum:32`, `net:32`) measures instead the forward solve and the
 gradient of `bench_scaling.py` on that family and size (`experiments/scaling_models.py`).
 
     python experiments/bench_compile.py [--repeats 3] [--only forward] [--stages]
-        [--model two-link | chain:N | ladder:N | pendulum:N]
+        [--model two-link | chain:N | ladder:N | pendulum:N | net:N]
 """
 
 import argparse
@@ -153,11 +153,10 @@ def model_functions(model: str):
     import scaling_models
 
     family, _, size = model.partition(":")
-    classes = {"chain": scaling_models.CartesianChain, "ladder": scaling_models.FourBarLadder,
-               "pendulum": scaling_models.NLinkPendulum}
-    if family not in classes or not size.isdigit():
-        raise SystemExit(f"--model: two-link, or chain:N, ladder:N, pendulum:N; got {model!r}")
-    system = classes[family](int(size))
+    if family not in scaling_models.FAMILIES or not size.isdigit():
+        raise SystemExit(f"--model: two-link, or chain:N, ladder:N, pendulum:N, net:N; got "
+                         f"{model!r}")
+    system = scaling_models.FAMILIES[family](int(size))
     forward, gradient = bench_scaling.jaxdae_functions(system)
     q0, v0 = system.initial_state()
     gains = (jnp.asarray(bench_scaling.KD), jnp.asarray(bench_scaling.KP))
@@ -171,7 +170,8 @@ def main():
     parser.add_argument("--stages", action="store_true",
                         help="split the trace of `simulate` by stage")
     parser.add_argument("--model", default="two-link",
-                        help="two-link (bench_core's problem), or chain:N, ladder:N, pendulum:N")
+                        help="two-link (bench_core's problem), or chain:N, ladder:N, pendulum:N, "
+                        "net:N")
     options = parser.parse_args()
     bench_core.warm_up_jax()
     functions, args = model_functions(options.model)
