@@ -313,6 +313,10 @@ class DenseLadder(FourBarLadder):
     structured_terms = False
 
 
+class DenseNet(BarNet):
+    structured_terms = False
+
+
 class StructuredChain(CartesianChain):
     structured_terms = True
 
@@ -678,15 +682,11 @@ def test_banded_path_agrees(monkeypatch):
     _sparse.banded_plan.cache_clear()
 
 
-class _DenseNet(BarNet):
-    structured_terms = False
-
-
 def test_gradients_through_wide_bands():
     # a net of 9 × 5 nodes: `J M⁻¹ Jᵀ` (81 × 81) banded in blocks of 9 rows, beyond the
     # unrolled factorization's limit; reverse mode transposes the tangent solves of the
     # banded multipliers' derivative
-    structured, dense = BarNet(9), _DenseNet(9)
+    structured, dense = BarNet(9), DenseNet(9)
     q, _ = structured.initial_state()
     v = 0.3 * jnp.cos(jnp.arange(q.size, dtype=float))
     terms = structured.terms(0.0, q, v)
