@@ -259,6 +259,14 @@ def test_traced_hurwitz_checks_of_many_constraints():
     np.testing.assert_array_equal(jax.jit(jax.vmap(coupled))(jnp.array([-5.0, 1.0, -1.0])),
                                   [False, True, False])
 
+    def matrix_k22(k22):  # uncoupled, but a full `K22`: checked as one matrix
+        ((flag, _),) = jaxdae.CoupledPerturbation(k10=-25.0, k11=-10.0, k22=k22).traced_checks(
+            3, 2)
+        return flag
+
+    assert not jax.jit(matrix_k22)(jnp.array([[-2.0, 1.0], [0.0, -1.0]]))
+    assert jax.jit(matrix_k22)(jnp.array([[-2.0, 1.0], [0.0, 1.0]]))
+
 
 def test_coupled_blocks_must_fit_system(sleigh):
     q0, v0 = sleigh.initial_state(U0, W0)

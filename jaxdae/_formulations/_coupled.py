@@ -183,18 +183,21 @@ class CoupledPerturbation(AbstractExactMultipliers):
         dtype = jnp.result_type(*[g for g in self._gains() if g is not None], float)
         message = ("The perturbation matrix of `CoupledPerturbation` is not Hurwitz: the "
                    "constraint perturbations would not decay (paper 002, eq. [0.12]).")
-        zero = jnp.zeros((), dtype)
-        holonomic = uncoupled_companions(
-            [-(zero if g is None else g) for g in (self.k10, self.k11)], m, dtype)
-        if self.k12 is None and self.k20 is None and self.k21 is None and holonomic is not None:
-            # uncoupled, scalar or diagonal blocks: Hurwitz iff each constraint's block is,
-            # `[[0, 1], [k10_i, k11_i]]` and `k22_j`
-            k22 = jnp.zeros((k,), dtype) if self.k22 is None else self.k22
-            flag = not_hurwitz(jax.lax.stop_gradient(holonomic), jnp) | not_hurwitz(
-                jax.lax.stop_gradient(jnp.broadcast_to(k22, (k,))[:, None, None]), jnp)
-        else:
+        # Uncoupled scalar or diagonal blocks: Hurwitz iff each constraint's block is, the
+        # companion `[[0, 1], [k10_i, k11_i]]` of `f̈ − k11_i ḟ − k10_i f` and `k22_j`.
+        holonomic = None
+        if (self.k12 is None and self.k20 is None and self.k21 is None
+                and (self.k22 is None or self.k22.ndim <= 1)):
+            holonomic = uncoupled_companions(
+                [-(jnp.zeros((), dtype) if g is None else g) for g in (self.k10, self.k11)],
+                m, dtype)
+        if holonomic is None:
             matrix = self.perturbation_matrix(m, k, dtype)
-            flag = not_hurwitz(jax.lax.stop_gradient(matrix), jnp)
+            return ((not_hurwitz(jax.lax.stop_gradient(matrix), jnp), message),)
+        k22 = jnp.zeros((k,), dtype) if self.k22 is None else self.k22
+        nonholonomic = jnp.broadcast_to(k22, (k,))[:, None, None]
+        flag = not_hurwitz(jax.lax.stop_gradient(holonomic), jnp) | not_hurwitz(
+            jax.lax.stop_gradient(nonholonomic), jnp)
         return ((flag, message),)
 
     def accelerations(self, terms: ConstrainedTerms):
