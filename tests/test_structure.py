@@ -508,11 +508,16 @@ def test_add_at_is_a_gather_both_ways():
                                   [True, False, True, False, True])
 
 
-@pytest.mark.parametrize("cyclic", [False, True])
-def test_banded_factorization(cyclic):
-    # block row by block row, and by cyclic reduction (the accelerators' default)
+@pytest.mark.parametrize("method", ["rows", "block rows", "cyclic"])
+def test_banded_factorization(method, monkeypatch):
+    # row by row (`BandCholeskyFactor`), block row by block row (`BandedFactor`) and by
+    # cyclic reduction (the accelerators' default), each at every half-bandwidth
+    monkeypatch.setattr(_sparse, "BAND_CHOLESKY_MIN_WIDTH", 1 if method == "rows" else 10**6)
+    cyclic = method == "cyclic"
+    kind = {"rows": _sparse.BandCholeskyFactor, "block rows": _sparse.BandedFactor,
+            "cyclic": _sparse.CyclicReductionFactor}[method]
     rng = np.random.default_rng(3)
-    # (200, 9): blocks wider than the unrolled Cholesky's limit (LAPACK per block);
+    # (200, 9): blocks wider than the unrolled Cholesky's limit (loops per block);
     # (9, 1): a block count that is not a power of two, at the banded minimum
     for size, band in ((40, 1), (64, 3), (37, 2), (200, 9), (9, 1)):
         mask = np.abs(np.arange(size)[:, None] - np.arange(size)[None]) <= band
@@ -524,6 +529,7 @@ def test_banded_factorization(cyclic):
         assert plan is not None and plan.width <= 2 * band
         rhs = rng.standard_normal((size, 2))
         sparse = SparseMatrix.from_dense(jnp.asarray(matrix), Pattern.from_mask(mask))
+        assert isinstance(_sparse.banded_factor(sparse, plan, cyclic), kind)
         solve = jax.jit(lambda a, b, plan=plan: banded_solve(a, b, plan, cyclic))
         x, pivots = solve(sparse, jnp.asarray(rhs))
         np.testing.assert_allclose(x, np.linalg.solve(matrix, rhs), atol=1e-13)
@@ -563,11 +569,14 @@ def test_cyclic_reduction_in_float32():
     assert residuals[True] < 2 * residuals[False]
 
 
+@pytest.mark.parametrize("rows", [True, False], ids=["rows", "block rows"])
 @pytest.mark.parametrize("size,band", [(48, 2), (96, 9)])
-def test_banded_solve_derivatives(size, band):
+def test_banded_solve_derivatives(size, band, rows, monkeypatch):
     # implicit derivatives (a solve with the same factor) against the dense solve's, in
-    # reverse and forward mode and, for both factorizations, under vmap; blocks of
-    # 2 rows (unrolled) and of 9 (loops, whose tangent solves reverse mode must transpose)
+    # reverse and forward mode and, for the sequential factorization and cyclic
+    # reduction, under vmap; row by row, and by blocks of 2 rows (unrolled) and of 9
+    # (loops, whose tangent solves reverse mode must transpose)
+    monkeypatch.setattr(_sparse, "BAND_CHOLESKY_MIN_WIDTH", 1 if rows else 10**6)
     rng = np.random.default_rng(5)
     mask = np.abs(np.arange(size)[:, None] - np.arange(size)[None]) <= band
     noise = rng.standard_normal((size, size)) * mask

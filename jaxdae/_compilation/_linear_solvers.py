@@ -9,8 +9,8 @@ here or any lineax solver a user passes (which goes through `lineax.linear_solve
 
 - [`PositiveDefinite`][]: a Cholesky factorization that follows the size and the structure:
   unrolled elementwise operations for tiny matrices and a loop of vector operations for
-  small ones (which XLA fuses with the solve's loop), a block LDLᵀ factorization where the
-  operator's pattern is banded, LAPACK for large dense ones. Its state carries the
+  small ones (which XLA fuses with the solve's loop), a banded Cholesky factorization where
+  the operator's pattern is banded, LAPACK for large dense ones. Its state carries the
   pivots that the failure checks read.
 - [`PositiveSemidefinitePseudoInverse`][]: the Moore–Penrose inverse of a symmetric positive
   semidefinite matrix of numerical rank set by `rcond` (what `lineax.SVD(rcond)` computes
@@ -58,7 +58,7 @@ ARRAY_FORM_UNROLL_MAX = 4
 class SparseSymmetricOperator(lx.AbstractLinearOperator):
     """A symmetric [`SparseMatrix`][] as a lineax operator: products on its pattern, and
     the pattern available to the solvers ([`PositiveDefinite`][] factorizes a banded one
-    by a block LDLᵀ factorization).
+    by a banded factorization).
 
     **Arguments:**
 
@@ -222,8 +222,8 @@ class PositiveDefinite(AbstractDirectSolver):
       keeping a whole solve's loop from running as one kernel, and under `vmap` a loop over
       the batch of tiny matrices).
     - A [`SparseSymmetricOperator`][] whose pattern (in its own order or after reverse
-      Cuthill–McKee) is banded: a block LDLᵀ factorization (`banded_factor`), `O(size · b²)` work for a
-      half-bandwidth `b` (`banded_plan` decides where it applies).
+      Cuthill–McKee) is banded: a banded factorization (`banded_factor`), `O(size · b²)` work
+      for a half-bandwidth `b` (`banded_plan` decides where it applies).
     - Otherwise LAPACK's Cholesky factorization beyond `LOOPED_MAX` rows.
 
     Like `lineax.Cholesky` with `lineax.linear_solve(..., throw=False)`, a matrix that is not
@@ -290,7 +290,7 @@ class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):
     matrix its singular values are its eigenvalues, so this is `lineax.SVD(rcond)`'s
     solution; an SVD's LAPACK call at every stage made a whole simulation about 8× slower
     (`experiments/bench_solves.py`). Beyond, the matrix is first factorized as
-    [`PositiveDefinite`][] does (a block LDLᵀ factorization where its pattern is banded,
+    [`PositiveDefinite`][] does (a banded factorization where its pattern is banded,
     LAPACK's Cholesky otherwise): where the pivots show full rank (each above `rcond` times
     the largest, the test of `jaxdae.Baumgarte`), `A⁺ = A⁻¹` is applied through that
     factorization; where they do not (a `lax.cond`; under `vmap` both branches run), up to

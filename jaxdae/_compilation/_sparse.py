@@ -463,12 +463,11 @@ class MassFactor(eqx.Module):
         return cholesky_solve(self.cholesky, rhs)
 
 
-# Block-tridiagonal (banded) factorization: for symmetric positive definite matrices whose
-# pattern, in its own order or after reverse Cuthill–McKee, has a half-bandwidth `b` small
-# against the size. With blocks of `b` rows the matrix is block tridiagonal, and its block
-# LDLᵀ factorization runs one block row at a time in a `lax.scan`: `O(size · b²)` work and a
-# program whose size does not depend on the size of the matrix (on accelerators, cyclic
-# reduction instead: `CyclicReductionFactor`).
+# Banded factorization: for symmetric positive definite matrices whose pattern, in its own
+# order or after reverse Cuthill–McKee, has a half-bandwidth `b` small against the size. On
+# the CPU it runs one row (or block row) per iteration of a `lax.scan`: `O(size · b²)` work
+# and a program whose size does not depend on the size of the matrix (on accelerators,
+# cyclic reduction instead: `CyclicReductionFactor`).
 # From 8 rows the banded factorization is the faster: the chain of 8, 12, 16 and 24 links
 # (tridiagonal `J M⁻¹ Jᵀ`) took 8.0, 9.8, 12.2 and 17.6 µs per Tsit5 step with it and 11.0,
 # 17.3, 22.5 and 38.0 with the dense looped Cholesky, and its gradient 2.7–3.6× the solve
@@ -499,6 +498,23 @@ class BandedPlan:
         self.lower = lower  # A[i, i − 1] blocks
         self.padding = np.arange(padded) >= size  # padded rows (an identity there)
         self.inverse_order = inverse
+        self.band_window, self.band_incoming = _band_indices(self)
+
+    def block_values(self, values: Array) -> tuple[Array, Array]:
+        """`(diagonal, lower)` blocks of the permuted matrix, each `(blocks, b, b)` (an
+        identity on the padded rows)."""
+        padding = jnp.asarray(self.padding.reshape(self.blocks, self.width), values.dtype)
+        return (take(values, self.diagonal) + jax.vmap(jnp.diag)(padding),
+                take(values, self.lower))
+
+    def band_values(self, values: Array) -> tuple[Array, Array]:
+        """`(window, incoming)` of [`BandCholeskyFactor`][]: the permuted matrix's leading
+        `(b + 1) × (b + 1)` block, and for each row `j` the column that enters the window
+        after it, `A[j + 1 : j + b + 2, j + b + 1]` (an identity beyond the matrix and on
+        the padded rows)."""
+        (window, window_ones), (incoming, incoming_ones) = self.band_window, self.band_incoming
+        return (take(values, window) + jnp.asarray(window_ones, values.dtype),
+                take(values, incoming) + jnp.asarray(incoming_ones, values.dtype))
 
     def to_blocks(self, rhs: Array) -> Array:
         """`rhs`, `(size,)` or `(size, m)`, permuted and cut into `(blocks, width, m)`
@@ -519,6 +535,30 @@ class BandedPlan:
         without the padded rows."""
         squares = jnp.diagonal(low, axis1=1, axis2=2).reshape(-1) ** 2
         return take(squares, np.flatnonzero(~self.padding))
+
+
+def _band_indices(plan: BandedPlan) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Where [`BandedPlan.band_values`][] reads its entries in the matrix's values (the
+    index `nnz` reads a zero), and the identity added to them: for the window and for the
+    incoming columns."""
+    b, padded, nnz = plan.width, plan.blocks * plan.width, plan.pattern.nnz
+    # `lower[i, k] = A[i, i − k]` of the permuted matrix, from its blocks, then `b + 1`
+    # rows of an identity beyond it.
+    rows, offsets = np.arange(padded)[:, None], np.arange(b + 1)[None, :]
+    cols = rows - offsets
+    block, row = np.divmod(rows, b)
+    col_block, col = np.divmod(np.maximum(cols, 0), b)
+    lower = np.where(col_block == block, plan.diagonal[block, row, col],
+                     plan.lower[block, row, col])
+    lower = np.concatenate([np.where(cols >= 0, lower, nnz), np.full((b + 1, b + 1), nnz)])
+    ones = np.zeros(lower.shape)
+    ones[:, 0] = np.concatenate([plan.padding, np.ones(b + 1, bool)])
+    # The window: `A[i, j] = lower[max(i, j), |i − j|]`; the column entering after row `j`:
+    # `A[j + 1 + i, j + b + 1] = lower[j + b + 1, b − i]`.
+    i, j = np.indices((b + 1, b + 1))
+    window = (np.maximum(i, j), np.abs(i - j))
+    return ((lower[window], ones[window]),
+            (lower[b + 1:, ::-1].copy(), ones[b + 1:, ::-1].copy()))
 
 
 @functools.lru_cache(maxsize=256)
@@ -634,6 +674,77 @@ class BandedFactor(eqx.Module):
         return self.plan.from_blocks(x, rhs)
 
 
+class BandCholeskyFactor(eqx.Module):
+    """The Cholesky factorization `P A Pᵀ = L Lᵀ` of a symmetric positive definite banded
+    matrix (half-bandwidth `b` after the plan's permutation `P`), `L` held in band storage
+    by columns as LAPACK's `?pbtrf` holds it: `columns[j, k] = L[j + k, j]`.
+
+    Right-looking, one row per iteration of a `lax.scan`: the iteration `j` carries the
+    `(b + 1) × (b + 1)` window of the trailing matrix that starts at row `j`, takes
+    `L[j:j + b + 1, j]` from its first column (`L[j, j] = √S₀₀`), updates the rest by that
+    column's outer product and appends the column that enters the band. A substitution is
+    one scan over the rows carrying `b` entries. Every iteration is a few vector operations
+    on `b + 1` entries, with no loop inside, so the solve compiles to a program of the same
+    size whatever `b` is; block rows of `b` rows would hold `b × b` Cholesky factorizations
+    and substitutions, unrolled (a program growing as `b²`) or as nested loops.
+
+    **Fields:**
+
+    - `columns`: `L` by columns, `(padded size, b + 1)`.
+    - `plan`: the [`BandedPlan`][] (static).
+    """
+
+    columns: Float[Array, "n b1"]
+    plan: BandedPlan = eqx.field(static=True)
+
+    @property
+    def pivots(self) -> Float[Array, " size"]:
+        """The pivots `D` of `P A Pᵀ = L D Lᵀ` (`L` unit lower triangular), `L[j, j]²`:
+        non-finite or not positive where `A` is not positive definite."""
+        return take(self.columns[:, 0] ** 2, np.flatnonzero(~self.plan.padding))
+
+    def solve(self, rhs: Array, tangent: bool = False) -> Array:
+        """`A⁻¹ rhs` for `rhs` of shape `(size,)` or `(size, m)`: `L y = P rhs` by a scan
+        down the rows, `Lᵀ x = y` by a scan up. The scans are linear in `rhs`, so JAX
+        transposes them whether or not `rhs` is a tangent (`tangent` is accepted for the
+        interface of [`BandedFactor.solve`][])."""
+        del tangent
+        blocks = self.plan.to_blocks(rhs)
+        rows = blocks.reshape(-1, blocks.shape[-1])
+        pending = jnp.zeros((self.plan.width,) + rows.shape[1:], rows.dtype)
+
+        def forward(pending, row):  # `pending`: what rows j … j + b − 1 still subtract
+            column, rhs_j = row
+            y = (rhs_j - pending[0]) / column[0]
+            pending = jnp.concatenate([pending[1:], jnp.zeros_like(pending[:1])])
+            return pending + column[1:, None] * y[None, :], y
+
+        _, y = jax.lax.scan(forward, pending, (self.columns, rows))
+
+        def backward(following, row):  # `following`: x[j + 1 … j + b]
+            column, y_j = row
+            x = (y_j - column[1:] @ following) / column[0]
+            return jnp.concatenate([x[None, :], following[:-1]]), x
+
+        _, x = jax.lax.scan(backward, pending, (self.columns, y), reverse=True)
+        return self.plan.from_blocks(x.reshape(blocks.shape), rhs)
+
+
+def _band_cholesky(matrix: SparseMatrix, plan: BandedPlan) -> BandCholeskyFactor:
+    window, incoming = plan.band_values(matrix.values)
+    b = plan.width
+
+    def row(window, entering):
+        column = window[:, 0] / jnp.sqrt(window[0, 0])
+        trailing = window[1:, 1:] - column[1:, None] * column[None, 1:]
+        window = jnp.concatenate([jnp.concatenate([trailing, entering[:b, None]], axis=1),
+                                  entering[None, :]])
+        return window, column
+
+    _, columns = jax.lax.scan(row, window, incoming)
+    return BandCholeskyFactor(columns, plan)
+
+
 def _shifted(blocks: Array, shift: Array, fill: Array) -> Array:
     """`out[i] = blocks[i + shift]` (`shift` may be negative and traced), `fill` where
     `i + shift` falls outside."""
@@ -719,8 +830,8 @@ def _strides(blocks: int) -> Array:
     return jnp.asarray(2 ** np.arange(max(int(blocks - 1).bit_length(), 0)), jnp.int32)
 
 
-def _cyclic_reduction(matrix: SparseMatrix, diag: Array, lower: Array, plan: BandedPlan
-                      ) -> CyclicReductionFactor:
+def _cyclic_reduction(matrix: SparseMatrix, plan: BandedPlan) -> CyclicReductionFactor:
+    diag, lower = plan.block_values(matrix.values)
     eye = jnp.eye(plan.width, dtype=diag.dtype)
     zero = jnp.zeros((), diag.dtype)
 
@@ -748,17 +859,33 @@ def cyclic_reduction_default() -> bool:
     return jax.default_backend() != "cpu"
 
 
+# Half-bandwidths from which the CPU factorizes row by row (`BandCholeskyFactor`) rather
+# than by block rows (`BandedFactor`). With 3-row blocks (the ladder) a step costs the same
+# both ways, and the row-by-row solve compiles faster: the gradient of the ladder of 128
+# cells in 5.2 instead of 5.7 s; with 9-row blocks (the net, whose blocks were loops) a
+# step costs 20% less and `simulate` and its gradient compile in 2.3 and 5.1 s instead of
+# 2.9 and 7.1 s (`experiments/bench_compile.py --model ladder:128 | net:32`,
+# `experiments/bench_scaling.py --cpu-per-step --families ladder,net`, 2-core CPU). A
+# tridiagonal matrix (the chain) keeps the blocks, whose 1 × 1 blocks are scalars: a step
+# of the chain of 64 links cost 44 µs with them and 50 µs row by row.
+BAND_CHOLESKY_MIN_WIDTH = 2
+
+
 def banded_factor(matrix: SparseMatrix, plan: BandedPlan, cyclic: bool | None = None
-                  ) -> BandedFactor | CyclicReductionFactor:
-    """The factorization of a symmetric positive definite sparse `A` on `plan`: a
-    [`BandedFactor`][] (one scan over the blocks) or, with `cyclic` (default:
-    [`cyclic_reduction_default`][]), a [`CyclicReductionFactor`][]."""
-    values = matrix.values
-    padding = jnp.asarray(plan.padding.reshape(plan.blocks, plan.width), values.dtype)
-    diag = take(values, plan.diagonal) + jax.vmap(jnp.diag)(padding)
-    lower = take(values, plan.lower)
+                  ) -> BandedFactor | BandCholeskyFactor | CyclicReductionFactor:
+    """The factorization of a symmetric positive definite sparse `A` on `plan`: with
+    `cyclic` (default: [`cyclic_reduction_default`][]) a [`CyclicReductionFactor`][];
+    otherwise a [`BandCholeskyFactor`][] (one scan over the rows) from a half-bandwidth of
+    `BAND_CHOLESKY_MIN_WIDTH`, a [`BandedFactor`][] (one scan over the block rows) below."""
     if cyclic_reduction_default() if cyclic is None else cyclic:
-        return _cyclic_reduction(matrix, diag, lower, plan)
+        return _cyclic_reduction(matrix, plan)
+    if plan.width >= BAND_CHOLESKY_MIN_WIDTH:
+        return _band_cholesky(matrix, plan)
+    return _block_ldl(matrix, plan)
+
+
+def _block_ldl(matrix: SparseMatrix, plan: BandedPlan) -> BandedFactor:
+    diag, lower = plan.block_values(matrix.values)
 
     def step(previous_low, block):
         diag_i, lower_i = block
@@ -766,7 +893,7 @@ def banded_factor(matrix: SparseMatrix, plan: BandedPlan, cyclic: bool | None = 
         low = cholesky_factor(diag_i - lower_i @ coupling)
         return low, (low, coupling)
 
-    eye = jnp.eye(plan.width, dtype=values.dtype)
+    eye = jnp.eye(plan.width, dtype=diag.dtype)
     _, (low, coupling) = jax.lax.scan(step, eye, (diag, lower))
     return BandedFactor(low, coupling, plan)
 

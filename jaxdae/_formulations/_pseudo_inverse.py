@@ -28,7 +28,7 @@ class PseudoInverse(AbstractFormulation):
     - `kd`, `kp`, `kv`: as for [`jaxdae.Baumgarte`][].
     - `rcond`: singular values of `A` below `rcond · σ_max` are treated as zero.
         Default `sqrt(eps)` of the state's dtype. For more than two constraints `A` is
-        first factorized by Cholesky (a block LDLᵀ factorization where its pattern is banded):
+        first factorized by Cholesky (a banded factorization where its pattern is banded):
         where every pivot exceeds `rcond` times the largest, `A` counts as of full rank and
         is solved through that factorization; elsewhere by its eigendecomposition.
     """
