@@ -473,8 +473,13 @@ class MassFactor(eqx.Module):
 # 17.3, 22.5 and 38.0 with the dense looped Cholesky, and its gradient 2.7–3.6× the solve
 # against 3.6–4.9× (`experiments/bench_scaling.py --cpu-per-step --families chain,ladder
 # --sizes 4,8,12,16,24`, CPU time, 2-core CPU at a load of about 1.6).
+# Up to a half-bandwidth of half the size: the net of 2 and 3 rows of 5 nodes (18 and 27
+# constraints, half-bandwidth 9) took 27 and 43–64 µs per step banded and 33–38 and 84–94 µs
+# with the dense looped Cholesky, and their vector–Jacobian products 5–6 and 10–11 µs against
+# 9–10 and 35–50; the ladder of 3 cells (9 constraints, 3) 3–3.5 against 7–7.5 µs
+# (`experiments/bench_scaling.py --cpu-per-step --families ladder,net --sizes 2,3,4`).
 BANDED_MIN = 8  # smaller matrices keep the dense Cholesky
-BANDED_MAX_RATIO = 0.125  # half-bandwidth at most this fraction of the size
+BANDED_MAX_RATIO = 0.5  # half-bandwidth at most this fraction of the size
 
 
 class BandedPlan:
