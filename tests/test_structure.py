@@ -692,9 +692,8 @@ def test_banded_path_agrees(monkeypatch):
 
 
 def test_gradients_through_wide_bands():
-    # a net of 9 × 5 nodes: `J M⁻¹ Jᵀ` (81 × 81) banded in blocks of 9 rows, beyond the
-    # unrolled factorization's limit; reverse mode transposes the tangent solves of the
-    # banded multipliers' derivative
+    # a net of 9 × 5 nodes: `J M⁻¹ Jᵀ` (81 × 81) of half-bandwidth 9, factorized row by
+    # row; reverse mode transposes the tangent solves of the banded multipliers' derivative
     structured, dense = BarNet(9), DenseNet(9)
     q, _ = structured.initial_state()
     v = 0.3 * jnp.cos(jnp.arange(q.size, dtype=float))
@@ -898,21 +897,35 @@ def test_ensemble_shares_one_mass_factor(adjoint):
 
 # -- what a solve's loop may hold ------------------------------------------------------------
 
+class _ChainWithLevelCentre(CartesianChain):
+    """The chain whose nodes' mean height is also held: a constraint on every node, so
+    `J M⁻¹ Jᵀ` is not banded and is factorized densely (by the loop up to `LOOPED_MAX`)."""
+
+    def constraints(self, t, q):
+        heights = q.reshape(-1, 2)[:, 1]
+        return jnp.concatenate([super().constraints(t, q), jnp.mean(heights)[None] + 1.0])
+
+
 @pytest.mark.perf(reason="pins which primitives the right-hand side of small structured "
                          "models traces")
 @pytest.mark.parametrize("model", [CartesianChain(8), CartesianChain(16), FourBarLadder(4),
-                                   FourBarLadder(8)],
-                         ids=["chain-8", "chain-16", "ladder-4", "ladder-8"])
+                                   FourBarLadder(8), _ChainWithLevelCentre(12)],
+                         ids=["chain-8", "chain-16", "ladder-4", "ladder-8", "dense-13"])
 def test_right_hand_side_runs_in_one_kernel(model):
     """The right-hand side evaluated at every stage, its vector–Jacobian product (the
     reverse sweep's) and the failure indicator of constrained models with 16 to 32
     coordinates hold no scatter, sort or custom call: each would make XLA:CPU run a solve
     kernel by kernel (the chain of 8 links took 4× the time per step with the scatter of its
-    constraint matrix into a dense one)."""
+    constraint matrix into a dense one). The chains and ladders take the banded
+    factorization, the chain with its centre's height held the dense loop."""
     from jaxdae._integration._simulate import _failure, _failure_reference, _rates
 
     formulation = jaxdae.Baumgarte(20.0, 100.0)
     q, v = model.initial_state()
+    terms = model.terms(0.0, q, v)
+    banded = _sparse.banded_plan(sparse_matmul(terms.sparse_jacobian,
+                                               terms.sparse_jacobian.T).pattern) is not None
+    assert banded == (not isinstance(model, _ChainWithLevelCentre))
     reference = _failure_reference(model, formulation, 0.0, q, v)
 
     def rates_and_vjp(q, v):

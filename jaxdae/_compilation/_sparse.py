@@ -476,8 +476,9 @@ class MassFactor(eqx.Module):
 # Up to a half-bandwidth of half the size: the net of 2 and 3 rows of 5 nodes (18 and 27
 # constraints, half-bandwidth 9) took 27 and 43–64 µs per step banded and 33–38 and 84–94 µs
 # with the dense looped Cholesky, and their vector–Jacobian products 5–6 and 10–11 µs against
-# 9–10 and 35–50; the ladder of 3 cells (9 constraints, 3) 3–3.5 against 7–7.5 µs
-# (`experiments/bench_scaling.py --cpu-per-step --families ladder,net --sizes 2,3,4`).
+# 9–10 and 35–50; the ladder of 3 cells (9 constraints, half-bandwidth 3) its vector–Jacobian
+# product in 3–3.5 against 7–7.5 µs (`experiments/bench_scaling.py --cpu-per-step --families
+# ladder,net --sizes 2,3,4`).
 BANDED_MIN = 8  # smaller matrices keep the dense Cholesky
 BANDED_MAX_RATIO = 0.5  # half-bandwidth at most this fraction of the size
 
