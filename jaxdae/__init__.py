@@ -41,7 +41,13 @@ from ._analysis._linearize import (
 )
 from ._analysis._consistent import consistent_initial_state as consistent_initial_state
 from ._formulations import (
+    AbstractBaumgarteFormulation as AbstractBaumgarteFormulation,
+    AbstractExactMultipliers as AbstractExactMultipliers,
     AbstractFormulation as AbstractFormulation,
+    AbstractStabilizedFormulation as AbstractStabilizedFormulation,
+    baumgarte_target as baumgarte_target,
+    constraint_matrix as constraint_matrix,
+    multiplier_solve as multiplier_solve,
     Baumgarte as Baumgarte,
     CoupledPerturbation as CoupledPerturbation,
     ModifiedLagrange as ModifiedLagrange,

@@ -22,7 +22,7 @@ from jaxdae._compilation._linear_solvers import (
     symmetric_solve,
 )
 from jaxdae._compilation._sparse import Pattern, SparseMatrix
-from jaxdae._formulations._base import multiplier_solve
+from jaxdae._formulations._multipliers import multiplier_solve
 from jaxdae._systems._system import ConstrainedTerms
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))

@@ -28,7 +28,7 @@ from jaxdae._compilation._sparse import (
 from jaxdae._compilation._sparsity import column_colouring, nonzero_masks
 from jaxdae._systems._structure import STRUCTURED_MIN, terms_structure
 
-from ._jaxprs import assert_rates_loop_is_one_kernel, equations, not_in_a_loop
+from ._jaxprs import assert_rates_loop_is_one_kernel, not_in_a_loop
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
 from scaling_models import BarNet, CartesianChain, FourBarLadder, NLinkPendulum
@@ -613,7 +613,7 @@ def test_banded_multiplier_solve_derivatives():
     # respect to `M`, `G`, `Q` and the target against the dense elimination's (`M`'s
     # symmetric part, which the block inverse reads)
     from jaxdae._compilation._linear_solvers import PositiveDefinite
-    from jaxdae._formulations._base import multiplier_solve
+    from jaxdae._formulations._multipliers import multiplier_solve
     from jaxdae._systems._system import ConstrainedTerms
 
     rng = np.random.default_rng(7)
@@ -963,7 +963,7 @@ def test_pseudo_inverse_loop_holds_no_lapack_call(model):
     q, v = model.initial_state()
     mass_factor = constant_mass_factor(model, 0.0, q, v, _terms)  # once per solve
     assert_rates_loop_is_one_kernel(model, formulation, q, v, mass_factor)
-    from jaxdae._formulations._base import multiplier_solve
+    from jaxdae._formulations._multipliers import multiplier_solve
 
     terms = model.terms(0.0, q, v)
     target = jnp.linspace(-1.0, 1.0, terms.phi.shape[0])

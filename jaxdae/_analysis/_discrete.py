@@ -19,8 +19,7 @@ import optimistix as optx
 
 from .._checks import check_positive
 from .._custom_types import Array, Float, ScalarLike
-from .._formulations._base import second_order_matrix
-from .._gains import gain_matrix
+from .._formulations._base import AbstractStabilizedFormulation
 from .._compilation._linalg import full_precision
 
 
@@ -87,51 +86,54 @@ def transition_matrix(
 def perturbation_matrix(
     formulation: eqx.Module,
     num_constraints: int,
-    constraint_matrix: Float[Array, "m m"] | None = None,
-) -> Float[Array, "2m 2m"]:
-    """`H` of `d/dt (Φ, Φ̇) = H (Φ, Φ̇)` for the gains `K_D`, `K_P` of a formulation, or of
-    `ẏ = H y`, `y = (f, …, f⁽ᵖ⁻¹⁾)`, for a [`jaxdae.ConstraintEnforcingControl`][].
+    constraint_matrix: Float[Array, "c c"] | None = None,
+    *,
+    num_nonholonomic: int = 0,
+) -> Float[Array, "d d"]:
+    """`H` of `d/dt (Φ, Φ̇, Ψ) = H (Φ, Φ̇, Ψ)` for the gains of a stabilized formulation, or
+    of `ẏ = H y`, `y = (f, …, f⁽ᵖ⁻¹⁾)`, for a [`jaxdae.ConstraintEnforcingControl`][].
 
-    `H = [[0, I], [−K_P, −K_D]]` (paper 002, eq. [0.11]; paper 004, eq. [16]): exact for
-    [`jaxdae.Baumgarte`][] and [`jaxdae.PseudoInverse`][]. For
-    [`jaxdae.ModifiedLagrange`][] the perturbations obey (from eq. [30] by the
-    Woodbury identity) `Φ̈ = −S (K_D Φ̇ + K_P Φ) + forcing`, `S = (I + W𝔄)⁻¹ W𝔄`,
-    `W = J M⁻¹ Jᵀ`; pass `constraint_matrix=W` (at a state of interest) to get
-    `[[0, I], [−S K_P, −S K_D]]`, else the `𝔄 → ∞` limit `S = I` is used.
+    `H = [[0, I], [−K_P, −K_D]]` (paper 002, eq. [0.11]; paper 004, eq. [16]) for
+    [`jaxdae.Baumgarte`][] and [`jaxdae.PseudoInverse`][], exactly; the block matrix of
+    eq. [0.12] for [`jaxdae.CoupledPerturbation`][]. For [`jaxdae.ModifiedLagrange`][]
+    the perturbations obey (from eq. [30] by the Woodbury identity)
+    `Φ̈ = −S (K_D Φ̇ + K_P Φ) + forcing`, `S = (I + W𝔄)⁻¹ W𝔄`, `W = J M⁻¹ Jᵀ`; pass
+    `constraint_matrix=W` (at a state of interest) to get `[[0, I], [−S K_P, −S K_D]]`,
+    else the `𝔄 → ∞` limit `S = I` is used. Any
+    [`jaxdae.AbstractStabilizedFormulation`][] answers through its own
+    `perturbation_matrix`.
 
     **Arguments:**
 
-    - `formulation`: any formulation with gain fields `kd`, `kp` (and `alpha`), or a
+    - `formulation`: a stabilized formulation, or a
         [`jaxdae.ConstraintEnforcingControl`][] (its companion matrix, paper 002 eqs.
         [3.12], [5.8]).
     - `num_constraints`: `m`, the number of holonomic (or program) constraints.
-    - `constraint_matrix`: `W = J M⁻¹ Jᵀ` for the modified Lagrange formulation.
+    - `constraint_matrix`: `W = G M⁻¹ Gᵀ` for the modified Lagrange formulation.
+    - `num_nonholonomic`: `k`, the number of nonholonomic constraints (default 0): their
+        rows `Ψ` are appended.
 
     **Returns:**
 
-    `H`, shape `(2m, 2m)` (`(ρm, ρm)` for a constraint-enforcing control).
+    `H`, shape `(2m + k, 2m + k)` (`(ρm, ρm)` for a constraint-enforcing control).
 
     **Raises:**
 
-    `ValueError` if the formulation has no `kd` / `kp` gains.
+    `ValueError` if the formulation has no perturbation matrix (it is not stabilized).
     """
-    if callable(getattr(formulation, "perturbation_matrix", None)):
+    from .._integration._actuated import ConstraintEnforcingControl
+
+    if isinstance(formulation, AbstractStabilizedFormulation):
+        return formulation.perturbation_matrix(num_constraints, num_nonholonomic,
+                                               constraint_matrix)
+    if isinstance(formulation, ConstraintEnforcingControl):
         return formulation.perturbation_matrix(num_constraints)
-    if not (hasattr(formulation, "kd") and hasattr(formulation, "kp")):
-        raise ValueError(
-            f"{type(formulation).__name__} has no `kd`/`kp` gains; `perturbation_matrix` "
-            "needs a Baumgarte-type formulation (Baumgarte, PseudoInverse, ModifiedLagrange)."
-        )
-    m = num_constraints
-    dtype = jnp.result_type(formulation.kd, formulation.kp)
-    kd = gain_matrix(jnp.asarray(formulation.kd), m, dtype)
-    kp = gain_matrix(jnp.asarray(formulation.kp), m, dtype)
-    if constraint_matrix is not None and hasattr(formulation, "alpha"):
-        w = jnp.asarray(constraint_matrix, dtype)
-        wa = w @ gain_matrix(jnp.asarray(formulation.alpha), m, dtype)
-        scale = jnp.linalg.solve(jnp.eye(m, dtype=dtype) + wa, wa)
-        kd, kp = scale @ kd, scale @ kp
-    return second_order_matrix(kp, kd)
+    raise ValueError(
+        f"{type(formulation).__name__} has no perturbation matrix: `perturbation_matrix` "
+        "needs a stabilized formulation (a `jaxdae.AbstractStabilizedFormulation`: Baumgarte, "
+        "PseudoInverse, ModifiedLagrange, CoupledPerturbation) or a "
+        "`jaxdae.ConstraintEnforcingControl`."
+    )
 
 
 def spectral_radius(matrix: Float[Array, "d d"]) -> Float[Array, ""]:
@@ -208,13 +210,14 @@ class DiscreteStability(eqx.Module):
         return self.weight * excess**2
 
 
-def fixed_step_radius(formulation, num_constraints: int, solver, dt) -> float | None:
+def fixed_step_radius(formulation, num_constraints: int, solver, dt,
+                      num_nonholonomic: int = 0) -> float | None:
     """`ρ(R(τH))` for a fixed step `τ = dt` of `solver` on the perturbations of
     `formulation` (paper 002 §4), in NumPy, or None where it is not known cheaply and
-    exactly: traced gains or step, no constraints, a formulation other than
-    [`jaxdae.Baumgarte`][] and [`jaxdae.PseudoInverse`][] (whose perturbations obey
-    `ẏ = H y` exactly; [`jaxdae.ModifiedLagrange`][]'s depend on the state), or a solver
-    that is neither `diffrax.Euler` nor an explicit Runge–Kutta method.
+    exactly: traced gains or step, no constraints, a formulation whose perturbations do not
+    obey `ẏ = H y` exactly (`exact_perturbations` false: [`jaxdae.ModifiedLagrange`][]'s
+    depend on the state), or a solver that is neither `diffrax.Euler` nor an explicit
+    Runge–Kutta method.
 
     `R` is built from the Butcher tableau, `K_i = H (I + τ Σ_{j<i} a_ij K_j)`,
     `R = I + τ Σ_i b_i K_i` (explicit Euler: `I + τH`), as [`jaxdae.transition_matrix`][]
@@ -222,10 +225,10 @@ def fixed_step_radius(formulation, num_constraints: int, solver, dt) -> float | 
     before every fixed-step solve)."""
     import numpy as np
 
-    from .._formulations import Baumgarte, PseudoInverse
     from .._gains import is_concrete
 
-    if not (type(formulation) in (Baumgarte, PseudoInverse) and num_constraints
+    if not (isinstance(formulation, AbstractStabilizedFormulation)
+            and formulation.exact_perturbations and num_constraints
             and dt is not None and is_concrete(formulation, dt)):
         return None
     if isinstance(solver, diffrax.Euler):
@@ -234,11 +237,10 @@ def fixed_step_radius(formulation, num_constraints: int, solver, dt) -> float | 
         a_lower, b = solver.tableau.a_lower, np.asarray(solver.tableau.b_sol)
     else:
         return None
-    m = num_constraints
-    kd, kp = (np.asarray(gain_matrix(jnp.asarray(g), m, jnp.float64)) for g in
-              (formulation.kd, formulation.kp))
-    h = np.block([[np.zeros((m, m)), np.eye(m)], [-kp, -kd]])
-    tau, eye = float(dt), np.eye(2 * m)
+    with jax.ensure_compile_time_eval():
+        h = np.asarray(formulation.perturbation_matrix(num_constraints, num_nonholonomic),
+                       np.float64)
+    tau, eye = float(dt), np.eye(h.shape[0])
     stages = [h]
     for row in a_lower:
         stages.append(h @ (eye + tau * sum(a * k for a, k in zip(row, stages))))

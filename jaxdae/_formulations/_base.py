@@ -1,37 +1,25 @@
-"""The abstract formulation and the linear algebra shared by its implementations."""
+"""The abstract formulations: what every formulation provides, and the bases of the exact-multiplier
+and the stabilized formulations."""
 
 import abc
-import functools
-from typing import NamedTuple
+from typing import ClassVar
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
-import lineax as lx
-import numpy as np
 
-from .._custom_types import Array, Bool, Float
-from .._gains import apply_gain
+from .._custom_types import Array, Bool, Float, Gain
+from .._gains import (
+    apply_gain,
+    as_gain,
+    check_gain_size,
+    check_gain_structure,
+    gain_matrix,
+    is_concrete,
+    require_positive_definite,
+)
 from .._solution import RESULTS
-from .._compilation._linalg import extreme_eigenvalues, small_matmul, spd_solve
-from .._compilation._linear_solvers import (
-    PositiveDefinite,
-    symmetric_operator,
-    symmetric_solve,
-)
-from .._compilation._sparse import (
-    BandedPlan,
-    Pattern,
-    SparseMatrix,
-    banded_factor,
-    banded_plan,
-    block_inverse,
-    product_pattern,
-    sparse_add,
-    sparse_matmul,
-    transposed_pattern,
-)
 from .._systems._system import ConstrainedTerms
+from ._multipliers import default_rcond, eliminate, extreme_pivots
 
 
 class AbstractFormulation(eqx.Module):
@@ -40,7 +28,18 @@ class AbstractFormulation(eqx.Module):
     A formulation decides how the multipliers are computed (exact Lagrange multipliers,
     a pseudo-inverse, a penalty) and how constraint violations are fed back
     (Baumgarte-type gains). Gains are array fields, so `eqx.filter_grad` reaches them.
+
+    What a formulation can do is declared by its bases and class variables, never probed:
+    [`jaxdae.AbstractStabilizedFormulation`][] for a target and a perturbation matrix,
+    [`jaxdae.AbstractExactMultipliers`][] for a failure test on `G M⁻¹ Gᵀ`, and
+    `derives_velocities` below.
     """
+
+    derives_velocities: ClassVar[bool] = False
+    """Whether `velocities` maps the state to other velocities than the state itself (True
+    for [`jaxdae.RedundantCoordinates`][], whose dependent velocities follow from the
+    independent ones); solvers that integrate positions and velocities themselves refuse
+    such a formulation."""
 
     @abc.abstractmethod
     def accelerations(
@@ -147,14 +146,14 @@ class AbstractExactMultipliers(AbstractFormulation):
     def failure_reference(self, terms):
         """The largest pivot of `G M⁻¹ Gᵀ` at the initial state."""
         elimination = eliminate(terms)
-        return _extreme_pivots(elimination)[1] if elimination.matrix.shape[0] else None
+        return extreme_pivots(elimination)[1] if elimination.matrix.shape[0] else None
 
     def failure(self, terms, initial_largest):
         elimination = eliminate(terms)
         matrix = elimination.matrix
         if matrix.shape[0] == 0:
             return jnp.array(False)
-        smallest, largest = _extreme_pivots(elimination)
+        smallest, largest = extreme_pivots(elimination)
         tol = default_rcond(self.rcond, matrix.dtype)
         if matrix.shape[0] <= 2:
             return smallest <= tol * jnp.maximum(largest, initial_largest)
@@ -167,6 +166,153 @@ class AbstractExactMultipliers(AbstractFormulation):
     @property
     def can_fail(self):
         return True
+
+    @property
+    def tests_target_range(self) -> bool:
+        """Whether `simulate` tests at the end that the target lies in the range of `G`.
+
+        Not at the default `rcond`: constraints that contradict each other make `G M⁻¹ Gᵀ`
+        singular, which the failure test reports at the start, so a solve that succeeded has
+        a `G` of full rank, whose range holds every target; the test would only add compile
+        time (docs/design_measurements.md#range-test).
+        """
+        return self.rcond is not None
+
+
+class AbstractStabilizedFormulation(AbstractFormulation):
+    """A formulation that drives the constraint accelerations to a target `G q̈ = s` that
+    feeds the violations back, so that the perturbations `y = (Φ, Φ̇, Ψ)` obey a linear ODE
+    `ẏ = H y` (Mukharlyamov (2019), eqs. [0.11]–[0.12]).
+
+    Subclasses provide `target` and `perturbation_matrix`; [`jaxdae.perturbation_matrix`][],
+    [`jaxdae.DiscreteStability`][] and the end-of-solve checks of [`jaxdae.simulate`][] read
+    them. `exact_perturbations` says whether the perturbations obey `ẏ = H y` exactly (exact
+    multipliers) or only in a limit (a penalty).
+    """
+
+    exact_perturbations: ClassVar[bool] = True
+
+    @abc.abstractmethod
+    def target(self, terms: ConstrainedTerms) -> Float[Array, " c"]:
+        """The right-hand side `s` of `G q̈ = s`, shape `(m + k,)`."""
+
+    @abc.abstractmethod
+    def perturbation_matrix(
+        self,
+        num_holonomic: int,
+        num_nonholonomic: int = 0,
+        constraint_matrix: Float[Array, "c c"] | None = None,
+    ) -> Float[Array, "d d"]:
+        """`H` of `d/dt (Φ, Φ̇, Ψ) = H (Φ, Φ̇, Ψ)`, shape `(2m + k, 2m + k)`.
+
+        `constraint_matrix` is `W = G M⁻¹ Gᵀ` at a state of interest, for formulations
+        whose perturbations depend on it (a penalty); the others ignore it.
+        """
+
+    @property
+    def tests_target_range(self) -> bool:
+        """Whether `simulate` tests at the end of a solve that the target lies in the range
+        of `G` (contradicting constraints have no solution, whatever the multipliers)."""
+        return True
+
+
+class AbstractBaumgarteFormulation(AbstractStabilizedFormulation):
+    """A stabilized formulation with generalized Baumgarte feedback:
+    `Φ̈ + K_D Φ̇ + K_P Φ = 0` and `Ψ̇ + K_V Ψ = 0` (Mukharlyamov and Deressa (2015),
+    eq. [16]; Mukharlyamov (2019), eq. [0.7]).
+
+    Subclasses declare the gains as fields `kd`, `kp`, `kv` and name in `gain_names` the
+    gain fields that must be symmetric positive definite (`gain_condition` says why, in the
+    error message). The base class checks them at construction, against the system's
+    constraint counts (`validate`) and under `jit` (`traced_checks`), and provides the
+    target and the perturbation matrix.
+    """
+
+    kd: eqx.AbstractVar[Gain]
+    kp: eqx.AbstractVar[Gain]
+    kv: eqx.AbstractVar[Gain]
+    gain_names: eqx.AbstractClassVar[tuple[str, ...]]
+    gain_condition: eqx.AbstractClassVar[str]
+
+    def __check_init__(self):
+        check_gain_values(self, self.gain_names, self.gain_condition)
+
+    def check_values(self):
+        check_gain_values(self, self.gain_names, self.gain_condition)
+
+    def validate(self, num_holonomic, num_nonholonomic):
+        return check_stabilization_gains(
+            self, self.gain_names, num_holonomic, num_nonholonomic, self.gain_condition
+        )
+
+    def traced_checks(self, num_holonomic, num_nonholonomic):
+        return stabilization_checks(self, self.gain_names, self.gain_condition)
+
+    def target(self, terms):
+        return baumgarte_target(terms, self.kd, self.kp, self.kv)
+
+    def perturbation_matrix(self, num_holonomic, num_nonholonomic=0, constraint_matrix=None):
+        """`H = [[0, I, 0], [−K_P, −K_D, 0], [0, 0, −K_V]]` (Mukharlyamov (2019),
+        eq. [0.11]; the last row and column only with nonholonomic constraints)."""
+        m, k = num_holonomic, num_nonholonomic
+        dtype = jnp.result_type(self.kd, self.kp, self.kv)
+        kp, kd = (gain_matrix(jnp.asarray(g), m, dtype) for g in (self.kp, self.kd))
+        holonomic = second_order_matrix(kp, kd)
+        if k == 0:
+            return holonomic
+        kv = gain_matrix(jnp.asarray(self.kv), k, dtype)
+        return jnp.block([[holonomic, jnp.zeros((2 * m, k), dtype)],
+                          [jnp.zeros((k, 2 * m), dtype), -kv]])
+
+
+def default_kv(kd: Gain) -> Gain:
+    """Default nonholonomic gain: the decay rate `k` of a critically damped `K_D = 2k`."""
+    if kd.ndim == 2:
+        return 0.5 * jnp.mean(jnp.diag(kd))
+    return 0.5 * jnp.mean(kd)
+
+
+def stabilization_gains(kd, kp, kv):
+    """Converts `(kd, kp, kv)` to arrays, filling in the default `kv`."""
+    kd, kp = as_gain(kd), as_gain(kp)
+    return kd, kp, default_kv(kd) if kv is None else as_gain(kv)
+
+
+def check_gain_values(formulation, names, reason) -> None:
+    """Construction-time checks: structure always, values when concrete."""
+    for name in names:
+        gain = getattr(formulation, name)
+        check_gain_structure(name, gain)
+        if is_concrete(gain):
+            require_positive_definite(name, gain, reason)
+
+
+def check_stabilization_gains(formulation, names, num_holonomic, num_nonholonomic, reason):
+    """Shape checks of `kd`, `kp`, `kv`, ... against the constraint counts, and SPD checks of
+    the concrete ones (`ValueError`); traced ones: `stabilization_checks`. Returns
+    `formulation`."""
+    sizes = {"kd": num_holonomic, "kp": num_holonomic, "kv": num_nonholonomic}
+    what = {"kd": "holonomic constraints", "kp": "holonomic constraints",
+            "kv": "nonholonomic constraints"}
+    for name in names:
+        gain = getattr(formulation, name)
+        size = sizes.get(name, num_holonomic + num_nonholonomic)
+        check_gain_size(name, gain, size, what.get(name, "constraints (holonomic + nonholonomic)"))
+        if is_concrete(gain):
+            require_positive_definite(name, gain, reason)
+    return formulation
+
+
+def stabilization_checks(formulation, names, reason) -> tuple:
+    """The `(flag, message)` checks that the traced gains `names` are SPD (the
+    formulation's `traced_checks`)."""
+    return sum((require_positive_definite(name, getattr(formulation, name), reason)
+                for name in names), ())
+
+
+def check_rcond(rcond: float | None) -> None:
+    if rcond is not None and not 0 <= rcond < 1:
+        raise ValueError(f"`rcond` must be in [0, 1) or None (default sqrt(eps)); got {rcond}.")
 
 
 def baumgarte_target(
@@ -195,217 +341,3 @@ def second_order_matrix(
     return jnp.block([[jnp.zeros_like(eye), eye], [-stiffness, -damping]])
 
 
-def _extreme_pivots(elimination):
-    """`(smallest, largest)` pivot of `G M⁻¹ Gᵀ` (see `AbstractExactMultipliers`): closed-form
-    eigenvalues for one or two constraints, else the pivots of [`PositiveDefinite`][]'s
-    factorization (the one the multipliers are solved with)."""
-    if elimination.matrix.shape[0] <= 2:
-        return extreme_eigenvalues(elimination.matrix)
-    pivots = PositiveDefinite().init(elimination.operator, {}).pivots
-    return jnp.min(pivots), jnp.max(pivots)
-
-
-# A constraint Jacobian denser than this is multiplied as a dense matrix.
-SPARSE_MAX_DENSITY = 0.3
-
-
-class Elimination(NamedTuple):
-    """What eliminating `q̈` from `M q̈ + Gᵀλ = Q` gives (paper 004, eqs. [6], [21]).
-
-    - `minv_q`: `M⁻¹ Q`, `(n,)`.
-    - `minv_gt`: `M⁻¹ Gᵀ`, `(n, c)`: a dense array or a [`SparseMatrix`][].
-    - `matrix`: `A = G M⁻¹ Gᵀ`, dense `(c, c)`, symmetrized.
-    - `g_minv_q`: `G M⁻¹ Q`, `(c,)`.
-    - `sparse_matrix`: `A` on its pattern where it came from sparse products, else `None`.
-    """
-
-    minv_q: Array
-    minv_gt: Array | SparseMatrix
-    matrix: Array
-    g_minv_q: Array
-    sparse_matrix: SparseMatrix | None = None
-
-    @property
-    def operator(self) -> lx.AbstractLinearOperator:
-        """`A` as a lineax operator tagged positive semidefinite, on its pattern where it
-        has one."""
-        return symmetric_operator(self.matrix, self.sparse_matrix)
-
-    def apply_minv_gt(self, lam):
-        """`M⁻¹ Gᵀ λ`."""
-        if isinstance(self.minv_gt, SparseMatrix):
-            return self.minv_gt.matvec(lam)
-        return small_matmul(self.minv_gt, lam)
-
-
-def eliminate(terms: ConstrainedTerms) -> Elimination:
-    """`M⁻¹ Q`, `M⁻¹ Gᵀ`, `G M⁻¹ Gᵀ` and `G M⁻¹ Q`, following the structure the terms carry.
-
-    Where the terms carry sparse `M` and `G` (`ConstrainedTerms.sparse_mass`) and `M` is made
-    of small diagonal blocks, `M⁻¹` is inverted block by block and the products are sparse
-    (their cost grows with the non-zeros of `G`, not with `c · n · c`); otherwise `M` is
-    factorized once by Cholesky and the products are dense. Where the terms carry the factor
-    of a constant `M` (`ConstrainedTerms.mass_factor`, factored once per solve), it is used
-    instead of factorizing `M` here.
-    """
-    sparse_factors = _sparse_factors(terms)
-    if sparse_factors is not None:
-        minv, g = sparse_factors
-        minv_q = minv.matvec(terms.forces)
-        minv_gt = sparse_matmul(minv, g.T)
-        sparse = sparse_matmul(g, minv_gt).symmetrized()
-        return Elimination(minv_q, minv_gt, sparse.dense(), g.matvec(minv_q), sparse)
-    minv_q, minv_gt = _mass_solve(terms)
-    g = terms.jacobian
-    matrix = small_matmul(g, minv_gt)
-    matrix = 0.5 * (matrix + matrix.T)
-    return Elimination(minv_q, minv_gt, matrix, small_matmul(g, minv_q))
-
-
-def _sparse_factors(terms: ConstrainedTerms) -> tuple[SparseMatrix, SparseMatrix] | None:
-    """`(M⁻¹, G)` as sparse matrices where the terms carry sparse `M` and `G` (`G` sparse
-    enough) and `M⁻¹` is inverted block by block (or the terms carry it); else `None`."""
-    if terms.sparse_mass is None or terms.sparse_jacobian is None or (
-        terms.sparse_jacobian.pattern.density > SPARSE_MAX_DENSITY
-    ):
-        return None
-    factor = terms.mass_factor
-    minv = block_inverse(terms.sparse_mass) if factor is None else factor.inverse
-    return None if minv is None else (minv, terms.sparse_jacobian)
-
-
-def penalized_mass(terms: ConstrainedTerms, apply_masses):
-    """`M + Gᵀ 𝔄 G` of the modified Lagrange equation (paper 004, eq. [30]) as a lineax
-    operator tagged positive semidefinite (symmetrized; on its pattern where the terms carry
-    sparse `M` and `G`), and `𝔄 G` (with `rmatvec`); `apply_masses(G)` gives `𝔄 G` for `G` a
-    `SparseMatrix` or a dense array."""
-    if terms.sparse_mass is not None and terms.sparse_jacobian is not None and (
-        terms.sparse_jacobian.pattern.density <= SPARSE_MAX_DENSITY
-    ):
-        masses_g = apply_masses(terms.sparse_jacobian)
-        product = sparse_matmul(terms.sparse_jacobian.T, masses_g)
-        lhs = sparse_add(terms.sparse_mass, product).symmetrized()
-        return symmetric_operator(lhs.dense(), lhs), masses_g
-    g = terms.jacobian
-    masses_g = apply_masses(g)
-    lhs = terms.mass_matrix + small_matmul(g.T, masses_g)
-    return symmetric_operator(0.5 * (lhs + lhs.T)), _Dense(masses_g)
-
-
-def jacobian_matvec(terms: ConstrainedTerms, x: Array) -> Array:
-    """`G x`, sparse where the terms carry `G`'s pattern."""
-    if terms.sparse_jacobian is not None:
-        return terms.sparse_jacobian.matvec(x)
-    return small_matmul(terms.jacobian, x)
-
-
-class _Dense(NamedTuple):
-    """A dense matrix with `SparseMatrix`'s `rmatvec`."""
-
-    matrix: Array
-
-    def rmatvec(self, x):
-        return small_matmul(self.matrix.T, x)
-
-
-def _mass_solve(terms: ConstrainedTerms):
-    """`M⁻¹ Q` and `M⁻¹ Gᵀ` (dense) from one Cholesky factorization of `M` (or the factor
-    the terms carry)."""
-    rhs = jnp.concatenate([terms.forces[:, None], terms.jacobian.T], axis=1)
-    if terms.mass_factor is not None:
-        sol = terms.mass_factor.solve(rhs)
-    else:
-        sol = spd_solve(terms.mass_matrix, rhs)
-    return sol[:, 0], sol[:, 1:]
-
-
-def constraint_matrix(terms: ConstrainedTerms) -> Float[Array, "c c"]:
-    """`G M⁻¹ Gᵀ` (paper 004's `A = J M⁻¹ Jᵀ`, extended to nonholonomic rows), symmetrized."""
-    return eliminate(terms).matrix
-
-
-def multiplier_solve(
-    terms: ConstrainedTerms, target: Float[Array, " c"], solver: lx.AbstractLinearSolver
-):
-    """Solves `M q̈ + Gᵀλ = Q`, `G q̈ = target` by eliminating `q̈` (paper 004 eqs. [6], [21]).
-
-    `λ = A⁻¹ (G M⁻¹ Q − target)` with `A = G M⁻¹ Gᵀ` as a positive semidefinite lineax
-    operator (on its pattern where the terms carry one), solved with `solver`
-    ([`symmetric_solve`][]): [`PositiveDefinite`][] for independent constraints,
-    [`PositiveSemidefinitePseudoInverse`][] (`A⁺`) for redundant ones, or any lineax solver
-    (through `lineax.linear_solve`).
-    """
-    sparse_factors = _sparse_factors(terms)
-    if sparse_factors is not None and isinstance(solver, PositiveDefinite):
-        minv, g = sparse_factors
-        matrix_pattern = product_pattern(
-            g.pattern, product_pattern(minv.pattern, transposed_pattern(g.pattern)))
-        plan = banded_plan(matrix_pattern)
-        if plan is not None:
-            return _banded_multipliers((minv.pattern, g.pattern, plan), minv.values,
-                                       g.values, terms.forces, target)
-    elimination = eliminate(terms)
-    rhs = elimination.g_minv_q - target
-    lam = symmetric_solve(elimination.operator, rhs, solver)
-    return elimination.minv_q - elimination.apply_minv_gt(lam), lam
-
-
-def _banded_parts(patterns: tuple[Pattern, Pattern, BandedPlan], minv_values, g_values,
-                  forces, target):
-    """`(q̈, λ)` of `M q̈ + Gᵀλ = Q`, `G q̈ = target` by eliminating `q̈` with sparse `M⁻¹`
-    and `G`, `A = G M⁻¹ Gᵀ` factorized on the banded plan; with the factor, `M⁻¹`, `G`
-    and `M⁻¹ Gᵀ` (sparse)."""
-    minv_pattern, g_pattern, plan = patterns
-    minv, g = SparseMatrix(minv_values, minv_pattern), SparseMatrix(g_values, g_pattern)
-    minv_q = minv.matvec(forces)
-    minv_gt = sparse_matmul(minv, g.T)
-    factor = banded_factor(sparse_matmul(g, minv_gt).symmetrized(), plan)
-    lam = factor.solve(g.matvec(minv_q) - target)
-    return minv_q - minv_gt.matvec(lam), lam, factor, minv, g, minv_gt
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _banded_multipliers(patterns, minv_values, g_values, forces, target):
-    """[`multiplier_solve`][] where `M⁻¹` and `G` are sparse (values on the static
-    `patterns = (M⁻¹'s, G's, A's banded plan)`) and `A = G M⁻¹ Gᵀ` is banded: `(q̈, λ)`.
-
-    Differentiated as the saddle-point system `[[M, Gᵀ], [G, 0]] (q̈, λ) = (Q, target)`
-    that it solves, not through the elimination's products: with `f = Q − Gᵀλ` (so that
-    `q̈ = M⁻¹ f`) and `p = M⁻¹ (dQ − dGᵀ λ) + d(M⁻¹) f`,
-    `dλ = A⁻¹ (G p + dG q̈ − d target)` and `dq̈ = p − M⁻¹ Gᵀ dλ`, a solve with the
-    factor of `A` already computed. The products of `G M⁻¹ Gᵀ` (pairs of entries gathered
-    and summed) are not differentiated: the reverse pass forms `G`'s cotangent on `G`'s
-    pattern, from the outer products of `λ` and of `q̈` with the cotangents of `p` and of
-    `dλ`'s right-hand side. On the chain of 64 links (`experiments/bench_scaling.py
-    --families chain --sizes 64`, Tsit5, 2-core CPU) that made the gradient 3.4 instead of
-    3.9 times the solve."""
-    return _banded_parts(patterns, minv_values, g_values, forces, target)[:2]
-
-
-def _banded_multipliers_jvp(patterns, primals, tangents):
-    acc, lam, factor, minv, g, minv_gt = _banded_parts(patterns, *primals)
-    d_minv, d_g, d_forces, d_target = (
-        None if isinstance(t, jax.custom_derivatives.SymbolicZero) else t for t in tangents)
-    d_g = None if d_g is None else SparseMatrix(d_g, g.pattern)
-    r = jnp.zeros_like(acc) if d_forces is None else d_forces
-    if d_g is not None:
-        r = r - d_g.rmatvec(lam)
-    p = minv.matvec(r)
-    if d_minv is not None:
-        p = p + SparseMatrix(d_minv, minv.pattern).matvec(primals[2] - g.rmatvec(lam))
-    r = g.matvec(p)
-    if d_g is not None:
-        r = r + d_g.matvec(acc)
-    if d_target is not None:
-        r = r - d_target
-    d_lam = factor.solve(r, tangent=True)
-    return (acc, lam), (p - minv_gt.matvec(d_lam), d_lam)
-
-
-# Symbolic zeros: a constant mass matrix (or one not differentiated) adds no work.
-_banded_multipliers.defjvp(_banded_multipliers_jvp, symbolic_zeros=True)
-
-
-def default_rcond(rcond: float | None, dtype) -> float:
-    """`sqrt(machine epsilon)` of `dtype` unless given."""
-    return float(np.sqrt(np.finfo(dtype).eps)) if rcond is None else rcond

@@ -10,10 +10,8 @@ from .._compilation._linalg import not_hurwitz
 from .._compilation._linear_solvers import PositiveDefinite
 from .._systems._system import ConstrainedTerms
 from ._arguments import explain_arguments
-from ._base import (
-    AbstractExactMultipliers,
-    multiplier_solve,
-)
+from ._base import AbstractExactMultipliers, AbstractStabilizedFormulation
+from ._multipliers import multiplier_solve
 
 _EXAMPLE = "CoupledPerturbation(k10=-25.0, k11=-10.0, k22=-5.0)"
 _BLOCKS = ("k10", "k11", "k12", "k20", "k21", "k22")
@@ -29,7 +27,7 @@ def _block(gain, rows: int, cols: int, dtype):
     return jnp.broadcast_to(gain.astype(dtype), (rows, cols))
 
 
-class CoupledPerturbation(AbstractExactMultipliers):
+class CoupledPerturbation(AbstractExactMultipliers, AbstractStabilizedFormulation):
     """Constraint perturbations with arbitrary linear coupling (paper 002, eqs. [0.11]–[0.12]).
 
     The exact multipliers are chosen so that the perturbations `y = (Φ, Φ̇, Ψ)` obey
@@ -114,8 +112,11 @@ class CoupledPerturbation(AbstractExactMultipliers):
                 )
         return tuple(next(iter(sizes[x])) if sizes[x] else None for x in ("m", "k"))
 
-    def perturbation_matrix(self, num_holonomic: int, num_nonholonomic: int, dtype=None):
-        """The `(2m + k) × (2m + k)` block matrix of paper 002, eq. [0.12]."""
+    def perturbation_matrix(self, num_holonomic, num_nonholonomic=0, constraint_matrix=None):
+        """The `(2m + k) × (2m + k)` block matrix of Mukharlyamov (2019), eq. [0.12]."""
+        return self._matrix(num_holonomic, num_nonholonomic)
+
+    def _matrix(self, num_holonomic: int, num_nonholonomic: int, dtype=None):
         m, k = num_holonomic, num_nonholonomic
         if dtype is None:
             dtype = jnp.result_type(*[g for g in self._gains() if g is not None], float)
@@ -192,7 +193,7 @@ class CoupledPerturbation(AbstractExactMultipliers):
                 [-(jnp.zeros((), dtype) if g is None else g) for g in (self.k10, self.k11)],
                 m, dtype)
         if holonomic is None:
-            matrix = self.perturbation_matrix(m, k, dtype)
+            matrix = self._matrix(m, k, dtype)
             return ((not_hurwitz(jax.lax.stop_gradient(matrix), jnp), message),)
         k22 = jnp.zeros((k,), dtype) if self.k22 is None else self.k22
         nonholonomic = jnp.broadcast_to(k22, (k,))[:, None, None]
@@ -200,7 +201,7 @@ class CoupledPerturbation(AbstractExactMultipliers):
             jax.lax.stop_gradient(nonholonomic), jnp)
         return ((flag, message),)
 
-    def accelerations(self, terms: ConstrainedTerms):
+    def target(self, terms: ConstrainedTerms):
         m, k = terms.num_holonomic, terms.num_nonholonomic
         dtype = terms.mass_matrix.dtype
         sizes = {"m": m, "k": k}
@@ -218,4 +219,7 @@ class CoupledPerturbation(AbstractExactMultipliers):
         # G q̈ − bias = (Φ̈, Ψ̇) = (K10 Φ + K11 Φ̇ + K12 Ψ, K20 Φ + K21 Φ̇ + K22 Ψ)
         rates = jnp.concatenate([times("k10", phi) + times("k11", dphi) + times("k12", psi),
                                  times("k20", phi) + times("k21", dphi) + times("k22", psi)])
-        return multiplier_solve(terms, terms.bias + rates, PositiveDefinite())
+        return terms.bias + rates
+
+    def accelerations(self, terms: ConstrainedTerms):
+        return multiplier_solve(terms, self.target(terms), PositiveDefinite())

@@ -1,34 +1,28 @@
-"""The modified Lagrange equation, a generalized penalty method (paper 004, eqs. [22]–[31])."""
+"""The modified Lagrange equation, a generalized penalty method (Mukharlyamov and Deressa
+(2015), eqs. [22]–[31])."""
+
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
 
 from .._custom_types import Gain, GainLike
-from .._gains import as_gain
+from .._gains import as_gain, gain_matrix
 from .._compilation._linalg import small_matmul
 from .._compilation._linear_solvers import PositiveDefinite
 from .._compilation._sparse import SparseMatrix
 from ._arguments import explain_arguments
-from ._base import (
-    AbstractFormulation,
-    baumgarte_target,
-    jacobian_matvec,
-    penalized_mass,
-)
-from ._baumgarte import (
-    check_gain_values,
-    check_stabilization_gains,
-    stabilization_checks,
-    stabilization_gains,
-)
+from ._base import AbstractBaumgarteFormulation, AbstractFormulation, stabilization_gains
+from ._multipliers import jacobian_matvec, penalized_mass
 
-_PENALTY = (
-    "paper 004, eqs. [22]–[30]: the constraint masses 𝔄 and the gains K_D, K_P, K_V must be "
-    "positive definite so that the violations y = Φ behave as a damped stable oscillator"
+PENALTY_CONDITION = (
+    "Mukharlyamov and Deressa (2015), eqs. [22]–[30]: the constraint masses 𝔄 and the gains "
+    "K_D, K_P, K_V must be positive definite so that the violations y = Φ behave as a damped "
+    "stable oscillator"
 )
 
 
-class ModifiedLagrange(AbstractFormulation):
+class ModifiedLagrange(AbstractBaumgarteFormulation):
     """Modified Lagrange equation: `(M + Jᵀ𝔄J) q̈ = Q − Jᵀ𝔄 (K_D Φ̇ + K_P Φ − γ)` (paper 004, eq. [30]).
 
     The violations are treated as extra coordinates with "constraint masses" `𝔄`, damping
@@ -62,18 +56,15 @@ class ModifiedLagrange(AbstractFormulation):
     kd: Gain
     kp: Gain
     kv: Gain
+    gain_names: ClassVar[tuple[str, ...]] = ("alpha", "kd", "kp", "kv")
+    gain_condition: ClassVar[str] = PENALTY_CONDITION
+    exact_perturbations: ClassVar[bool] = False
 
     @explain_arguments("ModifiedLagrange(alpha=100.0, kd=10.0, kp=25.0)")
     def __init__(self, alpha: GainLike, kd: GainLike, kp: GainLike,
                  kv: GainLike | None = None):
         self.alpha = as_gain(alpha)
         self.kd, self.kp, self.kv = stabilization_gains(kd, kp, kv)
-
-    def __check_init__(self):
-        check_gain_values(self, ("alpha", "kd", "kp", "kv"), _PENALTY)
-
-    def check_values(self):
-        check_gain_values(self, ("alpha", "kd", "kp", "kv"), _PENALTY)
 
     def accelerations(self, terms):
         return _accelerations(self, terms, 0)
@@ -83,13 +74,22 @@ class ModifiedLagrange(AbstractFormulation):
         iterations (above), which [`jaxdae.Projected`][] integrates."""
         return _AugmentedLagrange(self, PROJECTED_ITERATIONS)
 
-    def validate(self, num_holonomic, num_nonholonomic):
-        return check_stabilization_gains(
-            self, ("alpha", "kd", "kp", "kv"), num_holonomic, num_nonholonomic, _PENALTY
-        )
-
-    def traced_checks(self, num_holonomic, num_nonholonomic):
-        return stabilization_checks(self, ("alpha", "kd", "kp", "kv"), _PENALTY)
+    def perturbation_matrix(self, num_holonomic, num_nonholonomic=0, constraint_matrix=None):
+        """The perturbations obey (from eq. [30] by the Woodbury identity)
+        `(Φ̈, Ψ̇) = −S (K_D Φ̇ + K_P Φ, K_V Ψ) + forcing`, `S = (I + W𝔄)⁻¹ W𝔄`,
+        `W = G M⁻¹ Gᵀ`: with `constraint_matrix=W` (at a state of interest) this is that
+        matrix, else the `𝔄 → ∞` limit `S = I`, Baumgarte's."""
+        limit = super().perturbation_matrix(num_holonomic, num_nonholonomic)
+        if constraint_matrix is None:
+            return limit
+        m, c = num_holonomic, num_holonomic + num_nonholonomic
+        dtype = limit.dtype
+        w = jnp.asarray(constraint_matrix, dtype)
+        wa = w @ gain_matrix(jnp.asarray(self.alpha), c, dtype)
+        scale = jnp.linalg.solve(jnp.eye(c, dtype=dtype) + wa, wa)
+        # Rows of `Φ̈` and `Ψ̇`: the feedback of Baumgarte's rows, scaled by `S`.
+        feedback = limit[m:]
+        return limit.at[m:].set(scale @ feedback)
 
 
 def _accelerations(formulation: ModifiedLagrange, terms, iterations: int,
@@ -107,7 +107,7 @@ def _accelerations(formulation: ModifiedLagrange, terms, iterations: int,
     solve with two iterations costs 1.2× one without them, against 1.7× with the solves in
     turn. Otherwise each iteration solves with the factorization in turn."""
     alpha = formulation.alpha
-    target = baumgarte_target(terms, formulation.kd, formulation.kp, formulation.kv)
+    target = formulation.target(terms)
     lhs, masses_g = penalized_mass(terms, lambda g: _apply_masses(alpha, g))
     rhs = terms.forces + masses_g.rmatvec(target)
     if rhs.shape[0] == 0:

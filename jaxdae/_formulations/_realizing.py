@@ -1,5 +1,7 @@
 """Realizing nonholonomic constraints by forces on the free system (paper 003)."""
 
+from typing import ClassVar
+
 import abc
 from collections.abc import Callable
 
@@ -11,7 +13,7 @@ import numpy as np
 from .._checks import check_instance
 from .._custom_types import Array, Float, NonholonomicResidual
 from .._compilation._linear_solvers import PositiveDefinite
-from ._base import multiplier_solve
+from ._multipliers import multiplier_solve
 from .._gains import as_gain, is_concrete
 from .._systems._system import AbstractSystem, ConstrainedTerms
 
@@ -197,6 +199,8 @@ class RealizedConstraints(AbstractSystem):
 
     system: AbstractSystem
     force: AbstractRealizingForce
+    # The state is the wrapped system's, which may hold momenta.
+    state_is_velocity: ClassVar[bool] = False
 
     def __check_init__(self):
         check_instance("system", self.system, AbstractSystem, "a jaxdae system")

@@ -1,5 +1,7 @@
 """Redundant coordinates without multipliers: Shulgin's equations (paper 000, eqs. [1]–[7])."""
 
+from typing import ClassVar
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -11,7 +13,8 @@ from .._custom_types import Array, Float
 from .._solution import RESULTS
 from .._systems._system import ConstrainedTerms, LagrangianSystem
 from .._compilation._linalg import extreme_eigenvalues, spd_solve
-from ._base import AbstractFormulation, default_rcond
+from ._base import AbstractFormulation
+from ._multipliers import default_rcond
 
 
 def split_jacobian(jacobian, dependent, independent):
@@ -154,6 +157,7 @@ class RedundantCoordinates(AbstractFormulation):
     dependent: tuple[int, ...] = eqx.field(static=True)
     rcond: float | None = eqx.field(default=None, static=True)
     tol: float = eqx.field(default=1e-6, static=True)
+    derives_velocities: ClassVar[bool] = True
 
     def __check_init__(self):
         dep = self.dependent

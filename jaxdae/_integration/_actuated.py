@@ -34,7 +34,7 @@ import optimistix as optx
 
 from .._checks import check_finite, check_instance, check_positive
 from .._custom_types import Array, ArrayLike, Float, Gain, GainLike, Int, ScalarLike
-from .._formulations._base import default_rcond
+from .._formulations._multipliers import default_rcond
 from .._compilation._linalg import (
     extreme_eigenvalues,
     full_precision,

@@ -270,13 +270,13 @@ def _system(y0, args) -> AbstractSystem:
         raise ValueError(
             "`jaxdae.GeneralizedAlpha` integrates one trajectory at a time: batch it with "
             "`jax.vmap(jaxdae.simulate)` instead of `jaxdae.simulate_ensemble`.")
-    if type(system).velocities is not AbstractSystem.velocities:
+    if not system.state_is_velocity:
         raise ValueError(
             f"`jaxdae.GeneralizedAlpha` integrates positions and velocities; the state of "
             f"{type(system).__name__} holds something else (momenta of a "
             "`HamiltonianSystem`, realized constraints). Integrate it with an ODE solver "
             "(e.g. `diffrax.Tsit5()`), or write it as a `jaxdae.LagrangianSystem`.")
-    if type(formulation).velocities is not AbstractFormulation.velocities:
+    if formulation.derives_velocities:
         raise ValueError(
             f"`jaxdae.GeneralizedAlpha` enforces the constraints itself; "
             f"{type(formulation).__name__} integrates other velocities (redundant "

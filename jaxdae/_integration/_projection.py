@@ -16,10 +16,10 @@ from .._compilation._linear_solvers import symmetric_operator
 from .._compilation._scalarize import array_form_scope, scalarize
 from .._compilation._sparse import cholesky_factor, cholesky_solve
 from .._custom_types import Array, Bool, Float, PyTree, ScalarLike
-from .._formulations._base import AbstractFormulation, eliminate
+from .._formulations._base import AbstractFormulation
+from .._formulations._multipliers import eliminate
 from .._formulations._redundant import RedundantCoordinates
 from .._solution import RESULTS
-from .._systems._hamiltonian import HamiltonianSystem
 from .._systems._structure import terms_structure
 from .._systems._system import AbstractSystem, ConstrainedTerms, LagrangianSystem
 from ._solvers import unwrapped
@@ -88,7 +88,7 @@ def _derives_velocities(formulation) -> bool:
     ([`jaxdae.RedundantCoordinates`][]); a `ValueError` for another that does."""
     if isinstance(formulation, RedundantCoordinates):
         return True
-    if type(formulation).velocities is not AbstractFormulation.velocities:
+    if formulation.derives_velocities:
         raise ValueError(
             f"`jaxdae.Projected` cannot project the state of {described(formulation)}: it "
             "derives the velocities from the state in its own way "
@@ -104,13 +104,13 @@ def _terms_at(system, formulation, t, q, s):
 def _own_terms(system) -> bool:
     """Whether the system's terms take `Φ`, `Φ̇` and `Ψ` from its `constraints` and
     `velocity_constraints` (so they can be evaluated alone)."""
-    return type(system).terms in (LagrangianSystem.terms, HamiltonianSystem.terms)
+    return system.terms_from_constraints
 
 
 def _momenta(system) -> bool:
     """Whether the state holds something other than the velocities (`state_rate` is not
     the identity)."""
-    return type(system).state_rate is not AbstractSystem.state_rate
+    return not system.state_is_velocity
 
 
 class _Gains(eqx.Module):

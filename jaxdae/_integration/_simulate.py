@@ -21,8 +21,7 @@ from .._compilation._private_apis import unvmap_any
 from .._compilation._scalarize import scalarize
 from .._compilation._sharding import explicit_to_auto, is_explicitly_sharded
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
-from .._formulations import AbstractFormulation, Baumgarte, ModifiedLagrange, PseudoInverse
-from .._formulations._base import baumgarte_target
+from .._formulations import AbstractFormulation, AbstractStabilizedFormulation
 from .._gains import is_concrete
 from .._solution import (
     RESULTS,
@@ -400,10 +399,9 @@ def name_non_finite_term(sol, system, formulation, t0):
     doubled XLA's compile time of `simulate`; traced solves keep `dt_min_reached`."""
     codes = np.array(sol.result._value)
     stalled = codes == RESULTS.dt_min_reached._value
-    if not np.any(stalled) or (type(formulation).velocities
-                               is not AbstractFormulation.velocities):
+    if not np.any(stalled) or formulation.derives_velocities:
         return sol  # (a formulation that maps the state to velocities: state not at hand)
-    state = sol.v_final if type(system).velocities is AbstractSystem.velocities else sol.p_final
+    state = sol.v_final if system.state_is_velocity else sol.p_final
     for index in (np.argwhere(stalled) if codes.ndim else [()]):
         index = tuple(index)
         code = int(_non_finite_term(system, formulation, t0, sol.t_final[index],
@@ -415,24 +413,12 @@ def name_non_finite_term(sol, system, formulation, t0):
     return eqx.tree_at(lambda s: s.result, sol, result)
 
 
-# The formulations whose accelerations aim at Baumgarte's target `G q̈ = s` (paper 004,
-# eq. [20]), which `checked_result` tests for consistency.
-_TARGETED = (Baumgarte, PseudoInverse, ModifiedLagrange)
-
-
 def _targets(system, formulation, terms) -> bool:
-    """Whether `checked_result` tests the range of the target `s` (a formulation in
-    `_TARGETED` on a `LagrangianSystem` with constraints).
-
-    Not for `Baumgarte` at its default `rcond`: constraints that contradict each other make
-    `G M⁻¹ Gᵀ` singular, which its failure test reports at the start
-    (`singular_constraint_matrix`), so a solve that succeeded has a `G` of full rank, whose
-    range holds every target. The test's terms at the final state and its SVD would add
-    0.4–0.5 s to the 5.7–5.9 s compile of the ladder of 128 four-bars' gradient
-    (`experiments/bench_compile.py --model ladder:128 --only gradient`)."""
-    if isinstance(formulation, Baumgarte) and formulation.rcond is None:
-        return False
-    return (isinstance(formulation, _TARGETED) and isinstance(system, LagrangianSystem)
+    """Whether `checked_result` tests the range of the formulation's target `s` (a
+    stabilized formulation that asks for the test, on a `LagrangianSystem` with
+    constraints)."""
+    return (isinstance(formulation, AbstractStabilizedFormulation)
+            and formulation.tests_target_range and isinstance(system, LagrangianSystem)
             and terms.jacobian.shape[0] > 0)
 
 
@@ -524,8 +510,7 @@ def _diagnostics(system, formulation, t, q, s):
     _, multipliers = formulation.accelerations(terms)
     range_inputs = None
     if _targets(system, formulation, terms):
-        range_inputs = terms.jacobian, baumgarte_target(terms, formulation.kd, formulation.kp,
-                                                        formulation.kv)
+        range_inputs = terms.jacobian, formulation.target(terms)
     return (terms.phi, terms.dphi, terms.psi, multipliers,
             system.energy(t, q, s) if terms.energy is None else terms.energy,
             system.velocities(t, q, s), _momenta(system, t, q, s, terms), terms.mass_matrix,
@@ -769,13 +754,13 @@ def _check_structure(system, formulation, t0, q0, v0):
 _COUNTS: dict = {}  # constraint counts per (system, state) signature
 
 
-def warn_unstable_step(formulation, num_holonomic: int, solver, dt0) -> None:
+def warn_unstable_step(formulation, counts: tuple[int, int], solver, dt0) -> None:
     """A `UserWarning` before a fixed-step solve whose step makes the constraint
     perturbations grow: `ρ(R(τH)) > 1` (paper 002 §4; [`fixed_step_radius`][], known for
-    `Baumgarte` and `PseudoInverse` with concrete gains and step). A warning, not an
+    formulations with exact perturbations and concrete gains and step). A warning, not an
     error: a short solve, or a study of the instability, may mean it; a solve whose
     residual then explodes ends with `RESULTS.diverged`."""
-    radius = fixed_step_radius(formulation, num_holonomic, solver, dt0)
+    radius = fixed_step_radius(formulation, counts[0], solver, dt0, counts[1])
     if radius is not None and radius > 1 + 1e-12:
         warnings.warn(
             f"The fixed step dt0 = {float(dt0):.4g} of {type(solver).__name__} makes the "
@@ -1120,7 +1105,7 @@ def _run(system, formulation, t0, t1, q0, v0, call: SolveCall) -> Solution:
 
     options = call.options(dtype, worst_trajectory_rms if ensemble else optx.rms_norm)
     if isinstance(options.stepsize_controller, diffrax.ConstantStepSize):
-        warn_unstable_step(formulation, counts[0],
+        warn_unstable_step(formulation, counts,
                            Tsit5 if call.solver is None else call.solver, options.dt0)
     traced = not is_concrete(system, formulation, times, q0, v0)
     checks = _TracedChecks(

@@ -1,6 +1,7 @@
 """Constrained systems in Hamiltonian form (paper 001, eqs. [3]–[6])."""
 
 import abc
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +59,21 @@ class HamiltonianSystem(AbstractSystem):
     `∂²H/∂p²` must be positive definite (as for every mechanical Hamiltonian).
     """
 
+    state_is_velocity: ClassVar[bool] = False
+    terms_from_constraints: ClassVar[bool] = True
+    # Whether the subclass defines its own `energy` / `momenta` (recorded when the class is
+    # created): the terms then leave those fields to the subclass's methods.
+    provides_energy: ClassVar[bool] = False
+    provides_momenta: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        defined = set().union(*(vars(c) for c in cls.__mro__
+                                if issubclass(c, HamiltonianSystem) and c is not HamiltonianSystem))
+        cls.provides_energy = "energy" in defined
+        cls.provides_momenta = "momenta" in defined
+        cls.terms_from_constraints = "terms" not in defined
+
     @abc.abstractmethod
     def hamiltonian(self, t: Scalar, q: Coordinates, p: Momenta) -> Scalar:
         """`H(t, q, p)`."""
@@ -108,8 +124,8 @@ class HamiltonianSystem(AbstractSystem):
             psi=psi,
             jacobian=jnp.concatenate([jac_phi, jac_psi], axis=0),
             bias=jnp.concatenate([gamma, -psi_rate]),
-            energy=hamiltonian if type(self).energy is HamiltonianSystem.energy else None,
-            momenta=p if type(self).momenta is HamiltonianSystem.momenta else None,
+            energy=None if self.provides_energy else hamiltonian,
+            momenta=None if self.provides_momenta else p,
         ), q.dtype)
 
     def state_rate(self, t, q, p, terms, acceleration):

@@ -90,7 +90,7 @@ def terms_structure(system, t, q, v) -> TermsStructure | None:
     `None` where the dense derivation is used: systems of at most `STRUCTURED_MIN`
     coordinates, unless the class sets `structured_terms` (`True`: always structured,
     `False`: always dense)."""
-    choice = getattr(type(system), "structured_terms", None)
+    choice = system.structured_terms
     if choice is False or (choice is None and q.shape[0] <= STRUCTURED_MIN):
         return None
     key = _key(system, t, q, v)
@@ -116,11 +116,10 @@ def _avals(tree):
 
 
 def _analyse(system, t, q, v) -> TermsStructure:
-    from ._system import LagrangianSystem
 
     params, static = eqx.partition(system, eqx.is_array)
     n = q.shape[0]
-    mass_given = type(system).mass_matrix is not LagrangianSystem.mass_matrix
+    mass_given = system.provides_mass_matrix
 
     def model(p):
         return eqx.combine(p, static)

@@ -111,6 +111,15 @@ class AbstractSystem(eqx.Module):
     # The state is `(q, s)`; `s` is the velocities `v` unless a subclass says otherwise
     # (e.g. the momenta of a `HamiltonianSystem`). `terms`, `energy` and these take `s`.
 
+    state_is_velocity: ClassVar[bool] = True
+    """Whether the state `s` is the velocities themselves (`velocities` and `state_rate`
+    are the identity). A subclass whose state holds something else (momenta), or may
+    (a wrapper of another system), declares `False`."""
+
+    terms_from_constraints: ClassVar[bool] = False
+    """Whether `terms` takes `Φ`, `Φ̇` and `Ψ` from `constraints` and `velocity_constraints`,
+    so that those can be evaluated alone (as projections do)."""
+
     def velocities(self, t: Scalar, q: Coordinates, s: Velocities) -> Velocities:
         """`q̇` at the state `(q, s)`. Default: `s` (the state holds velocities)."""
         return s
@@ -208,13 +217,27 @@ class LagrangianSystem(AbstractSystem):
     # `None`: derive the terms from their sparsity patterns above 8 coordinates; `True`
     # / `False`: always / never (see "Structure" above).
     structured_terms: ClassVar[bool | None] = None
+    terms_from_constraints: ClassVar[bool] = True
+    # What the subclass defines (recorded once, when the class is created): the terms
+    # are derived from `mass_matrix` where it is given, else from `kinetic_energy`.
+    provides_mass_matrix: ClassVar[bool] = False
+    provides_kinetic_energy: ClassVar[bool] = False
+    provides_energy: ClassVar[bool] = False
+    provides_momenta: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        defined = set().union(*(vars(c) for c in cls.__mro__
+                                if issubclass(c, LagrangianSystem) and c is not LagrangianSystem))
+        cls.provides_mass_matrix = "mass_matrix" in defined
+        cls.provides_kinetic_energy = "kinetic_energy" in defined
+        cls.provides_energy = "energy" in defined
+        cls.provides_momenta = "momenta" in defined
+        cls.terms_from_constraints = "terms" not in defined
 
     def __check_init__(self):
         cls = type(self)
-        if (
-            cls.kinetic_energy is LagrangianSystem.kinetic_energy
-            and cls.mass_matrix is LagrangianSystem.mass_matrix
-        ):
+        if not (cls.provides_kinetic_energy or cls.provides_mass_matrix):
             raise TypeError(
                 f"{cls.__name__} must override `kinetic_energy(self, t, q, v)` or "
                 "`mass_matrix(self, t, q)`: jaxdae derives the other one from it."
@@ -258,7 +281,7 @@ class LagrangianSystem(AbstractSystem):
         # in two thirds of the time of `jax.linearize` followed by `vmap` of the linear map.)
         n = q.shape[0]
         cls = type(self)
-        mass_given = cls.mass_matrix is not LagrangianSystem.mass_matrix
+        mass_given = cls.provides_mass_matrix
         structure = terms_structure(self, t, q, v)
 
         def lagrangian(t_, q_, v_):
@@ -306,8 +329,8 @@ class LagrangianSystem(AbstractSystem):
             ),
             bias=jnp.concatenate([-second, -psi_rate]),
             # `p = ∂T/∂v = L_v`; left to the methods where a subclass overrides them.
-            energy=energy if cls.energy is LagrangianSystem.energy else None,
-            momenta=lag_v if cls.momenta is LagrangianSystem.momenta else None,
+            energy=None if cls.provides_energy else energy,
+            momenta=None if cls.provides_momenta else lag_v,
         ), dtype)
 
     def _structured_terms(self, structure, local, t, q, v, mass_given):
@@ -356,8 +379,8 @@ class LagrangianSystem(AbstractSystem):
             psi=psi,
             jacobian=jacobian.dense(),
             bias=jnp.concatenate([-second, -psi_rate]),
-            energy=energy if cls.energy is LagrangianSystem.energy else None,
-            momenta=lag_v if cls.momenta is LagrangianSystem.momenta else None,
+            energy=None if cls.provides_energy else energy,
+            momenta=None if cls.provides_momenta else lag_v,
             sparse_mass=mass,
             sparse_jacobian=jacobian,
             mass_is_constant=structure.mass_is_constant,

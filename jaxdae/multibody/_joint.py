@@ -34,7 +34,8 @@ class AbstractJoint(eqx.Module):
     the [`jaxdae.multibody.Mechanism`][] and, if it has one, a joint coordinate (the
     relative angle of a revolute joint, the displacement of a prismatic one).
 
-    Subclasses define `residual(t, a, b)` (and `coordinate(a, b)`) on the two markers'
+    Subclasses declare `num_equations` and define `residual(t, a, b)` (and, with
+    `has_coordinate`, `coordinate(a, b)`) on the two markers'
     [`jaxdae.multibody.Frame`][]s. A joint that exists in the plane and in space (revolute,
     prismatic, fixed, distance, point-on-line, driver) lists both in `dimensions` and says
     how many equations it has in each with `equations(dimension)`.
@@ -49,8 +50,10 @@ class AbstractJoint(eqx.Module):
     a: eqx.AbstractVar[str]
     b: eqx.AbstractVar[str]
     name: eqx.AbstractVar[str | None]
-    num_equations: ClassVar[int]
+    num_equations: eqx.AbstractClassVar[int]
     dimensions: ClassVar[tuple[int, ...]] = (2,)
+    has_coordinate: ClassVar[bool] = False
+    """Whether `coordinate` gives the joint's coordinate (else it returns `None`)."""
 
     def equations(self, dimension: int) -> int:
         """The number of constraint equations in a planar (2) or spatial (3) mechanism."""
@@ -76,7 +79,8 @@ class AbstractJoint(eqx.Module):
         """The constraint residual at time `t`, shape `(num_equations,)`."""
 
     def coordinate(self, a: Frame, b: Frame) -> Float[Array, ""] | None:
-        """The joint coordinate, or `None` for a joint without one."""
+        """The joint coordinate, or `None` for a joint without one (a joint with one sets
+        `has_coordinate`)."""
         return None
 
 
@@ -160,6 +164,7 @@ class Revolute(AbstractJoint):
     axis: Float[Array, "3"] | None
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 2
+    has_coordinate: ClassVar[bool] = True
     dimensions: ClassVar[tuple[int, ...]] = (2, 3)
 
     def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
@@ -215,6 +220,7 @@ class Prismatic(AbstractJoint):
     angle: Float[Array, ""]
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 2
+    has_coordinate: ClassVar[bool] = True
     dimensions: ClassVar[tuple[int, ...]] = (2, 3)
 
     def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
@@ -330,6 +336,7 @@ class PointOnLine(AbstractJoint):
     axis: Float[Array, " d"] | None
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 1
+    has_coordinate: ClassVar[bool] = True
     dimensions: ClassVar[tuple[int, ...]] = (2, 3)
 
     def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
@@ -417,6 +424,7 @@ class Rolling(AbstractJoint):
     offset: Float[Array, ""]
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 2
+    has_coordinate: ClassVar[bool] = True
 
     def __init__(self, a: str, b: str, radius: ArrayLike, axis: ArrayLike | None = None, *,
                  offset: ArrayLike = 0.0, name: str | None = None):

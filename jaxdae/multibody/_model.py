@@ -589,7 +589,7 @@ class Mechanism(LagrangianSystem):
 
     def _coordinate_joints(self):
         return [(name, j) for name, j in zip(self.joint_names, self.joints)
-                if type(j).coordinate is not AbstractJoint.coordinate]
+                if j.has_coordinate]
 
     def joint_coordinates(self, q: Float[Array, "*batch n"]) -> dict[str, Float[Array, "*batch"]]:
         """The joint coordinates by joint name: a revolute joint's relative angle
