@@ -1,4 +1,4 @@
-"""Peer implementations of paper 004's two-link example for the benchmarks (NumPy and CasADi).
+"""Peer implementations of Mukharlyamov and Deressa's (2015) two-link example for the benchmarks (NumPy and CasADi).
 
 The same equations jaxdae derives by autodiff from `TwoLinkManipulator`, written out by hand
 in closed form so that SciPy and CasADi integrate an independent implementation:
@@ -13,7 +13,7 @@ in closed form so that SciPy and CasADi integrate an independent implementation:
 - `Φ = (l1 sin q1 + l2 sin(q1+q2) − l/2, l1 cos q1 + l2 cos(q1+q2) + v t − x0)`,
   `J = Φ_q`, `Φ̇ = J q̇ + (0, v)`, `γ = (l1 sin q1 v1² + l2 sin(q1+q2) w², l1 cos q1 v1² +
   l2 cos(q1+q2) w²)` with `w = v1 + v2`;
-- modified Lagrange (paper 004 eq. [30]) with `𝔄 = αI`, `K_D = diag(kd)`, `K_P = diag(kp)`:
+- modified Lagrange (Mukharlyamov and Deressa (2015) eq. [30]) with `𝔄 = αI`, `K_D = diag(kd)`, `K_P = diag(kp)`:
   `(M + α JᵀJ) q̈ = Q + α Jᵀ (γ − K_D Φ̇ − K_P Φ)`.
 
 Parameters are packed as `p = (alpha, kd1, kd2, kp1, kp2)`, the state as `y = (q1, q2, v1, v2)`.

@@ -1,4 +1,4 @@
-"""Paper 002, §5: constraint-enforcing control of an adaptive-optics element through a DC motor.
+"""Mukharlyamov (2019), §5: constraint-enforcing control of an adaptive-optics element through a DC motor.
 
 A mirror on a crank, turned by a DC motor (armature voltage `u`), must reflect a ray from a
 moving source `P = (s(t), 0)` onto a fixed point `C = (c, 0)`: the program constraint
@@ -10,7 +10,7 @@ numbers; `jaxdae.examples.AdaptiveOpticsElement` documents the ones used here.
    poles at −10 (eqs. [3.4]–[3.5], [5.8]) against the unstabilized law of eq. [2.9] (all
    gains zero, the constraint only a first integral), from the programmed motion and from
    an error in the crank angle.
-2. Fixed steps (paper 002 §4): explicit Euler and Heun with step `τ`, poles at −10 and −40.
+2. Fixed steps (Mukharlyamov (2019) §4): explicit Euler and Heun with step `τ`, poles at −10 and −40.
    The perturbations are asymptotically stable in continuous time for every `τ`; the
    discrete ones are bounded only if the spectral radius of the method's transition
    `R(τH)` is below 1 (`jaxdae.transition_matrix`). The table lists `ρ(R(τH))`, `‖R(τH)‖₂`
@@ -156,7 +156,7 @@ def _tuning_study(system, quick):
     """Tunes the gains `K_0 … K_3` (the paper's `h_β`) for explicit Euler at τ = 20 ms with
     `jaxdae.tune`, through their four poles (`ConstraintEnforcingControl.from_poles`), keeping
     `ρ(I + τH) ≤ 0.95` with `jaxdae.DiscreteStability`, against the single-rate family
-    `(μ + γ)⁴` of paper 002 searched on a grid of the same budget."""
+    `(μ + γ)⁴` of Mukharlyamov (2019) searched on a grid of the same budget."""
     import optax
 
     steps = 10 if quick else 40
@@ -203,7 +203,7 @@ def _tuning_study(system, quick):
                     poles=[complex(z) for z in np.linalg.eigvals(np.asarray(h))])
 
     tuned_rates = ", ".join(f"{float(r):.3g}" for r in result.model)
-    rows = [summary(f"poles at −{RATE:g} (paper 002's (μ + γ)⁴)", with_rate(RATE)),
+    rows = [summary(f"poles at −{RATE:g} (Mukharlyamov's (2019) (μ + γ)⁴)", with_rate(RATE)),
             summary("start of the tuning: poles −7, −9, −11, −13", control_of(start_rates)),
             summary(f"best (μ + γ)⁴ on the grid, γ = {best_rate:.3g}", with_rate(best_rate)),
             summary(f"tuned poles (jaxdae.tune): −({tuned_rates})", control_of(result.model))]

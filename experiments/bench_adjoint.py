@@ -1,7 +1,7 @@
 """Gradient cost vs the adjoint: jaxdae's reverse sweep, diffrax's checkpoint count, and
 forward mode.
 
-Paper 004's two-link example, `ModifiedLagrange(10, [20, 10], [100, 25])`, default tolerances;
+Mukharlyamov and Deressa's (2015) two-link example, `ModifiedLagrange(10, [20, 10], [100, 25])`, default tolerances;
 gradient of `Σ q(t1)² + |Φ(t1)|²` w.r.t. the formulation's five gains, over `t ∈ [0, 2]`
 (≈130 steps) and `t ∈ [0, 8]` (≈2000 steps: the arm is driven out of its workspace after
 2.85 s and the solve gets stiff). Rows:

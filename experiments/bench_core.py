@@ -1,4 +1,4 @@
-"""Benchmark: jaxdae vs SciPy and CasADi on paper 004's two-link example.
+"""Benchmark: jaxdae vs SciPy and CasADi on Mukharlyamov and Deressa's (2015) two-link example.
 
 `ModifiedLagrange(10, [20, 10], [100, 25])` on `TwoLinkManipulator` from its paper state over
 `t ∈ [0, 2]`, `rtol = 1e-8`, `atol = 1e-10`, float64. Timed side by side in one interleaved

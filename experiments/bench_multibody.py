@@ -18,7 +18,7 @@ equations written out with array operations). For each it reports:
 The ratio built / hand is the layer's cost. Models:
 
 - the slider-crank of the guide (3 bodies, 8 equations), 1 s;
-- paper 004's two-link arm with its tip driven along a line (2 bodies, 6 equations), 0.4 s,
+- Mukharlyamov and Deressa's (2015) two-link arm with its tip driven along a line (2 bodies, 6 equations), 0.4 s,
   also against `jaxdae.examples.TwoLinkManipulator` (relative angles, 2 equations): the
   same motion in other coordinates;
 - a pendulum chain of N uniform links joined by revolute joints, released from rest at

@@ -1,18 +1,18 @@
 """Run time of whole solves for the formulations the core benchmark does not cover.
 
-`bench_core.py` times paper 004's two-link arm under `ModifiedLagrange`. This script times
+`bench_core.py` times Mukharlyamov and Deressa's (2015) two-link arm under `ModifiedLagrange`. This script times
 one trajectory and a `jax.vmap` batch of 64 for:
 
 - the Cartesian pendulum under `Baumgarte(10, 25)` over 10 s (its failure check, the
   extreme eigenvalues of `J M⁻¹ Jᵀ`, runs at every step);
-- paper 000's Ball & Beam, LQR closed loop on the exact model in redundant coordinates
+- Krasinskaya and Krasinskiy's (2013) Ball & Beam, LQR closed loop on the exact model in redundant coordinates
   (`RedundantCoordinates`, Shulgin's equations) over 20 s, rtol 1e-6;
-- paper 002's adaptive-optics element under `ConstraintEnforcingControl` (poles at −10) over
+- Mukharlyamov's (2019) adaptive-optics element under `ConstraintEnforcingControl` (poles at −10) over
   3 s, rtol 1e-8;
-- paper 001's Cartesian arm in Hamiltonian form (`HamiltonianForm` of the Lagrangian model:
+- Shemelova's (2016) Cartesian arm in Hamiltonian form (`HamiltonianForm` of the Lagrangian model:
   the Legendre transform at every stage) under the paper's perturbation gains over 6 s;
 - the Cartesian pendulum with its constraint written twice (a rank-1 `J M⁻¹ Jᵀ`) under
-  `PseudoInverse(10, 25)` over 10 s (paper 004 eqs. [6]–[8]: `A⁺` at every stage).
+  `PseudoInverse(10, 25)` over 10 s (Mukharlyamov and Deressa (2015) eqs. [6]–[8]: `A⁺` at every stage).
 
 Medians of interleaved repetitions, float64, after compilation.
 

@@ -1,4 +1,4 @@
-"""Paper 001: the two-link arm in Cartesian coordinates, Hamiltonian vs Lagrangian form.
+"""Shemelova (2016): the two-link arm in Cartesian coordinates, Hamiltonian vs Lagrangian form.
 
 1. The Hamiltonian form (`jaxdae.examples.CartesianArm`, state (q, p)) and the Lagrangian
    form (`CartesianArmLagrangian`, state (q, v)) of the arm, with applied forces, give the
@@ -131,7 +131,7 @@ def main(out: Path, quick: bool = False) -> dict:
         "| --- | --- | --- | --- |",
     ] + [f"| {r['rate']:g} | {r['measured_rate_y1']:.3f} | {r['measured_rate_y2']:.3f} | "
          f"{r['max_deviation_from_linear_ode']:.1e} |" for r in rows]
-    headline = (f"Hamilton vs Lagrange form of paper 001's arm over {t1:g} s: max|Δq| = {diff_q:.1e}, "
+    headline = (f"Hamilton vs Lagrange form of Shemelova's (2016) arm over {t1:g} s: max|Δq| = {diff_q:.1e}, "
                 f"max|Δp| = {diff_p:.1e} (Legendre transform: {diff_t:.1e}); perturbations decay at "
                 "the chosen rates (table).")
     print(headline)

@@ -1,6 +1,6 @@
 """What `ModifiedLagrange`'s constraint mass `alpha` buys and what it costs.
 
-Paper 004's two-link arm (Example 1, `jaxdae.examples.TwoLinkManipulator`) from its consistent
+Mukharlyamov and Deressa's (2015) two-link arm (Example 1, `jaxdae.examples.TwoLinkManipulator`) from its consistent
 initial state over 0–2 s, through the singular configuration at t ≈ 0.49 s, with the gains of
 the paper's Case 1 (`K_D = diag(20, 10)`, `K_P = diag(100, 25)`) and `𝔄 = αI`. For each α
 the script prints, as a Markdown table:
@@ -27,7 +27,7 @@ import numpy as np
 
 import jaxdae
 
-KD, KP = (20.0, 10.0), (100.0, 25.0)   # paper 004, Example 1, Case 1
+KD, KP = (20.0, 10.0), (100.0, 25.0)   # Mukharlyamov and Deressa (2015), Example 1, Case 1
 T1 = 2.0
 
 
@@ -81,7 +81,7 @@ def main():
         print(f"| {alpha:g} | {before_fold:.2e} | {violation(sol)} "
               f"| {steps} ({rejected}) | {largest_condition_number(system, sol, alpha):.1e} "
               f"| {violation(heun)} | {violation(single)} |", flush=True)
-    print(f"\njax {jax.__version__}, {jax.devices()[0].device_kind}; two-link arm of paper 004, "
+    print(f"\njax {jax.__version__}, {jax.devices()[0].device_kind}; two-link arm of Mukharlyamov and Deressa (2015), "
           f"Case 1 gains, 0–{T1:g} s")
 
 

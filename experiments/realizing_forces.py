@@ -1,4 +1,4 @@
-"""Paper 003: realizing nonholonomic constraints by forces on the free system.
+"""Matyukhin (1999): realizing nonholonomic constraints by forces on the free system.
 
 For the Chaplygin sleigh and the knife edge (skate) on an inclined plane, the constrained
 motion (Baumgarte) is compared with motions of the *free* system driven by

@@ -377,7 +377,7 @@ def bars_rhs(first, second, anchors, lengths, gravity):
     `Φ_e = |d_e|² − L_e²`, `d_e = p_{first} − p_{second}` (or `− anchor`), so `J_e` holds
     `±2 d_e` in the two nodes' columns and `Φ̈ = J q̈ + 2 |ḋ_e|²`. With `M = I` and
     `Q = (0, −g)` per node: `(J Jᵀ) λ = J Q − s`, `s = −2 |ḋ|² − k_D Φ̇ − k_P Φ`,
-    `q̈ = Q − Jᵀ λ` (paper 004 eq. [21]); `J Jᵀ` is assembled densely and solved with
+    `q̈ = Q − Jᵀ λ` (Mukharlyamov and Deressa (2015) eq. [21]); `J Jᵀ` is assembled densely and solved with
     `jnp.linalg.solve`. Returns `rhs(t, y, (kd, kp))` of `y = (q, v)`.
     """
     first, second = np.asarray(first), np.asarray(second)

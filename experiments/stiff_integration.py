@@ -4,14 +4,14 @@ Four studies, each written to OUT/stiff_integration/ (summary.json, figures):
 
 1. **Configuration of diffrax's implicit solvers.** `diffrax.Kvaerno5()` as diffrax builds it
    (its `VeryChord` root finder) against `jaxdae.configure_implicit(diffrax.Kvaerno5(), rtol,
-   atol)` and `diffrax.Tsit5()`: paper 004's two-link arm with `ModifiedLagrange(α, [20, 10],
+   atol)` and `diffrax.Tsit5()`: Mukharlyamov and Deressa's (2015) two-link arm with `ModifiedLagrange(α, [20, 10],
    [100, 25])`, α = 10, 1e3, 1e5, over [0, 2] s at rtol 1e-6, atol 1e-8 (not stiff), and the
    stiff spring pendulum below at rtol 1e-6, atol 1e-9.
 2. **Work–precision on stiff cases**, against a reference solved at rtol 1e-12 (Tsit5):
    - *spring pendulum*: a unit pendulum (`|p₁|² = 1`, mass 1, `Baumgarte(10, 25)`) carrying a
      second mass (1 kg) on a spring of rest length 0.5 m, stiffness `k = 10⁶` N/m and damping
      `10³` N·s/m (and `k = 10⁸`, damping `10⁴`), over [0, 2] s;
-   - *Cartesian arm, Baumgarte gains in the thousands*: paper 001's two-link arm in Cartesian
+   - *Cartesian arm, Baumgarte gains in the thousands*: Shemelova's (2016) two-link arm in Cartesian
      coordinates (`jaxdae.examples.CartesianArmLagrangian`, gravity as applied forces) with
      `Baumgarte(2000, 10⁶)` (both constraint perturbations decay at rate 1000 s⁻¹), from a
      consistent state, over [0, 2] s;

@@ -1,11 +1,11 @@
-"""Tune (K_D, K_P, α) of the modified Lagrange equation for paper 004's two-link arm.
+"""Tune (K_D, K_P, α) of the modified Lagrange equation for Mukharlyamov and Deressa's (2015) two-link arm.
 
-Paper 004 (Remark 4) leaves the choice of `𝔄 = αI`, `K_D = diag(h, r)`, `K_P = diag(p, s)`
+Mukharlyamov and Deressa (2015) (Remark 4) leaves the choice of `𝔄 = αI`, `K_D = diag(h, r)`, `K_P = diag(p, s)`
 open and warns that too high values make a fixed-step integration unstable. Here the gains
 are tuned by gradient descent (`jaxdae.tune`, Adam) for a fixed-step method (Heun, τ = 10 ms)
 over a batch of perturbed initial states, minimizing the integrated constraint violation
 `∫ |Φ|² + 0.1 |Φ̇|² dt` over the first 1.5 s (through the singular configuration at 0.493 s),
-plus the discrete stability penalty of paper 002 §4 (`ρ(R(τH)) < 1`, `jaxdae.DiscreteStability`).
+plus the discrete stability penalty of Mukharlyamov (2019) §4 (`ρ(R(τH)) < 1`, `jaxdae.DiscreteStability`).
 The training scenarios run as one ensemble (`tune(..., ensemble=True)` with
 `jaxdae.simulate_ensemble`: with fixed steps, the same trajectories in one solve). The
 result is compared on held-out initial states with the paper's Cases 1–3 and with a random
@@ -54,7 +54,7 @@ T_LATE = 0.3  # max |Φ| is reported after the initial transient
 LOSS = jaxdae.ConstraintViolation(rate_weight=0.1)
 PENALTY = 10.0  # loss of a failed scenario (a successful one is far below)
 STABILITY = jaxdae.DiscreteStability(SOLVER, DT, num_constraints=2, margin=0.05, weight=10.0)
-# Paper 004's modified-Lagrange gains.
+# Mukharlyamov and Deressa's (2015) modified-Lagrange gains.
 CASES = {
     "Case 1": dict(h=20, r=10, p=100, s=25, alpha=10),
     "Case 2": dict(h=20, r=10, p=100, s=250, alpha=3),
@@ -95,7 +95,7 @@ def run_ensemble(model, scenarios):
 
 
 def scenarios(key, size):
-    """Perturbed initial states around paper 004's (off the constraint manifold)."""
+    """Perturbed initial states around Mukharlyamov and Deressa's (2015) (off the constraint manifold)."""
     q0, v0 = SYSTEM.initial_state()
     kq, kv = jax.random.split(key)
     return (q0 + 0.05 * jax.random.normal(kq, (size, 2)),

@@ -1,4 +1,4 @@
-"""Paper 004, Example 1: a two-link arm tracks a point on a line through a singular configuration.
+"""Mukharlyamov and Deressa (2015), Example 1: a two-link arm tracks a point on a line through a singular configuration.
 
 Generalized Baumgarte (Case 1 gains) needs `(J M⁻¹ Jᵀ)⁻¹` and stops where the arm folds
 (`q = (π/2, π)`, `t = x0 / v ≈ 0.493 s`); the modified Lagrange equation (Cases 1–3) runs through
@@ -27,7 +27,7 @@ import jaxdae  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
 NAME = "two_link_singularity"
-# Paper 004's gains: K_D = diag(h, r), K_P = diag(p, s), 𝔄 = αI.
+# Mukharlyamov and Deressa's (2015) gains: K_D = diag(h, r), K_P = diag(p, s), 𝔄 = αI.
 CASES = [
     ("Baumgarte, Case 1", "baumgarte", dict(h=20, r=10, p=100, s=25)),
     ("Modified Lagrange, Case 1", "modified", dict(h=20, r=10, p=100, s=25, alpha=10)),
@@ -142,7 +142,7 @@ def _plot(folder: Path, runs: dict, t_singular: float, t_exit: float) -> None:
     axes[1].set_ylabel("q2 [rad]")
     axes[2].set_ylabel("max_i |Φ_i|, tip to target [m]")
     axes[2].set_xlabel("t [s]")
-    axes[0].set_title("Paper 004, Example 1 (dotted: singular configuration, dashed: target "
+    axes[0].set_title("Mukharlyamov and Deressa (2015), Example 1 (dotted: singular configuration, dashed: target "
                       "out of reach)")
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=4,
                fontsize=9)

@@ -11,7 +11,7 @@ multipliers), over a range of tolerances (`atol = 1e-3 rtol`).
 
 Mechanisms, each against a reference computed without jaxdae's formulations or diffrax:
 
-- **two-link arm through its fold**: paper 004's arm (`jaxdae.examples.TwoLinkManipulator`),
+- **two-link arm through its fold**: Mukharlyamov and Deressa's (2015) arm (`jaxdae.examples.TwoLinkManipulator`),
   its tip driven along `y = l/2`, from its consistent start over [0, 1] s: the arm folds
   (`J M⁻¹ Jᵀ` singular, the gradient of `Φ1` vanishes) at 0.49 s. The constraints fix the
   motion: the reference is the inverse kinematics of the tip's path on the branch through
@@ -292,7 +292,7 @@ def mechanisms(quick: bool, num: int, folder: Path) -> list[Mechanism]:
     q0, v0 = jaxdae.consistent_initial_state(arm, 0.0, *arm.initial_state())[:2]
     t1 = 1.0
     ts = np.linspace(0.0, t1, num)
-    formulations = standard([20.0, 10.0], [100.0, 25.0], 1e3)  # paper 004, Case 1
+    formulations = standard([20.0, 10.0], [100.0, 25.0], 1e3)  # Mukharlyamov and Deressa (2015), Case 1
     formulations["RedundantCoordinates"] = (
         "does not apply: as many constraints as coordinates (the motion is prescribed)")
     out.append(Mechanism("two-link arm through its fold", arm, q0, v0, t1, formulations,

@@ -36,14 +36,14 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
         )
         singular_dependent_jacobian = (
             "The Jacobian ∂F/∂q_dep of the geometric constraints with respect to the dependent "
-            "coordinates became singular (condition [4] of paper 000 fails), so the dependent "
+            "coordinates became singular (condition [4] of Krasinskaya and Krasinskiy (2013) fails), so the dependent "
             "velocities cannot be solved for: choose other coordinates as dependent in "
             "`jaxdae.RedundantCoordinates`, or use a Lagrange-multiplier formulation."
         )
 
         singular_decoupling_matrix = (
             "The decoupling matrix g = ∂f⁽ᵖ⁻¹⁾/∂w · B of the program constraints lost rank "
-            "(g gᵀ became singular), so no input enforces them there (paper 002, eq. [2.9]; "
+            "(g gᵀ became singular), so no input enforces them there (Mukharlyamov (2019), eq. [2.9]; "
             "in the adaptive-optics element of §5: s(t) = 0 or sin φ = 0). Change the "
             "programmed motion so that it avoids the singular configuration."
         )
@@ -54,7 +54,7 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
             "there: evaluate it at the reported t and q). Check the spectral radius of the "
             "method's "
             "transition `jaxdae.transition_matrix(jaxdae.perturbation_matrix(...), solver, dt)` "
-            "(it must be below 1, paper 002 §4), or reduce `dt0`."
+            "(it must be below 1, Mukharlyamov (2019) §4), or reduce `dt0`."
         )
 
         non_finite_mass_matrix = (
@@ -85,7 +85,7 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
             "(above 1e6 · max(|Φ(t0)|, 1), docs/failures.md), so the trajectory is "
             "meaningless. With a fixed step, the step is too large for the gains: check "
             "`jaxdae.spectral_radius(jaxdae.transition_matrix(jaxdae.perturbation_matrix("
-            "formulation, m), solver, dt0))` < 1 (paper 002 §4), or reduce `dt0` or the "
+            "formulation, m), solver, dt0))` < 1 (Mukharlyamov (2019) §4), or reduce `dt0` or the "
             "gains."
         )
         constraints_not_met = (

@@ -1,4 +1,4 @@
-"""Constraint-enforcing control through actuator dynamics (paper 002, §§2–5)."""
+"""Constraint-enforcing control through actuator dynamics (Mukharlyamov (2019), §§2–5)."""
 
 import diffrax
 import equinox as eqx
@@ -25,7 +25,7 @@ def _exact_perturbations(control, num_constraints, ts, y0):
 
 def test_perturbations_decay_as_the_companion_equation():
     """Started off the programmed motion, the reflection-law residual and its first three
-    derivatives follow `ẏ = H y` exactly (paper 002, eq. [5.8]), so the crank settles on
+    derivatives follow `ẏ = H y` exactly (Mukharlyamov (2019), eq. [5.8]), so the crank settles on
     the programmed angle."""
     q0, v0, w0 = OPTICS.initial_state(angle_error=0.05)
     sol = jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, 3.0, q0, v0, w0, ts=TS)
@@ -113,7 +113,7 @@ def test_vmap_and_grad_over_gains_with_checkpoints():
 
 
 def test_fixed_step_stability_follows_the_transition_matrix():
-    """Paper 002 §4: the continuous perturbation equation is stable for every step, but
+    """Mukharlyamov (2019) §4: the continuous perturbation equation is stable for every step, but
     under explicit Euler the residual stays bounded only when `ρ(I + τH) < 1`."""
     control = jaxdae.ConstraintEnforcingControl.with_poles(40.0, order=4)
     h = jaxdae.perturbation_matrix(control, 1)
@@ -224,7 +224,7 @@ def test_several_constraints_inputs_and_coupled_gains():
 
 class _PositionAndSpeedGoals(_ThreeThrusters):
     """The same mass with a holonomic goal `x = cos t` (relative degree 3) and a velocity
-    goal `ẏ = 0.5` (relative degree 2): groups of program constraints (paper 002, eqs.
+    goal `ẏ = 0.5` (relative degree 2): groups of program constraints (Mukharlyamov (2019), eqs.
     [2.3]–[2.4])."""
 
     def program_constraints(self, t, q, v):

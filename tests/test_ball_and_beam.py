@@ -1,4 +1,4 @@
-"""Paper 000 §6: LQR on the simplified Ball & Beam stabilizes the exact redundant model."""
+"""Krasinskaya and Krasinskiy (2013) §6: LQR on the simplified Ball & Beam stabilizes the exact redundant model."""
 
 import jax
 import jax.numpy as jnp

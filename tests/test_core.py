@@ -115,7 +115,7 @@ def _two_link_modified_lagrange_rhs(t, y, alpha, kd, kp):
 
 
 def test_two_link_modified_lagrange_matches_scipy():
-    """Paper 004, eq. [30] for Example 1, against SciPy on hand-written numpy equations."""
+    """Mukharlyamov and Deressa (2015), eq. [30] for Example 1, against SciPy on hand-written numpy equations."""
     from scipy.integrate import solve_ivp
 
     system = TwoLinkManipulator()
@@ -135,7 +135,7 @@ def test_two_link_modified_lagrange_matches_scipy():
 
 
 def test_two_link_baumgarte_stops_at_the_singular_configuration():
-    """Paper 004, Example 1, Case 1: Baumgarte fails where the arm folds (t = x0/v)."""
+    """Mukharlyamov and Deressa (2015), Example 1, Case 1: Baumgarte fails where the arm folds (t = x0/v)."""
     system = TwoLinkManipulator()
     q0, v0 = system.initial_state()
     formulation = jaxdae.Baumgarte([20.0, 10.0], [100.0, 25.0])
@@ -192,7 +192,7 @@ def test_a_single_vanishing_constraint_gradient_is_named():
     ids=["scalar", "diagonal", "coupled-matrix"],
 )
 def test_baumgarte_perturbations_follow_their_linear_ode(kd, kp):
-    """Started off the manifold, (Φ, Φ̇) = expm(H t)(Φ₀, Φ̇₀) with H of paper 004 eq. [16]."""
+    """Started off the manifold, (Φ, Φ̇) = expm(H t)(Φ₀, Φ̇₀) with H of Mukharlyamov and Deressa (2015) eq. [16]."""
     system = DoublePendulum()
     q0 = jnp.array([0.75, -0.6, 1.4, -1.5])  # |q1| ≠ 1, |q2 − q1| ≠ 1
     v0 = jnp.array([0.3, 0.1, -0.2, 0.4])
@@ -230,7 +230,7 @@ def test_redundant_constraints():
     ts = jnp.linspace(0.0, 3.0, 31)
     pinv = jaxdae.simulate(system, jaxdae.PseudoInverse(10.0, 25.0), 0.0, 3.0, q0, v0, ts=ts)
     assert np.abs(pinv.phi[-1]).max() < 1e-3 * np.abs(pinv.phi[0]).max()
-    # The penalty method keeps a small residual Φ ≈ λ / (α K_P) (paper 004, eq. [31]).
+    # The penalty method keeps a small residual Φ ≈ λ / (α K_P) (Mukharlyamov and Deressa (2015), eq. [31]).
     penalty = jaxdae.simulate(
         system, jaxdae.ModifiedLagrange(200.0, 10.0, 25.0), 0.0, 3.0, q0, v0, ts=ts
     )

@@ -1,7 +1,7 @@
 """The documentation: the site builds with `mkdocs build --strict` (every page in the nav
 exists, every link and anchor between pages resolves, every `[`jaxdae.X`][]` cross-reference
 in a docstring names a documented object), and every equation that the code, the notebooks
-and the docs cite ("paper 004, eq. [16]") is stated on the methods page, docs/methods.md."""
+and the docs cite ("Mukharlyamov and Deressa (2015), eq. [16]") is stated on the methods page, docs/methods.md."""
 
 import os
 import re
@@ -40,7 +40,7 @@ def test_site_builds_without_warnings(tmp_path):
     # The API reference is generated from the docstrings.
     formulations = (site / "api" / "formulations" / "index.html").read_text(encoding="utf-8")
     assert 'id="jaxdae.ModifiedLagrange"' in formulations
-    assert "paper 004, eq. [30]" in formulations
+    assert "Mukharlyamov and Deressa (2015), eq. [30]" in formulations
     methods = (site / "methods" / "index.html").read_text(encoding="utf-8")
     assert "Mukharlyamov" in methods
 
@@ -60,9 +60,20 @@ def test_strict_build_fails_on_a_broken_link(tmp_path):
 
 _EQ = r"\[(\d+(?:\.\d+)?)\]"
 _RANGE = re.compile(_EQ + r"\s*[–-]\s*" + _EQ)
-_PAPER = re.compile(r"[Pp]aper (00[0-4])")
+# The papers as the code and the docs cite them (docs/methods.md, "The papers").
+_PAPERS = {"Krasinskaya and Krasinskiy (2013)": "000", "Shemelova (2016)": "001",
+           "Mukharlyamov (2019)": "002", "Matyukhin (1999)": "003",
+           "Mukharlyamov and Deressa (2015)": "004"}
+_NAME = (r"(Krasinskaya and Krasinskiy|Shemelova|Mukharlyamov and Deressa|Mukharlyamov|"
+         r"Matyukhin)(?:'s)?\s+\((\d{4})\)")
+_PAPER = re.compile(_NAME)
 _LIST = r"((?:" + _EQ + r"(?:\s*[–-]\s*" + _EQ + r")?(?:,\s*)?)+)"
-_CITATION = re.compile(r"eqs?\.\s*" + _LIST + r"|[Pp]aper 00[0-4],?\s+" + _LIST)
+_CITATION = re.compile(r"eqs?\.\s*" + _LIST + r"|" + _NAME + r",?\s+" + _LIST)
+
+
+def _paper(match) -> str | None:
+    """The paper's key for a match of `_PAPER` (None for a name and year of no paper)."""
+    return _PAPERS.get(f"{match.group(1)} ({match.group(2)})")
 
 
 def _equations(text: str) -> set[str]:
@@ -80,16 +91,16 @@ def _equations(text: str) -> set[str]:
 
 
 def _citations(text: str):
-    """`(paper, equation, line)` for each "eq. [n]" / "paper 00k, [n]" in `text`. A citation
+    """`(paper, equation, line)` for each "eq. [n]" / "Author (year), [n]" in `text`. A citation
     belongs to the last paper named before it in its paragraph (or docstring), else to the
     first paper the file names."""
     first = _PAPER.search(text)
     offset = 0
     for chunk in re.split(r'(\n\s*\n|""")', text):
-        papers = [(m.start(), m.group(1)) for m in _PAPER.finditer(chunk)]
+        papers = [(m.start(), _paper(m)) for m in _PAPER.finditer(chunk)]
         for match in _CITATION.finditer(chunk):
             before = [paper for start, paper in papers if start <= match.start()]
-            paper = before[-1] if before else (first.group(1) if first else None)
+            paper = before[-1] if before else (_paper(first) if first else None)
             line = text.count("\n", 0, offset + match.start()) + 1
             for equation in re.findall(_EQ, match.group(0)):
                 if paper is not None:
@@ -99,8 +110,8 @@ def _citations(text: str):
 
 def test_every_cited_equation_is_on_the_methods_page():
     methods = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
-    parts = re.split(r"^## Paper (00[0-4])", methods, flags=re.M)
-    stated = {parts[i]: _equations(parts[i + 1]) for i in range(1, len(parts), 2)}
+    parts = re.split(r"^## (.+? \(\d{4}\)):", methods, flags=re.M)
+    stated = {_PAPERS[parts[i]]: _equations(parts[i + 1]) for i in range(1, len(parts), 2)}
     assert sorted(stated) == ["000", "001", "002", "003", "004"]
     files = [*ROOT.glob("jaxdae/**/*.py"), *ROOT.glob("experiments/**/*.py"),
              *ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("docs/**/*.md"), ROOT / "README.md"]
@@ -111,14 +122,15 @@ def test_every_cited_equation_is_on_the_methods_page():
         for paper, equation, line in _citations(path.read_text(encoding="utf-8")):
             checked += 1
             if equation not in stated[paper]:
-                missing.append(f"{path.relative_to(ROOT)}:{line}: paper {paper}, eq. [{equation}]")
+                cited = next(name for name, key in _PAPERS.items() if key == paper)
+                missing.append(f"{path.relative_to(ROOT)}:{line}: {cited}, eq. [{equation}]")
     assert checked > 50  # the pattern still finds the project's citations
     assert not missing, ("cited but not stated in docs/methods.md (add the equation to its "
                          "paper's section):\n" + "\n".join(missing))
 
 
 def test_citation_check_can_fail():
-    text = '"""Uses paper 004, eq. [16] and eqs. [22]–[31]; paper 002, eq. [9.9]."""'
+    text = '"""Uses Mukharlyamov and Deressa (2015), eq. [16] and eqs. [22]–[31]; Mukharlyamov (2019), eq. [9.9]."""'
     assert set(_citations(text)) == {("004", "16", 1), ("004", "22", 1), ("004", "31", 1),
                                      ("002", "9.9", 1)}
     assert "9.9" not in _equations("[0.11]–[0.12], [2.9]–[2.11]")

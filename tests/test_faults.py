@@ -93,7 +93,7 @@ EULER_UNSTABLE = dict(solver=diffrax.Euler(), stepsize_controller=diffrax.Consta
 
 
 def test_an_unstable_fixed_step_warns_and_its_divergence_is_a_failure():
-    """Explicit Euler at τ = 0.1 with K_D = 200, K_P = 10⁴: ρ(I + τH) = 9 (paper 002 §4),
+    """Explicit Euler at τ = 0.1 with K_D = 200, K_P = 10⁴: ρ(I + τH) = 9 (Mukharlyamov (2019) §4),
     said before the solve; the residual then grows past 10⁶ and the solve fails."""
     formulation = jaxdae.Baumgarte(200.0, 1e4)
     with pytest.warns(UserWarning, match=r"spectral radius .* is 9 > 1"):

@@ -217,7 +217,7 @@ class LineTarget(eqx.Module):
 
 
 def two_link_arm(arm):
-    """Paper 004's two-link arm (`examples.TwoLinkManipulator`) built from bodies: the tip
+    """Mukharlyamov and Deressa's (2015) two-link arm (`examples.TwoLinkManipulator`) built from bodies: the tip
     driven along the moving target by a `Driver` joint."""
     (l1, l2), (m1, m2) = arm.lengths, arm.masses
     return mb.Mechanism(
@@ -261,7 +261,7 @@ def test_two_link_arm_matches_the_hand_written_example():
 
 
 def ball_and_beam(bb: jaxdae.examples.BallAndBeam, voltage: float) -> mb.Mechanism:
-    """Paper 000's Ball & Beam (`jaxdae.examples.BallAndBeam(exact=True)`) from bodies:
+    """Krasinskaya and Krasinskiy's (2013) Ball & Beam (`jaxdae.examples.BallAndBeam(exact=True)`) from bodies:
     a massless beam pinned at O, a massless lever (a `Distance` joint) to a pin on the
     motor's wheel, the ball rolling on the beam (`Rolling`, its centre on the beam's axis as
     in the example), and the armature circuit as a rotor whose angle is the charge `s`
@@ -309,7 +309,7 @@ def _ball_and_beam_pair(voltage=2.0):
 
 
 def test_ball_and_beam_matches_the_hand_written_terms():
-    """Paper 000's Ball & Beam built from bodies (a massless beam and lever, the ball
+    """Krasinskaya and Krasinskiy's (2013) Ball & Beam built from bodies (a massless beam and lever, the ball
     rolling on the beam, the motor's circuit as a rotor): at consistent states, the
     accelerations r̈, θ̈, α̈, s̈ and the energy of the hand-written model."""
     bb, mech, absolute, relative = _ball_and_beam_pair()
@@ -338,7 +338,7 @@ def test_ball_and_beam_matches_the_hand_written_terms():
 
 @pytest.mark.slow
 def test_ball_and_beam_matches_the_hand_written_example():
-    """The builder's Ball & Beam against paper 000's hand-written model: the same r, θ, α
+    """The builder's Ball & Beam against Krasinskaya and Krasinskiy's (2013) hand-written model: the same r, θ, α
     and charge s over 0.5 s with the motor driven at 2 V (the beam is massless, as in the
     example)."""
     bb, mech, absolute, relative = _ball_and_beam_pair()

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
-# The longest notebooks (on a clean checkout: paper 002 ≈ 60 s; building a mechanism ≈ 2 min
-# of CPU, its models tested in test_multibody*.py), and those of papers 001, 003 and 004
+# The longest notebooks (on a clean checkout: Mukharlyamov (2019)'s ≈ 60 s; building a
+# mechanism ≈ 2 min of CPU, its models tested in test_multibody*.py), and those of Shemelova
+# (2016), Matyukhin (1999) and Mukharlyamov and Deressa (2015)
 # (≈ 20 s each; their experiments' methods are tested in test_hamiltonian.py,
 # test_realizing_forces.py and test_core.py); `make test-slow` runs them. The quickstart runs
 # in the default test run.

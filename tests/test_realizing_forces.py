@@ -1,4 +1,4 @@
-"""Realizing nonholonomic constraints by forces on the free system (paper 003)."""
+"""Realizing nonholonomic constraints by forces on the free system (Matyukhin (1999))."""
 
 import equinox as eqx
 import jax

@@ -1,4 +1,4 @@
-"""Shulgin's equations (`jaxdae.RedundantCoordinates`), equilibria and linearization (paper 000)."""
+"""Shulgin's equations (`jaxdae.RedundantCoordinates`), equilibria and linearization (Krasinskaya and Krasinskiy (2013))."""
 
 import equinox as eqx
 import jax

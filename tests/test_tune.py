@@ -1,5 +1,5 @@
 """jaxdae.tune: loss decrease, SPD gains, checkpoint/resume, failed scenarios, guards;
-parametrizations, losses and the discrete stability of paper 002 §4."""
+parametrizations, losses and the discrete stability of Mukharlyamov (2019) §4."""
 
 import diffrax
 import equinox as eqx
@@ -61,7 +61,7 @@ def test_tuning_decreases_loss(reference):
     # Decreases on average (first third vs last third) and by a stated factor.
     assert loss[-4:].mean() < loss[:4].mean()
     assert loss[-1] < 0.5 * loss[0], loss
-    # The gains stay positive (Lyapunov condition of paper 004 eq. [18]): this loss pushes
+    # The gains stay positive (Lyapunov condition of Mukharlyamov and Deressa (2015) eq. [18]): this loss pushes
     # the damping towards 0 and the stiffness up; the softplus keeps K_D > 0.
     model = reference.model
     assert isinstance(model, jaxdae.Baumgarte)
@@ -355,7 +355,7 @@ def test_loss_weights_are_checked(make, match):
 
 
 def test_transition_matrix_is_the_stability_function():
-    """Paper 002 §4: Euler gives I + τH, the two-stage RK family I + τH + τ²H²/2."""
+    """Mukharlyamov (2019) §4: Euler gives I + τH, the two-stage RK family I + τH + τ²H²/2."""
     formulation = jaxdae.Baumgarte(jnp.array([4.0, 2.0]), jnp.array([4.0, 9.0]))
     h = jaxdae.perturbation_matrix(formulation, 2)
     np.testing.assert_array_equal(h, formulation.perturbation_matrix(2))
@@ -416,7 +416,7 @@ def _two_link(formulation, scenario):
 
 @pytest.mark.slow
 def test_baumgarte_stopping_at_the_singularity_is_a_failed_scenario():
-    """Paper 004 Example 1: Baumgarte (Case 1) stops where the arm folds (t ≈ 0.493 s);
+    """Mukharlyamov and Deressa (2015) Example 1: Baumgarte (Case 1) stops where the arm folds (t ≈ 0.493 s);
     inside a batch that scenario gets the penalty and a zero gradient, the other one tunes."""
     q0, v0 = TWO_LINK.initial_state()
     qs, vs = jnp.stack([q0, q0 + jnp.array([0.0, 0.3])]), jnp.stack([v0, v0])

@@ -1,7 +1,7 @@
 """Why importing jaxdae changes two JAX settings (`jaxdae/_compilation/_xla_flags.py`): the
 two-link benchmark problem with each of them left alone.
 
-Paper 004's `ModifiedLagrange(10, [20, 10], [100, 25])` on `TwoLinkManipulator` over
+Mukharlyamov and Deressa's (2015) `ModifiedLagrange(10, [20, 10], [100, 25])` on `TwoLinkManipulator` over
 `t ∈ [0, 2]`, `rtol = 1e-8`, `atol = 1e-10` (as `experiments/bench_core.py`): the
 jitted forward solve (`q(2)`) and the gradient of `Σ q(2)² + |Φ(2)|²` with respect to the
 gains. Each configuration runs in its own process (both settings are read when a process

@@ -1,6 +1,6 @@
 """Benchmark: the right-hand side as an array program vs as a scalar graph (`jaxdae/_compilation/_scalarize.py`).
 
-1. Paper 004's two-link right-hand side (`ModifiedLagrange(10, [20, 10], [100, 25])`) in three
+1. Mukharlyamov and Deressa's (2015) two-link right-hand side (`ModifiedLagrange(10, [20, 10], [100, 25])`) in three
    forms: jaxdae's derived equations as traced (array form), the same re-traced as a scalar
    graph (what `simulate` integrates), and the hand-written equations of `experiments/_peers.py`.
    For each: equations in the jaxpr, operations and fusions in XLA's optimized HLO, and the time

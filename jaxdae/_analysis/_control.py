@@ -19,7 +19,7 @@ from .._custom_types import Array, ArrayLike, Float, Scalar
 
 
 class AbstractController(eqx.Module):
-    """A feedback law `u = controller(t, q, v)`, shape `(p,)` (paper 000 §6, paper 002 [2.1])."""
+    """A feedback law `u = controller(t, q, v)`, shape `(p,)` (Krasinskaya and Krasinskiy (2013) §6, Mukharlyamov (2019) [2.1])."""
 
     @abc.abstractmethod
     def __call__(
@@ -46,7 +46,7 @@ class ConstantControl(AbstractController):
 
 
 class LinearFeedback(AbstractController):
-    """`u = u_ref − K (x − x_ref)`, `x = (q[positions], v[velocities])` (paper 000, §6).
+    """`u = u_ref − K (x − x_ref)`, `x = (q[positions], v[velocities])` (Krasinskaya and Krasinskiy (2013), §6).
 
     The state ordering is the one of [`jaxdae.linearize`][] (`Linearization.positions`,
     `Linearization.velocities`), so an LQR gain designed on a linearization plugs in

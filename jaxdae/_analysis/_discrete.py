@@ -1,9 +1,9 @@
-"""Stability of the constraint perturbations under a fixed-step method (paper 002, §4).
+"""Stability of the constraint perturbations under a fixed-step method (Mukharlyamov (2019), §4).
 
-With constant gains the perturbations `y = (Φ, Φ̇)` obey `ẏ = H y` (paper 002, eq. [0.11];
-paper 004, eq. [16]). A one-step method with step `τ` maps `y_k` to `y_{k+1} = R(τH) y_k`,
+With constant gains the perturbations `y = (Φ, Φ̇)` obey `ẏ = H y` (Mukharlyamov (2019), eq. [0.11];
+Mukharlyamov and Deressa (2015), eq. [16]). A one-step method with step `τ` maps `y_k` to `y_{k+1} = R(τH) y_k`,
 `R` the method's stability function (explicit Euler: `I + τH`; two-stage RK:
-`I + τH + τ²H²/2`, paper 002 §4). Asymptotic stability of `ẏ = Hy` is not enough: the
+`I + τH + τ²H²/2`, Mukharlyamov (2019) §4). Asymptotic stability of `ẏ = Hy` is not enough: the
 numerical drift stays bounded only when the spectral radius `ρ(R(τH)) < 1`.
 
 Here `R(τH)` is computed generically by applying one step of the diffrax solver to the
@@ -39,7 +39,7 @@ def transition_matrix(
 ) -> Float[Array, "d d"]:
     """The one-step transition `R(τH)` of `solver` with step `τ = dt` on `ẏ = H y`.
 
-    Paper 002, §4: explicit Euler gives `I + τH`, the two-stage RK family
+    Mukharlyamov (2019), §4: explicit Euler gives `I + τH`, the two-stage RK family
     `I + τH + τ²H²/2`; in general `R` is the method's stability function. Computed by
     stepping `solver` once from each unit vector (differentiable in `H` and `dt`).
 
@@ -93,10 +93,11 @@ def perturbation_matrix(
     """`H` of `d/dt (Φ, Φ̇, Ψ) = H (Φ, Φ̇, Ψ)` for the gains of a stabilized formulation, or
     of `ẏ = H y`, `y = (f, …, f⁽ᵖ⁻¹⁾)`, for a [`jaxdae.ConstraintEnforcingControl`][].
 
-    `H = [[0, I], [−K_P, −K_D]]` (paper 002, eq. [0.11]; paper 004, eq. [16]) for
-    [`jaxdae.Baumgarte`][] and [`jaxdae.PseudoInverse`][], exactly; the block matrix of
-    eq. [0.12] for [`jaxdae.CoupledPerturbation`][]. For [`jaxdae.ModifiedLagrange`][]
-    the perturbations obey (from eq. [30] by the Woodbury identity)
+    `H = [[0, I], [−K_P, −K_D]]` (Mukharlyamov and Deressa (2015), eq. [16]; Mukharlyamov
+    (2019), eq. [0.11]) for [`jaxdae.Baumgarte`][] and [`jaxdae.PseudoInverse`][], exactly;
+    the block matrix of Mukharlyamov (2019), eq. [0.12] for
+    [`jaxdae.CoupledPerturbation`][]. For [`jaxdae.ModifiedLagrange`][] the perturbations
+    obey (from Mukharlyamov and Deressa (2015), eq. [30] by the Woodbury identity)
     `Φ̈ = −S (K_D Φ̇ + K_P Φ) + forcing`, `S = (I + W𝔄)⁻¹ W𝔄`, `W = J M⁻¹ Jᵀ`; pass
     `constraint_matrix=W` (at a state of interest) to get `[[0, I], [−S K_P, −S K_D]]`,
     else the `𝔄 → ∞` limit `S = I` is used. Any
@@ -106,7 +107,7 @@ def perturbation_matrix(
     **Arguments:**
 
     - `formulation`: a stabilized formulation, or a
-        [`jaxdae.ConstraintEnforcingControl`][] (its companion matrix, paper 002 eqs.
+        [`jaxdae.ConstraintEnforcingControl`][] (its companion matrix, Mukharlyamov (2019) eqs.
         [3.12], [5.8]).
     - `num_constraints`: `m`, the number of holonomic (or program) constraints.
     - `constraint_matrix`: `W = G M⁻¹ Gᵀ` for the modified Lagrange formulation.
@@ -171,7 +172,7 @@ def spectral_radius_bound(matrix: Float[Array, "d d"], power: int = 256) -> Floa
 
 
 class DiscreteStability(eqx.Module):
-    """A penalty that keeps the perturbations stable under a fixed-step method (paper 002 §4).
+    """A penalty that keeps the perturbations stable under a fixed-step method (Mukharlyamov (2019) §4).
 
     `weight · max(0, ρ̂ − (1 − margin))²` with `ρ̂` = [`jaxdae.spectral_radius_bound`][] of
     `R(τH)`, `H` = [`jaxdae.perturbation_matrix`][] of the formulation. Use it as the
@@ -213,7 +214,7 @@ class DiscreteStability(eqx.Module):
 def fixed_step_radius(formulation, num_constraints: int, solver, dt,
                       num_nonholonomic: int = 0) -> float | None:
     """`ρ(R(τH))` for a fixed step `τ = dt` of `solver` on the perturbations of
-    `formulation` (paper 002 §4), in NumPy, or None where it is not known cheaply and
+    `formulation` (Mukharlyamov (2019) §4), in NumPy, or None where it is not known cheaply and
     exactly: traced gains or step, no constraints, a formulation whose perturbations do not
     obey `ẏ = H y` exactly (`exact_perturbations` false: [`jaxdae.ModifiedLagrange`][]'s
     depend on the state), or a solver that is neither `diffrax.Euler` nor an explicit

@@ -5,7 +5,7 @@ and the XLA options each have an opt-out, an environment variable read at the im
 
 **float64.** `jax_enable_x64` is turned on: JAX's float32 default cannot meet the
 tolerances that constrained dynamics needs (`rtol=1e-8` is below float32's resolution; on
-paper 004's two-link arm a float32 solve at that tolerance takes 23× the steps and 45× the
+Mukharlyamov and Deressa's (2015) two-link arm a float32 solve at that tolerance takes 23× the steps and 45× the
 time of the float64 one and ends 2.7e-7 away from it;
 `experiments/diagnostics/bench_import_settings.py`). Arrays created as float32 stay float32, and a
 float32 `q0` runs the whole simulation in float32. Left alone when `JAXDAE_ENABLE_X64=0`,
@@ -17,7 +17,7 @@ of a while loop. A diffrax step of a small constrained system is a few dozen sma
 so the dispatching costs more than the arithmetic. XLA compiles a while loop into one kernel
 when it accesses fewer bytes than `xla_cpu_small_while_loop_byte_threshold`, 1 kB by
 default, which excludes every solve. jaxdae raises the limit so that its solves (and the
-user's other loops) run as single kernels. On paper 004's two-link arm (2-core CPU) a loop
+user's other loops) run as single kernels. On Mukharlyamov and Deressa's (2015) two-link arm (2-core CPU) a loop
 evaluating the right-hand side 6 times per iteration runs about 6× faster with it
 (`experiments/diagnostics/bench_xla_loops.py`); one trajectory takes 0.14 ms instead of
 0.54 ms and its gradient 0.37 ms instead of 10–12 ms, at unchanged compile times

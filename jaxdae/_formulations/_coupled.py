@@ -1,4 +1,4 @@
-"""The general linear constraint-perturbation equation (paper 002, eqs. [0.11]–[0.12])."""
+"""The general linear constraint-perturbation equation (Mukharlyamov (2019), eqs. [0.11]–[0.12])."""
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +28,7 @@ def _block(gain, rows: int, cols: int, dtype):
 
 
 class CoupledPerturbation(AbstractExactMultipliers, AbstractStabilizedFormulation):
-    """Constraint perturbations with arbitrary linear coupling (paper 002, eqs. [0.11]–[0.12]).
+    """Constraint perturbations with arbitrary linear coupling (Mukharlyamov (2019), eqs. [0.11]–[0.12]).
 
     The exact multipliers are chosen so that the perturbations `y = (Φ, Φ̇, Ψ)` obey
 
@@ -39,7 +39,7 @@ class CoupledPerturbation(AbstractExactMultipliers, AbstractStabilizedFormulatio
     i.e. `Φ̈ = K10 Φ + K11 Φ̇ + K12 Ψ` and `Ψ̇ = K20 Φ + K21 Φ̇ + K22 Ψ` (signs as written: a
     stable choice has negative `K10`, `K11`, `K22`). Off-diagonal blocks couple or weight the
     deviations. [`jaxdae.Baumgarte`]`(kd, kp, kv)` is the special case `K10 = −K_P`,
-    `K11 = −K_D`, `K22 = −K_V`, other blocks zero; paper 001's `ÿ = c1 y + c2 ẏ` is
+    `K11 = −K_D`, `K22 = −K_V`, other blocks zero; Shemelova's (2016) `ÿ = c1 y + c2 ẏ` is
     `K10 = c1`, `K11 = c2`. As for Baumgarte, the solve stops with
     `RESULTS.singular_constraint_matrix` where `G M⁻¹ Gᵀ` is singular.
 
@@ -151,7 +151,7 @@ class CoupledPerturbation(AbstractExactMultipliers, AbstractStabilizedFormulatio
             raise ValueError(
                 "The perturbation matrix [[0, I, 0], [K10, K11, K12], [K20, K21, K22]] is not "
                 f"Hurwitz (eigenvalues {eig}): the constraint perturbations would not decay "
-                "(paper 002, eq. [0.12]). Choose blocks whose matrix has all eigenvalues with "
+                "(Mukharlyamov (2019), eq. [0.12]). Choose blocks whose matrix has all eigenvalues with "
                 "negative real part, e.g. K10 = −k², K11 = −2k, K22 = −k."
             )
 
@@ -183,7 +183,7 @@ class CoupledPerturbation(AbstractExactMultipliers, AbstractStabilizedFormulatio
         m, k = num_holonomic, num_nonholonomic
         dtype = jnp.result_type(*[g for g in self._gains() if g is not None], float)
         message = ("The perturbation matrix of `CoupledPerturbation` is not Hurwitz: the "
-                   "constraint perturbations would not decay (paper 002, eq. [0.12]).")
+                   "constraint perturbations would not decay (Mukharlyamov (2019), eq. [0.12]).")
         # Uncoupled scalar or diagonal blocks: Hurwitz iff each constraint's block is, the
         # companion `[[0, 1], [k10_i, k11_i]]` of `f̈ − k11_i ḟ − k10_i f` and `k22_j`.
         holonomic = None

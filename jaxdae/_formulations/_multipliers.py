@@ -46,7 +46,7 @@ SPARSE_MAX_DENSITY = 0.3
 
 
 class Elimination(NamedTuple):
-    """What eliminating `q̈` from `M q̈ + Gᵀλ = Q` gives (paper 004, eqs. [6], [21]).
+    """What eliminating `q̈` from `M q̈ + Gᵀλ = Q` gives (Mukharlyamov and Deressa (2015), eqs. [6], [21]).
 
     - `minv_q`: `M⁻¹ Q`, `(n,)`.
     - `minv_gt`: `M⁻¹ Gᵀ`, `(n, c)`: a dense array or a [`SparseMatrix`][].
@@ -111,7 +111,7 @@ def _sparse_factors(terms: ConstrainedTerms) -> tuple[SparseMatrix, SparseMatrix
 
 
 def penalized_mass(terms: ConstrainedTerms, apply_masses):
-    """`M + Gᵀ 𝔄 G` of the modified Lagrange equation (paper 004, eq. [30]) as a lineax
+    """`M + Gᵀ 𝔄 G` of the modified Lagrange equation (Mukharlyamov and Deressa (2015), eq. [30]) as a lineax
     operator tagged positive semidefinite (symmetrized; on its pattern where the terms carry
     sparse `M` and `G`), and `𝔄 G` (with `rmatvec`); `apply_masses(G)` gives `𝔄 G` for `G` a
     `SparseMatrix` or a dense array."""
@@ -156,7 +156,7 @@ def _mass_solve(terms: ConstrainedTerms):
 
 
 def constraint_matrix(terms: ConstrainedTerms) -> Float[Array, "c c"]:
-    """`G M⁻¹ Gᵀ` (paper 004's `A = J M⁻¹ Jᵀ`, extended to nonholonomic rows), symmetrized."""
+    """`G M⁻¹ Gᵀ` (Mukharlyamov and Deressa's (2015) `A = J M⁻¹ Jᵀ`, extended to nonholonomic rows), symmetrized."""
     return eliminate(terms).matrix
 
 
@@ -165,7 +165,7 @@ def multiplier_solve(
     target: Float[Array, " c"],
     solver: lx.AbstractLinearSolver | None = None,
 ) -> tuple[Float[Array, " n"], Float[Array, " c"]]:
-    """Solves `M q̈ + Gᵀλ = Q`, `G q̈ = target` by eliminating `q̈` (paper 004 eqs. [6], [21]).
+    """Solves `M q̈ + Gᵀλ = Q`, `G q̈ = target` by eliminating `q̈` (Mukharlyamov and Deressa (2015) eqs. [6], [21]).
 
     `λ = A⁻¹ (G M⁻¹ Q − target)` with `A = G M⁻¹ Gᵀ` as a positive semidefinite lineax
     operator, following the structure the terms carry (block-diagonal `M`, sparse `G`, a

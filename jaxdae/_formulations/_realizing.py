@@ -1,4 +1,4 @@
-"""Realizing nonholonomic constraints by forces on the free system (paper 003)."""
+"""Realizing nonholonomic constraints by forces on the free system (Matyukhin (1999))."""
 
 from typing import ClassVar
 
@@ -35,10 +35,10 @@ def _positive(name: str, value: Array, law: str) -> Array:
 
 
 class AbstractRealizingForce(eqx.Module):
-    """A law `R(ψ)` for the forces `Aᵀ R` that replace nonholonomic constraints (paper 003).
+    """A law `R(ψ)` for the forces `Aᵀ R` that replace nonholonomic constraints (Matyukhin (1999)).
 
     The free system is `M q̈ = Q + Aᵀ R − Φ_qᵀλ` with `A = Ψ_v`: `R` acts along the same
-    directions as the ideal reactions `−Aᵀμ` (paper 003, eqs. [2.1]–[4.6]).
+    directions as the ideal reactions `−Aᵀμ` (Matyukhin (1999), eqs. [2.1]–[4.6]).
     """
 
     @abc.abstractmethod
@@ -63,7 +63,7 @@ def _check_size(name, value, k):
 
 
 class ViscousForce(AbstractRealizingForce):
-    """Linear (viscous) realizing forces `R = −k ψ` (paper 003, eq. [5.1], Theorem 1).
+    """Linear (viscous) realizing forces `R = −k ψ` (Matyukhin (1999), eq. [5.1], Theorem 1).
 
     `ψ = 0` is exponentially stable for motions whose constraint reactions vanish; other
     constrained motions are only approached as `k → ∞` (the classical realization): at finite
@@ -81,25 +81,25 @@ class ViscousForce(AbstractRealizingForce):
 
     def __check_init__(self):
         if is_concrete(self.k):
-            _positive("k", self.k, "paper 003, Theorem 1 needs k_i ≥ K > 0")
+            _positive("k", self.k, "Matyukhin (1999), Theorem 1 needs k_i ≥ K > 0")
 
     def check(self, num_nonholonomic):
         _check_size("k", self.k, num_nonholonomic)
-        return eqx.tree_at(lambda f: f.k, self, _positive("k", self.k, "paper 003, Theorem 1"))
+        return eqx.tree_at(lambda f: f.k, self, _positive("k", self.k, "Matyukhin (1999), Theorem 1"))
 
     def __call__(self, psi, reaction):
         return -self.k.astype(psi.dtype) * psi
 
 
 class BoundedForce(AbstractRealizingForce):
-    """Bounded (dry-friction-like) realizing forces `R = −R̄ sign(ψ)` (paper 003, eq. [6.4]).
+    """Bounded (dry-friction-like) realizing forces `R = −R̄ sign(ψ)` (Matyukhin (1999), eq. [6.4]).
 
     With `R̄ = r̄ + η`, `r̄` a bound of the constraint reactions along the motion (see
     [`jaxdae.reaction_bound`][]) and `η > 0`, every constrained motion is *finitely* stable:
     the free system reaches `ψ = 0` in finite time and then slides on it (Theorem 2, Filippov
     solutions). Two treatments of the discontinuity:
 
-    - `smoothing=ε > 0`: `R = −R̄ tanh(ψ / ε)` (paper 003, §7's smooth `R̃`): a smooth vector
+    - `smoothing=ε > 0`: `R = −R̄ tanh(ψ / ε)` (Matyukhin (1999), §7's smooth `R̃`): a smooth vector
         field, differentiable, and adaptive solvers take normal steps; `ψ` reaches a band of
         width `O(ε)` in finite time and stays there.
     - `smoothing=None` (default): the Filippov solution by its equivalent control. The force
@@ -131,7 +131,7 @@ class BoundedForce(AbstractRealizingForce):
 
     def __check_init__(self):
         if is_concrete(self.bound):
-            _positive("bound", self.bound, "paper 003, Theorem 2: R̄ = r̄ + η with η > 0")
+            _positive("bound", self.bound, "Matyukhin (1999), Theorem 2: R̄ = r̄ + η with η > 0")
         if self.smoothing is not None and is_concrete(self.smoothing):
             _positive("smoothing", self.smoothing, "the width ε of R̄ tanh(ψ/ε)")
         if not self.rate > 0:
@@ -153,9 +153,9 @@ class BoundedForce(AbstractRealizingForce):
 
 
 class CustomForce(AbstractRealizingForce):
-    """A user law `R = R̃(ψ)` (paper 003, §7, eqs. [7.3]–[7.4]).
+    """A user law `R = R̃(ψ)` (Matyukhin (1999), §7, eqs. [7.3]–[7.4]).
 
-    Stability needs the power of the deviation `N = Σ Z_i ψ_i` to be small (paper 003); e.g.
+    Stability needs the power of the deviation `N = Σ Z_i ψ_i` to be small (Matyukhin (1999)); e.g.
     `lambda psi: -3.0 * jnp.tanh(psi / 1e-2) - 10.0 * psi`.
 
     **Arguments:**
@@ -174,7 +174,7 @@ class CustomForce(AbstractRealizingForce):
 
 
 class RealizedConstraints(AbstractSystem):
-    """The free system whose nonholonomic constraints are replaced by forces (paper 003).
+    """The free system whose nonholonomic constraints are replaced by forces (Matyukhin (1999)).
 
     Wraps any system with nonholonomic constraints `Ψ = A(t, q) v + a(t, q)`: holonomic
     constraints stay constraints, each nonholonomic one becomes the generalized force `Aᵀ R(ψ)`
@@ -265,7 +265,7 @@ class RealizedConstraints(AbstractSystem):
 def reaction_bound(solution, num_holonomic: int | None = None) -> Float[Array, " k"]:
     """`r̄_i = max_t |μ_i(t)|`: a bound of the nonholonomic reactions along a constrained motion.
 
-    Paper 003, Theorem 2 needs `R̄_i = r̄_i + η`, `η > 0`; estimate `r̄` from a simulation of
+    Matyukhin (1999), Theorem 2 needs `R̄_i = r̄_i + η`, `η > 0`; estimate `r̄` from a simulation of
     the constrained system (any formulation) and pass `BoundedForce(r̄ + η)`.
 
     **Arguments:**

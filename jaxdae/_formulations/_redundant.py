@@ -1,4 +1,4 @@
-"""Redundant coordinates without multipliers: Shulgin's equations (paper 000, eqs. [1]–[7])."""
+"""Redundant coordinates without multipliers: Shulgin's equations (Krasinskaya and Krasinskiy (2013), eqs. [1]–[7])."""
 
 from typing import ClassVar
 
@@ -109,7 +109,7 @@ def _constraint_rates(system, t, q, v):
 
 
 class RedundantCoordinates(AbstractFormulation):
-    """Redundant coordinates with the multiplier-free Shulgin equations (paper 000, eq. [7]).
+    """Redundant coordinates with the multiplier-free Shulgin equations (Krasinskaya and Krasinskiy (2013), eq. [7]).
 
     The `n` coordinates are split into `n − m` independent ones and the `m` **dependent**
     ones named here, one per geometric constraint `F(t, q) = 0` [1]. The once-differentiated
@@ -199,7 +199,7 @@ class RedundantCoordinates(AbstractFormulation):
     def validate(self, num_holonomic, num_nonholonomic):
         if num_nonholonomic:
             raise ValueError(
-                "`RedundantCoordinates` handles geometric constraints only (paper 000); the "
+                "`RedundantCoordinates` handles geometric constraints only (Krasinskaya and Krasinskiy (2013)); the "
                 f"system has {num_nonholonomic} nonholonomic constraints. Use a "
                 "Lagrange-multiplier formulation such as `jaxdae.Baumgarte`."
             )
@@ -283,7 +283,7 @@ class RedundantCoordinates(AbstractFormulation):
     @property
     def state_messages(self):
         return (
-            ("∂F/∂q_dep is singular at q0 (condition [4] of paper 000 fails): the dependent "
+            ("∂F/∂q_dep is singular at q0 (condition [4] of Krasinskaya and Krasinskiy (2013) fails): the dependent "
              f"coordinates {self.dependent} cannot be solved for there. Choose other dependent "
              "coordinates or another initial configuration.", "σ_min/σ_max"),
             ("q0 violates the geometric constraints (Shulgin's equations keep Φ at its "

@@ -1,7 +1,7 @@
-"""Constraint-enforcing control through actuator dynamics (paper 002, §§2–5).
+"""Constraint-enforcing control through actuator dynamics (Mukharlyamov (2019), §§2–5).
 
 A mechanism `q̇ = v`, `v̇ = a(t, q, v, w)` is driven by actuators with their own state `w`,
-`ẇ = b(t, q, v, w) + B(t, q, v, w) u` (paper 002, eq. [2.1]). The goal of the control `u` is a
+`ẇ = b(t, q, v, w) + B(t, q, v, w) u` (Mukharlyamov (2019), eq. [2.1]). The goal of the control `u` is a
 set of *program constraints* `f(t, q, v) = 0` (eqs. [2.3]–[2.4]). `u` reaches `f` only through
 the actuators, so it first appears in the derivative of order `ρ` (the relative degree) of
 `f` along the motion: `f⁽ᵖ⁾ = L_X^ρ f + g u` with the decoupling matrix
@@ -69,7 +69,7 @@ from .._systems._system import LagrangianSystem, cast_floating
 
 
 class ActuatedSystem(eqx.Module):
-    """A mechanism driven through actuator dynamics (paper 002, eq. [2.1]).
+    """A mechanism driven through actuator dynamics (Mukharlyamov (2019), eq. [2.1]).
 
     The state is `(q, v, w)`: the mechanism's coordinates and velocities and the actuators'
     state `w` (currents, torques, pressures, …):
@@ -83,7 +83,7 @@ class ActuatedSystem(eqx.Module):
     [`jaxdae.ConstraintEnforcingControl`][] and [`jaxdae.simulate_actuated`][].
 
     Subclass it: declare `mechanism` and the actuators' parameters as fields and implement
-    the four methods below. See `jaxdae.examples.AdaptiveOpticsElement` (paper 002, §5).
+    the four methods below. See `jaxdae.examples.AdaptiveOpticsElement` (Mukharlyamov (2019), §5).
     """
 
     mechanism: eqx.AbstractVar[LagrangianSystem]
@@ -104,7 +104,7 @@ class ActuatedSystem(eqx.Module):
     def program_constraints(self, t, q, v) -> Float[Array, " r"]:
         """`f`: the goals of the control, zero on the programmed motion, shape `(r,)`; or a
         tuple of such arrays, groups whose relative degrees differ (e.g. holonomic goals
-        `f(t, q)` and velocity goals `φ(t, q, v)`, paper 002 eqs. [2.3]–[2.4])."""
+        `f(t, q)` and velocity goals `φ(t, q, v)`, Mukharlyamov (2019) eqs. [2.3]–[2.4])."""
 
     def accelerations(self, t, q, v, w) -> Float[Array, " n"]:
         """`a(t, q, v, w) = M⁻¹ (Q + Q_a)` of eq. [2.1]."""
@@ -157,7 +157,7 @@ def lie_derivatives(system: ActuatedSystem, order: int, t, x):
 
 
 class ConstraintEnforcingControl(eqx.Module):
-    """Constraint stabilization through actuator dynamics (paper 002, eqs. [2.9]–[2.11],
+    """Constraint stabilization through actuator dynamics (Mukharlyamov (2019), eqs. [2.9]–[2.11],
     [3.4]–[3.5], [5.7]–[5.8]).
 
     The input `u` makes the program constraints' perturbations obey
@@ -166,7 +166,7 @@ class ConstraintEnforcingControl(eqx.Module):
     `y⁽ᵖ⁾ = Σ_β h_β y⁽ᵝ⁻¹⁾` with `h_β = −K_{β−1}`. The perturbations decay when the
     companion matrix `H` ([`jaxdae.perturbation_matrix`][]) is Hurwitz; under a fixed-step
     method they stay bounded only when the spectral radius of its transition `R(τH)` is
-    below 1 (paper 002, §4; [`jaxdae.transition_matrix`][]).
+    below 1 (Mukharlyamov (2019), §4; [`jaxdae.transition_matrix`][]).
 
     `u = gᵀ(g gᵀ)⁻¹(−Σ_j K_j f⁽ʲ⁾ − L_X^ρ f)`, the minimum-norm input (eq. [2.11]; `g⁻¹`
     for as many inputs as constraints). It fails where `g gᵀ` is singular (in §5: at
@@ -205,7 +205,7 @@ class ConstraintEnforcingControl(eqx.Module):
                 raise ValueError(
                     f"`{name}` must be a list or tuple `(K_0, …, K_{{ρ−1}})`, one gain per "
                     f"derivative of the program constraints; got {type(group).__name__}. For "
-                    "the relative degree ρ = 4 of paper 002 §5, e.g. "
+                    "the relative degree ρ = 4 of Mukharlyamov (2019) §5, e.g. "
                     "`ConstraintEnforcingControl.with_poles(10.0, order=4)`."
                 )
             if len(group) == 0:
@@ -229,7 +229,7 @@ class ConstraintEnforcingControl(eqx.Module):
                    null_space_input: Callable | None = None) -> "ConstraintEnforcingControl":
         """The gains whose characteristic polynomial is `(μ + rate)^order` (one `order`-fold
         pole at `−rate`, per constraint when `rate` is a vector): the choice of Ascher, Chin
-        and Reich that paper 002 recommends (eqs. [0.8]–[0.10]); `K_j = C(order, j)
+        and Reich that Mukharlyamov (2019) recommends (eqs. [0.8]–[0.10]); `K_j = C(order, j)
         rate^(order − j)`."""
         rate = as_gain(rate)
         if rate.ndim > 1:
@@ -297,7 +297,7 @@ class ConstraintEnforcingControl(eqx.Module):
                 raise ValueError(
                     f"The perturbation equation `f⁽ᵖ⁾ + Σ K_j f⁽ʲ⁾ = 0` of `{name}` is not "
                     f"asymptotically stable (largest real part of an eigenvalue of H: "
-                    f"{largest:.4g}); the constraints would not be restored (paper 002, §3). "
+                    f"{largest:.4g}); the constraints would not be restored (Mukharlyamov (2019), §3). "
                     "Use e.g. `ConstraintEnforcingControl.with_poles(rate, order)`, or all "
                     "gains zero for the unstabilized law."
                 )
@@ -323,7 +323,7 @@ class ConstraintEnforcingControl(eqx.Module):
             bad = bad | (not_hurwitz(companion, jnp) & ~unstabilized)
         message = ("The perturbation equation `f⁽ᵖ⁾ + Σ K_j f⁽ʲ⁾ = 0` of the traced "
                    "`ConstraintEnforcingControl` gains is not asymptotically stable (H is not "
-                   "Hurwitz): the constraints would not be restored (paper 002, §3). Tune "
+                   "Hurwitz): the constraints would not be restored (Mukharlyamov (2019), §3). Tune "
                    "the poles of `ConstraintEnforcingControl.from_poles` to keep the gains "
                    "stable by construction.")
         # One check for all the gains (one `lax.cond` with host callbacks each).
@@ -469,7 +469,7 @@ def consistent_actuated_state(
     max_steps: int = 64,
 ) -> tuple[Float[Array, " n"], Float[Array, " n"], Float[Array, " k"]]:
     """The state nearest to `(q0, v0, w0)` (in the metric `weights`) on the programmed motion:
-    `f = ḟ = … = f⁽ᵖ⁻¹⁾ = 0` for every group (paper 002, eq. [2.5]), the start for which
+    `f = ḟ = … = f⁽ᵖ⁻¹⁾ = 0` for every group (Mukharlyamov (2019), eq. [2.5]), the start for which
     even the unstabilized law of eq. [2.9] keeps the constraints.
 
     Newton's method (optimistix) on the KKT conditions of `min ½ (x − x0)ᵀ W (x − x0)`
@@ -644,13 +644,13 @@ def _check_system(system, control, t0, q0, v0, w0):
             f"`program_constraints` returns {len(shapes)} group(s) but the control has "
             f"{len(control.groups)} gain sequence(s): pass one sequence `(K_0, …, K_{{ρ−1}})` "
             "per group (groups may differ in relative degree, e.g. holonomic and velocity "
-            "goals, paper 002 eqs. [2.3]–[2.4])."
+            "goals, Mukharlyamov (2019) eqs. [2.3]–[2.4])."
         )
     sizes = [shape[0] for shape in shapes]
     if sum(sizes) > inputs[1]:
         raise ValueError(
             f"{sum(sizes)} program constraints need at least as many inputs; `input_matrix` "
-            f"has {inputs[1]} columns (paper 002 requires the rows of g = ψ_w B to be "
+            f"has {inputs[1]} columns (Mukharlyamov (2019) requires the rows of g = ψ_w B to be "
             "linearly independent, eq. [2.9])."
         )
     control = control.validate(sizes if control.grouped else sizes[0])
@@ -673,7 +673,7 @@ def _check_system(system, control, t0, q0, v0, w0):
             f"(reciprocal condition of g gᵀ: {float(rcond):.3g}), so the input cannot "
             f"enforce the program constraints there: either a relative degree is larger "
             f"than {control.order} (the input does not appear in that derivative), or the "
-            "initial state is a singular configuration (paper 002 §5: s(t) = 0 or "
+            "initial state is a singular configuration (Mukharlyamov (2019) §5: s(t) = 0 or "
             "sin φ = 0)."
         )
     return control
@@ -700,7 +700,7 @@ def simulate_actuated(
     adjoint: diffrax.AbstractAdjoint | None = None,
     throw: bool = True,
 ) -> ActuatedSolution:
-    """Simulates an actuated system under constraint-enforcing control (paper 002, eq.
+    """Simulates an actuated system under constraint-enforcing control (Mukharlyamov (2019), eq.
     [2.12] with the stabilized input of [3.4]–[3.5]), with diffrax.
 
     Works under `jax.jit`, `jax.vmap` and `jax.grad` (w.r.t. the gains, the system's

@@ -26,7 +26,7 @@ class ToleranceChord(optx.AbstractRootFinder):
     and `10⁻¹²`, far above `10⁻¹³`, so `θ > 2` happens about half the time. Each such
     "divergence" rejects the step; the smaller step's better predictor makes the first
     increment smaller still, closer to the noise, and the solve spirals into tiny steps
-    (paper 004's two-link arm: 5–8× the steps of `diffrax.Tsit5`; a stiff spring pendulum:
+    (Mukharlyamov and Deressa's (2015) two-link arm: 5–8× the steps of `diffrax.Tsit5`; a stiff spring pendulum:
     15,618 steps where 802 do, 21,591 more rejected; `docs/guides/stiff_integration.md`).
 
     Here an iteration has converged as soon as its increment is below `kappa` of the
@@ -103,7 +103,7 @@ def configure_implicit(solver: diffrax.AbstractSolver, rtol, atol,
                           rtol=1e-6, atol=1e-9)
     ```
 
-    Measured (`experiments/stiff_integration.py`): on paper 004's two-link arm with
+    Measured (`experiments/stiff_integration.py`): on Mukharlyamov and Deressa's (2015) two-link arm with
     `ModifiedLagrange(α, [20, 10], [100, 25])`, α = 10, 10³, 10⁵, over [0, 2] s at
     `rtol = 1e-6`, `atol = 1e-8`, Kvaerno5 took 223, 273, 406 steps as diffrax builds it
     and 43, 40, 61 configured (Tsit5: 47, 45, 52); on a pendulum carrying a mass on a

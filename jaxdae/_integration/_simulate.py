@@ -621,7 +621,7 @@ _INITIAL_STATE_MESSAGES = (
     "The generalized forces at (t0, q0, v0) are not finite; check `potential_energy`, "
     "`generalized_forces` and `kinetic_energy` at the initial state.",
     "`velocity_constraints` is not affine in the velocities (∂²Ψ/∂v² ≠ 0 near the initial "
-    "state): every formulation needs Ψ = A(t, q) v + a(t, q) (paper 001 eq. [1]). Rewrite it "
+    "state): every formulation needs Ψ = A(t, q) v + a(t, q) (Shemelova (2016) eq. [1]). Rewrite it "
     "linearly in v (e.g. a rolling condition `v_x sin θ − v_y cos θ`, not its square).",
 )
 
@@ -756,7 +756,7 @@ _COUNTS: dict = {}  # constraint counts per (system, state) signature
 
 def warn_unstable_step(formulation, counts: tuple[int, int], solver, dt0) -> None:
     """A `UserWarning` before a fixed-step solve whose step makes the constraint
-    perturbations grow: `ρ(R(τH)) > 1` (paper 002 §4; [`fixed_step_radius`][], known for
+    perturbations grow: `ρ(R(τH)) > 1` (Mukharlyamov (2019) §4; [`fixed_step_radius`][], known for
     formulations with exact perturbations and concrete gains and step). A warning, not an
     error: a short solve, or a study of the instability, may mean it; a solve whose
     residual then explodes ends with `RESULTS.diverged`."""
@@ -766,7 +766,7 @@ def warn_unstable_step(formulation, counts: tuple[int, int], solver, dt0) -> Non
             f"The fixed step dt0 = {float(dt0):.4g} of {type(solver).__name__} makes the "
             f"constraint perturbations of {type(formulation).__name__} unstable: the "
             f"spectral radius of the step's transition R(τH) is {radius:.4g} > 1 "
-            "(paper 002 §4), so the residual grows by that factor per step. Reduce `dt0` "
+            "(Mukharlyamov (2019) §4), so the residual grows by that factor per step. Reduce `dt0` "
             "(or the gains) until `jaxdae.spectral_radius(jaxdae.transition_matrix("
             "jaxdae.perturbation_matrix(formulation, m), solver, dt0))` < 1.",
             UserWarning, stacklevel=6)
@@ -832,7 +832,7 @@ def simulate(
     - `t0`, `t1`: start and end time, `t1 > t0`.
     - `q0`, `v0`: initial coordinates and velocities, shape `(n,)` — for a system whose
         state holds momenta ([`jaxdae.HamiltonianSystem`][]) `v0` is the initial momenta
-        `p0` (paper 001, eqs. [3]–[6]). They need not satisfy
+        `p0` (Shemelova (2016), eqs. [3]–[6]). They need not satisfy
         the constraints (the stabilized formulations pull them back); see
         [`jaxdae.consistent_initial_state`][] for a consistent start.
     - `ts`: times at which to save the solution. Default: `[t0, t1]`.

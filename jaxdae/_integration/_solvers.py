@@ -63,7 +63,7 @@ class UnrolledERK(AbstractWrappedSolver):
     diffrax's loop over stages. Same tableau, error estimate, dense output and
     first-same-as-last reuse, so the same steps up to rounding.
 
-    Without the stage loop XLA fuses more of a step, and batches gain most: on paper 004's
+    Without the stage loop XLA fuses more of a step, and batches gain most: on Mukharlyamov and Deressa's (2015)
     two-link example (`experiments/bench_unrolled.py`, 2-core CPU, 256 trajectories)
     `jax.vmap(jaxdae.simulate)` ran 2.0× faster and `simulate_ensemble` 1.6× (their
     gradients 1.06× and 1.2×), one trajectory 1.2× (its gradient 5%). The price is compile

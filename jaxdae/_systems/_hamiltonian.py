@@ -1,4 +1,4 @@
-"""Constrained systems in Hamiltonian form (paper 001, eqs. [3]–[6])."""
+"""Constrained systems in Hamiltonian form (Shemelova (2016), eqs. [3]–[6])."""
 
 import abc
 from typing import ClassVar
@@ -33,7 +33,7 @@ def _spd_inverse(matrix: MassMatrix) -> MassMatrix:
 
 
 class HamiltonianSystem(AbstractSystem):
-    """A constrained system in Hamiltonian form, state `(q, p)` (paper 001, eqs. [3]–[6]):
+    """A constrained system in Hamiltonian form, state `(q, p)` (Shemelova (2016), eqs. [3]–[6]):
 
     `q̇ = ∇_p H`,  `ṗ = −∇_q H + Q − Φ_qᵀ κ − Ψ_vᵀ μ`,  `Φ(t, q) = 0`,  `Ψ(t, q, q̇) = 0`.
 
@@ -129,7 +129,7 @@ class HamiltonianSystem(AbstractSystem):
         ), q.dtype)
 
     def state_rate(self, t, q, p, terms, acceleration):
-        """`ṗ = M (q̈ − w)`, which equals `Q − ∇_q H − Gᵀλ` (paper 001, eq. [5])."""
+        """`ṗ = M (q̈ − w)`, which equals `Q − ∇_q H − Gᵀλ` (Shemelova (2016), eq. [5])."""
         v = self._dh_dp(t, q, p)
         return terms.mass_matrix @ (acceleration - self._drift(t, q, p, v))
 
@@ -140,7 +140,7 @@ class HamiltonianForm(HamiltonianSystem):
     `p = ∂T/∂v`, `H(t, q, p) = pᵀv − L(t, q, v)` at `v = M⁻¹ (p − ∂T/∂v|_{v=0})`, exact for
     kinetic energies quadratic in `v` (every `LagrangianSystem`: its mass matrix does not
     depend on `v`). Forces and constraints are the Lagrangian system's, evaluated at that `v`.
-    Both forms give the same trajectory (paper 001: eqs. [1]–[2] vs [3]–[6]); start this one
+    Both forms give the same trajectory (Shemelova (2016): eqs. [1]–[2] vs [3]–[6]); start this one
     from `p0 = system.momenta(t0, q0, v0)`.
 
     **Arguments:**

@@ -268,7 +268,7 @@ class LagrangianSystem(AbstractSystem):
         return self.kinetic_energy(t, q, v) + self.potential_energy(t, q)
 
     def momenta(self, t, q, v):
-        """`p = ∂T/∂v` (paper 001's Legendre transform)."""
+        """`p = ∂T/∂v` (Shemelova's (2016) Legendre transform)."""
         return jax.grad(self.kinetic_energy, argnums=2)(t, q, v)
 
     def terms(self, t, q, v) -> ConstrainedTerms:

@@ -151,7 +151,7 @@ class ControlEffort(AbstractLoss):
 
     - `control`: a function `(t, q, v) -> u` giving the control at a state; default: the
         multipliers `Solution.multipliers`, i.e. the constraint reactions that realize the
-        (program) constraints — the control of paper 002's inverse problem.
+        (program) constraints — the control of Mukharlyamov's (2019) inverse problem.
     """
 
     control: Callable | None = None

@@ -418,7 +418,7 @@ def tune(
     with `vmap` (see [`jaxdae.batch_map`][] for `chunk_size` and `mesh`), or together as
     one ensemble per chunk (`ensemble=True`, see below). Gains stay
     positive definite when `params` holds [`jaxdae.Positive`][] / [`jaxdae.PositiveDefinite`][]
-    parametrizations (see [`jaxdae.parametrize`][]). This answers paper 004's Remark 4
+    parametrizations (see [`jaxdae.parametrize`][]). This answers Mukharlyamov and Deressa's (2015) Remark 4
     (choosing `𝔄, K_D, K_P` is open) by optimization.
 
     ```python

@@ -1,4 +1,4 @@
-"""Paper 002, §5: an element of an adaptive optical system driven by a DC motor."""
+"""Mukharlyamov (2019), §5: an element of an adaptive optical system driven by a DC motor."""
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +11,7 @@ from .._systems._system import LagrangianSystem
 class Crank(LagrangianSystem):
     """A weightless crank `OA` of length `l` turning about `O` with a mirror of mass `m` at
     `A = l (cos φ, sin φ)`, gravity along `−η`: `T = ½ m l² φ̇²`, `V = m g l sin φ`, so
-    `φ̈ = −(g/l) cos φ + M/(m l²)` for a motor torque `M` (paper 002, eq. [5.2])."""
+    `φ̈ = −(g/l) cos φ + M/(m l²)` for a motor torque `M` (Mukharlyamov (2019), eq. [5.2])."""
 
     length: Array
     mass: Array
@@ -25,7 +25,7 @@ class Crank(LagrangianSystem):
 
 
 class AdaptiveOpticsElement(ActuatedSystem):
-    """Paper 002, §5 (docs/methods.md): a mirror on a crank turned by a DC
+    """Mukharlyamov (2019), §5 (docs/methods.md): a mirror on a crank turned by a DC
     motor must reflect a ray from a moving source `P = (s(t), 0)` onto the fixed point
     `C = (c, 0)`.
 

@@ -1,4 +1,4 @@
-"""Paper 000, §6: the GBB1005-like Ball & Beam with a four-bar lever and a DC motor."""
+"""Krasinskaya and Krasinskiy (2013), §6: the GBB1005-like Ball & Beam with a four-bar lever and a DC motor."""
 
 import equinox as eqx
 import jax
@@ -10,7 +10,7 @@ from .._systems._system import LagrangianSystem
 
 
 class BallAndBeam(LagrangianSystem):
-    """A ball rolling on a beam tilted by a lever from a motor-driven wheel (paper 000, §6).
+    """A ball rolling on a beam tilted by a lever from a motor-driven wheel (Krasinskaya and Krasinskiy (2013), §6).
 
     A beam of length `L` turns about its end `O` (angle `α`); a lever `AB` of length `l`
     joins the beam's other end `A` to a point `B` at radius `d` on a wheel turned by a DC
@@ -171,7 +171,7 @@ class BallAndBeam(LagrangianSystem):
     # -- helpers ----------------------------------------------------------------------------
 
     def equilibrium_state(self, r0):
-        """Paper 000 eq. [35]: `(q, v, e)` with the ball at `r0`, `θ = α = 0`, `i = i₀`."""
+        """Krasinskaya and Krasinskiy (2013) eq. [35]: `(q, v, e)` with the ball at `r0`, `θ = α = 0`, `i = i₀`."""
         r0 = jnp.asarray(r0, dtype=float)
         current = self.lever_radius / self.beam_length * self.mass * self.gravity * r0
         current = current / self.torque_constant
@@ -200,7 +200,7 @@ class BallAndBeam(LagrangianSystem):
     def state(self, r, theta, dr=0.0, dtheta=0.0, current=0.0):
         """A consistent `(q, v)` for the given ball position, wheel angle, rates and current.
 
-        For the exact model `α = α(θ)` and `α̇ = B(α, θ) θ̇` (paper 000, §6).
+        For the exact model `α = α(θ)` and `α̇ = B(α, θ) θ̇` (Krasinskaya and Krasinskiy (2013), §6).
         """
         r, theta = jnp.asarray(r, dtype=float), jnp.asarray(theta, dtype=float)
         dr, dtheta = jnp.asarray(dr, dtype=float), jnp.asarray(dtheta, dtype=float)

@@ -1,4 +1,4 @@
-"""Paper 001's example: a two-link arm of point masses in Cartesian coordinates."""
+"""Shemelova's (2016) example: a two-link arm of point masses in Cartesian coordinates."""
 
 import jax.numpy as jnp
 
@@ -14,7 +14,7 @@ def _lengths(q, l1, l2):
 
 
 class CartesianArm(HamiltonianSystem):
-    """Two-link robot arm, Hamiltonian form (paper 001, Fig. 1 and eqs. [3]–[6]).
+    """Two-link robot arm, Hamiltonian form (Shemelova (2016), Fig. 1 and eqs. [3]–[6]).
 
     Point masses `m1` at `(q1, q2)` and `m2` at `(q3, q4)`, momenta `p1..p4`,
     `H = T = (p1² + p2²)/(2 m1) + (p3² + p4²)/(2 m2)`, `V = 0`, no dissipation, applied
@@ -67,7 +67,7 @@ class CartesianArm(HamiltonianSystem):
 
 
 class CartesianArmLagrangian(LagrangianSystem):
-    """The same arm as [`jaxdae.examples.CartesianArm`][] in Lagrangian form (paper 001, eq. [1]):
+    """The same arm as [`jaxdae.examples.CartesianArm`][] in Lagrangian form (Shemelova (2016), eq. [1]):
     `T = ½ m1 (q̇1² + q̇2²) + ½ m2 (q̇3² + q̇4²)`, same constraints and forces."""
 
     masses: Array

@@ -1,4 +1,4 @@
-"""Nonholonomic examples for paper 003: the Chaplygin sleigh and the knife edge (skate)."""
+"""Nonholonomic examples for Matyukhin (1999): the Chaplygin sleigh and the knife edge (skate)."""
 
 import jax.numpy as jnp
 
