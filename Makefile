@@ -7,7 +7,7 @@ LOWEST := .venv-lowest
 LOWEST_TESTS := tests/test_private_apis.py tests/test_xla_flags.py tests/test_linalg.py tests/test_core.py tests/test_lqr.py \
 	tests/test_tune.py::test_tuning_decreases_loss tests/test_tune.py::test_losses_on_a_solution
 
-.PHONY: help demo test test-slow test-lowest bench docs clean
+.PHONY: help demo lint test test-slow test-perf test-lowest bench docs clean
 .DEFAULT_GOAL := help
 
 ## List the targets, one line each (`make` alone does this).
@@ -27,13 +27,22 @@ $(STAMP): pyproject.toml requirements-lock.txt
 demo: $(STAMP)
 	$(PY) experiments/run_all.py --out output $(ARGS)
 
-## Default test run (fast; `slow` tests excluded).
-test: $(STAMP)
+## Lint (ruff) and type-check (pyright) the code; the configuration is in pyproject.toml.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pyright
+
+## Default test run after the lint: fast tests only (`slow` and `perf` excluded).
+test: lint
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 ## The long tests only.
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -n 2 -m slow
+
+## The performance guards only: they pin private details (jit cache sizes, traced programs).
+test-perf: $(STAMP)
+	$(PY) -m pytest -q -m perf
 
 $(LOWEST)/.installed: pyproject.toml requirements-lowest.txt
 	$(PYTHON) -m venv $(LOWEST)

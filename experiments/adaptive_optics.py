@@ -125,7 +125,7 @@ def _fixed_step_study(system, rates, steps, t1):
         grid = [(r, tau) for r in rates for tau in steps]
         codes, residuals, radii, norms = run(jnp.array([g[0] for g in grid]),
                                              jnp.array([g[1] for g in grid]))
-        for (rate, tau), code, res, rho, norm in zip(grid, codes, residuals, radii, norms):
+        for (rate, tau), code, res, rho, norm in zip(grid, codes, residuals, radii, norms, strict=False):
             ok = int(code) == int(jaxdae.RESULTS.successful._value)
             rows.append(dict(solver=type(solver).__name__, rate=rate, tau=tau,
                              spectral_radius=float(rho), norm=float(norm), bounded=ok,
@@ -269,7 +269,7 @@ def main(out: Path, quick: bool = False) -> dict:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ] + [f"| {r['law']} | {r['start']} | {r['max_abs_f_late']:.1e} | "
          f"{r['max_abs_angle_error_late']:.1e} | {r['max_abs_voltage']:.3g} | {r['steps']} | "
-         f"{'ok' if r['succeeded'] else r['result'] + ' at t = %.3g' % r['t_final']} |"
+         f"{'ok' if r['succeeded'] else r['result'] + ' at t = {:.3g}'.format(r['t_final'])} |"
          for r in adaptive]
     table += [
         "",

@@ -112,7 +112,7 @@ def region_of_attraction(d, rs, thetas, t1, tol=1e-2, chunk=512):
              for part in progress(np.split(padded, count), "region of attraction",
                                   unit="chunk")]
     succeeded, on_beam, final, excursion = (
-        np.concatenate(column)[: len(starts)] for column in zip(*parts))
+        np.concatenate(column)[: len(starts)] for column in zip(*parts, strict=False))
     shape = r_grid.shape
     converged = (succeeded & on_beam & (final < tol)).reshape(shape)
     converged_unbounded = (succeeded & (final < tol)).reshape(shape)
@@ -252,7 +252,7 @@ def main(out: Path, quick: bool = False) -> dict:
         responses=[
             dict(start=run["start"], final_r_error=err,
                  max_abs_phi=float(np.abs(run["phi"]).max()))
-            for run, err in zip(runs, final_errors)
+            for run, err in zip(runs, final_errors, strict=False)
         ],
         region_of_attraction=dict(
             rs=rs, thetas=thetas, converged=roa["converged"].astype(int),

@@ -50,17 +50,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + f" --xla_force_host_platform_device_count={os.cpu_count() or 1}")
 
+import _peers  # noqa: E402
 import diffrax  # noqa: E402
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from scipy.integrate import solve_ivp  # noqa: E402
-
-import _peers  # noqa: E402
-import jaxdae  # noqa: E402
 from _common import output_dir, write_json  # noqa: E402
 from bench_core import T1, casadi_integrator, casadi_map  # noqa: E402
+from scipy.integrate import solve_ivp  # noqa: E402
+
+import jaxdae  # noqa: E402
 from jaxdae._systems._system import cast_floating  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
@@ -200,7 +200,7 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
                     lambda f=integrator, x=x: [f(x0=xi, p=_peers.PARAMS)["xf"] for xi in x])
                 runners[(f"SciPy DOP853 loop @{dname} tol", size)] = (
                     lambda x=x, rtol=rtol, atol=atol: [
-                        solve_ivp(rhs, (0.0, T1), xi, method="DOP853", rtol=rtol, atol=atol)
+                        solve_ivp(rhs, (0.0, T1), xi, method="DOP853", rtol=rtol, atol=atol)  # noqa: B023
                         for xi in x])
             if size > map_cap:
                 continue
@@ -352,7 +352,7 @@ def large_batches(out: Path, sizes: list[int], chunk: int, unrolled: bool = Fals
             ensemble = kind == "ensemble"
             # One function object per kind: batch_map's compiled programs are cached on it.
             fn = eqx.Partial(forward if ensemble else
-                             lambda params, q, v: solve(params, q, v).q_final, params)
+                             lambda params, q, v: solve(params, q, v).q_final, params)  # noqa: B023
             for devices in (None, mesh) if mesh is not None else (None,):
                 label = (f"jaxdae {'ensemble ' if ensemble else ''}{dname}"
                          + ("" if devices is None else f" sharded ×{devices.size}"))

@@ -39,11 +39,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import bench_core  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-import bench_core  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
 FUNCTIONS = ("forward", "gradient", "gradient, reverse sweep")
@@ -121,7 +121,7 @@ def trace_stages(fn, args, repeats: int) -> dict:
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     solve = simulate_module.diffrax
     try:
-        for (owner, name, label), (_, _, original) in zip(patches, originals):
+        for (owner, name, label), (_, _, original) in zip(patches, originals, strict=False):
             setattr(owner, name, timed(label, original))
         # (A checkout without `_diffeqsolve` calls `diffrax.diffeqsolve` through its
         # module's name `diffrax`.)

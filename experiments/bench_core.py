@@ -40,17 +40,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import _peers  # noqa: E402
 import casadi as ca  # noqa: E402
 import diffrax  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import output_dir, parse_args, write_json  # noqa: E402
 from jax.flatten_util import ravel_pytree  # noqa: E402
 from scipy.integrate import solve_ivp  # noqa: E402
 
-import _peers  # noqa: E402
 import jaxdae  # noqa: E402
-from _common import output_dir, parse_args, write_json  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
 NAME = "bench_core"
@@ -143,7 +143,7 @@ def compile_jaxdae(fn, *args, repeats: int = 3):
         lowered, t_lower = _timed(traced.lower)
         _, t_compile = _timed(lowered.compile)
         runs.append((t_trace, t_lower, t_compile, t_trace + t_lower + t_compile))
-    trace, lower, xla, total = (float(np.median(column)) for column in zip(*runs))
+    trace, lower, xla, total = (float(np.median(column)) for column in zip(*runs, strict=False))
     return jitted, {"trace": trace, "lower": lower, "compile": xla, "total": total}
 
 
@@ -302,7 +302,7 @@ def main(out: Path, quick: bool = False) -> dict:
         runners[f"CasADi CVODES-{method}"] = {
             "single": (lambda f: lambda: np.asarray(f(x0=y0, p=params_np)["xf"]).ravel()[:2])(
                 integrator),
-            "batch": (lambda f, xb, pb: lambda: np.asarray(f(x0=xb, p=pb)["xf"])[:2].T)(
+            "batch": (lambda f, xb, pb: lambda: np.asarray(f(x0=xb, p=pb)["xf"])[:2].T)(  # noqa: B023
                 mapped, xb, pb),
             "grad": (lambda g: lambda: (lambda o: (float(o[0]), np.asarray(o[1]).ravel()))(
                 g(params_np)))(grad),

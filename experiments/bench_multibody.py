@@ -45,10 +45,10 @@ import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import output_dir, write_json  # noqa: E402
 
 import jaxdae  # noqa: E402
 import jaxdae.multibody as mb  # noqa: E402
-from _common import output_dir, write_json  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)

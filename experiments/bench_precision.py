@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import output_dir, parse_args, write_json  # noqa: E402
 
 import jaxdae  # noqa: E402
-from _common import output_dir, parse_args, write_json  # noqa: E402
 
 NAME = "bench_precision"
 PRECISIONS = {"full (jaxdae's default)": None, "TF32 (JAX's GPU default)": "tensorfloat32"}

@@ -582,7 +582,7 @@ def plot(results, methods, path):
     import matplotlib.pyplot as plt
     from _common import legend_below
 
-    colors = dict(zip(METHODS, ("C0", "C1", "C2")))
+    colors = dict(zip(METHODS, ("C0", "C1", "C2"), strict=False))
     markers = {"chain": "o", "pendulum": "s", "ladder": "^"}
     styles = {"chain": "-", "pendulum": ":", "ladder": "--"}
     fig, ax = plt.subplots(figsize=(7, 5.5), layout="constrained")
@@ -592,7 +592,7 @@ def plot(results, methods, path):
                       for row in results if row["family"] == family
                       and "per_step" in row["methods"].get(method, {})]
             if points:
-                x, y = zip(*points)
+                x, y = zip(*points, strict=False)
                 ax.plot(x, 1e6 * np.asarray(y), styles[family], marker=marker,
                         color=colors[method], label=f"{method}, {family}")
     ax.set_xscale("log", base=2)
@@ -664,7 +664,7 @@ def _int_list(text):
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"sizes must be integers ≥ 1, got {text!r}")
     return sorted(set(values))

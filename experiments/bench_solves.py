@@ -185,7 +185,7 @@ def actuated_gradients(repeats: int):
           "max rel. difference |\n| --- | ---: | ---: | ---: |")
     for name in adjoints:
         difference = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
-                         for a, b in zip(jax.tree.leaves(grads[name][1]), reference))
+                         for a, b in zip(jax.tree.leaves(grads[name][1]), reference, strict=False))
         print(f"| {name} | {compile_s[name]:.1f} | {1e3 * np.median(times[name]):.3f} | "
               f"{difference:.1e} |")
 

@@ -16,7 +16,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from _common import figure, legend_below, log_values, output_dir, parse_args, write_json
 
 import jaxdae

@@ -20,8 +20,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from _common import figure, log_values, progress, output_dir, parse_args, write_json
+from _common import figure, log_values, output_dir, parse_args, progress, write_json
 
 import jaxdae
 from jaxdae.examples import ChaplyginSleigh, KnifeEdge
@@ -121,7 +120,7 @@ def main(out: Path, quick: bool = False) -> dict:
 
     floor = 1e-14
     fig, axes = plt.subplots(2, 2, figsize=(15, 8.5), layout="constrained")
-    for row, study in zip(axes, studies):
+    for row, study in zip(axes, studies, strict=False):
         curves = []
         for r in study["rows"]:
             style = "-" if r["law"].startswith("viscous") else "--"

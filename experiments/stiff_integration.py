@@ -815,7 +815,7 @@ def _plot(folder: Path, precision: dict) -> None:
 
     fig, axes = plt.subplots(len(precision), 2, figsize=(10, 4 * len(precision)),
                              layout="constrained", squeeze=False)
-    for (case, rows), (ax_steps, ax_time) in zip(precision.items(), axes):
+    for (case, rows), (ax_steps, ax_time) in zip(precision.items(), axes, strict=False):
         for name in dict.fromkeys(r["solver"] for r in rows):
             mine = [r for r in rows if r["solver"] == name and r["succeeded"]]
             errors = [r["error"] for r in mine]

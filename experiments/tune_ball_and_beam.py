@@ -163,7 +163,7 @@ def main(out: Path, quick: bool = False) -> dict:
     rows = {label: _summary(m) for label, m in metrics.items()}
     gains = {label: np.asarray(jaxdae.lqr(problem.p["lin_s"].A, problem.p["lin_s"].B,
                                           jnp.diag(w["q"]), jnp.diag(w["r"])).gain)[0]
-             for label, w in zip(metrics, (paper, tuned))}
+             for label, w in zip(metrics, (paper, tuned), strict=False)}
 
     _plot(folder, result.history, metrics, held_out)
     write_json(folder / "summary.json", dict(
@@ -185,7 +185,7 @@ def main(out: Path, quick: bool = False) -> dict:
         "|---|---|---|---|---|---|---|---|",
     ]
     for (label, r), qd, rr in zip(rows.items(), ("1, 1, 1, 1, 1", q_text),
-                                  (1.0, float(tuned["r"][0]))):
+                                  (1.0, float(tuned["r"][0])), strict=False):
         table.append(
             f"| {label} | {qd} | {rr:.3g} | {r['loss']:.3g} | {r['settling_mean']:.2f} / "
             f"{r['settling_max']:.2f} | {r['effort']:.3g} | {r['max_error']:.3f} | "
@@ -217,7 +217,7 @@ def _plot(folder, history, metrics, held_out):
     ax[0].set_ylabel(f"training loss [s]: settling time + {EFFORT_WEIGHT:g}·∫(u − u₀)² dt")
     ax[0].set_title("Loss curve (mean over the training starts)")
     shown = min(3, len(held_out))
-    for (label, m), style in zip(metrics.items(), ("--", "-")):
+    for m, style in zip(metrics.values(), ("--", "-"), strict=False):
         ts = np.asarray(m["ts"])
         for i in range(shown):
             ax[1].plot(ts, np.asarray(m["r"][i]), style, color=f"C{i}")
@@ -230,7 +230,7 @@ def _plot(folder, history, metrics, held_out):
     ax[2].set_ylabel("u − u₀ [V]")
     ax[2].set_title("Voltage deviation from the equilibrium's")
     handles = [plt.Line2D([], [], ls=style, color="k", label=label)
-               for label, style in zip(metrics, ("--", "-"))]
+               for label, style in zip(metrics, ("--", "-"), strict=False)]
     handles += [plt.Line2D([], [], color=f"C{i}", label=f"start r = {held_out[i][0]:.2f} m, "
                            f"θ = {held_out[i][1]:.2f} rad") for i in range(shown)]
     handles.append(plt.matplotlib.patches.Patch(color="gray", alpha=0.2,

@@ -147,7 +147,7 @@ def random_search(key, budget, train):
         maxval=jnp.log(jnp.array([BOX[n][1] for n in names], float)),
     ))
     for row in progress(samples, "random search", unit="eval"):
-        g = dict(zip(names, map(float, row)))
+        g = dict(zip(names, map(float, row), strict=False))
         value = objective(formulation(g), train)
         if value < best_value:
             best, best_value = g, value

@@ -585,11 +585,11 @@ def plot(folder: Path, results: dict, mechanism_names) -> None:
     import matplotlib.pyplot as plt
 
     integrators = list(INTEGRATORS)
-    colors = dict(zip(integrators, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    colors = dict(zip(integrators, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
     markers = dict(zip(["Unstabilized", "Baumgarte", "PseudoInverse", "ModifiedLagrange",
-                        "CoupledPerturbation", "RedundantCoordinates"], "xosD^v"))
+                        "CoupledPerturbation", "RedundantCoordinates"], "xosD^v", strict=False))
     fig, axes = plt.subplots(2, 2, figsize=(12, 10), layout="constrained")
-    for ax, mechanism in zip(axes.flat, mechanism_names):
+    for ax, mechanism in zip(axes.flat, mechanism_names, strict=False):
         for key, entry in results.items():
             if not key.startswith(mechanism + " | "):
                 continue

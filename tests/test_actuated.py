@@ -85,6 +85,7 @@ def _batched_gradients(adjoint=None):
         in_axes=(None, 0)))(10.0, _ERRORS)
 
 
+@pytest.mark.slow
 def test_vmap_and_grad_over_gains():
     """The gradient of a vmapped batch w.r.t. the gains and the initial state (the default
     adjoint, `ReverseSweepAdjoint`), against central differences."""
@@ -108,7 +109,7 @@ def test_vmap_and_grad_over_gains_with_checkpoints():
     batched, grads = _batched_gradients()
     checkpointed = _batched_gradients(diffrax.RecursiveCheckpointAdjoint())
     np.testing.assert_allclose(checkpointed[0], batched, rtol=1e-12)
-    for checkpointed_grad, grad in zip(checkpointed[1], grads):
+    for checkpointed_grad, grad in zip(checkpointed[1], grads, strict=False):
         np.testing.assert_allclose(checkpointed_grad, grad, rtol=1e-9)
 
 
@@ -193,6 +194,7 @@ class _ThreeThrusters(jaxdae.ActuatedSystem):
         return q - jnp.array([jnp.cos(t), jnp.sin(t)])
 
 
+@pytest.mark.slow
 def test_several_constraints_inputs_and_coupled_gains():
     system = _ThreeThrusters()
     coupling = jnp.array([[0.0, 0.3], [-0.3, 0.0]])
@@ -231,6 +233,7 @@ class _PositionAndSpeedGoals(_ThreeThrusters):
         return q[:1] - jnp.cos(t)[None], v[1:] - 0.5
 
 
+@pytest.mark.slow
 def test_groups_of_constraints_with_different_relative_degrees():
     system = _PositionAndSpeedGoals()
     control = jaxdae.ConstraintEnforcingControl(
@@ -377,13 +380,14 @@ def test_float32_states_give_a_float32_simulation():
     assert sol.succeeded and abs(float(sol.residuals[-1, 0, 0])) < 1e-6
 
 
+@pytest.mark.slow
 def test_consistent_state_is_the_programmed_state():
     """Four equations `f = … = f⃛ = 0` fix the element's four states: the projection of a
     guess 0.05 rad off equals the inverse-dynamics `programmed_state`; an unreachable
     program (cos φ = l (s + c)/(2 c s) > 1) is refused."""
     q0, v0, w0 = OPTICS.initial_state(angle_error=0.05)
     state = jaxdae.consistent_actuated_state(OPTICS, CONTROL, 0.0, q0, v0, w0)
-    for got, expected in zip(state, OPTICS.programmed_state(0.0)):
+    for got, expected in zip(state, OPTICS.programmed_state(0.0), strict=False):
         np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-14)
     unreachable = AdaptiveOpticsElement(source_mean=0.02, source_amplitude=0.0)
     with pytest.raises(ValueError, match="No state on the programmed motion"):
@@ -391,8 +395,8 @@ def test_consistent_state_is_the_programmed_state():
     # Traced: a batch of guesses in one call, and the same refusal at run time.
     guesses = [OPTICS.initial_state(angle_error=e) for e in (0.05, -0.03)]
     batch = jax.vmap(lambda *x: jaxdae.consistent_actuated_state(OPTICS, CONTROL, 0.0, *x))(
-        *(jnp.stack(parts) for parts in zip(*guesses)))
-    for got, expected in zip(batch, OPTICS.programmed_state(0.0)):
+        *(jnp.stack(parts) for parts in zip(*guesses, strict=False)))
+    for got, expected in zip(batch, OPTICS.programmed_state(0.0), strict=False):
         np.testing.assert_allclose(got, jnp.stack([expected, expected]), rtol=1e-10, atol=1e-14)
     with pytest.raises(Exception, match="No state on the programmed motion"):
         jax.block_until_ready(jax.jit(lambda q: jaxdae.consistent_actuated_state(

@@ -37,6 +37,7 @@ def _assert_same(reference, swept, rtol=1e-11):
         np.testing.assert_allclose(b, a, rtol=rtol, atol=rtol * (1 + float(jnp.max(jnp.abs(a)))))
 
 
+@pytest.mark.slow
 def test_same_gradient_as_the_default_adjoint():
     """Adaptive Tsit5, states saved inside steps (through the dense output) and at the end,
     the diagnostics, a formulation that can stop: gradients with respect to the gains, the
@@ -70,6 +71,7 @@ class _Swings(jaxdae.LagrangianSystem):
         return -jnp.sum(jnp.cos(q))
 
 
+@pytest.mark.slow
 def test_segmented_gradient_without_constraints():
     """A formulation that can stop, on a system without constraints (its failure test a
     Python `False`): the segmented sweep's gradient equals diffrax's."""
@@ -145,6 +147,7 @@ print(jax.jit(jax.vmap(jax.grad(loss)))(jnp.array([5.0, 20.0])))
 """
 
 
+@pytest.mark.slow
 def test_vmapped_segments_compile_without_xla_errors():
     """`jit(vmap(grad))` of a solve in segments compiles without XLA's "Algebraic simplifier
     is likely stuck in a circular simplification loop" errors on standard error (a `t1`
@@ -288,6 +291,7 @@ def test_errors():
                                               Q0, V0, max_steps=256).q_final)(25.0)
 
 
+@pytest.mark.slow
 def test_resolve_that_takes_other_steps_raises():
     """The backward pass re-solves each earlier segment from its checkpoint and checks that
     it ends where the forward solve's segment did. Here the vector field reads a host value
@@ -317,6 +321,7 @@ def test_resolve_that_takes_other_steps_raises():
         jax.block_until_ready(pull(1.0))
 
 
+@pytest.mark.slow
 def test_time_gradients_through_diffrax_loop():
     """The sweep holds the step times constant: gradients with respect to `t0`, `t1` and
     `ts` differentiate diffrax's loop instead, and equal `RecursiveCheckpointAdjoint`'s."""
@@ -373,7 +378,7 @@ def test_other_solvers_vmap_and_float32():
         return jnp.sum(sol.q**2) + jnp.sum(sol.v[-1])
 
     for solver in (diffrax.Dopri5(), diffrax.Bosh3(), jaxdae.UnrolledERK(diffrax.Tsit5())):
-        _assert_same(*(_gradients(lambda kp, q, a: loss(kp, q, a, solver), adjoint, 25.0,
+        _assert_same(*(_gradients(lambda kp, q, a: loss(kp, q, a, solver), adjoint, 25.0,  # noqa: B023
                                   1.03 * Q0)
                        for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint())), rtol=1e-10)
     starts = jnp.stack([1.02 * Q0, 1.05 * Q0])
@@ -384,6 +389,7 @@ def test_other_solvers_vmap_and_float32():
     np.testing.assert_allclose(float32[1], float32[0], rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_formulation_built_inside_the_differentiated_function():
     """Gains built from Python floats inside the caller's `jit` reach the backward pass as
     typed Python scalars (JAX's literals); the re-solve gets them back as arrays."""
@@ -484,6 +490,7 @@ class _Lattice(eqx.Module):
         return jnp.concatenate([v, force - damping * v])
 
 
+@pytest.mark.slow
 def test_sweep_keeps_linearizations_of_larger_states():
     """States of `LINEARIZED_MIN_SIZE` entries or more: the sweep keeps each stage's
     linearization from the stages' recomputation and transposes it on the way back; the
@@ -564,7 +571,7 @@ def test_user_diffeqsolve_refuses_what_it_cannot_sweep():
     only traced, never run), naming the fix."""
     y0, k = jnp.array([1.0, 0.0]), jnp.array([4.0, 0.3])
 
-    def trace(term=diffrax.ODETerm(_forced_pendulum), solver=diffrax.Tsit5(), **options):
+    def trace(term=diffrax.ODETerm(_forced_pendulum), solver=diffrax.Tsit5(), **options):  # noqa: B008
         options = dict(dict(max_steps=64, adjoint=jaxdae.ReverseSweepAdjoint()), **options)
         return eqx.filter_eval_shape(lambda y0: diffrax.diffeqsolve(
             term, solver, 0.0, 1.0, 0.1, y0, args=k, **options), y0)

@@ -37,6 +37,7 @@ def _run(design, formulation, t1, q0, v0):
     return jaxdae.simulate(design["closed"], formulation, 0.0, t1, q0, v0, ts=ts)
 
 
+@pytest.mark.slow
 def test_equilibrium_matches_paper(design):
     exact = design["exact"]
     q35, v35, u35 = exact.equilibrium_state(R0)
@@ -58,6 +59,7 @@ def test_four_bar_geometry(design):
     np.testing.assert_allclose(v[2], exact.lever_radius / exact.beam_length, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_roots_exact_equal_simplified_plus_one_zero(design):
     lqr = design["lqr"]
     lin = jaxdae.linearize(design["closed"], design["shulgin"], design["eq_e"].q,
@@ -78,6 +80,7 @@ def test_roots_exact_equal_simplified_plus_one_zero(design):
     assert open_loop.B.shape == (6, 1)
 
 
+@pytest.mark.slow
 def test_shulgin_agrees_with_baumgarte_in_closed_loop(design):
     q0, v0 = design["exact"].state(R0 + 0.1, 0.2, current=design["eq_e"].v[3])
     shulgin = _run(design, design["shulgin"], 4.0, q0, v0)
@@ -103,6 +106,7 @@ def test_alpha_branch_is_differentiable(design):
     np.testing.assert_allclose(slope, exact.lever_radius / exact.beam_length, rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_equilibrium_jit_vmap_grad(design):
     simple = design["simple"]
 

@@ -48,16 +48,18 @@ def test_batch_matches_single_simulations(unchunked):
         np.testing.assert_allclose(q[i], qi, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_chunked_equals_unchunked(unchunked):
     chunked = jaxdae.batch_map(run, *inputs(10), chunk_size=4)  # 4 + 4 + remainder 2
-    for a, b in zip(jax.tree.leaves(chunked), jax.tree.leaves(unchunked)):
+    for a, b in zip(jax.tree.leaves(chunked), jax.tree.leaves(unchunked), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_sharded_equals_unsharded(mesh, unchunked):
     # 10 is not a multiple of 4 devices x chunk 2: the batch is padded and cut back.
     sharded = jaxdae.batch_map(run, *inputs(10), mesh=mesh, chunk_size=2)
-    for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(unchunked)):
+    for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(unchunked), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
     # A multiple of the device count stays sharded over the mesh, one slice per device.
     q, _, _ = jaxdae.batch_map(run, *inputs(8), mesh=mesh)
@@ -67,11 +69,12 @@ def test_sharded_equals_unsharded(mesh, unchunked):
                                atol=1e-12)
 
 
+@pytest.mark.slow
 def test_checkpointed_sweep_resumes_where_it_stopped(tmp_path, unchunked):
     directory = tmp_path / "sweep"
     sweep = dict(chunk_size=4, checkpoint=directory, progress=False)  # chunks 4 + 4 + 2
     full = jaxdae.batch_map(run, *inputs(10), **sweep)
-    for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(unchunked)):
+    for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(unchunked), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
     # An interruption while the second chunk was being written: only the first chunk is
     # on disk, next to a partial file.
@@ -82,7 +85,7 @@ def test_checkpointed_sweep_resumes_where_it_stopped(tmp_path, unchunked):
     (directory / "chunk_000001.tmp.npz").write_bytes(b"partial")
     resumed = jaxdae.batch_map(run, *inputs(10), **sweep)
     assert first.stat().st_mtime_ns == stamp  # not computed again
-    for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(full)):
+    for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(full), strict=False):
         np.testing.assert_array_equal(a, b)
     kd, q0, v0 = inputs(10)
     with pytest.raises(ValueError, match="holds the chunks of another sweep"):

@@ -63,7 +63,7 @@ def test_mass_matrix_and_kinetic_energy_are_interchangeable():
 
     a = eqx.filter_jit(PENDULUM.terms)(jnp.array(0.0), Q_ON, V_ON)
     b = eqx.filter_jit(FromMass().terms)(jnp.array(0.0), Q_ON, V_ON)
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=False):
         np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-14)
 
 
@@ -134,6 +134,7 @@ def test_two_link_modified_lagrange_matches_scipy():
     np.testing.assert_allclose(sol.v, ref.y[2:].T, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_two_link_baumgarte_stops_at_the_singular_configuration():
     """Mukharlyamov and Deressa (2015), Example 1, Case 1: Baumgarte fails where the arm folds (t = x0/v)."""
     system = TwoLinkManipulator()
@@ -223,6 +224,7 @@ def test_energy_conserved_and_unstabilized_drifts_more():
 # -- redundant constraints ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_redundant_constraints():
     """Same constraint written twice: PseudoInverse and ModifiedLagrange run, Baumgarte says why not."""
     system = TwicePendulum(mass=1.3, length=0.8)
@@ -266,13 +268,14 @@ def _central_difference(fn, x, eps=1e-6):
     return out
 
 
+@pytest.mark.slow
 def test_grad_wrt_gains_and_initial_state_matches_central_differences():
     q0, v0 = Q_ON * 1.02, V_ON + 0.1
     formulation = jaxdae.Baumgarte(jnp.array(6.0), jnp.array(9.0))
     grads, grad_q0 = _grad((formulation, q0), v0)
     for name in ("kd", "kp"):
         fd = _central_difference(
-            lambda x: float(_loss(eqx.tree_at(lambda f: getattr(f, name), formulation, jnp.asarray(x)), q0, v0)),
+            lambda x: float(_loss(eqx.tree_at(lambda f: getattr(f, name), formulation, jnp.asarray(x)), q0, v0)),  # noqa: B023
             getattr(formulation, name),
         )
         np.testing.assert_allclose(getattr(grads, name), fd, rtol=1e-5)
@@ -280,6 +283,7 @@ def test_grad_wrt_gains_and_initial_state_matches_central_differences():
     np.testing.assert_allclose(grad_q0, fd_q0, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_grad_wrt_system_parameters_and_alpha():
     q0, v0 = Q_ON, V_ON
 
@@ -301,6 +305,7 @@ def test_grad_wrt_system_parameters_and_alpha():
     np.testing.assert_allclose(g_form.alpha, fd_alpha, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_vmap_over_initial_states_gains_and_parameters_matches_loop():
     ts = jnp.linspace(0.0, 1.0, 3)
     angles = jnp.array([0.2, 0.9, 1.6])
@@ -363,6 +368,7 @@ def test_float32_despite_a_models_float64_constants():
     np.testing.assert_allclose(sols[0].q_final, sols[1].q_final, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_gradient_of_save_times_on_the_fixed_step_grid():
     """Save times on the step grid (`linspace(0, 1.5, 31)`, `dt0 = 0.01`): the reverse pass
     of diffrax's checkpointed loop recomputed the step ends with other rounding and counted
@@ -424,7 +430,7 @@ def test_consistent_initial_state_under_vmap_and_grad():
     velocities = jnp.array([[0.7, 0.4], [0.0, 1.0], [-2.0, 0.3]])
     project = lambda q, v: jaxdae.consistent_initial_state(PENDULUM, 0.0, q, v)  # noqa: E731
     compiled = _project._cached._cache_size()
-    one_by_one = [project(q, v) for q, v in zip(guesses, velocities)]
+    one_by_one = [project(q, v) for q, v in zip(guesses, velocities, strict=False)]
     assert _project._cached._cache_size() - compiled <= 1
     batch = jax.jit(jax.vmap(project))(guesses, velocities)
     for i, (q, v) in enumerate(one_by_one):

@@ -58,6 +58,7 @@ def test_traced_checks_keep_constant_flags_off_the_batch():
     assert not broadcasts
 
 
+@pytest.mark.slow
 def test_same_trajectories_as_vmap_of_simulate():
     q0, v0 = states(6)
     shared = ensemble(FORMULATION, q0, v0)
@@ -81,6 +82,7 @@ def test_same_trajectories_as_vmap_of_simulate():
     assert np.all(error_shared <= 2 * np.max(error_alone) + 1e-12), (error_shared, error_alone)
 
 
+@pytest.mark.slow
 def test_gradient_matches_central_differences():
     q0, v0 = states(3)
 
@@ -127,6 +129,7 @@ def test_sharded_ensemble_equals_unsharded(capfd):
         ensemble(FORMULATION, *explicit)
 
 
+@pytest.mark.slow
 def test_chunks_of_a_batch_as_ensembles(tmp_path):
     """`batch_map(..., ensemble=True)`: every chunk is one ensemble, the last one padded
     with copies of the batch's last row."""
@@ -152,6 +155,7 @@ def test_chunks_of_a_batch_as_ensembles(tmp_path):
         jaxdae.batch_map(lambda q, v: run(q, v).q[0], q0, v0, ensemble=True)
 
 
+@pytest.mark.slow
 def test_float32_ensemble():
     q0, v0 = states(4)
     formulation = jaxdae.PseudoInverse(10.0, 25.0)
@@ -163,6 +167,7 @@ def test_float32_ensemble():
     np.testing.assert_allclose(sol.q_final, reference.q_final, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_failed_trajectories_stop_alone():
     """A formulation that can fail (Baumgarte) stops each trajectory where `simulate`
     stops it; the others run to the end, and gradients stay finite."""

@@ -115,6 +115,7 @@ def test_a_stable_fixed_step_does_not_warn():
     assert repr(sol.result) == "jaxdae.RESULTS<The solve reached `t1`.>"
 
 
+@pytest.mark.slow
 def test_fixed_step_radius_matches_transition_matrix():
     from jaxdae._analysis._discrete import fixed_step_radius
 
@@ -172,6 +173,7 @@ class ThreeIncompatible(CartesianPendulum):
         return jnp.array([q @ q - 1.0, q @ q - 4.0, q @ q - 9.0])
 
 
+@pytest.mark.slow
 def test_range_test_of_a_batch():
     # Under vmap the range test runs once for the batch where any trajectory needs it, not
     # on every row (its SVD sits in a conditional), and each row keeps its own verdict.
@@ -269,6 +271,7 @@ INVALID = int(jaxdae.RESULTS.invalid_input._value)
 SUCCESS = int(jaxdae.RESULTS.successful._value)
 
 
+@pytest.mark.slow
 def test_a_bad_member_under_vmap_is_that_members_failure():
     """`throw=False`: a nan start or a negative gain fails its own member only."""
     by_state = jax.jit(jax.vmap(lambda q, v: jaxdae.simulate(
@@ -304,6 +307,7 @@ def test_a_bad_member_still_raises_with_throw():
             BAD_Q0, BAD_V0)
 
 
+@pytest.mark.slow
 def test_traced_failure_reports_member_time_and_state(capsys):
     """Under the caller's `jax.jit` and `vmap`, a failed solve writes what happened, the
     failed member, `t` and `q` to standard error before the error (whose message is fixed

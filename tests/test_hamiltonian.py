@@ -36,6 +36,7 @@ def arm_runs():
     )
 
 
+@pytest.mark.slow
 def test_hamiltonian_matches_lagrangian(arm_runs):
     h, lg, lt = arm_runs["hamiltonian"], arm_runs["lagrangian"], arm_runs["legendre"]
     assert float(jnp.max(jnp.abs(h.q[-1] - h.q[0]))) > 0.1  # it moves
@@ -87,6 +88,7 @@ def test_nonholonomic_in_hamiltonian_form():
     assert float(jnp.ptp(sol.energy)) < 1e-8
 
 
+@pytest.mark.slow
 def test_hamiltonian_grad_and_vmap(arm_runs):
     """d q(t1) / d m2 against central differences; vmap over initial momenta."""
     q0, p0, f = arm_runs["q0"], arm_runs["p0"], arm_runs["f"]

@@ -74,6 +74,7 @@ def test_configure_for_simulates_controller():
     assert configure_for_controller(None, controller) is None  # simulate's default solver
 
 
+@pytest.mark.slow
 def test_configured_kvaerno_takes_the_steps_of_an_explicit_solver():
     """On a non-stiff problem a `Kvaerno5` handed to `simulate` (which configures its root
     finder) takes no more than twice Tsit5's steps; diffrax's `VeryChord` rejected
@@ -114,6 +115,7 @@ def test_generalized_alpha_converges_with_order_two():
     assert 1.8 < slope < 2.3, (errors, slope)
 
 
+@pytest.mark.slow
 def test_generalized_alpha_adaptive_meets_constraints_and_reference():
     ts = jnp.linspace(0.0, T1, 11)
     atol = 1e-10
@@ -138,6 +140,7 @@ def test_generalized_alpha_adaptive_meets_constraints_and_reference():
     np.testing.assert_allclose(sol.multipliers, ref.multipliers, rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_generalized_alpha_redundant_constraints_with_a_least_squares_newton_solve():
     """The pendulum with its constraint written twice: the start's least-squares
     multipliers are finite, and with an SVD in the Newton iteration the motion is the
@@ -163,6 +166,7 @@ def test_generalized_alpha_redundant_constraints_with_a_least_squares_newton_sol
                         solver=jaxdae.GeneralizedAlpha(), rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_generalized_alpha_gradient_matches_central_differences():
     def loss(gravity):
         system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
@@ -189,6 +193,7 @@ def test_generalized_alpha_adaptive_gradient():
     np.testing.assert_allclose(grad, central, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_generalized_alpha_vmap():
     angles = jnp.array([0.5, 1.0, 1.5])
     q0s, v0s = jax.vmap(PENDULUM.state_from_angle, in_axes=(0, None))(angles, 0.0)

@@ -322,6 +322,7 @@ def test_lu_singular_gives_non_finite_values():
     assert not np.all(np.isfinite(x))
 
 
+@pytest.mark.slow
 def test_lu_under_vmap_and_grad():
     rng = np.random.default_rng(0)
     a = np.eye(4) + 0.3 * rng.standard_normal((5, 4, 4))

@@ -61,7 +61,7 @@ def test_positive_definite_matches_lineax_cholesky(n):
 
     ours = jax.grad(loss(PositiveDefinite()), argnums=(0, 1))(a, b)
     theirs = jax.grad(loss(lx.Cholesky()), argnums=(0, 1))(a, b)
-    for x, y in zip(ours, theirs):
+    for x, y in zip(ours, theirs, strict=False):
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
     batch = jnp.stack([b, 2 * b, -b])
     np.testing.assert_allclose(jax.vmap(lambda c: _solve(PositiveDefinite(), a, c))(batch),
@@ -115,6 +115,7 @@ def _banded(size, band, seed):
     return SparseMatrix.from_dense(jnp.asarray(matrix), Pattern.from_mask(mask))
 
 
+@pytest.mark.slow
 def test_banded_operator_matches_lineax_cholesky():
     """A banded `SparseSymmetricOperator` is factorized by the banded block LDLᵀ factorization; values,
     gradients w.r.t. its values and the right-hand side, and `vmap` equal `lineax.Cholesky`
@@ -140,7 +141,7 @@ def test_banded_operator_matches_lineax_cholesky():
                                rtol=1e-12)
     ours = jax.grad(banded, argnums=(0, 1))(sparse.values, b)
     theirs = jax.grad(reference, argnums=(0, 1))(sparse.values, b)
-    for x, y in zip(ours, theirs):
+    for x, y in zip(ours, theirs, strict=False):
         np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12)
     values = jnp.stack([sparse.values, 2 * sparse.values])
     np.testing.assert_allclose(jax.vmap(banded, in_axes=(0, None))(values, b),
@@ -154,6 +155,7 @@ def _rank_deficient(n, rank, seed):
     return a @ a.T
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n, rank", [(1, 1), (1, 0), (2, 2), (2, 1), (3, 2), (5, 3), (5, 5),
                                      (4, 0), (12, 7)])
 def test_pseudo_inverse_matches_lineax_svd(n, rank):
@@ -175,7 +177,7 @@ def test_pseudo_inverse_matches_lineax_svd(n, rank):
     grad = jax.grad(lambda m, c: jnp.sum(jnp.sin(_solve(solver, m, c))), argnums=(0, 1))
     grad_lx = jax.grad(lambda m, c: jnp.sum(jnp.sin(_solve(lx.SVD(rcond=rcond), m, c))),
                        argnums=(0, 1))
-    for x, y in zip(grad(a, b), grad_lx(a, b)):
+    for x, y in zip(grad(a, b), grad_lx(a, b), strict=False):
         np.testing.assert_allclose(x, y, rtol=1e-7, atol=1e-9)
 
 
@@ -225,6 +227,7 @@ def _terms(c, seed):
                             jacobian=g, bias=jnp.asarray(rng.standard_normal(c)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("c", [2, 3])
 def test_multiplier_solve_takes_any_lineax_solver(c):
     """`multiplier_solve` with lineax's own solvers (through `lineax.linear_solve`) equals it
@@ -235,7 +238,7 @@ def test_multiplier_solve_takes_any_lineax_solver(c):
              (PositiveSemidefinitePseudoInverse(), lx.SVD(rcond=1e-8))]
     for ours, theirs in pairs:
         for x, y in zip(multiplier_solve(terms, target, ours),
-                        multiplier_solve(terms, target, theirs)):
+                        multiplier_solve(terms, target, theirs), strict=False):
             np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
 
         def loss(solver):
@@ -277,6 +280,7 @@ def _values_and_gradients(model, formulations, q, v):
     return values, grads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("banded", [False, True])
 def test_structured_formulations_agree_with_dense(banded, monkeypatch):
     """Every formulation on a chain of 9 links (18 coordinates) with structured terms (sparse
@@ -300,14 +304,14 @@ def test_structured_formulations_agree_with_dense(banded, monkeypatch):
     values_s, grads_s = _values_and_gradients(structured, formulations, q, v)
     values_d, grads_d = _values_and_gradients(dense, formulations, q, v)
     _sparse.banded_plan.cache_clear()
-    for formulation, (acc_s, lam_s), (acc_d, lam_d) in zip(formulations, values_s, values_d):
+    for formulation, (acc_s, lam_s), (acc_d, lam_d) in zip(formulations, values_s, values_d, strict=False):
         name = type(formulation).__name__
         np.testing.assert_allclose(acc_s, acc_d, rtol=1e-10, atol=1e-10, err_msg=name)
         np.testing.assert_allclose(lam_s, lam_d, rtol=1e-10, atol=1e-10, err_msg=name)
-    for formulation, grad_s, grad_d in zip(formulations, grads_s, grads_d):
+    for formulation, grad_s, grad_d in zip(formulations, grads_s, grads_d, strict=False):
         leaves_s, leaves_d = jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d)
         assert len(leaves_s) == len(leaves_d) > 0
-        for a, b in zip(leaves_s, leaves_d):
+        for a, b in zip(leaves_s, leaves_d, strict=False):
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-10,
                                        err_msg=type(formulation).__name__)
 

@@ -72,7 +72,7 @@ def test_jit_and_vmap(problem):
     np.testing.assert_allclose(jitted, ref, rtol=1e-10)
     scales = jnp.array([1.0, 2.0, 5.0])
     gains = jax.vmap(lambda s: jaxdae.lqr(a, b, s * q, r).gain)(scales)
-    for s, k in zip(scales, gains):
+    for s, k in zip(scales, gains, strict=False):
         np.testing.assert_allclose(
             k, np.linalg.solve(r, b.T @ scipy.linalg.solve_continuous_are(a, b, float(s) * q, r)),
             rtol=1e-9, atol=1e-9,

@@ -110,6 +110,7 @@ def parallelogram():
 # -- hand-written references ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_physical_pendulum_closed_form():
     """A body on a revolute joint: `(I + m l²) θ̈ = −m g l sin θ`, and the reaction on the
     body is `m c̈ − m g` (Newton's law for its centre of mass)."""
@@ -182,7 +183,7 @@ def test_double_pendulum_matches_hand_written_terms():
         np.testing.assert_allclose(getattr(terms(mech, qs, vs), name),
                                    getattr(terms(hand, qs, vs), name),
                                    rtol=1e-12, atol=1e-12, err_msg=name)
-    for q, v in zip(qs, vs):
+    for q, v in zip(qs, vs, strict=False):
         assert float(mech.energy(0.0, q, v)) == pytest.approx(float(hand.energy(0.0, q, v)),
                                                               rel=1e-13)
 
@@ -308,6 +309,7 @@ def _ball_and_beam_pair(voltage=2.0):
     return bb, mech, absolute, relative
 
 
+@pytest.mark.slow
 def test_ball_and_beam_matches_the_hand_written_terms():
     """Krasinskaya and Krasinskiy's (2013) Ball & Beam built from bodies (a massless beam and lever, the ball
     rolling on the beam, the motor's circuit as a rotor): at consistent states, the
@@ -364,6 +366,7 @@ def test_a_massless_body_must_be_held_by_joints():
 # -- joints and force elements against closed forms ---------------------------------------
 
 
+@pytest.mark.slow
 def test_gear_torque_input_and_rotational_spring():
     """Two wheels pivoted at their centres, geared `θ_b = −2 θ_a`; a torque input `u` on
     `a`, a rotational spring-damper `τ_b = −k (θ_b − θ₀) − c θ̇_b` on `b`:
@@ -439,6 +442,7 @@ def crank_start():
     return mech, mech.initial_state(joint_coordinates={"crank": (0.5, 10.0)})
 
 
+@pytest.mark.slow
 def test_slider_crank_initial_state_and_mobility(crank_start):
     mech, (q0, v0) = crank_start
     assert mech.mobility(q0) == mb.Mobility(9, 8, 1, 8, 1, 0)
@@ -457,6 +461,7 @@ def test_slider_crank_initial_state_and_mobility(crank_start):
     # |Φ| ≤ 1.3e-5, relative energy drift 1.3e-3 at alpha = 1e4; 1.3e-4, 1.3e-2 at 1e3).
     pytest.param(jaxdae.ModifiedLagrange(1e4, 20.0, 100.0), 1e-4, 5e-3, marks=pytest.mark.slow),
 ], ids=["baumgarte", "pseudo_inverse", "modified_lagrange"])
+@pytest.mark.slow
 def test_slider_crank_formulations(crank_start, formulation, tol, energy_tol):
     mech, (q0, v0) = crank_start
     sol = jaxdae.simulate(mech, formulation, 0.0, 1.0, q0, v0, ts=jnp.linspace(0.0, 1.0, 21))
@@ -509,6 +514,7 @@ def final_angle(mech):
     return sol.q[-1, 2]
 
 
+@pytest.mark.slow
 def test_gradients_against_central_differences():
     mech = sprung_pendulum(0.7, 5.0)
     grads = eqx.filter_grad(final_angle)(mech)

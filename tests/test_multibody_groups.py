@@ -162,6 +162,7 @@ def test_mixed_chain_matches_hand_written_rows_in_order():
         start += size
 
 
+@pytest.mark.slow
 def test_gradients_through_grouped_parameters():
     """Derivatives with respect to a body's mass, a marker (where a joint sits) and a
     joint's parameter, each one element of a group, against central differences."""
@@ -188,6 +189,7 @@ def test_gradients_through_grouped_parameters():
         np.testing.assert_allclose(gradient, diff, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_markers_one_by_one_and_together_agree_with_the_rotation():
     """`Kinematics.frame` and `frames` (one marker, and many stacked) give the point
     `r + R s`, the rotation `R` and the velocity `d/dt (r + R s)`, planar (`R(θ) s` written
@@ -207,7 +209,7 @@ def test_markers_one_by_one_and_together_agree_with_the_rotation():
         together, (velocities, _) = kin.frames(refs), kin.velocities(refs)
 
         def points(q_):
-            return jnp.stack([Kinematics(mech, 0.0, q_).frame(ref).point for ref in refs])
+            return jnp.stack([Kinematics(mech, 0.0, q_).frame(ref).point for ref in refs])  # noqa: B023
 
         rates = jax.jvp(points, (q,), (v,))[1]
         for k, ref in enumerate(refs):

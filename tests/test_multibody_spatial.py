@@ -134,6 +134,7 @@ def hinged(axis=(1.0, 0.0, 0.0), m=1.3, length=0.4, forces=()):
                         [mb.Gravity(), *forces])
 
 
+@pytest.mark.slow
 def test_hinged_body_closed_form_reaction_and_spring():
     """`(I_x + m l²) θ̈ = −m g l sin θ − k (θ − θ₀) − c θ̇ + u`; the hinge's reaction on the
     body is `m c̈ − m g` with no moment along the hinge."""
@@ -157,6 +158,7 @@ def test_hinged_body_closed_form_reaction_and_spring():
     assert abs(float(reaction.torque[0])) < 1e-11  # free about the hinge
 
 
+@pytest.mark.slow
 def test_spatial_bodies_reproduce_the_planar_layer():
     """A double pendulum with hinges along z built from `RigidBody`s moves like the same
     pendulum built from `PlanarBody`s: the same centre accelerations, angular
@@ -260,6 +262,7 @@ def test_spatial_joint_coordinates_follow_the_motion():
     assert cyl.joint_coordinates(q)["c"] == pytest.approx(0.2, abs=1e-14)
 
 
+@pytest.mark.slow
 def test_bricard_is_redundant_with_one_degree_of_freedom():
     """IFToMM A04: Grübler's count is 0 (5 bodies × 6 − 6 hinges × 5), the Jacobian has
     rank 34 of 35: one degree of freedom, one redundant equation."""
@@ -314,6 +317,7 @@ def test_design_gradients_against_central_differences():
         np.testing.assert_allclose(gradient, diff, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_linearize_swings_at_the_pendulum_frequency():
     """The hinged body's linearization about hanging: `±i sqrt(m g l / (I + m l²))`."""
     lin = jaxdae.linearize(hinged(), BAUMGARTE, hinged().reference_coordinates())
@@ -394,6 +398,7 @@ def test_bad_spatial_models_are_refused():
 
 # -- what a solve's loop holds -----------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.perf(reason="pins which primitives a spatial model's right-hand side traces and "
                          "how XLA compiles its loop")
 def test_governor_right_hand_side_runs_in_one_kernel():
@@ -415,6 +420,7 @@ def test_governor_right_hand_side_runs_in_one_kernel():
     assert_rates_loop_is_one_kernel(model, formulation, q0, v0)
 
 
+@pytest.mark.slow
 @pytest.mark.perf(reason="pins how XLA compiles a loop of a 35-coordinate right-hand side")
 def test_bricard_modified_lagrange_runs_in_one_kernel():
     """Bricard's mechanism (35 coordinates, 35 constraints): `ModifiedLagrange` factorizes

@@ -30,6 +30,7 @@ def tool_position(yaw, shoulder, elbow, wrist):
         jnp.array([0, 0, 0.5]) + ry(elbow) @ forearm))
 
 
+@pytest.mark.slow
 def test_structure_limits_and_mobility(robot):
     assert robot.name == "three_link_arm" and robot.root == "base_link"
     assert robot.joint_names == ("yaw", "shoulder", "elbow", "wrist")
@@ -52,6 +53,7 @@ def test_structure_limits_and_mobility(robot):
                                atol=1e-15)
 
 
+@pytest.mark.slow
 def test_forward_kinematics_of_the_joint_coordinates(robot):
     model = robot.mechanism()
     angles = {"yaw": 0.3, "shoulder": 0.4, "elbow": -0.8, "wrist": 0.05}

@@ -50,7 +50,7 @@ def test_batch_map_across_two_processes(tmp_path):
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for rank in range(2)]
     logs = [proc.communicate(timeout=600)[0] for proc in procs]
-    for proc, log in zip(procs, logs):
+    for proc, log in zip(procs, logs, strict=False):
         assert proc.returncode == 0, log[-3000:]
     expected = {"vmap": jaxdae.batch_map(run, *batch()),
                 "ensemble": ensemble(*batch()[1:])}

@@ -86,6 +86,7 @@ def check_closed_form(sleigh, ts, theta, u, omega, mu, tol):
     np.testing.assert_allclose(mu, -reaction, atol=10 * tol)
 
 
+@pytest.mark.slow
 def test_sleigh_closed_form(sleigh):
     q0, v0 = sleigh.initial_state(U0, W0, theta=0.3)
     sol = run(sleigh, jaxdae.Baumgarte(20.0, 100.0, kv=10.0), q0, v0, TS)
@@ -182,6 +183,7 @@ def test_coupled_is_baumgarte_special_case(sleigh):
     np.testing.assert_allclose(a.multipliers, b.multipliers, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_coupled_jit_vmap_grad(sleigh):
     """Gains are differentiable (vs central differences) and vmappable; traced checks work."""
     q0, v0 = sleigh.initial_state(U0, W0)

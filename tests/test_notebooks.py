@@ -27,6 +27,7 @@ def _params():
         yield pytest.param(path, id=path.stem, marks=marks)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", list(_params()))
 def test_notebook_runs(path, tmp_path, monkeypatch):
     # The kernel must be this interpreter (the project's venv), not whatever `python` is first.

@@ -108,9 +108,9 @@ def test_dense_output_ends_on_the_projected_state():
     y1, _, dense, _, result = PROJECTED.step(term, 0.0, 0.1, y0, args, state, False)
     assert result == diffrax.RESULTS.successful
     path = PROJECTED.interpolation_cls(t0=0.0, t1=0.1, **dense)
-    for a, b in zip(path.evaluate(0.1), y1):
+    for a, b in zip(path.evaluate(0.1), y1, strict=False):
         np.testing.assert_allclose(a, b, atol=1e-14)
-    for a, b in zip(path.evaluate(0.0), y0):
+    for a, b in zip(path.evaluate(0.0), y0, strict=False):
         np.testing.assert_allclose(a, b, atol=1e-14)
 
 
@@ -133,6 +133,7 @@ def _final_angle_loss(length, solver, adjoint=None):
     return jnp.arctan2(sol.q_final[0], -sol.q_final[1])
 
 
+@pytest.mark.slow
 def test_gradient_matches_central_differences():
     """Reverse mode through the iterations (fixed steps: a smooth function of the
     parameter) against central differences, float64."""
@@ -292,6 +293,7 @@ def test_projects_a_large_drift():
     assert not (bool(position_ok) and bool(velocity_ok))
 
 
+@pytest.mark.slow
 def test_derivatives_with_a_lineax_solver():
     """With `lineax.SVD()` (its state initialized once per step end, each residual solved by
     `lineax.linear_solve` and differentiated by lineax's rule) the projection's forward and
@@ -310,6 +312,7 @@ def test_derivatives_with_a_lineax_solver():
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_modified_lagrange_integrated_with_augmented_multipliers():
     """Between projections a `ModifiedLagrange` solve integrates its equation with
     augmented Lagrangian iterations (`for_projection`): each keeps `M q̈ + Gᵀλ = Q` and
@@ -354,11 +357,11 @@ def test_augmented_iterations_batched_as_in_turn(iterations):
     q, v = arm.initial_state()
     cases = [(PENDULUM, PENDULUM.terms(0.0, Q0 * 1.01, V0 + 0.01 * Q0)),
              (arm, arm.terms(0.1, q + 0.01, v))]
-    for system, terms in cases:
+    for _system, terms in cases:
         penalty = jaxdae.ModifiedLagrange(jnp.full(terms.phi.shape, 50.0), 10.0, 25.0)
         batched = _accelerations(penalty, terms, iterations, batched=True)
         in_turn = _accelerations(penalty, terms, iterations, batched=False)
-        for a, b in zip(batched, in_turn):
+        for a, b in zip(batched, in_turn, strict=False):
             assert float(jnp.max(jnp.abs(a - b))) <= 1e-12 * (1.0 + float(jnp.max(jnp.abs(b))))
         assert float(jnp.max(jnp.abs(batched[0] - _accelerations(penalty, terms, 0)[0]))) > 1e-6
 
@@ -380,7 +383,7 @@ def test_projection_residuals_take_the_form_of_the_terms():
     projected = []
     for system, array_form in ((PENDULUM, False), (structured, True)):
         for piece in (_constraint_values, _velocity_residual):
-            jaxpr = jax.make_jaxpr(lambda q_, v_: piece(system, formulation, 0.0, q_, v_))(q, v)
+            jaxpr = jax.make_jaxpr(lambda q_, v_: piece(system, formulation, 0.0, q_, v_))(q, v)  # noqa: B023
             assert _in_array_form_scope(jaxpr.jaxpr) == array_form
         (q_new, v_new), position_ok, velocity_ok = project_state(
             system, formulation, 0.0, q, v, None, 5, 2.2e-13)

@@ -35,6 +35,7 @@ def free_run(sleigh, force, q0, v0):
     return sol, free.residuals(sol)[:, 0]
 
 
+@pytest.mark.slow
 def test_viscous_converges_as_k_grows(sleigh, constrained):
     """Theorem 1: for a turning motion (non-zero reaction) ψ settles at O(r / k), not 0; the
     free motions converge to the constrained one as k → ∞. Near the straight motion (zero
@@ -76,6 +77,7 @@ def test_bounded_force_reaches_constraint_in_finite_time(sleigh, constrained):
     assert float(jnp.max(jnp.abs(weak[TS >= 0.1]))) > 1e-2
 
 
+@pytest.mark.slow
 def test_smooth_bounded_force_gradient(sleigh, constrained):
     q0, v0, _ = constrained
     v_off = v0 + jnp.array([0.0, 0.2, 0.0])

@@ -82,6 +82,7 @@ def rod_solutions():
     }
 
 
+@pytest.mark.slow
 def test_shulgin_agrees_with_multiplier_formulations(rod_solutions):
     system, sols = rod_solutions
     ref = sols["shulgin"]
@@ -120,7 +121,7 @@ def test_singular_initial_state_raises():
         _simulate(pend, formulation, q0, v0)
     # In an ensemble the row is named; traced, the same check runs with `simulate`'s own.
     good = pend.state_from_angle(0.3, 0.0)
-    rows = [jnp.stack(pair) for pair in zip(good, (q0, v0))]
+    rows = [jnp.stack(pair) for pair in zip(good, (q0, v0), strict=False)]
     with pytest.raises(ValueError, match=r"Trajectory 1 \(row of q0, v0\): ∂F/∂q_dep"):
         jaxdae.simulate_ensemble(pend, formulation, 0.0, 1.0, *rows)
     with pytest.raises(Exception, match=r"condition \[4\]"):  # raised when the result is
@@ -128,6 +129,7 @@ def test_singular_initial_state_raises():
             lambda q, v: jaxdae.simulate_ensemble(pend, formulation, 0.0, 1.0, q, v).q)(*rows))
 
 
+@pytest.mark.slow
 def test_singular_configuration_during_motion_is_named():
     pend = CartesianPendulum()
     q0, v0 = pend.state_from_angle(1.2, 3.0)  # swings through the horizontal
@@ -163,6 +165,7 @@ def test_structure_errors():
         _simulate(pend, jaxdae.RedundantCoordinates(dependent=(1,)), 1.1 * q0, v0)
 
 
+@pytest.mark.slow
 def test_jit_vmap_grad_of_simulate():
     pend = CartesianPendulum()
     formulation = jaxdae.RedundantCoordinates(dependent=(1,))
@@ -242,6 +245,7 @@ def test_linearize_rejects_non_equilibrium():
         )
 
 
+@pytest.mark.slow
 def test_linearize_jit_vmap_grad():
     formulation = jaxdae.RedundantCoordinates(dependent=(1,))
     q = jnp.array([0.0, -1.0])

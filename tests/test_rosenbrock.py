@@ -59,6 +59,7 @@ def test_stability_function_and_embedded_estimate():
         assert abs(float(y1[0])) < 100 / stiff  # R(z) = O(1/z)
 
 
+@pytest.mark.slow
 def test_order_five_on_a_nonlinear_non_autonomous_ode():
     reference = _reference()
     hs = np.array([1 / 8, 1 / 16, 1 / 32])
@@ -228,6 +229,7 @@ def test_vmap_over_initial_states():
     np.testing.assert_allclose(batched.q[0], single.q, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_grad_with_fixed_steps_equals_central_differences():
     """`jax.grad` through the steps (Jacobians and LU factorizations included) with the
     default adjoint, against central differences of the same fixed-step solve."""

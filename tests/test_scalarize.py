@@ -59,7 +59,7 @@ def test_same_rates_and_gradients(name):
     t = jnp.asarray(0.4)
     expected = RATES(system, formulation, t, q, v)
     got = RATES_SCALAR(system, formulation, t, q, v)
-    for a, b in zip(expected, got):
+    for a, b in zip(expected, got, strict=False):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
 
@@ -71,10 +71,11 @@ def test_same_rates_and_gradients(name):
 
     g1 = loss(state_rates)(system, formulation, q, v)
     g2 = loss(scalarize(state_rates))(system, formulation, q, v)
-    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=False):
         np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_vmap_float32_and_failure_indicator():
     system, formulation, q, v = CASES["double pendulum, Baumgarte with matrix gains"]
     qs = q + 0.01 * jnp.arange(12.0).reshape(3, 4)
@@ -162,12 +163,12 @@ def test_every_rule_matches_jax():
     y = jax.random.normal(key2, (3, 3))
     expected = jax.jit(_kitchen_sink)(x, y)
     got = jax.jit(scalarize(_kitchen_sink))(x, y)
-    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(got)):
+    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=False):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-14)
     for out in (4, 8):  # (jitted: eagerly each scalar operation would compile alone)
-        g1 = jax.jit(jax.grad(lambda x: jnp.sum(_kitchen_sink(x, y)[out] ** 2)))(x)
-        g2 = jax.jit(jax.grad(lambda x: jnp.sum(scalarize(_kitchen_sink)(x, y)[out] ** 2)))(x)
+        g1 = jax.jit(jax.grad(lambda x: jnp.sum(_kitchen_sink(x, y)[out] ** 2)))(x)  # noqa: B023
+        g2 = jax.jit(jax.grad(lambda x: jnp.sum(scalarize(_kitchen_sink)(x, y)[out] ** 2)))(x)  # noqa: B023
         np.testing.assert_allclose(g2, g1, rtol=1e-11)
 
 

@@ -18,7 +18,7 @@ TSIT5 = jaxdae.UnrolledERK(diffrax.Tsit5())
 
 def _max_diff(a, b):
     return max(float(jnp.max(jnp.abs(x - y))) for x, y in
-               zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+               zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=False))
 
 
 @pytest.mark.parametrize("solver", [diffrax.Tsit5(), diffrax.Dopri5(), diffrax.Bosh3(),

@@ -205,6 +205,7 @@ class _GivenMass(jaxdae.LagrangianSystem):
         return jnp.sum(jnp.diff(p, axis=0) ** 2, axis=1) - 1.0
 
 
+@pytest.mark.slow
 def test_given_block_mass():
     model = _GivenMass()
     q = jnp.array([0.0, 0.0, 1.0, 0.0, 1.0, -1.0, 2.0, -1.0])
@@ -362,6 +363,7 @@ def _everything(model, q, v, formulations):
     return fields, [f.accelerations(terms) for f in formulations], terms.sparse_mass is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["chain", "ladder"])
 def test_structured_terms_and_accelerations_agree(family):
     structured, dense, q, v = _pairs()[family]
@@ -371,9 +373,9 @@ def test_structured_terms_and_accelerations_agree(family):
     fields_s, results_s, dense_s = _everything(structured, q, v, formulations)
     fields_d, results_d, dense_d = _everything(dense, q, v, formulations)
     assert not dense_s and dense_d
-    for a, b in zip(fields_s, fields_d):
+    for a, b in zip(fields_s, fields_d, strict=False):
         np.testing.assert_allclose(a, b, atol=1e-12)
-    for formulation, (acc_s, lam_s), (acc_d, lam_d) in zip(formulations, results_s, results_d):
+    for formulation, (acc_s, lam_s), (acc_d, lam_d) in zip(formulations, results_s, results_d, strict=False):
         name = type(formulation).__name__
         np.testing.assert_allclose(acc_s, acc_d, rtol=1e-10, atol=1e-10, err_msg=name)
         np.testing.assert_allclose(lam_s, lam_d, rtol=1e-10, atol=1e-10, err_msg=name)
@@ -415,7 +417,7 @@ def test_time_and_velocity_dependent_terms_agree():
     fields_s, (acc_s,), dense_s = _everything(structured, q, v, [FORMULATIONS["Baumgarte"]])
     fields_d, (acc_d,), dense_d = _everything(dense, q, v, [FORMULATIONS["Baumgarte"]])
     assert not dense_s and dense_d
-    for a, b in zip(fields_s, fields_d):
+    for a, b in zip(fields_s, fields_d, strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(acc_s[0], acc_d[0], rtol=1e-10, atol=1e-10)
 
@@ -426,7 +428,7 @@ def test_given_mass_agrees():
     formulations = [FORMULATIONS["Baumgarte"], FORMULATIONS["ModifiedLagrange"]]
     _, results_s, _ = _everything(_GivenMass(), q, v, formulations)
     _, results_d, _ = _everything(DenseGivenMass(), q, v, formulations)
-    for (acc_s, lam_s), (acc_d, lam_d) in zip(results_s, results_d):
+    for (acc_s, lam_s), (acc_d, lam_d) in zip(results_s, results_d, strict=False):
         np.testing.assert_allclose(acc_s, acc_d, rtol=1e-10, atol=1e-10)
         np.testing.assert_allclose(lam_s, lam_d, rtol=1e-10, atol=1e-10)
 
@@ -499,7 +501,7 @@ def test_add_at_is_a_gather_both_ways():
     for transform in (jax.grad, jax.jacfwd):
         got = transform(lambda x, v: loss(ours, x, v), argnums=(0, 1))(x, values)
         want = transform(lambda x, v: loss(reference, x, v), argnums=(0, 1))(x, values)
-        for a, b in zip(got, want):
+        for a, b in zip(got, want, strict=False):
             np.testing.assert_allclose(a, b, rtol=1e-14)
     program = jax.jit(jax.grad(lambda v: loss(ours, x, v))).lower(values).compile().as_text()
     assert " scatter(" not in program
@@ -508,6 +510,7 @@ def test_add_at_is_a_gather_both_ways():
                                   [True, False, True, False, True])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["rows", "block rows", "cyclic"])
 def test_banded_factorization(method, monkeypatch):
     # row by row (`BandCholeskyFactor`), block row by block row (`BandedFactor`) and by
@@ -569,6 +572,7 @@ def test_cyclic_reduction_in_float32():
     assert residuals[True] < 2 * residuals[False]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rows", [True, False], ids=["rows", "block rows"])
 @pytest.mark.parametrize("size,band", [(48, 2), (96, 9)])
 def test_banded_solve_derivatives(size, band, rows, monkeypatch):
@@ -597,7 +601,7 @@ def test_banded_solve_derivatives(size, band, rows, monkeypatch):
     for transform in (jax.grad, jax.jacfwd):
         got = jax.jit(transform(banded, argnums=(0, 1)))(values, rhs)
         want = transform(dense, argnums=(0, 1))(values, rhs)
-        for a, b in zip(got, want):
+        for a, b in zip(got, want, strict=False):
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
     batch = jnp.stack([rhs, 2 * rhs])
     want = jax.vmap(jax.grad(dense, argnums=1), in_axes=(None, 0))(values, batch)
@@ -607,6 +611,7 @@ def test_banded_solve_derivatives(size, band, rows, monkeypatch):
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_banded_multiplier_solve_derivatives():
     # `multiplier_solve` on sparse `M` (2 × 2 blocks) and `G` (a chain's pattern) whose
     # `G M⁻¹ Gᵀ` is banded: values and derivatives (reverse, forward, under vmap) with
@@ -649,11 +654,11 @@ def test_banded_multiplier_solve_derivatives():
     assert banded_plan(sparse_matmul(SparseMatrix(g_values, g_pattern), SparseMatrix(
         g_values, g_pattern).T).pattern) is not None
     assert "name=_banded_multipliers" in str(jax.make_jaxpr(structured)(*args))
-    for a, b in zip(jax.jit(structured)(*args), dense(*args)):
+    for a, b in zip(jax.jit(structured)(*args), dense(*args), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
     def loss(fn):
-        return lambda *x: sum(jnp.sum(jnp.sin(out) * w) for out, w in zip(fn(*x), (1.0, 0.7)))
+        return lambda *x: sum(jnp.sum(jnp.sin(out) * w) for out, w in zip(fn(*x), (1.0, 0.7), strict=False))
 
     tangents = tuple(jnp.asarray(rng.standard_normal(x.shape)) for x in args)
     batch = jnp.stack([forces, 2 * forces])
@@ -664,10 +669,11 @@ def test_banded_multiplier_solve_derivatives():
                     m_values, g_values, batch, target))
 
     derivatives = jax.jit(derivatives, static_argnums=0)
-    for a, b in zip(*(jax.tree.leaves(derivatives(fn)) for fn in (structured, dense))):
+    for a, b in zip(*(jax.tree.leaves(derivatives(fn)) for fn in (structured, dense)), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.slow
 def test_banded_path_agrees(monkeypatch):
     # banded factorizations from 4 rows on (32 by default), so that a small chain's
     # `J M⁻¹ Jᵀ` (9 × 9, tridiagonal) uses one
@@ -680,17 +686,18 @@ def test_banded_path_agrees(monkeypatch):
     _, results_s, dense_s = _everything(structured, q, v, formulations)
     _, results_d, _ = _everything(dense, q, v, formulations)
     assert not dense_s
-    for (acc_s, lam_s), (acc_d, lam_d) in zip(results_s, results_d):
+    for (acc_s, lam_s), (acc_d, lam_d) in zip(results_s, results_d, strict=False):
         np.testing.assert_allclose(acc_s, acc_d, rtol=1e-10, atol=1e-10)
         np.testing.assert_allclose(lam_s, lam_d, rtol=1e-10, atol=1e-10)
     # gradients through the banded path: w.r.t. the gains, the state and the parameters
     grad_s = _acceleration_gradient(structured, formulations, q, v)
     grad_d = _acceleration_gradient(dense, formulations, q, v)
-    for a, b in zip(jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d)):
+    for a, b in zip(jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
     _sparse.banded_plan.cache_clear()
 
 
+@pytest.mark.slow
 def test_gradients_through_wide_bands():
     # a net of 9 × 5 nodes: `J M⁻¹ Jᵀ` (81 × 81) of half-bandwidth 9, factorized row by
     # row; reverse mode transposes the tangent solves of the banded multipliers' derivative
@@ -703,7 +710,7 @@ def test_gradients_through_wide_bands():
     formulations = [FORMULATIONS["Baumgarte"]]
     grad_s = _acceleration_gradient(structured, formulations, q, v)
     grad_d = _acceleration_gradient(dense, formulations, q, v)
-    for a, b in zip(jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d)):
+    for a, b in zip(jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9 * np.max(np.abs(b)))
 
 
@@ -740,11 +747,11 @@ def test_simulations_and_gradients_agree(name):
     structured, dense = CartesianChain(17), DenseChain(17)
     q0, v0 = _state(structured)
     formulation = FORMULATIONS[name]
-    for a, b in zip(_final(structured, formulation, q0, v0), _final(dense, formulation, q0, v0)):
+    for a, b in zip(_final(structured, formulation, q0, v0), _final(dense, formulation, q0, v0), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
     grad_s = _gradient(structured, formulation, q0, v0)
     grad_d = _gradient(dense, formulation, q0, v0)
-    for a, b in zip(jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d)):
+    for a, b in zip(jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-10)
 
 
@@ -788,6 +795,7 @@ def _accelerations_with_factor(model, q, v):
             for name in _MASS_FORMULATIONS]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("coupled", [False, True])
 def test_constant_mass_factor(coupled):
     from jaxdae._systems._structure import constant_mass_factor
@@ -805,8 +813,8 @@ def test_constant_mass_factor(coupled):
     assert constant_mass_factor(pendulum, 0.0, *pendulum.initial_state()) is None
     # the formulations that solve with `M⁻¹` give the same accelerations and multipliers
     for name, (with_factor, without) in zip(_MASS_FORMULATIONS,
-                                            _accelerations_with_factor(model, q0, v0)):
-        for a, b in zip(with_factor, without):
+                                            _accelerations_with_factor(model, q0, v0), strict=False):
+        for a, b in zip(with_factor, without, strict=False):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-12, err_msg=name)
 
 
@@ -906,6 +914,7 @@ class _ChainWithLevelCentre(CartesianChain):
         return jnp.concatenate([super().constraints(t, q), jnp.mean(heights)[None] + 1.0])
 
 
+@pytest.mark.slow
 @pytest.mark.perf(reason="pins which primitives the right-hand side of small structured "
                          "models traces")
 @pytest.mark.parametrize("model", [CartesianChain(8), CartesianChain(16), FourBarLadder(4),
@@ -946,6 +955,7 @@ class _ChainClosedTwice(CartesianChain):
         return jnp.concatenate([phi, phi[-1:]])
 
 
+@pytest.mark.slow
 @pytest.mark.perf(reason="pins that PseudoInverse's right-hand side compiles into one kernel")
 @pytest.mark.parametrize("model", [CartesianChain(5), _ChainClosedTwice(5)],
                          ids=["independent", "redundant"])

@@ -54,6 +54,7 @@ def reference():
     return tune(12)
 
 
+@pytest.mark.slow
 def test_tuning_decreases_loss(reference):
     loss = np.asarray(reference.history["loss"])
     assert np.all(np.isfinite(loss))
@@ -87,9 +88,9 @@ def test_checkpoint_resume_is_bit_identical(reference, tmp_path):
     assert resumed.step == 12
     leaves = jax.tree.leaves(eqx.filter(resumed.params, eqx.is_array))
     expected = jax.tree.leaves(eqx.filter(reference.params, eqx.is_array))
-    for a, b in zip(leaves, expected):
+    for a, b in zip(leaves, expected, strict=False):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    for a, b in zip(jax.tree.leaves(resumed.opt_state), jax.tree.leaves(reference.opt_state)):
+    for a, b in zip(jax.tree.leaves(resumed.opt_state), jax.tree.leaves(reference.opt_state), strict=False):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert resumed.history["loss"] == reference.history["loss"]
     rows = log.read_text().strip().splitlines()
@@ -191,6 +192,7 @@ def test_ensemble_scenario_fails_alone():
     np.testing.assert_allclose(together.model.kd, alone.model.kd, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_ensemble_tuning_matches_vmap():
     """`ensemble=True` with `simulate_ensemble`, differentiated by `ReverseSweepAdjoint`: the
     same losses and gains as the vmapped scenarios with the default adjoint, to the solver
@@ -208,7 +210,7 @@ def test_ensemble_tuning_matches_vmap():
     together = jaxdae.tune(params, run_ensemble, scenarios(), LOSS, ensemble=True, **kwargs)
     assert together.history["num_failed"] == [0, 0]
     np.testing.assert_allclose(together.history["loss"], plain.history["loss"], rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(together.model), jax.tree.leaves(plain.model)):
+    for a, b in zip(jax.tree.leaves(together.model), jax.tree.leaves(plain.model), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-5)
 
 
@@ -256,6 +258,7 @@ def test_deterministic_minibatches_and_bad_arguments():
         jaxdae.tune(params, _quadratic, targets, _square, optimizer=None, steps=1)
 
 
+@pytest.mark.slow
 def test_sharded_float32_tuning_with_progress_bar():
     if jax.default_backend() != "cpu" and jax.device_count() < 4:
         pytest.skip("needs 4 devices: tests/conftest.py gives 4 host CPU devices on CPU")

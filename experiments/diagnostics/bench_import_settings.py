@@ -166,7 +166,7 @@ def main():
           "| first gradient s | max abs q(2) difference |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for label, run in runs.items():
-        difference = max(abs(a - b) for a, b in zip(run["q(2)"], reference))
+        difference = max(abs(a - b) for a, b in zip(run["q(2)"], reference, strict=False))
         print(f"| {label} | {run['dtype']} | {run['steps']} | {run['forward ms']:.3f} | "
               f"{run['gradient ms']:.3f} | {run['forward first call s']:.1f} | "
               f"{run['gradient first call s']:.1f} | {difference:.1e} |")

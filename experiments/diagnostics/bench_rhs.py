@@ -27,14 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
+import _peers  # noqa: E402
 import diffrax  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-
-import _peers  # noqa: E402
-import jaxdae  # noqa: E402
 from bench_precision import Chain  # noqa: E402
+
+import jaxdae  # noqa: E402
 from jaxdae._compilation import _scalarize  # noqa: E402
 from jaxdae._integration._simulate import SolveArgs, _vector_field, state_rates  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
@@ -134,7 +134,7 @@ def chains():
             start = time.perf_counter()
             # Compiled ahead of time: `jax.clear_caches()` does not touch the executable.
             solves[on] = jax.jit(lambda q: jaxdae.simulate(
-                system, jaxdae.Baumgarte(10.0, 25.0), 0.0, 2.0, q, v0).q_final
+                system, jaxdae.Baumgarte(10.0, 25.0), 0.0, 2.0, q, v0).q_final  # noqa: B023
             ).lower(q0).compile()
             jax.block_until_ready(solves[on](q0))
             compile_s[on] = time.perf_counter() - start

@@ -58,7 +58,7 @@ def measure() -> dict:
             return total + pull(states[i])[0]
         return jax.lax.fori_loop(0, ITERATIONS, body, jnp.zeros(4))
 
-    functions = dict(zip(BODIES, [loop(1), loop(2), loop(4), loop(6), vjp_loop]))
+    functions = dict(zip(BODIES, [loop(1), loop(2), loop(4), loop(6), vjp_loop], strict=False))
     result = {}
     for name, fn in functions.items():
         compiled = jax.jit(fn).lower().compile()

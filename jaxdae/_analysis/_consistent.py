@@ -8,9 +8,9 @@ import numpy as np
 import optimistix as optx
 
 from .._checks import check_finite, check_positive
+from .._compilation._linalg import full_precision
 from .._custom_types import ArrayLike, Coordinates, Float, ScalarLike, Velocities
 from .._gains import is_concrete
-from .._compilation._linalg import full_precision
 from .._systems._system import LagrangianSystem, holonomic_terms, nonholonomic_terms
 
 

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import optimistix as optx
 
 from .._checks import check_positive
+from .._compilation._linalg import full_precision
 from .._custom_types import Array, Float, ScalarLike
 from .._formulations._base import AbstractStabilizedFormulation
-from .._compilation._linalg import full_precision
 
 
 def _use_stepsize_tol():
@@ -244,6 +244,6 @@ def fixed_step_radius(formulation, num_constraints: int, solver, dt,
     tau, eye = float(dt), np.eye(h.shape[0])
     stages = [h]
     for row in a_lower:
-        stages.append(h @ (eye + tau * sum(a * k for a, k in zip(row, stages))))
-    transition = eye + tau * sum(w * k for w, k in zip(b, stages))
+        stages.append(h @ (eye + tau * sum(a * k for a, k in zip(row, stages, strict=False))))
+    transition = eye + tau * sum(w * k for w, k in zip(b, stages, strict=False))
     return float(np.max(np.abs(np.linalg.eigvals(transition))))

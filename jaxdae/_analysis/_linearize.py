@@ -3,17 +3,17 @@
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import lineax as lx
+import numpy as np
 import optimistix as optx
 
 from .._checks import check_finite, check_instance
-from ._control import ConstantControl, with_controller
+from .._compilation._linalg import full_precision
 from .._custom_types import Array, ArrayLike, Bool, Float, Int
 from .._formulations import AbstractFormulation, RedundantCoordinates, Unstabilized
 from .._gains import attach_checks, is_concrete
-from .._compilation._linalg import full_precision
 from .._systems._system import AbstractSystem
+from ._control import ConstantControl, with_controller
 
 
 def _indices(name, value, n):

@@ -31,9 +31,9 @@ import numpy as np
 import optimistix as optx
 
 from .._checks import check_finite
+from .._compilation._linalg import full_precision
 from .._custom_types import Array, ArrayLike, Bool, Float
 from .._gains import is_concrete
-from .._compilation._linalg import full_precision
 
 
 class LQRSolution(eqx.Module):

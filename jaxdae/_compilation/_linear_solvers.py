@@ -46,7 +46,6 @@ from ._sparse import (
     cholesky_solve,
 )
 
-
 # Matrices on a pattern (terms derived from their structure, kept in array form) are
 # factorized unrolled only up to this size, looped beyond (`cholesky_factor`). On the chain of
 # 8 links (an 8 × 8 constraint matrix, 2-core CPU) the loop made the gradient 1.7× faster

@@ -34,7 +34,6 @@ from jax import lax
 from jax.extend import core as jex
 from jax.extend.core.primitives import add_jaxvals_p
 
-
 # Functions with a larger array, or computing more entries in all, keep their array form:
 # unrolling cost (trace time, graph size, XLA compile time) grows with the number of entries,
 # while XLA's array kernels amortize their dispatch over them. Measured on chains of k point
@@ -411,17 +410,17 @@ def _structural(name, params, args: list[_Value]) -> list[_Value] | None:
     if name == "slice":
         strides = params["strides"] or (1,) * len(x.shape)
         cut = tuple(slice(lo, hi, st) for lo, hi, st in
-                    zip(params["start_indices"], params["limit_indices"], strides))
+                    zip(params["start_indices"], params["limit_indices"], strides, strict=False))
         return [x.take(x.indices()[cut])]
     if name == "concatenate":
         offsets = np.cumsum([0] + [len(a.elements) for a in args])
-        index = np.concatenate([a.indices() + o for a, o in zip(args, offsets)],
+        index = np.concatenate([a.indices() + o for a, o in zip(args, offsets, strict=False)],
                                axis=params["dimension"])
         elements = [e for a in args for e in a.elements]
         return [_Value([elements[i] for i in index.reshape(-1)], index.shape, x.dtype)]
     if name == "stack":
         offsets = np.cumsum([0] + [len(a.elements) for a in args])
-        index = np.stack([a.indices() + o for a, o in zip(args, offsets)], axis=params["axis"])
+        index = np.stack([a.indices() + o for a, o in zip(args, offsets, strict=False)], axis=params["axis"])
         elements = [e for a in args for e in a.elements]
         return [_Value([elements[i] for i in index.reshape(-1)], index.shape, x.dtype)]
     if name == "unstack":
@@ -449,7 +448,7 @@ def _elementwise(graph: _Graph, prim, params, args: list[_Value], out_shape, dty
     columns = [a.elements if a.shape == tuple(out_shape)
                else a.take(np.broadcast_to(a.indices(), out_shape)).elements for a in args]
     return _Value(
-        [graph.apply(prim, params, list(row), dtype) for row in zip(*columns)], out_shape, dtype
+        [graph.apply(prim, params, list(row), dtype) for row in zip(*columns, strict=False)], out_shape, dtype
     )
 
 
@@ -491,7 +490,7 @@ def _dot_general(graph: _Graph, lhs: _Value, rhs: _Value, dimension_numbers, out
         for row in li[b]:
             for col in ri[b]:
                 products = [graph.mul(lhs.elements[i], rhs.elements[j], lhs.dtype)
-                            for i, j in zip(row, col)]
+                            for i, j in zip(row, col, strict=False)]
                 total = graph.sum(products, lhs.dtype)
                 if lhs.dtype != dtype:
                     total = graph.apply(lax.convert_element_type_p,
@@ -507,7 +506,7 @@ def _fallback(graph: _Graph, eqn, args: list[_Value]) -> list[_Value]:
     with eqn.ctx.manager:
         outs = eqn.primitive.bind(*[_to_array(a) for a in args], **params)
     outs = outs if eqn.primitive.multiple_results else [outs]
-    return [_from_array(o, v.aval.dtype) for o, v in zip(outs, eqn.outvars)]
+    return [_from_array(o, v.aval.dtype) for o, v in zip(outs, eqn.outvars, strict=False)]
 
 
 def _eval(graph: _Graph, jaxpr, consts: list, args: list[_Value]) -> list[_Value]:
@@ -518,9 +517,9 @@ def _eval(graph: _Graph, jaxpr, consts: list, args: list[_Value]) -> list[_Value
             return _from_array(np.asarray(var.val), var.aval.dtype)
         return env[var]
 
-    for var, value in zip(jaxpr.constvars, consts):
+    for var, value in zip(jaxpr.constvars, consts, strict=False):
         env[var] = value
-    for var, value in zip(jaxpr.invars, args):
+    for var, value in zip(jaxpr.invars, args, strict=False):
         env[var] = value
     for eqn in jaxpr.eqns:
         name, params = eqn.primitive.name, eqn.params
@@ -549,7 +548,7 @@ def _eval(graph: _Graph, jaxpr, consts: list, args: list[_Value]) -> list[_Value
             outs = _structural(name, params, operands)
         if outs is None:
             outs = _fallback(graph, eqn, operands)
-        for var, value in zip(eqn.outvars, outs):
+        for var, value in zip(eqn.outvars, outs, strict=False):
             if not isinstance(var, jex.DropVar):
                 env[var] = value
     return [read(v) for v in jaxpr.outvars]
@@ -631,7 +630,7 @@ def scalarize(fn: Callable) -> Callable:
         inputs = [_from_array(x, x.dtype) for x in leaves]
         outs = _eval(_Graph(), closed.jaxpr, _const_values(closed), inputs)
         arrays = [_to_array(o).astype(s.dtype).reshape(s.shape)
-                  for o, s in zip(outs, out_leaves)]
+                  for o, s in zip(outs, out_leaves, strict=False)]
         return jax.tree_util.tree_unflatten(out_tree, arrays)
 
     return scalarized

@@ -367,7 +367,7 @@ def diagonal_blocks(pattern: Pattern) -> np.ndarray | None:
             i = parent[i]
         return i
 
-    for i, j in zip(pattern.rows, pattern.cols):
+    for i, j in zip(pattern.rows, pattern.cols, strict=False):
         ri, rj = find(i), find(j)
         if ri != rj:
             parent[max(ri, rj)] = min(ri, rj)

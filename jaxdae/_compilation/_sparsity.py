@@ -103,14 +103,14 @@ def _run(jaxpr, consts, inputs):
             return _known(var.val)
         return env[var]
 
-    for var, val in zip(jaxpr.constvars, consts):
+    for var, val in zip(jaxpr.constvars, consts, strict=False):
         env[var] = val
-    for var, val in zip(jaxpr.invars, inputs):
+    for var, val in zip(jaxpr.invars, inputs, strict=False):
         env[var] = val
     for eqn in jaxpr.eqns:
         ins = [read(v) for v in eqn.invars]
         outs = _equation(eqn, ins)
-        for var, out in zip(eqn.outvars, outs):
+        for var, out in zip(eqn.outvars, outs, strict=False):
             if not isinstance(var, jex.DropVar):
                 if out.mask.shape != tuple(var.aval.shape):
                     out = _Abstract(np.broadcast_to(out.mask, var.aval.shape))
@@ -178,7 +178,7 @@ def _numpy(name, params, args):
     if name == "slice":
         strides = params["strides"] or (1,) * x.ndim
         return [x[tuple(slice(a, b, c) for a, b, c in
-                        zip(params["start_indices"], params["limit_indices"], strides))]]
+                        zip(params["start_indices"], params["limit_indices"], strides, strict=False))]]
     if name == "concatenate":
         return [np.concatenate(args, axis=params["dimension"])]
     if name == "split":
@@ -206,9 +206,9 @@ def _numpy(name, params, args):
         letters = iter("abcdefghijklmnopqrstuvwxyz")
         ls = [next(letters) for _ in range(lhs.ndim)]
         rs = [next(letters) for _ in range(rhs.ndim)]
-        for i, j in zip(lc, rc):
+        for i, j in zip(lc, rc, strict=False):
             rs[j] = ls[i]
-        for i, j in zip(lb, rb):
+        for i, j in zip(lb, rb, strict=False):
             rs[j] = ls[i]
         batch = [ls[i] for i in lb]
         free_l = [ls[i] for i in range(lhs.ndim) if i not in lc and i not in lb]
@@ -221,7 +221,7 @@ def _numpy(name, params, args):
 def _structural(eqn, ins):
     """Applies the primitive to float masks (non-float operands by their known values)."""
     args = []
-    for var, a in zip(eqn.invars, ins):
+    for var, a in zip(eqn.invars, ins, strict=False):
         if jnp.issubdtype(var.aval.dtype, jnp.inexact):
             args.append(a.mask.astype(np.float64 if var.aval.dtype == np.float64 else
                                       np.dtype(var.aval.dtype)))
@@ -295,7 +295,7 @@ def _equation(eqn, ins) -> list[_Abstract]:
 
 
 def _union(a: Sequence[_Abstract], b: Sequence[_Abstract]) -> list[_Abstract]:
-    return [_Abstract(np.logical_or(x.mask, y.mask)) for x, y in zip(a, b)]
+    return [_Abstract(np.logical_or(x.mask, y.mask)) for x, y in zip(a, b, strict=False)]
 
 
 def _cond(eqn, ins):
@@ -320,7 +320,7 @@ def _fixed_point(step, carry, limit=64):
     carry = _unknown(carry)
     for _ in range(limit):
         new = _union(carry, step(carry))
-        if all(np.array_equal(x.mask, y.mask) for x, y in zip(new, carry)):
+        if all(np.array_equal(x.mask, y.mask) for x, y in zip(new, carry, strict=False)):
             return new, True
         carry = new
     return carry, False
@@ -358,7 +358,7 @@ def _scan(eqn, ins):
         return [_full(v.aval) for v in eqn.outvars]
     ys = _run_closed(p["jaxpr"], list(consts) + list(carry) + x_slices)[ncarry:]
     ys = [_Abstract(np.broadcast_to(y.mask, v.aval.shape))
-          for y, v in zip(ys, eqn.outvars[ncarry:])]
+          for y, v in zip(ys, eqn.outvars[ncarry:], strict=False)]
     return list(carry) + ys
 
 

@@ -39,7 +39,7 @@ def _message(name, signature, args, kwargs, example, error) -> str:
     required = [p.name for p in params if p.default is p.empty]
     shown = ", ".join(p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in params)
     call = f"`{name}({shown})`"
-    read = dict(zip(names, args))
+    read = dict(zip(names, args, strict=False))
     if len(read) > 1:
         reading = f" The {len(args)} positional arguments were read in order as {_pairs(read)}."
     elif read:
@@ -62,7 +62,7 @@ def _message(name, signature, args, kwargs, example, error) -> str:
         problem = f"{call} {needs} {_names(required)}; {_names(missing)} {_is(missing)} missing."
         if len(read) > 1 and not kwargs and len(args) < len(required):
             # The same values read as the last gains instead: the other likely intent.
-            shifted = dict(zip(required[len(required) - len(args):], args))
+            shifted = dict(zip(required[len(required) - len(args):], args, strict=False))
             others = required[: len(required) - len(args)]
             reading += (
                 f" If you meant {_pairs(shifted)}, {_names(others)} {_is(others)} missing."

@@ -3,8 +3,8 @@ Deressa (2015))."""
 
 from typing import ClassVar
 
-from .._custom_types import Gain, GainLike
 from .._compilation._linear_solvers import PositiveDefinite
+from .._custom_types import Gain, GainLike
 from .._systems._system import ConstrainedTerms
 from ._arguments import explain_arguments
 from ._base import (

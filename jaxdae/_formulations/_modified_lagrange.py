@@ -6,11 +6,11 @@ from typing import ClassVar
 import equinox as eqx
 import jax.numpy as jnp
 
-from .._custom_types import Gain, GainLike
-from .._gains import as_gain, gain_matrix
 from .._compilation._linalg import small_matmul
 from .._compilation._linear_solvers import PositiveDefinite
 from .._compilation._sparse import SparseMatrix
+from .._custom_types import Gain, GainLike
+from .._gains import as_gain, gain_matrix
 from ._arguments import explain_arguments
 from ._base import AbstractBaumgarteFormulation, AbstractFormulation, stabilization_gains
 from ._multipliers import jacobian_matvec, penalized_mass

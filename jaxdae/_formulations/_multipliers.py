@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 
-from .._custom_types import Array, Float
 from .._compilation._linalg import extreme_eigenvalues, small_matmul, spd_solve
 from .._compilation._linear_solvers import (
     PositiveDefinite,
@@ -28,6 +27,7 @@ from .._compilation._sparse import (
     sparse_matmul,
     transposed_pattern,
 )
+from .._custom_types import Array, Float
 from .._systems._system import ConstrainedTerms
 
 

@@ -1,9 +1,8 @@
 """Realizing nonholonomic constraints by forces on the free system (Matyukhin (1999))."""
 
-from typing import ClassVar
-
 import abc
 from collections.abc import Callable
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -11,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import check_instance
-from .._custom_types import Array, Float, NonholonomicResidual
 from .._compilation._linear_solvers import PositiveDefinite
-from ._multipliers import multiplier_solve
+from .._custom_types import Array, Float, NonholonomicResidual
 from .._gains import as_gain, is_concrete
 from .._systems._system import AbstractSystem, ConstrainedTerms
+from ._multipliers import multiplier_solve
 
 
 def _positive(name: str, value: Array, law: str) -> Array:

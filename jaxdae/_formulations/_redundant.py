@@ -9,10 +9,10 @@ import lineax as lx
 import numpy as np
 
 from .._checks import check_instance
+from .._compilation._linalg import extreme_eigenvalues, spd_solve
 from .._custom_types import Array, Float
 from .._solution import RESULTS
 from .._systems._system import ConstrainedTerms, LagrangianSystem
-from .._compilation._linalg import extreme_eigenvalues, spd_solve
 from ._base import AbstractFormulation
 from ._multipliers import default_rcond
 

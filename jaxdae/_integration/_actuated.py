@@ -33,8 +33,6 @@ import numpy as np
 import optimistix as optx
 
 from .._checks import check_finite, check_instance, check_positive
-from .._custom_types import Array, ArrayLike, Float, Gain, GainLike, Int, ScalarLike
-from .._formulations._multipliers import default_rcond
 from .._compilation._linalg import (
     extreme_eigenvalues,
     full_precision,
@@ -42,6 +40,9 @@ from .._compilation._linalg import (
     reciprocal_condition,
     spd_solve,
 )
+from .._compilation._scalarize import scalarize
+from .._custom_types import Array, ArrayLike, Float, Gain, GainLike, Int, ScalarLike
+from .._formulations._multipliers import default_rcond
 from .._gains import (
     as_gain,
     attach_checks,
@@ -51,8 +52,9 @@ from .._gains import (
     is_concrete,
     uncoupled_companions,
 )
+from .._solution import RESULTS
+from .._systems._system import LagrangianSystem, cast_floating
 from ._adjoint import forward_mode_hint, jit_unless_staged
-from .._compilation._scalarize import scalarize
 from ._simulate import (
     Dynamics,
     SolveCall,
@@ -64,8 +66,6 @@ from ._simulate import (
     raise_failure,
     saved_rows,
 )
-from .._solution import RESULTS
-from .._systems._system import LagrangianSystem, cast_floating
 
 
 class ActuatedSystem(eqx.Module):
@@ -315,7 +315,7 @@ class ConstraintEnforcingControl(eqx.Module):
             return self
         sizes = tuple(num_constraints) if self.grouped else (num_constraints,)
         bad = jnp.asarray(False)
-        for i, (group, size) in enumerate(zip(self.groups, sizes)):
+        for i, (group, size) in enumerate(zip(self.groups, sizes, strict=False)):
             blocks = uncoupled_companions(group, size, jnp.result_type(*group))
             companion = jax.lax.stop_gradient(
                 _companion(group, size, f"gains[{i}]") if blocks is None else blocks)
@@ -340,7 +340,7 @@ class ConstraintEnforcingControl(eqx.Module):
                 f"got {num_constraints}."
             )
         blocks = [_companion(group, r, f"gains[{i}]" if self.grouped else "gains")
-                  for i, (group, r) in enumerate(zip(self.groups, sizes))]
+                  for i, (group, r) in enumerate(zip(self.groups, sizes, strict=False))]
         return jax.scipy.linalg.block_diag(*blocks)
 
     def outputs(self, system: ActuatedSystem, t, q, v, w):
@@ -349,9 +349,9 @@ class ConstraintEnforcingControl(eqx.Module):
         orders = tuple(len(group) for group in self.groups)
         values, rates, input_gains = lie_derivatives(system, max(orders), t, (q, v, w))
         ys, rows, rhs = [], [], []
-        for i, (group, order) in enumerate(zip(self.groups, orders)):
+        for i, (group, order) in enumerate(zip(self.groups, orders, strict=False)):
             y = jnp.stack([values[k][i] for k in range(order)])
-            target = -sum(k * yj if k.ndim <= 1 else k @ yj for k, yj in zip(group, y))
+            target = -sum(k * yj if k.ndim <= 1 else k @ yj for k, yj in zip(group, y, strict=False))
             ys.append(y)
             rows.append(input_gains[order - 1][i])
             rhs.append(target - rates[order - 1][i])
@@ -434,7 +434,7 @@ def _metric_weights(weights, state):
         raise ValueError("`weights` must be a tuple `(w_q, w_v, w_w)` of the metric's weights "
                          f"for q, v and w; got {weights!r}.")
     out = []
-    for name, weight, x in zip(("w_q", "w_v", "w_w"), weights, state):
+    for name, weight, x in zip(("w_q", "w_v", "w_w"), weights, state, strict=False):
         weight = jnp.asarray(weight, x.dtype)
         try:
             weight = jnp.broadcast_to(weight, x.shape)

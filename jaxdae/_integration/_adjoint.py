@@ -21,11 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from .._custom_types import Array
 from .._compilation._kernels import kernel_boundary
 from .._compilation._linalg import full_precision
 from .._compilation._private_apis import traced_for_jit
 from .._compilation._scalarize import scalarize
+from .._custom_types import Array
 from ._solvers import AbstractWrappedSolver
 
 
@@ -770,10 +770,12 @@ def _backward(stored, out_bar, perturbed, problem, static):
         # `vmap` (the batch-loss gradient of `experiments/bench_batch.py`). Everything
         # it reads is an argument: `scalarize` traces it on its own.
         @scalarize
-        def stage_vjp(t, y, diff_p, static_p, solver_state, t_start, cotangent):
+        def scalar_stage_vjp(t, y, diff_p, static_p, solver_state, t_start, cotangent):
             _, pull = jax.vjp(
                 lambda y, p: rates(t, y, p, static_p, solver_state, t_start), y, diff_p)
             return pull(cotangent)
+
+        stage_vjp = scalar_stage_vjp
 
     def sweep(steps, solver_state, start, end_bar, save_bar, p_bar):
         """The cotangents of the start state `start = (t, y)` of the stored `steps` (end
@@ -997,7 +999,7 @@ def _rows_bar(rows, like, count):
         return jnp.zeros((count, flat_like.size), dtype)
     leaves = [jnp.zeros((count,) + jnp.shape(x), dtype) if r is None else r
               for r, x in zip(jax.tree.leaves(rows, is_leaf=lambda r: r is None),
-                              jax.tree.leaves(like))]
+                              jax.tree.leaves(like), strict=False)]
     return jnp.concatenate([leaf.reshape(count, -1) for leaf in leaves], axis=1)
 
 

@@ -61,7 +61,7 @@ _STAGES = 8
 
 def _combine(coefficients, ks):
     """`Σᵢ coefficients[i] ks[i]`, skipping zero coefficients."""
-    terms = [c * k for c, k in zip(coefficients, ks) if c != 0.0]
+    terms = [c * k for c, k in zip(coefficients, ks, strict=False) if c != 0.0]
     out = terms[0]
     for term in terms[1:]:
         out = out + term
@@ -283,7 +283,7 @@ def _linearization(f, t, y, jacobian: str):
     in_t[-1] = 1.0
     if len(directions) <= TANGENT_LOOP_MAX:
         products = jnp.stack([tangent(jnp.asarray(s, t.dtype), jnp.asarray(d, y.dtype))
-                              for s, d in zip(in_t, directions)])
+                              for s, d in zip(in_t, directions, strict=False)])
     else:
         products = jax.vmap(tangent)(jnp.asarray(in_t, t.dtype),
                                      jnp.asarray(directions, y.dtype))  # (tangents, n)

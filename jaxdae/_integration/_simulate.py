@@ -492,7 +492,7 @@ def event_result(out: diffrax.Solution, failures: list) -> RESULTS:
     if out.event_mask is None:
         return result
     names = failures + [RESULTS.non_finite_state]
-    for stopped, name in zip(out.event_mask, names):
+    for stopped, name in zip(out.event_mask, names, strict=False):
         result = RESULTS.where((out.result == diffrax.RESULTS.event_occurred) & stopped,
                                name, result)
     return result
@@ -1520,7 +1520,7 @@ def _solution(system, formulation, start, ts, saved, outcome, reverse: bool = Fa
     valid = jnp.isfinite(ts_out)
     final_finite = _all_finite(t_final, q_final, v_final)
     final = tuple(jnp.where(final_finite, x, x0) for x, x0 in zip((t_final, q_final, v_final),
-                                                                  (t0, q0, v0)))
+                                                                  (t0, q0, v0), strict=False))
     if ts is None:
         # Two rows, one call each: the second reuses the first's trace, where `vmap` would
         # batch the equations' scalar graph, equation by equation, at trace time (a third
@@ -1532,7 +1532,7 @@ def _solution(system, formulation, start, ts, saved, outcome, reverse: bool = Fa
     else:  # the initial state first, the final state last
         rows = at_valid(valid, (ts_out, q, v), (t0, q0, v0))
         rows = tuple(jnp.concatenate([x0[None], row, x[None]])
-                     for x0, row, x in zip((t0, q0, v0), rows, final))
+                     for x0, row, x in zip((t0, q0, v0), rows, final, strict=False))
         *diagnostics, mass, forces, range_inputs = jax.vmap(
             diagnostics, in_axes=(None, None, 0, 0, 0))(system, formulation, *rows)
         outputs = [x[1:-1] for x in diagnostics]

@@ -13,10 +13,10 @@ from .._custom_types import Array, PyTree, ScalarLike
 
 def _combine(base: PyTree[Array], weights, ks: list) -> PyTree[Array]:
     """`base + Σ_j weights[j] · ks[j]`, leaving out the zero weights."""
-    terms = [(float(w), k) for w, k in zip(weights, ks) if float(w) != 0.0]
+    terms = [(float(w), k) for w, k in zip(weights, ks, strict=False) if float(w) != 0.0]
     if not terms:
         return base
-    return jax.tree.map(lambda b, *k: b + sum(w * k_j for (w, _), k_j in zip(terms, k)),
+    return jax.tree.map(lambda b, *k: b + sum(w * k_j for (w, _), k_j in zip(terms, k, strict=False)),
                         base, *(k for _, k in terms))
 
 
@@ -118,7 +118,7 @@ class UnrolledERK(AbstractWrappedSolver):
         else:
             f0 = terms.vf(t0, y0, args)
         fs, ks = [f0], [terms.prod(f0, control)]
-        for c, row in zip(tableau.c, tableau.a_lower):
+        for c, row in zip(tableau.c, tableau.a_lower, strict=False):
             yi = _combine(y0, row, ks)
             # Python floats: the tableau's float64 numbers would promote float32 times.
             ti = t1 if c == 1 else t0 + float(c) * dt

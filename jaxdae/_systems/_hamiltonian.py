@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from .._checks import check_instance
+from .._compilation._linalg import spd_solve
 from .._custom_types import (
     Array,
     Coordinates,
@@ -15,7 +16,6 @@ from .._custom_types import (
     Momenta,
     Scalar,
 )
-from .._compilation._linalg import spd_solve
 from ._system import (
     AbstractSystem,
     ConstrainedTerms,

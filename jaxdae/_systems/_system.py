@@ -286,7 +286,7 @@ class LagrangianSystem(AbstractSystem):
 
         def lagrangian(t_, q_, v_):
             energies = self.kinetic_energy(t_, q_, v_), self.potential_energy(t_, q_)
-            for name, energy in zip(("kinetic_energy", "potential_energy"), energies):
+            for name, energy in zip(("kinetic_energy", "potential_energy"), energies, strict=False):
                 if jnp.shape(energy) != ():  # checked here: no trace of its own
                     raise ValueError(f"`{name}` must return a scalar (shape ()); got shape "
                                      f"{jnp.shape(energy)}. Return e.g. `expr[0]` or "

@@ -13,6 +13,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .._checks import check_instance
+from .._compilation._sharding import auto_mesh as _auto
+from .._compilation._sharding import explicit_to_auto as _explicit_to_auto
 from .._custom_types import PyTree
 from ._persist import (
     atomic_write,
@@ -22,8 +24,6 @@ from ._persist import (
     progress_bar,
     read_json,
 )
-from .._compilation._sharding import auto_mesh as _auto
-from .._compilation._sharding import explicit_to_auto as _explicit_to_auto
 
 
 def batch_size_of(args: PyTree) -> int:
@@ -290,7 +290,7 @@ def _read_chunk(path: Path, identity: str, shapes):
             arrays = [data[f"arr_{i}"] for i in range(len(shapes))]
     except Exception as error:  # a truncated or overwritten file: zipfile, OSError, KeyError
         return f"damaged: {type(error).__name__}: {error}"
-    for array, (shape, dtype) in zip(arrays, shapes):
+    for array, (shape, dtype) in zip(arrays, shapes, strict=False):
         if array.shape != shape or array.dtype != dtype:
             return f"damaged: an array of shape {array.shape} {array.dtype}, expected {shape} {dtype}"
     return arrays
@@ -387,7 +387,7 @@ def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progres
     finally:
         if bar is not None:
             bar.close()
-    leaves = [np.concatenate(column)[:size] for column in zip(*saved)]
+    leaves = [np.concatenate(column)[:size] for column in zip(*saved, strict=False)]
     if mesh is None or size % mesh.size:  # an uneven split cannot be placed on the mesh
         return jax.tree.unflatten(treedef, [jnp.asarray(x) for x in leaves])
     return jax.tree.unflatten(treedef, [jax.device_put(x, batch_sharding(mesh)) for x in leaves])

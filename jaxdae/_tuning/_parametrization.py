@@ -201,5 +201,5 @@ def parametrize(
         makers = tuple(parametrization)
     else:
         makers = (parametrization,) * len(nodes_seq)
-    replaced = tuple(make(node) for make, node in zip(makers, nodes_seq))
+    replaced = tuple(make(node) for make, node in zip(makers, nodes_seq, strict=False))
     return eqx.tree_at(where, tree, replace=replaced[0] if single else replaced)

@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from .._compilation._sharding import auto_mesh
+from .._custom_types import Array, PyTree
 from ._batch import (
     _batch_map,
     _pad,
@@ -27,7 +29,6 @@ from ._batch import (
     check_ensemble_output,
     chunk_layout,
 )
-from .._custom_types import Array, PyTree
 from ._parametrization import unwrap
 from ._persist import (
     atomic_write,
@@ -39,7 +40,6 @@ from ._persist import (
 from ._persist import (
     fingerprint as run_fingerprint,
 )
-from .._compilation._sharding import auto_mesh
 
 _META_FILE = "checkpoint.json"
 
@@ -256,7 +256,7 @@ class _Logger:
             with open(self.path, "w", newline="") as f:
                 writer = csv.writer(f)
                 writer.writerow(HISTORY_COLUMNS)
-                for row in zip(*(history[c] for c in HISTORY_COLUMNS)):
+                for row in zip(*(history[c] for c in HISTORY_COLUMNS), strict=False):
                     writer.writerow(map(_csv_cell, row))
         else:
             self.flush(history)

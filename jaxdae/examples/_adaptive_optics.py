@@ -3,8 +3,8 @@
 import jax
 import jax.numpy as jnp
 
-from .._integration._actuated import ActuatedSystem
 from .._custom_types import Array
+from .._integration._actuated import ActuatedSystem
 from .._systems._system import LagrangianSystem
 
 

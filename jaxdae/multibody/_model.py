@@ -240,7 +240,7 @@ class Mechanism(LagrangianSystem):
         self.joint_sizes = tuple(j.equations(self.dimension) for j in self.joints)
         for kind, names, elements in (("joint", self.joint_names, self.joints),
                                       ("force element", self.force_names, self.forces)):
-            for name, element in zip(names, elements):
+            for name, element in zip(names, elements, strict=False):
                 element.check_dimension(self.dimension, f"{kind} {name!r}")
                 refs = (element.a, element.b) if kind == "joint" else element.markers
                 for ref in refs:
@@ -588,7 +588,7 @@ class Mechanism(LagrangianSystem):
         return joint.coordinate(kin.frame(joint.a), kin.frame(joint.b))
 
     def _coordinate_joints(self):
-        return [(name, j) for name, j in zip(self.joint_names, self.joints)
+        return [(name, j) for name, j in zip(self.joint_names, self.joints, strict=False)
                 if j.has_coordinate]
 
     def joint_coordinates(self, q: Float[Array, "*batch n"]) -> dict[str, Float[Array, "*batch"]]:
@@ -630,7 +630,7 @@ class Mechanism(LagrangianSystem):
             t_ = t_[0]
             kin = Kinematics(self, t_, q_)
             out = {}
-            for name, joint in zip(self.joint_names, self.joints):
+            for name, joint in zip(self.joint_names, self.joints, strict=False):
                 rows = self.joint_rows(name)
 
                 def residual(q__, joint=joint):

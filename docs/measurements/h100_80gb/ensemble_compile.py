@@ -1,8 +1,13 @@
-import sys, time
+import sys
+import time
+
 sys.path.insert(0, "experiments")
-import jax, jax.numpy as jnp
+import jax
+import jax.numpy as jnp
+
 jax.config.update("jax_enable_x64", True)
 from bench_batch import jaxdae_batch, params_of
+
 for dtype in (jnp.float32, jnp.float64):
     fwd = jaxdae_batch(dtype)["ensemble"][0]
     for B in (4096, 1_000_000, 10_000_000):
