@@ -214,7 +214,7 @@ def cpu_per_step(families, sizes, repeats, max_coordinates=None, calls=300):
     check at the end of every step (`Baumgarte`: the pivots of `J M⁻¹ Jᵀ`); the product is the
     one the gradient's reverse sweep applies at every stage of every step (with respect to the
     state and the gains, its right-hand side evaluated with it)."""
-    from jaxdae._integration._simulate import _failure, _failure_reference, _rates
+    from jaxdae._integration._vector_fields import failure_reference, jitted_failure, jitted_rates
 
     formulation = jaxdae.Baumgarte(KD, KP)
     gains = (jnp.asarray(KD), jnp.asarray(KP))
@@ -229,22 +229,22 @@ def cpu_per_step(families, sizes, repeats, max_coordinates=None, calls=300):
             @jax.jit
             def rates(q, v, model=model):
                 def body(i, total):  # each call depends on the last: not hoisted
-                    return total + _rates(model, formulation, 0.0, q + 1e-9 * total, v)[1]
+                    return total + jitted_rates(model, formulation, 0.0, q + 1e-9 * total, v)[1]
                 return jax.lax.fori_loop(0, calls, body, jnp.zeros_like(v))
 
             @jax.jit
             def failure(q, v, model=model):
-                reference = _failure_reference(model, formulation, 0.0, q, v)
+                reference = failure_reference(model, formulation, 0.0, q, v)
 
                 def body(i, total):
-                    failed = _failure(model, formulation, 0.0, q + 1e-9 * total, v, reference)
+                    failed = jitted_failure(model, formulation, 0.0, q + 1e-9 * total, v, reference)
                     return total + jnp.asarray(failed, q.dtype)
                 return jax.lax.fori_loop(0, calls, body, jnp.zeros((), q.dtype))
 
             @jax.jit
             def rates_vjp(q, v, model=model):
                 def body(i, total):
-                    out, pull = jax.vjp(lambda q_, v_, f_: _rates(model, f_, 0.0, q_, v_),
+                    out, pull = jax.vjp(lambda q_, v_, f_: jitted_rates(model, f_, 0.0, q_, v_),
                                         q + 1e-9 * total, v, formulation)
                     q_bar, v_bar, _ = pull(out)
                     return total + q_bar + v_bar

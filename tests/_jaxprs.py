@@ -37,12 +37,12 @@ def assert_rates_loop_is_one_kernel(system, formulation, q, v, mass_factor=None)
     call (LAPACK, a library fusion: `jaxdae/_compilation/_xla_flags.py`)."""
     import jax
 
-    from jaxdae._integration._simulate import _rates
+    from jaxdae._integration._vector_fields import jitted_rates
 
     @jax.jit
     def loop(q, v, count):
         def body(_, y):
-            dq, dv = _rates(system, formulation, 0.0, *y, mass_factor)
+            dq, dv = jitted_rates(system, formulation, 0.0, *y, mass_factor)
             return y[0] + 1e-9 * dq, y[1] + 1e-9 * dv
         return jax.lax.fori_loop(0, count, body, (q, v))
 

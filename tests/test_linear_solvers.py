@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxdae
-from jaxdae._compilation import _sparse
+from jaxdae._compilation import _banded, _sparse
 from jaxdae._compilation._linalg import UNROLL_MAX
 from jaxdae._compilation._linear_solvers import (
     PositiveDefinite,
@@ -105,7 +105,7 @@ def test_positive_definite_of_indefinite_matrix(n):
     assert not np.all(pivots > 0)
 
 
-def _banded(size, band, seed):
+def _banded_matrix(size, band, seed):
     rng = np.random.default_rng(seed)
     mask = np.abs(np.arange(size)[:, None] - np.arange(size)[None]) <= band
     permutation = rng.permutation(size)  # scrambled: found again by reordering
@@ -120,7 +120,7 @@ def test_banded_operator_matches_lineax_cholesky():
     """A banded `SparseSymmetricOperator` is factorized by the banded block LDLᵀ factorization; values,
     gradients w.r.t. its values and the right-hand side, and `vmap` equal `lineax.Cholesky`
     on the dense matrix."""
-    sparse = _banded(40, 2, 0)
+    sparse = _banded_matrix(40, 2, 0)
     operator = SparseSymmetricOperator(sparse, PSD)
     state = PositiveDefinite().init(operator, {})
     assert state.plan is not None
@@ -289,7 +289,7 @@ def test_structured_formulations_agree_with_dense(banded, monkeypatch):
     gains, the model's parameters and the velocities agree to 1e-10."""
     if banded:
         monkeypatch.setattr(_sparse, "BANDED_MIN", 4)
-    _sparse.banded_plan.cache_clear()
+    _banded.banded_plan.cache_clear()
     links = 9
     structured, dense = _StructuredChain(links), _DenseChain(links)
     q, _ = structured.initial_state()
@@ -299,11 +299,11 @@ def test_structured_formulations_agree_with_dense(banded, monkeypatch):
     terms = structured.terms(0.1, q, v)
     assert terms.sparse_mass is not None and dense.terms(0.1, q, v).sparse_mass is None
     if banded:
-        assert _sparse.banded_plan(_sparse.sparse_matmul(
+        assert _banded.banded_plan(_sparse.sparse_matmul(
             terms.sparse_jacobian, terms.sparse_jacobian.T).pattern) is not None
     values_s, grads_s = _values_and_gradients(structured, formulations, q, v)
     values_d, grads_d = _values_and_gradients(dense, formulations, q, v)
-    _sparse.banded_plan.cache_clear()
+    _banded.banded_plan.cache_clear()
     for formulation, (acc_s, lam_s), (acc_d, lam_d) in zip(formulations, values_s, values_d, strict=False):
         name = type(formulation).__name__
         np.testing.assert_allclose(acc_s, acc_d, rtol=1e-10, atol=1e-10, err_msg=name)

@@ -13,7 +13,8 @@ import pytest
 
 import jaxdae
 import jaxdae.multibody as mb
-from jaxdae._compilation._sparse import Pattern, banded_plan
+from jaxdae._compilation._banded import banded_plan
+from jaxdae._compilation._sparse import Pattern
 from jaxdae._systems._structure import terms_structure
 from jaxdae.multibody._kinematics import Kinematics
 

@@ -410,12 +410,12 @@ def test_governor_right_hand_side_runs_in_one_kernel():
     evaluation took 3× the time."""
     import flyball_governor
 
-    from jaxdae._integration._simulate import _rates
+    from jaxdae._integration._vector_fields import jitted_rates
 
     model = flyball_governor.governor()
     q0, v0 = flyball_governor.initial_state(model)
     formulation = jaxdae.Baumgarte(20.0, 100.0)
-    jaxpr = jax.make_jaxpr(lambda q, v: _rates(model, formulation, 0.0, q, v))(q0, v0).jaxpr
+    jaxpr = jax.make_jaxpr(lambda q, v: jitted_rates(model, formulation, 0.0, q, v))(q0, v0).jaxpr
     assert not not_in_a_loop(jaxpr), not_in_a_loop(jaxpr)
     assert_rates_loop_is_one_kernel(model, formulation, q0, v0)
 

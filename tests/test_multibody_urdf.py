@@ -65,6 +65,7 @@ def test_forward_kinematics_of_the_joint_coordinates(robot):
                                tool_position(*angles.values()), atol=1e-10)
 
 
+@pytest.mark.slow
 def test_loop_closed_in_python(robot):
     """A ball joint from the tool to a ground point takes three degrees of freedom: 4 − 3."""
     angles = {"yaw": 0.0, "shoulder": 0.4, "elbow": -0.8, "wrist": 0.05}

@@ -11,7 +11,7 @@ import pytest
 import jaxdae
 from jaxdae._integration._adjoint import default_adjoint
 from jaxdae._integration._projection import project_state
-from jaxdae._integration._simulate import SolveArgs, _vector_field
+from jaxdae._integration._vector_fields import SolveArgs, vector_field
 from jaxdae.examples import CartesianArm, CartesianPendulum, TwoLinkManipulator
 
 from ._jaxprs import not_in_a_loop
@@ -101,7 +101,7 @@ def test_agrees_with_a_reference():
 
 def test_dense_output_ends_on_the_projected_state():
     """Between step ends the saved states interpolate; at a step end they are projected."""
-    term = diffrax.ODETerm(_vector_field)
+    term = diffrax.ODETerm(vector_field)
     args = SolveArgs(PENDULUM, jaxdae.Unstabilized(), None)
     y0 = (Q0, V0)
     state = PROJECTED.init(term, 0.0, 0.1, y0, args)
@@ -223,7 +223,7 @@ def test_a_step_ending_just_short_of_a_clip_time_is_extended_to_it():
     """`snap_to_clip_times`: a proposed step end a few ulps short of a save time, or of the
     last time before a jump, moves to it; a gap of more than 128 rounding units, or of more
     than half the step, stays."""
-    from jaxdae._integration._simulate import snap_to_clip_times
+    from jaxdae._integration._controllers import snap_to_clip_times
 
     controller = diffrax.ClipStepSizeController(
         diffrax.PIDController(rtol=1e-8, atol=1e-10), step_ts=DENSE_TS, jump_ts=[0.705])

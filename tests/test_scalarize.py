@@ -16,7 +16,7 @@ from jaxdae._compilation._scalarize import (
     scalarize,
     sincos,
 )
-from jaxdae._integration._simulate import failure_indicator, state_rates
+from jaxdae._integration._vector_fields import failure_indicator, state_rates
 from jaxdae.examples import (
     CartesianArm,
     ChaplyginSleigh,

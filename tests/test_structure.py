@@ -13,13 +13,12 @@ import numpy as np
 import pytest
 
 import jaxdae
-from jaxdae._compilation import _sparse
+from jaxdae._compilation import _banded, _gather, _sparse
+from jaxdae._compilation._banded import banded_plan, banded_solve
 from jaxdae._compilation._scalarize import array_form_scope, scalarize
 from jaxdae._compilation._sparse import (
     Pattern,
     SparseMatrix,
-    banded_plan,
-    banded_solve,
     block_inverse,
     blocks_positive_definite,
     sparse_add,
@@ -463,12 +462,12 @@ def test_take_is_a_gather_both_ways():
     x = jnp.asarray(rng.standard_normal((7, 3)))
     index = np.array([[6, 0, 7], [2, 2, 1]])  # 7 = padding (zeros); 2 read twice
     padded = jnp.concatenate([x, jnp.zeros((1, 3))])
-    np.testing.assert_array_equal(_sparse.take(x, index), padded[index])
+    np.testing.assert_array_equal(_gather.take(x, index), padded[index])
 
     def loss(fn, x):
         return jnp.sum(jnp.sin(fn(x)) * jnp.arange(18.0).reshape(2, 3, 3))
 
-    ours = lambda x: _sparse.take(x, index)
+    ours = lambda x: _gather.take(x, index)
     reference = lambda x: jnp.concatenate([x, jnp.zeros((1, 3))])[index]
     for transform in (jax.grad, jax.jacfwd):
         np.testing.assert_allclose(transform(lambda x: loss(ours, x))(x),
@@ -490,13 +489,13 @@ def test_add_at_is_a_gather_both_ways():
     x = jnp.asarray(rng.standard_normal((5, 2)))
     index = np.array([[4, 0], [0, 2]])  # row 0 added to twice; rows 1 and 3 untouched
     values = jnp.asarray(rng.standard_normal((2, 2, 2)))
-    np.testing.assert_allclose(_sparse.add_at(x, index, values),
+    np.testing.assert_allclose(_gather.add_at(x, index, values),
                                x.at[index].add(values), rtol=1e-15)
 
     def loss(fn, x, values):
         return jnp.sum(jnp.sin(fn(x, values)) * jnp.arange(10.0).reshape(5, 2))
 
-    ours = lambda x, v: _sparse.add_at(x, index, v)  # noqa: E731
+    ours = lambda x, v: _gather.add_at(x, index, v)  # noqa: E731
     reference = lambda x, v: x.at[index].add(v)  # noqa: E731
     for transform in (jax.grad, jax.jacfwd):
         got = transform(lambda x, v: loss(ours, x, v), argnums=(0, 1))(x, values)
@@ -505,7 +504,7 @@ def test_add_at_is_a_gather_both_ways():
             np.testing.assert_allclose(a, b, rtol=1e-14)
     program = jax.jit(jax.grad(lambda v: loss(ours, x, v))).lower(values).compile().as_text()
     assert " scatter(" not in program
-    (mask,) = nonzero_masks(lambda v: _sparse.add_at(jnp.zeros((5, 2)), index, v), values)
+    (mask,) = nonzero_masks(lambda v: _gather.add_at(jnp.zeros((5, 2)), index, v), values)
     np.testing.assert_array_equal(mask.reshape(5, 2).any(axis=1),
                                   [True, False, True, False, True])
 
@@ -517,8 +516,8 @@ def test_banded_factorization(method, monkeypatch):
     # cyclic reduction (the accelerators' default), each at every half-bandwidth
     monkeypatch.setattr(_sparse, "BAND_CHOLESKY_MIN_WIDTH", 1 if method == "rows" else 10**6)
     cyclic = method == "cyclic"
-    kind = {"rows": _sparse.BandCholeskyFactor, "block rows": _sparse.BandedFactor,
-            "cyclic": _sparse.CyclicReductionFactor}[method]
+    kind = {"rows": _banded.BandCholeskyFactor, "block rows": _banded.BandedFactor,
+            "cyclic": _banded.CyclicReductionFactor}[method]
     rng = np.random.default_rng(3)
     # (200, 9): blocks wider than the unrolled Cholesky's limit (loops per block);
     # (9, 1): a block count that is not a power of two, at the banded minimum
@@ -532,7 +531,7 @@ def test_banded_factorization(method, monkeypatch):
         assert plan is not None and plan.width <= 2 * band
         rhs = rng.standard_normal((size, 2))
         sparse = SparseMatrix.from_dense(jnp.asarray(matrix), Pattern.from_mask(mask))
-        assert isinstance(_sparse.banded_factor(sparse, plan, cyclic), kind)
+        assert isinstance(_banded.banded_factor(sparse, plan, cyclic), kind)
         solve = jax.jit(lambda a, b, plan=plan: banded_solve(a, b, plan, cyclic))
         x, pivots = solve(sparse, jnp.asarray(rhs))
         np.testing.assert_allclose(x, np.linalg.solve(matrix, rhs), atol=1e-13)
@@ -678,7 +677,7 @@ def test_banded_path_agrees(monkeypatch):
     # banded factorizations from 4 rows on (32 by default), so that a small chain's
     # `J M⁻¹ Jᵀ` (9 × 9, tridiagonal) uses one
     monkeypatch.setattr(_sparse, "BANDED_MIN", 4)
-    _sparse.banded_plan.cache_clear()
+    _banded.banded_plan.cache_clear()
     structured, dense = StructuredChain(9), DenseChain(9)
     assert banded_plan(structured.terms(0.0, *_state(structured)).sparse_mass.pattern)
     q, v = _state(structured)
@@ -694,7 +693,7 @@ def test_banded_path_agrees(monkeypatch):
     grad_d = _acceleration_gradient(dense, formulations, q, v)
     for a, b in zip(jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
-    _sparse.banded_plan.cache_clear()
+    _banded.banded_plan.cache_clear()
 
 
 @pytest.mark.slow
@@ -927,19 +926,19 @@ def test_right_hand_side_runs_in_one_kernel(model):
     kernel by kernel (the chain of 8 links took 4× the time per step with the scatter of its
     constraint matrix into a dense one). The chains and ladders take the banded
     factorization, the chain with its centre's height held the dense loop."""
-    from jaxdae._integration._simulate import _failure, _failure_reference, _rates
+    from jaxdae._integration._vector_fields import failure_reference, jitted_failure, jitted_rates
 
     formulation = jaxdae.Baumgarte(20.0, 100.0)
     q, v = model.initial_state()
     terms = model.terms(0.0, q, v)
-    banded = _sparse.banded_plan(sparse_matmul(terms.sparse_jacobian,
+    banded = _banded.banded_plan(sparse_matmul(terms.sparse_jacobian,
                                                terms.sparse_jacobian.T).pattern) is not None
     assert banded == (not isinstance(model, _ChainWithLevelCentre))
-    reference = _failure_reference(model, formulation, 0.0, q, v)
+    reference = failure_reference(model, formulation, 0.0, q, v)
 
     def rates_and_vjp(q, v):
-        out, pull = jax.vjp(lambda q, v: _rates(model, formulation, 0.0, q, v), q, v)
-        return out, pull(out), _failure(model, formulation, 0.0, q, v, reference)
+        out, pull = jax.vjp(lambda q, v: jitted_rates(model, formulation, 0.0, q, v), q, v)
+        return out, pull(out), jitted_failure(model, formulation, 0.0, q, v, reference)
 
     jaxpr = jax.make_jaxpr(rates_and_vjp)(q, v).jaxpr
     found = not_in_a_loop(jaxpr)
@@ -966,12 +965,12 @@ def test_pseudo_inverse_loop_holds_no_lapack_call(model):
     the untaken branch made a step of the chain of 5 links cost 6× `Baumgarte`'s. The
     rank-deficient branch gives the multipliers of `lineax.SVD`."""
     from jaxdae._compilation._linear_solvers import PositiveSemidefinitePseudoInverse
-    from jaxdae._integration._simulate import _terms
+    from jaxdae._integration._vector_fields import system_terms
     from jaxdae._systems._structure import constant_mass_factor
 
     formulation = jaxdae.PseudoInverse(20.0, 100.0)
     q, v = model.initial_state()
-    mass_factor = constant_mass_factor(model, 0.0, q, v, _terms)  # once per solve
+    mass_factor = constant_mass_factor(model, 0.0, q, v, system_terms)  # once per solve
     assert_rates_loop_is_one_kernel(model, formulation, q, v, mass_factor)
     from jaxdae._formulations._multipliers import multiplier_solve
 

@@ -55,7 +55,7 @@ def measure_governor(calls: int) -> dict:
     import jax
 
     import jaxdae
-    from jaxdae._integration._simulate import _rates
+    from jaxdae._integration._vector_fields import jitted_rates
 
     model = flyball_governor.governor()
     q0, v0 = flyball_governor.initial_state(model)
@@ -64,7 +64,7 @@ def measure_governor(calls: int) -> dict:
     @jax.jit
     def loop(q, v, count):
         def body(_, y):
-            dq, dv = _rates(model, formulation, 0.0, *y)
+            dq, dv = jitted_rates(model, formulation, 0.0, *y)
             return y[0] + 1e-9 * dq, y[1] + 1e-9 * dv
         return jax.lax.fori_loop(0, count, body, (q, v))
 

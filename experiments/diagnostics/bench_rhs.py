@@ -36,7 +36,7 @@ from bench_precision import Chain  # noqa: E402
 
 import jaxdae  # noqa: E402
 from jaxdae._compilation import _scalarize  # noqa: E402
-from jaxdae._integration._simulate import SolveArgs, _vector_field, state_rates  # noqa: E402
+from jaxdae._integration._vector_fields import SolveArgs, state_rates, vector_field  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
 LOOP = 10_000
@@ -154,7 +154,7 @@ def steps(loop: int = 130):
     system = TwoLinkManipulator()
     formulation = jaxdae.ModifiedLagrange(10.0, jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0]))
     y0 = system.initial_state()
-    term = diffrax.ODETerm(_vector_field)
+    term = diffrax.ODETerm(vector_field)
 
     def stepper(solver):
         """One step from `y`, its first stage evaluated (by `init` or in the stage loop)."""

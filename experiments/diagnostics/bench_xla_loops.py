@@ -2,7 +2,7 @@
 iteration with and without it.
 
 A `jax.lax.fori_loop` of 672 iterations whose body evaluates the two-link right-hand side
-(`ModifiedLagrange(10, [20, 10], [100, 25])`, jaxdae's scalarized `_vector_field`) at `k`
+(`ModifiedLagrange(10, [20, 10], [100, 25])`, jaxdae's scalarized `vector_field`) at `k`
 different states, `k = 1, 2, 4, 6` (a Tsit5 step evaluates it 6 times), or its
 vector–Jacobian product once. Each configuration runs in its own process, once with the
 option jaxdae sets on import and once with `JAXDAE_SET_XLA_FLAGS=0` (XLA reads its flags
@@ -31,7 +31,7 @@ def measure() -> dict:
     import jax.numpy as jnp
 
     import jaxdae
-    from jaxdae._integration._simulate import SolveArgs, _vector_field
+    from jaxdae._integration._vector_fields import SolveArgs, vector_field
     from jaxdae.examples import TwoLinkManipulator
 
     system = TwoLinkManipulator()
@@ -43,7 +43,7 @@ def measure() -> dict:
 
     def rates(t, y, params):
         args = SolveArgs(system, jaxdae.ModifiedLagrange(*params), None)
-        return jnp.concatenate(_vector_field(t, (y[:2], y[2:]), args))
+        return jnp.concatenate(vector_field(t, (y[:2], y[2:]), args))
 
     def loop(k):
         def body(i, total):

@@ -27,6 +27,7 @@ import lineax as lx
 import numpy as np
 
 from .._custom_types import Array, Float
+from ._banded import BandedPlan, banded_factor, banded_plan, banded_solve
 from ._linalg import (
     LOOPED_MAX,
     UNROLL_MAX,
@@ -36,15 +37,7 @@ from ._linalg import (
     psd_pseudo_inverse,
     small_matmul,
 )
-from ._sparse import (
-    BandedPlan,
-    SparseMatrix,
-    banded_factor,
-    banded_plan,
-    banded_solve,
-    cholesky_factor,
-    cholesky_solve,
-)
+from ._sparse import SparseMatrix, cholesky_factor, cholesky_solve
 
 # Matrices on a pattern (terms derived from their structure, kept in array form) are
 # factorized unrolled only up to this size, looped beyond (`cholesky_factor`). On the chain of

@@ -196,7 +196,7 @@ def _numpy(name, params, args):
     if name == "select_n":
         cases = np.broadcast_arrays(*args[1:])
         return [np.choose(np.asarray(x, dtype=int), cases)]
-    if name == "jaxdae_gather_sum":  # `_sparse.take` and its transpose
+    if name == "jaxdae_gather_sum":  # `_gather.take` and its transpose
         table = params["table"]
         padded = np.concatenate([x, np.zeros((1,) + x.shape[1:], x.dtype)])
         return [padded[table.index].sum(axis=1)]

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 
+from .._compilation._banded import BandedPlan, banded_factor, banded_plan
 from .._compilation._linalg import extreme_eigenvalues, small_matmul, spd_solve
 from .._compilation._linear_solvers import (
     PositiveDefinite,
@@ -16,11 +17,8 @@ from .._compilation._linear_solvers import (
     symmetric_solve,
 )
 from .._compilation._sparse import (
-    BandedPlan,
     Pattern,
     SparseMatrix,
-    banded_factor,
-    banded_plan,
     block_inverse,
     product_pattern,
     sparse_add,

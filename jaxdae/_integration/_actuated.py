@@ -55,17 +55,10 @@ from .._gains import (
 from .._solution import RESULTS
 from .._systems._system import LagrangianSystem, cast_floating
 from ._adjoint import forward_mode_hint, jit_unless_staged
-from ._simulate import (
-    Dynamics,
-    SolveCall,
-    _float_array,
-    at_valid,
-    in_current_mesh,
-    integrate,
-    masked,
-    raise_failure,
-    saved_rows,
-)
+from ._diagnostics import at_valid, masked, saved_rows
+from ._failures import raise_failure
+from ._simulate import Dynamics, SolveCall, in_current_mesh, integrate
+from ._validation import float_array
 
 
 class ActuatedSystem(eqx.Module):
@@ -414,7 +407,7 @@ def _programmed_state(system, control, t0, guess, weights, tol, max_steps):
 def _initial_state(q0, v0, w0):
     """`(q0, v0, w0)` as 1-D floating arrays of one dtype, `q0` and `v0` of one shape;
     concrete values must be finite."""
-    q0, v0, w0 = (_float_array(name, value) for name, value in
+    q0, v0, w0 = (float_array(name, value) for name, value in
                   (("q0", q0), ("v0", v0), ("w0", w0)))
     if q0.shape != v0.shape:
         raise ValueError(

@@ -13,8 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._compilation._gather import take
 from .._compilation._scalarize import array_form_scope
-from .._compilation._sparse import MassFactor, SparseMatrix, take
+from .._compilation._sparse import MassFactor, SparseMatrix
 from .._custom_types import (
     Array,
     Coordinates,

@@ -13,8 +13,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .._checks import check_instance
-from .._compilation._sharding import auto_mesh as _auto
-from .._compilation._sharding import explicit_to_auto as _explicit_to_auto
+from .._compilation._sharding import auto_mesh as _auto, explicit_to_auto as _explicit_to_auto
 from .._custom_types import PyTree
 from ._persist import (
     atomic_write,

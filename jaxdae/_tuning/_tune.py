@@ -33,12 +33,10 @@ from ._parametrization import unwrap
 from ._persist import (
     atomic_write,
     atomic_write_text,
+    fingerprint as run_fingerprint,
     program_fingerprint,
     progress_bar,
     read_json,
-)
-from ._persist import (
-    fingerprint as run_fingerprint,
 )
 
 _META_FILE = "checkpoint.json"

@@ -1,23 +1,15 @@
 """Worked examples from the source papers, each a ready-to-simulate system."""
 
-from ._adaptive_optics import AdaptiveOpticsElement as AdaptiveOpticsElement
-from ._adaptive_optics import Crank as Crank
+from ._adaptive_optics import AdaptiveOpticsElement as AdaptiveOpticsElement, Crank as Crank
 from ._ball_and_beam import BallAndBeam as BallAndBeam
 from ._cartesian_arm import (
     CartesianArm as CartesianArm,
-)
-from ._cartesian_arm import (
     CartesianArmLagrangian as CartesianArmLagrangian,
 )
-from ._nonholonomic import ChaplyginSleigh as ChaplyginSleigh
-from ._nonholonomic import KnifeEdge as KnifeEdge
+from ._nonholonomic import ChaplyginSleigh as ChaplyginSleigh, KnifeEdge as KnifeEdge
 from ._pendulum import CartesianPendulum as CartesianPendulum
 from ._two_link import (
     TWO_LINK_Q0 as TWO_LINK_Q0,
-)
-from ._two_link import (
     TWO_LINK_V0 as TWO_LINK_V0,
-)
-from ._two_link import (
     TwoLinkManipulator as TwoLinkManipulator,
 )

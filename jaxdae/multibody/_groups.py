@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._compilation._sparse import take
+from .._compilation._gather import take
 from .._custom_types import Array
 
 # Static fields that name an element's markers (and its name): the elements of a group may
@@ -87,7 +87,7 @@ def vmapped(elements: Sequence[eqx.Module], fn: Callable, *args):
 
 def reorder(parts: Sequence[Array], positions: Sequence[int]) -> Array:
     """The concatenated `parts` with entry `i` moved to `positions[i]` (one gather at static
-    indices, `_sparse.take`; none when they are in order)."""
+    indices, `_gather.take`; none when they are in order)."""
     flat = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
     positions = np.asarray(positions, dtype=np.int64)
     if np.array_equal(positions, np.arange(positions.shape[0])):

@@ -553,6 +553,7 @@ class Cylindrical(AbstractJoint):
     axis: Float[Array, "3"]
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 4
+    has_coordinate: ClassVar[bool] = True
     dimensions: ClassVar[tuple[int, ...]] = (3,)
 
     def __init__(self, a: str, b: str, axis: ArrayLike = (0.0, 0.0, 1.0), *,

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._compilation._sparse import take
+from .._compilation._gather import take
 from .._custom_types import Array, ArrayLike, Float
 
 
@@ -314,7 +314,7 @@ _BATCHED_PRODUCT_MIN = 8
 
 class _Rows:
     """Static row indices: `take(x)` is `x[index]`, a slice where they are consecutive (a
-    chain's joints read consecutive bodies) and a gather otherwise (`_sparse.take`, whose
+    chain's joints read consecutive bodies) and a gather otherwise (`_gather.take`, whose
     transpose is a gather too, not a scatter)."""
 
     def __init__(self, index: np.ndarray):

@@ -10,7 +10,7 @@ import numpy as np
 
 from .._analysis._consistent import consistent_initial_state
 from .._analysis._control import AbstractController, ConstantControl
-from .._compilation._sparse import add_at, take
+from .._compilation._gather import add_at, take
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._systems._system import LagrangianSystem
 from ._body import GROUND, Ground, PlanarBody, RigidBody, rigid_kinetic_energy, rigid_mass_matrix
@@ -477,7 +477,7 @@ class Mechanism(LagrangianSystem):
                     generalized = body.generalized_load(kin.body_coordinates(slot),
                                                         frame.point - frame.origin, load.force,
                                                         load.torque)
-                    # a pad, not `.at[...].add` (a scatter: see `_sparse.add_at`)
+                    # a pad, not `.at[...].add` (a scatter: see `_gather.add_at`)
                     forces = forces + jnp.pad(generalized.astype(q.dtype), (
                         start, q.shape[0] - start - body.num_coordinates))
                 direct = element.generalized_forces(kin)

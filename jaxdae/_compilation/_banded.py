@@ -1,0 +1,453 @@
+"""Banded factorizations of symmetric positive definite sparse matrices: a band Cholesky
+row by row, a block-tridiagonal LDLᵀ, and cyclic reduction on accelerators, with the
+derivative of their solves."""
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._custom_types import Array, Float
+from ._gather import take
+from ._sparse import Pattern, SparseMatrix, cholesky_factor, cholesky_solve
+
+# Banded factorization: for symmetric positive definite matrices whose pattern, in its own
+# order or after reverse Cuthill–McKee, has a half-bandwidth `b` small against the size. On
+# the CPU it runs one row (or block row) per iteration of a `lax.scan`: `O(size · b²)` work
+# and a program whose size does not depend on the size of the matrix (on accelerators,
+# cyclic reduction instead: `CyclicReductionFactor`).
+# From 8 rows the banded factorization is the faster: the chain of 8, 12, 16 and 24 links
+# (tridiagonal `J M⁻¹ Jᵀ`) took 8.0, 9.8, 12.2 and 17.6 µs per Tsit5 step with it and 11.0,
+# 17.3, 22.5 and 38.0 with the dense looped Cholesky, and its gradient 2.7–3.6× the solve
+# against 3.6–4.9× (`experiments/bench_scaling.py --cpu-per-step --families chain,ladder
+# --sizes 4,8,12,16,24`, CPU time, 2-core CPU at a load of about 1.6).
+# Up to a half-bandwidth of half the size: the net of 2 and 3 rows of 5 nodes (18 and 27
+# constraints, half-bandwidth 9) took 27 and 43–64 µs per step banded and 33–38 and 84–94 µs
+# with the dense looped Cholesky, and their vector–Jacobian products 5–6 and 10–11 µs against
+# 9–10 and 35–50; the ladder of 3 cells (9 constraints, half-bandwidth 3) its vector–Jacobian
+# product in 3–3.5 against 7–7.5 µs (`experiments/bench_scaling.py --cpu-per-step --families
+# ladder,net --sizes 2,3,4`).
+BANDED_MIN = 8  # smaller matrices keep the dense Cholesky
+BANDED_MAX_RATIO = 0.5  # half-bandwidth at most this fraction of the size
+
+
+class BandedPlan:
+    """Static data of a block-tridiagonal factorization: the symmetric permutation, block
+    size, and where each block entry sits in the matrix's values."""
+
+    def __init__(self, pattern: Pattern, order: np.ndarray, width: int):
+        size = pattern.shape[0]
+        self.pattern, self.size, self.order, self.width = pattern, size, order, width
+        self.blocks = -(-size // width)
+        padded = self.blocks * width
+        inverse = np.empty(size, np.int64)
+        inverse[order] = np.arange(size)
+        position = np.full((padded, padded), pattern.nnz, np.int64)
+        position[inverse[pattern.rows], inverse[pattern.cols]] = np.arange(pattern.nnz)
+        grid = position.reshape(self.blocks, width, self.blocks, width)
+        index = np.arange(self.blocks)
+        self.diagonal = grid[index, :, index, :]  # (blocks, b, b)
+        lower = np.full((self.blocks, width, width), pattern.nnz, np.int64)
+        lower[1:] = grid[index[1:], :, index[:-1], :]
+        self.lower = lower  # A[i, i − 1] blocks
+        self.padding = np.arange(padded) >= size  # padded rows (an identity there)
+        self.inverse_order = inverse
+        self.band_window, self.band_incoming = _band_indices(self)
+
+    def block_values(self, values: Array) -> tuple[Array, Array]:
+        """`(diagonal, lower)` blocks of the permuted matrix, each `(blocks, b, b)` (an
+        identity on the padded rows)."""
+        padding = jnp.asarray(self.padding.reshape(self.blocks, self.width), values.dtype)
+        return (take(values, self.diagonal) + jax.vmap(jnp.diag)(padding),
+                take(values, self.lower))
+
+    def band_values(self, values: Array) -> tuple[Array, Array]:
+        """`(window, incoming)` of [`BandCholeskyFactor`][]: the permuted matrix's leading
+        `(b + 1) × (b + 1)` block, and for each row `j` the column that enters the window
+        after it, `A[j + 1 : j + b + 2, j + b + 1]` (an identity beyond the matrix and on
+        the padded rows)."""
+        (window, window_ones), (incoming, incoming_ones) = self.band_window, self.band_incoming
+        return (take(values, window) + jnp.asarray(window_ones, values.dtype),
+                take(values, incoming) + jnp.asarray(incoming_ones, values.dtype))
+
+    def to_blocks(self, rhs: Array) -> Array:
+        """`rhs`, `(size,)` or `(size, m)`, permuted and cut into `(blocks, width, m)`
+        (padded rows zero)."""
+        columns = rhs[:, None] if rhs.ndim == 1 else rhs
+        padding_rows = jnp.zeros((self.blocks * self.width - self.size, columns.shape[1]),
+                                 columns.dtype)
+        permuted = jnp.concatenate([take(columns, self.order), padding_rows])
+        return permuted.reshape(self.blocks, self.width, -1)
+
+    def from_blocks(self, blocks: Array, like: Array) -> Array:
+        """The inverse of `to_blocks`, shaped as `like`."""
+        out = take(blocks.reshape(-1, blocks.shape[-1]), self.inverse_order)
+        return out[:, 0] if like.ndim == 1 else out
+
+    def pivots(self, low: Array) -> Array:
+        """The squared diagonals of the blocks' Cholesky factors `low`, `(blocks, b, b)`,
+        without the padded rows."""
+        squares = jnp.diagonal(low, axis1=1, axis2=2).reshape(-1) ** 2
+        return take(squares, np.flatnonzero(~self.padding))
+
+
+def _band_indices(plan: BandedPlan) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Where [`BandedPlan.band_values`][] reads its entries in the matrix's values (the
+    index `nnz` reads a zero), and the identity added to them: for the window and for the
+    incoming columns."""
+    b, padded, nnz = plan.width, plan.blocks * plan.width, plan.pattern.nnz
+    # `lower[i, k] = A[i, i − k]` of the permuted matrix, from its blocks, then `b + 1`
+    # rows of an identity beyond it.
+    rows, offsets = np.arange(padded)[:, None], np.arange(b + 1)[None, :]
+    cols = rows - offsets
+    block, row = np.divmod(rows, b)
+    col_block, col = np.divmod(np.maximum(cols, 0), b)
+    lower = np.where(col_block == block, plan.diagonal[block, row, col],
+                     plan.lower[block, row, col])
+    lower = np.concatenate([np.where(cols >= 0, lower, nnz), np.full((b + 1, b + 1), nnz)])
+    ones = np.zeros(lower.shape)
+    ones[:, 0] = np.concatenate([plan.padding, np.ones(b + 1, bool)])
+    # The window: `A[i, j] = lower[max(i, j), |i − j|]`; the column entering after row `j`:
+    # `A[j + 1 + i, j + b + 1] = lower[j + b + 1, b − i]`.
+    i, j = np.indices((b + 1, b + 1))
+    window = (np.maximum(i, j), np.abs(i - j))
+    return ((lower[window], ones[window]),
+            (lower[b + 1:, ::-1].copy(), ones[b + 1:, ::-1].copy()))
+
+
+@functools.lru_cache(maxsize=256)
+def banded_plan(pattern: Pattern) -> BandedPlan | None:
+    """A [`BandedPlan`][] for a symmetric pattern, or `None` where the dense Cholesky is
+    the better choice (small, or not narrow enough)."""
+    size = pattern.shape[0]
+    if size < BANDED_MIN:
+        return None
+
+    def bandwidth(order):
+        inverse = np.empty(size, np.int64)
+        inverse[order] = np.arange(size)
+        return int(np.max(np.abs(inverse[pattern.rows] - inverse[pattern.cols]), initial=0))
+
+    natural = np.arange(size)
+    best, width = natural, bandwidth(natural)
+    try:
+        import scipy.sparse
+        from scipy.sparse.csgraph import reverse_cuthill_mckee
+
+        graph = scipy.sparse.csr_matrix(
+            (np.ones(pattern.nnz), (pattern.rows, pattern.cols)), shape=(size, size))
+        rcm = np.asarray(reverse_cuthill_mckee(graph, symmetric_mode=True), np.int64)
+        if bandwidth(rcm) < width:
+            best, width = rcm, bandwidth(rcm)
+    except ImportError:  # pragma: no cover - scipy comes with jax
+        pass
+    width = max(width, 1)
+    if width > BANDED_MAX_RATIO * size:
+        return None
+    return BandedPlan(pattern, best, width)
+
+
+class BandedFactor(eqx.Module):
+    """The block LDLᵀ factorization of a symmetric positive definite block-tridiagonal
+    matrix `A` (diagonal blocks `A_i`, sub-diagonal blocks `B_i = A[i, i − 1]`): the pivot
+    blocks `S_0 = A_0`, `S_i = A_i − B_i S_{i−1}⁻¹ B_iᵀ`, held as their Cholesky factors, and
+    the couplings `W_i = S_{i−1}⁻¹ B_iᵀ` (`W_0 = 0`), so that
+    `A = L diag(S) Lᵀ` with `L` unit lower block-bidiagonal, `L[i, i − 1] = W_iᵀ`.
+
+    **Fields:**
+
+    - `low`: Cholesky factors of the `S_i`, `(blocks, b, b)`.
+    - `coupling`: the `W_i`, `(blocks, b, b)`.
+    - `plan`: the [`BandedPlan`][] (static).
+    """
+
+    low: Float[Array, "k b b"]
+    coupling: Float[Array, "k b b"]
+    plan: BandedPlan = eqx.field(static=True)
+
+    @property
+    def pivots(self) -> Float[Array, " size"]:
+        """The pivots `D` of `P A Pᵀ = L D Lᵀ` (`L` unit lower triangular, `P` the plan's
+        permutation): non-finite or not positive where `A` is not positive definite."""
+        return self.plan.pivots(self.low)
+
+    def solve(self, rhs: Array, tangent: bool = False) -> Array:
+        """`A⁻¹ rhs` for `rhs` of shape `(size,)` or `(size, m)`: forward substitution,
+        the pivot blocks, back substitution (two scans over the blocks). `tangent`: `rhs`
+        is a tangent inside a JVP rule (see [`cholesky_solve`][])."""
+        blocks = self.plan.to_blocks(rhs)
+
+        def forward(previous, block):  # L u = rhs, then v = S⁻¹ u
+            low, coupling, rhs_i = block
+            u = rhs_i - coupling.T @ previous
+            return u, cholesky_solve(low, u, tangent=tangent)
+
+        _, v = jax.lax.scan(forward, jnp.zeros_like(blocks[0]), (self.low, self.coupling, blocks))
+        following = jnp.concatenate([self.coupling[1:], jnp.zeros_like(self.coupling[:1])])
+
+        def backward(next_x, block):  # Lᵀ x = v
+            v_i, coupling_next = block
+            x = v_i - coupling_next @ next_x
+            return x, x
+
+        _, x = jax.lax.scan(backward, jnp.zeros_like(blocks[0]), (v, following), reverse=True)
+        return self.plan.from_blocks(x, rhs)
+
+
+class BandCholeskyFactor(eqx.Module):
+    """The Cholesky factorization `P A Pᵀ = L Lᵀ` of a symmetric positive definite banded
+    matrix (half-bandwidth `b` after the plan's permutation `P`), `L` held in band storage
+    by columns as LAPACK's `?pbtrf` holds it: `columns[j, k] = L[j + k, j]`.
+
+    Right-looking, one row per iteration of a `lax.scan`: the iteration `j` carries the
+    `(b + 1) × (b + 1)` window of the trailing matrix that starts at row `j`, takes
+    `L[j:j + b + 1, j]` from its first column (`L[j, j] = √S₀₀`), updates the rest by that
+    column's outer product and appends the column that enters the band. A substitution is
+    one scan over the rows carrying `b` entries. Every iteration is a few vector operations
+    on `b + 1` entries, with no loop inside, so the solve compiles to a program of the same
+    size whatever `b` is; block rows of `b` rows would hold `b × b` Cholesky factorizations
+    and substitutions, unrolled (a program growing as `b²`) or as nested loops.
+
+    **Fields:**
+
+    - `columns`: `L` by columns, `(padded size, b + 1)`.
+    - `plan`: the [`BandedPlan`][] (static).
+    """
+
+    columns: Float[Array, "n b1"]
+    plan: BandedPlan = eqx.field(static=True)
+
+    @property
+    def pivots(self) -> Float[Array, " size"]:
+        """The pivots `D` of `P A Pᵀ = L D Lᵀ` (`L` unit lower triangular), `L[j, j]²`:
+        non-finite or not positive where `A` is not positive definite."""
+        return take(self.columns[:, 0] ** 2, np.flatnonzero(~self.plan.padding))
+
+    def solve(self, rhs: Array, tangent: bool = False) -> Array:
+        """`A⁻¹ rhs` for `rhs` of shape `(size,)` or `(size, m)`: `L y = P rhs` by a scan
+        down the rows, `Lᵀ x = y` by a scan up. The scans are linear in `rhs`, so JAX
+        transposes them whether or not `rhs` is a tangent (`tangent` is accepted for the
+        interface of [`BandedFactor.solve`][])."""
+        del tangent
+        blocks = self.plan.to_blocks(rhs)
+        rows = blocks.reshape(-1, blocks.shape[-1])
+        pending = jnp.zeros((self.plan.width,) + rows.shape[1:], rows.dtype)
+
+        def forward(pending, row):  # `pending`: what rows j … j + b − 1 still subtract
+            column, rhs_j = row
+            y = (rhs_j - pending[0]) / column[0]
+            pending = jnp.concatenate([pending[1:], jnp.zeros_like(pending[:1])])
+            return pending + column[1:, None] * y[None, :], y
+
+        _, y = jax.lax.scan(forward, pending, (self.columns, rows))
+
+        def backward(following, row):  # `following`: x[j + 1 … j + b]
+            column, y_j = row
+            x = (y_j - column[1:] @ following) / column[0]
+            return jnp.concatenate([x[None, :], following[:-1]]), x
+
+        _, x = jax.lax.scan(backward, pending, (self.columns, y), reverse=True)
+        return self.plan.from_blocks(x.reshape(blocks.shape), rhs)
+
+
+def _band_cholesky(matrix: SparseMatrix, plan: BandedPlan) -> BandCholeskyFactor:
+    window, incoming = plan.band_values(matrix.values)
+    b = plan.width
+
+    def row(window, entering):
+        column = window[:, 0] / jnp.sqrt(window[0, 0])
+        trailing = window[1:, 1:] - column[1:, None] * column[None, 1:]
+        window = jnp.concatenate([jnp.concatenate([trailing, entering[:b, None]], axis=1),
+                                  entering[None, :]])
+        return window, column
+
+    _, columns = jax.lax.scan(row, window, incoming)
+    return BandCholeskyFactor(columns, plan)
+
+
+def _shifted(blocks: Array, shift: Array, fill: Array) -> Array:
+    """`out[i] = blocks[i + shift]` (`shift` may be negative and traced), `fill` where
+    `i + shift` falls outside."""
+    index = jnp.arange(blocks.shape[0]) + shift
+    inside = (index >= 0) & (index < blocks.shape[0])
+    rolled = jnp.roll(blocks, -shift, axis=0)
+    return jnp.where(inside.reshape((-1,) + (1,) * (blocks.ndim - 1)), rolled, fill)
+
+
+def _block_solve_right(low: Array, blocks: Array) -> Array:
+    """`blocks[i] S_i⁻¹` for Cholesky factors `low[i]` of symmetric `S_i`, batched."""
+    return jnp.swapaxes(jax.vmap(cholesky_solve)(low, jnp.swapaxes(blocks, 1, 2)), 1, 2)
+
+
+class CyclicReductionFactor(eqx.Module):
+    """Parallel cyclic reduction of a symmetric positive definite block-tridiagonal matrix
+    `A` (diagonal blocks `A_i`, sub-diagonal blocks `B_i = A[i, i − 1]`), the form of
+    [`BandedFactor`][] for accelerators: `⌈log₂ k⌉` levels of batched block operations
+    instead of `k` sequential block rows, `O(k log k · b³)` work.
+
+    At the level of stride `s` every block row `i` eliminates its neighbours `i ± s`:
+    with `α_i = B_i S_{i−s}⁻¹`, `γ_i = B_{i+s}ᵀ S_{i+s}⁻¹`,
+    `S_i ← S_i − α_i B_iᵀ − γ_i B_{i+s}`, `B_i ← −α_i B_{i−s}` (now coupling `i` to
+    `i − 2s`) and a right-hand side `r_i ← r_i − α_i r_{i−s} − γ_i r_{i+s}`. Each level's
+    rows with the same index modulo `2s` form a Schur complement of the last level's (an
+    odd–even reduction), so the blocks stay positive definite; after the last level the
+    rows are uncoupled, `x_i = S_i⁻¹ r_i`. On a GPU the sequential factorization's loop
+    costs a kernel launch per block row and per stage; this one a few per level.
+
+    Below float64 a solve takes one step of iterative refinement: in float32 the reduction's
+    rounding made the ODE solver's error estimate reject steps, the chain of 64 links took
+    2.7× and the ladder of 16 four-bars 11× the steps of the sequential factorization
+    (`rtol = 1e-5`); refined, as many.
+
+    **Fields:**
+
+    - `alphas`, `gammas`: the `α_i`, `γ_i` of every level, `(levels, k, b, b)`.
+    - `low`: Cholesky factors of the final, uncoupled `S_i`, `(k, b, b)`.
+    - `matrix`: `A` (for the refinement's residual).
+    - `plan`: the [`BandedPlan`][] (static).
+    """
+
+    alphas: Float[Array, "l k b b"]
+    gammas: Float[Array, "l k b b"]
+    low: Float[Array, "k b b"]
+    matrix: SparseMatrix
+    plan: BandedPlan = eqx.field(static=True)
+
+    @property
+    def pivots(self) -> Float[Array, " size"]:
+        """Pivots of symmetric eliminations of `A` (for each block, the order that
+        eliminates it last; each lies between `A`'s extreme eigenvalues): non-finite or not
+        positive where `A` is not positive definite."""
+        return self.plan.pivots(self.low)
+
+    def solve(self, rhs: Array, tangent: bool = False) -> Array:
+        """`A⁻¹ rhs` for `rhs` of shape `(size,)` or `(size, m)`: one batched update per
+        level, then the uncoupled block solves (twice below float64, see above). The block
+        solves are batched, so JAX transposes them whether or not `rhs` is a tangent."""
+        del tangent
+        x = self._reduced_solve(rhs)
+        if jnp.finfo(x.dtype).bits >= 64:
+            return x
+        product = self.matrix.matvec if rhs.ndim == 1 else jax.vmap(self.matrix.matvec, 1, 1)
+        return x + self._reduced_solve(rhs - product(x))
+
+    def _reduced_solve(self, rhs: Array) -> Array:
+        blocks = self.plan.to_blocks(rhs)
+        zero = jnp.zeros((), blocks.dtype)
+
+        def level(r, xs):
+            alpha, gamma, stride = xs
+            return (r - alpha @ _shifted(r, -stride, zero)
+                    - gamma @ _shifted(r, stride, zero)), None
+
+        blocks, _ = jax.lax.scan(level, blocks,
+                                 (self.alphas, self.gammas, _strides(self.plan.blocks)))
+        return self.plan.from_blocks(jax.vmap(cholesky_solve)(self.low, blocks), rhs)
+
+
+def _strides(blocks: int) -> Array:
+    """The strides `1, 2, 4, …` of cyclic reduction's `⌈log₂ blocks⌉` levels."""
+    return jnp.asarray(2 ** np.arange(max(int(blocks - 1).bit_length(), 0)), jnp.int32)
+
+
+def _cyclic_reduction(matrix: SparseMatrix, plan: BandedPlan) -> CyclicReductionFactor:
+    diag, lower = plan.block_values(matrix.values)
+    eye = jnp.eye(plan.width, dtype=diag.dtype)
+    zero = jnp.zeros((), diag.dtype)
+
+    def level(carry, stride):
+        pivot, coupling = carry  # S_i, and B_i coupling row i to row i − stride
+        low = jax.vmap(cholesky_factor)(pivot)
+        alpha = _block_solve_right(_shifted(low, -stride, eye), coupling)
+        above = jnp.swapaxes(_shifted(coupling, stride, zero), 1, 2)  # B_{i+s}ᵀ
+        gamma = _block_solve_right(_shifted(low, stride, eye), above)
+        pivot = (pivot - alpha @ jnp.swapaxes(coupling, 1, 2)
+                 - gamma @ jnp.swapaxes(above, 1, 2))
+        coupling = -alpha @ _shifted(coupling, -stride, zero)
+        return (0.5 * (pivot + jnp.swapaxes(pivot, 1, 2)), coupling), (alpha, gamma)
+
+    (pivot, _), (alphas, gammas) = jax.lax.scan(level, (diag, lower), _strides(plan.blocks))
+    return CyclicReductionFactor(alphas, gammas, jax.vmap(cholesky_factor)(pivot), matrix,
+                                 plan)
+
+
+def cyclic_reduction_default() -> bool:
+    """Whether banded matrices are factorized by cyclic reduction
+    ([`CyclicReductionFactor`][]) rather than block row by block row
+    ([`BandedFactor`][]): where JAX's default backend is an accelerator, whose kernel
+    launches make the sequential loop's cost the number of block rows. Read while tracing."""
+    return jax.default_backend() != "cpu"
+
+
+# Half-bandwidths from which the CPU factorizes row by row (`BandCholeskyFactor`) rather
+# than by block rows (`BandedFactor`). With 3-row blocks (the ladder) a step costs the same
+# both ways, and the row-by-row solve compiles faster: the gradient of the ladder of 128
+# cells in 5.2 instead of 5.7 s; with 9-row blocks (the net, whose blocks were loops) a
+# step costs 20% less and `simulate` and its gradient compile in 2.3 and 5.1 s instead of
+# 2.9 and 7.1 s (`experiments/bench_compile.py --model ladder:128 | net:32`,
+# `experiments/bench_scaling.py --cpu-per-step --families ladder,net`, 2-core CPU). A
+# tridiagonal matrix (the chain) keeps the blocks, whose 1 × 1 blocks are scalars: a step
+# of the chain of 64 links cost 44 µs with them and 50 µs row by row.
+BAND_CHOLESKY_MIN_WIDTH = 2
+
+
+def banded_factor(matrix: SparseMatrix, plan: BandedPlan, cyclic: bool | None = None
+                  ) -> BandedFactor | BandCholeskyFactor | CyclicReductionFactor:
+    """The factorization of a symmetric positive definite sparse `A` on `plan`: with
+    `cyclic` (default: [`cyclic_reduction_default`][]) a [`CyclicReductionFactor`][];
+    otherwise a [`BandCholeskyFactor`][] (one scan over the rows) from a half-bandwidth of
+    `BAND_CHOLESKY_MIN_WIDTH`, a [`BandedFactor`][] (one scan over the block rows) below."""
+    if cyclic_reduction_default() if cyclic is None else cyclic:
+        return _cyclic_reduction(matrix, plan)
+    if plan.width >= BAND_CHOLESKY_MIN_WIDTH:
+        return _band_cholesky(matrix, plan)
+    return _block_ldl(matrix, plan)
+
+
+def _block_ldl(matrix: SparseMatrix, plan: BandedPlan) -> BandedFactor:
+    diag, lower = plan.block_values(matrix.values)
+
+    def step(previous_low, block):
+        diag_i, lower_i = block
+        coupling = cholesky_solve(previous_low, lower_i.T)
+        low = cholesky_factor(diag_i - lower_i @ coupling)
+        return low, (low, coupling)
+
+    eye = jnp.eye(plan.width, dtype=diag.dtype)
+    _, (low, coupling) = jax.lax.scan(step, eye, (diag, lower))
+    return BandedFactor(low, coupling, plan)
+
+
+def banded_solve(matrix: SparseMatrix, rhs: Array, plan: BandedPlan,
+                 cyclic: bool | None = None) -> tuple[Array, Array]:
+    """`(A⁻¹ rhs, pivots)` of a symmetric positive definite sparse `A` on `plan`; `rhs` of
+    shape `(size,)` or `(size, m)`; factorized as [`banded_factor`][] says (`cyclic`).
+    The pivots are those of symmetric eliminations of `A` (non-finite where `A` is not
+    positive definite; see [`BandedFactor`][]); they are a diagnostic, not differentiated
+    (zero tangents).
+
+    Differentiated implicitly, `d(A⁻¹ r) = A⁻¹ (dr − dA A⁻¹ r)`, with the factorization of
+    the solve: a derivative costs a solve with the same factor, not the derivative of the
+    factorization."""
+    cyclic = cyclic_reduction_default() if cyclic is None else bool(cyclic)
+    return _banded_solve(plan, cyclic, matrix.values, rhs)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def _banded_solve(plan, cyclic, values, rhs):
+    factor = banded_factor(SparseMatrix(values, plan.pattern), plan, cyclic)
+    return factor.solve(rhs), factor.pivots
+
+
+@_banded_solve.defjvp
+def _banded_solve_jvp(plan, cyclic, primals, tangents):
+    values, rhs = primals
+    d_values, d_rhs = tangents
+    factor = banded_factor(SparseMatrix(values, plan.pattern), plan, cyclic)
+    x = factor.solve(rhs)
+    d_matrix = SparseMatrix(d_values, plan.pattern)
+    d_matrix_x = d_matrix.matvec(x) if x.ndim == 1 else jax.vmap(d_matrix.matvec, 1, 1)(x)
+    return (x, factor.pivots), (factor.solve(d_rhs - d_matrix_x, tangent=True),
+                                jnp.zeros_like(factor.pivots))

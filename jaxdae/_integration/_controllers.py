@@ -1,0 +1,161 @@
+"""Step-size control and saving: the wrapper that stops stalled steps, the clip times a
+controller must step to, and the solve's step options and saved times."""
+
+
+import diffrax
+import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
+
+from .._checks import check_positive
+from .._custom_types import Array
+from .._gains import is_concrete
+
+
+class StopStalledSteps(diffrax.AbstractAdaptiveStepSizeController):
+    """An adaptive controller that ends the solve with `diffrax.RESULTS.dt_min_reached`
+    when the step it proposes has shrunk to the rounding level of `t`.
+
+    Where the model yields nan or inf (a potential that leaves its domain at some `t` or
+    `q`), every step across that point is rejected and the step shrinks until `t + dt`
+    rounds to `t`: the solve then takes steps of length zero until `max_steps`, or forever
+    with `max_steps=None`. Here it stops at the first proposal shorter than
+    `4 ε max(|t|, 10⁻³ |t1 − t0|)` (`ε` the machine epsilon of `t`), which no solve that
+    can still reach `t1` proposes; called eagerly, `simulate` then names what was
+    non-finite (`name_non_finite_term`). One comparison per step, on scalars.
+
+    A step that the controller proposes to end just short of a time it steps to (a
+    `diffrax.ClipStepSizeController`'s `step_ts`, or the last time before one of its
+    `jump_ts`) is extended to that time (`snap_to_clip_times`): else the next step, clipped
+    to it, would be a rounding error long and stop the solve here. (Equal steps between
+    evenly spaced save times accumulate that rounding error, e.g. `t + 0.025` landing
+    two ulps before the save time 2.9.)"""
+
+    controller: diffrax.AbstractAdaptiveStepSizeController
+
+    @property
+    def rtol(self):
+        return self.controller.rtol
+
+    @property
+    def atol(self):
+        return self.controller.atol
+
+    @property
+    def norm(self):  # pyright: ignore[reportIncompatibleMethodOverride]
+        return self.controller.norm
+
+    @property
+    def jump_ts(self):  # read by the swept solve (`_adjoint._jumps`)
+        return getattr(self.controller, "jump_ts", None)
+
+    def wrap(self, direction):
+        return StopStalledSteps(self.controller.wrap(direction))
+
+    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
+        tnext, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
+        dtype = jnp.result_type(t0)
+        floor = 1e-3 * jnp.abs(jnp.asarray(t1, dtype) - t0)
+        tnext = snap_to_clip_times(self.controller, t0, tnext, floor)
+        return tnext, (state, floor)
+
+    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order,
+                        controller_state):
+        state, floor = controller_state
+        keep, tprev, tnext, jump, state, result = self.controller.adapt_step_size(
+            t0, t1, y0, y1_candidate, args, y_error, error_order, state)
+        tnext = snap_to_clip_times(self.controller, tprev, tnext, floor)
+        eps = jnp.finfo(jnp.result_type(tprev)).eps
+        stalled = tnext - tprev <= 4 * eps * jnp.maximum(jnp.abs(tprev), floor)
+        result = diffrax.RESULTS.where(
+            stalled & (result == diffrax.RESULTS.successful), diffrax.RESULTS.dt_min_reached,
+            result)
+        return keep, tprev, tnext, jump, (state, floor), result
+
+
+def clip_times(controller) -> list[Array]:
+    """The sorted times that `controller` (a `diffrax.ClipStepSizeController`, possibly
+    wrapping another) ends steps on: its `step_ts`, and the last time before each of its
+    `jump_ts` (after which it restarts just past the jump)."""
+    times = []
+    while isinstance(controller, diffrax.ClipStepSizeController):
+        if controller.step_ts is not None and controller.step_ts.size:
+            times.append(controller.step_ts)
+        if controller.jump_ts is not None and controller.jump_ts.size:
+            times.append(jnp.nextafter(controller.jump_ts, -jnp.inf))
+        controller = controller.controller
+    return times
+
+
+def snap_to_clip_times(controller, tprev, tnext, floor, ulps: int = 128) -> Array:
+    """`tnext`, the end of the step from `tprev` that `controller` proposes, moved up to the
+    next of its `clip_times` where that lies at most `ulps` rounding units
+    (`ε max(|t|, floor)`, as `StopStalledSteps` measures a stall) and at most half the step
+    beyond it. (Never more than half the step: a step that the error test keeps rejecting
+    still shrinks below the gap, and is then stopped as stalled.)"""
+    for times in clip_times(controller):
+        times = times.astype(jnp.result_type(tnext))
+        index = jnp.searchsorted(times, tnext, side="left", method="scan_unrolled")
+        target = times[jnp.minimum(index, times.shape[0] - 1)]
+        gap = target - tnext
+        unit = jnp.finfo(gap.dtype).eps * jnp.maximum(jnp.abs(target), floor)
+        snap = (index < times.shape[0]) & (gap > 0) & (gap <= ulps * unit) & (
+            gap <= 0.5 * (tnext - tprev))
+        tnext = jnp.where(snap, target, tnext)
+    return tnext
+
+
+def stop_stalled_steps(stepsize_controller):
+    """`stepsize_controller` wrapped in `StopStalledSteps` if it is adaptive."""
+    if isinstance(stepsize_controller, diffrax.AbstractAdaptiveStepSizeController):
+        return StopStalledSteps(stepsize_controller)
+    return stepsize_controller
+
+
+def step_options(stepsize_controller, dt0, rtol, atol, dtype, norm=optx.rms_norm):
+    """The step-size controller (default: `diffrax.PIDController(rtol, atol, norm)`) and
+    `dt0`, with the numbers as arrays of `dtype`. Python floats would be static arguments of
+    the compiled solve: a sweep over `τ = dt0` or over tolerances would compile at every
+    value (≈ 2.5 s each for the pendulum)."""
+    if stepsize_controller is None:
+        if is_concrete(rtol, atol) and not (
+            np.all(np.isfinite([rtol, atol])) and min(rtol, atol) >= 0 and rtol + atol > 0
+        ):
+            raise ValueError(
+                f"`rtol` and `atol` must be finite and non-negative, not both zero; got "
+                f"rtol = {rtol}, atol = {atol}."
+            )
+        stepsize_controller = diffrax.PIDController(
+            rtol=jnp.asarray(rtol, dtype), atol=jnp.asarray(atol, dtype), norm=norm)
+    if dt0 is None:
+        return stepsize_controller, None
+    dt0 = jnp.asarray(dt0, dtype)
+    check_positive("dt0", dt0, "step")
+    return stepsize_controller, dt0
+
+
+def save_at(t0, t1, ts, stepsize_controller) -> diffrax.SaveAt:
+    """What `simulate` and `simulate_actuated` ask diffrax to save: `t0` and `t1` without
+    `ts`; else `ts` (read back with `saved_times`) and `t1`.
+
+    Without `ts` the states at t0 and t1 are saved directly: an interpolated
+    `SubSaveAt(ts=[t0, t1])` would cost a search of the save times at every step (≈2 µs/step
+    on the CPU, ~10% of a two-link trajectory) for the same values.
+
+    With `ts` and fixed steps, each save time is moved 8 ulps (of max(|t0|, |ts[i]|))
+    earlier. diffrax saves `ts[i]` in the step whose end reaches it, and
+    `RecursiveCheckpointAdjoint` recomputes the steps in its reverse pass. When `ts[i]` lies
+    within rounding of a step's end (fixed steps on the save grid, e.g.
+    `ts = linspace(0, 1.5, 31)` with `dt0 = 0.01`), the recomputation can round that end the
+    other way (`t0 + (t1 − t0)·k/N` compiled with and without a fused multiply-add: at most
+    2 ulps apart) and save `ts[i]` in the neighbouring step; that row's cotangent is then
+    counted twice or lost, a gradient off by percents with no error. Moved earlier, every
+    save time lies inside one step. Adaptive steps end on a save time only by chance, so
+    their save times are not moved.
+    """
+    if ts is None:
+        return diffrax.SaveAt(t0=True, t1=True)
+    if isinstance(stepsize_controller, diffrax.ConstantStepSize):
+        ulps = 8 * jnp.finfo(ts.dtype).eps * jnp.maximum(jnp.abs(ts), jnp.abs(t0))
+        ts = jnp.maximum(ts - ulps, t0)
+    return diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)])

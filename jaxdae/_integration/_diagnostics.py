@@ -1,0 +1,196 @@
+"""What a solve reports besides the trajectory: residuals, multipliers, energy and momenta
+at the saved times, and the assembly of the [`jaxdae.Solution`][]."""
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .._custom_types import Array
+from .._solution import (
+    Solution,
+)
+from ._adjoint import (
+    is_none,
+    nones,
+    typed_literal_as_array,
+)
+from ._failures import all_finite, checked_result, tests_target_range
+from ._vector_fields import formulation_velocities, system_terms
+
+
+@eqx.filter_jit
+def state_diagnostics(system, formulation, t, q, s):
+    """Constraint residuals, multipliers, energy, velocities and momenta at one saved state,
+    the mass matrix and forces there, and the inputs of `checked_result`'s range test
+    (`(G, s)`, or None: `tests_target_range`). Differentiated by JAX, in forward and reverse mode,
+    where the solve's adjoint works in both; by its vector–Jacobian product where the
+    adjoint works in reverse mode only (`reverse_diagnostics`)."""
+    s = formulation_velocities(system, formulation, t, q, s)
+    terms = system_terms(system, t, q, s)
+    _, multipliers = formulation.accelerations(terms)
+    range_inputs = None
+    if tests_target_range(system, formulation, terms):
+        range_inputs = terms.jacobian, formulation.target(terms)
+    return (terms.phi, terms.dphi, terms.psi, multipliers,
+            system.energy(t, q, s) if terms.energy is None else terms.energy,
+            system.velocities(t, q, s), saved_momenta(system, t, q, s, terms), terms.mass_matrix,
+            terms.forces, range_inputs)
+
+
+@eqx.filter_custom_vjp
+def reverse_diagnostics(state):
+    """`state_diagnostics(*state)`, `state = (system, formulation, t, q, s)`, for solves whose
+    adjoint works in reverse mode only (`reverse_only`): differentiated by its vector–Jacobian
+    product, evaluated in the backward pass only where an output has a cotangent.
+
+    JAX differentiates a function in reverse mode by linearizing it whole, so every output
+    used or not: most losses read none of the diagnostics (a loss on `q_final`), and their
+    linearization, which XLA removes again, was a fifth of the gradient's trace on the
+    ladder of 128 four-bars (`experiments/bench_compile.py --model ladder:128 --only
+    gradient`). A loss on them pays instead for a second evaluation in the backward pass.
+    (Not for forward mode, which a custom VJP refuses: `simulate` keeps `state_diagnostics` for
+    adjoints such as `diffrax.ForwardMode()`.)"""
+    return state_diagnostics(*state)
+
+
+@reverse_diagnostics.def_fwd
+def _reverse_diagnostics_fwd(perturbed, state):
+    del perturbed
+    return state_diagnostics(*state), None
+
+
+@reverse_diagnostics.def_bwd
+def _reverse_diagnostics_bwd(residuals, out_bar, perturbed, state):
+    del residuals
+    if all(bar is None for bar in jax.tree.leaves(out_bar, is_leaf=is_none)):
+        return nones(eqx.filter(state, eqx.is_inexact_array))
+    state = jax.tree.map(typed_literal_as_array, state)
+    diff, static = eqx.partition(state, perturbed)
+    out, pull = jax.vjp(lambda diff: eqx.filter(state_diagnostics(*eqx.combine(diff, static)),
+                                                eqx.is_inexact_array), diff)
+    (diff_bar,) = pull(jax.tree.map(
+        lambda x, bar: None if x is None else jnp.zeros_like(x) if bar is None else bar,
+        out, out_bar, is_leaf=is_none))
+    return diff_bar
+
+
+def saved_momenta(system, t, q, s, terms):
+    """The system's momenta at the state `(q, s)`: from its `terms` there where they hold
+    them."""
+    return system.momenta(t, q, s) if terms.momenta is None else terms.momenta
+
+
+def cut_at(ts, ts_saved, ys, t_failed):
+    """One ensemble trajectory's saved times and states as a solve stopped at `t_failed`
+    (`inf`: not stopped) would have saved them: `inf` after it, the end time `t_failed`."""
+    if ts is None:  # [t0, t_end]; the state saved at the end is the stopped state
+        return ts_saved.at[1].min(t_failed), ys
+    (ts_requested, ts_end), ((q, v), final) = ts_saved, ys
+    late = ts_requested > t_failed
+    q, v = (jnp.where(late[:, None], jnp.inf, x) for x in (q, v))
+    return (jnp.where(late, jnp.inf, ts_requested), jnp.minimum(ts_end, t_failed)), (
+        (q, v), final)
+
+
+def saved_times(ts, saved):
+    """The requested `ts` where diffrax saved (it saved slightly earlier, see `save_at`),
+    `inf` where the solve did not reach."""
+    return jnp.where(jnp.isfinite(saved), ts, jnp.inf)
+
+
+def saved_rows(ts, saved, reached):
+    """What a solve with `save_at(t0, t1, ts, ...)` saved, as a solution reports it:
+    `(ts_out, ys, (t_final, y_final))`, the save times (`inf` where the solve did not
+    reach: without `ts`, the second row where it did not reach `t1`), the states saved
+    there (those rows `inf` too) and where the solve ended. `saved = (ts, ys)` as diffrax
+    returns them; `reached`: the solve reached `t1`."""
+    ts_saved, ys = saved
+    if ts is None:
+        final = (ts_saved[1], jax.tree.map(lambda x: x[1], ys))
+        # As for `SubSaveAt(ts=...)`: a save time the solve did not reach is inf.
+        ts_out, ys = jax.tree.map(lambda x: x.at[1].set(jnp.where(reached, x[1], jnp.inf)),
+                                  (ts_saved, ys))
+        return ts_out, ys, final
+    (ts_out, ts_final), (ys, y_final) = ts_saved, ys
+    return saved_times(ts, ts_out), ys, (ts_final[0], jax.tree.map(lambda x: x[0], y_final))
+
+
+def at_valid(valid, rows, start):
+    """`rows` (leading axis: the saved times) where `valid`, else the start state: the
+    diagnostics are evaluated at a safe state where nothing was saved (`inf`), then
+    `masked` (no nan gradients)."""
+    return jax.tree.map(lambda x, x0: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)),
+                                                x, x0), rows, start)
+
+
+def masked(valid, x):
+    """`x` (leading axis: the saved times) where `valid`, else `inf`."""
+    return jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.inf)
+
+
+def assemble_solution(system, formulation, start, ts, saved, outcome, reverse: bool = False
+              ) -> tuple[Solution, tuple[Array, Array]]:
+    """One trajectory's [`jaxdae.Solution`][] from its `start = (t0, q0, v0)`, the times
+    and states diffrax `saved` and the solve's `outcome = (reached, result, stats)`, and the
+    mass matrix and forces at the initial state (for `_check_traced`). `reverse`: the solve
+    is differentiable in reverse mode only, and so are the diagnostics
+    (`reverse_diagnostics`).
+
+    The diagnostics are evaluated once per row: the initial state, the saved states and
+    the final state (without `ts` the second row is the final state), and the final row
+    also gives `v_final`, `p_final` and the inputs of `checked_result`, so that the
+    compiled program holds the equations of motion once for all of them."""
+    (t0, q0, v0), (reached, result, stats) = start, outcome
+    ts_out, (q, v), (t_final, (q_final, v_final)) = saved_rows(ts, saved, reached)
+    diagnostics = (lambda *state: reverse_diagnostics(state)) if reverse else state_diagnostics
+
+    # Rows after a failure are inf, and a final state may be: evaluate at a safe state (the
+    # initial one), then mask (no nan gradients).
+    valid = jnp.isfinite(ts_out)
+    final_finite = all_finite(t_final, q_final, v_final)
+    final = tuple(jnp.where(final_finite, x, x0) for x, x0 in zip((t_final, q_final, v_final),
+                                                                  (t0, q0, v0), strict=False))
+    if ts is None:
+        # Two rows, one call each: the second reuses the first's trace, where `vmap` would
+        # batch the equations' scalar graph, equation by equation, at trace time (a third
+        # less trace time for the two-link diagnostics, `bench_compile.py --stages`).
+        per_row = [diagnostics(system, formulation, *row) for row in ((t0, q0, v0), final)]
+        *diagnostics, mass, forces, range_inputs = jax.tree.map(
+            lambda *x: jnp.stack(x), *per_row)
+        outputs = diagnostics
+    else:  # the initial state first, the final state last
+        rows = at_valid(valid, (ts_out, q, v), (t0, q0, v0))
+        rows = tuple(jnp.concatenate([x0[None], row, x[None]])
+                     for x0, row, x in zip((t0, q0, v0), rows, final, strict=False))
+        *diagnostics, mass, forces, range_inputs = jax.vmap(
+            diagnostics, in_axes=(None, None, 0, 0, 0))(system, formulation, *rows)
+        outputs = [x[1:-1] for x in diagnostics]
+    phi, dphi, psi, multipliers, energy, v, p = outputs
+    # Row 0 is the initial state and the last row the final one, with or without `ts`.
+    initial_residual, final_residual = (
+        jnp.max(jnp.abs(jnp.concatenate([diagnostics[0][i], diagnostics[2][i]])), initial=0.0)
+        for i in (0, -1))
+    result = checked_result(initial_residual,
+                            jnp.where(final_finite, final_residual, jnp.inf),
+                            jax.tree.map(lambda x: x[-1], range_inputs), result)
+    mask = functools.partial(masked, valid)
+    sol = Solution(
+        ts=ts_out,
+        q=q,
+        v=mask(v),
+        phi=mask(phi),
+        dphi=mask(dphi),
+        psi=mask(psi),
+        multipliers=mask(multipliers),
+        energy=mask(energy),
+        t_final=t_final,
+        q_final=q_final,
+        v_final=jnp.where(final_finite, diagnostics[5][-1], v_final),
+        result=result,
+        stats=stats,
+        p=mask(p),
+        p_final=jnp.where(final_finite, diagnostics[6][-1], jnp.nan),
+    )
+    return sol, (mass[0], forces[0])

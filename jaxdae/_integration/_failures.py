@@ -1,0 +1,279 @@
+"""Naming failures: the non-finite term that stopped a solve, the end-of-solve checks of
+the residual and of the target's range, solver failures named by the solvers themselves,
+and failures raised or reported from traced solves."""
+
+import sys
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._compilation._linalg import psd_pseudo_solve
+from .._compilation._private_apis import unvmap_any
+from .._custom_types import Array
+from .._formulations import AbstractStabilizedFormulation
+from .._gains import is_concrete
+from .._solution import (
+    RESULTS,
+    SimulationError,
+    failure_message,
+    failure_text,
+    residuals,
+)
+from .._systems._system import LagrangianSystem
+from ._vector_fields import jitted_rates, system_terms
+
+
+def non_finite_event(t, y, args, **kwargs):
+    """Stops a fixed-step solve whose state overflowed (adaptive controllers reject such
+    steps instead)."""
+    return ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(y)]))
+
+
+NON_FINITE_RESULTS = (RESULTS.non_finite_mass_matrix, RESULTS.non_finite_forces,
+               RESULTS.non_finite_constraints, RESULTS.non_finite_rates)
+
+
+def all_finite(*arrays) -> Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in arrays]))
+
+
+@eqx.filter_jit
+def non_finite_term(system, formulation, t0, t, q, s):
+    """Which term of the model is non-finite at or just after the state `(t, q, s)` where a
+    solve stalled: `1 + i` for `NON_FINITE_RESULTS[i]` (mass matrix, forces, constraints, rates),
+    0 if none is. Probed at the state and at four points along its rates, 4, 64, 1024 and
+    16384 rounding units of `t` ahead (the steps the controller rejected ended there)."""
+    rates = jitted_rates(system, formulation, t, q, s)
+    rates = jax.tree.map(lambda r: jnp.where(jnp.isfinite(r), r, 0), rates)
+    unit = jnp.finfo(jnp.result_type(t)).eps * jnp.maximum(jnp.maximum(jnp.abs(t),
+                                                                       jnp.abs(t0)), 1e-300)
+
+    def code(offset):
+        tp, qp, sp = t + offset, q + offset * rates[0], s + offset * rates[1]
+        velocities = formulation.velocities(system, tp, qp, sp)
+        terms = system_terms(system, tp, qp, velocities)
+        flags = jnp.stack([
+            ~all_finite(terms.mass_matrix),
+            ~all_finite(terms.forces),
+            ~all_finite(terms.phi, terms.dphi, terms.psi, terms.jacobian, terms.bias),
+            ~all_finite(*jitted_rates(system, formulation, tp, qp, sp)),
+        ])
+        return jnp.where(jnp.any(flags), jnp.argmax(flags) + 1, 0).astype(jnp.int32)
+
+    codes = jax.lax.map(code, unit * jnp.array([0.0, 4.0, 64.0, 1024.0, 16384.0]))
+    return codes[jnp.argmax(codes != 0)]
+
+
+def name_non_finite_term(sol, system, formulation, t0):
+    """`sol` (concrete) with each stalled solve (`dt_min_reached`) whose model is non-finite
+    at or just after its end relabelled by the term (`NON_FINITE_RESULTS`, found by
+    `non_finite_term`). Done here, after the solve and only for a stalled one, rather than
+    inside every compiled solve, where the probe (a second copy of the equations of motion)
+    doubled XLA's compile time of `simulate`; traced solves keep `dt_min_reached`."""
+    codes = np.array(sol.result._value)
+    stalled = codes == RESULTS.dt_min_reached._value
+    if not np.any(stalled) or formulation.derives_velocities:
+        return sol  # (a formulation that maps the state to velocities: state not at hand)
+    state = sol.v_final if system.state_is_velocity else sol.p_final
+    for index in (np.argwhere(stalled) if codes.ndim else [()]):
+        index = tuple(index)
+        code = int(non_finite_term(system, formulation, t0, sol.t_final[index],
+                                    sol.q_final[index], state[index]))
+        if code:
+            codes[index] = NON_FINITE_RESULTS[code - 1]._value
+    result = eqx.tree_at(lambda r: r._value, sol.result,
+                         jnp.asarray(codes, sol.result._value.dtype))
+    return eqx.tree_at(lambda s: s.result, sol, result)
+
+
+def tests_target_range(system, formulation, terms) -> bool:
+    """Whether `checked_result` tests the range of the formulation's target `s` (a
+    stabilized formulation that asks for the test, on a `LagrangianSystem` with
+    constraints)."""
+    return (isinstance(formulation, AbstractStabilizedFormulation)
+            and formulation.tests_target_range and isinstance(system, LagrangianSystem)
+            and terms.jacobian.shape[0] > 0)
+
+
+def checked_result(initial_residual, residual, range_inputs, result: RESULTS) -> RESULTS:
+    """`result` after the checks at the end of a solve (docs/failures.md), from the
+    constraint residual `max(|Φ|, |Ψ|)` at the start (`initial_residual`) and at the end
+    (`residual`, `inf` where the final state is not finite):
+
+    - a solve that reached `t1` `diverged` if its constraint residual at the end exceeds
+        `10⁶ max(r₀, 1)` (`r₀` the residual at `t0`) or is not finite;
+    - else its constraints are not met (`constraints_not_met`) where more than a tenth of
+        the stabilization's target lies outside the range of the constraint Jacobian
+        (`max |s − G G⁺ s| > 0.1 max |s|`: no acceleration meets it, the constraints
+        contradict each other) while the residual is above
+        `max(10⁻⁶, 10⁴ ε) max(r₀, 1)`: `10⁻⁶` in float64, `1.2 · 10⁻³` in float32, where
+        rounding alone leaves a chain of 64 links at `|Φ| ≈ 2 · 10⁻⁵`.
+
+    `range_inputs`: `(G, s)` at the final state where `tests_target_range` asks for the test
+    (`diagnostics` returns them with the final row), else None. For
+    consistent constraints `s` lies in the range of `G` (independent rows: always;
+    redundant ones: their targets agree), so the part outside it is zero up to rounding.
+    `G⁺` drops singular values below `√ε σ_max`; the pseudo-inverse is computed in a
+    `lax.cond` only where the residual exceeds its floor (in a `vmap` batch: in any of its
+    trajectories): the common, met case skips it.
+
+    All on values that carry no gradient. (Which term of a stalled solve was non-finite is
+    found after the solve, eagerly: `name_non_finite_term`.)"""
+    initial_residual, residual, range_inputs = jax.lax.stop_gradient(
+        (initial_residual, residual, range_inputs))
+    scale = jnp.maximum(initial_residual, 1.0)
+    floor = max(1e-6, 1e4 * float(jnp.finfo(residual.dtype).eps)) * scale
+    ok = result == RESULTS.successful
+    diverged = ok & ((residual > 1e6 * scale) | ~jnp.isfinite(residual))
+    result = RESULTS.where(diverged, RESULTS.diverged, result)
+    if range_inputs is None:
+        return result
+    g, target = range_inputs
+    zero = jnp.zeros((), residual.dtype)
+
+    def gap(g, target):
+        # G G⁺ s = A A⁺ s with A = G Gᵀ, whose eigenvalues are G's squared singular
+        # values: `psd_pseudo_solve` drops those below `ε λ_max`, in closed form for up to
+        # two constraints (an SVD, a LAPACK call, cost a tenth of a two-link trajectory
+        # even in the branch not taken).
+        gram = g @ g.T
+        reachable = gram @ psd_pseudo_solve(gram, target, jnp.finfo(g.dtype).eps)
+        return jnp.max(jnp.abs(target - reachable)), jnp.max(jnp.abs(target))
+
+    # Taken for the whole batch where any trajectory needs it (the rows that do not are
+    # masked below): under `vmap` a cond on each row's residual would run the SVD on every
+    # row of every batch, about 4.6 s a call for 4,096 chains of 64 links on a GPU (whose
+    # batched SVD loops over the batch).
+    gap, size = jax.lax.cond(unvmap_any(residual > floor), gap,
+                             lambda g, target: (zero, zero), g, target)
+    not_met = ok & ~diverged & (gap > 0.1 * size) & (residual > floor)
+    return RESULTS.where(not_met, RESULTS.constraints_not_met, result)
+
+
+def solve_event(conditions: list, stepsize_controller) -> diffrax.Event | None:
+    """The failure conditions of a solve, plus `non_finite_event` for fixed steps."""
+    if isinstance(stepsize_controller, diffrax.ConstantStepSize):
+        conditions = conditions + [non_finite_event]
+    return diffrax.Event(conditions) if conditions else None
+
+
+def event_result(out: diffrax.Solution, failures: list) -> RESULTS:
+    """jaxdae's result of a solve with `solve_event`: the failure named by the condition
+    that stopped it (`failures[i]` for the i-th condition), `non_finite_state` for the
+    appended non-finite condition."""
+    result = RESULTS.promote(out.result)
+    if out.event_mask is None:
+        return result
+    names = failures + [RESULTS.non_finite_state]
+    for stopped, name in zip(out.event_mask, names, strict=False):
+        result = RESULTS.where((out.result == diffrax.RESULTS.event_occurred) & stopped,
+                               name, result)
+    return result
+
+
+def first_failure(result: RESULTS) -> RESULTS:
+    """An ensemble's result of its first failed trajectory (the first if none failed)."""
+    first = jnp.argmax(result != RESULTS.successful)
+    return jax.tree.map(lambda x: x[first], result)
+
+
+def raise_failure(sol, result: RESULTS | None = None):
+    """`throw=True`: raises [`jaxdae.SimulationError`][] naming the failure of a concrete
+    solution, or attaches the check (`eqx.error_if`) to a traced one. `result` defaults to
+    `sol.result`."""
+    if is_concrete(sol.result):
+        message = failure_message(sol)
+        if message is not None:
+            raise SimulationError(message)
+        return sol
+    result = sol.result if result is None else result
+    return attach_check(sol, lambda x: result.error_if(x + reported_failure(sol),
+                                                       result != RESULTS.successful))
+
+
+def reported_failure(sol) -> Array:
+    """A zero that, where a traced solve failed (`throw=True` inside the caller's `jit`,
+    `vmap` or `grad`), is computed by a host callback that first writes
+    [`failure_text`][] to standard error: what happened, the batch element, `t` and `q`.
+
+    The error raised next (`equinox.error_if`) has a message fixed when the program was
+    compiled, and under the caller's own `jax.jit` JAX puts its own lines before it; this
+    line comes first and keeps the time and state. Nothing runs where every solve
+    succeeded: the callback sits in a `lax.cond` on whether any element of the batch failed.
+    An ensemble's first failed row is picked by reductions, so that a sharded ensemble is
+    not gathered onto the callback's device."""
+    codes = sol.result._value
+    failed = codes != RESULTS.successful._value
+    arrays = (codes, sol.t_final, sol.q_final, *residuals(sol))
+    element = ()
+    if codes.ndim:  # an ensemble: the values of its first failed row
+        first = jnp.argmax(failed.reshape(-1))
+        pick = (jnp.arange(codes.size) == first).reshape(codes.shape)
+
+        def row(x):
+            mask = pick.reshape(pick.shape + (1,) * (x.ndim - pick.ndim))
+            return jnp.sum(jnp.where(mask, x, jnp.zeros((), x.dtype)), axis=tuple(
+                range(pick.ndim)))
+
+        arrays = tuple(row(x) for x in arrays)
+        element = (jnp.stack(jnp.unravel_index(first, codes.shape)),)
+    arrays = jax.lax.stop_gradient(arrays)
+    dtype = sol.t_final.dtype
+
+    def report(*values):
+        *values, row = values if element else (*values, None)
+        message = failure_text(*values, element=row)
+        if message is not None:
+            print(f"jaxdae.SimulationError: {message}", file=sys.stderr, flush=True)
+        return np.zeros(np.shape(values[1]), dtype)
+
+    def callback():
+        return jax.pure_callback(report, jax.ShapeDtypeStruct((), dtype), *arrays, *element,
+                                 vmap_method="broadcast_all")
+
+    return jax.lax.cond(unvmap_any(jnp.any(failed)), callback,
+                        lambda: jnp.zeros((), dtype))
+
+
+# Where a traced solve failed, its time and state are not in the message (it is fixed when
+# the program is compiled); this says where to find them (`reported_failure`).
+TRACED_HINT = (" (Traced: where the solve stopped is written to standard error just before "
+                "this error; with `throw=False`, read `sol.result`, `sol.t_final` and "
+                "`sol.q_final`.)")
+
+
+def invalid_as_result(sol, invalid):
+    """`throw=False` with traced input: where `invalid` (a flag, or one per row of an
+    ensemble), the solution's result is `RESULTS.invalid_input` and its floating fields
+    are nan, instead of an error that would end a whole batch for one member."""
+    invalid = jnp.asarray(invalid)
+    result = sol.result
+    result = eqx.tree_at(lambda r: r._value, result, jnp.where(
+        invalid, RESULTS.invalid_input._value, result._value).astype(result._value.dtype))
+
+    def blank(x):
+        if not eqx.is_inexact_array(x):
+            return x
+        return jnp.where(invalid.reshape(invalid.shape + (1,) * (x.ndim - invalid.ndim)),
+                         jnp.nan, x)
+
+    sol = eqx.tree_at(lambda s: s.result, sol, result)
+    return eqx.tree_at(lambda s: [getattr(s, f) for f in FLOAT_FIELDS], sol,
+                       [blank(getattr(sol, f)) for f in FLOAT_FIELDS])
+
+
+FLOAT_FIELDS = ("ts", "q", "v", "phi", "dphi", "psi", "multipliers", "energy", "t_final",
+                 "q_final", "v_final", "p", "p_final")
+
+
+def attach_check(sol, check):
+    """`sol` with `check(x)` (an `error_if` returning `x`) applied to a zero that every
+    floating field then depends on (adding it). Through the whole solution, the check's
+    `lax.cond` (whose callback runs on one device) made XLA gather a sharded ensemble's
+    solution onto one device and partition it again."""
+    checked = check(jnp.zeros((), sol.t_final.dtype))
+    return jax.tree.map(lambda x: x + checked.astype(x.dtype) if eqx.is_inexact_array(x) else x,
+                        sol)

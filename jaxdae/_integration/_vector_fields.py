@@ -1,0 +1,100 @@
+"""The right-hand sides that a solve integrates: the state's rates from a formulation's
+accelerations, the failure indicator checked after every step, and their vector-Jacobian
+products."""
+
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+
+from .._compilation._scalarize import scalarize
+from .._custom_types import Array
+from .._formulations import AbstractFormulation
+from .._systems._structure import (
+    MassFactor,
+    with_mass_factor,
+)
+from .._systems._system import AbstractSystem
+
+
+def detached(tree):
+    """`tree` with `stop_gradient` on its arrays (a computation on it is not linearized)."""
+    return jax.tree.map(lambda x: jax.lax.stop_gradient(x) if eqx.is_array(x) else x, tree)
+
+
+# The per-state functions are jitted so that JAX traces them (and their derivatives) once,
+# however often diffrax and autodiff call them: tracing, not XLA, dominated compile time.
+# For small systems the terms, the right-hand side and the failure check (evaluated at
+# every stage of every step) are re-traced as scalar graphs, which XLA fuses
+# (`_scalarize.py`).
+@eqx.filter_jit
+@scalarize
+def system_terms(system, t, q, v):
+    return system.terms(t, q, v)
+
+
+def state_rates(system, formulation, t, q, s, mass_factor=None):
+    """`(q̇, ṡ)` of the state `(q, s)`: the system says what `s` holds (velocities or
+    momenta); a formulation may fill in dependent velocities (redundant coordinates).
+    `mass_factor`: the factor of a constant `M`, computed once per solve (or `None`)."""
+    s = formulation.velocities(system, t, q, s)
+    terms = with_mass_factor(system_terms(system, t, q, s), mass_factor)
+    acc, _ = formulation.accelerations(terms)
+    return system.velocities(t, q, s), system.state_rate(t, q, s, terms, acc)
+
+
+def failure_indicator(system, formulation, t, q, v, reference, mass_factor=None):
+    """The formulation's `failure` at the state `(q, v)` (`mass_factor` as for
+    `state_rates`)."""
+    return formulation.failure(with_mass_factor(system_terms(system, t, q, v), mass_factor),
+                               reference)
+
+
+@eqx.filter_jit
+def failure_reference(system, formulation, t, q, v):
+    """The formulation's `failure_reference` at the initial state `(q, v)` (evaluated once
+    per solve, so not re-traced as a scalar graph)."""
+    return formulation.failure_reference(system_terms(system, t, q, v))
+
+
+jitted_rates = eqx.filter_jit(scalarize(state_rates))
+
+
+jitted_failure = eqx.filter_jit(scalarize(failure_indicator))
+
+
+@eqx.filter_jit
+def formulation_velocities(system, formulation, t, q, v):
+    return formulation.velocities(system, t, q, v)
+
+
+class SolveArgs(NamedTuple):
+    """The `args` of the diffrax solve of [`jaxdae.simulate`][] and
+    [`jaxdae.simulate_ensemble`][]."""
+
+    system: AbstractSystem
+    formulation: AbstractFormulation
+    # What the formulation's failure test compares with, evaluated at the start (or None).
+    reference: Any
+    # The factor of a constant `M` (`constant_mass_factor`), computed once per solve and
+    # shared by every stage (and every trajectory of an ensemble), or None.
+    mass_factor: MassFactor | None = None
+    # An ensemble's rows stopped by their formulation's failure, added to the arguments of
+    # each step by `StopFailedTrajectories`, or None.
+    stopped: Array | None = None
+
+
+def vector_field(t, y, args: SolveArgs):
+    q, v = y
+    return jitted_rates(args.system, args.formulation, t, q, v, args.mass_factor)
+
+
+def rates_vjp(system, formulation, mass_factor, t, q, s, cotangent):
+    """The vector–Jacobian product of `jitted_rates` with respect to the system, the formulation,
+    the constant mass matrix's factor (or None) and the state."""
+    _, pull = eqx.filter_vjp(lambda sfm, q, s: jitted_rates(*sfm[:2], t, q, s, sfm[2]),
+                             (system, formulation, mass_factor), q, s)
+    return pull(cotangent)
+
+
+jitted_row_vjp = eqx.filter_jit(scalarize(rates_vjp))
