@@ -243,7 +243,7 @@ def test_equations_traced_once():
     assert traces(lambda f: jax.grad(f, argnums=(0, 1, 2))) == traces(lambda f: f)
 
 
-@pytest.mark.perf(reason="monkeypatches the private `_loop_solve` (gradient trace time)")
+@pytest.mark.perf(reason="monkeypatches the private `loop_solve` (gradient trace time)")
 def test_reverse_mode_inside_jit_does_not_trace_the_primal_solve(monkeypatch):
     """Staging a jitted call traces a custom VJP's primal solve (diffrax's loop), which
     reverse mode then does not compile (it compiles the sweep's forward solve). The
@@ -251,11 +251,11 @@ def test_reverse_mode_inside_jit_does_not_trace_the_primal_solve(monkeypatch):
     `diffrax.diffeqsolve` unjitted (`_simulate._diffeqsolve`), and is itself traced inline
     (`jit_unless_staged`: inside an enclosing jit `simulate` is traced inline; eager calls,
     under `grad` or `vmap` too, run the jitted `simulate`)."""
-    from jaxdae._integration import _adjoint
+    from jaxdae._integration import _adjoint, _sweep_backward
 
     primal_solves = []
-    loop_solve = _adjoint._loop_solve
-    monkeypatch.setattr(_adjoint, "_loop_solve",
+    loop_solve = _sweep_backward.loop_solve
+    monkeypatch.setattr(_sweep_backward, "loop_solve",
                         lambda *a: primal_solves.append(1) or loop_solve(*a))
 
     def loss(kd):
@@ -496,7 +496,7 @@ def test_sweep_keeps_linearizations_of_larger_states():
     linearization from the stages' recomputation and transposes it on the way back; the
     gradients (saves inside the steps and at the end) are `RecursiveCheckpointAdjoint`'s,
     all steps stored or in segments."""
-    from jaxdae._integration._adjoint import LINEARIZED_MIN_SIZE
+    from jaxdae._integration._sweep_backward import LINEARIZED_MIN_SIZE
 
     saveat, controller, (t0, t1) = _USER_SOLVES["ts, adaptive"]
     y0 = jnp.concatenate([jnp.sin(jnp.arange(32.0)), jnp.zeros(32)])

@@ -46,7 +46,7 @@ class StopStalledSteps(diffrax.AbstractAdaptiveStepSizeController):
         return self.controller.norm
 
     @property
-    def jump_ts(self):  # read by the swept solve (`_adjoint._jumps`)
+    def jump_ts(self):  # read by the swept solve (`_sweep_forward._jumps`)
         return getattr(self.controller, "jump_ts", None)
 
     def wrap(self, direction):

@@ -11,12 +11,8 @@ from .._custom_types import Array
 from .._solution import (
     Solution,
 )
-from ._adjoint import (
-    is_none,
-    nones,
-    typed_literal_as_array,
-)
 from ._failures import all_finite, checked_result, tests_target_range
+from ._sweep_forward import is_none, nones, typed_literal_as_array
 from ._vector_fields import formulation_velocities, system_terms
 
 

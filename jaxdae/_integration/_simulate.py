@@ -25,7 +25,6 @@ from .._systems._structure import (
 )
 from .._systems._system import AbstractSystem, cast_floating
 from ._adjoint import (
-    ODETermWithVJP,
     ReverseSweepAdjoint,
     default_adjoint,
     forward_mode_hint,
@@ -55,6 +54,7 @@ from ._failures import (
 from ._generalized_alpha import name_singular_newton_matrix
 from ._implicit import configure_for_controller
 from ._projection import named_result
+from ._sweep_forward import ODETermWithVJP
 from ._validation import (
     INITIAL_STATE_MESSAGES,
     check_initial_state_jit,

@@ -1,0 +1,454 @@
+"""The forward solve of [`jaxdae.ReverseSweepAdjoint`][]: diffrax's loop that also stores the
+accepted steps, in one piece or, for long solves, in segments re-solved from checkpoints."""
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from .._custom_types import Array
+from ._solvers import AbstractWrappedSolver
+
+
+class ODETermWithVJP(diffrax.ODETerm):
+    """`diffrax.ODETerm(vector_field)` with its own vector–Jacobian product, which
+    [`jaxdae.ReverseSweepAdjoint`][] applies at each stage instead of differentiating
+    `vector_field` (an ensemble applies each trajectory's own product row by row).
+
+    **Arguments:**
+
+    - `vector_field`: `vector_field(t, y, args)`, as for `diffrax.ODETerm`.
+    - `vjp`: `vjp(t, y, args, solver_state, t_start, cotangent) -> (y_bar, args_bar)`, the
+      vector–Jacobian product of `vector_field` at `(t, y)` in the step from `t_start`
+      (the solver's time, see `step_args` in [`jaxdae.ReverseSweepAdjoint`][]), with
+      respect to `y` and `args`; `solver_state` is the solver state at the end of the
+      solve (or of the segment that holds the step) if the solver defines `step_args`,
+      else None. `args_bar` has the structure of `args` (None for no cotangent).
+    """
+
+    vjp: Callable
+
+    def stage_vjp(self, t, y, args, solver_state, t_start, cotangent):
+        """`(y_bar, args_bar)`: the vector–Jacobian product of `vector_field` (see `vjp`)."""
+        return self.vjp(t, y, args, solver_state, t_start, cotangent)
+
+
+def terms_within(terms) -> list:
+    """The ODE terms and multi-terms inside `terms` (as `diffeqsolve` wrapped them)."""
+    is_term = lambda x: isinstance(x, (diffrax.ODETerm, diffrax.MultiTerm))  # noqa: E731
+    return [x for x in jax.tree.leaves(terms, is_leaf=is_term) if is_term(x)]
+
+
+# Checkpoints of `RecursiveCheckpointAdjoint` where it is the default. diffrax's default for
+# `max_steps = 100_000` is ≈450; on the two-link gradient (`experiments/bench_adjoint.py`,
+# 2-core CPU) 32 was 1.15–1.2× faster at 130 steps and 1.05–1.3× faster at ≈2000 steps (the
+# extra recomputation costs less than the larger checkpoint buffers), with 14× less memory
+# per trajectory, which matters under `vmap`.
+CHECKPOINTS = 32
+
+
+class SweepOptions(eqx.Module):
+    """The non-differentiated arguments of the swept solve (`solve_storing_steps`, `_backward`): the
+    solve's solver, step-size controller, event and progress meter as `diffeqsolve` gave
+    them to the adjoint, its step limit, the segments' `(count, length)` (`segment_plan`), the
+    solver's Butcher tableau and its `step_args` (or None). The solver, controller and
+    event may hold arrays (a controller's tolerances): ordinary fields; the rest is
+    static."""
+
+    solver: diffrax.AbstractSolver
+    stepsize_controller: diffrax.AbstractStepSizeController
+    event: diffrax.Event | None
+    progress_meter: diffrax.AbstractProgressMeter
+    max_steps: int = eqx.field(static=True)
+    segments: tuple[int, int] | None = eqx.field(static=True)
+    tableau: diffrax.ButcherTableau
+    step_args: Callable | None = eqx.field(static=True)
+
+
+class SweepProblem(eqx.Module):
+    """The differentiated arguments of the swept solve, as `diffeqsolve` gave them to the
+    adjoint (times multiplied by the solve's direction, terms wrapped to match): the terms
+    and `args`, the state it starts from (`init_state.y` is `y0`; the solver's and
+    controller's states are constants of the gradient), the times and what to save."""
+
+    terms: diffrax.AbstractTerm
+    args: object
+    init_state: eqx.Module
+    t0: Array
+    t1: Array
+    dt0: Array | None
+    saveat: diffrax.SaveAt
+
+
+class _Output(eqx.Module):
+    """What `diffrax.diffeqsolve` reads from the final state of a solve (`final_state`):
+    each `SubSaveAt`'s saved times and states (in the order of `subsaves`), the result,
+    the step counts (all, accepted, rejected), the event mask and, if saved, the solver
+    state."""
+
+    ts: list
+    ys: list
+    result: diffrax.RESULTS
+    counts: tuple
+    event_mask: object
+    solver_state: object
+
+    @classmethod
+    def of(cls, state, saveat: diffrax.SaveAt) -> "_Output":
+        """The output of diffrax's final `state`."""
+        saves = _subsaves_def(saveat).flatten_up_to(state.save_state)
+        return cls(ts=[s.ts for s in saves], ys=[s.ys for s in saves], result=state.result,
+                   counts=_counts(state.num_steps, state.num_accepted_steps,
+                                  state.num_rejected_steps),
+                   event_mask=state.event_mask,
+                   solver_state=state.solver_state if saveat.solver_state else None)
+
+
+def _counts(*counts) -> tuple:
+    """Step counts in diffrax's integer type."""
+    return tuple(jnp.asarray(c, jnp.asarray(0).dtype) for c in counts)
+
+
+def _subsaves_def(saveat: diffrax.SaveAt):
+    """The pytree structure of `saveat.subs` down to its `SubSaveAt`s."""
+    return jax.tree.structure(saveat.subs,
+                              is_leaf=lambda s: isinstance(s, diffrax.SubSaveAt))
+
+
+def final_state(init_state, out: _Output, saveat: diffrax.SaveAt):
+    """`init_state` with the fields that `diffeqsolve` reads after the solve loop set to
+    `out`'s."""
+    subs_def = _subsaves_def(saveat)
+    save_state = subs_def.unflatten([
+        dataclasses.replace(s, ts=ts, ys=ys) for s, ts, ys in zip(
+            subs_def.flatten_up_to(init_state.save_state), out.ts, out.ys, strict=True)])
+    num_steps, num_accepted_steps, num_rejected_steps = out.counts
+    return dataclasses.replace(
+        init_state, save_state=save_state, result=out.result, num_steps=num_steps,
+        num_accepted_steps=num_accepted_steps, num_rejected_steps=num_rejected_steps,
+        event_mask=out.event_mask,
+        solver_state=out.solver_state if saveat.solver_state else init_state.solver_state)
+
+
+def segment_plan(max_steps, stored_steps, stepsize_controller) -> tuple[int, int] | None:
+    """`(count, length)` of the segments of a solve: one of `max_steps` if it may store them
+    all. None for `StepTo`, which counts its steps in diffrax's loop: solved by diffrax's
+    `SaveAt(steps=True)` instead.
+
+    One segment is solved as several are, not by diffrax's `SaveAt(steps=True)`: that loop's
+    state begins the gradient's program with many independent operations, and XLA's CPU
+    runtime hands a program to its thread pool when more than 8 are ready at once, where its
+    speed depends on what else runs. The segments' state keeps the program on the calling
+    thread (`_solve_in_segments`; experiments/diagnostics/README.md, "Design measurements")."""
+    if isinstance(stepsize_controller, diffrax.StepTo):
+        return None
+    count = -(-max_steps // stored_steps)
+    return count, -(-max_steps // count)
+
+
+def solve_storing_steps(problem, static):
+    """The solve's output, and what the sweep reads: every accepted step's end time and
+    state of the last segment, and each segment's start (`StepTo`: of the whole solve, by
+    diffrax's `SaveAt(steps=True)`)."""
+    if static.segments is not None:
+        return _solve_in_segments(problem, static)
+    saveat = problem.saveat
+    out = diffrax.diffeqsolve(
+        problem.terms, static.solver, problem.t0, problem.t1, problem.dt0,
+        problem.init_state.y, args=problem.args,
+        saveat=diffrax.SaveAt(subs=[saveat.subs, diffrax.SubSaveAt(steps=True)],
+                              solver_state=saveat.solver_state or bool(static.step_args)),
+        stepsize_controller=static.stepsize_controller, event=static.event,
+        max_steps=static.max_steps, adjoint=diffrax.RecursiveCheckpointAdjoint(),
+        throw=False)
+    (ts_saved, step_ts), (ys_saved, step_ys) = out.ts, out.ys
+    subs_def = _subsaves_def(saveat)
+    output = _Output(ts=subs_def.flatten_up_to(ts_saved), ys=subs_def.flatten_up_to(ys_saved),
+                     result=out.result, counts=_counts(*(out.stats[k] for k in _COUNTS)),
+                     event_mask=out.event_mask,
+                     solver_state=out.solver_state if saveat.solver_state else None)
+    steps = out.stats["num_accepted_steps"]
+    return output, (step_ts, step_ys, steps, out.solver_state if static.step_args else None)
+
+
+class _RecordProposal(diffrax.AbstractStepSizeController):
+    """`controller`, whose state also holds the end of the next step it proposes: a
+    segment ends with it, and the next one starts from it (diffrax's `Solution` does not
+    say it).
+
+    Given `restart = (t_start, tnext, made_jump)`, a segment's start (`made_jump` None
+    when the controller makes no jumps), the solve's first step ends at `t_start` and is
+    kept (`_Restart` makes it take no time). From there the solve goes on as from the
+    step that ended at `t_start`: with the controller state given to `diffeqsolve`, its
+    next step ending at `tnext`, and `made_jump`. (Not through `dt0`: diffrax would check
+    its sign at run time, a branch and two host callbacks per solve.)"""
+
+    controller: diffrax.AbstractStepSizeController
+    restart: tuple | None = None
+
+    def wrap(self, direction):
+        return _RecordProposal(self.controller.wrap(direction), self.restart)
+
+    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
+        if self.restart is not None:  # diffrax keeps the controller state it is given
+            return self.restart[0], None
+        tnext, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
+        return tnext, (state, jnp.asarray(tnext, jnp.result_type(t0)))
+
+    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order,
+                        controller_state):
+        keep, tprev, tnext, jump, state, result = self.controller.adapt_step_size(
+            t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state[0])
+        state = (state, jnp.asarray(tnext, jnp.result_type(t1)))
+        if self.restart is None:
+            return keep, tprev, tnext, jump, state, result
+        t_start, t_proposed, made_jump = self.restart
+        restarting = t1 <= t_start
+        pick = lambda new, old: jnp.where(restarting, old, new)  # noqa: E731
+        return (keep | restarting, pick(tprev, t_start), pick(tnext, t_proposed),
+                jump if made_jump is None else pick(jump, made_jump),
+                jax.tree.map(pick, state, controller_state),
+                diffrax.RESULTS.where(restarting, diffrax.RESULTS.successful, result))
+
+
+class _Restart(AbstractWrappedSolver):
+    """`solver`, restarting a solve at `t_start` with the solver state given to
+    `diffeqsolve`: a step that ends at or before `t_start` (the first, from the solve's
+    `t0`; see `_RecordProposal`) takes no time and keeps the solver state.
+
+    A segment is solved from the solve's own `t0` this way, not from its start: diffrax
+    multiplies times by `direction = where(t0 < t1, 1, -1)`, and a traced start makes it
+    traced. Then XLA cannot fold diffrax's end threshold, 100 `prevbefore` of
+    `t1 · direction`, and compiles it as about 1,700 instructions per solve."""
+
+    solver: diffrax.AbstractSolver
+    t_start: Array
+
+    def init(self, terms, t0, t1, y0, args):
+        return self.solver.init(terms, t0, t1, y0, args)
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        return _restarted_step(self, terms, t0, t1, y0, args, solver_state, made_jump)
+
+
+@eqx.filter_jit
+def _restarted_step(restart: _Restart, terms, t0, t1, y0, args, solver_state, made_jump):
+    """`restart.step`, jitted: diffrax traces a solve's step function three times, and
+    the backward pass of a solve in segments re-solves them with the same step. Traced
+    once, the gradient of the ladder of 128 four-bars traced 0.3 s (a sixth) faster
+    (`experiments/bench_compile.py --model ladder:128 --only gradient`)."""
+    restarting = t1 <= restart.t_start
+    # A step of length zero from the start: the start state, no error, the solver state
+    # given, whatever the rates there.
+    y1, y_error, dense_info, state, result = restart.solver.step(
+        terms, jnp.where(restarting, t1, t0), t1, y0, args, solver_state, made_jump)
+    pick = lambda new, old: jnp.where(restarting, old, new)  # noqa: E731
+    return (jax.tree.map(pick, y1, y0),
+            jax.tree.map(lambda e: jnp.where(restarting, 0, e), y_error),
+            dense_info, jax.tree.map(pick, state, solver_state),
+            diffrax.RESULTS.where(restarting, diffrax.RESULTS.successful, result))
+
+
+def _after_start(cond_fn, t_start, t, y, args, **kwargs):
+    """An event's condition in a solve restarted at `t_start` (`_Restart`). Earlier times
+    (the solve's `t0`, where diffrax first evaluates it) count as the start, so that a
+    real value does not change sign across the restart. A flag is false at the start (the
+    segment before checked it there; for the first segment, `diffeqsolve` at `t0`, and
+    `_solve_in_segments` stops there if it was raised): at diffrax's first evaluation,
+    recognized by its time being the solve's `t0` itself, a flag is not evaluated: that
+    evaluation is a copy of the condition in the program, which XLA keeps (about 300 HLO
+    instructions of the ladder of 128 four-bars' gradient, the failure test,
+    `experiments/bench_compile.py`)."""
+    def evaluate():
+        return cond_fn(jnp.maximum(t, t_start), y, args, **kwargs)
+
+    # (`jnp.result_type`: a condition may be a Python bool, e.g. the failure test of a
+    # system without constraints.)
+    if t is kwargs.get("t0") and jnp.result_type(eqx.filter_eval_shape(evaluate)) == jnp.bool_:
+        return jnp.zeros((), jnp.bool_)
+    value = evaluate()
+    return value & (t > t_start) if jnp.result_type(value) == jnp.bool_ else value
+
+
+def solve_segment(start, problem, static, save_ts=(), event=None):
+    """At most one segment's length of steps from `start`, saving each step, the end (and
+    the solver's and controller's states there) and each of `save_ts` (those before the
+    start at the start). The solve runs from `t0`, the whole solve's start, restarting at
+    `start` (`_Restart`); its first saved step is that start, and its counts include it."""
+    t, y, solver_state, controller_state, made_jump = start
+    subs = [diffrax.SubSaveAt(ts=ts) for ts in save_ts]
+    subs = subs + [diffrax.SubSaveAt(t1=True), diffrax.SubSaveAt(steps=True)]
+    if event is not None:
+        event = eqx.tree_at(lambda e: e.cond_fn, event, jax.tree.map(
+            lambda fn: eqx.Partial(_after_start, fn, t), event.cond_fn, is_leaf=callable))
+    restart = t, controller_state[1], made_jump if _jumps(static) else None
+    return diffrax.diffeqsolve(
+        problem.terms, _Restart(static.solver, t), problem.t0, problem.t1, None, y,
+        args=problem.args, saveat=diffrax.SaveAt(subs=subs, solver_state=True,
+                                                 controller_state=True, made_jump=True),
+        stepsize_controller=_RecordProposal(static.stepsize_controller, restart),
+        event=event, max_steps=static.segments[1] + 1, solver_state=solver_state,
+        controller_state=controller_state, adjoint=diffrax.RecursiveCheckpointAdjoint(),
+        throw=False)
+
+
+def _jumps(static) -> bool:
+    """Whether the controller steps across discontinuities (the solver then re-evaluates a
+    step's first stage); if not, diffrax resolves `made_jump` when tracing."""
+    return getattr(static.stepsize_controller, "jump_ts", None) is not None
+
+
+def _solve_in_segments(problem, static):
+    """`solve_storing_steps` in segments: one `diffrax.diffeqsolve` per segment, each from where the last
+    stopped (after a segment's length of steps), until the solve ends or `max_steps`. Keeps
+    every segment's start and the last segment's steps."""
+    count, length = static.segments
+    event, init, t0 = static.event, problem.init_state, problem.t0
+    y0 = init.y
+    dtype = jnp.result_type(t0)
+    # The start as `diffeqsolve` made it, `(t, y, solver state, controller state, made
+    # jump)`; the controller's state holds its proposed step end too (`_RecordProposal`).
+    start = (t0, y0, init.solver_state, (init.controller_state, jnp.asarray(init.tnext, dtype)),
+             jnp.asarray(init.made_jump))
+    save_ts = [sub.ts for sub in subsaves(problem.saveat) if sub.ts is not None]
+    # The starts as rows of one array (leaves in their common dtype: flags and small counters
+    # convert exactly), not one array per leaf. Each leaf's initial value and copy would be an
+    # independent operation at the top of the gradient's program; with more than 8 ready at
+    # once XLA's CPU runtime runs the program on its thread pool, where it waits for threads
+    # that other work keeps busy. One flat array keeps it on the calling thread
+    # (experiments/diagnostics/README.md, "Design measurements").
+    start, unravel_start = ravel_pytree(start)
+    starts = jnp.zeros((count + 1,) + start.shape, start.dtype).at[0].set(start)
+    inf = lambda rows, y: jnp.full(rows + jnp.shape(y), jnp.inf, jnp.result_type(y))  # noqa: E731
+    # What the loop carries besides the starts and the current one (the solve's end, after
+    # the loop): the last segment's steps, saves at `ts`, result and event mask, and the
+    # step counts of all segments. The result and mask start as `diffeqsolve` left them
+    # at `t0`: a flag already raised there ends the solve before its first step, as in
+    # diffrax's own loop (a segment does not evaluate a flag at its start: `_after_start`).
+    last = dict(
+        step_ts=jnp.full(length, jnp.inf, dtype),
+        step_ys=jax.tree.map(lambda y: inf((length,), y), y0),
+        result=init.result,
+        event_mask=None if event is None else jax.tree.map(
+            lambda mask: jnp.asarray(mask, bool), init.event_mask),
+        steps=jnp.zeros((), jnp.int32))
+    saved = [(jnp.full(ts.shape, jnp.inf, dtype), jax.tree.map(
+        functools.partial(inf, ts.shape), y0)) for ts in save_ts]
+    counts = jnp.zeros(3, int)  # steps, accepted, rejected (diffrax's integer type)
+
+    def going_on(carry):
+        index, _, _, last, _, _ = carry
+        return (index < count) & (
+            ((index == 0) & (last["result"] == diffrax.RESULTS.successful))
+            | (last["result"] == diffrax.RESULTS.max_steps_reached))
+
+    def segment(carry):
+        index, starts, flat_start, _, saved, counts = carry
+        start = unravel_start(flat_start)
+        out = solve_segment(start, problem, static, save_ts, event)
+        *at_ts, t_end, _ = out.ts
+        *ys_at_ts, y_end, _ = out.ys  # the end (`SubSaveAt(t1=True)`), saved as (1, ...)
+        step_ts, step_ys, steps = accepted_steps(out)
+        end = (t_end[0], jax.tree.map(lambda y: y[0], y_end), out.solver_state,
+               out.controller_state, out.made_jump)
+        end = ravel_pytree(end)[0]
+        starts = starts.at[index + 1].set(end)
+        # A save time at or before the start was an earlier segment's.
+        saved = [_new_saves(old, (ts_k, ys_k), ts, (ts > start[0]) | (index == 0))
+                 for old, ts_k, ys_k, ts in zip(saved, at_ts, ys_at_ts, save_ts, strict=True)]
+        # Less the restart, a step taken and accepted.
+        counts = counts + jnp.stack([out.stats[k] for k in _COUNTS]).astype(
+            counts.dtype) - jnp.array([1, 1, 0], counts.dtype)
+        last = dict(step_ts=step_ts, step_ys=step_ys, result=out.result,
+                    event_mask=out.event_mask, steps=steps)
+        return index + 1, starts, end, last, saved, counts
+
+    index, starts, end, last, saved, counts = jax.lax.while_loop(
+        going_on, segment, (jnp.zeros((), jnp.int32), starts, start, last, saved, counts))
+    t_end, y_end, solver_state = unravel_start(end)[:3]
+    end = t_end[None], jax.tree.map(lambda y: y[None], y_end)
+    start = jnp.reshape(t0, (1,)).astype(dtype), jax.tree.map(lambda y: y[None], y0)
+    saved = iter(saved)
+    ts_out, ys_out = [], []
+    for sub in subsaves(problem.saveat):  # rows as diffrax orders them: t0, ts, t1
+        rows = ([start] if sub.t0 else []) + ([next(saved)] if sub.ts is not None else []) + (
+            [end] if sub.t1 else [])
+        ts_out.append(rows[0][0] if len(rows) == 1 else jnp.concatenate([r[0] for r in rows]))
+        ys_out.append(rows[0][1] if len(rows) == 1 else jax.tree.map(
+            lambda *ys: jnp.concatenate(ys), *[r[1] for r in rows]))
+    out = _Output(ts=ts_out, ys=ys_out, result=last["result"], counts=_counts(*counts),
+                  event_mask=last["event_mask"],
+                  solver_state=solver_state if problem.saveat.solver_state else None)
+    return out, (last["step_ts"], last["step_ys"], last["steps"], starts, index,
+                 unravel_start)
+
+
+def _new_saves(saved, new, ts, after_start):
+    """The saves `(times, states)` at `ts` so far, updated with a segment's `new` ones
+    (those `after_start` and reached)."""
+    take = jnp.isfinite(new[0]) & after_start
+    return (jnp.where(take, new[0], saved[0]), jax.tree.map(
+        lambda old, y: jnp.where(take.reshape((-1,) + (1,) * (y.ndim - 1)), y, old),
+        saved[1], new[1]))
+
+
+_COUNTS = ("num_steps", "num_accepted_steps", "num_rejected_steps")
+
+
+class LoopVJP(eqx.Module):
+    """The vector–Jacobian product of the solve through diffrax's loop, and the solve's
+    output (for gradients with respect to the times)."""
+
+    pull: Callable
+    out: _Output
+
+
+def loop_solve(problem, static) -> _Output:
+    """The solve by diffrax's loop (differentiated through, if at all)."""
+    final_state, _ = diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS).loop(
+        args=problem.args, terms=problem.terms, solver=static.solver,
+        stepsize_controller=static.stepsize_controller, event=static.event,
+        saveat=problem.saveat, t0=problem.t0, t1=problem.t1, dt0=problem.dt0,
+        max_steps=static.max_steps, throw=False, init_state=problem.init_state,
+        passed_solver_state=False, passed_controller_state=False,
+        progress_meter=static.progress_meter)
+    return _Output.of(final_state, problem.saveat)
+
+
+def typed_literal_as_array(x):
+    """A constant that JAX hands to a backward pass as a typed Python scalar (a gain built
+    from a Python float inside the caller's `jit`) as the array it was in the forward pass:
+    a backward pass that calls the model and formulation with it (the re-solve, the
+    diagnostics' product) needs their array methods."""
+    if isinstance(x, (int, float, complex)) and not isinstance(x, bool) and hasattr(x, "aval"):
+        return jnp.asarray(x, x.dtype)
+    return x
+
+
+def is_none(x) -> bool:
+    return x is None
+
+
+def nones(tree):
+    """`tree` with None for every leaf: no cotangent."""
+    return jax.tree.map(lambda _: None, tree)
+
+
+SAVE_Y = diffrax.SubSaveAt(t1=True).fn  # a `SubSaveAt`'s default `fn`: the state itself
+
+
+def subsaves(saveat: diffrax.SaveAt) -> list:
+    """The `SubSaveAt`s of `saveat`, in the order of its pytree."""
+    return jax.tree.leaves(saveat.subs, is_leaf=lambda s: isinstance(s, diffrax.SubSaveAt))
+
+
+def accepted_steps(out):
+    """The accepted steps' end times and states, and their number, of a `solve_segment` (its
+    restart, saved first, left out)."""
+    return (out.ts[-1][1:], jax.tree.map(lambda y: y[1:], out.ys[-1]),
+            jnp.asarray(out.stats["num_accepted_steps"], jnp.int32) - 1)
