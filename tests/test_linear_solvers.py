@@ -16,7 +16,7 @@ import jaxdae
 from jaxdae._compilation import _banded, _sparse
 from jaxdae._compilation._linalg import UNROLL_MAX
 from jaxdae._compilation._linear_solvers import (
-    PositiveDefinite,
+    StructuredCholesky,
     PositiveSemidefinitePseudoInverse,
     SparseSymmetricOperator,
     symmetric_solve,
@@ -52,22 +52,22 @@ def test_positive_definite_matches_lineax_cholesky(n):
     to the determinant."""
     a, b = jnp.asarray(_spd(n, n)), jnp.asarray(np.random.default_rng(n).standard_normal(n))
     expected = _solve(lx.Cholesky(), a, b)
-    np.testing.assert_allclose(_solve(PositiveDefinite(), a, b), expected, rtol=1e-12)
-    np.testing.assert_allclose(symmetric_solve(_operator(a), b, PositiveDefinite()), expected,
+    np.testing.assert_allclose(_solve(StructuredCholesky(), a, b), expected, rtol=1e-12)
+    np.testing.assert_allclose(symmetric_solve(_operator(a), b, StructuredCholesky()), expected,
                                rtol=1e-12)
 
     def loss(solver):
         return lambda a, b: jnp.sum(jnp.sin(_solve(solver, a, b)))
 
-    ours = jax.grad(loss(PositiveDefinite()), argnums=(0, 1))(a, b)
+    ours = jax.grad(loss(StructuredCholesky()), argnums=(0, 1))(a, b)
     theirs = jax.grad(loss(lx.Cholesky()), argnums=(0, 1))(a, b)
     for x, y in zip(ours, theirs, strict=False):
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
     batch = jnp.stack([b, 2 * b, -b])
-    np.testing.assert_allclose(jax.vmap(lambda c: _solve(PositiveDefinite(), a, c))(batch),
+    np.testing.assert_allclose(jax.vmap(lambda c: _solve(StructuredCholesky(), a, c))(batch),
                                jax.vmap(lambda c: _solve(lx.Cholesky(), a, c))(batch),
                                rtol=1e-12)
-    pivots = PositiveDefinite().init(_operator(a), {}).pivots
+    pivots = StructuredCholesky().init(_operator(a), {}).pivots
     np.testing.assert_allclose(np.prod(pivots), np.linalg.det(np.asarray(a)), rtol=1e-10)
 
 
@@ -83,11 +83,11 @@ def test_direct_gradient_matches_lineax(n):
     def along(solve):
         return jax.jvp(lambda s: jnp.sum(jnp.sin(solve(a + s * direction, b))), (0.0,), (1.0,))[1]
 
-    ours = along(lambda m, c: symmetric_solve(_operator(m), c, PositiveDefinite()))
+    ours = along(lambda m, c: symmetric_solve(_operator(m), c, StructuredCholesky()))
     theirs = along(lambda m, c: _solve(lx.Cholesky(), m, c))
     np.testing.assert_allclose(ours, theirs, rtol=1e-10)
     grad = jax.grad(lambda c: jnp.sum(jnp.sin(symmetric_solve(_operator(a), c,
-                                                              PositiveDefinite()))))(b)
+                                                              StructuredCholesky()))))(b)
     grad_lx = jax.grad(lambda c: jnp.sum(jnp.sin(_solve(lx.Cholesky(), a, c))))(b)
     np.testing.assert_allclose(grad, grad_lx, rtol=1e-10)
 
@@ -99,9 +99,9 @@ def test_positive_definite_of_indefinite_matrix(n):
     a = _spd(n, 3)
     w, v = np.linalg.eigh(a)
     a = (v * np.concatenate([[-1.0], w[1:]])) @ v.T
-    x = symmetric_solve(_operator(a), jnp.ones(n), PositiveDefinite())
+    x = symmetric_solve(_operator(a), jnp.ones(n), StructuredCholesky())
     assert not np.all(np.isfinite(x))
-    pivots = PositiveDefinite().init(_operator(a), {}).pivots
+    pivots = StructuredCholesky().init(_operator(a), {}).pivots
     assert not np.all(pivots > 0)
 
 
@@ -122,7 +122,7 @@ def test_banded_operator_matches_lineax_cholesky():
     on the dense matrix."""
     sparse = _banded_matrix(40, 2, 0)
     operator = SparseSymmetricOperator(sparse, PSD)
-    state = PositiveDefinite().init(operator, {})
+    state = StructuredCholesky().init(operator, {})
     assert state.plan is not None
     b = jnp.asarray(np.random.default_rng(2).standard_normal(40))
     dense = sparse.dense()
@@ -131,7 +131,7 @@ def test_banded_operator_matches_lineax_cholesky():
 
     def banded(values, c):
         op = SparseSymmetricOperator(SparseMatrix(values, sparse.pattern), PSD)
-        return jnp.sum(jnp.sin(lx.linear_solve(op, c, PositiveDefinite()).value))
+        return jnp.sum(jnp.sin(lx.linear_solve(op, c, StructuredCholesky()).value))
 
     def reference(values, c):
         return jnp.sum(jnp.sin(_solve(lx.Cholesky(), SparseMatrix(values, sparse.pattern).dense(),
@@ -146,7 +146,7 @@ def test_banded_operator_matches_lineax_cholesky():
     values = jnp.stack([sparse.values, 2 * sparse.values])
     np.testing.assert_allclose(jax.vmap(banded, in_axes=(0, None))(values, b),
                                jax.vmap(reference, in_axes=(0, None))(values, b), rtol=1e-12)
-    direct = symmetric_solve(operator, b, PositiveDefinite())
+    direct = symmetric_solve(operator, b, StructuredCholesky())
     np.testing.assert_allclose(direct, np.linalg.solve(np.asarray(dense), b), rtol=1e-10)
 
 
@@ -212,7 +212,7 @@ def test_pseudo_inverse_direct_gradient_of_full_rank_pair():
 
 def test_solvers_refuse_operators_that_are_not_symmetric():
     operator = lx.MatrixLinearOperator(jnp.asarray(_spd(3, 0)))
-    for solver in (PositiveDefinite(), PositiveSemidefinitePseudoInverse()):
+    for solver in (StructuredCholesky(), PositiveSemidefinitePseudoInverse()):
         with pytest.raises(ValueError, match="positive_semidefinite_tag"):
             solver.init(operator, {})
 
@@ -234,7 +234,7 @@ def test_multiplier_solve_takes_any_lineax_solver(c):
     with the project's, values and gradients."""
     terms = _terms(c, c)
     target = jnp.linspace(-1.0, 1.0, c)
-    pairs = [(PositiveDefinite(), lx.Cholesky()), (PositiveDefinite(), lx.LU()),
+    pairs = [(StructuredCholesky(), lx.Cholesky()), (StructuredCholesky(), lx.LU()),
              (PositiveSemidefinitePseudoInverse(), lx.SVD(rcond=1e-8))]
     for ours, theirs in pairs:
         for x, y in zip(multiplier_solve(terms, target, ours),

@@ -616,7 +616,7 @@ def test_banded_multiplier_solve_derivatives():
     # `G M⁻¹ Gᵀ` is banded: values and derivatives (reverse, forward, under vmap) with
     # respect to `M`, `G`, `Q` and the target against the dense elimination's (`M`'s
     # symmetric part, which the block inverse reads)
-    from jaxdae._compilation._linear_solvers import PositiveDefinite
+    from jaxdae._compilation._linear_solvers import StructuredCholesky
     from jaxdae._formulations._multipliers import multiplier_solve
     from jaxdae._systems._system import ConstrainedTerms
 
@@ -639,7 +639,7 @@ def test_banded_multiplier_solve_derivatives():
         mass, g = SparseMatrix(m_values, m_pattern), SparseMatrix(g_values, g_pattern)
         terms = ConstrainedTerms(mass.dense(), forces, target, target, empty, g.dense(), target,
                                  sparse_mass=mass, sparse_jacobian=g)
-        return multiplier_solve(terms, target, PositiveDefinite())
+        return multiplier_solve(terms, target, StructuredCholesky())
 
     def dense(m_values, g_values, forces, target):
         mass = SparseMatrix(m_values, m_pattern).dense()

@@ -57,7 +57,7 @@ def spd_operator(matrix) -> lx.MatrixLinearOperator:
 UNROLL_MAX = 8
 
 
-# Constraint matrices (`PositiveDefinite`) from `UNROLL_MAX + 1` up to this size are factorized
+# Constraint matrices (`StructuredCholesky`) from `UNROLL_MAX + 1` up to this size are factorized
 # and solved by loops of whole-vector operations (`looped_cholesky`, `looped_triangular_solve`)
 # instead of LAPACK. XLA:CPU runs a while loop (an ODE solve) as one compiled kernel only
 # where its body has no custom call (`_xla_flags.py`): a LAPACK call at every evaluation keeps

@@ -7,7 +7,7 @@ lineax operator — [`SparseSymmetricOperator`][] where the terms carry a sparsi
 `lineax.MatrixLinearOperator` otherwise — to [`symmetric_solve`][] with one of the solvers
 here or any lineax solver a user passes (which goes through `lineax.linear_solve`).
 
-- [`PositiveDefinite`][]: a Cholesky factorization that follows the size and the structure:
+- [`StructuredCholesky`][]: a Cholesky factorization that follows the size and the structure:
   unrolled elementwise operations for tiny matrices and a loop of vector operations for
   small ones (which XLA fuses with the solve's loop), a banded Cholesky factorization where
   the operator's pattern is banded, LAPACK for large dense ones. Its state carries the
@@ -49,7 +49,7 @@ ARRAY_FORM_UNROLL_MAX = 4
 
 class SparseSymmetricOperator(lx.AbstractLinearOperator):
     """A symmetric [`SparseMatrix`][] as a lineax operator: products on its pattern, and
-    the pattern available to the solvers ([`PositiveDefinite`][] factorizes a banded one
+    the pattern available to the solvers ([`StructuredCholesky`][] factorizes a banded one
     by a banded factorization).
 
     **Arguments:**
@@ -153,7 +153,7 @@ def symmetric_operator(matrix: Float[Array, "c c"],
 
 
 class CholeskyFactor(eqx.Module):
-    """The state of [`PositiveDefinite`][]: a factorization and its pivots.
+    """The state of [`StructuredCholesky`][]: a factorization and its pivots.
 
     - `factor`: the lower Cholesky factor (unrolled, looped and LAPACK methods), or the matrix's
         values on its pattern (banded method: `banded_solve` factorizes and solves in one
@@ -203,7 +203,7 @@ def symmetric_solve(operator: lx.AbstractLinearOperator, vector: Array,
     return lx.linear_solve(operator, vector, solver, throw=False).value
 
 
-class PositiveDefinite(AbstractDirectSolver):
+class StructuredCholesky(AbstractDirectSolver):
     """Cholesky solver for symmetric positive definite operators, following their size and
     structure.
 
@@ -229,10 +229,10 @@ class PositiveDefinite(AbstractDirectSolver):
     def init(self, operator: lx.AbstractLinearOperator, options: dict[str, Any]) -> CholeskyFactor:
         del options
         if operator.in_size() != operator.out_size():
-            raise ValueError("`PositiveDefinite` needs a square operator.")
+            raise ValueError("`StructuredCholesky` needs a square operator.")
         if not (lx.is_symmetric(operator) or lx.is_positive_semidefinite(operator)):
             raise ValueError(
-                "`PositiveDefinite` solves with symmetric positive definite operators: tag "
+                "`StructuredCholesky` solves with symmetric positive definite operators: tag "
                 "the operator with `lineax.positive_semidefinite_tag`.")
         plan = None
         if isinstance(operator, SparseSymmetricOperator):
@@ -282,7 +282,7 @@ class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):
     matrix its singular values are its eigenvalues, so this is `lineax.SVD(rcond)`'s
     solution; an SVD's LAPACK call at every stage made a whole simulation about 8× slower
     (`experiments/bench_solves.py`). Beyond, the matrix is first factorized as
-    [`PositiveDefinite`][] does (a banded factorization where its pattern is banded,
+    [`StructuredCholesky`][] does (a banded factorization where its pattern is banded,
     LAPACK's Cholesky otherwise): where the pivots show full rank (each above `rcond` times
     the largest, the test of `jaxdae.Baumgarte`), `A⁺ = A⁻¹` is applied through that
     factorization; where they do not (a `lax.cond`; under `vmap` both branches run), up to
@@ -321,7 +321,7 @@ class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):
         rcond = float(np.sqrt(np.finfo(dtype).eps)) if self.rcond is None else self.rcond
         if operator.in_size() <= 2:
             return _PseudoInverseState(psd_pseudo_inverse(operator.as_matrix(), rcond), None)
-        factor = PositiveDefinite().init(operator, {})
+        factor = StructuredCholesky().init(operator, {})
         pivots = factor.pivots
         full_rank = jnp.all(pivots > rcond * jnp.max(pivots))
         if operator.in_size() > LOOPED_MAX:
@@ -339,7 +339,7 @@ class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):
             return small_matmul(state.matrix, vector), lx.RESULTS.successful, {}
 
         def by_factorization():
-            return PositiveDefinite().compute(state.factor, vector, {})[0]
+            return StructuredCholesky().compute(state.factor, vector, {})[0]
 
         def rank_deficient():
             if state.pivoted is None:  # beyond `LOOPED_MAX`

@@ -310,7 +310,7 @@ def blocks_positive_definite(mass: SparseMatrix) -> Bool[Array, ""] | None:
 def cholesky_factor(block: Float[Array, "b b"], unroll_max: int = UNROLL_MAX
                     ) -> Float[Array, "b b"]:
     """The lower Cholesky factor of a small matrix (a block of the banded factorization,
-    `PositiveDefinite`'s dense matrices): unrolled into elementwise operations
+    `StructuredCholesky`'s dense matrices): unrolled into elementwise operations
     up to `unroll_max` rows, a loop of vector operations up to `LOOPED_MAX` (both fused with
     the rest of a solve's loop), LAPACK beyond. A block that is not positive definite gives
     non-finite entries."""

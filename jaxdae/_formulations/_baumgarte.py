@@ -3,7 +3,7 @@ Deressa (2015))."""
 
 from typing import ClassVar
 
-from .._compilation._linear_solvers import PositiveDefinite
+from .._compilation._linear_solvers import StructuredCholesky
 from .._custom_types import Gain, GainLike
 from .._systems._system import ConstrainedTerms
 from ._arguments import explain_arguments
@@ -43,7 +43,7 @@ class Unstabilized(AbstractExactMultipliers):
         check_rcond(self.rcond)
 
     def accelerations(self, terms):
-        return multiplier_solve(terms, terms.bias, PositiveDefinite())
+        return multiplier_solve(terms, terms.bias, StructuredCholesky())
 
     def validate(self, num_holonomic, num_nonholonomic):
         return self
@@ -97,4 +97,4 @@ class Baumgarte(AbstractExactMultipliers, AbstractBaumgarteFormulation):
         check_rcond(self.rcond)
 
     def accelerations(self, terms: ConstrainedTerms):
-        return multiplier_solve(terms, self.target(terms), PositiveDefinite())
+        return multiplier_solve(terms, self.target(terms), StructuredCholesky())

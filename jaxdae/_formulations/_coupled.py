@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._compilation._linalg import not_hurwitz
-from .._compilation._linear_solvers import PositiveDefinite
+from .._compilation._linear_solvers import StructuredCholesky
 from .._custom_types import Array, Float
 from .._gains import apply_gain, as_gain, gain_matrix, is_concrete, uncoupled_companions
 from .._systems._system import ConstrainedTerms
@@ -222,4 +222,4 @@ class CoupledPerturbation(AbstractExactMultipliers, AbstractStabilizedFormulatio
         return terms.bias + rates
 
     def accelerations(self, terms: ConstrainedTerms):
-        return multiplier_solve(terms, self.target(terms), PositiveDefinite())
+        return multiplier_solve(terms, self.target(terms), StructuredCholesky())

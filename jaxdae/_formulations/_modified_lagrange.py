@@ -7,7 +7,7 @@ import equinox as eqx
 import jax.numpy as jnp
 
 from .._compilation._linalg import small_matmul
-from .._compilation._linear_solvers import PositiveDefinite
+from .._compilation._linear_solvers import StructuredCholesky
 from .._compilation._sparse import SparseMatrix
 from .._custom_types import Gain, GainLike
 from .._gains import as_gain, gain_matrix
@@ -112,7 +112,7 @@ def _accelerations(formulation: ModifiedLagrange, terms, iterations: int,
     rhs = terms.forces + masses_g.rmatvec(target)
     if rhs.shape[0] == 0:
         return rhs, _apply_masses(alpha, -target)
-    solver = PositiveDefinite()
+    solver = StructuredCholesky()
     factor = solver.init(lhs, {})
     if batched is None:
         batched = 0 < target.shape[0] <= iterations

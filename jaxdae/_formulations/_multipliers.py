@@ -12,7 +12,7 @@ import numpy as np
 from .._compilation._banded import BandedPlan, banded_factor, banded_plan
 from .._compilation._linalg import extreme_eigenvalues, small_matmul, spd_solve
 from .._compilation._linear_solvers import (
-    PositiveDefinite,
+    StructuredCholesky,
     symmetric_operator,
     symmetric_solve,
 )
@@ -31,11 +31,11 @@ from .._systems._system import ConstrainedTerms
 
 def extreme_pivots(elimination):
     """`(smallest, largest)` pivot of `G M⁻¹ Gᵀ` (see `AbstractExactMultipliers`): closed-form
-    eigenvalues for one or two constraints, else the pivots of [`PositiveDefinite`][]'s
+    eigenvalues for one or two constraints, else the pivots of [`StructuredCholesky`][]'s
     factorization (the one the multipliers are solved with)."""
     if elimination.matrix.shape[0] <= 2:
         return extreme_eigenvalues(elimination.matrix)
-    pivots = PositiveDefinite().init(elimination.operator, {}).pivots
+    pivots = StructuredCholesky().init(elimination.operator, {}).pivots
     return jnp.min(pivots), jnp.max(pivots)
 
 
@@ -183,9 +183,9 @@ def multiplier_solve(
     returns.
     """
     if solver is None:
-        solver = PositiveDefinite()
+        solver = StructuredCholesky()
     sparse_factors = _sparse_factors(terms)
-    if sparse_factors is not None and isinstance(solver, PositiveDefinite):
+    if sparse_factors is not None and isinstance(solver, StructuredCholesky):
         minv, g = sparse_factors
         matrix_pattern = product_pattern(
             g.pattern, product_pattern(minv.pattern, transposed_pattern(g.pattern)))

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import check_instance
-from .._compilation._linear_solvers import PositiveDefinite
+from .._compilation._linear_solvers import StructuredCholesky
 from .._custom_types import Array, Float, NonholonomicResidual
 from .._gains import as_gain, is_concrete
 from .._systems._system import AbstractSystem, ConstrainedTerms
@@ -220,7 +220,7 @@ class RealizedConstraints(AbstractSystem):
             # Equivalent control: exact multipliers with Φ̈ = 0, Ψ̇ = −rate Ψ; R = −μ.
             rate = getattr(force, "rate", 0.0)
             target = full.bias + jnp.concatenate([jnp.zeros(m, q.dtype), -rate * full.psi])
-            _, multipliers = multiplier_solve(full, target, PositiveDefinite())
+            _, multipliers = multiplier_solve(full, target, StructuredCholesky())
             return -multipliers[m:]
 
         realizing = force(full.psi, reaction)

@@ -58,7 +58,7 @@ def small_det(matrix: Float[Array, "m m"]) -> Float[Array, ""]:
     return jnp.linalg.det(matrix)
 
 
-def lu_solve(matrix):
+def lu_solver(matrix):
     """A function `b -> matrix⁻¹ b` (vectors or matrices) from one LU factorization
     (Cramer's rule for sizes 1 and 2: no LAPACK call per evaluation)."""
     if matrix.shape[0] in (1, 2):
@@ -215,7 +215,7 @@ class RedundantCoordinates(AbstractFormulation):
         (jd, ji), dep = self._split(jacobian)
         ind = self.independent(v.shape[0])
         rhs = ji @ v[jnp.asarray(ind, dtype=int)] + phi_t
-        v_dep = -lu_solve(jd)(rhs)
+        v_dep = -lu_solver(jd)(rhs)
         return v.at[jnp.asarray(dep, dtype=int)].set(v_dep)
 
     def velocities(self, system, t, q, v):
@@ -232,7 +232,7 @@ class RedundantCoordinates(AbstractFormulation):
         (jd, ji), dep = self._split(jacobian)
         n = jacobian.shape[1]
         ind = self.independent(n)
-        b = -lu_solve(jd)(ji)
+        b = -lu_solver(jd)(ji)
         basis = jnp.zeros((n, len(ind)), jacobian.dtype)
         basis = basis.at[jnp.asarray(ind, dtype=int)].set(jnp.eye(len(ind), dtype=jacobian.dtype))
         return basis.at[jnp.asarray(dep, dtype=int)].set(b)
@@ -245,7 +245,7 @@ class RedundantCoordinates(AbstractFormulation):
         basis = self.basis(g)
         # Particular solution of J q̈₀ = γ with q̈₀[ind] = 0.
         acc0 = jnp.zeros((n,), g.dtype).at[dep_idx].set(
-            lu_solve(jd)(terms.bias)
+            lu_solver(jd)(terms.bias)
         )
         mass = _mass_product(terms)
         reduced = basis.T @ mass(basis)
@@ -255,7 +255,7 @@ class RedundantCoordinates(AbstractFormulation):
         acc = basis @ acc_ind + acc0
         # Implied reactions: M q̈ = Q − Jᵀλ, read on the dependent rows.
         residual = (terms.forces - mass(acc))[dep_idx]
-        lam = lu_solve(jd.T)(residual)
+        lam = lu_solver(jd.T)(residual)
         return acc, lam
 
     def failure(self, terms, reference):

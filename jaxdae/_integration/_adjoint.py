@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from .._compilation._private_apis import traced_for_jit
-from ._solvers import AbstractWrappedSolver
+from ._solvers import AbstractSteppingWrapper
 from ._sweep_backward import swept_solve
 from ._sweep_forward import (
     CHECKPOINTS,
@@ -196,7 +196,7 @@ def explicit_tableau(solver) -> diffrax.ButcherTableau:
 
 
 def _unwrapped(solver):
-    while isinstance(solver, AbstractWrappedSolver):
+    while isinstance(solver, AbstractSteppingWrapper):
         solver = solver.solver
     return solver
 

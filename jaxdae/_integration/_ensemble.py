@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from .._custom_types import Array
-from ._solvers import AbstractWrappedSolver
+from ._solvers import AbstractSteppingWrapper
 from ._vector_fields import SolveArgs, detached, jitted_failure, jitted_rates, jitted_row_vjp
 
 
@@ -43,7 +43,7 @@ def where_rows(rows, a, b):
         lambda x, y: jnp.where(rows.reshape((-1,) + (1,) * (x.ndim - 1)), x, y), a, b)
 
 
-class StopFailedTrajectories(AbstractWrappedSolver):
+class StopFailedTrajectories(AbstractSteppingWrapper):
     """The solver of an ensemble whose formulation can fail: a trajectory that fails stops
     alone, and the others go on.
 

@@ -29,7 +29,7 @@ def unwrapped(solver: diffrax.AbstractSolver, cls: type) -> diffrax.AbstractSolv
     return solver
 
 
-class AbstractWrappedSolver(diffrax.AbstractAdaptiveSolver):
+class AbstractSteppingWrapper(diffrax.AbstractAdaptiveSolver):
     """A solver that computes its steps its own way around a wrapped diffrax `solver`,
     from which it takes everything else (terms, interpolation, order, vector field)."""
 
@@ -57,7 +57,7 @@ class AbstractWrappedSolver(diffrax.AbstractAdaptiveSolver):
         return self.solver.func(terms, t0, y0, args)
 
 
-class UnrolledERK(AbstractWrappedSolver):
+class UnrolledERK(AbstractSteppingWrapper):
     """Wraps a diffrax explicit Runge–Kutta solver (`Tsit5`, `Dopri5`, `Bosh3`, `Heun`, …)
     and computes its steps with the stages written out one after the other, instead of in
     diffrax's loop over stages. Same tableau, error estimate, dense output and

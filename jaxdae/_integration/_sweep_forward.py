@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from .._custom_types import Array
-from ._solvers import AbstractWrappedSolver
+from ._solvers import AbstractSteppingWrapper
 
 
 class ODETermWithVJP(diffrax.ODETerm):
@@ -216,7 +216,7 @@ class _RecordProposal(diffrax.AbstractStepSizeController):
                 diffrax.RESULTS.where(restarting, diffrax.RESULTS.successful, result))
 
 
-class _Restart(AbstractWrappedSolver):
+class _Restart(AbstractSteppingWrapper):
     """`solver`, restarting a solve at `t_start` with the solver state given to
     `diffeqsolve`: a step that ends at or before `t_start` (the first, from the solve's
     `t0`; see `_RecordProposal`) takes no time and keeps the solver state.
