@@ -16,9 +16,9 @@ import jaxdae
 from jaxdae._compilation import _banded, _sparse
 from jaxdae._compilation._linalg import UNROLL_MAX
 from jaxdae._compilation._linear_solvers import (
-    StructuredCholesky,
     PositiveSemidefinitePseudoInverse,
     SparseSymmetricOperator,
+    StructuredCholesky,
     symmetric_solve,
 )
 from jaxdae._compilation._sparse import Pattern, SparseMatrix
