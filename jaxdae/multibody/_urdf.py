@@ -1,5 +1,6 @@
 """URDF import: serial and tree robots as the bodies and joints of a spatial mechanism."""
 
+import functools
 import os
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -153,73 +154,11 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
     urdf = yourdfpy.URDF.load(os.fspath(path), build_scene_graph=False, load_meshes=False,
                               build_collision_scene_graph=False, load_collision_meshes=False)
     robot = urdf.robot
+    where = functools.partial(_where, path, lines)
     links = {link.name: link for link in robot.links}
-    for kind, items in (("link", robot.links), ("joint", robot.joints)):
-        for item in items:
-            if "." in item.name or item.name == GROUND:
-                raise ValueError(
-                    f"{_where(path, lines, kind, item.name)}: {kind} name {item.name!r} cannot "
-                    f"name a jaxdae body or joint (no '.', not {GROUND!r}); rename it.")
-    parent_joint = {}
-    for joint in robot.joints:
-        where = _where(path, lines, "joint", joint.name)
-        for role in ("parent", "child"):
-            if getattr(joint, role) not in links:
-                raise ValueError(f"{where}: joint {joint.name!r} names {role} link "
-                                 f"{getattr(joint, role)!r}, which is not in the file.")
-        if joint.child in parent_joint:
-            raise ValueError(f"{where}: link {joint.child!r} is the child of two joints "
-                             f"({parent_joint[joint.child].name!r} and {joint.name!r}); URDF "
-                             "describes trees: close loops with joints added in Python.")
-        if joint.type not in ("revolute", "continuous", "prismatic", "fixed"):
-            raise ValueError(f"{where}: joint {joint.name!r} is of type {joint.type!r}; jaxdae "
-                             "imports revolute, continuous, prismatic and fixed joints.")
-        parent_joint[joint.child] = joint
-    roots = [name for name in links if name not in parent_joint]
-    if len(roots) != 1:
-        raise ValueError(f"{path}: the links form {'no tree (a loop)' if not roots else 'several trees'}"
-                         f" (roots: {roots}); a URDF robot has one root link.")
-    root = roots[0]
-    children: dict[str, list] = {}
-    for joint in robot.joints:
-        children.setdefault(joint.parent, []).append(joint)
-
-    # World pose of every link frame at zero joint coordinates, root first.
-    world = {root: (np.eye(3), np.zeros(3))}
-    order = [root]
-    for name in order:
-        for joint in children.get(name, []):
-            rot, pos = world[name]
-            r, p = _transform(joint.origin)
-            world[joint.child] = (rot @ r, pos + rot @ p)
-            order.append(joint.child)
-
-    def massive(name):
-        inertial = links[name].inertial
-        return inertial is not None and inertial.mass is not None and inertial.mass > 0
-
-    # Which body carries each link: itself, the ground (the fixed root) or the body a
-    # massless link is welded to.
-    carrier = {}
-    for name in order:
-        if name == root:
-            carrier[name] = GROUND if fixed_base else name
-            if not fixed_base and not massive(name):
-                raise ValueError(f"{_where(path, lines, 'link', name)}: the root link {name!r} "
-                                 "has no mass; a free (fixed_base=False) base needs an "
-                                 "<inertial>.")
-            continue
-        joint = parent_joint[name]
-        if massive(name):
-            carrier[name] = name
-        elif joint.type == "fixed":
-            carrier[name] = carrier[joint.parent]
-        else:
-            raise ValueError(
-                f"{_where(path, lines, 'link', name)}: link {name!r} has no mass (no "
-                f"<inertial> with a positive <mass>) but the {joint.type} joint "
-                f"{joint.name!r} moves it; give it an <inertial> or make the joint fixed.")
-
+    parent_joint, root = _tree(path, where, robot, links)
+    world, order = _world_poses(robot, root)
+    carrier = _carriers(where, links, parent_joint, order, root, fixed_base)
     # Body frames: the inertial frame of each massive link (world pose), the ground's the
     # global frame.
     frames = {GROUND: (np.eye(3), np.zeros(3))}
@@ -228,23 +167,129 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
             r, p = _transform(links[name].inertial.origin)
             rot, pos = world[name]
             frames[name] = (rot @ r, pos + rot @ p)
-    markers: dict[str, dict] = {body: {} for body in frames}
-    orientations: dict[str, dict] = {body: {} for body in frames}
-
-    def add_marker(body, key, rot, pos):
-        """A marker at the world pose (rot, pos) on `body`, in its body frame."""
-        body_rot, body_pos = frames[body]
-        markers[body][key] = body_rot.T @ (pos - body_pos)
-        orientations[body][key] = body_rot.T @ rot
-
+    markers = _Markers(frames)
     for name in order:
-        add_marker(carrier[name], "frame" if carrier[name] == name else name, *world[name])
+        markers.add(carrier[name], "frame" if carrier[name] == name else name, *world[name])
+    joints = _joints(robot, links, world, carrier, markers)
+    bodies = [Ground(markers.points[GROUND], orientations=markers.orientations[GROUND])]
+    for name in order:
+        if carrier[name] != name:
+            continue
+        inertial = links[name].inertial
+        rot, pos = frames[name]
+        try:
+            bodies.append(RigidBody(name, inertial.mass, np.asarray(inertial.inertia, float),
+                                    markers.points[name],
+                                    orientations=markers.orientations[name],
+                                    position=pos, orientation=rot))
+        except ValueError as error:
+            raise ValueError(f"{where('link', name)}: {error}") from error
+    moving = tuple(j.name for j in robot.joints if j.type != "fixed")
+    return UrdfRobot(robot.name, tuple(bodies), tuple(joints), _limits(robot), root, moving)
+
+
+def _massive(link) -> bool:
+    inertial = link.inertial
+    return inertial is not None and inertial.mass is not None and inertial.mass > 0
+
+
+def _tree(path, where, robot, links):
+    """`(parent joint of each link, root link)`, after checking the names, the joints'
+    links and types, and that the joints form one tree."""
+    for kind, items in (("link", robot.links), ("joint", robot.joints)):
+        for item in items:
+            if "." in item.name or item.name == GROUND:
+                raise ValueError(
+                    f"{where(kind, item.name)}: {kind} name {item.name!r} cannot "
+                    f"name a jaxdae body or joint (no '.', not {GROUND!r}); rename it.")
+    parent_joint = {}
+    for joint in robot.joints:
+        at = where("joint", joint.name)
+        for role in ("parent", "child"):
+            if getattr(joint, role) not in links:
+                raise ValueError(f"{at}: joint {joint.name!r} names {role} link "
+                                 f"{getattr(joint, role)!r}, which is not in the file.")
+        if joint.child in parent_joint:
+            raise ValueError(f"{at}: link {joint.child!r} is the child of two joints "
+                             f"({parent_joint[joint.child].name!r} and {joint.name!r}); URDF "
+                             "describes trees: close loops with joints added in Python.")
+        if joint.type not in ("revolute", "continuous", "prismatic", "fixed"):
+            raise ValueError(f"{at}: joint {joint.name!r} is of type {joint.type!r}; jaxdae "
+                             "imports revolute, continuous, prismatic and fixed joints.")
+        parent_joint[joint.child] = joint
+    roots = [name for name in links if name not in parent_joint]
+    if len(roots) != 1:
+        found = "no tree (a loop)" if not roots else "several trees"
+        raise ValueError(f"{path}: the links form {found} (roots: {roots}); a URDF robot has "
+                         "one root link.")
+    return parent_joint, roots[0]
+
+
+def _world_poses(robot, root):
+    """The world pose `(rotation, position)` of every link frame at zero joint coordinates,
+    and the links in order from the root."""
+    children: dict[str, list] = {}
+    for joint in robot.joints:
+        children.setdefault(joint.parent, []).append(joint)
+    world = {root: (np.eye(3), np.zeros(3))}
+    order = [root]
+    for name in order:
+        for joint in children.get(name, []):
+            rot, pos = world[name]
+            r, p = _transform(joint.origin)
+            world[joint.child] = (rot @ r, pos + rot @ p)
+            order.append(joint.child)
+    return world, order
+
+
+def _carriers(where, links, parent_joint, order, root, fixed_base):
+    """Which body carries each link: itself, the ground (the fixed root) or the body a
+    massless link is welded to."""
+    carrier = {}
+    for name in order:
+        if name == root:
+            carrier[name] = GROUND if fixed_base else name
+            if not fixed_base and not _massive(links[name]):
+                raise ValueError(f"{where('link', name)}: the root link {name!r} has no mass; "
+                                 "a free (fixed_base=False) base needs an <inertial>.")
+            continue
+        joint = parent_joint[name]
+        if _massive(links[name]):
+            carrier[name] = name
+        elif joint.type == "fixed":
+            carrier[name] = carrier[joint.parent]
+        else:
+            raise ValueError(
+                f"{where('link', name)}: link {name!r} has no mass (no <inertial> with a "
+                f"positive <mass>) but the {joint.type} joint {joint.name!r} moves it; give "
+                "it an <inertial> or make the joint fixed.")
+    return carrier
+
+
+class _Markers:
+    """The markers of each body, placed from world poses into the body frames."""
+
+    def __init__(self, frames):
+        self.frames = frames
+        self.points: dict[str, dict] = {body: {} for body in frames}
+        self.orientations: dict[str, dict] = {body: {} for body in frames}
+
+    def add(self, body, key, rot, pos):
+        """A marker at the world pose `(rot, pos)` on `body`, in its body frame."""
+        body_rot, body_pos = self.frames[body]
+        self.points[body][key] = body_rot.T @ (pos - body_pos)
+        self.orientations[body][key] = body_rot.T @ rot
+
+
+def _joints(robot, links, world, carrier, markers):
+    """The mechanism's joints, each at a marker of its parent's carrier; a fixed joint to a
+    massless link is a marker of its carrier instead."""
     joints = []
     for joint in robot.joints:
-        if joint.type == "fixed" and not massive(joint.child):
+        if joint.type == "fixed" and not _massive(links[joint.child]):
             continue  # a marker of its carrier
         rot, pos = world[joint.child]  # the joint frame at zero coordinates
-        add_marker(carrier[joint.parent], joint.name, rot, pos)
+        markers.add(carrier[joint.parent], joint.name, rot, pos)
         a = f"{carrier[joint.parent]}.{joint.name}"
         b = f"{joint.child}.frame"
         axis = None if joint.axis is None else np.asarray(joint.axis, dtype=float)
@@ -256,28 +301,20 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
                                     name=joint.name))
         else:
             joints.append(Fixed(a, b, name=joint.name))
-    bodies = [Ground(markers[GROUND], orientations=orientations[GROUND])]
-    for name in order:
-        if carrier[name] != name:
-            continue
-        inertial = links[name].inertial
-        rot, pos = frames[name]
-        try:
-            bodies.append(RigidBody(name, inertial.mass, np.asarray(inertial.inertia, float),
-                                    markers[name], orientations=orientations[name],
-                                    position=pos, orientation=rot))
-        except ValueError as error:
-            raise ValueError(f"{_where(path, lines, 'link', name)}: {error}") from error
+    return joints
+
+
+def _limits(robot) -> dict:
+    """The `<limit>`s of the moving joints (a continuous joint has no position limits)."""
     limits = {}
     for joint in robot.joints:
         if joint.type == "fixed":
             continue
         limit = joint.limit
-        value = (lambda x: None if x is None else float(x))
+        value = (lambda x: None if x is None else float(x))  # noqa: E731
         limits[joint.name] = JointLimit(
             None if joint.type == "continuous" or limit is None else value(limit.lower),
             None if joint.type == "continuous" or limit is None else value(limit.upper),
             None if limit is None else value(limit.effort),
             None if limit is None else value(limit.velocity))
-    moving = tuple(j.name for j in robot.joints if j.type != "fixed")
-    return UrdfRobot(robot.name, tuple(bodies), tuple(joints), limits, root, moving)
+    return limits
