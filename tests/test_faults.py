@@ -117,7 +117,7 @@ def test_a_stable_fixed_step_does_not_warn():
 
 @pytest.mark.slow
 def test_fixed_step_radius_matches_transition_matrix():
-    from jaxdae._analysis._discrete import fixed_step_radius
+    from jaxdae._integration._validation import fixed_step_radius
 
     for formulation, m in ((jaxdae.Baumgarte(200.0, 1e4), 1),
                            (jaxdae.PseudoInverse([20.0, 10.0], [100.0, 25.0]), 2)):

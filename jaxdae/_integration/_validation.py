@@ -10,10 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._analysis._discrete import fixed_step_radius
 from .._checks import check_instance
 from .._custom_types import Array
-from .._formulations import AbstractFormulation
+from .._formulations import AbstractFormulation, AbstractStabilizedFormulation
 from .._gains import is_concrete
 from .._systems._nonholonomic import is_not_affine
 from .._systems._structure import (
@@ -232,6 +231,40 @@ def check_structure(system, formulation, t0, q0, v0):
 
 
 COUNTS: dict = {}  # constraint counts per (system, state) signature
+
+
+def fixed_step_radius(formulation, num_constraints: int, solver, dt,
+                      num_nonholonomic: int = 0) -> float | None:
+    """`ρ(R(τH))` for a fixed step `τ = dt` of `solver` on the perturbations of
+    `formulation` (Mukharlyamov (2019) §4), in NumPy, or None where it is not known cheaply and
+    exactly: traced gains or step, no constraints, a formulation whose perturbations do not
+    obey `ẏ = H y` exactly (`exact_perturbations` false: [`jaxdae.ModifiedLagrange`][]'s
+    depend on the state), or a solver that is neither `diffrax.Euler` nor an explicit
+    Runge–Kutta method.
+
+    `R` is built from the Butcher tableau, `K_i = H (I + τ Σ_{j<i} a_ij K_j)`,
+    `R = I + τ Σ_i b_i K_i` (explicit Euler: `I + τH`), as [`jaxdae.transition_matrix`][]
+    computes it by stepping the solver, without compiling anything (`simulate` asks it
+    before every fixed-step solve)."""
+    if not (isinstance(formulation, AbstractStabilizedFormulation)
+            and formulation.exact_perturbations and num_constraints
+            and dt is not None and is_concrete(formulation, dt)):
+        return None
+    if isinstance(solver, diffrax.Euler):
+        a_lower, b = (), np.ones(1)
+    elif isinstance(solver, diffrax.AbstractERK):
+        a_lower, b = solver.tableau.a_lower, np.asarray(solver.tableau.b_sol)
+    else:
+        return None
+    with jax.ensure_compile_time_eval():
+        h = np.asarray(formulation.perturbation_matrix(num_constraints, num_nonholonomic),
+                       np.float64)
+    tau, eye = float(dt), np.eye(h.shape[0])
+    stages = [h]
+    for row in a_lower:
+        stages.append(h @ (eye + tau * sum(a * k for a, k in zip(row, stages, strict=False))))
+    transition = eye + tau * sum(w * k for w, k in zip(b, stages, strict=False))
+    return float(np.max(np.abs(np.linalg.eigvals(transition))))
 
 
 def warn_unstable_step(formulation, counts: tuple[int, int], solver, dt0) -> None:
