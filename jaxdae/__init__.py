@@ -18,6 +18,7 @@ from ._compilation._xla_flags import configure_on_import as _configure_on_import
 _configure_on_import()
 
 from . import examples as examples, multibody as multibody
+from ._analysis._actuated import consistent_actuated_state as consistent_actuated_state
 from ._analysis._consistent import consistent_initial_state as consistent_initial_state
 from ._analysis._control import (
     AbstractController as AbstractController,
@@ -54,6 +55,9 @@ from ._formulations import (
     constraint_matrix as constraint_matrix,
     multiplier_solve as multiplier_solve,
 )
+from ._formulations._constraint_enforcing import (
+    ConstraintEnforcingControl as ConstraintEnforcingControl,
+)
 from ._formulations._realizing import (
     AbstractRealizingForce as AbstractRealizingForce,
     BoundedForce as BoundedForce,
@@ -64,9 +68,6 @@ from ._formulations._realizing import (
 )
 from ._integration._actuated import (
     ActuatedSolution as ActuatedSolution,
-    ActuatedSystem as ActuatedSystem,
-    ConstraintEnforcingControl as ConstraintEnforcingControl,
-    consistent_actuated_state as consistent_actuated_state,
     simulate_actuated as simulate_actuated,
 )
 from ._integration._adjoint import ReverseSweepAdjoint as ReverseSweepAdjoint
@@ -81,6 +82,7 @@ from ._integration._rosenbrock import Rodas5P as Rodas5P
 from ._integration._simulate import simulate as simulate, simulate_ensemble as simulate_ensemble
 from ._integration._solvers import UnrolledERK as UnrolledERK
 from ._solution import RESULTS as RESULTS, SimulationError as SimulationError, Solution as Solution
+from ._systems._actuated import ActuatedSystem as ActuatedSystem
 from ._systems._hamiltonian import (
     HamiltonianForm as HamiltonianForm,
     HamiltonianSystem as HamiltonianSystem,

@@ -9,7 +9,7 @@ import pytest
 import scipy.linalg
 
 import jaxdae
-from jaxdae._integration._actuated import lie_derivatives
+from jaxdae._systems._actuated import lie_derivatives
 from jaxdae.examples import AdaptiveOpticsElement, CartesianPendulum
 
 OPTICS = AdaptiveOpticsElement()
@@ -337,8 +337,8 @@ def test_traced_gains_are_checked_for_stability():
 def test_uncoupled_companions_hold_the_companion_eigenvalues():
     # vector and scalar gains: the (p·size)-square companion matrix is block diagonal up to
     # a permutation, with one p × p block per constraint
+    from jaxdae._formulations._constraint_enforcing import _companion
     from jaxdae._gains import uncoupled_companions
-    from jaxdae._integration._actuated import _companion
 
     gains = (jnp.array([6.0, 1.0, 10.0]), jnp.asarray(11.0), jnp.array([6.0, 3.0, 9.0]))
     blocks = uncoupled_companions(gains, 3, jnp.float64)

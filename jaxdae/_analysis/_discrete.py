@@ -21,6 +21,7 @@ from .._checks import check_positive
 from .._compilation._linalg import full_precision
 from .._custom_types import Array, Float, ScalarLike
 from .._formulations._base import AbstractStabilizedFormulation
+from .._formulations._constraint_enforcing import ConstraintEnforcingControl
 
 
 def _use_stepsize_tol():
@@ -122,7 +123,6 @@ def perturbation_matrix(
 
     `ValueError` if the formulation has no perturbation matrix (it is not stabilized).
     """
-    from .._integration._actuated import ConstraintEnforcingControl
 
     if isinstance(formulation, AbstractStabilizedFormulation):
         return formulation.perturbation_matrix(num_constraints, num_nonholonomic,

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 
 from .._custom_types import Array
-from .._integration._actuated import ActuatedSystem
+from .._systems._actuated import ActuatedSystem
 from .._systems._system import LagrangianSystem
 
 
