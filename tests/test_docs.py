@@ -30,7 +30,6 @@ def build(config: Path, site_dir: Path) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.slow
 def test_site_builds_without_warnings(tmp_path):
     require_mkdocs()
     site = tmp_path / "site"
