@@ -18,17 +18,9 @@ from ._sparse import Pattern, SparseMatrix, cholesky_factor, cholesky_solve
 # the CPU it runs one row (or block row) per iteration of a `lax.scan`: `O(size · b²)` work
 # and a program whose size does not depend on the size of the matrix (on accelerators,
 # cyclic reduction instead: `CyclicReductionFactor`).
-# From 8 rows the banded factorization is the faster: the chain of 8, 12, 16 and 24 links
-# (tridiagonal `J M⁻¹ Jᵀ`) took 8.0, 9.8, 12.2 and 17.6 µs per Tsit5 step with it and 11.0,
-# 17.3, 22.5 and 38.0 with the dense looped Cholesky, and its gradient 2.7–3.6× the solve
-# against 3.6–4.9× (`experiments/bench_scaling.py --cpu-per-step --families chain,ladder
-# --sizes 4,8,12,16,24`, CPU time, 2-core CPU at a load of about 1.6).
-# Up to a half-bandwidth of half the size: the net of 2 and 3 rows of 5 nodes (18 and 27
-# constraints, half-bandwidth 9) took 27 and 43–64 µs per step banded and 33–38 and 84–94 µs
-# with the dense looped Cholesky, and their vector–Jacobian products 5–6 and 10–11 µs against
-# 9–10 and 35–50; the ladder of 3 cells (9 constraints, half-bandwidth 3) its vector–Jacobian
-# product in 3–3.5 against 7–7.5 µs (`experiments/bench_scaling.py --cpu-per-step --families
-# ladder,net --sizes 2,3,4`).
+# From 8 rows, and up to a half-bandwidth of half the size, the banded factorization is
+# faster than the dense looped Cholesky, in the solve and in its gradient
+# (docs/design_measurements.md#banded-factorization).
 BANDED_MIN = 8  # smaller matrices keep the dense Cholesky
 BANDED_MAX_RATIO = 0.5  # half-bandwidth at most this fraction of the size
 
@@ -297,9 +289,8 @@ class CyclicReductionFactor(eqx.Module):
     costs a kernel launch per block row and per stage; this one a few per level.
 
     Below float64 a solve takes one step of iterative refinement: in float32 the reduction's
-    rounding made the ODE solver's error estimate reject steps, the chain of 64 links took
-    2.7× and the ladder of 16 four-bars 11× the steps of the sequential factorization
-    (`rtol = 1e-5`); refined, as many.
+    rounding made the ODE solver's error estimate reject steps; refined, it takes as many
+    steps as the sequential factorization (docs/design_measurements.md#cyclic-reduction).
 
     **Fields:**
 
@@ -382,14 +373,9 @@ def cyclic_reduction_default() -> bool:
 
 
 # Half-bandwidths from which the CPU factorizes row by row (`BandCholeskyFactor`) rather
-# than by block rows (`BandedFactor`). With 3-row blocks (the ladder) a step costs the same
-# both ways, and the row-by-row solve compiles faster: the gradient of the ladder of 128
-# cells in 5.2 instead of 5.7 s; with 9-row blocks (the net, whose blocks were loops) a
-# step costs 20% less and `simulate` and its gradient compile in 2.3 and 5.1 s instead of
-# 2.9 and 7.1 s (`experiments/bench_compile.py --model ladder:128 | net:32`,
-# `experiments/bench_scaling.py --cpu-per-step --families ladder,net`, 2-core CPU). A
-# tridiagonal matrix (the chain) keeps the blocks, whose 1 × 1 blocks are scalars: a step
-# of the chain of 64 links cost 44 µs with them and 50 µs row by row.
+# than by block rows (`BandedFactor`): row by row compiles faster and its steps cost the same
+# or less; a tridiagonal matrix (the chain) keeps the blocks, whose 1 × 1 blocks are scalars
+# (docs/design_measurements.md#band-cholesky).
 BAND_CHOLESKY_MIN_WIDTH = 2
 
 

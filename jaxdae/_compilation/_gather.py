@@ -18,10 +18,9 @@ from jax.interpreters import ad, batching, mlir
 
 from .._custom_types import Array
 
-# Padded axes up to this width are summed by adding their slices. A `reduce` of a few
-# thousand rows is offloaded by XLA's CPU backend to a library kernel (a `__ynn_fusion`)
-# whose fixed cost per call was 30 µs inside a solve: 4× the arithmetic of the product of
-# the 512-coordinate ladder's sparse matrices, and its time per step 5× the 256's.
+# Padded axes up to this width are summed by adding their slices: XLA's CPU backend offloads
+# a `reduce` of a few thousand rows to a library kernel with a fixed cost per call
+# (docs/design_measurements.md#sliced-sums).
 _SLICED_SUM_MAX = 16
 
 

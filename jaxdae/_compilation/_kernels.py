@@ -25,12 +25,8 @@ def kernel_boundary(x: Array) -> Array:
     does not compile a loop whose body holds a scatter into one kernel (its
     `SmallWhileLoopHoistingPass`), so the loop that computes `x` runs its body kernel by
     kernel and compiles the loops inside it as separate kernels (see the module
-    docstring). On the ladder of 128 four-bars the gradient's largest kernel, the reverse
-    sweep's step, took 2.7 s of LLVM's time on one thread; split, its two stage loops take
-    1.0 and 0.8 s, compiled in parallel, and the gradient compiled 0.3–1.7 s faster (four
-    alternating pairs of cold compiles) and ran at the same speed (`TF_CPP_MIN_LOG_LEVEL=0
-    TF_CPP_VMODULE=ir_compiler=1 python experiments/bench_compile.py --model ladder:128
-    --only gradient --repeats 1` logs each kernel's LLVM time)."""
+    docstring). Split kernels compile in parallel: the gradient of a large model compiles
+    faster and runs at the same speed (docs/design_measurements.md#kernel-boundary)."""
     flat = jnp.ravel(x)
     if flat.size < len(_ENTRIES):
         return x

@@ -23,11 +23,9 @@ def full_precision(fn: Callable) -> Callable:
     """`fn` with JAX's matrix products at full precision, unless the user set
     `jax_default_matmul_precision`.
 
-    On GPUs JAX multiplies float32 matrices in TF32 by default (a 10-bit mantissa). On an
-    H100 (`experiments/bench_precision.py`), `jaxdae.lqr`'s float32 Riccati solution was
-    then off by 1.6e-3 (relative), against 9e-7 at full precision. A float32 chain of 12
-    masses ended 1.4e-5 from float64 instead of 5e-7, and ran 22× slower: the rounding noise
-    made the step-size controller take 767 steps instead of 37. Each product records its
+    On GPUs JAX multiplies float32 matrices in TF32 by default (a 10-bit mantissa): float32
+    solves then lose accuracy, and the rounding noise makes the step-size controller take
+    many more steps (docs/design_measurements.md#full-precision). Each product records its
     precision when traced, and the products of a gradient are transposes of those, so
     gradients keep it too.
     """
@@ -47,33 +45,18 @@ def spd_operator(matrix) -> lx.MatrixLinearOperator:
     return lx.MatrixLinearOperator(matrix, lx.positive_semidefinite_tag)
 
 
-# Matrices up to this size are factorized by an unrolled Cholesky written with elementwise
-# JAX operations instead of `lineax.Cholesky`. The systems here are tiny (n coordinates,
-# c constraints), and lineax's Cholesky lowers to LAPACK custom calls (potrf + 2 trsm per
-# solve) that XLA cannot fuse: on the CPU each is a separate kernel with its own dispatch,
-# and under `vmap` a loop over the batch of 2×2 matrices. On the two-link benchmark the
-# unrolled form made the right-hand side, one trajectory and its gradient about 1.3–1.5×
-# faster (`experiments/bench_core.py`, 2-core CPU). Larger systems keep lineax.
+# Matrices up to this size are factorized by an unrolled Cholesky of elementwise operations,
+# which XLA fuses, instead of LAPACK's custom calls, each a kernel of its own
+# (docs/design_measurements.md#unrolled-cholesky).
 UNROLL_MAX = 8
 
 
 # Constraint matrices (`StructuredCholesky`) from `UNROLL_MAX + 1` up to this size are factorized
 # and solved by loops of whole-vector operations (`looped_cholesky`, `looped_triangular_solve`)
-# instead of LAPACK. XLA:CPU runs a while loop (an ODE solve) as one compiled kernel only
-# where its body has no custom call (`_xla_flags.py`): a LAPACK call at every evaluation keeps
-# the whole solve kernel by kernel. With the loops a step of the chain of 16 links (16
-# constraints) took 25 instead of 36 µs, of the ladder of 4 and of 8 cells (12 and 24
-# constraints) 20 and 43 instead of 35 and 52 µs (`experiments/bench_scaling.py
-# --cpu-per-step`, 2-core CPU, loaded). Under `vmap` the factorization and the substitutions
-# are unrolled or LAPACK's batched ones (`_batched_otherwise`): a batch of 256 on the chain of
-# 8 links ran at 870–890 trajectories per second of CPU time, 560–620 with the loops batched
-# (the ladder of 4 cells: 395–415 and 380–400). The dense mass matrices of `spd_solve` keep
-# LAPACK: the pendulum of 16 links solved 1.4× slower with the loops. Up to 48 rows a looped
-# factorization and two substitutions cost at most 1.4× LAPACK's (12 against 9 µs at 48 rows,
-# 31 against 15 at 64), while a loop kept kernel by kernel pays for each of its kernels: on
-# Bricard's mechanism of `experiments/work_precision.py` (35 coordinates and constraints) a
-# `ModifiedLagrange` Tsit5 solve took 20 instead of 48 ms with its 35 × 35 `M + Jᵀ𝔄J` looped,
-# a `PseudoInverse` one 83 instead of 128 ms.
+# instead of LAPACK: XLA:CPU runs a while loop (an ODE solve) as one compiled kernel only
+# where its body has no custom call (`_xla_flags.py`). Under `vmap` they are unrolled or
+# LAPACK's batched ones (`_batched_otherwise`), and the dense mass matrices of `spd_solve`
+# keep LAPACK (docs/design_measurements.md#looped-cholesky).
 LOOPED_MAX = 48
 
 
@@ -271,8 +254,7 @@ def is_positive_definite(matrix: Float[Array, "n n"]) -> Bool[Array, ""]:
 
     By a Cholesky factorization (positive pivots): unrolled for small matrices, LAPACK's for
     larger ones, which fails (non-finite entries) where the matrix is not positive definite.
-    (A tenth of the time of its lowest eigenvalue: 4 ms instead of 44 ms of CPU at 512 × 512,
-    where `simulate`'s check of the initial mass matrix took half of a 512-coordinate solve.)
+    (Far cheaper than its lowest eigenvalue: docs/design_measurements.md#positive-definite.)
     """
     n = matrix.shape[0]
     finite = jnp.all(jnp.isfinite(matrix))
@@ -342,9 +324,8 @@ def psd_pseudo_inverse(matrix: Float[Array, "c c"], rcond: float) -> Float[Array
     treated as zero.
 
     In closed form for sizes 1 and 2 (a constraint written twice, a closure equation with
-    its redundant twin), where the SVD's LAPACK call at every stage makes a whole
-    simulation about 8× slower (`experiments/bench_solves.py`: the pendulum with its
-    constraint written twice). For size 2 with `λ_min ≤ rcond · λ_max`,
+    its redundant twin), where the SVD's LAPACK call at every stage slows a whole
+    simulation several times (docs/design_measurements.md#closed-form-pseudo-inverse). For size 2 with `λ_min ≤ rcond · λ_max`,
     `A − λ_min I = (λ_max − λ_min) v vᵀ` gives the rank-1 inverse `v vᵀ / λ_max`. Each
     branch is evaluated with safe denominators, so the one not taken cannot put a nan into
     the gradient.

@@ -40,10 +40,9 @@ from ._linalg import (
 from ._sparse import SparseMatrix, cholesky_factor, cholesky_solve
 
 # Matrices on a pattern (terms derived from their structure, kept in array form) are
-# factorized unrolled only up to this size, looped beyond (`cholesky_factor`). On the chain of
-# 8 links (an 8 × 8 constraint matrix, 2-core CPU) the loop made the gradient 1.7× faster
-# (8.1 → 4.8 ms), its program a third (21,060 → 6,647 HLO instructions) and its compile
-# 7.7 → 4.4 s, for a solve 1.6× slower (0.87 → 1.37 ms).
+# factorized unrolled only up to this size, looped beyond (`cholesky_factor`): the loop's
+# gradient is smaller, faster and compiles sooner, for a slightly slower solve
+# (docs/design_measurements.md#array-form-unroll).
 ARRAY_FORM_UNROLL_MAX = 4
 
 
@@ -244,8 +243,8 @@ class StructuredCholesky(AbstractDirectSolver):
             pivots = jax.lax.stop_gradient(banded_factor(operator.matrix, plan).pivots)
             return CholeskyFactor(operator.matrix, pivots, plan)
         # Structured terms keep their array form (`_systems/_structure.py`): there an
-        # unrolled factorization is thousands of scalar operations, whose gradient made
-        # the chain of 8 links (8 constraints) compile in 13 s and cost 9× its solve.
+        # unrolled factorization is thousands of scalar operations, whose gradient compiles
+        # slowly (docs/design_measurements.md#array-form-unroll).
         unroll_max = (ARRAY_FORM_UNROLL_MAX if isinstance(operator, SparseSymmetricOperator)
                       else UNROLL_MAX)
         matrix = operator.as_matrix()
@@ -280,8 +279,9 @@ class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):
     For sizes 1 and 2 (a constraint written twice, a closure equation with its redundant
     twin) in closed form, eigenvalues below `rcond · λ_max` counting as zero: for such a
     matrix its singular values are its eigenvalues, so this is `lineax.SVD(rcond)`'s
-    solution; an SVD's LAPACK call at every stage made a whole simulation about 8× slower
-    (`experiments/bench_solves.py`). Beyond, the matrix is first factorized as
+    solution; an SVD's LAPACK call at every stage slows a whole simulation several times
+    (docs/design_measurements.md#closed-form-pseudo-inverse). Beyond, the matrix is first
+    factorized as
     [`StructuredCholesky`][] does (a banded factorization where its pattern is banded,
     LAPACK's Cholesky otherwise): where the pivots show full rank (each above `rcond` times
     the largest, the test of `jaxdae.Baumgarte`), `A⁺ = A⁻¹` is applied through that
@@ -291,11 +291,9 @@ class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):
     gives the Moore–Penrose inverse (`pivoted_pseudo_solve`), beyond a symmetric
     eigendecomposition (eigenvalues below `rcond · λ_max` count as zero). Up to
     `LOOPED_MAX` both branches are array operations without LAPACK calls, so a solve's loop
-    still compiles into one kernel: on chains of 5 to 16 links a step costs what
-    `Baumgarte`'s does, where an eigendecomposition in the untaken branch made it up to 6×
-    dearer. On a chain of 64 links (64 constraints) the factorization made an evaluation of
-    `jaxdae.PseudoInverse` about 75× cheaper than an eigendecomposition did. Gradients
-    follow lineax's rule for pseudo-inverse solves.
+    still compiles into one kernel, and a step costs what `Baumgarte`'s does
+    (docs/design_measurements.md#pseudo-inverse-by-cholesky). Gradients follow lineax's rule
+    for pseudo-inverse solves.
 
     **Arguments:**
 

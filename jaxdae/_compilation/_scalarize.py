@@ -3,9 +3,8 @@
 The equations of motion are derived by automatic differentiation (`jax.jvp` batched over
 stacked tangents, small matrix products, slices of slices). For a handful of coordinates this
 gives thousands of tiny array operations; XLA's CPU backend runs many of them as separate
-kernels, so the right-hand side of the two-link arm cost 13× a hand-written one
-(`experiments/diagnostics/bench_rhs.py`: 1.5 µs against 0.12 µs per evaluation; 0.23 µs
-re-traced).
+kernels, so a derived right-hand side costs many times a hand-written one
+(docs/design_measurements.md#scalar-graphs).
 
 [`scalarize`][] re-traces such a function element by element: every array in its jaxpr
 becomes a list of scalars, structural operations (slices, reshapes, transposes, broadcasts,
@@ -36,19 +35,15 @@ from jax.extend.core.primitives import add_jaxvals_p
 
 # Functions with a larger array, or computing more entries in all, keep their array form:
 # unrolling cost (trace time, graph size, XLA compile time) grows with the number of entries,
-# while XLA's array kernels amortize their dispatch over them. Measured on chains of k point
-# masses (`experiments/diagnostics/bench_rhs.py`, n = 2k, `Baumgarte`, 2-core CPU): n = 8 (right-hand side
-# work ≈ 5,900) simulates 1.8× faster and compiles in 2.6 s instead of 3.6 s; from n = 10 on
-# (beyond the formulations' unrolled linear algebra, lineax's Cholesky inside) partly
-# scalarized simulations were up to 1.7× slower and compiled up to 3× longer.
+# while XLA's array kernels amortize their dispatch over them
+# (docs/design_measurements.md#scalar-graphs).
 MAX_ELEMENTS = 1024
 MAX_WORK = 6_000
 
 # Functions that trace anything under this name scope ([`array_form_scope`][]) keep their
 # array form, whatever their size: the terms derived from sparsity patterns
 # (`_systems/_structure.py`) are gathers and loops that a scalar graph would unroll into
-# more operations than it saves (a chain of 5 masses, 10 coordinates, took 4× the time per
-# step and twice the compile time as a partial scalar graph, 2-core CPU).
+# more operations than it saves (docs/design_measurements.md#scalar-graphs).
 ARRAY_FORM_SCOPE = "jaxdae_array_form"
 
 

@@ -128,10 +128,9 @@ class SparseMatrix(eqx.Module):
     def dense(self) -> Array:
         # Up to `GATHER_DENSE_MAX` entries a gather of every entry (padding read as zero):
         # XLA:CPU runs a solve's while loop as one kernel only where its body has no scatter
-        # (`_xla_flags.py`), and the chain of 8 links, whose 8 × 8 constraint matrix was
-        # scattered at every evaluation, took 35 µs per step instead of 8. Beyond, a scatter
-        # of the nnz values: where the values are constant XLA folds the matrix at compile
-        # time, and its evaluator took seconds for a gather of 128 × 128 entries.
+        # (`_xla_flags.py`). Beyond, a scatter of the nnz values: where the values are
+        # constant XLA folds the matrix at compile time, and its evaluator is slow on large
+        # gathers (docs/design_measurements.md#dense-gather).
         p = self.pattern
         if p.shape[0] * p.shape[1] <= GATHER_DENSE_MAX:
             return take(self.values, _positions(p))

@@ -257,10 +257,8 @@ def simulate_actuated(
         `throw`: as for [`jaxdae.simulate`][]. For a fixed-step method pass e.g.
         `solver=diffrax.Euler(), stepsize_controller=diffrax.ConstantStepSize(), dt0=τ`.
         The default adjoint for explicit Runge–Kutta solvers, [`jaxdae.ReverseSweepAdjoint`][],
-        gives `diffrax.RecursiveCheckpointAdjoint`'s gradient faster: for the adaptive-optics
-        element's gains and actuator state it compiled in 4–5 s instead of 12–14 s and ran
-        1.3–1.7× faster (`experiments/bench_solves.py`, 2-core CPU, with all steps stored),
-        agreeing to rounding.
+        gives `diffrax.RecursiveCheckpointAdjoint`'s gradient to rounding, faster and with a
+        shorter compile ([benchmarks](../benchmarks.md)).
 
     **Returns:**
 

@@ -116,7 +116,7 @@ def step_options(stepsize_controller, dt0, rtol, atol, dtype, norm=optx.rms_norm
     """The step-size controller (default: `diffrax.PIDController(rtol, atol, norm)`) and
     `dt0`, with the numbers as arrays of `dtype`. Python floats would be static arguments of
     the compiled solve: a sweep over `τ = dt0` or over tolerances would compile at every
-    value (≈ 2.5 s each for the pendulum)."""
+    value."""
     if stepsize_controller is None:
         if is_concrete(rtol, atol) and not (
             np.all(np.isfinite([rtol, atol])) and min(rtol, atol) >= 0 and rtol + atol > 0
@@ -139,8 +139,8 @@ def save_at(t0, t1, ts, stepsize_controller) -> diffrax.SaveAt:
     `ts`; else `ts` (read back with `saved_times`) and `t1`.
 
     Without `ts` the states at t0 and t1 are saved directly: an interpolated
-    `SubSaveAt(ts=[t0, t1])` would cost a search of the save times at every step (≈2 µs/step
-    on the CPU, ~10% of a two-link trajectory) for the same values.
+    `SubSaveAt(ts=[t0, t1])` would cost a search of the save times at every step for the
+    same values (docs/design_measurements.md#saving-the-ends).
 
     With `ts` and fixed steps, each save time is moved 8 ulps (of max(|t0|, |ts[i]|))
     earlier. diffrax saves `ts[i]` in the step whose end reaches it, and

@@ -145,8 +145,8 @@ def checked_result(initial_residual, residual, range_inputs, result: RESULTS) ->
 
     # Taken for the whole batch where any trajectory needs it (the rows that do not are
     # masked below): under `vmap` a cond on each row's residual would run the SVD on every
-    # row of every batch, about 4.6 s a call for 4,096 chains of 64 links on a GPU (whose
-    # batched SVD loops over the batch).
+    # row of every batch, whose batched SVD loops over the batch on a GPU
+    # (docs/design_measurements.md#range-test).
     gap, size = jax.lax.cond(unvmap_any(residual > floor), gap,
                              lambda g, target: (zero, zero), g, target)
     not_met = ok & ~diverged & (gap > 0.1 * size) & (residual > floor)

@@ -91,12 +91,10 @@ class GeneralizedAlpha(diffrax.AbstractImplicitSolver, diffrax.AbstractAdaptiveS
     is rejected (its error is infinite) and retried with a smaller step.
 
     **When it pays.** Its steps do not grow with the stiffness, but it is second order and
-    each step costs a Jacobian, an LU factorization and a few Newton iterations: on the
-    small stiff models of `experiments/stiff_integration.py` (CPU) it took 19× fewer steps
-    than `diffrax.Tsit5` for a relative error of `10⁻³` on a spring of stiffness `10⁸`, in
-    8× Tsit5's time, and its global error was several hundred to several thousand times
-    `rtol`. Use it at engineering accuracy on very stiff systems
-    (`docs/guides/stiff_integration.md`).
+    each step costs a Jacobian, an LU factorization and a few Newton iterations, and its
+    global error can be far above `rtol`. Use it at engineering accuracy on very stiff
+    systems; the guide `docs/guides/stiff_integration.md` measures it against the explicit
+    and the other implicit solvers.
 
     **Start.** The accelerations and multipliers at `t0` are consistent: those of the
     index-1 equations `Φ̈ = 0`, `Ψ̇ = 0` with least-squares multipliers
@@ -143,9 +141,9 @@ class GeneralizedAlpha(diffrax.AbstractImplicitSolver, diffrax.AbstractAdaptiveS
         frequencies in one step.
     - `root_finder`: the optimistix root finder of each step. Default `optimistix.Chord`
         (Newton's iteration with the Jacobian of the step's first iterate: one Jacobian and
-        one LU factorization per step; on the stiff spring pendulum of
-        `experiments/stiff_integration.py` the same steps as `optimistix.Newton` in 0.6× its
-        time) with the step-size controller's `rtol`, `atol` and norm, which diffrax fills
+        one LU factorization per step: the same steps as `optimistix.Newton` for less time,
+        `docs/guides/stiff_integration.md`) with the step-size controller's `rtol`, `atol`
+        and norm, which diffrax fills
         in. With a fixed step (`diffrax.ConstantStepSize()`) pass one with tolerances,
         e.g. `optimistix.Newton(rtol=1e-10, atol=1e-10)`.
     - `root_find_max_steps`: the most Newton iterations of a step (default `10`).

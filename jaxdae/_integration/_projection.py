@@ -437,7 +437,7 @@ class Projected(diffrax.AbstractAdaptiveSolver):
     forward mode (`adjoint=diffrax.ForwardMode()`) wrap a Runge–Kutta solver whose stages
     run in a plain loop, `Projected(diffrax.Tsit5(scan_kind="lax"))`: diffrax sets that on
     the solvers it sees, not on a wrapped one (its default loop over the stages supports
-    reverse mode only, and a loop that supports both made every solve about 1.5× slower).
+    reverse mode only, and a loop that supports both makes every solve slower).
 
     **Failure**: a projection that leaves `max |Φ|` or `max |[Φ̇; Ψ]|` above `tol`, relative
     to the size of the terms that cancel in them (`1 + max|J| max|q|`, `1 + max|G| max|v|`),

@@ -120,8 +120,8 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
 
     **The Jacobian.** `∂f/∂y` and `∂f/∂t` come from one `jax.linearize` of the vector field
     at the step's start, applied to each tangent in turn (up to 17 tangents; beyond, to
-    all at once with `jax.vmap`, whose batched products do not fuse on the CPU: 6× the
-    time on an 8-state ODE of jaxdae's formulations). With
+    all at once with `jax.vmap`, whose batched products do not fuse on the CPU:
+    docs/design_measurements.md#rosenbrock-tangents). With
     `jacobian="coloured"` (the default) the structural non-zeros of `∂f/∂y` are found
     once, when the solve is traced, from the vector field's jaxpr, and its columns are
     grouped so that no two columns of a group share a row (Curtis, Powell & Reid 1974): one
@@ -148,11 +148,8 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
     and `jax.vmap` work as with any diffrax solver.
 
     **When it pays.** Its steps do not shrink with the stiffness, and a step costs a
-    fraction of an implicit Runge–Kutta step: on the small stiff models of
-    `experiments/stiff_integration.py` (CPU) a step of the spring pendulum's 8-state ODE
-    cost about 8 µs, a twenty-fifth of a configured `diffrax.Kvaerno5` step and 5 Tsit5 steps
-    (`docs/guides/stiff_integration.md`). Use it where the explicit step is held far below
-    the accuracy-limited one.
+    fraction of an implicit Runge–Kutta step (`docs/guides/stiff_integration.md` measures
+    both). Use it where the explicit step is held far below the accuracy-limited one.
 
     **Cost per step**: one linearization, `n` (or the number of colours) Jacobian-vector
     products, an `n × n` LU factorization with partial pivoting, eight solves with it and
@@ -244,18 +241,16 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
 
 # Up to this many tangents the linearized vector field is applied to each in turn, beyond
 # it to all at once with `jax.vmap`. The batched products of `vmap` (batched dot_generals,
-# transposes and copies) do not fuse on the CPU: on the spring pendulum's 8-state ODE from
-# `jaxdae.Baumgarte` the 9 tangents cost 16.6 µs batched and 2.6 µs one after the other
-# (`experiments/stiff_integration.py --study step_costs`), while the compiled program
-# grows with the number of copies.
+# transposes and copies) do not fuse on the CPU, while the compiled program grows with the
+# number of copies (docs/design_measurements.md#rosenbrock-tangents).
 TANGENT_LOOP_MAX = 17
 
 # Up to this many states a step turns the LU factors of `I − hγJ` into its inverse (one
 # solve with the identity) and each stage's solve is a product with it, one fused
-# kernel, instead of a chain of `2n` dependent substitution steps per stage. On the
-# spring pendulum (8 states, `jaxdae.simulate`, rtol 1e-7) this halved both the time per
-# step (7.6 -> 3.7 µs) and the compile time (7.0 -> 3.5 s), with the same steps and
-# solution. A product with the computed inverse is not backward stable like a
+# kernel, instead of a chain of `2n` dependent substitution steps per stage: it halves the
+# time per step and the compile time of a small model, with the same steps and solution
+# (docs/design_measurements.md#rosenbrock-inverse). A product with the computed inverse is
+# not backward stable like a
 # substitution, but its forward error is of the same order, `cond(I − hγJ) · eps`, and
 # for a dissipative `J` the inverse is bounded (`‖(I − hγJ)⁻¹‖ ≤ 1` for a normal `J`
 # with eigenvalues in the left half-plane); `tests/test_rosenbrock.py` (Robertson's

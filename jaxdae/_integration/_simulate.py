@@ -171,8 +171,7 @@ def simulate_ensemble(
     `rtol`/`atol`). `jax.vmap(simulate)` instead steps every trajectory on its own, and
     its batched loop then pays for bookkeeping per trajectory at every step. For batches
     of similar trajectories (perturbed initial states, Monte Carlo) the ensemble is
-    faster: the two-link batch of 1024 ran 1.5–1.6× faster on a 2-core CPU
-    (`experiments/bench_batch.py`). For trajectories of very different difficulty,
+    faster ([benchmarks](../benchmarks.md)). For trajectories of very different difficulty,
     `jax.vmap(simulate)` (or [`jaxdae.batch_map`][]) takes fewer steps in all.
 
     Gains and system parameters are shared by the ensemble (batch them with
@@ -440,9 +439,8 @@ def integrate(dynamics: Dynamics, args, y0, times: "_Times", options: "_SolveOpt
 # `diffrax.diffeqsolve` without its own `eqx.filter_jit`: `integrate` is always traced inside
 # a jit (the solve's own, `jit_unless_staged`, or the caller's). Reverse mode stages a jitted
 # call before it differentiates it, and staging the adjoint's custom VJP traces the primal
-# solve, which the gradient then does not use: the two-link gradient traced the right-hand
-# side 12 times instead of 9, and its trace took 2.65 s instead of 2.09 s (CPU time, median
-# of 3 interleaved cold traces). (The plain function if equinox no longer exposes it.)
+# solve, which the gradient then does not use (docs/design_measurements.md#unjitted-solve).
+# (The plain function if equinox no longer exposes it.)
 _diffeqsolve = getattr(diffrax.diffeqsolve, "__wrapped__", diffrax.diffeqsolve)
 
 

@@ -63,15 +63,11 @@ class UnrolledERK(AbstractSteppingWrapper):
     diffrax's loop over stages. Same tableau, error estimate, dense output and
     first-same-as-last reuse, so the same steps up to rounding.
 
-    Without the stage loop XLA fuses more of a step, and batches gain most: on Mukharlyamov and Deressa's (2015)
-    two-link example (`experiments/bench_unrolled.py`, 2-core CPU, 256 trajectories)
-    `jax.vmap(jaxdae.simulate)` ran 2.0× faster and `simulate_ensemble` 1.6× (their
-    gradients 1.06× and 1.2×), one trajectory 1.2× (its gradient 5%). The price is compile
-    time (up to 1.4× as long: the right-hand side is compiled once per stage). On one
-    NVIDIA H100 GPU (`bench_batch.py --unrolled`, docs/benchmarks.md) batches of 1 to 10⁶
-    trajectories ran 1.9–3.9× faster: there every loop of a step is a chain of kernel
-    launches. Use it for batches, ensembles, tuning and any batch on a GPU; keep the plain
-    solver where compile time matters.
+    Without the stage loop XLA fuses more of a step, and batches gain most, on a GPU most of
+    all, where every loop of a step is a chain of kernel launches. The price is compile time:
+    the right-hand side is compiled once per stage ([benchmarks](../benchmarks.md),
+    `experiments/bench_unrolled.py`). Use it for batches, ensembles, tuning and any batch on
+    a GPU; keep the plain solver where compile time matters.
 
     ```python
     solver = jaxdae.UnrolledERK(diffrax.Tsit5())

@@ -44,11 +44,10 @@ def terms_within(terms) -> list:
     return [x for x in jax.tree.leaves(terms, is_leaf=is_term) if is_term(x)]
 
 
-# Checkpoints of `RecursiveCheckpointAdjoint` where it is the default. diffrax's default for
-# `max_steps = 100_000` is ≈450; on the two-link gradient (`experiments/bench_adjoint.py`,
-# 2-core CPU) 32 was 1.15–1.2× faster at 130 steps and 1.05–1.3× faster at ≈2000 steps (the
-# extra recomputation costs less than the larger checkpoint buffers), with 14× less memory
-# per trajectory, which matters under `vmap`.
+# Checkpoints of `RecursiveCheckpointAdjoint` where it is the default: fewer than diffrax's
+# default, faster (the extra recomputation costs less than larger checkpoint buffers) and
+# with less memory per trajectory, which matters under `vmap`
+# (docs/design_measurements.md#checkpoints).
 CHECKPOINTS = 32
 
 
@@ -239,9 +238,8 @@ class _Restart(AbstractSteppingWrapper):
 @eqx.filter_jit
 def _restarted_step(restart: _Restart, terms, t0, t1, y0, args, solver_state, made_jump):
     """`restart.step`, jitted: diffrax traces a solve's step function three times, and
-    the backward pass of a solve in segments re-solves them with the same step. Traced
-    once, the gradient of the ladder of 128 four-bars traced 0.3 s (a sixth) faster
-    (`experiments/bench_compile.py --model ladder:128 --only gradient`)."""
+    the backward pass of a solve in segments re-solves them with the same step; traced
+    once, the gradient traces faster (docs/design_measurements.md#restarted-step)."""
     restarting = t1 <= restart.t_start
     # A step of length zero from the start: the start state, no error, the solver state
     # given, whatever the rates there.

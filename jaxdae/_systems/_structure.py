@@ -33,15 +33,9 @@ from .._custom_types import Array, Bool, Float
 # Systems with at most this many coordinates keep the dense derivation (one batched JVP over
 # `2n + 1` tangents), which the scalar-graph path (`_compilation/_scalarize.py`) turns into a
 # few fused loops; larger ones derive their terms from the patterns found here, in array form
-# (`array_form_scope`: a scalar graph of the structured terms ran 3-4× slower than their array
-# form). Measured by `experiments/diagnostics/bench_structured_threshold.py --repeats 3`
-# (CPU time per step of one solve and of its gradient, dense / structured, 2-core CPU at a
-# load of 2-3): at 8 coordinates the dense path is faster on the chain (solve 2.6 / 3.9 µs,
-# gradient 8.6 / 18.2 µs) and the structured one on the ladder (12.6 / 7.0, 99 / 53 µs) and
-# the pendulum (26.7 / 19.9, 101 / 71 µs); from 10 coordinates on the structured path is
-# faster on all three (chain 37.5 / 7.3 and 190 / 24 µs at 10, 62.0 / 12.5 and 575 / 40 µs
-# at 16; ladder 49.7 / 16.7 and 270 / 53 µs at 12; pendulum 47.6 / 38.6 and 167 / 156 µs at
-# 10). At 8 coordinates the choice is the chain's, whose dense solve is the faster one.
+# (`array_form_scope`: a scalar graph of the structured terms is slower than their array
+# form). From 10 coordinates on the structured path is the faster; at 8 the families
+# disagree and the chain's dense solve decides (docs/design_measurements.md#structured-terms).
 STRUCTURED_MIN = 8
 
 
@@ -183,9 +177,8 @@ def is_mass_positive_definite(system, t, q, v, mass: Float[Array, "n n"]) -> Boo
     definite: block by block where the system's structure ([`terms_structure`][]) finds it
     made of small diagonal blocks ([`blocks_positive_definite`][]), else by one dense
     Cholesky factorization ([`is_positive_definite`][]). `simulate` checks the initial mass
-    matrix so: with the dense factorization of its 512 × 512 `M`, a solve of the ladder of
-    128 four-bars took 113–117 ms instead of 112–113 ms (`experiments/bench_scaling.py`'s
-    model, CPU time, medians of 9 calls, three interleaved rounds)."""
+    matrix so, at a cost small against a solve's even for large models
+    (docs/design_measurements.md#mass-check)."""
     from ._system import LagrangianSystem
 
     if isinstance(system, LagrangianSystem) and jnp.ndim(q) == 1:
