@@ -100,6 +100,12 @@ from ._tuning._parametrization import (
     parametrize as parametrize,
     unwrap as unwrap,
 )
+from ._tuning._options import (
+    Batching as Batching,
+    Checkpointing as Checkpointing,
+    Failures as Failures,
+    Reporting as Reporting,
+)
 from ._tuning._tune import TuneResult as TuneResult, tune as tune
 
 __version__ = "0.1.0"

@@ -28,6 +28,8 @@ from ._batch import (
     chunk_layout,
 )
 from .._custom_types import Array, PyTree
+from ._outcome import output_failed
+from ._options import Batching, Checkpointing, Failures, Reporting, options_from_keywords
 from ._parametrization import unwrap
 from ._persist import (
     atomic_write,
@@ -80,13 +82,6 @@ def _strong(tree):
     return jax.tree.map(lambda x: jnp.array(x, dtype=x.dtype) if eqx.is_array(x) else x, tree)
 
 
-def _is_failed(output) -> Array:
-    succeeded = getattr(output, "succeeded", None)
-    if succeeded is None:
-        return jnp.array(False)
-    return ~jnp.asarray(succeeded)
-
-
 def _all_finite(tree) -> Array:
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if eqx.is_inexact_array(x)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
@@ -98,7 +93,7 @@ def _scenario_value_and_grad(trainable, static, simulate_fn, loss, penalty, scen
     def scenario_loss(trainable):
         model = unwrap(eqx.combine(trainable, static))
         output = simulate_fn(model, scenario)
-        return loss(output), _is_failed(output)
+        return loss(output), output_failed(output)
 
     (value, failed), grads = eqx.filter_value_and_grad(scenario_loss, has_aux=True)(trainable)
     ok = ~failed & jnp.isfinite(value) & _all_finite(grads)
@@ -123,7 +118,7 @@ def _ensemble_value_and_grad(trainable, static, simulate_fn, loss, penalty, scen
         check_ensemble_output(output, weights.shape[0], "`simulate_fn(model, scenarios)`",
                               "scenario")
         values = jax.vmap(loss)(output)
-        kept = ~_is_failed(output) & jnp.isfinite(values)
+        kept = ~output_failed(output) & jnp.isfinite(values)
         return jnp.sum(jnp.where(kept, weights * values, 0.0)), (values, kept)
 
     (_, (values, kept)), grads = eqx.filter_value_and_grad(chunk_loss, has_aux=True)(
@@ -276,8 +271,8 @@ _PARTS = {
     "start": "other initial parameters or another seed",
     "scenarios": "other scenarios",
     "problem": "another problem: another `simulate_fn`, `loss`, `optimizer`, "
-               "`regularization`, `failure_penalty`, fixed parameters, `batch_size`, "
-               "`chunk_size`, `mesh` or `ensemble` (the compiled step differs)",
+               "`regularization`, failure penalty, fixed parameters, or `batching` "
+               "(batch size, chunk size, mesh, ensemble: the compiled step differs)",
 }
 _FIX = ("Use another `checkpoint` directory, or `resume=False` to start afresh (the "
         "checkpoint is then overwritten).")
@@ -397,26 +392,18 @@ def tune(
     steps: int,
     regularization: Callable[[PyTree], Array] | None = None,
     trainable: Any = eqx.is_inexact_array,
-    batch_size: int | None = None,
-    seed: int = 0,
-    failure_penalty: float = 1e3,
-    chunk_size: int | None = None,
-    mesh: jax.sharding.Mesh | None = None,
-    ensemble: bool = False,
-    checkpoint: str | os.PathLike | None = None,
-    checkpoint_every: int = 10,
-    resume: bool = True,
-    log: str | os.PathLike | None = None,
-    progress: bool = True,
-    on_nonfinite: str = "raise",
-    callback: Callable[[int, dict], None] | None = None,
+    batching: Batching | None = None,
+    checkpointing: Checkpointing | None = None,
+    reporting: Reporting | None = None,
+    failures: Failures | None = None,
+    **deprecated_keywords,
 ) -> TuneResult:
     """Tunes gains (any differentiable leaves of `params`) by gradient descent over scenarios.
 
     Minimizes `mean_i loss(simulate_fn(model, scenarios[i])) + regularization(model)`,
     `model = jaxdae.unwrap(params)`, with an optax optimizer; the scenarios are simulated
     with `vmap` (see [`jaxdae.batch_map`][] for `chunk_size` and `mesh`), or together as
-    one ensemble per chunk (`ensemble=True`, see below). Gains stay
+    one ensemble per chunk (`Batching(ensemble=True)`). Gains stay
     positive definite when `params` holds [`jaxdae.Positive`][] / [`jaxdae.PositiveDefinite`][]
     parametrizations (see [`jaxdae.parametrize`][]). This answers paper 004's Remark 4
     (choosing `𝔄, K_D, K_P` is open) by optimization.
@@ -429,31 +416,32 @@ def tune(
         return jaxdae.simulate(system, formulation, 0.0, 2.0, q0, v0, ts=ts, throw=False)
 
     result = jaxdae.tune(params, run, (q0s, v0s), jaxdae.ConstraintViolation(),
-                         optimizer=optax.adam(0.05), steps=100, checkpoint="ckpt")
+                         optimizer=optax.adam(0.05), steps=100,
+                         checkpointing=jaxdae.Checkpointing("ckpt"))
     result.model.kd, result.history["loss"]
     ```
 
     **Failed scenarios** (documented rule): a scenario fails when `simulate_fn` returns a
     [`jaxdae.Solution`][] that did not succeed (use `throw=False`), or when its loss or
-    gradient is not finite. It then counts as `failure_penalty` in the loss and contributes
+    gradient is not finite. It then counts as `Failures.penalty` in the loss and contributes
     a zero gradient (selected with `jnp.where` on the computed per-scenario gradients, so a
     failed scenario's `inf`/`nan` never reaches the optimizer); `history["num_failed"]`
     counts them. If the update is still not finite (e.g. from the regularization), it is not
-    applied: `on_nonfinite="raise"` (default) raises `FloatingPointError`, `"skip"` records
+    applied: `Failures(on_nonfinite="raise")` (default) raises `FloatingPointError`, `"skip"` records
     `skipped` in the history and goes on.
 
     **Checkpoints and determinism:** the run is a pure function of `(params, scenarios,
-    seed)`. Every `checkpoint_every` steps (and at the end) the trainable parameters,
+    seed)`. Every `Checkpointing.every` steps (and at the end) the trainable parameters,
     optimizer state, step and PRNG key are saved with `eqx.tree_serialise_leaves` in the
-    directory `checkpoint`, with the history (each file written atomically, so a run killed
+    directory `Checkpointing.path`, with the history (each file written atomically, so a run killed
     at any point leaves a consistent checkpoint); calling `tune` again with the same
     arguments resumes from there and gives bit-identical parameters to an uninterrupted
     run. A checkpoint written by another run is refused with what differs: other initial
     parameters or seed, other scenarios, or another problem (the program of one step,
     traced once: `simulate_fn` with the values it closes over, `loss`, `optimizer` with its
-    learning rate, `regularization`, `failure_penalty`, fixed parameters, `batch_size`,
-    `chunk_size`, `mesh`, `ensemble`). `steps`, `checkpoint_every`, `log`, `progress`,
-    `on_nonfinite` and `callback` may change between calls. A damaged checkpoint is
+    learning rate, `regularization`, the failure penalty, fixed parameters and
+    `batching` apart from its seed). `steps`, `checkpointing.every`, `reporting` and
+    `failures.on_nonfinite` may change between calls. A damaged checkpoint is
     refused with the file named.
 
     **A step that cannot run** stops the run with its last good parameters kept (and
@@ -484,30 +472,22 @@ def tune(
         [`jaxdae.DiscreteStability`][] to tune for a fixed-step method.
     - `trainable`: which leaves of `params` are tuned: an `eqx.partition` filter (a
         function of a leaf or a PyTree of bools). Default: every floating-point array.
-    - `batch_size`: scenarios drawn (without replacement) per step; default all of them.
-    - `seed`: seed of the PRNG key used for the minibatches.
-    - `failure_penalty`: the loss value of a failed scenario (default 1e3; choose it above
-        any loss a successful scenario can have).
-    - `chunk_size`, `mesh`: memory bound and devices of the batch, as in
-        [`jaxdae.batch_map`][].
-    - `ensemble`: simulate the scenarios together: `simulate_fn(model, scenarios)` then
-        receives a batch of scenarios (all of them, the minibatch, or a chunk of
-        `chunk_size`) and returns one output with a leading batch axis, typically a
-        [`jaxdae.simulate_ensemble`][] Solution; `loss` is still written for one scenario
-        (it is vmapped over that axis). One solve and one reverse pass per chunk instead of
-        one per scenario: the batch-loss gradient over 256 two-link initial states took
-        0.107 s as an ensemble against 0.188 s with `vmap` (`experiments/bench_batch.py`,
-        2-core CPU). A failed or non-finite scenario counts as `failure_penalty` and
-        gives no gradient, as with `vmap`; the other scenarios of its chunk still do,
-        unless the chunk's gradient is not finite all the same (the solve is shared):
-        then the whole chunk counts as the penalty and gives a zero gradient.
-    - `checkpoint`: a directory for checkpoints (default: none).
-    - `checkpoint_every`: checkpoint period in steps.
-    - `resume`: resume from the checkpoint in `checkpoint` if there is one.
-    - `log`: a `.csv` file (one row per step) or `.json` file (the history) to write.
-    - `progress`: show a tqdm progress bar (if tqdm is installed).
-    - `on_nonfinite`: `"raise"` or `"skip"` (see above).
-    - `callback`: `callback(step, row)` after every step (`row` the history entries).
+    - `batching`: a [`jaxdae.Batching`][]: minibatch size, seed, `chunk_size`, `mesh` and
+        `ensemble` (simulate a chunk of scenarios together: one solve and one reverse pass
+        per chunk instead of one per scenario; a failed or non-finite scenario counts as
+        the penalty and gives no gradient, as with `vmap`, and the other scenarios of its
+        chunk still do unless the chunk's gradient is not finite all the same: then the
+        whole chunk counts as the penalty and gives a zero gradient).
+    - `checkpointing`: a [`jaxdae.Checkpointing`][]: directory, period and `resume`
+        (default: no checkpoints).
+    - `reporting`: a [`jaxdae.Reporting`][]: log file, progress bar and callback.
+    - `failures`: a [`jaxdae.Failures`][]: the penalty of a failed scenario and
+        `on_nonfinite` (see above).
+
+    The keywords `batch_size`, `seed`, `chunk_size`, `mesh`, `ensemble`, `checkpoint`,
+    `checkpoint_every`, `resume`, `log`, `progress`, `callback`, `failure_penalty` and
+    `on_nonfinite` are deprecated: each still works and warns with the option object
+    that replaces it.
 
     **Returns:**
 
@@ -520,15 +500,21 @@ def tune(
     `FloatingPointError` for a non-finite update with `on_nonfinite="raise"`. The last two
     carry the last good state as `error.result`.
     """
+    options = options_from_keywords(
+        {Batching: batching, Checkpointing: checkpointing, Reporting: reporting,
+         Failures: failures}, deprecated_keywords)
+    batching, checkpointing = options[Batching], options[Checkpointing]
+    reporting, failures = options[Reporting], options[Failures]
+    batch_size, seed = batching.batch_size, batching.seed
+    chunk_size, mesh, ensemble = batching.chunk_size, batching.mesh, batching.ensemble
+    checkpoint = None if checkpointing is None else checkpointing.path
+    checkpoint_every = 10 if checkpointing is None else checkpointing.every
+    resume = True if checkpointing is None else checkpointing.resume
+    log, progress, callback = reporting.log, reporting.progress, reporting.callback
+    failure_penalty, on_nonfinite = failures.penalty, failures.on_nonfinite
     if int(steps) != steps or steps < 0:
         raise ValueError(f"`steps` must be a non-negative integer; got {steps}.")
-    if int(checkpoint_every) != checkpoint_every or checkpoint_every < 1:
-        raise ValueError(f"`checkpoint_every` must be a positive integer; got {checkpoint_every}.")
-    if on_nonfinite not in ("raise", "skip"):
-        raise ValueError(f"`on_nonfinite` must be 'raise' or 'skip'; got {on_nonfinite!r}.")
-    if not (isinstance(optimizer, optax.GradientTransformation) or (
-        hasattr(optimizer, "init") and hasattr(optimizer, "update")
-    )):
+    if not isinstance(optimizer, optax.GradientTransformation):
         raise ValueError("`optimizer` must be an optax GradientTransformation, e.g. optax.adam(1e-2).")
     if not math.isfinite(failure_penalty):
         raise ValueError(f"`failure_penalty` must be finite; got {failure_penalty}.")
