@@ -433,16 +433,12 @@ def tune(
     **Checkpoints and determinism:** the run is a pure function of `(params, scenarios,
     seed)`. Every `Checkpointing.every` steps (and at the end) the trainable parameters,
     optimizer state, step and PRNG key are saved with `eqx.tree_serialise_leaves` in the
-    directory `Checkpointing.path`, with the history (each file written atomically, so a run killed
-    at any point leaves a consistent checkpoint); calling `tune` again with the same
-    arguments resumes from there and gives bit-identical parameters to an uninterrupted
-    run. A checkpoint written by another run is refused with what differs: other initial
-    parameters or seed, other scenarios, or another problem (the program of one step,
-    traced once: `simulate_fn` with the values it closes over, `loss`, `optimizer` with its
-    learning rate, `regularization`, the failure penalty, fixed parameters and
-    `batching` apart from its seed). `steps`, `checkpointing.every`, `reporting` and
-    `failures.on_nonfinite` may change between calls. A damaged checkpoint is
-    refused with the file named.
+    directory `Checkpointing.path` with the history, each file written atomically; calling
+    `tune` again with the same arguments resumes and gives bit-identical parameters to an
+    uninterrupted run. A checkpoint written by another run (other initial parameters or
+    seed, other scenarios, or another problem: the traced program of one step with the
+    values it closes over) or a damaged one is refused with what differs. `steps`,
+    `checkpointing.every`, `reporting` and `failures.on_nonfinite` may change between calls.
 
     **A step that cannot run** stops the run with its last good parameters kept (and
     checkpointed), as `error.result` (a `TuneResult`): an update that would take a gain out
@@ -503,180 +499,226 @@ def tune(
     options = options_from_keywords(
         {Batching: batching, Checkpointing: checkpointing, Reporting: reporting,
          Failures: failures}, deprecated_keywords)
-    batching, checkpointing = options[Batching], options[Checkpointing]
-    reporting, failures = options[Reporting], options[Failures]
-    batch_size, seed = batching.batch_size, batching.seed
-    chunk_size, mesh, ensemble = batching.chunk_size, batching.mesh, batching.ensemble
-    checkpoint = None if checkpointing is None else checkpointing.path
-    checkpoint_every = 10 if checkpointing is None else checkpointing.every
-    resume = True if checkpointing is None else checkpointing.resume
-    log, progress, callback = reporting.log, reporting.progress, reporting.callback
-    failure_penalty, on_nonfinite = failures.penalty, failures.on_nonfinite
-    if int(steps) != steps or steps < 0:
-        raise ValueError(f"`steps` must be a non-negative integer; got {steps}.")
-    if not isinstance(optimizer, optax.GradientTransformation):
-        raise ValueError("`optimizer` must be an optax GradientTransformation, e.g. optax.adam(1e-2).")
-    if not math.isfinite(failure_penalty):
-        raise ValueError(f"`failure_penalty` must be finite; got {failure_penalty}.")
-    size = batch_size_of(scenarios)
-    if batch_size is not None and not 1 <= batch_size <= size:
-        raise ValueError(f"`batch_size` must be in [1, {size}] (the number of scenarios); got {batch_size}.")
+    run = _TuningRun(params, simulate_fn, scenarios, loss, optimizer, steps, regularization,
+                     trainable, options)
+    return run.run()
 
-    trainable_params, static = eqx.partition(params, trainable)
-    if not jax.tree.leaves(trainable_params):
-        raise ValueError(
-            "Nothing to tune: `trainable` selects no floating-point arrays in `params`."
-        )
-    # Strong types: a weakly typed leaf would become strong after the first update and
-    # force a second compilation.
-    trainable_params = _strong(trainable_params)
-    opt_state = _strong(optimizer.init(trainable_params))
-    key = jax.random.PRNGKey(seed)
-    step = 0
-    history = {c: [] for c in HISTORY_COLUMNS}
-    directory = None if checkpoint is None else Path(checkpoint)
-    penalty = jnp.asarray(failure_penalty, dtype=jnp.result_type(float))
 
-    def step_args():
-        return (trainable_params, static, opt_state, key, scenarios, simulate_fn, loss,
-                regularization, optimizer, penalty, batch_size, chunk_size, mesh,
-                bool(ensemble), None if excluded is None else jnp.asarray(excluded))
+class _TuningRun:
+    """One tuning run: its state between steps (parameters, optimizer state, PRNG key,
+    history, the scenarios found to raise) and what it does at each step."""
 
-    excluded = None  # once scenarios raise: a mask of them (they count as failed)
-    elapsed_before = 0.0
-    identity = None
-    if directory is not None:
-        identity = _run_identity(step_args(), run_fingerprint(trainable_params, seed),
-                                 scenarios)
-    if directory is not None and resume:
-        loaded = _load_checkpoint(directory, (trainable_params, opt_state, key), identity)
-        if loaded is not None:
-            (trainable_params, opt_state, key), step, history, dropped = loaded
-            if dropped:
-                excluded = np.zeros(size, bool)
-                excluded[dropped] = True
-            if history["time"]:
-                elapsed_before = history["time"][-1]
+    def __init__(self, params, simulate_fn, scenarios, loss, optimizer, steps,
+                 regularization, trainable, options):
+        self.batching, self.checkpointing = options[Batching], options[Checkpointing]
+        self.reporting, self.failures = options[Reporting], options[Failures]
+        self.simulate_fn, self.scenarios, self.loss = simulate_fn, scenarios, loss
+        self.optimizer, self.steps, self.regularization = optimizer, steps, regularization
+        self.size = batch_size_of(scenarios)
+        self._check(steps, optimizer)
+        trainable_params, self.static = eqx.partition(params, trainable)
+        if not jax.tree.leaves(trainable_params):
+            raise ValueError(
+                "Nothing to tune: `trainable` selects no floating-point arrays in `params`."
+            )
+        # Strong types: a weakly typed leaf would become strong after the first update and
+        # force a second compilation.
+        self.trainable = _strong(trainable_params)
+        self.opt_state = _strong(optimizer.init(self.trainable))
+        self.key = jax.random.PRNGKey(self.batching.seed)
+        self.step = 0
+        self.history = {c: [] for c in HISTORY_COLUMNS}
+        self.penalty = jnp.asarray(self.failures.penalty, dtype=jnp.result_type(float))
+        self.excluded = None  # once scenarios raise: a mask of them (they count as failed)
+        self.elapsed_before = 0.0
+        self.identity = None
+        self.directory = None
+        if self.checkpointing is not None:
+            self.directory = Path(self.checkpointing.path)
+            self.identity = _run_identity(
+                self.step_args(), run_fingerprint(self.trainable, self.batching.seed),
+                scenarios)
+            if self.checkpointing.resume:
+                self._resume()
 
-    def stop(error_type, message, cause):
+    def _check(self, steps, optimizer):
+        if int(steps) != steps or steps < 0:
+            raise ValueError(f"`steps` must be a non-negative integer; got {steps}.")
+        if not isinstance(optimizer, optax.GradientTransformation):
+            raise ValueError(
+                "`optimizer` must be an optax GradientTransformation, e.g. optax.adam(1e-2).")
+        if not math.isfinite(self.failures.penalty):
+            raise ValueError(
+                f"`failure_penalty` must be finite; got {self.failures.penalty}.")
+        batch_size = self.batching.batch_size
+        if batch_size is not None and not 1 <= batch_size <= self.size:
+            raise ValueError(f"`batch_size` must be in [1, {self.size}] (the number of "
+                             f"scenarios); got {batch_size}.")
+
+    def _resume(self):
+        loaded = _load_checkpoint(self.directory, self.state(), self.identity)
+        if loaded is None:
+            return
+        (self.trainable, self.opt_state, self.key), self.step, self.history, dropped = loaded
+        if dropped:
+            self.excluded = np.zeros(self.size, bool)
+            self.excluded[dropped] = True
+        if self.history["time"]:
+            self.elapsed_before = self.history["time"][-1]
+
+    def state(self):
+        return (self.trainable, self.opt_state, self.key)
+
+    def step_args(self):
+        b = self.batching
+        return (self.trainable, self.static, self.opt_state, self.key, self.scenarios,
+                self.simulate_fn, self.loss, self.regularization, self.optimizer,
+                self.penalty, b.batch_size, b.chunk_size, b.mesh, bool(b.ensemble),
+                None if self.excluded is None else jnp.asarray(self.excluded))
+
+    def save(self):
+        if self.directory is not None:
+            _save_checkpoint(self.directory, self.state(), self.step, self.history,
+                             self.identity, self.excluded)
+
+    def result(self) -> TuneResult:
+        tuned = eqx.combine(self.trainable, self.static)
+        return TuneResult(params=tuned, model=unwrap(tuned), history=self.history,
+                          opt_state=self.opt_state, key=self.key, step=self.step)
+
+    def stop(self, error_type, message, cause):
         """Saves the run as it stands (its last good state) and raises `error_type` with
         `message`; the exception's `result` is that state as a `TuneResult`."""
-        if directory is not None:
-            _save_checkpoint(directory, (trainable_params, opt_state, key), step, history,
-                             identity, excluded)
-            message += f" It is saved in {directory}."
-        _Logger(log, history)  # the log as the run stands
+        if self.directory is not None:
+            self.save()
+            message += f" It is saved in {self.directory}."
+        _Logger(self.reporting.log, self.history)  # the log as the run stands
         error = error_type(message)
-        tuned = eqx.combine(trainable_params, static)
-        error.result = TuneResult(params=tuned, model=unwrap(tuned), history=history,
-                                  opt_state=opt_state, key=key, step=step)
+        error.result = self.result()
         raise error from cause
 
-    logger = _Logger(log, history)
-    bar = progress_bar(steps, step, progress, "tune")
-    start = time.perf_counter()
-    warned = False
-    try:
-        while step < steps:
-            try:
-                new_trainable, new_opt_state, new_key, stats = _tune_step(*step_args())
-                stats = jax.device_get(stats)
-            except Exception as error:  # raised inside the step, e.g. by `simulate_fn`
-                model = unwrap(eqx.combine(trainable_params, static))
-                domain = _domain_errors(model)
-                if domain:
-                    stop(ValueError, f"The parameters at step {step} are outside their "
-                         f"domain ({domain[0]}): step {step + 1} could not run "
-                         f"({_first_line(error)}).", error)
-                candidates = [i for i in range(size) if excluded is None or not excluded[i]]
-                # An error while running (not while tracing: a bug in the code, the same
-                # for every scenario) may come from some scenarios' data: find them.
-                bad = [] if not isinstance(error, RuntimeError) else _bad_scenarios(
-                    model, simulate_fn, scenarios, bool(ensemble), candidates)
-                listed = "; ".join(f"scenario {i}: {text}" for i, text in bad[:5])
-                listed += f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
-                if bad and len(bad) < len(candidates):
-                    excluded = np.zeros(size, bool) if excluded is None else excluded.copy()
-                    excluded[[i for i, _ in bad]] = True
-                    warnings.warn(
-                        f"jaxdae.tune: in step {step + 1}, {len(bad)} scenario(s) raise when "
-                        f"simulated on their own ({listed}); from now on they count as "
-                        f"failed (`failure_penalty` = {failure_penalty}, no gradient) and "
-                        "`history['failed_scenarios']` names them. Fix or remove them, or "
-                        "simulate with `throw=False`.", stacklevel=2)
+    def run(self) -> TuneResult:
+        logger = _Logger(self.reporting.log, self.history)
+        bar = progress_bar(self.steps, self.step, self.reporting.progress, "tune")
+        self.start = time.perf_counter()
+        self.warned = False
+        try:
+            while self.step < self.steps:
+                try:
+                    new_trainable, new_opt_state, new_key, stats = _tune_step(
+                        *self.step_args())
+                    stats = jax.device_get(stats)
+                except Exception as error:  # raised inside the step, e.g. by `simulate_fn`
+                    self.on_step_error(error)  # raises unless some scenarios were excluded
                     continue
-                if bad:
-                    stop(ValueError,
-                         f"Step {step + 1} stopped: every scenario raises when simulated on "
-                         f"its own ({listed}). The parameters after step {step} are kept: "
-                         "`error.result`.", error)
-                if directory is not None:
-                    _save_checkpoint(directory, (trainable_params, opt_state, key), step,
-                                     history, identity, excluded)
-                error.add_note(f"(raised by jaxdae.tune in step {step + 1}"
-                               + ("" if directory is None else
-                                  f"; the parameters after step {step} are saved in "
-                                  f"{directory}") + ")")
-                raise
-            domain = _domain_errors(unwrap(eqx.combine(new_trainable, static)))
-            if domain:
-                stop(ValueError,
-                     f"Step {step + 1}'s update took the parameters out of their domain "
-                     f"({domain[0]}); it was not applied (loss {float(stats['loss'])}, "
-                     f"gradient norm {float(stats['grad_norm'])}). The optimizer's steps are "
-                     "too large for these gains: lower the learning rate, or parametrize the "
-                     "gains (`jaxdae.parametrize` with `jaxdae.Positive`) so that every "
-                     f"update stays valid. The parameters after step {step} are kept: "
-                     "`error.result`.", None)
-            trainable_params, opt_state, key = new_trainable, new_opt_state, new_key
-            step += 1
-            failed = sorted({int(i) for i in stats["failed"] if i >= 0})
-            row = dict(
-                step=step,
-                loss=float(stats["loss"]),
-                scenario_loss=float(stats["scenario_loss"]),
-                regularization=float(stats["regularization"]),
-                num_failed=int(stats["num_failed"]),
-                grad_norm=float(stats["grad_norm"]),
-                skipped=bool(stats["skipped"]),
-                time=elapsed_before + time.perf_counter() - start,
-                failed_scenarios=failed,
-            )
-            for c in HISTORY_COLUMNS:
-                history[c].append(row[c])
-            logger.row(history)
+                row = self.apply(new_trainable, new_opt_state, new_key, stats, logger)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{row['loss']:.4g}", failed=row["num_failed"])
+                self.after(row, logger)
+        finally:
             if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{row['loss']:.4g}", failed=row["num_failed"])
-            unnamed = [i for i in failed if excluded is None or not excluded[i]]
-            if unnamed and not warned:
-                warned = True
-                warnings.warn(
-                    f"jaxdae.tune: at step {step}, scenario(s) {unnamed[:10]}"
-                    f"{' ...' if len(unnamed) > 10 else ''} failed (a solve that did not "
-                    "succeed, or a non-finite loss or gradient); they count as "
-                    f"`failure_penalty` = {failure_penalty} with no gradient. "
-                    "`history['failed_scenarios']` lists them at every step.", stacklevel=2)
-            if row["skipped"] and on_nonfinite == "raise":
-                stop(FloatingPointError,
-                     f"Step {step}: the update is not finite (loss {row['loss']}, gradient "
-                     f"norm {row['grad_norm']}); it was not applied. Failed scenarios are "
-                     "already masked, so look at the regularization, the optimizer's "
-                     "learning rate or the loss; pass `on_nonfinite='skip'` to skip such "
-                     "steps. The parameters before this step are kept: `error.result`.",
-                     None)
-            if directory is not None and (step % checkpoint_every == 0 or step == steps):
-                _save_checkpoint(directory, (trainable_params, opt_state, key), step, history,
-                                 identity, excluded)
-                logger.flush(history)
-            if callback is not None:
-                callback(step, row)
-    finally:
-        if bar is not None:
-            bar.close()
-    logger.flush(history)
-    tuned = eqx.combine(trainable_params, static)
-    return TuneResult(
-        params=tuned, model=unwrap(tuned), history=history, opt_state=opt_state, key=key,
-        step=step,
-    )
+                bar.close()
+        logger.flush(self.history)
+        return self.result()
+
+    def on_step_error(self, error):
+        """Finds the scenarios that raise on their own and excludes them from then on; or
+        stops the run (every scenario raises, or the parameters left their domain); or
+        re-raises `error` with a note."""
+        model = unwrap(eqx.combine(self.trainable, self.static))
+        step = self.step
+        domain = _domain_errors(model)
+        if domain:
+            self.stop(ValueError, f"The parameters at step {step} are outside their "
+                      f"domain ({domain[0]}): step {step + 1} could not run "
+                      f"({_first_line(error)}).", error)
+        excluded = self.excluded
+        candidates = [i for i in range(self.size) if excluded is None or not excluded[i]]
+        # An error while running (not while tracing: a bug in the code, the same for every
+        # scenario) may come from some scenarios' data: find them.
+        bad = [] if not isinstance(error, RuntimeError) else _bad_scenarios(
+            model, self.simulate_fn, self.scenarios, bool(self.batching.ensemble), candidates)
+        listed = "; ".join(f"scenario {i}: {text}" for i, text in bad[:5])
+        listed += f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
+        if bad and len(bad) < len(candidates):
+            excluded = np.zeros(self.size, bool) if excluded is None else excluded.copy()
+            excluded[[i for i, _ in bad]] = True
+            self.excluded = excluded
+            warnings.warn(
+                f"jaxdae.tune: in step {step + 1}, {len(bad)} scenario(s) raise when "
+                f"simulated on their own ({listed}); from now on they count as "
+                f"failed (`failure_penalty` = {self.failures.penalty}, no gradient) and "
+                "`history['failed_scenarios']` names them. Fix or remove them, or "
+                "simulate with `throw=False`.", stacklevel=4)
+            return
+        if bad:
+            self.stop(ValueError,
+                      f"Step {step + 1} stopped: every scenario raises when simulated on "
+                      f"its own ({listed}). The parameters after step {step} are kept: "
+                      "`error.result`.", error)
+        self.save()
+        error.add_note(f"(raised by jaxdae.tune in step {step + 1}"
+                       + ("" if self.directory is None else
+                          f"; the parameters after step {step} are saved in "
+                          f"{self.directory}") + ")")
+        raise error
+
+    def apply(self, new_trainable, new_opt_state, new_key, stats, logger) -> dict:
+        """Takes a step's update (unless it left the parameters' domain) and records its
+        row in the history and the log."""
+        domain = _domain_errors(unwrap(eqx.combine(new_trainable, self.static)))
+        if domain:
+            self.stop(ValueError,
+                      f"Step {self.step + 1}'s update took the parameters out of their domain "
+                      f"({domain[0]}); it was not applied (loss {float(stats['loss'])}, "
+                      f"gradient norm {float(stats['grad_norm'])}). The optimizer's steps are "
+                      "too large for these gains: lower the learning rate, or parametrize the "
+                      "gains (`jaxdae.parametrize` with `jaxdae.Positive`) so that every "
+                      f"update stays valid. The parameters after step {self.step} are kept: "
+                      "`error.result`.", None)
+        self.trainable, self.opt_state, self.key = new_trainable, new_opt_state, new_key
+        self.step += 1
+        row = dict(
+            step=self.step,
+            loss=float(stats["loss"]),
+            scenario_loss=float(stats["scenario_loss"]),
+            regularization=float(stats["regularization"]),
+            num_failed=int(stats["num_failed"]),
+            grad_norm=float(stats["grad_norm"]),
+            skipped=bool(stats["skipped"]),
+            time=self.elapsed_before + time.perf_counter() - self.start,
+            failed_scenarios=sorted({int(i) for i in stats["failed"] if i >= 0}),
+        )
+        for c in HISTORY_COLUMNS:
+            self.history[c].append(row[c])
+        logger.row(self.history)
+        return row
+
+    def after(self, row, logger):
+        """What follows a recorded step: the warning on failed scenarios, the stop on a
+        non-finite update, the checkpoint and the callback."""
+        step, excluded = self.step, self.excluded
+        unnamed = [i for i in row["failed_scenarios"] if excluded is None or not excluded[i]]
+        if unnamed and not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"jaxdae.tune: at step {step}, scenario(s) {unnamed[:10]}"
+                f"{' ...' if len(unnamed) > 10 else ''} failed (a solve that did not "
+                "succeed, or a non-finite loss or gradient); they count as "
+                f"`failure_penalty` = {self.failures.penalty} with no gradient. "
+                "`history['failed_scenarios']` lists them at every step.", stacklevel=4)
+        if row["skipped"] and self.failures.on_nonfinite == "raise":
+            self.stop(FloatingPointError,
+                      f"Step {step}: the update is not finite (loss {row['loss']}, gradient "
+                      f"norm {row['grad_norm']}); it was not applied. Failed scenarios are "
+                      "already masked, so look at the regularization, the optimizer's "
+                      "learning rate or the loss; pass `on_nonfinite='skip'` to skip such "
+                      "steps. The parameters before this step are kept: `error.result`.",
+                      None)
+        if self.directory is not None and (step % self.checkpointing.every == 0
+                                           or step == self.steps):
+            self.save()
+            logger.flush(self.history)
+        if self.reporting.callback is not None:
+            self.reporting.callback(step, row)
