@@ -42,6 +42,7 @@ from ._persist import (
     fingerprint as run_fingerprint,
 )
 from .._compilation._sharding import auto_mesh
+from .._formulations._base import AbstractFormulation
 
 _META_FILE = "checkpoint.json"
 
@@ -346,9 +347,9 @@ def _load_checkpoint(directory: Path, like, identity: dict):
 
 def _domain_errors(model) -> list[str]:
     """The messages of the eager value checks (`check_values`, e.g. a gain that is not
-    positive definite or not finite) of every module in `model` that has them."""
+    positive definite or not finite) of every formulation in `model`."""
     errors = []
-    is_checked = lambda x: hasattr(x, "check_values")  # noqa: E731
+    is_checked = lambda x: isinstance(x, AbstractFormulation)  # noqa: E731
     for node in jax.tree.leaves(model, is_leaf=is_checked):
         if is_checked(node):
             try:
