@@ -228,7 +228,7 @@ def test_a_scenario_that_raises_is_named_and_counted_as_failed(tmp_path, ensembl
                        penalty=7.0, ensemble=ensemble)
     assert result.step == 2 and result.history["failed_scenarios"] == [[2], [2]]
     # The others tune as they would without it: the same gradient steps (the failed
-    # scenario adds `failure_penalty / 4` to the mean loss and nothing to the gradient).
+    # scenario adds `penalty / 4` to the mean loss and nothing to the gradient).
     alone = _tune(None, scenarios=targets[jnp.array([0, 1, 3])], simulate_fn=_quadratic)
     np.testing.assert_allclose(result.history["scenario_loss"][0],
                                (3 * alone.history["scenario_loss"][0] + 7.0) / 4)

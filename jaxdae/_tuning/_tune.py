@@ -447,7 +447,7 @@ def tune(
     gain becomes negative) is not applied, and the error names the step and the gain.
     **Scenarios that raise** when simulated (e.g. a check on their data inside
     `simulate_fn`) are found one by one, named in a warning, and count as failed from then
-    on (`failure_penalty`, no gradient, listed in `history["failed_scenarios"]`); the run
+    on (`Failures.penalty`, no gradient, listed in `history["failed_scenarios"]`); the run
     stops only if every scenario raises.
 
     **Arguments:**
@@ -550,7 +550,7 @@ class _TuningRun:
                 "`optimizer` must be an optax GradientTransformation, e.g. optax.adam(1e-2).")
         if not math.isfinite(self.failures.penalty):
             raise ValueError(
-                f"`failure_penalty` must be finite; got {self.failures.penalty}.")
+                f"`Failures.penalty` must be finite; got {self.failures.penalty}.")
         batch_size = self.batching.batch_size
         if batch_size is not None and not 1 <= batch_size <= self.size:
             raise ValueError(f"`batch_size` must be in [1, {self.size}] (the number of "
@@ -649,7 +649,7 @@ class _TuningRun:
             warnings.warn(
                 f"jaxdae.tune: in step {step + 1}, {len(bad)} scenario(s) raise when "
                 f"simulated on their own ({listed}); from now on they count as "
-                f"failed (`failure_penalty` = {self.failures.penalty}, no gradient) and "
+                f"failed (`Failures.penalty` = {self.failures.penalty}, no gradient) and "
                 "`history['failed_scenarios']` names them. Fix or remove them, or "
                 "simulate with `throw=False`.", stacklevel=4)
             return
@@ -707,7 +707,7 @@ class _TuningRun:
                 f"jaxdae.tune: at step {step}, scenario(s) {unnamed[:10]}"
                 f"{' ...' if len(unnamed) > 10 else ''} failed (a solve that did not "
                 "succeed, or a non-finite loss or gradient); they count as "
-                f"`failure_penalty` = {self.failures.penalty} with no gradient. "
+                f"`Failures.penalty` = {self.failures.penalty} with no gradient. "
                 "`history['failed_scenarios']` lists them at every step.", stacklevel=4)
         if row["skipped"] and self.failures.on_nonfinite == "raise":
             self.stop(FloatingPointError,
