@@ -5,7 +5,6 @@ import hashlib
 import io
 import json
 import math
-import os
 import time
 import warnings
 from collections.abc import Callable
