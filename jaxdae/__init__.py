@@ -100,6 +100,12 @@ from ._tuning._losses import (
     SettlingTime as SettlingTime,
     TrackingError as TrackingError,
 )
+from ._tuning._options import (
+    Batching as Batching,
+    Checkpointing as Checkpointing,
+    Failures as Failures,
+    Reporting as Reporting,
+)
 from ._tuning._parametrization import (
     AbstractParametrization as AbstractParametrization,
     Positive as Positive,

@@ -148,9 +148,15 @@ def _params():
     return jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
 
 
-def _tune(directory, steps=2, **kwargs):
-    kwargs = dict(dict(optimizer=optax.adam(0.1), progress=False, checkpoint=directory,
-                       checkpoint_every=1), **kwargs)
+def _tune(directory, steps=2, *, penalty=1e3, seed=0, ensemble=False, resume=True, log=None,
+          **kwargs):
+    kwargs.setdefault("optimizer", optax.adam(0.1))
+    kwargs.update(
+        checkpointing=None if directory is None else jaxdae.Checkpointing(
+            directory, every=1, resume=resume),
+        batching=jaxdae.Batching(seed=seed, ensemble=ensemble),
+        reporting=jaxdae.Reporting(log=log, progress=False),
+        failures=jaxdae.Failures(penalty=penalty))
     simulate_fn = kwargs.pop("simulate_fn", _quadratic)
     loss = kwargs.pop("loss", _square)
     scenarios = kwargs.pop("scenarios", TARGETS)
@@ -176,7 +182,7 @@ def _weighted(weight):
     (dict(optimizer=optax.adam(0.2)), "another problem"),
     (dict(loss=_weighted(2.0)), "another problem"),
     (dict(simulate_fn=_offset(0.5)), "another problem"),
-    (dict(failure_penalty=5.0), "another problem"),
+    (dict(penalty=5.0), "another problem"),
     (dict(seed=1), "other initial parameters or another seed"),
 ])
 def test_a_tuning_checkpoint_is_resumed_only_by_its_own_run(tmp_path, change, differs):
@@ -219,10 +225,10 @@ def test_a_scenario_that_raises_is_named_and_counted_as_failed(tmp_path, ensembl
     with pytest.warns(UserWarning, match=r"in step 1, 1 scenario\(s\) raise when simulated on "
                                          r"their own \(scenario 2: .*non-negative\)"):
         result = _tune(tmp_path, scenarios=targets, simulate_fn=_raises_for_negative,
-                       failure_penalty=7.0, ensemble=ensemble)
+                       penalty=7.0, ensemble=ensemble)
     assert result.step == 2 and result.history["failed_scenarios"] == [[2], [2]]
     # The others tune as they would without it: the same gradient steps (the failed
-    # scenario adds `failure_penalty / 4` to the mean loss and nothing to the gradient).
+    # scenario adds `penalty / 4` to the mean loss and nothing to the gradient).
     alone = _tune(None, scenarios=targets[jnp.array([0, 1, 3])], simulate_fn=_quadratic)
     np.testing.assert_allclose(result.history["scenario_loss"][0],
                                (3 * alone.history["scenario_loss"][0] + 7.0) / 4)
@@ -230,7 +236,7 @@ def test_a_scenario_that_raises_is_named_and_counted_as_failed(tmp_path, ensembl
     # The checkpoint remembers it: a resume does not need to find it again.
     assert json.loads((tmp_path / "checkpoint.json").read_text())["excluded"] == [2]
     more = _tune(tmp_path, steps=3, scenarios=targets, simulate_fn=_raises_for_negative,
-                 failure_penalty=7.0, ensemble=ensemble)
+                 penalty=7.0, ensemble=ensemble)
     assert more.history["failed_scenarios"] == [[2], [2], [2]]
     # Every scenario raising stops the run, with the scenarios named.
     with pytest.raises(ValueError, match=r"Step 1 stopped: every scenario raises.*scenario 0: "
@@ -259,9 +265,10 @@ def test_an_update_out_of_the_gains_domain_is_named_and_not_applied(tmp_path):
     with pytest.raises(ValueError, match=r"Step 2's update took the parameters out of their "
                                          r"domain \(Baumgarte: `kd` must be .*Got values -.*it "
                                          r"was not applied.*lower the learning rate") as info:
-        jaxdae.tune(params, _quadratic, TARGETS, _square, steps=5, progress=False,
+        jaxdae.tune(params, _quadratic, TARGETS, _square, steps=5,
                     optimizer=optax.chain(optax.sgd(1e-3), _huge_from_step(1)),
-                    checkpoint=tmp_path, checkpoint_every=1)
+                    checkpointing=jaxdae.Checkpointing(tmp_path, every=1),
+                    reporting=jaxdae.Reporting(progress=False))
     kept = info.value.result
     assert kept.step == 1 and float(kept.model.kd) > 0
     # The checkpoint holds the kept step.
@@ -279,9 +286,10 @@ def _huge_from_step(first):
 
 def test_a_nonfinite_update_keeps_and_saves_the_last_good_parameters(tmp_path):
     with pytest.raises(FloatingPointError, match="Step 1: the update is not finite") as info:
-        jaxdae.tune(_params(), _quadratic, TARGETS, _square, steps=3, progress=False,
+        jaxdae.tune(_params(), _quadratic, TARGETS, _square, steps=3,
                     optimizer=optax.adam(0.1), regularization=lambda m: jnp.sqrt(-m.kd),
-                    checkpoint=tmp_path)
+                    checkpointing=jaxdae.Checkpointing(tmp_path),
+                    reporting=jaxdae.Reporting(progress=False))
     kept = info.value.result
     np.testing.assert_array_equal(kept.model.kd, 1.0)
     assert json.loads((tmp_path / "checkpoint.json").read_text())["step"] == 1
@@ -345,9 +353,11 @@ def tuning(kind, steps, directory=None, callback=None):
         problem = (quadratic, jnp.linspace(0.5, 2.0, 6), loss)
     else:
         problem = (pendulum_run, ANGLES, jaxdae.ConstraintViolation())
-    return jaxdae.tune(params, *problem, optimizer=optax.adam(0.1), steps=steps, batch_size=3,
-                       checkpoint=directory, checkpoint_every=1, progress=False,
-                       callback=callback)
+    return jaxdae.tune(params, *problem, optimizer=optax.adam(0.1), steps=steps,
+                       batching=jaxdae.Batching(batch_size=3),
+                       checkpointing=None if directory is None else jaxdae.Checkpointing(
+                           directory, every=1),
+                       reporting=jaxdae.Reporting(progress=False, callback=callback))
 '''
 
 CHILD = '''

@@ -42,8 +42,12 @@ def initial_params():
     )
 
 
+QUIET = jaxdae.Reporting(progress=False)
+PENALTY_10 = jaxdae.Failures(penalty=10.0)
+
+
 def tune(steps, **kwargs):
-    kwargs.setdefault("progress", False)
+    kwargs.setdefault("reporting", QUIET)
     return jaxdae.tune(initial_params(), run, scenarios(), LOSS, optimizer=OPTIMIZER,
                        steps=steps, **kwargs)
 
@@ -83,8 +87,10 @@ def test_checkpoint_resume_is_bit_identical(reference, tmp_path):
 
     log = tmp_path / "log.csv"
     with pytest.raises(Interrupt):
-        tune(12, checkpoint=tmp_path / "ckpt", checkpoint_every=3, callback=interrupt, log=log)
-    resumed = tune(12, checkpoint=tmp_path / "ckpt", checkpoint_every=3, log=log)
+        tune(12, checkpointing=jaxdae.Checkpointing(tmp_path / "ckpt", every=3),
+             reporting=jaxdae.Reporting(log=log, progress=False, callback=interrupt))
+    resumed = tune(12, checkpointing=jaxdae.Checkpointing(tmp_path / "ckpt", every=3),
+                   reporting=jaxdae.Reporting(log=log, progress=False))
     assert resumed.step == 12
     leaves = jax.tree.leaves(eqx.filter(resumed.params, eqx.is_array))
     expected = jax.tree.leaves(eqx.filter(reference.params, eqx.is_array))
@@ -96,11 +102,12 @@ def test_checkpoint_resume_is_bit_identical(reference, tmp_path):
     rows = log.read_text().strip().splitlines()
     assert rows[0].startswith("step,loss") and len(rows) == 13
     # A finished checkpoint resumes to the same result without stepping.
-    again = tune(12, checkpoint=tmp_path / "ckpt")
+    again = tune(12, checkpointing=jaxdae.Checkpointing(tmp_path / "ckpt"))
     np.testing.assert_array_equal(np.asarray(again.model.kd), np.asarray(reference.model.kd))
     # Another run (other seed or start) refuses the checkpoint.
     with pytest.raises(ValueError, match="other initial parameters or another seed"):
-        tune(12, checkpoint=tmp_path / "ckpt", seed=3)
+        tune(12, checkpointing=jaxdae.Checkpointing(tmp_path / "ckpt"),
+             batching=jaxdae.Batching(seed=3))
 
 
 def test_failed_scenario_gives_penalty_not_nan():
@@ -110,7 +117,7 @@ def test_failed_scenario_gives_penalty_not_nan():
     sol = run(jaxdae.Baumgarte(0.5, 0.5), (q0[2], v0[2]))
     assert not bool(sol.succeeded)
     result = jaxdae.tune(initial_params(), run, (q0, v0), LOSS, optimizer=OPTIMIZER, steps=2,
-                         failure_penalty=7.0, progress=False)
+                         failures=jaxdae.Failures(penalty=7.0), reporting=QUIET)
     assert result.history["num_failed"] == [1, 1]
     assert not any(result.history["skipped"])
     assert np.isfinite(result.history["grad_norm"]).all()
@@ -127,7 +134,7 @@ def test_nan_scenario_gets_zero_gradient():
     params = jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
     targets = jnp.array([0.0, 0.5, 5.0])
     result = jaxdae.tune(params, _sqrt_model, targets, lambda x: x, optimizer=OPTIMIZER,
-                         steps=1, failure_penalty=10.0, progress=False)
+                         steps=1, failures=PENALTY_10, reporting=QUIET)
     assert result.history["num_failed"] == [1]
     np.testing.assert_allclose(result.history["scenario_loss"][0],
                                (1.0 + np.sqrt(0.5) + 10.0) / 3, rtol=1e-12)
@@ -142,26 +149,28 @@ def _sqrt_ensemble(model, targets):
 def test_ensemble_chunks_fail_together_when_the_gradient_is_not_finite():
     params = jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
     targets = jnp.array([0.0, 0.5, 5.0])
-    kwargs = dict(optimizer=OPTIMIZER, steps=1, failure_penalty=10.0, progress=False,
-                  ensemble=True)
+    kwargs = dict(optimizer=OPTIMIZER, steps=1, failures=PENALTY_10, reporting=QUIET)
     # Chunks [0, 0.5] and [5.0, 5.0 (padding)]: only the second fails, as in the vmap test.
-    chunked = jaxdae.tune(params, _sqrt_ensemble, targets, lambda x: x, chunk_size=2, **kwargs)
+    chunked = jaxdae.tune(params, _sqrt_ensemble, targets, lambda x: x,
+                          batching=jaxdae.Batching(chunk_size=2, ensemble=True), **kwargs)
     assert chunked.history["num_failed"] == [1]
     np.testing.assert_allclose(chunked.history["scenario_loss"][0],
                                (1.0 + np.sqrt(0.5) + 10.0) / 3, rtol=1e-12)
     reference = jaxdae.tune(params, _sqrt_model, targets, lambda x: x, optimizer=OPTIMIZER,
-                            steps=1, failure_penalty=10.0, progress=False)
+                            steps=1, failures=PENALTY_10, reporting=QUIET)
     np.testing.assert_allclose(chunked.model.kd, reference.model.kd, rtol=1e-12)
     # One chunk: the nan scenario's gradient poisons the chunk's (a shared solve), so
     # the failure takes the whole batch, and no gradient is applied.
-    whole = jaxdae.tune(params, _sqrt_ensemble, targets, lambda x: x, **kwargs)
+    together = jaxdae.Batching(ensemble=True)
+    whole = jaxdae.tune(params, _sqrt_ensemble, targets, lambda x: x, batching=together,
+                        **kwargs)
     assert whole.history["num_failed"] == [3]
     assert whole.history["scenario_loss"] == [10.0] and whole.history["grad_norm"] == [0.0]
     assert np.isfinite(whole.history["loss"][0])
     # A function of one scenario passed with ensemble=True: the error says what to do.
     with pytest.raises(ValueError, match="leading axis of that size.*ensemble=False"):
         jaxdae.tune(params, lambda model, targets: jnp.sum(model.kd * targets), targets,
-                    lambda x: x, **kwargs)
+                    lambda x: x, batching=together, **kwargs)
 
 
 class _Flagged(eqx.Module):
@@ -182,9 +191,9 @@ def test_ensemble_scenario_fails_alone():
     gradient; the other scenarios of its chunk still tune, exactly as with `vmap`."""
     params = jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
     targets = jnp.array([0.5, 1.0, 5.0])
-    kwargs = dict(optimizer=OPTIMIZER, steps=1, failure_penalty=10.0, progress=False)
-    together = jaxdae.tune(params, _flagged, targets, lambda out: out.value, ensemble=True,
-                           **kwargs)
+    kwargs = dict(optimizer=OPTIMIZER, steps=1, failures=PENALTY_10, reporting=QUIET)
+    together = jaxdae.tune(params, _flagged, targets, lambda out: out.value,
+                           batching=jaxdae.Batching(ensemble=True), **kwargs)
     alone = jaxdae.tune(params, _flagged, targets, lambda out: out.value, **kwargs)
     assert together.history["num_failed"] == alone.history["num_failed"] == [1]
     np.testing.assert_allclose(together.history["scenario_loss"][0], (1.5 + 10.0) / 3)
@@ -205,9 +214,10 @@ def test_ensemble_tuning_matches_vmap():
 
     params = jaxdae.parametrize(jaxdae.ModifiedLagrange(1.0, 0.5, 0.5),
                                 lambda f: (f.alpha, f.kd, f.kp), jaxdae.Positive)
-    kwargs = dict(optimizer=optax.adam(0.3), steps=2, progress=False)
+    kwargs = dict(optimizer=optax.adam(0.3), steps=2, reporting=QUIET)
     plain = jaxdae.tune(params, run, scenarios(), LOSS, **kwargs)
-    together = jaxdae.tune(params, run_ensemble, scenarios(), LOSS, ensemble=True, **kwargs)
+    together = jaxdae.tune(params, run_ensemble, scenarios(), LOSS,
+                           batching=jaxdae.Batching(ensemble=True), **kwargs)
     assert together.history["num_failed"] == [0, 0]
     np.testing.assert_allclose(together.history["loss"], plain.history["loss"], rtol=1e-5)
     for a, b in zip(jax.tree.leaves(together.model), jax.tree.leaves(plain.model), strict=False):
@@ -229,9 +239,10 @@ def test_nonfinite_update_raises_or_skips():
     bad = lambda model: jnp.sqrt(-model.kd)  # noqa: E731  nan
     with pytest.raises(FloatingPointError, match="not finite"):
         jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=1,
-                    regularization=bad, progress=False)
+                    regularization=bad, reporting=QUIET)
     result = jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=2,
-                         regularization=bad, progress=False, on_nonfinite="skip")
+                         regularization=bad, reporting=QUIET,
+                         failures=jaxdae.Failures(on_nonfinite="skip"))
     assert result.history["skipped"] == [True, True]
     np.testing.assert_array_equal(np.asarray(result.model.kd), 1.0)
 
@@ -239,18 +250,21 @@ def test_nonfinite_update_raises_or_skips():
 def test_deterministic_minibatches_and_bad_arguments():
     params = jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
     targets = jnp.linspace(0.5, 2.0, 6)
-    kwargs = dict(optimizer=OPTIMIZER, steps=5, batch_size=2, progress=False)
-    a = jaxdae.tune(params, _quadratic, targets, _square, seed=1, **kwargs)
-    b = jaxdae.tune(params, _quadratic, targets, _square, seed=1, **kwargs)
-    c = jaxdae.tune(params, _quadratic, targets, _square, seed=2, **kwargs)
+    kwargs = dict(optimizer=OPTIMIZER, steps=5, reporting=QUIET)
+    a = jaxdae.tune(params, _quadratic, targets, _square,
+                    batching=jaxdae.Batching(batch_size=2, seed=1), **kwargs)
+    b = jaxdae.tune(params, _quadratic, targets, _square,
+                    batching=jaxdae.Batching(batch_size=2, seed=1), **kwargs)
+    c = jaxdae.tune(params, _quadratic, targets, _square,
+                    batching=jaxdae.Batching(batch_size=2, seed=2), **kwargs)
     assert a.history["loss"] == b.history["loss"]
     assert a.history["loss"] != c.history["loss"]
     with pytest.raises(ValueError, match="batch_size"):
         jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=1,
-                    batch_size=7)
+                    batching=jaxdae.Batching(batch_size=7))
     with pytest.raises(ValueError, match="on_nonfinite"):
         jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=1,
-                    on_nonfinite="ignore")
+                    failures=jaxdae.Failures(on_nonfinite="ignore"))
     with pytest.raises(ValueError, match="Nothing to tune"):
         jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=1,
                     trainable=lambda x: False)
@@ -266,16 +280,19 @@ def test_sharded_float32_tuning_with_progress_bar():
     params = jaxdae.parametrize(jaxdae.Baumgarte(jnp.float32(1.0), jnp.float32(1.0)),
                                 lambda f: f.kd)
     targets = jnp.linspace(0.5, 2.0, 6, dtype=jnp.float32)
-    kwargs = dict(optimizer=OPTIMIZER, steps=3, failure_penalty=10.0)
-    plain = jaxdae.tune(params, _quadratic, targets, _square, progress=True, **kwargs)
-    sharded = jaxdae.tune(params, _quadratic, targets, _square, mesh=mesh, chunk_size=1,
-                          progress=False, **kwargs)
+    kwargs = dict(optimizer=OPTIMIZER, steps=3, failures=PENALTY_10)
+    plain = jaxdae.tune(params, _quadratic, targets, _square,
+                        reporting=jaxdae.Reporting(progress=True), **kwargs)
+    sharded = jaxdae.tune(params, _quadratic, targets, _square,
+                          batching=jaxdae.Batching(mesh=mesh, chunk_size=1),
+                          reporting=QUIET, **kwargs)
     assert plain.model.kd.dtype == jnp.float32
     np.testing.assert_allclose(sharded.history["loss"], plain.history["loss"], rtol=1e-6)
     np.testing.assert_allclose(sharded.model.kd, plain.model.kd, rtol=1e-6)
     # As one ensemble per chunk, each chunk split over the 4 devices (6 → 2 chunks of 4).
-    together = jaxdae.tune(params, _quadratic, targets, _square, mesh=mesh, chunk_size=1,
-                           ensemble=True, progress=False, **kwargs)
+    together = jaxdae.tune(params, _quadratic, targets, _square,
+                           batching=jaxdae.Batching(mesh=mesh, chunk_size=1, ensemble=True),
+                           reporting=QUIET, **kwargs)
     np.testing.assert_allclose(together.history["loss"], plain.history["loss"], rtol=1e-6)
     np.testing.assert_allclose(together.model.kd, plain.model.kd, rtol=1e-6)
 
@@ -429,7 +446,43 @@ def test_baumgarte_stopping_at_the_singularity_is_a_failed_scenario():
     )
     assert not bool(_two_link(jaxdae.unwrap(params), (q0, v0)).succeeded)
     result = jaxdae.tune(params, _two_link, (qs, vs), jaxdae.ConstraintViolation(),
-                         optimizer=OPTIMIZER, steps=2, failure_penalty=1e3, progress=False)
+                         optimizer=OPTIMIZER, steps=2,
+                         failures=jaxdae.Failures(penalty=1e3), reporting=QUIET)
     assert result.history["num_failed"] == [1, 1]
     assert np.all(np.isfinite(result.history["grad_norm"]))
     assert result.history["grad_norm"][0] > 0
+
+
+def test_deprecated_keywords_warn_and_match_the_option_objects():
+    """The keywords that the option objects group still work, each warning with the object
+    that replaces it, and give the same run."""
+    params = jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
+    targets = jnp.linspace(0.5, 2.0, 6)
+    grouped = jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=3,
+                          batching=jaxdae.Batching(batch_size=2, seed=4),
+                          failures=jaxdae.Failures(penalty=5.0), reporting=QUIET)
+    with pytest.warns(DeprecationWarning) as record:
+        old = jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER,
+                          steps=3, batch_size=2, seed=4, failure_penalty=5.0,
+                          progress=False)
+    messages = {str(w.message) for w in record if w.category is DeprecationWarning}
+    for expected in ("batching=jaxdae.Batching(batch_size=", "batching=jaxdae.Batching(seed=",
+                     "failures=jaxdae.Failures(penalty=", "reporting=jaxdae.Reporting(progress="):
+        assert any(expected in m for m in messages), (expected, messages)
+    assert old.history["loss"] == grouped.history["loss"]
+    with pytest.warns(DeprecationWarning, match=r"jaxdae\.Failures\(penalty="):
+        jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=1,
+                    failure_penalty=5.0, reporting=QUIET)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=1,
+                    batchsize=2)
+
+
+def test_option_objects_check_their_values():
+    with pytest.raises(ValueError, match="every"):
+        jaxdae.Checkpointing("ckpt", every=0)
+    with pytest.raises(ValueError, match="on_nonfinite"):
+        jaxdae.Failures(on_nonfinite="ignore")
+    with pytest.raises(TypeError, match="jaxdae.Batching"):
+        jaxdae.tune(jaxdae.Baumgarte(1.0, 1.0), _quadratic, jnp.ones(2), _square,
+                    optimizer=OPTIMIZER, steps=1, batching=3)

@@ -3,41 +3,28 @@
 They are set by `configure_on_import`, which `jaxdae/__init__.py` calls first thing; float64
 and the XLA options each have an opt-out, an environment variable read at the import.
 
-**float64.** `jax_enable_x64` is turned on: JAX's float32 default cannot meet the
-tolerances that constrained dynamics needs (`rtol=1e-8` is below float32's resolution).
-Arrays created as float32 stay float32, and a float32 `q0` runs the whole simulation in
-float32. Left alone when `JAXDAE_ENABLE_X64=0`, or when JAX's own `JAX_ENABLE_X64` is set
-(the user chose).
+- **float64** (`jax_enable_x64`): float32 cannot meet the tolerances that constrained
+  dynamics needs. Arrays created as float32 stay float32. Left alone when
+  `JAXDAE_ENABLE_X64=0`, or when JAX's own `JAX_ENABLE_X64` is set (the user chose).
+- **Whole while loops as one CPU kernel** (`xla_cpu_small_while_loop_byte_threshold`):
+  XLA:CPU pays a fixed dispatch cost per fused kernel at every iteration of a while loop,
+  and a small system's diffrax step is a few dozen small kernels; above the limit (1 kB by
+  default, below every solve) a loop runs kernel by kernel. A loop whose body holds a
+  scatter, a sort or a custom call still does, so the right-hand sides of the solves avoid
+  them (`SparseMatrix.dense`, `LOOPED_MAX` in `_linalg.py`).
+- **No library fusions inside those loops** (`--xla_disable_hlo_passes=dot-library-rewriter`,
+  joined to the passes the user disables): the pass hands mid-sized matrix products to a
+  library call, a separate kernel that makes the whole loop run kernel by kernel again.
+  XLA ignores a pass name it does not know.
 
-**Whole while loops as one CPU kernel.** XLA's CPU runtime executes a compiled program as a
-sequence of "thunks", one per fused kernel, and pays a fixed cost for each at every iteration
-of a while loop. A diffrax step of a small constrained system is a few dozen small kernels,
-so the dispatching costs more than the arithmetic. XLA compiles a while loop into one kernel
-when it accesses fewer bytes than `xla_cpu_small_while_loop_byte_threshold`, 1 kB by
-default, which excludes every solve. jaxdae raises the limit so that its solves (and the
-user's other loops) run as single kernels. A loop whose body holds a scatter, a sort or a
-custom call (a LAPACK routine, a host callback) still runs kernel by kernel, so the
-right-hand sides of the solves avoid them (`SparseMatrix.dense`, `LOOPED_MAX` in
-`_linalg.py`).
-
-**No library fusions inside those loops.** XLA:CPU hands matrix–matrix products with a
-dimension of 8 or more, with the operations around them, to a library (YNNPACK, its
-`dot-library-rewriter` pass); such a call is a separate kernel, so a loop that holds one
-runs kernel by kernel. The right-hand sides of mid-sized models hold such products (the
-elimination's `J M⁻¹ Jᵀ` of a Cartesian chain of 5 or 6 links; a rigid body's small products
-batched over the tangents of the derivatives; a user's own matrix products). jaxdae disables
-that pass (`--xla_disable_hlo_passes`, joined to the passes the user disables; XLA ignores a
-pass name it does not know).
-
-What each option gains, and why XLA's compile-time options are left to their defaults:
-docs/design_measurements.md#xla-options.
-
-The options live in `XLA_FLAGS`, which XLA reads once, when JAX starts its first backend;
-so they are set when jaxdae is imported, before any computation. Each is left alone when
-`XLA_FLAGS` already names it (e.g. `...byte_threshold=1024`, XLA's default), and both when
-the environment variable `JAXDAE_SET_XLA_FLAGS` is `0`. If JAX has already computed
-something when jaxdae is imported, a warning says how to get the option. GPU backends do
-not read it.
+The options live in `XLA_FLAGS`, which XLA reads once, when JAX starts its first backend,
+and they stay process-wide: XLA refuses the loop limit as a per-program compile option
+(`jax.jit`'s `compiler_options`), and a user's own `jax.jit` around `jaxdae.simulate`
+compiles the user's program, not jaxdae's, so per-program options would miss it.
+Each is left alone when `XLA_FLAGS` already names it, and both when
+`JAXDAE_SET_XLA_FLAGS=0`. If JAX has already computed something when jaxdae is imported, a
+warning says how to get them. GPU backends do not read them. The measurements behind each
+choice, with their commands: `docs/guides/performance.md#what-importing-jaxdae-changes`.
 """
 
 import os

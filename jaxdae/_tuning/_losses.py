@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from .._checks import check_positive
 from .._custom_types import Array, Float
 from .._solution import Solution
+from ._outcome import output_failed
 
 
 def _valid_rows(sol: Solution):
@@ -41,8 +42,7 @@ def integrate(sol: Solution, values: Float[Array, " N"]) -> Float[Array, ""]:
 
 
 def _failed(solution) -> Array:
-    succeeded = getattr(solution, "succeeded", None)
-    return jnp.array(False) if succeeded is None else ~jnp.asarray(succeeded)
+    return output_failed(solution)
 
 
 def _or_inf(solution, value):

@@ -5,7 +5,6 @@ import hashlib
 import io
 import json
 import math
-import os
 import time
 import warnings
 from collections.abc import Callable
@@ -20,6 +19,7 @@ import optax
 
 from .._compilation._sharding import auto_mesh
 from .._custom_types import Array, PyTree
+from .._formulations._base import AbstractFormulation
 from ._batch import (
     _batch_map,
     _pad,
@@ -29,6 +29,8 @@ from ._batch import (
     check_ensemble_output,
     chunk_layout,
 )
+from ._options import Batching, Checkpointing, Failures, Reporting, options_from_keywords
+from ._outcome import output_failed
 from ._parametrization import unwrap
 from ._persist import (
     atomic_write,
@@ -78,13 +80,6 @@ def _strong(tree):
     return jax.tree.map(lambda x: jnp.array(x, dtype=x.dtype) if eqx.is_array(x) else x, tree)
 
 
-def _is_failed(output) -> Array:
-    succeeded = getattr(output, "succeeded", None)
-    if succeeded is None:
-        return jnp.array(False)
-    return ~jnp.asarray(succeeded)
-
-
 def _all_finite(tree) -> Array:
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if eqx.is_inexact_array(x)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
@@ -96,7 +91,7 @@ def _scenario_value_and_grad(trainable, static, simulate_fn, loss, penalty, scen
     def scenario_loss(trainable):
         model = unwrap(eqx.combine(trainable, static))
         output = simulate_fn(model, scenario)
-        return loss(output), _is_failed(output)
+        return loss(output), output_failed(output)
 
     (value, failed), grads = eqx.filter_value_and_grad(scenario_loss, has_aux=True)(trainable)
     ok = ~failed & jnp.isfinite(value) & _all_finite(grads)
@@ -121,7 +116,7 @@ def _ensemble_value_and_grad(trainable, static, simulate_fn, loss, penalty, scen
         check_ensemble_output(output, weights.shape[0], "`simulate_fn(model, scenarios)`",
                               "scenario")
         values = jax.vmap(loss)(output)
-        kept = ~_is_failed(output) & jnp.isfinite(values)
+        kept = ~output_failed(output) & jnp.isfinite(values)
         return jnp.sum(jnp.where(kept, weights * values, 0.0)), (values, kept)
 
     (_, (values, kept)), grads = eqx.filter_value_and_grad(chunk_loss, has_aux=True)(
@@ -274,8 +269,8 @@ _PARTS = {
     "start": "other initial parameters or another seed",
     "scenarios": "other scenarios",
     "problem": "another problem: another `simulate_fn`, `loss`, `optimizer`, "
-               "`regularization`, `failure_penalty`, fixed parameters, `batch_size`, "
-               "`chunk_size`, `mesh` or `ensemble` (the compiled step differs)",
+               "`regularization`, failure penalty, fixed parameters, or `batching` "
+               "(batch size, chunk size, mesh, ensemble: the compiled step differs)",
 }
 _FIX = ("Use another `checkpoint` directory, or `resume=False` to start afresh (the "
         "checkpoint is then overwritten).")
@@ -349,9 +344,9 @@ def _load_checkpoint(directory: Path, like, identity: dict):
 
 def _domain_errors(model) -> list[str]:
     """The messages of the eager value checks (`check_values`, e.g. a gain that is not
-    positive definite or not finite) of every module in `model` that has them."""
+    positive definite or not finite) of every formulation in `model`."""
     errors = []
-    is_checked = lambda x: hasattr(x, "check_values")  # noqa: E731
+    is_checked = lambda x: isinstance(x, AbstractFormulation)  # noqa: E731
     for node in jax.tree.leaves(model, is_leaf=is_checked):
         if is_checked(node):
             try:
@@ -395,26 +390,18 @@ def tune(
     steps: int,
     regularization: Callable[[PyTree], Array] | None = None,
     trainable: Any = eqx.is_inexact_array,
-    batch_size: int | None = None,
-    seed: int = 0,
-    failure_penalty: float = 1e3,
-    chunk_size: int | None = None,
-    mesh: jax.sharding.Mesh | None = None,
-    ensemble: bool = False,
-    checkpoint: str | os.PathLike | None = None,
-    checkpoint_every: int = 10,
-    resume: bool = True,
-    log: str | os.PathLike | None = None,
-    progress: bool = True,
-    on_nonfinite: str = "raise",
-    callback: Callable[[int, dict], None] | None = None,
+    batching: Batching | None = None,
+    checkpointing: Checkpointing | None = None,
+    reporting: Reporting | None = None,
+    failures: Failures | None = None,
+    **deprecated_keywords,
 ) -> TuneResult:
     """Tunes gains (any differentiable leaves of `params`) by gradient descent over scenarios.
 
     Minimizes `mean_i loss(simulate_fn(model, scenarios[i])) + regularization(model)`,
     `model = jaxdae.unwrap(params)`, with an optax optimizer; the scenarios are simulated
     with `vmap` (see [`jaxdae.batch_map`][] for `chunk_size` and `mesh`), or together as
-    one ensemble per chunk (`ensemble=True`, see below). Gains stay
+    one ensemble per chunk (`Batching(ensemble=True)`). Gains stay
     positive definite when `params` holds [`jaxdae.Positive`][] / [`jaxdae.PositiveDefinite`][]
     parametrizations (see [`jaxdae.parametrize`][]). This answers Mukharlyamov and Deressa's (2015) Remark 4
     (choosing `𝔄, K_D, K_P` is open) by optimization.
@@ -427,32 +414,29 @@ def tune(
         return jaxdae.simulate(system, formulation, 0.0, 2.0, q0, v0, ts=ts, throw=False)
 
     result = jaxdae.tune(params, run, (q0s, v0s), jaxdae.ConstraintViolation(),
-                         optimizer=optax.adam(0.05), steps=100, checkpoint="ckpt")
+                         optimizer=optax.adam(0.05), steps=100,
+                         checkpointing=jaxdae.Checkpointing("ckpt"))
     result.model.kd, result.history["loss"]
     ```
 
     **Failed scenarios** (documented rule): a scenario fails when `simulate_fn` returns a
     [`jaxdae.Solution`][] that did not succeed (use `throw=False`), or when its loss or
-    gradient is not finite. It then counts as `failure_penalty` in the loss and contributes
+    gradient is not finite. It then counts as `Failures.penalty` in the loss and contributes
     a zero gradient (selected with `jnp.where` on the computed per-scenario gradients, so a
     failed scenario's `inf`/`nan` never reaches the optimizer); `history["num_failed"]`
     counts them. If the update is still not finite (e.g. from the regularization), it is not
-    applied: `on_nonfinite="raise"` (default) raises `FloatingPointError`, `"skip"` records
+    applied: `Failures(on_nonfinite="raise")` (default) raises `FloatingPointError`, `"skip"` records
     `skipped` in the history and goes on.
 
     **Checkpoints and determinism:** the run is a pure function of `(params, scenarios,
-    seed)`. Every `checkpoint_every` steps (and at the end) the trainable parameters,
+    seed)`. Every `Checkpointing.every` steps (and at the end) the trainable parameters,
     optimizer state, step and PRNG key are saved with `eqx.tree_serialise_leaves` in the
-    directory `checkpoint`, with the history (each file written atomically, so a run killed
-    at any point leaves a consistent checkpoint); calling `tune` again with the same
-    arguments resumes from there and gives bit-identical parameters to an uninterrupted
-    run. A checkpoint written by another run is refused with what differs: other initial
-    parameters or seed, other scenarios, or another problem (the program of one step,
-    traced once: `simulate_fn` with the values it closes over, `loss`, `optimizer` with its
-    learning rate, `regularization`, `failure_penalty`, fixed parameters, `batch_size`,
-    `chunk_size`, `mesh`, `ensemble`). `steps`, `checkpoint_every`, `log`, `progress`,
-    `on_nonfinite` and `callback` may change between calls. A damaged checkpoint is
-    refused with the file named.
+    directory `Checkpointing.path` with the history, each file written atomically; calling
+    `tune` again with the same arguments resumes and gives bit-identical parameters to an
+    uninterrupted run. A checkpoint written by another run (other initial parameters or
+    seed, other scenarios, or another problem: the traced program of one step with the
+    values it closes over) or a damaged one is refused with what differs. `steps`,
+    `checkpointing.every`, `reporting` and `failures.on_nonfinite` may change between calls.
 
     **A step that cannot run** stops the run with its last good parameters kept (and
     checkpointed), as `error.result` (a `TuneResult`): an update that would take a gain out
@@ -460,7 +444,7 @@ def tune(
     gain becomes negative) is not applied, and the error names the step and the gain.
     **Scenarios that raise** when simulated (e.g. a check on their data inside
     `simulate_fn`) are found one by one, named in a warning, and count as failed from then
-    on (`failure_penalty`, no gradient, listed in `history["failed_scenarios"]`); the run
+    on (`Failures.penalty`, no gradient, listed in `history["failed_scenarios"]`); the run
     stops only if every scenario raises.
 
     **Arguments:**
@@ -482,30 +466,22 @@ def tune(
         [`jaxdae.DiscreteStability`][] to tune for a fixed-step method.
     - `trainable`: which leaves of `params` are tuned: an `eqx.partition` filter (a
         function of a leaf or a PyTree of bools). Default: every floating-point array.
-    - `batch_size`: scenarios drawn (without replacement) per step; default all of them.
-    - `seed`: seed of the PRNG key used for the minibatches.
-    - `failure_penalty`: the loss value of a failed scenario (default 1e3; choose it above
-        any loss a successful scenario can have).
-    - `chunk_size`, `mesh`: memory bound and devices of the batch, as in
-        [`jaxdae.batch_map`][].
-    - `ensemble`: simulate the scenarios together: `simulate_fn(model, scenarios)` then
-        receives a batch of scenarios (all of them, the minibatch, or a chunk of
-        `chunk_size`) and returns one output with a leading batch axis, typically a
-        [`jaxdae.simulate_ensemble`][] Solution; `loss` is still written for one scenario
-        (it is vmapped over that axis). One solve and one reverse pass per chunk instead of
-        one per scenario: the batch-loss gradient over 256 two-link initial states took
-        0.107 s as an ensemble against 0.188 s with `vmap` (`experiments/bench_batch.py`,
-        2-core CPU). A failed or non-finite scenario counts as `failure_penalty` and
-        gives no gradient, as with `vmap`; the other scenarios of its chunk still do,
-        unless the chunk's gradient is not finite all the same (the solve is shared):
-        then the whole chunk counts as the penalty and gives a zero gradient.
-    - `checkpoint`: a directory for checkpoints (default: none).
-    - `checkpoint_every`: checkpoint period in steps.
-    - `resume`: resume from the checkpoint in `checkpoint` if there is one.
-    - `log`: a `.csv` file (one row per step) or `.json` file (the history) to write.
-    - `progress`: show a tqdm progress bar (if tqdm is installed).
-    - `on_nonfinite`: `"raise"` or `"skip"` (see above).
-    - `callback`: `callback(step, row)` after every step (`row` the history entries).
+    - `batching`: a [`jaxdae.Batching`][]: minibatch size, seed, `chunk_size`, `mesh` and
+        `ensemble` (simulate a chunk of scenarios together: one solve and one reverse pass
+        per chunk instead of one per scenario; a failed or non-finite scenario counts as
+        the penalty and gives no gradient, as with `vmap`, and the other scenarios of its
+        chunk still do unless the chunk's gradient is not finite all the same: then the
+        whole chunk counts as the penalty and gives a zero gradient).
+    - `checkpointing`: a [`jaxdae.Checkpointing`][]: directory, period and `resume`
+        (default: no checkpoints).
+    - `reporting`: a [`jaxdae.Reporting`][]: log file, progress bar and callback.
+    - `failures`: a [`jaxdae.Failures`][]: the penalty of a failed scenario and
+        `on_nonfinite` (see above).
+
+    The keywords `batch_size`, `seed`, `chunk_size`, `mesh`, `ensemble`, `checkpoint`,
+    `checkpoint_every`, `resume`, `log`, `progress`, `callback`, `failure_penalty` and
+    `on_nonfinite` are deprecated: each still works and warns with the option object
+    that replaces it.
 
     **Returns:**
 
@@ -518,177 +494,229 @@ def tune(
     `FloatingPointError` for a non-finite update with `on_nonfinite="raise"`. The last two
     carry the last good state as `error.result`.
     """
-    if int(steps) != steps or steps < 0:
-        raise ValueError(f"`steps` must be a non-negative integer; got {steps}.")
-    if int(checkpoint_every) != checkpoint_every or checkpoint_every < 1:
-        raise ValueError(f"`checkpoint_every` must be a positive integer; got {checkpoint_every}.")
-    if on_nonfinite not in ("raise", "skip"):
-        raise ValueError(f"`on_nonfinite` must be 'raise' or 'skip'; got {on_nonfinite!r}.")
-    if not (isinstance(optimizer, optax.GradientTransformation) or (
-        hasattr(optimizer, "init") and hasattr(optimizer, "update")
-    )):
-        raise ValueError("`optimizer` must be an optax GradientTransformation, e.g. optax.adam(1e-2).")
-    if not math.isfinite(failure_penalty):
-        raise ValueError(f"`failure_penalty` must be finite; got {failure_penalty}.")
-    size = batch_size_of(scenarios)
-    if batch_size is not None and not 1 <= batch_size <= size:
-        raise ValueError(f"`batch_size` must be in [1, {size}] (the number of scenarios); got {batch_size}.")
+    options = options_from_keywords(
+        {Batching: batching, Checkpointing: checkpointing, Reporting: reporting,
+         Failures: failures}, deprecated_keywords)
+    run = _TuningRun(params, simulate_fn, scenarios, loss, optimizer, steps, regularization,
+                     trainable, options)
+    return run.run()
 
-    trainable_params, static = eqx.partition(params, trainable)
-    if not jax.tree.leaves(trainable_params):
-        raise ValueError(
-            "Nothing to tune: `trainable` selects no floating-point arrays in `params`."
-        )
-    # Strong types: a weakly typed leaf would become strong after the first update and
-    # force a second compilation.
-    trainable_params = _strong(trainable_params)
-    opt_state = _strong(optimizer.init(trainable_params))
-    key = jax.random.PRNGKey(seed)
-    step = 0
-    history = {c: [] for c in HISTORY_COLUMNS}
-    directory = None if checkpoint is None else Path(checkpoint)
-    penalty = jnp.asarray(failure_penalty, dtype=jnp.result_type(float))
 
-    def step_args():
-        return (trainable_params, static, opt_state, key, scenarios, simulate_fn, loss,
-                regularization, optimizer, penalty, batch_size, chunk_size, mesh,
-                bool(ensemble), None if excluded is None else jnp.asarray(excluded))
+class _TuningRun:
+    """One tuning run: its state between steps (parameters, optimizer state, PRNG key,
+    history, the scenarios found to raise) and what it does at each step."""
 
-    excluded = None  # once scenarios raise: a mask of them (they count as failed)
-    elapsed_before = 0.0
-    identity = None
-    if directory is not None:
-        identity = _run_identity(step_args(), run_fingerprint(trainable_params, seed),
-                                 scenarios)
-    if directory is not None and resume:
-        loaded = _load_checkpoint(directory, (trainable_params, opt_state, key), identity)
-        if loaded is not None:
-            (trainable_params, opt_state, key), step, history, dropped = loaded
-            if dropped:
-                excluded = np.zeros(size, bool)
-                excluded[dropped] = True
-            if history["time"]:
-                elapsed_before = history["time"][-1]
+    def __init__(self, params, simulate_fn, scenarios, loss, optimizer, steps,
+                 regularization, trainable, options):
+        self.batching, self.checkpointing = options[Batching], options[Checkpointing]
+        self.reporting, self.failures = options[Reporting], options[Failures]
+        self.simulate_fn, self.scenarios, self.loss = simulate_fn, scenarios, loss
+        self.optimizer, self.steps, self.regularization = optimizer, steps, regularization
+        self.size = batch_size_of(scenarios)
+        self._check(steps, optimizer)
+        trainable_params, self.static = eqx.partition(params, trainable)
+        if not jax.tree.leaves(trainable_params):
+            raise ValueError(
+                "Nothing to tune: `trainable` selects no floating-point arrays in `params`."
+            )
+        # Strong types: a weakly typed leaf would become strong after the first update and
+        # force a second compilation.
+        self.trainable = _strong(trainable_params)
+        self.opt_state = _strong(optimizer.init(self.trainable))
+        self.key = jax.random.PRNGKey(self.batching.seed)
+        self.step = 0
+        self.history = {c: [] for c in HISTORY_COLUMNS}
+        self.penalty = jnp.asarray(self.failures.penalty, dtype=jnp.result_type(float))
+        self.excluded = None  # once scenarios raise: a mask of them (they count as failed)
+        self.elapsed_before = 0.0
+        self.identity = None
+        self.directory = None
+        if self.checkpointing is not None:
+            self.directory = Path(self.checkpointing.path)
+            self.identity = _run_identity(
+                self.step_args(), run_fingerprint(self.trainable, self.batching.seed),
+                scenarios)
+            if self.checkpointing.resume:
+                self._resume()
 
-    def stop(error_type, message, cause):
+    def _check(self, steps, optimizer):
+        if int(steps) != steps or steps < 0:
+            raise ValueError(f"`steps` must be a non-negative integer; got {steps}.")
+        if not isinstance(optimizer, optax.GradientTransformation):
+            raise ValueError(
+                "`optimizer` must be an optax GradientTransformation, e.g. optax.adam(1e-2).")
+        if not math.isfinite(self.failures.penalty):
+            raise ValueError(
+                f"`Failures.penalty` must be finite; got {self.failures.penalty}.")
+        batch_size = self.batching.batch_size
+        if batch_size is not None and not 1 <= batch_size <= self.size:
+            raise ValueError(f"`batch_size` must be in [1, {self.size}] (the number of "
+                             f"scenarios); got {batch_size}.")
+
+    def _resume(self):
+        loaded = _load_checkpoint(self.directory, self.state(), self.identity)
+        if loaded is None:
+            return
+        (self.trainable, self.opt_state, self.key), self.step, self.history, dropped = loaded
+        if dropped:
+            self.excluded = np.zeros(self.size, bool)
+            self.excluded[dropped] = True
+        if self.history["time"]:
+            self.elapsed_before = self.history["time"][-1]
+
+    def state(self):
+        return (self.trainable, self.opt_state, self.key)
+
+    def step_args(self):
+        b = self.batching
+        return (self.trainable, self.static, self.opt_state, self.key, self.scenarios,
+                self.simulate_fn, self.loss, self.regularization, self.optimizer,
+                self.penalty, b.batch_size, b.chunk_size, b.mesh, bool(b.ensemble),
+                None if self.excluded is None else jnp.asarray(self.excluded))
+
+    def save(self):
+        if self.directory is not None:
+            _save_checkpoint(self.directory, self.state(), self.step, self.history,
+                             self.identity, self.excluded)
+
+    def result(self) -> TuneResult:
+        tuned = eqx.combine(self.trainable, self.static)
+        return TuneResult(params=tuned, model=unwrap(tuned), history=self.history,
+                          opt_state=self.opt_state, key=self.key, step=self.step)
+
+    def stop(self, error_type, message, cause):
         """Saves the run as it stands (its last good state) and raises `error_type` with
         `message`; the exception's `result` is that state as a `TuneResult`."""
-        if directory is not None:
-            _save_checkpoint(directory, (trainable_params, opt_state, key), step, history,
-                             identity, excluded)
-            message += f" It is saved in {directory}."
-        _Logger(log, history)  # the log as the run stands
+        if self.directory is not None:
+            self.save()
+            message += f" It is saved in {self.directory}."
+        _Logger(self.reporting.log, self.history)  # the log as the run stands
         error = error_type(message)
-        tuned = eqx.combine(trainable_params, static)
-        error.result = TuneResult(params=tuned, model=unwrap(tuned), history=history,
-                                  opt_state=opt_state, key=key, step=step)
+        error.result = self.result()
         raise error from cause
 
-    logger = _Logger(log, history)
-    bar = progress_bar(steps, step, progress, "tune")
-    start = time.perf_counter()
-    warned = False
-    try:
-        while step < steps:
-            try:
-                new_trainable, new_opt_state, new_key, stats = _tune_step(*step_args())
-                stats = jax.device_get(stats)
-            except Exception as error:  # raised inside the step, e.g. by `simulate_fn`
-                model = unwrap(eqx.combine(trainable_params, static))
-                domain = _domain_errors(model)
-                if domain:
-                    stop(ValueError, f"The parameters at step {step} are outside their "
-                         f"domain ({domain[0]}): step {step + 1} could not run "
-                         f"({_first_line(error)}).", error)
-                candidates = [i for i in range(size) if excluded is None or not excluded[i]]
-                # An error while running (not while tracing: a bug in the code, the same
-                # for every scenario) may come from some scenarios' data: find them.
-                bad = [] if not isinstance(error, RuntimeError) else _bad_scenarios(
-                    model, simulate_fn, scenarios, bool(ensemble), candidates)
-                listed = "; ".join(f"scenario {i}: {text}" for i, text in bad[:5])
-                listed += f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
-                if bad and len(bad) < len(candidates):
-                    excluded = np.zeros(size, bool) if excluded is None else excluded.copy()
-                    excluded[[i for i, _ in bad]] = True
-                    warnings.warn(
-                        f"jaxdae.tune: in step {step + 1}, {len(bad)} scenario(s) raise when "
-                        f"simulated on their own ({listed}); from now on they count as "
-                        f"failed (`failure_penalty` = {failure_penalty}, no gradient) and "
-                        "`history['failed_scenarios']` names them. Fix or remove them, or "
-                        "simulate with `throw=False`.", stacklevel=2)
+    def run(self) -> TuneResult:
+        logger = _Logger(self.reporting.log, self.history)
+        bar = progress_bar(self.steps, self.step, self.reporting.progress, "tune")
+        self.start = time.perf_counter()
+        self.warned = False
+        try:
+            while self.step < self.steps:
+                try:
+                    new_trainable, new_opt_state, new_key, stats = _tune_step(
+                        *self.step_args())
+                    stats = jax.device_get(stats)
+                except Exception as error:  # raised inside the step, e.g. by `simulate_fn`
+                    self.on_step_error(error)  # raises unless some scenarios were excluded
                     continue
-                if bad:
-                    stop(ValueError,
-                         f"Step {step + 1} stopped: every scenario raises when simulated on "
-                         f"its own ({listed}). The parameters after step {step} are kept: "
-                         "`error.result`.", error)
-                if directory is not None:
-                    _save_checkpoint(directory, (trainable_params, opt_state, key), step,
-                                     history, identity, excluded)
-                error.add_note(f"(raised by jaxdae.tune in step {step + 1}"
-                               + ("" if directory is None else
-                                  f"; the parameters after step {step} are saved in "
-                                  f"{directory}") + ")")
-                raise
-            domain = _domain_errors(unwrap(eqx.combine(new_trainable, static)))
-            if domain:
-                stop(ValueError,
-                     f"Step {step + 1}'s update took the parameters out of their domain "
-                     f"({domain[0]}); it was not applied (loss {float(stats['loss'])}, "
-                     f"gradient norm {float(stats['grad_norm'])}). The optimizer's steps are "
-                     "too large for these gains: lower the learning rate, or parametrize the "
-                     "gains (`jaxdae.parametrize` with `jaxdae.Positive`) so that every "
-                     f"update stays valid. The parameters after step {step} are kept: "
-                     "`error.result`.", None)
-            trainable_params, opt_state, key = new_trainable, new_opt_state, new_key
-            step += 1
-            failed = sorted({int(i) for i in stats["failed"] if i >= 0})
-            row = dict(
-                step=step,
-                loss=float(stats["loss"]),
-                scenario_loss=float(stats["scenario_loss"]),
-                regularization=float(stats["regularization"]),
-                num_failed=int(stats["num_failed"]),
-                grad_norm=float(stats["grad_norm"]),
-                skipped=bool(stats["skipped"]),
-                time=elapsed_before + time.perf_counter() - start,
-                failed_scenarios=failed,
-            )
-            for c in HISTORY_COLUMNS:
-                history[c].append(row[c])
-            logger.row(history)
+                row = self.apply(new_trainable, new_opt_state, new_key, stats, logger)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{row['loss']:.4g}", failed=row["num_failed"])
+                self.after(row, logger)
+        finally:
             if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{row['loss']:.4g}", failed=row["num_failed"])
-            unnamed = [i for i in failed if excluded is None or not excluded[i]]
-            if unnamed and not warned:
-                warned = True
-                warnings.warn(
-                    f"jaxdae.tune: at step {step}, scenario(s) {unnamed[:10]}"
-                    f"{' ...' if len(unnamed) > 10 else ''} failed (a solve that did not "
-                    "succeed, or a non-finite loss or gradient); they count as "
-                    f"`failure_penalty` = {failure_penalty} with no gradient. "
-                    "`history['failed_scenarios']` lists them at every step.", stacklevel=2)
-            if row["skipped"] and on_nonfinite == "raise":
-                stop(FloatingPointError,
-                     f"Step {step}: the update is not finite (loss {row['loss']}, gradient "
-                     f"norm {row['grad_norm']}); it was not applied. Failed scenarios are "
-                     "already masked, so look at the regularization, the optimizer's "
-                     "learning rate or the loss; pass `on_nonfinite='skip'` to skip such "
-                     "steps. The parameters before this step are kept: `error.result`.",
-                     None)
-            if directory is not None and (step % checkpoint_every == 0 or step == steps):
-                _save_checkpoint(directory, (trainable_params, opt_state, key), step, history,
-                                 identity, excluded)
-                logger.flush(history)
-            if callback is not None:
-                callback(step, row)
-    finally:
-        if bar is not None:
-            bar.close()
-    logger.flush(history)
-    tuned = eqx.combine(trainable_params, static)
-    return TuneResult(
-        params=tuned, model=unwrap(tuned), history=history, opt_state=opt_state, key=key,
-        step=step,
-    )
+                bar.close()
+        logger.flush(self.history)
+        return self.result()
+
+    def on_step_error(self, error):
+        """Finds the scenarios that raise on their own and excludes them from then on; or
+        stops the run (every scenario raises, or the parameters left their domain); or
+        re-raises `error` with a note."""
+        model = unwrap(eqx.combine(self.trainable, self.static))
+        step = self.step
+        domain = _domain_errors(model)
+        if domain:
+            self.stop(ValueError, f"The parameters at step {step} are outside their "
+                      f"domain ({domain[0]}): step {step + 1} could not run "
+                      f"({_first_line(error)}).", error)
+        excluded = self.excluded
+        candidates = [i for i in range(self.size) if excluded is None or not excluded[i]]
+        # An error while running (not while tracing: a bug in the code, the same for every
+        # scenario) may come from some scenarios' data: find them.
+        bad = [] if not isinstance(error, RuntimeError) else _bad_scenarios(
+            model, self.simulate_fn, self.scenarios, bool(self.batching.ensemble), candidates)
+        listed = "; ".join(f"scenario {i}: {text}" for i, text in bad[:5])
+        listed += f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
+        if bad and len(bad) < len(candidates):
+            excluded = np.zeros(self.size, bool) if excluded is None else excluded.copy()
+            excluded[[i for i, _ in bad]] = True
+            self.excluded = excluded
+            warnings.warn(
+                f"jaxdae.tune: in step {step + 1}, {len(bad)} scenario(s) raise when "
+                f"simulated on their own ({listed}); from now on they count as "
+                f"failed (`Failures.penalty` = {self.failures.penalty}, no gradient) and "
+                "`history['failed_scenarios']` names them. Fix or remove them, or "
+                "simulate with `throw=False`.", stacklevel=4)
+            return
+        if bad:
+            self.stop(ValueError,
+                      f"Step {step + 1} stopped: every scenario raises when simulated on "
+                      f"its own ({listed}). The parameters after step {step} are kept: "
+                      "`error.result`.", error)
+        self.save()
+        error.add_note(f"(raised by jaxdae.tune in step {step + 1}"
+                       + ("" if self.directory is None else
+                          f"; the parameters after step {step} are saved in "
+                          f"{self.directory}") + ")")
+        raise error
+
+    def apply(self, new_trainable, new_opt_state, new_key, stats, logger) -> dict:
+        """Takes a step's update (unless it left the parameters' domain) and records its
+        row in the history and the log."""
+        domain = _domain_errors(unwrap(eqx.combine(new_trainable, self.static)))
+        if domain:
+            self.stop(ValueError,
+                      f"Step {self.step + 1}'s update took the parameters out of their domain "
+                      f"({domain[0]}); it was not applied (loss {float(stats['loss'])}, "
+                      f"gradient norm {float(stats['grad_norm'])}). The optimizer's steps are "
+                      "too large for these gains: lower the learning rate, or parametrize the "
+                      "gains (`jaxdae.parametrize` with `jaxdae.Positive`) so that every "
+                      f"update stays valid. The parameters after step {self.step} are kept: "
+                      "`error.result`.", None)
+        self.trainable, self.opt_state, self.key = new_trainable, new_opt_state, new_key
+        self.step += 1
+        row = dict(
+            step=self.step,
+            loss=float(stats["loss"]),
+            scenario_loss=float(stats["scenario_loss"]),
+            regularization=float(stats["regularization"]),
+            num_failed=int(stats["num_failed"]),
+            grad_norm=float(stats["grad_norm"]),
+            skipped=bool(stats["skipped"]),
+            time=self.elapsed_before + time.perf_counter() - self.start,
+            failed_scenarios=sorted({int(i) for i in stats["failed"] if i >= 0}),
+        )
+        for c in HISTORY_COLUMNS:
+            self.history[c].append(row[c])
+        logger.row(self.history)
+        return row
+
+    def after(self, row, logger):
+        """What follows a recorded step: the warning on failed scenarios, the stop on a
+        non-finite update, the checkpoint and the callback."""
+        step, excluded = self.step, self.excluded
+        unnamed = [i for i in row["failed_scenarios"] if excluded is None or not excluded[i]]
+        if unnamed and not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"jaxdae.tune: at step {step}, scenario(s) {unnamed[:10]}"
+                f"{' ...' if len(unnamed) > 10 else ''} failed (a solve that did not "
+                "succeed, or a non-finite loss or gradient); they count as "
+                f"`Failures.penalty` = {self.failures.penalty} with no gradient. "
+                "`history['failed_scenarios']` lists them at every step.", stacklevel=4)
+        if row["skipped"] and self.failures.on_nonfinite == "raise":
+            self.stop(FloatingPointError,
+                      f"Step {step}: the update is not finite (loss {row['loss']}, gradient "
+                      f"norm {row['grad_norm']}); it was not applied. Failed scenarios are "
+                      "already masked, so look at the regularization, the optimizer's "
+                      "learning rate or the loss; pass `on_nonfinite='skip'` to skip such "
+                      "steps. The parameters before this step are kept: `error.result`.",
+                      None)
+        if self.directory is not None and (step % self.checkpointing.every == 0
+                                           or step == self.steps):
+            self.save()
+            logger.flush(self.history)
+        if self.reporting.callback is not None:
+            self.reporting.callback(step, row)
