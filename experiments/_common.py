@@ -78,7 +78,7 @@ def progress(iterable, description: str, total: int | None = None, unit: str = "
 def loop_done(description: str, count: int, unit: str, seconds: float) -> None:
     """The line `progress` prints at the end of a loop in a log (nothing on a terminal, where
     the loop had a bar); for loops that show their own bar, e.g. `jaxdae.tune(...,
-    progress=interactive())`."""
+    reporting=jaxdae.Reporting(progress=interactive()))`."""
     if not interactive():
         units = unit if count == 1 else unit + "s"
         print(f"  {description}: {count} {units} in {seconds:.1f} s", flush=True)

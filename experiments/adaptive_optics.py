@@ -173,8 +173,8 @@ def _tuning_study(system, quick):
     start = time.perf_counter()
     result = jaxdae.tune(params, lambda rates, e: _fixed_step_run(system, control_of(rates), e),
                          train, _violation, optimizer=optax.adam(0.1), steps=steps,
-                         regularization=stability, failure_penalty=1e3,
-                         progress=interactive())
+                         regularization=stability, failures=jaxdae.Failures(penalty=1e3),
+                         reporting=jaxdae.Reporting(progress=interactive()))
     tune_seconds = time.perf_counter() - start
     loop_done("jaxdae.tune", steps, "step", tune_seconds)
 

@@ -149,8 +149,8 @@ def main(out: Path, quick: bool = False) -> dict:
     start = time.perf_counter()
     result = jaxdae.tune(
         params, problem, train, loss, optimizer=optax.adam(0.2), steps=steps,
-        failure_penalty=PENALTY, seed=0, log=folder / "history.csv", checkpoint=None,
-        progress=interactive(),
+        failures=jaxdae.Failures(penalty=PENALTY), batching=jaxdae.Batching(seed=0),
+        reporting=jaxdae.Reporting(log=folder / "history.csv", progress=interactive()),
     )
     t_tune = time.perf_counter() - start
     loop_done("jaxdae.tune", steps, "step", t_tune)

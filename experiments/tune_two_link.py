@@ -6,7 +6,7 @@ are tuned by gradient descent (`jaxdae.tune`, Adam) for a fixed-step method (Heu
 over a batch of perturbed initial states, minimizing the integrated constraint violation
 `∫ |Φ|² + 0.1 |Φ̇|² dt` over the first 1.5 s (through the singular configuration at 0.493 s),
 plus the discrete stability penalty of Mukharlyamov (2019) §4 (`ρ(R(τH)) < 1`, `jaxdae.DiscreteStability`).
-The training scenarios run as one ensemble (`tune(..., ensemble=True)` with
+The training scenarios run as one ensemble (`tune(..., batching=jaxdae.Batching(ensemble=True))` with
 `jaxdae.simulate_ensemble`: with fixed steps, the same trajectories in one solve). The
 result is compared on held-out initial states with the paper's Cases 1–3 and with a random
 search (log-uniform) given the same number of batch evaluations.
@@ -85,7 +85,7 @@ def run(model, scenario):
 
 
 def run_ensemble(model, scenarios):
-    """The training scenarios as one ensemble (`tune(..., ensemble=True)`): with fixed
+    """The training scenarios as one ensemble (`tune(..., batching=jaxdae.Batching(ensemble=True))`): with fixed
     steps the trajectories are those of `run`, in one solve and one reverse pass."""
     q0, v0 = scenarios
     return jaxdae.simulate_ensemble(
@@ -168,8 +168,9 @@ def main(out: Path, quick: bool = False) -> dict:
     start = time.perf_counter()
     result = jaxdae.tune(
         params, run_ensemble, train, LOSS, optimizer=optax.adam(0.1), steps=steps,
-        regularization=STABILITY, failure_penalty=PENALTY, seed=0, ensemble=True,
-        log=folder / "history.csv", checkpoint=None, progress=interactive(),
+        regularization=STABILITY, failures=jaxdae.Failures(penalty=PENALTY),
+        batching=jaxdae.Batching(seed=0, ensemble=True),
+        reporting=jaxdae.Reporting(log=folder / "history.csv", progress=interactive()),
     )
     tune_wall = time.perf_counter() - start
     loop_done("jaxdae.tune", steps, "step", tune_wall)
