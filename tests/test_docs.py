@@ -155,3 +155,20 @@ def test_every_public_name_is_in_the_api_reference():
             if f"{module.__name__}.{name}" not in documented:
                 missing.append(f"{module.__name__}.{name}")
     assert not missing, f"add to a page of docs/api/ (and to mkdocs.yml's nav): {missing}"
+
+
+def test_design_measurement_links_resolve():
+    """Every `docs/design_measurements.md#anchor` that the code cites names a section of
+    that page, and no module comment or docstring carries timings itself."""
+    page = (ROOT / "docs" / "design_measurements.md").read_text(encoding="utf-8")
+    anchors = set(re.findall(r"\{ #([\w-]+) \}", page))
+    cited, timings = set(), []
+    timing = re.compile(r"\d(?:\.\d+)? ?(?:µs|ms)\b")
+    for path in ROOT.glob("jaxdae/**/*.py"):
+        text = path.read_text(encoding="utf-8")
+        cited |= set(re.findall(r"docs/design_measurements\.md#([\w-]+)", text))
+        timings += [f"{path.relative_to(ROOT)}: {line.strip()}" for line in text.splitlines()
+                    if timing.search(line)]
+    assert cited, "the pattern finds the code's links"
+    assert cited <= anchors, f"links to missing sections: {sorted(cited - anchors)}"
+    assert not timings, "timings belong on docs/design_measurements.md:\n" + "\n".join(timings)

@@ -160,11 +160,9 @@ class _Graph:
 #
 # XLA's CPU backend evaluates float64 `sin`/`cos` by a libm call per element, which keeps the
 # loop around it from being vectorized, and its fusion pass counts real `sin`/`cos` as cheap,
-# so it recomputes them in every fusion that reads them (16 evaluations instead of 4 in the
-# batched two-link right-hand side). Written as Cody–Waite reduction plus polynomials, they
-# are a few dozen multiply-adds that XLA vectorizes; recomputing those is cheap. Measured on
-# that right-hand side (batch of 1024, 2-core CPU, `experiments/diagnostics/bench_rhs.py`):
-# about half the time per trajectory with the polynomials as with XLA's `sin`/`cos`.
+# so it recomputes them in every fusion that reads them. Written as Cody–Waite reduction plus
+# polynomials, they are a few dozen multiply-adds that XLA vectorizes; recomputing those is
+# cheap (docs/design_measurements.md#sine-and-cosine).
 
 # Per dtype: π/2 split in three parts whose leading two have few enough bits that `n · part`
 # is exact for `|n| < 2^20` (float64, fdlibm's `pio2_1`, `pio2_2`, `pio2_2t`) or `2^13`

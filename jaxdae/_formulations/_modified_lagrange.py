@@ -102,10 +102,9 @@ def _accelerations(formulation: ModifiedLagrange, terms, iterations: int,
     `(M + Jᵀ𝔄J)⁻¹ Gᵀ𝔄`, one column per row of `G`. `batched` (default: where `G` has at
     most `iterations` rows) solves for that matrix beside `q̈`, in the same substitutions,
     so that the iterations are products with `G` and with it: no more columns than the
-    iterations' solves would take, and none of them waits for another: on the stiff spring
-    pendulum of `experiments/work_precision.py` (4 coordinates, one constraint) a `Tsit5`
-    solve with two iterations costs 1.2× one without them, against 1.7× with the solves in
-    turn. Otherwise each iteration solves with the factorization in turn."""
+    iterations' solves would take, and none of them waits for another
+    (docs/design_measurements.md#augmented-lagrangian). Otherwise each iteration solves
+    with the factorization in turn."""
     alpha = formulation.alpha
     target = formulation.target(terms)
     lhs, masses_g = penalized_mass(terms, lambda g: _apply_masses(alpha, g))

@@ -33,12 +33,9 @@ LINEARIZED_MIN_SIZE = 64
 
 
 # Stages per iteration of the loop that applies the kept linearizations in reverse (the loop
-# body holds this many copies of the right-hand side's transposed linearization). On the
-# chain of 64 links (`experiments/bench_scaling.py --families chain --sizes 64`, 2-core
-# CPU, load 5-7) a stage's linearization and product took about 14 µs with 2 stages per
-# iteration and 17 µs with 1, with Tsit5 (6 stages) and Dopri8 (12); the whole loop
-# unrolled was no faster than 2 and compiled the gradient in 8.7 and 13.4 s instead of
-# 6.5 and 6.3 s (2 stages: 6.9 and 7.8 s).
+# body holds this many copies of the right-hand side's transposed linearization): two are
+# faster than one, and unrolling further costs compile time for no speed
+# (docs/design_measurements.md#linearized-stages).
 LINEARIZED_UNROLL = 2
 
 
