@@ -12,7 +12,7 @@ gradient of `Σ q(t1)² + |Φ(t1)|²` w.r.t. the formulation's five gains, over 
 - `RecursiveCheckpointAdjoint(checkpoints=N)` for diffrax's default (`None`: about
   `sqrt(2 max_steps)` ≈ 450 for `max_steps = 100_000`) and for several `N`; jaxdae's default
   for solvers that are not explicit Runge–Kutta methods is `N = 32`
-  (`jaxdae._integration._sweep_forward.CHECKPOINTS`). Memory per trajectory is about
+  (`jaxdae._thresholds.CHECKPOINTS`). Memory per trajectory is about
   `N × (size of the solver's loop state)`, multiplied by the batch size under `vmap`.
 - `ForwardMode` + `jax.jacfwd` (forward sensitivities, one tangent per gain).
 

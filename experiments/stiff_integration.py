@@ -61,6 +61,7 @@ import numpy as np
 from _common import figure, legend_below, output_dir, parse_args, progress, write_json
 
 import jaxdae
+from jaxdae import _thresholds
 
 NAME = "stiff_integration"
 T1 = 2.0
@@ -469,16 +470,14 @@ LAPACK_RODAS = "Rodas5P (LAPACK LU, tangents batched by vmap)"
 def _lapack_rodas(fn):
     """`fn` traced with Rodas5P's LU by LAPACK (`getrf`, `trsm`) at every size and the
     Jacobian's tangents batched by `jax.vmap`, for comparison with the defaults."""
-    from jaxdae._compilation import _linalg
-    from jaxdae._integration import _rosenbrock
 
     def traced(*args):
-        saved = _linalg.LU_UNROLL_MAX, _rosenbrock.TANGENT_LOOP_MAX
-        _linalg.LU_UNROLL_MAX, _rosenbrock.TANGENT_LOOP_MAX = 0, 0
+        saved = _thresholds.LU_UNROLL_MAX, _thresholds.TANGENT_LOOP_MAX
+        _thresholds.LU_UNROLL_MAX, _thresholds.TANGENT_LOOP_MAX = 0, 0
         try:
             return fn(*args)
         finally:
-            _linalg.LU_UNROLL_MAX, _rosenbrock.TANGENT_LOOP_MAX = saved
+            _thresholds.LU_UNROLL_MAX, _thresholds.TANGENT_LOOP_MAX = saved
 
     return traced
 

@@ -496,7 +496,7 @@ def test_sweep_keeps_linearizations_of_larger_states():
     linearization from the stages' recomputation and transposes it on the way back; the
     gradients (saves inside the steps and at the end) are `RecursiveCheckpointAdjoint`'s,
     all steps stored or in segments."""
-    from jaxdae._integration._sweep_backward import LINEARIZED_MIN_SIZE
+    from jaxdae._thresholds import LINEARIZED_MIN_SIZE
 
     saveat, controller, (t0, t1) = _USER_SOLVES["ts, adaptive"]
     y0 = jnp.concatenate([jnp.sin(jnp.arange(32.0)), jnp.zeros(32)])

@@ -12,9 +12,6 @@ import numpy as np
 import pytest
 
 from jaxdae._compilation._linalg import (
-    LU_UNROLL_MAX,
-    LYAPUNOV_MAX,
-    UNROLL_MAX,
     extreme_eigenvalues,
     full_precision,
     is_positive_definite,
@@ -29,6 +26,7 @@ from jaxdae._compilation._linalg import (
     small_matmul,
     spd_solve,
 )
+from jaxdae._thresholds import LU_UNROLL_MAX, LYAPUNOV_MAX, UNROLL_MAX
 
 SIZES = [1, 2, 3, UNROLL_MAX, UNROLL_MAX + 1]
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import jaxdae
+from jaxdae import _thresholds
 from jaxdae._compilation import _banded, _sparse
-from jaxdae._compilation._linalg import UNROLL_MAX
 from jaxdae._compilation._linear_solvers import (
     PositiveSemidefinitePseudoInverse,
     SparseSymmetricOperator,
@@ -24,6 +24,7 @@ from jaxdae._compilation._linear_solvers import (
 from jaxdae._compilation._sparse import Pattern, SparseMatrix
 from jaxdae._formulations._multipliers import multiplier_solve
 from jaxdae._systems._system import ConstrainedTerms
+from jaxdae._thresholds import UNROLL_MAX
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
 from scaling_models import CartesianChain  # noqa: E402
@@ -288,7 +289,7 @@ def test_structured_formulations_agree_with_dense(banded, monkeypatch):
     rows on) and with dense ones: accelerations, multipliers and gradients w.r.t. the
     gains, the model's parameters and the velocities agree to 1e-10."""
     if banded:
-        monkeypatch.setattr(_sparse, "BANDED_MIN", 4)
+        monkeypatch.setattr(_thresholds, "BANDED_MIN", 4)
     _banded.banded_plan.cache_clear()
     links = 9
     structured, dense = _StructuredChain(links), _DenseChain(links)

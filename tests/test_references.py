@@ -21,6 +21,7 @@ import pytest
 from scipy.integrate import solve_ivp
 
 import jaxdae
+from jaxdae import _thresholds
 from jaxdae.examples import CartesianPendulum, TwoLinkManipulator
 
 from ._jaxprs import equations
@@ -262,7 +263,7 @@ def test_matrix_products_at_full_precision(monkeypatch):
     # The simulation's gradient, with the right-hand side left in array form (a scalar
     # graph has no products): the reverse sweep's backward pass is traced at transpose time;
     # diffrax's checkpointed loop replays the traced step.
-    monkeypatch.setattr(jaxdae._compilation._scalarize, "MAX_WORK", 0)
+    monkeypatch.setattr(_thresholds, "MAX_WORK", 0)
     pend = _ArrayFormPendulum()
     q0, v0 = (x.astype(jnp.float32) for x in pend.state_from_angle(0.4, 0.0))
 

@@ -10,13 +10,9 @@ import numpy as np
 import pytest
 
 import jaxdae
-from jaxdae._compilation._scalarize import (
-    MAX_ELEMENTS,
-    MAX_WORK,
-    scalarize,
-    sincos,
-)
+from jaxdae._compilation._scalarize import scalarize, sincos
 from jaxdae._integration._vector_fields import failure_indicator, state_rates
+from jaxdae._thresholds import MAX_ELEMENTS, MAX_WORK
 from jaxdae.examples import (
     CartesianArm,
     ChaplyginSleigh,

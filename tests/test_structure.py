@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import jaxdae
-from jaxdae._compilation import _banded, _gather, _sparse
+from jaxdae import _thresholds
+from jaxdae._compilation import _banded, _gather
 from jaxdae._compilation._banded import banded_plan, banded_solve
 from jaxdae._compilation._scalarize import array_form_scope, scalarize
 from jaxdae._compilation._sparse import (
@@ -25,7 +26,8 @@ from jaxdae._compilation._sparse import (
     sparse_matmul,
 )
 from jaxdae._compilation._sparsity import column_colouring, nonzero_masks
-from jaxdae._systems._structure import STRUCTURED_MIN, terms_structure
+from jaxdae._systems._structure import terms_structure
+from jaxdae._thresholds import STRUCTURED_MIN
 
 from ._jaxprs import assert_rates_loop_is_one_kernel, not_in_a_loop
 
@@ -250,9 +252,9 @@ def test_blocks_positive_definite():
                          ([1.0, 2.0, -3.0, 4.0], False), ([1.0, np.nan, 3.0, 4.0], False),
                          ([1.0, np.inf, 3.0, 4.0], False)):
         assert bool(blocks_positive_definite(SparseMatrix(jnp.asarray(values), diagonal))) is want
-    wide = Pattern.from_mask(np.ones((2 * _sparse.BLOCK_MAX,) * 2, bool))
+    wide = Pattern.from_mask(np.ones((2 * _thresholds.BLOCK_MAX,) * 2, bool))
     assert blocks_positive_definite(SparseMatrix.from_dense(
-        jnp.eye(2 * _sparse.BLOCK_MAX), wide)) is None
+        jnp.eye(2 * _thresholds.BLOCK_MAX), wide)) is None
 
 
 @pytest.mark.parametrize("model", [_IndefiniteGivenMass(), _MasslessLastChain(5)])
@@ -514,7 +516,7 @@ def test_add_at_is_a_gather_both_ways():
 def test_banded_factorization(method, monkeypatch):
     # row by row (`BandCholeskyFactor`), block row by block row (`BandedFactor`) and by
     # cyclic reduction (the accelerators' default), each at every half-bandwidth
-    monkeypatch.setattr(_sparse, "BAND_CHOLESKY_MIN_WIDTH", 1 if method == "rows" else 10**6)
+    monkeypatch.setattr(_thresholds, "BAND_CHOLESKY_MIN_WIDTH", 1 if method == "rows" else 10**6)
     cyclic = method == "cyclic"
     kind = {"rows": _banded.BandCholeskyFactor, "block rows": _banded.BandedFactor,
             "cyclic": _banded.CyclicReductionFactor}[method]
@@ -579,14 +581,14 @@ def test_banded_solve_derivatives(size, band, rows, monkeypatch):
     # reverse and forward mode and, for the sequential factorization and cyclic
     # reduction, under vmap; row by row, and by blocks of 2 rows (unrolled) and of 9
     # (loops, whose tangent solves reverse mode must transpose)
-    monkeypatch.setattr(_sparse, "BAND_CHOLESKY_MIN_WIDTH", 1 if rows else 10**6)
+    monkeypatch.setattr(_thresholds, "BAND_CHOLESKY_MIN_WIDTH", 1 if rows else 10**6)
     rng = np.random.default_rng(5)
     mask = np.abs(np.arange(size)[:, None] - np.arange(size)[None]) <= band
     noise = rng.standard_normal((size, size)) * mask
     matrix = (0.3 * (noise + noise.T) + 5 * np.eye(size)) * mask
     pattern = Pattern.from_mask(mask)
     plan = banded_plan(pattern)
-    assert (plan.width > _sparse.UNROLL_MAX) == (band > 2)
+    assert (plan.width > _thresholds.UNROLL_MAX) == (band > 2)
     values = jnp.asarray(matrix[pattern.rows, pattern.cols])
     rhs = jnp.asarray(rng.standard_normal(size))
 
@@ -676,7 +678,7 @@ def test_banded_multiplier_solve_derivatives():
 def test_banded_path_agrees(monkeypatch):
     # banded factorizations from 4 rows on (32 by default), so that a small chain's
     # `J M⁻¹ Jᵀ` (9 × 9, tridiagonal) uses one
-    monkeypatch.setattr(_sparse, "BANDED_MIN", 4)
+    monkeypatch.setattr(_thresholds, "BANDED_MIN", 4)
     _banded.banded_plan.cache_clear()
     structured, dense = StructuredChain(9), DenseChain(9)
     assert banded_plan(structured.terms(0.0, *_state(structured)).sparse_mass.pattern)
@@ -705,7 +707,7 @@ def test_gradients_through_wide_bands():
     v = 0.3 * jnp.cos(jnp.arange(q.size, dtype=float))
     terms = structured.terms(0.0, q, v)
     g = terms.sparse_jacobian
-    assert banded_plan(sparse_matmul(g, g.T).pattern).width > _sparse.UNROLL_MAX
+    assert banded_plan(sparse_matmul(g, g.T).pattern).width > _thresholds.UNROLL_MAX
     formulations = [FORMULATIONS["Baumgarte"]]
     grad_s = _acceleration_gradient(structured, formulations, q, v)
     grad_d = _acceleration_gradient(dense, formulations, q, v)

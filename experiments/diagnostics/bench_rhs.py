@@ -35,13 +35,14 @@ import numpy as np  # noqa: E402
 from bench_precision import Chain  # noqa: E402
 
 import jaxdae  # noqa: E402
+from jaxdae import _thresholds
 from jaxdae._compilation import _scalarize  # noqa: E402
 from jaxdae._integration._vector_fields import SolveArgs, state_rates, vector_field  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
 LOOP = 10_000
 BATCH = 1024
-DEFAULT_WORK = _scalarize.MAX_WORK
+DEFAULT_WORK = _thresholds.MAX_WORK
 SINCOS = dict(_scalarize._SINCOS)
 
 
@@ -97,7 +98,7 @@ def right_hand_sides():
           "max abs diff vs hand-written |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, (rhs, max_work, polynomials) in forms.items():
-        _scalarize.MAX_WORK = max_work  # 0: nothing is re-traced as a scalar graph
+        _thresholds.MAX_WORK = max_work  # 0: nothing is re-traced as a scalar graph
         _scalarize._SINCOS.clear()  # empty: sin and cos stay XLA's
         _scalarize._SINCOS.update(SINCOS if polynomials else {})
         jax.clear_caches()
@@ -107,7 +108,7 @@ def right_hand_sides():
         diff = np.max(np.abs(np.asarray(jax.jit(rhs)(y0)) - reference))
         print(f"| {name} | {equations} | {ops} | {fusions} | "
               f"{_per_evaluation_us(rhs, y0):.3f} | {_batched_ns(rhs, y0):.1f} | {diff:.1e} |")
-    _scalarize.MAX_WORK = DEFAULT_WORK
+    _thresholds.MAX_WORK = DEFAULT_WORK
     _scalarize._SINCOS.update(SINCOS)
 
 
@@ -129,7 +130,7 @@ def chains():
         q0, v0 = system.hanging_state()
         solves, compile_s = {}, {}
         for on in (False, True):
-            _scalarize.MAX_WORK = DEFAULT_WORK if on else 0
+            _thresholds.MAX_WORK = DEFAULT_WORK if on else 0
             jax.clear_caches()
             start = time.perf_counter()
             # Compiled ahead of time: `jax.clear_caches()` does not touch the executable.
@@ -147,7 +148,7 @@ def chains():
         for on in (False, True):
             print(f"| {2 * links} | {'on' if on else 'off'} | {compile_s[on]:.2f} | "
                   f"{1e3 * float(np.median(times[on])):.2f} |")
-    _scalarize.MAX_WORK = DEFAULT_WORK
+    _thresholds.MAX_WORK = DEFAULT_WORK
 
 
 def steps(loop: int = 130):

@@ -6,7 +6,7 @@ the terms derived densely (`structured_terms = False`) and from the sparsity pat
 (`structured_terms = True`). Prints the wall time of the solve's compile (trace + lower + XLA)
 and the process CPU time per step of one solve and of its gradient (`bench_scaling.py`'s, with
 respect to the gains and the initial velocities; medians of `--repeats`, the two variants
-interleaved). `jaxdae/_systems/_structure.py` sets `STRUCTURED_MIN`, the largest number of
+interleaved). `jaxdae/_thresholds.py` sets `STRUCTURED_MIN`, the largest number of
 coordinates that keeps the dense derivation by default, from these figures.
 
     python experiments/diagnostics/bench_structured_threshold.py [--repeats 7]

@@ -9,20 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _thresholds
 from .._custom_types import Array, Float
 from ._gather import take
 from ._sparse import Pattern, SparseMatrix, cholesky_factor, cholesky_solve
-
-# Banded factorization: for symmetric positive definite matrices whose pattern, in its own
-# order or after reverse Cuthill–McKee, has a half-bandwidth `b` small against the size. On
-# the CPU it runs one row (or block row) per iteration of a `lax.scan`: `O(size · b²)` work
-# and a program whose size does not depend on the size of the matrix (on accelerators,
-# cyclic reduction instead: `CyclicReductionFactor`).
-# From 8 rows, and up to a half-bandwidth of half the size, the banded factorization is
-# faster than the dense looped Cholesky, in the solve and in its gradient
-# (docs/design_measurements.md#banded-factorization).
-BANDED_MIN = 8  # smaller matrices keep the dense Cholesky
-BANDED_MAX_RATIO = 0.5  # half-bandwidth at most this fraction of the size
 
 
 class BandedPlan:
@@ -114,7 +104,7 @@ def banded_plan(pattern: Pattern) -> BandedPlan | None:
     """A [`BandedPlan`][] for a symmetric pattern, or `None` where the dense Cholesky is
     the better choice (small, or not narrow enough)."""
     size = pattern.shape[0]
-    if size < BANDED_MIN:
+    if size < _thresholds.BANDED_MIN:
         return None
 
     def bandwidth(order):
@@ -136,7 +126,7 @@ def banded_plan(pattern: Pattern) -> BandedPlan | None:
     except ImportError:  # pragma: no cover - scipy comes with jax
         pass
     width = max(width, 1)
-    if width > BANDED_MAX_RATIO * size:
+    if width > _thresholds.BANDED_MAX_RATIO * size:
         return None
     return BandedPlan(pattern, best, width)
 
@@ -372,13 +362,6 @@ def cyclic_reduction_default() -> bool:
     return jax.default_backend() != "cpu"
 
 
-# Half-bandwidths from which the CPU factorizes row by row (`BandCholeskyFactor`) rather
-# than by block rows (`BandedFactor`): row by row compiles faster and its steps cost the same
-# or less; a tridiagonal matrix (the chain) keeps the blocks, whose 1 × 1 blocks are scalars
-# (docs/design_measurements.md#band-cholesky).
-BAND_CHOLESKY_MIN_WIDTH = 2
-
-
 def banded_factor(matrix: SparseMatrix, plan: BandedPlan, cyclic: bool | None = None
                   ) -> BandedFactor | BandCholeskyFactor | CyclicReductionFactor:
     """The factorization of a symmetric positive definite sparse `A` on `plan`: with
@@ -387,7 +370,7 @@ def banded_factor(matrix: SparseMatrix, plan: BandedPlan, cyclic: bool | None = 
     `BAND_CHOLESKY_MIN_WIDTH`, a [`BandedFactor`][] (one scan over the block rows) below."""
     if cyclic_reduction_default() if cyclic is None else cyclic:
         return _cyclic_reduction(matrix, plan)
-    if plan.width >= BAND_CHOLESKY_MIN_WIDTH:
+    if plan.width >= _thresholds.BAND_CHOLESKY_MIN_WIDTH:
         return _band_cholesky(matrix, plan)
     return _block_ldl(matrix, plan)
 

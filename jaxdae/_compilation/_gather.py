@@ -16,18 +16,14 @@ import numpy as np
 from jax.extend import core as jex
 from jax.interpreters import ad, batching, mlir
 
+from .. import _thresholds
 from .._custom_types import Array
-
-# Padded axes up to this width are summed by adding their slices: XLA's CPU backend offloads
-# a `reduce` of a few thousand rows to a library kernel with a fixed cost per call
-# (docs/design_measurements.md#sliced-sums).
-_SLICED_SUM_MAX = 16
 
 
 def row_sum(x: Array) -> Array:
     """`x.sum(axis=1)` (the padded axis of a gather)."""
     width = x.shape[1]
-    if width > _SLICED_SUM_MAX:
+    if width > _thresholds.SLICED_SUM_MAX:
         return jnp.sum(x, axis=1)
     total = x[:, 0]
     for w in range(1, width):

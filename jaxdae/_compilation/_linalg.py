@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 
+from .. import _thresholds
 from .._custom_types import Array, Bool, Float, Int
 
 
@@ -43,21 +44,6 @@ def full_precision(fn: Callable) -> Callable:
 def spd_operator(matrix) -> lx.MatrixLinearOperator:
     """`matrix` as a lineax operator tagged positive semidefinite."""
     return lx.MatrixLinearOperator(matrix, lx.positive_semidefinite_tag)
-
-
-# Matrices up to this size are factorized by an unrolled Cholesky of elementwise operations,
-# which XLA fuses, instead of LAPACK's custom calls, each a kernel of its own
-# (docs/design_measurements.md#unrolled-cholesky).
-UNROLL_MAX = 8
-
-
-# Constraint matrices (`StructuredCholesky`) from `UNROLL_MAX + 1` up to this size are factorized
-# and solved by loops of whole-vector operations (`looped_cholesky`, `looped_triangular_solve`)
-# instead of LAPACK: XLA:CPU runs a while loop (an ODE solve) as one compiled kernel only
-# where its body has no custom call (`_xla_flags.py`). Under `vmap` they are unrolled or
-# LAPACK's batched ones (`_batched_otherwise`), and the dense mass matrices of `spd_solve`
-# keep LAPACK (docs/design_measurements.md#looped-cholesky).
-LOOPED_MAX = 48
 
 
 def _looped_cholesky(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
@@ -128,7 +114,7 @@ def _batched_otherwise(looped: Callable, small: Callable, lapack: Callable) -> C
     def _(axis_size, in_batched, *args):
         args = [x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
                 for x, batched in zip(args, in_batched, strict=True)]
-        if args[0].shape[-1] <= UNROLL_MAX:
+        if args[0].shape[-1] <= _thresholds.UNROLL_MAX:
             return jax.vmap(small)(*args), True
         return lapack(*args), True
 
@@ -193,7 +179,7 @@ def _looped_triangular_solve_jvp(transpose, primals, tangents):
 def small_matmul(a: Array, b: Array) -> Array:
     """`a @ b` (`b` a matrix or a vector) as a broadcast product and a sum, which XLA fuses
     with its neighbours, for small operands; `a @ b` otherwise."""
-    if max(a.shape + b.shape, default=0) > UNROLL_MAX:
+    if max(a.shape + b.shape, default=0) > _thresholds.UNROLL_MAX:
         return a @ b
     if b.ndim == 1:
         return jnp.sum(a * b, axis=-1)
@@ -210,7 +196,7 @@ def spd_solve(matrix: Float[Array, "n n"], rhs: Array) -> Array:
     n = matrix.shape[0]
     if n == 0:
         return rhs
-    if n > UNROLL_MAX:
+    if n > _thresholds.UNROLL_MAX:
         solver = lx.Cholesky()
         solve = lambda b: lx.linear_solve(spd_operator(matrix), b, solver, throw=False).value  # noqa: E731
         return solve(rhs) if rhs.ndim == 1 else jax.vmap(solve, in_axes=1, out_axes=1)(rhs)
@@ -260,7 +246,7 @@ def is_positive_definite(matrix: Float[Array, "n n"]) -> Bool[Array, ""]:
     finite = jnp.all(jnp.isfinite(matrix))
     if n == 0:
         return finite
-    if n > UNROLL_MAX:
+    if n > _thresholds.UNROLL_MAX:
         low = jnp.linalg.cholesky(jnp.where(finite, matrix, 0.0))
         diagonal = jnp.diagonal(low)
         return finite & jnp.all(jnp.isfinite(low)) & jnp.all(diagonal > 0)
@@ -274,7 +260,7 @@ def cholesky_pivots(matrix: Float[Array, "n n"]) -> Float[Array, " n"]:
     the Cholesky factor (unrolled up to `UNROLL_MAX`, LAPACK beyond). Non-finite where the
     matrix is not positive definite."""
     n = matrix.shape[0]
-    if n <= UNROLL_MAX:
+    if n <= _thresholds.UNROLL_MAX:
         low = unrolled_cholesky(matrix)
         return jnp.stack([low[i][i] ** 2 for i in range(n)])
     return jnp.diagonal(jnp.linalg.cholesky(matrix)) ** 2
@@ -451,13 +437,6 @@ def pivoted_pseudo_solve(factor: PivotedPseudoFactor, rhs: Array) -> Array:
     return x[:, 0] if vector else x
 
 
-# The traced Hurwitz test solves Lyapunov's equation in Kronecker form, a `d² × d²` system
-# (`d⁴` memory, `d⁶` work): up to this size `d`. Beyond, the eigenvalues are computed on the
-# host: a perturbation matrix of 81 constraints (`d = 162`) would otherwise take a 5.5 GB LU
-# factorization.
-LYAPUNOV_MAX = 24
-
-
 def not_hurwitz(matrix: Float[Array, "*stack d d"], xnp) -> Bool[Array, ""] | np.bool_:
     """True unless every eigenvalue of `matrix`, or of every matrix of a stack, has a
     negative real part.
@@ -475,7 +454,7 @@ def not_hurwitz(matrix: Float[Array, "*stack d d"], xnp) -> Bool[Array, ""] | np
         return xnp.asarray(False)
     if xnp is np:
         return np.any(_host_not_hurwitz(np.asarray(matrix)))
-    if n > LYAPUNOV_MAX:
+    if n > _thresholds.LYAPUNOV_MAX:
         stack = matrix.ndim - 2
 
         def host(matrices):  # under `vmap`, with the batch axes in front
@@ -511,12 +490,6 @@ def _lyapunov_not_hurwitz(matrix: Float[Array, "d d"]) -> Bool[Array, ""]:
     return ~finite | ~ok | ~(lowest > 0) | ~(residual <= tol)
 
 
-# Square matrices up to this size are LU-factorized by `lu_factor` with array operations
-# that XLA fuses into the surrounding kernel, instead of LAPACK's `getrf` (and two `trsm`
-# per solve) as custom calls. See `lu_factor`.
-LU_UNROLL_MAX = 16
-
-
 def lu_factor(matrix: Float[Array, "n n"]) -> tuple[Array, Array]:
     """The LU factorization with partial pivoting `matrix[perm] = L U` (`L` unit lower
     triangular, stored below the diagonal of `lu`, `U` on and above it), as
@@ -539,7 +512,7 @@ def lu_factor(matrix: Float[Array, "n n"]) -> tuple[Array, Array]:
     piecewise constant).
     """
     n = matrix.shape[0]
-    if n > LU_UNROLL_MAX:
+    if n > _thresholds.LU_UNROLL_MAX:
         lu, _, perm = jax.lax.linalg.lu(matrix)
         return lu, perm
     rows = jnp.arange(n)
@@ -568,7 +541,7 @@ def lu_solve(factors: tuple[Array, Array], rhs: Array) -> Array:
     lu, perm = factors
     n = lu.shape[0]
     b = jnp.asarray(rhs)[perm]
-    if n > LU_UNROLL_MAX:
+    if n > _thresholds.LU_UNROLL_MAX:
         y = jax.scipy.linalg.solve_triangular(lu, b, lower=True, unit_diagonal=True)
         return jax.scipy.linalg.solve_triangular(lu, y, lower=False)
     rows = jnp.arange(n)

@@ -26,11 +26,10 @@ import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 
+from .. import _thresholds
 from .._custom_types import Array, Float
 from ._banded import BandedPlan, banded_factor, banded_plan, banded_solve
 from ._linalg import (
-    LOOPED_MAX,
-    UNROLL_MAX,
     PivotedPseudoFactor,
     pivoted_pseudo_factor,
     pivoted_pseudo_solve,
@@ -38,12 +37,6 @@ from ._linalg import (
     small_matmul,
 )
 from ._sparse import SparseMatrix, cholesky_factor, cholesky_solve
-
-# Matrices on a pattern (terms derived from their structure, kept in array form) are
-# factorized unrolled only up to this size, looped beyond (`cholesky_factor`): the loop's
-# gradient is smaller, faster and compiles sooner, for a slightly slower solve
-# (docs/design_measurements.md#array-form-unroll).
-ARRAY_FORM_UNROLL_MAX = 4
 
 
 class SparseSymmetricOperator(lx.AbstractLinearOperator):
@@ -160,13 +153,14 @@ class CholeskyFactor(eqx.Module):
     - `pivots`: the pivots `D` of `P A Pᵀ = L D Lᵀ` (`L` unit lower triangular; `P = I`
         unless banded): non-finite or not positive where `A` is not positive definite.
     - `plan`: the banded plan, or `None`.
-    - `unroll_max`: the largest size factorized and solved unrolled (`cholesky_factor`).
+    - `unroll_max`: the largest size factorized and solved unrolled (`cholesky_factor`;
+        `None`: `UNROLL_MAX`).
     """
 
     factor: Array | SparseMatrix
     pivots: Float[Array, " c"]
     plan: BandedPlan | None = eqx.field(static=True)
-    unroll_max: int = eqx.field(static=True, default=UNROLL_MAX)
+    unroll_max: int | None = eqx.field(static=True, default=None)
 
 
 class AbstractDirectSolver(lx.AbstractLinearSolver):
@@ -245,8 +239,9 @@ class StructuredCholesky(AbstractDirectSolver):
         # Structured terms keep their array form (`_systems/_structure.py`): there an
         # unrolled factorization is thousands of scalar operations, whose gradient compiles
         # slowly (docs/design_measurements.md#array-form-unroll).
-        unroll_max = (ARRAY_FORM_UNROLL_MAX if isinstance(operator, SparseSymmetricOperator)
-                      else UNROLL_MAX)
+        unroll_max = (_thresholds.ARRAY_FORM_UNROLL_MAX
+                      if isinstance(operator, SparseSymmetricOperator)
+                      else _thresholds.UNROLL_MAX)
         matrix = operator.as_matrix()
         factor = cholesky_factor(matrix, unroll_max) if matrix.shape[0] else matrix
         return CholeskyFactor(factor, jnp.diagonal(factor) ** 2, None, unroll_max)
@@ -322,7 +317,7 @@ class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):
         factor = StructuredCholesky().init(operator, {})
         pivots = factor.pivots
         full_rank = jnp.all(pivots > rcond * jnp.max(pivots))
-        if operator.in_size() > LOOPED_MAX:
+        if operator.in_size() > _thresholds.LOOPED_MAX:
             return _PseudoInverseState(operator, full_rank, factor, None, rcond)
         matrix = operator.as_matrix()
         pivoted = jax.lax.cond(  # its structure without its cost where of full rank

@@ -33,12 +33,7 @@ from jax import lax
 from jax.extend import core as jex
 from jax.extend.core.primitives import add_jaxvals_p
 
-# Functions with a larger array, or computing more entries in all, keep their array form:
-# unrolling cost (trace time, graph size, XLA compile time) grows with the number of entries,
-# while XLA's array kernels amortize their dispatch over them
-# (docs/design_measurements.md#scalar-graphs).
-MAX_ELEMENTS = 1024
-MAX_WORK = 6_000
+from .. import _thresholds
 
 # Functions that trace anything under this name scope ([`array_form_scope`][]) keep their
 # array form, whatever their size: the terms derived from sparsity patterns
@@ -578,8 +573,8 @@ def _traced(flat_fn: Callable, leaves: list):
     closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
     out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
     largest, work = _sizes(closed.jaxpr)
-    return closed, out_leaves, out_tree, bool(closed.effects) or largest > MAX_ELEMENTS or (
-        work > MAX_WORK) or _in_array_form_scope(closed.jaxpr)
+    return closed, out_leaves, out_tree, bool(closed.effects) or largest > _thresholds.MAX_ELEMENTS or (
+        work > _thresholds.MAX_WORK) or _in_array_form_scope(closed.jaxpr)
 
 
 def _in_array_form_scope(jaxpr) -> bool:

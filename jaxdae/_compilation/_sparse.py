@@ -18,28 +18,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _thresholds
 from .._custom_types import Array, Bool, Float
 from ._gather import group_by, row_sum, take
 from ._linalg import (
-    LOOPED_MAX,
-    UNROLL_MAX,
     looped_cholesky,
     looped_substitution,
     looped_triangular_solve,
     unrolled_cholesky_factor,
     unrolled_substitution,
 )
-
-# Mass matrices whose connected blocks (after grouping coordinates that share an entry) are
-# at most this large are inverted block by block; larger blocks keep a dense Cholesky.
-BLOCK_MAX = 12
-
-
-# `SparseMatrix.dense()` gathers matrices of up to this many entries, scatters larger ones:
-# the matrices that a solve's right-hand side factorizes densely (`LOOPED_MAX` rows). Larger
-# dense forms are not used inside a solve's loop (XLA drops them there), and a bound this low
-# keeps the traced program of a structured model the same for every larger size.
-GATHER_DENSE_MAX = LOOPED_MAX**2
 
 
 class Pattern:
@@ -132,7 +120,7 @@ class SparseMatrix(eqx.Module):
         # constant XLA folds the matrix at compile time, and its evaluator is slow on large
         # gathers (docs/design_measurements.md#dense-gather).
         p = self.pattern
-        if p.shape[0] * p.shape[1] <= GATHER_DENSE_MAX:
+        if p.shape[0] * p.shape[1] <= _thresholds.GATHER_DENSE_MAX:
             return take(self.values, _positions(p))
         return jnp.zeros(p.shape, self.values.dtype).at[p.rows, p.cols].set(
             self.values, indices_are_sorted=True, unique_indices=True)
@@ -248,7 +236,7 @@ def diagonal_blocks(pattern: Pattern) -> np.ndarray | None:
     roots = np.array([find(i) for i in range(n)])
     _, labels = np.unique(roots, return_inverse=True)
     sizes = np.bincount(labels)
-    if sizes.max(initial=0) > BLOCK_MAX:
+    if sizes.max(initial=0) > _thresholds.BLOCK_MAX:
         return None
     blocks = np.full((sizes.size, sizes.max(initial=1)), -1, np.int64)
     fill = np.zeros(sizes.size, np.int64)
@@ -306,15 +294,16 @@ def blocks_positive_definite(mass: SparseMatrix) -> Bool[Array, ""] | None:
     return jnp.all(jnp.isfinite(mass.values)) & jnp.all(jnp.isfinite(inverse.values))
 
 
-def cholesky_factor(block: Float[Array, "b b"], unroll_max: int = UNROLL_MAX
+def cholesky_factor(block: Float[Array, "b b"], unroll_max: int | None = None
                     ) -> Float[Array, "b b"]:
     """The lower Cholesky factor of a small matrix (a block of the banded factorization,
     `StructuredCholesky`'s dense matrices): unrolled into elementwise operations
-    up to `unroll_max` rows, a loop of vector operations up to `LOOPED_MAX` (both fused with
-    the rest of a solve's loop), LAPACK beyond. A block that is not positive definite gives
-    non-finite entries."""
+    up to `unroll_max` rows (default `UNROLL_MAX`), a loop of vector operations up to
+    `LOOPED_MAX` (both fused with the rest of a solve's loop), LAPACK beyond. A block that is
+    not positive definite gives non-finite entries."""
     b = block.shape[0]
-    if b > LOOPED_MAX:
+    unroll_max = _thresholds.UNROLL_MAX if unroll_max is None else unroll_max
+    if b > _thresholds.LOOPED_MAX:
         return jnp.linalg.cholesky(block)
     if b > unroll_max:
         return looped_cholesky(block)
@@ -322,15 +311,16 @@ def cholesky_factor(block: Float[Array, "b b"], unroll_max: int = UNROLL_MAX
 
 
 def cholesky_solve(low: Float[Array, "b b"], rhs: Float[Array, "b m"],
-                   unroll_max: int = UNROLL_MAX, *, tangent: bool = False
+                   unroll_max: int | None = None, *, tangent: bool = False
                    ) -> Float[Array, "b m"]:
     """`(L Lᵀ)⁻¹ rhs` for a Cholesky factor `low` (from `cholesky_factor`), `rhs` of
-    shape `(b, m)`: substitutions unrolled up to `unroll_max` rows, loops up to
+    shape `(b, m)`: substitutions unrolled up to `unroll_max` rows (default `UNROLL_MAX`), loops up to
     `LOOPED_MAX`, LAPACK beyond. With `tangent` (`rhs` a tangent inside a JVP rule, which
     reverse mode transposes) the loops are [`looped_substitution`][], which JAX can
     transpose."""
     b = low.shape[0]
-    if b > LOOPED_MAX:
+    unroll_max = _thresholds.UNROLL_MAX if unroll_max is None else unroll_max
+    if b > _thresholds.LOOPED_MAX:
         y = jax.lax.linalg.triangular_solve(low, rhs, left_side=True, lower=True)
         return jax.lax.linalg.triangular_solve(low, y, left_side=True, lower=True,
                                                transpose_a=True)

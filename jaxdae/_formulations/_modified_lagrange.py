@@ -6,6 +6,7 @@ from typing import ClassVar
 import equinox as eqx
 import jax.numpy as jnp
 
+from .. import _thresholds
 from .._compilation._linalg import small_matmul
 from .._compilation._linear_solvers import StructuredCholesky
 from .._compilation._sparse import SparseMatrix
@@ -72,7 +73,7 @@ class ModifiedLagrange(AbstractBaumgarteFormulation):
     def for_projection(self):
         """This formulation with its multipliers refined by two augmented Lagrangian
         iterations (above), which [`jaxdae.Projected`][] integrates."""
-        return _AugmentedLagrange(self, PROJECTED_ITERATIONS)
+        return _AugmentedLagrange(self, _thresholds.PROJECTED_ITERATIONS)
 
     def perturbation_matrix(self, num_holonomic, num_nonholonomic=0, constraint_matrix=None):
         """The perturbations obey (from eq. [30] by the Woodbury identity)
@@ -141,13 +142,6 @@ def _accelerations(formulation: ModifiedLagrange, terms, iterations: int,
     multipliers = _apply_masses(
         alpha, residual + small_matmul(step, small_matmul(polynomial, residual)))
     return acc, multipliers
-
-
-# The augmented Lagrangian iterations of the equations that `jaxdae.Projected` integrates
-# for a `ModifiedLagrange` formulation: each shrinks the penalty's pull off the manifold by
-# about `1/(α σ)` and costs two triangular solves, or, for at most `PROJECTED_ITERATIONS`
-# constraints, one column more in the solve for `q̈` (`_accelerations`).
-PROJECTED_ITERATIONS = 2
 
 
 class _AugmentedLagrange(AbstractFormulation):

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 
+from .. import _thresholds
 from .._compilation._banded import BandedPlan, banded_factor, banded_plan
 from .._compilation._linalg import extreme_eigenvalues, small_matmul, spd_solve
 from .._compilation._linear_solvers import (
@@ -37,10 +38,6 @@ def extreme_pivots(elimination):
         return extreme_eigenvalues(elimination.matrix)
     pivots = StructuredCholesky().init(elimination.operator, {}).pivots
     return jnp.min(pivots), jnp.max(pivots)
-
-
-# A constraint Jacobian denser than this is multiplied as a dense matrix.
-SPARSE_MAX_DENSITY = 0.3
 
 
 class Elimination(NamedTuple):
@@ -100,7 +97,7 @@ def _sparse_factors(terms: ConstrainedTerms) -> tuple[SparseMatrix, SparseMatrix
     """`(M⁻¹, G)` as sparse matrices where the terms carry sparse `M` and `G` (`G` sparse
     enough) and `M⁻¹` is inverted block by block (or the terms carry it); else `None`."""
     if terms.sparse_mass is None or terms.sparse_jacobian is None or (
-        terms.sparse_jacobian.pattern.density > SPARSE_MAX_DENSITY
+        terms.sparse_jacobian.pattern.density > _thresholds.SPARSE_MAX_DENSITY
     ):
         return None
     factor = terms.mass_factor
@@ -114,7 +111,7 @@ def penalized_mass(terms: ConstrainedTerms, apply_masses):
     sparse `M` and `G`), and `𝔄 G` (with `rmatvec`); `apply_masses(G)` gives `𝔄 G` for `G` a
     `SparseMatrix` or a dense array."""
     if terms.sparse_mass is not None and terms.sparse_jacobian is not None and (
-        terms.sparse_jacobian.pattern.density <= SPARSE_MAX_DENSITY
+        terms.sparse_jacobian.pattern.density <= _thresholds.SPARSE_MAX_DENSITY
     ):
         masses_g = apply_masses(terms.sparse_jacobian)
         product = sparse_matmul(terms.sparse_jacobian.T, masses_g)

@@ -18,11 +18,11 @@ import equinox as eqx
 import jax
 import numpy as np
 
+from .. import _thresholds
 from .._compilation._private_apis import traced_for_jit
 from ._solvers import AbstractSteppingWrapper
 from ._sweep_backward import swept_solve
 from ._sweep_forward import (
-    CHECKPOINTS,
     SAVE_Y,
     SweepOptions,
     SweepProblem,
@@ -207,7 +207,7 @@ def default_adjoint(solver, max_steps) -> diffrax.AbstractAdjoint | ReverseSweep
     `CHECKPOINTS` checkpoints."""
     if isinstance(_unwrapped(solver), diffrax.AbstractERK) and max_steps is not None:
         return ReverseSweepAdjoint()
-    return diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS)
+    return diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS)
 
 
 def reverse_only(adjoint) -> bool:

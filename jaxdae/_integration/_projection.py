@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 
+from .. import _thresholds
 from .._checks import check_instance, described
 from .._compilation._linalg import small_matmul
 from .._compilation._linear_solvers import symmetric_operator
@@ -222,13 +223,6 @@ def _exact_velocity_step(system, formulation, t, q, s, residual, linear_solver):
     return _state_change(system, t, q, s, terms, dv) if _momenta(system) else dv
 
 
-# The iterations stop once their residual is below `tol / STOP`: rounding level (`10 ε`)
-# for the default `tol` (`1000 ε`), which decides whether the projection succeeded. `tol`
-# is relative to `1 + max|J| max|q|` (about 10 on the coupled wheels of
-# `experiments/work_precision.py`), so stopping at it could leave `|Φ|` above 1e-12.
-STOP = 100.0
-
-
 def _iterate(step, x, residual, converged, iterations: int):
     """Up to `iterations` applications of `(x, residual) -> step(x, residual)`, each only
     while `converged(x, residual)` is false: nested `lax.cond`s, so that a converged
@@ -290,7 +284,7 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
 
     phi = _constraint_values(system, formulation, t, q_new, s)
     q_new, phi = _iterate(position_step, q_new, phi,
-                          lambda q_, phi_: position_converged(q_, phi_, tol / STOP),
+                          lambda q_, phi_: position_converged(q_, phi_, tol / _thresholds.PROJECTION_STOP),
                           iterations - 1)
     position_ok = position_converged(q_new, phi)
     if derived:
@@ -311,8 +305,8 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
         # Done, or the rate seen would not reach the tolerance within two more steps.
         size = _max_abs(residual)
         rate = size / carry[2]
-        return velocity_converged(carry[1], residual, tol / STOP) | ~(
-            size * rate**2 <= tol / STOP * (1.0 + gains.velocity_scale * _max_abs(carry[1])))
+        return velocity_converged(carry[1], residual, tol / _thresholds.PROJECTION_STOP) | ~(
+            size * rate**2 <= tol / _thresholds.PROJECTION_STOP * (1.0 + gains.velocity_scale * _max_abs(carry[1])))
 
     def exact_step(carry, residual):
         s_ = carry[0] + _exact_velocity_step(system, formulation, t, q_new, carry[0],
@@ -327,7 +321,7 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
     carry, residual = frozen_step((s, v, jnp.asarray(jnp.inf, residual.dtype)), residual)
     carry, residual = _iterate(frozen_step, carry, residual, done_or_slow, iterations - 1)
     carry, residual = _iterate(exact_step, carry, residual,
-                               lambda c_, r_: velocity_converged(c_[1], r_, tol / STOP), 1)
+                               lambda c_, r_: velocity_converged(c_[1], r_, tol / _thresholds.PROJECTION_STOP), 1)
     return (q_new, carry[0]), position_ok, velocity_converged(carry[1], residual)
 
 

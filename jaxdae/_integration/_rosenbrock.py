@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from .. import _thresholds
 from .._compilation._linalg import lu_factor, lu_solve
 from .._compilation._sparsity import column_colouring, nonzero_masks
 from .._custom_types import Array, PyTree
@@ -210,7 +211,7 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
         f0, jacobian, f_t = _linearization(f, t0, y, self.jacobian)
         hg = h * _GAMMA
         lu = lu_factor(jnp.eye(y.size, dtype=dtype) - hg * jacobian)
-        if y.size <= INVERSE_MAX:
+        if y.size <= _thresholds.INVERSE_MAX:
             inverse = lu_solve(lu, jnp.eye(y.size, dtype=dtype))
             solve = lambda b: jnp.sum(inverse * b[None, :], axis=1)
         else:
@@ -239,25 +240,6 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
         return terms.vf(t0, y0, args)
 
 
-# Up to this many tangents the linearized vector field is applied to each in turn, beyond
-# it to all at once with `jax.vmap`. The batched products of `vmap` (batched dot_generals,
-# transposes and copies) do not fuse on the CPU, while the compiled program grows with the
-# number of copies (docs/design_measurements.md#rosenbrock-tangents).
-TANGENT_LOOP_MAX = 17
-
-# Up to this many states a step turns the LU factors of `I − hγJ` into its inverse (one
-# solve with the identity) and each stage's solve is a product with it, one fused
-# kernel, instead of a chain of `2n` dependent substitution steps per stage: it halves the
-# time per step and the compile time of a small model, with the same steps and solution
-# (docs/design_measurements.md#rosenbrock-inverse). A product with the computed inverse is
-# not backward stable like a
-# substitution, but its forward error is of the same order, `cond(I − hγJ) · eps`, and
-# for a dissipative `J` the inverse is bounded (`‖(I − hγJ)⁻¹‖ ≤ 1` for a normal `J`
-# with eigenvalues in the left half-plane); `tests/test_rosenbrock.py` (Robertson's
-# problem against Radau to 1e-6, Van der Pol with μ = 10³, float32) holds with it.
-INVERSE_MAX = 16
-
-
 def _linearization(f, t, y, jacobian: str):
     """`f(t, y)`, `∂f/∂y` and `∂f/∂t` from one `jax.linearize` of `f` and a batch of
     tangents: one per column of `∂f/∂y` (`"dense"`) or per colour group of its columns
@@ -276,7 +258,7 @@ def _linearization(f, t, y, jacobian: str):
     directions = np.concatenate([seeds, np.zeros((1, n))])
     in_t = np.zeros(len(directions))
     in_t[-1] = 1.0
-    if len(directions) <= TANGENT_LOOP_MAX:
+    if len(directions) <= _thresholds.TANGENT_LOOP_MAX:
         products = jnp.stack([tangent(jnp.asarray(s, t.dtype), jnp.asarray(d, y.dtype))
                               for s, d in zip(in_t, directions, strict=False)])
     else:

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from .. import _thresholds
 from .._compilation._kernels import kernel_boundary
 from .._compilation._linalg import full_precision
 from .._compilation._scalarize import scalarize
@@ -25,18 +26,6 @@ from ._sweep_forward import (
     terms_within,
     typed_literal_as_array,
 )
-
-# States of at least this many entries keep each stage's linearization in the reverse sweep
-# (`_backward`). Smaller ones evaluate each stage's vector–Jacobian product as one scalar
-# graph (`scalarize`), which needs the right-hand side inside it.
-LINEARIZED_MIN_SIZE = 64
-
-
-# Stages per iteration of the loop that applies the kept linearizations in reverse (the loop
-# body holds this many copies of the right-hand side's transposed linearization): two are
-# faster than one, and unrolling further costs compile time for no speed
-# (docs/design_measurements.md#linearized-stages).
-LINEARIZED_UNROLL = 2
 
 
 @eqx.filter_custom_vjp
@@ -160,7 +149,7 @@ class _Sweep:
         # Larger states: each stage's linearization is kept from the stages' recomputation
         # (`jax.vjp`'s residuals, stacked over the stages) and only transposed on the way
         # back, instead of evaluating the right-hand side again inside each stage's product.
-        self.linearized = not self.own_vjp and flat_y0.size >= LINEARIZED_MIN_SIZE
+        self.linearized = not self.own_vjp and flat_y0.size >= _thresholds.LINEARIZED_MIN_SIZE
         # `diffeqsolve` solves in the time `direction × t`: the control of its wrapper of
         # the ODE term over a unit step is `direction`.
         self.direction = terms.contr(jnp.zeros_like(t0), jnp.ones_like(t0))
@@ -263,7 +252,7 @@ class _Sweep:
 
         _, start_bar, p_bar = jax.lax.fori_loop(
             0, self.stages, stage_back, (stages_bar, start_bar, p_bar),
-            unroll=LINEARIZED_UNROLL if self.linearized else 1)
+            unroll=_thresholds.LINEARIZED_UNROLL if self.linearized else 1)
         return start_bar, p_bar, kept
 
     def _stages(self, step, kept):
@@ -374,8 +363,6 @@ _RESOLVED_ELSEWHERE = (
     "whether a step is accepted (a chaotic or badly scaled solve). Store every step, "
     "`adjoint=jaxdae.ReverseSweepAdjoint(stored_steps=max_steps)`, or differentiate "
     "through diffrax's loop, `adjoint=diffrax.RecursiveCheckpointAdjoint()`.")
-
-
 
 
 def _rows_bar(rows, like, count):

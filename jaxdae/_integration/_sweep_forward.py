@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from .. import _thresholds
 from .._custom_types import Array
 from ._solvers import AbstractSteppingWrapper
 
@@ -42,13 +43,6 @@ def terms_within(terms) -> list:
     """The ODE terms and multi-terms inside `terms` (as `diffeqsolve` wrapped them)."""
     is_term = lambda x: isinstance(x, (diffrax.ODETerm, diffrax.MultiTerm))  # noqa: E731
     return [x for x in jax.tree.leaves(terms, is_leaf=is_term) if is_term(x)]
-
-
-# Checkpoints of `RecursiveCheckpointAdjoint` where it is the default: fewer than diffrax's
-# default, faster (the extra recomputation costs less than larger checkpoint buffers) and
-# with less memory per trajectory, which matters under `vmap`
-# (docs/design_measurements.md#checkpoints).
-CHECKPOINTS = 32
 
 
 class SweepOptions(eqx.Module):
@@ -408,7 +402,7 @@ class LoopVJP(eqx.Module):
 
 def loop_solve(problem, static) -> _Output:
     """The solve by diffrax's loop (differentiated through, if at all)."""
-    final_state, _ = diffrax.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS).loop(
+    final_state, _ = diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS).loop(
         args=problem.args, terms=problem.terms, solver=static.solver,
         stepsize_controller=static.stepsize_controller, event=static.event,
         saveat=problem.saveat, t0=problem.t0, t1=problem.t1, dt0=problem.dt0,

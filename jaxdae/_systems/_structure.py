@@ -25,18 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _thresholds
 from .._compilation._linalg import is_positive_definite
 from .._compilation._sparse import MassFactor, Pattern, SparseMatrix, blocks_positive_definite
 from .._compilation._sparsity import column_colouring, nonzero_masks
 from .._custom_types import Array, Bool, Float
-
-# Systems with at most this many coordinates keep the dense derivation (one batched JVP over
-# `2n + 1` tangents), which the scalar-graph path (`_compilation/_scalarize.py`) turns into a
-# few fused loops; larger ones derive their terms from the patterns found here, in array form
-# (`array_form_scope`: a scalar graph of the structured terms is slower than their array
-# form). From 10 coordinates on the structured path is the faster; at 8 the families
-# disagree and the chain's dense solve decides (docs/design_measurements.md#structured-terms).
-STRUCTURED_MIN = 8
 
 
 class TermsStructure(eqx.Module):
@@ -85,7 +78,7 @@ def terms_structure(system, t, q, v) -> TermsStructure | None:
     coordinates, unless the class sets `structured_terms` (`True`: always structured,
     `False`: always dense)."""
     choice = system.structured_terms
-    if choice is False or (choice is None and q.shape[0] <= STRUCTURED_MIN):
+    if choice is False or (choice is None and q.shape[0] <= _thresholds.STRUCTURED_MIN):
         return None
     key = _key(system, t, q, v)
     if key is None:

@@ -1,0 +1,162 @@
+"""The size thresholds that choose between implementations of the same computation.
+
+Each is read when a program is traced, as `_thresholds.NAME`, so that a study can change one
+for a run (patch this module; clear the caches keyed on the sizes it decides, such as
+`banded_plan`'s). The reason for each is given in words; the measurements that set it, with
+their commands, are in the linked section of docs/design_measurements.md.
+"""
+
+# -- Small dense linear algebra (`_compilation/_linalg.py`) ----------------------------------
+
+# Matrices up to this size are factorized by an unrolled Cholesky of elementwise operations,
+# which XLA fuses, instead of LAPACK's custom calls, each a kernel of its own
+# (docs/design_measurements.md#unrolled-cholesky).
+UNROLL_MAX = 8
+
+# Constraint matrices (`StructuredCholesky`) from `UNROLL_MAX + 1` up to this size are factorized
+# and solved by loops of whole-vector operations (`looped_cholesky`, `looped_triangular_solve`)
+# instead of LAPACK: XLA:CPU runs a while loop (an ODE solve) as one compiled kernel only
+# where its body has no custom call (`_xla_flags.py`). Under `vmap` they are unrolled or
+# LAPACK's batched ones (`_batched_otherwise`), and the dense mass matrices of `spd_solve`
+# keep LAPACK (docs/design_measurements.md#looped-cholesky).
+LOOPED_MAX = 48
+
+# The traced Hurwitz test solves Lyapunov's equation in Kronecker form, a `d² × d²` system
+# (`d⁴` memory, `d⁶` work): up to this size `d`. Beyond, the eigenvalues are computed on the
+# host: a perturbation matrix of 81 constraints (`d = 162`) would otherwise take a 5.5 GB LU
+# factorization.
+LYAPUNOV_MAX = 24
+
+# Square matrices up to this size are LU-factorized by `lu_factor` with array operations
+# that XLA fuses into the surrounding kernel, instead of LAPACK's `getrf` (and two `trsm`
+# per solve) as custom calls. See `lu_factor`.
+LU_UNROLL_MAX = 16
+
+# -- Linear solvers (`_compilation/_linear_solvers.py`) --------------------------------------
+
+# Matrices on a pattern (terms derived from their structure, kept in array form) are
+# factorized unrolled only up to this size, looped beyond (`cholesky_factor`): the loop's
+# gradient is smaller, faster and compiles sooner, for a slightly slower solve
+# (docs/design_measurements.md#array-form-unroll).
+ARRAY_FORM_UNROLL_MAX = 4
+
+# -- Sparse matrices (`_compilation/_sparse.py`) ---------------------------------------------
+
+# Mass matrices whose connected blocks (after grouping coordinates that share an entry) are
+# at most this large are inverted block by block; larger blocks keep a dense Cholesky.
+BLOCK_MAX = 12
+
+# `SparseMatrix.dense()` gathers matrices of up to this many entries, scatters larger ones:
+# the matrices that a solve's right-hand side factorizes densely (`LOOPED_MAX` rows). Larger
+# dense forms are not used inside a solve's loop (XLA drops them there), and a bound this low
+# keeps the traced program of a structured model the same for every larger size.
+GATHER_DENSE_MAX = LOOPED_MAX**2
+
+# -- Gathers (`_compilation/_gather.py`) -----------------------------------------------------
+
+# Padded axes up to this width are summed by adding their slices: XLA's CPU backend offloads
+# a `reduce` of a few thousand rows to a library kernel with a fixed cost per call
+# (docs/design_measurements.md#sliced-sums).
+SLICED_SUM_MAX = 16
+
+# -- Banded factorizations (`_compilation/_banded.py`) ---------------------------------------
+
+# Banded factorization: for symmetric positive definite matrices whose pattern, in its own
+# order or after reverse Cuthill–McKee, has a half-bandwidth `b` small against the size. On
+# the CPU it runs one row (or block row) per iteration of a `lax.scan`: `O(size · b²)` work
+# and a program whose size does not depend on the size of the matrix (on accelerators,
+# cyclic reduction instead: `CyclicReductionFactor`).
+# From 8 rows, and up to a half-bandwidth of half the size, the banded factorization is
+# faster than the dense looped Cholesky, in the solve and in its gradient
+# (docs/design_measurements.md#banded-factorization).
+BANDED_MIN = 8  # smaller matrices keep the dense Cholesky
+
+BANDED_MAX_RATIO = 0.5  # half-bandwidth at most this fraction of the size
+
+# Half-bandwidths from which the CPU factorizes row by row (`BandCholeskyFactor`) rather
+# than by block rows (`BandedFactor`): row by row compiles faster and its steps cost the same
+# or less; a tridiagonal matrix (the chain) keeps the blocks, whose 1 × 1 blocks are scalars
+# (docs/design_measurements.md#band-cholesky).
+BAND_CHOLESKY_MIN_WIDTH = 2
+
+# -- Scalar graphs (`_compilation/_scalarize.py`) --------------------------------------------
+
+# Functions with a larger array, or computing more entries in all, keep their array form:
+# unrolling cost (trace time, graph size, XLA compile time) grows with the number of entries,
+# while XLA's array kernels amortize their dispatch over them
+# (docs/design_measurements.md#scalar-graphs).
+MAX_ELEMENTS = 1024
+
+MAX_WORK = 6_000
+
+# -- Structured terms (`_systems/_structure.py`) ---------------------------------------------
+
+# Systems with at most this many coordinates keep the dense derivation (one batched JVP over
+# `2n + 1` tangents), which the scalar-graph path (`_compilation/_scalarize.py`) turns into a
+# few fused loops; larger ones derive their terms from the patterns found here, in array form
+# (`array_form_scope`: a scalar graph of the structured terms is slower than their array
+# form). From 10 coordinates on the structured path is the faster; at 8 the families
+# disagree and the chain's dense solve decides (docs/design_measurements.md#structured-terms).
+STRUCTURED_MIN = 8
+
+# -- Multiplier solves (`_formulations/_multipliers.py`) -------------------------------------
+
+# A constraint Jacobian denser than this is multiplied as a dense matrix.
+SPARSE_MAX_DENSITY = 0.3
+
+# -- The modified Lagrange equation (`_formulations/_modified_lagrange.py`) ------------------
+
+# The augmented Lagrangian iterations of the equations that `jaxdae.Projected` integrates
+# for a `ModifiedLagrange` formulation: each shrinks the penalty's pull off the manifold by
+# about `1/(α σ)` and costs two triangular solves, or, for at most `PROJECTED_ITERATIONS`
+# constraints, one column more in the solve for `q̈` (`_accelerations`).
+PROJECTED_ITERATIONS = 2
+
+# -- Rodas5P (`_integration/_rosenbrock.py`) -------------------------------------------------
+
+# Up to this many tangents the linearized vector field is applied to each in turn, beyond
+# it to all at once with `jax.vmap`. The batched products of `vmap` (batched dot_generals,
+# transposes and copies) do not fuse on the CPU, while the compiled program grows with the
+# number of copies (docs/design_measurements.md#rosenbrock-tangents).
+TANGENT_LOOP_MAX = 17
+
+# Up to this many states a step turns the LU factors of `I − hγJ` into its inverse (one
+# solve with the identity) and each stage's solve is a product with it, one fused
+# kernel, instead of a chain of `2n` dependent substitution steps per stage: it halves the
+# time per step and the compile time of a small model, with the same steps and solution
+# (docs/design_measurements.md#rosenbrock-inverse). A product with the computed inverse is
+# not backward stable like a
+# substitution, but its forward error is of the same order, `cond(I − hγJ) · eps`, and
+# for a dissipative `J` the inverse is bounded (`‖(I − hγJ)⁻¹‖ ≤ 1` for a normal `J`
+# with eigenvalues in the left half-plane); `tests/test_rosenbrock.py` (Robertson's
+# problem against Radau to 1e-6, Van der Pol with μ = 10³, float32) holds with it.
+INVERSE_MAX = 16
+
+# -- The swept solve (`_integration/_sweep_forward.py`) --------------------------------------
+
+# Checkpoints of `RecursiveCheckpointAdjoint` where it is the default: fewer than diffrax's
+# default, faster (the extra recomputation costs less than larger checkpoint buffers) and
+# with less memory per trajectory, which matters under `vmap`
+# (docs/design_measurements.md#checkpoints).
+CHECKPOINTS = 32
+
+# -- The reverse sweep (`_integration/_sweep_backward.py`) -----------------------------------
+
+# States of at least this many entries keep each stage's linearization in the reverse sweep
+# (`_backward`). Smaller ones evaluate each stage's vector–Jacobian product as one scalar
+# graph (`scalarize`), which needs the right-hand side inside it.
+LINEARIZED_MIN_SIZE = 64
+
+# Stages per iteration of the loop that applies the kept linearizations in reverse (the loop
+# body holds this many copies of the right-hand side's transposed linearization): two are
+# faster than one, and unrolling further costs compile time for no speed
+# (docs/design_measurements.md#linearized-stages).
+LINEARIZED_UNROLL = 2
+
+# -- Projection (`_integration/_projection.py`) ----------------------------------------------
+
+# The iterations stop once their residual is below `tol / PROJECTION_STOP`: rounding level (`10 ε`)
+# for the default `tol` (`1000 ε`), which decides whether the projection succeeded. `tol`
+# is relative to `1 + max|J| max|q|` (about 10 on the coupled wheels of
+# `experiments/work_precision.py`), so stopping at it could leave `|Φ|` above 1e-12.
+PROJECTION_STOP = 100.0
