@@ -46,9 +46,14 @@ class AbstractRealizingForce(eqx.Module):
         """The force `R` for the constraint residual `ψ`.
 
         `reaction()` returns the equivalent force: the one that gives `ψ̇ = −rate · ψ`
-        (`rate` the law's attribute, default 0 — then it is the constraint reaction `−μ`);
-        laws that do not need it never call it.
+        (`rate` from `equivalent_rate`; at 0 it is the constraint reaction `−μ`); laws
+        that do not need it never call it.
         """
+
+    def equivalent_rate(self) -> float:
+        """The rate `κ` of the equivalent force that `reaction()` gives: `ψ̇ = −κ ψ`.
+        Default 0, the constraint reaction."""
+        return 0.0
 
     def check(self, num_nonholonomic: int) -> "AbstractRealizingForce":
         """Shape checks (`ValueError`) and traced value checks; returns the checked law."""
@@ -144,6 +149,9 @@ class BoundedForce(AbstractRealizingForce):
                               _positive("smoothing", self.smoothing, "tanh law"))
         return new
 
+    def equivalent_rate(self):
+        return self.rate
+
     def __call__(self, psi, reaction):
         bound = self.bound.astype(psi.dtype)
         if self.smoothing is not None:
@@ -218,7 +226,7 @@ class RealizedConstraints(AbstractSystem):
 
         def reaction():
             # Equivalent control: exact multipliers with Φ̈ = 0, Ψ̇ = −rate Ψ; R = −μ.
-            rate = getattr(force, "rate", 0.0)
+            rate = force.equivalent_rate()
             target = full.bias + jnp.concatenate([jnp.zeros(m, q.dtype), -rate * full.psi])
             _, multipliers = multiplier_solve(full, target, StructuredCholesky())
             return -multipliers[m:]

@@ -97,8 +97,9 @@ def _mass_product(terms: ConstrainedTerms):
 
 
 def _constraint_rates(system, t, q, v):
-    """`F_q` and `F_t` at `(t, q)`, from `system.constraints` when it exists."""
-    if hasattr(system, "constraints"):
+    """`F_q` and `F_t` at `(t, q)`, from `system.constraints` where the system's terms take
+    them from there."""
+    if system.terms_from_constraints:
         jac = jax.jacfwd(system.constraints, argnums=1)(t, q)
         _, phi_t = jax.jvp(lambda t_: system.constraints(t_, q), (t,), (jnp.ones_like(t),))
         return jac.reshape(phi_t.shape[0], q.shape[0]), phi_t
@@ -297,7 +298,7 @@ class RedundantCoordinates(AbstractFormulation):
                        "velocities, from which the dependent ones follow)")
         jac, _ = _constraint_rates(system, t0, q0, v0)
         (jd, _), _ = self._split(jac)
-        phi = system.constraints(t0, q0) if hasattr(system, "constraints") else (
+        phi = system.constraints(t0, q0) if system.terms_from_constraints else (
             system.terms(t0, q0, v0).phi
         )
         ratio = singular_ratio(jd, jac)
