@@ -25,7 +25,7 @@ the diagnostics at the saved states (`_solution`), the formulation's checks (`va
 and the joined runtime checks (`_check_traced`), by wrapping those functions.
 
 `--model chain:64` (or `ladder:128`, `pendulum:32`, `net:32`) measures instead the forward solve and the
-gradient of `bench_scaling.py` on that family and size (`experiments/scaling_models.py`).
+gradient of `bench_scaling.py` on that family and size (`jaxdae/examples/_scaling.py`).
 
     python experiments/bench_compile.py [--repeats 3] [--only forward] [--stages]
         [--model two-link | chain:N | ladder:N | pendulum:N | net:N]
@@ -150,7 +150,8 @@ def model_functions(model: str):
         q0, v0 = (jnp.asarray(x) for x in TwoLinkManipulator().initial_state())
         return bench_core.jaxdae_functions(), (bench_core.jaxdae_params(), q0, v0)
     import bench_scaling
-    import scaling_models
+
+    import jaxdae.examples._scaling as scaling_models
 
     family, _, size = model.partition(":")
     if family not in scaling_models.FAMILIES or not size.isdigit():

@@ -27,7 +27,7 @@ A row "diffrax + hand-written RHS" solves the same ODE with diffrax (same solver
 and tolerances) on the peers' hand-written equations: the floor that jaxdae's
 autodiff-derived right-hand side is measured against.
 
-The SciPy and CasADi right-hand sides are written by hand in `experiments/_peers.py`.
+The SciPy and CasADi right-hand sides are written by hand in `jaxdae/examples/_two_link_reference.py`.
 
     python experiments/bench_core.py [--quick] [--out output]
 """
@@ -40,7 +40,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import _peers  # noqa: E402
 import casadi as ca  # noqa: E402
 import diffrax  # noqa: E402
 import jax  # noqa: E402
@@ -51,7 +50,10 @@ from jax.flatten_util import ravel_pytree  # noqa: E402
 from scipy.integrate import solve_ivp  # noqa: E402
 
 import jaxdae  # noqa: E402
-from jaxdae.examples import TwoLinkManipulator  # noqa: E402
+from jaxdae.examples import (
+    TwoLinkManipulator,  # noqa: E402
+    _two_link_reference as _peers,
+)
 
 NAME = "bench_core"
 HANDWRITTEN = "diffrax + hand-written RHS"

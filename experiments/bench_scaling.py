@@ -1,6 +1,6 @@
 """Benchmark: cost against the size of the mechanism (jaxdae, hand-written diffrax, CasADi).
 
-Four model families of growing size (`experiments/scaling_models.py`): the Cartesian chain
+Four model families of growing size (`jaxdae/examples/_scaling.py`): the Cartesian chain
 of `N` point masses (`2N` coordinates, `N` constraints), the `N`-link pendulum in relative
 joint angles (`N` coordinates, dense mass matrix, no constraints), a ladder of `N`
 four-bars in absolute coordinates (`4N` coordinates, `3N` constraints) and a net of `N`
@@ -64,10 +64,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scaling_models
 from _common import output_dir, write_json
 
 import jaxdae
+import jaxdae.examples._scaling as scaling_models
 from jaxdae._systems._system import cast_floating  # the library's own float32 cast
 
 try:

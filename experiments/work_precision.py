@@ -269,8 +269,9 @@ def cached(folder: Path, key: str, compute) -> np.ndarray:
 
 
 def mechanisms(quick: bool, num: int, folder: Path) -> list[Mechanism]:
-    from bricard import bricard
     from stiff_integration import SpringPendulum
+
+    from jaxdae.examples._bricard import bricard
 
     def standard(kd, kp, alpha):
         kd, kp = jnp.asarray(kd), jnp.asarray(kp)

@@ -2,8 +2,6 @@
 against lineax's own, and the structured formulations against the dense ones."""
 
 import re
-import sys
-from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -25,9 +23,7 @@ from jaxdae._compilation._sparse import Pattern, SparseMatrix
 from jaxdae._formulations._multipliers import multiplier_solve
 from jaxdae._systems._system import ConstrainedTerms
 from jaxdae._thresholds import UNROLL_MAX
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
-from scaling_models import CartesianChain  # noqa: E402
+from jaxdae.examples._scaling import CartesianChain
 
 PSD = lx.positive_semidefinite_tag
 

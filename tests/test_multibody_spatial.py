@@ -4,8 +4,6 @@ built from spatial bodies against the planar layer, the mobility of every spatia
 Bricard's redundant linkage, gradients, linearization, ensembles, and the errors of bad
 models."""
 
-import sys
-from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -15,15 +13,13 @@ import pytest
 
 import jaxdae
 import jaxdae.multibody as mb
+from jaxdae.examples._bricard import bricard
 from jaxdae.multibody._kinematics import (
     body_map,
     euler_rotation,
     global_map,
     quaternion_from_matrix,
 )
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
-from bricard import bricard
 
 from ._jaxprs import assert_rates_loop_is_one_kernel, not_in_a_loop
 

@@ -9,8 +9,6 @@
 - jaxdae's matrix products are traced at full precision (GPUs default to TF32 for float32).
 """
 
-import sys
-from pathlib import Path
 
 import diffrax
 import equinox as eqx
@@ -22,12 +20,9 @@ from scipy.integrate import solve_ivp
 
 import jaxdae
 from jaxdae import _thresholds
-from jaxdae.examples import CartesianPendulum, TwoLinkManipulator
+from jaxdae.examples import CartesianPendulum, TwoLinkManipulator, _two_link_reference as _peers
 
 from ._jaxprs import equations
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
-import _peers  # noqa: E402
 
 
 def reference_terms(system, t, q, v):

@@ -1,11 +1,9 @@
-"""The model families of `experiments/bench_scaling.py` (`experiments/scaling_models.py`) on
+"""The model families of `experiments/bench_scaling.py` (`jaxdae/examples/_scaling.py`) on
 small sizes: consistent initial states, the known small cases, the same mechanism in two
 coordinate sets, energy conservation, and the benchmark's peers (hand-written right-hand
 side, CasADi) against jaxdae's equations."""
 
 import functools
-import sys
-from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -15,9 +13,7 @@ import pytest
 
 import jaxdae
 from jaxdae.examples import CartesianPendulum
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
-from scaling_models import (
+from jaxdae.examples._scaling import (
     FAMILIES,
     BarNet,
     CartesianChain,

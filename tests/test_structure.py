@@ -1,8 +1,6 @@
 """Structure of the derived terms: sparsity patterns found from the user's jaxprs, compressed
 derivatives, and the structured linear algebra against the dense path."""
 
-import sys
-from pathlib import Path
 
 import diffrax
 import equinox as eqx
@@ -28,11 +26,9 @@ from jaxdae._compilation._sparse import (
 from jaxdae._compilation._sparsity import column_colouring, nonzero_masks
 from jaxdae._systems._structure import terms_structure
 from jaxdae._thresholds import STRUCTURED_MIN
+from jaxdae.examples._scaling import BarNet, CartesianChain, FourBarLadder, NLinkPendulum
 
 from ._jaxprs import assert_rates_loop_is_one_kernel, not_in_a_loop
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
-from scaling_models import BarNet, CartesianChain, FourBarLadder, NLinkPendulum
 
 # -- pattern detection --------------------------------------------------------------------
 

@@ -31,14 +31,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
-import _peers  # noqa: E402
 import bench_core  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxdae  # noqa: E402, F401  (sets jaxdae's XLA option before JAX starts)
-from jaxdae.examples import TwoLinkManipulator  # noqa: E402
+from jaxdae.examples import (
+    TwoLinkManipulator,  # noqa: E402
+    _two_link_reference as _peers,
+)
 
 BATCH = 1024
 

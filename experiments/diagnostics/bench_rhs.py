@@ -2,7 +2,7 @@
 
 1. Mukharlyamov and Deressa's (2015) two-link right-hand side (`ModifiedLagrange(10, [20, 10], [100, 25])`) in three
    forms: jaxdae's derived equations as traced (array form), the same re-traced as a scalar
-   graph (what `simulate` integrates), and the hand-written equations of `experiments/_peers.py`.
+   graph (what `simulate` integrates), and the hand-written equations of `jaxdae/examples/_two_link_reference.py`.
    For each: equations in the jaxpr, operations and fusions in XLA's optimized HLO, and the time
    per evaluation inside one compiled `lax.fori_loop` (no dispatch), alone and vmapped over a
    batch of 1024 states. One more row keeps XLA's `sin`/`cos` in the scalar graph instead of
@@ -27,7 +27,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
-import _peers  # noqa: E402
 import diffrax  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -38,7 +37,10 @@ import jaxdae  # noqa: E402
 from jaxdae import _thresholds
 from jaxdae._compilation import _scalarize  # noqa: E402
 from jaxdae._integration._vector_fields import SolveArgs, state_rates, vector_field  # noqa: E402
-from jaxdae.examples import TwoLinkManipulator  # noqa: E402
+from jaxdae.examples import (
+    TwoLinkManipulator,  # noqa: E402
+    _two_link_reference as _peers,
+)
 
 LOOP = 10_000
 BATCH = 1024

@@ -12,7 +12,7 @@ coordinates that keeps the dense derivation by default, from these figures.
     python experiments/diagnostics/bench_structured_threshold.py [--repeats 7]
         [chain:4 ladder:2 pendulum:8 ...]
 
-The models are `experiments/scaling_models.py`'s families at `family:N` (the chain has `2N`
+The models are `jaxdae/examples/_scaling.py`'s families at `family:N` (the chain has `2N`
 coordinates, the ladder `4N`, the pendulum `N`); the default is every size from 8 to 32
 coordinates that the family has in steps of 8, and 10 and 12.
 """
@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 
 import jax
 import jax.numpy as jnp
-import scaling_models
 from bench_scaling import KD, KP, jaxdae_functions
+
+import jaxdae.examples._scaling as scaling_models
 
 DEFAULT = ("chain:4", "chain:5", "chain:6", "chain:8", "chain:12", "chain:16",
            "ladder:2", "ladder:3", "ladder:4", "ladder:6", "ladder:8",

@@ -1,4 +1,5 @@
-"""Peer implementations of Mukharlyamov and Deressa's (2015) two-link example for the benchmarks (NumPy and CasADi).
+"""The two-link example of Mukharlyamov and Deressa (2015) written out by hand (NumPy and
+CasADi): the independent reference of the tests and the peers of the benchmarks.
 
 The same equations jaxdae derives by autodiff from `TwoLinkManipulator`, written out by hand
 in closed form so that SciPy and CasADi integrate an independent implementation:

@@ -1,4 +1,5 @@
-"""Model families of growing size for `bench_scaling.py`, written as users write them.
+"""Model families of growing size for the scaling benchmarks (`experiments/bench_scaling.py`)
+and the tests of structured terms, written as users write them.
 
 Four planar families, each with unit masses, unit link lengths and gravity `g` along −y, in
 plain vectorized `jax.numpy` (no hand-derived matrices: jaxdae derives `M`, `J`, `γ`, ...):
