@@ -10,6 +10,7 @@ equilibrium input by swapping in a [`jaxdae.ConstantControl`][]. Nothing in
 """
 
 import abc
+import dataclasses
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -103,6 +104,13 @@ class LinearFeedback(AbstractController):
         return self.u_ref - self.gain @ dx
 
 
+def is_controlled(system) -> bool:
+    """Whether `system` declares a `controller` field (a controlled system reads its input
+    `u = self.controller(t, q, v)`)."""
+    return dataclasses.is_dataclass(system) and any(
+        field.name == "controller" for field in dataclasses.fields(system))
+
+
 def with_controller(system, controller: AbstractController):
     """A copy of a controlled `system` with its `controller` field replaced.
 
@@ -110,7 +118,7 @@ def with_controller(system, controller: AbstractController):
 
     `ValueError` if `system` has no `controller` field.
     """
-    if not hasattr(system, "controller"):
+    if not is_controlled(system):
         raise ValueError(
             f"{described(system)} has no `controller` field: a controlled system declares "
             "`controller: jaxdae.AbstractController` and reads `u = self.controller(t, q, v)`."
@@ -122,6 +130,6 @@ def with_controller(system, controller: AbstractController):
 
 def num_inputs(system, t, q, v) -> int:
     """`p`, the size of the input of a controlled system (0 without a `controller`)."""
-    if not hasattr(system, "controller"):
+    if not is_controlled(system):
         return 0
     return int(jnp.shape(eqx.filter_eval_shape(system.controller, t, q, v))[0])

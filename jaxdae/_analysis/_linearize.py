@@ -13,7 +13,7 @@ from .._custom_types import Array, ArrayLike, Bool, Float, Int
 from .._formulations import AbstractFormulation, RedundantCoordinates, Unstabilized
 from .._gains import attach_checks, is_concrete
 from .._systems._system import AbstractSystem
-from ._control import ConstantControl, with_controller
+from ._control import ConstantControl, is_controlled, with_controller
 
 
 def _indices(name, value, n):
@@ -142,7 +142,7 @@ def equilibrium(
     if u_guess is None:
         u0 = jnp.zeros((0,), dtype)
     else:
-        if not hasattr(system, "controller"):
+        if not is_controlled(system):
             raise ValueError(
                 "`u_guess` was given but the system has no `controller` field to set the "
                 "input through (see `jaxdae.with_controller`)."
@@ -306,7 +306,7 @@ def linearize(
     v = jnp.zeros_like(q) if v is None else jnp.asarray(v, dtype=q.dtype)
     if u is not None:
         u = jnp.atleast_1d(jnp.asarray(u, dtype=q.dtype))
-        if not hasattr(system, "controller"):
+        if not is_controlled(system):
             raise ValueError("`u` was given but the system has no `controller` field.")
     t = jnp.asarray(t, dtype=q.dtype)
     cyclic = _indices("cyclic", cyclic, n)
