@@ -89,7 +89,7 @@ def trace_stages(fn, args, repeats: int) -> dict:
     import diffrax
 
     import jaxdae._compilation._scalarize as scalarize_module
-    import jaxdae._integration._simulate as simulate_module
+    import jaxdae._integration._solve as simulate_module
     from jaxdae import LagrangianSystem
 
     spent: dict = {}

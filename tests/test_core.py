@@ -325,7 +325,7 @@ def test_vmap_over_initial_states_gains_and_parameters_matches_loop():
         np.testing.assert_allclose(batched[i], single, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.perf(reason="pins the jit cache size of the private `_simulate`")
+@pytest.mark.perf(reason="pins the jit cache size of the private `solve_and_assemble`")
 def test_fixed_step_solver_and_float32():
     """Any diffrax solver/controller may be passed; float32 inputs give a float32 solution."""
     sol = jaxdae.simulate(
@@ -342,14 +342,14 @@ def test_fixed_step_solver_and_float32():
     assert sol32.q.dtype == jnp.float32
     assert np.abs(sol32.phi).max() < 1e-4
     # A sweep over the step or the tolerances reuses the compiled solve.
-    compiled = jaxdae._integration._simulate._simulate.jitted._cached._cache_size()
+    compiled = jaxdae._integration._system_solve.solve_and_assemble.jitted._cached._cache_size()
     sol = jaxdae.simulate(
         PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q_ON, V_ON,
         solver=diffrax.Heun(), stepsize_controller=diffrax.ConstantStepSize(), dt0=2e-3,
     )
     assert sol.stats["num_steps"] == 500
     assert float32(1e-4).stats["num_steps"] < sol32.stats["num_steps"]
-    assert jaxdae._integration._simulate._simulate.jitted._cached._cache_size() == compiled
+    assert jaxdae._integration._system_solve.solve_and_assemble.jitted._cached._cache_size() == compiled
 
 
 def test_float32_despite_a_models_float64_constants():
@@ -372,7 +372,7 @@ def test_float32_despite_a_models_float64_constants():
 def test_gradient_of_save_times_on_the_fixed_step_grid():
     """Save times on the step grid (`linspace(0, 1.5, 31)`, `dt0 = 0.01`): the reverse pass
     of diffrax's checkpointed loop recomputed the step ends with other rounding and counted
-    the cotangent of `q(1.2)` twice under `jit` (`jaxdae._integration._simulate.save_at`)."""
+    the cotangent of `q(1.2)` twice under `jit` (`jaxdae._integration._controllers.save_at`)."""
     ts = jnp.linspace(0.0, 1.5, 31)
 
     def solve(kd):

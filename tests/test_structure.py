@@ -820,7 +820,7 @@ def test_constant_mass_factor_in_simulate():
     # the solve factors `M` once (passed to every right-hand side) and ends where a solve
     # that factors it at every stage ends; its derivative with respect to the masses goes
     # through that one factor: against central differences
-    from jaxdae._integration import _simulate
+    from jaxdae._integration import _system_solve as _simulate
 
     q0, v0 = CartesianChain(8).initial_state()
     formulation = FORMULATIONS["Baumgarte"]
@@ -862,7 +862,7 @@ def test_ensemble_shares_one_mass_factor(adjoint):
     # an ensemble's trajectories share the system: its constant `M` is factored once for all
     # of them, and the gradient with respect to the masses (the reverse sweep's own row-wise
     # products included) goes through that factor: against the trajectories solved one by one
-    from jaxdae._integration import _simulate
+    from jaxdae._integration import _system_solve as _simulate
 
     q0, _ = CartesianChain(3).initial_state()
     rows = jnp.stack([q0, q0 + 0.01, q0 - 0.02])

@@ -45,15 +45,15 @@ from .._systems._actuated import ActuatedSystem, constraint_groups, lie_derivati
 from .._systems._system import cast_floating
 from ._adjoint import forward_mode_hint, jit_unless_staged
 from ._diagnostics import at_valid, masked, saved_rows
-from ._failures import raise_failure
-from ._simulate import Dynamics, SolveCall, in_current_mesh, integrate
-from ._validation import float_array
+from ._reporting import raise_failure
+from ._solve import Dynamics, SolveCall, in_current_mesh, integrate
+from ._trajectories import SingleTrajectory
 
 
 def initial_actuated_state(q0, v0, w0):
     """`(q0, v0, w0)` as 1-D floating arrays of one dtype, `q0` and `v0` of one shape;
     concrete values must be finite."""
-    q0, v0, w0 = (float_array(name, value) for name, value in
+    q0, v0, w0 = (SingleTrajectory().state_array(name, value) for name, value in
                   (("q0", q0), ("v0", v0), ("w0", w0)))
     if q0.shape != v0.shape:
         raise ValueError(
@@ -272,7 +272,7 @@ def simulate_actuated(
     zero tolerances); [`jaxdae.SimulationError`][] with `throw=True` when the solve fails
     (e.g. `g gᵀ` becomes singular on the way).
     """
-    call = SolveCall(ts=ts, ensemble=False, solver=solver,
+    call = SolveCall(ts=ts, solver=solver,
                      stepsize_controller=stepsize_controller, dt0=dt0, rtol=rtol, atol=atol,
                      max_steps=max_steps, adjoint=adjoint, throw=throw)
     q0, v0, w0 = initial_actuated_state(q0, v0, w0)

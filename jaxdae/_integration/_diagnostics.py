@@ -130,7 +130,7 @@ def assemble_solution(system, formulation, start, ts, saved, outcome, reverse: b
               ) -> tuple[Solution, tuple[Array, Array]]:
     """One trajectory's [`jaxdae.Solution`][] from its `start = (t0, q0, v0)`, the times
     and states diffrax `saved` and the solve's `outcome = (reached, result, stats)`, and the
-    mass matrix and forces at the initial state (for `_check_traced`). `reverse`: the solve
+    mass matrix and forces at the initial state (for `check_traced`). `reverse`: the solve
     is differentiable in reverse mode only, and so are the diagnostics
     (`reverse_diagnostics`).
 

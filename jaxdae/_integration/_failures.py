@@ -1,8 +1,6 @@
-"""Naming failures: the non-finite term that stopped a solve, the end-of-solve checks of
-the residual and of the target's range, solver failures named by the solvers themselves,
-and failures raised or reported from traced solves."""
-
-import sys
+"""Naming failures: the conditions that stop a solve and the results they name, the
+non-finite term that stopped a solve, and the end-of-solve checks of the residual and of
+the target's range. (Solvers name their own failures: `AbstractFailureNamingSolver`.)"""
 
 import diffrax
 import equinox as eqx
@@ -14,14 +12,7 @@ from .._compilation._linalg import psd_pseudo_solve
 from .._compilation._private_apis import unvmap_any
 from .._custom_types import Array
 from .._formulations import AbstractStabilizedFormulation
-from .._gains import is_concrete
-from .._solution import (
-    RESULTS,
-    SimulationError,
-    failure_message,
-    failure_text,
-    residuals,
-)
+from .._solution import RESULTS
 from .._systems._system import LagrangianSystem
 from ._vector_fields import jitted_rates, system_terms
 
@@ -178,102 +169,3 @@ def first_failure(result: RESULTS) -> RESULTS:
     """An ensemble's result of its first failed trajectory (the first if none failed)."""
     first = jnp.argmax(result != RESULTS.successful)
     return jax.tree.map(lambda x: x[first], result)
-
-
-def raise_failure(sol, result: RESULTS | None = None):
-    """`throw=True`: raises [`jaxdae.SimulationError`][] naming the failure of a concrete
-    solution, or attaches the check (`eqx.error_if`) to a traced one. `result` defaults to
-    `sol.result`."""
-    if is_concrete(sol.result):
-        message = failure_message(sol)
-        if message is not None:
-            raise SimulationError(message)
-        return sol
-    result = sol.result if result is None else result
-    return attach_check(sol, lambda x: result.error_if(x + reported_failure(sol),
-                                                       result != RESULTS.successful))
-
-
-def reported_failure(sol) -> Array:
-    """A zero that, where a traced solve failed (`throw=True` inside the caller's `jit`,
-    `vmap` or `grad`), is computed by a host callback that first writes
-    [`failure_text`][] to standard error: what happened, the batch element, `t` and `q`.
-
-    The error raised next (`equinox.error_if`) has a message fixed when the program was
-    compiled, and under the caller's own `jax.jit` JAX puts its own lines before it; this
-    line comes first and keeps the time and state. Nothing runs where every solve
-    succeeded: the callback sits in a `lax.cond` on whether any element of the batch failed.
-    An ensemble's first failed row is picked by reductions, so that a sharded ensemble is
-    not gathered onto the callback's device."""
-    codes = sol.result._value
-    failed = codes != RESULTS.successful._value
-    arrays = (codes, sol.t_final, sol.q_final, *residuals(sol))
-    element = ()
-    if codes.ndim:  # an ensemble: the values of its first failed row
-        first = jnp.argmax(failed.reshape(-1))
-        pick = (jnp.arange(codes.size) == first).reshape(codes.shape)
-
-        def row(x):
-            mask = pick.reshape(pick.shape + (1,) * (x.ndim - pick.ndim))
-            return jnp.sum(jnp.where(mask, x, jnp.zeros((), x.dtype)), axis=tuple(
-                range(pick.ndim)))
-
-        arrays = tuple(row(x) for x in arrays)
-        element = (jnp.stack(jnp.unravel_index(first, codes.shape)),)
-    arrays = jax.lax.stop_gradient(arrays)
-    dtype = sol.t_final.dtype
-
-    def report(*values):
-        *values, row = values if element else (*values, None)
-        message = failure_text(*values, element=row)
-        if message is not None:
-            print(f"jaxdae.SimulationError: {message}", file=sys.stderr, flush=True)
-        return np.zeros(np.shape(values[1]), dtype)
-
-    def callback():
-        return jax.pure_callback(report, jax.ShapeDtypeStruct((), dtype), *arrays, *element,
-                                 vmap_method="broadcast_all")
-
-    return jax.lax.cond(unvmap_any(jnp.any(failed)), callback,
-                        lambda: jnp.zeros((), dtype))
-
-
-# Where a traced solve failed, its time and state are not in the message (it is fixed when
-# the program is compiled); this says where to find them (`reported_failure`).
-TRACED_HINT = (" (Traced: where the solve stopped is written to standard error just before "
-                "this error; with `throw=False`, read `sol.result`, `sol.t_final` and "
-                "`sol.q_final`.)")
-
-
-def invalid_as_result(sol, invalid):
-    """`throw=False` with traced input: where `invalid` (a flag, or one per row of an
-    ensemble), the solution's result is `RESULTS.invalid_input` and its floating fields
-    are nan, instead of an error that would end a whole batch for one member."""
-    invalid = jnp.asarray(invalid)
-    result = sol.result
-    result = eqx.tree_at(lambda r: r._value, result, jnp.where(
-        invalid, RESULTS.invalid_input._value, result._value).astype(result._value.dtype))
-
-    def blank(x):
-        if not eqx.is_inexact_array(x):
-            return x
-        return jnp.where(invalid.reshape(invalid.shape + (1,) * (x.ndim - invalid.ndim)),
-                         jnp.nan, x)
-
-    sol = eqx.tree_at(lambda s: s.result, sol, result)
-    return eqx.tree_at(lambda s: [getattr(s, f) for f in FLOAT_FIELDS], sol,
-                       [blank(getattr(sol, f)) for f in FLOAT_FIELDS])
-
-
-FLOAT_FIELDS = ("ts", "q", "v", "phi", "dphi", "psi", "multipliers", "energy", "t_final",
-                 "q_final", "v_final", "p", "p_final")
-
-
-def attach_check(sol, check):
-    """`sol` with `check(x)` (an `error_if` returning `x`) applied to a zero that every
-    floating field then depends on (adding it). Through the whole solution, the check's
-    `lax.cond` (whose callback runs on one device) made XLA gather a sharded ensemble's
-    solution onto one device and partition it again."""
-    checked = check(jnp.zeros((), sol.t_final.dtype))
-    return jax.tree.map(lambda x: x + checked.astype(x.dtype) if eqx.is_inexact_array(x) else x,
-                        sol)

@@ -15,7 +15,7 @@ from .._formulations._base import AbstractFormulation
 from .._formulations._pseudo_inverse import PseudoInverse
 from .._solution import RESULTS
 from .._systems._system import AbstractSystem
-from ._solvers import unwrapped
+from ._solvers import AbstractFailureNamingSolver
 
 
 def chung_hulbert(rho_inf: float) -> tuple[float, float, float, float]:
@@ -57,7 +57,8 @@ def _residual(x, args):
     return dynamics, jnp.concatenate([terms.phi, step.h * terms.psi])
 
 
-class GeneralizedAlpha(diffrax.AbstractImplicitSolver, diffrax.AbstractAdaptiveSolver):
+class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolver,
+                       diffrax.AbstractAdaptiveSolver):
     """The generalized-α method (Chung & Hulbert 1993) applied to the index-3 equations
     `M q̈ + Φ_qᵀ λ + Ψ_vᵀ μ = Q`, `Φ(t, q) = 0`, `Ψ(t, q, v) = 0` as Arnold & Brüls (2007)
     formulate it, with an adaptive step: the implicit integrator of multibody codes
@@ -217,34 +218,30 @@ class GeneralizedAlpha(diffrax.AbstractImplicitSolver, diffrax.AbstractAdaptiveS
         acc, _ = _consistent(system, t0, q, v)
         return v, acc
 
+    def name_stall(self, sol, system: AbstractSystem):
+        """`sol` (concrete) relabelled `RESULTS.singular_newton_matrix` where this solver's
+        Newton iteration needs a nonsingular matrix and it stalled (`dt_min_reached`) at a
+        state whose constraint Jacobian `G = [Φ_q; Ψ_v]` has fewer independent rows than
+        rows (singular values below `√ε σ_max`, as `checked_result` counts the range of
+        `G`): redundant constraints, or a singular configuration."""
+        if (_solves_least_squares(self) or np.ndim(sol.result._value) != 0
+                or sol.result != RESULTS.dt_min_reached):
+            return sol
+        jacobian = np.asarray(system.terms(sol.t_final, sol.q_final, sol.v_final).jacobian)
+        if jacobian.shape[0] == 0 or not np.all(np.isfinite(jacobian)):
+            return sol
+        singular_values = np.linalg.svd(jacobian, compute_uv=False)
+        floor = np.sqrt(np.finfo(jacobian.dtype).eps) * singular_values[0]
+        if np.sum(singular_values > floor) == jacobian.shape[0]:
+            return sol
+        return eqx.tree_at(lambda s: s.result, sol, RESULTS.singular_newton_matrix)
+
 
 def _solves_least_squares(solver: GeneralizedAlpha) -> bool:
     """Whether the Newton iteration of `solver` solves rank-deficient systems (an SVD)."""
     linear_solver = getattr(solver.root_finder, "linear_solver", None)
     return isinstance(linear_solver, lx.SVD) or (
         isinstance(linear_solver, lx.AutoLinearSolver) and linear_solver.well_posed is False)
-
-
-def name_singular_newton_matrix(sol, solver: diffrax.AbstractSolver, system: AbstractSystem):
-    """`sol` (concrete) relabelled `RESULTS.singular_newton_matrix` where a
-    [`jaxdae.GeneralizedAlpha`][] solve whose Newton iteration needs a nonsingular matrix
-    stalled (`dt_min_reached`) at a state whose constraint Jacobian `G = [Φ_q; Ψ_v]` has
-    fewer independent rows than rows (singular values below `√ε σ_max`, as
-    `checked_result` counts the range of `G`): redundant constraints, or a singular
-    configuration. Found after the solve, and only for a stalled one."""
-    solver = unwrapped(solver, GeneralizedAlpha)
-    if (not isinstance(solver, GeneralizedAlpha) or _solves_least_squares(solver)
-            or np.ndim(sol.result._value) != 0
-            or sol.result != RESULTS.dt_min_reached):
-        return sol
-    jacobian = np.asarray(system.terms(sol.t_final, sol.q_final, sol.v_final).jacobian)
-    if jacobian.shape[0] == 0 or not np.all(np.isfinite(jacobian)):
-        return sol
-    singular_values = np.linalg.svd(jacobian, compute_uv=False)
-    floor = np.sqrt(np.finfo(jacobian.dtype).eps) * singular_values[0]
-    if np.sum(singular_values > floor) == jacobian.shape[0]:
-        return sol
-    return eqx.tree_at(lambda s: s.result, sol, RESULTS.singular_newton_matrix)
 
 
 def _consistent(system, t, q, v):

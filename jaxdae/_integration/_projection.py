@@ -23,7 +23,7 @@ from .._formulations._redundant import RedundantCoordinates
 from .._solution import RESULTS
 from .._systems._structure import terms_structure
 from .._systems._system import AbstractSystem, ConstrainedTerms, LagrangianSystem
-from ._solvers import unwrapped
+from ._solvers import AbstractSolverWrapper
 
 
 def _max_abs(x: Array) -> Array:
@@ -355,7 +355,7 @@ def _interpolation(inner_cls: Callable) -> Callable:
 # The solver's result must be an item of diffrax's enumeration, and `RESULTS.promote` maps
 # only diffrax's own items to jaxdae's; a failed projection is reported as the one item
 # that no diffrax solver step returns (`conlim`, lineax's LSMR, which diffrax does not
-# use), and `simulate` names it (`named_result`).
+# use), and `Projected.name_result` names it.
 _CARRIER = diffrax.RESULTS.conlim
 
 
@@ -366,16 +366,7 @@ def _failure_item(failed: Bool[Array, ""], result):
                                  result)
 
 
-def named_result(solver, result: RESULTS) -> RESULTS:
-    """`result` of a solve with `solver`, with a failed projection named
-    `RESULTS.projection_failed` when `solver` is (or wraps) a [`jaxdae.Projected`][]."""
-    if not isinstance(unwrapped(solver, Projected), Projected):
-        return result
-    return RESULTS.where(result == RESULTS.promote(_CARRIER), RESULTS.projection_failed,
-                         result)
-
-
-class Projected(diffrax.AbstractAdaptiveSolver):
+class Projected(AbstractSolverWrapper):
     """Wraps a diffrax solver and projects the state onto the constraint manifold after
     every step: positions onto `Φ(t, q) = 0`, then velocities onto `Φ̇ = 0`, `Ψ = 0`, each
     by the smallest change in the metric of the mass matrix (coordinate projection, or
@@ -480,22 +471,15 @@ class Projected(diffrax.AbstractAdaptiveSolver):
                        "a lineax solver such as `lineax.SVD()`, or None", optional=True)
 
     @property
-    def term_structure(self):
-        return self.solver.term_structure
-
-    @property
-    def term_compatible_contr_kwargs(self):
-        return self.solver.term_compatible_contr_kwargs
-
-    @property
     def interpolation_cls(self):  # pyright: ignore
         return _interpolation(self.solver.interpolation_cls)
 
-    def order(self, terms):
-        return self.solver.order(terms)
-
-    def error_order(self, terms):
-        return self.solver.error_order(terms)
+    def name_result(self, result: RESULTS) -> RESULTS:
+        """A failed projection named `RESULTS.projection_failed` (`_CARRIER`), then what the
+        wrapped solver names."""
+        result = RESULTS.where(result == RESULTS.promote(_CARRIER), RESULTS.projection_failed,
+                               result)
+        return super().name_result(result)
 
     def func(self, terms, t0, y0, args):
         return self.solver.func(terms, t0, y0, _between_projections(y0, args))

@@ -1,5 +1,6 @@
-"""Solvers around a diffrax solver: the base that delegates to it, and an explicit
-Runge–Kutta solver with its stages written out, for batched solves."""
+"""Solvers around a diffrax solver: the base of solvers that name their own failures, the
+base that delegates to a wrapped solver, and an explicit Runge–Kutta solver with its stages
+written out, for batched solves."""
 
 import diffrax
 import equinox as eqx
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 from .._checks import described
 from .._compilation._private_apis import unvmap_any
 from .._custom_types import Array, PyTree, ScalarLike
+from .._solution import RESULTS, Solution
 
 
 def _combine(base: PyTree[Array], weights, ks: list) -> PyTree[Array]:
@@ -20,18 +22,44 @@ def _combine(base: PyTree[Array], weights, ks: list) -> PyTree[Array]:
                         base, *(k for _, k in terms))
 
 
-def unwrapped(solver: diffrax.AbstractSolver, cls: type) -> diffrax.AbstractSolver:
-    """The first solver of class `cls` along the chain of wrapped solvers (`.solver`)
-    starting at `solver`, or the innermost one if none is."""
-    while not isinstance(solver, cls) and isinstance(
-            getattr(solver, "solver", None), diffrax.AbstractSolver):
-        solver = solver.solver
-    return solver
+class AbstractFailureNamingSolver(diffrax.AbstractSolver):
+    """A solver that names its own failures in jaxdae's terms ([`jaxdae.RESULTS`][]).
+
+    The solve asks every solver that declares this base (`name_result`, `name_stall`)
+    rather than knowing which solvers can fail in which way. Both default to leaving the
+    result as it is; a solver overrides what it can name."""
+
+    def name_result(self, result: RESULTS) -> RESULTS:
+        """The `result` of a solve with this solver (traced, at the end of the solve), with
+        the failures that this solver reports through diffrax's result named."""
+        return result
+
+    def name_stall(self, sol: Solution, system) -> Solution:
+        """`sol` (concrete) of a solve of `system` with this solver, relabelled where this
+        solver explains why its steps stalled (`dt_min_reached`). Called after the solve,
+        eagerly."""
+        return sol
 
 
-class AbstractSteppingWrapper(diffrax.AbstractAdaptiveSolver):
-    """A solver that computes its steps its own way around a wrapped diffrax `solver`,
-    from which it takes everything else (terms, interpolation, order, vector field)."""
+def name_result(solver: diffrax.AbstractSolver, result: RESULTS) -> RESULTS:
+    """`result` of a solve with `solver`, named by the solver where it names its failures
+    (`AbstractFailureNamingSolver.name_result`)."""
+    if isinstance(solver, AbstractFailureNamingSolver):
+        return solver.name_result(result)
+    return result
+
+
+def name_stall(solver: diffrax.AbstractSolver, sol: Solution, system) -> Solution:
+    """`sol` relabelled by `solver` where it explains a stall
+    (`AbstractFailureNamingSolver.name_stall`)."""
+    if isinstance(solver, AbstractFailureNamingSolver):
+        return solver.name_stall(sol, system)
+    return sol
+
+
+class AbstractSolverWrapper(AbstractFailureNamingSolver, diffrax.AbstractAdaptiveSolver):
+    """A solver around a wrapped diffrax `solver`, from which it takes what it does not
+    override (terms, interpolation, order, vector field), and whose failures it names."""
 
     solver: eqx.AbstractVar[diffrax.AbstractSolver]
 
@@ -55,6 +83,17 @@ class AbstractSteppingWrapper(diffrax.AbstractAdaptiveSolver):
 
     def func(self, terms, t0, y0, args):
         return self.solver.func(terms, t0, y0, args)
+
+    def name_result(self, result: RESULTS) -> RESULTS:
+        return name_result(self.solver, result)
+
+    def name_stall(self, sol: Solution, system) -> Solution:
+        return name_stall(self.solver, sol, system)
+
+
+class AbstractSteppingWrapper(AbstractSolverWrapper):
+    """A solver that computes the steps of the wrapped diffrax `solver` its own way: the
+    same steps up to rounding (an adjoint may recompute them with the wrapped solver)."""
 
 
 class UnrolledERK(AbstractSteppingWrapper):

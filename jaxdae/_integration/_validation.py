@@ -22,19 +22,13 @@ from .._systems._system import AbstractSystem
 from ._vector_fields import system_terms
 
 
-def float_array(name: str, value, ensemble: bool = False) -> Array:
+def float_array(name: str, value) -> Array:
+    """`value` as a real floating array (integers become floats)."""
     array = jnp.asarray(value)
     if jnp.issubdtype(array.dtype, jnp.complexfloating):
         raise ValueError(f"`{name}` must be real; got dtype {array.dtype}.")
     if not jnp.issubdtype(array.dtype, jnp.floating):
         array = array.astype(jnp.result_type(float))
-    if ensemble and (array.ndim != 2 or array.shape[0] == 0):
-        raise ValueError(
-            f"`{name}` must be a 2-D array of shape (B, n), one row per trajectory (B ≥ 1); "
-            f"got shape {array.shape}."
-        )
-    if not ensemble and array.ndim != 1:
-        raise ValueError(f"`{name}` must be a 1-D array of shape (n,); got shape {array.shape}.")
     return array
 
 

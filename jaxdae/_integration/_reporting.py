@@ -1,0 +1,184 @@
+"""Reporting failures: raised as [`jaxdae.SimulationError`][] from a concrete solution, or,
+from a traced solve, attached to it as one error (the input checks of a traced call and the
+solve's failure) or, with `throw=False`, as its result."""
+
+import sys
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._compilation._private_apis import unvmap_any
+from .._custom_types import Array
+from .._gains import is_concrete
+from .._solution import (
+    RESULTS,
+    SimulationError,
+    failure_message,
+    failure_text,
+    residuals,
+)
+from ._validation import INITIAL_STATE_MESSAGES, initial_state_problems
+from ._vector_fields import detached
+
+
+def raise_failure(sol, result: RESULTS | None = None):
+    """`throw=True`: raises [`jaxdae.SimulationError`][] naming the failure of a concrete
+    solution, or attaches the check (`eqx.error_if`) to a traced one. `result` defaults to
+    `sol.result`."""
+    if is_concrete(sol.result):
+        message = failure_message(sol)
+        if message is not None:
+            raise SimulationError(message)
+        return sol
+    result = sol.result if result is None else result
+    return attach_check(sol, lambda x: result.error_if(x + reported_failure(sol),
+                                                       result != RESULTS.successful))
+
+
+def reported_failure(sol) -> Array:
+    """A zero that, where a traced solve failed (`throw=True` inside the caller's `jit`,
+    `vmap` or `grad`), is computed by a host callback that first writes
+    [`failure_text`][] to standard error: what happened, the batch element, `t` and `q`.
+
+    The error raised next (`equinox.error_if`) has a message fixed when the program was
+    compiled, and under the caller's own `jax.jit` JAX puts its own lines before it; this
+    line comes first and keeps the time and state. Nothing runs where every solve
+    succeeded: the callback sits in a `lax.cond` on whether any element of the batch failed.
+    An ensemble's first failed row is picked by reductions, so that a sharded ensemble is
+    not gathered onto the callback's device."""
+    codes = sol.result._value
+    failed = codes != RESULTS.successful._value
+    arrays = (codes, sol.t_final, sol.q_final, *residuals(sol))
+    element = ()
+    if codes.ndim:  # an ensemble: the values of its first failed row
+        first = jnp.argmax(failed.reshape(-1))
+        pick = (jnp.arange(codes.size) == first).reshape(codes.shape)
+
+        def row(x):
+            mask = pick.reshape(pick.shape + (1,) * (x.ndim - pick.ndim))
+            return jnp.sum(jnp.where(mask, x, jnp.zeros((), x.dtype)), axis=tuple(
+                range(pick.ndim)))
+
+        arrays = tuple(row(x) for x in arrays)
+        element = (jnp.stack(jnp.unravel_index(first, codes.shape)),)
+    arrays = jax.lax.stop_gradient(arrays)
+    dtype = sol.t_final.dtype
+
+    def report(*values):
+        *values, row = values if element else (*values, None)
+        message = failure_text(*values, element=row)
+        if message is not None:
+            print(f"jaxdae.SimulationError: {message}", file=sys.stderr, flush=True)
+        return np.zeros(np.shape(values[1]), dtype)
+
+    def callback():
+        return jax.pure_callback(report, jax.ShapeDtypeStruct((), dtype), *arrays, *element,
+                                 vmap_method="broadcast_all")
+
+    return jax.lax.cond(unvmap_any(jnp.any(failed)), callback,
+                        lambda: jnp.zeros((), dtype))
+
+
+# Where a traced solve failed, its time and state are not in the message (it is fixed when
+# the program is compiled); this says where to find them (`reported_failure`).
+TRACED_HINT = (" (Traced: where the solve stopped is written to standard error just before "
+                "this error; with `throw=False`, read `sol.result`, `sol.t_final` and "
+                "`sol.q_final`.)")
+
+
+def invalid_as_result(sol, invalid):
+    """`throw=False` with traced input: where `invalid` (a flag, or one per row of an
+    ensemble), the solution's result is `RESULTS.invalid_input` and its floating fields
+    are nan, instead of an error that would end a whole batch for one member."""
+    invalid = jnp.asarray(invalid)
+    result = sol.result
+    result = eqx.tree_at(lambda r: r._value, result, jnp.where(
+        invalid, RESULTS.invalid_input._value, result._value).astype(result._value.dtype))
+
+    def blank(x):
+        if not eqx.is_inexact_array(x):
+            return x
+        return jnp.where(invalid.reshape(invalid.shape + (1,) * (x.ndim - invalid.ndim)),
+                         jnp.nan, x)
+
+    sol = eqx.tree_at(lambda s: s.result, sol, result)
+    return eqx.tree_at(lambda s: [getattr(s, f) for f in FLOAT_FIELDS], sol,
+                       [blank(getattr(sol, f)) for f in FLOAT_FIELDS])
+
+
+FLOAT_FIELDS = ("ts", "q", "v", "phi", "dphi", "psi", "multipliers", "energy", "t_final",
+                 "q_final", "v_final", "p", "p_final")
+
+
+def attach_check(sol, check):
+    """`sol` with `check(x)` (an `error_if` returning `x`) applied to a zero that every
+    floating field then depends on (adding it). Through the whole solution, the check's
+    `lax.cond` (whose callback runs on one device) made XLA gather a sharded ensemble's
+    solution onto one device and partition it again."""
+    checked = check(jnp.zeros((), sol.t_final.dtype))
+    return jax.tree.map(lambda x: x + checked.astype(x.dtype) if eqx.is_inexact_array(x) else x,
+                        sol)
+
+
+class TracedChecks(eqx.Module):
+    """What a solve checks when anything is `traced` (`check_traced`): the checks of
+    traced gains (`gain_flags`, one message each: the formulation's `traced_checks`), the
+    initial state (`check_state`: a traced state) and the times, and the solve's failure
+    (`throw`)."""
+
+    gain_flags: tuple
+    gain_messages: tuple[str, ...] = eqx.field(static=True)
+    traced: bool = eqx.field(static=True)
+    check_state: bool = eqx.field(static=True)
+    throw: bool = eqx.field(static=True)
+
+
+def check_traced(sol, system, formulation, times, initial, checks: TracedChecks,
+                 trajectories):
+    """`sol` with the checks of a traced call attached as one branched error: the
+    gains' (`checks.gain_flags`), those of `check_initial_state`
+    (`checks.check_state`) on `initial = (q0, v0, mass matrix, forces)` and of the times,
+    then (`checks.throw`) the failure of the solve. `trajectories`: the solve's
+    `AbstractTrajectories`.
+
+    One `error_if` for all, each being a `lax.cond` with host callbacks. The initial
+    state's checks run after the solve, on the mass matrix and forces that `assemble_solution`
+    evaluated at the initial state: evaluated before it, on their own, they would be a
+    second copy of the equations of motion in the compiled program, which XLA neither shares
+    nor prunes (`experiments/bench_compile.py` counts the program's instructions). A solve
+    from a bad state thus runs before the input's error is raised."""
+    # The checks carry no gradient: their inputs are detached, so they are not linearized.
+    system, formulation, times, initial, checks = detached(
+        (system, formulation, times, initial, checks))
+    t0, t1, ts = times.t0, times.t1, times.ts
+    throw = checks.throw
+    flags, messages = list(checks.gain_flags), checks.gain_messages
+    rows_invalid = False
+    if checks.check_state:
+        def problems(q0, v0, mass, forces, rows):
+            return initial_state_problems(system, formulation, (t0, q0, v0), (mass, forces),
+                                          sol.psi.shape[-1], rows)
+
+        state_flags, rows_invalid = trajectories.traced_state_flags(problems, initial, throw)
+        if state_flags is not None:
+            flags += list(state_flags)
+            messages += INITIAL_STATE_MESSAGES + tuple(m for m, _ in formulation.state_messages)
+    flags += [~(t1 > t0) | ~jnp.isfinite(t1 - t0),
+              False if ts is None else (jnp.any(jnp.diff(ts) < 0) | (ts[0] < t0)
+                                        | (ts[-1] > t1) | ~jnp.all(jnp.isfinite(ts)))]
+    messages += ("`t0` and `t1` must be finite, with `t1` greater than `t0`.",
+                 "`ts` must be finite, sorted and lie in [t0, t1].")
+    flags = jnp.stack(flags)
+    wrong, index = jnp.any(flags), jnp.argmax(flags)
+    if not throw:
+        return invalid_as_result(sol, wrong | rows_invalid)
+    result = trajectories.reported_result(sol.result)
+    index = jnp.where(wrong, index, len(messages) + result._value)
+    wrong = wrong | (result != RESULTS.successful)
+    messages = messages + tuple(m + TRACED_HINT for m in RESULTS._index_to_message)
+    # Under `vmap` equinox reports the largest index of the batch: 0 where nothing is wrong.
+    index = jnp.where(wrong, index, 0)
+    return attach_check(sol, lambda x: eqx.branched_error_if(x + reported_failure(sol), wrong,
+                                                             index, messages))

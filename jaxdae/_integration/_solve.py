@@ -1,0 +1,156 @@
+"""The solve core of [`jaxdae.simulate`][], [`jaxdae.simulate_ensemble`][] and
+[`jaxdae.simulate_actuated`][]: the keyword arguments of a call and what they become (times,
+solver options), the dynamics a model integrates, and the one diffrax solve."""
+
+import functools
+from collections.abc import Callable
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optimistix as optx
+
+from .._custom_types import Array, ArrayLike, Float, ScalarLike
+from .._solution import RESULTS
+from ._adjoint import ReverseSweepAdjoint, default_adjoint
+from ._controllers import save_at, step_options, stop_stalled_steps
+from ._failures import event_result, solve_event
+from ._implicit import configure_for_controller
+from ._solvers import name_result
+from ._sweep_forward import ODETermWithVJP
+from ._validation import check_solve_options, check_times
+
+# The solver of a call that names none.
+DEFAULT_SOLVER = diffrax.Tsit5()
+
+
+class Times(eqx.Module):
+    """The times of a checked solve: start, end and the save times (None: `[t0, t1]`)."""
+
+    t0: Array
+    t1: Array
+    ts: Array | None
+
+
+class SolveOptions(eqx.Module):
+    """How a solve runs: diffrax's solver, step-size controller, first step, step limit and
+    adjoint, with the defaults filled in."""
+
+    solver: diffrax.AbstractSolver
+    stepsize_controller: diffrax.AbstractStepSizeController
+    dt0: Array | None
+    max_steps: int | None = eqx.field(static=True)
+    adjoint: diffrax.AbstractAdjoint | ReverseSweepAdjoint
+
+
+class SolveCall(eqx.Module):
+    """The keyword arguments of a call of [`jaxdae.simulate`][],
+    [`jaxdae.simulate_ensemble`][] or [`jaxdae.simulate_actuated`][], as given, and what the
+    solve makes of them (`times`, `options`)."""
+
+    ts: Float[ArrayLike, " N"] | None
+    solver: diffrax.AbstractSolver | None
+    stepsize_controller: diffrax.AbstractStepSizeController | None
+    dt0: ScalarLike | None
+    rtol: ScalarLike
+    atol: ScalarLike
+    max_steps: int | None
+    adjoint: diffrax.AbstractAdjoint | ReverseSweepAdjoint | None
+    throw: bool
+
+    def check_options(self) -> None:
+        """`check_solve_options` of the solver, controller, adjoint and step limit."""
+        check_solve_options(self.solver, self.stepsize_controller, self.adjoint,
+                            self.max_steps)
+
+    def times(self, t0, t1, dtype) -> Times:
+        """`t0`, `t1` and `ts` as arrays of `dtype`, checked (`check_times`)."""
+        t0, t1 = jnp.asarray(t0, dtype=dtype), jnp.asarray(t1, dtype=dtype)
+        ts = None if self.ts is None else jnp.asarray(self.ts, dtype=dtype)
+        check_times(t0, t1, ts)
+        return Times(t0, t1, ts)
+
+    def options(self, dtype, norm=optx.rms_norm) -> SolveOptions:
+        """The solve's options with the defaults filled in: `step_options` (the default
+        controller measures errors with `norm`), an implicit solver's root finder set to
+        stop at the step's tolerance (`configure_for_controller`), `default_adjoint`."""
+        stepsize_controller, dt0 = step_options(self.stepsize_controller, self.dt0, self.rtol,
+                                                self.atol, dtype, norm)
+        solver = (DEFAULT_SOLVER if self.solver is None
+                  else configure_for_controller(self.solver, stepsize_controller))
+        adjoint = (default_adjoint(solver, self.max_steps) if self.adjoint is None
+                   else self.adjoint)
+        return SolveOptions(solver=solver, stepsize_controller=stepsize_controller, dt0=dt0,
+                            max_steps=self.max_steps, adjoint=adjoint)
+
+
+def in_current_mesh(fn):
+    """`fn` run with JAX's current abstract mesh set explicitly (the empty mesh outside
+    any mesh).
+
+    When reverse mode differentiates a jitted function (a solve called eagerly), JAX
+    replays its equations with the context each was recorded in, which names the empty
+    mesh where the caller's context named none. What is traced lazily there
+    (`ReverseSweepAdjoint`'s forward solve) then missed every trace cache that the
+    structure checks had filled, and traced the equations of motion and the solve a second
+    time. Setting the current mesh explicitly keeps those caches valid
+    (`experiments/bench_compile.py` shows the gradient's trace time)."""
+
+    @functools.wraps(fn)
+    def in_mesh(*args, **kwargs):
+        with jax.sharding.use_abstract_mesh(jax.sharding.get_abstract_mesh()):
+            return fn(*args, **kwargs)
+
+    return in_mesh
+
+
+class Dynamics(eqx.Module):
+    """What the solve path integrates for a model `(system, strategy)` (a system and its
+    formulation, or an actuated system and its control): the vector field
+    `vector_field(t, y, args)` with the solve's `args` (`SolveArgs` for a system and its
+    formulation), and the conditions (diffrax event conditions on the same arguments) that
+    stop the solve, each with the [`jaxdae.RESULTS`][] item it reports.
+
+    `stage_vjp`, if given, is the vector–Jacobian product that
+    [`jaxdae.ReverseSweepAdjoint`][] applies at each stage (`ODETermWithVJP`; an ensemble
+    applies each trajectory's own, row by row); other adjoints ignore it.
+    `saves_solver_state`: the solve keeps its final solver state (an ensemble whose
+    trajectories stop one by one reads the stopped rows from it)."""
+
+    vector_field: Callable = eqx.field(static=True)
+    conditions: tuple[Callable, ...] = eqx.field(static=True, default=())
+    failures: tuple[RESULTS, ...] = ()
+    stage_vjp: Callable | None = eqx.field(static=True, default=None)
+    saves_solver_state: bool = eqx.field(static=True, default=False)
+
+
+def integrate(dynamics: Dynamics, args, y0, times: Times, options: SolveOptions
+              ) -> tuple[diffrax.Solution, RESULTS]:
+    """The one diffrax solve of [`jaxdae.simulate`][], [`jaxdae.simulate_ensemble`][] and
+    [`jaxdae.simulate_actuated`][]: from `y0` over `times` with `options`, saving as
+    `save_at` says, stopped by `dynamics.conditions` (and a non-finite state under fixed
+    steps, `solve_event`) and by a stalled step (`stop_stalled_steps`). Returns diffrax's
+    solution and jaxdae's result: the failure that stopped it named by its condition
+    (`event_result`) or by the solver (`name_result`)."""
+    solver, controller = options.solver, options.stepsize_controller
+    t0, t1, ts = times.t0, times.t1, times.ts
+    saveat = save_at(t0, t1, ts, controller)
+    if dynamics.saves_solver_state:
+        saveat = eqx.tree_at(lambda s: s.solver_state, saveat, True)
+    event = solve_event(list(dynamics.conditions), controller)
+    controller = stop_stalled_steps(controller)
+    term = (diffrax.ODETerm(dynamics.vector_field) if dynamics.stage_vjp is None
+            else ODETermWithVJP(dynamics.vector_field, dynamics.stage_vjp))
+    out = _diffeqsolve(term, solver, t0, t1, options.dt0, y0, args=args, saveat=saveat,
+                       stepsize_controller=controller, adjoint=options.adjoint, event=event,
+                       max_steps=options.max_steps, throw=False)
+    return out, name_result(solver, event_result(out, list(dynamics.failures)))
+
+
+# `diffrax.diffeqsolve` without its own `eqx.filter_jit`: `integrate` is always traced inside
+# a jit (the solve's own, `jit_unless_staged`, or the caller's). Reverse mode stages a jitted
+# call before it differentiates it, and staging the adjoint's custom VJP traces the primal
+# solve, which the gradient then does not use (docs/design_measurements.md#unjitted-solve).
+# (The plain function if equinox no longer exposes it.)
+_diffeqsolve = getattr(diffrax.diffeqsolve, "__wrapped__", diffrax.diffeqsolve)

@@ -1,0 +1,218 @@
+"""What differs between one trajectory and an ensemble of them: the layout of the initial
+states, the initial state's checks, the error norm, the dynamics and the solution's
+assembly. [`jaxdae.simulate`][] solves with `SingleTrajectory`,
+[`jaxdae.simulate_ensemble`][] with `EnsembleTrajectories`; the solve itself
+(`_system_solve.py`) is the same for both."""
+
+import abc
+import functools
+from collections.abc import Callable
+from typing import ClassVar
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
+
+from .._custom_types import Array
+from .._solution import RESULTS, Solution
+from ._diagnostics import assemble_solution, cut_at
+from ._ensemble import (
+    StopFailedTrajectories,
+    ensemble_stage_vjp,
+    ensemble_vector_field,
+    failure_event,
+    worst_trajectory_rms,
+)
+from ._failures import first_failure
+from ._solve import Dynamics
+from ._validation import check_initial_state_jit, float_array
+from ._vector_fields import failure_reference, vector_field
+
+
+class AbstractTrajectories(eqx.Module):
+    """How the trajectories of a solve are laid out: the strategy that the solve of a
+    system and its formulation asks wherever one trajectory and an ensemble differ."""
+
+    # The shape of `q0` and `v0`, for messages.
+    state_shape: eqx.AbstractClassVar[str]
+    # The step-size controller's default error norm.
+    error_norm: eqx.AbstractClassVar[Callable]
+
+    @abc.abstractmethod
+    def state_array(self, name: str, value) -> Array:
+        """`value` (`q0` or `v0`) as a floating array, its shape checked (`state_shape`)."""
+
+    @abc.abstractmethod
+    def one_state(self, q0: Array, v0: Array) -> tuple:
+        """The state of one trajectory (shapes, for the structure checks)."""
+
+    @abc.abstractmethod
+    def first_state(self, q0: Array, v0: Array) -> tuple[Array, Array]:
+        """The initial state of the first trajectory."""
+
+    @abc.abstractmethod
+    def initial_state_check(self, system, formulation, t0, q0, v0
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+        """`check_initial_state` of concrete initial states: the mass matrix, the flags and
+        the values quoted of the first trajectory with a problem, and where that is."""
+
+    @abc.abstractmethod
+    def traced_state_flags(self, problems: Callable, initial: tuple, throw: bool
+                           ) -> tuple[Array | None, Array | bool]:
+        """The initial state's flags of a traced solve from `problems(q0, v0, mass, forces,
+        rows)` (`initial_state_problems`): `(flags, rows_invalid)`, the flags that join the
+        solve's error (None: none) and, with `throw=False`, the trajectories whose initial
+        state has a problem."""
+
+    @abc.abstractmethod
+    def solvable_start(self, q0: Array, v0: Array) -> tuple[Array, Array]:
+        """The initial states that a traced solve with `throw=False` integrates (the
+        invalid ones are reported by their result)."""
+
+    @abc.abstractmethod
+    def failure_reference(self, system, formulation, t0, q0, v0):
+        """The formulation's `failure_reference` of each trajectory."""
+
+    @abc.abstractmethod
+    def dynamics(self, formulation, solver: diffrax.AbstractSolver
+                 ) -> tuple[Dynamics, diffrax.AbstractSolver]:
+        """What the solve integrates, and its solver, for `formulation`."""
+
+    @abc.abstractmethod
+    def solution(self, system, formulation, start, ts, out: diffrax.Solution, result: RESULTS,
+                 reverse: bool) -> tuple[Solution, tuple]:
+        """The [`jaxdae.Solution`][] of the solve `out` from `start = (t0, q0, v0)` with
+        jaxdae's `result`, and the mass matrix and forces at the initial states
+        (`assemble_solution`; `reverse`: the solve is differentiable in reverse mode
+        only)."""
+
+    @abc.abstractmethod
+    def reported_result(self, result: RESULTS) -> RESULTS:
+        """The one result that a raised error names."""
+
+
+class SingleTrajectory(AbstractTrajectories):
+    """One trajectory: initial states of shape `(n,)`; a failure stops the solve."""
+
+    state_shape: ClassVar[str] = "(n,)"
+    error_norm: ClassVar[Callable] = staticmethod(optx.rms_norm)
+
+    def state_array(self, name, value):
+        array = float_array(name, value)
+        if array.ndim != 1:
+            raise ValueError(
+                f"`{name}` must be a 1-D array of shape (n,); got shape {array.shape}.")
+        return array
+
+    def one_state(self, q0, v0):
+        return q0, v0
+
+    def first_state(self, q0, v0):
+        return q0, v0
+
+    def initial_state_check(self, system, formulation, t0, q0, v0):
+        mass, flags, values = check_initial_state_jit(system, formulation, t0, q0, v0)
+        return mass, np.asarray(flags), values, ""
+
+    def traced_state_flags(self, problems, initial, throw):
+        return problems(*initial, None)[0], False
+
+    def solvable_start(self, q0, v0):
+        return q0, v0
+
+    def failure_reference(self, system, formulation, t0, q0, v0):
+        return failure_reference(system, formulation, t0, q0, v0)
+
+    def dynamics(self, formulation, solver):
+        if formulation.can_fail:  # the solve stops at the failure (`diffrax.Event`)
+            return Dynamics(vector_field, (failure_event,), (formulation.failure_result,)), solver
+        return Dynamics(vector_field), solver
+
+    def solution(self, system, formulation, start, ts, out, result, reverse):
+        reached = out.result == diffrax.RESULTS.successful
+        return assemble_solution(system, formulation, start, ts, (out.ts, out.ys),
+                                 (reached, result, out.stats), reverse)
+
+    def reported_result(self, result):
+        return result
+
+
+class EnsembleTrajectories(AbstractTrajectories):
+    """An ensemble: initial states of shape `(B, n)`, one row per trajectory, integrated as
+    one ODE on shared steps; a trajectory whose formulation fails stops alone
+    (`StopFailedTrajectories`)."""
+
+    state_shape: ClassVar[str] = "(B, n)"
+    error_norm: ClassVar[Callable] = staticmethod(worst_trajectory_rms)
+
+    def state_array(self, name, value):
+        array = float_array(name, value)
+        if array.ndim != 2 or array.shape[0] == 0:
+            raise ValueError(
+                f"`{name}` must be a 2-D array of shape (B, n), one row per trajectory "
+                f"(B ≥ 1); got shape {array.shape}.")
+        return array
+
+    def one_state(self, q0, v0):
+        # Shapes only: no slicing, as `q0` may be sharded.
+        lane = jax.ShapeDtypeStruct(q0.shape[1:], q0.dtype)
+        return lane, lane
+
+    def first_state(self, q0, v0):
+        return q0[0], v0[0]
+
+    def initial_state_check(self, system, formulation, t0, q0, v0):
+        mass, flags, values = jax.vmap(check_initial_state_jit, in_axes=(None, None, None, 0, 0))(
+            system, formulation, t0, q0, v0)
+        flags = np.asarray(flags)
+        row = int(np.argmax(flags.any(axis=1)))
+        return mass[row], flags[row], values[row], f"Trajectory {row} (row of q0, v0): "
+
+    def traced_state_flags(self, problems, initial, throw):
+        if throw:  # one flag per problem, raised for any row
+            flags, _ = jax.vmap(functools.partial(problems, rows="rows"), axis_name="rows",
+                                out_axes=(None, 0))(*initial)
+            return flags, False
+        # each row's own flags, for its own result
+        flags, _ = jax.vmap(functools.partial(problems, rows=None), out_axes=(0, 0))(*initial)
+        return None, jnp.any(flags, axis=1)
+
+    def solvable_start(self, q0, v0):
+        # A row with a non-finite start would stall the shared steps of every row: it is
+        # solved as a copy of a finite row.
+        finite = jnp.all(jnp.isfinite(q0), axis=1) & jnp.all(jnp.isfinite(v0), axis=1)
+        donor = jnp.argmax(finite)
+        return tuple(jnp.where(finite[:, None], x, x[donor]) for x in (q0, v0))
+
+    def failure_reference(self, system, formulation, t0, q0, v0):
+        return jax.vmap(failure_reference, in_axes=(None, None, None, 0, 0))(
+            system, formulation, t0, q0, v0)
+
+    def dynamics(self, formulation, solver):
+        if formulation.can_fail:  # each trajectory stops alone, read from the solver state
+            return (Dynamics(ensemble_vector_field, stage_vjp=ensemble_stage_vjp,
+                             saves_solver_state=True), StopFailedTrajectories(solver))
+        return Dynamics(ensemble_vector_field, stage_vjp=ensemble_stage_vjp), solver
+
+    def solution(self, system, formulation, start, ts, out, result, reverse):
+        t0, q0, v0 = start
+        reached = out.result == diffrax.RESULTS.successful
+
+        def trajectory(q0, v0, ys, t_failed):
+            failed = jnp.isfinite(t_failed)
+            ts_saved, ys = cut_at(ts, out.ts, ys, t_failed)
+            return assemble_solution(
+                system, formulation, (t0, q0, v0), ts, (ts_saved, ys),
+                (reached & ~failed, RESULTS.where(failed, formulation.failure_result, result),
+                 out.stats), reverse)
+
+        # Saved states are (time, trajectory, coordinate) in an ensemble: one trajectory each.
+        t_failed = (out.solver_state[1] if formulation.can_fail
+                    else jnp.full(q0.shape[:1], jnp.inf, t0.dtype))
+        return jax.vmap(trajectory, in_axes=(0, 0, 1, 0))(q0, v0, out.ys, t_failed)
+
+    def reported_result(self, result):
+        return first_failure(result)
