@@ -43,9 +43,9 @@ def reverse_diagnostics(state):
 
     JAX differentiates a function in reverse mode by linearizing it whole, so every output
     used or not: most losses read none of the diagnostics (a loss on `q_final`), and their
-    linearization, which XLA removes again, was a fifth of the gradient's trace on the
-    ladder of 128 four-bars (`experiments/bench_compile.py --model ladder:128 --only
-    gradient`). A loss on them pays instead for a second evaluation in the backward pass.
+    linearization, which XLA removes again, lengthens the gradient's trace
+    (docs/design_measurements.md#reverse-diagnostics). A loss on them pays instead for a
+    second evaluation in the backward pass.
     (Not for forward mode, which a custom VJP refuses: `simulate` keeps `state_diagnostics` for
     adjoints such as `diffrax.ForwardMode()`.)"""
     return state_diagnostics(*state)
@@ -150,8 +150,8 @@ def assemble_solution(system, formulation, start, ts, saved, outcome, reverse: b
                                                                   (t0, q0, v0), strict=False))
     if ts is None:
         # Two rows, one call each: the second reuses the first's trace, where `vmap` would
-        # batch the equations' scalar graph, equation by equation, at trace time (a third
-        # less trace time for the two-link diagnostics, `bench_compile.py --stages`).
+        # batch the equations' scalar graph, equation by equation, at trace time
+        # (docs/design_measurements.md#two-row-diagnostics).
         per_row = [diagnostics(system, formulation, *row) for row in ((t0, q0, v0), final)]
         *diagnostics, mass, forces, range_inputs = jax.tree.map(
             lambda *x: jnp.stack(x), *per_row)

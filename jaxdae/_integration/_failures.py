@@ -62,8 +62,9 @@ def name_non_finite_term(sol, system, formulation, t0):
     """`sol` (concrete) with each stalled solve (`dt_min_reached`) whose model is non-finite
     at or just after its end relabelled by the term (`NON_FINITE_RESULTS`, found by
     `non_finite_term`). Done here, after the solve and only for a stalled one, rather than
-    inside every compiled solve, where the probe (a second copy of the equations of motion)
-    doubled XLA's compile time of `simulate`; traced solves keep `dt_min_reached`."""
+    inside every compiled solve, where the probe would be a second copy of the equations of
+    motion to compile (docs/design_measurements.md#non-finite-probe); traced solves keep
+    `dt_min_reached`."""
     codes = np.array(sol.result._value)
     stalled = codes == RESULTS.dt_min_reached._value
     if not np.any(stalled) or formulation.derives_velocities:
@@ -128,8 +129,8 @@ def checked_result(initial_residual, residual, range_inputs, result: RESULTS) ->
     def gap(g, target):
         # G G⁺ s = A A⁺ s with A = G Gᵀ, whose eigenvalues are G's squared singular
         # values: `psd_pseudo_solve` drops those below `ε λ_max`, in closed form for up to
-        # two constraints (an SVD, a LAPACK call, cost a tenth of a two-link trajectory
-        # even in the branch not taken).
+        # two constraints (an SVD is a LAPACK call, paid even in the branch not taken:
+        # docs/design_measurements.md#range-test).
         gram = g @ g.T
         reachable = gram @ psd_pseudo_solve(gram, target, jnp.finfo(g.dtype).eps)
         return jnp.max(jnp.abs(target - reachable)), jnp.max(jnp.abs(target))

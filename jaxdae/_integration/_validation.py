@@ -51,8 +51,8 @@ def initial_state_problems(system, formulation, state, terms, num_nonholonomic: 
 
     With `rows`, the name of a `vmap` axis over trajectories, each flag says whether it holds
     in any row. A flag that is the same in every row (a constant) then stays one value: as a
-    column broadcast over the rows and reduced, XLA's GPU compiler constant-folded it row by
-    row, which took seconds for large batches."""
+    column broadcast over the rows and reduced, XLA's GPU compiler would constant-fold it row
+    by row (docs/design_measurements.md#constant-row-flags)."""
     (t0, q0, v0), (mass, forces) = state, terms
     asym = jnp.max(jnp.abs(mass - mass.T)) > 1e-8 * (1 + jnp.max(jnp.abs(mass)))
     if jnp.shape(q0) == jnp.shape(v0):  # one reduction: one operation fewer in the program
