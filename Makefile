@@ -58,14 +58,14 @@ test-lowest: $(LOWEST)/.installed
 
 ## Benchmarks against SciPy and CasADi (prints Markdown tables, writes JSON to output/; see docs/benchmarks.md).
 bench: $(STAMP)
-	$(PY) experiments/bench_core.py --out output
-	$(PY) experiments/bench_batch.py --out output
-	$(PY) experiments/bench_adjoint.py
-	$(PY) experiments/bench_compile.py
-	$(PY) experiments/bench_solves.py
-	$(PY) experiments/bench_unrolled.py
-	$(PY) experiments/bench_precision.py --out output
-	$(PY) experiments/bench_scaling.py --out output
+	$(PY) experiments/benchmarks/bench_core.py --out output
+	$(PY) experiments/benchmarks/bench_batch.py --out output
+	$(PY) experiments/benchmarks/bench_adjoint.py
+	$(PY) experiments/benchmarks/bench_compile.py
+	$(PY) experiments/benchmarks/bench_solves.py
+	$(PY) experiments/benchmarks/bench_unrolled.py
+	$(PY) experiments/benchmarks/bench_precision.py --out output
+	$(PY) experiments/benchmarks/bench_scaling.py --out output
 
 ## Build the documentation site into site/ (mkdocs --strict: a warning fails the build).
 docs: $(STAMP)

@@ -1,4 +1,9 @@
-"""Shared plumbing for the experiment scripts: command line, output folder, JSON, progress."""
+"""Shared plumbing for the experiment scripts: command line, output folder, JSON, progress.
+
+Each script puts `experiments/` on `sys.path` and imports this module, which puts the
+scripts' folders there too: a script imports another by its module name (`import
+bench_core`, `import flyball_governor`) whichever folder either lies in.
+"""
 
 import argparse
 import json
@@ -8,6 +13,10 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+FOLDERS = ("examples", "benchmarks", "studies", "diagnostics")
+_ROOT = Path(__file__).resolve().parent
+sys.path[1:1] = [str(_ROOT / f) for f in FOLDERS if str(_ROOT / f) not in sys.path]
 
 
 def parse_args(name: str, description: str, only: bool = False) -> argparse.Namespace:

@@ -1,6 +1,7 @@
 """Reproduce the papers' worked examples: figures, data and a summary in one folder.
 
-Runs each experiment below in turn, writes its figures and data to OUT/<name>/ and a
+Runs each experiment below in turn (the scripts in experiments/examples/ and, on request,
+experiments/studies/), writes its figures and data to OUT/<name>/ and a
 summary of all of them to OUT/SUMMARY.md (one section per experiment: its headline, its
 table and a link to each figure with a one-line caption). A failing experiment is
 reported and the others still run; the exit status is 1 if any failed. The benchmark

@@ -1,4 +1,4 @@
-"""The model families of `experiments/bench_scaling.py` (`jaxdae/examples/_scaling.py`) on
+"""The model families of `experiments/benchmarks/bench_scaling.py` (`jaxdae/examples/_scaling.py`) on
 small sizes: consistent initial states, the known small cases, the same mechanism in two
 coordinate sets, energy conservation, and the benchmark's peers (hand-written right-hand
 side, CasADi) against jaxdae's equations."""

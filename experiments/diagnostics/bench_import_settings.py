@@ -2,7 +2,7 @@
 two-link benchmark problem with each of them left alone.
 
 Mukharlyamov and Deressa's (2015) `ModifiedLagrange(10, [20, 10], [100, 25])` on `TwoLinkManipulator` over
-`t ∈ [0, 2]`, `rtol = 1e-8`, `atol = 1e-10` (as `experiments/bench_core.py`): the
+`t ∈ [0, 2]`, `rtol = 1e-8`, `atol = 1e-10` (as `experiments/benchmarks/bench_core.py`): the
 jitted forward solve (`q(2)`) and the gradient of `Σ q(2)² + |Φ(2)|²` with respect to the
 gains. Each configuration runs in its own process (both settings are read when a process
 imports jaxdae): as imported, with `JAXDAE_SET_XLA_FLAGS=0` (no XLA loop option) and with
@@ -13,7 +13,7 @@ result.
 
     PYTHONPATH=. .venv/bin/python experiments/diagnostics/bench_import_settings.py   # ≈ 2 min
 
-`--model governor`: the flyball governor of `experiments/flyball_governor.py` (4 rigid
+`--model governor`: the flyball governor of `experiments/examples/flyball_governor.py` (4 rigid
 bodies, 28 coordinates, `Baumgarte(20, 100)`) as imported and with XLA's library fusions
 left on (`JAXDAE_SET_XLA_FLAGS=0` with the small-loop option set by hand): CPU time per
 evaluation of the right-hand side in a loop of 2,000 (trip count unknown to XLA) and per
@@ -49,7 +49,8 @@ GOVERNOR_LOOP = 2000
 def measure_governor(calls: int) -> dict:
     """CPU times of the governor's right-hand side in a loop and of a Tsit5 step, in this
     process."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # experiments/: _common
+    import _common  # noqa: F401  (the examples' folder on sys.path: flyball_governor)
     import diffrax
     import flyball_governor
     import jax

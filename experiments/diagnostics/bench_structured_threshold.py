@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
+import _common  # noqa: E402, F401  (the benchmarks' folder on sys.path)
 import jax
 import jax.numpy as jnp
 from bench_scaling import KD, KP, jaxdae_functions

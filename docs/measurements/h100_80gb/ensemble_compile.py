@@ -1,7 +1,7 @@
 import sys
 import time
 
-sys.path.insert(0, "experiments")
+sys.path.insert(0, "experiments/benchmarks")
 import jax
 import jax.numpy as jnp
 

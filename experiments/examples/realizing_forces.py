@@ -13,8 +13,11 @@ Two starts per system: on the constraint (ψ₀ = 0; the distance to the constra
 shows whether the law reproduces it) and off it (ψ₀ = ±0.2; |ψ(t)| on a log scale).
 """
 
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import equinox as eqx
 import jax

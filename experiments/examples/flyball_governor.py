@@ -17,11 +17,15 @@ With `exudyn` installed, the same governor is solved by Exudyn's generalized-α 
 two fixed step sizes (their difference measures Exudyn's own discretization error) and the
 s(t) are plotted together.
 
-    python experiments/flyball_governor.py [--out output] [--quick]
+    python experiments/examples/flyball_governor.py [--out output] [--quick]
     # writes OUT/flyball_governor/flyball_governor.png and flyball_governor.json
 """
 
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import diffrax
 import jax

@@ -25,7 +25,7 @@ Every repetition times every tool at every size in turn (interleaved); figures a
 The agreement of `q(2)` at the largest batch is reported: float32 against float64, and on a
 GPU its float64 against the CPU's for the first 256 states.
 With `--unrolled` the jaxdae rows use `solver=jaxdae.UnrolledERK(diffrax.Tsit5())` instead of
-diffrax's `Tsit5` (the stages written out; see `experiments/bench_unrolled.py`).
+diffrax's `Tsit5` (the stages written out; see `experiments/benchmarks/bench_unrolled.py`).
 
 `--large` measures instead the batches of 65,536 and 10⁶ trajectories through
 `jaxdae.batch_map` in chunks (`--chunk`, default 4096 rows per device; `ensemble=True` for
@@ -33,8 +33,8 @@ the ensemble rows, each chunk one ensemble), on one device and sharded over one 
 per core: two calls per row (the first compiles), the second timed; the peak memory of the
 process is reported at the end (≈ 11 min on 2 cores).
 
-    python experiments/bench_batch.py [--quick] [--out output] [--max-batch N] [--unrolled]
-    python experiments/bench_batch.py --large [--chunk 4096] [--sizes 65536,1000000]
+    python experiments/benchmarks/bench_batch.py [--quick] [--out output] [--max-batch N] [--unrolled]
+    python experiments/benchmarks/bench_batch.py --large [--chunk 4096] [--sizes 65536,1000000]
 """
 
 import argparse
@@ -45,7 +45,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 # One XLA CPU device per core, for the "sharded" rows (plain vmap runs on one device/core).
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + f" --xla_force_host_platform_device_count={os.cpu_count() or 1}")

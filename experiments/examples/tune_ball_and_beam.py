@@ -13,14 +13,14 @@ settling time (last saved time outside `|r − r₀| ≤ 2 cm`), control effort 
 max `|r − r₀|`, and converged (solve succeeded, the ball stayed on the beam, settled, and
 `|r − r₀|, |θ| < 10⁻²` at the end, as in `ball_and_beam.py`).
 
-    python experiments/tune_ball_and_beam.py --out output [--quick]
+    python experiments/examples/tune_ball_and_beam.py --out output [--quick]
 """
 
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import jax  # noqa: E402
 

@@ -21,7 +21,7 @@ final actuator state w.r.t. the pole rate and `w0` (t ∈ [0, 0.5], saves at 4 t
 diffrax's `RecursiveCheckpointAdjoint` and with `jaxdae.ReverseSweepAdjoint` (the default):
 compile time (one cold compile each) and run time.
 
-    python experiments/bench_solves.py [--repeats 15]
+    python experiments/benchmarks/bench_solves.py [--repeats 15]
 """
 
 import argparse
@@ -35,7 +35,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
+
+import _common  # noqa: E402, F401  (the examples' folder on sys.path: ball_and_beam)
 
 import jaxdae  # noqa: E402
 from jaxdae.examples import AdaptiveOpticsElement, CartesianPendulum  # noqa: E402
@@ -82,7 +84,7 @@ def adaptive_optics():
 def cartesian_arm():
     from jaxdae.examples import CartesianArm, CartesianArmLagrangian
 
-    masses, forces = (1.0, 2.0), (0.0, -1.0, 0.5, -2.0)  # as experiments/cartesian_arm_…
+    masses, forces = (1.0, 2.0), (0.0, -1.0, 0.5, -2.0)  # as experiments/examples/cartesian_arm_…
     arm = CartesianArm(masses=masses, forces=forces)
     lagrangian = CartesianArmLagrangian(masses=masses, forces=forces)
     system = jaxdae.HamiltonianForm(lagrangian)
@@ -90,7 +92,7 @@ def cartesian_arm():
     q0, p0 = arm.initial_state()
     v0 = arm.velocities(0.0, q0, p0)
 
-    # The formulation crosses a jit boundary (as in experiments/cartesian_arm_hamiltonian.py).
+    # The formulation crosses a jit boundary (as in experiments/examples/cartesian_arm_hamiltonian.py).
     solve = eqx.filter_jit(lambda system, formulation, q, p: jaxdae.simulate(
         system, formulation, 0.0, 6.0, q, p).q_final)
 

@@ -11,12 +11,15 @@ taken from the imported model) and joints are built with Exudyn's `CreateRigidBo
 `CreateRevoluteJoint`, `CreatePrismaticJoint` and solved by its generalized-α integrator; the
 tool's trajectories are compared.
 
-    python experiments/urdf_arm.py [--out output] [--quick]
+    python experiments/examples/urdf_arm.py [--out output] [--quick]
     # writes OUT/urdf_arm/urdf_arm.png and urdf_arm.json
 """
 
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +28,7 @@ import numpy as np
 import jaxdae
 import jaxdae.multibody as mb
 
-URDF = Path(__file__).resolve().parent.parent / "tests" / "data" / "three_link_arm.urdf"
+URDF = Path(__file__).resolve().parents[2] / "tests" / "data" / "three_link_arm.urdf"
 RATES = {"yaw": (0.0, 2.0), "shoulder": (0.0, 1.0)}
 
 

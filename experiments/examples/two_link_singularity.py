@@ -5,7 +5,7 @@ Generalized Baumgarte (Case 1 gains) needs `(J M⁻¹ Jᵀ)⁻¹` and stops wher
 it. After `t ≈ 2.85 s` the target point is out of reach (|P| > l1 + l2) and no configuration
 satisfies the constraints: what each formulation does there is reported, not hidden.
 
-    python experiments/two_link_singularity.py --out output
+    python experiments/examples/two_link_singularity.py --out output
 """
 
 import csv
@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import jax  # noqa: E402
 

@@ -7,7 +7,7 @@ gains. Rows: one trajectory; `jax.vmap(jaxdae.simulate)` and `jaxdae.simulate_en
 call reported), then all are timed in turn (interleaved), and the table reports the minimum
 over repetitions: on shared virtual cores the minimum is the steadiest estimate of the cost.
 
-    python experiments/bench_unrolled.py [--batch 256] [--repeats 11]
+    python experiments/benchmarks/bench_unrolled.py [--batch 256] [--repeats 11]
 """
 
 import argparse

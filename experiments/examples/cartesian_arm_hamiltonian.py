@@ -9,8 +9,11 @@
    (c1 = −2r², c2 = −3r) |y| decays at the chosen rate r.
 """
 
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import equinox as eqx
 import jax

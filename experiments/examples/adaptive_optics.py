@@ -23,8 +23,11 @@ numbers; `jaxdae.examples.AdaptiveOpticsElement` documents the ones used here.
    single-rate family `(μ + γ)⁴` on a grid of the same budget.
 """
 
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import diffrax
 import equinox as eqx

@@ -37,7 +37,7 @@ step and of one vector–Jacobian product of the right-hand side (the reverse sw
 stage), at each size, and fits the growth exponent of the time per step against the number of
 coordinates (log-log least squares).
 
-    python experiments/bench_scaling.py [--quick] [--out output] [--sizes 2,4,8,...]
+    python experiments/benchmarks/bench_scaling.py [--quick] [--out output] [--sizes 2,4,8,...]
         [--families chain,pendulum,ladder,net] [--max-coordinates chain=512,pendulum=64]
         [--batch 256] [--budget 20] [--repeats 3] [--solver Tsit5|Dopri8] [--cpu-per-step]
 """
@@ -57,7 +57,7 @@ from pathlib import Path
 # would measure the contention, not the methods. Set OPENBLAS_NUM_THREADS to override.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import diffrax
 import equinox as eqx

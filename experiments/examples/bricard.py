@@ -15,11 +15,15 @@ trajectory of point P3 and the drift of the total energy, the two quantities the
 reports. With `exudyn` installed (`pip install exudyn`), the same mechanism is solved by
 Exudyn's index-2 generalized-alpha integrator and both P3 trajectories are plotted together.
 
-    python experiments/bricard.py [--out output] [--quick]
+    python experiments/examples/bricard.py [--out output] [--quick]
     # writes OUT/bricard/bricard.png and bricard.json
 """
 
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import jax
 import jax.numpy as jnp

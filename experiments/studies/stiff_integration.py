@@ -17,7 +17,7 @@ Four studies, each written to OUT/stiff_integration/ (summary.json, figures):
      consistent state, over [0, 2] s;
    - *spring chain*: 16 unit masses joined by spring–dampers (`k = 10⁸`, `c = 10⁴`), the
      first on a rigid rod (64 states), released from rest, over [0, 1] s;
-   - *flyball governor* (IFToMM A05, `experiments/flyball_governor.py`: 56 states, springs
+   - *flyball governor* (IFToMM A05, `experiments/examples/flyball_governor.py`: 56 states, springs
      `K = 8·10⁵`, `C = 4·10⁴`), over the benchmark's [0, 10] s.
    Solvers: `Tsit5`, `Dopri5`, `Dopri8`, the configured `Kvaerno5`,
    `jaxdae.GeneralizedAlpha()` and `jaxdae.Rodas5P()` over a range of tolerances (the two
@@ -37,7 +37,7 @@ Four studies, each written to OUT/stiff_integration/ (summary.json, figures):
    iteration stopped at `kappa` = 1e-2 and 1e-4 of the tolerance; an n × n LU factorization
    and nine solves by `jax.scipy.linalg` and by lineax, n = 4 … 128.
 
-    OPENBLAS_NUM_THREADS=1 python experiments/stiff_integration.py --out output [--quick]
+    OPENBLAS_NUM_THREADS=1 python experiments/studies/stiff_integration.py --out output [--quick]
         [--study configuration|work_precision|gradients|step_costs]... [--case TEXT]...
 """
 
@@ -48,7 +48,7 @@ from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # threads spin under load: LAPACK 10-100x
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import jax
 
@@ -184,7 +184,7 @@ def chain_case(num=16, k=1e8, c=1e4):
 
 
 def governor_case():
-    """The stiff flyball governor (IFToMM A05) of `experiments/flyball_governor.py`: 4
+    """The stiff flyball governor (IFToMM A05) of `experiments/examples/flyball_governor.py`: 4
     rigid bodies in absolute coordinates (28 coordinates, 56 states), spring–dampers
     `K = 8·10⁵`, `C = 4·10⁴` (time constant 0.1 ms), `Baumgarte(20, 100)`."""
     import flyball_governor

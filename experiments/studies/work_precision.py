@@ -27,12 +27,12 @@ Mechanisms, each against a reference computed without jaxdae's formulations or d
   [0, 2] s. Reference: the one-degree-of-freedom equation of the parallelogram branch,
   `(3 I_w + 2 m_r r²) θ̈ = −2 m_r g r cos θ`, by scipy's DOP853 at rtol 1e-13.
 - **Bricard's mechanism** (IFToMM A04, built with `jaxdae.multibody` by
-  `experiments/bricard.py`): spatial, one of its 30 constraints redundant everywhere, over
+  `experiments/examples/bricard.py`): spatial, one of its 30 constraints redundant everywhere, over
   [0, 1] s (quick: 0.5 s, without `Dopri8`, `Kvaerno5` and `GeneralizedAlpha`, whose
   compiles take minutes on its 35 coordinates). Reference: the null-space equations of the same model
   (`q̈ = G⁺γ + N (NᵀMN)⁻¹ Nᵀ (Q − M G⁺γ)`, `N` an orthonormal basis of the null space of
   `G` from an SVD: no multipliers, no stabilization) by scipy's DOP853 at rtol 1e-12.
-- **stiff spring pendulum**: the pendulum of `experiments/stiff_integration.py` (a mass on
+- **stiff spring pendulum**: the pendulum of `experiments/studies/stiff_integration.py` (a mass on
   a unit rod carrying a second mass on a spring of stiffness 1e6 N/m, damping 1e3 N s/m)
   over [0, 1] s. Reference: its minimal coordinates (the rod's angle, the second mass's
   position) by scipy's Radau at rtol 1e-12.
@@ -63,11 +63,11 @@ OUT/work_precision/runs/ (and the references in OUT/work_precision/references/):
 call with the same settings reads them instead of solving again, so the mechanisms can run
 in separate processes (`--only`) and one call with `--stored-only` joins them.
 
-    python experiments/work_precision.py --out output [--quick]
-    python experiments/work_precision.py --out output --only two-link,wheels   # in parallel:
-    python experiments/work_precision.py --out output --only spring,Bricard
-    python experiments/work_precision.py --out output --stored-only            # then join
-    python experiments/work_precision.py --out output --projection-cost [--only wheels]
+    python experiments/studies/work_precision.py --out output [--quick]
+    python experiments/studies/work_precision.py --out output --only two-link,wheels   # in parallel:
+    python experiments/studies/work_precision.py --out output --only spring,Bricard
+    python experiments/studies/work_precision.py --out output --stored-only            # then join
+    python experiments/studies/work_precision.py --out output --projection-cost [--only wheels]
 """
 
 import argparse
@@ -85,7 +85,7 @@ from pathlib import Path
 # thread 70 steps take 0.16 s of CPU. Set OPENBLAS_NUM_THREADS to override.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import jax
 

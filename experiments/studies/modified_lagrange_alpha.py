@@ -14,7 +14,7 @@ the script prints, as a Markdown table:
 - `float32`: `max |Φ|` of the same adaptive solve in float32 (rtol 1e-5, atol 1e-7), or the
   failure.
 
-    python experiments/modified_lagrange_alpha.py [--alphas 1 10 100 1000 1e4 1e6 1e8]
+    python experiments/studies/modified_lagrange_alpha.py [--alphas 1 10 100 1000 1e4 1e6 1e8]
 """
 
 import argparse

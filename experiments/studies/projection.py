@@ -17,15 +17,15 @@ through it for `PseudoInverse` and `ModifiedLagrange`), the exact Ball & Beam wi
 four-bar lever (Krasinskaya and Krasinskiy (2013); 0–2 s, open loop), and Shemelova's (2016) Cartesian arm in Hamiltonian
 form (0–5 s). Writes `projection.json`, `projection_drift.png`, `projection_cost.png`.
 
-    python experiments/projection.py --out output [--quick]
-    python experiments/projection.py --out output --only "Cartesian pendulum | ModifiedLagrange"
+    python experiments/studies/projection.py --out output [--quick]
+    python experiments/studies/projection.py --out output --only "Cartesian pendulum | ModifiedLagrange"
 """
 
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import jax
 

@@ -16,7 +16,7 @@ functions trace their products at full precision instead (`jaxdae/_compilation/_
 
 On the CPU the two rows agree (XLA's CPU backend has no TF32); run it on a GPU.
 
-    python experiments/bench_precision.py [--out output]
+    python experiments/benchmarks/bench_precision.py [--out output]
 """
 
 import statistics
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

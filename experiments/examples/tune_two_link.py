@@ -11,7 +11,7 @@ The training scenarios run as one ensemble (`tune(..., batching=jaxdae.Batching(
 result is compared on held-out initial states with the paper's Cases 1–3 and with a random
 search (log-uniform) given the same number of batch evaluations.
 
-    python experiments/tune_two_link.py --out output [--quick]
+    python experiments/examples/tune_two_link.py --out output [--quick]
 """
 
 import csv
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import jax  # noqa: E402
 

@@ -14,8 +14,8 @@ virtual machine, so alternate and compare medians):
 
     git worktree add /tmp/before <commit>
     for i in 1 2 3; do
-      PYTHONPATH=/tmp/before .venv/bin/python experiments/bench_compile.py
-      PYTHONPATH=$PWD .venv/bin/python experiments/bench_compile.py
+      PYTHONPATH=/tmp/before .venv/bin/python experiments/benchmarks/bench_compile.py
+      PYTHONPATH=$PWD .venv/bin/python experiments/benchmarks/bench_compile.py
     done
 
 `--stages` also splits the trace of `simulate` (the forward function) by stage: the
@@ -27,7 +27,7 @@ and the joined runtime checks (`_check_traced`), by wrapping those functions.
 `--model chain:64` (or `ladder:128`, `pendulum:32`, `net:32`) measures instead the forward solve and the
 gradient of `bench_scaling.py` on that family and size (`jaxdae/examples/_scaling.py`).
 
-    python experiments/bench_compile.py [--repeats 3] [--only forward] [--stages]
+    python experiments/benchmarks/bench_compile.py [--repeats 3] [--only forward] [--stages]
         [--model two-link | chain:N | ladder:N | pendulum:N | net:N]
 """
 
@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import bench_core  # noqa: E402
 import jax  # noqa: E402

@@ -18,7 +18,7 @@ gradient of `Σ q(t1)² + |Φ(t1)|²` w.r.t. the formulation's five gains, over 
 
 Every repetition times every row in turn; the table reports medians.
 
-    python experiments/bench_adjoint.py [--repeats 7]
+    python experiments/benchmarks/bench_adjoint.py [--repeats 7]
 """
 
 import argparse

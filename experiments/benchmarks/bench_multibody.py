@@ -29,7 +29,7 @@ The ratio built / hand is the layer's cost. Models:
 
 `Baumgarte(20, 100)`, Tsit5, `rtol = atol = 1e-8`, float64, CPU.
 
-    OPENBLAS_NUM_THREADS=1 python experiments/bench_multibody.py [--out output] [--quick]
+    OPENBLAS_NUM_THREADS=1 python experiments/benchmarks/bench_multibody.py [--out output] [--quick]
         [--reps 7] [--links 4,16,64] [--no-small]
     # prints the table, writes OUT/bench_multibody/bench_multibody.json
 """
@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402

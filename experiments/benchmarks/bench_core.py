@@ -29,7 +29,7 @@ autodiff-derived right-hand side is measured against.
 
 The SciPy and CasADi right-hand sides are written by hand in `jaxdae/examples/_two_link_reference.py`.
 
-    python experiments/bench_core.py [--quick] [--out output]
+    python experiments/benchmarks/bench_core.py [--quick] [--out output]
 """
 
 import os
@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import casadi as ca  # noqa: E402
 import diffrax  # noqa: E402

@@ -6,8 +6,13 @@ for 1 s with Baumgarte stabilization. The figure shows the slider's position aga
 crank angle and the largest constraint violation over time. The model, the simulation and the
 plot are the 15 lines between the markers below.
 
-    python experiments/slider_crank.py [--out output]   # writes OUT/slider_crank/slider_crank.png
+    python experiments/examples/slider_crank.py [--out output]   # writes OUT/slider_crank/slider_crank.png
 """
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import jax.numpy as jnp
 import matplotlib.pyplot as plt

@@ -13,14 +13,14 @@
 5. Region of attraction: a vmapped batch of simulations over a grid of initial states
    (ball position × wheel angle), each marked converged / not converged.
 
-    python experiments/ball_and_beam.py --out output [--quick]
+    python experiments/examples/ball_and_beam.py --out output [--quick]
 """
 
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import jax  # noqa: E402
 
