@@ -39,7 +39,7 @@ def attach_checks(value, checks: Sequence[TracedCheck]):
     """`value` (any PyTree) with the traced `checks` attached as one
     `eqx.branched_error_if`, which raises the message of the first flag that is true; `value`
     itself when there are none. One error for all: each is a `lax.cond` with host callbacks
-    in the compiled program (`experiments/bench_compile.py` counts them)."""
+    in the compiled program (`experiments/benchmarks/bench_compile.py` counts them)."""
     if not checks:
         return value
     flags = jnp.stack([jnp.asarray(flag) for flag, _ in checks])

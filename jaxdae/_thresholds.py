@@ -158,5 +158,5 @@ LINEARIZED_UNROLL = 2
 # The iterations stop once their residual is below `tol / PROJECTION_STOP`: rounding level (`10 ε`)
 # for the default `tol` (`1000 ε`), which decides whether the projection succeeded. `tol`
 # is relative to `1 + max|J| max|q|` (about 10 on the coupled wheels of
-# `experiments/work_precision.py`), so stopping at it could leave `|Φ|` above 1e-12.
+# `experiments/studies/work_precision.py`), so stopping at it could leave `|Φ|` above 1e-12.
 PROJECTION_STOP = 100.0

@@ -260,9 +260,9 @@ def test_linearize_jit_vmap_grad():
 
 
 def test_small_closed_forms_match_lapack():
-    """`singular_ratio`, `small_det` and `lu_solve` (closed forms for 1 × 1 and 2 × 2,
+    """`singular_ratio`, `small_det` and `lu_solver` (closed forms for 1 × 1 and 2 × 2,
     evaluated at every stage) against numpy's SVD, det and solve."""
-    from jaxdae._formulations._redundant import lu_solve, singular_ratio, small_det
+    from jaxdae._formulations._redundant import lu_solver, singular_ratio, small_det
 
     rng = np.random.default_rng(1)
     for m in (1, 2, 3):
@@ -275,7 +275,7 @@ def test_small_closed_forms_match_lapack():
         np.testing.assert_allclose(small_det(jnp.asarray(matrix)), np.linalg.det(matrix),
                                    rtol=1e-12)
         b = rng.normal(size=(m, 3))
-        np.testing.assert_allclose(lu_solve(jnp.asarray(matrix))(jnp.asarray(b)),
+        np.testing.assert_allclose(lu_solver(jnp.asarray(matrix))(jnp.asarray(b)),
                                    np.linalg.solve(matrix, b), rtol=1e-10)
     nearly = np.array([[1.0, 1.0], [1.0, 1.0 + 1e-9]])
     jacobian = np.concatenate([nearly, np.eye(2)], axis=1)

@@ -420,7 +420,7 @@ def pivoted_pseudo_solve(factor: PivotedPseudoFactor, rhs: Array) -> Array:
     `PositiveSemidefinitePseudoInverse` is a batched LAPACK call, and two such calls running
     at once on XLA:CPU's thread pool each wait for pool threads the other holds (jaxlib
     splits a batched LAPACK call over that pool): on 2 cores the vmapped diagnostics of
-    Bricard's `PseudoInverse` solve (1,001 saved states, `experiments/bricard.py`) would
+    Bricard's `PseudoInverse` solve (1,001 saved states, `experiments/examples/bricard.py`) would
     hang with both branches' factorizations in LAPACK.
     """
     vector = rhs.ndim == 1

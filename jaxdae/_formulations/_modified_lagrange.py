@@ -38,7 +38,7 @@ class ModifiedLagrange(AbstractBaumgarteFormulation):
     count, while the condition number of `M + Jᵀ𝔄J` grows like `α`; keep it well below
     `1/eps` of the dtype, float32 especially. Mukharlyamov and Deressa (2015) (Remark 4) leaves the choice open;
     the guide "Choosing a formulation and its gains" (docs/guides/choosing_a_formulation.md)
-    measures the trade-off (`experiments/modified_lagrange_alpha.py`).
+    measures the trade-off (`experiments/studies/modified_lagrange_alpha.py`).
 
     Wrapped in [`jaxdae.Projected`][], the solve integrates this equation with its
     multipliers refined by two augmented Lagrangian iterations (`for_projection`,

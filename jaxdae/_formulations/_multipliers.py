@@ -222,7 +222,7 @@ def _banded_multipliers(patterns, minv_values, g_values, forces, target):
     factor of `A` already computed. The products of `G M⁻¹ Gᵀ` (pairs of entries gathered
     and summed) are not differentiated: the reverse pass forms `G`'s cotangent on `G`'s
     pattern, from the outer products of `λ` and of `q̈` with the cotangents of `p` and of
-    `dλ`'s right-hand side. On the chain of 64 links (`experiments/bench_scaling.py
+    `dλ`'s right-hand side. On the chain of 64 links (`experiments/benchmarks/bench_scaling.py
     --families chain --sizes 64`, Tsit5, 2-core CPU) that made the gradient 3.4 instead of
     3.9 times the solve."""
     return _banded_parts(patterns, minv_values, g_values, forces, target)[:2]

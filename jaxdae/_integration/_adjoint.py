@@ -47,7 +47,7 @@ class ReverseSweepAdjoint(diffrax.AbstractAdjoint):
     The step sizes are constants of the gradient, as diffrax's step-size controllers make
     them, so the gradient equals that of diffrax's `RecursiveCheckpointAdjoint` to
     rounding; it is cheaper because diffrax's loop is not differentiated
-    (`experiments/bench_core.py`). Without reverse mode (a plain call, `jax.vmap`) the
+    (`experiments/benchmarks/bench_core.py`). Without reverse mode (a plain call, `jax.vmap`) the
     solve is diffrax's own loop, as with `RecursiveCheckpointAdjoint`.
 
     It is the default adjoint of `simulate`, [`jaxdae.simulate_ensemble`][] and
@@ -241,7 +241,7 @@ def jit_unless_staged(fn: Callable) -> Callable:
     (the swept solve, diffrax's checkpointed loop) traces its primal solve, which reverse
     mode then does not use: it traces the forward solve. Called inline, only the forward
     solve is traced, which shortens the gradient's trace by a fifth or so on the two-link
-    benchmark (`experiments/bench_compile.py --only gradient`). The price: a loss that calls `fn` several times traces each call's solves (the
+    benchmark (`experiments/benchmarks/bench_compile.py --only gradient`). The price: a loss that calls `fn` several times traces each call's solves (the
     jitted `fn`'s are cached); at three calls the two trace equally long. Eager calls,
     eager `jax.grad` and `jax.vmap` included, keep the jitted `fn`: they run its compiled
     program rather than one operation at a time."""

@@ -104,7 +104,7 @@ def configure_implicit(solver: diffrax.AbstractSolver, rtol, atol,
 
     The guide `docs/guides/stiff_integration.md` counts the steps of Kvaerno5 as diffrax
     builds it and configured, on the two-link arm and on a stiff spring pendulum
-    (`experiments/stiff_integration.py`).
+    (`experiments/studies/stiff_integration.py`).
 
     **Arguments:**
 

@@ -170,7 +170,7 @@ def _form_of_terms(system, t, q, s):
     sparsity patterns, in array form), else no scope: `Φ` and `[Φ̇; Ψ]`, evaluated from
     `constraints` alone, take the form of the terms. A scalar graph is many small kernels
     wherever the solve's loop does not run as one (a LAPACK call in it, as on Bricard's
-    mechanism of `experiments/work_precision.py`: 35 coordinates, whose projection ran
+    mechanism of `experiments/studies/work_precision.py`: 35 coordinates, whose projection ran
     about 1,560 kernels with them, 460 in array form)."""
     if isinstance(system, LagrangianSystem) and terms_structure(system, t, q, s) is not None:
         return array_form_scope()

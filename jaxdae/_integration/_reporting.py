@@ -147,7 +147,7 @@ def check_traced(sol, system, formulation, times, initial, checks: TracedChecks,
     state's checks run after the solve, on the mass matrix and forces that `assemble_solution`
     evaluated at the initial state: evaluated before it, on their own, they would be a
     second copy of the equations of motion in the compiled program, which XLA neither shares
-    nor prunes (`experiments/bench_compile.py` counts the program's instructions). A solve
+    nor prunes (`experiments/benchmarks/bench_compile.py` counts the program's instructions). A solve
     from a bad state thus runs before the input's error is raised."""
     # The checks carry no gradient: their inputs are detached, so they are not linearized.
     system, formulation, times, initial, checks = detached(

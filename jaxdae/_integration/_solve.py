@@ -95,7 +95,7 @@ def in_current_mesh(fn):
     (`ReverseSweepAdjoint`'s forward solve) then missed every trace cache that the
     structure checks had filled, and traced the equations of motion and the solve a second
     time. Setting the current mesh explicitly keeps those caches valid
-    (`experiments/bench_compile.py` shows the gradient's trace time)."""
+    (`experiments/benchmarks/bench_compile.py` shows the gradient's trace time)."""
 
     @functools.wraps(fn)
     def in_mesh(*args, **kwargs):

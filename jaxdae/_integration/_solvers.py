@@ -105,7 +105,7 @@ class UnrolledERK(AbstractSteppingWrapper):
     Without the stage loop XLA fuses more of a step, and batches gain most, on a GPU most of
     all, where every loop of a step is a chain of kernel launches. The price is compile time:
     the right-hand side is compiled once per stage ([benchmarks](../benchmarks.md),
-    `experiments/bench_unrolled.py`). Use it for batches, ensembles, tuning and any batch on
+    `experiments/benchmarks/bench_unrolled.py`). Use it for batches, ensembles, tuning and any batch on
     a GPU; keep the plain solver where compile time matters.
 
     ```python

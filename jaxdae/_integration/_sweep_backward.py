@@ -155,7 +155,7 @@ class _Sweep:
         self.direction = terms.contr(jnp.zeros_like(t0), jnp.ones_like(t0))
         # The stage's vector–Jacobian product re-traced as one scalar graph (constants
         # folded, the transposed structural operations gone), which XLA runs faster under
-        # `vmap` (the batch-loss gradient of `experiments/bench_batch.py`). Everything
+        # `vmap` (the batch-loss gradient of `experiments/benchmarks/bench_batch.py`). Everything
         # it reads is an argument: `scalarize` traces it on its own.
         self.scalar_stage_vjp = scalarize(self._rates_vjp)
 

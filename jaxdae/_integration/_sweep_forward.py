@@ -255,7 +255,7 @@ def _after_start(cond_fn, t_start, t, y, args, **kwargs):
     recognized by its time being the solve's `t0` itself, a flag is not evaluated: that
     evaluation is a copy of the condition in the program, which XLA keeps (about 300 HLO
     instructions of the ladder of 128 four-bars' gradient, the failure test,
-    `experiments/bench_compile.py`)."""
+    `experiments/benchmarks/bench_compile.py`)."""
     def evaluate():
         return cond_fn(jnp.maximum(t, t_start), y, args, **kwargs)
 

@@ -1,6 +1,6 @@
 """Bricard's mechanism (IFToMM multibody benchmark A04) built with `jaxdae.multibody`: five
 uniform bars joined in a closed loop by six revolute joints, one of whose 30 constraint
-equations is redundant (`experiments/bricard.py` simulates it against the benchmark)."""
+equations is redundant (`experiments/examples/bricard.py` simulates it against the benchmark)."""
 
 import jax.numpy as jnp
 import numpy as np

@@ -1,4 +1,4 @@
-"""Model families of growing size for the scaling benchmarks (`experiments/bench_scaling.py`)
+"""Model families of growing size for the scaling benchmarks (`experiments/benchmarks/bench_scaling.py`)
 and the tests of structured terms, written as users write them.
 
 Four planar families, each with unit masses, unit link lengths and gravity `g` along −y, in

@@ -45,7 +45,7 @@ def turned(cos, sin, vectors):
     `Kinematics` computes the planar markers' points and arms so, not as products with
     the matrix `R(θ)` (elementwise and summed, or a batched matrix product), which XLA
     compiled into slower right-hand sides: with the matrix products the built slider-crank
-    of `experiments/bench_multibody.py` solved as fast as the hand-written model written out
+    of `experiments/benchmarks/bench_multibody.py` solved as fast as the hand-written model written out
     (docs/benchmarks.md)."""
     normal = jnp.stack([-vectors[..., 1], vectors[..., 0]], axis=-1)
     return cos * vectors + sin * normal
