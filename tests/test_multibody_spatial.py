@@ -404,9 +404,8 @@ def test_governor_right_hand_side_runs_in_one_kernel():
     call (`xla_cpu_small_call`), and holds no library fusion (`_xla_flags.py`). With the
     scatters, the 4 × 4 blocks factorized by LAPACK and the library's matrix products, an
     evaluation took 3× the time."""
-    import flyball_governor
-
     from jaxdae._integration._vector_fields import jitted_rates
+    from jaxdae.examples import _flyball_governor as flyball_governor
 
     model = flyball_governor.governor()
     q0, v0 = flyball_governor.initial_state(model)

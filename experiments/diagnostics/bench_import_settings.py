@@ -52,11 +52,11 @@ def measure_governor(calls: int) -> dict:
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # experiments/: _common
     import _common  # noqa: F401  (the examples' folder on sys.path: flyball_governor)
     import diffrax
-    import flyball_governor
     import jax
 
     import jaxdae
     from jaxdae._integration._vector_fields import jitted_rates
+    from jaxdae.examples import _flyball_governor as flyball_governor
 
     model = flyball_governor.governor()
     q0, v0 = flyball_governor.initial_state(model)

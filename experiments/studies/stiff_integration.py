@@ -187,7 +187,7 @@ def governor_case():
     """The stiff flyball governor (IFToMM A05) of `experiments/examples/flyball_governor.py`: 4
     rigid bodies in absolute coordinates (28 coordinates, 56 states), spring–dampers
     `K = 8·10⁵`, `C = 4·10⁴` (time constant 0.1 ms), `Baumgarte(20, 100)`."""
-    import flyball_governor
+    from jaxdae.examples import _flyball_governor as flyball_governor
 
     model = flyball_governor.governor()
     q0, v0 = flyball_governor.initial_state(model)
