@@ -21,6 +21,7 @@ from ._system import (
     ConstrainedTerms,
     LagrangianSystem,
     cast_floating,
+    defined_below,
     holonomic_terms,
     nonholonomic_terms,
 )
@@ -68,8 +69,7 @@ class HamiltonianSystem(AbstractSystem):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        defined = set().union(*(vars(c) for c in cls.__mro__
-                                if issubclass(c, HamiltonianSystem) and c is not HamiltonianSystem))
+        defined = defined_below(cls, HamiltonianSystem)
         cls.provides_energy = "energy" in defined
         cls.provides_momenta = "momenta" in defined
         cls.terms_from_constraints = "terms" not in defined

@@ -228,8 +228,7 @@ class LagrangianSystem(AbstractSystem):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        defined = set().union(*(vars(c) for c in cls.__mro__
-                                if issubclass(c, LagrangianSystem) and c is not LagrangianSystem))
+        defined = defined_below(cls, LagrangianSystem)
         cls.provides_mass_matrix = "mass_matrix" in defined
         cls.provides_kinetic_energy = "kinetic_energy" in defined
         cls.provides_energy = "energy" in defined
@@ -386,6 +385,12 @@ class LagrangianSystem(AbstractSystem):
             sparse_jacobian=jacobian,
             mass_is_constant=structure.mass_is_constant,
         ), dtype)
+
+
+def defined_below(cls: type, base: type) -> set[str]:
+    """The names that the classes from `cls` up to `base` (excluded) define: what a
+    subclass of a system class provides, read once when the subclass is created."""
+    return set().union(*(vars(c) for c in cls.__mro__ if issubclass(c, base) and c is not base))
 
 
 def cast_floating(tree, dtype):
