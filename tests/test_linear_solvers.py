@@ -15,9 +15,17 @@ from jaxdae import _thresholds
 from jaxdae._compilation import _banded, _sparse
 from jaxdae._compilation._linear_solvers import (
     PositiveSemidefinitePseudoInverse,
-    SparseSymmetricOperator,
     StructuredCholesky,
     symmetric_solve,
+)
+from jaxdae._compilation._operators import (
+    FactoredOperator,
+    MassFactor,
+    SparseOperator,
+    factor_of,
+    is_state_independent,
+    sparse_matrix,
+    state_independent_tag,
 )
 from jaxdae._compilation._sparse import Pattern, SparseMatrix
 from jaxdae._formulations._multipliers import multiplier_solve
@@ -114,11 +122,11 @@ def _banded_matrix(size, band, seed):
 
 @pytest.mark.slow
 def test_banded_operator_matches_lineax_cholesky():
-    """A banded `SparseSymmetricOperator` is factorized by the banded block LDLᵀ factorization; values,
+    """A banded `SparseOperator` is factorized by the banded block LDLᵀ factorization; values,
     gradients w.r.t. its values and the right-hand side, and `vmap` equal `lineax.Cholesky`
     on the dense matrix."""
     sparse = _banded_matrix(40, 2, 0)
-    operator = SparseSymmetricOperator(sparse, PSD)
+    operator = SparseOperator(sparse, PSD)
     state = StructuredCholesky().init(operator, {})
     assert state.plan is not None
     b = jnp.asarray(np.random.default_rng(2).standard_normal(40))
@@ -127,7 +135,7 @@ def test_banded_operator_matches_lineax_cholesky():
                                rtol=1e-9)
 
     def banded(values, c):
-        op = SparseSymmetricOperator(SparseMatrix(values, sparse.pattern), PSD)
+        op = SparseOperator(SparseMatrix(values, sparse.pattern), PSD)
         return jnp.sum(jnp.sin(lx.linear_solve(op, c, StructuredCholesky()).value))
 
     def reference(values, c):
@@ -205,6 +213,47 @@ def test_pseudo_inverse_direct_gradient_of_full_rank_pair():
     grad_lx = jax.grad(lambda m: jnp.sum(_solve(lx.Cholesky(), m, b) ** 2))(a)
     sym = lambda g: 0.5 * (g + g.T)  # noqa: E731 - the closed form reads the mean off-diagonal
     np.testing.assert_allclose(sym(grad), sym(grad_lx), rtol=1e-10)
+
+
+def test_structure_carrying_operators_in_lineax():
+    """`SparseOperator` and `FactoredOperator` answer lineax's structural questions from
+    their tags and pattern, and products and solves with them match their dense matrices."""
+    rng = np.random.default_rng(3)
+    dense_g = rng.standard_normal((4, 6)) * (rng.random((4, 6)) < 0.5)
+    g = SparseOperator(SparseMatrix.from_dense(jnp.asarray(dense_g),
+                                               Pattern.from_mask(dense_g != 0)))
+    x = rng.standard_normal(6)
+    np.testing.assert_allclose(g.mv(jnp.asarray(x)), dense_g @ x, atol=1e-14)
+    np.testing.assert_allclose(g.T.as_matrix(), dense_g.T)
+    assert not lx.is_symmetric(g) and not is_state_independent(g)
+    with pytest.raises(ValueError, match="square matrix"):
+        SparseOperator(g.matrix, PSD)
+
+    blocks = [_spd(2, seed) for seed in range(3)]
+    dense_m = np.zeros((6, 6))
+    for k, block in enumerate(blocks):
+        dense_m[2 * k:2 * k + 2, 2 * k:2 * k + 2] = block
+    mass = SparseOperator(SparseMatrix.from_dense(jnp.asarray(dense_m),
+                                                  Pattern.from_mask(dense_m != 0)),
+                          (PSD, state_independent_tag))
+    assert lx.is_symmetric(mass) and lx.is_positive_semidefinite(mass) and mass.T is mass
+    assert is_state_independent(mass) and not lx.is_diagonal(mass)
+    assert not is_state_independent(_operator(dense_m))
+    expected = np.linalg.solve(dense_m, x)
+    for solver in (lx.Cholesky(), StructuredCholesky()):
+        np.testing.assert_allclose(lx.linear_solve(mass, jnp.asarray(x), solver).value,
+                                   expected, rtol=1e-12)
+
+    factored = FactoredOperator(mass, MassFactor.factor(jnp.asarray(dense_m), mass.matrix))
+    assert factored.factor.inverse is not None  # 2 × 2 blocks: inverted block by block
+    assert factor_of(factored) is factored.factor and factor_of(mass) is None
+    assert sparse_matrix(factored) is mass.matrix and sparse_matrix(_operator(dense_m)) is None
+    assert is_state_independent(factored) and lx.is_positive_semidefinite(factored)
+    np.testing.assert_allclose(factored.factor.solve(jnp.asarray(x)[:, None])[:, 0], expected,
+                               rtol=1e-12)
+    np.testing.assert_allclose(factored.mv(jnp.asarray(x)), dense_m @ x, atol=1e-13)
+    np.testing.assert_allclose(lx.linear_solve(factored, jnp.asarray(x), lx.Cholesky()).value,
+                               expected, rtol=1e-12)
 
 
 def test_solvers_refuse_operators_that_are_not_symmetric():
@@ -294,10 +343,10 @@ def test_structured_formulations_agree_with_dense(banded, monkeypatch):
     formulations = [*_FORMULATIONS,
                     jaxdae.RedundantCoordinates(dependent=tuple(range(1, q.size, 2)))]
     terms = structured.terms(0.1, q, v)
-    assert terms.sparse_mass is not None and dense.terms(0.1, q, v).sparse_mass is None
+    assert terms.mass_operator is not None and dense.terms(0.1, q, v).mass_operator is None
     if banded:
         assert _banded.banded_plan(_sparse.sparse_matmul(
-            terms.sparse_jacobian, terms.sparse_jacobian.T).pattern) is not None
+            terms.jacobian_operator.matrix, terms.jacobian_operator.matrix.T).pattern) is not None
     values_s, grads_s = _values_and_gradients(structured, formulations, q, v)
     values_d, grads_d = _values_and_gradients(dense, formulations, q, v)
     _banded.banded_plan.cache_clear()
@@ -316,7 +365,7 @@ def test_structured_formulations_agree_with_dense(banded, monkeypatch):
 @pytest.mark.parametrize("redundant", [False, True])
 def test_banded_pseudo_inverse_matches_lineax_svd(redundant):
     """`G Gᵀ` of a banded `G` (40 rows; with `redundant`, one row repeated, so rank 39) as a
-    `SparseSymmetricOperator`: solved through the banded factorization where it has full
+    `SparseOperator`: solved through the banded factorization where it has full
     rank and by the eigendecomposition where it does not; values and gradients w.r.t. the
     right-hand side equal `lineax.SVD`'s."""
     size = 40
@@ -327,7 +376,7 @@ def test_banded_pseudo_inverse_matches_lineax_svd(redundant):
     matrix = g @ g.T
     mask = np.abs(np.arange(size)[:, None] - np.arange(size)[None]) <= 2
     sparse = SparseMatrix.from_dense(jnp.asarray(matrix), Pattern.from_mask(mask))
-    operator = SparseSymmetricOperator(sparse, PSD)
+    operator = SparseOperator(sparse, PSD)
     solver = PositiveSemidefinitePseudoInverse(1e-8)
     assert solver.init(operator, {}).factor.plan is not None
     assert bool(solver.init(operator, {}).full_rank) is not redundant

@@ -14,6 +14,7 @@ import jaxdae
 from jaxdae import _thresholds
 from jaxdae._compilation import _banded, _gather
 from jaxdae._compilation._banded import banded_plan, banded_solve
+from jaxdae._compilation._operators import SparseOperator
 from jaxdae._compilation._scalarize import array_form_scope, scalarize
 from jaxdae._compilation._sparse import (
     Pattern,
@@ -210,7 +211,7 @@ def test_given_block_mass():
     structure = terms_structure(model, 0.0, q, v)
     assert structure.mass_is_constant and structure.mass.nnz == 16
     terms = model.terms(0.0, q, v)
-    inverse = block_inverse(terms.sparse_mass)
+    inverse = block_inverse(terms.mass_operator.matrix)
     np.testing.assert_allclose(inverse.dense() @ terms.mass_matrix, np.eye(8), atol=1e-14)
 
 
@@ -357,7 +358,7 @@ def _everything(model, q, v, formulations):
     terms = model.terms(0.1, q, v)
     fields = [getattr(terms, f) for f in ("mass_matrix", "forces", "phi", "dphi", "jacobian",
                                          "bias")]
-    return fields, [f.accelerations(terms) for f in formulations], terms.sparse_mass is None
+    return fields, [f.accelerations(terms) for f in formulations], terms.mass_operator is None
 
 
 @pytest.mark.slow
@@ -636,7 +637,8 @@ def test_banded_multiplier_solve_derivatives():
     def structured(m_values, g_values, forces, target):
         mass, g = SparseMatrix(m_values, m_pattern), SparseMatrix(g_values, g_pattern)
         terms = ConstrainedTerms(mass.dense(), forces, target, target, empty, g.dense(), target,
-                                 sparse_mass=mass, sparse_jacobian=g)
+                                 mass_operator=SparseOperator(mass, lx.positive_semidefinite_tag),
+                                 jacobian_operator=SparseOperator(g))
         return multiplier_solve(terms, target, StructuredCholesky())
 
     def dense(m_values, g_values, forces, target):
@@ -677,7 +679,7 @@ def test_banded_path_agrees(monkeypatch):
     monkeypatch.setattr(_thresholds, "BANDED_MIN", 4)
     _banded.banded_plan.cache_clear()
     structured, dense = StructuredChain(9), DenseChain(9)
-    assert banded_plan(structured.terms(0.0, *_state(structured)).sparse_mass.pattern)
+    assert banded_plan(structured.terms(0.0, *_state(structured)).mass_operator.matrix.pattern)
     q, v = _state(structured)
     formulations = [FORMULATIONS["Baumgarte"], FORMULATIONS["ModifiedLagrange"]]
     _, results_s, dense_s = _everything(structured, q, v, formulations)
@@ -702,7 +704,7 @@ def test_gradients_through_wide_bands():
     q, _ = structured.initial_state()
     v = 0.3 * jnp.cos(jnp.arange(q.size, dtype=float))
     terms = structured.terms(0.0, q, v)
-    g = terms.sparse_jacobian
+    g = terms.jacobian_operator.matrix
     assert banded_plan(sparse_matmul(g, g.T).pattern).width > _thresholds.UNROLL_MAX
     formulations = [FORMULATIONS["Baumgarte"]]
     grad_s = _acceleration_gradient(structured, formulations, q, v)
@@ -929,8 +931,8 @@ def test_right_hand_side_runs_in_one_kernel(model):
     formulation = jaxdae.Baumgarte(20.0, 100.0)
     q, v = model.initial_state()
     terms = model.terms(0.0, q, v)
-    banded = _banded.banded_plan(sparse_matmul(terms.sparse_jacobian,
-                                               terms.sparse_jacobian.T).pattern) is not None
+    banded = _banded.banded_plan(sparse_matmul(terms.jacobian_operator.matrix,
+                                               terms.jacobian_operator.matrix.T).pattern) is not None
     assert banded == (not isinstance(model, _ChainWithLevelCentre))
     reference = failure_reference(model, formulation, 0.0, q, v)
 

@@ -21,8 +21,9 @@ virtual machine, so alternate and compare medians):
 `--stages` also splits the trace of `simulate` (the forward function) by stage: the
 equations of motion (`LagrangianSystem.terms`, first trace), their scalar graphs
 (`scalarize`), diffrax's solve (which includes the right-hand side's first trace),
-the diagnostics at the saved states (`_solution`), the formulation's checks (`validate`)
-and the joined runtime checks (`_check_traced`), by wrapping those functions.
+the diagnostics at the saved states (`assemble_solution`), the structure and gain checks
+(`check_structure`) and the joined runtime checks (`check_traced`), by wrapping those
+functions where the solve looks them up.
 
 `--model chain:64` (or `ladder:128`, `pendulum:32`, `net:32`) measures instead the forward solve and the
 gradient of `bench_scaling.py` on that family and size (`jaxdae/examples/_scaling.py`).
@@ -86,10 +87,11 @@ def measure(fn, args, repeats: int) -> dict:
 def trace_stages(fn, args, repeats: int) -> dict:
     """Wall time per stage of `repeats` cold traces of `fn` (medians), by wrapping the
     functions named in the module docstring; nested stages count in their parents too."""
-    import diffrax
 
     import jaxdae._compilation._scalarize as scalarize_module
-    import jaxdae._integration._solve as simulate_module
+    import jaxdae._integration._solve as solve_module
+    import jaxdae._integration._system_solve as system_solve_module
+    import jaxdae._integration._trajectories as trajectories_module
     from jaxdae import LagrangianSystem
 
     spent: dict = {}
@@ -111,24 +113,16 @@ def trace_stages(fn, args, repeats: int) -> dict:
     patches = [
         (LagrangianSystem, "terms", "equations of motion (LagrangianSystem.terms)"),
         (scalarize_module, "_eval", "scalar graphs (scalarize)"),
-        (simulate_module, "_solution", "diagnostics at the saved states (_solution)"),
-        (simulate_module, "_check_structure", "structure and gain checks (validate)"),
-        (simulate_module, "_check_traced", "joined runtime checks (_check_traced)"),
-        (simulate_module, "_diffeqsolve", "diffrax.diffeqsolve (with the right-hand side)"),
+        (trajectories_module, "assemble_solution",
+         "diagnostics at the saved states (assemble_solution)"),
+        (system_solve_module, "check_structure", "structure and gain checks (check_structure)"),
+        (system_solve_module, "check_traced", "joined runtime checks (check_traced)"),
+        (solve_module, "_diffeqsolve", "diffrax.diffeqsolve (with the right-hand side)"),
     ]
-    # (a stage a checkout does not have, e.g. an older commit's, is left out)
-    patches = [patch for patch in patches if hasattr(patch[0], patch[1])]
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
-    solve = simulate_module.diffrax
     try:
-        for (owner, name, label), (_, _, original) in zip(patches, originals, strict=False):
+        for (owner, name, label), (_, _, original) in zip(patches, originals, strict=True):
             setattr(owner, name, timed(label, original))
-        # (A checkout without `_diffeqsolve` calls `diffrax.diffeqsolve` through its
-        # module's name `diffrax`.)
-        simulate_module.diffrax = type("diffrax", (), {
-            **{k: getattr(diffrax, k) for k in dir(diffrax) if not k.startswith("__")},
-            "diffeqsolve": staticmethod(timed("diffrax.diffeqsolve (with the right-hand "
-                                              "side)", diffrax.diffeqsolve))})
         runs = []
         for _ in range(repeats):
             jax.clear_caches()
@@ -137,7 +131,6 @@ def trace_stages(fn, args, repeats: int) -> dict:
             jax.jit(fn).trace(*args)
             runs.append({"whole trace": time.perf_counter() - start, **spent})
     finally:
-        simulate_module.diffrax = solve
         for owner, name, original in originals:
             setattr(owner, name, original)
     return {label: float(np.median([run.get(label, 0.0) for run in runs]))

@@ -49,6 +49,7 @@ from _common import output_dir, write_json  # noqa: E402
 
 import jaxdae  # noqa: E402
 import jaxdae.multibody as mb  # noqa: E402
+from jaxdae._compilation._operators import is_state_independent, sparse_matrix  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
@@ -245,7 +246,7 @@ def structure_check(n):
     out = {"links": n, "coordinates": 3 * n, "equations": 2 * n}
     for which, model in (("built", built_chain(n)), ("hand", hand_chain(n))):
         terms = model.terms(0.0, q0, v0)
-        mass, jac = terms.sparse_mass, terms.sparse_jacobian
+        mass, jac = sparse_matrix(terms.mass_operator), sparse_matrix(terms.jacobian_operator)
         entry = {"sparse_mass": mass is not None, "sparse_jacobian": jac is not None}
         if mass is not None and jac is not None:
             mask = np.zeros(jac.pattern.shape, bool)
@@ -254,7 +255,7 @@ def structure_check(n):
             entry.update(mass_nonzeros=int(mass.pattern.rows.shape[0]),
                          jacobian_nonzeros=int(jac.pattern.rows.shape[0]),
                          jacobian_density=float(jac.pattern.density),
-                         mass_is_constant=bool(terms.mass_is_constant),
+                         mass_is_constant=is_state_independent(terms.mass_operator),
                          half_bandwidth=int(np.abs(rows - cols).max()))
         out[which] = entry
     return out

@@ -3,7 +3,7 @@
 The formulations solve with symmetric positive (semi)definite matrices: `G M⁻¹ Gᵀ` for the
 multipliers (Mukharlyamov and Deressa (2015), eq. [21]; its pseudo-inverse for redundant constraints, eq. [6])
 and `M + Gᵀ𝔄G` for the modified Lagrange equation (eq. [30]). They pass the matrix as a
-lineax operator — [`SparseSymmetricOperator`][] where the terms carry a sparsity pattern,
+lineax operator — [`SparseOperator`][] where the terms carry a sparsity pattern,
 `lineax.MatrixLinearOperator` otherwise — to [`symmetric_solve`][] with one of the solvers
 here or any lineax solver a user passes (which goes through `lineax.linear_solve`).
 
@@ -36,103 +36,8 @@ from ._linalg import (
     psd_pseudo_inverse,
     small_matmul,
 )
+from ._operators import SparseOperator, sparse_matrix
 from ._sparse import SparseMatrix, cholesky_factor, cholesky_solve
-
-
-class SparseSymmetricOperator(lx.AbstractLinearOperator):
-    """A symmetric [`SparseMatrix`][] as a lineax operator: products on its pattern, and
-    the pattern available to the solvers ([`StructuredCholesky`][] factorizes a banded one
-    by a banded factorization).
-
-    **Arguments:**
-
-    - `matrix`: a square `SparseMatrix` whose values are symmetric on a symmetric pattern.
-    - `tags`: lineax tags besides `lineax.symmetric_tag` (always present), e.g.
-        `lineax.positive_semidefinite_tag`. Unchecked, as lineax's own.
-    """
-
-    matrix: SparseMatrix
-    tags: frozenset = eqx.field(static=True)
-
-    def __init__(self, matrix: SparseMatrix, tags: object | frozenset = ()):
-        rows, cols = matrix.shape
-        if rows != cols:
-            raise ValueError(f"`SparseSymmetricOperator` needs a square matrix; got {matrix.shape}.")
-        self.matrix = matrix
-        tags = frozenset(tags) if isinstance(tags, (frozenset, set, tuple, list)) else (
-            frozenset([tags]))
-        self.tags = tags | {lx.symmetric_tag}
-
-    def mv(self, vector):
-        return self.matrix.matvec(vector)
-
-    def as_matrix(self):
-        return self.matrix.dense()
-
-    def transpose(self):
-        return self
-
-    def in_structure(self):
-        return jax.ShapeDtypeStruct((self.matrix.shape[1],), self.matrix.values.dtype)
-
-    def out_structure(self):
-        return jax.ShapeDtypeStruct((self.matrix.shape[0],), self.matrix.values.dtype)
-
-
-# lineax asks every operator these questions through `functools.singledispatch`.
-@lx.linearise.register(SparseSymmetricOperator)
-@lx.materialise.register(SparseSymmetricOperator)
-def _(operator):
-    return operator
-
-
-@lx.diagonal.register(SparseSymmetricOperator)
-def _(operator):
-    return jnp.diagonal(operator.as_matrix())
-
-
-@lx.tridiagonal.register(SparseSymmetricOperator)
-def _(operator):
-    matrix = operator.as_matrix()
-    return jnp.diagonal(matrix, -1), jnp.diagonal(matrix), jnp.diagonal(matrix, 1)
-
-
-@lx.is_symmetric.register(SparseSymmetricOperator)
-def _(operator):
-    return True
-
-
-def _has_tag(tag):
-    return lambda operator: tag in operator.tags
-
-
-lx.is_positive_semidefinite.register(SparseSymmetricOperator)(
-    _has_tag(lx.positive_semidefinite_tag))
-lx.is_negative_semidefinite.register(SparseSymmetricOperator)(
-    _has_tag(lx.negative_semidefinite_tag))
-lx.has_unit_diagonal.register(SparseSymmetricOperator)(_has_tag(lx.unit_diagonal_tag))
-
-
-@lx.is_diagonal.register(SparseSymmetricOperator)
-def _(operator):
-    return operator.matrix.pattern.is_diagonal
-
-
-@lx.is_tridiagonal.register(SparseSymmetricOperator)
-def _(operator):
-    pattern = operator.matrix.pattern
-    return bool(abs(pattern.rows - pattern.cols).max(initial=0) <= 1)
-
-
-@lx.is_lower_triangular.register(SparseSymmetricOperator)
-@lx.is_upper_triangular.register(SparseSymmetricOperator)
-def _(operator):
-    return operator.matrix.pattern.is_diagonal
-
-
-@lx.conj.register(SparseSymmetricOperator)
-def _(operator):
-    return operator  # real values
 
 
 def symmetric_operator(matrix: Float[Array, "c c"],
@@ -140,7 +45,7 @@ def symmetric_operator(matrix: Float[Array, "c c"],
     """A symmetric positive semidefinite matrix as a lineax operator: on its pattern where
     `sparse` (the same matrix as a `SparseMatrix`) is given, else dense."""
     if sparse is not None:
-        return SparseSymmetricOperator(sparse, lx.positive_semidefinite_tag)
+        return SparseOperator(sparse, (lx.symmetric_tag, lx.positive_semidefinite_tag))
     return lx.MatrixLinearOperator(matrix, lx.positive_semidefinite_tag)
 
 
@@ -200,13 +105,13 @@ class StructuredCholesky(AbstractDirectSolver):
     """Cholesky solver for symmetric positive definite operators, following their size and
     structure.
 
-    - Up to `UNROLL_MAX` rows (`ARRAY_FORM_UNROLL_MAX` for a [`SparseSymmetricOperator`][]):
+    - Up to `UNROLL_MAX` rows (`ARRAY_FORM_UNROLL_MAX` for a [`SparseOperator`][]):
       a Cholesky factorization unrolled into elementwise JAX operations; up to `LOOPED_MAX`
       rows, loops of vector operations. LAPACK's factorization and triangular solves are
       custom calls that XLA cannot fuse (on the CPU a kernel each with its own dispatch,
       keeping a whole solve's loop from running as one kernel, and under `vmap` a loop over
       the batch of tiny matrices).
-    - A [`SparseSymmetricOperator`][] whose pattern (in its own order or after reverse
+    - A [`SparseOperator`][] whose pattern (in its own order or after reverse
       Cuthill–McKee) is banded: a banded factorization (`banded_factor`), `O(size · b²)` work
       for a half-bandwidth `b` (`banded_plan` decides where it applies).
     - Otherwise LAPACK's Cholesky factorization beyond `LOOPED_MAX` rows.
@@ -227,21 +132,19 @@ class StructuredCholesky(AbstractDirectSolver):
             raise ValueError(
                 "`StructuredCholesky` solves with symmetric positive definite operators: tag "
                 "the operator with `lineax.positive_semidefinite_tag`.")
-        plan = None
-        if isinstance(operator, SparseSymmetricOperator):
-            plan = banded_plan(operator.matrix.pattern)
+        sparse = sparse_matrix(operator)
+        plan = None if sparse is None else banded_plan(sparse.pattern)
         if plan is not None:
             # The pivots are a diagnostic (the failure checks read them); `compute` solves
             # with `banded_solve`, whose derivative reuses its own factorization. Where only
             # the solve is used, XLA drops this factorization as dead code.
-            pivots = jax.lax.stop_gradient(banded_factor(operator.matrix, plan).pivots)
-            return CholeskyFactor(operator.matrix, pivots, plan)
+            pivots = jax.lax.stop_gradient(banded_factor(sparse, plan).pivots)
+            return CholeskyFactor(sparse, pivots, plan)
         # Structured terms keep their array form (`_systems/_structure.py`): there an
         # unrolled factorization is thousands of scalar operations, whose gradient compiles
         # slowly (docs/design_measurements.md#array-form-unroll).
-        unroll_max = (_thresholds.ARRAY_FORM_UNROLL_MAX
-                      if isinstance(operator, SparseSymmetricOperator)
-                      else _thresholds.UNROLL_MAX)
+        unroll_max = (_thresholds.UNROLL_MAX if sparse is None
+                      else _thresholds.ARRAY_FORM_UNROLL_MAX)
         matrix = operator.as_matrix()
         factor = cholesky_factor(matrix, unroll_max) if matrix.shape[0] else matrix
         return CholeskyFactor(factor, jnp.diagonal(factor) ** 2, None, unroll_max)

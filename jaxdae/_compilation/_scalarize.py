@@ -498,17 +498,13 @@ def _fallback(graph: _Graph, eqn, args: list[_Value]) -> list[_Value]:
 
 
 def _eval(graph: _Graph, jaxpr, consts: list, args: list[_Value]) -> list[_Value]:
-    env: dict = {}
+    env: dict = {**dict(zip(jaxpr.constvars, consts, strict=True)),
+                 **dict(zip(jaxpr.invars, args, strict=True))}
 
     def read(var):
         if isinstance(var, jex.Literal):
             return _from_array(np.asarray(var.val), var.aval.dtype)
         return env[var]
-
-    for var, value in zip(jaxpr.constvars, consts, strict=False):
-        env[var] = value
-    for var, value in zip(jaxpr.invars, args, strict=False):
-        env[var] = value
     for eqn in jaxpr.eqns:
         name, params = eqn.primitive.name, eqn.params
         operands = [read(v) for v in eqn.invars]

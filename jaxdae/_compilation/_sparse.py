@@ -328,34 +328,3 @@ def cholesky_solve(low: Float[Array, "b b"], rhs: Float[Array, "b m"],
         substitution = looped_substitution if tangent else looped_triangular_solve
         return substitution(low, substitution(low, rhs, False), True)
     return unrolled_substitution(low, unrolled_substitution(low, rhs, False), True)
-
-
-class MassFactor(eqx.Module):
-    """`M⁻¹` of a mass matrix that does not depend on the state, factored once per solve
-    (`jaxdae.simulate` does so where the model's structure says that `M` is constant) and
-    applied in every evaluation of the right-hand side.
-
-    **Fields:**
-
-    - `inverse`: `M⁻¹` on `M`'s diagonal blocks ([`block_inverse`][]), or `None`.
-    - `cholesky`: else the lower Cholesky factor of `M`, dense `(n, n)`.
-    """
-
-    inverse: "SparseMatrix | None"
-    cholesky: Array | None
-
-    @classmethod
-    def factor(cls, mass: Float[Array, "n n"], sparse: "SparseMatrix | None" = None
-               ) -> "MassFactor":
-        """The factor of `mass` (its values on their pattern as `sparse`, where known): block
-        by block where its blocks are small, else one dense Cholesky factorization."""
-        inverse = None if sparse is None else block_inverse(sparse)
-        if inverse is not None:
-            return cls(inverse, None)
-        return cls(None, cholesky_factor(0.5 * (mass + mass.T)))
-
-    def solve(self, rhs: Float[Array, "n k"]) -> Float[Array, "n k"]:
-        """`M⁻¹ rhs` (dense)."""
-        if self.inverse is not None:
-            return jax.vmap(self.inverse.matvec, in_axes=1, out_axes=1)(rhs)
-        return cholesky_solve(self.cholesky, rhs)

@@ -96,17 +96,13 @@ def _const(value) -> _Abstract:
 
 
 def _run(jaxpr, consts, inputs):
-    env = {}
+    env = {**dict(zip(jaxpr.constvars, consts, strict=True)),
+           **dict(zip(jaxpr.invars, inputs, strict=True))}
 
     def read(var):
         if isinstance(var, jex.Literal):
             return _known(var.val)
         return env[var]
-
-    for var, val in zip(jaxpr.constvars, consts, strict=False):
-        env[var] = val
-    for var, val in zip(jaxpr.invars, inputs, strict=False):
-        env[var] = val
     for eqn in jaxpr.eqns:
         ins = [read(v) for v in eqn.invars]
         outs = _equation(eqn, ins)

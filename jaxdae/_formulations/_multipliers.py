@@ -17,6 +17,7 @@ from .._compilation._linear_solvers import (
     symmetric_operator,
     symmetric_solve,
 )
+from .._compilation._operators import factor_of, sparse_matrix
 from .._compilation._sparse import (
     Pattern,
     SparseMatrix,
@@ -72,12 +73,12 @@ class Elimination(NamedTuple):
 def eliminate(terms: ConstrainedTerms) -> Elimination:
     """`M⁻¹ Q`, `M⁻¹ Gᵀ`, `G M⁻¹ Gᵀ` and `G M⁻¹ Q`, following the structure the terms carry.
 
-    Where the terms carry sparse `M` and `G` (`ConstrainedTerms.sparse_mass`) and `M` is made
-    of small diagonal blocks, `M⁻¹` is inverted block by block and the products are sparse
-    (their cost grows with the non-zeros of `G`, not with `c · n · c`); otherwise `M` is
-    factorized once by Cholesky and the products are dense. Where the terms carry the factor
-    of a constant `M` (`ConstrainedTerms.mass_factor`, factored once per solve), it is used
-    instead of factorizing `M` here.
+    Where the terms carry `M` and `G` as sparse operators (`ConstrainedTerms.mass_operator`)
+    and `M` is made of small diagonal blocks, `M⁻¹` is inverted block by block and the
+    products are sparse (their cost grows with the non-zeros of `G`, not with `c · n · c`);
+    otherwise `M` is factorized once by Cholesky and the products are dense. Where `M`'s
+    operator carries its factor (a `FactoredOperator`: a state-independent `M`, factored once
+    per solve), it is used instead of factorizing `M` here.
     """
     sparse_factors = _sparse_factors(terms)
     if sparse_factors is not None:
@@ -96,13 +97,21 @@ def eliminate(terms: ConstrainedTerms) -> Elimination:
 def _sparse_factors(terms: ConstrainedTerms) -> tuple[SparseMatrix, SparseMatrix] | None:
     """`(M⁻¹, G)` as sparse matrices where the terms carry sparse `M` and `G` (`G` sparse
     enough) and `M⁻¹` is inverted block by block (or the terms carry it); else `None`."""
-    if terms.sparse_mass is None or terms.sparse_jacobian is None or (
-        terms.sparse_jacobian.pattern.density > _thresholds.SPARSE_MAX_DENSITY
-    ):
+    mass, jacobian = _sparse_terms(terms)
+    if mass is None or jacobian is None:
         return None
-    factor = terms.mass_factor
-    minv = block_inverse(terms.sparse_mass) if factor is None else factor.inverse
-    return None if minv is None else (minv, terms.sparse_jacobian)
+    factor = factor_of(terms.mass_operator)
+    minv = block_inverse(mass) if factor is None else factor.inverse
+    return None if minv is None else (minv, jacobian)
+
+
+def _sparse_terms(terms: ConstrainedTerms) -> tuple[SparseMatrix | None, SparseMatrix | None]:
+    """`M` and `G` as sparse matrices where the terms carry them so and `G` is sparse enough
+    for sparse products to pay (`SPARSE_MAX_DENSITY`); `None` for each that is not."""
+    jacobian = sparse_matrix(terms.jacobian_operator)
+    if jacobian is not None and jacobian.pattern.density > _thresholds.SPARSE_MAX_DENSITY:
+        jacobian = None
+    return sparse_matrix(terms.mass_operator), jacobian
 
 
 def penalized_mass(terms: ConstrainedTerms, apply_masses):
@@ -110,12 +119,10 @@ def penalized_mass(terms: ConstrainedTerms, apply_masses):
     operator tagged positive semidefinite (symmetrized; on its pattern where the terms carry
     sparse `M` and `G`), and `𝔄 G` (with `rmatvec`); `apply_masses(G)` gives `𝔄 G` for `G` a
     `SparseMatrix` or a dense array."""
-    if terms.sparse_mass is not None and terms.sparse_jacobian is not None and (
-        terms.sparse_jacobian.pattern.density <= _thresholds.SPARSE_MAX_DENSITY
-    ):
-        masses_g = apply_masses(terms.sparse_jacobian)
-        product = sparse_matmul(terms.sparse_jacobian.T, masses_g)
-        lhs = sparse_add(terms.sparse_mass, product).symmetrized()
+    mass, jacobian = _sparse_terms(terms)
+    if mass is not None and jacobian is not None:
+        masses_g = apply_masses(jacobian)
+        lhs = sparse_add(mass, sparse_matmul(jacobian.T, masses_g)).symmetrized()
         return symmetric_operator(lhs.dense(), lhs), masses_g
     g = terms.jacobian
     masses_g = apply_masses(g)
@@ -125,8 +132,9 @@ def penalized_mass(terms: ConstrainedTerms, apply_masses):
 
 def jacobian_matvec(terms: ConstrainedTerms, x: Array) -> Array:
     """`G x`, sparse where the terms carry `G`'s pattern."""
-    if terms.sparse_jacobian is not None:
-        return terms.sparse_jacobian.matvec(x)
+    jacobian = sparse_matrix(terms.jacobian_operator)
+    if jacobian is not None:
+        return jacobian.matvec(x)
     return small_matmul(terms.jacobian, x)
 
 
@@ -143,8 +151,9 @@ def _mass_solve(terms: ConstrainedTerms):
     """`M⁻¹ Q` and `M⁻¹ Gᵀ` (dense) from one Cholesky factorization of `M` (or the factor
     the terms carry)."""
     rhs = jnp.concatenate([terms.forces[:, None], terms.jacobian.T], axis=1)
-    if terms.mass_factor is not None:
-        sol = terms.mass_factor.solve(rhs)
+    factor = factor_of(terms.mass_operator)
+    if factor is not None:
+        sol = factor.solve(rhs)
     else:
         sol = spd_solve(terms.mass_matrix, rhs)
     return sol[:, 0], sol[:, 1:]

@@ -234,6 +234,7 @@ class RealizedConstraints(AbstractSystem):
         realizing = force(full.psi, reaction)
         return ConstrainedTerms(
             mass_matrix=full.mass_matrix,
+            mass_operator=full.mass_operator,
             forces=full.forces + a_matrix.T @ realizing,
             phi=full.phi,
             dphi=full.dphi,

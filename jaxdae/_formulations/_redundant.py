@@ -10,6 +10,7 @@ import numpy as np
 
 from .._checks import check_instance
 from .._compilation._linalg import extreme_eigenvalues, spd_solve
+from .._compilation._operators import sparse_matrix
 from .._custom_types import Array, Float
 from .._solution import RESULTS
 from .._systems._system import ConstrainedTerms, LagrangianSystem
@@ -84,7 +85,7 @@ def lu_solver(matrix):
 def _mass_product(terms: ConstrainedTerms):
     """`x ↦ M x` for vectors and matrices: on `M`'s pattern where the terms carry one (its
     cost grows with the non-zeros of `M`, not with `n²`), else dense."""
-    sparse = terms.sparse_mass
+    sparse = sparse_matrix(terms.mass_operator)
     if sparse is None:
         return lambda x: terms.mass_matrix @ x
 
@@ -130,7 +131,7 @@ class RedundantCoordinates(AbstractFormulation):
     `Solution.multipliers` are the reactions the motion implies,
     `λ = (∂F/∂q_dep)⁻ᵀ (Q − M q̈)_dep`.
 
-    Where the terms carry `M`'s sparsity pattern (`ConstrainedTerms.sparse_mass`), the
+    Where the terms carry `M`'s sparsity pattern (`ConstrainedTerms.mass_operator`), the
     products with `M` follow it. `∂F/∂q_dep` is factorized densely (LU): `B` is dense in
     general whatever its pattern (on a chain of links in Cartesian coordinates with one
     dependent coordinate per link, `∂F/∂q_dep` is bidiagonal and its inverse a full

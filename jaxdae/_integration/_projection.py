@@ -24,6 +24,7 @@ from .._solution import RESULTS
 from .._systems._structure import terms_structure
 from .._systems._system import AbstractSystem, ConstrainedTerms, LagrangianSystem
 from ._solvers import AbstractSolverWrapper
+from ._vector_fields import SolveArgs
 
 
 def _max_abs(x: Array) -> Array:
@@ -525,9 +526,7 @@ def _between_projections(y0, args):
 def _check_args(y0, args) -> tuple[AbstractSystem, AbstractFormulation]:
     """The system and formulation of a `simulate` / `simulate_ensemble` solve (its
     arguments are a `SolveArgs`)."""
-    if not (isinstance(getattr(args, "system", None), AbstractSystem)
-            and isinstance(getattr(args, "formulation", None), AbstractFormulation)
-            and hasattr(args, "_replace") and isinstance(y0, tuple) and len(y0) == 2):
+    if not (isinstance(args, SolveArgs) and isinstance(y0, tuple) and len(y0) == 2):
         raise ValueError(
             "`jaxdae.Projected` projects the states of `jaxdae.simulate` and "
             "`jaxdae.simulate_ensemble` (it reads the system and formulation from their "

@@ -7,13 +7,11 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import jax
 
+from .._compilation._operators import MassFactor
 from .._compilation._scalarize import scalarize
 from .._custom_types import Array
 from .._formulations import AbstractFormulation
-from .._systems._structure import (
-    MassFactor,
-    with_mass_factor,
-)
+from .._systems._structure import with_mass_factor
 from .._systems._system import AbstractSystem
 
 

@@ -21,9 +21,10 @@ from ._system import (
     ConstrainedTerms,
     LagrangianSystem,
     cast_floating,
-    defined_below,
+    derived_terms,
     holonomic_terms,
     nonholonomic_terms,
+    record_provided,
 )
 
 
@@ -62,17 +63,13 @@ class HamiltonianSystem(AbstractSystem):
 
     state_is_velocity: ClassVar[bool] = False
     terms_from_constraints: ClassVar[bool] = True
-    # Whether the subclass defines its own `energy` / `momenta` (recorded when the class is
-    # created): the terms then leave those fields to the subclass's methods.
-    provides_energy: ClassVar[bool] = False
-    provides_momenta: ClassVar[bool] = False
+    # The methods the subclass defines (recorded when the class is created): the terms
+    # leave `energy` and `momenta` to the subclass's own methods where it defines them.
+    provided: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        defined = defined_below(cls, HamiltonianSystem)
-        cls.provides_energy = "energy" in defined
-        cls.provides_momenta = "momenta" in defined
-        cls.terms_from_constraints = "terms" not in defined
+        record_provided(cls, HamiltonianSystem)
 
     @abc.abstractmethod
     def hamiltonian(self, t: Scalar, q: Coordinates, p: Momenta) -> Scalar:
@@ -116,17 +113,10 @@ class HamiltonianSystem(AbstractSystem):
         )
         phi, dphi, jac_phi, gamma = holonomic_terms(self.constraints, t, q, v)
         psi, jac_psi, psi_rate = nonholonomic_terms(self.velocity_constraints, t, q, v)
-        return cast_floating(ConstrainedTerms(
-            mass_matrix=mass,
-            forces=forces,
-            phi=phi,
-            dphi=dphi,
-            psi=psi,
-            jacobian=jnp.concatenate([jac_phi, jac_psi], axis=0),
-            bias=jnp.concatenate([gamma, -psi_rate]),
-            energy=None if self.provides_energy else hamiltonian,
-            momenta=None if self.provides_momenta else p,
-        ), q.dtype)
+        jacobian = jnp.concatenate([jac_phi, jac_psi], axis=0)
+        bias = jnp.concatenate([gamma, -psi_rate])
+        return derived_terms(self, (mass, forces, phi, dphi, psi, jacobian, bias), hamiltonian,
+                             p, q.dtype)
 
     def state_rate(self, t, q, p, terms, acceleration):
         """`ṗ = M (q̈ − w)`, which equals `Q − ∇_q H − Gᵀλ` (Shemelova (2016), eq. [5])."""

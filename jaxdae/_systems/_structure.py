@@ -23,11 +23,13 @@ import functools
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
 
 from .. import _thresholds
 from .._compilation._linalg import is_positive_definite
-from .._compilation._sparse import MassFactor, Pattern, SparseMatrix, blocks_positive_definite
+from .._compilation._operators import FactoredOperator, MassFactor, sparse_matrix
+from .._compilation._sparse import Pattern, SparseMatrix, blocks_positive_definite
 from .._compilation._sparsity import column_colouring, nonzero_masks
 from .._custom_types import Array, Bool, Float
 
@@ -106,7 +108,7 @@ def _analyse(system, t, q, v) -> TermsStructure:
 
     params, static = eqx.partition(system, eqx.is_array)
     n = q.shape[0]
-    mass_given = system.provides_mass_matrix
+    mass_given = "mass_matrix" in system.provided
 
     def model(p):
         return eqx.combine(p, static)
@@ -162,7 +164,7 @@ def constant_mass_factor(system, t, q, v, terms=None) -> MassFactor | None:
     # the other terms computed with it.
     t, q, v = (jax.lax.stop_gradient(x) for x in (t, q, v))
     at = (system.terms if terms is None else functools.partial(terms, system))(t, q, v)
-    return MassFactor.factor(at.mass_matrix, at.sparse_mass)
+    return MassFactor.factor(at.mass_matrix, sparse_matrix(at.mass_operator))
 
 
 def is_mass_positive_definite(system, t, q, v, mass: Float[Array, "n n"]) -> Bool[Array, ""]:
@@ -184,11 +186,16 @@ def is_mass_positive_definite(system, t, q, v, mass: Float[Array, "n n"]) -> Boo
 
 
 def with_mass_factor(terms, factor: MassFactor | None):
-    """`terms` (a `ConstrainedTerms`) carrying `factor` ([`constant_mass_factor`][]) as its
-    `mass_factor`; unchanged where `factor` is `None`."""
+    """`terms` (a `ConstrainedTerms`) whose mass operator carries `factor`
+    ([`constant_mass_factor`][]) as a `FactoredOperator`; unchanged where `factor` is
+    `None`."""
     if factor is None:
         return terms
-    return eqx.tree_at(lambda x: x.mass_factor, terms, factor, is_leaf=lambda x: x is None)
+    operator = terms.mass_operator
+    if operator is None:
+        operator = lx.MatrixLinearOperator(terms.mass_matrix, lx.positive_semidefinite_tag)
+    return eqx.tree_at(lambda x: x.mass_operator, terms, FactoredOperator(operator, factor),
+                       is_leaf=lambda x: x is None)
 
 
 @functools.lru_cache(maxsize=64)

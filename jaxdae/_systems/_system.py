@@ -11,11 +11,13 @@ from typing import ClassVar
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
 
 from .._compilation._gather import take
+from .._compilation._operators import SparseOperator, state_independent_tag
 from .._compilation._scalarize import array_form_scope
-from .._compilation._sparse import MassFactor, SparseMatrix
+from .._compilation._sparse import SparseMatrix
 from .._custom_types import (
     Array,
     Coordinates,
@@ -50,14 +52,14 @@ class ConstrainedTerms(eqx.Module):
     - `energy`, `momenta`: the system's `energy` and `momenta` at the state, where deriving
         the terms computes them anyway (`None`: [`jaxdae.simulate`][] asks the system). They
         spare `simulate`'s diagnostics a trace of their own.
-    - `sparse_mass`, `sparse_jacobian`: `M` and `G` as values on the static sparsity
-        patterns found from the model (`_systems/_structure.py`), where the system derived
-        them so; `None` otherwise (the dense fields are then all there is). The dense fields
-        always hold the same matrices; under `jit`, a dense field nobody reads costs nothing.
-    - `mass_is_constant`: `M` does not depend on `t`, `q`, `v` (static).
-    - `mass_factor`: `M⁻¹` of a constant `M`, factored once per solve outside its loop
-        (`simulate` does so where the structure finds `M` constant), or `None`: the
-        formulations then factorize `M` themselves.
+    - `mass_operator`, `jacobian_operator`: `M` and `G` again, as lineax operators whose
+        type and tags carry what the system found about them, or `None` (nothing beyond
+        the dense arrays). A system that derives them on their static sparsity patterns
+        (`_systems/_structure.py`) gives `SparseOperator`s; `M`'s is tagged symmetric and
+        positive semidefinite, and `state_independent_tag` where `M` does not depend on
+        `(t, q, v)`. A solve factors such an `M` once, outside its loop, and hands it to
+        every evaluation as a `FactoredOperator`. The dense fields always hold the same
+        matrices; under `jit`, a field nobody reads costs nothing.
     """
 
     mass_matrix: MassMatrix
@@ -69,22 +71,8 @@ class ConstrainedTerms(eqx.Module):
     bias: Float[Array, " c"]
     energy: Scalar | None = None
     momenta: Momenta | None = None
-    sparse_mass: SparseMatrix | None = None
-    sparse_jacobian: SparseMatrix | None = None
-    mass_is_constant: bool = eqx.field(default=False, static=True)
-    mass_factor: MassFactor | None = None
-
-    def mass_operator(self) -> SparseMatrix:
-        """`M` as a `SparseMatrix`: on its pattern where known, else every entry."""
-        if self.sparse_mass is not None:
-            return self.sparse_mass
-        return SparseMatrix.from_dense(self.mass_matrix)
-
-    def jacobian_operator(self) -> SparseMatrix:
-        """`G = [Φ_q; Ψ_v]` as a `SparseMatrix`: on its pattern where known."""
-        if self.sparse_jacobian is not None:
-            return self.sparse_jacobian
-        return SparseMatrix.from_dense(self.jacobian)
+    mass_operator: lx.AbstractLinearOperator | None = None
+    jacobian_operator: lx.AbstractLinearOperator | None = None
 
     @property
     def num_holonomic(self) -> int:
@@ -219,25 +207,17 @@ class LagrangianSystem(AbstractSystem):
     # / `False`: always / never (see "Structure" above).
     structured_terms: ClassVar[bool | None] = None
     terms_from_constraints: ClassVar[bool] = True
-    # What the subclass defines (recorded once, when the class is created): the terms
-    # are derived from `mass_matrix` where it is given, else from `kinetic_energy`.
-    provides_mass_matrix: ClassVar[bool] = False
-    provides_kinetic_energy: ClassVar[bool] = False
-    provides_energy: ClassVar[bool] = False
-    provides_momenta: ClassVar[bool] = False
+    # The methods the subclass defines (recorded once, when the class is created): the
+    # terms are derived from `mass_matrix` where it is given, else from `kinetic_energy`.
+    provided: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        defined = defined_below(cls, LagrangianSystem)
-        cls.provides_mass_matrix = "mass_matrix" in defined
-        cls.provides_kinetic_energy = "kinetic_energy" in defined
-        cls.provides_energy = "energy" in defined
-        cls.provides_momenta = "momenta" in defined
-        cls.terms_from_constraints = "terms" not in defined
+        record_provided(cls, LagrangianSystem)
 
     def __check_init__(self):
         cls = type(self)
-        if not (cls.provides_kinetic_energy or cls.provides_mass_matrix):
+        if not ("kinetic_energy" in cls.provided or "mass_matrix" in cls.provided):
             raise TypeError(
                 f"{cls.__name__} must override `kinetic_energy(self, t, q, v)` or "
                 "`mass_matrix(self, t, q)`: jaxdae derives the other one from it."
@@ -281,7 +261,7 @@ class LagrangianSystem(AbstractSystem):
         # in two thirds of the time of `jax.linearize` followed by `vmap` of the linear map.)
         n = q.shape[0]
         cls = type(self)
-        mass_given = cls.provides_mass_matrix
+        mass_given = "mass_matrix" in cls.provided
         structure = terms_structure(self, t, q, v)
 
         def lagrangian(t_, q_, v_):
@@ -318,20 +298,12 @@ class LagrangianSystem(AbstractSystem):
         mass = self.mass_matrix(t, q) if mass_given else 0.5 * (d_lag_v + d_lag_v.T)
         # Lagrange: d/dt ∂T/∂v = M q̈ + (∂²T/∂v∂q) v + ∂²T/∂v∂t.
         forces = self.generalized_forces(t, q, v) + lag_q - momentum_rate
-        return cast_floating(ConstrainedTerms(
-            mass_matrix=mass,
-            forces=forces,
-            phi=phi,
-            dphi=dphi,
-            psi=psi,
-            jacobian=jnp.concatenate(
-                [d_phi.T.reshape(phi.shape[0], n), d_psi.T.reshape(psi.shape[0], n)], axis=0
-            ),
-            bias=jnp.concatenate([-second, -psi_rate]),
-            # `p = ∂T/∂v = L_v`; left to the methods where a subclass overrides them.
-            energy=None if cls.provides_energy else energy,
-            momenta=None if cls.provides_momenta else lag_v,
-        ), dtype)
+        jacobian = jnp.concatenate(
+            [d_phi.T.reshape(phi.shape[0], n), d_psi.T.reshape(psi.shape[0], n)], axis=0)
+        bias = jnp.concatenate([-second, -psi_rate])
+        # `p = ∂T/∂v = L_v`
+        return derived_terms(self, (mass, forces, phi, dphi, psi, jacobian, bias), energy, lag_v,
+                             dtype)
 
     def _structured_terms(self, structure, local, t, q, v, mass_given):
         # As above, with compressed tangents: one per colour of `[M; Ψ_v]`'s columns
@@ -359,8 +331,10 @@ class LagrangianSystem(AbstractSystem):
             p = structure.mass
             mass = SparseMatrix(take(d_lag_v.reshape(-1), colours_v[p.cols] * n + p.rows),
                                 p).symmetrized()
+        mass_tags = {lx.symmetric_tag, lx.positive_semidefinite_tag}
         if structure.mass_is_constant:
             mass = SparseMatrix(jax.lax.optimization_barrier(mass.values), mass.pattern)
+            mass_tags.add(state_independent_tag)
         g = structure.jacobian
         holonomic = g.rows < m
         k = psi.shape[0]
@@ -370,27 +344,34 @@ class LagrangianSystem(AbstractSystem):
         ]).astype(dtype)
         jacobian = SparseMatrix(values, g)
         forces = self.generalized_forces(t, q, v) + lag_q - momentum_rate
-        cls = type(self)
-        return cast_floating(ConstrainedTerms(
-            mass_matrix=mass.dense(),
-            forces=forces,
-            phi=phi,
-            dphi=dphi,
-            psi=psi,
-            jacobian=jacobian.dense(),
-            bias=jnp.concatenate([-second, -psi_rate]),
-            energy=None if cls.provides_energy else energy,
-            momenta=None if cls.provides_momenta else lag_v,
-            sparse_mass=mass,
-            sparse_jacobian=jacobian,
-            mass_is_constant=structure.mass_is_constant,
-        ), dtype)
+        bias = jnp.concatenate([-second, -psi_rate])
+        return derived_terms(
+            self, (mass.dense(), forces, phi, dphi, psi, jacobian.dense(), bias), energy, lag_v,
+            dtype, mass_operator=SparseOperator(mass, mass_tags),
+            jacobian_operator=SparseOperator(jacobian))
 
 
-def defined_below(cls: type, base: type) -> set[str]:
-    """The names that the classes from `cls` up to `base` (excluded) define: what a
-    subclass of a system class provides, read once when the subclass is created."""
-    return set().union(*(vars(c) for c in cls.__mro__ if issubclass(c, base) and c is not base))
+def derived_terms(system, matrices: tuple, energy, momenta, dtype, **operators
+                  ) -> ConstrainedTerms:
+    """The `ConstrainedTerms` a system derived, cast to `dtype`: `matrices` are `(M, Q, Φ,
+    Φ̇, Ψ, G, bias)`, `operators` the structure found. `energy` and `momenta` come along
+    where the derivation computed them anyway, unless the system's class defines its own
+    (they are then left to its methods)."""
+    return cast_floating(ConstrainedTerms(
+        *matrices,
+        energy=None if "energy" in system.provided else energy,
+        momenta=None if "momenta" in system.provided else momenta,
+        **operators,
+    ), dtype)
+
+
+def record_provided(cls: type, base: type) -> None:
+    """Record in `cls.provided` the names that the classes from `cls` up to `base`
+    (excluded) define, what a subclass of a system class provides, and whether its terms
+    come from its constraints (`terms_from_constraints`: it does not define `terms`)."""
+    cls.provided = frozenset().union(  # pyright: ignore[reportAttributeAccessIssue]
+        *(vars(c) for c in cls.__mro__ if issubclass(c, base) and c is not base))
+    cls.terms_from_constraints = "terms" not in cls.provided  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def cast_floating(tree, dtype):

@@ -87,19 +87,16 @@ class Failures(eqx.Module):
 
 # Old keyword of `tune` -> (option class, its field).
 DEPRECATED_KEYWORDS = {
-    "batch_size": (Batching, "batch_size"),
-    "seed": (Batching, "seed"),
-    "chunk_size": (Batching, "chunk_size"),
-    "mesh": (Batching, "mesh"),
-    "ensemble": (Batching, "ensemble"),
-    "checkpoint": (Checkpointing, "path"),
-    "checkpoint_every": (Checkpointing, "every"),
-    "resume": (Checkpointing, "resume"),
-    "log": (Reporting, "log"),
-    "progress": (Reporting, "progress"),
-    "callback": (Reporting, "callback"),
-    "failure_penalty": (Failures, "penalty"),
-    "on_nonfinite": (Failures, "on_nonfinite"),
+    keyword: (cls, field)
+    for cls, renames in (
+        (Batching, {"batch_size": "batch_size", "seed": "seed", "chunk_size": "chunk_size",
+                    "mesh": "mesh", "ensemble": "ensemble"}),
+        (Checkpointing, {"checkpoint": "path", "checkpoint_every": "every",
+                         "resume": "resume"}),
+        (Reporting, {"log": "log", "progress": "progress", "callback": "callback"}),
+        (Failures, {"failure_penalty": "penalty", "on_nonfinite": "on_nonfinite"}),
+    )
+    for keyword, field in renames.items()
 }
 
 

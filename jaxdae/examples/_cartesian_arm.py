@@ -6,6 +6,7 @@ from .._custom_types import Array
 from .._formulations import CoupledPerturbation
 from .._systems._hamiltonian import HamiltonianSystem
 from .._systems._system import LagrangianSystem
+from ._parameters import parameter
 
 
 def _lengths(q, l1, l2):
@@ -26,14 +27,9 @@ class CartesianArm(HamiltonianSystem):
     [`jaxdae.examples.CartesianArm.paper_formulation`][].
     """
 
-    masses: Array
-    lengths: Array
-    forces: Array
-
-    def __init__(self, masses=(1.0, 1.0), lengths=(1.0, 0.8), forces=(0.0, 0.0, 0.0, 0.0)):
-        self.masses = jnp.asarray(masses, dtype=float)
-        self.lengths = jnp.asarray(lengths, dtype=float)
-        self.forces = jnp.asarray(forces, dtype=float)
+    masses: Array = parameter((1.0, 1.0))
+    lengths: Array = parameter((1.0, 0.8))
+    forces: Array = parameter((0.0, 0.0, 0.0, 0.0))
 
     def hamiltonian(self, t, q, p):
         m1, m2 = self.masses
@@ -70,14 +66,9 @@ class CartesianArmLagrangian(LagrangianSystem):
     """The same arm as [`jaxdae.examples.CartesianArm`][] in Lagrangian form (Shemelova (2016), eq. [1]):
     `T = ½ m1 (q̇1² + q̇2²) + ½ m2 (q̇3² + q̇4²)`, same constraints and forces."""
 
-    masses: Array
-    lengths: Array
-    forces: Array
-
-    def __init__(self, masses=(1.0, 1.0), lengths=(1.0, 0.8), forces=(0.0, 0.0, 0.0, 0.0)):
-        self.masses = jnp.asarray(masses, dtype=float)
-        self.lengths = jnp.asarray(lengths, dtype=float)
-        self.forces = jnp.asarray(forces, dtype=float)
+    masses: Array = parameter((1.0, 1.0))
+    lengths: Array = parameter((1.0, 0.8))
+    forces: Array = parameter((0.0, 0.0, 0.0, 0.0))
 
     def kinetic_energy(self, t, q, v):
         m1, m2 = self.masses

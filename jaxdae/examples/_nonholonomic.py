@@ -4,6 +4,7 @@ import jax.numpy as jnp
 
 from .._custom_types import Array
 from .._systems._system import LagrangianSystem
+from ._parameters import parameter
 
 
 class ChaplyginSleigh(LagrangianSystem):
@@ -21,14 +22,9 @@ class ChaplyginSleigh(LagrangianSystem):
     (lateral force at `P`) is `m (u ω + a ω̇)`, non-zero whenever the sleigh turns.
     """
 
-    mass: Array
-    inertia: Array
-    distance: Array
-
-    def __init__(self, mass=1.0, inertia=0.1, distance=0.5):
-        self.mass = jnp.asarray(mass, dtype=float)
-        self.inertia = jnp.asarray(inertia, dtype=float)
-        self.distance = jnp.asarray(distance, dtype=float)
+    mass: Array = parameter(1.0)
+    inertia: Array = parameter(0.1)
+    distance: Array = parameter(0.5)
 
     def kinetic_energy(self, t, q, v):
         return 0.5 * self.mass * (v[0] ** 2 + v[1] ** 2) + 0.5 * self.inertia * v[2] ** 2
@@ -82,16 +78,10 @@ class KnifeEdge(LagrangianSystem):
     whenever it turns.
     """
 
-    mass: Array
-    inertia: Array
-    gravity: Array
-    incline: Array
-
-    def __init__(self, mass=1.0, inertia=0.1, gravity=9.81, incline=0.3):
-        self.mass = jnp.asarray(mass, dtype=float)
-        self.inertia = jnp.asarray(inertia, dtype=float)
-        self.gravity = jnp.asarray(gravity, dtype=float)
-        self.incline = jnp.asarray(incline, dtype=float)
+    mass: Array = parameter(1.0)
+    inertia: Array = parameter(0.1)
+    gravity: Array = parameter(9.81)
+    incline: Array = parameter(0.3)
 
     def kinetic_energy(self, t, q, v):
         return 0.5 * self.mass * (v[0] ** 2 + v[1] ** 2) + 0.5 * self.inertia * v[2] ** 2

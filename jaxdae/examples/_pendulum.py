@@ -4,6 +4,7 @@ import jax.numpy as jnp
 
 from .._custom_types import Array
 from .._systems._system import LagrangianSystem
+from ._parameters import parameter
 
 
 class CartesianPendulum(LagrangianSystem):
@@ -13,14 +14,9 @@ class CartesianPendulum(LagrangianSystem):
     Conservative and scleronomic, so `T + V` is conserved on the constraint manifold.
     """
 
-    mass: Array
-    length: Array
-    gravity: Array
-
-    def __init__(self, mass=1.0, length=1.0, gravity=9.81):
-        self.mass = jnp.asarray(mass, dtype=float)
-        self.length = jnp.asarray(length, dtype=float)
-        self.gravity = jnp.asarray(gravity, dtype=float)
+    mass: Array = parameter(1.0)
+    length: Array = parameter(1.0)
+    gravity: Array = parameter(9.81)
 
     def kinetic_energy(self, t, q, v):
         return 0.5 * self.mass * v @ v

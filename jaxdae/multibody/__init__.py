@@ -11,6 +11,7 @@ of its numbers.
 
 from ._body import Ground as Ground, PlanarBody as PlanarBody, RigidBody as RigidBody
 from ._force import (
+    AbstractActuatedForce as AbstractActuatedForce,
     AbstractForce as AbstractForce,
     Force as Force,
     Gravity as Gravity,

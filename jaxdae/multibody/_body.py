@@ -48,6 +48,35 @@ def _scalar(name: str, value) -> Array:
     return array
 
 
+def _check_element_dimension(element, dimension: int, owner: str,
+                             vectors: dict[str, tuple[int, ...]]) -> None:
+    """Raise `ValueError` if `element` (a joint or a force element) does not exist in a
+    mechanism of `dimension` (its `dimensions`), or if one of its `vectors` (field name ->
+    the shape it needs there; `None` values are not given) has another shape."""
+    if dimension not in element.dimensions:
+        kind = {2: "planar", 3: "spatial"}
+        raise ValueError(
+            f"The {owner} is a {type(element).__name__}, which is "
+            f"{' and '.join(kind[d] for d in element.dimensions)} only; this mechanism is "
+            f"{kind[dimension]}.")
+    for field, shape in vectors.items():
+        value = getattr(element, field)
+        if value is not None and eqx.is_array(value) and value.shape != shape:
+            raise ValueError(
+                f"`{field}` of the {owner} has shape {value.shape}; in this "
+                f"{dimension}-D mechanism it needs {shape}.")
+
+
+def _moving_body_name(name) -> str:
+    """`name`, checked as the name of a body that moves (not the ground's)."""
+    name = _check_name("body", name)
+    if name == GROUND:
+        raise ValueError(
+            f"{GROUND!r} names the fixed frame; give the moving body another name (use "
+            "`jaxdae.multibody.Ground(markers=...)` to put markers on the ground).")
+    return name
+
+
 def _check_name(kind: str, name) -> str:
     if not isinstance(name, str) or not name or "." in name:
         raise ValueError(
@@ -147,12 +176,7 @@ class PlanarBody(eqx.Module):
 
     def __init__(self, name: str, mass: ArrayLike, inertia: ArrayLike, markers=None, *,
                  position: ArrayLike = (0.0, 0.0), angle: ArrayLike = 0.0):
-        self.name = _check_name("body", name)
-        if name == GROUND:
-            raise ValueError(
-                f"{GROUND!r} names the fixed frame; give the moving body another name (use "
-                "`jaxdae.multibody.Ground(markers=...)` to put markers on the ground)."
-            )
+        self.name = _moving_body_name(name)
         self.mass = _scalar(f"`mass` of body {name!r}", mass)
         self.inertia = _scalar(f"`inertia` of body {name!r}", inertia)
         self.markers = _markers(name, markers)
@@ -280,12 +304,7 @@ class RigidBody(eqx.Module):
     def __init__(self, name: str, mass: ArrayLike, inertia: ArrayLike, markers=None, *,
                  orientations=None, position: ArrayLike = (0.0, 0.0, 0.0),
                  orientation: ArrayLike | None = None):
-        self.name = _check_name("body", name)
-        if name == GROUND:
-            raise ValueError(
-                f"{GROUND!r} names the fixed frame; give the moving body another name (use "
-                "`jaxdae.multibody.Ground(markers=...)` to put markers on the ground)."
-            )
+        self.name = _moving_body_name(name)
         self.mass = _scalar(f"`mass` of body {name!r}", mass)
         self.inertia = _inertia_tensor(name, inertia)
         self.markers = _markers(name, markers, (3,))

@@ -11,7 +11,7 @@ import numpy as np
 
 from .._custom_types import Array, ArrayLike, Float
 from .._gains import is_concrete
-from ._body import _array, _scalar
+from ._body import _array, _check_element_dimension, _scalar
 from ._kinematics import Kinematics
 
 
@@ -61,21 +61,16 @@ class AbstractForce(eqx.Module):
         """The joints (by name) it acts on."""
         return ()
 
+    vector_fields: ClassVar[tuple[str, ...]] = ()
+    """The fields that hold a vector of the mechanism's dimension (or `None`)."""
+    spatial_vector_fields: ClassVar[tuple[str, ...]] = ()
+    """The fields that hold a vector in space, `(3,)` (or `None`)."""
+
     def check_dimension(self, dimension: int, owner: str) -> None:
         """Raise `ValueError` if it does not exist in a mechanism of `dimension`."""
-        if dimension not in self.dimensions:
-            kind = {2: "planar", 3: "spatial"}
-            raise ValueError(
-                f"The {owner} is a {type(self).__name__}, which is "
-                f"{' and '.join(kind[d] for d in self.dimensions)} only; this mechanism is "
-                f"{kind[dimension]}.")
-        for field, sizes in (("acceleration", (dimension,)), ("direction", (dimension,)),
-                             ("axis", (3,))):
-            value = getattr(self, field, None)
-            if value is not None and eqx.is_array(value) and value.shape not in (sizes,):
-                raise ValueError(
-                    f"`{field}` of the {owner} has shape {value.shape}; in this "
-                    f"{dimension}-D mechanism it needs {sizes}.")
+        _check_element_dimension(self, dimension, owner, {
+            **dict.fromkeys(self.vector_fields, (dimension,)),
+            **dict.fromkeys(self.spatial_vector_fields, (3,))})
 
     def generalized_forces(self, kin: Kinematics) -> Float[Array, " n"] | None:
         """Generalized forces it applies directly (needs `kin.v`). Default: none."""
@@ -96,9 +91,21 @@ class AbstractForce(eqx.Module):
 
     @property
     def channels(self) -> tuple[int, ...]:
-        """The controller's input channels it reads."""
-        channel = getattr(self, "channel", None)
-        return () if channel is None else (channel,)
+        """The controller's input channels it reads. Default: none."""
+        return ()
+
+
+class AbstractActuatedForce(AbstractForce):
+    """A force element with an actuator: a constant, a function `u(t, q, v)` or an input
+    channel of the mechanism's controller (`channel`, static; `None` where the actuator
+    is not a channel)."""
+
+    channel: eqx.AbstractVar[int | None]
+
+    @property
+    def channels(self) -> tuple[int, ...]:
+        """The controller's input channel it reads, if its actuator is one."""
+        return () if self.channel is None else (self.channel,)
 
 
 def _actuator(value):
@@ -149,6 +156,7 @@ class Gravity(AbstractForce):
 
     acceleration: Float[Array, " d"] | None
     name: str | None = eqx.field(static=True)
+    vector_fields: ClassVar[tuple[str, ...]] = ("acceleration",)
 
     def __init__(self, acceleration: ArrayLike | None = None, *, name: str | None = None):
         self.acceleration = (None if acceleration is None
@@ -166,7 +174,7 @@ class Gravity(AbstractForce):
         return -jnp.sum(kin.mechanism.masses * (kin.centres() @ g))
 
 
-class SpringDamper(AbstractForce):
+class SpringDamper(AbstractActuatedForce):
     """A translational spring-damper-actuator between markers `a` and `b`.
 
     With the length `ℓ = |p_b − p_a|` and the unit vector `e` from `a` to `b`, the force on
@@ -224,7 +232,7 @@ class SpringDamper(AbstractForce):
         return Load(self.a, -f * e, zero), Load(self.b, f * e, zero)
 
 
-class RotationalSpringDamper(AbstractForce):
+class RotationalSpringDamper(AbstractActuatedForce):
     """A rotational spring-damper-actuator between the bodies of markers `a` and `b`.
 
     With the relative angle `Δθ = θ_b − θ_a`, the torque on `b` is `τ` and on `a` is `−τ`,
@@ -278,7 +286,7 @@ class RotationalSpringDamper(AbstractForce):
         return Load(self.a, zero, -tau), Load(self.b, zero, tau)
 
 
-class Force(AbstractForce):
+class Force(AbstractActuatedForce):
     """An applied force at a marker, in the global frame (or the marker's, `local=True`).
 
     The force is `u · direction`, or `u` itself (a vector) without a `direction`.
@@ -300,6 +308,7 @@ class Force(AbstractForce):
     local: bool = eqx.field(static=True)
     name: str | None = eqx.field(static=True)
     grouped: ClassVar[bool] = True
+    vector_fields: ClassVar[tuple[str, ...]] = ("direction",)
 
     def __init__(self, at: str, actuator: Actuator, direction: ArrayLike | None = None, *,
                  local: bool = False, name: str | None = None):
@@ -327,7 +336,7 @@ class Force(AbstractForce):
         return (Load(self.at, force, _no_torque(kin)),)
 
 
-class Torque(AbstractForce):
+class Torque(AbstractActuatedForce):
     """An applied torque `u` on the body of marker `at`.
 
     In the plane `u` is a scalar. In space the torque is `u · axis` (a scalar `u`), or `u`
@@ -351,6 +360,7 @@ class Torque(AbstractForce):
     local: bool = eqx.field(static=True)
     name: str | None = eqx.field(static=True)
     grouped: ClassVar[bool] = True
+    spatial_vector_fields: ClassVar[tuple[str, ...]] = ("axis",)
 
     def __init__(self, at: str, actuator: Actuator, axis: ArrayLike | None = None, *,
                  local: bool = False, name: str | None = None):
@@ -383,7 +393,7 @@ class Torque(AbstractForce):
         return (Load(self.at, zero, torque),)
 
 
-class JointSpringDamper(AbstractForce):
+class JointSpringDamper(AbstractActuatedForce):
     """A spring-damper-actuator on a joint's coordinate: a rotational one on a revolute
     joint (a torque about its axis), a translational one on a prismatic or cylindrical
     joint (a force along it); in the plane and in space.

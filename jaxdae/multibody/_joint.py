@@ -18,7 +18,7 @@ import numpy as np
 
 from .._custom_types import Array, ArrayLike, Float
 from .._gains import is_concrete
-from ._body import _array, _scalar, _vector
+from ._body import _array, _check_element_dimension, _scalar, _vector
 from ._kinematics import Frame, perpendicular
 
 
@@ -59,20 +59,13 @@ class AbstractJoint(eqx.Module):
         """The number of constraint equations in a planar (2) or spatial (3) mechanism."""
         return self.num_equations
 
+    vector_fields: ClassVar[tuple[str, ...]] = ()
+    """The fields that hold a vector of the mechanism's dimension (or `None`)."""
+
     def check_dimension(self, dimension: int, owner: str) -> None:
         """Raise `ValueError` if the joint does not exist in a mechanism of `dimension`."""
-        if dimension not in self.dimensions:
-            kind = {2: "planar", 3: "spatial"}
-            raise ValueError(
-                f"The {owner} is a {type(self).__name__}, which is "
-                f"{' and '.join(kind[d] for d in self.dimensions)} only; this mechanism is "
-                f"{kind[dimension]}.")
-        for field in ("axis", "axis_a", "axis_b"):
-            value = getattr(self, field, None)
-            if value is not None and value.shape != (dimension,):
-                raise ValueError(
-                    f"`{field}` of the {owner} has {value.shape[0]} components; in a "
-                    f"{dimension}-D mechanism it needs {dimension}.")
+        _check_element_dimension(self, dimension, owner,
+                                 dict.fromkeys(self.vector_fields, (dimension,)))
 
     @abc.abstractmethod
     def residual(self, t: Float[Array, ""], a: Frame, b: Frame) -> Float[Array, " m"]:
@@ -166,6 +159,7 @@ class Revolute(AbstractJoint):
     num_equations: ClassVar[int] = 2
     has_coordinate: ClassVar[bool] = True
     dimensions: ClassVar[tuple[int, ...]] = (2, 3)
+    vector_fields: ClassVar[tuple[str, ...]] = ("axis",)
 
     def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
                  name: str | None = None):
@@ -222,6 +216,7 @@ class Prismatic(AbstractJoint):
     num_equations: ClassVar[int] = 2
     has_coordinate: ClassVar[bool] = True
     dimensions: ClassVar[tuple[int, ...]] = (2, 3)
+    vector_fields: ClassVar[tuple[str, ...]] = ("axis",)
 
     def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
                  angle: ArrayLike = 0.0, name: str | None = None):
@@ -338,6 +333,7 @@ class PointOnLine(AbstractJoint):
     num_equations: ClassVar[int] = 1
     has_coordinate: ClassVar[bool] = True
     dimensions: ClassVar[tuple[int, ...]] = (2, 3)
+    vector_fields: ClassVar[tuple[str, ...]] = ("axis",)
 
     def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
                  name: str | None = None):
@@ -425,6 +421,7 @@ class Rolling(AbstractJoint):
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 2
     has_coordinate: ClassVar[bool] = True
+    vector_fields: ClassVar[tuple[str, ...]] = ("axis",)
 
     def __init__(self, a: str, b: str, radius: ArrayLike, axis: ArrayLike | None = None, *,
                  offset: ArrayLike = 0.0, name: str | None = None):
@@ -524,6 +521,7 @@ class Universal(AbstractJoint):
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 4
     dimensions: ClassVar[tuple[int, ...]] = (3,)
+    vector_fields: ClassVar[tuple[str, ...]] = ("axis_a", "axis_b")
 
     def __init__(self, a: str, b: str, axis_a: ArrayLike = (1.0, 0.0, 0.0),
                  axis_b: ArrayLike = (0.0, 1.0, 0.0), *, name: str | None = None):
@@ -555,6 +553,7 @@ class Cylindrical(AbstractJoint):
     num_equations: ClassVar[int] = 4
     has_coordinate: ClassVar[bool] = True
     dimensions: ClassVar[tuple[int, ...]] = (3,)
+    vector_fields: ClassVar[tuple[str, ...]] = ("axis",)
 
     def __init__(self, a: str, b: str, axis: ArrayLike = (0.0, 0.0, 1.0), *,
                  name: str | None = None):
