@@ -72,6 +72,7 @@ from ._integration._actuated import (
 )
 from ._integration._adjoint import ReverseSweepAdjoint as ReverseSweepAdjoint
 from ._integration._ensemble import worst_trajectory_rms as worst_trajectory_rms
+from ._integration._events import EventDriven as EventDriven
 from ._integration._generalized_alpha import GeneralizedAlpha as GeneralizedAlpha
 from ._integration._implicit import (
     ToleranceChord as ToleranceChord,
@@ -81,7 +82,12 @@ from ._integration._projection import Projected as Projected
 from ._integration._rosenbrock import Rodas5P as Rodas5P
 from ._integration._simulate import simulate as simulate, simulate_ensemble as simulate_ensemble
 from ._integration._solvers import UnrolledERK as UnrolledERK
-from ._solution import RESULTS as RESULTS, SimulationError as SimulationError, Solution as Solution
+from ._solution import (
+    RESULTS as RESULTS,
+    Events as Events,
+    SimulationError as SimulationError,
+    Solution as Solution,
+)
 from ._systems._actuated import ActuatedSystem as ActuatedSystem
 from ._systems._hamiltonian import (
     HamiltonianForm as HamiltonianForm,

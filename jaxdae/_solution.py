@@ -1,6 +1,7 @@
 """The result of [`jaxdae.simulate`][]."""
 
 import warnings
+from typing import ClassVar
 
 import diffrax
 import equinox as eqx
@@ -118,12 +119,61 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
             "optimistix.Chord)(linear_solver=lineax.SVD()))`."
         )
 
+        event_budget_exceeded = (
+            "The solve met more events (impacts, contacts, releases of the system's `gaps`) "
+            "than `jaxdae.EventDriven(max_events=...)` allows and stopped at the last one: "
+            "raise `max_events`, or raise `min_bounce_speed` so that slow bounces end as "
+            "resting contact (a ball that bounces ever lower meets infinitely many impacts "
+            "in a finite time)."
+        )
+        impact_not_solved = (
+            "The impact problem at an event had no solution (its complementarity problem "
+            "did not converge): the gaps' Jacobian at the reported state has rows that the "
+            "mass metric cannot separate (gaps that repeat each other, or that the "
+            "bilateral constraints already fix). Check `gaps` near the reported t and q."
+        )
 
 RESULTS.__module__ = "jaxdae"  # printed as `jaxdae.RESULTS<message>`
 
 
 class SimulationError(RuntimeError):
     """Raised by [`jaxdae.simulate`][] with `throw=True` when the solve did not succeed."""
+
+
+class Events(eqx.Module):
+    """The events of a solve of a system with one-sided constraints
+    ([`jaxdae.AbstractSystem.gaps`][]), in the order they happened, at most `max_events`
+    of [`jaxdae.EventDriven`][].
+
+    **Fields:**
+
+    - `count`: how many events happened.
+    - `t`: their times, shape `(E,)` (`inf` past `count`).
+    - `gap`: the index of the gap that triggered each, shape `(E,)` (`-1` past `count`).
+    - `kind`: what happened, shape `(E,)`: `Events.IMPACT` (the gap closed and opened
+        again), `Events.CONTACT` (it closed and stays closed: resting contact, a link on
+        its limit), `Events.RELEASE` (a resting contact let go: its force would pull), and
+        `-1` past `count`.
+    - `impulse`: the impulse of the triggering gap (its multiplier's time integral over
+        the impact, `≥ 0`; zero for a release), shape `(E,)`.
+    """
+
+    count: Int[Array, ""]
+    t: Float[Array, " E"]
+    gap: Int[Array, " E"]
+    kind: Int[Array, " E"]
+    impulse: Float[Array, " E"]
+
+    IMPACT: ClassVar[int] = 0
+    CONTACT: ClassVar[int] = 1
+    RELEASE: ClassVar[int] = 2
+    KIND_NAMES: ClassVar[tuple[str, ...]] = ("impact", "contact", "release")
+
+    def table(self) -> list[tuple[float, int, str, float]]:
+        """The events as `(t, gap, kind, impulse)` rows (concrete values only)."""
+        count = int(self.count)
+        return [(float(self.t[i]), int(self.gap[i]), self.KIND_NAMES[int(self.kind[i])],
+                 float(self.impulse[i])) for i in range(count)]
 
 
 class Solution(eqx.Module):
@@ -148,6 +198,8 @@ class Solution(eqx.Module):
     - `result`: a [`jaxdae.RESULTS`][] item.
     - `stats`: diffrax's step statistics (`num_steps`, `num_accepted_steps`,
         `num_rejected_steps`, `max_steps`).
+    - `events`: the events of a system with [`gaps`][jaxdae.AbstractSystem.gaps] (impacts,
+        contacts, releases; a [`jaxdae.Events`][]), else `None`.
     """
 
     ts: Float[Array, " N"]
@@ -165,6 +217,7 @@ class Solution(eqx.Module):
     stats: dict[str, Int[Array, ""]]
     p: Float[Array, "N n"]
     p_final: Float[Array, " n"]
+    events: "Events | None" = None
 
     @property
     def succeeded(self):

@@ -254,6 +254,12 @@ class RealizedConstraints(AbstractSystem):
     def momenta(self, t, q, s):
         return self.system.momenta(t, q, s)
 
+    def gaps(self, t, q):
+        return self.system.gaps(t, q)
+
+    def restitution(self):
+        return self.system.restitution()
+
     def state_rate(self, t, q, s, terms, acceleration):
         return self.system.state_rate(t, q, s, terms, acceleration)
 

@@ -7,6 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optimistix as optx
 
 from .._compilation._linalg import psd_pseudo_solve
 from .._compilation._private_apis import unvmap_any
@@ -145,22 +146,32 @@ def checked_result(initial_residual, residual, range_inputs, result: RESULTS) ->
     return RESULTS.where(not_met, RESULTS.constraints_not_met, result)
 
 
-def solve_event(conditions: list, stepsize_controller) -> diffrax.Event | None:
-    """The failure conditions of a solve, plus `non_finite_event` for fixed steps."""
+def solve_event(conditions: list, stepsize_controller, located: list | None = None,
+                dtype=float) -> diffrax.Event | None:
+    """The failure conditions of a solve, plus `non_finite_event` for fixed steps, after the
+    `located` ones: real-valued conditions whose downcrossings of zero stop the solve at
+    the crossing, located by a root finder to a few ulps (of `dtype`) of the time."""
     if isinstance(stepsize_controller, diffrax.ConstantStepSize):
         conditions = conditions + [non_finite_event]
-    return diffrax.Event(conditions) if conditions else None
+    located = located or []
+    if not located:
+        return diffrax.Event(conditions) if conditions else None
+    # `Newton` on the step's interpolation, kept between the step's ends.
+    tolerance = float(64 * jnp.finfo(dtype).eps)
+    return diffrax.Event(located + conditions, optx.Newton(tolerance, tolerance),
+                         direction=[False] * len(located) + [None] * len(conditions))
 
 
-def event_result(out: diffrax.Solution, failures: list) -> RESULTS:
+def event_result(out: diffrax.Solution, failures: list, located: int = 0) -> RESULTS:
     """jaxdae's result of a solve with `solve_event`: the failure named by the condition
-    that stopped it (`failures[i]` for the i-th condition), `non_finite_state` for the
-    appended non-finite condition."""
+    that stopped it (`failures[i]` for the i-th condition after the `located` ones),
+    `non_finite_state` for the appended non-finite condition; a located condition leaves
+    diffrax's `event_occurred`."""
     result = RESULTS.promote(out.result)
     if out.event_mask is None:
         return result
     names = failures + [RESULTS.non_finite_state]
-    for stopped, name in zip(out.event_mask, names, strict=False):
+    for stopped, name in zip(out.event_mask[located:], names, strict=False):
         result = RESULTS.where((out.result == diffrax.RESULTS.event_occurred) & stopped,
                                name, result)
     return result

@@ -8,6 +8,7 @@ from .._custom_types import ArrayLike, Float, ScalarLike
 from .._formulations import AbstractFormulation
 from .._solution import Solution
 from .._systems._system import AbstractSystem
+from ._events import EventDriven
 from ._solve import SolveCall
 from ._system_solve import solve_system
 from ._trajectories import EnsembleTrajectories, SingleTrajectory
@@ -31,6 +32,7 @@ def simulate(
     max_steps: int = 100_000,
     adjoint: diffrax.AbstractAdjoint | None = None,
     throw: bool = True,
+    events: EventDriven | None = None,
 ) -> Solution:
     """Simulates a constrained system, turned into an ODE by `formulation`, with diffrax.
 
@@ -66,10 +68,15 @@ def simulate(
         passed.
     - `throw`: raise [`jaxdae.SimulationError`][] when the solve fails (the message says what
         happened, at which `t` and `q`); with `False` inspect `Solution.result` instead.
+    - `events`: how the system's one-sided constraints
+        ([`jaxdae.AbstractSystem.gaps`][]) are treated: [`jaxdae.EventDriven`][]
+        (the default where the system has gaps) stops at every impact and applies the
+        impact law. Their solves are differentiated by
+        `diffrax.RecursiveCheckpointAdjoint` unless `adjoint` says otherwise.
 
     **Returns:**
 
-    A [`jaxdae.Solution`][].
+    A [`jaxdae.Solution`][] (with its `events` where the system has gaps).
 
     **Raises:**
 
@@ -81,7 +88,8 @@ def simulate(
     """
     return solve_system(system, formulation, t0, t1, q0, v0, SolveCall(
         ts=ts, solver=solver, stepsize_controller=stepsize_controller, dt0=dt0, rtol=rtol,
-        atol=atol, max_steps=max_steps, adjoint=adjoint, throw=throw), SingleTrajectory())
+        atol=atol, max_steps=max_steps, adjoint=adjoint, throw=throw, events=events),
+        SingleTrajectory())
 
 
 @full_precision

@@ -4,6 +4,7 @@ solver options), the dynamics a model integrates, and the one diffrax solve."""
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import diffrax
 import equinox as eqx
@@ -58,6 +59,8 @@ class SolveCall(eqx.Module):
     max_steps: int | None
     adjoint: diffrax.AbstractAdjoint | ReverseSweepAdjoint | None
     throw: bool
+    # How a system's one-sided constraints are treated (`_events.EventDriven`), or None.
+    events: Any = None
 
     def check_options(self) -> None:
         """`check_solve_options` of the solver, controller, adjoint and step limit."""
@@ -121,12 +124,13 @@ class Dynamics(eqx.Module):
     vector_field: Callable = eqx.field(static=True)
     conditions: tuple[Callable, ...] = eqx.field(static=True, default=())
     failures: tuple[RESULTS, ...] = ()
+    located: tuple[Callable, ...] = eqx.field(static=True, default=())
     stage_vjp: Callable | None = eqx.field(static=True, default=None)
     saves_solver_state: bool = eqx.field(static=True, default=False)
 
 
-def integrate(dynamics: Dynamics, args, y0, times: Times, options: SolveOptions
-              ) -> tuple[diffrax.Solution, RESULTS]:
+def integrate(dynamics: Dynamics, args, y0, times: Times, options: SolveOptions,
+              saveat: diffrax.SaveAt | None = None) -> tuple[diffrax.Solution, RESULTS]:
     """The one diffrax solve of [`jaxdae.simulate`][], [`jaxdae.simulate_ensemble`][] and
     [`jaxdae.simulate_actuated`][]: from `y0` over `times` with `options`, saving as
     `save_at` says, stopped by `dynamics.conditions` (and a non-finite state under fixed
@@ -135,17 +139,20 @@ def integrate(dynamics: Dynamics, args, y0, times: Times, options: SolveOptions
     (`event_result`) or by the solver (`name_result`)."""
     solver, controller = options.solver, options.stepsize_controller
     t0, t1, ts = times.t0, times.t1, times.ts
-    saveat = save_at(t0, t1, ts, controller)
+    if saveat is None:
+        saveat = save_at(t0, t1, ts, controller)
     if dynamics.saves_solver_state:
         saveat = eqx.tree_at(lambda s: s.solver_state, saveat, True)
-    event = solve_event(list(dynamics.conditions), controller)
+    event = solve_event(list(dynamics.conditions), controller, list(dynamics.located),
+                        jnp.result_type(t0))
     controller = stop_stalled_steps(controller)
     term = (diffrax.ODETerm(dynamics.vector_field) if dynamics.stage_vjp is None
             else ODETermWithVJP(dynamics.vector_field, dynamics.stage_vjp))
     out = _diffeqsolve(term, solver, t0, t1, options.dt0, y0, args=args, saveat=saveat,
                        stepsize_controller=controller, adjoint=options.adjoint, event=event,
                        max_steps=options.max_steps, throw=False)
-    return out, name_result(solver, event_result(out, list(dynamics.failures)))
+    return out, name_result(solver, event_result(out, list(dynamics.failures),
+                                                 len(dynamics.located)))
 
 
 # `diffrax.diffeqsolve` without its own `eqx.filter_jit`: `integrate` is always traced inside

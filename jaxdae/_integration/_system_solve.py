@@ -4,15 +4,19 @@
 ensemble differ, it asks its `AbstractTrajectories`."""
 
 import diffrax
+import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _thresholds
 from .._compilation._sharding import explicit_to_auto, is_explicitly_sharded
 from .._gains import is_concrete
 from .._solution import Solution
 from .._systems._structure import constant_mass_factor
 from .._systems._system import cast_floating
 from ._adjoint import forward_mode_hint, jit_unless_staged, reverse_only
+from ._events import EventDriven, event_dynamics, event_settings, integrate_with_events
 from ._failures import name_non_finite_term
 from ._reporting import TracedChecks, check_traced, raise_failure
 from ._solve import DEFAULT_SOLVER, SolveCall, SolveOptions, Times, in_current_mesh, integrate
@@ -64,6 +68,10 @@ def solve_system(system, formulation, t0, t1, q0, v0, call: SolveCall,
         _check_initial_state(system, formulation, t0, q0, v0, trajectories)
 
     options = call.options(dtype, trajectories.error_norm)
+    settings = event_settings(system, call, trajectories, t0, q0, v0, eager)
+    if settings is not None and call.adjoint is None:
+        options = eqx.tree_at(lambda o: o.adjoint, options,
+                              diffrax.RecursiveCheckpointAdjoint(_thresholds.CHECKPOINTS))
     if isinstance(options.stepsize_controller, diffrax.ConstantStepSize):
         warn_unstable_step(formulation, counts,
                            DEFAULT_SOLVER if call.solver is None else call.solver, options.dt0)
@@ -74,7 +82,7 @@ def solve_system(system, formulation, t0, t1, q0, v0, call: SolveCall,
         check_state=not eager, throw=call.throw)
     with forward_mode_hint():
         sol = solve_and_assemble(system, formulation, times, q0, v0, options, checks,
-                                 trajectories)
+                                 trajectories, settings)
     if not traced:
         sol = name_non_finite_term(sol, system, formulation, t0)
         sol = name_stall(options.solver, sol, system)
@@ -105,9 +113,10 @@ def _check_initial_state(system, formulation, t0, q0, v0, trajectories) -> None:
 
 @jit_unless_staged
 def solve_and_assemble(system, formulation, times: Times, q0, v0, options: SolveOptions,
-                       checks: TracedChecks, trajectories: AbstractTrajectories):
+                       checks: TracedChecks, trajectories: AbstractTrajectories,
+                       settings: EventDriven | None = None):
     """The solve and its `Solution`; if anything is `checks.traced`, with its checks
-    attached (`check_traced`)."""
+    attached (`check_traced`); event-driven with `settings` (a system with gaps)."""
     t0, ts = times.t0, times.ts
     checked_q0, checked_v0 = q0, v0
     if checks.traced and not checks.throw:
@@ -124,9 +133,17 @@ def solve_and_assemble(system, formulation, times: Times, q0, v0, options: Solve
     args = SolveArgs(system, formulation, reference,
                      constant_mass_factor(system, t0, *trajectories.first_state(q0, v0),
                                           system_terms))
-    out, result = integrate(dynamics, args, (q0, v0), times, options)
+    if settings is None:
+        out, result = integrate(dynamics, args, (q0, v0), times, options)
+    else:
+        num_gaps = jax.eval_shape(system.gaps, t0, q0).shape[0]
+        out, result = integrate_with_events(
+            event_dynamics(num_gaps, dynamics.conditions, dynamics.failures), args, (q0, v0),
+            times, options, settings)
     sol, initial = trajectories.solution(system, formulation, (t0, q0, v0), ts, out, result,
                                          reverse_only(options.adjoint))
+    if settings is not None:
+        sol = eqx.tree_at(lambda x: x.events, sol, out.events, is_leaf=lambda x: x is None)
     if checks.traced:
         sol = check_traced(sol, system, formulation, times,
                            (checked_q0, checked_v0, *initial), checks, trajectories)

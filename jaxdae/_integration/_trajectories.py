@@ -40,6 +40,8 @@ class AbstractTrajectories(eqx.Module):
     state_shape: eqx.AbstractClassVar[str]
     # The step-size controller's default error norm.
     error_norm: eqx.AbstractClassVar[Callable]
+    # Whether the solve can stop and restart at events (a system with gaps).
+    event_driven: ClassVar[bool] = False
 
     @abc.abstractmethod
     def state_array(self, name: str, value) -> Array:
@@ -99,6 +101,7 @@ class SingleTrajectory(AbstractTrajectories):
 
     state_shape: ClassVar[str] = "(n,)"
     error_norm: ClassVar[Callable] = staticmethod(optx.rms_norm)
+    event_driven: ClassVar[bool] = True
 
     def state_array(self, name, value):
         array = float_array(name, value)

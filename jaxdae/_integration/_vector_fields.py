@@ -80,6 +80,9 @@ class SolveArgs(NamedTuple):
     # An ensemble's rows stopped by their formulation's failure, added to the arguments of
     # each step by `StopFailedTrajectories`, or None.
     stopped: Array | None = None
+    # The gaps' state between events of an event-driven solve (`_events.ContactState`),
+    # or None.
+    contacts: Any = None
 
 
 def vector_field(t, y, args: SolveArgs):

@@ -172,3 +172,9 @@ class HamiltonianForm(HamiltonianSystem):
 
     def velocity_constraints(self, t, q, v):
         return self.lagrangian.velocity_constraints(t, q, v)
+
+    def gaps(self, t, q):
+        return self.lagrangian.gaps(t, q)
+
+    def restitution(self):
+        return self.lagrangian.restitution()

@@ -20,6 +20,7 @@ from .._compilation._scalarize import array_form_scope
 from .._compilation._sparse import SparseMatrix
 from .._custom_types import (
     Array,
+    ArrayLike,
     Coordinates,
     Float,
     HolonomicResidual,
@@ -112,6 +113,25 @@ class AbstractSystem(eqx.Module):
     def velocities(self, t: Scalar, q: Coordinates, s: Velocities) -> Velocities:
         """`q̇` at the state `(q, s)`. Default: `s` (the state holds velocities)."""
         return s
+
+    def gaps(self, t: Scalar, q: Coordinates) -> Float[Array, " u"]:
+        """One-sided constraints `g(t, q) ≥ 0`, shape `(u,)`: joint limits, stops, contacts.
+
+        Each gap is open while positive. When one closes, [`jaxdae.simulate`][] stops there
+        (the event located to the solver's tolerance), applies Newton's impact law with
+        the coefficients of [`restitution`][jaxdae.AbstractSystem.restitution], and goes
+        on; a contact that comes to rest pushes as a bilateral constraint until it would
+        pull (see [`jaxdae.EventDriven`][]). Default: none (`u = 0`).
+        """
+        del t
+        return jnp.zeros((0,), q.dtype)
+
+    def restitution(self) -> Float[ArrayLike, " u"]:
+        """Newton's coefficients of restitution `e` of the [`gaps`][jaxdae.AbstractSystem.gaps],
+        in `[0, 1]`, one per gap or one for all: a gap that closes at the rate `ġ⁻ < 0`
+        opens at `ġ⁺ = −e ġ⁻` (for simultaneous impacts, the least impulses that achieve at
+        least that, with none pulling). Default: `0`, plastic impacts."""
+        return 0.0
 
     def momenta(self, t: Scalar, q: Coordinates, s: Velocities) -> Momenta:
         """Generalized momenta at the state `(q, s)`. Default: `M(t, q) q̇`."""

@@ -1,0 +1,355 @@
+"""Event-driven solves of systems with one-sided constraints (`AbstractSystem.gaps`).
+
+A solve of such a system is a sequence of diffrax solves, each from an event to the next:
+it stops where a gap closes (a downcrossing of zero, located by a root finder on the
+step's interpolation) or a resting contact's force would pull, applies the impact law
+(`_formulations/_impacts.py`), decides which closed gaps rest, and goes on from there
+until `t1`. The number of events is bounded ([`EventDriven`][]`.max_events`); a solve
+that meets more ends with `RESULTS.event_budget_exceeded`.
+"""
+
+import functools
+
+import diffrax
+import equinox as eqx
+import equinox.internal as eqxi
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._checks import check_instance
+from .._custom_types import Array, Bool, Float, Int
+from .._formulations._impacts import contact_problem, gap_terms, impact, resting_contacts
+from .._gains import is_concrete
+from .._solution import RESULTS, Events
+from .._systems._structure import with_mass_factor
+from ._adjoint import ReverseSweepAdjoint
+from ._solve import Dynamics, SolveOptions, Times, integrate
+from ._vector_fields import SolveArgs, jitted_rates, system_terms
+
+
+class EventDriven(eqx.Module):
+    """How [`jaxdae.simulate`][] treats the one-sided constraints of a system
+    ([`jaxdae.AbstractSystem.gaps`][]): exactly, by events.
+
+    The solve stops where a gap closes, to the solver's tolerance in time, and applies
+    Newton's impact law (the impulses in the mass metric that keep the bilateral
+    constraints, no gap pulling, simultaneous impacts as one complementarity problem). A
+    closed gap that comes to rest carries a force that holds it closed (`g̈ + k_d ġ + k_p g
+    = 0`, any formulation between events) until that force would pull; then the solve
+    stops again and releases it. [`jaxdae.Solution`][]`.events` lists what happened.
+
+    **Arguments:**
+
+    - `max_events`: the most events (impacts, contacts, releases) of one solve (static).
+        One more ends the solve there with `RESULTS.event_budget_exceeded`.
+    - `min_bounce_speed`: a gap that closes slower than this (in its own units per unit
+        time) closes plastically and rests, as Chrono's minimum bounce speed: without it a
+        bouncing ball meets infinitely many impacts in a finite time.
+    - `contact_gains`: `(k_d, k_p)` of the resting contacts' stabilization, positive.
+    - `gap_tolerance`: gaps within this of zero count as closed at an event (default
+        `0.01 √ε` of the state's dtype).
+    """
+
+    max_events: int = eqx.field(static=True, default=100)
+    min_bounce_speed: float = 1e-3
+    contact_gains: tuple[float, float] = (20.0, 100.0)
+    gap_tolerance: float | None = None
+
+    def __check_init__(self):
+        if not isinstance(self.max_events, int) or self.max_events < 1:
+            raise ValueError(f"`max_events` must be a positive integer; got {self.max_events!r}.")
+        if not self.min_bounce_speed >= 0:
+            raise ValueError("`min_bounce_speed` must be non-negative; got "
+                             f"{self.min_bounce_speed!r}.")
+        if len(self.contact_gains) != 2 or not all(k > 0 for k in self.contact_gains):
+            raise ValueError("`contact_gains` must be two positive numbers `(k_d, k_p)`; got "
+                             f"{self.contact_gains!r}.")
+        if self.gap_tolerance is not None and not self.gap_tolerance > 0:
+            raise ValueError(f"`gap_tolerance` must be positive; got {self.gap_tolerance!r}.")
+
+    def tolerance(self, dtype) -> float:
+        """`gap_tolerance`, or its default for `dtype`."""
+        if self.gap_tolerance is not None:
+            return self.gap_tolerance
+        return float(0.01 * np.sqrt(np.finfo(dtype).eps))
+
+
+def event_settings(system, call, trajectories, t0, q0, v0, eager: bool) -> EventDriven | None:
+    """The [`EventDriven`][] settings of a solve (`call.events`, or the default) where the
+    system has gaps, checked with the gaps at the start; `None` where it has none."""
+    q_one = trajectories.one_state(q0, v0)[0]
+    shape = jax.eval_shape(system.gaps, t0, q_one).shape
+    if len(shape) != 1:
+        raise ValueError(f"`gaps` must return a vector of shape (u,); got shape {shape}.")
+    if shape[0] == 0:
+        return None
+    settings = EventDriven() if call.events is None else call.events
+    check_instance("events", settings, EventDriven, "a `jaxdae.EventDriven`")
+    if not trajectories.event_driven:
+        raise ValueError(
+            "The system has one-sided constraints (`gaps`), whose events stop and restart "
+            "each trajectory on its own; `simulate_ensemble` steps its trajectories "
+            "together. Use `jax.vmap(jaxdae.simulate)` (each member with its own events).")
+    if isinstance(call.adjoint, ReverseSweepAdjoint):
+        raise ValueError(
+            "`ReverseSweepAdjoint` does not differentiate through the events of a system "
+            "with `gaps`; leave `adjoint` unset (`diffrax.RecursiveCheckpointAdjoint`).")
+    restitution = system.restitution()
+    if jnp.ndim(restitution) > 1 or jnp.size(restitution) not in (1, shape[0]):
+        raise ValueError(f"`restitution` must return one coefficient or one per gap ({shape[0]});"
+                         f" got shape {jnp.shape(restitution)}.")
+    if is_concrete(restitution) and not np.all((np.asarray(restitution) >= 0)
+                                               & (np.asarray(restitution) <= 1)):
+        raise ValueError("The coefficients of restitution must lie in [0, 1] (0: plastic, "
+                         f"1: elastic impacts); got {np.asarray(restitution)}.")
+    if eager:
+        gaps = np.asarray(system.gaps(t0, q0))
+        tolerance = settings.tolerance(q0.dtype)
+        if np.any(gaps < -tolerance):
+            index = int(np.argmin(gaps))
+            raise ValueError(
+                f"The initial state violates gap {index}: g(t0, q0)[{index}] = "
+                f"{gaps[index]:.6g} < 0 (a one-sided constraint `gaps(t, q) ≥ 0`). Start "
+                "where every gap is open or closed (≥ 0).")
+    return settings
+
+
+class ContactState(eqx.Module):
+    """The gaps' state during one solve between events, in the solve's arguments:
+    `active`, the resting contacts; `offset`, subtracted from an open gap in its event
+    condition (a gap that starts closed counts as closing again only past the tolerance);
+    `gains`, `(k_d, k_p)`."""
+
+    active: Bool[Array, " u"]
+    offset: Float[Array, " u"]
+    gains: tuple[Array, Array]
+
+
+def _contact_setup(system, formulation, contacts, t, q, s, mass_factor):
+    s = formulation.velocities(system, t, q, s)
+    terms = with_mass_factor(system_terms(system, t, q, s), mass_factor)
+    gaps = gap_terms(system, t, q, system.velocities(t, q, s))
+    return s, terms, gaps, contact_problem(formulation, terms, gaps, contacts.gains)
+
+
+@eqx.filter_jit
+def contact_rates(system, formulation, contacts: ContactState, t, q, s, mass_factor=None):
+    """`(q̇, ṡ)` with the resting contacts' forces (the plain rates where none rests)."""
+
+    def pushed():
+        s_, terms, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s,
+                                                  mass_factor)
+        forces = problem.forces(contacts.active)
+        pushed_terms = eqx.tree_at(lambda x: x.forces, terms,
+                                   terms.forces + gaps.jacobian.T @ forces)
+        acceleration = problem.acceleration + problem.response @ forces
+        return (system.velocities(t, q, s_),
+                system.state_rate(t, q, s_, pushed_terms, acceleration))
+
+    def free():
+        return jitted_rates(system, formulation, t, q, s, mass_factor)
+
+    return jax.lax.cond(contacts.active.any(), pushed, free)
+
+
+@eqx.filter_jit
+def condition_values(system, formulation, contacts: ContactState, t, q, s, mass_factor=None):
+    """Each gap's event condition: the gap less its offset where open, the contact force
+    where resting; an event is a downcrossing of zero."""
+
+    def forces():
+        return _contact_setup(system, formulation, contacts, t, q, s,
+                              mass_factor)[3].forces(contacts.active)
+
+    gap = system.gaps(t, q)
+    force = jax.lax.cond(contacts.active.any(), forces, lambda: jnp.zeros_like(gap))
+    return jnp.where(contacts.active, force, gap - contacts.offset)
+
+
+def contact_vector_field(t, y, args: SolveArgs):
+    q, s = y
+    return contact_rates(args.system, args.formulation, args.contacts, t, q, s,
+                         args.mass_factor)
+
+
+def _gap_condition(index, t, y, args: SolveArgs, **kwargs):
+    q, s = y
+    return condition_values(args.system, args.formulation, args.contacts, t, q, s,
+                            args.mass_factor)[index]
+
+
+def event_dynamics(num_gaps: int, conditions: tuple, failures: tuple) -> Dynamics:
+    """What an event-driven solve integrates: the rates with the contact forces, stopped
+    at each gap's event (located) and at the formulation's `conditions`."""
+    located = tuple(functools.partial(_gap_condition, i) for i in range(num_gaps))
+    return Dynamics(contact_vector_field, conditions, failures, located=located)
+
+
+class _Transition(eqx.Module):
+    state: Float[Array, " n"]
+    active: Bool[Array, " u"]
+    offset: Float[Array, " u"]
+    impulses: Float[Array, " u"]
+    solved: Bool[Array, ""]
+
+
+@eqx.filter_jit
+def transition(system, formulation, settings: EventDriven, gains, t, q, s,
+               active, triggered, mass_factor=None) -> _Transition:
+    """What happens at an event at `(t, q, s)` whose `triggered` gaps closed (or, resting,
+    let go): the impact of the closed gaps, the state after it, and which of them rest."""
+    tolerance = settings.tolerance(q.dtype)
+    s = formulation.velocities(system, t, q, s)
+    terms = with_mass_factor(system_terms(system, t, q, s), mass_factor)
+    v = system.velocities(t, q, s)
+    gaps = gap_terms(system, t, q, v)
+    size = gaps.gap.shape[0]
+    restitution = jnp.broadcast_to(jnp.asarray(system.restitution(), v.dtype), (size,))
+    released = triggered & active
+    closed = active | triggered | (gaps.gap <= tolerance)
+    outcome = impact(terms, gaps, closed, restitution, settings.min_bounce_speed)
+    change = outcome.velocity_change
+    s_after = s + change if system.state_is_velocity else s + terms.mass_matrix @ change
+    v_after = v + change
+    gaps_after = gap_terms(system, t, q, v_after)
+    candidates = closed & ~released & (gaps_after.rate <= settings.min_bounce_speed)
+    terms_after = with_mass_factor(system_terms(system, t, q, s_after), mass_factor)
+    resting = resting_contacts(contact_problem(formulation, terms_after, gaps_after, gains),
+                               candidates)
+    # A closed gap that neither rests nor opens (released, or touching without force)
+    # counts as closing again only once it closes by the tolerance more; the others' event
+    # is their exact zero.
+    lingering = ~resting & closed & (gaps_after.rate <= settings.min_bounce_speed)
+    offset = jnp.where(lingering, gaps.gap - tolerance, 0.0)
+    return _Transition(s_after, resting, offset, outcome.impulses, outcome.solved)
+
+
+class EventSolve(eqx.Module):
+    """An event-driven solve as the solution assembly reads it: `ts` and `ys` laid out as
+    diffrax saves them with `save_at`, diffrax's `result` (successful where it reached
+    `t1`), the summed `stats`, and the [`jaxdae.Events`][]."""
+
+    ts: object
+    ys: object
+    result: diffrax.RESULTS
+    stats: dict
+    events: Events
+
+
+class _Carry(eqx.Module):
+    t: Array
+    q: Array
+    s: Array
+    active: Array
+    offset: Array
+    count: Int[Array, ""]
+    done: Bool[Array, ""]
+    reached: Bool[Array, ""]
+    result: RESULTS
+    rows: tuple
+    saved: Array
+    events: Events
+    stats: dict
+
+
+_STAT_KEYS = ("num_steps", "num_accepted_steps", "num_rejected_steps")
+
+
+def integrate_with_events(dynamics: Dynamics, args: SolveArgs, y0, times: Times,
+                          options: SolveOptions, settings: EventDriven
+                          ) -> tuple[EventSolve, RESULTS]:
+    """The event-driven solve from `y0` over `times` (module docstring), and jaxdae's
+    result."""
+    q0, s0 = y0
+    t0, t1, ts = times.t0, times.t1, times.ts
+    dtype = q0.dtype
+    system, formulation = args.system, args.formulation
+    size = jax.eval_shape(system.gaps, t0, q0).shape[0]
+    gains = tuple(jnp.asarray(k, dtype) for k in settings.contact_gains)
+    start = transition(system, formulation, settings, gains, t0, q0, s0,
+                       jnp.zeros((size,), bool), jnp.zeros((size,), bool), args.mass_factor)
+    budget = settings.max_events
+    count_rows = 0 if ts is None else ts.shape[0]
+    carry = _Carry(
+        t=t0, q=q0, s=start.state, active=start.active, offset=start.offset,
+        count=jnp.asarray(0), done=~start.solved, reached=jnp.asarray(False),
+        result=RESULTS.where(start.solved, RESULTS.successful, RESULTS.impact_not_solved),
+        rows=(jnp.full((count_rows,) + q0.shape, jnp.inf, dtype),
+              jnp.full((count_rows,) + s0.shape, jnp.inf, dtype)),
+        saved=jnp.zeros((count_rows,), bool),
+        events=Events(count=jnp.asarray(0), t=jnp.full((budget,), jnp.inf, dtype),
+                      gap=jnp.full((budget,), -1), kind=jnp.full((budget,), -1),
+                      impulse=jnp.zeros((budget,), dtype)),
+        stats={key: jnp.asarray(0) for key in _STAT_KEYS},
+    )
+
+    def segment(carry: _Carry) -> _Carry:
+        contacts = ContactState(carry.active, carry.offset, gains)
+        segment_args = args._replace(contacts=contacts)
+        if ts is None:
+            saveat = diffrax.SaveAt(t1=True)
+        else:
+            saveat = diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=jnp.clip(ts, carry.t, t1)),
+                                          diffrax.SubSaveAt(t1=True)])
+        out, result = integrate(dynamics, segment_args, (carry.q, carry.s),
+                                Times(carry.t, t1, None), options, saveat)
+        if ts is None:
+            t_end, (q_end, s_end) = out.ts[0], (out.ys[0][0], out.ys[1][0])
+        else:
+            (_, end_t), ((rows_q, rows_s), (end_q, end_s)) = out.ts, out.ys
+            t_end, q_end, s_end = end_t[0], end_q[0], end_s[0]
+        reached = out.result == diffrax.RESULTS.successful
+        stopped = out.result == diffrax.RESULTS.event_occurred
+        triggered = jnp.stack(out.event_mask[:size]) & stopped
+        hit = triggered.any()
+        failed = ~reached & ~hit
+        over = hit & (carry.count >= budget)
+        after = transition(system, formulation, settings, gains, t_end, q_end, s_end,
+                           carry.active, triggered, args.mass_factor)
+        applied = hit & ~over
+        rows, saved = carry.rows, carry.saved
+        if ts is not None:
+            inside = (ts >= carry.t) & ((ts < t_end) | (reached & (ts <= t_end)))
+            rows = tuple(jnp.where(inside[:, None], new, old)
+                         for new, old in zip((rows_q, rows_s), rows, strict=True))
+            saved = saved | inside
+        which = jnp.argmax(triggered)
+        kind = jnp.where((triggered & carry.active).any(), Events.RELEASE,
+                         jnp.where(after.active[which], Events.CONTACT, Events.IMPACT))
+        index = jnp.minimum(carry.count, budget - 1)
+        events = carry.events
+        events = Events(
+            count=carry.count + applied,
+            t=events.t.at[index].set(jnp.where(applied, t_end, events.t[index])),
+            gap=events.gap.at[index].set(jnp.where(applied, which, events.gap[index])),
+            kind=events.kind.at[index].set(jnp.where(applied, kind, events.kind[index])),
+            impulse=events.impulse.at[index].set(
+                jnp.where(applied, after.impulses[which], events.impulse[index])),
+        )
+        result = RESULTS.where(failed, result, RESULTS.successful)
+        result = RESULTS.where(over, RESULTS.event_budget_exceeded, result)
+        result = RESULTS.where(applied & ~after.solved, RESULTS.impact_not_solved, result)
+        return _Carry(
+            t=t_end, q=q_end, s=jnp.where(applied, after.state, s_end),
+            active=jnp.where(applied, after.active, carry.active),
+            offset=jnp.where(applied, after.offset, carry.offset),
+            count=carry.count + applied,
+            done=reached | failed | over | (applied & ~after.solved),
+            reached=reached, result=result, rows=rows, saved=saved, events=events,
+            stats={key: carry.stats[key] + out.stats[key] for key in _STAT_KEYS},
+        )
+
+    kind = "lax" if isinstance(options.adjoint, diffrax.ForwardMode) else "checkpointed"
+    final = eqxi.while_loop(lambda c: ~c.done, segment, carry, max_steps=budget + 1,
+                            kind=kind, checkpoints=budget + 1 if kind == "checkpointed" else None)
+    if ts is None:
+        saved_ts = jnp.stack([t0, final.t])
+        ys = (jnp.stack([q0, final.q]), jnp.stack([s0, final.s]))
+    else:
+        saved_ts = (jnp.where(final.saved, ts, jnp.inf), final.t[None])
+        ys = (final.rows, (final.q[None], final.s[None]))
+    stats = {**final.stats, "max_steps": options.max_steps, "num_events": final.events.count}
+    reached = diffrax.RESULTS.where(final.reached, diffrax.RESULTS.successful,
+                                    diffrax.RESULTS.event_occurred)
+    return EventSolve(saved_ts, ys, reached, stats, final.events), final.result
