@@ -217,11 +217,14 @@ def transition(system, formulation, settings: EventDriven, gains, t, q, s,
     terms_after = with_mass_factor(system_terms(system, t, q, s_after), mass_factor)
     resting = resting_contacts(contact_problem(formulation, terms_after, gaps_after, gains),
                                candidates)
-    # A closed gap that neither rests nor opens (released, or touching without force)
-    # counts as closing again only once it closes by the tolerance more; the others' event
-    # is their exact zero.
-    lingering = ~resting & closed & (gaps_after.rate <= settings.min_bounce_speed)
-    offset = jnp.where(lingering, gaps.gap - tolerance, 0.0)
+    # A closed gap that does not rest starts its next solve open by a margin, so that its
+    # condition is positive there and a step over its whole flight (a small bounce) still
+    # ends below zero. The margin is the tolerance where it neither rests nor opens
+    # (released, or touching without force: its rounding must not count as a new
+    # impact), a thousandth of it where it opens.
+    lingering = gaps_after.rate <= settings.min_bounce_speed
+    margin = jnp.where(lingering, tolerance, 1e-3 * tolerance)
+    offset = jnp.where(~resting & closed, gaps.gap - margin, 0.0)
     return _Transition(s_after, resting, offset, outcome.impulses, outcome.solved)
 
 
