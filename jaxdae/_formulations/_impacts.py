@@ -67,13 +67,14 @@ class Impact(eqx.Module):
 
 def impact(terms: ConstrainedTerms, gaps: GapTerms, closed: Bool[Array, " u"],
            restitution: Float[Array, " u"], min_bounce_speed) -> Impact:
-    """Newton's impact law for the `closed` gaps (module docstring). A gap that closes
-    slower than `min_bounce_speed` closes plastically (`e = 0`)."""
+    """Newton's impact law for the `closed` gaps (module docstring). A gap that would
+    bounce off slower than `min_bounce_speed` (`e |ġ⁻|` below it) closes plastically
+    (`e = 0`)."""
     response = constrained_inverse_mass(terms, gaps.jacobian.T)
     delassus = gaps.jacobian @ response
     delassus = 0.5 * (delassus + delassus.T)
     rate = gaps.rate
-    bouncing = jnp.where(-rate < min_bounce_speed, 0.0, restitution)
+    bouncing = jnp.where(-restitution * rate < min_bounce_speed, 0.0, restitution)
     solution = solve_lcp(delassus, rate + bouncing * jnp.minimum(rate, 0.0), closed)
     return Impact(response @ solution.x, solution.x, solution.solved)
 

@@ -43,9 +43,9 @@ class EventDriven(eqx.Module):
 
     - `max_events`: the most events (impacts, contacts, releases) of one solve (static).
         One more ends the solve there with `RESULTS.event_budget_exceeded`.
-    - `min_bounce_speed`: a gap that closes slower than this (in its own units per unit
-        time) closes plastically and rests, as Chrono's minimum bounce speed: without it a
-        bouncing ball meets infinitely many impacts in a finite time.
+    - `min_bounce_speed`: a gap that would bounce off slower than this (`e |ġ⁻|`, in its
+        own units per unit time) closes plastically and rests, as Chrono's minimum bounce
+        speed: without it a bouncing ball meets infinitely many impacts in a finite time.
     - `contact_gains`: `(k_d, k_p)` of the resting contacts' stabilization, positive.
     - `gap_tolerance`: gaps within this of zero count as closed at an event (default
         `0.01 √ε` of the state's dtype).
@@ -213,7 +213,10 @@ def transition(system, formulation, settings: EventDriven, gains, t, q, s,
     s_after = s + change if system.state_is_velocity else s + terms.mass_matrix @ change
     v_after = v + change
     gaps_after = gap_terms(system, t, q, v_after)
-    candidates = closed & ~released & (gaps_after.rate <= settings.min_bounce_speed)
+    # At rest after the impact (to rounding): those may carry a force from now on.
+    at_rest = gaps_after.rate <= (1e-3 * settings.min_bounce_speed
+                                  + 64 * jnp.finfo(q.dtype).eps * jnp.max(jnp.abs(gaps.rate)))
+    candidates = closed & ~released & at_rest
     terms_after = with_mass_factor(system_terms(system, t, q, s_after), mass_factor)
     resting = resting_contacts(contact_problem(formulation, terms_after, gaps_after, gains),
                                candidates)
@@ -221,9 +224,9 @@ def transition(system, formulation, settings: EventDriven, gains, t, q, s,
     # condition is positive there and a step over its whole flight (a small bounce) still
     # ends below zero. The margin is the tolerance where it neither rests nor opens
     # (released, or touching without force: its rounding must not count as a new
-    # impact), a thousandth of it where it opens.
+    # impact), a millionth of it where it opens.
     lingering = gaps_after.rate <= settings.min_bounce_speed
-    margin = jnp.where(lingering, tolerance, 1e-3 * tolerance)
+    margin = jnp.where(lingering, tolerance, 1e-6 * tolerance)
     offset = jnp.where(~resting & closed, gaps.gap - margin, 0.0)
     return _Transition(s_after, resting, offset, outcome.impulses, outcome.solved)
 

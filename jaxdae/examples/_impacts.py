@@ -1,0 +1,108 @@
+"""Systems with one-sided constraints whose impacts have closed forms."""
+
+import jax.numpy as jnp
+import numpy as np
+
+from .._custom_types import Array
+from .._systems._system import LagrangianSystem
+from ._parameters import parameter
+
+
+class BouncingBall(LagrangianSystem):
+    """A point mass at `q = (x, y)` above the floor `y = 0`: `T = ½ m |v|²`, `V = m g y`,
+    one gap `g = y ≥ 0` with Newton's coefficient of restitution `e`.
+
+    Dropped from rest at the height `h`, it meets the floor at the speed
+    `v₁ = √(2 g h)` at `t₁ = √(2h/g)`, leaves the `k`-th impact at `eᵏ v₁`, rises to
+    `e²ᵏ h` and meets the floor again `2 eᵏ v₁ / g` later; the impacts accumulate at
+    `t₁ (1 + e)/(1 − e)` ([`impact_times`][jaxdae.examples.BouncingBall.impact_times]).
+    """
+
+    mass: Array = parameter(1.0)
+    gravity: Array = parameter(9.81)
+    e: Array = parameter(0.8)
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * self.mass * v @ v
+
+    def potential_energy(self, t, q):
+        return self.mass * self.gravity * q[1]
+
+    def gaps(self, t, q):
+        return q[1:2]
+
+    def restitution(self):
+        return self.e
+
+    def impact_times(self, height: float, count: int) -> np.ndarray:
+        """The times of the first `count` impacts after a drop from rest at `height`."""
+        g, e = float(self.gravity), float(self.e)
+        first = np.sqrt(2 * height / g)
+        flights = 2 * first * e ** np.arange(1, count)
+        return first + np.concatenate([[0.0], np.cumsum(flights)])
+
+    def impact_speeds(self, height: float, count: int) -> np.ndarray:
+        """The speeds at which the first `count` impacts meet the floor."""
+        g, e = float(self.gravity), float(self.e)
+        return np.sqrt(2 * g * height) * e ** np.arange(count)
+
+
+def _complete_elliptic_k(modulus):
+    """`K(k)`, the complete elliptic integral of the first kind, by the arithmetic–geometric
+    mean: `K = π / (2 AGM(1, √(1 − k²)))`."""
+    a, b = 1.0, np.sqrt(1.0 - modulus**2)
+    for _ in range(64):
+        a, b = 0.5 * (a + b), np.sqrt(a * b)
+    return np.pi / (2 * a)
+
+
+class PendulumWithStop(LagrangianSystem):
+    """A point mass on a rod of length `l` from the origin, in Cartesian coordinates
+    `q = (x, y)` (`Φ = x² + y² − l²`), against a wall along the vertical `x = 0` on its
+    right: the gap `g = −x ≥ 0`, coefficient of restitution `e`.
+
+    Released from rest at the angle `θ₀` from the downward vertical (on the left), it
+    meets the wall hanging straight down after a quarter period `K(sin(θ₀/2)) √(l/g)`;
+    each impact scales its angular speed by `e`, so the amplitudes follow
+    `1 − cos θ_k = e²ᵏ (1 − cos θ₀)` and the next impact comes a half period
+    `2 K(sin(θ_k/2)) √(l/g)` later ([`impact_times`][jaxdae.examples.PendulumWithStop.impact_times]).
+    The rod constraint stays bilateral through the impacts.
+    """
+
+    mass: Array = parameter(1.0)
+    length: Array = parameter(1.0)
+    gravity: Array = parameter(9.81)
+    e: Array = parameter(0.5)
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * self.mass * v @ v
+
+    def potential_energy(self, t, q):
+        return self.mass * self.gravity * q[1]
+
+    def constraints(self, t, q):
+        return jnp.array([q @ q - self.length**2])
+
+    def gaps(self, t, q):
+        return -q[:1]
+
+    def restitution(self):
+        return self.e
+
+    def initial_state(self, angle: float = 0.5):
+        """`(q, v)` at rest at `angle` from the downward vertical, on the left."""
+        q = self.length * jnp.array([-jnp.sin(angle), -jnp.cos(angle)])
+        return q, jnp.zeros(2)
+
+    def amplitudes(self, angle: float, count: int) -> np.ndarray:
+        """The amplitudes `θ₀, …, θ_{count−1}` of the swings between impacts."""
+        e = float(self.e)
+        height = (1 - np.cos(angle)) * e ** (2 * np.arange(count))
+        return np.arccos(1 - height)
+
+    def impact_times(self, angle: float, count: int) -> np.ndarray:
+        """The times of the first `count` impacts after a release from rest at `angle`."""
+        scale = np.sqrt(float(self.length) / float(self.gravity))
+        quarters = np.array([_complete_elliptic_k(np.sin(a / 2)) * scale
+                             for a in self.amplitudes(angle, count)])
+        return quarters[0] + np.concatenate([[0.0], np.cumsum(2 * quarters[1:])])

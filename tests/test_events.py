@@ -1,0 +1,211 @@
+"""One-sided constraints: the complementarity solver, the event-driven solve against closed
+forms, its gradients, batches and errors (`jaxdae/_integration/_events.py`)."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdae
+from jaxdae._compilation._lcp import solve_lcp
+from jaxdae.examples import BouncingBall, PendulumWithStop
+
+TIGHT = {"rtol": 1e-11, "atol": 1e-13}
+
+
+def test_lcp_matches_scipy_nnls():
+    """For positive definite `A` the LCP is `min ½ xᵀAx + bᵀx, x ≥ 0`, which with
+    `A = L Lᵀ` is the non-negative least-squares problem `min |Lᵀx + L⁻¹b|`."""
+    scipy_optimize = pytest.importorskip("scipy.optimize", reason="scipy checks the LCP")
+    import scipy.linalg
+
+    rng = np.random.default_rng(0)
+    solve = jax.jit(solve_lcp)
+    for _ in range(60):
+        size = int(rng.integers(1, 8))
+        a = rng.standard_normal((size, size))
+        matrix = a @ a.T + 0.05 * np.eye(size)
+        vector = rng.standard_normal(size)
+        low = np.linalg.cholesky(matrix)
+        expected, _ = scipy_optimize.nnls(low.T, -scipy.linalg.solve_triangular(low, vector,
+                                                                                lower=True))
+        solution = solve(jnp.asarray(matrix), jnp.asarray(vector))
+        assert bool(solution.solved)
+        np.testing.assert_allclose(solution.x, expected, rtol=1e-10, atol=1e-11)
+        assert np.all(np.asarray(solution.w) > -1e-12)
+
+
+def test_lcp_candidates_and_derivative():
+    matrix = jnp.array([[2.0, 1.0], [1.0, 2.0]])
+    vector = jnp.array([-1.0, -1.0])
+    both = solve_lcp(matrix, vector)
+    np.testing.assert_allclose(both.x, [1 / 3, 1 / 3], rtol=1e-14)
+    first = solve_lcp(matrix, vector, jnp.array([True, False]))
+    np.testing.assert_allclose(first.x, [0.5, 0.0], rtol=1e-14)
+    # on the set {0}: x₀ = −b₀ / 2; the other component stays at zero
+    jac = jax.jacfwd(lambda b: solve_lcp(matrix, b, jnp.array([True, False])).x)(vector)
+    np.testing.assert_allclose(jac, [[-0.5, 0.0], [0.0, 0.0]], atol=1e-14)
+
+
+@eqx.filter_jit
+def _ball_runs(restitution, height, t1, ts):
+    """Drops of `BouncingBall`s with the coefficients `restitution`, batched."""
+
+    def run(e):
+        ball = BouncingBall(e=e)
+        return jaxdae.simulate(ball, jaxdae.Unstabilized(), 0.0, t1,
+                               jnp.array([0.0, height]), jnp.array([0.3, 0.0]), ts=ts,
+                               **TIGHT)
+
+    return jax.vmap(run)(restitution)
+
+
+_RESTITUTION = (0.5, 0.8, 0.9)
+_TS = np.linspace(0.0, 2.5, 51)
+
+
+@pytest.fixture(scope="module")
+def ball_runs():
+    return _ball_runs(jnp.array(_RESTITUTION), 1.0, 2.5, jnp.asarray(_TS))
+
+
+def test_bouncing_ball_matches_closed_form(ball_runs):
+    """Impact times to 1e-10, impulses and saved heights to 1e-8, against the closed form;
+    a batch whose members meet different numbers of impacts in one `vmap`."""
+    restitution, ts, sols = jnp.array(_RESTITUTION), _TS, ball_runs
+    assert np.all(np.asarray(sols.result._value) == jaxdae.RESULTS.successful._value)
+    counts = np.asarray(sols.events.count)
+    assert len(set(counts.tolist())) == 3  # each member its own events
+    for row, e in enumerate(np.asarray(restitution)):
+        ball = BouncingBall(e=e)
+        count = int(counts[row])
+        times = np.asarray(sols.events.t[row, :count])
+        kinds = np.asarray(sols.events.kind[row, :count])
+        bounces = int(np.sum(kinds == jaxdae.Events.IMPACT))
+        np.testing.assert_allclose(times[:bounces], ball.impact_times(1.0, bounces), rtol=0,
+                                   atol=1e-10)
+        np.testing.assert_allclose(sols.events.impulse[row, :bounces],
+                                   (1 + e) * ball.impact_speeds(1.0, bounces), rtol=1e-8)
+        # the height between impacts: a parabola from each impact
+        g = 9.81
+        starts = np.concatenate([[0.0], times[:bounces]])
+        speeds = np.concatenate([[0.0], e * ball.impact_speeds(1.0, bounces)])
+        heights = np.concatenate([[1.0], np.zeros(bounces)])
+        t = np.asarray(ts)
+        k = np.searchsorted(starts, t, side="right") - 1
+        flight = t - starts[k]
+        expected = heights[k] + speeds[k] * flight - 0.5 * g * flight**2
+        settled = t > times[-1] if kinds[-1] == jaxdae.Events.CONTACT else np.zeros_like(t, bool)
+        expected = np.where(settled, 0.0, expected)
+        np.testing.assert_allclose(sols.q[row, :, 1], expected, rtol=0, atol=1e-8)
+        np.testing.assert_allclose(sols.q[row, :, 0], 0.3 * t, rtol=1e-12)
+
+
+def test_ball_comes_to_rest_on_the_floor(ball_runs):
+    """The impacts accumulate at `t₁ (1 + e)/(1 − e)`; the slow ones end in resting contact
+    (`min_bounce_speed`), and the ball then stays on the floor."""
+    sols = ball_runs  # row 0: e = 0.5
+    count = int(sols.events.count[0])
+    assert int(sols.events.kind[0, count - 1]) == jaxdae.Events.CONTACT
+    accumulation = np.sqrt(2 / 9.81) * 1.5 / 0.5
+    last = float(sols.events.t[0, count - 1])
+    assert last < accumulation and accumulation - last < 1e-3
+    assert abs(float(sols.q_final[0, 1])) < 1e-8 and abs(float(sols.v_final[0, 1])) < 1e-8
+
+
+@eqx.filter_jit
+def _pendulum_runs(restitution, formulation):
+    def run(e):
+        pendulum = PendulumWithStop(e=e)
+        return jaxdae.simulate(pendulum, formulation, 0.0, 2.5, *pendulum.initial_state(0.8),
+                               ts=jnp.linspace(0.0, 2.5, 11), **TIGHT)
+
+    return jax.vmap(run)(restitution)
+
+
+def test_pendulum_against_a_stop():
+    """Impact times against the elliptic-integral closed form (to 1e-10) for several
+    coefficients of restitution; the rod constraint holds through the impacts."""
+    restitution = jnp.array([0.25, 0.5, 1.0])
+    sols = _pendulum_runs(restitution, jaxdae.Baumgarte(20.0, 100.0))
+    for row, e in enumerate(np.asarray(restitution)):
+        pendulum = PendulumWithStop(e=e)
+        count = int(sols.events.count[row])
+        assert count >= 2
+        np.testing.assert_allclose(sols.events.t[row, :count],
+                                   pendulum.impact_times(0.8, count), rtol=0, atol=1e-10)
+        # the speed at the bottom before each impact: from the amplitudes
+        amplitudes = pendulum.amplitudes(0.8, count)
+        speeds = np.sqrt(2 * 9.81 * (1 - np.cos(amplitudes)))
+        np.testing.assert_allclose(sols.events.impulse[row, :count], (1 + e) * speeds,
+                                   rtol=1e-8)
+        assert float(jnp.max(jnp.abs(sols.phi[row]))) < 1e-9
+
+
+def test_release_of_a_resting_contact():
+    """A ball resting on the floor under an upward force `2 m g t` lifts off at
+    `t = 0.5` (its contact force `m g (1 − 2t)` reaches zero) and then flies."""
+
+    class Lifted(BouncingBall):
+        def generalized_forces(self, t, q, v):
+            return jnp.stack([0.0 * t, 2 * self.mass * self.gravity * t])
+
+    ball = Lifted(e=0.0)
+    sol = jaxdae.simulate(ball, jaxdae.Unstabilized(), 0.0, 1.0, jnp.zeros(2), jnp.zeros(2),
+                          **TIGHT)
+    assert int(sol.events.count) == 1
+    assert int(sol.events.kind[0]) == jaxdae.Events.RELEASE
+    np.testing.assert_allclose(sol.events.t[0], 0.5, atol=1e-10)
+    # then ÿ = g (2t − 1) from rest: y = g (t − ½)³ / 3, y(1) = g / 24
+    np.testing.assert_allclose(sol.q_final[1], 9.81 / 24, rtol=1e-9)
+
+
+def test_gradients_through_events_match_central_differences():
+    """The gradient of the third impact time and of the final height with respect to the
+    coefficient of restitution and the drop height."""
+
+    def loss(e, height):
+        ball = BouncingBall(e=e)
+        sol = jaxdae.simulate(ball, jaxdae.Unstabilized(), 0.0, 2.0,
+                              jnp.array([0.0, height]), jnp.zeros(2), **TIGHT)
+        return sol.events.t[2] + sol.q_final[1]
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))(0.8, 1.0)
+    step = 1e-6
+    central = [(loss(0.8 + step, 1.0) - loss(0.8 - step, 1.0)) / (2 * step),
+               (loss(0.8, 1.0 + step) - loss(0.8, 1.0 - step)) / (2 * step)]
+    np.testing.assert_allclose(grad, central, rtol=1e-5)
+
+
+def test_event_budget_ends_with_a_named_result():
+    ball = BouncingBall(e=0.9)
+    sol = jaxdae.simulate(ball, jaxdae.Unstabilized(), 0.0, 5.0, jnp.array([0.0, 1.0]),
+                          jnp.zeros(2), events=jaxdae.EventDriven(max_events=3), throw=False)
+    assert sol.result == jaxdae.RESULTS.event_budget_exceeded
+    assert int(sol.events.count) == 3
+    np.testing.assert_allclose(sol.t_final, ball.impact_times(1.0, 4)[-1], atol=1e-8)
+    with pytest.raises(jaxdae.SimulationError, match="max_events"):
+        jaxdae.simulate(ball, jaxdae.Unstabilized(), 0.0, 5.0, jnp.array([0.0, 1.0]),
+                        jnp.zeros(2), events=jaxdae.EventDriven(max_events=3))
+
+
+def test_bad_input_is_refused_before_the_solve():
+    start = (jnp.array([0.0, 1.0]), jnp.zeros(2))
+    with pytest.raises(ValueError, match=r"restitution must lie in \[0, 1\]"):
+        jaxdae.simulate(BouncingBall(e=1.5), jaxdae.Unstabilized(), 0.0, 1.0, *start)
+    with pytest.raises(ValueError, match="violates gap 0"):
+        jaxdae.simulate(BouncingBall(), jaxdae.Unstabilized(), 0.0, 1.0,
+                        jnp.array([0.0, -0.1]), jnp.zeros(2))
+    with pytest.raises(ValueError, match="jax.vmap"):
+        jaxdae.simulate_ensemble(BouncingBall(), jaxdae.Unstabilized(), 0.0, 1.0,
+                                 start[0][None], start[1][None])
+    with pytest.raises(ValueError, match="ReverseSweepAdjoint"):
+        jaxdae.simulate(BouncingBall(), jaxdae.Unstabilized(), 0.0, 1.0, *start,
+                        adjoint=jaxdae.ReverseSweepAdjoint())
+    with pytest.raises(ValueError, match="max_events"):
+        jaxdae.EventDriven(max_events=0)
+    with pytest.raises(ValueError, match="contact_gains"):
+        jaxdae.EventDriven(contact_gains=(1.0, -1.0))
+    with pytest.raises(ValueError, match="`events` must be"):
+        jaxdae.simulate(BouncingBall(), jaxdae.Unstabilized(), 0.0, 1.0, *start, events=3)
