@@ -35,9 +35,9 @@ def test_structure_limits_and_mobility(robot):
     assert robot.name == "three_link_arm" and robot.root == "base_link"
     assert robot.joint_names == ("yaw", "shoulder", "elbow", "wrist")
     assert [b.name for b in robot.bodies] == ["ground", "turret", "upper_arm", "forearm", "slider"]
-    assert robot.limits["shoulder"] == mb.JointLimit(-1.5, 1.5, 40.0, 2.0)
-    assert robot.limits["wrist"] == mb.JointLimit(0.0, 0.1, 10.0, 0.5)
-    assert robot.limits["yaw"] == mb.JointLimit(None, None, None, None)  # continuous
+    assert robot.limits["shoulder"] == mb.UrdfLimit(-1.5, 1.5, 40.0, 2.0)
+    assert robot.limits["wrist"] == mb.UrdfLimit(0.0, 0.1, 10.0, 0.5)
+    assert robot.limits["yaw"] == mb.UrdfLimit(None, None, None, None)  # continuous
     forearm = robot.bodies[3]
     assert float(forearm.mass) == 1.0
     np.testing.assert_allclose(forearm.inertia, np.diag([0.0136, 0.0136, 0.0008]))
@@ -79,7 +79,7 @@ def test_loop_closed_in_python(robot):
 
 @pytest.mark.slow
 def test_urdf_arm_conserves_energy(robot):
-    model = robot.mechanism(forces=[mb.Gravity()])
+    model = robot.mechanism(forces=[mb.Gravity()], limits=False)
     q0, v0 = model.initial_state(joint_coordinates={"yaw": (0.0, 1.0), "shoulder": (0.4, 0.0),
                                                    "elbow": -0.8, "wrist": 0.05})
     sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 0.5, q0, v0,

@@ -53,7 +53,8 @@ def constrained_inverse_mass(terms: ConstrainedTerms,
     elimination = eliminate(terms)
     dtype = forces.dtype
     inverse = psd_pseudo_inverse(elimination.matrix, float(1e3 * jnp.finfo(dtype).eps))
-    return minv_f - elimination.minv_gt @ (inverse @ (terms.jacobian @ minv_f))
+    multipliers = inverse @ (terms.jacobian @ minv_f)
+    return minv_f - jax.vmap(elimination.apply_minv_gt, in_axes=1, out_axes=1)(multipliers)
 
 
 class Impact(eqx.Module):

@@ -8,7 +8,6 @@ until `t1`. The number of events is bounded ([`EventDriven`][]`.max_events`); a 
 that meets more ends with `RESULTS.event_budget_exceeded`.
 """
 
-import functools
 
 import diffrax
 import equinox as eqx
@@ -173,53 +172,61 @@ def contact_vector_field(t, y, args: SolveArgs):
                          args.mass_factor)
 
 
-def _gap_condition(index, t, y, args: SolveArgs, **kwargs):
+def _first_condition(t, y, args: SolveArgs, **kwargs):
+    # One condition for all gaps, the least of theirs: each starts a solve positive (an
+    # open gap, a resting contact's push, or a closed gap's margin), so the least crosses
+    # zero where the first of them does. (One condition, not one per gap: diffrax compiles
+    # each condition at every place it evaluates it, the root finder's derivative too.)
     q, s = y
-    return condition_values(args.system, args.formulation, args.contacts, t, q, s,
-                            args.mass_factor)[index]
+    return jnp.min(condition_values(args.system, args.formulation, args.contacts, t, q, s,
+                                    args.mass_factor))
 
 
-def event_dynamics(num_gaps: int, conditions: tuple, failures: tuple) -> Dynamics:
+def event_dynamics(conditions: tuple, failures: tuple) -> Dynamics:
     """What an event-driven solve integrates: the rates with the contact forces, stopped
-    at each gap's event (located) and at the formulation's `conditions`."""
-    located = tuple(functools.partial(_gap_condition, i) for i in range(num_gaps))
-    return Dynamics(contact_vector_field, conditions, failures, located=located)
+    where a gap's condition crosses zero (located) and at the formulation's
+    `conditions`."""
+    return Dynamics(contact_vector_field, conditions, failures, located=(_first_condition,))
 
 
 class _Transition(eqx.Module):
     state: Float[Array, " n"]
     active: Bool[Array, " u"]
     offset: Float[Array, " u"]
+    triggered: Bool[Array, " u"]
     impulses: Float[Array, " u"]
     solved: Bool[Array, ""]
 
 
 @eqx.filter_jit
-def transition(system, formulation, settings: EventDriven, gains, t, q, s,
-               active, triggered, mass_factor=None) -> _Transition:
-    """What happens at an event at `(t, q, s)` whose `triggered` gaps closed (or, resting,
-    let go): the impact of the closed gaps, the state after it, and which of them rest."""
+def transition(system, formulation, settings: EventDriven, contacts: ContactState, t, q, s,
+               hit, mass_factor=None) -> _Transition:
+    """What happens at `(t, q, s)` where a solve stopped at an event (`hit`) or starts: the
+    gaps that triggered it (their conditions at or below zero, the least among them), the
+    impact of the closed gaps, the state after it, and which of them rest."""
     tolerance = settings.tolerance(q.dtype)
+    active = contacts.active
+    size = active.shape[0]
+    values = condition_values(system, formulation, contacts, t, q, s, mass_factor)
+    triggered = hit & ((values <= 0) | (jnp.arange(size) == jnp.argmin(values)))
     s = formulation.velocities(system, t, q, s)
     terms = with_mass_factor(system_terms(system, t, q, s), mass_factor)
     v = system.velocities(t, q, s)
     gaps = gap_terms(system, t, q, v)
-    size = gaps.gap.shape[0]
     restitution = jnp.broadcast_to(jnp.asarray(system.restitution(), v.dtype), (size,))
     released = triggered & active
     closed = active | triggered | (gaps.gap <= tolerance)
     outcome = impact(terms, gaps, closed, restitution, settings.min_bounce_speed)
     change = outcome.velocity_change
     s_after = s + change if system.state_is_velocity else s + terms.mass_matrix @ change
-    v_after = v + change
-    gaps_after = gap_terms(system, t, q, v_after)
+    gaps_after = gap_terms(system, t, q, v + change)
     # At rest after the impact (to rounding): those may carry a force from now on.
     at_rest = gaps_after.rate <= (1e-3 * settings.min_bounce_speed
                                   + 64 * jnp.finfo(q.dtype).eps * jnp.max(jnp.abs(gaps.rate)))
     candidates = closed & ~released & at_rest
     terms_after = with_mass_factor(system_terms(system, t, q, s_after), mass_factor)
-    resting = resting_contacts(contact_problem(formulation, terms_after, gaps_after, gains),
-                               candidates)
+    resting = resting_contacts(
+        contact_problem(formulation, terms_after, gaps_after, contacts.gains), candidates)
     # A closed gap that does not rest starts its next solve open by a margin, so that its
     # condition is positive there and a step over its whole flight (a small bounce) still
     # ends below zero. The margin is the tolerance where it neither rests nor opens
@@ -228,7 +235,7 @@ def transition(system, formulation, settings: EventDriven, gains, t, q, s,
     lingering = gaps_after.rate <= settings.min_bounce_speed
     margin = jnp.where(lingering, tolerance, 1e-6 * tolerance)
     offset = jnp.where(~resting & closed, gaps.gap - margin, 0.0)
-    return _Transition(s_after, resting, offset, outcome.impulses, outcome.solved)
+    return _Transition(s_after, resting, offset, triggered, outcome.impulses, outcome.solved)
 
 
 class EventSolve(eqx.Module):
@@ -244,11 +251,12 @@ class EventSolve(eqx.Module):
 
 
 class _Carry(eqx.Module):
+    # Where the last solve stopped (or the start), before the event's transition.
     t: Array
     q: Array
     s: Array
-    active: Array
-    offset: Array
+    contacts: ContactState
+    hit: Bool[Array, ""]
     count: Int[Array, ""]
     done: Bool[Array, ""]
     reached: Bool[Array, ""]
@@ -262,25 +270,41 @@ class _Carry(eqx.Module):
 _STAT_KEYS = ("num_steps", "num_accepted_steps", "num_rejected_steps")
 
 
+def _recorded(events: Events, record, t, after: _Transition, released) -> Events:
+    """`events` with the event at `t` (its transition `after`) appended where `record`."""
+    which = jnp.argmax(after.triggered)
+    kind = jnp.where(released, Events.RELEASE,
+                     jnp.where(after.active[which], Events.CONTACT, Events.IMPACT))
+    index = jnp.minimum(events.count, events.t.shape[0] - 1)
+
+    def put(array, value):
+        return array.at[index].set(jnp.where(record, value, array[index]))
+
+    return Events(count=events.count + record, t=put(events.t, t), gap=put(events.gap, which),
+                  kind=put(events.kind, kind), impulse=put(events.impulse,
+                                                           after.impulses[which]))
+
+
 def integrate_with_events(dynamics: Dynamics, args: SolveArgs, y0, times: Times,
                           options: SolveOptions, settings: EventDriven
                           ) -> tuple[EventSolve, RESULTS]:
     """The event-driven solve from `y0` over `times` (module docstring), and jaxdae's
-    result."""
+    result. Each pass of its loop applies the transition of the event where the last
+    solve stopped (at the start: the impacts and resting contacts of the initial state),
+    then solves to the next event."""
     q0, s0 = y0
     t0, t1, ts = times.t0, times.t1, times.ts
     dtype = q0.dtype
     system, formulation = args.system, args.formulation
     size = jax.eval_shape(system.gaps, t0, q0).shape[0]
     gains = tuple(jnp.asarray(k, dtype) for k in settings.contact_gains)
-    start = transition(system, formulation, settings, gains, t0, q0, s0,
-                       jnp.zeros((size,), bool), jnp.zeros((size,), bool), args.mass_factor)
     budget = settings.max_events
     count_rows = 0 if ts is None else ts.shape[0]
     carry = _Carry(
-        t=t0, q=q0, s=start.state, active=start.active, offset=start.offset,
-        count=jnp.asarray(0), done=~start.solved, reached=jnp.asarray(False),
-        result=RESULTS.where(start.solved, RESULTS.successful, RESULTS.impact_not_solved),
+        t=t0, q=q0, s=s0,
+        contacts=ContactState(jnp.zeros((size,), bool), jnp.zeros((size,), dtype), gains),
+        hit=jnp.asarray(False), count=jnp.asarray(0), done=jnp.asarray(False),
+        reached=jnp.asarray(False), result=RESULTS.successful,
         rows=(jnp.full((count_rows,) + q0.shape, jnp.inf, dtype),
               jnp.full((count_rows,) + s0.shape, jnp.inf, dtype)),
         saved=jnp.zeros((count_rows,), bool),
@@ -290,64 +314,52 @@ def integrate_with_events(dynamics: Dynamics, args: SolveArgs, y0, times: Times,
         stats={key: jnp.asarray(0) for key in _STAT_KEYS},
     )
 
-    def segment(carry: _Carry) -> _Carry:
-        contacts = ContactState(carry.active, carry.offset, gains)
-        segment_args = args._replace(contacts=contacts)
+    def step(carry: _Carry) -> _Carry:
+        after = transition(system, formulation, settings, carry.contacts, carry.t, carry.q,
+                           carry.s, carry.hit, args.mass_factor)
+        released = (after.triggered & carry.contacts.active).any()
+        events = _recorded(carry.events, carry.hit, carry.t, after, released)
+        contacts = ContactState(after.active, after.offset, gains)
         if ts is None:
             saveat = diffrax.SaveAt(t1=True)
         else:
             saveat = diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=jnp.clip(ts, carry.t, t1)),
                                           diffrax.SubSaveAt(t1=True)])
-        out, result = integrate(dynamics, segment_args, (carry.q, carry.s),
-                                Times(carry.t, t1, None), options, saveat)
+        out, result = integrate(dynamics, args._replace(contacts=contacts),
+                                (carry.q, after.state), Times(carry.t, t1, None), options,
+                                saveat)
         if ts is None:
             t_end, (q_end, s_end) = out.ts[0], (out.ys[0][0], out.ys[1][0])
         else:
             (_, end_t), ((rows_q, rows_s), (end_q, end_s)) = out.ts, out.ys
             t_end, q_end, s_end = end_t[0], end_q[0], end_s[0]
         reached = out.result == diffrax.RESULTS.successful
-        stopped = out.result == diffrax.RESULTS.event_occurred
-        triggered = jnp.stack(out.event_mask[:size]) & stopped
-        hit = triggered.any()
+        hit = (out.result == diffrax.RESULTS.event_occurred) & out.event_mask[0]
         failed = ~reached & ~hit
-        over = hit & (carry.count >= budget)
-        after = transition(system, formulation, settings, gains, t_end, q_end, s_end,
-                           carry.active, triggered, args.mass_factor)
-        applied = hit & ~over
+        over = hit & (events.count >= budget)
         rows, saved = carry.rows, carry.saved
         if ts is not None:
             inside = (ts >= carry.t) & ((ts < t_end) | (reached & (ts <= t_end)))
             rows = tuple(jnp.where(inside[:, None], new, old)
                          for new, old in zip((rows_q, rows_s), rows, strict=True))
             saved = saved | inside
-        which = jnp.argmax(triggered)
-        kind = jnp.where((triggered & carry.active).any(), Events.RELEASE,
-                         jnp.where(after.active[which], Events.CONTACT, Events.IMPACT))
-        index = jnp.minimum(carry.count, budget - 1)
-        events = carry.events
-        events = Events(
-            count=carry.count + applied,
-            t=events.t.at[index].set(jnp.where(applied, t_end, events.t[index])),
-            gap=events.gap.at[index].set(jnp.where(applied, which, events.gap[index])),
-            kind=events.kind.at[index].set(jnp.where(applied, kind, events.kind[index])),
-            impulse=events.impulse.at[index].set(
-                jnp.where(applied, after.impulses[which], events.impulse[index])),
-        )
         result = RESULTS.where(failed, result, RESULTS.successful)
         result = RESULTS.where(over, RESULTS.event_budget_exceeded, result)
-        result = RESULTS.where(applied & ~after.solved, RESULTS.impact_not_solved, result)
+        # An impact without a solution ends the solve where it happened, before it.
+        unsolved = ~after.solved
+        keep = lambda old, new: jax.tree.map(  # noqa: E731
+            lambda a, b: jnp.where(unsolved, a, b), old, new)
         return _Carry(
-            t=t_end, q=q_end, s=jnp.where(applied, after.state, s_end),
-            active=jnp.where(applied, after.active, carry.active),
-            offset=jnp.where(applied, after.offset, carry.offset),
-            count=carry.count + applied,
-            done=reached | failed | over | (applied & ~after.solved),
-            reached=reached, result=result, rows=rows, saved=saved, events=events,
+            t=keep(carry.t, t_end), q=keep(carry.q, q_end), s=keep(carry.s, s_end),
+            contacts=contacts, hit=hit & ~unsolved, count=events.count,
+            done=reached | failed | over | unsolved, reached=reached & ~unsolved,
+            result=RESULTS.where(unsolved, RESULTS.impact_not_solved, result),
+            rows=keep(carry.rows, rows), saved=keep(carry.saved, saved), events=events,
             stats={key: carry.stats[key] + out.stats[key] for key in _STAT_KEYS},
         )
 
     kind = "lax" if isinstance(options.adjoint, diffrax.ForwardMode) else "checkpointed"
-    final = eqxi.while_loop(lambda c: ~c.done, segment, carry, max_steps=budget + 1,
+    final = eqxi.while_loop(lambda c: ~c.done, step, carry, max_steps=budget + 1,
                             kind=kind, checkpoints=budget + 1 if kind == "checkpointed" else None)
     if ts is None:
         saved_ts = jnp.stack([t0, final.t])

@@ -5,7 +5,6 @@ ensemble differ, it asks its `AbstractTrajectories`."""
 
 import diffrax
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -136,10 +135,9 @@ def solve_and_assemble(system, formulation, times: Times, q0, v0, options: Solve
     if settings is None:
         out, result = integrate(dynamics, args, (q0, v0), times, options)
     else:
-        num_gaps = jax.eval_shape(system.gaps, t0, q0).shape[0]
         out, result = integrate_with_events(
-            event_dynamics(num_gaps, dynamics.conditions, dynamics.failures), args, (q0, v0),
-            times, options, settings)
+            event_dynamics(dynamics.conditions, dynamics.failures), args, (q0, v0), times,
+            options, settings)
     sol, initial = trajectories.solution(system, formulation, (t0, q0, v0), ts, out, result,
                                          reverse_only(options.adjoint))
     if settings is not None:

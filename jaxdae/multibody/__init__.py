@@ -42,4 +42,11 @@ from ._kinematics import (
     rpy_matrix as rpy_matrix,
 )
 from ._model import Mechanism as Mechanism, Mobility as Mobility, Reaction as Reaction
-from ._urdf import JointLimit as JointLimit, UrdfRobot as UrdfRobot, load_urdf as load_urdf
+from ._stop import (
+    AbstractStop as AbstractStop,
+    DistanceStop as DistanceStop,
+    JointLimit as JointLimit,
+    PlaneContact as PlaneContact,
+    StopKinematics as StopKinematics,
+)
+from ._urdf import UrdfLimit as UrdfLimit, UrdfRobot as UrdfRobot, load_urdf as load_urdf

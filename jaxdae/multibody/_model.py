@@ -18,6 +18,7 @@ from ._force import AbstractForce
 from ._groups import group_key, groups, reorder, vmapped
 from ._joint import AbstractJoint
 from ._kinematics import Kinematics, split
+from ._stop import AbstractStop, StopKinematics
 
 
 class Reaction(NamedTuple):
@@ -171,6 +172,10 @@ class Mechanism(LagrangianSystem):
     - `joints`: [`jaxdae.multibody.AbstractJoint`][]s (revolute, prismatic, ...).
     - `forces`: force elements ([`jaxdae.multibody.Gravity`][], spring-dampers, applied
         forces and torques).
+    - `stops`: one-sided constraints ([`jaxdae.multibody.JointLimit`][],
+        [`jaxdae.multibody.PlaneContact`][], [`jaxdae.multibody.DistanceStop`][]): the
+        mechanism's `gaps`, which [`jaxdae.simulate`][] keeps open by impacts and resting
+        contact.
     - `controller`: the [`jaxdae.AbstractController`][] whose output the actuators with an
         input channel read. Default: a constant zero input of the size they need.
 
@@ -189,9 +194,11 @@ class Mechanism(LagrangianSystem):
     ground: Ground
     joints: tuple[AbstractJoint, ...]
     forces: tuple[AbstractForce, ...]
+    stops: tuple[AbstractStop, ...]
     controller: AbstractController
     joint_names: tuple[str, ...] = eqx.field(static=True)
     force_names: tuple[str, ...] = eqx.field(static=True)
+    stop_names: tuple[str, ...] = eqx.field(static=True)
     joint_sizes: tuple[int, ...] = eqx.field(static=True)
     offsets: tuple[int, ...] = eqx.field(static=True)
     dimension: int = eqx.field(static=True)
@@ -203,6 +210,7 @@ class Mechanism(LagrangianSystem):
         joints: Sequence[AbstractJoint] = (),
         forces: Sequence[AbstractForce] = (),
         *,
+        stops: Sequence[AbstractStop] = (),
         controller: AbstractController | None = None,
     ):
         items = _kind_check("bodies", bodies, (PlanarBody, RigidBody, Ground),
@@ -235,11 +243,15 @@ class Mechanism(LagrangianSystem):
                                   "joints (jaxdae.multibody.Revolute, Prismatic, ...)")
         self.forces = _kind_check("forces", forces, AbstractForce,
                                   "force elements (jaxdae.multibody.Gravity, SpringDamper, ...)")
+        self.stops = _kind_check("stops", stops, AbstractStop,
+                                 "stops (jaxdae.multibody.JointLimit, PlaneContact, ...)")
         self.joint_names = _names("joint", self.joints)
         self.force_names = _names("force element", self.forces)
+        self.stop_names = _names("stop", self.stops)
         self.joint_sizes = tuple(j.equations(self.dimension) for j in self.joints)
         for kind, names, elements in (("joint", self.joint_names, self.joints),
-                                      ("force element", self.force_names, self.forces)):
+                                      ("force element", self.force_names, self.forces),
+                                      ("stop", self.stop_names, self.stops)):
             for name, element in zip(names, elements, strict=False):
                 element.check_dimension(self.dimension, f"{kind} {name!r}")
                 refs = (element.a, element.b) if kind == "joint" else element.markers
@@ -525,6 +537,31 @@ class Mechanism(LagrangianSystem):
             parts.append(residual)
             positions += [starts[k] + r for k in members for r in range(sizes[k])]
         return reorder(parts, positions)
+
+    def gaps(self, t, q):
+        """The stops' gaps in the order of `stops` (see `gap_names`)."""
+        if not self.stops:
+            return jnp.zeros((0,), q.dtype)
+        kin = Kinematics(self, t, q)
+
+        def coordinate(name):
+            joint = self.joint(name)
+            return joint.coordinate(kin.frame(joint.a), kin.frame(joint.b))
+
+        stop_kin = StopKinematics(kin.frame, coordinate)
+        return jnp.concatenate([stop.gaps(stop_kin) for stop in self.stops])
+
+    def restitution(self):
+        """The stops' coefficients of restitution, one per gap."""
+        return jnp.concatenate([jnp.broadcast_to(stop.restitution, (stop.num_gaps,))
+                                for stop in self.stops]) if self.stops else 0.0
+
+    @property
+    def gap_names(self) -> tuple[str, ...]:
+        """The gaps' names: each stop's name, with its label per gap (`.lower`, `.upper`)."""
+        return tuple(f"{name}.{label}" if label else name
+                     for name, stop in zip(self.stop_names, self.stops, strict=True)
+                     for label in stop.gap_labels)
 
     def constraints(self, t, q):
         kin = Kinematics(self, t, q)

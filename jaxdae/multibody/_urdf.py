@@ -11,10 +11,12 @@ from ._body import GROUND, Ground, RigidBody
 from ._force import AbstractForce
 from ._joint import AbstractJoint, Fixed, Prismatic, Revolute
 from ._model import Mechanism
+from ._stop import AbstractStop, JointLimit
 
 
-class JointLimit(NamedTuple):
-    """A URDF joint's `<limit>`, kept as data (the mechanism does not enforce it).
+class UrdfLimit(NamedTuple):
+    """A URDF joint's `<limit>` as the file gives it. [`UrdfRobot.mechanism`][jaxdae.multibody.UrdfRobot.mechanism]
+    enforces its range by a [`jaxdae.multibody.JointLimit`][] (unless told otherwise).
 
     - `lower`, `upper`: the range of the joint coordinate (rad or m); `None` for a
         continuous joint.
@@ -39,7 +41,7 @@ class UrdfRobot(NamedTuple):
         become markers `<link>` of the body they are welded to).
     - `joints`: one joint per moving URDF joint (named as in the file) and a `Fixed` weld
         for a fixed joint between two bodies with mass.
-    - `limits`: the joints' [`jaxdae.multibody.JointLimit`][]s by joint name.
+    - `limits`: the joints' [`jaxdae.multibody.UrdfLimit`][]s by joint name.
     - `root`: the root link (the ground where the base is fixed).
     - `joint_names`: the moving joints in the file's order (the robot's joint vector).
     """
@@ -47,20 +49,28 @@ class UrdfRobot(NamedTuple):
     name: str
     bodies: tuple
     joints: tuple[AbstractJoint, ...]
-    limits: dict[str, JointLimit]
+    limits: dict[str, UrdfLimit]
     root: str
     joint_names: tuple[str, ...]
 
     def mechanism(self, joints: Sequence[AbstractJoint] = (), forces: Sequence[AbstractForce] = (),
-                  *, ground_markers: dict | None = None, controller=None) -> Mechanism:
+                  *, stops: Sequence[AbstractStop] = (), limits: bool = True,
+                  limit_restitution: float = 0.0, ground_markers: dict | None = None,
+                  controller=None) -> Mechanism:
         """The [`jaxdae.multibody.Mechanism`][] of the robot, with extra joints (to close
-        loops) and force elements (gravity, joint motors).
+        loops), force elements (gravity, joint motors) and stops, and its joints' limits.
 
         **Arguments:**
 
         - `joints`: joints added to the robot's, e.g. a `Spherical` that closes a loop.
         - `forces`: force elements, e.g. `[mb.Gravity()]` and
             [`jaxdae.multibody.JointSpringDamper`][]s as motors.
+        - `stops`: stops added to the limits, e.g. a [`jaxdae.multibody.PlaneContact`][].
+        - `limits`: enforce the `<limit>` ranges of the revolute and prismatic joints, one
+            [`jaxdae.multibody.JointLimit`][] each, named `<joint>.limit` (default). `False`
+            leaves them as data in `limits`.
+        - `limit_restitution`: the limits' coefficient of restitution. Default `0`: a joint
+            stops dead at its limit.
         - `ground_markers`: more markers on the ground (global coordinates).
         - `controller`: as for [`jaxdae.multibody.Mechanism`][].
         """
@@ -69,8 +79,12 @@ class UrdfRobot(NamedTuple):
             ground = bodies[0]
             bodies[0] = Ground({**ground.markers, **ground_markers},
                                orientations=dict(ground.orientations))
+        enforced = [JointLimit(name, limit.lower, limit.upper, restitution=limit_restitution,
+                               name=f"{name}.limit")
+                    for name, limit in self.limits.items()
+                    if limits and (limit.lower is not None or limit.upper is not None)]
         return Mechanism(bodies, tuple(self.joints) + tuple(joints), forces,
-                         controller=controller)
+                         stops=tuple(enforced) + tuple(stops), controller=controller)
 
 
 def _where(path, lines, kind, name):
@@ -120,7 +134,7 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
     [`jaxdae.multibody.Revolute`][] joints about their `<axis>`, `prismatic` joints
     [`jaxdae.multibody.Prismatic`][] joints along it, `fixed` joints welds (a massless link
     on a fixed joint becomes a marker of the body it is welded to, as tool frames usually
-    are); `<limit>`s are kept as data in `limits`. Every body starts at its pose for zero
+    are); `<limit>`s are kept in `limits`, and `robot.mechanism()` enforces their ranges. Every body starts at its pose for zero
     joint coordinates. Visual and collision geometry is not read.
 
     Close kinematic loops by adding joints in Python:
@@ -312,7 +326,7 @@ def _limits(robot) -> dict:
             continue
         limit = joint.limit
         value = (lambda x: None if x is None else float(x))  # noqa: E731
-        limits[joint.name] = JointLimit(
+        limits[joint.name] = UrdfLimit(
             None if joint.type == "continuous" or limit is None else value(limit.lower),
             None if joint.type == "continuous" or limit is None else value(limit.upper),
             None if limit is None else value(limit.effort),

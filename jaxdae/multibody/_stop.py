@@ -1,0 +1,252 @@
+"""Stops: the one-sided constraints of a mechanism (joint limits, contacts, distance stops).
+
+Each stop gives gaps `g ≥ 0` of the mechanism's [`jaxdae.AbstractSystem.gaps`][] and their
+coefficient of restitution: [`jaxdae.simulate`][] stops where one closes, applies Newton's
+impact law and holds a gap at rest closed while it pushes ([`jaxdae.EventDriven`][]).
+"""
+
+import abc
+from collections.abc import Callable
+from typing import ClassVar
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+
+from .._custom_types import Array, ArrayLike, Float
+from .._gains import is_concrete
+from ._body import _check_element_dimension, _scalar, _vector
+from ._kinematics import Frame
+
+
+def _restitution(owner: str, value) -> Array:
+    array = _scalar(f"`restitution` of {owner}", value)
+    if is_concrete(array) and not 0.0 <= float(array) <= 1.0:
+        raise ValueError(f"The `restitution` of {owner} must lie in [0, 1] (0: plastic, 1: "
+                         f"elastic impacts); got {float(array)}.")
+    return array
+
+
+def _bounds(owner: str, lower, upper, *, positive: bool = False):
+    lower = None if lower is None else _scalar(f"`lower` of {owner}", lower)
+    upper = None if upper is None else _scalar(f"`upper` of {owner}", upper)
+    if lower is None and upper is None:
+        raise ValueError(f"{owner} needs a `lower` or an `upper` bound (or both).")
+    if (lower is not None and upper is not None and is_concrete(lower, upper)
+            and float(lower) > float(upper)):
+        raise ValueError(f"The `lower` bound of {owner} exceeds its `upper` bound: "
+                         f"{float(lower)} > {float(upper)}.")
+    if positive and lower is not None and is_concrete(lower) and float(lower) < 0:
+        raise ValueError(f"The `lower` bound of {owner} is a distance: it must be "
+                         f"non-negative; got {float(lower)}.")
+    return lower, upper
+
+
+class StopKinematics(eqx.Module):
+    """What a stop reads of the mechanism at one configuration: `frame(marker)` (a
+    [`jaxdae.multibody.Frame`][]) and `coordinate(joint)`, a joint's coordinate."""
+
+    frame: Callable[[str], Frame] = eqx.field(static=True)
+    coordinate: Callable[[str], Array] = eqx.field(static=True)
+
+
+class AbstractStop(eqx.Module):
+    """A one-sided constraint of a [`jaxdae.multibody.Mechanism`][]: `num_gaps` gaps
+    `g ≥ 0` with one coefficient of restitution.
+
+    Subclasses give `gaps(kin)` from the frames of their `markers` and the coordinates of
+    their `joints`, and declare their vector fields as joints do (`vector_fields`).
+    """
+
+    name: eqx.AbstractVar[str | None]
+    restitution: eqx.AbstractVar[Float[Array, ""]]
+    dimensions: ClassVar[tuple[int, ...]] = (2, 3)
+    vector_fields: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """The markers whose frames it reads."""
+        return ()
+
+    @property
+    def joints(self) -> tuple[str, ...]:
+        """The joints (by name) whose coordinates it reads."""
+        return ()
+
+    @property
+    @abc.abstractmethod
+    def num_gaps(self) -> int:
+        """How many gaps it has."""
+
+    @property
+    def gap_labels(self) -> tuple[str, ...]:
+        """A label per gap, appended to its name in `Mechanism.gap_names` (none for one
+        gap)."""
+        return ("",) if self.num_gaps == 1 else tuple(str(k) for k in range(self.num_gaps))
+
+    @abc.abstractmethod
+    def gaps(self, kin: StopKinematics) -> Float[Array, " g"]:
+        """Its gaps at one configuration, shape `(num_gaps,)`."""
+
+    def check_dimension(self, dimension: int, owner: str) -> None:
+        """Raise `ValueError` if it does not exist in a mechanism of `dimension`."""
+        _check_element_dimension(self, dimension, owner,
+                                 dict.fromkeys(self.vector_fields, (dimension,)))
+
+
+def _range_labels(lower, upper) -> tuple[str, ...]:
+    return tuple(side for side, bound in (("lower", lower), ("upper", upper))
+                 if bound is not None)
+
+
+def _range_gaps(value, lower, upper):
+    gaps = ([] if lower is None else [value - lower]) + ([] if upper is None else [upper - value])
+    return jnp.stack(gaps)
+
+
+class JointLimit(AbstractStop):
+    """The range `lower ≤ θ ≤ upper` of a joint's coordinate (a revolute joint's angle, a
+    prismatic joint's displacement; see [`jaxdae.multibody.Mechanism.joint_coordinates`][]):
+    a gap per bound given, `θ − lower` and `upper − θ`.
+
+    **Arguments:**
+
+    - `joint`: the joint's name; it must have a coordinate.
+    - `lower`, `upper`: the bounds (rad or m); one may be `None`.
+    - `restitution`: Newton's coefficient at the bounds, in `[0, 1]`. Default `0`: the
+        joint stops dead at its limit and rests there while pushed against it.
+    - `name`: the stop's name in outputs.
+    """
+
+    joint: str = eqx.field(static=True)
+    lower: Float[Array, ""] | None
+    upper: Float[Array, ""] | None
+    restitution: Float[Array, ""]
+    name: str | None = eqx.field(static=True)
+
+    def __init__(self, joint: str, lower: ArrayLike | None = None,
+                 upper: ArrayLike | None = None, *, restitution: ArrayLike = 0.0,
+                 name: str | None = None):
+        owner = f"the JointLimit of joint {joint!r}"
+        self.joint, self.name = joint, name
+        self.lower, self.upper = _bounds(owner, lower, upper)
+        self.restitution = _restitution(owner, restitution)
+
+    @property
+    def joints(self):
+        return (self.joint,)
+
+    @property
+    def num_gaps(self):
+        return int(self.lower is not None) + int(self.upper is not None)
+
+    @property
+    def gap_labels(self):
+        return _range_labels(self.lower, self.upper)
+
+    def gaps(self, kin):
+        return _range_gaps(kin.coordinate(self.joint), self.lower, self.upper)
+
+
+class PlaneContact(AbstractStop):
+    """A point (a sphere or a disc of `radius` about it) on one side of a plane (in space)
+    or a line (in the plane) fixed on another body or the ground: the gap
+    `n·(p − p₀) − radius`, `n` the unit normal `normal` in the frame of marker `surface`
+    (through its point `p₀`), pointing to the side where the point may be.
+
+    **Arguments:**
+
+    - `point`: the marker of the point (the sphere's centre).
+    - `surface`: the marker on the plane or line. Default `"ground"`: the ground's origin.
+    - `normal`: the surface's normal in `surface`'s frame, `(d,)`. Default: `+y` in the
+        plane, `+z` in space.
+    - `radius`: of the sphere or disc about `point`, non-negative. Default `0`.
+    - `restitution`: Newton's coefficient, in `[0, 1]`. Default `0`.
+    - `name`: the stop's name in outputs.
+    """
+
+    point: str = eqx.field(static=True)
+    surface: str = eqx.field(static=True)
+    normal: Float[Array, " d"] | None
+    radius: Float[Array, ""]
+    restitution: Float[Array, ""]
+    name: str | None = eqx.field(static=True)
+    vector_fields: ClassVar[tuple[str, ...]] = ("normal",)
+
+    def __init__(self, point: str, surface: str = "ground", normal: ArrayLike | None = None, *,
+                 radius: ArrayLike = 0.0, restitution: ArrayLike = 0.0,
+                 name: str | None = None):
+        owner = f"the PlaneContact of {point!r}"
+        self.point, self.surface, self.name = point, surface, name
+        self.normal = None if normal is None else _vector(f"`normal` of {owner}", normal,
+                                                          np.size(normal))
+        if self.normal is not None and is_concrete(self.normal) and not np.any(
+                np.asarray(self.normal)):
+            raise ValueError(f"The `normal` of {owner} is zero; give the direction the point "
+                             "stays on.")
+        self.radius = _scalar(f"`radius` of {owner}", radius)
+        if is_concrete(self.radius) and float(self.radius) < 0:
+            raise ValueError(f"The `radius` of {owner} must be non-negative; got "
+                             f"{float(self.radius)}.")
+        self.restitution = _restitution(owner, restitution)
+
+    @property
+    def markers(self):
+        return (self.point, self.surface)
+
+    @property
+    def num_gaps(self):
+        return 1
+
+    def gaps(self, kin):
+        point, surface = kin.frame(self.point), kin.frame(self.surface)
+        dimension = point.point.shape[0]
+        normal = (jnp.eye(dimension, dtype=point.point.dtype)[-1] if self.normal is None
+                  else self.normal.astype(point.point.dtype))
+        normal = surface.rotation @ (normal / jnp.linalg.norm(normal))
+        return (normal @ (point.point - surface.point) - self.radius)[None]
+
+
+class DistanceStop(AbstractStop):
+    """Bounds on the distance `d = |p_b − p_a|` of two markers: `d ≥ lower` (two spheres
+    that touch at `d = r_a + r_b`, the balls of Newton's cradle) and/or `d ≤ upper` (a
+    rope or chain that goes taut), a gap per bound given.
+
+    **Arguments:**
+
+    - `a`, `b`: the markers.
+    - `lower`, `upper`: the bounds, non-negative; one may be `None`.
+    - `restitution`: Newton's coefficient, in `[0, 1]`. Default `0`.
+    - `name`: the stop's name in outputs.
+    """
+
+    a: str = eqx.field(static=True)
+    b: str = eqx.field(static=True)
+    lower: Float[Array, ""] | None
+    upper: Float[Array, ""] | None
+    restitution: Float[Array, ""]
+    name: str | None = eqx.field(static=True)
+
+    def __init__(self, a: str, b: str, lower: ArrayLike | None = None,
+                 upper: ArrayLike | None = None, *, restitution: ArrayLike = 0.0,
+                 name: str | None = None):
+        owner = f"the DistanceStop of {a!r} and {b!r}"
+        self.a, self.b, self.name = a, b, name
+        self.lower, self.upper = _bounds(owner, lower, upper, positive=True)
+        self.restitution = _restitution(owner, restitution)
+
+    @property
+    def markers(self):
+        return (self.a, self.b)
+
+    @property
+    def num_gaps(self):
+        return int(self.lower is not None) + int(self.upper is not None)
+
+    @property
+    def gap_labels(self):
+        return _range_labels(self.lower, self.upper)
+
+    def gaps(self, kin):
+        offset = kin.frame(self.b).point - kin.frame(self.a).point
+        return _range_gaps(jnp.sqrt(offset @ offset), self.lower, self.upper)
