@@ -189,6 +189,64 @@ def event_dynamics(conditions: tuple, failures: tuple) -> Dynamics:
     return Dynamics(contact_vector_field, conditions, failures, located=(_first_condition,))
 
 
+class ApproachLimitedSteps(diffrax.AbstractAdaptiveStepSizeController):
+    """An adaptive controller whose steps end at most just past the time an open gap that
+    closes would reach zero at its present rate, `(g − offset + tol) / (−ġ)`.
+
+    diffrax sees an event only in the signs of its condition at the ends of a step. In
+    free flight the error control asks for nothing, and a step may pass a gap through
+    (two balls that would have collided, each on the other side at the step's end). Limited
+    so, a step that meets a gap ends inside it (`tol` past zero, for a gap that closes at
+    constant rate), and the event is located there.
+    """
+
+    controller: diffrax.AbstractAdaptiveStepSizeController
+    tolerance: float
+
+    @property
+    def rtol(self):
+        return self.controller.rtol
+
+    @property
+    def atol(self):
+        return self.controller.atol
+
+    @property
+    def norm(self):  # pyright: ignore[reportIncompatibleMethodOverride]
+        return self.controller.norm
+
+    def wrap(self, direction):
+        return ApproachLimitedSteps(self.controller.wrap(direction), self.tolerance)
+
+    def _limited(self, t, y, args: SolveArgs, tnext):
+        q, s = y
+        return jnp.minimum(tnext, t + approach_time(args.system, args.formulation,
+                                                    args.contacts, t, q, s, self.tolerance))
+
+    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
+        tnext, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
+        return self._limited(t0, y0, args, tnext), state
+
+    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order,
+                        controller_state):
+        keep, tprev, tnext, jump, state, result = self.controller.adapt_step_size(
+            t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state)
+        y = jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1_candidate, y0)
+        return keep, tprev, self._limited(tprev, y, args, tnext), jump, state, result
+
+
+@eqx.filter_jit
+def approach_time(system, formulation, contacts: ContactState, t, q, s, tolerance):
+    """The least time in which an open gap that closes reaches `tolerance` past zero at
+    its present rate (`inf` where none closes)."""
+    v = system.velocities(t, q, formulation.velocities(system, t, q, s))
+    gap, rate = jax.jvp(lambda t_, q_: system.gaps(t_, q_), (t, q), (jnp.ones_like(t), v))
+    room = gap - contacts.offset + tolerance
+    closing = ~contacts.active & (rate < 0)
+    return jnp.min(jnp.where(closing, room / jnp.where(closing, -rate, 1.0), jnp.inf),
+                   initial=jnp.inf)
+
+
 class _Transition(eqx.Module):
     state: Float[Array, " n"]
     active: Bool[Array, " u"]
@@ -326,7 +384,7 @@ def integrate_with_events(dynamics: Dynamics, args: SolveArgs, y0, times: Times,
             saveat = diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=jnp.clip(ts, carry.t, t1)),
                                           diffrax.SubSaveAt(t1=True)])
         out, result = integrate(dynamics, args._replace(contacts=contacts),
-                                (carry.q, after.state), Times(carry.t, t1, None), options,
+                                (carry.q, after.state), Times(carry.t, t1, None), limited,
                                 saveat)
         if ts is None:
             t_end, (q_end, s_end) = out.ts[0], (out.ys[0][0], out.ys[1][0])
@@ -358,6 +416,10 @@ def integrate_with_events(dynamics: Dynamics, args: SolveArgs, y0, times: Times,
             stats={key: carry.stats[key] + out.stats[key] for key in _STAT_KEYS},
         )
 
+    limited = options
+    if isinstance(options.stepsize_controller, diffrax.AbstractAdaptiveStepSizeController):
+        limited = eqx.tree_at(lambda o: o.stepsize_controller, options, ApproachLimitedSteps(
+            options.stepsize_controller, settings.tolerance(dtype)))
     kind = "lax" if isinstance(options.adjoint, diffrax.ForwardMode) else "checkpointed"
     final = eqxi.while_loop(lambda c: ~c.done, step, carry, max_steps=budget + 1,
                             kind=kind, checkpoints=budget + 1 if kind == "checkpointed" else None)

@@ -7,7 +7,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optimistix as optx
 
 from .._compilation._linalg import psd_pseudo_solve
 from .._compilation._private_apis import unvmap_any
@@ -15,6 +14,7 @@ from .._custom_types import Array
 from .._formulations import AbstractStabilizedFormulation
 from .._solution import RESULTS
 from .._systems._system import LagrangianSystem
+from ._crossing import DownCrossing
 from ._vector_fields import jitted_rates, system_terms
 
 
@@ -156,9 +156,8 @@ def solve_event(conditions: list, stepsize_controller, located: list | None = No
     located = located or []
     if not located:
         return diffrax.Event(conditions) if conditions else None
-    # `Newton` on the step's interpolation, kept between the step's ends.
     tolerance = float(64 * jnp.finfo(dtype).eps)
-    return diffrax.Event(located + conditions, optx.Newton(tolerance, tolerance),
+    return diffrax.Event(located + conditions, DownCrossing(tolerance, tolerance),
                          direction=[False] * len(located) + [None] * len(conditions))
 
 

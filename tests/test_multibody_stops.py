@@ -1,0 +1,125 @@
+"""Stops of mechanisms (`jaxdae/multibody/_stop.py`): joint limits, plane contacts and
+distance stops against closed forms, URDF limits, and the errors of bad stops."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdae
+import jaxdae.multibody as mb
+from jaxdae.examples import PendulumWithStop
+
+G = 9.81
+TIGHT = {"rtol": 1e-11, "atol": 1e-13}
+
+
+def rod_with_limit(restitution):
+    """A uniform rod (length 1, mass 1) on a revolute joint at its top. Its angle `θ` (the
+    joint coordinate) is `−π/2` hanging straight down, and limited to `θ ≤ −π/2`."""
+    return mb.Mechanism(
+        bodies=[mb.PlanarBody("rod", mass=1.0, inertia=1 / 12, markers={"top": (-0.5, 0.0)},
+                              position=(0.0, -0.5), angle=-np.pi / 2)],
+        joints=[mb.Revolute("ground", "rod.top", name="pivot")],
+        forces=[mb.Gravity((0.0, -G))],
+        stops=[mb.JointLimit("pivot", upper=-np.pi / 2, restitution=restitution,
+                             name="stop")],
+    )
+
+
+def test_joint_limit_matches_the_pendulum_against_a_stop():
+    """A rod swinging into its joint limit: the impact times of the equivalent simple
+    pendulum (length `I_pivot / (m d)` = 2/3) against the wall, to 1e-10."""
+    e = 0.5
+    model = rod_with_limit(e)
+    assert model.gap_names == ("stop.upper",)
+    q0, v0 = model.initial_state(joint_coordinates={"pivot": -np.pi / 2 - 0.8})
+    sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 2.0, q0, v0, **TIGHT)
+    count = int(sol.events.count)
+    assert count >= 2 and sol.succeeded
+    reference = PendulumWithStop(length=2 / 3, e=e).impact_times(0.8, count)
+    np.testing.assert_allclose(sol.events.t[:count], reference, rtol=0, atol=1e-10)
+    angles = jax.vmap(lambda q: model.joint_coordinate("pivot", q))(sol.q)
+    assert float(jnp.max(angles)) < -np.pi / 2 + 1e-9
+
+
+@pytest.mark.slow
+def test_plane_contact_of_a_disc_and_a_distance_stop():
+    """A disc of radius 0.1 dropped on the ground line bounces like `BouncingBall`; a
+    distance stop `d ≤ 1` makes a taut rope of a free mass."""
+    disc = mb.Mechanism(
+        bodies=[mb.PlanarBody("disc", mass=2.0, inertia=0.01, position=(0.0, 1.1))],
+        forces=[mb.Gravity((0.0, -G))],
+        stops=[mb.PlaneContact("disc", radius=0.1, restitution=0.8)],
+    )
+    q0, v0 = disc.initial_state()
+    sol = jaxdae.simulate(disc, jaxdae.Unstabilized(), 0.0, 1.5, q0, v0, **TIGHT)
+    reference = jaxdae.examples.BouncingBall(e=0.8).impact_times(1.0, 2)
+    np.testing.assert_allclose(sol.events.t[:2], reference, rtol=0, atol=1e-10)
+
+    rope = mb.Mechanism(
+        bodies=[mb.PlanarBody("mass", mass=1.0, inertia=0.01, position=(0.6, 0.0))],
+        forces=[mb.Gravity((0.0, -G))],
+        stops=[mb.DistanceStop("ground", "mass", upper=1.0, name="rope")],
+    )
+    q0, v0 = rope.initial_state()
+    sol = jaxdae.simulate(rope, jaxdae.Unstabilized(), 0.0, 1.0, q0, v0, **TIGHT)
+    # free fall until |p| = 1: y = −0.8 at t = √(1.6/g); the rope then holds it (plastic)
+    np.testing.assert_allclose(sol.events.t[0], np.sqrt(1.6 / G), atol=1e-10)
+    assert int(sol.events.kind[0]) == jaxdae.Events.CONTACT
+    np.testing.assert_allclose(jnp.linalg.norm(sol.q_final[:2]), 1.0, atol=1e-8)
+
+
+@pytest.mark.slow
+def test_newtons_cradle_passes_the_momentum_on():
+    """Three equal balls on a line, the last two 1 mm apart: elastic impacts one after the
+    other hand the first ball's velocity to the last."""
+    balls = [mb.PlanarBody(f"b{k}", mass=1.0, inertia=0.01, position=(0.101 * k,
+                                                                       0.0))
+             for k in range(3)]
+    model = mb.Mechanism(
+        bodies=balls,
+        joints=[mb.Prismatic("ground", f"b{k}", name=f"slide{k}") for k in range(3)],
+        stops=[mb.DistanceStop(f"b{k}", f"b{k + 1}", lower=0.1, restitution=1.0)
+               for k in range(2)],
+    )
+    q0, v0 = model.initial_state(joint_coordinates={"slide0": (-0.5, 1.0)})
+    sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 1.0, q0, v0, **TIGHT)
+    assert int(sol.events.count) == 2
+    rates = model.joint_rates(sol.q_final, sol.v_final)
+    np.testing.assert_allclose([rates[f"slide{k}"] for k in range(3)], [0.0, 0.0, 1.0],
+                               atol=1e-10)
+
+
+def test_urdf_limits_are_enforced_by_default():
+    pytest.importorskip("yourdfpy", reason="URDF import needs yourdfpy")
+    robot = mb.load_urdf("tests/data/three_link_arm.urdf")
+    limited = robot.mechanism(forces=[mb.Gravity()])
+    assert limited.gap_names == ("shoulder.limit.lower", "shoulder.limit.upper",
+                                 "elbow.limit.lower", "elbow.limit.upper",
+                                 "wrist.limit.lower", "wrist.limit.upper")
+    q0, _ = limited.initial_state(joint_coordinates={"shoulder": 0.4, "elbow": -0.8,
+                                                     "wrist": 0.05})
+    np.testing.assert_allclose(limited.gaps(0.0, q0), [1.9, 1.1, 1.7, 3.3, 0.05, 0.05],
+                               atol=1e-12)
+    np.testing.assert_allclose(limited.restitution(), np.zeros(6))
+    assert robot.mechanism(limits=False).gap_names == ()
+
+
+def test_bad_stops_are_refused():
+    body = mb.PlanarBody("b", mass=1.0, inertia=0.1)
+    with pytest.raises(ValueError, match="exceeds its `upper`"):
+        mb.JointLimit("j", lower=1.0, upper=0.0)
+    with pytest.raises(ValueError, match=r"must lie in \[0, 1\]"):
+        mb.PlaneContact("b", restitution=-0.1)
+    with pytest.raises(ValueError, match="needs a `lower` or an `upper`"):
+        mb.DistanceStop("ground", "b")
+    with pytest.raises(ValueError, match="non-negative"):
+        mb.PlaneContact("b", radius=-1.0)
+    with pytest.raises(ValueError, match="has no joint coordinate"):
+        mb.Mechanism([body], [mb.Distance("ground", "b", 1.0, name="d")],
+                     stops=[mb.JointLimit("d", upper=0.0)])
+    with pytest.raises(ValueError, match="unknown|not in the mechanism|no joint"):
+        mb.Mechanism([body], stops=[mb.JointLimit("missing", upper=0.0)])
+    with pytest.raises(ValueError, match="`normal`"):
+        mb.Mechanism([body], stops=[mb.PlaneContact("b", normal=(0.0, 0.0, 1.0))])
