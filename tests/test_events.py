@@ -124,6 +124,7 @@ def _pendulum_runs(restitution, formulation):
     return jax.vmap(run)(restitution)
 
 
+@pytest.mark.slow  # the default run has the same closed form on a joint limit
 def test_pendulum_against_a_stop():
     """Impact times against the elliptic-integral closed form (to 1e-10) for several
     coefficients of restitution; the rod constraint holds through the impacts."""

@@ -6,7 +6,8 @@ and an elbow (revolute), a prismatic wrist and a tool frame on a fixed joint. It
 zero joint coordinates with the yaw joint turning at 2 rad/s and the shoulder at 1 rad/s,
 and swings for 2 s under gravity (−z) with no damping, simulated with Baumgarte
 stabilization; a spring (200 N/m, rest length 0.45 m) from the elbow to the wrist's slider
-keeps the prismatic wrist near its range (URDF limits are data, not forces). With `exudyn` installed, the same bodies (masses, inertia tensors and poses
+keeps the prismatic wrist near its range; the URDF limits are left out (`limits=False`), as
+in the Exudyn model. With `exudyn` installed, the same bodies (masses, inertia tensors and poses
 taken from the imported model) and joints are built with Exudyn's `CreateRigidBody`,
 `CreateRevoluteJoint`, `CreatePrismaticJoint` and solved by its generalized-α integrator; the
 tool's trajectories are compared.
@@ -91,7 +92,8 @@ def main():
     t1, num = (0.5, 51) if args.quick else (2.0, 201)
     robot = mb.load_urdf(URDF)
     model = robot.mechanism(forces=[
-        mb.Gravity(), mb.SpringDamper("forearm.frame", "slider.frame", 200.0, 0.0, 0.45)])
+        mb.Gravity(), mb.SpringDamper("forearm.frame", "slider.frame", 200.0, 0.0, 0.45)],
+        limits=False)
     q0, v0 = model.initial_state(joint_coordinates=RATES, tol=1e-10)
     start = time.perf_counter()
     sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, t1, q0, v0,
