@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import check_instance
+from .._compilation._private_apis import unvmap_any
+from .._compilation._scalarize import scalarize
 from .._custom_types import Array, Bool, Float, Int
 from .._formulations._impacts import contact_problem, gap_terms, impact, resting_contacts
 from .._gains import is_concrete
@@ -152,6 +154,14 @@ def contact_rates(system, formulation, contacts: ContactState, t, q, s, mass_fac
     return jax.lax.cond(contacts.active.any(), pushed, free)
 
 
+def open_gaps(system, contacts: ContactState, t, q):
+    """Each gap less its offset: the event conditions where no contact rests."""
+    return system.gaps(t, q) - contacts.offset
+
+
+jitted_open_gaps = eqx.filter_jit(scalarize(open_gaps))
+
+
 @eqx.filter_jit
 def condition_values(system, formulation, contacts: ContactState, t, q, s, mass_factor=None):
     """Each gap's event condition: the gap less its offset where open, the contact force
@@ -161,9 +171,9 @@ def condition_values(system, formulation, contacts: ContactState, t, q, s, mass_
         return _contact_setup(system, formulation, contacts, t, q, s,
                               mass_factor)[3].forces(contacts.active)
 
-    gap = system.gaps(t, q)
+    gap = jitted_open_gaps(system, contacts, t, q)
     force = jax.lax.cond(contacts.active.any(), forces, lambda: jnp.zeros_like(gap))
-    return jnp.where(contacts.active, force, gap - contacts.offset)
+    return jnp.where(contacts.active, force, gap)
 
 
 def contact_vector_field(t, y, args: SolveArgs):
@@ -172,21 +182,40 @@ def contact_vector_field(t, y, args: SolveArgs):
                          args.mass_factor)
 
 
+# One condition for all gaps, the least of theirs: each starts a solve positive (an open
+# gap, a resting contact's push, or a closed gap's margin), so the least crosses zero
+# where the first of them does. (One condition, not one per gap: diffrax compiles each
+# condition at every place it evaluates it, the root finder's derivative too.)
+
+
 def _first_condition(t, y, args: SolveArgs, **kwargs):
-    # One condition for all gaps, the least of theirs: each starts a solve positive (an
-    # open gap, a resting contact's push, or a closed gap's margin), so the least crosses
-    # zero where the first of them does. (One condition, not one per gap: diffrax compiles
-    # each condition at every place it evaluates it, the root finder's derivative too.)
     q, s = y
     return jnp.min(condition_values(args.system, args.formulation, args.contacts, t, q, s,
                                     args.mass_factor))
 
 
-def event_dynamics(conditions: tuple, failures: tuple) -> Dynamics:
-    """What an event-driven solve integrates: the rates with the contact forces, stopped
-    where a gap's condition crosses zero (located) and at the formulation's
-    `conditions`."""
-    return Dynamics(contact_vector_field, conditions, failures, located=(_first_condition,))
+def _first_open_gap(t, y, args: SolveArgs, **kwargs):
+    return jnp.min(jitted_open_gaps(args.system, args.contacts, t, y[0]))
+
+
+class EventDynamics(eqx.Module):
+    """What an event-driven solve integrates between two events, stopped where a gap's
+    condition crosses zero (located) and at the formulation's conditions: `resting`, the
+    rates with the resting contacts' forces; `free`, the plain rates where no contact
+    rests (the solve of a model whose gaps stay open costs little more than one without
+    them)."""
+
+    resting: Dynamics
+    free: Dynamics
+
+
+def event_dynamics(dynamics: Dynamics) -> EventDynamics:
+    """The [`EventDynamics`][] of a solve whose plain `dynamics` has its failure
+    conditions."""
+    conditions, failures = dynamics.conditions, dynamics.failures
+    return EventDynamics(
+        Dynamics(contact_vector_field, conditions, failures, located=(_first_condition,)),
+        Dynamics(dynamics.vector_field, conditions, failures, located=(_first_open_gap,)))
 
 
 class ApproachLimitedSteps(diffrax.AbstractAdaptiveStepSizeController):
@@ -220,8 +249,9 @@ class ApproachLimitedSteps(diffrax.AbstractAdaptiveStepSizeController):
 
     def _limited(self, t, y, args: SolveArgs, tnext):
         q, s = y
+        tolerance = jnp.asarray(self.tolerance, q.dtype)
         return jnp.minimum(tnext, t + approach_time(args.system, args.formulation,
-                                                    args.contacts, t, q, s, self.tolerance))
+                                                    args.contacts, t, q, s, tolerance))
 
     def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
         tnext, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
@@ -235,8 +265,7 @@ class ApproachLimitedSteps(diffrax.AbstractAdaptiveStepSizeController):
         return keep, tprev, self._limited(tprev, y, args, tnext), jump, state, result
 
 
-@eqx.filter_jit
-def approach_time(system, formulation, contacts: ContactState, t, q, s, tolerance):
+def _approach_time(system, formulation, contacts: ContactState, t, q, s, tolerance):
     """The least time in which an open gap that closes reaches `tolerance` past zero at
     its present rate (`inf` where none closes)."""
     v = system.velocities(t, q, formulation.velocities(system, t, q, s))
@@ -245,6 +274,9 @@ def approach_time(system, formulation, contacts: ContactState, t, q, s, toleranc
     closing = ~contacts.active & (rate < 0)
     return jnp.min(jnp.where(closing, room / jnp.where(closing, -rate, 1.0), jnp.inf),
                    initial=jnp.inf)
+
+
+approach_time = eqx.filter_jit(scalarize(_approach_time))
 
 
 class _Transition(eqx.Module):
@@ -343,7 +375,7 @@ def _recorded(events: Events, record, t, after: _Transition, released) -> Events
                                                            after.impulses[which]))
 
 
-def integrate_with_events(dynamics: Dynamics, args: SolveArgs, y0, times: Times,
+def integrate_with_events(dynamics: EventDynamics, args: SolveArgs, y0, times: Times,
                           options: SolveOptions, settings: EventDriven
                           ) -> tuple[EventSolve, RESULTS]:
     """The event-driven solve from `y0` over `times` (module docstring), and jaxdae's
@@ -372,9 +404,21 @@ def integrate_with_events(dynamics: Dynamics, args: SolveArgs, y0, times: Times,
         stats={key: jnp.asarray(0) for key in _STAT_KEYS},
     )
 
+    tolerance = settings.tolerance(dtype)
+
     def step(carry: _Carry) -> _Carry:
-        after = transition(system, formulation, settings, carry.contacts, carry.t, carry.q,
-                           carry.s, carry.hit, args.mass_factor)
+        def apply():
+            return transition(system, formulation, settings, carry.contacts, carry.t,
+                              carry.q, carry.s, carry.hit, args.mass_factor)
+
+        def none():  # all gaps open, none resting: nothing happens
+            return _Transition(carry.s, carry.contacts.active, carry.contacts.offset,
+                               jnp.zeros((size,), bool), jnp.zeros((size,), dtype),
+                               jnp.asarray(True))
+
+        closed = jitted_open_gaps(system, carry.contacts, carry.t, carry.q) <= tolerance
+        after = jax.lax.cond(unvmap_any(carry.hit | closed.any() | carry.contacts.active.any()),
+                             apply, none)
         released = (after.triggered & carry.contacts.active).any()
         events = _recorded(carry.events, carry.hit, carry.t, after, released)
         contacts = ContactState(after.active, after.offset, gains)
@@ -383,9 +427,15 @@ def integrate_with_events(dynamics: Dynamics, args: SolveArgs, y0, times: Times,
         else:
             saveat = diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=jnp.clip(ts, carry.t, t1)),
                                           diffrax.SubSaveAt(t1=True)])
-        out, result = integrate(dynamics, args._replace(contacts=contacts),
-                                (carry.q, after.state), Times(carry.t, t1, None), limited,
-                                saveat)
+        def solve(which: Dynamics):
+            return integrate(which, args._replace(contacts=contacts), (carry.q, after.state),
+                             Times(carry.t, t1, None), limited, saveat)
+
+        # The plain rates unless a contact rests (in any member of a batch: the resting
+        # contacts' solve serves the others too, their forces zero).
+        out, result = jax.lax.cond(unvmap_any(contacts.active.any()),
+                                   lambda: solve(dynamics.resting),
+                                   lambda: solve(dynamics.free))
         if ts is None:
             t_end, (q_end, s_end) = out.ts[0], (out.ys[0][0], out.ys[1][0])
         else:

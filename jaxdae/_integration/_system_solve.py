@@ -135,9 +135,8 @@ def solve_and_assemble(system, formulation, times: Times, q0, v0, options: Solve
     if settings is None:
         out, result = integrate(dynamics, args, (q0, v0), times, options)
     else:
-        out, result = integrate_with_events(
-            event_dynamics(dynamics.conditions, dynamics.failures), args, (q0, v0), times,
-            options, settings)
+        out, result = integrate_with_events(event_dynamics(dynamics), args, (q0, v0), times,
+                                            options, settings)
     sol, initial = trajectories.solution(system, formulation, (t0, q0, v0), ts, out, result,
                                          reverse_only(options.adjoint))
     if settings is not None:
