@@ -18,7 +18,7 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 # in the default test run.
 SLOW: set[str] = {"paper_000_redundant_coordinates", "paper_001_hamiltonian",
                   "paper_002_adaptive_optics", "paper_003_realizing_forces",
-                  "paper_004_two_link", "tuning", "building_a_mechanism"}
+                  "paper_004_two_link", "tuning", "building_a_mechanism", "impacts"}
 
 
 def _params():

@@ -10,7 +10,7 @@ Newton's impact law for simultaneous impacts (the impulses `x`, the post-impact 
 is unique, and it minimizes `½ xᵀA x + bᵀx` over `x ≥ 0`.
 
 [`solve_lcp`][] finds the set of positive `x` by Murty's least-index principal pivoting
-(Murty, *Linear Complementarity, Linear and Nonlinear Programming*, 1988, §4.2), which
+(Murty (1988), §4.2; docs/methods.md#one-sided-constraints), which
 ends in finitely many pivots for positive definite `A`, and then solves once more for
 that set: the solution is exact to rounding, and its derivative is that of the linear
 solve for the final set (the set itself is piecewise constant).

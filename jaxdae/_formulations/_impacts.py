@@ -2,8 +2,8 @@
 
 With the gaps `g(t, q) ≥ 0` of a system, `W = g_q` and `g̈ = W q̈ − γ_g`:
 
-- **Impacts** (Glocker and Pfeiffer's impulse problem in the mass metric; Pfeiffer and
-  Glocker, *Multibody Dynamics with Unilateral Contacts*, 1996, ch. 7): the impulses `P`
+- **Impacts** (the impulse problem in the mass metric of Pfeiffer and Glocker (1996),
+  ch. 7; docs/methods.md#one-sided-constraints): the impulses `P`
   of the closed gaps change the velocities by `Δv = N P`, `N = (M⁻¹ − M⁻¹Gᵀ (G M⁻¹ Gᵀ)⁺
   G M⁻¹) Wᵀ`, which keeps the rates of the bilateral constraints `G`. Newton's law
   `ġ⁺ ≥ −e ġ⁻` for every closed gap with no pulling impulse is the linear complementarity
