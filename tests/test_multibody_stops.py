@@ -98,10 +98,9 @@ def test_urdf_limits_are_enforced_by_default():
     assert limited.gap_names == ("shoulder.limit.lower", "shoulder.limit.upper",
                                  "elbow.limit.lower", "elbow.limit.upper",
                                  "wrist.limit.lower", "wrist.limit.upper")
-    q0, _ = limited.initial_state(joint_coordinates={"shoulder": 0.4, "elbow": -0.8,
-                                                     "wrist": 0.05})
-    np.testing.assert_allclose(limited.gaps(0.0, q0), [1.9, 1.1, 1.7, 3.3, 0.05, 0.05],
-                               atol=1e-12)
+    # at zero joint coordinates, the limits' distances: ±1.5, ±2.5 and [0, 0.1]
+    gaps = jax.jit(lambda q: limited.gaps(0.0, q))(limited.reference_coordinates())
+    np.testing.assert_allclose(gaps, [1.5, 1.5, 2.5, 2.5, 0.0, 0.1], atol=1e-12)
     np.testing.assert_allclose(limited.restitution(), np.zeros(6))
     assert robot.mechanism(limits=False).gap_names == ()
 
