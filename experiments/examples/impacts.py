@@ -234,7 +234,7 @@ def main(out: Path, quick: bool = False) -> dict:
     ] + [f"| pendulum against a wall, e = {r['e']:g} | {r['impacts']} impact times vs "
          f"elliptic closed form | {r['impact_time_error']:.1e} s (max \\|Φ\\| "
          f"{r['max_abs_phi']:.0e}) |" for r in pendulum["rows"]] + [
-        f"| Newton's cradle, 5 balls | final rates (1 m/s handed on) | "
+        "| Newton's cradle, 5 balls | final rates (1 m/s handed on) | "
         + ", ".join(f"{v:.2e}" for v in cradle["final_rates"]) + " |",
     ]
     if "mujoco" in arm:
