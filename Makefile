@@ -66,6 +66,7 @@ bench: $(STAMP)
 	$(PY) experiments/benchmarks/bench_unrolled.py
 	$(PY) experiments/benchmarks/bench_precision.py --out output
 	$(PY) experiments/benchmarks/bench_scaling.py --out output
+	$(PY) experiments/benchmarks/bench_events.py
 
 ## Build the documentation site into site/ (mkdocs --strict: a warning fails the build).
 docs: $(STAMP)

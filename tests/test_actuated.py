@@ -10,7 +10,7 @@ import scipy.linalg
 
 import jaxdae
 from jaxdae._systems._actuated import lie_derivatives
-from jaxdae.examples import AdaptiveOpticsElement, CartesianPendulum
+from jaxdae.examples import AdaptiveOpticsElement, BouncingBall, CartesianPendulum
 
 OPTICS = AdaptiveOpticsElement()
 CONTROL = jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=4)
@@ -317,6 +317,11 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="no constraints of its own"):
         jaxdae.simulate_actuated(constrained, CONTROL, 0.0, 1.0, jnp.zeros(2), jnp.zeros(2),
                                  w0)
+    bouncing = eqx.tree_at(lambda s: s.mechanism, OPTICS, BouncingBall(),
+                           is_leaf=lambda x: x is None)
+    with pytest.raises(ValueError, match="one-sided constraints"):
+        jaxdae.simulate_actuated(bouncing, CONTROL, 0.0, 1.0, jnp.array([0.0, 1.0]),
+                                 jnp.zeros(2), w0)
     # All gains zero: the unstabilized law of eq. [2.9] is allowed, for comparison.
     assert jaxdae.ConstraintEnforcingControl([0.0] * 4).order == 4
 

@@ -27,6 +27,7 @@ def rod_with_limit(restitution):
     )
 
 
+@pytest.mark.slow  # the default run covers the event solve in test_events.py
 def test_joint_limit_matches_the_pendulum_against_a_stop():
     """A rod swinging into its joint limit: the impact times of the equivalent simple
     pendulum (length `I_pivot / (m d)` = 2/3) against the wall, to 1e-10."""

@@ -161,6 +161,13 @@ def check_actuated_system(system, control, t0, q0, v0, w0):
             f"{terms.phi.shape}/{terms.psi.shape}); state the goals of the control as "
             "`program_constraints`."
         )
+    gaps = jax.eval_shape(system.mechanism.gaps, t0, q0).shape
+    if gaps != (0,):
+        raise ValueError(
+            f"The `mechanism` of an `ActuatedSystem` has one-sided constraints (`gaps` of "
+            f"shape {gaps}), which `simulate_actuated` does not treat: simulate the "
+            "mechanism with a controller through `jaxdae.simulate`, which handles them by "
+            "events, or leave them out.")
     forces = jax.eval_shape(system.actuator_forces, t0, q0, v0, w0).shape
     if forces != q0.shape:
         raise ValueError(f"`actuator_forces` must return shape {q0.shape}, one force per "
