@@ -146,18 +146,21 @@ def test_pendulum_against_a_stop():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("solver", ["projected", "kvaerno5", "generalized_alpha"])
-def test_other_solvers_between_events(solver):
+@pytest.mark.parametrize("name", ["projected", "kvaerno5", "generalized_alpha"])
+def test_other_solvers_between_events(name):
     """`Projected`, an implicit Runge–Kutta method and generalized-α between the events."""
     solver = {"projected": jaxdae.Projected(diffrax.Tsit5()), "kvaerno5": diffrax.Kvaerno5(),
-              "generalized_alpha": jaxdae.GeneralizedAlpha()}[solver]
+              "generalized_alpha": jaxdae.GeneralizedAlpha()}[name]
     pendulum = PendulumWithStop(e=0.5)
     sol = jaxdae.simulate(pendulum, jaxdae.Baumgarte(20.0, 100.0), 0.0, 1.6,
                           *pendulum.initial_state(0.8), solver=solver, rtol=1e-9, atol=1e-11)
     count = int(sol.events.count)
     assert count == 2 and sol.succeeded
+    # (generalized-α is of second order: at this tolerance its steps, and the crossing
+    # found on their interpolation, are good to a few microseconds)
+    atol = 1e-5 if name == "generalized_alpha" else 1e-6
     np.testing.assert_allclose(sol.events.t[:count], pendulum.impact_times(0.8, count),
-                               rtol=0, atol=1e-6)
+                               rtol=0, atol=atol)
 
 
 def test_release_of_a_resting_contact():
