@@ -3,6 +3,7 @@ controller must step to, and the solve's step options and saved times."""
 
 
 import diffrax
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
@@ -12,7 +13,26 @@ from .._custom_types import Array
 from .._gains import is_concrete
 
 
-class StopStalledSteps(diffrax.AbstractAdaptiveStepSizeController):
+class AbstractControllerWrapper(diffrax.AbstractAdaptiveStepSizeController):
+    """An adaptive controller that wraps another: the tolerances and the error norm are
+    the wrapped controller's."""
+
+    controller: eqx.AbstractVar[diffrax.AbstractAdaptiveStepSizeController]
+
+    @property
+    def rtol(self):
+        return self.controller.rtol
+
+    @property
+    def atol(self):
+        return self.controller.atol
+
+    @property
+    def norm(self):  # pyright: ignore[reportIncompatibleMethodOverride]
+        return self.controller.norm
+
+
+class StopStalledSteps(AbstractControllerWrapper):
     """An adaptive controller that ends the solve with `diffrax.RESULTS.dt_min_reached`
     when the step it proposes has shrunk to the rounding level of `t`.
 
@@ -32,18 +52,6 @@ class StopStalledSteps(diffrax.AbstractAdaptiveStepSizeController):
     two ulps before the save time 2.9.)"""
 
     controller: diffrax.AbstractAdaptiveStepSizeController
-
-    @property
-    def rtol(self):
-        return self.controller.rtol
-
-    @property
-    def atol(self):
-        return self.controller.atol
-
-    @property
-    def norm(self):  # pyright: ignore[reportIncompatibleMethodOverride]
-        return self.controller.norm
 
     @property
     def jump_ts(self):  # read by the swept solve (`_sweep_forward._jumps`)

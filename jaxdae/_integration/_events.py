@@ -25,6 +25,7 @@ from .._gains import is_concrete
 from .._solution import RESULTS, Events
 from .._systems._structure import with_mass_factor
 from ._adjoint import ReverseSweepAdjoint
+from ._controllers import AbstractControllerWrapper
 from ._solve import Dynamics, SolveOptions, Times, integrate
 from ._vector_fields import SolveArgs, jitted_rates, system_terms
 
@@ -218,7 +219,7 @@ def event_dynamics(dynamics: Dynamics) -> EventDynamics:
         Dynamics(dynamics.vector_field, conditions, failures, located=(_first_open_gap,)))
 
 
-class ApproachLimitedSteps(diffrax.AbstractAdaptiveStepSizeController):
+class ApproachLimitedSteps(AbstractControllerWrapper):
     """An adaptive controller whose steps end at most just past the time an open gap that
     closes would reach zero at its present rate, `(g − offset + tol) / (−ġ)`.
 
@@ -231,18 +232,6 @@ class ApproachLimitedSteps(diffrax.AbstractAdaptiveStepSizeController):
 
     controller: diffrax.AbstractAdaptiveStepSizeController
     tolerance: float
-
-    @property
-    def rtol(self):
-        return self.controller.rtol
-
-    @property
-    def atol(self):
-        return self.controller.atol
-
-    @property
-    def norm(self):  # pyright: ignore[reportIncompatibleMethodOverride]
-        return self.controller.norm
 
     def wrap(self, direction):
         return ApproachLimitedSteps(self.controller.wrap(direction), self.tolerance)

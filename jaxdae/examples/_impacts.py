@@ -1,11 +1,11 @@
 """Systems with one-sided constraints whose impacts have closed forms."""
 
-import jax.numpy as jnp
 import numpy as np
 
 from .._custom_types import Array
 from .._systems._system import LagrangianSystem
 from ._parameters import parameter
+from ._pendulum import CartesianPendulum
 
 
 class BouncingBall(LagrangianSystem):
@@ -74,14 +74,19 @@ class PendulumWithStop(LagrangianSystem):
     gravity: Array = parameter(9.81)
     e: Array = parameter(0.5)
 
+    @property
+    def free(self) -> CartesianPendulum:
+        """The same pendulum without the wall."""
+        return CartesianPendulum(self.mass, self.length, self.gravity)
+
     def kinetic_energy(self, t, q, v):
-        return 0.5 * self.mass * v @ v
+        return self.free.kinetic_energy(t, q, v)
 
     def potential_energy(self, t, q):
-        return self.mass * self.gravity * q[1]
+        return self.free.potential_energy(t, q)
 
     def constraints(self, t, q):
-        return jnp.array([q @ q - self.length**2])
+        return self.free.constraints(t, q)
 
     def gaps(self, t, q):
         return -q[:1]
@@ -91,8 +96,7 @@ class PendulumWithStop(LagrangianSystem):
 
     def initial_state(self, angle: float = 0.5):
         """`(q, v)` at rest at `angle` from the downward vertical, on the left."""
-        q = self.length * jnp.array([-jnp.sin(angle), -jnp.cos(angle)])
-        return q, jnp.zeros(2)
+        return self.free.state_from_angle(-angle, 0.0)
 
     def amplitudes(self, angle: float, count: int) -> np.ndarray:
         """The amplitudes `θ₀, …, θ_{count−1}` of the swings between impacts."""

@@ -43,6 +43,7 @@ from ._kinematics import (
 )
 from ._model import Mechanism as Mechanism, Mobility as Mobility, Reaction as Reaction
 from ._stop import (
+    AbstractRangeStop as AbstractRangeStop,
     AbstractStop as AbstractStop,
     DistanceStop as DistanceStop,
     JointLimit as JointLimit,

@@ -94,17 +94,34 @@ class AbstractStop(eqx.Module):
                                  dict.fromkeys(self.vector_fields, (dimension,)))
 
 
-def _range_labels(lower, upper) -> tuple[str, ...]:
-    return tuple(side for side, bound in (("lower", lower), ("upper", upper))
-                 if bound is not None)
+class AbstractRangeStop(AbstractStop):
+    """A stop that keeps a measured value `x` (a joint coordinate, a distance) within
+    `lower ≤ x ≤ upper`: a gap per bound given, `x − lower` and `upper − x`, labelled
+    `lower` and `upper`."""
+
+    lower: eqx.AbstractVar[Float[Array, ""] | None]
+    upper: eqx.AbstractVar[Float[Array, ""] | None]
+
+    @abc.abstractmethod
+    def measured(self, kin: StopKinematics) -> Float[Array, ""]:
+        """The value the bounds limit."""
+
+    @property
+    def num_gaps(self):
+        return len(self.gap_labels)
+
+    @property
+    def gap_labels(self):
+        return tuple(side for side, bound in (("lower", self.lower), ("upper", self.upper))
+                     if bound is not None)
+
+    def gaps(self, kin):
+        value = self.measured(kin)
+        return jnp.stack(([] if self.lower is None else [value - self.lower])
+                         + ([] if self.upper is None else [self.upper - value]))
 
 
-def _range_gaps(value, lower, upper):
-    gaps = ([] if lower is None else [value - lower]) + ([] if upper is None else [upper - value])
-    return jnp.stack(gaps)
-
-
-class JointLimit(AbstractStop):
+class JointLimit(AbstractRangeStop):
     """The range `lower ≤ θ ≤ upper` of a joint's coordinate (a revolute joint's angle, a
     prismatic joint's displacement; see [`jaxdae.multibody.Mechanism.joint_coordinates`][]):
     a gap per bound given, `θ − lower` and `upper − θ`.
@@ -136,16 +153,8 @@ class JointLimit(AbstractStop):
     def joints(self):
         return (self.joint,)
 
-    @property
-    def num_gaps(self):
-        return int(self.lower is not None) + int(self.upper is not None)
-
-    @property
-    def gap_labels(self):
-        return _range_labels(self.lower, self.upper)
-
-    def gaps(self, kin):
-        return _range_gaps(kin.coordinate(self.joint), self.lower, self.upper)
+    def measured(self, kin):
+        return kin.coordinate(self.joint)
 
 
 class PlaneContact(AbstractStop):
@@ -207,7 +216,7 @@ class PlaneContact(AbstractStop):
         return (normal @ (point.point - surface.point) - self.radius)[None]
 
 
-class DistanceStop(AbstractStop):
+class DistanceStop(AbstractRangeStop):
     """Bounds on the distance `d = |p_b − p_a|` of two markers: `d ≥ lower` (two spheres
     that touch at `d = r_a + r_b`, the balls of Newton's cradle) and/or `d ≤ upper` (a
     rope or chain that goes taut), a gap per bound given.
@@ -239,14 +248,6 @@ class DistanceStop(AbstractStop):
     def markers(self):
         return (self.a, self.b)
 
-    @property
-    def num_gaps(self):
-        return int(self.lower is not None) + int(self.upper is not None)
-
-    @property
-    def gap_labels(self):
-        return _range_labels(self.lower, self.upper)
-
-    def gaps(self, kin):
+    def measured(self, kin):
         offset = kin.frame(self.b).point - kin.frame(self.a).point
-        return _range_gaps(jnp.sqrt(offset @ offset), self.lower, self.upper)
+        return jnp.sqrt(offset @ offset)
