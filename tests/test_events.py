@@ -163,6 +163,16 @@ def test_other_solvers_between_events(name):
                                rtol=0, atol=atol)
 
 
+def test_float32_events():
+    """A float32 solve (as on a GPU) locates its impacts to float32 accuracy."""
+    ball = BouncingBall(e=0.8)
+    sol = jaxdae.simulate(ball, jaxdae.Unstabilized(), 0.0, 2.0,
+                          jnp.array([0.0, 1.0], jnp.float32), jnp.zeros(2, jnp.float32),
+                          rtol=1e-5, atol=1e-6)
+    assert sol.q.dtype == jnp.float32 and sol.events.t.dtype == jnp.float32
+    np.testing.assert_allclose(sol.events.t[:3], ball.impact_times(1.0, 3), rtol=1e-4)
+
+
 def test_release_of_a_resting_contact():
     """A ball resting on the floor under an upward force `2 m g t` lifts off at
     `t = 0.5` (its contact force `m g (1 − 2t)` reaches zero) and then flies."""

@@ -189,14 +189,21 @@ def contact_vector_field(t, y, args: SolveArgs):
 # condition at every place it evaluates it, the root finder's derivative too.)
 
 
+def _default_float(value):
+    # diffrax's event location pairs a condition's value with a Python `0.0` in a
+    # `lax.cond`, whose branches must agree: the default float dtype (a float32 solve
+    # under float64 mode otherwise fails to trace).
+    return value.astype(jnp.result_type(float))
+
+
 def _first_condition(t, y, args: SolveArgs, **kwargs):
     q, s = y
-    return jnp.min(condition_values(args.system, args.formulation, args.contacts, t, q, s,
-                                    args.mass_factor))
+    return _default_float(jnp.min(condition_values(args.system, args.formulation,
+                                                   args.contacts, t, q, s, args.mass_factor)))
 
 
 def _first_open_gap(t, y, args: SolveArgs, **kwargs):
-    return jnp.min(jitted_open_gaps(args.system, args.contacts, t, y[0]))
+    return _default_float(jnp.min(jitted_open_gaps(args.system, args.contacts, t, y[0])))
 
 
 class EventDynamics(eqx.Module):

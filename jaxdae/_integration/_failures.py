@@ -156,9 +156,21 @@ def solve_event(conditions: list, stepsize_controller, located: list | None = No
     located = located or []
     if not located:
         return diffrax.Event(conditions) if conditions else None
+    # With a root finder, diffrax turns a true flag into the distance to the step's end,
+    # in the time's dtype, beside a Python `0.0` in a `lax.cond`: a float32 solve under
+    # float64 mode fails to trace. As `±1` in the default float dtype, a flag is a
+    # condition like the others (its crossing is where it turns true).
+    conditions = [_signed(condition) for condition in conditions]
     tolerance = float(64 * jnp.finfo(dtype).eps)
     return diffrax.Event(located + conditions, DownCrossing(tolerance, tolerance),
                          direction=[False] * len(located) + [None] * len(conditions))
+
+
+def _signed(flag):
+    def condition(t, y, args, **kwargs):
+        return jnp.where(flag(t, y, args, **kwargs), -1.0, 1.0).astype(jnp.result_type(float))
+
+    return condition
 
 
 def event_result(out: diffrax.Solution, failures: list, located: int = 0) -> RESULTS:

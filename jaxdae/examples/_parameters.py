@@ -5,7 +5,10 @@ import jax.numpy as jnp
 
 
 def _as_floats(value):
-    return jnp.asarray(value, dtype=float)
+    # A floating array keeps its dtype (a float32 simulation builds models of float32
+    # parameters); integers and Python numbers become the default float.
+    array = jnp.asarray(value)
+    return array if jnp.issubdtype(array.dtype, jnp.inexact) else array.astype(float)
 
 
 def parameter(default):
