@@ -121,11 +121,12 @@ class ContactState(eqx.Module):
     """The gaps' state during one solve between events, in the solve's arguments:
     `active`, the resting contacts; `offset`, subtracted from an open gap in its event
     condition (a gap that starts closed counts as closing again only past the tolerance);
-    `gains`, `(k_d, k_p)`."""
+    `gains`, `(k_d, k_p)`; `tolerance`, [`EventDriven`][]'s gap tolerance."""
 
     active: Bool[Array, " u"]
     offset: Float[Array, " u"]
     gains: tuple[Array, Array]
+    tolerance: Array
 
 
 def _contact_setup(system, formulation, contacts, t, q, s, mass_factor):
@@ -203,7 +204,9 @@ def _first_condition(t, y, args: SolveArgs, **kwargs):
 
 
 def _first_open_gap(t, y, args: SolveArgs, **kwargs):
-    return _default_float(jnp.min(jitted_open_gaps(args.system, args.contacts, t, y[0])))
+    q, s = y
+    return _default_float(open_gaps_status(args.system, args.formulation, args.contacts, t,
+                                           q, s)[0])
 
 
 class EventDynamics(eqx.Module):
@@ -238,16 +241,14 @@ class ApproachLimitedSteps(AbstractControllerWrapper):
     """
 
     controller: diffrax.AbstractAdaptiveStepSizeController
-    tolerance: float
 
     def wrap(self, direction):
-        return ApproachLimitedSteps(self.controller.wrap(direction), self.tolerance)
+        return ApproachLimitedSteps(self.controller.wrap(direction))
 
     def _limited(self, t, y, args: SolveArgs, tnext):
         q, s = y
-        tolerance = jnp.asarray(self.tolerance, q.dtype)
-        return jnp.minimum(tnext, t + approach_time(args.system, args.formulation,
-                                                    args.contacts, t, q, s, tolerance))
+        return jnp.minimum(tnext, t + open_gaps_status(args.system, args.formulation,
+                                                       args.contacts, t, q, s)[1])
 
     def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
         tnext, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
@@ -261,18 +262,22 @@ class ApproachLimitedSteps(AbstractControllerWrapper):
         return keep, tprev, self._limited(tprev, y, args, tnext), jump, state, result
 
 
-def _approach_time(system, formulation, contacts: ContactState, t, q, s, tolerance):
-    """The least time in which an open gap that closes reaches `tolerance` past zero at
-    its present rate (`inf` where none closes)."""
+def _open_gaps_status(system, formulation, contacts: ContactState, t, q, s):
+    """Where no contact rests: the least gap less its offset (the event condition), and the
+    least time in which an open gap that closes reaches the tolerance past zero at its
+    present rate (`inf` where none closes; the step limit). One function for both, so that
+    the step's program evaluates the gaps once for the condition and the controller (they
+    ask at the same state)."""
     v = system.velocities(t, q, formulation.velocities(system, t, q, s))
     gap, rate = jax.jvp(lambda t_, q_: system.gaps(t_, q_), (t, q), (jnp.ones_like(t), v))
-    room = gap - contacts.offset + tolerance
+    room = gap - contacts.offset
     closing = ~contacts.active & (rate < 0)
-    return jnp.min(jnp.where(closing, room / jnp.where(closing, -rate, 1.0), jnp.inf),
-                   initial=jnp.inf)
+    time = jnp.min(jnp.where(closing, (room + contacts.tolerance)
+                             / jnp.where(closing, -rate, 1.0), jnp.inf), initial=jnp.inf)
+    return jnp.min(room), time
 
 
-approach_time = eqx.filter_jit(scalarize(_approach_time))
+open_gaps_status = eqx.filter_jit(scalarize(_open_gaps_status))
 
 
 class _Transition(eqx.Module):
@@ -388,7 +393,8 @@ def integrate_with_events(dynamics: EventDynamics, args: SolveArgs, y0, times: T
     count_rows = 0 if ts is None else ts.shape[0]
     carry = _Carry(
         t=t0, q=q0, s=s0,
-        contacts=ContactState(jnp.zeros((size,), bool), jnp.zeros((size,), dtype), gains),
+        contacts=ContactState(jnp.zeros((size,), bool), jnp.zeros((size,), dtype), gains,
+                              jnp.asarray(settings.tolerance(dtype), dtype)),
         hit=jnp.asarray(False), count=jnp.asarray(0), done=jnp.asarray(False),
         reached=jnp.asarray(False), result=RESULTS.successful,
         rows=(jnp.full((count_rows,) + q0.shape, jnp.inf, dtype),
@@ -417,7 +423,7 @@ def integrate_with_events(dynamics: EventDynamics, args: SolveArgs, y0, times: T
                              apply, none)
         released = (after.triggered & carry.contacts.active).any()
         events = _recorded(carry.events, carry.hit, carry.t, after, released)
-        contacts = ContactState(after.active, after.offset, gains)
+        contacts = ContactState(after.active, after.offset, gains, carry.contacts.tolerance)
         if ts is None:
             saveat = diffrax.SaveAt(t1=True)
         else:
@@ -464,8 +470,8 @@ def integrate_with_events(dynamics: EventDynamics, args: SolveArgs, y0, times: T
 
     limited = options
     if isinstance(options.stepsize_controller, diffrax.AbstractAdaptiveStepSizeController):
-        limited = eqx.tree_at(lambda o: o.stepsize_controller, options, ApproachLimitedSteps(
-            options.stepsize_controller, settings.tolerance(dtype)))
+        limited = eqx.tree_at(lambda o: o.stepsize_controller, options,
+                              ApproachLimitedSteps(options.stepsize_controller))
     kind = "lax" if isinstance(options.adjoint, diffrax.ForwardMode) else "checkpointed"
     final = eqxi.while_loop(lambda c: ~c.done, step, carry, max_steps=budget + 1,
                             kind=kind, checkpoints=budget + 1 if kind == "checkpointed" else None)
