@@ -49,6 +49,29 @@ def test_lcp_candidates_and_derivative():
     np.testing.assert_allclose(jac, [[-0.5, 0.0], [0.0, 0.0]], atol=1e-14)
 
 
+def test_down_crossing_matches_optimistix_newton():
+    """The events' bisection finds the root `optimistix.Newton` finds, to its tolerance,
+    with the crossing's upper end (the condition at or below zero) as the root."""
+    import optimistix as optx
+
+    from jaxdae._integration._crossing import DownCrossing
+
+    def condition(t, args):
+        return jnp.cos(t) - 0.5
+
+    options = {"lower": jnp.asarray(0.0), "upper": jnp.asarray(2.0)}
+    ours = optx.root_find(condition, DownCrossing(1e-14, 1e-14), jnp.asarray(2.0),
+                          options=options)
+    newton = optx.root_find(condition, optx.Newton(1e-14, 1e-14), jnp.asarray(1.0))
+    np.testing.assert_allclose(ours.value, newton.value, rtol=0, atol=1e-13)
+    assert float(condition(ours.value, None)) <= 0.0
+    # the derivative of the root, by the implicit function theorem, as Newton's
+    shift = jax.grad(lambda c: optx.root_find(lambda t, a: jnp.cos(t) - c,
+                                              DownCrossing(1e-14, 1e-14), jnp.asarray(2.0),
+                                              options=options).value)(0.5)
+    np.testing.assert_allclose(shift, -1 / jnp.sin(jnp.pi / 3), rtol=1e-10)
+
+
 @eqx.filter_jit
 def _ball_runs(restitution, height, t1, ts):
     """Drops of `BouncingBall`s with the coefficients `restitution`, batched."""
