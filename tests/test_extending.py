@@ -1,5 +1,6 @@
-"""The examples of docs/guides/extending.md: a new formulation, joint, force element and
-controller written with public names only, each checked against what jaxdae already has."""
+"""The examples of docs/guides/extending.md: a new formulation, joint, force element, stop
+and controller written with public names only, each checked against what jaxdae already
+has."""
 
 from typing import ClassVar
 
@@ -127,6 +128,42 @@ def test_a_new_force_element_agrees_with_the_spring_damper():
 
     d = np.asarray([0.3, -0.5]) + 0.1 * np.asarray([-np.sin(0.2), np.cos(0.2)])
     np.testing.assert_allclose(jax.grad(energy)(jnp.asarray(40.0)), 0.5 * d @ d, rtol=1e-12)
+
+
+# -- a stop ---------------------------------------------------------------------------------
+
+
+class AboveHeight(mb.AbstractStop):
+    """Marker `point` stays at or above `height`: one gap `y − height` (planar)."""
+
+    point: str = eqx.field(static=True)
+    height: jax.Array
+    restitution: jax.Array
+    name: str | None = eqx.field(default=None, static=True)
+
+    @property
+    def markers(self):
+        return (self.point,)
+
+    @property
+    def num_gaps(self):
+        return 1
+
+    def gaps(self, kin):
+        return (kin.frame(self.point).point[1] - self.height)[None]
+
+
+def test_a_new_stop_agrees_with_the_plane_contact():
+    def model(stop):
+        body = mb.PlanarBody("ball", mass=1.0, inertia=0.01, position=(0.2, 0.5))
+        return mb.Mechanism([body], forces=[mb.Gravity((0.0, -9.81))], stops=[stop])
+
+    mine = model(AboveHeight("ball", jnp.asarray(0.0), jnp.asarray(0.5)))
+    theirs = model(mb.PlaneContact("ball", restitution=0.5))
+    q = jnp.array([0.2, 0.5, 0.3])
+    np.testing.assert_allclose(mine.gaps(0.0, q), theirs.gaps(0.0, q), atol=1e-15)
+    np.testing.assert_allclose(mine.restitution(), theirs.restitution())
+    assert mine.gap_names == ("aboveheight_0",)
 
 
 # -- a controller --------------------------------------------------------------------------
