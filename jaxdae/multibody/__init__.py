@@ -41,7 +41,8 @@ from ._kinematics import (
     rotation_matrix as rotation_matrix,
     rpy_matrix as rpy_matrix,
 )
-from ._model import Mechanism as Mechanism, Mobility as Mobility, Reaction as Reaction
+from ._model import Mechanism as Mechanism
+from ._results import Mobility as Mobility, Reaction as Reaction
 from ._stop import (
     AbstractRangeStop as AbstractRangeStop,
     AbstractStop as AbstractStop,

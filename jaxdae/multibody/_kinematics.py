@@ -327,3 +327,22 @@ class _Rows:
         if self.consecutive:
             return x[self.start : self.start + self.index.size]
         return take(x, self.index)
+
+
+class ElementKinematics:
+    """What one element of a group of force elements sees under `jax.vmap`: the frames
+    (and velocities) of its own markers, looked up by the names of the group's first
+    element (`roles`), and the mechanism's state."""
+
+    def __init__(self, kin, roles, frames, velocities=None):
+        self.mechanism, self.t, self.q, self.v = kin.mechanism, kin.t, kin.q, kin.v
+        self.inputs, self.dimension = kin.inputs, kin.dimension
+        self._frames = dict(zip(roles, frames, strict=True))
+        self._velocities = None if velocities is None else dict(
+            zip(roles, velocities, strict=True))
+
+    def frame(self, ref):
+        return self._frames[ref]
+
+    def velocity(self, ref):
+        return self._velocities[ref]

@@ -1,7 +1,6 @@
 """A mechanism assembled from bodies, joints and force elements: a jaxdae system."""
 
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -17,43 +16,9 @@ from ._body import GROUND, Ground, PlanarBody, RigidBody, rigid_kinetic_energy, 
 from ._force import AbstractForce
 from ._groups import group_key, groups, reorder, vmapped
 from ._joint import AbstractJoint
-from ._kinematics import Kinematics, split
+from ._kinematics import ElementKinematics, Kinematics, split
+from ._results import Mobility, Reaction
 from ._stop import AbstractStop, StopKinematics
-
-
-class Reaction(NamedTuple):
-    """The load a joint exerts on its second body (marker `b`), from the multipliers.
-
-    - `force`: the force in the global frame, `(..., d)`.
-    - `torque`: the moment about marker `b`: `(...)` in the plane (zero for a revolute
-        joint), `(..., 3)` in the global frame in space.
-
-    The joint exerts `−force` on the body of marker `a`.
-    """
-
-    force: Float[Array, "*batch d"]
-    torque: Float[Array, "*batch"]
-
-
-class Mobility(NamedTuple):
-    """Degrees of freedom of a mechanism at a configuration.
-
-    - `coordinates`: `n`: 3 per planar body, 7 per spatial body.
-    - `equations`: `m`, the number of constraint equations: the joints' and, in space, one
-        Euler-parameter norm per body.
-    - `grubler`: the Grübler (Chebychev–Grübler–Kutzbach) count `n − m` (in space
-        `6 × bodies −` the joints' equations).
-    - `rank`: the rank `r` of the constraint Jacobian `Φ_q` there.
-    - `dof`: the degrees of freedom `n − r`.
-    - `redundant`: the redundant constraint equations `m − r` (`dof − grubler`).
-    """
-
-    coordinates: int
-    equations: int
-    grubler: int
-    rank: int
-    dof: int
-    redundant: int
 
 
 def _moment(arm, force):
@@ -450,7 +415,7 @@ class Mechanism(LagrangianSystem):
             frames = [kin.frames([f.markers[k] for f in elements]) for k in range(len(roles))]
 
             def one(element, *frames_, roles=roles):
-                return element.potential_energy(_ElementKinematics(kin, roles, frames_))
+                return element.potential_energy(ElementKinematics(kin, roles, frames_))
 
             energy = energy + jnp.sum(vmapped(elements, one, *frames))
         return energy
@@ -502,7 +467,7 @@ class Mechanism(LagrangianSystem):
             velocities = [kin.velocities(r) for r in refs]
 
             def one(element, frames_, velocities_, roles=roles):
-                return element.loads(_ElementKinematics(kin, roles, frames_, velocities_))
+                return element.loads(ElementKinematics(kin, roles, frames_, velocities_))
 
             loads = vmapped(elements, one, frames, velocities)
             where = [roles.index(load.at) for load in loads]
@@ -786,25 +751,6 @@ class Mechanism(LagrangianSystem):
             system = _Driven(self, tuple(names), jnp.stack(values), jnp.stack(rates),
                              jnp.asarray(t0, q.dtype))
         return consistent_initial_state(system, t0, q, v, tol=tol, max_steps=max_steps)
-
-
-class _ElementKinematics:
-    """What one element of a group of force elements sees under `jax.vmap`: the frames
-    (and velocities) of its own markers, looked up by the names of the group's first
-    element (`roles`), and the mechanism's state."""
-
-    def __init__(self, kin, roles, frames, velocities=None):
-        self.mechanism, self.t, self.q, self.v = kin.mechanism, kin.t, kin.q, kin.v
-        self.inputs, self.dimension = kin.inputs, kin.dimension
-        self._frames = dict(zip(roles, frames, strict=True))
-        self._velocities = None if velocities is None else dict(
-            zip(roles, velocities, strict=True))
-
-    def frame(self, ref):
-        return self._frames[ref]
-
-    def velocity(self, ref):
-        return self._velocities[ref]
 
 
 class _Driven(LagrangianSystem):
