@@ -152,10 +152,12 @@ class Events(eqx.Module):
     - `gap`: the index of the gap that triggered each, shape `(E,)` (`-1` past `count`).
     - `kind`: what happened, shape `(E,)`: `Events.IMPACT` (the gap closed and opened
         again), `Events.CONTACT` (it closed and stays closed: resting contact, a link on
-        its limit), `Events.RELEASE` (a resting contact let go: its force would pull), and
-        `-1` past `count`.
-    - `impulse`: the impulse of the triggering gap (its multiplier's time integral over
-        the impact, `≥ 0`; zero for a release), shape `(E,)`.
+        its limit), `Events.RELEASE` (a resting contact let go: its force would pull),
+        for contacts with friction `Events.STICK` (it stopped sliding and sticks) and
+        `Events.SLIP` (it started to slide, or slides the other way), and `-1` past
+        `count`.
+    - `impulse`: the normal impulse of the triggering gap (its multiplier's time integral
+        over the impact, `≥ 0`; zero for a release, a stick or a slip), shape `(E,)`.
     """
 
     count: Int[Array, ""]
@@ -167,7 +169,9 @@ class Events(eqx.Module):
     IMPACT: ClassVar[int] = 0
     CONTACT: ClassVar[int] = 1
     RELEASE: ClassVar[int] = 2
-    KIND_NAMES: ClassVar[tuple[str, ...]] = ("impact", "contact", "release")
+    STICK: ClassVar[int] = 3
+    SLIP: ClassVar[int] = 4
+    KIND_NAMES: ClassVar[tuple[str, ...]] = ("impact", "contact", "release", "stick", "slip")
 
     def table(self) -> list[tuple[float, int, str, float]]:
         """The events as `(t, gap, kind, impulse)` rows (concrete values only)."""

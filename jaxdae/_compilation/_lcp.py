@@ -87,3 +87,122 @@ def solve_lcp(matrix: Float[Array, "u u"], vector: Float[Array, " u"],
     solved = done | ~infeasible(basis, a, b).any()
     x = masked_solve(matrix, -vector, basis)
     return LCPSolution(x, matrix @ x + vector, solved & jnp.all(jnp.isfinite(x)))
+
+
+class FrictionalLCPSolution(eqx.Module):
+    """The solution of [`solve_frictional_lcp`][]: `x` (the normal then the tangential
+    forces or impulses), `w = A x + b`, the contact modes it ended on (`active`: normal force
+    free to be positive; `stick`; `sign`, the slip direction where not sticking) and
+    whether the pivoting ended on a solution (`solved`)."""
+
+    x: Float[Array, " 2u"]
+    w: Float[Array, " 2u"]
+    active: Bool[Array, " u"]
+    stick: Bool[Array, " u"]
+    sign: Float[Array, " u"]
+    solved: Bool[Array, ""]
+
+
+def frictional_solve(matrix: Float[Array, "2u 2u"], vector: Float[Array, " 2u"],
+                     friction: Float[Array, " u"], active: Bool[Array, " u"],
+                     stick: Bool[Array, " u"], sign: Float[Array, " u"]
+                     ) -> Float[Array, " 2u"]:
+    """`x` of the contact modes: an `active` contact's normal row of `A x + b` vanishes,
+    the others' normal `x` does; a sticking active contact with friction holds its
+    tangential row at zero, a slipping one has `x_T = −μ s x_N`; the rest `x_T = 0`.
+
+    Solved in the least-squares sense (the least `x` where the rows are dependent: a body
+    stuck at more contacts than it has freedoms, whose forces are indeterminate)."""
+    size = active.shape[0]
+    dtype = vector.dtype
+    scale = jnp.max(jnp.abs(jnp.diagonal(matrix)), initial=0.0) + jnp.finfo(dtype).tiny
+    eye = scale * jnp.eye(2 * size, dtype=dtype)
+    rubbing = active & (friction > 0)
+    holding = rubbing & stick
+    slip_rows = eye[size:] + (friction * sign)[:, None] * eye[:size]
+    rows = jnp.concatenate([
+        jnp.where(active[:, None], matrix[:size], eye[:size]),
+        jnp.where(holding[:, None], matrix[size:],
+                  jnp.where(rubbing[:, None], slip_rows, eye[size:]))])
+    rhs = jnp.concatenate([jnp.where(active, -vector[:size], 0.0),
+                           jnp.where(holding, -vector[size:], 0.0)])
+    return jnp.linalg.pinv(rows, rtol=float(1e3 * jnp.finfo(dtype).eps)) @ rhs
+
+
+def solve_frictional_lcp(matrix: Float[Array, "2u 2u"], vector: Float[Array, " 2u"],
+                         friction: Float[Array, " u"], candidates: Bool[Array, " u"],
+                         free: Bool[Array, " u"], sign: Float[Array, " u"],
+                         max_pivots: int | None = None) -> FrictionalLCPSolution:
+    """Contacts with Coulomb friction in the plane: for each of `u` contacts a normal
+    `x_N` and a tangential `x_T` (force or impulse), with `w = A x + b` their normal and
+    tangential rates (accelerations or velocities after an impact), such that
+
+    - `x_N ≥ 0, w_N ≥ 0, x_N w_N = 0` (`x_N = 0` off `candidates`);
+    - stick: `w_T = 0` and `|x_T| ≤ μ x_N`; or slip in the direction `s = ±1`: `s w_T ≥ 0`
+        and `x_T = −μ s x_N` (Pfeiffer and Glocker (1996), ch. 7, in the plane).
+
+    Contacts not `free` slide in their given direction `sign` (a contact already sliding).
+    The modes are found by least-index pivoting as [`solve_lcp`][]'s (a normal that pulls
+    or a closed gap that penetrates flips its normal mode; a stick that needs more than
+    `μ x_N` slips against its force; a slip that would reverse sticks); then solved once
+    more for them, so that the derivative is that of the linear solve for the final modes.
+    Friction makes the problem non-symmetric, and pivoting need not end on every one: `solved`
+    is False where it ran out of its `max_pivots` (default `8 u + 8`).
+    """
+    size = candidates.shape[0]
+    if max_pivots is None:
+        max_pivots = 8 * size + 8
+    dtype = vector.dtype
+    eps = jnp.finfo(dtype).eps
+    scale = jnp.max(jnp.abs(jnp.diagonal(matrix)), initial=0.0)
+    tolerance = 64 * eps * (jnp.max(jnp.abs(vector), initial=0.0) + scale)
+    a, b = jax.lax.stop_gradient((matrix, vector))
+    friction_ = jax.lax.stop_gradient(friction)
+    rubbing_free = free & (friction_ > 0)
+
+    def violations(active, stick, sign_):
+        x = frictional_solve(a, b, friction_, active, stick, sign_)
+        w = a @ x + b
+        normal = candidates & ((active & (x[:size] < -tolerance))
+                               | (~active & (w[:size] < -tolerance)))
+        rubbing = active & rubbing_free
+        slips = rubbing & stick & (jnp.abs(x[size:]) > friction_ * x[:size] + tolerance)
+        sticks = rubbing & ~stick & (sign_ * w[size:] < -tolerance)
+        return normal, slips | sticks, x
+
+    def step(carry):
+        pivots, active, stick, sign_, _ = carry
+        normal, tangent, x = violations(active, stick, sign_)
+        # Least index first, a contact's normal before its tangent.
+        flags = jnp.stack([normal, tangent], axis=1).reshape(-1)
+        first = jnp.argmax(flags)
+        contact, is_tangent = first // 2, first % 2 == 1
+        any_ = flags.any()
+        flip_normal = any_ & ~is_tangent
+        flip_tangent = any_ & is_tangent
+        active = active.at[contact].set(jnp.where(flip_normal, ~active[contact],
+                                                  active[contact]))
+        new_sign = jnp.where(x[size + contact] > 0, -1.0, 1.0).astype(dtype)
+        sign_ = sign_.at[contact].set(jnp.where(flip_tangent & stick[contact], new_sign,
+                                                sign_[contact]))
+        stick = stick.at[contact].set(jnp.where(flip_tangent, ~stick[contact],
+                                                stick[contact]))
+        return pivots + 1, active, stick, sign_, ~any_
+
+    def keep_going(carry):
+        pivots, *_, done = carry
+        return (pivots < max_pivots) & ~done
+
+    # Start: the closed gaps that approach; sticking where the tangential rate is nil,
+    # else slipping its way.
+    tangential = b[size:]
+    start_active = candidates & (b[:size] < 0)
+    start_stick = free & (jnp.abs(tangential) <= tolerance)
+    start_sign = jnp.where(free, jnp.where(tangential < 0, -1.0, 1.0).astype(dtype), sign)
+    _, active, stick, sign_, done = jax.lax.while_loop(
+        keep_going, step, (0, start_active, start_stick, start_sign, jnp.asarray(False)))
+    normal, tangent, _ = violations(active, stick, sign_)
+    solved = done | ~(normal | tangent).any()
+    x = frictional_solve(matrix, vector, friction, active, stick, sign_)
+    return FrictionalLCPSolution(x, matrix @ x + vector, active, stick, sign_,
+                                 solved & jnp.all(jnp.isfinite(x)))

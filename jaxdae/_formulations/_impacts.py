@@ -12,34 +12,85 @@ With the gaps `g(t, q) ≥ 0` of a system, `W = g_q` and `g̈ = W q̈ − γ_g`:
   force `Wᵀλ`) that holds `g̈ + k_d ġ + k_p g = 0` while it pushes. The accelerations
   are the formulation's under that force, linear in `λ`: `q̈ = a₀ + R λ`, so
   `g̈ + k_d ġ + k_p g = K λ + b` with `K = W R`.
+- **Coulomb friction** (in the plane: one slip velocity `v_T = W_T v + w_T` per gap): the
+  tangential forces and impulses join the normal ones, `[W; W_T]ᵀ [λ; λ_T]`, and a
+  contact sticks (`v̇_T + k_d v_T = 0`, or `v_T⁺ = 0` at an impact) while `|λ_T| ≤ μ λ`,
+  else slips with `λ_T = −μ λ sign(v_T)` ([`solve_frictional_lcp`][]).
 """
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._compilation._lcp import masked_solve, solve_lcp
+import numpy as np
+
+from .._compilation._lcp import (
+    frictional_solve,
+    masked_solve,
+    solve_frictional_lcp,
+    solve_lcp,
+)
 from .._compilation._linalg import psd_pseudo_inverse, spd_solve
 from .._compilation._operators import factor_of
 from .._custom_types import Array, Bool, Float
-from .._systems._system import ConstrainedTerms, holonomic_terms
+from .._gains import is_concrete
+from .._systems._system import ConstrainedTerms, holonomic_terms, nonholonomic_terms
 from ._base import AbstractFormulation
 from ._multipliers import eliminate
 
 
 class GapTerms(eqx.Module):
     """The gaps at one state: `gap` `g` `(u,)`, `rate` `ġ` `(u,)`, `jacobian` `W = g_q`
-    `(u, n)` and `bias` `γ_g` `(u,)`, with `g̈ = W q̈ − γ_g`."""
+    `(u, n)` and `bias` `γ_g` `(u,)`, with `g̈ = W q̈ − γ_g`; where the contacts have
+    friction, also their coefficients `friction` `μ` `(f,)`, slip velocities `slip` `v_T`
+    `(f,)`, `slip_jacobian` `W_T` `(f, n)` and `slip_rate` with `v̇_T = W_T q̈ + slip_rate`
+    (`f = u`; `f = 0` for frictionless contacts)."""
 
     gap: Float[Array, " u"]
     rate: Float[Array, " u"]
     jacobian: Float[Array, "u n"]
     bias: Float[Array, " u"]
+    friction: Float[Array, " f"]
+    slip: Float[Array, " f"]
+    slip_jacobian: Float[Array, "f n"]
+    slip_rate: Float[Array, " f"]
+
+    @property
+    def directions(self) -> Float[Array, "u+f n"]:
+        """The normal then the tangential rows `[W; W_T]`."""
+        return jnp.concatenate([self.jacobian, self.slip_jacobian])
+
+
+def friction_coefficients(system, size: int, dtype) -> Float[Array, " f"]:
+    """`system.friction()` per gap, `(u,)`; `(0,)` where every coefficient is a concrete
+    zero (frictionless contacts skip the tangential rows)."""
+    friction = system.friction()
+    if is_concrete(friction) and not np.any(np.asarray(friction)):
+        return jnp.zeros((0,), dtype)
+    return jnp.broadcast_to(jnp.asarray(friction, dtype), (size,))
 
 
 def gap_terms(system, t, q, v) -> GapTerms:
-    """The [`GapTerms`][] of `system.gaps` at `(t, q)` moving with the velocities `v`."""
-    return GapTerms(*holonomic_terms(system.gaps, t, q, v))
+    """The [`GapTerms`][] of `system.gaps` (and `system.slip_velocities` where the contacts
+    have friction) at `(t, q)` moving with the velocities `v`."""
+    gap, rate, jacobian, bias = holonomic_terms(system.gaps, t, q, v)
+    friction = friction_coefficients(system, gap.shape[0], q.dtype)
+    if friction.shape[0] == 0:
+        none = jnp.zeros((0,), q.dtype)
+        return GapTerms(gap, rate, jacobian, bias, friction, none,
+                        jnp.zeros((0, q.shape[0]), q.dtype), none)
+    slip, slip_jacobian, slip_rate = nonholonomic_terms(system.slip_velocities, t, q, v)
+    return GapTerms(gap, rate, jacobian, bias, friction, slip, slip_jacobian, slip_rate)
+
+
+class ContactModes(eqx.Module):
+    """The state of each contact: `active`, a resting contact that carries a normal force;
+    `stick`, an active contact with friction that sticks; `sign`, the direction `±1` in
+    which it slips where it does not stick."""
+
+    active: Bool[Array, " u"]
+    stick: Bool[Array, " u"]
+    sign: Float[Array, " u"]
 
 
 def constrained_inverse_mass(terms: ConstrainedTerms,
@@ -68,57 +119,86 @@ class Impact(eqx.Module):
 
 def impact(terms: ConstrainedTerms, gaps: GapTerms, closed: Bool[Array, " u"],
            restitution: Float[Array, " u"], min_bounce_speed) -> Impact:
-    """Newton's impact law for the `closed` gaps (module docstring). A gap that would
-    bounce off slower than `min_bounce_speed` (`e |ġ⁻|` below it) closes plastically
-    (`e = 0`)."""
-    response = constrained_inverse_mass(terms, gaps.jacobian.T)
-    delassus = gaps.jacobian @ response
+    """Newton's impact law for the `closed` gaps (module docstring), with Coulomb's on the
+    impulses where the contacts have friction. A gap that would bounce off slower than
+    `min_bounce_speed` (`e |ġ⁻|` below it) closes plastically (`e = 0`)."""
+    directions = gaps.directions
+    response = constrained_inverse_mass(terms, directions.T)
+    delassus = directions @ response
     delassus = 0.5 * (delassus + delassus.T)
     rate = gaps.rate
     bouncing = jnp.where(-restitution * rate < min_bounce_speed, 0.0, restitution)
-    solution = solve_lcp(delassus, rate + bouncing * jnp.minimum(rate, 0.0), closed)
-    return Impact(response @ solution.x, solution.x, solution.solved)
+    normal = rate + bouncing * jnp.minimum(rate, 0.0)
+    if gaps.friction.shape[0] == 0:
+        solution = solve_lcp(delassus, normal, closed)
+        return Impact(response @ solution.x, solution.x, solution.solved)
+    free = jnp.ones_like(closed)
+    frictional = solve_frictional_lcp(delassus, jnp.concatenate([normal, gaps.slip]),
+                                      gaps.friction, closed, free, jnp.ones_like(rate))
+    return Impact(response @ frictional.x, frictional.x, frictional.solved)
 
 
 class ContactProblem(eqx.Module):
-    """The accelerations under contact forces `λ` at one state (module docstring):
-    `q̈ = acceleration + response λ`, and `K λ + b = g̈ + k_d ġ + k_p g` (`matrix`,
-    `vector`)."""
+    """The accelerations under contact forces `λ` (normal, then tangential where the contacts
+    have friction) at one state (module docstring): `q̈ = acceleration + response λ`, and
+    `K λ + b = [g̈ + k_d ġ + k_p g; v̇_T + k_d v_T]` (`matrix`, `vector`)."""
 
     acceleration: Float[Array, " n"]
-    response: Float[Array, "n u"]
-    matrix: Float[Array, "u u"]
-    vector: Float[Array, " u"]
+    response: Float[Array, "n u+f"]
+    matrix: Float[Array, "u+f u+f"]
+    vector: Float[Array, " u+f"]
+    friction: Float[Array, " f"]
 
-    def forces(self, active: Bool[Array, " u"]) -> Float[Array, " u"]:
-        """The forces `λ` of the `active` contacts that hold `g̈ + k_d ġ + k_p g = 0`
-        (zero for the others)."""
-        return masked_solve(self.matrix, -self.vector, active)
+    def forces(self, modes: ContactModes) -> Float[Array, " u+f"]:
+        """The forces `λ` of the contacts in their `modes`: the `active` ones hold
+        `g̈ + k_d ġ + k_p g = 0`, the sticking ones also `v̇_T + k_d v_T = 0`, the slipping
+        ones rub with `λ_T = −μ λ s` (zero for the others)."""
+        if self.friction.shape[0] == 0:
+            return masked_solve(self.matrix, -self.vector, modes.active)
+        return frictional_solve(self.matrix, self.vector, self.friction, modes.active,
+                                modes.stick, modes.sign)
 
 
 def contact_problem(formulation: AbstractFormulation, terms: ConstrainedTerms,
                     gaps: GapTerms, gains) -> ContactProblem:
     """The [`ContactProblem`][] of the formulation's accelerations at `terms`; `gains` are
     `(k_d, k_p)` of the resting contacts' stabilization."""
-    jacobian = gaps.jacobian
+    directions = gaps.directions
 
     def accelerations(forces):
-        pushed = eqx.tree_at(lambda x: x.forces, terms, terms.forces + jacobian.T @ forces)
+        pushed = eqx.tree_at(lambda x: x.forces, terms, terms.forces + directions.T @ forces)
         return formulation.accelerations(pushed)[0]
 
     # Forward mode, column by column (`vmap` of `jvp`, whose primal is computed once):
     # the formulations' own derivative rules are written for it.
-    none = jnp.zeros_like(gaps.gap)
+    none = jnp.zeros((directions.shape[0],), directions.dtype)
     acceleration, response = accelerations(none), jax.jacfwd(accelerations)(none)
-    matrix = jacobian @ response
+    matrix = directions @ response
     kd, kp = gains
-    vector = jacobian @ acceleration - gaps.bias + kd * gaps.rate + kp * gaps.gap
-    return ContactProblem(acceleration, response, 0.5 * (matrix + matrix.T), vector)
+    rates = directions @ acceleration
+    size = gaps.gap.shape[0]
+    vector = jnp.concatenate([
+        rates[:size] - gaps.bias + kd * gaps.rate + kp * gaps.gap,
+        rates[size:] + gaps.slip_rate + kd * gaps.slip])
+    return ContactProblem(acceleration, response, 0.5 * (matrix + matrix.T), vector,
+                          gaps.friction)
 
 
-def resting_contacts(problem: ContactProblem, candidates: Bool[Array, " u"]
-                     ) -> Bool[Array, " u"]:
-    """Which `candidates` (closed gaps at rest) carry a pushing force: the contact
-    forces' complementarity problem `K λ + b ≥ 0 ⊥ λ ≥ 0`, positive `λ`."""
-    solution = solve_lcp(problem.matrix, problem.vector, candidates)
-    return candidates & (solution.x > 0)
+def resting_contacts(problem: ContactProblem, gaps: GapTerms, candidates: Bool[Array, " u"],
+                     slip_tolerance) -> tuple[ContactModes, Bool[Array, ""]]:
+    """The modes of the `candidates` (closed gaps at rest): which carry a pushing force
+    (the contact forces' complementarity problem `K λ + b ≥ 0 ⊥ λ ≥ 0`), and, with
+    friction, which of those stick (those whose slip velocity is within `slip_tolerance`
+    of zero may; the others slide their way); and whether that problem was solved."""
+    size = candidates.shape[0]
+    if problem.friction.shape[0] == 0:
+        solution = solve_lcp(problem.matrix, problem.vector, candidates)
+        active = candidates & (solution.x > 0)
+        return ContactModes(active, jnp.zeros_like(active),
+                            jnp.zeros(size, problem.vector.dtype)), solution.solved
+    free = jnp.abs(gaps.slip) <= slip_tolerance
+    sign = jnp.where(gaps.slip < 0, -1.0, 1.0).astype(problem.vector.dtype)
+    solution = solve_frictional_lcp(problem.matrix, problem.vector, problem.friction,
+                                    candidates, free, sign)
+    active = candidates & solution.active & (solution.x[:size] > 0)
+    return ContactModes(active, active & solution.stick, solution.sign), solution.solved

@@ -20,7 +20,13 @@ from .._checks import check_instance
 from .._compilation._private_apis import unvmap_any
 from .._compilation._scalarize import scalarize
 from .._custom_types import Array, Bool, Float, Int
-from .._formulations._impacts import contact_problem, gap_terms, impact, resting_contacts
+from .._formulations._impacts import (
+    ContactModes,
+    contact_problem,
+    gap_terms,
+    impact,
+    resting_contacts,
+)
 from .._gains import is_concrete
 from .._solution import RESULTS, Events
 from .._systems._structure import with_mass_factor
@@ -105,6 +111,17 @@ def event_settings(system, call, trajectories, t0, q0, v0, eager: bool) -> Event
                                                & (np.asarray(restitution) <= 1)):
         raise ValueError("The coefficients of restitution must lie in [0, 1] (0: plastic, "
                          f"1: elastic impacts); got {np.asarray(restitution)}.")
+    friction = system.friction()
+    if jnp.ndim(friction) > 1 or jnp.size(friction) not in (1, shape[0]):
+        raise ValueError(f"`friction` must return one coefficient or one per gap ({shape[0]}); "
+                         f"got shape {jnp.shape(friction)}.")
+    if is_concrete(friction) and not np.all(np.asarray(friction) >= 0):
+        raise ValueError("Coulomb's coefficients of friction must be non-negative (0: "
+                         f"frictionless); got {np.asarray(friction)}.")
+    slip_shape = jax.eval_shape(system.slip_velocities, t0, q_one, q_one).shape
+    if slip_shape != shape:
+        raise ValueError(f"`slip_velocities` must return one sliding velocity per gap, shape "
+                         f"{shape}; got shape {slip_shape}.")
     if eager:
         gaps = np.asarray(system.gaps(t0, q0))
         tolerance = settings.tolerance(q0.dtype)
@@ -119,14 +136,24 @@ def event_settings(system, call, trajectories, t0, q0, v0, eager: bool) -> Event
 
 class ContactState(eqx.Module):
     """The gaps' state during one solve between events, in the solve's arguments:
-    `active`, the resting contacts; `offset`, subtracted from an open gap in its event
+    `active`, the resting contacts; `stick` and `sign`, how those with friction stick or
+    slip (see [`ContactModes`][]); `offset`, subtracted from an open gap in its event
     condition (a gap that starts closed counts as closing again only past the tolerance);
-    `gains`, `(k_d, k_p)`; `tolerance`, [`EventDriven`][]'s gap tolerance."""
+    `slip_offset`, subtracted from a slip's `s v_T` in its condition (a slip that starts
+    from rest counts as stopping only past the tolerance); `gains`, `(k_d, k_p)`;
+    `tolerance`, [`EventDriven`][]'s gap tolerance."""
 
     active: Bool[Array, " u"]
+    stick: Bool[Array, " u"]
+    sign: Float[Array, " u"]
     offset: Float[Array, " u"]
+    slip_offset: Float[Array, " u"]
     gains: tuple[Array, Array]
     tolerance: Array
+
+    @property
+    def modes(self) -> ContactModes:
+        return ContactModes(self.active, self.stick, self.sign)
 
 
 def _contact_setup(system, formulation, contacts, t, q, s, mass_factor):
@@ -143,9 +170,9 @@ def contact_rates(system, formulation, contacts: ContactState, t, q, s, mass_fac
     def pushed():
         s_, terms, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s,
                                                   mass_factor)
-        forces = problem.forces(contacts.active)
+        forces = problem.forces(contacts.modes)
         pushed_terms = eqx.tree_at(lambda x: x.forces, terms,
-                                   terms.forces + gaps.jacobian.T @ forces)
+                                   terms.forces + gaps.directions.T @ forces)
         acceleration = problem.acceleration + problem.response @ forces
         return (system.velocities(t, q, s_),
                 system.state_rate(t, q, s_, pushed_terms, acceleration))
@@ -166,16 +193,30 @@ jitted_open_gaps = eqx.filter_jit(scalarize(open_gaps))
 
 @eqx.filter_jit
 def condition_values(system, formulation, contacts: ContactState, t, q, s, mass_factor=None):
-    """Each gap's event condition: the gap less its offset where open, the contact force
-    where resting; an event is a downcrossing of zero."""
+    """Each gap's event condition (an event is a downcrossing of zero): the gap less its
+    offset where open, the contact force where resting; then, where the contacts have
+    friction, one per gap for the tangential mode: `μ λ − |λ_T|` where it sticks,
+    `s v_T` less its offset where it slips, `inf` where it does not touch."""
+    gap = jitted_open_gaps(system, contacts, t, q)
+    size = gap.shape[0]
 
     def forces():
-        return _contact_setup(system, formulation, contacts, t, q, s,
-                              mass_factor)[3].forces(contacts.active)
+        _, _, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s,
+                                             mass_factor)
+        return problem.forces(contacts.modes), gaps.slip, gaps.friction
 
-    gap = jitted_open_gaps(system, contacts, t, q)
-    force = jax.lax.cond(contacts.active.any(), forces, lambda: jnp.zeros_like(gap))
-    return jnp.where(contacts.active, force, gap)
+    def none():
+        out = jax.eval_shape(forces)
+        return tuple(jnp.zeros(x.shape, x.dtype) for x in out)
+
+    force, slip, friction = jax.lax.cond(contacts.active.any(), forces, none)
+    normal = jnp.where(contacts.active, force[:size], gap)
+    if friction.shape[0] == 0:
+        return normal
+    rubbing = contacts.active & (friction > 0)
+    tangential = jnp.where(contacts.stick, friction * force[:size] - jnp.abs(force[size:]),
+                           contacts.sign * slip - contacts.slip_offset)
+    return jnp.concatenate([normal, jnp.where(rubbing, tangential, jnp.inf)])
 
 
 def contact_vector_field(t, y, args: SolveArgs):
@@ -282,10 +323,11 @@ open_gaps_status = eqx.filter_jit(scalarize(_open_gaps_status))
 
 class _Transition(eqx.Module):
     state: Float[Array, " n"]
-    active: Bool[Array, " u"]
+    modes: ContactModes
     offset: Float[Array, " u"]
-    triggered: Bool[Array, " u"]
-    impulses: Float[Array, " u"]
+    slip_offset: Float[Array, " u"]
+    triggered: Bool[Array, " u+f"]
+    impulses: Float[Array, " u+f"]
     solved: Bool[Array, ""]
 
 
@@ -293,31 +335,34 @@ class _Transition(eqx.Module):
 def transition(system, formulation, settings: EventDriven, contacts: ContactState, t, q, s,
                hit, mass_factor=None) -> _Transition:
     """What happens at `(t, q, s)` where a solve stopped at an event (`hit`) or starts: the
-    gaps that triggered it (their conditions at or below zero, the least among them), the
-    impact of the closed gaps, the state after it, and which of them rest."""
+    conditions that triggered it (at or below zero, the least among them), the impact of
+    the closed gaps, the state after it, and which of them rest, stick or slip."""
     tolerance = settings.tolerance(q.dtype)
     active = contacts.active
     size = active.shape[0]
     values = condition_values(system, formulation, contacts, t, q, s, mass_factor)
-    triggered = hit & ((values <= 0) | (jnp.arange(size) == jnp.argmin(values)))
+    triggered = hit & ((values <= 0) | (jnp.arange(values.shape[0]) == jnp.argmin(values)))
     s = formulation.velocities(system, t, q, s)
     terms = with_mass_factor(system_terms(system, t, q, s), mass_factor)
     v = system.velocities(t, q, s)
     gaps = gap_terms(system, t, q, v)
     restitution = jnp.broadcast_to(jnp.asarray(system.restitution(), v.dtype), (size,))
-    released = triggered & active
-    closed = active | triggered | (gaps.gap <= tolerance)
+    released = triggered[:size] & active
+    closed = active | triggered[:size] | (gaps.gap <= tolerance)
     outcome = impact(terms, gaps, closed, restitution, settings.min_bounce_speed)
     change = outcome.velocity_change
     s_after = s + change if system.state_is_velocity else s + terms.mass_matrix @ change
     gaps_after = gap_terms(system, t, q, v + change)
-    # At rest after the impact (to rounding): those may carry a force from now on.
-    at_rest = gaps_after.rate <= (1e-3 * settings.min_bounce_speed
-                                  + 64 * jnp.finfo(q.dtype).eps * jnp.max(jnp.abs(gaps.rate)))
+    # At rest after the impact (to rounding): those may carry a force from now on, and
+    # stick where they have friction.
+    at_rest_speed = (1e-3 * settings.min_bounce_speed
+                     + 64 * jnp.finfo(q.dtype).eps * jnp.max(jnp.abs(gaps.rate), initial=0.0))
+    at_rest = gaps_after.rate <= at_rest_speed
     candidates = closed & ~released & at_rest
     terms_after = with_mass_factor(system_terms(system, t, q, s_after), mass_factor)
-    resting = resting_contacts(
-        contact_problem(formulation, terms_after, gaps_after, contacts.gains), candidates)
+    modes, solved = resting_contacts(
+        contact_problem(formulation, terms_after, gaps_after, contacts.gains), gaps_after,
+        candidates, at_rest_speed)
     # A closed gap that does not rest starts its next solve open by a margin, so that its
     # condition is positive there and a step over its whole flight (a small bounce) still
     # ends below zero. The margin is the tolerance where it neither rests nor opens
@@ -325,8 +370,14 @@ def transition(system, formulation, settings: EventDriven, contacts: ContactStat
     # impact), a millionth of it where it opens.
     lingering = gaps_after.rate <= settings.min_bounce_speed
     margin = jnp.where(lingering, tolerance, 1e-6 * tolerance)
-    offset = jnp.where(~resting & closed, gaps.gap - margin, 0.0)
-    return _Transition(s_after, resting, offset, triggered, outcome.impulses, outcome.solved)
+    offset = jnp.where(~modes.active & closed, gaps.gap - margin, 0.0)
+    # A slip that starts from rest starts with its condition a tolerance above zero, for
+    # the same reason.
+    slip_offset = jnp.zeros_like(offset)
+    if gaps_after.slip.shape[0]:
+        slip_offset = jnp.where(jnp.abs(gaps_after.slip) <= at_rest_speed, -tolerance, 0.0)
+    return _Transition(s_after, modes, offset, slip_offset, triggered, outcome.impulses,
+                       outcome.solved & solved)
 
 
 class EventSolve(eqx.Module):
@@ -363,9 +414,13 @@ _STAT_KEYS = ("num_steps", "num_accepted_steps", "num_rejected_steps")
 
 def _recorded(events: Events, record, t, after: _Transition, released) -> Events:
     """`events` with the event at `t` (its transition `after`) appended where `record`."""
-    which = jnp.argmax(after.triggered)
-    kind = jnp.where(released, Events.RELEASE,
-                     jnp.where(after.active[which], Events.CONTACT, Events.IMPACT))
+    size = after.modes.active.shape[0]
+    first = jnp.argmax(after.triggered)
+    which = first % size
+    normal = jnp.where(released, Events.RELEASE,
+                       jnp.where(after.modes.active[which], Events.CONTACT, Events.IMPACT))
+    tangential = jnp.where(after.modes.stick[which], Events.STICK, Events.SLIP)
+    kind = jnp.where(first < size, normal, tangential)
     index = jnp.minimum(events.count, events.t.shape[0] - 1)
 
     def put(array, value):
@@ -393,7 +448,9 @@ def integrate_with_events(dynamics: EventDynamics, args: SolveArgs, y0, times: T
     count_rows = 0 if ts is None else ts.shape[0]
     carry = _Carry(
         t=t0, q=q0, s=s0,
-        contacts=ContactState(jnp.zeros((size,), bool), jnp.zeros((size,), dtype), gains,
+        contacts=ContactState(jnp.zeros((size,), bool), jnp.zeros((size,), bool),
+                              jnp.zeros((size,), dtype), jnp.zeros((size,), dtype),
+                              jnp.zeros((size,), dtype), gains,
                               jnp.asarray(settings.tolerance(dtype), dtype)),
         hit=jnp.asarray(False), count=jnp.asarray(0), done=jnp.asarray(False),
         reached=jnp.asarray(False), result=RESULTS.successful,
@@ -414,16 +471,20 @@ def integrate_with_events(dynamics: EventDynamics, args: SolveArgs, y0, times: T
                               carry.q, carry.s, carry.hit, args.mass_factor)
 
         def none():  # all gaps open, none resting: nothing happens
-            return _Transition(carry.s, carry.contacts.active, carry.contacts.offset,
-                               jnp.zeros((size,), bool), jnp.zeros((size,), dtype),
-                               jnp.asarray(True))
+            shapes = jax.eval_shape(apply)
+            return _Transition(carry.s, carry.contacts.modes, carry.contacts.offset,
+                               carry.contacts.slip_offset,
+                               jnp.zeros(shapes.triggered.shape, bool),
+                               jnp.zeros(shapes.impulses.shape, dtype), jnp.asarray(True))
 
         closed = jitted_open_gaps(system, carry.contacts, carry.t, carry.q) <= tolerance
         after = jax.lax.cond(unvmap_any(carry.hit | closed.any() | carry.contacts.active.any()),
                              apply, none)
-        released = (after.triggered & carry.contacts.active).any()
+        released = (after.triggered[:size] & carry.contacts.active).any()
         events = _recorded(carry.events, carry.hit, carry.t, after, released)
-        contacts = ContactState(after.active, after.offset, gains, carry.contacts.tolerance)
+        contacts = ContactState(after.modes.active, after.modes.stick, after.modes.sign,
+                                after.offset, after.slip_offset, gains,
+                                carry.contacts.tolerance)
         if ts is None:
             saveat = diffrax.SaveAt(t1=True)
         else:

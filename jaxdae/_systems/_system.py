@@ -133,6 +133,23 @@ class AbstractSystem(eqx.Module):
         least that, with none pulling). Default: `0`, plastic impacts."""
         return 0.0
 
+    def friction(self) -> Float[ArrayLike, " u"]:
+        """Coulomb's coefficients of friction `μ ≥ 0` of the contacts at the
+        [`gaps`][jaxdae.AbstractSystem.gaps], one per gap or one for all, acting along the
+        [`slip_velocities`][jaxdae.AbstractSystem.slip_velocities]: a closed gap sticks
+        while its tangential force stays within `μ` times its normal force, else slips
+        against it (stick and slip are events; see [`jaxdae.EventDriven`][]). Default:
+        `0`, frictionless contacts."""
+        return 0.0
+
+    def slip_velocities(self, t: Scalar, q: Coordinates, v: Velocities) -> Float[Array, " u"]:
+        """The sliding velocity `v_T = W_T(t, q) v + w_T(t, q)` at each gap's contact, along
+        one tangent (friction in the plane), shape `(u,)`; affine in `v`. Friction acts
+        along it where [`friction`][jaxdae.AbstractSystem.friction] is not zero. Default:
+        zero (no sliding direction)."""
+        del v
+        return jnp.zeros_like(self.gaps(t, q))
+
     def momenta(self, t: Scalar, q: Coordinates, s: Velocities) -> Momenta:
         """Generalized momenta at the state `(q, s)`. Default: `M(t, q) q̇`."""
         return self.terms(t, q, s).mass_matrix @ self.velocities(t, q, s)
