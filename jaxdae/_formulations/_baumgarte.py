@@ -5,11 +5,11 @@ from typing import ClassVar
 
 from .._compilation._linear_solvers import StructuredCholesky
 from .._custom_types import Gain, GainLike
-from .._systems._system import ConstrainedTerms
 from ._arguments import explain_arguments
 from ._base import (
     AbstractBaumgarteFormulation,
     AbstractExactMultipliers,
+    AbstractFormulation,
     check_rcond,
     stabilization_gains,
 )
@@ -49,7 +49,36 @@ class Unstabilized(AbstractExactMultipliers):
         return self
 
 
-class Baumgarte(AbstractExactMultipliers, AbstractBaumgarteFormulation):
+class AbstractMultiplierBaumgarte(AbstractFormulation):
+    """The fields and constructor of a generalized Baumgarte formulation whose multipliers
+    solve `(J M⁻¹ Jᵀ) λ = J M⁻¹ Q − s` (Mukharlyamov and Deressa (2015), eqs. [6], [21]):
+    the gains `kd`, `kp`, `kv` under the Lyapunov condition of eq. [18] and the `rcond` of
+    that solve. [`jaxdae.Baumgarte`][] and [`jaxdae.PseudoInverse`][] differ only in how they
+    solve for `λ` (`accelerations`).
+
+    A final class lists this base first (equinox gives a class the `__init__` of its first
+    base) and `AbstractBaumgarteFormulation` last, after `AbstractExactMultipliers`, whose
+    `tests_target_range` must take precedence."""
+
+    kd: Gain
+    kp: Gain
+    kv: Gain
+    rcond: float | None = None
+    gain_names: ClassVar[tuple[str, ...]] = ("kd", "kp", "kv")
+    gain_condition: ClassVar[str] = LYAPUNOV_CONDITION
+
+    @explain_arguments("kd=10.0, kp=25.0")
+    def __init__(self, kd: GainLike, kp: GainLike, kv: GainLike | None = None,
+                 rcond: float | None = None):
+        self.kd, self.kp, self.kv = stabilization_gains(kd, kp, kv)
+        self.rcond = rcond
+
+    def __check_init__(self):
+        check_rcond(self.rcond)
+
+
+class Baumgarte(AbstractMultiplierBaumgarte, AbstractExactMultipliers,
+                AbstractBaumgarteFormulation):
     """Generalized Baumgarte stabilization (Mukharlyamov and Deressa (2015), eqs.
     [16]–[21]; Mukharlyamov (2019), eq. [0.7]).
 
@@ -80,21 +109,5 @@ class Baumgarte(AbstractExactMultipliers, AbstractBaumgarteFormulation):
     Lyapunov condition of Mukharlyamov and Deressa (2015) (not symmetric positive definite).
     """
 
-    kd: Gain
-    kp: Gain
-    kv: Gain
-    rcond: float | None = None
-    gain_names: ClassVar[tuple[str, ...]] = ("kd", "kp", "kv")
-    gain_condition: ClassVar[str] = LYAPUNOV_CONDITION
-
-    @explain_arguments("Baumgarte(kd=10.0, kp=25.0)")
-    def __init__(self, kd: GainLike, kp: GainLike, kv: GainLike | None = None,
-                 rcond: float | None = None):
-        self.kd, self.kp, self.kv = stabilization_gains(kd, kp, kv)
-        self.rcond = rcond
-
-    def __check_init__(self):
-        check_rcond(self.rcond)
-
-    def accelerations(self, terms: ConstrainedTerms):
+    def accelerations(self, terms):
         return multiplier_solve(terms, self.target(terms), StructuredCholesky())
