@@ -21,7 +21,6 @@ With the gaps `g(t, q) ≥ 0` of a system, `W = g_q` and `g̈ = W q̈ − γ_g`:
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-
 import numpy as np
 
 from .._compilation._lcp import (

@@ -503,23 +503,40 @@ class Mechanism(LagrangianSystem):
             positions += [starts[k] + r for k in members for r in range(sizes[k])]
         return reorder(parts, positions)
 
-    def gaps(self, t, q):
-        """The stops' gaps in the order of `stops` (see `gap_names`)."""
-        if not self.stops:
-            return jnp.zeros((0,), q.dtype)
-        kin = Kinematics(self, t, q)
+    def _stop_kinematics(self, t, q, v=None) -> StopKinematics:
+        kin = Kinematics(self, t, q, v)
 
         def coordinate(name):
             joint = self.joint(name)
             return joint.coordinate(kin.frame(joint.a), kin.frame(joint.b))
 
-        stop_kin = StopKinematics(kin.frame, coordinate)
+        return StopKinematics(kin.frame, coordinate, None if v is None else kin.velocity)
+
+    def gaps(self, t, q):
+        """The stops' gaps in the order of `stops` (see `gap_names`)."""
+        if not self.stops:
+            return jnp.zeros((0,), q.dtype)
+        stop_kin = self._stop_kinematics(t, q)
         return jnp.concatenate([stop.gaps(stop_kin) for stop in self.stops])
 
     def restitution(self):
         """The stops' coefficients of restitution, one per gap."""
         return jnp.concatenate([jnp.broadcast_to(stop.restitution, (stop.num_gaps,))
                                 for stop in self.stops]) if self.stops else 0.0
+
+    def friction(self):
+        """The stops' coefficients of friction, one per gap (`0` without friction)."""
+        return jnp.concatenate([stop.friction_coefficients() for stop in self.stops]
+                               ) if self.stops else 0.0
+
+    def slip_velocities(self, t, q, v):
+        """The sliding velocities of the stops' contacts, one per gap (zero for gaps
+        without friction)."""
+        if not self.stops:
+            return jnp.zeros((0,), q.dtype)
+        stop_kin = self._stop_kinematics(t, q, v)
+        return jnp.concatenate([stop.slip_velocities(stop_kin).astype(q.dtype)
+                                for stop in self.stops])
 
     @property
     def gap_names(self) -> tuple[str, ...]:

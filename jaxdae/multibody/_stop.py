@@ -16,7 +16,7 @@ import numpy as np
 from .._custom_types import Array, ArrayLike, Float
 from .._gains import is_concrete
 from ._body import _check_element_dimension, _scalar, _vector
-from ._kinematics import Frame
+from ._kinematics import Frame, perpendicular
 
 
 def _restitution(owner: str, value) -> Array:
@@ -44,10 +44,14 @@ def _bounds(owner: str, lower, upper, *, positive: bool = False):
 
 class StopKinematics(eqx.Module):
     """What a stop reads of the mechanism at one configuration: `frame(marker)` (a
-    [`jaxdae.multibody.Frame`][]) and `coordinate(joint)`, a joint's coordinate."""
+    [`jaxdae.multibody.Frame`][]), `coordinate(joint)`, a joint's coordinate, and, where
+    the velocities are known, `velocity(marker)`: `(ṗ, ω)`, the marker's velocity and its
+    body's angular velocity."""
 
     frame: Callable[[str], Frame] = eqx.field(static=True)
     coordinate: Callable[[str], Array] = eqx.field(static=True)
+    velocity: Callable[[str], tuple[Array, Array]] | None = eqx.field(static=True,
+                                                                      default=None)
 
 
 class AbstractStop(eqx.Module):
@@ -87,6 +91,16 @@ class AbstractStop(eqx.Module):
     @abc.abstractmethod
     def gaps(self, kin: StopKinematics) -> Float[Array, " g"]:
         """Its gaps at one configuration, shape `(num_gaps,)`."""
+
+    def friction_coefficients(self) -> Float[Array, " g"]:
+        """Coulomb's coefficient of each gap's contact (default: frictionless)."""
+        return jnp.zeros((self.num_gaps,))
+
+    def slip_velocities(self, kin: StopKinematics) -> Float[Array, " g"]:
+        """The sliding velocity of each gap's contact, along which its friction acts
+        (default: none)."""
+        del kin
+        return jnp.zeros((self.num_gaps,))
 
     def check_dimension(self, dimension: int, owner: str) -> None:
         """Raise `ValueError` if it does not exist in a mechanism of `dimension`."""
@@ -163,6 +177,12 @@ class PlaneContact(AbstractStop):
     `n·(p − p₀) − radius`, `n` the unit normal `normal` in the frame of marker `surface`
     (through its point `p₀`), pointing to the side where the point may be.
 
+    In the plane the contact may have Coulomb friction: at the contact point `c = p −
+    radius n` the disc's material point slides along the line at `v_T = t·(v_c − v_s)`,
+    `t` the normal turned by +90° and `v_s` the velocity of the line's material point at
+    `c`; it sticks while the tangential force stays within `friction` times the normal
+    force. (Friction in space, a cone of directions, is not modelled.)
+
     **Arguments:**
 
     - `point`: the marker of the point (the sphere's centre).
@@ -171,6 +191,7 @@ class PlaneContact(AbstractStop):
         plane, `+z` in space.
     - `radius`: of the sphere or disc about `point`, non-negative. Default `0`.
     - `restitution`: Newton's coefficient, in `[0, 1]`. Default `0`.
+    - `friction`: Coulomb's coefficient `μ ≥ 0`, in the plane only. Default `0`.
     - `name`: the stop's name in outputs.
     """
 
@@ -179,12 +200,13 @@ class PlaneContact(AbstractStop):
     normal: Float[Array, " d"] | None
     radius: Float[Array, ""]
     restitution: Float[Array, ""]
+    friction: Float[Array, ""]
     name: str | None = eqx.field(static=True)
     vector_fields: ClassVar[tuple[str, ...]] = ("normal",)
 
     def __init__(self, point: str, surface: str = "ground", normal: ArrayLike | None = None, *,
                  radius: ArrayLike = 0.0, restitution: ArrayLike = 0.0,
-                 name: str | None = None):
+                 friction: ArrayLike = 0.0, name: str | None = None):
         owner = f"the PlaneContact of {point!r}"
         self.point, self.surface, self.name = point, surface, name
         self.normal = None if normal is None else _vector(f"`normal` of {owner}", normal,
@@ -198,6 +220,10 @@ class PlaneContact(AbstractStop):
             raise ValueError(f"The `radius` of {owner} must be non-negative; got "
                              f"{float(self.radius)}.")
         self.restitution = _restitution(owner, restitution)
+        self.friction = _scalar(f"`friction` of {owner}", friction)
+        if is_concrete(self.friction) and float(self.friction) < 0:
+            raise ValueError(f"The `friction` of {owner} must be non-negative (0: "
+                             f"frictionless); got {float(self.friction)}.")
 
     @property
     def markers(self):
@@ -207,13 +233,36 @@ class PlaneContact(AbstractStop):
     def num_gaps(self):
         return 1
 
-    def gaps(self, kin):
-        point, surface = kin.frame(self.point), kin.frame(self.surface)
+    def check_dimension(self, dimension, owner):
+        super().check_dimension(dimension, owner)
+        if dimension == 3 and not (is_concrete(self.friction) and float(self.friction) == 0):
+            raise ValueError(
+                f"{owner}: Coulomb friction of a PlaneContact is modelled in the plane only "
+                "(one sliding direction); in space leave `friction` at 0.")
+
+    def _normal(self, point: Frame, surface: Frame):
         dimension = point.point.shape[0]
         normal = (jnp.eye(dimension, dtype=point.point.dtype)[-1] if self.normal is None
                   else self.normal.astype(point.point.dtype))
-        normal = surface.rotation @ (normal / jnp.linalg.norm(normal))
+        return surface.rotation @ (normal / jnp.linalg.norm(normal))
+
+    def gaps(self, kin):
+        point, surface = kin.frame(self.point), kin.frame(self.surface)
+        normal = self._normal(point, surface)
         return (normal @ (point.point - surface.point) - self.radius)[None]
+
+    def friction_coefficients(self):
+        return self.friction[None]
+
+    def slip_velocities(self, kin):
+        point, surface = kin.frame(self.point), kin.frame(self.surface)
+        normal = self._normal(point, surface)
+        contact = point.point - self.radius * normal
+        (point_velocity, point_spin), (surface_velocity, surface_spin) = (
+            kin.velocity(self.point), kin.velocity(self.surface))
+        on_disc = point_velocity + point_spin * perpendicular(contact - point.point)
+        on_line = surface_velocity + surface_spin * perpendicular(contact - surface.point)
+        return (perpendicular(normal) @ (on_disc - on_line))[None]
 
 
 class DistanceStop(AbstractRangeStop):
