@@ -85,17 +85,35 @@ def _basis(u):
     return u, w1, jnp.cross(u, w1)
 
 
-def _locked(a, b):
-    """Zero when the marker frames are parallel: the skew part of `A_aᵀ A_b` (3 equations)."""
+def _locked(a, b, angle):
+    """Zero when the marker frames keep their relative orientation: `θ_b − θ_a − angle` in
+    the plane (1 equation); in space, where they are parallel, the skew part of `A_aᵀ A_b`
+    (3 equations)."""
+    if a.point.shape[0] == 2:
+        return (b.angle - a.angle - angle)[None]
     c = a.rotation.T @ b.rotation
     return 0.5 * jnp.stack([c[2, 1] - c[1, 2], c[0, 2] - c[2, 0], c[1, 0] - c[0, 1]])
 
 
 def _on_axis(a, b, axis):
-    """Zero when marker `b` is on the line through `a` along `axis` (2 equations)."""
-    _, w1, w2 = _basis(axis)
+    """Zero when marker `b` is on the line through `a` along `axis` (in `a`'s frame): `n·d`,
+    `n ⟂ R(θ_a) axis`, in the plane (1 equation); `d` perpendicular to `A_a w₁`, `A_a w₂`
+    in space (2 equations); `d = p_b − p_a`."""
     d = b.point - a.point
+    if d.shape[0] == 2:
+        return (perpendicular(_unit(a.rotation @ axis)) @ d)[None]
+    _, w1, w2 = _basis(axis)
     return jnp.stack([(a.rotation @ w1) @ d, (a.rotation @ w2) @ d])
+
+
+def _along_axis(a, b, axis):
+    """The position `u·(p_b − p_a)` of marker `b` along the unit `axis` `u` (in `a`'s frame)."""
+    return _unit(a.rotation @ axis) @ (b.point - a.point)
+
+
+def _x_unless_given(axis, a):
+    """`axis`, or the unit x vector in the dimension of the frame `a` where it is `None`."""
+    return jnp.eye(a.point.shape[0], dtype=a.point.dtype)[0] if axis is None else axis
 
 
 def _aligned(a, b, axis):
@@ -231,20 +249,12 @@ class Prismatic(AbstractJoint):
         super().check_dimension(dimension, owner)
         _zero_in_space(self, "angle", dimension, owner)
 
-    def _axis(self, d, dtype):
-        return jnp.eye(d, dtype=dtype)[0] if self.axis is None else self.axis
-
     def residual(self, t, a, b):
-        d = a.point.shape[0]
-        axis = self._axis(d, a.point.dtype)
-        if d == 3:
-            return jnp.concatenate([_on_axis(a, b, axis), _locked(a, b)])
-        u = _unit(a.rotation @ axis)
-        return jnp.stack([perpendicular(u) @ (b.point - a.point), b.angle - a.angle - self.angle])
+        on_axis = _on_axis(a, b, _x_unless_given(self.axis, a))
+        return jnp.concatenate([on_axis, _locked(a, b, self.angle)])
 
     def coordinate(self, a, b):
-        axis = self._axis(a.point.shape[0], a.point.dtype)
-        return _unit(a.rotation @ axis) @ (b.point - a.point)
+        return _along_axis(a, b, _x_unless_given(self.axis, a))
 
 
 class Fixed(AbstractJoint):
@@ -280,9 +290,7 @@ class Fixed(AbstractJoint):
         _zero_in_space(self, "angle", dimension, owner)
 
     def residual(self, t, a, b):
-        if a.point.shape[0] == 3:
-            return jnp.concatenate([b.point - a.point, _locked(a, b)])
-        return jnp.concatenate([b.point - a.point, (b.angle - a.angle - self.angle)[None]])
+        return jnp.concatenate([b.point - a.point, _locked(a, b, self.angle)])
 
 
 class Distance(AbstractJoint):
@@ -343,20 +351,11 @@ class PointOnLine(AbstractJoint):
     def equations(self, dimension):
         return dimension - 1
 
-    def _axis(self, d, dtype):
-        return jnp.eye(d, dtype=dtype)[0] if self.axis is None else self.axis
-
     def residual(self, t, a, b):
-        d = a.point.shape[0]
-        axis = self._axis(d, a.point.dtype)
-        if d == 3:
-            return _on_axis(a, b, axis)
-        u = _unit(a.rotation @ axis)
-        return (perpendicular(u) @ (b.point - a.point))[None]
+        return _on_axis(a, b, _x_unless_given(self.axis, a))
 
     def coordinate(self, a, b):
-        axis = self._axis(a.point.shape[0], a.point.dtype)
-        return _unit(a.rotation @ axis) @ (b.point - a.point)
+        return _along_axis(a, b, _x_unless_given(self.axis, a))
 
 
 class Gear(AbstractJoint):
@@ -434,8 +433,7 @@ class Rolling(AbstractJoint):
                 f"A Rolling joint needs a positive finite `radius`; got {float(self.radius)}.")
 
     def _direction(self, a):
-        axis = jnp.eye(2, dtype=a.point.dtype)[0] if self.axis is None else self.axis
-        return _unit(a.rotation @ axis)
+        return _unit(a.rotation @ _x_unless_given(self.axis, a))
 
     def residual(self, t, a, b):
         u = self._direction(a)
@@ -564,4 +562,4 @@ class Cylindrical(AbstractJoint):
         return jnp.concatenate([_on_axis(a, b, self.axis), _aligned(a, b, self.axis)])
 
     def coordinate(self, a, b):
-        return _unit(a.rotation @ self.axis) @ (b.point - a.point)
+        return _along_axis(a, b, self.axis)
