@@ -131,6 +131,17 @@ def actuation(element, kin: Kinematics, shape=()):
     return actuator.reshape(shape)
 
 
+def _applied(element, kin: Kinematics, direction, size):
+    """The vector an applied force or torque `element` acts with: `u · direction`, or its
+    actuator `u` itself, shape `(size,)`, without a `direction`; in the global frame, turned
+    from the frame of its marker `at` if it is `local`."""
+    if direction is None:
+        vector = actuation(element, kin, (size,))
+    else:
+        vector = actuation(element, kin) * direction
+    return kin.frame(element.at).rotation @ vector if element.local else vector
+
+
 def _norm(d):
     """`|d|` with a zero (not NaN) derivative at `d = 0`."""
     dd = d @ d
@@ -327,13 +338,8 @@ class Force(AbstractActuatedForce):
         return (self.at,)
 
     def loads(self, kin):
-        if self.direction is None:
-            force = actuation(self, kin, (kin.dimension,))
-        else:
-            force = actuation(self, kin) * self.direction
-        if self.local:
-            force = kin.frame(self.at).rotation @ force
-        return (Load(self.at, force, _no_torque(kin)),)
+        return (Load(self.at, _applied(self, kin, self.direction, kin.dimension),
+                     _no_torque(kin)),)
 
 
 class Torque(AbstractActuatedForce):
@@ -386,11 +392,7 @@ class Torque(AbstractActuatedForce):
         zero = jnp.zeros((kin.dimension,), kin.q.dtype)
         if kin.dimension == 2:
             return (Load(self.at, zero, actuation(self, kin)),)
-        torque = (actuation(self, kin, (3,)) if self.axis is None
-                  else actuation(self, kin) * self.axis)
-        if self.local:
-            torque = kin.frame(self.at).rotation @ torque
-        return (Load(self.at, zero, torque),)
+        return (Load(self.at, zero, _applied(self, kin, self.axis, 3)),)
 
 
 class JointSpringDamper(AbstractActuatedForce):
