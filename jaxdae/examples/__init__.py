@@ -6,7 +6,12 @@ from ._cartesian_arm import (
     CartesianArm as CartesianArm,
     CartesianArmLagrangian as CartesianArmLagrangian,
 )
-from ._impacts import BouncingBall as BouncingBall, PendulumWithStop as PendulumWithStop
+from ._impacts import (
+    BouncingBall as BouncingBall,
+    PendulumWithStop as PendulumWithStop,
+    RockingBlock as RockingBlock,
+    SlidingBlock as SlidingBlock,
+)
 from ._nonholonomic import ChaplyginSleigh as ChaplyginSleigh, KnifeEdge as KnifeEdge
 from ._pendulum import CartesianPendulum as CartesianPendulum
 from ._two_link import (
