@@ -183,20 +183,19 @@ def contact_problem(formulation: AbstractFormulation, terms: ConstrainedTerms,
                           gaps.friction)
 
 
-def resting_contacts(problem: ContactProblem, gaps: GapTerms, candidates: Bool[Array, " u"],
-                     slip_tolerance) -> tuple[ContactModes, Bool[Array, ""]]:
+def resting_contacts(problem: ContactProblem, candidates: Bool[Array, " u"],
+                     free: Bool[Array, " u"], sign: Float[Array, " u"]
+                     ) -> tuple[ContactModes, Bool[Array, ""]]:
     """The modes of the `candidates` (closed gaps at rest): which carry a pushing force
     (the contact forces' complementarity problem `K λ + b ≥ 0 ⊥ λ ≥ 0`), and, with
-    friction, which of those stick (those whose slip velocity is within `slip_tolerance`
-    of zero may; the others slide their way); and whether that problem was solved."""
+    friction, which of those stick (the `free` ones may; the others slide in the direction
+    `sign`); and whether that problem was solved."""
     size = candidates.shape[0]
     if problem.friction.shape[0] == 0:
         solution = solve_lcp(problem.matrix, problem.vector, candidates)
         active = candidates & (solution.x > 0)
         return ContactModes(active, jnp.zeros_like(active),
                             jnp.zeros(size, problem.vector.dtype)), solution.solved
-    free = jnp.abs(gaps.slip) <= slip_tolerance
-    sign = jnp.where(gaps.slip < 0, -1.0, 1.0).astype(problem.vector.dtype)
     solution = solve_frictional_lcp(problem.matrix, problem.vector, problem.friction,
                                     candidates, free, sign)
     active = candidates & solution.active & (solution.x[:size] > 0)

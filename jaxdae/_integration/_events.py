@@ -360,9 +360,20 @@ def transition(system, formulation, settings: EventDriven, contacts: ContactStat
     at_rest = gaps_after.rate <= at_rest_speed
     candidates = closed & ~released & at_rest
     terms_after = with_mass_factor(system_terms(system, t, q, s_after), mass_factor)
+    # A contact at rest along its surface may stick, one that slides keeps its way. One
+    # whose stick just failed (its tangential force at the friction limit) slips against
+    # that force: at the limit, sticking would hold it on the boundary.
+    free = jnp.abs(gaps_after.slip) <= at_rest_speed
+    sign = jnp.where(gaps_after.slip < 0, -1.0, 1.0).astype(q.dtype)
+    if gaps.slip.shape[0]:
+        unstuck = triggered[size:] & active & contacts.stick
+        held = contact_problem(formulation, terms, gaps, contacts.gains).forces(
+            contacts.modes)[size:]
+        free = free & ~unstuck
+        sign = jnp.where(unstuck, jnp.where(held > 0, -1.0, 1.0).astype(q.dtype), sign)
     modes, solved = resting_contacts(
-        contact_problem(formulation, terms_after, gaps_after, contacts.gains), gaps_after,
-        candidates, at_rest_speed)
+        contact_problem(formulation, terms_after, gaps_after, contacts.gains), candidates,
+        free, sign)
     # A closed gap that does not rest starts its next solve open by a margin, so that its
     # condition is positive there and a step over its whole flight (a small bounce) still
     # ends below zero. The margin is the tolerance where it neither rests nor opens

@@ -510,7 +510,7 @@ class Mechanism(LagrangianSystem):
             joint = self.joint(name)
             return joint.coordinate(kin.frame(joint.a), kin.frame(joint.b))
 
-        return StopKinematics(kin.frame, coordinate, None if v is None else kin.velocity)
+        return StopKinematics(kin.frame, coordinate, kin.velocity)
 
     def gaps(self, t, q):
         """The stops' gaps in the order of `stops` (see `gap_names`)."""

@@ -44,14 +44,13 @@ def _bounds(owner: str, lower, upper, *, positive: bool = False):
 
 class StopKinematics(eqx.Module):
     """What a stop reads of the mechanism at one configuration: `frame(marker)` (a
-    [`jaxdae.multibody.Frame`][]), `coordinate(joint)`, a joint's coordinate, and, where
-    the velocities are known, `velocity(marker)`: `(ṗ, ω)`, the marker's velocity and its
-    body's angular velocity."""
+    [`jaxdae.multibody.Frame`][]), `coordinate(joint)`, a joint's coordinate, and
+    `velocity(marker)`: `(ṗ, ω)`, the marker's velocity and its body's angular velocity
+    (for the slip velocities; the gaps are read without velocities)."""
 
     frame: Callable[[str], Frame] = eqx.field(static=True)
     coordinate: Callable[[str], Array] = eqx.field(static=True)
-    velocity: Callable[[str], tuple[Array, Array]] | None = eqx.field(static=True,
-                                                                      default=None)
+    velocity: Callable[[str], tuple[Array, Array]] = eqx.field(static=True)
 
 
 class AbstractStop(eqx.Module):
