@@ -176,3 +176,14 @@ def test_bad_friction_is_refused_before_the_solve():
     with pytest.raises(ValueError, match="in the plane only"):
         mb.Mechanism(bodies=[mb.RigidBody("ball", mass=1.0, inertia=np.eye(3))],
                      stops=[mb.PlaneContact("ball", friction=0.5)])
+
+
+def test_hamiltonian_form_sticks_where_the_lagrangian_does():
+    """The Hamiltonian form of the sliding block (state: momenta) meets the same stick
+    event: the wrapper passes the friction and slip velocities on."""
+    block = SlidingBlock(slope=0.2)
+    q0, v0 = jnp.zeros(2), jnp.array([2.0, 0.0])
+    sol = jaxdae.simulate(jaxdae.HamiltonianForm(block), jaxdae.Unstabilized(), 0.0, 1.5, q0,
+                          block.momenta(0.0, q0, v0), **TIGHT)
+    assert [row[2] for row in sol.events.table()] == ["stick"]
+    np.testing.assert_allclose(sol.events.t[0], block.stopping(2.0)[0], atol=1e-10)

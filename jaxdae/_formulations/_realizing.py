@@ -260,6 +260,12 @@ class RealizedConstraints(AbstractSystem):
     def restitution(self):
         return self.system.restitution()
 
+    def friction(self):
+        return self.system.friction()
+
+    def slip_velocities(self, t, q, v):
+        return self.system.slip_velocities(t, q, v)
+
     def state_rate(self, t, q, s, terms, acceleration):
         return self.system.state_rate(t, q, s, terms, acceleration)
 

@@ -178,3 +178,9 @@ class HamiltonianForm(HamiltonianSystem):
 
     def restitution(self):
         return self.lagrangian.restitution()
+
+    def friction(self):
+        return self.lagrangian.friction()
+
+    def slip_velocities(self, t, q, v):
+        return self.lagrangian.slip_velocities(t, q, v)
