@@ -14,6 +14,13 @@
   by design: jaxdae's limits are exact and plastic, MuJoCo's soft (a spring-damper
   constraint that lets the joint past its limit and back), so the elbow's swing that
   follows differs.
+- Housner's rocking block (`jaxdae.examples.RockingBlock`, 0.2 m × 0.8 m, tilted 0.1 rad,
+  friction 1): the rocking energy kept through each plastic impact against Housner's
+  `(1 − 1.5 sin² α)²`.
+- Glocker's woodpecker toy (`jaxdae.examples.WoodpeckerToy`: impacts and Coulomb friction
+  at three contacts) from the published state on its periodic motion: the state each time
+  the bird swings down through the published angle, against the published state, and the
+  phase portraits.
 
     python experiments/examples/impacts.py [--out output] [--quick]
     # writes OUT/impacts/impacts.png and results.json
@@ -32,7 +39,7 @@ from _common import figure, output_dir, parse_args, write_json
 
 import jaxdae
 import jaxdae.multibody as mb
-from jaxdae.examples import BouncingBall, PendulumWithStop
+from jaxdae.examples import BouncingBall, PendulumWithStop, RockingBlock, WoodpeckerToy
 
 NAME = "impacts"
 URDF = Path(__file__).resolve().parents[2] / "tests" / "data" / "three_link_arm.urdf"
@@ -161,6 +168,51 @@ def mujoco_arm(robot, t1, num):
     return {"ts": ts, "angles": angles, "seconds": time.perf_counter() - start}
 
 
+def rocking_block(t1, num):
+    block = RockingBlock()
+    ts = jnp.linspace(0.0, t1, num)
+    sol = jaxdae.simulate(block, jaxdae.Unstabilized(), 0.0, t1, *block.initial_state(0.1),
+                          ts=ts, rtol=1e-12, atol=1e-14)
+    impacts = [row[0] for row in sol.events.table() if row[2] in ("impact", "contact")]
+    bounds = [0.0] + impacts + [t1]
+    t = np.asarray(ts)
+    rocking = np.asarray(sol.energy) - block.rest_energy()
+    levels = np.array([np.median(rocking[(t > a) & (t < b)])
+                       for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+                       if np.any((t > a) & (t < b))])
+    ratios = levels[1:] / levels[:-1]
+    return {"ts": t, "angle": np.asarray(sol.q[:, 2]), "impacts": impacts,
+            "ratios": ratios, "housner": block.energy_ratio(),
+            "ratio_error": float(np.max(np.abs(ratios / block.energy_ratio() - 1)))}
+
+
+def woodpecker(t1, num):
+    toy = WoodpeckerToy()
+    q0, v0 = toy.published_state()
+    ts = jnp.linspace(0.0, t1, num)
+    sol = jaxdae.simulate(toy, jaxdae.Unstabilized(), 0.0, t1, q0, v0, ts=ts,
+                          rtol=1e-10, atol=1e-12, events=jaxdae.EventDriven(max_events=400))
+    t, q, v = np.asarray(ts), np.asarray(sol.q), np.asarray(sol.v)
+    bird = q[:, 2]
+    target = float(q0[2])
+    crossings = np.where((bird[:-1] > target) & (bird[1:] <= target))[0]
+    passes = []
+    for k in crossings:  # linear interpolation between the save times
+        f = (bird[k] - target) / (bird[k] - bird[k + 1])
+        passes.append((t[k] + f * (t[1] - t[0]), *((1 - f) * v[k] + f * v[k + 1])))
+    passes = np.array(passes)
+    published = np.asarray(v0)
+    kinds = [jaxdae.Events.KIND_NAMES[int(k)]
+             for k in np.asarray(sol.events.kind[:int(sol.events.count)])]
+    return {"ts": t, "q": q, "v": v, "published_q": np.asarray(q0), "published_v": published,
+            "passes": passes,
+            "period": float(np.mean(np.diff(passes[:, 0]))),
+            "rate_error": float(np.max(np.abs(passes[:, [1, 3]] - published[[0, 2]])
+                                       / np.abs(published[[0, 2]]))),
+            "descent": float((q[-1, 0] - q[0, 0]) / t1),
+            "events": {kind: kinds.count(kind) for kind in sorted(set(kinds))}}
+
+
 def first_limit_time(ts, angles, names, limits):
     """The first save time at which a joint is at or past one of its limits."""
     for k, t in enumerate(ts):
@@ -182,9 +234,11 @@ def main(out: Path, quick: bool = False) -> dict:
     pendulum = pendulum_stop(2.0 if quick else 4.0, 401)
     cradle = newtons_cradle(0.5, 201)
     arm = arm_into_limits(1.0 if quick else 2.0, 201)
+    rocking = rocking_block(1.5 if quick else 3.0, 601)
+    pecking = woodpecker(0.3 if quick else 0.9, 9001)
     elapsed = time.perf_counter() - start
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 8), layout="constrained")
+    fig, axes = plt.subplots(3, 2, figsize=(13, 12), layout="constrained")
     ax = axes[0, 0]
     ax.plot(ball["ts"], ball["exact"], "k-", lw=2.5, alpha=0.3, label="closed form")
     ax.plot(ball["ts"], ball["height"], "C0.", ms=2.5, label="jaxdae (save times)")
@@ -216,6 +270,22 @@ def main(out: Path, quick: bool = False) -> dict:
     ax.set(xlabel="t [s]", ylabel="joint coordinate [rad, m]",
            title="URDF arm into its limits" + (" (dashed: MuJoCo)" if "mujoco" in arm else ""))
     ax.legend(fontsize=8)
+    ax = axes[2, 0]
+    ax.plot(rocking["ts"], rocking["angle"], "C0")
+    for t in rocking["impacts"]:
+        ax.axvline(t, color="C1", lw=0.5, alpha=0.6)
+    ax.set(xlabel="t [s]", ylabel="block angle [rad]",
+           title=f"rocking block: energy kept per impact within "
+                 f"{rocking['ratio_error']:.0e} of Housner's {rocking['housner']:.4f}")
+    ax = axes[2, 1]
+    ax.plot(pecking["q"][:, 2], pecking["v"][:, 2], "C0", lw=0.6, label="bird φ_S")
+    ax.plot(pecking["q"][:, 1], pecking["v"][:, 1], "C2", lw=0.6, label="sleeve φ_M")
+    ax.plot(pecking["published_q"][2], pecking["published_v"][2], "k*", ms=10,
+            label="published state")
+    ax.set(xlabel="angle [rad]", ylabel="angular velocity [rad/s]",
+           title=f"woodpecker toy: period {pecking['period'] * 1e3:.1f} ms, descends "
+                 f"{-pecking['descent'] * 1e3:.0f} mm/s")
+    ax.legend(fontsize=8)
     fig.savefig(folder / "impacts.png", dpi=120)
     plt.close(fig)
 
@@ -226,6 +296,11 @@ def main(out: Path, quick: bool = False) -> dict:
         "bouncing_ball": {k: v for k, v in ball.items() if k not in ("ts", "height", "exact")},
         "pendulum": pendulum["rows"],
         "cradle": {"final_rates": cradle["final_rates"], "events": cradle["events"]},
+        "rocking_block": {"ratios": rocking["ratios"].tolist(), "housner": rocking["housner"],
+                          "ratio_error": rocking["ratio_error"]},
+        "woodpecker": {"passes": pecking["passes"].tolist(), "period": pecking["period"],
+                       "rate_error": pecking["rate_error"], "descent": pecking["descent"],
+                       "events": pecking["events"]},
         "arm": {"events": arm["events"], "first_limit": [arm_first, arm_joint],
                 "final": dict(zip(arm["names"], arm["angles"][:, -1].tolist(), strict=True))},
     }
@@ -239,6 +314,12 @@ def main(out: Path, quick: bool = False) -> dict:
          f"{r['max_abs_phi']:.0e}) |" for r in pendulum["rows"]] + [
         "| Newton's cradle, 5 balls | final rates (1 m/s handed on) | "
         + ", ".join(f"{v:.2e}" for v in cradle["final_rates"]) + " |",
+        f"| rocking block, α = {np.degrees(np.arctan(0.25)):.1f}° | energy kept by "
+        f"{len(rocking['ratios'])} impacts vs Housner's {rocking['housner']:.6f} | "
+        f"{rocking['ratio_error']:.1e} (rel.) |",
+        f"| woodpecker toy | ẏ, φ̇_S at the published φ_S in {len(pecking['passes'])} cycles "
+        f"vs published | {pecking['rate_error']:.1e} (rel.); period "
+        f"{pecking['period'] * 1e3:.1f} ms |",
     ]
     if "mujoco" in arm:
         mj_first, mj_joint = first_limit_time(arm["mujoco"]["ts"], arm["mujoco"]["angles"],
@@ -265,15 +346,18 @@ def main(out: Path, quick: bool = False) -> dict:
     headline = (f"Exact events: the ball's impact times within {ball['impact_time_error']:.0e} s "
                 f"of the closed form, the pendulum's within "
                 f"{max(r['impact_time_error'] for r in pendulum['rows']):.0e} s; the cradle "
-                "hands the velocity on; the URDF arm stops at its limits.")
+                "hands the velocity on; the URDF arm stops at its limits; the rocking block "
+                f"keeps Housner's energy fraction to {rocking['ratio_error']:.0e}; the "
+                "woodpecker toy with friction runs its published cycle.")
     print(headline)
     print("\n".join(table))
     print(f"({elapsed:.0f} s)")
     return {"headline": headline, "table": table, "figures": [figure(
         folder / "impacts.png",
         "Bouncing ball against its closed form, a pendulum against a wall for four "
-        "coefficients of restitution, Newton's cradle, and the URDF arm swinging into its "
-        "joint limits (dashed: MuJoCo, where installed)")]}
+        "coefficients of restitution, Newton's cradle, the URDF arm swinging into its "
+        "joint limits (dashed: MuJoCo, where installed), Housner's rocking block and the "
+        "woodpecker toy's phase portraits")]}
 
 
 if __name__ == "__main__":

@@ -19,3 +19,4 @@ from ._two_link import (
     TWO_LINK_V0 as TWO_LINK_V0,
     TwoLinkManipulator as TwoLinkManipulator,
 )
+from ._woodpecker import WoodpeckerToy as WoodpeckerToy
