@@ -204,3 +204,19 @@ def test_woodpecker_toy_runs_through_its_published_state():
     assert 0 in [row[1] for row in sol.events.table() if row[2] == "impact"]  # the beak
     np.testing.assert_allclose(sol.q_final[1:], q0[1:], atol=2e-3)
     np.testing.assert_allclose(sol.v_final, v0, rtol=2e-2, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_reverse_mode_gradient_through_stick_events():
+    """`jax.grad` of the stick time (`RecursiveCheckpointAdjoint`) against the closed form."""
+
+    def stop_time(friction):
+        block = SlidingBlock(slope=0.2, friction_coefficient=friction)
+        sol = jaxdae.simulate(block, jaxdae.Unstabilized(), 0.0, 1.5, jnp.zeros(2),
+                              jnp.array([2.0, 0.0]), **TIGHT)
+        return sol.events.t[0]
+
+    g, slope, mu, v0 = 9.81, 0.2, 0.5, 2.0
+    a = g * (mu * np.cos(slope) - np.sin(slope))
+    grad = jax.jit(jax.grad(stop_time))(mu)
+    np.testing.assert_allclose(grad, -v0 * g * np.cos(slope) / a**2, rtol=1e-7)
