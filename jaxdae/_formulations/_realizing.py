@@ -13,7 +13,7 @@ from .._checks import check_instance
 from .._compilation._linear_solvers import StructuredCholesky
 from .._custom_types import Array, Float, NonholonomicResidual
 from .._gains import as_gain, is_concrete
-from .._systems._system import AbstractSystem, ConstrainedTerms
+from .._systems._system import AbstractOneSidedWrapper, AbstractSystem, ConstrainedTerms
 from ._multipliers import multiplier_solve
 
 
@@ -180,7 +180,7 @@ class CustomForce(AbstractRealizingForce):
         return force
 
 
-class RealizedConstraints(AbstractSystem):
+class RealizedConstraints(AbstractOneSidedWrapper):
     """The free system whose nonholonomic constraints are replaced by forces (Matyukhin (1999)).
 
     Wraps any system with nonholonomic constraints `Ψ = A(t, q) v + a(t, q)`: holonomic
@@ -254,17 +254,9 @@ class RealizedConstraints(AbstractSystem):
     def momenta(self, t, q, s):
         return self.system.momenta(t, q, s)
 
-    def gaps(self, t, q):
-        return self.system.gaps(t, q)
-
-    def restitution(self):
-        return self.system.restitution()
-
-    def friction(self):
-        return self.system.friction()
-
-    def slip_velocities(self, t, q, v):
-        return self.system.slip_velocities(t, q, v)
+    @property
+    def wrapped_system(self):
+        return self.system
 
     def state_rate(self, t, q, s, terms, acceleration):
         return self.system.state_rate(t, q, s, terms, acceleration)

@@ -17,6 +17,7 @@ from .._custom_types import (
     Scalar,
 )
 from ._system import (
+    AbstractOneSidedWrapper,
     AbstractSystem,
     ConstrainedTerms,
     LagrangianSystem,
@@ -124,7 +125,7 @@ class HamiltonianSystem(AbstractSystem):
         return terms.mass_matrix @ (acceleration - self._drift(t, q, p, v))
 
 
-class HamiltonianForm(HamiltonianSystem):
+class HamiltonianForm(HamiltonianSystem, AbstractOneSidedWrapper):
     """The Hamiltonian form of a [`jaxdae.LagrangianSystem`][], by a Legendre transform.
 
     `p = ∂T/∂v`, `H(t, q, p) = pᵀv − L(t, q, v)` at `v = M⁻¹ (p − ∂T/∂v|_{v=0})`, exact for
@@ -173,14 +174,6 @@ class HamiltonianForm(HamiltonianSystem):
     def velocity_constraints(self, t, q, v):
         return self.lagrangian.velocity_constraints(t, q, v)
 
-    def gaps(self, t, q):
-        return self.lagrangian.gaps(t, q)
-
-    def restitution(self):
-        return self.lagrangian.restitution()
-
-    def friction(self):
-        return self.lagrangian.friction()
-
-    def slip_velocities(self, t, q, v):
-        return self.lagrangian.slip_velocities(t, q, v)
+    @property
+    def wrapped_system(self):
+        return self.lagrangian

@@ -185,6 +185,28 @@ class AbstractSystem(eqx.Module):
         return velocity_curvature(self.velocity_constraints, t, q, self.velocities(t, q, s))
 
 
+class AbstractOneSidedWrapper(AbstractSystem):
+    """A system that wraps another and has its one-sided constraints: the gaps,
+    coefficients of restitution and friction, and slip velocities of `wrapped_system`."""
+
+    @property
+    @abc.abstractmethod
+    def wrapped_system(self) -> AbstractSystem:
+        """The system whose one-sided constraints these are."""
+
+    def gaps(self, t, q):
+        return self.wrapped_system.gaps(t, q)
+
+    def restitution(self):
+        return self.wrapped_system.restitution()
+
+    def friction(self):
+        return self.wrapped_system.friction()
+
+    def slip_velocities(self, t, q, v):
+        return self.wrapped_system.slip_velocities(t, q, v)
+
+
 class LagrangianSystem(AbstractSystem):
     """A mechanical system `M q̈ + Φ_qᵀ λ + Ψ_vᵀ μ = Q`, `Φ(t, q) = 0`, `Ψ(t, q, v) = 0`.
 
