@@ -231,6 +231,21 @@ class Solution(eqx.Module):
         test it before using a solution."""
         return self.result == RESULTS.successful
 
+    def plot(self, **kwargs):
+        """Plots this solution against time: coordinates, constraint violations, energy
+        drift, multipliers and events, one panel each (a batch as lines or a percentile
+        band). The keyword arguments are those of `jaxdae.viz.plot_solution`.
+
+        Needs matplotlib, the `viz` extra: `pip install jaxdae[viz]`.
+
+        **Returns:**
+
+        The matplotlib `Figure`.
+        """
+        from .viz._plots import plot_solution  # matplotlib is optional: only when plotting
+
+        return plot_solution(self, **kwargs)
+
 
 def failure_message(sol: Solution) -> str | None:
     """A message naming the first failed solve with its final `t` and `q` (concrete values only)."""

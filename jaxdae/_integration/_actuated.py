@@ -97,6 +97,22 @@ class ActuatedSolution(eqx.Module):
         """Boolean array: the solve reached `t1`."""
         return self.result == RESULTS.successful
 
+    def plot(self, **kwargs):
+        """Plots this solution against time: coordinates, actuator states, inputs and the
+        perturbations of the program constraints, one panel each (a batch as lines or a
+        percentile band). The keyword arguments are those of
+        `jaxdae.viz.plot_solution`.
+
+        Needs matplotlib, the `viz` extra: `pip install jaxdae[viz]`.
+
+        **Returns:**
+
+        The matplotlib `Figure`.
+        """
+        from ..viz._plots import plot_solution  # matplotlib is optional: only when plotting
+
+        return plot_solution(self, **kwargs)
+
 
 def _closed_loop(system, control, t, q, v, w):
     u, _ = control.outputs(system, t, q, v, w)
