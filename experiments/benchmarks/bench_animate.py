@@ -1,0 +1,101 @@
+"""Benchmark: writing an animation of a planar mechanism with `jaxdae.viz.animate`.
+
+The slider-crank of `experiments/examples/slider_crank.py` (a crank of 0.1 m, a rod of
+0.3 m and a slider, under gravity, from a crank angle of 0.5 rad at 10 rad/s) is simulated
+for 1 s with 501 saved states, then animated with 500 frames (the saved states
+interpolated) at 30 frames per second, with the path of the rod's centre traced, at the
+default size (640 × 345 pixels at 100 dpi). For each output it reports the wall-clock time
+of `Animation.save` (median and spread of `--repeats` writes) and the file's size:
+
+- **MP4**: H.264 by the ffmpeg binary of imageio-ffmpeg, frames piped as raw RGBA;
+- **GIF**: pillow, one palette for all frames.
+
+Also the time to build the animation (`animate(...)`: the markers' positions at every
+frame, the artists). Each frame redraws only the moving artists over a background drawn
+once (blitting). Wall-clock times: on a shared machine, other processes count too.
+
+    python experiments/benchmarks/bench_animate.py [--out output] [--repeats 3] [--frames 500]
+    # prints a Markdown table, writes OUT/bench_animate/ (the MP4, the GIF, a JSON file)
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from _common import output_dir, write_json  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+import jaxdae  # noqa: E402
+import jaxdae.multibody as mb  # noqa: E402
+from jaxdae.viz._animate import animate  # noqa: E402
+
+
+def slider_crank():
+    """The model and a 1 s solution with 501 saved states."""
+    crank = mb.PlanarBody("crank", mass=1.0, inertia=2e-3, markers={"pin": (0.1, 0.0)})
+    rod = mb.PlanarBody("rod", mass=0.5, inertia=4e-3,
+                        markers={"a": (-0.15, 0.0), "b": (0.15, 0.0)}, position=(0.25, 0.0))
+    slider = mb.PlanarBody("slider", mass=0.3, inertia=1e-4, position=(0.4, 0.0))
+    joints = [mb.Revolute("ground", "crank", name="crank"), mb.Revolute("crank.pin", "rod.a"),
+              mb.Revolute("rod.b", "slider"), mb.Prismatic("ground", "slider", name="slide")]
+    model = mb.Mechanism([crank, rod, slider], joints, [mb.Gravity()])
+    q0, v0 = model.initial_state(joint_coordinates={"crank": (0.5, 10.0)})
+    sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 1.0, q0, v0,
+                          ts=jnp.linspace(0.0, 1.0, 501))
+    return model, sol
+
+
+def timed(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("output"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--frames", type=int, default=500)
+    args = parser.parse_args()
+    out = output_dir(args.out, "bench_animate")
+
+    model, sol = slider_crank()
+    build = timed(lambda: animate(model, sol, frames=args.frames, trace="rod"), args.repeats)
+    anim = animate(model, sol, frames=args.frames, trace="rod")
+    width, height = anim.figure.canvas.get_width_height()
+
+    rows = [("build (`animate`)", build, None)]
+    for suffix in ("mp4", "gif"):
+        path = out / f"slider_crank.{suffix}"
+        rows.append((suffix.upper(), timed(lambda path=path: anim.save(path), args.repeats),
+                     path.stat().st_size))
+
+    print(f"Slider-crank, {len(anim)} frames at {anim.fps:g} fps, {width} × {height} px; "
+          f"median of {args.repeats} (min–max), wall clock.\n")
+    print("| output | time [s] | min–max [s] | per frame [ms] | file size [kB] |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    results = {}
+    for name, times, size in rows:
+        median = statistics.median(times)
+        per_frame = f"{1e3 * median / len(anim):.1f}" if name != rows[0][0] else ""
+        kb = f"{size / 1e3:.0f}" if size is not None else ""
+        print(f"| {name} | {median:.2f} | {min(times):.2f}–{max(times):.2f} | {per_frame} "
+              f"| {kb} |")
+        results[name] = {"times_s": times, "median_s": median, "bytes": size}
+    write_json(out / "bench_animate.json", {"frames": len(anim), "fps": anim.fps,
+                                            "pixels": [width, height], "results": results})
+
+
+if __name__ == "__main__":
+    main()
