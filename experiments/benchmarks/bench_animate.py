@@ -34,7 +34,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jaxdae  # noqa: E402
 import jaxdae.multibody as mb  # noqa: E402
-from jaxdae.viz._animate import animate  # noqa: E402
+from jaxdae.viz import animate  # noqa: E402
 
 
 def slider_crank():
