@@ -8,3 +8,4 @@ is called.
 
 from ._animate import Animation as Animation, animate as animate
 from ._plots import plot_solution as plot_solution
+from ._viewer import Viewer as Viewer, view as view
