@@ -28,6 +28,7 @@ from contextlib import redirect_stdout
 import numpy as np
 
 from ..multibody import Mechanism
+from ._frames import frame_states
 from ._viewer_scene import Scene, build_scene, populate, show_frame
 
 _VIZ_HINT = "The 3-D viewer needs viser: pip install 'jaxdae[viz]' (or pip install viser)."
@@ -159,35 +160,7 @@ class Viewer:
 _PRIVATE_PORT = 8765
 
 
-def _trajectory(solution, fps, frames, member):
-    """The frame times and coordinates: the solution's saved states interpolated linearly
-    at `frames` equally spaced times (default: `fps` per second of simulated time)."""
-    ts, q = np.asarray(solution.ts, float), np.asarray(solution.q, float)
-    if q.ndim == 3:
-        if member is None:
-            raise ValueError(f"`solution` holds a batch of {q.shape[0]} trajectories; pick "
-                             "one with `member=` (an index into the batch).")
-        ts, q = ts[member] if ts.ndim == 2 else ts, q[member]
-    elif member is not None:
-        raise ValueError("`member=` picks a trajectory of a batched solution; this "
-                         "solution holds one trajectory.")
-    keep = np.isfinite(ts) & np.all(np.isfinite(q), axis=-1)  # rows after a failure are inf
-    ts, q = ts[keep], q[keep]
-    if ts.size == 0:
-        raise ValueError("`solution` has no finite states to show.")
-    if frames is None:
-        frames = int(round((ts[-1] - ts[0]) * fps)) + 1
-    if int(frames) < 1:
-        raise ValueError(f"`frames` must be a positive integer; got {frames}.")
-    times = np.linspace(ts[0], ts[-1], int(frames)) if ts.size > 1 else ts[:1]
-    index = np.clip(np.searchsorted(ts, times, side="right") - 1, 0, max(ts.size - 2, 0))
-    if ts.size == 1:
-        return times, q[:1]
-    weight = ((times - ts[index]) / (ts[index + 1] - ts[index]))[:, None]
-    return times, (1 - weight) * q[index] + weight * q[index + 1]
-
-
-def view(model: Mechanism, solution=None, *, fps: float = 30.0, frames: int | None = None,
+def view(model: Mechanism, solution=None, *, fps: float = 30.0, frames=None,
          member: int | None = None, size: float | None = None, height: int = 480,
          dark_mode: bool = False) -> Viewer:
     """Show a mechanism's motion in 3-D: in a notebook, as a standalone HTML file, or live.
@@ -209,8 +182,9 @@ def view(model: Mechanism, solution=None, *, fps: float = 30.0, frames: int | No
     - `solution`: a [`jaxdae.Solution`][] of `model` (anything with `ts` `(N,)` and `q`
         `(N, n)`, or a batch of them); `None` shows the bodies' reference poses.
     - `fps`: frames per second of playback; the motion plays in real time.
-    - `frames`: the number of frames, equally spaced over the solution's time span
-        (default: `fps` per simulated second); the saved states are interpolated.
+    - `frames`: the number of frames, equally spaced over the solution's time span, or
+        the frames' times (e.g. `sol.ts`); default: `fps` per simulated second. The saved
+        states are interpolated linearly.
     - `member`: which trajectory of a batched solution to show.
     - `size`: the length the glyphs (rods, balls, pins) are scaled by; default the extent
         of the motion.
@@ -237,7 +211,7 @@ def view(model: Mechanism, solution=None, *, fps: float = 30.0, frames: int | No
         times = np.zeros(1)
         q = np.asarray(model.reference_coordinates(), float)[None]
     else:
-        times, q = _trajectory(solution, fps, frames, member)
+        times, q = frame_states(solution, member, frames, fps)
     if q.shape[-1] != len(model.coordinate_names):
         raise ValueError(f"`solution.q` has {q.shape[-1]} coordinates; the mechanism has "
                          f"{len(model.coordinate_names)}.")
