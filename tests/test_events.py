@@ -186,6 +186,7 @@ def test_other_solvers_between_events(name):
                                rtol=0, atol=atol)
 
 
+@pytest.mark.slow
 def test_float32_events():
     """A float32 solve (as on a GPU) locates its impacts to float32 accuracy."""
     ball = BouncingBall(e=0.8)

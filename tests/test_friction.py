@@ -55,29 +55,34 @@ def test_frictional_lcp_meets_coulomb_and_complementarity():
 
 @pytest.fixture(scope="module")
 def slides():
-    """`SlidingBlock`s launched at 2 m/s down slopes they stick to and one they do not,
-    batched by `jax.vmap`: each member meets its own events."""
-    slopes = jnp.array([0.1, 0.3, 0.6])
+    """`SlidingBlock`s launched at 2 m/s down slopes they stick to and one they do not, and
+    one at rest on a slope it sticks to, batched by `jax.vmap`: each member meets its own
+    events."""
+    slopes, speeds = jnp.array([0.1, 0.3, 0.6, 0.3]), jnp.array([2.0, 2.0, 2.0, 0.0])
 
     @jax.jit
-    def run(slopes):
-        def one(slope):
+    def run(slopes, speeds):
+        def one(slope, speed):
             block = SlidingBlock(slope=slope)
             return jaxdae.simulate(block, jaxdae.Unstabilized(), 0.0, 1.5, jnp.zeros(2),
-                                   jnp.array([2.0, 0.0]), **TIGHT)
+                                   jnp.stack([speed, 0.0]), **TIGHT)
 
-        return jax.vmap(one)(slopes)
+        return jax.vmap(one)(slopes, speeds)
 
-    return slopes, run(slopes)
+    return slopes, speeds, run(slopes, speeds)
 
 
 def test_sliding_block_sticks_where_the_closed_form_says(slides):
-    slopes, sols = slides
-    for k, slope in enumerate(np.asarray(slopes)):
+    slopes, speeds, sols = slides
+    for k, (slope, speed) in enumerate(zip(np.asarray(slopes), np.asarray(speeds),
+                                           strict=True)):
         block = SlidingBlock(slope=float(slope))
         table = jax.tree.map(lambda x, k=k: x[k], sols.events).table()
-        if np.tan(slope) < 0.5:
-            time, distance = block.stopping(2.0)
+        if speed == 0.0:  # at rest where it sticks: it stays, with no event
+            assert table == []
+            np.testing.assert_allclose(sols.q_final[k], 0.0, atol=1e-12)
+        elif np.tan(slope) < 0.5:
+            time, distance = block.stopping(float(speed))
             assert [row[2] for row in table] == ["stick"]
             np.testing.assert_allclose(table[0][0], time, rtol=0, atol=1e-10)
             np.testing.assert_allclose(sols.q_final[k, 0], distance, rtol=1e-9)
@@ -85,17 +90,9 @@ def test_sliding_block_sticks_where_the_closed_form_says(slides):
         else:
             assert table == []
             a = block.acceleration()
-            np.testing.assert_allclose(sols.q_final[k, 0], 2.0 * 1.5 + 0.5 * a * 1.5**2,
+            np.testing.assert_allclose(sols.q_final[k, 0], speed * 1.5 + 0.5 * a * 1.5**2,
                                        rtol=1e-9)
         np.testing.assert_allclose(sols.q_final[k, 1], 0.0, atol=1e-9)
-
-
-def test_block_at_rest_stays_on_a_slope_it_sticks_to():
-    block = SlidingBlock(slope=0.3)
-    sol = jaxdae.simulate(block, jaxdae.Unstabilized(), 0.0, 1.0, jnp.zeros(2), jnp.zeros(2),
-                          **TIGHT)
-    assert int(sol.events.count) == 0
-    np.testing.assert_allclose(sol.q_final, 0.0, atol=1e-12)
 
 
 def _stop_time(parameters):
@@ -106,6 +103,7 @@ def _stop_time(parameters):
     return jnp.stack([sol.events.t[0], sol.q_final[0]])
 
 
+@pytest.mark.slow
 def test_derivatives_through_stick_events():
     """The stick time `v₀/a` and distance `v₀²/(2a)`, `a = g (μ cos s − sin s)`,
     differentiated by the coefficient of friction and the launch speed, against the
@@ -178,6 +176,7 @@ def test_bad_friction_is_refused_before_the_solve():
                      stops=[mb.PlaneContact("ball", friction=0.5)])
 
 
+@pytest.mark.slow
 def test_hamiltonian_form_sticks_where_the_lagrangian_does():
     """The Hamiltonian form of the sliding block (state: momenta) meets the same stick
     event: the wrapper passes the friction and slip velocities on."""
