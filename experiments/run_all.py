@@ -40,6 +40,7 @@ EXPERIMENTS = {
     "cartesian_arm_hamiltonian": "Shemelova (2016): Hamiltonian arm, exact decay of perturbations",
     "realizing_forces": "Matyukhin (1999): nonholonomic constraints realized by forces",
     "adaptive_optics": "Mukharlyamov (2019): constraint-enforcing control through a DC motor",
+    "slider_crank": "a slider-crank from jaxdae.multibody parts: plotted and animated (MP4, GIF)",
     "impacts": "one-sided constraints: impacts and joint limits vs closed forms and MuJoCo",
     "projection": "projection onto the constraints after each step: drift and cost",
     "stiff_integration": "stiff systems: implicit against explicit solvers",

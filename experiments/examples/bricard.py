@@ -16,7 +16,7 @@ reports. With `exudyn` installed (`pip install exudyn`), the same mechanism is s
 Exudyn's index-2 generalized-alpha integrator and both P3 trajectories are plotted together.
 
     python experiments/examples/bricard.py [--out output] [--quick]
-    # writes OUT/bricard/bricard.png and bricard.json
+    # writes OUT/bricard/bricard.png, bricard.json and bricard.html
 """
 
 import sys
@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxdae
+import jaxdae.viz
 from jaxdae.examples._bricard import AXES, GRAVITY, LENGTH, MASS, POINTS, SIDE, bricard
 
 
@@ -111,6 +112,8 @@ def main():
     ax2.plot(sol.ts, energy - energy[0])
     ax2.set(xlabel="t [s]", ylabel="E − E(0) [J]", title="energy drift")
     fig.savefig(out / "bricard.png", dpi=120)
+    plt.close(fig)
+    jaxdae.viz.view(model, sol).save_html(out / "bricard.html")  # the 3-D viewer, offline
     result = {
         "mobility": mobility._asdict(),
         "t1": t1,
@@ -129,7 +132,7 @@ def main():
     write_json(out / "bricard.json", result)
     for key, value in result.items():
         print(f"{key}: {value}")
-    print(f"wrote {out / 'bricard.png'}")
+    print(f"wrote {out / 'bricard.png'} and {out / 'bricard.html'}")
 
 
 if __name__ == "__main__":

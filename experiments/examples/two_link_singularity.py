@@ -3,9 +3,13 @@
 Generalized Baumgarte (Case 1 gains) needs `(J M⁻¹ Jᵀ)⁻¹` and stops where the arm folds
 (`q = (π/2, π)`, `t = x0 / v ≈ 0.493 s`); the modified Lagrange equation (Cases 1–3) runs through
 it. After `t ≈ 2.85 s` the target point is out of reach (|P| > l1 + l2) and no configuration
-satisfies the constraints: what each formulation does there is reported, not hidden.
+satisfies the constraints: what each formulation does there is reported, not hidden. An
+animation (`jaxdae.viz.animate` with `draw=`, the `viz` extra) shows the arm under the
+modified Lagrange equation (Case 1) folding through the singular configuration, up to the
+time the target leaves the workspace.
 
     python experiments/examples/two_link_singularity.py --out output
+    # writes OUT/two_link_singularity/two_link.png, two_link.mp4, summary.json and summary.csv
 """
 
 import csv
@@ -83,6 +87,7 @@ def main(out: Path, quick: bool = False) -> dict:
         runs[label] = (t, q, err)
 
     _plot(folder, runs, t_singular, t_exit)
+    _animate(folder, system, runs["Modified Lagrange, Case 1"], t_singular, t_exit)
     write_json(
         folder / "summary.json",
         dict(t_singular=t_singular, t_workspace_exit=t_exit, t1=t1, cases=rows),
@@ -124,7 +129,49 @@ def main(out: Path, quick: bool = False) -> dict:
         folder / "two_link.png",
         "joint angles and constraint violation of Baumgarte (stops at the singular "
         "configuration) and the modified Lagrange equation with the paper's three gain sets "
-        "(run through it)")])
+        "(run through it)"), figure(
+        folder / "two_link.mp4",
+        "animation of the arm under the modified Lagrange equation (Case 1), through the "
+        "singular configuration up to the target's leaving the workspace, the tip's path "
+        "traced")])
+
+
+def arm_animation(system, t, q, **kwargs):
+    """`jaxdae.viz.animate` of the arm along `(t, q)`: the links (base, elbow, tip), the
+    stretch of the line `y = l/2` that the target runs along, and the tip's path."""
+    from types import SimpleNamespace
+
+    import jaxdae.viz
+
+    l1, l2 = (float(x) for x in system.lengths)
+    x0, speed = float(system.x0), float(system.speed)
+    line = np.array([[x0 - speed * float(t[-1]) - 0.1, 0.5 * l1], [x0 + 0.1, 0.5 * l1]])
+
+    def draw(q):  # one configuration (n,): polylines by name
+        elbow = l1 * np.array([np.cos(q[0]), np.sin(q[0])])
+        tip = elbow + l2 * np.array([np.cos(q[0] + q[1]), np.sin(q[0] + q[1])])
+        return {"line": line, "arm": np.stack([np.zeros(2), elbow, tip]),
+                "base": np.zeros((1, 2))}
+
+    animation = jaxdae.viz.animate(system, SimpleNamespace(ts=t, q=q), draw=draw,
+                                   trace="arm", **kwargs)
+    animation.artists["draw:line"].set(color="0.55", linewidth=1, marker="", linestyle="--")
+    animation.artists["draw:arm"].set(color="C0", linewidth=4, markersize=7,
+                                      markerfacecolor="white", markeredgecolor="black")
+    animation.artists["draw:base"].set(color="black", marker="s", markersize=9)
+    animation.axes.set(xlabel="x [m]", ylabel="y [m]")
+    return animation
+
+
+def _animate(folder: Path, system, run, t_singular: float, t_exit: float) -> None:
+    """The MP4 of the arm under the modified Lagrange equation, in real time up to
+    `t_exit`."""
+    t, q, _ = run
+    keep = t <= t_exit
+    animation = arm_animation(
+        system, t[keep], q[keep], dpi=80,
+        title=f"modified Lagrange, Case 1: folded (singular) at t = {t_singular:.3f} s")
+    animation.save(folder / "two_link.mp4")
 
 
 def _plot(folder: Path, runs: dict, t_singular: float, t_exit: float) -> None:

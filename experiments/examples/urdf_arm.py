@@ -13,7 +13,7 @@ taken from the imported model) and joints are built with Exudyn's `CreateRigidBo
 tool's trajectories are compared.
 
     python experiments/examples/urdf_arm.py [--out output] [--quick]
-    # writes OUT/urdf_arm/urdf_arm.png and urdf_arm.json
+    # writes OUT/urdf_arm/urdf_arm.png, urdf_arm.json and urdf_arm.html
 """
 
 import sys
@@ -28,6 +28,7 @@ import numpy as np
 
 import jaxdae
 import jaxdae.multibody as mb
+import jaxdae.viz
 
 URDF = Path(__file__).resolve().parents[2] / "tests" / "data" / "three_link_arm.urdf"
 RATES = {"yaw": (0.0, 2.0), "shoulder": (0.0, 1.0)}
@@ -119,6 +120,8 @@ def main():
     ax3.plot(sol.ts, energy - energy[0])
     ax3.set(xlabel="t [s]", ylabel="E − E(0) [J]", title="energy drift")
     fig.savefig(out / "urdf_arm.png", dpi=120)
+    plt.close(fig)
+    jaxdae.viz.view(model, sol).save_html(out / "urdf_arm.html")  # the 3-D viewer, offline
     result = {
         "mobility": model.mobility(q0)._asdict(),
         "t1": t1,
@@ -136,7 +139,7 @@ def main():
     write_json(out / "urdf_arm.json", result)
     for key, value in result.items():
         print(f"{key}: {value}")
-    print(f"wrote {out / 'urdf_arm.png'}")
+    print(f"wrote {out / 'urdf_arm.png'} and {out / 'urdf_arm.html'}")
 
 
 if __name__ == "__main__":
