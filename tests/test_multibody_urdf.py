@@ -1,6 +1,7 @@
 """URDF import: a small spatial arm from tests/data (links' inertials, continuous, revolute,
 prismatic and fixed joints, limits), its forward kinematics against the chain of transforms,
-a loop closed in Python, and the errors of files that do not parse or describe no tree."""
+a loop closed in Python, the links' visual geometry kept for the viewer, and the errors of
+files that do not parse or describe no tree."""
 
 from pathlib import Path
 
@@ -11,10 +12,12 @@ import pytest
 
 import jaxdae
 import jaxdae.multibody as mb
+from jaxdae.multibody._urdf import UrdfVisual
 
 pytest.importorskip("yourdfpy", reason="URDF import needs yourdfpy: pip install 'jaxdae[urdf]'")
 
 ARM = Path(__file__).parent / "data" / "three_link_arm.urdf"
+VISUAL_ARM = Path(__file__).parent / "data" / "arm_with_visuals.urdf"
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +90,46 @@ def test_urdf_arm_conserves_energy(robot):
     energy = jax.vmap(model.energy)(sol.ts, sol.q, sol.v)
     assert float(jnp.max(jnp.abs(energy - energy[0]))) < 1e-7
     assert float(jnp.max(jnp.abs(sol.phi))) < 1e-8
+
+
+def test_visuals_by_body_with_their_link_frames():
+    robot = mb.load_urdf(VISUAL_ARM)
+    assert mb.load_urdf(ARM).visuals == {}
+    assert list(robot.visuals) == ["ground", "turret", "upper_arm", "forearm", "slider"]
+    base, = robot.visuals["ground"]
+    assert base == UrdfVisual("base_link", "ground.base_link", "box", (0.3, 0.3, 0.05), None,
+                              (1.0, 1.0, 1.0), (0.0, 0.0, 0.025), (0.0, 0.0, 0.0),
+                              (0.6, 0.6, 0.65, 1.0))  # colour of a top-level <material>
+    turret, = robot.visuals["turret"]
+    assert (turret.kind, turret.size, turret.marker) == ("cylinder", (0.09, 0.1), "turret.frame")
+    assert turret.color == (0.95, 0.5, 0.1, 1.0)
+    forearm, = robot.visuals["forearm"]
+    assert forearm.kind == "mesh" and forearm.size == ()
+    assert forearm.mesh == str((VISUAL_ARM.parent / "meshes" / "forearm.stl").resolve())
+    assert forearm.scale == (0.7, 0.7, 1.0)
+    np.testing.assert_allclose(forearm.rpy, (0.2, np.pi / 2, 0.0), atol=1e-12)
+    # The massless tool link is drawn on the slider, from its marker.
+    sphere, tool = robot.visuals["slider"]
+    assert (sphere.kind, sphere.size, sphere.color) == ("sphere", (0.03,), None)
+    assert (tool.link, tool.marker, tool.kind) == ("tool", "slider.tool", "box")
+    np.testing.assert_allclose(tool.xyz, (0.01, 0.0, 0.0))
+    np.testing.assert_allclose(tool.rpy, (0.3, 0.0, 0.1), atol=1e-12)
+    np.testing.assert_allclose(tool.color, (0.85, 0.15, 0.15, 0.8))
+
+
+def test_package_mesh_files_resolve_up_the_tree(tmp_path):
+    """`package://arm/meshes/x.stl` from `arm/urdf/arm.urdf` is `arm/meshes/x.stl`; a mesh
+    found nowhere is named under the URDF file's directory."""
+    (tmp_path / "arm" / "urdf").mkdir(parents=True)
+    (tmp_path / "arm" / "meshes").mkdir()
+    (tmp_path / "arm" / "meshes" / "x.stl").write_text("solid x\nendsolid x\n")
+    mesh = '<visual><geometry><mesh filename="{}"/></geometry></visual>'
+    path = tmp_path / "arm" / "urdf" / "arm.urdf"
+    path.write_text('<robot name="r"><link name="a">' + mesh.format("package://arm/meshes/x.stl")
+                    + mesh.format("package://arm/meshes/gone.stl") + "</link></robot>")
+    found, gone = mb.load_urdf(path).visuals["ground"]
+    assert found.mesh == str(tmp_path / "arm" / "meshes" / "x.stl")
+    assert gone.mesh == str(tmp_path / "arm" / "urdf" / "meshes" / "gone.stl")
 
 
 def write(tmp_path, text):

@@ -30,6 +30,37 @@ class UrdfLimit(NamedTuple):
     velocity: float | None
 
 
+class UrdfVisual(NamedTuple):
+    """One `<visual>` of a URDF link: what [`jaxdae.viz.view`][] draws in place of the
+    body's inertia box.
+
+    - `link`: the URDF link it belongs to.
+    - `marker`: the marker at the link frame, `"body.marker"` (`"upper_arm.frame"`; a link
+        welded to another body, `"slider.tool"`; the fixed root, `"ground.base_link"`):
+        `mechanism.marker_position(q, visual.marker)` and `marker_rotation` place it.
+    - `kind`: `"box"`, `"cylinder"`, `"sphere"` or `"mesh"`.
+    - `size`: a box's sides `(x, y, z)`; a cylinder's `(radius, length)` (along its z
+        axis); a sphere's `(radius,)`; `()` for a mesh.
+    - `mesh`: a mesh's file, resolved against the URDF file's directory (`package://` by
+        the directories above it); `None` for the others. The file is not opened here.
+    - `scale`: a mesh's scale along its axes (`(1, 1, 1)` for the others).
+    - `xyz`, `rpy`: the `<origin>` of the geometry in the link frame (m; rad, URDF's
+        roll-pitch-yaw).
+    - `color`: the material's `(r, g, b, a)` in [0, 1], given in the `<visual>` or by name
+        in a top-level `<material>`; `None` where the file gives none.
+    """
+
+    link: str
+    marker: str
+    kind: str
+    size: tuple[float, ...]
+    mesh: str | None
+    scale: tuple[float, float, float]
+    xyz: tuple[float, float, float]
+    rpy: tuple[float, float, float]
+    color: tuple[float, float, float, float] | None
+
+
 class UrdfRobot(NamedTuple):
     """A robot read from a URDF file: the parts of a spatial
     [`jaxdae.multibody.Mechanism`][], ready to be completed in Python.
@@ -44,6 +75,10 @@ class UrdfRobot(NamedTuple):
     - `limits`: the joints' [`jaxdae.multibody.UrdfLimit`][]s by joint name.
     - `root`: the root link (the ground where the base is fixed).
     - `joint_names`: the moving joints in the file's order (the robot's joint vector).
+    - `visuals`: the links' `<visual>` geometry as [`jaxdae.multibody.UrdfVisual`][]s, by
+        the body that carries them (`"ground"` for the fixed root's); bodies without
+        visuals are not keys. Draw them with `jaxdae.viz.view(robot, sol)` or
+        `jaxdae.viz.view(model, sol, visuals=robot.visuals)`.
     """
 
     name: str
@@ -52,6 +87,7 @@ class UrdfRobot(NamedTuple):
     limits: dict[str, UrdfLimit]
     root: str
     joint_names: tuple[str, ...]
+    visuals: dict[str, tuple[UrdfVisual, ...]]
 
     def mechanism(self, joints: Sequence[AbstractJoint] = (), forces: Sequence[AbstractForce] = (),
                   *, stops: Sequence[AbstractStop] = (), limits: bool = True,
@@ -135,7 +171,8 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
     [`jaxdae.multibody.Prismatic`][] joints along it, `fixed` joints welds (a massless link
     on a fixed joint becomes a marker of the body it is welded to, as tool frames usually
     are); `<limit>`s are kept in `limits`, and `robot.mechanism()` enforces their ranges. Every body starts at its pose for zero
-    joint coordinates. Visual and collision geometry is not read.
+    joint coordinates. Links' `<visual>` geometry is kept in `visuals` for the 3-D viewer
+    (mesh files are located but not read); collision geometry is not read.
 
     Close kinematic loops by adding joints in Python:
     `robot.mechanism(joints=[mb.Spherical("link3.tip", "ground.anchor")], forces=[mb.Gravity()])`.
@@ -199,7 +236,9 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
         except ValueError as error:
             raise ValueError(f"{where('link', name)}: {error}") from error
     moving = tuple(j.name for j in robot.joints if j.type != "fixed")
-    return UrdfRobot(robot.name, tuple(bodies), tuple(joints), _limits(robot), root, moving)
+    visuals = _visuals(path, robot, order, carrier)
+    return UrdfRobot(robot.name, tuple(bodies), tuple(joints), _limits(robot), root, moving,
+                     visuals)
 
 
 def _massive(link) -> bool:
@@ -332,3 +371,78 @@ def _limits(robot) -> dict:
             None if limit is None else value(limit.effort),
             None if limit is None else value(limit.velocity))
     return limits
+
+
+def _visuals(path, robot, order, carrier) -> dict:
+    """The links' `<visual>`s by the body that carries them, in the links' order."""
+    colors = {m.name: m.color for m in robot.materials if m.name is not None}
+    links = {link.name: link for link in robot.links}
+    visuals: dict[str, list] = {}
+    for name in order:
+        body = carrier[name]
+        marker = f"{body}.{'frame' if body == name else name}"
+        for visual in links[name].visuals:
+            entry = _visual(path, name, marker, visual, colors)
+            if entry is not None:
+                visuals.setdefault(body, []).append(entry)
+    return {body: tuple(entries) for body, entries in visuals.items()}
+
+
+def _visual(path, link, marker, visual, colors):
+    geometry = visual.geometry
+    if geometry is None:
+        return None
+    mesh, scale = None, (1.0, 1.0, 1.0)
+    if geometry.box is not None:
+        kind, size = "box", tuple(float(x) for x in geometry.box.size)
+    elif geometry.cylinder is not None:
+        kind, size = "cylinder", (float(geometry.cylinder.radius),
+                                  float(geometry.cylinder.length))
+    elif geometry.sphere is not None:
+        kind, size = "sphere", (float(geometry.sphere.radius),)
+    elif geometry.mesh is not None:
+        kind, size = "mesh", ()
+        mesh = _mesh_file(path, geometry.mesh.filename)
+        if geometry.mesh.scale is not None:
+            scale = tuple(float(x) for x in np.broadcast_to(geometry.mesh.scale, (3,)))
+    else:
+        return None
+    rot, pos = _transform(visual.origin)
+    color = None
+    if visual.material is not None:
+        found = visual.material.color or colors.get(visual.material.name)
+        if found is not None:
+            color = tuple(float(x) for x in found.rgba)
+    return UrdfVisual(link, marker, kind, size, mesh, scale, tuple(float(x) for x in pos),
+                      _rpy(rot), color)
+
+
+def _rpy(rot):
+    """URDF's roll, pitch, yaw of a rotation `R_z(yaw) R_y(pitch) R_x(roll)`."""
+    pitch = float(np.arcsin(np.clip(-rot[2, 0], -1.0, 1.0))) + 0.0  # no -0.0
+    if abs(rot[2, 0]) < 1.0 - 1e-12:
+        return (float(np.arctan2(rot[2, 1], rot[2, 2])), pitch,
+                float(np.arctan2(rot[1, 0], rot[0, 0])))
+    # Pitch ±π/2: only roll ∓ yaw is defined; put it all in the roll.
+    return (float(np.arctan2(-rot[1, 2], rot[1, 1])), pitch, 0.0)
+
+
+def _mesh_file(path, filename):
+    """A mesh's file: `file://` and plain names against the URDF file's directory;
+    `package://name/rest` as `rest` or `name/rest` under the first directory up from the
+    URDF file that has it (ROS packages keep `urdf/` and `meshes/` side by side). A file
+    found nowhere is named under the URDF file's directory."""
+    directory = os.path.dirname(os.path.abspath(os.fspath(path)))
+    if filename.startswith("file://"):
+        filename = filename[len("file://"):]
+    if not filename.startswith("package://"):
+        return os.path.normpath(os.path.join(directory, filename))
+    package, _, rest = filename[len("package://"):].partition("/")
+    up = directory
+    while True:
+        for candidate in (os.path.join(up, rest), os.path.join(up, package, rest)):
+            if os.path.isfile(candidate):
+                return os.path.normpath(candidate)
+        if os.path.dirname(up) == up:
+            return os.path.normpath(os.path.join(directory, rest))
+        up = os.path.dirname(up)
