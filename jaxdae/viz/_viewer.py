@@ -15,7 +15,9 @@ What is drawn: each body as the uniform box with its mass and principal moments 
 (a bar shows as the bar) on its principal axes, a ball at its centre of mass and a rod to
 each of its markers; each joint as a pin along its axis (revolute, cylindrical) or a ball at
 its marker `a`; the ground's joint markers as small cubes; a grid across the up direction
-(against gravity). Poses come from the mechanism's own kinematics
+(against gravity). A URDF robot's bodies are drawn instead from the `<visual>` geometry of
+their links (boxes, cylinders, spheres and meshes read by trimesh, each in its material's
+colour), where the file has it. Poses come from the mechanism's own kinematics
 (`Mechanism.marker_position` and `marker_rotation`); planar mechanisms are shown in the
 plane z = 0.
 """
@@ -23,11 +25,13 @@ plane z = 0.
 import html
 import io
 import os
+from collections.abc import Mapping, Sequence
 from contextlib import redirect_stdout
 
 import numpy as np
 
-from ..multibody import Mechanism
+from ..multibody import Mechanism, UrdfRobot
+from ..multibody._urdf import UrdfVisual
 from ._frames import frame_states
 from ._viewer_scene import Scene, build_scene, populate, show_frame
 
@@ -58,7 +62,9 @@ class Viewer:
 
     - `times`: the simulation time of each frame, `(F,)`.
     - `nodes`: the scene's moving nodes: `/bodies/<body>` (at the body's centre of mass,
-        in its body axes) and `/joints/<joint>` (at the joint's marker `a`).
+        in its body axes) and `/joints/<joint>` (at the joint's marker `a`). A body's
+        URDF visuals are its shapes `/bodies/<body>/visual_<link>_<k>` (the fixed root's
+        on `/ground`), the `k`-th visual of its link `link`.
     - `positions`, `orientations`: the nodes' poses at every frame, `(F, K, 3)` and Euler
         parameters `(w, x, y, z)`, `(F, K, 4)`, in the order of `nodes`.
 
@@ -160,8 +166,9 @@ class Viewer:
 _PRIVATE_PORT = 8765
 
 
-def view(model: Mechanism, solution=None, *, fps: float = 30.0, frames=None,
-         member: int | None = None, size: float | None = None, height: int = 480,
+def view(model: Mechanism | UrdfRobot, solution=None, *,
+         visuals: Mapping[str, Sequence[UrdfVisual]] | None = None, fps: float = 30.0,
+         frames=None, member: int | None = None, size: float | None = None, height: int = 480,
          dark_mode: bool = False) -> Viewer:
     """Show a mechanism's motion in 3-D: in a notebook, as a standalone HTML file, or live.
 
@@ -175,12 +182,30 @@ def view(model: Mechanism, solution=None, *, fps: float = 30.0, frames=None,
         viewer.save_html("motion.html") # opens offline in any browser
         ```
 
+        A URDF robot is drawn from its links' visual geometry:
+
+        ```python
+        robot = jaxdae.multibody.load_urdf("arm.urdf")
+        model = robot.mechanism(forces=[jaxdae.multibody.Gravity()])
+        sol = jaxdae.simulate(model, ...)
+        jaxdae.viz.view(model, sol, visuals=robot.visuals)
+        jaxdae.viz.view(robot, sol)     # the same for robot.mechanism()'s coordinates
+        ```
+
     **Arguments:**
 
     - `model`: a spatial [`jaxdae.multibody.Mechanism`][] (a URDF robot's
-        `robot.mechanism(...)` too); a planar one is shown in the plane z = 0.
+        `robot.mechanism(...)` too); a planar one is shown in the plane z = 0. A
+        [`jaxdae.multibody.UrdfRobot`][] stands for `robot.mechanism()` with
+        `visuals=robot.visuals` (joints added in Python are then not drawn: pass the
+        mechanism and the visuals to see them).
     - `solution`: a [`jaxdae.Solution`][] of `model` (anything with `ts` `(N,)` and `q`
         `(N, n)`, or a batch of them); `None` shows the bodies' reference poses.
+    - `visuals`: the [`jaxdae.multibody.UrdfVisual`][]s to draw, by body name
+        (`robot.visuals`): a body that has some is drawn by them in place of its inertia box,
+        centre and marker rods; the others as usual, the joints as always. Mesh files are
+        read when the viewer is made (their triangles are written into the page); one that
+        is missing or unreadable is left out with a warning naming it.
     - `fps`: frames per second of playback; the motion plays in real time.
     - `frames`: the number of frames, equally spaced over the solution's time span, or
         the frames' times (e.g. `sol.ts`); default: `fps` per simulated second. The saved
@@ -198,13 +223,24 @@ def view(model: Mechanism, solution=None, *, fps: float = 30.0, frames=None,
     **Raises:**
 
     `ImportError` when viser is not installed; `ValueError` for a model that is not a
-    `Mechanism`, a batched solution without `member`, or no finite states.
+    `Mechanism` (or `UrdfRobot`), visuals of a body the model does not have or of a planar
+    model, a batched solution without `member`, or no finite states.
     """
     _viser()
+    if isinstance(model, UrdfRobot):
+        model, visuals = model.mechanism(), model.visuals if visuals is None else visuals
     if not isinstance(model, Mechanism):
         raise ValueError(
             f"`model` must be a jaxdae.multibody.Mechanism; got {type(model).__name__}. For "
             "other systems, plot the coordinates or draw them with jaxdae.viz.animate.")
+    if visuals:
+        names = {model.ground.name, *model.body_names}
+        unknown = sorted(set(visuals) - names)
+        if unknown:
+            raise ValueError(f"`visuals` names bodies {unknown} that the mechanism does not "
+                             f"have (its bodies: {sorted(names)}).")
+        if model.dimension != 3:
+            raise ValueError("`visuals` are URDF geometry, drawn on spatial mechanisms only.")
     if fps <= 0:
         raise ValueError(f"`fps` must be positive; got {fps}.")
     if solution is None:
@@ -215,4 +251,4 @@ def view(model: Mechanism, solution=None, *, fps: float = 30.0, frames=None,
     if q.shape[-1] != len(model.coordinate_names):
         raise ValueError(f"`solution.q` has {q.shape[-1]} coordinates; the mechanism has "
                          f"{len(model.coordinate_names)}.")
-    return Viewer(build_scene(model, q, size), times, float(fps), height, dark_mode)
+    return Viewer(build_scene(model, q, size, visuals), times, float(fps), height, dark_mode)

@@ -1,6 +1,9 @@
-"""What the 3-D viewer draws: a mechanism's bodies, joints and ground as simple shapes, and
-the poses of their nodes along a trajectory, computed by the mechanism's own kinematics."""
+"""What the 3-D viewer draws: a mechanism's bodies, joints and ground as simple shapes (or a
+URDF robot's visual geometry), and the poses of their nodes along a trajectory, computed by
+the mechanism's own kinematics."""
 
+import os
+import warnings
 from typing import NamedTuple
 
 import equinox as eqx
@@ -9,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..multibody import Cylindrical, Gravity, Mechanism, Revolute, RigidBody
-from ..multibody._kinematics import quaternion_from_matrix, split
+from ..multibody._kinematics import quaternion_from_matrix, rpy_matrix, split
 
 # matplotlib's tab10 colours, one per body in turn.
 PALETTE = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
@@ -20,8 +23,9 @@ GROUND_COLOR = (110, 110, 110)
 
 class Shape(NamedTuple):
     """A shape fixed on a node: `kind` `"box"` (`size` the three sides), `"sphere"`
-    (`(radius,)`) or `"cylinder"` (`(radius, height)`, along its local z), placed by
-    `position` and `wxyz` in the node's frame."""
+    (`(radius,)`), `"cylinder"` (`(radius, height)`, along its local z) or `"mesh"`
+    (`mesh` its vertices `(V, 3)` and triangles `(T, 3)`), placed by `position` and `wxyz`
+    in the node's frame; `opacity` `None` for opaque."""
 
     name: str
     kind: str
@@ -29,6 +33,8 @@ class Shape(NamedTuple):
     color: tuple[int, int, int]
     position: np.ndarray
     wxyz: np.ndarray
+    mesh: tuple[np.ndarray, np.ndarray] | None = None
+    opacity: float | None = None
 
 
 class Node(NamedTuple):
@@ -42,7 +48,8 @@ class Scene(NamedTuple):
     """The nodes and their poses: `moving` (the bodies at their centres of mass, then the
     joints at their markers `a`) posed at every frame by `positions` `(F, K, 3)` and
     `wxyz` `(F, K, 4)`; `ground` fixed; `up` the scene's up direction (against gravity);
-    `centre` and `extent` the box that holds the motion."""
+    `centre` and `extent` the box that holds the motion; `floor` the height along `up` of
+    the grid, below everything drawn."""
 
     moving: tuple[Node, ...]
     ground: Node
@@ -51,10 +58,12 @@ class Scene(NamedTuple):
     up: np.ndarray
     centre: np.ndarray
     extent: float
+    floor: float
 
 
 def _marker_poses(model, q, refs):
-    """Positions `(F, K, d)` and Euler parameters `(F, K, 4)` of the markers `refs`."""
+    """Positions `(F, K, d)`, Euler parameters `(F, K, 4)` and rotation matrices
+    `(F, K, 3, 3)` of the markers `refs`."""
     points = jnp.stack([model.marker_position(q, ref) for ref in refs], axis=1)
     rotations = jnp.stack([model.marker_rotation(q, ref) for ref in refs], axis=1)
     if model.dimension == 2:  # embed the plane as z = 0, the rotations about z
@@ -62,7 +71,7 @@ def _marker_poses(model, q, refs):
         block = jnp.zeros(rotations.shape[:-2] + (3, 3), q.dtype)
         rotations = block.at[..., :2, :2].set(rotations).at[..., 2, 2].set(1.0)
     quaternions = jax.vmap(jax.vmap(quaternion_from_matrix))(rotations)
-    return points, quaternions
+    return points, quaternions, rotations
 
 
 _poses = eqx.filter_jit(_marker_poses)
@@ -126,15 +135,120 @@ def _joint_axis(joint, dimension):
     return axis / np.linalg.norm(axis)
 
 
-def build_scene(model: Mechanism, q: np.ndarray, size: float | None = None) -> Scene:
+def _load_mesh(filename, link, cache):
+    """The vertices and triangles of a mesh file (read by trimesh), or `None` with a
+    warning naming the file where it is missing or unreadable."""
+    if filename not in cache:
+        cache[filename] = None
+        if not os.path.isfile(filename):
+            warnings.warn(f"The mesh file {filename} of link {link!r} does not exist; the "
+                          "body is drawn without it.", stacklevel=5)
+            return None
+        import trimesh  # a dependency of yourdfpy; only meshes need it
+
+        try:
+            mesh = trimesh.load(filename, force="mesh")
+            if len(mesh.faces) == 0:
+                raise ValueError("no triangles")
+            cache[filename] = (np.asarray(mesh.vertices, float),
+                               np.asarray(mesh.faces, np.int64))
+        except Exception as error:  # trimesh raises many kinds for files it cannot read
+            warnings.warn(f"The mesh file {filename} of link {link!r} cannot be read "
+                          f"({error}); the body is drawn without it.", stacklevel=5)
+    return cache[filename]
+
+
+def _visual_shapes(body, visuals, color, cache) -> list[Shape]:
+    """The shapes of a body's URDF visuals in its body frame: each visual's origin
+    composed with its link frame (the body's marker)."""
+    shapes, count = [], {}
+    for visual in visuals:
+        k = count[visual.link] = count.get(visual.link, -1) + 1  # k-th visual of its link
+        key = split(visual.marker)[1]
+        marker_rot = np.asarray(body.orientations.get(key, np.eye(3)), float)
+        marker_pos = np.asarray(body.markers[key], float)
+        rot = marker_rot @ np.asarray(rpy_matrix(*visual.rpy), float)
+        position = marker_pos + marker_rot @ np.asarray(visual.xyz, float)
+        mesh = None
+        if visual.kind == "mesh":
+            mesh = _load_mesh(visual.mesh, visual.link, cache)
+            if mesh is None:
+                continue
+            mesh = (mesh[0] * np.asarray(visual.scale), mesh[1])
+        rgba = visual.color
+        shape_color = color if rgba is None else tuple(int(round(255 * c)) for c in rgba[:3])
+        opacity = None if rgba is None or rgba[3] >= 1.0 else float(rgba[3])
+        shapes.append(Shape(f"visual_{visual.link}_{k}", visual.kind, tuple(visual.size),
+                            shape_color, position,
+                            np.asarray(quaternion_from_matrix(jnp.asarray(rot)), float),
+                            mesh, opacity))
+    return shapes
+
+
+def _reach(shape, u):
+    """How far a shape reaches along the unit directions `u` `(..., 3)` (its frame) from
+    its origin: its support function."""
+    if shape.kind == "box":
+        return 0.5 * np.abs(u) @ np.asarray(shape.size)
+    if shape.kind == "sphere":
+        return np.full(u.shape[:-1], shape.size[0])
+    if shape.kind == "cylinder":
+        radius, height = shape.size
+        return radius * np.sqrt(np.clip(1.0 - u[..., 2] ** 2, 0.0, 1.0)) + 0.5 * height * np.abs(
+            u[..., 2])
+    assert shape.mesh is not None
+    return (u @ shape.mesh[0].T).max(axis=-1)
+
+
+def _matrix(wxyz):
+    w, x, y, z = wxyz
+    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+                     [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+                     [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
+
+
+def _placed(shapes, positions, rotations, up):
+    """The centres `(F·S, 3)` of shapes on a node at the poses `positions` `(F, 3)`,
+    `rotations` `(F, 3, 3)`, and their lowest height along `up`."""
+    centres, lowest = [], np.inf
+    for shape in shapes:
+        rot = rotations @ _matrix(shape.wxyz)  # (F, 3, 3)
+        centre = positions + rotations @ shape.position
+        down = np.einsum("fji,j->fi", rot, -up)
+        lowest = min(lowest, float((centre @ up - _reach(shape, down)).min()))
+        centres.append(centre)
+    return centres, lowest
+
+
+def build_scene(model: Mechanism, q: np.ndarray, size: float | None = None,
+                visuals=None) -> Scene:
     """The scene of `model` along the coordinates `q` `(F, n)`; `size` the length the
-    shapes are scaled by (default: the extent of the motion)."""
+    shapes are scaled by (default: the extent of the motion); `visuals` URDF visuals by
+    body name, drawn in place of those bodies' default shapes."""
     bodies, joints = model.bodies, model.joints
     refs = tuple(b.name for b in bodies) + tuple(j.a for j in joints)
-    positions, wxyz = (np.array(x, float) for x in _poses(model, jnp.asarray(q), refs))
+    positions, wxyz, rotations = (np.array(x, float)
+                                  for x in _poses(model, jnp.asarray(q), refs))
     wxyz /= np.linalg.norm(wxyz, axis=-1, keepdims=True)
+    up = _up(model)
+    cache: dict = {}
+    drawn = {}  # the visual shapes of the bodies that have some to draw
+    for k, body in enumerate((model.ground, *bodies)):
+        color = GROUND_COLOR if k == 0 else PALETTE[(k - 1) % len(PALETTE)]
+        shapes = _visual_shapes(body, (visuals or {}).get(body.name, ()), color, cache)
+        if shapes:
+            drawn[body.name] = shapes
+    visual_centres, floor = [], np.inf
+    for k, body in enumerate((model.ground, *bodies)):
+        if body.name in drawn:
+            at = ((np.zeros((1, 3)), np.eye(3)[None]) if k == 0
+                  else (positions[:, k - 1], rotations[:, k - 1]))
+            centres, lowest = _placed(drawn[body.name], *at, up)
+            visual_centres += centres
+            floor = min(floor, lowest)
     ground_points = [_point3(p) for p in model.ground.markers.values()]
-    cloud = np.concatenate([positions.reshape(-1, 3)] + [p[None] for p in ground_points])
+    cloud = np.concatenate([positions.reshape(-1, 3)] + [p[None] for p in ground_points]
+                           + visual_centres)
     low, high = cloud.min(axis=0), cloud.max(axis=0)
     extent = float(np.max(high - low))
     if size is None:
@@ -144,6 +258,9 @@ def build_scene(model: Mechanism, q: np.ndarray, size: float | None = None) -> S
     moving = []
     for k, body in enumerate(bodies):
         color = PALETTE[k % len(PALETTE)]
+        if body.name in drawn:
+            moving.append(Node(f"/bodies/{body.name}", tuple(drawn[body.name])))
+            continue
         shapes = [Shape("centre", "sphere", (ball,), color, np.zeros(3), np.array([1.0, 0, 0, 0]))]
         if isinstance(body, RigidBody):
             shapes.append(_inertia_box(body, 2 * rod)._replace(color=color))
@@ -166,9 +283,12 @@ def build_scene(model: Mechanism, q: np.ndarray, size: float | None = None) -> S
     ground = Node("/ground", tuple(
         Shape(f"marker_{key}", "box", (2 * pin,) * 3, GROUND_COLOR, _point3(point),
               np.array([1.0, 0, 0, 0]))
-        for key, point in model.ground.markers.items() if key in used))
-    return Scene(tuple(moving), ground, positions, wxyz, _up(model), 0.5 * (low + high),
-                 max(extent, size))
+        for key, point in model.ground.markers.items() if key in used)
+        + tuple(drawn.get(model.ground.name, ())))
+    # The grid a little below the glyphs' centres, and under the visual geometry.
+    floor = min(floor, float((positions.reshape(-1, 3) @ up).min()) - 0.05 * max(extent, size))
+    return Scene(tuple(moving), ground, positions, wxyz, up, 0.5 * (low + high),
+                 max(extent, size), floor)
 
 
 def add_node(scene_api, node: Node, position=(0.0, 0.0, 0.0), wxyz=(1.0, 0.0, 0.0, 0.0)):
@@ -176,15 +296,20 @@ def add_node(scene_api, node: Node, position=(0.0, 0.0, 0.0), wxyz=(1.0, 0.0, 0.
     handle = scene_api.add_frame(node.path, show_axes=False, position=position, wxyz=wxyz)
     for shape in node.shapes:
         path = f"{node.path}/{shape.name}"
-        place = {"position": shape.position, "wxyz": shape.wxyz}
+        place = {"position": shape.position, "wxyz": shape.wxyz, "opacity": shape.opacity}
         if shape.kind == "box":
             scene_api.add_box(path, color=shape.color, dimensions=shape.size, **place)
         elif shape.kind == "sphere":
             scene_api.add_icosphere(path, radius=shape.size[0], color=shape.color,
                                     subdivisions=2, **place)
-        else:
+        elif shape.kind == "cylinder":
             scene_api.add_cylinder(path, radius=shape.size[0], height=shape.size[1],
                                    color=shape.color, radial_segments=16, **place)
+        else:
+            assert shape.mesh is not None
+            scene_api.add_mesh_simple(path, shape.mesh[0].astype(np.float32),
+                                      shape.mesh[1].astype(np.uint32), color=shape.color,
+                                      flat_shading=True, **place)
     return handle
 
 
@@ -202,10 +327,9 @@ def populate(server, scene: Scene, frame: int = 0) -> list:
     server.initial_camera.position = tuple(float(x) for x in centre + 1.9 * extent * direction)
     server.initial_camera.look_at = tuple(float(x) for x in centre)
     server.initial_camera.up = tuple(float(x) for x in up)
-    low = float((scene.positions.reshape(-1, 3) @ up).min()) - 0.05 * extent
     server.scene.add_grid("/grid", width=3 * extent, height=3 * extent,
                           cell_size=extent / 10, section_size=extent / 2,
-                          position=tuple(float(x) for x in centre + (low - centre @ up) * up),
+                          position=tuple(float(x) for x in centre + (scene.floor - centre @ up) * up),
                           wxyz=tuple(float(x) for x in _z_to(up)))
     add_node(server.scene, scene.ground)
     return [add_node(server.scene, node, scene.positions[frame, k], scene.wxyz[frame, k])
