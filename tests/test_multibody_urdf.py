@@ -12,7 +12,6 @@ import pytest
 
 import jaxdae
 import jaxdae.multibody as mb
-from jaxdae.multibody._urdf import UrdfVisual
 
 pytest.importorskip("yourdfpy", reason="URDF import needs yourdfpy: pip install 'jaxdae[urdf]'")
 
@@ -97,7 +96,7 @@ def test_visuals_by_body_with_their_link_frames():
     assert mb.load_urdf(ARM).visuals == {}
     assert list(robot.visuals) == ["ground", "turret", "upper_arm", "forearm", "slider"]
     base, = robot.visuals["ground"]
-    assert base == UrdfVisual("base_link", "ground.base_link", "box", (0.3, 0.3, 0.05), None,
+    assert base == mb.UrdfVisual("base_link", "ground.base_link", "box", (0.3, 0.3, 0.05), None,
                               (1.0, 1.0, 1.0), (0.0, 0.0, 0.025), (0.0, 0.0, 0.0),
                               (0.6, 0.6, 0.65, 1.0))  # colour of a top-level <material>
     turret, = robot.visuals["turret"]

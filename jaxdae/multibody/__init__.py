@@ -51,4 +51,9 @@ from ._stop import (
     PlaneContact as PlaneContact,
     StopKinematics as StopKinematics,
 )
-from ._urdf import UrdfLimit as UrdfLimit, UrdfRobot as UrdfRobot, load_urdf as load_urdf
+from ._urdf import (
+    UrdfLimit as UrdfLimit,
+    UrdfRobot as UrdfRobot,
+    UrdfVisual as UrdfVisual,
+    load_urdf as load_urdf,
+)
