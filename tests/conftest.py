@@ -25,10 +25,11 @@ import jaxdae  # noqa: E402, F401
 # (longest-processing-time-first). Order by each file's time on a cold compilation cache,
 # as on CI; a file not listed runs last. Re-measure and reorder when a file grows.
 _ORDER = (
-    "test_notebooks.py", "test_events.py", "test_multibody_spatial.py", "test_multibody.py", "test_implicit.py",
+    "test_notebooks.py", "test_events.py", "test_friction.py", "test_multibody_spatial.py", "test_multibody.py", "test_implicit.py",
     "test_core.py", "test_structure.py", "test_linear_solvers.py", "test_projection.py",
     "test_faults.py",
-    "test_multibody_urdf.py", "test_multibody_stops.py",
+    "test_multibody_urdf.py", "test_multibody_stops.py", "test_viz_plots.py",
+    "test_viz_animate.py", "test_viz_viewer.py",
     "test_actuated.py", "test_ensemble.py", "test_faults_jobs.py",
     "test_nonholonomic.py", "test_ball_and_beam.py", "test_tune.py",
     "test_redundant_coordinates.py", "test_hamiltonian.py", "test_scalarize.py",

@@ -67,6 +67,7 @@ def node_positions(rec: dict, name: str) -> list:
             if m["type"] == "SetPositionMessage" and m["name"] == name]
 
 
+@pytest.mark.slow  # a solve of Bricard's mechanism; the arm's scene is checked by default
 def test_bricard_scene_frames_and_poses(bricard_run, tmp_path):
     model, sol = bricard_run
     viewer = view(model, sol, frames=12)
@@ -227,8 +228,8 @@ def test_missing_mesh_warns_and_the_body_is_drawn_as_before(tmp_path):
         view(robot.mechanism(), visuals={"wheel": robot.visuals["turret"]})
 
 
-def test_errors(bricard_run):
-    model, sol = bricard_run
+def test_errors(arm_run):
+    model, sol = arm_run
     batch = SimpleNamespace(ts=sol.ts, q=jnp.stack([sol.q, sol.q]))
     with pytest.raises(ValueError, match="member="):
         view(model, batch)
