@@ -167,6 +167,7 @@ class _Pushed(CartesianPendulum):
         return jnp.where(t >= 0.3, 4.0, 0.0) * jnp.array([1.0, 0.0], q.dtype)
 
 
+@pytest.mark.slow
 def test_segment_starting_after_a_jump():
     """A segment that starts right after a step clipped to a jump time (`jump_ts`) restores
     diffrax's `made_jump`, so its first step evaluates the right-hand side after the jump

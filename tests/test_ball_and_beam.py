@@ -132,6 +132,7 @@ def test_controller_errors(design):
         jaxdae.LinearFeedback(jnp.ones((1, 4)), eq.q, eq.v, eq.u, (0, 1), (0, 1, 3))
 
 
+@pytest.mark.slow
 def test_linearize_rejects_non_cyclic(design):
     eq = design["eq_e"]
     with pytest.raises(ValueError, match="not cyclic"):

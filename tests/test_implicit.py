@@ -107,6 +107,7 @@ def _fixed(dt, rho_inf=0.8, t1=T1, system=PENDULUM, q0=Q0, v0=V0):
                            max_steps=10_000)
 
 
+@pytest.mark.slow
 def test_generalized_alpha_converges_with_order_two():
     dts = np.array([0.02, 0.01, 0.005])
     ref = reference()

@@ -104,8 +104,9 @@ def test_sleigh_closed_form(sleigh):
     "formulation",
     [
         jaxdae.Baumgarte(20.0, 100.0, kv=10.0),
-        jaxdae.PseudoInverse(20.0, 100.0, kv=10.0),
-        jaxdae.ModifiedLagrange(1e4, 20.0, 100.0, kv=10.0),
+        pytest.param(jaxdae.PseudoInverse(20.0, 100.0, kv=10.0), marks=pytest.mark.slow),
+        pytest.param(jaxdae.ModifiedLagrange(1e4, 20.0, 100.0, kv=10.0),
+                     marks=pytest.mark.slow),
     ],
     ids=["baumgarte", "pseudo_inverse", "modified_lagrange"],
 )

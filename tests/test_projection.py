@@ -176,6 +176,7 @@ def test_vmap_and_jit():
     np.testing.assert_allclose(sols.q[2], one.q, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_ensemble():
     """`simulate_ensemble`: every trajectory projected (one projection per row)."""
     q0, v0 = jax.vmap(PENDULUM.state_from_angle)(jnp.array([0.3, 1.0, 2.0]),

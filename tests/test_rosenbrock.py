@@ -68,6 +68,7 @@ def test_order_five_on_a_nonlinear_non_autonomous_ode():
     assert errors[-1] < 1e-7
 
 
+@pytest.mark.slow
 def test_dense_output_is_fourth_order():
     """Saved between the step ends, the interpolant's error falls like `h⁵` (locally)."""
     ts = jnp.linspace(0.0, 1.0, 9)[1:]

@@ -37,7 +37,7 @@ def bricard_run():
 
 # The arm's joint angles at each saved state of `arm_run`.
 ANGLES = [{"yaw": a, "shoulder": 0.5 * a, "elbow": -a, "wrist": 0.08 * a}
-          for a in np.linspace(0.0, 1.0, 5)]
+          for a in np.linspace(0.0, 1.0, 3)]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def arm_run():
     pytest.importorskip("yourdfpy", reason="URDF import needs yourdfpy: pip install 'jaxdae[urdf]'")
     model = mb.load_urdf(ARM).mechanism(forces=[mb.Gravity()], limits=False)
     qs = [model.initial_state(joint_coordinates=angles)[0] for angles in ANGLES]
-    return model, SimpleNamespace(ts=jnp.linspace(0.0, 2.0, 5), q=jnp.stack(qs))
+    return model, SimpleNamespace(ts=jnp.linspace(0.0, 2.0, 3), q=jnp.stack(qs))
 
 
 def recording(page: str) -> dict:
