@@ -435,9 +435,8 @@ _USER_SOLVES = {  # saveat, step-size controller, (t0, t1)
 
 
 # (Saves at `ts` with adaptive steps are also those of the backwards case.)
-@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.slow)
-                                  if case != "t1, adaptive" else case
-                                  for case in _USER_SOLVES])
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(_USER_SOLVES))
 def test_user_diffeqsolve_same_as_recursive_checkpoint(case):
     """`ReverseSweepAdjoint` as the adjoint of a plain `diffrax.diffeqsolve`: the forward
     solve's values are diffrax's to the bit (plain and under reverse mode), and the

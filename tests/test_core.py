@@ -467,7 +467,8 @@ def test_traced_gain_checks_are_values():
         jaxdae.Baumgarte(jnp.ones(3), 25.0).validate(2, 0)
 
 
-@pytest.mark.parametrize("saved", [pytest.param("ts", marks=pytest.mark.slow), "ends"])
+@pytest.mark.slow
+@pytest.mark.parametrize("saved", ["ts", "ends"])
 def test_diagnostics_differentiate_alike_in_forward_and_reverse_mode(saved):
     """The saved states' residuals, multipliers, energy and momenta are the same function
     whatever the adjoint: `jax.jvp` (with `diffrax.ForwardMode()`, which differentiates

@@ -228,6 +228,7 @@ def _central_differences(step=1e-6):
             (_impact_loss(0.8, 1.0 + step) - _impact_loss(0.8, 1.0 - step)) / (2 * step)]
 
 
+@pytest.mark.slow
 def test_forward_mode_derivatives_through_events():
     """The derivatives of an impact time and of the final height with respect to the
     coefficient of restitution and the drop height, in forward mode, against central

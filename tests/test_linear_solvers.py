@@ -362,7 +362,7 @@ def test_structured_formulations_agree_with_dense(banded, monkeypatch):
                                        err_msg=type(formulation).__name__)
 
 
-@pytest.mark.parametrize("redundant", [False, True])
+@pytest.mark.parametrize("redundant", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_banded_pseudo_inverse_matches_lineax_svd(redundant):
     """`G Gᵀ` of a banded `G` (40 rows; with `redundant`, one row repeated, so rank 39) as a
     `SparseOperator`: solved through the banded factorization where it has full

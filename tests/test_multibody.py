@@ -159,6 +159,7 @@ def test_linearize_reads_the_input_channel():
     assert np.min(np.abs(roots - 1j * omega)) < 1e-8
 
 
+@pytest.mark.slow
 def test_distance_joint_is_the_cartesian_pendulum():
     """A body on a massless link from the origin to its centre of mass moves like
     `examples.CartesianPendulum` and does not turn."""

@@ -132,6 +132,7 @@ def _accelerations(system, q, v):
     return jaxdae.Unstabilized().accelerations(system.terms(jnp.asarray(0.3), q, v))
 
 
+@pytest.mark.slow
 def test_mixed_chain_matches_hand_written_rows_in_order():
     """Joints of three kinds interleaved (each kind evaluated as one group), grouped
     spring-dampers and torques: every term, `q̈` and the multipliers equal the

@@ -150,6 +150,7 @@ def test_nonholonomic_perturbation_decays_at_kv(sleigh):
     np.testing.assert_allclose(sol.psi[:, 0], 0.1 * jnp.exp(-3.0 * TS), atol=1e-8)
 
 
+@pytest.mark.slow
 def test_coupled_blocks_follow_linear_ode(sleigh):
     """(Φ, Φ̇, Ψ) follow d/dt y = H y exactly, H with every coupling block non-zero."""
     system = HeadingSleigh(sleigh.mass, sleigh.inertia, sleigh.distance)

@@ -41,7 +41,9 @@ def _pendulum(formulation, solver, **kwargs):
                            stepsize_controller=_on_save_times(TS), **kwargs)
 
 
-@pytest.mark.parametrize("formulation", [jaxdae.Unstabilized(), jaxdae.Baumgarte(10.0, 25.0)],
+@pytest.mark.parametrize("formulation", [pytest.param(jaxdae.Unstabilized(),
+                                                     marks=pytest.mark.slow),
+                                        jaxdae.Baumgarte(10.0, 25.0)],
                          ids=["Unstabilized", "Baumgarte"])
 def test_stays_on_the_manifold(formulation):
     """|Φ| and |Φ̇| ≤ 1e-12 at every saved step end; without projection the same

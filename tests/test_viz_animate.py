@@ -17,7 +17,7 @@ import jaxdae  # noqa: E402
 import jaxdae.multibody as mb  # noqa: E402
 from jaxdae.examples import CartesianPendulum  # noqa: E402
 from jaxdae.viz import _animate  # noqa: E402
-from jaxdae.viz._animate import animate  # noqa: E402
+from jaxdae.viz import animate  # noqa: E402
 
 
 def body_artists(anim):

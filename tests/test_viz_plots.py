@@ -23,7 +23,7 @@ from matplotlib.collections import LineCollection, PolyCollection  # noqa: E402
 import jaxdae  # noqa: E402
 import jaxdae.multibody as mb  # noqa: E402
 from jaxdae import examples  # noqa: E402
-from jaxdae.viz._plots import plot_solution  # noqa: E402
+from jaxdae.viz import plot_solution  # noqa: E402
 
 # Tiny solves: the plots are under test, not the accuracy.
 T1 = 1.0

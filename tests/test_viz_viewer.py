@@ -20,7 +20,7 @@ from jaxdae.examples._bricard import bricard
 
 pytest.importorskip("viser", reason="the 3-D viewer needs viser: pip install 'jaxdae[viz]'")
 
-from jaxdae.viz._viewer import view  # noqa: E402
+from jaxdae.viz import view  # noqa: E402
 
 ARM = Path(__file__).parent / "data" / "three_link_arm.urdf"
 VISUAL_ARM = Path(__file__).parent / "data" / "arm_with_visuals.urdf"
@@ -105,6 +105,7 @@ def test_bricard_scene_frames_and_poses(bricard_run, tmp_path):
     assert viewer._repr_html_().startswith("<iframe srcdoc=")
 
 
+@pytest.mark.slow
 def test_urdf_arm_scene(arm_run, tmp_path):
     model, sol = arm_run
     viewer = view(model, sol, fps=5)
@@ -164,6 +165,7 @@ def recorded_pose(rec: dict, name: str, time: float):
     return matrix(wxyz), position
 
 
+@pytest.mark.slow
 def test_urdf_visuals_drawn_at_their_link_frames(arm_run, tmp_path):
     """arm_with_visuals.urdf has three_link_arm.urdf's bodies: its visuals draw that motion."""
     model, sol = arm_run
@@ -228,8 +230,13 @@ def test_missing_mesh_warns_and_the_body_is_drawn_as_before(tmp_path):
         view(robot.mechanism(), visuals={"wheel": robot.visuals["turret"]})
 
 
-def test_errors(arm_run):
-    model, sol = arm_run
+def test_errors():
+    model = mb.Mechanism(
+        [mb.PlanarBody("rod", 1.0, 0.1, markers={"pin": (-0.5, 0.0)}, position=(0.5, 0.0))],
+        [mb.Revolute("ground", "rod.pin", name="pin")], [mb.Gravity()])
+    angles = np.linspace(0.0, 0.5, 4)
+    q = np.stack([[0.5 * np.cos(a), 0.5 * np.sin(a), a] for a in angles])
+    sol = SimpleNamespace(ts=jnp.linspace(0.0, 1.0, 4), q=jnp.asarray(q))
     batch = SimpleNamespace(ts=sol.ts, q=jnp.stack([sol.q, sol.q]))
     with pytest.raises(ValueError, match="member="):
         view(model, batch)
