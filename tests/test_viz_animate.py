@@ -16,8 +16,7 @@ matplotlib.use("Agg")
 import jaxdae  # noqa: E402
 import jaxdae.multibody as mb  # noqa: E402
 from jaxdae.examples import CartesianPendulum  # noqa: E402
-from jaxdae.viz import _animate  # noqa: E402
-from jaxdae.viz import animate  # noqa: E402
+from jaxdae.viz import _animate, animate  # noqa: E402
 
 
 def body_artists(anim):
