@@ -67,6 +67,8 @@ bench: $(STAMP)
 	$(PY) experiments/benchmarks/bench_precision.py --out output
 	$(PY) experiments/benchmarks/bench_scaling.py --out output
 	$(PY) experiments/benchmarks/bench_events.py
+	$(PY) experiments/benchmarks/bench_animate.py --out output
+	$(PY) experiments/benchmarks/bench_viewer.py
 
 ## Build the documentation site into site/ (mkdocs --strict: a warning fails the build).
 docs: $(STAMP)
