@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 import jaxdae  # noqa: E402
 import jaxdae.multibody as mb  # noqa: E402
 from jaxdae.examples import CartesianPendulum  # noqa: E402
+from jaxdae.examples._slider_crank import slider_crank as slider_crank_model  # noqa: E402
 from jaxdae.viz import _animate, animate  # noqa: E402
 
 
@@ -39,13 +40,7 @@ def markers(model):
 @pytest.fixture(scope="module")
 def slider_crank():
     """The slider-crank of experiments/examples/slider_crank.py, simulated for 0.3 s."""
-    crank = mb.PlanarBody("crank", mass=1.0, inertia=2e-3, markers={"pin": (0.1, 0.0)})
-    rod = mb.PlanarBody("rod", mass=0.5, inertia=4e-3,
-                        markers={"a": (-0.15, 0.0), "b": (0.15, 0.0)}, position=(0.25, 0.0))
-    slider = mb.PlanarBody("slider", mass=0.3, inertia=1e-4, position=(0.4, 0.0))
-    joints = [mb.Revolute("ground", "crank", name="crank"), mb.Revolute("crank.pin", "rod.a"),
-              mb.Revolute("rod.b", "slider"), mb.Prismatic("ground", "slider", name="slide")]
-    model = mb.Mechanism([crank, rod, slider], joints, [mb.Gravity()])
+    model = slider_crank_model()
     # A consistent start written out (crank angle 0.5 rad at 10 rad/s), so that the module
     # compiles one solve and no consistent-initialization solve.
     c, s = np.cos(0.5), np.sin(0.5)

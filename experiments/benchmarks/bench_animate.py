@@ -33,19 +33,13 @@ from _common import output_dir, write_json  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 import jaxdae  # noqa: E402
-import jaxdae.multibody as mb  # noqa: E402
+from jaxdae.examples._slider_crank import slider_crank as slider_crank_model  # noqa: E402
 from jaxdae.viz import animate  # noqa: E402
 
 
 def slider_crank():
     """The model and a 1 s solution with 501 saved states."""
-    crank = mb.PlanarBody("crank", mass=1.0, inertia=2e-3, markers={"pin": (0.1, 0.0)})
-    rod = mb.PlanarBody("rod", mass=0.5, inertia=4e-3,
-                        markers={"a": (-0.15, 0.0), "b": (0.15, 0.0)}, position=(0.25, 0.0))
-    slider = mb.PlanarBody("slider", mass=0.3, inertia=1e-4, position=(0.4, 0.0))
-    joints = [mb.Revolute("ground", "crank", name="crank"), mb.Revolute("crank.pin", "rod.a"),
-              mb.Revolute("rod.b", "slider"), mb.Prismatic("ground", "slider", name="slide")]
-    model = mb.Mechanism([crank, rod, slider], joints, [mb.Gravity()])
+    model = slider_crank_model()
     q0, v0 = model.initial_state(joint_coordinates={"crank": (0.5, 10.0)})
     sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 1.0, q0, v0,
                           ts=jnp.linspace(0.0, 1.0, 501))
