@@ -1,7 +1,7 @@
 """A 3-D viewer for mechanisms: a simulated motion played back in the browser, as a
 standalone HTML file, inline in a notebook, or live from a local server.
 
-The viewer is built on [viser](https://viser.studio) (`pip install 'jaxdae[viz]'`), chosen
+The viewer is built on viser (`pip install 'jaxdae[viz]'`), chosen
 over meshcat and the Jupyter widget libraries (pythreejs, k3d) because it is the one that
 writes a truly offline file with playback: `viser`'s scene serializer records the scene and
 timed pose updates, and its bundled client (one compressed `index.html` of about 0.8 MB,
