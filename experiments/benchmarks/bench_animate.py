@@ -27,23 +27,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 from _common import output_dir, write_json  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-import jaxdae  # noqa: E402
-from jaxdae.examples._slider_crank import slider_crank as slider_crank_model  # noqa: E402
+from jaxdae.examples._slider_crank import slider_crank_run  # noqa: E402
 from jaxdae.viz import animate  # noqa: E402
-
-
-def slider_crank():
-    """The model and a 1 s solution with 501 saved states."""
-    model = slider_crank_model()
-    q0, v0 = model.initial_state(joint_coordinates={"crank": (0.5, 10.0)})
-    sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 1.0, q0, v0,
-                          ts=jnp.linspace(0.0, 1.0, 501))
-    return model, sol
 
 
 def timed(fn, repeats):
@@ -64,7 +53,7 @@ def main():
     args = parser.parse_args()
     out = output_dir(args.out, "bench_animate")
 
-    model, sol = slider_crank()
+    model, sol = slider_crank_run()
     build = timed(lambda: animate(model, sol, frames=args.frames, trace="rod"), args.repeats)
     anim = animate(model, sol, frames=args.frames, trace="rod")
     width, height = anim.figure.canvas.get_width_height()

@@ -23,8 +23,8 @@ import matplotlib.pyplot as plt
 from _common import figure, output_dir, parse_args
 
 import jaxdae
-import jaxdae.multibody as mb
 import jaxdae.viz
+from jaxdae.examples._slider_crank import slider_crank
 
 NAME = "slider_crank"
 
@@ -32,13 +32,7 @@ NAME = "slider_crank"
 def main(out: Path, quick: bool = False) -> dict:
     folder = output_dir(out, NAME)
     # --- user code: model, simulation, plot, animation ---
-    crank = mb.PlanarBody("crank", mass=1.0, inertia=2e-3, markers={"pin": (0.1, 0.0)})
-    rod = mb.PlanarBody("rod", mass=0.5, inertia=4e-3,
-                        markers={"a": (-0.15, 0.0), "b": (0.15, 0.0)}, position=(0.25, 0.0))
-    slider = mb.PlanarBody("slider", mass=0.3, inertia=1e-4, position=(0.4, 0.0))
-    joints = [mb.Revolute("ground", "crank", name="crank"), mb.Revolute("crank.pin", "rod.a"),
-              mb.Revolute("rod.b", "slider"), mb.Prismatic("ground", "slider", name="slide")]
-    model = mb.Mechanism([crank, rod, slider], joints, [mb.Gravity()])
+    model = slider_crank()  # bodies, joints, gravity: jaxdae/examples/_slider_crank.py
     q0, v0 = model.initial_state(joint_coordinates={"crank": (0.5, 10.0)})
     sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 1.0, q0, v0,
                           ts=jnp.linspace(0.0, 1.0, 501))

@@ -40,22 +40,13 @@ import numpy as np  # noqa: E402
 import jaxdae  # noqa: E402
 import jaxdae.multibody as mb  # noqa: E402
 import jaxdae.viz  # noqa: E402
-from jaxdae.examples._slider_crank import slider_crank as slider_crank_model  # noqa: E402
+from jaxdae.examples._slider_crank import slider_crank_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 # headless Chromium, software WebGL; the virtual time lets the page load and play 1.5 s.
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--use-angle=swiftshader",
                   "--enable-unsafe-swiftshader", "--window-size=1000,700",
                   "--virtual-time-budget=1500", "--hide-scrollbars"]
-
-
-def slider_crank():
-    """The slider-crank of experiments/examples/slider_crank.py and its 1 s solution."""
-    model = slider_crank_model()
-    q0, v0 = model.initial_state(joint_coordinates={"crank": (0.5, 10.0)})
-    sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 1.0, q0, v0,
-                          ts=jnp.linspace(0.0, 1.0, 501))
-    return model, sol
 
 
 def strip(animation, times, path: Path) -> None:
@@ -126,7 +117,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     written = []
 
-    model, sol = slider_crank()
+    model, sol = slider_crank_run()
     fig = sol.plot(names=model.coordinate_names, figsize=(8, 7))
     fig.savefig(out / "motion_plot.png", dpi=80)
     written.append(out / "motion_plot.png")
