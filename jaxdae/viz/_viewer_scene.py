@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..multibody import Cylindrical, Gravity, Mechanism, Revolute, RigidBody
-from ..multibody._kinematics import quaternion_from_matrix, rpy_matrix, split
+from ..multibody._kinematics import euler_rotation, quaternion_from_matrix, rpy_matrix, split
 
 # matplotlib's tab10 colours, one per body in turn.
 PALETTE = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
@@ -200,19 +200,12 @@ def _reach(shape, u):
     return (u @ shape.mesh[0].T).max(axis=-1)
 
 
-def _matrix(wxyz):
-    w, x, y, z = wxyz
-    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-                     [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-                     [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
-
-
 def _placed(shapes, positions, rotations, up):
     """The centres `(F·S, 3)` of shapes on a node at the poses `positions` `(F, 3)`,
     `rotations` `(F, 3, 3)`, and their lowest height along `up`."""
     centres, lowest = [], np.inf
     for shape in shapes:
-        rot = rotations @ _matrix(shape.wxyz)  # (F, 3, 3)
+        rot = rotations @ np.asarray(euler_rotation(jnp.asarray(shape.wxyz, float)))  # (F, 3, 3)
         centre = positions + rotations @ shape.position
         down = np.einsum("fji,j->fi", rot, -up)
         lowest = min(lowest, float((centre @ up - _reach(shape, down)).min()))
