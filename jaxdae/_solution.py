@@ -1,4 +1,5 @@
-"""The result of [`jaxdae.simulate`][]."""
+"""The result of [`jaxdae.simulate`][], the base it shares with
+[`jaxdae.ActuatedSolution`][], the outcomes of a solve and their messages."""
 
 import warnings
 from typing import ClassVar
@@ -180,7 +181,47 @@ class Events(eqx.Module):
                  float(self.impulse[i])) for i in range(count)]
 
 
-class Solution(eqx.Module):
+class AbstractSolution(eqx.Module):
+    """What every solution holds: the saved times and states, the result, where the solve
+    ended and its step statistics. The base of [`jaxdae.Solution`][] and
+    [`jaxdae.ActuatedSolution`][], which document these fields with their own."""
+
+    ts: Float[Array, " N"]
+    q: Float[Array, "N n"]
+    v: Float[Array, "N n"]
+    result: RESULTS
+    t_final: Float[Array, ""]
+    q_final: Float[Array, " n"]
+    v_final: Float[Array, " n"]
+    stats: dict[str, Int[Array, ""]]
+
+    @property
+    def succeeded(self):
+        """Boolean array (one per trajectory of a batch): `result` is
+        `RESULTS.successful`, i.e. the solve reached `t1` (and, for a `Solution`, passed
+        the checks after it: finite, not diverged, constraints met; docs/failures.md).
+        With `throw=False`, test it before using a solution."""
+        return self.result == RESULTS.successful
+
+    def plot(self, **kwargs):
+        """Plots this solution against time, one panel each (a batch as lines or a
+        percentile band): for a `Solution` coordinates, constraint violations, energy
+        drift, multipliers and events; for an `ActuatedSolution` coordinates, actuator
+        states, inputs and the perturbations of the program constraints. The keyword
+        arguments are those of `jaxdae.viz.plot_solution`.
+
+        Needs matplotlib, the `viz` extra: `pip install jaxdae[viz]`.
+
+        **Returns:**
+
+        The matplotlib `Figure`.
+        """
+        from .viz._plots import plot_solution  # matplotlib is optional: only when plotting
+
+        return plot_solution(self, **kwargs)
+
+
+class Solution(AbstractSolution):
     """A constrained trajectory and its diagnostics at the saved times.
 
     Rows after a failure (see `result`) are `inf`, as in diffrax.
@@ -206,45 +247,14 @@ class Solution(eqx.Module):
         contacts, releases; a [`jaxdae.Events`][]), else `None`.
     """
 
-    ts: Float[Array, " N"]
-    q: Float[Array, "N n"]
-    v: Float[Array, "N n"]
     phi: Float[Array, "N m"]
     dphi: Float[Array, "N m"]
     psi: Float[Array, "N k"]
     multipliers: Float[Array, "N c"]
     energy: Float[Array, " N"]
-    t_final: Float[Array, ""]
-    q_final: Float[Array, " n"]
-    v_final: Float[Array, " n"]
-    result: RESULTS
-    stats: dict[str, Int[Array, ""]]
     p: Float[Array, "N n"]
     p_final: Float[Array, " n"]
     events: "Events | None" = None
-
-    @property
-    def succeeded(self):
-        """Boolean array (one per trajectory of a batch): `result` is
-        `RESULTS.successful`, i.e. the solve reached `t1` and passed the checks after it
-        (finite, not diverged, constraints met; docs/failures.md). With `throw=False`,
-        test it before using a solution."""
-        return self.result == RESULTS.successful
-
-    def plot(self, **kwargs):
-        """Plots this solution against time: coordinates, constraint violations, energy
-        drift, multipliers and events, one panel each (a batch as lines or a percentile
-        band). The keyword arguments are those of `jaxdae.viz.plot_solution`.
-
-        Needs matplotlib, the `viz` extra: `pip install jaxdae[viz]`.
-
-        **Returns:**
-
-        The matplotlib `Figure`.
-        """
-        from .viz._plots import plot_solution  # matplotlib is optional: only when plotting
-
-        return plot_solution(self, **kwargs)
 
 
 def failure_message(sol: Solution) -> str | None:

@@ -34,13 +34,13 @@ from .._compilation._linalg import (
     reciprocal_condition,
 )
 from .._compilation._scalarize import scalarize
-from .._custom_types import Array, ArrayLike, Float, Int, ScalarLike
+from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._formulations._constraint_enforcing import ConstraintEnforcingControl
 from .._formulations._multipliers import default_rcond
 from .._gains import (
     is_concrete,
 )
-from .._solution import RESULTS
+from .._solution import RESULTS, AbstractSolution
 from .._systems._actuated import ActuatedSystem, constraint_groups, lie_derivatives
 from .._systems._system import cast_floating
 from ._adjoint import forward_mode_hint, jit_unless_staged
@@ -64,7 +64,7 @@ def initial_actuated_state(q0, v0, w0):
     return q0.astype(dtype), v0.astype(dtype), w0.astype(dtype)
 
 
-class ActuatedSolution(eqx.Module):
+class ActuatedSolution(AbstractSolution):
     """The result of [`jaxdae.simulate_actuated`][]. Rows after a failure are `inf`.
 
     **Fields:**
@@ -79,39 +79,10 @@ class ActuatedSolution(eqx.Module):
     - `result`: a [`jaxdae.RESULTS`][] item; `stats`: diffrax's step statistics.
     """
 
-    ts: Float[Array, " N"]
-    q: Float[Array, "N n"]
-    v: Float[Array, "N n"]
     w: Float[Array, "N k"]
     u: Float[Array, "N s"]
     residuals: Float[Array, "N order r"] | tuple[Float[Array, "N order r"], ...]
-    t_final: Float[Array, ""]
-    q_final: Float[Array, " n"]
-    v_final: Float[Array, " n"]
     w_final: Float[Array, " k"]
-    result: RESULTS
-    stats: dict[str, Int[Array, ""]]
-
-    @property
-    def succeeded(self):
-        """Boolean array: the solve reached `t1`."""
-        return self.result == RESULTS.successful
-
-    def plot(self, **kwargs):
-        """Plots this solution against time: coordinates, actuator states, inputs and the
-        perturbations of the program constraints, one panel each (a batch as lines or a
-        percentile band). The keyword arguments are those of
-        `jaxdae.viz.plot_solution`.
-
-        Needs matplotlib, the `viz` extra: `pip install jaxdae[viz]`.
-
-        **Returns:**
-
-        The matplotlib `Figure`.
-        """
-        from ..viz._plots import plot_solution  # matplotlib is optional: only when plotting
-
-        return plot_solution(self, **kwargs)
 
 
 def _closed_loop(system, control, t, q, v, w):

@@ -9,9 +9,10 @@ from .._custom_types import Array
 from .._systems._system import LagrangianSystem
 from ._parameters import parameter
 from ._pendulum import CartesianPendulum
+from ._point_mass import AbstractPointMass
 
 
-class BouncingBall(LagrangianSystem):
+class BouncingBall(AbstractPointMass):
     """A point mass at `q = (x, y)` above the floor `y = 0`: `T = ½ m |v|²`, `V = m g y`,
     one gap `g = y ≥ 0` with Newton's coefficient of restitution `e`.
 
@@ -24,12 +25,6 @@ class BouncingBall(LagrangianSystem):
     mass: Array = parameter(1.0)
     gravity: Array = parameter(9.81)
     e: Array = parameter(0.8)
-
-    def kinetic_energy(self, t, q, v):
-        return 0.5 * self.mass * v @ v
-
-    def potential_energy(self, t, q):
-        return self.mass * self.gravity * q[1]
 
     def gaps(self, t, q):
         return q[1:2]
@@ -59,7 +54,7 @@ def _complete_elliptic_k(modulus):
     return np.pi / (2 * a)
 
 
-class PendulumWithStop(LagrangianSystem):
+class PendulumWithStop(AbstractPointMass):
     """A point mass on a rod of length `l` from the origin, in Cartesian coordinates
     `q = (x, y)` (`Φ = x² + y² − l²`), against a wall along the vertical `x = 0` on its
     right: the gap `g = −x ≥ 0`, coefficient of restitution `e`.
@@ -81,12 +76,6 @@ class PendulumWithStop(LagrangianSystem):
     def free(self) -> CartesianPendulum:
         """The same pendulum without the wall."""
         return CartesianPendulum(self.mass, self.length, self.gravity)
-
-    def kinetic_energy(self, t, q, v):
-        return self.free.kinetic_energy(t, q, v)
-
-    def potential_energy(self, t, q):
-        return self.free.potential_energy(t, q)
 
     def constraints(self, t, q):
         return self.free.constraints(t, q)
@@ -115,7 +104,7 @@ class PendulumWithStop(LagrangianSystem):
         return quarters[0] + np.concatenate([[0.0], np.cumsum(2 * quarters[1:])])
 
 
-class SlidingBlock(LagrangianSystem):
+class SlidingBlock(AbstractPointMass):
     """A point mass on a plane inclined at `slope` (rad), in coordinates along it:
     `q = (x, y)`, `x` down the slope, `y` off the plane (the gap `g = y ≥ 0`), with
     Coulomb's coefficient `friction` along `x` (the slip velocity `ẋ`).
@@ -130,9 +119,6 @@ class SlidingBlock(LagrangianSystem):
     gravity: Array = parameter(9.81)
     slope: Array = parameter(0.2)
     friction_coefficient: Array = parameter(0.5)
-
-    def kinetic_energy(self, t, q, v):
-        return 0.5 * self.mass * v @ v
 
     def potential_energy(self, t, q):
         return self.mass * self.gravity * (q[1] * jnp.cos(self.slope)

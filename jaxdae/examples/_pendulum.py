@@ -3,11 +3,11 @@
 import jax.numpy as jnp
 
 from .._custom_types import Array
-from .._systems._system import LagrangianSystem
 from ._parameters import parameter
+from ._point_mass import AbstractPointMass
 
 
-class CartesianPendulum(LagrangianSystem):
+class CartesianPendulum(AbstractPointMass):
     """A point mass `m` at `q = (x, y)` on a massless rod of length `l` from the origin.
 
     `T = ½ m |v|²`, `V = m g y`, `Φ = x² + y² − l²` (one holonomic constraint, index 3).
@@ -17,12 +17,6 @@ class CartesianPendulum(LagrangianSystem):
     mass: Array = parameter(1.0)
     length: Array = parameter(1.0)
     gravity: Array = parameter(9.81)
-
-    def kinetic_energy(self, t, q, v):
-        return 0.5 * self.mass * v @ v
-
-    def potential_energy(self, t, q):
-        return self.mass * self.gravity * q[1]
 
     def constraints(self, t, q):
         return jnp.array([q @ q - self.length**2])
