@@ -45,19 +45,25 @@ def test_structure_limits_and_mobility(robot):
     np.testing.assert_allclose(forearm.inertia, np.diag([0.0136, 0.0136, 0.0008]))
     # The massless tool link on a fixed joint is a marker of the slider.
     np.testing.assert_allclose(robot.bodies[4].markers["tool"], [0.05, 0.0, 0.0])
-    model = robot.mechanism(forces=[mb.Gravity()])
+    model = robot.mechanism(forces=[mb.Gravity()], coordinates="absolute")
     q = model.reference_coordinates()
     assert float(jnp.max(jnp.abs(model.constraints(0.0, q)))) < 1e-15
     assert model.mobility(q) == mb.Mobility(28, 24, 4, 24, 4, 0)
-    # The forearm's inertial frame is pitched by π/2: its centre is 0.2 m along the link.
-    np.testing.assert_allclose(model.marker_position(q, "forearm"), [0.2, 0.0, 0.7], atol=1e-15)
-    np.testing.assert_allclose(model.marker_position(q, "slider.tool"), tool_position(0, 0, 0, 0),
-                               atol=1e-15)
+    tree = robot.mechanism(forces=[mb.Gravity()])
+    assert isinstance(tree, mb.TreeMechanism) and tree.coordinate_names == robot.joint_names
+    assert tree.mobility() == mb.Mobility(4, 0, 4, 0, 4, 0)
+    for each, at in ((model, q), (tree, tree.reference_coordinates())):
+        # The forearm's inertial frame is pitched by π/2: its centre is 0.2 m along the link.
+        np.testing.assert_allclose(each.marker_position(at, "forearm"), [0.2, 0.0, 0.7],
+                                   atol=1e-15)
+        np.testing.assert_allclose(each.marker_position(at, "slider.tool"),
+                                   tool_position(0, 0, 0, 0), atol=1e-15)
 
 
 @pytest.mark.slow
-def test_forward_kinematics_of_the_joint_coordinates(robot):
-    model = robot.mechanism()
+@pytest.mark.parametrize("coordinates", ["joint", "absolute"])
+def test_forward_kinematics_of_the_joint_coordinates(robot, coordinates):
+    model = robot.mechanism(coordinates=coordinates)
     angles = {"yaw": 0.3, "shoulder": 0.4, "elbow": -0.8, "wrist": 0.05}
     q0, _ = model.initial_state(joint_coordinates=angles)
     coordinates = model.joint_coordinates(q0)
@@ -68,20 +74,24 @@ def test_forward_kinematics_of_the_joint_coordinates(robot):
 
 
 @pytest.mark.slow
-def test_loop_closed_in_python(robot):
-    """A ball joint from the tool to a ground point takes three degrees of freedom: 4 − 3."""
+@pytest.mark.parametrize("coordinates", ["joint", "absolute"])
+def test_loop_closed_in_python(robot, coordinates):
+    """A ball joint from the tool to a ground point takes three degrees of freedom: 4 − 3
+    (in joint coordinates, its three equations are the only constraints)."""
     angles = {"yaw": 0.0, "shoulder": 0.4, "elbow": -0.8, "wrist": 0.05}
     target = np.asarray(tool_position(*angles.values()))
     model = robot.mechanism(joints=[mb.Spherical("slider.tool", "ground.anchor", name="loop")],
-                            forces=[mb.Gravity()], ground_markers={"anchor": target})
-    q0, _ = robot.mechanism().initial_state(joint_coordinates=angles)
+                            forces=[mb.Gravity()], ground_markers={"anchor": target},
+                            coordinates=coordinates)
+    q0, _ = robot.mechanism(coordinates=coordinates).initial_state(joint_coordinates=angles)
     assert float(jnp.max(jnp.abs(model.constraints(0.0, q0)))) < 1e-10
-    assert model.mobility(q0) == mb.Mobility(28, 27, 1, 27, 1, 0)
+    n = 4 if coordinates == "joint" else 28
+    assert model.mobility(q0) == mb.Mobility(n, n - 1, 1, n - 1, 1, 0)
 
 
 @pytest.mark.slow
 def test_urdf_arm_conserves_energy(robot):
-    model = robot.mechanism(forces=[mb.Gravity()], limits=False)
+    model = robot.mechanism(forces=[mb.Gravity()], limits=False, coordinates="absolute")
     q0, v0 = model.initial_state(joint_coordinates={"yaw": (0.0, 1.0), "shoulder": (0.4, 0.0),
                                                    "elbow": -0.8, "wrist": 0.05})
     sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 0.5, q0, v0,
@@ -89,6 +99,15 @@ def test_urdf_arm_conserves_energy(robot):
     energy = jax.vmap(model.energy)(sol.ts, sol.q, sol.v)
     assert float(jnp.max(jnp.abs(energy - energy[0]))) < 1e-7
     assert float(jnp.max(jnp.abs(sol.phi))) < 1e-8
+    # In joint coordinates the same motion, with no constraints to keep
+    tree = robot.mechanism(forces=[mb.Gravity()], limits=False)
+    coordinates, rates = model.joint_coordinates(q0), model.joint_rates(q0, v0)
+    tq0, tv0 = tree.initial_state(joint_coordinates={k: (coordinates[k], rates[k])
+                                                     for k in robot.joint_names})
+    tree_sol = jaxdae.simulate(tree, jaxdae.Baumgarte(20.0, 100.0), 0.0, 0.5, tq0, tv0,
+                               ts=sol.ts, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(tree.marker_position(tree_sol.q, "slider.tool"),
+                               model.marker_position(sol.q, "slider.tool"), atol=1e-8)
 
 
 def test_visuals_by_body_with_their_link_frames():

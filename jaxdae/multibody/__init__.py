@@ -1,12 +1,15 @@
 """Multibody models: planar and spatial rigid bodies, joints and force elements assembled
-into a [`jaxdae.LagrangianSystem`][], and URDF import.
+into a jaxdae system, and URDF import.
 
 A [`jaxdae.multibody.Mechanism`][] describes each body by absolute coordinates: `(x, y, θ)`
 of a planar body's centre of mass and orientation, or the position and Euler parameters of
 a spatial one. Joints add holonomic constraints between markers (named points and frames on
-the bodies, `"body.marker"`), force elements add potentials and loads. The result is an
-ordinary jaxdae system: simulate it with any formulation, differentiate with respect to any
-of its numbers.
+the bodies, `"body.marker"`), force elements add potentials and loads. A
+[`jaxdae.multibody.TreeMechanism`][] takes the same spatial bodies, joints and force
+elements in joint coordinates: the joints of a tree from the ground carry its bodies, its
+dynamics come from the recursive algorithms of robotics, and only the joints that close
+loops are constraints. Either is an ordinary jaxdae system: simulate it with any
+formulation, differentiate with respect to any of its numbers.
 """
 
 from ._body import Ground as Ground, PlanarBody as PlanarBody, RigidBody as RigidBody
@@ -51,6 +54,7 @@ from ._stop import (
     PlaneContact as PlaneContact,
     StopKinematics as StopKinematics,
 )
+from ._tree import TreeKinematics as TreeKinematics, TreeMechanism as TreeMechanism
 from ._urdf import (
     UrdfLimit as UrdfLimit,
     UrdfRobot as UrdfRobot,

@@ -12,6 +12,7 @@ from ._force import AbstractForce
 from ._joint import AbstractJoint, Fixed, Prismatic, Revolute
 from ._model import Mechanism
 from ._stop import AbstractStop, JointLimit
+from ._tree import TreeMechanism
 
 
 class UrdfLimit(NamedTuple):
@@ -92,9 +93,16 @@ class UrdfRobot(NamedTuple):
     def mechanism(self, joints: Sequence[AbstractJoint] = (), forces: Sequence[AbstractForce] = (),
                   *, stops: Sequence[AbstractStop] = (), limits: bool = True,
                   limit_restitution: float = 0.0, ground_markers: dict | None = None,
-                  controller=None) -> Mechanism:
-        """The [`jaxdae.multibody.Mechanism`][] of the robot, with extra joints (to close
-        loops), force elements (gravity, joint motors) and stops, and its joints' limits.
+                  controller=None, coordinates: str = "joint") -> TreeMechanism | Mechanism:
+        """The robot as a mechanism, with extra joints (to close loops), force elements
+        (gravity, joint motors) and stops, and its joints' limits.
+
+        By default a [`jaxdae.multibody.TreeMechanism`][]: the joint coordinates of the
+        file's moving joints in the order of `joint_names` (a free base's pose first), the
+        dynamics by the recursive algorithms, the extra joints as loop-closing constraints.
+        With `coordinates="absolute"`, the [`jaxdae.multibody.Mechanism`][] of the same
+        bodies and joints in absolute coordinates (every joint a constraint). The two
+        describe the same motion.
 
         **Arguments:**
 
@@ -109,7 +117,10 @@ class UrdfRobot(NamedTuple):
             stops dead at its limit.
         - `ground_markers`: more markers on the ground (global coordinates).
         - `controller`: as for [`jaxdae.multibody.Mechanism`][].
+        - `coordinates`: `"joint"` (default) or `"absolute"`, see above.
         """
+        if coordinates not in ("joint", "absolute"):
+            raise ValueError(f"`coordinates` must be 'joint' or 'absolute'; got {coordinates!r}.")
         bodies = list(self.bodies)
         if ground_markers:
             ground = bodies[0]
@@ -119,8 +130,9 @@ class UrdfRobot(NamedTuple):
                                name=f"{name}.limit")
                     for name, limit in self.limits.items()
                     if limits and (limit.lower is not None or limit.upper is not None)]
-        return Mechanism(bodies, tuple(self.joints) + tuple(joints), forces,
-                         stops=tuple(enforced) + tuple(stops), controller=controller)
+        kind = TreeMechanism if coordinates == "joint" else Mechanism
+        return kind(bodies, tuple(self.joints) + tuple(joints), forces,
+                    stops=tuple(enforced) + tuple(stops), controller=controller)
 
 
 def _where(path, lines, kind, name):

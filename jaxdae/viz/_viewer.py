@@ -30,7 +30,7 @@ from contextlib import redirect_stdout
 
 import numpy as np
 
-from ..multibody import Mechanism, UrdfRobot
+from ..multibody import Mechanism, TreeMechanism, UrdfRobot
 from ..multibody._urdf import UrdfVisual
 from ._frames import frame_states
 from ._viewer_scene import Scene, build_scene, populate, show_frame
@@ -166,7 +166,7 @@ class Viewer:
 _PRIVATE_PORT = 8765
 
 
-def view(model: Mechanism | UrdfRobot, solution=None, *,
+def view(model: Mechanism | TreeMechanism | UrdfRobot, solution=None, *,
          visuals: Mapping[str, Sequence[UrdfVisual]] | None = None, fps: float = 30.0,
          frames=None, member: int | None = None, size: float | None = None, height: int = 480,
          dark_mode: bool = False) -> Viewer:
@@ -229,9 +229,10 @@ def view(model: Mechanism | UrdfRobot, solution=None, *,
     _viser()
     if isinstance(model, UrdfRobot):
         model, visuals = model.mechanism(), model.visuals if visuals is None else visuals
-    if not isinstance(model, Mechanism):
+    if not isinstance(model, Mechanism | TreeMechanism):
         raise ValueError(
-            f"`model` must be a jaxdae.multibody.Mechanism; got {type(model).__name__}. For "
+            f"`model` must be a jaxdae.multibody.Mechanism or TreeMechanism; got "
+            f"{type(model).__name__}. For "
             "other systems, plot the coordinates or draw them with jaxdae.viz.animate.")
     if visuals:
         names = {model.ground.name, *model.body_names}

@@ -1,0 +1,47 @@
+"""Spatial vectors and inertias in the global frame, about the global origin.
+
+Featherstone's Plücker notation (*Rigid Body Dynamics Algorithms*, 2008, ch. 2) with every
+quantity in ground coordinates: a motion vector is `(ω, v_O)`, the angular velocity and the
+velocity of the body-fixed point at the global origin; a force vector is `(n_O, f)`, the
+moment about the origin and the force. In a fixed frame no coordinate transforms are needed:
+velocities of a tree add along its paths, and Newton–Euler's `f = I a + v ×* I v` holds as
+written (Featherstone, eq. 2.63). An inertia is kept as its three parts `(m, h, I_O)`: the
+mass, the first moment `h = m c` (`c` the centre of mass) and the rotational inertia about
+the origin, `I_O = I_c + m (|c|² 1 − c cᵀ)`; the parts of a composite body are sums.
+"""
+
+import jax.numpy as jnp
+
+from .._custom_types import Array, Float
+
+
+def motion_cross(v: Float[Array, "*b 6"], m: Float[Array, "*b 6"]) -> Float[Array, "*b 6"]:
+    """`v × m` of two motion vectors: `(ω × a, ω × b + v_O × a)` for `v = (ω, v_O)`,
+    `m = (a, b)`."""
+    w, u, a, b = v[..., :3], v[..., 3:], m[..., :3], m[..., 3:]
+    return jnp.concatenate([jnp.cross(w, a), jnp.cross(w, b) + jnp.cross(u, a)], axis=-1)
+
+
+def force_cross(v: Float[Array, "*b 6"], f: Float[Array, "*b 6"]) -> Float[Array, "*b 6"]:
+    """`v ×* f` of a motion and a force vector: `(ω × n + v_O × f, ω × f)`."""
+    w, u, n, g = v[..., :3], v[..., 3:], f[..., :3], f[..., 3:]
+    return jnp.concatenate([jnp.cross(w, n) + jnp.cross(u, g), jnp.cross(w, g)], axis=-1)
+
+
+def inertia_parts(mass: Float[Array, " *b"], centre: Float[Array, "*b 3"],
+                  rotational: Float[Array, "*b 3 3"]
+                  ) -> tuple[Float[Array, " *b"], Float[Array, "*b 3"], Float[Array, "*b 3 3"]]:
+    """`(m, h, I_O)` of a body of mass `m` with centre of mass `c` and rotational inertia
+    `I_c` about it (global axes)."""
+    eye = jnp.eye(3, dtype=centre.dtype)
+    cc = jnp.sum(centre * centre, axis=-1)[..., None, None]
+    outer = centre[..., :, None] * centre[..., None, :]
+    return mass, mass[..., None] * centre, rotational + mass[..., None, None] * (cc * eye - outer)
+
+
+def apply_inertia(parts, v: Float[Array, "*b 6"]) -> Float[Array, "*b 6"]:
+    """`I v`, the momentum of the motion `v = (ω, v_O)`: `(I_O ω + h × v_O, m v_O + ω × h)`."""
+    mass, first, rotational = parts
+    w, u = v[..., :3], v[..., 3:]
+    angular = jnp.sum(rotational * w[..., None, :], axis=-1) + jnp.cross(first, u)
+    return jnp.concatenate([angular, mass[..., None] * u + jnp.cross(w, first)], axis=-1)

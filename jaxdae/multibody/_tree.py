@@ -1,0 +1,963 @@
+"""A spatial mechanism in joint coordinates: a tree of bodies whose dynamics come from the
+recursive algorithms of robotics, with loops closed by constraints."""
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._analysis._consistent import consistent_initial_state
+from .._analysis._control import AbstractController, ConstantControl
+from .._compilation._gather import take
+from .._custom_types import Array, ArrayLike, Float, ScalarLike
+from .._systems._system import (
+    AbstractSystem,
+    ConstrainedTerms,
+    LagrangianSystem,
+    cast_floating,
+    holonomic_terms,
+)
+from ._body import GROUND, Ground, RigidBody
+from ._force import AbstractForce, Gravity
+from ._joint import AbstractJoint, Fixed, Prismatic, Revolute, Spherical
+from ._kinematics import Frame, euler_rotation, quaternion_from_matrix, split
+from ._model import _kind_check, _names, _over_leading
+from ._results import Mobility
+from ._spatial import apply_inertia, force_cross, inertia_parts
+from ._stop import AbstractStop, StopKinematics
+
+_SCREW, _SPHERICAL, _FLOATING = "screw", "spherical", "floating"
+_QUATERNION = ("e0", "e1", "e2", "e3")
+
+
+class _Topology(NamedTuple):
+    """The tree, found once from the bodies and joints (static).
+
+    Bodies are processed in `order` (body slots), grouped by the kind of their joint, so that
+    each of `groups` (`(kind, start, stop)`, positions in `order`) is evaluated as one batch;
+    `jumps` are the rounds of pointer jumping that compose their poses along the paths
+    (each round's index of the position whose transform comes first, `len(order)` for
+    none). Per position: `parent` (a
+    position, −1 the ground), `joint` (the tree joint's index in `joints`, −1 for a free
+    body), `dofs` (the indices of its coordinates in `q`, padded with `n`). `ancestors[i][k]`
+    is 1 where position `i` is on the path from the ground to position `k` (itself
+    included). `closures` are the joints that close loops."""
+
+    order: tuple[int, ...]
+    kinds: tuple[str, ...]
+    parent: tuple[int, ...]
+    joint: tuple[int, ...]
+    groups: tuple[tuple[str, int, int], ...]
+    jumps: tuple[tuple[int, ...], ...]
+    dofs: tuple[tuple[int, ...], ...]
+    ancestors: tuple[tuple[int, ...], ...]
+    closures: tuple[int, ...]
+    num_coordinates: int
+    coordinate_names: tuple[str, ...]
+    joint_offsets: tuple[tuple[str, int, int], ...]
+
+
+def _tree_kind(joint) -> str | None:
+    if isinstance(joint, Revolute | Prismatic | Fixed):
+        return _SCREW
+    if isinstance(joint, Spherical):
+        return _SPHERICAL
+    return None
+
+
+def _topology(bodies, joints, joint_names) -> _Topology:
+    """The spanning tree from the ground: a revolute, prismatic, fixed or spherical joint
+    whose marker `a` is on a body already reached (or the ground) and `b` on a new one
+    carries that body; a body that no such joint reaches is free (a floating base); the
+    other joints close loops."""
+    slot = {b.name: i for i, b in enumerate(bodies)}
+    reached = {GROUND: -1}
+    carrier = [-1] * len(bodies)
+    parent_slot = [-1] * len(bodies)
+    kinds = [_FLOATING] * len(bodies)
+    depth = [0] * len(bodies)
+    used: set[int] = set()
+    pending = list(range(len(bodies)))
+    while pending:
+        grew = True
+        while grew:
+            grew = False
+            for index, joint in enumerate(joints):
+                kind = _tree_kind(joint)
+                body_a, body_b = split(joint.a)[0], split(joint.b)[0]
+                if index in used or kind is None:
+                    continue
+                if body_a in reached and body_b not in reached:
+                    b = slot[body_b]
+                    reached[body_b] = b
+                    carrier[b], parent_slot[b], kinds[b] = index, reached[body_a], kind
+                    depth[b] = 0 if body_a == GROUND else depth[slot[body_a]] + 1
+                    used.add(index)
+                    grew = True
+        pending = [b for b in range(len(bodies)) if bodies[b].name not in reached]
+        for index, joint in enumerate(joints):
+            body_a, body_b = split(joint.a)[0], split(joint.b)[0]
+            if (_tree_kind(joint) is not None and body_b in reached and body_b != GROUND
+                    and body_a not in reached):
+                raise ValueError(
+                    f"Joint {joint_names[index]!r} reaches body {body_a!r} from its marker "
+                    f"`b` ({joint.b!r}): in a TreeMechanism a tree joint's marker `a` is on "
+                    "the body nearer the ground. Swap `a` and `b` (the joint coordinate "
+                    "changes sign).")
+        if pending:  # a free body: its own root
+            reached[bodies[pending[0]].name] = pending[0]
+    # positions: by kind (floating, screw, spherical), then depth and slot
+    rank = {_FLOATING: 0, _SCREW: 1, _SPHERICAL: 2}
+    order = sorted(range(len(bodies)), key=lambda b: (rank[kinds[b]], depth[b], b))
+    position = {b: i for i, b in enumerate(order)}
+    groups, start = [], 0
+    for i in range(1, len(order) + 1):
+        if i == len(order) or kinds[order[i]] != kinds[order[start]]:
+            groups.append((kinds[order[start]], start, i))
+            start = i
+    # coordinates: the free bodies', then the tree joints' in the order of `joints`
+    names, offsets, body_dofs = [], [], {}
+    for b in range(len(bodies)):
+        if kinds[b] == _FLOATING:
+            body_dofs[b] = tuple(range(len(names), len(names) + 7))
+            names += [f"{bodies[b].name}.{c}" for c in ("x", "y", "z") + _QUATERNION]
+    for index, joint in enumerate(joints):
+        if index not in used:
+            continue
+        b = slot[split(joint.b)[0]]
+        size = 0 if isinstance(joint, Fixed) else (4 if kinds[b] == _SPHERICAL else 1)
+        body_dofs[b] = tuple(range(len(names), len(names) + size))
+        offsets.append((joint_names[index], len(names), size))
+        names += ([f"{joint_names[index]}.{c}" for c in _QUATERNION] if size == 4
+                  else [joint_names[index]] * size)
+    n = len(names)
+    width = max([len(d) for d in body_dofs.values()] + [1])
+    dofs = tuple(tuple(body_dofs[b]) + (n,) * (width - len(body_dofs[b])) for b in order)
+    parent = tuple(-1 if parent_slot[b] < 0 else position[parent_slot[b]] for b in order)
+    ancestors = np.eye(len(order), dtype=int)
+    for k in range(len(order)):
+        i = parent[k]
+        while i >= 0:
+            ancestors[i, k] = 1
+            i = parent[i]
+    closures = tuple(i for i in range(len(joints)) if i not in used)
+    jumps, pointer = [], list(parent)
+    while any(i >= 0 for i in pointer):
+        jumps.append(tuple(len(order) if i < 0 else i for i in pointer))
+        pointer = [-1 if i < 0 else pointer[i] for i in pointer]
+    return _Topology(tuple(order), tuple(kinds[b] for b in order), parent,
+                     tuple(carrier[b] for b in order), tuple(groups), tuple(jumps), dofs,
+                     tuple(map(tuple, ancestors.tolist())), closures, n, tuple(names),
+                     tuple(offsets))
+
+
+# `w̃_ij = −ε_ijk w_k`: the cross-product matrices of a batch of vectors in one product
+_LEVI_CIVITA = np.zeros((3, 3, 3))
+for _i, _j, _k in ((0, 1, 2), (1, 2, 0), (2, 0, 1)):
+    _LEVI_CIVITA[_i, _j, _k], _LEVI_CIVITA[_j, _i, _k] = 1.0, -1.0
+
+
+def _skew(w):
+    """The matrices `w̃` with `w̃ x = w × x` of a batch of vectors `(b, 3)`."""
+    return jnp.einsum("ijk,bk->bij", -_LEVI_CIVITA, w)
+
+
+def _unit_rotation(p):
+    """`R(p/|p|)` of a batch of Euler parameters `(b, 4)` of any norm (Haug's eq. 6.3.11,
+    homogeneous of degree 0)."""
+    e0, e = p[:, 0, None, None], p[:, 1:]
+    norm2 = jnp.sum(p * p, axis=1)[:, None, None]
+    return ((2 * e0**2 - norm2) * np.eye(3) + 2 * (e[:, :, None] * e[:, None, :]
+                                                   + e0 * _skew(e))) / norm2
+
+
+def _rate_map(p):
+    """`2 E(p) / |p|²` of a batch of Euler parameters `(b, 4)`: the angular velocity of the
+    rotation `R(p/|p|)` is `ω = 2 E(p) ṗ / |p|²` (`E = [−e, ẽ + e₀ I]`)."""
+    e0, e = p[:, 0, None, None], p[:, 1:]
+    rate = jnp.concatenate([-e[:, :, None], _skew(e) + e0 * np.eye(3)], axis=2)
+    return 2 * rate / jnp.sum(p * p, axis=1)[:, None, None]
+
+
+def _axis_rotation(u, angle):
+    """Rodrigues' rotations by `angle` about the unit vectors `u`, batched."""
+    k = _skew(u)
+    s, c = jnp.sin(angle)[:, None, None], jnp.cos(angle)[:, None, None]
+    return np.eye(3) + s * k + (1 - c) * (k @ k)
+
+
+class TreeMechanism(AbstractSystem):
+    """A spatial mechanism in joint coordinates: its bodies form a tree from the ground, its
+    dynamics come from the recursive algorithms of robotics, and extra joints close loops as
+    constraints.
+
+    **Coordinates.** The bodies and joints are those of a [`jaxdae.multibody.Mechanism`][];
+    the coordinates are the joints'. Starting from the ground, a
+    [`jaxdae.multibody.Revolute`][] (its angle), [`jaxdae.multibody.Prismatic`][] (its
+    displacement), [`jaxdae.multibody.Fixed`][] (none) or [`jaxdae.multibody.Spherical`][]
+    joint (the Euler parameters `(e₀, e₁, e₂, e₃)` of marker `b`'s frame relative to marker
+    `a`'s) whose marker `a` is on a body already reached carries its body `b`; a body that no
+    such joint reaches is free, with the position of its centre of mass and its Euler
+    parameters (a floating base). At zero joint coordinates each joint's two marker frames
+    coincide: `A_b = A_a R(u, θ)` for a revolute joint about the axis `u` of marker `a`,
+    `p_b = p_a + θ A_a u` for a prismatic one, as the joints'
+    [`coordinate`][jaxdae.multibody.AbstractJoint.coordinate]s measure them. `q` lists the
+    free bodies' coordinates, then the tree joints' in the order of `joints`
+    (`coordinate_names`). The Euler parameters need not have unit norm: the rotation is that
+    of `p/|p|`, and their norm is an inert coordinate with the kinetic energy
+    `½ k (d|p|/dt)²` (`k` four thirds of the trace of the inertia it turns), so that `M`
+    is positive definite and the norm keeps its value.
+
+    **Dynamics.** The spatial quantities are kept in the global frame (Featherstone, *Rigid
+    Body Dynamics Algorithms* (2008), ch. 2): the bodies' poses are found level by level from
+    the ground, each level's bodies as one batch; the velocity-dependent and gravity forces
+    come from the recursive Newton–Euler algorithm (Featherstone's Table 5.1), the mass
+    matrix from the composite-rigid-body algorithm (Table 6.2), the sums along the tree's
+    paths as products with its ancestor matrix. Joints that do not belong to the tree
+    (those that close loops, and those of kinds that cannot carry a body: universal,
+    cylindrical, distance, ...) contribute their residuals as holonomic constraints, so
+    that only the loop-closure equations are constraints.
+
+    It is an ordinary jaxdae system: every formulation, [`jaxdae.simulate`][],
+    [`jaxdae.linearize`][], [`jaxdae.tune`][] and the gradients work on it, with respect to
+    every number of its bodies, joints and force elements.
+
+    **Arguments:** as for [`jaxdae.multibody.Mechanism`][], with
+    [`jaxdae.multibody.RigidBody`][]s (a spatial mechanism).
+
+    **Raises:**
+
+    `ValueError` as [`jaxdae.multibody.Mechanism`][] does, and for a planar body or a tree
+    joint written with its marker `a` on the body farther from the ground.
+    """
+
+    bodies: tuple[RigidBody, ...]
+    ground: Ground
+    joints: tuple[AbstractJoint, ...]
+    forces: tuple[AbstractForce, ...]
+    stops: tuple[AbstractStop, ...]
+    controller: AbstractController
+    joint_names: tuple[str, ...] = eqx.field(static=True)
+    force_names: tuple[str, ...] = eqx.field(static=True)
+    stop_names: tuple[str, ...] = eqx.field(static=True)
+    topology: _Topology = eqx.field(static=True)
+    dimension: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        bodies: Sequence[RigidBody | Ground],
+        joints: Sequence[AbstractJoint] = (),
+        forces: Sequence[AbstractForce] = (),
+        *,
+        stops: Sequence[AbstractStop] = (),
+        controller: AbstractController | None = None,
+    ):
+        items = tuple(bodies)
+        for item in items:
+            if not isinstance(item, RigidBody | Ground) and hasattr(item, "dimension"):
+                raise ValueError(
+                    f"A TreeMechanism is spatial: body {getattr(item, 'name', item)!r} is a "
+                    f"{type(item).__name__}. Use RigidBody, or jaxdae.multibody.Mechanism "
+                    "for a planar mechanism.")
+        items = _kind_check("bodies", items, (RigidBody, Ground),
+                            "jaxdae.multibody.RigidBody instances (and one Ground)")
+        grounds = [b for b in items if isinstance(b, Ground)]
+        if len(grounds) > 1:
+            raise ValueError("`bodies` holds more than one Ground; merge their markers into one.")
+        self.ground = grounds[0] if grounds else Ground()
+        self.bodies = tuple(b for b in items if not isinstance(b, Ground))
+        if not self.bodies:
+            raise ValueError("A TreeMechanism needs at least one RigidBody.")
+        _names("body", self.bodies)
+        self.dimension = 3
+        self.joints = _kind_check("joints", joints, AbstractJoint,
+                                  "joints (jaxdae.multibody.Revolute, Prismatic, ...)")
+        self.forces = _kind_check("forces", forces, AbstractForce,
+                                  "force elements (jaxdae.multibody.Gravity, SpringDamper, ...)")
+        self.stops = _kind_check("stops", stops, AbstractStop,
+                                 "stops (jaxdae.multibody.JointLimit, PlaneContact, ...)")
+        self.joint_names = _names("joint", self.joints)
+        self.force_names = _names("force element", self.forces)
+        self.stop_names = _names("stop", self.stops)
+        bodies_by_name = {b.name: b for b in self.bodies}
+        for kind, names, elements in (("joint", self.joint_names, self.joints),
+                                      ("force element", self.force_names, self.forces),
+                                      ("stop", self.stop_names, self.stops)):
+            for name, element in zip(names, elements, strict=True):
+                element.check_dimension(3, f"{kind} {name!r}")
+                refs = (element.a, element.b) if kind == "joint" else element.markers
+                for ref in refs:
+                    _check_ref(self.ground, bodies_by_name, f"{kind} {name!r}", ref)
+                for joint in (() if kind == "joint" else element.joints):
+                    if joint not in self.joint_names:
+                        raise ValueError(f"The {kind} {name!r} refers to joint {joint!r}, which "
+                                         f"is not in the mechanism; the joints are "
+                                         f"{list(self.joint_names)}.")
+                    if not self.joints[self.joint_names.index(joint)].has_coordinate:
+                        raise ValueError(
+                            f"The {kind} {name!r} acts on joint {joint!r}, which has no joint "
+                            "coordinate (a revolute, prismatic, cylindrical or point-on-line "
+                            "joint has one).")
+                if kind == "joint" and split(element.a)[0] == split(element.b)[0]:
+                    raise ValueError(
+                        f"Joint {name!r} joins body {split(element.a)[0]!r} to itself "
+                        f"({element.a!r} and {element.b!r}): a joint connects two bodies.")
+        self.topology = _topology(self.bodies, self.joints, self.joint_names)
+        channels = [c for force in self.forces for c in force.channels]
+        if controller is None:
+            controller = ConstantControl(jnp.zeros((max(channels, default=-1) + 1,)))
+        if not isinstance(controller, AbstractController):
+            raise ValueError("`controller` must be a jaxdae.AbstractController; got "
+                             f"{type(controller).__name__}.")
+        self.controller = controller
+
+    # -- structure ---------------------------------------------------------------------
+
+    @property
+    def body_names(self) -> tuple[str, ...]:
+        return tuple(b.name for b in self.bodies)
+
+    @property
+    def coordinate_names(self) -> tuple[str, ...]:
+        """The order of `q`: `"<body>.x"`, ..., `"<body>.e3"` of each free body, then
+        `"<joint>"` of each revolute and prismatic tree joint and `"<joint>.e0"`, ...,
+        `"<joint>.e3"` of each spherical one, in the order of `joints`."""
+        return self.topology.coordinate_names
+
+    @property
+    def closure_joints(self) -> tuple[str, ...]:
+        """The joints that close loops (their residuals are the constraints `Φ`)."""
+        return tuple(self.joint_names[i] for i in self.topology.closures)
+
+    @property
+    def num_equations(self) -> int:
+        """`m`: the closing joints' constraint equations."""
+        return sum(self.joints[i].equations(3) for i in self.topology.closures)
+
+    @property
+    def masses(self) -> Float[Array, " bodies"]:
+        return jnp.stack([b.mass for b in self.bodies])
+
+    def body(self, name: str) -> RigidBody | Ground:
+        if name == GROUND:
+            return self.ground
+        return self.bodies[self.body_names.index(name)]
+
+    def joint(self, name: str) -> AbstractJoint:
+        """The joint called `name`."""
+        if name not in self.joint_names:
+            raise ValueError(f"No joint named {name!r}; the joints are {list(self.joint_names)}.")
+        return self.joints[self.joint_names.index(name)]
+
+    def joint_slice(self, name: str) -> slice:
+        """The coordinates of tree joint `name` in `q` (and `v`)."""
+        for joint, start, size in self.topology.joint_offsets:
+            if joint == name:
+                return slice(start, start + size)
+        self.joint(name)
+        raise ValueError(f"Joint {name!r} closes a loop: it has no coordinates of its own.")
+
+    def reference_coordinates(self) -> Float[Array, " n"]:
+        """`q` of the bodies' given poses (their `position` and `orientation`): each tree
+        joint's coordinate as it measures them (the relative Euler parameters of a spherical
+        joint), a free body's pose. Where the given poses break a tree joint (its markers
+        apart), the bodies beyond it follow the joint instead."""
+        parts = []
+        for name, _, size in self.topology.joint_offsets:
+            if size == 0:
+                continue
+            joint = self.joint(name)
+            frame_a, frame_b = _given_frame(self, joint.a), _given_frame(self, joint.b)
+            if size == 4:
+                parts.append(quaternion_from_matrix(frame_a.rotation.T @ frame_b.rotation))
+            else:
+                parts.append(jnp.atleast_1d(joint.coordinate(frame_a, frame_b)))
+        floating = [self.bodies[b].reference_coordinates() for b in range(len(self.bodies))
+                    if self.topology.kinds[self.topology.order.index(b)] == _FLOATING]
+        return jnp.concatenate(floating + parts) if floating + parts else jnp.zeros((0,))
+
+    # -- kinematics --------------------------------------------------------------------
+
+    def _marker(self, ref: str, dtype):
+        """`(body position or −1, point, orientation)` of a marker on its body."""
+        name, marker = split(ref)
+        eye = jnp.asarray(np.eye(3), dtype)
+        owner = self.body(name)
+        position = -1 if name == GROUND else self.topology.order.index(
+            self.body_names.index(name))
+        if marker is None:
+            return position, jnp.zeros((3,), dtype), eye
+        rotation = owner.orientations.get(marker)
+        return (position, owner.markers[marker].astype(dtype),
+                eye if rotation is None else rotation.astype(dtype))
+
+    def _joint_parameters(self, start, stop, dtype) -> dict:
+        """The stacked parameters of the tree joints of positions `start:stop`: their markers
+        `s_a`, `A_a` (on the parent) and `s_b`, `A_b` (on the body), and for revolute and
+        prismatic joints the unit axes `u` and which of them turn or slide (`turn`,
+        `slide`: ones and zeros)."""
+        joints = [self.joints[self.topology.joint[k]] for k in range(start, stop)]
+        markers = [self._marker(ref, dtype) for joint in joints for ref in (joint.a, joint.b)]
+        out = {key: jnp.stack([m[k] for m in markers[offset::2]])
+               for key, k, offset in (("s_a", 1, 0), ("o_a", 2, 0), ("s_b", 1, 1), ("o_b", 2, 1))}
+        if all(isinstance(j, Revolute | Prismatic | Fixed) for j in joints):
+            default = {Revolute: (0.0, 0.0, 1.0)}
+            axes = jnp.stack([
+                jnp.asarray(default.get(type(j), (1.0, 0.0, 0.0)), dtype)
+                if getattr(j, "axis", None) is None else j.axis.astype(dtype) for j in joints])
+            out["u"] = axes / jnp.sqrt(jnp.sum(axes * axes, axis=1, keepdims=True))
+            out["turn"] = jnp.asarray([float(isinstance(j, Revolute)) for j in joints], dtype)
+            out["slide"] = jnp.asarray([float(isinstance(j, Prismatic)) for j in joints], dtype)
+        return out
+
+    def poses(self, q: Float[Array, " n"]):
+        """The bodies' rotations `(b, 3, 3)`, centres of mass `(b, 3)` and motion subspaces
+        `S` `(b, 6, w)` in the global frame (spatial motion vectors `(ω, v_O)` per unit rate
+        of each of a body's joint coordinates, padded with zeros to the widest joint), in
+        the order of `topology.order`.
+
+        Each body's pose relative to its parent comes from its joint, all bodies of a kind
+        of joint in one batch; the poses in the global frame follow by pointer jumping
+        (Hillis and Steele, 1986): each round composes every body's transform with that of
+        the body it points to and doubles the reach of the pointers, so that a tree of depth
+        `d` takes `⌈log₂ d⌉` rounds of batched products."""
+        top, dtype = self.topology, q.dtype
+        width = len(top.dofs[0])
+        coords = take(jnp.concatenate([q, jnp.zeros((1,), dtype)]), np.asarray(top.dofs))
+        local_rot, local_pos = [], []
+        parameters = {start: self._joint_parameters(start, stop, dtype)
+                      for kind, start, stop in top.groups if kind != _FLOATING}
+        for kind, start, stop in top.groups:
+            if kind == _FLOATING:
+                local_rot.append(_unit_rotation(coords[start:stop, 3:7]))
+                local_pos.append(coords[start:stop, :3])
+                continue
+            s_a, o_a, s_b, o_b = (parameters[start][k] for k in ("s_a", "o_a", "s_b", "o_b"))
+            if kind == _SCREW:
+                u, turn, slide = (parameters[start][k] for k in ("u", "turn", "slide"))
+                theta = coords[start:stop, 0]
+                joint_rot = _axis_rotation(u, turn * theta)
+                offset = s_a + jnp.einsum("bij,bj->bi", o_a, (slide * theta)[:, None] * u)
+            else:
+                joint_rot = _unit_rotation(coords[start:stop, :4])
+                offset = s_a
+            rot = o_a @ joint_rot @ jnp.swapaxes(o_b, 1, 2)
+            local_rot.append(rot)
+            local_pos.append(offset - jnp.einsum("bij,bj->bi", rot, s_b))
+        rotations, centres = jnp.concatenate(local_rot), jnp.concatenate(local_pos)
+        eye, zero = jnp.eye(3, dtype=dtype)[None], jnp.zeros((1, 3), dtype)
+        for jump in top.jumps:
+            first_rot = take(jnp.concatenate([rotations, eye]), np.asarray(jump))
+            first_pos = take(jnp.concatenate([centres, zero]), np.asarray(jump))
+            centres = first_pos + jnp.einsum("bij,bj->bi", first_rot, centres)
+            rotations = first_rot @ rotations
+        parent = np.asarray([len(top.order) if i < 0 else i for i in top.parent])
+        parent_rot = take(jnp.concatenate([rotations, eye]), parent)
+        parent_pos = take(jnp.concatenate([centres, zero]), parent)
+        subspaces = []
+        for kind, start, stop in top.groups:
+            if kind == _FLOATING:
+                p = coords[start:stop, 3:7]
+                w = _rate_map(p)
+                count = stop - start
+                unit = jnp.broadcast_to(jnp.eye(3, dtype=dtype), (count, 3, 3))
+                cross = jnp.cross(centres[start:stop, :, None], w, axis=1)
+                subspace = jnp.concatenate([
+                    jnp.concatenate([jnp.zeros((count, 3, 3), dtype), w], axis=2),
+                    jnp.concatenate([unit, cross], axis=2)], axis=1)
+            else:
+                s_a, o_a = parameters[start]["s_a"], parameters[start]["o_a"]
+                frame_a = parent_rot[start:stop] @ o_a
+                point_a = parent_pos[start:stop] + jnp.einsum(
+                    "bij,bj->bi", parent_rot[start:stop], s_a)
+                if kind == _SCREW:
+                    u, turn, slide = (parameters[start][k] for k in ("u", "turn", "slide"))
+                    axis = jnp.einsum("bij,bj->bi", frame_a, u)
+                    subspace = jnp.concatenate([
+                        turn[:, None] * axis,
+                        turn[:, None] * jnp.cross(point_a, axis) + slide[:, None] * axis,
+                    ], axis=1)[:, :, None]
+                else:
+                    p = coords[start:stop, :4]
+                    w = frame_a @ _rate_map(p)
+                    subspace = jnp.concatenate(
+                        [w, jnp.cross(point_a[:, :, None], w, axis=1)], axis=1)
+            subspaces.append(jnp.pad(subspace, ((0, 0), (0, 0), (0, width - subspace.shape[2]))))
+        return rotations, centres, jnp.concatenate(subspaces)
+
+    def _rates(self, v):
+        """`v` per body position, `(b, w)` (zero padding)."""
+        padded = jnp.concatenate([v, jnp.zeros((1,), v.dtype)])
+        return take(padded, np.asarray(self.topology.dofs))
+
+    def _to_coordinates(self, per_body):
+        """`(b, w)` per body position back to the `(n,)` coordinates."""
+        return take(per_body.reshape(-1), self._flat_index())
+
+    def _flat_index(self):
+        """For each coordinate, its entry in the flattened `(b, w)` per-position layout."""
+        top = self.topology
+        dofs = np.asarray(top.dofs)
+        index = np.zeros(top.num_coordinates, np.int64)
+        for position, row in enumerate(dofs):
+            for k, j in enumerate(row):
+                if j < top.num_coordinates:
+                    index[j] = position * dofs.shape[1] + k
+        return index
+
+    def _ancestors(self, dtype):
+        return jnp.asarray(np.asarray(self.topology.ancestors), dtype)
+
+    def _inertias(self, rotations, centres):
+        """The bodies' `(m, h, I_O)` (see `_spatial.py`) in the order of positions."""
+        order = self.topology.order
+        dtype = centres.dtype
+        masses = jnp.stack([self.bodies[b].mass for b in order]).astype(dtype)
+        inertia = jnp.stack([self.bodies[b].inertia for b in order]).astype(dtype)
+        rotational = rotations @ inertia @ jnp.swapaxes(rotations, 1, 2)
+        return inertia_parts(masses, centres, rotational)
+
+    def _radial(self, dtype):
+        """`(positions, k)` of the bodies whose joint has Euler parameters, with the weight
+        `k` of their norm's kinetic energy: four thirds of the trace of the inertia of the
+        bodies they turn."""
+        top = self.topology
+        positions = [i for i, kind in enumerate(top.kinds) if kind != _SCREW]
+        if not positions:
+            return [], None
+        traces = jnp.stack([jnp.trace(self.bodies[b].inertia) for b in top.order]).astype(dtype)
+        weights = self._ancestors(dtype) @ traces * (4.0 / 3.0)
+        return positions, weights
+
+    def mass_matrix(self, t, q) -> Float[Array, "n n"]:
+        """`M(q)` by the composite-rigid-body algorithm (Featherstone (2008), Table 6.2):
+        `M_ij = S_iᵀ I^c_k S_j` with `I^c_k` the composite inertia of the subtree of the
+        deeper of the two bodies, where one is on the other's path to the ground."""
+        del t
+        rotations, centres, subspaces = self.poses(q)
+        return self._crba(q, rotations, centres, subspaces)
+
+    def _crba(self, q, rotations, centres, subspaces):
+        dtype = q.dtype
+        ancestors = self._ancestors(dtype)
+        mass, first, rotational = self._inertias(rotations, centres)
+        composite = (ancestors @ mass, ancestors @ first,
+                     jnp.einsum("ik,kab->iab", ancestors, rotational))
+        columns = jnp.swapaxes(subspaces, 1, 2)  # (b, w, 6)
+        forces = apply_inertia(tuple(x[:, None] for x in composite), columns)
+        blocks = jnp.einsum("akj,blj->abkl", columns, forces)
+        upper = ancestors[:, :, None, None]
+        eye = jnp.eye(ancestors.shape[0], dtype=dtype)[:, :, None, None]
+        full = (upper * blocks + jnp.swapaxes(upper, 0, 1) * jnp.swapaxes(
+            jnp.swapaxes(blocks, 0, 1), 2, 3) - eye * blocks)
+        count, width = subspaces.shape[0], subspaces.shape[2]
+        full = jnp.swapaxes(full, 1, 2).reshape(count * width, count * width)
+        index = self._flat_index()
+        mass_matrix = take(take(full, index).T, index)
+        positions, weights = self._radial(dtype)
+        for position in positions:
+            select = self._selection(position, dtype)
+            p = select @ q
+            mass_matrix = mass_matrix + weights[position] * select.T @ (
+                jnp.outer(p, p) / (p @ p)) @ select
+        return mass_matrix
+
+    def _selection(self, position, dtype):
+        """The `(4, n)` matrix that picks the Euler parameters of the body at `position`."""
+        dofs = self.topology.dofs[position]
+        dofs = dofs[3:7] if self.topology.kinds[position] == _FLOATING else dofs[:4]
+        select = np.zeros((4, self.topology.num_coordinates))
+        select[np.arange(4), np.asarray(dofs)] = 1.0
+        return jnp.asarray(select, dtype)
+
+    # -- dynamics ----------------------------------------------------------------------
+
+    def _motion(self, q, v):
+        """Poses, motion subspaces, the bodies' spatial velocities `V` `(b, 6)` and the sums
+        of `Ṡ q̇` along their paths (their accelerations at `q̈ = 0`, gravity aside)."""
+        rates = self._rates(v)
+
+        def motion(q_):
+            rotations, centres, subspaces = self.poses(q_)
+            return rotations, centres, subspaces, jnp.einsum("bjk,bk->bj", subspaces, rates)
+
+        (rotations, centres, subspaces, relative), (_, _, _, bias) = jax.jvp(
+            motion, (q,), (v,))
+        ancestors = self._ancestors(q.dtype)
+        return rotations, centres, subspaces, ancestors.T @ relative, ancestors.T @ bias
+
+    def _gravity(self, dtype):
+        """The sum of the [`jaxdae.multibody.Gravity`][] elements' accelerations: the
+        recursive algorithm takes gravity as an acceleration of the ground."""
+        total = jnp.zeros((3,), dtype)
+        for element in self.forces:
+            if isinstance(element, Gravity):
+                g = element.acceleration
+                total = total + (jnp.asarray([0.0, 0.0, -9.81], dtype) if g is None
+                                 else g.astype(dtype))
+        return total
+
+    def _newton_euler(self, q, motion, external, acceleration=None):
+        """The generalized forces `τ = M q̈ + c(q, v) − Jᵀ f_ext` that give the accelerations
+        `q̈` (`None`: zero), by the recursive Newton–Euler algorithm (Featherstone (2008),
+        Table 5.1): the bodies' forces `I a + V ×* I V − f_ext`, summed over subtrees and
+        projected on the joints' motion subspaces."""
+        dtype = q.dtype
+        rotations, centres, subspaces, velocities, bias = motion
+        ancestors = self._ancestors(dtype)
+        ground = jnp.concatenate([jnp.zeros((3,), dtype), -self._gravity(dtype)])
+        accelerations = bias + ground
+        if acceleration is not None:
+            accelerations = accelerations + ancestors.T @ jnp.einsum(
+                "bjk,bk->bj", subspaces, self._rates(acceleration))
+        parts = self._inertias(rotations, centres)
+        forces = (apply_inertia(parts, accelerations)
+                  + force_cross(velocities, apply_inertia(parts, velocities)))
+        if external is not None:
+            forces = forces - external
+        totals = ancestors @ forces
+        return self._to_coordinates(jnp.einsum("bjk,bj->bk", subspaces, totals))
+
+    def _norm_terms(self, q, v, acceleration=None):
+        """The Euler parameters' norms' share of `τ` and of the kinetic energy: with
+        `r = |p|` and `T_r = ½ k ṙ²`, Lagrange's equations give `k p̂ r̈` with
+        `r̈ = p̂·p̈ + (|ṗ|² − (p̂·ṗ)²)/r`."""
+        positions, weights = self._radial(q.dtype)
+        tau, energy = jnp.zeros_like(q), jnp.zeros((), q.dtype)
+        for position in positions:
+            select = self._selection(position, q.dtype)
+            p, pdot = select @ q, select @ v
+            norm2 = p @ p
+            radial_rate = (p @ pdot) / jnp.sqrt(norm2)
+            curvature = (pdot @ pdot - radial_rate**2) / jnp.sqrt(norm2)
+            accel = curvature if acceleration is None else (
+                curvature + p @ (select @ acceleration) / jnp.sqrt(norm2))
+            tau = tau + weights[position] * accel * (select.T @ p) / jnp.sqrt(norm2)
+            energy = energy + 0.5 * weights[position] * radial_rate**2
+        return tau, energy
+
+    def inverse_dynamics(self, t, q: Float[Array, " n"], v: Float[Array, " n"],
+                         acceleration: Float[Array, " n"]) -> Float[Array, " n"]:
+        """The generalized forces the joints must apply for the accelerations `q̈`:
+        `M(q) q̈ + c(q, v) − Q(t, q, v)` with `c` the velocity-dependent and gravity
+        forces and `Q` the other force elements' (the loop-closing constraints left out),
+        by the recursive Newton–Euler algorithm."""
+        applied, external = self._applied_forces(t, q, v, None)
+        motion = self._motion(q, v)
+        tau = self._newton_euler(q, motion, external, acceleration)
+        return tau + self._norm_terms(q, v, acceleration)[0] - applied
+
+    def _applied_forces(self, t, q, v, motion):
+        """`(Q, f_ext)`: the generalized forces of the force elements other than gravity
+        (their potentials' gradients and their direct forces) and the spatial forces
+        `(b, 6)` of their loads (or `None`)."""
+        needs_input = any(f.channels for f in self.forces)
+        inputs = self.controller(t, q, v) if needs_input else None
+        kin = TreeKinematics(self, t, q, v, inputs, motion)
+        others = [f for f in self.forces if not isinstance(f, Gravity)]
+        applied = jnp.zeros_like(q)
+        if others:
+            def potential(q_):
+                inner = TreeKinematics(self, t, q_, None, inputs)
+                return sum((f.potential_energy(inner) for f in others), jnp.zeros((), q.dtype))
+
+            applied = applied - jax.grad(potential)(q)
+        wrenches: dict[int, list] = {}
+        for element in others:
+            for load in element.loads(kin):
+                position, _, _ = self._marker(load.at, q.dtype)
+                if position < 0:
+                    continue  # the ground takes it
+                point = kin.frame(load.at).point
+                wrenches.setdefault(position, []).append(jnp.concatenate(
+                    [load.torque + jnp.cross(point, load.force), load.force]).astype(q.dtype))
+            direct = element.generalized_forces(kin)
+            if direct is not None:
+                applied = applied + direct.astype(q.dtype)
+        if not wrenches:
+            return applied, None
+        zero = jnp.zeros((6,), q.dtype)
+        external = jnp.stack([sum(wrenches[i], zero) if i in wrenches else zero
+                              for i in range(len(self.bodies))])
+        return applied, external
+
+    def terms(self, t, q, v) -> ConstrainedTerms:
+        motion = self._motion(q, v)
+        rotations, centres, subspaces, velocities, _ = motion
+        applied, external = self._applied_forces(t, q, v, motion)
+        norm_tau, norm_energy = self._norm_terms(q, v)
+        forces = applied - self._newton_euler(q, motion, external) - norm_tau
+        mass = self._crba(q, rotations, centres, subspaces)
+        parts = self._inertias(rotations, centres)
+        kinetic = 0.5 * jnp.sum(velocities * apply_inertia(parts, velocities)) + norm_energy
+        energy = kinetic + self.potential_energy(t, q, motion)
+        if self.topology.closures:
+            phi, dphi, jacobian, gamma = holonomic_terms(self.constraints, t, q, v)
+        else:
+            phi = dphi = gamma = jnp.zeros((0,), q.dtype)
+            jacobian = jnp.zeros((0, q.shape[0]), q.dtype)
+        return cast_floating(ConstrainedTerms(
+            mass, forces, phi, dphi, jnp.zeros((0,), q.dtype), jacobian, gamma,
+            energy=energy), q.dtype)
+
+    def potential_energy(self, t, q, motion=None) -> Float[Array, ""]:
+        """The force elements' potential energy (gravity's included)."""
+        kin = TreeKinematics(self, t, q, None, None, motion)
+        return sum((f.potential_energy(kin) for f in self.forces), jnp.zeros((), q.dtype))
+
+    def energy(self, t, q, v):
+        return self.terms(t, q, v).energy
+
+    def constraints(self, t, q):
+        """The residuals of the loop-closing joints, in the order of `joints`."""
+        if not self.topology.closures:
+            return jnp.zeros((0,), q.dtype)
+        kin = TreeKinematics(self, t, q)
+        parts = []
+        for index in self.topology.closures:
+            joint = self.joints[index]
+            parts.append(jnp.asarray(joint.residual(t, kin.frame(joint.a), kin.frame(joint.b)),
+                                     q.dtype).reshape(-1))
+        return jnp.concatenate(parts)
+
+    # -- one-sided constraints -----------------------------------------------------------
+
+    def _stop_kinematics(self, t, q, v=None) -> StopKinematics:
+        kin = TreeKinematics(self, t, q, v)
+        return StopKinematics(kin.frame, kin.coordinate, kin.velocity)
+
+    def gaps(self, t, q):
+        """The stops' gaps in the order of `stops` (see `gap_names`)."""
+        if not self.stops:
+            return jnp.zeros((0,), q.dtype)
+        stop_kin = self._stop_kinematics(t, q)
+        return jnp.concatenate([stop.gaps(stop_kin) for stop in self.stops])
+
+    def restitution(self):
+        return jnp.concatenate([jnp.broadcast_to(stop.restitution, (stop.num_gaps,))
+                                for stop in self.stops]) if self.stops else 0.0
+
+    def friction(self):
+        return jnp.concatenate([stop.friction_coefficients() for stop in self.stops]
+                               ) if self.stops else 0.0
+
+    def slip_velocities(self, t, q, v):
+        if not self.stops:
+            return jnp.zeros((0,), q.dtype)
+        stop_kin = self._stop_kinematics(t, q, v)
+        return jnp.concatenate([stop.slip_velocities(stop_kin).astype(q.dtype)
+                                for stop in self.stops])
+
+    @property
+    def gap_names(self) -> tuple[str, ...]:
+        """The gaps' names: each stop's name, with its label per gap (`.lower`, `.upper`)."""
+        return tuple(f"{name}.{label}" if label else name
+                     for name, stop in zip(self.stop_names, self.stops, strict=True)
+                     for label in stop.gap_labels)
+
+    # -- outputs -----------------------------------------------------------------------
+
+    def marker_position(self, q: Float[Array, "*batch n"], marker: str) -> Float[Array, "*batch 3"]:
+        """The position of `marker` (`"body.marker"` or `"body"`) in the global frame; `q`
+        may carry leading (time, batch) axes, e.g. `sol.q`."""
+        return _over_leading(lambda q_: TreeKinematics(self, 0.0, q_).frame(marker).point, q)
+
+    def marker_velocity(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"],
+                        marker: str) -> Float[Array, "*batch 3"]:
+        """The velocity of `marker` in the global frame."""
+        return _over_leading(
+            lambda q_, v_: TreeKinematics(self, 0.0, q_, v_).velocity(marker)[0], q, v)
+
+    def marker_rotation(self, q: Float[Array, "*batch n"], marker: str
+                        ) -> Float[Array, "*batch 3 3"]:
+        """The orientation of `marker`'s frame in the global frame."""
+        return _over_leading(lambda q_: TreeKinematics(self, 0.0, q_).frame(marker).rotation, q)
+
+    def angular_velocity(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"],
+                         name: str) -> Float[Array, "*batch 3"]:
+        """Body `name`'s angular velocity in the global frame."""
+        return _over_leading(
+            lambda q_, v_: TreeKinematics(self, 0.0, q_, v_).velocity(name)[1], q, v)
+
+    def joint_coordinate(self, name: str, q: Float[Array, " n"],
+                         t: ScalarLike = 0.0) -> Float[Array, ""]:
+        """The coordinate of joint `name` at one configuration `q`: a tree joint's own
+        coordinate, a loop-closing joint's as the joint measures it."""
+        return TreeKinematics(self, t, q).coordinate(name)
+
+    def joint_coordinates(self, q: Float[Array, "*batch n"]) -> dict[str, Float[Array, "*batch"]]:
+        """The coordinates of the joints that have one, by joint name (see
+        [`jaxdae.multibody.Mechanism.joint_coordinates`][])."""
+        def coords(q_):
+            kin = TreeKinematics(self, 0.0, q_)
+            return {n: kin.coordinate(n) for n, j in zip(self.joint_names, self.joints,
+                                                         strict=True) if j.has_coordinate}
+        return _over_leading(coords, q)
+
+    def joint_rates(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"]
+                    ) -> dict[str, Float[Array, "*batch"]]:
+        """The rates of the joint coordinates, `d/dt joint_coordinates(q)`."""
+        return _over_leading(lambda q_, v_: jax.jvp(self.joint_coordinates, (q_,), (v_,))[1],
+                             q, v)
+
+    def mobility(self, q: Float[ArrayLike, " n"] | None = None, t: ScalarLike = 0.0, *,
+                 rtol: float = 1e-9) -> Mobility:
+        """The Grübler count against the rank of the closing joints' Jacobian at `q` (see
+        [`jaxdae.multibody.Mechanism.mobility`][]; the Euler parameters' norms count as
+        coordinates held by nothing)."""
+        q = self.reference_coordinates() if q is None else jnp.asarray(q, dtype=float)
+        n, m = q.shape[0], self.num_equations
+        rank = 0
+        if m:
+            jac = np.asarray(jax.jacfwd(self.constraints, argnums=1)(jnp.asarray(t, q.dtype), q))
+            sigma = np.linalg.svd(jac, compute_uv=False)
+            rank = int(np.sum(sigma > rtol * max(sigma[0], np.finfo(jac.dtype).tiny)))
+        norms = sum(1 for kind in self.topology.kinds if kind != _SCREW)
+        return Mobility(coordinates=n, equations=m, grubler=n - norms - m, rank=rank,
+                        dof=n - norms - rank, redundant=m - rank)
+
+    def initial_state(
+        self,
+        t0: ScalarLike = 0.0,
+        q: Float[ArrayLike, " n"] | None = None,
+        v: Float[ArrayLike, " n"] | None = None,
+        *,
+        joint_coordinates: Mapping[str, ArrayLike | tuple[ArrayLike, ArrayLike]] | None = None,
+        tol: float | None = None,
+        max_steps: int = 64,
+    ) -> tuple[Float[Array, " n"], Float[Array, " n"]]:
+        """A consistent state `(q, v)` with prescribed joint coordinates (as
+        [`jaxdae.multibody.Mechanism.initial_state`][]). The tree joints named in
+        `joint_coordinates` take their values and rates; where loops are closed, the state
+        nearest the guess in the mass metric that satisfies the closing joints with those
+        coordinates held is found by [`jaxdae.consistent_initial_state`][]."""
+        q = self.reference_coordinates() if q is None else jnp.asarray(q, dtype=float)
+        v = jnp.zeros_like(q) if v is None else jnp.asarray(v, dtype=q.dtype)
+        held, values, rates = [], [], []
+        for name, value in (joint_coordinates or {}).items():
+            joint = self.joint(name)
+            if not joint.has_coordinate:
+                raise ValueError(f"Joint {name!r} has no joint coordinate to prescribe.")
+            value, rate = value if isinstance(value, tuple) else (value, 0.0)
+            held.append(name)
+            values.append(jnp.asarray(value, q.dtype))
+            rates.append(jnp.asarray(rate, q.dtype))
+            if name not in self.closure_joints:
+                index = self.joint_slice(name).start
+                q = q.at[index].set(values[-1])
+                v = v.at[index].set(rates[-1])
+        if not self.topology.closures:
+            return q, v
+        system = _Held(self, tuple(held), jnp.stack(values) if held else jnp.zeros((0,)),
+                       jnp.stack(rates) if held else jnp.zeros((0,)), jnp.asarray(t0, q.dtype))
+        return consistent_initial_state(system, t0, q, v, tol=tol, max_steps=max_steps)
+
+
+class _Held(LagrangianSystem):
+    """`tree` with its named joint coordinates held along `value + rate (t − t0)`."""
+
+    tree: TreeMechanism
+    names: tuple[str, ...] = eqx.field(static=True)
+    values: Float[Array, " d"]
+    rates: Float[Array, " d"]
+    t0: Float[Array, ""]
+
+    def mass_matrix(self, t, q):
+        return self.tree.mass_matrix(t, q)
+
+    def constraints(self, t, q):
+        parts = [self.tree.constraints(t, q)]
+        if self.names:
+            kin = TreeKinematics(self.tree, t, q)
+            held = jnp.stack([kin.coordinate(n) for n in self.names])
+            parts.append(held - self.values - self.rates * (t - self.t0))
+        return jnp.concatenate(parts)
+
+
+class TreeKinematics:
+    """The markers of a [`jaxdae.multibody.TreeMechanism`][] at `(t, q, v)`, as joints,
+    force elements and stops read them (the interface of
+    [`jaxdae.multibody.Kinematics`][]): `frame`, `velocity`, `frames`, `velocities`,
+    `centres` and `coordinate`."""
+
+    def __init__(self, mechanism: TreeMechanism, t, q, v=None, inputs=None, motion=None):
+        self.mechanism, self.t, self.q, self.v, self.inputs = mechanism, t, q, v, inputs
+        self.dimension = 3
+        self._motion = motion
+
+    def _state(self):
+        if self._motion is None:
+            if self.v is None:
+                rotations, centres, subspaces = self.mechanism.poses(self.q)
+                self._motion = (rotations, centres, subspaces, None, None)
+            else:
+                self._motion = self.mechanism._motion(self.q, self.v)
+        return self._motion
+
+    def frame(self, ref: str) -> Frame:
+        position, point, orientation = self.mechanism._marker(ref, self.q.dtype)
+        if position < 0:
+            return Frame(jnp.zeros((3,), self.q.dtype), None, orientation, point)
+        rotations, centres = self._state()[:2]
+        rotation, centre = rotations[position], centres[position]
+        return Frame(centre, None, rotation @ orientation, centre + rotation @ point)
+
+    def velocity(self, ref: str) -> tuple[Float[Array, " 3"], Float[Array, " 3"]]:
+        """`(ṗ, ω)`: the marker's velocity and its body's angular velocity."""
+        position, _, _ = self.mechanism._marker(ref, self.q.dtype)
+        if position < 0:
+            zero = jnp.zeros((3,), self.q.dtype)
+            return zero, zero
+        if self.v is None:
+            raise ValueError("Marker velocities need the velocities `v`.")
+        velocities = self._state()[3]
+        omega, origin = velocities[position, :3], velocities[position, 3:]
+        return origin + jnp.cross(omega, self.frame(ref).point), omega
+
+    def frames(self, refs) -> Frame:
+        frames = [self.frame(ref) for ref in refs]
+        return Frame(*(None if f[0] is None else jnp.stack(f) for f in zip(*frames, strict=True)))
+
+    def velocities(self, refs):
+        pairs = [self.velocity(ref) for ref in refs]
+        return jnp.stack([p[0] for p in pairs]), jnp.stack([p[1] for p in pairs])
+
+    def centres(self) -> Float[Array, "bodies 3"]:
+        """The bodies' centres of mass in the order of `bodies`."""
+        order = np.asarray(self.mechanism.topology.order)
+        return take(self._state()[1], np.argsort(order))
+
+    def coordinate(self, name: str) -> Float[Array, ""]:
+        """Joint `name`'s coordinate."""
+        mechanism = self.mechanism
+        joint = mechanism.joint(name)
+        if not joint.has_coordinate:
+            raise ValueError(f"Joint {name!r} has no joint coordinate.")
+        if name in mechanism.closure_joints:
+            return joint.coordinate(self.frame(joint.a), self.frame(joint.b))
+        return self.q[mechanism.joint_slice(name).start]
+
+
+def _given_frame(mechanism: TreeMechanism, ref: str) -> Frame:
+    """The frame of marker `ref` with its body at its given `position` and `orientation`."""
+    position, point, orientation = mechanism._marker(ref, jnp.result_type(float))
+    if position < 0:
+        return Frame(jnp.zeros_like(point), None, orientation, point)
+    body = mechanism.bodies[mechanism.topology.order[position]]
+    rotation = euler_rotation(body.orientation.astype(point.dtype))
+    centre = body.position.astype(point.dtype)
+    return Frame(centre, None, rotation @ orientation, centre + rotation @ point)
+
+
+def _check_ref(ground, bodies, owner, ref):
+    name, marker = split(ref)
+    body = ground if name == GROUND else bodies.get(name)
+    if body is None:
+        raise ValueError(f"The {owner} refers to body {name!r}, which is not in the mechanism; "
+                         f"the bodies are {sorted(bodies)}.")
+    if marker is not None and marker not in body.markers:
+        raise ValueError(f"The {owner} refers to marker {ref!r}, but body {name!r} has the "
+                         f"markers {sorted(body.markers)}.")

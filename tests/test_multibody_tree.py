@@ -1,0 +1,214 @@
+"""The tree mechanism in joint coordinates: its recursive dynamics against Lagrange's
+equations derived by automatic differentiation, against the same bodies and joints in
+absolute coordinates, loops closed by constraints, gradients against central differences,
+URDF import and the errors of what it cannot build."""
+
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdae
+import jaxdae.multibody as mb
+from jaxdae.examples._bricard import bricard
+from jaxdae.multibody._spatial import apply_inertia
+
+ARM = Path(__file__).parent / "data" / "three_link_arm.urdf"
+INERTIA = np.diag([0.02, 0.03, 0.04])
+
+
+def mixed_parts(damping=0.5):
+    """A free base carrying a ball-jointed link, a hinged arm on it and a welded weight,
+    with a spring-damper across: every kind of tree joint."""
+    bodies = [
+        mb.RigidBody("base", 2.0, INERTIA, {"s": (0.1, 0.0, 0.05), "w": (0.0, 0.1, 0.0)},
+                     position=(0.0, 0.0, 1.0)),
+        mb.RigidBody("ball", 1.0, 0.5 * INERTIA, {"top": (0.0, 0.0, 0.2), "h": (0.05, 0.0, -0.1)},
+                     orientations={"top": mb.rotation_matrix((1.0, 1.0, 0.0), 0.3)}),
+        mb.RigidBody("arm", 0.5, 0.3 * INERTIA, {"p": (0.0, 0.0, 0.15)}),
+        mb.RigidBody("slide", 0.4, 0.2 * INERTIA, {"c": (0.0, 0.0, 0.0)}),
+        mb.RigidBody("weld", 0.3, 0.2 * INERTIA, {"f": (0.02, 0.01, 0.0)}),
+    ]
+    joints = [mb.Spherical("base.s", "ball.top"), mb.Revolute("ball.h", "arm.p", axis=(0, 1, 1)),
+              mb.Prismatic("arm", "slide.c", axis=(1.0, 0.0, 1.0)), mb.Fixed("base.w", "weld.f")]
+    forces = [mb.Gravity(), mb.SpringDamper("ball.h", "weld", 10.0, damping, 0.2)]
+    return bodies, joints, forces
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    return mb.TreeMechanism(*mixed_parts())
+
+
+@eqx.filter_jit
+def _lagrange(tree, q, v):
+    """`(M, Q)` of Lagrange's equations of the tree's energy, by automatic differentiation."""
+    def kinetic(q_, v_):
+        rotations, centres, _, velocities, _ = tree._motion(q_, v_)
+        parts = tree._inertias(rotations, centres)
+        return (0.5 * jnp.sum(velocities * apply_inertia(parts, velocities))
+                + tree._norm_terms(q_, v_)[1])
+
+    def lagrangian(q_, v_):
+        return kinetic(q_, v_) - tree.potential_energy(0.0, q_)
+
+    mass = jax.hessian(kinetic, argnums=1)(q, v)
+    forces = (jax.grad(lagrangian)(q, v)
+              - jax.jacfwd(jax.grad(lagrangian, argnums=1))(q, v) @ v)
+    return mass, forces
+
+
+def test_recursive_dynamics_are_lagranges_equations(mixed):
+    """CRBA's `M` and RNEA's forces equal Lagrange's equations of the kinetic and potential
+    energy, with a free base, a ball joint (unnormalized Euler parameters), a hinge, a
+    slider and a weld; the damper's power is `−c ℓ̇²`; inverse dynamics inverts them."""
+    assert mixed.coordinate_names == (
+        "base.x", "base.y", "base.z", "base.e0", "base.e1", "base.e2", "base.e3",
+        "spherical_0.e0", "spherical_0.e1", "spherical_0.e2", "spherical_0.e3",
+        "revolute_0", "prismatic_0")
+    rng = np.random.default_rng(1)
+    q = mixed.reference_coordinates() + 0.3 * jnp.asarray(rng.normal(size=13))
+    v = jnp.asarray(rng.normal(size=13))
+    terms = _terms(mixed, q, v)
+    undamped = mb.TreeMechanism(*mixed_parts(damping=0.0))
+    undamped_terms = _terms(undamped, q, v)
+    mass, forces = _lagrange(undamped, q, v)
+    np.testing.assert_allclose(terms.mass_matrix, mass, atol=1e-13)
+    np.testing.assert_allclose(undamped_terms.forces, forces, atol=1e-12)
+    assert float(jnp.linalg.eigvalsh(terms.mass_matrix)[0]) > 0
+    rate = jax.jvp(lambda q_: jnp.linalg.norm(mixed.marker_position(q_, "weld")
+                                              - mixed.marker_position(q_, "ball.h")), (q,), (v,))[1]
+    damper_power = (terms.forces - undamped_terms.forces) @ v
+    assert float(damper_power) == pytest.approx(-0.5 * float(rate) ** 2, rel=1e-10)
+    acceleration = jnp.linalg.solve(terms.mass_matrix, terms.forces)
+    inverse = eqx.filter_jit(lambda m, a: m.inverse_dynamics(0.0, q, v, a))(mixed, acceleration)
+    np.testing.assert_allclose(inverse, 0.0, atol=1e-12)
+
+
+@eqx.filter_jit
+def _terms(model, q, v):
+    return model.terms(0.0, q, v)
+
+
+@eqx.filter_jit
+def _marker_acceleration(model, q, v, acceleration, marker):
+    def position(q_):
+        return model.marker_position(q_, marker)
+
+    velocity = lambda q_: jax.jvp(position, (q_,), (v,))[1]  # noqa: E731
+    return jax.jvp(velocity, (q,), (v,))[1] + jax.jvp(position, (q,), (acceleration,))[1]
+
+
+@eqx.filter_jit
+def _accelerations(model, q, v):
+    """`q̈` at a consistent state (the gains do not act there)."""
+    return jaxdae.PseudoInverse(1.0, 1.0).accelerations(model.terms(0.0, q, v))[0]
+
+
+def test_agrees_with_absolute_coordinates():
+    """The URDF arm in joint coordinates (the default of `mechanism()`) and in absolute
+    coordinates: the same pose and the same accelerations of every marker."""
+    robot = mb.load_urdf(ARM)
+    forces = [mb.Gravity(), mb.SpringDamper("forearm.frame", "slider.frame", 200.0, 3.0, 0.45)]
+    tree = robot.mechanism(forces=forces, limits=False)
+    absolute = robot.mechanism(forces=forces, limits=False, coordinates="absolute")
+    assert isinstance(tree, mb.TreeMechanism) and tree.coordinate_names == robot.joint_names
+    assert tree.num_equations == 0 and tree.gap_names == ()
+    state = {"yaw": (0.3, 2.0), "shoulder": (0.4, 1.0), "elbow": (-0.8, -0.5), "wrist": (0.05, 0.1)}
+    q_tree, v_tree = tree.initial_state(joint_coordinates=state)
+    q_abs, v_abs = absolute.initial_state(joint_coordinates=state, tol=1e-12)
+    a_tree = _accelerations(tree, q_tree, v_tree)
+    a_abs = _accelerations(absolute, q_abs, v_abs)
+    for marker in ("turret.frame", "upper_arm", "forearm.wrist", "slider.tool"):
+        np.testing.assert_allclose(tree.marker_position(q_tree, marker),
+                                   absolute.marker_position(q_abs, marker), atol=1e-10)
+        np.testing.assert_allclose(tree.marker_velocity(q_tree, v_tree, marker),
+                                   absolute.marker_velocity(q_abs, v_abs, marker), atol=1e-10)
+        np.testing.assert_allclose(_marker_acceleration(tree, q_tree, v_tree, a_tree, marker),
+                                   _marker_acceleration(absolute, q_abs, v_abs, a_abs, marker),
+                                   atol=1e-8)
+
+
+@pytest.mark.slow
+def test_loops_are_closed_by_the_extra_joints():
+    """Bricard's mechanism: five joints carry the five bars, the sixth closes the loop with
+    its five equations, one redundant; the accelerations match the absolute model's."""
+    absolute = bricard()
+    tree = mb.TreeMechanism((absolute.ground,) + absolute.bodies, absolute.joints,
+                            absolute.forces)
+    assert tree.coordinate_names == ("j0", "j1", "j2", "j3", "j4")
+    assert tree.closure_joints == ("j5",)
+    q_tree, v_tree = tree.initial_state()
+    assert tree.mobility(q_tree) == mb.Mobility(5, 5, 0, 4, 1, 1)
+    assert float(jnp.max(jnp.abs(tree.constraints(0.0, q_tree)))) < 1e-14
+    q_abs, v_abs = absolute.initial_state()
+    np.testing.assert_allclose(
+        _marker_acceleration(tree, q_tree, v_tree, _accelerations(tree, q_tree, v_tree), "bar3.b"),
+        _marker_acceleration(absolute, q_abs, v_abs, _accelerations(absolute, q_abs, v_abs),
+                             "bar3.b"), atol=1e-9)
+
+
+@pytest.mark.slow
+def test_design_gradients_match_central_differences(mixed):
+    """The accelerations' derivatives with respect to a mass, an inertia, a joint's origin
+    and its axis, by reverse mode and by central differences."""
+    rng = np.random.default_rng(2)
+    q = mixed.reference_coordinates() + 0.2 * jnp.asarray(rng.normal(size=13))
+    v = jnp.asarray(rng.normal(size=13))
+    weights = jnp.asarray(rng.normal(size=13))
+
+    def loss(model):
+        return weights @ _accelerations(model, q, v)
+
+    loss = eqx.filter_jit(loss)
+    grads = eqx.filter_jit(eqx.filter_grad(loss))(mixed)
+    picks = {
+        "mass": (lambda m: m.bodies[2].mass, 1e-6),
+        "inertia": (lambda m: m.bodies[1].inertia, 1e-6),
+        "origin": (lambda m: m.bodies[1].markers["h"], 1e-6),
+        "axis": (lambda m: m.joints[1].axis, 1e-6),
+    }
+    for name, (where, step) in picks.items():
+        value = where(mixed)
+        direction = jnp.asarray(rng.normal(size=value.shape))
+        if name == "inertia":
+            direction = 0.5 * (direction + direction.T) * 0.01
+        plus = eqx.tree_at(where, mixed, value + step * direction)
+        minus = eqx.tree_at(where, mixed, value - step * direction)
+        central = (loss(plus) - loss(minus)) / (2 * step)
+        exact = jnp.sum(where(grads) * direction)
+        assert float(exact) == pytest.approx(float(central), rel=1e-6, abs=1e-8), name
+
+
+@pytest.mark.slow
+def test_simulates_and_keeps_the_energy(mixed):
+    """A short free flight of the mixed tree with the damper off: the energy stays, and the
+    norms of the Euler parameters keep their values."""
+    model = mb.TreeMechanism(*mixed_parts(damping=0.0))
+    q0 = model.reference_coordinates()
+    v0 = jnp.zeros(13).at[jnp.asarray([0, 5, 8, 11, 12])].set(jnp.asarray([0.5, 1.0, -2.0, 3.0, 0.2]))
+    v0 = v0.at[3:7].set(v0[3:7] - q0[3:7] * (q0[3:7] @ v0[3:7]))  # no change of norm
+    sol = jaxdae.simulate(model, jaxdae.Unstabilized(), 0.0, 0.3, q0, v0,
+                          ts=jnp.linspace(0.0, 0.3, 4), rtol=1e-10, atol=1e-10)
+    energy = jax.vmap(model.energy)(sol.ts, sol.q, sol.v)
+    assert float(jnp.max(jnp.abs(energy - energy[0]))) < 1e-8
+    np.testing.assert_allclose(jnp.linalg.norm(sol.q[:, 3:7], axis=1), 1.0, atol=1e-9)
+
+
+def test_refuses_what_it_cannot_build():
+    planar = mb.PlanarBody("p", 1.0, 0.1)
+    with pytest.raises(ValueError, match="TreeMechanism is spatial"):
+        mb.TreeMechanism([planar], [mb.Revolute("ground", "p")])
+    link = mb.RigidBody("link", 1.0, INERTIA, {"a": (0.0, 0.0, 0.1)})
+    other = mb.RigidBody("other", 1.0, INERTIA, {"a": (0.0, 0.0, 0.1)})
+    with pytest.raises(ValueError, match="marker `a` is on the body nearer the ground"):
+        mb.TreeMechanism([link, other], [mb.Revolute("ground", "link"),
+                                         mb.Revolute("other.a", "link.a")])
+    with pytest.raises(ValueError, match="not in the mechanism"):
+        mb.TreeMechanism([link], [mb.Revolute("ground", "link.a")],
+                         [mb.JointSpringDamper("elbow", 1.0)])
+    with pytest.raises(ValueError, match="'joint' or 'absolute'"):
+        mb.load_urdf(ARM).mechanism(coordinates="relative")
