@@ -1,0 +1,872 @@
+"""Benchmark: robots in joint coordinates, MuJoCo's side (and the slot for jaxdae's).
+
+Three robots read from URDF, simulated for 1 s under gravity `(0, 0, -9.81)` with no
+damping, no joint limits and no contacts, from zero joint coordinates with joint rates
+0.5 rad/s (m/s for a prismatic joint) on joints 0, 2, 4, ... of the URDF's joint order:
+
+- `arm`: tests/data/three_link_arm.urdf, 4 joints (yaw, shoulder, elbow, a prismatic
+  wrist; the massless tool on a fixed joint);
+- `humanoid`: tests/data/humanoid.urdf, 28 revolute joints, the pelvis welded to the world;
+- `chain64`: `chain_urdf(64)`, 64 links of 0.1 m and 0.1 kg on revolute joints about y
+  and x in turn, hanging from the world.
+
+MuJoCo (its own URDF compiler, the model checked against jaxdae's reading of the file):
+
+- **Reference**: RK4 at h = 1e-5 and 5e-6 (the latter kept: times, joint coordinates and
+  rates at 101 points, in the URDF's joint order); their agreement at t = 1 s and the energy
+  drift of the run are reported.
+- **Time to a joint error of 1e-6 after 1 s**: for RK4, Euler and implicitfast the
+  largest step h = 1/N on a ladder `N = ceil(10 * 1.25**k)` whose `max |q(1) - q_ref(1)|`
+  is at most 1e-6, then `mj_step` over 1 s at that h (median wall time of 5). A trial that
+  would take more than a few seconds is not run: the step count is then extrapolated from
+  the last two trials' order of convergence and the time from the measured step cost
+  (marked "est.").
+- **One right-hand side**: `mj_forward` in a Python loop (and the same loop around an
+  empty Python function), and the cost of a step inside `mujoco.rollout` (Euler: one
+  `mj_forward` and an update; RK4 / 4), which has no Python in its loop.
+- **Batch of 1,024 on the CPU**: rates perturbed by N(0, 0.1^2) (member 0 unperturbed),
+  1 s at the cheapest integrator's h, `mujoco.rollout` with 2 threads; trajectories per
+  second.
+- **MJX on the CPU**: `jax.vmap(mjx.step)` in `jax.lax.scan`, jit-compiled, batch 1,024,
+  float64 (`jax_enable_x64`, as jaxdae), in a child process with a compile-time limit; the
+  compile time apart. Where the whole second would take too long, a fraction of its steps
+  is timed and the time scaled (the tables say which fraction).
+
+jaxdae: `jaxdae_rows` (to be written with the tree mechanism) returns its numbers; the
+tables print "—" while it returns `None`. It gets the MuJoCo reference as a
+`MujocoReference`, also written to OUT/bench_robots/reference_<robot>.npz.
+
+    python experiments/benchmarks/bench_robots.py [--out output] [--quick] [--only humanoid]
+    # prints Markdown tables, writes OUT/bench_robots/bench_robots.json
+"""
+
+import contextlib
+import io
+import json
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
+
+import jax  # noqa: E402
+import mujoco  # noqa: E402
+import numpy as np  # noqa: E402
+from _common import output_dir, parse_args, write_json  # noqa: E402
+
+import jaxdae.multibody as mb  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+NAME = "bench_robots"
+DATA = Path(__file__).resolve().parents[2] / "tests" / "data"
+T1 = 1.0
+TOLERANCE = 1e-6
+GRAVITY = (0.0, 0.0, -9.81)
+RATE = 0.5  # rad/s (m/s) on joints 0, 2, 4, ...
+SPREAD = 0.1  # the batch's rates: RATE pattern + N(0, SPREAD^2)
+BATCH = 1024
+POINTS = 101  # reference samples over [0, T1]
+THREADS = 2
+INTEGRATORS = {"RK4": mujoco.mjtIntegrator.mjINT_RK4,
+               "Euler": mujoco.mjtIntegrator.mjINT_EULER,
+               "implicitfast": mujoco.mjtIntegrator.mjINT_IMPLICITFAST}
+DASH = "—"
+
+
+class Settings(NamedTuple):
+    """What a full run and a `--quick` smoke run do differently."""
+
+    reference_steps: tuple[int, int]  # RK4 steps over T1: the check, the reference
+    trial_seconds: float  # no ladder trial predicted to take longer
+    reps: int  # timing repetitions (median)
+    forward_calls: int  # mj_forward calls per repetition
+    batch: int
+    batch_seconds: float  # rollout: time at most this much of the batch, then scale
+    mjx_compile_limit: float  # s; a longer MJX compile is stopped
+    mjx_seconds: float  # MJX: time at most this much of the batch, then scale
+
+
+FULL = Settings((100_000, 200_000), 3.0, 5, 2000, BATCH, 40.0, 240.0, 40.0)
+QUICK = Settings((2_000, 4_000), 0.2, 2, 200, 8, 2.0, 60.0, 2.0)
+
+
+# -- robots ------------------------------------------------------------------------------
+
+
+def chain_urdf(n: int) -> str:
+    """A URDF of `n` identical links hanging from the world on revolute joints whose axes
+    are y and x in turn (a spatial chain): links of 0.1 m and 0.1 kg (uniform rods of
+    radius 0.01 m), each joint at the end of the link before it, straight down at zero
+    joint coordinates."""
+    length, mass, radius = 0.1, 0.1, 0.01
+    across = mass * (length**2 + 3 * radius**2) / 12
+    along = mass * radius**2 / 2
+    lines = ['<?xml version="1.0"?>', f'<robot name="chain{n}">', '  <link name="base"/>']
+    for i in range(n):
+        parent = "base" if i == 0 else f"link{i - 1}"
+        drop = 0.0 if i == 0 else -length
+        axis = "0 1 0" if i % 2 == 0 else "1 0 0"
+        lines += [
+            f'  <link name="link{i}">',
+            "    <inertial>",
+            f'      <origin xyz="0 0 {-length / 2}" rpy="0 0 0"/>',
+            f'      <mass value="{mass}"/>',
+            f'      <inertia ixx="{across!r}" ixy="0" ixz="0" iyy="{across!r}" iyz="0" '
+            f'izz="{along!r}"/>',
+            "    </inertial>",
+            "    <visual>",
+            f'      <origin xyz="0 0 {-length / 2}" rpy="0 0 0"/>',
+            f'      <geometry><cylinder radius="{radius}" length="{length}"/></geometry>',
+            "    </visual>",
+            "  </link>",
+            f'  <joint name="joint{i}" type="revolute">',
+            f'    <parent link="{parent}"/>',
+            f'    <child link="link{i}"/>',
+            f'    <origin xyz="0 0 {drop}" rpy="0 0 0"/>',
+            f'    <axis xyz="{axis}"/>',
+            '    <limit lower="-3.1" upper="3.1" effort="1" velocity="10"/>',
+            "  </joint>",
+        ]
+    lines.append("</robot>")
+    return "\n".join(lines) + "\n"
+
+
+def robot_files(folder: Path, quick: bool) -> dict[str, Path]:
+    """The robots' URDF files by name; the chain is written to `folder` (64 links; 8 with
+    `quick`)."""
+    links = 8 if quick else 64
+    chain = Path(folder) / f"chain{links}.urdf"
+    chain.write_text(chain_urdf(links))
+    return {"arm": DATA / "three_link_arm.urdf", "humanoid": DATA / "humanoid.urdf",
+            f"chain{links}": chain}
+
+
+def initial_rates(n: int) -> np.ndarray:
+    """The joint rates at t = 0 in the URDF's joint order: `RATE` on joints 0, 2, 4, ..."""
+    return np.where(np.arange(n) % 2 == 0, RATE, 0.0)
+
+
+def batch_rates(v0: np.ndarray, size: int) -> np.ndarray:
+    """`(size, n)` rates for the batch: `v0` plus N(0, SPREAD^2) noise (seed 0); member 0 is
+    `v0` itself."""
+    noise = SPREAD * np.random.default_rng(0).standard_normal((size, v0.shape[0]))
+    noise[0] = 0.0
+    return v0[None] + noise
+
+
+# -- MuJoCo's model ----------------------------------------------------------------------
+
+
+def mujoco_model(path: Path, integrator: str = "RK4", steps: int = 1000,
+                 energy: bool = False) -> mujoco.MjModel:
+    """MuJoCo's model of a URDF file with the dynamics the file describes.
+
+    URDF compiler settings (MuJoCo's defaults for URDF, set explicitly): `fusestatic` (bodies
+    on fixed joints merged into their parent, the fixed root into the world: fewer bodies,
+    same dynamics), `discardvisual` (the `<visual>`s dropped; these files have no
+    `<collision>`, so the model has no geoms); `inertiafromgeom` off (only `<inertial>`
+    counts: MuJoCo's default `auto` would give a link without one the inertia of its
+    geoms), no `balanceinertia`, `boundmass` or `boundinertia`. The full URDF inertia
+    tensor is diagonalized by MuJoCo (`body_inertia`, `body_iquat`).
+
+    Then: no joint limits (`jnt_limited = 0` and `mjDSBL_LIMIT`: URDF `<limit>` ranges are
+    imported as limits), no contacts (`mjDSBL_CONTACT`), zero damping, armature, friction
+    loss and stiffness, no actuator force ranges (URDF `effort` becomes `actfrcrange`, inert
+    without actuators), no automatic reset (`mjDSBL_AUTORESET`: a diverging run gives NaN
+    instead of silently restarting from `qpos0`), gravity `GRAVITY`, the `integrator` at
+    step `T1 / steps`; `energy` turns on `mjENBL_ENERGY` (`data.energy`).
+    """
+    spec = mujoco.MjSpec.from_file(str(path))
+    spec.compiler.fusestatic = True
+    spec.compiler.discardvisual = True
+    spec.compiler.inertiafromgeom = mujoco.mjtInertiaFromGeom.mjINERTIAFROMGEOM_FALSE
+    spec.compiler.balanceinertia = False
+    spec.compiler.boundmass = 0.0
+    spec.compiler.boundinertia = 0.0
+    model = spec.compile()
+    model.jnt_limited[:] = 0
+    model.jnt_actfrclimited[:] = 0
+    model.jnt_stiffness[:] = 0.0
+    model.dof_damping[:] = 0.0
+    model.dof_armature[:] = 0.0
+    model.dof_frictionloss[:] = 0.0
+    model.opt.gravity[:] = GRAVITY
+    model.opt.disableflags |= (mujoco.mjtDisableBit.mjDSBL_CONTACT
+                               | mujoco.mjtDisableBit.mjDSBL_LIMIT
+                               | mujoco.mjtDisableBit.mjDSBL_AUTORESET)
+    if energy:
+        model.opt.enableflags |= mujoco.mjtEnableBit.mjENBL_ENERGY
+    model.opt.integrator = INTEGRATORS[integrator]
+    model.opt.timestep = T1 / steps
+    return model
+
+
+class JointMap(NamedTuple):
+    """Where the URDF's joints (in `robot.joint_names` order) are in MuJoCo's vectors:
+    `qpos[qpos]` and `qvel[dofs]` are the joint coordinates and rates in URDF order
+    (MuJoCo numbers joints depth-first through its body tree, URDF lists them as written).
+    """
+
+    names: tuple[str, ...]
+    qpos: np.ndarray
+    dofs: np.ndarray
+    kinds: tuple[str, ...]  # "hinge" or "slide"
+    identity: bool  # MuJoCo's order is the URDF's
+
+
+def joint_map(model: mujoco.MjModel, joint_names) -> JointMap:
+    """The `JointMap` of `model` for the URDF's `joint_names`, matched by name
+    (`mj_name2id`), after checking that MuJoCo has exactly these joints, all hinges or
+    slides."""
+    found = [mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, j) for j in range(model.njnt)]
+    if sorted(found) != sorted(joint_names):
+        raise ValueError(f"MuJoCo's joints {found} are not the URDF's {list(joint_names)}")
+    ids = [mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, n) for n in joint_names]
+    kinds = {int(mujoco.mjtJoint.mjJNT_HINGE): "hinge", int(mujoco.mjtJoint.mjJNT_SLIDE): "slide"}
+    for n, j in zip(joint_names, ids, strict=True):
+        if int(model.jnt_type[j]) not in kinds:
+            raise ValueError(f"joint {n!r} is neither a hinge nor a slide in MuJoCo")
+    qpos = np.array([model.jnt_qposadr[j] for j in ids])
+    return JointMap(tuple(joint_names), qpos, np.array([model.jnt_dofadr[j] for j in ids]),
+                    tuple(kinds[int(model.jnt_type[j])] for j in ids),
+                    bool(np.array_equal(ids, np.arange(len(ids)))))
+
+
+def _rotation(p) -> np.ndarray:
+    """The rotation matrix of Euler parameters `p = (e0, e)` (jaxdae's body orientation)."""
+    e0, e = float(p[0]), np.asarray(p[1:], float)
+    skew = np.array([[0.0, -e[2], e[1]], [e[2], 0.0, -e[0]], [-e[1], e[0], 0.0]])
+    return (2 * e0**2 - 1) * np.eye(3) + 2 * (np.outer(e, e) + e0 * skew)
+
+
+def import_check(model: mujoco.MjModel, robot: mb.UrdfRobot) -> dict:
+    """MuJoCo's reading of the URDF against jaxdae's (`mb.load_urdf`, through yourdfpy) at
+    zero joint coordinates: per moving body the mass, the centre of mass and the inertia
+    tensor in world axes; per joint the anchor and the world axis. Returns the largest
+    differences (with the same bodies and joints in both, these fix the dynamics)."""
+    data = mujoco.MjData(model)
+    mujoco.mj_forward(model, data)
+    frames = {"ground": (np.eye(3), np.zeros(3))}
+    out = {"mass": 0.0, "com": 0.0, "inertia": 0.0, "anchor": 0.0, "axis": 0.0}
+    bodies = {b.name: b for b in robot.bodies[1:]}
+    for name, body in bodies.items():
+        rot, pos = _rotation(np.asarray(body.orientation)), np.asarray(body.position, float)
+        frames[name] = (rot, pos)
+        b = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, name)
+        if b < 0:
+            raise ValueError(f"body {name!r} is not in MuJoCo's model")
+        tensor = rot @ np.asarray(body.inertia, float) @ rot.T
+        ximat = data.ximat[b].reshape(3, 3)
+        mj_tensor = ximat @ np.diag(model.body_inertia[b]) @ ximat.T
+        out["mass"] = max(out["mass"], abs(float(body.mass) - model.body_mass[b]))
+        out["com"] = max(out["com"], float(np.abs(pos - data.xipos[b]).max()))
+        out["inertia"] = max(out["inertia"], float(np.abs(tensor - mj_tensor).max()))
+    moving = sum(float(b.mass) for b in bodies.values())
+    if abs(moving - model.body_mass[1:].sum()) > 1e-9 * moving:
+        raise ValueError("MuJoCo's moving mass differs from the URDF's")
+    for joint in robot.joints:
+        if joint.name not in robot.joint_names:
+            continue  # a weld
+        carrier, marker = joint.a.split(".", 1)
+        owner = robot.bodies[0] if carrier == "ground" else bodies[carrier]
+        rot, pos = frames[carrier]
+        anchor = pos + rot @ np.asarray(owner.markers[marker], float)
+        axis = np.asarray(joint.axis, float)
+        axis = rot @ np.asarray(owner.orientations[marker], float) @ (axis / np.linalg.norm(axis))
+        j = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, joint.name)
+        out["anchor"] = max(out["anchor"], float(np.abs(anchor - data.xanchor[j]).max()))
+        out["axis"] = max(out["axis"], float(np.abs(axis - data.xaxis[j]).max()))
+    out["moving_mass"] = moving
+    return out
+
+
+def start(model: mujoco.MjModel, data: mujoco.MjData, joints: JointMap, v0) -> None:
+    """Reset `data` to zero joint coordinates and the rates `v0` (URDF order)."""
+    mujoco.mj_resetData(model, data)
+    data.qvel[joints.dofs] = v0
+
+
+def end_state(model: mujoco.MjModel, joints: JointMap, v0, steps: int) -> np.ndarray:
+    """Joint coordinates (URDF order) after `steps` steps of `model` from `v0`; NaN where
+    the run diverged. The time is `steps * h`, not `data.time`, which accumulates rounding
+    (1e5 steps of 1e-5 s end at 0.99999999999808)."""
+    data = mujoco.MjData(model)
+    start(model, data, joints, v0)
+    warnings: list[str] = []  # "Nan, Inf or huge value ...": the NaN tells
+    previous = mujoco.get_mju_user_warning()
+    mujoco.set_mju_user_warning(warnings.append)
+    try:
+        mujoco.mj_step(model, data, nstep=steps)
+    finally:
+        mujoco.set_mju_user_warning(previous)
+    return data.qpos[joints.qpos].copy()
+
+
+def joint_error(q, q_ref) -> float:
+    """`max |q - q_ref|` over the joints, `inf` for a diverged run."""
+    error = float(np.abs(np.asarray(q) - q_ref).max())
+    return error if np.isfinite(error) else float("inf")
+
+
+# -- the reference -----------------------------------------------------------------------
+
+
+class MujocoReference(NamedTuple):
+    """MuJoCo's reference solution of one robot, for the jaxdae side to compare against.
+
+    - `robot`: the robot's name; `urdf_path`: its URDF file (for the chain, a file that
+        lives while the script runs).
+    - `joint_names`: the joints in the URDF's order (`mb.load_urdf(urdf_path).joint_names`):
+        the order of every joint vector below; `joint_kinds`: "hinge" (rad) or "slide" (m).
+    - `t1`, `tolerance`, `gravity`: 1 s, 1e-6 (the joint error to reach at `t1`), (0, 0,
+        -9.81).
+    - `q0`, `v0`: `(n,)` joint coordinates (zero) and rates at t = 0.
+    - `batch_v0`: `(B, n)` the batch's initial rates (row 0 is `v0`); its coordinates are 0.
+    - `times`: `(101,)` 0 to 1 s; `q`, `v`: `(101, n)` joint coordinates and rates there.
+    - `step`: the reference's RK4 step (s); `agreement`: `max |q(1)|` difference from the run
+        at twice that step; `energy_drift`: its largest energy change over its largest
+        kinetic energy.
+    - `mujoco`: MuJoCo's results that a ratio needs: `{"integrator", "steps", "ms"}` of its
+        cheapest setting to `tolerance`, `"forward_us"` (one right-hand side, rollout),
+        `"batch_per_s"` (rollout, 2 threads).
+    """
+
+    robot: str
+    urdf_path: Path
+    joint_names: tuple[str, ...]
+    joint_kinds: tuple[str, ...]
+    t1: float
+    tolerance: float
+    gravity: tuple[float, float, float]
+    q0: np.ndarray
+    v0: np.ndarray
+    batch_v0: np.ndarray
+    times: np.ndarray
+    q: np.ndarray
+    v: np.ndarray
+    step: float
+    agreement: float
+    energy_drift: float
+    mujoco: dict
+
+    def save(self, path: Path) -> None:
+        """Write it as an `.npz` (strings as arrays of str, `mujoco` as JSON); read it back
+        with `MujocoReference.load(path)`."""
+        fields = self._asdict()
+        fields["urdf_path"] = str(self.urdf_path)
+        fields["mujoco"] = json.dumps(self.mujoco)
+        np.savez(path, **{k: np.asarray(v) for k, v in fields.items()})
+
+    @classmethod
+    def load(cls, path: Path) -> "MujocoReference":
+        """The reference that `save` wrote to `path`."""
+        with np.load(path) as z:
+            f = {k: z[k] for k in z.files}
+        return cls(str(f["robot"]), Path(str(f["urdf_path"])),
+                   tuple(str(n) for n in f["joint_names"]),
+                   tuple(str(k) for k in f["joint_kinds"]), float(f["t1"]),
+                   float(f["tolerance"]), tuple(float(g) for g in f["gravity"]), f["q0"],
+                   f["v0"], f["batch_v0"], f["times"], f["q"], f["v"], float(f["step"]),
+                   float(f["agreement"]), float(f["energy_drift"]),
+                   json.loads(str(f["mujoco"])))
+
+
+def reference_run(path: Path, joints: JointMap, v0, steps: int):
+    """MuJoCo RK4 with `steps` steps over `T1`, energy on: `(times, q, v, energy drift)` at
+    `POINTS` points (URDF order). The drift is `max |E - E(0)|` over the largest kinetic
+    energy, `E` = kinetic + potential (`data.energy`, evaluated by `mj_forward` at each
+    point)."""
+    model = mujoco_model(path, "RK4", steps, energy=True)
+    data = mujoco.MjData(model)
+    start(model, data, joints, v0)
+    per = steps // (POINTS - 1)
+    if per * (POINTS - 1) != steps:
+        raise ValueError(f"{steps} steps do not split into {POINTS - 1} intervals")
+    q, v, energy = [], [], []
+    for k in range(POINTS):
+        if k:
+            mujoco.mj_step(model, data, nstep=per)
+        mujoco.mj_forward(model, data)
+        q.append(data.qpos[joints.qpos].copy())
+        v.append(data.qvel[joints.dofs].copy())
+        energy.append(data.energy.copy())
+    energy = np.array(energy)
+    drift = np.abs(energy.sum(1) - energy[0].sum()).max() / np.abs(energy[:, 1]).max()
+    return np.linspace(0.0, T1, POINTS), np.array(q), np.array(v), float(drift)
+
+
+# -- time to a joint error -----------------------------------------------------------------
+
+
+def ladder(k: int) -> int:
+    """Step counts over 1 s: a geometric ladder of ratio 1.25 from 10."""
+    return int(np.ceil(10 * 1.25**k - 1e-9))
+
+
+def steps_to_tolerance(path: Path, joints: JointMap, v0, q_ref, integrator: str,
+                       trial_seconds: float) -> dict:
+    """The fewest steps over 1 s on the `ladder` whose joint error at `T1` is at most
+    `TOLERANCE` (the largest step h = 1/N), for MuJoCo's `integrator`.
+
+    Climbs the ladder four rungs (x2.44) at a time until the error is met, then bisects the
+    rungs in between (the error taken as decreasing with N). A trial predicted (from the
+    step cost measured so far) to take more than `trial_seconds` is not run; the step count
+    is then extrapolated from the last two finite errors, `N (e / TOLERANCE)^(1/p)` with the
+    order `p` they show, and marked `estimated`.
+
+    Returns `{"steps", "h", "error", "estimated", "step_us", "trials"}`.
+    """
+    trials: dict[int, float] = {}
+    step_cost = 0.0  # s, from the longest trial so far
+
+    def trial(k):
+        nonlocal step_cost
+        n = ladder(k)
+        model = mujoco_model(path, integrator, n)
+        began = time.perf_counter()
+        trials[n] = joint_error(end_state(model, joints, v0, n), q_ref)
+        if n >= max(trials):
+            step_cost = (time.perf_counter() - began) / n
+        return trials[n]
+
+    k, passed = 0, None
+    while passed is None:
+        if step_cost and ladder(k) * step_cost > trial_seconds:
+            break
+        if trial(k) <= TOLERANCE:
+            passed = k
+        else:
+            k += 4
+    if passed is None:
+        finite = [(n, e) for n, e in sorted(trials.items()) if np.isfinite(e) and e > 0]
+        if len(finite) < 2:
+            raise RuntimeError(f"{integrator}: too few finite errors to extrapolate: {trials}")
+        (n1, e1), (n2, e2) = finite[-2:]
+        order = np.log(e1 / e2) / np.log(n2 / n1)
+        steps = int(np.ceil(n2 * (e2 / TOLERANCE) ** (1 / order)))
+        return {"steps": steps, "h": T1 / steps, "error": None, "estimated": True,
+                "order": float(order), "step_us": 1e6 * step_cost, "trials": trials}
+    low, high = passed - 4, passed  # rung `low` failed (below rung 0: none tried)
+    while high - low > 1 and high > 0:
+        middle = max((low + high) // 2, 0)
+        if trial(middle) > TOLERANCE:
+            low = middle
+        else:
+            high = middle
+    steps = ladder(high)
+    return {"steps": steps, "h": T1 / steps, "error": trials[steps], "estimated": False,
+            "step_us": 1e6 * step_cost, "trials": trials}
+
+
+def timed_second(path: Path, joints: JointMap, v0, integrator: str, steps: int,
+                 reps: int) -> tuple[float, float]:
+    """Median wall time and median CPU time of this process (s) of
+    `mj_step(model, data, nstep=steps)` (1 s of motion at `T1 / steps`; the loop over steps
+    in C, one thread) over `reps` runs after a warm-up. The CPU time is the steadier figure
+    on a busy machine."""
+    model = mujoco_model(path, integrator, steps)
+    data = mujoco.MjData(model)
+    wall, cpu = [], []
+    for rep in range(reps + 1):
+        start(model, data, joints, v0)
+        began, began_cpu = time.perf_counter(), time.process_time()
+        mujoco.mj_step(model, data, nstep=steps)
+        if rep:
+            wall.append(time.perf_counter() - began)
+            cpu.append(time.process_time() - began_cpu)
+    return float(np.median(wall)), float(np.median(cpu))
+
+
+# -- one right-hand side -------------------------------------------------------------------
+
+
+def _empty(model, data):
+    """Does nothing: the Python loop and call that surround `mj_forward` when timed."""
+
+
+def forward_cost(path: Path, joints: JointMap, v0, settings: Settings) -> dict:
+    """The cost of one right-hand side (µs): the median over `settings.reps` of
+    `settings.forward_calls` calls of `mj_forward` in a Python loop (`forward_us`), the same
+    loop around an empty Python function (`empty_loop_us`), and per step inside
+    `mujoco.rollout` on one thread, no Python in the loop (`rollout_euler_us`: one
+    `mj_forward` and an Euler update; `rollout_rk4_quarter_us`: an RK4 step over 4), from
+    the state of `v0` over 1 s (at least 1,000 steps: no divergence)."""
+    nstep = max(settings.forward_calls, 1000)
+    model = mujoco_model(path, "Euler", nstep)
+    data = mujoco.MjData(model)
+    start(model, data, joints, v0)
+    mujoco.mj_forward(model, data)
+    out = {}
+    for key, call in (("forward_us", mujoco.mj_forward), ("empty_loop_us", _empty)):
+        times = []
+        for _ in range(settings.reps):
+            began = time.perf_counter()
+            for _ in range(settings.forward_calls):
+                call(model, data)
+            times.append((time.perf_counter() - began) / settings.forward_calls)
+        out[key] = 1e6 * float(np.median(times))
+    from mujoco import rollout
+
+    for key, integrator, per_step in (("rollout_euler_us", "Euler", 1),
+                                      ("rollout_rk4_quarter_us", "RK4", 4)):
+        model = mujoco_model(path, integrator, nstep)
+        data = mujoco.MjData(model)
+        start(model, data, joints, v0)
+        state = np.empty(mujoco.mj_stateSize(model, mujoco.mjtState.mjSTATE_FULLPHYSICS))
+        mujoco.mj_getState(model, data, state, mujoco.mjtState.mjSTATE_FULLPHYSICS)
+        output = np.empty((1, nstep, state.shape[0]))
+        times = []
+        with rollout.Rollout(nthread=0) as pool:
+            for rep in range(settings.reps + 1):
+                began = time.perf_counter()
+                pool.rollout(model, data, state[None], nstep=nstep, state=output)
+                if rep:
+                    times.append((time.perf_counter() - began) / nstep / per_step)
+        out[key] = 1e6 * float(np.median(times))
+    return out
+
+
+# -- batches -------------------------------------------------------------------------------
+
+
+def batch_rollout(path: Path, joints: JointMap, rates, integrator: str, steps: int,
+                  seconds: float, q_ref) -> dict:
+    """A batch (one trajectory per row of `rates`) over 1 s with `mujoco.rollout` on
+    `THREADS` threads (a `Rollout` pool, one `MjData` per thread), in segments whose
+    states fit in about 64 MB (each segment starts from the last one's end). Stops after
+    the segment that passes `seconds` of wall time and scales the time to all `steps`.
+
+    Returns `{"seconds"` (for the whole second, scaled), `"fraction"` (of the steps
+    timed), `"per_s"` (trajectories per second), `"error0"` (member 0's joint error at 1
+    s, when all steps ran)`}`."""
+    from mujoco import rollout
+
+    model = mujoco_model(path, integrator, steps)
+    datas = [mujoco.MjData(model) for _ in range(THREADS)]
+    spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
+    size = mujoco.mj_stateSize(model, spec)
+    states = np.empty((rates.shape[0], size))
+    for row, v in zip(states, rates, strict=True):
+        start(model, datas[0], joints, v)
+        mujoco.mj_getState(model, datas[0], row, spec)
+    segment = int(max(1, min(steps, 64e6 / (8 * size * rates.shape[0]))))
+    output = np.empty((rates.shape[0], segment, size))
+    done, elapsed = 0, 0.0
+    with rollout.Rollout(nthread=THREADS) as pool:
+        while done < steps and elapsed < seconds:
+            n = min(segment, steps - done)
+            began = time.perf_counter()
+            pool.rollout(model, datas, states, nstep=n, state=output[:, :n])
+            elapsed += time.perf_counter() - began
+            states = np.ascontiguousarray(output[:, n - 1])
+            done += n
+    scaled = elapsed * steps / done
+    qpos = 1 + joints.qpos  # the state starts with the time
+    error = joint_error(states[0, qpos], q_ref) if done == steps else None
+    return {"seconds": scaled, "fraction": done / steps, "per_s": rates.shape[0] / scaled,
+            "error0": error}
+
+
+def _mjx_child(queue, path, joint_names, rates, integrator, steps, seconds):
+    """In a child process: compile `jax.vmap(mjx.step)` in a `lax.scan` of a chunk of the
+    steps, report the compile time, then run chunks until all `steps` ran or `seconds`
+    passed. Puts `("compiled", s)` and then `("done", dict)` (or `("error", text)`) on
+    `queue`."""
+    try:
+        jax.config.update("jax_enable_x64", True)
+        import jax.numpy as jnp
+
+        with contextlib.redirect_stdout(io.StringIO()):  # "Failed to import warp": not used
+            from mujoco import mjx
+
+        model = mujoco_model(path, integrator, steps)
+        joints = joint_map(model, joint_names)
+        device_model = mjx.put_model(model)
+        blank = mjx.make_data(device_model)
+        qvel = np.zeros((rates.shape[0], model.nv))
+        qvel[:, joints.dofs] = rates
+        batch = jax.vmap(lambda v: blank.replace(qvel=v))(jnp.asarray(qvel))
+        chunk = max(d for d in range(1, 21) if steps % d == 0)
+
+        @jax.jit
+        def run(data):
+            def step(data, _):
+                return jax.vmap(mjx.step, in_axes=(None, 0))(device_model, data), None
+
+            return jax.lax.scan(step, data, None, length=chunk)[0]
+
+        began = time.perf_counter()
+        compiled = run.lower(batch).compile()
+        queue.put(("compiled", time.perf_counter() - began))
+        done, elapsed = 0, 0.0
+        while done < steps and elapsed < seconds:
+            began = time.perf_counter()
+            batch = jax.block_until_ready(compiled(batch))
+            elapsed += time.perf_counter() - began
+            done += chunk
+        queue.put(("done", {"seconds": elapsed * steps / done, "fraction": done / steps,
+                            "chunk": chunk, "dtype": str(batch.qpos.dtype),
+                            "q0_end": np.asarray(batch.qpos[0])[joints.qpos] if done == steps
+                            else None}))
+    except Exception as error:  # reported in the table, the benchmark goes on
+        queue.put(("error", f"{type(error).__name__}: {error}"))
+
+
+def batch_mjx(path: Path, joint_names, rates, integrator: str, steps: int,
+              settings: Settings, q_ref) -> dict:
+    """MJX on the CPU for the batch: `_mjx_child` in a fresh process (its memory returned
+    when it ends), stopped if its compile passes `settings.mjx_compile_limit`.
+
+    Returns `{"compile_s", "seconds"` (for the whole second, scaled), `"fraction"`,
+    `"per_s"`, `"dtype"`, `"error0"`, `"note"}` (`None` where it did not get there)."""
+    out = {"compile_s": None, "seconds": None, "fraction": None, "per_s": None,
+           "dtype": None, "error0": None, "note": ""}
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=_mjx_child, args=(queue, path, tuple(joint_names),
+                                                     rates, integrator, steps,
+                                                     settings.mjx_seconds))
+    began = time.perf_counter()
+    child.start()
+    try:
+        limit = settings.mjx_compile_limit + 60.0  # import, model transfer, tracing
+        kind, value = queue.get(timeout=limit)
+        if kind == "error":
+            out["note"] = value
+            return out
+        out["compile_s"] = value
+        kind, value = queue.get(timeout=4 * settings.mjx_seconds + 120.0)
+        if kind == "error":
+            out["note"] = value
+            return out
+        out.update(seconds=value["seconds"], fraction=value["fraction"],
+                   per_s=rates.shape[0] / value["seconds"], dtype=value["dtype"])
+        if value["q0_end"] is not None:
+            out["error0"] = joint_error(value["q0_end"], q_ref)
+    except Exception:  # queue.Empty: too slow
+        out["note"] = (f"stopped after {time.perf_counter() - began:.0f} s "
+                       f"({'compiling' if out['compile_s'] is None else 'running'})")
+    finally:
+        if child.is_alive():
+            child.terminate()
+        child.join()
+    return out
+
+
+MJX_NOT_RUN = {"compile_s": None, "seconds": None, "fraction": None, "per_s": None,
+               "dtype": None, "error0": None}
+
+
+def mjx_skipped(name: str, settings: Settings) -> str | None:
+    """Why MJX is not run for robot `name`, or `None`.
+
+    Not in `--quick` (its compile alone takes tens of seconds). Not for the chain: with
+    mujoco-mjx 3.17 on jax 0.10 (XLA CPU) the cost of MJX's forward kinematics of one
+    unbatched state grows exponentially along a chain of single bodies (measured here:
+    7 ms at 5 links, 32 ms at 6, 67 ms at 7, 1.3 s at 8; a 16-link chain's `mjx.step`
+    took 96 s to compile and 12 s per step of a batch of 16; at 64 links a batch of 16 did
+    not get through compiling and two steps in 10 min), the kind of slowdown
+    jax-ml/jax#33761 reports for chains on jax >= 0.7. The humanoid (28 joints, 8 deep but
+    branched) is not affected."""
+    if settings is QUICK:
+        return "skipped in --quick (its compile takes tens of seconds)"
+    if name.startswith("chain"):
+        return ("not run: MJX's XLA-CPU kinematics cost grows exponentially along a chain "
+                "(1.3 s per forward at 8 links; see `mjx_skipped`)")
+    return None
+
+
+# -- jaxdae ------------------------------------------------------------------------------
+
+
+def jaxdae_rows(robot_name: str, urdf_path: Path, mujoco_reference: MujocoReference):
+    """jaxdae's side of the benchmark for one robot: the joint-coordinate tree mechanism
+    (jaxdae/multibody/_tree.py) built from `urdf_path`, float64, CPU. `None` until written.
+
+    Compare against `mujoco_reference` (a `MujocoReference`: joint vectors in the URDF's
+    order, `mujoco_reference.joint_names`; the same start `q0`, `v0`, gravity, 1 s, no
+    limits). Return a dict with:
+
+    - `"time_to_tolerance"`: jaxdae's cheapest setting (solver, fixed step or tolerances)
+        whose `max |q(1) - mujoco_reference.q[-1]|` is at most `mujoco_reference.tolerance`:
+        `{"setting": str, "steps": int, "error": float, "ms": float, "cpu_ms": float}`,
+        `ms` (`cpu_ms`) the median wall (process CPU) time of a compiled solve over 1 s,
+        compile excluded;
+    - `"rhs_us"`: the median wall time (µs) of one compiled right-hand side (joint
+        accelerations from joint coordinates and rates), called in a loop;
+    - `"batch"`: `{"compile_s": float, "per_s": float, "error0": float}`: the batch of
+        `mujoco_reference.batch_v0` (zero coordinates) over 1 s at the setting above in one
+        `jax.vmap`, trajectories per second (wall time), compile apart, and member 0's
+        joint error at 1 s.
+
+    A key may be left out (or `None`): the tables print "—" there.
+    """
+    return None
+
+
+# -- tables --------------------------------------------------------------------------------
+
+
+def _f(value, spec: str) -> str:
+    return DASH if value is None else format(value, spec)
+
+
+def _part(rows, key):
+    return rows.get(key) if isinstance(rows, dict) else None
+
+
+def run_robot(name: str, path: Path, settings: Settings, out: Path) -> dict:
+    """Every MuJoCo measurement of one robot, then jaxdae's (`jaxdae_rows`)."""
+    robot = mb.load_urdf(path)
+    model = mujoco_model(path)
+    joints = joint_map(model, robot.joint_names)
+    check = import_check(model, robot)
+    n = len(robot.joint_names)
+    v0 = initial_rates(n)
+    fine, finer = settings.reference_steps
+    _, q_check, _, _ = reference_run(path, joints, v0, fine)
+    times, q, v, drift = reference_run(path, joints, v0, finer)
+    agreement = joint_error(q_check[-1], q[-1])
+    print(f"  {name}: reference done", flush=True)
+    ladders = {}
+    for integrator in INTEGRATORS:
+        found = steps_to_tolerance(path, joints, v0, q[-1], integrator, settings.trial_seconds)
+        if found["estimated"]:
+            found["ms"] = found["steps"] * found["step_us"] / 1e3
+            found["cpu_ms"] = None
+        else:
+            wall, cpu = timed_second(path, joints, v0, integrator, found["steps"],
+                                     settings.reps)
+            found["ms"], found["cpu_ms"] = 1e3 * wall, 1e3 * cpu
+        ladders[integrator] = found
+    cheapest = min((k for k in ladders if not ladders[k]["estimated"]),
+                   key=lambda k: ladders[k]["ms"])
+    steps = ladders[cheapest]["steps"]
+    print(f"  {name}: ladders done", flush=True)
+    rhs = forward_cost(path, joints, v0, settings)
+    rates = batch_rates(v0, settings.batch)
+    rolled = batch_rollout(path, joints, rates, cheapest, steps, settings.batch_seconds, q[-1])
+    print(f"  {name}: rollout done", flush=True)
+    skip = mjx_skipped(name, settings)
+    device = (batch_mjx(path, robot.joint_names, rates, cheapest, steps, settings, q[-1])
+              if skip is None else dict(MJX_NOT_RUN, note=skip))
+    print(f"  {name}: MJX done", flush=True)
+    reference = MujocoReference(
+        name, path, tuple(robot.joint_names), joints.kinds, T1, TOLERANCE, GRAVITY,
+        np.zeros(n), v0, rates, times, q, v, T1 / finer, agreement, drift,
+        {"integrator": cheapest, "steps": steps, "ms": ladders[cheapest]["ms"],
+         "forward_us": rhs["rollout_euler_us"], "batch_per_s": rolled["per_s"]})
+    reference.save(out / f"reference_{name}.npz")
+    return {"robot": name, "urdf": str(path), "joints": n, "bodies": int(model.nbody - 1),
+            "joint_order_identity": joints.identity, "import_check": check,
+            "reference": {"steps": [fine, finer], "agreement": agreement,
+                          "energy_drift": drift},
+            "ladders": ladders, "cheapest": cheapest, "steps": steps, "rhs": rhs,
+            "rollout": rolled, "mjx": device,
+            "jaxdae": jaxdae_rows(name, path, reference)}
+
+
+def print_tables(results: list[dict], settings: Settings) -> None:
+    """The Markdown tables of all robots."""
+    print("\n### Robots and MuJoCo's import\n")
+    print("| robot | joints | MuJoCo bodies | moving mass [kg] | joint order = URDF's | "
+          "max Δ mass / COM / inertia / anchor / axis vs jaxdae's URDF | "
+          "reference h, 2h agree to | energy drift |")
+    print("| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |")
+    for r in results:
+        c, ref = r["import_check"], r["reference"]
+        print(f"| {r['robot']} | {r['joints']} | {r['bodies']} | {c['moving_mass']:.2f} | "
+              f"{'yes' if r['joint_order_identity'] else 'no (mapped)'} | "
+              f"{c['mass']:.0e} / {c['com']:.0e} / {c['inertia']:.0e} / {c['anchor']:.0e} / "
+              f"{c['axis']:.0e} | {ref['agreement']:.1e} | {ref['energy_drift']:.1e} |")
+    print(f"\nreference: RK4, h = {T1 / settings.reference_steps[1]:.2g} s, checked against "
+          f"h = {T1 / settings.reference_steps[0]:.2g} s at t = 1 s (max |Δq|); drift: max "
+          "|E − E(0)| / max kinetic energy over the reference run.")
+    print(f"\n### Time to a joint error of {TOLERANCE:.0e} after {T1:.0f} s (wall clock)\n")
+    print("| robot | solver | h [s] | steps | max abs Δq(1) | ms per simulated s | CPU ms |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in results:
+        for integrator, found in r["ladders"].items():
+            mark = " (cheapest)" if integrator == r["cheapest"] else ""
+            est = " est." if found["estimated"] else ""
+            error = (f"≤ {TOLERANCE:.0e} (p = {found['order']:.2f})" if found["estimated"]
+                     else f"{found['error']:.2e}")
+            print(f"| {r['robot']} | MuJoCo {integrator}{mark} | {found['h']:.3g}{est} | "
+                  f"{found['steps']:,}{est} | {error} | {found['ms']:.3g}{est} | "
+                  f"{_f(found['cpu_ms'], '.3g')} |")
+        tt = _part(r["jaxdae"], "time_to_tolerance") or {}
+        h = T1 / tt["steps"] if tt.get("steps") else None
+        solver = f"jaxdae {tt.get('setting', '')}".strip()
+        print(f"| {r['robot']} | {solver} | {_f(h, '.3g')} | "
+              f"{_f(tt.get('steps'), ',')} | {_f(tt.get('error'), '.2e')} | "
+              f"{_f(tt.get('ms'), '.3g')} | {_f(tt.get('cpu_ms'), '.3g')} |")
+    print("\nMuJoCo: `mj_step(model, data, nstep=N)`, median wall (and CPU) time of "
+          f"{settings.reps}; est.: beyond the trial budget, N extrapolated from the last two "
+          "trials' order p and the time from the measured step cost. Euler and implicitfast "
+          "coincide here (no damping, no actuators: implicitfast has nothing to treat "
+          "implicitly).")
+    print("\n### One right-hand side [µs]\n")
+    print("| robot | mj_forward, Python loop | empty Python loop | mj_forward − loop | "
+          "rollout Euler step | rollout RK4 step / 4 | jaxdae |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in results:
+        h = r["rhs"]
+        print(f"| {r['robot']} | {h['forward_us']:.2f} | {h['empty_loop_us']:.2f} | "
+              f"{h['forward_us'] - h['empty_loop_us']:.2f} | {h['rollout_euler_us']:.2f} | "
+              f"{h['rollout_rk4_quarter_us']:.2f} | {_f(_part(r['jaxdae'], 'rhs_us'), '.2f')} |")
+    print(f"\n### Batch of {settings.batch:,} over {T1:.0f} s on the CPU ({os.cpu_count()} "
+          "cores)\n")
+    print("| robot | integrator, steps | MuJoCo rollout, 2 threads [traj/s] | MJX compile [s] | "
+          "MJX [traj/s] | MJX member 0 Δq(1) | jaxdae compile [s] | jaxdae [traj/s] |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    notes = []
+    for r in results:
+        ro, mx = r["rollout"], r["mjx"]
+        jb = _part(r["jaxdae"], "batch") or {}
+        ro_text = f"{ro['per_s']:.3g}" + (f" ({ro['fraction']:.0%} timed)"
+                                          if ro["fraction"] < 1 else "")
+        mx_text = _f(mx["per_s"], ".3g") + (f" ({mx['fraction']:.0%} timed)"
+                                            if mx["fraction"] and mx["fraction"] < 1 else "")
+        print(f"| {r['robot']} | {r['cheapest']}, {r['steps']:,} | {ro_text} | "
+              f"{_f(mx['compile_s'], '.1f')} | {mx_text} | {_f(mx['error0'], '.1e')} | "
+              f"{_f(jb.get('compile_s'), '.1f')} | {_f(jb.get('per_s'), '.3g')} |")
+        if mx["note"]:
+            notes.append(f"{r['robot']}: MJX {mx['note']}")
+        if mx["dtype"]:
+            notes.append(f"{r['robot']}: MJX ran in {mx['dtype']} (jax_enable_x64 on)")
+    print("\nRates perturbed by N(0, 0.1²), member 0 unperturbed; where a fraction is "
+          "given, the time of that fraction of the steps was scaled to all of them.")
+    for note in notes:
+        print(f"- {note}")
+
+
+def main():
+    args = parse_args(NAME, __doc__.splitlines()[0], only=True)
+    settings = QUICK if args.quick else FULL
+    out = output_dir(args.out, NAME)
+    began = time.perf_counter()
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as folder:
+        files = robot_files(Path(folder), args.quick)
+        if args.only:
+            wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+            files = {k: v for k, v in files.items() if any(w in k for w in wanted)}
+        results = [run_robot(name, path, settings, out) for name, path in files.items()]
+    print_tables(results, settings)
+    total = time.perf_counter() - began
+    print(f"\ntotal {total:.0f} s; load average at the start {load:.1f} "
+          f"(a shared machine: wall times include others' work)")
+    write_json(out / f"{NAME}.json", {"results": results, "quick": args.quick,
+                                      "settings": settings._asdict(), "seconds": total,
+                                      "load_average": load, "mujoco": mujoco.__version__,
+                                      "jax": jax.__version__})
+    print(f"wrote {out / (NAME + '.json')} and the reference_<robot>.npz files")
+
+
+if __name__ == "__main__":
+    main()
