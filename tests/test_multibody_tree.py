@@ -212,3 +212,33 @@ def test_refuses_what_it_cannot_build():
                          [mb.JointSpringDamper("elbow", 1.0)])
     with pytest.raises(ValueError, match="'joint' or 'absolute'"):
         mb.load_urdf(ARM).mechanism(coordinates="relative")
+
+
+@pytest.mark.slow
+def test_solve_gradients_match_central_differences():
+    """The derivatives of a solve of the URDF arm with respect to a mass, an inertia, a
+    joint's origin and its axis: reverse mode through `simulate` against central
+    differences."""
+    tree = mb.load_urdf(ARM).mechanism(forces=[mb.Gravity()], limits=False)
+    q0, v0 = jnp.array([0.1, 0.4, -0.8, 0.05]), jnp.array([1.0, 0.0, 0.5, 0.0])
+
+    @eqx.filter_jit
+    def loss(model):
+        sol = jaxdae.simulate(model, jaxdae.Unstabilized(), 0.0, 0.5, q0, v0,
+                              rtol=1e-10, atol=1e-10)
+        return jnp.sum(sol.q_final**2)
+
+    grads = eqx.filter_jit(eqx.filter_grad(loss))(tree)
+    rng = np.random.default_rng(0)
+    picks = {"mass": lambda m: m.bodies[2].mass, "origin": lambda m: m.bodies[1].markers["elbow"],
+             "axis": lambda m: m.joints[2].axis, "inertia": lambda m: m.bodies[3].inertia}
+    for name, where in picks.items():
+        value = where(tree)
+        direction = jnp.asarray(rng.normal(size=value.shape))
+        if name == "inertia":
+            direction = 0.005 * (direction + direction.T)
+        step = 1e-6
+        central = (loss(eqx.tree_at(where, tree, value + step * direction))
+                   - loss(eqx.tree_at(where, tree, value - step * direction))) / (2 * step)
+        assert float(jnp.sum(where(grads) * direction)) == pytest.approx(
+            float(central), rel=1e-6), name

@@ -1,4 +1,4 @@
-"""Benchmark: robots in joint coordinates, MuJoCo's side (and the slot for jaxdae's).
+"""Benchmark: robots in joint coordinates against MuJoCo and MJX.
 
 Three robots read from URDF, simulated for 1 s under gravity `(0, 0, -9.81)` with no
 damping, no joint limits and no contacts, from zero joint coordinates with joint rates
@@ -32,9 +32,11 @@ MuJoCo (its own URDF compiler, the model checked against jaxdae's reading of the
   compile time apart. Where the whole second would take too long, a fraction of its steps
   is timed and the time scaled (the tables say which fraction).
 
-jaxdae: `jaxdae_rows` (to be written with the tree mechanism) returns its numbers; the
-tables print "—" while it returns `None`. It gets the MuJoCo reference as a
-`MujocoReference`, also written to OUT/bench_robots/reference_<robot>.npz.
+jaxdae (`jaxdae_rows`): `load_urdf(...).mechanism()`, the joint-coordinate
+`TreeMechanism`, from the same start, against the MuJoCo reference (a `MujocoReference`,
+also written to OUT/bench_robots/reference_<robot>.npz): the time to the same joint error
+at its cheapest setting (Tsit5 or Dopri8, the loosest tolerance that reaches it), one
+right-hand side in a compiled loop, and the batch of 1,024 as one `simulate_ensemble`.
 
     python experiments/benchmarks/bench_robots.py [--out output] [--quick] [--only humanoid]
     # prints Markdown tables, writes OUT/bench_robots/bench_robots.json
@@ -684,29 +686,117 @@ def mjx_skipped(name: str, settings: Settings) -> str | None:
 # -- jaxdae ------------------------------------------------------------------------------
 
 
-def jaxdae_rows(robot_name: str, urdf_path: Path, mujoco_reference: MujocoReference):
-    """jaxdae's side of the benchmark for one robot: the joint-coordinate tree mechanism
-    (jaxdae/multibody/_tree.py) built from `urdf_path`, float64, CPU. `None` until written.
+# jaxdae's settings tried for the time to the tolerance: (label, diffrax solver, rtol = atol)
+JAXDAE_SOLVERS = ("Tsit5", "Dopri8")
+JAXDAE_TOLERANCES = tuple(10.0 ** -(k / 2) for k in range(10, 25))  # 1e-5 ... 1e-12
 
-    Compare against `mujoco_reference` (a `MujocoReference`: joint vectors in the URDF's
-    order, `mujoco_reference.joint_names`; the same start `q0`, `v0`, gravity, 1 s, no
-    limits). Return a dict with:
 
-    - `"time_to_tolerance"`: jaxdae's cheapest setting (solver, fixed step or tolerances)
-        whose `max |q(1) - mujoco_reference.q[-1]|` is at most `mujoco_reference.tolerance`:
-        `{"setting": str, "steps": int, "error": float, "ms": float, "cpu_ms": float}`,
-        `ms` (`cpu_ms`) the median wall (process CPU) time of a compiled solve over 1 s,
-        compile excluded;
-    - `"rhs_us"`: the median wall time (µs) of one compiled right-hand side (joint
-        accelerations from joint coordinates and rates), called in a loop;
-    - `"batch"`: `{"compile_s": float, "per_s": float, "error0": float}`: the batch of
-        `mujoco_reference.batch_v0` (zero coordinates) over 1 s at the setting above in one
-        `jax.vmap`, trajectories per second (wall time), compile apart, and member 0's
-        joint error at 1 s.
+def _median_times(fn, reps):
+    """Median wall and process-CPU seconds of `fn()` (blocked until ready)."""
+    walls, cpus = [], []
+    for _ in range(reps):
+        wall, cpu = time.perf_counter(), time.process_time()
+        jax.block_until_ready(fn())
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return float(np.median(walls)), float(np.median(cpus))
 
-    A key may be left out (or `None`): the tables print "—" there.
+
+def jaxdae_rows(robot_name: str, urdf_path: Path, mujoco_reference: MujocoReference,
+                reps: int = 5, batch: int | None = None):
+    """jaxdae's side for one robot: `load_urdf(urdf_path).mechanism()` (the joint-coordinate
+    `TreeMechanism`, gravity, no limits), float64, CPU, from MuJoCo's start.
+
+    - `"time_to_tolerance"`: for Tsit5 and Dopri8 (diffrax), the loosest `rtol = atol` on the
+      ladder 1e-5, 3.2e-6, ... whose `max |q(1) − q_MuJoCo(1)|` is at most the tolerance;
+      the cheaper of the two by the median wall time of the solve compiled once
+      (`eqx.filter_jit` around `jaxdae.simulate`, the tolerances traced), compile excluded;
+      and the same solve called eagerly (`jaxdae.simulate` with its input checks and
+      `Solution` assembly in Python, `eager_ms`).
+    - `"rhs_us"`: one right-hand side (`state_rates` as `simulate` evaluates it: the
+      scalar graph where it applies) inside one compiled `lax.fori_loop`.
+    - `"batch"`: `jaxdae.simulate_ensemble` of the batch's rates at that setting, compiled
+      apart; trajectories per second and member 0's error.
     """
-    return None
+    import diffrax
+    import equinox as eqx
+    import jax.numpy as jnp
+
+    import jaxdae
+    from jaxdae._compilation._scalarize import scalarize
+    from jaxdae._integration._vector_fields import state_rates
+
+    del robot_name
+    ref = mujoco_reference
+    model = mb.load_urdf(urdf_path).mechanism(forces=[mb.Gravity(GRAVITY)], limits=False)
+    formulation = jaxdae.Unstabilized()
+    q0, v0 = jnp.asarray(ref.q0), jnp.asarray(ref.v0)
+    q_ref = np.asarray(ref.q[-1])
+    solvers = {"Tsit5": diffrax.Tsit5(), "Dopri8": diffrax.Dopri8()}
+
+    @eqx.filter_jit
+    def solve(model, solver, tolerance, q0, v0):
+        controller = diffrax.PIDController(rtol=tolerance, atol=tolerance)
+        sol = jaxdae.simulate(model, formulation, 0.0, T1, q0, v0, solver=solver,
+                              stepsize_controller=controller)
+        return sol.q_final, sol.stats["num_steps"]
+
+    found = {}
+    for label in JAXDAE_SOLVERS:
+        for tolerance in JAXDAE_TOLERANCES:
+            traced = jnp.asarray(tolerance)
+            q1, steps = solve(model, solvers[label], traced, q0, v0)
+            error = joint_error(np.asarray(q1), q_ref)
+            if error <= ref.tolerance:
+                wall, cpu = _median_times(
+                    lambda s=solvers[label], tol=traced: solve(model, s, tol, q0, v0)[0], reps)
+                found[label] = {"setting": f"{label}, rtol = atol = {tolerance:.1e}",
+                                "steps": int(steps), "error": error, "ms": 1e3 * wall,
+                                "cpu_ms": 1e3 * cpu, "solver": label, "tolerance": tolerance}
+                break
+    best = min(found.values(), key=lambda r: r["ms"]) if found else None
+    if best is not None:
+        tolerance = best["tolerance"]
+
+        def eager():
+            return jaxdae.simulate(model, formulation, 0.0, T1, q0, v0,
+                                   solver=solvers[best["solver"]], rtol=tolerance,
+                                   atol=tolerance).q_final
+
+        eager()
+        best["eager_ms"] = 1e3 * _median_times(eager, reps)[0]
+    # one right-hand side in a compiled loop
+    middle = len(ref.times) // 2
+    y = jnp.concatenate([jnp.asarray(ref.q[middle]), jnp.asarray(ref.v[middle])])
+    n = q0.shape[0]
+    rates = scalarize(state_rates)
+    loop = 2000
+
+    def rhs(y):
+        return jnp.concatenate(rates(model, formulation, 0.3, y[:n], y[n:]))
+
+    run = jax.jit(lambda y: jax.lax.fori_loop(0, loop, lambda i, y: y + 1e-9 * rhs(y), y))
+    jax.block_until_ready(run(y))
+    rhs_us = 1e6 * _median_times(lambda: run(y), reps)[0] / loop
+    rows = {"time_to_tolerance": best, "rhs_us": rhs_us}
+    if best is None:
+        return rows
+    rates0 = jnp.asarray(ref.batch_v0 if batch is None else ref.batch_v0[:batch])
+    positions = jnp.zeros_like(rates0)
+
+    @eqx.filter_jit
+    def ensemble(model, positions, rates0):
+        return jaxdae.simulate_ensemble(
+            model, formulation, 0.0, T1, positions, rates0, solver=solvers[best["solver"]],
+            rtol=best["tolerance"], atol=best["tolerance"]).q_final
+
+    began = time.perf_counter()
+    q1 = jax.block_until_ready(ensemble(model, positions, rates0))
+    compile_s = time.perf_counter() - began
+    wall = _median_times(lambda: ensemble(model, positions, rates0), max(1, reps // 2))[0]
+    rows["batch"] = {"compile_s": compile_s, "per_s": rates0.shape[0] / wall,
+                     "error0": joint_error(np.asarray(q1[0]), q_ref)}
+    return rows
 
 
 # -- tables --------------------------------------------------------------------------------
@@ -768,7 +858,7 @@ def run_robot(name: str, path: Path, settings: Settings, out: Path) -> dict:
                           "energy_drift": drift},
             "ladders": ladders, "cheapest": cheapest, "steps": steps, "rhs": rhs,
             "rollout": rolled, "mjx": device,
-            "jaxdae": jaxdae_rows(name, path, reference)}
+            "jaxdae": jaxdae_rows(name, path, reference, settings.reps)}
 
 
 def print_tables(results: list[dict], settings: Settings) -> None:
@@ -805,6 +895,12 @@ def print_tables(results: list[dict], settings: Settings) -> None:
         print(f"| {r['robot']} | {solver} | {_f(h, '.3g')} | "
               f"{_f(tt.get('steps'), ',')} | {_f(tt.get('error'), '.2e')} | "
               f"{_f(tt.get('ms'), '.3g')} | {_f(tt.get('cpu_ms'), '.3g')} |")
+        if tt.get("eager_ms") is not None:
+            print(f"| {r['robot']} | jaxdae, the same called eagerly | | | | "
+                  f"{tt['eager_ms']:.3g} | |")
+    print("\njaxdae: `jaxdae.simulate` of the `TreeMechanism` compiled once with "
+          "`eqx.filter_jit` (the tolerances traced), compile excluded; \"called eagerly\": "
+          "`jaxdae.simulate` from Python, with its input checks and `Solution` assembly.")
     print("\nMuJoCo: `mj_step(model, data, nstep=N)`, median wall (and CPU) time of "
           f"{settings.reps}; est.: beyond the trial budget, N extrapolated from the last two "
           "trials' order p and the time from the measured step cost. Euler and implicitfast "

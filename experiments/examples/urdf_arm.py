@@ -1,11 +1,13 @@
 """A spatial robot arm read from a URDF file with `jaxdae.multibody.load_urdf`, swinging
-under gravity, cross-checked against Exudyn.
+under gravity in joint coordinates and in absolute coordinates, cross-checked against Exudyn.
 
 The arm is tests/data/three_link_arm.urdf: a turret on a continuous yaw joint, a shoulder
 and an elbow (revolute), a prismatic wrist and a tool frame on a fixed joint. It starts at
 zero joint coordinates with the yaw joint turning at 2 rad/s and the shoulder at 1 rad/s,
-and swings for 2 s under gravity (−z) with no damping, simulated with Baumgarte
-stabilization; a spring (200 N/m, rest length 0.45 m) from the elbow to the wrist's slider
+and swings for 2 s under gravity (−z) with no damping, simulated as the default
+`robot.mechanism()` (a `TreeMechanism` in the four joint coordinates, no constraints) and as
+the same bodies and joints in absolute coordinates (`coordinates="absolute"`, 28 coordinates
+and 24 constraints, Baumgarte stabilization); a spring (200 N/m, rest length 0.45 m) from the elbow to the wrist's slider
 keeps the prismatic wrist near its range; the URDF limits are left out (`limits=False`), as
 in the Exudyn model. With `exudyn` installed, the same bodies (masses, inertia tensors and poses
 taken from the imported model) and joints are built with Exudyn's `CreateRigidBody`,
@@ -92,17 +94,29 @@ def main():
     out = output_dir(args.out, "urdf_arm")
     t1, num = (0.5, 51) if args.quick else (2.0, 201)
     robot = mb.load_urdf(URDF)
-    model = robot.mechanism(forces=[
-        mb.Gravity(), mb.SpringDamper("forearm.frame", "slider.frame", 200.0, 0.0, 0.45)],
-        limits=False)
+    forces = [mb.Gravity(), mb.SpringDamper("forearm.frame", "slider.frame", 200.0, 0.0, 0.45)]
+    model = robot.mechanism(forces=forces, limits=False, coordinates="absolute")
     q0, v0 = model.initial_state(joint_coordinates=RATES, tol=1e-10)
+    ts = jnp.linspace(0.0, t1, num)
     start = time.perf_counter()
     sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, t1, q0, v0,
-                          ts=jnp.linspace(0.0, t1, num), rtol=1e-10, atol=1e-10)
+                          ts=ts, rtol=1e-10, atol=1e-10)
     jax.block_until_ready(sol.q)
     elapsed = time.perf_counter() - start
+    # The same start in joint coordinates: the absolute model's joint coordinates and rates
+    tree = robot.mechanism(forces=forces, limits=False)
+    coordinates, rates = model.joint_coordinates(q0), model.joint_rates(q0, v0)
+    tq0, tv0 = tree.initial_state(joint_coordinates={
+        name: (coordinates[name], rates[name]) for name in robot.joint_names})
+    start = time.perf_counter()
+    tree_sol = jaxdae.simulate(tree, jaxdae.Unstabilized(), 0.0, t1, tq0, tv0, ts=ts,
+                               rtol=1e-10, atol=1e-10)
+    jax.block_until_ready(tree_sol.q)
+    tree_elapsed = time.perf_counter() - start
     energy = np.asarray(jax.vmap(model.energy)(sol.ts, sol.q, sol.v))
+    tree_energy = np.asarray(jax.vmap(tree.energy)(tree_sol.ts, tree_sol.q, tree_sol.v))
     tool = np.asarray(model.marker_position(sol.q, "slider.tool"))
+    tree_tool = np.asarray(tree.marker_position(tree_sol.q, "slider.tool"))
     reference = exudyn_tool(robot, model, q0, v0, t1, 80 * (num - 1))
     coordinates = model.joint_coordinates(sol.q)
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 4), constrained_layout=True)
@@ -117,11 +131,13 @@ def main():
         ax2.plot(sol.ts, coordinates[name], label=name)
     ax2.set(xlabel="t [s]", ylabel="joint coordinate [rad, m]", title="joints")
     ax2.legend(fontsize=8)
-    ax3.plot(sol.ts, energy - energy[0])
+    ax3.plot(sol.ts, energy - energy[0], label="absolute coordinates")
+    ax3.plot(tree_sol.ts, tree_energy - tree_energy[0], label="joint coordinates")
     ax3.set(xlabel="t [s]", ylabel="E − E(0) [J]", title="energy drift")
+    ax3.legend(fontsize=8)
     fig.savefig(out / "urdf_arm.png", dpi=120)
     plt.close(fig)
-    jaxdae.viz.view(model, sol).save_html(out / "urdf_arm.html")  # the 3-D viewer, offline
+    jaxdae.viz.view(tree, tree_sol).save_html(out / "urdf_arm.html")  # the 3-D viewer, offline
     result = {
         "mobility": model.mobility(q0)._asdict(),
         "t1": t1,
@@ -129,6 +145,10 @@ def main():
         "max_energy_drift": float(np.abs(energy - energy[0]).max()),
         "steps": int(sol.stats["num_steps"]),
         "seconds_with_compile": elapsed,
+        "joint_coordinates_max_energy_drift": float(np.abs(tree_energy - tree_energy[0]).max()),
+        "joint_coordinates_steps": int(tree_sol.stats["num_steps"]),
+        "joint_coordinates_seconds_with_compile": tree_elapsed,
+        "max_tool_difference_joint_vs_absolute": float(np.abs(tree_tool - tool).max()),
     }
     if reference is not None:
         ts_ref, tool_ref, elapsed_ref = reference

@@ -10,7 +10,8 @@ what it found; the formulations choose their linear algebra from these.
 - [`state_independent_tag`][]: a lineax tag for a matrix that does not depend on the state
   `(t, q, v)`, only on the model's parameters (a constant mass matrix).
 - [`FactoredOperator`][]: an operator together with a factorization of its inverse
-  ([`MassFactor`][]), computed once per solve outside its loop for a state-independent `M`.
+  ([`MassFactor`][]), computed once per solve outside its loop for a state-independent `M`,
+  or where a system computes its `M`.
 """
 
 import functools
@@ -120,8 +121,11 @@ class MassFactor(eqx.Module):
 
 
 class FactoredOperator(lx.AbstractLinearOperator):
-    """A state-independent symmetric positive definite operator with its inverse factored
-    ahead of use: products go through `operator`, solves use `factor`.
+    """A symmetric positive definite operator with its inverse factored ahead of use:
+    products go through `operator`, solves use `factor`. A state-independent `M` is
+    factored so once per solve (its `operator` tagged [`state_independent_tag`][]); a
+    system that factors its own `M` where it computes it (a tree's, in joint coordinates)
+    hands it on so, so that the formulations' solves use that factor.
 
     **Arguments:**
 
@@ -147,14 +151,17 @@ class FactoredOperator(lx.AbstractLinearOperator):
     def out_structure(self):
         return self.operator.out_structure()
 
-    tags = frozenset({lx.symmetric_tag, lx.positive_semidefinite_tag, state_independent_tag})
+    @property
+    def tags(self) -> frozenset:
+        return frozenset({lx.symmetric_tag, lx.positive_semidefinite_tag}) | (
+            _tag_set(self.operator.tags) & {state_independent_tag})
 
 
 @functools.singledispatch
 def is_state_independent(operator: lx.AbstractLinearOperator) -> bool:
     """Whether `operator` does not depend on the state `(t, q, v)`: tagged
-    [`state_independent_tag`][], or factored ahead of use ([`FactoredOperator`][]). Asked as
-    lineax asks its own structural questions (`lineax.is_symmetric`, ...)."""
+    [`state_independent_tag`][] (a [`FactoredOperator`][] of such an operator included).
+    Asked as lineax asks its own structural questions (`lineax.is_symmetric`, ...)."""
     del operator
     return False
 

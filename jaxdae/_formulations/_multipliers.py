@@ -150,8 +150,10 @@ class _Dense(NamedTuple):
 def _mass_solve(terms: ConstrainedTerms):
     """`M⁻¹ Q` and `M⁻¹ Gᵀ` (dense) from one Cholesky factorization of `M` (or the factor
     the terms carry)."""
-    rhs = jnp.concatenate([terms.forces[:, None], terms.jacobian.T], axis=1)
     factor = factor_of(terms.mass_operator)
+    if terms.jacobian.shape[0] == 0 and factor is None:  # one right-hand side: no batch
+        return spd_solve(terms.mass_matrix, terms.forces), terms.jacobian.T
+    rhs = jnp.concatenate([terms.forces[:, None], terms.jacobian.T], axis=1)
     if factor is not None:
         sol = factor.solve(rhs)
     else:
@@ -200,6 +202,8 @@ def multiplier_solve(
             return _banded_multipliers((minv.pattern, g.pattern, plan), minv.values,
                                        g.values, terms.forces, target)
     elimination = eliminate(terms)
+    if target.shape[0] == 0:  # no constraints: `q̈ = M⁻¹ Q`
+        return elimination.minv_q, target
     rhs = elimination.g_minv_q - target
     lam = symmetric_solve(elimination.operator, rhs, solver)
     return elimination.minv_q - elimination.apply_minv_gt(lam), lam

@@ -28,7 +28,12 @@ import numpy as np
 
 from .. import _thresholds
 from .._compilation._linalg import is_positive_definite
-from .._compilation._operators import FactoredOperator, MassFactor, sparse_matrix
+from .._compilation._operators import (
+    FactoredOperator,
+    MassFactor,
+    sparse_matrix,
+    state_independent_tag,
+)
 from .._compilation._sparse import Pattern, SparseMatrix, blocks_positive_definite
 from .._compilation._sparsity import column_colouring, nonzero_masks
 from .._custom_types import Array, Bool, Float
@@ -193,7 +198,8 @@ def with_mass_factor(terms, factor: MassFactor | None):
         return terms
     operator = terms.mass_operator
     if operator is None:
-        operator = lx.MatrixLinearOperator(terms.mass_matrix, lx.positive_semidefinite_tag)
+        operator = lx.MatrixLinearOperator(
+            terms.mass_matrix, (lx.positive_semidefinite_tag, state_independent_tag))
     return eqx.tree_at(lambda x: x.mass_operator, terms, FactoredOperator(operator, factor),
                        is_leaf=lambda x: x is None)
 

@@ -7,11 +7,13 @@ from typing import NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
 
 from .._analysis._consistent import consistent_initial_state
 from .._analysis._control import AbstractController, ConstantControl
 from .._compilation._gather import take
+from .._compilation._operators import FactoredOperator, MassFactor
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._systems._system import (
     AbstractSystem,
@@ -26,7 +28,7 @@ from ._joint import AbstractJoint, Fixed, Prismatic, Revolute, Spherical
 from ._kinematics import Frame, euler_rotation, quaternion_from_matrix, split
 from ._model import _kind_check, _names, _over_leading
 from ._results import Mobility
-from ._spatial import apply_inertia, force_cross, inertia_parts
+from ._spatial import apply_inertia, force_cross, inertia_parts, motion_cross
 from ._stop import AbstractStop, StopKinematics
 
 _SCREW, _SPHERICAL, _FLOATING = "screw", "spherical", "floating"
@@ -109,15 +111,6 @@ def _topology(bodies, joints, joint_names) -> _Topology:
                     "changes sign).")
         if pending:  # a free body: its own root
             reached[bodies[pending[0]].name] = pending[0]
-    # positions: by kind (floating, screw, spherical), then depth and slot
-    rank = {_FLOATING: 0, _SCREW: 1, _SPHERICAL: 2}
-    order = sorted(range(len(bodies)), key=lambda b: (rank[kinds[b]], depth[b], b))
-    position = {b: i for i, b in enumerate(order)}
-    groups, start = [], 0
-    for i in range(1, len(order) + 1):
-        if i == len(order) or kinds[order[i]] != kinds[order[start]]:
-            groups.append((kinds[order[start]], start, i))
-            start = i
     # coordinates: the free bodies', then the tree joints' in the order of `joints`
     names, offsets, body_dofs = [], [], {}
     for b in range(len(bodies)):
@@ -133,6 +126,17 @@ def _topology(bodies, joints, joint_names) -> _Topology:
         offsets.append((joint_names[index], len(names), size))
         names += ([f"{joint_names[index]}.{c}" for c in _QUATERNION] if size == 4
                   else [joint_names[index]] * size)
+    # positions: by kind (floating, screw, spherical), then in the order of the coordinates
+    # (where each body has one coordinate, per-body arrays are then `q`'s order, no gather)
+    rank = {_FLOATING: 0, _SCREW: 1, _SPHERICAL: 2}
+    order = sorted(range(len(bodies)), key=lambda b: (
+        rank[kinds[b]], body_dofs[b][0] if body_dofs[b] else len(names), depth[b], b))
+    position = {b: i for i, b in enumerate(order)}
+    groups, start = [], 0
+    for i in range(1, len(order) + 1):
+        if i == len(order) or kinds[order[i]] != kinds[order[start]]:
+            groups.append((kinds[order[start]], start, i))
+            start = i
     n = len(names)
     width = max([len(d) for d in body_dofs.values()] + [1])
     dofs = tuple(tuple(body_dofs[b]) + (n,) * (width - len(body_dofs[b])) for b in order)
@@ -152,6 +156,15 @@ def _topology(bodies, joints, joint_names) -> _Topology:
                      tuple(carrier[b] for b in order), tuple(groups), tuple(jumps), dofs,
                      tuple(map(tuple, ancestors.tolist())), closures, n, tuple(names),
                      tuple(offsets))
+
+
+def _gather(x, index):
+    """`x[index]` along axis 0 for a static `index`: a slice and a reshape where `index`
+    reads the leading rows in order (a tree whose bodies each have one coordinate, in the
+    order of `q`), else a gather."""
+    if np.array_equal(index.reshape(-1), np.arange(index.size)):
+        return x[: index.size].reshape(index.shape + x.shape[1:])
+    return take(x, index)
 
 
 # `w̃_ij = −ε_ijk w_k`: the cross-product matrices of a batch of vectors in one product
@@ -426,7 +439,7 @@ class TreeMechanism(AbstractSystem):
         `d` takes `⌈log₂ d⌉` rounds of batched products."""
         top, dtype = self.topology, q.dtype
         width = len(top.dofs[0])
-        coords = take(jnp.concatenate([q, jnp.zeros((1,), dtype)]), np.asarray(top.dofs))
+        coords = self._rates(q)
         local_rot, local_pos = [], []
         parameters = {start: self._joint_parameters(start, stop, dtype)
                       for kind, start, stop in top.groups if kind != _FLOATING}
@@ -489,13 +502,13 @@ class TreeMechanism(AbstractSystem):
         return rotations, centres, jnp.concatenate(subspaces)
 
     def _rates(self, v):
-        """`v` per body position, `(b, w)` (zero padding)."""
+        """`v` (or `q`) per body position, `(b, w)` (zero padding)."""
         padded = jnp.concatenate([v, jnp.zeros((1,), v.dtype)])
-        return take(padded, np.asarray(self.topology.dofs))
+        return _gather(padded, np.asarray(self.topology.dofs))
 
     def _to_coordinates(self, per_body):
         """`(b, w)` per body position back to the `(n,)` coordinates."""
-        return take(per_body.reshape(-1), self._flat_index())
+        return _gather(per_body.reshape(-1), self._flat_index())
 
     def _flat_index(self):
         """For each coordinate, its entry in the flattened `(b, w)` per-position layout."""
@@ -556,7 +569,7 @@ class TreeMechanism(AbstractSystem):
         count, width = subspaces.shape[0], subspaces.shape[2]
         full = jnp.swapaxes(full, 1, 2).reshape(count * width, count * width)
         index = self._flat_index()
-        mass_matrix = take(take(full, index).T, index)
+        mass_matrix = _gather(_gather(full, index).T, index)
         positions, weights = self._radial(dtype)
         for position in positions:
             select = self._selection(position, dtype)
@@ -577,17 +590,39 @@ class TreeMechanism(AbstractSystem):
 
     def _motion(self, q, v):
         """Poses, motion subspaces, the bodies' spatial velocities `V` `(b, 6)` and the sums
-        of `Ṡ q̇` along their paths (their accelerations at `q̈ = 0`, gravity aside)."""
+        of `Ṡ q̇` along their paths (their accelerations at `q̈ = 0`, gravity aside).
+
+        A joint's subspace moves with the parent body, `Ṡ q̇ = V_parent × S q̇`
+        (Featherstone (2008), eq. 2.45, in the global frame), plus, for Euler parameters, the
+        change of the map `2 E(p)/|p|²` itself: `−2 (p·ṗ)/|p|² ω` (`E(ṗ) ṗ = 0`), and for a
+        free body the motion of its reference point, `ṙ × ω`."""
+        rotations, centres, subspaces = self.poses(q)
         rates = self._rates(v)
-
-        def motion(q_):
-            rotations, centres, subspaces = self.poses(q_)
-            return rotations, centres, subspaces, jnp.einsum("bjk,bk->bj", subspaces, rates)
-
-        (rotations, centres, subspaces, relative), (_, _, _, bias) = jax.jvp(
-            motion, (q,), (v,))
+        coords = self._rates(q)
+        relative = jnp.einsum("bjk,bk->bj", subspaces, rates)
         ancestors = self._ancestors(q.dtype)
-        return rotations, centres, subspaces, ancestors.T @ relative, ancestors.T @ bias
+        velocities = ancestors.T @ relative
+        bias = [motion_cross(velocities - relative, relative)]
+        top = self.topology
+        if any(kind != _SCREW for kind in top.kinds):
+            local = []
+            for kind, start, stop in top.groups:
+                if kind == _SCREW:
+                    local.append(jnp.zeros((stop - start, 6), q.dtype))
+                    continue
+                first = 3 if kind == _FLOATING else 0
+                p, pdot = coords[start:stop, first:first + 4], rates[start:stop, first:first + 4]
+                shrink = (-2 * jnp.sum(p * pdot, axis=1) / jnp.sum(p * p, axis=1))[:, None]
+                omega = relative[start:stop, :3]
+                if kind == _FLOATING:
+                    centre = centres[start:stop]
+                    local.append(jnp.concatenate([
+                        shrink * omega, jnp.cross(rates[start:stop, :3], omega)
+                        + shrink * jnp.cross(centre, omega)], axis=1))
+                else:
+                    local.append(shrink * relative[start:stop])
+            bias.append(jnp.concatenate(local))
+        return rotations, centres, subspaces, velocities, ancestors.T @ sum(bias[1:], bias[0])
 
     def _gravity(self, dtype):
         """The sum of the [`jaxdae.multibody.Gravity`][] elements' accelerations: the
@@ -699,9 +734,14 @@ class TreeMechanism(AbstractSystem):
         else:
             phi = dphi = gamma = jnp.zeros((0,), q.dtype)
             jacobian = jnp.zeros((0, q.shape[0]), q.dtype)
+        # `M` factored here, where it is computed: the formulations' solves use the factor
+        # (written out for small `M`, a loop fused with the rest of the right-hand side up to
+        # `LOOPED_MAX`), not a library call of their own.
+        operator = FactoredOperator(lx.MatrixLinearOperator(mass, lx.positive_semidefinite_tag),
+                                    MassFactor.factor(mass))
         return cast_floating(ConstrainedTerms(
             mass, forces, phi, dphi, jnp.zeros((0,), q.dtype), jacobian, gamma,
-            energy=energy), q.dtype)
+            energy=energy, mass_operator=operator), q.dtype)
 
     def potential_energy(self, t, q, motion=None) -> Float[Array, ""]:
         """The force elements' potential energy (gravity's included)."""
