@@ -55,12 +55,18 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
+import diffrax  # noqa: E402
+import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
 from _common import output_dir, parse_args, write_json  # noqa: E402
 
+import jaxdae  # noqa: E402
 import jaxdae.multibody as mb  # noqa: E402
+from jaxdae._compilation._scalarize import scalarize  # noqa: E402
+from jaxdae._integration._vector_fields import state_rates  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -702,6 +708,21 @@ def _median_times(fn, reps):
     return float(np.median(walls)), float(np.median(cpus))
 
 
+def jaxdae_rhs_us(model, q, v, reps: int, loop: int = 2000) -> float:
+    """µs of one right-hand side of `model` under `Unstabilized` (`state_rates` as
+    `simulate` evaluates it: the scalar graph where it applies) inside one compiled
+    `lax.fori_loop`, from the state `(q, v)`."""
+    rates, formulation, n = scalarize(state_rates), jaxdae.Unstabilized(), q.shape[0]
+
+    def rhs(y):
+        return jnp.concatenate(rates(model, formulation, 0.3, y[:n], y[n:]))
+
+    run = jax.jit(lambda y: jax.lax.fori_loop(0, loop, lambda i, y: y + 1e-9 * rhs(y), y))
+    y = jnp.concatenate([jnp.asarray(q), jnp.asarray(v)])
+    jax.block_until_ready(run(y))
+    return 1e6 * _median_times(lambda: run(y), reps)[0] / loop
+
+
 def jaxdae_rows(robot_name: str, urdf_path: Path, mujoco_reference: MujocoReference,
                 reps: int = 5, batch: int | None = None):
     """jaxdae's side for one robot: `load_urdf(urdf_path).mechanism()` (the joint-coordinate
@@ -718,14 +739,6 @@ def jaxdae_rows(robot_name: str, urdf_path: Path, mujoco_reference: MujocoRefere
     - `"batch"`: `jaxdae.simulate_ensemble` of the batch's rates at that setting, compiled
       apart; trajectories per second and member 0's error.
     """
-    import diffrax
-    import equinox as eqx
-    import jax.numpy as jnp
-
-    import jaxdae
-    from jaxdae._compilation._scalarize import scalarize
-    from jaxdae._integration._vector_fields import state_rates
-
     del robot_name
     ref = mujoco_reference
     model = mb.load_urdf(urdf_path).mechanism(forces=[mb.Gravity(GRAVITY)], limits=False)
@@ -741,18 +754,21 @@ def jaxdae_rows(robot_name: str, urdf_path: Path, mujoco_reference: MujocoRefere
                               stepsize_controller=controller)
         return sol.q_final, sol.stats["num_steps"]
 
-    found = {}
+    found, compile_s = {}, {}
     for label in JAXDAE_SOLVERS:
         for tolerance in JAXDAE_TOLERANCES:
             traced = jnp.asarray(tolerance)
-            q1, steps = solve(model, solvers[label], traced, q0, v0)
+            began = time.perf_counter()
+            q1, steps = jax.block_until_ready(solve(model, solvers[label], traced, q0, v0))
+            compile_s.setdefault(label, time.perf_counter() - began)  # the first call
             error = joint_error(np.asarray(q1), q_ref)
             if error <= ref.tolerance:
                 wall, cpu = _median_times(
                     lambda s=solvers[label], tol=traced: solve(model, s, tol, q0, v0)[0], reps)
                 found[label] = {"setting": f"{label}, rtol = atol = {tolerance:.1e}",
                                 "steps": int(steps), "error": error, "ms": 1e3 * wall,
-                                "cpu_ms": 1e3 * cpu, "solver": label, "tolerance": tolerance}
+                                "cpu_ms": 1e3 * cpu, "solver": label, "tolerance": tolerance,
+                                "compile_s": compile_s[label]}
                 break
     best = min(found.values(), key=lambda r: r["ms"]) if found else None
     if best is not None:
@@ -765,22 +781,13 @@ def jaxdae_rows(robot_name: str, urdf_path: Path, mujoco_reference: MujocoRefere
 
         eager()
         best["eager_ms"] = 1e3 * _median_times(eager, reps)[0]
-    # one right-hand side in a compiled loop
     middle = len(ref.times) // 2
-    y = jnp.concatenate([jnp.asarray(ref.q[middle]), jnp.asarray(ref.v[middle])])
-    n = q0.shape[0]
-    rates = scalarize(state_rates)
-    loop = 2000
-
-    def rhs(y):
-        return jnp.concatenate(rates(model, formulation, 0.3, y[:n], y[n:]))
-
-    run = jax.jit(lambda y: jax.lax.fori_loop(0, loop, lambda i, y: y + 1e-9 * rhs(y), y))
-    jax.block_until_ready(run(y))
-    rhs_us = 1e6 * _median_times(lambda: run(y), reps)[0] / loop
+    rhs_us = jaxdae_rhs_us(model, ref.q[middle], ref.v[middle], reps)
     rows = {"time_to_tolerance": best, "rhs_us": rhs_us}
     if best is None:
         return rows
+    if batch is None and q0.shape[0] > 32:
+        batch = 128  # a long chain: the rate of a smaller batch (shared steps, as the full)
     rates0 = jnp.asarray(ref.batch_v0 if batch is None else ref.batch_v0[:batch])
     positions = jnp.zeros_like(rates0)
 
@@ -795,7 +802,33 @@ def jaxdae_rows(robot_name: str, urdf_path: Path, mujoco_reference: MujocoRefere
     compile_s = time.perf_counter() - began
     wall = _median_times(lambda: ensemble(model, positions, rates0), max(1, reps // 2))[0]
     rows["batch"] = {"compile_s": compile_s, "per_s": rates0.shape[0] / wall,
-                     "error0": joint_error(np.asarray(q1[0]), q_ref)}
+                     "error0": joint_error(np.asarray(q1[0]), q_ref), "size": rates0.shape[0]}
+    return rows
+
+
+# -- the cost against the length of a chain -------------------------------------------------
+
+CHAIN_LENGTHS = (8, 16, 32, 64)
+
+
+def chain_scaling(folder: Path, lengths, reps: int) -> list[dict]:
+    """One right-hand side against the number of links of `chain_urdf(n)`: MuJoCo's
+    `mj_forward` inside `mujoco.rollout` (Euler steps, one thread) and jaxdae's
+    (`state_rates` of the `TreeMechanism` in a compiled loop), µs."""
+    rows = []
+    settings = FULL._replace(reps=reps, forward_calls=1000)
+    for n in lengths:
+        path = folder / f"chain{n}.urdf"
+        path.write_text(chain_urdf(n))
+        robot = mb.load_urdf(path)
+        model = mujoco_model(path)
+        joints = joint_map(model, robot.joint_names)
+        v0 = initial_rates(n)
+        mujoco_us = forward_cost(path, joints, v0, settings)["rollout_euler_us"]
+        tree = robot.mechanism(forces=[mb.Gravity(GRAVITY)], limits=False)
+        jaxdae_us = jaxdae_rhs_us(tree, np.full(n, 0.1), v0, reps, loop=1000)
+        rows.append({"links": n, "mujoco_us": mujoco_us, "jaxdae_us": jaxdae_us})
+        print(f"  chain of {n}: done", flush=True)
     return rows
 
 
@@ -898,6 +931,8 @@ def print_tables(results: list[dict], settings: Settings) -> None:
         if tt.get("eager_ms") is not None:
             print(f"| {r['robot']} | jaxdae, the same called eagerly | | | | "
                   f"{tt['eager_ms']:.3g} | |")
+            print(f"| {r['robot']} | jaxdae, compile and first call of the solve | | | | "
+                  f"{1e3 * tt['compile_s']:.4g} | |")
     print("\njaxdae: `jaxdae.simulate` of the `TreeMechanism` compiled once with "
           "`eqx.filter_jit` (the tolerances traced), compile excluded; \"called eagerly\": "
           "`jaxdae.simulate` from Python, with its input checks and `Solution` assembly.")
@@ -930,7 +965,9 @@ def print_tables(results: list[dict], settings: Settings) -> None:
                                             if mx["fraction"] and mx["fraction"] < 1 else "")
         print(f"| {r['robot']} | {r['cheapest']}, {r['steps']:,} | {ro_text} | "
               f"{_f(mx['compile_s'], '.1f')} | {mx_text} | {_f(mx['error0'], '.1e')} | "
-              f"{_f(jb.get('compile_s'), '.1f')} | {_f(jb.get('per_s'), '.3g')} |")
+              f"{_f(jb.get('compile_s'), '.1f')} | {_f(jb.get('per_s'), '.3g')}"
+              + (f" (batch of {jb['size']})" if jb.get("size", settings.batch) < settings.batch
+                 else "") + " |")
         if mx["note"]:
             notes.append(f"{r['robot']}: MJX {mx['note']}")
         if mx["dtype"]:
@@ -953,11 +990,20 @@ def main():
             wanted = [w.strip() for w in args.only.split(",") if w.strip()]
             files = {k: v for k, v in files.items() if any(w in k for w in wanted)}
         results = [run_robot(name, path, settings, out) for name, path in files.items()]
+        chains = chain_scaling(Path(folder), CHAIN_LENGTHS[:2] if args.quick else CHAIN_LENGTHS,
+                               settings.reps)
     print_tables(results, settings)
+    print("\n### One right-hand side against the length of a chain [µs]\n")
+    print("| links | MuJoCo (rollout Euler step) | per link | jaxdae | per link |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for row in chains:
+        n = row["links"]
+        print(f"| {n} | {row['mujoco_us']:.2f} | {row['mujoco_us'] / n:.3f} | "
+              f"{row['jaxdae_us']:.2f} | {row['jaxdae_us'] / n:.3f} |")
     total = time.perf_counter() - began
     print(f"\ntotal {total:.0f} s; load average at the start {load:.1f} "
           f"(a shared machine: wall times include others' work)")
-    write_json(out / f"{NAME}.json", {"results": results, "quick": args.quick,
+    write_json(out / f"{NAME}.json", {"results": results, "chains": chains, "quick": args.quick,
                                       "settings": settings._asdict(), "seconds": total,
                                       "load_average": load, "mujoco": mujoco.__version__,
                                       "jax": jax.__version__})
