@@ -108,6 +108,7 @@ def _accelerations(model, q, v):
     return jaxdae.PseudoInverse(1.0, 1.0).accelerations(model.terms(0.0, q, v))[0]
 
 
+@pytest.mark.slow
 def test_agrees_with_absolute_coordinates():
     """The URDF arm in joint coordinates (the default of `mechanism()`) and in absolute
     coordinates: the same pose and the same accelerations of every marker."""
@@ -210,8 +211,11 @@ def test_refuses_what_it_cannot_build():
     with pytest.raises(ValueError, match="not in the mechanism"):
         mb.TreeMechanism([link], [mb.Revolute("ground", "link.a")],
                          [mb.JointSpringDamper("elbow", 1.0)])
+    robot = mb.load_urdf(ARM)
+    assert isinstance(robot.mechanism(), mb.TreeMechanism)
+    assert isinstance(robot.mechanism(coordinates="absolute"), mb.Mechanism)
     with pytest.raises(ValueError, match="'joint' or 'absolute'"):
-        mb.load_urdf(ARM).mechanism(coordinates="relative")
+        robot.mechanism(coordinates="relative")
 
 
 @pytest.mark.slow

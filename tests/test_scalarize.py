@@ -182,3 +182,29 @@ def test_large_functions_keep_their_array_form():
     jaxpr = jax.make_jaxpr(scalarize(many_small))(jnp.ones(8))
     assert {e.primitive.name for e in jaxpr.eqns} == {"sin"}
     assert all(e.outvars[0].aval.shape == (8,) for e in jaxpr.eqns)
+
+
+def test_gathers_of_the_project_become_element_bookkeeping():
+    """`_gather.take` (rows read, padding as zero) and `add_at` (rows summed) re-trace into
+    the same values and derivatives, with no gather left in the scalar graph."""
+    from jaxdae._compilation._gather import add_at, take
+
+    index = np.array([[2, 0], [3, 1]])  # 3: the padding row (zeros)
+
+    def fn(x):
+        rows = take(x, index)  # (2, 2, 2)
+        return add_at(jnp.sin(x), np.array([0, 0, 2]), rows[0, :, :].sum(0) * x[:3])
+
+    x = jnp.arange(6.0).reshape(3, 2) / 7
+    scalar = scalarize(fn)
+    np.testing.assert_allclose(scalar(x), fn(x), rtol=1e-15)
+    np.testing.assert_allclose(jax.jacfwd(scalar)(x), jax.jacfwd(fn)(x), rtol=1e-14)
+    def names(jaxpr):
+        for eqn in jaxpr.eqns:
+            yield eqn.primitive.name
+            inner = eqn.params.get("jaxpr")
+            if inner is not None:
+                yield from names(getattr(inner, "jaxpr", inner))
+
+    assert "jaxdae_gather_sum" in set(names(jax.make_jaxpr(fn)(x).jaxpr))
+    assert "jaxdae_gather_sum" not in set(names(jax.make_jaxpr(scalar)(x).jaxpr))

@@ -528,6 +528,8 @@ def _eval(graph: _Graph, jaxpr, consts: list, args: list[_Value]) -> list[_Value
                                  out_aval.shape, out_aval.dtype)]
         elif name == "iota":
             outs = [_iota(out_aval, params)]
+        elif name == "jaxdae_gather_sum":
+            outs = [_gather_sum(graph, operands[0], params["table"], out_aval)]
         else:
             outs = _structural(name, params, operands)
         if outs is None:
@@ -536,6 +538,28 @@ def _eval(graph: _Graph, jaxpr, consts: list, args: list[_Value]) -> list[_Value
             if not isinstance(var, jex.DropVar):
                 env[var] = value
     return [read(v) for v in jaxpr.outvars]
+
+
+def _gather_sum(graph: _Graph, x: _Value, table, aval) -> _Value:
+    """jaxdae's gather-sum (`_gather.take`, `add_at`): each row of the result is the sum
+    of the rows of `x` that its row of the static table names (`table.size` standing for
+    zero)."""
+    rows = x.indices().reshape(x.shape[0], -1) if x.shape[0] else np.zeros((0, 0), int)
+    width = math.prod(aval.shape[1:])
+    zero = np.asarray(0).astype(x.dtype)
+    out = []
+    for entries in table.index:
+        reads = [rows[j] for j in entries if j < table.size]
+        for k in range(width):
+            if not reads:
+                out.append(zero)
+                continue
+            acc = x.elements[reads[0][k]]
+            for row in reads[1:]:
+                acc = graph.apply(lax.add_p, _params(lax.add), [acc, x.elements[row[k]]],
+                                  x.dtype)
+            out.append(acc)
+    return _Value(out, aval.shape, x.dtype)
 
 
 def _iota(aval, params) -> _Value:

@@ -217,7 +217,7 @@ class TreeMechanism(AbstractSystem):
     parameters (a floating base). At zero joint coordinates each joint's two marker frames
     coincide: `A_b = A_a R(u, θ)` for a revolute joint about the axis `u` of marker `a`,
     `p_b = p_a + θ A_a u` for a prismatic one, as the joints'
-    [`coordinate`][jaxdae.multibody.AbstractJoint.coordinate]s measure them. `q` lists the
+    `coordinate`s measure them. `q` lists the
     free bodies' coordinates, then the tree joints' in the order of `joints`
     (`coordinate_names`). The Euler parameters need not have unit norm: the rotation is that
     of `p/|p|`, and their norm is an inert coordinate with the kinetic energy
@@ -461,7 +461,7 @@ class TreeMechanism(AbstractSystem):
             local_rot.append(rot)
             local_pos.append(offset - jnp.einsum("bij,bj->bi", rot, s_b))
         rotations, centres = jnp.concatenate(local_rot), jnp.concatenate(local_pos)
-        eye, zero = jnp.eye(3, dtype=dtype)[None], jnp.zeros((1, 3), dtype)
+        eye, zero = jnp.asarray(np.eye(3)[None], dtype), jnp.zeros((1, 3), dtype)
         for jump in top.jumps:
             first_rot = take(jnp.concatenate([rotations, eye]), np.asarray(jump))
             first_pos = take(jnp.concatenate([centres, zero]), np.asarray(jump))
@@ -476,7 +476,7 @@ class TreeMechanism(AbstractSystem):
                 p = coords[start:stop, 3:7]
                 w = _rate_map(p)
                 count = stop - start
-                unit = jnp.broadcast_to(jnp.eye(3, dtype=dtype), (count, 3, 3))
+                unit = jnp.asarray(np.broadcast_to(np.eye(3), (count, 3, 3)), dtype)
                 cross = jnp.cross(centres[start:stop, :, None], w, axis=1)
                 subspace = jnp.concatenate([
                     jnp.concatenate([jnp.zeros((count, 3, 3), dtype), w], axis=2),
@@ -563,7 +563,7 @@ class TreeMechanism(AbstractSystem):
         forces = apply_inertia(tuple(x[:, None] for x in composite), columns)
         blocks = jnp.einsum("akj,blj->abkl", columns, forces)
         upper = ancestors[:, :, None, None]
-        eye = jnp.eye(ancestors.shape[0], dtype=dtype)[:, :, None, None]
+        eye = np.eye(ancestors.shape[0])[:, :, None, None]
         full = (upper * blocks + jnp.swapaxes(upper, 0, 1) * jnp.swapaxes(
             jnp.swapaxes(blocks, 0, 1), 2, 3) - eye * blocks)
         count, width = subspaces.shape[0], subspaces.shape[2]
