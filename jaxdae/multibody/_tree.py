@@ -551,12 +551,12 @@ class TreeMechanism(AbstractSystem):
         deeper of the two bodies, where one is on the other's path to the ground."""
         del t
         rotations, centres, subspaces = self.poses(q)
-        return self._crba(q, rotations, centres, subspaces)
+        return self._crba(q, subspaces, self._inertias(rotations, centres))
 
-    def _crba(self, q, rotations, centres, subspaces):
+    def _crba(self, q, subspaces, parts):
         dtype = q.dtype
         ancestors = self._ancestors(dtype)
-        mass, first, rotational = self._inertias(rotations, centres)
+        mass, first, rotational = parts
         composite = (ancestors @ mass, ancestors @ first,
                      jnp.einsum("ik,kab->iab", ancestors, rotational))
         columns = jnp.swapaxes(subspaces, 1, 2)  # (b, w, 6)
@@ -635,20 +635,19 @@ class TreeMechanism(AbstractSystem):
                                  else g.astype(dtype))
         return total
 
-    def _newton_euler(self, q, motion, external, acceleration=None):
+    def _newton_euler(self, q, motion, parts, external, acceleration=None):
         """The generalized forces `τ = M q̈ + c(q, v) − Jᵀ f_ext` that give the accelerations
         `q̈` (`None`: zero), by the recursive Newton–Euler algorithm (Featherstone (2008),
         Table 5.1): the bodies' forces `I a + V ×* I V − f_ext`, summed over subtrees and
         projected on the joints' motion subspaces."""
         dtype = q.dtype
-        rotations, centres, subspaces, velocities, bias = motion
+        _, _, subspaces, velocities, bias = motion
         ancestors = self._ancestors(dtype)
         ground = jnp.concatenate([jnp.zeros((3,), dtype), -self._gravity(dtype)])
         accelerations = bias + ground
         if acceleration is not None:
             accelerations = accelerations + ancestors.T @ jnp.einsum(
                 "bjk,bk->bj", subspaces, self._rates(acceleration))
-        parts = self._inertias(rotations, centres)
         forces = (apply_inertia(parts, accelerations)
                   + force_cross(velocities, apply_inertia(parts, velocities)))
         if external is not None:
@@ -682,7 +681,8 @@ class TreeMechanism(AbstractSystem):
         by the recursive Newton–Euler algorithm."""
         applied, external = self._applied_forces(t, q, v, None)
         motion = self._motion(q, v)
-        tau = self._newton_euler(q, motion, external, acceleration)
+        parts = self._inertias(*motion[:2])
+        tau = self._newton_euler(q, motion, parts, external, acceleration)
         return tau + self._norm_terms(q, v, acceleration)[0] - applied
 
     def _applied_forces(self, t, q, v, motion):
@@ -724,9 +724,9 @@ class TreeMechanism(AbstractSystem):
         rotations, centres, subspaces, velocities, _ = motion
         applied, external = self._applied_forces(t, q, v, motion)
         norm_tau, norm_energy = self._norm_terms(q, v)
-        forces = applied - self._newton_euler(q, motion, external) - norm_tau
-        mass = self._crba(q, rotations, centres, subspaces)
         parts = self._inertias(rotations, centres)
+        forces = applied - self._newton_euler(q, motion, parts, external) - norm_tau
+        mass = self._crba(q, subspaces, parts)
         kinetic = 0.5 * jnp.sum(velocities * apply_inertia(parts, velocities)) + norm_energy
         energy = kinetic + self.potential_energy(t, q, motion)
         if self.topology.closures:
