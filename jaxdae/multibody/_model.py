@@ -17,6 +17,13 @@ from ._force import AbstractForce
 from ._groups import group_key, groups, reorder, vmapped
 from ._joint import AbstractJoint
 from ._kinematics import ElementKinematics, Kinematics, split
+from ._mechanism import (
+    AbstractMechanism,
+    Driven,
+    constraint_rank,
+    over_leading,
+    prescribed,
+)
 from ._results import Mobility, Reaction
 from ._stop import AbstractStop, StopKinematics
 
@@ -25,16 +32,6 @@ def _moment(arm, force):
     if arm.shape[0] == 2:
         return arm[0] * force[1] - arm[1] * force[0]
     return jnp.cross(arm, force)
-
-
-def _over_leading(fn, *arrays):
-    """`fn` on the last axis of `arrays`, mapped over their (shared) leading axes."""
-    batch = arrays[0].shape[:-1]
-    if not batch:
-        return fn(*arrays)
-    flat = [x.reshape((-1, x.shape[-1])) for x in arrays]
-    out = jax.vmap(fn)(*flat)
-    return jax.tree_util.tree_map(lambda y: y.reshape(batch + y.shape[1:]), out)
 
 
 def _kind_check(name, items, kind, expected):
@@ -68,7 +65,7 @@ def _names(kind, elements):
     return tuple(names)
 
 
-class Mechanism(LagrangianSystem):
+class Mechanism(AbstractMechanism, LagrangianSystem):
     """A planar or spatial mechanism of rigid bodies, joints and force elements, as a
     jaxdae system.
 
@@ -512,39 +509,6 @@ class Mechanism(LagrangianSystem):
 
         return StopKinematics(kin.frame, coordinate, kin.velocity)
 
-    def gaps(self, t, q):
-        """The stops' gaps in the order of `stops` (see `gap_names`)."""
-        if not self.stops:
-            return jnp.zeros((0,), q.dtype)
-        stop_kin = self._stop_kinematics(t, q)
-        return jnp.concatenate([stop.gaps(stop_kin) for stop in self.stops])
-
-    def restitution(self):
-        """The stops' coefficients of restitution, one per gap."""
-        return jnp.concatenate([jnp.broadcast_to(stop.restitution, (stop.num_gaps,))
-                                for stop in self.stops]) if self.stops else 0.0
-
-    def friction(self):
-        """The stops' coefficients of friction, one per gap (`0` without friction)."""
-        return jnp.concatenate([stop.friction_coefficients() for stop in self.stops]
-                               ) if self.stops else 0.0
-
-    def slip_velocities(self, t, q, v):
-        """The sliding velocities of the stops' contacts, one per gap (zero for gaps
-        without friction)."""
-        if not self.stops:
-            return jnp.zeros((0,), q.dtype)
-        stop_kin = self._stop_kinematics(t, q, v)
-        return jnp.concatenate([stop.slip_velocities(stop_kin).astype(q.dtype)
-                                for stop in self.stops])
-
-    @property
-    def gap_names(self) -> tuple[str, ...]:
-        """The gaps' names: each stop's name, with its label per gap (`.lower`, `.upper`)."""
-        return tuple(f"{name}.{label}" if label else name
-                     for name, stop in zip(self.stop_names, self.stops, strict=True)
-                     for label in stop.gap_labels)
-
     def constraints(self, t, q):
         kin = Kinematics(self, t, q)
         parts = []
@@ -573,14 +537,14 @@ class Mechanism(LagrangianSystem):
         """The position of `marker` (`"body.marker"` or `"body"`) in the global frame; `q`
         may carry leading (time, batch) axes, e.g. `sol.q`."""
         self._check_ref("request", marker)
-        return _over_leading(lambda q_: Kinematics(self, 0.0, q_).frame(marker).point, q)
+        return over_leading(lambda q_: Kinematics(self, 0.0, q_).frame(marker).point, q)
 
     def marker_velocity(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"],
                         marker: str) -> Float[Array, "*batch d"]:
         """The velocity of `marker` in the global frame, `ṙ + ω × R s` (`ω` the body's
         angular velocity; `θ̇` about z in the plane)."""
         self._check_ref("request", marker)
-        return _over_leading(lambda q_, v_: Kinematics(self, 0.0, q_, v_).velocity(marker)[0],
+        return over_leading(lambda q_, v_: Kinematics(self, 0.0, q_, v_).velocity(marker)[0],
                              q, v)
 
     def marker_rotation(self, q: Float[Array, "*batch n"], marker: str
@@ -588,14 +552,14 @@ class Mechanism(LagrangianSystem):
         """The orientation of `marker`'s frame in the global frame (its body's rotation times
         the marker's orientation on the body)."""
         self._check_ref("request", marker)
-        return _over_leading(lambda q_: Kinematics(self, 0.0, q_).frame(marker).rotation, q)
+        return over_leading(lambda q_: Kinematics(self, 0.0, q_).frame(marker).rotation, q)
 
     def angular_velocity(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"],
                          name: str) -> Float[Array, "*batch"]:
         """Body `name`'s angular velocity: `θ̇` in the plane, `ω = 2 E(p) ṗ` in the global
         frame in space."""
         self._check_ref("request", name)
-        return _over_leading(lambda q_, v_: Kinematics(self, 0.0, q_, v_).velocity(name)[1],
+        return over_leading(lambda q_, v_: Kinematics(self, 0.0, q_, v_).velocity(name)[1],
                              q, v)
 
     def joint_coordinate(self, name: str, q: Float[Array, " n"],
@@ -618,13 +582,7 @@ class Mechanism(LagrangianSystem):
             kin = Kinematics(self, 0.0, q_)
             return {n: j.coordinate(kin.frame(j.a), kin.frame(j.b))
                     for n, j in self._coordinate_joints()}
-        return _over_leading(coords, q)
-
-    def joint_rates(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"]
-                    ) -> dict[str, Float[Array, "*batch"]]:
-        """The rates of the joint coordinates, `d/dt joint_coordinates(q)`."""
-        return _over_leading(lambda q_, v_: jax.jvp(self.joint_coordinates, (q_,), (v_,))[1],
-                             q, v)
+        return over_leading(coords, q)
 
     def reactions(self, q: Float[Array, "*batch n"], multipliers: Float[Array, "*batch c"],
                   t: Float[ArrayLike, "*batch"] = 0.0) -> dict[str, Reaction]:
@@ -679,7 +637,7 @@ class Mechanism(LagrangianSystem):
             return out
 
         t = jnp.broadcast_to(jnp.asarray(t, q.dtype), q.shape[:-1])[..., None]
-        return _over_leading(lambda q_, lam, t_: one(q_, lam[..., :m], t_), q, multipliers, t)
+        return over_leading(lambda q_, lam, t_: one(q_, lam[..., :m], t_), q, multipliers, t)
 
     # -- analysis ----------------------------------------------------------------------
 
@@ -700,12 +658,7 @@ class Mechanism(LagrangianSystem):
         """
         q = self.reference_coordinates() if q is None else jnp.asarray(q, dtype=float)
         n, m = q.shape[0], self.num_equations
-        if m:
-            jac = np.asarray(jax.jacfwd(self.constraints, argnums=1)(jnp.asarray(t, q.dtype), q))
-            sigma = np.linalg.svd(jac, compute_uv=False)
-            rank = int(np.sum(sigma > rtol * max(sigma[0], np.finfo(jac.dtype).tiny)))
-        else:
-            rank = 0
+        rank = constraint_rank(self, q, t, rtol)
         return Mobility(coordinates=n, equations=m, grubler=n - m, rank=rank, dof=n - rank,
                         redundant=m - rank)
 
@@ -752,38 +705,6 @@ class Mechanism(LagrangianSystem):
         v = jnp.zeros_like(q) if v is None else jnp.asarray(v, dtype=q.dtype)
         system = self
         if joint_coordinates:
-            with_coordinate = dict(self._coordinate_joints())
-            names, values, rates = [], [], []
-            for name, value in joint_coordinates.items():
-                self._joint_index(name)
-                if name not in with_coordinate:
-                    raise ValueError(
-                        f"Joint {name!r} has no joint coordinate to prescribe; joints with one: "
-                        f"{sorted(with_coordinate)}."
-                    )
-                value, rate = value if isinstance(value, tuple) else (value, 0.0)
-                names.append(name)
-                values.append(jnp.asarray(value, q.dtype))
-                rates.append(jnp.asarray(rate, q.dtype))
-            system = _Driven(self, tuple(names), jnp.stack(values), jnp.stack(rates),
-                             jnp.asarray(t0, q.dtype))
+            system = Driven(self, prescribed(self, joint_coordinates, q.dtype),
+                            jnp.asarray(t0, q.dtype))
         return consistent_initial_state(system, t0, q, v, tol=tol, max_steps=max_steps)
-
-
-class _Driven(LagrangianSystem):
-    """`mechanism` with its named joint coordinates driven along `value + rate (t − t0)`."""
-
-    mechanism: Mechanism
-    names: tuple[str, ...] = eqx.field(static=True)
-    values: Float[Array, " d"]
-    rates: Float[Array, " d"]
-    t0: Float[Array, ""]
-
-    def mass_matrix(self, t, q):
-        return self.mechanism.mass_matrix(t, q)
-
-    def constraints(self, t, q):
-        coords = self.mechanism.joint_coordinates(q)
-        driven = jnp.stack([coords[n] for n in self.names])
-        return jnp.concatenate([self.mechanism.constraints(t, q),
-                                driven - self.values - self.rates * (t - self.t0)])

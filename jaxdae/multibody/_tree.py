@@ -18,7 +18,6 @@ from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._systems._system import (
     AbstractSystem,
     ConstrainedTerms,
-    LagrangianSystem,
     cast_floating,
     holonomic_terms,
 )
@@ -26,7 +25,14 @@ from ._body import GROUND, Ground, RigidBody
 from ._force import AbstractForce, Gravity
 from ._joint import AbstractJoint, Fixed, Prismatic, Revolute, Spherical
 from ._kinematics import Frame, euler_rotation, quaternion_from_matrix, split
-from ._model import _kind_check, _names, _over_leading
+from ._mechanism import (
+    AbstractMechanism,
+    Driven,
+    constraint_rank,
+    over_leading,
+    prescribed,
+)
+from ._model import _kind_check, _names
 from ._results import Mobility
 from ._spatial import apply_inertia, force_cross, inertia_parts, motion_cross
 from ._stop import AbstractStop, StopKinematics
@@ -202,7 +208,7 @@ def _axis_rotation(u, angle):
     return np.eye(3) + s * k + (1 - c) * (k @ k)
 
 
-class TreeMechanism(AbstractSystem):
+class TreeMechanism(AbstractMechanism, AbstractSystem):
     """A spatial mechanism in joint coordinates: its bodies form a tree from the ground, its
     dynamics come from the recursive algorithms of robotics, and extra joints close loops as
     constraints.
@@ -769,57 +775,28 @@ class TreeMechanism(AbstractSystem):
         kin = TreeKinematics(self, t, q, v)
         return StopKinematics(kin.frame, kin.coordinate, kin.velocity)
 
-    def gaps(self, t, q):
-        """The stops' gaps in the order of `stops` (see `gap_names`)."""
-        if not self.stops:
-            return jnp.zeros((0,), q.dtype)
-        stop_kin = self._stop_kinematics(t, q)
-        return jnp.concatenate([stop.gaps(stop_kin) for stop in self.stops])
-
-    def restitution(self):
-        return jnp.concatenate([jnp.broadcast_to(stop.restitution, (stop.num_gaps,))
-                                for stop in self.stops]) if self.stops else 0.0
-
-    def friction(self):
-        return jnp.concatenate([stop.friction_coefficients() for stop in self.stops]
-                               ) if self.stops else 0.0
-
-    def slip_velocities(self, t, q, v):
-        if not self.stops:
-            return jnp.zeros((0,), q.dtype)
-        stop_kin = self._stop_kinematics(t, q, v)
-        return jnp.concatenate([stop.slip_velocities(stop_kin).astype(q.dtype)
-                                for stop in self.stops])
-
-    @property
-    def gap_names(self) -> tuple[str, ...]:
-        """The gaps' names: each stop's name, with its label per gap (`.lower`, `.upper`)."""
-        return tuple(f"{name}.{label}" if label else name
-                     for name, stop in zip(self.stop_names, self.stops, strict=True)
-                     for label in stop.gap_labels)
-
     # -- outputs -----------------------------------------------------------------------
 
     def marker_position(self, q: Float[Array, "*batch n"], marker: str) -> Float[Array, "*batch 3"]:
         """The position of `marker` (`"body.marker"` or `"body"`) in the global frame; `q`
         may carry leading (time, batch) axes, e.g. `sol.q`."""
-        return _over_leading(lambda q_: TreeKinematics(self, 0.0, q_).frame(marker).point, q)
+        return over_leading(lambda q_: TreeKinematics(self, 0.0, q_).frame(marker).point, q)
 
     def marker_velocity(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"],
                         marker: str) -> Float[Array, "*batch 3"]:
         """The velocity of `marker` in the global frame."""
-        return _over_leading(
+        return over_leading(
             lambda q_, v_: TreeKinematics(self, 0.0, q_, v_).velocity(marker)[0], q, v)
 
     def marker_rotation(self, q: Float[Array, "*batch n"], marker: str
                         ) -> Float[Array, "*batch 3 3"]:
         """The orientation of `marker`'s frame in the global frame."""
-        return _over_leading(lambda q_: TreeKinematics(self, 0.0, q_).frame(marker).rotation, q)
+        return over_leading(lambda q_: TreeKinematics(self, 0.0, q_).frame(marker).rotation, q)
 
     def angular_velocity(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"],
                          name: str) -> Float[Array, "*batch 3"]:
         """Body `name`'s angular velocity in the global frame."""
-        return _over_leading(
+        return over_leading(
             lambda q_, v_: TreeKinematics(self, 0.0, q_, v_).velocity(name)[1], q, v)
 
     def joint_coordinate(self, name: str, q: Float[Array, " n"],
@@ -835,13 +812,7 @@ class TreeMechanism(AbstractSystem):
             kin = TreeKinematics(self, 0.0, q_)
             return {n: kin.coordinate(n) for n, j in zip(self.joint_names, self.joints,
                                                          strict=True) if j.has_coordinate}
-        return _over_leading(coords, q)
-
-    def joint_rates(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"]
-                    ) -> dict[str, Float[Array, "*batch"]]:
-        """The rates of the joint coordinates, `d/dt joint_coordinates(q)`."""
-        return _over_leading(lambda q_, v_: jax.jvp(self.joint_coordinates, (q_,), (v_,))[1],
-                             q, v)
+        return over_leading(coords, q)
 
     def mobility(self, q: Float[ArrayLike, " n"] | None = None, t: ScalarLike = 0.0, *,
                  rtol: float = 1e-9) -> Mobility:
@@ -850,11 +821,7 @@ class TreeMechanism(AbstractSystem):
         coordinates held by nothing)."""
         q = self.reference_coordinates() if q is None else jnp.asarray(q, dtype=float)
         n, m = q.shape[0], self.num_equations
-        rank = 0
-        if m:
-            jac = np.asarray(jax.jacfwd(self.constraints, argnums=1)(jnp.asarray(t, q.dtype), q))
-            sigma = np.linalg.svd(jac, compute_uv=False)
-            rank = int(np.sum(sigma > rtol * max(sigma[0], np.finfo(jac.dtype).tiny)))
+        rank = constraint_rank(self, q, t, rtol)
         norms = sum(1 for kind in self.topology.kinds if kind != _SCREW)
         return Mobility(coordinates=n, equations=m, grubler=n - norms - m, rank=rank,
                         dof=n - norms - rank, redundant=m - rank)
@@ -876,45 +843,15 @@ class TreeMechanism(AbstractSystem):
         coordinates held is found by [`jaxdae.consistent_initial_state`][]."""
         q = self.reference_coordinates() if q is None else jnp.asarray(q, dtype=float)
         v = jnp.zeros_like(q) if v is None else jnp.asarray(v, dtype=q.dtype)
-        held, values, rates = [], [], []
-        for name, value in (joint_coordinates or {}).items():
-            joint = self.joint(name)
-            if not joint.has_coordinate:
-                raise ValueError(f"Joint {name!r} has no joint coordinate to prescribe.")
-            value, rate = value if isinstance(value, tuple) else (value, 0.0)
-            held.append(name)
-            values.append(jnp.asarray(value, q.dtype))
-            rates.append(jnp.asarray(rate, q.dtype))
+        held = prescribed(self, joint_coordinates, q.dtype)
+        for name, value, rate in zip(held.names, held.values, held.rates, strict=True):
             if name not in self.closure_joints:
                 index = self.joint_slice(name).start
-                q = q.at[index].set(values[-1])
-                v = v.at[index].set(rates[-1])
+                q, v = q.at[index].set(value), v.at[index].set(rate)
         if not self.topology.closures:
             return q, v
-        system = _Held(self, tuple(held), jnp.stack(values) if held else jnp.zeros((0,)),
-                       jnp.stack(rates) if held else jnp.zeros((0,)), jnp.asarray(t0, q.dtype))
+        system = Driven(self, held, jnp.asarray(t0, q.dtype))
         return consistent_initial_state(system, t0, q, v, tol=tol, max_steps=max_steps)
-
-
-class _Held(LagrangianSystem):
-    """`tree` with its named joint coordinates held along `value + rate (t − t0)`."""
-
-    tree: TreeMechanism
-    names: tuple[str, ...] = eqx.field(static=True)
-    values: Float[Array, " d"]
-    rates: Float[Array, " d"]
-    t0: Float[Array, ""]
-
-    def mass_matrix(self, t, q):
-        return self.tree.mass_matrix(t, q)
-
-    def constraints(self, t, q):
-        parts = [self.tree.constraints(t, q)]
-        if self.names:
-            kin = TreeKinematics(self.tree, t, q)
-            held = jnp.stack([kin.coordinate(n) for n in self.names])
-            parts.append(held - self.values - self.rates * (t - self.t0))
-        return jnp.concatenate(parts)
 
 
 class TreeKinematics:
