@@ -153,6 +153,30 @@ def test_loops_are_closed_by_the_extra_joints():
 
 
 @pytest.mark.slow
+def test_flyball_governor_in_joint_coordinates():
+    """The IFToMM flyball governor is a tree (spin, slide and two hinges, the springs are
+    force elements): four coordinates, no constraints, the same accelerations of its
+    markers as the absolute model from the benchmark's start."""
+    from jaxdae.examples._flyball_governor import governor, initial_state
+
+    absolute = governor()
+    tree = mb.TreeMechanism((absolute.ground,) + absolute.bodies, absolute.joints,
+                            absolute.forces)
+    assert tree.coordinate_names == ("spin", "slide", "hinge1", "hinge2")
+    assert tree.num_equations == 0
+    q_abs, v_abs = initial_state(absolute)
+    coordinates, rates = absolute.joint_coordinates(q_abs), absolute.joint_rates(q_abs, v_abs)
+    q_tree, v_tree = tree.initial_state(joint_coordinates={
+        name: (coordinates[name], rates[name]) for name in tree.coordinate_names})
+    for marker in ("rod1.middle", "rod2.hinge", "slider.s1"):
+        np.testing.assert_allclose(
+            _marker_acceleration(tree, q_tree, v_tree, _accelerations(tree, q_tree, v_tree),
+                                 marker),
+            _marker_acceleration(absolute, q_abs, v_abs,
+                                 _accelerations(absolute, q_abs, v_abs), marker), atol=1e-8)
+
+
+@pytest.mark.slow
 def test_design_gradients_match_central_differences(mixed):
     """The accelerations' derivatives with respect to a mass, an inertia, a joint's origin
     and its axis, by reverse mode and by central differences."""
