@@ -349,6 +349,13 @@ def test_fixed_step_solver_and_float32():
     )
     assert sol.stats["num_steps"] == 500
     assert float32(1e-4).stats["num_steps"] < sol32.stats["num_steps"]
+    # So does an eager call with `throw=False` (it only decides what happens after the solve).
+    unchecked = jaxdae.simulate(
+        PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q_ON, V_ON,
+        solver=diffrax.Heun(), stepsize_controller=diffrax.ConstantStepSize(), dt0=2e-3,
+        throw=False,
+    )
+    assert unchecked.succeeded
     assert jaxdae._integration._system_solve.solve_and_assemble.jitted._cached._cache_size() == compiled
 
 

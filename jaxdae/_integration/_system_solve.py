@@ -75,10 +75,11 @@ def solve_system(system, formulation, t0, t1, q0, v0, call: SolveCall,
         warn_unstable_step(formulation, counts,
                            DEFAULT_SOLVER if call.solver is None else call.solver, options.dt0)
     traced = not is_concrete(system, formulation, times, q0, v0)
+    # Untraced, `throw` acts after the solve: calls with and without it share one program.
     checks = TracedChecks(
         gain_flags=tuple(flag for flag, _ in gain_checks),
         gain_messages=tuple(message for _, message in gain_checks), traced=traced,
-        check_state=not eager, throw=call.throw)
+        check_state=not eager, throw=call.throw and traced)
     with forward_mode_hint():
         sol = solve_and_assemble(system, formulation, times, q0, v0, options, checks,
                                  trajectories, settings)
