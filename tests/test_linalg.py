@@ -70,7 +70,9 @@ def test_spd_solve_gradient_matches_lineax(n):
     def symmetric(g):
         return jnp.tril(g + g.T) - jnp.diag(jnp.diag(g))
 
-    (got_a, got_b), (want_a, want_b) = jax.grad(ours, (0, 1))(a, b), jax.grad(reference, (0, 1))(a, b)
+    # each gradient one program (eagerly, each operation compiles alone)
+    (got_a, got_b), (want_a, want_b) = (jax.jit(jax.grad(ours, (0, 1)))(a, b),
+                                        jax.jit(jax.grad(reference, (0, 1)))(a, b))
     np.testing.assert_allclose(symmetric(got_a), symmetric(want_a), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(got_b, want_b, rtol=1e-10, atol=1e-12)
 
@@ -194,14 +196,15 @@ def test_pseudo_inverse_in_closed_form_matches_pinv():
     nearly = np.array([[1.0, 1.0], [1.0, 1.0 + 1e-10]])
     cases = (g @ g.T, twice, nearly, np.diag([2.0, 0.0]), np.zeros((2, 2)),
              np.array([[2.5]]), np.zeros((1, 1)), g.T @ g)
+    solve = jax.jit(psd_pseudo_solve)  # one program a shape (eagerly, each operation alone)
     for matrix in cases:
         b = rng.normal(size=matrix.shape[0])
         w, vectors = np.linalg.eigh(matrix)
         keep = w > rcond * max(w.max(), 0.0)
         expected = vectors[:, keep] @ ((vectors[:, keep].T @ b) / w[keep])
-        got = psd_pseudo_solve(jnp.asarray(matrix), jnp.asarray(b), rcond)
+        got = solve(jnp.asarray(matrix), jnp.asarray(b), rcond)
         np.testing.assert_allclose(got, expected, rtol=1e-7, atol=1e-12)
-    grad = jax.grad(lambda m: jnp.sum(psd_pseudo_solve(m, jnp.ones(2), rcond)))(
+    grad = jax.jit(jax.grad(lambda m: jnp.sum(psd_pseudo_solve(m, jnp.ones(2), rcond))))(
         jnp.asarray(twice))
     assert np.all(np.isfinite(grad))
 
@@ -293,8 +296,9 @@ def test_lu_solve_matches_scipy(n, dtype):
     expected = jax.scipy.linalg.lu_solve(jax.scipy.linalg.lu_factor(a), b)
     tol = 1e-10 if dtype == np.float64 else 1e-3
     scale = np.max(np.abs(expected))
-    np.testing.assert_allclose(lu_solve(factors, b), expected, atol=tol * scale)
-    np.testing.assert_allclose(lu_solve(factors, b[:, 0]), expected[:, 0], atol=tol * scale)
+    solve = jax.jit(lu_solve)  # one program (eagerly, each operation compiles alone)
+    np.testing.assert_allclose(solve(factors, b), expected, atol=tol * scale)
+    np.testing.assert_allclose(solve(factors, b[:, 0]), expected[:, 0], atol=tol * scale)
     np.testing.assert_array_equal(factors[1], jax.lax.linalg.lu(a)[2])
     assert factors[0].dtype == dtype
 
@@ -308,15 +312,16 @@ def test_lu_pivots_where_the_leading_entries_are_small():
     matrix = np.eye(4) - 1.0 * jacobian
     matrix[0, 0] = 1e-12  # a tiny first pivot
     b = np.arange(1.0, 5.0)
-    x = lu_solve(lu_factor(matrix), b)
+    solve = jax.jit(lambda m, b: lu_solve(lu_factor(m), b))  # one program a shape
+    x = solve(matrix, b)
     np.testing.assert_allclose(matrix @ np.asarray(x), b, rtol=0, atol=1e-6)
     np.testing.assert_allclose(x, np.linalg.solve(matrix, b), rtol=1e-8)
     permutation = np.array([[0.0, 1.0], [1.0, 0.0]])  # a zero on the diagonal
-    np.testing.assert_allclose(lu_solve(lu_factor(permutation), np.array([2.0, 3.0])), [3.0, 2.0])
+    np.testing.assert_allclose(solve(permutation, np.array([2.0, 3.0])), [3.0, 2.0])
 
 
 def test_lu_singular_gives_non_finite_values():
-    x = lu_solve(lu_factor(np.ones((3, 3))), np.ones(3))
+    x = jax.jit(lambda m, b: lu_solve(lu_factor(m), b))(np.ones((3, 3)), np.ones(3))
     assert not np.all(np.isfinite(x))
 
 

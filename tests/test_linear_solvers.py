@@ -58,21 +58,22 @@ def test_positive_definite_matches_lineax_cholesky(n):
     a, b = jnp.asarray(_spd(n, n)), jnp.asarray(np.random.default_rng(n).standard_normal(n))
     expected = _solve(lx.Cholesky(), a, b)
     np.testing.assert_allclose(_solve(StructuredCholesky(), a, b), expected, rtol=1e-12)
-    np.testing.assert_allclose(symmetric_solve(_operator(a), b, StructuredCholesky()), expected,
-                               rtol=1e-12)
+    # each comparison one program (eagerly, each operation compiles alone)
+    direct = jax.jit(lambda m, c: symmetric_solve(_operator(m), c, StructuredCholesky()))
+    np.testing.assert_allclose(direct(a, b), expected, rtol=1e-12)
 
     def loss(solver):
         return lambda a, b: jnp.sum(jnp.sin(_solve(solver, a, b)))
 
-    ours = jax.grad(loss(StructuredCholesky()), argnums=(0, 1))(a, b)
-    theirs = jax.grad(loss(lx.Cholesky()), argnums=(0, 1))(a, b)
+    ours = jax.jit(jax.grad(loss(StructuredCholesky()), argnums=(0, 1)))(a, b)
+    theirs = jax.jit(jax.grad(loss(lx.Cholesky()), argnums=(0, 1)))(a, b)
     for x, y in zip(ours, theirs, strict=False):
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
     batch = jnp.stack([b, 2 * b, -b])
-    np.testing.assert_allclose(jax.vmap(lambda c: _solve(StructuredCholesky(), a, c))(batch),
-                               jax.vmap(lambda c: _solve(lx.Cholesky(), a, c))(batch),
-                               rtol=1e-12)
-    pivots = StructuredCholesky().init(_operator(a), {}).pivots
+    np.testing.assert_allclose(
+        jax.jit(jax.vmap(lambda c: _solve(StructuredCholesky(), a, c)))(batch),
+        jax.jit(jax.vmap(lambda c: _solve(lx.Cholesky(), a, c)))(batch), rtol=1e-12)
+    pivots = jax.jit(lambda m: StructuredCholesky().init(_operator(m), {}).pivots)(a)
     np.testing.assert_allclose(np.prod(pivots), np.linalg.det(np.asarray(a)), rtol=1e-10)
 
 
@@ -85,15 +86,17 @@ def test_direct_gradient_matches_lineax(n):
     direction = jnp.asarray(np.random.default_rng(1).standard_normal((n, n)))
     direction = direction + direction.T
 
+    # each derivative one program (eagerly, each operation compiles alone)
     def along(solve):
-        return jax.jvp(lambda s: jnp.sum(jnp.sin(solve(a + s * direction, b))), (0.0,), (1.0,))[1]
+        return jax.jit(lambda: jax.jvp(lambda s: jnp.sum(jnp.sin(solve(a + s * direction, b))),
+                                       (0.0,), (1.0,))[1])()
 
     ours = along(lambda m, c: symmetric_solve(_operator(m), c, StructuredCholesky()))
     theirs = along(lambda m, c: _solve(lx.Cholesky(), m, c))
     np.testing.assert_allclose(ours, theirs, rtol=1e-10)
-    grad = jax.grad(lambda c: jnp.sum(jnp.sin(symmetric_solve(_operator(a), c,
-                                                              StructuredCholesky()))))(b)
-    grad_lx = jax.grad(lambda c: jnp.sum(jnp.sin(_solve(lx.Cholesky(), a, c))))(b)
+    grad = jax.jit(jax.grad(lambda c: jnp.sum(jnp.sin(symmetric_solve(_operator(a), c,
+                                                                      StructuredCholesky())))))(b)
+    grad_lx = jax.jit(jax.grad(lambda c: jnp.sum(jnp.sin(_solve(lx.Cholesky(), a, c)))))(b)
     np.testing.assert_allclose(grad, grad_lx, rtol=1e-10)
 
 
@@ -209,8 +212,9 @@ def test_pseudo_inverse_direct_gradient_of_full_rank_pair():
     its gradient is that of the inverse."""
     a, b = jnp.asarray(_spd(2, 4)), jnp.array([0.3, -1.2])
     solver = PositiveSemidefinitePseudoInverse()
-    grad = jax.grad(lambda m: jnp.sum(symmetric_solve(_operator(m), b, solver) ** 2))(a)
-    grad_lx = jax.grad(lambda m: jnp.sum(_solve(lx.Cholesky(), m, b) ** 2))(a)
+    # each gradient one program (eagerly, each operation compiles alone)
+    grad = jax.jit(jax.grad(lambda m: jnp.sum(symmetric_solve(_operator(m), b, solver) ** 2)))(a)
+    grad_lx = jax.jit(jax.grad(lambda m: jnp.sum(_solve(lx.Cholesky(), m, b) ** 2)))(a)
     sym = lambda g: 0.5 * (g + g.T)  # noqa: E731 - the closed form reads the mean off-diagonal
     np.testing.assert_allclose(sym(grad), sym(grad_lx), rtol=1e-10)
 
@@ -378,8 +382,11 @@ def test_banded_pseudo_inverse_matches_lineax_svd(redundant):
     sparse = SparseMatrix.from_dense(jnp.asarray(matrix), Pattern.from_mask(mask))
     operator = SparseOperator(sparse, PSD)
     solver = PositiveSemidefinitePseudoInverse(1e-8)
-    assert solver.init(operator, {}).factor.plan is not None
-    assert bool(solver.init(operator, {}).full_rank) is not redundant
+    # the factorization and the gradients one program each (eagerly, each operation
+    # compiles alone)
+    state = eqx.filter_jit(solver.init)(operator, {})
+    assert state.factor.plan is not None
+    assert bool(state.full_rank) is not redundant
     b = jnp.asarray(rng.standard_normal(size))
 
     def loss(solver_, op):
@@ -389,6 +396,6 @@ def test_banded_pseudo_inverse_matches_lineax_svd(redundant):
     np.testing.assert_allclose(lx.linear_solve(operator, b, solver).value,
                                lx.linear_solve(dense, b, lx.SVD(rcond=1e-8)).value,
                                rtol=1e-8, atol=1e-10)
-    np.testing.assert_allclose(jax.grad(loss(solver, operator))(b),
-                               jax.grad(loss(lx.SVD(rcond=1e-8), dense))(b), rtol=1e-8,
+    np.testing.assert_allclose(jax.jit(jax.grad(loss(solver, operator)))(b),
+                               jax.jit(jax.grad(loss(lx.SVD(rcond=1e-8), dense)))(b), rtol=1e-8,
                                atol=1e-10)
