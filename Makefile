@@ -56,7 +56,7 @@ $(LOWEST)/.installed: pyproject.toml requirements-lowest.txt
 test-lowest: $(LOWEST)/.installed
 	JAXDAE_TEST_CACHE=.cache/jax-lowest $(LOWEST)/bin/python -m pytest -q -p no:xdist $(LOWEST_TESTS)
 
-## Benchmarks against SciPy and CasADi (prints Markdown tables, writes JSON to output/; see docs/benchmarks.md).
+## Benchmarks against SciPy, CasADi and MuJoCo (prints Markdown tables, writes JSON to output/; see docs/benchmarks.md).
 bench: $(STAMP)
 	$(PY) experiments/benchmarks/bench_core.py --out output
 	$(PY) experiments/benchmarks/bench_batch.py --out output
@@ -67,6 +67,7 @@ bench: $(STAMP)
 	$(PY) experiments/benchmarks/bench_precision.py --out output
 	$(PY) experiments/benchmarks/bench_scaling.py --out output
 	$(PY) experiments/benchmarks/bench_events.py
+	$(PY) experiments/benchmarks/bench_robots.py --out output
 	$(PY) experiments/benchmarks/bench_animate.py --out output
 	$(PY) experiments/benchmarks/bench_viewer.py
 

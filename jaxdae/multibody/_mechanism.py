@@ -10,6 +10,8 @@ import numpy as np
 
 from .._custom_types import Array, Float
 from .._systems._system import LagrangianSystem
+from ._body import GROUND
+from ._kinematics import split
 from ._stop import AbstractStop, StopKinematics
 
 
@@ -41,6 +43,23 @@ class AbstractMechanism(eqx.Module):
     @abc.abstractmethod
     def joint_coordinates(self, q: Float[Array, "*batch n"]) -> dict[str, Float[Array, "*batch"]]:
         """The joint coordinates by joint name."""
+
+    def _check_ref(self, owner, ref):
+        """Raise `ValueError` where `ref` names a body or marker the mechanism lacks."""
+        body, marker = split(ref)
+        names = (GROUND,) + self.body_names
+        if body not in names:
+            raise ValueError(
+                f"The {owner} refers to body {body!r}, which is not in the mechanism (bodies: "
+                f"{', '.join(names)}). Add the body to `bodies` or fix the name."
+            )
+        if marker is not None and marker not in self.body(body).markers:
+            known = sorted(self.body(body).markers)
+            raise ValueError(
+                f"The {owner} refers to marker {ref!r}, but body {body!r} has no marker "
+                f"{marker!r} (its markers: {known or 'none'}). Add it to the body's "
+                "`markers` or refer to the body alone for its centre of mass."
+            )
 
     def gaps(self, t, q):
         """The stops' gaps in the order of `stops` (see `gap_names`)."""

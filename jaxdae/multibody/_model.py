@@ -323,22 +323,6 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
             raise ValueError(f"{where}; the joints are {list(self.joint_names)}.")
         return self.joint_names.index(name)
 
-    def _check_ref(self, owner, ref):
-        body, marker = split(ref)
-        names = (GROUND,) + self.body_names
-        if body not in names:
-            raise ValueError(
-                f"The {owner} refers to body {body!r}, which is not in the mechanism (bodies: "
-                f"{', '.join(names)}). Add the body to `bodies` or fix the name."
-            )
-        if marker is not None and marker not in self.body(body).markers:
-            known = sorted(self.body(body).markers)
-            raise ValueError(
-                f"The {owner} refers to marker {ref!r}, but body {body!r} has no marker "
-                f"{marker!r} (its markers: {known or 'none'}). Add it to the body's "
-                "`markers` or refer to the body alone for its centre of mass."
-            )
-
     @property
     def masses(self) -> Float[Array, " bodies"]:
         return jnp.stack([b.mass for b in self.bodies])

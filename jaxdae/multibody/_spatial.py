@@ -8,9 +8,12 @@ velocities of a tree add along its paths, and Newton–Euler's `f = I a + v ×* 
 written (Featherstone, eq. 2.63). An inertia is kept as its three parts `(m, h, I_O)`: the
 mass, the first moment `h = m c` (`c` the centre of mass) and the rotational inertia about
 the origin, `I_O = I_c + m (|c|² 1 − c cᵀ)`; the parts of a composite body are sums.
+The rotations of the joints (about an axis, of Euler parameters of any norm) are batched
+over the bodies.
 """
 
 import jax.numpy as jnp
+import numpy as np
 
 from .._custom_types import Array, Float
 
@@ -45,3 +48,38 @@ def apply_inertia(parts, v: Float[Array, "*b 6"]) -> Float[Array, "*b 6"]:
     w, u = v[..., :3], v[..., 3:]
     angular = jnp.sum(rotational * w[..., None, :], axis=-1) + jnp.cross(first, u)
     return jnp.concatenate([angular, mass[..., None] * u + jnp.cross(w, first)], axis=-1)
+
+
+# `w̃_ij = −ε_ijk w_k`: the cross-product matrices of a batch of vectors in one product
+_LEVI_CIVITA = np.zeros((3, 3, 3))
+for _i, _j, _k in ((0, 1, 2), (1, 2, 0), (2, 0, 1)):
+    _LEVI_CIVITA[_i, _j, _k], _LEVI_CIVITA[_j, _i, _k] = 1.0, -1.0
+
+
+def skew_matrices(w):
+    """The matrices `w̃` with `w̃ x = w × x` of a batch of vectors `(b, 3)`."""
+    return jnp.einsum("ijk,bk->bij", -_LEVI_CIVITA, w)
+
+
+def unit_rotation(p):
+    """`R(p/|p|)` of a batch of Euler parameters `(b, 4)` of any norm (Haug's eq. 6.3.11,
+    homogeneous of degree 0)."""
+    e0, e = p[:, 0, None, None], p[:, 1:]
+    norm2 = jnp.sum(p * p, axis=1)[:, None, None]
+    return ((2 * e0**2 - norm2) * np.eye(3) + 2 * (e[:, :, None] * e[:, None, :]
+                                                   + e0 * skew_matrices(e))) / norm2
+
+
+def rate_map(p):
+    """`2 E(p) / |p|²` of a batch of Euler parameters `(b, 4)`: the angular velocity of the
+    rotation `R(p/|p|)` is `ω = 2 E(p) ṗ / |p|²` (`E = [−e, ẽ + e₀ I]`)."""
+    e0, e = p[:, 0, None, None], p[:, 1:]
+    rate = jnp.concatenate([-e[:, :, None], skew_matrices(e) + e0 * np.eye(3)], axis=2)
+    return 2 * rate / jnp.sum(p * p, axis=1)[:, None, None]
+
+
+def axis_rotation(u, angle):
+    """Rodrigues' rotations by `angle` about the unit vectors `u`, batched."""
+    k = skew_matrices(u)
+    s, c = jnp.sin(angle)[:, None, None], jnp.cos(angle)[:, None, None]
+    return np.eye(3) + s * k + (1 - c) * (k @ k)

@@ -2,7 +2,6 @@
 recursive algorithms of robotics, with loops closed by constraints."""
 
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -23,7 +22,7 @@ from .._systems._system import (
 )
 from ._body import GROUND, Ground, RigidBody
 from ._force import AbstractForce, Gravity
-from ._joint import AbstractJoint, Fixed, Prismatic, Revolute, Spherical
+from ._joint import AbstractJoint, Fixed, Prismatic, Revolute
 from ._kinematics import Frame, euler_rotation, quaternion_from_matrix, split
 from ._mechanism import (
     AbstractMechanism,
@@ -34,134 +33,17 @@ from ._mechanism import (
 )
 from ._model import _kind_check, _names
 from ._results import Mobility
-from ._spatial import apply_inertia, force_cross, inertia_parts, motion_cross
+from ._spatial import (
+    apply_inertia,
+    axis_rotation,
+    force_cross,
+    inertia_parts,
+    motion_cross,
+    rate_map,
+    unit_rotation,
+)
 from ._stop import AbstractStop, StopKinematics
-
-_SCREW, _SPHERICAL, _FLOATING = "screw", "spherical", "floating"
-_QUATERNION = ("e0", "e1", "e2", "e3")
-
-
-class _Topology(NamedTuple):
-    """The tree, found once from the bodies and joints (static).
-
-    Bodies are processed in `order` (body slots), grouped by the kind of their joint, so that
-    each of `groups` (`(kind, start, stop)`, positions in `order`) is evaluated as one batch;
-    `jumps` are the rounds of pointer jumping that compose their poses along the paths
-    (each round's index of the position whose transform comes first, `len(order)` for
-    none). Per position: `parent` (a
-    position, −1 the ground), `joint` (the tree joint's index in `joints`, −1 for a free
-    body), `dofs` (the indices of its coordinates in `q`, padded with `n`). `ancestors[i][k]`
-    is 1 where position `i` is on the path from the ground to position `k` (itself
-    included). `closures` are the joints that close loops."""
-
-    order: tuple[int, ...]
-    kinds: tuple[str, ...]
-    parent: tuple[int, ...]
-    joint: tuple[int, ...]
-    groups: tuple[tuple[str, int, int], ...]
-    jumps: tuple[tuple[int, ...], ...]
-    dofs: tuple[tuple[int, ...], ...]
-    ancestors: tuple[tuple[int, ...], ...]
-    closures: tuple[int, ...]
-    num_coordinates: int
-    coordinate_names: tuple[str, ...]
-    joint_offsets: tuple[tuple[str, int, int], ...]
-
-
-def _tree_kind(joint) -> str | None:
-    if isinstance(joint, Revolute | Prismatic | Fixed):
-        return _SCREW
-    if isinstance(joint, Spherical):
-        return _SPHERICAL
-    return None
-
-
-def _topology(bodies, joints, joint_names) -> _Topology:
-    """The spanning tree from the ground: a revolute, prismatic, fixed or spherical joint
-    whose marker `a` is on a body already reached (or the ground) and `b` on a new one
-    carries that body; a body that no such joint reaches is free (a floating base); the
-    other joints close loops."""
-    slot = {b.name: i for i, b in enumerate(bodies)}
-    reached = {GROUND: -1}
-    carrier = [-1] * len(bodies)
-    parent_slot = [-1] * len(bodies)
-    kinds = [_FLOATING] * len(bodies)
-    depth = [0] * len(bodies)
-    used: set[int] = set()
-    pending = list(range(len(bodies)))
-    while pending:
-        grew = True
-        while grew:
-            grew = False
-            for index, joint in enumerate(joints):
-                kind = _tree_kind(joint)
-                body_a, body_b = split(joint.a)[0], split(joint.b)[0]
-                if index in used or kind is None:
-                    continue
-                if body_a in reached and body_b not in reached:
-                    b = slot[body_b]
-                    reached[body_b] = b
-                    carrier[b], parent_slot[b], kinds[b] = index, reached[body_a], kind
-                    depth[b] = 0 if body_a == GROUND else depth[slot[body_a]] + 1
-                    used.add(index)
-                    grew = True
-        pending = [b for b in range(len(bodies)) if bodies[b].name not in reached]
-        for index, joint in enumerate(joints):
-            body_a, body_b = split(joint.a)[0], split(joint.b)[0]
-            if (_tree_kind(joint) is not None and body_b in reached and body_b != GROUND
-                    and body_a not in reached):
-                raise ValueError(
-                    f"Joint {joint_names[index]!r} reaches body {body_a!r} from its marker "
-                    f"`b` ({joint.b!r}): in a TreeMechanism a tree joint's marker `a` is on "
-                    "the body nearer the ground. Swap `a` and `b` (the joint coordinate "
-                    "changes sign).")
-        if pending:  # a free body: its own root
-            reached[bodies[pending[0]].name] = pending[0]
-    # coordinates: the free bodies', then the tree joints' in the order of `joints`
-    names, offsets, body_dofs = [], [], {}
-    for b in range(len(bodies)):
-        if kinds[b] == _FLOATING:
-            body_dofs[b] = tuple(range(len(names), len(names) + 7))
-            names += [f"{bodies[b].name}.{c}" for c in ("x", "y", "z") + _QUATERNION]
-    for index, joint in enumerate(joints):
-        if index not in used:
-            continue
-        b = slot[split(joint.b)[0]]
-        size = 0 if isinstance(joint, Fixed) else (4 if kinds[b] == _SPHERICAL else 1)
-        body_dofs[b] = tuple(range(len(names), len(names) + size))
-        offsets.append((joint_names[index], len(names), size))
-        names += ([f"{joint_names[index]}.{c}" for c in _QUATERNION] if size == 4
-                  else [joint_names[index]] * size)
-    # positions: by kind (floating, screw, spherical), then in the order of the coordinates
-    # (where each body has one coordinate, per-body arrays are then `q`'s order, no gather)
-    rank = {_FLOATING: 0, _SCREW: 1, _SPHERICAL: 2}
-    order = sorted(range(len(bodies)), key=lambda b: (
-        rank[kinds[b]], body_dofs[b][0] if body_dofs[b] else len(names), depth[b], b))
-    position = {b: i for i, b in enumerate(order)}
-    groups, start = [], 0
-    for i in range(1, len(order) + 1):
-        if i == len(order) or kinds[order[i]] != kinds[order[start]]:
-            groups.append((kinds[order[start]], start, i))
-            start = i
-    n = len(names)
-    width = max([len(d) for d in body_dofs.values()] + [1])
-    dofs = tuple(tuple(body_dofs[b]) + (n,) * (width - len(body_dofs[b])) for b in order)
-    parent = tuple(-1 if parent_slot[b] < 0 else position[parent_slot[b]] for b in order)
-    ancestors = np.eye(len(order), dtype=int)
-    for k in range(len(order)):
-        i = parent[k]
-        while i >= 0:
-            ancestors[i, k] = 1
-            i = parent[i]
-    closures = tuple(i for i in range(len(joints)) if i not in used)
-    jumps, pointer = [], list(parent)
-    while any(i >= 0 for i in pointer):
-        jumps.append(tuple(len(order) if i < 0 else i for i in pointer))
-        pointer = [-1 if i < 0 else pointer[i] for i in pointer]
-    return _Topology(tuple(order), tuple(kinds[b] for b in order), parent,
-                     tuple(carrier[b] for b in order), tuple(groups), tuple(jumps), dofs,
-                     tuple(map(tuple, ancestors.tolist())), closures, n, tuple(names),
-                     tuple(offsets))
+from ._topology import FLOATING, SCREW, Topology, find_topology
 
 
 def _gather(x, index):
@@ -171,41 +53,6 @@ def _gather(x, index):
     if np.array_equal(index.reshape(-1), np.arange(index.size)):
         return x[: index.size].reshape(index.shape + x.shape[1:])
     return take(x, index)
-
-
-# `w̃_ij = −ε_ijk w_k`: the cross-product matrices of a batch of vectors in one product
-_LEVI_CIVITA = np.zeros((3, 3, 3))
-for _i, _j, _k in ((0, 1, 2), (1, 2, 0), (2, 0, 1)):
-    _LEVI_CIVITA[_i, _j, _k], _LEVI_CIVITA[_j, _i, _k] = 1.0, -1.0
-
-
-def _skew(w):
-    """The matrices `w̃` with `w̃ x = w × x` of a batch of vectors `(b, 3)`."""
-    return jnp.einsum("ijk,bk->bij", -_LEVI_CIVITA, w)
-
-
-def _unit_rotation(p):
-    """`R(p/|p|)` of a batch of Euler parameters `(b, 4)` of any norm (Haug's eq. 6.3.11,
-    homogeneous of degree 0)."""
-    e0, e = p[:, 0, None, None], p[:, 1:]
-    norm2 = jnp.sum(p * p, axis=1)[:, None, None]
-    return ((2 * e0**2 - norm2) * np.eye(3) + 2 * (e[:, :, None] * e[:, None, :]
-                                                   + e0 * _skew(e))) / norm2
-
-
-def _rate_map(p):
-    """`2 E(p) / |p|²` of a batch of Euler parameters `(b, 4)`: the angular velocity of the
-    rotation `R(p/|p|)` is `ω = 2 E(p) ṗ / |p|²` (`E = [−e, ẽ + e₀ I]`)."""
-    e0, e = p[:, 0, None, None], p[:, 1:]
-    rate = jnp.concatenate([-e[:, :, None], _skew(e) + e0 * np.eye(3)], axis=2)
-    return 2 * rate / jnp.sum(p * p, axis=1)[:, None, None]
-
-
-def _axis_rotation(u, angle):
-    """Rodrigues' rotations by `angle` about the unit vectors `u`, batched."""
-    k = _skew(u)
-    s, c = jnp.sin(angle)[:, None, None], jnp.cos(angle)[:, None, None]
-    return np.eye(3) + s * k + (1 - c) * (k @ k)
 
 
 class TreeMechanism(AbstractMechanism, AbstractSystem):
@@ -262,7 +109,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
     joint_names: tuple[str, ...] = eqx.field(static=True)
     force_names: tuple[str, ...] = eqx.field(static=True)
     stop_names: tuple[str, ...] = eqx.field(static=True)
-    topology: _Topology = eqx.field(static=True)
+    topology: Topology = eqx.field(static=True)
     dimension: int = eqx.field(static=True)
 
     def __init__(
@@ -301,7 +148,6 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         self.joint_names = _names("joint", self.joints)
         self.force_names = _names("force element", self.forces)
         self.stop_names = _names("stop", self.stops)
-        bodies_by_name = {b.name: b for b in self.bodies}
         for kind, names, elements in (("joint", self.joint_names, self.joints),
                                       ("force element", self.force_names, self.forces),
                                       ("stop", self.stop_names, self.stops)):
@@ -309,7 +155,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 element.check_dimension(3, f"{kind} {name!r}")
                 refs = (element.a, element.b) if kind == "joint" else element.markers
                 for ref in refs:
-                    _check_ref(self.ground, bodies_by_name, f"{kind} {name!r}", ref)
+                    self._check_ref(f"{kind} {name!r}", ref)
                 for joint in (() if kind == "joint" else element.joints):
                     if joint not in self.joint_names:
                         raise ValueError(f"The {kind} {name!r} refers to joint {joint!r}, which "
@@ -324,7 +170,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                     raise ValueError(
                         f"Joint {name!r} joins body {split(element.a)[0]!r} to itself "
                         f"({element.a!r} and {element.b!r}): a joint connects two bodies.")
-        self.topology = _topology(self.bodies, self.joints, self.joint_names)
+        self.topology = find_topology(self.bodies, self.joints, self.joint_names)
         channels = [c for force in self.forces for c in force.channels]
         if controller is None:
             controller = ConstantControl(jnp.zeros((max(channels, default=-1) + 1,)))
@@ -395,7 +241,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
             else:
                 parts.append(jnp.atleast_1d(joint.coordinate(frame_a, frame_b)))
         floating = [self.bodies[b].reference_coordinates() for b in range(len(self.bodies))
-                    if self.topology.kinds[self.topology.order.index(b)] == _FLOATING]
+                    if self.topology.kinds[self.topology.order.index(b)] == FLOATING]
         return jnp.concatenate(floating + parts) if floating + parts else jnp.zeros((0,))
 
     # -- kinematics --------------------------------------------------------------------
@@ -448,20 +294,20 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         coords = self._rates(q)
         local_rot, local_pos = [], []
         parameters = {start: self._joint_parameters(start, stop, dtype)
-                      for kind, start, stop in top.groups if kind != _FLOATING}
+                      for kind, start, stop in top.groups if kind != FLOATING}
         for kind, start, stop in top.groups:
-            if kind == _FLOATING:
-                local_rot.append(_unit_rotation(coords[start:stop, 3:7]))
+            if kind == FLOATING:
+                local_rot.append(unit_rotation(coords[start:stop, 3:7]))
                 local_pos.append(coords[start:stop, :3])
                 continue
             s_a, o_a, s_b, o_b = (parameters[start][k] for k in ("s_a", "o_a", "s_b", "o_b"))
-            if kind == _SCREW:
+            if kind == SCREW:
                 u, turn, slide = (parameters[start][k] for k in ("u", "turn", "slide"))
                 theta = coords[start:stop, 0]
-                joint_rot = _axis_rotation(u, turn * theta)
+                joint_rot = axis_rotation(u, turn * theta)
                 offset = s_a + jnp.einsum("bij,bj->bi", o_a, (slide * theta)[:, None] * u)
             else:
-                joint_rot = _unit_rotation(coords[start:stop, :4])
+                joint_rot = unit_rotation(coords[start:stop, :4])
                 offset = s_a
             rot = o_a @ joint_rot @ jnp.swapaxes(o_b, 1, 2)
             local_rot.append(rot)
@@ -478,9 +324,9 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         parent_pos = take(jnp.concatenate([centres, zero]), parent)
         subspaces = []
         for kind, start, stop in top.groups:
-            if kind == _FLOATING:
+            if kind == FLOATING:
                 p = coords[start:stop, 3:7]
-                w = _rate_map(p)
+                w = rate_map(p)
                 count = stop - start
                 unit = jnp.asarray(np.broadcast_to(np.eye(3), (count, 3, 3)), dtype)
                 cross = jnp.cross(centres[start:stop, :, None], w, axis=1)
@@ -492,7 +338,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 frame_a = parent_rot[start:stop] @ o_a
                 point_a = parent_pos[start:stop] + jnp.einsum(
                     "bij,bj->bi", parent_rot[start:stop], s_a)
-                if kind == _SCREW:
+                if kind == SCREW:
                     u, turn, slide = (parameters[start][k] for k in ("u", "turn", "slide"))
                     axis = jnp.einsum("bij,bj->bi", frame_a, u)
                     subspace = jnp.concatenate([
@@ -501,7 +347,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                     ], axis=1)[:, :, None]
                 else:
                     p = coords[start:stop, :4]
-                    w = frame_a @ _rate_map(p)
+                    w = frame_a @ rate_map(p)
                     subspace = jnp.concatenate(
                         [w, jnp.cross(point_a[:, :, None], w, axis=1)], axis=1)
             subspaces.append(jnp.pad(subspace, ((0, 0), (0, 0), (0, width - subspace.shape[2]))))
@@ -544,7 +390,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         `k` of their norm's kinetic energy: four thirds of the trace of the inertia of the
         bodies they turn."""
         top = self.topology
-        positions = [i for i, kind in enumerate(top.kinds) if kind != _SCREW]
+        positions = [i for i, kind in enumerate(top.kinds) if kind != SCREW]
         if not positions:
             return [], None
         traces = jnp.stack([jnp.trace(self.bodies[b].inertia) for b in top.order]).astype(dtype)
@@ -587,7 +433,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
     def _selection(self, position, dtype):
         """The `(4, n)` matrix that picks the Euler parameters of the body at `position`."""
         dofs = self.topology.dofs[position]
-        dofs = dofs[3:7] if self.topology.kinds[position] == _FLOATING else dofs[:4]
+        dofs = dofs[3:7] if self.topology.kinds[position] == FLOATING else dofs[:4]
         select = np.zeros((4, self.topology.num_coordinates))
         select[np.arange(4), np.asarray(dofs)] = 1.0
         return jnp.asarray(select, dtype)
@@ -610,17 +456,17 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         velocities = ancestors.T @ relative
         bias = [motion_cross(velocities - relative, relative)]
         top = self.topology
-        if any(kind != _SCREW for kind in top.kinds):
+        if any(kind != SCREW for kind in top.kinds):
             local = []
             for kind, start, stop in top.groups:
-                if kind == _SCREW:
+                if kind == SCREW:
                     local.append(jnp.zeros((stop - start, 6), q.dtype))
                     continue
-                first = 3 if kind == _FLOATING else 0
+                first = 3 if kind == FLOATING else 0
                 p, pdot = coords[start:stop, first:first + 4], rates[start:stop, first:first + 4]
                 shrink = (-2 * jnp.sum(p * pdot, axis=1) / jnp.sum(p * p, axis=1))[:, None]
                 omega = relative[start:stop, :3]
-                if kind == _FLOATING:
+                if kind == FLOATING:
                     centre = centres[start:stop]
                     local.append(jnp.concatenate([
                         shrink * omega, jnp.cross(rates[start:stop, :3], omega)
@@ -822,7 +668,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         q = self.reference_coordinates() if q is None else jnp.asarray(q, dtype=float)
         n, m = q.shape[0], self.num_equations
         rank = constraint_rank(self, q, t, rtol)
-        norms = sum(1 for kind in self.topology.kinds if kind != _SCREW)
+        norms = sum(1 for kind in self.topology.kinds if kind != SCREW)
         return Mobility(coordinates=n, equations=m, grubler=n - norms - m, rank=rank,
                         dof=n - norms - rank, redundant=m - rank)
 
@@ -927,14 +773,3 @@ def _given_frame(mechanism: TreeMechanism, ref: str) -> Frame:
     rotation = euler_rotation(body.orientation.astype(point.dtype))
     centre = body.position.astype(point.dtype)
     return Frame(centre, None, rotation @ orientation, centre + rotation @ point)
-
-
-def _check_ref(ground, bodies, owner, ref):
-    name, marker = split(ref)
-    body = ground if name == GROUND else bodies.get(name)
-    if body is None:
-        raise ValueError(f"The {owner} refers to body {name!r}, which is not in the mechanism; "
-                         f"the bodies are {sorted(bodies)}.")
-    if marker is not None and marker not in body.markers:
-        raise ValueError(f"The {owner} refers to marker {ref!r}, but body {name!r} has the "
-                         f"markers {sorted(body.markers)}.")
