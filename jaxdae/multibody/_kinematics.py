@@ -143,8 +143,9 @@ class Kinematics:
     controller's output `u` there (empty where no element reads it). `frame` and `velocity`
     give one marker; `frames` and `velocities` give many at once, stacked along a leading
     axis, from the poses of all bodies computed together (what the groups of elements of
-    one kind read). In the plane a marker's point and arm are written out from `cos θ`
-    and `sin θ` (`turned`), not as products with the matrix `R(θ)`.
+    one kind read); `coordinate` gives a joint's coordinate. In the plane a marker's point
+    and arm are written out from `cos θ` and `sin θ` (`turned`), not as products with the
+    matrix `R(θ)`.
     """
 
     def __init__(self, mechanism, t, q, v=None, inputs=None):
@@ -207,6 +208,11 @@ class Kinematics:
         else:
             arm = self.pose(slot)[1] @ s
         return body.point_velocity(qb, vb, arm), body.angular_velocity(qb, vb)
+
+    def coordinate(self, name: str) -> Float[Array, ""] | None:
+        """Joint `name`'s coordinate, as the joint measures it from its markers' frames."""
+        joint = self.mechanism.joint(name)
+        return joint.coordinate(self.frame(joint.a), self.frame(joint.b))
 
     # -- many markers at once --------------------------------------------------------------
 

@@ -1,17 +1,24 @@
-"""What the two kinds of mechanism share: their stops as one-sided constraints, the rates of
-their joint coordinates, and prescribed joint coordinates for a consistent start."""
+"""What the two kinds of mechanism share: their construction from bodies, joints, force
+elements and stops, their outputs at markers and joints, their stops as one-sided
+constraints, and a consistent start with prescribed joint coordinates."""
 
 import abc
+from collections.abc import Mapping
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._custom_types import Array, Float
+from .._analysis._consistent import consistent_initial_state
+from .._analysis._control import AbstractController, ConstantControl
+from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._systems._system import LagrangianSystem
-from ._body import GROUND
+from ._body import GROUND, Ground, PlanarBody, RigidBody
+from ._force import AbstractForce
+from ._joint import AbstractJoint
 from ._kinematics import split
+from ._results import Mobility
 from ._stop import AbstractStop, StopKinematics
 
 
@@ -25,24 +32,141 @@ def over_leading(fn, *arrays):
     return jax.tree_util.tree_map(lambda y: y.reshape(batch + y.shape[1:]), out)
 
 
+def kind_check(name, items, kind, expected):
+    """`items` as a tuple, each an instance of `kind` (else `ValueError` naming `expected`)."""
+    items = tuple(items)
+    for item in items:
+        if not isinstance(item, kind):
+            what = (f"the class {item.__name__} itself (pass an instance)"
+                    if isinstance(item, type) else repr(type(item).__name__))
+            raise ValueError(f"`{name}` must hold {expected}; got {what}.")
+    return items
+
+
+def element_names(kind, elements):
+    """The elements' names; unnamed ones get `<class>_<k>` (k counting per class)."""
+    counts: dict[str, int] = {}
+    names = []
+    for element in elements:
+        default = type(element).__name__.lower()
+        index = counts.get(default, 0)
+        counts[default] = index + 1
+        names.append(element.name if element.name is not None else f"{default}_{index}")
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"A {kind} name must be a non-empty string; got {name!r}.")
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(
+            f"Duplicate {kind} names {duplicates}: give every {kind} its own `name=` "
+            f"(unnamed {kind}s are called <class>_<k>)."
+        )
+    return tuple(names)
+
+
 class AbstractMechanism(eqx.Module):
-    """The stops of a [`jaxdae.multibody.Mechanism`][] or
-    [`jaxdae.multibody.TreeMechanism`][] as the system's `gaps` (with their coefficients of
-    restitution and friction and their slip velocities), read through the mechanism's
-    `_stop_kinematics`, and `joint_rates` from its `joint_coordinates`. Listed before the
-    system class among a mechanism's bases, so that these override the system's defaults
-    (no gaps)."""
+    """What a [`jaxdae.multibody.Mechanism`][] (absolute coordinates) and a
+    [`jaxdae.multibody.TreeMechanism`][] (joint coordinates) share: their checked bodies,
+    joints, force elements, stops and controller; the outputs at markers and joints, read
+    through the mechanism's kinematics (`_kinematics`); the stops as the system's `gaps`
+    (with their coefficients of restitution and friction and their slip velocities);
+    `mobility`; and `initial_state`. Listed before the system class among a mechanism's
+    bases, so that these override the system's defaults (no gaps)."""
 
+    bodies: eqx.AbstractVar[tuple[PlanarBody | RigidBody, ...]]
+    ground: eqx.AbstractVar[Ground]
+    joints: eqx.AbstractVar[tuple[AbstractJoint, ...]]
+    forces: eqx.AbstractVar[tuple[AbstractForce, ...]]
     stops: eqx.AbstractVar[tuple[AbstractStop, ...]]
+    controller: eqx.AbstractVar[AbstractController]
+    joint_names: eqx.AbstractVar[tuple[str, ...]]
+    force_names: eqx.AbstractVar[tuple[str, ...]]
     stop_names: eqx.AbstractVar[tuple[str, ...]]
+    dimension: eqx.AbstractVar[int]
 
     @abc.abstractmethod
-    def _stop_kinematics(self, t, q, v=None) -> StopKinematics:
-        """The markers, joint coordinates and velocities the stops read at `(t, q, v)`."""
+    def _kinematics(self, t, q, v=None, inputs=None):
+        """The markers at `(t, q, v)` (a [`jaxdae.multibody.Kinematics`][] or
+        [`jaxdae.multibody.TreeKinematics`][]), with the controller's output `inputs`."""
+
+    @property
+    @abc.abstractmethod
+    def num_equations(self) -> int:
+        """`m`: the number of constraint equations."""
 
     @abc.abstractmethod
-    def joint_coordinates(self, q: Float[Array, "*batch n"]) -> dict[str, Float[Array, "*batch"]]:
-        """The joint coordinates by joint name."""
+    def reference_coordinates(self) -> Float[Array, " n"]:
+        """`q` of the bodies' given poses: a guess; need not satisfy `Φ`."""
+
+    @abc.abstractmethod
+    def _unheld_coordinates(self) -> int:
+        """The number of coordinates that neither the constraints hold nor the motion
+        changes (the norms of Euler parameters that need not be unit)."""
+
+    @abc.abstractmethod
+    def _driven(self, t0, q, v, held: "Prescribed"):
+        """`(q, v, system)`: the guess with the joint coordinates of `held` set where they
+        are coordinates of `q`, and the system whose consistent state near it
+        `initial_state` finds (`None` where the guess is consistent already)."""
+
+    # -- construction ------------------------------------------------------------------
+
+    def _set_bodies(self, items, kinds: str):
+        """`ground` and `bodies` from `items` (bodies and at most one Ground; at least one
+        body, of `kinds`), with distinct names."""
+        grounds = [b for b in items if isinstance(b, Ground)]
+        if len(grounds) > 1:
+            raise ValueError("`bodies` holds more than one Ground; merge their markers into one.")
+        self.ground = grounds[0] if grounds else Ground()
+        self.bodies = tuple(b for b in items if not isinstance(b, Ground))
+        if not self.bodies:
+            raise ValueError(f"A {type(self).__name__} needs at least one {kinds}.")
+        element_names("body", self.bodies)
+
+    def _set_elements(self, joints, forces, stops, controller):
+        """`joints`, `forces`, `stops` (with their names) and `controller`, checked against
+        the bodies: each element of the mechanism's dimension, on markers and joints it
+        has; each joint between two bodies; a controller (default: a constant zero input
+        of the size the actuators need)."""
+        self.joints = kind_check("joints", joints, AbstractJoint,
+                                 "joints (jaxdae.multibody.Revolute, Prismatic, ...)")
+        self.forces = kind_check("forces", forces, AbstractForce,
+                                 "force elements (jaxdae.multibody.Gravity, SpringDamper, ...)")
+        self.stops = kind_check("stops", stops, AbstractStop,
+                                "stops (jaxdae.multibody.JointLimit, PlaneContact, ...)")
+        self.joint_names = element_names("joint", self.joints)
+        self.force_names = element_names("force element", self.forces)
+        self.stop_names = element_names("stop", self.stops)
+        for kind, names, elements in (("joint", self.joint_names, self.joints),
+                                      ("force element", self.force_names, self.forces),
+                                      ("stop", self.stop_names, self.stops)):
+            for name, element in zip(names, elements, strict=True):
+                self._check_element(kind, name, element)
+        channels = [c for force in self.forces for c in force.channels]
+        if controller is None:
+            controller = ConstantControl(jnp.zeros((max(channels, default=-1) + 1,)))
+        if not isinstance(controller, AbstractController):
+            raise ValueError("`controller` must be a jaxdae.AbstractController; got "
+                             f"{type(controller).__name__}.")
+        self.controller = controller
+
+    def _check_element(self, kind, name, element):
+        """Raise `ValueError` where the element (a joint, force element or stop) does not
+        fit the mechanism."""
+        element.check_dimension(self.dimension, f"{kind} {name!r}")
+        refs = (element.a, element.b) if kind == "joint" else element.markers
+        for ref in refs:
+            self._check_ref(f"{kind} {name!r}", ref)
+        for joint in (() if kind == "joint" else element.joints):
+            if not self.joints[self._joint_index(joint, f"The {kind} {name!r}")].has_coordinate:
+                raise ValueError(
+                    f"The {kind} {name!r} acts on joint {joint!r}, which has no joint "
+                    "coordinate (a revolute, prismatic, cylindrical or point-on-line "
+                    "joint has one).")
+        if kind == "joint" and split(element.a)[0] == split(element.b)[0]:
+            raise ValueError(
+                f"Joint {name!r} joins body {split(element.a)[0]!r} to itself "
+                f"({element.a!r} and {element.b!r}): a joint connects two bodies.")
 
     def _check_ref(self, owner, ref):
         """Raise `ValueError` where `ref` names a body or marker the mechanism lacks."""
@@ -60,6 +184,99 @@ class AbstractMechanism(eqx.Module):
                 f"{marker!r} (its markers: {known or 'none'}). Add it to the body's "
                 "`markers` or refer to the body alone for its centre of mass."
             )
+
+    # -- structure ---------------------------------------------------------------------
+
+    @property
+    def body_names(self) -> tuple[str, ...]:
+        return tuple(b.name for b in self.bodies)
+
+    @property
+    def masses(self) -> Float[Array, " bodies"]:
+        return jnp.stack([b.mass for b in self.bodies])
+
+    def body(self, name: str) -> PlanarBody | RigidBody | Ground:
+        """The body called `name` (the ground for `"ground"`)."""
+        return self.ground if name == GROUND else self.bodies[self.body_names.index(name)]
+
+    def joint(self, name: str) -> AbstractJoint:
+        """The joint called `name`."""
+        return self.joints[self._joint_index(name)]
+
+    def _joint_index(self, name, owner=None):
+        if name not in self.joint_names:
+            where = f"{owner} refers to joint {name!r}, which is not in the mechanism" if owner \
+                else f"No joint named {name!r}"
+            raise ValueError(f"{where}; the joints are {list(self.joint_names)}.")
+        return self.joint_names.index(name)
+
+    def _inputs(self, t, q, v):
+        """The controller's output at `(t, q, v)`, or `None` where no force element reads it."""
+        return self.controller(t, q, v) if any(f.channels for f in self.forces) else None
+
+    # -- outputs -----------------------------------------------------------------------
+
+    def marker_position(self, q: Float[Array, "*batch n"], marker: str) -> Float[Array, "*batch d"]:
+        """The position of `marker` (`"body.marker"` or `"body"`) in the global frame; `q`
+        may carry leading (time, batch) axes, e.g. `sol.q`."""
+        self._check_ref("request", marker)
+        return over_leading(lambda q_: self._kinematics(0.0, q_).frame(marker).point, q)
+
+    def marker_velocity(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"],
+                        marker: str) -> Float[Array, "*batch d"]:
+        """The velocity of `marker` in the global frame, `ṙ + ω × R s` (`ω` the body's
+        angular velocity; `θ̇` about z in the plane)."""
+        self._check_ref("request", marker)
+        return over_leading(lambda q_, v_: self._kinematics(0.0, q_, v_).velocity(marker)[0],
+                            q, v)
+
+    def marker_rotation(self, q: Float[Array, "*batch n"], marker: str
+                        ) -> Float[Array, "*batch d d"]:
+        """The orientation of `marker`'s frame in the global frame (its body's rotation times
+        the marker's orientation on the body)."""
+        self._check_ref("request", marker)
+        return over_leading(lambda q_: self._kinematics(0.0, q_).frame(marker).rotation, q)
+
+    def angular_velocity(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"],
+                         name: str) -> Float[Array, "*batch"] | Float[Array, "*batch 3"]:
+        """Body `name`'s angular velocity: `θ̇` in the plane, the vector `ω` in the global
+        frame in space."""
+        self._check_ref("request", name)
+        return over_leading(lambda q_, v_: self._kinematics(0.0, q_, v_).velocity(name)[1],
+                            q, v)
+
+    def joint_coordinate(self, name: str, q: Float[Array, " n"],
+                         t: ScalarLike = 0.0) -> Float[Array, ""]:
+        """The coordinate of joint `name` at one configuration `q` (see
+        `joint_coordinates`)."""
+        return self._kinematics(t, q).coordinate(name)
+
+    def joint_coordinates(self, q: Float[Array, "*batch n"]) -> dict[str, Float[Array, "*batch"]]:
+        """The joint coordinates by joint name: a revolute joint's relative angle
+        (`θ_b − θ_a` in the plane; in `(−π, π]` about its axis in space), a prismatic,
+        cylindrical or point-on-line joint's displacement along its axis. A
+        [`jaxdae.multibody.TreeMechanism`][]'s tree joints read theirs from `q`."""
+        names = [n for n, j in zip(self.joint_names, self.joints, strict=True)
+                 if j.has_coordinate]
+
+        def coords(q_):
+            kin = self._kinematics(0.0, q_)
+            return {n: kin.coordinate(n) for n in names}
+
+        return over_leading(coords, q)
+
+    def joint_rates(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"]
+                    ) -> dict[str, Float[Array, "*batch"]]:
+        """The rates of the joint coordinates, `d/dt joint_coordinates(q)`."""
+        return over_leading(lambda q_, v_: jax.jvp(self.joint_coordinates, (q_,), (v_,))[1],
+                            q, v)
+
+    # -- one-sided constraints ---------------------------------------------------------
+
+    def _stop_kinematics(self, t, q, v=None) -> StopKinematics:
+        """The markers, joint coordinates and velocities the stops read at `(t, q, v)`."""
+        kin = self._kinematics(t, q, v)
+        return StopKinematics(kin.frame, kin.coordinate, kin.velocity)
 
     def gaps(self, t, q):
         """The stops' gaps in the order of `stops` (see `gap_names`)."""
@@ -94,11 +311,77 @@ class AbstractMechanism(eqx.Module):
                      for name, stop in zip(self.stop_names, self.stops, strict=True)
                      for label in stop.gap_labels)
 
-    def joint_rates(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"]
-                    ) -> dict[str, Float[Array, "*batch"]]:
-        """The rates of the joint coordinates, `d/dt joint_coordinates(q)`."""
-        return over_leading(lambda q_, v_: jax.jvp(self.joint_coordinates, (q_,), (v_,))[1],
-                             q, v)
+    # -- analysis ----------------------------------------------------------------------
+
+    def mobility(self, q: Float[ArrayLike, " n"] | None = None, t: ScalarLike = 0.0, *,
+                 rtol: float = 1e-9) -> Mobility:
+        """The Grübler count against the rank of the constraint Jacobian at `q`. The Euler
+        parameters' norms of a [`jaxdae.multibody.TreeMechanism`][] count as coordinates
+        held by nothing.
+
+        **Arguments:**
+
+        - `q`: the configuration (default: the bodies' `position` and `angle` or
+            `orientation`). Redundancy shows at a consistent configuration: take one from
+            `initial_state`.
+        - `t`: the time.
+        - `rtol`: singular values of `Φ_q` below `rtol · σ_max` count as zero.
+
+        **Returns:**
+
+        A [`jaxdae.multibody.Mobility`][] (Python integers; not for use under `jit`).
+        """
+        q = self.reference_coordinates() if q is None else jnp.asarray(q, dtype=float)
+        n, m = q.shape[0], self.num_equations
+        rank = constraint_rank(self, q, t, rtol)
+        free = n - self._unheld_coordinates()
+        return Mobility(coordinates=n, equations=m, grubler=free - m, rank=rank,
+                        dof=free - rank, redundant=m - rank)
+
+    def initial_state(
+        self,
+        t0: ScalarLike = 0.0,
+        q: Float[ArrayLike, " n"] | None = None,
+        v: Float[ArrayLike, " n"] | None = None,
+        *,
+        joint_coordinates: Mapping[str, ArrayLike | tuple[ArrayLike, ArrayLike]] | None = None,
+        tol: float | None = None,
+        max_steps: int = 64,
+    ) -> tuple[Float[Array, " n"], Float[Array, " n"]]:
+        """A consistent state `(q, v)` (`Φ = 0`, `Φ̇ = 0`) near a guess, with prescribed
+        joint coordinates.
+
+        The joints named in `joint_coordinates` are driven to the given values (and rates)
+        while the state nearest the guess in the mass metric is found by
+        [`jaxdae.consistent_initial_state`][]. A [`jaxdae.multibody.TreeMechanism`][]'s
+        tree joints take their values and rates as coordinates; it solves only where joints
+        close loops.
+
+        **Arguments:**
+
+        - `t0`: the time.
+        - `q`, `v`: the guess; default the bodies' given poses (`reference_coordinates`),
+            and rest.
+        - `joint_coordinates`: by joint name, a value or `(value, rate)` of its joint
+            coordinate (see `joint_coordinates`): e.g. `{"crank": (0.5, 10.0)}`.
+        - `tol`, `max_steps`: as for [`jaxdae.consistent_initial_state`][].
+
+        **Returns:**
+
+        `(q, v)`.
+
+        **Raises:**
+
+        `ValueError` for a joint that is not in the mechanism or has no joint coordinate,
+        and from [`jaxdae.consistent_initial_state`][] when no consistent state is found.
+        """
+        q = self.reference_coordinates() if q is None else jnp.asarray(q, dtype=float)
+        v = jnp.zeros_like(q) if v is None else jnp.asarray(v, dtype=q.dtype)
+        held = prescribed(self, joint_coordinates, q.dtype)
+        q, v, system = self._driven(jnp.asarray(t0, q.dtype), q, v, held)
+        if system is None:
+            return q, v
+        return consistent_initial_state(system, t0, q, v, tol=tol, max_steps=max_steps)
 
 
 def constraint_rank(mechanism, q, t, rtol: float) -> int:

@@ -1,68 +1,30 @@
 """A mechanism assembled from bodies, joints and force elements: a jaxdae system."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._analysis._consistent import consistent_initial_state
-from .._analysis._control import AbstractController, ConstantControl
+from .._analysis._control import AbstractController
 from .._compilation._gather import add_at, take
-from .._custom_types import Array, ArrayLike, Float, ScalarLike
+from .._custom_types import Array, ArrayLike, Float
 from .._systems._system import LagrangianSystem
 from ._body import GROUND, Ground, PlanarBody, RigidBody, rigid_kinetic_energy, rigid_mass_matrix
 from ._force import AbstractForce
 from ._groups import group_key, groups, reorder, vmapped
 from ._joint import AbstractJoint
 from ._kinematics import ElementKinematics, Kinematics, split
-from ._mechanism import (
-    AbstractMechanism,
-    Driven,
-    constraint_rank,
-    over_leading,
-    prescribed,
-)
-from ._results import Mobility, Reaction
-from ._stop import AbstractStop, StopKinematics
+from ._mechanism import AbstractMechanism, Driven, kind_check, over_leading
+from ._results import Reaction
+from ._stop import AbstractStop
 
 
 def _moment(arm, force):
     if arm.shape[0] == 2:
         return arm[0] * force[1] - arm[1] * force[0]
     return jnp.cross(arm, force)
-
-
-def _kind_check(name, items, kind, expected):
-    items = tuple(items)
-    for item in items:
-        if not isinstance(item, kind):
-            what = (f"the class {item.__name__} itself (pass an instance)"
-                    if isinstance(item, type) else repr(type(item).__name__))
-            raise ValueError(f"`{name}` must hold {expected}; got {what}.")
-    return items
-
-
-def _names(kind, elements):
-    """The elements' names; unnamed ones get `<class>_<k>` (k counting per class)."""
-    counts: dict[str, int] = {}
-    names = []
-    for element in elements:
-        default = type(element).__name__.lower()
-        index = counts.get(default, 0)
-        counts[default] = index + 1
-        names.append(element.name if element.name is not None else f"{default}_{index}")
-    for name in names:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"A {kind} name must be a non-empty string; got {name!r}.")
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ValueError(
-            f"Duplicate {kind} names {duplicates}: give every {kind} its own `name=` "
-            f"(unnamed {kind}s are called <class>_<k>)."
-        )
-    return tuple(names)
 
 
 class Mechanism(AbstractMechanism, LagrangianSystem):
@@ -175,16 +137,9 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
         stops: Sequence[AbstractStop] = (),
         controller: AbstractController | None = None,
     ):
-        items = _kind_check("bodies", bodies, (PlanarBody, RigidBody, Ground),
+        items = kind_check("bodies", bodies, (PlanarBody, RigidBody, Ground),
                            "jaxdae.multibody.PlanarBody or RigidBody (and one Ground) instances")
-        grounds = [b for b in items if isinstance(b, Ground)]
-        if len(grounds) > 1:
-            raise ValueError("`bodies` holds more than one Ground; merge their markers into one.")
-        self.ground = grounds[0] if grounds else Ground()
-        self.bodies = tuple(b for b in items if not isinstance(b, Ground))
-        if not self.bodies:
-            raise ValueError("A Mechanism needs at least one PlanarBody or RigidBody.")
-        _names("body", self.bodies)
+        self._set_bodies(items, "PlanarBody or RigidBody")
         dimensions = {b.dimension for b in self.bodies}
         if len(dimensions) > 1:
             raise ValueError(
@@ -201,47 +156,10 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
             raise ValueError("Ground `orientations` are for spatial mechanisms.")
         self.offsets = tuple(int(o) for o in np.cumsum(
             [0] + [b.num_coordinates for b in self.bodies[:-1]]))
-        self.joints = _kind_check("joints", joints, AbstractJoint,
-                                  "joints (jaxdae.multibody.Revolute, Prismatic, ...)")
-        self.forces = _kind_check("forces", forces, AbstractForce,
-                                  "force elements (jaxdae.multibody.Gravity, SpringDamper, ...)")
-        self.stops = _kind_check("stops", stops, AbstractStop,
-                                 "stops (jaxdae.multibody.JointLimit, PlaneContact, ...)")
-        self.joint_names = _names("joint", self.joints)
-        self.force_names = _names("force element", self.forces)
-        self.stop_names = _names("stop", self.stops)
+        self._set_elements(joints, forces, stops, controller)
         self.joint_sizes = tuple(j.equations(self.dimension) for j in self.joints)
-        for kind, names, elements in (("joint", self.joint_names, self.joints),
-                                      ("force element", self.force_names, self.forces),
-                                      ("stop", self.stop_names, self.stops)):
-            for name, element in zip(names, elements, strict=False):
-                element.check_dimension(self.dimension, f"{kind} {name!r}")
-                refs = (element.a, element.b) if kind == "joint" else element.markers
-                for ref in refs:
-                    self._check_ref(f"{kind} {name!r}", ref)
-                for joint in (() if kind == "joint" else element.joints):
-                    self._joint_index(joint, f"the {kind} {name!r}")
-                    if joint not in dict(self._coordinate_joints()):
-                        raise ValueError(
-                            f"The {kind} {name!r} acts on joint {joint!r}, which has no joint "
-                            "coordinate (a revolute, prismatic, cylindrical or point-on-line "
-                            "joint has one).")
-                if kind == "joint" and split(element.a)[0] == split(element.b)[0]:
-                    raise ValueError(
-                        f"Joint {name!r} joins body {split(element.a)[0]!r} to itself "
-                        f"({element.a!r} and {element.b!r}): a joint connects two bodies."
-                    )
         self.holding = ()
         self._check_massless()
-        channels = [c for force in self.forces for c in force.channels]
-        if controller is None:
-            controller = ConstantControl(jnp.zeros((max(channels, default=-1) + 1,)))
-        if not isinstance(controller, AbstractController):
-            raise ValueError(
-                "`controller` must be a jaxdae.AbstractController; got "
-                f"{type(controller).__name__}."
-            )
-        self.controller = controller
 
     def _check_massless(self):
         """A body with zero mass or inertia must be held by its joints in those directions:
@@ -283,10 +201,6 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
     # -- structure ---------------------------------------------------------------------
 
     @property
-    def body_names(self) -> tuple[str, ...]:
-        return tuple(b.name for b in self.bodies)
-
-    @property
     def coordinate_names(self) -> tuple[str, ...]:
         """`("crank.x", "crank.y", "crank.theta", ...)` (planar) or `("link.x", ...,
         "link.e0", ..., "link.e3", ...)` (spatial): the order of `q`."""
@@ -303,29 +217,11 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
         `q[offsets[i] : offsets[i] + bodies[i].num_coordinates]`); −1 for the ground."""
         return -1 if name == GROUND else self.body_names.index(name)
 
-    def body(self, name: str) -> PlanarBody | RigidBody | Ground:
-        return self.ground if name == GROUND else self.bodies[self.slot(name)]
-
-    def joint(self, name: str) -> AbstractJoint:
-        """The joint called `name`."""
-        return self.joints[self._joint_index(name)]
-
     def joint_rows(self, name: str) -> slice:
         """The rows of joint `name` in `Φ` (and in the holonomic multipliers)."""
         index = self._joint_index(name)
         start = sum(self.joint_sizes[:index])
         return slice(start, start + self.joint_sizes[index])
-
-    def _joint_index(self, name, owner=None):
-        if name not in self.joint_names:
-            where = f"{owner} refers to joint {name!r}, which is not in the mechanism" if owner \
-                else f"No joint named {name!r}"
-            raise ValueError(f"{where}; the joints are {list(self.joint_names)}.")
-        return self.joint_names.index(name)
-
-    @property
-    def masses(self) -> Float[Array, " bodies"]:
-        return jnp.stack([b.mass for b in self.bodies])
 
     @property
     def inertias(self) -> Float[Array, "bodies ..."]:
@@ -420,8 +316,7 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
         return forces
 
     def generalized_forces(self, t, q, v):
-        needs_input = any(f.channels for f in self.forces)
-        kin = Kinematics(self, t, q, v, self.controller(t, q, v) if needs_input else None)
+        kin = Kinematics(self, t, q, v, self._inputs(t, q, v))
         forces = jnp.zeros_like(q)
         for elements in self._force_groups():
             if len(elements) == 1:
@@ -484,14 +379,8 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
             positions += [starts[k] + r for k in members for r in range(sizes[k])]
         return reorder(parts, positions)
 
-    def _stop_kinematics(self, t, q, v=None) -> StopKinematics:
-        kin = Kinematics(self, t, q, v)
-
-        def coordinate(name):
-            joint = self.joint(name)
-            return joint.coordinate(kin.frame(joint.a), kin.frame(joint.b))
-
-        return StopKinematics(kin.frame, coordinate, kin.velocity)
+    def _kinematics(self, t, q, v=None, inputs=None) -> Kinematics:
+        return Kinematics(self, t, q, v, inputs)
 
     def constraints(self, t, q):
         kin = Kinematics(self, t, q)
@@ -516,57 +405,6 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
             raise ValueError("The ground has no coordinates.")
         start = self.offsets[slot]
         return q[..., start : start + self.bodies[slot].num_coordinates]
-
-    def marker_position(self, q: Float[Array, "*batch n"], marker: str) -> Float[Array, "*batch d"]:
-        """The position of `marker` (`"body.marker"` or `"body"`) in the global frame; `q`
-        may carry leading (time, batch) axes, e.g. `sol.q`."""
-        self._check_ref("request", marker)
-        return over_leading(lambda q_: Kinematics(self, 0.0, q_).frame(marker).point, q)
-
-    def marker_velocity(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"],
-                        marker: str) -> Float[Array, "*batch d"]:
-        """The velocity of `marker` in the global frame, `ṙ + ω × R s` (`ω` the body's
-        angular velocity; `θ̇` about z in the plane)."""
-        self._check_ref("request", marker)
-        return over_leading(lambda q_, v_: Kinematics(self, 0.0, q_, v_).velocity(marker)[0],
-                             q, v)
-
-    def marker_rotation(self, q: Float[Array, "*batch n"], marker: str
-                        ) -> Float[Array, "*batch d d"]:
-        """The orientation of `marker`'s frame in the global frame (its body's rotation times
-        the marker's orientation on the body)."""
-        self._check_ref("request", marker)
-        return over_leading(lambda q_: Kinematics(self, 0.0, q_).frame(marker).rotation, q)
-
-    def angular_velocity(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"],
-                         name: str) -> Float[Array, "*batch"]:
-        """Body `name`'s angular velocity: `θ̇` in the plane, `ω = 2 E(p) ṗ` in the global
-        frame in space."""
-        self._check_ref("request", name)
-        return over_leading(lambda q_, v_: Kinematics(self, 0.0, q_, v_).velocity(name)[1],
-                             q, v)
-
-    def joint_coordinate(self, name: str, q: Float[Array, " n"],
-                         t: ScalarLike = 0.0) -> Float[Array, ""]:
-        """The coordinate of joint `name` at one configuration `q` (see
-        `joint_coordinates`)."""
-        joint = self.joint(name)
-        kin = Kinematics(self, t, q)
-        return joint.coordinate(kin.frame(joint.a), kin.frame(joint.b))
-
-    def _coordinate_joints(self):
-        return [(name, j) for name, j in zip(self.joint_names, self.joints, strict=False)
-                if j.has_coordinate]
-
-    def joint_coordinates(self, q: Float[Array, "*batch n"]) -> dict[str, Float[Array, "*batch"]]:
-        """The joint coordinates by joint name: a revolute joint's relative angle
-        (`θ_b − θ_a` in the plane; in `(−π, π]` about its axis in space), a prismatic,
-        cylindrical or point-on-line joint's displacement along its axis."""
-        def coords(q_):
-            kin = Kinematics(self, 0.0, q_)
-            return {n: j.coordinate(kin.frame(j.a), kin.frame(j.b))
-                    for n, j in self._coordinate_joints()}
-        return over_leading(coords, q)
 
     def reactions(self, q: Float[Array, "*batch n"], multipliers: Float[Array, "*batch c"],
                   t: Float[ArrayLike, "*batch"] = 0.0) -> dict[str, Reaction]:
@@ -625,70 +463,13 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
 
     # -- analysis ----------------------------------------------------------------------
 
-    def mobility(self, q: Float[ArrayLike, " n"] | None = None, t: ScalarLike = 0.0, *,
-                 rtol: float = 1e-9) -> Mobility:
-        """The Grübler count against the rank of the constraint Jacobian at `q`.
-
-        **Arguments:**
-
-        - `q`: the configuration (default: the bodies' `position` and `angle`). Redundancy
-            shows at a consistent configuration: take one from `initial_state`.
-        - `t`: the time.
-        - `rtol`: singular values of `Φ_q` below `rtol · σ_max` count as zero.
-
-        **Returns:**
-
-        A [`jaxdae.multibody.Mobility`][] (Python integers; not for use under `jit`).
-        """
-        q = self.reference_coordinates() if q is None else jnp.asarray(q, dtype=float)
-        n, m = q.shape[0], self.num_equations
-        rank = constraint_rank(self, q, t, rtol)
-        return Mobility(coordinates=n, equations=m, grubler=n - m, rank=rank, dof=n - rank,
-                        redundant=m - rank)
+    def _unheld_coordinates(self) -> int:
+        return 0
 
     def reference_coordinates(self) -> Float[Array, " n"]:
         """`q` from the bodies' `position` and `angle` (planar) or `orientation` (spatial):
         a guess; need not satisfy `Φ`."""
         return jnp.concatenate([b.reference_coordinates() for b in self.bodies])
 
-    def initial_state(
-        self,
-        t0: ScalarLike = 0.0,
-        q: Float[ArrayLike, " n"] | None = None,
-        v: Float[ArrayLike, " n"] | None = None,
-        *,
-        joint_coordinates: Mapping[str, ArrayLike | tuple[ArrayLike, ArrayLike]] | None = None,
-        tol: float | None = None,
-        max_steps: int = 64,
-    ) -> tuple[Float[Array, " n"], Float[Array, " n"]]:
-        """A consistent state `(q, v)` (`Φ = 0`, `Φ̇ = 0`) near a guess, with prescribed
-        joint coordinates.
-
-        The joints named in `joint_coordinates` are driven to the given values (and rates)
-        while the state nearest the guess in the mass metric is found by
-        [`jaxdae.consistent_initial_state`][].
-
-        **Arguments:**
-
-        - `t0`: the time.
-        - `q`, `v`: the guess; default the bodies' `position` and `angle`, and rest.
-        - `joint_coordinates`: by joint name, a value or `(value, rate)` of its joint
-            coordinate (see `joint_coordinates`): e.g. `{"crank": (0.5, 10.0)}`.
-        - `tol`, `max_steps`: as for [`jaxdae.consistent_initial_state`][].
-
-        **Returns:**
-
-        `(q, v)`.
-
-        **Raises:**
-
-        `ValueError` for a joint that is not in the mechanism or has no joint coordinate,
-        and from [`jaxdae.consistent_initial_state`][] when no consistent state is found.
-        """
-        q = self.reference_coordinates() if q is None else jnp.asarray(q, dtype=float)
-        v = jnp.zeros_like(q) if v is None else jnp.asarray(v, dtype=q.dtype)
-        system = self
-        if joint_coordinates:
-            system = Driven(self, prescribed(self, joint_coordinates, q.dtype),
-                            jnp.asarray(t0, q.dtype))
-        return consistent_initial_state(system, t0, q, v, tol=tol, max_steps=max_steps)
+    def _driven(self, t0, q, v, held):
+        return q, v, Driven(self, held, t0) if held.names else self

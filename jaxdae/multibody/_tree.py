@@ -1,7 +1,7 @@
 """A spatial mechanism in joint coordinates: a tree of bodies whose dynamics come from the
 recursive algorithms of robotics, with loops closed by constraints."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import equinox as eqx
 import jax
@@ -9,11 +9,10 @@ import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 
-from .._analysis._consistent import consistent_initial_state
-from .._analysis._control import AbstractController, ConstantControl
+from .._analysis._control import AbstractController
 from .._compilation._gather import take
 from .._compilation._operators import FactoredOperator, MassFactor
-from .._custom_types import Array, ArrayLike, Float, ScalarLike
+from .._custom_types import Array, Float
 from .._systems._system import (
     AbstractSystem,
     ConstrainedTerms,
@@ -24,15 +23,7 @@ from ._body import GROUND, Ground, RigidBody
 from ._force import AbstractForce, Gravity
 from ._joint import AbstractJoint, Fixed, Prismatic, Revolute
 from ._kinematics import Frame, euler_rotation, quaternion_from_matrix, split
-from ._mechanism import (
-    AbstractMechanism,
-    Driven,
-    constraint_rank,
-    over_leading,
-    prescribed,
-)
-from ._model import _kind_check, _names
-from ._results import Mobility
+from ._mechanism import AbstractMechanism, Driven, kind_check
 from ._spatial import (
     apply_inertia,
     axis_rotation,
@@ -42,7 +33,7 @@ from ._spatial import (
     rate_map,
     unit_rotation,
 )
-from ._stop import AbstractStop, StopKinematics
+from ._stop import AbstractStop
 from ._topology import FLOATING, SCREW, Topology, find_topology
 
 
@@ -128,62 +119,14 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                     f"A TreeMechanism is spatial: body {getattr(item, 'name', item)!r} is a "
                     f"{type(item).__name__}. Use RigidBody, or jaxdae.multibody.Mechanism "
                     "for a planar mechanism.")
-        items = _kind_check("bodies", items, (RigidBody, Ground),
-                            "jaxdae.multibody.RigidBody instances (and one Ground)")
-        grounds = [b for b in items if isinstance(b, Ground)]
-        if len(grounds) > 1:
-            raise ValueError("`bodies` holds more than one Ground; merge their markers into one.")
-        self.ground = grounds[0] if grounds else Ground()
-        self.bodies = tuple(b for b in items if not isinstance(b, Ground))
-        if not self.bodies:
-            raise ValueError("A TreeMechanism needs at least one RigidBody.")
-        _names("body", self.bodies)
+        items = kind_check("bodies", items, (RigidBody, Ground),
+                           "jaxdae.multibody.RigidBody instances (and one Ground)")
+        self._set_bodies(items, "RigidBody")
         self.dimension = 3
-        self.joints = _kind_check("joints", joints, AbstractJoint,
-                                  "joints (jaxdae.multibody.Revolute, Prismatic, ...)")
-        self.forces = _kind_check("forces", forces, AbstractForce,
-                                  "force elements (jaxdae.multibody.Gravity, SpringDamper, ...)")
-        self.stops = _kind_check("stops", stops, AbstractStop,
-                                 "stops (jaxdae.multibody.JointLimit, PlaneContact, ...)")
-        self.joint_names = _names("joint", self.joints)
-        self.force_names = _names("force element", self.forces)
-        self.stop_names = _names("stop", self.stops)
-        for kind, names, elements in (("joint", self.joint_names, self.joints),
-                                      ("force element", self.force_names, self.forces),
-                                      ("stop", self.stop_names, self.stops)):
-            for name, element in zip(names, elements, strict=True):
-                element.check_dimension(3, f"{kind} {name!r}")
-                refs = (element.a, element.b) if kind == "joint" else element.markers
-                for ref in refs:
-                    self._check_ref(f"{kind} {name!r}", ref)
-                for joint in (() if kind == "joint" else element.joints):
-                    if joint not in self.joint_names:
-                        raise ValueError(f"The {kind} {name!r} refers to joint {joint!r}, which "
-                                         f"is not in the mechanism; the joints are "
-                                         f"{list(self.joint_names)}.")
-                    if not self.joints[self.joint_names.index(joint)].has_coordinate:
-                        raise ValueError(
-                            f"The {kind} {name!r} acts on joint {joint!r}, which has no joint "
-                            "coordinate (a revolute, prismatic, cylindrical or point-on-line "
-                            "joint has one).")
-                if kind == "joint" and split(element.a)[0] == split(element.b)[0]:
-                    raise ValueError(
-                        f"Joint {name!r} joins body {split(element.a)[0]!r} to itself "
-                        f"({element.a!r} and {element.b!r}): a joint connects two bodies.")
+        self._set_elements(joints, forces, stops, controller)
         self.topology = find_topology(self.bodies, self.joints, self.joint_names)
-        channels = [c for force in self.forces for c in force.channels]
-        if controller is None:
-            controller = ConstantControl(jnp.zeros((max(channels, default=-1) + 1,)))
-        if not isinstance(controller, AbstractController):
-            raise ValueError("`controller` must be a jaxdae.AbstractController; got "
-                             f"{type(controller).__name__}.")
-        self.controller = controller
 
     # -- structure ---------------------------------------------------------------------
-
-    @property
-    def body_names(self) -> tuple[str, ...]:
-        return tuple(b.name for b in self.bodies)
 
     @property
     def coordinate_names(self) -> tuple[str, ...]:
@@ -201,21 +144,6 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
     def num_equations(self) -> int:
         """`m`: the closing joints' constraint equations."""
         return sum(self.joints[i].equations(3) for i in self.topology.closures)
-
-    @property
-    def masses(self) -> Float[Array, " bodies"]:
-        return jnp.stack([b.mass for b in self.bodies])
-
-    def body(self, name: str) -> RigidBody | Ground:
-        if name == GROUND:
-            return self.ground
-        return self.bodies[self.body_names.index(name)]
-
-    def joint(self, name: str) -> AbstractJoint:
-        """The joint called `name`."""
-        if name not in self.joint_names:
-            raise ValueError(f"No joint named {name!r}; the joints are {list(self.joint_names)}.")
-        return self.joints[self.joint_names.index(name)]
 
     def joint_slice(self, name: str) -> slice:
         """The coordinates of tree joint `name` in `q` (and `v`)."""
@@ -541,8 +469,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         """`(Q, f_ext)`: the generalized forces of the force elements other than gravity
         (their potentials' gradients and their direct forces) and the spatial forces
         `(b, 6)` of their loads (or `None`)."""
-        needs_input = any(f.channels for f in self.forces)
-        inputs = self.controller(t, q, v) if needs_input else None
+        inputs = self._inputs(t, q, v)
         kin = TreeKinematics(self, t, q, v, inputs, motion)
         others = [f for f in self.forces if not isinstance(f, Gravity)]
         applied = jnp.zeros_like(q)
@@ -615,89 +542,22 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                                      q.dtype).reshape(-1))
         return jnp.concatenate(parts)
 
-    # -- one-sided constraints -----------------------------------------------------------
+    # -- the shared interface ----------------------------------------------------------
 
-    def _stop_kinematics(self, t, q, v=None) -> StopKinematics:
-        kin = TreeKinematics(self, t, q, v)
-        return StopKinematics(kin.frame, kin.coordinate, kin.velocity)
+    def _kinematics(self, t, q, v=None, inputs=None) -> "TreeKinematics":
+        return TreeKinematics(self, t, q, v, inputs)
 
-    # -- outputs -----------------------------------------------------------------------
+    def _unheld_coordinates(self) -> int:
+        return sum(1 for kind in self.topology.kinds if kind != SCREW)
 
-    def marker_position(self, q: Float[Array, "*batch n"], marker: str) -> Float[Array, "*batch 3"]:
-        """The position of `marker` (`"body.marker"` or `"body"`) in the global frame; `q`
-        may carry leading (time, batch) axes, e.g. `sol.q`."""
-        return over_leading(lambda q_: TreeKinematics(self, 0.0, q_).frame(marker).point, q)
-
-    def marker_velocity(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"],
-                        marker: str) -> Float[Array, "*batch 3"]:
-        """The velocity of `marker` in the global frame."""
-        return over_leading(
-            lambda q_, v_: TreeKinematics(self, 0.0, q_, v_).velocity(marker)[0], q, v)
-
-    def marker_rotation(self, q: Float[Array, "*batch n"], marker: str
-                        ) -> Float[Array, "*batch 3 3"]:
-        """The orientation of `marker`'s frame in the global frame."""
-        return over_leading(lambda q_: TreeKinematics(self, 0.0, q_).frame(marker).rotation, q)
-
-    def angular_velocity(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"],
-                         name: str) -> Float[Array, "*batch 3"]:
-        """Body `name`'s angular velocity in the global frame."""
-        return over_leading(
-            lambda q_, v_: TreeKinematics(self, 0.0, q_, v_).velocity(name)[1], q, v)
-
-    def joint_coordinate(self, name: str, q: Float[Array, " n"],
-                         t: ScalarLike = 0.0) -> Float[Array, ""]:
-        """The coordinate of joint `name` at one configuration `q`: a tree joint's own
-        coordinate, a loop-closing joint's as the joint measures it."""
-        return TreeKinematics(self, t, q).coordinate(name)
-
-    def joint_coordinates(self, q: Float[Array, "*batch n"]) -> dict[str, Float[Array, "*batch"]]:
-        """The coordinates of the joints that have one, by joint name (see
-        [`jaxdae.multibody.Mechanism.joint_coordinates`][])."""
-        def coords(q_):
-            kin = TreeKinematics(self, 0.0, q_)
-            return {n: kin.coordinate(n) for n, j in zip(self.joint_names, self.joints,
-                                                         strict=True) if j.has_coordinate}
-        return over_leading(coords, q)
-
-    def mobility(self, q: Float[ArrayLike, " n"] | None = None, t: ScalarLike = 0.0, *,
-                 rtol: float = 1e-9) -> Mobility:
-        """The Grübler count against the rank of the closing joints' Jacobian at `q` (see
-        [`jaxdae.multibody.Mechanism.mobility`][]; the Euler parameters' norms count as
-        coordinates held by nothing)."""
-        q = self.reference_coordinates() if q is None else jnp.asarray(q, dtype=float)
-        n, m = q.shape[0], self.num_equations
-        rank = constraint_rank(self, q, t, rtol)
-        norms = sum(1 for kind in self.topology.kinds if kind != SCREW)
-        return Mobility(coordinates=n, equations=m, grubler=n - norms - m, rank=rank,
-                        dof=n - norms - rank, redundant=m - rank)
-
-    def initial_state(
-        self,
-        t0: ScalarLike = 0.0,
-        q: Float[ArrayLike, " n"] | None = None,
-        v: Float[ArrayLike, " n"] | None = None,
-        *,
-        joint_coordinates: Mapping[str, ArrayLike | tuple[ArrayLike, ArrayLike]] | None = None,
-        tol: float | None = None,
-        max_steps: int = 64,
-    ) -> tuple[Float[Array, " n"], Float[Array, " n"]]:
-        """A consistent state `(q, v)` with prescribed joint coordinates (as
-        [`jaxdae.multibody.Mechanism.initial_state`][]). The tree joints named in
-        `joint_coordinates` take their values and rates; where loops are closed, the state
-        nearest the guess in the mass metric that satisfies the closing joints with those
-        coordinates held is found by [`jaxdae.consistent_initial_state`][]."""
-        q = self.reference_coordinates() if q is None else jnp.asarray(q, dtype=float)
-        v = jnp.zeros_like(q) if v is None else jnp.asarray(v, dtype=q.dtype)
-        held = prescribed(self, joint_coordinates, q.dtype)
+    def _driven(self, t0, q, v, held):
+        """The tree joints named in `held` take their values and rates; where loops are
+        closed, their joints are to hold with those coordinates."""
         for name, value, rate in zip(held.names, held.values, held.rates, strict=True):
             if name not in self.closure_joints:
                 index = self.joint_slice(name).start
                 q, v = q.at[index].set(value), v.at[index].set(rate)
-        if not self.topology.closures:
-            return q, v
-        system = Driven(self, held, jnp.asarray(t0, q.dtype))
-        return consistent_initial_state(system, t0, q, v, tol=tol, max_steps=max_steps)
+        return q, v, Driven(self, held, t0) if self.topology.closures else None
 
 
 class TreeKinematics:
