@@ -61,11 +61,25 @@ class AbstractJoint(eqx.Module):
 
     vector_fields: ClassVar[tuple[str, ...]] = ()
     """The fields that hold a vector of the mechanism's dimension (or `None`)."""
+    planar_fields: ClassVar[tuple[str, ...]] = ()
+    """The scalar fields for planar mechanisms only (zero in space)."""
+
+    def __check_init__(self):
+        for which in ("a", "b"):
+            if not isinstance(getattr(self, which), str):
+                raise ValueError(f"Joint marker `{which}` must be a string, 'body' or "
+                                 f"'body.marker'; got {getattr(self, which)!r}.")
 
     def check_dimension(self, dimension: int, owner: str) -> None:
         """Raise `ValueError` if the joint does not exist in a mechanism of `dimension`."""
         _check_element_dimension(self, dimension, owner,
                                  dict.fromkeys(self.vector_fields, (dimension,)))
+        for field in self.planar_fields:
+            value = getattr(self, field)
+            if dimension == 3 and is_concrete(value) and float(value) != 0.0:
+                raise ValueError(
+                    f"`{field}` of the {owner} is for planar mechanisms; in space give the "
+                    "markers orientations (`orientations=` of the bodies) instead.")
 
     @abc.abstractmethod
     def residual(self, t: Float[Array, ""], a: Frame, b: Frame) -> Float[Array, " m"]:
@@ -133,25 +147,9 @@ def _optional(name, value, sizes=(2, 3)):
     return array
 
 
-def _zero_in_space(joint, field, dimension, owner):
-    value = getattr(joint, field)
-    if dimension == 3 and is_concrete(value) and float(value) != 0.0:
-        raise ValueError(
-            f"`{field}` of the {owner} is for planar mechanisms; in space give the markers "
-            "orientations (`orientations=` of the bodies) instead.")
-
-
 def _check_length(length):
     if is_concrete(length) and not (np.isfinite(length) and length > 0):
         raise ValueError(f"A Distance joint needs a positive finite `length`; got {float(length)}.")
-
-
-def _ref(value, which: str) -> str:
-    if not isinstance(value, str):
-        raise ValueError(
-            f"Joint marker `{which}` must be a string, 'body' or 'body.marker'; got {value!r}."
-        )
-    return value
 
 
 class Revolute(AbstractJoint):
@@ -181,7 +179,7 @@ class Revolute(AbstractJoint):
 
     def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
                  name: str | None = None):
-        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
+        self.a, self.b, self.name = a, b, name
         self.axis = _optional("`axis` of a Revolute joint", axis, (3,))
 
     def equations(self, dimension):
@@ -235,19 +233,16 @@ class Prismatic(AbstractJoint):
     has_coordinate: ClassVar[bool] = True
     dimensions: ClassVar[tuple[int, ...]] = (2, 3)
     vector_fields: ClassVar[tuple[str, ...]] = ("axis",)
+    planar_fields: ClassVar[tuple[str, ...]] = ("angle",)
 
     def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
                  angle: ArrayLike = 0.0, name: str | None = None):
-        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
+        self.a, self.b, self.name = a, b, name
         self.axis = _optional("`axis` of a Prismatic joint", axis)
         self.angle = _scalar("`angle` of a Prismatic joint", angle)
 
     def equations(self, dimension):
         return 2 if dimension == 2 else 5
-
-    def check_dimension(self, dimension, owner):
-        super().check_dimension(dimension, owner)
-        _zero_in_space(self, "angle", dimension, owner)
 
     def residual(self, t, a, b):
         on_axis = _on_axis(a, b, _x_unless_given(self.axis, a))
@@ -277,17 +272,14 @@ class Fixed(AbstractJoint):
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 3
     dimensions: ClassVar[tuple[int, ...]] = (2, 3)
+    planar_fields: ClassVar[tuple[str, ...]] = ("angle",)
 
     def __init__(self, a: str, b: str, *, angle: ArrayLike = 0.0, name: str | None = None):
-        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
+        self.a, self.b, self.name = a, b, name
         self.angle = _scalar("`angle` of a Fixed joint", angle)
 
     def equations(self, dimension):
         return 3 if dimension == 2 else 6
-
-    def check_dimension(self, dimension, owner):
-        super().check_dimension(dimension, owner)
-        _zero_in_space(self, "angle", dimension, owner)
 
     def residual(self, t, a, b):
         return jnp.concatenate([b.point - a.point, _locked(a, b, self.angle)])
@@ -308,7 +300,7 @@ class Distance(AbstractJoint):
     dimensions: ClassVar[tuple[int, ...]] = (2, 3)
 
     def __init__(self, a: str, b: str, length: ArrayLike, *, name: str | None = None):
-        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
+        self.a, self.b, self.name = a, b, name
         self.length = _scalar("`length` of a Distance joint", length)
 
     def __check_init__(self):
@@ -345,7 +337,7 @@ class PointOnLine(AbstractJoint):
 
     def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
                  name: str | None = None):
-        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
+        self.a, self.b, self.name = a, b, name
         self.axis = _optional("`axis` of a PointOnLine joint", axis)
 
     def equations(self, dimension):
@@ -375,7 +367,7 @@ class Gear(AbstractJoint):
 
     def __init__(self, a: str, b: str, ratio: ArrayLike, *, offset: ArrayLike = 0.0,
                  name: str | None = None):
-        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
+        self.a, self.b, self.name = a, b, name
         self.ratio = _scalar("`ratio` of a Gear", ratio)
         self.offset = _scalar("`offset` of a Gear", offset)
 
@@ -424,7 +416,7 @@ class Rolling(AbstractJoint):
 
     def __init__(self, a: str, b: str, radius: ArrayLike, axis: ArrayLike | None = None, *,
                  offset: ArrayLike = 0.0, name: str | None = None):
-        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
+        self.a, self.b, self.name = a, b, name
         self.radius = _scalar("`radius` of a Rolling joint", radius)
         self.axis = _optional("`axis` of a Rolling joint", axis, sizes=(2,))
         self.offset = _scalar("`offset` of a Rolling joint", offset)
@@ -471,7 +463,7 @@ class Driver(AbstractJoint):
         return dimension
 
     def __init__(self, a: str, b: str, motion: Callable, *, name: str | None = None):
-        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
+        self.a, self.b, self.name = a, b, name
         if not callable(motion):
             raise ValueError(
                 f"`motion` of a Driver must be a function t -> (d,); got {type(motion).__name__}."
@@ -494,7 +486,7 @@ class Spherical(AbstractJoint):
     dimensions: ClassVar[tuple[int, ...]] = (3,)
 
     def __init__(self, a: str, b: str, *, name: str | None = None):
-        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
+        self.a, self.b, self.name = a, b, name
 
     def residual(self, t, a, b):
         return b.point - a.point
@@ -523,7 +515,7 @@ class Universal(AbstractJoint):
 
     def __init__(self, a: str, b: str, axis_a: ArrayLike = (1.0, 0.0, 0.0),
                  axis_b: ArrayLike = (0.0, 1.0, 0.0), *, name: str | None = None):
-        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
+        self.a, self.b, self.name = a, b, name
         self.axis_a = _vector("`axis_a` of a Universal joint", axis_a, 3)
         self.axis_b = _vector("`axis_b` of a Universal joint", axis_b, 3)
 
@@ -555,7 +547,7 @@ class Cylindrical(AbstractJoint):
 
     def __init__(self, a: str, b: str, axis: ArrayLike = (0.0, 0.0, 1.0), *,
                  name: str | None = None):
-        self.a, self.b, self.name = _ref(a, "a"), _ref(b, "b"), name
+        self.a, self.b, self.name = a, b, name
         self.axis = _vector("`axis` of a Cylindrical joint", axis, 3)
 
     def residual(self, t, a, b):
