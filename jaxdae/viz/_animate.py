@@ -14,27 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .._custom_types import ArrayLike, Float
-from ..multibody import (
-    Distance,
-    DistanceStop,
-    Driver,
-    Fixed,
-    Gear,
-    JointLimit,
-    Kinematics,
-    Mechanism,
-    PlaneContact,
-    PointOnLine,
-    Prismatic,
-    Revolute,
-    Rolling,
-)
+from ..multibody import Mechanism
 from ._frames import frame_states
+from ._planar_scene import Scene, Shape, check_marker, mechanism_scene
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
@@ -42,13 +27,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 _INSTALL = "pip install jaxdae[viz]"
-GROUND = "ground"
-# Sizes of the symbols, as fractions of the scene's extent (the larger side of the box
-# the bodies sweep).
-_BLOCK = (0.12, 0.07)  # a prismatic joint's slider block: length along the line, height
-_SUPPORT = (0.035, 0.05, 0.025)  # a ground pin's triangle: half-width, height; hatch band
-_TICK = 0.06  # a prismatic joint limit's tick
-_CIRCLE = 48  # points on a drawn circle
 
 
 def _matplotlib():
@@ -74,348 +52,6 @@ def _ffmpeg():
             "or save a .gif.") from error
     return imageio_ffmpeg
 
-
-# -- the solution: one member, finite rows, resampled ------------------------------------
-
-
-# -- geometry ------------------------------------------------------------------------------
-
-
-def _split(ref: str) -> tuple[str, str | None]:
-    body, _, marker = ref.partition(".")
-    return body, marker or None
-
-
-def _check_marker(model: Mechanism, ref) -> str:
-    if not isinstance(ref, str):
-        raise ValueError(f"`trace` names markers as 'body.marker' or 'body'; got {ref!r}.")
-    body, marker = _split(ref)
-    names = (GROUND, *model.body_names)
-    if body not in names:
-        raise ValueError(f"`trace` names {ref!r}, but the mechanism has no body {body!r} "
-                         f"(bodies: {', '.join(names)}).")
-    markers = model.body(body).markers
-    if marker is not None and marker not in markers:
-        raise ValueError(f"`trace` names {ref!r}, but body {body!r} has no marker {marker!r} "
-                         f"(its markers: {sorted(markers) or 'none'}).")
-    return ref
-
-
-def _unit(u):
-    return u / np.linalg.norm(u, axis=-1, keepdims=True)
-
-
-def _perpendicular(u):
-    return np.stack([-u[..., 1], u[..., 0]], axis=-1)
-
-
-def _direction(angle, axis):
-    """The unit vector `R(angle) axis / |axis|`, for angles of any shape."""
-    axis = _unit(np.asarray(axis, dtype=float))
-    c, s = np.cos(angle)[..., None], np.sin(angle)[..., None]
-    return c * axis + s * _perpendicular(axis)
-
-
-def _circle(centre, radius):
-    """Closed polylines of circles about `centre (..., 2)`: `(..., _CIRCLE + 1, 2)`."""
-    phi = np.linspace(0.0, 2 * np.pi, _CIRCLE + 1)
-    ring = np.stack([np.cos(phi), np.sin(phi)], axis=-1)
-    return centre[..., None, :] + radius * ring
-
-
-def _outline(points, scale):
-    """Indices of `points` (a body's centre and markers, body coordinates) to draw it by:
-    one point, the two ends of a bar (collinear points), or the convex hull in order."""
-    tol = 1e-9 * max(scale, 1e-12)
-    keep: list[int] = []
-    for i, p in enumerate(points):
-        if all(np.linalg.norm(p - points[j]) > tol for j in keep):
-            keep.append(i)
-    if len(keep) == 1:
-        return keep
-    order = sorted(keep, key=lambda i: (points[i][0], points[i][1]))
-
-    def cross(o, a, b):
-        oa, ob = points[a] - points[o], points[b] - points[o]
-        return oa[0] * ob[1] - oa[1] * ob[0]
-
-    def chain(indices):
-        out: list[int] = []
-        for i in indices:
-            while len(out) >= 2 and cross(out[-2], out[-1], i) <= tol * scale:
-                out.pop()
-            out.append(i)
-        return out
-
-    hull = chain(order)[:-1] + chain(order[::-1])[:-1]
-    if len(hull) < 3:  # collinear: a bar between the two points farthest apart
-        pairs = [(np.linalg.norm(points[a] - points[b]), a, b) for a in keep for b in keep]
-        _, a, b = max(pairs)
-        return [a, b]
-    return hull
-
-
-class _Shape:
-    """One thing to draw: its points and how they change.
-
-    `xy` is a fixed `(p, 2)` array (`static`: drawn once, into the background), an
-    `(F, p, 2)` array or a list of `F` arrays `(p_k, 2)` (frame `k` shows `xy[k]`), or for
-    a trace (`kind="trace"`) `(F, 2)`, of which frame `k` shows the first `k + 1` rows.
-    `kind` is `"line"` (a `Line2D`), `"polygon"` (a `Polygon` patch) or `"trace"`;
-    `bounded=False` leaves it out of the default view (an infinite contact line)."""
-
-    def __init__(self, name: str, xy, kind: str, bounded: bool, style: dict):
-        self.name, self.xy, self.kind, self.bounded, self.style = name, xy, kind, bounded, style
-        self.static = kind != "trace" and not isinstance(xy, list) and np.ndim(xy) == 2
-        self.artist: Artist | None = None
-
-    def first(self) -> np.ndarray:
-        return np.asarray(self.xy if self.static else self.xy[:1] if self.kind == "trace"
-                          else self.xy[0])
-
-    def points(self) -> np.ndarray:
-        if isinstance(self.xy, list):
-            return np.concatenate([np.reshape(a, (-1, 2)) for a in self.xy])
-        return np.reshape(self.xy, (-1, 2))
-
-    def create(self, axes: "Axes") -> None:
-        from matplotlib.patches import Polygon
-
-        first = self.first()
-        if self.kind == "polygon":
-            self.artist = axes.add_patch(Polygon(first, closed=True, **self.style))
-        else:
-            (self.artist,) = axes.plot(first[:, 0], first[:, 1], **self.style)
-
-    def show(self, k: int) -> None:
-        if self.static:
-            return
-        xy = self.xy[: k + 1] if self.kind == "trace" else self.xy[k]
-        if self.kind == "polygon":
-            self.artist.set_xy(xy)
-        else:
-            self.artist.set_data(xy[:, 0], xy[:, 1])
-
-
-class _Scene:
-    """The shapes of an animation before they are drawn, and extra points the default
-    view must hold."""
-
-    def __init__(self):
-        self.shapes: list[_Shape] = []
-        self.extra: list[np.ndarray] = []
-
-    def add(self, name, xy, kind="line", *, bounded=True, **style):
-        self.shapes.append(_Shape(name, xy, kind, bounded, style))
-
-    def extent(self) -> np.ndarray:
-        points = [s.points() for s in self.shapes if s.bounded] + self.extra
-        points = np.concatenate(points) if points else np.zeros((1, 2))
-        points = points[np.all(np.isfinite(points), axis=1)]
-        return points if points.size else np.zeros((1, 2))
-
-
-def _mechanism_scene(model: Mechanism, q: np.ndarray, trace: Sequence[str]) -> _Scene:
-    """Bodies, joints, the ground, stops and traces of a planar mechanism at the
-    configurations `q (F, n)`."""
-    bodies = model.bodies
-    local: dict[str, np.ndarray] = {GROUND: np.zeros(2)}  # marker -> its point on its body
-    for name, point in model.ground.markers.items():
-        local[f"{GROUND}.{name}"] = np.asarray(point, dtype=float)
-    outlines = []
-    for body in bodies:
-        refs = [body.name] + [f"{body.name}.{m}" for m in body.markers]
-        local[body.name] = np.zeros(2)
-        for m, point in body.markers.items():
-            local[f"{body.name}.{m}"] = np.asarray(point, dtype=float)
-        outlines.append(refs)
-    refs = list(dict.fromkeys(
-        [r for body_refs in outlines for r in body_refs]
-        + [r for j in model.joints for r in (j.a, j.b)]
-        + [r for s in model.stops for r in s.markers]
-        + list(trace) + [GROUND]))
-    where = {r: i for i, r in enumerate(refs)}
-
-    @jax.jit
-    def marker_frames(q_):
-        frame = jax.vmap(lambda row: Kinematics(model, 0.0, row).frames(refs))(q_)
-        return frame.point, frame.angle
-
-    points, angles = (np.asarray(a) for a in marker_frames(jnp.asarray(q)))
-
-    def P(ref):
-        return points[:, where[ref]]
-
-    def TH(ref):
-        return angles[:, where[ref]]
-
-    def moving(ref):
-        return _split(ref)[0] != GROUND
-
-    body_points = points[:, [where[r] for refs_ in outlines for r in refs_]].reshape(-1, 2)
-    span = np.ptp(body_points, axis=0) if body_points.size else np.zeros(2)
-    scale = float(max(span.max(), 1e-3 * np.abs(body_points).max(initial=0.0))) or 1.0
-    scene = _Scene()
-    colour = {b.name: f"C{i % 10}" for i, b in enumerate(bodies)}
-
-    # Bodies: a polygon through the centre and the markers, a bar, or a point.
-    hulls = {}
-    for body, refs_ in zip(bodies, outlines, strict=True):
-        indices = _outline(np.stack([local[r] for r in refs_]), scale)
-        hull = [refs_[i] for i in indices]
-        hulls[body.name] = hull
-        xy = np.stack([P(r) for r in hull], axis=1)
-        c = colour[body.name]
-        if len(hull) >= 3:
-            scene.add(f"body:{body.name}", xy, "polygon", facecolor=c, edgecolor=c, alpha=0.45,
-                      linewidth=2, zorder=2)
-        elif len(hull) == 2:
-            scene.add(f"body:{body.name}", xy, color=c, linewidth=6, alpha=0.85,
-                      solid_capstyle="round", zorder=2)
-        else:
-            scene.add(f"body:{body.name}", xy, color=c, marker="s", markersize=9, zorder=2)
-
-    def support(name, at):
-        """A hatched triangle under a pin to the ground at the fixed point `at`."""
-        w, h, band = (f * scale for f in _SUPPORT)
-        x, y = at
-        scene.add(f"ground:{name}", np.array([[x, y], [x - w, y - h], [x + w, y - h]]),
-                  "polygon", facecolor="0.85", edgecolor="0.2", linewidth=1, zorder=1)
-        scene.add(f"ground:{name}.hatch", np.array(
-            [[x - 1.5 * w, y - h], [x + 1.5 * w, y - h], [x + 1.5 * w, y - h - band],
-             [x - 1.5 * w, y - h - band]]), "polygon", fill=False, hatch="////",
-            edgecolor="0.4", linewidth=0, zorder=1)
-
-    def band_below(name, start, end, normal):
-        """A hatched band on the `-normal` side of the fixed segment `start`–`end`."""
-        depth = _SUPPORT[2] * scale
-        scene.add(name, np.array([start, end, end - depth * normal, start - depth * normal]),
-                  "polygon", fill=False, hatch="////", edgecolor="0.4", linewidth=0, zorder=1)
-
-    pin = dict(marker="o", markersize=7, markerfacecolor="white", markeredgecolor="black",
-               markeredgewidth=1.5, linestyle="none", zorder=4)
-    lines = {}  # the line joints' directions and marker a's points, each (F, 2)
-
-    for name, joint in zip(model.joint_names, model.joints, strict=True):
-        a, b = joint.a, joint.b
-        grounded = not moving(a) or not moving(b)
-        if isinstance(joint, Revolute):
-            fixed = a if not moving(a) else b
-            if grounded:
-                support(name, P(fixed)[0])
-                scene.add(f"joint:{name}", P(fixed)[:1], **pin)
-            else:
-                scene.add(f"joint:{name}", P(b)[:, None], **pin)
-        elif isinstance(joint, Prismatic | PointOnLine | Rolling):
-            axis = np.array([1.0, 0.0]) if joint.axis is None else np.asarray(joint.axis)
-            u = _direction(TH(a), axis)
-            n = _perpendicular(u)
-            s = np.sum(u * (P(b) - P(a)), axis=-1)
-            half = (0.5 * _BLOCK[0] * scale if isinstance(joint, Prismatic) else
-                    float(joint.radius) if isinstance(joint, Rolling) else 0.02 * scale)
-            lo, hi = s.min() - half - 0.05 * scale, s.max() + half + 0.05 * scale
-            guide = np.stack([P(a) + lo * u, P(a) + hi * u], axis=1)
-            lines[name] = (u, P(a))
-            if moving(a):
-                scene.add(f"joint:{name}.line", guide, color="0.3", linewidth=1.5, zorder=1)
-            else:
-                scene.add(f"joint:{name}.line", guide[0], color="0.3", linewidth=1.5, zorder=1)
-                band_below(f"ground:{name}", guide[0, 0], guide[0, 1], n[0])
-            if isinstance(joint, Prismatic):
-                w, h = 0.5 * _BLOCK[0] * scale, 0.5 * _BLOCK[1] * scale
-                centre = P(b)[:, None]
-                corners = (centre + np.array([-w, w, w, -w])[:, None] * u[:, None]
-                           + np.array([-h, -h, h, h])[:, None] * n[:, None])
-                scene.add(f"joint:{name}", corners, "polygon",
-                          facecolor=colour.get(_split(b)[0], "0.7"), alpha=0.6,
-                          edgecolor="black", linewidth=1.5, zorder=3)
-            elif isinstance(joint, Rolling):
-                spoke = P(b) + float(joint.radius) * _direction(TH(b), (1.0, 0.0))
-                xy = np.concatenate([_circle(P(b), float(joint.radius)),
-                                     P(b)[:, None], spoke[:, None]], axis=1)
-                scene.add(f"joint:{name}", xy, color="black", linewidth=1.5, zorder=3)
-            else:
-                scene.add(f"joint:{name}", P(b)[:, None], **{**pin, "markersize": 5})
-        elif isinstance(joint, Distance):
-            scene.add(f"joint:{name}", np.stack([P(a), P(b)], axis=1), color="0.25",
-                      linewidth=1.5, zorder=1)
-        elif isinstance(joint, Fixed):
-            scene.add(f"joint:{name}", P(b)[:, None], marker="s", markersize=5, color="black",
-                      linestyle="none", zorder=4)
-        elif not isinstance(joint, Gear | Driver):  # other joints: a dot at b
-            scene.add(f"joint:{name}", P(b)[:, None], marker="o", markersize=4,
-                      color="black", linestyle="none", zorder=4)
-
-    stop_style = dict(color="tab:red", linewidth=1.2, linestyle="--", zorder=1)
-    for name, stop in zip(model.stop_names, model.stops, strict=True):
-        if isinstance(stop, JointLimit):
-            joint = model.joint(stop.joint)
-            bounds = [float(x) for x in (stop.lower, stop.upper) if x is not None]
-            if stop.joint in lines:  # a tick across the line where marker b stops
-                u, start = lines[stop.joint]
-                n = _perpendicular(u)
-                half = 0.5 * _TICK * scale
-                marks = [np.stack([start + x * u - half * n, start + x * u + half * n], axis=1)
-                         for x in bounds]
-                fixed = not moving(joint.a)
-            elif isinstance(joint, Revolute):  # rays where the moving side's arm stops
-                # The coordinate is `θ_b − θ_a`: body b stops at `θ_a + bound`, or body a at
-                # `θ_b − bound` where b is the ground.
-                side, other, sign = ((joint.b, joint.a, 1.0) if moving(joint.b)
-                                     else (joint.a, joint.b, -1.0))
-                arms = [local[r] - local[side] for r in hulls[_split(side)[0]]]
-                arm = max(arms, key=lambda x: float(np.linalg.norm(x)))
-                length = float(np.linalg.norm(arm)) or 0.1 * scale
-                phi = float(np.arctan2(arm[1], arm[0]))
-                fixed = not (moving(joint.a) and moving(joint.b))
-                centre = P(joint.a if not moving(joint.a) else joint.b)
-                marks = [np.stack([centre, centre + length * _direction(
-                    TH(other) + sign * x + phi, (1.0, 0.0))], axis=1) for x in bounds]
-            else:
-                continue
-            gap = np.full((len(q), 1, 2), np.nan)
-            xy = np.concatenate([part for mark in marks for part in (mark, gap)], axis=1)
-            scene.add(f"stop:{name}", xy[0] if fixed else xy, **stop_style)
-        elif isinstance(stop, PlaneContact):
-            normal = (0.0, 1.0) if stop.normal is None else np.asarray(stop.normal)
-            n = _direction(TH(stop.surface), normal)
-            t = _perpendicular(n)
-            at = P(stop.surface)
-            # The line is infinite: the view holds where the point would touch it.
-            foot = at + np.sum((P(stop.point) - at) * t, axis=-1, keepdims=True) * t
-            scene.extra.append(foot)
-            reach = 50.0 * scale
-            line = np.stack([at - reach * t, at + reach * t], axis=1)
-            style = dict(color="0.2", linewidth=1.5, zorder=1)
-            if moving(stop.surface):
-                scene.add(f"stop:{name}", line, bounded=False, **style)
-            else:
-                scene.add(f"stop:{name}", line[0], bounded=False, **style)
-                depth = _SUPPORT[2] * scale * n[0]
-                scene.add(f"ground:{name}", np.array([line[0, 0], line[0, 1],
-                                                      line[0, 1] - depth, line[0, 0] - depth]),
-                          "polygon", bounded=False, fill=False, hatch="////", edgecolor="0.4",
-                          linewidth=0, zorder=1)
-            radius = float(stop.radius)
-            if radius > 0:
-                scene.add(f"stop:{name}.disc", _circle(P(stop.point), radius),
-                          color=colour.get(_split(stop.point)[0], "0.3"), linewidth=1.5,
-                          zorder=2)
-        elif isinstance(stop, DistanceStop):
-            gap = np.full((len(q), 1, 2), np.nan)
-            parts = []
-            if stop.lower is not None:  # two spheres that touch at d = lower
-                r = 0.5 * float(stop.lower)
-                parts += [_circle(P(stop.a), r), gap, _circle(P(stop.b), r), gap]
-            if stop.upper is not None:  # a rope that goes taut at d = upper
-                parts.append(np.stack([P(stop.a), P(stop.b)], axis=1))
-            scene.add(f"stop:{name}", np.concatenate(parts, axis=1),
-                      **{**stop_style, "linestyle": ":"})
-
-    for ref in trace:  # in the colour of the marker's body
-        scene.add(f"trace:{ref}", P(ref), "trace", color=colour.get(_split(ref)[0], "0.3"),
-                  linewidth=1.2, alpha=0.7, zorder=1.5)
-    return scene
 
 
 def _drawn(draw, q: np.ndarray):
@@ -468,7 +104,7 @@ class Animation:
     """
 
     def __init__(self, figure: "Figure", axes: "Axes", times: np.ndarray,
-                 shapes: list[_Shape], time_text, fps: float):
+                 shapes: list[Shape], time_text, fps: float):
         self.figure, self.axes, self.times, self.fps = figure, axes, times, float(fps)
         self._shapes = shapes
         self._time = time_text
@@ -685,6 +321,27 @@ def animate(
     mechanism without `draw`, a batch without `member`, an unknown trace marker, or a
     `draw` that does not return a dict of `(k, 2)` polylines.
     """
+    _check_model(model, draw, fps)
+    traces = [] if trace is None else [trace] if isinstance(trace, str) else list(trace)
+    _matplotlib()  # before the frames are computed
+    times, q = frame_states(solution, member, frames, fps)
+    drawn = {} if draw is None else _drawn(draw, q)
+    scene = _scene(model, q, traces, drawn)
+    figure, axes = _figure(_view(scene) if limits is None else limits, figsize, dpi, title)
+    if isinstance(model, Mechanism):
+        axes.set(xlabel="x [m]", ylabel="y [m]")
+    for shape in scene.shapes:
+        shape.create(axes)
+    time_text = axes.text(0.02, 0.96, "", transform=axes.transAxes, va="top",
+                          family="monospace", zorder=5)
+    animation = Animation(figure, axes, times, scene.shapes, time_text, fps)
+    animation._show(0)
+    return animation
+
+
+def _check_model(model, draw, fps) -> None:
+    """Raise `ValueError` for what `animate` cannot draw: a spatial mechanism, a model that
+    is not a mechanism without `draw`; and for an `fps` that is not positive."""
     if isinstance(model, Mechanism):
         if model.dimension != 2:
             raise ValueError(
@@ -698,15 +355,15 @@ def animate(
             "q[1])]}`.")
     if not fps > 0:
         raise ValueError(f"`fps` must be positive; got {fps!r}.")
-    traces = [] if trace is None else [trace] if isinstance(trace, str) else list(trace)
-    _, Figure, FigureCanvasAgg = _matplotlib()
 
-    times, q = frame_states(solution, member, frames, fps)
-    drawn = {} if draw is None else _drawn(draw, q)
+
+def _scene(model, q: np.ndarray, traces: list, drawn: dict) -> Scene:
+    """The mechanism drawn from its parts (or the traces of `draw`'s polylines), with the
+    polylines of `draw` over it."""
     if isinstance(model, Mechanism):
-        scene = _mechanism_scene(model, q, [_check_marker(model, r) for r in traces])
+        scene = mechanism_scene(model, q, [check_marker(model, r) for r in traces])
     else:
-        scene = _Scene()
+        scene = Scene()
         for ref in traces:
             if ref not in drawn:
                 raise ValueError(f"`trace` names {ref!r}, which is not a polyline of `draw` "
@@ -719,13 +376,22 @@ def animate(
         scene.add(f"draw:{name}", stacked, color=f"C{k % 10}", zorder=3,
                   **(dict(marker="o", linestyle="none") if single else
                      dict(marker="o", markersize=4, linewidth=2)))
+    return scene
 
-    if limits is None:
-        points = scene.extent()
-        low, high = points.min(axis=0), points.max(axis=0)
-        size = max(float(np.max(high - low)), 1e-6 * float(np.abs(points).max()), 1e-9)
-        low, high = low - 0.08 * size, high + 0.08 * size
-        limits = ((low[0], high[0]), (low[1], high[1]))
+
+def _view(scene: Scene):
+    """The default limits: the box that the scene covers at all frames, with a margin."""
+    points = scene.extent()
+    low, high = points.min(axis=0), points.max(axis=0)
+    size = max(float(np.max(high - low)), 1e-6 * float(np.abs(points).max()), 1e-9)
+    low, high = low - 0.08 * size, high + 0.08 * size
+    return ((low[0], high[0]), (low[1], high[1]))
+
+
+def _figure(limits, figsize, dpi, title) -> tuple["Figure", "Axes"]:
+    """A figure (not managed by `pyplot`) whose axes show `limits` at one scale in x and
+    y."""
+    _, Figure, FigureCanvasAgg = _matplotlib()
     (x0, x1), (y0, y1) = ((float(a), float(b)) for a, b in limits)
     if not (x1 > x0 and y1 > y0):
         raise ValueError(f"`limits` must be ((xmin, xmax), (ymin, ymax)); got {limits!r}.")
@@ -750,12 +416,4 @@ def animate(
     axes.set_aspect("equal", adjustable="box")
     if title is not None:
         axes.set_title(title)
-    if isinstance(model, Mechanism):
-        axes.set(xlabel="x [m]", ylabel="y [m]")
-    for shape in scene.shapes:
-        shape.create(axes)
-    time_text = axes.text(0.02, 0.96, "", transform=axes.transAxes, va="top",
-                          family="monospace", zorder=5)
-    animation = Animation(figure, axes, times, scene.shapes, time_text, fps)
-    animation._show(0)
-    return animation
+    return figure, axes
