@@ -248,6 +248,29 @@ def plot_solution(
     except ImportError as error:
         raise ImportError("Plotting needs matplotlib: `pip install jaxdae[viz]`.") from error
 
+    chosen, batch_ndim, (low, high) = _panels(solution, fields, names, percentiles)
+    # An ensemble or a vmap over states alone may share its save times: `(N,)`.
+    ts = _rows(np.broadcast_to(np.asarray(solution.ts), solution.q.shape[:-1]), batch_ndim)
+    figure, panel_axes = _panel_axes(plt, axes, chosen, figsize)
+    lines = ts.shape[0] <= max_lines
+    for i, (ax, panel) in enumerate(zip(panel_axes, chosen, strict=True)):
+        _draw(ax, panel, ts, max_lines, (low, high))
+        named = 0  # entries of the events in this panel's legend
+        if events and lines and isinstance(solution, Solution) and solution.events is not None:
+            kinds = _draw_events(ax, solution.events, batch_ndim, labelled=i == 0)
+            named = len(kinds) if i == 0 else 0
+        _legend(ax, named)
+    panel_axes[-1].set_xlabel("time t")
+    notes = _notes(solution, ts.shape[0], lines, (low, high), title)
+    if notes:
+        figure.suptitle("\n".join(notes), fontsize="medium")
+    return figure
+
+
+def _panels(solution, fields, names, percentiles
+            ) -> tuple[list[_Panel], int, tuple[float, float]]:
+    """The panels of `fields` (by default those of the solution's kind that have
+    something to draw), the number of batch axes and the band's percentiles, checked."""
     if isinstance(solution, Solution):
         available, default, build = _SOLUTION_FIELDS, _SOLUTION_DEFAULT, _solution_panels
     elif isinstance(solution, ActuatedSolution):
@@ -268,47 +291,38 @@ def plot_solution(
                          f"{percentiles!r}.")
     panels = build(solution, batch_ndim, names)
     if fields is None:
-        chosen = [panels[f] for f in default if panels[f].series]
-    else:
-        fields = [fields] if isinstance(fields, str) else list(fields)
-        unknown = [f for f in fields if f not in available]
-        if unknown:
-            raise ValueError(f"Unknown field(s) {unknown}: a {type(solution).__name__} has "
-                             f"{list(available)}.")
-        empty = [f for f in fields if not panels[f].series]
-        if empty:
-            raise ValueError(f"This system has nothing to plot in {empty} (no constraints).")
-        chosen = [panels[f] for f in fields]
+        return [panels[f] for f in default if panels[f].series], batch_ndim, (low, high)
+    fields = [fields] if isinstance(fields, str) else list(fields)
+    unknown = [f for f in fields if f not in available]
+    if unknown:
+        raise ValueError(f"Unknown field(s) {unknown}: a {type(solution).__name__} has "
+                         f"{list(available)}.")
+    empty = [f for f in fields if not panels[f].series]
+    if empty:
+        raise ValueError(f"This system has nothing to plot in {empty} (no constraints).")
+    return [panels[f] for f in fields], batch_ndim, (low, high)
 
-    # An ensemble or a vmap over states alone may share its save times: `(N,)`.
-    ts = _rows(np.broadcast_to(np.asarray(solution.ts), solution.q.shape[:-1]), batch_ndim)
+
+def _panel_axes(plt, axes, chosen: list[_Panel], figsize) -> tuple["Figure", list["Axes"]]:
+    """The figure and one axes per panel: `axes` (checked), or a new figure's."""
     if axes is None:
         figure, grid = plt.subplots(len(chosen), 1, sharex=True, squeeze=False,
                                     figsize=figsize or (8.0, 1.0 + 2.0 * len(chosen)),
                                     layout="constrained")
-        panel_axes = list(grid[:, 0])
-    else:
-        panel_axes = list(np.ravel(np.asarray(axes, dtype=object)))
-        if len(panel_axes) != len(chosen):
-            raise ValueError(f"`axes` must hold one axes per panel, {len(chosen)} for "
-                             f"{[p.field for p in chosen]}; got {len(panel_axes)}.")
-        figure = panel_axes[0].figure
+        return figure, list(grid[:, 0])
+    panel_axes = list(np.ravel(np.asarray(axes, dtype=object)))
+    if len(panel_axes) != len(chosen):
+        raise ValueError(f"`axes` must hold one axes per panel, {len(chosen)} for "
+                         f"{[p.field for p in chosen]}; got {len(panel_axes)}.")
+    return panel_axes[0].figure, panel_axes
 
-    lines = ts.shape[0] <= max_lines
-    for i, (ax, panel) in enumerate(zip(panel_axes, chosen, strict=True)):
-        _draw(ax, panel, ts, max_lines, (low, high))
-        named = 0  # entries of the events in this panel's legend
-        if events and lines and isinstance(solution, Solution) and solution.events is not None:
-            kinds = _draw_events(ax, solution.events, batch_ndim, labelled=i == 0)
-            named = len(kinds) if i == 0 else 0
-        handles, labels = ax.get_legend_handles_labels()
-        if len(handles) > _MAX_LEGEND:  # the events' entries (drawn last) only
-            handles, labels = handles[len(handles) - named:], labels[len(labels) - named:]
-        if handles:
-            ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                      fontsize="small", frameon=False)
-    panel_axes[-1].set_xlabel("time t")
-    notes = _notes(solution, ts.shape[0], lines, (low, high), title)
-    if notes:
-        figure.suptitle("\n".join(notes), fontsize="medium")
-    return figure
+
+def _legend(ax: "Axes", named: int) -> None:
+    """The panel's legend beside it; past `_MAX_LEGEND` entries, only the `named` last
+    ones (the events', drawn last)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if len(handles) > _MAX_LEGEND:
+        handles, labels = handles[len(handles) - named:], labels[len(labels) - named:]
+    if handles:
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  fontsize="small", frameon=False)
