@@ -5,6 +5,7 @@ import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -22,6 +23,9 @@ from ._persist import (
     program_fingerprint,
     progress_bar,
     read_json,
+    sealed,
+    short,
+    unsealed,
 )
 
 
@@ -190,10 +194,14 @@ def batch_map(
     refused, with what differs: another function (its name, the program it computes on a
     chunk, i.e. its code and every value it closes over, or the arrays it binds with
     `eqx.Partial`), other arguments, or another batch size, chunk size, mesh or output
-    shapes. Each chunk file carries the sweep's fingerprint: a damaged chunk (truncated,
-    empty) is computed again and a damaged `sweep.json` written again, with a warning,
-    keeping every intact chunk. The output is assembled on the host and returned as device
-    arrays (on the mesh when given); single-process only.
+    shapes; a call with fewer (or more) rows is another sweep too, refused with both sizes
+    (for some rows of a sweep, resume it whole and slice the result). Each chunk file
+    carries the sweep's fingerprint, its index and a digest of all of it: a damaged chunk
+    (truncated, empty, edited) is computed again and a damaged `sweep.json` written again,
+    with a warning, keeping every intact chunk; a chunk file that holds another chunk (of
+    another sweep, or of this one: a file copied over another) is refused, naming both.
+    The output is assembled on the host and returned as device arrays (on the mesh when
+    given); single-process only.
 
     **Ensembles** (`ensemble=True`): `fn` receives a whole chunk of rows at once (leading
     axis `chunk_size` per device, or the whole batch without `chunk_size`) and returns
@@ -206,7 +214,12 @@ def batch_map(
     The call is jit-compiled; `fn` is part of the cache key, so pass the same function
     object (or an `eqx.Partial` whose array arguments may change) to reuse the compiled
     program. Simulations inside `fn` should use `throw=False` and report failures through
-    `Solution.result`; a raised error would stop the whole batch.
+    `Solution.result`; a raised error stops the whole batch. An error raised while running
+    (e.g. a `throw=True` solve that failed) gets a note naming the row of the batch that
+    raises: the chunk that raised is run again with halves of its rows (at most
+    `log2(chunk_size) + 1` more runs of the chunk; without `checkpoint`, the chunks up to
+    the one that raises are run again first). A traced solve's line on standard error
+    names the element within its chunk.
 
     **Arguments:**
 
@@ -235,17 +248,67 @@ def batch_map(
         raise ValueError(f"`chunk_size` must be a positive integer or None; got {chunk_size}.")
     check_instance("mesh", mesh, Mesh, "a `jax.sharding.Mesh`, e.g. "
                    "`jax.make_mesh((jax.device_count(),), ('batch',))`", optional=True)
-    batch_size_of(args)
+    size = batch_size_of(args)
     args = jax.tree.map(_explicit_to_auto, args)
     chunk_size = None if chunk_size is None else int(chunk_size)
     if checkpoint is None:
-        return _batch_map(fn, args, chunk_size, mesh, bool(ensemble))
+        try:
+            return _batch_map(fn, args, chunk_size, mesh, bool(ensemble))
+        except RuntimeError as error:  # raised while running, by the values of some row
+            per_step, padded = chunk_layout(size, chunk_size, 1 if mesh is None else mesh.size)
+            _name_failed_row(error, fn, args, per_step, mesh, bool(ensemble),
+                             range(padded // per_step))
+            raise
     return _checkpointed_batch_map(fn, args, chunk_size, mesh, Path(checkpoint), progress,
                                    bool(ensemble))
 
 
+def _name_failed_row(error: BaseException, fn, args, per_step: int, mesh, ensemble: bool,
+                     chunks) -> None:
+    """Adds to `error`, raised by a sweep of more than one chunk, a note naming the row of
+    the batch that raises (the first one, among `chunks`); a traced solve's line on standard
+    error names the element within its chunk. The chunks are run again, one after the
+    other until one raises, as one compiled program (the chunk's; each with its rows,
+    padded by repeating them), then halves of that chunk's rows down to one row."""
+    size = batch_size_of(args)
+    if per_step >= size:
+        return  # one chunk: its elements are the batch's rows
+
+    def raises(rows) -> bool:
+        rows = np.resize(rows, per_step)
+        try:
+            jax.block_until_ready(_batch_map(fn, jax.tree.map(lambda x: x[rows], args), None,
+                                             mesh, ensemble))
+        except RuntimeError:
+            return True
+        return False
+
+    for k in chunks:
+        rows = np.arange(k * per_step, min((k + 1) * per_step, size))
+        if raises(rows):
+            break
+    else:
+        rows = None
+    known = True  # `rows` raise
+    while rows is not None and len(rows) > 1:
+        half = len(rows) // 2
+        known = raises(rows[:half])
+        rows = rows[:half] if known else rows[half:]
+    if rows is None or not (known or raises(rows)):
+        error.add_note("(jaxdae.batch_map: run again chunk by chunk and row by row, no row "
+                       "raised on its own, so the row that failed is not known.)")
+        return
+    error.add_note(
+        f"(jaxdae.batch_map: row {int(rows[0])} of the batch raises, in chunk {k} (rows "
+        f"{k * per_step} to {min((k + 1) * per_step, size) - 1}); a batch element named "
+        "on standard error counts from the start of its chunk. Simulate with "
+        "`throw=False` to have each row's failure in its own `result`.)")
+
+
 _SWEEP_FILE = "sweep.json"
-_FINGERPRINT = "sweep_fingerprint"  # the entry of every chunk file that names its sweep
+# The entries of every chunk file besides its arrays: the sweep and the chunk it holds, and
+# the digest of all of it (`_chunk_digest`).
+_FINGERPRINT, _INDEX, _DIGEST = "sweep_fingerprint", "chunk_index", "chunk_digest"
 
 # What each part of a sweep's identity covers (for the message when one differs).
 _PARTS = {
@@ -254,6 +317,8 @@ _PARTS = {
     "arguments": "other arguments",
     "layout": "another batch size, chunk size, mesh or output shapes",
 }
+_FIX = ("Use another `checkpoint` directory, or empty this one (its chunks are then "
+        "computed again).")
 
 
 def _sweep_identity(fn, args, chunk_args, mesh, ensemble, size, per_step):
@@ -278,34 +343,67 @@ def _sweep_identity(fn, args, chunk_args, mesh, ensemble, size, per_step):
     return parts, fingerprint(None, *sorted(parts.items())), out_shape
 
 
-def _read_chunk(path: Path, identity: str, shapes):
-    """The arrays of a chunk file, or a string saying why they cannot be used: `"damaged:
-    ..."` (unreadable, truncated, other shapes) or `"other"` (another sweep's chunk)."""
+def _chunk_digest(arrays, identity: str, index: int) -> str:
+    """The digest of a chunk file's content: its arrays, its sweep and its index."""
+    return fingerprint(list(arrays), identity, index)
+
+
+def _read_chunk(path: Path, identity: str, index: int, shapes) -> tuple[str, Any]:
+    """What the file `path` holds for chunk `index` of the sweep `identity`: `("ok",
+    arrays)`; `("damaged", why)` (unreadable, truncated, content that does not match its
+    digest, other shapes); or `("other", (sweep, chunk))` for a chunk of another sweep or
+    another chunk of this one (`chunk` None where a file without an index or digest names
+    another sweep)."""
     try:
         with np.load(path, allow_pickle=False) as data:
-            if _FINGERPRINT not in data.files:
-                return "other"
-            if str(data[_FINGERPRINT]) != identity:
-                return "other"
-            arrays = [data[f"arr_{i}"] for i in range(len(shapes))]
+            names = sorted((f for f in data.files if f.startswith("arr_")),
+                           key=lambda f: int(f[4:]))
+            owner = str(data[_FINGERPRINT]) if _FINGERPRINT in data.files else None
+            if _DIGEST not in data.files or _INDEX not in data.files:
+                if owner is not None and owner != identity:
+                    return "other", (owner, None)
+                return "damaged", "it has no chunk index or digest"
+            place, digest = int(data[_INDEX]), str(data[_DIGEST])
+            arrays = [data[f] for f in names]
     except Exception as error:  # a truncated or overwritten file: zipfile, OSError, KeyError
-        return f"damaged: {type(error).__name__}: {error}"
-    for array, (shape, dtype) in zip(arrays, shapes, strict=False):
+        return "damaged", f"{type(error).__name__}: {error}"
+    if digest != _chunk_digest(arrays, str(owner), place):
+        return "damaged", "its content does not match the digest written with it"
+    if owner != identity or place != index:
+        return "other", (owner, place)
+    if len(arrays) != len(shapes):
+        return "damaged", f"{len(arrays)} arrays, expected {len(shapes)}"
+    for array, (shape, dtype) in zip(arrays, shapes, strict=True):
         if array.shape != shape or array.dtype != dtype:
-            return f"damaged: an array of shape {array.shape} {array.dtype}, expected {shape} {dtype}"
-    return arrays
+            return "damaged", (f"an array of shape {array.shape} {array.dtype}, expected "
+                               f"{shape} {dtype}")
+    return "ok", arrays
+
+
+def _refuse_chunk(path: Path, identity: str, index: int, owner: tuple) -> None:
+    """The `ValueError` for a chunk file that holds another chunk (`owner`: its sweep and
+    index), naming both."""
+    sweep, place = owner
+    held = "a chunk" if place is None else f"chunk {place}"
+    if sweep == identity:
+        what = f"{held} of this sweep ({short(identity)}), not chunk {index}"
+    else:
+        what = (f"{held} of another sweep ({short(sweep)}), not chunk {index} of this sweep "
+                f"({short(identity)})")
+    raise ValueError(
+        f"{path} holds {what}: a chunk file copied over another one? Resuming would return "
+        "those rows in the place of others. Delete it (the chunk is then computed again), "
+        "or use another `checkpoint` directory.")
 
 
 def _check_sweep_file(directory: Path, parts: dict, identity: str, paths, shapes, record):
     """Accepts `directory` for this sweep or refuses it (`ValueError`). A missing or damaged
     `sweep.json` is (re)written when no chunk on disk belongs to another sweep."""
     meta = directory / _SWEEP_FILE
-    fix = ("Use another `checkpoint` directory, or empty this one (its chunks are then "
-           "computed again).")
     damaged = None
     if meta.exists():
         try:
-            old = read_json(meta, fix)
+            old = unsealed(read_json(meta, _FIX), meta, _FIX)
         except ValueError as error:
             damaged = error
         else:
@@ -313,30 +411,39 @@ def _check_sweep_file(directory: Path, parts: dict, identity: str, paths, shapes
                 return
             differ = [text for part, text in _PARTS.items()
                       if old.get("parts", {}).get(part) != parts[part]]
+            sizes = ""
+            if (old.get("size"), old.get("chunks")) != (record["size"], record["chunks"]):
+                sizes = (f" It holds a sweep of {old.get('size')} rows in {old.get('chunks')} "
+                         f"chunks, this call has {record['size']} rows in "
+                         f"{record['chunks']} chunks: a directory holds one sweep (to get "
+                         "some of its rows, resume the whole sweep and slice its result).")
             raise ValueError(
                 f"{directory} holds the chunks of another sweep ({'; '.join(differ)}) than "
-                f"this call of `batch_map`: resuming would return that sweep's results. {fix}"
+                f"this call of `batch_map`: resuming would return that sweep's results (sweep "
+                f"{short(str(old.get('fingerprint')))} on disk, {short(identity)} "
+                f"here).{sizes} {_FIX}"
             )
-    others = [path for path in paths if path.exists()
-              and _read_chunk(path, identity, shapes) == "other"]
+    others = [path for k, path in enumerate(paths) if path.exists()
+              and _read_chunk(path, identity, k, shapes)[0] == "other"]
     if others:
         raise ValueError(
             f"{directory} holds the chunks of another sweep ({others[0].name} and "
             f"{len(others) - 1} more), and its {_SWEEP_FILE} is "
-            f"{'damaged' if damaged else 'missing'}. {fix}"
+            f"{'damaged' if damaged else 'missing'}. {_FIX}"
         )
     if damaged is not None:
         warnings.warn(f"{damaged.args[0].split('. ')[0]}; it was written again: the chunks "
                       "of this sweep on disk are kept, damaged ones computed again.",
                       stacklevel=4)
-    atomic_write_text(meta, json.dumps(record))
+    atomic_write_text(meta, json.dumps(sealed(record)))
 
 
 def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progress: bool,
                             ensemble: bool):
     """`batch_map` chunk by chunk from Python, each chunk's output saved in `directory`
-    (`chunk_000000.npz`, ... with the sweep's fingerprint) and reused by a later call with
-    the same sweep; a damaged chunk is computed again."""
+    (`chunk_000000.npz`, ... with the sweep's fingerprint, the chunk's index and their
+    digest) and reused by a later call with the same sweep; a damaged chunk is computed
+    again, another chunk (another sweep's, or another index) refused."""
     if jax.process_count() > 1:
         raise ValueError("`checkpoint` works in a single process; in a multi-host run, "
                          "checkpoint each process's share of the sweep yourself.")
@@ -362,12 +469,14 @@ def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progres
     _check_sweep_file(directory, parts, identity, paths, shapes,
                       {"fingerprint": identity, "parts": parts, "function": name,
                        "size": size, "chunks": num_chunks})
-    saved = [None] * num_chunks
+    saved: list = [None] * num_chunks
     for k, path in enumerate(paths):
         if path.exists():
-            read = _read_chunk(path, identity, shapes)
-            if isinstance(read, str):
-                warnings.warn(f"{path} is {read}; the chunk is computed again.",
+            status, read = _read_chunk(path, identity, k, shapes)
+            if status == "other":
+                _refuse_chunk(path, identity, k, read)
+            if status == "damaged":
+                warnings.warn(f"{path} is damaged ({read}); the chunk is computed again.",
                               stacklevel=3)
             else:
                 saved[k] = read
@@ -377,10 +486,16 @@ def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progres
         for k, path in enumerate(paths):
             if saved[k] is not None:
                 continue
-            out = [np.asarray(x) for x in
-                   jax.tree.leaves(_batch_map(fn, chunk(k), None, mesh, ensemble))]
-            atomic_write(path, lambda file, out=out: np.savez(
-                file, *out, **{_FINGERPRINT: np.array(identity)}))
+            try:
+                out = [np.asarray(x) for x in
+                       jax.tree.leaves(_batch_map(fn, chunk(k), None, mesh, ensemble))]
+            except RuntimeError as error:  # raised while running, by the values of some row
+                _name_failed_row(error, fn, given, per_step, mesh, ensemble, [k])
+                raise
+            digest = _chunk_digest(out, identity, k)
+            atomic_write(path, lambda file, out=out, k=k, digest=digest: np.savez(
+                file, *out, **{_FINGERPRINT: np.array(identity), _INDEX: np.array(k),
+                               _DIGEST: np.array(digest)}))
             saved[k] = out
             if bar is not None:
                 bar.update(1)

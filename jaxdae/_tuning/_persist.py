@@ -46,6 +46,32 @@ def read_json(path: Path, fix: str) -> dict:
     return value
 
 
+def sealed(record: dict) -> dict:
+    """`record` with a `digest` entry: the SHA-256 of the rest of it, so that a change to
+    any of its content (an edit by hand, a partial copy) is detected by `unsealed`."""
+    return {**record, "digest": _record_digest(record)}
+
+
+def unsealed(record: dict, path: Path, fix: str) -> dict:
+    """`record` (read from `path`) without its `digest`, which must match the rest
+    (`sealed`); else a `ValueError` that names the file and says `fix`."""
+    content = {key: value for key, value in record.items() if key != "digest"}
+    if record.get("digest") != _record_digest(content):
+        raise ValueError(f"{path} is damaged (its content does not match the digest written "
+                         f"with it: edited or only partly written). {fix}")
+    return content
+
+
+def _record_digest(record: dict) -> str:
+    text = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def short(identity: str) -> str:
+    """The first 12 hexadecimal digits of a fingerprint, to name it in a message."""
+    return identity[:12]
+
+
 def _update(digest, tree) -> None:
     text = _ADDRESS.sub("", str(jax.tree.structure(tree)))
     digest.update(text.encode())

@@ -39,6 +39,9 @@ from ._persist import (
     program_fingerprint,
     progress_bar,
     read_json,
+    sealed,
+    short,
+    unsealed,
 )
 
 _META_FILE = "checkpoint.json"
@@ -287,53 +290,93 @@ def _run_identity(step_args: tuple, start: str, scenarios) -> dict:
             "problem": run_fingerprint(functions, program_fingerprint(program))}
 
 
+def _run_name(identity: dict) -> str:
+    """The fingerprint of a tuning run (of the parts of its identity)."""
+    return run_fingerprint(None, *sorted(identity.items()))
+
+
+# The first line of a state file: what it holds (then the `eqx.tree_serialise_leaves` bytes).
+_STATE_HEADER = "jaxdae.tune state"
+
+
 def _save_checkpoint(directory: Path, state, step: int, history: dict, identity: dict,
                      excluded=None):
-    """Writes the state of step `step` to its own file, then `checkpoint.json` naming it
+    """Writes the state of step `step` to its own file (headed by the run and the step it
+    holds), then `checkpoint.json` naming it, sealed with the digest of all its content
     (both atomically), then removes older states: a run killed at any point leaves a
     `checkpoint.json` and the state it names, of the same step."""
     directory.mkdir(parents=True, exist_ok=True)
+    run = _run_name(identity)
     buffer = io.BytesIO()
+    buffer.write((json.dumps({"holds": _STATE_HEADER, "run": run, "step": step}) + "\n")
+                 .encode())
     eqx.tree_serialise_leaves(buffer, state)
     data = buffer.getvalue()
     name = f"state_{step:06d}.eqx"
     atomic_write(directory / name, lambda file: file.write(data))
-    meta = {"step": step, "state": name, "state_sha256": hashlib.sha256(data).hexdigest(),
-            "parts": identity, "history": history,
+    meta = {"run": run, "step": step, "state": name,
+            "state_sha256": hashlib.sha256(data).hexdigest(), "parts": identity,
+            "history": history,
             "excluded": [] if excluded is None else np.flatnonzero(excluded).tolist()}
-    atomic_write_text(directory / _META_FILE, json.dumps(meta))
+    atomic_write_text(directory / _META_FILE, json.dumps(sealed(meta)))
     for old in directory.glob("state_*.eqx"):
         if old.name != name:
             old.unlink(missing_ok=True)
 
 
+def _state_owner(data: bytes) -> tuple[str, int] | None:
+    """The run and step that a state file's header names (None: no such header)."""
+    line = data.split(b"\n", 1)[0]
+    try:
+        header = json.loads(line)
+        if header.get("holds") == _STATE_HEADER:
+            return str(header["run"]), int(header["step"])
+    except (ValueError, AttributeError, KeyError, TypeError):
+        pass
+    return None
+
+
 def _load_checkpoint(directory: Path, like, identity: dict):
+    """The state, step, history and excluded scenarios of the checkpoint in `directory`
+    (None if there is none), checked: all of `checkpoint.json` against its digest, its run
+    against this one (`identity`), the state file against the run and step it names and
+    against its digest. A `ValueError` otherwise, naming the file and what differs."""
     meta_path = directory / _META_FILE
     if not meta_path.exists():
         return None
-    meta = read_json(meta_path, _FIX)
-    parts = meta.get("parts", {})
+    meta = unsealed(read_json(meta_path, _FIX), meta_path, _FIX)
+    parts, run = meta.get("parts", {}), _run_name(identity)
     differ = [text for part, text in _PARTS.items() if parts.get(part) != identity[part]]
     if differ:
         raise ValueError(
             f"The checkpoint in {directory} was written by a run with {'; '.join(differ)}: "
-            f"resuming would continue that run. {_FIX}"
+            f"resuming would continue that run (run {short(str(meta.get('run')))} at step "
+            f"{meta.get('step')} on disk, run {short(run)} here). {_FIX}"
         )
     state_path = directory / str(meta.get("state"))
+
+    def damaged(why):
+        return ValueError(f"The checkpoint in {directory} is damaged: {state_path.name} "
+                          f"({why}). {_FIX}")
+
     try:
         data = state_path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != meta.get("state_sha256"):
-            raise ValueError("its content is not the one checkpoint.json recorded")
         step, history = int(meta["step"]), meta["history"]
-        if any(len(history[c]) != step for c in HISTORY_COLUMNS):
-            raise ValueError("the history does not have one row per step")
+        rows = {len(history[c]) for c in HISTORY_COLUMNS}
     except (OSError, KeyError, TypeError, ValueError) as error:
+        raise damaged(f"{type(error).__name__}: {error}") from error
+    owner = _state_owner(data)
+    if owner is not None and owner != (run, step):
         raise ValueError(
-            f"The checkpoint in {directory} is damaged: {state_path.name} "
-            f"({type(error).__name__}: {error}). {_FIX}"
-        ) from error
+            f"The checkpoint in {directory} is not one checkpoint: {state_path.name} holds "
+            f"step {owner[1]} of run {short(owner[0])}, but {_META_FILE} names step {step} of "
+            f"run {short(run)} (a state file copied over another one?). {_FIX}")
+    if owner is None or hashlib.sha256(data).hexdigest() != meta.get("state_sha256"):
+        raise damaged("its content is not the one checkpoint.json recorded")
+    if rows != {step}:
+        raise damaged("the history does not have one row per step")
     try:
-        state = eqx.tree_deserialise_leaves(io.BytesIO(data), like)
+        state = eqx.tree_deserialise_leaves(io.BytesIO(data.split(b"\n", 1)[1]), like)
     except Exception as error:  # structure or dtype mismatch
         raise ValueError(
             f"The checkpoint in {directory} does not match these parameters / optimizer "
@@ -437,6 +480,12 @@ def tune(
     seed, other scenarios, or another problem: the traced program of one step with the
     values it closes over) or a damaged one is refused with what differs. `steps`,
     `checkpointing.every`, `reporting` and `failures.on_nonfinite` may change between calls.
+    A resume returns the run after exactly `steps` steps, or refuses: `checkpoint.json` is
+    sealed with a digest of all its content (history included) and names the state file,
+    whose header names its run and step, so an edited file or a state copied from another
+    step or run is refused, naming both; a checkpoint that holds more steps than `steps`
+    is refused too (it keeps only its last state; ask for at least its steps, or
+    `resume=False`).
 
     **A step that cannot run** stops the run with its last good parameters kept (and
     checkpointed), as `error.result` (a `TuneResult`): an update that would take a gain out
@@ -557,6 +606,15 @@ class _TuningRun:
         loaded = _load_checkpoint(self.directory, self.state(), self.identity)
         if loaded is None:
             return
+        step = loaded[1]
+        if step > self.steps:
+            raise ValueError(
+                f"The checkpoint in {self.directory} holds {step} steps of this run, more than "
+                f"the {self.steps} asked for: a checkpoint keeps only its last state, so the "
+                f"parameters after step {self.steps} are not in it. Ask for `steps={step}` "
+                f"(or more) to resume, or pass `resume=False` to run {self.steps} steps "
+                "afresh (the checkpoint is then overwritten), or use another `checkpoint` "
+                "directory.")
         (self.trainable, self.opt_state, self.key), self.step, self.history, dropped = loaded
         if dropped:
             self.excluded = np.zeros(self.size, bool)

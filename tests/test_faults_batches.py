@@ -1,0 +1,133 @@
+"""Faults in batches and in saved work: an ensemble member whose model turns non-finite,
+the row of a sweep that raises, members of a batched consistent initialization that have
+no solution, and checkpoints that were edited, copied over one another or asked for less
+than they hold."""
+
+import json
+import shutil
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdae
+
+from .test_faults_jobs import XS, _scaled, _sweep, _tune
+
+# --- batch_map: the row that raises --------------------------------------------------------
+
+
+def _raises_at_row_7(x):
+    return eqx.error_if(jnp.sin(x), x == XS[7], "row 7 is bad")
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_the_row_that_raises_is_named_in_the_whole_batch(tmp_path, checkpointed):
+    """Chunks of 3 rows: row 7 is the second row of chunk 2, and is named as row 7."""
+    kwargs = dict(checkpoint=tmp_path, progress=False) if checkpointed else {}
+    with pytest.raises(RuntimeError, match="row 7 is bad") as info:
+        jaxdae.batch_map(_raises_at_row_7, XS, chunk_size=3, **kwargs)
+    note = " ".join(getattr(info.value, "__notes__", []))
+    assert "row 7 of the batch raises, in chunk 2 (rows 6 to 8)" in note
+    if checkpointed:  # the chunks before it are saved
+        assert sorted(p.name for p in tmp_path.glob("chunk_*.npz")) == [
+            "chunk_000000.npz", "chunk_000001.npz"]
+
+
+# --- batch_map: chunk files ---------------------------------------------------------------
+
+
+def test_a_chunk_copied_over_another_is_refused_naming_both(tmp_path):
+    directory = tmp_path / "sweep"
+    fn = _scaled(3.0)
+    full = _sweep(fn, directory)
+    first, second = directory / "chunk_000000.npz", directory / "chunk_000001.npz"
+    kept = second.read_bytes()
+    shutil.copy(first, second)  # right format and sweep, wrong chunk
+    with pytest.raises(ValueError, match=r"chunk_000001.npz holds chunk 0 of this sweep "
+                                         r"\(\w{12}\), not chunk 1: a chunk file copied"):
+        _sweep(fn, directory)
+    _sweep(_scaled(4.0), tmp_path / "other")  # another sweep's chunk 1
+    shutil.copy(tmp_path / "other" / "chunk_000001.npz", second)
+    with pytest.raises(ValueError, match=r"chunk_000001.npz holds chunk 1 of another sweep "
+                                         r"\((\w{12})\), not chunk 1 of this sweep "
+                                         r"\((?!\1)\w{12}\)"):
+        _sweep(fn, directory)
+    second.write_bytes(kept)
+    np.testing.assert_array_equal(_sweep(fn, directory), full)
+
+
+def test_every_entry_of_a_chunk_file_is_covered_by_its_digest(tmp_path):
+    directory = tmp_path / "sweep"
+    fn = _scaled(3.0)
+    full = _sweep(fn, directory)
+    path = directory / "chunk_000001.npz"
+    with np.load(path) as data:
+        entries = {name: data[name] for name in data.files}
+    entries["arr_0"] = entries["arr_0"] + 1.0  # a value edited, the file rewritten whole
+    with open(path, "wb") as file:
+        np.savez(file, **entries)
+    with pytest.warns(UserWarning, match="chunk_000001.npz is damaged \\(its content does not "
+                                         "match the digest.*computed again"):
+        np.testing.assert_array_equal(_sweep(fn, directory), full)
+    meta = directory / "sweep.json"
+    record = json.loads(meta.read_text())
+    record["size"] = 4
+    meta.write_text(json.dumps(record))
+    with pytest.warns(UserWarning, match="sweep.json is damaged \\(its content does not match"):
+        np.testing.assert_array_equal(_sweep(fn, directory), full)
+
+
+def test_a_sweep_resumed_with_fewer_rows_is_refused_saying_why(tmp_path):
+    directory = tmp_path / "sweep"
+    fn = _scaled(3.0)
+    _sweep(fn, directory)
+    with pytest.raises(ValueError, match=r"another sweep .* It holds a sweep of 10 rows in 3 "
+                                         r"chunks, this call has 6 rows in 2 chunks: a "
+                                         r"directory holds one sweep"):
+        _sweep(fn, directory, XS[:6])
+
+
+# --- tune: checkpoints ----------------------------------------------------------------------
+
+
+def test_a_tuning_checkpoint_holds_exactly_the_steps_asked_for(tmp_path):
+    three = _tune(tmp_path, steps=3)
+    again = _tune(tmp_path, steps=3)  # as many steps as it holds: as saved
+    assert again.step == 3 and again.history["loss"] == three.history["loss"]
+    with pytest.raises(ValueError, match=r"holds 3 steps of this run, more than the 2 asked "
+                                         r"for.*`steps=3`.*`resume=False`"):
+        _tune(tmp_path, steps=2)
+    fresh = _tune(tmp_path, steps=2, resume=False)
+    assert fresh.step == 2 and fresh.history["loss"] == three.history["loss"][:2]
+
+
+def test_an_edited_tuning_history_is_refused(tmp_path):
+    _tune(tmp_path, steps=2)
+    meta = tmp_path / "checkpoint.json"
+    record = json.loads(meta.read_text())
+    record["history"]["loss"][0] = 0.0
+    meta.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"checkpoint.json is damaged \(its content does not "
+                                         r"match the digest.*resume=False"):
+        _tune(tmp_path, steps=3)
+
+
+def test_a_tuning_state_copied_over_another_is_refused_naming_both(tmp_path):
+    _tune(tmp_path / "one", steps=1)
+    _tune(tmp_path / "two", steps=2)
+    # The state of step 1, renamed as that of step 2 (right format, wrong step).
+    shutil.copy(tmp_path / "one" / "state_000001.eqx", tmp_path / "two" / "state_000002.eqx")
+    with pytest.raises(ValueError, match=r"state_000002.eqx holds step 1 of run (\w{12}), but "
+                                         r"checkpoint.json names step 2 of run \1 \(a state "
+                                         r"file copied"):
+        _tune(tmp_path / "two", steps=3)
+    # A whole checkpoint of another run (another seed): both runs named.
+    _tune(tmp_path / "seed", steps=2, seed=1)
+    for name in ("checkpoint.json", "state_000002.eqx"):
+        shutil.copy(tmp_path / "seed" / name, tmp_path / "two" / name)
+    with pytest.raises(ValueError, match=r"another seed: resuming would continue that run "
+                                         r"\(run (\w{12}) at step 2 on disk, run (?!\1)\w{12} "
+                                         r"here\)"):
+        _tune(tmp_path / "two", steps=3)
