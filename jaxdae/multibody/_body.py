@@ -41,6 +41,17 @@ def _vector(name: str, value, size: int) -> Array:
     return array
 
 
+def _optional_vector(name: str, value, sizes=(2, 3)) -> Array | None:
+    """`value` as a vector of one of `sizes` numbers, or `None`."""
+    if value is None:
+        return None
+    array = _array(name, value)
+    if array.ndim != 1 or array.shape[0] not in sizes:
+        raise ValueError(f"{name} must be a vector of {' or '.join(map(str, sizes))} numbers; "
+                         f"got shape {array.shape}.")
+    return array
+
+
 def _scalar(name: str, value) -> Array:
     array = _array(name, value)
     if array.shape != ():

@@ -11,16 +11,8 @@ import numpy as np
 
 from .._custom_types import Array, ArrayLike, Float
 from .._gains import is_concrete
-from ._body import _array, _check_element_dimension, _scalar
+from ._body import _array, _check_element_dimension, _optional_vector, _scalar
 from ._kinematics import Kinematics
-
-
-def _free_vector(name, value, sizes=(2, 3)):
-    array = _array(name, value)
-    if array.ndim != 1 or array.shape[0] not in sizes:
-        raise ValueError(f"{name} must be a vector of {' or '.join(map(str, sizes))} numbers; "
-                         f"got shape {array.shape}.")
-    return array
 
 
 def _no_torque(kin):
@@ -170,8 +162,7 @@ class Gravity(AbstractForce):
     vector_fields: ClassVar[tuple[str, ...]] = ("acceleration",)
 
     def __init__(self, acceleration: ArrayLike | None = None, *, name: str | None = None):
-        self.acceleration = (None if acceleration is None
-                             else _free_vector("`acceleration` of Gravity", acceleration))
+        self.acceleration = _optional_vector("`acceleration` of Gravity", acceleration)
         self.name = name
 
     @property
@@ -325,8 +316,7 @@ class Force(AbstractActuatedForce):
                  local: bool = False, name: str | None = None):
         self.at, self.local, self.name = at, bool(local), name
         self.channel, self.actuator = _actuator(actuator)
-        self.direction = None if direction is None else _free_vector("`direction` of a Force",
-                                                                       direction)
+        self.direction = _optional_vector("`direction` of a Force", direction)
         if self.direction is None and self.channel is not None:
             raise ValueError(
                 "A Force driven by an input channel needs a `direction` (the channel is a "
@@ -372,7 +362,7 @@ class Torque(AbstractActuatedForce):
                  local: bool = False, name: str | None = None):
         self.at, self.local, self.name = at, bool(local), name
         self.channel, self.actuator = _actuator(actuator)
-        self.axis = None if axis is None else _free_vector("`axis` of a Torque", axis, (3,))
+        self.axis = _optional_vector("`axis` of a Torque", axis, (3,))
 
     def check_dimension(self, dimension, owner):
         super().check_dimension(dimension, owner)

@@ -18,7 +18,7 @@ import numpy as np
 
 from .._custom_types import Array, ArrayLike, Float
 from .._gains import is_concrete
-from ._body import _array, _check_element_dimension, _scalar, _vector
+from ._body import _check_element_dimension, _optional_vector, _scalar, _vector
 from ._kinematics import Frame, perpendicular
 
 
@@ -137,16 +137,6 @@ def _aligned(a, b, axis):
     return jnp.stack([ua @ (b.rotation @ w1), ua @ (b.rotation @ w2)])
 
 
-def _optional(name, value, sizes=(2, 3)):
-    if value is None:
-        return None
-    array = _array(name, value)
-    if array.ndim != 1 or array.shape[0] not in sizes:
-        raise ValueError(f"{name} must be a vector of {' or '.join(map(str, sizes))} numbers; "
-                         f"got shape {array.shape}.")
-    return array
-
-
 def _check_length(length):
     if is_concrete(length) and not (np.isfinite(length) and length > 0):
         raise ValueError(f"A Distance joint needs a positive finite `length`; got {float(length)}.")
@@ -180,7 +170,7 @@ class Revolute(AbstractJoint):
     def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
                  name: str | None = None):
         self.a, self.b, self.name = a, b, name
-        self.axis = _optional("`axis` of a Revolute joint", axis, (3,))
+        self.axis = _optional_vector("`axis` of a Revolute joint", axis, (3,))
 
     def equations(self, dimension):
         return 2 if dimension == 2 else 5
@@ -238,7 +228,7 @@ class Prismatic(AbstractJoint):
     def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
                  angle: ArrayLike = 0.0, name: str | None = None):
         self.a, self.b, self.name = a, b, name
-        self.axis = _optional("`axis` of a Prismatic joint", axis)
+        self.axis = _optional_vector("`axis` of a Prismatic joint", axis)
         self.angle = _scalar("`angle` of a Prismatic joint", angle)
 
     def equations(self, dimension):
@@ -338,7 +328,7 @@ class PointOnLine(AbstractJoint):
     def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
                  name: str | None = None):
         self.a, self.b, self.name = a, b, name
-        self.axis = _optional("`axis` of a PointOnLine joint", axis)
+        self.axis = _optional_vector("`axis` of a PointOnLine joint", axis)
 
     def equations(self, dimension):
         return dimension - 1
@@ -418,7 +408,7 @@ class Rolling(AbstractJoint):
                  offset: ArrayLike = 0.0, name: str | None = None):
         self.a, self.b, self.name = a, b, name
         self.radius = _scalar("`radius` of a Rolling joint", radius)
-        self.axis = _optional("`axis` of a Rolling joint", axis, sizes=(2,))
+        self.axis = _optional_vector("`axis` of a Rolling joint", axis, sizes=(2,))
         self.offset = _scalar("`offset` of a Rolling joint", offset)
         if is_concrete(self.radius) and not (np.isfinite(self.radius) and self.radius > 0):
             raise ValueError(
