@@ -7,6 +7,7 @@ import json
 import shutil
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -131,3 +132,55 @@ def test_a_tuning_state_copied_over_another_is_refused_naming_both(tmp_path):
                                          r"\(run (\w{12}) at step 2 on disk, run (?!\1)\w{12} "
                                          r"here\)"):
         _tune(tmp_path / "two", steps=3)
+
+
+# --- consistent_initial_state: a member with no consistent state -------------------------
+
+
+class _Shrinking(jaxdae.LagrangianSystem):
+    """`Φ = q₀² − 1 + t`: consistent states for `t ≤ 1` only."""
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def constraints(self, t, q):
+        return jnp.array([q[0] ** 2 - 1.0 + t])
+
+
+def _projected(t):
+    """The consistent state nearest to `(Q_GUESS, V_GUESS)` at `t ≤ 1` (`M = I`)."""
+    x = np.sqrt(1.0 - t)
+    return np.array([x, 0.1]), np.array([-0.5 / x, 0.2])
+
+
+Q_GUESS, V_GUESS = jnp.array([0.8, 0.1]), jnp.array([0.3, 0.2])
+
+
+def test_no_consistent_state_is_a_flag_with_throw_false():
+    q, v, found = jaxdae.consistent_initial_state(_Shrinking(), 0.5, Q_GUESS, V_GUESS,
+                                                  throw=False)
+    assert bool(found)
+    np.testing.assert_allclose(np.concatenate([q, v]), np.concatenate(_projected(0.5)),
+                               atol=1e-12)
+    q, v, found = jaxdae.consistent_initial_state(_Shrinking(), 2.0, Q_GUESS, V_GUESS,
+                                                  throw=False)
+    assert not bool(found) and np.all(np.isnan(q)) and np.all(np.isnan(v))
+    with pytest.raises(ValueError, match="No consistent initial state found"):
+        jaxdae.consistent_initial_state(_Shrinking(), 2.0, Q_GUESS, V_GUESS)
+
+
+@pytest.mark.slow
+def test_a_batch_member_with_no_consistent_state_is_reported_alone():
+    """Under `vmap`, `throw=False`: the member with no consistent state is flagged (and
+    `nan`), the others are projected as on their own; `throw=True` raises for the batch."""
+    times = jnp.array([0.0, 2.0, 0.5])
+    q, v, found = jax.jit(jax.vmap(lambda t: jaxdae.consistent_initial_state(
+        _Shrinking(), t, Q_GUESS, V_GUESS, throw=False)))(times)
+    assert found.tolist() == [True, False, True]
+    assert np.all(np.isnan(q[1])) and np.all(np.isnan(v[1]))
+    for i in (0, 2):
+        np.testing.assert_allclose(np.concatenate([q[i], v[i]]),
+                                   np.concatenate(_projected(float(times[i]))), atol=1e-12)
+    with pytest.raises(Exception, match="No consistent initial state found"):
+        jax.vmap(lambda t: jaxdae.consistent_initial_state(_Shrinking(), t, Q_GUESS,
+                                                           V_GUESS))(times)

@@ -9,7 +9,7 @@ import optimistix as optx
 
 from .._checks import check_finite, check_positive
 from .._compilation._linalg import full_precision
-from .._custom_types import ArrayLike, Coordinates, Float, ScalarLike, Velocities
+from .._custom_types import Array, ArrayLike, Bool, Coordinates, Float, ScalarLike, Velocities
 from .._gains import is_concrete
 from .._systems._system import LagrangianSystem, holonomic_terms, nonholonomic_terms
 
@@ -69,7 +69,8 @@ def consistent_initial_state(
     *,
     tol: float | None = None,
     max_steps: int = 64,
-) -> tuple[Coordinates, Velocities]:
+    throw: bool = True,
+) -> tuple[Coordinates, Velocities] | tuple[Coordinates, Velocities, Bool[Array, ""]]:
     """The state nearest to `(q0, v0)` in the mass metric with `Φ = 0`, `Φ̇ = 0` and `Ψ = 0`.
 
     Positions solve the KKT system of `min ½ (q − q0)ᵀ M(q0) (q − q0)` subject to
@@ -85,18 +86,25 @@ def consistent_initial_state(
         `1 + max |q0|` for `Φ`, and times `(1 + max |q0|)(1 + max |v0|)` for `Φ̇` and `Ψ`
         (which scale with the velocities).
     - `max_steps`: Newton iterations.
+    - `throw`: whether a guess with no consistent state near it raises (below). With
+        `throw=False` it is reported instead, by a flag per call (one per member under
+        `jax.vmap`), and the other members of a batch are projected as without it.
 
     **Returns:**
 
-    `(q, v)`.
+    `(q, v)`; with `throw=False`, `(q, v, found)`: `found` is False where no consistent
+    state was found, and there `q` and `v` are `nan` (so that a solve started from them
+    reports `RESULTS.invalid_input`, or a `ValueError`, rather than start from a state that
+    is not consistent). Call that member alone with `throw=True` for the residual reached.
 
     **Raises:**
 
-    `ValueError` for non-finite `t0`, `q0`, `v0` or a `tol` that is not positive, and if no
-    consistent state is found near `q0` (the constraints may have no solution there, e.g. a
-    point outside the workspace). Under `jax.jit`, `jax.vmap` or
-    `jax.grad` the same check runs inside the computation (`eqx.error_if`) and raises a
-    runtime error with that message.
+    `ValueError` for non-finite `t0`, `q0`, `v0` or a `tol` that is not positive (with
+    either `throw`), and with `throw=True` if no consistent state is found near `q0` (the
+    constraints may have no solution there, e.g. a point outside the workspace). Under
+    `jax.jit`, `jax.vmap` or `jax.grad` that check runs inside the computation
+    (`eqx.error_if`) and raises a runtime error with that message (for the whole batch:
+    `throw=False` reports each member alone).
 
     Works under `jax.jit` and `jax.vmap` (e.g. to project a batch of perturbed starts in one
     call) and is differentiable: the gradient with respect to `q0`, `v0` or the system's
@@ -126,6 +134,9 @@ def consistent_initial_state(
     velocity_residual = jnp.max(jnp.abs(jnp.concatenate([dphi, psi])), initial=0.0)
     failed = ~((jnp.max(jnp.abs(phi), initial=0.0) <= tol)
                & (velocity_residual <= velocity_tol))  # also NaN
+    if not throw:
+        q, v = (jnp.where(failed, jnp.nan, x) for x in (q, v))
+        return q, v, ~failed
     if not is_concrete(failed):
         return eqx.error_if((q, v), failed, _NOT_FOUND.format(
             where="`q0`", detail="max(|Φ|, |Φ̇|, |Ψ|) > tol after the Newton projection"))
