@@ -23,8 +23,13 @@ TracedCheck = tuple[Bool[Array, ""], str]
 
 
 def as_gain(value: GainLike) -> Gain:
-    """Converts a Python number or array to a floating-point JAX array (ints become floats)."""
+    """Converts a Python number or array to a floating-point JAX array (ints become floats).
+    A complex gain is refused (its imaginary part would be dropped), as is float16."""
     array = jnp.asarray(value)
+    if jnp.issubdtype(array.dtype, jnp.complexfloating) or array.dtype.name in (
+            "float16", "bfloat16"):
+        raise ValueError(f"A gain must be real, of float32 or float64; got {array.dtype} "
+                         f"({np.array2string(np.asarray(value), precision=4)}).")
     if not jnp.issubdtype(array.dtype, jnp.floating):
         array = array.astype(jnp.result_type(float))
     return array
@@ -126,12 +131,34 @@ def describe_gain(gain) -> str:
     )
 
 
+def gain_limit(dtype) -> float:
+    """The largest gain entry of `dtype` whose products with another stay finite:
+    `√(largest float)` (1.3e154 in float64, 1.8e19 in float32)."""
+    return float(np.sqrt(np.finfo(dtype).max))
+
+
+def too_large(gain, xnp=jnp) -> Bool[Array, ""]:
+    """True where an entry of `gain` is infinite or exceeds `gain_limit` (`xnp` as for
+    `not_positive_definite`; nan is left to that test)."""
+    return xnp.any(xnp.abs(gain) > gain_limit(gain.dtype))
+
+
 def require_positive_definite(name: str, gain: Array, reason: str) -> tuple[TracedCheck, ...]:
-    """Checks that `gain` is SPD: eagerly (`ValueError`) if concrete, returning no check;
-    traced, returns the check `(flag, message)` for the caller to attach (`attach_checks`)."""
+    """Checks that `gain` is finite, not so large that its products overflow
+    (`too_large`), and SPD: eagerly (`ValueError`) if concrete, returning no check; traced,
+    returns the checks `(flag, message)` for the caller to attach (`attach_checks`)."""
+    overflow = (
+        f"`{name}` must have entries of at most {gain_limit(gain.dtype):.3g} in magnitude "
+        f"(√ of the largest {gain.dtype.name}): the formulation multiplies gains with each "
+        "other and with the state, so a larger one overflows to inf or nan in the "
+        "equations of motion, and the solve would fail as if the model had broken down. "
+        "Stabilization gains are usually far smaller (larger ones make the equations stiff).")
     message = f"`{name}` must be symmetric positive definite ({reason})."
     if is_concrete(gain):
-        if bool(not_positive_definite(np.asarray(gain), np)):
+        gain_np = np.asarray(gain)
+        if bool(too_large(gain_np, np)):
+            raise ValueError(f"{overflow} Got an entry of {np.max(np.abs(gain_np)):.3g}.")
+        if bool(not_positive_definite(gain_np, np)):
             raise ValueError(f"{message} Got {describe_gain(gain)}.")
         return ()
-    return ((not_positive_definite(gain), message),)
+    return ((too_large(gain), overflow), (not_positive_definite(gain), message))

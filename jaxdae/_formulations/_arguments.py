@@ -3,7 +3,11 @@
 import functools
 import inspect
 
+import equinox as eqx
+import jax.numpy as jnp
 import numpy as np
+
+from .._checks import dtype_problem
 
 
 def explain_arguments(example: str):
@@ -22,15 +26,28 @@ def explain_arguments(example: str):
         @functools.wraps(init)
         def wrapper(self, *args, **kwargs):
             try:
-                signature.bind(self, *args, **kwargs)
+                bound = signature.bind(self, *args, **kwargs)
             except TypeError as error:
                 message = _message(type(self).__name__, signature, args, kwargs, example, error)
                 raise TypeError(message) from None
+            _check_dtypes(type(self).__name__, list(bound.arguments.items())[1:])
             init(self, *args, **kwargs)
 
         return wrapper
 
     return decorate
+
+
+def _check_dtypes(name: str, arguments) -> None:
+    """`ValueError` naming the first argument whose array is complex or float16
+    (`dtype_problem`): converted to the state's dtype, a complex gain would lose its
+    imaginary part."""
+    for argument, value in arguments:
+        if value is None or not eqx.is_array_like(value) or isinstance(value, (int, float)):
+            continue
+        problem = dtype_problem(jnp.result_type(value))
+        if problem is not None:
+            raise ValueError(f"The gain `{argument}` of {name} {problem}.")
 
 
 def _message(name, signature, args, kwargs, example, error) -> str:

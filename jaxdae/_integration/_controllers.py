@@ -5,12 +5,10 @@ controller must step to, and the solve's step options and saved times."""
 import diffrax
 import equinox as eqx
 import jax.numpy as jnp
-import numpy as np
 import optimistix as optx
 
-from .._checks import check_positive
+from .._checks import check_positive, check_tolerances
 from .._custom_types import Array
-from .._gains import is_concrete
 
 
 class AbstractControllerWrapper(diffrax.AbstractAdaptiveStepSizeController):
@@ -126,13 +124,7 @@ def step_options(stepsize_controller, dt0, rtol, atol, dtype, norm=optx.rms_norm
     the compiled solve: a sweep over `τ = dt0` or over tolerances would compile at every
     value."""
     if stepsize_controller is None:
-        if is_concrete(rtol, atol) and not (
-            np.all(np.isfinite([rtol, atol])) and min(rtol, atol) >= 0 and rtol + atol > 0
-        ):
-            raise ValueError(
-                f"`rtol` and `atol` must be finite and non-negative, not both zero; got "
-                f"rtol = {rtol}, atol = {atol}."
-            )
+        check_tolerances(rtol, atol)
         stepsize_controller = diffrax.PIDController(
             rtol=jnp.asarray(rtol, dtype), atol=jnp.asarray(atol, dtype), norm=norm)
     if dt0 is None:

@@ -19,7 +19,7 @@ from .._solution import (
     failure_text,
     residuals,
 )
-from ._validation import INITIAL_STATE_MESSAGES, initial_state_problems
+from ._validation import INITIAL_STATE_MESSAGES, initial_state_problems, traced_input_checks
 from ._vector_fields import detached
 
 
@@ -136,11 +136,12 @@ class TracedChecks(eqx.Module):
 
 
 def check_traced(sol, system, formulation, times, initial, checks: TracedChecks,
-                 trajectories):
+                 trajectories, steps=(None, None)):
     """`sol` with the checks of a traced call attached as one branched error: the
     gains' (`checks.gain_flags`), those of `check_initial_state`
-    (`checks.check_state`) on `initial = (q0, v0, mass matrix, forces)` and of the times,
-    then (`checks.throw`) the failure of the solve. `trajectories`: the solve's
+    (`checks.check_state`) on `initial = (q0, v0, mass matrix, forces)`, of the times and
+    of `steps = (dt0, step-size controller)` (`traced_input_checks`), then
+    (`checks.throw`) the failure of the solve. `trajectories`: the solve's
     `AbstractTrajectories`.
 
     One `error_if` for all, each being a `lax.cond` with host callbacks. The initial
@@ -150,9 +151,9 @@ def check_traced(sol, system, formulation, times, initial, checks: TracedChecks,
     nor prunes (`experiments/benchmarks/bench_compile.py` counts the program's instructions). A solve
     from a bad state thus runs before the input's error is raised."""
     # The checks carry no gradient: their inputs are detached, so they are not linearized.
-    system, formulation, times, initial, checks = detached(
-        (system, formulation, times, initial, checks))
-    t0, t1, ts = times.t0, times.t1, times.ts
+    system, formulation, times, initial, checks, steps = detached(
+        (system, formulation, times, initial, checks, steps))
+    t0 = times.t0
     throw = checks.throw
     flags, messages = list(checks.gain_flags), checks.gain_messages
     rows_invalid = False
@@ -165,20 +166,22 @@ def check_traced(sol, system, formulation, times, initial, checks: TracedChecks,
         if state_flags is not None:
             flags += list(state_flags)
             messages += INITIAL_STATE_MESSAGES + tuple(m for m, _ in formulation.state_messages)
-    flags += [~(t1 > t0) | ~jnp.isfinite(t1 - t0),
-              False if ts is None else (jnp.any(jnp.diff(ts) < 0) | (ts[0] < t0)
-                                        | (ts[-1] > t1) | ~jnp.all(jnp.isfinite(ts)))]
-    messages += ("`t0` and `t1` must be finite, with `t1` greater than `t0`.",
-                 "`ts` must be finite, sorted and lie in [t0, t1].")
+    inputs = traced_input_checks(times, *steps)
+    flags += [flag for flag, _ in inputs]
+    messages += tuple(message for _, message in inputs)
     flags = jnp.stack(flags)
     wrong, index = jnp.any(flags), jnp.argmax(flags)
     if not throw:
         return invalid_as_result(sol, wrong | rows_invalid)
     result = trajectories.reported_result(sol.result)
+    # Bad input is the error; the failure of the solve it ran (on stand-ins for bad times
+    # or steps, `solvable_inputs`) is not reported.
+    reported = eqx.tree_at(lambda s: s.result, sol,
+                           RESULTS.where(wrong, RESULTS.successful, sol.result))
     index = jnp.where(wrong, index, len(messages) + result._value)
     wrong = wrong | (result != RESULTS.successful)
     messages = messages + tuple(m + TRACED_HINT for m in RESULTS._index_to_message)
     # Under `vmap` equinox reports the largest index of the batch: 0 where nothing is wrong.
     index = jnp.where(wrong, index, 0)
-    return attach_check(sol, lambda x: eqx.branched_error_if(x + reported_failure(sol), wrong,
-                                                             index, messages))
+    return attach_check(sol, lambda x: eqx.branched_error_if(
+        x + reported_failure(reported), wrong, index, messages))

@@ -20,7 +20,7 @@ from ._failures import event_result, solve_event
 from ._implicit import configure_for_controller
 from ._solvers import name_result
 from ._sweep_forward import ODETermWithVJP
-from ._validation import check_solve_options, check_times
+from ._validation import check_real, check_solve_options, check_times
 
 # The solver of a call that names none.
 DEFAULT_SOLVER = diffrax.Tsit5()
@@ -69,6 +69,7 @@ class SolveCall(eqx.Module):
 
     def times(self, t0, t1, dtype) -> Times:
         """`t0`, `t1` and `ts` as arrays of `dtype`, checked (`check_times`)."""
+        check_real(t0=t0, t1=t1, ts=self.ts, dt0=self.dt0, rtol=self.rtol, atol=self.atol)
         t0, t1 = jnp.asarray(t0, dtype=dtype), jnp.asarray(t1, dtype=dtype)
         ts = None if self.ts is None else jnp.asarray(self.ts, dtype=dtype)
         check_times(t0, t1, ts)

@@ -26,6 +26,7 @@ from ._validation import (
     check_structure,
     check_types,
     initial_state_message,
+    solvable_inputs,
     warn_unstable_step,
 )
 from ._vector_fields import SolveArgs, detached, system_terms
@@ -74,7 +75,8 @@ def solve_system(system, formulation, t0, t1, q0, v0, call: SolveCall,
     if isinstance(options.stepsize_controller, diffrax.ConstantStepSize):
         warn_unstable_step(formulation, counts,
                            DEFAULT_SOLVER if call.solver is None else call.solver, options.dt0)
-    traced = not is_concrete(system, formulation, times, q0, v0)
+    traced = not is_concrete(system, formulation, times, q0, v0, options.dt0,
+                             options.stepsize_controller)
     # Untraced, `throw` acts after the solve: calls with and without it share one program.
     checks = TracedChecks(
         gain_flags=tuple(flag for flag, _ in gain_checks),
@@ -117,10 +119,14 @@ def solve_and_assemble(system, formulation, times: Times, q0, v0, options: Solve
                        settings: EventDriven | None = None):
     """The solve and its `Solution`; if anything is `checks.traced`, with its checks
     attached (`check_traced`); event-driven with `settings` (a system with gaps)."""
-    t0, ts = times.t0, times.ts
-    checked_q0, checked_v0 = q0, v0
+    checked_q0, checked_v0, checked = q0, v0, (times, options.dt0, options.stepsize_controller)
     if checks.traced and not checks.throw:
         q0, v0 = trajectories.solvable_start(q0, v0)  # the others: `invalid_input`
+    if checks.traced:  # bad traced times and steps: jaxdae's checks name them, not diffrax's
+        times, dt0, controller = solvable_inputs(*checked)
+        options = eqx.tree_at(lambda o: (o.dt0, o.stepsize_controller), options,
+                              (dt0, controller), is_leaf=lambda x: x is None)
+    t0, ts = times.t0, times.ts
     reference = None
     if formulation.can_fail:
         # Detached before the call: stopped after it, the call would still be linearized.
@@ -143,6 +149,6 @@ def solve_and_assemble(system, formulation, times: Times, q0, v0, options: Solve
     if settings is not None:
         sol = eqx.tree_at(lambda x: x.events, sol, out.events, is_leaf=lambda x: x is None)
     if checks.traced:
-        sol = check_traced(sol, system, formulation, times,
-                           (checked_q0, checked_v0, *initial), checks, trajectories)
+        sol = check_traced(sol, system, formulation, checked[0],
+                           (checked_q0, checked_v0, *initial), checks, trajectories, checked[1:])
     return sol

@@ -2,6 +2,7 @@
 formulation's types and shapes, the initial state, the times, the solver options and the
 step-size controller's values."""
 
+import typing
 import warnings
 
 import diffrax
@@ -10,23 +11,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_instance
+from .._checks import (
+    TOLERANCE_RULE,
+    check_instance,
+    check_leaf_dtypes,
+    check_real,
+    check_tolerances,
+    dtype_problem,
+    tolerance_problem,
+)
 from .._custom_types import Array
 from .._formulations import AbstractFormulation, AbstractStabilizedFormulation
 from .._gains import is_concrete
+from .._systems._hamiltonian import HamiltonianSystem
 from .._systems._nonholonomic import is_not_affine
 from .._systems._structure import (
     is_mass_positive_definite,
 )
-from .._systems._system import AbstractSystem
+from .._systems._system import AbstractSystem, LagrangianSystem
+from ._solvers import AbstractSolverWrapper
 from ._vector_fields import system_terms
 
 
 def float_array(name: str, value) -> Array:
-    """`value` as a real floating array (integers become floats)."""
+    """`value` as a real floating array (integers become floats); complex and float16
+    values are refused (`dtype_problem`)."""
     array = jnp.asarray(value)
-    if jnp.issubdtype(array.dtype, jnp.complexfloating):
-        raise ValueError(f"`{name}` must be real; got dtype {array.dtype}.")
+    check_real(**{name: array})
     if not jnp.issubdtype(array.dtype, jnp.floating):
         array = array.astype(jnp.result_type(float))
     return array
@@ -102,11 +113,16 @@ check_initial_state_jit = eqx.filter_jit(check_initial_state)
 
 
 def check_types(system, formulation):
+    """The system and formulation are jaxdae's, with real arrays of float32 or float64
+    (`check_leaf_dtypes`: a complex parameter would lose its imaginary part when cast to
+    the state's dtype)."""
     check_instance("system", system, AbstractSystem,
                    "a jaxdae system (e.g. a `jaxdae.LagrangianSystem` subclass)")
     check_instance("formulation", formulation, AbstractFormulation,
                    "a jaxdae formulation such as `jaxdae.Baumgarte(kd, kp)` or "
                    "`jaxdae.ModifiedLagrange(alpha, kd, kp)`")
+    check_leaf_dtypes(system, "system parameter")
+    check_leaf_dtypes(formulation, "gain")
 
 
 def check_solve_options(solver, stepsize_controller, adjoint, max_steps) -> None:
@@ -115,6 +131,8 @@ def check_solve_options(solver, stepsize_controller, adjoint, max_steps) -> None
     implicit solver, `max_steps=None` — it refuses itself when the solve is traced.)"""
     check_instance("solver", solver, diffrax.AbstractSolver,
                    "a diffrax solver instance such as `diffrax.Tsit5()`", optional=True)
+    if solver is not None:
+        check_ode_solver(solver)
     check_instance("stepsize_controller", stepsize_controller,
                    diffrax.AbstractStepSizeController,
                    "a diffrax step-size controller such as `diffrax.PIDController(rtol, atol)` "
@@ -143,6 +161,35 @@ def controller_value(name, value, rule, fix):
         raise ValueError(f"The step-size controller's `{name}` must be {fix}; got {value!r}.")
 
 
+def check_ode_solver(solver) -> None:
+    """`ValueError` for a diffrax solver that does not integrate one ODE term (its
+    `term_structure` is a `diffrax.MultiTerm` or a tuple): the solvers of stochastic
+    differential equations, IMEX and partitioned solvers. `simulate` solves one
+    `diffrax.ODETerm`."""
+    structure = solver.term_structure
+    origin = typing.get_origin(structure) or structure
+    if isinstance(origin, type) and issubclass(origin, diffrax.AbstractTerm) and not issubclass(
+            origin, diffrax.MultiTerm):
+        return
+    inner = solver
+    while isinstance(inner, AbstractSolverWrapper):
+        inner = inner.solver
+    name = type(inner).__name__
+    if isinstance(inner, (diffrax.AbstractItoSolver, diffrax.AbstractStratonovichSolver,
+                          diffrax.AbstractSRK)):
+        raise ValueError(
+            f"`solver` is `diffrax.{name}`, a solver of stochastic differential equations: "
+            "its terms are a drift and a diffusion driven by a Brownian motion "
+            f"({structure}). jaxdae integrates an ODE (one `diffrax.ODETerm`) and cannot "
+            "use it; pass an ODE solver such as `diffrax.Tsit5()` (adaptive), "
+            "`diffrax.Heun()` (fixed steps) or `diffrax.Kvaerno5()` (stiff).")
+    raise ValueError(
+        f"`solver` is `diffrax.{name}`, which integrates several terms ({structure}: an "
+        "IMEX solver's explicit and implicit parts, or a partitioned solver's two halves "
+        "of the state). jaxdae integrates one ODE term (`diffrax.ODETerm`); pass a solver "
+        "of one term such as `diffrax.Tsit5()` or, for stiff problems, `diffrax.Kvaerno5()`.")
+
+
 def check_controller_values(controller) -> None:
     """The numbers of a diffrax step-size controller that the user passed, checked as
     `simulate` checks its own `rtol` and `atol` (concrete values only): a
@@ -166,13 +213,7 @@ def check_controller_values(controller) -> None:
                                  f"increasing times; got {times}.")
     if not isinstance(controller, diffrax.PIDController):
         return
-    rtol, atol = controller.rtol, controller.atol
-    for name, value in (("rtol", rtol), ("atol", atol)):
-        controller_value(name, value, lambda x: x >= 0, "a finite non-negative number")
-    if is_concrete(rtol, atol) and np.ndim(rtol) == 0 and np.ndim(atol) == 0 and (
-            float(rtol) + float(atol) <= 0):
-        raise ValueError("The step-size controller's `rtol` and `atol` must not both be "
-                         "zero: every step would fail its error test.")
+    check_tolerances(controller.rtol, controller.atol, "The step-size controller's ")
     for name in ("pcoeff", "icoeff", "dcoeff"):
         controller_value(name, getattr(controller, name), lambda x: True, "finite")
     controller_value("icoeff", controller.icoeff, lambda x: x > 0,
@@ -209,6 +250,7 @@ def check_structure(system, formulation, t0, q0, v0):
     key = (signature(system), signature((t0, q0, v0)))
     counts = COUNTS.get(key)
     if counts is None:
+        check_model_outputs(system, t0, q0, v0)
         terms = eqx.filter_eval_shape(system_terms, system, t0, q0, v0)
         n = q0.shape[0]
         if terms.mass_matrix.shape != (n, n):
@@ -225,6 +267,40 @@ def check_structure(system, formulation, t0, q0, v0):
 
 
 COUNTS: dict = {}  # constraint counts per (system, state) signature
+
+# The model functions a user writes, with the arguments they take.
+_MODEL_FUNCTIONS = {"kinetic_energy": 3, "mass_matrix": 2, "potential_energy": 2,
+                    "generalized_forces": 3, "hamiltonian": 3, "constraints": 2,
+                    "velocity_constraints": 3}
+
+
+def check_model_outputs(system, t0, q0, v0) -> None:
+    """`ValueError` naming a model function of `system` (one its class defines, among
+    `_MODEL_FUNCTIONS`) that returns complex values (their imaginary parts would be
+    dropped), integers (which have no derivatives) or float16 values. Shapes only
+    (`eqx.filter_eval_shape`); a function that fails to trace is left to the terms'
+    own trace to report."""
+    if not isinstance(system, (LagrangianSystem, HamiltonianSystem)):
+        return  # (jaxdae's multibody systems build their functions themselves)
+    for name, arity in _MODEL_FUNCTIONS.items():
+        if name not in type(system).provided:
+            continue
+        args = (t0, q0, v0)[:arity]
+        try:
+            out = eqx.filter_eval_shape(lambda s, a, name=name: getattr(s, name)(*a),
+                                        system, args)
+        except Exception:  # reported by the terms' trace, with its own message
+            continue
+        for leaf in jax.tree_util.tree_leaves(out):
+            dtype = np.dtype(leaf.dtype)
+            problem = dtype_problem(dtype)
+            if problem is None and not np.issubdtype(dtype, np.floating):
+                problem = (f"must be floating: it is {dtype.name}, and integers have no "
+                           "derivatives. Return floats (write constants as `1.0`, or "
+                           "`jnp.asarray(x, float)`)")
+            if problem is not None:
+                raise ValueError(f"The output of `{name}` of {type(system).__name__} "
+                                 f"{problem}.")
 
 
 def fixed_step_radius(formulation, num_constraints: int, solver, dt,
@@ -305,3 +381,60 @@ def check_times(t0, t1, ts):
                 f"`ts` must lie in [t0, t1] = [{float(t0)}, {float(t1)}]; got "
                 f"[{ts_np[0]}, {ts_np[-1]}]."
             )
+
+
+def _span_problem(t0, t1):
+    return ~(t1 > t0) | ~jnp.isfinite(t1 - t0)
+
+
+def _ts_problem(t0, t1, ts):
+    return (jnp.any(jnp.diff(ts) < 0) | (ts[0] < t0) | (ts[-1] > t1)
+            | ~jnp.all(jnp.isfinite(ts)))
+
+
+def _step_problem(dt0):
+    return ~jnp.isfinite(dt0) | ~(dt0 > 0)
+
+
+def traced_input_checks(times, dt0, controller) -> tuple[tuple[Array, str], ...]:
+    """`(flag, message)` checks of a traced solve's times, first step `dt0` and default
+    controller's tolerances, the flag true where the message applies (`check_traced`
+    reports them; [`solvable_inputs`][] keeps them from diffrax's own checks)."""
+    t0, t1, ts = times.t0, times.t1, times.ts
+    checks = [(_span_problem(t0, t1),
+               "`t0` and `t1` must be finite, with `t1` greater than `t0`."),
+              (False if ts is None else _ts_problem(t0, t1, ts),
+               "`ts` must be finite, sorted and lie in [t0, t1].")]
+    if dt0 is not None:
+        checks.append((_step_problem(dt0), "`dt0` must be a positive finite step."))
+    if isinstance(controller, diffrax.PIDController):
+        checks.append((tolerance_problem(controller.rtol, controller.atol),
+                       f"`rtol` and `atol` must be {TOLERANCE_RULE}."))
+    return tuple(checks)
+
+
+def solvable_inputs(times, dt0, controller):
+    """`(times, dt0, controller)` with what `traced_input_checks` flags replaced by
+    values that diffrax accepts: `t0, t1 = 0, 1`, evenly spaced `ts`, a hundredth of the
+    span as the first step, loose tolerances. diffrax checks its times and step itself,
+    with an error that `throw=False` cannot turn into `RESULTS.invalid_input` and that
+    does not say which input is wrong; the solve then runs on these, and its result is
+    reported as invalid (or raises with jaxdae's message). Concrete values were checked
+    eagerly and are kept."""
+    t0, t1, ts = times.t0, times.t1, times.ts
+    if not is_concrete(t0, t1):
+        span = _span_problem(t0, t1)
+        t0, t1 = jnp.where(span, 0, t0), jnp.where(span, 1, t1)
+    if ts is not None and not is_concrete(ts, times.t0, times.t1):
+        bad = _span_problem(times.t0, times.t1) | _ts_problem(times.t0, times.t1, ts)
+        ts = jnp.where(bad, jnp.linspace(t0, t1, ts.shape[0], dtype=ts.dtype), ts)
+    if dt0 is not None and not is_concrete(dt0, t0, t1):
+        dt0 = jnp.where(_step_problem(dt0), (t1 - t0) / 100, dt0).astype(dt0.dtype)
+    if isinstance(controller, diffrax.PIDController) and not is_concrete(
+            controller.rtol, controller.atol):
+        bad = tolerance_problem(controller.rtol, controller.atol)
+        controller = eqx.tree_at(
+            lambda c: (c.rtol, c.atol), controller,
+            (jnp.where(bad, 1e-3, controller.rtol), jnp.where(bad, 1e-6, controller.atol)))
+    return eqx.tree_at(lambda x: (x.t0, x.t1, x.ts), times, (t0, t1, ts),
+                       is_leaf=lambda x: x is None), dt0, controller

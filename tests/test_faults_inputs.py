@@ -1,0 +1,222 @@
+"""Fault injection at the inputs: tolerances that make no sense, complex and float16 values,
+bad traced times and steps, gains that overflow, solvers jaxdae cannot use, bad input of
+the analysis and control functions, deep projections and URDF files with a zero axis.
+Each is refused with a message that names the input and the fix, or, traced with
+`throw=False`, reported as a named result (docs/failures.md)."""
+
+import functools
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdae
+from jaxdae._checks import check_tolerances
+from jaxdae.examples import AdaptiveOpticsElement, CartesianPendulum
+
+PENDULUM = CartesianPendulum()
+Q0, V0 = PENDULUM.state_from_angle(0.5, 0.0)
+BAUMGARTE = jaxdae.Baumgarte(10.0, 25.0)
+INVALID = int(jaxdae.RESULTS.invalid_input._value)
+SUCCESS = int(jaxdae.RESULTS.successful._value)
+
+
+# Tolerances -------------------------------------------------------------------------
+
+
+BAD_TOLERANCES = [
+    (-1e-8, 1e-10, r"`rtol` must be in \[0, 1\]"),
+    (2.0, 1e-10, r"above 1 accepts any step"),
+    (np.nan, 1e-10, r"`rtol` must be in \[0, 1\]"),
+    (1e-8, -1.0, r"`atol` must be a finite non-negative number"),
+    (1e-8, np.inf, r"`atol` must be a finite non-negative number"),
+    (0.0, 0.0, r"not both be zero"),
+]
+
+
+def _optics_call(**options):
+    optics = AdaptiveOpticsElement()
+    control = jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=4)
+    return jaxdae.simulate_actuated(optics, control, 0.0, 0.1,
+                                    *optics.initial_state(angle_error=0.05), **options)
+
+
+@pytest.mark.parametrize("rtol, atol, match", BAD_TOLERANCES)
+@pytest.mark.parametrize("entry", ["simulate", "simulate_ensemble", "simulate_actuated",
+                                   "controller"])
+def test_bad_tolerances_are_refused_eagerly(entry, rtol, atol, match):
+    """Checked before anything is compiled, in every entry point and in a
+    `diffrax.PIDController` passed to `simulate`."""
+    calls = {
+        "simulate": lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0,
+                                            rtol=rtol, atol=atol),
+        "simulate_ensemble": lambda: jaxdae.simulate_ensemble(
+            PENDULUM, BAUMGARTE, 0.0, 0.2, Q0[None], V0[None], rtol=rtol, atol=atol),
+        "simulate_actuated": lambda: _optics_call(rtol=rtol, atol=atol),
+        "controller": lambda: jaxdae.simulate(
+            PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0,
+            stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol)),
+    }
+    with pytest.raises(ValueError, match=match):
+        calls[entry]()
+
+
+@pytest.mark.parametrize("rtol, atol", [(0.0, 1e-10), (1e-8, 0.0), (1.0, 1e-10),
+                                        (1e-8, 10.0)])
+def test_one_zero_tolerance_is_pure_relative_or_absolute_control(rtol, atol):
+    """As in SUNDIALS, either tolerance may be zero alone; `atol` has no upper bound (it
+    carries the state's units)."""
+    check_tolerances(rtol, atol)
+
+
+# Complex, float16 and integer values --------------------------------------------------
+
+
+class ComplexConstraint(CartesianPendulum):
+    def constraints(self, t, q):
+        return super().constraints(t, q) + 0j
+
+
+class ComplexEnergy(CartesianPendulum):
+    def potential_energy(self, t, q):
+        return super().potential_energy(t, q) + 0j
+
+
+class IntegerConstraint(CartesianPendulum):
+    def constraints(self, t, q):
+        return jnp.array([1])
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0 + 0j, V0),
+     r"`q0` must be real: it is complex"),
+    (lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0 + 1j),
+     r"`v0` must be real: it is complex"),
+    (lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2 + 0j, Q0, V0),
+     r"`t1` must be real"),
+    (lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0,
+                             ts=jnp.array([0.0, 0.1 + 1j])), r"`ts` must be real"),
+    (lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0, rtol=1e-8 + 0j),
+     r"`rtol` must be real"),
+    (lambda: jaxdae.Baumgarte(10.0 + 1j, 25.0), r"The gain `kd` of Baumgarte must be real"),
+    (lambda: jaxdae.ModifiedLagrange(alpha=100.0, kd=10.0, kp=jnp.asarray(25.0 + 0j)),
+     r"The gain `kp` of ModifiedLagrange must be real"),
+    (lambda: jaxdae.simulate(CartesianPendulum(length=1.0 + 0j), BAUMGARTE, 0.0, 0.2, Q0, V0),
+     r"The system parameter `length` of CartesianPendulum must be real"),
+    (lambda: jaxdae.simulate(ComplexConstraint(), BAUMGARTE, 0.0, 0.2, Q0, V0),
+     r"The output of `constraints` of ComplexConstraint must be real"),
+    (lambda: jaxdae.simulate(ComplexEnergy(), BAUMGARTE, 0.0, 0.2, Q0, V0),
+     r"The output of `potential_energy` of ComplexEnergy must be real"),
+    (lambda: jaxdae.simulate(IntegerConstraint(), BAUMGARTE, 0.0, 0.2, Q0, V0),
+     r"The output of `constraints` of IntegerConstraint must be floating: it is int"),
+    (lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0.astype(jnp.float16), V0),
+     r"`q0` must be float32 or float64: jaxdae does not support float16"),
+    (lambda: jaxdae.Baumgarte(jnp.float16(10.0), 25.0),
+     r"The gain `kd` of Baumgarte must be float32 or float64"),
+    (lambda: jaxdae.simulate(CartesianPendulum(length=jnp.bfloat16(1.0)), BAUMGARTE, 0.0, 0.2,
+                             Q0, V0), r"`length` .* must be float32 or float64"),
+], ids=["q0", "v0", "t1", "ts", "rtol", "kd", "kp", "parameter", "constraints", "energy",
+        "integer-constraints", "float16-q0", "float16-gain", "bfloat16-parameter"])
+def test_complex_float16_and_integer_values_are_named(call, match):
+    """Their imaginary parts would be dropped with only a NumPy warning, or the error
+    would come from deep inside autodiff without naming the input."""
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# Traced times, steps and tolerances -----------------------------------------------------
+
+
+@functools.cache
+def _traced(throw: bool):
+    """One compiled solve with the times, first step and tolerances traced."""
+    def solve(ts, dt0, rtol, atol):
+        sol = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0, ts=ts, dt0=dt0,
+                              rtol=rtol, atol=atol, throw=throw)
+        return sol.result._value, sol.q_final
+    return jax.jit(solve)
+
+
+GOOD = dict(ts=jnp.array([0.0, 0.1, 0.2]), dt0=0.01, rtol=1e-8, atol=1e-10)
+TRACED_CASES = [
+    (dict(ts=jnp.array([0.0, 0.15, 0.1])), r"`ts` must be finite, sorted and lie in"),
+    (dict(ts=jnp.array([0.0, 0.1, 0.5])), r"`ts` must be finite, sorted and lie in"),
+    (dict(ts=jnp.array([-0.1, 0.1, 0.2])), r"`ts` must be finite, sorted and lie in"),
+    (dict(ts=jnp.array([0.0, jnp.nan, 0.2])), r"`ts` must be finite, sorted and lie in"),
+    (dict(dt0=-0.01), r"`dt0` must be a positive finite step"),
+    (dict(dt0=0.0), r"`dt0` must be a positive finite step"),
+    (dict(dt0=jnp.inf), r"`dt0` must be a positive finite step"),
+    (dict(rtol=-1e-8), r"`rtol` and `atol` must be finite and non-negative"),
+    (dict(rtol=2.0), r"`rtol` and `atol` must be finite and non-negative"),
+    (dict(rtol=0.0, atol=0.0), r"`rtol` and `atol` must be finite and non-negative"),
+]
+TRACED_IDS = ["ts-unsorted", "ts-beyond-t1", "ts-before-t0", "ts-nan", "dt0-negative",
+              "dt0-zero", "dt0-inf", "rtol-negative", "rtol-above-1", "both-zero"]
+
+
+def test_good_traced_input_succeeds():
+    code, q_final = _traced(False)(**GOOD)
+    assert int(code) == SUCCESS and np.all(np.isfinite(q_final))
+
+
+@pytest.mark.parametrize("bad, match", TRACED_CASES, ids=TRACED_IDS)
+def test_bad_traced_input_is_invalid_input_without_throw(bad, match):
+    """diffrax's own checks of its times and step would raise from a callback; jaxdae's
+    run first, and with `throw=False` name the input as `RESULTS.invalid_input`."""
+    code, q_final = _traced(False)(**{**GOOD, **bad})
+    assert int(code) == INVALID
+    assert np.all(np.isnan(q_final))
+
+
+@pytest.mark.parametrize("bad, match", TRACED_CASES, ids=TRACED_IDS)
+def test_bad_traced_input_raises_jaxdaes_message_with_throw(bad, match, capsys):
+    with pytest.raises(Exception, match=match):
+        jax.block_until_ready(_traced(True)(**{**GOOD, **bad}))
+    # The solve that ran on stand-ins for the bad input is not reported as a failure.
+    assert "jaxdae.SimulationError" not in capsys.readouterr().err
+
+
+# Gains that overflow ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make, name", [
+    (lambda: jaxdae.Baumgarte(1e300, 25.0), "kd"),
+    (lambda: jaxdae.Baumgarte(10.0, 1e300), "kp"),
+    (lambda: jaxdae.Baumgarte(np.inf, 25.0), "kd"),
+    (lambda: jaxdae.PseudoInverse(10.0, 1e160), "kp"),
+    (lambda: jaxdae.ModifiedLagrange(alpha=1e200, kd=10.0, kp=25.0), "alpha"),
+    (lambda: jaxdae.ModifiedLagrange(alpha=np.inf, kd=10.0, kp=25.0), "alpha"),
+])
+def test_a_gain_that_overflows_is_blamed_on_the_gain(make, name):
+    """Before, the solve failed with non-finite rates or a stalled step, which named the
+    model."""
+    with pytest.raises(ValueError, match=rf"`{name}` must have entries of at most 1.34e\+154"):
+        make()
+
+
+def test_a_traced_gain_that_overflows_is_named():
+    solve = jax.jit(lambda kp: jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, kp), 0.0, 0.2,
+                                               Q0, V0).q_final)
+    with pytest.raises(Exception, match=r"`kp` must have entries of at most"):
+        jax.block_until_ready(solve(1e300))
+
+
+# Solvers jaxdae cannot use ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("solver", [diffrax.EulerHeun(), diffrax.SPaRK(), diffrax.ShARK(),
+                                    diffrax.ItoMilstein(), jaxdae.Projected(diffrax.SRA1())],
+                         ids=lambda s: type(s).__name__)
+def test_an_sde_solver_is_named(solver):
+    with pytest.raises(ValueError, match=r"a solver of stochastic differential equations.*"
+                                         r"such as `diffrax.Tsit5\(\)`"):
+        jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0, solver=solver, dt0=0.01)
+
+
+@pytest.mark.parametrize("solver", [diffrax.KenCarp3(), diffrax.SemiImplicitEuler()],
+                         ids=lambda s: type(s).__name__)
+def test_a_solver_of_several_terms_is_named(solver):
+    with pytest.raises(ValueError, match=r"which integrates several terms"):
+        jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0, solver=solver, dt0=0.01)
