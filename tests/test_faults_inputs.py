@@ -14,6 +14,7 @@ import pytest
 
 import jaxdae
 from jaxdae._checks import check_tolerances
+from jaxdae._integration._projection import project_state
 from jaxdae.examples import AdaptiveOpticsElement, CartesianPendulum
 
 PENDULUM = CartesianPendulum()
@@ -220,3 +221,51 @@ def test_an_sde_solver_is_named(solver):
 def test_a_solver_of_several_terms_is_named(solver):
     with pytest.raises(ValueError, match=r"which integrates several terms"):
         jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0, solver=solver, dt0=0.01)
+
+
+# A deep projection ----------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _projected(q, iterations):
+    q_start = PENDULUM.state_from_angle(0.5, 0.3)[1] + 0.01
+    return project_state(PENDULUM, BAUMGARTE, jnp.zeros(()), q, q_start, None, iterations,
+                         1e-13)
+
+
+def test_a_deep_projection_iterates_in_a_loop():
+    """5000 iterations as nested `lax.cond`s overflowed Python's recursion; beyond a few
+    they run in a `lax.scan` with the same result and a gradient."""
+    q = 1.001 * PENDULUM.state_from_angle(0.5, 0.3)[0]
+    (q_deep, s_deep), *ok = _projected(q, 5000)
+    assert all(bool(x) for x in ok)
+    np.testing.assert_allclose(q_deep @ q_deep, 1.0, rtol=0, atol=1e-14)  # |q| = length
+    np.testing.assert_allclose(q_deep @ s_deep, 0.0, rtol=0, atol=1e-14)  # Φ̇ = 2 q·v
+    grad = jax.jit(jax.grad(lambda q: jnp.sum(_projected(q, 5000)[0][0])))(q)
+    assert np.all(np.isfinite(grad))
+
+
+@pytest.mark.slow
+def test_a_solve_with_a_deep_projection():
+    sol = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.05, Q0, V0,
+                          solver=jaxdae.Projected(diffrax.Tsit5(), iterations=5000))
+    assert sol.succeeded and float(jnp.max(jnp.abs(sol.phi[-1]))) < 1e-12
+
+
+# URDF -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind, xyz", [("revolute", "0 0 0"), ("prismatic", "0 0 0"),
+                                       ("continuous", "nan 0 1")])
+def test_a_zero_urdf_joint_axis_names_file_and_line(tmp_path, kind, xyz):
+    pytest.importorskip("yourdfpy")
+    path = tmp_path / "zero_axis.urdf"
+    path.write_text(
+        '<robot name="r">\n<link name="a"/>\n<link name="b"><inertial><mass value="1"/>'
+        '<inertia ixx="1" iyy="1" izz="1" ixy="0" ixz="0" iyz="0"/></inertial></link>\n'
+        f'<joint name="j" type="{kind}">\n<parent link="a"/><child link="b"/>\n'
+        f'<axis xyz="{xyz}"/>\n<limit lower="-1" upper="1" effort="1" velocity="1"/>\n'
+        '</joint>\n</robot>\n')
+    with pytest.raises(ValueError, match=rf"zero_axis.urdf, line 4: joint 'j' has the <axis> "
+                                         rf"xyz=\"{xyz}\": a {kind} joint needs a finite nonzero"):
+        jaxdae.multibody.load_urdf(path)

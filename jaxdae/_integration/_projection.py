@@ -224,11 +224,24 @@ def _exact_velocity_step(system, formulation, t, q, s, residual, linear_solver):
     return _state_change(system, t, q, s, terms, dv) if _momenta(system) else dv
 
 
+# Up to this many iterations nest their `lax.cond`s; more run in a `lax.scan` (nested ones
+# would recurse in Python as deep as the count, and compile one copy of the step each).
+_NESTED_ITERATIONS = 8
+
+
 def _iterate(step, x, residual, converged, iterations: int):
     """Up to `iterations` applications of `(x, residual) -> step(x, residual)`, each only
     while `converged(x, residual)` is false: nested `lax.cond`s, so that a converged
     iteration costs one test (straight-line code that reverse and forward mode
-    differentiate; under `vmap` every step runs)."""
+    differentiate; under `vmap` every step runs). Beyond `_NESTED_ITERATIONS`, a
+    `lax.scan` of the same guarded step: differentiable in both modes too, one copy of the
+    step, and a test per remaining iteration once converged."""
+    if iterations > _NESTED_ITERATIONS:
+        def guarded(carry, _):
+            return jax.lax.cond(converged(*carry), lambda x_, r_: (x_, r_), step,
+                                *carry), None
+
+        return jax.lax.scan(guarded, (x, residual), length=iterations)[0]
     if iterations == 0:
         return x, residual
 

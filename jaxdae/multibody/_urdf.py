@@ -204,8 +204,9 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
     `ValueError` naming the file and line for: a file that is not well-formed XML or has no
     `<robot>` element; a joint whose parent or child link is not in the file; a link with
     two parents or a loop of URDF joints; a `floating` or `planar` joint; a link without
-    mass (or with a non-positive-definite inertia) that a moving joint would move; a link or
-    joint name that jaxdae cannot use (containing `.`, or `ground`). `ImportError` when
+    mass (or with a non-positive-definite inertia) that a moving joint would move; a
+    revolute or prismatic joint whose `<axis>` is zero (or not finite); a link or joint
+    name that jaxdae cannot use (containing `.`, or `ground`). `ImportError` when
     `yourdfpy` is not installed.
     """
     try:
@@ -233,7 +234,7 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
     markers = _Markers(frames)
     for name in order:
         markers.add(carrier[name], "frame" if carrier[name] == name else name, *world[name])
-    joints = _joints(robot, links, world, carrier, markers)
+    joints = _joints(where, robot, links, world, carrier, markers)
     bodies = [Ground(markers.points[GROUND], orientations=markers.orientations[GROUND])]
     for name in order:
         if carrier[name] != name:
@@ -346,7 +347,7 @@ class _Markers:
         self.orientations[body][key] = body_rot.T @ rot
 
 
-def _joints(robot, links, world, carrier, markers):
+def _joints(where, robot, links, world, carrier, markers):
     """The mechanism's joints, each at a marker of its parent's carrier; a fixed joint to a
     massless link is a marker of its carrier instead."""
     joints = []
@@ -358,6 +359,12 @@ def _joints(robot, links, world, carrier, markers):
         a = f"{carrier[joint.parent]}.{joint.name}"
         b = f"{joint.child}.frame"
         axis = None if joint.axis is None else np.asarray(joint.axis, dtype=float)
+        if axis is not None and joint.type in ("revolute", "continuous", "prismatic") and not (
+                np.all(np.isfinite(axis)) and np.linalg.norm(axis) > 0):
+            raise ValueError(
+                f"{where('joint', joint.name)}: joint '{joint.name}' has the <axis> "
+                f"xyz=\"{' '.join(f'{x:g}' for x in axis)}\": a {joint.type} joint needs a "
+                "finite nonzero axis to turn about or slide along, e.g. <axis xyz=\"0 0 1\"/>.")
         if joint.type in ("revolute", "continuous"):
             joints.append(Revolute(a, b, axis=(0.0, 0.0, 1.0) if axis is None else axis,
                                    name=joint.name))
