@@ -269,3 +269,141 @@ def test_a_zero_urdf_joint_axis_names_file_and_line(tmp_path, kind, xyz):
     with pytest.raises(ValueError, match=rf"zero_axis.urdf, line 4: joint 'j' has the <axis> "
                                          rf"xyz=\"{xyz}\": a {kind} joint needs a finite nonzero"):
         jaxdae.multibody.load_urdf(path)
+
+
+# Analysis: linearize, equilibrium ----------------------------------------------------------
+
+BOTTOM = jnp.array([0.0, -1.0])  # the pendulum's equilibrium
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, jnp.array([jnp.nan, -1.0])),
+     r"`q` contains non-finite values"),
+    (lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, BOTTOM, jnp.array([jnp.inf, 0.0])),
+     r"`v` contains non-finite values"),
+    (lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, BOTTOM, tol=-1.0),
+     r"`tol` must be a positive finite root tolerance"),
+    (lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, BOTTOM, tol=0.0),
+     r"`tol` must be a positive finite root tolerance"),
+    (lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, BOTTOM + 0j), r"`q` must be real"),
+    (lambda: jaxdae.equilibrium(PENDULUM, jnp.array([jnp.nan, -1.0])),
+     r"`q_guess` contains non-finite values"),
+    (lambda: jaxdae.equilibrium(PENDULUM, BOTTOM, v_guess=jnp.array([jnp.nan, 0.0])),
+     r"`v_guess` contains non-finite values"),
+    (lambda: jaxdae.equilibrium(PENDULUM, BOTTOM, tol=-1.0),
+     r"`tol` must be a positive finite residual tolerance"),
+    (lambda: jaxdae.equilibrium(PENDULUM, BOTTOM, tol=np.nan),
+     r"`tol` must be a positive finite residual tolerance"),
+    (lambda: jaxdae.equilibrium(PENDULUM, BOTTOM + 0j), r"`q_guess` must be real"),
+], ids=["lin-q-nan", "lin-v-inf", "lin-tol-negative", "lin-tol-zero", "lin-complex",
+        "eq-q-nan", "eq-v-nan", "eq-tol-negative", "eq-tol-nan", "eq-complex"])
+def test_analysis_refuses_bad_input_eagerly(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.slow
+def test_analysis_refuses_bad_traced_input():
+    """The same checks under `jit`, where a nan state used to pass (`linearize` returned a
+    nan `A`) and a traced `tol` broke the message's formatting (`equilibrium`)."""
+    linearize = jax.jit(lambda q, tol: jaxdae.linearize(PENDULUM, BAUMGARTE, q, tol=tol).A)
+    equilibrium = jax.jit(lambda q, tol: jaxdae.equilibrium(PENDULUM, q, tol=tol).q)
+    assert np.all(np.isfinite(linearize(BOTTOM, 1e-6)))
+    with pytest.raises(Exception, match=r"`q` contains non-finite values"):
+        jax.block_until_ready(linearize(jnp.array([jnp.nan, -1.0]), 1e-6))
+    with pytest.raises(Exception, match=r"`tol` must be a positive finite root tolerance"):
+        jax.block_until_ready(linearize(BOTTOM, -1.0))
+    np.testing.assert_allclose(equilibrium(jnp.array([0.1, -1.0]), 1e-8), BOTTOM, atol=1e-8)
+    with pytest.raises(Exception, match=r"`q_guess` contains non-finite values"):
+        jax.block_until_ready(equilibrium(jnp.array([jnp.nan, -1.0]), 1e-8))
+    with pytest.raises(Exception, match=r"`tol` must be a positive finite residual tolerance"):
+        jax.block_until_ready(equilibrium(BOTTOM, -1.0))
+    # x held at 2: no point of the unit circle; the message without the traced `tol`.
+    held = jax.jit(lambda q, tol: jaxdae.equilibrium(PENDULUM, q, fixed=(0,), tol=tol).q)
+    with pytest.raises(Exception, match=r"No equilibrium found near `q_guess`: .* above tol\."):
+        jax.block_until_ready(held(jnp.array([2.0, 0.0]), 1e-8))
+
+
+def test_linearize_names_a_singular_dependent_jacobian():
+    """At the pendulum's bottom `∂Φ/∂x = 2x = 0`: with `x` dependent, `A` was nan without
+    a word; it is refused as `simulate` refuses such a `q0`."""
+    with pytest.raises(ValueError, match=r"∂F/∂q_dep is singular .* dependent coordinates "
+                                         r"\(0,\) cannot be solved for .*σ_min/σ_max: 0"):
+        jaxdae.linearize(PENDULUM, jaxdae.RedundantCoordinates((0,)), BOTTOM)
+
+
+# Control: lqr -------------------------------------------------------------------------------
+
+DOUBLE_INTEGRATOR = (jnp.array([[0.0, 1.0], [0.0, 0.0]]), jnp.array([[0.0], [1.0]]))
+UNSTABLE = jnp.array([[1.0, 0.0], [0.0, -1.0]])  # its unstable mode is actuated through b[0]
+
+
+def _lqr_of(b0, **options):
+    return jaxdae.lqr(UNSTABLE, jnp.array([[b0], [1.0]]), jnp.eye(2), jnp.eye(1), **options)
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(rtol=-1.0), r"`rtol` must be a relative tolerance in \(0, 1\]"),
+    (dict(rtol=0.0), r"`rtol` must be a relative tolerance in \(0, 1\]"),
+    (dict(rtol=2.0), r"`rtol` must be a relative tolerance in \(0, 1\]"),
+    (dict(max_steps=0), r"`max_steps` must be a positive integer"),
+])
+def test_lqr_refuses_bad_options(options, match):
+    with pytest.raises(ValueError, match=match):
+        jaxdae.lqr(*DOUBLE_INTEGRATOR, jnp.eye(2), jnp.eye(1), **options)
+
+
+def test_lqr_refuses_complex_input():
+    with pytest.raises(ValueError, match=r"`A` must be real"):
+        jaxdae.lqr(DOUBLE_INTEGRATOR[0] + 0j, DOUBLE_INTEGRATOR[1], jnp.eye(2), jnp.eye(1))
+
+
+def test_lqr_without_throw_reports_per_member():
+    """`throw=False` under `vmap`: an uncontrollable pair and a nan input give
+    `stabilizing=False` and a nan gain in their own members only."""
+    sols = jax.vmap(lambda b0: _lqr_of(b0, throw=False))(jnp.array([1.0, 0.0, jnp.nan]))
+    assert np.asarray(sols.succeeded).tolist() == [True, False, False]
+    # K = R⁻¹BᵀP solves the Riccati equation of the controllable member.
+    p, gain = np.asarray(sols.riccati[0]), np.asarray(sols.gain[0])
+    a, b = np.asarray(UNSTABLE), np.array([[1.0], [1.0]])
+    np.testing.assert_allclose(a.T @ p + p @ a - p @ b @ b.T @ p + np.eye(2), 0, atol=1e-10)
+    np.testing.assert_allclose(gain, b.T @ p, rtol=1e-12)
+    assert np.all(np.isnan(sols.gain[1:])) and np.all(np.isnan(sols.riccati[1:]))
+
+
+@pytest.mark.slow
+def test_lqr_without_throw_eagerly():
+    sol = _lqr_of(0.0, throw=False)
+    assert not bool(sol.succeeded) and np.all(np.isnan(sol.gain))
+
+
+@pytest.mark.slow
+def test_lqr_gradient_near_an_uncontrollable_pair():
+    """Under `jax.grad` the checks of concrete input are skipped (the input is traced), so
+    the check of the solution must not read a traced residual: the gradient near the
+    uncontrollable pair matches central differences, and at the pair itself the failure
+    is named."""
+    def cost(b0):
+        return jnp.trace(_lqr_of(b0).riccati)
+
+    b0, h = 0.1, 1e-5
+    grad = jax.grad(cost)(b0)
+    np.testing.assert_allclose(grad, (cost(b0 + h) - cost(b0 - h)) / (2 * h), rtol=1e-5)
+    with pytest.raises(Exception, match=r"No stabilizing solution of the Riccati equation"):
+        jax.grad(cost)(0.0)
+    with pytest.raises(Exception, match=r"No stabilizing solution of the Riccati equation"):
+        jax.grad(cost)(1e-9)  # numerically uncontrollable
+    grad = jax.grad(lambda b0: jnp.nansum(_lqr_of(b0, throw=False).riccati))(0.0)
+    assert np.isfinite(grad)
+
+
+@pytest.mark.slow
+def test_lqr_traced_input_checks():
+    solve = jax.jit(lambda a, rtol: jaxdae.lqr(a, DOUBLE_INTEGRATOR[1], jnp.eye(2), jnp.eye(1),
+                                               rtol=rtol).gain)
+    np.testing.assert_allclose(solve(DOUBLE_INTEGRATOR[0], 1e-12), [[1.0, np.sqrt(3.0)]],
+                               rtol=1e-10)
+    with pytest.raises(Exception, match=r"`A`, `B`, `Q` and `R` must be finite"):
+        jax.block_until_ready(solve(DOUBLE_INTEGRATOR[0].at[0, 0].set(jnp.nan), 1e-12))
+    with pytest.raises(Exception, match=r"`rtol` must be a relative tolerance in \(0, 1\]"):
+        jax.block_until_ready(solve(DOUBLE_INTEGRATOR[0], -1.0))

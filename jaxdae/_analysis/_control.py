@@ -15,7 +15,7 @@ import dataclasses
 import equinox as eqx
 import jax.numpy as jnp
 
-from .._checks import check_instance, described
+from .._checks import check_instance, check_real, described
 from .._custom_types import Array, ArrayLike, Float, Scalar
 
 
@@ -40,6 +40,7 @@ class ConstantControl(AbstractController):
     u: Float[Array, " p"]
 
     def __init__(self, u: Float[ArrayLike, " p"]):
+        check_real(u=u)
         self.u = jnp.atleast_1d(jnp.asarray(u, dtype=jnp.result_type(u, float)))
 
     def __call__(self, t, q, v):
@@ -71,6 +72,7 @@ class LinearFeedback(AbstractController):
     velocities: tuple[int, ...] = eqx.field(static=True)
 
     def __init__(self, gain, q_ref, v_ref, u_ref, positions, velocities):
+        check_real(gain=gain, q_ref=q_ref, v_ref=v_ref, u_ref=u_ref)
         dtype = jnp.result_type(gain, q_ref, v_ref, u_ref, float)
         self.gain = jnp.atleast_2d(jnp.asarray(gain, dtype=dtype))
         self.q_ref = jnp.asarray(q_ref, dtype=dtype)

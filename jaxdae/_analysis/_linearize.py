@@ -7,7 +7,7 @@ import lineax as lx
 import numpy as np
 import optimistix as optx
 
-from .._checks import check_finite, check_instance
+from .._checks import check_finite, check_instance, check_positive, check_real
 from .._compilation._linalg import full_precision
 from .._custom_types import Array, ArrayLike, Bool, Float, Int
 from .._formulations import AbstractFormulation, RedundantCoordinates, Unstabilized
@@ -123,14 +123,16 @@ def equilibrium(
 
     **Raises:**
 
-    `ValueError` for bad indices, and when no equilibrium is found (residual above `tol`);
-    under `jit` the latter is an `eqx.error_if` runtime error.
+    `ValueError` for bad indices, complex or float16 input, non-finite `q_guess`,
+    `v_guess`, `u_guess` or `t`, a `tol` that is not positive and finite, and when no
+    equilibrium is found (residual above `tol`); under `jit` the value checks are an
+    `eqx.error_if` runtime error with the same message.
     """
     check_instance("system", system, AbstractSystem, "a jaxdae system")
+    check_real(q_guess=q_guess, v_guess=v_guess, u_guess=u_guess, t=t, tol=tol)
     q_guess = jnp.asarray(q_guess, dtype=jnp.result_type(q_guess, float))
     if q_guess.ndim != 1:
         raise ValueError(f"`q_guess` must be 1-D (n,); got shape {q_guess.shape}.")
-    check_finite("q_guess", q_guess)
     n = q_guess.shape[0]
     dtype = q_guess.dtype
     fixed = _indices("fixed", fixed, n)
@@ -148,23 +150,26 @@ def equilibrium(
                 "input through (see `jaxdae.with_controller`)."
             )
         u0 = jnp.atleast_1d(jnp.asarray(u_guess, dtype=dtype))
+    checks = list(_finite_checks(q_guess=q_guess, v_guess=v_all, u_guess=u0, t=t))
     if tol is None:
         tol = 1e-8 if dtype == jnp.float64 else 1e-4
+    checks += _positive_checks("residual tolerance", tol=tol)
     rtol = 1e-3 * tol
     q, v, u, residual = _solve_equilibrium(
         system, t, q_guess, v_cyclic, u0, free, cyclic, rtol, max_steps
     )
     message = (
-        "No equilibrium found near `q_guess`: max(|Φ|, |q̈|) stayed above tol = {tol:.3g}. "
+        "No equilibrium found near `q_guess`: max(|Φ|, |q̈|) stayed above tol{tol}. "
         "Check the fixed values (is an equilibrium possible there?), give the equilibrium "
         "input as unknown with `u_guess`, or start closer."
     )
-    if is_concrete(residual):
+    if is_concrete(residual, tol):
         if not float(residual) <= tol:
-            raise ValueError(message.format(tol=tol) + f" (residual {float(residual):.3g})")
+            raise ValueError(message.format(tol=f" = {float(tol):.3g}")
+                             + f" (residual {float(residual):.3g})")
     else:
-        q = eqx.error_if(q, ~(residual <= tol), message.format(tol=tol))
-    return Equilibrium(q=q, v=v, u=u, residual=residual)
+        checks.append((~(residual <= tol), message.format(tol="")))
+    return attach_checks(Equilibrium(q=q, v=v, u=u, residual=residual), checks)
 
 
 # -- linearization ----------------------------------------------------------------------
@@ -294,13 +299,19 @@ def linearize(
 
     **Raises:**
 
-    `ValueError` when (concrete) `(q, v, u)` is not an equilibrium of the vector field
-    (`|f| > 1e-6` scaled), or a `cyclic` coordinate does enter the equations.
+    `ValueError` for complex or float16 input, non-finite `q`, `v`, `u` or `t`, a `tol`
+    that is not positive and finite, a point where the formulation cannot be evaluated (as
+    `simulate` refuses such a `q0`: for [`jaxdae.RedundantCoordinates`][], a singular
+    `∂F/∂q_dep`), a linearization that is not finite, when (concrete) `(q, v, u)` is not
+    an equilibrium of the vector field (`|f| > 1e-6` scaled), or a `cyclic` coordinate
+    does enter the equations. Under `jit` the value checks are `eqx.error_if` runtime
+    errors with the same messages.
     """
     check_instance("system", system, AbstractSystem, "a jaxdae system")
     check_instance("formulation", formulation, AbstractFormulation,
                    "a jaxdae formulation such as `jaxdae.Unstabilized()` or "
                    "`jaxdae.RedundantCoordinates(dependent)`")
+    check_real(q=q, v=v, u=u, t=t, tol=tol)
     q = jnp.asarray(q, dtype=jnp.result_type(q, float))
     n = q.shape[0]
     v = jnp.zeros_like(q) if v is None else jnp.asarray(v, dtype=q.dtype)
@@ -313,10 +324,14 @@ def linearize(
     terms = eqx.filter_eval_shape(lambda s: s.terms(t, q, v), system)
     counts = (terms.num_holonomic, terms.num_nonholonomic)
     formulation = attach_checks(formulation.validate(*counts), formulation.traced_checks(*counts))
+    checks = [*_finite_checks(q=q, v=v, u=u, t=t), *_positive_checks("root tolerance", tol=tol),
+              *_point_checks(system, formulation, t, q, v)]
     positions, velocities = _state_map(formulation, n, cyclic)
     a, b, dcyc, drift = _linearize(system, formulation, t, q, v, u, positions, velocities, cyclic)
     scale = 1.0 + jnp.max(jnp.abs(a), initial=0.0)
     if is_concrete(a, drift, dcyc):
+        if not (np.all(np.isfinite(np.asarray(a))) and np.all(np.isfinite(np.asarray(b)))):
+            raise ValueError(_NOT_FINITE)
         if float(jnp.max(jnp.abs(dcyc), initial=0.0)) > 1e-8 * float(scale):
             raise ValueError(
                 f"Coordinates {cyclic} are not cyclic: the equations of motion depend on them "
@@ -334,11 +349,70 @@ def linearize(
     expected = m if isinstance(formulation, RedundantCoordinates) else 0
     num_zero = jnp.sum(zero)
     stable = (num_zero == expected) & jnp.all(zero | (jnp.real(eig) < -tol))
-    return Linearization(
+    if not is_concrete(a, b):
+        checks.append((~(jnp.all(jnp.isfinite(a)) & jnp.all(jnp.isfinite(b))), _NOT_FINITE))
+    return attach_checks(Linearization(
         A=a, B=b, eigenvalues=eig, num_zero_roots=num_zero, num_constraints=m,
         expected_zero_roots=expected, tol=tol, asymptotically_stable=stable,
         positions=positions, velocities=velocities,
-    )
+    ), checks)
+
+
+_NOT_FINITE = (
+    "The linearization is not finite: the vector field or its Jacobian holds nan or inf at "
+    "(q, v, u). Evaluate the model there (a square root or division that leaves its "
+    "domain), or choose another equilibrium.")
+
+
+def _finite_checks(**named) -> tuple:
+    """`ValueError` naming the first concrete input (arrays or None) that holds nan or inf;
+    the traced ones' checks `(flag, message)`."""
+    checks = []
+    for name, value in named.items():
+        if value is None:
+            continue
+        if is_concrete(value):
+            check_finite(name, value)
+        else:
+            checks.append((~jnp.all(jnp.isfinite(value)),
+                           f"`{name}` contains non-finite values (nan or inf)."))
+    return tuple(checks)
+
+
+def _positive_checks(kind: str, **named) -> tuple:
+    """As `_finite_checks`, for values that must be positive and finite (`kind` names
+    them: "residual tolerance", ...)."""
+    checks = []
+    for name, value in named.items():
+        if value is None or is_concrete(value):
+            check_positive(name, value, kind)
+        else:
+            checks.append((~(jnp.isfinite(value) & (value > 0)),
+                           f"`{name}` must be a positive finite {kind}."))
+    return tuple(checks)
+
+
+@eqx.filter_jit
+def _state_problems(system, formulation, t, q, v):
+    return formulation.state_problems(system, t, q, v)
+
+
+def _point_checks(system, formulation, t, q, v) -> tuple:
+    """What the formulation refuses at the linearization point, as `simulate` checks its
+    initial state (`state_problems`; e.g. [`jaxdae.RedundantCoordinates`][] at a
+    configuration where `∂F/∂q_dep` is singular, whose `A` would be nan): `ValueError`
+    where concrete, else checks `(flag, message)`."""
+    flags, values = _state_problems(system, formulation, t, q, v)
+    where = "The linearization point (checked as `simulate` checks its `q0`): "
+    if is_concrete(flags, values):
+        for flag, value, (message, name) in zip(np.asarray(flags), np.asarray(values),
+                                                formulation.state_messages, strict=True):
+            if flag:
+                raise ValueError(f"{where}{message} ({name}: {float(value):.3g} at "
+                                 f"q = {np.asarray(q)})")
+        return ()
+    return tuple((flags[i], where + message)
+                 for i, (message, _) in enumerate(formulation.state_messages))
 
 
 def closed_loop_matrix(linearization: Linearization, gain: Float[Array, "p s"]):

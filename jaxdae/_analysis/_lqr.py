@@ -30,10 +30,10 @@ import lineax as lx
 import numpy as np
 import optimistix as optx
 
-from .._checks import check_finite
+from .._checks import check_finite, check_real
 from .._compilation._linalg import full_precision
 from .._custom_types import Array, ArrayLike, Bool, Float
-from .._gains import is_concrete
+from .._gains import attach_checks, is_concrete
 
 
 class LQRSolution(eqx.Module):
@@ -45,12 +45,23 @@ class LQRSolution(eqx.Module):
     - `riccati`: `P`, the symmetric positive semidefinite stabilizing solution, `(n, n)`.
     - `closed_loop_eigenvalues`: eigenvalues of `A − BK` (all with negative real part).
     - `residual`: `max |AᵀP + PA − PBR⁻¹BᵀP + Q|` at the returned `P`.
+    - `stabilizing`: whether `P` is the stabilizing solution (finite, `A − BK` Hurwitz,
+        a small residual). Always true with `throw=True` (which raises otherwise); with
+        `throw=False` false where the inputs are not finite or no stabilizing solution
+        exists (then `gain` and `riccati` are nan), one flag per member under `vmap`.
+        `succeeded` reads it, as for a [`jaxdae.Solution`][].
     """
 
     gain: Float[Array, "p n"]
     riccati: Float[Array, "n n"]
     closed_loop_eigenvalues: Array
     residual: Float[Array, ""]
+    stabilizing: Bool[Array, ""]
+
+    @property
+    def succeeded(self) -> Bool[Array, ""]:
+        """`stabilizing`: a stabilizing solution was found."""
+        return self.stabilizing
 
     @property
     def K(self):  # noqa: N802 — the control-theory name
@@ -117,7 +128,7 @@ def _lqr(a, b, q, r, rtol, max_steps):
     wide = jnp.result_type(float)
     p0, sign_result = _sign_solution(
         *(jax.lax.stop_gradient(x).astype(wide) for x in (a, b, q, r)),
-        max(rtol, float(100 * jnp.finfo(wide).eps)), max_steps,
+        jnp.maximum(jax.lax.stop_gradient(rtol), 100 * jnp.finfo(wide).eps), max_steps,
     )
     p0 = p0.astype(a.dtype)
     solver = optx.Newton(rtol=rtol, atol=rtol, linear_solver=lx.LU())
@@ -156,6 +167,7 @@ def lqr(
     *,
     rtol: float | None = None,
     max_steps: int = 100,
+    throw: bool = True,
 ) -> LQRSolution:
     """Continuous-time LQR: minimises `∫ (xᵀQx + uᵀRu) dt` for `ẋ = Ax + Bu` (Krasinskaya and Krasinskiy (2013), §6).
 
@@ -171,21 +183,28 @@ def lqr(
     - `Q`, `R`: weights, `Q` symmetric positive semidefinite `(n, n)` with `(Q, A)`
         detectable, `R` symmetric positive definite `(p, p)`. The paper's weights (integrand
         `x₁² + … + x₅² + u²`) are `Q = I`, `R = I`.
-    - `rtol`: tolerance of the iterations; default `100 · eps` of the dtype.
+    - `rtol`: relative tolerance of the iterations, in `(0, 1]`; default `100 · eps` of
+        the dtype.
     - `max_steps`: iterations of each of the two stages.
+    - `throw`: raise where no stabilizing solution is found (and, traced, where the inputs
+        are not finite); with `False` report it in `LQRSolution.stabilizing` instead, one
+        flag per member under `vmap`.
 
     **Returns:**
 
     An [`jaxdae.LQRSolution`][] with `gain` (`K`), `riccati` (`P`), the closed-loop
-    eigenvalues and the Riccati residual.
+    eigenvalues, the Riccati residual and whether `P` is stabilizing.
 
     **Raises:**
 
-    `ValueError` for bad shapes and (concrete inputs) for non-finite entries, `Q` not
-    positive semidefinite, `R` not positive definite, `(A, B)` not stabilizable, or when no
-    stabilizing solution is found. Under `jit`/`vmap` the last is an `eqx.error_if` runtime
-    error with the same message.
+    `ValueError` for bad shapes, complex or float16 inputs, an `rtol` outside `(0, 1]`, and
+    (concrete inputs) for non-finite entries, `Q` not positive semidefinite, `R` not
+    positive definite; with `throw=True` also for `(A, B)` not stabilizable or when no
+    stabilizing solution is found. Under `jit`/`vmap`/`grad` the last two, and non-finite
+    entries, are `eqx.error_if` runtime errors with the same messages (a gradient near an
+    uncontrollable pair works where the solution exists).
     """
+    check_real(A=A, B=B, Q=Q, R=R)
     dtype = jnp.result_type(A, B, Q, R, float)
     a, b, q, r = (jnp.asarray(x, dtype=dtype) for x in (A, B, Q, R))
     if a.ndim != 2 or a.shape[0] != a.shape[1]:
@@ -203,6 +222,8 @@ def lqr(
         raise ValueError(f"`R` must have shape ({p_dim}, {p_dim}); got {r.shape}.")
     q, r = _sym(q), _sym(r)
     rtol = float(100 * jnp.finfo(dtype).eps) if rtol is None else rtol
+    checks = list(_check_options(rtol, max_steps))
+    stabilizable = True
     if is_concrete(a, b, q, r):
         for name, value in (("A", a), ("B", b), ("Q", q), ("R", r)):
             check_finite(name, value)
@@ -212,19 +233,47 @@ def lqr(
         if np.linalg.eigvalsh(np.asarray(q))[0] < -1e-10 * max(1.0, np.abs(np.asarray(q)).max()):
             raise ValueError("`Q` must be symmetric positive semidefinite.")
         bad_modes = _uncontrollable_unstable_modes(a, b, float(np.sqrt(np.finfo(dtype).eps)))
-        if bad_modes:
+        if bad_modes and throw:
             modes = ", ".join(f"{complex(x):.4g}" for x in bad_modes)
             raise ValueError(
                 f"(A, B) is not stabilizable: the modes λ = {modes} (Re λ ≥ 0) are not "
                 f"controllable (PBH test rank [A − λI, B] < n). {_NOT_STABILIZABLE}"
             )
+        stabilizable = not bad_modes
+    else:
+        checks.append((~jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in (a, b, q, r)])),
+                       "`A`, `B`, `Q` and `R` must be finite; a traced one holds nan or inf."))
     gain, p, closed, residual, bad, _ = _lqr(a, b, q, r, rtol, max_steps)
-    if is_concrete(bad):
+    bad = bad | (not stabilizable)
+    # `residual` as well: under an eager `jax.grad` the flag is concrete and it is not.
+    if is_concrete(bad, residual) and throw:
         if bool(bad):
             raise ValueError(f"{_NOT_STABILIZABLE} (Riccati residual {float(residual):.3g}).")
+    failed = bad
+    for flag, _ in checks:
+        failed = failed | flag
+    if throw:
+        gain = attach_checks(gain, [*checks, (bad, _NOT_STABILIZABLE)] if not is_concrete(
+            bad, residual) else checks)
     else:
-        gain = eqx.error_if(gain, bad, _NOT_STABILIZABLE)
-    return LQRSolution(gain=gain, riccati=p, closed_loop_eigenvalues=closed, residual=residual)
+        gain, p = (jnp.where(failed, jnp.nan, x) for x in (gain, p))
+    return LQRSolution(gain=gain, riccati=p, closed_loop_eigenvalues=closed, residual=residual,
+                       stabilizing=~jnp.asarray(failed))
+
+
+def _check_options(rtol, max_steps) -> tuple:
+    """`ValueError` for a concrete `rtol` outside `(0, 1]` or a `max_steps` that is not a
+    positive integer; a traced `rtol`'s check `(flag, message)`."""
+    if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or (
+            max_steps < 1):
+        raise ValueError(f"`max_steps` must be a positive integer; got {max_steps!r}.")
+    check_real(rtol=rtol)
+    message = "`rtol` must be a relative tolerance in (0, 1]"
+    if is_concrete(rtol):
+        if not (np.ndim(rtol) == 0 and 0 < float(rtol) <= 1):
+            raise ValueError(f"{message}; got {rtol}.")
+        return ()
+    return ((~((rtol > 0) & (rtol <= 1)), message + "."),)
 
 
 def is_stabilizing(a, b, gain) -> Bool[Array, ""]:
