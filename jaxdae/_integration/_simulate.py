@@ -55,7 +55,9 @@ def simulate(
     - `stepsize_controller`: default `diffrax.PIDController(rtol, atol)`; pass
         `diffrax.ConstantStepSize()` (with `dt0`) for a fixed-step method.
     - `dt0`: initial step; default chosen automatically by the controller.
-    - `rtol`, `atol`: tolerances of the default step-size controller.
+    - `rtol`, `atol`: tolerances of the default step-size controller: finite and
+        non-negative, not both zero, `rtol` at most 1 (SUNDIALS' rule: either may be zero
+        alone; see [Failures and guarantees](../failures.md#the-rules)).
     - `max_steps`: maximum number of steps.
     - `adjoint`: how gradients are computed; both defaults are discretize-then-optimize
         (the exact gradient of the computed solution). Default for explicit Runge–Kutta
@@ -83,7 +85,7 @@ def simulate(
     `ValueError` for bad input (shapes, non-finite values, a mass matrix that is not
     symmetric positive definite at `q0`, gains that are not positive definite, a
     `velocity_constraints` that is not affine in the velocities, non-finite times,
-    `t1 <= t0`, unsorted `ts`, negative or zero tolerances); [`jaxdae.SimulationError`][]
+    `t1 <= t0`, unsorted `ts`, tolerances that break the rule above, complex or float16 values); [`jaxdae.SimulationError`][]
     for a failed solve with `throw=True`.
     """
     return solve_system(system, formulation, t0, t1, q0, v0, SolveCall(
