@@ -85,8 +85,8 @@ def simulate(
     `ValueError` for bad input (shapes, non-finite values, a mass matrix that is not
     symmetric positive definite at `q0`, gains that are not positive definite, a
     `velocity_constraints` that is not affine in the velocities, non-finite times,
-    `t1 <= t0`, unsorted `ts`, tolerances that break the rule above, complex or float16 values); [`jaxdae.SimulationError`][]
-    for a failed solve with `throw=True`.
+    `t1 <= t0`, unsorted `ts`, tolerances that break the rule above, complex or float16
+    values); [`jaxdae.SimulationError`][] for a failed solve with `throw=True`.
     """
     return solve_system(system, formulation, t0, t1, q0, v0, SolveCall(
         ts=ts, solver=solver, stepsize_controller=stepsize_controller, dt0=dt0, rtol=rtol,
