@@ -22,7 +22,8 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
         `singular_dependent_jacobian`, `singular_decoupling_matrix`, `non_finite_state`
         (fixed steps), `non_finite_mass_matrix`, `non_finite_forces`,
         `non_finite_constraints`, `non_finite_rates` (the model broke mid-run),
-        `diverged`, `constraints_not_met` (checks after the solve), `projection_failed`
+        `diverged`, `constraints_not_met`, `constraint_tol_exceeded` (checks after the
+        solve), `projection_failed`
         ([`jaxdae.Projected`][]), `singular_newton_matrix` ([`jaxdae.GeneralizedAlpha`][])
         and `invalid_input`
         (a bad member of a traced batch with `throw=False`). The guide "Failures and
@@ -96,6 +97,17 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
             "Jacobian G while |Φ| is not small (docs/failures.md): the constraints "
             "contradict each other (e.g. |q|² = 1 and |q|² = 4) and the formulation settled "
             "on a compromise. Check `constraints` for inconsistent rows."
+        )
+        constraint_tol_exceeded = (
+            "The solve reached `t1`, but its constraint residual max(|Φ|, |Ψ|) there exceeds "
+            "what the formulation and the tolerances promise (`constraint_tol` of "
+            "`jaxdae.simulate`; by default 1000 · (atol + rtol · max(1, |q0|, |v0|)), or "
+            "10⁻³ · max(1, |q0|, |v0|) with fixed steps, plus the violation a penalty "
+            "formulation leaves by design, or the violation at t0 if larger; "
+            "docs/failures.md), so the trajectory is off its constraints. Tighten "
+            "`rtol`/`atol` or the step `dt0`, check that the constraints can be met along "
+            "the motion (a prescribed motion that leaves the workspace), or pass "
+            "`constraint_tol=` the residual you accept."
         )
         projection_failed = (
             "The projection onto the constraint manifold (`jaxdae.Projected`) did not "
@@ -200,7 +212,8 @@ class AbstractSolution(eqx.Module):
     def succeeded(self):
         """Boolean array (one per trajectory of a batch): `result` is
         `RESULTS.successful`, i.e. the solve reached `t1` (and, for a `Solution`, passed
-        the checks after it: finite, not diverged, constraints met; docs/failures.md).
+        the checks after it: finite, not diverged, constraints met within
+        `constraint_tol`; docs/failures.md).
         With `throw=False`, test it before using a solution."""
         return self.result == RESULTS.successful
 
@@ -246,6 +259,12 @@ class Solution(AbstractSolution):
         `num_rejected_steps`, `max_steps`).
     - `events`: the events of a system with [`gaps`][jaxdae.AbstractSystem.gaps] (impacts,
         contacts, releases; a [`jaxdae.Events`][]), else `None`.
+    - `jacobian_conditioning`: `σ_r / σ_1` of the constraint Jacobian `G = [Φ_q; Ψ_v]` at
+        each saved time, shape `(N,)`, `σ_r` its smallest singular value among those that
+        were non-zero at `t0` (so redundant constraints do not count): 1 for a single
+        constraint or none, near 0 near a singular configuration, where the motion's
+        continuation is not unique (`singular_passages`). `nan` for more than 48
+        constraints (its cost would exceed the solve's).
     """
 
     phi: Float[Array, "N m"]
@@ -255,7 +274,28 @@ class Solution(AbstractSolution):
     energy: Float[Array, " N"]
     p: Float[Array, "N n"]
     p_final: Float[Array, " n"]
+    jacobian_conditioning: Float[Array, " N"]
     events: "Events | None" = None
+
+    def singular_passages(self, threshold: float = 1e-2) -> np.ndarray:
+        """The saved times where the solve passed through or near a singular configuration
+        (concrete solutions only): the local minima of `jacobian_conditioning` below
+        `threshold`. There the constraints lose rank and the continuation of the motion
+        is not unique: [`jaxdae.ModifiedLagrange`][] may follow another branch than
+        [`jaxdae.PseudoInverse`][] (the guide "Failures and guarantees",
+        docs/failures.md). Resolved at the saved times: pass dense `ts` to find them.
+        For a batch, the times of each trajectory, as a list."""
+        conditioning, ts = np.asarray(self.jacobian_conditioning), np.asarray(self.ts)
+        if conditioning.ndim == 2:
+            return [Solution.singular_passages(  # pyright: ignore[reportReturnType]
+                eqx.tree_at(lambda s: (s.ts, s.jacobian_conditioning), self,
+                            (ts[i], conditioning[i])), threshold)
+                for i in range(conditioning.shape[0])]
+        below = np.isfinite(conditioning) & (conditioning < threshold)
+        # One time per passage: the lowest row of each run of rows below the threshold.
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], below.astype(int), [0]])))
+        return np.array([ts[start + np.argmin(conditioning[start:end])]
+                         for start, end in zip(edges[::2], edges[1::2], strict=True)])
 
 
 def failure_message(sol: Solution) -> str | None:

@@ -160,3 +160,10 @@ LINEARIZED_UNROLL = 2
 # is relative to `1 + max|J| max|q|` (about 10 on the coupled wheels of
 # `experiments/studies/work_precision.py`), so stopping at it could leave `|Φ|` above 1e-12.
 PROJECTION_STOP = 100.0
+
+# -- Diagnostics (`_integration/_diagnostics.py`) --------------------------------------------
+
+# The constraint Jacobian's conditioning (`Solution.jacobian_conditioning`) is reported for up
+# to this many constraints: an eigendecomposition of `G Gᵀ` per saved time, whose cubic cost
+# beyond would exceed the solve's own on long chains.
+CONDITIONING_MAX = 48

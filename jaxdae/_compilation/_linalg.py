@@ -266,6 +266,15 @@ def cholesky_pivots(matrix: Float[Array, "n n"]) -> Float[Array, " n"]:
     return jnp.diagonal(jnp.linalg.cholesky(matrix)) ** 2
 
 
+def gram_eigenvalues(matrix: Float[Array, "c n"]) -> Float[Array, " c"]:
+    """The eigenvalues of `A Aᵀ`, ascending: the squared singular values of `A`. In closed
+    form for one or two rows ([`extreme_eigenvalues`][])."""
+    gram = matrix @ matrix.T
+    if matrix.shape[0] <= 2:
+        return jnp.stack(extreme_eigenvalues(gram)[: matrix.shape[0]])
+    return jnp.linalg.eigvalsh(gram)
+
+
 def extreme_eigenvalues(matrix: Float[Array, "c c"]) -> tuple[Array, Array]:
     """`(λ_min, λ_max)` of a symmetric matrix; in closed form for sizes 1 and 2, which
     the failure checks evaluate at every step (`eigvalsh` is a LAPACK call that XLA cannot

@@ -93,6 +93,15 @@ class AbstractFormulation(eqx.Module):
         """The [`jaxdae.RESULTS`][] item reported when `failure` stops the solve."""
         return RESULTS.singular_constraint_matrix
 
+    def residual_allowance(self, terms: ConstrainedTerms) -> Float[Array, ""]:
+        """The constraint residual `max(|Φ|, |Ψ|)` that this formulation leaves by design at
+        the state of `terms`, beyond the integration error: `simulate` reports
+        `RESULTS.constraint_tol_exceeded` for a solve that ends further from its constraints
+        than its tolerances and this allow. Default 0 (the constraints are enforced
+        exactly by the equations integrated); `inf` for a formulation that promises no bound
+        ([`jaxdae.Unstabilized`][])."""
+        return jnp.zeros((), terms.forces.dtype)
+
     def for_projection(self) -> "AbstractFormulation":
         """The formulation whose equations [`jaxdae.Projected`][] integrates between its
         projections. Default: this one ([`jaxdae.ModifiedLagrange`][] adds augmented

@@ -10,7 +10,7 @@ from .. import _thresholds
 from .._compilation._linalg import small_matmul
 from .._compilation._linear_solvers import StructuredCholesky
 from .._compilation._sparse import SparseMatrix
-from .._custom_types import Gain, GainLike
+from .._custom_types import Array, Gain, GainLike
 from .._gains import as_gain, gain_matrix
 from ._arguments import explain_arguments
 from ._base import AbstractBaumgarteFormulation, AbstractFormulation, stabilization_gains
@@ -69,6 +69,16 @@ class ModifiedLagrange(AbstractBaumgarteFormulation):
 
     def accelerations(self, terms):
         return _accelerations(self, terms, 0)
+
+    def residual_allowance(self, terms):
+        """The penalty's equilibrium violation, `Φ = K_P⁻¹ 𝔄⁻¹ λ` and `Ψ = K_V⁻¹ 𝔄⁻¹ λ`
+        (eq. [31] at rest), for constraint forces `λ` of the size of the applied forces
+        `|Q|`: the penalty's own multipliers measure the violation by itself, and the ideal
+        ones grow without bound near a singular configuration, where the penalty's
+        violation is no longer small."""
+        forces = jnp.max(jnp.abs(terms.forces), initial=0.0)
+        stiffness = _smallest(self.alpha) * jnp.minimum(_smallest(self.kp), _smallest(self.kv))
+        return forces / stiffness.astype(forces.dtype)
 
     def for_projection(self):
         """This formulation with its multipliers refined by two augmented Lagrangian
@@ -175,6 +185,13 @@ class _AugmentedLagrange(AbstractFormulation):
 
     def traced_checks(self, num_holonomic, num_nonholonomic):
         return self.formulation.traced_checks(num_holonomic, num_nonholonomic)
+
+
+def _smallest(gain: Gain) -> Array:
+    """The smallest eigenvalue of a scalar, per-row or matrix gain."""
+    if gain.ndim == 2:
+        return jnp.linalg.eigvalsh(0.5 * (gain + gain.T))[0]
+    return jnp.min(gain, initial=jnp.inf)
 
 
 def _apply_masses(alpha: Gain, x):

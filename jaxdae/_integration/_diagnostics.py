@@ -7,7 +7,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._custom_types import Array
+from .. import _thresholds
+from .._compilation._linalg import gram_eigenvalues
+from .._custom_types import Array, Float
 from .._solution import (
     Solution,
 )
@@ -19,8 +21,8 @@ from ._vector_fields import formulation_velocities, system_terms
 @eqx.filter_jit
 def state_diagnostics(system, formulation, t, q, s):
     """Constraint residuals, multipliers, energy, velocities and momenta at one saved state,
-    the mass matrix and forces there, and the inputs of `checked_result`'s range test
-    (`(G, s)`, or None: `tests_target_range`). Differentiated by JAX, in forward and reverse mode,
+    the mass matrix and forces there, the formulation's `residual_allowance` and the inputs
+    of `checked_result`'s range test (`(G, s)`, or None: `tests_target_range`). Differentiated by JAX, in forward and reverse mode,
     where the solve's adjoint works in both; by its vector–Jacobian product where the
     adjoint works in reverse mode only (`reverse_diagnostics`)."""
     s = formulation_velocities(system, formulation, t, q, s)
@@ -32,7 +34,32 @@ def state_diagnostics(system, formulation, t, q, s):
     return (terms.phi, terms.dphi, terms.psi, multipliers,
             system.energy(t, q, s) if terms.energy is None else terms.energy,
             system.velocities(t, q, s), saved_momenta(system, t, q, s, terms), terms.mass_matrix,
-            terms.forces, range_inputs)
+            terms.forces, jax.lax.stop_gradient(formulation.residual_allowance(terms)),
+            jacobian_spectrum(terms.jacobian), range_inputs)
+
+
+def jacobian_spectrum(jacobian: Float[Array, "c n"]) -> Float[Array, " c"]:
+    """The squared singular values of the constraint Jacobian `G`, ascending (no gradient);
+    `nan` beyond `CONDITIONING_MAX` constraints."""
+    jacobian = jax.lax.stop_gradient(jacobian)
+    if jacobian.shape[0] > _thresholds.CONDITIONING_MAX:
+        return jnp.full(jacobian.shape[:1], jnp.nan, jacobian.dtype)
+    return gram_eigenvalues(jacobian)
+
+
+def conditioning(spectra: Float[Array, "N c"]) -> Float[Array, " N"]:
+    """`σ_r / σ_1` of the constraint Jacobian at each row from its squared singular values
+    `spectra` (rows as `jacobian_spectrum`), `r` its rank in the first row (singular values
+    above `√ε σ_1`): 1 without constraints."""
+    count = spectra.shape[1]
+    if count == 0:
+        return jnp.ones(spectra.shape[:1], spectra.dtype)
+    first = spectra[0]
+    rank = jnp.sum(first > jnp.finfo(spectra.dtype).eps * first[-1])
+    largest = spectra[:, -1]
+    kept = spectra[:, count - jnp.maximum(rank, 1)]
+    ratio = jnp.sqrt(jnp.maximum(kept, 0) / jnp.where(largest > 0, largest, 1.0))
+    return jnp.where(largest > 0, ratio, 0.0)
 
 
 @eqx.filter_custom_vjp
@@ -126,12 +153,14 @@ def masked(valid, x):
     return jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.inf)
 
 
-def assemble_solution(system, formulation, start, ts, saved, outcome, reverse: bool = False
-              ) -> tuple[Solution, tuple[Array, Array]]:
+def assemble_solution(system, formulation, start, ts, saved, outcome, limit,
+                      reverse: bool = False) -> tuple[Solution, tuple[Array, Array]]:
     """One trajectory's [`jaxdae.Solution`][] from its `start = (t0, q0, v0)`, the times
     and states diffrax `saved` and the solve's `outcome = (reached, result, stats)`, and the
-    mass matrix and forces at the initial state (for `check_traced`). `reverse`: the solve
-    is differentiable in reverse mode only, and so are the diagnostics
+    mass matrix and forces at the initial state (for `check_traced`). `limit`: the
+    constraint residual that its tolerances allow at the end, and whether the
+    formulation's `residual_allowance` adds to it (`checked_result`). `reverse`:
+    the solve is differentiable in reverse mode only, and so are the diagnostics
     (`reverse_diagnostics`).
 
     The diagnostics are evaluated once per row: the initial state, the saved states and
@@ -153,24 +182,32 @@ def assemble_solution(system, formulation, start, ts, saved, outcome, reverse: b
         # batch the equations' scalar graph, equation by equation, at trace time
         # (docs/design_measurements.md#two-row-diagnostics).
         per_row = [diagnostics(system, formulation, *row) for row in ((t0, q0, v0), final)]
-        *diagnostics, mass, forces, range_inputs = jax.tree.map(
+        *diagnostics, mass, forces, allowance, spectra, range_inputs = jax.tree.map(
             lambda *x: jnp.stack(x), *per_row)
         outputs = diagnostics
     else:  # the initial state first, the final state last
         rows = at_valid(valid, (ts_out, q, v), (t0, q0, v0))
         rows = tuple(jnp.concatenate([x0[None], row, x[None]])
                      for x0, row, x in zip((t0, q0, v0), rows, final, strict=False))
-        *diagnostics, mass, forces, range_inputs = jax.vmap(
+        *diagnostics, mass, forces, allowance, spectra, range_inputs = jax.vmap(
             diagnostics, in_axes=(None, None, 0, 0, 0))(system, formulation, *rows)
         outputs = [x[1:-1] for x in diagnostics]
+        spectra = spectra[:-1]  # the initial state, then the saved ones
     phi, dphi, psi, multipliers, energy, v, p = outputs
     # Row 0 is the initial state and the last row the final one, with or without `ts`.
     initial_residual, final_residual = (
         jnp.max(jnp.abs(jnp.concatenate([diagnostics[0][i], diagnostics[2][i]])), initial=0.0)
         for i in (0, -1))
+    # The limit at the end: what the tolerances and the formulation allow there, or the
+    # violation at the start (positions or velocities) where it is larger.
+    initial_violation = jnp.max(jnp.abs(jnp.concatenate(
+        [diagnostics[i][0] for i in (0, 1, 2)])), initial=0.0)
+    limit, allowed = limit
+    limit = jnp.maximum(jnp.where(allowed, limit + 10 * allowance[-1], limit),
+                        initial_violation)
     result = checked_result(initial_residual,
                             jnp.where(final_finite, final_residual, jnp.inf),
-                            jax.tree.map(lambda x: x[-1], range_inputs), result)
+                            jax.tree.map(lambda x: x[-1], range_inputs), result, limit)
     mask = functools.partial(masked, valid)
     sol = Solution(
         ts=ts_out,
@@ -188,5 +225,6 @@ def assemble_solution(system, formulation, start, ts, saved, outcome, reverse: b
         stats=stats,
         p=mask(p),
         p_final=jnp.where(final_finite, diagnostics[6][-1], jnp.nan),
+        jacobian_conditioning=mask(conditioning(spectra)[-valid.shape[0]:]),
     )
     return sol, (mass[0], forces[0])

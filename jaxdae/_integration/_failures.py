@@ -82,6 +82,15 @@ def name_non_finite_term(sol, system, formulation, t0):
     return eqx.tree_at(lambda s: s.result, sol, result)
 
 
+# How far beyond the step's error tolerance a stabilized solve's constraint residual may end:
+# the residual is a sum of local errors that the stabilization damps, so it sits at a few
+# tolerances (docs/design_measurements.md#residual-tolerance).
+RESIDUAL_TOLERANCE_FACTOR = 1000.0
+# Fixed steps have no tolerance: the residual, relative to the state's size, that a solve
+# on them may end with (a thousandth: the step is too coarse for the motion beyond it).
+FIXED_STEP_RESIDUAL = 1e-3
+
+
 def tests_target_range(system, formulation, terms) -> bool:
     """Whether `checked_result` tests the range of the formulation's target `s` (a
     stabilized formulation that asks for the test, on a `LagrangianSystem` with
@@ -91,13 +100,17 @@ def tests_target_range(system, formulation, terms) -> bool:
             and terms.jacobian.shape[0] > 0)
 
 
-def checked_result(initial_residual, residual, range_inputs, result: RESULTS) -> RESULTS:
+def checked_result(initial_residual, residual, range_inputs, result: RESULTS,
+                   limit=None) -> RESULTS:
     """`result` after the checks at the end of a solve (docs/failures.md), from the
     constraint residual `max(|Φ|, |Ψ|)` at the start (`initial_residual`) and at the end
     (`residual`, `inf` where the final state is not finite):
 
     - a solve that reached `t1` `diverged` if its constraint residual at the end exceeds
         `10⁶ max(r₀, 1)` (`r₀` the residual at `t0`) or is not finite;
+    - else it exceeded its constraint tolerance (`constraint_tol_exceeded`) if the residual
+        at the end exceeds `limit` (`assemble_solution`: what the tolerances and the
+        formulation allow, or the violation at the start if larger; None: no such test);
     - else its constraints are not met (`constraints_not_met`) where more than a tenth of
         the stabilization's target lies outside the range of the constraint Jacobian
         (`max |s − G G⁺ s| > 0.1 max |s|`: no acceleration meets it, the constraints
@@ -122,6 +135,9 @@ def checked_result(initial_residual, residual, range_inputs, result: RESULTS) ->
     ok = result == RESULTS.successful
     diverged = ok & ((residual > 1e6 * scale) | ~jnp.isfinite(residual))
     result = RESULTS.where(diverged, RESULTS.diverged, result)
+    if limit is not None:
+        exceeded = ok & ~diverged & (residual > limit)
+        result = RESULTS.where(exceeded, RESULTS.constraint_tol_exceeded, result)
     if range_inputs is None:
         return result
     g, target = range_inputs
@@ -143,6 +159,7 @@ def checked_result(initial_residual, residual, range_inputs, result: RESULTS) ->
     gap, size = jax.lax.cond(unvmap_any(residual > floor), gap,
                              lambda g, target: (zero, zero), g, target)
     not_met = ok & ~diverged & (gap > 0.1 * size) & (residual > floor)
+    # (Contradicting constraints are the more precise name where both apply.)
     return RESULTS.where(not_met, RESULTS.constraints_not_met, result)
 
 

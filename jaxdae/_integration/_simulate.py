@@ -33,6 +33,7 @@ def simulate(
     adjoint: diffrax.AbstractAdjoint | None = None,
     throw: bool = True,
     events: EventDriven | None = None,
+    constraint_tol: ScalarLike | None = None,
 ) -> Solution:
     """Simulates a constrained system, turned into an ODE by `formulation`, with diffrax.
 
@@ -70,6 +71,15 @@ def simulate(
         passed.
     - `throw`: raise [`jaxdae.SimulationError`][] when the solve fails (the message says what
         happened, at which `t` and `q`); with `False` inspect `Solution.result` instead.
+    - `constraint_tol`: the largest constraint residual `max(|Φ|, |Ψ|)` at `t1` that a
+        completed solve may end with; beyond it (and beyond the residual at `t0`) the solve
+        ends with `RESULTS.constraint_tol_exceeded`. Default:
+        `1000 · (atol + rtol · scale)` with an adaptive controller's tolerances,
+        `10⁻³ · scale` with fixed steps, `scale = max(1, |q0|, |v0|)`, plus ten times the
+        violation that a penalty formulation leaves by design
+        (`AbstractFormulation.residual_allowance`), and never below the
+        violation at `t0` (`|Φ|`, `|Φ̇|`, `|Ψ|`); no limit for [`jaxdae.Unstabilized`][].
+        Pass `jnp.inf` to accept any residual.
     - `events`: how the system's one-sided constraints
         ([`jaxdae.AbstractSystem.gaps`][]) are treated: [`jaxdae.EventDriven`][]
         (the default where the system has gaps) stops at every impact and applies the
@@ -90,8 +100,8 @@ def simulate(
     """
     return solve_system(system, formulation, t0, t1, q0, v0, SolveCall(
         ts=ts, solver=solver, stepsize_controller=stepsize_controller, dt0=dt0, rtol=rtol,
-        atol=atol, max_steps=max_steps, adjoint=adjoint, throw=throw, events=events),
-        SingleTrajectory())
+        atol=atol, max_steps=max_steps, adjoint=adjoint, throw=throw, events=events,
+        constraint_tol=constraint_tol), SingleTrajectory())
 
 
 @full_precision
@@ -112,6 +122,7 @@ def simulate_ensemble(
     max_steps: int = 100_000,
     adjoint: diffrax.AbstractAdjoint | None = None,
     throw: bool = True,
+    constraint_tol: ScalarLike | None = None,
 ) -> Solution:
     """Simulates `B` trajectories of one system from `B` initial states as one ODE whose
     trajectories share their time steps.
@@ -146,6 +157,8 @@ def simulate_ensemble(
     As for [`jaxdae.simulate`][], except:
 
     - `q0`, `v0`: initial coordinates and velocities (or momenta), shape `(B, n)`.
+    - `constraint_tol`: as for `simulate`, each trajectory's default from its own
+        initial state.
     - `stepsize_controller`: default `diffrax.PIDController(rtol, atol,
         norm=worst_trajectory_rms)`. A controller passed here should use a norm that
         looks at every trajectory in the same way.
@@ -164,4 +177,5 @@ def simulate_ensemble(
     """
     return solve_system(system, formulation, t0, t1, q0, v0, SolveCall(
         ts=ts, solver=solver, stepsize_controller=stepsize_controller, dt0=dt0, rtol=rtol,
-        atol=atol, max_steps=max_steps, adjoint=adjoint, throw=throw), EnsembleTrajectories())
+        atol=atol, max_steps=max_steps, adjoint=adjoint, throw=throw,
+        constraint_tol=constraint_tol), EnsembleTrajectories())

@@ -13,10 +13,16 @@ import jax.numpy as jnp
 import optimistix as optx
 
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
+from .._gains import is_concrete
 from .._solution import RESULTS
 from ._adjoint import ReverseSweepAdjoint, default_adjoint
 from ._controllers import save_at, step_options, stop_stalled_steps
-from ._failures import event_result, solve_event
+from ._failures import (
+    FIXED_STEP_RESIDUAL,
+    RESIDUAL_TOLERANCE_FACTOR,
+    event_result,
+    solve_event,
+)
 from ._implicit import configure_for_controller
 from ._solvers import name_result
 from ._sweep_forward import ODETermWithVJP
@@ -43,6 +49,31 @@ class SolveOptions(eqx.Module):
     dt0: Array | None
     max_steps: int | None = eqx.field(static=True)
     adjoint: diffrax.AbstractAdjoint | ReverseSweepAdjoint
+    # The constraint residual a completed solve may end with (`nan` or None: the default
+    # from `tolerances`).
+    constraint_tol: Array | None = None
+    # `(rtol, atol)` of an adaptive controller (None: fixed steps).
+    tolerances: tuple[Array, Array] | None = None
+
+    def residual_limit(self, q0, v0) -> tuple[Array, Array]:
+        """The constraint residual a completed solve from `(q0, v0)` may end with (one per
+        trajectory of an ensemble), and whether the formulation's `residual_allowance` adds
+        to it: `constraint_tol` alone, by default
+        `RESIDUAL_TOLERANCE_FACTOR · (atol + rtol · scale)` with an adaptive controller or
+        `FIXED_STEP_RESIDUAL · scale` with fixed steps, `scale = max(1, |q0|, |v0|)`, plus
+        the allowance."""
+        scale = jnp.max(jnp.abs(jnp.concatenate([q0, v0], -1)), axis=-1, initial=1.0)
+        if self.tolerances is None:
+            default = FIXED_STEP_RESIDUAL * scale
+        else:
+            rtol, atol = self.tolerances
+            default = RESIDUAL_TOLERANCE_FACTOR * (atol + rtol * scale)
+        # (`nan`: none given; one program for calls with and without it.)
+        tol = jnp.asarray(jnp.nan if self.constraint_tol is None else self.constraint_tol,
+                          q0.dtype)
+        given = ~jnp.isnan(tol)
+        limit = jnp.where(given, tol, default)
+        return limit.astype(q0.dtype), jnp.broadcast_to(~given, limit.shape)
 
 
 class SolveCall(eqx.Module):
@@ -61,6 +92,7 @@ class SolveCall(eqx.Module):
     throw: bool
     # How a system's one-sided constraints are treated (`_events.EventDriven`), or None.
     events: Any = None
+    constraint_tol: ScalarLike | None = None
 
     def check_options(self) -> None:
         """`check_solve_options` of the solver, controller, adjoint and step limit."""
@@ -85,8 +117,22 @@ class SolveCall(eqx.Module):
                   else configure_for_controller(self.solver, stepsize_controller))
         adjoint = (default_adjoint(solver, self.max_steps) if self.adjoint is None
                    else self.adjoint)
+        tolerances = None
+        if isinstance(stepsize_controller, diffrax.AbstractAdaptiveStepSizeController):
+            tolerances = tuple(jnp.asarray(x, dtype) for x in (stepsize_controller.rtol,
+                                                             stepsize_controller.atol))
+        constraint_tol = jnp.asarray(jnp.nan if self.constraint_tol is None
+                                     else self.constraint_tol, dtype)
+        if self.constraint_tol is not None:
+            if is_concrete(constraint_tol) and not (
+                    constraint_tol.ndim == 0 and float(constraint_tol) > 0):
+                raise ValueError(
+                    "`constraint_tol` must be a positive scalar (the largest constraint "
+                    "residual accepted at `t1`; `jnp.inf` accepts any); got "
+                    f"{self.constraint_tol}.")
         return SolveOptions(solver=solver, stepsize_controller=stepsize_controller, dt0=dt0,
-                            max_steps=self.max_steps, adjoint=adjoint)
+                            max_steps=self.max_steps, adjoint=adjoint,
+                            constraint_tol=constraint_tol, tolerances=tolerances)
 
 
 def in_current_mesh(fn):

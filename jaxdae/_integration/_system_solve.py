@@ -5,6 +5,7 @@ ensemble differ, it asks its `AbstractTrajectories`."""
 
 import diffrax
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -132,8 +133,7 @@ def solve_and_assemble(system, formulation, times: Times, q0, v0, options: Solve
         # Detached before the call: stopped after it, the call would still be linearized.
         reference = trajectories.failure_reference(*detached((system, formulation, t0, q0, v0)))
     dynamics, solver = trajectories.dynamics(formulation, options.solver)
-    options = SolveOptions(solver=solver, stepsize_controller=options.stepsize_controller,
-                           dt0=options.dt0, max_steps=options.max_steps, adjoint=options.adjoint)
+    options = eqx.tree_at(lambda o: o.solver, options, solver)
     # A constant mass matrix is factored once, here, not at every stage (an ensemble's
     # trajectories share the system, so they share it too).
     args = SolveArgs(system, formulation, reference,
@@ -145,6 +145,7 @@ def solve_and_assemble(system, formulation, times: Times, q0, v0, options: Solve
         out, result = integrate_with_events(event_dynamics(dynamics), args, (q0, v0), times,
                                             options, settings)
     sol, initial = trajectories.solution(system, formulation, (t0, q0, v0), ts, out, result,
+                                         jax.lax.stop_gradient(options.residual_limit(q0, v0)),
                                          reverse_only(options.adjoint))
     if settings is not None:
         sol = eqx.tree_at(lambda x: x.events, sol, out.events, is_leaf=lambda x: x is None)

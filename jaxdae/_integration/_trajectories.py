@@ -85,11 +85,11 @@ class AbstractTrajectories(eqx.Module):
 
     @abc.abstractmethod
     def solution(self, system, formulation, start, ts, out: diffrax.Solution, result: RESULTS,
-                 reverse: bool) -> tuple[Solution, tuple]:
+                 limit: tuple[Array, Array], reverse: bool) -> tuple[Solution, tuple]:
         """The [`jaxdae.Solution`][] of the solve `out` from `start = (t0, q0, v0)` with
         jaxdae's `result`, and the mass matrix and forces at the initial states
-        (`assemble_solution`; `reverse`: the solve is differentiable in reverse mode
-        only)."""
+        (`assemble_solution`; `limit`: each trajectory's residual limit; `reverse`: the
+        solve is differentiable in reverse mode only)."""
 
     @abc.abstractmethod
     def reported_result(self, result: RESULTS) -> RESULTS:
@@ -134,10 +134,10 @@ class SingleTrajectory(AbstractTrajectories):
             return Dynamics(vector_field, (failure_event,), (formulation.failure_result,)), solver
         return Dynamics(vector_field), solver
 
-    def solution(self, system, formulation, start, ts, out, result, reverse):
+    def solution(self, system, formulation, start, ts, out, result, limit, reverse):
         reached = out.result == diffrax.RESULTS.successful
         return assemble_solution(system, formulation, start, ts, (out.ts, out.ys),
-                                 (reached, result, out.stats), reverse)
+                                 (reached, result, out.stats), limit, reverse)
 
     def reported_result(self, result):
         return result
@@ -200,22 +200,22 @@ class EnsembleTrajectories(AbstractTrajectories):
                              saves_solver_state=True), StopFailedTrajectories(solver))
         return Dynamics(ensemble_vector_field, stage_vjp=ensemble_stage_vjp), solver
 
-    def solution(self, system, formulation, start, ts, out, result, reverse):
+    def solution(self, system, formulation, start, ts, out, result, limit, reverse):
         t0, q0, v0 = start
         reached = out.result == diffrax.RESULTS.successful
 
-        def trajectory(q0, v0, ys, t_failed):
+        def trajectory(q0, v0, ys, t_failed, limit):
             failed = jnp.isfinite(t_failed)
             ts_saved, ys = cut_at(ts, out.ts, ys, t_failed)
             return assemble_solution(
                 system, formulation, (t0, q0, v0), ts, (ts_saved, ys),
                 (reached & ~failed, RESULTS.where(failed, formulation.failure_result, result),
-                 out.stats), reverse)
+                 out.stats), limit, reverse)
 
         # Saved states are (time, trajectory, coordinate) in an ensemble: one trajectory each.
         t_failed = (out.solver_state[1] if formulation.can_fail
                     else jnp.full(q0.shape[:1], jnp.inf, t0.dtype))
-        return jax.vmap(trajectory, in_axes=(0, 0, 1, 0))(q0, v0, out.ys, t_failed)
+        return jax.vmap(trajectory, in_axes=(0, 0, 1, 0, 0))(q0, v0, out.ys, t_failed, limit)
 
     def reported_result(self, result):
         return first_failure(result)

@@ -1,0 +1,141 @@
+"""What `succeeded` promises: a completed solve whose constraint residual ends beyond what its
+formulation and tolerances allow is a named failure (`constraint_tol_exceeded`), and a solve
+that passes near a singular configuration says where (`jacobian_conditioning`,
+`singular_passages`). docs/failures.md states both rules."""
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdae
+from jaxdae.examples import TWO_LINK_Q0, TWO_LINK_V0, CartesianPendulum, TwoLinkManipulator
+
+from ._systems import TwicePendulum
+
+PENDULUM = CartesianPendulum()
+Q0, V0 = PENDULUM.state_from_angle(0.5, 0.0)
+BAUMGARTE = jaxdae.Baumgarte(10.0, 25.0)
+EXCEEDED = jaxdae.RESULTS.constraint_tol_exceeded
+
+
+def _residual(sol):
+    return float(np.max(np.abs(sol.phi[-1])))
+
+
+class RecedingSupport(jaxdae.LagrangianSystem):
+    """A unit mass on a unit circle, its abscissa prescribed as `x = (1 + t) / 2`: from
+    `t = 1` on the prescribed point lies outside the circle, and no configuration meets
+    both constraints."""
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def constraints(self, t, q):
+        return jnp.array([q @ q - 1.0, q[0] - 0.5 * (1.0 + t)])
+
+
+RECEDING_Q0 = jnp.array([0.5, -np.sqrt(0.75)])
+RECEDING_V0 = jnp.array([0.5, 0.5 * 0.5 / np.sqrt(0.75)])
+
+
+def test_a_target_that_leaves_the_workspace_is_not_a_success():
+    pseudo = jaxdae.PseudoInverse(10.0, 25.0)
+    sol = jaxdae.simulate(RecedingSupport(), pseudo, 0.0, 1.5, RECEDING_Q0, RECEDING_V0,
+                          throw=False)
+    assert sol.result == EXCEEDED and _residual(sol) > 1e-2
+    with pytest.raises(jaxdae.SimulationError, match="constraint_tol"):
+        jaxdae.simulate(RecedingSupport(), pseudo, 0.0, 1.5, RECEDING_Q0, RECEDING_V0)
+    # Before it leaves, the same solve succeeds.
+    assert jaxdae.simulate(RecedingSupport(), pseudo, 0.0, 0.9, RECEDING_Q0,
+                           RECEDING_V0).succeeded
+
+
+def test_coarse_fixed_steps_are_not_a_success():
+    coarse = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 2.0, Q0, V0, solver=diffrax.Euler(),
+                             stepsize_controller=diffrax.ConstantStepSize(), dt0=0.02,
+                             throw=False)
+    assert coarse.result == EXCEEDED and _residual(coarse) > 1e-3
+    accepted = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 2.0, Q0, V0, solver=diffrax.Euler(),
+                               stepsize_controller=diffrax.ConstantStepSize(), dt0=0.02,
+                               constraint_tol=jnp.inf)
+    assert accepted.succeeded
+    fine = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 2.0, Q0, V0, solver=diffrax.Heun(),
+                           stepsize_controller=diffrax.ConstantStepSize(), dt0=0.01)
+    assert fine.succeeded
+
+
+def test_a_forced_minimum_step_that_misses_the_tolerance_is_not_a_success():
+    controller = diffrax.PIDController(rtol=1e-10, atol=1e-12, dtmin=0.05, force_dtmin=True)
+    sol = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 2.0, Q0, V0, solver=diffrax.Heun(),
+                          stepsize_controller=controller, dt0=0.05, throw=False)
+    assert sol.result == EXCEEDED
+
+
+def test_the_threshold_is_the_users_traced_too():
+    tight = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, constraint_tol=1e-15,
+                            throw=False)
+    assert tight.result == EXCEEDED
+    assert jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0).succeeded
+
+    @jax.jit
+    def result(tol):
+        return jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, constraint_tol=tol,
+                               throw=False).result._value
+
+    assert result(1e-15) == EXCEEDED._value
+    assert result(1e-3) == jaxdae.RESULTS.successful._value
+    for bad in (-1.0, 0.0, jnp.nan):
+        with pytest.raises(ValueError, match="constraint_tol"):
+            jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, constraint_tol=bad)
+
+
+def test_a_penalty_is_allowed_its_equilibrium_violation():
+    # `Φ ≈ |Q| / (α K_P)` at the penalty's equilibrium: about 4e-3 here, far above the
+    # tolerances, and what the formulation promises.
+    penalty = jaxdae.ModifiedLagrange(100.0, 10.0, 25.0)
+    sol = jaxdae.simulate(PENDULUM, penalty, 0.0, 1.0, Q0, V0)
+    assert sol.succeeded and _residual(sol) > 1e-4
+    strict = jaxdae.simulate(PENDULUM, penalty, 0.0, 1.0, Q0, V0, constraint_tol=1e-6,
+                             throw=False)
+    assert strict.result == EXCEEDED
+
+
+def test_unstabilized_drift_and_an_inconsistent_start_are_no_failure():
+    # Nothing pulls an unstabilized solve back: its drift is no failure, however large.
+    drift = jaxdae.simulate(PENDULUM, jaxdae.Unstabilized(), 0.0, 3.0, Q0, V0,
+                            solver=diffrax.Euler(), stepsize_controller=diffrax.ConstantStepSize(),
+                            dt0=0.02)
+    assert drift.succeeded and _residual(drift) > 1e-2
+    # Started 0.1 off its constraint, a short solve has not yet pulled it back.
+    start = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.05, Q0 * 1.05, V0)
+    assert start.succeeded and _residual(start) > 1e-3
+
+
+def test_each_trajectory_of_an_ensemble_has_its_own_result():
+    q0 = jnp.stack([Q0, Q0])
+    v0 = jnp.stack([V0, V0])
+    sols = jaxdae.simulate_ensemble(PENDULUM, BAUMGARTE, 0.0, 1.0, q0, v0,
+                                    constraint_tol=jnp.array(1e-15), throw=False)
+    assert np.all(np.asarray(sols.result._value) == EXCEEDED._value)
+
+
+def test_a_passage_through_a_singular_configuration_is_reported():
+    # The arm folds at t ≈ 0.493 s (`J M⁻¹ Jᵀ` singular); the pseudo-inverse runs through.
+    ts = jnp.linspace(0.0, 0.8, 81)
+    sol = jaxdae.simulate(TwoLinkManipulator(), jaxdae.PseudoInverse(10.0, 25.0), 0.0, 0.8,
+                          TWO_LINK_Q0, TWO_LINK_V0, ts=ts)
+    assert sol.jacobian_conditioning.shape == ts.shape
+    np.testing.assert_allclose(sol.singular_passages(), [0.49])
+    assert sol.singular_passages(threshold=1e-4).size == 0
+
+
+def test_redundant_constraints_are_not_a_singular_passage():
+    ts = jnp.linspace(0.0, 1.0, 5)
+    twice = TwicePendulum()
+    sol = jaxdae.simulate(twice, jaxdae.PseudoInverse(10.0, 25.0), 0.0, 1.0, Q0, V0, ts=ts)
+    np.testing.assert_allclose(sol.jacobian_conditioning, 1.0)
+    assert sol.singular_passages().size == 0
+    plain = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0)
+    np.testing.assert_allclose(plain.jacobian_conditioning, 1.0)
