@@ -407,3 +407,28 @@ def test_lqr_traced_input_checks():
         jax.block_until_ready(solve(DOUBLE_INTEGRATOR[0].at[0, 0].set(jnp.nan), 1e-12))
     with pytest.raises(Exception, match=r"`rtol` must be a relative tolerance in \(0, 1\]"):
         jax.block_until_ready(solve(DOUBLE_INTEGRATOR[0], -1.0))
+
+
+@functools.cache
+def _traced_actuated(throw: bool):
+    optics = AdaptiveOpticsElement()
+    control = jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=4)
+    state = optics.initial_state(angle_error=0.05)
+    return jax.jit(lambda ts, dt0: jaxdae.simulate_actuated(
+        optics, control, 0.0, 0.1, *state, ts=ts, dt0=dt0, throw=throw).result._value)
+
+
+@pytest.mark.slow
+def test_bad_traced_input_of_simulate_actuated():
+    """`simulate_actuated` reports bad traced times and steps as `simulate` does."""
+    solve = _traced_actuated(False)
+    good = jnp.array([0.0, 0.05, 0.1])
+    assert int(solve(good, 0.01)) == SUCCESS
+    assert int(solve(jnp.array([0.0, 0.5, 0.1]), 0.01)) == INVALID
+    assert int(solve(good, -0.01)) == INVALID
+
+
+@pytest.mark.slow
+def test_bad_traced_input_of_simulate_actuated_raises_with_throw():
+    with pytest.raises(Exception, match=r"`ts` must be finite, sorted and lie in"):
+        jax.block_until_ready(_traced_actuated(True)(jnp.array([0.0, 0.5, 0.1]), 0.01))

@@ -45,7 +45,7 @@ from .._systems._actuated import ActuatedSystem, constraint_groups, lie_derivati
 from .._systems._system import cast_floating
 from ._adjoint import forward_mode_hint, jit_unless_staged
 from ._diagnostics import at_valid, masked, saved_rows
-from ._reporting import raise_failure
+from ._reporting import raise_failure, solve_traced_inputs
 from ._solve import Dynamics, SolveCall, in_current_mesh, integrate
 from ._trajectories import SingleTrajectory
 
@@ -278,7 +278,8 @@ def simulate_actuated(
     control = check_actuated_system(system, control, times.t0, q0, v0, w0)
     options = call.options(dtype)
     with forward_mode_hint():
-        sol = _simulate_actuated(system, control, times, (q0, v0, w0), options)
+        sol = solve_traced_inputs(lambda times_, options_: _simulate_actuated(
+            system, control, times_, (q0, v0, w0), options_), times, options, throw)
     return raise_failure(sol) if throw else sol
 
 

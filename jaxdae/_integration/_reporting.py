@@ -11,7 +11,7 @@ import numpy as np
 
 from .._compilation._private_apis import unvmap_any
 from .._custom_types import Array
-from .._gains import is_concrete
+from .._gains import attach_checks, is_concrete
 from .._solution import (
     RESULTS,
     SimulationError,
@@ -19,7 +19,12 @@ from .._solution import (
     failure_text,
     residuals,
 )
-from ._validation import INITIAL_STATE_MESSAGES, initial_state_problems, traced_input_checks
+from ._validation import (
+    INITIAL_STATE_MESSAGES,
+    initial_state_problems,
+    solvable_inputs,
+    traced_input_checks,
+)
 from ._vector_fields import detached
 
 
@@ -185,3 +190,22 @@ def check_traced(sol, system, formulation, times, initial, checks: TracedChecks,
     index = jnp.where(wrong, index, 0)
     return attach_check(sol, lambda x: eqx.branched_error_if(
         x + reported_failure(reported), wrong, index, messages))
+
+
+def solve_traced_inputs(solve, times, options, throw: bool):
+    """`solve(times, options)` (a solve without `check_traced`: `simulate_actuated`'s)
+    with bad traced times, first step and tolerances (`traced_input_checks`) replaced by
+    stand-ins that diffrax accepts (`solvable_inputs`), and reported: with `throw`, an
+    error with jaxdae's message; without, `RESULTS.invalid_input`."""
+    checked = (times, options.dt0, options.stepsize_controller)
+    if is_concrete(*checked):
+        return solve(times, options)
+    times, dt0, controller = solvable_inputs(*checked)
+    sol = solve(times, eqx.tree_at(lambda o: (o.dt0, o.stepsize_controller), options,
+                                   (dt0, controller), is_leaf=lambda x: x is None))
+    checks = traced_input_checks(*checked)
+    if throw:
+        return attach_checks(sol, checks)
+    invalid = jnp.any(jnp.stack([jnp.asarray(flag) for flag, _ in checks]))
+    return eqx.tree_at(lambda s: s.result, sol,
+                       RESULTS.where(invalid, RESULTS.invalid_input, sol.result))
