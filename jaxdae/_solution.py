@@ -261,9 +261,9 @@ class Solution(AbstractSolution):
         contacts, releases; a [`jaxdae.Events`][]), else `None`.
     - `jacobian_conditioning`: `σ_r / σ_1` of the constraint Jacobian `G = [Φ_q; Ψ_v]` at
         each saved time, shape `(N,)`, `σ_r` its smallest singular value among those that
-        were non-zero at `t0` (so redundant constraints do not count): 1 for a single
-        constraint or none, near 0 near a singular configuration, where the motion's
-        continuation is not unique (`singular_passages`). `nan` for more than 48
+        were non-zero at `t0` (so redundant constraints do not count), `σ_1` its largest
+        there or at `t0`, whichever is larger: 1 without constraints, near 0 near a singular
+        configuration, where the motion's continuation is not unique (`singular_passages`). `nan` for more than 48
         constraints (its cost would exceed the solve's).
     """
 

@@ -139,3 +139,23 @@ def test_redundant_constraints_are_not_a_singular_passage():
     assert sol.singular_passages().size == 0
     plain = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0)
     np.testing.assert_allclose(plain.jacobian_conditioning, 1.0)
+
+
+class VanishingGradient(jaxdae.LagrangianSystem):
+    """`q₀² = (1 − t)²`: the constraint's gradient `2 q₀` vanishes at `t = 1`, where the
+    branches `q₀ = ±(1 − t)` cross."""
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def constraints(self, t, q):
+        return jnp.array([q[0] ** 2 - (1.0 - t) ** 2])
+
+
+def test_a_gradient_that_vanishes_between_steps_is_reported():
+    # Baumgarte's in-loop test sees the pivots at the ends of the steps only, which pass on
+    # either side of t = 1; the saved times report the passage.
+    sol = jaxdae.simulate(VanishingGradient(), BAUMGARTE, 0.0, 2.0, jnp.array([1.0, 0.0]),
+                          jnp.array([-1.0, 0.0]), ts=jnp.linspace(0.0, 2.0, 21))
+    np.testing.assert_allclose(sol.singular_passages(), [1.0])
+    assert float(sol.jacobian_conditioning[0]) == 1.0

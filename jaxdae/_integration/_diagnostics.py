@@ -48,15 +48,17 @@ def jacobian_spectrum(jacobian: Float[Array, "c n"]) -> Float[Array, " c"]:
 
 
 def conditioning(spectra: Float[Array, "N c"]) -> Float[Array, " N"]:
-    """`σ_r / σ_1` of the constraint Jacobian at each row from its squared singular values
-    `spectra` (rows as `jacobian_spectrum`), `r` its rank in the first row (singular values
-    above `√ε σ_1`): 1 without constraints."""
+    """`σ_r / max(σ_1, σ_1(t0))` of the constraint Jacobian at each row from its squared
+    singular values `spectra` (rows as `jacobian_spectrum`), `r` its rank in the first row
+    (singular values above `√ε σ_1`): 1 without constraints. Relative to the largest
+    singular value at the start too, so that a single constraint whose gradient vanishes
+    counts."""
     count = spectra.shape[1]
     if count == 0:
         return jnp.ones(spectra.shape[:1], spectra.dtype)
     first = spectra[0]
     rank = jnp.sum(first > jnp.finfo(spectra.dtype).eps * first[-1])
-    largest = spectra[:, -1]
+    largest = jnp.maximum(spectra[:, -1], first[-1])
     kept = spectra[:, count - jnp.maximum(rank, 1)]
     ratio = jnp.sqrt(jnp.maximum(kept, 0) / jnp.where(largest > 0, largest, 1.0))
     return jnp.where(largest > 0, ratio, 0.0)
