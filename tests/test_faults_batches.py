@@ -16,6 +16,87 @@ import jaxdae
 
 from .test_faults_jobs import XS, _scaled, _sweep, _tune
 
+# --- simulate_ensemble: a member whose model turns non-finite ------------------------------
+
+
+class _Barrier(jaxdae.examples.CartesianPendulum):
+    """The pendulum, with forces that are zero for `x ≥ −0.7` and nan beyond."""
+
+    def generalized_forces(self, t, q, v):
+        gap = jnp.sqrt(q[0] + 0.7)
+        return jnp.zeros(2) + (gap - gap)
+
+
+BARRIER = _Barrier()
+# Released at rest from these angles: only the third swings past x = −0.7 (sin 1 = 0.84).
+ANGLES = jnp.array([0.2, 0.4, 1.0, 0.6])
+ENSEMBLE_TS = jnp.linspace(0.0, 1.5, 7)
+NON_FINITE = dict(rtol=1e-7, atol=1e-9)
+DT_MIN = int(jaxdae.RESULTS.dt_min_reached._value)
+
+
+def _starts(angles):
+    return jax.vmap(lambda a: BARRIER.state_from_angle(a, 0.0))(angles)
+
+
+@eqx.filter_jit
+def _barrier_ensemble(formulation, q0, v0):
+    return jaxdae.simulate_ensemble(BARRIER, formulation, 0.0, 1.5, q0, v0, ts=ENSEMBLE_TS,
+                                    throw=False, **NON_FINITE)
+
+
+def test_an_ensemble_member_whose_model_turns_non_finite_stops_alone():
+    """Traced: the member stops at the barrier with `dt_min_reached` (what a traced
+    `simulate` reports for it), and the others reach `t1` as they do with a good member in
+    its place (the same compiled solve)."""
+    formulation = jaxdae.ModifiedLagrange(5.0, 10.0, 25.0)
+    sol = _barrier_ensemble(formulation, *_starts(ANGLES))
+    good = _barrier_ensemble(formulation, *_starts(ANGLES.at[2].set(0.3)))
+    assert np.asarray(sol.result._value).tolist() == [0, 0, DT_MIN, 0]
+    assert good.succeeded.all()
+    others = np.array([0, 1, 3])
+    np.testing.assert_allclose(sol.q[others], good.q[others], atol=1e-6)
+    np.testing.assert_array_equal(sol.t_final[others], 1.5)
+    # The member stopped where it reached the barrier: its later saves are `inf`.
+    assert 0.5 < float(sol.t_final[2]) < 1.5
+    np.testing.assert_allclose(sol.q_final[2, 0], -0.7, atol=1e-6)
+    later = ENSEMBLE_TS > sol.t_final[2]
+    assert np.all(np.isinf(sol.q[2][later])) and np.all(np.isfinite(sol.q[2][~later]))
+    assert int(sol.stats["num_steps"][0]) < 400
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("formulation", [jaxdae.ModifiedLagrange(5.0, 10.0, 25.0),
+                                         jaxdae.Baumgarte(10.0, 25.0)],
+                         ids=["cannot-fail", "can-fail"])
+def test_an_ensemble_member_whose_model_turns_non_finite_is_named_as_alone(formulation):
+    """Eagerly, the member's result names the non-finite term, as `simulate` alone does,
+    at the same time; the others match their own `simulate` solves; `throw=True` raises
+    with the member named."""
+    q0, v0 = _starts(ANGLES)
+    sol = jaxdae.simulate_ensemble(BARRIER, formulation, 0.0, 1.5, q0, v0, ts=ENSEMBLE_TS,
+                                   throw=False, **NON_FINITE)
+    alone = [jaxdae.simulate(BARRIER, formulation, 0.0, 1.5, q, v, ts=ENSEMBLE_TS,
+                             throw=False, **NON_FINITE) for q, v in zip(q0, v0, strict=True)]
+    assert [int(s.result._value) for s in alone] == np.asarray(sol.result._value).tolist()
+    assert int(sol.result._value[2]) == int(jaxdae.RESULTS.non_finite_forces._value)
+    np.testing.assert_allclose(sol.t_final[2], alone[2].t_final, rtol=1e-6)
+    np.testing.assert_allclose(sol.q_final[2], alone[2].q_final, atol=1e-6)
+    for i in (0, 1, 3):
+        for field in ("q", "v", "q_final", "t_final"):
+            np.testing.assert_allclose(getattr(sol, field)[i], getattr(alone[i], field),
+                                       atol=1e-6, err_msg=field)
+    with pytest.raises(jaxdae.SimulationError,
+                       match=r"(?s)non-finite generalized forces.*batch element \(2,\)"):
+        jaxdae.simulate_ensemble(BARRIER, formulation, 0.0, 1.5, q0, v0, ts=ENSEMBLE_TS,
+                                 **NON_FINITE)
+    # The others' loss has a finite gradient (the sweep stops the member's rows too).
+    grad = jax.grad(lambda q0: jnp.sum(jaxdae.simulate_ensemble(
+        BARRIER, formulation, 0.0, 1.5, q0, v0, throw=False, **NON_FINITE).q_final[
+        np.array([0, 1, 3])] ** 2))(q0)
+    assert np.all(np.isfinite(grad)) and np.any(grad[0] != 0)
+
+
 # --- batch_map: the row that raises --------------------------------------------------------
 
 

@@ -1,12 +1,17 @@
 """Ensembles: a batch of trajectories integrated as one ODE on shared steps, each
-member stopped alone where it fails."""
+member stopped alone where it fails (its formulation fails, or its model turns
+non-finite)."""
 
+
+import functools
 
 import diffrax
 import jax
 import jax.numpy as jnp
 
+from .._compilation._private_apis import unvmap_any
 from .._custom_types import Array
+from .._solution import RESULTS
 from ._solvers import AbstractSteppingWrapper
 from ._vector_fields import SolveArgs, detached, jitted_failure, jitted_rates, jitted_row_vjp
 
@@ -43,46 +48,125 @@ def where_rows(rows, a, b):
         lambda x, y: jnp.where(rows.reshape((-1,) + (1,) * (x.ndim - 1)), x, y), a, b)
 
 
-class StopFailedTrajectories(AbstractSteppingWrapper):
-    """The solver of an ensemble whose formulation can fail: a trajectory that fails stops
-    alone, and the others go on.
+# A trajectory whose rates turn non-finite stops once the shared step has shrunk to this
+# many rounding units of `t` (see `StopFailedTrajectories`).
+NON_FINITE_ULPS = 1024
 
-    After every step the formulation's `failure` is evaluated for each trajectory at the
-    step's end, as `simulate`'s `diffrax.Event` does for one trajectory. A trajectory that
-    fails keeps that state: from then on its rates are zero (so its stages stay at its
-    state and it no longer constrains the step size) and the time of the failure is kept
-    in the solver state, `(inner_state, t_failed, failure_values)` (`inf` for the
-    trajectories that have not failed). A rejected step's failures go with it (diffrax
-    keeps the previous solver state).
+# Why a trajectory of an ensemble stopped (`StopFailedTrajectories`' solver state).
+_RUNNING, _FORMULATION_FAILED, _NON_FINITE = 0, 1, 2
+
+
+class StopFailedTrajectories(AbstractSteppingWrapper):
+    """The solver of an ensemble: a trajectory that fails stops alone, and the others go on.
+
+    A trajectory stops where `simulate` would stop it on its own:
+
+    - **its formulation fails** (a formulation that `can_fail`): after every step the
+        formulation's `failure` is evaluated for each trajectory at the step's end, as
+        `simulate`'s `diffrax.Event` does for one trajectory; a trajectory that fails keeps
+        the step's end.
+    - **its model turns non-finite** (nan or inf rates, e.g. a force that leaves its
+        domain): `simulate` alone rejects every step across that point until its step
+        stalls (`StopStalledSteps`, `dt_min_reached`). Here such a trajectory's error is
+        `inf`, so the shared step is rejected and shrinks by the controller's least factor;
+        at a step no longer than `NON_FINITE_ULPS` rounding units of `t` (`ε max(|t|, h₀)`,
+        `h₀` the first step), a trajectory whose rates are not finite at the step's start
+        or at its end (an Euler step ahead) stops at the step's start, before the step is
+        taken, and the other trajectories go on. Its result is `dt_min_reached`, which an
+        eager call names by the non-finite term (`name_non_finite_term`), as for
+        `simulate`. (The stall guard, which ends the whole solve at steps of
+        `4 ε max(|t|, 10⁻³ |t1 − t0|)`, comes first only for a controller that shrinks a
+        rejected step by more than 256 at once (a diffrax `PIDController`'s `factormin`
+        is 0.2 by default), or where `|t|` and `h₀` are both below `4·10⁻⁶ |t1 − t0|`.)
+
+    A stopped trajectory keeps its state: from then on its rates are zero (so its stages
+    stay at its state, even in a solve that couples the trajectories, such as an implicit
+    step's) and its error is zero (it no longer constrains the step size). The solver state
+    is `(inner_state, t_failed, failure_values, why, h₀)`: the time each trajectory stopped
+    (`inf` for those that have not) and why (`stopped_results`). A rejected step's stops go
+    with it (diffrax keeps the previous solver state).
     """
 
     solver: diffrax.AbstractSolver
 
     def init(self, terms, t0, t1, y0, args):
-        t_failed = jnp.full(y0[0].shape[:1], jnp.inf, jnp.result_type(t0))
-        return self.solver.init(terms, t0, t1, y0, args), t_failed, failure_rows(t0, y0, args)
+        rows = y0[0].shape[:1]
+        t_failed = jnp.full(rows, jnp.inf, jnp.result_type(t0))
+        values = failure_rows(t0, y0, args) if args.formulation.can_fail else None
+        # (`t1` is the first step's end: diffrax does not pass the solve's end.)
+        first_step = jnp.abs(jnp.asarray(t1 - t0, t_failed.dtype))
+        return (self.solver.init(terms, t0, t1, y0, args), t_failed, values,
+                jnp.full(rows, _RUNNING, jnp.int32), first_step)
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
-        inner, t_failed, last = solver_state
+        inner, t_failed, last, why, first_step = solver_state
         stopped = jnp.isfinite(t_failed)
+        broken = _non_finite_rows(terms, t0, t1, y0, args, stopped, first_step)
+        stopped = stopped | broken
         y1, y_error, dense_info, inner, result = self.solver.step(
             terms, t0, t1, y0, args._replace(stopped=stopped), inner, made_jump)
         # A first-same-as-last stage stored before the stop still holds the old rate.
         y1 = where_rows(stopped, y0, y1)
         y_error = where_rows(stopped, jax.tree.map(jnp.zeros_like, y_error), y_error)
-        value = failure_rows(t1, y1, args)
-        # As `diffrax.Event`: a flag, or a real value that changed sign.
-        failing = value if value.dtype == bool else jnp.sign(value) != jnp.sign(last)
-        failing = failing & ~stopped
-        t_failed = jnp.where(failing, jnp.asarray(t1, t_failed.dtype), t_failed)
-        return y1, y_error, dense_info, (inner, t_failed, value), result
+        # A row still not finite rejects the step: `inf` (a nan error norm would not say by
+        # how much to shrink the step).
+        finite = _finite_rows(y1) & _finite_rows(y_error)
+        y_error = where_rows(~finite, jax.tree.map(lambda e: jnp.full_like(e, jnp.inf),
+                                                   y_error), y_error)
+        t_failed = jnp.where(broken, jnp.asarray(t0, t_failed.dtype), t_failed)
+        why = jnp.where(broken, _NON_FINITE, why)
+        values = None
+        if args.formulation.can_fail:
+            values = failure_rows(t1, y1, args)
+            # As `diffrax.Event`: a flag, or a real value that changed sign.
+            failing = values if values.dtype == bool else jnp.sign(values) != jnp.sign(last)
+            failing = failing & ~stopped & finite
+            t_failed = jnp.where(failing, jnp.asarray(t1, t_failed.dtype), t_failed)
+            why = jnp.where(failing, _FORMULATION_FAILED, why)
+        return y1, y_error, dense_info, (inner, t_failed, values, why, first_step), result
 
     @staticmethod
     def step_args(args, solver_state, t):
         """The vector field's arguments in the step from `t`, given the solver state at the
-        end of the solve: the rows that failed at or before `t` are stopped (for
+        end of the solve: the rows stopped at or before `t` are stopped (for
         [`jaxdae.ReverseSweepAdjoint`][], which recomputes the steps)."""
         return args._replace(stopped=solver_state[1] <= t)
+
+
+def stopped_results(solver_state, formulation) -> tuple[Array, RESULTS]:
+    """For each trajectory of an ensemble solved by `StopFailedTrajectories` (its final
+    `solver_state`): the time it stopped (`inf`: it did not) and the result that names why
+    (`dt_min_reached` for a model that turned non-finite, as a stalled `simulate`; else the
+    formulation's failure)."""
+    _, t_failed, _, why, _ = solver_state
+    return t_failed, jax.vmap(lambda why: RESULTS.where(
+        why == _NON_FINITE, RESULTS.dt_min_reached, formulation.failure_result))(why)
+
+
+def _finite_rows(tree) -> Array:
+    """Whether each row (leading axis) of every leaf of `tree` is finite."""
+    return functools.reduce(jnp.logical_and, [
+        jnp.all(jnp.isfinite(x).reshape(x.shape[0], -1), axis=1) for x in jax.tree.leaves(tree)])
+
+
+def _non_finite_rows(terms, t0, t1, y0, args, stopped, first_step) -> Array:
+    """The rows not yet `stopped` whose rates are not finite at `t0` or at `t1` (after an
+    Euler step), where the step `t1 − t0` has shrunk to `NON_FINITE_ULPS` rounding units
+    of `t` (`ε max(|t0|, first_step)`); evaluated in a branch taken only then."""
+    dtype = jnp.result_type(t0)
+    unit = jnp.finfo(dtype).eps * jnp.maximum(jnp.abs(t0), first_step)
+    short = jnp.asarray(t1 - t0, dtype) <= NON_FINITE_ULPS * unit
+
+    def probe():
+        running = args._replace(stopped=stopped)
+        rates = terms.vf(t0, y0, running)
+        end = jax.tree.map(lambda y, r: y + (t1 - t0) * r, y0, rates)
+        return ~(_finite_rows(rates) & _finite_rows(end)
+                 & _finite_rows(terms.vf(t1, end, running))) & short
+
+    # (The branch not taken gives `stopped`, masked out below: a constant False broadcast
+    # over the rows would be folded row by row by XLA's GPU compiler.)
+    return jax.lax.cond(unvmap_any(short), probe, lambda: stopped) & ~stopped
 
 
 def failure_rows(t, y, args: SolveArgs):

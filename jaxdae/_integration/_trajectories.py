@@ -24,6 +24,7 @@ from ._ensemble import (
     ensemble_stage_vjp,
     ensemble_vector_field,
     failure_event,
+    stopped_results,
     worst_trajectory_rms,
 )
 from ._failures import first_failure
@@ -145,8 +146,8 @@ class SingleTrajectory(AbstractTrajectories):
 
 class EnsembleTrajectories(AbstractTrajectories):
     """An ensemble: initial states of shape `(B, n)`, one row per trajectory, integrated as
-    one ODE on shared steps; a trajectory whose formulation fails stops alone
-    (`StopFailedTrajectories`)."""
+    one ODE on shared steps; a trajectory whose formulation fails or whose model turns
+    non-finite stops alone (`StopFailedTrajectories`)."""
 
     state_shape: ClassVar[str] = "(B, n)"
     error_norm: ClassVar[Callable] = staticmethod(worst_trajectory_rms)
@@ -195,27 +196,27 @@ class EnsembleTrajectories(AbstractTrajectories):
             system, formulation, t0, q0, v0)
 
     def dynamics(self, formulation, solver):
-        if formulation.can_fail:  # each trajectory stops alone, read from the solver state
-            return (Dynamics(ensemble_vector_field, stage_vjp=ensemble_stage_vjp,
-                             saves_solver_state=True), StopFailedTrajectories(solver))
-        return Dynamics(ensemble_vector_field, stage_vjp=ensemble_stage_vjp), solver
+        # Each trajectory stops alone (its formulation fails or its model turns non-finite),
+        # read from the solver state.
+        return (Dynamics(ensemble_vector_field, stage_vjp=ensemble_stage_vjp,
+                         saves_solver_state=True), StopFailedTrajectories(solver))
 
     def solution(self, system, formulation, start, ts, out, result, limit, reverse):
         t0, q0, v0 = start
         reached = out.result == diffrax.RESULTS.successful
 
-        def trajectory(q0, v0, ys, t_failed, limit):
+        def trajectory(q0, v0, ys, t_failed, failure, limit):
             failed = jnp.isfinite(t_failed)
             ts_saved, ys = cut_at(ts, out.ts, ys, t_failed)
             return assemble_solution(
                 system, formulation, (t0, q0, v0), ts, (ts_saved, ys),
-                (reached & ~failed, RESULTS.where(failed, formulation.failure_result, result),
-                 out.stats), limit, reverse)
+                (reached & ~failed, RESULTS.where(failed, failure, result), out.stats), limit,
+                reverse)
 
         # Saved states are (time, trajectory, coordinate) in an ensemble: one trajectory each.
-        t_failed = (out.solver_state[1] if formulation.can_fail
-                    else jnp.full(q0.shape[:1], jnp.inf, t0.dtype))
-        return jax.vmap(trajectory, in_axes=(0, 0, 1, 0, 0))(q0, v0, out.ys, t_failed, limit)
+        t_failed, failures = stopped_results(out.solver_state, formulation)
+        return jax.vmap(trajectory, in_axes=(0, 0, 1, 0, 0, 0))(q0, v0, out.ys, t_failed,
+                                                                 failures, limit)
 
     def reported_result(self, result):
         return first_failure(result)

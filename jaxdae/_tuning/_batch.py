@@ -263,6 +263,14 @@ def batch_map(
                                    bool(ensemble))
 
 
+def _raised_by_a_check(error: BaseException) -> bool:
+    """Whether `error` was raised by a check on values inside the compiled program
+    (`eqx.error_if`, e.g. a `throw=True` solve that failed; under the caller's `jax.jit` a
+    JAX runtime error that quotes it), rather than by running the program (e.g. out of
+    memory)."""
+    return isinstance(error, eqx.EquinoxRuntimeError) or "EquinoxRuntimeError" in str(error)
+
+
 def _name_failed_row(error: BaseException, fn, args, per_step: int, mesh, ensemble: bool,
                      chunks) -> None:
     """Adds to `error`, raised by a sweep of more than one chunk, a note naming the row of
@@ -271,16 +279,16 @@ def _name_failed_row(error: BaseException, fn, args, per_step: int, mesh, ensemb
     other until one raises, as one compiled program (the chunk's; each with its rows,
     padded by repeating them), then halves of that chunk's rows down to one row."""
     size = batch_size_of(args)
-    if per_step >= size:
-        return  # one chunk: its elements are the batch's rows
+    if per_step >= size or not _raised_by_a_check(error):
+        return  # one chunk (its elements are the batch's rows), or not a row's values
 
     def raises(rows) -> bool:
         rows = np.resize(rows, per_step)
         try:
             jax.block_until_ready(_batch_map(fn, jax.tree.map(lambda x: x[rows], args), None,
                                              mesh, ensemble))
-        except RuntimeError:
-            return True
+        except RuntimeError as again:
+            return _raised_by_a_check(again)
         return False
 
     for k in chunks:
