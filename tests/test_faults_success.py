@@ -159,3 +159,15 @@ def test_a_gradient_that_vanishes_between_steps_is_reported():
                           jnp.array([-1.0, 0.0]), ts=jnp.linspace(0.0, 2.0, 21))
     np.testing.assert_allclose(sol.singular_passages(), [1.0])
     assert float(sol.jacobian_conditioning[0]) == 1.0
+
+
+def test_an_actuated_solve_checks_its_program_constraints():
+    from jaxdae.examples import AdaptiveOpticsElement
+
+    optics = AdaptiveOpticsElement()
+    control = jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=4)
+    q0, v0, w0 = optics.programmed_state(0.0)  # on the programmed motion
+    sol = jaxdae.simulate_actuated(optics, control, 0.0, 1.0, q0, v0, w0,
+                                   constraint_tol=1e-15, throw=False)
+    assert sol.result == EXCEEDED
+    assert jaxdae.simulate_actuated(optics, control, 0.0, 1.0, q0, v0, w0).succeeded

@@ -18,7 +18,6 @@ actuator equations, never `f⁽ᵏ⁾` or `g` by hand. With all gains zero this 
 unstabilized law of eq. [2.9], for which the constraints are only first integrals.
 """
 
-import functools
 
 import diffrax
 import equinox as eqx
@@ -45,6 +44,7 @@ from .._systems._actuated import ActuatedSystem, constraint_groups, lie_derivati
 from .._systems._system import cast_floating
 from ._adjoint import forward_mode_hint, jit_unless_staged
 from ._diagnostics import at_valid, masked, saved_rows
+from ._failures import all_finite
 from ._reporting import raise_failure, solve_traced_inputs
 from ._solve import Dynamics, SolveCall, in_current_mesh, integrate
 from ._trajectories import SingleTrajectory
@@ -232,6 +232,7 @@ def simulate_actuated(
     max_steps: int = 100_000,
     adjoint: diffrax.AbstractAdjoint | None = None,
     throw: bool = True,
+    constraint_tol: ScalarLike | None = None,
 ) -> ActuatedSolution:
     """Simulates an actuated system under constraint-enforcing control (Mukharlyamov (2019), eq.
     [2.12] with the stabilized input of [3.4]–[3.5]), with diffrax.
@@ -248,7 +249,8 @@ def simulate_actuated(
     - `q0`, `v0`, `w0`: initial coordinates, velocities and actuator state. They need not
         satisfy the program constraints: the control pulls the motion back.
     - `ts`, `solver`, `stepsize_controller`, `dt0`, `rtol`, `atol`, `max_steps`, `adjoint`,
-        `throw`: as for [`jaxdae.simulate`][]. For a fixed-step method pass e.g.
+        `throw`, `constraint_tol`: as for [`jaxdae.simulate`][] (the residual is that of
+        the program constraints `f`). For a fixed-step method pass e.g.
         `solver=diffrax.Euler(), stepsize_controller=diffrax.ConstantStepSize(), dt0=τ`.
         The default adjoint for explicit Runge–Kutta solvers, [`jaxdae.ReverseSweepAdjoint`][],
         gives `diffrax.RecursiveCheckpointAdjoint`'s gradient to rounding, faster and with a
@@ -268,7 +270,8 @@ def simulate_actuated(
     """
     call = SolveCall(ts=ts, solver=solver,
                      stepsize_controller=stepsize_controller, dt0=dt0, rtol=rtol, atol=atol,
-                     max_steps=max_steps, adjoint=adjoint, throw=throw)
+                     max_steps=max_steps, adjoint=adjoint, throw=throw,
+                     constraint_tol=constraint_tol)
     q0, v0, w0 = initial_actuated_state(q0, v0, w0)
     dtype = q0.dtype
     times = call.times(t0, t1, dtype)
@@ -297,14 +300,36 @@ def _simulate_actuated(system, control, times, y0, options) -> ActuatedSolution:
     out, result = integrate(_DYNAMICS, (system, control, initial_largest), y0, times, options)
     ts_out, ys, (t_final, y_final) = saved_rows(
         times.ts, (out.ts, out.ys), out.result == diffrax.RESULTS.successful)
-    # Rows the solve did not reach are inf: evaluate at the initial state, then mask.
+    # Rows the solve did not reach are inf: evaluate at the initial state, then mask. The
+    # initial and final states come first and last, for the residual check.
     valid = jnp.isfinite(ts_out)
-    u, residuals = jax.vmap(_outputs, in_axes=(None, None, 0, 0, 0, 0))(
-        system, control, *at_valid(valid, (ts_out, *ys), (t0, *y0)))
+    final_finite = all_finite(t_final, *y_final)
+    final = tuple(jnp.where(final_finite, x, x0) for x, x0 in zip((t_final, *y_final),
+                                                                  (t0, *y0), strict=True))
+    rows = tuple(jnp.concatenate([x0[None], row, x[None]]) for x0, row, x in zip(
+        (t0, *y0), at_valid(valid, (ts_out, *ys), (t0, *y0)), final, strict=True))
+    u, residuals = jax.vmap(_outputs, in_axes=(None, None, 0, 0, 0, 0))(system, control, *rows)
+    result = _checked_result(residuals, final_finite, result, options.residual_limit(*y0[:2]))
     (q, v, w), (q_final, v_final, w_final) = ys, y_final
     return ActuatedSolution(
-        ts=ts_out, q=q, v=v, w=w, u=masked(valid, u),
-        residuals=jax.tree.map(functools.partial(masked, valid), residuals),
+        ts=ts_out, q=q, v=v, w=w, u=masked(valid, u[1:-1]),
+        residuals=jax.tree.map(lambda x: masked(valid, x[1:-1]), residuals),
         t_final=t_final, q_final=q_final, v_final=v_final, w_final=w_final,
         result=result, stats=out.stats,
     )
+
+
+def _checked_result(residuals, final_finite, result, limit) -> RESULTS:
+    """`result`, or `RESULTS.constraint_tol_exceeded` where a solve that reached `t1` ends
+    with its program constraints `f` beyond the residual its tolerances allow (`limit`, as
+    `simulate`'s check) and beyond `f` and `ḟ` at the start.
+    `residuals`: the perturbations at the initial state, the saved ones and the final
+    state."""
+    residuals = jax.lax.stop_gradient(jax.tree.leaves(residuals))
+    initial = jnp.max(jnp.concatenate([jnp.abs(r[0, :2]).ravel() for r in residuals]),
+                      initial=0.0)
+    final = jnp.max(jnp.concatenate([jnp.abs(r[-1, 0]).ravel() for r in residuals]),
+                    initial=0.0)
+    final = jnp.where(final_finite, final, jnp.inf)
+    exceeded = (result == RESULTS.successful) & (final > jnp.maximum(limit[0], initial))
+    return RESULTS.where(exceeded, RESULTS.constraint_tol_exceeded, result)
