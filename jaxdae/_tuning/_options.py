@@ -35,6 +35,14 @@ class Batching(eqx.Module):
 class Checkpointing(eqx.Module):
     """Where and how often [`jaxdae.tune`][] saves its state.
 
+    A resume returns the run after exactly `steps` steps, or refuses and says why: the
+    checkpoint must be of this run (initial parameters and seed, scenarios, the program of
+    one step). `checkpoint.json` is sealed with a digest of all its content (the history
+    included) and names the state file, whose first line names its run and step: an
+    edited file is refused as damaged, a state file of another step or run is refused
+    naming both. A checkpoint keeps only its last state, so one that holds more steps than
+    asked for is refused too: ask for at least its steps, or pass `resume=False`.
+
     **Arguments:**
 
     - `path`: a directory for checkpoints.

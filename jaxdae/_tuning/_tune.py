@@ -473,19 +473,13 @@ def tune(
 
     **Checkpoints and determinism:** the run is a pure function of `(params, scenarios,
     seed)`. Every `Checkpointing.every` steps (and at the end) the trainable parameters,
-    optimizer state, step and PRNG key are saved with `eqx.tree_serialise_leaves` in the
-    directory `Checkpointing.path` with the history, each file written atomically; calling
-    `tune` again with the same arguments resumes and gives bit-identical parameters to an
-    uninterrupted run. A checkpoint written by another run (other initial parameters or
-    seed, other scenarios, or another problem: the traced program of one step with the
-    values it closes over) or a damaged one is refused with what differs. `steps`,
-    `checkpointing.every`, `reporting` and `failures.on_nonfinite` may change between calls.
-    A resume returns the run after exactly `steps` steps, or refuses: `checkpoint.json` is
-    sealed with a digest of all its content (history included) and names the state file,
-    whose header names its run and step, so an edited file or a state copied from another
-    step or run is refused, naming both; a checkpoint that holds more steps than `steps`
-    is refused too (it keeps only its last state; ask for at least its steps, or
-    `resume=False`).
+    optimizer state, step, PRNG key and history are saved in `Checkpointing.path`, each file
+    atomically; calling `tune` again with the same arguments resumes, to parameters
+    bit-identical to an uninterrupted run's after exactly `steps` steps. A checkpoint of
+    another run (other initial parameters or seed, other scenarios, or another problem: the
+    traced program of one step with the values it closes over), a damaged or edited one, or
+    one that holds more than `steps` steps is refused, saying why ([`jaxdae.Checkpointing`][]).
+    `steps`, `checkpointing.every`, `reporting` and `failures.on_nonfinite` may change.
 
     **A step that cannot run** stops the run with its last good parameters kept (and
     checkpointed), as `error.result` (a `TuneResult`): an update that would take a gain out
