@@ -145,8 +145,9 @@ def too_large(gain, xnp=jnp) -> Bool[Array, ""]:
 
 def require_positive_definite(name: str, gain: Array, reason: str) -> tuple[TracedCheck, ...]:
     """Checks that `gain` is finite, not so large that its products overflow
-    (`too_large`), and SPD: eagerly (`ValueError`) if concrete, returning no check; traced,
-    returns the checks `(flag, message)` for the caller to attach (`attach_checks`)."""
+    (`too_large`), and SPD: eagerly (`ValueError`, one message each) if concrete, returning
+    no check; traced, returns one check `(flag, message)` for both, for the caller to
+    attach (`attach_checks`)."""
     overflow = (
         f"`{name}` must have entries of at most {gain_limit(gain.dtype):.3g} in magnitude "
         f"(√ of the largest {gain.dtype.name}): the formulation multiplies gains with each "
@@ -161,4 +162,8 @@ def require_positive_definite(name: str, gain: Array, reason: str) -> tuple[Trac
         if bool(not_positive_definite(gain_np, np)):
             raise ValueError(f"{message} Got {describe_gain(gain)}.")
         return ()
-    return ((too_large(gain), overflow), (not_positive_definite(gain), message))
+    # One check per gain (each is a branch of the compiled program's error).
+    return ((too_large(gain) | not_positive_definite(gain),
+             f"{message[:-1]}, with entries of at most {gain_limit(gain.dtype):.3g} in "
+             "magnitude (larger ones overflow in the equations of motion, and the solve "
+             "would fail as if the model had broken down)."),)
