@@ -141,6 +141,20 @@ def test_redundant_constraints_are_not_a_singular_passage():
     np.testing.assert_allclose(plain.jacobian_conditioning, 1.0)
 
 
+class Falling(jaxdae.LagrangianSystem):
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def potential_energy(self, t, q):
+        return 9.81 * q[1]
+
+
+def test_a_system_without_constraints_is_never_singular():
+    sol = jaxdae.simulate(Falling(), BAUMGARTE, 0.0, 1.0, Q0, V0, ts=jnp.linspace(0, 1, 3))
+    np.testing.assert_allclose(sol.jacobian_conditioning, 1.0)
+    assert sol.succeeded and sol.singular_passages().size == 0
+
+
 class VanishingGradient(jaxdae.LagrangianSystem):
     """`q₀² = (1 − t)²`: the constraint's gradient `2 q₀` vanishes at `t = 1`, where the
     branches `q₀ = ±(1 − t)` cross."""

@@ -270,6 +270,8 @@ def gram_eigenvalues(matrix: Float[Array, "c n"]) -> Float[Array, " c"]:
     """The eigenvalues of `A Aᵀ`, ascending: the squared singular values of `A`. In closed
     form for one or two rows ([`extreme_eigenvalues`][])."""
     gram = matrix @ matrix.T
+    if matrix.shape[0] == 0:
+        return jnp.zeros(0, matrix.dtype)
     if matrix.shape[0] <= 2:
         return jnp.stack(extreme_eigenvalues(gram)[: matrix.shape[0]])
     return jnp.linalg.eigvalsh(gram)
