@@ -185,3 +185,11 @@ def test_an_actuated_solve_checks_its_program_constraints():
                                    constraint_tol=1e-15, throw=False)
     assert sol.result == EXCEEDED
     assert jaxdae.simulate_actuated(optics, control, 0.0, 1.0, q0, v0, w0).succeeded
+
+
+def test_a_spectrum_not_computed_is_no_passage():
+    from jaxdae._integration._diagnostics import conditioning
+
+    # Beyond `CONDITIONING_MAX` constraints the spectrum is `nan`: so is the conditioning.
+    assert np.all(np.isnan(conditioning(jnp.full((3, 50), jnp.nan))))
+    np.testing.assert_allclose(conditioning(jnp.array([[1.0, 4.0], [0.0, 4.0]])), [0.5, 0.0])

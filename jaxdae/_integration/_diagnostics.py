@@ -61,7 +61,8 @@ def conditioning(spectra: Float[Array, "N c"]) -> Float[Array, " N"]:
     largest = jnp.maximum(spectra[:, -1], first[-1])
     kept = spectra[:, count - jnp.maximum(rank, 1)]
     ratio = jnp.sqrt(jnp.maximum(kept, 0) / jnp.where(largest > 0, largest, 1.0))
-    return jnp.where(largest > 0, ratio, 0.0)
+    # (A spectrum that is not computed, `nan`, stays `nan`.)
+    return jnp.where(largest > 0, ratio, jnp.where(jnp.isnan(largest), jnp.nan, 0.0))
 
 
 @eqx.filter_custom_vjp
