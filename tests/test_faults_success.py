@@ -1,7 +1,8 @@
 """What `succeeded` promises: a completed solve whose constraint residual ends beyond what its
 formulation and tolerances allow is a named failure (`constraint_tol_exceeded`), and a solve
 that passes near a singular configuration says where (`jacobian_conditioning`,
-`singular_passages`). docs/failures.md states both rules."""
+`singular_passages`). docs/failures.md states both rules. The default tier keeps one case of
+each rule; the slow tier the other kinds of solve (fixed steps, ensembles, actuated)."""
 
 import diffrax
 import jax
@@ -52,6 +53,7 @@ def test_a_target_that_leaves_the_workspace_is_not_a_success():
                            RECEDING_V0).succeeded
 
 
+@pytest.mark.slow
 def test_coarse_fixed_steps_are_not_a_success():
     coarse = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 2.0, Q0, V0, solver=diffrax.Euler(),
                              stepsize_controller=diffrax.ConstantStepSize(), dt0=0.02,
@@ -66,6 +68,7 @@ def test_coarse_fixed_steps_are_not_a_success():
     assert fine.succeeded
 
 
+@pytest.mark.slow
 def test_a_forced_minimum_step_that_misses_the_tolerance_is_not_a_success():
     controller = diffrax.PIDController(rtol=1e-10, atol=1e-12, dtmin=0.05, force_dtmin=True)
     sol = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 2.0, Q0, V0, solver=diffrax.Heun(),
@@ -102,6 +105,7 @@ def test_a_penalty_is_allowed_its_equilibrium_violation():
     assert strict.result == EXCEEDED
 
 
+@pytest.mark.slow
 def test_unstabilized_drift_and_an_inconsistent_start_are_no_failure():
     # Nothing pulls an unstabilized solve back: its drift is no failure, however large.
     drift = jaxdae.simulate(PENDULUM, jaxdae.Unstabilized(), 0.0, 3.0, Q0, V0,
@@ -113,6 +117,7 @@ def test_unstabilized_drift_and_an_inconsistent_start_are_no_failure():
     assert start.succeeded and _residual(start) > 1e-3
 
 
+@pytest.mark.slow
 def test_each_trajectory_of_an_ensemble_has_its_own_result():
     q0 = jnp.stack([Q0, Q0])
     v0 = jnp.stack([V0, V0])
@@ -121,6 +126,7 @@ def test_each_trajectory_of_an_ensemble_has_its_own_result():
     assert np.all(np.asarray(sols.result._value) == EXCEEDED._value)
 
 
+@pytest.mark.slow
 def test_a_passage_through_a_singular_configuration_is_reported():
     # The arm folds at t ≈ 0.493 s (`J M⁻¹ Jᵀ` singular); the pseudo-inverse runs through.
     ts = jnp.linspace(0.0, 0.8, 81)
@@ -175,6 +181,7 @@ def test_a_gradient_that_vanishes_between_steps_is_reported():
     assert float(sol.jacobian_conditioning[0]) == 1.0
 
 
+@pytest.mark.slow
 def test_an_actuated_solve_checks_its_program_constraints():
     from jaxdae.examples import AdaptiveOpticsElement
 
