@@ -6,6 +6,7 @@ than they hold."""
 import json
 import shutil
 
+import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -90,6 +91,17 @@ def test_an_ensemble_member_whose_model_turns_non_finite_is_named_as_alone(formu
                        match=r"(?s)non-finite generalized forces.*batch element \(2,\)"):
         jaxdae.simulate_ensemble(BARRIER, formulation, 0.0, 1.5, q0, v0, ts=ENSEMBLE_TS,
                                  **NON_FINITE)
+    # Fixed steps: the member stops at the step that left the domain (`non_finite_state`,
+    # as on its own); the others take the same steps as on their own.
+    fixed = dict(stepsize_controller=diffrax.ConstantStepSize(), dt0=0.01, ts=ENSEMBLE_TS,
+                 throw=False)
+    sol = jaxdae.simulate_ensemble(BARRIER, formulation, 0.0, 1.5, q0, v0, **fixed)
+    alone = [jaxdae.simulate(BARRIER, formulation, 0.0, 1.5, q, v, **fixed)
+             for q, v in zip(q0, v0, strict=True)]
+    assert [int(s.result._value) for s in alone] == np.asarray(sol.result._value).tolist()
+    assert int(sol.result._value[2]) == int(jaxdae.RESULTS.non_finite_state._value)
+    for i in (0, 1, 3):
+        np.testing.assert_allclose(sol.q[i], alone[i].q, rtol=0, atol=1e-12)
     # The others' loss has a finite gradient (the sweep stops the member's rows too).
     grad = jax.grad(lambda q0: jnp.sum(jaxdae.simulate_ensemble(
         BARRIER, formulation, 0.0, 1.5, q0, v0, throw=False, **NON_FINITE).q_final[

@@ -52,8 +52,10 @@ def where_rows(rows, a, b):
 # many rounding units of `t` (see `StopFailedTrajectories`).
 NON_FINITE_ULPS = 1024
 
-# Why a trajectory of an ensemble stopped (`StopFailedTrajectories`' solver state).
-_RUNNING, _FORMULATION_FAILED, _NON_FINITE = 0, 1, 2
+# Why a trajectory of an ensemble stopped (`StopFailedTrajectories`' solver state): its
+# formulation failed, its rates are not finite over a stalled step, its state is not finite
+# after a step that was kept (fixed steps).
+_RUNNING, _FORMULATION_FAILED, _STALLED, _NON_FINITE_STATE = 0, 1, 2, 3
 
 
 class StopFailedTrajectories(AbstractSteppingWrapper):
@@ -78,6 +80,9 @@ class StopFailedTrajectories(AbstractSteppingWrapper):
         `4 ε max(|t|, 10⁻³ |t1 − t0|)`, comes first only for a controller that shrinks a
         rejected step by more than 256 at once (a diffrax `PIDController`'s `factormin`
         is 0.2 by default), or where `|t|` and `h₀` are both below `4·10⁻⁶ |t1 − t0|`.)
+        With fixed steps, which keep every step, a trajectory whose state is not finite
+        after a step stops at the step's start instead, with `non_finite_state`, the
+        result of a fixed-step `simulate` that overflows.
 
     A stopped trajectory keeps its state: from then on its rates are zero (so its stages
     stay at its state, even in a solve that couples the trajectories, such as an implicit
@@ -108,19 +113,21 @@ class StopFailedTrajectories(AbstractSteppingWrapper):
         # A first-same-as-last stage stored before the stop still holds the old rate.
         y1 = where_rows(stopped, y0, y1)
         y_error = where_rows(stopped, jax.tree.map(jnp.zeros_like, y_error), y_error)
-        # A row still not finite rejects the step: `inf` (a nan error norm would not say by
-        # how much to shrink the step).
-        finite = _finite_rows(y1) & _finite_rows(y_error)
-        y_error = where_rows(~finite, jax.tree.map(lambda e: jnp.full_like(e, jnp.inf),
-                                                   y_error), y_error)
-        t_failed = jnp.where(broken, jnp.asarray(t0, t_failed.dtype), t_failed)
-        why = jnp.where(broken, _NON_FINITE, why)
+        # A row still not finite stops at the step's start, with an `inf` error (a nan
+        # norm would not say by how much to shrink the step): an adaptive controller
+        # rejects the step, and the stop goes with it; fixed steps keep both.
+        lost = ~(_finite_rows(y1) & _finite_rows(y_error))
+        y1 = where_rows(lost, y0, y1)
+        y_error = where_rows(lost, jax.tree.map(lambda e: jnp.full_like(e, jnp.inf), y_error),
+                             y_error)
+        t_failed = jnp.where(broken | lost, jnp.asarray(t0, t_failed.dtype), t_failed)
+        why = jnp.where(broken, _STALLED, jnp.where(lost, _NON_FINITE_STATE, why))
         values = None
         if args.formulation.can_fail:
             values = failure_rows(t1, y1, args)
             # As `diffrax.Event`: a flag, or a real value that changed sign.
             failing = values if values.dtype == bool else jnp.sign(values) != jnp.sign(last)
-            failing = failing & ~stopped & finite
+            failing = failing & ~stopped & ~lost
             t_failed = jnp.where(failing, jnp.asarray(t1, t_failed.dtype), t_failed)
             why = jnp.where(failing, _FORMULATION_FAILED, why)
         return y1, y_error, dense_info, (inner, t_failed, values, why, first_step), result
@@ -136,11 +143,16 @@ class StopFailedTrajectories(AbstractSteppingWrapper):
 def stopped_results(solver_state, formulation) -> tuple[Array, RESULTS]:
     """For each trajectory of an ensemble solved by `StopFailedTrajectories` (its final
     `solver_state`): the time it stopped (`inf`: it did not) and the result that names why
-    (`dt_min_reached` for a model that turned non-finite, as a stalled `simulate`; else the
-    formulation's failure)."""
+    (as `simulate` names it alone: `dt_min_reached` for rates that turned non-finite, where
+    adaptive steps stalled; `non_finite_state` for a state that did, with fixed steps; else
+    the formulation's failure)."""
     _, t_failed, _, why, _ = solver_state
-    return t_failed, jax.vmap(lambda why: RESULTS.where(
-        why == _NON_FINITE, RESULTS.dt_min_reached, formulation.failure_result))(why)
+
+    def result(why):
+        return RESULTS.where(why == _STALLED, RESULTS.dt_min_reached, RESULTS.where(
+            why == _NON_FINITE_STATE, RESULTS.non_finite_state, formulation.failure_result))
+
+    return t_failed, jax.vmap(result)(why)
 
 
 def _finite_rows(tree) -> Array:
