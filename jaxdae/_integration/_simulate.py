@@ -150,7 +150,11 @@ def simulate_ensemble(
     state from then on while the others go on. Its row of the `Solution` is what
     `simulate` returns for it (its `result` names the failure, `t_final` and `q_final`
     are where it stopped, later saved times are `inf`); the steps are shared, so they are
-    smaller near every trajectory's failure.
+    smaller near every trajectory's failure. A trajectory whose model turns non-finite (a
+    force that becomes nan) stops alone in the same way, once the shared step has shrunk to
+    the rounding level of `t` on its account, with the result `simulate` gives it
+    (`dt_min_reached`, named by the non-finite term when called eagerly;
+    `non_finite_state` with fixed steps).
 
     **Arguments:**
 
