@@ -277,3 +277,10 @@ def test_a_batch_member_with_no_consistent_state_is_reported_alone():
     with pytest.raises(Exception, match="No consistent initial state found"):
         jax.vmap(lambda t: jaxdae.consistent_initial_state(_Shrinking(), t, Q_GUESS,
                                                            V_GUESS))(times)
+
+
+def test_chunks_of_outputs_of_size_zero():
+    # A `Solution` without nonholonomic constraints has `psi` of shape (N, 0).
+    out = jaxdae.batch_map(lambda x: (2 * x, jnp.zeros((3, 0))), jnp.arange(5.0), chunk_size=2)
+    np.testing.assert_array_equal(out[0], 2 * np.arange(5.0))
+    assert out[1].shape == (5, 3, 0)

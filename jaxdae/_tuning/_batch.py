@@ -1,6 +1,7 @@
 """Large batches of simulations: `vmap` in chunks, sharded over devices with JAX's runtime."""
 
 import json
+import math
 import os
 import warnings
 from collections.abc import Callable
@@ -101,6 +102,24 @@ def _place(x, mesh: Mesh, spec: PartitionSpec):
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
+def _chunked_map(fn, args, size: int, chunk_size: int):
+    """`fn` over the rows of `args`, `chunk_size` rows at a time (`jax.lax.map`). Outputs of
+    size zero (a `Solution`'s `psi` without nonholonomic constraints) are left out of the
+    map and filled in after: `jax.lax.map` with a `batch_size` cannot split them."""
+    shapes = jax.eval_shape(lambda a: fn(*a), jax.tree.map(lambda x: x[0], args))
+    empty = [math.prod(leaf.shape) == 0 for leaf in jax.tree.leaves(shapes)]
+
+    def nonempty(a):
+        leaves, tree = jax.tree.flatten(fn(*a))
+        return [leaf for leaf, skip in zip(leaves, empty, strict=True) if not skip], tree
+
+    kept = jax.lax.map(lambda a: nonempty(a)[0], args, batch_size=chunk_size)
+    kept = iter(kept)
+    leaves = [jnp.zeros((size,) + leaf.shape, leaf.dtype) if skip else next(kept)
+              for leaf, skip in zip(jax.tree.leaves(shapes), empty, strict=True)]
+    return jax.tree.unflatten(jax.tree.structure(shapes), leaves)
+
+
 @eqx.filter_jit
 def _batch_map(fn, args, chunk_size, mesh, ensemble=False):
     size = batch_size_of(args)
@@ -108,7 +127,7 @@ def _batch_map(fn, args, chunk_size, mesh, ensemble=False):
     if mesh is None and not ensemble:
         if chunk_size is None:
             return rows(args)
-        return jax.lax.map(lambda a: fn(*a), args, batch_size=chunk_size)
+        return _chunked_map(fn, args, size, chunk_size)
     # The batch axis is sharded over the mesh and the vmapped program partitioned by XLA
     # (GSPMD): each device runs its slice of every chunk. (`shard_map` would let each device
     # run its own solver loop without meeting the others at every iteration, faster on a
