@@ -179,6 +179,9 @@ def test_a_gradient_that_vanishes_between_steps_is_reported():
                           jnp.array([-1.0, 0.0]), ts=jnp.linspace(0.0, 2.0, 21))
     np.testing.assert_allclose(sol.singular_passages(), [1.0])
     assert float(sol.jacobian_conditioning[0]) == 1.0
+    for bad in (float("nan"), 0.0, -1.0, 2.0, "0.1"):
+        with pytest.raises(ValueError, match="threshold"):
+            sol.singular_passages(threshold=bad)
 
 
 @pytest.mark.slow
