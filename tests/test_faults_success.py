@@ -203,3 +203,12 @@ def test_a_spectrum_not_computed_is_no_passage():
     # Beyond `CONDITIONING_MAX` constraints the spectrum is `nan`: so is the conditioning.
     assert np.all(np.isnan(conditioning(jnp.full((3, 50), jnp.nan))))
     np.testing.assert_allclose(conditioning(jnp.array([[1.0, 4.0], [0.0, 4.0]])), [0.5, 0.0])
+
+
+def test_adjoints_that_cannot_differentiate_the_solve_are_named():
+    with pytest.raises(ValueError, match="ImplicitAdjoint.*steady states"):
+        jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.5, Q0, V0,
+                        adjoint=diffrax.ImplicitAdjoint())
+    with pytest.raises(ValueError, match="BacksolveAdjoint.*Baumgarte's test"):
+        jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.5, Q0, V0,
+                        adjoint=diffrax.BacksolveAdjoint())

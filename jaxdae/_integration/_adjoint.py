@@ -201,6 +201,23 @@ def _unwrapped(solver):
     return solver
 
 
+def check_adjoint(adjoint, stops_at_events: bool, reason: str) -> None:
+    """`ValueError` for a diffrax adjoint that cannot differentiate this solve:
+    `diffrax.ImplicitAdjoint` (steady states only) always, `diffrax.BacksolveAdjoint` where
+    the solve stops at events (`stops_at_events`, because of `reason`)."""
+    use = ("use the default (`adjoint=None`), `diffrax.RecursiveCheckpointAdjoint()` or "
+           "`diffrax.ForwardMode()`")
+    if isinstance(adjoint, diffrax.ImplicitAdjoint):
+        raise ValueError(
+            "`adjoint=diffrax.ImplicitAdjoint()` differentiates steady states (a solve saved "
+            f"at `t1` only, stopped by a steady-state event); a trajectory is not one: {use}.")
+    if isinstance(adjoint, diffrax.BacksolveAdjoint) and stops_at_events:
+        raise ValueError(
+            "`adjoint=diffrax.BacksolveAdjoint()` cannot differentiate a solve that stops at "
+            f"events, and this one does ({reason}): {use}; or a formulation without a "
+            "stopping test, such as `jaxdae.ModifiedLagrange` or `jaxdae.PseudoInverse`.")
+
+
 def default_adjoint(solver, max_steps) -> diffrax.AbstractAdjoint | ReverseSweepAdjoint:
     """The adjoint of a solve given none: [`jaxdae.ReverseSweepAdjoint`][] for an explicit
     Runge–Kutta `solver` with a step limit, else `diffrax.RecursiveCheckpointAdjoint` with

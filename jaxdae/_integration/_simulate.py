@@ -67,8 +67,10 @@ def simulate(
         beyond are re-solved from checkpoints); for other solvers
         `diffrax.RecursiveCheckpointAdjoint(checkpoints=32)`. Both work in reverse mode
         (`jax.grad`); forward mode (`jax.jvp`, `jax.jacfwd`) needs
-        `adjoint=diffrax.ForwardMode()` (a `ValueError` says so). Any diffrax adjoint may be
-        passed.
+        `adjoint=diffrax.ForwardMode()` (a `ValueError` says so). Other diffrax adjoints
+        may be passed, except `diffrax.ImplicitAdjoint` (steady states only) and, where the
+        solve stops at events (a formulation's singularity test, gaps, fixed steps),
+        `diffrax.BacksolveAdjoint`: both are refused with a `ValueError`.
     - `throw`: raise [`jaxdae.SimulationError`][] when the solve fails (the message says what
         happened, at which `t` and `q`); with `False` inspect `Solution.result` instead.
     - `constraint_tol`: the largest constraint residual `max(|Φ|, |Ψ|)` at `t1` that a

@@ -15,7 +15,7 @@ from .._gains import is_concrete
 from .._solution import Solution
 from .._systems._structure import constant_mass_factor
 from .._systems._system import cast_floating
-from ._adjoint import forward_mode_hint, jit_unless_staged, reverse_only
+from ._adjoint import check_adjoint, forward_mode_hint, jit_unless_staged, reverse_only
 from ._events import EventDriven, event_dynamics, event_settings, integrate_with_events
 from ._failures import name_non_finite_term
 from ._reporting import TracedChecks, check_traced, raise_failure
@@ -70,6 +70,13 @@ def solve_system(system, formulation, t0, t1, q0, v0, call: SolveCall,
 
     options = call.options(dtype, trajectories.error_norm)
     settings = event_settings(system, call, trajectories, t0, q0, v0, eager)
+    stops = [reason for stops, reason in (
+        (formulation.can_fail, f"{type(formulation).__name__}'s test for singular "
+                               "configurations"),
+        (settings is not None, "the system's gaps"),
+        (isinstance(options.stepsize_controller, diffrax.ConstantStepSize),
+         "fixed steps' test for a non-finite state")) if stops]
+    check_adjoint(call.adjoint, bool(stops), ", ".join(stops))
     if settings is not None and call.adjoint is None:
         options = eqx.tree_at(lambda o: o.adjoint, options,
                               diffrax.RecursiveCheckpointAdjoint(_thresholds.CHECKPOINTS))
