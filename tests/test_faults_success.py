@@ -212,3 +212,12 @@ def test_adjoints_that_cannot_differentiate_the_solve_are_named():
     with pytest.raises(ValueError, match="BacksolveAdjoint.*Baumgarte's test"):
         jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.5, Q0, V0,
                         adjoint=diffrax.BacksolveAdjoint())
+
+
+@pytest.mark.slow
+def test_a_projected_implicit_solver_stops_its_iterations_on_the_tolerances():
+    # The wrapped implicit solver's root finder takes the controller's tolerances too.
+    sol = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.5, Q0, V0,
+                          solver=jaxdae.Projected(diffrax.Kvaerno5()))
+    reference = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.5, Q0, V0)
+    np.testing.assert_allclose(sol.q_final, reference.q_final, atol=1e-7)

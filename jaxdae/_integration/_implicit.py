@@ -11,6 +11,7 @@ import optimistix as optx
 
 from .._compilation._private_apis import use_stepsize_tol
 from .._custom_types import PyTree, Scalar
+from ._solvers import AbstractSolverWrapper
 
 
 class ToleranceChord(optx.AbstractRootFinder):
@@ -118,6 +119,9 @@ def configure_implicit(solver: diffrax.AbstractSolver, rtol, atol,
     `solver`, with a `diffrax.VeryChord` root finder replaced by a
     [`jaxdae.ToleranceChord`][] (its `kappa` and linear solver kept).
     """
+    if isinstance(solver, AbstractSolverWrapper):  # e.g. `jaxdae.Projected`: the wrapped one
+        return eqx.tree_at(lambda s: s.solver, solver,
+                           configure_implicit(solver.solver, rtol, atol, norm))
     if not isinstance(solver, diffrax.AbstractImplicitSolver):
         return solver
     finder = solver.root_finder
