@@ -284,3 +284,10 @@ def test_chunks_of_outputs_of_size_zero():
     out = jaxdae.batch_map(lambda x: (2 * x, jnp.zeros((3, 0))), jnp.arange(5.0), chunk_size=2)
     np.testing.assert_array_equal(out[0], 2 * np.arange(5.0))
     assert out[1].shape == (5, 3, 0)
+
+
+def test_no_scenarios_and_a_vector_loss_are_named():
+    with pytest.raises(ValueError, match="holds no scenario"):
+        _tune(None, scenarios=jnp.zeros(0))
+    with pytest.raises(TypeError, match="`loss` must return a scalar"):
+        _tune(None, loss=lambda output: jnp.stack([output, output]))

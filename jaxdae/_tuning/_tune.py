@@ -556,6 +556,9 @@ class _TuningRun:
         self.simulate_fn, self.scenarios, self.loss = simulate_fn, scenarios, loss
         self.optimizer, self.steps, self.regularization = optimizer, steps, regularization
         self.size = batch_size_of(scenarios)
+        if self.size == 0:
+            raise ValueError("`scenarios` holds no scenario (its leading axis has length 0): "
+                             "pass at least one.")
         self._check(steps, optimizer)
         trainable_params, self.static = eqx.partition(params, trainable)
         if not jax.tree.leaves(trainable_params):
@@ -708,6 +711,10 @@ class _TuningRun:
                       f"its own ({listed}). The parameters after step {step} are kept: "
                       "`error.result`.", error)
         self.save()
+        if isinstance(error, TypeError) and "scalar-output" in str(error):
+            error.add_note("`loss` must return a scalar for one scenario (it is applied to "
+                           "each scenario's output, and the losses are averaged): reduce "
+                           "it, e.g. with `jnp.sum`.")
         error.add_note(f"(raised by jaxdae.tune in step {step + 1}"
                        + ("" if self.directory is None else
                           f"; the parameters after step {step} are saved in "
