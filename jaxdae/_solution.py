@@ -112,9 +112,11 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
         projection_failed = (
             "The projection onto the constraint manifold (`jaxdae.Projected`) did not "
             "converge after an accepted step: its Newton iterations left |Φ| or |Φ̇, Ψ| "
-            "above its tolerance (near a singular configuration, where J M⁻¹ Jᵀ is nearly "
-            "singular; constraints that no configuration meets). Reduce `rtol`/`atol` (a smaller "
-            "drift per step), raise `Projected(iterations=...)` or loosen its `tol`."
+            "above its tolerance: a start far off the constraints (project it first with "
+            "`jaxdae.consistent_initial_state`), a singular configuration nearby, where "
+            "J M⁻¹ Jᵀ is nearly singular, or constraints that no configuration meets. Reduce "
+            "`rtol`/`atol` (a smaller drift per step), raise `Projected(iterations=...)` or "
+            "loosen its `tol`."
         )
         invalid_input = (
             "The input of this member of a traced batch is invalid (a non-finite initial "
