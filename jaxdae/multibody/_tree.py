@@ -1,6 +1,7 @@
 """A spatial mechanism in joint coordinates: a tree of bodies whose dynamics come from the
 recursive algorithms of robotics, with loops closed by constraints."""
 
+import functools
 from collections.abc import Sequence
 
 import equinox as eqx
@@ -9,9 +10,11 @@ import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 
+from .. import _thresholds
 from .._analysis._control import AbstractController
 from .._compilation._gather import take
 from .._compilation._operators import FactoredOperator, MassFactor
+from .._compilation._sparse import cholesky_factor
 from .._custom_types import Array, Float
 from .._systems._system import (
     AbstractSystem,
@@ -358,6 +361,22 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 jnp.outer(p, p) / (p @ p)) @ select
         return mass_matrix
 
+    def _mass_factor(self, mass) -> MassFactor:
+        """The Cholesky factor of `M`, block by block where several subtrees hang from the
+        ground (`M` is block diagonal over them: a body moves no other subtree's joints),
+        each block a loop over its own columns."""
+        blocks = _subtree_blocks(self.topology)
+        if blocks is None:
+            return MassFactor.factor(mass)
+        n = mass.shape[0]
+        rows = []
+        for start, stop in blocks:
+            block = mass[start:stop, start:stop]
+            # Looped at every size: a small block unrolled alone is many tiny kernels.
+            low = cholesky_factor(0.5 * (block + block.T), unroll_max=0)
+            rows.append(jnp.pad(low, ((0, 0), (start, n - stop))))
+        return MassFactor(None, jnp.concatenate(rows))
+
     def _selection(self, position, dtype):
         """The `(4, n)` matrix that picks the Euler parameters of the body at `position`."""
         dofs = self.topology.dofs[position]
@@ -517,7 +536,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         # (written out for small `M`, a loop fused with the rest of the right-hand side up to
         # `LOOPED_MAX`), not a library call of their own.
         operator = FactoredOperator(lx.MatrixLinearOperator(mass, lx.positive_semidefinite_tag),
-                                    MassFactor.factor(mass))
+                                    self._mass_factor(mass))
         return cast_floating(ConstrainedTerms(
             mass, forces, phi, dphi, jnp.zeros((0,), q.dtype), jacobian, gamma,
             energy=energy, mass_operator=operator), q.dtype)
@@ -558,6 +577,30 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 index = self.joint_slice(name).start
                 q, v = q.at[index].set(value), v.at[index].set(rate)
         return q, v, Driven(self, held, t0) if self.topology.closures else None
+
+
+@functools.lru_cache(maxsize=64)
+def _subtree_blocks(top: Topology) -> tuple[tuple[int, int], ...] | None:
+    """The diagonal blocks of `M`, `(start, stop)` in `q`, of the subtrees hanging from the
+    ground where there are several and each one's coordinates are contiguous in `q`, up to
+    `LOOPED_MAX` coordinates in all; else `None`."""
+    n = top.num_coordinates
+    if n > _thresholds.LOOPED_MAX:
+        return None
+    root = list(range(len(top.parent)))
+    for k in range(len(top.parent)):
+        while top.parent[root[k]] >= 0:
+            root[k] = top.parent[root[k]]
+    subtree = np.full(n, -1)
+    for k, dofs in enumerate(top.dofs):
+        for j in dofs:
+            if j < n:
+                subtree[j] = root[k]
+    cuts = [0] + [j for j in range(1, n) if subtree[j] != subtree[j - 1]] + [n]
+    blocks = tuple(zip(cuts[:-1], cuts[1:], strict=True))
+    if len(blocks) < 2 or len({subtree[start] for start, _ in blocks}) < len(blocks):
+        return None
+    return blocks
 
 
 class TreeKinematics:
