@@ -17,6 +17,7 @@ from .._checks import (
     check_leaf_dtypes,
     check_real,
     check_tolerances,
+    described,
     dtype_problem,
     tolerance_problem,
 )
@@ -28,15 +29,27 @@ from .._systems._nonholonomic import is_not_affine
 from .._systems._structure import (
     is_mass_positive_definite,
 )
-from .._systems._system import AbstractSystem, LagrangianSystem
+from .._systems._system import AbstractSystem, LagrangianSystem, require_output
 from ._solvers import AbstractSolverWrapper
 from ._vector_fields import system_terms
 
 
 def float_array(name: str, value) -> Array:
     """`value` as a real floating array (integers become floats); complex and float16
-    values are refused (`dtype_problem`)."""
-    array = jnp.asarray(value)
+    values are refused (`dtype_problem`), and so are values that are not numbers (`TypeError`;
+    a NumPy object array of numbers is converted)."""
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        try:
+            value = value.astype(float)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"`{name}` must be an array of real numbers; got a NumPy object "
+                            f"array that does not convert to floats ({error}). Pass e.g. "
+                            f"`np.asarray({name}, dtype=float)`.") from error
+    try:
+        array = jnp.asarray(value)
+    except TypeError as error:
+        raise TypeError(f"`{name}` must be an array of real numbers; got {described(value)} "
+                        f"({error}). Pass a JAX or NumPy array of floats.") from error
     check_real(**{name: array})
     if not jnp.issubdtype(array.dtype, jnp.floating):
         array = array.astype(jnp.result_type(float))
@@ -247,6 +260,9 @@ def check_structure(system, formulation, t0, q0, v0):
         raise ValueError(
             f"`q0` and `v0` must have the same shape (n,); got {q0.shape} and {v0.shape}."
         )
+    if q0.shape[0] == 0:
+        raise ValueError(f"`q0` and `v0` are empty (shape {q0.shape}): a system needs at least "
+                         "one coordinate; pass one entry per generalized coordinate.")
     key = (signature(system), signature((t0, q0, v0)))
     counts = COUNTS.get(key)
     if counts is None:
@@ -268,39 +284,71 @@ def check_structure(system, formulation, t0, q0, v0):
 
 COUNTS: dict = {}  # constraint counts per (system, state) signature
 
-# The model functions a user writes, with the arguments they take.
-_MODEL_FUNCTIONS = {"kinetic_energy": 3, "mass_matrix": 2, "potential_energy": 2,
-                    "generalized_forces": 3, "hamiltonian": 3, "constraints": 2,
-                    "velocity_constraints": 3}
+# The model functions a user writes, with the arguments they take and the shape of what
+# they return (a `str`: a size of any value; "n" the number of coordinates).
+_MODEL_FUNCTIONS = {"kinetic_energy": (3, ()), "mass_matrix": (2, ("n", "n")),
+                    "potential_energy": (2, ()), "generalized_forces": (3, ("n",)),
+                    "hamiltonian": (3, ()), "constraints": (2, ("m",)),
+                    "velocity_constraints": (3, ("k",))}
+
+_TRACER_FIXES = (
+    (jax.errors.TracerArrayConversionError,
+     "converts a traced JAX array to a NumPy array (a `numpy` function such as `np.sin` "
+     "called on `q`, or `np.asarray`): jaxdae traces the model functions to differentiate "
+     "and compile them. Use `jax.numpy` (`jnp.sin`, ...) instead of `numpy` on values that "
+     "depend on t, q or v"),
+    (jax.errors.ConcretizationTypeError,
+     "asks for the concrete value of a traced array (a Python `if` or `while` on a value "
+     "that depends on t, q or v, or `bool()`, `float()`, `int()` of it): jaxdae traces the "
+     "model functions to differentiate and compile them. Use `jnp.where(cond, a, b)` or "
+     "`jax.lax.cond` instead of a Python `if` on values"),
+    (jax.errors.TracerIntegerConversionError,
+     "uses a traced array as a Python integer (an index or a `range`): jaxdae traces the "
+     "model functions. Index with static integers, or use `jnp.take` / `jax.lax.dynamic_slice`"),
+)
 
 
 def check_model_outputs(system, t0, q0, v0) -> None:
-    """`ValueError` naming a model function of `system` (one its class defines, among
-    `_MODEL_FUNCTIONS`) that returns complex values (their imaginary parts would be
-    dropped), integers (which have no derivatives) or float16 values. Shapes only
-    (`eqx.filter_eval_shape`); a function that fails to trace is left to the terms'
-    own trace to report."""
+    """The first trace of each model function of `system` (one its class defines, among
+    `_MODEL_FUNCTIONS`), by shapes only (`eqx.filter_eval_shape`): `TypeError` naming the
+    function where JAX refuses to trace it (NumPy on a tracer, a Python `if` on a value),
+    `ValueError` where it returns something other than an array of its shape (a Python
+    number is a constant energy), complex values (their imaginary parts would be dropped),
+    integers (which have no derivatives) or float16 values. Other exceptions of the
+    function (the model's own, an index out of range) are left to the terms' trace."""
     if not isinstance(system, (LagrangianSystem, HamiltonianSystem)):
         return  # (jaxdae's multibody systems build their functions themselves)
-    for name, arity in _MODEL_FUNCTIONS.items():
+    cls = type(system).__name__
+    n = q0.shape[0]
+    for name, (arity, shape) in _MODEL_FUNCTIONS.items():
         if name not in type(system).provided:
             continue
         args = (t0, q0, v0)[:arity]
         try:
             out = eqx.filter_eval_shape(lambda s, a, name=name: getattr(s, name)(*a),
                                         system, args)
+        except tuple(kind for kind, _ in _TRACER_FIXES) as error:
+            fix = next(fix for kind, fix in _TRACER_FIXES if isinstance(error, kind))
+            raise TypeError(f"`{name}` of {cls} {fix}. (JAX: {type(error).__name__}.)"
+                            ) from error
+        except IndexError as error:
+            raise ValueError(
+                f"`{name}` of {cls} indexes beyond the state it was given ({error}): `q0` "
+                f"and `v0` have shape {q0.shape}; they must have one entry per generalized "
+                "coordinate of the model.") from error
         except Exception:  # reported by the terms' trace, with its own message
             continue
-        for leaf in jax.tree_util.tree_leaves(out):
-            dtype = np.dtype(leaf.dtype)
-            problem = dtype_problem(dtype)
-            if problem is None and not np.issubdtype(dtype, np.floating):
-                problem = (f"must be floating: it is {dtype.name}, and integers have no "
-                           "derivatives. Return floats (write constants as `1.0`, or "
-                           "`jnp.asarray(x, float)`)")
-            if problem is not None:
-                raise ValueError(f"The output of `{name}` of {type(system).__name__} "
-                                 f"{problem}.")
+        require_output(name, out, tuple(n if s == "n" else s for s in shape), cls)
+        if not hasattr(out, "dtype"):
+            continue  # a Python number: a constant
+        dtype = np.dtype(out.dtype)
+        problem = dtype_problem(dtype)
+        if problem is None and not np.issubdtype(dtype, np.floating):
+            problem = (f"must be floating: it is {dtype.name}, and integers have no "
+                       "derivatives. Return floats (write constants as `1.0`, or "
+                       "`jnp.asarray(x, float)`)")
+        if problem is not None:
+            raise ValueError(f"The output of `{name}` of {cls} {problem}.")
 
 
 def fixed_step_radius(formulation, num_constraints: int, solver, dt,

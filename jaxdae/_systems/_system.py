@@ -356,7 +356,7 @@ class LagrangianSystem(AbstractSystem):
         d_lag_v, d_psi, d_phi = d_lag_v[:n], d_psi[:n], d_phi[n : 2 * n]
         mass = self.mass_matrix(t, q) if mass_given else 0.5 * (d_lag_v + d_lag_v.T)
         # Lagrange: d/dt ∂T/∂v = M q̈ + (∂²T/∂v∂q) v + ∂²T/∂v∂t.
-        forces = self.generalized_forces(t, q, v) + lag_q - momentum_rate
+        forces = applied_forces(self, t, q, v) + lag_q - momentum_rate
         jacobian = jnp.concatenate(
             [d_phi.T.reshape(phi.shape[0], n), d_psi.T.reshape(psi.shape[0], n)], axis=0)
         bias = jnp.concatenate([-second, -psi_rate])
@@ -402,12 +402,20 @@ class LagrangianSystem(AbstractSystem):
             take(d_psi.reshape(-1), colours_v[g.cols[~holonomic]] * k + g.rows[~holonomic] - m),
         ]).astype(dtype)
         jacobian = SparseMatrix(values, g)
-        forces = self.generalized_forces(t, q, v) + lag_q - momentum_rate
+        forces = applied_forces(self, t, q, v) + lag_q - momentum_rate
         bias = jnp.concatenate([-second, -psi_rate])
         return derived_terms(
             self, (mass.dense(), forces, phi, dphi, psi, jacobian.dense(), bias), energy, lag_v,
             dtype, mass_operator=SparseOperator(mass, mass_tags),
             jacobian_operator=SparseOperator(jacobian))
+
+
+def applied_forces(system, t, q, s) -> Float[Array, " n"]:
+    """`system.generalized_forces(t, q, s)`, refused unless of shape `(n,)` (a scalar would
+    broadcast to every coordinate)."""
+    forces = system.generalized_forces(t, q, s)
+    require_output("generalized_forces", forces, (q.shape[0],))
+    return forces
 
 
 def derived_terms(system, matrices: tuple, energy, momenta, dtype, **operators
@@ -468,8 +476,40 @@ def nonholonomic_terms(velocity_constraints, t, q, v):
 
 
 def _require_vector(method: str, value, size: str) -> None:
-    if value.ndim != 1:
-        raise ValueError(
-            f"`{method}` must return a 1-D array of shape ({size},); got shape {value.shape}. "
-            "Wrap a single constraint as `jnp.array([expr])` or `jnp.atleast_1d(expr)`."
-        )
+    require_output(method, value, (size,))
+
+
+_OUTPUT_FIXES = {
+    0: "Return one scalar, e.g. `expr[0]` or `jnp.sum(expr)`.",
+    1: "Return a 1-D JAX array: stack the entries with `jnp.stack([...])` or "
+       "`jnp.array([...])`, and wrap a single one as `jnp.array([expr])` or "
+       "`jnp.atleast_1d(expr)`.",
+    2: "Return a 2-D JAX array, e.g. `jnp.array([[...], ...])`.",
+}
+
+
+def require_output(method: str, value, shape: tuple[int | str, ...], owner: str = ""
+                   ) -> None:
+    """`ValueError` naming the model method `method` (of the class `owner`) unless it
+    returned an array of `shape` (a `str` entry, e.g. "m", is a size of any value). A
+    Python number passes for a scalar (a constant energy); a list or tuple does not: jaxdae
+    differentiates the methods and takes one array from each."""
+    expected = "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+    fix = _OUTPUT_FIXES.get(len(shape), "")
+    source = f" from {owner}" if owner else ""
+    what = f"a {len(shape)}-D array of shape {expected}" if shape else "a scalar (shape ())"
+    if not shape and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return
+    if not hasattr(value, "shape"):
+        got = type(value).__name__
+        if isinstance(value, (list, tuple)):
+            got = f"a {got} of {len(value)} entr{'y' if len(value) == 1 else 'ies'}"
+        raise ValueError(f"`{method}` must return {what}; got {got}{source}. {fix}")
+    got = tuple(value.shape)
+    if len(got) != len(shape) or any(
+            isinstance(s, int) and s != g for s, g in zip(shape, got, strict=True)):
+        if method == "generalized_forces" and got == ():
+            fix = ("It must hold one force per coordinate (a scalar is not broadcast); "
+                   "return e.g. `jnp.zeros_like(q).at[i].set(f)` for a force on coordinate "
+                   "`i` alone.")
+        raise ValueError(f"`{method}` must return {what}; got shape {got}{source}. {fix}")

@@ -1,0 +1,97 @@
+"""Fault injection at the model and the arguments: model methods that return the wrong
+shape or kind of value or cannot be traced, empty and object-array states, and arguments
+of the solve, formulations and analysis functions outside their domain. Each is refused
+eagerly, before anything compiles, with a message that names the method or argument and
+the fix (docs/failures.md)."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdae
+from jaxdae._integration._validation import check_model_outputs
+from jaxdae.examples import CartesianPendulum
+
+PENDULUM = CartesianPendulum()
+Q0, V0 = PENDULUM.state_from_angle(0.5, 0.0)
+BAUMGARTE = jaxdae.Baumgarte(10.0, 25.0)
+
+
+def _model(method, body):
+    """A pendulum whose `method` is `body(t, q, v)` (`v` absent for methods of `(t, q)`)."""
+    def of_position(self, t, q):
+        return body(t, q, None)
+
+    def of_state(self, t, q, v):
+        return body(t, q, v)
+
+    positional = method in ("constraints", "potential_energy", "mass_matrix")
+    return type("Bad", (CartesianPendulum,), {method: of_position if positional else of_state})()
+
+
+def _branching(t, q, v):
+    if q[0] > 0:
+        return jnp.array([q @ q - 1.0])
+    return jnp.array([q @ q - 1.0])
+
+
+# Model methods ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method, body, error, match", [
+    ("generalized_forces", lambda t, q, v: -0.5 * v[0], ValueError,
+     r"`generalized_forces` must return a 1-D array of shape \(2,\); got shape \(\) from Bad\. "
+     r".*not broadcast"),
+    ("generalized_forces", lambda t, q, v: jnp.zeros(3), ValueError,
+     r"`generalized_forces` must return a 1-D array of shape \(2,\); got shape \(3,\)"),
+    ("generalized_forces", lambda t, q, v: [0.0 * q[0], 0.0 * q[1]], ValueError,
+     r"`generalized_forces` must return a 1-D array of shape \(2,\); got a list of 2 "),
+    ("potential_energy", lambda t, q, v: (9.81 * q[1], 0.0), ValueError,
+     r"`potential_energy` must return a scalar \(shape \(\)\); got a tuple of 2 entries "
+     r"from Bad"),
+    ("constraints", lambda t, q, v: (q @ q - 1.0,), ValueError,
+     r"`constraints` must return a 1-D array of shape \(m,\); got a tuple of 1 entry"),
+    ("constraints", lambda t, q, v: jnp.array([np.sin(q[0]) ** 2 + q[1] ** 2 - 1.0]),
+     TypeError, r"`constraints` of Bad converts a traced JAX array.*Use `jax.numpy`"),
+    ("constraints", _branching, TypeError,
+     r"`constraints` of Bad asks for the concrete value.*`jnp.where"),
+], ids=["forces-scalar", "forces-shape", "forces-list", "potential-tuple", "constraints-tuple",
+        "constraints-numpy", "constraints-python-if"])
+def test_a_bad_model_method_is_named(method, body, error, match):
+    with pytest.raises(error, match=match):
+        jaxdae.simulate(_model(method, body), BAUMGARTE, 0.0, 0.3, Q0, V0)
+
+
+def test_a_scalar_force_is_refused_outside_simulate():
+    """The terms check the forces' shape themselves, for every entry point."""
+    bad = _model("generalized_forces", lambda t, q, v: -0.5 * v[0])
+    with pytest.raises(ValueError, match=r"`generalized_forces` must return a 1-D array"):
+        bad.terms(0.0, Q0, V0)
+
+
+def test_a_python_number_is_a_constant_energy():
+    check_model_outputs(_model("potential_energy", lambda t, q, v: 1), 0.0, Q0, V0)
+    check_model_outputs(_model("potential_energy", lambda t, q, v: 1.0), 0.0, Q0, V0)
+
+
+# The state ----------------------------------------------------------------------------
+
+
+class _Nothing(jaxdae.LagrangianSystem):
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+
+@pytest.mark.parametrize("system", [PENDULUM, _Nothing()], ids=["pendulum", "no-coordinates"])
+def test_an_empty_state_is_refused(system):
+    with pytest.raises(ValueError, match=r"`q0` and `v0` are empty.*at least one coordinate"):
+        jaxdae.simulate(system, BAUMGARTE, 0.0, 0.3, jnp.zeros(0), jnp.zeros(0))
+
+
+def test_an_object_array_state_is_converted_or_named():
+    from jaxdae._integration._validation import float_array
+
+    q0 = float_array("q0", np.array([0.48, -0.88], dtype=object))
+    assert q0.dtype == jnp.result_type(float) and np.allclose(q0, [0.48, -0.88])
+    with pytest.raises(TypeError, match=r"`q0` must be an array of real numbers"):
+        jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.3, np.array(["a", "b"], dtype=object), V0)
