@@ -95,3 +95,31 @@ def test_an_object_array_state_is_converted_or_named():
     assert q0.dtype == jnp.result_type(float) and np.allclose(q0, [0.48, -0.88])
     with pytest.raises(TypeError, match=r"`q0` must be an array of real numbers"):
         jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.3, np.array(["a", "b"], dtype=object), V0)
+
+
+# Arguments of the solve and the formulations -------------------------------------------
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.5, Q0, V0, dt0=1e-300), ValueError,
+     r"`dt0` = 1e-300 is not above the shortest step.*Pass a larger `dt0`"),
+    (lambda: jaxdae.Baumgarte("10", 25.0), TypeError,
+     r"The gain `kd` of Baumgarte must be a number or an array of numbers; got '10'"),
+    (lambda: jaxdae.RedundantCoordinates((1,), tol=-1.0), ValueError,
+     r"The `tol` of RedundantCoordinates.*must be a positive finite number; got -1.0"),
+    (lambda: jaxdae.CoupledPerturbation(k10=-25.0), ValueError,
+     r"act on holonomic constraints: pass `k11` to `CoupledPerturbation`"),
+], ids=["dt0-below-stall-floor", "gain-string", "redundant-tol-negative",
+        "coupled-missing-k11"])
+def test_a_bad_argument_is_named(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_a_numpy_max_steps_becomes_an_int():
+    from jaxdae._integration._solve import SolveCall
+
+    call = SolveCall(ts=None, solver=None, stepsize_controller=None, dt0=None, rtol=1e-6,
+                     atol=1e-8, max_steps=np.int64(5000), adjoint=None, throw=True)
+    call.check_options()
+    assert type(call.max_steps) is int and call.max_steps == 5000

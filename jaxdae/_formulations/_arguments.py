@@ -41,13 +41,26 @@ def explain_arguments(example: str):
 def _check_dtypes(name: str, arguments) -> None:
     """`ValueError` naming the first argument whose array is complex or float16
     (`dtype_problem`): converted to the state's dtype, a complex gain would lose its
-    imaginary part."""
+    imaginary part. `TypeError` for a string (JAX's own error would not name the gain)."""
     for argument, value in arguments:
+        if _is_text(value):
+            raise TypeError(f"The gain `{argument}` of {name} must be a number or an array of "
+                            f"numbers; got {value!r}. Pass e.g. `{argument}=10.0`, not a string.")
         if value is None or not eqx.is_array_like(value) or isinstance(value, (int, float)):
             continue
         problem = dtype_problem(jnp.result_type(value))
         if problem is not None:
             raise ValueError(f"The gain `{argument}` of {name} {problem}.")
+
+
+def _is_text(value) -> bool:
+    """Whether `value` is a string, or a list, tuple or NumPy array of them."""
+    if isinstance(value, (str, bytes)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_is_text(item) for item in value)
+    return isinstance(value, np.ndarray) and value.dtype.kind in "USO" and any(
+        _is_text(item) for item in value.ravel().tolist())
 
 
 def _message(name, signature, args, kwargs, example, error) -> str:

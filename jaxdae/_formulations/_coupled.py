@@ -143,6 +143,7 @@ class CoupledPerturbation(AbstractExactMultipliers, AbstractStabilizedFormulatio
         if not is_concrete(self):
             return
         m, k = self._effective_sizes()
+        self._check_missing(m, k, system=False)
         # Evaluated now even inside a `jit` trace (a concrete formulation closed over).
         with jax.ensure_compile_time_eval():
             matrix = np.asarray(self.perturbation_matrix(m, k))
@@ -164,18 +165,29 @@ class CoupledPerturbation(AbstractExactMultipliers, AbstractStabilizedFormulatio
                     f"The blocks are sized for {given} {kind} constraints but the system has "
                     f"{actual}."
                 )
+        self._check_missing(m, k, system=True)
+        return self
+
+    def _check_missing(self, m: int, k: int, system: bool) -> None:
+        """`ValueError` naming the blocks needed for `m` holonomic and `k` nonholonomic
+        constraints (the `system`'s, else those the blocks given act on) that are not
+        given: `k10` and `k11` (without either, `Φ` or `Φ̇` has no restoring term and the
+        matrix is not Hurwitz), `k22`."""
         missing = [n for n in ("k10", "k11") if m > 0 and getattr(self, n) is None]
         missing += ["k22"] if k > 0 and self.k22 is None else []
         if missing:
             counts = [f"{m} holonomic"] if m else []
             counts += [f"{k} nonholonomic"] if k else []
+            whose = (f"The system has {' and '.join(counts)} constraint"
+                     f"{'s' if m + k > 1 else ''}" if system else
+                     f"The blocks given act on {' and '.join(c.split()[1] for c in counts)} "
+                     "constraints")
             raise ValueError(
-                f"The system has {' and '.join(counts)} constraint{'s' if m + k > 1 else ''}: "
+                f"{whose}: "
                 f"pass {' and '.join(f'`{n}`' for n in missing)} to `CoupledPerturbation` "
                 "(Φ̈ = K10 Φ + K11 Φ̇ + ..., Ψ̇ = K22 Ψ + ...), e.g. "
                 f"`{_EXAMPLE}` (critically damped, rate 5)."
             )
-        return self
 
     def traced_checks(self, num_holonomic, num_nonholonomic):
         if is_concrete(self):

@@ -172,6 +172,13 @@ class RedundantCoordinates(AbstractFormulation):
             )
         if len(set(dep)) != len(dep):
             raise ValueError(f"`dependent` contains repeated indices: {dep}.")
+        tol = self.tol
+        if isinstance(tol, bool) or not isinstance(tol, (int, float, np.floating, np.integer)
+                                                   ) or not (np.isfinite(tol) and tol > 0):
+            raise ValueError(
+                "The `tol` of RedundantCoordinates, the accepted max |Φ(q0)| at the initial "
+                f"state, must be a positive finite number; got {tol!r}. Pass e.g. `tol=1e-6` "
+                "(the default).")
 
     # -- index bookkeeping ---------------------------------------------------------------
 

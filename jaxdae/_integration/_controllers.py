@@ -5,10 +5,12 @@ controller must step to, and the solve's step options and saved times."""
 import diffrax
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 import optimistix as optx
 
 from .._checks import check_positive, check_tolerances
 from .._custom_types import Array
+from .._gains import is_concrete
 
 
 class AbstractControllerWrapper(diffrax.AbstractAdaptiveStepSizeController):
@@ -132,6 +134,33 @@ def step_options(stepsize_controller, dt0, rtol, atol, dtype, norm=optx.rms_norm
     dt0 = jnp.asarray(dt0, dtype)
     check_positive("dt0", dt0, "step")
     return stepsize_controller, dt0
+
+
+def stall_floor(t, t0, t1, xnp=jnp):
+    """The shortest step `StopStalledSteps` lets an adaptive solve of `[t0, t1]` propose at
+    `t`: `4 ε max(|t|, 10⁻³ |t1 − t0|)`, `ε` the machine epsilon of `t`'s dtype."""
+    eps = xnp.finfo(xnp.result_type(t)).eps
+    return 4 * eps * xnp.maximum(xnp.abs(t), 1e-3 * xnp.abs(t1 - t0))
+
+
+def check_first_step(dt0, t0, t1, stepsize_controller) -> None:
+    """`ValueError` where a concrete first step `dt0` of an adaptive solve (the default
+    controller or an adaptive one) is not above `stall_floor` at `t0`: `StopStalledSteps`
+    would stop the solve at once with `dt_min_reached`, blaming the model. Traced values,
+    and `dt0` that are not positive finite scalars (`step_options` names those), pass."""
+    adaptive = stepsize_controller is None or isinstance(
+        stepsize_controller, diffrax.AbstractAdaptiveStepSizeController)
+    if dt0 is None or not adaptive or not is_concrete(dt0, t0, t1) or np.ndim(dt0) != 0:
+        return
+    step = float(dt0)
+    floor = float(stall_floor(np.asarray(t0), np.asarray(t0), np.asarray(t1), np))
+    if np.isfinite(step) and 0 < step <= floor:
+        raise ValueError(
+            f"`dt0` = {step:.3g} is not above the shortest step an adaptive solve may propose, "
+            f"4 ε max(|t0|, 10⁻³ |t1 − t0|) = {floor:.3g} (ε the machine epsilon of the "
+            "times' dtype): the solve would stop at its first step as stalled "
+            "(`dt_min_reached`). Pass a larger `dt0`, e.g. 1e-3 of the span, or leave it "
+            "None (the controller then picks the first step).")
 
 
 def save_at(t0, t1, ts, stepsize_controller) -> diffrax.SaveAt:

@@ -16,7 +16,7 @@ from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._gains import is_concrete
 from .._solution import RESULTS
 from ._adjoint import ReverseSweepAdjoint, default_adjoint
-from ._controllers import save_at, step_options, stop_stalled_steps
+from ._controllers import check_first_step, save_at, step_options, stop_stalled_steps
 from ._failures import (
     FIXED_STEP_RESIDUAL,
     RESIDUAL_TOLERANCE_FACTOR,
@@ -26,7 +26,7 @@ from ._failures import (
 from ._implicit import configure_for_controller
 from ._solvers import name_result
 from ._sweep_forward import ODETermWithVJP
-from ._validation import check_real, check_solve_options, check_times
+from ._validation import as_step_count, check_real, check_solve_options, check_times
 
 # The solver of a call that names none.
 DEFAULT_SOLVER = diffrax.Tsit5()
@@ -87,7 +87,7 @@ class SolveCall(eqx.Module):
     dt0: ScalarLike | None
     rtol: ScalarLike
     atol: ScalarLike
-    max_steps: int | None
+    max_steps: int | None = eqx.field(converter=as_step_count)
     adjoint: diffrax.AbstractAdjoint | ReverseSweepAdjoint | None
     throw: bool
     # How a system's one-sided constraints are treated (`_events.EventDriven`), or None.
@@ -105,6 +105,7 @@ class SolveCall(eqx.Module):
         t0, t1 = jnp.asarray(t0, dtype=dtype), jnp.asarray(t1, dtype=dtype)
         ts = None if self.ts is None else jnp.asarray(self.ts, dtype=dtype)
         check_times(t0, t1, ts)
+        check_first_step(self.dt0, t0, t1, self.stepsize_controller)
         return Times(t0, t1, ts)
 
     def options(self, dtype, norm=optx.rms_norm) -> SolveOptions:

@@ -164,6 +164,14 @@ def check_solve_options(solver, stepsize_controller, adjoint, max_steps) -> None
                          f"positive integer or None; got {adjoint.checkpoints!r}.")
 
 
+def as_step_count(max_steps):
+    """A NumPy integer `max_steps` as a Python `int`, the only kind diffrax and equinox
+    take; anything else as given (`check_solve_options` judges it)."""
+    if isinstance(max_steps, np.integer):
+        return int(max_steps)
+    return max_steps
+
+
 def controller_value(name, value, rule, fix):
     """`ValueError` naming `name` unless a concrete `value` satisfies `rule` (None and
     traced values pass)."""
