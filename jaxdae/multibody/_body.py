@@ -26,12 +26,18 @@ GROUND = "ground"
 
 
 def _array(name: str, value) -> Array:
+    """`value` as a floating-point array; `ValueError` naming `name` where it is not numbers
+    or (concretely) not finite."""
     try:
         array = jnp.asarray(value)
     except TypeError as error:
         raise ValueError(
             f"{name} must be a number or an array of numbers; got {value!r}.") from error
-    return array if jnp.issubdtype(array.dtype, jnp.inexact) else array.astype(float)
+    array = array if jnp.issubdtype(array.dtype, jnp.inexact) else array.astype(float)
+    if is_concrete(array) and not np.all(np.isfinite(np.asarray(array))):
+        raise ValueError(f"{name} must be finite; got {np.asarray(array).tolist()}. Give "
+                         "finite numbers (leave an optional value out rather than nan or inf).")
+    return array
 
 
 def _vector(name: str, value, size: int) -> Array:
@@ -132,20 +138,46 @@ def _orientations(owner: str, orientations, markers) -> dict[str, Array]:
             raise ValueError(
                 f"`orientations` of {owner!r} names marker {key!r}, which is not in its "
                 f"`markers` ({sorted(markers) or 'none'}); add the marker's position there.")
-        array = _array(f"The orientation of marker {owner}.{key}", value)
+        what = f"The orientation of marker {owner}.{key}"
+        array = _array(what, value)
         if array.shape != (3, 3):
-            raise ValueError(
-                f"The orientation of marker {owner}.{key} must be a 3×3 rotation matrix; got "
-                f"shape {array.shape}.")
-        if is_concrete(array):
-            a = np.asarray(array)
-            if not (np.allclose(a.T @ a, np.eye(3), atol=1e-9) and np.linalg.det(a) > 0):
-                raise ValueError(
-                    f"The orientation of marker {owner}.{key} is not a rotation matrix "
-                    "(orthonormal, determinant +1); build one with "
-                    "`jaxdae.multibody.rotation_matrix(axis, angle)` or `rpy_matrix`.")
+            raise ValueError(f"{what} must be a 3×3 rotation matrix; got shape {array.shape}.")
+        _check_rotation(what, array)
         out[key] = array
     return out
+
+
+def _check_rotation(what: str, array, atol: float = 1e-6) -> None:
+    """Raise `ValueError` where the concrete 3×3 `array` is not a rotation matrix to `atol`."""
+    if not is_concrete(array):
+        return
+    a = np.asarray(array, dtype=float)
+    error = np.abs(a.T @ a - np.eye(3)).max()
+    if not (error <= atol and np.linalg.det(a) > 0):
+        raise ValueError(
+            f"{what} is not a rotation matrix (orthonormal, determinant +1): |AᵀA − I| = "
+            f"{error:.3g}, det A = {np.linalg.det(a):.6g}. Build one with "
+            "`jaxdae.multibody.rotation_matrix(axis, angle)` or `rpy_matrix`.")
+
+
+def _body_orientation(name: str, orientation) -> Array:
+    """A body's `orientation` as unit Euler parameters: from a rotation matrix (checked to
+    1e-6), or from Euler parameters (4,) of any nonzero norm (normalized)."""
+    what = f"`orientation` of body {name!r}"
+    if orientation is None:
+        return jnp.array([1.0, 0.0, 0.0, 0.0])
+    value = _array(what, orientation)
+    if value.shape == (3, 3):
+        _check_rotation(f"The {what}", value)
+        return quaternion_from_matrix(value)
+    if value.shape == (4,):
+        if is_concrete(value) and not np.any(np.asarray(value)):
+            raise ValueError(f"The {what} is the zero quaternion, which is no rotation; give "
+                             "Euler parameters (e0, e1, e2, e3) of a rotation, e.g. "
+                             "(1, 0, 0, 0) for the global axes.")
+        return value / jnp.sqrt(value @ value)
+    raise ValueError(f"The {what} must be a 3×3 rotation matrix or Euler parameters (4,); "
+                     f"got shape {value.shape}.")
 
 
 class PlanarBody(eqx.Module):
@@ -290,13 +322,15 @@ class RigidBody(eqx.Module):
         body coordinates); markers not named have the body's axes.
     - `position`, `orientation`: the pose used as the initial guess of
         [`jaxdae.multibody.Mechanism.initial_state`][]: a point `(3,)` and a rotation
-        matrix `(3, 3)` or Euler parameters `(4,)`. Default: the origin, the global axes.
+        matrix `(3, 3)` (orthonormal with determinant +1, to `1e-6`) or Euler parameters
+        `(4,)` (normalized; not zero). Default: the origin, the global axes.
 
     **Raises:**
 
-    `ValueError` for a mass that is not positive, an inertia tensor that is not symmetric
-    positive definite or breaks the triangle inequality, a marker that is not a point in
-    space, or a marker orientation that is not a rotation matrix.
+    `ValueError` for a number that is not finite, a mass that is not positive, an inertia
+    tensor that is not symmetric positive definite or breaks the triangle inequality, a
+    marker that is not a point in space, or an orientation (the body's or a marker's) that
+    is not a rotation.
     """
 
     name: str = eqx.field(static=True)
@@ -321,19 +355,7 @@ class RigidBody(eqx.Module):
         self.markers = _markers(name, markers, (3,))
         self.orientations = _orientations(name, orientations, self.markers)
         self.position = _vector(f"`position` of body {name!r}", position, 3)
-        if orientation is None:
-            self.orientation = jnp.array([1.0, 0.0, 0.0, 0.0])
-        else:
-            value = _array(f"`orientation` of body {name!r}", orientation)
-            if value.shape == (3, 3):
-                value = quaternion_from_matrix(value)
-            elif value.shape == (4,):
-                value = value / jnp.sqrt(value @ value)
-            else:
-                raise ValueError(
-                    f"`orientation` of body {name!r} must be a 3×3 rotation matrix or Euler "
-                    f"parameters (4,); got shape {value.shape}.")
-            self.orientation = value
+        self.orientation = _body_orientation(name, orientation)
 
     def __check_init__(self):
         if is_concrete(self.mass) and not (np.isfinite(self.mass) and self.mass > 0):

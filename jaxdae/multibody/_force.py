@@ -207,9 +207,10 @@ class SpringDamper(AbstractActuatedForce):
                  rest_length: ArrayLike = 0.0, *, actuator: Actuator = None,
                  name: str | None = None):
         self.a, self.b, self.name = a, b, name
-        self.stiffness = _scalar("`stiffness` of a SpringDamper", stiffness)
-        self.damping = _scalar("`damping` of a SpringDamper", damping)
-        self.rest_length = _scalar("`rest_length` of a SpringDamper", rest_length)
+        owner = f"the SpringDamper {a!r}–{b!r}"
+        self.stiffness = _scalar(f"`stiffness` of {owner}", stiffness)
+        self.damping = _scalar(f"`damping` of {owner}", damping)
+        self.rest_length = _scalar(f"`rest_length` of {owner}", rest_length)
         self.channel, self.actuator = _actuator(actuator)
 
     def __check_init__(self):
@@ -264,9 +265,10 @@ class RotationalSpringDamper(AbstractActuatedForce):
                  rest_angle: ArrayLike = 0.0, *, actuator: Actuator = None,
                  name: str | None = None):
         self.a, self.b, self.name = a, b, name
-        self.stiffness = _scalar("`stiffness` of a RotationalSpringDamper", stiffness)
-        self.damping = _scalar("`damping` of a RotationalSpringDamper", damping)
-        self.rest_angle = _scalar("`rest_angle` of a RotationalSpringDamper", rest_angle)
+        owner = f"the RotationalSpringDamper {a!r}–{b!r}"
+        self.stiffness = _scalar(f"`stiffness` of {owner}", stiffness)
+        self.damping = _scalar(f"`damping` of {owner}", damping)
+        self.rest_angle = _scalar(f"`rest_angle` of {owner}", rest_angle)
         self.channel, self.actuator = _actuator(actuator)
 
     def __check_init__(self):
@@ -316,7 +318,7 @@ class Force(AbstractActuatedForce):
                  local: bool = False, name: str | None = None):
         self.at, self.local, self.name = at, bool(local), name
         self.channel, self.actuator = _actuator(actuator)
-        self.direction = _optional_vector("`direction` of a Force", direction)
+        self.direction = _optional_vector(f"`direction` of the Force at {at!r}", direction)
         if self.direction is None and self.channel is not None:
             raise ValueError(
                 "A Force driven by an input channel needs a `direction` (the channel is a "
@@ -362,7 +364,7 @@ class Torque(AbstractActuatedForce):
                  local: bool = False, name: str | None = None):
         self.at, self.local, self.name = at, bool(local), name
         self.channel, self.actuator = _actuator(actuator)
-        self.axis = _optional_vector("`axis` of a Torque", axis, (3,))
+        self.axis = _optional_vector(f"`axis` of the Torque on {at!r}", axis, (3,))
 
     def check_dimension(self, dimension, owner):
         super().check_dimension(dimension, owner)
@@ -416,9 +418,10 @@ class JointSpringDamper(AbstractActuatedForce):
         if not isinstance(joint, str):
             raise ValueError(f"`joint` of a JointSpringDamper is a joint's name; got {joint!r}.")
         self.joint, self.name = joint, name
-        self.stiffness = _scalar("`stiffness` of a JointSpringDamper", stiffness)
-        self.damping = _scalar("`damping` of a JointSpringDamper", damping)
-        self.rest = _scalar("`rest` of a JointSpringDamper", rest)
+        owner = f"the JointSpringDamper on {joint!r}"
+        self.stiffness = _scalar(f"`stiffness` of {owner}", stiffness)
+        self.damping = _scalar(f"`damping` of {owner}", damping)
+        self.rest = _scalar(f"`rest` of {owner}", rest)
         self.channel, self.actuator = _actuator(actuator)
 
     def __check_init__(self):

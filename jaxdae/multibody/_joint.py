@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -24,6 +25,26 @@ from ._kinematics import Frame, perpendicular
 
 def _unit(u):
     return u / jnp.sqrt(u @ u)
+
+
+def _owner(kind: str, a, b, name) -> str:
+    """How errors name a joint: its class, its `name` if given, and its markers."""
+    label = f" {name!r}" if name is not None else ""
+    return f"the {kind} joint{label} between {a!r} and {b!r}"
+
+
+def _nonzero(owner: str, field: str, axis: Array, example: str) -> Array:
+    """`axis`, a joint's direction `field`; `ValueError` where it is (concretely) zero."""
+    if is_concrete(axis) and not np.any(np.asarray(axis)):
+        raise ValueError(f"The `{field}` of {owner} is zero: it needs a direction to turn "
+                         f"about or move along, e.g. {field}={example}.")
+    return axis
+
+
+def _joint_axis(owner: str, field: str, value, sizes=(2, 3), example="(0, 0, 1)") -> Array | None:
+    """A joint's optional direction `field` (`None` where not given): finite, nonzero."""
+    axis = _optional_vector(f"`{field}` of {owner}", value, sizes)
+    return None if axis is None else _nonzero(owner, field, axis, example)
 
 
 class AbstractJoint(eqx.Module):
@@ -137,11 +158,6 @@ def _aligned(a, b, axis):
     return jnp.stack([ua @ (b.rotation @ w1), ua @ (b.rotation @ w2)])
 
 
-def _check_length(length):
-    if is_concrete(length) and not (np.isfinite(length) and length > 0):
-        raise ValueError(f"A Distance joint needs a positive finite `length`; got {float(length)}.")
-
-
 class Revolute(AbstractJoint):
     """A pin (hinge) joint: markers `a` and `b` coincide and the bodies turn about one axis.
 
@@ -170,7 +186,7 @@ class Revolute(AbstractJoint):
     def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
                  name: str | None = None):
         self.a, self.b, self.name = a, b, name
-        self.axis = _optional_vector("`axis` of a Revolute joint", axis, (3,))
+        self.axis = _joint_axis(_owner("Revolute", a, b, name), "axis", axis, (3,))
 
     def equations(self, dimension):
         return 2 if dimension == 2 else 5
@@ -228,8 +244,9 @@ class Prismatic(AbstractJoint):
     def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
                  angle: ArrayLike = 0.0, name: str | None = None):
         self.a, self.b, self.name = a, b, name
-        self.axis = _optional_vector("`axis` of a Prismatic joint", axis)
-        self.angle = _scalar("`angle` of a Prismatic joint", angle)
+        owner = _owner("Prismatic", a, b, name)
+        self.axis = _joint_axis(owner, "axis", axis, example="(1, 0, 0)")
+        self.angle = _scalar(f"`angle` of {owner}", angle)
 
     def equations(self, dimension):
         return 2 if dimension == 2 else 5
@@ -266,7 +283,7 @@ class Fixed(AbstractJoint):
 
     def __init__(self, a: str, b: str, *, angle: ArrayLike = 0.0, name: str | None = None):
         self.a, self.b, self.name = a, b, name
-        self.angle = _scalar("`angle` of a Fixed joint", angle)
+        self.angle = _scalar(f"`angle` of {_owner('Fixed', a, b, name)}", angle)
 
     def equations(self, dimension):
         return 3 if dimension == 2 else 6
@@ -291,10 +308,11 @@ class Distance(AbstractJoint):
 
     def __init__(self, a: str, b: str, length: ArrayLike, *, name: str | None = None):
         self.a, self.b, self.name = a, b, name
-        self.length = _scalar("`length` of a Distance joint", length)
-
-    def __check_init__(self):
-        _check_length(self.length)
+        owner = _owner("Distance", a, b, name)
+        self.length = _scalar(f"`length` of {owner}", length)
+        if is_concrete(self.length) and not self.length > 0:
+            raise ValueError(f"{owner[0].upper()}{owner[1:]} needs a positive finite "
+                             f"`length`; got {float(self.length)}.")
 
     def residual(self, t, a, b):
         d = b.point - a.point
@@ -328,7 +346,7 @@ class PointOnLine(AbstractJoint):
     def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
                  name: str | None = None):
         self.a, self.b, self.name = a, b, name
-        self.axis = _optional_vector("`axis` of a PointOnLine joint", axis)
+        self.axis = _joint_axis(_owner("PointOnLine", a, b, name), "axis", axis, example="(1, 0, 0)")
 
     def equations(self, dimension):
         return dimension - 1
@@ -358,8 +376,9 @@ class Gear(AbstractJoint):
     def __init__(self, a: str, b: str, ratio: ArrayLike, *, offset: ArrayLike = 0.0,
                  name: str | None = None):
         self.a, self.b, self.name = a, b, name
-        self.ratio = _scalar("`ratio` of a Gear", ratio)
-        self.offset = _scalar("`offset` of a Gear", offset)
+        owner = _owner("Gear", a, b, name)
+        self.ratio = _scalar(f"`ratio` of {owner}", ratio)
+        self.offset = _scalar(f"`offset` of {owner}", offset)
 
     def residual(self, t, a, b):
         return (b.angle - self.ratio * a.angle - self.offset)[None]
@@ -407,12 +426,13 @@ class Rolling(AbstractJoint):
     def __init__(self, a: str, b: str, radius: ArrayLike, axis: ArrayLike | None = None, *,
                  offset: ArrayLike = 0.0, name: str | None = None):
         self.a, self.b, self.name = a, b, name
-        self.radius = _scalar("`radius` of a Rolling joint", radius)
-        self.axis = _optional_vector("`axis` of a Rolling joint", axis, sizes=(2,))
-        self.offset = _scalar("`offset` of a Rolling joint", offset)
-        if is_concrete(self.radius) and not (np.isfinite(self.radius) and self.radius > 0):
-            raise ValueError(
-                f"A Rolling joint needs a positive finite `radius`; got {float(self.radius)}.")
+        owner = _owner("Rolling", a, b, name)
+        self.radius = _scalar(f"`radius` of {owner}", radius)
+        self.axis = _joint_axis(owner, "axis", axis, (2,), example="(1, 0)")
+        self.offset = _scalar(f"`offset` of {owner}", offset)
+        if is_concrete(self.radius) and not self.radius > 0:
+            raise ValueError(f"{owner[0].upper()}{owner[1:]} needs a positive finite "
+                             f"`radius`; got {float(self.radius)}.")
 
     def _direction(self, a):
         return _unit(a.rotation @ _x_unless_given(self.axis, a))
@@ -460,9 +480,27 @@ class Driver(AbstractJoint):
             )
         self.motion = motion
 
+    def _check_motion(self, shape, dimension, owner):
+        if tuple(shape) not in ((dimension,), (1, dimension), (dimension, 1)):
+            raise ValueError(
+                f"`motion` of the {owner} returns shape {tuple(shape)}: a Driver's motion is "
+                f"the offset p_b − p_a, a vector of {dimension} numbers in this "
+                f"{'planar' if dimension == 2 else 'spatial'} mechanism.")
+
+    def check_dimension(self, dimension, owner):
+        super().check_dimension(dimension, owner)
+        try:
+            shape = jax.eval_shape(self.motion, jnp.zeros(())).shape
+        except Exception:  # noqa: BLE001 (a motion not traceable alone is checked in `residual`)
+            return
+        self._check_motion(shape, dimension, owner)
+
     def residual(self, t, a, b):
         d = b.point.shape[0]
-        return b.point - a.point - jnp.asarray(self.motion(t), b.point.dtype).reshape(d)
+        motion = jnp.asarray(self.motion(t), b.point.dtype)
+        name = "Driver" if self.name is None else f"Driver {self.name!r}"
+        self._check_motion(motion.shape, d, f"{name} between {self.a!r} and {self.b!r}")
+        return b.point - a.point - motion.reshape(d)
 
 
 class Spherical(AbstractJoint):
@@ -506,8 +544,11 @@ class Universal(AbstractJoint):
     def __init__(self, a: str, b: str, axis_a: ArrayLike = (1.0, 0.0, 0.0),
                  axis_b: ArrayLike = (0.0, 1.0, 0.0), *, name: str | None = None):
         self.a, self.b, self.name = a, b, name
-        self.axis_a = _vector("`axis_a` of a Universal joint", axis_a, 3)
-        self.axis_b = _vector("`axis_b` of a Universal joint", axis_b, 3)
+        owner = _owner("Universal", a, b, name)
+        self.axis_a = _nonzero(owner, "axis_a", _vector(f"`axis_a` of {owner}", axis_a, 3),
+                               "(1, 0, 0)")
+        self.axis_b = _nonzero(owner, "axis_b", _vector(f"`axis_b` of {owner}", axis_b, 3),
+                               "(0, 1, 0)")
 
     def residual(self, t, a, b):
         cross = (a.rotation @ _unit(self.axis_a)) @ (b.rotation @ _unit(self.axis_b))
@@ -538,7 +579,9 @@ class Cylindrical(AbstractJoint):
     def __init__(self, a: str, b: str, axis: ArrayLike = (0.0, 0.0, 1.0), *,
                  name: str | None = None):
         self.a, self.b, self.name = a, b, name
-        self.axis = _vector("`axis` of a Cylindrical joint", axis, 3)
+        owner = _owner("Cylindrical", a, b, name)
+        self.axis = _nonzero(owner, "axis", _vector(f"`axis` of {owner}", axis, 3),
+                             "(0, 0, 1)")
 
     def residual(self, t, a, b):
         return jnp.concatenate([_on_axis(a, b, self.axis), _aligned(a, b, self.axis)])

@@ -91,6 +91,19 @@ class AbstractMechanism(eqx.Module):
 
     @property
     @abc.abstractmethod
+    def coordinate_names(self) -> tuple[str, ...]:
+        """The name of each coordinate of `q`."""
+
+    def __check_init__(self):
+        if not self.coordinate_names:
+            raise ValueError(
+                f"This {type(self).__name__} has no coordinates: its joints ("
+                f"{list(self.joint_names)}) fix every body to the ground, so nothing can "
+                "move. Give it a moving joint (Revolute, Prismatic, ...) or a body that "
+                "no joint holds (a free body).")
+
+    @property
+    @abc.abstractmethod
     def num_equations(self) -> int:
         """`m`: the number of constraint equations."""
 

@@ -35,7 +35,7 @@ def _bounds(owner: str, lower, upper, *, positive: bool = False):
     if (lower is not None and upper is not None and is_concrete(lower, upper)
             and float(lower) > float(upper)):
         raise ValueError(f"The `lower` bound of {owner} exceeds its `upper` bound: "
-                         f"{float(lower)} > {float(upper)}.")
+                         f"{float(lower)} > {float(upper)}; give the smaller as `lower`.")
     if positive and lower is not None and is_concrete(lower) and float(lower) < 0:
         raise ValueError(f"The `lower` bound of {owner} is a distance: it must be "
                          f"non-negative; got {float(lower)}.")
