@@ -130,6 +130,13 @@ class UrdfRobot(NamedTuple):
                                name=f"{name}.limit")
                     for name, limit in self.limits.items()
                     if limits and (limit.lower is not None or limit.upper is not None)]
+        if coordinates == "joint" and not self.joint_names and all(
+                body.name != self.root for body in bodies):
+            raise ValueError(
+                f"The robot {self.name!r} has no moving joints: its fixed joints weld every "
+                "link to the fixed base, so it has no joint coordinates. Load it with "
+                "`fixed_base=False` for a free-floating robot, or give it a revolute, "
+                "continuous or prismatic joint.")
         kind = TreeMechanism if coordinates == "joint" else Mechanism
         return kind(bodies, tuple(self.joints) + tuple(joints), forces,
                     stops=tuple(enforced) + tuple(stops), controller=controller)
@@ -164,8 +171,43 @@ def _source_lines(path):
             if name is None:
                 raise ValueError(f"{path}, line {element.sourceline}: a <{element.tag}> without "
                                  "a `name` attribute.")
+            if (element.tag, name) in lines:
+                raise ValueError(
+                    f"{path}, lines {lines[(element.tag, name)]} and {element.sourceline}: two "
+                    f"<{element.tag}>s named {name!r}; every {element.tag} needs its own name: "
+                    "rename or remove one.")
             lines[(element.tag, name)] = element.sourceline
+            _check_numbers(path, element)
+    if not any(tag == "link" for tag, _ in lines):
+        raise ValueError(f"{path}: the robot {root.get('name')!r} has no <link>; a URDF robot "
+                         "needs at least one link (its root).")
     return lines
+
+
+#: The URDF attributes that hold numbers, by element.
+_NUMERIC = {"mass": ("value",), "inertia": ("ixx", "ixy", "ixz", "iyy", "iyz", "izz"),
+            "origin": ("xyz", "rpy"), "axis": ("xyz",),
+            "limit": ("lower", "upper", "effort", "velocity"),
+            "dynamics": ("damping", "friction"), "box": ("size",),
+            "cylinder": ("radius", "length"), "sphere": ("radius",), "mesh": ("scale",),
+            "color": ("rgba",)}
+
+
+def _check_numbers(path, element):
+    """Raise `ValueError` with the line of an attribute of `element` (a link or joint) that
+    should hold numbers and does not (yourdfpy's own error names no place)."""
+    for child in element.iter(*_NUMERIC):
+        for attribute in _NUMERIC[str(child.tag)]:
+            text = child.get(attribute)
+            if text is None:
+                continue
+            try:
+                [float(x) for x in text.split()]
+            except ValueError:
+                raise ValueError(
+                    f"{path}, line {child.sourceline}: <{child.tag} {attribute}=\"{text}\"> in "
+                    f"{element.tag} {element.get('name')!r} is not a number (or a list of "
+                    "numbers); write it as decimal numbers, e.g. 1.5.") from None
 
 
 def _transform(matrix):
@@ -202,8 +244,9 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
     **Raises:**
 
     `ValueError` naming the file and line for: a file that is not well-formed XML or has no
-    `<robot>` element; a joint whose parent or child link is not in the file; a link with
-    two parents or a loop of URDF joints; a `floating` or `planar` joint; a link without
+    `<robot>` element or no `<link>`; two links (or joints) of the same name; an attribute
+    that should be a number and is not; a joint whose parent or child link is not in the
+    file; a link with two parents or a loop of URDF joints; a `floating` or `planar` joint; a link without
     mass (or with a non-positive-definite inertia) that a moving joint would move; a
     revolute or prismatic joint whose `<axis>` is zero (or not finite); a link or joint
     name that jaxdae cannot use (containing `.`, or `ground`). `ImportError` when
@@ -215,8 +258,11 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
         raise ImportError("URDF import needs yourdfpy: pip install 'jaxdae[urdf]' (or "
                           "pip install yourdfpy).") from error
     lines = _source_lines(path)
-    urdf = yourdfpy.URDF.load(os.fspath(path), build_scene_graph=False, load_meshes=False,
-                              build_collision_scene_graph=False, load_collision_meshes=False)
+    try:
+        urdf = yourdfpy.URDF.load(os.fspath(path), build_scene_graph=False, load_meshes=False,
+                                  build_collision_scene_graph=False, load_collision_meshes=False)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{path}: yourdfpy cannot read it: {error}") from error
     robot = urdf.robot
     where = functools.partial(_where, path, lines)
     links = {link.name: link for link in robot.links}
@@ -284,11 +330,31 @@ def _tree(path, where, robot, links):
                              "imports revolute, continuous, prismatic and fixed joints.")
         parent_joint[joint.child] = joint
     roots = [name for name in links if name not in parent_joint]
-    if len(roots) != 1:
-        found = "no tree (a loop)" if not roots else "several trees"
-        raise ValueError(f"{path}: the links form {found} (roots: {roots}); a URDF robot has "
-                         "one root link.")
+    if len(roots) > 1:
+        raise ValueError(f"{path}: the links form several trees (roots: {roots}); a URDF "
+                         "robot has one root link: join the others to it with joints.")
+    reached = set(roots)
+    for name in links:  # each link's chain of parents must end at the root
+        chain = [name]
+        while chain[-1] not in reached and chain[-1] in parent_joint:
+            parent = parent_joint[chain[-1]].parent
+            if parent in chain:
+                _loop(path, where, parent_joint, chain[chain.index(parent):])
+            chain.append(parent)
+        reached.update(chain)
     return parent_joint, roots[0]
+
+
+def _loop(path, where, parent_joint, links):
+    """Raise `ValueError` naming the loop of URDF joints through `links` (each link the
+    parent of the one before it)."""
+    joints = [parent_joint[name] for name in links]
+    described = ", ".join(
+        f"{j.name!r} ({j.parent!r} → {j.child!r}, {where('joint', j.name).removeprefix(f'{path}, ')})"
+        for j in reversed(joints))
+    raise ValueError(f"{path}: the joints {described} form a loop; URDF describes trees: "
+                     "remove one of them and close the loop with a joint added in Python, "
+                     "`robot.mechanism(joints=[...])`.")
 
 
 def _world_poses(robot, root):
