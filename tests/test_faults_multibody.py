@@ -120,9 +120,10 @@ def test_a_driver_motion_of_the_wrong_size_is_refused_at_construction(dimension)
 
 
 def test_a_driver_motion_of_the_right_size_is_accepted():
-    mech = mb.Mechanism([_rod()], [mb.Driver("ground", "rod.top", lambda t: jnp.array([t, 0.0]))])
-    q = mech.reference_coordinates()
-    assert mech.constraints(0.0, q).shape == (2,)
+    for motion in (lambda t: jnp.array([t, 0.0]), lambda t: (t, 0.0)):
+        mech = mb.Mechanism([_rod()], [mb.Driver("ground", "rod.top", motion)])
+        q = mech.reference_coordinates()
+        assert mech.constraints(0.0, q).shape == (2,)
 
 
 def test_a_tree_mechanism_without_coordinates_is_refused():

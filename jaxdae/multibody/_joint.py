@@ -490,7 +490,7 @@ class Driver(AbstractJoint):
     def check_dimension(self, dimension, owner):
         super().check_dimension(dimension, owner)
         try:
-            shape = jax.eval_shape(self.motion, jnp.zeros(())).shape
+            shape = jax.eval_shape(lambda t: jnp.asarray(self.motion(t)), jnp.zeros(())).shape
         except Exception:  # noqa: BLE001 (a motion not traceable alone is checked in `residual`)
             return
         self._check_motion(shape, dimension, owner)
