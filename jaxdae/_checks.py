@@ -42,6 +42,15 @@ def check_positive(name: str, value, kind: str, *, allow_zero: bool = False) -> 
         raise ValueError(f"`{name}` must be a {sign} finite {kind} (a scalar); got {value}.")
 
 
+def check_count(name: str, value, what: str, minimum: int = 0) -> None:
+    """`ValueError` unless `value` is a Python or NumPy integer of at least `minimum` (not
+    a bool); `what` says what it counts, e.g. "Gauss–Newton iterations"."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        bound = {0: "a non-negative integer", 1: "a positive integer"}.get(
+            minimum, f"an integer of at least {minimum}")
+        raise ValueError(f"`{name}` must be {bound} ({what}); got {value!r}.")
+
+
 TOLERANCE_RULE = "finite and non-negative, not both zero, with `rtol` at most 1"
 
 

@@ -123,3 +123,32 @@ def test_a_numpy_max_steps_becomes_an_int():
                      atol=1e-8, max_steps=np.int64(5000), adjoint=None, throw=True)
     call.check_options()
     assert type(call.max_steps) is int and call.max_steps == 5000
+
+
+# Analysis and control -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: jaxdae.equilibrium(PENDULUM, jnp.array([0.1, -1.0]), max_steps=0),
+     r"`max_steps` must be a positive integer \(Gauss–Newton iterations\); got 0"),
+    (lambda: jaxdae.perturbation_matrix(BAUMGARTE, -1),
+     r"`num_constraints` must be a non-negative integer.*got -1"),
+    (lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, jnp.array([[0.0], [-1.0]])),
+     r"`q` must be 1-D \(n,\); got shape \(2, 1\)"),
+    (lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, jnp.array([0.0, -1.0]), jnp.zeros(3)),
+     r"`v` must have the shape of `q`, \(2,\); got shape \(3,\)"),
+], ids=["equilibrium-max-steps-zero", "perturbation-negative", "linearize-q-2d",
+        "linearize-v-shape"])
+def test_analysis_names_a_bad_count_or_shape(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_lqr_names_badly_scaled_weights():
+    """The note `lqr` adds to its failure (checked without solving)."""
+    from jaxdae._analysis._lqr import _scale_note
+
+    overflow = _scale_note(1e200 * np.eye(2), np.eye(1), np.nan)
+    assert "overflowed to nan" in overflow and "ratio of `Q` to `R`" in overflow
+    assert "lost its precision" in _scale_note(np.eye(2), 1e-40 * np.eye(1), 0.0)
+    assert _scale_note(np.eye(2), np.eye(1), 1.0) == ""

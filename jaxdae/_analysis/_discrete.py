@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import optimistix as optx
 
-from .._checks import check_positive
+from .._checks import check_count, check_positive
 from .._compilation._linalg import full_precision
 from .._custom_types import Array, Float, ScalarLike
 from .._formulations._base import AbstractStabilizedFormulation
@@ -121,9 +121,15 @@ def perturbation_matrix(
 
     **Raises:**
 
-    `ValueError` if the formulation has no perturbation matrix (it is not stabilized).
+    `ValueError` if the formulation has no perturbation matrix (it is not stabilized), or
+    for a count of constraints that is not a non-negative integer.
     """
 
+    counts = (num_constraints if isinstance(formulation, ConstraintEnforcingControl)
+              and isinstance(num_constraints, (list, tuple)) else (num_constraints,))
+    for count in counts:
+        check_count("num_constraints", count, "the number of constraints")
+    check_count("num_nonholonomic", num_nonholonomic, "the number of nonholonomic constraints")
     if isinstance(formulation, AbstractStabilizedFormulation):
         return formulation.perturbation_matrix(num_constraints, num_nonholonomic,
                                                constraint_matrix)

@@ -7,7 +7,7 @@ import lineax as lx
 import numpy as np
 import optimistix as optx
 
-from .._checks import check_finite, check_instance, check_positive, check_real
+from .._checks import check_count, check_finite, check_instance, check_positive, check_real
 from .._compilation._linalg import full_precision
 from .._custom_types import Array, ArrayLike, Bool, Float, Int
 from .._formulations import AbstractFormulation, RedundantCoordinates, Unstabilized
@@ -123,13 +123,16 @@ def equilibrium(
 
     **Raises:**
 
-    `ValueError` for bad indices, complex or float16 input, non-finite `q_guess`,
-    `v_guess`, `u_guess` or `t`, a `tol` that is not positive and finite, and when no
+    `ValueError` for bad indices, a `max_steps` below 1, complex or float16 input,
+    non-finite `q_guess`, `v_guess`, `u_guess` or `t`, a `tol` that is not positive and
+    finite, and when no
     equilibrium is found (residual above `tol`); under `jit` the value checks are an
     `eqx.error_if` runtime error with the same message.
     """
     check_instance("system", system, AbstractSystem, "a jaxdae system")
     check_real(q_guess=q_guess, v_guess=v_guess, u_guess=u_guess, t=t, tol=tol)
+    check_count("max_steps", max_steps, "Gauss–Newton iterations", minimum=1)
+    max_steps = int(max_steps)
     q_guess = jnp.asarray(q_guess, dtype=jnp.result_type(q_guess, float))
     if q_guess.ndim != 1:
         raise ValueError(f"`q_guess` must be 1-D (n,); got shape {q_guess.shape}.")
@@ -313,8 +316,12 @@ def linearize(
                    "`jaxdae.RedundantCoordinates(dependent)`")
     check_real(q=q, v=v, u=u, t=t, tol=tol)
     q = jnp.asarray(q, dtype=jnp.result_type(q, float))
+    if q.ndim != 1:
+        raise ValueError(f"`q` must be 1-D (n,); got shape {q.shape}.")
     n = q.shape[0]
     v = jnp.zeros_like(q) if v is None else jnp.asarray(v, dtype=q.dtype)
+    if v.shape != q.shape:
+        raise ValueError(f"`v` must have the shape of `q`, ({n},); got shape {v.shape}.")
     if u is not None:
         u = jnp.atleast_1d(jnp.asarray(u, dtype=q.dtype))
         if not is_controlled(system):

@@ -158,6 +158,24 @@ _NOT_STABILIZABLE = (
 )
 
 
+def _scale_note(q, r, residual) -> str:
+    """Where the weights' scales may explain a failure (concrete values): the Riccati
+    residual is not finite (the iteration overflowed), or `max |Q| / max |R|` lies
+    beyond `1/ε` either way (`P` and the gain lose their digits). Else ""."""
+    q_size, r_size = float(np.max(np.abs(q), initial=0.0)), float(np.max(np.abs(r)))
+    ratio = q_size / r_size
+    limit = 1 / float(np.finfo(np.asarray(q).dtype).eps)
+    overflowed = not np.isfinite(float(residual))
+    if not (overflowed or ratio > limit or 0 < ratio < 1 / limit):
+        return ""
+    what = "overflowed to nan" if overflowed else "lost its precision"
+    return (f" The weights are badly scaled (max |Q| = {q_size:.3g}, max |R| = {r_size:.3g}, "
+            f"a ratio of {ratio:.3g}): the Riccati iteration {what}. The gain depends only "
+            "on the ratio of `Q` to `R`: scale both by the same factor to bring them near 1 "
+            "(e.g. divide both by max |Q|), or choose the state's units so that their ratio "
+            "lies within 1e15.")
+
+
 @full_precision
 def lqr(
     A: Float[ArrayLike, "n n"],  # noqa: N803
@@ -204,6 +222,8 @@ def lqr(
     entries, are `eqx.error_if` runtime errors with the same messages (a gradient near an
     uncontrollable pair works where the solution exists).
     """
+    # (Nested lists as arrays: `jnp.result_type` takes no lists.)
+    A, B, Q, R = (np.asarray(x) if isinstance(x, (list, tuple)) else x for x in (A, B, Q, R))
     check_real(A=A, B=B, Q=Q, R=R)
     dtype = jnp.result_type(A, B, Q, R, float)
     a, b, q, r = (jnp.asarray(x, dtype=dtype) for x in (A, B, Q, R))
@@ -248,6 +268,11 @@ def lqr(
     # `residual` as well: under an eager `jax.grad` the flag is concrete and it is not.
     if is_concrete(bad, residual) and throw:
         if bool(bad):
+            note = _scale_note(q, r, residual)
+            if note:  # the likelier cause first
+                raise ValueError(f"No stabilizing solution of the Riccati equation (residual "
+                                 f"{float(residual):.3g}).{note} Else: "
+                                 f"{_NOT_STABILIZABLE.split(': ', 1)[1]}")
             raise ValueError(f"{_NOT_STABILIZABLE} (Riccati residual {float(residual):.3g}).")
     failed = bad
     for flag, _ in checks:
