@@ -220,6 +220,12 @@ class LagrangianSystem(AbstractSystem):
     - `velocity_constraints(t, q, v)`: nonholonomic `Ψ = A(t, q) v + a(t, q)`, shape `(k,)`
         (default: none).
 
+    Each returns one JAX array of that shape (the energies may return a Python number, a
+    constant); [`jaxdae.simulate`][] refuses a list or tuple (stack it with `jnp.stack`),
+    and forces of another shape than `(n,)` (a scalar is not broadcast), naming the method.
+    The methods are traced: write them with `jax.numpy`, and branch on values with
+    `jnp.where` or `jax.lax.cond`, not a Python `if`.
+
     All the matrices of the equations of motion (the mass matrix `∂²T/∂v²`, Coriolis and
     centrifugal terms, `∂V/∂q`, `J = Φ_q`, `Φ_t`, `γ`, `A = Ψ_v`) are derived from these by
     automatic differentiation, also for rheonomic constraints and time-dependent energies.
