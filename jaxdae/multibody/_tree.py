@@ -37,7 +37,7 @@ from ._spatial import (
     unit_rotation,
 )
 from ._stop import AbstractStop
-from ._topology import FLOATING, SCREW, Topology, find_topology
+from ._topology import FLOATING, SCREW, SPHERICAL, Topology, find_topology
 
 
 def _gather(x, index):
@@ -251,8 +251,9 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
             centres = first_pos + jnp.einsum("bij,bj->bi", first_rot, centres)
             rotations = first_rot @ rotations
         parent = np.asarray([len(top.order) if i < 0 else i for i in top.parent])
-        parent_rot = take(jnp.concatenate([rotations, eye]), parent)
-        parent_pos = take(jnp.concatenate([centres, zero]), parent)
+        if SPHERICAL in top.kinds:
+            parent_rot = take(jnp.concatenate([rotations, eye]), parent)
+            parent_pos = take(jnp.concatenate([centres, zero]), parent)
         subspaces = []
         for kind, start, stop in top.groups:
             if kind == FLOATING:
@@ -264,23 +265,27 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 subspace = jnp.concatenate([
                     jnp.concatenate([jnp.zeros((count, 3, 3), dtype), w], axis=2),
                     jnp.concatenate([unit, cross], axis=2)], axis=1)
+            elif kind == SCREW:
+                # The axis and the joint's point from the body's own pose (the markers
+                # coincide on the axis): no gather of the parents' poses.
+                u, turn, slide = (parameters[start][k] for k in ("u", "turn", "slide"))
+                s_b, o_b = parameters[start]["s_b"], parameters[start]["o_b"]
+                rotation = rotations[start:stop]
+                axis = jnp.einsum("bij,bj->bi", rotation, jnp.einsum("bij,bj->bi", o_b, u))
+                point = centres[start:stop] + jnp.einsum("bij,bj->bi", rotation, s_b)
+                subspace = jnp.concatenate([
+                    turn[:, None] * axis,
+                    turn[:, None] * jnp.cross(point, axis) + slide[:, None] * axis,
+                ], axis=1)[:, :, None]
             else:
                 s_a, o_a = parameters[start]["s_a"], parameters[start]["o_a"]
                 frame_a = parent_rot[start:stop] @ o_a
                 point_a = parent_pos[start:stop] + jnp.einsum(
                     "bij,bj->bi", parent_rot[start:stop], s_a)
-                if kind == SCREW:
-                    u, turn, slide = (parameters[start][k] for k in ("u", "turn", "slide"))
-                    axis = jnp.einsum("bij,bj->bi", frame_a, u)
-                    subspace = jnp.concatenate([
-                        turn[:, None] * axis,
-                        turn[:, None] * jnp.cross(point_a, axis) + slide[:, None] * axis,
-                    ], axis=1)[:, :, None]
-                else:
-                    p = coords[start:stop, :4]
-                    w = frame_a @ rate_map(p)
-                    subspace = jnp.concatenate(
-                        [w, jnp.cross(point_a[:, :, None], w, axis=1)], axis=1)
+                p = coords[start:stop, :4]
+                w = frame_a @ rate_map(p)
+                subspace = jnp.concatenate(
+                    [w, jnp.cross(point_a[:, :, None], w, axis=1)], axis=1)
             subspaces.append(jnp.pad(subspace, ((0, 0), (0, 0), (0, width - subspace.shape[2]))))
         return rotations, centres, jnp.concatenate(subspaces)
 
