@@ -4,6 +4,7 @@ of the solve, formulations and analysis functions outside their domain. Each is 
 eagerly, before anything compiles, with a message that names the method or argument and
 the fix (docs/failures.md)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -66,7 +67,7 @@ def test_a_scalar_force_is_refused_outside_simulate():
     """The terms check the forces' shape themselves, for every entry point."""
     bad = _model("generalized_forces", lambda t, q, v: -0.5 * v[0])
     with pytest.raises(ValueError, match=r"`generalized_forces` must return a 1-D array"):
-        bad.terms(0.0, Q0, V0)
+        jax.eval_shape(bad.terms, 0.0, Q0, V0)
 
 
 def test_a_python_number_is_a_constant_energy():
