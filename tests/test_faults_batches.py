@@ -284,6 +284,7 @@ def test_chunks_of_outputs_of_size_zero():
     out = jaxdae.batch_map(lambda x: (2 * x, jnp.zeros((3, 0))), jnp.arange(5.0), chunk_size=2)
     np.testing.assert_array_equal(out[0], 2 * np.arange(5.0))
     assert out[1].shape == (5, 3, 0)
+    assert jaxdae.batch_map(lambda x: 2 * x, jnp.zeros(0), chunk_size=4).shape == (0,)
 
 
 def test_no_scenarios_and_a_vector_loss_are_named():

@@ -106,6 +106,8 @@ def _chunked_map(fn, args, size: int, chunk_size: int):
     """`fn` over the rows of `args`, `chunk_size` rows at a time (`jax.lax.map`). Outputs of
     size zero (a `Solution`'s `psi` without nonholonomic constraints) are left out of the
     map and filled in after: `jax.lax.map` with a `batch_size` cannot split them."""
+    if size == 0:
+        return jax.vmap(lambda a: fn(*a))(args)
     shapes = jax.eval_shape(lambda a: fn(*a), jax.tree.map(lambda x: x[0], args))
     empty = [math.prod(leaf.shape) == 0 for leaf in jax.tree.leaves(shapes)]
 
