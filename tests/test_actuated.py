@@ -377,6 +377,7 @@ def test_gains_from_poles():
     np.testing.assert_allclose(grad, [-2.0, -1.0])  # K_0 = p_1 p_2
 
 
+@pytest.mark.slow
 def test_float32_states_give_a_float32_simulation():
     q0, v0, w0 = (x.astype(jnp.float32) for x in OPTICS.initial_state(angle_error=0.05))
     sol = jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, 3.0, q0, v0, w0, rtol=1e-5,

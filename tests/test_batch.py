@@ -100,6 +100,7 @@ def test_checkpointed_sweep_resumes_where_it_stopped(tmp_path, unchunked):
         jaxdae.batch_map(other, kd, q0, v0, **sweep)
 
 
+@pytest.mark.slow
 def test_checkpointed_sweep_on_a_mesh(tmp_path, mesh):
     sweep = jaxdae.batch_map(run, *inputs(8), mesh=mesh, chunk_size=1,
                              checkpoint=tmp_path / "sweep", progress=False)  # 2 chunks of 4

@@ -199,6 +199,7 @@ def test_failed_trajectories_stop_alone():
         run(25.0)
 
 
+@pytest.mark.slow
 def test_ensemble_errors():
     q0, v0 = states(4)
     with pytest.raises(ValueError, match=r"shape \(B, n\)"):

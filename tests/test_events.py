@@ -202,6 +202,7 @@ def test_float32_events():
     np.testing.assert_allclose(sol.events.t[:3], ball.impact_times(1.0, 3), rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_release_of_a_resting_contact():
     """A ball resting on the floor under an upward force `2 m g t` lifts off at
     `t = 0.5` (its contact force `m g (1 − 2t)` reaches zero) and then flies."""

@@ -143,6 +143,7 @@ def test_incompatible_constraints_are_a_failure(formulation):
         jaxdae.simulate(Incompatible(), formulation, 0.0, 1.0, Q0, V0)
 
 
+@pytest.mark.slow
 def test_range_test_floor_follows_the_precision():
     # a residual at float32's rounding level is not tested (no SVD where nothing failed);
     # the same residual in float64, and a float32 model whose constraints contradict each

@@ -122,6 +122,7 @@ def test_derivatives_through_stick_events():
     np.testing.assert_allclose(jac, central, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_rocking_block_loses_housners_fraction_per_impact():
     """Each plastic, sticking impact of the rocking block keeps `(1 − 1.5 sin² α)²` of
     the rocking energy (Housner (1963)); the old corner lifts off, the new one sticks."""
@@ -141,6 +142,7 @@ def test_rocking_block_loses_housners_fraction_per_impact():
     assert np.all(np.asarray(sol.events.impulse[:3]) > 0)
 
 
+@pytest.mark.slow
 def test_disc_spun_on_the_ground_slips_then_rolls():
     """A disc (`I = ½ m r²`) set spinning at `ω₀` on the ground slips until it rolls, at
     `v = −r ω₀ / 3` from `t = r ω₀ / (3 μ g)` (a `PlaneContact` with friction)."""

@@ -72,6 +72,7 @@ def test_perturbations_follow_paper_equations(arm_runs):
         np.testing.assert_allclose(sol.dphi[:, i], expected[:, 1], atol=1e-7)
 
 
+@pytest.mark.slow
 def test_nonholonomic_in_hamiltonian_form():
     sleigh = ChaplyginSleigh(mass=1.0, inertia=0.1, distance=0.5)
     q0, v0 = sleigh.initial_state(0.5, 2.0)

@@ -107,6 +107,7 @@ def test_bad_input():
         jaxdae.lqr(np.eye(2), np.ones((2, 1)), np.full((2, 2), np.nan), np.eye(1))
 
 
+@pytest.mark.slow
 def test_float32_stays_float32(problem):
     a, b, q, r = (np.asarray(x, dtype=np.float32) for x in problem)
     sol = jaxdae.lqr(a, b, q, r)

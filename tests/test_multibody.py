@@ -391,6 +391,7 @@ def test_gear_torque_input_and_rotational_spring():
     np.testing.assert_allclose(acc[5], -2 * expected, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_slider_with_spring_force_and_point_on_line():
     """A block on an inclined line (point-on-line, turning free) pulled by a spring-damper
     and a local force: `m s̈ = −k (s − ℓ₀) − c ṡ + F + m g·u` along the line."""
@@ -530,6 +531,7 @@ def test_gradients_against_central_differences():
         np.testing.assert_allclose(gradient, diff, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_vmap_over_a_parameter_under_jit():
     stiffnesses = jnp.array([2.0, 5.0, 9.0])
     batched = jax.jit(jax.vmap(lambda k: final_angle(sprung_pendulum(0.7, k))))(stiffnesses)

@@ -170,6 +170,7 @@ def test_coupled_blocks_follow_linear_ode(sleigh):
     assert float(jnp.max(jnp.abs(y[0]))) > 0.05
 
 
+@pytest.mark.slow
 def test_coupled_is_baumgarte_special_case(sleigh):
     system = HeadingSleigh(sleigh.mass, sleigh.inertia, sleigh.distance)
     q0, v0 = heading_state(sleigh)

@@ -217,6 +217,7 @@ def test_steps_clipped_to_many_save_times_reach_t1(solver):
         assert max(_residual(sol)) <= 1e-12
 
 
+@pytest.mark.slow
 def test_ensemble_steps_clipped_to_many_save_times_reach_t1():
     """Two copies of the same trajectory take that trajectory's steps."""
     sol = jaxdae.simulate_ensemble(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0,

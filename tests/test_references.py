@@ -178,6 +178,7 @@ def two_link():
     return system, *system.initial_state()
 
 
+@pytest.mark.slow
 def test_default_save_times_equal_explicit(two_link):
     system, q0, v0 = two_link
     formulation = jaxdae.ModifiedLagrange(10.0, [20.0, 10.0], [100.0, 25.0])

@@ -180,6 +180,7 @@ def _dragged_solve(args):
     return sol.stats["num_accepted_steps"], jnp.max(jnp.abs(sol.ys[:, 0] - jnp.sin(ts)))
 
 
+@pytest.mark.slow
 def test_steps_on_a_stiff_damped_spring_do_not_grow_with_the_stiffness():
     """From `k = 10⁶` to `10¹⁰` (damping ratio 0.5) an explicit solver's steps grow like
     `√k` (Tsit5 at rtol 1e-6: 7,530 and 376,355); Rodas5P's stay those of the slow motion,

@@ -47,6 +47,7 @@ class PushedPendulum(CartesianPendulum):
         return jnp.where((t >= 0.5) & (t < 1.0), 2.0, 0.0) * jnp.array([1.0, 0.0])
 
 
+@pytest.mark.slow
 def test_solve_matches_with_jumps():
     """Whole adaptive solves agree step for step, also across jumps of the right-hand side
     (declared to the controller: there the stored last stage is stale and the first stage

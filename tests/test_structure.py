@@ -420,6 +420,7 @@ def test_time_and_velocity_dependent_terms_agree():
     np.testing.assert_allclose(acc_s[0], acc_d[0], rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_given_mass_agrees():
     q = jnp.array([0.0, 0.0, 1.0, 0.0, 1.0, -1.0, 2.0, -1.0])
     v = jnp.linspace(-1.0, 1.0, 8)

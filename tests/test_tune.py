@@ -399,6 +399,7 @@ def test_transition_matrix_is_the_stability_function():
         jaxdae.perturbation_matrix(jaxdae.Unstabilized(), 2)
 
 
+@pytest.mark.slow
 def test_discrete_stability_penalty():
     # Critically damped gains: a double eigenvalue, where eigenvalue gradients are nan.
     k = 10.0
