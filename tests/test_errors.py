@@ -134,6 +134,7 @@ _traced = jax.jit(lambda kd, q0, t1, ts: _simulate(
 _TS = jnp.array([0.0, 0.5])
 
 
+@pytest.mark.slow
 def test_traced_bad_gains_raise_under_jit():
     assert np.all(np.isfinite(_traced(10.0, Q0, 1.0, _TS)))
     with pytest.raises(Exception, match="`kd` must be symmetric positive definite"):

@@ -50,6 +50,7 @@ def test_hamiltonian_matches_lagrangian(arm_runs):
     assert float(jnp.max(jnp.abs(h.phi))) < 1e-8
 
 
+@pytest.mark.slow
 def test_energy_conserved_without_forces(arm_runs):
     arm = CartesianArm(masses=MASSES)  # same structure: same compiled program
     sol = run(arm, arm_runs["f"], arm_runs["q0"], arm_runs["p0"], TS)

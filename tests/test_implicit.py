@@ -209,6 +209,7 @@ def test_generalized_alpha_vmap():
         np.testing.assert_allclose(batched[i], solve(q0s[i], v0s[i]), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_generalized_alpha_nonholonomic():
     """The knife edge (one nonholonomic constraint) follows its closed-form motion, with
     Ψ = 0 to the Newton tolerance."""

@@ -65,6 +65,7 @@ def test_gradient_matches_central_differences(problem):
         np.testing.assert_allclose(ad, fd, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_jit_and_vmap(problem):
     a, b, q, r = problem
     ref = jaxdae.lqr(a, b, q, r).gain

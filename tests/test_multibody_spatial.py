@@ -67,6 +67,7 @@ def test_euler_parameter_maps():
                                [0.0, 1.0, 0.0], atol=1e-15)
 
 
+@pytest.mark.slow
 def test_free_body_follows_euler_equations():
     """A free spinning body: the centre does not accelerate and `J ω̇' = −ω' × J ω'`; the
     mass matrix is positive definite (the norm term) and the energy is `½ ω'ᵀ J ω'`."""

@@ -62,6 +62,7 @@ def test_viscous_converges_as_k_grows(sleigh, constrained):
     assert float(jnp.abs(psi[3, -1])) < 1e-3 * 0.1  # ψ(T) < 1e-3 ψ₀
 
 
+@pytest.mark.slow
 def test_bounded_force_reaches_constraint_in_finite_time(sleigh, constrained):
     """Theorem 2: R̄ = r̄ + η drives ψ to 0 in finite time and keeps it there; R̄ < r̄ fails."""
     q0, v0, ref = constrained

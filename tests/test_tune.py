@@ -77,6 +77,7 @@ def test_tuning_decreases_loss(reference):
     assert tuned < loss[0]
 
 
+@pytest.mark.slow
 def test_checkpoint_resume_is_bit_identical(reference, tmp_path):
     class Interrupt(Exception):
         pass
@@ -336,6 +337,7 @@ def test_parametrizations():
                            (jaxdae.Positive,))
 
 
+@pytest.mark.slow
 def test_losses_on_a_solution(reference):
     sol = run(reference.model, jax.tree.map(lambda x: x[0], scenarios()))
     t = np.asarray(sol.ts)
