@@ -287,8 +287,8 @@ class Solution(AbstractSolution):
         [`jaxdae.PseudoInverse`][] (the guide "Failures and guarantees",
         docs/failures.md). Resolved at the saved times: pass dense `ts` to find them.
         For a batch, the times of each trajectory, as a list."""
-        if not (isinstance(threshold, int | float | np.floating | np.integer)
-                and 0 < threshold <= 1):
+        if isinstance(threshold, str) or np.ndim(threshold) != 0 or not (
+                0 < float(threshold) <= 1):
             raise ValueError(
                 "`threshold` must be a number in (0, 1] (the conditioning σ_r / σ_1 below "
                 f"which a saved time counts as near a singular configuration); got {threshold}.")

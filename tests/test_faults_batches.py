@@ -281,9 +281,12 @@ def test_a_batch_member_with_no_consistent_state_is_reported_alone():
 
 def test_chunks_of_outputs_of_size_zero():
     # A `Solution` without nonholonomic constraints has `psi` of shape (N, 0).
-    out = jaxdae.batch_map(lambda x: (2 * x, jnp.zeros((3, 0))), jnp.arange(5.0), chunk_size=2)
+    # (and a Python number among the outputs, as a `Solution`'s step limit)
+    out = jaxdae.batch_map(lambda x: (2 * x, jnp.zeros((3, 0)), 7), jnp.arange(5.0),
+                           chunk_size=2)
     np.testing.assert_array_equal(out[0], 2 * np.arange(5.0))
     assert out[1].shape == (5, 3, 0)
+    np.testing.assert_array_equal(out[2], [7] * 5)
     assert jaxdae.batch_map(lambda x: 2 * x, jnp.zeros(0), chunk_size=4).shape == (0,)
 
 

@@ -105,21 +105,22 @@ def _place(x, mesh: Mesh, spec: PartitionSpec):
 def _chunked_map(fn, args, size: int, chunk_size: int):
     """`fn` over the rows of `args`, `chunk_size` rows at a time (`jax.lax.map`). Outputs of
     size zero (a `Solution`'s `psi` without nonholonomic constraints) are left out of the
-    map and filled in after: `jax.lax.map` with a `batch_size` cannot split them."""
+    map and filled in after: `jax.lax.map` with a `batch_size` cannot split them. Their
+    shapes are read while `fn` is traced for the map, not by a trace of their own."""
     if size == 0:
         return jax.vmap(lambda a: fn(*a))(args)
-    shapes = jax.eval_shape(lambda a: fn(*a), jax.tree.map(lambda x: x[0], args))
-    empty = [math.prod(leaf.shape) == 0 for leaf in jax.tree.leaves(shapes)]
+    outputs = {}
 
-    def nonempty(a):
-        leaves, tree = jax.tree.flatten(fn(*a))
-        return [leaf for leaf, skip in zip(leaves, empty, strict=True) if not skip], tree
+    def nonempty_outputs(a):
+        leaves, outputs["tree"] = jax.tree.flatten(fn(*a))
+        leaves = [jnp.asarray(x) for x in leaves]
+        outputs["leaves"] = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
+        return [x for x in leaves if x.size]
 
-    kept = jax.lax.map(lambda a: nonempty(a)[0], args, batch_size=chunk_size)
-    kept = iter(kept)
-    leaves = [jnp.zeros((size,) + leaf.shape, leaf.dtype) if skip else next(kept)
-              for leaf, skip in zip(jax.tree.leaves(shapes), empty, strict=True)]
-    return jax.tree.unflatten(jax.tree.structure(shapes), leaves)
+    kept = iter(jax.lax.map(nonempty_outputs, args, batch_size=chunk_size))
+    leaves = [next(kept) if math.prod(x.shape) else jnp.zeros((size,) + x.shape, x.dtype)
+              for x in outputs["leaves"]]
+    return jax.tree.unflatten(outputs["tree"], leaves)
 
 
 @eqx.filter_jit
