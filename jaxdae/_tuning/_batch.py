@@ -1,6 +1,5 @@
 """Large batches of simulations: `vmap` in chunks, sharded over devices with JAX's runtime."""
 
-import json
 import math
 import os
 import warnings
@@ -19,14 +18,12 @@ from .._compilation._sharding import auto_mesh as _auto, explicit_to_auto as _ex
 from .._custom_types import PyTree
 from ._persist import (
     atomic_write,
-    atomic_write_text,
     fingerprint,
     program_fingerprint,
     progress_bar,
-    read_json,
-    sealed,
+    read_record,
     short,
-    unsealed,
+    write_record,
 )
 
 
@@ -433,7 +430,7 @@ def _check_sweep_file(directory: Path, parts: dict, identity: str, paths, shapes
     damaged = None
     if meta.exists():
         try:
-            old = unsealed(read_json(meta, _FIX), meta, _FIX)
+            old = read_record(meta, _FIX)
         except ValueError as error:
             damaged = error
         else:
@@ -465,7 +462,7 @@ def _check_sweep_file(directory: Path, parts: dict, identity: str, paths, shapes
         warnings.warn(f"{damaged.args[0].split('. ')[0]}; it was written again: the chunks "
                       "of this sweep on disk are kept, damaged ones computed again.",
                       stacklevel=4)
-    atomic_write_text(meta, json.dumps(sealed(record)))
+    write_record(meta, record)
 
 
 def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progress: bool,

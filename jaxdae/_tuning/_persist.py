@@ -62,6 +62,18 @@ def unsealed(record: dict, path: Path, fix: str) -> dict:
     return content
 
 
+def write_record(path: Path, record: dict) -> None:
+    """Writes the JSON object `record`, `sealed`, to `path` (`atomic_write`)."""
+    atomic_write_text(path, json.dumps(sealed(record)))
+
+
+def read_record(path: Path, fix: str) -> dict:
+    """The record that `write_record` wrote to `path`, checked against its digest; a
+    damaged file raises a `ValueError` that names it and says `fix` (`read_json`,
+    `unsealed`)."""
+    return unsealed(read_json(path, fix), path, fix)
+
+
 def _record_digest(record: dict) -> str:
     text = json.dumps(record, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()

@@ -38,10 +38,9 @@ from ._persist import (
     fingerprint as run_fingerprint,
     program_fingerprint,
     progress_bar,
-    read_json,
-    sealed,
+    read_record,
     short,
-    unsealed,
+    write_record,
 )
 
 _META_FILE = "checkpoint.json"
@@ -318,7 +317,7 @@ def _save_checkpoint(directory: Path, state, step: int, history: dict, identity:
             "state_sha256": hashlib.sha256(data).hexdigest(), "parts": identity,
             "history": history,
             "excluded": [] if excluded is None else np.flatnonzero(excluded).tolist()}
-    atomic_write_text(directory / _META_FILE, json.dumps(sealed(meta)))
+    write_record(directory / _META_FILE, meta)
     for old in directory.glob("state_*.eqx"):
         if old.name != name:
             old.unlink(missing_ok=True)
@@ -344,7 +343,7 @@ def _load_checkpoint(directory: Path, like, identity: dict):
     meta_path = directory / _META_FILE
     if not meta_path.exists():
         return None
-    meta = unsealed(read_json(meta_path, _FIX), meta_path, _FIX)
+    meta = read_record(meta_path, _FIX)
     parts, run = meta.get("parts", {}), _run_name(identity)
     differ = [text for part, text in _PARTS.items() if parts.get(part) != identity[part]]
     if differ:
