@@ -42,11 +42,11 @@ def test_frictional_lcp_meets_coulomb_and_complementarity():
         for k in range(size):
             if normal[k] <= tol:
                 assert abs(tangential[k]) <= tol
-            elif bool(out.stick[k]):
+            elif bool(out.modes.stick[k]):
                 assert abs(w[size + k]) <= tol
                 assert abs(tangential[k]) <= friction[k] * normal[k] + tol
             else:
-                sign = float(out.sign[k])
+                sign = float(out.modes.sign[k])
                 np.testing.assert_allclose(tangential[k], -friction[k] * sign * normal[k],
                                            atol=tol)
                 assert sign * w[size + k] >= -tol

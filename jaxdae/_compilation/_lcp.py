@@ -89,30 +89,38 @@ def solve_lcp(matrix: Float[Array, "u u"], vector: Float[Array, " u"],
     return LCPSolution(x, matrix @ x + vector, solved & jnp.all(jnp.isfinite(x)))
 
 
-class FrictionalLCPSolution(eqx.Module):
-    """The solution of [`solve_frictional_lcp`][]: `x` (the normal then the tangential
-    forces or impulses), `w = A x + b`, the contact modes it ended on (`active`: normal force
-    free to be positive; `stick`; `sign`, the slip direction where not sticking) and
-    whether the pivoting ended on a solution (`solved`)."""
+class ContactModes(eqx.Module):
+    """The state of each contact: `active`, a resting contact that carries a normal force
+    (in [`solve_frictional_lcp`][], one whose normal force is free to be positive);
+    `stick`, an active contact with friction that sticks; `sign`, the direction `±1` in
+    which it slips where it does not stick."""
 
-    x: Float[Array, " 2u"]
-    w: Float[Array, " 2u"]
     active: Bool[Array, " u"]
     stick: Bool[Array, " u"]
     sign: Float[Array, " u"]
+
+
+class FrictionalLCPSolution(eqx.Module):
+    """The solution of [`solve_frictional_lcp`][]: `x` (the normal then the tangential
+    forces or impulses), `w = A x + b`, the contact `modes` it ended on and whether the
+    pivoting ended on a solution (`solved`)."""
+
+    x: Float[Array, " 2u"]
+    w: Float[Array, " 2u"]
+    modes: ContactModes
     solved: Bool[Array, ""]
 
 
 def frictional_solve(matrix: Float[Array, "2u 2u"], vector: Float[Array, " 2u"],
-                     friction: Float[Array, " u"], active: Bool[Array, " u"],
-                     stick: Bool[Array, " u"], sign: Float[Array, " u"]
+                     friction: Float[Array, " u"], modes: ContactModes
                      ) -> Float[Array, " 2u"]:
-    """`x` of the contact modes: an `active` contact's normal row of `A x + b` vanishes,
+    """`x` of the contact `modes`: an `active` contact's normal row of `A x + b` vanishes,
     the others' normal `x` does; a sticking active contact with friction holds its
     tangential row at zero, a slipping one has `x_T = −μ s x_N`; the rest `x_T = 0`.
 
     Solved in the least-squares sense (the least `x` where the rows are dependent: a body
     stuck at more contacts than it has freedoms, whose forces are indeterminate)."""
+    active, stick, sign = modes.active, modes.stick, modes.sign
     size = active.shape[0]
     dtype = vector.dtype
     scale = jnp.max(jnp.abs(jnp.diagonal(matrix)), initial=0.0) + jnp.finfo(dtype).tiny
@@ -161,7 +169,7 @@ def solve_frictional_lcp(matrix: Float[Array, "2u 2u"], vector: Float[Array, " 2
     rubbing_free = free & (friction_ > 0)
 
     def violations(active, stick, sign_):
-        x = frictional_solve(a, b, friction_, active, stick, sign_)
+        x = frictional_solve(a, b, friction_, ContactModes(active, stick, sign_))
         w = a @ x + b
         normal = candidates & ((active & (x[:size] < -tolerance))
                                | (~active & (w[:size] < -tolerance)))
@@ -203,6 +211,7 @@ def solve_frictional_lcp(matrix: Float[Array, "2u 2u"], vector: Float[Array, " 2
         keep_going, step, (0, start_active, start_stick, start_sign, jnp.asarray(False)))
     normal, tangent, _ = violations(active, stick, sign_)
     solved = done | ~(normal | tangent).any()
-    x = frictional_solve(matrix, vector, friction, active, stick, sign_)
-    return FrictionalLCPSolution(x, matrix @ x + vector, active, stick, sign_,
+    modes = ContactModes(active, stick, sign_)
+    x = frictional_solve(matrix, vector, friction, modes)
+    return FrictionalLCPSolution(x, matrix @ x + vector, modes,
                                  solved & jnp.all(jnp.isfinite(x)))

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._compilation._lcp import (
+    ContactModes,
     frictional_solve,
     masked_solve,
     solve_frictional_lcp,
@@ -80,16 +81,6 @@ def gap_terms(system, t, q, v) -> GapTerms:
                         jnp.zeros((0, q.shape[0]), q.dtype), none)
     slip, slip_jacobian, slip_rate = nonholonomic_terms(system.slip_velocities, t, q, v)
     return GapTerms(gap, rate, jacobian, bias, friction, slip, slip_jacobian, slip_rate)
-
-
-class ContactModes(eqx.Module):
-    """The state of each contact: `active`, a resting contact that carries a normal force;
-    `stick`, an active contact with friction that sticks; `sign`, the direction `±1` in
-    which it slips where it does not stick."""
-
-    active: Bool[Array, " u"]
-    stick: Bool[Array, " u"]
-    sign: Float[Array, " u"]
 
 
 def constrained_inverse_mass(terms: ConstrainedTerms,
@@ -154,8 +145,7 @@ class ContactProblem(eqx.Module):
         ones rub with `λ_T = −μ λ s` (zero for the others)."""
         if self.friction.shape[0] == 0:
             return masked_solve(self.matrix, -self.vector, modes.active)
-        return frictional_solve(self.matrix, self.vector, self.friction, modes.active,
-                                modes.stick, modes.sign)
+        return frictional_solve(self.matrix, self.vector, self.friction, modes)
 
 
 def contact_problem(formulation: AbstractFormulation, terms: ConstrainedTerms,
@@ -198,5 +188,5 @@ def resting_contacts(problem: ContactProblem, candidates: Bool[Array, " u"],
                             jnp.zeros(size, problem.vector.dtype)), solution.solved
     solution = solve_frictional_lcp(problem.matrix, problem.vector, problem.friction,
                                     candidates, free, sign)
-    active = candidates & solution.active & (solution.x[:size] > 0)
-    return ContactModes(active, active & solution.stick, solution.sign), solution.solved
+    active = candidates & solution.modes.active & (solution.x[:size] > 0)
+    return ContactModes(active, active & solution.modes.stick, solution.modes.sign), solution.solved
