@@ -11,6 +11,7 @@ import optimistix as optx
 from .._checks import check_positive, check_tolerances
 from .._custom_types import Array
 from .._gains import is_concrete
+from ._forwarding import Forwarded
 
 
 class AbstractControllerWrapper(diffrax.AbstractAdaptiveStepSizeController):
@@ -18,18 +19,9 @@ class AbstractControllerWrapper(diffrax.AbstractAdaptiveStepSizeController):
     the wrapped controller's."""
 
     controller: eqx.AbstractVar[diffrax.AbstractAdaptiveStepSizeController]
-
-    @property
-    def rtol(self):
-        return self.controller.rtol
-
-    @property
-    def atol(self):
-        return self.controller.atol
-
-    @property
-    def norm(self):  # pyright: ignore[reportIncompatibleMethodOverride]
-        return self.controller.norm
+    rtol = Forwarded("controller")
+    atol = Forwarded("controller")
+    norm = Forwarded("controller")
 
 
 class StopStalledSteps(AbstractControllerWrapper):

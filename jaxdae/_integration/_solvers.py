@@ -11,6 +11,7 @@ from .._checks import described
 from .._compilation._private_apis import unvmap_any
 from .._custom_types import Array, PyTree, ScalarLike
 from .._solution import RESULTS, Solution
+from ._forwarding import Forwarded
 
 
 def _combine(base: PyTree[Array], weights, ks: list) -> PyTree[Array]:
@@ -62,27 +63,12 @@ class AbstractSolverWrapper(AbstractFailureNamingSolver, diffrax.AbstractAdaptiv
     override (terms, interpolation, order, vector field), and whose failures it names."""
 
     solver: eqx.AbstractVar[diffrax.AbstractSolver]
-
-    @property
-    def term_structure(self):
-        return self.solver.term_structure
-
-    @property
-    def term_compatible_contr_kwargs(self):
-        return self.solver.term_compatible_contr_kwargs
-
-    @property
-    def interpolation_cls(self):  # pyright: ignore
-        return self.solver.interpolation_cls
-
-    def order(self, terms):
-        return self.solver.order(terms)
-
-    def error_order(self, terms):
-        return self.solver.error_order(terms)
-
-    def func(self, terms, t0, y0, args):
-        return self.solver.func(terms, t0, y0, args)
+    term_structure = Forwarded("solver")
+    term_compatible_contr_kwargs = Forwarded("solver")
+    interpolation_cls = Forwarded("solver")
+    order = Forwarded("solver")
+    error_order = Forwarded("solver")
+    func = Forwarded("solver")
 
     def name_result(self, result: RESULTS) -> RESULTS:
         return name_result(self.solver, result)
