@@ -121,6 +121,31 @@ def test_arguments_of_the_wrong_kind_are_named(call, match):
         call()
 
 
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: _simulate(rtoll=1e-6),
+         r"simulate\(\) got an unexpected keyword argument 'rtoll'\. Did you mean `rtol`\? "
+         r"Its keyword arguments are: ts, solver, .*, throw, constraint_tol, events\."),
+        (lambda: jaxdae.simulate_ensemble(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0[None], V0[None],
+                                          events=None),
+         r"simulate_ensemble\(\) got an unexpected keyword argument 'events'\. Its "
+         r"keyword arguments are: .*, constraint_tol\.$"),
+        (lambda: jaxdae.simulate_actuated(
+            AdaptiveOpticsElement(), jaxdae.ConstraintEnforcingControl.with_poles(1.0, order=4),
+            0.0, 1.0, *AdaptiveOpticsElement().initial_state(), max_step=10),
+         r"simulate_actuated\(\) got an unexpected keyword argument 'max_step'\. Did you "
+         r"mean `max_steps`\?"),
+    ],
+    ids=["simulate", "ensemble-events", "actuated"],
+)
+def test_unknown_solve_keywords_are_refused_naming_the_valid_ones(call, match):
+    """The entry points share their keyword arguments (`SolveKeywords`): any other is a
+    `TypeError`, before any work, that lists the valid ones."""
+    with pytest.raises(TypeError, match=match):
+        call()
+
+
 def test_gains_changed_after_construction_are_checked_by_simulate():
     """E.g. an optimizer step that makes a gain negative (tree updates bypass __init__)."""
     bad = eqx.tree_at(lambda f: f.kp, BAUMGARTE, jnp.array(-3.0))

@@ -19,6 +19,8 @@ unstabilized law of eq. [2.9], for which the constraints are only first integral
 """
 
 
+from typing import Unpack
+
 import diffrax
 import equinox as eqx
 import jax
@@ -46,7 +48,7 @@ from ._adjoint import forward_mode_hint, jit_unless_staged
 from ._diagnostics import at_valid, masked, saved_rows
 from ._failures import all_finite
 from ._reporting import raise_failure, solve_traced_inputs
-from ._solve import Dynamics, SolveCall, in_current_mesh, integrate
+from ._solve import Dynamics, SolveCall, SolveKeywords, in_current_mesh, integrate
 from ._trajectories import SingleTrajectory
 
 
@@ -214,26 +216,10 @@ def check_actuated_system(system, control, t0, q0, v0, w0):
 
 @full_precision
 @in_current_mesh
-def simulate_actuated(
-    system: ActuatedSystem,
-    control: ConstraintEnforcingControl,
-    t0: ScalarLike,
-    t1: ScalarLike,
-    q0: Float[ArrayLike, " n"],
-    v0: Float[ArrayLike, " n"],
-    w0: Float[ArrayLike, " k"],
-    *,
-    ts: Float[ArrayLike, " N"] | None = None,
-    solver: diffrax.AbstractSolver | None = None,
-    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
-    dt0: ScalarLike | None = None,
-    rtol: float = 1e-8,
-    atol: float = 1e-10,
-    max_steps: int = 100_000,
-    adjoint: diffrax.AbstractAdjoint | None = None,
-    throw: bool = True,
-    constraint_tol: ScalarLike | None = None,
-) -> ActuatedSolution:
+def simulate_actuated(system: ActuatedSystem, control: ConstraintEnforcingControl,
+                      t0: ScalarLike, t1: ScalarLike, q0: Float[ArrayLike, " n"],
+                      v0: Float[ArrayLike, " n"], w0: Float[ArrayLike, " k"],
+                      **options: Unpack[SolveKeywords]) -> ActuatedSolution:
     """Simulates an actuated system under constraint-enforcing control (Mukharlyamov (2019), eq.
     [2.12] with the stabilized input of [3.4]–[3.5]), with diffrax.
 
@@ -268,10 +254,7 @@ def simulate_actuated(
     zero tolerances); [`jaxdae.SimulationError`][] with `throw=True` when the solve fails
     (e.g. `g gᵀ` becomes singular on the way).
     """
-    call = SolveCall(ts=ts, solver=solver,
-                     stepsize_controller=stepsize_controller, dt0=dt0, rtol=rtol, atol=atol,
-                     max_steps=max_steps, adjoint=adjoint, throw=throw,
-                     constraint_tol=constraint_tol)
+    call = SolveCall.of("simulate_actuated", options)
     q0, v0, w0 = initial_actuated_state(q0, v0, w0)
     dtype = q0.dtype
     times = call.times(t0, t1, dtype)
@@ -279,11 +262,11 @@ def simulate_actuated(
     # The state's dtype sets the precision: float32 states give a float32 simulation.
     system, control = cast_floating((system, control), dtype)
     control = check_actuated_system(system, control, times.t0, q0, v0, w0)
-    options = call.options(dtype)
+    solve_options = call.options(dtype)
     with forward_mode_hint():
         sol = solve_traced_inputs(lambda times_, options_: _simulate_actuated(
-            system, control, times_, (q0, v0, w0), options_), times, options, throw)
-    return raise_failure(sol) if throw else sol
+            system, control, times_, (q0, v0, w0), options_), times, solve_options, call.throw)
+    return raise_failure(sol) if call.throw else sol
 
 
 # The actuated system's ODE on the common solve path: `args = (system, control, λ_max)`, the

@@ -1,7 +1,7 @@
 """The entry points of the solve of a system with its formulation: [`jaxdae.simulate`][]
 for one trajectory and [`jaxdae.simulate_ensemble`][] for an ensemble of them."""
 
-import diffrax
+from typing import Unpack
 
 from .._compilation._linalg import full_precision
 from .._custom_types import ArrayLike, Float, ScalarLike
@@ -9,32 +9,21 @@ from .._formulations import AbstractFormulation
 from .._solution import Solution
 from .._systems._system import AbstractSystem
 from ._events import EventDriven
-from ._solve import SolveCall
+from ._solve import SolveCall, SolveKeywords
 from ._system_solve import solve_system
 from ._trajectories import EnsembleTrajectories, SingleTrajectory
 
 
+class SimulateKeywords(SolveKeywords, total=False):
+    """[`jaxdae.simulate`][]'s keyword arguments: the solve's and `events`."""
+
+    events: EventDriven | None
+
+
 @full_precision
-def simulate(
-    system: AbstractSystem,
-    formulation: AbstractFormulation,
-    t0: ScalarLike,
-    t1: ScalarLike,
-    q0: Float[ArrayLike, " n"],
-    v0: Float[ArrayLike, " n"],
-    *,
-    ts: Float[ArrayLike, " N"] | None = None,
-    solver: diffrax.AbstractSolver | None = None,
-    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
-    dt0: ScalarLike | None = None,
-    rtol: float = 1e-8,
-    atol: float = 1e-10,
-    max_steps: int = 100_000,
-    adjoint: diffrax.AbstractAdjoint | None = None,
-    throw: bool = True,
-    events: EventDriven | None = None,
-    constraint_tol: ScalarLike | None = None,
-) -> Solution:
+def simulate(system: AbstractSystem, formulation: AbstractFormulation, t0: ScalarLike,
+             t1: ScalarLike, q0: Float[ArrayLike, " n"], v0: Float[ArrayLike, " n"],
+             **options: Unpack[SimulateKeywords]) -> Solution:
     """Simulates a constrained system, turned into an ODE by `formulation`, with diffrax.
 
     Works under `jax.jit`, `jax.vmap` (over initial states, gains, system parameters) and
@@ -51,15 +40,18 @@ def simulate(
         `p0` (Shemelova (2016), eqs. [3]–[6]). They need not satisfy
         the constraints (the stabilized formulations pull them back); see
         [`jaxdae.consistent_initial_state`][] for a consistent start.
+    Keyword arguments (any other is refused with a `TypeError` that lists these):
+
     - `ts`: times at which to save the solution. Default: `[t0, t1]`.
     - `solver`: any diffrax ODE solver. Default `diffrax.Tsit5()` (adaptive, explicit).
     - `stepsize_controller`: default `diffrax.PIDController(rtol, atol)`; pass
         `diffrax.ConstantStepSize()` (with `dt0`) for a fixed-step method.
     - `dt0`: initial step; default chosen automatically by the controller.
-    - `rtol`, `atol`: tolerances of the default step-size controller: finite and
+    - `rtol`, `atol`: tolerances of the default step-size controller (default `1e-8` and
+        `1e-10`): finite and
         non-negative, not both zero, `rtol` at most 1 (SUNDIALS' rule: either may be zero
         alone; see [Failures and guarantees](../failures.md#the-rules)).
-    - `max_steps`: maximum number of steps.
+    - `max_steps`: maximum number of steps. Default `100_000`.
     - `adjoint`: how gradients are computed; both defaults are discretize-then-optimize
         (the exact gradient of the computed solution). Default for explicit Runge–Kutta
         solvers (with an integer `max_steps`): [`jaxdae.ReverseSweepAdjoint`][]`()`, the
@@ -72,7 +64,8 @@ def simulate(
         solve stops at events (a formulation's singularity test, gaps, fixed steps),
         `diffrax.BacksolveAdjoint`: both are refused with a `ValueError`.
     - `throw`: raise [`jaxdae.SimulationError`][] when the solve fails (the message says what
-        happened, at which `t` and `q`); with `False` inspect `Solution.result` instead.
+        happened, at which `t` and `q`; the default); with `False` inspect
+        `Solution.result` instead.
     - `constraint_tol`: the largest constraint residual `max(|Φ|, |Ψ|)` at `t1` that a
         completed solve may end with; beyond it (and beyond the residual at `t0`) the solve
         ends with `RESULTS.constraint_tol_exceeded`. Default:
@@ -100,32 +93,14 @@ def simulate(
     `t1 <= t0`, unsorted `ts`, tolerances that break the rule above, complex or float16
     values); [`jaxdae.SimulationError`][] for a failed solve with `throw=True`.
     """
-    return solve_system(system, formulation, t0, t1, q0, v0, SolveCall(
-        ts=ts, solver=solver, stepsize_controller=stepsize_controller, dt0=dt0, rtol=rtol,
-        atol=atol, max_steps=max_steps, adjoint=adjoint, throw=throw, events=events,
-        constraint_tol=constraint_tol), SingleTrajectory())
+    return solve_system(system, formulation, t0, t1, q0, v0,
+                        SolveCall.of("simulate", options, SimulateKeywords), SingleTrajectory())
 
 
 @full_precision
-def simulate_ensemble(
-    system: AbstractSystem,
-    formulation: AbstractFormulation,
-    t0: ScalarLike,
-    t1: ScalarLike,
-    q0: Float[ArrayLike, "B n"],
-    v0: Float[ArrayLike, "B n"],
-    *,
-    ts: Float[ArrayLike, " N"] | None = None,
-    solver: diffrax.AbstractSolver | None = None,
-    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
-    dt0: ScalarLike | None = None,
-    rtol: float = 1e-8,
-    atol: float = 1e-10,
-    max_steps: int = 100_000,
-    adjoint: diffrax.AbstractAdjoint | None = None,
-    throw: bool = True,
-    constraint_tol: ScalarLike | None = None,
-) -> Solution:
+def simulate_ensemble(system: AbstractSystem, formulation: AbstractFormulation, t0: ScalarLike,
+                      t1: ScalarLike, q0: Float[ArrayLike, "B n"], v0: Float[ArrayLike, "B n"],
+                      **options: Unpack[SolveKeywords]) -> Solution:
     """Simulates `B` trajectories of one system from `B` initial states as one ODE whose
     trajectories share their time steps.
 
@@ -181,7 +156,5 @@ def simulate_ensemble(
     As [`jaxdae.simulate`][]: a bad initial state is reported with its row, and with
     `throw=True` the first trajectory that failed is named.
     """
-    return solve_system(system, formulation, t0, t1, q0, v0, SolveCall(
-        ts=ts, solver=solver, stepsize_controller=stepsize_controller, dt0=dt0, rtol=rtol,
-        atol=atol, max_steps=max_steps, adjoint=adjoint, throw=throw,
-        constraint_tol=constraint_tol), EnsembleTrajectories())
+    return solve_system(system, formulation, t0, t1, q0, v0,
+                        SolveCall.of("simulate_ensemble", options), EnsembleTrajectories())

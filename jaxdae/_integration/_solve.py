@@ -2,9 +2,10 @@
 [`jaxdae.simulate_actuated`][]: the keyword arguments of a call and what they become (times,
 solver options), the dynamics a model integrates, and the one diffrax solve."""
 
+import difflib
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 import diffrax
 import equinox as eqx
@@ -76,23 +77,55 @@ class SolveOptions(eqx.Module):
         return limit.astype(q0.dtype), jnp.broadcast_to(~given, limit.shape)
 
 
-class SolveCall(eqx.Module):
-    """The keyword arguments of a call of [`jaxdae.simulate`][],
-    [`jaxdae.simulate_ensemble`][] or [`jaxdae.simulate_actuated`][], as given, and what the
-    solve makes of them (`times`, `options`)."""
+class SolveKeywords(TypedDict, total=False):
+    """The keyword arguments that [`jaxdae.simulate`][], [`jaxdae.simulate_ensemble`][] and
+    [`jaxdae.simulate_actuated`][] share (`**options: Unpack[SolveKeywords]`), with their
+    types: what each means is documented with `simulate`, the defaults are `SolveCall`'s."""
 
     ts: Float[ArrayLike, " N"] | None
     solver: diffrax.AbstractSolver | None
     stepsize_controller: diffrax.AbstractStepSizeController | None
     dt0: ScalarLike | None
-    rtol: ScalarLike
-    atol: ScalarLike
-    max_steps: int | None = eqx.field(converter=as_step_count)
-    adjoint: diffrax.AbstractAdjoint | ReverseSweepAdjoint | None
+    rtol: float
+    atol: float
+    max_steps: int | None
+    adjoint: diffrax.AbstractAdjoint | None
     throw: bool
+    constraint_tol: ScalarLike | None
+
+
+class SolveCall(eqx.Module):
+    """The keyword arguments of a call of [`jaxdae.simulate`][],
+    [`jaxdae.simulate_ensemble`][] or [`jaxdae.simulate_actuated`][], with the defaults of
+    those not given, and what the solve makes of them (`times`, `options`)."""
+
+    ts: Float[ArrayLike, " N"] | None = None
+    solver: diffrax.AbstractSolver | None = None
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None
+    dt0: ScalarLike | None = None
+    rtol: ScalarLike = 1e-8
+    atol: ScalarLike = 1e-10
+    max_steps: int | None = eqx.field(converter=as_step_count, default=100_000)
+    adjoint: diffrax.AbstractAdjoint | ReverseSweepAdjoint | None = None
+    throw: bool = True
     # How a system's one-sided constraints are treated (`_events.EventDriven`), or None.
     events: Any = None
     constraint_tol: ScalarLike | None = None
+
+    @classmethod
+    def of(cls, function: str, options: dict, accepted: type = SolveKeywords) -> "SolveCall":
+        """The call of the entry point `function` with its keyword arguments `options`,
+        which must be keys of the `TypedDict` `accepted`: a `TypeError` names any other, and
+        the valid ones."""
+        valid = list(accepted.__annotations__)
+        for name in options:
+            if name not in valid:
+                close = difflib.get_close_matches(name, valid, n=1)
+                hint = f" Did you mean `{close[0]}`?" if close else ""
+                raise TypeError(
+                    f"{function}() got an unexpected keyword argument {name!r}.{hint} Its "
+                    f"keyword arguments are: {', '.join(valid)}.")
+        return cls(**options)
 
     def check_options(self) -> None:
         """`check_solve_options` of the solver, controller, adjoint and step limit."""
