@@ -75,6 +75,7 @@ from ._integration._ensemble import worst_trajectory_rms as worst_trajectory_rms
 from ._integration._events import EventDriven as EventDriven
 from ._integration._generalized_alpha import GeneralizedAlpha as GeneralizedAlpha
 from ._integration._implicit import (
+    FusedChord as FusedChord,
     ToleranceChord as ToleranceChord,
     configure_implicit as configure_implicit,
 )

@@ -51,11 +51,18 @@ def test_configure_leaves_explicit_solvers_and_other_root_finders():
 def test_configure_replaces_very_chord():
     solver = jaxdae.configure_implicit(diffrax.Kvaerno5(), 1e-6, 1e-9)
     finder = solver.root_finder
-    assert isinstance(finder, jaxdae.ToleranceChord)
+    assert isinstance(finder, jaxdae.FusedChord)
     assert (finder.rtol, finder.atol, finder.norm) == (1e-6, 1e-9, optx.rms_norm)
     own = diffrax.Kvaerno3(root_finder=diffrax.VeryChord(rtol=1e-3, atol=1e-4, kappa=0.1))
     finder = jaxdae.configure_implicit(own, 1e-6, 1e-9).root_finder
+    assert isinstance(finder, jaxdae.FusedChord)
     assert (finder.rtol, finder.atol, finder.kappa) == (1e-3, 1e-4, 0.1)
+    # a linear solver of its own stays: the lineax iteration with jaxdae's stopping test
+    svd = diffrax.Kvaerno5(root_finder=diffrax.with_stepsize_controller_tols(
+        diffrax.VeryChord)(linear_solver=lx.SVD()))
+    finder = jaxdae.configure_implicit(svd, 1e-6, 1e-9).root_finder
+    assert isinstance(finder, jaxdae.ToleranceChord)
+    assert isinstance(finder.linear_solver, lx.SVD)
     controller = diffrax.ClipStepSizeController(diffrax.PIDController(rtol=1e-5, atol=1e-7))
     finder = configure_for_controller(diffrax.Kvaerno5(), controller).root_finder
     assert (finder.rtol, finder.atol) == (1e-5, 1e-7)
@@ -68,7 +75,7 @@ def test_configure_for_simulates_controller():
 
     controller, _ = step_options(None, None, 1e-6, 1e-9, jnp.float64)
     finder = configure_for_controller(diffrax.Kvaerno5(), controller).root_finder
-    assert isinstance(finder, jaxdae.ToleranceChord)
+    assert isinstance(finder, jaxdae.FusedChord)
     assert (float(finder.rtol), float(finder.atol)) == (1e-6, 1e-9)
     assert finder.norm is controller.norm
     assert configure_for_controller(None, controller) is None  # simulate's default solver
@@ -238,3 +245,83 @@ def test_generalized_alpha_refuses_what_it_cannot_integrate():
         diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, a: y), jaxdae.GeneralizedAlpha(),
                             0.0, 1.0, 0.1, (Q0, V0),
                             stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-6))
+
+
+# --- FusedChord -------------------------------------------------------------------------
+
+
+def _stiff_vdp(t, y, args):
+    """Van der Pol with `μ = 100` (stiff), a non-autonomous forcing, and a third, linear
+    component coupled to the first (a Jacobian that is not dense)."""
+    return jnp.stack([y[1], 100.0 * ((1 - y[0] ** 2) * y[1] - y[0]) + jnp.sin(t),
+                      -50.0 * (y[2] - y[0])])
+
+
+def _kvaerno(root_finder, y0):
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(_stiff_vdp), diffrax.Kvaerno5(root_finder=root_finder), 0.0, 1.0,
+        0.5, y0, stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-9),
+        saveat=diffrax.SaveAt(ts=jnp.linspace(0.0, 1.0, 11)), max_steps=4096)
+    return sol.ys, sol.stats["num_accepted_steps"], sol.stats["num_rejected_steps"]
+
+
+@pytest.mark.slow
+def test_fused_chord_iterates_as_the_lineax_chord():
+    """Kvaerno5 with `FusedChord` takes the steps of the same iteration through lineax
+    (`ToleranceChord`), rejections included (the first steps, of 0.5 and 0.1 s, do not
+    converge: the iterates overflow, and the step is rejected and shrunk), and ends
+    within the tolerance of diffrax's own `VeryChord` solve."""
+    y0 = jnp.array([1.5, 0.5, 0.0])
+    fused = jax.jit(lambda y0: _kvaerno(jaxdae.FusedChord(1e-6, 1e-9), y0))(y0)
+    lineax = _kvaerno(jaxdae.ToleranceChord(1e-6, 1e-9), y0)
+    assert int(fused[2]) > 0
+    assert (int(fused[1]), int(fused[2])) == (int(lineax[1]), int(lineax[2]))
+    np.testing.assert_allclose(fused[0], lineax[0], rtol=1e-9, atol=1e-12)
+    very = _kvaerno(diffrax.with_stepsize_controller_tols(diffrax.VeryChord)(), y0)
+    np.testing.assert_allclose(fused[0], very[0], rtol=1e-4, atol=1e-6)
+
+
+def test_fused_chord_as_an_optimistix_root_finder():
+    """Outside diffrax's step: the root of a small nonlinear system, as optimistix's
+    Newton finds it, with a dense and a coloured Jacobian (the system's block
+    structure); a wrong `jacobian` is refused."""
+    def fn(y, args):
+        a, b = y
+        return (a**3 + a - args, jnp.stack([b[0] + 0.1 * jnp.sin(b[1]) - 1.0,
+                                            b[1] - 0.2 * b[0] ** 2]))
+
+    y0 = (jnp.array(0.9), jnp.array([0.9, 0.1]))
+    newton = optx.root_find(fn, optx.Newton(rtol=1e-12, atol=1e-12), y0, 2.0).value
+    for jacobian in ("dense", "coloured"):
+        chord = optx.root_find(fn, jaxdae.FusedChord(1e-12, 1e-12, jacobian=jacobian,
+                                                     kappa=1e-3), y0, 2.0, max_steps=64)
+        assert chord.result == optx.RESULTS.successful
+        for x, ref in zip(jax.tree.leaves(chord.value), jax.tree.leaves(newton),
+                          strict=True):
+            np.testing.assert_allclose(x, ref, rtol=1e-10)
+    with pytest.raises(ValueError, match="coloured"):
+        jaxdae.FusedChord(1e-6, 1e-9, jacobian="sparse")
+
+
+@pytest.mark.slow
+def test_fused_chord_vmap_and_gradient():
+    """Under `jax.vmap` each trajectory is its own solve; the gradient through `simulate`
+    (default adjoint, each stage's root differentiated implicitly) equals central
+    differences with fixed steps."""
+    y0s = jnp.array([[2.0, 0.0, 1.0], [1.5, 0.5, 0.0]])
+    batched = jax.vmap(lambda y0: _kvaerno(jaxdae.FusedChord(1e-6, 1e-9), y0)[0])(y0s)
+    for i in range(2):
+        np.testing.assert_allclose(batched[i], _kvaerno(jaxdae.FusedChord(1e-6, 1e-9),
+                                                        y0s[i])[0], rtol=1e-10, atol=1e-12)
+
+    def loss(gravity):
+        system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
+        solver = jaxdae.configure_implicit(diffrax.Kvaerno5(), 1e-10, 1e-12)
+        return jaxdae.simulate(system, BAUMGARTE, 0.0, 0.5, Q0, V0, solver=solver,
+                               stepsize_controller=diffrax.ConstantStepSize(), dt0=0.01
+                               ).q_final[0]
+
+    g = jnp.asarray(9.81)
+    grad = jax.grad(loss)(g)
+    eps = 1e-5
+    np.testing.assert_allclose(grad, (loss(g + eps) - loss(g - eps)) / (2 * eps), rtol=1e-6)

@@ -564,3 +564,21 @@ def lu_solve(factors: tuple[Array, Array], rhs: Array) -> Array:
         b = jnp.where((rows == k).reshape(shape), x_k,
                       b - jnp.where(rows < k, lu[:, k], 0.0).reshape(shape) * x_k)
     return b
+
+
+def factor_for_solves(matrix: Float[Array, "n n"]):
+    """What [`solve_factored`][] needs to solve with `matrix` many times: up to
+    `INVERSE_MAX` rows its inverse (from `lu_factor`'s pivoted factors, so that each solve
+    is one matrix–vector product, fused with its neighbours), beyond the LU factors."""
+    n = matrix.shape[0]
+    factors = lu_factor(matrix)
+    if n <= _thresholds.INVERSE_MAX:
+        return lu_solve(factors, jnp.eye(n, dtype=matrix.dtype))
+    return factors
+
+
+def solve_factored(factored, rhs: Float[Array, " n"]) -> Float[Array, " n"]:
+    """`matrix⁻¹ rhs` from `factor_for_solves(matrix)`."""
+    if isinstance(factored, tuple):
+        return lu_solve(factored, rhs)
+    return jnp.sum(factored * rhs[None, :], axis=1)

@@ -9,10 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from .. import _thresholds
-from .._compilation._linalg import lu_factor, lu_solve
-from .._compilation._sparsity import column_colouring, nonzero_masks
+from .._compilation._linalg import factor_for_solves, solve_factored
 from .._custom_types import Array, PyTree
+from ._jacobian import check_jacobian, column_seeds, tangent_products
 
 # Rodas5P (Steinebach 2023), in the transformed variables of Hairer & Wanner (Solving ODEs
 # II, §IV.7, (7.4')): `(I/(hγ) − J) kᵢ = f(t₀ + cᵢh, y₀ + Σⱼ aᵢⱼ kⱼ) + Σⱼ (Cᵢⱼ/h) kⱼ
@@ -185,10 +184,7 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
     interpolation_cls: ClassVar = RodasInterpolation
 
     def __check_init__(self):
-        if self.jacobian not in ("coloured", "dense"):
-            raise ValueError("`Rodas5P(jacobian=...)` must be \"coloured\" (compressed by "
-                             "the Jacobian's sparsity) or \"dense\"; got "
-                             f"{self.jacobian!r}.")
+        check_jacobian("Rodas5P", self.jacobian)
 
     def order(self, terms):
         return 5
@@ -210,12 +206,7 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
 
         f0, jacobian, f_t = _linearization(f, t0, y, self.jacobian)
         hg = h * _GAMMA
-        lu = lu_factor(jnp.eye(y.size, dtype=dtype) - hg * jacobian)
-        if y.size <= _thresholds.INVERSE_MAX:
-            inverse = lu_solve(lu, jnp.eye(y.size, dtype=dtype))
-            solve = lambda b: jnp.sum(inverse * b[None, :], axis=1)
-        else:
-            solve = lambda b: lu_solve(lu, b)
+        factored = factor_for_solves(jnp.eye(y.size, dtype=dtype) - hg * jacobian)
 
         ks = []
         for i in range(1, _STAGES + 1):
@@ -229,9 +220,15 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
                 rhs = rhs + (h * _D[i - 1]) * f_t
             if i > 1:
                 rhs = rhs + _combine(_C[i], ks) / h
-            ks.append(solve(hg * rhs))
+            ks.append(solve_factored(factored, hg * rhs))
         y1 = y + _combine(_M, ks)
-        error = jnp.where(jnp.all(jnp.isfinite(y1)), ks[-1], jnp.inf)
+        # A step that overflows (a singular `I − hγJ`, a blow-up) is rejected with an
+        # infinite error and a NaN state: diffrax's step-size controller measures the
+        # error against the step's start where the state is NaN, while an infinite state
+        # would make the next step size NaN.
+        finite = jnp.all(jnp.isfinite(y1))
+        error = jnp.where(finite, ks[-1], jnp.inf)
+        y1 = jnp.where(finite, y1, jnp.nan)
         dense = jnp.stack([_combine(row, ks) for row in _H])
         dense_info = {"y0": y0, "y1": unravel(y1), "k": jax.vmap(unravel)(dense)}
         return unravel(y1), unravel(error), dense_info, None, diffrax.RESULTS.successful
@@ -244,28 +241,10 @@ def _linearization(f, t, y, jacobian: str):
     """`f(t, y)`, `∂f/∂y` and `∂f/∂t` from one `jax.linearize` of `f` and a batch of
     tangents: one per column of `∂f/∂y` (`"dense"`) or per colour group of its columns
     (`"coloured"`), and one in `t`."""
-    n = y.size
     f0, tangent = jax.linearize(f, t, y)
-    if jacobian == "coloured":
-        (mask,) = nonzero_masks(jax.jacfwd(lambda x: f(t, x)), y)
-        mask = np.asarray(mask, bool).reshape(n, n)
-        colours = column_colouring(mask)
-        groups = int(colours.max()) + 1 if n else 0
-    if jacobian == "dense" or groups >= n:
-        seeds = np.eye(n)
-    else:
-        seeds = (colours[None, :] == np.arange(groups)[:, None]).astype(np.float64)
-    directions = np.concatenate([seeds, np.zeros((1, n))])
-    in_t = np.zeros(len(directions))
+    seeds, expand = column_seeds(lambda x: f(t, x), y, jacobian)
+    directions = np.concatenate([seeds, np.zeros((1, y.size))]).astype(y.dtype)
+    in_t = np.zeros(len(directions), t.dtype)
     in_t[-1] = 1.0
-    if len(directions) <= _thresholds.TANGENT_LOOP_MAX:
-        products = jnp.stack([tangent(jnp.asarray(s, t.dtype), jnp.asarray(d, y.dtype))
-                              for s, d in zip(in_t, directions, strict=False)])
-    else:
-        products = jax.vmap(tangent)(jnp.asarray(in_t, t.dtype),
-                                     jnp.asarray(directions, y.dtype))  # (tangents, n)
-    f_t = products[-1]
-    compressed = products[:-1].T  # (n, groups): column g holds Σ_{j in g} ∂f/∂y_j
-    if len(seeds) == n and np.array_equal(seeds, np.eye(n)):
-        return f0, compressed, f_t
-    return f0, jnp.where(mask, compressed[:, colours], 0), f_t
+    products = tangent_products(tangent, in_t, directions)  # (tangents, n)
+    return f0, expand(products[:-1].T), products[-1]
