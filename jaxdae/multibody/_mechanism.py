@@ -71,17 +71,21 @@ class AbstractMechanism(eqx.Module):
     through the mechanism's kinematics (`_kinematics`); the stops as the system's `gaps`
     (with their coefficients of restitution and friction and their slip velocities);
     `mobility`; and `initial_state`. Listed before the system class among a mechanism's
-    bases, so that these override the system's defaults (no gaps)."""
+    bases, so that these override the system's defaults (no gaps).
 
-    bodies: eqx.AbstractVar[tuple[PlanarBody | RigidBody, ...]]
-    ground: eqx.AbstractVar[Ground]
-    joints: eqx.AbstractVar[tuple[AbstractJoint, ...]]
-    forces: eqx.AbstractVar[tuple[AbstractForce, ...]]
-    stops: eqx.AbstractVar[tuple[AbstractStop, ...]]
-    controller: eqx.AbstractVar[AbstractController]
-    joint_names: eqx.AbstractVar[tuple[str, ...]]
-    force_names: eqx.AbstractVar[tuple[str, ...]]
-    stop_names: eqx.AbstractVar[tuple[str, ...]]
+    It declares the fields that its construction methods (`_set_bodies`,
+    `_set_elements`) set, first among a mechanism's fields; a mechanism declares its own
+    after them and sets them all in its `__init__`."""
+
+    bodies: tuple[PlanarBody | RigidBody, ...]
+    ground: Ground
+    joints: tuple[AbstractJoint, ...]
+    forces: tuple[AbstractForce, ...]
+    stops: tuple[AbstractStop, ...]
+    controller: AbstractController
+    joint_names: tuple[str, ...] = eqx.field(static=True)
+    force_names: tuple[str, ...] = eqx.field(static=True)
+    stop_names: tuple[str, ...] = eqx.field(static=True)
     dimension: eqx.AbstractVar[int]
 
     @abc.abstractmethod

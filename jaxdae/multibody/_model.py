@@ -114,15 +114,6 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
     joints; see `kinetic_energy`).
     """
 
-    bodies: tuple[PlanarBody | RigidBody, ...]
-    ground: Ground
-    joints: tuple[AbstractJoint, ...]
-    forces: tuple[AbstractForce, ...]
-    stops: tuple[AbstractStop, ...]
-    controller: AbstractController
-    joint_names: tuple[str, ...] = eqx.field(static=True)
-    force_names: tuple[str, ...] = eqx.field(static=True)
-    stop_names: tuple[str, ...] = eqx.field(static=True)
     joint_sizes: tuple[int, ...] = eqx.field(static=True)
     offsets: tuple[int, ...] = eqx.field(static=True)
     dimension: int = eqx.field(static=True)

@@ -95,14 +95,6 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
     """
 
     bodies: tuple[RigidBody, ...]
-    ground: Ground
-    joints: tuple[AbstractJoint, ...]
-    forces: tuple[AbstractForce, ...]
-    stops: tuple[AbstractStop, ...]
-    controller: AbstractController
-    joint_names: tuple[str, ...] = eqx.field(static=True)
-    force_names: tuple[str, ...] = eqx.field(static=True)
-    stop_names: tuple[str, ...] = eqx.field(static=True)
     topology: Topology = eqx.field(static=True)
     dimension: int = eqx.field(static=True)
 
