@@ -40,25 +40,28 @@ from ._multipliers import eliminate
 
 
 class GapTerms(eqx.Module):
-    """The gaps at one state: `gap` `g` `(u,)`, `rate` `ġ` `(u,)`, `jacobian` `W = g_q`
-    `(u, n)` and `bias` `γ_g` `(u,)`, with `g̈ = W q̈ − γ_g`; where the contacts have
-    friction, also their coefficients `friction` `μ` `(f,)`, slip velocities `slip` `v_T`
-    `(f,)`, `slip_jacobian` `W_T` `(f, n)` and `slip_rate` with `v̇_T = W_T q̈ + slip_rate`
-    (`f = u`; `f = 0` for frictionless contacts)."""
+    """The gaps at one state, as rows of constraints in the convention of
+    `ConstrainedTerms`: `gap` `g` `(u,)`; where the contacts have friction also their
+    coefficients `friction` `μ` `(f,)` and slip velocities `v_T` (`f = u`; `f = 0` for
+    frictionless contacts); the normal then the tangential rows `directions` `[W; W_T]`
+    `(u+f, n)` (`W = g_q`), their `velocity` `[ġ; v_T]` and `bias` `[γ_g; −w]`, so that
+    `[g̈; v̇_T] = [W; W_T] q̈ − bias` (`v̇_T = W_T q̈ + w`)."""
 
     gap: Float[Array, " u"]
-    rate: Float[Array, " u"]
-    jacobian: Float[Array, "u n"]
-    bias: Float[Array, " u"]
+    velocity: Float[Array, " u+f"]
+    directions: Float[Array, "u+f n"]
+    bias: Float[Array, " u+f"]
     friction: Float[Array, " f"]
-    slip: Float[Array, " f"]
-    slip_jacobian: Float[Array, "f n"]
-    slip_rate: Float[Array, " f"]
 
     @property
-    def directions(self) -> Float[Array, "u+f n"]:
-        """The normal then the tangential rows `[W; W_T]`."""
-        return jnp.concatenate([self.jacobian, self.slip_jacobian])
+    def rate(self) -> Float[Array, " u"]:
+        """The gaps' rates `ġ`."""
+        return self.velocity[: self.gap.shape[0]]
+
+    @property
+    def slip(self) -> Float[Array, " f"]:
+        """The slip velocities `v_T`."""
+        return self.velocity[self.gap.shape[0]:]
 
 
 def friction_coefficients(system, size: int, dtype) -> Float[Array, " f"]:
@@ -76,11 +79,11 @@ def gap_terms(system, t, q, v) -> GapTerms:
     gap, rate, jacobian, bias = holonomic_terms(system.gaps, t, q, v)
     friction = friction_coefficients(system, gap.shape[0], q.dtype)
     if friction.shape[0] == 0:
-        none = jnp.zeros((0,), q.dtype)
-        return GapTerms(gap, rate, jacobian, bias, friction, none,
-                        jnp.zeros((0, q.shape[0]), q.dtype), none)
+        return GapTerms(gap, rate, jacobian, bias, friction)
     slip, slip_jacobian, slip_rate = nonholonomic_terms(system.slip_velocities, t, q, v)
-    return GapTerms(gap, rate, jacobian, bias, friction, slip, slip_jacobian, slip_rate)
+    return GapTerms(gap, jnp.concatenate([rate, slip]),
+                    jnp.concatenate([jacobian, slip_jacobian]),
+                    jnp.concatenate([bias, -slip_rate]), friction)
 
 
 def constrained_inverse_mass(terms: ConstrainedTerms,
@@ -165,10 +168,9 @@ def contact_problem(formulation: AbstractFormulation, terms: ConstrainedTerms,
     matrix = directions @ response
     kd, kp = gains
     rates = directions @ acceleration
-    size = gaps.gap.shape[0]
-    vector = jnp.concatenate([
-        rates[:size] - gaps.bias + kd * gaps.rate + kp * gaps.gap,
-        rates[size:] + gaps.slip_rate + kd * gaps.slip])
+    # `[g̈; v̇_T] + k_d [ġ; v_T] + k_p [g; 0]`
+    vector = rates - gaps.bias + kd * gaps.velocity + kp * jnp.concatenate(
+        [gaps.gap, jnp.zeros_like(gaps.slip)])
     return ContactProblem(acceleration, response, 0.5 * (matrix + matrix.T), vector,
                           gaps.friction)
 
