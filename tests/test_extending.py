@@ -60,8 +60,6 @@ def test_a_new_formulation_is_baumgarte_with_tied_gains():
 class SameHeight(mb.AbstractJoint):
     """Marker `b` stays at the height of marker `a`: `y_b − y_a = 0` (one equation)."""
 
-    a: str = eqx.field(static=True)
-    b: str = eqx.field(static=True)
     name: str | None = eqx.field(default=None, static=True)
     num_equations: ClassVar[int] = 1
 

@@ -55,7 +55,9 @@ class AbstractJoint(eqx.Module):
     the [`jaxdae.multibody.Mechanism`][] and, if it has one, a joint coordinate (the
     relative angle of a revolute joint, the displacement of a prismatic one).
 
-    Subclasses declare `num_equations` and define `residual(t, a, b)` (and, with
+    The base holds the marker names `a` and `b` (static fields, first among a joint's
+    fields) and checks them. Subclasses declare `name`, their parameters and
+    `num_equations`, and define `residual(t, a, b)` (and, with
     `has_coordinate`, `coordinate(a, b)`) on the two markers'
     [`jaxdae.multibody.Frame`][]s. A joint that exists in the plane and in space (revolute,
     prismatic, fixed, distance, point-on-line, driver) lists both in `dimensions` and says
@@ -68,8 +70,8 @@ class AbstractJoint(eqx.Module):
     array (a Python function) is evaluated alone.
     """
 
-    a: eqx.AbstractVar[str]
-    b: eqx.AbstractVar[str]
+    a: str = eqx.field(static=True)
+    b: str = eqx.field(static=True)
     name: eqx.AbstractVar[str | None]
     num_equations: eqx.AbstractClassVar[int]
     dimensions: ClassVar[tuple[int, ...]] = (2,)
@@ -158,7 +160,28 @@ def _aligned(a, b, axis):
     return jnp.stack([ua @ (b.rotation @ w1), ua @ (b.rotation @ w2)])
 
 
-class Revolute(AbstractJoint):
+class AbstractAxisJoint(AbstractJoint):
+    """A joint about or along an optional `axis` fixed in its marker frames, with a joint
+    coordinate ([`jaxdae.multibody.Revolute`][], [`jaxdae.multibody.PointOnLine`][]): it
+    holds the axis and the name and checks the axis at construction (finite, nonzero, of
+    one of the sizes `axis_sizes`; the error shows `axis_example`). `None`: the class's
+    default axis, in the dimension of the mechanism."""
+
+    axis: Float[Array, " d"] | None
+    name: str | None = eqx.field(static=True)
+    has_coordinate: ClassVar[bool] = True
+    vector_fields: ClassVar[tuple[str, ...]] = ("axis",)
+    axis_sizes: eqx.AbstractClassVar[tuple[int, ...]]
+    axis_example: eqx.AbstractClassVar[str]
+
+    def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
+                 name: str | None = None):
+        self.a, self.b, self.name = a, b, name
+        self.axis = _joint_axis(_owner(type(self).__name__, a, b, name), "axis", axis,
+                                self.axis_sizes, self.axis_example)
+
+
+class Revolute(AbstractAxisJoint):
     """A pin (hinge) joint: markers `a` and `b` coincide and the bodies turn about one axis.
 
     In the plane (2 equations): `Φ = p_b − p_a`; joint coordinate: the relative angle
@@ -174,19 +197,10 @@ class Revolute(AbstractJoint):
     - `name`: the joint's name in outputs.
     """
 
-    a: str = eqx.field(static=True)
-    b: str = eqx.field(static=True)
-    axis: Float[Array, "3"] | None
-    name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 2
-    has_coordinate: ClassVar[bool] = True
     dimensions: ClassVar[tuple[int, ...]] = (2, 3)
-    vector_fields: ClassVar[tuple[str, ...]] = ("axis",)
-
-    def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
-                 name: str | None = None):
-        self.a, self.b, self.name = a, b, name
-        self.axis = _joint_axis(_owner("Revolute", a, b, name), "axis", axis, (3,))
+    axis_sizes: ClassVar[tuple[int, ...]] = (3,)
+    axis_example: ClassVar[str] = "(0, 0, 1)"
 
     def equations(self, dimension):
         return 2 if dimension == 2 else 5
@@ -230,8 +244,6 @@ class Prismatic(AbstractJoint):
     - `name`: the joint's name in outputs.
     """
 
-    a: str = eqx.field(static=True)
-    b: str = eqx.field(static=True)
     axis: Float[Array, " d"] | None
     angle: Float[Array, ""]
     name: str | None = eqx.field(static=True)
@@ -273,8 +285,6 @@ class Fixed(AbstractJoint):
     - `name`: the joint's name in outputs.
     """
 
-    a: str = eqx.field(static=True)
-    b: str = eqx.field(static=True)
     angle: Float[Array, ""]
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 3
@@ -299,8 +309,6 @@ class Distance(AbstractJoint):
     `|p_b − p_a| − L` to first order on the constraint. The same in the plane and in space.
     """
 
-    a: str = eqx.field(static=True)
-    b: str = eqx.field(static=True)
     length: Float[Array, ""]
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 1
@@ -319,7 +327,7 @@ class Distance(AbstractJoint):
         return ((d @ d - self.length**2) / (2 * self.length))[None]
 
 
-class PointOnLine(AbstractJoint):
+class PointOnLine(AbstractAxisJoint):
     """Marker `b` stays on the line through marker `a` along `axis` (fixed on `a`'s frame);
     the bodies turn freely (1 equation in the plane, 2 in space).
 
@@ -334,19 +342,10 @@ class PointOnLine(AbstractJoint):
     - `name`: the joint's name in outputs.
     """
 
-    a: str = eqx.field(static=True)
-    b: str = eqx.field(static=True)
-    axis: Float[Array, " d"] | None
-    name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 1
-    has_coordinate: ClassVar[bool] = True
     dimensions: ClassVar[tuple[int, ...]] = (2, 3)
-    vector_fields: ClassVar[tuple[str, ...]] = ("axis",)
-
-    def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
-                 name: str | None = None):
-        self.a, self.b, self.name = a, b, name
-        self.axis = _joint_axis(_owner("PointOnLine", a, b, name), "axis", axis, example="(1, 0, 0)")
+    axis_sizes: ClassVar[tuple[int, ...]] = (2, 3)
+    axis_example: ClassVar[str] = "(1, 0, 0)"
 
     def equations(self, dimension):
         return dimension - 1
@@ -366,8 +365,6 @@ class Gear(AbstractJoint):
     one an internal gear or a belt. The bodies' pivots are separate joints.
     """
 
-    a: str = eqx.field(static=True)
-    b: str = eqx.field(static=True)
     ratio: Float[Array, ""]
     offset: Float[Array, ""]
     name: str | None = eqx.field(static=True)
@@ -413,8 +410,6 @@ class Rolling(AbstractJoint):
     `ValueError` for a radius that is not positive and finite.
     """
 
-    a: str = eqx.field(static=True)
-    b: str = eqx.field(static=True)
     radius: Float[Array, ""]
     axis: Float[Array, " d"] | None
     offset: Float[Array, ""]
@@ -462,8 +457,6 @@ class Driver(AbstractJoint):
     - `name`: the joint's name in outputs.
     """
 
-    a: str = eqx.field(static=True)
-    b: str = eqx.field(static=True)
     motion: Callable
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 2
@@ -507,8 +500,6 @@ class Spherical(AbstractJoint):
     """A ball joint: markers `a` and `b` coincide, the bodies turn freely (3 equations,
     spatial). `Φ = p_b − p_a`."""
 
-    a: str = eqx.field(static=True)
-    b: str = eqx.field(static=True)
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 3
     dimensions: ClassVar[tuple[int, ...]] = (3,)
@@ -532,8 +523,6 @@ class Universal(AbstractJoint):
     - `name`: the joint's name in outputs.
     """
 
-    a: str = eqx.field(static=True)
-    b: str = eqx.field(static=True)
     axis_a: Float[Array, "3"]
     axis_b: Float[Array, "3"]
     name: str | None = eqx.field(static=True)
@@ -567,8 +556,6 @@ class Cylindrical(AbstractJoint):
     - `name`: the joint's name in outputs.
     """
 
-    a: str = eqx.field(static=True)
-    b: str = eqx.field(static=True)
     axis: Float[Array, "3"]
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 4
