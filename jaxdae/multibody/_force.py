@@ -176,7 +176,75 @@ class Gravity(AbstractForce):
         return -jnp.sum(kin.mechanism.masses * (kin.centres() @ g))
 
 
-class SpringDamper(AbstractActuatedForce):
+class AbstractSpringDamper(AbstractActuatedForce):
+    """A spring-damper-actuator on one scalar measure `x` of the mechanism (the distance of
+    two markers, the relative angle of two bodies, a joint's coordinate): the spring is the
+    potential `½ k (x − x₀)²`, the damper and the actuator `u` apply `u − c ẋ` along `x`.
+
+    It holds the stiffness `k` and the damping `c` (non-negative), the actuator and the
+    name, set in a spring-damper's `__init__` by `_set_law` together with the rest value
+    `x₀`, which a spring-damper declares as its field `rest_name` (non-negative as `k` and
+    `c` where `non_negative_rest`); `label` names it in errors."""
+
+    stiffness: Float[Array, ""]
+    damping: Float[Array, ""]
+    actuator: Actuator
+    channel: int | None = eqx.field(static=True)
+    name: str | None = eqx.field(static=True)
+    rest_name: eqx.AbstractClassVar[str]
+    non_negative_rest: ClassVar[bool] = False
+
+    @property
+    @abc.abstractmethod
+    def label(self) -> str:
+        """How errors name it, e.g. `SpringDamper 'a'–'b'`."""
+
+    def _set_law(self, stiffness, damping, rest, actuator, name) -> Array:
+        """Sets `stiffness`, `damping`, the actuator and `name`; returns the rest value
+        `rest`, each converted and checked in the order of the constructor's arguments."""
+        self.name = name
+        owner = f"the {self.label}"
+        self.stiffness = _scalar(f"`stiffness` of {owner}", stiffness)
+        self.damping = _scalar(f"`damping` of {owner}", damping)
+        rest = _scalar(f"`{self.rest_name}` of {owner}", rest)
+        self.channel, self.actuator = _actuator(actuator)
+        return rest
+
+    def __check_init__(self):
+        rest = {self.rest_name: getattr(self, self.rest_name)} if self.non_negative_rest else {}
+        _non_negative(self.label, stiffness=self.stiffness, damping=self.damping, **rest)
+
+    def _spring_energy(self, x, rest):
+        """`½ k (x − x₀)²`."""
+        return 0.5 * self.stiffness * (x - rest) ** 2
+
+    def _damped_actuation(self, kin, rate):
+        """`u − c ẋ` at the state of `kin`, `rate` = `ẋ`."""
+        return actuation(self, kin) - self.damping * rate
+
+
+class AbstractMarkerSpringDamper(AbstractSpringDamper):
+    """A spring-damper between the markers (or bodies) `a` and `b`."""
+
+    a: str = eqx.field(static=True)
+    b: str = eqx.field(static=True)
+    grouped: ClassVar[bool] = True
+
+    @property
+    def markers(self):
+        return (self.a, self.b)
+
+    @property
+    def label(self):
+        return f"{type(self).__name__} {self.a!r}–{self.b!r}"
+
+    def _set_markers(self, a, b, stiffness, damping, rest, actuator, name) -> Array:
+        """Sets the markers `a` and `b`, then as `_set_law`."""
+        self.a, self.b = a, b
+        return self._set_law(stiffness, damping, rest, actuator, name)
+
+
+class SpringDamper(AbstractMarkerSpringDamper):
     """A translational spring-damper-actuator between markers `a` and `b`.
 
     With the length `ℓ = |p_b − p_a|` and the unit vector `e` from `a` to `b`, the force on
@@ -193,49 +261,30 @@ class SpringDamper(AbstractActuatedForce):
     - `name`: its name.
     """
 
-    a: str = eqx.field(static=True)
-    b: str = eqx.field(static=True)
-    stiffness: Float[Array, ""]
-    damping: Float[Array, ""]
     rest_length: Float[Array, ""]
-    actuator: Actuator
-    channel: int | None = eqx.field(static=True)
-    name: str | None = eqx.field(static=True)
-    grouped: ClassVar[bool] = True
+    rest_name: ClassVar[str] = "rest_length"
+    non_negative_rest: ClassVar[bool] = True
 
     def __init__(self, a: str, b: str, stiffness: ArrayLike = 0.0, damping: ArrayLike = 0.0,
                  rest_length: ArrayLike = 0.0, *, actuator: Actuator = None,
                  name: str | None = None):
-        self.a, self.b, self.name = a, b, name
-        owner = f"the SpringDamper {a!r}–{b!r}"
-        self.stiffness = _scalar(f"`stiffness` of {owner}", stiffness)
-        self.damping = _scalar(f"`damping` of {owner}", damping)
-        self.rest_length = _scalar(f"`rest_length` of {owner}", rest_length)
-        self.channel, self.actuator = _actuator(actuator)
-
-    def __check_init__(self):
-        _non_negative(f"SpringDamper {self.a!r}–{self.b!r}", stiffness=self.stiffness,
-                      damping=self.damping, rest_length=self.rest_length)
-
-    @property
-    def markers(self):
-        return (self.a, self.b)
+        self.rest_length = self._set_markers(a, b, stiffness, damping, rest_length, actuator, name)
 
     def potential_energy(self, kin):
         length = _norm(kin.frame(self.b).point - kin.frame(self.a).point)
-        return 0.5 * self.stiffness * (length - self.rest_length) ** 2
+        return self._spring_energy(length, self.rest_length)
 
     def loads(self, kin):
         d = kin.frame(self.b).point - kin.frame(self.a).point
         length = _norm(d)
         e = d / jnp.where(length > 0, length, 1.0)
         rate = e @ (kin.velocity(self.b)[0] - kin.velocity(self.a)[0])
-        f = actuation(self, kin) - self.damping * rate
+        f = self._damped_actuation(kin, rate)
         zero = _no_torque(kin)
         return Load(self.a, -f * e, zero), Load(self.b, f * e, zero)
 
 
-class RotationalSpringDamper(AbstractActuatedForce):
+class RotationalSpringDamper(AbstractMarkerSpringDamper):
     """A rotational spring-damper-actuator between the bodies of markers `a` and `b`.
 
     With the relative angle `Δθ = θ_b − θ_a`, the torque on `b` is `τ` and on `a` is `−τ`,
@@ -250,47 +299,53 @@ class RotationalSpringDamper(AbstractActuatedForce):
     - `name`: its name.
     """
 
-    a: str = eqx.field(static=True)
-    b: str = eqx.field(static=True)
-    stiffness: Float[Array, ""]
-    damping: Float[Array, ""]
     rest_angle: Float[Array, ""]
-    actuator: Actuator
-    channel: int | None = eqx.field(static=True)
-    name: str | None = eqx.field(static=True)
-    grouped: ClassVar[bool] = True
+    rest_name: ClassVar[str] = "rest_angle"
     dimensions: ClassVar[tuple[int, ...]] = (2,)
 
     def __init__(self, a: str, b: str, stiffness: ArrayLike = 0.0, damping: ArrayLike = 0.0,
                  rest_angle: ArrayLike = 0.0, *, actuator: Actuator = None,
                  name: str | None = None):
-        self.a, self.b, self.name = a, b, name
-        owner = f"the RotationalSpringDamper {a!r}–{b!r}"
-        self.stiffness = _scalar(f"`stiffness` of {owner}", stiffness)
-        self.damping = _scalar(f"`damping` of {owner}", damping)
-        self.rest_angle = _scalar(f"`rest_angle` of {owner}", rest_angle)
-        self.channel, self.actuator = _actuator(actuator)
-
-    def __check_init__(self):
-        _non_negative(f"RotationalSpringDamper {self.a!r}–{self.b!r}",
-                      stiffness=self.stiffness, damping=self.damping)
-
-    @property
-    def markers(self):
-        return (self.a, self.b)
+        self.rest_angle = self._set_markers(a, b, stiffness, damping, rest_angle, actuator, name)
 
     def potential_energy(self, kin):
         angle = kin.frame(self.b).angle - kin.frame(self.a).angle
-        return 0.5 * self.stiffness * (angle - self.rest_angle) ** 2
+        return self._spring_energy(angle, self.rest_angle)
 
     def loads(self, kin):
         rate = kin.velocity(self.b)[1] - kin.velocity(self.a)[1]
-        tau = actuation(self, kin) - self.damping * rate
+        tau = self._damped_actuation(kin, rate)
         zero = jnp.zeros((2,), kin.q.dtype)
         return Load(self.a, zero, -tau), Load(self.b, zero, tau)
 
 
-class Force(AbstractActuatedForce):
+class AbstractAppliedLoad(AbstractActuatedForce):
+    """A force or torque applied at the marker `at`: `u · vector` (its direction or axis),
+    or `u` itself without one, in the global frame or, `local`, in the marker's. It holds
+    the marker, the actuator, `local` and the name, set in its `__init__` by `_set_applied`
+    with its vector, which it declares under its own name in `vector_fields` (a vector of
+    the mechanism's dimension) or in `spatial_vector_fields` (always `(3,)`)."""
+
+    at: str = eqx.field(static=True)
+    actuator: Actuator
+    channel: int | None = eqx.field(static=True)
+    local: bool = eqx.field(static=True)
+    name: str | None = eqx.field(static=True)
+    grouped: ClassVar[bool] = True
+
+    def _set_applied(self, at, actuator, local, name, label: str, vector) -> Array | None:
+        """Sets `at`, `local`, `name` and the actuator; returns `vector` (named `label` in
+        errors) as a vector of 2 or 3 numbers, of 3 where it is spatial, or `None`."""
+        self.at, self.local, self.name = at, bool(local), name
+        self.channel, self.actuator = _actuator(actuator)
+        return _optional_vector(label, vector, (3,) if self.spatial_vector_fields else (2, 3))
+
+    @property
+    def markers(self):
+        return (self.at,)
+
+
+class Force(AbstractAppliedLoad):
     """An applied force at a marker, in the global frame (or the marker's, `local=True`).
 
     The force is `u · direction`, or `u` itself (a vector) without a `direction`.
@@ -305,36 +360,25 @@ class Force(AbstractActuatedForce):
     - `name`: its name.
     """
 
-    at: str = eqx.field(static=True)
-    actuator: Actuator
-    channel: int | None = eqx.field(static=True)
     direction: Float[Array, " d"] | None
-    local: bool = eqx.field(static=True)
-    name: str | None = eqx.field(static=True)
-    grouped: ClassVar[bool] = True
     vector_fields: ClassVar[tuple[str, ...]] = ("direction",)
 
     def __init__(self, at: str, actuator: Actuator, direction: ArrayLike | None = None, *,
                  local: bool = False, name: str | None = None):
-        self.at, self.local, self.name = at, bool(local), name
-        self.channel, self.actuator = _actuator(actuator)
-        self.direction = _optional_vector(f"`direction` of the Force at {at!r}", direction)
+        self.direction = self._set_applied(at, actuator, local, name,
+                                           f"`direction` of the Force at {at!r}", direction)
         if self.direction is None and self.channel is not None:
             raise ValueError(
                 "A Force driven by an input channel needs a `direction` (the channel is a "
                 "scalar): e.g. Force('slider', actuator=0, direction=(1.0, 0.0))."
             )
 
-    @property
-    def markers(self):
-        return (self.at,)
-
     def loads(self, kin):
         return (Load(self.at, _applied(self, kin, self.direction, kin.dimension),
                      _no_torque(kin)),)
 
 
-class Torque(AbstractActuatedForce):
+class Torque(AbstractAppliedLoad):
     """An applied torque `u` on the body of marker `at`.
 
     In the plane `u` is a scalar. In space the torque is `u · axis` (a scalar `u`), or `u`
@@ -351,20 +395,12 @@ class Torque(AbstractActuatedForce):
     - `name`: its name.
     """
 
-    at: str = eqx.field(static=True)
-    actuator: Actuator
-    channel: int | None = eqx.field(static=True)
     axis: Float[Array, "3"] | None
-    local: bool = eqx.field(static=True)
-    name: str | None = eqx.field(static=True)
-    grouped: ClassVar[bool] = True
     spatial_vector_fields: ClassVar[tuple[str, ...]] = ("axis",)
 
     def __init__(self, at: str, actuator: Actuator, axis: ArrayLike | None = None, *,
                  local: bool = False, name: str | None = None):
-        self.at, self.local, self.name = at, bool(local), name
-        self.channel, self.actuator = _actuator(actuator)
-        self.axis = _optional_vector(f"`axis` of the Torque on {at!r}", axis, (3,))
+        self.axis = self._set_applied(at, actuator, local, name, f"`axis` of the Torque on {at!r}", axis)
 
     def check_dimension(self, dimension, owner):
         super().check_dimension(dimension, owner)
@@ -376,10 +412,6 @@ class Torque(AbstractActuatedForce):
                 f"The {owner} reads a scalar input channel: give it an `axis`, e.g. "
                 "Torque('body', actuator=0, axis=(0.0, 0.0, 1.0)).")
 
-    @property
-    def markers(self):
-        return (self.at,)
-
     def loads(self, kin):
         zero = jnp.zeros((kin.dimension,), kin.q.dtype)
         if kin.dimension == 2:
@@ -387,7 +419,7 @@ class Torque(AbstractActuatedForce):
         return (Load(self.at, zero, _applied(self, kin, self.axis, 3)),)
 
 
-class JointSpringDamper(AbstractActuatedForce):
+class JointSpringDamper(AbstractSpringDamper):
     """A spring-damper-actuator on a joint's coordinate: a rotational one on a revolute
     joint (a torque about its axis), a translational one on a prismatic or cylindrical
     joint (a force along it); in the plane and in space.
@@ -406,27 +438,19 @@ class JointSpringDamper(AbstractActuatedForce):
     """
 
     joint: str = eqx.field(static=True)
-    stiffness: Float[Array, ""]
-    damping: Float[Array, ""]
     rest: Float[Array, ""]
-    actuator: Actuator
-    channel: int | None = eqx.field(static=True)
-    name: str | None = eqx.field(static=True)
+    rest_name: ClassVar[str] = "rest"
 
     def __init__(self, joint: str, stiffness: ArrayLike = 0.0, damping: ArrayLike = 0.0,
                  rest: ArrayLike = 0.0, *, actuator: Actuator = None, name: str | None = None):
         if not isinstance(joint, str):
             raise ValueError(f"`joint` of a JointSpringDamper is a joint's name; got {joint!r}.")
-        self.joint, self.name = joint, name
-        owner = f"the JointSpringDamper on {joint!r}"
-        self.stiffness = _scalar(f"`stiffness` of {owner}", stiffness)
-        self.damping = _scalar(f"`damping` of {owner}", damping)
-        self.rest = _scalar(f"`rest` of {owner}", rest)
-        self.channel, self.actuator = _actuator(actuator)
+        self.joint = joint
+        self.rest = self._set_law(stiffness, damping, rest, actuator, name)
 
-    def __check_init__(self):
-        _non_negative(f"JointSpringDamper on {self.joint!r}", stiffness=self.stiffness,
-                      damping=self.damping)
+    @property
+    def label(self):
+        return f"JointSpringDamper on {self.joint!r}"
 
     @property
     def markers(self):
@@ -440,10 +464,10 @@ class JointSpringDamper(AbstractActuatedForce):
         return kin.mechanism.joint_coordinate(self.joint, q, kin.t)
 
     def potential_energy(self, kin):
-        return 0.5 * self.stiffness * (self._coordinate(kin, kin.q) - self.rest) ** 2
+        return self._spring_energy(self._coordinate(kin, kin.q), self.rest)
 
     def generalized_forces(self, kin):
         value, vjp = jax.vjp(lambda q: self._coordinate(kin, q), kin.q)
         rate = jax.jvp(lambda q: self._coordinate(kin, q), (kin.q,), (kin.v,))[1]
         (gradient,) = vjp(jnp.ones_like(value))
-        return (actuation(self, kin) - self.damping * rate) * gradient
+        return self._damped_actuation(kin, rate) * gradient
