@@ -11,11 +11,18 @@ import lineax as lx
 import numpy as np
 import optimistix as optx
 
+from .._compilation._linalg import spd_solve
 from .._formulations._base import AbstractFormulation
 from .._formulations._pseudo_inverse import PseudoInverse
 from .._solution import RESULTS
 from .._systems._system import AbstractSystem
+from ._generalized_alpha_newton import IterationMatrix, NewtonOptions, newton_solve
+from ._rosenbrock import _linearization
 from ._solvers import AbstractFailureNamingSolver
+
+# The Newton iteration stops once its remaining error is below this fraction of the
+# step's tolerance (as `jaxdae.ToleranceChord`'s default `kappa`).
+_KAPPA = 1e-2
 
 
 def chung_hulbert(rho_inf: float) -> tuple[float, float, float, float]:
@@ -39,6 +46,7 @@ class _Step(eqx.Module):
     q_tilde: jax.Array  # q_{n+1} − c q̈_{n+1}
     v_hat: jax.Array  # v_{n+1} − h γ a_{n+1}
     gamma: float
+    beta: float
 
     def unpack(self, q):
         """`(v, q̈, a)` at the new positions `q`."""
@@ -46,15 +54,77 @@ class _Step(eqx.Module):
         return self.v_hat + self.h * self.gamma * a, (q - self.q_tilde) / self.c, a
 
 
+def _split(x, step):
+    n = step.q_hat.shape[0]
+    return x[:n], x[n:]
+
+
 def _residual(x, args):
     """The step's equations in units of position: `c (M q̈ + Gᵀλ − Q)` with `μ = c λ`,
-    `Φ(t, q)` and `h Ψ(t, q, v)`."""
-    q, mu = x
+    `Φ(t, q)` and `h Ψ(t, q, v)`; `x = (q, μ)` flat. Kept: the holonomic rows of the
+    constraint Jacobian, `Φ_q`."""
     system, t, step = args
+    q, mu = _split(x, step)
     v, qdd, _ = step.unpack(q)
     terms = system.terms(t, q, v)
     dynamics = step.c * (terms.mass_matrix @ qdd - terms.forces) + terms.jacobian.T @ mu
-    return dynamics, jnp.concatenate([terms.phi, step.h * terms.psi])
+    residual = jnp.concatenate([dynamics, terms.phi, step.h * terms.psi])
+    return residual, terms.jacobian[:terms.num_holonomic]
+
+
+def _iteration_matrix(x, args):
+    """The iteration matrix of the step's equations at `x = (q, μ)`, from the structured
+    terms: `[[M − c (∂Q/∂q + s ∂Q/∂v), Gᵀ], [Φ_q; (γ/β) Ψ_v, 0]]` with `s = ∂v/∂q =
+    γ/(hβ)`. `∂Q/∂q + s ∂Q/∂v` is the forward-mode derivative of the forces alone along
+    `(dq, s dq)`, one tangent per coordinate (or per colour group of its columns, where
+    the forces couple few coordinates). Left out, as in Arnold & Brüls (2007, §3) and the
+    multibody codes: the derivatives of `M(q) q̈` and `Gᵀ μ` with respect to `q` (of order
+    `c` next to `M`) and `h Ψ_q` (of order `h` next to `(γ/β) Ψ_v`); they slow the
+    iteration's contraction, not its solution."""
+    system, t, step = args
+    q, _ = _split(x, step)
+    v, _, _ = step.unpack(q)
+    terms = system.terms(t, q, v)
+    _, stiffness, _ = _linearization(
+        lambda time, y: system.terms(time, y, step.unpack(y)[0]).forces, t, q, "coloured")
+    m = terms.num_holonomic
+    rows = jnp.concatenate([terms.jacobian[:m],
+                            (step.gamma / step.beta) * terms.jacobian[m:]])
+    top = jnp.concatenate([terms.mass_matrix - step.c * stiffness, terms.jacobian.T], 1)
+    bottom = jnp.concatenate([rows, jnp.zeros((rows.shape[0], rows.shape[0]), x.dtype)], 1)
+    return jnp.concatenate([top, bottom], 0)
+
+
+def _tangential(phi_q, error, least_squares: bool):
+    """`error` without its part across the position constraints, `Φ_qᵀ (Φ_q Φ_qᵀ)⁻¹ Φ_q
+    error`: the step holds `Φ(q) = 0` to the Newton tolerance whatever the step size, and
+    that part of `a_{n+1} − a_n` is the velocity drift `Φ̇ = O(h²)` of the index-3 method
+    divided by the step (`Φ(q̂) ≈ h Φ̇`), which does not shrink with the step."""
+    if phi_q.shape[0] == 0:
+        return error
+    gram = phi_q @ phi_q.T
+    rhs = phi_q @ error
+    if least_squares:
+        across = jnp.linalg.pinv(gram, hermitian=True) @ rhs
+    else:
+        across = spd_solve(gram, rhs)
+    return error - phi_q.T @ across
+
+
+def _coefficient(args):
+    return args[2].c
+
+
+def _measure(x, delta, args):
+    """A Newton increment in units of velocity, `s Δ` with `s = ∂v/∂q = γ/(hβ)`, against
+    the velocities (and `s μ`): an increment `Δq` of the positions changes the step's
+    velocities by `s Δq` and its accelerations by `Δq/c`, and a stiff force by
+    `∂Q/∂q Δq`, so that positions converged to `atol` leave errors of `atol/h` in the
+    velocities, which the next steps integrate."""
+    step = args[2]
+    q, mu = _split(x, step)
+    slope = step.gamma / (step.h * step.beta)
+    return slope * delta, jnp.concatenate([step.unpack(q)[0], slope * mu])
 
 
 class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolver,
@@ -77,25 +147,50 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
     `a` is an acceleration-like variable, `α_m, α_f, γ, β` follow from the spectral radius
     `ρ∞` at infinite step (Chung–Hulbert: second order, high frequencies damped to `ρ∞`
     per step, low ones barely). The unknowns are the new positions and the scaled
-    multipliers `c λ` (`c = h² β (1 − α_f)/(1 − α_m)`), so that every equation is in
-    units of position and the Newton iteration (an optimistix root finder, its linear
-    solves by lineax) stops on the tolerances of the step-size controller: the
-    constraints hold to `atol` (`|Φ| ≤ atol` in the controller's norm) at every step.
+    multipliers `μ = c λ` (`c = h² β (1 − α_f)/(1 − α_m)`), so that every equation is in
+    units of position.
 
-    **Local error estimate.** The step's position error is estimated by
-    `h² (β − γ/2 + 1/12) (a_{n+1} − a_n)`: the Taylor expansion of the step, with
-    `a_n ≈ q̈(t_n + (α_m − α_f) h)`, leaves `h³ (1/6 − β − (α_m − α_f)/2) q⃛` in the
-    positions, and `a_{n+1} − a_n ≈ h q⃛` (for Newmark's average acceleration, `ρ∞ = 1`,
-    the classical `h² (β − 1/6)(a_{n+1} − a_n)`). The error is `O(h³)`, so the step-size
-    controller uses `error_order = 3`; the velocities' entries of the estimate are zero
-    (their error follows the positions'). A step whose Newton iteration does not converge
-    is rejected (its error is infinite) and retried with a smaller step.
+    **The Newton iteration** is a modified Newton method compiled into the step (one
+    `lax.while_loop` of array operations, no library call for small models). Its matrix
+    is built from the structured terms, `[[M − c (∂Q/∂q + s ∂Q/∂v), Gᵀ], [Φ_q; (γ/β) Ψ_v,
+    0]]` with `s = γ/(hβ)` (the forces' derivatives by forward mode on the forces alone;
+    the derivatives of `M(q) q̈`, `Gᵀμ` and `h Ψ_q`, of order `c` and `h`, left out as in
+    Arnold & Brüls 2007, §3), inverted once (a pivoted LU in array operations up to 16
+    unknowns) and kept across iterations and steps: it is rebuilt only where the
+    iteration contracts by less than a factor 2 per iteration, or where the step's `c`
+    changed by more than a factor 1/0.6 since it was built (DASSL's and IDA's rule). The
+    iteration stops once its remaining error, estimated from the contraction rate
+    (Hairer & Wanner, *Solving ODEs II*, §IV.8), is below 1 % of the tolerance measured
+    in units of velocity (`s Δq`: a position converged to `atol` would leave errors of
+    `atol/h` in the velocities, and of `k atol` in the force of a spring of stiffness
+    `k`). The step's derivative is taken by the implicit function theorem at the
+    converged step, with the exact Jacobian of its equations (not through the loop).
 
-    **When it pays.** Its steps do not grow with the stiffness, but it is second order and
-    each step costs a Jacobian, an LU factorization and a few Newton iterations, and its
-    global error can be far above `rtol`. Use it at engineering accuracy on very stiff
-    systems; the guide `docs/guides/stiff_integration.md` measures it against the explicit
-    and the other implicit solvers.
+    **Local error estimate** (Géradin & Cardona, *Flexible Multibody Dynamics*, 2001;
+    Arnold & Brüls 2007): the Taylor expansion of the step, with `a_n ≈ q̈(t_n +
+    (α_m − α_f) h)`, leaves `h³ (β − 1/6 + (α_m − α_f)/2) q⃛` in the positions, and
+    `a_{n+1} − a_n ≈ h q⃛`, so `e = h² (β − 1/6 + (α_m − α_f)/2) (a_{n+1} − a_n)` (for
+    Newmark's average acceleration, `ρ∞ = 1`, the classical `h² (β − 1/6)(a_{n+1} −
+    a_n)` of Zienkiewicz & Xie). Its part across the position constraints is dropped (the
+    step holds `Φ = 0` whatever its size; that part is the index-3 velocity drift over
+    `h`). The controller is given `e/h`, the error per unit step (Shampine), with
+    `error_order = 2`: the local errors of a run then add up to about `(t1 − t0)` times
+    the tolerance, where per-step control (`e`) let them add up to the number of steps
+    times it. The velocities' entries of the estimate are zero. A step whose Newton
+    iteration does not converge is rejected and retried with a smaller step.
+
+    **What the tolerance promises.** `rtol`, `atol` bound the positions' error per unit
+    time. On the guide's cases (`docs/guides/stiff_integration.md`) the global error of
+    the positions over 2 s came out at 1–12 times `rtol` (relative to the largest
+    coordinate); it grows with the horizon where errors in the phase of a motion
+    accumulate. The velocities (`O(h²)`) and the multipliers and `q̈` (whose errors are of
+    lower order after a change of step, as in every index-3 method) are not controlled;
+    `Φ̇` is not enforced.
+
+    **When it pays.** Its steps do not grow with the stiffness and a step costs a few
+    evaluations of the terms (a Tsit5 step costs six): on stiff systems at engineering
+    accuracy, `docs/guides/stiff_integration.md` measures it against the explicit and the
+    other implicit solvers.
 
     **Start.** The accelerations and multipliers at `t0` are consistent: those of the
     index-1 equations `Φ̈ = 0`, `Ψ̇ = 0` with least-squares multipliers
@@ -105,7 +200,7 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
     in one step.
 
     **Redundant constraints** make each step's Newton matrix singular: the default LU
-    solve fails, every step is rejected and the solve stops. Called eagerly,
+    inverse is not finite, every step is rejected and the solve stops. Called eagerly,
     [`jaxdae.simulate`][] then finds the constraint Jacobian rank-deficient at the state
     where it stopped and reports `RESULTS.singular_newton_matrix` (traced, under your own
     `jit`, `vmap` or `grad`: `dt_min_reached`). Pass a root finder with a least-squares
@@ -127,8 +222,8 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
     [`jaxdae.Baumgarte`][] stops at a singular `G M⁻¹ Gᵀ`; [`jaxdae.ModifiedLagrange`][]
     does not). `Φ̇` is not enforced and is `O(h²)`. Saved states between step ends are
     interpolated (cubic Hermite), and there `Φ` is the interpolation's error. Gradients (`jax.grad`, through
-    `diffrax.RecursiveCheckpointAdjoint`, the default for this solver, and optimistix's
-    implicit differentiation of each Newton solve) and `jax.vmap` work as with any
+    `diffrax.RecursiveCheckpointAdjoint`, the default for this solver, and the implicit
+    differentiation of each Newton solve) and `jax.vmap` work as with any
     solver. A formulation that changes the velocities
     ([`jaxdae.RedundantCoordinates`][]), a system whose state holds momenta
     ([`jaxdae.HamiltonianSystem`][]) or realized constraints, and
@@ -140,13 +235,13 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
     - `rho_inf`: the spectral radius at infinite step, in `[0, 1]` (default `0.8`): `1`
         damps nothing (Newmark's average acceleration), `0` annihilates the highest
         frequencies in one step.
-    - `root_finder`: the optimistix root finder of each step. Default `optimistix.Chord`
-        (Newton's iteration with the Jacobian of the step's first iterate: one Jacobian and
-        one LU factorization per step: the same steps as `optimistix.Newton` for less time,
-        `docs/guides/stiff_integration.md`) with the step-size controller's `rtol`, `atol`
-        and norm, which diffrax fills
-        in. With a fixed step (`diffrax.ConstantStepSize()`) pass one with tolerances,
-        e.g. `optimistix.Newton(rtol=1e-10, atol=1e-10)`.
+    - `root_finder`: gives the Newton iteration its tolerances and norm, and its linear
+        solve: default `diffrax.with_stepsize_controller_tols(optimistix.Chord)()`, whose
+        `rtol`, `atol` and norm diffrax fills in from the step-size controller. With a
+        fixed step (`diffrax.ConstantStepSize()`) pass one with tolerances, e.g.
+        `optimistix.Newton(rtol=1e-10, atol=1e-10)`. A `linear_solver=lineax.SVD()`
+        makes the iteration's inverse a pseudo-inverse (redundant constraints). The
+        iteration itself is always the modified Newton method above.
     - `root_find_max_steps`: the most Newton iterations of a step (default `10`).
 
     **Raises:**
@@ -154,9 +249,13 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
     `ValueError` for `rho_inf` outside `[0, 1]`; when the solve starts, for the
     combinations above.
 
-    **Reference:** M. Arnold, O. Brüls, "Convergence of the generalized-α scheme for
+    **References:** M. Arnold, O. Brüls, "Convergence of the generalized-α scheme for
     constrained mechanical systems", Multibody System Dynamics 18 (2007) 185–202;
-    J. Chung, G. M. Hulbert, J. Appl. Mech. 60 (1993) 371–375.
+    J. Chung, G. M. Hulbert, J. Appl. Mech. 60 (1993) 371–375; M. Géradin, A. Cardona,
+    *Flexible Multibody Dynamics: A Finite Element Approach*, Wiley 2001; L. F. Shampine,
+    *Numerical Solution of Ordinary Differential Equations*, Chapman & Hall 1994
+    (error per unit step); E. Hairer, G. Wanner, *Solving Ordinary Differential Equations
+    II*, Springer 1996, §IV.8.
     """
 
     rho_inf: float = 0.8
@@ -178,18 +277,19 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
         return 2
 
     def error_order(self, terms):
-        return 3
+        return 2
 
     def init(self, terms, t0, t1, y0, args):
         system = _system(y0, args)
         acc, multipliers = _consistent(system, t0, *y0)
-        return acc, acc, multipliers
+        size = y0[0].shape[0] + multipliers.shape[0]
+        return acc, acc, multipliers, IterationMatrix.empty(size, acc.dtype)
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         del terms, made_jump
         system = _system(y0, args)
         q0, v0 = y0
-        a0, qdd0, lam0 = solver_state
+        a0, qdd0, lam0, kept = solver_state
         alpha_m, alpha_f, gamma, beta = chung_hulbert(float(self.rho_inf))
         h = t1 - t0
         hb = h**2 * beta
@@ -197,20 +297,28 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
         step = _Step(
             h=h, c=hb * (1 - alpha_f) / (1 - alpha_m), hb=hb, q_hat=q_hat,
             q_tilde=q_hat + hb / (1 - alpha_m) * (alpha_f * qdd0 - alpha_m * a0),
-            v_hat=v0 + h * (1 - gamma) * a0, gamma=gamma)
-        guess = (step.q_tilde + step.c * qdd0, step.c * lam0)
-        solution = optx.root_find(_residual, self.root_finder, guess, (system, t1, step),
-                                  max_steps=self.root_find_max_steps, throw=False)
-        q1, mu = solution.value
+            v_hat=v0 + h * (1 - gamma) * a0, gamma=gamma, beta=beta)
+        guess = jnp.concatenate([step.q_tilde + step.c * qdd0, step.c * lam0])
+        finder = self.root_finder
+        options = NewtonOptions(
+            residual=_residual, matrix=_iteration_matrix, coefficient=_coefficient,
+            measure=_measure,
+            norm=finder.norm, kappa=_KAPPA, max_steps=self.root_find_max_steps,
+            least_squares=_solves_least_squares(self), rcond=_rcond(self))
+        x, matrix, converged, _, phi_q = newton_solve(
+            guess, (system, t1, step), kept, finder.rtol, finder.atol, options=options)
+        q1, mu = _split(x, step)
         v1, qdd1, a1 = step.unpack(q1)
-        ok = solution.result == optx.RESULTS.successful
-        q_error = hb * (beta - gamma / 2 + 1 / 12) * (a1 - a0)
-        q_error = jnp.where(ok, q_error, jnp.inf)
+        # The local error of the positions, per unit step (see the docstring).
+        local = _tangential(phi_q, hb * (beta - 1 / 6 + (alpha_m - alpha_f) / 2) * (a1 - a0),
+                            options.least_squares)
+        q_error = jnp.where(converged, local / h, jnp.inf)
         y1 = (q1, v1)
         dense_info = dict(y0=y0, y1=y1, k0=(h * v0, h * qdd0), k1=(h * v1, h * qdd1))
-        result = diffrax.RESULTS.promote(solution.result)  # kept only if the step is
-        return (y1, (q_error, jnp.zeros_like(v1)), dense_info, (a1, qdd1, mu / step.c),
-                result)
+        result = diffrax.RESULTS.where(converged, diffrax.RESULTS.successful,
+                                       diffrax.RESULTS.nonlinear_divergence)
+        return (y1, (q_error, jnp.zeros_like(v1)), dense_info,
+                (a1, qdd1, mu / step.c, matrix), result)
 
     def func(self, terms, t0, y0, args):
         system = _system(y0, args)
@@ -235,6 +343,12 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
         if np.sum(singular_values > floor) == jacobian.shape[0]:
             return sol
         return eqx.tree_at(lambda s: s.result, sol, RESULTS.singular_newton_matrix)
+
+
+def _rcond(solver: GeneralizedAlpha) -> float | None:
+    """The relative cut-off of the least-squares solve, where its root finder's linear
+    solver gives one."""
+    return getattr(getattr(solver.root_finder, "linear_solver", None), "rcond", None)
 
 
 def _solves_least_squares(solver: GeneralizedAlpha) -> bool:
