@@ -79,6 +79,15 @@ BANDED_MAX_RATIO = 0.5  # half-bandwidth at most this fraction of the size
 # (docs/design_measurements.md#band-cholesky).
 BAND_CHOLESKY_MIN_WIDTH = 2
 
+# -- Trees in joint coordinates (`multibody/_tree.py`, `multibody/_articulated.py`) --------
+
+# Trees of at least this many bodies take the recursive path: sums along paths by pointer
+# jumping and `M⁻¹` by the articulated-body algorithm, one level of bodies per step of a
+# loop, `O(n)`; smaller ones keep the products with the ancestor matrix and the dense
+# factorization of `M`, which their scalar graphs and fused kernels make cheaper
+# (docs/design_measurements.md#articulated-bodies).
+ARTICULATED_MIN_BODIES = 12
+
 # -- Scalar graphs (`_compilation/_scalarize.py`) --------------------------------------------
 
 # Functions with a larger array, or computing more entries in all, keep their array form:
@@ -88,6 +97,13 @@ BAND_CHOLESKY_MIN_WIDTH = 2
 MAX_ELEMENTS = 1024
 
 MAX_WORK = 6_000
+
+# -- Batches with the batch innermost (`_compilation/_lanes.py`) -----------------------------
+
+# Contractions over up to this many entries are unrolled into multiply-adds of whole rows of
+# the batch (each elementwise over the batch); longer ones are left to `jax.vmap`'s batched
+# product.
+LANE_CONTRACTION_MAX = 32
 
 # -- Structured terms (`_systems/_structure.py`) ---------------------------------------------
 

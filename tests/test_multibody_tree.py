@@ -13,7 +13,9 @@ import pytest
 
 import jaxdae
 import jaxdae.multibody as mb
+from jaxdae import _thresholds
 from jaxdae.examples._bricard import bricard
+from jaxdae.multibody._articulated import ArticulatedFactor, tree_levels
 from jaxdae.multibody._spatial import apply_inertia
 
 ARM = Path(__file__).parent / "data" / "three_link_arm.urdf"
@@ -41,6 +43,59 @@ def mixed_parts(damping=0.5):
 @pytest.fixture(scope="module")
 def mixed():
     return mb.TreeMechanism(*mixed_parts())
+
+
+def _recursive(on: bool):
+    """Every tree takes the recursive path (`on`) or the threshold's choice again; the
+    compiled functions traced with the other choice are dropped."""
+    _thresholds.ARTICULATED_MIN_BODIES = 1 if on else _DEFAULT_MIN_BODIES
+    tree_levels.cache_clear()
+    jax.clear_caches()
+
+
+_DEFAULT_MIN_BODIES = _thresholds.ARTICULATED_MIN_BODIES
+
+
+@pytest.fixture
+def articulated():
+    _recursive(True)
+    yield
+    _recursive(False)
+
+
+def test_articulated_solve_is_the_inverse_mass():
+    """The articulated-body factor of a tree with every kind of joint and a loop closed by
+    a ball joint: its solve with the forces and `Jᵀ` equals `M⁻¹` of the dense `M`, and
+    its forces (Newton–Euler's sums in the same pass) those of the dense path. A long
+    chain takes this path, the small tree the dense one."""
+    bodies, joints, forces = mixed_parts()
+    tree = mb.TreeMechanism(bodies, joints + [mb.Spherical("slide.c", "weld.f")], forces)
+    assert tree.closure_joints == ("spherical_1",) and tree_levels(tree.topology) is None
+    rng = np.random.default_rng(3)
+    q = tree.reference_coordinates() + 0.3 * jnp.asarray(rng.normal(size=13))
+    v = jnp.asarray(rng.normal(size=13))
+
+    def solved(model, q, v):
+        terms = model.terms(0.0, q, v)
+        rhs = jnp.concatenate([terms.forces[:, None], terms.jacobian.T], axis=1)
+        return terms, terms.mass_operator.factor.solve(rhs), rhs
+
+    dense, _, _ = jax.jit(solved)(tree, q, v)
+    try:
+        _recursive(True)
+        terms, solution, rhs = jax.jit(solved)(tree, q, v)
+    finally:
+        _recursive(False)
+    assert isinstance(terms.mass_operator.factor, ArticulatedFactor)
+    assert rhs.shape == (13, 4)
+    np.testing.assert_allclose(solution, np.linalg.solve(terms.mass_matrix, rhs),
+                               rtol=0, atol=1e-12 * float(jnp.max(jnp.abs(solution))))
+    np.testing.assert_allclose(terms.forces, dense.forces, rtol=0, atol=1e-12)
+    links = [mb.RigidBody(f"l{i}", 0.1, 1e-4 * np.eye(3), {"end": (0.0, 0.0, -0.1)})
+             for i in range(12)]
+    hinges = [mb.Revolute("ground" if i == 0 else f"l{i - 1}.end", f"l{i}", axis=(0, 1, 0))
+              for i in range(12)]
+    assert tree_levels(mb.TreeMechanism(links, hinges).topology) is not None
 
 
 @eqx.filter_jit
@@ -177,9 +232,13 @@ def test_flyball_governor_in_joint_coordinates():
 
 
 @pytest.mark.slow
-def test_design_gradients_match_central_differences(mixed):
+@pytest.mark.parametrize("path", ["dense", "articulated"])
+def test_design_gradients_match_central_differences(mixed, path, request):
     """The accelerations' derivatives with respect to a mass, an inertia, a joint's origin
-    and its axis, by reverse mode and by central differences."""
+    and its axis, by reverse mode and by central differences, with `M` factored densely
+    and by the articulated-body algorithm."""
+    if path == "articulated":
+        request.getfixturevalue("articulated")
     rng = np.random.default_rng(2)
     q = mixed.reference_coordinates() + 0.2 * jnp.asarray(rng.normal(size=13))
     v = jnp.asarray(rng.normal(size=13))

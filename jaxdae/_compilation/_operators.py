@@ -10,10 +10,12 @@ what it found; the formulations choose their linear algebra from these.
 - [`state_independent_tag`][]: a lineax tag for a matrix that does not depend on the state
   `(t, q, v)`, only on the model's parameters (a constant mass matrix).
 - [`FactoredOperator`][]: an operator together with a factorization of its inverse
-  ([`MassFactor`][]), computed once per solve outside its loop for a state-independent `M`,
-  or where a system computes its `M`.
+  (an [`AbstractMassFactor`][]: [`MassFactor`][], dense or block by block), computed once
+  per solve outside its loop for a state-independent `M`, or where a system computes its
+  `M` (a tree's articulated-body factor).
 """
 
+import abc
 import functools
 
 import equinox as eqx
@@ -89,7 +91,20 @@ class SparseOperator(lx.AbstractLinearOperator):
         return jax.ShapeDtypeStruct((self.matrix.shape[0],), self.matrix.values.dtype)
 
 
-class MassFactor(eqx.Module):
+class AbstractMassFactor(eqx.Module):
+    """`M⁻¹` of a symmetric positive definite matrix, factored once and applied to many
+    right-hand sides with `solve`. `inverse` is `M⁻¹` on `M`'s diagonal blocks where the
+    factor holds it so (the sparse products of the multiplier solves read it), else
+    `None`."""
+
+    inverse: eqx.AbstractVar[SparseMatrix | None]
+
+    @abc.abstractmethod
+    def solve(self, rhs: Float[Array, "n k"]) -> Float[Array, "n k"]:
+        """`M⁻¹ rhs` (dense)."""
+
+
+class MassFactor(AbstractMassFactor):
     """`M⁻¹` of a symmetric positive definite matrix, factored once and applied to many
     right-hand sides: `jaxdae.simulate` factors a state-independent mass matrix so, once per
     solve, and every evaluation of the right-hand side applies it.
@@ -130,11 +145,11 @@ class FactoredOperator(lx.AbstractLinearOperator):
     **Arguments:**
 
     - `operator`: the operator.
-    - `factor`: the [`MassFactor`][] of the same matrix.
+    - `factor`: the [`AbstractMassFactor`][] of the same matrix.
     """
 
     operator: lx.AbstractLinearOperator
-    factor: MassFactor
+    factor: AbstractMassFactor
 
     def mv(self, vector):
         return self.operator.mv(vector)
@@ -174,7 +189,7 @@ def sparse_matrix(operator: lx.AbstractLinearOperator | None) -> SparseMatrix | 
     return operator.matrix if isinstance(operator, SparseOperator) else None
 
 
-def factor_of(operator: lx.AbstractLinearOperator | None) -> MassFactor | None:
+def factor_of(operator: lx.AbstractLinearOperator | None) -> AbstractMassFactor | None:
     """The factor a [`FactoredOperator`][] carries, else `None`."""
     return operator.factor if isinstance(operator, FactoredOperator) else None
 

@@ -22,6 +22,7 @@ from .._systems._system import (
     cast_floating,
     holonomic_terms,
 )
+from ._articulated import articulated_factor, inertia_matrices, tree_levels
 from ._body import GROUND, Ground, RigidBody
 from ._force import AbstractForce, Gravity
 from ._joint import AbstractJoint, Fixed, Prismatic, Revolute
@@ -304,6 +305,17 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
     def _ancestors(self, dtype):
         return jnp.asarray(np.asarray(self.topology.ancestors), dtype)
 
+    def _path_sums(self, x: Float[Array, "b 6"]) -> Float[Array, "b 6"]:
+        """Each body's sum of `x` over its path from the ground (itself included): a
+        product with the ancestor matrix, or for a deep tree (`tree_levels`) by pointer
+        jumping, each round adding the partial sum of the body a pointer reaches
+        (`⌈log₂ d⌉` rounds of `O(b)` work)."""
+        if tree_levels(self.topology) is None:
+            return self._ancestors(x.dtype).T @ x
+        for jump in self.topology.jumps:
+            x = x + take(x, np.asarray(jump))
+        return x
+
     def _inertias(self, rotations, centres):
         """The bodies' `(m, h, I_O)` (see `_spatial.py`) in the order of positions."""
         order = self.topology.order
@@ -396,8 +408,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         rates = self._rates(v)
         coords = self._rates(q)
         relative = jnp.einsum("bjk,bk->bj", subspaces, rates)
-        ancestors = self._ancestors(q.dtype)
-        velocities = ancestors.T @ relative
+        velocities = self._path_sums(relative)
         bias = [motion_cross(velocities - relative, relative)]
         top = self.topology
         if any(kind != SCREW for kind in top.kinds):
@@ -418,7 +429,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 else:
                     local.append(shrink * relative[start:stop])
             bias.append(jnp.concatenate(local))
-        return rotations, centres, subspaces, velocities, ancestors.T @ sum(bias[1:], bias[0])
+        return rotations, centres, subspaces, velocities, self._path_sums(sum(bias[1:], bias[0]))
 
     def _gravity(self, dtype):
         """The sum of the [`jaxdae.multibody.Gravity`][] elements' accelerations: the
@@ -431,25 +442,50 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                                  else g.astype(dtype))
         return total
 
-    def _newton_euler(self, q, motion, parts, external, acceleration=None):
-        """The generalized forces `τ = M q̈ + c(q, v) − Jᵀ f_ext` that give the accelerations
-        `q̈` (`None`: zero), by the recursive Newton–Euler algorithm (Featherstone (2008),
-        Table 5.1): the bodies' forces `I a + V ×* I V − f_ext`, summed over subtrees and
-        projected on the joints' motion subspaces."""
+    def _body_forces(self, q, motion, parts, external, acceleration=None):
+        """The bodies' spatial forces `I a + V ×* I V − f_ext` `(b, 6)` at the accelerations
+        `q̈` (`None`: zero) with gravity as an acceleration of the ground."""
         dtype = q.dtype
         _, _, subspaces, velocities, bias = motion
-        ancestors = self._ancestors(dtype)
         ground = jnp.concatenate([jnp.zeros((3,), dtype), -self._gravity(dtype)])
         accelerations = bias + ground
         if acceleration is not None:
-            accelerations = accelerations + ancestors.T @ jnp.einsum(
-                "bjk,bk->bj", subspaces, self._rates(acceleration))
+            accelerations = accelerations + self._path_sums(jnp.einsum(
+                "bjk,bk->bj", subspaces, self._rates(acceleration)))
         forces = (apply_inertia(parts, accelerations)
                   + force_cross(velocities, apply_inertia(parts, velocities)))
-        if external is not None:
-            forces = forces - external
-        totals = ancestors @ forces
-        return self._to_coordinates(jnp.einsum("bjk,bj->bk", subspaces, totals))
+        return forces if external is None else forces - external
+
+    def _newton_euler(self, q, motion, parts, external, acceleration=None):
+        """The generalized forces `τ = M q̈ + c(q, v) − Jᵀ f_ext` that give the accelerations
+        `q̈` (`None`: zero), by the recursive Newton–Euler algorithm (Featherstone (2008),
+        Table 5.1): the bodies' forces (`_body_forces`), summed over subtrees and projected
+        on the joints' motion subspaces."""
+        forces = self._body_forces(q, motion, parts, external, acceleration)
+        totals = self._ancestors(q.dtype) @ forces
+        return self._to_coordinates(jnp.einsum("bjk,bj->bk", motion[2], totals))
+
+    def _joint_inertias(self, q):
+        """`K` `(b, w, w)`: what each joint adds to `M`'s diagonal block of its own
+        coordinates, the Euler parameters' norm's `k p pᵀ/|p|²` (`_norm_terms`), with ones
+        on the padded columns (a unit pivot where a joint has no coordinate)."""
+        top, dtype = self.topology, q.dtype
+        width = len(top.dofs[0])
+        _, weights = self._radial(dtype)
+        coords = self._rates(q)
+        blocks = []
+        for kind, start, stop in top.groups:
+            block = jnp.zeros((stop - start, width, width), dtype)
+            if kind != SCREW:
+                first = 3 if kind == FLOATING else 0
+                p = coords[start:stop, first:first + 4]
+                outer = (weights[start:stop, None, None] * p[:, :, None] * p[:, None, :]
+                         / jnp.sum(p * p, axis=1)[:, None, None])
+                block = block.at[:, first:first + 4, first:first + 4].set(outer)
+            blocks.append(block)
+        padded = np.asarray(top.dofs) == top.num_coordinates
+        return jnp.concatenate(blocks) + jnp.asarray(
+            padded[:, :, None] * np.eye(width), dtype)
 
     def _norm_terms(self, q, v, acceleration=None):
         """The Euler parameters' norms' share of `τ` and of the kinetic energy: with
@@ -520,8 +556,23 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         applied, external = self._applied_forces(t, q, v, motion)
         norm_tau, norm_energy = self._norm_terms(q, v)
         parts = self._inertias(rotations, centres)
-        forces = applied - self._newton_euler(q, motion, parts, external) - norm_tau
         mass = self._crba(q, subspaces, parts)
+        levels = tree_levels(self.topology)
+        if levels is None:
+            bias = self._newton_euler(q, motion, parts, external)
+            # `M` factored here, where it is computed: the formulations' solves use the
+            # factor (written out for small `M`, a loop fused with the rest of the
+            # right-hand side up to `LOOPED_MAX`), not a library call of their own.
+            factor = self._mass_factor(mass)
+        else:
+            # A deep tree: the subtrees' sums of the bodies' forces and the articulated
+            # inertias in one pass from the tips, `O(n)`; the dense `M` is left to the
+            # callers that read it.
+            factor, bias = articulated_factor(
+                levels, self.topology.dofs, subspaces, inertia_matrices(parts),
+                self._joint_inertias(q), self._body_forces(q, motion, parts, external))
+            bias = self._to_coordinates(bias)
+        forces = applied - bias - norm_tau
         kinetic = 0.5 * jnp.sum(velocities * apply_inertia(parts, velocities)) + norm_energy
         energy = kinetic + self.potential_energy(t, q, motion)
         if self.topology.closures:
@@ -529,11 +580,8 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         else:
             phi = dphi = gamma = jnp.zeros((0,), q.dtype)
             jacobian = jnp.zeros((0, q.shape[0]), q.dtype)
-        # `M` factored here, where it is computed: the formulations' solves use the factor
-        # (written out for small `M`, a loop fused with the rest of the right-hand side up to
-        # `LOOPED_MAX`), not a library call of their own.
         operator = FactoredOperator(lx.MatrixLinearOperator(mass, lx.positive_semidefinite_tag),
-                                    self._mass_factor(mass))
+                                    factor)
         return cast_floating(ConstrainedTerms(
             mass, forces, phi, dphi, jnp.zeros((0,), q.dtype), jacobian, gamma,
             energy=energy, mass_operator=operator), q.dtype)
