@@ -9,7 +9,7 @@ through lineax or `jnp.linalg` beyond it.
 
 import functools
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, ParamSpec, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +19,12 @@ import numpy as np
 from .. import _thresholds
 from .._custom_types import Array, Bool, Float, Int
 
+# The signature of a function that a decorator here returns unchanged in its types.
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
-def full_precision(fn: Callable) -> Callable:
+
+def full_precision(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """`fn` with JAX's matrix products at full precision, unless the user set
     `jax_default_matmul_precision`.
 

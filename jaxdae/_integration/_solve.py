@@ -5,7 +5,7 @@ solver options), the dynamics a model integrates, and the one diffrax solve."""
 import difflib
 import functools
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import Any, ParamSpec, TypedDict, TypeVar
 
 import diffrax
 import equinox as eqx
@@ -28,6 +28,10 @@ from ._implicit import configure_for_controller
 from ._solvers import name_result
 from ._sweep_forward import ODETermWithVJP
 from ._validation import as_step_count, check_real, check_solve_options, check_times
+
+# The signature that `in_current_mesh` keeps.
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 # The solver of a call that names none.
 DEFAULT_SOLVER = diffrax.Tsit5()
@@ -169,7 +173,7 @@ class SolveCall(eqx.Module):
                             constraint_tol=constraint_tol, tolerances=tolerances)
 
 
-def in_current_mesh(fn):
+def in_current_mesh(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """`fn` run with JAX's current abstract mesh set explicitly (the empty mesh outside
     any mesh).
 
