@@ -252,7 +252,8 @@ def simulate_actuated(system: ActuatedSystem, control: ConstraintEnforcingContro
     its own, a number of gains that is not the relative degree, a singular decoupling
     matrix at the initial state, non-finite times, `t1 <= t0`, unsorted `ts`, negative or
     zero tolerances); [`jaxdae.SimulationError`][] with `throw=True` when the solve fails
-    (e.g. `g gᵀ` becomes singular on the way).
+    (e.g. `g gᵀ` becomes singular on the way); `TypeError` for a keyword argument not
+    listed above.
     """
     call = SolveCall.of("simulate_actuated", options)
     q0, v0, w0 = initial_actuated_state(q0, v0, w0)

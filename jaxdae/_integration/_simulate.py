@@ -40,6 +40,7 @@ def simulate(system: AbstractSystem, formulation: AbstractFormulation, t0: Scala
         `p0` (Shemelova (2016), eqs. [3]–[6]). They need not satisfy
         the constraints (the stabilized formulations pull them back); see
         [`jaxdae.consistent_initial_state`][] for a consistent start.
+
     Keyword arguments (any other is refused with a `TypeError` that lists these):
 
     - `ts`: times at which to save the solution. Default: `[t0, t1]`.
@@ -47,10 +48,9 @@ def simulate(system: AbstractSystem, formulation: AbstractFormulation, t0: Scala
     - `stepsize_controller`: default `diffrax.PIDController(rtol, atol)`; pass
         `diffrax.ConstantStepSize()` (with `dt0`) for a fixed-step method.
     - `dt0`: initial step; default chosen automatically by the controller.
-    - `rtol`, `atol`: tolerances of the default step-size controller (default `1e-8` and
-        `1e-10`): finite and
-        non-negative, not both zero, `rtol` at most 1 (SUNDIALS' rule: either may be zero
-        alone; see [Failures and guarantees](../failures.md#the-rules)).
+    - `rtol`, `atol`: tolerances of the default step-size controller, default `1e-8` and
+        `1e-10`: finite and non-negative, not both zero, `rtol` at most 1 (SUNDIALS' rule:
+        either may be zero alone; see [Failures and guarantees](../failures.md#the-rules)).
     - `max_steps`: maximum number of steps. Default `100_000`.
     - `adjoint`: how gradients are computed; both defaults are discretize-then-optimize
         (the exact gradient of the computed solution). Default for explicit Runge–Kutta
@@ -91,7 +91,8 @@ def simulate(system: AbstractSystem, formulation: AbstractFormulation, t0: Scala
     symmetric positive definite at `q0`, gains that are not positive definite, a
     `velocity_constraints` that is not affine in the velocities, non-finite times,
     `t1 <= t0`, unsorted `ts`, tolerances that break the rule above, complex or float16
-    values); [`jaxdae.SimulationError`][] for a failed solve with `throw=True`.
+    values); [`jaxdae.SimulationError`][] for a failed solve with `throw=True`; `TypeError`
+    for a keyword argument not listed above.
     """
     return solve_system(system, formulation, t0, t1, q0, v0,
                         SolveCall.of("simulate", options, SimulateKeywords), SingleTrajectory())
