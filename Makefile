@@ -70,6 +70,7 @@ bench: $(STAMP)
 	$(PY) experiments/benchmarks/bench_robots.py --out output
 	$(PY) experiments/benchmarks/bench_animate.py --out output
 	$(PY) experiments/benchmarks/bench_viewer.py
+	$(PY) experiments/benchmarks/bench_stiff.py --out output
 
 ## Build the documentation site into site/ (mkdocs --strict: a warning fails the build).
 docs: $(STAMP)

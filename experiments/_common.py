@@ -115,11 +115,17 @@ def legend_below(ax, ncol: int = 2, **kwargs):
                      frameon=False, **kwargs)
 
 
-def exudyn_solve(exu, mbs, sensor, t1: float, steps: int, *, singular_jacobian: bool = False):
+def exudyn_solve(exu, mbs, sensor, t1: float, steps: int, *, singular_jacobian: bool = False,
+                 options: dict | None = None):
     """Solve an assembled Exudyn system `mbs` with its generalized-α integrator in `steps`
     fixed steps over `[0, t1]` (Newton to a relative 1e-10, dense linear algebra; with
     `singular_jacobian`, redundant constraints accepted), and return the `sensor`'s stored
-    data (column 0 the time) and the solve's wall time in seconds."""
+    data (column 0 the time; a list of them for a list of sensors) and the solve's wall
+    time in seconds.
+
+    `options` sets further simulation settings by their dotted paths, e.g.
+    `{"timeIntegration.generalizedAlpha.spectralRadius": 0.6}`, after the ones above (so
+    it may also replace them). Exudyn raises its own error when the solve fails."""
     mbs.Assemble()
     settings = exu.SimulationSettings()
     settings.timeIntegration.numberOfSteps = steps
@@ -130,7 +136,15 @@ def exudyn_solve(exu, mbs, sensor, t1: float, steps: int, *, singular_jacobian: 
     settings.timeIntegration.newton.relativeTolerance = 1e-10
     settings.linearSolver.solverType = exu.LinearSolverType.EigenDense
     settings.linearSolver.ignoreSingularJacobian = singular_jacobian
+    for path, value in (options or {}).items():
+        *parents, leaf = path.split(".")
+        group = settings
+        for parent in parents:
+            group = getattr(group, parent)
+        setattr(group, leaf, value)
     start = time.perf_counter()
     mbs.SolveDynamic(settings)
     elapsed = time.perf_counter() - start
+    if isinstance(sensor, (list, tuple)):
+        return [mbs.GetSensorStoredData(s) for s in sensor], elapsed
     return mbs.GetSensorStoredData(sensor), elapsed

@@ -1,0 +1,777 @@
+"""Benchmark: stiff mechanisms against Exudyn's generalized-α and SUNDIALS IDA.
+
+Cases (`--only` takes comma-separated parts of these names):
+
+- `governor`: the stiff flyball governor (IFToMM A05) of
+  `experiments/examples/flyball_governor.py` over the benchmark's 10 s: 4 rigid bodies in
+  absolute coordinates (Euler parameters), spring–dampers `K = 8·10⁵` N/m, `C = 4·10⁴`
+  N·s/m, `Baumgarte(20, 100)` for jaxdae's ODE solvers. Peer: Exudyn, the same bodies,
+  joints and spring–dampers (built from jaxdae's model: masses, inertias, markers, initial
+  positions and velocities), its generalized-α integrator at fixed steps.
+- `chain`: the stiff-integration guide's spring chain (`SpringChain` of
+  `experiments/studies/stiff_integration.py`: 16 unit masses in the plane joined by
+  spring–dampers `k = 10⁸`, `c = 10⁴`, the first on a rigid rod of unit length), over 1 s.
+  Peers: Exudyn (2-D mass points, spring–dampers, a distance constraint) and IDA.
+- `spring6`, `spring8`: the guide's spring pendulum, `k = 10⁶` (`c = 10³`) and `10⁸`
+  (`c = 10⁴`), over 2 s; `arm`: the guide's Cartesian arm under `Baumgarte(2000, 10⁶)`, over
+  2 s. Peer: IDA.
+
+**Accuracy.** Every run is compared with a reference, jaxdae's `Dopri8` at `rtol = 1e-12`
+(`atol = 1e-14`), at saved times (the governor: every 0.01 s; the chain: every 0.02 s;
+the others: 41 times). The governor's error is the largest deviation, in metres, of the
+slider's height and of the two rods' centres of mass (each rod with its point mass); the
+others' is the guide's, the largest deviation of any coordinate relative to `max |q_ref|`.
+For the governor, Exudyn at h = 1e-4 and 5e-5 s is compared with the reference too (the
+two models must agree to within Exudyn's own second-order error), and with their
+Richardson extrapolation.
+
+**Targets.** With Exudyn as a peer: the error of Exudyn's generalized-α at h = 5e-4 s with
+its default settings (index 3, `ρ∞ = 0.9`, modified Newton to a relative 1e-8); with IDA:
+relative errors of 1e-3 and 1e-6. For each target and each code the cheapest run that
+reaches it is chosen from ladders:
+
+- Exudyn: step sizes halving from 2e-3 s (the chain: from 4e-3 s), with the defaults;
+  at 5e-4 and 2.5e-4 s also with Newton to a relative 1e-6 and with the index-2
+  constraints (which Exudyn offers with Newmark's parameters only);
+- IDA (`sksundae.ida.IDA`, dense linear solver, the exact Jacobian): `rtol` 1e-3 … 1e-8
+  (`atol = 1e-3 rtol`) in two forms: the stabilized index-2 DAE of Gear, Gupta & Leimkuhler
+  (1985) built from jaxdae's terms, `q' = v − Gᵀμ`, `M v' = Q − Gᵀλ`, `0 = Φ̇`, `0 = Φ`
+  (`y = (q, v, λ, μ)`, the multipliers left out of the error test by a large `atol`: what an
+  IDA user would write, no stabilization gains), and jaxdae's ODE written as the residual
+  `y' − f(y)` (the same ODE jaxdae's solvers integrate, gains included). Each residual and
+  Jacobian is a jit-compiled JAX function called from SUNDIALS through Python; the time
+  spent in those calls is reported;
+- jaxdae: `jaxdae.simulate` with `Tsit5`, `Dopri8` (explicit), `Kvaerno5` (configured by
+  `simulate`), `Rodas5P` and `GeneralizedAlpha` (implicit) at `rtol` 1e-3 … 1e-9
+  (`atol = 1e-3 rtol`), one ahead-of-time compiled solve per solver (the tolerances are
+  arguments), its compile time apart.
+
+A ladder stops at the first run that reaches the case's tightest target, or after a run
+longer than the case's cap (a run's time bounds the cost of the tighter ones). The chosen
+runs of a case are then timed again, interleaved, and the median of three is reported
+(runs longer than the final cap keep their one timing; the tables say so). Wall time
+(`time.perf_counter`): Exudyn's `SolveDynamic` (assembly excluded), IDA's `solve` over the
+saved times, jaxdae's compiled call to `block_until_ready`.
+
+    OPENBLAS_NUM_THREADS=1 python experiments/benchmarks/bench_stiff.py [--out output] [--quick]
+        [--only governor,chain,spring6,spring8,arm]
+    # prints Markdown tables, writes OUT/bench_stiff/bench_stiff.json
+"""
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # threads spin under load: LAPACK 10-100x
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
+
+import diffrax  # noqa: E402
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from _common import exudyn_solve, output_dir, parse_args, write_json  # noqa: E402
+from stiff_integration import (  # noqa: E402  # pyright: ignore[reportMissingImports]
+    arm_case,
+    chain_case,
+    governor_case,
+    spring_case,
+)
+
+import jaxdae  # noqa: E402
+import jaxdae.multibody as mb  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+NAME = "bench_stiff"
+REFERENCE_RTOL, REFERENCE_ATOL = 1e-12, 1e-14
+EXUDYN_TARGET_H = 5e-4
+IDA_TARGETS = (1e-3, 1e-6)
+JAXDAE_RTOLS = (1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9)
+IDA_RTOLS = (1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8)
+EXPLICIT = ("Tsit5", "Dopri8")
+IMPLICIT = ("Kvaerno5", "Rodas5P", "GeneralizedAlpha")
+# Exudyn's settings: the defaults of its generalized-α (index 3, ρ∞ = 0.9, modified Newton
+# to a relative 1e-8) with Eigen's dense LU, and two cheaper variants
+EXUDYN_DEFAULT = "index 3, ρ∞ = 0.9, Newton rel. 1e-8"
+EXUDYN_SETTINGS = {
+    EXUDYN_DEFAULT: {},
+    "index 3, ρ∞ = 0.9, Newton rel. 1e-6": {"timeIntegration.newton.relativeTolerance": 1e-6},
+    "index 2 (Newmark β = 0.3025, γ = 0.6)": {
+        "timeIntegration.generalizedAlpha.useIndex2Constraints": True,
+        "timeIntegration.generalizedAlpha.useNewmark": True,
+        "timeIntegration.generalizedAlpha.newmarkBeta": 0.3025,
+        "timeIntegration.generalizedAlpha.newmarkGamma": 0.6},
+}
+
+
+def solver(name: str) -> diffrax.AbstractSolver:
+    return {"Tsit5": diffrax.Tsit5, "Dopri8": diffrax.Dopri8, "Kvaerno5": diffrax.Kvaerno5,
+            "Rodas5P": jaxdae.Rodas5P, "GeneralizedAlpha": jaxdae.GeneralizedAlpha}[name]()
+
+
+class Settings(NamedTuple):
+    """What a full run and a `--quick` smoke run do differently."""
+
+    governor_t1: float
+    chain_t1: float
+    small_t1: float
+    exudyn_reference_h: tuple[float, ...]  # the governor's Exudyn check against the reference
+    caps: dict  # case -> (ladder cap, final-timing cap) in seconds
+    repeats: int  # final timings (median)
+    jaxdae_rtols: tuple[float, ...]
+    ida_rtols: tuple[float, ...]
+    solvers: tuple[str, ...]
+
+
+FULL = Settings(10.0, 1.0, 2.0, (2e-4, 1e-4),
+                {"governor": (25.0, 8.0), "chain": (8.0, 4.0), "small": (4.0, 2.0)}, 3,
+                JAXDAE_RTOLS, IDA_RTOLS, EXPLICIT + IMPLICIT)
+# the smoke run: short horizons, one solver (Dopri8, which also gives the reference: the
+# implicit solvers' compiles of the governor take minutes)
+QUICK = Settings(0.5, 0.1, 0.5, (2e-4,),
+                 {"governor": (5.0, 1.0), "chain": (3.0, 1.0), "small": (2.0, 1.0)}, 1,
+                 (1e-3, 1e-5, 1e-7), (1e-3, 1e-6), ("Dopri8",))
+
+
+# -- cases -------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    name: str
+    label: str
+    system: jaxdae.AbstractSystem
+    formulation: jaxdae.AbstractFormulation
+    q0: jax.Array
+    v0: jax.Array
+    t1: float
+    ts: np.ndarray
+    measure: Callable  # q on ts (N, n) -> compared quantities (N, k)
+    scale: float  # errors are deviations over this (1: absolute)
+    unit: str
+    exudyn: Callable | None  # () -> (mbs, sensors, sensor data list -> (N, k)) or None
+    ida: bool
+    share: str  # cases with the same `share` reuse one compiled jaxdae solve
+    cap: tuple[float, float]
+    targets: dict = field(default_factory=dict)
+
+
+def governor_positions(model):
+    """Slider height and the rods' centres of mass, (N, 7), from jaxdae's coordinates."""
+    def measure(q):
+        q = jnp.asarray(q)
+        return np.concatenate([np.asarray(model.marker_position(q, "slider"))[:, 2:]]
+                              + [np.asarray(model.marker_position(q, rod))
+                                 for rod in ("rod1", "rod2")], axis=1)
+    return measure
+
+
+def exudyn_governor(model, q0, v0):
+    """The governor in Exudyn, from jaxdae's model: every body a rigid body (Euler
+    parameters, its mass, principal inertias and pose), the joints as Exudyn's revolute and
+    prismatic joints at the same points and axes, the spring–dampers between the same
+    markers; a position sensor on the slider and on each rod."""
+    import exudyn as exu
+    from exudyn.utilities import ObjectGround, RigidBodyInertia, SensorBody
+
+    from jaxdae.examples._flyball_governor import REST, C, K
+
+    def build():
+        mbs = exu.SystemContainer().AddSystem()
+        numbers = {"ground": mbs.AddObject(ObjectGround())}
+        for body in model.bodies:
+            numbers[body.name] = mbs.CreateRigidBody(
+                inertia=RigidBodyInertia(mass=float(body.mass),
+                                         inertiaTensor=np.diag(np.asarray(body.inertia))
+                                         if np.ndim(body.inertia) == 1
+                                         else np.asarray(body.inertia)),
+                referencePosition=list(np.asarray(model.marker_position(q0, body.name))),
+                referenceRotationMatrix=np.asarray(model.marker_rotation(q0, body.name)),
+                initialVelocity=list(np.asarray(model.marker_velocity(q0, v0, body.name))),
+                initialAngularVelocity=list(np.asarray(model.angular_velocity(q0, v0,
+                                                                              body.name))),
+                gravity=[0.0, 0.0, -9.81])
+        for joint in model.joints:
+            items = [numbers[joint.a.split(".")[0]], numbers[joint.b.split(".")[0]]]
+            position = list(np.asarray(model.marker_position(q0, joint.a)))
+            axis = list(np.asarray(model.marker_rotation(q0, joint.a) @ joint.axis))
+            create = (mbs.CreateRevoluteJoint if isinstance(joint, mb.Revolute)
+                      else mbs.CreatePrismaticJoint)
+            create(itemNumbers=items, position=position, axis=axis)
+        for force in model.forces[1:]:
+            (body_a, marker_a), (body_b, marker_b) = (ref.split(".") for ref in force.markers)
+            mbs.CreateSpringDamper(
+                itemNumbers=[numbers[body_a], numbers[body_b]],
+                localPosition0=list(np.asarray(model.body(body_a).markers[marker_a])),
+                localPosition1=list(np.asarray(model.body(body_b).markers[marker_b])),
+                referenceLength=REST, stiffness=K, damping=C)
+        sensors = [mbs.AddSensor(SensorBody(bodyNumber=numbers[name], storeInternal=True,
+                                            outputVariableType=exu.OutputVariableType.Position))
+                   for name in ("slider", "rod1", "rod2")]
+
+        def measure(data):
+            slider, rod1, rod2 = data
+            return np.concatenate([slider[:, 3:4], rod1[:, 1:4], rod2[:, 1:4]], axis=1)
+
+        return mbs, sensors, measure
+
+    return build
+
+
+def exudyn_chain(system, q0):
+    """The spring chain in Exudyn: 2-D mass points, spring–dampers of rest length 1 between
+    neighbours, a distance constraint of length 1 from the origin to the first; a position
+    sensor on each mass."""
+    import exudyn as exu
+    from exudyn.utilities import ObjectGround, SensorBody
+
+    points = np.asarray(q0).reshape(-1, 2)
+    k, c, g = float(system.k), float(system.c), float(system.gravity)
+
+    def build():
+        mbs = exu.SystemContainer().AddSystem()
+        ground = mbs.AddObject(ObjectGround())
+        masses = [mbs.CreateMassPoint(referencePosition=[x, y, 0.0], mass=1.0,
+                                      gravity=[0.0, -g, 0.0], create2D=True)
+                  for x, y in points]
+        mbs.CreateDistanceConstraint(itemNumbers=[ground, masses[0]], distance=1.0)
+        for a, b in zip(masses[:-1], masses[1:], strict=True):
+            mbs.CreateSpringDamper(itemNumbers=[a, b], referenceLength=1.0, stiffness=k,
+                                   damping=c)
+        sensors = [mbs.AddSensor(SensorBody(bodyNumber=m, storeInternal=True,
+                                            outputVariableType=exu.OutputVariableType.Position))
+                   for m in masses]
+
+        def measure(data):
+            return np.concatenate([d[:, 1:3] for d in data], axis=1)
+
+        return mbs, sensors, measure
+
+    return build
+
+
+def make_cases(settings: Settings, have_exudyn: bool, have_ida: bool) -> dict[str, Case]:
+    cases = {}
+    model, formulation, q0, v0, _ = governor_case()
+    t1 = settings.governor_t1
+    cases["governor"] = Case(
+        "governor", f"flyball governor, {t1:g} s", model, formulation, q0, v0, t1,
+        np.linspace(0.0, t1, int(round(t1 / 0.01)) + 1), governor_positions(model), 1.0, "m",
+        exudyn_governor(model, q0, v0) if have_exudyn else None, False, "governor",
+        settings.caps["governor"])
+    system, formulation, q0, v0, _ = chain_case()
+    t1 = settings.chain_t1
+    cases["chain"] = Case(
+        "chain", f"spring chain, 16 masses, k = 1e8, {t1:g} s", system, formulation, q0, v0,
+        t1, np.linspace(0.0, t1, int(round(t1 / 0.02)) + 1), np.asarray, 0.0, "relative",
+        exudyn_chain(system, q0) if have_exudyn else None, have_ida, "chain",
+        settings.caps["chain"])
+    t1 = settings.small_t1
+    for name, label, make in (("spring6", "spring pendulum, k = 1e6", spring_case),
+                              ("spring8", "spring pendulum, k = 1e8",
+                               lambda: spring_case(k=1e8, c=1e4)),
+                              ("arm", "Cartesian arm, Baumgarte(2000, 1e6)", arm_case)):
+        system, formulation, q0, v0, _ = make()
+        cases[name] = Case(name, f"{label}, {t1:g} s", system, formulation, q0, v0, t1,
+                           np.linspace(0.0, t1, 41), np.asarray, 0.0, "relative", None,
+                           have_ida, "spring" if name.startswith("spring") else name,
+                           settings.caps["small"])
+    return cases
+
+
+# -- runs --------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One solve of a case by one code at one setting: `go()` solves and returns the
+    compared quantities on the case's saved times and the code's counters."""
+
+    code: str  # "Exudyn", "IDA", "jaxdae"
+    setting: str  # Exudyn's settings, IDA's form, jaxdae's solver
+    knob: str  # "h = 5e-4", "rtol = 1e-6"
+    go: Callable = field(repr=False)
+    error: float = np.inf
+    seconds: float = np.inf
+    counts: dict = field(default_factory=dict)
+    ok: bool = False
+    timings: list = field(default_factory=list)
+
+    def record(self, case: Case, reference: np.ndarray) -> "Run":
+        try:
+            values, self.seconds, self.counts = self.go()
+        except Exception as error:  # a peer's failure is a row of the table, not a crash
+            self.counts = {"failure": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
+            return self
+        self.ok = bool(self.counts.pop("ok", True)) and bool(np.all(np.isfinite(values)))
+        self.error = case_error(case, values, reference) if self.ok else np.inf
+        self.timings = [self.seconds]
+        return self
+
+    def row(self) -> dict:
+        return {"code": self.code, "setting": self.setting, "knob": self.knob,
+                "error": self.error, "seconds": self.seconds, "timings": self.timings,
+                "ok": self.ok, **self.counts}
+
+
+def case_error(case: Case, values: np.ndarray, reference: np.ndarray) -> float:
+    return float(np.max(np.abs(np.asarray(values) - reference)) / case.scale)
+
+
+def compiled_solves(case: Case, names, cache: dict) -> dict:
+    """Per solver, the ahead-of-time compiled solve `(params, q0, v0, rtol, atol) ->
+    (q on ts, accepted, rejected, succeeded)` and its compile time; the system's arrays
+    are arguments, so cases sharing `case.share` reuse one compile."""
+    params, static = eqx.partition(case.system, _is_jax_array)
+    ts = jnp.asarray(case.ts)
+    out = {}
+    for name in names:
+        key = (case.share, name)
+        if key not in cache:
+            def solve(params, q0, v0, rtol, atol, name=name):
+                sol = jaxdae.simulate(eqx.combine(params, static), case.formulation, 0.0,
+                                      case.t1, q0, v0, ts=ts, solver=solver(name), rtol=rtol,
+                                      atol=atol, max_steps=2_000_000, throw=False)
+                return (sol.q, sol.stats["num_accepted_steps"], sol.stats["num_rejected_steps"],
+                        sol.succeeded)
+
+            start = time.perf_counter()
+            compiled = jax.jit(solve).lower(params, case.q0, case.v0, 1e-6, 1e-9).compile()
+            cache[key] = (compiled, time.perf_counter() - start)
+            # a first call, untimed: it allocates what later calls reuse
+            jax.block_until_ready(compiled(params, case.q0, case.v0, 1e-3, 1e-6))
+            print(f"  compiled jaxdae {name} for {case.name}: {cache[key][1]:.1f} s", flush=True)
+        out[name] = cache[key]
+    return out
+
+
+def _is_jax_array(x) -> bool:
+    # NumPy arrays in a model stay static: models use them while tracing
+    return isinstance(x, jax.Array)
+
+
+def jaxdae_run(case: Case, name: str, compiled, rtol: float, atol: float | None = None) -> Run:
+    params = eqx.filter(case.system, _is_jax_array)
+    atol = 1e-3 * rtol if atol is None else atol
+
+    def go():
+        start = time.perf_counter()
+        q, accepted, rejected, succeeded = jax.block_until_ready(
+            compiled(params, case.q0, case.v0, rtol, atol))
+        seconds = time.perf_counter() - start
+        return case.measure(np.asarray(q)), seconds, {
+            "steps": int(accepted), "rejected": int(rejected), "ok": bool(succeeded)}
+
+    return Run("jaxdae", name, f"rtol = {rtol:g}", go)
+
+
+def exudyn_run(case: Case, setting: str, h: float) -> Run:
+    import exudyn as exu
+
+    build = case.exudyn
+    assert build is not None
+    mbs, sensors, measure = build()
+    steps = int(round(case.t1 / h))
+    every = float(case.ts[1] - case.ts[0])
+    options = {"timeIntegration.newton.relativeTolerance": 1e-8,
+               "solution.sensors.writePeriod": every, **EXUDYN_SETTINGS[setting]}
+
+    def go():
+        data, seconds = exudyn_solve(exu, mbs, sensors, case.t1, steps, options=options)
+        counters = mbs.sys["dynamicSolver"].it
+        values = measure(data)
+        times = np.asarray(data[0][:, 0])
+        if times.shape != case.ts.shape or np.max(np.abs(times - case.ts)) > 1e-9:
+            values = np.stack([np.interp(case.ts, times, column) for column in values.T], 1)
+        return values, seconds, {"steps": steps, "newton_iterations": int(counters.newtonStepsCount),
+                                 "jacobians": int(counters.newtonJacobiCount)}
+
+    return Run("Exudyn", setting, f"h = {h:g}", go)
+
+
+# -- IDA ---------------------------------------------------------------------------------
+
+
+def ode_residual(case: Case):
+    """jaxdae's ODE `y' = f(t, y)` as the residual `y' − f(t, y)`, with the IDA iteration
+    matrix `cj I − ∂f/∂y`; consistent `y0`, `y0'`; no algebraic variables."""
+    system, formulation = case.system, case.formulation
+    n = case.q0.size
+
+    def f(t, y):
+        q, v = y[:n], y[n:]
+        return jnp.concatenate([v, formulation.accelerations(system.terms(t, q, v))[0]])
+
+    residual = jax.jit(lambda t, y, yp: yp - f(t, y))
+    matrix = jax.jit(lambda t, y, yp, cj: cj * jnp.eye(y.size) - jax.jacfwd(f, argnums=1)(t, y))
+    y0 = jnp.concatenate([case.q0, case.v0])
+    return residual, matrix, np.asarray(y0), np.asarray(f(0.0, y0)), 2 * n, 0
+
+
+def ggl_residual(case: Case):
+    """The stabilized index-2 form of Gear, Gupta & Leimkuhler (1985) in `y = (q, v, λ, μ)`
+    from jaxdae's terms: `q' − v + Gᵀμ`, `M v' − Q + Gᵀλ`, `Φ̇`, `Φ`; the iteration matrix
+    `∂F/∂y + cj ∂F/∂y'`; `y0'` from the consistent accelerations and multipliers at t = 0
+    (`μ = 0` on the exact solution)."""
+    system = case.system
+    n = case.q0.size
+    terms0 = system.terms(0.0, case.q0, case.v0)
+    m = terms0.phi.size
+    if terms0.psi.size:
+        raise ValueError("the GGL form here covers holonomic constraints only")
+
+    def residual(t, y, yp):
+        q, v, lam, mu = y[:n], y[n:2 * n], y[2 * n:2 * n + m], y[2 * n + m:]
+        terms = system.terms(t, q, v)
+        g = terms.jacobian
+        return jnp.concatenate([yp[:n] - v + g.T @ mu,
+                                terms.mass_matrix @ yp[n:2 * n] - terms.forces + g.T @ lam,
+                                terms.dphi, terms.phi])
+
+    def matrix(t, y, yp, cj):
+        return (jax.jacfwd(residual, argnums=1)(t, y, yp)
+                + cj * jax.jacfwd(residual, argnums=2)(t, y, yp))
+
+    g, mass = terms0.jacobian, terms0.mass_matrix
+    kkt = jnp.block([[mass, g.T], [g, jnp.zeros((m, m))]])
+    acc_lam = jnp.linalg.solve(kkt, jnp.concatenate([terms0.forces, terms0.bias]))
+    y0 = jnp.concatenate([case.q0, case.v0, acc_lam[n:], jnp.zeros(m)])
+    yp0 = jnp.concatenate([case.v0, acc_lam[:n], jnp.zeros(2 * m)])
+    return jax.jit(residual), jax.jit(matrix), np.asarray(y0), np.asarray(yp0), 2 * n, 2 * m
+
+
+IDA_FORMS = {"GGL index-2 DAE": ggl_residual, "jaxdae's ODE as a residual": ode_residual}
+
+
+def ida_runs(case: Case, form: str, rtols) -> tuple[list[Run], dict]:
+    """IDA's runs of one form at each `rtol`, and the form's compile time."""
+    from sksundae.ida import IDA
+
+    start = time.perf_counter()
+    residual, matrix, y0, yp0, differential, algebraic = IDA_FORMS[form](case)
+    jax.block_until_ready(residual(0.0, y0, yp0))
+    jax.block_until_ready(matrix(0.0, y0, yp0, 1.0))
+    compile_s = time.perf_counter() - start
+    n = case.q0.size
+    inside = [0.0]
+
+    def resfn(t, y, yp, res):
+        start = time.perf_counter()
+        res[:] = np.asarray(residual(t, y, yp))
+        inside[0] += time.perf_counter() - start
+
+    def jacfn(t, y, yp, res, cj, jj):
+        start = time.perf_counter()
+        jj[:, :] = np.asarray(matrix(t, y, yp, cj))
+        inside[0] += time.perf_counter() - start
+
+    def make(rtol):
+        # the multipliers are left out of the error test (and weigh nothing in the Newton
+        # test): their error is that of an index-2 and -3 variable, not the motion's
+        atol = np.concatenate([np.full(differential, 1e-3 * rtol), np.full(algebraic, 1e10)])
+        return IDA(resfn, jacfn=jacfn, rtol=rtol, atol=atol, max_num_steps=10**6,
+                   linsolver="dense",
+                   algebraic_idx=list(range(differential, differential + algebraic)) or None)
+
+    def run(rtol):
+        steps = []
+
+        def go():
+            inside[0] = 0.0
+            solver = make(rtol)
+            start = time.perf_counter()
+            sol = solver.solve(case.ts, y0, yp0)
+            seconds = time.perf_counter() - start
+            in_callbacks = inside[0]
+            if not steps:  # a solve with one output per step counts them
+                steps.append(len(make(rtol).solve(np.array([0.0, case.t1]), y0, yp0).t) - 1)
+            return case.measure(np.asarray(sol.y)[:, :n]), seconds, {
+                "steps": steps[0], "residuals": int(sol.nfev), "jacobians": int(sol.njev),
+                "seconds_in_callbacks": in_callbacks, "ok": bool(sol.success)}
+
+        return Run("IDA", form, f"rtol = {rtol:g}", go)
+
+    return [run(rtol) for rtol in rtols], {"compile_and_first_call_s": compile_s}
+
+
+# -- a case ------------------------------------------------------------------------------
+
+
+def ladder(runs: list[Run], case: Case, reference, tightest: float, cap: float) -> list[Run]:
+    """Records the runs in turn (loosest first) until one reaches `tightest` or takes
+    longer than `cap` seconds."""
+    done = []
+    for run in runs:
+        done.append(run.record(case, reference))
+        if run.error <= tightest or run.seconds > cap:
+            break
+    return done
+
+
+def cheapest(runs: list[Run], target: float) -> dict[tuple[str, str], Run]:
+    """Per code and setting, the run with the fewest steps among those that reach
+    `target` (by steps, not time: the times of one call are noisy, and with one setting
+    the cost follows the steps)."""
+    best = {}
+    for run in runs:
+        key = (run.code, run.setting)
+        if run.ok and run.error <= target and (
+                key not in best or run.counts["steps"] < best[key].counts["steps"]):
+            best[key] = run
+    return best
+
+
+def run_case(case: Case, settings: Settings, cache: dict) -> dict:
+    print(f"\n## {case.label}\n", flush=True)
+    began = time.perf_counter()
+    result: dict = {"case": case.name, "label": case.label, "t1": case.t1,
+                    "saved_times": len(case.ts), "unit": case.unit}
+    solves = compiled_solves(case, settings.solvers, cache)
+    result["compile_s"] = {name: s for name, (_, s) in solves.items()}
+    reference_run = jaxdae_run(case, "Dopri8", solves["Dopri8"][0], REFERENCE_RTOL,
+                               REFERENCE_ATOL)
+    values, seconds, counts = reference_run.go()
+    reference = values
+    if case.scale == 0.0:
+        case.scale = float(np.max(np.abs(reference)))
+    result["reference"] = {"solver": "Dopri8", "rtol": REFERENCE_RTOL, "atol": REFERENCE_ATOL,
+                           "seconds": seconds, **counts}
+    print(f"  reference (Dopri8, rtol {REFERENCE_RTOL:g}): {counts['steps']} steps, "
+          f"{seconds:.1f} s", flush=True)
+    ladder_cap, final_cap = case.cap
+    runs: list[Run] = []
+    targets: dict[str, float] = {}
+    if case.exudyn is not None:
+        if case.name == "governor":
+            result["agreement"] = exudyn_agreement(case, reference, settings)
+        steps_h = [4e-3 * 0.5**k for k in range(5)] if case.name == "chain" else [
+            2e-3 * 0.5**k for k in range(4)]
+        exudyn = [exudyn_run(case, EXUDYN_DEFAULT, h).record(case, reference) for h in steps_h]
+        for setting in list(EXUDYN_SETTINGS)[1:]:
+            exudyn += [exudyn_run(case, setting, h).record(case, reference)
+                       for h in (2 * EXUDYN_TARGET_H, EXUDYN_TARGET_H, EXUDYN_TARGET_H / 2)]
+        # Exudyn's accuracy at h = 5e-4: that of its most accurate setting there (a
+        # setting whose Newton iteration stops early adds its own error)
+        at_target = min((r for r in exudyn if r.knob == f"h = {EXUDYN_TARGET_H:g}"),
+                        key=lambda r: r.error)
+        targets[f"Exudyn at h = {EXUDYN_TARGET_H:g}"] = at_target.error
+        result["exudyn_target_setting"] = at_target.setting
+        runs += exudyn
+    if case.ida:
+        for target in IDA_TARGETS:
+            targets[f"{target:g}"] = target
+    if not targets:
+        targets = {f"{target:g}": target for target in IDA_TARGETS}
+    tightest = min(targets.values())
+    if case.ida:
+        result["ida_compile"] = {}
+        for form in IDA_FORMS:
+            form_runs, info = ida_runs(case, form, settings.ida_rtols)
+            result["ida_compile"][form] = info
+            runs += ladder(form_runs, case, reference, tightest, ladder_cap)
+    for name, (compiled, _) in solves.items():
+        runs += ladder([jaxdae_run(case, name, compiled, rtol)
+                        for rtol in settings.jaxdae_rtols], case, reference, tightest,
+                       ladder_cap)
+        last = runs[-1]
+        print(f"  jaxdae {name}: down to {last.knob}, error {last.error:.2e}, "
+              f"{last.seconds:.2f} s", flush=True)
+    # the chosen runs, timed again in turn
+    chosen = {label: cheapest(runs, target) for label, target in targets.items()}
+    again = list({id(r): r for best in chosen.values() for r in best.values()
+                  if r.seconds <= final_cap}.values())
+    for _ in range(settings.repeats - 1):
+        for run in again:
+            values, seconds, _ = run.go()
+            run.timings.append(seconds)
+    for run in again:
+        run.seconds = float(np.median(run.timings))
+    result["targets"] = targets
+    result["runs"] = [r.row() for r in runs]
+    result["at_target"] = {label: [r.row() for r in best.values()]
+                           for label, best in chosen.items()}
+    result["seconds"] = time.perf_counter() - began
+    print_case(result)
+    return result
+
+
+def exudyn_agreement(case: Case, reference: np.ndarray, settings: Settings) -> dict:
+    """Exudyn at small fixed steps against jaxdae's reference: the two models agree when
+    the differences fall like h² (Exudyn's order) and the Richardson extrapolation of the
+    two finest runs is closer still."""
+    rows, values = [], []
+    for h in settings.exudyn_reference_h:
+        run = exudyn_run(case, EXUDYN_DEFAULT, h)
+        data, seconds, counts = run.go()
+        values.append(data)
+        rows.append({"h": h, "seconds": seconds,
+                     "max_difference": case_error(case, data, reference)})
+        print(f"  Exudyn h = {h:g} against the reference: {rows[-1]['max_difference']:.2e} "
+              f"{case.unit} ({seconds:.1f} s)", flush=True)
+    out = {"exudyn": rows}
+    if len(values) >= 2:
+        (h1, x1), (h2, x2) = zip(settings.exudyn_reference_h[-2:], values[-2:], strict=True)
+        extrapolated = x2 + (x2 - x1) / ((h1 / h2) ** 2 - 1)
+        out["richardson"] = case_error(case, extrapolated, reference)
+        print(f"  Richardson extrapolation of the two: {out['richardson']:.2e} {case.unit}")
+    return out
+
+
+# -- tables ------------------------------------------------------------------------------
+
+
+def counts_text(row: dict) -> str:
+    if "failure" in row:
+        return row["failure"][:60]
+    if row["code"] == "jaxdae":
+        return f"{row['steps']} ({row['rejected']})"
+    if row["code"] == "Exudyn":
+        return f"{row['steps']}, {row['newton_iterations']} Newton it., {row['jacobians']} Jac."
+    return (f"{row['steps']}, {row['residuals']} res., {row['jacobians']} Jac.; "
+            f"{row['seconds_in_callbacks']:.2f} s in callbacks")
+
+
+def seconds_text(row: dict) -> str:
+    repeats = len(row["timings"])
+    return f"{row['seconds']:.3g}" + ("" if repeats > 1 else " (1 run)")
+
+
+def print_case(result: dict) -> None:
+    unit = result["unit"]
+    print(f"\n### {result['label']}: every run\n")
+    print(f"| code | setting | | error ({unit}) | steps etc. | wall [s] |")
+    print("| --- | --- | --- | ---: | --- | ---: |")
+    for row in result["runs"]:
+        print(f"| {row['code']} | {row['setting']} | {row['knob']} | {row['error']:.2e} | "
+              f"{counts_text(row)} | {row['seconds']:.3g} |")
+    for label, rows in result["at_target"].items():
+        target = result["targets"][label]
+        print(f"\n### {result['label']}: cheapest run per code at an error ≤ {target:.2e} "
+              f"({label})\n")
+        print("| code | setting | | error | steps etc. | wall [s] | / fastest | compile [s] |")
+        print("| --- | --- | --- | ---: | --- | ---: | ---: | ---: |")
+        fastest = min((r["seconds"] for r in rows), default=np.nan)
+        for row in sorted(rows, key=lambda r: r["seconds"]):
+            compile_s = (f"{result['compile_s'][row['setting']]:.1f}"
+                         if row["code"] == "jaxdae" else "–")
+            print(f"| {row['code']} | {row['setting']} | {row['knob']} | {row['error']:.2e} | "
+                  f"{counts_text(row)} | {seconds_text(row)} | "
+                  f"{row['seconds'] / fastest:.2f} | {compile_s} |")
+    print(f"\n{result['label']}: {result['seconds']:.0f} s", flush=True)
+
+
+def verdicts(results: list[dict]) -> list[str]:
+    lines = []
+    for result in results:
+        for label, rows in result["at_target"].items():
+            mine = [r for r in rows if r["code"] == "jaxdae"]
+            best = min(mine, key=lambda r: r["seconds"], default=None)
+            explicit = min((r for r in mine if r["setting"] in EXPLICIT),
+                           key=lambda r: r["seconds"], default=None)
+            implicit = min((r for r in mine if r["setting"] in IMPLICIT),
+                           key=lambda r: r["seconds"], default=None)
+            for peer in ("Exudyn", "IDA"):
+                theirs = min((r for r in rows if r["code"] == peer),
+                             key=lambda r: r["seconds"], default=None)
+                if theirs is None:
+                    continue
+                if best is None:
+                    lines.append(f"{result['label']}, error ≤ {label}: no jaxdae run reached "
+                                 f"it; {peer} {theirs['setting']} {theirs['knob']} "
+                                 f"{theirs['seconds']:.3g} s")
+                    continue
+                lines.append(
+                    f"{result['label']}, error ≤ {label}: jaxdae {best['setting']} "
+                    f"{best['knob']} {best['seconds']:.3g} s against {peer} "
+                    f"{theirs['setting']} {theirs['knob']} {theirs['seconds']:.3g} s: "
+                    f"{best['seconds'] / theirs['seconds']:.2f}×")
+            if explicit is not None and implicit is not None:
+                lines.append(
+                    f"{result['label']}, error ≤ {label}: best jaxdae implicit "
+                    f"({implicit['setting']}, {implicit['knob']}, {implicit['seconds']:.3g} s) "
+                    f"/ best explicit ({explicit['setting']}, {explicit['knob']}, "
+                    f"{explicit['seconds']:.3g} s) = "
+                    f"{implicit['seconds'] / explicit['seconds']:.2f}")
+    return lines
+
+
+def peers_available() -> tuple[bool, bool]:
+    try:
+        import exudyn  # noqa: F401
+        have_exudyn = True
+    except ImportError:
+        have_exudyn = False
+        print("exudyn is not installed: Exudyn's runs are skipped (pip install exudyn)")
+    try:
+        import sksundae.ida  # noqa: F401
+        have_ida = True
+    except ImportError:
+        have_ida = False
+        print("scikit-sundae is not installed: IDA's runs are skipped "
+              "(pip install scikit-sundae)")
+    return have_exudyn, have_ida
+
+
+def commit() -> str:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "jaxdae"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" with uncommitted changes in jaxdae/" if dirty else "")
+
+
+def main():
+    args = parse_args(NAME, __doc__.splitlines()[0], only=True)
+    settings = QUICK if args.quick else FULL
+    out = output_dir(args.out, NAME)
+    began = time.perf_counter()
+    load = os.getloadavg()[0]
+    have_exudyn, have_ida = peers_available()
+    cases = make_cases(settings, have_exudyn, have_ida)
+    if args.only:
+        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+        cases = {k: v for k, v in cases.items() if any(w in k for w in wanted)}
+    revision = commit()
+    versions = {"jax": jax.__version__}
+    if have_exudyn:
+        import exudyn
+
+        versions["exudyn"] = exudyn.__version__
+    if have_ida:
+        import sksundae
+
+        versions["scikit-sundae"] = sksundae.__version__
+    cache: dict = {}
+    results = []
+    for case in cases.values():
+        results.append(run_case(case, settings, cache))
+        lines = verdicts(results)
+        total = time.perf_counter() - began
+        # after every case, so that a long run stopped half way keeps its finished cases
+        write_json(out / f"{NAME}.json", {
+            "results": results, "verdicts": lines, "quick": args.quick,
+            "settings": settings._asdict(), "seconds": total, "load_average": load,
+            "load_average_end": os.getloadavg()[0], "commit": revision, "versions": versions})
+    lines = verdicts(results)
+    print("\n### Verdicts\n")
+    for line in lines:
+        print(f"- {line}")
+    total = time.perf_counter() - began
+    print(f"\ntotal {total:.0f} s; load average at the start {load:.1f}, at the end "
+          f"{os.getloadavg()[0]:.1f}; jaxdae at {revision}")
+    print(f"wrote {out / (NAME + '.json')}")
+
+
+if __name__ == "__main__":
+    main()
