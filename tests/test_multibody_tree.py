@@ -3,6 +3,7 @@ equations derived by automatic differentiation, against the same bodies and join
 absolute coordinates, loops closed by constraints, gradients against central differences,
 URDF import and the errors of what it cannot build."""
 
+import contextlib
 from pathlib import Path
 
 import equinox as eqx
@@ -45,29 +46,52 @@ def mixed():
     return mb.TreeMechanism(*mixed_parts())
 
 
-def _recursive(on: bool):
-    """Every tree takes the recursive path (`on`) or the threshold's choice again; the
-    compiled functions traced with the other choice are dropped."""
-    _thresholds.ARTICULATED_MIN_BODIES = 1 if on else _DEFAULT_MIN_BODIES
+@contextlib.contextmanager
+def _recursive_path():
+    """Every tree traced inside takes the recursive path (the threshold's choice after)."""
+    default = _thresholds.ARTICULATED_MIN_BODIES
+    _thresholds.ARTICULATED_MIN_BODIES = 1
     tree_levels.cache_clear()
-    jax.clear_caches()
-
-
-_DEFAULT_MIN_BODIES = _thresholds.ARTICULATED_MIN_BODIES
+    try:
+        yield
+    finally:
+        _thresholds.ARTICULATED_MIN_BODIES = default
+        tree_levels.cache_clear()
 
 
 @pytest.fixture
 def articulated():
-    _recursive(True)
-    yield
-    _recursive(False)
+    """The recursive path for the whole test; the functions compiled before and during it
+    are dropped (their traces hold the other choice)."""
+    jax.clear_caches()
+    with _recursive_path():
+        yield
+    jax.clear_caches()
 
 
+def test_a_long_chain_takes_the_articulated_solve():
+    """A chain of 12 links (hinges about alternating axes) takes the recursive path; its
+    factor's solve with the forces and the identity equals `M⁻¹` of the dense `M`."""
+    links = [mb.RigidBody(f"l{i}", 0.1, 1e-4 * np.eye(3), {"end": (0.0, 0.0, -0.1)})
+             for i in range(12)]
+    hinges = [mb.Revolute("ground" if i == 0 else f"l{i - 1}.end", f"l{i}",
+                          axis=(0, 1, i % 2)) for i in range(12)]
+    chain = mb.TreeMechanism(links, hinges, [mb.Gravity()])
+    assert tree_levels(chain.topology) is not None
+    terms = _terms(chain, jnp.linspace(0.0, 1.0, 12), jnp.ones(12))
+    factor = terms.mass_operator.factor
+    assert isinstance(factor, ArticulatedFactor)
+    rhs = jnp.concatenate([terms.forces[:, None], jnp.eye(12)], axis=1)
+    solution = eqx.filter_jit(lambda f, b: f.solve(b))(factor, rhs)
+    np.testing.assert_allclose(solution, np.linalg.solve(terms.mass_matrix, rhs), rtol=0,
+                               atol=1e-12 * float(jnp.max(jnp.abs(solution))))
+
+
+@pytest.mark.slow
 def test_articulated_solve_is_the_inverse_mass():
     """The articulated-body factor of a tree with every kind of joint and a loop closed by
     a ball joint: its solve with the forces and `Jᵀ` equals `M⁻¹` of the dense `M`, and
-    its forces (Newton–Euler's sums in the same pass) those of the dense path. A long
-    chain takes this path, the small tree the dense one."""
+    its forces (Newton–Euler's sums in the same pass) those of the dense path."""
     bodies, joints, forces = mixed_parts()
     tree = mb.TreeMechanism(bodies, joints + [mb.Spherical("slide.c", "weld.f")], forces)
     assert tree.closure_joints == ("spherical_1",) and tree_levels(tree.topology) is None
@@ -75,27 +99,22 @@ def test_articulated_solve_is_the_inverse_mass():
     q = tree.reference_coordinates() + 0.3 * jnp.asarray(rng.normal(size=13))
     v = jnp.asarray(rng.normal(size=13))
 
-    def solved(model, q, v):
-        terms = model.terms(0.0, q, v)
-        rhs = jnp.concatenate([terms.forces[:, None], terms.jacobian.T], axis=1)
-        return terms, terms.mass_operator.factor.solve(rhs), rhs
+    factors = []
 
-    dense, _, _ = jax.jit(solved)(tree, q, v)
-    try:
-        _recursive(True)
-        terms, solution, rhs = jax.jit(solved)(tree, q, v)
-    finally:
-        _recursive(False)
-    assert isinstance(terms.mass_operator.factor, ArticulatedFactor)
-    assert rhs.shape == (13, 4)
-    np.testing.assert_allclose(solution, np.linalg.solve(terms.mass_matrix, rhs),
-                               rtol=0, atol=1e-12 * float(jnp.max(jnp.abs(solution))))
-    np.testing.assert_allclose(terms.forces, dense.forces, rtol=0, atol=1e-12)
-    links = [mb.RigidBody(f"l{i}", 0.1, 1e-4 * np.eye(3), {"end": (0.0, 0.0, -0.1)})
-             for i in range(12)]
-    hinges = [mb.Revolute("ground" if i == 0 else f"l{i - 1}.end", f"l{i}", axis=(0, 1, 0))
-              for i in range(12)]
-    assert tree_levels(mb.TreeMechanism(links, hinges).topology) is not None
+    @jax.jit
+    def both(q, v):  # one compiled function: the dense path's forces, the recursive terms
+        dense = tree.terms(0.0, q, v)
+        with _recursive_path():
+            terms = tree.terms(0.0, q, v)
+        factors.append(terms.mass_operator.factor)
+        rhs = jnp.concatenate([terms.forces[:, None], terms.jacobian.T], axis=1)
+        return dense.forces, terms.forces, terms.mass_matrix, factors[0].solve(rhs), rhs
+
+    dense_forces, forces, mass, solution, rhs = both(q, v)
+    assert isinstance(factors[0], ArticulatedFactor) and rhs.shape == (13, 4)
+    np.testing.assert_allclose(solution, np.linalg.solve(mass, rhs), rtol=0,
+                               atol=1e-12 * float(jnp.max(jnp.abs(solution))))
+    np.testing.assert_allclose(forces, dense_forces, rtol=0, atol=1e-12)
 
 
 @eqx.filter_jit

@@ -50,6 +50,17 @@ def apply_inertia(parts, v: Float[Array, "*b 6"]) -> Float[Array, "*b 6"]:
     return jnp.concatenate([angular, mass[..., None] * u + jnp.cross(w, first)], axis=-1)
 
 
+def mat_mul(a: Float[Array, "*b i j"], b: Float[Array, "*b j k"]) -> Float[Array, "*b i k"]:
+    """`a @ b` of batches of small matrices as a broadcast product and a sum, which XLA
+    fuses with its neighbours, where a batched dot is a kernel of its own."""
+    return jnp.sum(a[..., :, :, None] * b[..., None, :, :], axis=-2)
+
+
+def mat_vec(a: Float[Array, "*b i j"], x: Float[Array, "*b j"]) -> Float[Array, "*b i"]:
+    """`a @ x` of batches of small matrices and vectors (as [`mat_mul`][])."""
+    return jnp.sum(a * x[..., None, :], axis=-1)
+
+
 # `w̃_ij = −ε_ijk w_k`: the cross-product matrices of a batch of vectors in one product
 _LEVI_CIVITA = np.zeros((3, 3, 3))
 for _i, _j, _k in ((0, 1, 2), (1, 2, 0), (2, 0, 1)):

@@ -33,6 +33,8 @@ from ._spatial import (
     axis_rotation,
     force_cross,
     inertia_parts,
+    mat_mul,
+    mat_vec,
     motion_cross,
     rate_map,
     unit_rotation,
@@ -229,20 +231,20 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 u, turn, slide = (parameters[start][k] for k in ("u", "turn", "slide"))
                 theta = coords[start:stop, 0]
                 joint_rot = axis_rotation(u, turn * theta)
-                offset = s_a + jnp.einsum("bij,bj->bi", o_a, (slide * theta)[:, None] * u)
+                offset = s_a + mat_vec(o_a, (slide * theta)[:, None] * u)
             else:
                 joint_rot = unit_rotation(coords[start:stop, :4])
                 offset = s_a
-            rot = o_a @ joint_rot @ jnp.swapaxes(o_b, 1, 2)
+            rot = mat_mul(mat_mul(o_a, joint_rot), jnp.swapaxes(o_b, 1, 2))
             local_rot.append(rot)
-            local_pos.append(offset - jnp.einsum("bij,bj->bi", rot, s_b))
+            local_pos.append(offset - mat_vec(rot, s_b))
         rotations, centres = jnp.concatenate(local_rot), jnp.concatenate(local_pos)
         eye, zero = jnp.asarray(np.eye(3)[None], dtype), jnp.zeros((1, 3), dtype)
         for jump in top.jumps:
             first_rot = take(jnp.concatenate([rotations, eye]), np.asarray(jump))
             first_pos = take(jnp.concatenate([centres, zero]), np.asarray(jump))
-            centres = first_pos + jnp.einsum("bij,bj->bi", first_rot, centres)
-            rotations = first_rot @ rotations
+            centres = first_pos + mat_vec(first_rot, centres)
+            rotations = mat_mul(first_rot, rotations)
         parent = np.asarray([len(top.order) if i < 0 else i for i in top.parent])
         if SPHERICAL in top.kinds:
             parent_rot = take(jnp.concatenate([rotations, eye]), parent)
@@ -264,19 +266,18 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 u, turn, slide = (parameters[start][k] for k in ("u", "turn", "slide"))
                 s_b, o_b = parameters[start]["s_b"], parameters[start]["o_b"]
                 rotation = rotations[start:stop]
-                axis = jnp.einsum("bij,bj->bi", rotation, jnp.einsum("bij,bj->bi", o_b, u))
-                point = centres[start:stop] + jnp.einsum("bij,bj->bi", rotation, s_b)
+                axis = mat_vec(rotation, mat_vec(o_b, u))
+                point = centres[start:stop] + mat_vec(rotation, s_b)
                 subspace = jnp.concatenate([
                     turn[:, None] * axis,
                     turn[:, None] * jnp.cross(point, axis) + slide[:, None] * axis,
                 ], axis=1)[:, :, None]
             else:
                 s_a, o_a = parameters[start]["s_a"], parameters[start]["o_a"]
-                frame_a = parent_rot[start:stop] @ o_a
-                point_a = parent_pos[start:stop] + jnp.einsum(
-                    "bij,bj->bi", parent_rot[start:stop], s_a)
+                frame_a = mat_mul(parent_rot[start:stop], o_a)
+                point_a = parent_pos[start:stop] + mat_vec(parent_rot[start:stop], s_a)
                 p = coords[start:stop, :4]
-                w = frame_a @ rate_map(p)
+                w = mat_mul(frame_a, rate_map(p))
                 subspace = jnp.concatenate(
                     [w, jnp.cross(point_a[:, :, None], w, axis=1)], axis=1)
             subspaces.append(jnp.pad(subspace, ((0, 0), (0, 0), (0, width - subspace.shape[2]))))
@@ -322,7 +323,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         dtype = centres.dtype
         masses = jnp.stack([self.bodies[b].mass for b in order]).astype(dtype)
         inertia = jnp.stack([self.bodies[b].inertia for b in order]).astype(dtype)
-        rotational = rotations @ inertia @ jnp.swapaxes(rotations, 1, 2)
+        rotational = mat_mul(mat_mul(rotations, inertia), jnp.swapaxes(rotations, 1, 2))
         return inertia_parts(masses, centres, rotational)
 
     def _radial(self, dtype):
