@@ -98,13 +98,6 @@ MAX_ELEMENTS = 1024
 
 MAX_WORK = 6_000
 
-# -- Batches with the batch innermost (`_compilation/_lanes.py`) -----------------------------
-
-# Contractions over up to this many entries are unrolled into multiply-adds of whole rows of
-# the batch (each elementwise over the batch); longer ones are left to `jax.vmap`'s batched
-# product.
-LANE_CONTRACTION_MAX = 32
-
 # -- Structured terms (`_systems/_structure.py`) ---------------------------------------------
 
 # Systems with at most this many coordinates keep the dense derivation (one batched JVP over
