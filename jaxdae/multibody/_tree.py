@@ -78,8 +78,12 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
     Body Dynamics Algorithms* (2008), ch. 2): the bodies' poses are found level by level from
     the ground, each level's bodies as one batch; the velocity-dependent and gravity forces
     come from the recursive Newton–Euler algorithm (Featherstone's Table 5.1), the mass
-    matrix from the composite-rigid-body algorithm (Table 6.2), the sums along the tree's
-    paths as products with its ancestor matrix. Joints that do not belong to the tree
+    matrix from the composite-rigid-body algorithm (Table 6.2). The terms carry `M` with its
+    factor: for a tree of fewer than `ARTICULATED_MIN_BODIES` bodies the sums along its paths
+    are products with its ancestor matrix and `M` is factored by Cholesky; a larger tree sums
+    along its paths by pointer jumping and factors `M` by the articulated-body algorithm
+    (Table 7.1, in `_articulated.py`), `O(n)` per
+    right-hand side. Joints that do not belong to the tree
     (those that close loops, and those of kinds that cannot carry a body: universal,
     cylindrical, distance, ...) contribute their residuals as holonomic constraints, so
     that only the loop-closure equations are constraints.
