@@ -76,6 +76,7 @@ import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+import optimistix as optx  # noqa: E402
 from _common import exudyn_solve, output_dir, parse_args, write_json  # noqa: E402
 from stiff_integration import (  # noqa: E402  # pyright: ignore[reportMissingImports]
     arm_case,
@@ -96,19 +97,23 @@ IDA_TARGETS = (1e-3, 1e-6)
 JAXDAE_RTOLS = (1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9)
 IDA_RTOLS = (1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8)
 EXPLICIT = ("Tsit5", "Dopri8")
-IMPLICIT = ("Kvaerno5", "Rodas5P", "GeneralizedAlpha")
+# jaxdae's generalized-α at Exudyn's fixed steps, ρ∞ and Newton tolerance: the same method
+# (on the cases with Exudyn)
+FIXED_GA = "GeneralizedAlpha, fixed h, ρ∞ = 0.9"
+IMPLICIT = ("Kvaerno5", "Rodas5P", "GeneralizedAlpha", FIXED_GA)
 # Exudyn's settings: the defaults of its generalized-α (index 3, ρ∞ = 0.9, modified Newton
 # to a relative 1e-8) with Eigen's dense LU, and two cheaper variants
 EXUDYN_DEFAULT = "index 3, ρ∞ = 0.9, Newton rel. 1e-8"
 EXUDYN_SETTINGS = {
     EXUDYN_DEFAULT: {},
     "index 3, ρ∞ = 0.9, Newton rel. 1e-6": {"timeIntegration.newton.relativeTolerance": 1e-6},
-    "index 2 (Newmark β = 0.3025, γ = 0.6)": {
+    "index 2, Newmark β = ¼, γ = ½": {
         "timeIntegration.generalizedAlpha.useIndex2Constraints": True,
         "timeIntegration.generalizedAlpha.useNewmark": True,
-        "timeIntegration.generalizedAlpha.newmarkBeta": 0.3025,
-        "timeIntegration.generalizedAlpha.newmarkGamma": 0.6},
+        "timeIntegration.generalizedAlpha.newmarkBeta": 0.25,
+        "timeIntegration.generalizedAlpha.newmarkGamma": 0.5},
 }
+
 
 
 def solver(name: str) -> diffrax.AbstractSolver:
@@ -131,7 +136,7 @@ class Settings(NamedTuple):
 
 
 FULL = Settings(10.0, 1.0, 2.0, (2e-4, 1e-4),
-                {"governor": (25.0, 8.0), "chain": (8.0, 4.0), "small": (4.0, 2.0)}, 3,
+                {"governor": (25.0, 12.0), "chain": (8.0, 4.0), "small": (4.0, 2.0)}, 3,
                 JAXDAE_RTOLS, IDA_RTOLS, EXPLICIT + IMPLICIT)
 # the smoke run: short horizons, one solver (Dopri8, which also gives the reference: the
 # implicit solvers' compiles of the governor take minutes)
@@ -352,6 +357,48 @@ def compiled_solves(case: Case, names, cache: dict) -> dict:
     return out
 
 
+def compiled_fixed_ga(case: Case, cache: dict):
+    """The compiled solve `(params, q0, v0, h) -> ...` of `GeneralizedAlpha(0.9)` at the
+    fixed step `h` (its Newton iteration to a relative 1e-8, absolute 1e-10, as Exudyn's),
+    and its compile time."""
+    key = (case.share, FIXED_GA)
+    if key not in cache:
+        params, static = eqx.partition(case.system, _is_jax_array)
+        ts = jnp.asarray(case.ts)
+
+        def solve(params, q0, v0, h):
+            sol = jaxdae.simulate(
+                eqx.combine(params, static), case.formulation, 0.0, case.t1, q0, v0, ts=ts,
+                solver=jaxdae.GeneralizedAlpha(0.9, root_finder=optx.Chord(rtol=1e-8,
+                                                                           atol=1e-10)),
+                stepsize_controller=diffrax.ConstantStepSize(), dt0=h, max_steps=2_000_000,
+                throw=False)
+            return (sol.q, sol.stats["num_accepted_steps"], sol.stats["num_rejected_steps"],
+                    sol.succeeded)
+
+        start = time.perf_counter()
+        compiled = jax.jit(solve).lower(params, case.q0, case.v0, 1e-3).compile()
+        cache[key] = (compiled, time.perf_counter() - start)
+        print(f"  compiled jaxdae {FIXED_GA} for {case.name}: {cache[key][1]:.1f} s",
+              flush=True)
+        jax.block_until_ready(compiled(params, case.q0, case.v0, case.t1 / 10))
+    return cache[key]
+
+
+def fixed_ga_run(case: Case, compiled, h: float) -> Run:
+    params = eqx.filter(case.system, _is_jax_array)
+
+    def go():
+        start = time.perf_counter()
+        q, accepted, rejected, succeeded = jax.block_until_ready(
+            compiled(params, case.q0, case.v0, h))
+        seconds = time.perf_counter() - start
+        return case.measure(np.asarray(q)), seconds, {
+            "steps": int(accepted), "rejected": int(rejected), "ok": bool(succeeded)}
+
+    return Run("jaxdae", FIXED_GA, f"h = {h:g}", go)
+
+
 def _is_jax_array(x) -> bool:
     # NumPy arrays in a model stay static: models use them while tracing
     return isinstance(x, jax.Array)
@@ -533,7 +580,7 @@ def run_case(case: Case, settings: Settings, cache: dict) -> dict:
     began = time.perf_counter()
     result: dict = {"case": case.name, "label": case.label, "t1": case.t1,
                     "saved_times": len(case.ts), "unit": case.unit}
-    solves = compiled_solves(case, settings.solvers, cache)
+    solves = compiled_solves(case, [n for n in settings.solvers if n != FIXED_GA], cache)
     result["compile_s"] = {name: s for name, (_, s) in solves.items()}
     reference_run = jaxdae_run(case, "Dopri8", solves["Dopri8"][0], REFERENCE_RTOL,
                                REFERENCE_ATOL)
@@ -564,6 +611,10 @@ def run_case(case: Case, settings: Settings, cache: dict) -> dict:
         targets[f"Exudyn at h = {EXUDYN_TARGET_H:g}"] = at_target.error
         result["exudyn_target_setting"] = at_target.setting
         runs += exudyn
+        if FIXED_GA in settings.solvers:
+            compiled, result["compile_s"][FIXED_GA] = compiled_fixed_ga(case, cache)
+            runs += [fixed_ga_run(case, compiled, h).record(case, reference)
+                     for h in (2 * EXUDYN_TARGET_H, EXUDYN_TARGET_H, EXUDYN_TARGET_H / 2)]
     if case.ida:
         for target in IDA_TARGETS:
             targets[f"{target:g}"] = target
@@ -630,6 +681,8 @@ def exudyn_agreement(case: Case, reference: np.ndarray, settings: Settings) -> d
 def counts_text(row: dict) -> str:
     if "failure" in row:
         return row["failure"][:60]
+    if not row["ok"]:
+        return "failed" + (f" after {row['steps']} steps" if "steps" in row else "")
     if row["code"] == "jaxdae":
         return f"{row['steps']} ({row['rejected']})"
     if row["code"] == "Exudyn":
