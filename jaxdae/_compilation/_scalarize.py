@@ -570,6 +570,11 @@ def _iota(aval, params) -> _Value:
     return _from_array(values, aval.dtype)
 
 
+# Equations whose outputs a scalar graph does not compute: a broadcast repeats scalars it
+# already has, and a call's outputs are those of the equations inside it (counted there).
+_NOT_COMPUTED = frozenset({"broadcast_in_dim"}) | _CALLS
+
+
 def _sizes(jaxpr) -> tuple[int, int]:
     """`(largest array, total entries computed)` of a jaxpr, calls included."""
     largest = max([math.prod(getattr(v.aval, "shape", ()))
@@ -578,7 +583,8 @@ def _sizes(jaxpr) -> tuple[int, int]:
     for eqn in jaxpr.eqns:
         for var in eqn.outvars:
             size = math.prod(getattr(var.aval, "shape", ()))
-            largest, work = max(largest, size), work + size
+            largest = max(largest, size)
+            work += 0 if eqn.primitive.name in _NOT_COMPUTED else size
         inner = eqn.params.get("jaxpr")
         if eqn.primitive.name in _CALLS and inner is not None:
             inner_largest, inner_work = _sizes(getattr(inner, "jaxpr", inner))
