@@ -38,9 +38,14 @@ Four studies, each written to OUT/stiff_integration/ (summary.json, figures):
    the Cartesian arm's and on a test ODE `A y − 0.01 y³`; Kvaerno5's steps and its step size after the transient with the chord
    iteration stopped at `kappa` = 1e-2 and 1e-4 of the tolerance; an n × n LU factorization
    and nine solves by `jax.scipy.linalg` and by lineax, n = 4 … 128.
+5. **Independent stiff codes** (`crosscheck`): scipy's Radau and BDF, SUNDIALS' CVODE.
+6. **Global error on the flyball governor** (`global_error`): Rodas5P's and the configured
+   Kvaerno5's error at rtol 1e-3 against time, split into the phase of the rotation and
+   the rest, and their error estimates against the true local errors of sampled steps.
 
     OPENBLAS_NUM_THREADS=1 python experiments/studies/stiff_integration.py --out output [--quick]
-        [--study configuration|work_precision|gradients|step_costs]... [--case TEXT]...
+        [--study configuration|work_precision|gradients|step_costs|crosscheck|global_error]...
+        [--case TEXT]...
 """
 
 import os
@@ -265,6 +270,8 @@ def stats(sol, wall):
 
 def configuration_study(quick):
     """Study 1: Kvaerno5 as diffrax builds it, configured, and Tsit5."""
+    import optimistix as optx
+
     rows = []
     arm = jaxdae.examples.TwoLinkManipulator()
     q0, v0 = arm.initial_state()
@@ -275,16 +282,24 @@ def configuration_study(quick):
     runs.append(("spring pendulum (k = 1e6)", system, formulation, q0, v0, 1e-6, 1e-9))
     for label, system, formulation, q0, v0, rtol, atol in progress(runs, "configuration",
                                                                    unit="case"):
+        # the formulation's ODE solved by `diffrax.diffeqsolve` itself: `simulate` would
+        # configure the `VeryChord` of Kvaerno5 as diffrax builds it
+        term = diffrax.ODETerm(_ode(system, formulation))
         for name, solver in (("Tsit5", diffrax.Tsit5()),
                              ("Kvaerno5 (diffrax's VeryChord)", diffrax.Kvaerno5()),
                              ("Kvaerno5 (configure_implicit)",
                               jaxdae.configure_implicit(diffrax.Kvaerno5(), rtol, atol))):
-            solve = jax.jit(lambda q0, v0, solver=solver, system=system, formulation=formulation,
-                            rtol=rtol, atol=atol: jaxdae.simulate(
-                                system, formulation, 0.0, T1, q0, v0, solver=solver, rtol=rtol,
-                                atol=atol, max_steps=200_000, throw=False))
-            sol, wall = timed(solve, q0, v0, repeats=1 if "VeryChord" in name else 5)
-            rows.append(dict(case=label, solver=name, rtol=rtol, atol=atol, **stats(sol, wall)))
+            solve = jax.jit(lambda y0, solver=solver, term=term, rtol=rtol, atol=atol:
+                            diffrax.diffeqsolve(
+                                term, solver, 0.0, T1, None, y0, max_steps=200_000,
+                                throw=False, stepsize_controller=diffrax.PIDController(
+                                    rtol=rtol, atol=atol, norm=optx.rms_norm)))
+            sol, wall = timed(solve, jnp.concatenate([q0, v0]),
+                              repeats=1 if "VeryChord" in name else 5)
+            rows.append(dict(case=label, solver=name, rtol=rtol, atol=atol,
+                             steps=int(sol.stats["num_accepted_steps"]),
+                             rejected=int(sol.stats["num_rejected_steps"]), time_ms=1e3 * wall,
+                             succeeded=bool(sol.result == diffrax.RESULTS.successful)))
     return rows
 
 
@@ -720,7 +735,81 @@ def _rigid_double_pendulum(rtols, t0=0.05):
     return {"runs": rows, "fewest_steps_at_1e-6": _fewest_steps(rows)}
 
 
-STUDIES = ("configuration", "work_precision", "gradients", "step_costs", "crosscheck")
+def global_error(quick):
+    """Study 6: where the error of Rodas5P and the configured Kvaerno5 on the flyball
+    governor comes from, at rtol 1e-3 (atol 1e-6) over [0, 10] s ([0, 2] s with --quick).
+    (a) Its error in `q` (relative to max |q_ref|, against Tsit5 at rtol 1e-12) at 21 times,
+    split into the error of the rods' azimuth (the phase of the free rotation about the
+    shaft) and what remains of the rod's position error once the numerical rod is rotated
+    back by that phase error. (b) The step's error estimate against its true local error:
+    accepted steps sampled evenly along the run, each redone from its own start and
+    compared with Tsit5 at rtol 1e-13 from there, both in the controller's RMS norm
+    (`atol + rtol max(|y₀|, |y₁|)`)."""
+    import optimistix as optx
+
+    system, formulation, q0, v0, _ = governor_case()
+    f = _ode(system, formulation)
+    term = diffrax.ODETerm(f)
+    y0 = jnp.concatenate([q0, v0])
+    n, t1, rtol = q0.size, (2.0 if quick else 10.0), 1e-3
+    ts = jnp.linspace(0.0, t1, 21)
+
+    def controller(rtol, atol):
+        return diffrax.PIDController(rtol=rtol, atol=atol, norm=optx.rms_norm)
+
+    reference = np.asarray(diffrax.diffeqsolve(
+        term, diffrax.Tsit5(), 0.0, t1, None, y0, saveat=diffrax.SaveAt(ts=ts),
+        max_steps=10**6, stepsize_controller=controller(1e-12, 1e-14)).ys)
+    scale = np.max(np.abs(reference[:, :n]))
+    rod = 14  # rod1's centre (x, y, z): the coordinates of the third body
+    out = {}
+    for name, solver in (("Rodas5P", jaxdae.Rodas5P()),
+                         ("Kvaerno5 (configured)",
+                          jaxdae.configure_implicit(diffrax.Kvaerno5(), rtol, 1e-3 * rtol))):
+        def run(saveat, solver=solver):
+            return diffrax.diffeqsolve(term, solver, 0.0, t1, None, y0, saveat=saveat,
+                                       max_steps=100_000, throw=False,
+                                       stepsize_controller=controller(rtol, 1e-3 * rtol))
+
+        ys = np.asarray(run(diffrax.SaveAt(ts=ts)).ys)
+        error = np.max(np.abs(ys[:, :n] - reference[:, :n]), axis=1) / scale
+        azimuth = np.unwrap(np.arctan2(ys[:, rod + 1], ys[:, rod]))
+        phase = azimuth - np.unwrap(np.arctan2(reference[:, rod + 1], reference[:, rod]))
+        c, s = np.cos(-phase), np.sin(-phase)
+        back = np.stack([c * ys[:, rod] - s * ys[:, rod + 1],
+                         s * ys[:, rod] + c * ys[:, rod + 1], ys[:, rod + 2]], 1)
+        without_phase = np.max(np.abs(back - reference[:, rod:rod + 3]), axis=1) / scale
+        steps = run(diffrax.SaveAt(steps=True))
+        step_ts = np.asarray(steps.ts)
+        kept = np.isfinite(step_ts)
+        starts = np.concatenate([[0.0], step_ts[kept]])
+        states = np.concatenate([np.asarray(y0)[None], np.asarray(steps.ys)[kept]])
+        one_step = jax.jit(lambda a, b, y, solver=solver: solver.step(
+            term, a, b, y, None, solver.init(term, a, b, y, None), False)[:2])
+        exact = jax.jit(lambda a, b, y: diffrax.diffeqsolve(
+            term, diffrax.Tsit5(), a, b, None, y, max_steps=10**6,
+            stepsize_controller=controller(1e-13, 1e-15)).ys[-1])
+        local = []
+        for i in np.linspace(0, len(starts) - 2, 6 if quick else 12).astype(int):
+            a, b, y = jnp.asarray(starts[i]), jnp.asarray(starts[i + 1]), jnp.asarray(states[i])
+            y1, estimate = one_step(a, b, y)
+            weight = 1e-3 * rtol + rtol * np.maximum(np.abs(states[i]), np.abs(np.asarray(y1)))
+            rms = lambda e, weight=weight: float(np.sqrt(np.mean((np.asarray(e) / weight) ** 2)))  # noqa: E731
+            local.append({"t": float(starts[i]), "h": float(starts[i + 1] - starts[i]),
+                          "estimate": rms(estimate), "true": rms(y1 - exact(a, b, y))})
+        late = slice(2, None)
+        growth = np.polyfit(np.log(np.asarray(ts)[late]), np.log(np.abs(phase[late]) + 1e-300),
+                            1)[0]
+        out[name] = {"rtol": rtol, "steps": int(steps.stats["num_accepted_steps"]),
+                     "ts": np.asarray(ts).tolist(), "error": error.tolist(),
+                     "rod_phase_error_rad": phase.tolist(),
+                     "rod_error_without_phase": without_phase.tolist(),
+                     "phase_error_growth_exponent": float(growth), "local": local}
+    return out
+
+
+STUDIES = ("configuration", "work_precision", "gradients", "step_costs", "crosscheck",
+           "global_error")
 
 
 def main(out: Path, quick: bool = False, studies=STUDIES, only=None) -> dict:
@@ -730,13 +819,14 @@ def main(out: Path, quick: bool = False, studies=STUDIES, only=None) -> dict:
     grads = gradients(quick) if "gradients" in studies else []
     costs = step_costs(quick) if "step_costs" in studies else {}
     checks = crosscheck(quick) if "crosscheck" in studies else {}
+    governor = global_error(quick) if "global_error" in studies else {}
     best = {f"{target:g}": {case: at_target(rows, target) for case, rows in precision.items()}
             for target in TARGETS}
     write_json(folder / "summary.json", dict(target_relative_errors=TARGETS, t1=T1,
                                              configuration=configuration,
                                              work_precision=precision, at_target=best,
                                              gradients=grads, step_costs=costs,
-                                             crosscheck=checks))
+                                             crosscheck=checks, global_error=governor))
     if precision:
         _plot(folder, precision)
 
@@ -762,6 +852,15 @@ def main(out: Path, quick: bool = False, studies=STUDIES, only=None) -> dict:
                      f"{row['forward_ms']:.2f} |")
     if costs:
         table += _cost_table(costs)
+    for name, result in governor.items():
+        table += ["", f"| governor, {name} at rtol {result['rtol']:g}: t | error | rod phase "
+                  "error [rad] | rod error without the phase |", "|---|---|---|---|"]
+        table += [f"| {t:g} | {e:.1e} | {p:+.1e} | {w:.1e} |" for t, e, p, w in zip(
+            result["ts"], result["error"], result["rod_phase_error_rad"],
+            result["rod_error_without_phase"], strict=True)][::4]
+        table += ["", "| t | h | estimate | true local error |", "|---|---|---|---|"]
+        table += [f"| {r['t']:.3g} | {r['h']:.2g} | {r['estimate']:.2g} | {r['true']:.2g} |"
+                  for r in result["local"]]
     for case, result in checks.items():
         if "runs" not in result:
             table += ["", "| h | estimate (stiff, slow) | true local error (stiff, slow) |",
