@@ -11,7 +11,7 @@ import lineax as lx
 import numpy as np
 import optimistix as optx
 
-from .._compilation._linalg import spd_solve
+from .._compilation._linalg import lu_factor, lu_solve, spd_solve
 from .._formulations._base import AbstractFormulation
 from .._formulations._pseudo_inverse import PseudoInverse
 from .._solution import RESULTS
@@ -62,14 +62,14 @@ def _split(x, step):
 def _residual(x, args):
     """The step's equations in units of position: `c (M q̈ + Gᵀλ − Q)` with `μ = c λ`,
     `Φ(t, q)` and `h Ψ(t, q, v)`; `x = (q, μ)` flat. Kept: the holonomic rows of the
-    constraint Jacobian, `Φ_q`."""
+    constraint Jacobian, `Φ_q`, and `M`."""
     system, t, step = args
     q, mu = _split(x, step)
     v, qdd, _ = step.unpack(q)
     terms = system.terms(t, q, v)
     dynamics = step.c * (terms.mass_matrix @ qdd - terms.forces) + terms.jacobian.T @ mu
     residual = jnp.concatenate([dynamics, terms.phi, step.h * terms.psi])
-    return residual, terms.jacobian[:terms.num_holonomic]
+    return residual, (terms.jacobian[:terms.num_holonomic], terms.mass_matrix)
 
 
 def _iteration_matrix(x, args):
@@ -95,20 +95,25 @@ def _iteration_matrix(x, args):
     return jnp.concatenate([top, bottom], 0)
 
 
-def _tangential(phi_q, error, least_squares: bool):
-    """`error` without its part across the position constraints, `Φ_qᵀ (Φ_q Φ_qᵀ)⁻¹ Φ_q
-    error`: the step holds `Φ(q) = 0` to the Newton tolerance whatever the step size, and
-    that part of `a_{n+1} − a_n` is the velocity drift `Φ̇ = O(h²)` of the index-3 method
-    divided by the step (`Φ(q̂) ≈ h Φ̇`), which does not shrink with the step."""
+def _tangential(kept, error, least_squares: bool):
+    """`error` without its part along `M⁻¹ Φ_qᵀ`, `W (Φ_q W)⁻¹ Φ_q error` with `W = M⁻¹
+    Φ_qᵀ` (`kept = (Φ_q, M)` at the step's end): the oblique projection onto the
+    tangent space of the position constraints along the directions in which the
+    multipliers move the positions. The step holds `Φ(q) = 0` to the Newton tolerance
+    whatever the step size, and that part of `a_{n+1} − a_n` is the index-3 method's
+    velocity drift `Φ̇ = O(h²)` over the step (`Φ(q̂) ≈ h Φ̇`, corrected through `M⁻¹
+    Φ_qᵀ μ`), which does not shrink with the step."""
+    phi_q, mass = kept
     if phi_q.shape[0] == 0:
         return error
-    gram = phi_q @ phi_q.T
+    across = spd_solve(mass, phi_q.T)  # W
+    gram = phi_q @ across
     rhs = phi_q @ error
     if least_squares:
-        across = jnp.linalg.pinv(gram, hermitian=True) @ rhs
+        coefficients = jnp.linalg.pinv(gram) @ rhs
     else:
-        across = spd_solve(gram, rhs)
-    return error - phi_q.T @ across
+        coefficients = lu_solve(lu_factor(gram), rhs)
+    return error - across @ coefficients
 
 
 def _coefficient(args):
@@ -171,9 +176,9 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
     (α_m − α_f) h)`, leaves `h³ (β − 1/6 + (α_m − α_f)/2) q⃛` in the positions, and
     `a_{n+1} − a_n ≈ h q⃛`, so `e = h² (β − 1/6 + (α_m − α_f)/2) (a_{n+1} − a_n)` (for
     Newmark's average acceleration, `ρ∞ = 1`, the classical `h² (β − 1/6)(a_{n+1} −
-    a_n)` of Zienkiewicz & Xie). Its part across the position constraints is dropped (the
-    step holds `Φ = 0` whatever its size; that part is the index-3 velocity drift over
-    `h`). The controller is given `e/h`, the error per unit step (Shampine), with
+    a_n)` of Zienkiewicz & Xie). Its part along `M⁻¹ Φ_qᵀ` is dropped (an oblique
+    projection onto the constraints' tangent space: the step holds `Φ = 0` whatever its
+    size, and that part is the index-3 velocity drift over `h`). The controller is given `e/h`, the error per unit step (Shampine), with
     `error_order = 2`: the local errors of a run then add up to about `(t1 − t0)` times
     the tolerance, where per-step control (`e`) let them add up to the number of steps
     times it. The velocities' entries of the estimate are zero. A step whose Newton
@@ -305,12 +310,12 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
             measure=_measure,
             norm=finder.norm, kappa=_KAPPA, max_steps=self.root_find_max_steps,
             least_squares=_solves_least_squares(self), rcond=_rcond(self))
-        x, matrix, converged, _, phi_q = newton_solve(
+        x, matrix, converged, _, kept_terms = newton_solve(
             guess, (system, t1, step), kept, finder.rtol, finder.atol, options=options)
         q1, mu = _split(x, step)
         v1, qdd1, a1 = step.unpack(q1)
         # The local error of the positions, per unit step (see the docstring).
-        local = _tangential(phi_q, hb * (beta - 1 / 6 + (alpha_m - alpha_f) / 2) * (a1 - a0),
+        local = _tangential(kept_terms, hb * (beta - 1 / 6 + (alpha_m - alpha_f) / 2) * (a1 - a0),
                             options.least_squares)
         q_error = jnp.where(converged, local / h, jnp.inf)
         y1 = (q1, v1)
