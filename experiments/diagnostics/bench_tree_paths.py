@@ -2,7 +2,7 @@
 of chains of 8 to 64 links and of the humanoid, each path in its own process.
 
 The dense path sums along the tree's paths by products with its ancestor matrix and factors the
-composite-rigid-body `M` by Cholesky; the recursive one sums by pointer jumping and solves with
+composite-rigid-body `M` by Cholesky; the recursive one sums along paths and solves with
 the articulated-body factor, one level of bodies per step of a loop. `ARTICULATED_MIN_BODIES`
 (`jaxdae/_thresholds.py`) chooses between them; this script forces each in turn (the threshold
 patched to 1 or to a number larger than any tree) and reports, per model, the CPU and wall time

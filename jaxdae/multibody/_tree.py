@@ -22,7 +22,12 @@ from .._systems._system import (
     cast_floating,
     holonomic_terms,
 )
-from ._articulated import articulated_factor, inertia_matrices, tree_levels
+from ._articulated import (
+    articulated_factor,
+    inertia_matrices,
+    level_path_sums,
+    tree_levels,
+)
 from ._body import GROUND, Ground, RigidBody
 from ._force import AbstractForce, Gravity
 from ._joint import AbstractJoint, Fixed, Prismatic, Revolute
@@ -81,12 +86,11 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
     matrix from the composite-rigid-body algorithm (Table 6.2). The terms carry `M` with its
     factor: for a tree of fewer than `ARTICULATED_MIN_BODIES` bodies the sums along its paths
     are products with its ancestor matrix and `M` is factored by Cholesky; a larger tree sums
-    along its paths by pointer jumping and factors `M` by the articulated-body algorithm
-    (Table 7.1, in `_articulated.py`), `O(n)` per
-    right-hand side. Joints that do not belong to the tree
-    (those that close loops, and those of kinds that cannot carry a body: universal,
-    cylindrical, distance, ...) contribute their residuals as holonomic constraints, so
-    that only the loop-closure equations are constraints.
+    along its paths one level of bodies at a time and factors `M` by the articulated-body
+    algorithm (Table 7.1, in `_articulated.py`), `O(n)` per right-hand side. Joints that do not
+    belong to the tree (those that close loops, and those of kinds that cannot carry a
+    body: universal, cylindrical, distance, ...) contribute their residuals as holonomic
+    constraints, so that only the loop-closure equations are constraints.
 
     It is an ordinary jaxdae system: every formulation, [`jaxdae.simulate`][],
     [`jaxdae.linearize`][], [`jaxdae.tune`][] and the gradients work on it, with respect to
@@ -312,14 +316,12 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
 
     def _path_sums(self, x: Float[Array, "b 6"]) -> Float[Array, "b 6"]:
         """Each body's sum of `x` over its path from the ground (itself included): a
-        product with the ancestor matrix, or for a deep tree (`tree_levels`) by pointer
-        jumping, each round adding the partial sum of the body a pointer reaches
-        (`⌈log₂ d⌉` rounds of `O(b)` work)."""
-        if tree_levels(self.topology) is None:
+        product with the ancestor matrix, or for a large tree (`tree_levels`) one level of
+        bodies per step of a loop from the ground (`level_path_sums`)."""
+        levels = tree_levels(self.topology)
+        if levels is None:
             return self._ancestors(x.dtype).T @ x
-        for jump in self.topology.jumps:
-            x = x + take(x, np.asarray(jump))
-        return x
+        return level_path_sums(levels, x)
 
     def _inertias(self, rotations, centres):
         """The bodies' `(m, h, I_O)` (see `_spatial.py`) in the order of positions."""
