@@ -120,7 +120,7 @@ SPARSE_MAX_DENSITY = 0.3
 # constraints, one column more in the solve for `q̈` (`_accelerations`).
 PROJECTED_ITERATIONS = 2
 
-# -- Rodas5P (`_integration/_rosenbrock.py`) -------------------------------------------------
+# -- Rodas5P and FusedChord (`_integration/_jacobian.py`, `_linalg.factor_for_solves`) ----------
 
 # Up to this many tangents the linearized vector field is applied to each in turn, beyond
 # it to all at once with `jax.vmap`. The batched products of `vmap` (batched dot_generals,
