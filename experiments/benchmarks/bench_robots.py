@@ -27,8 +27,9 @@ MuJoCo (its own URDF compiler, the model checked against jaxdae's reading of the
 - **Batch of 1,024 on the CPU**: rates perturbed by N(0, 0.1^2) (member 0 unperturbed),
   1 s at the cheapest integrator's h, `mujoco.rollout` with 2 threads; trajectories per
   second.
-- **MJX on the CPU**: `jax.vmap(mjx.step)` in `jax.lax.scan`, jit-compiled, batch 1,024,
-  float64 (`jax_enable_x64`, as jaxdae), in a child process with a compile-time limit; the
+- **MJX on the CPU**: `jax.vmap(mjx.step)` in `jax.lax.scan`, jit-compiled, batch 1,024
+  split over the two CPU devices (one per core, as the rollout's 2 threads), float64
+  (`jax_enable_x64`, as jaxdae), in a child process with a compile-time limit; the
   compile time apart. Where the whole second would take too long, a fraction of its steps
   is timed and the time scaled (the tables say which fraction).
 
@@ -36,13 +37,17 @@ jaxdae (`jaxdae_rows`): `load_urdf(...).mechanism()`, the joint-coordinate
 `TreeMechanism`, from the same start, against the MuJoCo reference (a `MujocoReference`,
 also written to OUT/bench_robots/reference_<robot>.npz): the time to the same joint error
 at its cheapest setting (Tsit5 or Dopri8, the loosest tolerance that reaches it), one
-right-hand side in a compiled loop, and the batch of 1,024 as one `simulate_ensemble`.
+right-hand side in a compiled loop, and the batch of 1,024 as one `simulate_ensemble` (one
+device) and as `jaxdae.batch_map(..., ensemble=True, mesh=...)` of `simulate_ensemble` over
+the two CPU devices, in chunks of `batch_chunk(model)` trajectories. The script starts JAX
+with `--xla_force_host_platform_device_count=2` (two CPU devices, one per core).
 
     python experiments/benchmarks/bench_robots.py [--out output] [--quick] [--only humanoid]
     # prints Markdown tables, writes OUT/bench_robots/bench_robots.json
 """
 
 import contextlib
+import functools
 import io
 import json
 import multiprocessing
@@ -54,6 +59,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
+
+# The batches run on both cores as two CPU devices (XLA reads this once, when JAX starts
+# its backend): MJX and jaxdae split the batch over them, as MuJoCo's rollout runs 2 threads.
+THREADS = 2
+_DEVICES = f"--xla_force_host_platform_device_count={THREADS}"
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _DEVICES).strip()
 
 import diffrax  # noqa: E402
 import equinox as eqx  # noqa: E402
@@ -79,7 +91,6 @@ RATE = 0.5  # rad/s (m/s) on joints 0, 2, 4, ...
 SPREAD = 0.1  # the batch's rates: RATE pattern + N(0, SPREAD^2)
 BATCH = 1024
 POINTS = 101  # reference samples over [0, T1]
-THREADS = 2
 INTEGRATORS = {"RK4": mujoco.mjtIntegrator.mjINT_RK4,
                "Euler": mujoco.mjtIntegrator.mjINT_EULER,
                "implicitfast": mujoco.mjtIntegrator.mjINT_IMPLICITFAST}
@@ -582,7 +593,7 @@ def batch_rollout(path: Path, joints: JointMap, rates, integrator: str, steps: i
 
 def _mjx_child(queue, path, joint_names, rates, integrator, steps, seconds):
     """In a child process: compile `jax.vmap(mjx.step)` in a `lax.scan` of a chunk of the
-    steps, report the compile time, then run chunks until all `steps` ran or `seconds`
+    steps (the batch split over the CPU devices, one per core), report the compile time, then run chunks until all `steps` ran or `seconds`
     passed. Puts `("compiled", s)` and then `("done", dict)` (or `("error", text)`) on
     `queue`."""
     try:
@@ -599,9 +610,18 @@ def _mjx_child(queue, path, joint_names, rates, integrator, steps, seconds):
         qvel = np.zeros((rates.shape[0], model.nv))
         qvel[:, joints.dofs] = rates
         batch = jax.vmap(lambda v: blank.replace(qvel=v))(jnp.asarray(qvel))
+        devices = jax.device_count()
+        split = None
+        if rates.shape[0] % devices == 0:  # the batch split over the CPU devices (cores)
+            mesh = jax.make_mesh((devices,), ("batch",),
+                                 axis_types=(jax.sharding.AxisType.Auto,))
+            split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch"))
+            batch = jax.device_put(batch, split)
         chunk = max(d for d in range(1, 21) if steps % d == 0)
 
-        @jax.jit
+        # (The output keeps the input's sharding, also for its empty arrays, so that it
+        # can be passed back in.)
+        @functools.partial(jax.jit, in_shardings=split, out_shardings=split)
         def run(data):
             def step(data, _):
                 return jax.vmap(mjx.step, in_axes=(None, 0))(device_model, data), None
@@ -619,6 +639,7 @@ def _mjx_child(queue, path, joint_names, rates, integrator, steps, seconds):
             done += chunk
         queue.put(("done", {"seconds": elapsed * steps / done, "fraction": done / steps,
                             "chunk": chunk, "dtype": str(batch.qpos.dtype),
+                            "devices": len(batch.qpos.sharding.device_set),
                             "q0_end": np.asarray(batch.qpos[0])[joints.qpos] if done == steps
                             else None}))
     except Exception as error:  # reported in the table, the benchmark goes on
@@ -633,7 +654,7 @@ def batch_mjx(path: Path, joint_names, rates, integrator: str, steps: int,
     Returns `{"compile_s", "seconds"` (for the whole second, scaled), `"fraction"`,
     `"per_s"`, `"dtype"`, `"error0"`, `"note"}` (`None` where it did not get there)."""
     out = {"compile_s": None, "seconds": None, "fraction": None, "per_s": None,
-           "dtype": None, "error0": None, "note": ""}
+           "dtype": None, "error0": None, "devices": None, "note": ""}
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     child = context.Process(target=_mjx_child, args=(queue, path, tuple(joint_names),
@@ -653,7 +674,8 @@ def batch_mjx(path: Path, joint_names, rates, integrator: str, steps: int,
             out["note"] = value
             return out
         out.update(seconds=value["seconds"], fraction=value["fraction"],
-                   per_s=rates.shape[0] / value["seconds"], dtype=value["dtype"])
+                   per_s=rates.shape[0] / value["seconds"], dtype=value["dtype"],
+                   devices=value["devices"])
         if value["q0_end"] is not None:
             out["error0"] = joint_error(value["q0_end"], q_ref)
     except Exception:  # queue.Empty: too slow
@@ -667,7 +689,7 @@ def batch_mjx(path: Path, joint_names, rates, integrator: str, steps: int,
 
 
 MJX_NOT_RUN = {"compile_s": None, "seconds": None, "fraction": None, "per_s": None,
-               "dtype": None, "error0": None}
+               "dtype": None, "error0": None, "devices": None}
 
 
 def mjx_skipped(name: str, settings: Settings) -> str | None:
@@ -803,7 +825,51 @@ def jaxdae_rows(robot_name: str, urdf_path: Path, mujoco_reference: MujocoRefere
     wall = _median_times(lambda: ensemble(model, positions, rates0), max(1, reps // 2))[0]
     rows["batch"] = {"compile_s": compile_s, "per_s": rates0.shape[0] / wall,
                      "error0": joint_error(np.asarray(q1[0]), q_ref), "size": rates0.shape[0]}
+    rows["batch_devices"] = jaxdae_devices_batch(model, formulation, solvers[best["solver"]],
+                                                 best["tolerance"], rates0, q_ref, reps)
     return rows
+
+
+def batch_chunk(model) -> int | None:
+    """Trajectories per ensemble on each device for `jaxdae_devices_batch`: the device's
+    whole share where the right-hand side is one scalar graph (its batch is elementwise
+    over the trajectories, and a larger ensemble spreads the step's own work further), else
+    `ARRAY_FORM_CHUNK`."""
+    return None if len(model.coordinate_names) <= ARRAY_FORM_CHUNK_MAX else ARRAY_FORM_CHUNK
+
+
+# An array-form right-hand side's batch works on arrays whose size grows with the batch
+# (about 10 kB per trajectory for the humanoid): ensembles of 8 keep them in the cache, and
+# each takes only the steps its own 8 trajectories need.
+ARRAY_FORM_CHUNK = 8
+ARRAY_FORM_CHUNK_MAX = 8  # coordinates; the arm's (4) right-hand side is a scalar graph
+
+
+def jaxdae_devices_batch(model, formulation, solver, tolerance, rates0, q_ref, reps) -> dict:
+    """The batch as a user splits it over the CPU devices (one per core):
+    `jaxdae.batch_map(run, q0, v0, ensemble=True, mesh=mesh, chunk_size=batch_chunk(model))`,
+    `run` a `jaxdae.simulate_ensemble` of the chunk. Trajectories per second (compile apart)
+    and member 0's joint error."""
+    devices = jax.device_count()
+    mesh = jax.make_mesh((devices,), ("batch",), axis_types=(jax.sharding.AxisType.Auto,))
+    chunk = batch_chunk(model)
+
+    def run(positions, rates0):
+        return jaxdae.simulate_ensemble(
+            model, formulation, 0.0, T1, positions, rates0, solver=solver, rtol=tolerance,
+            atol=tolerance).q_final
+
+    def batch():
+        return jaxdae.batch_map(run, jnp.zeros_like(rates0), rates0, chunk_size=chunk,
+                                mesh=mesh, ensemble=True)
+
+    began = time.perf_counter()
+    q1 = jax.block_until_ready(batch())
+    compile_s = time.perf_counter() - began
+    wall, cpu = _median_times(batch, max(1, reps // 2))
+    return {"compile_s": compile_s, "per_s": rates0.shape[0] / wall, "cpu_s": cpu,
+            "wall_s": wall, "error0": joint_error(np.asarray(q1[0]), q_ref),
+            "devices": devices, "chunk": chunk, "size": rates0.shape[0]}
 
 
 # -- the cost against the length of a chain -------------------------------------------------
@@ -953,12 +1019,15 @@ def print_tables(results: list[dict], settings: Settings) -> None:
     print(f"\n### Batch of {settings.batch:,} over {T1:.0f} s on the CPU ({os.cpu_count()} "
           "cores)\n")
     print("| robot | integrator, steps | MuJoCo rollout, 2 threads [traj/s] | MJX compile [s] | "
-          "MJX [traj/s] | MJX member 0 Δq(1) | jaxdae compile [s] | jaxdae [traj/s] |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "MJX [traj/s] | MJX member 0 Δq(1) | jaxdae compile [s] | jaxdae [traj/s] | "
+          "jaxdae over the devices: chunk, compile [s] | [traj/s] | member 0 Δq(1) | "
+          "/ MJX |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
     notes = []
     for r in results:
         ro, mx = r["rollout"], r["mjx"]
         jb = _part(r["jaxdae"], "batch") or {}
+        jd = _part(r["jaxdae"], "batch_devices") or {}
         ro_text = f"{ro['per_s']:.3g}" + (f" ({ro['fraction']:.0%} timed)"
                                           if ro["fraction"] < 1 else "")
         mx_text = _f(mx["per_s"], ".3g") + (f" ({mx['fraction']:.0%} timed)"
@@ -967,7 +1036,16 @@ def print_tables(results: list[dict], settings: Settings) -> None:
               f"{_f(mx['compile_s'], '.1f')} | {mx_text} | {_f(mx['error0'], '.1e')} | "
               f"{_f(jb.get('compile_s'), '.1f')} | {_f(jb.get('per_s'), '.3g')}"
               + (f" (batch of {jb['size']})" if jb.get("size", settings.batch) < settings.batch
-                 else "") + " |")
+                 else "") + f" | {_f(jd.get('chunk'), 'd') if jd else DASH}, "
+              f"{_f(jd.get('compile_s'), '.1f')} | {_f(jd.get('per_s'), '.3g')} | "
+              f"{_f(jd.get('error0'), '.1e')} | "
+              f"{_f(jd['per_s'] / mx['per_s'] if jd and mx['per_s'] else None, '.1f')} |")
+        if jd:
+            notes.append(f"{r['robot']}: jaxdae over {jd['devices']} devices, chunks of "
+                         f"{jd['chunk'] or 'the whole share'}: {jd['cpu_s']:.3g} s of CPU for "
+                         f"{jd['wall_s']:.3g} s of wall time")
+        if mx.get("devices"):
+            notes.append(f"{r['robot']}: MJX's batch split over {mx['devices']} CPU devices")
         if mx["note"]:
             notes.append(f"{r['robot']}: MJX {mx['note']}")
         if mx["dtype"]:
