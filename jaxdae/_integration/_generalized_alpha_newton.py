@@ -43,7 +43,7 @@ COEFFICIENT_RATIO = 1 / 0.6
 
 
 # Increments below this many units of rounding of the largest unknown end the iteration.
-_ROUNDING = float(16 * jnp.finfo(jnp.float64).eps)
+_ROUNDING_UNITS = 16
 
 
 class IterationMatrix(eqx.Module):
@@ -150,7 +150,8 @@ def _iterate(x0: Array, args: Any, kept: IterationMatrix, rtol, atol,
         size = options.norm(measured / (atol + rtol * jnp.abs(reference)))
         finite = jnp.isfinite(size)
         # An increment at the rounding level of `x` cannot shrink further.
-        rounding = jnp.max(jnp.abs(delta)) <= _ROUNDING * jnp.max(jnp.abs(s.x))
+        rounding = jnp.max(jnp.abs(delta)) <= (_ROUNDING_UNITS * jnp.finfo(s.x.dtype).eps
+                                               * jnp.max(jnp.abs(s.x)))
         # No rate before a second increment with the same matrix: `nan`, which fails
         # every comparison below.
         rate = jnp.where(jnp.isfinite(previous), size / previous, jnp.nan)
