@@ -254,6 +254,12 @@ def configure_implicit(solver: diffrax.AbstractSolver, rtol, atol,
     builds it and configured, on the two-link arm and on a stiff spring pendulum, and
     measures the cost of a step (`experiments/studies/stiff_integration.py`).
 
+    A successful solve means that each step's estimated local error was within the
+    tolerance, not that the solution is within it: along a neutrally stable direction (the
+    phase of a free rotation) the local errors add up over the run, as
+    [`jaxdae.Rodas5P`][]'s docstring and the guide's flyball governor show; there choose
+    `rtol` for the global error over the horizon.
+
     **Arguments:**
 
     - `solver`: any diffrax solver.
