@@ -82,8 +82,9 @@ BAND_CHOLESKY_MIN_WIDTH = 2
 # -- Trees in joint coordinates (`multibody/_tree.py`, `multibody/_articulated.py`) --------
 
 # Trees of at least this many bodies take the recursive path: sums along paths and `M⁻¹`
-# by the articulated-body algorithm, one level of bodies per step of a loop, `O(n)`; smaller ones keep the products with the ancestor matrix and the dense
-# factorization of `M`, which their scalar graphs and fused kernels make cheaper
+# by the articulated-body algorithm, one level of bodies per step of a loop, `O(n)`;
+# smaller ones keep the products with the ancestor matrix and the dense factorization of
+# `M`, which their scalar graphs and fused kernels make cheaper
 # (docs/design_measurements.md#articulated-bodies).
 ARTICULATED_MIN_BODIES = 12
 
