@@ -81,6 +81,7 @@ def test_a_long_chain_takes_the_articulated_solve():
     terms = _terms(chain, jnp.linspace(0.0, 1.0, 12), jnp.ones(12))
     factor = terms.mass_operator.factor
     assert isinstance(factor, ArticulatedFactor)
+    np.testing.assert_allclose(terms.momenta, terms.mass_matrix @ jnp.ones(12), atol=1e-13)
     rhs = jnp.concatenate([terms.forces[:, None], jnp.eye(12)], axis=1)
     solution = eqx.filter_jit(lambda f, b: f.solve(b))(factor, rhs)
     np.testing.assert_allclose(solution, np.linalg.solve(terms.mass_matrix, rhs), rtol=0,
@@ -152,6 +153,8 @@ def test_recursive_dynamics_are_lagranges_equations(mixed):
     mass, forces = _lagrange(undamped, q, v)
     np.testing.assert_allclose(terms.mass_matrix, mass, atol=1e-13)
     np.testing.assert_allclose(undamped_terms.forces, forces, atol=1e-12)
+    # The momenta the terms carry are the system's: a solve's diagnostics read them there.
+    np.testing.assert_allclose(terms.momenta, mass @ v, atol=1e-12)
     assert float(jnp.linalg.eigvalsh(terms.mass_matrix)[0]) > 0
     rate = jax.jvp(lambda q_: jnp.linalg.norm(mixed.marker_position(q_, "weld")
                                               - mixed.marker_position(q_, "ball.h")), (q,), (v,))[1]

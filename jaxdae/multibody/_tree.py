@@ -591,7 +591,9 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                                     factor)
         return cast_floating(ConstrainedTerms(
             mass, forces, phi, dphi, jnp.zeros((0,), q.dtype), jacobian, gamma,
-            energy=energy, mass_operator=operator), q.dtype)
+            # The momenta `M v` come along (one product with the `M` computed here), so
+            # that a solve's diagnostics do not trace the terms a second time for them.
+            energy=energy, momenta=mass @ v, mass_operator=operator), q.dtype)
 
     def potential_energy(self, t, q, motion=None) -> Float[Array, ""]:
         """The force elements' potential energy (gravity's included)."""
