@@ -149,6 +149,19 @@ def test_generalized_alpha_adaptive_meets_constraints_and_reference():
     np.testing.assert_allclose(sol.multipliers, ref.multipliers, rtol=1e-3)
 
 
+def test_generalized_alpha_init_eagerly_and_traced():
+    """The start's consistent accelerations and multipliers, called outside `jit` and
+    under it: the same, and those of the index-1 equations (`Unstabilized`)."""
+    solver, args = jaxdae.GeneralizedAlpha(), (PENDULUM, BAUMGARTE)
+    eager = solver.init(None, 0.0, T1, (Q0, V0), args)
+    traced = jax.jit(lambda q, v: solver.init(None, 0.0, T1, (q, v), args))(Q0, V0)
+    expected, multipliers = jaxdae.Unstabilized().accelerations(PENDULUM.terms(0.0, Q0, V0))
+    for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(traced), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(eager[1], expected, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(eager[2], multipliers, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.slow
 def test_generalized_alpha_redundant_constraints_with_a_least_squares_newton_solve():
     """The pendulum with its constraint written twice: the start's least-squares

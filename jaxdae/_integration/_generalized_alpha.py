@@ -12,8 +12,9 @@ import numpy as np
 import optimistix as optx
 
 from .._compilation._linalg import lu_factor, lu_solve, spd_solve
+from .._compilation._linear_solvers import PositiveSemidefinitePseudoInverse
 from .._formulations._base import AbstractFormulation
-from .._formulations._pseudo_inverse import PseudoInverse
+from .._formulations._multipliers import multiplier_solve
 from .._solution import RESULTS
 from .._systems._system import AbstractSystem
 from ._generalized_alpha_newton import IterationMatrix, NewtonOptions, newton_solve
@@ -366,9 +367,12 @@ def _solves_least_squares(solver: GeneralizedAlpha) -> bool:
 
 def _consistent(system, t, q, v):
     """`(q̈, multipliers)` of the index-1 equations `Φ̈ = 0`, `Ψ̇ = 0` at `(t, q, v)`: the
-    least-squares multipliers (`PseudoInverse` without stabilization), so that redundant
-    constraints, whose `G M⁻¹ Gᵀ` is singular, start from finite accelerations."""
-    return PseudoInverse(0.0, 0.0).accelerations(system.terms(t, q, v))
+    least-squares multipliers (those of [`jaxdae.PseudoInverse`][] without stabilization:
+    its solve for the unstabilized right-hand side `G q̈ = bias`), so that redundant
+    constraints, whose `G M⁻¹ Gᵀ` is singular, start from finite accelerations. Built
+    without a formulation, whose gain checks refuse zero gains outside `jit`."""
+    terms = system.terms(t, q, v)
+    return multiplier_solve(terms, terms.bias, PositiveSemidefinitePseudoInverse(None))
 
 
 def _system(y0, args) -> AbstractSystem:
