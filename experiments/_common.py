@@ -148,3 +148,45 @@ def exudyn_solve(exu, mbs, sensor, t1: float, steps: int, *, singular_jacobian: 
     if isinstance(sensor, (list, tuple)):
         return [mbs.GetSensorStoredData(s) for s in sensor], elapsed
     return mbs.GetSensorStoredData(sensor), elapsed
+
+
+def exudyn_governor_system(exu, model, q0, v0):
+    """The flyball governor in Exudyn, from jaxdae's `model` at the state `(q0, v0)`: every
+    body a rigid body (Euler parameters, its mass, inertia and pose), the joints as Exudyn's
+    revolute and prismatic joints at the same points and axes, the spring–dampers between
+    the same markers. Returns the system container (which owns the system: keep it), the
+    system and the Exudyn numbers of the bodies by name."""
+    import numpy as np
+    from exudyn.utilities import ObjectGround, RigidBodyInertia
+
+    import jaxdae.multibody as mb
+    from jaxdae.examples._flyball_governor import REST, C, K
+
+    container = exu.SystemContainer()
+    mbs = container.AddSystem()
+    numbers = {"ground": mbs.AddObject(ObjectGround())}
+    for body in model.bodies:
+        inertia = np.asarray(body.inertia)
+        numbers[body.name] = mbs.CreateRigidBody(
+            inertia=RigidBodyInertia(mass=float(body.mass), inertiaTensor=np.diag(inertia)
+                                     if inertia.ndim == 1 else inertia),
+            referencePosition=list(np.asarray(model.marker_position(q0, body.name))),
+            referenceRotationMatrix=np.asarray(model.marker_rotation(q0, body.name)),
+            initialVelocity=list(np.asarray(model.marker_velocity(q0, v0, body.name))),
+            initialAngularVelocity=list(np.asarray(model.angular_velocity(q0, v0, body.name))),
+            gravity=[0.0, 0.0, -9.81])
+    for joint in model.joints:
+        items = [numbers[joint.a.split(".")[0]], numbers[joint.b.split(".")[0]]]
+        position = list(np.asarray(model.marker_position(q0, joint.a)))
+        axis = list(np.asarray(model.marker_rotation(q0, joint.a) @ joint.axis))
+        create = (mbs.CreateRevoluteJoint if isinstance(joint, mb.Revolute)
+                  else mbs.CreatePrismaticJoint)
+        create(itemNumbers=items, position=position, axis=axis)
+    for force in model.forces[1:]:
+        (body_a, marker_a), (body_b, marker_b) = (ref.split(".") for ref in force.markers)
+        mbs.CreateSpringDamper(
+            itemNumbers=[numbers[body_a], numbers[body_b]],
+            localPosition0=list(np.asarray(model.body(body_a).markers[marker_a])),
+            localPosition1=list(np.asarray(model.body(body_b).markers[marker_b])),
+            referenceLength=REST, stiffness=K, damping=C)
+    return container, mbs, numbers

@@ -79,7 +79,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optimistix as optx  # noqa: E402
-from _common import exudyn_solve, output_dir, parse_args, write_json  # noqa: E402
+from _common import (  # noqa: E402
+    exudyn_governor_system,
+    exudyn_solve,
+    output_dir,
+    parse_args,
+    write_json,
+)
 from stiff_integration import (  # noqa: E402  # pyright: ignore[reportMissingImports]
     arm_case,
     chain_case,
@@ -88,7 +94,6 @@ from stiff_integration import (  # noqa: E402  # pyright: ignore[reportMissingIm
 )
 
 import jaxdae  # noqa: E402
-import jaxdae.multibody as mb  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -186,39 +191,10 @@ def exudyn_governor(model, q0, v0):
     prismatic joints at the same points and axes, the spring–dampers between the same
     markers; a position sensor on the slider and on each rod."""
     import exudyn as exu
-    from exudyn.utilities import ObjectGround, RigidBodyInertia, SensorBody
-
-    from jaxdae.examples._flyball_governor import REST, C, K
+    from exudyn.utilities import SensorBody
 
     def build():
-        mbs = exu.SystemContainer().AddSystem()
-        numbers = {"ground": mbs.AddObject(ObjectGround())}
-        for body in model.bodies:
-            numbers[body.name] = mbs.CreateRigidBody(
-                inertia=RigidBodyInertia(mass=float(body.mass),
-                                         inertiaTensor=np.diag(np.asarray(body.inertia))
-                                         if np.ndim(body.inertia) == 1
-                                         else np.asarray(body.inertia)),
-                referencePosition=list(np.asarray(model.marker_position(q0, body.name))),
-                referenceRotationMatrix=np.asarray(model.marker_rotation(q0, body.name)),
-                initialVelocity=list(np.asarray(model.marker_velocity(q0, v0, body.name))),
-                initialAngularVelocity=list(np.asarray(model.angular_velocity(q0, v0,
-                                                                              body.name))),
-                gravity=[0.0, 0.0, -9.81])
-        for joint in model.joints:
-            items = [numbers[joint.a.split(".")[0]], numbers[joint.b.split(".")[0]]]
-            position = list(np.asarray(model.marker_position(q0, joint.a)))
-            axis = list(np.asarray(model.marker_rotation(q0, joint.a) @ joint.axis))
-            create = (mbs.CreateRevoluteJoint if isinstance(joint, mb.Revolute)
-                      else mbs.CreatePrismaticJoint)
-            create(itemNumbers=items, position=position, axis=axis)
-        for force in model.forces[1:]:
-            (body_a, marker_a), (body_b, marker_b) = (ref.split(".") for ref in force.markers)
-            mbs.CreateSpringDamper(
-                itemNumbers=[numbers[body_a], numbers[body_b]],
-                localPosition0=list(np.asarray(model.body(body_a).markers[marker_a])),
-                localPosition1=list(np.asarray(model.body(body_b).markers[marker_b])),
-                referenceLength=REST, stiffness=K, damping=C)
+        _, mbs, numbers = exudyn_governor_system(exu, model, q0, v0)
         sensors = [mbs.AddSensor(SensorBody(bodyNumber=numbers[name], storeInternal=True,
                                             outputVariableType=exu.OutputVariableType.Position))
                    for name in ("slider", "rod1", "rod2")]

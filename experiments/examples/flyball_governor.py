@@ -33,11 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxdae
-import jaxdae.multibody as mb
 from jaxdae.examples._flyball_governor import (
-    REST,
-    C,
-    K,
     governor,
     initial_state,
 )
@@ -47,39 +43,15 @@ def exudyn_s(model, t1, steps):
     """s(t) from Exudyn (`None` where exudyn is not installed)."""
     try:
         import exudyn as exu
-        from exudyn.utilities import ObjectGround, RigidBodyInertia, SensorBody
+        from exudyn.utilities import SensorBody
     except ImportError:
         return None
     q0, v0 = initial_state(model)
-    sc = exu.SystemContainer()
-    mbs = sc.AddSystem()
-    numbers = {"ground": mbs.AddObject(ObjectGround())}
-    for body in model.bodies:
-        numbers[body.name] = mbs.CreateRigidBody(
-            inertia=RigidBodyInertia(mass=float(body.mass), inertiaTensor=np.asarray(body.inertia)),
-            referencePosition=list(np.asarray(model.marker_position(q0, body.name))),
-            referenceRotationMatrix=np.asarray(model.marker_rotation(q0, body.name)),
-            initialVelocity=list(np.asarray(model.marker_velocity(q0, v0, body.name))),
-            initialAngularVelocity=list(np.asarray(model.angular_velocity(q0, v0, body.name))),
-            gravity=[0.0, 0.0, -9.81])
-    for joint in model.joints:
-        items = [numbers[joint.a.split(".")[0]], numbers[joint.b.split(".")[0]]]
-        position = list(np.asarray(model.marker_position(q0, joint.a)))
-        axis = list(np.asarray(model.marker_rotation(q0, joint.a) @ joint.axis))
-        create = (mbs.CreateRevoluteJoint if isinstance(joint, mb.Revolute)
-                  else mbs.CreatePrismaticJoint)
-        create(itemNumbers=items, position=position, axis=axis)
-    for force in model.forces[1:]:
-        (body_a, marker_a), (body_b, marker_b) = (ref.split(".") for ref in force.markers)
-        mbs.CreateSpringDamper(
-            itemNumbers=[numbers[body_a], numbers[body_b]],
-            localPosition0=list(np.asarray(model.body(body_a).markers[marker_a])),
-            localPosition1=list(np.asarray(model.body(body_b).markers[marker_b])),
-            referenceLength=REST, stiffness=K, damping=C)
+    from _common import exudyn_governor_system, exudyn_solve
+
+    container, mbs, numbers = exudyn_governor_system(exu, model, q0, v0)
     sensor = mbs.AddSensor(SensorBody(bodyNumber=numbers["slider"], storeInternal=True,
                                       outputVariableType=exu.OutputVariableType.Position))
-    from _common import exudyn_solve
-
     data, elapsed = exudyn_solve(exu, mbs, sensor, t1, steps)
     return data[:, 0], data[:, 3], elapsed
 
