@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxdae
-from jaxdae._integration._rosenbrock import _linearization
+from jaxdae._integration._jacobian import linearization as jacobian_linearization
 
 DECAY = diffrax.ODETerm(lambda t, y, args: args * y)
 
@@ -96,7 +96,7 @@ def test_coloured_jacobian_equals_the_dense_one():
     y = jnp.linspace(0.1, 1.0, 12)
     t = jnp.asarray(0.3)
     # one program each (eagerly, each operation compiles alone)
-    linearization = jax.jit(_linearization, static_argnums=(0, 3))
+    linearization = jax.jit(jacobian_linearization, static_argnums=(0, 3))
     f0, coloured, f_t = linearization(f, t, y, "coloured")
     _, dense, _ = linearization(f, t, y, "dense")
     np.testing.assert_allclose(coloured, jax.jit(jax.jacfwd(lambda x: f(t, x)))(y), atol=1e-14)

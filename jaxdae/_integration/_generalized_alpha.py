@@ -18,7 +18,7 @@ from .._formulations._multipliers import multiplier_solve
 from .._solution import RESULTS
 from .._systems._system import AbstractSystem
 from ._generalized_alpha_newton import IterationMatrix, NewtonOptions, newton_solve
-from ._rosenbrock import _linearization
+from ._jacobian import linearization
 from ._solvers import AbstractFailureNamingSolver
 
 # The Newton iteration stops once its remaining error is below this fraction of the
@@ -86,7 +86,7 @@ def _iteration_matrix(x, args):
     q, _ = _split(x, step)
     v, _, _ = step.unpack(q)
     terms = system.terms(t, q, v)
-    _, stiffness, _ = _linearization(
+    _, stiffness, _ = linearization(
         lambda time, y: system.terms(time, y, step.unpack(y)[0]).forces, t, q, "coloured")
     m = terms.num_holonomic
     rows = jnp.concatenate([terms.jacobian[:m],

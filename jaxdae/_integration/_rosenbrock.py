@@ -6,12 +6,11 @@ from typing import ClassVar
 import diffrax
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .._compilation._linalg import factor_for_solves, solve_factored
 from .._custom_types import Array, PyTree
-from ._jacobian import check_jacobian, column_seeds, tangent_products
+from ._jacobian import check_jacobian, linearization
 
 # Rodas5P (Steinebach 2023), in the transformed variables of Hairer & Wanner (Solving ODEs
 # II, §IV.7, (7.4')): `(I/(hγ) − J) kᵢ = f(t₀ + cᵢh, y₀ + Σⱼ aᵢⱼ kⱼ) + Σⱼ (Cᵢⱼ/h) kⱼ
@@ -222,7 +221,7 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
         def f(t, x):
             return ravel_pytree(terms.vf(t, unravel(x), args))[0].astype(dtype)
 
-        f0, jacobian, f_t = _linearization(f, t0, y, self.jacobian)
+        f0, jacobian, f_t = linearization(f, t0, y, self.jacobian)
         hg = h * _GAMMA
         factored = factor_for_solves(jnp.eye(y.size, dtype=dtype) - hg * jacobian)
 
@@ -254,15 +253,3 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
     def func(self, terms, t0, y0, args):
         return terms.vf(t0, y0, args)
 
-
-def _linearization(f, t, y, jacobian: str):
-    """`f(t, y)`, `∂f/∂y` and `∂f/∂t` from one `jax.linearize` of `f` and a batch of
-    tangents: one per column of `∂f/∂y` (`"dense"`) or per colour group of its columns
-    (`"coloured"`), and one in `t`."""
-    f0, tangent = jax.linearize(f, t, y)
-    seeds, expand = column_seeds(lambda x: f(t, x), y, jacobian)
-    directions = np.concatenate([seeds, np.zeros((1, y.size))]).astype(y.dtype)
-    in_t = np.zeros(len(directions), t.dtype)
-    in_t[-1] = 1.0
-    products = tangent_products(tangent, in_t, directions)  # (tangents, n)
-    return f0, expand(products[:-1].T), products[-1]
