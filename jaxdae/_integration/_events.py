@@ -136,24 +136,18 @@ def event_settings(system, call, trajectories, t0, q0, v0, eager: bool) -> Event
 
 class ContactState(eqx.Module):
     """The gaps' state during one solve between events, in the solve's arguments:
-    `active`, the resting contacts; `stick` and `sign`, how those with friction stick or
-    slip (see [`ContactModes`][]); `offset`, subtracted from an open gap in its event
+    `modes`, which contacts rest and how those with friction stick or slip (see
+    [`ContactModes`][]); `offset`, subtracted from an open gap in its event
     condition (a gap that starts closed counts as closing again only past the tolerance);
     `slip_offset`, subtracted from a slip's `s v_T` in its condition (a slip that starts
     from rest counts as stopping only past the tolerance); `gains`, `(k_d, k_p)`;
     `tolerance`, [`EventDriven`][]'s gap tolerance."""
 
-    active: Bool[Array, " u"]
-    stick: Bool[Array, " u"]
-    sign: Float[Array, " u"]
+    modes: ContactModes
     offset: Float[Array, " u"]
     slip_offset: Float[Array, " u"]
     gains: tuple[Array, Array]
     tolerance: Array
-
-    @property
-    def modes(self) -> ContactModes:
-        return ContactModes(self.active, self.stick, self.sign)
 
 
 def _contact_setup(system, formulation, contacts, t, q, s, mass_factor):
@@ -180,7 +174,7 @@ def contact_rates(system, formulation, contacts: ContactState, t, q, s, mass_fac
     def free():
         return jitted_rates(system, formulation, t, q, s, mass_factor)
 
-    return jax.lax.cond(contacts.active.any(), pushed, free)
+    return jax.lax.cond(contacts.modes.active.any(), pushed, free)
 
 
 def open_gaps(system, contacts: ContactState, t, q):
@@ -209,13 +203,13 @@ def condition_values(system, formulation, contacts: ContactState, t, q, s, mass_
         out = jax.eval_shape(forces)
         return tuple(jnp.zeros(x.shape, x.dtype) for x in out)
 
-    force, slip, friction = jax.lax.cond(contacts.active.any(), forces, none)
-    normal = jnp.where(contacts.active, force[:size], gap)
+    force, slip, friction = jax.lax.cond(contacts.modes.active.any(), forces, none)
+    normal = jnp.where(contacts.modes.active, force[:size], gap)
     if friction.shape[0] == 0:
         return normal
-    rubbing = contacts.active & (friction > 0)
-    tangential = jnp.where(contacts.stick, friction * force[:size] - jnp.abs(force[size:]),
-                           contacts.sign * slip - contacts.slip_offset)
+    rubbing = contacts.modes.active & (friction > 0)
+    tangential = jnp.where(contacts.modes.stick, friction * force[:size] - jnp.abs(force[size:]),
+                           contacts.modes.sign * slip - contacts.slip_offset)
     return jnp.concatenate([normal, jnp.where(rubbing, tangential, jnp.inf)])
 
 
@@ -312,7 +306,7 @@ def _open_gaps_status(system, formulation, contacts: ContactState, t, q, s):
     v = system.velocities(t, q, formulation.velocities(system, t, q, s))
     gap, rate = jax.jvp(lambda t_, q_: system.gaps(t_, q_), (t, q), (jnp.ones_like(t), v))
     room = gap - contacts.offset
-    closing = ~contacts.active & (rate < 0)
+    closing = ~contacts.modes.active & (rate < 0)
     time = jnp.min(jnp.where(closing, (room + contacts.tolerance)
                              / jnp.where(closing, -rate, 1.0), jnp.inf), initial=jnp.inf)
     return jnp.min(room), time
@@ -338,7 +332,7 @@ def transition(system, formulation, settings: EventDriven, contacts: ContactStat
     conditions that triggered it (at or below zero, the least among them), the impact of
     the closed gaps, the state after it, and which of them rest, stick or slip."""
     tolerance = settings.tolerance(q.dtype)
-    active = contacts.active
+    active = contacts.modes.active
     size = active.shape[0]
     values = condition_values(system, formulation, contacts, t, q, s, mass_factor)
     triggered = hit & ((values <= 0) | (jnp.arange(values.shape[0]) == jnp.argmin(values)))
@@ -366,7 +360,7 @@ def transition(system, formulation, settings: EventDriven, contacts: ContactStat
     free = jnp.abs(gaps_after.slip) <= at_rest_speed
     sign = jnp.where(gaps_after.slip < 0, -1.0, 1.0).astype(q.dtype)
     if gaps.slip.shape[0]:
-        unstuck = triggered[size:] & active & contacts.stick
+        unstuck = triggered[size:] & active & contacts.modes.stick
         held = contact_problem(formulation, terms, gaps, contacts.gains).forces(
             contacts.modes)[size:]
         free = free & ~unstuck
@@ -459,9 +453,9 @@ def integrate_with_events(dynamics: EventDynamics, args: SolveArgs, y0, times: T
     count_rows = 0 if ts is None else ts.shape[0]
     carry = _Carry(
         t=t0, q=q0, s=s0,
-        contacts=ContactState(jnp.zeros((size,), bool), jnp.zeros((size,), bool),
-                              jnp.zeros((size,), dtype), jnp.zeros((size,), dtype),
-                              jnp.zeros((size,), dtype), gains,
+        contacts=ContactState(ContactModes(jnp.zeros((size,), bool), jnp.zeros((size,), bool),
+                                           jnp.zeros((size,), dtype)),
+                              jnp.zeros((size,), dtype), jnp.zeros((size,), dtype), gains,
                               jnp.asarray(settings.tolerance(dtype), dtype)),
         hit=jnp.asarray(False), count=jnp.asarray(0), done=jnp.asarray(False),
         reached=jnp.asarray(False), result=RESULTS.successful,
@@ -489,12 +483,11 @@ def integrate_with_events(dynamics: EventDynamics, args: SolveArgs, y0, times: T
                                jnp.zeros(shapes.impulses.shape, dtype), jnp.asarray(True))
 
         closed = jitted_open_gaps(system, carry.contacts, carry.t, carry.q) <= tolerance
-        after = jax.lax.cond(unvmap_any(carry.hit | closed.any() | carry.contacts.active.any()),
+        after = jax.lax.cond(unvmap_any(carry.hit | closed.any() | carry.contacts.modes.active.any()),
                              apply, none)
-        released = (after.triggered[:size] & carry.contacts.active).any()
+        released = (after.triggered[:size] & carry.contacts.modes.active).any()
         events = _recorded(carry.events, carry.hit, carry.t, after, released)
-        contacts = ContactState(after.modes.active, after.modes.stick, after.modes.sign,
-                                after.offset, after.slip_offset, gains,
+        contacts = ContactState(after.modes, after.offset, after.slip_offset, gains,
                                 carry.contacts.tolerance)
         if ts is None:
             saveat = diffrax.SaveAt(t1=True)
@@ -507,7 +500,7 @@ def integrate_with_events(dynamics: EventDynamics, args: SolveArgs, y0, times: T
 
         # The plain rates unless a contact rests (in any member of a batch: the resting
         # contacts' solve serves the others too, their forces zero).
-        out, result = jax.lax.cond(unvmap_any(contacts.active.any()),
+        out, result = jax.lax.cond(unvmap_any(contacts.modes.active.any()),
                                    lambda: solve(dynamics.resting),
                                    lambda: solve(dynamics.free))
         if ts is None:
