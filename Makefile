@@ -56,7 +56,7 @@ $(LOWEST)/.installed: pyproject.toml requirements-lowest.txt
 test-lowest: $(LOWEST)/.installed
 	JAXDAE_TEST_CACHE=.cache/jax-lowest $(LOWEST)/bin/python -m pytest -q -p no:xdist $(LOWEST_TESTS)
 
-## Benchmarks against SciPy, CasADi and MuJoCo (prints Markdown tables, writes JSON to output/; see docs/benchmarks.md).
+## Benchmarks against SciPy, CasADi, MuJoCo/MJX, Exudyn and IDA (prints Markdown tables, writes JSON to output/; see docs/benchmarks.md).
 bench: $(STAMP)
 	$(PY) experiments/benchmarks/bench_core.py --out output
 	$(PY) experiments/benchmarks/bench_batch.py --out output
@@ -70,6 +70,7 @@ bench: $(STAMP)
 	$(PY) experiments/benchmarks/bench_robots.py --out output
 	$(PY) experiments/benchmarks/bench_animate.py --out output
 	$(PY) experiments/benchmarks/bench_viewer.py
+	OPENBLAS_NUM_THREADS=1 $(PY) experiments/benchmarks/bench_multibody.py --out output
 	$(PY) experiments/benchmarks/bench_stiff.py --out output
 
 ## Build the documentation site into site/ (mkdocs --strict: a warning fails the build).
