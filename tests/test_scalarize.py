@@ -92,6 +92,22 @@ def test_vmap_float32_and_failure_indicator():
     assert failure(*args) == failure_scalar(*args)
 
 
+def test_products_of_mixed_precision_operands():
+    """A float32 state meets a float64 model's constants in one product (a URDF model's
+    arrays stay float64 when a batch runs in float32): both are taken in the result's
+    type, as JAX's own product does."""
+    model = np.arange(9.0).reshape(3, 3) / 7
+
+    def product(x):
+        return jax.lax.dot_general(x, model, (((0,), (0,)), ((), ())),
+                                   preferred_element_type=jnp.float32)
+
+    x = jnp.asarray([0.1, -0.2, 0.3], jnp.float32)
+    got = jax.jit(scalarize(product))(x)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(got, jax.jit(product)(x), rtol=2e-7)
+
+
 @pytest.mark.perf(reason="bounds the size and the primitives of a traced right-hand side")
 def test_produces_a_scalar_graph():
     """The two-link right-hand side becomes scalar operations only: no matrix products,

@@ -464,6 +464,11 @@ def _reduce(graph: _Graph, prim, x: _Value, axes, out_shape, dtype):
 
 
 def _dot_general(graph: _Graph, lhs: _Value, rhs: _Value, dimension_numbers, out_shape, dtype):
+    if lhs.dtype != rhs.dtype:  # mixed operands (a float32 state, a float64 model) meet
+        lhs, rhs = (x if x.dtype == dtype else _elementwise(
+            graph, lax.convert_element_type_p,
+            {"new_dtype": dtype, "weak_type": False, "sharding": None}, [x], x.shape, dtype)
+            for x in (lhs, rhs))  # both in the result's type
     (lc, rc), (lb, rb) = dimension_numbers
     lf = [i for i in range(len(lhs.shape)) if i not in lc and i not in lb]
     rf = [i for i in range(len(rhs.shape)) if i not in rc and i not in rb]
