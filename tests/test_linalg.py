@@ -13,9 +13,12 @@ import pytest
 
 from jaxdae._compilation._linalg import (
     extreme_eigenvalues,
+    factor_for_solves,
     full_precision,
+    inverse,
     is_positive_definite,
     looped_cholesky,
+    looped_inverse,
     looped_triangular_solve,
     lu_factor,
     lu_solve,
@@ -24,9 +27,10 @@ from jaxdae._compilation._linalg import (
     psd_pseudo_solve,
     reciprocal_condition,
     small_matmul,
+    solve_factored,
     spd_solve,
 )
-from jaxdae._thresholds import LU_UNROLL_MAX, LYAPUNOV_MAX, UNROLL_MAX
+from jaxdae._thresholds import INVERSE_MAX, LU_UNROLL_MAX, LYAPUNOV_MAX, UNROLL_MAX
 
 SIZES = [1, 2, 3, UNROLL_MAX, UNROLL_MAX + 1]
 
@@ -335,6 +339,54 @@ def test_lu_under_vmap_and_grad():
     loss = lambda m: jnp.sum(jnp.sin(lu_solve(lu_factor(m), b)))  # noqa: E731
     reference = lambda m: jnp.sum(jnp.sin(jnp.linalg.solve(m, b)))  # noqa: E731
     np.testing.assert_allclose(jax.grad(loss)(a[0]), jax.grad(reference)(a[0]), rtol=1e-10)
+
+
+def _saddle_point(n, m, seed):
+    """The Newton matrix of an index-3 generalized-α step, `[[M − cK, Gᵀ], [G, 0]]`
+    (`M` positive definite, `cK` of a stiff spring 10⁸ times larger, `m` constraint rows):
+    its zero block makes elimination without row exchanges break down."""
+    rng = np.random.default_rng(seed)
+    mass = _spd(n, seed)
+    stiffness = rng.standard_normal((n, n))
+    g = rng.standard_normal((m, n))
+    top = np.concatenate([mass + 1e8 * (stiffness @ stiffness.T), g.T], 1)
+    return np.concatenate([top, np.concatenate([g, np.zeros((m, m))], 1)], 0)
+
+
+_inverse = jax.jit(inverse)  # one program a shape, shared by the tests below
+
+
+@pytest.mark.parametrize("n", [LU_UNROLL_MAX + 1, 33,
+                               pytest.param(INVERSE_MAX, marks=pytest.mark.slow)])
+def test_looped_inverse_matches_numpy(n):
+    """`inverse` (the looped Gauss–Jordan elimination from `LU_UNROLL_MAX + 1` rows up to
+    `INVERSE_MAX`) against NumPy's LAPACK inverse and `jnp.linalg.solve`, on a random
+    matrix and on a generalized-α Newton matrix; `factor_for_solves` keeps it."""
+    rng = np.random.default_rng(n)
+    for matrix in (rng.standard_normal((n, n)), _saddle_point(n - n // 4, n // 4, n)):
+        result = np.asarray(_inverse(matrix))
+        expected = np.linalg.inv(matrix)
+        cond = np.linalg.cond(matrix)
+        np.testing.assert_allclose(result, expected,
+                                   atol=1e-14 * cond * np.max(np.abs(expected)))
+        assert jax.eval_shape(factor_for_solves, matrix).shape == (n, n)  # the inverse
+        b = rng.standard_normal(n)
+        np.testing.assert_allclose(solve_factored(result, b), jnp.linalg.solve(matrix, b),
+                                   atol=1e-14 * cond * np.max(np.abs(expected @ b)))
+
+
+def test_looped_inverse_pivots_derivative_and_singular():
+    """A permutation (zeros on the diagonal) is inverted exactly; the derivative is
+    `jnp.linalg.inv`'s; a singular matrix gives non-finite entries."""
+    n = LU_UNROLL_MAX + 1
+    permutation = np.roll(np.eye(n), 1, axis=0)
+    np.testing.assert_array_equal(_inverse(permutation), permutation.T)
+    rng = np.random.default_rng(1)
+    a, da = rng.standard_normal((2, n, n))
+    _, tangent = jax.jvp(looped_inverse, (jnp.asarray(a),), (jnp.asarray(da),))
+    _, expected = jax.jvp(jnp.linalg.inv, (jnp.asarray(a),), (jnp.asarray(da),))
+    np.testing.assert_allclose(tangent, expected, rtol=1e-10, atol=1e-12)
+    assert not np.all(np.isfinite(_inverse(np.ones((n, n)))))
 
 
 def test_pivoted_cholesky_of_a_rank_deficient_matrix():

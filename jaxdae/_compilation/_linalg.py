@@ -570,15 +570,75 @@ def lu_solve(factors: tuple[Array, Array], rhs: Array) -> Array:
     return b
 
 
+def _looped_inverse(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
+    n = matrix.shape[0]
+    rows = jnp.arange(n)
+
+    def column(k, state):
+        a, perm = state
+        entries = jax.lax.dynamic_index_in_dim(a, k, 1, keepdims=False)
+        pivot = jnp.argmax(jnp.where(rows >= k, jnp.abs(entries), -1.0))
+        at_k, at_pivot = rows == k, rows == pivot
+        row_k = jax.lax.dynamic_index_in_dim(a, k, 0, keepdims=False)
+        row = jax.lax.dynamic_index_in_dim(a, pivot, 0, keepdims=False)
+        perm = jnp.where(at_k, perm[pivot], jnp.where(at_pivot, perm[k], perm))
+        # Rows `k` and `pivot` exchanged; column `k` is then overwritten by the column of
+        # the inverse it becomes (`e_k` before the elimination).
+        entries = jnp.where(at_k, 0.0, jnp.where(at_pivot, entries[k], entries))
+        a = jnp.where(at_pivot[:, None], row_k[None, :], a)
+        row = jnp.where(at_k, 1.0, row) / row[k]
+        a = jnp.where(at_k[None, :], 0.0, a) - entries[:, None] * row[None, :]
+        return jnp.where(at_k[:, None], row[None, :], a), perm
+
+    inverse, perm = jax.lax.fori_loop(0, n, column, (matrix, rows))
+    # `inverse` is that of `matrix[perm]`: its columns in the order of `perm` are those of
+    # `matrix⁻¹`. The permutation as a product with a 0/1 matrix, not a scatter (which
+    # would keep a surrounding loop from running as one kernel: `LOOPED_MAX`).
+    return inverse @ (perm[:, None] == rows[None, :]).astype(matrix.dtype)
+
+
+@jax.custom_jvp
+def looped_inverse(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
+    """`matrix⁻¹` by Gauss–Jordan elimination with partial pivoting, in place (Golub &
+    Van Loan 2013, §3.2.12 and §3.4; Higham 2002, §14.4 on its stability, comparable to an
+    inverse from the LU factors): a `lax.fori_loop` over the columns, each a pivot search
+    and a rank-one update of the whole matrix. No LAPACK call, so that XLA fuses it into a
+    surrounding loop (an ODE solve's steps) and that loop runs as one kernel
+    (`INVERSE_MAX`); one loop of `n` iterations where an LU factorization and the
+    solves with the identity would take three.
+
+    A singular matrix gives a zero pivot and non-finite entries (which make an ODE solver
+    reject the step), not an error. Differentiated by `d(A⁻¹) = −A⁻¹ dA A⁻¹`, not through
+    the loop."""
+    return _looped_inverse(matrix)
+
+
+@looped_inverse.defjvp
+def _looped_inverse_jvp(primals, tangents):
+    (matrix,), (d_matrix,) = primals, tangents
+    inverse = _looped_inverse(matrix)
+    return inverse, -(inverse @ d_matrix @ inverse)
+
+
+def inverse(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
+    """`matrix⁻¹` for a square matrix that is solved with many times, as array operations
+    that XLA fuses into a surrounding loop: from `lu_factor`'s unrolled factors up to
+    `LU_UNROLL_MAX` rows, by [`looped_inverse`][] up to `INVERSE_MAX`, from LAPACK's
+    factors beyond (where it is no longer fused)."""
+    n = matrix.shape[0]
+    if _thresholds.LU_UNROLL_MAX < n <= _thresholds.INVERSE_MAX:
+        return looped_inverse(matrix)
+    return lu_solve(lu_factor(matrix), jnp.eye(n, dtype=matrix.dtype))
+
+
 def factor_for_solves(matrix: Float[Array, "n n"]):
     """What [`solve_factored`][] needs to solve with `matrix` many times: up to
-    `INVERSE_MAX` rows its inverse (from `lu_factor`'s pivoted factors, so that each solve
-    is one matrix–vector product, fused with its neighbours), beyond the LU factors."""
+    `INVERSE_MAX` rows its [`inverse`][] (so that each solve is one matrix–vector product,
+    fused with its neighbours), beyond the LU factors."""
     n = matrix.shape[0]
-    factors = lu_factor(matrix)
     if n <= _thresholds.INVERSE_MAX:
-        return lu_solve(factors, jnp.eye(n, dtype=matrix.dtype))
-    return factors
+        return inverse(matrix)
+    return lu_factor(matrix)
 
 
 def solve_factored(factored, rhs: Float[Array, " n"]) -> Float[Array, " n"]:

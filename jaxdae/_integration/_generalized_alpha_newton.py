@@ -26,7 +26,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._compilation._linalg import lu_factor, lu_solve
+from .._compilation._linalg import inverse, lu_factor, lu_solve
 from .._custom_types import Array, Bool, Float, Int
 
 # The contraction rate above which a kept matrix is refreshed (and a fresh one is deemed to
@@ -68,15 +68,15 @@ class IterationMatrix(eqx.Module):
 
 def invert(matrix: Float[Array, "N N"], least_squares: bool, rcond: float | None
            ) -> Float[Array, "N N"]:
-    """`A⁻¹` from a pivoted LU factorization (written in array operations up to
-    `LU_UNROLL_MAX` rows, so that it fuses into the step; LAPACK beyond), or `A⁺` by an SVD
+    """`A⁻¹` by `_linalg.inverse` (array operations up to `INVERSE_MAX` rows, so that it
+    fuses into the step and the solve's loop stays one kernel; LAPACK beyond), or `A⁺` by an SVD
     where `least_squares` (singular values below `rcond σ_max` dropped; default
     `N ε`, as `lineax.SVD`)."""
     size = matrix.shape[0]
     if least_squares:
         rcond = size * float(jnp.finfo(matrix.dtype).eps) if rcond is None else rcond
         return jnp.linalg.pinv(matrix, rtol=rcond)
-    return lu_solve(lu_factor(matrix), jnp.eye(size, dtype=matrix.dtype))
+    return inverse(matrix)
 
 
 class NewtonOptions(eqx.Module):
