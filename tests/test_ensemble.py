@@ -215,3 +215,25 @@ def test_ensemble_errors():
     q6, v6 = states(6)
     with pytest.raises(Exception, match="`v0` contains non-finite"):
         jax.block_until_ready(ensemble(FORMULATION, q6, v6.at[2, 0].set(jnp.nan)))
+
+
+def test_model_closed_over_by_jit_is_folded():
+    """A system and formulation that the caller's `jax.jit` closes over are constants of
+    the program: the ensemble's rates are traced with their values (folded) and equal
+    those of the same model passed in as traced arguments, which keep the jitted rates."""
+    from jaxdae._integration._ensemble import constant_model_field, ensemble_vector_field
+    from jaxdae._integration._vector_fields import SolveArgs
+
+    formulation = jaxdae.Baumgarte(10.0, 25.0)
+    folded = constant_model_field(SolveArgs(SYSTEM, formulation, None))
+    assert folded.keywords["constants"] == (SYSTEM, formulation)
+    fields = []
+    jax.make_jaxpr(lambda kd: fields.append(constant_model_field(SolveArgs(
+        SYSTEM, jaxdae.Baumgarte(kd, 25.0), None))))(10.0)
+    assert fields == [ensemble_vector_field]
+    q0, v0 = states(3)
+    closed = jax.jit(lambda q, v: jaxdae.simulate_ensemble(
+        SYSTEM, formulation, 0.0, 1.0, q, v, rtol=1e-8, atol=1e-10).q_final)(q0, v0)
+    passed = eqx.filter_jit(lambda f, q, v: jaxdae.simulate_ensemble(
+        SYSTEM, f, 0.0, 1.0, q, v, rtol=1e-8, atol=1e-10).q_final)(formulation, q0, v0)
+    np.testing.assert_allclose(closed, passed, rtol=0, atol=1e-12)

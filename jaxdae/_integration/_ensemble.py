@@ -10,19 +10,54 @@ import jax
 import jax.numpy as jnp
 
 from .._compilation._private_apis import unvmap_any
+from .._compilation._scalarize import scalarize
 from .._custom_types import Array
+from .._gains import is_concrete
 from .._solution import RESULTS
 from ._solvers import AbstractSteppingWrapper
-from ._vector_fields import SolveArgs, detached, jitted_failure, jitted_rates, jitted_row_vjp
+from ._vector_fields import (
+    SolveArgs,
+    detached,
+    jitted_failure,
+    jitted_rates,
+    jitted_row_vjp,
+    state_rates,
+)
 
 
-def ensemble_vector_field(t, y, args: SolveArgs):
+def ensemble_vector_field(t, y, args: SolveArgs, constants=None):
+    """The rates of every row. `constants`: the system and the formulation where they are
+    constants of the compiled program (no tracer: a model the caller's `jax.jit` closes
+    over; `constant_model_field`), read from here rather than from `args`, which diffrax
+    carries through its loop as traced values: their scalar graph is then traced with
+    their values, whose zeros and ones it folds away."""
     q, v = y
-    rates = jax.vmap(jitted_rates, in_axes=(None, None, None, 0, 0, None))(
-        args.system, args.formulation, t, q, v, args.mass_factor)
+    if constants is None:
+        rates = jax.vmap(jitted_rates, in_axes=(None, None, None, 0, 0, None))(
+            args.system, args.formulation, t, q, v, args.mass_factor)
+    else:
+        rates = jax.vmap(_folded_rates, in_axes=(None, None, None, 0, 0, None))(
+            *constants, t, q, v, args.mass_factor)
     if args.stopped is not None:  # `StopFailedTrajectories`: stopped rows stand still
         rates = where_rows(args.stopped, jax.tree.map(jnp.zeros_like, rates), rates)
     return rates
+
+
+# Not jitted: a jitted function traces its arrays as arguments, and their values would
+# not be folded.
+_folded_rates = scalarize(state_rates)
+
+
+def constant_model_field(args: SolveArgs):
+    """`ensemble_vector_field` for a solve with `args`: with the system and the formulation
+    as `constants` where no leaf of them is a tracer. A trajectory's rates then cost about
+    half as much where they are a scalar graph (the arm of
+    `experiments/benchmarks/bench_robots.py`); a traced model (differentiated, vmapped or
+    an argument of the caller's `jax.jit`) keeps the jitted rates."""
+    shared = (args.system, args.formulation)
+    if not is_concrete(shared):
+        return ensemble_vector_field
+    return functools.partial(ensemble_vector_field, constants=shared)
 
 
 def ensemble_stage_vjp(t, y, args, solver_state, t_start, cotangent):
@@ -171,10 +206,19 @@ def _non_finite_rows(terms, t0, t1, y0, args, stopped, first_step) -> Array:
 
     def probe():
         running = args._replace(stopped=stopped)
-        rates = terms.vf(t0, y0, running)
-        end = jax.tree.map(lambda y, r: y + (t1 - t0) * r, y0, rates)
-        return ~(_finite_rows(rates) & _finite_rows(end)
-                 & _finite_rows(terms.vf(t1, end, running))) & short
+
+        # The rates at `t0`, then at the Euler step's end: one evaluation in a loop of two,
+        # so that the compiled program holds the vector field once more, not twice.
+        def evaluate(i, carry):
+            y, finite = carry
+            first = i == 0
+            rates = terms.vf(jnp.where(first, t0, t1), y, running)
+            end = jax.tree.map(lambda y, r: y + (t1 - t0) * r, y, rates)
+            finite = finite & _finite_rows(rates) & (_finite_rows(end) | ~first)
+            return jax.tree.map(lambda e, y: jnp.where(first, e, y), end, y), finite
+
+        _, finite = jax.lax.fori_loop(0, 2, evaluate, (y0, _finite_rows(y0)))
+        return ~finite & short
 
     # (The branch not taken gives `stopped`, masked out below: a constant False broadcast
     # over the rows would be folded row by row by XLA's GPU compiler.)

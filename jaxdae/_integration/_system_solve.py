@@ -139,13 +139,13 @@ def solve_and_assemble(system, formulation, times: Times, q0, v0, options: Solve
     if formulation.can_fail:
         # Detached before the call: stopped after it, the call would still be linearized.
         reference = trajectories.failure_reference(*detached((system, formulation, t0, q0, v0)))
-    dynamics, solver = trajectories.dynamics(formulation, options.solver)
-    options = eqx.tree_at(lambda o: o.solver, options, solver)
     # A constant mass matrix is factored once, here, not at every stage (an ensemble's
     # trajectories share the system, so they share it too).
     args = SolveArgs(system, formulation, reference,
                      constant_mass_factor(system, t0, *trajectories.first_state(q0, v0),
                                           system_terms))
+    dynamics, solver = trajectories.dynamics(args, options.solver)
+    options = eqx.tree_at(lambda o: o.solver, options, solver)
     if settings is None:
         out, result = integrate(dynamics, args, (q0, v0), times, options)
     else:

@@ -21,8 +21,8 @@ from .._solution import RESULTS, Solution
 from ._diagnostics import assemble_solution, cut_at
 from ._ensemble import (
     StopFailedTrajectories,
+    constant_model_field,
     ensemble_stage_vjp,
-    ensemble_vector_field,
     failure_event,
     stopped_results,
     worst_trajectory_rms,
@@ -30,7 +30,7 @@ from ._ensemble import (
 from ._failures import first_failure
 from ._solve import Dynamics
 from ._validation import check_initial_state_jit, float_array
-from ._vector_fields import failure_reference, vector_field
+from ._vector_fields import SolveArgs, failure_reference, vector_field
 
 
 class AbstractTrajectories(eqx.Module):
@@ -80,9 +80,10 @@ class AbstractTrajectories(eqx.Module):
         """The formulation's `failure_reference` of each trajectory."""
 
     @abc.abstractmethod
-    def dynamics(self, formulation, solver: diffrax.AbstractSolver
+    def dynamics(self, args: SolveArgs, solver: diffrax.AbstractSolver
                  ) -> tuple[Dynamics, diffrax.AbstractSolver]:
-        """What the solve integrates, and its solver, for `formulation`."""
+        """What the solve integrates, and its solver, for the solve's `args` (the system,
+        its formulation, ...)."""
 
     @abc.abstractmethod
     def solution(self, system, formulation, start, ts, out: diffrax.Solution, result: RESULTS,
@@ -130,7 +131,8 @@ class SingleTrajectory(AbstractTrajectories):
     def failure_reference(self, system, formulation, t0, q0, v0):
         return failure_reference(system, formulation, t0, q0, v0)
 
-    def dynamics(self, formulation, solver):
+    def dynamics(self, args, solver):
+        formulation = args.formulation
         if formulation.can_fail:  # the solve stops at the failure (`diffrax.Event`)
             return Dynamics(vector_field, (failure_event,), (formulation.failure_result,)), solver
         return Dynamics(vector_field), solver
@@ -195,10 +197,10 @@ class EnsembleTrajectories(AbstractTrajectories):
         return jax.vmap(failure_reference, in_axes=(None, None, None, 0, 0))(
             system, formulation, t0, q0, v0)
 
-    def dynamics(self, formulation, solver):
+    def dynamics(self, args, solver):
         # Each trajectory stops alone (its formulation fails or its model turns non-finite),
         # read from the solver state.
-        return (Dynamics(ensemble_vector_field, stage_vjp=ensemble_stage_vjp,
+        return (Dynamics(constant_model_field(args), stage_vjp=ensemble_stage_vjp,
                          saves_solver_state=True), StopFailedTrajectories(solver))
 
     def solution(self, system, formulation, start, ts, out, result, limit, reverse):
