@@ -15,12 +15,12 @@ from collections.abc import Callable
 
 import diffrax
 import equinox as eqx
-import jax
 import numpy as np
 
 from .. import _thresholds
 from .._compilation._private_apis import traced_for_jit
-from ._solvers import AbstractSteppingWrapper
+from ._generalized_alpha import GeneralizedAlpha
+from ._generalized_alpha_adjoint import GeneralizedAlphaAdjoint
 from ._sweep_backward import swept_solve
 from ._sweep_forward import (
     SAVE_Y,
@@ -30,6 +30,7 @@ from ._sweep_forward import (
     segment_plan,
     subsaves,
     terms_within,
+    unwrapped,
 )
 
 
@@ -135,12 +136,7 @@ class ReverseSweepAdjoint(diffrax.AbstractAdjoint):
             tableau=explicit_tableau(solver), step_args=getattr(solver, "step_args", None))
         problem = SweepProblem(terms=terms, args=args, init_state=init_state, t0=t0, t1=t1,
                            dt0=dt0, saveat=saveat)
-        out = swept_solve(problem, static)
-        # No tangents for the result and counts (JAX gives a custom VJP's integer outputs
-        # symbolic ones, which `diffeqsolve`'s `throw` check cannot take).
-        out = jax.tree.map(lambda x: x if eqx.is_inexact_array(x) else jax.lax.stop_gradient(x),
-                           out)
-        return final_state(init_state, out, saveat), {}
+        return final_state(init_state, swept_solve(problem, static), saveat), {}
 
 
 
@@ -186,19 +182,13 @@ def _check_sweepable(terms, solver, saveat, event, max_steps, passed_solver_stat
 
 def explicit_tableau(solver) -> diffrax.ButcherTableau:
     """The Butcher tableau of an explicit Runge–Kutta `solver`, or a `ValueError`."""
-    base = _unwrapped(solver)
+    base = unwrapped(solver)
     if not isinstance(base, diffrax.AbstractERK):
         raise ValueError(
             "`jaxdae.ReverseSweepAdjoint` differentiates explicit Runge–Kutta solvers "
             f"(`diffrax.Tsit5`, `Dopri5`, `Bosh3`, `Heun`, …); got {type(base).__name__}. "
             "Use the default adjoint (`diffrax.RecursiveCheckpointAdjoint`) for this solver.")
     return base.tableau
-
-
-def _unwrapped(solver):
-    while isinstance(solver, AbstractSteppingWrapper):
-        solver = solver.solver
-    return solver
 
 
 def check_adjoint(adjoint, stops_at_events: bool, reason: str) -> None:
@@ -220,18 +210,22 @@ def check_adjoint(adjoint, stops_at_events: bool, reason: str) -> None:
 
 def default_adjoint(solver, max_steps) -> diffrax.AbstractAdjoint | ReverseSweepAdjoint:
     """The adjoint of a solve given none: [`jaxdae.ReverseSweepAdjoint`][] for an explicit
-    Runge–Kutta `solver` with a step limit, else `diffrax.RecursiveCheckpointAdjoint` with
-    `CHECKPOINTS` checkpoints."""
-    if isinstance(_unwrapped(solver), diffrax.AbstractERK) and max_steps is not None:
+    Runge–Kutta `solver` with a step limit, `GeneralizedAlphaAdjoint` for
+    [`jaxdae.GeneralizedAlpha`][] with a step limit, else
+    `diffrax.RecursiveCheckpointAdjoint` with `CHECKPOINTS` checkpoints."""
+    if isinstance(unwrapped(solver), diffrax.AbstractERK) and max_steps is not None:
         return ReverseSweepAdjoint()
+    if isinstance(unwrapped(solver), GeneralizedAlpha) and max_steps is not None:
+        return GeneralizedAlphaAdjoint()
     return diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS)
 
 
 def reverse_only(adjoint) -> bool:
     """Whether `adjoint` differentiates a solve in reverse mode only (its forward mode raises):
-    [`jaxdae.ReverseSweepAdjoint`][] and `diffrax.RecursiveCheckpointAdjoint`, both custom
-    VJPs."""
-    return isinstance(adjoint, (ReverseSweepAdjoint, diffrax.RecursiveCheckpointAdjoint))
+    [`jaxdae.ReverseSweepAdjoint`][], `GeneralizedAlphaAdjoint` and
+    `diffrax.RecursiveCheckpointAdjoint`, all custom VJPs."""
+    return isinstance(adjoint, (ReverseSweepAdjoint, GeneralizedAlphaAdjoint,
+                                diffrax.RecursiveCheckpointAdjoint))
 
 
 @contextlib.contextmanager

@@ -228,10 +228,16 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
     [`jaxdae.Unstabilized`][]) and the formulation's failure test (e.g.
     [`jaxdae.Baumgarte`][] stops at a singular `G M⁻¹ Gᵀ`; [`jaxdae.ModifiedLagrange`][]
     does not). `Φ̇` is not enforced and is `O(h²)`. Saved states between step ends are
-    interpolated (cubic Hermite), and there `Φ` is the interpolation's error. Gradients (`jax.grad`, through
-    `diffrax.RecursiveCheckpointAdjoint`, the default for this solver, and the implicit
-    differentiation of each Newton solve) and `jax.vmap` work as with any
-    solver. A formulation that changes the velocities
+    interpolated (cubic Hermite), and there `Φ` is the interpolation's error. `jax.vmap`
+    works as with any solver. `jax.grad` takes, by default (with an integer `max_steps`),
+    the discrete adjoint of the accepted steps, replayed at their recorded times: each
+    step's equations differentiated implicitly at its solution, the step sizes held
+    constant. It equals the gradient of diffrax's loop with one checkpoint per step
+    (`diffrax.RecursiveCheckpointAdjoint(checkpoints=max_steps)`), at a few forward solves'
+    cost (`docs/guides/stiff_integration.md`). Fewer checkpoints are not the default:
+    diffrax recomputes the steps between them in another compiled program, whose rounding
+    can make an adaptive decision differently, and the gradient then differentiates steps
+    the solve did not take. A formulation that changes the velocities
     ([`jaxdae.RedundantCoordinates`][]), a system whose state holds momenta
     ([`jaxdae.HamiltonianSystem`][]) or realized constraints, and
     [`jaxdae.simulate_ensemble`][] are refused with a `ValueError`; batch with
@@ -292,19 +298,30 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
         size = y0[0].shape[0] + multipliers.shape[0]
         return acc, acc, multipliers, IterationMatrix.empty(size, acc.dtype)
 
+    def prepare(self, t0, t1, q0, v0, a0, qdd0) -> _Step:
+        """The quantities of the step from `t0` to `t1` that do not depend on its unknown
+        new positions, from the start's positions, velocities, `a` and `q̈`."""
+        alpha_m, alpha_f, gamma, beta = chung_hulbert(float(self.rho_inf))
+        h = t1 - t0
+        hb = h**2 * beta
+        q_hat = q0 + h * v0 + h**2 * (0.5 - beta) * a0
+        return _Step(
+            h=h, c=hb * (1 - alpha_f) / (1 - alpha_m), hb=hb, q_hat=q_hat,
+            q_tilde=q_hat + hb / (1 - alpha_m) * (alpha_f * qdd0 - alpha_m * a0),
+            v_hat=v0 + h * (1 - gamma) * a0, gamma=gamma, beta=beta)
+
+    def residual(self, x, system: AbstractSystem, t, step: _Step):
+        """The step's equations at `x = (q, μ)` (`_residual`), flat."""
+        return _residual(x, (system, t, step))[0]
+
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         del terms, made_jump
         system = _system(y0, args)
         q0, v0 = y0
         a0, qdd0, lam0, kept = solver_state
-        alpha_m, alpha_f, gamma, beta = chung_hulbert(float(self.rho_inf))
-        h = t1 - t0
-        hb = h**2 * beta
-        q_hat = q0 + h * v0 + h**2 * (0.5 - beta) * a0
-        step = _Step(
-            h=h, c=hb * (1 - alpha_f) / (1 - alpha_m), hb=hb, q_hat=q_hat,
-            q_tilde=q_hat + hb / (1 - alpha_m) * (alpha_f * qdd0 - alpha_m * a0),
-            v_hat=v0 + h * (1 - gamma) * a0, gamma=gamma, beta=beta)
+        alpha_m, alpha_f, _, beta = chung_hulbert(float(self.rho_inf))
+        step = self.prepare(t0, t1, q0, v0, a0, qdd0)
+        h, hb = step.h, step.hb
         guess = jnp.concatenate([step.q_tilde + step.c * qdd0, step.c * lam0])
         finder = self.root_finder
         options = NewtonOptions(

@@ -37,25 +37,19 @@ def swept_solve(problem, static):
 def _forward(perturbed, problem, static):
     if any(jax.tree.leaves((perturbed.t0, perturbed.t1, perturbed.dt0, perturbed.saveat))):
         # The sweep holds the step times constant.
-        out, pull = eqx.filter_vjp(lambda problem: loop_solve(problem, static), problem)
-        return out, LoopVJP(pull, out)
+        return LoopVJP.of(problem, static)
     return solve_storing_steps(problem, static)
 
 
 @full_precision
 def _backward(stored, out_bar, perturbed, problem, static):
     if isinstance(stored, LoopVJP):
-        # Zeros where the output's cotangent is symbolic.
-        bar = jax.tree.map(lambda b, x: (jnp.zeros_like(x) if b is None else b)
-                           if eqx.is_inexact_array(x) else None, out_bar, stored.out,
-                           is_leaf=is_none)
-        (problem_bar,) = stored.pull(bar)
-        return problem_bar
+        return stored(out_bar)
     problem = jax.tree.map(typed_literal_as_array, problem)
     t0, y0 = problem.t0, problem.init_state.y
     # Cotangents of the saved states: ȳ₀ direct, ȳ at the last step's end, at the save
     # times inside the steps (`save_ts`, as diffrax saw them).
-    y0_bar, final_bar, save_ts, save_bar = _saves_bar(out_bar.ys, problem.saveat, y0)
+    y0_bar, final_bar, save_ts, save_bar = saves_bar(out_bar.ys, problem.saveat, y0)
     sweep = _Sweep(problem, perturbed, static, save_ts)
     final_bar = sweep.zero if final_bar is None else final_bar
     p_bar = jax.tree.map(jnp.zeros_like, sweep.diff_p)
@@ -312,7 +306,7 @@ class _Sweep:
         return start_bar, stages_bar
 
 
-def _saves_bar(ys_bar, saveat, y0):
+def saves_bar(ys_bar, saveat, y0):
     """The cotangents of the saved states `ys_bar` (one per `SubSaveAt`, None where
     symbolic) as `(ȳ₀, ȳ at the end, save times, ȳ at the save times)` (flat; each None
     where none is saved), the save times of all `SubSaveAt`s in order."""

@@ -39,6 +39,13 @@ class ODETermWithVJP(diffrax.ODETerm):
         return self.vjp(t, y, args, solver_state, t_start, cotangent)
 
 
+def unwrapped(solver):
+    """The solver inside `solver`'s stepping wrappers."""
+    while isinstance(solver, AbstractSteppingWrapper):
+        solver = solver.solver
+    return solver
+
+
 def terms_within(terms) -> list:
     """The ODE terms and multi-terms inside `terms` (as `diffeqsolve` wrapped them)."""
     is_term = lambda x: isinstance(x, (diffrax.ODETerm, diffrax.MultiTerm))  # noqa: E731
@@ -115,7 +122,11 @@ def _subsaves_def(saveat: diffrax.SaveAt):
 
 def final_state(init_state, out: _Output, saveat: diffrax.SaveAt):
     """`init_state` with the fields that `diffeqsolve` reads after the solve loop set to
-    `out`'s."""
+    `out`'s (a custom VJP's output: the result and counts without tangents, since JAX
+    gives a custom VJP's integer outputs symbolic ones, which `diffeqsolve`'s `throw`
+    check cannot take)."""
+    out = jax.tree.map(lambda x: x if eqx.is_inexact_array(x) else jax.lax.stop_gradient(x),
+                       out)
     subs_def = _subsaves_def(saveat)
     save_state = subs_def.unflatten([
         dataclasses.replace(s, ts=ts, ys=ys) for s, ts, ys in zip(
@@ -150,12 +161,22 @@ def solve_storing_steps(problem, static):
     diffrax's `SaveAt(steps=True)`)."""
     if static.segments is not None:
         return _solve_in_segments(problem, static)
+    output, (step_ts, step_ys, steps, solver_state) = solve_saving_steps(
+        problem, static, SAVE_Y, bool(static.step_args))
+    return output, (step_ts, step_ys, steps, solver_state if static.step_args else None)
+
+
+def solve_saving_steps(problem, static, fn, solver_state: bool):
+    """diffrax's solve of `problem` (with `static`'s solver, controller, event and step
+    limit) that also saves `fn(t, y, args)` at the end of every accepted step: the solve's
+    output, and the steps' end times, saved values, number and (where `solver_state`) the
+    final solver state."""
     saveat = problem.saveat
     out = diffrax.diffeqsolve(
         problem.terms, static.solver, problem.t0, problem.t1, problem.dt0,
         problem.init_state.y, args=problem.args,
-        saveat=diffrax.SaveAt(subs=[saveat.subs, diffrax.SubSaveAt(steps=True)],
-                              solver_state=saveat.solver_state or bool(static.step_args)),
+        saveat=diffrax.SaveAt(subs=[saveat.subs, diffrax.SubSaveAt(steps=True, fn=fn)],
+                              solver_state=saveat.solver_state or solver_state),
         stepsize_controller=static.stepsize_controller, event=static.event,
         max_steps=static.max_steps, adjoint=diffrax.RecursiveCheckpointAdjoint(),
         throw=False)
@@ -166,7 +187,7 @@ def solve_storing_steps(problem, static):
                      event_mask=out.event_mask,
                      solver_state=out.solver_state if saveat.solver_state else None)
     steps = out.stats["num_accepted_steps"]
-    return output, (step_ts, step_ys, steps, out.solver_state if static.step_args else None)
+    return output, (step_ts, step_ys, steps, out.solver_state if solver_state else None)
 
 
 class _RecordProposal(diffrax.AbstractStepSizeController):
@@ -398,6 +419,21 @@ class LoopVJP(eqx.Module):
 
     pull: Callable
     out: _Output
+
+    @classmethod
+    def of(cls, problem, static) -> tuple[_Output, "LoopVJP"]:
+        """The output of `loop_solve` and its vector–Jacobian product."""
+        out, pull = eqx.filter_vjp(lambda problem: loop_solve(problem, static), problem)
+        return out, cls(pull, out)
+
+    def __call__(self, out_bar):
+        """The cotangent of the problem from that of the output `out_bar` (zeros where
+        it is symbolic)."""
+        bar = jax.tree.map(lambda b, x: (jnp.zeros_like(x) if b is None else b)
+                           if eqx.is_inexact_array(x) else None, out_bar, self.out,
+                           is_leaf=is_none)
+        (problem_bar,) = self.pull(bar)
+        return problem_bar
 
 
 def loop_solve(problem, static) -> _Output:

@@ -1,0 +1,121 @@
+"""Gradients of `GeneralizedAlpha` solves by the discrete adjoint of their accepted steps
+(`GeneralizedAlphaAdjoint`, the solver's default adjoint): the gradient of diffrax's loop
+with one checkpoint per step, whatever the number of steps kept at once."""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
+import pytest
+
+import jaxdae
+from jaxdae._integration._adjoint import default_adjoint
+from jaxdae._integration._generalized_alpha_adjoint import GeneralizedAlphaAdjoint
+
+PENDULUM = jaxdae.examples.CartesianPendulum()
+BAUMGARTE = jaxdae.Baumgarte(10.0, 25.0)
+Q0, V0 = PENDULUM.state_from_angle(1.0, 0.0)
+MAX_STEPS = 2000
+EVERY_STEP = diffrax.RecursiveCheckpointAdjoint(checkpoints=MAX_STEPS)
+
+
+def _relative(a, b):
+    a, b = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(t)]) for t in (a, b))
+    return np.max(np.abs(a - b)) / np.max(np.abs(b))
+
+
+def test_default_for_generalized_alpha():
+    assert isinstance(default_adjoint(jaxdae.GeneralizedAlpha(), 100), GeneralizedAlphaAdjoint)
+    assert not isinstance(default_adjoint(jaxdae.GeneralizedAlpha(), None),
+                          GeneralizedAlphaAdjoint)
+
+
+@pytest.mark.slow
+def test_gradient_with_saves_inside_steps():
+    """Adaptive steps, states saved inside the steps (the cubic Hermite dense output) and
+    at the end: gradients with respect to a parameter and the initial state equal diffrax's
+    loop differentiated with one checkpoint per step, in one segment and in segments of 8
+    steps."""
+    ts = jnp.linspace(0.0, 0.3, 7)
+
+    def loss(diff, adjoint):
+        gravity, q0, v0 = diff
+        system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
+        sol = jaxdae.simulate(system, BAUMGARTE, 0.0, 0.3, q0, v0, ts=ts, rtol=1e-6,
+                              atol=1e-8, solver=jaxdae.GeneralizedAlpha(),
+                              max_steps=MAX_STEPS, adjoint=adjoint)
+        return jnp.sum(sol.q**2) + jnp.sum(jnp.sin(sol.v)) + jnp.sum(sol.q_final**3)
+
+    diff = (jnp.asarray(9.81), Q0, V0 + 0.3)
+    grads = [eqx.filter_jit(jax.grad(loss))(diff, adjoint) for adjoint in (
+        EVERY_STEP, None, GeneralizedAlphaAdjoint(stored_steps=8))]
+    assert _relative(grads[1], grads[0]) < 1e-9
+    assert _relative(grads[2], grads[1]) < 1e-12
+
+
+@pytest.mark.slow
+def test_forward_mode_is_refused_with_the_fix():
+    def final(gravity):
+        system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
+        return jaxdae.simulate(system, BAUMGARTE, 0.0, 0.05, Q0, V0, rtol=1e-6, atol=1e-8,
+                               solver=jaxdae.GeneralizedAlpha()).q_final
+
+    with pytest.raises(ValueError, match="adjoint=diffrax.ForwardMode()"):
+        jax.jvp(final, (jnp.asarray(9.81),), (jnp.asarray(1.0),))
+
+
+def _arm():
+    """The Cartesian two-link arm with `Baumgarte(2000, 10⁶)` of the stiff integration
+    guide."""
+    system = jaxdae.examples.CartesianArmLagrangian(forces=(0.0, -9.81, 0.0, -9.81))
+    (l1, l2), (a1, a2), (w1, w2) = system.lengths, (0.3, 1.1), (1.0, -0.5)
+    u1, u2 = jnp.array([jnp.cos(a1), jnp.sin(a1)]), jnp.array([jnp.cos(a2), jnp.sin(a2)])
+    n1, n2 = jnp.array([-u1[1], u1[0]]), jnp.array([-u2[1], u2[0]])
+    q0 = jnp.concatenate([l1 * u1, l1 * u1 + l2 * u2])
+    v0 = jnp.concatenate([l1 * w1 * n1, l1 * w1 * n1 + l2 * w2 * n2])
+    return system, jaxdae.Baumgarte(2000.0, 1e6), q0, v0
+
+
+@pytest.mark.slow
+def test_adaptive_gradient_does_not_depend_on_checkpoints():
+    """On the stiff arm (about 1,200 adaptive steps) the default gradient equals the
+    one-checkpoint-per-step gradient of diffrax's loop (which fewer checkpoints do not:
+    their recomputed steps need not be the forward solve's), in any number of segments."""
+    system, formulation, q0, v0 = _arm()
+    steps = 4000
+
+    def loss(mass, adjoint):
+        model = eqx.tree_at(lambda s: s.masses, system, jnp.stack([mass, system.masses[1]]))
+        return jaxdae.simulate(model, formulation, 0.0, 0.5, q0, v0, rtol=1e-7, atol=1e-10,
+                               solver=jaxdae.GeneralizedAlpha(), max_steps=steps,
+                               adjoint=adjoint).q_final[0]
+
+    mass = jnp.asarray(1.0)
+    every, default, segments = (float(jax.jit(jax.grad(loss), static_argnums=1)(mass, a))
+                                for a in (diffrax.RecursiveCheckpointAdjoint(checkpoints=steps),
+                                          None, GeneralizedAlphaAdjoint(stored_steps=100)))
+    assert abs(default - every) <= 1e-9 * abs(every)
+    assert abs(segments - default) <= 1e-12 * abs(default)
+
+
+@pytest.mark.slow
+def test_fixed_step_gradient_against_central_differences_and_under_vmap():
+    """Fixed steps: the gradient equals central differences, and a batch of gradients
+    under `vmap` equals the gradients one by one."""
+    solver = jaxdae.GeneralizedAlpha(root_finder=optx.Newton(rtol=1e-12, atol=1e-12))
+
+    def loss(gravity, q0):
+        system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
+        return jaxdae.simulate(system, BAUMGARTE, 0.0, 0.5, q0, V0, solver=solver, dt0=0.01,
+                               stepsize_controller=diffrax.ConstantStepSize(),
+                               max_steps=100).q_final[0]
+
+    g, eps = jnp.asarray(9.81), 1e-5
+    grad = jax.jit(jax.grad(loss))
+    central = (loss(g + eps, Q0) - loss(g - eps, Q0)) / (2 * eps)
+    np.testing.assert_allclose(grad(g, Q0), central, rtol=1e-6)
+    q0s = jnp.stack([Q0, PENDULUM.state_from_angle(0.5, 0.0)[0]])
+    batched = jax.vmap(grad, in_axes=(None, 0))(g, q0s)
+    np.testing.assert_allclose(batched, [grad(g, q) for q in q0s], rtol=1e-12)
