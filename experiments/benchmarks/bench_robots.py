@@ -39,8 +39,13 @@ also written to OUT/bench_robots/reference_<robot>.npz): the time to the same jo
 at its cheapest setting (Tsit5 or Dopri8, the loosest tolerance that reaches it), one
 right-hand side in a compiled loop, and the batch of 1,024 as one `simulate_ensemble` (one
 device) and as `jaxdae.batch_map(..., ensemble=True, mesh=...)` of `simulate_ensemble` over
-the two CPU devices, in chunks of `batch_chunk(model)` trajectories. The script starts JAX
-with `--xla_force_host_platform_device_count=2` (two CPU devices, one per core).
+the two CPU devices, in chunks of `batch_chunk(model)` trajectories. Then the same at fixed
+steps (`fixed_steps_to_tolerance`: Tsit5 or Dopri8, the fewest steps on MuJoCo's ladder
+whose member 0 reaches the joint error, as MuJoCo's step is chosen), each of
+`batch_layouts(model)` measured: ensembles, and one `jaxdae.simulate` per row under
+`batch_map` without `ensemble`; the batch's spread of errors at that step (`batch_error`).
+`--only` without a chain leaves out the chain's scaling. The script starts JAX with
+`--xla_force_host_platform_device_count=2` (two CPU devices, one per core).
 
     python experiments/benchmarks/bench_robots.py [--out output] [--quick] [--only humanoid]
     # prints Markdown tables, writes OUT/bench_robots/bench_robots.json
@@ -669,7 +674,7 @@ def batch_mjx(path: Path, joint_names, rates, integrator: str, steps: int,
             out["note"] = value
             return out
         out["compile_s"] = value
-        kind, value = queue.get(timeout=4 * settings.mjx_seconds + 120.0)
+        kind, value = queue.get(timeout=8 * settings.mjx_seconds + 300.0)
         if kind == "error":
             out["note"] = value
             return out
@@ -805,7 +810,9 @@ def jaxdae_rows(robot_name: str, urdf_path: Path, mujoco_reference: MujocoRefere
         best["eager_ms"] = 1e3 * _median_times(eager, reps)[0]
     middle = len(ref.times) // 2
     rhs_us = jaxdae_rhs_us(model, ref.q[middle], ref.v[middle], reps)
-    rows = {"time_to_tolerance": best, "rhs_us": rhs_us}
+    rows = {"time_to_tolerance": best, "rhs_us": rhs_us,
+            "fixed_steps": fixed_steps_to_tolerance(model, formulation, solvers, q0, v0, q_ref,
+                                                    ref.tolerance, reps)}
     if best is None:
         return rows
     if batch is None and q0.shape[0] > 32:
@@ -825,9 +832,71 @@ def jaxdae_rows(robot_name: str, urdf_path: Path, mujoco_reference: MujocoRefere
     wall = _median_times(lambda: ensemble(model, positions, rates0), max(1, reps // 2))[0]
     rows["batch"] = {"compile_s": compile_s, "per_s": rates0.shape[0] / wall,
                      "error0": joint_error(np.asarray(q1[0]), q_ref), "size": rates0.shape[0]}
-    rows["batch_devices"] = jaxdae_devices_batch(model, formulation, solvers[best["solver"]],
-                                                 best["tolerance"], rates0, q_ref, reps)
+    adaptive = {"solver": solvers[best["solver"]], "rtol": best["tolerance"],
+                "atol": best["tolerance"]}
+    rows["batch_devices"] = jaxdae_devices_batch(model, formulation, adaptive, rates0, q_ref,
+                                                 reps, "ensemble", batch_chunk(model))
+    fixed = rows["fixed_steps"]
+    if fixed is not None:
+        settings = {"solver": solvers[fixed["solver"]],
+                    "stepsize_controller": diffrax.ConstantStepSize(),
+                    "dt0": T1 / fixed["steps"]}
+        rows["batch_fixed"] = [
+            dict(jaxdae_devices_batch(model, formulation, settings, rates0, q_ref, reps, *layout),
+                 setting=f"{fixed['solver']}, {fixed['steps']} fixed steps")
+            for layout in batch_layouts(model)]
+        rows["batch_fixed_error"] = batch_error(model, formulation, settings, rates0)
     return rows
+
+
+def fixed_steps_to_tolerance(model, formulation, solvers, q0, v0, q_ref, tolerance,
+                             reps) -> dict | None:
+    """The cheapest fixed-step setting of jaxdae to `tolerance`: for each solver, the fewest
+    steps over 1 s on `ladder` whose joint error at `T1` against MuJoCo's reference is at
+    most `tolerance` (the criterion of MuJoCo's own step), timed as `jaxdae_rows` times the
+    adaptive setting (compiled once, the step traced, median of `reps`); the faster solver's
+    `{"solver", "steps", "error", "ms", "cpu_ms"}` (None: no rung up to 2,000 steps)."""
+
+    @eqx.filter_jit
+    def solve(model, solver, dt, q0, v0):
+        return jaxdae.simulate(model, formulation, 0.0, T1, q0, v0, solver=solver,
+                               stepsize_controller=diffrax.ConstantStepSize(), dt0=dt,
+                               throw=False).q_final
+
+    found = []
+    for label, solver in solvers.items():
+        for k in range(40):
+            steps = ladder(k)
+            if steps > 2000:
+                break
+            dt = jnp.asarray(T1 / steps)
+            error = joint_error(np.asarray(solve(model, solver, dt, q0, v0)), q_ref)
+            if error <= tolerance:
+                wall, cpu = _median_times(
+                    lambda s=solver, dt=dt: solve(model, s, dt, q0, v0), reps)
+                found.append({"solver": label, "steps": steps, "error": error,
+                              "ms": 1e3 * wall, "cpu_ms": 1e3 * cpu})
+                break
+    return min(found, key=lambda r: r["ms"]) if found else None
+
+
+def batch_error(model, formulation, settings: dict, rates0, members: int = 8) -> float:
+    """The largest joint error at `T1` over the batch's first `members` trajectories at the
+    batch's `settings`, against jaxdae's Dopri8 at `rtol = atol = 1e-12` (member 0 of which
+    is checked against MuJoCo's reference by `jaxdae_rows`): the perturbed members' error at
+    the step chosen on member 0."""
+
+    def end(positions, rates, **options):
+        return jax.vmap(lambda q, v: jaxdae.simulate(model, formulation, 0.0, T1, q, v,
+                                                     throw=False, **options).q_final)(
+            positions, rates)
+
+    rates = rates0[:members]
+    positions = jnp.zeros_like(rates)
+    reference = jax.jit(functools.partial(end, solver=diffrax.Dopri8(), rtol=1e-12,
+                                          atol=1e-12))(positions, rates)
+    return float(jnp.max(jnp.abs(jax.jit(functools.partial(end, **settings))(positions, rates)
+                                 - reference)))
 
 
 def batch_chunk(model) -> int | None:
@@ -845,31 +914,42 @@ ARRAY_FORM_CHUNK = 8
 ARRAY_FORM_CHUNK_MAX = 8  # coordinates; the arm's (4) right-hand side is a scalar graph
 
 
-def jaxdae_devices_batch(model, formulation, solver, tolerance, rates0, q_ref, reps) -> dict:
-    """The batch as a user splits it over the CPU devices (one per core):
-    `jaxdae.batch_map(run, q0, v0, ensemble=True, mesh=mesh, chunk_size=batch_chunk(model))`,
-    `run` a `jaxdae.simulate_ensemble` of the chunk. Trajectories per second (compile apart)
-    and member 0's joint error."""
+def batch_layouts(model) -> list[tuple[str, int | None]]:
+    """The ways `jaxdae_devices_batch` splits a fixed-step batch, each measured: ensembles
+    of `batch_chunk(model)` trajectories, and one trajectory at a time (`jaxdae.simulate`
+    under `jax.lax.map`: no batch axis, so an array-form right-hand side keeps one
+    trajectory's arrays, and a trajectory costs what it costs alone)."""
+    return [("ensemble", batch_chunk(model)), ("map", 1)]
+
+
+def jaxdae_devices_batch(model, formulation, options: dict, rates0, q_ref, reps,
+                         layout: str = "ensemble", chunk: int | None = None) -> dict:
+    """The batch as a user splits it over the CPU devices (one per core), with the solve's
+    keyword arguments `options`: `layout="ensemble"`:
+    `jaxdae.batch_map(run, q0, v0, ensemble=True, mesh=mesh, chunk_size=chunk)`, `run` a
+    `jaxdae.simulate_ensemble` of the chunk; `layout="map"`: `jaxdae.batch_map(run, q0, v0,
+    mesh=mesh, chunk_size=chunk)`, `run` a `jaxdae.simulate` of one row. Trajectories per
+    second (compile apart), wall and process CPU time (medians) and member 0's joint
+    error."""
     devices = jax.device_count()
     mesh = jax.make_mesh((devices,), ("batch",), axis_types=(jax.sharding.AxisType.Auto,))
-    chunk = batch_chunk(model)
+    simulate = jaxdae.simulate_ensemble if layout == "ensemble" else jaxdae.simulate
 
     def run(positions, rates0):
-        return jaxdae.simulate_ensemble(
-            model, formulation, 0.0, T1, positions, rates0, solver=solver, rtol=tolerance,
-            atol=tolerance).q_final
+        return simulate(model, formulation, 0.0, T1, positions, rates0, throw=False,
+                        **options).q_final
 
     def batch():
         return jaxdae.batch_map(run, jnp.zeros_like(rates0), rates0, chunk_size=chunk,
-                                mesh=mesh, ensemble=True)
+                                mesh=mesh, ensemble=layout == "ensemble")
 
     began = time.perf_counter()
     q1 = jax.block_until_ready(batch())
     compile_s = time.perf_counter() - began
-    wall, cpu = _median_times(batch, max(1, reps // 2))
+    wall, cpu = _median_times(batch, max(1, (reps + 1) // 2))
     return {"compile_s": compile_s, "per_s": rates0.shape[0] / wall, "cpu_s": cpu,
             "wall_s": wall, "error0": joint_error(np.asarray(q1[0]), q_ref),
-            "devices": devices, "chunk": chunk, "size": rates0.shape[0]}
+            "devices": devices, "chunk": chunk, "layout": layout, "size": rates0.shape[0]}
 
 
 # -- the cost against the length of a chain -------------------------------------------------
@@ -994,6 +1074,11 @@ def print_tables(results: list[dict], settings: Settings) -> None:
         print(f"| {r['robot']} | {solver} | {_f(h, '.3g')} | "
               f"{_f(tt.get('steps'), ',')} | {_f(tt.get('error'), '.2e')} | "
               f"{_f(tt.get('ms'), '.3g')} | {_f(tt.get('cpu_ms'), '.3g')} |")
+        fixed = _part(r["jaxdae"], "fixed_steps")
+        if fixed:
+            print(f"| {r['robot']} | jaxdae {fixed['solver']}, fixed steps | "
+                  f"{T1 / fixed['steps']:.3g} | {fixed['steps']:,} | {fixed['error']:.2e} | "
+                  f"{fixed['ms']:.3g} | {fixed['cpu_ms']:.3g} |")
         if tt.get("eager_ms") is not None:
             print(f"| {r['robot']} | jaxdae, the same called eagerly | | | | "
                   f"{tt['eager_ms']:.3g} | |")
@@ -1054,6 +1139,24 @@ def print_tables(results: list[dict], settings: Settings) -> None:
           "given, the time of that fraction of the steps was scaled to all of them.")
     for note in notes:
         print(f"- {note}")
+    print(f"\n### jaxdae's batch of {settings.batch:,} at fixed steps, over the devices\n")
+    print("| robot | setting | layout, chunk | compile [s] | [traj/s] | wall [s] | CPU [s] | "
+          "member 0 Δq(1) | max Δq(1), members 0–7 | / MJX | / MuJoCo rollout |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in results:
+        mx, ro = r["mjx"], r["rollout"]
+        spread = _part(r["jaxdae"], "batch_fixed_error")
+        for b in _part(r["jaxdae"], "batch_fixed") or []:
+            print(f"| {r['robot']} | {b['setting']} | {b['layout']}, "
+                  f"{b['chunk'] or 'whole share'} | {b['compile_s']:.1f} | {b['per_s']:.4g} | "
+                  f"{b['wall_s']:.3g} | {b['cpu_s']:.3g} | {b['error0']:.1e} | "
+                  f"{_f(spread, '.1e')} | "
+                  f"{_f(b['per_s'] / mx['per_s'] if mx['per_s'] else None, '.1f')} | "
+                  f"{b['per_s'] / ro['per_s']:.1f} |")
+    print("\nFixed steps: the fewest on the ladder whose member 0 reaches the joint error "
+          "(MuJoCo's criterion for its step); \"map\": `jaxdae.simulate` of one row at a "
+          "time (`batch_map` without `ensemble`); \"ensemble\": `simulate_ensemble` of each "
+          "chunk. Members 0–7 against jaxdae's Dopri8 at rtol = atol = 1e-12.")
 
 
 def main():
@@ -1068,8 +1171,9 @@ def main():
             wanted = [w.strip() for w in args.only.split(",") if w.strip()]
             files = {k: v for k, v in files.items() if any(w in k for w in wanted)}
         results = [run_robot(name, path, settings, out) for name, path in files.items()]
+        # (`--only` without the chain leaves out the chain's scaling too.)
         chains = chain_scaling(Path(folder), CHAIN_LENGTHS[:2] if args.quick else CHAIN_LENGTHS,
-                               settings.reps)
+                               settings.reps) if any(k.startswith("chain") for k in files) else []
     print_tables(results, settings)
     print("\n### One right-hand side against the length of a chain [µs]\n")
     print("| links | MuJoCo (rollout Euler step) | per link | jaxdae | per link |")
