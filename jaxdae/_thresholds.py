@@ -129,19 +129,26 @@ PROJECTED_ITERATIONS = 2
 # number of copies (docs/design_measurements.md#rosenbrock-tangents).
 TANGENT_LOOP_MAX = 17
 
-# Up to this many rows `_linalg.inverse` computes a matrix's inverse by array operations
-# (from `lu_factor`'s unrolled factors up to `LU_UNROLL_MAX`, by the looped Gauss–Jordan
-# elimination of `looped_inverse` beyond), and `factor_for_solves` returns that inverse:
-# each solve of a Rosenbrock stage, a chord iteration or a generalized-α Newton iteration
-# is then one matrix–vector product fused with its neighbours, instead of a chain of `2n`
-# dependent substitution steps, or LAPACK's `getrf`/`trsm` custom calls that make the whole
-# solve's loop run kernel by kernel (docs/design_measurements.md#rosenbrock-inverse,
-# #looped-inverse). A product with the computed inverse is not backward stable like a
-# substitution, but its forward error is of the same order, `cond(A) · eps`, and for a
-# dissipative `J` the inverse of `I − hγJ` is bounded (`‖(I − hγJ)⁻¹‖ ≤ 1` for a normal
-# `J` with eigenvalues in the left half-plane); `tests/test_rosenbrock.py` (Robertson's
-# problem against Radau to 1e-6, Van der Pol with μ = 10³, float32) holds with it.
-INVERSE_MAX = 64
+# Up to this many states a step turns the LU factors of `I − hγJ` into its inverse (one
+# solve with the identity) and each stage's solve is a product with it, one fused
+# kernel, instead of a chain of `2n` dependent substitution steps per stage: it halves the
+# time per step and the compile time of a small model, with the same steps and solution
+# (docs/design_measurements.md#rosenbrock-inverse). A product with the computed inverse is
+# not backward stable like a substitution, but its forward error is of the same order,
+# `cond(I − hγJ) · eps`, and for a dissipative `J` the inverse is bounded (`‖(I − hγJ)⁻¹‖ ≤
+# 1` for a normal `J` with eigenvalues in the left half-plane); `tests/test_rosenbrock.py`
+# (Robertson's problem against Radau to 1e-6, Van der Pol with μ = 10³, float32) holds
+# with it. Beyond, the LU factors: Rosenbrock and chord steps factorize at every step, and
+# the looped inverse below costs more than LAPACK's from about 40 rows.
+INVERSE_MAX = 16
+
+# Up to this many rows `_linalg.inverse` computes an inverse by array operations (from
+# `lu_factor`'s unrolled factors up to `LU_UNROLL_MAX`, by the looped Gauss–Jordan
+# elimination of `looped_inverse` beyond), LAPACK beyond. `jaxdae.GeneralizedAlpha` keeps
+# its Newton matrix's inverse across iterations and steps: built from array operations, it
+# adds no custom call to the solve's loop, which XLA can then run as one kernel
+# (docs/design_measurements.md#looped-inverse).
+LOOPED_INVERSE_MAX = 64
 
 # -- The swept solve (`_integration/_sweep_forward.py`) --------------------------------------
 

@@ -30,7 +30,13 @@ from jaxdae._compilation._linalg import (
     solve_factored,
     spd_solve,
 )
-from jaxdae._thresholds import INVERSE_MAX, LU_UNROLL_MAX, LYAPUNOV_MAX, UNROLL_MAX
+from jaxdae._thresholds import (
+    INVERSE_MAX,
+    LOOPED_INVERSE_MAX,
+    LU_UNROLL_MAX,
+    LYAPUNOV_MAX,
+    UNROLL_MAX,
+)
 
 SIZES = [1, 2, 3, UNROLL_MAX, UNROLL_MAX + 1]
 
@@ -357,11 +363,12 @@ _inverse = jax.jit(inverse)  # one program a shape, shared by the tests below
 
 
 @pytest.mark.parametrize("n", [LU_UNROLL_MAX + 1, 33,
-                               pytest.param(INVERSE_MAX, marks=pytest.mark.slow)])
+                               pytest.param(LOOPED_INVERSE_MAX, marks=pytest.mark.slow)])
 def test_looped_inverse_matches_numpy(n):
     """`inverse` (the looped Gauss–Jordan elimination from `LU_UNROLL_MAX + 1` rows up to
-    `INVERSE_MAX`) against NumPy's LAPACK inverse and `jnp.linalg.solve`, on a random
-    matrix and on a generalized-α Newton matrix; `factor_for_solves` keeps it."""
+    `LOOPED_INVERSE_MAX`) against NumPy's LAPACK inverse and `jnp.linalg.solve`, on a
+    random matrix and on a generalized-α Newton matrix; `factor_for_solves` keeps the
+    inverse up to `INVERSE_MAX` rows, the LU factors beyond."""
     rng = np.random.default_rng(n)
     for matrix in (rng.standard_normal((n, n)), _saddle_point(n - n // 4, n // 4, n)):
         result = np.asarray(_inverse(matrix))
@@ -369,7 +376,8 @@ def test_looped_inverse_matches_numpy(n):
         cond = np.linalg.cond(matrix)
         np.testing.assert_allclose(result, expected,
                                    atol=1e-14 * cond * np.max(np.abs(expected)))
-        assert jax.eval_shape(factor_for_solves, matrix).shape == (n, n)  # the inverse
+        factored = jax.eval_shape(factor_for_solves, matrix)
+        assert isinstance(factored, tuple) == (n > INVERSE_MAX)  # LU factors or the inverse
         b = rng.standard_normal(n)
         np.testing.assert_allclose(solve_factored(result, b), jnp.linalg.solve(matrix, b),
                                    atol=1e-14 * cond * np.max(np.abs(expected @ b)))

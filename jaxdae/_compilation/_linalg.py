@@ -604,7 +604,7 @@ def looped_inverse(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
     inverse from the LU factors): a `lax.fori_loop` over the columns, each a pivot search
     and a rank-one update of the whole matrix. No LAPACK call, so that XLA fuses it into a
     surrounding loop (an ODE solve's steps) and that loop runs as one kernel
-    (`INVERSE_MAX`); one loop of `n` iterations where an LU factorization and the
+    (`LOOPED_INVERSE_MAX`); one loop of `n` iterations where an LU factorization and the
     solves with the identity would take three.
 
     A singular matrix gives a zero pivot and non-finite entries (which make an ODE solver
@@ -623,10 +623,10 @@ def _looped_inverse_jvp(primals, tangents):
 def inverse(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
     """`matrix⁻¹` for a square matrix that is solved with many times, as array operations
     that XLA fuses into a surrounding loop: from `lu_factor`'s unrolled factors up to
-    `LU_UNROLL_MAX` rows, by [`looped_inverse`][] up to `INVERSE_MAX`, from LAPACK's
-    factors beyond (where it is no longer fused)."""
+    `LU_UNROLL_MAX` rows, by [`looped_inverse`][] up to `LOOPED_INVERSE_MAX`, from LAPACK's
+    factors beyond."""
     n = matrix.shape[0]
-    if _thresholds.LU_UNROLL_MAX < n <= _thresholds.INVERSE_MAX:
+    if _thresholds.LU_UNROLL_MAX < n <= _thresholds.LOOPED_INVERSE_MAX:
         return looped_inverse(matrix)
     return lu_solve(lu_factor(matrix), jnp.eye(n, dtype=matrix.dtype))
 
@@ -634,7 +634,7 @@ def inverse(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
 def factor_for_solves(matrix: Float[Array, "n n"]):
     """What [`solve_factored`][] needs to solve with `matrix` many times: up to
     `INVERSE_MAX` rows its [`inverse`][] (so that each solve is one matrix–vector product,
-    fused with its neighbours), beyond the LU factors."""
+    fused with its neighbours), beyond the LU factors (LAPACK's beyond `LU_UNROLL_MAX`)."""
     n = matrix.shape[0]
     if n <= _thresholds.INVERSE_MAX:
         return inverse(matrix)

@@ -68,7 +68,7 @@ class IterationMatrix(eqx.Module):
 
 def invert(matrix: Float[Array, "N N"], least_squares: bool, rcond: float | None
            ) -> Float[Array, "N N"]:
-    """`A⁻¹` by `_linalg.inverse` (array operations up to `INVERSE_MAX` rows, so that it
+    """`A⁻¹` by `_linalg.inverse` (array operations up to `LOOPED_INVERSE_MAX` rows, so that it
     fuses into the step and the solve's loop stays one kernel; LAPACK beyond), or `A⁺` by an SVD
     where `least_squares` (singular values below `rcond σ_max` dropped; default
     `N ε`, as `lineax.SVD`)."""
