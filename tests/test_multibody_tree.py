@@ -15,6 +15,7 @@ import pytest
 import jaxdae
 import jaxdae.multibody as mb
 from jaxdae import _thresholds
+from jaxdae._integration._validation import factored_positive_definite
 from jaxdae.examples._bricard import bricard
 from jaxdae.multibody._articulated import ArticulatedFactor, tree_levels
 from jaxdae.multibody._spatial import apply_inertia
@@ -69,14 +70,19 @@ def articulated():
     jax.clear_caches()
 
 
-def test_a_long_chain_takes_the_articulated_solve():
-    """A chain of 12 links (hinges about alternating axes) takes the recursive path; its
-    factor's solve with the forces and the identity equals `M⁻¹` of the dense `M`."""
+def _long_chain():
+    """A chain of 12 links (hinges about alternating axes): the recursive path."""
     links = [mb.RigidBody(f"l{i}", 0.1, 1e-4 * np.eye(3), {"end": (0.0, 0.0, -0.1)})
              for i in range(12)]
     hinges = [mb.Revolute("ground" if i == 0 else f"l{i - 1}.end", f"l{i}",
                           axis=(0, 1, i % 2)) for i in range(12)]
-    chain = mb.TreeMechanism(links, hinges, [mb.Gravity()])
+    return mb.TreeMechanism(links, hinges, [mb.Gravity()])
+
+
+def test_a_long_chain_takes_the_articulated_solve():
+    """A chain of 12 links (hinges about alternating axes) takes the recursive path; its
+    factor's solve with the forces and the identity equals `M⁻¹` of the dense `M`."""
+    chain = _long_chain()
     assert tree_levels(chain.topology) is not None
     terms = _terms(chain, jnp.linspace(0.0, 1.0, 12), jnp.ones(12))
     factor = terms.mass_operator.factor
@@ -86,6 +92,38 @@ def test_a_long_chain_takes_the_articulated_solve():
     solution = eqx.filter_jit(lambda f, b: f.solve(b))(factor, rhs)
     np.testing.assert_allclose(solution, np.linalg.solve(terms.mass_matrix, rhs), rtol=0,
                                atol=1e-12 * float(jnp.max(jnp.abs(solution))))
+
+
+def test_articulated_pivots_say_whether_the_mass_is_positive_definite():
+    """The articulated factor's pivots say whether `M` is positive definite, as the dense
+    `M`'s eigenvalues do, also where one link's mass is negative (an optimizer's step can
+    make it so); they are `M`'s block pivots, so their determinants multiply to `det M`.
+    `simulate`'s check of the initial state reads them."""
+    chain, q = _long_chain(), jnp.linspace(0.0, 1.0, 12)
+    for mass in (0.1, -0.3):
+        model = eqx.tree_at(lambda m: m.bodies[5].mass, chain, jnp.asarray(mass))
+        terms = _terms(model, q, jnp.ones(12))
+        lowest = np.linalg.eigvalsh(np.asarray(terms.mass_matrix))[0]
+        factor = terms.mass_operator.factor
+        assert isinstance(factor, ArticulatedFactor)
+        assert bool(factor.positive_definite()) == (lowest > 0)
+        assert bool(factored_positive_definite(terms)) == (lowest > 0)
+        pivots = 1 / np.asarray(factor.pivots).reshape(-1)
+        np.testing.assert_allclose(np.prod(pivots), np.linalg.det(terms.mass_matrix),
+                                   rtol=1e-9)
+
+
+@pytest.mark.slow
+def test_a_traced_solve_checks_the_initial_mass_by_its_pivots():
+    """A traced solve of a tree on the recursive path whose mass matrix is not positive
+    definite raises the initial state's message (read from the articulated pivots)."""
+    chain = _long_chain()
+    bad = eqx.tree_at(lambda m: m.bodies[5].mass, chain, jnp.asarray(-0.3))
+    solve = eqx.filter_jit(lambda model: jaxdae.simulate(
+        model, jaxdae.Unstabilized(), 0.0, 0.01, jnp.zeros(12), jnp.zeros(12)).q_final)
+    assert np.all(np.isfinite(solve(chain)))
+    with pytest.raises(Exception, match="mass matrix at `q0` is not symmetric positive"):
+        jax.block_until_ready(solve(bad))
 
 
 @pytest.mark.slow

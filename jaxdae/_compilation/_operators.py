@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import lineax as lx
 
-from .._custom_types import Array, Float
+from .._custom_types import Array, Bool, Float
 from ._sparse import SparseMatrix, block_inverse, cholesky_factor, cholesky_solve
 
 
@@ -102,6 +102,12 @@ class AbstractMassFactor(eqx.Module):
     @abc.abstractmethod
     def solve(self, rhs: Float[Array, "n k"]) -> Float[Array, "n k"]:
         """`M⁻¹ rhs` (dense)."""
+
+    def positive_definite(self) -> Bool[Array, ""] | None:
+        """Whether `M` is symmetric positive definite, where the factor shows it from what it
+        holds (a factorization's pivots); `None` where it does not, and the dense matrix is
+        tested instead (`simulate`'s check of the initial mass matrix)."""
+        return None
 
 
 class MassFactor(AbstractMassFactor):

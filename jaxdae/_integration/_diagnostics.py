@@ -15,16 +15,19 @@ from .._solution import (
 )
 from ._failures import all_finite, checked_result, tests_target_range
 from ._sweep_forward import is_none, nones, typed_literal_as_array
+from ._validation import factored_positive_definite
 from ._vector_fields import formulation_velocities, system_terms
 
 
 @eqx.filter_jit
 def state_diagnostics(system, formulation, t, q, s):
     """Constraint residuals, multipliers, energy, velocities and momenta at one saved state,
-    the mass matrix and forces there, the formulation's `residual_allowance` and the inputs
-    of `checked_result`'s range test (`(G, s)`, or None: `tests_target_range`). Differentiated by JAX, in forward and reverse mode,
-    where the solve's adjoint works in both; by its vector–Jacobian product where the
-    adjoint works in reverse mode only (`reverse_diagnostics`)."""
+    the mass matrix there with whether its factor shows it positive definite
+    (`factored_positive_definite`) and the forces, the formulation's `residual_allowance` and
+    the inputs of `checked_result`'s range test (`(G, s)`, or None: `tests_target_range`).
+    Differentiated by JAX, in forward and reverse mode, where the solve's adjoint works in
+    both; by its vector–Jacobian product where the adjoint works in reverse mode only
+    (`reverse_diagnostics`)."""
     s = formulation_velocities(system, formulation, t, q, s)
     terms = system_terms(system, t, q, s)
     _, multipliers = formulation.accelerations(terms)
@@ -34,7 +37,8 @@ def state_diagnostics(system, formulation, t, q, s):
     return (terms.phi, terms.dphi, terms.psi, multipliers,
             system.energy(t, q, s) if terms.energy is None else terms.energy,
             system.velocities(t, q, s), saved_momenta(system, t, q, s, terms), terms.mass_matrix,
-            terms.forces, jax.lax.stop_gradient(formulation.residual_allowance(terms)),
+            factored_positive_definite(terms), terms.forces,
+            jax.lax.stop_gradient(formulation.residual_allowance(terms)),
             jacobian_spectrum(terms.jacobian), range_inputs)
 
 
@@ -160,7 +164,8 @@ def assemble_solution(system, formulation, start, ts, saved, outcome, limit,
                       reverse: bool = False) -> tuple[Solution, tuple[Array, Array]]:
     """One trajectory's [`jaxdae.Solution`][] from its `start = (t0, q0, v0)`, the times
     and states diffrax `saved` and the solve's `outcome = (reached, result, stats)`, and the
-    mass matrix and forces at the initial state (for `check_traced`). `limit`: the
+    mass matrix, whether its factor shows it positive definite (None: it does not) and the
+    forces at the initial state (for `check_traced`). `limit`: the
     constraint residual that its tolerances allow at the end, and whether the
     formulation's `residual_allowance` adds to it (`checked_result`). `reverse`:
     the solve is differentiable in reverse mode only, and so are the diagnostics
@@ -185,14 +190,14 @@ def assemble_solution(system, formulation, start, ts, saved, outcome, limit,
         # batch the equations' scalar graph, equation by equation, at trace time
         # (docs/design_measurements.md#two-row-diagnostics).
         per_row = [diagnostics(system, formulation, *row) for row in ((t0, q0, v0), final)]
-        *diagnostics, mass, forces, allowance, spectra, range_inputs = jax.tree.map(
+        *diagnostics, mass, definite, forces, allowance, spectra, range_inputs = jax.tree.map(
             lambda *x: jnp.stack(x), *per_row)
         outputs = diagnostics
     else:  # the initial state first, the final state last
         rows = at_valid(valid, (ts_out, q, v), (t0, q0, v0))
         rows = tuple(jnp.concatenate([x0[None], row, x[None]])
                      for x0, row, x in zip((t0, q0, v0), rows, final, strict=False))
-        *diagnostics, mass, forces, allowance, spectra, range_inputs = jax.vmap(
+        *diagnostics, mass, definite, forces, allowance, spectra, range_inputs = jax.vmap(
             diagnostics, in_axes=(None, None, 0, 0, 0))(system, formulation, *rows)
         outputs = [x[1:-1] for x in diagnostics]
         spectra = spectra[:-1]  # the initial state, then the saved ones
@@ -230,4 +235,4 @@ def assemble_solution(system, formulation, start, ts, saved, outcome, limit,
         p_final=jnp.where(final_finite, diagnostics[6][-1], jnp.nan),
         jacobian_conditioning=mask(conditioning(spectra)[-valid.shape[0]:]),
     )
-    return sol, (mass[0], forces[0])
+    return sol, jax.tree.map(lambda x: x[0], (mass, definite, forces))

@@ -143,18 +143,19 @@ class TracedChecks(eqx.Module):
 def check_traced(sol, system, formulation, times, initial, checks: TracedChecks,
                  trajectories, steps=(None, None)):
     """`sol` with the checks of a traced call attached as one branched error: the
-    gains' (`checks.gain_flags`), those of `check_initial_state`
-    (`checks.check_state`) on `initial = (q0, v0, mass matrix, forces)`, of the times and
-    of `steps = (dt0, step-size controller)` (`traced_input_checks`), then
+    gains' (`checks.gain_flags`), those of `check_initial_state` (`checks.check_state`) on
+    `initial = (q0, v0, mass matrix, definite, forces)` (`initial_state_problems`), of the
+    times and of `steps = (dt0, step-size controller)` (`traced_input_checks`), then
     (`checks.throw`) the failure of the solve. `trajectories`: the solve's
     `AbstractTrajectories`.
 
     One `error_if` for all, each being a `lax.cond` with host callbacks. The initial
-    state's checks run after the solve, on the mass matrix and forces that `assemble_solution`
-    evaluated at the initial state: evaluated before it, on their own, they would be a
-    second copy of the equations of motion in the compiled program, which XLA neither shares
-    nor prunes (`experiments/benchmarks/bench_compile.py` counts the program's instructions). A solve
-    from a bad state thus runs before the input's error is raised."""
+    state's checks run after the solve, on the mass matrix (or what its factor shows) and
+    the forces that `assemble_solution` evaluated at the initial state: evaluated before it,
+    on their own, they would be a second copy of the equations of motion in the compiled
+    program, which XLA neither shares nor prunes (`experiments/benchmarks/bench_compile.py`
+    counts the program's instructions). A solve from a bad state thus runs before the
+    input's error is raised."""
     # The checks carry no gradient: their inputs are detached, so they are not linearized.
     system, formulation, times, initial, checks, steps = detached(
         (system, formulation, times, initial, checks, steps))
@@ -163,9 +164,9 @@ def check_traced(sol, system, formulation, times, initial, checks: TracedChecks,
     flags, messages = list(checks.gain_flags), checks.gain_messages
     rows_invalid = False
     if checks.check_state:
-        def problems(q0, v0, mass, forces, rows):
-            return initial_state_problems(system, formulation, (t0, q0, v0), (mass, forces),
-                                          sol.psi.shape[-1], rows)
+        def problems(q0, v0, mass, definite, forces, rows):
+            return initial_state_problems(system, formulation, (t0, q0, v0),
+                                          (mass, definite, forces), sol.psi.shape[-1], rows)
 
         state_flags, rows_invalid = trajectories.traced_state_flags(problems, initial, throw)
         if state_flags is not None:

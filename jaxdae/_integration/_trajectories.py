@@ -65,10 +65,10 @@ class AbstractTrajectories(eqx.Module):
     @abc.abstractmethod
     def traced_state_flags(self, problems: Callable, initial: tuple, throw: bool
                            ) -> tuple[Array | None, Array | bool]:
-        """The initial state's flags of a traced solve from `problems(q0, v0, mass, forces,
-        rows)` (`initial_state_problems`): `(flags, rows_invalid)`, the flags that join the
-        solve's error (None: none) and, with `throw=False`, the trajectories whose initial
-        state has a problem."""
+        """The initial state's flags of a traced solve from `problems(q0, v0, mass, definite,
+        forces, rows)` (`initial_state_problems`): `(flags, rows_invalid)`, the flags that
+        join the solve's error (None: none) and, with `throw=False`, the trajectories whose
+        initial state has a problem."""
 
     @abc.abstractmethod
     def solvable_start(self, q0: Array, v0: Array) -> tuple[Array, Array]:
@@ -89,9 +89,10 @@ class AbstractTrajectories(eqx.Module):
     def solution(self, system, formulation, start, ts, out: diffrax.Solution, result: RESULTS,
                  limit: tuple[Array, Array], reverse: bool) -> tuple[Solution, tuple]:
         """The [`jaxdae.Solution`][] of the solve `out` from `start = (t0, q0, v0)` with
-        jaxdae's `result`, and the mass matrix and forces at the initial states
-        (`assemble_solution`; `limit`: each trajectory's residual limit; `reverse`: the
-        solve is differentiable in reverse mode only)."""
+        jaxdae's `result`, and the mass matrix, whether its factor shows it positive
+        definite and the forces at the initial states (`assemble_solution`; `limit`: each
+        trajectory's residual limit; `reverse`: the solve is differentiable in reverse mode
+        only)."""
 
     @abc.abstractmethod
     def reported_result(self, result: RESULTS) -> RESULTS:

@@ -21,6 +21,7 @@ from .._checks import (
     dtype_problem,
     tolerance_problem,
 )
+from .._compilation._operators import FactoredOperator
 from .._custom_types import Array
 from .._formulations import AbstractFormulation, AbstractStabilizedFormulation
 from .._gains import is_concrete
@@ -62,23 +63,38 @@ def check_initial_state(system: AbstractSystem, formulation, t0, q0, v0
     `INITIAL_STATE_MESSAGES` followed by the formulation's `state_problems` flags, and the
     values those quote (the eager checks)."""
     terms = system_terms(system, t0, q0, v0)
-    flags, values = initial_state_problems(system, formulation, (t0, q0, v0),
-                                           (terms.mass_matrix, terms.forces),
-                                           terms.num_nonholonomic)
+    flags, values = initial_state_problems(
+        system, formulation, (t0, q0, v0),
+        (terms.mass_matrix, factored_positive_definite(terms), terms.forces),
+        terms.num_nonholonomic)
     return terms.mass_matrix, flags, values
+
+
+def factored_positive_definite(terms) -> Array | None:
+    """Whether the mass matrix of `terms` is positive definite, where the factor that its
+    operator carries shows it (`AbstractMassFactor.positive_definite`: a tree's articulated
+    pivots); else `None`, and `initial_state_problems` tests the dense matrix. Read from the
+    factor, the check of a traced solve needs no dense `M` at the initial state, nor a
+    factorization of its own."""
+    operator = terms.mass_operator
+    return operator.factor.positive_definite() if isinstance(operator, FactoredOperator) else None
 
 
 def initial_state_problems(system, formulation, state, terms, num_nonholonomic: int,
                            rows: str | None = None) -> tuple[Array, Array]:
     """The flags and values of `check_initial_state` at the initial `state = (t0, q0, v0)`,
-    given `terms = (mass matrix, forces)` there.
+    given `terms = (mass matrix, definite, forces)` there, `definite` whether the mass
+    matrix is positive definite as its factor shows it (`factored_positive_definite`; None:
+    the matrix itself is tested).
 
     With `rows`, the name of a `vmap` axis over trajectories, each flag says whether it holds
     in any row. A flag that is the same in every row (a constant) then stays one value: as a
     column broadcast over the rows and reduced, XLA's GPU compiler would constant-fold it row
     by row (docs/design_measurements.md#constant-row-flags)."""
-    (t0, q0, v0), (mass, forces) = state, terms
-    asym = jnp.max(jnp.abs(mass - mass.T)) > 1e-8 * (1 + jnp.max(jnp.abs(mass)))
+    (t0, q0, v0), (mass, definite, forces) = state, terms
+    if definite is None:
+        asym = jnp.max(jnp.abs(mass - mass.T)) > 1e-8 * (1 + jnp.max(jnp.abs(mass)))
+        definite = ~asym & is_mass_positive_definite(system, t0, q0, v0, 0.5 * (mass + mass.T))
     if jnp.shape(q0) == jnp.shape(v0):  # one reduction: one operation fewer in the program
         q0_finite, v0_finite = jnp.all(jnp.isfinite(jnp.stack([q0, v0])).reshape(2, -1), axis=1)
     else:
@@ -86,7 +102,7 @@ def initial_state_problems(system, formulation, state, terms, num_nonholonomic: 
     flags = [
         ~q0_finite,
         ~v0_finite,
-        asym | ~is_mass_positive_definite(system, t0, q0, v0, 0.5 * (mass + mass.T)),
+        ~definite,
         ~jnp.all(jnp.isfinite(forces)),
         # Only nonholonomic constraints can fail to be affine (a Hessian costs trace time).
         is_not_affine(*system.velocity_constraint_curvature(t0, q0, v0))

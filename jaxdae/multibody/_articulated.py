@@ -14,8 +14,8 @@ from .._compilation._gather import take
 from .._compilation._linalg import unrolled_cholesky_factor, unrolled_substitution
 from .._compilation._operators import AbstractMassFactor
 from .._compilation._sparse import SparseMatrix
-from .._custom_types import Array, Float
-from ._spatial import skew_matrices
+from .._custom_types import Array, Bool, Float
+from ._spatial import motion_cross, skew_matrices
 from ._topology import Topology
 
 
@@ -96,6 +96,32 @@ def level_path_sums(levels: Levels, x: Array) -> Array:
     return from_levels(levels, sums, x.shape[0])
 
 
+def level_motion_sums(levels: Levels, relative: Float[Array, "b 6"],
+                      local: Float[Array, "b 6"] | None) -> tuple[Array, Array]:
+    """The bodies' spatial velocities `V` (the sums of their joints' `relative` velocities
+    `S q̇` along their paths) and the sums along their paths of `V_parent × S q̇ + local`
+    (the accelerations at `q̈ = 0` of `TreeMechanism._motion`), in one `lax.scan` from the
+    ground, one level of bodies per step: each level reads its parents' `V` from the step
+    before (`level_path_sums` would take two loops, the second after the first)."""
+    parents = jnp.asarray(np.asarray(levels.parents), relative.dtype)
+    local = jnp.zeros_like(relative) if local is None else local
+
+    def outward(carry, step):
+        velocity_c, bias_c = carry
+        relative_l, local_l, parent_l = step
+        parent_velocity = jnp.einsum("sr,rj->sj", parent_l, velocity_c)
+        velocity = parent_velocity + relative_l
+        bias = (jnp.einsum("sr,rj->sj", parent_l, bias_c)
+                + motion_cross(parent_velocity, relative_l) + local_l)
+        return (velocity, bias), (velocity, bias)
+
+    per_level = [by_level(levels, x) for x in (relative, local)]
+    zero = jnp.zeros_like(per_level[0][0])
+    _, sums = jax.lax.scan(outward, (zero, zero), (*per_level, parents))
+    count = relative.shape[0]
+    return from_levels(levels, sums[0], count), from_levels(levels, sums[1], count)
+
+
 def inertia_matrices(parts) -> Float[Array, "b 6 6"]:
     """The `6 × 6` spatial inertias of the parts `(m, h, I_O)` (see `_spatial.py`):
     `[[I_O, h̃], [h̃ᵀ, m 1]]`."""
@@ -145,6 +171,17 @@ class ArticulatedFactor(AbstractMassFactor):
     @property
     def inverse(self) -> SparseMatrix | None:
         return None
+
+    def positive_definite(self) -> Bool[Array, ""]:
+        """Whether `M` is positive definite, from the pivots alone: the articulated-body
+        algorithm factors `M = Lᵀ D L` block by block in the tree's order (Featherstone
+        (2008), §6.5), so `M` is positive definite exactly where every pivot `D` is
+        (Sylvester's criterion by blocks), and `M` is symmetric by construction. `D⁻¹` is
+        finite with a positive diagonal exactly then: a `1 × 1` pivot's inverse keeps its
+        sign, and a wider one's Cholesky factorization turns a pivot that is not positive
+        definite into `nan`. (Empty slots have unit pivots.)"""
+        diagonal = jnp.diagonal(self.pivots, axis1=-2, axis2=-1)
+        return jnp.all(jnp.isfinite(self.pivots)) & jnp.all(diagonal > 0)
 
     def solve(self, rhs: Float[Array, "n k"]) -> Float[Array, "n k"]:
         """`M⁻¹ rhs`: from the tips, each body's articulated force `p^A` (its children's

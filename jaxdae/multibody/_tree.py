@@ -25,6 +25,7 @@ from .._systems._system import (
 from ._articulated import (
     articulated_factor,
     inertia_matrices,
+    level_motion_sums,
     level_path_sums,
     tree_levels,
 )
@@ -415,14 +416,13 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         rates = self._rates(v)
         coords = self._rates(q)
         relative = jnp.einsum("bjk,bk->bj", subspaces, rates)
-        velocities = self._path_sums(relative)
-        bias = [motion_cross(velocities - relative, relative)]
         top = self.topology
+        local = None
         if any(kind != SCREW for kind in top.kinds):
-            local = []
+            parts = []
             for kind, start, stop in top.groups:
                 if kind == SCREW:
-                    local.append(jnp.zeros((stop - start, 6), q.dtype))
+                    parts.append(jnp.zeros((stop - start, 6), q.dtype))
                     continue
                 first = 3 if kind == FLOATING else 0
                 p, pdot = coords[start:stop, first:first + 4], rates[start:stop, first:first + 4]
@@ -430,13 +430,21 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 omega = relative[start:stop, :3]
                 if kind == FLOATING:
                     centre = centres[start:stop]
-                    local.append(jnp.concatenate([
+                    parts.append(jnp.concatenate([
                         shrink * omega, jnp.cross(rates[start:stop, :3], omega)
                         + shrink * jnp.cross(centre, omega)], axis=1))
                 else:
-                    local.append(shrink * relative[start:stop])
-            bias.append(jnp.concatenate(local))
-        return rotations, centres, subspaces, velocities, self._path_sums(sum(bias[1:], bias[0]))
+                    parts.append(shrink * relative[start:stop])
+            local = jnp.concatenate(parts)
+        levels = tree_levels(top)
+        if levels is not None:
+            # Both sums along the paths in one loop over the levels.
+            velocities, bias = level_motion_sums(levels, relative, local)
+            return rotations, centres, subspaces, velocities, bias
+        velocities = self._path_sums(relative)
+        bias = motion_cross(velocities - relative, relative)
+        bias = bias if local is None else bias + local
+        return rotations, centres, subspaces, velocities, self._path_sums(bias)
 
     def _gravity(self, dtype):
         """The sum of the [`jaxdae.multibody.Gravity`][] elements' accelerations: the
