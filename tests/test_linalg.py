@@ -385,7 +385,7 @@ def test_looped_inverse_matches_numpy(n):
 
 def test_looped_inverse_pivots_derivative_and_singular():
     """A permutation (zeros on the diagonal) is inverted exactly; the derivative is
-    `jnp.linalg.inv`'s; a singular matrix gives non-finite entries."""
+    `jnp.linalg.inv`'s; a singular matrix gives non-finite entries; `vmap` works."""
     n = LU_UNROLL_MAX + 1
     permutation = np.roll(np.eye(n), 1, axis=0)
     np.testing.assert_array_equal(_inverse(permutation), permutation.T)
@@ -395,6 +395,9 @@ def test_looped_inverse_pivots_derivative_and_singular():
     _, expected = jax.jvp(jnp.linalg.inv, (jnp.asarray(a),), (jnp.asarray(da),))
     np.testing.assert_allclose(tangent, expected, rtol=1e-10, atol=1e-12)
     assert not np.all(np.isfinite(_inverse(np.ones((n, n)))))
+    stack = np.stack([a, a + da])
+    np.testing.assert_allclose(jax.jit(jax.vmap(looped_inverse))(stack), np.linalg.inv(stack),
+                               rtol=1e-9, atol=1e-12)
 
 
 def test_pivoted_cholesky_of_a_rank_deficient_matrix():
