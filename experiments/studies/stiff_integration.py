@@ -27,8 +27,11 @@ Four studies, each written to OUT/stiff_integration/ (summary.json, figures):
    after compiling, the solvers of a case called in turn. The table compares, per case,
    the cheapest run of each solver that reaches a relative error of 1e-3 and of 1e-6.
 3. **Gradients** on the stiff cases: `jax.grad` of the final position with respect to a mass,
-   through each implicit solver, against central differences, and its time against the
-   forward solve's (wall time, best of three, called in turn).
+   through Tsit5 and each implicit solver with its default adjoint (and GeneralizedAlpha
+   and Rodas5P through diffrax's loop with one checkpoint per step, GeneralizedAlpha with
+   32), against central differences, and its time against the forward solve's (wall time,
+   median of three, called in turn in one process); `gradient_segments`: GeneralizedAlpha's
+   default adjoint keeping 1,024, 4,096 and all steps' states at once.
 4. **Where an implicit step's time goes**, on the spring pendulum (`k = 10⁶`) as an 8-state
    ODE (`Baumgarte(10, 25)`): the cost of one right-hand side, of its Jacobian
    (`jax.jacfwd`), of the same ODE's written out by hand and of an 8 × 8 LU factorization and
@@ -44,7 +47,8 @@ Four studies, each written to OUT/stiff_integration/ (summary.json, figures):
    the rest, and their error estimates against the true local errors of sampled steps.
 
     OPENBLAS_NUM_THREADS=1 python experiments/studies/stiff_integration.py --out output [--quick]
-        [--study configuration|work_precision|gradients|step_costs|crosscheck|global_error]...
+        [--study configuration|work_precision|gradients|gradient_segments|step_costs|crosscheck|
+         global_error]...
         [--case TEXT]...
 """
 
@@ -340,45 +344,110 @@ def at_target(rows, target):
     return best
 
 
+GRADIENT_MAX_STEPS = 200_000
+
+
+def gradient_runs(rtol):
+    """The gradient study's solvers and adjoints: `(name, solver, adjoint)`, the default
+    adjoint (None) and, for GeneralizedAlpha, diffrax's loop with one checkpoint per step
+    and with the 32 checkpoints it used to default to."""
+    implicit = solvers(rtol, 1e-3 * rtol)
+    every_step = diffrax.RecursiveCheckpointAdjoint(checkpoints=GRADIENT_MAX_STEPS)
+    return (("Tsit5", diffrax.Tsit5(), None),
+            ("Kvaerno5 (configured)", implicit["Kvaerno5 (configured)"], None),
+            ("GeneralizedAlpha", jaxdae.GeneralizedAlpha(), None),
+            ("GeneralizedAlpha, diffrax's loop, a checkpoint per step", jaxdae.GeneralizedAlpha(),
+             every_step),
+            ("GeneralizedAlpha, diffrax's loop, 32 checkpoints", jaxdae.GeneralizedAlpha(),
+             diffrax.RecursiveCheckpointAdjoint(checkpoints=32)),
+            ("Rodas5P", implicit["Rodas5P"], None),
+            ("Rodas5P, diffrax's loop, a checkpoint per step", implicit["Rodas5P"], every_step))
+
+
 def gradients(quick):
-    """Study 3: d q_final[0] / d mass through the implicit solvers, against central
-    differences of the same solver and of a reference (Tsit5 at rtol 1e-12)."""
+    """Study 3: d q_final[0] / d mass through each solver and adjoint (`gradient_runs`),
+    against central differences of the same solver and of a reference (Tsit5 at rtol
+    1e-12), and its wall time against the forward solve's: the jitted gradient and the
+    jitted forward solve called in turn, median of three, in one process."""
     rows = []
     t1 = 0.5 if quick else 1.0
+    rtol = 1e-8
     for case, make in list(CASES.items())[::2]:
         system, formulation, q0, v0, field = make()
 
-        def loss(mass, solver, rtol, system=system, formulation=formulation, q0=q0, v0=v0,
-                 field=field):
+        def loss(mass, solver, adjoint, system=system, formulation=formulation, q0=q0, v0=v0,
+                 field=field, rtol=rtol):
             value = mass if field == "m1" else jnp.stack([mass, system.masses[1]])
             model = eqx.tree_at(lambda s: getattr(s, field), system, value)
-            return jaxdae.simulate(model, formulation, 0.0, t1, q0, v0, solver=solver,
-                                   rtol=rtol, atol=1e-3 * rtol, max_steps=200_000).q_final[0]
+            sol = jaxdae.simulate(model, formulation, 0.0, t1, q0, v0, solver=solver,
+                                  rtol=rtol, atol=1e-3 * rtol, max_steps=GRADIENT_MAX_STEPS,
+                                  adjoint=adjoint)
+            return sol.q_final[0], sol.stats["num_accepted_steps"]
 
         mass, eps = jnp.asarray(1.0), 1e-4
-        reference = float((loss(mass + eps, diffrax.Tsit5(), 1e-12)
-                           - loss(mass - eps, diffrax.Tsit5(), 1e-12)) / (2 * eps))
-        for name, rtol in (("Kvaerno5 (configured)", 1e-8), ("GeneralizedAlpha", 1e-8),
-                           ("Rodas5P", 1e-8)):
-            solver = solvers(rtol, 1e-3 * rtol)[name]
-            forward_fn = jax.jit(lambda m, solver=solver, rtol=rtol: loss(m, solver, rtol))
-            grad_fn = jax.jit(jax.grad(lambda m, solver=solver, rtol=rtol: loss(m, solver, rtol)))
+        reference = float((loss(mass + eps, diffrax.Tsit5(), None, rtol=1e-12)[0]
+                           - loss(mass - eps, diffrax.Tsit5(), None, rtol=1e-12)[0])
+                          / (2 * eps))
+        for name, solver, adjoint in progress(gradient_runs(rtol), case, unit="solver"):
+            forward_fn = jax.jit(lambda m, solver=solver: loss(m, solver, None))
+            grad_fn = jax.jit(jax.grad(lambda m, solver=solver, adjoint=adjoint:
+                                       loss(m, solver, adjoint)[0]))
             grad = float(grad_fn(mass))
-            jax.block_until_ready(forward_fn(mass))
-            walls = {"grad": np.inf, "forward": np.inf}  # best of three, called in turn
+            steps = int(jax.block_until_ready(forward_fn(mass))[1])
+            walls = {"grad": [], "forward": []}
             for _ in range(3):
                 for label, fn in (("grad", grad_fn), ("forward", forward_fn)):
                     start = time.perf_counter()
                     jax.block_until_ready(fn(mass))
-                    walls[label] = min(walls[label], time.perf_counter() - start)
-            central = float((loss(mass + eps, solver, rtol) - loss(mass - eps, solver, rtol))
-                            / (2 * eps))
-            rows.append(dict(case=case, solver=name, rtol=rtol, gradient=grad, central=central,
+                    walls[label].append(time.perf_counter() - start)
+            central = float((forward_fn(mass + eps)[0] - forward_fn(mass - eps)[0]) / (2 * eps))
+            grad_s, forward_s = (float(np.median(walls[k])) for k in ("grad", "forward"))
+            rows.append(dict(case=case, solver=name, rtol=rtol, steps=steps, gradient=grad,
+                             central=central,
                              relative_difference=abs(grad - central) / abs(central),
                              reference=reference,
                              error_vs_reference=abs(grad - reference) / abs(reference),
-                             time_ms=1e3 * walls["grad"],
-                             forward_ms=1e3 * walls["forward"]))
+                             time_ms=1e3 * grad_s, forward_ms=1e3 * forward_s,
+                             ratio=grad_s / forward_s))
+    return rows
+
+
+def gradient_segments(quick):
+    """GeneralizedAlpha's default adjoint with its states kept in segments of 1,024 and
+    4,096 steps and in one segment: the gradient of study 3 and its wall time against the
+    forward solve's (called in turn in one process, median of three)."""
+    from jaxdae._integration._generalized_alpha_adjoint import GeneralizedAlphaAdjoint
+
+    rows = []
+    t1, rtol = (0.5 if quick else 1.0), 1e-8
+    for case, make in list(CASES.items())[::2]:
+        system, formulation, q0, v0, field = make()
+
+        def loss(mass, adjoint, system=system, formulation=formulation, q0=q0, v0=v0,
+                 field=field):
+            value = mass if field == "m1" else jnp.stack([mass, system.masses[1]])
+            model = eqx.tree_at(lambda s: getattr(s, field), system, value)
+            return jaxdae.simulate(model, formulation, 0.0, t1, q0, v0,
+                                   solver=jaxdae.GeneralizedAlpha(), rtol=rtol,
+                                   atol=1e-3 * rtol, max_steps=GRADIENT_MAX_STEPS,
+                                   adjoint=adjoint).q_final[0]
+
+        mass = jnp.asarray(1.0)
+        fns = {"forward": jax.jit(lambda m, loss=loss: loss(m, None))}
+        for stored in (1024, 4096, GRADIENT_MAX_STEPS):
+            adjoint = GeneralizedAlphaAdjoint(stored_steps=stored)
+            fns[stored] = jax.jit(jax.grad(lambda m, loss=loss, a=adjoint: loss(m, a)))
+        values = {k: float(fn(mass)) for k, fn in fns.items()}
+        walls = {k: [] for k in fns}
+        for _ in range(3):
+            for k, fn in fns.items():
+                start = time.perf_counter()
+                jax.block_until_ready(fn(mass))
+                walls[k].append(time.perf_counter() - start)
+        forward = float(np.median(walls["forward"]))
+        rows += [dict(case=case, stored_steps=k, gradient=values[k],
+                      time_ms=1e3 * float(np.median(walls[k])), forward_ms=1e3 * forward,
+                      ratio=float(np.median(walls[k])) / forward) for k in fns if k != "forward"]
     return rows
 
 
@@ -841,8 +910,8 @@ def global_error(quick):
     return out
 
 
-STUDIES = ("configuration", "work_precision", "gradients", "step_costs", "crosscheck",
-           "global_error")
+STUDIES = ("configuration", "work_precision", "gradients", "gradient_segments", "step_costs",
+           "crosscheck", "global_error")
 
 
 def main(out: Path, quick: bool = False, studies=STUDIES, only=None) -> dict:
@@ -850,6 +919,7 @@ def main(out: Path, quick: bool = False, studies=STUDIES, only=None) -> dict:
     configuration = configuration_study(quick) if "configuration" in studies else []
     precision = work_precision(quick, only) if "work_precision" in studies else {}
     grads = gradients(quick) if "gradients" in studies else []
+    segments = gradient_segments(quick) if "gradient_segments" in studies else []
     costs = step_costs(quick) if "step_costs" in studies else {}
     checks = crosscheck(quick) if "crosscheck" in studies else {}
     governor = global_error(quick) if "global_error" in studies else {}
@@ -858,7 +928,8 @@ def main(out: Path, quick: bool = False, studies=STUDIES, only=None) -> dict:
     write_json(folder / "summary.json", dict(target_relative_errors=TARGETS, t1=T1,
                                              configuration=configuration,
                                              work_precision=precision, at_target=best,
-                                             gradients=grads, step_costs=costs,
+                                             gradients=grads, gradient_segments=segments,
+                                             step_costs=costs,
                                              crosscheck=checks, global_error=governor))
     if precision:
         _plot(folder, precision)
@@ -875,14 +946,18 @@ def main(out: Path, quick: bool = False, studies=STUDIES, only=None) -> dict:
                 table.append(f"| {target} | {case} | {name} | {row['rtol']:g} | "
                              f"{row['error']:.1e} | {row['steps']} ({row['rejected']}) | "
                              f"{row['time_ms']:.2f} |")
-    table += ["", "| stiff case | solver | gradient | central difference (same solver) | "
-              "rel. diff. | rel. diff. to reference | time [ms] | forward solve [ms] |",
-              "|---|---|---|---|---|---|---|---|"]
+    table += ["", "| stiff case | solver | steps | gradient | central difference (same "
+              "solver) | rel. diff. | rel. diff. to reference | forward [ms] | gradient [ms] | "
+              "gradient / forward |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in grads:
-        table.append(f"| {row['case']} | {row['solver']} | {row['gradient']:.8g} | "
-                     f"{row['central']:.8g} | {row['relative_difference']:.1e} | "
-                     f"{row['error_vs_reference']:.1e} | {row['time_ms']:.1f} | "
-                     f"{row['forward_ms']:.2f} |")
+        table.append(f"| {row['case']} | {row['solver']} | {row['steps']} | "
+                     f"{row['gradient']:.10g} | {row['central']:.8g} | "
+                     f"{row['relative_difference']:.1e} | {row['error_vs_reference']:.1e} | "
+                     f"{row['forward_ms']:.2f} | {row['time_ms']:.1f} | {row['ratio']:.1f} |")
+    table += ["", "| stiff case | GeneralizedAlpha's adjoint, stored steps | gradient | "
+              "gradient [ms] | forward [ms] | gradient / forward |", "|---|---|---|---|---|---|"]
+    table += [f"| {r['case']} | {r['stored_steps']} | {r['gradient']:.10g} | {r['time_ms']:.1f} "
+              f"| {r['forward_ms']:.2f} | {r['ratio']:.1f} |" for r in segments]
     if costs:
         table += _cost_table(costs)
     for name, result in governor.items():

@@ -5,8 +5,10 @@ The forward solve is diffrax's loop, which also records the end time of every ac
 step. The backward pass replays those steps at the recorded times (the same step function,
 no step-size control), keeping their states, and applies each step's adjoint in reverse:
 the step's equations `r(x, p) = 0` for its new positions and scaled multipliers `x` give
-`x̄ᵀ dx = −wᵀ ∂r/∂p dp` with `(∂r/∂x)ᵀ w = x̄` (implicit function theorem), the
-`a`, `q̈`, `v` of the step's end are affine in `x` and the start.
+`x̄ᵀ dx = −wᵀ ∂r/∂p dp` with `(∂r/∂x)ᵀ w = x̄` (implicit function theorem; `∂r/∂x`
+exact, from the linearization of `r` at the step's solution, and one LU factorization),
+and the `a`, `q̈`, `v` of the step's end are affine in `x` and the start (Arnold & Brüls
+2007, the step of [`jaxdae.GeneralizedAlpha`][]).
 
 Differentiating diffrax's loop instead (`diffrax.RecursiveCheckpointAdjoint`) recomputes
 the steps between its checkpoints in the backward pass, in another compiled program:
@@ -48,12 +50,14 @@ class GeneralizedAlphaAdjoint(diffrax.AbstractAdjoint):
 
     - **Memory**: the forward solve keeps one time per step of `max_steps`. The backward
       pass replays the steps in segments of at most `stored_steps`, each from a
-      checkpoint of the solver's state, and keeps one segment's states at a time
-      (`stored_steps × (4n + m)` floats for `n` coordinates and `m` constraints).
+      checkpoint of the solver's state (one per `stored_steps` steps of `max_steps`),
+      and keeps one segment's states at a time (`stored_steps × (4n + m)` floats for `n`
+      coordinates and `m` constraints; docs/design_measurements.md#generalized-alpha-adjoint).
     - **The gradient** is that of the computed solution with the accepted step sizes held
       constant (as diffrax's step-size controllers hold them), through the consistent
-      accelerations at `t0` that start the method: the same gradient as `diffrax.RecursiveCheckpointAdjoint` with one checkpoint per
-      step, whatever `stored_steps`.
+      accelerations at `t0` that start the method: the gradient of
+      `diffrax.RecursiveCheckpointAdjoint` with one checkpoint per step, whatever
+      `stored_steps`.
     - **Solves**: saves at `t0`, `ts` and `t1` (interpolated inside the steps), events
       without a root finder. Gradients with respect to `t0`, `t1` or the save times
       differentiate diffrax's loop instead. Reverse mode only.
@@ -63,7 +67,7 @@ class GeneralizedAlphaAdjoint(diffrax.AbstractAdjoint):
     - `stored_steps`: the most steps whose states the backward pass keeps at once.
     """
 
-    stored_steps: int = eqx.field(default=4096, static=True)
+    stored_steps: int = eqx.field(default=1024, static=True)
 
     def loop(self, *, args, terms, solver, stepsize_controller, event, saveat, t0, t1, dt0,
              max_steps, throw, init_state, passed_solver_state, passed_controller_state,
@@ -219,12 +223,18 @@ def _backward(stored, out_bar, perturbed, problem, static):
             v1, qdd1, a1 = step.unpack(q1)
             return residual, (q1, v1, a1, qdd1)
 
-        (residual, _), pull = jax.vjp(through, inputs, diff_args, x)
-        ends = (q_bar, v_bar, a_bar, qdd_bar)
-        _, _, x_bar = pull((jnp.zeros_like(residual), ends))
-        jacobian = jax.jacfwd(lambda y: through(inputs, diff_args, y)[0])(x)
+        # The end's `q`, `v`, `a`, `q̈` are affine in its positions (`_Step.unpack`):
+        # `∂v/∂q = γ/(hβ)`, `∂a/∂q = 1/(h²β)`, `∂q̈/∂q = 1/c`; the multipliers do not enter.
+        x_bar = jnp.concatenate([
+            q_bar + (prepared.gamma / (prepared.h * prepared.beta)) * v_bar
+            + a_bar / prepared.hb + qdd_bar / prepared.c, jnp.zeros_like(end.lam)])
+        (residual, ends), pull = jax.vjp(through, inputs, diff_args, x)
+        # The rows of `∂r/∂x` from the same linearization, one product per row.
+        no_ends = jax.tree.map(jnp.zeros_like, ends)
+        jacobian = jax.vmap(lambda e: pull((e, no_ends))[2])(
+            jnp.eye(residual.shape[0], dtype=residual.dtype))
         w = lu_solve(lu_factor(jacobian.T), x_bar)
-        inputs_bar, step_args_bar, _ = pull((-w, ends))
+        inputs_bar, step_args_bar, _ = pull((-w, (q_bar, v_bar, a_bar, qdd_bar)))
         if start_saves is not None:
             inputs_bar = (inputs_bar[0] + start_saves[0], inputs_bar[1] + start_saves[1],
                           inputs_bar[2], inputs_bar[3] + start_saves[2])
