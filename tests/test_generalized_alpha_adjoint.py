@@ -119,3 +119,24 @@ def test_fixed_step_gradient_against_central_differences_and_under_vmap():
     q0s = jnp.stack([Q0, PENDULUM.state_from_angle(0.5, 0.0)[0]])
     batched = jax.vmap(grad, in_axes=(None, 0))(g, q0s)
     np.testing.assert_allclose(batched, [grad(g, q) for q in q0s], rtol=1e-12)
+
+
+@pytest.mark.slow
+def test_what_the_sweep_does_not_replay_goes_through_diffrax_loop():
+    """Saving every step is not replayed: such a solve is differentiated through
+    diffrax's loop, with the same gradient as diffrax's adjoint gives it."""
+    solver = jaxdae.GeneralizedAlpha(root_finder=optx.Newton(rtol=1e-12, atol=1e-12))
+
+    def loss(gravity, adjoint):
+        system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(lambda t, y, args: y), solver, 0.0, 0.2, 0.01, (Q0, V0),
+            args=(system, BAUMGARTE), saveat=diffrax.SaveAt(steps=True),
+            stepsize_controller=diffrax.ConstantStepSize(), max_steps=32, adjoint=adjoint)
+        return jnp.sum(jnp.where(jnp.isfinite(sol.ys[0]), sol.ys[0], 0.0)[:, 0])
+
+    g = jnp.asarray(9.81)
+    ours, diffrax_loop = (jax.jit(jax.grad(loss), static_argnums=1)(g, adjoint) for adjoint in
+                          (GeneralizedAlphaAdjoint(), diffrax.RecursiveCheckpointAdjoint()))
+    assert abs(float(diffrax_loop)) > 1e-3
+    np.testing.assert_allclose(ours, diffrax_loop, rtol=1e-12)

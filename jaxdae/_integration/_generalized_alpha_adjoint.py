@@ -25,6 +25,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .. import _thresholds
 from .._compilation._linalg import full_precision, lu_factor, lu_solve
 from ._generalized_alpha import GeneralizedAlpha
 from ._sweep_backward import saves_bar
@@ -59,8 +60,11 @@ class GeneralizedAlphaAdjoint(diffrax.AbstractAdjoint):
       `diffrax.RecursiveCheckpointAdjoint` with one checkpoint per step, whatever
       `stored_steps`.
     - **Solves**: saves at `t0`, `ts` and `t1` (interpolated inside the steps), events
-      without a root finder. Gradients with respect to `t0`, `t1` or the save times
-      differentiate diffrax's loop instead. Reverse mode only.
+      without a root finder. Other solves (a dense output, saved steps or controller
+      state, an event's root finder, `max_steps=None`, a solver or controller state
+      passed to `diffeqsolve`), and gradients with respect to `t0`, `t1` or the save
+      times, differentiate diffrax's loop instead (`CHECKPOINTS` checkpoints). Reverse
+      mode only.
 
     **Arguments:**
 
@@ -72,9 +76,15 @@ class GeneralizedAlphaAdjoint(diffrax.AbstractAdjoint):
     def loop(self, *, args, terms, solver, stepsize_controller, event, saveat, t0, t1, dt0,
              max_steps, throw, init_state, passed_solver_state, passed_controller_state,
              progress_meter):
-        del throw, passed_controller_state
         method = _method(solver)
-        _check(saveat, event, max_steps, passed_solver_state)
+        if not _sweepable(saveat, event, max_steps, passed_solver_state,
+                          passed_controller_state):
+            # What the sweep does not replay is differentiated through diffrax's loop.
+            return diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS).loop(
+                args=args, terms=terms, solver=solver, stepsize_controller=stepsize_controller,
+                event=event, saveat=saveat, t0=t0, t1=t1, dt0=dt0, max_steps=max_steps,
+                throw=throw, init_state=init_state, passed_solver_state=passed_solver_state,
+                passed_controller_state=passed_controller_state, progress_meter=progress_meter)
         static = _Static(solver=solver, stepsize_controller=stepsize_controller, event=event,
                          progress_meter=progress_meter, max_steps=max_steps,
                          stored_steps=min(self.stored_steps, max_steps), method=method)
@@ -104,22 +114,16 @@ def _method(solver) -> GeneralizedAlpha:
     return solver
 
 
-def _check(saveat, event, max_steps, passed_solver_state) -> None:
-    fix = "or pass `adjoint=diffrax.RecursiveCheckpointAdjoint()`."
-    if max_steps is None:
-        raise ValueError("`GeneralizedAlphaAdjoint` records the steps: pass an integer "
-                         f"`max_steps`, {fix}")
-    if saveat.dense or saveat.controller_state or saveat.made_jump or passed_solver_state:
-        raise ValueError("`GeneralizedAlphaAdjoint` saves states at `t0`, `ts` and `t1` "
-                         "only (no dense output, controller state, `made_jump` or initial "
-                         f"solver state), {fix}")
-    for sub in subsaves(saveat):
-        if sub.steps or sub.fn is not SAVE_Y:
-            raise ValueError("`GeneralizedAlphaAdjoint` saves the states themselves at "
-                             f"`t0`, `ts` and `t1` (no `steps=True`, no `fn`), {fix}")
-    if event is not None and event.root_finder is not None:
-        raise ValueError("`GeneralizedAlphaAdjoint` stops a solve at the end of the step "
-                         f"where an event triggers: pass an event without a `root_finder`, {fix}")
+def _sweepable(saveat, event, max_steps, passed_solver_state, passed_controller_state) -> bool:
+    """Whether the sweep can differentiate the solve: saves of the state itself at `t0`,
+    `ts` and `t1` (no dense output, no saved steps, controller state or `made_jump`), no
+    event located by a root finder, a step limit, the solver's and controller's states
+    made by `diffeqsolve`."""
+    return (max_steps is not None and not (
+        saveat.dense or saveat.controller_state or saveat.made_jump or passed_solver_state
+        or passed_controller_state) and all(
+            not sub.steps and sub.fn is SAVE_Y for sub in subsaves(saveat))
+        and (event is None or event.root_finder is None))
 
 
 @eqx.filter_custom_vjp
