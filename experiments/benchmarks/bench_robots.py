@@ -584,10 +584,13 @@ def batch_rollout(path: Path, joints: JointMap, rates, integrator: str, steps: i
     with rollout.Rollout(nthread=THREADS) as pool:
         while done < steps and elapsed < seconds:
             n = min(segment, steps - done)
+            # (A shorter last segment gets a buffer of its own: the slice `output[:, :n]`
+            # is not contiguous, and the rollout's states would not land in it.)
+            buffer = output if n == segment else np.empty((rates.shape[0], n, size))
             began = time.perf_counter()
-            pool.rollout(model, datas, states, nstep=n, state=output[:, :n])
+            pool.rollout(model, datas, states, nstep=n, state=buffer)
             elapsed += time.perf_counter() - began
-            states = np.ascontiguousarray(output[:, n - 1])
+            states = np.ascontiguousarray(buffer[:, n - 1])
             done += n
     scaled = elapsed * steps / done
     qpos = 1 + joints.qpos  # the state starts with the time
