@@ -1,6 +1,6 @@
 """Stiff systems: implicit integrators against explicit ones, steps and time at matched accuracy.
 
-Four studies, each written to OUT/stiff_integration/ (summary.json, figures):
+Six studies, each written to OUT/stiff_integration/ (summary.json, figures):
 
 1. **Configuration of diffrax's implicit solvers.** `diffrax.Kvaerno5()` as diffrax builds it
    (its `VeryChord` root finder) against `jaxdae.configure_implicit(diffrax.Kvaerno5(), rtol,
@@ -603,16 +603,20 @@ LINEAX_KVAERNO = "Kvaerno5 (ToleranceChord: lineax solves)"
 
 
 def _lapack_rodas(fn):
-    """`fn` traced with Rodas5P's LU by LAPACK (`getrf`, `trsm`) at every size and the
-    Jacobian's tangents batched by `jax.vmap`, for comparison with the defaults."""
+    """`fn` traced with Rodas5P's LU by LAPACK (`getrf`, `trsm`) at every size (neither
+    unrolled nor looped) and the Jacobian's tangents batched by `jax.vmap`, for comparison
+    with the defaults."""
+    names = ("LU_UNROLL_MAX", "LOOPED_INVERSE_MAX", "TANGENT_LOOP_MAX")
 
     def traced(*args):
-        saved = _thresholds.LU_UNROLL_MAX, _thresholds.TANGENT_LOOP_MAX
-        _thresholds.LU_UNROLL_MAX, _thresholds.TANGENT_LOOP_MAX = 0, 0
+        saved = [getattr(_thresholds, name) for name in names]
+        for name in names:
+            setattr(_thresholds, name, 0)
         try:
             return fn(*args)
         finally:
-            _thresholds.LU_UNROLL_MAX, _thresholds.TANGENT_LOOP_MAX = saved
+            for name, value in zip(names, saved, strict=True):
+                setattr(_thresholds, name, value)
 
     return traced
 
