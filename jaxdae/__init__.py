@@ -74,6 +74,9 @@ from ._integration._adjoint import ReverseSweepAdjoint as ReverseSweepAdjoint
 from ._integration._ensemble import worst_trajectory_rms as worst_trajectory_rms
 from ._integration._events import EventDriven as EventDriven
 from ._integration._generalized_alpha import GeneralizedAlpha as GeneralizedAlpha
+from ._integration._generalized_alpha_adjoint import (
+    GeneralizedAlphaAdjoint as GeneralizedAlphaAdjoint,
+)
 from ._integration._implicit import (
     FusedChord as FusedChord,
     ToleranceChord as ToleranceChord,

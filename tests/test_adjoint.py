@@ -284,8 +284,11 @@ def test_errors():
     with pytest.raises(ValueError, match="integer `max_steps`"):
         jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q0, V0,
                         adjoint=sweep, max_steps=None)
-    with pytest.raises(ValueError, match="stored_steps=...\\)` must be a positive integer"):
-        jaxdae.ReverseSweepAdjoint(stored_steps=0)
+    for adjoint in (jaxdae.ReverseSweepAdjoint, jaxdae.GeneralizedAlphaAdjoint):
+        for bad in (0, 2.5, True):
+            with pytest.raises(ValueError, match=rf"{adjoint.__name__}\(stored_steps=...\)` "
+                                                 "must be a positive integer"):
+                adjoint(stored_steps=bad)
     # Forward mode through a custom VJP: JAX's TypeError, as a message that names the fix.
     with pytest.raises(ValueError, match=r"needs `adjoint=diffrax.ForwardMode\(\)`"):
         jax.jacfwd(lambda kp: jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, kp), 0.0, 1.0,

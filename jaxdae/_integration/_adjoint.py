@@ -15,7 +15,6 @@ from collections.abc import Callable
 
 import diffrax
 import equinox as eqx
-import numpy as np
 
 from .. import _thresholds
 from .._compilation._private_apis import traced_for_jit
@@ -26,6 +25,7 @@ from ._sweep_forward import (
     SAVE_Y,
     SweepOptions,
     SweepProblem,
+    check_stored_steps,
     final_state,
     segment_plan,
     subsaves,
@@ -118,10 +118,7 @@ class ReverseSweepAdjoint(diffrax.AbstractAdjoint):
     stored_steps: int = eqx.field(default=1024, static=True)
 
     def __check_init__(self):
-        if isinstance(self.stored_steps, bool) or not isinstance(
-                self.stored_steps, (int, np.integer)) or self.stored_steps < 1:
-            raise ValueError("`ReverseSweepAdjoint(stored_steps=...)` must be a positive "
-                             f"integer; got {self.stored_steps!r}.")
+        check_stored_steps(self)
 
     def loop(self, *, args, terms, solver, stepsize_controller, event, saveat, t0, t1, dt0,
              max_steps, throw, init_state, passed_solver_state, passed_controller_state,

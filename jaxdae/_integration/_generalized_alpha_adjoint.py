@@ -33,6 +33,7 @@ from ._sweep_forward import (
     SAVE_Y,
     LoopVJP,
     SweepProblem,
+    check_stored_steps,
     final_state,
     is_none,
     loop_solve,
@@ -46,7 +47,11 @@ from ._sweep_forward import (
 
 class GeneralizedAlphaAdjoint(diffrax.AbstractAdjoint):
     """Differentiates a [`jaxdae.GeneralizedAlpha`][] solve by the discrete adjoint of its
-    accepted steps (see the module). The default adjoint of `simulate` for that solver
+    accepted steps: the backward pass replays each step at the time the forward solve
+    recorded and applies its adjoint, from the implicit function theorem at the step's
+    solution (Arnold & Brüls 2007), from the last step to the first; replayed rather than
+    recomputed under step-size control, the steps are the forward solve's own, so the
+    gradient does not depend on how the solve is segmented. The default adjoint of `simulate` for that solver
     with an integer `max_steps`.
 
     - **Memory**: the forward solve keeps one time per step of `max_steps`. The backward
@@ -72,6 +77,9 @@ class GeneralizedAlphaAdjoint(diffrax.AbstractAdjoint):
     """
 
     stored_steps: int = eqx.field(default=1024, static=True)
+
+    def __check_init__(self):
+        check_stored_steps(self)
 
     def loop(self, *, args, terms, solver, stepsize_controller, event, saveat, t0, t1, dt0,
              max_steps, throw, init_state, passed_solver_state, passed_controller_state,

@@ -9,6 +9,7 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .. import _thresholds
@@ -137,6 +138,14 @@ def final_state(init_state, out: _Output, saveat: diffrax.SaveAt):
         num_accepted_steps=num_accepted_steps, num_rejected_steps=num_rejected_steps,
         event_mask=out.event_mask,
         solver_state=out.solver_state if saveat.solver_state else init_state.solver_state)
+
+
+def check_stored_steps(adjoint) -> None:
+    """Refuses an adjoint's `stored_steps` that is not a positive integer, naming it."""
+    steps = adjoint.stored_steps
+    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
+        raise ValueError(f"`{type(adjoint).__name__}(stored_steps=...)` must be a positive "
+                         f"integer; got {steps!r}.")
 
 
 def segment_plan(max_steps, stored_steps, stepsize_controller) -> tuple[int, int] | None:
