@@ -23,9 +23,9 @@ from ._generalized_alpha_adjoint import GeneralizedAlphaAdjoint
 from ._sweep_backward import swept_solve
 from ._sweep_forward import (
     SAVE_Y,
+    AbstractStoredStepsAdjoint,
     SweepOptions,
     SweepProblem,
-    check_stored_steps,
     final_state,
     segment_plan,
     subsaves,
@@ -34,7 +34,7 @@ from ._sweep_forward import (
 )
 
 
-class ReverseSweepAdjoint(diffrax.AbstractAdjoint):
+class ReverseSweepAdjoint(AbstractStoredStepsAdjoint):
     """Differentiates a solve by a reverse sweep over its stored steps: the discrete
     adjoint of an explicit Runge–Kutta method. A `diffrax.AbstractAdjoint`: pass it to
     `simulate` or to `diffrax.diffeqsolve` as `adjoint=`.
@@ -114,11 +114,6 @@ class ReverseSweepAdjoint(diffrax.AbstractAdjoint):
 
     - `stored_steps`: the most steps stored at once (see *Memory*).
     """
-
-    stored_steps: int = eqx.field(default=1024, static=True)
-
-    def __check_init__(self):
-        check_stored_steps(self)
 
     def loop(self, *, args, terms, solver, stepsize_controller, event, saveat, t0, t1, dt0,
              max_steps, throw, init_state, passed_solver_state, passed_controller_state,

@@ -31,9 +31,9 @@ from ._generalized_alpha import GeneralizedAlpha
 from ._sweep_backward import saves_bar
 from ._sweep_forward import (
     SAVE_Y,
+    AbstractStoredStepsAdjoint,
     LoopVJP,
     SweepProblem,
-    check_stored_steps,
     final_state,
     is_none,
     loop_solve,
@@ -45,7 +45,7 @@ from ._sweep_forward import (
 )
 
 
-class GeneralizedAlphaAdjoint(diffrax.AbstractAdjoint):
+class GeneralizedAlphaAdjoint(AbstractStoredStepsAdjoint):
     """Differentiates a [`jaxdae.GeneralizedAlpha`][] solve by the discrete adjoint of its
     accepted steps: the backward pass replays each step at the time the forward solve
     recorded and applies its adjoint, from the implicit function theorem at the step's
@@ -75,11 +75,6 @@ class GeneralizedAlphaAdjoint(diffrax.AbstractAdjoint):
 
     - `stored_steps`: the most steps whose states the backward pass keeps at once.
     """
-
-    stored_steps: int = eqx.field(default=1024, static=True)
-
-    def __check_init__(self):
-        check_stored_steps(self)
 
     def loop(self, *, args, terms, solver, stepsize_controller, event, saveat, t0, t1, dt0,
              max_steps, throw, init_state, passed_solver_state, passed_controller_state,

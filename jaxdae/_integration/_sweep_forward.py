@@ -140,12 +140,17 @@ def final_state(init_state, out: _Output, saveat: diffrax.SaveAt):
         solver_state=out.solver_state if saveat.solver_state else init_state.solver_state)
 
 
-def check_stored_steps(adjoint) -> None:
-    """Refuses an adjoint's `stored_steps` that is not a positive integer, naming it."""
-    steps = adjoint.stored_steps
-    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
-        raise ValueError(f"`{type(adjoint).__name__}(stored_steps=...)` must be a positive "
-                         f"integer; got {steps!r}.")
+class AbstractStoredStepsAdjoint(diffrax.AbstractAdjoint):
+    """An adjoint whose backward pass keeps the states of at most `stored_steps` steps at
+    once (a positive integer, refused with a named error otherwise)."""
+
+    stored_steps: int = eqx.field(default=1024, static=True)
+
+    def __check_init__(self):
+        steps = self.stored_steps
+        if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
+            raise ValueError(f"`{type(self).__name__}(stored_steps=...)` must be a positive "
+                             f"integer; got {steps!r}.")
 
 
 def segment_plan(max_steps, stored_steps, stepsize_controller) -> tuple[int, int] | None:
