@@ -70,12 +70,7 @@ def _arm():
     """The Cartesian two-link arm with `Baumgarte(2000, 10⁶)` of the stiff integration
     guide."""
     system = jaxdae.examples.CartesianArmLagrangian(forces=(0.0, -9.81, 0.0, -9.81))
-    (l1, l2), (a1, a2), (w1, w2) = system.lengths, (0.3, 1.1), (1.0, -0.5)
-    u1, u2 = jnp.array([jnp.cos(a1), jnp.sin(a1)]), jnp.array([jnp.cos(a2), jnp.sin(a2)])
-    n1, n2 = jnp.array([-u1[1], u1[0]]), jnp.array([-u2[1], u2[0]])
-    q0 = jnp.concatenate([l1 * u1, l1 * u1 + l2 * u2])
-    v0 = jnp.concatenate([l1 * w1 * n1, l1 * w1 * n1 + l2 * w2 * n2])
-    return system, jaxdae.Baumgarte(2000.0, 1e6), q0, v0
+    return system, jaxdae.Baumgarte(2000.0, 1e6), *system.initial_state()
 
 
 @pytest.mark.slow

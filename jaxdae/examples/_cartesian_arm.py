@@ -49,16 +49,8 @@ class CartesianArm(HamiltonianSystem):
 
     def initial_state(self, angles=(0.3, 1.1), rates=(1.0, -0.5)):
         """A consistent state from the two absolute link angles and their rates: `(q, p)`."""
-        a = jnp.asarray(angles, dtype=float)
-        w = jnp.asarray(rates, dtype=float)
-        l1, l2 = self.lengths
+        q, (v1, v2) = _consistent_state(self.lengths, angles, rates)
         m1, m2 = self.masses
-        e1, e2 = jnp.array([jnp.cos(a[0]), jnp.sin(a[0])]), jnp.array([jnp.cos(a[1]), jnp.sin(a[1])])
-        n1, n2 = jnp.array([-jnp.sin(a[0]), jnp.cos(a[0])]), jnp.array([-jnp.sin(a[1]), jnp.cos(a[1])])
-        r1, r2 = l1 * e1, l1 * e1 + l2 * e2
-        v1 = l1 * w[0] * n1
-        v2 = v1 + l2 * w[1] * n2
-        q = jnp.concatenate([r1, r2])
         return q, jnp.concatenate([m1 * v1, m2 * v2])
 
 
@@ -79,3 +71,20 @@ class CartesianArmLagrangian(LagrangianSystem):
 
     def constraints(self, t, q):
         return _lengths(q, *self.lengths)
+
+    def initial_state(self, angles=(0.3, 1.1), rates=(1.0, -0.5)):
+        """A consistent state from the two absolute link angles and their rates: `(q, v)`."""
+        q, (v1, v2) = _consistent_state(self.lengths, angles, rates)
+        return q, jnp.concatenate([v1, v2])
+
+
+def _consistent_state(lengths, angles, rates):
+    """The joints' positions `q` and the two joints' velocities `(v1, v2)` of the arm at
+    the absolute link `angles` turning at `rates`."""
+    a = jnp.asarray(angles, dtype=float)
+    w = jnp.asarray(rates, dtype=float)
+    l1, l2 = lengths
+    e1, e2 = jnp.array([jnp.cos(a[0]), jnp.sin(a[0])]), jnp.array([jnp.cos(a[1]), jnp.sin(a[1])])
+    n1, n2 = jnp.array([-jnp.sin(a[0]), jnp.cos(a[0])]), jnp.array([-jnp.sin(a[1]), jnp.cos(a[1])])
+    v1 = l1 * w[0] * n1
+    return jnp.concatenate([l1 * e1, l1 * e1 + l2 * e2]), (v1, v1 + l2 * w[1] * n2)
