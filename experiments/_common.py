@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
@@ -37,6 +38,30 @@ def parse_args(name: str, description: str, only: bool = False) -> argparse.Name
         parser.add_argument("--only", default=None,
                             help="comma-separated parts of the names of the rows to run")
     return parser.parse_args()
+
+
+class Run(NamedTuple):
+    """A benchmark run's start: its command line, output folder, clock and load average."""
+
+    args: argparse.Namespace
+    out: Path
+    began: float  # time.perf_counter()
+    load: float  # the 1-minute load average
+
+
+def start_run(name: str, description: str, only: bool = False) -> Run:
+    """`parse_args`, the output folder `OUT/name/`, the clock and the load average."""
+    args = parse_args(name, description, only)
+    return Run(args, output_dir(args.out, name), time.perf_counter(), os.getloadavg()[0])
+
+
+def selected(items: dict, only: str | None) -> dict:
+    """The entries of `items` whose name contains one of the comma-separated parts of
+    `only` (an `--only` option); all of them without it."""
+    wanted = [w.strip() for w in (only or "").split(",") if w.strip()]
+    if not wanted:
+        return items
+    return {k: v for k, v in items.items() if any(w in k for w in wanted)}
 
 
 def output_dir(root: Path, name: str) -> Path:

@@ -78,7 +78,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
-from _common import output_dir, parse_args, write_json  # noqa: E402
+from _common import selected, start_run, write_json  # noqa: E402
 
 import jaxdae  # noqa: E402
 import jaxdae.multibody as mb  # noqa: E402
@@ -1205,16 +1205,10 @@ def print_tables(results: list[dict], settings: Settings) -> None:
 
 
 def main():
-    args = parse_args(NAME, __doc__.splitlines()[0], only=True)
+    args, out, began, load = start_run(NAME, __doc__.splitlines()[0], only=True)
     settings = QUICK if args.quick else FULL
-    out = output_dir(args.out, NAME)
-    began = time.perf_counter()
-    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as folder:
-        files = robot_files(Path(folder), args.quick)
-        if args.only:
-            wanted = [w.strip() for w in args.only.split(",") if w.strip()]
-            files = {k: v for k, v in files.items() if any(w in k for w in wanted)}
+        files = selected(robot_files(Path(folder), args.quick), args.only)
         results = [run_robot(name, path, settings, out) for name, path in files.items()]
         # (`--only` without the chain leaves out the chain's scaling too.)
         chains = chain_scaling(Path(folder), CHAIN_LENGTHS[:2] if args.quick else CHAIN_LENGTHS,

@@ -82,8 +82,8 @@ import optimistix as optx  # noqa: E402
 from _common import (  # noqa: E402
     exudyn_governor_system,
     exudyn_solve,
-    output_dir,
-    parse_args,
+    selected,
+    start_run,
     write_json,
 )
 from stiff_integration import (  # noqa: E402  # pyright: ignore[reportMissingImports]
@@ -765,16 +765,10 @@ def commit() -> str:
 
 
 def main():
-    args = parse_args(NAME, __doc__.splitlines()[0], only=True)
+    args, out, began, load = start_run(NAME, __doc__.splitlines()[0], only=True)
     settings = QUICK if args.quick else FULL
-    out = output_dir(args.out, NAME)
-    began = time.perf_counter()
-    load = os.getloadavg()[0]
     have_exudyn, have_ida = peers_available()
-    cases = make_cases(settings, have_exudyn, have_ida)
-    if args.only:
-        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
-        cases = {k: v for k, v in cases.items() if any(w in k for w in wanted)}
+    cases = selected(make_cases(settings, have_exudyn, have_ida), args.only)
     revision = commit()
     versions = {"jax": jax.__version__}
     if have_exudyn:
