@@ -227,10 +227,13 @@ def main():
     names = [n for n in ROBOTS if args.only is None or n in args.only.split(",")]
     device = jax.devices()[0]
     print(f"{NAME}: {device.platform} ({device.device_kind}), batches {sizes}", flush=True)
-    results = [run_robot(name, ROBOTS[name], sizes, args.quick, args.reps) for name in names]
+    results = []
+    for name in names:  # written after each robot, so a run cut short keeps what it measured
+        results.append(run_robot(name, ROBOTS[name], sizes, args.quick, args.reps))
+        write_json(out / f"{NAME}.json", {"device": f"{device.platform}: {device.device_kind}",
+                                          "jax": jax.__version__, "results": results})
+        print_table(results[-1:])
     print_table(results)
-    write_json(out / f"{NAME}.json", {"device": f"{device.platform}: {device.device_kind}",
-                                      "jax": jax.__version__, "results": results})
     print(f"wrote {out / f'{NAME}.json'}")
 
 
