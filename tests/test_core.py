@@ -154,6 +154,29 @@ def test_two_link_baumgarte_stops_at_the_singular_configuration():
     assert np.max(np.abs(ok.phi)) < 0.05
 
 
+def test_failure_tests_only_where_they_can_turn_true():
+    """The exact-multiplier and redundant-coordinate formulations test `G M⁻¹ Gᵀ` or
+    `∂F/∂q_dep`, which a system without constraints does not have: its solve has no failure
+    test to trace, and no event that `BacksolveAdjoint` would have to refuse."""
+    for formulation in (jaxdae.Unstabilized(), jaxdae.Baumgarte(1.0, 1.0),
+                        jaxdae.RedundantCoordinates((0,))):
+        assert formulation.can_fail
+        assert not formulation.fails_with(0, 0)
+        assert formulation.fails_with(1, 0)
+    assert jaxdae.Unstabilized().fails_with(0, 1)
+    assert not jaxdae.ModifiedLagrange(1.0, 1.0, 1.0).fails_with(1, 0)
+    sol = jaxdae.simulate(_Free(), jaxdae.Unstabilized(), 0.0, 0.1, jnp.zeros(1), jnp.ones(1),
+                          adjoint=diffrax.BacksolveAdjoint())
+    np.testing.assert_allclose(sol.q_final, [0.1], rtol=1e-8)
+
+
+class _Free(jaxdae.LagrangianSystem):
+    """A free point on a line: no constraints."""
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+
 class _OneLine(jaxdae.LagrangianSystem):
     """A point on the line `x = 1` written as `x² − 1 = 0`, whose gradient vanishes at `x = 0`."""
 

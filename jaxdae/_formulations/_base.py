@@ -85,8 +85,14 @@ class AbstractFormulation(eqx.Module):
 
     @property
     def can_fail(self) -> bool:
-        """Whether `failure` needs checking during the solve."""
+        """Whether the formulation has a `failure` test at all."""
         return False
+
+    def fails_with(self, num_holonomic: int, num_nonholonomic: int) -> bool:
+        """Whether `failure` needs checking during the solve of a system with these
+        constraint counts: a test that cannot turn true for them is left out of the solve
+        (it would be traced for nothing). Default: `can_fail`."""
+        return self.can_fail
 
     @property
     def failure_result(self) -> RESULTS:
@@ -175,6 +181,10 @@ class AbstractExactMultipliers(AbstractFormulation):
     @property
     def can_fail(self):
         return True
+
+    def fails_with(self, num_holonomic, num_nonholonomic):
+        """Only with constraints: without, `G M⁻¹ Gᵀ` is empty and nothing can fail."""
+        return num_holonomic + num_nonholonomic > 0
 
     @property
     def tests_target_range(self) -> bool:

@@ -285,6 +285,11 @@ class RedundantCoordinates(AbstractFormulation):
     def can_fail(self):
         return True
 
+    def fails_with(self, num_holonomic, num_nonholonomic):
+        """Only with dependent coordinates (one per geometric constraint): without,
+        `failure` is a constant."""
+        return num_holonomic > 0
+
     @property
     def failure_result(self):
         return RESULTS.singular_dependent_jacobian

@@ -6,6 +6,7 @@ non-finite)."""
 import functools
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -98,7 +99,8 @@ class StopFailedTrajectories(AbstractSteppingWrapper):
 
     A trajectory stops where `simulate` would stop it on its own:
 
-    - **its formulation fails** (a formulation that `can_fail`): after every step the
+    - **its formulation fails** (where it `fails`: a formulation whose test can turn true
+        for the system's constraint counts, `fails_with`): after every step the
         formulation's `failure` is evaluated for each trajectory at the step's end, as
         `simulate`'s `diffrax.Event` does for one trajectory; a trajectory that fails keeps
         the step's end.
@@ -128,11 +130,12 @@ class StopFailedTrajectories(AbstractSteppingWrapper):
     """
 
     solver: diffrax.AbstractSolver
+    fails: bool = eqx.field(static=True, default=True)
 
     def init(self, terms, t0, t1, y0, args):
         rows = y0[0].shape[:1]
         t_failed = jnp.full(rows, jnp.inf, jnp.result_type(t0))
-        values = failure_rows(t0, y0, args) if args.formulation.can_fail else None
+        values = failure_rows(t0, y0, args) if self.fails else None
         # (`t1` is the first step's end: diffrax does not pass the solve's end.)
         first_step = jnp.abs(jnp.asarray(t1 - t0, t_failed.dtype))
         return (self.solver.init(terms, t0, t1, y0, args), t_failed, values,
@@ -158,7 +161,7 @@ class StopFailedTrajectories(AbstractSteppingWrapper):
         t_failed = jnp.where(broken | lost, jnp.asarray(t0, t_failed.dtype), t_failed)
         why = jnp.where(broken, _STALLED, jnp.where(lost, _NON_FINITE_STATE, why))
         values = None
-        if args.formulation.can_fail:
+        if self.fails:
             values = failure_rows(t1, y1, args)
             # As `diffrax.Event`: a flag, or a real value that changed sign.
             failing = values if values.dtype == bool else jnp.sign(values) != jnp.sign(last)

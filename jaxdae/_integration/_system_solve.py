@@ -70,9 +70,10 @@ def solve_system(system, formulation, t0, t1, q0, v0, call: SolveCall,
 
     options = call.options(dtype, trajectories.error_norm)
     settings = event_settings(system, call, trajectories, t0, q0, v0, eager)
+    # (Known from the constraint counts: a test that cannot fail is not traced.)
+    fails = formulation.fails_with(*counts)
     stops = [reason for stops, reason in (
-        (formulation.can_fail, f"{type(formulation).__name__}'s test for singular "
-                               "configurations"),
+        (fails, f"{type(formulation).__name__}'s test for singular configurations"),
         (settings is not None, "the system's gaps"),
         (isinstance(options.stepsize_controller, diffrax.ConstantStepSize),
          "fixed steps' test for a non-finite state")) if stops]
@@ -92,7 +93,7 @@ def solve_system(system, formulation, t0, t1, q0, v0, call: SolveCall,
         check_state=not eager, throw=call.throw and traced)
     with forward_mode_hint():
         sol = solve_and_assemble(system, formulation, times, q0, v0, options, checks,
-                                 trajectories, settings)
+                                 trajectories, settings, fails)
     if not traced:
         sol = name_non_finite_term(sol, system, formulation, t0)
         sol = name_stall(options.solver, sol, system)
@@ -124,9 +125,11 @@ def _check_initial_state(system, formulation, t0, q0, v0, trajectories) -> None:
 @jit_unless_staged
 def solve_and_assemble(system, formulation, times: Times, q0, v0, options: SolveOptions,
                        checks: TracedChecks, trajectories: AbstractTrajectories,
-                       settings: EventDriven | None = None):
+                       settings: EventDriven | None = None, fails: bool = True):
     """The solve and its `Solution`; if anything is `checks.traced`, with its checks
-    attached (`check_traced`); event-driven with `settings` (a system with gaps)."""
+    attached (`check_traced`); event-driven with `settings` (a system with gaps); stopped
+    by the formulation's failure test where it `fails` (`fails_with` the system's
+    constraint counts)."""
     checked_q0, checked_v0, checked = q0, v0, (times, options.dt0, options.stepsize_controller)
     if checks.traced and not checks.throw:
         q0, v0 = trajectories.solvable_start(q0, v0)  # the others: `invalid_input`
@@ -136,7 +139,7 @@ def solve_and_assemble(system, formulation, times: Times, q0, v0, options: Solve
                               (dt0, controller), is_leaf=lambda x: x is None)
     t0, ts = times.t0, times.ts
     reference = None
-    if formulation.can_fail:
+    if fails:
         # Detached before the call: stopped after it, the call would still be linearized.
         reference = trajectories.failure_reference(*detached((system, formulation, t0, q0, v0)))
     # A constant mass matrix is factored once, here, not at every stage (an ensemble's
@@ -144,7 +147,7 @@ def solve_and_assemble(system, formulation, times: Times, q0, v0, options: Solve
     args = SolveArgs(system, formulation, reference,
                      constant_mass_factor(system, t0, *trajectories.first_state(q0, v0),
                                           system_terms))
-    dynamics, solver = trajectories.dynamics(args, options.solver)
+    dynamics, solver = trajectories.dynamics(args, options.solver, fails)
     options = eqx.tree_at(lambda o: o.solver, options, solver)
     if settings is None:
         out, result = integrate(dynamics, args, (q0, v0), times, options)

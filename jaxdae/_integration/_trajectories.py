@@ -80,10 +80,11 @@ class AbstractTrajectories(eqx.Module):
         """The formulation's `failure_reference` of each trajectory."""
 
     @abc.abstractmethod
-    def dynamics(self, args: SolveArgs, solver: diffrax.AbstractSolver
+    def dynamics(self, args: SolveArgs, solver: diffrax.AbstractSolver, fails: bool
                  ) -> tuple[Dynamics, diffrax.AbstractSolver]:
         """What the solve integrates, and its solver, for the solve's `args` (the system,
-        its formulation, ...)."""
+        its formulation, ...); `fails`: the formulation's failure test stops the solve
+        (`fails_with` the system's constraint counts)."""
 
     @abc.abstractmethod
     def solution(self, system, formulation, start, ts, out: diffrax.Solution, result: RESULTS,
@@ -132,10 +133,10 @@ class SingleTrajectory(AbstractTrajectories):
     def failure_reference(self, system, formulation, t0, q0, v0):
         return failure_reference(system, formulation, t0, q0, v0)
 
-    def dynamics(self, args, solver):
-        formulation = args.formulation
-        if formulation.can_fail:  # the solve stops at the failure (`diffrax.Event`)
-            return Dynamics(vector_field, (failure_event,), (formulation.failure_result,)), solver
+    def dynamics(self, args, solver, fails):
+        if fails:  # the solve stops at the failure (`diffrax.Event`)
+            return Dynamics(vector_field, (failure_event,),
+                            (args.formulation.failure_result,)), solver
         return Dynamics(vector_field), solver
 
     def solution(self, system, formulation, start, ts, out, result, limit, reverse):
@@ -198,11 +199,11 @@ class EnsembleTrajectories(AbstractTrajectories):
         return jax.vmap(failure_reference, in_axes=(None, None, None, 0, 0))(
             system, formulation, t0, q0, v0)
 
-    def dynamics(self, args, solver):
+    def dynamics(self, args, solver, fails):
         # Each trajectory stops alone (its formulation fails or its model turns non-finite),
         # read from the solver state.
         return (Dynamics(constant_model_field(args), stage_vjp=ensemble_stage_vjp,
-                         saves_solver_state=True), StopFailedTrajectories(solver))
+                         saves_solver_state=True), StopFailedTrajectories(solver, fails))
 
     def solution(self, system, formulation, start, ts, out, result, limit, reverse):
         t0, q0, v0 = start
