@@ -58,6 +58,26 @@ def _gather(x, index):
     return take(x, index)
 
 
+def _marker(mechanism: "TreeMechanism", ref: str, dtype):
+    """`(body position or −1, point, orientation)` of a marker on its body.
+
+    A function rather than a method: each lookup of a method on an equinox module builds a
+    bound method, which flattens the whole mechanism, and the traced equations look up two
+    markers per joint."""
+    name, marker = split(ref)
+    eye = jnp.asarray(np.eye(3), dtype)
+    if name == GROUND:
+        owner, position = mechanism.ground, -1
+    else:
+        index = mechanism.body_names.index(name)
+        owner, position = mechanism.bodies[index], mechanism.topology.order.index(index)
+    if marker is None:
+        return position, jnp.zeros((3,), dtype), eye
+    rotation = owner.orientations.get(marker)
+    return (position, owner.markers[marker].astype(dtype),
+            eye if rotation is None else rotation.astype(dtype))
+
+
 class TreeMechanism(AbstractMechanism, AbstractSystem):
     """A spatial mechanism in joint coordinates: its bodies form a tree from the ground, its
     dynamics come from the recursive algorithms of robotics, and extra joints close loops as
@@ -181,26 +201,13 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
 
     # -- kinematics --------------------------------------------------------------------
 
-    def _marker(self, ref: str, dtype):
-        """`(body position or −1, point, orientation)` of a marker on its body."""
-        name, marker = split(ref)
-        eye = jnp.asarray(np.eye(3), dtype)
-        owner = self.body(name)
-        position = -1 if name == GROUND else self.topology.order.index(
-            self.body_names.index(name))
-        if marker is None:
-            return position, jnp.zeros((3,), dtype), eye
-        rotation = owner.orientations.get(marker)
-        return (position, owner.markers[marker].astype(dtype),
-                eye if rotation is None else rotation.astype(dtype))
-
     def _joint_parameters(self, start, stop, dtype) -> dict:
         """The stacked parameters of the tree joints of positions `start:stop`: their markers
         `s_a`, `A_a` (on the parent) and `s_b`, `A_b` (on the body), and for revolute and
         prismatic joints the unit axes `u` and which of them turn or slide (`turn`,
         `slide`: ones and zeros)."""
         joints = [self.joints[self.topology.joint[k]] for k in range(start, stop)]
-        markers = [self._marker(ref, dtype) for joint in joints for ref in (joint.a, joint.b)]
+        markers = [_marker(self, ref, dtype) for joint in joints for ref in (joint.a, joint.b)]
         out = {key: jnp.stack([m[k] for m in markers[offset::2]])
                for key, k, offset in (("s_a", 1, 0), ("o_a", 2, 0), ("s_b", 1, 1), ("o_b", 2, 1))}
         if all(isinstance(j, Revolute | Prismatic | Fixed) for j in joints):
@@ -549,7 +556,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         wrenches: dict[int, list] = {}
         for element in others:
             for load in element.loads(kin):
-                position, _, _ = self._marker(load.at, q.dtype)
+                position, _, _ = _marker(self, load.at, q.dtype)
                 if position < 0:
                     continue  # the ground takes it
                 point = kin.frame(load.at).point
@@ -686,7 +693,7 @@ class TreeKinematics:
         return self._motion
 
     def frame(self, ref: str) -> Frame:
-        position, point, orientation = self.mechanism._marker(ref, self.q.dtype)
+        position, point, orientation = _marker(self.mechanism, ref, self.q.dtype)
         if position < 0:
             return Frame(jnp.zeros((3,), self.q.dtype), None, orientation, point)
         rotations, centres = self._state()[:2]
@@ -695,7 +702,7 @@ class TreeKinematics:
 
     def velocity(self, ref: str) -> tuple[Float[Array, " 3"], Float[Array, " 3"]]:
         """`(ṗ, ω)`: the marker's velocity and its body's angular velocity."""
-        position, _, _ = self.mechanism._marker(ref, self.q.dtype)
+        position, _, _ = _marker(self.mechanism, ref, self.q.dtype)
         if position < 0:
             zero = jnp.zeros((3,), self.q.dtype)
             return zero, zero
@@ -731,7 +738,7 @@ class TreeKinematics:
 
 def _given_frame(mechanism: TreeMechanism, ref: str) -> Frame:
     """The frame of marker `ref` with its body at its given `position` and `orientation`."""
-    position, point, orientation = mechanism._marker(ref, jnp.result_type(float))
+    position, point, orientation = _marker(mechanism, ref, jnp.result_type(float))
     if position < 0:
         return Frame(jnp.zeros_like(point), None, orientation, point)
     body = mechanism.bodies[mechanism.topology.order[position]]
