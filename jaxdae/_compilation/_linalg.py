@@ -620,15 +620,27 @@ def _looped_inverse_jvp(primals, tangents):
     return inverse, -(inverse @ d_matrix @ inverse)
 
 
+@jax.custom_jvp
 def inverse(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
     """`matrix⁻¹` for a square matrix that is solved with many times, as array operations
     that XLA fuses into a surrounding loop: from `lu_factor`'s unrolled factors up to
     `LU_UNROLL_MAX` rows, by [`looped_inverse`][] up to `LOOPED_INVERSE_MAX`, from LAPACK's
-    factors beyond."""
+    factors beyond.
+
+    Differentiated by `d(A⁻¹) = −A⁻¹ dA A⁻¹`, not through the elimination: reverse mode
+    through the unrolled factorization is thousands of small operations (a
+    [`jaxdae.Rodas5P`][] step's vector–Jacobian product, `jaxdae.ReplayAdjoint`)."""
     n = matrix.shape[0]
     if _thresholds.LU_UNROLL_MAX < n <= _thresholds.LOOPED_INVERSE_MAX:
         return looped_inverse(matrix)
     return lu_solve(lu_factor(matrix), jnp.eye(n, dtype=matrix.dtype))
+
+
+@inverse.defjvp
+def _inverse_jvp(primals, tangents):
+    (matrix,), (d_matrix,) = primals, tangents
+    result = inverse(matrix)
+    return result, -(result @ d_matrix @ result)
 
 
 def factor_for_solves(matrix: Float[Array, "n n"]):
