@@ -83,6 +83,7 @@ from ._integration._implicit import (
     configure_implicit as configure_implicit,
 )
 from ._integration._projection import Projected as Projected
+from ._integration._replay_adjoint import ReplayAdjoint as ReplayAdjoint
 from ._integration._rosenbrock import Rodas5P as Rodas5P
 from ._integration._simulate import simulate as simulate, simulate_ensemble as simulate_ensemble
 from ._integration._solvers import UnrolledERK as UnrolledERK

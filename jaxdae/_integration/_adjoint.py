@@ -20,6 +20,8 @@ from .. import _thresholds
 from .._compilation._private_apis import traced_for_jit
 from ._generalized_alpha import GeneralizedAlpha
 from ._generalized_alpha_adjoint import GeneralizedAlphaAdjoint
+from ._replay_adjoint import ReplayAdjoint
+from ._rosenbrock import Rodas5P
 from ._sweep_backward import swept_solve
 from ._sweep_forward import (
     SAVE_Y,
@@ -203,20 +205,26 @@ def check_adjoint(adjoint, stops_at_events: bool, reason: str) -> None:
 def default_adjoint(solver, max_steps) -> diffrax.AbstractAdjoint | ReverseSweepAdjoint:
     """The adjoint of a solve given none: [`jaxdae.ReverseSweepAdjoint`][] for an explicit
     Runge–Kutta `solver` with a step limit, `GeneralizedAlphaAdjoint` for
-    [`jaxdae.GeneralizedAlpha`][] with a step limit, else
+    [`jaxdae.GeneralizedAlpha`][] with a step limit, [`jaxdae.ReplayAdjoint`][] for
+    [`jaxdae.Rodas5P`][] and diffrax's implicit solvers with a step limit, else
     `diffrax.RecursiveCheckpointAdjoint` with `CHECKPOINTS` checkpoints."""
-    if isinstance(unwrapped(solver), diffrax.AbstractERK) and max_steps is not None:
+    base = unwrapped(solver)
+    if max_steps is None:
+        return diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS)
+    if isinstance(base, diffrax.AbstractERK):
         return ReverseSweepAdjoint()
-    if isinstance(unwrapped(solver), GeneralizedAlpha) and max_steps is not None:
+    if isinstance(base, GeneralizedAlpha):
         return GeneralizedAlphaAdjoint()
+    if isinstance(base, (Rodas5P, diffrax.AbstractImplicitSolver)):
+        return ReplayAdjoint()
     return diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS)
 
 
 def reverse_only(adjoint) -> bool:
     """Whether `adjoint` differentiates a solve in reverse mode only (its forward mode raises):
-    [`jaxdae.ReverseSweepAdjoint`][], `GeneralizedAlphaAdjoint` and
-    `diffrax.RecursiveCheckpointAdjoint`, all custom VJPs."""
-    return isinstance(adjoint, (ReverseSweepAdjoint, GeneralizedAlphaAdjoint,
+    [`jaxdae.ReverseSweepAdjoint`][], `GeneralizedAlphaAdjoint`, [`jaxdae.ReplayAdjoint`][]
+    and `diffrax.RecursiveCheckpointAdjoint`, all custom VJPs."""
+    return isinstance(adjoint, (ReverseSweepAdjoint, GeneralizedAlphaAdjoint, ReplayAdjoint,
                                 diffrax.RecursiveCheckpointAdjoint))
 
 

@@ -57,7 +57,8 @@ class SweepOptions(eqx.Module):
     """The non-differentiated arguments of the swept solve (`solve_storing_steps`, `_backward`): the
     solve's solver, step-size controller, event and progress meter as `diffeqsolve` gave
     them to the adjoint, its step limit, the segments' `(count, length)` (`segment_plan`), the
-    solver's Butcher tableau and its `step_args` (or None). The solver, controller and
+    solver's Butcher tableau (None for a solve replayed by its step function,
+    `jaxdae.ReplayAdjoint`) and its `step_args` (or None). The solver, controller and
     event may hold arrays (a controller's tolerances): ordinary fields; the rest is
     static."""
 
@@ -67,7 +68,7 @@ class SweepOptions(eqx.Module):
     progress_meter: diffrax.AbstractProgressMeter
     max_steps: int = eqx.field(static=True)
     segments: tuple[int, int] | None = eqx.field(static=True)
-    tableau: diffrax.ButcherTableau
+    tableau: diffrax.ButcherTableau | None
     step_args: Callable | None = eqx.field(static=True)
 
 
@@ -202,6 +203,25 @@ def solve_saving_steps(problem, static, fn, solver_state: bool):
                      solver_state=out.solver_state if saveat.solver_state else None)
     steps = out.stats["num_accepted_steps"]
     return output, (step_ts, step_ys, steps, out.solver_state if solver_state else None)
+
+
+def times_perturbed(perturbed) -> bool:
+    """Whether a swept solve's gradient is taken with respect to its times (`t0`, `t1`,
+    `dt0`, the save times), which a replay of its steps holds constant."""
+    return any(jax.tree.leaves((perturbed.t0, perturbed.t1, perturbed.dt0, perturbed.saveat)))
+
+
+def _step_time(t, y, args):
+    del y, args
+    return t
+
+
+def record_step_times(problem, static):
+    """diffrax's solve of `problem` that also records the end time of every accepted step:
+    its output, and the times (`max_steps` of them, inf after the last step) and their
+    number."""
+    output, (step_ts, _, steps, _) = solve_saving_steps(problem, static, _step_time, False)
+    return output, (step_ts, jnp.asarray(steps, jnp.int32))
 
 
 class _RecordProposal(diffrax.AbstractStepSizeController):

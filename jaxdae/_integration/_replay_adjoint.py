@@ -1,0 +1,241 @@
+"""Gradients of a solve by the reverse-mode derivative of its solver's step, applied to the
+accepted steps from the last to the first, each replayed at the time the forward solve
+recorded ([`jaxdae.ReplayAdjoint`][]).
+
+Differentiating diffrax's loop (`diffrax.RecursiveCheckpointAdjoint`) recomputes the steps
+between its checkpoints in the backward pass under step-size control, in another compiled
+program: rounding there can change an adaptive decision (a step accepted or rejected, its
+next size), the recomputed steps are then not the forward solve's, and the gradient depends
+on the number of checkpoints. Replayed at the recorded times, with no step-size control,
+every step is the forward solve's own to rounding.
+"""
+
+import dataclasses
+from typing import ClassVar
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from .. import _thresholds
+from .._compilation._linalg import full_precision
+from ._solvers import AbstractSolverWrapper
+from ._sweep_backward import saves_bar
+from ._sweep_forward import (
+    SAVE_Y,
+    AbstractStoredStepsAdjoint,
+    LoopVJP,
+    SweepOptions,
+    SweepProblem,
+    final_state,
+    loop_solve,
+    nones,
+    record_step_times,
+    subsaves,
+    times_perturbed,
+    typed_literal_as_array,
+)
+
+
+class ReplayAdjoint(AbstractStoredStepsAdjoint):
+    """Differentiates a solve by the reverse-mode derivative of its solver's own step
+    function, applied to the accepted steps from the last to the first: the gradient of
+    the discrete map that the forward solve computed, with its step sizes held constant.
+    A `diffrax.AbstractAdjoint`: pass it to `simulate` or to `diffrax.diffeqsolve` as
+    `adjoint=`.
+
+    The forward solve is diffrax's loop, which also records the end time of every accepted
+    step. The backward pass replays the steps at those times (`solver.step(terms, tₖ,
+    tₖ₊₁, yₖ, args, …)`, no step-size control) and pulls the cotangents of each step's end
+    state and solver state, and of the states saved inside it through its dense output,
+    back to its start and to the parameters (`jax.vjp` of the step; a root found inside
+    the step, as in diffrax's implicit Runge–Kutta methods, is differentiated by
+    optimistix's implicit-function rule, not through its iterations). The step sizes are
+    constants of the gradient, as diffrax's step-size controllers make them, so the
+    gradient is that of `diffrax.RecursiveCheckpointAdjoint` with one checkpoint per
+    step, whatever `stored_steps`; with fewer checkpoints diffrax's loop recomputes the
+    steps under step-size control, where rounding can change an accepted step, and its
+    gradient depends on how many it keeps (docs/design_measurements.md#checkpoints).
+
+    It is the default adjoint of `simulate` for [`jaxdae.Rodas5P`][] and for diffrax's
+    implicit solvers (`diffrax.Kvaerno3`, `Kvaerno4`, `Kvaerno5`, `ImplicitEuler`, as
+    [`jaxdae.configure_implicit`][] configures them) with an integer `max_steps`; it
+    differentiates any diffrax solver whose step is a function of its arguments.
+
+    - **Memory**: the forward solve keeps one time per step of `max_steps`. The backward
+      pass replays the steps in segments of at most `stored_steps`, each from a checkpoint
+      of the state and solver state (one per segment of `max_steps`), and keeps one
+      segment's states at a time.
+    - **Solves**: saves of the state at `t0`, `ts` and `t1` (inside the steps through the
+      solver's dense output), events without a root finder (the solve stops at the end of
+      the step where one triggers), any step-size controller that makes no jumps. Other
+      solves (a dense output, saved steps or controller state, an event's root finder, a
+      controller with `jump_ts`, `max_steps=None`, a solver or controller state passed to
+      `diffeqsolve`), and gradients with respect to `t0`, `t1`, `dt0` or the save times,
+      differentiate diffrax's loop instead (`CHECKPOINTS` checkpoints). Reverse mode only.
+
+    **Arguments:**
+
+    - `stored_steps`: the most steps whose states the backward pass keeps at once.
+    """
+
+    def loop(self, *, args, terms, solver, stepsize_controller, event, saveat, t0, t1, dt0,
+             max_steps, throw, init_state, passed_solver_state, passed_controller_state,
+             progress_meter):
+        options = dict(args=args, terms=terms, solver=solver,
+                       stepsize_controller=stepsize_controller, event=event, saveat=saveat,
+                       t0=t0, t1=t1, dt0=dt0, max_steps=max_steps, throw=throw,
+                       init_state=init_state, passed_solver_state=passed_solver_state,
+                       passed_controller_state=passed_controller_state,
+                       progress_meter=progress_meter)
+        if not replayable(saveat, event, stepsize_controller, max_steps,
+                          passed_solver_state or passed_controller_state):
+            return diffrax.RecursiveCheckpointAdjoint(
+                checkpoints=_thresholds.CHECKPOINTS).loop(**options)
+        count = -(-max_steps // self.stored_steps)  # segments of equal length
+        static = SweepOptions(solver=_Checked(solver), stepsize_controller=stepsize_controller,
+                              event=event, progress_meter=progress_meter, max_steps=max_steps,
+                              segments=(count, -(-max_steps // count)), tableau=None,
+                              step_args=None)
+        problem = SweepProblem(terms=terms, args=args, init_state=init_state, t0=t0, t1=t1,
+                               dt0=dt0, saveat=saveat)
+        return final_state(init_state, _replayed(problem, static), saveat), {}
+
+
+def replayable(saveat, event, stepsize_controller, max_steps, passed_state) -> bool:
+    """Whether the steps of a solve can be replayed at their recorded end times: a step
+    limit, the state itself saved at `t0`, `ts` and `t1` only, no event located by a root
+    finder, no jumps of the controller (a jump changes the next step's solver state), and
+    the solver's and controller's states made by `diffeqsolve` (`passed_state` false)."""
+    saves_replayable = not (saveat.dense or saveat.controller_state or saveat.made_jump) and all(
+        sub.fn is SAVE_Y and not sub.steps for sub in subsaves(saveat))
+    located = event is not None and event.root_finder is not None
+    jumps = getattr(stepsize_controller, "jump_ts", None) is not None
+    return (max_steps is not None and saves_replayable and not located and not jumps
+            and not passed_state)
+
+
+class _Checked(AbstractSolverWrapper):
+    """`solver`, given the terms that `diffeqsolve` has already checked against its
+    `term_structure` and wrapped (`diffrax.WrapTerm`, for the direction of time): the
+    forward pass that records the steps is a `diffeqsolve` of those terms, which checks
+    them again, and a solver that declares `diffrax.ODETerm` (`jaxdae.Rodas5P`) would
+    refuse the wrapper."""
+
+    solver: diffrax.AbstractSolver
+    term_structure: ClassVar = diffrax.AbstractTerm
+
+    def init(self, terms, t0, t1, y0, args):
+        return self.solver.init(terms, t0, t1, y0, args)
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        return self.solver.step(terms, t0, t1, y0, args, solver_state, made_jump)
+
+
+@eqx.filter_custom_vjp
+def _replayed(problem, static):
+    # Without reverse mode nothing is recorded: the solve is diffrax's.
+    return loop_solve(problem, static)
+
+
+def _forward(perturbed, problem, static):
+    if times_perturbed(perturbed):  # the steps' times are constants of the replay
+        return LoopVJP.of(problem, static)
+    return record_step_times(problem, static)
+
+
+def _zeros_where_inexact(tree):
+    """Zero cotangents for the floating-point leaves of `tree`, None for the others."""
+    return jax.tree.map(lambda x: jnp.zeros_like(x) if eqx.is_inexact_array(x) else None, tree)
+
+
+@full_precision
+def _backward(stored, out_bar, perturbed, problem, static):
+    if isinstance(stored, LoopVJP):
+        return stored(out_bar)
+    (step_ts, count), (segments, length) = stored, static.segments
+    problem = jax.tree.map(typed_literal_as_array, problem)
+    solver, init = static.solver, problem.init_state
+    y0_bar, final_bar, save_ts, save_bar = saves_bar(out_bar.ys, problem.saveat, init.y)
+    unravel = ravel_pytree(init.y)[1]
+    diff_p, static_p = eqx.partition((problem.terms, problem.args),
+                                     (perturbed.terms, perturbed.args))
+    times = jnp.concatenate([jnp.reshape(problem.t0, (1,)), step_ts])  # step k: k → k + 1
+    save_step = None if save_ts is None else jnp.searchsorted(step_ts, save_ts, side="left")
+
+    def step(k, state, p):
+        """Step `k` from `state = (y, solver state)`: its end state and dense output."""
+        terms, args = eqx.combine(p, static_p)
+        y1, _, dense, solver_state1, _ = solver.step(terms, times[k], times[k + 1], state[0],
+                                                     args, state[1], False)
+        return (y1, solver_state1), dense
+
+    def advance(k, state):
+        return step(k, state, diff_p)[0]
+
+    # The checkpoints at the segments' starts: segment `j` holds steps `j·length …`; a
+    # segment past the last step replays none.
+    start = (init.y, init.solver_state)
+
+    def checkpoint(state, j):
+        # (The last segment's end is not a checkpoint: it is not replayed to.)
+        end = jnp.where((j + 1) * length < count, (j + 1) * length, j * length)
+        return jax.lax.fori_loop(j * length, end, advance, state), state
+
+    _, checkpoints = jax.lax.scan(checkpoint, start, jnp.arange(segments))
+
+    def dense_bar_of(k, dense):
+        """The cotangent of step `k`'s dense output from the states saved inside it."""
+        def save_back(j, bar):
+            _, pull = eqx.filter_vjp(lambda d: ravel_pytree(solver.interpolation_cls(
+                t0=times[k], t1=times[k + 1], **d).evaluate(save_ts[j]))[0], dense)
+            (dense_bar,) = pull(save_bar[j])
+            return jax.tree.map(jnp.add, bar, dense_bar)
+
+        first, last = (jnp.searchsorted(save_step, k, side=side) for side in ("left", "right"))
+        return jax.lax.fori_loop(first, last, save_back, _zeros_where_inexact(dense))
+
+    def step_back(k, state, bars):
+        """The cotangents at the start of step `k` (from `state`) from those at its end."""
+        end_bar, p_bar = bars
+        (_, dense), pull = eqx.filter_vjp(lambda s, p: step(k, s, p), state, diff_p)
+        dense_bar = (_zeros_where_inexact(dense) if save_ts is None
+                     else dense_bar_of(k, dense))
+        state_bar, step_p_bar = pull((end_bar, dense_bar))
+        return state_bar, jax.tree.map(jnp.add, p_bar, step_p_bar)
+
+    def segment_back(jj, bars):
+        j = (count - 1) // length - jj
+        first = j * length
+        steps = jnp.minimum(length, count - first)
+        begin = jax.tree.map(lambda c: c[j], checkpoints)
+        starts = jax.tree.map(lambda x: jnp.zeros((length,) + jnp.shape(x), x.dtype), begin)
+
+        def replay(i, carry):
+            state, starts = carry
+            starts = jax.tree.map(lambda r, x: r.at[i].set(x), starts, state)
+            return advance(first + i, state), starts
+
+        _, starts = jax.lax.fori_loop(0, steps, replay, (begin, starts))
+        return jax.lax.fori_loop(0, steps, lambda ii, bars: step_back(
+            first + steps - 1 - ii, jax.tree.map(lambda r: r[steps - 1 - ii], starts), bars),
+            bars)
+
+    end_bar = (unravel(final_bar) if final_bar is not None
+               else jax.tree.map(jnp.zeros_like, init.y), _zeros_where_inexact(init.solver_state))
+    p_bar = jax.tree.map(jnp.zeros_like, diff_p)
+    (y_bar, solver_state_bar), p_bar = jax.lax.fori_loop(
+        0, -(-count // length), segment_back, (end_bar, p_bar))
+    if y0_bar is not None:
+        y_bar = jax.tree.map(jnp.add, y_bar, unravel(y0_bar))
+    init_bar = dataclasses.replace(nones(init), y=y_bar, solver_state=eqx.filter(
+        solver_state_bar, perturbed.init_state.solver_state))
+    terms_bar, args_bar = p_bar
+    return dataclasses.replace(nones(problem), terms=terms_bar, args=args_bar,
+                               init_state=init_bar)
+
+
+_replayed.def_fwd(_forward)
+_replayed.def_bwd(_backward)

@@ -1,0 +1,149 @@
+"""Gradients of `Rodas5P` and diffrax's implicit Runge–Kutta solves by the derivative of
+their replayed steps (`ReplayAdjoint`, those solvers' default adjoint): the gradient of
+diffrax's loop with one checkpoint per step, whatever the number of steps kept at once."""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdae
+from jaxdae._integration._adjoint import default_adjoint
+
+MAX_STEPS = 400
+EVERY_STEP = diffrax.RecursiveCheckpointAdjoint(checkpoints=MAX_STEPS)
+TS = jnp.linspace(0.0, 1.0, 6)
+
+
+def _relative(a, b):
+    a, b = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(t)]) for t in (a, b))
+    return np.max(np.abs(a - b)) / np.max(np.abs(b))
+
+
+def _van_der_pol(t, y, mu):
+    return jnp.stack([y[1], mu * (1 - y[0] ** 2) * y[1] - y[0] + jnp.sin(t)])
+
+
+def _loss(diff, solver, adjoint, controller=None, dt0=None):
+    """A loss of the states saved at `TS` (inside the steps) and at the end of a forced
+    Van der Pol solve, differentiated with respect to `mu` and `y0`."""
+    mu, y0 = diff
+    controller = controller or diffrax.PIDController(rtol=1e-6, atol=1e-8)
+    sol = diffrax.diffeqsolve(diffrax.ODETerm(_van_der_pol), solver, 0.0, 1.0, dt0, y0,
+                              args=mu, saveat=diffrax.SaveAt(ts=TS, t1=True),
+                              stepsize_controller=controller, max_steps=MAX_STEPS,
+                              adjoint=adjoint)
+    return jnp.sum(sol.ys[0] ** 2) + jnp.sum(jnp.sin(sol.ys[1]))
+
+
+_grad = eqx.filter_jit(jax.grad(_loss))
+DIFF = (jnp.asarray(5.0), jnp.array([2.0, 0.0]))
+
+
+def test_default_for_rosenbrock_and_implicit_solvers():
+    kvaerno = jaxdae.configure_implicit(diffrax.Kvaerno5(), 1e-6, 1e-9)
+    for solver in (jaxdae.Rodas5P(), kvaerno, diffrax.Kvaerno3()):
+        assert isinstance(default_adjoint(solver, 100), jaxdae.ReplayAdjoint)
+        assert isinstance(default_adjoint(solver, None), diffrax.RecursiveCheckpointAdjoint)
+
+
+@pytest.mark.slow
+def test_rodas_gradient_is_that_of_a_checkpoint_per_step():
+    """Adaptive steps, saves inside the steps (the dense output) and at the end: the
+    gradient with respect to a parameter and the initial state equals diffrax's loop
+    differentiated with one checkpoint per step, in one segment and in segments of 3
+    steps."""
+    grads = [_grad(DIFF, jaxdae.Rodas5P(), adjoint) for adjoint in
+             (EVERY_STEP, jaxdae.ReplayAdjoint(), jaxdae.ReplayAdjoint(stored_steps=3))]
+    assert _relative(grads[1], grads[0]) < 1e-12
+    assert _relative(grads[2], grads[1]) < 1e-13
+
+
+@pytest.mark.slow
+def test_kvaerno_gradient_is_that_of_a_checkpoint_per_step():
+    """As for Rodas5P, with the configured Kvaerno5 and Kvaerno3 (a root found in each
+    stage, differentiated by the implicit-function rule in both adjoints)."""
+    for solver in (diffrax.Kvaerno5(), diffrax.Kvaerno3()):
+        solver = jaxdae.configure_implicit(solver, 1e-6, 1e-8)
+        grads = [_grad(DIFF, solver, adjoint) for adjoint in
+                 (EVERY_STEP, jaxdae.ReplayAdjoint(), jaxdae.ReplayAdjoint(stored_steps=3))]
+        assert _relative(grads[1], grads[0]) < 1e-11
+        assert _relative(grads[2], grads[1]) < 1e-13
+
+
+@pytest.mark.slow
+def test_fixed_step_gradients_against_central_differences():
+    """Constant steps: the gradient is that of the discrete map, which central
+    differences of the solve approximate to their truncation error."""
+    kvaerno = jaxdae.configure_implicit(diffrax.Kvaerno5(), 1e-12, 1e-12)
+    eps = 1e-6
+    for solver in (jaxdae.Rodas5P(), kvaerno):
+        def loss(diff, solver=solver):
+            return _loss(diff, solver, jaxdae.ReplayAdjoint(stored_steps=7),
+                         diffrax.ConstantStepSize(), 0.02)
+
+        mu, y0 = DIFF
+        grad_mu, grad_y0 = jax.jit(jax.grad(loss))(DIFF)
+        central = [(loss((mu + eps, y0)) - loss((mu - eps, y0))) / (2 * eps)]
+        central += [(loss((mu, y0.at[i].add(eps))) - loss((mu, y0.at[i].add(-eps)))) / (2 * eps)
+                    for i in range(2)]
+        np.testing.assert_allclose([grad_mu, *grad_y0], central, rtol=1e-6)
+
+
+def _arm():
+    """The Cartesian two-link arm with `Baumgarte(2000, 10⁶)` of the stiff integration
+    guide."""
+    system = jaxdae.examples.CartesianArmLagrangian(forces=(0.0, -9.81, 0.0, -9.81))
+    return system, jaxdae.Baumgarte(2000.0, 1e6), *system.initial_state()
+
+
+@pytest.mark.slow
+def test_simulate_gradient_does_not_depend_on_checkpoints():
+    """Rodas5P through `simulate` on the stiff arm (about 670 adaptive steps): the default
+    gradient equals the one-checkpoint-per-step gradient of diffrax's loop, which 32
+    checkpoints (the former default) do not: their recomputed steps need not be the
+    forward solve's."""
+    system, formulation, q0, v0 = _arm()
+    steps = 4000
+
+    def loss(mass, adjoint):
+        model = eqx.tree_at(lambda s: s.masses, system, jnp.stack([mass, system.masses[1]]))
+        return jaxdae.simulate(model, formulation, 0.0, 0.5, q0, v0, rtol=1e-7, atol=1e-10,
+                               solver=jaxdae.Rodas5P(), max_steps=steps,
+                               adjoint=adjoint).q_final[0]
+
+    mass = jnp.asarray(1.0)
+    every, checkpoints, default, segments = (
+        float(jax.jit(jax.grad(loss), static_argnums=1)(mass, a))
+        for a in (diffrax.RecursiveCheckpointAdjoint(checkpoints=steps),
+                  diffrax.RecursiveCheckpointAdjoint(checkpoints=32), None,
+                  jaxdae.ReplayAdjoint(stored_steps=50)))
+    assert abs(default - every) <= 1e-10 * abs(every)
+    assert abs(segments - default) <= 1e-12 * abs(default)
+    assert abs(checkpoints - every) > 1e-8 * abs(every)
+
+
+@pytest.mark.slow
+def test_under_vmap_and_what_is_not_replayed():
+    """A batch of gradients under `vmap` equals the gradients one by one; saving every
+    step is not replayed: that solve is differentiated through diffrax's loop."""
+    adjoint = jaxdae.ReplayAdjoint(stored_steps=5)
+    y0s = jnp.array([[2.0, 0.0], [1.0, 0.5]])
+    batched = jax.vmap(lambda y0: _grad((DIFF[0], y0), jaxdae.Rodas5P(), adjoint))(y0s)
+    for i, y0 in enumerate(y0s):
+        one = _grad((DIFF[0], y0), jaxdae.Rodas5P(), adjoint)
+        assert _relative(jax.tree.map(lambda x, i=i: x[i], batched), one) < 1e-12
+
+    def steps_loss(mu, adjoint):
+        sol = diffrax.diffeqsolve(diffrax.ODETerm(_van_der_pol), jaxdae.Rodas5P(), 0.0, 0.5,
+                                  0.05, DIFF[1], args=mu, saveat=diffrax.SaveAt(steps=True),
+                                  stepsize_controller=diffrax.ConstantStepSize(),
+                                  max_steps=16, adjoint=adjoint)
+        return jnp.sum(jnp.where(jnp.isfinite(sol.ys), sol.ys, 0.0))
+
+    ours, diffrax_loop = (jax.jit(jax.grad(steps_loss), static_argnums=1)(DIFF[0], a)
+                          for a in (adjoint, diffrax.RecursiveCheckpointAdjoint()))
+    assert abs(float(diffrax_loop)) > 1e-3
+    np.testing.assert_allclose(ours, diffrax_loop, rtol=1e-12)
