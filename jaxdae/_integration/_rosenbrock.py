@@ -133,8 +133,9 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
 
     **With [`jaxdae.simulate`][]** pass it as the solver; it integrates the formulation's
     ODE like any diffrax solver (every formulation and system), with the default adjoint
-    `diffrax.RecursiveCheckpointAdjoint` (`jaxdae.ReverseSweepAdjoint` differentiates
-    explicit Runge–Kutta methods only and refuses it):
+    [`jaxdae.ReplayAdjoint`][] (the derivative of each accepted step, replayed at its
+    recorded time; `jaxdae.ReverseSweepAdjoint` differentiates explicit Runge–Kutta
+    methods only and refuses it):
 
     ```python
     sol = jaxdae.simulate(system, formulation, 0.0, 2.0, q0, v0, solver=jaxdae.Rodas5P(),
