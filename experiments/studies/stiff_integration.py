@@ -27,10 +27,10 @@ Six studies, each written to OUT/stiff_integration/ (summary.json, figures):
    after compiling, the solvers of a case called in turn. The table compares, per case,
    the cheapest run of each solver that reaches a relative error of 1e-3 and of 1e-6.
 3. **Gradients** on the stiff cases: `jax.grad` of the final position with respect to a mass,
-   through Tsit5 and each implicit solver with its default adjoint (and GeneralizedAlpha
-   and Rodas5P through diffrax's loop with one checkpoint per step, GeneralizedAlpha with
-   32), against central differences, and its time against the forward solve's (wall time,
-   median of three, called in turn in one process); `gradient_segments`: GeneralizedAlpha's
+   through Tsit5 and each implicit solver with its default adjoint (and through diffrax's
+   loop with one checkpoint per step and with 32), against central differences, its time
+   against the forward solve's (wall time, median of three, called in turn in one
+   process) and the time to compile both; `gradient_segments`: GeneralizedAlpha's
    default adjoint keeping 1,024, 4,096 and all steps' states at once.
 4. **Where an implicit step's time goes**, on the spring pendulum (`k = 10⁶`) as an 8-state
    ODE (`Baumgarte(10, 25)`): the cost of one right-hand side, of its Jacobian
@@ -49,7 +49,7 @@ Six studies, each written to OUT/stiff_integration/ (summary.json, figures):
     OPENBLAS_NUM_THREADS=1 python experiments/studies/stiff_integration.py --out output [--quick]
         [--study configuration|work_precision|gradients|gradient_segments|step_costs|crosscheck|
          global_error]...
-        [--case TEXT]...
+        [--case TEXT]... [--solver TEXT]...  (`--solver`: the gradient runs named so)
 """
 
 import os
@@ -344,30 +344,33 @@ GRADIENT_MAX_STEPS = 200_000
 
 def gradient_runs(rtol):
     """The gradient study's solvers and adjoints: `(name, solver, adjoint)`, the default
-    adjoint (None) and, for GeneralizedAlpha, diffrax's loop with one checkpoint per step
-    and with the 32 checkpoints it used to default to."""
+    adjoint (None) and, for the implicit solvers, diffrax's loop with one checkpoint per
+    step and with the 32 checkpoints that were its default for them."""
     implicit = solvers(rtol, 1e-3 * rtol)
     every_step = diffrax.RecursiveCheckpointAdjoint(checkpoints=GRADIENT_MAX_STEPS)
-    return (("Tsit5", diffrax.Tsit5(), None),
-            ("Kvaerno5 (configured)", implicit["Kvaerno5 (configured)"], None),
-            ("GeneralizedAlpha", jaxdae.GeneralizedAlpha(), None),
-            ("GeneralizedAlpha, diffrax's loop, a checkpoint per step", jaxdae.GeneralizedAlpha(),
-             every_step),
-            ("GeneralizedAlpha, diffrax's loop, 32 checkpoints", jaxdae.GeneralizedAlpha(),
-             diffrax.RecursiveCheckpointAdjoint(checkpoints=32)),
-            ("Rodas5P", implicit["Rodas5P"], None),
-            ("Rodas5P, diffrax's loop, a checkpoint per step", implicit["Rodas5P"], every_step))
+    thirty_two = diffrax.RecursiveCheckpointAdjoint(checkpoints=32)
+    runs = [("Tsit5", diffrax.Tsit5(), None)]
+    for name in ("Kvaerno5 (configured)", "GeneralizedAlpha", "Rodas5P"):
+        runs += [(name, implicit[name], None),
+                 (f"{name}, diffrax's loop, a checkpoint per step", implicit[name], every_step),
+                 (f"{name}, diffrax's loop, 32 checkpoints", implicit[name], thirty_two)]
+    return tuple(runs)
 
 
-def gradients(quick):
-    """Study 3: d q_final[0] / d mass through each solver and adjoint (`gradient_runs`),
+def gradients(quick, only=None, solvers_only=None):
+    """Study 3: d q_final[0] / d mass through each solver and adjoint (`gradient_runs`; the
+    cases whose names contain one of `only`, the runs whose names contain one of
+    `solvers_only`; all by default),
     against central differences of the same solver and of a reference (Tsit5 at rtol
     1e-12), and its wall time against the forward solve's: the jitted gradient and the
-    jitted forward solve called in turn, median of three, in one process."""
+    jitted forward solve called in turn, median of three, in one process; and the time to
+    compile each (`jax.jit(...).lower(...).compile()`)."""
     rows = []
     t1 = 0.5 if quick else 1.0
     rtol = 1e-8
     for case, make in list(CASES.items())[::2]:
+        if only is not None and not any(part in case for part in only):
+            continue
         system, formulation, q0, v0, field = make()
 
         def loss(mass, solver, adjoint, system=system, formulation=formulation, q0=q0, v0=v0,
@@ -383,10 +386,19 @@ def gradients(quick):
         reference = float((loss(mass + eps, diffrax.Tsit5(), None, rtol=1e-12)[0]
                            - loss(mass - eps, diffrax.Tsit5(), None, rtol=1e-12)[0])
                           / (2 * eps))
-        for name, solver, adjoint in progress(gradient_runs(rtol), case, unit="solver"):
-            forward_fn = jax.jit(lambda m, solver=solver: loss(m, solver, None))
-            grad_fn = jax.jit(jax.grad(lambda m, solver=solver, adjoint=adjoint:
-                                       loss(m, solver, adjoint)[0]))
+        runs = [run for run in gradient_runs(rtol) if solvers_only is None
+                or any(part in run[0] for part in solvers_only)]
+        for name, solver, adjoint in progress(runs, case, unit="solver"):
+            compile_s = {}
+            fns = {}
+            for label, fn in (
+                    ("grad", jax.jit(jax.grad(lambda m, solver=solver, adjoint=adjoint:
+                                              loss(m, solver, adjoint)[0]))),
+                    ("forward", jax.jit(lambda m, solver=solver: loss(m, solver, None)))):
+                start = time.perf_counter()
+                fns[label] = fn.lower(mass).compile()
+                compile_s[label] = time.perf_counter() - start
+            grad_fn, forward_fn = fns["grad"], fns["forward"]
             grad = float(grad_fn(mass))
             steps = int(jax.block_until_ready(forward_fn(mass))[1])
             walls = {"grad": [], "forward": []}
@@ -403,7 +415,8 @@ def gradients(quick):
                              reference=reference,
                              error_vs_reference=abs(grad - reference) / abs(reference),
                              time_ms=1e3 * grad_s, forward_ms=1e3 * forward_s,
-                             ratio=grad_s / forward_s))
+                             ratio=grad_s / forward_s, compile_gradient_s=compile_s["grad"],
+                             compile_forward_s=compile_s["forward"]))
     return rows
 
 
@@ -913,11 +926,12 @@ STUDIES = ("configuration", "work_precision", "gradients", "gradient_segments", 
            "crosscheck", "global_error")
 
 
-def main(out: Path, quick: bool = False, studies=STUDIES, only=None) -> dict:
+def main(out: Path, quick: bool = False, studies=STUDIES, only=None, solvers_only=None
+         ) -> dict:
     folder = output_dir(out, NAME)
     configuration = configuration_study(quick) if "configuration" in studies else []
     precision = work_precision(quick, only) if "work_precision" in studies else {}
-    grads = gradients(quick) if "gradients" in studies else []
+    grads = gradients(quick, only, solvers_only) if "gradients" in studies else []
     segments = gradient_segments(quick) if "gradient_segments" in studies else []
     costs = step_costs(quick) if "step_costs" in studies else {}
     checks = crosscheck(quick) if "crosscheck" in studies else {}
@@ -947,12 +961,14 @@ def main(out: Path, quick: bool = False, studies=STUDIES, only=None) -> dict:
                              f"{row['time_ms']:.2f} |")
     table += ["", "| stiff case | solver | steps | gradient | central difference (same "
               "solver) | rel. diff. | rel. diff. to reference | forward [ms] | gradient [ms] | "
-              "gradient / forward |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "gradient / forward | compile: forward, gradient [s] |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in grads:
         table.append(f"| {row['case']} | {row['solver']} | {row['steps']} | "
                      f"{row['gradient']:.10g} | {row['central']:.8g} | "
                      f"{row['relative_difference']:.1e} | {row['error_vs_reference']:.1e} | "
-                     f"{row['forward_ms']:.2f} | {row['time_ms']:.1f} | {row['ratio']:.1f} |")
+                     f"{row['forward_ms']:.2f} | {row['time_ms']:.1f} | {row['ratio']:.1f} | "
+                     f"{row['compile_forward_s']:.1f}, {row['compile_gradient_s']:.1f} |")
     table += ["", "| stiff case | GeneralizedAlpha's adjoint, stored steps | gradient | "
               "gradient [ms] | forward [ms] | gradient / forward |", "|---|---|---|---|---|---|"]
     table += [f"| {r['case']} | {r['stored_steps']} | {r['gradient']:.10g} | {r['time_ms']:.1f} "
@@ -1060,12 +1076,15 @@ def _plot(folder: Path, precision: dict) -> None:
 
 if __name__ == "__main__":
     # `--study NAME` (repeatable) runs only those studies, `--case TEXT` (repeatable) only
-    # the work-precision cases whose names contain TEXT
+    # the work-precision and gradient cases whose names contain TEXT, `--solver TEXT`
+    # (repeatable) only the gradient runs whose names contain TEXT
     studies = tuple(sys.argv[i + 1] for i, a in enumerate(sys.argv) if a == "--study")
     only = tuple(sys.argv[i + 1] for i, a in enumerate(sys.argv) if a == "--case") or None
-    for flag in ("--study", "--case"):
+    solvers_only = tuple(sys.argv[i + 1] for i, a in enumerate(sys.argv)
+                         if a == "--solver") or None
+    for flag in ("--study", "--case", "--solver"):
         while flag in sys.argv:
             i = sys.argv.index(flag)
             del sys.argv[i:i + 2]
     args = parse_args(NAME, __doc__)
-    main(args.out, args.quick, studies or STUDIES, only)
+    main(args.out, args.quick, studies or STUDIES, only, solvers_only)
