@@ -14,9 +14,12 @@ kernels and while loops; the other times the first call of the jitted solve as a
 it (`"total"`). JAX starts with two CPU devices, as in `bench_robots.py`. `--src DIR` (repeatable)
 imports jaxdae from `DIR/jaxdae` instead of this checkout, so that two commits alternate
 (e.g. `git archive <commit> jaxdae | tar -x -C /tmp/before`); the medians of `--rounds`
-rounds are printed.
+rounds are printed. `--constant-checks` gives the checks of the initial state constants for
+its mass matrix and forces, so that the program no longer evaluates the tree's equations at
+the initial state: what that copy costs.
 
     python experiments/diagnostics/bench_humanoid_compile.py [--rounds 3] [--src DIR ...]
+        [--constant-checks]
 """
 
 import argparse
@@ -36,7 +39,7 @@ KEYS = ("trace_lower_s", "trace_lower_cpu_s", "xla_s", "xla_cpu_s", "call_s", "t
         "total_cpu_s", "hlo_instructions", "fusions", "while_loops")
 
 
-def _child(mode: str) -> dict:
+def _child(mode: str, constant_checks: bool = False) -> dict:
     """This process's measurements: `"split"` or `"total"` (see the module's docstring)."""
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + " --xla_force_host_platform_device_count=2").strip()
@@ -47,6 +50,18 @@ def _child(mode: str) -> dict:
 
     import jaxdae
     import jaxdae.multibody as mb
+
+    if constant_checks:
+        from jaxdae._integration import _reporting
+
+        checked = _reporting.initial_state_problems
+
+        def constant_inputs(system, formulation, state, terms, *args, **kwargs):
+            mass, _, _ = terms
+            return checked(system, formulation, state, (mass, jnp.array(True), jnp.zeros(1)),
+                           *args, **kwargs)
+
+        _reporting.initial_state_problems = constant_inputs
 
     model = mb.load_urdf(HUMANOID).mechanism(forces=[mb.Gravity((0.0, 0.0, -9.81))],
                                              limits=False)
@@ -89,10 +104,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--src", action="append", default=None,
                         help="import jaxdae from DIR/jaxdae (repeatable; default: this checkout)")
+    parser.add_argument("--constant-checks", action="store_true",
+                        help="constants for the initial state's mass and force checks")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(_child(args.child)))
+        print(json.dumps(_child(args.child, args.constant_checks)))
         return
     sources = args.src or [str(ROOT)]
     runs: dict[str, list[dict]] = {src: [] for src in sources}
@@ -102,8 +119,11 @@ def main():
             row = {}
             for mode in ("split", "total"):
                 env = dict(os.environ, PYTHONPATH=src)
-                done = subprocess.run([sys.executable, __file__, "--child", mode], check=True,
-                                      capture_output=True, text=True, env=env, cwd=ROOT)
+                command = [sys.executable, __file__, "--child", mode]
+                if args.constant_checks:
+                    command.append("--constant-checks")
+                done = subprocess.run(command, check=True, capture_output=True, text=True,
+                                      env=env, cwd=ROOT)
                 row.update(json.loads(done.stdout.strip().splitlines()[-1]))
             runs[src].append(row)
             loads.append(os.getloadavg()[0])
