@@ -2,6 +2,8 @@
 (`GeneralizedAlphaAdjoint`, the solver's default adjoint): the gradient of diffrax's loop
 with one checkpoint per step, whatever the number of steps kept at once."""
 
+import warnings
+
 import diffrax
 import equinox as eqx
 import jax
@@ -12,7 +14,11 @@ import pytest
 
 import jaxdae
 from jaxdae._integration._adjoint import default_adjoint
-from jaxdae._integration._generalized_alpha_adjoint import GeneralizedAlphaAdjoint
+from jaxdae._integration._generalized_alpha_adjoint import (
+    GeneralizedAlphaAdjoint,
+    _not_replayed,
+    warn_checkpointed,
+)
 
 PENDULUM = jaxdae.examples.CartesianPendulum()
 BAUMGARTE = jaxdae.Baumgarte(10.0, 25.0)
@@ -135,3 +141,40 @@ def test_what_the_sweep_does_not_replay_goes_through_diffrax_loop():
                           (GeneralizedAlphaAdjoint(), diffrax.RecursiveCheckpointAdjoint()))
     assert abs(float(diffrax_loop)) > 1e-3
     np.testing.assert_allclose(ours, diffrax_loop, rtol=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("saveat, event, what", [
+    (diffrax.SaveAt(t1=True, dense=True), None, "a dense output"),
+    (diffrax.SaveAt(steps=True), None, "saved steps"),
+    (diffrax.SaveAt(t1=True), diffrax.Event(lambda t, y, args, **kw: y[0][0] - 0.5,
+                                            optx.Newton(1e-8, 1e-8)), "root finder"),
+])
+def test_what_the_sweep_does_not_replay_warns_with_the_fix(saveat, event, what):
+    """With adaptive steps, a solve that the sweep does not replay is differentiated
+    through diffrax's checkpointed loop, and says so when traced, naming the fix."""
+    def loss(gravity):
+        system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(lambda t, y, args: y), jaxdae.GeneralizedAlpha(), 0.0, 0.2, 0.01,
+            (Q0, V0), args=(system, BAUMGARTE), saveat=saveat, event=event,
+            stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8), max_steps=64,
+            adjoint=GeneralizedAlphaAdjoint())
+        return jnp.sum(jnp.where(jnp.isfinite(sol.ys[0]), sol.ys[0], 0.0))
+
+    with pytest.warns(UserWarning, match=f"(?s){what}.*checkpoints=max_steps"):
+        jax.eval_shape(jax.grad(loss), jnp.asarray(9.81))
+
+
+def test_fixed_steps_go_through_diffrax_loop_without_a_warning():
+    """Fixed steps take no adaptive decision: through diffrax's loop their gradient does
+    not depend on the checkpoints, and nothing is said; adaptive steps are warned of."""
+    unreplayed = _not_replayed(diffrax.SaveAt(dense=True), None, 100, False, False)
+    assert unreplayed is not None and "dense" in unreplayed[0]
+    assert _not_replayed(diffrax.SaveAt(ts=jnp.linspace(0.0, 1.0, 3)), None, 100, False,
+                         False) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_checkpointed(diffrax.ConstantStepSize(), *unreplayed)
+    with pytest.warns(UserWarning, match="dense output"):
+        warn_checkpointed(diffrax.PIDController(rtol=1e-6, atol=1e-8), *unreplayed)

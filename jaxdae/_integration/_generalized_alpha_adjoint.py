@@ -5,10 +5,13 @@ The forward solve is diffrax's loop, which also records the end time of every ac
 step. The backward pass replays those steps at the recorded times (the same step function,
 no step-size control), keeping their states, and applies each step's adjoint in reverse:
 the step's equations `r(x, p) = 0` for its new positions and scaled multipliers `x` give
-`x̄ᵀ dx = −wᵀ ∂r/∂p dp` with `(∂r/∂x)ᵀ w = x̄` (implicit function theorem; `∂r/∂x`
-exact, from the linearization of `r` at the step's solution, and one LU factorization),
-and the `a`, `q̈`, `v` of the step's end are affine in `x` and the start (Arnold & Brüls
-2007, the step of [`jaxdae.GeneralizedAlpha`][]).
+`x̄ᵀ dx = −wᵀ ∂r/∂p dp` with `(∂r/∂x)ᵀ w = x̄` (implicit function theorem, with the
+exact `∂r/∂x` of the linearization of `r` at the step's solution), and the `a`, `q̈`, `v`
+of the step's end are affine in `x` and the start (Arnold & Brüls 2007, the step of
+[`jaxdae.GeneralizedAlpha`][]). `(∂r/∂x)ᵀ w = x̄` is solved to rounding by iterative
+refinement with the inverse of a later step's exact `(∂r/∂x)ᵀ`, kept from step to step
+as the forward solve keeps its Newton matrix, and rebuilt (one vector–Jacobian product
+per unknown) only where the refinement does not converge quickly (`_adjoint_solve`).
 
 Differentiating diffrax's loop instead (`diffrax.RecursiveCheckpointAdjoint`) recomputes
 the steps between its checkpoints in the backward pass, in another compiled program:
@@ -19,6 +22,7 @@ forward solve's own to rounding.
 """
 
 import dataclasses
+import warnings
 
 import diffrax
 import equinox as eqx
@@ -26,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import _thresholds
-from .._compilation._linalg import full_precision, lu_factor, lu_solve
+from .._compilation._linalg import full_precision, inverse
 from ._generalized_alpha import GeneralizedAlpha
 from ._sweep_backward import saves_bar
 from ._sweep_forward import (
@@ -44,6 +48,16 @@ from ._sweep_forward import (
     unwrapped,
 )
 
+# Iterative refinement of a step's adjoint equations with the inverse kept from a later
+# step: at most this many corrections, each at least this factor smaller than the last,
+# before the step's own matrix is built (`_adjoint_solve`; 0: every step's own matrix,
+# the comparison of `stiff_integration.py --study gradient_segments`).
+_REFINE_ITERATIONS = 6
+_REFINE_RATE = 0.1
+
+# Corrections below this many units of rounding of the largest entry end the refinement.
+_ROUNDING_UNITS = 16
+
 
 class GeneralizedAlphaAdjoint(AbstractStoredStepsAdjoint):
     """Differentiates a [`jaxdae.GeneralizedAlpha`][] solve by the discrete adjoint of its
@@ -51,8 +65,8 @@ class GeneralizedAlphaAdjoint(AbstractStoredStepsAdjoint):
     recorded and applies its adjoint, from the implicit function theorem at the step's
     solution (Arnold & Brüls 2007), from the last step to the first; replayed rather than
     recomputed under step-size control, the steps are the forward solve's own, so the
-    gradient does not depend on how the solve is segmented. The default adjoint of `simulate` for that solver
-    with an integer `max_steps`.
+    gradient does not depend on how the solve is segmented. The default adjoint of
+    `simulate` for that solver with an integer `max_steps`.
 
     - **Memory**: the forward solve keeps one time per step of `max_steps`. The backward
       pass replays the steps in segments of at most `stored_steps`, each from a
@@ -66,9 +80,14 @@ class GeneralizedAlphaAdjoint(AbstractStoredStepsAdjoint):
       `stored_steps`.
     - **Solves**: saves at `t0`, `ts` and `t1` (interpolated inside the steps), events
       without a root finder. Other solves (a dense output, saved steps or controller
-      state, an event's root finder, `max_steps=None`, a solver or controller state
-      passed to `diffeqsolve`), and gradients with respect to `t0`, `t1` or the save
-      times, differentiate diffrax's loop instead (`CHECKPOINTS` checkpoints). Reverse
+      state, `SubSaveAt(fn=...)`, an event's root finder, `max_steps=None`, a solver or
+      controller state passed to `diffeqsolve`), and gradients with respect to `t0`,
+      `t1`, `dt0` or the save times, differentiate diffrax's loop instead (`CHECKPOINTS`
+      checkpoints). With adaptive steps that gradient can differ from the solve's own
+      by up to about the tolerance (the recomputed steps need not be the forward
+      solve's), and a `UserWarning` says so when the solve is traced, naming the fix:
+      a replayable solve, fixed steps, or
+      `adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints=max_steps)`. Reverse
       mode only.
 
     **Arguments:**
@@ -80,9 +99,11 @@ class GeneralizedAlphaAdjoint(AbstractStoredStepsAdjoint):
              max_steps, throw, init_state, passed_solver_state, passed_controller_state,
              progress_meter):
         method = _method(solver)
-        if not _sweepable(saveat, event, max_steps, passed_solver_state,
-                          passed_controller_state):
+        unreplayed = _not_replayed(saveat, event, max_steps, passed_solver_state,
+                                   passed_controller_state)
+        if unreplayed is not None:
             # What the sweep does not replay is differentiated through diffrax's loop.
+            warn_checkpointed(stepsize_controller, *unreplayed)
             return diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS).loop(
                 args=args, terms=terms, solver=solver, stepsize_controller=stepsize_controller,
                 event=event, saveat=saveat, t0=t0, t1=t1, dt0=dt0, max_steps=max_steps,
@@ -117,16 +138,55 @@ def _method(solver) -> GeneralizedAlpha:
     return solver
 
 
-def _sweepable(saveat, event, max_steps, passed_solver_state, passed_controller_state) -> bool:
-    """Whether the sweep can differentiate the solve: saves of the state itself at `t0`,
-    `ts` and `t1` (no dense output, no saved steps, controller state or `made_jump`), no
-    event located by a root finder, a step limit, the solver's and controller's states
-    made by `diffeqsolve`."""
-    return (max_steps is not None and not (
-        saveat.dense or saveat.controller_state or saveat.made_jump or passed_solver_state
-        or passed_controller_state) and all(
-            not sub.steps and sub.fn is SAVE_Y for sub in subsaves(saveat))
-        and (event is None or event.root_finder is None))
+def _not_replayed(saveat, event, max_steps, passed_solver_state, passed_controller_state
+                  ) -> tuple[str, str] | None:
+    """`(what, fix)` for a solve that the sweep cannot replay, None for one it can: it
+    replays saves of the state itself at `t0`, `ts` and `t1` (no dense output, no saved
+    steps, controller state or `made_jump`), without an event located by a root finder,
+    with a step limit, from the solver's and controller's states that `diffeqsolve`
+    made."""
+    if max_steps is None:
+        return "`max_steps=None`", "pass an integer `max_steps`"
+    if saveat.dense:
+        return "a dense output (`SaveAt(dense=True)`)", "save at `SaveAt(ts=...)` instead"
+    if saveat.controller_state or saveat.made_jump:
+        return ("the controller's state or `made_jump` (`SaveAt(controller_state=True)`, "
+                "`SaveAt(made_jump=True)`)", "leave them unsaved")
+    for sub in subsaves(saveat):
+        if sub.steps:
+            return ("saved steps (`SaveAt(steps=True)`)",
+                    "save at `SaveAt(ts=...)` instead")
+        if sub.fn is not SAVE_Y:
+            return ("a function of the saved states (`SaveAt(fn=fn)`)",
+                    "apply `fn` to the saved states instead")
+    if event is not None and event.root_finder is not None:
+        return ("an event located by a root finder",
+                "pass `diffrax.Event(cond_fn)` without a `root_finder` (the solve stops at "
+                "the end of the step where it triggers)")
+    if passed_solver_state or passed_controller_state:
+        return ("a solver or controller state passed to `diffeqsolve`",
+                "start the solve from the state that `diffeqsolve` makes")
+    return None
+
+
+def warn_checkpointed(stepsize_controller, what: str, fix: str) -> None:
+    """A `UserWarning` (when the solve is traced) that a solve with adaptive steps is
+    differentiated through diffrax's loop with `CHECKPOINTS` checkpoints, whose gradient
+    can differ from the solve's own (see the module's docstring). Fixed steps take no
+    adaptive decision, and their gradient is the same through any number of checkpoints."""
+    if isinstance(stepsize_controller, diffrax.ConstantStepSize | diffrax.StepTo):
+        return
+    warnings.warn(
+        f"`jaxdae.GeneralizedAlphaAdjoint` does not replay a solve with {what}: its gradient "
+        f"is taken through diffrax's loop with {_thresholds.CHECKPOINTS} checkpoints, which "
+        "recomputes the steps between checkpoints under step-size control in another "
+        "compiled program. Rounding there can accept or size a step differently from the "
+        "forward solve, and the gradient then differs from the solve's own by up to about "
+        "the tolerance and changes with the number of checkpoints. For the solve's own "
+        f"gradient, {fix}; or use fixed steps (`diffrax.ConstantStepSize()`); or pass "
+        "`adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints=max_steps)` (one "
+        "checkpoint per step, memory in proportion to `max_steps`).",
+        UserWarning, stacklevel=2)
 
 
 @eqx.filter_custom_vjp
@@ -143,6 +203,9 @@ def _time(t, y, args):
 def _forward(perturbed, problem, static):
     if any(jax.tree.leaves((perturbed.t0, perturbed.t1, perturbed.dt0, perturbed.saveat))):
         # The steps' times are constants of the sweep.
+        warn_checkpointed(static.stepsize_controller,
+                          "a gradient with respect to `t0`, `t1`, `dt0` or the save times",
+                          "hold them constant (`jax.lax.stop_gradient`)")
         return LoopVJP.of(problem, static)
     output, (step_ts, _, steps, _) = solve_saving_steps(problem, static, _time, False)
     return output, (step_ts, jnp.asarray(steps, jnp.int32))
@@ -207,9 +270,10 @@ def _backward(stored, out_bar, perturbed, problem, static):
     end_bar = (final_bar[:n], final_bar[n:], zero_n, zero_n)
     args_bar = jax.tree.map(jnp.zeros_like, diff_args)
 
-    def step_back(k, records, i, bars):
+    def step_back(k, records, i, carry):
         """The cotangents at the start of step `k` (row `i` of `records`) from those at
-        its end."""
+        its end, and the factorized matrix to keep."""
+        bars, kept = carry
         (q_bar, v_bar, a_bar, qdd_bar), args_bar = bars
         ta, tb = times[k], times[k + 1]
         begin, end = records.row(i), records.row(i + 1)
@@ -236,18 +300,15 @@ def _backward(stored, out_bar, perturbed, problem, static):
             q_bar + (prepared.gamma / (prepared.h * prepared.beta)) * v_bar
             + a_bar / prepared.hb + qdd_bar / prepared.c, jnp.zeros_like(end.lam)])
         (residual, ends), pull = jax.vjp(through, inputs, diff_args, x)
-        # The rows of `∂r/∂x` from the same linearization, one product per row.
         no_ends = jax.tree.map(jnp.zeros_like, ends)
-        jacobian = jax.vmap(lambda e: pull((e, no_ends))[2])(
-            jnp.eye(residual.shape[0], dtype=residual.dtype))
-        w = lu_solve(lu_factor(jacobian.T), x_bar)
+        w, kept = _adjoint_solve(lambda w: pull((w, no_ends))[2], x_bar, kept)
         inputs_bar, step_args_bar, _ = pull((-w, (q_bar, v_bar, a_bar, qdd_bar)))
         if start_saves is not None:
             inputs_bar = (inputs_bar[0] + start_saves[0], inputs_bar[1] + start_saves[1],
                           inputs_bar[2], inputs_bar[3] + start_saves[2])
-        return inputs_bar, jax.tree.map(jnp.add, args_bar, step_args_bar)
+        return (inputs_bar, jax.tree.map(jnp.add, args_bar, step_args_bar)), kept
 
-    def segment_back(jj, bars):
+    def segment_back(jj, carry):
         j = segments - 1 - jj
         first = j * length
         steps = jnp.minimum(length, count - first)
@@ -260,12 +321,15 @@ def _backward(stored, out_bar, perturbed, problem, static):
 
         state, records = jax.lax.fori_loop(0, steps, replay, (state, empty))
         records = jax.tree.map(lambda r, x: r.at[steps].set(x), records, record(state))
+        # The kept matrix goes on from segment to segment, so that the steps' solves do
+        # not depend on how the steps are segmented.
         return jax.lax.fori_loop(
-            0, steps, lambda ii, bars: step_back(first + steps - 1 - ii, records,
-                                                 steps - 1 - ii, bars), bars)
+            0, steps, lambda ii, carry: step_back(first + steps - 1 - ii, records,
+                                                  steps - 1 - ii, carry), carry)
 
-    (q_bar, v_bar, a_bar, qdd_bar), args_bar = jax.lax.fori_loop(
-        0, segments, segment_back, (end_bar, args_bar))
+    size = q0.shape[0] + problem.init_state.solver_state[2].shape[0]
+    ((q_bar, v_bar, a_bar, qdd_bar), args_bar), _ = jax.lax.fori_loop(
+        0, segments, segment_back, ((end_bar, args_bar), _Kept.empty(size, q0.dtype)))
 
     def start(y0, diff_args):  # the consistent accelerations at `t0`: `a₀ = q̈₀`
         a, qdd, _, _ = method.init(problem.terms, t0, problem.t1, y0,
@@ -281,6 +345,71 @@ def _backward(stored, out_bar, perturbed, problem, static):
     init_state_bar = eqx.tree_at(lambda s: s.y, nones(problem.init_state),
                                  (start_bar[:n], start_bar[n:]), is_leaf=is_none)
     return dataclasses.replace(nones(problem), args=args_bar, init_state=init_state_bar)
+
+
+class _Kept(eqx.Module):
+    """The inverse of `(∂r/∂x)ᵀ` at a later step, kept to solve the adjoint equations of
+    the steps before it by iterative refinement; `valid` is false before the first is
+    built."""
+
+    inverse: jax.Array
+    valid: jax.Array
+
+    @classmethod
+    def empty(cls, size: int, dtype) -> "_Kept":
+        return cls(jnp.zeros((size, size), dtype), jnp.zeros((), jnp.bool_))
+
+
+def _adjoint_solve(transposed, x_bar, kept: _Kept):
+    """`w` with `(∂r/∂x)ᵀ w = x̄` (`transposed(w) = (∂r/∂x)ᵀ w`, a vector–Jacobian product),
+    to rounding, and the inverse to keep.
+
+    Iterative refinement with the kept inverse `K` of a later step's `(∂r/∂x)ᵀ`
+    (`w ← w + K (x̄ − (∂r/∂x)ᵀ w)`; Golub & Van Loan 2013, §3.5.3): adjacent steps'
+    matrices differ by the change of the state and of `h` over a step, and a correction
+    costs one product and one matrix–vector product, where a new matrix costs one
+    product per unknown and an inversion (`_linalg.inverse`). Where the corrections do
+    not shrink by `_REFINE_RATE` per iteration, or have not reached rounding after
+    `_REFINE_ITERATIONS`, the exact `(∂r/∂x)ᵀ` of this step is built from the same
+    products, inverted, solved with and kept: the strategy of the forward solve's
+    modified Newton iteration, applied to the linear adjoint equations. The solution is
+    that of a direct solve to rounding, whichever matrix is kept.
+    """
+    eps = jnp.finfo(x_bar.dtype).eps
+    inf = jnp.asarray(jnp.inf, x_bar.dtype)
+
+    def rebuild(_):
+        rows = jax.vmap(transposed)(jnp.eye(x_bar.shape[0], dtype=x_bar.dtype))
+        kept = inverse(rows.T)  # the products `(∂r/∂x)ᵀ eᵢ` are the rows of `∂r/∂x`
+        w = kept @ x_bar
+        # One correction: a product with the inverse is not backward stable, as the
+        # solve with the LU factors is, and the correction makes it so.
+        return w + kept @ (x_bar - transposed(w)), _Kept(kept, jnp.ones((), jnp.bool_))
+
+    if _REFINE_ITERATIONS == 0:
+        return rebuild(None)
+
+    def refine(state):
+        w, previous, iteration, _ = state
+        delta = kept.inverse @ (x_bar - transposed(w))
+        size = jnp.max(jnp.abs(delta))
+        w = w + delta
+        rate = size / previous
+        # Converged where the correction is at the rounding level of `w`. (Not where the
+        # error left at this rate is: estimated from two corrections, it stops early enough
+        # to move the arm's gradient by ten times its rounding.)
+        done = size <= _ROUNDING_UNITS * eps * jnp.max(jnp.abs(w))
+        slow = ~done & ((rate > _REFINE_RATE) | ~jnp.isfinite(size)
+                        | (iteration + 1 >= _REFINE_ITERATIONS))
+        return w, size, iteration + 1, jnp.where(done, 1, jnp.where(slow, 2, 0))
+
+    def going_on(state):
+        return state[3] == 0
+
+    start = (kept.inverse @ x_bar, inf, jnp.zeros((), jnp.int32),
+             jnp.where(kept.valid, 0, 2))
+    w, _, _, outcome = jax.lax.while_loop(going_on, refine, start)
+    return jax.lax.cond(outcome == 2, rebuild, lambda _: (w, kept), None)
 
 
 def _saves_back(ta, tb, begin, end, k, save_ts, save_step, save_bar, end_bars):
