@@ -11,12 +11,13 @@ import lineax as lx
 import numpy as np
 import optimistix as optx
 
+from .. import _thresholds
 from .._compilation._linalg import lu_factor, lu_solve, spd_solve
 from .._compilation._linear_solvers import PositiveSemidefinitePseudoInverse
 from .._formulations._base import AbstractFormulation
 from .._formulations._multipliers import multiplier_solve
 from .._solution import RESULTS
-from .._systems._system import AbstractSystem
+from .._systems._system import AbstractSystem, LagrangianSystem, applied_forces
 from ._generalized_alpha_newton import IterationMatrix, NewtonOptions, newton_solve
 from ._jacobian import linearization
 from ._solvers import AbstractFailureNamingSolver
@@ -62,15 +63,53 @@ def _split(x, step):
 
 def _residual(x, args):
     """The step's equations in units of position: `c (M q̈ + Gᵀλ − Q)` with `μ = c λ`,
-    `Φ(t, q)` and `h Ψ(t, q, v)`; `x = (q, μ)` flat. Kept: the holonomic rows of the
-    constraint Jacobian, `Φ_q`, and `M`."""
+    `Φ(t, q)` and `h Ψ(t, q, v)`; `x = (q, μ)` flat. No `aux` (`()`).
+
+    The Newton iteration evaluates them at every iteration, and they need products, not
+    the matrices `M` and `G` that `terms` builds column by column: for a
+    [`jaxdae.LagrangianSystem`][] whose terms come from its energies and constraints
+    (`terms_from_constraints`) and are derived in array form (more than `STRUCTURED_MIN`
+    coordinates), `M q̈ − Q` is the Lagrange expression `d/dt ∂L/∂v − ∂L/∂q − Q_applied`
+    with `d/dt ∂L/∂v` one derivative of `∂L/∂v` along `(1, v, q̈)`, and `Gᵀμ` the
+    reverse-mode product of the constraints with `μ`. Smaller systems' terms are a scalar
+    graph that costs as little as the products, and other systems' are all they define:
+    from `terms`."""
     system, t, step = args
     q, mu = _split(x, step)
     v, qdd, _ = step.unpack(q)
-    terms = system.terms(t, q, v)
-    dynamics = step.c * (terms.mass_matrix @ qdd - terms.forces) + terms.jacobian.T @ mu
-    residual = jnp.concatenate([dynamics, terms.phi, step.h * terms.psi])
-    return residual, (terms.jacobian[:terms.num_holonomic], terms.mass_matrix)
+    if not (isinstance(system, LagrangianSystem) and system.terms_from_constraints
+            and q.shape[0] > _thresholds.STRUCTURED_MIN):
+        terms = system.terms(t, q, v)
+        dynamics = step.c * (terms.mass_matrix @ qdd - terms.forces) + terms.jacobian.T @ mu
+        return jnp.concatenate([dynamics, terms.phi, step.h * terms.psi]), ()
+    phi, pull_q = jax.vjp(lambda y: system.constraints(t, y), q)
+    psi, pull_v = jax.vjp(lambda w: system.velocity_constraints(t, q, w), v)
+    m = phi.shape[0]
+    (reaction,), (reaction_v,) = pull_q(mu[:m]), pull_v(mu[m:])
+    dynamics = step.c * _inertia_minus_forces(system, t, q, v, qdd) + reaction + reaction_v
+    return jnp.concatenate([dynamics, phi, step.h * psi]), ()
+
+
+def _inertia_minus_forces(system: LagrangianSystem, t, q, v, qdd):
+    """`M q̈ − Q` of a Lagrangian system: `d/dt ∂L/∂v − ∂L/∂q − Q_applied`, `L = T − V`,
+    with the time derivative along `(1, v, q̈)` (one forward-mode derivative of the
+    gradient of `L`)."""
+    def gradients(t_, q_, v_):
+        def lagrangian(y, w):
+            return system.kinetic_energy(t_, y, w) - system.potential_energy(t_, y)
+
+        return jax.grad(lagrangian, argnums=(0, 1))(q_, v_)
+
+    (lag_q, _), (_, momentum_rate) = jax.jvp(gradients, (t, q, v),
+                                             (jnp.ones_like(t), v, qdd))
+    return momentum_rate - lag_q - applied_forces(system, t, q, v)
+
+
+def _kept_terms(system, t, q, v):
+    """`(Φ_q, M)` at the step's end, for the error estimate's projection ([`_tangential`][]);
+    not differentiated (the error estimate only sizes the steps)."""
+    terms = jax.lax.stop_gradient(system.terms(t, q, v))
+    return terms.jacobian[:terms.num_holonomic], terms.mass_matrix
 
 
 def _iteration_matrix(x, args):
@@ -161,10 +200,14 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
     is built from the structured terms, `[[M − c (∂Q/∂q + s ∂Q/∂v), Gᵀ], [Φ_q; (γ/β) Ψ_v,
     0]]` with `s = γ/(hβ)` (the forces' derivatives by forward mode on the forces alone;
     the derivatives of `M(q) q̈`, `Gᵀμ` and `h Ψ_q`, of order `c` and `h`, left out as in
-    Arnold & Brüls 2007, §3), inverted once (a pivoted LU in array operations up to 16
-    unknowns) and kept across iterations and steps: it is rebuilt only where the
-    iteration contracts by less than a factor 2 per iteration, or where the step's `c`
-    changed by more than a factor 1/0.6 since it was built (DASSL's and IDA's rule). The
+    Arnold & Brüls 2007, §3), inverted once (in array operations up to
+    `LOOPED_INVERSE_MAX` unknowns) and kept across iterations and steps: it is rebuilt
+    only where the iteration contracts by less than a factor 2 per iteration, or where
+    the step's `c` changed by more than a factor 1/0.6 since it was built (DASSL's and
+    IDA's rule). Each iteration evaluates the equations from products, `M q̈` as the
+    derivative of `∂L/∂v` along `q̈` and `Gᵀμ` by reverse mode, not from the matrices
+    `M` and `G` (for a [`jaxdae.LagrangianSystem`][] of more than `STRUCTURED_MIN`
+    coordinates). The
     iteration stops once its remaining error, estimated from the contraction rate
     (Hairer & Wanner, *Solving ODEs II*, §IV.8), is below 1 % of the tolerance measured
     in units of velocity (`s Δq`: a position converged to `atol` would leave errors of
@@ -329,10 +372,11 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
             measure=_measure,
             norm=finder.norm, kappa=_KAPPA, max_steps=self.root_find_max_steps,
             least_squares=_solves_least_squares(self), rcond=_rcond(self))
-        x, matrix, converged, _, kept_terms = newton_solve(
+        x, matrix, converged, _, _ = newton_solve(
             guess, (system, t1, step), kept, finder.rtol, finder.atol, options=options)
         q1, mu = _split(x, step)
         v1, qdd1, a1 = step.unpack(q1)
+        kept_terms = _kept_terms(system, t1, q1, v1)
         # The local error of the positions, per unit step (see the docstring).
         local = _tangential(kept_terms, hb * (beta - 1 / 6 + (alpha_m - alpha_f) / 2) * (a1 - a0),
                             options.least_squares)
