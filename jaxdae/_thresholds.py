@@ -158,6 +158,12 @@ LOOPED_INVERSE_MAX = 64
 # (docs/design_measurements.md#checkpoints).
 CHECKPOINTS = 32
 
+# Steps per segment of `ReplayAdjoint`'s backward pass (its default `stored_steps`): every
+# segment but the last is replayed twice (once to checkpoint the next segment's start, once
+# to keep its states), so fewer, longer segments replay less; 4,096 steps of a state and a
+# solver state of a few dozen entries are a few MB (docs/design_measurements.md#replayed-steps).
+REPLAYED_STEPS = 4096
+
 # -- The reverse sweep (`_integration/_sweep_backward.py`) -----------------------------------
 
 # States of at least this many entries keep each stage's linearization in the reverse sweep

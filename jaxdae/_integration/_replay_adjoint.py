@@ -67,7 +67,9 @@ class ReplayAdjoint(AbstractStoredStepsAdjoint):
     - **Memory**: the forward solve keeps one time per step of `max_steps`. The backward
       pass replays the steps in segments of at most `stored_steps`, each from a checkpoint
       of the state and solver state (one per segment of `max_steps`), and keeps one
-      segment's states at a time.
+      segment's states at a time. Every segment but the last is replayed twice, so a
+      solve within one segment is the cheapest to differentiate
+      (docs/design_measurements.md#replayed-steps).
     - **Solves**: saves of the state at `t0`, `ts` and `t1` (inside the steps through the
       solver's dense output), events without a root finder (the solve stops at the end of
       the step where one triggers), any step-size controller that makes no jumps. Other
@@ -78,8 +80,11 @@ class ReplayAdjoint(AbstractStoredStepsAdjoint):
 
     **Arguments:**
 
-    - `stored_steps`: the most steps whose states the backward pass keeps at once.
+    - `stored_steps`: the most steps whose states the backward pass keeps at once
+        (default `REPLAYED_STEPS`, 4,096).
     """
+
+    stored_steps: int = eqx.field(default=_thresholds.REPLAYED_STEPS, static=True)
 
     def loop(self, *, args, terms, solver, stepsize_controller, event, saveat, t0, t1, dt0,
              max_steps, throw, init_state, passed_solver_state, passed_controller_state,
