@@ -30,7 +30,9 @@ Six studies, each written to OUT/stiff_integration/ (summary.json, figures):
    through Tsit5 and each implicit solver with its default adjoint (and through diffrax's
    loop with one checkpoint per step and with 32), against central differences, its time
    against the forward solve's (wall time, median of three, called in turn in one
-   process) and the time to compile both; `gradient_segments`: GeneralizedAlpha's
+   process) and the time to compile both; `replay_segments`: Rodas5P's default adjoint
+   keeping 1,024 and 4,096 steps' states at once, against diffrax's loop with a checkpoint
+   per step (seven calls in turn, medians); `gradient_segments`: GeneralizedAlpha's
    default adjoint keeping 1,024, 4,096 and all steps' states at once.
 4. **Where an implicit step's time goes**, on the spring pendulum (`k = 10⁶`) as an 8-state
    ODE (`Baumgarte(10, 25)`): the cost of one right-hand side, of its Jacobian
@@ -47,8 +49,8 @@ Six studies, each written to OUT/stiff_integration/ (summary.json, figures):
    the rest, and their error estimates against the true local errors of sampled steps.
 
     OPENBLAS_NUM_THREADS=1 python experiments/studies/stiff_integration.py --out output [--quick]
-        [--study configuration|work_precision|gradients|gradient_segments|step_costs|crosscheck|
-         global_error]...
+        [--study configuration|work_precision|gradients|gradient_segments|replay_segments|
+         step_costs|crosscheck|global_error]...
         [--case TEXT]... [--solver TEXT]...  (`--solver`: the gradient runs named so)
 """
 
@@ -456,6 +458,53 @@ def gradient_segments(quick):
         rows += [dict(case=case, stored_steps=k, gradient=values[k],
                       time_ms=1e3 * float(np.median(walls[k])), forward_ms=1e3 * forward,
                       ratio=float(np.median(walls[k])) / forward) for k in fns if k != "forward"]
+    return rows
+
+
+def replay_segments(quick, only=None):
+    """Rodas5P's default adjoint (`jaxdae.ReplayAdjoint`) keeping 1,024 and 4,096 steps'
+    states at once, against diffrax's loop with one checkpoint per step: the gradient of
+    study 3, its wall time against the forward solve's (seven calls of each in turn in one
+    process, medians) and the time to compile it."""
+    rows = []
+    t1, rtol = (0.5 if quick else 1.0), 1e-8
+    for case, make in list(CASES.items())[::2]:
+        if only is not None and not any(part in case for part in only):
+            continue
+        system, formulation, q0, v0, field = make()
+
+        def loss(mass, adjoint, system=system, formulation=formulation, q0=q0, v0=v0,
+                 field=field):
+            value = mass if field == "m1" else jnp.stack([mass, system.masses[1]])
+            model = eqx.tree_at(lambda s: getattr(s, field), system, value)
+            return jaxdae.simulate(model, formulation, 0.0, t1, q0, v0,
+                                   solver=jaxdae.Rodas5P(), rtol=rtol, atol=1e-3 * rtol,
+                                   max_steps=GRADIENT_MAX_STEPS, adjoint=adjoint).q_final[0]
+
+        mass = jnp.asarray(1.0)
+        adjoints = {"ReplayAdjoint(stored_steps=1024)": jaxdae.ReplayAdjoint(stored_steps=1024),
+                    "ReplayAdjoint(stored_steps=4096)": jaxdae.ReplayAdjoint(stored_steps=4096),
+                    "diffrax's loop, a checkpoint per step":
+                        diffrax.RecursiveCheckpointAdjoint(checkpoints=GRADIENT_MAX_STEPS)}
+        fns, compile_s = {}, {}
+        for label, fn in [("forward", jax.jit(lambda m, loss=loss: loss(m, None)))] + [
+                (name, jax.jit(jax.grad(lambda m, loss=loss, a=a: loss(m, a))))
+                for name, a in adjoints.items()]:
+            start = time.perf_counter()
+            fns[label] = fn.lower(mass).compile()
+            compile_s[label] = time.perf_counter() - start
+        values = {k: float(fn(mass)) for k, fn in fns.items()}
+        walls = {k: [] for k in fns}
+        for _ in range(7):
+            for k, fn in fns.items():
+                start = time.perf_counter()
+                jax.block_until_ready(fn(mass))
+                walls[k].append(time.perf_counter() - start)
+        forward = float(np.median(walls["forward"]))
+        rows += [dict(case=case, adjoint=k, gradient=values[k],
+                      time_ms=1e3 * float(np.median(walls[k])), forward_ms=1e3 * forward,
+                      ratio=float(np.median(walls[k])) / forward, compile_s=compile_s[k],
+                      compile_forward_s=compile_s["forward"]) for k in adjoints]
     return rows
 
 
@@ -922,8 +971,8 @@ def global_error(quick):
     return out
 
 
-STUDIES = ("configuration", "work_precision", "gradients", "gradient_segments", "step_costs",
-           "crosscheck", "global_error")
+STUDIES = ("configuration", "work_precision", "gradients", "gradient_segments", "replay_segments",
+           "step_costs", "crosscheck", "global_error")
 
 
 def main(out: Path, quick: bool = False, studies=STUDIES, only=None, solvers_only=None
@@ -933,6 +982,7 @@ def main(out: Path, quick: bool = False, studies=STUDIES, only=None, solvers_onl
     precision = work_precision(quick, only) if "work_precision" in studies else {}
     grads = gradients(quick, only, solvers_only) if "gradients" in studies else []
     segments = gradient_segments(quick) if "gradient_segments" in studies else []
+    replayed = replay_segments(quick, only) if "replay_segments" in studies else []
     costs = step_costs(quick) if "step_costs" in studies else {}
     checks = crosscheck(quick) if "crosscheck" in studies else {}
     governor = global_error(quick) if "global_error" in studies else {}
@@ -942,6 +992,7 @@ def main(out: Path, quick: bool = False, studies=STUDIES, only=None, solvers_onl
                                              configuration=configuration,
                                              work_precision=precision, at_target=best,
                                              gradients=grads, gradient_segments=segments,
+                                             replay_segments=replayed,
                                              step_costs=costs,
                                              crosscheck=checks, global_error=governor))
     if precision:
@@ -973,6 +1024,12 @@ def main(out: Path, quick: bool = False, studies=STUDIES, only=None, solvers_onl
               "gradient [ms] | forward [ms] | gradient / forward |", "|---|---|---|---|---|---|"]
     table += [f"| {r['case']} | {r['stored_steps']} | {r['gradient']:.10g} | {r['time_ms']:.1f} "
               f"| {r['forward_ms']:.2f} | {r['ratio']:.1f} |" for r in segments]
+    table += ["", "| stiff case | Rodas5P's adjoint | gradient | gradient [ms] | forward [ms] | "
+              "gradient / forward | compile: forward, gradient [s] |",
+              "|---|---|---|---|---|---|---|"]
+    table += [f"| {r['case']} | {r['adjoint']} | {r['gradient']:.12g} | {r['time_ms']:.1f} | "
+              f"{r['forward_ms']:.2f} | {r['ratio']:.2f} | {r['compile_forward_s']:.1f}, "
+              f"{r['compile_s']:.1f} |" for r in replayed]
     if costs:
         table += _cost_table(costs)
     for name, result in governor.items():
