@@ -544,7 +544,9 @@ def test_event_stops_a_solve_in_segments_as_diffrax(kind):
     assert result == diffrax.RESULTS.event_occurred and swept_result == result
     assert 2.2 < float(ts[0]) < 3.0 and float(swept_ts[0]) == float(ts[0])
     assert float(swept) == float(value)
-    _assert_same(gradient, swept_gradient, rtol=1e-10)
+    # The two programs round differently: compiled at LLVM's level 0, as in the default
+    # test run (tests/conftest.py), their gradients here differ by about 1e-9.
+    _assert_same(gradient, swept_gradient, rtol=1e-8)
 
 
 @pytest.mark.parametrize("stored_steps", [8, 1024])

@@ -293,7 +293,9 @@ def test_cholesky_pivots(size):
     assert not pivots.min() > 1e-8 * pivots.max()
 
 
-@pytest.mark.parametrize("n", [1, 2, 5, LU_UNROLL_MAX, LU_UNROLL_MAX + 1])
+@pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.slow),
+                               pytest.param(5, marks=pytest.mark.slow), LU_UNROLL_MAX,
+                               LU_UNROLL_MAX + 1])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_lu_solve_matches_scipy(n, dtype):
     """`lu_factor`/`lu_solve` (unrolled up to `LU_UNROLL_MAX`, LAPACK beyond) give

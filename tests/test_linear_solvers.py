@@ -50,7 +50,9 @@ def _solve(solver, matrix, rhs):
     return lx.linear_solve(lx.MatrixLinearOperator(matrix, PSD), rhs, solver).value
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, UNROLL_MAX, UNROLL_MAX + 1, 20])
+@pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.slow),
+                               pytest.param(3, marks=pytest.mark.slow), UNROLL_MAX,
+                               UNROLL_MAX + 1, 20])
 def test_positive_definite_matches_lineax_cholesky(n):
     """Values, gradients (through `lineax.linear_solve`, w.r.t. matrix and right-hand side)
     and `vmap` against `lineax.Cholesky`, on either side of `UNROLL_MAX`; the pivots multiply

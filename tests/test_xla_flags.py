@@ -44,7 +44,8 @@ def _import_in_a_new_process(**variables) -> dict:
 @pytest.mark.parametrize("variables, x64, flags", [
     ({}, True, f"--xla_backend_extra_options={OPTION} {PASS}"),
     ({"JAXDAE_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION} {PASS}"),
-    ({"JAX_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION} {PASS}"),
+    pytest.param({"JAX_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION} {PASS}",
+                 marks=pytest.mark.slow),
     ({"JAXDAE_SET_XLA_FLAGS": "0"}, True, None),
     ({"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}, True,
      f"--xla_force_host_platform_device_count=2 --xla_backend_extra_options={OPTION} {PASS}"),
