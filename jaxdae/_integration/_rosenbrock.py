@@ -219,8 +219,14 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
         t_dtype = t0.dtype if jnp.issubdtype(t0.dtype, jnp.floating) else dtype
         t0 = t0.astype(t_dtype)
 
+        # diffrax solves in the time `direction × t` and hands the solver its terms wrapped
+        # (`diffrax.WrapTerm`), whose control carries the direction and whose vector field
+        # does not: the rate in the solver's time is the field times the control of a unit
+        # step (`vf_prod`), not the field itself, or a solve from `t0 > t1` runs forwards.
+        unit = terms.contr(jnp.zeros_like(t0), jnp.ones_like(t0))
+
         def f(t, x):
-            return ravel_pytree(terms.vf(t, unravel(x), args))[0].astype(dtype)
+            return ravel_pytree(terms.vf_prod(t, unravel(x), args, unit))[0].astype(dtype)
 
         f0, jacobian, f_t = linearization(f, t0, y, self.jacobian)
         hg = h * _GAMMA
