@@ -147,3 +147,13 @@ def test_under_vmap_and_what_is_not_replayed():
                           for a in (adjoint, diffrax.RecursiveCheckpointAdjoint()))
     assert abs(float(diffrax_loop)) > 1e-3
     np.testing.assert_allclose(ours, diffrax_loop, rtol=1e-12)
+
+
+def test_rodas_runs_backwards_in_time():
+    """diffrax hands a solve from `t0 > t1` its terms wrapped with the direction of time in
+    their control, not in their vector field (the terms the adjoint sees): Rodas5P
+    integrates `y' = −y` from `y(1) = 1` back to `y(0) = e`."""
+    sol = diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, args: -y), jaxdae.Rodas5P(), 1.0,
+                              0.0, -0.1, jnp.array([1.0]),
+                              stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-10))
+    np.testing.assert_allclose(sol.ys[-1], [np.e], rtol=1e-6)
