@@ -73,10 +73,11 @@ class ReplayAdjoint(AbstractStoredStepsAdjoint):
     - **Solves**: saves of the state at `t0`, `ts` and `t1` (inside the steps through the
       solver's dense output), events without a root finder (the solve stops at the end of
       the step where one triggers), any step-size controller that makes no jumps. Other
-      solves (a dense output, saved steps or controller state, an event's root finder, a
-      controller with `jump_ts`, `max_steps=None`, a solver or controller state passed to
-      `diffeqsolve`), and gradients with respect to `t0`, `t1`, `dt0` or the save times,
-      differentiate diffrax's loop instead (`CHECKPOINTS` checkpoints). Reverse mode only.
+      solves (a dense output, saved steps, a saved solver or controller state, an event's
+      root finder, a controller with `jump_ts`, `max_steps=None`, a solver or controller
+      state passed to `diffeqsolve`), and gradients with respect to `t0`, `t1`, `dt0` or
+      the save times, differentiate diffrax's loop instead (`CHECKPOINTS` checkpoints).
+      Reverse mode only.
 
     **Arguments:**
 
@@ -111,10 +112,12 @@ class ReplayAdjoint(AbstractStoredStepsAdjoint):
 
 def replayable(saveat, event, stepsize_controller, max_steps, passed_state) -> bool:
     """Whether the steps of a solve can be replayed at their recorded end times: a step
-    limit, the state itself saved at `t0`, `ts` and `t1` only, no event located by a root
-    finder, no jumps of the controller (a jump changes the next step's solver state), and
-    the solver's and controller's states made by `diffeqsolve` (`passed_state` false)."""
-    saves_replayable = not (saveat.dense or saveat.controller_state or saveat.made_jump) and all(
+    limit, the state itself saved at `t0`, `ts` and `t1` only (not the final solver state,
+    whose cotangent the replay does not carry back), no event located by a root finder, no
+    jumps of the controller (a jump changes the next step's solver state), and the
+    solver's and controller's states made by `diffeqsolve` (`passed_state` false)."""
+    saves_replayable = not (saveat.dense or saveat.solver_state or saveat.controller_state
+                            or saveat.made_jump) and all(
         sub.fn is SAVE_Y and not sub.steps for sub in subsaves(saveat))
     located = event is not None and event.root_finder is not None
     jumps = getattr(stepsize_controller, "jump_ts", None) is not None
