@@ -28,11 +28,12 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
 
 from .. import _thresholds
 from .._compilation._linalg import full_precision, inverse
 from ._generalized_alpha import GeneralizedAlpha
-from ._sweep_backward import saves_bar
+from ._sweep_backward import _rows_bar, saves_bar
 from ._sweep_forward import (
     SAVE_Y,
     AbstractStoredStepsAdjoint,
@@ -56,7 +57,7 @@ _REFINE_ITERATIONS = 6
 _REFINE_RATE = 0.1
 
 # Corrections below this many units of rounding of the largest entry end the refinement.
-_ROUNDING_UNITS = 16
+_ROUNDING_UNITS = 4
 
 
 class GeneralizedAlphaAdjoint(AbstractStoredStepsAdjoint):
@@ -78,9 +79,10 @@ class GeneralizedAlphaAdjoint(AbstractStoredStepsAdjoint):
       accelerations at `t0` that start the method: the gradient of
       `diffrax.RecursiveCheckpointAdjoint` with one checkpoint per step, whatever
       `stored_steps`.
-    - **Solves**: saves at `t0`, `ts` and `t1` (interpolated inside the steps), events
-      without a root finder. Other solves (a dense output, saved steps or controller
-      state, `SubSaveAt(fn=...)`, an event's root finder, `max_steps=None`, a solver or
+    - **Solves**: saves at `t0`, `ts` (interpolated inside the steps), `t1` and every
+      step's end (`SubSaveAt(steps=True)`), events without a root finder. Other solves (a
+      dense output, states saved every few steps, a saved controller state,
+      `SubSaveAt(fn=...)`, an event's root finder, `max_steps=None`, a solver or
       controller state passed to `diffeqsolve`), and gradients with respect to `t0`,
       `t1`, `dt0` or the save times, differentiate diffrax's loop instead (`CHECKPOINTS`
       checkpoints). With adaptive steps that gradient can differ from the solve's own
@@ -141,21 +143,25 @@ def _method(solver) -> GeneralizedAlpha:
 def _not_replayed(saveat, event, max_steps, passed_solver_state, passed_controller_state
                   ) -> tuple[str, str] | None:
     """`(what, fix)` for a solve that the sweep cannot replay, None for one it can: it
-    replays saves of the state itself at `t0`, `ts` and `t1` (no dense output, no saved
-    steps, controller state or `made_jump`), without an event located by a root finder,
-    with a step limit, from the solver's and controller's states that `diffeqsolve`
-    made."""
+    replays saves of the state itself at `t0`, `ts`, `t1` and every step's end (no dense
+    output, no controller state or `made_jump`), without an event located by a root
+    finder, with a step limit, from the solver's and controller's states that
+    `diffeqsolve` made. (The rows of a `SubSaveAt` that saves every few steps, or at
+    steps and at `ts`, follow the order in which the solve reached them, which the sweep
+    does not record.)"""
     if max_steps is None:
         return "`max_steps=None`", "pass an integer `max_steps`"
+    for sub in subsaves(saveat):
+        if sub.steps and (sub.steps != 1 or sub.ts is not None):
+            return ("states saved every few steps, or at steps and at `ts` in one "
+                    "`SubSaveAt`", "save every step (`SubSaveAt(steps=True)`) and the times "
+                    "in `SubSaveAt`s of their own")
     if saveat.dense:
         return "a dense output (`SaveAt(dense=True)`)", "save at `SaveAt(ts=...)` instead"
     if saveat.controller_state or saveat.made_jump:
         return ("the controller's state or `made_jump` (`SaveAt(controller_state=True)`, "
                 "`SaveAt(made_jump=True)`)", "leave them unsaved")
     for sub in subsaves(saveat):
-        if sub.steps:
-            return ("saved steps (`SaveAt(steps=True)`)",
-                    "save at `SaveAt(ts=...)` instead")
         if sub.fn is not SAVE_Y:
             return ("a function of the saved states (`SaveAt(fn=fn)`)",
                     "apply `fn` to the saved states instead")
@@ -234,7 +240,12 @@ def _backward(stored, out_bar, perturbed, problem, static):
     method, length = static.method, static.stored_steps
     t0, (q0, v0) = problem.t0, problem.init_state.y
     n = q0.shape[0]
-    y0_bar, final_bar, save_ts, save_bar = saves_bar(out_bar.ys, problem.saveat, (q0, v0))
+    ys_bar, saveat, steps_y0_bar, steps_bar = _saved_steps_bar(
+        out_bar.ys, problem.saveat, (q0, v0), static.max_steps)
+    y0_bar, final_bar, save_ts, save_bar = saves_bar(ys_bar, saveat, (q0, v0))
+    if steps_y0_bar is not None:
+        y0_bar = steps_y0_bar if y0_bar is None else y0_bar + steps_y0_bar
+    final_bar = jnp.zeros(2 * n, q0.dtype) if final_bar is None else final_bar
     diff_args, static_args = eqx.partition(problem.args, perturbed.args)
     times = jnp.concatenate([jnp.reshape(t0, (1,)), step_ts])  # step k: times[k] → times[k+1]
     save_step = None if save_ts is None else jnp.searchsorted(step_ts, save_ts, side="left")
@@ -275,6 +286,8 @@ def _backward(stored, out_bar, perturbed, problem, static):
         its end, and the factorized matrix to keep."""
         bars, kept = carry
         (q_bar, v_bar, a_bar, qdd_bar), args_bar = bars
+        if steps_bar is not None:  # the state saved at the step's end
+            q_bar, v_bar = q_bar + steps_bar[k, :n], v_bar + steps_bar[k, n:]
         ta, tb = times[k], times[k + 1]
         begin, end = records.row(i), records.row(i + 1)
         inputs = (begin.q, begin.v, begin.a, begin.qdd)
@@ -382,8 +395,10 @@ def _adjoint_solve(transposed, x_bar, kept: _Kept):
         rows = jax.vmap(transposed)(jnp.eye(x_bar.shape[0], dtype=x_bar.dtype))
         kept = inverse(rows.T)  # the products `(∂r/∂x)ᵀ eᵢ` are the rows of `∂r/∂x`
         w = kept @ x_bar
-        # One correction: a product with the inverse is not backward stable, as the
-        # solve with the LU factors is, and the correction makes it so.
+        # Two corrections: neither a product with the inverse nor the solve with the LU
+        # factors reaches the refinement's rounding level (on the arm of the stiff
+        # integration guide, a plain LU solve at every step moved the gradient by 10⁻⁸).
+        w = w + kept @ (x_bar - transposed(w))
         return w + kept @ (x_bar - transposed(w)), _Kept(kept, jnp.ones((), jnp.bool_))
 
     if _REFINE_ITERATIONS == 0:
@@ -397,7 +412,7 @@ def _adjoint_solve(transposed, x_bar, kept: _Kept):
         rate = size / previous
         # Converged where the correction is at the rounding level of `w`. (Not where the
         # error left at this rate is: estimated from two corrections, it stops early enough
-        # to move the arm's gradient by ten times its rounding.)
+        # to move the arm's fixed-step gradient by ten times as much as a direct solve.)
         done = size <= _ROUNDING_UNITS * eps * jnp.max(jnp.abs(w))
         slow = ~done & ((rate > _REFINE_RATE) | ~jnp.isfinite(size)
                         | (iteration + 1 >= _REFINE_ITERATIONS))
@@ -410,6 +425,29 @@ def _adjoint_solve(transposed, x_bar, kept: _Kept):
              jnp.where(kept.valid, 0, 2))
     w, _, _, outcome = jax.lax.while_loop(going_on, refine, start)
     return jax.lax.cond(outcome == 2, rebuild, lambda _: (w, kept), None)
+
+
+def _saved_steps_bar(ys_bar, saveat, y0, max_steps):
+    """The cotangents of the states saved at every step's end (`SubSaveAt(steps=True)`,
+    rows `[y0 if t0] + one per accepted step`) split from those of the other saves:
+    `(ys_bar, saveat)` of the others, for `saves_bar`, the cotangent of `y0` from the
+    steps' saves and that of each step's end, `(max_steps, size)` (None where no step is
+    saved)."""
+    subs = subsaves(saveat)
+    ys_bar = [None] * len(subs) if ys_bar is None else list(ys_bar)
+    if not any(sub.steps for sub in subs):
+        return ys_bar, saveat, None, None
+    size = ravel_pytree(y0)[0].size
+    dtype = jnp.result_type(*jax.tree.leaves(y0))
+    y0_bar, steps_bar = jnp.zeros(size, dtype), jnp.zeros((max_steps, size), dtype)
+    others = [(sub, bar) for sub, bar in zip(subs, ys_bar, strict=True) if not sub.steps]
+    for sub, bar in zip(subs, ys_bar, strict=True):
+        if sub.steps:
+            rows = _rows_bar(bar, y0, int(sub.t0) + max_steps)
+            y0_bar = y0_bar + rows[0] if sub.t0 else y0_bar
+            steps_bar = steps_bar + rows[int(sub.t0):]
+    return ([bar for _, bar in others], diffrax.SaveAt(subs=[sub for sub, _ in others]),
+            y0_bar, steps_bar)
 
 
 def _saves_back(ta, tb, begin, end, k, save_ts, save_step, save_bar, end_bars):
