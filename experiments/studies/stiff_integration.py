@@ -33,7 +33,8 @@ Six studies, each written to OUT/stiff_integration/ (summary.json, figures):
    process) and the time to compile both; `replay_segments`: Rodas5P's default adjoint
    keeping 1,024 and 4,096 steps' states at once, against diffrax's loop with a checkpoint
    per step (seven calls in turn, medians); `gradient_segments`: GeneralizedAlpha's
-   default adjoint keeping 1,024, 4,096 and all steps' states at once.
+   default adjoint keeping 1,024, 4,096 and all steps' states at once, and with a new
+   matrix of each step's adjoint equations at every step.
 4. **Where an implicit step's time goes**, on the spring pendulum (`k = 10⁶`) as an 8-state
    ODE (`Baumgarte(10, 25)`): the cost of one right-hand side, of its Jacobian
    (`jax.jacfwd`), of the same ODE's written out by hand and of an 8 × 8 LU factorization and
@@ -424,8 +425,11 @@ def gradients(quick, only=None, solvers_only=None):
 
 def gradient_segments(quick):
     """GeneralizedAlpha's default adjoint with its states kept in segments of 1,024 and
-    4,096 steps and in one segment: the gradient of study 3 and its wall time against the
-    forward solve's (called in turn in one process, median of three)."""
+    4,096 steps and in one segment, and in segments of 1,024 with a new matrix of each
+    step's adjoint equations at every step (no refinement with a kept one): the gradient
+    of study 3 and its wall time against the forward solve's (called in turn in one
+    process, median of three)."""
+    from jaxdae._integration import _generalized_alpha_adjoint as ga_adjoint
     from jaxdae._integration._generalized_alpha_adjoint import GeneralizedAlphaAdjoint
 
     rows = []
@@ -447,7 +451,15 @@ def gradient_segments(quick):
         for stored in (1024, 4096, GRADIENT_MAX_STEPS):
             adjoint = GeneralizedAlphaAdjoint(stored_steps=stored)
             fns[stored] = jax.jit(jax.grad(lambda m, loss=loss, a=adjoint: loss(m, a)))
-        values = {k: float(fn(mass)) for k, fn in fns.items()}
+        every_step = "1024, a new matrix at every step"
+        fns[every_step] = jax.jit(jax.grad(lambda m, loss=loss: loss(m, None)))
+        kept = ga_adjoint._REFINE_ITERATIONS
+        ga_adjoint._REFINE_ITERATIONS = 0  # read when the gradient is traced, here
+        try:
+            values = {every_step: float(fns[every_step](mass))}
+        finally:
+            ga_adjoint._REFINE_ITERATIONS = kept
+        values.update({k: float(fn(mass)) for k, fn in fns.items() if k != every_step})
         walls = {k: [] for k in fns}
         for _ in range(3):
             for k, fn in fns.items():
