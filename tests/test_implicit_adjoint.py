@@ -100,29 +100,29 @@ def _arm():
 
 
 @pytest.mark.slow
-def test_simulate_gradient_does_not_depend_on_checkpoints():
-    """Rodas5P through `simulate` on the stiff arm (about 670 adaptive steps): the default
-    adjoint's gradient (replayed in 14 segments) equals the one-checkpoint-per-step
-    gradient of diffrax's loop, which 32 checkpoints do not: their recomputed steps need
-    not be the forward solve's."""
+def test_simulate_gradient_is_that_of_a_checkpoint_per_step():
+    """Rodas5P through `simulate` on the stiff arm, the stiff integration guide's gradient
+    (1 s, `rtol = 10⁻⁸`, about 2,200 adaptive steps): the default adjoint's gradient (here
+    in segments of 1,000 steps) equals the one-checkpoint-per-step gradient of diffrax's
+    loop. (With 32 checkpoints diffrax's recomputed steps can differ from the forward
+    solve's where XLA optimizes the two programs differently; the guide's study shows
+    1.3 × 10⁻⁶ on this case. The tests compile at LLVM's optimization level 0, where the
+    recomputation rounds as the forward solve and the two agree.)"""
     system, formulation, q0, v0 = _arm()
     steps = 4000
 
     def loss(mass, adjoint):
         model = eqx.tree_at(lambda s: s.masses, system, jnp.stack([mass, system.masses[1]]))
-        return jaxdae.simulate(model, formulation, 0.0, 0.5, q0, v0, rtol=1e-7, atol=1e-10,
-                               solver=jaxdae.Rodas5P(), max_steps=steps,
+        return jaxdae.simulate(model, formulation, 0.0, 1.0, q0, v0, solver=jaxdae.Rodas5P(),
+                               rtol=1e-8, atol=1e-11, max_steps=steps,
                                adjoint=adjoint).q_final[0]
 
     mass = jnp.asarray(1.0)
-    every, checkpoints, segments = (
-        float(jax.jit(jax.grad(loss), static_argnums=1)(mass, a))
-        for a in (diffrax.RecursiveCheckpointAdjoint(checkpoints=steps),
-                  diffrax.RecursiveCheckpointAdjoint(checkpoints=32),
-                  jaxdae.ReplayAdjoint(stored_steps=50)))
+    every, segments = (float(jax.jit(jax.grad(loss), static_argnums=1)(mass, a)) for a in (
+        diffrax.RecursiveCheckpointAdjoint(checkpoints=steps),
+        jaxdae.ReplayAdjoint(stored_steps=1000)))
     assert isinstance(default_adjoint(jaxdae.Rodas5P(), steps), jaxdae.ReplayAdjoint)
     assert abs(segments - every) <= 1e-10 * abs(every)
-    assert abs(checkpoints - every) > 1e-8 * abs(every)
 
 
 @pytest.mark.slow
