@@ -174,6 +174,18 @@ def test_what_the_sweep_does_not_replay_warns_with_the_fix(saveat, event, what):
         jax.eval_shape(jax.grad(loss), jnp.asarray(9.81))
 
 
+@pytest.mark.slow
+def test_gradient_with_respect_to_the_end_time_warns():
+    """A gradient with respect to `t1` goes through diffrax's loop; with adaptive steps
+    it says so when traced."""
+    def final(t1):
+        return jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, t1, Q0, V0, rtol=1e-6, atol=1e-8,
+                               solver=jaxdae.GeneralizedAlpha(), max_steps=256).q_final[0]
+
+    with pytest.warns(UserWarning, match="with respect to `t0`, `t1`"):
+        jax.eval_shape(jax.grad(final), jnp.asarray(0.2))
+
+
 def test_fixed_steps_go_through_diffrax_loop_without_a_warning():
     """Fixed steps take no adaptive decision: through diffrax's loop their gradient does
     not depend on the checkpoints, and nothing is said; adaptive steps are warned of."""
