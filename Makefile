@@ -36,9 +36,10 @@ lint: $(STAMP)
 test: lint
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
-## The long tests only.
+## The long tests only, compiled at XLA's default optimization (the default run compiles at
+## level 0; some slow tests need the rounding of optimized programs).
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m slow
+	JAXDAE_TEST_OPTIMIZE=1 $(PY) -m pytest -q -n 2 -m slow
 
 ## The performance guards only: they pin private details (jit cache sizes, traced programs).
 test-perf: $(STAMP)
