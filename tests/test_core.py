@@ -210,7 +210,7 @@ def test_a_single_vanishing_constraint_gradient_is_named():
     "kd, kp",
     [
         (3.0, 4.0),
-        (jnp.array([3.0, 5.0]), jnp.array([4.0, 9.0])),
+        pytest.param(jnp.array([3.0, 5.0]), jnp.array([4.0, 9.0]), marks=pytest.mark.slow),
         (jnp.array([[4.0, 1.0], [1.0, 3.0]]), jnp.array([[6.0, -2.0], [-2.0, 5.0]])),
     ],
     ids=["scalar", "diagonal", "coupled-matrix"],

@@ -132,9 +132,9 @@ def test_fixed_step_radius_matches_transition_matrix():
 # Constraints that cannot be met -----------------------------------------------------
 
 
-@pytest.mark.parametrize("formulation", [jaxdae.PseudoInverse(10.0, 25.0),
-                                         jaxdae.ModifiedLagrange(10.0, 10.0, 25.0)],
-                         ids=["PseudoInverse", "ModifiedLagrange"])
+@pytest.mark.parametrize("formulation", [
+    pytest.param(jaxdae.PseudoInverse(10.0, 25.0), marks=pytest.mark.slow, id="PseudoInverse"),
+    pytest.param(jaxdae.ModifiedLagrange(10.0, 10.0, 25.0), id="ModifiedLagrange")])
 def test_incompatible_constraints_are_a_failure(formulation):
     sol = jaxdae.simulate(Incompatible(), formulation, 0.0, 1.0, Q0, V0, throw=False)
     assert sol.result == jaxdae.RESULTS.constraints_not_met
@@ -220,11 +220,14 @@ def test_contradicting_constraints_under_baumgarte():
 
 
 @pytest.mark.parametrize("system, formulation, scale, t1", [
-    (TwicePendulum(), jaxdae.PseudoInverse(10.0, 25.0), 1.3, 0.2),  # redundant, consistent
-    (PENDULUM, jaxdae.PseudoInverse(2.0, 1.0), 1.5, 0.5),  # a slow, large transient
-    (PENDULUM, jaxdae.ModifiedLagrange(1.0, 2.0, 1.0), 1.5, 0.5),
-    (PENDULUM, jaxdae.Unstabilized(), 1.2, 1.0),  # a violation that never decays
-], ids=["redundant", "slow-transient", "weak-penalty", "unstabilized"])
+    pytest.param(TwicePendulum(), jaxdae.PseudoInverse(10.0, 25.0), 1.3, 0.2,  # redundant
+                 marks=pytest.mark.slow, id="redundant"),
+    pytest.param(PENDULUM, jaxdae.PseudoInverse(2.0, 1.0), 1.5, 0.5,  # a slow, large transient
+                 marks=pytest.mark.slow, id="slow-transient"),
+    pytest.param(PENDULUM, jaxdae.ModifiedLagrange(1.0, 2.0, 1.0), 1.5, 0.5, id="weak-penalty"),
+    pytest.param(PENDULUM, jaxdae.Unstabilized(), 1.2, 1.0,  # a violation that never decays
+                 id="unstabilized"),
+])
 def test_legitimate_residuals_are_not_failures(system, formulation, scale, t1):
     """Residuals that are still large at the end, or that no gain pulls back, are not a
     failure where the constraints are consistent."""

@@ -269,7 +269,8 @@ def test_failure_is_named():
                         solver=PROJECTED)
 
 
-@pytest.mark.parametrize("linear_solver", [None, lx.SVD()], ids=["default", "SVD"])
+@pytest.mark.parametrize("linear_solver", [None, pytest.param(lx.SVD(), marks=pytest.mark.slow)],
+                         ids=["default", "SVD"])
 def test_redundant_constraints_projected(linear_solver):
     """A constraint written twice (J M⁻¹ Jᵀ singular): the default shifted Cholesky solve
     projects it, as an SVD does."""

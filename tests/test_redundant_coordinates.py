@@ -201,7 +201,8 @@ def test_equilibrium_not_found_raises():
     "system, q, dependent",
     [
         (DampedPendulum(damping=jnp.asarray(0.5)), jnp.array([0.0, -1.0]), (1,)),
-        (RodPendulum(damping=0.3), jnp.array([0.0, 0.0, -1.0]), (1, 2)),
+        pytest.param(RodPendulum(damping=0.3), jnp.array([0.0, 0.0, -1.0]), (1, 2),
+                     marks=pytest.mark.slow),
     ],
     ids=["one-constraint", "two-constraints"],
 )

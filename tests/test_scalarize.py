@@ -49,7 +49,12 @@ def _pair(fn):
 RATES, RATES_SCALAR = _pair(state_rates)
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# The two costliest cases run in the slow tier; the others cover the same rules.
+_SLOW_CASES = {"Hamiltonian arm, coupled perturbation", "two-link, modified Lagrange"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in _SLOW_CASES
+                                  else name for name in CASES])
 def test_same_rates_and_gradients(name):
     system, formulation, q, v = CASES[name]
     t = jnp.asarray(0.4)

@@ -111,6 +111,7 @@ def test_checkpoint_resume_is_bit_identical(reference, tmp_path):
              batching=jaxdae.Batching(seed=3))
 
 
+@pytest.mark.slow
 def test_failed_scenario_gives_penalty_not_nan():
     q0, v0 = scenarios()
     # A fast spin needs more than `max_steps`: the solve stops (max_steps_reached).

@@ -43,7 +43,8 @@ def _import_in_a_new_process(**variables) -> dict:
 
 @pytest.mark.parametrize("variables, x64, flags", [
     ({}, True, f"--xla_backend_extra_options={OPTION} {PASS}"),
-    ({"JAXDAE_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION} {PASS}"),
+    pytest.param({"JAXDAE_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION} {PASS}",
+                 marks=pytest.mark.slow),
     pytest.param({"JAX_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION} {PASS}",
                  marks=pytest.mark.slow),
     ({"JAXDAE_SET_XLA_FLAGS": "0"}, True, None),
