@@ -294,6 +294,7 @@ def test_a_bad_member_under_vmap_is_that_members_failure():
     assert np.all(np.isfinite(sol.q_final[0]))
 
 
+@pytest.mark.slow  # the default run has an ensemble member's own failure in test_faults_batches
 def test_a_bad_row_of_a_traced_ensemble_is_that_rows_failure():
     """`throw=False`: the row with a nan start does not stall the others' shared steps,
     which give what they give without it."""
