@@ -2,6 +2,8 @@
 their replayed steps (`ReplayAdjoint`, those solvers' default adjoint): the gradient of
 diffrax's loop with one checkpoint per step, whatever the number of steps kept at once."""
 
+import warnings
+
 import diffrax
 import equinox as eqx
 import jax
@@ -157,3 +159,21 @@ def test_rodas_runs_backwards_in_time():
                               0.0, -0.1, jnp.array([1.0]),
                               stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-10))
     np.testing.assert_allclose(sol.ys[-1], [np.e], rtol=1e-6)
+
+
+def test_an_adaptive_solve_it_cannot_replay_warns():
+    """Saving every step of an adaptive solve is not replayed: tracing its gradient warns
+    that it goes through diffrax's checkpointed loop, naming the fix; fixed steps do not."""
+    def loss(mu, controller):
+        sol = diffrax.diffeqsolve(diffrax.ODETerm(_van_der_pol), jaxdae.Rodas5P(), 0.0, 0.5,
+                                  0.05, DIFF[1], args=mu, saveat=diffrax.SaveAt(steps=True),
+                                  stepsize_controller=controller, max_steps=16,
+                                  adjoint=jaxdae.ReplayAdjoint())
+        return jnp.sum(jnp.where(jnp.isfinite(sol.ys), sol.ys, 0.0))
+
+    with pytest.warns(UserWarning, match="ReplayAdjoint` does not replay.*max_steps"):
+        jax.make_jaxpr(jax.grad(loss), static_argnums=1)(
+            DIFF[0], diffrax.PIDController(rtol=1e-4, atol=1e-6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        jax.make_jaxpr(jax.grad(loss), static_argnums=1)(DIFF[0], diffrax.ConstantStepSize())

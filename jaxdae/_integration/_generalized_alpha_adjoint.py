@@ -175,15 +175,17 @@ def _not_replayed(saveat, event, max_steps, passed_solver_state, passed_controll
     return None
 
 
-def warn_checkpointed(stepsize_controller, what: str, fix: str) -> None:
+def warn_checkpointed(stepsize_controller, what: str, fix: str,
+                      adjoint: str = "GeneralizedAlphaAdjoint") -> None:
     """A `UserWarning` (when the solve is traced) that a solve with adaptive steps is
     differentiated through diffrax's loop with `CHECKPOINTS` checkpoints, whose gradient
-    can differ from the solve's own (see the module's docstring). Fixed steps take no
-    adaptive decision, and their gradient is the same through any number of checkpoints."""
+    can differ from the solve's own (see the module's docstring); `adjoint` names the
+    replaying adjoint that fell back. Fixed steps take no adaptive decision, and their
+    gradient is the same through any number of checkpoints."""
     if isinstance(stepsize_controller, diffrax.ConstantStepSize | diffrax.StepTo):
         return
     warnings.warn(
-        f"`jaxdae.GeneralizedAlphaAdjoint` does not replay a solve with {what}: its gradient "
+        f"`jaxdae.{adjoint}` does not replay a solve with {what}: its gradient "
         f"is taken through diffrax's loop with {_thresholds.CHECKPOINTS} checkpoints, which "
         "recomputes the steps between checkpoints under step-size control in another "
         "compiled program. Rounding there can accept or size a step differently from the "

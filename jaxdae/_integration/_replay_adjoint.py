@@ -21,6 +21,7 @@ from jax.flatten_util import ravel_pytree
 
 from .. import _thresholds
 from .._compilation._linalg import full_precision
+from ._generalized_alpha_adjoint import warn_checkpointed
 from ._solvers import AbstractSolverWrapper
 from ._sweep_backward import saves_bar
 from ._sweep_forward import (
@@ -77,6 +78,8 @@ class ReplayAdjoint(AbstractStoredStepsAdjoint):
       root finder, a controller with `jump_ts`, `max_steps=None`, a solver or controller
       state passed to `diffeqsolve`), and gradients with respect to `t0`, `t1`, `dt0` or
       the save times, differentiate diffrax's loop instead (`CHECKPOINTS` checkpoints).
+      With adaptive steps, tracing such a solve's gradient warns (a `UserWarning` naming
+      the fix), since its gradient can then change with the number of checkpoints.
       Reverse mode only.
 
     **Arguments:**
@@ -98,6 +101,13 @@ class ReplayAdjoint(AbstractStoredStepsAdjoint):
                        progress_meter=progress_meter)
         if not replayable(saveat, event, stepsize_controller, max_steps,
                           passed_solver_state or passed_controller_state):
+            warn_checkpointed(
+                stepsize_controller,
+                "these saves (dense output, every step, a function of the state, solver or "
+                "controller states), an event located by a root finder, controller jump "
+                "times, states passed in or no `max_steps`",
+                "save the state only at `t0`, `ts` and `t1`, with an integer `max_steps`",
+                adjoint="ReplayAdjoint")
             return diffrax.RecursiveCheckpointAdjoint(
                 checkpoints=_thresholds.CHECKPOINTS).loop(**options)
         count = -(-max_steps // self.stored_steps)  # segments of equal length
