@@ -113,3 +113,10 @@ class NFourBar(jaxdae.LagrangianSystem):
         """Cranks vertical, the first crank's tip moving at 1 m/s along +x."""
         return (jnp.concatenate([jnp.full(self.n + 1, jnp.pi / 2), jnp.zeros(self.n)]),
                 jnp.concatenate([jnp.full(self.n + 1, -1.0), jnp.zeros(self.n)]))
+
+
+def stiff_arm():
+    """`(system, formulation, q0, v0)`: the Cartesian two-link arm with
+    `Baumgarte(2000, 10⁶)` of the stiff integration guide, from its consistent state."""
+    system = jaxdae.examples.CartesianArmLagrangian(forces=(0.0, -9.81, 0.0, -9.81))
+    return system, jaxdae.Baumgarte(2000.0, 1e6), *system.initial_state()

@@ -20,6 +20,8 @@ from jaxdae._integration._generalized_alpha_adjoint import (
     warn_checkpointed,
 )
 
+from ._systems import stiff_arm
+
 PENDULUM = jaxdae.examples.CartesianPendulum()
 BAUMGARTE = jaxdae.Baumgarte(10.0, 25.0)
 Q0, V0 = PENDULUM.state_from_angle(1.0, 0.0)
@@ -72,19 +74,12 @@ def test_forward_mode_is_refused_with_the_fix():
         jax.jvp(final, (jnp.asarray(9.81),), (jnp.asarray(1.0),))
 
 
-def _arm():
-    """The Cartesian two-link arm with `Baumgarte(2000, 10⁶)` of the stiff integration
-    guide."""
-    system = jaxdae.examples.CartesianArmLagrangian(forces=(0.0, -9.81, 0.0, -9.81))
-    return system, jaxdae.Baumgarte(2000.0, 1e6), *system.initial_state()
-
-
 @pytest.mark.slow
 def test_adaptive_gradient_does_not_depend_on_checkpoints():
     """On the stiff arm (about 1,200 adaptive steps) the default gradient equals the
     one-checkpoint-per-step gradient of diffrax's loop (which fewer checkpoints do not:
     their recomputed steps need not be the forward solve's), in any number of segments."""
-    system, formulation, q0, v0 = _arm()
+    system, formulation, q0, v0 = stiff_arm()
     steps = 4000
 
     def loss(mass, adjoint):

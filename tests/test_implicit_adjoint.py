@@ -14,6 +14,8 @@ import pytest
 import jaxdae
 from jaxdae._integration._adjoint import default_adjoint
 
+from ._systems import stiff_arm
+
 MAX_STEPS = 400
 EVERY_STEP = diffrax.RecursiveCheckpointAdjoint(checkpoints=MAX_STEPS)
 TS = jnp.linspace(0.0, 1.0, 6)
@@ -94,13 +96,6 @@ def test_fixed_step_gradients_against_central_differences():
         np.testing.assert_allclose([grad_mu, *grad_y0], central, rtol=1e-6)
 
 
-def _arm():
-    """The Cartesian two-link arm with `Baumgarte(2000, 10⁶)` of the stiff integration
-    guide."""
-    system = jaxdae.examples.CartesianArmLagrangian(forces=(0.0, -9.81, 0.0, -9.81))
-    return system, jaxdae.Baumgarte(2000.0, 1e6), *system.initial_state()
-
-
 @pytest.mark.slow
 def test_simulate_gradient_is_that_of_a_checkpoint_per_step():
     """Rodas5P through `simulate` on the stiff arm, the stiff integration guide's gradient
@@ -108,9 +103,9 @@ def test_simulate_gradient_is_that_of_a_checkpoint_per_step():
     in segments of 1,000 steps) equals the one-checkpoint-per-step gradient of diffrax's
     loop. (With 32 checkpoints diffrax's recomputed steps can differ from the forward
     solve's where XLA optimizes the two programs differently; the guide's study shows
-    1.3 × 10⁻⁶ on this case. The tests compile at LLVM's optimization level 0, where the
-    recomputation rounds as the forward solve and the two agree.)"""
-    system, formulation, q0, v0 = _arm()
+    1.3 × 10⁻⁶ on this case. At LLVM's optimization level 0, as in the default test run,
+    the recomputation rounds as the forward solve and the two agree.)"""
+    system, formulation, q0, v0 = stiff_arm()
     steps = 4000
 
     def loss(mass, adjoint):

@@ -265,6 +265,18 @@ def timed_interleaved(solves: dict, args, repeats=5):
     return sols, best
 
 
+def median_walls(fns: dict, args, calls: int) -> dict:
+    """Each compiled function's median wall time of `calls` calls, the functions called in
+    turn, so that a change of the machine's load affects all alike."""
+    walls = {name: [] for name in fns}
+    for _ in range(calls):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            walls[name].append(time.perf_counter() - start)
+    return {name: float(np.median(w)) for name, w in walls.items()}
+
+
 def stats(sol, wall):
     return dict(steps=int(sol.stats["num_accepted_steps"]),
                 rejected=int(sol.stats["num_rejected_steps"]), time_ms=1e3 * wall,
@@ -404,14 +416,9 @@ def gradients(quick, only=None, solvers_only=None):
             grad_fn, forward_fn = fns["grad"], fns["forward"]
             grad = float(grad_fn(mass))
             steps = int(jax.block_until_ready(forward_fn(mass))[1])
-            walls = {"grad": [], "forward": []}
-            for _ in range(3):
-                for label, fn in (("grad", grad_fn), ("forward", forward_fn)):
-                    start = time.perf_counter()
-                    jax.block_until_ready(fn(mass))
-                    walls[label].append(time.perf_counter() - start)
+            walls = median_walls({"grad": grad_fn, "forward": forward_fn}, (mass,), 3)
             central = float((forward_fn(mass + eps)[0] - forward_fn(mass - eps)[0]) / (2 * eps))
-            grad_s, forward_s = (float(np.median(walls[k])) for k in ("grad", "forward"))
+            grad_s, forward_s = walls["grad"], walls["forward"]
             rows.append(dict(case=case, solver=name, rtol=rtol, steps=steps, gradient=grad,
                              central=central,
                              relative_difference=abs(grad - central) / abs(central),
@@ -460,16 +467,11 @@ def gradient_segments(quick):
         finally:
             ga_adjoint._REFINE_ITERATIONS = kept
         values.update({k: float(fn(mass)) for k, fn in fns.items() if k != every_step})
-        walls = {k: [] for k in fns}
-        for _ in range(3):
-            for k, fn in fns.items():
-                start = time.perf_counter()
-                jax.block_until_ready(fn(mass))
-                walls[k].append(time.perf_counter() - start)
-        forward = float(np.median(walls["forward"]))
-        rows += [dict(case=case, stored_steps=k, gradient=values[k],
-                      time_ms=1e3 * float(np.median(walls[k])), forward_ms=1e3 * forward,
-                      ratio=float(np.median(walls[k])) / forward) for k in fns if k != "forward"]
+        walls = median_walls(fns, (mass,), 3)
+        forward = walls["forward"]
+        rows += [dict(case=case, stored_steps=k, gradient=values[k], time_ms=1e3 * walls[k],
+                      forward_ms=1e3 * forward, ratio=walls[k] / forward)
+                 for k in fns if k != "forward"]
     return rows
 
 
@@ -506,16 +508,10 @@ def replay_segments(quick, only=None):
             fns[label] = fn.lower(mass).compile()
             compile_s[label] = time.perf_counter() - start
         values = {k: float(fn(mass)) for k, fn in fns.items()}
-        walls = {k: [] for k in fns}
-        for _ in range(7):
-            for k, fn in fns.items():
-                start = time.perf_counter()
-                jax.block_until_ready(fn(mass))
-                walls[k].append(time.perf_counter() - start)
-        forward = float(np.median(walls["forward"]))
-        rows += [dict(case=case, adjoint=k, gradient=values[k],
-                      time_ms=1e3 * float(np.median(walls[k])), forward_ms=1e3 * forward,
-                      ratio=float(np.median(walls[k])) / forward, compile_s=compile_s[k],
+        walls = median_walls(fns, (mass,), 7)
+        forward = walls["forward"]
+        rows += [dict(case=case, adjoint=k, gradient=values[k], time_ms=1e3 * walls[k],
+                      forward_ms=1e3 * forward, ratio=walls[k] / forward, compile_s=compile_s[k],
                       compile_forward_s=compile_s["forward"]) for k in adjoints]
     return rows
 
