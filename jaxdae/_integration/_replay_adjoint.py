@@ -23,6 +23,7 @@ from .. import _thresholds
 from .._compilation._linalg import full_precision
 from ._generalized_alpha_adjoint import warn_checkpointed
 from ._solvers import AbstractSolverWrapper
+from ._step_adjoints import step_vjp
 from ._sweep_backward import saves_bar
 from ._sweep_forward import (
     SAVE_Y,
@@ -218,7 +219,8 @@ def _backward(stored, out_bar, perturbed, problem, static):
     def step_back(k, state, bars):
         """The cotangents at the start of step `k` (from `state`) from those at its end."""
         end_bar, p_bar = bars
-        (_, dense), pull = eqx.filter_vjp(lambda s, p: step(k, s, p), state, diff_p)
+        (_, dense), pull = step_vjp(solver.solver, times[k], times[k + 1], state, diff_p,
+                                    static_p)
         dense_bar = (_zeros_where_inexact(dense) if save_ts is None
                      else dense_bar_of(k, dense))
         state_bar, step_p_bar = pull((end_bar, dense_bar))

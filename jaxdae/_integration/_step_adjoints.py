@@ -1,0 +1,86 @@
+"""The reverse-mode derivative of one solver step, as [`jaxdae.ReplayAdjoint`][] applies it
+to each replayed step: by default `eqx.filter_vjp` of the solver's `step`, or a derivative
+written for the solver's type and registered here."""
+
+import functools
+from collections.abc import Callable
+
+import diffrax
+import equinox as eqx
+
+from .._custom_types import Array, PyTree
+
+
+def autodiff_step_vjp(solver: diffrax.AbstractSolver, t0: Array, t1: Array,
+                      state: tuple[PyTree, PyTree], diff: PyTree, static: PyTree
+                      ) -> tuple[tuple[tuple[PyTree, PyTree], PyTree], Callable]:
+    """The outputs of one step of `solver` and their pullback, by `eqx.filter_vjp` of
+    `solver.step` (the default of [`step_vjp`][], and the reference that a registered
+    derivative is tested against)."""
+
+    def step(state, diff):
+        terms, args = eqx.combine(diff, static)
+        y1, _, dense, solver_state1, _ = solver.step(terms, t0, t1, state[0], args, state[1],
+                                                     False)
+        return (y1, solver_state1), dense
+
+    return eqx.filter_vjp(step, state, diff)
+
+
+@functools.singledispatch
+def step_vjp(solver: diffrax.AbstractSolver, t0: Array, t1: Array,
+             state: tuple[PyTree, PyTree], diff: PyTree, static: PyTree
+             ) -> tuple[tuple[tuple[PyTree, PyTree], PyTree], Callable]:
+    """One step of `solver` from `t0` to `t1` and its vector–Jacobian product, for the
+    backward pass of [`jaxdae.ReplayAdjoint`][] (`_replay_adjoint._backward`), which calls
+    it at every replayed step with `made_jump=False`.
+
+    Dispatched on the type of `solver` (`functools.singledispatch`, so a derivative can be
+    written for a class that jaxdae does not own, such as `diffrax.Kvaerno5`). The
+    default is [`autodiff_step_vjp`][]: `eqx.filter_vjp` of `solver.step`. A solver
+    whose step reverse mode differentiates slowly (a factorization, a Newton iteration, a
+    Jacobian built by forward mode) registers its own derivative, e.g. the discrete
+    adjoint of its stages, at the end of this module:
+
+    ```python
+    from ._my_solver_adjoint import my_step_vjp
+    step_vjp.register(MySolver, my_step_vjp)
+    ```
+
+    Registration is by class and applies to subclasses; `solver` is the solver the user
+    gave (the replay unwraps its own wrapper first), so a wrapper of a registered solver
+    (`jaxdae.Projected`) takes the default unless it is registered itself.
+
+    **Arguments:**
+
+    - `solver`: the solver whose step is replayed.
+    - `t0`, `t1`: the step's start and end, in the solver's time (`diffeqsolve` hands the
+        solver its terms wrapped for the direction of time, and these times multiplied by
+        it). Constants of the gradient: no cotangent is returned for them.
+    - `state`: `(y0, solver_state0)`, the state and solver state at `t0`.
+    - `diff`, `static`: the solve's `(terms, args)` split by `eqx.partition` into the
+        leaves that the gradient reaches (`diff`: the perturbed ones, None elsewhere) and
+        the rest; `eqx.combine(diff, static)` is `(terms, args)`.
+
+    **Returns:**
+
+    `(outputs, pullback)`, as `eqx.filter_vjp` of `(state, diff) ↦ outputs` returns them:
+
+    - `outputs = ((y1, solver_state1), dense_info)`: the step's end state, solver state
+        and dense output, equal to those of `solver.step(terms, t0, t1, y0, args,
+        solver_state0, False)` to the last bit (the replay's checkpoints and saved states
+        come from `solver.step` itself: share its code rather than rewrite it). The error
+        estimate is not an output: the step sizes are constants of the gradient.
+    - `pullback(((y1_bar, solver_state1_bar), dense_bar))` returns `((y0_bar,
+        solver_state0_bar), diff_bar)`. Each cotangent has the structure of its primal,
+        with arrays (zeros where nothing flows) for the floating-point array leaves and
+        None for the others: `dense_bar` is all zeros unless `ts` are saved inside the
+        step (through `solver.interpolation_cls(t0=…, t1=…, **dense_info)`),
+        `solver_state1_bar` is zeros for a solver without state carried between steps,
+        and `diff_bar` is None wherever `diff` is, as `eqx.filter_vjp` makes it (the
+        replay adds it leaf by leaf to the other steps' cotangents).
+
+    A registered derivative is tested against [`autodiff_step_vjp`][] on one step
+    (`tests/test_implicit_adjoint.py`), to rounding.
+    """
+    return autodiff_step_vjp(solver, t0, t1, state, diff, static)
