@@ -12,10 +12,10 @@ import numpy as np
 import optimistix as optx
 
 from .. import _thresholds
-from .._compilation._linalg import lu_factor, lu_solve, spd_solve
+from .._compilation._linalg import lu_factor, lu_solve
 from .._compilation._linear_solvers import PositiveSemidefinitePseudoInverse
 from .._formulations._base import AbstractFormulation
-from .._formulations._multipliers import multiplier_solve
+from .._formulations._multipliers import eliminate, multiplier_solve
 from .._solution import RESULTS
 from .._systems._system import AbstractSystem, LagrangianSystem, applied_forces
 from ._generalized_alpha_newton import IterationMatrix, NewtonOptions, newton_solve
@@ -106,10 +106,9 @@ def _inertia_minus_forces(system: LagrangianSystem, t, q, v, qdd):
 
 
 def _kept_terms(system, t, q, v):
-    """`(Φ_q, M)` at the step's end, for the error estimate's projection ([`_tangential`][]);
-    not differentiated (the error estimate only sizes the steps)."""
-    terms = jax.lax.stop_gradient(system.terms(t, q, v))
-    return terms.jacobian[:terms.num_holonomic], terms.mass_matrix
+    """The terms at the step's end, for the error estimate's projection
+    ([`_tangential`][]); not differentiated (the error estimate only sizes the steps)."""
+    return jax.lax.stop_gradient(system.terms(t, q, v))
 
 
 def _iteration_matrix(x, args):
@@ -135,25 +134,30 @@ def _iteration_matrix(x, args):
     return jnp.concatenate([top, bottom], 0)
 
 
-def _tangential(kept, error, least_squares: bool):
+def _tangential(terms, error, least_squares: bool):
     """`error` without its part along `M⁻¹ Φ_qᵀ`, `W (Φ_q W)⁻¹ Φ_q error` with `W = M⁻¹
-    Φ_qᵀ` (`kept = (Φ_q, M)` at the step's end): the oblique projection onto the
-    tangent space of the position constraints along the directions in which the
-    multipliers move the positions. The step holds `Φ(q) = 0` to the Newton tolerance
-    whatever the step size, and that part of `a_{n+1} − a_n` is the index-3 method's
-    velocity drift `Φ̇ = O(h²)` over the step (`Φ(q̂) ≈ h Φ̇`, corrected through `M⁻¹
-    Φ_qᵀ μ`), which does not shrink with the step."""
-    phi_q, mass = kept
-    if phi_q.shape[0] == 0:
+    Φ_qᵀ` (`terms` at the step's end): the oblique projection onto the tangent space of the
+    position constraints along the directions in which the multipliers move the positions.
+    The step holds `Φ(q) = 0` to the Newton tolerance whatever the step size, and that part
+    of `a_{n+1} − a_n` is the index-3 method's velocity drift `Φ̇ = O(h²)` over the step
+    (`Φ(q̂) ≈ h Φ̇`, corrected through `M⁻¹ Φ_qᵀ μ`), which does not shrink with the step.
+
+    `M⁻¹ Gᵀ` and `G M⁻¹ Gᵀ` come from [`eliminate`][], which follows the structure the terms
+    carry (a mass matrix of small blocks inverted block by block, or its factor kept by the
+    solve): a dense Cholesky factorization of `M` here would be a LAPACK call inside the
+    solve's loop, which then runs kernel by kernel (`_xla_flags.py`)."""
+    m = terms.num_holonomic
+    if m == 0:
         return error
-    across = spd_solve(mass, phi_q.T)  # W
-    gram = phi_q @ across
-    rhs = phi_q @ error
+    elimination = eliminate(terms)
+    gram = elimination.matrix[:m, :m]
+    rhs = terms.jacobian[:m] @ error
     if least_squares:
         coefficients = jnp.linalg.pinv(gram) @ rhs
     else:
         coefficients = lu_solve(lu_factor(gram), rhs)
-    return error - across @ coefficients
+    padded = jnp.concatenate([coefficients, jnp.zeros(terms.num_nonholonomic, error.dtype)])
+    return error - elimination.apply_minv_gt(padded)
 
 
 def _coefficient(args):
