@@ -9,6 +9,7 @@ import diffrax
 import equinox as eqx
 
 from .._custom_types import Array, PyTree
+from ._esdirk_adjoint import esdirk_step_vjp
 
 
 def autodiff_step_vjp(solver: diffrax.AbstractSolver, t0: Array, t1: Array,
@@ -84,3 +85,7 @@ def step_vjp(solver: diffrax.AbstractSolver, t0: Array, t1: Array,
     (`tests/test_implicit_adjoint.py`), to rounding.
     """
     return autodiff_step_vjp(solver, t0, t1, state, diff, static)
+
+
+# The solvers' own step adjoints.
+step_vjp.register(diffrax.AbstractESDIRK, esdirk_step_vjp)
