@@ -150,6 +150,16 @@ INVERSE_MAX = 16
 # (docs/design_measurements.md#looped-inverse).
 LOOPED_INVERSE_MAX = 64
 
+# `jaxdae.GeneralizedAlpha`'s Newton matrices from `LU_UNROLL_MAX + 1` up to
+# `LOOPED_INVERSE_MAX` rows are inverted by block Gauss–Jordan elimination
+# (`_linalg.blocked_inverse`) in blocks of this many rows: a loop iteration of matrix products
+# per block instead of one of vector operations per column, 2–6 times faster on the spring
+# chain's and the flyball governor's matrices; 4 was the fastest of 2, 3, 4, 6 and 8 on
+# both. The elimination does not pivot across blocks, which the saddle-point form of that
+# matrix allows (see `blocked_inverse`); the other solvers keep the pivoted inverses
+# (docs/design_measurements.md#blocked-inverse).
+NEWTON_INVERSE_BLOCK = 4
+
 # -- The swept solve (`_integration/_sweep_forward.py`) --------------------------------------
 
 # Checkpoints of `RecursiveCheckpointAdjoint` where it is the default: fewer than diffrax's

@@ -5,13 +5,18 @@ Each helper has an unrolled or closed-form path for tiny matrices and a LAPACK p
 every path is checked, under `vmap` and `grad` too.
 """
 
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 import pytest
 
+import jaxdae
 from jaxdae._compilation._linalg import (
+    blocked_inverse,
     extreme_eigenvalues,
     factor_for_solves,
     full_precision,
@@ -35,6 +40,7 @@ from jaxdae._thresholds import (
     LOOPED_INVERSE_MAX,
     LU_UNROLL_MAX,
     LYAPUNOV_MAX,
+    NEWTON_INVERSE_BLOCK,
     UNROLL_MAX,
 )
 
@@ -400,6 +406,79 @@ def test_looped_inverse_pivots_derivative_and_singular():
     stack = np.stack([a, a + da])
     np.testing.assert_allclose(jax.jit(jax.vmap(looped_inverse))(stack), np.linalg.inv(stack),
                                rtol=1e-9, atol=1e-12)
+
+
+_blocked = jax.jit(blocked_inverse, static_argnums=1)
+
+
+def _banded(n, width, seed):
+    """A random non-symmetric matrix of half-bandwidth `width` whose diagonal dominates."""
+    rng = np.random.default_rng(seed)
+    band = np.abs(np.subtract.outer(np.arange(n), np.arange(n))) <= width
+    return rng.standard_normal((n, n)) * band + (2 * width + 2) * np.eye(n)
+
+
+def _chain_newton_matrix():
+    """`jaxdae.GeneralizedAlpha`'s Newton matrix on the stiff spring chain of the stiff
+    study (16 masses on springs `k = 10⁸`, one rod: 32 + 1 unknowns), for a step of 4 ms
+    from its initial state."""
+    root = Path(__file__).resolve().parents[1] / "experiments"
+    sys.path[:0] = [str(root), str(root / "studies")]
+    try:
+        from stiff_integration import chain_case  # pyright: ignore[reportMissingImports]
+    finally:
+        del sys.path[:2]
+    from jaxdae._integration import _generalized_alpha as ga
+
+    system, _, q0, v0, _ = chain_case()
+    zero = jnp.zeros_like(q0)
+    step = jaxdae.GeneralizedAlpha().prepare(0.0, 4e-3, q0, v0, zero, zero)
+    x = jnp.concatenate([step.q_tilde, jnp.zeros(1)])
+    matrix = jax.jit(ga._iteration_matrix)(x, (system, jnp.asarray(4e-3), step))
+    return np.asarray(matrix)
+
+
+@pytest.mark.parametrize("n", [33, pytest.param(LU_UNROLL_MAX + 1, marks=pytest.mark.slow)])
+def test_blocked_inverse_matches_lapack(n):
+    """`GeneralizedAlpha`'s `invert`, which is `blocked_inverse` from `LU_UNROLL_MAX + 1`
+    rows (sizes that are not multiples of the block), against `jnp.linalg.solve` and
+    NumPy's inverse on a random banded matrix and on a generalized-α Newton matrix with
+    constraint rows (zeros on the diagonal: the pivot blocks pivot within themselves); for
+    33 rows also on the spring chain's real Newton matrix."""
+    from jaxdae._integration._generalized_alpha_newton import invert
+
+    assert LU_UNROLL_MAX < n <= LOOPED_INVERSE_MAX  # the sizes `invert` gives to it
+    rng = np.random.default_rng(n)
+    matrices = [_banded(n, 3, n), _saddle_point(n - n // 4, n // 4, n)]
+    if n == 33:
+        matrices.append(_chain_newton_matrix())
+    newton_inverse = jax.jit(lambda m: invert(m, False, None))
+    for matrix in matrices:
+        result = np.asarray(newton_inverse(matrix))
+        expected = np.linalg.inv(matrix)
+        scale = np.linalg.cond(matrix) * np.max(np.abs(expected))
+        np.testing.assert_allclose(result, expected, atol=1e-13 * scale)
+        b = rng.standard_normal(n)
+        np.testing.assert_allclose(result @ b, jnp.linalg.solve(matrix, b),
+                                   atol=1e-13 * scale * np.max(np.abs(b)) * n)
+
+
+def test_blocked_inverse_derivative_vmap_and_singular_block():
+    """The derivative is `jnp.linalg.inv`'s; `vmap` works; a singular pivot block (the
+    elimination does not pivot across blocks) gives non-finite entries, not a wrong
+    inverse."""
+    n = LU_UNROLL_MAX + 1
+    a, da = _banded(n, 2, 0), _banded(n, 2, 1)
+    _, tangent = jax.jvp(lambda m: blocked_inverse(m, NEWTON_INVERSE_BLOCK), (jnp.asarray(a),),
+                         (jnp.asarray(da),))
+    _, expected = jax.jvp(jnp.linalg.inv, (jnp.asarray(a),), (jnp.asarray(da),))
+    np.testing.assert_allclose(tangent, expected, rtol=1e-10, atol=1e-12)
+    stack = np.stack([a, a + 0.1 * da])
+    batched = jax.jit(jax.vmap(lambda m: blocked_inverse(m, NEWTON_INVERSE_BLOCK)))(stack)
+    np.testing.assert_allclose(batched, np.linalg.inv(stack), rtol=1e-9, atol=1e-12)
+    singular = np.roll(np.eye(n), NEWTON_INVERSE_BLOCK, axis=0)  # zero pivot blocks
+    assert np.isfinite(np.linalg.inv(singular)).all()
+    assert not np.all(np.isfinite(_blocked(singular, NEWTON_INVERSE_BLOCK)))
 
 
 def test_pivoted_cholesky_of_a_rank_deficient_matrix():

@@ -26,7 +26,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._compilation._linalg import inverse, lu_factor, lu_solve
+from .. import _thresholds
+from .._compilation._linalg import blocked_inverse, inverse, lu_factor, lu_solve
 from .._custom_types import Array, Bool, Float, Int
 
 # The contraction rate above which a kept matrix is refreshed (and a fresh one is deemed to
@@ -68,14 +69,24 @@ class IterationMatrix(eqx.Module):
 
 def invert(matrix: Float[Array, "N N"], least_squares: bool, rcond: float | None
            ) -> Float[Array, "N N"]:
-    """`A⁻¹` by `_linalg.inverse` (array operations up to `LOOPED_INVERSE_MAX` rows, so that it
-    fuses into the step and the solve's loop stays one kernel; LAPACK beyond), or `A⁺` by an SVD
-    where `least_squares` (singular values below `rcond σ_max` dropped; default
-    `N ε`, as `lineax.SVD`)."""
+    """`A⁻¹` in array operations, so that it fuses into the step and the solve's loop stays
+    one kernel: by `_linalg.inverse` up to `LU_UNROLL_MAX` rows (unrolled LU), by block
+    Gauss–Jordan elimination (`_linalg.blocked_inverse`, blocks of `NEWTON_INVERSE_BLOCK`
+    rows) up to `LOOPED_INVERSE_MAX`, LAPACK beyond; or `A⁺` by an SVD where `least_squares`
+    (singular values below `rcond σ_max` dropped; default `N ε`, as `lineax.SVD`).
+
+    The block elimination does not pivot across blocks: the Newton matrix's unknowns are the
+    positions, then the multipliers, and with `M − c K` positive definite and independent
+    constraints every pivot block is nonsingular. Where it is not (an indefinite `M − c K`
+    at a large step), the inverse is inaccurate or not finite, the iteration with a fresh
+    matrix does not converge (its test uses the true residual) and the step is retried with
+    a smaller one, whose `M − c K` is closer to `M`."""
     size = matrix.shape[0]
     if least_squares:
         rcond = size * float(jnp.finfo(matrix.dtype).eps) if rcond is None else rcond
         return jnp.linalg.pinv(matrix, rtol=rcond)
+    if _thresholds.LU_UNROLL_MAX < size <= _thresholds.LOOPED_INVERSE_MAX:
+        return blocked_inverse(matrix, _thresholds.NEWTON_INVERSE_BLOCK)
     return inverse(matrix)
 
 
