@@ -20,8 +20,9 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
         printed, an item shows its message. Besides diffrax's own (`max_steps_reached`,
         `dt_min_reached`, ...): `singular_constraint_matrix`,
         `singular_dependent_jacobian`, `singular_decoupling_matrix`, `non_finite_state`
-        (fixed steps), `non_finite_mass_matrix`, `non_finite_forces`,
-        `non_finite_constraints`, `non_finite_rates` (the model broke mid-run),
+        (fixed steps), `non_finite_mass_matrix`, `indefinite_mass_matrix`,
+        `non_finite_forces`, `non_finite_constraints`, `non_finite_rates` (the model broke
+        mid-run),
         `diverged`, `constraints_not_met`, `constraint_tol_exceeded` (checks after the
         solve), `projection_failed`
         ([`jaxdae.Projected`][]), `singular_newton_matrix` ([`jaxdae.GeneralizedAlpha`][])
@@ -147,6 +148,14 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
             "did not converge): the gaps' Jacobian at the reported state has rows that the "
             "mass metric cannot separate (gaps that repeat each other, or that the "
             "bilateral constraints already fix). Check `gaps` near the reported t and q."
+        )
+        indefinite_mass_matrix = (
+            "The mass matrix stopped being positive definite during the solve (singular or "
+            "indefinite), so the accelerations have no meaning there and the step size "
+            "shrank to nothing: a negative or zero mass or inertia (e.g. a design parameter "
+            "after an optimizer's step), or a configuration where the model loses the "
+            "inertia of a coordinate. Check the masses and inertias (`kinetic_energy` / "
+            "`mass_matrix`, a tree's bodies) near the reported t and q."
         )
 
 RESULTS.__module__ = "jaxdae"  # printed as `jaxdae.RESULTS<message>`

@@ -197,6 +197,15 @@ def test_traced_bad_initial_state_and_times_raise_under_jit():
         _traced(10.0, Q0, 1.0, jnp.array([0.0, jnp.nan])).block_until_ready()
 
 
+def test_traced_dense_mass_not_positive_definite_is_named_at_q0():
+    """A system without a factor that shows definiteness keeps the traced check of its
+    mass matrix at `q0` (a tree's stalls instead: `test_multibody_tree.py`)."""
+    solve = jax.jit(lambda q0: jaxdae.simulate(DegenerateMass(), jaxdae.Unstabilized(), 0.0,
+                                               0.1, q0, jnp.ones(2)).q_final)
+    with pytest.raises(Exception, match="mass matrix at `q0` is not symmetric positive"):
+        jax.block_until_ready(solve(jnp.zeros(2)))
+
+
 def test_constraints_must_return_a_vector():
     class ScalarConstraint(CartesianPendulum):
         def constraints(self, t, q):

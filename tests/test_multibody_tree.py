@@ -98,7 +98,8 @@ def test_articulated_pivots_say_whether_the_mass_is_positive_definite():
     """The articulated factor's pivots say whether `M` is positive definite, as the dense
     `M`'s eigenvalues do, also where one link's mass is negative (an optimizer's step can
     make it so); they are `M`'s block pivots, so their determinants multiply to `det M`.
-    `simulate`'s check of the initial state reads them."""
+    `simulate`'s check of the initial state reads them, and the tree's forces are nan where
+    they show `M` not positive definite."""
     chain, q = _long_chain(), jnp.linspace(0.0, 1.0, 12)
     for mass in (0.1, -0.3):
         model = eqx.tree_at(lambda m: m.bodies[5].mass, chain, jnp.asarray(mass))
@@ -108,22 +109,63 @@ def test_articulated_pivots_say_whether_the_mass_is_positive_definite():
         assert isinstance(factor, ArticulatedFactor)
         assert bool(factor.positive_definite()) == (lowest > 0)
         assert bool(factored_positive_definite(terms)) == (lowest > 0)
+        # Where it is not, the forces are nan, so that a solve stalls there.
+        assert bool(jnp.all(jnp.isfinite(terms.forces))) == (lowest > 0)
         pivots = 1 / np.asarray(factor.pivots).reshape(-1)
         np.testing.assert_allclose(np.prod(pivots), np.linalg.det(terms.mass_matrix),
                                    rtol=1e-9)
 
 
 @pytest.mark.slow
-def test_a_traced_solve_checks_the_initial_mass_by_its_pivots():
+def test_a_traced_solve_of_an_indefinite_tree_stalls_at_the_start():
     """A traced solve of a tree on the recursive path whose mass matrix is not positive
-    definite raises the initial state's message (read from the articulated pivots)."""
+    definite stalls at `t0`: its forces are nan there (the articulated pivots show it), and
+    the error names the likely causes; eagerly, the initial state's message."""
     chain = _long_chain()
     bad = eqx.tree_at(lambda m: m.bodies[5].mass, chain, jnp.asarray(-0.3))
     solve = eqx.filter_jit(lambda model: jaxdae.simulate(
         model, jaxdae.Unstabilized(), 0.0, 0.01, jnp.zeros(12), jnp.zeros(12)).q_final)
     assert np.all(np.isfinite(solve(chain)))
-    with pytest.raises(Exception, match="mass matrix at `q0` is not symmetric positive"):
+    with pytest.raises(Exception, match=r"minimum step size(.|\n)*not positive definite"):
         jax.block_until_ready(solve(bad))
+    with pytest.raises(ValueError, match="mass matrix at `q0` is not symmetric positive"):
+        jaxdae.simulate(bad, jaxdae.Unstabilized(), 0.0, 0.01, jnp.zeros(12), jnp.zeros(12))
+
+
+def _hinged_pair():
+    """Two links hinged about parallel axes, the second of negative mass (`m₂ = −0.2`,
+    centre 0.3 from its hinge, 0.5 between the hinges, inertias 0.095 and 0.028 about the
+    axes): `det M = 4.5·10⁻⁴ − 9·10⁻⁴ cos² q₁`, positive definite where
+    `|cos q₁| < 1/√2`, indefinite elsewhere."""
+    bodies = [mb.RigidBody("a", 1.0, 0.095 * np.eye(3), {"end": (0.0, 0.0, -0.5)}),
+              mb.RigidBody("b", 1.0, 0.028 * np.eye(3), {"top": (0.0, 0.0, 0.3)})]
+    joints = [mb.Revolute("ground", "a", axis=(0, 1, 0)),
+              mb.Revolute("a.end", "b.top", axis=(0, 1, 0))]
+    tree = mb.TreeMechanism(bodies, joints, [mb.Gravity()])
+    return eqx.tree_at(lambda m: m.bodies[1].mass, tree, jnp.asarray(-0.2))
+
+
+@pytest.mark.slow
+def test_a_tree_whose_mass_turns_indefinite_stalls(articulated):
+    """Where the articulated pivots show `M` not positive definite, the tree's forces are
+    nan (a negative `1 × 1` pivot inverts to a finite number): a solve stalls there
+    instead of going on. Traced from such a start, `dt_min_reached` at `t0`; eagerly, from
+    a start where `M` is positive definite and into a configuration where it is not,
+    `indefinite_mass_matrix` where it turned."""
+    pair = _hinged_pair()
+    for angle, definite in ((0.0, False), (np.pi / 2, True)):
+        terms = eqx.filter_jit(mb.TreeMechanism.terms)(pair, 0.0, jnp.array([0.0, angle]),
+                                                        jnp.zeros(2))
+        assert bool(terms.mass_operator.factor.positive_definite()) == definite
+        assert bool(jnp.all(jnp.isfinite(terms.forces))) == definite
+    solve = eqx.filter_jit(lambda q0: jaxdae.simulate(
+        pair, jaxdae.Unstabilized(), 0.0, 0.4, q0, jnp.array([0.0, 4.0]), throw=False))
+    traced = solve(jnp.zeros(2))
+    assert traced.result == jaxdae.RESULTS.dt_min_reached and float(traced.t_final) == 0.0
+    eager = jaxdae.simulate(pair, jaxdae.Unstabilized(), 0.0, 0.4, jnp.array([0.0, np.pi / 2]),
+                            jnp.array([0.0, 4.0]), throw=False)
+    assert eager.result == jaxdae.RESULTS.indefinite_mass_matrix
+    assert abs(np.cos(float(eager.q_final[1]))) == pytest.approx(2 ** -0.5, abs=1e-3)
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from .._formulations import AbstractStabilizedFormulation
 from .._solution import RESULTS
 from .._systems._system import LagrangianSystem
 from ._crossing import DownCrossing
+from ._validation import factored_positive_definite, mass_positive_definite
 from ._vector_fields import jitted_rates, system_terms
 
 
@@ -24,8 +25,12 @@ def non_finite_event(t, y, args, **kwargs):
     return ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(y)]))
 
 
-NON_FINITE_RESULTS = (RESULTS.non_finite_mass_matrix, RESULTS.non_finite_forces,
-               RESULTS.non_finite_constraints, RESULTS.non_finite_rates)
+# The terms that `non_finite_term` tests, in its order: a mass matrix that is not
+# positive definite makes a tree's forces nan (`factored_positive_definite`), so it comes
+# before them.
+NON_FINITE_RESULTS = (RESULTS.non_finite_mass_matrix, RESULTS.indefinite_mass_matrix,
+                      RESULTS.non_finite_forces, RESULTS.non_finite_constraints,
+                      RESULTS.non_finite_rates)
 
 
 def all_finite(*arrays) -> Array:
@@ -34,10 +39,12 @@ def all_finite(*arrays) -> Array:
 
 @eqx.filter_jit
 def non_finite_term(system, formulation, t0, t, q, s):
-    """Which term of the model is non-finite at or just after the state `(t, q, s)` where a
-    solve stalled: `1 + i` for `NON_FINITE_RESULTS[i]` (mass matrix, forces, constraints, rates),
-    0 if none is. Probed at the state and at four points along its rates, 4, 64, 1024 and
-    16384 rounding units of `t` ahead (the steps the controller rejected ended there)."""
+    """Which term of the model is non-finite, or a mass matrix not positive definite, at or
+    just after the state `(t, q, s)` where a solve stalled: `1 + i` for
+    `NON_FINITE_RESULTS[i]` (mass matrix non-finite, then not positive definite, forces,
+    constraints, rates), 0 if none is. Probed at the state and at four points along its
+    rates, 4, 64, 1024 and 16384 rounding units of `t` ahead (the steps the controller
+    rejected ended there)."""
     rates = jitted_rates(system, formulation, t, q, s)
     rates = jax.tree.map(lambda r: jnp.where(jnp.isfinite(r), r, 0), rates)
     unit = jnp.finfo(jnp.result_type(t)).eps * jnp.maximum(jnp.maximum(jnp.abs(t),
@@ -49,6 +56,8 @@ def non_finite_term(system, formulation, t0, t, q, s):
         terms = system_terms(system, tp, qp, velocities)
         flags = jnp.stack([
             ~all_finite(terms.mass_matrix),
+            ~mass_positive_definite(system, (tp, qp, velocities), terms.mass_matrix,
+                                    factored_positive_definite(terms)),
             ~all_finite(terms.forces),
             ~all_finite(terms.phi, terms.dphi, terms.psi, terms.jacobian, terms.bias),
             ~all_finite(*jitted_rates(system, formulation, tp, qp, sp)),

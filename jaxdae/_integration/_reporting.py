@@ -93,6 +93,14 @@ TRACED_HINT = (" (Traced: where the solve stopped is written to standard error j
                 "`sol.q_final`.)")
 
 
+# What a traced solve cannot name and an eager one does: the causes of a stalled step.
+TRACED_CAUSES = {int(RESULTS.dt_min_reached._value): (
+    " Its likely cause: a term of the model that turned non-finite (nan or inf) at the "
+    "start or during the solve, or a mass matrix that is not positive definite there (a "
+    "tree's negative mass or inertia). Called eagerly (outside `jit`, `vmap` and `grad`), "
+    "the same solve names which.")}
+
+
 def invalid_as_result(sol, invalid):
     """`throw=False` with traced input: where `invalid` (a flag, or one per row of an
     ensemble), the solution's result is `RESULTS.invalid_input` and its floating fields
@@ -146,8 +154,14 @@ def check_traced(sol, system, formulation, times, initial, checks: TracedChecks,
     gains' (`checks.gain_flags`), those of `check_initial_state` (`checks.check_state`) on
     `initial = (q0, v0, mass matrix, definite, forces)` (`initial_state_problems`), of the
     times and of `steps = (dt0, step-size controller)` (`traced_input_checks`), then
-    (`checks.throw`) the failure of the solve. `trajectories`: the solve's
-    `AbstractTrajectories`.
+    (`checks.throw`) the failure of the solve, a stalled one with its likely causes
+    (`TRACED_CAUSES`). `trajectories`: the solve's `AbstractTrajectories`.
+
+    Where the system's factor shows whether `M` is positive definite (`definite` not
+    None: a tree's articulated pivots), `M` and the forces at `q0` are not checked: the
+    system's forces are nan where `M` is not positive definite
+    (`factored_positive_definite`), so such a start stalls the solve at `t0`
+    (`dt_min_reached`), as does an `M` that turns indefinite later.
 
     One `error_if` for all, each being a `lax.cond` with host callbacks. The initial
     state's checks run after the solve, on the mass matrix (or what its factor shows) and
@@ -164,9 +178,17 @@ def check_traced(sol, system, formulation, times, initial, checks: TracedChecks,
     flags, messages = list(checks.gain_flags), checks.gain_messages
     rows_invalid = False
     if checks.check_state:
-        def problems(q0, v0, mass, definite, forces, rows):
-            return initial_state_problems(system, formulation, (t0, q0, v0),
-                                          (mass, definite, forces), sol.psi.shape[-1], rows)
+        if initial[3] is not None:
+            # The system's factor shows whether `M` is positive definite, and its forces are
+            # nan where it does not (`factored_positive_definite`): a bad `M` or forces at
+            # `q0` stall the solve. Read here, they would keep the evaluation of the
+            # equations at the initial state in the program (a third of the humanoid's
+            # compile time, docs/benchmarks.md).
+            initial = initial[:2]
+
+        def problems(q0, v0, *terms, rows):
+            return initial_state_problems(system, formulation, (t0, q0, v0), terms or None,
+                                          sol.psi.shape[-1], rows)
 
         state_flags, rows_invalid = trajectories.traced_state_flags(problems, initial, throw)
         if state_flags is not None:
@@ -186,7 +208,8 @@ def check_traced(sol, system, formulation, times, initial, checks: TracedChecks,
                            RESULTS.where(wrong, RESULTS.successful, sol.result))
     index = jnp.where(wrong, index, len(messages) + result._value)
     wrong = wrong | (result != RESULTS.successful)
-    messages = messages + tuple(m + TRACED_HINT for m in RESULTS._index_to_message)
+    messages = messages + tuple(m + TRACED_CAUSES.get(code, "") + TRACED_HINT
+                                for code, m in enumerate(RESULTS._index_to_message))
     # Under `vmap` equinox reports the largest index of the batch: 0 where nothing is wrong.
     index = jnp.where(wrong, index, 0)
     return attach_check(sol, lambda x: eqx.branched_error_if(

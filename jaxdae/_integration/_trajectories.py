@@ -65,10 +65,11 @@ class AbstractTrajectories(eqx.Module):
     @abc.abstractmethod
     def traced_state_flags(self, problems: Callable, initial: tuple, throw: bool
                            ) -> tuple[Array | None, Array | bool]:
-        """The initial state's flags of a traced solve from `problems(q0, v0, mass, definite,
-        forces, rows)` (`initial_state_problems`): `(flags, rows_invalid)`, the flags that
-        join the solve's error (None: none) and, with `throw=False`, the trajectories whose
-        initial state has a problem."""
+        """The initial state's flags of a traced solve from `problems(*initial, rows=rows)`
+        (`initial_state_problems`; `initial = (q0, v0)`, then the mass matrix, whether its
+        factor shows it positive definite and the forces where they are checked):
+        `(flags, rows_invalid)`, the flags that join the solve's error (None: none) and,
+        with `throw=False`, the trajectories whose initial state has a problem."""
 
     @abc.abstractmethod
     def solvable_start(self, q0: Array, v0: Array) -> tuple[Array, Array]:
@@ -125,7 +126,7 @@ class SingleTrajectory(AbstractTrajectories):
         return mass, np.asarray(flags), values, ""
 
     def traced_state_flags(self, problems, initial, throw):
-        return problems(*initial, None)[0], False
+        return problems(*initial, rows=None)[0], False
 
     def solvable_start(self, q0, v0):
         return q0, v0

@@ -73,9 +73,14 @@ def check_initial_state(system: AbstractSystem, formulation, t0, q0, v0
 def factored_positive_definite(terms) -> Array | None:
     """Whether the mass matrix of `terms` is positive definite, where the factor that its
     operator carries shows it (`AbstractMassFactor.positive_definite`: a tree's articulated
-    pivots); else `None`, and `initial_state_problems` tests the dense matrix. Read from the
-    factor, the check of a traced solve needs no dense `M` at the initial state, nor a
-    factorization of its own."""
+    pivots); else `None`, and `initial_state_problems` tests the dense matrix.
+
+    A system whose terms carry such a factor computes it with its terms, and its forces
+    are nan wherever the factor shows `M` not positive definite (`TreeMechanism.terms`), so
+    that the rates of every formulation are: a solve stalls there. A traced solve of such
+    a system therefore checks neither `M` nor the forces at the initial state
+    (`check_traced`); the eager checks (`check_initial_state`) and the naming of a stalled
+    solve (`non_finite_term`) read the factor."""
     operator = terms.mass_operator
     return operator.factor.positive_definite() if isinstance(operator, FactoredOperator) else None
 
@@ -85,16 +90,21 @@ def initial_state_problems(system, formulation, state, terms, num_nonholonomic: 
     """The flags and values of `check_initial_state` at the initial `state = (t0, q0, v0)`,
     given `terms = (mass matrix, definite, forces)` there, `definite` whether the mass
     matrix is positive definite as its factor shows it (`factored_positive_definite`; None:
-    the matrix itself is tested).
+    the matrix itself is tested). `terms=None`: the mass matrix and the forces are not
+    checked (their flags are false), as for a traced solve of a system whose forces turn
+    nan where its factor shows `M` not positive definite (`check_traced`).
 
     With `rows`, the name of a `vmap` axis over trajectories, each flag says whether it holds
     in any row. A flag that is the same in every row (a constant) then stays one value: as a
     column broadcast over the rows and reduced, XLA's GPU compiler would constant-fold it row
     by row (docs/design_measurements.md#constant-row-flags)."""
-    (t0, q0, v0), (mass, definite, forces) = state, terms
-    if definite is None:
-        asym = jnp.max(jnp.abs(mass - mass.T)) > 1e-8 * (1 + jnp.max(jnp.abs(mass)))
-        definite = ~asym & is_mass_positive_definite(system, t0, q0, v0, 0.5 * (mass + mass.T))
+    t0, q0, v0 = state
+    if terms is None:
+        indefinite = non_finite_forces = False
+    else:
+        mass, definite, forces = terms
+        indefinite = ~mass_positive_definite(system, (t0, q0, v0), mass, definite)
+        non_finite_forces = ~jnp.all(jnp.isfinite(forces))
     if jnp.shape(q0) == jnp.shape(v0):  # one reduction: one operation fewer in the program
         q0_finite, v0_finite = jnp.all(jnp.isfinite(jnp.stack([q0, v0])).reshape(2, -1), axis=1)
     else:
@@ -102,8 +112,8 @@ def initial_state_problems(system, formulation, state, terms, num_nonholonomic: 
     flags = [
         ~q0_finite,
         ~v0_finite,
-        ~definite,
-        ~jnp.all(jnp.isfinite(forces)),
+        indefinite,
+        non_finite_forces,
         # Only nonholonomic constraints can fail to be affine (a Hessian costs trace time).
         is_not_affine(*system.velocity_constraint_curvature(t0, q0, v0))
         if num_nonholonomic else False,
@@ -115,6 +125,17 @@ def initial_state_problems(system, formulation, state, terms, num_nonholonomic: 
 
         flags, problems = [anywhere(f) for f in flags], anywhere(problems)
     return jnp.concatenate([jnp.stack(flags), problems]), values
+
+
+def mass_positive_definite(system, state, mass, definite) -> Array:
+    """Whether the mass matrix `mass` of `system` at `state = (t, q, v)` is symmetric
+    positive definite: `definite` where its factor shows it (`factored_positive_definite`),
+    else tested on the matrix (`is_mass_positive_definite` of its symmetric part, and
+    symmetric to `10⁻⁸` of its largest entry)."""
+    if definite is not None:
+        return definite
+    asym = jnp.max(jnp.abs(mass - mass.T)) > 1e-8 * (1 + jnp.max(jnp.abs(mass)))
+    return ~asym & is_mass_positive_definite(system, *state, 0.5 * (mass + mass.T))
 
 
 def initial_state_message(formulation, problem: int) -> str:

@@ -593,7 +593,14 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
             factor, bias = articulated_factor(
                 levels, self.topology.dofs, subspaces, inertia_matrices(parts),
                 self._joint_inertias(q), self._body_forces(q, motion, parts, external))
-            bias = self._to_coordinates(bias)
+            # Where the pivots show that `M` is not positive definite (a negative mass or
+            # inertia), the forces are nan, so that every formulation's accelerations are:
+            # a solve stalls there (`dt_min_reached`, named `indefinite_mass_matrix` by an
+            # eager call) instead of going on with `D⁻¹` of a negative pivot, which is
+            # finite. A traced solve relies on it in place of a check of `M` at `q0`
+            # (`factored_positive_definite`), which would be a second copy of these
+            # equations in its program.
+            bias = jnp.where(factor.positive_definite(), self._to_coordinates(bias), jnp.nan)
         forces = applied - bias - norm_tau
         kinetic = 0.5 * jnp.sum(velocities * apply_inertia(parts, velocities)) + norm_energy
         energy = kinetic + self.potential_energy(t, q, motion)
