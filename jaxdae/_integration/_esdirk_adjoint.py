@@ -28,7 +28,8 @@ from ._sweep_forward import terms_within
 # last, before the stage's own matrix is built (`_stage_solve`). A stage's matrix differs
 # from its neighbours' by the change of the Jacobian between stage points, a small part
 # of a step, so the corrections usually shrink by far more than this: by 10⁻³–10⁻⁵ on the
-# stiff integration guide's cases, where rounding takes up to seven corrections.
+# stiff integration guide's cases, where rounding takes up to seven corrections
+# (docs/design_measurements.md#esdirk-adjoint).
 _REFINE_ITERATIONS = 8
 _REFINE_RATE = 0.1
 
