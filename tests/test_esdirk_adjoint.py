@@ -151,14 +151,21 @@ def _loss(diff, solver, adjoint, dt0=None):
 def test_solve_gradient_is_that_of_a_checkpoint_per_step():
     """Through an adaptive Kvaerno5 solve (μ = 5), the replayed gradient with the
     written-out step derivative equals diffrax's loop differentiated with one checkpoint
-    per step; with fixed steps, central differences in `μ` (with adaptive ones those
-    also see the step sizes change, by about the tolerance)."""
+    per step; in segments of 5 steps under `vmap`, the gradients one by one; with fixed
+    steps, central differences in `μ` (with adaptive ones those also see the step sizes
+    change, by about the tolerance)."""
     diff = (jnp.asarray(5.0), jnp.array([2.0, 0.0]))
     grad = eqx.filter_jit(jax.grad(_loss))
     replayed = grad(diff, KVAERNO5, jaxdae.ReplayAdjoint())
     every_step = grad(diff, KVAERNO5,
                       diffrax.RecursiveCheckpointAdjoint(checkpoints=MAX_STEPS))
     assert _relative(replayed, every_step) < 1e-10
+    segments = jaxdae.ReplayAdjoint(stored_steps=5)
+    y0s = jnp.array([[2.0, 0.0], [1.0, 0.5]])
+    batched = jax.vmap(lambda y0: grad((diff[0], y0), KVAERNO5, segments))(y0s)
+    for i, y0 in enumerate(y0s):
+        one = grad((diff[0], y0), KVAERNO5, segments)
+        assert _relative(jax.tree.map(lambda x, i=i: x[i], batched), one) < 1e-12
     fixed = grad(diff, KVAERNO5, jaxdae.ReplayAdjoint(), 0.01)
     loss = eqx.filter_jit(_loss)
     eps, forward = 1e-5, diffrax.RecursiveCheckpointAdjoint()
