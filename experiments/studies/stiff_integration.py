@@ -28,7 +28,8 @@ Six studies, each written to OUT/stiff_integration/ (summary.json, figures):
    the cheapest run of each solver that reaches a relative error of 1e-3 and of 1e-6.
 3. **Gradients** on the stiff cases: `jax.grad` of the final position with respect to a mass,
    through Tsit5 and each implicit solver with its default adjoint (and through diffrax's
-   loop with one checkpoint per step and with 32), against central differences, its time
+   loop with one checkpoint per step and with 32; Kvaerno5's default adjoint also with
+   `eqx.filter_vjp` of each step), against central differences, its time
    against the forward solve's (wall time, median of three, called in turn in one
    process) and the time to compile both; `replay_segments`: Rodas5P's default adjoint
    keeping 1,024 and 4,096 steps' states at once, against diffrax's loop with a checkpoint
@@ -55,6 +56,7 @@ Six studies, each written to OUT/stiff_integration/ (summary.json, figures):
         [--case TEXT]... [--solver TEXT]...  (`--solver`: the gradient runs named so)
 """
 
+import contextlib
 import os
 import sys
 import time
@@ -357,10 +359,30 @@ def at_target(rows, target):
 GRADIENT_MAX_STEPS = 200_000
 
 
+ESDIRK_BY_AUTODIFF = "Kvaerno5 (configured), eqx.filter_vjp of each step"
+
+
+@contextlib.contextmanager
+def esdirk_steps_by_autodiff(active: bool):
+    """Within it, if `active`, `ReplayAdjoint` differentiates the steps of diffrax's
+    ESDIRKs (Kvaerno5) by `eqx.filter_vjp` of the solver's step rather than by their
+    written-out derivative (read when a gradient is traced)."""
+    from jaxdae._integration._step_adjoints import autodiff_step_vjp, step_vjp
+
+    written = step_vjp.dispatch(diffrax.AbstractESDIRK)
+    if active:
+        step_vjp.register(diffrax.AbstractESDIRK, autodiff_step_vjp)
+    try:
+        yield
+    finally:
+        step_vjp.register(diffrax.AbstractESDIRK, written)
+
+
 def gradient_runs(rtol):
     """The gradient study's solvers and adjoints: `(name, solver, adjoint)`, the default
     adjoint (None) and, for the implicit solvers, diffrax's loop with one checkpoint per
-    step and with the 32 checkpoints that were its default for them."""
+    step and with the 32 checkpoints that were its default for them; for Kvaerno5 also
+    the default adjoint with `eqx.filter_vjp` of each step (`ESDIRK_BY_AUTODIFF`)."""
     implicit = solvers(rtol, 1e-3 * rtol)
     every_step = diffrax.RecursiveCheckpointAdjoint(checkpoints=GRADIENT_MAX_STEPS)
     thirty_two = diffrax.RecursiveCheckpointAdjoint(checkpoints=32)
@@ -369,6 +391,7 @@ def gradient_runs(rtol):
         runs += [(name, implicit[name], None),
                  (f"{name}, diffrax's loop, a checkpoint per step", implicit[name], every_step),
                  (f"{name}, diffrax's loop, 32 checkpoints", implicit[name], thirty_two)]
+    runs.insert(2, (ESDIRK_BY_AUTODIFF, implicit["Kvaerno5 (configured)"], None))
     return tuple(runs)
 
 
@@ -411,7 +434,8 @@ def gradients(quick, only=None, solvers_only=None):
                                               loss(m, solver, adjoint)[0]))),
                     ("forward", jax.jit(lambda m, solver=solver: loss(m, solver, None)))):
                 start = time.perf_counter()
-                fns[label] = fn.lower(mass).compile()
+                with esdirk_steps_by_autodiff(name == ESDIRK_BY_AUTODIFF):
+                    fns[label] = fn.lower(mass).compile()
                 compile_s[label] = time.perf_counter() - start
             grad_fn, forward_fn = fns["grad"], fns["forward"]
             grad = float(grad_fn(mass))
