@@ -129,6 +129,14 @@ PROJECTED_ITERATIONS = 2
 # number of copies (docs/design_measurements.md#rosenbrock-tangents).
 TANGENT_LOOP_MAX = 17
 
+# From this many states `ReplayAdjoint` differentiates a Rodas5P step by its discrete adjoint
+# (`_integration/_rosenbrock_adjoint.py`: the step's factorization transposed, the
+# Jacobian's derivative along nine directions), below by reverse mode through the step:
+# the adjoint was 1.5–5× faster a step at 16 and 32 states, and slower at 8, where reverse
+# mode through the eight Jacobian tangents costs no more than through the nine directions
+# (docs/design_measurements.md#rosenbrock-step-adjoint).
+ROSENBROCK_ADJOINT_MIN = 16
+
 # Up to this many states a step turns the LU factors of `I − hγJ` into its inverse (one
 # solve with the identity) and each stage's solve is a product with it, one fused
 # kernel, instead of a chain of `2n` dependent substitution steps per stage: it halves the

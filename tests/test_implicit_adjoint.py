@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 
 import jaxdae
+from jaxdae import _thresholds
 from jaxdae._integration._adjoint import default_adjoint
+from jaxdae._integration._rosenbrock_adjoint import rodas_step_vjp
+from jaxdae._integration._step_adjoints import autodiff_step_vjp
 
 from ._systems import stiff_arm
 
@@ -54,11 +57,13 @@ def test_default_for_rosenbrock_and_implicit_solvers():
 
 
 @pytest.mark.slow
-def test_rodas_gradient_is_that_of_a_checkpoint_per_step():
+def test_rodas_gradient_is_that_of_a_checkpoint_per_step(monkeypatch):
     """Adaptive steps, saves inside the steps (the dense output) and at the end: the
-    gradient with respect to a parameter and the initial state equals diffrax's loop
-    differentiated with one checkpoint per step, in one segment and in segments of 3
-    steps."""
+    gradient with respect to a parameter and the initial state, each step differentiated
+    by its discrete adjoint (`ROSENBROCK_ADJOINT_MIN` lowered to this system's two
+    states), equals diffrax's loop differentiated with one checkpoint per step, in one
+    segment and in segments of 3 steps."""
+    monkeypatch.setattr(_thresholds, "ROSENBROCK_ADJOINT_MIN", 2)
     grads = [_grad(DIFF, jaxdae.Rodas5P(), adjoint) for adjoint in
              (EVERY_STEP, jaxdae.ReplayAdjoint(), jaxdae.ReplayAdjoint(stored_steps=3))]
     assert _relative(grads[1], grads[0]) < 1e-12
@@ -78,9 +83,11 @@ def test_kvaerno_gradient_is_that_of_a_checkpoint_per_step():
 
 
 @pytest.mark.slow
-def test_fixed_step_gradients_against_central_differences():
+def test_fixed_step_gradients_against_central_differences(monkeypatch):
     """Constant steps: the gradient is that of the discrete map, which central
-    differences of the solve approximate to their truncation error."""
+    differences of the solve approximate to their truncation error (Rodas5P's steps by
+    their discrete adjoint)."""
+    monkeypatch.setattr(_thresholds, "ROSENBROCK_ADJOINT_MIN", 2)
     kvaerno = jaxdae.configure_implicit(diffrax.Kvaerno5(), 1e-12, 1e-12)
     eps = 1e-6
     for solver in (jaxdae.Rodas5P(), kvaerno):
@@ -144,6 +151,66 @@ def test_under_vmap_and_what_is_not_replayed():
                           for a in (adjoint, diffrax.RecursiveCheckpointAdjoint()))
     assert abs(float(diffrax_loop)) > 1e-3
     np.testing.assert_allclose(ours, diffrax_loop, rtol=1e-12)
+
+
+def _forced_oscillators(t, y, args):
+    """A Van der Pol oscillator, stiff at `μ = 50`, forced at a frequency in `args`,
+    with the state as a dictionary (a pytree the step flattens)."""
+    mu, omega = args
+    return {"x": y["v"], "v": mu * (1 - y["x"] ** 2) * y["v"] - y["x"] + jnp.sin(omega * t)}
+
+
+@pytest.mark.parametrize("factors", ["inverse", pytest.param("unrolled LU", marks=pytest.mark.slow),
+                                     pytest.param("LAPACK LU", marks=pytest.mark.slow)])
+def test_rodas_step_adjoint_is_the_step_derivative(factors, monkeypatch):
+    """One Rodas5P step's discrete adjoint (the step's own factorization transposed, one
+    vector–Jacobian product of `f` per stage, the Jacobian's derivative by directional
+    derivatives) equals `eqx.filter_vjp` of `Rodas5P.step` to rounding: the cotangents of
+    the start state and of both parameters (one of them in the time-dependent forcing,
+    through `∂f/∂t`), from random cotangents of the end state and of the dense output,
+    with each of the factorizations that the step solves with."""
+    if factors != "inverse":
+        monkeypatch.setattr(_thresholds, "INVERSE_MAX", 0)
+    if factors == "LAPACK LU":
+        monkeypatch.setattr(_thresholds, "LU_UNROLL_MAX", 0)
+    solver = jaxdae.Rodas5P()
+    diff, static = eqx.partition((diffrax.ODETerm(_forced_oscillators),
+                                  (jnp.asarray(50.0), jnp.asarray(3.0))), eqx.is_inexact_array)
+    y0 = {"x": jnp.array([2.0]), "v": jnp.array([-0.3])}
+
+    @jax.jit
+    def pulled(bars):
+        return [fn(solver, jnp.asarray(0.3), jnp.asarray(0.35), (y0, None), diff, static)[1](bars)
+                for fn in (autodiff_step_vjp, rodas_step_vjp)]
+
+    outputs = jax.eval_shape(lambda: autodiff_step_vjp(
+        solver, jnp.asarray(0.3), jnp.asarray(0.35), (y0, None), diff, static)[0])
+    keys = iter(jax.random.split(jax.random.PRNGKey(0), 8))
+    bars = jax.tree.map(lambda x: jax.random.normal(next(keys), x.shape), outputs)
+    reference, ours = pulled(bars)
+    assert jax.tree.structure(ours) == jax.tree.structure(reference)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(reference), strict=True):
+        assert np.max(np.abs(a - b)) <= 1e-12 * np.max(np.abs(b))
+
+
+@pytest.mark.slow
+def test_rodas_gradient_backwards_in_time(monkeypatch):
+    """A solve from `t0 > t1` (terms wrapped with the direction of time, which the step's
+    discrete adjoint differentiates through): the replayed gradient equals diffrax's loop
+    with a checkpoint per step."""
+    monkeypatch.setattr(_thresholds, "ROSENBROCK_ADJOINT_MIN", 2)
+    def loss(diff, adjoint):
+        mu, y0 = diff
+        sol = diffrax.diffeqsolve(diffrax.ODETerm(_van_der_pol), jaxdae.Rodas5P(), 1.0, 0.0,
+                                  -0.05, y0, args=mu, saveat=diffrax.SaveAt(ts=TS[::-1]),
+                                  stepsize_controller=diffrax.PIDController(rtol=1e-6,
+                                                                           atol=1e-8),
+                                  max_steps=MAX_STEPS, adjoint=adjoint)
+        return jnp.sum(sol.ys ** 2)
+
+    every, replayed = (jax.jit(jax.grad(loss), static_argnums=1)(DIFF, a)
+                       for a in (EVERY_STEP, jaxdae.ReplayAdjoint()))
+    assert _relative(replayed, every) < 1e-12
 
 
 def test_rodas_runs_backwards_in_time():

@@ -32,8 +32,9 @@ Six studies, each written to OUT/stiff_integration/ (summary.json, figures):
    `eqx.filter_vjp` of each step), against central differences, its time
    against the forward solve's (wall time, median of three, called in turn in one
    process) and the time to compile both; `replay_segments`: Rodas5P's default adjoint
-   keeping 1,024 and 4,096 steps' states at once, against diffrax's loop with a checkpoint
-   per step (seven calls in turn, medians); `gradient_segments`: GeneralizedAlpha's
+   keeping 1,024 and 4,096 steps' states at once, the same with each step differentiated
+   by its discrete adjoint, and diffrax's loop with a checkpoint per step (seven calls in
+   turn, medians); `gradient_segments`: GeneralizedAlpha's
    default adjoint keeping 1,024, 4,096 and all steps' states at once, and with a new
    matrix of each step's adjoint equations at every step.
 4. **Where an implicit step's time goes**, on the spring pendulum (`k = 10⁶`) as an 8-state
@@ -499,11 +500,30 @@ def gradient_segments(quick):
     return rows
 
 
+DISCRETE_STEPS = "ReplayAdjoint(stored_steps=4096), each step by its discrete adjoint"
+
+
+@contextlib.contextmanager
+def discrete_step_adjoint(active: bool):
+    """Within it, if `active`, `ReplayAdjoint` differentiates every Rodas5P step by its
+    discrete adjoint, whatever the number of states (`ROSENBROCK_ADJOINT_MIN`, read when a
+    gradient is traced)."""
+    kept = _thresholds.ROSENBROCK_ADJOINT_MIN
+    if active:
+        _thresholds.ROSENBROCK_ADJOINT_MIN = 0
+    try:
+        yield
+    finally:
+        _thresholds.ROSENBROCK_ADJOINT_MIN = kept
+
+
 def replay_segments(quick, only=None):
     """Rodas5P's default adjoint (`jaxdae.ReplayAdjoint`) keeping 1,024 and 4,096 steps'
-    states at once, against diffrax's loop with one checkpoint per step: the gradient of
-    study 3, its wall time against the forward solve's (seven calls of each in turn in one
-    process, medians) and the time to compile it."""
+    states at once, the same with every step differentiated by its discrete adjoint (the
+    default from `ROSENBROCK_ADJOINT_MIN` states; the cases here have 8), and diffrax's
+    loop with one checkpoint per step: the gradient of study 3, its wall time against the forward
+    solve's (seven calls of each in turn in one process, medians) and the time to compile
+    it."""
     rows = []
     t1, rtol = (0.5 if quick else 1.0), 1e-8
     for case, make in list(CASES.items())[::2]:
@@ -522,6 +542,7 @@ def replay_segments(quick, only=None):
         mass = jnp.asarray(1.0)
         adjoints = {"ReplayAdjoint(stored_steps=1024)": jaxdae.ReplayAdjoint(stored_steps=1024),
                     "ReplayAdjoint(stored_steps=4096)": jaxdae.ReplayAdjoint(stored_steps=4096),
+                    DISCRETE_STEPS: jaxdae.ReplayAdjoint(stored_steps=4096),
                     "diffrax's loop, a checkpoint per step":
                         diffrax.RecursiveCheckpointAdjoint(checkpoints=GRADIENT_MAX_STEPS)}
         fns, compile_s = {}, {}
@@ -529,7 +550,8 @@ def replay_segments(quick, only=None):
                 (name, jax.jit(jax.grad(lambda m, loss=loss, a=a: loss(m, a))))
                 for name, a in adjoints.items()]:
             start = time.perf_counter()
-            fns[label] = fn.lower(mass).compile()
+            with discrete_step_adjoint(label == DISCRETE_STEPS):
+                fns[label] = fn.lower(mass).compile()
             compile_s[label] = time.perf_counter() - start
         values = {k: float(fn(mass)) for k, fn in fns.items()}
         walls = median_walls(fns, (mass,), 7)

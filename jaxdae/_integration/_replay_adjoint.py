@@ -52,14 +52,17 @@ class ReplayAdjoint(AbstractStoredStepsAdjoint):
     step. The backward pass replays the steps at those times (`solver.step(terms, tₖ,
     tₖ₊₁, yₖ, args, …)`, no step-size control) and pulls the cotangents of each step's end
     state and solver state, and of the states saved inside it through its dense output,
-    back to its start and to the parameters (`jax.vjp` of the step; a root found inside
-    the step, as in diffrax's implicit Runge–Kutta methods, is differentiated by
-    optimistix's implicit-function rule, not through its iterations). The step sizes are
-    constants of the gradient, as diffrax's step-size controllers make them, so the
-    gradient is that of `diffrax.RecursiveCheckpointAdjoint` with one checkpoint per
-    step, whatever `stored_steps`; with fewer checkpoints diffrax's loop recomputes the
-    steps under step-size control, where rounding can change an accepted step, and its
-    gradient depends on how many it keeps (docs/design_measurements.md#checkpoints).
+    back to its start and to the parameters (`jax.vjp` of the step, or a derivative
+    written for the solver's class: [`jaxdae.Rodas5P`][]'s discrete adjoint of its stages
+    from `ROSENBROCK_ADJOINT_MIN` states, the written-out adjoint of diffrax's ESDIRK
+    steps; a root found inside the step, as in diffrax's implicit Runge–Kutta methods, is
+    differentiated by optimistix's implicit-function rule, not through its iterations).
+    The step sizes are constants of the gradient, as diffrax's step-size controllers
+    make them, so the gradient is that of `diffrax.RecursiveCheckpointAdjoint` with one
+    checkpoint per step, whatever `stored_steps`; with fewer checkpoints diffrax's loop
+    recomputes the steps under step-size control, where rounding can change an accepted
+    step, and its gradient depends on how many it keeps
+    (docs/design_measurements.md#checkpoints).
 
     It is the default adjoint of `simulate` for [`jaxdae.Rodas5P`][] and for diffrax's
     implicit solvers (`diffrax.Kvaerno3`, `Kvaerno4`, `Kvaerno5`, `ImplicitEuler`, as

@@ -1,7 +1,8 @@
 """A Rosenbrock (linearly implicit Runge–Kutta) solver for stiff ODEs, as a diffrax solver
 ([`jaxdae.Rodas5P`][])."""
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
 
 import diffrax
 import jax
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from .._compilation._linalg import factor_for_solves, solve_factored
-from .._custom_types import Array, PyTree
+from .._custom_types import Array, Float, PyTree
 from ._jacobian import check_jacobian, linearization
 
 # Rodas5P (Steinebach 2023), in the transformed variables of Hairer & Wanner (Solving ODEs
@@ -65,6 +66,87 @@ def _combine(coefficients, ks):
     for term in terms[1:]:
         out = out + term
     return out
+
+
+class StepTimes(NamedTuple):
+    """A step's times as its stages use them: the start `t0` (floating point, in the
+    type of the times or, for integer times, of the state), the end `t1` and the step
+    `h = t1 − t0` in the type of the state."""
+
+    t0: Array
+    t1: Array
+    h: Array
+
+    def stage(self, i: int) -> Array:
+        """The time of stage `i` (1 … 8), `t₀ + cᵢ h`."""
+        return self.t0 + jnp.asarray(_NODES[i - 1], self.t0.dtype) * (self.t1 - self.t0)
+
+
+def step_variables(t0, t1, y0) -> tuple[StepTimes, Float[Array, " n"], Callable]:
+    """A step's `StepTimes`, its start state flattened and the function that unflattens
+    a state."""
+    y, unravel = ravel_pytree(y0)
+    t0 = jnp.asarray(t0)
+    h = jnp.asarray(t1 - t0, y.dtype)
+    t_dtype = t0.dtype if jnp.issubdtype(t0.dtype, jnp.floating) else y.dtype
+    return StepTimes(t0.astype(t_dtype), t1, h), y, unravel
+
+
+def rate(terms, args, times: StepTimes, unravel: Callable, dtype
+         ) -> Callable[[Array, Array], Array]:
+    """The rate `f(t, y)` in the solver's time, on flattened states, in a step at `times`.
+
+    diffrax solves in the time `direction × t` and hands the solver its terms wrapped
+    (`diffrax.WrapTerm`), whose control carries the direction and whose vector field does
+    not: the rate in the solver's time is the field times the control of a unit step
+    (`vf_prod`), not the field itself, or a solve from `t0 > t1` runs forwards."""
+
+    unit = terms.contr(jnp.zeros_like(times.t0), jnp.ones_like(times.t0))
+
+    def f(t, x):
+        return ravel_pytree(terms.vf_prod(t, unravel(x), args, unit))[0].astype(dtype)
+
+    return f
+
+
+def stages(f: Callable[[Array, Array], Array], times: StepTimes, y: Float[Array, " n"],
+           jacobian: str, stage_rate: Callable[[int, Array, Array], Array] | None = None
+           ) -> tuple[Any, list[Array]]:
+    """The stages `k₁ … k₈` of a Rodas5P step from `y` (flattened) with the rate `f`, and
+    the factored `I − hγJ` that they are solved with (`factor_for_solves`). `stage_rate(i,
+    t, x)`, if given, evaluates `f(t, x)` for stages 2 … 8 (the step's adjoint keeps their
+    vector–Jacobian products)."""
+    stage_rate = stage_rate or (lambda i, t, x: f(t, x))
+    f0, jac, f_t = linearization(f, times.t0, y, jacobian)
+    h = times.h
+    hg = h * _GAMMA
+    factored = factor_for_solves(jnp.eye(y.size, dtype=y.dtype) - hg * jac)
+    ks = []
+    for i in range(1, _STAGES + 1):
+        f_i = f0 if i == 1 else stage_rate(i, times.stage(i), y + _combine(_A[i], ks))
+        rhs = f_i
+        if _D[i - 1] != 0.0:
+            rhs = rhs + (h * _D[i - 1]) * f_t
+        if i > 1:
+            rhs = rhs + _combine(_C[i], ks) / h
+        ks.append(solve_factored(factored, hg * rhs))
+    return factored, ks
+
+
+def step_outputs(y0: PyTree[Array], y: Float[Array, " n"], ks: list[Array], unravel: Callable
+                 ) -> tuple[PyTree[Array], PyTree[Array], dict]:
+    """A step's end state, error estimate and dense output from its stages."""
+    y1 = y + _combine(_M, ks)
+    # A step that overflows (a singular `I − hγJ`, a blow-up) is rejected with an
+    # infinite error and a NaN state: diffrax's step-size controller measures the
+    # error against the step's start where the state is NaN, while an infinite state
+    # would make the next step size NaN.
+    finite = jnp.all(jnp.isfinite(y1))
+    error = jnp.where(finite, ks[-1], jnp.inf)
+    y1 = jnp.where(finite, y1, jnp.nan)
+    dense = jnp.stack([_combine(row, ks) for row in _H])
+    dense_info = {"y0": y0, "y1": unravel(y1), "k": jax.vmap(unravel)(dense)}
+    return unravel(y1), unravel(error), dense_info
 
 
 class RodasInterpolation(diffrax.AbstractLocalInterpolation):
@@ -212,50 +294,11 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         del solver_state, made_jump
-        y, unravel = ravel_pytree(y0)
-        dtype = y.dtype
-        t0 = jnp.asarray(t0)
-        h = jnp.asarray(t1 - t0, dtype)
-        t_dtype = t0.dtype if jnp.issubdtype(t0.dtype, jnp.floating) else dtype
-        t0 = t0.astype(t_dtype)
-
-        # diffrax solves in the time `direction × t` and hands the solver its terms wrapped
-        # (`diffrax.WrapTerm`), whose control carries the direction and whose vector field
-        # does not: the rate in the solver's time is the field times the control of a unit
-        # step (`vf_prod`), not the field itself, or a solve from `t0 > t1` runs forwards.
-        unit = terms.contr(jnp.zeros_like(t0), jnp.ones_like(t0))
-
-        def f(t, x):
-            return ravel_pytree(terms.vf_prod(t, unravel(x), args, unit))[0].astype(dtype)
-
-        f0, jacobian, f_t = linearization(f, t0, y, self.jacobian)
-        hg = h * _GAMMA
-        factored = factor_for_solves(jnp.eye(y.size, dtype=dtype) - hg * jacobian)
-
-        ks = []
-        for i in range(1, _STAGES + 1):
-            if i == 1:
-                f_i, x_i = f0, y
-            else:
-                x_i = y + _combine(_A[i], ks)
-                f_i = f(t0 + jnp.asarray(_NODES[i - 1], t_dtype) * (t1 - t0), x_i)
-            rhs = f_i
-            if _D[i - 1] != 0.0:
-                rhs = rhs + (h * _D[i - 1]) * f_t
-            if i > 1:
-                rhs = rhs + _combine(_C[i], ks) / h
-            ks.append(solve_factored(factored, hg * rhs))
-        y1 = y + _combine(_M, ks)
-        # A step that overflows (a singular `I − hγJ`, a blow-up) is rejected with an
-        # infinite error and a NaN state: diffrax's step-size controller measures the
-        # error against the step's start where the state is NaN, while an infinite state
-        # would make the next step size NaN.
-        finite = jnp.all(jnp.isfinite(y1))
-        error = jnp.where(finite, ks[-1], jnp.inf)
-        y1 = jnp.where(finite, y1, jnp.nan)
-        dense = jnp.stack([_combine(row, ks) for row in _H])
-        dense_info = {"y0": y0, "y1": unravel(y1), "k": jax.vmap(unravel)(dense)}
-        return unravel(y1), unravel(error), dense_info, None, diffrax.RESULTS.successful
+        times, y, unravel = step_variables(t0, t1, y0)
+        factored, ks = stages(rate(terms, args, times, unravel, y.dtype), times, y,
+                             self.jacobian)
+        y1, error, dense_info = step_outputs(y0, y, ks, unravel)
+        return y1, error, dense_info, None, diffrax.RESULTS.successful
 
     def func(self, terms, t0, y0, args):
         return terms.vf(t0, y0, args)

@@ -7,9 +7,13 @@ from collections.abc import Callable
 
 import diffrax
 import equinox as eqx
+from jax.flatten_util import ravel_pytree
 
+from .. import _thresholds
 from .._custom_types import Array, PyTree
 from ._esdirk_adjoint import esdirk_step_vjp
+from ._rosenbrock import Rodas5P
+from ._rosenbrock_adjoint import rodas_step_vjp
 
 
 def autodiff_step_vjp(solver: diffrax.AbstractSolver, t0: Array, t1: Array,
@@ -89,3 +93,11 @@ def step_vjp(solver: diffrax.AbstractSolver, t0: Array, t1: Array,
 
 # The solvers' own step adjoints.
 step_vjp.register(diffrax.AbstractESDIRK, esdirk_step_vjp)
+
+
+@step_vjp.register
+def _rodas(solver: Rodas5P, t0, t1, state, diff, static):
+    # Its discrete adjoint from `ROSENBROCK_ADJOINT_MIN` states, reverse mode below.
+    if ravel_pytree(state[0])[0].size < _thresholds.ROSENBROCK_ADJOINT_MIN:
+        return autodiff_step_vjp(solver, t0, t1, state, diff, static)
+    return rodas_step_vjp(solver, t0, t1, state, diff, static)
