@@ -658,9 +658,10 @@ def blocked_inverse(matrix: Float[Array, "n n"], block: int) -> Float[Array, "n 
     [`jaxdae.GeneralizedAlpha`][], `[[M − c K, Gᵀ], [G, 0]]` with `M − c K` positive definite
     and `G` of full rank. Without pivoting across blocks the entries can grow by the ratio of
     the largest to the smallest pivot block, so the result is less accurate than a pivoted
-    inverse (a relative 1e-9 rather than 1e-15 on the flyball governor's Newton matrix): for
-    an iteration matrix whose iterations are checked against the true residual, not for a
-    solve whose result is used as it is.
+    inverse (a relative 1e-8 rather than 1e-15 on the flyball governor's Newton matrix): for
+    the matrix of an iteration that applies it to the true residual (an inaccurate inverse
+    slows the contraction, it does not move the fixed point), not for a solve whose result
+    is used as it is.
 
     A singular pivot block gives non-finite entries (which make an ODE solver reject the
     step), not an error. Differentiated by `d(A⁻¹) = −A⁻¹ dA A⁻¹`, not through the

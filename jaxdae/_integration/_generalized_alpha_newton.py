@@ -78,9 +78,10 @@ def invert(matrix: Float[Array, "N N"], least_squares: bool, rcond: float | None
     The block elimination does not pivot across blocks: the Newton matrix's unknowns are the
     positions, then the multipliers, and with `M − c K` positive definite and independent
     constraints every pivot block is nonsingular. Where it is not (an indefinite `M − c K`
-    at a large step), the inverse is inaccurate or not finite, the iteration with a fresh
-    matrix does not converge (its test uses the true residual) and the step is retried with
-    a smaller one, whose `M − c K` is closer to `M`."""
+    at a large step), the inverse is inaccurate or not finite: the iteration applies it to
+    the step's true residual, so that its fixed point does not move, and it contracts
+    slower or not at all; a fresh matrix that does not contract fails the step, which is
+    retried with a smaller one, whose `M − c K` is closer to `M`."""
     size = matrix.shape[0]
     if least_squares:
         rcond = size * float(jnp.finfo(matrix.dtype).eps) if rcond is None else rcond
