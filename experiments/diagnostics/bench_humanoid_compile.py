@@ -37,8 +37,14 @@ the program as it is, and they measure the sources that made them (`--src`).
   ones (which trace the step three times): what tracing would save where the solve's
   forward pass is not differentiated.
 
+`--rhs` instead times one right-hand side of the humanoid and of the arm
+(`tests/data/three_link_arm.urdf`) as `bench_robots.py`'s `jaxdae_rhs_us` does (a compiled
+loop of 2,000, from zero coordinates and the start's rates), 15 repeats, and prints the
+medians of the rounds in µs of wall and of process CPU time (the steadier on a shared
+machine), one fresh process per round and source.
+
     python experiments/diagnostics/bench_humanoid_compile.py [--rounds 3] [--src DIR ...]
-        [--in-process N] [--constant-checks] [--checks-in-branch] [--plain-loop]
+        [--in-process N] [--constant-checks] [--checks-in-branch] [--plain-loop] [--rhs]
 """
 
 import argparse
@@ -58,6 +64,8 @@ KEYS = ("trace_lower_s", "trace_lower_cpu_s", "xla_s", "xla_cpu_s", "call_s", "t
         "total_cpu_s", "hlo_instructions", "fusions", "while_loops")
 REPEAT_KEYS = ("trace_lower_cpu_min_s", "trace_lower_cpu_median_s", "xla_cpu_min_s",
                "xla_cpu_median_s", "hlo_instructions")
+RHS_KEYS = ("humanoid_rhs_us", "humanoid_rhs_cpu_us", "arm_rhs_us", "arm_rhs_cpu_us")
+ARM = ROOT / "tests" / "data" / "three_link_arm.urdf"
 VARIANTS = ("constant_checks", "checks_in_branch", "plain_loop")
 
 
@@ -151,6 +159,31 @@ def _child(mode: str, variants=(), repeats: int = 1) -> dict:
         return sol.q_final, sol.stats["num_steps"]
 
     out = {"jaxdae": str(Path(jaxdae.__file__).parent)}
+    if mode == "rhs":
+        sys.path.insert(0, str(ROOT / "experiments" / "benchmarks"))
+        from bench_robots import _median_times, initial_rates
+
+        from jaxdae._compilation._scalarize import scalarize
+        from jaxdae._integration._vector_fields import state_rates
+
+        rates, loop = scalarize(state_rates), 2000
+        for name, path in (("humanoid", HUMANOID), ("arm", ARM)):
+            robot = mb.load_urdf(path).mechanism(forces=[mb.Gravity((0.0, 0.0, -9.81))],
+                                                 limits=False)
+            size = robot.topology.num_coordinates
+
+            def rhs(y, robot=robot, size=size):
+                return jnp.concatenate(rates(robot, jaxdae.Unstabilized(), 0.3, y[:size],
+                                             y[size:]))
+
+            run = jax.jit(lambda y, rhs=rhs: jax.lax.fori_loop(
+                0, loop, lambda i, y: y + 1e-9 * rhs(y), y))
+            y = jnp.concatenate([jnp.zeros(size), jnp.asarray(initial_rates(size))])
+            jax.block_until_ready(run(y))
+            wall, cpu = _median_times(lambda run=run, y=y: run(y), 15)
+            out.update({f"{name}_rhs_us": 1e6 * wall / loop,
+                        f"{name}_rhs_cpu_us": 1e6 * cpu / loop})
+        return out
     if mode == "repeat":
         traced, compiled_cpu = [], []
         for _ in range(repeats):
@@ -202,6 +235,8 @@ def main():
                         help="the checks' inputs evaluated only where the solve failed")
     parser.add_argument("--plain-loop", action="store_true",
                         help="diffrax's loops as plain lax while loops")
+    parser.add_argument("--rhs", action="store_true",
+                        help="time one right-hand side of the humanoid and the arm instead")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     variants = tuple(v for v in VARIANTS if getattr(args, v))
@@ -210,7 +245,7 @@ def main():
         return
     sources = args.src or [str(ROOT)]
     runs: dict[str, list[dict]] = {src: [] for src in sources}
-    modes = ("repeat",) if args.in_process else ("split", "total")
+    modes = ("rhs",) if args.rhs else ("repeat",) if args.in_process else ("split", "total")
     loads = [os.getloadavg()[0]]
     for _ in range(args.rounds):
         for src in sources:
@@ -225,14 +260,15 @@ def main():
                 row.update(json.loads(done.stdout.strip().splitlines()[-1]))
             runs[src].append(row)
             loads.append(os.getloadavg()[0])
-    each = (f"{args.in_process} compiles in one process per round" if args.in_process
+    each = ("right-hand sides, a fresh process each" if args.rhs
+            else f"{args.in_process} compiles in one process per round" if args.in_process
             else "fresh processes")
     print(f"load average {min(loads):.1f}–{max(loads):.1f}; medians of {args.rounds} rounds "
           f"of {each}, the sources alternating (each round's figure in brackets)"
           + (f"; variants: {', '.join(variants)}" if variants else "") + "\n")
     print("| quantity | " + " | ".join(runs[src][0]["jaxdae"] for src in sources) + " |")
     print("| --- |" + " ---: |" * len(sources))
-    for key in REPEAT_KEYS if args.in_process else KEYS:
+    for key in RHS_KEYS if args.rhs else REPEAT_KEYS if args.in_process else KEYS:
         cells = []
         for src in sources:
             values = [r[key] for r in runs[src]]
