@@ -132,7 +132,7 @@ TANGENT_LOOP_MAX = 17
 # From this many states `ReplayAdjoint` differentiates a Rodas5P step by its discrete adjoint
 # (`_integration/_rosenbrock_adjoint.py`: the step's factorization transposed, the
 # Jacobian's derivative along nine directions), below by reverse mode through the step:
-# the adjoint was 1.5–5× faster a step at 16 and 32 states, and slower at 8, where reverse
+# the adjoint was 1.8–6× faster a step at 16 and 32 states, and slower at 8, where reverse
 # mode through the eight Jacobian tangents costs no more than through the nine directions
 # (docs/design_measurements.md#rosenbrock-step-adjoint).
 ROSENBROCK_ADJOINT_MIN = 16
