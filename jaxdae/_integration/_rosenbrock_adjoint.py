@@ -42,11 +42,14 @@ def rodas_step_vjp(solver: Rodas5P, t0, t1, state, diff, static):
     and to `∂f/∂t` (`h dᵢ rᵢ`). Since `dW = −hγ dJ`, the cotangent of `J` is `Σᵢ rᵢ kᵢᵀ`:
     its pull-back to `(y₀, parameters)` is the gradient of `Σᵢ rᵢᵀ (∂f/∂y) kᵢ +
     t̄ᵀ ∂f/∂t + r₁ᵀ f(t₀, y₀)` (the first stage's rate is also evaluated at `y₀`), one
-    reverse pass over nine directional derivatives (forward over reverse), never the
-    derivative of the built Jacobian. The transposed solves use the factorization of
-    the forward step (`jax.linear_transpose` of its solve), so one step costs one
-    forward step, eight transposed solves, eight vector–Jacobian products of `f` and the
-    reverse pass over the directional derivatives.
+    reverse pass over nine directional derivatives (reverse over forward mode), never
+    the derivative of the built Jacobian. The transposed solves use the factorization of
+    the forward step (`jax.linear_transpose` of its solve) and the stages' products are
+    kept from it, so one step costs one forward step, eight transposed solves, seven
+    vector–Jacobian products of `f` and the reverse pass over the directional
+    derivatives. `_step_adjoints` applies it from `ROSENBROCK_ADJOINT_MIN` states: below,
+    reverse mode through the step costs no more
+    (docs/design_measurements.md#rosenbrock-step-adjoint).
     """
     y0, _ = state
     times, y, unravel = step_variables(t0, t1, y0)
