@@ -161,7 +161,10 @@ def _child(mode: str, variants=(), repeats: int = 1) -> dict:
     out = {"jaxdae": str(Path(jaxdae.__file__).parent)}
     if mode == "rhs":
         sys.path.insert(0, str(ROOT / "experiments" / "benchmarks"))
-        from bench_robots import _median_times, initial_rates
+        from bench_robots import (  # pyright: ignore[reportMissingImports]
+            _median_times,
+            initial_rates,
+        )
 
         from jaxdae._compilation._scalarize import scalarize
         from jaxdae._integration._vector_fields import state_rates
