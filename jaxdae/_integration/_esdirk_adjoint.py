@@ -134,7 +134,8 @@ def _stage_solve(products_of, scale, f_bar, factored, valid, matrix_of):
     return end.w, end.products, end.factored
 
 
-def esdirk_step_vjp(solver: diffrax.AbstractESDIRK, t0, t1, state, diff, static):
+def esdirk_step_vjp(solver: diffrax.AbstractESDIRK, t0, t1, state, diff, static,
+                    outputs=None):
     """One step of an ESDIRK method (`diffrax.Kvaerno5`, …) and its vector–Jacobian
     product, by the discrete adjoint of its stages (the contract of
     `_step_adjoints.step_vjp`, whose default, `eqx.filter_vjp` of the step, it equals to
@@ -161,8 +162,10 @@ def esdirk_step_vjp(solver: diffrax.AbstractESDIRK, t0, t1, state, diff, static)
     iteration's (`column_seeds`, `tangent_products`); a stage where the refinement does
     not contract builds its own, which the stages before it then refine with.
 
-    Steps of other forms (a tableau whose solution is its last stage, terms other than
-    one ODE term) take the default, `eqx.filter_vjp` of the step.
+    The stages `kᵢ` are those of the step's dense output: from `outputs`, the step's
+    outputs as the replay computed them (`_step_adjoints.reuses_outputs`), or else by
+    running the step. Steps of other forms (a tableau whose solution is its last stage,
+    terms other than one ODE term) take the default, `eqx.filter_vjp` of the step.
     """
     terms, args = eqx.combine(diff, static)
     if not _written_out(solver, terms):
@@ -171,7 +174,11 @@ def esdirk_step_vjp(solver: diffrax.AbstractESDIRK, t0, t1, state, diff, static)
 
         return autodiff_step_vjp(solver, t0, t1, state, diff, static)
     y0, solver_state = state
-    y1, _, dense, solver_state1, _ = solver.step(terms, t0, t1, y0, args, solver_state, False)
+    if outputs is None:
+        y1, _, dense, solver_state1, _ = solver.step(terms, t0, t1, y0, args, solver_state,
+                                                     False)
+        outputs = ((y1, solver_state1), dense)
+    dense = outputs[1]
     flat_y0, unravel = ravel_pytree(y0)
     dtype = flat_y0.dtype
     a, b, c = _coefficients(solver.tableau, dtype)
@@ -242,4 +249,4 @@ def esdirk_step_vjp(solver: diffrax.AbstractESDIRK, t0, t1, state, diff, static)
             None, unravel(jnp.where(evaluated, 0.0, f_bar[0])))
         return (unravel(y0_bar), solver_state_bar), diff_bar
 
-    return ((y1, solver_state1), dense), pullback
+    return outputs, pullback

@@ -23,7 +23,7 @@ from .. import _thresholds
 from .._compilation._linalg import full_precision
 from ._generalized_alpha_adjoint import warn_checkpointed
 from ._solvers import AbstractSolverWrapper
-from ._step_adjoints import step_vjp
+from ._step_adjoints import reuses_outputs, step_vjp
 from ._sweep_backward import saves_bar
 from ._sweep_forward import (
     SAVE_Y,
@@ -72,7 +72,10 @@ class ReplayAdjoint(AbstractStoredStepsAdjoint):
     - **Memory**: the forward solve keeps one time per step of `max_steps`. The backward
       pass replays the steps in segments of at most `stored_steps`, each from a checkpoint
       of the state and solver state (one per segment of `max_steps`), and keeps one
-      segment's states at a time. Every segment but the last is replayed twice, so a
+      segment's states at a time; for diffrax's ESDIRKs also each step's dense output
+      (`y0`, `y1` and the stages: for `Kvaerno5`, nine vectors of the state's size per
+      step), from which their step derivatives take the stages instead of computing the
+      step a third time. Every segment but the last is replayed twice, so a
       solve within one segment is the cheapest to differentiate
       (docs/design_measurements.md#replayed-steps).
     - **Solves**: saves of the state at `t0`, `ts` and `t1` (inside the steps through the
@@ -219,11 +222,17 @@ def _backward(stored, out_bar, perturbed, problem, static):
         first, last = (jnp.searchsorted(save_step, k, side=side) for side in ("left", "right"))
         return jax.lax.fori_loop(first, last, save_back, _zeros_where_inexact(dense))
 
-    def step_back(k, state, bars):
-        """The cotangents at the start of step `k` (from `state`) from those at its end."""
+    # Whether the step's derivative takes the step's outputs that the replay computed
+    # rather than running the step a third time: then the replay keeps them.
+    keep = reuses_outputs(solver.solver)
+
+    def step_back(k, state, bars, outputs):
+        """The cotangents at the start of step `k` (from `state`, and its `outputs` if
+        kept) from those at its end."""
         end_bar, p_bar = bars
+        kept = {} if outputs is None else {"outputs": outputs}
         (_, dense), pull = step_vjp(solver.solver, times[k], times[k + 1], state, diff_p,
-                                    static_p)
+                                    static_p, **kept)
         dense_bar = (_zeros_where_inexact(dense) if save_ts is None
                      else dense_bar_of(k, dense))
         state_bar, step_p_bar = pull((end_bar, dense_bar))
@@ -234,17 +243,43 @@ def _backward(stored, out_bar, perturbed, problem, static):
         first = j * length
         steps = jnp.minimum(length, count - first)
         begin = jax.tree.map(lambda c: c[j], checkpoints)
-        starts = jax.tree.map(lambda x: jnp.zeros((length,) + jnp.shape(x), x.dtype), begin)
 
-        def replay(i, carry):
-            state, starts = carry
-            starts = jax.tree.map(lambda r, x: r.at[i].set(x), starts, state)
-            return advance(first + i, state), starts
+        def zeros(tree, rows):
+            return jax.tree.map(lambda x: jnp.zeros((rows,) + jnp.shape(x), x.dtype), tree)
 
-        _, starts = jax.lax.fori_loop(0, steps, replay, (begin, starts))
-        return jax.lax.fori_loop(0, steps, lambda ii, bars: step_back(
-            first + steps - 1 - ii, jax.tree.map(lambda r: r[steps - 1 - ii], starts), bars),
-            bars)
+        def put(rows, i, tree):
+            return jax.tree.map(lambda r, x: r.at[i].set(x), rows, tree)
+
+        def row(rows, i):
+            return jax.tree.map(lambda r: r[i], rows)
+
+        if not keep:
+            def replay(i, carry):
+                state, starts = carry
+                return advance(first + i, state), put(starts, i, state)
+
+            _, starts = jax.lax.fori_loop(0, steps, replay, (begin, zeros(begin, length)))
+            return jax.lax.fori_loop(0, steps, lambda ii, bars: step_back(
+                first + steps - 1 - ii, row(starts, steps - 1 - ii), bars, None), bars)
+
+        # Every step's start state, the last step's end state after them (step `i` ends
+        # where step `i + 1` starts), and every step's dense output.
+        def replay_keeping(i, carry):
+            state, states, denses = carry
+            end, dense = step(first + i, state, diff_p)
+            return end, put(states, i, state), put(denses, i, dense)
+
+        denses = zeros(jax.eval_shape(lambda: step(first, begin, diff_p)[1]), length)
+        end, states, denses = jax.lax.fori_loop(
+            0, steps, replay_keeping, (begin, zeros(begin, length + 1), denses))
+        states = put(states, steps, end)
+
+        def back(ii, bars):
+            i = steps - 1 - ii
+            return step_back(first + i, row(states, i), bars,
+                             (row(states, i + 1), row(denses, i)))
+
+        return jax.lax.fori_loop(0, steps, back, bars)
 
     end_bar = (unravel(final_bar) if final_bar is not None
                else jax.tree.map(jnp.zeros_like, init.y), _zeros_where_inexact(init.solver_state))

@@ -1,6 +1,7 @@
 """The reverse-mode derivative of one solver step, as [`jaxdae.ReplayAdjoint`][] applies it
 to each replayed step: by default `eqx.filter_vjp` of the solver's `step`, or a derivative
-written for the solver's type and registered here."""
+written for the solver's type and registered here, and whether that derivative reuses the
+step's outputs that the replay keeps ([`reuses_outputs`][])."""
 
 import functools
 from collections.abc import Callable
@@ -17,11 +18,14 @@ from ._rosenbrock_adjoint import rodas_step_vjp
 
 
 def autodiff_step_vjp(solver: diffrax.AbstractSolver, t0: Array, t1: Array,
-                      state: tuple[PyTree, PyTree], diff: PyTree, static: PyTree
+                      state: tuple[PyTree, PyTree], diff: PyTree, static: PyTree,
+                      outputs: PyTree = None
                       ) -> tuple[tuple[tuple[PyTree, PyTree], PyTree], Callable]:
     """The outputs of one step of `solver` and their pullback, by `eqx.filter_vjp` of
     `solver.step` (the default of [`step_vjp`][], and the reference that a registered
-    derivative is tested against)."""
+    derivative is tested against). Reverse mode runs the step again to linearize it:
+    `outputs` is ignored."""
+    del outputs
 
     def step(state, diff):
         terms, args = eqx.combine(diff, static)
@@ -34,8 +38,8 @@ def autodiff_step_vjp(solver: diffrax.AbstractSolver, t0: Array, t1: Array,
 
 @functools.singledispatch
 def step_vjp(solver: diffrax.AbstractSolver, t0: Array, t1: Array,
-             state: tuple[PyTree, PyTree], diff: PyTree, static: PyTree
-             ) -> tuple[tuple[tuple[PyTree, PyTree], PyTree], Callable]:
+             state: tuple[PyTree, PyTree], diff: PyTree, static: PyTree,
+             outputs: PyTree = None) -> tuple[tuple[tuple[PyTree, PyTree], PyTree], Callable]:
     """One step of `solver` from `t0` to `t1` and its vector–Jacobian product, for the
     backward pass of [`jaxdae.ReplayAdjoint`][] (`_replay_adjoint._backward`), which calls
     it at every replayed step with `made_jump=False`.
@@ -66,6 +70,11 @@ def step_vjp(solver: diffrax.AbstractSolver, t0: Array, t1: Array,
     - `diff`, `static`: the solve's `(terms, args)` split by `eqx.partition` into the
         leaves that the gradient reaches (`diff`: the perturbed ones, None elsewhere) and
         the rest; `eqx.combine(diff, static)` is `(terms, args)`.
+    - `outputs`: None, or the step's outputs `((y1, solver_state1), dense_info)` as
+        the replay's `solver.step` computed them, given where [`reuses_outputs`][] says
+        so: a derivative that needs only values of the step (an ESDIRK's stages, in its
+        dense output) takes them from here instead of running the step again, and
+        returns them as its outputs.
 
     **Returns:**
 
@@ -91,13 +100,30 @@ def step_vjp(solver: diffrax.AbstractSolver, t0: Array, t1: Array,
     return autodiff_step_vjp(solver, t0, t1, state, diff, static)
 
 
+@functools.singledispatch
+def reuses_outputs(solver: diffrax.AbstractSolver) -> bool:
+    """Whether [`step_vjp`][] of `solver` takes the step's outputs from its `outputs`
+    argument instead of running the step again: then [`jaxdae.ReplayAdjoint`][] keeps
+    each replayed step's outputs (its dense output, whose size is the solver's: for an
+    ESDIRK, `y0`, `y1` and one vector per stage) beside its start state, and passes them.
+    Dispatched on the type of `solver`, as `step_vjp` is; registered with the derivative
+    that uses them. Default: False (reverse mode, [`autodiff_step_vjp`][], runs the step
+    to linearize it)."""
+    del solver
+    return False
+
+
 # The solvers' own step adjoints.
 step_vjp.register(diffrax.AbstractESDIRK, esdirk_step_vjp)
+reuses_outputs.register(diffrax.AbstractESDIRK, lambda solver: True)
 
 
 @step_vjp.register
-def _rodas(solver: Rodas5P, t0, t1, state, diff, static):
-    # Its discrete adjoint from `ROSENBROCK_ADJOINT_MIN` states, reverse mode below.
+def _rodas(solver: Rodas5P, t0, t1, state, diff, static, outputs=None):
+    # Its discrete adjoint from `ROSENBROCK_ADJOINT_MIN` states, reverse mode below. Its
+    # dense output holds combinations of the stages, not the stages: `outputs` is not
+    # kept for it (`reuses_outputs` false).
+    del outputs
     if ravel_pytree(state[0])[0].size < _thresholds.ROSENBROCK_ADJOINT_MIN:
         return autodiff_step_vjp(solver, t0, t1, state, diff, static)
     return rodas_step_vjp(solver, t0, t1, state, diff, static)
