@@ -14,7 +14,7 @@ import pytest
 import jaxdae
 from jaxdae._integration import _esdirk_adjoint
 from jaxdae._integration._esdirk_adjoint import _coefficients, esdirk_step_vjp
-from jaxdae._integration._step_adjoints import autodiff_step_vjp, step_vjp
+from jaxdae._integration._step_adjoints import autodiff_step_vjp, reuses_outputs, step_vjp
 
 
 def _relative(a, b):
@@ -54,11 +54,17 @@ def _bars(outputs, seed):
 
 
 @eqx.filter_jit
-def _pulled(vjp, solver, terms, t0, t1, state, mu, seed):
+def _pulled(vjp, solver, terms, t0, t1, state, mu, seed, given=False):
     """The outputs of one step and the cotangents at its start (`(y0, solver state)`, then
-    `μ`) of random cotangents of its outputs."""
+    `μ`) of random cotangents of its outputs; if `given`, with the step's outputs passed
+    to `vjp`, as `jaxdae.ReplayAdjoint` passes those it keeps."""
     diff, static = eqx.partition((terms, mu), (False, True))
-    outputs, pull = vjp(solver, t0, t1, state, diff, static)
+    kept = {}
+    if given:
+        y1, _, dense, solver_state1, _ = solver.step(terms, t0, t1, state[0], mu, state[1],
+                                                     False)
+        kept = {"outputs": ((y1, solver_state1), dense)}
+    outputs, pull = vjp(solver, t0, t1, state, diff, static, **kept)
     state_bar, (_, mu_bar) = pull(_bars(outputs, seed))
     return outputs, (state_bar, mu_bar)
 
@@ -105,8 +111,20 @@ def test_step_derivative_solves_the_stacked_stage_equations():
     assert step_vjp.dispatch(type(KVAERNO3)) is esdirk_step_vjp
     terms, mu, steps = _first_and_next_step(KVAERNO3)
     for t0, t1, state in steps:
-        written = _pulled(esdirk_step_vjp, KVAERNO3, terms, t0, t1, state, mu, 0)[1]
-        assert _relative(written, _stacked(KVAERNO3, terms, t0, t1, state, mu, 0)) < 1e-12
+        written = _pulled(esdirk_step_vjp, KVAERNO3, terms, t0, t1, state, mu, 0)
+        assert _relative(written[1], _stacked(KVAERNO3, terms, t0, t1, state, mu, 0)) < 1e-12
+        given = _pulled(esdirk_step_vjp, KVAERNO3, terms, t0, t1, state, mu, 0, True)
+        assert _relative(given[0], written[0]) == 0.0
+        assert _relative(given[1], written[1]) < 1e-13
+
+
+def test_replay_keeps_outputs_for_the_esdirk_derivative_only():
+    """The replay keeps the steps' outputs for diffrax's ESDIRKs, whose derivative takes
+    the stages from them, and not for Rodas5P (its dense output holds combinations of
+    the stages) or a solver differentiated by reverse mode."""
+    assert reuses_outputs(KVAERNO5) and reuses_outputs(diffrax.Kvaerno3())
+    assert not reuses_outputs(jaxdae.Rodas5P())
+    assert not reuses_outputs(diffrax.Tsit5())
 
 
 @pytest.mark.slow
