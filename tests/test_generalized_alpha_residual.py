@@ -77,3 +77,36 @@ def test_product_residual_equals_the_terms_residual():
     products, expected = both(x, direction)
     for got, want in zip(products, expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-13 * float(jnp.max(jnp.abs(want))))
+
+
+class _Pinned(jaxdae.LagrangianSystem):
+    """Twelve coordinates held by more constraints than the unrolled LU takes: the error
+    estimate's projection then factorizes `G M⁻¹ Gᵀ` in the step's loop."""
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * jnp.sum((1.0 + 0.1 * jnp.sin(q)) * v**2)
+
+    def potential_energy(self, t, q):
+        return jnp.sum(q**2)
+
+    def constraints(self, t, q):
+        size = _thresholds.LU_UNROLL_MAX + 2
+        return jnp.sin(q[:size]) + 0.1 * q[1:size + 1] - 0.2
+
+
+def test_error_projection_with_many_constraints_is_the_oblique_projection():
+    """`_tangential` with more constraints than `LU_UNROLL_MAX` (a looped Cholesky of
+    `G M⁻¹ Gᵀ`) removes from the error its part along `M⁻¹ Gᵀ`, as the dense formula."""
+    n = _thresholds.LU_UNROLL_MAX + 6
+    q = jnp.linspace(0.1, 0.9, n)
+    error = jnp.cos(jnp.arange(n) * 1.3)
+
+    @jax.jit
+    def projected(q):
+        terms = _Pinned().terms(0.0, q, jnp.zeros(n))
+        return ga._tangential(terms, error, False), terms.jacobian, terms.mass_matrix
+
+    tangential, g, mass = projected(q)
+    across = np.linalg.solve(mass, g.T)
+    expected = error - across @ np.linalg.solve(g @ across, g @ error)
+    np.testing.assert_allclose(tangential, expected, rtol=0, atol=1e-13)

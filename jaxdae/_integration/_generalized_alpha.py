@@ -12,7 +12,12 @@ import numpy as np
 import optimistix as optx
 
 from .. import _thresholds
-from .._compilation._linalg import lu_factor, lu_solve
+from .._compilation._linalg import (
+    looped_cholesky,
+    looped_triangular_solve,
+    lu_factor,
+    lu_solve,
+)
 from .._compilation._linear_solvers import PositiveSemidefinitePseudoInverse
 from .._formulations._base import AbstractFormulation
 from .._formulations._multipliers import eliminate, multiplier_solve
@@ -154,8 +159,15 @@ def _tangential(terms, error, least_squares: bool):
     rhs = terms.jacobian[:m] @ error
     if least_squares:
         coefficients = jnp.linalg.pinv(gram) @ rhs
-    else:
+    elif m <= _thresholds.LU_UNROLL_MAX:
         coefficients = lu_solve(lu_factor(gram), rhs)
+    else:
+        # `G M⁻¹ Gᵀ` is positive definite for independent constraints: a looped Cholesky
+        # factorization keeps the solve inside the step's loop, where LAPACK's LU beyond
+        # `LU_UNROLL_MAX` rows would be a call out of it.
+        low = looped_cholesky(gram)
+        coefficients = looped_triangular_solve(
+            low, looped_triangular_solve(low, rhs[:, None]), transpose=True)[:, 0]
     padded = jnp.concatenate([coefficients, jnp.zeros(terms.num_nonholonomic, error.dtype)])
     return error - elimination.apply_minv_gt(padded)
 
