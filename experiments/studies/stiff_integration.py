@@ -396,6 +396,17 @@ def gradient_runs(rtol):
     return tuple(runs)
 
 
+def mass_solve(parts, t1, mass, solver, adjoint, rtol):
+    """The solve of the gradient studies' loss: the case `parts = make()` (a `CASES` value)
+    over `[0, t1]` with its first mass (or the mass of its first body) set to `mass`, at
+    `rtol` (`atol = 10⁻³ rtol`), through `solver` and `adjoint`."""
+    system, formulation, q0, v0, field = parts
+    value = mass if field == "m1" else jnp.stack([mass, system.masses[1]])
+    model = eqx.tree_at(lambda s: getattr(s, field), system, value)
+    return jaxdae.simulate(model, formulation, 0.0, t1, q0, v0, solver=solver, rtol=rtol,
+                           atol=1e-3 * rtol, max_steps=GRADIENT_MAX_STEPS, adjoint=adjoint)
+
+
 def gradients(quick, only=None, solvers_only=None):
     """Study 3: d q_final[0] / d mass through each solver and adjoint (`gradient_runs`; the
     cases whose names contain one of `only`, the runs whose names contain one of
@@ -410,15 +421,10 @@ def gradients(quick, only=None, solvers_only=None):
     for case, make in list(CASES.items())[::2]:
         if only is not None and not any(part in case for part in only):
             continue
-        system, formulation, q0, v0, field = make()
+        parts = make()
 
-        def loss(mass, solver, adjoint, system=system, formulation=formulation, q0=q0, v0=v0,
-                 field=field, rtol=rtol):
-            value = mass if field == "m1" else jnp.stack([mass, system.masses[1]])
-            model = eqx.tree_at(lambda s: getattr(s, field), system, value)
-            sol = jaxdae.simulate(model, formulation, 0.0, t1, q0, v0, solver=solver,
-                                  rtol=rtol, atol=1e-3 * rtol, max_steps=GRADIENT_MAX_STEPS,
-                                  adjoint=adjoint)
+        def loss(mass, solver, adjoint, parts=parts, rtol=rtol):
+            sol = mass_solve(parts, t1, mass, solver, adjoint, rtol)
             return sol.q_final[0], sol.stats["num_accepted_steps"]
 
         mass, eps = jnp.asarray(1.0), 1e-4
@@ -467,16 +473,11 @@ def gradient_segments(quick):
     rows = []
     t1, rtol = (0.5 if quick else 1.0), 1e-8
     for case, make in list(CASES.items())[::2]:
-        system, formulation, q0, v0, field = make()
+        parts = make()
 
-        def loss(mass, adjoint, system=system, formulation=formulation, q0=q0, v0=v0,
-                 field=field):
-            value = mass if field == "m1" else jnp.stack([mass, system.masses[1]])
-            model = eqx.tree_at(lambda s: getattr(s, field), system, value)
-            return jaxdae.simulate(model, formulation, 0.0, t1, q0, v0,
-                                   solver=jaxdae.GeneralizedAlpha(), rtol=rtol,
-                                   atol=1e-3 * rtol, max_steps=GRADIENT_MAX_STEPS,
-                                   adjoint=adjoint).q_final[0]
+        def loss(mass, adjoint, parts=parts):
+            return mass_solve(parts, t1, mass, jaxdae.GeneralizedAlpha(), adjoint,
+                              rtol).q_final[0]
 
         mass = jnp.asarray(1.0)
         fns = {"forward": jax.jit(lambda m, loss=loss: loss(m, None))}
@@ -529,15 +530,10 @@ def replay_segments(quick, only=None):
     for case, make in list(CASES.items())[::2]:
         if only is not None and not any(part in case for part in only):
             continue
-        system, formulation, q0, v0, field = make()
+        parts = make()
 
-        def loss(mass, adjoint, system=system, formulation=formulation, q0=q0, v0=v0,
-                 field=field):
-            value = mass if field == "m1" else jnp.stack([mass, system.masses[1]])
-            model = eqx.tree_at(lambda s: getattr(s, field), system, value)
-            return jaxdae.simulate(model, formulation, 0.0, t1, q0, v0,
-                                   solver=jaxdae.Rodas5P(), rtol=rtol, atol=1e-3 * rtol,
-                                   max_steps=GRADIENT_MAX_STEPS, adjoint=adjoint).q_final[0]
+        def loss(mass, adjoint, parts=parts):
+            return mass_solve(parts, t1, mass, jaxdae.Rodas5P(), adjoint, rtol).q_final[0]
 
         mass = jnp.asarray(1.0)
         adjoints = {"ReplayAdjoint(stored_steps=1024)": jaxdae.ReplayAdjoint(stored_steps=1024),

@@ -163,8 +163,8 @@ def _tangential(terms, error, least_squares: bool):
         coefficients = lu_solve(lu_factor(gram), rhs)
     else:
         # `G M⁻¹ Gᵀ` is positive definite for independent constraints: a looped Cholesky
-        # factorization keeps the solve inside the step's loop, where LAPACK's LU beyond
-        # `LU_UNROLL_MAX` rows would be a call out of it.
+        # factorization keeps the solve of an unbatched step inside its loop, where LAPACK's
+        # LU beyond `LU_UNROLL_MAX` rows would be a call out of it.
         low = looped_cholesky(gram)
         coefficients = looped_triangular_solve(
             low, looped_triangular_solve(low, rhs[:, None]), transpose=True)[:, 0]

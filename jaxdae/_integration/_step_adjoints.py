@@ -82,8 +82,9 @@ def step_vjp(solver: diffrax.AbstractSolver, t0: Array, t1: Array,
 
     - `outputs = ((y1, solver_state1), dense_info)`: the step's end state, solver state
         and dense output, equal to those of `solver.step(terms, t0, t1, y0, args,
-        solver_state0, False)` to the last bit (the replay's checkpoints and saved states
-        come from `solver.step` itself: share its code rather than rewrite it). The error
+        solver_state0, False)`: the same computation, not a rewrite of it (the replay's
+        checkpoints and saved states come from `solver.step` itself, and separately
+        compiled programs of it agree only to rounding). The error
         estimate is not an output: the step sizes are constants of the gradient.
     - `pullback(((y1_bar, solver_state1_bar), dense_bar))` returns `((y0_bar,
         solver_state0_bar), diff_bar)`. Each cotangent has the structure of its primal,
@@ -95,7 +96,7 @@ def step_vjp(solver: diffrax.AbstractSolver, t0: Array, t1: Array,
         replay adds it leaf by leaf to the other steps' cotangents).
 
     A registered derivative is tested against [`autodiff_step_vjp`][] on one step
-    (`tests/test_implicit_adjoint.py`), to rounding.
+    (`tests/test_implicit_adjoint.py`, `tests/test_esdirk_adjoint.py`), to rounding.
     """
     return autodiff_step_vjp(solver, t0, t1, state, diff, static)
 
