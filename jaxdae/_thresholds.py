@@ -146,8 +146,12 @@ ROSENBROCK_ADJOINT_MIN = 16
 # `cond(I − hγJ) · eps`, and for a dissipative `J` the inverse is bounded (`‖(I − hγJ)⁻¹‖ ≤
 # 1` for a normal `J` with eigenvalues in the left half-plane); `tests/test_rosenbrock.py`
 # (Robertson's problem against Radau to 1e-6, Van der Pol with μ = 10³, float32) holds
-# with it. Beyond, the LU factors: Rosenbrock and chord steps factorize at every step, and
-# the looped inverse below costs more than LAPACK's from about 40 rows.
+# with it. Beyond, up to `LOOPED_INVERSE_MAX` rows for a Jacobian of at most
+# `TANGENT_LOOP_MAX` tangents, the inverse too (`_linalg.checked_blocked_inverse`): without a
+# LAPACK call XLA runs the step loop as one kernel, 2–3 times faster on the 64-state spring
+# chain, while for a structurally dense Jacobian (one tangent per state) that one kernel
+# compiles for minutes (docs/design_measurements.md#checked-blocked-inverse). LAPACK's LU
+# factors otherwise.
 INVERSE_MAX = 16
 
 # Up to this many rows `_linalg.inverse` computes an inverse by array operations (from
@@ -167,6 +171,14 @@ LOOPED_INVERSE_MAX = 64
 # matrix allows (see `blocked_inverse`); the other solvers keep the pivoted inverses
 # (docs/design_measurements.md#blocked-inverse).
 NEWTON_INVERSE_BLOCK = 4
+
+# `_linalg.checked_blocked_inverse` keeps the block elimination's inverse where a probe's
+# residual is at most this many times `n · eps · ‖A‖∞ ‖x‖∞`: a pivoted inverse's stayed
+# below 0.4 of it, and the block elimination's below 0.03, on the matrices `I − hγJ` of
+# Rodas5P's steps on the spring chain and the flyball governor; an elimination whose entries
+# grow by more than about this factor falls back to partial pivoting
+# (docs/design_measurements.md#checked-blocked-inverse).
+INVERSE_PROBE_TOLERANCE = 16
 
 # -- The swept solve (`_integration/_sweep_forward.py`) --------------------------------------
 

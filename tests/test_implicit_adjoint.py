@@ -171,6 +171,7 @@ def test_rodas_step_adjoint_is_the_step_derivative(factors, monkeypatch):
     with each of the factorizations that the step solves with."""
     if factors != "inverse":
         monkeypatch.setattr(_thresholds, "INVERSE_MAX", 0)
+        monkeypatch.setattr(_thresholds, "LOOPED_INVERSE_MAX", 0)
     if factors == "LAPACK LU":
         monkeypatch.setattr(_thresholds, "LU_UNROLL_MAX", 0)
     solver = jaxdae.Rodas5P()

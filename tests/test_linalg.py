@@ -17,10 +17,12 @@ import pytest
 import jaxdae
 from jaxdae._compilation._linalg import (
     blocked_inverse,
+    checked_blocked_inverse,
     extreme_eigenvalues,
     factor_for_solves,
     full_precision,
     inverse,
+    inverse_is_accurate,
     is_positive_definite,
     looped_cholesky,
     looped_inverse,
@@ -41,6 +43,7 @@ from jaxdae._thresholds import (
     LU_UNROLL_MAX,
     LYAPUNOV_MAX,
     NEWTON_INVERSE_BLOCK,
+    TANGENT_LOOP_MAX,
     UNROLL_MAX,
 )
 
@@ -373,10 +376,11 @@ _inverse = jax.jit(inverse)  # one program a shape, shared by the tests below
 @pytest.mark.parametrize("n", [LU_UNROLL_MAX + 1, 33,
                                pytest.param(LOOPED_INVERSE_MAX, marks=pytest.mark.slow)])
 def test_looped_inverse_matches_numpy(n):
-    """`inverse` (the looped Gauss–Jordan elimination from `LU_UNROLL_MAX + 1` rows up to
+    """`inverse` (the checked block elimination from `LU_UNROLL_MAX + 1` rows up to
     `LOOPED_INVERSE_MAX`) against NumPy's LAPACK inverse and `jnp.linalg.solve`, on a
     random matrix and on a generalized-α Newton matrix; `factor_for_solves` keeps the
-    inverse up to `INVERSE_MAX` rows, the LU factors beyond."""
+    inverse up to `INVERSE_MAX` rows and, for a Jacobian of few tangents, up to
+    `LOOPED_INVERSE_MAX`, the LU factors beyond."""
     rng = np.random.default_rng(n)
     for matrix in (rng.standard_normal((n, n)), _saddle_point(n - n // 4, n // 4, n)):
         result = np.asarray(_inverse(matrix))
@@ -386,6 +390,9 @@ def test_looped_inverse_matches_numpy(n):
                                    atol=1e-14 * cond * np.max(np.abs(expected)))
         factored = jax.eval_shape(factor_for_solves, matrix)
         assert isinstance(factored, tuple) == (n > INVERSE_MAX)  # LU factors or the inverse
+        for tangents, lu in ((TANGENT_LOOP_MAX, False), (TANGENT_LOOP_MAX + 1, n > INVERSE_MAX)):
+            factored = jax.eval_shape(lambda m, k=tangents: factor_for_solves(m, k), matrix)
+            assert isinstance(factored, tuple) == lu
         b = rng.standard_normal(n)
         np.testing.assert_allclose(solve_factored(result, b), jnp.linalg.solve(matrix, b),
                                    atol=1e-14 * cond * np.max(np.abs(expected @ b)))
@@ -479,6 +486,31 @@ def test_blocked_inverse_derivative_vmap_and_singular_block():
     singular = np.roll(np.eye(n), NEWTON_INVERSE_BLOCK, axis=0)  # zero pivot blocks
     assert np.isfinite(np.linalg.inv(singular)).all()
     assert not np.all(np.isfinite(_blocked(singular, NEWTON_INVERSE_BLOCK)))
+
+
+def test_checked_blocked_inverse_pivots_where_the_blocks_cannot():
+    """`checked_blocked_inverse` keeps the block elimination's inverse where it is accurate
+    (a random matrix) and falls back to partial pivoting where a pivot block is singular
+    (a permutation) or nearly so (its entries would grow by 10¹²), alone and under `vmap`
+    with one such matrix in the batch; float32 too."""
+    n = LU_UNROLL_MAX + 3
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((n, n))
+    permutation = np.roll(np.eye(n), NEWTON_INVERSE_BLOCK, axis=0)
+    nearly = permutation + 1e-12 * rng.standard_normal((n, n))
+    checked = jax.jit(checked_blocked_inverse)
+    accurate = jax.jit(inverse_is_accurate)
+    for matrix, blocks_suffice in ((a, True), (permutation, False), (nearly, False)):
+        assert bool(accurate(matrix, _blocked(matrix, NEWTON_INVERSE_BLOCK))) == blocks_suffice
+        np.testing.assert_allclose(checked(matrix), np.linalg.inv(matrix), rtol=1e-10,
+                                   atol=1e-12 * np.max(np.abs(np.linalg.inv(matrix))))
+    stack = np.stack([a, nearly])
+    np.testing.assert_allclose(jax.jit(jax.vmap(checked_blocked_inverse))(stack),
+                               np.linalg.inv(stack), rtol=1e-9, atol=1e-10)
+    single = np.asarray(checked(a.astype(np.float32)))
+    assert single.dtype == np.float32
+    np.testing.assert_allclose(single, np.linalg.inv(a), rtol=1e-3, atol=1e-4)
+    assert not bool(accurate(np.ones((n, n)), np.full((n, n), np.nan)))
 
 
 def test_pivoted_cholesky_of_a_rank_deficient_matrix():

@@ -97,12 +97,51 @@ def test_coloured_jacobian_equals_the_dense_one():
     t = jnp.asarray(0.3)
     # one program each (eagerly, each operation compiles alone)
     linearization = jax.jit(jacobian_linearization, static_argnums=(0, 3))
-    f0, coloured, f_t = linearization(f, t, y, "coloured")
-    _, dense, _ = linearization(f, t, y, "dense")
+    f0, coloured, f_t, colours = linearization(f, t, y, "coloured")
+    _, dense, _, tangents = linearization(f, t, y, "dense")
+    assert (colours, tangents) == (3, 12)
     np.testing.assert_allclose(coloured, jax.jit(jax.jacfwd(lambda x: f(t, x)))(y), atol=1e-14)
     np.testing.assert_allclose(dense, coloured, atol=1e-14)
     np.testing.assert_allclose(f0, f(t, y))
     np.testing.assert_allclose(f_t, jax.jit(jax.jacfwd(lambda s: f(s, y)))(t), atol=1e-14)
+
+
+def _stiff_tridiagonal(t, y, args):
+    """A stiff nonlinear diffusion along a line of 24 cells, forced at one end."""
+    diffusion = jnp.zeros_like(y).at[1:].add(y[:-1] - y[1:]).at[:-1].add(y[1:] - y[:-1])
+    return 1e4 * diffusion - y ** 3 + jnp.zeros_like(y).at[0].set(jnp.sin(10 * t))
+
+
+def test_banded_jacobian_of_many_states_is_inverted_without_lapack():
+    """Between 17 and 64 states a Jacobian from a few tangents (3 colours) is inverted with
+    array operations, in Rodas5P's step and in the configured Kvaerno5's chord iteration:
+    the solve's program holds no LU factorization or triangular solve (which would keep
+    XLA from compiling its loop into one kernel), and gives the solution of the dense
+    Jacobian's LAPACK factors."""
+    from ._jaxprs import not_in_a_loop
+
+    y0 = jnp.linspace(0.0, 1.0, 24)
+
+    def solve(solver, y0):
+        return diffrax.diffeqsolve(
+            diffrax.ODETerm(_stiff_tridiagonal), solver, 0.0, 0.1, 1e-4, y0,
+            stepsize_controller=diffrax.PIDController(rtol=1e-7, atol=1e-9),
+            max_steps=4096).ys[-1]
+
+    chord = jaxdae.configure_implicit(diffrax.Kvaerno5(), 1e-7, 1e-9)
+    lapack = {"lu", "triangular_solve"}
+    for solver in (jaxdae.Rodas5P(), chord):
+        assert not lapack & not_in_a_loop(jax.make_jaxpr(lambda y: solve(solver, y))(y0).jaxpr)
+    dense = jaxdae.Rodas5P(jacobian="dense")  # 24 tangents: LAPACK's factors
+    assert lapack <= not_in_a_loop(
+        jax.make_jaxpr(lambda y: solve(dense, y))(y0).jaxpr)
+    results = [jax.jit(lambda y, s=s: solve(s, y))(y0) for s in (jaxdae.Rodas5P(), dense)]
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-9, atol=1e-12)
+    reference = diffrax.diffeqsolve(
+        diffrax.ODETerm(_stiff_tridiagonal), diffrax.Kvaerno5(), 0.0, 0.1, 1e-5, y0,
+        stepsize_controller=diffrax.PIDController(rtol=1e-11, atol=1e-13),
+        max_steps=100_000).ys[-1]
+    np.testing.assert_allclose(results[0], reference, rtol=1e-5, atol=1e-7)
 
 
 def _robertson(t, y, args, np=jnp):

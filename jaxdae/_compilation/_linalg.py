@@ -676,19 +676,77 @@ def _blocked_inverse_jvp(block, primals, tangents):
     return result, -(result @ d_matrix @ result)
 
 
+def inverse_is_accurate(matrix: Float[Array, "n n"],
+                        result: Float[Array, "n n"]) -> Bool[Array, ""]:
+    """Whether `result` solves with `matrix` as accurately as a pivoted inverse would: for a
+    fixed probe `p` (entries between 0.5 and 1.5), `x = result p` has a residual
+    `‖matrix x − p‖∞ ≤ INVERSE_PROBE_TOLERANCE · n · eps · ‖matrix‖∞ ‖x‖∞`, a backward
+    error of a few units of roundoff (Higham 2002, §14.1 on residuals of computed inverses;
+    a pivoted inverse's stays below `n · eps`). False for non-finite entries."""
+    n = matrix.shape[0]
+    probe = 1.0 + 0.5 * jnp.sin(jnp.arange(n, dtype=matrix.dtype))
+    x = result @ probe
+    residual = jnp.max(jnp.abs(matrix @ x - probe))
+    scale = jnp.max(jnp.sum(jnp.abs(matrix), axis=1)) * jnp.max(jnp.abs(x))
+    bound = _thresholds.INVERSE_PROBE_TOLERANCE * n * jnp.finfo(matrix.dtype).eps * scale
+    return jnp.all(jnp.isfinite(x)) & (residual <= bound)
+
+
+def _block_pivoted_inverse(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
+    fast = _blocked_inverse(matrix, _thresholds.NEWTON_INVERSE_BLOCK)
+    return jax.lax.cond(inverse_is_accurate(matrix, fast), lambda: fast,
+                        lambda: _looped_inverse(matrix))
+
+
+_checked_blocked_inverse = jax.custom_batching.custom_vmap(_block_pivoted_inverse)
+
+
+@_checked_blocked_inverse.def_vmap
+def _(axis_size, in_batched, matrix):
+    # One branch for the whole batch: a batched `cond` would compute both for every matrix.
+    if not in_batched[0]:
+        return _checked_blocked_inverse(matrix), False
+    fast = jax.vmap(lambda m: _blocked_inverse(m, _thresholds.NEWTON_INVERSE_BLOCK))(matrix)
+    accurate = jnp.all(jax.vmap(inverse_is_accurate)(matrix, fast))
+    return jax.lax.cond(accurate, lambda: fast,
+                        lambda: jax.vmap(_looped_inverse)(matrix)), True
+
+
+@jax.custom_jvp
+def checked_blocked_inverse(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
+    """`matrix⁻¹` by [`blocked_inverse`][] (pivoting within blocks of
+    `NEWTON_INVERSE_BLOCK` rows), kept where [`inverse_is_accurate`][] says it is as
+    accurate as a pivoted inverse, and by [`looped_inverse`][] (partial pivoting across the
+    whole matrix) otherwise: the speed of the block elimination's few matrix products per
+    block, with the accuracy of partial pivoting. The check is two matrix–vector products,
+    the choice a `lax.cond`; under `jax.vmap` one choice for the whole batch (the looped
+    inverse for all where one matrix fails the check).
+
+    A singular matrix gives non-finite entries (which make an ODE solver reject the step),
+    not an error. Differentiated by `d(A⁻¹) = −A⁻¹ dA A⁻¹`."""
+    return _checked_blocked_inverse(matrix)
+
+
+@checked_blocked_inverse.defjvp
+def _checked_blocked_inverse_jvp(primals, tangents):
+    (matrix,), (d_matrix,) = primals, tangents
+    result = _checked_blocked_inverse(matrix)
+    return result, -(result @ d_matrix @ result)
+
+
 @jax.custom_jvp
 def inverse(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
     """`matrix⁻¹` for a square matrix that is solved with many times, as array operations
     that XLA fuses into a surrounding loop: from `lu_factor`'s unrolled factors up to
-    `LU_UNROLL_MAX` rows, by [`looped_inverse`][] up to `LOOPED_INVERSE_MAX`, from LAPACK's
-    factors beyond.
+    `LU_UNROLL_MAX` rows, by [`checked_blocked_inverse`][] up to `LOOPED_INVERSE_MAX`, from
+    LAPACK's factors beyond.
 
     Differentiated by `d(A⁻¹) = −A⁻¹ dA A⁻¹`, not through the elimination: reverse mode
     through the unrolled factorization is thousands of small operations (a
     [`jaxdae.Rodas5P`][] step's vector–Jacobian product, `jaxdae.ReplayAdjoint`)."""
     n = matrix.shape[0]
     if _thresholds.LU_UNROLL_MAX < n <= _thresholds.LOOPED_INVERSE_MAX:
-        return looped_inverse(matrix)
+        return _checked_blocked_inverse(matrix)
     return lu_solve(lu_factor(matrix), jnp.eye(n, dtype=matrix.dtype))
 
 
@@ -699,12 +757,21 @@ def _inverse_jvp(primals, tangents):
     return result, -(result @ d_matrix @ result)
 
 
-def factor_for_solves(matrix: Float[Array, "n n"]):
-    """What [`solve_factored`][] needs to solve with `matrix` many times: up to
-    `INVERSE_MAX` rows its [`inverse`][] (so that each solve is one matrix–vector product,
-    fused with its neighbours), beyond the LU factors (LAPACK's beyond `LU_UNROLL_MAX`)."""
+def factor_for_solves(matrix: Float[Array, "n n"], tangents: int | None = None):
+    """What [`solve_factored`][] needs to solve with `matrix` many times: its [`inverse`][]
+    (so that each solve is one matrix–vector product, fused with its neighbours) up to
+    `INVERSE_MAX` rows, and up to `LOOPED_INVERSE_MAX` rows where `matrix` is a Jacobian
+    computed from at most `TANGENT_LOOP_MAX` tangents (`tangents`); the LU factors beyond
+    (LAPACK's beyond `LU_UNROLL_MAX`).
+
+    Array operations let XLA run a solve's whole loop as one kernel, which compiles longer
+    the more the loop body holds: with few tangents (a banded or block-sparse Jacobian) the
+    step stays small, while a structurally dense Jacobian of many states repeats the
+    right-hand side once per state and its one-kernel loop compiles for minutes
+    (docs/design_measurements.md#checked-blocked-inverse)."""
     n = matrix.shape[0]
-    if n <= _thresholds.INVERSE_MAX:
+    few_tangents = tangents is not None and tangents <= _thresholds.TANGENT_LOOP_MAX
+    if n <= _thresholds.INVERSE_MAX or (few_tangents and n <= _thresholds.LOOPED_INVERSE_MAX):
         return inverse(matrix)
     return lu_factor(matrix)
 

@@ -129,7 +129,7 @@ def _iteration_matrix(x, args):
     q, _ = _split(x, step)
     v, _, _ = step.unpack(q)
     terms = system.terms(t, q, v)
-    _, stiffness, _ = linearization(
+    _, stiffness, _, _ = linearization(
         lambda time, y: system.terms(time, y, step.unpack(y)[0]).forces, t, q, "coloured")
     m = terms.num_holonomic
     rows = jnp.concatenate([terms.jacobian[:m],

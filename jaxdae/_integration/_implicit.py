@@ -133,9 +133,10 @@ class FusedChord(optx.AbstractRootFinder):
     - the Jacobian of the stage equation comes from one `jax.linearize`, applied to its
         tangents one after the other (compressed by the sparsity's column colouring with
         `jacobian="coloured"`), as in [`jaxdae.Rodas5P`][];
-    - it is LU-factorized with array operations (`lu_factor`, up to 16 states; LAPACK
-        beyond) and turned into its inverse once per step (up to 16 states), so that each
-        iteration is one evaluation of `f` and one matrix–vector product;
+    - it is inverted once per step with array operations (`factor_for_solves`: up to 16
+        states, and up to 64 where the Jacobian takes at most 17 tangents), so that each
+        iteration is one evaluation of `f` and one matrix–vector product; beyond, it is
+        LU-factorized by LAPACK;
     - diffrax's step also asks for the matrix of its explicit first stage (`aᵢᵢ = 0`,
         the identity): it is returned without a linearization.
 
@@ -185,7 +186,7 @@ class FusedChord(optx.AbstractRootFinder):
             _, tangent = jax.linearize(residual, x)
             seeds, expand = column_seeds(residual, x, self.jacobian)
             columns = tangent_products(tangent, seeds.astype(x.dtype)).T
-            return factor_for_solves(expand(columns))
+            return factor_for_solves(expand(columns), len(seeds))
 
         diagonal = _stage_diagonal(args)
         if diagonal is None:

@@ -55,13 +55,13 @@ def tangent_products(tangent: Callable, *directions: np.ndarray) -> Array:
 
 
 def linearization(f, t, y, jacobian: str):
-    """`f(t, y)`, `∂f/∂y` and `∂f/∂t` from one `jax.linearize` of `f` and a batch of
-    tangents: one per column of `∂f/∂y` (`"dense"`) or per colour group of its columns
-    (`"coloured"`), and one in `t`."""
+    """`f(t, y)`, `∂f/∂y`, `∂f/∂t` and the number of tangents in `y` that gave `∂f/∂y`, from
+    one `jax.linearize` of `f` and a batch of tangents: one per column of `∂f/∂y`
+    (`"dense"`) or per colour group of its columns (`"coloured"`), and one in `t`."""
     f0, tangent = jax.linearize(f, t, y)
     seeds, expand = column_seeds(lambda x: f(t, x), y, jacobian)
     directions = np.concatenate([seeds, np.zeros((1, y.size))]).astype(y.dtype)
     in_t = np.zeros(len(directions), t.dtype)
     in_t[-1] = 1.0
     products = tangent_products(tangent, in_t, directions)  # (tangents, n)
-    return f0, expand(products[:-1].T), products[-1]
+    return f0, expand(products[:-1].T), products[-1], len(seeds)

@@ -117,10 +117,10 @@ def stages(f: Callable[[Array, Array], Array], times: StepTimes, y: Float[Array,
     t, x)`, if given, evaluates `f(t, x)` for stages 2 … 8 (the step's adjoint keeps their
     vector–Jacobian products)."""
     stage_rate = stage_rate or (lambda i, t, x: f(t, x))
-    f0, jac, f_t = linearization(f, times.t0, y, jacobian)
+    f0, jac, f_t, tangents = linearization(f, times.t0, y, jacobian)
     h = times.h
     hg = h * _GAMMA
-    factored = factor_for_solves(jnp.eye(y.size, dtype=y.dtype) - hg * jac)
+    factored = factor_for_solves(jnp.eye(y.size, dtype=y.dtype) - hg * jac, tangents)
     ks = []
     for i in range(1, _STAGES + 1):
         f_i = f0 if i == 1 else stage_rate(i, times.stage(i), y + _combine(_A[i], ks))
@@ -253,10 +253,11 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
 
     **Cost per step**: one linearization, `n` (or the number of colours) Jacobian-vector
     products, an `n × n` LU factorization with partial pivoting, eight solves with it and
-    eight evaluations of `f`. Up to 16 states the factorization is written with array
-    operations that XLA fuses into the step (LAPACK's `getrf` beyond), and its factors
-    are turned into the inverse once, so that each stage's solve is one matrix–vector
-    product. For large dense `n` the factorization (`O(n³)`) dominates; for
+    eight evaluations of `f`. Up to 16 states, and up to 64 where the Jacobian takes at
+    most 17 tangents (a banded or block-sparse one), the matrix is inverted once with
+    array operations that XLA fuses into the step (pivoted LU factors, or a block
+    elimination checked against partial pivoting), so that each stage's solve is one
+    matrix–vector product; beyond, LAPACK's `getrf` factorizes it. For large dense `n` the factorization (`O(n³)`) dominates; for
     an ensemble given to [`jaxdae.simulate_ensemble`][] the matrix is that of the whole
     batch (block-diagonal, factorized densely): batch stiff solves with
     `jax.vmap(jaxdae.simulate)` instead.
