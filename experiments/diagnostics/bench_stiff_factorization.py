@@ -26,7 +26,6 @@ import sys
 import time
 from pathlib import Path
 
-import diffrax
 import equinox as eqx
 import jax
 
