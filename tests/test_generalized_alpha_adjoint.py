@@ -14,11 +14,8 @@ import pytest
 
 import jaxdae
 from jaxdae._integration._adjoint import default_adjoint
-from jaxdae._integration._generalized_alpha_adjoint import (
-    GeneralizedAlphaAdjoint,
-    _not_replayed,
-    warn_checkpointed,
-)
+from jaxdae._integration._generalized_alpha_adjoint import GeneralizedAlphaAdjoint, _not_replayed
+from jaxdae._integration._sweep_forward import warn_checkpointed
 
 from ._systems import stiff_arm
 

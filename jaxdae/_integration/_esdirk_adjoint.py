@@ -86,8 +86,9 @@ def _stage_solve(products_of, scale, f_bar, factored, valid, matrix_of):
     vector–Jacobian product), its products, and the factorized matrix to keep.
 
     Iterative refinement (Golub & Van Loan 2013, §3.5.3) with `factored`, the transposed
-    matrix of a later stage (`matrix_of`'s, factorized by `factor_for_solves`): `w ← w +
-    M⁻ᵀ (f̄ − w + scale·Jᵀw)`, each correction one product, which also gives the
+    matrix of a later stage (`matrix_of() = (matrix, tangents)`, factorized by
+    `factor_for_solves`): `w ← w + M⁻ᵀ (f̄ − w + scale·Jᵀw)`, each correction one
+    product, which also gives the
     products that the adjoint needs, so that the solve ends with them. It ends where a
     correction is at the rounding level of `w` (then `w` and its products are those
     before that correction); where the corrections do not shrink by `_REFINE_RATE`, or
@@ -102,7 +103,7 @@ def _stage_solve(products_of, scale, f_bar, factored, valid, matrix_of):
 
     def correct(state):
         def build(factored):
-            own = factor_for_solves(matrix_of())
+            own = factor_for_solves(*matrix_of())
             return jax.tree.map(lambda new, old: jnp.where(state.status == _BUILD, new, old),
                                 own, factored)
 
@@ -200,14 +201,14 @@ def esdirk_step_vjp(solver: diffrax.AbstractESDIRK, t0, t1, state, diff, static,
         return ravel_pytree(terms.vf(t, unravel(z), args))[0]
 
     def transposed_matrix(i):
-        """`(I − hγJ)ᵀ` at stage `i`'s point."""
+        """`(I − hγJ)ᵀ` at stage `i`'s point, and the number of tangents that gave `J`."""
         def f_i(z):
             return f(times[i], z, diff)
 
         _, tangent = jax.linearize(f_i, points[i])
         seeds, expand = column_seeds(f_i, points[i], "coloured")
         jacobian = expand(tangent_products(tangent, seeds.astype(dtype)).T)
-        return (jnp.eye(flat_y0.size, dtype=dtype) - scale * jacobian).T
+        return (jnp.eye(flat_y0.size, dtype=dtype) - scale * jacobian).T, len(seeds)
 
     def pullback(bars):
         (y1_bar, solver_state1_bar), dense_bar = bars
@@ -241,7 +242,7 @@ def esdirk_step_vjp(solver: diffrax.AbstractESDIRK, t0, t1, state, diff, static,
         # No matrix yet: the last stage builds its own, and the stages before it refine
         # with it.
         empty = (jax.tree.map(jnp.zeros_like,
-                              jax.eval_shape(lambda: factor_for_solves(transposed_matrix(0)))),
+                              jax.eval_shape(lambda: factor_for_solves(*transposed_matrix(0)))),
                  jnp.zeros((), jnp.bool_))
         f_bar, y0_bar, diff_bar, _ = jax.lax.fori_loop(
             0, stages, stage_back, (f_bar, y0_bar, diff_bar, empty))

@@ -22,7 +22,6 @@ forward solve's own to rounding.
 """
 
 import dataclasses
-import warnings
 
 import diffrax
 import equinox as eqx
@@ -47,6 +46,7 @@ from ._sweep_forward import (
     subsaves,
     typed_literal_as_array,
     unwrapped,
+    warn_checkpointed,
 )
 
 # Iterative refinement of a step's adjoint equations with the inverse kept from a later
@@ -173,28 +173,6 @@ def _not_replayed(saveat, event, max_steps, passed_solver_state, passed_controll
         return ("a solver or controller state passed to `diffeqsolve`",
                 "start the solve from the state that `diffeqsolve` makes")
     return None
-
-
-def warn_checkpointed(stepsize_controller, what: str, fix: str,
-                      adjoint: str = "GeneralizedAlphaAdjoint") -> None:
-    """A `UserWarning` (when the solve is traced) that a solve with adaptive steps is
-    differentiated through diffrax's loop with `CHECKPOINTS` checkpoints, whose gradient
-    can differ from the solve's own (see the module's docstring); `adjoint` names the
-    replaying adjoint that fell back. Fixed steps take no adaptive decision, and their
-    gradient is the same through any number of checkpoints."""
-    if isinstance(stepsize_controller, diffrax.ConstantStepSize | diffrax.StepTo):
-        return
-    warnings.warn(
-        f"`jaxdae.{adjoint}` does not replay a solve with {what}: its gradient "
-        f"is taken through diffrax's loop with {_thresholds.CHECKPOINTS} checkpoints, which "
-        "recomputes the steps between checkpoints under step-size control in another "
-        "compiled program. Rounding there can accept or size a step differently from the "
-        "forward solve, and the gradient then differs from the solve's own by up to about "
-        "the tolerance and changes with the number of checkpoints. For the solve's own "
-        f"gradient, {fix}; or use fixed steps (`diffrax.ConstantStepSize()`); or pass "
-        "`adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints=max_steps)` (one "
-        "checkpoint per step, memory in proportion to `max_steps`).",
-        UserWarning, stacklevel=2)
 
 
 @eqx.filter_custom_vjp

@@ -21,7 +21,6 @@ from jax.flatten_util import ravel_pytree
 
 from .. import _thresholds
 from .._compilation._linalg import full_precision
-from ._generalized_alpha_adjoint import warn_checkpointed
 from ._solvers import AbstractSolverWrapper
 from ._step_adjoints import reuses_outputs, step_vjp
 from ._sweep_backward import saves_bar
@@ -38,6 +37,7 @@ from ._sweep_forward import (
     subsaves,
     times_perturbed,
     typed_literal_as_array,
+    warn_checkpointed,
 )
 
 

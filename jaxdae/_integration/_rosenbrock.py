@@ -257,8 +257,8 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
     most 17 tangents (a banded or block-sparse one), the matrix is inverted once with
     array operations that XLA fuses into the step (pivoted LU factors, or a block
     elimination checked against partial pivoting), so that each stage's solve is one
-    matrix–vector product; beyond, LAPACK's `getrf` factorizes it. For large dense `n` the factorization (`O(n³)`) dominates; for
-    an ensemble given to [`jaxdae.simulate_ensemble`][] the matrix is that of the whole
+    matrix–vector product; beyond, LAPACK's `getrf` factorizes it. For large dense `n`
+    the factorization (`O(n³)`) dominates; for an ensemble given to [`jaxdae.simulate_ensemble`][] the matrix is that of the whole
     batch (block-diagonal, factorized densely): batch stiff solves with
     `jax.vmap(jaxdae.simulate)` instead.
 

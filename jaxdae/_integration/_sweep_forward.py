@@ -3,6 +3,7 @@ accepted steps, in one piece or, for long solves, in segments re-solved from che
 
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable
 
 import diffrax
@@ -51,6 +52,28 @@ def terms_within(terms) -> list:
     """The ODE terms and multi-terms inside `terms` (as `diffeqsolve` wrapped them)."""
     is_term = lambda x: isinstance(x, (diffrax.ODETerm, diffrax.MultiTerm))  # noqa: E731
     return [x for x in jax.tree.leaves(terms, is_leaf=is_term) if is_term(x)]
+
+
+def warn_checkpointed(stepsize_controller, what: str, fix: str,
+                      adjoint: str = "GeneralizedAlphaAdjoint") -> None:
+    """A `UserWarning` (when the solve is traced) that a solve with adaptive steps is
+    differentiated through diffrax's loop with `CHECKPOINTS` checkpoints, whose gradient
+    can differ from the solve's own (see [`jaxdae.GeneralizedAlphaAdjoint`][]); `adjoint`
+    names the replaying adjoint that fell back. Fixed steps take no adaptive decision, and
+    their gradient is the same through any number of checkpoints."""
+    if isinstance(stepsize_controller, diffrax.ConstantStepSize | diffrax.StepTo):
+        return
+    warnings.warn(
+        f"`jaxdae.{adjoint}` does not replay a solve with {what}: its gradient "
+        f"is taken through diffrax's loop with {_thresholds.CHECKPOINTS} checkpoints, which "
+        "recomputes the steps between checkpoints under step-size control in another "
+        "compiled program. Rounding there can accept or size a step differently from the "
+        "forward solve, and the gradient then differs from the solve's own by up to about "
+        "the tolerance and changes with the number of checkpoints. For the solve's own "
+        f"gradient, {fix}; or use fixed steps (`diffrax.ConstantStepSize()`); or pass "
+        "`adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints=max_steps)` (one "
+        "checkpoint per step, memory in proportion to `max_steps`).",
+        UserWarning, stacklevel=2)
 
 
 class SweepOptions(eqx.Module):
