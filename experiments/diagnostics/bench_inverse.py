@@ -1,9 +1,12 @@
-"""Diagnostic: one matrix inverse of 17 to 64 rows, looped Gauss–Jordan against LAPACK.
+"""Diagnostic: one matrix inverse of 17 to 64 rows, by array operations against LAPACK.
 
-`GeneralizedAlpha` keeps the inverse of its Newton matrix; from `LU_UNROLL_MAX + 1` to
-`LOOPED_INVERSE_MAX` rows it takes `jaxdae`'s `looped_inverse` (a `lax.fori_loop` of
-whole-matrix operations), beyond that LAPACK's LU factors (`jnp.linalg.inv`). This times
-one inversion of each inside a jitted `lax.fori_loop` of `--loop` inversions (each
+From `LU_UNROLL_MAX + 1` to `LOOPED_INVERSE_MAX` rows jaxdae inverts with array operations:
+`looped_inverse` (Gauss–Jordan with partial pivoting, a `lax.fori_loop` step per column),
+`blocked_inverse` (block Gauss–Jordan in blocks of `NEWTON_INVERSE_BLOCK` rows, pivoting
+within them: `GeneralizedAlpha`'s Newton matrix) and `checked_blocked_inverse` (the block
+elimination, checked against partial pivoting: `inverse`, Rodas5P's and `FusedChord`'s
+`I − hγJ`); beyond, LAPACK's LU factors (`jnp.linalg.inv`). This times one inversion of
+each inside a jitted `lax.fori_loop` of `--loop` inversions (each
 iteration's matrix depends on the last inverse, so none is hoisted), on random matrices
 `n I + N(0, 1)`, float64: µs per inversion (median wall and CPU time of `--reps` calls
 after a warm-up), µs per column of the looped one, and the compile time of each.
@@ -22,7 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdae import _thresholds
-from jaxdae._compilation._linalg import looped_inverse, lu_factor, lu_solve
+from jaxdae._compilation._linalg import (
+    blocked_inverse,
+    checked_blocked_inverse,
+    looped_inverse,
+    lu_factor,
+    lu_solve,
+)
 
 jax.config.update("jax_enable_x64", True)
 
@@ -37,7 +46,10 @@ def unrolled_inverse(matrix):
         _thresholds.LU_UNROLL_MAX = saved
 
 
-METHODS = {"looped Gauss–Jordan": looped_inverse, "LAPACK (jnp.linalg.inv)": jnp.linalg.inv}
+METHODS = {"looped Gauss–Jordan": looped_inverse,
+           "block Gauss–Jordan": lambda a: blocked_inverse(a, _thresholds.NEWTON_INVERSE_BLOCK),
+           "checked block Gauss–Jordan": checked_blocked_inverse,
+           "LAPACK (jnp.linalg.inv)": jnp.linalg.inv}
 
 
 def timed(method, matrix, loop: int, reps: int):

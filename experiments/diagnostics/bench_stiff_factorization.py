@@ -9,7 +9,8 @@ thresholds as they are (`--force-array` also for a Jacobian of many tangents), `
 with the array inverse limited to `INVERSE_MAX` states. Per solver and way: the LAPACK
 custom calls in the lowered program, the first call's wall time (compile included), the
 median wall time of `--reps` calls (the two ways called in turn), the steps, and the
-largest difference between the two ways' final states.
+largest difference between the two ways' final states; first, the number of tangents that
+the case's Jacobian takes.
 
     python experiments/diagnostics/bench_stiff_factorization.py [--case chain|governor]
         [--rtol 1e-5] [--reps 3] [--force-array]
@@ -31,12 +32,33 @@ import jax
 
 import jaxdae
 from jaxdae import _thresholds
+from jaxdae._integration import _jacobian
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "studies"))
 import stiff_integration  # noqa: E402  # pyright: ignore[reportMissingImports]
 
 CASES = {"chain": (stiff_integration.chain_case, 1.0),
          "governor": (stiff_integration.governor_case, 10.0)}
+
+
+def jacobian_tangents(system, formulation, q0, v0):
+    """The number of tangents that Rodas5P's Jacobian of the case's ODE takes (`"coloured"`),
+    read from `column_seeds` while a short solve is traced."""
+    counts = []
+    column_seeds = _jacobian.column_seeds
+
+    def counted(*args):
+        seeds, expand = column_seeds(*args)
+        counts.append(len(seeds))
+        return seeds, expand
+
+    _jacobian.column_seeds = counted
+    try:
+        jax.eval_shape(lambda q, v: jaxdae.simulate(system, formulation, 0.0, 1e-3, q, v,
+                                                    solver=jaxdae.Rodas5P()), q0, v0)
+    finally:
+        _jacobian.column_seeds = column_seeds
+    return counts[0]
 
 
 def compiled_solve(system, formulation, q0, v0, t1, solver, rtol, way, force_array):
@@ -70,7 +92,9 @@ def main():
     args = parser.parse_args()
     make, t1 = CASES[args.case]
     system, formulation, q0, v0, _ = make()
-    print(f"{args.case}: {2 * q0.size} states, rtol {args.rtol:g}, t1 {t1:g} s")
+    print(f"{args.case}: {2 * q0.size} states, Jacobian of "
+          f"{jacobian_tangents(system, formulation, q0, v0)} tangents, rtol {args.rtol:g}, "
+          f"t1 {t1:g} s")
     for name in ("Rodas5P", "Kvaerno5 (configured)"):
         solver = stiff_integration.solvers(args.rtol, 1e-3 * args.rtol)[name]
         ways = {way: compiled_solve(system, formulation, q0, v0, t1, solver, args.rtol, way,
