@@ -155,11 +155,11 @@ ROSENBROCK_ADJOINT_MIN = 16
 INVERSE_MAX = 16
 
 # Up to this many rows `_linalg.inverse` computes an inverse by array operations (from
-# `lu_factor`'s unrolled factors up to `LU_UNROLL_MAX`, by the looped Gauss–Jordan
-# elimination of `looped_inverse` beyond), LAPACK beyond. `jaxdae.GeneralizedAlpha` keeps
-# its Newton matrix's inverse across iterations and steps: built from array operations, it
-# adds no custom call to the solve's loop, which XLA can then run as one kernel
-# (docs/design_measurements.md#looped-inverse).
+# `lu_factor`'s unrolled factors up to `LU_UNROLL_MAX`, by the checked block Gauss–Jordan
+# elimination of `checked_blocked_inverse` beyond), LAPACK beyond. `jaxdae.GeneralizedAlpha`
+# keeps its Newton matrix's inverse across iterations and steps: built from array
+# operations, it adds no custom call to the solve's loop, which XLA can then run as one
+# kernel (docs/design_measurements.md#looped-inverse).
 LOOPED_INVERSE_MAX = 64
 
 # `jaxdae.GeneralizedAlpha`'s Newton matrices from `LU_UNROLL_MAX + 1` up to

@@ -258,9 +258,9 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
     array operations that XLA fuses into the step (pivoted LU factors, or a block
     elimination checked against partial pivoting), so that each stage's solve is one
     matrix–vector product; beyond, LAPACK's `getrf` factorizes it. For large dense `n`
-    the factorization (`O(n³)`) dominates; for an ensemble given to [`jaxdae.simulate_ensemble`][] the matrix is that of the whole
-    batch (block-diagonal, factorized densely): batch stiff solves with
-    `jax.vmap(jaxdae.simulate)` instead.
+    the factorization (`O(n³)`) dominates; for an ensemble given to
+    [`jaxdae.simulate_ensemble`][] the matrix is that of the whole batch (block-diagonal,
+    factorized densely): batch stiff solves with `jax.vmap(jaxdae.simulate)` instead.
 
     **Arguments:**
 
