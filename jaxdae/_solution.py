@@ -123,7 +123,9 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
             "The input of this member of a traced batch is invalid (a non-finite initial "
             "state, a mass matrix that is not positive definite at q0, non-finite forces "
             "at the start, gains that are not positive definite, or bad times, `dt0` or "
-            "tolerances); with "
+            "tolerances; for a `jaxdae.multibody.TreeMechanism` on its recursive path, 12 "
+            "bodies or more, such a mass matrix or such forces stall the solve: "
+            "`dt_min_reached`); with "
             "`throw=False` it is reported here instead of raising for the whole batch. "
             "Call `jaxdae.simulate` on this member alone for the exact message."
         )
