@@ -692,13 +692,13 @@ def inverse_is_accurate(matrix: Float[Array, "n n"],
     return jnp.all(jnp.isfinite(x)) & (residual <= bound)
 
 
-def _block_pivoted_inverse(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
+def _blocked_or_looped_inverse(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
     fast = _blocked_inverse(matrix, _thresholds.NEWTON_INVERSE_BLOCK)
     return jax.lax.cond(inverse_is_accurate(matrix, fast), lambda: fast,
                         lambda: _looped_inverse(matrix))
 
 
-_checked_blocked_inverse = jax.custom_batching.custom_vmap(_block_pivoted_inverse)
+_checked_blocked_inverse = jax.custom_batching.custom_vmap(_blocked_or_looped_inverse)
 
 
 @_checked_blocked_inverse.def_vmap
