@@ -692,27 +692,7 @@ def inverse_is_accurate(matrix: Float[Array, "n n"],
     return jnp.all(jnp.isfinite(x)) & (residual <= bound)
 
 
-def _blocked_or_looped_inverse(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
-    fast = _blocked_inverse(matrix, _thresholds.NEWTON_INVERSE_BLOCK)
-    return jax.lax.cond(inverse_is_accurate(matrix, fast), lambda: fast,
-                        lambda: _looped_inverse(matrix))
-
-
-_checked_blocked_inverse = jax.custom_batching.custom_vmap(_blocked_or_looped_inverse)
-
-
-@_checked_blocked_inverse.def_vmap
-def _(axis_size, in_batched, matrix):
-    # One branch for the whole batch: a batched `cond` would compute both for every matrix.
-    if not in_batched[0]:
-        return _checked_blocked_inverse(matrix), False
-    fast = jax.vmap(lambda m: _blocked_inverse(m, _thresholds.NEWTON_INVERSE_BLOCK))(matrix)
-    accurate = jnp.all(jax.vmap(inverse_is_accurate)(matrix, fast))
-    return jax.lax.cond(accurate, lambda: fast,
-                        lambda: jax.vmap(_looped_inverse)(matrix)), True
-
-
-@jax.custom_jvp
+@jax.custom_batching.custom_vmap
 def checked_blocked_inverse(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
     """`matrix⁻¹` by [`blocked_inverse`][] (pivoting within blocks of
     `NEWTON_INVERSE_BLOCK` rows), kept where [`inverse_is_accurate`][] says it is as
@@ -723,15 +703,23 @@ def checked_blocked_inverse(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
     inverse for all where one matrix fails the check).
 
     A singular matrix gives non-finite entries (which make an ODE solver reject the step),
-    not an error. Differentiated by `d(A⁻¹) = −A⁻¹ dA A⁻¹`."""
-    return _checked_blocked_inverse(matrix)
+    not an error. Differentiated through the elimination; [`inverse`][], which takes it
+    from 17 to `LOOPED_INVERSE_MAX` rows, is differentiated by `d(A⁻¹) = −A⁻¹ dA A⁻¹`
+    instead."""
+    fast = _blocked_inverse(matrix, _thresholds.NEWTON_INVERSE_BLOCK)
+    return jax.lax.cond(inverse_is_accurate(matrix, fast), lambda: fast,
+                        lambda: _looped_inverse(matrix))
 
 
-@checked_blocked_inverse.defjvp
-def _checked_blocked_inverse_jvp(primals, tangents):
-    (matrix,), (d_matrix,) = primals, tangents
-    result = _checked_blocked_inverse(matrix)
-    return result, -(result @ d_matrix @ result)
+@checked_blocked_inverse.def_vmap
+def _(axis_size, in_batched, matrix):
+    # One branch for the whole batch: a batched `cond` would compute both for every matrix.
+    if not in_batched[0]:
+        return checked_blocked_inverse(matrix), False
+    fast = jax.vmap(lambda m: _blocked_inverse(m, _thresholds.NEWTON_INVERSE_BLOCK))(matrix)
+    accurate = jnp.all(jax.vmap(inverse_is_accurate)(matrix, fast))
+    return jax.lax.cond(accurate, lambda: fast,
+                        lambda: jax.vmap(_looped_inverse)(matrix)), True
 
 
 @jax.custom_jvp
@@ -746,7 +734,7 @@ def inverse(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
     [`jaxdae.Rodas5P`][] step's vector–Jacobian product, `jaxdae.ReplayAdjoint`)."""
     n = matrix.shape[0]
     if _thresholds.LU_UNROLL_MAX < n <= _thresholds.LOOPED_INVERSE_MAX:
-        return _checked_blocked_inverse(matrix)
+        return checked_blocked_inverse(matrix)
     return lu_solve(lu_factor(matrix), jnp.eye(n, dtype=matrix.dtype))
 
 
