@@ -10,7 +10,7 @@ import optimistix as optx
 from .._checks import check_count, check_finite, check_instance, check_positive, check_real
 from .._compilation._linalg import full_precision
 from .._custom_types import Array, ArrayLike, Bool, Float, Int
-from .._formulations import AbstractFormulation, RedundantCoordinates, Unstabilized
+from .._formulations import AbstractFormulation, AbstractIndependentVelocities, Unstabilized
 from .._gains import attach_checks, is_concrete
 from .._systems._system import AbstractSystem
 from ._control import ConstantControl, is_controlled, with_controller
@@ -212,7 +212,7 @@ class Linearization(eqx.Module):
 
 def _state_map(formulation, n, cyclic):
     positions = tuple(i for i in range(n) if i not in cyclic)
-    if isinstance(formulation, RedundantCoordinates):
+    if isinstance(formulation, AbstractIndependentVelocities):
         velocities = formulation.independent(n)
     else:
         velocities = tuple(range(n))
@@ -353,7 +353,7 @@ def linearize(
     eig = jnp.linalg.eigvals(a)
     zero = jnp.abs(eig) <= tol
     m = terms.num_holonomic
-    expected = m if isinstance(formulation, RedundantCoordinates) else 0
+    expected = m if isinstance(formulation, AbstractIndependentVelocities) else 0
     num_zero = jnp.sum(zero)
     stable = (num_zero == expected) & jnp.all(zero | (jnp.real(eig) < -tol))
     if not is_concrete(a, b):

@@ -2,6 +2,7 @@ from ._base import (
     AbstractBaumgarteFormulation as AbstractBaumgarteFormulation,
     AbstractExactMultipliers as AbstractExactMultipliers,
     AbstractFormulation as AbstractFormulation,
+    AbstractIndependentVelocities as AbstractIndependentVelocities,
     AbstractStabilizedFormulation as AbstractStabilizedFormulation,
     baumgarte_target as baumgarte_target,
 )

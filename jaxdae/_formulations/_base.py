@@ -198,6 +198,27 @@ class AbstractExactMultipliers(AbstractFormulation):
         return self.rcond is not None
 
 
+class AbstractIndependentVelocities(AbstractFormulation):
+    """A formulation whose velocities are the independent ones of the state, the dependent
+    ones following from the holonomic constraints (`velocities`), so that `Φ̇ = 0` holds by
+    construction, as in [`jaxdae.RedundantCoordinates`][] (Krasinskaya and Krasinskiy (2013),
+    eq. [5]).
+
+    The base declares what the rest of jaxdae reads from it: [`jaxdae.Projected`][]
+    projects such a state in its positions only, and [`jaxdae.linearize`][] takes the
+    positions and the `independent` velocities as the state and expects one zero root per
+    holonomic constraint (the positions off the constraint manifold). A formulation that
+    derives its velocities in another way declares `derives_velocities` without this base.
+    """
+
+    derives_velocities: ClassVar[bool] = True
+
+    @abc.abstractmethod
+    def independent(self, n: int) -> tuple[int, ...]:
+        """The indices of the independent coordinates among `n`, whose velocities the
+        state holds."""
+
+
 class AbstractStabilizedFormulation(AbstractFormulation):
     """A formulation that drives the constraint accelerations to a target `G q̈ = s` that
     feeds the violations back, so that the perturbations `y = (Φ, Φ̇, Ψ)` obey a linear ODE

@@ -1,7 +1,5 @@
 """Redundant coordinates without multipliers: Shulgin's equations (Krasinskaya and Krasinskiy (2013), eqs. [1]–[7])."""
 
-from typing import ClassVar
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -14,7 +12,7 @@ from .._compilation._operators import sparse_matrix
 from .._custom_types import Array, Float
 from .._solution import RESULTS
 from .._systems._system import ConstrainedTerms, LagrangianSystem
-from ._base import AbstractFormulation
+from ._base import AbstractIndependentVelocities
 from ._multipliers import default_rcond
 
 
@@ -110,7 +108,7 @@ def _constraint_rates(system, t, q, v):
     return jac, terms.dphi - jac @ v
 
 
-class RedundantCoordinates(AbstractFormulation):
+class RedundantCoordinates(AbstractIndependentVelocities):
     """Redundant coordinates with the multiplier-free Shulgin equations (Krasinskaya and Krasinskiy (2013), eq. [7]).
 
     The `n` coordinates are split into `n − m` independent ones and the `m` **dependent**
@@ -159,7 +157,6 @@ class RedundantCoordinates(AbstractFormulation):
     dependent: tuple[int, ...] = eqx.field(static=True)
     rcond: float | None = eqx.field(default=None, static=True)
     tol: float = eqx.field(default=1e-6, static=True)
-    derives_velocities: ClassVar[bool] = True
 
     def __check_init__(self):
         dep = self.dependent

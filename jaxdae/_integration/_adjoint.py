@@ -203,21 +203,53 @@ def check_adjoint(adjoint, stops_at_events: bool, reason: str) -> None:
 
 
 def default_adjoint(solver, max_steps) -> diffrax.AbstractAdjoint | ReverseSweepAdjoint:
-    """The adjoint of a solve given none: [`jaxdae.ReverseSweepAdjoint`][] for an explicit
-    Runge–Kutta `solver` with a step limit, `GeneralizedAlphaAdjoint` for
-    [`jaxdae.GeneralizedAlpha`][] with a step limit, [`jaxdae.ReplayAdjoint`][] for
-    [`jaxdae.Rodas5P`][] and diffrax's implicit solvers with a step limit, else
-    `diffrax.RecursiveCheckpointAdjoint` with `CHECKPOINTS` checkpoints."""
-    base = unwrapped(solver)
-    if max_steps is None:
+    """The adjoint of a solve given none: [`adjoint_for`][] of the solver inside `solver`'s
+    stepping wrappers where the solve has a step limit (the stored-steps adjoints store
+    `max_steps` steps), else `diffrax.RecursiveCheckpointAdjoint` with `CHECKPOINTS`
+    checkpoints."""
+    adjoint = None if max_steps is None else adjoint_for(unwrapped(solver))
+    if adjoint is None:
         return diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS)
-    if isinstance(base, diffrax.AbstractERK):
-        return ReverseSweepAdjoint()
-    if isinstance(base, GeneralizedAlpha):
-        return GeneralizedAlphaAdjoint()
-    if isinstance(base, (Rodas5P, diffrax.AbstractImplicitSolver)):
-        return ReplayAdjoint()
-    return diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS)
+    return adjoint
+
+
+@functools.singledispatch
+def adjoint_for(solver: diffrax.AbstractSolver) -> diffrax.AbstractAdjoint | None:
+    """The adjoint that differentiates solves with `solver` when the user gives none and
+    the solve has a step limit, or None for diffrax's `RecursiveCheckpointAdjoint` (the
+    default).
+
+    Dispatched on the type of `solver` (`functools.singledispatch`, as lineax's operator
+    rules are), so that a solver of one's own, or a diffrax solver jaxdae does not know,
+    declares its adjoint by registering it:
+
+    ```python
+    jaxdae.extend.adjoint_for.register(MySolver, lambda solver: jaxdae.ReplayAdjoint())
+    ```
+
+    Registered here: [`jaxdae.ReverseSweepAdjoint`][] for explicit Runge–Kutta solvers
+    (`diffrax.AbstractERK`), `GeneralizedAlphaAdjoint` for [`jaxdae.GeneralizedAlpha`][],
+    [`jaxdae.ReplayAdjoint`][] for [`jaxdae.Rodas5P`][] and diffrax's implicit solvers.
+    Dispatch follows the class, not `isinstance`, so a solver wrapper (which
+    `diffrax.AbstractWrappedSolver` makes pass diffrax's `isinstance` tests of what it
+    wraps) takes the default unless it is registered itself.
+
+    **Arguments:**
+
+    - `solver`: the solver, inside its stepping wrappers (`jaxdae.UnrolledERK`).
+
+    **Returns:**
+
+    A `diffrax.AbstractAdjoint`, or None.
+    """
+    del solver
+    return None
+
+
+adjoint_for.register(diffrax.AbstractERK, lambda solver: ReverseSweepAdjoint())
+adjoint_for.register(GeneralizedAlpha, lambda solver: GeneralizedAlphaAdjoint())
+adjoint_for.register(Rodas5P, lambda solver: ReplayAdjoint())
+adjoint_for.register(diffrax.AbstractImplicitSolver, lambda solver: ReplayAdjoint())
 
 
 def reverse_only(adjoint) -> bool:

@@ -17,9 +17,8 @@ from .._compilation._linear_solvers import symmetric_operator
 from .._compilation._scalarize import array_form_scope, scalarize
 from .._compilation._sparse import cholesky_factor, cholesky_solve
 from .._custom_types import Array, Bool, Float, PyTree, ScalarLike
-from .._formulations._base import AbstractFormulation
+from .._formulations._base import AbstractFormulation, AbstractIndependentVelocities
 from .._formulations._multipliers import eliminate
-from .._formulations._redundant import RedundantCoordinates
 from .._solution import RESULTS
 from .._systems._structure import terms_structure
 from .._systems._system import AbstractSystem, ConstrainedTerms, LagrangianSystem
@@ -86,9 +85,10 @@ def _dense_minv_gt(terms: ConstrainedTerms):
 
 
 def _derives_velocities(formulation) -> bool:
-    """Whether the formulation derives the velocities from the state
-    ([`jaxdae.RedundantCoordinates`][]); a `ValueError` for another that does."""
-    if isinstance(formulation, RedundantCoordinates):
+    """Whether the formulation derives the velocities from the independent ones of the
+    state ([`jaxdae.extend.AbstractIndependentVelocities`][], e.g.
+    [`jaxdae.RedundantCoordinates`][]); a `ValueError` for another that derives them."""
+    if isinstance(formulation, AbstractIndependentVelocities):
         return True
     if formulation.derives_velocities:
         raise ValueError(

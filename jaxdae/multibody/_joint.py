@@ -9,6 +9,7 @@ relative orientation (fixed, prismatic).
 """
 
 import abc
+import functools
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -575,3 +576,81 @@ class Cylindrical(AbstractJoint):
 
     def coordinate(self, a, b):
         return _along_axis(a, b, self.axis)
+
+
+# -- the joints that carry a body in a tree ----------------------------------------------
+
+
+class ScrewMotion(eqx.Module):
+    """How a tree joint with at most one coordinate `θ` moves its body relative to its
+    parent: a turn by `turn · θ` about `axis` and a slide by `slide · θ` along it, `axis`
+    a unit vector in the marker frames (which coincide at `θ = 0`). A revolute joint turns
+    (`turn = 1`, `slide = 0`), a prismatic one slides, a fixed one does neither and has no
+    coordinate.
+
+    **Fields:**
+
+    - `axis`: `(3,)`, the direction (normalized where it is used).
+    - `turn`, `slide`: Python floats, radians and length per unit of the coordinate.
+    """
+
+    axis: Float[Array, "3"]
+    turn: float = eqx.field(static=True)
+    slide: float = eqx.field(static=True)
+
+    @property
+    def num_coordinates(self) -> int:
+        """1, or 0 for a joint that neither turns nor slides."""
+        return int(self.turn != 0.0 or self.slide != 0.0)
+
+
+class SphericalMotion(eqx.Module):
+    """How a ball joint moves its body relative to its parent: a free rotation about the
+    coinciding markers, as relative Euler parameters (4 coordinates)."""
+
+
+@functools.singledispatch
+def tree_motion(joint: AbstractJoint) -> ScrewMotion | SphericalMotion | None:
+    """How `joint` carries a body in a [`jaxdae.multibody.TreeMechanism`][]: a
+    [`ScrewMotion`][jaxdae.extend.ScrewMotion] or a
+    [`SphericalMotion`][jaxdae.extend.SphericalMotion], or None for a joint that only
+    closes loops (its residuals become constraints, as in a
+    [`jaxdae.multibody.Mechanism`][]).
+
+    Dispatched on the type of `joint` (`functools.singledispatch`), so that a joint of one's
+    own that moves as a screw or a ball registers itself:
+
+    ```python
+    @jaxdae.extend.tree_motion.register
+    def _(joint: MyHinge):
+        return jaxdae.extend.ScrewMotion(joint.axis, turn=1.0, slide=0.0)
+    ```
+
+    Registered: [`jaxdae.multibody.Revolute`][], [`jaxdae.multibody.Prismatic`][],
+    [`jaxdae.multibody.Fixed`][] (screws) and [`jaxdae.multibody.Spherical`][].
+    """
+    del joint
+    return None
+
+
+@tree_motion.register
+def _revolute(joint: Revolute) -> ScrewMotion:
+    axis = jnp.array([0.0, 0.0, 1.0]) if joint.axis is None else joint.axis
+    return ScrewMotion(axis, turn=1.0, slide=0.0)
+
+
+@tree_motion.register
+def _prismatic(joint: Prismatic) -> ScrewMotion:
+    axis = jnp.array([1.0, 0.0, 0.0]) if joint.axis is None else joint.axis
+    return ScrewMotion(axis, turn=0.0, slide=1.0)
+
+
+@tree_motion.register
+def _fixed(joint: Fixed) -> ScrewMotion:
+    return ScrewMotion(jnp.array([1.0, 0.0, 0.0]), turn=0.0, slide=0.0)
+
+
+@tree_motion.register
+def _spherical(joint: Spherical) -> SphericalMotion:
+    del joint
+    return SphericalMotion()

@@ -6,7 +6,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._body import GROUND
-from ._joint import Fixed, Prismatic, Revolute, Spherical
+from ._joint import ScrewMotion, SphericalMotion, tree_motion
 from ._kinematics import split
 
 SCREW, SPHERICAL, FLOATING = "screw", "spherical", "floating"
@@ -40,16 +40,18 @@ class Topology(NamedTuple):
 
 
 def _tree_kind(joint) -> str | None:
-    if isinstance(joint, Revolute | Prismatic | Fixed):
+    """The kind of the bodies `joint` carries (`tree_motion`), None where it closes loops."""
+    motion = tree_motion(joint)
+    if isinstance(motion, ScrewMotion):
         return SCREW
-    if isinstance(joint, Spherical):
+    if isinstance(motion, SphericalMotion):
         return SPHERICAL
     return None
 
 
 def find_topology(bodies, joints, joint_names) -> Topology:
-    """The spanning tree from the ground: a revolute, prismatic, fixed or spherical joint
-    whose marker `a` is on a body already reached (or the ground) and `b` on a new one
+    """The spanning tree from the ground: a joint that can carry a body (`tree_motion`:
+    revolute, prismatic, fixed, spherical, and the joints registered there) whose marker `a` is on a body already reached (or the ground) and `b` on a new one
     carries that body; a body that no such joint reaches is free (a floating base); the
     other joints close loops."""
     slot = {b.name: i for i, b in enumerate(bodies)}
@@ -98,7 +100,8 @@ def find_topology(bodies, joints, joint_names) -> Topology:
         if index not in used:
             continue
         b = slot[split(joint.b)[0]]
-        size = 0 if isinstance(joint, Fixed) else (4 if kinds[b] == SPHERICAL else 1)
+        motion = tree_motion(joint)
+        size = 4 if isinstance(motion, SphericalMotion) else motion.num_coordinates
         body_dofs[b] = tuple(range(len(names), len(names) + size))
         offsets.append((joint_names[index], len(names), size))
         names += ([f"{joint_names[index]}.{c}" for c in _QUATERNION] if size == 4

@@ -31,7 +31,7 @@ from ._articulated import (
 )
 from ._body import GROUND, Ground, RigidBody
 from ._force import AbstractForce, Gravity
-from ._joint import AbstractJoint, Fixed, Prismatic, Revolute
+from ._joint import AbstractJoint, ScrewMotion, tree_motion
 from ._kinematics import Frame, euler_rotation, quaternion_from_matrix, split
 from ._mechanism import AbstractMechanism, Driven, kind_check
 from ._spatial import (
@@ -203,21 +203,19 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
 
     def _joint_parameters(self, start, stop, dtype) -> dict:
         """The stacked parameters of the tree joints of positions `start:stop`: their markers
-        `s_a`, `A_a` (on the parent) and `s_b`, `A_b` (on the body), and for revolute and
-        prismatic joints the unit axes `u` and which of them turn or slide (`turn`,
-        `slide`: ones and zeros)."""
+        `s_a`, `A_a` (on the parent) and `s_b`, `A_b` (on the body), and for screw joints
+        (`tree_motion`) the unit axes `u` and the turn and slide per unit of their
+        coordinates (`turn`, `slide`)."""
         joints = [self.joints[self.topology.joint[k]] for k in range(start, stop)]
         markers = [_marker(self, ref, dtype) for joint in joints for ref in (joint.a, joint.b)]
         out = {key: jnp.stack([m[k] for m in markers[offset::2]])
                for key, k, offset in (("s_a", 1, 0), ("o_a", 2, 0), ("s_b", 1, 1), ("o_b", 2, 1))}
-        if all(isinstance(j, Revolute | Prismatic | Fixed) for j in joints):
-            default = {Revolute: (0.0, 0.0, 1.0)}
-            axes = jnp.stack([
-                jnp.asarray(default.get(type(j), (1.0, 0.0, 0.0)), dtype)
-                if getattr(j, "axis", None) is None else j.axis.astype(dtype) for j in joints])
+        motions = [tree_motion(j) for j in joints]
+        if all(isinstance(m, ScrewMotion) for m in motions):
+            axes = jnp.stack([m.axis.astype(dtype) for m in motions])
             out["u"] = axes / jnp.sqrt(jnp.sum(axes * axes, axis=1, keepdims=True))
-            out["turn"] = jnp.asarray([float(isinstance(j, Revolute)) for j in joints], dtype)
-            out["slide"] = jnp.asarray([float(isinstance(j, Prismatic)) for j in joints], dtype)
+            out["turn"] = jnp.asarray([m.turn for m in motions], dtype)
+            out["slide"] = jnp.asarray([m.slide for m in motions], dtype)
         return out
 
     def poses(self, q: Float[Array, " n"]):
