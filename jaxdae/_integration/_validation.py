@@ -30,7 +30,12 @@ from .._systems._nonholonomic import is_not_affine
 from .._systems._structure import (
     is_mass_positive_definite,
 )
-from .._systems._system import AbstractSystem, LagrangianSystem, require_output
+from .._systems._system import (
+    AbstractSystem,
+    LagrangianSystem,
+    model_defines,
+    require_output,
+)
 from ._solvers import AbstractSolverWrapper
 from ._vector_fields import system_terms
 
@@ -365,8 +370,9 @@ def check_model_outputs(system, t0, q0, v0) -> None:
         return  # (jaxdae's multibody systems build their functions themselves)
     cls = type(system).__name__
     n = q0.shape[0]
+    base = LagrangianSystem if isinstance(system, LagrangianSystem) else HamiltonianSystem
     for name, (arity, shape) in _MODEL_FUNCTIONS.items():
-        if name not in type(system).provided:
+        if not model_defines(system, name, base):
             continue
         args = (t0, q0, v0)[:arity]
         try:

@@ -25,7 +25,6 @@ from ._system import (
     derived_terms,
     holonomic_terms,
     nonholonomic_terms,
-    record_provided,
 )
 
 
@@ -64,13 +63,6 @@ class HamiltonianSystem(AbstractSystem):
 
     state_is_velocity: ClassVar[bool] = False
     terms_from_constraints: ClassVar[bool] = True
-    # The methods the subclass defines (recorded when the class is created): the terms
-    # leave `energy` and `momenta` to the subclass's own methods where it defines them.
-    provided: ClassVar[frozenset[str]] = frozenset()
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        record_provided(cls, HamiltonianSystem)
 
     @abc.abstractmethod
     def hamiltonian(self, t: Scalar, q: Coordinates, p: Momenta) -> Scalar:
@@ -117,7 +109,7 @@ class HamiltonianSystem(AbstractSystem):
         jacobian = jnp.concatenate([jac_phi, jac_psi], axis=0)
         bias = jnp.concatenate([gamma, -psi_rate])
         return derived_terms(self, (mass, forces, phi, dphi, psi, jacobian, bias), hamiltonian,
-                             p, q.dtype)
+                             p, q.dtype, HamiltonianSystem)
 
     def state_rate(self, t, q, p, terms, acceleration):
         """`ṗ = M (q̈ − w)`, which equals `Q − ∇_q H − Gᵀλ` (Shemelova (2016), eq. [5])."""

@@ -104,6 +104,29 @@ def _cached(key, system, t, q, v):
     return _CACHE[key]
 
 
+def model_defines(system, name: str, base: type | None = None) -> bool:
+    """Whether the model class of `system` writes the method `name` itself rather than
+    inheriting the default of `base` (`LagrangianSystem` or `HamiltonianSystem`; None: the
+    class that declares `name` first, e.g. `LagrangianSystem` for `mass_matrix`).
+
+    This is jaxdae's one test of what a subclass overrides, kept because the public
+    contract of [`jaxdae.LagrangianSystem`][] asks for it: a model writes
+    `kinetic_energy` **or** `mass_matrix` without declaring which, and each default is
+    derived from the other, so only the class can say which one is the model's (the terms
+    differentiate that one; differentiating the default would derive it twice). The same
+    test leaves `energy` and `momenta` to a model that writes its own, and limits the
+    checks of a model's outputs to the functions it writes."""
+    return _defines(type(system), name, base)
+
+
+@functools.cache
+def _defines(cls: type, name: str, base: type | None) -> bool:
+    mro = cls.__mro__
+    if base is None:
+        base = next(c for c in reversed(mro) if name in vars(c))
+    return any(name in vars(c) for c in mro if issubclass(c, base) and c is not base)
+
+
 def _avals(tree):
     return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
                                   tree)
@@ -113,7 +136,7 @@ def _analyse(system, t, q, v) -> TermsStructure:
 
     params, static = eqx.partition(system, eqx.is_array)
     n = q.shape[0]
-    mass_given = "mass_matrix" in system.provided
+    mass_given = model_defines(system, "mass_matrix")
 
     def model(p):
         return eqx.combine(p, static)

@@ -31,7 +31,7 @@ from .._custom_types import (
     Velocities,
 )
 from ._nonholonomic import velocity_curvature
-from ._structure import colour_matrix, terms_structure
+from ._structure import colour_matrix, model_defines, terms_structure
 
 
 class ConstrainedTerms(eqx.Module):
@@ -108,7 +108,9 @@ class AbstractSystem(eqx.Module):
 
     terms_from_constraints: ClassVar[bool] = False
     """Whether `terms` takes `Φ`, `Φ̇` and `Ψ` from `constraints` and `velocity_constraints`,
-    so that those can be evaluated alone (as projections do)."""
+    so that those can be evaluated alone (as projections do). `LagrangianSystem` and
+    `HamiltonianSystem` declare `True`; a subclass of theirs that writes its own `terms`
+    declares `False`."""
 
     def velocities(self, t: Scalar, q: Coordinates, s: Velocities) -> Velocities:
         """`q̇` at the state `(q, s)`. Default: `s` (the state holds velocities)."""
@@ -271,18 +273,13 @@ class LagrangianSystem(AbstractSystem):
     # `None`: derive the terms from their sparsity patterns above 8 coordinates; `True`
     # / `False`: always / never (see "Structure" above).
     structured_terms: ClassVar[bool | None] = None
+    # A subclass that writes `terms` itself declares `False` (see `AbstractSystem`).
     terms_from_constraints: ClassVar[bool] = True
-    # The methods the subclass defines (recorded once, when the class is created): the
-    # terms are derived from `mass_matrix` where it is given, else from `kinetic_energy`.
-    provided: ClassVar[frozenset[str]] = frozenset()
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        record_provided(cls, LagrangianSystem)
 
     def __check_init__(self):
-        cls = type(self)
-        if not ("kinetic_energy" in cls.provided or "mass_matrix" in cls.provided):
+        if not (model_defines(self, "kinetic_energy", LagrangianSystem)
+                or model_defines(self, "mass_matrix", LagrangianSystem)):
+            cls = type(self)
             raise TypeError(
                 f"{cls.__name__} must override `kinetic_energy(self, t, q, v)` or "
                 "`mass_matrix(self, t, q)`: jaxdae derives the other one from it."
@@ -325,8 +322,7 @@ class LagrangianSystem(AbstractSystem):
         # (`vmap` of `jvp` computes the unbatched primal once; for the two-link arm it traces
         # in two thirds of the time of `jax.linearize` followed by `vmap` of the linear map.)
         n = q.shape[0]
-        cls = type(self)
-        mass_given = "mass_matrix" in cls.provided
+        mass_given = model_defines(self, "mass_matrix", LagrangianSystem)
         structure = terms_structure(self, t, q, v)
 
         def lagrangian(t_, q_, v_):
@@ -368,7 +364,7 @@ class LagrangianSystem(AbstractSystem):
         bias = jnp.concatenate([-second, -psi_rate])
         # `p = ∂T/∂v = L_v`
         return derived_terms(self, (mass, forces, phi, dphi, psi, jacobian, bias), energy, lag_v,
-                             dtype)
+                             dtype, LagrangianSystem)
 
     def _structured_terms(self, structure, local, t, q, v, mass_given):
         # As above, with compressed tangents: one per colour of `[M; Ψ_v]`'s columns
@@ -412,7 +408,7 @@ class LagrangianSystem(AbstractSystem):
         bias = jnp.concatenate([-second, -psi_rate])
         return derived_terms(
             self, (mass.dense(), forces, phi, dphi, psi, jacobian.dense(), bias), energy, lag_v,
-            dtype, mass_operator=SparseOperator(mass, mass_tags),
+            dtype, LagrangianSystem, mass_operator=SparseOperator(mass, mass_tags),
             jacobian_operator=SparseOperator(jacobian))
 
 
@@ -424,27 +420,18 @@ def applied_forces(system, t, q, s) -> Float[Array, " n"]:
     return forces
 
 
-def derived_terms(system, matrices: tuple, energy, momenta, dtype, **operators
-                  ) -> ConstrainedTerms:
+def derived_terms(system, matrices: tuple, energy, momenta, dtype, base: type,
+                  **operators) -> ConstrainedTerms:
     """The `ConstrainedTerms` a system derived, cast to `dtype`: `matrices` are `(M, Q, Φ,
     Φ̇, Ψ, G, bias)`, `operators` the structure found. `energy` and `momenta` come along
-    where the derivation computed them anyway, unless the system's class defines its own
-    (they are then left to its methods)."""
+    where the derivation computed them anyway, unless the model (a subclass of `base`)
+    writes its own (they are then left to its methods)."""
     return cast_floating(ConstrainedTerms(
         *matrices,
-        energy=None if "energy" in system.provided else energy,
-        momenta=None if "momenta" in system.provided else momenta,
+        energy=None if model_defines(system, "energy", base) else energy,
+        momenta=None if model_defines(system, "momenta", base) else momenta,
         **operators,
     ), dtype)
-
-
-def record_provided(cls: type, base: type) -> None:
-    """Record in `cls.provided` the names that the classes from `cls` up to `base`
-    (excluded) define, what a subclass of a system class provides, and whether its terms
-    come from its constraints (`terms_from_constraints`: it does not define `terms`)."""
-    cls.provided = frozenset().union(  # pyright: ignore[reportAttributeAccessIssue]
-        *(vars(c) for c in cls.__mro__ if issubclass(c, base) and c is not base))
-    cls.terms_from_constraints = "terms" not in cls.provided  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def cast_floating(tree, dtype):
