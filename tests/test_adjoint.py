@@ -249,7 +249,7 @@ def test_reverse_mode_inside_jit_does_not_trace_the_primal_solve(monkeypatch):
     """Staging a jitted call traces a custom VJP's primal solve (diffrax's loop), which
     reverse mode then does not compile (it compiles the sweep's forward solve). The
     gradient inside an enclosing `jax.jit` never traces that primal: `simulate` calls
-    `diffrax.diffeqsolve` unjitted (`_solve._diffeqsolve`), and is itself traced inline
+    `diffrax.diffeqsolve` unjitted (`diffeqsolve_unjitted`), and is itself traced inline
     (`jit_unless_staged`: inside an enclosing jit `simulate` is traced inline; eager calls,
     under `grad` or `vmap` too, run the jitted `simulate`)."""
     from jaxdae._integration import _adjoint, _sweep_backward

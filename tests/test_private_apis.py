@@ -65,3 +65,28 @@ def test_use_stepsize_tol_marks_a_root_finder_without_tolerances():
         f"diffrax._root_finder.use_stepsize_tol is not the marker of "
         f"diffrax.with_stepsize_controller_tols in {VERSIONS}")
     assert diffrax.Kvaerno5().root_finder.rtol is private.use_stepsize_tol
+
+
+def test_diffeqsolve_unjitted_is_diffeqsolve_without_its_jit():
+    assert private.diffeqsolve_unjitted is not diffrax.diffeqsolve, (
+        f"diffrax.diffeqsolve.__wrapped__ (the function under equinox's filter_jit) is "
+        f"missing in {VERSIONS}: solves fall back to the jitted diffeqsolve")
+    term = diffrax.ODETerm(lambda t, y, args: -y)
+    sol = jax.jit(lambda y0: private.diffeqsolve_unjitted(
+        term, diffrax.Tsit5(), 0.0, 1.0, 0.1, y0).ys)(jnp.asarray(1.0))
+    assert jnp.allclose(sol, jnp.exp(-1.0), rtol=1e-4)
+
+
+def test_result_codes_read_and_write_the_codes_of_an_enumeration():
+    results = diffrax.RESULTS
+    item = results.where(jnp.asarray(True), results.max_steps_reached, results.successful)
+    code = private.result_codes(item)
+    assert jnp.shape(code) == () and jnp.issubdtype(jnp.result_type(code), jnp.integer), (
+        f"the code of an equinox enumeration item (`_value`) changed in {VERSIONS}")
+    assert private.result_messages(results)[int(code)] == results[item], (
+        f"equinox's messages by code (`_index_to_message`) changed in {VERSIONS}")
+    batch = jax.vmap(lambda flag: results.where(flag, results.successful,
+                                                results.max_steps_reached))(
+        jnp.array([True, False]))
+    swapped = private.with_result_codes(batch, private.result_codes(batch)[::-1])
+    assert (swapped == results.max_steps_reached).tolist() == [True, False]

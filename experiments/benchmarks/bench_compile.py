@@ -117,7 +117,7 @@ def trace_stages(fn, args, repeats: int) -> dict:
          "diagnostics at the saved states (assemble_solution)"),
         (system_solve_module, "check_structure", "structure and gain checks (check_structure)"),
         (system_solve_module, "check_traced", "joined runtime checks (check_traced)"),
-        (solve_module, "_diffeqsolve", "diffrax.diffeqsolve (with the right-hand side)"),
+        (solve_module, "diffeqsolve_unjitted", "diffrax.diffeqsolve (with the right-hand side)"),
     ]
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     try:

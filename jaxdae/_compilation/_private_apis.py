@@ -6,10 +6,11 @@ directly. `tests/test_private_apis.py` checks that each still exists and behaves
 relies on, and names the installed versions when one has moved, so that a new release
 that breaks one fails that test rather than a solve somewhere else.
 
-Two of them only make jaxdae faster and have a safe answer when they are gone:
-`backends_are_initialized` (then: assume JAX has computed nothing yet) and
-`traced_for_jit` (then: never, so `jit_unless_staged` always jits). The others are
-needed for correct results and are imported without a fallback.
+Three of them only make jaxdae faster and have a safe answer when they are gone:
+`backends_are_initialized` (then: assume JAX has computed nothing yet),
+`traced_for_jit` (then: never, so `jit_unless_staged` always jits) and
+`diffeqsolve_unjitted` (then: `diffrax.diffeqsolve` itself). The others are needed for
+correct results and are imported without a fallback.
 """
 
 import importlib
@@ -29,20 +30,41 @@ _LAZY = {
     # `while_loop`s use it to skip work that no batch entry needs. JAX has no public way for
     # a function to ignore the batch dimension that `jax.vmap` adds.
     "unvmap_any": ("equinox.internal", "unvmap_any"),
+    # `diffrax.diffeqsolve` without its own `eqx.filter_jit` (the function that equinox's
+    # wrapper keeps as `__wrapped__`): a solve is always traced inside a jit (its own,
+    # `jit_unless_staged`, or the caller's). Reverse mode stages a jitted call before it
+    # differentiates it, and staging the adjoint's custom VJP traces the primal solve,
+    # which the gradient then does not use (docs/design_measurements.md#unjitted-solve).
+    "diffeqsolve_unjitted": ("diffrax", "diffeqsolve.__wrapped__"),
 }
+# What stands in for a name that only makes jaxdae faster, where it is gone.
+_FALLBACK = {"diffeqsolve_unjitted": ("diffrax", "diffeqsolve")}
+
+
+def _resolve(module: str, path: str):
+    value = importlib.import_module(module)
+    for attribute in path.split("."):
+        value = getattr(value, attribute)
+    return value
 
 
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attribute = _LAZY[name]
-    value = getattr(importlib.import_module(module), attribute)
+    try:
+        value = _resolve(*_LAZY[name])
+    except AttributeError:
+        if name not in _FALLBACK:
+            raise
+        MISSING[".".join(_LAZY[name])] = _versions()
+        value = _resolve(*_FALLBACK[name])
     globals()[name] = value
     return value
 
 
-# Names found missing at import, each with the library versions it was missing from;
-# tests/test_private_apis.py requires this to be empty.
+# Names found missing (at import, or a lazy one with a fallback when first used), each with
+# the library versions it was missing from; tests/test_private_apis.py requires this to be
+# empty.
 MISSING: dict[str, str] = {}
 
 
@@ -93,3 +115,25 @@ def traced_for_jit(values) -> bool:
         return False
     return True
 
+
+
+# The integer codes of the items of an equinox enumeration (diffrax's and jaxdae's
+# `RESULTS`) and the messages by code: equinox gives an item's comparisons, `where` and
+# message, but not its code, which the results of the elements of a batch (one code each)
+# are read and written by.
+def result_codes(item) -> jax.Array:
+    """The integer code array of `item`, an item of an equinox enumeration (any shape:
+    one code per element of a batch)."""
+    return item._value
+
+
+def with_result_codes(item, codes):
+    """`item` with its code array replaced by `codes` (of its enumeration)."""
+    import equinox as eqx  # not at import: see `_LAZY`
+
+    return eqx.tree_at(lambda r: r._value, item, codes)
+
+
+def result_messages(enumeration) -> list[str]:
+    """The messages of the items of `enumeration`, indexed by their codes."""
+    return enumeration._index_to_message

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._compilation._linalg import psd_pseudo_solve
-from .._compilation._private_apis import unvmap_any
+from .._compilation._private_apis import result_codes, unvmap_any, with_result_codes
 from .._custom_types import Array
 from .._formulations import AbstractStabilizedFormulation
 from .._solution import RESULTS
@@ -75,8 +75,8 @@ def name_non_finite_term(sol, system, formulation, t0):
     inside every compiled solve, where the probe would be a second copy of the equations of
     motion to compile (docs/design_measurements.md#non-finite-probe); traced solves keep
     `dt_min_reached`."""
-    codes = np.array(sol.result._value)
-    stalled = codes == RESULTS.dt_min_reached._value
+    codes = np.array(result_codes(sol.result))
+    stalled = np.asarray(sol.result == RESULTS.dt_min_reached)
     if not np.any(stalled) or formulation.derives_velocities:
         return sol  # (a formulation that maps the state to velocities: state not at hand)
     state = sol.v_final if system.state_is_velocity else sol.p_final
@@ -85,9 +85,8 @@ def name_non_finite_term(sol, system, formulation, t0):
         code = int(non_finite_term(system, formulation, t0, sol.t_final[index],
                                     sol.q_final[index], state[index]))
         if code:
-            codes[index] = NON_FINITE_RESULTS[code - 1]._value
-    result = eqx.tree_at(lambda r: r._value, sol.result,
-                         jnp.asarray(codes, sol.result._value.dtype))
+            codes[index] = result_codes(NON_FINITE_RESULTS[code - 1])
+    result = with_result_codes(sol.result, jnp.asarray(codes, codes.dtype))
     return eqx.tree_at(lambda s: s.result, sol, result)
 
 

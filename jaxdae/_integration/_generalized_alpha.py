@@ -416,7 +416,7 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
         state whose constraint Jacobian `G = [Φ_q; Ψ_v]` has fewer independent rows than
         rows (singular values below `√ε σ_max`, as `checked_result` counts the range of
         `G`): redundant constraints, or a singular configuration."""
-        if (_solves_least_squares(self) or np.ndim(sol.result._value) != 0
+        if (_solves_least_squares(self) or np.ndim(sol.t_final) != 0
                 or sol.result != RESULTS.dt_min_reached):
             return sol
         jacobian = np.asarray(system.terms(sol.t_final, sol.q_final, sol.v_final).jacobian)

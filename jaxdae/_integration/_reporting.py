@@ -9,7 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._compilation._private_apis import unvmap_any
+from .._compilation._private_apis import (
+    result_codes,
+    result_messages,
+    unvmap_any,
+    with_result_codes,
+)
 from .._custom_types import Array
 from .._gains import attach_checks, is_concrete
 from .._solution import (
@@ -53,8 +58,8 @@ def reported_failure(sol) -> Array:
     succeeded: the callback sits in a `lax.cond` on whether any element of the batch failed.
     An ensemble's first failed row is picked by reductions, so that a sharded ensemble is
     not gathered onto the callback's device."""
-    codes = sol.result._value
-    failed = codes != RESULTS.successful._value
+    codes = result_codes(sol.result)
+    failed = sol.result != RESULTS.successful
     arrays = (codes, sol.t_final, sol.q_final, *residuals(sol))
     element = ()
     if codes.ndim:  # an ensemble: the values of its first failed row
@@ -94,7 +99,7 @@ TRACED_HINT = (" (Traced: where the solve stopped is written to standard error j
 
 
 # What a traced solve cannot name and an eager one does: the causes of a stalled step.
-TRACED_CAUSES = {int(RESULTS.dt_min_reached._value): (
+TRACED_CAUSES = {int(result_codes(RESULTS.dt_min_reached)): (
     " Its likely cause: a term of the model that turned non-finite (nan or inf) at the "
     "start or during the solve, or a mass matrix that is not positive definite there (a "
     "tree's negative mass or inertia). Called eagerly (outside `jit`, `vmap` and `grad`), "
@@ -107,8 +112,9 @@ def invalid_as_result(sol, invalid):
     are nan, instead of an error that would end a whole batch for one member."""
     invalid = jnp.asarray(invalid)
     result = sol.result
-    result = eqx.tree_at(lambda r: r._value, result, jnp.where(
-        invalid, RESULTS.invalid_input._value, result._value).astype(result._value.dtype))
+    codes = result_codes(result)
+    result = with_result_codes(result, jnp.where(
+        invalid, result_codes(RESULTS.invalid_input), codes).astype(codes.dtype))
 
     def blank(x):
         if not eqx.is_inexact_array(x):
@@ -206,10 +212,10 @@ def check_traced(sol, system, formulation, times, initial, checks: TracedChecks,
     # or steps, `solvable_inputs`) is not reported.
     reported = eqx.tree_at(lambda s: s.result, sol,
                            RESULTS.where(wrong, RESULTS.successful, sol.result))
-    index = jnp.where(wrong, index, len(messages) + result._value)
+    index = jnp.where(wrong, index, len(messages) + result_codes(result))
     wrong = wrong | (result != RESULTS.successful)
     messages = messages + tuple(m + TRACED_CAUSES.get(code, "") + TRACED_HINT
-                                for code, m in enumerate(RESULTS._index_to_message))
+                                for code, m in enumerate(result_messages(RESULTS)))
     # Under `vmap` equinox reports the largest index of the batch: 0 where nothing is wrong.
     index = jnp.where(wrong, index, 0)
     return attach_check(sol, lambda x: eqx.branched_error_if(

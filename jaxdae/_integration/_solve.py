@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import optimistix as optx
 
+from .._compilation._private_apis import diffeqsolve_unjitted
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._gains import is_concrete
 from .._solution import RESULTS
@@ -233,16 +234,10 @@ def integrate(dynamics: Dynamics, args, y0, times: Times, options: SolveOptions,
     controller = stop_stalled_steps(controller)
     term = (diffrax.ODETerm(dynamics.vector_field) if dynamics.stage_vjp is None
             else ODETermWithVJP(dynamics.vector_field, dynamics.stage_vjp))
-    out = _diffeqsolve(term, solver, t0, t1, options.dt0, y0, args=args, saveat=saveat,
-                       stepsize_controller=controller, adjoint=options.adjoint, event=event,
-                       max_steps=options.max_steps, throw=False)
+    # Unjitted: `integrate` is always traced inside a jit (`diffeqsolve_unjitted`).
+    out = diffeqsolve_unjitted(term, solver, t0, t1, options.dt0, y0, args=args,
+                               saveat=saveat, stepsize_controller=controller,
+                               adjoint=options.adjoint, event=event,
+                               max_steps=options.max_steps, throw=False)
     return out, name_result(solver, event_result(out, list(dynamics.failures),
                                                  len(dynamics.located)))
-
-
-# `diffrax.diffeqsolve` without its own `eqx.filter_jit`: `integrate` is always traced inside
-# a jit (the solve's own, `jit_unless_staged`, or the caller's). Reverse mode stages a jitted
-# call before it differentiates it, and staging the adjoint's custom VJP traces the primal
-# solve, which the gradient then does not use (docs/design_measurements.md#unjitted-solve).
-# (The plain function if equinox no longer exposes it.)
-_diffeqsolve = getattr(diffrax.diffeqsolve, "__wrapped__", diffrax.diffeqsolve)
