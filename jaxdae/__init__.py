@@ -17,7 +17,7 @@ from ._compilation._xla_flags import configure_on_import as _configure_on_import
 # Before anything computes: XLA reads its flags when JAX starts its first backend.
 _configure_on_import()
 
-from . import examples as examples, multibody as multibody
+from . import examples as examples, multibody as multibody, viz as viz
 from ._analysis._actuated import consistent_actuated_state as consistent_actuated_state
 from ._analysis._consistent import consistent_initial_state as consistent_initial_state
 from ._analysis._control import (

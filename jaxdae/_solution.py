@@ -1,6 +1,12 @@
 """The result of [`jaxdae.simulate`][], the base it shares with
-[`jaxdae.ActuatedSolution`][], the outcomes of a solve and their messages."""
+[`jaxdae.ActuatedSolution`][], the outcomes of a solve and their messages.
 
+Below the formulations, which name their failures with `RESULTS`: this module imports
+nothing of jaxdae's but its types and the adapter of private names. Plotting lives above
+it, in `jaxdae.viz`, which registers its function with [`plot`][] when imported.
+"""
+
+import functools
 import warnings
 from typing import ClassVar
 
@@ -8,6 +14,7 @@ import diffrax
 import equinox as eqx
 import numpy as np
 
+from ._compilation._private_apis import result_codes, result_messages
 from ._custom_types import Array, Float, Int
 
 with warnings.catch_warnings():  # `successful` gets a message (diffrax's is empty)
@@ -243,9 +250,19 @@ class AbstractSolution(eqx.Module):
 
         The matplotlib `Figure`.
         """
-        from .viz._plots import plot_solution  # matplotlib is optional: only when plotting
+        return plot(self, **kwargs)
 
-        return plot_solution(self, **kwargs)
+
+@functools.singledispatch
+def plot(solution: AbstractSolution, **kwargs):
+    """Draws `solution`: the body of `AbstractSolution.plot`, dispatched on the type of
+    the solution. `jaxdae.viz` registers its `plot_solution` here for every solution type
+    when it is imported (as `import jaxdae` does), so that the core does not import the
+    plotting layer."""
+    del kwargs
+    raise NotImplementedError(
+        f"No plotting function is registered for {type(solution).__name__}: "
+        "`import jaxdae.viz` registers one.")
 
 
 class Solution(AbstractSolution):
@@ -318,7 +335,7 @@ class Solution(AbstractSolution):
 
 def failure_message(sol: Solution) -> str | None:
     """A message naming the first failed solve with its final `t` and `q` (concrete values only)."""
-    return failure_text(sol.result._value, sol.t_final, sol.q_final, *residuals(sol))
+    return failure_text(result_codes(sol.result), sol.t_final, sol.q_final, *residuals(sol))
 
 
 def residuals(sol) -> tuple:
@@ -333,20 +350,20 @@ def failure_text(codes, t_final, q_final, phi=None, psi=None, element=None) -> s
     (one index per batch axis, after those of `codes`) names the element these values were
     taken from."""
     codes = np.asarray(codes)
-    failed = codes != RESULTS.successful._value
+    failed = codes != result_codes(RESULTS.successful)
     if not np.any(failed):
         return None
     index = tuple(int(i) for i in np.argwhere(failed)[0]) if codes.ndim else ()
     named = index if element is None else index + tuple(
         int(i) for i in np.asarray(element)[index])
-    text = RESULTS._index_to_message[int(codes[index])]
+    text = result_messages(RESULTS)[int(codes[index])]
     t = np.asarray(t_final)[index]
     q = np.asarray(q_final)[index]
     where = f" (batch element {named})" if named else ""
     message = (f"{text}\nThe solve stopped{where} at t = {t:.9g}, "
                f"q = {np.array2string(q, precision=6)}.")
-    if phi is not None and int(codes[index]) in (RESULTS.diverged._value,
-                                                 RESULTS.constraints_not_met._value):
+    if phi is not None and int(codes[index]) in (result_codes(RESULTS.diverged),
+                                                 result_codes(RESULTS.constraints_not_met)):
         residual = np.concatenate([np.asarray(phi)[index], np.asarray(psi)[index]],
                                   axis=-1)
         last = residual[np.all(np.isfinite(residual), axis=-1)]

@@ -1,9 +1,10 @@
 """Seeing the motion: plots of a solution, animations of planar mechanisms and a 3-D viewer
 of spatial ones.
 
-An optional part of jaxdae (`pip install jaxdae[viz]`): `import jaxdae` does not import it,
-and importing it does not import matplotlib or the viewer's library until a function here
-is called.
+An optional part of jaxdae (`pip install jaxdae[viz]`): importing it (as `import jaxdae`
+does) does not import matplotlib or the viewer's library until a function here is called.
+It sits above what it draws: the core does not import it, and `Solution.plot` reaches
+`plot_solution` through the registration that importing it makes.
 """
 
 from ._animate import Animation as Animation, animate as animate

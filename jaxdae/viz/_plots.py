@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from .._integration._actuated import ActuatedSolution
-from .._solution import RESULTS, Events, Solution
+from .._solution import AbstractSolution, Events, Solution, plot
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -162,8 +162,7 @@ def _draw_events(ax: "Axes", events: Events, batch_ndim: int, labelled: bool) ->
 
 def _notes(sol, batch: int, lines: bool, percentiles, title: str | None) -> list[str]:
     notes = [] if title is None else [title]
-    codes = np.asarray(sol.result._value).reshape(-1)
-    failed = int(np.sum(codes != RESULTS.successful._value))
+    failed = int(np.sum(~np.asarray(sol.succeeded)))
     if batch > 1 and not lines:
         notes.append(f"median and {percentiles[0]:g}–{percentiles[1]:g} percentile band "
                      f"of {batch} solves")
@@ -265,6 +264,10 @@ def plot_solution(
     if notes:
         figure.suptitle("\n".join(notes), fontsize="medium")
     return figure
+
+
+# `Solution.plot` and `ActuatedSolution.plot` draw with `plot_solution`.
+plot.register(AbstractSolution, plot_solution)
 
 
 def _panels(solution, fields, names, percentiles
