@@ -19,13 +19,6 @@ _configure_on_import()
 
 from . import examples as examples, multibody as multibody, viz as viz
 from ._analysis._actuated import consistent_actuated_state as consistent_actuated_state
-from ._analysis._consistent import consistent_initial_state as consistent_initial_state
-from ._analysis._control import (
-    AbstractController as AbstractController,
-    ConstantControl as ConstantControl,
-    LinearFeedback as LinearFeedback,
-    with_controller as with_controller,
-)
 from ._analysis._discrete import (
     DiscreteStability as DiscreteStability,
     perturbation_matrix as perturbation_matrix,
@@ -94,6 +87,13 @@ from ._solution import (
     Solution as Solution,
 )
 from ._systems._actuated import ActuatedSystem as ActuatedSystem
+from ._systems._consistent import consistent_initial_state as consistent_initial_state
+from ._systems._control import (
+    AbstractController as AbstractController,
+    ConstantControl as ConstantControl,
+    LinearFeedback as LinearFeedback,
+    with_controller as with_controller,
+)
 from ._systems._hamiltonian import (
     HamiltonianForm as HamiltonianForm,
     HamiltonianSystem as HamiltonianSystem,

@@ -454,7 +454,7 @@ def test_consistent_initial_state_under_vmap_and_grad():
     """A batch projected with `vmap` equals the guesses projected one by one; the Jacobian of
     the pendulum's projection `q = L q0/|q0|` is `(L/|q0|)(I − q̂ q̂ᵀ)`; eager calls with new
     guesses reuse one compilation (the tolerance, scaled by the guess, is traced)."""
-    from jaxdae._analysis._consistent import _project
+    from jaxdae._systems._consistent import _project
 
     guesses = jnp.array([[0.9, -0.5], [-0.3, -0.6], [0.1, 1.2]])
     velocities = jnp.array([[0.7, 0.4], [0.0, 1.0], [-2.0, 0.3]])

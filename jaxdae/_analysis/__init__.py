@@ -1,1 +1,1 @@
-"""Analysis and control: linearization, equilibria, discrete stability, consistent initial states, LQR."""
+"""Analysis and control: linearization, equilibria, discrete stability, LQR, consistent states of actuated systems."""

@@ -12,8 +12,8 @@ from .._compilation._linalg import full_precision
 from .._custom_types import Array, ArrayLike, Bool, Float, Int
 from .._formulations import AbstractFormulation, AbstractIndependentVelocities, Unstabilized
 from .._gains import attach_checks, is_concrete
+from .._systems._control import ConstantControl, is_controlled, with_controller
 from .._systems._system import AbstractSystem
-from ._control import ConstantControl, is_controlled, with_controller
 
 
 def _indices(name, value, n):

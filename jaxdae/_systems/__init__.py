@@ -1,1 +1,2 @@
-"""The model layer: systems and the terms of their equations of motion."""
+"""The model layer: systems, the terms of their equations of motion, the controllers they
+read their inputs from and their consistent states."""

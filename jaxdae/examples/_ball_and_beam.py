@@ -4,8 +4,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._analysis._control import AbstractController, ConstantControl
 from .._custom_types import Array
+from .._systems._control import AbstractController, ConstantControl
 from .._systems._system import LagrangianSystem
 
 

@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._analysis._consistent import consistent_initial_state
-from .._analysis._control import AbstractController, ConstantControl
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
+from .._systems._consistent import consistent_initial_state
+from .._systems._control import AbstractController, ConstantControl
 from .._systems._system import LagrangianSystem
 from ._body import GROUND, Ground, PlanarBody, RigidBody
 from ._force import AbstractForce

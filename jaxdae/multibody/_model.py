@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._analysis._control import AbstractController
 from .._compilation._gather import add_at, take
 from .._custom_types import Array, ArrayLike, Float
+from .._systems._control import AbstractController
 from .._systems._system import LagrangianSystem
 from ._body import GROUND, Ground, PlanarBody, RigidBody, rigid_kinetic_energy, rigid_mass_matrix
 from ._force import AbstractForce

@@ -11,11 +11,11 @@ import lineax as lx
 import numpy as np
 
 from .. import _thresholds
-from .._analysis._control import AbstractController
 from .._compilation._gather import take
 from .._compilation._operators import FactoredOperator, MassFactor
 from .._compilation._sparse import cholesky_factor
 from .._custom_types import Array, Float
+from .._systems._control import AbstractController
 from .._systems._system import (
     AbstractSystem,
     ConstrainedTerms,
