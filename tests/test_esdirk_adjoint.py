@@ -13,8 +13,9 @@ import pytest
 
 import jaxdae
 from jaxdae._integration import _esdirk_adjoint
+from jaxdae._integration._autodiff_step import autodiff_step_vjp
 from jaxdae._integration._esdirk_adjoint import _coefficients, esdirk_step_vjp
-from jaxdae._integration._step_adjoints import autodiff_step_vjp, reuses_outputs, step_vjp
+from jaxdae._integration._step_adjoints import reuses_outputs, step_vjp
 
 
 def _relative(a, b):

@@ -14,8 +14,8 @@ import pytest
 import jaxdae
 from jaxdae import _thresholds
 from jaxdae._integration._adjoint import default_adjoint
+from jaxdae._integration._autodiff_step import autodiff_step_vjp
 from jaxdae._integration._rosenbrock_adjoint import rodas_step_vjp
-from jaxdae._integration._step_adjoints import autodiff_step_vjp
 
 from ._systems import stiff_arm
 

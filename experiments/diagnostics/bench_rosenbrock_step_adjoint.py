@@ -32,8 +32,8 @@ import jax.numpy as jnp  # noqa: E402
 import stiff_integration as study  # noqa: E402  # pyright: ignore[reportMissingImports]
 
 import jaxdae  # noqa: E402
+from jaxdae._integration._autodiff_step import autodiff_step_vjp  # noqa: E402
 from jaxdae._integration._rosenbrock_adjoint import rodas_step_vjp  # noqa: E402
-from jaxdae._integration._step_adjoints import autodiff_step_vjp  # noqa: E402
 
 
 def case(name):

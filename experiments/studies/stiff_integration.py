@@ -368,7 +368,8 @@ def esdirk_steps_by_autodiff(active: bool):
     """Within it, if `active`, `ReplayAdjoint` differentiates the steps of diffrax's
     ESDIRKs (Kvaerno5) by `eqx.filter_vjp` of the solver's step rather than by their
     written-out derivative (read when a gradient is traced)."""
-    from jaxdae._integration._step_adjoints import autodiff_step_vjp, step_vjp
+    from jaxdae._integration._autodiff_step import autodiff_step_vjp
+    from jaxdae._integration._step_adjoints import step_vjp
 
     written = step_vjp.dispatch(diffrax.AbstractESDIRK)
     if active:

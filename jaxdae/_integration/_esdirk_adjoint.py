@@ -20,6 +20,7 @@ from jax.flatten_util import ravel_pytree
 
 from .._compilation._linalg import factor_for_solves, solve_factored
 from .._compilation._private_apis import unvmap_any
+from ._autodiff_step import autodiff_step_vjp
 from ._jacobian import column_seeds, tangent_products
 from ._sweep_forward import terms_within
 
@@ -170,9 +171,6 @@ def esdirk_step_vjp(solver: diffrax.AbstractESDIRK, t0, t1, state, diff, static,
     """
     terms, args = eqx.combine(diff, static)
     if not _written_out(solver, terms):
-        # Imported here: `_step_adjoints` imports this module to register it.
-        from ._step_adjoints import autodiff_step_vjp
-
         return autodiff_step_vjp(solver, t0, t1, state, diff, static)
     y0, solver_state = state
     if outputs is None:

@@ -7,33 +7,14 @@ import functools
 from collections.abc import Callable
 
 import diffrax
-import equinox as eqx
 from jax.flatten_util import ravel_pytree
 
 from .. import _thresholds
 from .._custom_types import Array, PyTree
+from ._autodiff_step import autodiff_step_vjp
 from ._esdirk_adjoint import esdirk_step_vjp
 from ._rosenbrock import Rodas5P
 from ._rosenbrock_adjoint import rodas_step_vjp
-
-
-def autodiff_step_vjp(solver: diffrax.AbstractSolver, t0: Array, t1: Array,
-                      state: tuple[PyTree, PyTree], diff: PyTree, static: PyTree,
-                      outputs: PyTree = None
-                      ) -> tuple[tuple[tuple[PyTree, PyTree], PyTree], Callable]:
-    """The outputs of one step of `solver` and their pullback, by `eqx.filter_vjp` of
-    `solver.step` (the default of [`step_vjp`][], and the reference that a registered
-    derivative is tested against). Reverse mode runs the step again to linearize it:
-    `outputs` is ignored."""
-    del outputs
-
-    def step(state, diff):
-        terms, args = eqx.combine(diff, static)
-        y1, _, dense, solver_state1, _ = solver.step(terms, t0, t1, state[0], args, state[1],
-                                                     False)
-        return (y1, solver_state1), dense
-
-    return eqx.filter_vjp(step, state, diff)
 
 
 @functools.singledispatch

@@ -13,7 +13,7 @@ from .. import _thresholds
 from .._compilation._sharding import explicit_to_auto, is_explicitly_sharded
 from .._gains import is_concrete
 from .._solution import Solution
-from .._systems._structure import constant_mass_factor
+from .._systems._mass import constant_mass_factor
 from .._systems._system import cast_floating
 from ._adjoint import check_adjoint, forward_mode_hint, jit_unless_staged, reverse_only
 from ._events import EventDriven, event_dynamics, event_settings, integrate_with_events

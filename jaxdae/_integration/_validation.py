@@ -26,10 +26,8 @@ from .._custom_types import Array
 from .._formulations import AbstractFormulation, AbstractStabilizedFormulation
 from .._gains import is_concrete
 from .._systems._hamiltonian import HamiltonianSystem
+from .._systems._mass import is_mass_positive_definite
 from .._systems._nonholonomic import is_not_affine
-from .._systems._structure import (
-    is_mass_positive_definite,
-)
 from .._systems._system import (
     AbstractSystem,
     LagrangianSystem,
