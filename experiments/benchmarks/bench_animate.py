@@ -31,7 +31,8 @@ from _common import output_dir, write_json  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-from jaxdae.examples._slider_crank import slider_crank_run  # noqa: E402
+from slider_crank import slider_crank_run  # noqa: E402
+
 from jaxdae.viz import animate  # noqa: E402
 
 

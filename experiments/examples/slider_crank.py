@@ -5,8 +5,9 @@ the x axis, under gravity, started at a crank angle of 0.5 rad turning at 10 rad
 for 1 s with Baumgarte stabilization. The figure shows the slider's position against the
 crank angle and the largest constraint violation over time; the animation (`jaxdae.viz`, the
 `viz` extra) shows the mechanism moving, with the path of the rod's centre traced, at a
-quarter of real speed. The model, the simulation, the plot and the animation are the lines
-between the markers below; after them a smaller GIF of the same animation is written
+quarter of real speed. The model and the simulation (`slider_crank_run`, which the
+animation benchmark and the docs' figures run too), the plot and the animation are the
+lines between the markers below; after them a smaller GIF of the same animation is written
 (`--quick`: the GIF only, with fewer frames).
 
     python experiments/examples/slider_crank.py [--out output] [--quick]
@@ -29,13 +30,22 @@ from jaxdae.examples._slider_crank import slider_crank
 NAME = "slider_crank"
 
 
-def main(out: Path, quick: bool = False) -> dict:
-    folder = output_dir(out, NAME)
-    # --- user code: model, simulation, plot, animation ---
+def slider_crank_run(t1: float = 1.0, num: int = 501):
+    """`(model, solution)`: the slider-crank from a crank angle of 0.5 rad at 10 rad/s under
+    `Baumgarte(20, 100)` for `t1` seconds, `num` saved states."""
+    # --- user code: model and simulation ---
     model = slider_crank()  # bodies, joints, gravity: jaxdae/examples/_slider_crank.py
     q0, v0 = model.initial_state(joint_coordinates={"crank": (0.5, 10.0)})
-    sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 1.0, q0, v0,
-                          ts=jnp.linspace(0.0, 1.0, 501))
+    sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, t1, q0, v0,
+                          ts=jnp.linspace(0.0, t1, num))
+    # --- end of user code ---
+    return model, sol
+
+
+def main(out: Path, quick: bool = False) -> dict:
+    folder = output_dir(out, NAME)
+    model, sol = slider_crank_run()
+    # --- user code: plot, animation ---
     c = model.joint_coordinates(sol.q)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     ax1.plot(c["crank"], c["slide"]), ax1.set(xlabel="crank angle [rad]", ylabel="slider x [m]")

@@ -36,11 +36,11 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from slider_crank import slider_crank_run  # noqa: E402
 
 import jaxdae  # noqa: E402
 import jaxdae.multibody as mb  # noqa: E402
 import jaxdae.viz  # noqa: E402
-from jaxdae.examples._slider_crank import slider_crank_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 # headless Chromium, software WebGL; the virtual time lets the page load and play 1.5 s.

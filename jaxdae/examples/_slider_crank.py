@@ -1,13 +1,8 @@
 """The slider-crank of the guide "Building a mechanism", built with `jaxdae.multibody`: the
-model that its experiment, the animation benchmark, the docs' figures and the animation
-tests share."""
-
-import jax.numpy as jnp
+model that its experiment (`experiments/examples/slider_crank.py`, which simulates it for
+the animation benchmark and the docs' figures too) and the animation tests share."""
 
 import jaxdae.multibody as mb
-
-from .._formulations._baumgarte import Baumgarte
-from .._integration._simulate import simulate
 
 
 def slider_crank() -> mb.Mechanism:
@@ -22,11 +17,3 @@ def slider_crank() -> mb.Mechanism:
               mb.Revolute("rod.b", "slider"), mb.Prismatic("ground", "slider", name="slide")]
     return mb.Mechanism([crank, rod, slider], joints, [mb.Gravity()])
 
-
-def slider_crank_run(t1: float = 1.0, num: int = 501):
-    """`(model, solution)`: the slider-crank from a crank angle of 0.5 rad at 10 rad/s under
-    `Baumgarte(20, 100)` for `t1` seconds, `num` saved states."""
-    model = slider_crank()
-    q0, v0 = model.initial_state(joint_coordinates={"crank": (0.5, 10.0)})
-    return model, simulate(model, Baumgarte(20.0, 100.0), 0.0, t1, q0, v0,
-                           ts=jnp.linspace(0.0, t1, num))
