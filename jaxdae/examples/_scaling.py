@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import jaxdae
+from .._systems._system import LagrangianSystem
 
 GRAVITY = 9.81
 
@@ -55,7 +55,7 @@ def _unit_links(angles):
     return jnp.stack([jnp.sin(angles), -jnp.cos(angles)], axis=-1)
 
 
-class _Links(jaxdae.LagrangianSystem):
+class _Links(LagrangianSystem):
     """`N` unit links with unit masses under gravity: the chain's and the pendulum's fields."""
 
     num_links: int = eqx.field(static=True)
@@ -188,7 +188,7 @@ class NLinkPendulum(_Links):
         return kinetic, potential, ca.SX(0, 1)
 
 
-class FourBarLadder(jaxdae.LagrangianSystem):
+class FourBarLadder(LagrangianSystem):
     """`N` parallelogram four-bars stacked into a ladder hanging from the fixed pivots
     `L_0 = (0, 0)` and `R_0 = (w, 0)`, in absolute coordinates:
     `q = (L_1, R_1, L_2, R_2, …)` (unit point masses, `4N` coordinates).
@@ -273,7 +273,7 @@ class FourBarLadder(jaxdae.LagrangianSystem):
         return kinetic, potential, ca.vertcat(*phi)
 
 
-class BarNet(jaxdae.LagrangianSystem):
+class BarNet(LagrangianSystem):
     """A net of `N × C` unit point masses (`N` rows of `C` nodes, `2NC` coordinates) hanging
     by its top row from the fixed points `(j, 0)`: each node is joined by a bar to the node
     above it (or its anchor) and to its left neighbour, `NC + N(C − 1)` holonomic
