@@ -1,9 +1,11 @@
-"""The examples of docs/guides/extending.md: a new formulation, joint, force element, stop
-and controller written with public names only, each checked against what jaxdae already
-has."""
+"""The examples of docs/guides/extending.md: a new formulation, joint, force element, stop,
+controller and solver written with public names only. The guide's code blocks run here, in
+order, as the page gives them; each part is checked against what jaxdae already has."""
 
-from typing import ClassVar
+import re
+from pathlib import Path
 
+import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -11,28 +13,39 @@ import numpy as np
 import pytest
 
 import jaxdae
+import jaxdae.extend
 import jaxdae.multibody as mb
 from jaxdae.examples import CartesianPendulum
 
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guides" / "extending.md"
+
+
+def _guide_namespace() -> dict:
+    """The names the guide's ```python blocks define, run in order in one namespace."""
+    blocks = re.findall(r"^```python\n(.*?)^```", GUIDE.read_text(encoding="utf-8"),
+                        re.S | re.M)
+    namespace: dict = {"__name__": "extending_guide"}
+    for block in blocks:
+        exec(compile(block, str(GUIDE), "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+_GUIDE = _guide_namespace()
+CriticallyDamped = _GUIDE["CriticallyDamped"]
+SameHeight = _GUIDE["SameHeight"]
+HingeZ = _GUIDE["HingeZ"]
+LinearSpring = _GUIDE["LinearSpring"]
+AboveHeight = _GUIDE["AboveHeight"]
+JointPD = _GUIDE["JointPD"]
+MyHeun = _GUIDE["MyHeun"]
+
+
+def test_the_guide_uses_public_names_only():
+    text = GUIDE.read_text(encoding="utf-8")
+    assert not re.search(r"jaxdae\._|from \._|import _", text)
+
 # -- a formulation -----------------------------------------------------------------------
 
-
-class CriticallyDamped(jaxdae.AbstractExactMultipliers, jaxdae.AbstractBaumgarteFormulation):
-    """Baumgarte stabilization with one rate `k`: `K_D = 2k`, `K_P = k²`, `K_V = k`."""
-
-    kd: jax.Array
-    kp: jax.Array
-    kv: jax.Array
-    rcond: float | None = None
-    gain_names: ClassVar[tuple[str, ...]] = ("kd", "kp", "kv")
-    gain_condition: ClassVar[str] = "the rate k must be positive"
-
-    def __init__(self, rate):
-        rate = jnp.asarray(rate, float)
-        self.kd, self.kp, self.kv = 2 * rate, rate**2, rate
-
-    def accelerations(self, terms):
-        return jaxdae.multiplier_solve(terms, self.target(terms))
 
 
 def test_a_new_formulation_is_baumgarte_with_tied_gains():
@@ -57,15 +70,6 @@ def test_a_new_formulation_is_baumgarte_with_tied_gains():
 # -- a joint -------------------------------------------------------------------------------
 
 
-class SameHeight(mb.AbstractJoint):
-    """Marker `b` stays at the height of marker `a`: `y_b − y_a = 0` (one equation)."""
-
-    name: str | None = eqx.field(default=None, static=True)
-    num_equations: ClassVar[int] = 1
-
-    def residual(self, t, a, b):
-        return (b.point - a.point)[1:2]
-
 
 def _slider(slide):
     slider = mb.PlanarBody("slider", mass=0.3, inertia=1e-4, position=(0.4, 0.0))
@@ -89,22 +93,6 @@ def test_a_new_joint_agrees_with_the_prismatic_joint():
 
 # -- a force element -----------------------------------------------------------------------
 
-
-class LinearSpring(mb.AbstractForce):
-    """A spring of zero rest length between markers `a` and `b`: `V = ½ k |p_b − p_a|²`."""
-
-    a: str = eqx.field(static=True)
-    b: str = eqx.field(static=True)
-    stiffness: jax.Array
-    name: str | None = eqx.field(default=None, static=True)
-
-    @property
-    def markers(self):
-        return (self.a, self.b)
-
-    def potential_energy(self, kin):
-        d = kin.frame(self.b).point - kin.frame(self.a).point
-        return 0.5 * self.stiffness * d @ d
 
 
 def _hanging(spring):
@@ -131,25 +119,6 @@ def test_a_new_force_element_agrees_with_the_spring_damper():
 # -- a stop ---------------------------------------------------------------------------------
 
 
-class AboveHeight(mb.AbstractStop):
-    """Marker `point` stays at or above `height`: one gap `y − height` (planar)."""
-
-    point: str = eqx.field(static=True)
-    height: jax.Array
-    restitution: jax.Array
-    name: str | None = eqx.field(default=None, static=True)
-
-    @property
-    def markers(self):
-        return (self.point,)
-
-    @property
-    def num_gaps(self):
-        return 1
-
-    def gaps(self, kin):
-        return (kin.frame(self.point).point[1] - self.height)[None]
-
 
 def test_a_new_stop_agrees_with_the_plane_contact():
     def model(stop):
@@ -167,17 +136,6 @@ def test_a_new_stop_agrees_with_the_plane_contact():
 # -- a controller --------------------------------------------------------------------------
 
 
-class JointPD(jaxdae.AbstractController):
-    """A motor torque `u = −k_p (θ − θ_ref) − k_d θ̇` on the angle of coordinate `index`."""
-
-    kp: jax.Array
-    kd: jax.Array
-    reference: jax.Array
-    index: int = eqx.field(static=True)
-
-    def __call__(self, t, q, v):
-        return jnp.stack([-self.kp * (q[self.index] - self.reference) - self.kd * v[self.index]])
-
 
 def test_a_new_controller_holds_an_arm_at_its_reference():
     arm = mb.PlanarBody("arm", mass=1.0, inertia=0.02, markers={"pin": (-0.25, 0.0)},
@@ -193,3 +151,67 @@ def test_a_new_controller_holds_an_arm_at_its_reference():
     # PD control leaves the static offset of gravity: θ − θ_ref = −m g l cos θ / k_p.
     offset = -1.0 * 9.81 * 0.25 * jnp.cos(angle) / 60.0
     np.testing.assert_allclose(angle, 0.3 + offset, atol=1e-4)
+
+
+# -- registered parts ----------------------------------------------------------------------
+
+
+def _pendulum(joint):
+    link = mb.RigidBody("link", 0.5, 0.01 * np.eye(3), {"top": (0.0, 0.3, 0.0)})
+    return mb.TreeMechanism([link], [joint], [mb.Gravity((0.0, -9.81, 0.0))])
+
+
+def test_a_registered_tree_joint_carries_a_body_as_the_revolute_joint():
+    mine, theirs = _pendulum(HingeZ("ground", "link.top")), _pendulum(
+        mb.Revolute("ground", "link.top"))
+    assert len(mine.coordinate_names) == len(theirs.coordinate_names) == 1
+    q, v = jnp.array([0.4]), jnp.array([-0.7])
+    ours, reference = mine.terms(0.0, q, v), theirs.terms(0.0, q, v)
+    np.testing.assert_allclose(ours.mass_matrix, reference.mass_matrix, atol=1e-12)
+    np.testing.assert_allclose(ours.forces, reference.forces, atol=1e-12)
+    assert isinstance(jaxdae.extend.tree_motion(HingeZ("ground", "link.top")),
+                      jaxdae.extend.ScrewMotion)
+    assert jaxdae.extend.tree_motion(mb.Distance("ground", "link.top", 0.3)) is None
+
+
+def test_a_registered_solver_gets_its_default_adjoint():
+    from jaxdae._integration._adjoint import default_adjoint
+
+    assert isinstance(default_adjoint(MyHeun(), 100), jaxdae.ReplayAdjoint)
+    assert isinstance(default_adjoint(MyHeun(), None), diffrax.RecursiveCheckpointAdjoint)
+    pendulum = CartesianPendulum()
+    q0, v0 = pendulum.state_from_angle(1.0, 0.0)
+
+    def loss(kd):
+        sol = jaxdae.simulate(pendulum, jaxdae.Baumgarte(kd, 100.0), 0.0, 0.2, q0, v0,
+                              solver=MyHeun())
+        return jnp.sum(sol.q[-1])
+
+    def reference(kd):
+        sol = jaxdae.simulate(pendulum, jaxdae.Baumgarte(kd, 100.0), 0.0, 0.2, q0, v0,
+                              solver=diffrax.Heun())
+        return jnp.sum(sol.q[-1])
+
+    np.testing.assert_allclose(jax.grad(loss)(20.0), jax.grad(reference)(20.0), rtol=1e-8)
+
+
+class _Independent(jaxdae.extend.AbstractIndependentVelocities):
+    """A formulation declaring that its state holds the velocities of coordinates 0."""
+
+    def independent(self, n):
+        return (0,)
+
+    def accelerations(self, terms):
+        return jnp.zeros_like(terms.forces), jnp.zeros_like(terms.bias)
+
+    def validate(self, num_holonomic, num_nonholonomic):
+        return self
+
+
+def test_a_declared_independent_velocities_formulation_is_read_as_such():
+    from jaxdae._analysis._linearize import _state_map
+    from jaxdae._integration._projection import _derives_velocities
+
+    assert _derives_velocities(_Independent())
+    assert _state_map(_Independent(), 2, ()) == ((0, 1), (0,))
+    assert not _derives_velocities(jaxdae.Baumgarte(1.0, 1.0))

@@ -134,7 +134,7 @@ def _applied(element, kin: Kinematics, direction, size):
     return kin.frame(element.at).rotation @ vector if element.local else vector
 
 
-def _norm(d):
+def safe_norm(d):
     """`|d|` with a zero (not NaN) derivative at `d = 0`."""
     dd = d @ d
     positive = dd > 0
@@ -271,12 +271,12 @@ class SpringDamper(AbstractMarkerSpringDamper):
         self.rest_length = self._set_markers(a, b, stiffness, damping, rest_length, actuator, name)
 
     def potential_energy(self, kin):
-        length = _norm(kin.frame(self.b).point - kin.frame(self.a).point)
+        length = safe_norm(kin.frame(self.b).point - kin.frame(self.a).point)
         return self._spring_energy(length, self.rest_length)
 
     def loads(self, kin):
         d = kin.frame(self.b).point - kin.frame(self.a).point
-        length = _norm(d)
+        length = safe_norm(d)
         e = d / jnp.where(length > 0, length, 1.0)
         rate = e @ (kin.velocity(self.b)[0] - kin.velocity(self.a)[0])
         f = self._damped_actuation(kin, rate)

@@ -115,7 +115,7 @@ class AbstractJoint(eqx.Module):
         return None
 
 
-def _basis(u):
+def axis_basis(u):
     """`(û, w₁, w₂)`: the unit axis and two unit vectors completing a right-handed frame."""
     u = _unit(u)
     helper = jnp.eye(3, dtype=u.dtype)[jnp.argmin(jnp.abs(u))]
@@ -123,7 +123,7 @@ def _basis(u):
     return u, w1, jnp.cross(u, w1)
 
 
-def _locked(a, b, angle):
+def locked_orientation(a, b, angle):
     """Zero when the marker frames keep their relative orientation: `θ_b − θ_a − angle` in
     the plane (1 equation); in space, where they are parallel, the skew part of `A_aᵀ A_b`
     (3 equations)."""
@@ -133,18 +133,18 @@ def _locked(a, b, angle):
     return 0.5 * jnp.stack([c[2, 1] - c[1, 2], c[0, 2] - c[2, 0], c[1, 0] - c[0, 1]])
 
 
-def _on_axis(a, b, axis):
+def on_axis(a, b, axis):
     """Zero when marker `b` is on the line through `a` along `axis` (in `a`'s frame): `n·d`,
     `n ⟂ R(θ_a) axis`, in the plane (1 equation); `d` perpendicular to `A_a w₁`, `A_a w₂`
     in space (2 equations); `d = p_b − p_a`."""
     d = b.point - a.point
     if d.shape[0] == 2:
         return (perpendicular(_unit(a.rotation @ axis)) @ d)[None]
-    _, w1, w2 = _basis(axis)
+    _, w1, w2 = axis_basis(axis)
     return jnp.stack([(a.rotation @ w1) @ d, (a.rotation @ w2) @ d])
 
 
-def _along_axis(a, b, axis):
+def along_axis(a, b, axis):
     """The position `u·(p_b − p_a)` of marker `b` along the unit `axis` `u` (in `a`'s frame)."""
     return _unit(a.rotation @ axis) @ (b.point - a.point)
 
@@ -154,9 +154,9 @@ def _x_unless_given(axis, a):
     return jnp.eye(a.point.shape[0], dtype=a.point.dtype)[0] if axis is None else axis
 
 
-def _aligned(a, b, axis):
+def aligned_axes(a, b, axis):
     """Zero when both frames' `axis` coincide in direction (2 dot-1 equations)."""
-    u, w1, w2 = _basis(axis)
+    u, w1, w2 = axis_basis(axis)
     ua = a.rotation @ u
     return jnp.stack([ua @ (b.rotation @ w1), ua @ (b.rotation @ w2)])
 
@@ -217,12 +217,12 @@ class Revolute(AbstractAxisJoint):
     def residual(self, t, a, b):
         if a.point.shape[0] == 2:
             return b.point - a.point
-        return jnp.concatenate([b.point - a.point, _aligned(a, b, self._axis(a.point.dtype))])
+        return jnp.concatenate([b.point - a.point, aligned_axes(a, b, self._axis(a.point.dtype))])
 
     def coordinate(self, a, b):
         if a.angle is not None:
             return b.angle - a.angle
-        u, w1, _ = _basis(self._axis(a.point.dtype))
+        u, w1, _ = axis_basis(self._axis(a.point.dtype))
         ua, xa, xb = a.rotation @ u, a.rotation @ w1, b.rotation @ w1
         return jnp.arctan2(jnp.cross(xa, xb) @ ua, xa @ xb)
 
@@ -265,11 +265,11 @@ class Prismatic(AbstractJoint):
         return 2 if dimension == 2 else 5
 
     def residual(self, t, a, b):
-        on_axis = _on_axis(a, b, _x_unless_given(self.axis, a))
-        return jnp.concatenate([on_axis, _locked(a, b, self.angle)])
+        line = on_axis(a, b, _x_unless_given(self.axis, a))
+        return jnp.concatenate([line, locked_orientation(a, b, self.angle)])
 
     def coordinate(self, a, b):
-        return _along_axis(a, b, _x_unless_given(self.axis, a))
+        return along_axis(a, b, _x_unless_given(self.axis, a))
 
 
 class Fixed(AbstractJoint):
@@ -300,7 +300,7 @@ class Fixed(AbstractJoint):
         return 3 if dimension == 2 else 6
 
     def residual(self, t, a, b):
-        return jnp.concatenate([b.point - a.point, _locked(a, b, self.angle)])
+        return jnp.concatenate([b.point - a.point, locked_orientation(a, b, self.angle)])
 
 
 class Distance(AbstractJoint):
@@ -352,10 +352,10 @@ class PointOnLine(AbstractAxisJoint):
         return dimension - 1
 
     def residual(self, t, a, b):
-        return _on_axis(a, b, _x_unless_given(self.axis, a))
+        return on_axis(a, b, _x_unless_given(self.axis, a))
 
     def coordinate(self, a, b):
-        return _along_axis(a, b, _x_unless_given(self.axis, a))
+        return along_axis(a, b, _x_unless_given(self.axis, a))
 
 
 class Gear(AbstractJoint):
@@ -572,10 +572,10 @@ class Cylindrical(AbstractJoint):
                              "(0, 0, 1)")
 
     def residual(self, t, a, b):
-        return jnp.concatenate([_on_axis(a, b, self.axis), _aligned(a, b, self.axis)])
+        return jnp.concatenate([on_axis(a, b, self.axis), aligned_axes(a, b, self.axis)])
 
     def coordinate(self, a, b):
-        return _along_axis(a, b, self.axis)
+        return along_axis(a, b, self.axis)
 
 
 # -- the joints that carry a body in a tree ----------------------------------------------
