@@ -89,6 +89,7 @@ from ._solution import (
 from ._systems._actuated import ActuatedSystem as ActuatedSystem
 from ._systems._consistent import consistent_initial_state as consistent_initial_state
 from ._systems._control import (
+    AbstractControlledSystem as AbstractControlledSystem,
     AbstractController as AbstractController,
     ConstantControl as ConstantControl,
     LinearFeedback as LinearFeedback,

@@ -62,9 +62,8 @@ PRIVATE_APIS = "jaxdae._compilation._private_apis"
 UPSTREAM = ("jax", "jaxlib", "equinox", "diffrax", "lineax", "optimistix", "optax")
 PRIVATE_MODULES = ("equinox.internal",)
 PRIVATE_ATTRIBUTES = ("_value", "_index_to_message", "__wrapped__")
-# Private names still used outside `_private_apis.py`, by module: the event loop's module
-# is the one exception left (`eqxi.while_loop`).
-EXCEPTIONS = {"jaxdae._integration._events": {"equinox.internal"}}
+# Private names allowed outside `_private_apis.py`, by module: none.
+EXCEPTIONS: dict[str, set[str]] = {}
 
 
 def _module_names() -> dict[str, Path]:

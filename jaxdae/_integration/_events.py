@@ -11,13 +11,12 @@ that meets more ends with `RESULTS.event_budget_exceeded`.
 
 import diffrax
 import equinox as eqx
-import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .._checks import check_instance
-from .._compilation._private_apis import unvmap_any
+from .._compilation._private_apis import unvmap_any, while_loop
 from .._compilation._scalarize import scalarize
 from .._custom_types import Array, Bool, Float, Int
 from .._formulations._impacts import (
@@ -538,8 +537,8 @@ def integrate_with_events(dynamics: EventDynamics, args: SolveArgs, y0, times: T
         limited = eqx.tree_at(lambda o: o.stepsize_controller, options,
                               ApproachLimitedSteps(options.stepsize_controller))
     kind = "lax" if isinstance(options.adjoint, diffrax.ForwardMode) else "checkpointed"
-    final = eqxi.while_loop(lambda c: ~c.done, step, carry, max_steps=budget + 1,
-                            kind=kind, checkpoints=budget + 1 if kind == "checkpointed" else None)
+    final = while_loop(lambda c: ~c.done, step, carry, max_steps=budget + 1,
+                       kind=kind, checkpoints=budget + 1 if kind == "checkpointed" else None)
     if ts is None:
         saved_ts = jnp.stack([t0, final.t])
         ys = (jnp.stack([q0, final.q]), jnp.stack([s0, final.s]))

@@ -1,9 +1,9 @@
 """Control inputs: feedback laws that a controlled system reads through its `controller` field.
 
-A *controlled system* is any system with a field named `controller` (an
-[`jaxdae.AbstractController`][]) whose `generalized_forces` (or energies) read the input as
-`u = self.controller(t, q, v)`. Closing a loop is then a pure function of the model:
-`jaxdae.with_controller(system, jaxdae.LinearFeedback(...))`, and
+A *controlled system* is a [`jaxdae.AbstractControlledSystem`][]: its `controller` (an
+[`jaxdae.AbstractController`][]) gives the input that its `generalized_forces` (or
+energies) read as `u = self.controller(t, q, v)`. Closing a loop is then a pure function of
+the model: `jaxdae.with_controller(system, jaxdae.LinearFeedback(...))`, and
 [`jaxdae.linearize`][] / [`jaxdae.equilibrium`][] obtain the input matrix `B` and the
 equilibrium input by swapping in a [`jaxdae.ConstantControl`][]. Nothing in
 `simulate` knows about controls.
@@ -11,12 +11,16 @@ equilibrium input by swapping in a [`jaxdae.ConstantControl`][]. Nothing in
 
 import abc
 import dataclasses
+import os
+import sys
+import warnings
 
 import equinox as eqx
 import jax.numpy as jnp
 
 from .._checks import check_instance, check_real, described
 from .._custom_types import Array, ArrayLike, Float, Scalar
+from ._system import AbstractSystem
 
 
 class AbstractController(eqx.Module):
@@ -106,11 +110,61 @@ class LinearFeedback(AbstractController):
         return self.u_ref - self.gain @ dx
 
 
+class AbstractControlledSystem(AbstractSystem):
+    """A system driven by a feedback law: its `controller` gives the input
+    `u = self.controller(t, q, v)`, shape `(p,)`, that its `generalized_forces` (or
+    energies) read.
+
+    [`jaxdae.with_controller`][] closes a loop by replacing the controller, and
+    [`jaxdae.linearize`][] and [`jaxdae.equilibrium`][] find the input matrix `B` and the
+    equilibrium input by replacing it with a [`jaxdae.ConstantControl`][]. A model declares
+    the field with its type, e.g. `controller: jaxdae.AbstractController`, beside its
+    other bases:
+
+    ```python
+    class Cart(jaxdae.LagrangianSystem, jaxdae.AbstractControlledSystem):
+        mass: jax.Array
+        controller: jaxdae.AbstractController
+
+        def kinetic_energy(self, t, q, v):
+            return 0.5 * self.mass * v @ v
+
+        def generalized_forces(self, t, q, v):
+            return self.controller(t, q, v)
+    ```
+    """
+
+    controller: eqx.AbstractVar[AbstractController]
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def is_controlled(system) -> bool:
-    """Whether `system` declares a `controller` field (a controlled system reads its input
-    `u = self.controller(t, q, v)`)."""
-    return dataclasses.is_dataclass(system) and any(
-        field.name == "controller" for field in dataclasses.fields(system))
+    """Whether `system` is a controlled system ([`jaxdae.AbstractControlledSystem`][]).
+
+    A system with a field `controller` that does not subclass it counts too, with a
+    `DeprecationWarning`: that convention ends in the next release."""
+    if isinstance(system, AbstractControlledSystem):
+        return True
+    if not (dataclasses.is_dataclass(system) and any(
+            field.name == "controller" for field in dataclasses.fields(system))):
+        return False
+    warnings.warn(
+        f"{type(system).__name__} is a controlled system by its field `controller` alone, "
+        "which is deprecated and stops working in the next release: subclass "
+        "`jaxdae.AbstractControlledSystem` as well.", DeprecationWarning,
+        stacklevel=_user_level())
+    return True
+
+
+def _user_level() -> int:
+    """The `stacklevel` of `warnings.warn`, called from a function of jaxdae, that names the
+    first frame outside jaxdae: the user's line, where Python shows a `DeprecationWarning`."""
+    frame, level = sys._getframe(2), 2
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def with_controller(system, controller: AbstractController):
@@ -118,12 +172,14 @@ def with_controller(system, controller: AbstractController):
 
     **Raises:**
 
-    `ValueError` if `system` has no `controller` field.
+    `ValueError` if `system` is not a controlled system
+    ([`jaxdae.AbstractControlledSystem`][]).
     """
     if not is_controlled(system):
         raise ValueError(
-            f"{described(system)} has no `controller` field: a controlled system declares "
-            "`controller: jaxdae.AbstractController` and reads `u = self.controller(t, q, v)`."
+            f"{described(system)} has no `controller` field: a controlled system subclasses "
+            "`jaxdae.AbstractControlledSystem`, declares `controller: "
+            "jaxdae.AbstractController` and reads `u = self.controller(t, q, v)`."
         )
     check_instance("controller", controller, AbstractController,
                    "a `jaxdae.AbstractController`")

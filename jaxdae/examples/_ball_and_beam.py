@@ -5,11 +5,11 @@ import jax
 import jax.numpy as jnp
 
 from .._custom_types import Array
-from .._systems._control import AbstractController, ConstantControl
+from .._systems._control import AbstractControlledSystem, AbstractController, ConstantControl
 from .._systems._system import LagrangianSystem
 
 
-class BallAndBeam(LagrangianSystem):
+class BallAndBeam(LagrangianSystem, AbstractControlledSystem):
     """A ball rolling on a beam tilted by a lever from a motor-driven wheel (Krasinskaya and Krasinskiy (2013), §6).
 
     A beam of length `L` turns about its end `O` (angle `α`); a lever `AB` of length `l`

@@ -12,7 +12,7 @@ import numpy as np
 
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._systems._consistent import consistent_initial_state
-from .._systems._control import AbstractController, ConstantControl
+from .._systems._control import AbstractControlledSystem, AbstractController, ConstantControl
 from .._systems._system import LagrangianSystem
 from ._body import GROUND, Ground, PlanarBody, RigidBody
 from ._force import AbstractForce
@@ -64,13 +64,13 @@ def element_names(kind, elements):
     return tuple(names)
 
 
-class AbstractMechanism(eqx.Module):
+class AbstractMechanism(AbstractControlledSystem):
     """What a [`jaxdae.multibody.Mechanism`][] (absolute coordinates) and a
     [`jaxdae.multibody.TreeMechanism`][] (joint coordinates) share: their checked bodies,
-    joints, force elements, stops and controller; the outputs at markers and joints, read
-    through the mechanism's kinematics (`_kinematics`); the stops as the system's `gaps`
-    (with their coefficients of restitution and friction and their slip velocities);
-    `mobility`; and `initial_state`. Listed before the system class among a mechanism's
+    joints, force elements, stops and controller (a mechanism is a controlled system); the
+    outputs at markers and joints, read through the mechanism's kinematics (`_kinematics`);
+    the stops as the system's `gaps` (with their coefficients of restitution and friction
+    and their slip velocities); `mobility`; and `initial_state`. Listed before the system class among a mechanism's
     bases, so that these override the system's defaults (no gaps).
 
     It declares the fields that its construction methods (`_set_bodies`,
