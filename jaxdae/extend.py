@@ -6,7 +6,10 @@ joints and solvers use, for a user who writes their own (docs/guides/extending.m
   adjoint of a solver), [`step_vjp`][jaxdae.extend.step_vjp] and
   [`reuses_outputs`][jaxdae.extend.reuses_outputs] (the derivative of one solver step
   that [`jaxdae.ReplayAdjoint`][] applies), [`tree_motion`][jaxdae.extend.tree_motion]
-  (the joints that carry a body in a [`jaxdae.multibody.TreeMechanism`][]).
+  (the joints that carry a body in a [`jaxdae.multibody.TreeMechanism`][]),
+  [`inertia_minus_forces`][jaxdae.extend.inertia_minus_forces] and
+  [`terms_in_array_form`][jaxdae.extend.terms_in_array_form] (what a system of one's own
+  offers the solvers beyond its terms).
 - **Declared capabilities**: [`AbstractIndependentVelocities`][jaxdae.extend.AbstractIndependentVelocities]
   for a formulation whose state holds the independent velocities.
 - **Gains**: their conversion and the checks of their structure and values, eager where
@@ -43,6 +46,10 @@ from ._integration._step_adjoints import (
     autodiff_step_vjp as autodiff_step_vjp,
     reuses_outputs as reuses_outputs,
     step_vjp as step_vjp,
+)
+from ._systems._system import (
+    inertia_minus_forces as inertia_minus_forces,
+    terms_in_array_form as terms_in_array_form,
 )
 from .multibody._force import actuation as actuation, safe_norm as safe_norm
 from .multibody._joint import (

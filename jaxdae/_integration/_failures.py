@@ -13,7 +13,6 @@ from .._compilation._private_apis import result_codes, unvmap_any, with_result_c
 from .._custom_types import Array
 from .._formulations import AbstractStabilizedFormulation
 from .._solution import RESULTS
-from .._systems._system import LagrangianSystem
 from ._crossing import DownCrossing
 from ._validation import factored_positive_definite, mass_positive_definite
 from ._vector_fields import jitted_rates, system_terms
@@ -100,11 +99,12 @@ FIXED_STEP_RESIDUAL = 1e-3
 
 
 def tests_target_range(system, formulation, terms) -> bool:
-    """Whether `checked_result` tests the range of the formulation's target `s` (a
-    stabilized formulation that asks for the test, on a `LagrangianSystem` with
-    constraints)."""
+    """Whether `checked_result` tests the range of the formulation's target `s`: a
+    stabilized formulation that asks for the test, on a system with constraints that its
+    terms take from `constraints` and `velocity_constraints` (`terms_from_constraints`),
+    the functions that `constraints_not_met` tells the user to fix."""
     return (isinstance(formulation, AbstractStabilizedFormulation)
-            and formulation.tests_target_range and isinstance(system, LagrangianSystem)
+            and formulation.tests_target_range and system.terms_from_constraints
             and terms.jacobian.shape[0] > 0)
 
 

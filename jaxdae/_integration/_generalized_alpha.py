@@ -22,7 +22,7 @@ from .._compilation._linear_solvers import PositiveSemidefinitePseudoInverse
 from .._formulations._base import AbstractFormulation
 from .._formulations._multipliers import eliminate, multiplier_solve
 from .._solution import RESULTS
-from .._systems._system import AbstractSystem, LagrangianSystem, applied_forces
+from .._systems._system import AbstractSystem, inertia_minus_forces
 from ._generalized_alpha_newton import IterationMatrix, NewtonOptions, newton_solve
 from ._jacobian import linearization
 from ._solvers import AbstractFailureNamingSolver
@@ -71,19 +71,20 @@ def _residual(x, args):
     `Φ(t, q)` and `h Ψ(t, q, v)`; `x = (q, μ)` flat. No `aux` (`()`).
 
     The Newton iteration evaluates them at every iteration, and they need products, not
-    the matrices `M` and `G` that `terms` builds column by column: for a
-    [`jaxdae.LagrangianSystem`][] whose terms come from its energies and constraints
-    (`terms_from_constraints`) and are derived in array form (more than `STRUCTURED_MIN`
-    coordinates), `M q̈ − Q` is the Lagrange expression `d/dt ∂L/∂v − ∂L/∂q − Q_applied`
-    with `d/dt ∂L/∂v` one derivative of `∂L/∂v` along `(1, v, q̈)`, and `Gᵀμ` the
-    reverse-mode product of the constraints with `μ`. Smaller systems' terms are a scalar
-    graph that costs as little as the products, and other systems' are all they define:
-    from `terms`."""
+    the matrices `M` and `G` that `terms` builds column by column: for a system whose
+    terms take `Φ` and `Ψ` from its constraints (`terms_from_constraints`) and are derived
+    in array form (more than `STRUCTURED_MIN` coordinates), `M q̈ − Q` is the system's
+    [`inertia_minus_forces`][] (for a [`jaxdae.LagrangianSystem`][] the Lagrange
+    expression) and `Gᵀμ` the reverse-mode product of the constraints with `μ`. Smaller
+    systems' terms are a scalar graph that costs as little as the products, and the
+    others' are all they define: from `terms`."""
     system, t, step = args
     q, mu = _split(x, step)
     v, qdd, _ = step.unpack(q)
-    if not (isinstance(system, LagrangianSystem) and system.terms_from_constraints
-            and q.shape[0] > _thresholds.STRUCTURED_MIN):
+    inertia = None
+    if system.terms_from_constraints and q.shape[0] > _thresholds.STRUCTURED_MIN:
+        inertia = inertia_minus_forces(system, t, q, v, qdd)
+    if inertia is None:
         terms = system.terms(t, q, v)
         dynamics = step.c * (terms.mass_matrix @ qdd - terms.forces) + terms.jacobian.T @ mu
         return jnp.concatenate([dynamics, terms.phi, step.h * terms.psi]), ()
@@ -91,23 +92,8 @@ def _residual(x, args):
     psi, pull_v = jax.vjp(lambda w: system.velocity_constraints(t, q, w), v)
     m = phi.shape[0]
     (reaction,), (reaction_v,) = pull_q(mu[:m]), pull_v(mu[m:])
-    dynamics = step.c * _inertia_minus_forces(system, t, q, v, qdd) + reaction + reaction_v
+    dynamics = step.c * inertia + reaction + reaction_v
     return jnp.concatenate([dynamics, phi, step.h * psi]), ()
-
-
-def _inertia_minus_forces(system: LagrangianSystem, t, q, v, qdd):
-    """`M q̈ − Q` of a Lagrangian system: `d/dt ∂L/∂v − ∂L/∂q − Q_applied`, `L = T − V`,
-    with the time derivative along `(1, v, q̈)` (one forward-mode derivative of the
-    gradient of `L`)."""
-    def gradients(t_, q_, v_):
-        def lagrangian(y, w):
-            return system.kinetic_energy(t_, y, w) - system.potential_energy(t_, y)
-
-        return jax.grad(lagrangian, argnums=(0, 1))(q_, v_)
-
-    (lag_q, _), (_, momentum_rate) = jax.jvp(gradients, (t, q, v),
-                                             (jnp.ones_like(t), v, qdd))
-    return momentum_rate - lag_q - applied_forces(system, t, q, v)
 
 
 def _kept_terms(system, t, q, v):

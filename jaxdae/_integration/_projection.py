@@ -20,8 +20,7 @@ from .._custom_types import Array, Bool, Float, PyTree, ScalarLike
 from .._formulations._base import AbstractFormulation, AbstractIndependentVelocities
 from .._formulations._multipliers import eliminate
 from .._solution import RESULTS
-from .._systems._structure import terms_structure
-from .._systems._system import AbstractSystem, ConstrainedTerms, LagrangianSystem
+from .._systems._system import AbstractSystem, ConstrainedTerms, terms_in_array_form
 from ._solvers import AbstractSolverWrapper
 from ._vector_fields import SolveArgs
 
@@ -167,13 +166,14 @@ def _gains(system, formulation, t, q, s, linear_solver, velocities: bool):
 
 
 def _form_of_terms(system, t, q, s):
-    """[`array_form_scope`][] where the system's terms are structured (derived from their
-    sparsity patterns, in array form), else no scope: `Φ` and `[Φ̇; Ψ]`, evaluated from
+    """[`array_form_scope`][] where the system's terms are in array form
+    ([`terms_in_array_form`][]: a `LagrangianSystem`'s derived from their sparsity
+    patterns), else no scope: `Φ` and `[Φ̇; Ψ]`, evaluated from
     `constraints` alone, take the form of the terms. A scalar graph is many small kernels
     wherever the solve's loop does not run as one (a LAPACK call in it, as on Bricard's
     mechanism of `experiments/studies/work_precision.py`: 35 coordinates, whose projection ran
     about 1,560 kernels with them, 460 in array form)."""
-    if isinstance(system, LagrangianSystem) and terms_structure(system, t, q, s) is not None:
+    if terms_in_array_form(system, t, q, s):
         return array_form_scope()
     return contextlib.nullcontext()
 

@@ -6,6 +6,7 @@ derived here by automatic differentiation (notation: docs/methods.md).
 """
 
 import abc
+import functools
 from typing import ClassVar
 
 import equinox as eqx
@@ -108,7 +109,8 @@ class AbstractSystem(eqx.Module):
 
     terms_from_constraints: ClassVar[bool] = False
     """Whether `terms` takes `Φ`, `Φ̇` and `Ψ` from `constraints` and `velocity_constraints`,
-    so that those can be evaluated alone (as projections do). `LagrangianSystem` and
+    so that those can be evaluated alone (as projections do) and a solve whose constraints
+    contradict each other names them (`RESULTS.constraints_not_met`). `LagrangianSystem` and
     `HamiltonianSystem` declare `True`; a subclass of theirs that writes its own `terms`
     declares `False`."""
 
@@ -418,6 +420,91 @@ def applied_forces(system, t, q, s) -> Float[Array, " n"]:
     forces = system.generalized_forces(t, q, s)
     require_output("generalized_forces", forces, (q.shape[0],))
     return forces
+
+
+@functools.singledispatch
+def inertia_minus_forces(system: AbstractSystem, t: Scalar, q: Coordinates, v: Velocities,
+                         acceleration: Float[Array, " n"]) -> Float[Array, " n"] | None:
+    """`M(t, q) q̈ − Q(t, q, v)` at `q̈ = acceleration`, computed as products of the model's
+    functions without forming `M`, or None where only the system's `terms` give it (the
+    default).
+
+    [`jaxdae.GeneralizedAlpha`][] evaluates its step's equations with it at every Newton
+    iteration on a system of more than `STRUCTURED_MIN` coordinates whose terms take `Φ`
+    and `Ψ` from `constraints` and `velocity_constraints` (`terms_from_constraints`), the
+    constraint reactions then being reverse-mode products of those. Dispatched on the type
+    of `system` (`functools.singledispatch`), so that a system class of one's own declares
+    it by registering it:
+
+    ```python
+    jaxdae.extend.inertia_minus_forces.register(MySystem, my_inertia_minus_forces)
+    ```
+
+    Registered here: [`jaxdae.LagrangianSystem`][], the Lagrange expression
+    `d/dt ∂L/∂v − ∂L/∂q − Q_applied`, `L = T − V`.
+
+    **Arguments:**
+
+    - `system`: the system.
+    - `t`, `q`, `v`: the state (velocities `v`).
+    - `acceleration`: `q̈`, shape `(n,)`.
+
+    **Returns:**
+
+    Shape `(n,)`, or None.
+    """
+    del system, t, q, v, acceleration
+    return None
+
+
+@inertia_minus_forces.register(LagrangianSystem)
+def _lagrange_expression(system, t, q, v, acceleration):
+    # `d/dt ∂L/∂v` is one forward-mode derivative of the gradient of `L` along `(1, v, q̈)`.
+    def gradients(t_, q_, v_):
+        def lagrangian(y, w):
+            return system.kinetic_energy(t_, y, w) - system.potential_energy(t_, y)
+
+        return jax.grad(lagrangian, argnums=(0, 1))(q_, v_)
+
+    (lag_q, _), (_, momentum_rate) = jax.jvp(gradients, (t, q, v),
+                                             (jnp.ones_like(t), v, acceleration))
+    return momentum_rate - lag_q - applied_forces(system, t, q, v)
+
+
+@functools.singledispatch
+def terms_in_array_form(system: AbstractSystem, t: Scalar, q: Coordinates,
+                        v: Velocities) -> bool:
+    """Whether the system's `terms` at the shapes of `(t, q, v)` trace its model's
+    functions in array form (inside `array_form_scope`) rather than as a scalar graph;
+    default False.
+
+    [`jaxdae.Projected`][] then evaluates `constraints` and `velocity_constraints` alone
+    in the same form. Dispatched on the type of `system` (`functools.singledispatch`), so
+    that a system class of one's own declares it by registering it:
+
+    ```python
+    jaxdae.extend.terms_in_array_form.register(MySystem, lambda system, t, q, v: True)
+    ```
+
+    Registered here: [`jaxdae.LagrangianSystem`][], whose terms are in array form where
+    they are derived from their sparsity patterns (its `structured_terms`).
+
+    **Arguments:**
+
+    - `system`: the system.
+    - `t`, `q`, `v`: the state, for its shapes.
+
+    **Returns:**
+
+    A Python bool.
+    """
+    del system, t, q, v
+    return False
+
+
+@terms_in_array_form.register(LagrangianSystem)
+def _structured(system, t, q, v):
+    return terms_structure(system, t, q, v) is not None
 
 
 def derived_terms(system, matrices: tuple, energy, momenta, dtype, base: type,
