@@ -33,10 +33,14 @@ from _common import interactive  # noqa: E402
 
 # name: what it reproduces (one line, shown by --help)
 EXPERIMENTS = {
-    "two_link_singularity": "Mukharlyamov and Deressa (2015): a two-link arm through a singular configuration",
-    "ball_and_beam": "Krasinskaya and Krasinskiy (2013): LQR of the simplified model on the exact Ball & Beam",
-    "tune_two_link": "Mukharlyamov and Deressa (2015): modified-Lagrange gains tuned for a fixed-step solver",
-    "tune_ball_and_beam": "Krasinskaya and Krasinskiy (2013): LQR weights tuned through the nonlinear closed loop",
+    "two_link_singularity": "Mukharlyamov and Deressa (2015): a two-link arm through a singular "
+                            "configuration",
+    "ball_and_beam": "Krasinskaya and Krasinskiy (2013): LQR of the simplified model on the exact "
+                     "Ball & Beam",
+    "tune_two_link": "Mukharlyamov and Deressa (2015): modified-Lagrange gains tuned for a "
+                     "fixed-step solver",
+    "tune_ball_and_beam": "Krasinskaya and Krasinskiy (2013): LQR weights tuned through the "
+                          "nonlinear closed loop",
     "cartesian_arm_hamiltonian": "Shemelova (2016): Hamiltonian arm, exact decay of perturbations",
     "realizing_forces": "Matyukhin (1999): nonholonomic constraints realized by forces",
     "adaptive_optics": "Mukharlyamov (2019): constraint-enforcing control through a DC motor",

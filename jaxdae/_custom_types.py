@@ -15,7 +15,9 @@ HolonomicJacobian: TypeAlias = Float[Array, "m n"]
 NonholonomicResidual: TypeAlias = Float[Array, " k"]
 NonholonomicJacobian: TypeAlias = Float[Array, "k n"]
 Gain: TypeAlias = Float[Array, ""] | Float[Array, " c"] | Float[Array, "c c"]
-GainLike: TypeAlias = float | Float[ArrayLike, ""] | Float[ArrayLike, " c"] | Float[ArrayLike, "c c"]
+GainLike: TypeAlias = (
+    float | Float[ArrayLike, ""] | Float[ArrayLike, " c"] | Float[ArrayLike, "c c"]
+)
 
 __all__ = [
     "Array",

@@ -47,15 +47,16 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
         )
         singular_dependent_jacobian = (
             "The Jacobian ∂F/∂q_dep of the geometric constraints with respect to the dependent "
-            "coordinates became singular (condition [4] of Krasinskaya and Krasinskiy (2013) fails), so the dependent "
-            "velocities cannot be solved for: choose other coordinates as dependent in "
-            "`jaxdae.RedundantCoordinates`, or use a Lagrange-multiplier formulation."
+            "coordinates became singular (condition [4] of Krasinskaya and Krasinskiy (2013) "
+            "fails), so the dependent velocities cannot be solved for: choose other coordinates "
+            "as dependent in `jaxdae.RedundantCoordinates`, or use a Lagrange-multiplier "
+            "formulation."
         )
 
         singular_decoupling_matrix = (
             "The decoupling matrix g = ∂f⁽ᵖ⁻¹⁾/∂w · B of the program constraints lost rank "
-            "(g gᵀ became singular), so no input enforces them there (Mukharlyamov (2019), eq. [2.9]; "
-            "in the adaptive-optics element of §5: s(t) = 0 or sin φ = 0). Change the "
+            "(g gᵀ became singular), so no input enforces them there (Mukharlyamov (2019), eq. "
+            "[2.9]; in the adaptive-optics element of §5: s(t) = 0 or sin φ = 0). Change the "
             "programmed motion so that it avoids the singular configuration."
         )
 
@@ -138,11 +139,12 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
         )
         singular_newton_matrix = (
             "The steps of `jaxdae.GeneralizedAlpha` failed until the step size shrank to "
-            "nothing, because its Newton matrix is singular: the constraint Jacobian [Φ_q; Ψ_v] has dependent rows at the reported "
-            "state (redundant constraints, or a singular configuration), and the Newton "
-            "iteration's LU solve needs independent ones. Pass a least-squares solve: "
-            "`jaxdae.GeneralizedAlpha(root_finder=diffrax.with_stepsize_controller_tols("
-            "optimistix.Chord)(linear_solver=lineax.SVD()))`."
+            "nothing, because its Newton matrix is singular: the constraint Jacobian [Φ_q; Ψ_v] "
+            "has dependent rows at the reported state (redundant constraints, or a singular "
+            "configuration), and the Newton iteration's LU solve needs independent ones. Pass a "
+            "least-squares solve: `jaxdae.GeneralizedAlpha(root_finder="
+            "diffrax.with_stepsize_controller_tols(optimistix.Chord)("
+            "linear_solver=lineax.SVD()))`."
         )
 
         event_budget_exceeded = (
@@ -293,8 +295,8 @@ class Solution(AbstractSolution):
         each saved time, shape `(N,)`, `σ_r` its smallest singular value among those that
         were non-zero at `t0` (so redundant constraints do not count), `σ_1` its largest
         there or at `t0`, whichever is larger: 1 without constraints, near 0 near a singular
-        configuration, where the motion's continuation is not unique (`singular_passages`). `nan` for more than 48
-        constraints (its cost would exceed the solve's).
+        configuration, where the motion's continuation is not unique (`singular_passages`). `nan`
+        for more than 48 constraints (its cost would exceed the solve's).
     """
 
     phi: Float[Array, "N m"]

@@ -10,8 +10,9 @@ joints and solvers use, for a user who writes their own (docs/guides/extending.m
   [`inertia_minus_forces`][jaxdae.extend.inertia_minus_forces] and
   [`terms_in_array_form`][jaxdae.extend.terms_in_array_form] (what a system of one's own
   offers the solvers beyond its terms).
-- **Declared capabilities**: [`AbstractIndependentVelocities`][jaxdae.extend.AbstractIndependentVelocities]
-  for a formulation whose state holds the independent velocities.
+- **Declared capabilities**:
+  [`AbstractIndependentVelocities`][jaxdae.extend.AbstractIndependentVelocities] for a formulation
+  whose state holds the independent velocities.
 - **Gains**: their conversion and the checks of their structure and values, eager where
   they are concrete and attached to the result under `jit`.
 - **Force elements**: the actuator's value of an element with an input channel and a

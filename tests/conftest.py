@@ -7,7 +7,9 @@ import os
 # compiled programs round alike, which hides what some slow tests look for. Set before JAX
 # starts a backend; it joins any `XLA_FLAGS` given, and test subprocesses inherit it.
 _CODEGEN_LEVEL = "--xla_backend_optimization_level"
-if os.environ.get("JAXDAE_TEST_OPTIMIZE") != "1" and _CODEGEN_LEVEL not in os.environ.get("XLA_FLAGS", ""):
+if os.environ.get("JAXDAE_TEST_OPTIMIZE") != "1" and _CODEGEN_LEVEL not in os.environ.get(
+    "XLA_FLAGS", ""
+):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_CODEGEN_LEVEL}=0".strip()
 
 import jax  # noqa: E402
@@ -22,7 +24,9 @@ jax.config.update("jax_num_cpu_devices", 4)
 # compiles of the smaller helpers only.
 jax.config.update(
     "jax_compilation_cache_dir",
-    os.environ.get("JAXDAE_TEST_CACHE", os.path.join(os.path.dirname(__file__), "..", ".cache", "jax")),
+    os.environ.get(
+        "JAXDAE_TEST_CACHE", os.path.join(os.path.dirname(__file__), "..", ".cache", "jax")
+    ),
 )
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 

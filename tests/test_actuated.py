@@ -51,18 +51,18 @@ def test_lie_derivatives_and_decoupling_match_the_paper():
         return rates[0][0], [g[0] for g in gains]  # the one group of constraints
 
     rate, gains = quantities(t, q, v, w)
-    c, l, s = OPTICS.distance, OPTICS.mechanism.length, OPTICS.source(t)
+    c, length, s = OPTICS.distance, OPTICS.mechanism.length, OPTICS.source(t)
     s_dot = OPTICS.source_amplitude * OPTICS.source_frequency * jnp.cos(
         OPTICS.source_frequency * t)
     phi, omega = q[0], v[0]
-    expected_rate = (l - 2 * c * jnp.cos(phi)) * s_dot + 2 * c * s * jnp.sin(phi) * omega
+    expected_rate = (length - 2 * c * jnp.cos(phi)) * s_dot + 2 * c * s * jnp.sin(phi) * omega
     np.testing.assert_allclose(rate[0], expected_rate, rtol=1e-12)
     for g in gains[:3]:
         assert np.all(np.asarray(g) == 0)
     np.testing.assert_allclose(
         gains[3][0, 0],
         2 * c * s * jnp.sin(phi) * OPTICS.torque_constant / OPTICS.inductance
-        / (OPTICS.mechanism.mass * l**2), rtol=1e-12)
+        / (OPTICS.mechanism.mass * length**2), rtol=1e-12)
 
 
 def _final_residual(rate, angle_error=0.05, adjoint=None):

@@ -341,8 +341,9 @@ def test_time_gradients_through_diffrax_loop():
 
 @pytest.mark.slow  # two more gradient programs; the default test covers the sweep itself
 def test_fixed_steps_and_a_stopped_solve():
-    """Heun on a constant step with only the end saved; Baumgarte stopping at Mukharlyamov and Deressa's (2015)
-    singular configuration (the sweep runs over the steps up to the stop)."""
+    """Heun on a constant step with only the end saved; Baumgarte stopping at
+    Mukharlyamov and Deressa's (2015) singular configuration (the sweep runs over the steps up
+    to the stop)."""
     def loss(kd, kp, q0, adjoint, **options):
         sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(kd, kp), 0.0, 1.0, q0, V0,
                               adjoint=adjoint, **options)

@@ -1,4 +1,5 @@
-"""Krasinskaya and Krasinskiy (2013) §6: LQR on the simplified Ball & Beam stabilizes the exact redundant model."""
+"""Krasinskaya and Krasinskiy (2013) §6: LQR on the simplified Ball & Beam stabilizes the exact
+redundant model."""
 
 import jax
 import jax.numpy as jnp

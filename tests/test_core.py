@@ -115,7 +115,8 @@ def _two_link_modified_lagrange_rhs(t, y, alpha, kd, kp):
 
 
 def test_two_link_modified_lagrange_matches_scipy():
-    """Mukharlyamov and Deressa (2015), eq. [30] for Example 1, against SciPy on hand-written numpy equations."""
+    """Mukharlyamov and Deressa (2015), eq. [30] for Example 1, against SciPy on hand-written numpy
+    equations."""
     from scipy.integrate import solve_ivp
 
     system = TwoLinkManipulator()
@@ -136,7 +137,8 @@ def test_two_link_modified_lagrange_matches_scipy():
 
 @pytest.mark.slow
 def test_two_link_baumgarte_stops_at_the_singular_configuration():
-    """Mukharlyamov and Deressa (2015), Example 1, Case 1: Baumgarte fails where the arm folds (t = x0/v)."""
+    """Mukharlyamov and Deressa (2015), Example 1, Case 1: Baumgarte fails where the arm folds (t =
+    x0/v)."""
     system = TwoLinkManipulator()
     q0, v0 = system.initial_state()
     formulation = jaxdae.Baumgarte([20.0, 10.0], [100.0, 25.0])
@@ -216,7 +218,8 @@ def test_a_single_vanishing_constraint_gradient_is_named():
     ids=["scalar", "diagonal", "coupled-matrix"],
 )
 def test_baumgarte_perturbations_follow_their_linear_ode(kd, kp):
-    """Started off the manifold, (Φ, Φ̇) = expm(H t)(Φ₀, Φ̇₀) with H of Mukharlyamov and Deressa (2015) eq. [16]."""
+    """Started off the manifold, (Φ, Φ̇) = expm(H t)(Φ₀, Φ̇₀) with H of Mukharlyamov and Deressa
+    (2015) eq. [16]."""
     system = DoublePendulum()
     q0 = jnp.array([0.75, -0.6, 1.4, -1.5])  # |q1| ≠ 1, |q2 − q1| ≠ 1
     v0 = jnp.array([0.3, 0.1, -0.2, 0.4])
@@ -249,13 +252,15 @@ def test_energy_conserved_and_unstabilized_drifts_more():
 
 @pytest.mark.slow
 def test_redundant_constraints():
-    """Same constraint written twice: PseudoInverse and ModifiedLagrange run, Baumgarte says why not."""
+    """Same constraint written twice: PseudoInverse and ModifiedLagrange run, Baumgarte says why
+    not."""
     system = TwicePendulum(mass=1.3, length=0.8)
     q0, v0 = Q_ON * 1.01, V_ON  # slightly off the manifold
     ts = jnp.linspace(0.0, 3.0, 31)
     pinv = jaxdae.simulate(system, jaxdae.PseudoInverse(10.0, 25.0), 0.0, 3.0, q0, v0, ts=ts)
     assert np.abs(pinv.phi[-1]).max() < 1e-3 * np.abs(pinv.phi[0]).max()
-    # The penalty method keeps a small residual Φ ≈ λ / (α K_P) (Mukharlyamov and Deressa (2015), eq. [31]).
+    # The penalty method keeps a small residual Φ ≈ λ / (α K_P) (Mukharlyamov and Deressa (2015),
+    # eq. [31]).
     penalty = jaxdae.simulate(
         system, jaxdae.ModifiedLagrange(200.0, 10.0, 25.0), 0.0, 3.0, q0, v0, ts=ts
     )
@@ -298,7 +303,9 @@ def test_grad_wrt_gains_and_initial_state_matches_central_differences():
     grads, grad_q0 = _grad((formulation, q0), v0)
     for name in ("kd", "kp"):
         fd = _central_difference(
-            lambda x: float(_loss(eqx.tree_at(lambda f: getattr(f, name), formulation, jnp.asarray(x)), q0, v0)),  # noqa: B023
+            lambda x, name=name: float(
+                _loss(eqx.tree_at(lambda f: getattr(f, name), formulation, jnp.asarray(x)), q0, v0)
+            ),
             getattr(formulation, name),
         )
         np.testing.assert_allclose(getattr(grads, name), fd, rtol=1e-5)
@@ -317,11 +324,15 @@ def test_grad_wrt_system_parameters_and_alpha():
     g_sys, g_form = jax.jit(jax.grad(loss, argnums=(0, 1)))(system, formulation)
     loss_jit = jax.jit(loss)
     fd_len = _central_difference(
-        lambda x: float(loss_jit(eqx.tree_at(lambda s: s.length, system, jnp.asarray(x)), formulation)),
+        lambda x: float(
+            loss_jit(eqx.tree_at(lambda s: s.length, system, jnp.asarray(x)), formulation)
+        ),
         system.length,
     )
     fd_alpha = _central_difference(
-        lambda x: float(loss_jit(system, eqx.tree_at(lambda f: f.alpha, formulation, jnp.asarray(x)))),
+        lambda x: float(
+            loss_jit(system, eqx.tree_at(lambda f: f.alpha, formulation, jnp.asarray(x)))
+        ),
         formulation.alpha,
     )
     np.testing.assert_allclose(g_sys.length, fd_len, rtol=1e-5)
@@ -379,7 +390,10 @@ def test_fixed_step_solver_and_float32():
         throw=False,
     )
     assert unchecked.succeeded
-    assert jaxdae._integration._system_solve.solve_and_assemble.jitted._cached._cache_size() == compiled
+    assert (
+        jaxdae._integration._system_solve.solve_and_assemble.jitted._cached._cache_size()
+        == compiled
+    )
 
 
 def test_float32_despite_a_models_float64_constants():

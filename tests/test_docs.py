@@ -1,7 +1,8 @@
 """The documentation: the site builds with `mkdocs build --strict` (every page in the nav
 exists, every link and anchor between pages resolves, every `[`jaxdae.X`][]` cross-reference
 in a docstring names a documented object), and every equation that the code, the notebooks
-and the docs cite ("Mukharlyamov and Deressa (2015), eq. [16]") is stated on the methods page, docs/methods.md."""
+and the docs cite ("Mukharlyamov and Deressa (2015), eq. [16]") is stated on the methods page,
+docs/methods.md."""
 
 import os
 import re
@@ -130,7 +131,10 @@ def test_every_cited_equation_is_on_the_methods_page():
 
 
 def test_citation_check_can_fail():
-    text = '"""Uses Mukharlyamov and Deressa (2015), eq. [16] and eqs. [22]–[31]; Mukharlyamov (2019), eq. [9.9]."""'
+    text = (
+        '"""Uses Mukharlyamov and Deressa (2015), eq. [16] and eqs. [22]–[31]; Mukharlyamov '
+        '(2019), eq. [9.9]."""'
+    )
     assert set(_citations(text)) == {("004", "16", 1), ("004", "22", 1), ("004", "31", 1),
                                      ("002", "9.9", 1)}
     assert "9.9" not in _equations("[0.11]–[0.12], [2.9]–[2.11]")

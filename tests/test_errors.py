@@ -47,10 +47,15 @@ def _simulate(**overrides):
         (dict(t1=float("nan")), r"`t0` and `t1` must be finite"),
         (dict(rtol=-1e-6), r"`rtol` and `atol` must be finite and non-negative"),
         (dict(rtol=0.0, atol=0.0), r"`rtol` and `atol` .* not both zero"),
-        (dict(formulation=jaxdae.Baumgarte(jnp.ones(3), 1.0)), r"`kd` has shape \(3,\).*1 holonomic"),
+        (
+            dict(formulation=jaxdae.Baumgarte(jnp.ones(3), 1.0)),
+            r"`kd` has shape \(3,\).*1 holonomic",
+        ),
         (dict(formulation=jaxdae.ModifiedLagrange(jnp.ones(2), 1.0, 1.0)), r"`alpha` has shape"),
-        (dict(system=DegenerateMass(), q0=jnp.zeros(2), v0=jnp.zeros(2)),
-         r"mass matrix at `q0` is not symmetric positive definite"),
+        (
+            dict(system=DegenerateMass(), q0=jnp.zeros(2), v0=jnp.zeros(2)),
+            r"mass matrix at `q0` is not symmetric positive definite",
+        ),
         (dict(system="pendulum"), r"`system` must be a jaxdae system"),
         (dict(formulation=None), r"`formulation` must be a jaxdae formulation"),
         (dict(formulation=jaxdae.Baumgarte), r"got the class Baumgarte itself; pass an instance"),
@@ -63,11 +68,32 @@ def _simulate(**overrides):
         (dict(system=VectorPotential()), r"`potential_energy` must return a scalar"),
     ],
     ids=[
-        "q0-2d", "v0-shape", "q0-nan", "v0-inf", "t1-equals-t0", "t1-before-t0", "ts-unsorted",
-        "ts-outside", "ts-nan", "t1-inf", "t1-nan", "rtol-negative", "tolerances-zero",
-        "kd-size", "alpha-size", "mass-not-spd", "not-a-system", "not-a-formulation",
-        "formulation-class", "solver-class", "controller-not", "adjoint-not", "max-steps-zero",
-        "t0-vector", "q0-complex", "potential-vector",
+        "q0-2d",
+        "v0-shape",
+        "q0-nan",
+        "v0-inf",
+        "t1-equals-t0",
+        "t1-before-t0",
+        "ts-unsorted",
+        "ts-outside",
+        "ts-nan",
+        "t1-inf",
+        "t1-nan",
+        "rtol-negative",
+        "tolerances-zero",
+        "kd-size",
+        "alpha-size",
+        "mass-not-spd",
+        "not-a-system",
+        "not-a-formulation",
+        "formulation-class",
+        "solver-class",
+        "controller-not",
+        "adjoint-not",
+        "max-steps-zero",
+        "t0-vector",
+        "q0-complex",
+        "potential-vector",
     ],
 )
 def test_bad_simulate_input(overrides, match):
@@ -78,17 +104,34 @@ def test_bad_simulate_input(overrides, match):
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: jaxdae.Baumgarte(-1.0, 1.0), r"`kd` must be symmetric positive definite.*Lyapunov"),
-        (lambda: jaxdae.Baumgarte(1.0, jnp.array([1.0, 0.0])), r"`kp` must be symmetric positive definite"),
+        (
+            lambda: jaxdae.Baumgarte(-1.0, 1.0),
+            r"`kd` must be symmetric positive definite.*Lyapunov",
+        ),
+        (
+            lambda: jaxdae.Baumgarte(1.0, jnp.array([1.0, 0.0])),
+            r"`kp` must be symmetric positive definite",
+        ),
         (lambda: jaxdae.Baumgarte(jnp.array([[2.0, 1.0], [0.0, 2.0]]), 1.0), r"`kd`.*asymmetry"),
         (lambda: jaxdae.Baumgarte(jnp.array([[1.0, 2.0], [2.0, 1.0]]), 1.0), r"`kd`.*eigenvalues"),
         (lambda: jaxdae.Baumgarte(jnp.ones((2, 3)), 1.0), r"`kd` must be a scalar, a vector"),
         (lambda: jaxdae.PseudoInverse(1.0, 1.0, rcond=2.0), r"`rcond` must be in \[0, 1\)"),
-        (lambda: jaxdae.ModifiedLagrange(0.0, 1.0, 1.0), r"`alpha` must be symmetric positive definite"),
+        (
+            lambda: jaxdae.ModifiedLagrange(0.0, 1.0, 1.0),
+            r"`alpha` must be symmetric positive definite",
+        ),
         (lambda: jaxdae.Baumgarte(jnp.nan, 1.0), r"`kd` must be symmetric positive definite"),
     ],
-    ids=["kd-negative", "kp-zero", "kd-asymmetric", "kd-indefinite", "kd-not-square",
-         "rcond", "alpha-zero", "kd-nan"],
+    ids=[
+        "kd-negative",
+        "kp-zero",
+        "kd-asymmetric",
+        "kd-indefinite",
+        "kd-not-square",
+        "rcond",
+        "alpha-zero",
+        "kd-nan",
+    ],
 )
 def test_bad_gains_are_refused_at_construction(make, match):
     with pytest.raises(ValueError, match=match):
@@ -211,7 +254,9 @@ def test_constraints_must_return_a_vector():
         def constraints(self, t, q):
             return q @ q - 1.0
 
-    with pytest.raises(ValueError, match=r"`constraints` must return a 1-D array.*jnp.array\(\[expr\]\)"):
+    with pytest.raises(
+        ValueError, match=r"`constraints` must return a 1-D array.*jnp.array\(\[expr\]\)"
+    ):
         _simulate(system=ScalarConstraint())
 
 
@@ -279,16 +324,25 @@ def test_fixed_step_blow_up_is_reported_not_returned_as_nan():
     "make, match",
     [
         # Two gains for three: read as alpha, kd; the message also says the other reading.
-        (lambda: jaxdae.ModifiedLagrange(10.0, 25.0),
-         r"`ModifiedLagrange\(alpha, kd, kp, kv=None\)` needs the gains `alpha`, `kd` and "
-         r"`kp`; `kp` is missing\. The 2 positional arguments were read in order as "
-         r"alpha=10\.0, kd=25\.0\. If you meant kd=10\.0, kp=25\.0, `alpha` is missing\."),
+        (
+            lambda: jaxdae.ModifiedLagrange(10.0, 25.0),
+            r"`ModifiedLagrange\(alpha, kd, kp, kv=None\)` needs the gains `alpha`, `kd` and "
+            r"`kp`; `kp` is missing\. The 2 positional arguments were read in order as "
+            r"alpha=10\.0, kd=25\.0\. If you meant kd=10\.0, kp=25\.0, `alpha` is missing\.",
+        ),
         (lambda: jaxdae.ModifiedLagrange(kd=10.0, kp=25.0), r"; `alpha` is missing\. Pass"),
-        (lambda: jaxdae.Baumgarte(10.0), r"`Baumgarte\(kd, kp, kv=None, rcond=None\)` needs "
-         r"the gains `kd` and `kp`; `kp` is missing\. The positional argument was read as kd=10\.0\."),
+        (
+            lambda: jaxdae.Baumgarte(10.0),
+            r"`Baumgarte\(kd, kp, kv=None, rcond=None\)` needs "
+            r"the gains `kd` and `kp`; `kp` is missing\. The positional argument was read as "
+            r"kd=10\.0\.",
+        ),
         (lambda: jaxdae.PseudoInverse(), r"`kd` and `kp` are missing"),
-        (lambda: jaxdae.Baumgarte(kd=10.0, k_p=25.0), r"has no argument `k_p`; its arguments "
-         r"are `kd`, `kp`, `kv` and `rcond`"),
+        (
+            lambda: jaxdae.Baumgarte(kd=10.0, k_p=25.0),
+            r"has no argument `k_p`; its arguments "
+            r"are `kd`, `kp`, `kv` and `rcond`",
+        ),
         (lambda: jaxdae.Baumgarte(10.0, kd=25.0), r"got `kd` both by position and by name"),
         (lambda: jaxdae.PseudoInverse(1.0, 2.0, 3.0, 4.0, 5.0), r"takes at most 4 arguments"),
         (lambda: jaxdae.CoupledPerturbation(k_10=-25.0), r"has no argument `k_10`"),

@@ -1,4 +1,5 @@
-"""Hamiltonian-form DAEs (Shemelova (2016), eqs. [3]–[6]) against the Lagrangian form (eqs. [1]–[2])."""
+"""Hamiltonian-form DAEs (Shemelova (2016), eqs. [3]–[6]) against the Lagrangian form (eqs.
+[1]–[2])."""
 
 import equinox as eqx
 import jax

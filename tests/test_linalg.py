@@ -277,7 +277,9 @@ def test_full_precision_keeps_the_users_choice():
 
     def precisions():
         jaxpr = jax.make_jaxpr(product)(a).jaxpr
-        return {eqn.params["precision"] for eqn in jaxpr.eqns if eqn.primitive.name == "dot_general"}
+        return {
+            eqn.params["precision"] for eqn in jaxpr.eqns if eqn.primitive.name == "dot_general"
+        }
 
     assert precisions() == {(jax.lax.Precision.HIGHEST,) * 2}
     with jax.default_matmul_precision("tensorfloat32"):

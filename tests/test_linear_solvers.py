@@ -356,7 +356,9 @@ def test_structured_formulations_agree_with_dense(banded, monkeypatch):
     values_s, grads_s = _values_and_gradients(structured, formulations, q, v)
     values_d, grads_d = _values_and_gradients(dense, formulations, q, v)
     _banded.banded_plan.cache_clear()
-    for formulation, (acc_s, lam_s), (acc_d, lam_d) in zip(formulations, values_s, values_d, strict=False):
+    for formulation, (acc_s, lam_s), (acc_d, lam_d) in zip(
+        formulations, values_s, values_d, strict=False
+    ):
         name = type(formulation).__name__
         np.testing.assert_allclose(acc_s, acc_d, rtol=1e-10, atol=1e-10, err_msg=name)
         np.testing.assert_allclose(lam_s, lam_d, rtol=1e-10, atol=1e-10, err_msg=name)

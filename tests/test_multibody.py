@@ -219,8 +219,8 @@ class LineTarget(eqx.Module):
 
 
 def two_link_arm(arm):
-    """Mukharlyamov and Deressa's (2015) two-link arm (`examples.TwoLinkManipulator`) built from bodies: the tip
-    driven along the moving target by a `Driver` joint."""
+    """Mukharlyamov and Deressa's (2015) two-link arm (`examples.TwoLinkManipulator`) built from
+    bodies: the tip driven along the moving target by a `Driver` joint."""
     (l1, l2), (m1, m2) = arm.lengths, arm.masses
     return mb.Mechanism(
         [mb.PlanarBody("link1", m1, m1 * l1**2 / 12,
@@ -263,8 +263,8 @@ def test_two_link_arm_matches_the_hand_written_example():
 
 
 def ball_and_beam(bb: jaxdae.examples.BallAndBeam, voltage: float) -> mb.Mechanism:
-    """Krasinskaya and Krasinskiy's (2013) Ball & Beam (`jaxdae.examples.BallAndBeam(exact=True)`) from bodies:
-    a massless beam pinned at O, a massless lever (a `Distance` joint) to a pin on the
+    """Krasinskaya and Krasinskiy's (2013) Ball & Beam (`jaxdae.examples.BallAndBeam(exact=True)`)
+    from bodies: a massless beam pinned at O, a massless lever (a `Distance` joint) to a pin on the
     motor's wheel, the ball rolling on the beam (`Rolling`, its centre on the beam's axis as
     in the example), and the armature circuit as a rotor whose angle is the charge `s`
     (inertia `L_a`; resistance and friction as rotational dampers, the motor's torque and
@@ -312,8 +312,8 @@ def _ball_and_beam_pair(voltage=2.0):
 
 @pytest.mark.slow
 def test_ball_and_beam_matches_the_hand_written_terms():
-    """Krasinskaya and Krasinskiy's (2013) Ball & Beam built from bodies (a massless beam and lever, the ball
-    rolling on the beam, the motor's circuit as a rotor): at consistent states, the
+    """Krasinskaya and Krasinskiy's (2013) Ball & Beam built from bodies (a massless beam and lever,
+    the ball rolling on the beam, the motor's circuit as a rotor): at consistent states, the
     accelerations r̈, θ̈, α̈, s̈ and the energy of the hand-written model."""
     bb, mech, absolute, relative = _ball_and_beam_pair()
 
@@ -341,9 +341,9 @@ def test_ball_and_beam_matches_the_hand_written_terms():
 
 @pytest.mark.slow
 def test_ball_and_beam_matches_the_hand_written_example():
-    """The builder's Ball & Beam against Krasinskaya and Krasinskiy's (2013) hand-written model: the same r, θ, α
-    and charge s over 0.5 s with the motor driven at 2 V (the beam is massless, as in the
-    example)."""
+    """The builder's Ball & Beam against Krasinskaya and Krasinskiy's (2013) hand-written model: the
+    same r, θ, α and charge s over 0.5 s with the motor driven at 2 V (the beam is massless, as in
+    the example)."""
     bb, mech, absolute, relative = _ball_and_beam_pair()
     q_hand, v_hand = bb.state(0.3, 0.2, dr=0.1, dtheta=0.5, current=0.05)
     q0, v0 = jax.jvp(absolute, (q_hand,), (v_hand,))
@@ -549,7 +549,9 @@ def test_bad_models_are_refused():
         mb.Mechanism([body], [mb.Revolute("ground", "b")])
     with pytest.raises(ValueError, match="has no marker 'q'"):
         mb.Mechanism([body], [mb.Revolute("ground", "a.q")])
-    with pytest.raises(ValueError, match="force element 'springdamper_0' refers to body 'c', which is not"):
+    with pytest.raises(
+        ValueError, match="force element 'springdamper_0' refers to body 'c', which is not"
+    ):
         mb.Mechanism([body], forces=[mb.SpringDamper("ground", "c.p", 1.0)])
     with pytest.raises(ValueError, match="mass -1.0"):
         mb.PlanarBody("z", -1.0, 0.1)

@@ -375,7 +375,11 @@ def test_simulates_and_keeps_the_energy(mixed):
     norms of the Euler parameters keep their values."""
     model = mb.TreeMechanism(*mixed_parts(damping=0.0))
     q0 = model.reference_coordinates()
-    v0 = jnp.zeros(13).at[jnp.asarray([0, 5, 8, 11, 12])].set(jnp.asarray([0.5, 1.0, -2.0, 3.0, 0.2]))
+    v0 = (
+        jnp.zeros(13)
+        .at[jnp.asarray([0, 5, 8, 11, 12])]
+        .set(jnp.asarray([0.5, 1.0, -2.0, 3.0, 0.2]))
+    )
     v0 = v0.at[3:7].set(v0[3:7] - q0[3:7] * (q0[3:7] @ v0[3:7]))  # no change of norm
     sol = jaxdae.simulate(model, jaxdae.Unstabilized(), 0.0, 0.3, q0, v0,
                           ts=jnp.linspace(0.0, 0.3, 4), rtol=1e-10, atol=1e-10)

@@ -26,7 +26,10 @@ def robot():
 
 def tool_position(yaw, shoulder, elbow, wrist):
     """The tool frame's origin by the chain of URDF transforms."""
-    rz, ry = (lambda a: mb.rotation_matrix((0, 0, 1), a)), (lambda a: mb.rotation_matrix((0, 1, 0), a))
+    rz, ry = (
+        (lambda a: mb.rotation_matrix((0, 0, 1), a)),
+        (lambda a: mb.rotation_matrix((0, 1, 0), a)),
+    )
     forearm = jnp.array([0.4 + wrist + 0.05, 0.0, 0.0])
     return jnp.array([0, 0, 0.1]) + rz(yaw) @ (jnp.array([0, 0, 0.1]) + ry(shoulder) @ (
         jnp.array([0, 0, 0.5]) + ry(elbow) @ forearm))
@@ -156,7 +159,10 @@ def write(tmp_path, text):
     return path
 
 
-LINK = '<link name="{}"><inertial><mass value="1"/><inertia ixx="1" iyy="1" izz="1" ixy="0" ixz="0" iyz="0"/></inertial></link>'
+LINK = (
+    '<link name="{}"><inertial><mass value="1"/><inertia ixx="1" iyy="1" izz="1" ixy="0" '
+    'ixz="0" iyz="0"/></inertial></link>'
+)
 
 
 def test_bad_urdf_files_name_file_and_line(tmp_path):

@@ -36,7 +36,9 @@ class HeadingSleigh(jaxdae.LagrangianSystem):
     distance: jax.Array
 
     def kinetic_energy(self, t, q, v):
-        return 0.5 * self.mass * (v[0] ** 2 + v[1] ** 2) + 0.5 * self.inertia * (v[2] ** 2 + v[3] ** 2)
+        return 0.5 * self.mass * (v[0] ** 2 + v[1] ** 2) + 0.5 * self.inertia * (
+            v[2] ** 2 + v[3] ** 2
+        )
 
     def constraints(self, t, q):
         return jnp.array([q[2] ** 2 + q[3] ** 2 - 1.0])

@@ -58,8 +58,8 @@ def test_stays_on_the_manifold(formulation):
 
 @pytest.mark.slow
 def test_rheonomic_two_link_arm_on_the_manifold():
-    """Mukharlyamov and Deressa's (2015) arm: a constraint that moves with time (the tip follows a line at
-    0.6 m/s), before its singular configuration."""
+    """Mukharlyamov and Deressa's (2015) arm: a constraint that moves with time (the tip follows a
+    line at 0.6 m/s), before its singular configuration."""
     arm = TwoLinkManipulator()
     q0, v0, *_ = jaxdae.consistent_initial_state(arm, 0.0, *arm.initial_state())
     ts = jnp.linspace(0.0, 0.4, 9)

@@ -1,4 +1,5 @@
-"""Shulgin's equations (`jaxdae.RedundantCoordinates`), equilibria and linearization (Krasinskaya and Krasinskiy (2013))."""
+"""Shulgin's equations (`jaxdae.RedundantCoordinates`), equilibria and linearization (Krasinskaya
+and Krasinskiy (2013))."""
 
 import equinox as eqx
 import jax

@@ -225,7 +225,9 @@ def test_gradient_wrt_gains_matches_central_differences(two_link):
     grad = jax.jit(jax.grad(loss))(p)
     eye = np.eye(5)
     steps = 1e-4 * np.abs(np.asarray(p))
-    fd = np.array([(loss(p + h * e) - loss(p - h * e)) / (2 * h) for h, e in zip(steps, eye, strict=False)])
+    fd = np.array(
+        [(loss(p + h * e) - loss(p - h * e)) / (2 * h) for h, e in zip(steps, eye, strict=False)]
+    )
     assert np.max(np.abs(grad - fd)) < 1e-5 * np.max(np.abs(fd))
 
 

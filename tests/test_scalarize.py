@@ -1,5 +1,5 @@
-"""The scalar re-tracing of small right-hand sides (`jaxdae/_compilation/_scalarize.py`): same values,
-same derivatives, same batching; and it really produces a scalar graph."""
+"""The scalar re-tracing of small right-hand sides (`jaxdae/_compilation/_scalarize.py`): same
+values, same derivatives, same batching; and it really produces a scalar graph."""
 
 import collections
 

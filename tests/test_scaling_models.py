@@ -1,5 +1,5 @@
-"""The model families of `experiments/benchmarks/bench_scaling.py` (`jaxdae/examples/_scaling.py`) on
-small sizes: consistent initial states, the known small cases, the same mechanism in two
+"""The model families of `experiments/benchmarks/bench_scaling.py` (`jaxdae/examples/_scaling.py`)
+on small sizes: consistent initial states, the known small cases, the same mechanism in two
 coordinate sets, energy conservation, and the benchmark's peers (hand-written right-hand
 side, CasADi) against jaxdae's equations."""
 

@@ -373,7 +373,9 @@ def test_structured_terms_and_accelerations_agree(family):
     assert not dense_s and dense_d
     for a, b in zip(fields_s, fields_d, strict=False):
         np.testing.assert_allclose(a, b, atol=1e-12)
-    for formulation, (acc_s, lam_s), (acc_d, lam_d) in zip(formulations, results_s, results_d, strict=False):
+    for formulation, (acc_s, lam_s), (acc_d, lam_d) in zip(
+        formulations, results_s, results_d, strict=False
+    ):
         name = type(formulation).__name__
         np.testing.assert_allclose(acc_s, acc_d, rtol=1e-10, atol=1e-10, err_msg=name)
         np.testing.assert_allclose(lam_s, lam_d, rtol=1e-10, atol=1e-10, err_msg=name)
@@ -467,8 +469,12 @@ def test_take_is_a_gather_both_ways():
     def loss(fn, x):
         return jnp.sum(jnp.sin(fn(x)) * jnp.arange(18.0).reshape(2, 3, 3))
 
-    ours = lambda x: _gather.take(x, index)
-    reference = lambda x: jnp.concatenate([x, jnp.zeros((1, 3))])[index]
+    def ours(x):
+        return _gather.take(x, index)
+
+    def reference(x):
+        return jnp.concatenate([x, jnp.zeros((1, 3))])[index]
+
     # each derivative one program (eagerly, each operation compiles alone)
     for transform in (jax.grad, jax.jacfwd):
         np.testing.assert_allclose(jax.jit(transform(lambda x: loss(ours, x)))(x),
@@ -544,7 +550,9 @@ def test_banded_factorization(method, monkeypatch):
         if not cyclic:  # the pivots of one elimination order
             np.testing.assert_allclose(np.prod(pivots), np.linalg.det(matrix), rtol=1e-10)
         # not positive definite: a pivot says so
-        shift = eigenvalues[0] + 0.5 * (eigenvalues[1] - eigenvalues[0])  # one eigenvalue below zero
+        shift = eigenvalues[0] + 0.5 * (
+            eigenvalues[1] - eigenvalues[0]
+        )  # one eigenvalue below zero
         shifted = matrix - shift * np.eye(size)
         _, pivots = solve(SparseMatrix.from_dense(jnp.asarray(shifted), Pattern.from_mask(mask)),
                           jnp.asarray(rhs))
@@ -660,7 +668,9 @@ def test_banded_multiplier_solve_derivatives():
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
     def loss(fn):
-        return lambda *x: sum(jnp.sum(jnp.sin(out) * w) for out, w in zip(fn(*x), (1.0, 0.7), strict=False))
+        return lambda *x: sum(
+            jnp.sum(jnp.sin(out) * w) for out, w in zip(fn(*x), (1.0, 0.7), strict=False)
+        )
 
     tangents = tuple(jnp.asarray(rng.standard_normal(x.shape)) for x in args)
     batch = jnp.stack([forces, 2 * forces])
@@ -671,7 +681,9 @@ def test_banded_multiplier_solve_derivatives():
                     m_values, g_values, batch, target))
 
     derivatives = jax.jit(derivatives, static_argnums=0)
-    for a, b in zip(*(jax.tree.leaves(derivatives(fn)) for fn in (structured, dense)), strict=False):
+    for a, b in zip(
+        *(jax.tree.leaves(derivatives(fn)) for fn in (structured, dense)), strict=False
+    ):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
 
 
@@ -694,7 +706,9 @@ def test_banded_path_agrees(monkeypatch):
     # gradients through the banded path: w.r.t. the gains, the state and the parameters
     grad_s = _acceleration_gradient(structured, formulations, q, v)
     grad_d = _acceleration_gradient(dense, formulations, q, v)
-    for a, b in zip(jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d), strict=False):
+    for a, b in zip(
+        jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d), strict=False
+    ):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
     _banded.banded_plan.cache_clear()
 
@@ -712,7 +726,9 @@ def test_gradients_through_wide_bands():
     formulations = [FORMULATIONS["Baumgarte"]]
     grad_s = _acceleration_gradient(structured, formulations, q, v)
     grad_d = _acceleration_gradient(dense, formulations, q, v)
-    for a, b in zip(jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d), strict=False):
+    for a, b in zip(
+        jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d), strict=False
+    ):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9 * np.max(np.abs(b)))
 
 
@@ -749,11 +765,15 @@ def test_simulations_and_gradients_agree(name):
     structured, dense = CartesianChain(17), DenseChain(17)
     q0, v0 = _state(structured)
     formulation = FORMULATIONS[name]
-    for a, b in zip(_final(structured, formulation, q0, v0), _final(dense, formulation, q0, v0), strict=False):
+    for a, b in zip(
+        _final(structured, formulation, q0, v0), _final(dense, formulation, q0, v0), strict=False
+    ):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
     grad_s = _gradient(structured, formulation, q0, v0)
     grad_d = _gradient(dense, formulation, q0, v0)
-    for a, b in zip(jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d), strict=False):
+    for a, b in zip(
+        jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d), strict=False
+    ):
         np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-10)
 
 
@@ -815,8 +835,9 @@ def test_constant_mass_factor(coupled):
     pendulum = StructuredPendulum(40)
     assert constant_mass_factor(pendulum, 0.0, *pendulum.initial_state()) is None
     # the formulations that solve with `M⁻¹` give the same accelerations and multipliers
-    for name, (with_factor, without) in zip(_MASS_FORMULATIONS,
-                                            _accelerations_with_factor(model, q0, v0), strict=False):
+    for name, (with_factor, without) in zip(
+        _MASS_FORMULATIONS, _accelerations_with_factor(model, q0, v0), strict=False
+    ):
         for a, b in zip(with_factor, without, strict=False):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-12, err_msg=name)
 
@@ -935,8 +956,12 @@ def test_right_hand_side_runs_in_one_kernel(model):
     formulation = jaxdae.Baumgarte(20.0, 100.0)
     q, v = model.initial_state()
     terms = model.terms(0.0, q, v)
-    banded = _banded.banded_plan(sparse_matmul(terms.jacobian_operator.matrix,
-                                               terms.jacobian_operator.matrix.T).pattern) is not None
+    banded = (
+        _banded.banded_plan(
+            sparse_matmul(terms.jacobian_operator.matrix, terms.jacobian_operator.matrix.T).pattern
+        )
+        is not None
+    )
     assert banded == (not isinstance(model, _ChainWithLevelCentre))
     reference = failure_reference(model, formulation, 0.0, q, v)
 

@@ -66,8 +66,8 @@ def test_tuning_decreases_loss(reference):
     # Decreases on average (first third vs last third) and by a stated factor.
     assert loss[-4:].mean() < loss[:4].mean()
     assert loss[-1] < 0.5 * loss[0], loss
-    # The gains stay positive (Lyapunov condition of Mukharlyamov and Deressa (2015) eq. [18]): this loss pushes
-    # the damping towards 0 and the stiffness up; the softplus keeps K_D > 0.
+    # The gains stay positive (Lyapunov condition of Mukharlyamov and Deressa (2015) eq. [18]): this
+    # loss pushes the damping towards 0 and the stiffness up; the softplus keeps K_D > 0.
     model = reference.model
     assert isinstance(model, jaxdae.Baumgarte)
     assert 0 < float(model.kd) < 0.5 < float(model.kp)
@@ -97,7 +97,9 @@ def test_checkpoint_resume_is_bit_identical(reference, tmp_path):
     expected = jax.tree.leaves(eqx.filter(reference.params, eqx.is_array))
     for a, b in zip(leaves, expected, strict=False):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    for a, b in zip(jax.tree.leaves(resumed.opt_state), jax.tree.leaves(reference.opt_state), strict=False):
+    for a, b in zip(
+        jax.tree.leaves(resumed.opt_state), jax.tree.leaves(reference.opt_state), strict=False
+    ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert resumed.history["loss"] == reference.history["loss"]
     rows = log.read_text().strip().splitlines()
@@ -440,8 +442,9 @@ def _two_link(formulation, scenario):
 
 @pytest.mark.slow
 def test_baumgarte_stopping_at_the_singularity_is_a_failed_scenario():
-    """Mukharlyamov and Deressa (2015) Example 1: Baumgarte (Case 1) stops where the arm folds (t ≈ 0.493 s);
-    inside a batch that scenario gets the penalty and a zero gradient, the other one tunes."""
+    """Mukharlyamov and Deressa (2015) Example 1: Baumgarte (Case 1) stops where the arm folds (t ≈
+    0.493 s); inside a batch that scenario gets the penalty and a zero gradient, the other one
+    tunes."""
     q0, v0 = TWO_LINK.initial_state()
     qs, vs = jnp.stack([q0, q0 + jnp.array([0.0, 0.3])]), jnp.stack([v0, v0])
     params = jaxdae.parametrize(

@@ -1,13 +1,13 @@
 """Gradient cost vs the adjoint: jaxdae's reverse sweep, diffrax's checkpoint count, and
 forward mode.
 
-Mukharlyamov and Deressa's (2015) two-link example, `ModifiedLagrange(10, [20, 10], [100, 25])`, default tolerances;
-gradient of `Σ q(t1)² + |Φ(t1)|²` w.r.t. the formulation's five gains, over `t ∈ [0, 2]`
-(≈130 steps) and `t ∈ [0, 8]` (≈2000 steps: the arm is driven out of its workspace after
-2.85 s and the solve gets stiff). Rows:
+Mukharlyamov and Deressa's (2015) two-link example, `ModifiedLagrange(10, [20, 10], [100, 25])`,
+default tolerances; gradient of `Σ q(t1)² + |Φ(t1)|²` w.r.t. the formulation's five gains, over
+`t ∈ [0, 2]` (≈130 steps) and `t ∈ [0, 8]` (≈2000 steps: the arm is driven out of its workspace
+after 2.85 s and the solve gets stiff). Rows:
 
-- `ReverseSweepAdjoint()`, jaxdae's default for explicit Runge–Kutta solvers: at most 1024 steps stored,
-  so over `t ∈ [0, 8]` the solve runs in segments and the backward pass re-solves all but
+- `ReverseSweepAdjoint()`, jaxdae's default for explicit Runge–Kutta solvers: at most 1024 steps
+  stored, so over `t ∈ [0, 8]` the solve runs in segments and the backward pass re-solves all but
   the last; and `ReverseSweepAdjoint(stored_steps=4096)`, every step stored.
 - `RecursiveCheckpointAdjoint(checkpoints=N)` for diffrax's default (`None`: about
   `sqrt(2 max_steps)` ≈ 450 for `max_steps = 100_000`) and for several `N`; jaxdae's default

@@ -33,7 +33,8 @@ the ensemble rows, each chunk one ensemble), on one device and sharded over one 
 per core: two calls per row (the first compiles), the second timed; the peak memory of the
 process is reported at the end (≈ 11 min on 2 cores).
 
-    python experiments/benchmarks/bench_batch.py [--quick] [--out output] [--max-batch N] [--unrolled]
+    python experiments/benchmarks/bench_batch.py [--quick] [--out output] [--max-batch N] \
+        [--unrolled]
     python experiments/benchmarks/bench_batch.py --large [--chunk 4096] [--sizes 65536,1000000]
 """
 

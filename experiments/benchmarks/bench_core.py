@@ -27,7 +27,8 @@ A row "diffrax + hand-written RHS" solves the same ODE with diffrax (same solver
 and tolerances) on the peers' hand-written equations: the floor that jaxdae's
 autodiff-derived right-hand side is measured against.
 
-The SciPy and CasADi right-hand sides are written by hand in `jaxdae/examples/_two_link_reference.py`.
+The SciPy and CasADi right-hand sides are written by hand in
+`jaxdae/examples/_two_link_reference.py`.
 
     python experiments/benchmarks/bench_core.py [--quick] [--out output]
 """

@@ -18,9 +18,9 @@ equations written out with array operations). For each it reports:
 The ratio built / hand is the layer's cost. Models:
 
 - the slider-crank of the guide (3 bodies, 8 equations), 1 s;
-- Mukharlyamov and Deressa's (2015) two-link arm with its tip driven along a line (2 bodies, 6 equations), 0.4 s,
-  also against `jaxdae.examples.TwoLinkManipulator` (relative angles, 2 equations): the
-  same motion in other coordinates;
+- Mukharlyamov and Deressa's (2015) two-link arm with its tip driven along a line (2 bodies, 6
+  equations), 0.4 s, also against `jaxdae.examples.TwoLinkManipulator` (relative angles, 2
+  equations): the same motion in other coordinates;
 - a pendulum chain of N uniform links joined by revolute joints, released from rest at
   30° under gravity (3N coordinates, 2N equations), 0.5 s; above 8 coordinates the core
   derives the terms from their sparsity patterns (both versions), and the script reports

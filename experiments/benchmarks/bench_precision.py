@@ -38,7 +38,8 @@ PRECISIONS = {"full (jaxdae's default)": None, "TF32 (JAX's GPU default)": "tens
 
 
 class Chain(jaxdae.LagrangianSystem):
-    """k unit point masses in a vertical plane, joined by unit links to each other and the origin."""
+    """k unit point masses in a vertical plane, joined by unit links to each other and the
+    origin."""
 
     links: int
 

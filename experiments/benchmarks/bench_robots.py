@@ -601,9 +601,9 @@ def batch_rollout(path: Path, joints: JointMap, rates, integrator: str, steps: i
 
 def _mjx_child(queue, path, joint_names, rates, integrator, steps, seconds):
     """In a child process: compile `jax.vmap(mjx.step)` in a `lax.scan` of a chunk of the
-    steps (the batch split over the CPU devices, one per core), report the compile time, then run chunks until all `steps` ran or `seconds`
-    passed. Puts `("compiled", s)` and then `("done", dict)` (or `("error", text)`) on
-    `queue`."""
+    steps (the batch split over the CPU devices, one per core), report the compile time, then run
+    chunks until all `steps` ran or `seconds` passed. Puts `("compiled", s)` and then
+    `("done", dict)` (or `("error", text)`) on `queue`."""
     try:
         jax.config.update("jax_enable_x64", True)
         import jax.numpy as jnp

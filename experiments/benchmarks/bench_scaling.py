@@ -26,9 +26,9 @@ OpenBLAS (LAPACK inside JAX) runs on one thread unless `OPENBLAS_NUM_THREADS` sa
 Times are medians of `--repeats` calls after a first (warm-up) call; "per step" divides a
 solve by its number of steps (accepted and rejected). A method × size whose single solve
 would exceed `--budget` seconds, extrapolated from the previous size as `t · (n / n_prev)^2.5`,
-or whose compile took more than `--compile-budget` seconds at the previous size, is skipped and marked so in the table; the batch
-shrinks at large sizes to what fits in `--budget`. The table's last column is the largest
-`|q(1)|` difference from jaxdae's end state.
+or whose compile took more than `--compile-budget` seconds at the previous size, is skipped and
+marked so in the table; the batch shrinks at large sizes to what fits in `--budget`. The table's
+last column is the largest `|q(1)|` difference from jaxdae's end state.
 
 `--cpu-per-step` measures instead, for jaxdae only, the process CPU time (all threads; steadier
 than wall time on a shared machine) of one solve per step, of one right-hand side (`R` of them
@@ -488,7 +488,9 @@ def predicted_skip(previous, n, budget, compile_budget):
     if single > budget:
         return {"all"}, f"solve ≈ {single:.0f} s > budget"
     if previous["compile"]["total"] > compile_budget:  # compile time is no smooth power law
-        return {"all"}, f"compile {previous['compile']['total']:.0f} s > budget at n = {previous['n']}"
+        return {
+            "all"
+        }, f"compile {previous['compile']['total']:.0f} s > budget at n = {previous['n']}"
     if "gradient" not in previous or previous["gradient"] * scale > budget:
         grad = previous.get("gradient")
         return {"gradient"}, ("gradient skipped at the previous size" if grad is None else
@@ -664,7 +666,9 @@ def _int_list(text):
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"sizes must be integers ≥ 1, got {text!r}")
     return sorted(set(values))

@@ -1,18 +1,19 @@
 """Run time of whole solves for the formulations the core benchmark does not cover.
 
-`bench_core.py` times Mukharlyamov and Deressa's (2015) two-link arm under `ModifiedLagrange`. This script times
-one trajectory and a `jax.vmap` batch of 64 for:
+`bench_core.py` times Mukharlyamov and Deressa's (2015) two-link arm under `ModifiedLagrange`. This
+script times one trajectory and a `jax.vmap` batch of 64 for:
 
 - the Cartesian pendulum under `Baumgarte(10, 25)` over 10 s (its failure check, the
   extreme eigenvalues of `J M⁻¹ Jᵀ`, runs at every step);
-- Krasinskaya and Krasinskiy's (2013) Ball & Beam, LQR closed loop on the exact model in redundant coordinates
-  (`RedundantCoordinates`, Shulgin's equations) over 20 s, rtol 1e-6;
-- Mukharlyamov's (2019) adaptive-optics element under `ConstraintEnforcingControl` (poles at −10) over
-  3 s, rtol 1e-8;
+- Krasinskaya and Krasinskiy's (2013) Ball & Beam, LQR closed loop on the exact model in redundant
+  coordinates (`RedundantCoordinates`, Shulgin's equations) over 20 s, rtol 1e-6;
+- Mukharlyamov's (2019) adaptive-optics element under `ConstraintEnforcingControl` (poles at −10)
+  over 3 s, rtol 1e-8;
 - Shemelova's (2016) Cartesian arm in Hamiltonian form (`HamiltonianForm` of the Lagrangian model:
   the Legendre transform at every stage) under the paper's perturbation gains over 6 s;
 - the Cartesian pendulum with its constraint written twice (a rank-1 `J M⁻¹ Jᵀ`) under
-  `PseudoInverse(10, 25)` over 10 s (Mukharlyamov and Deressa (2015) eqs. [6]–[8]: `A⁺` at every stage).
+  `PseudoInverse(10, 25)` over 10 s (Mukharlyamov and Deressa (2015) eqs. [6]–[8]: `A⁺` at every
+  stage).
 
 Medians of interleaved repetitions, float64, after compilation.
 
@@ -92,7 +93,8 @@ def cartesian_arm():
     q0, p0 = arm.initial_state()
     v0 = arm.velocities(0.0, q0, p0)
 
-    # The formulation crosses a jit boundary (as in experiments/examples/cartesian_arm_hamiltonian.py).
+    # The formulation crosses a jit boundary (as in
+    # experiments/examples/cartesian_arm_hamiltonian.py).
     solve = eqx.filter_jit(lambda system, formulation, q, p: jaxdae.simulate(
         system, formulation, 0.0, 6.0, q, p).q_final)
 

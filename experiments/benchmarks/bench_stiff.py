@@ -417,8 +417,15 @@ def exudyn_run(case: Case, setting: str, h: float) -> Run:
         times = np.asarray(data[0][:, 0])
         if times.shape != case.ts.shape or np.max(np.abs(times - case.ts)) > 1e-9:
             values = np.stack([np.interp(case.ts, times, column) for column in values.T], 1)
-        return values, seconds, {"steps": steps, "newton_iterations": int(counters.newtonStepsCount),
-                                 "jacobians": int(counters.newtonJacobiCount)}
+        return (
+            values,
+            seconds,
+            {
+                "steps": steps,
+                "newton_iterations": int(counters.newtonStepsCount),
+                "jacobians": int(counters.newtonJacobiCount),
+            },
+        )
 
     return Run("Exudyn", setting, f"h = {h:g}", go)
 

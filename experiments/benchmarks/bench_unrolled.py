@@ -1,9 +1,9 @@
 """`jaxdae.UnrolledERK(diffrax.Tsit5())` against diffrax's `Tsit5` (stages in a loop).
 
-Mukharlyamov and Deressa's (2015) two-link example, `ModifiedLagrange(10, [20, 10], [100, 25])`, t ∈ [0, 2], default
-tolerances, float64. Loss `Σ q(2)² + |Φ(2)|²` (mean over a batch); gradient w.r.t. the five
-gains. Rows: one trajectory; `jax.vmap(jaxdae.simulate)` and `jaxdae.simulate_ensemble` over
-`--batch` initial states perturbed by 1e-3. Each function is compiled first (compile + first
+Mukharlyamov and Deressa's (2015) two-link example, `ModifiedLagrange(10, [20, 10], [100, 25])`, t ∈
+[0, 2], default tolerances, float64. Loss `Σ q(2)² + |Φ(2)|²` (mean over a batch); gradient w.r.t.
+the five gains. Rows: one trajectory; `jax.vmap(jaxdae.simulate)` and `jaxdae.simulate_ensemble`
+over `--batch` initial states perturbed by 1e-3. Each function is compiled first (compile + first
 call reported), then all are timed in turn (interleaved), and the table reports the minimum
 over repetitions: on shared virtual cores the minimum is the steadiest estimate of the cost.
 

@@ -465,7 +465,9 @@ def param_length_nan():
     return judge(sol, ("non_finite_constraints", "invalid_input", "dt_min_reached"))
 
 
-@case("nonfinite", "pendulum mass = inf", expect=r"`mass`|mass matrix|non-finite|not finite|nan|inf")
+@case(
+    "nonfinite", "pendulum mass = inf", expect=r"`mass`|mass matrix|non-finite|not finite|nan|inf"
+)
 def param_mass_inf():
     sol = simulate(CartesianPendulum(mass=jnp.inf), BAUM, 0.0, 0.5, Q0, V0, throw=False)
     return judge(sol, ("non_finite_mass_matrix", "non_finite_forces", "invalid_input"))

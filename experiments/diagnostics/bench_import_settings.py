@@ -1,13 +1,13 @@
 """Why importing jaxdae changes two JAX settings (`jaxdae/_compilation/_xla_flags.py`): the
 two-link benchmark problem with each of them left alone.
 
-Mukharlyamov and Deressa's (2015) `ModifiedLagrange(10, [20, 10], [100, 25])` on `TwoLinkManipulator` over
-`t ∈ [0, 2]`, `rtol = 1e-8`, `atol = 1e-10` (as `experiments/benchmarks/bench_core.py`): the
-jitted forward solve (`q(2)`) and the gradient of `Σ q(2)² + |Φ(2)|²` with respect to the
-gains. Each configuration runs in its own process (both settings are read when a process
-imports jaxdae): as imported, with `JAXDAE_SET_XLA_FLAGS=0` (no XLA loop option) and with
-`JAXDAE_ENABLE_X64=0` (JAX's float32 default: the paper's state and gains become float32
-arrays). Reported: the first call of each (trace and compile included), the median of
+Mukharlyamov and Deressa's (2015) `ModifiedLagrange(10, [20, 10], [100, 25])` on
+`TwoLinkManipulator` over `t ∈ [0, 2]`, `rtol = 1e-8`, `atol = 1e-10` (as
+`experiments/benchmarks/bench_core.py`): the jitted forward solve (`q(2)`) and the gradient of
+`Σ q(2)² + |Φ(2)|²` with respect to the gains. Each configuration runs in its own process (both
+settings are read when a process imports jaxdae): as imported, with `JAXDAE_SET_XLA_FLAGS=0` (no XLA
+loop option) and with `JAXDAE_ENABLE_X64=0` (JAX's float32 default: the paper's state and gains
+become float32 arrays). Reported: the first call of each (trace and compile included), the median of
 `--calls` calls after it, the number of steps and the distance of `q(2)` from the float64
 result.
 

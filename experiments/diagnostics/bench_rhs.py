@@ -1,12 +1,13 @@
-"""Benchmark: the right-hand side as an array program vs as a scalar graph (`jaxdae/_compilation/_scalarize.py`).
+"""Benchmark: the right-hand side as an array program vs as a scalar graph
+(`jaxdae/_compilation/_scalarize.py`).
 
-1. Mukharlyamov and Deressa's (2015) two-link right-hand side (`ModifiedLagrange(10, [20, 10], [100, 25])`) in three
-   forms: jaxdae's derived equations as traced (array form), the same re-traced as a scalar
-   graph (what `simulate` integrates), and the hand-written equations of `jaxdae/examples/_two_link_reference.py`.
-   For each: equations in the jaxpr, operations and fusions in XLA's optimized HLO, and the time
-   per evaluation inside one compiled `lax.fori_loop` (no dispatch), alone and vmapped over a
-   batch of 1024 states. One more row keeps XLA's `sin`/`cos` in the scalar graph instead of
-   `_scalarize.sincos`'s polynomials.
+1. Mukharlyamov and Deressa's (2015) two-link right-hand side
+   (`ModifiedLagrange(10, [20, 10], [100, 25])`) in three forms: jaxdae's derived equations as
+   traced (array form), the same re-traced as a scalar graph (what `simulate` integrates), and the
+   hand-written equations of `jaxdae/examples/_two_link_reference.py`. For each: equations in the
+   jaxpr, operations and fusions in XLA's optimized HLO, and the time per evaluation inside one
+   compiled `lax.fori_loop` (no dispatch), alone and vmapped over a batch of 1024 states. One more
+   row keeps XLA's `sin`/`cos` in the scalar graph instead of `_scalarize.sincos`'s polynomials.
 2. Whole simulations of chains of k point masses joined by unit links (n = 2k coordinates,
    k length constraints, `Baumgarte(10, 25)`, t ∈ [0, 2]) with scalar graphs switched on and
    off (`MAX_WORK = 0`): compile + first call and time per trajectory (interleaved medians).

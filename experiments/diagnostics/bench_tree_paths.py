@@ -100,9 +100,11 @@ def main():
                       for key in ("cpu_us", "wall_us", "compile_cpu_s")} for path in PATHS}
         d, r = med["dense"], med["recursive"]
         label = name if name == "humanoid" else f"chain of {name}"
-        print(f"| {label} | {d['cpu_us']:.2f} | {r['cpu_us']:.2f} | {r['cpu_us'] / d['cpu_us']:.2f} "
-              f"| {d['wall_us']:.2f} | {r['wall_us']:.2f} | {d['compile_cpu_s']:.2f} "
-              f"| {r['compile_cpu_s']:.2f} |")
+        print(
+            f"| {label} | {d['cpu_us']:.2f} | {r['cpu_us']:.2f} | {r['cpu_us'] / d['cpu_us']:.2f} "
+            f"| {d['wall_us']:.2f} | {r['wall_us']:.2f} | {d['compile_cpu_s']:.2f} "
+            f"| {r['compile_cpu_s']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

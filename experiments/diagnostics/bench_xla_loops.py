@@ -1,5 +1,5 @@
-"""Why jaxdae raises XLA's small-while-loop limit (`jaxdae/_compilation/_xla_flags.py`): loop cost per
-iteration with and without it.
+"""Why jaxdae raises XLA's small-while-loop limit (`jaxdae/_compilation/_xla_flags.py`): loop cost
+per iteration with and without it.
 
 A `jax.lax.fori_loop` of 672 iterations whose body evaluates the two-link right-hand side
 (`ModifiedLagrange(10, [20, 10], [100, 25])`, jaxdae's scalarized `vector_field`) at `k`

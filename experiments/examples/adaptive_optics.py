@@ -1,4 +1,5 @@
-"""Mukharlyamov (2019), §5: constraint-enforcing control of an adaptive-optics element through a DC motor.
+"""Mukharlyamov (2019), §5: constraint-enforcing control of an adaptive-optics element through a DC
+motor.
 
 A mirror on a crank, turned by a DC motor (armature voltage `u`), must reflect a ray from a
 moving source `P = (s(t), 0)` onto a fixed point `C = (c, 0)`: the program constraint
@@ -10,8 +11,8 @@ numbers; `jaxdae.examples.AdaptiveOpticsElement` documents the ones used here.
    poles at −10 (eqs. [3.4]–[3.5], [5.8]) against the unstabilized law of eq. [2.9] (all
    gains zero, the constraint only a first integral), from the programmed motion and from
    an error in the crank angle.
-2. Fixed steps (Mukharlyamov (2019) §4): explicit Euler and Heun with step `τ`, poles at −10 and −40.
-   The perturbations are asymptotically stable in continuous time for every `τ`; the
+2. Fixed steps (Mukharlyamov (2019) §4): explicit Euler and Heun with step `τ`, poles at −10 and
+   −40. The perturbations are asymptotically stable in continuous time for every `τ`; the
    discrete ones are bounded only if the spectral radius of the method's transition
    `R(τH)` is below 1 (`jaxdae.transition_matrix`). The table lists `ρ(R(τH))`, `‖R(τH)‖₂`
    and the measured residual. The paper's sufficient condition `‖R‖ ≤ ϑ < 1` depends on the
@@ -128,7 +129,9 @@ def _fixed_step_study(system, rates, steps, t1):
         grid = [(r, tau) for r in rates for tau in steps]
         codes, residuals, radii, norms = run(jnp.array([g[0] for g in grid]),
                                              jnp.array([g[1] for g in grid]))
-        for (rate, tau), code, res, rho, norm in zip(grid, codes, residuals, radii, norms, strict=False):
+        for (rate, tau), code, res, rho, norm in zip(
+            grid, codes, residuals, radii, norms, strict=False
+        ):
             ok = int(code) == int(jaxdae.RESULTS.successful._value)
             rows.append(dict(solver=type(solver).__name__, rate=rate, tau=tau,
                              spectral_radius=float(rho), norm=float(norm), bounded=ok,

@@ -1,4 +1,5 @@
-"""Krasinskaya and Krasinskiy (2013), §6: LQR designed on the simplified Ball & Beam stabilizes the exact model.
+"""Krasinskaya and Krasinskiy (2013), §6: LQR designed on the simplified Ball & Beam stabilizes the
+exact model.
 
 1. Equilibrium [35] with the ball at `r0` (optimistix), for the simplified model
    (`α = (d/L) θ`) and the exact redundant-coordinate model (four-bar constraint, `α`
@@ -279,10 +280,10 @@ def main(out: Path, quick: bool = False) -> dict:
         f"| zero roots / constraints (tol {float(d['lin_e'].tol):.1e}) | "
         f"{int(d['lin_e'].num_zero_roots)} / {d['lin_e'].num_constraints} |",
         f"| max difference of the non-zero roots | {root_gap:.2e} |",
-        f"| verdict (Krasinskaya and Krasinskiy (2013) theorem) | "
-        f"{verdict} |",
+        f"| verdict (Krasinskaya and Krasinskiy (2013) theorem) | {verdict} |",
         f"| open-loop exact roots | {_fmt_roots(d['lin_open'].eigenvalues)} |",
-        f"| max final \\|r − r0\\| of {len(runs)} nonlinear responses | {max(final_errors):.2e} m |",
+        f"| max final \\|r − r0\\| of {len(runs)} nonlinear responses "
+        f"| {max(final_errors):.2e} m |",
         f"| region of attraction: converged fraction of {roa['converged'].size} starts | "
         f"{roa['converged'].mean():.3f} ({t_roa:.1f} s for the vmapped batch) |",
         f"| ... converged if the beam were unbounded | {roa['converged_unbounded'].mean():.3f} |",

@@ -81,7 +81,9 @@ def main(out: Path, quick: bool = False) -> dict:
         measured = []
         for j in range(2):
             mask = (np.abs(y[:, j]) > 1e-8) & (t > 2.5 / r)  # past the e^{−2rt} mode
-            slope = np.polyfit(t[mask], np.log(np.abs(y[mask, j])), 1)[0] if mask.sum() > 5 else np.nan
+            slope = (
+                np.polyfit(t[mask], np.log(np.abs(y[mask, j])), 1)[0] if mask.sum() > 5 else np.nan
+            )
             measured.append(-slope)
         rows.append(dict(rate=float(r), c1=-2 * float(r) ** 2, c2=-3 * float(r),
                          measured_rate_y1=measured[0], measured_rate_y2=measured[1],
@@ -129,13 +131,20 @@ def main(out: Path, quick: bool = False) -> dict:
                 decay=rows, t1=t1, seconds=elapsed)
     write_json(folder / "results.json", data)
     table = [
-        "| chosen rate r (c1 = −2r², c2 = −3r) | measured rate y1 | measured rate y2 | max dev. from linear ODE |",
+        "| chosen rate r (c1 = −2r², c2 = −3r) | measured rate y1 | measured rate y2 | max dev. "
+        "from linear ODE |",
         "| --- | --- | --- | --- |",
-    ] + [f"| {r['rate']:g} | {r['measured_rate_y1']:.3f} | {r['measured_rate_y2']:.3f} | "
-         f"{r['max_deviation_from_linear_ode']:.1e} |" for r in rows]
-    headline = (f"Hamilton vs Lagrange form of Shemelova's (2016) arm over {t1:g} s: max|Δq| = {diff_q:.1e}, "
-                f"max|Δp| = {diff_p:.1e} (Legendre transform: {diff_t:.1e}); perturbations decay at "
-                "the chosen rates (table).")
+    ] + [
+        f"| {r['rate']:g} | {r['measured_rate_y1']:.3f} | {r['measured_rate_y2']:.3f} | "
+        f"{r['max_deviation_from_linear_ode']:.1e} |"
+        for r in rows
+    ]
+    headline = (
+        f"Hamilton vs Lagrange form of Shemelova's (2016) arm over {t1:g} s: max|Δq| = "
+        f"{diff_q:.1e}, max|Δp| = {diff_p:.1e} (Legendre transform: {diff_t:.1e}); "
+        "perturbations decay at "
+        "the chosen rates (table)."
+    )
     print(headline)
     print("\n".join(table))
     return {"headline": headline, "table": table, "figures": [figure(

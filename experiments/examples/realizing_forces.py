@@ -155,9 +155,12 @@ def main(out: Path, quick: bool = False) -> dict:
         f"| system | law | max\\|ψ\\| on [{t1 / 2:g}, {t1:g}] (ψ₀ = 0) | max dist. to constrained "
         "(ψ₀ = 0) | t with \\|ψ\\| < 1e-6 for good (ψ₀ = 0.2) | steps |",
         "| --- | --- | --- | --- | --- | --- |",
-    ] + [f"| {r['system']} | {r['law']} | {r['max_abs_psi_late_on_start']:.1e} | "
-         f"{r['max_distance_on_start']:.1e} | {_time_or_never(r['time_to_psi_reached_off_start'])} | "
-         f"{r['steps']} |" for r in rows]
+    ] + [
+        f"| {r['system']} | {r['law']} | {r['max_abs_psi_late_on_start']:.1e} | "
+        f"{r['max_distance_on_start']:.1e} | "
+        f"{_time_or_never(r['time_to_psi_reached_off_start'])} | {r['steps']} |"
+        for r in rows
+    ]
     sk = [r for r in studies[1]["rows"] if r["law"].startswith("viscous")]
     headline = (
         f"Viscous forces converge to the constrained motion as k grows (skate: max|ψ| late "

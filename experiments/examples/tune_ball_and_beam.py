@@ -1,8 +1,9 @@
-"""Tune the LQR weights of Krasinskaya and Krasinskiy's (2013) Ball & Beam on the exact nonlinear model.
+"""Tune the LQR weights of Krasinskaya and Krasinskiy's (2013) Ball & Beam on the exact nonlinear
+model.
 
-Krasinskaya and Krasinskiy (2013) (§6) designs the LQR on the simplified linear model with the weights `Q = I`,
-`R = 1` and shows that it stabilizes the exact redundant-coordinate model. Here the diagonal
-`Q` (states `x = (r, θ, ṙ, θ̇, i)`) and `R` are tuned by gradient descent (`jaxdae.tune`,
+Krasinskaya and Krasinskiy (2013) (§6) designs the LQR on the simplified linear model with the
+weights `Q = I`, `R = 1` and shows that it stabilizes the exact redundant-coordinate model. Here the
+diagonal `Q` (states `x = (r, θ, ṙ, θ̇, i)`) and `R` are tuned by gradient descent (`jaxdae.tune`,
 Adam, weights kept positive by `jaxdae.Positive(..., log_scale=True)`) for a smooth
 settling-time + control-effort objective evaluated on the **exact** model in closed loop,
 `u = u₀ − K (x − x₀)`, `K = lqr(A, B, Q, R)` of the simplified model: the gradient flows

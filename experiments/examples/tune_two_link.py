@@ -1,15 +1,17 @@
-"""Tune (K_D, K_P, α) of the modified Lagrange equation for Mukharlyamov and Deressa's (2015) two-link arm.
+"""Tune (K_D, K_P, α) of the modified Lagrange equation for Mukharlyamov and Deressa's (2015)
+two-link arm.
 
-Mukharlyamov and Deressa (2015) (Remark 4) leaves the choice of `𝔄 = αI`, `K_D = diag(h, r)`, `K_P = diag(p, s)`
-open and warns that too high values make a fixed-step integration unstable. Here the gains
-are tuned by gradient descent (`jaxdae.tune`, Adam) for a fixed-step method (Heun, τ = 10 ms)
-over a batch of perturbed initial states, minimizing the integrated constraint violation
+Mukharlyamov and Deressa (2015) (Remark 4) leaves the choice of `𝔄 = αI`, `K_D = diag(h, r)`,
+`K_P = diag(p, s)` open and warns that too high values make a fixed-step integration unstable. Here
+the gains are tuned by gradient descent (`jaxdae.tune`, Adam) for a fixed-step method (Heun, τ = 10
+ms) over a batch of perturbed initial states, minimizing the integrated constraint violation
 `∫ |Φ|² + 0.1 |Φ̇|² dt` over the first 1.5 s (through the singular configuration at 0.493 s),
-plus the discrete stability penalty of Mukharlyamov (2019) §4 (`ρ(R(τH)) < 1`, `jaxdae.DiscreteStability`).
-The training scenarios run as one ensemble (`tune(..., batching=jaxdae.Batching(ensemble=True))` with
-`jaxdae.simulate_ensemble`: with fixed steps, the same trajectories in one solve). The
-result is compared on held-out initial states with the paper's Cases 1–3 and with a random
-search (log-uniform) given the same number of batch evaluations.
+plus the discrete stability penalty of Mukharlyamov (2019) §4 (`ρ(R(τH)) < 1`,
+`jaxdae.DiscreteStability`). The training scenarios run as one ensemble
+(`tune(..., batching=jaxdae.Batching(ensemble=True))` with `jaxdae.simulate_ensemble`: with fixed
+steps, the same trajectories in one solve). The result is compared on held-out initial states with
+the paper's Cases 1–3 and with a random search (log-uniform) given the same number of batch
+evaluations.
 
     python experiments/examples/tune_two_link.py --out output [--quick]
 """
@@ -66,7 +68,9 @@ BOX = dict(h=(1, 200), r=(1, 200), p=(1, 5000), s=(1, 5000), alpha=(0.3, 300))
 
 def formulation(g: dict) -> jaxdae.ModifiedLagrange:
     return jaxdae.ModifiedLagrange(
-        jnp.asarray(g["alpha"], float), jnp.array([g["h"], g["r"]], float), jnp.array([g["p"], g["s"]], float)
+        jnp.asarray(g["alpha"], float),
+        jnp.array([g["h"], g["r"]], float),
+        jnp.array([g["p"], g["s"]], float),
     )
 
 
@@ -85,8 +89,9 @@ def run(model, scenario):
 
 
 def run_ensemble(model, scenarios):
-    """The training scenarios as one ensemble (`tune(..., batching=jaxdae.Batching(ensemble=True))`): with fixed
-    steps the trajectories are those of `run`, in one solve and one reverse pass."""
+    """The training scenarios as one ensemble
+    (`tune(..., batching=jaxdae.Batching(ensemble=True))`): with fixed steps the trajectories are
+    those of `run`, in one solve and one reverse pass."""
     q0, v0 = scenarios
     return jaxdae.simulate_ensemble(
         SYSTEM, model, 0.0, T1, q0, v0, ts=TS, solver=SOLVER,
@@ -95,7 +100,8 @@ def run_ensemble(model, scenarios):
 
 
 def scenarios(key, size):
-    """Perturbed initial states around Mukharlyamov and Deressa's (2015) (off the constraint manifold)."""
+    """Perturbed initial states around Mukharlyamov and Deressa's (2015) (off the constraint
+    manifold)."""
     q0, v0 = SYSTEM.initial_state()
     kq, kv = jax.random.split(key)
     return (q0 + 0.05 * jax.random.normal(kq, (size, 2)),
@@ -208,7 +214,8 @@ def main(out: Path, quick: bool = False) -> dict:
         writer.writerows(rows)
 
     table = [
-        "| gains | h | r | p | s | α | held-out loss | max‖Φ‖ (t ≥ 0.3 s) | failed | ρ(R(τH)) | wall [s] |",
+        "| gains | h | r | p | s | α | held-out loss | max‖Φ‖ (t ≥ 0.3 s) | failed | ρ(R(τH)) | "
+        "wall [s] |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -225,8 +232,9 @@ def main(out: Path, quick: bool = False) -> dict:
     headline = (
         f"Heun, τ = {DT} s, 0–{T1} s through the singularity, {len(held_out[0])} held-out "
         f"initial states: tuned gains reach a held-out loss {t['held_out_loss']:.3g} "
-        f"(max‖Φ‖ after 0.3 s {t['max_violation']:.3g}) vs {by[best_case]['held_out_loss']:.3g} for the "
-        f"best paper case ({best_case}) and {s['held_out_loss']:.3g} for a random search of "
+        f"(max‖Φ‖ after 0.3 s {t['max_violation']:.3g}) vs "
+        f"{by[best_case]['held_out_loss']:.3g} for the best paper case ({best_case}) and "
+        f"{s['held_out_loss']:.3g} for a random search of "
         f"the same {steps} batch evaluations ({t['wall_s']:.0f} s vs {s['wall_s']:.0f} s "
         "including compilation)."
     )

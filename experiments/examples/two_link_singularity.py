@@ -1,4 +1,5 @@
-"""Mukharlyamov and Deressa (2015), Example 1: a two-link arm tracks a point on a line through a singular configuration.
+"""Mukharlyamov and Deressa (2015), Example 1: a two-link arm tracks a point on a line through a
+singular configuration.
 
 Generalized Baumgarte (Case 1 gains) needs `(J M⁻¹ Jᵀ)⁻¹` and stops where the arm folds
 (`q = (π/2, π)`, `t = x0 / v ≈ 0.493 s`); the modified Lagrange equation (Cases 1–3) runs through
@@ -54,7 +55,9 @@ def main(out: Path, quick: bool = False) -> dict:
     q0, v0 = system.initial_state()
     l1, l2 = system.lengths
     t_singular = float(system.x0 / system.speed)
-    t_exit = float((system.x0 + jnp.sqrt((l1 + l2) ** 2 - (0.5 * system.length) ** 2)) / system.speed)
+    t_exit = float(
+        (system.x0 + jnp.sqrt((l1 + l2) ** 2 - (0.5 * system.length) ** 2)) / system.speed
+    )
     t1 = 4.0 if quick else 8.0
     ts = jnp.linspace(0.0, t1, 401 if quick else 1601)
 
@@ -107,7 +110,9 @@ def main(out: Path, quick: bool = False) -> dict:
     ]
     for r in rows:
         outcome = "stops: singular J M⁻¹ Jᵀ" if r["stopped"] else "runs through"
-        after = "—" if r["max_violation_after_exit"] is None else f"{r['max_violation_after_exit']:.3g}"
+        after = (
+            "—" if r["max_violation_after_exit"] is None else f"{r['max_violation_after_exit']:.3g}"
+        )
         table.append(
             f"| {r['case']} | {outcome} | {r['t_final']:.4f} | "
             f"({r['q_final'][0]:.4f}, {r['q_final'][1]:.4f}) | "
@@ -189,8 +194,10 @@ def _plot(folder: Path, runs: dict, t_singular: float, t_exit: float) -> None:
     axes[1].set_ylabel("q2 [rad]")
     axes[2].set_ylabel("max_i |Φ_i|, tip to target [m]")
     axes[2].set_xlabel("t [s]")
-    axes[0].set_title("Mukharlyamov and Deressa (2015), Example 1 (dotted: singular configuration, dashed: target "
-                      "out of reach)")
+    axes[0].set_title(
+        "Mukharlyamov and Deressa (2015), Example 1 (dotted: singular configuration, dashed: "
+        "target out of reach)"
+    )
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=4,
                fontsize=9)
     fig.savefig(folder / "two_link.png", dpi=120)

@@ -7,12 +7,12 @@ zero joint coordinates with the yaw joint turning at 2 rad/s and the shoulder at
 and swings for 2 s under gravity (−z) with no damping, simulated as the default
 `robot.mechanism()` (a `TreeMechanism` in the four joint coordinates, no constraints) and as
 the same bodies and joints in absolute coordinates (`coordinates="absolute"`, 28 coordinates
-and 24 constraints, Baumgarte stabilization); a spring (200 N/m, rest length 0.45 m) from the elbow to the wrist's slider
-keeps the prismatic wrist near its range; the URDF limits are left out (`limits=False`), as
-in the Exudyn model. With `exudyn` installed, the same bodies (masses, inertia tensors and poses
-taken from the imported model) and joints are built with Exudyn's `CreateRigidBody`,
-`CreateRevoluteJoint`, `CreatePrismaticJoint` and solved by its generalized-α integrator; the
-tool's trajectories are compared.
+and 24 constraints, Baumgarte stabilization); a spring (200 N/m, rest length 0.45 m) from the elbow
+to the wrist's slider keeps the prismatic wrist near its range; the URDF limits are left out
+(`limits=False`), as in the Exudyn model. With `exudyn` installed, the same bodies (masses, inertia
+tensors and poses taken from the imported model) and joints are built with Exudyn's
+`CreateRigidBody`, `CreateRevoluteJoint`, `CreatePrismaticJoint` and solved by its generalized-α
+integrator; the tool's trajectories are compared.
 
     python experiments/examples/urdf_arm.py [--out output] [--quick]
     # writes OUT/urdf_arm/urdf_arm.png, urdf_arm.json and urdf_arm.html

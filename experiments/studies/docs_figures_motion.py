@@ -129,8 +129,10 @@ def main() -> None:
     saved = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         animation.save(Path(folder) / "slider_crank.mp4")
-    print(f"slider-crank, 121 frames at dpi 80: animate {made - start:.2f} s (with the "
-          f"kinematics' compile), GIF {saved - made:.2f} s, MP4 {time.perf_counter() - saved:.2f} s")
+    print(
+        f"slider-crank, 121 frames at dpi 80: animate {made - start:.2f} s (with the "
+        f"kinematics' compile), GIF {saved - made:.2f} s, MP4 {time.perf_counter() - saved:.2f} s"
+    )
     written.append(out / "slider_crank.gif")
     stills = jaxdae.viz.animate(model, sol, trace="rod", frames=121, fps=30, dpi=60)
     strip(stills, (0.1, 0.3, 0.6), out / "slider_crank_frames.png")

@@ -1,9 +1,9 @@
 """What `ModifiedLagrange`'s constraint mass `alpha` buys and what it costs.
 
-Mukharlyamov and Deressa's (2015) two-link arm (Example 1, `jaxdae.examples.TwoLinkManipulator`) from its consistent
-initial state over 0–2 s, through the singular configuration at t ≈ 0.49 s, with the gains of
-the paper's Case 1 (`K_D = diag(20, 10)`, `K_P = diag(100, 25)`) and `𝔄 = αI`. For each α
-the script prints, as a Markdown table:
+Mukharlyamov and Deressa's (2015) two-link arm (Example 1, `jaxdae.examples.TwoLinkManipulator`)
+from its consistent initial state over 0–2 s, through the singular configuration at t ≈ 0.49 s, with
+the gains of the paper's Case 1 (`K_D = diag(20, 10)`, `K_P = diag(100, 25)`) and `𝔄 = αI`. For each
+α the script prints, as a Markdown table:
 
 - `max |Φ|` before the fold (t ≤ 0.4 s) and over the whole run: the largest constraint
   violation over 2001 saved times with the default adaptive `Tsit5` (rtol 1e-8, atol 1e-10),
@@ -81,8 +81,10 @@ def main():
         print(f"| {alpha:g} | {before_fold:.2e} | {violation(sol)} "
               f"| {steps} ({rejected}) | {largest_condition_number(system, sol, alpha):.1e} "
               f"| {violation(heun)} | {violation(single)} |", flush=True)
-    print(f"\njax {jax.__version__}, {jax.devices()[0].device_kind}; two-link arm of Mukharlyamov and Deressa (2015), "
-          f"Case 1 gains, 0–{T1:g} s")
+    print(
+        f"\njax {jax.__version__}, {jax.devices()[0].device_kind}; two-link arm of "
+        f"Mukharlyamov and Deressa (2015), Case 1 gains, 0–{T1:g} s"
+    )
 
 
 if __name__ == "__main__":

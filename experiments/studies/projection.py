@@ -11,14 +11,16 @@ atol 1e-10) with and without `jaxdae.Projected(diffrax.Tsit5())`:
 - the gradient of a final-state loss with respect to a system parameter: its time, and its
   agreement with central differences.
 
-Mechanisms: the Cartesian pendulum (0–10 s), Mukharlyamov and Deressa's (2015) two-link arm tracking its line
-(0–0.45 s, before its singular configuration at 0.49 s, where `Baumgarte` stops; 0–1 s
+Mechanisms: the Cartesian pendulum (0–10 s), Mukharlyamov and Deressa's (2015) two-link arm tracking
+its line (0–0.45 s, before its singular configuration at 0.49 s, where `Baumgarte` stops; 0–1 s
 through it for `PseudoInverse` and `ModifiedLagrange`), the exact Ball & Beam with its
-four-bar lever (Krasinskaya and Krasinskiy (2013); 0–2 s, open loop), and Shemelova's (2016) Cartesian arm in Hamiltonian
-form (0–5 s). Writes `projection.json`, `projection_drift.png`, `projection_cost.png`.
+four-bar lever (Krasinskaya and Krasinskiy (2013); 0–2 s, open loop), and Shemelova's (2016)
+Cartesian arm in Hamiltonian form (0–5 s). Writes `projection.json`, `projection_drift.png`,
+`projection_cost.png`.
 
     python experiments/studies/projection.py --out output [--quick]
-    python experiments/studies/projection.py --out output --only "Cartesian pendulum | ModifiedLagrange"
+    python experiments/studies/projection.py --out output \
+        --only "Cartesian pendulum | ModifiedLagrange"
 """
 
 import sys
@@ -56,7 +58,10 @@ def mechanisms(quick: bool):
     arm_state = jaxdae.consistent_initial_state(arm, 0.0, *arm.initial_state())[:2]
     beam = BallAndBeam(exact=True)
     hamiltonian = CartesianArm()
-    kd, kp = jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0])  # Mukharlyamov and Deressa (2015), Case 1
+    kd, kp = (
+        jnp.array([20.0, 10.0]),
+        jnp.array([100.0, 25.0]),
+    )  # Mukharlyamov and Deressa (2015), Case 1
     scale = 0.2 if quick else 1.0
     return [
         ("Cartesian pendulum", pendulum, pendulum.state_from_angle(1.0, 0.0), 10.0 * scale, {

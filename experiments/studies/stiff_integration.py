@@ -4,9 +4,9 @@ Six studies, each written to OUT/stiff_integration/ (summary.json, figures):
 
 1. **Configuration of diffrax's implicit solvers.** `diffrax.Kvaerno5()` as diffrax builds it
    (its `VeryChord` root finder) against `jaxdae.configure_implicit(diffrax.Kvaerno5(), rtol,
-   atol)` and `diffrax.Tsit5()`: Mukharlyamov and Deressa's (2015) two-link arm with `ModifiedLagrange(α, [20, 10],
-   [100, 25])`, α = 10, 1e3, 1e5, over [0, 2] s at rtol 1e-6, atol 1e-8 (not stiff), and the
-   stiff spring pendulum below at rtol 1e-6, atol 1e-9.
+   atol)` and `diffrax.Tsit5()`: Mukharlyamov and Deressa's (2015) two-link arm with
+   `ModifiedLagrange(α, [20, 10], [100, 25])`, α = 10, 1e3, 1e5, over [0, 2] s at rtol 1e-6,
+   atol 1e-8 (not stiff), and the stiff spring pendulum below at rtol 1e-6, atol 1e-9.
 2. **Work–precision on stiff cases**, against a reference solved at rtol 1e-12 (Tsit5):
    - *spring pendulum*: a unit pendulum (`|p₁|² = 1`, mass 1, `Baumgarte(10, 25)`) carrying a
      second mass (1 kg) on a spring of rest length 0.5 m, stiffness `k = 10⁶` N/m and damping
@@ -21,10 +21,11 @@ Six studies, each written to OUT/stiff_integration/ (summary.json, figures):
      `K = 8·10⁵`, `C = 4·10⁴`), over the benchmark's [0, 10] s.
    Solvers: `Tsit5`, `Dopri5`, `Dopri8`, the configured `Kvaerno5`,
    `jaxdae.GeneralizedAlpha()` and `jaxdae.Rodas5P()` over a range of tolerances (the
-   governor: Tsit5, Dopri8, GeneralizedAlpha and Rodas5P at five tolerances); error = max over 41 saved times of |q − q_ref| / max |q_ref|;
-   time = best CPU time (`time.process_time`) of 5 calls (the governor: 1) of the jitted solve
-   after compiling, the solvers of a case called in turn. The table compares, per case,
-   the cheapest run of each solver that reaches a relative error of 1e-3 and of 1e-6.
+   governor: Tsit5, Dopri8, GeneralizedAlpha and Rodas5P at five tolerances); error = max over 41
+   saved times of |q − q_ref| / max |q_ref|; time = best CPU time (`time.process_time`) of 5 calls
+   (the governor: 1) of the jitted solve after compiling, the solvers of a case called in turn. The
+   table compares, per case, the cheapest run of each solver that reaches a relative error of 1e-3
+   and of 1e-6.
 3. **Gradients** on the stiff cases: `jax.grad` of the final position with respect to a mass,
    through Tsit5 and each implicit solver with its default adjoint (and through diffrax's
    loop with one checkpoint per step and with 32; Kvaerno5's default adjoint also with
@@ -42,9 +43,9 @@ Six studies, each written to OUT/stiff_integration/ (summary.json, figures):
    solve (each inside a `lax.scan` of 2,000 repetitions); the cost per step of Tsit5, the
    configured Kvaerno5 (`FusedChord`; and with its chord iteration through lineax,
    `ToleranceChord`) and Rodas5P on jaxdae's right-hand side, on the one written out, on
-   the Cartesian arm's and on a test ODE `A y − 0.01 y³`; Kvaerno5's steps and its step size after the transient with the chord
-   iteration stopped at `kappa` = 1e-2 and 1e-4 of the tolerance; an n × n LU factorization
-   and nine solves by `jax.scipy.linalg` and by lineax, n = 4 … 128.
+   the Cartesian arm's and on a test ODE `A y − 0.01 y³`; Kvaerno5's steps and its step size after
+   the transient with the chord iteration stopped at `kappa` = 1e-2 and 1e-4 of the tolerance; an n
+   × n LU factorization and nine solves by `jax.scipy.linalg` and by lineax, n = 4 … 128.
 5. **Independent stiff codes** (`crosscheck`): scipy's Radau and BDF, SUNDIALS' CVODE.
 6. **Global error on the flyball governor** (`global_error`): Rodas5P's and the configured
    Kvaerno5's error at rtol 1e-3 against time, split into the phase of the rotation and

@@ -11,11 +11,11 @@ multipliers), over a range of tolerances (`atol = 1e-3 rtol`).
 
 Mechanisms, each against a reference computed without jaxdae's formulations or diffrax:
 
-- **two-link arm through its fold**: Mukharlyamov and Deressa's (2015) arm (`jaxdae.examples.TwoLinkManipulator`),
-  its tip driven along `y = l/2`, from its consistent start over [0, 1] s: the arm folds
-  (`J M⁻¹ Jᵀ` singular, the gradient of `Φ1` vanishes) at 0.49 s. The constraints fix the
-  motion: the reference is the inverse kinematics of the tip's path on the branch through
-  the fold along which the joint angles stay smooth (analytic).
+- **two-link arm through its fold**: Mukharlyamov and Deressa's (2015) arm
+  (`jaxdae.examples.TwoLinkManipulator`), its tip driven along `y = l/2`, from its consistent start
+  over [0, 1] s: the arm folds (`J M⁻¹ Jᵀ` singular, the gradient of `Φ1` vanishes) at 0.49 s. The
+  constraints fix the motion: the reference is the inverse kinematics of the tip's path on the
+  branch through the fold along which the joint angles stay smooth (analytic).
 - **coupled wheels, two gradients vanishing at once**: three wheels on fixed pivots
   `(0, 0)`, `(L, 0)`, `(2L, 0)`, each with a crank pin at radius `r`, the pins coupled by two
   rods (wheels 1–2 and 2–3, a locomotive's coupling rods), in the coordinates
@@ -29,8 +29,8 @@ Mechanisms, each against a reference computed without jaxdae's formulations or d
 - **Bricard's mechanism** (IFToMM A04, built with `jaxdae.multibody` by
   `experiments/examples/bricard.py`): spatial, one of its 30 constraints redundant everywhere, over
   [0, 1] s (quick: 0.5 s, without `Dopri8`, `Kvaerno5` and `GeneralizedAlpha`, whose
-  compiles take minutes on its 35 coordinates). Reference: the null-space equations of the same model
-  (`q̈ = G⁺γ + N (NᵀMN)⁻¹ Nᵀ (Q − M G⁺γ)`, `N` an orthonormal basis of the null space of
+  compiles take minutes on its 35 coordinates). Reference: the null-space equations of the same
+  model (`q̈ = G⁺γ + N (NᵀMN)⁻¹ Nᵀ (Q − M G⁺γ)`, `N` an orthonormal basis of the null space of
   `G` from an SVD: no multipliers, no stabilization) by scipy's DOP853 at rtol 1e-12.
 - **stiff spring pendulum**: the pendulum of `experiments/studies/stiff_integration.py` (a mass on
   a unit rod carrying a second mass on a spring of stiffness 1e6 N/m, damping 1e3 N s/m)
@@ -64,9 +64,11 @@ call with the same settings reads them instead of solving again, so the mechanis
 in separate processes (`--only`) and one call with `--stored-only` joins them.
 
     python experiments/studies/work_precision.py --out output [--quick]
-    python experiments/studies/work_precision.py --out output --only two-link,wheels   # in parallel:
+    # in parallel:
+    python experiments/studies/work_precision.py --out output --only two-link,wheels
     python experiments/studies/work_precision.py --out output --only spring,Bricard
-    python experiments/studies/work_precision.py --out output --stored-only            # then join
+    # then join:
+    python experiments/studies/work_precision.py --out output --stored-only
     python experiments/studies/work_precision.py --out output --projection-cost [--only wheels]
 """
 
@@ -293,7 +295,9 @@ def mechanisms(quick: bool, num: int, folder: Path) -> list[Mechanism]:
     q0, v0 = jaxdae.consistent_initial_state(arm, 0.0, *arm.initial_state())[:2]
     t1 = 1.0
     ts = np.linspace(0.0, t1, num)
-    formulations = standard([20.0, 10.0], [100.0, 25.0], 1e3)  # Mukharlyamov and Deressa (2015), Case 1
+    formulations = standard(
+        [20.0, 10.0], [100.0, 25.0], 1e3
+    )  # Mukharlyamov and Deressa (2015), Case 1
     formulations["RedundantCoordinates"] = (
         "does not apply: as many constraints as coordinates (the motion is prescribed)")
     out.append(Mechanism("two-link arm through its fold", arm, q0, v0, t1, formulations,

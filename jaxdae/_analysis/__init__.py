@@ -1,1 +1,2 @@
-"""Analysis and control: linearization, equilibria, discrete stability, LQR, consistent states of actuated systems."""
+"""Analysis and control: linearization, equilibria, discrete stability, LQR, consistent states of
+actuated systems."""

@@ -1,8 +1,8 @@
 """Stability of the constraint perturbations under a fixed-step method (Mukharlyamov (2019), §4).
 
 With constant gains the perturbations `y = (Φ, Φ̇)` obey `ẏ = H y` (Mukharlyamov (2019), eq. [0.11];
-Mukharlyamov and Deressa (2015), eq. [16]). A one-step method with step `τ` maps `y_k` to `y_{k+1} = R(τH) y_k`,
-`R` the method's stability function (explicit Euler: `I + τH`; two-stage RK:
+Mukharlyamov and Deressa (2015), eq. [16]). A one-step method with step `τ` maps `y_k` to
+`y_{k+1} = R(τH) y_k`, `R` the method's stability function (explicit Euler: `I + τH`; two-stage RK:
 `I + τH + τ²H²/2`, Mukharlyamov (2019) §4). Asymptotic stability of `ẏ = Hy` is not enough: the
 numerical drift stays bounded only when the spectral radius `ρ(R(τH)) < 1`.
 
@@ -178,7 +178,8 @@ def spectral_radius_bound(matrix: Float[Array, "d d"], power: int = 256) -> Floa
 
 
 class DiscreteStability(eqx.Module):
-    """A penalty that keeps the perturbations stable under a fixed-step method (Mukharlyamov (2019) §4).
+    """A penalty that keeps the perturbations stable under a fixed-step method (Mukharlyamov (2019)
+    §4).
 
     `weight · max(0, ρ̂ − (1 − margin))²` with `ρ̂` = [`jaxdae.spectral_radius_bound`][] of
     `R(τH)`, `H` = [`jaxdae.perturbation_matrix`][] of the formulation. Use it as the

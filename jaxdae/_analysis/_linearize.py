@@ -1,4 +1,5 @@
-"""Equilibria, linearization and the stability verdict of Krasinskaya and Krasinskiy (2013) (§§2–4)."""
+"""Equilibria, linearization and the stability verdict of Krasinskaya and Krasinskiy (2013)
+(§§2–4)."""
 
 import equinox as eqx
 import jax
@@ -92,7 +93,8 @@ def equilibrium(
     tol: float | None = None,
     max_steps: int = 256,
 ) -> Equilibrium:
-    """Finds an equilibrium (Krasinskaya and Krasinskiy (2013), eq. [11]) with optimistix' Gauss–Newton.
+    """Finds an equilibrium (Krasinskaya and Krasinskiy (2013), eq. [11]) with optimistix'
+    Gauss–Newton.
 
     Unknowns: the coordinates not listed in `fixed` or `cyclic`, the velocities of the
     `cyclic` coordinates (steady motions) and — for a controlled system given `u_guess` —
@@ -190,8 +192,8 @@ class Linearization(eqx.Module):
     - `num_zero_roots`: roots with `|λ| ≤ tol`.
     - `num_constraints`: `m`, the number of geometric constraints.
     - `expected_zero_roots`: the zero roots the constraints account for — `m` in redundant
-        coordinates (Krasinskaya and Krasinskiy (2013) eqs. [16]–[18], `z = y − B x` carries `λ^m`), `0` in a
-        stabilized Lagrange-multiplier form (there the constraint roots are those of the
+        coordinates (Krasinskaya and Krasinskiy (2013) eqs. [16]–[18], `z = y − B x` carries `λ^m`),
+        `0` in a stabilized Lagrange-multiplier form (there the constraint roots are those of the
         stabilization, e.g. `λ² + K_D λ + K_P`).
     - `tol`: the tolerance used: a root is zero if `|λ| ≤ tol`, negative if `Re λ < −tol`.
     - `asymptotically_stable`: the verdict of Krasinskaya and Krasinskiy's (2013) theorem — exactly
@@ -269,7 +271,8 @@ def linearize(
     cyclic: tuple[int, ...] = (),
     tol: float | None = None,
 ) -> Linearization:
-    """First approximation about an equilibrium and the stability verdict of Krasinskaya and Krasinskiy (2013).
+    """First approximation about an equilibrium and the stability verdict of
+    Krasinskaya and Krasinskiy (2013).
 
     `A = ∂f/∂x`, `B = ∂f/∂u` by forward-mode autodiff of the vector field `f` that
     [`jaxdae.simulate`][] integrates with `formulation`:
@@ -280,8 +283,8 @@ def linearize(
       the constraint equations `ż = (…) ẋ` [16] contribute `m` zero roots [18].
 
     Cyclic coordinates (named in `cyclic`) are left out of `x` (their positions appear
-    nowhere; their velocities stay). **Theorem** (Krasinskaya and Krasinskiy (2013) §4): if the roots other
-    than the `m` zero roots of the constraints all have negative real parts, the
+    nowhere; their velocities stay). **Theorem** (Krasinskaya and Krasinskiy (2013) §4): if the
+    roots other than the `m` zero roots of the constraints all have negative real parts, the
     equilibrium is asymptotically stable (not merely stable). The result states the count
     of (numerically) zero roots and the tolerance used.
 

@@ -1,7 +1,8 @@
 """Differentiable linear-quadratic regulator: the continuous-time algebraic Riccati equation.
 
-Krasinskaya and Krasinskiy (2013) (§6) designs the Ball & Beam controller by minimising `∫ (xᵀQx + uᵀRu) dt`
-(Krasovsky / Malkin): `u = −K x`, `K = R⁻¹BᵀP`, with `P` the stabilizing solution of
+Krasinskaya and Krasinskiy (2013) (§6) designs the Ball & Beam controller by minimising
+`∫ (xᵀQx + uᵀRu) dt` (Krasovsky / Malkin): `u = −K x`, `K = R⁻¹BᵀP`, with `P` the
+stabilizing solution of
 
     AᵀP + PA − PBR⁻¹BᵀP + Q = 0.
 
@@ -187,7 +188,8 @@ def lqr(
     max_steps: int = 100,
     throw: bool = True,
 ) -> LQRSolution:
-    """Continuous-time LQR: minimises `∫ (xᵀQx + uᵀRu) dt` for `ẋ = Ax + Bu` (Krasinskaya and Krasinskiy (2013), §6).
+    """Continuous-time LQR: minimises `∫ (xᵀQx + uᵀRu) dt` for `ẋ = Ax + Bu`
+    (Krasinskaya and Krasinskiy (2013), §6).
 
     Solves `AᵀP + PA − PBR⁻¹BᵀP + Q = 0` for the stabilizing `P` (matrix sign function of
     the Hamiltonian, then Newton; see the module docstring) and returns `K = R⁻¹BᵀP`.

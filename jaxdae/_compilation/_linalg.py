@@ -326,10 +326,10 @@ def psd_pseudo_inverse(matrix: Float[Array, "c c"], rcond: float) -> Float[Array
 
     In closed form for sizes 1 and 2 (a constraint written twice, a closure equation with
     its redundant twin), where the SVD's LAPACK call at every stage slows a whole
-    simulation several times (docs/design_measurements.md#closed-form-pseudo-inverse). For size 2 with `λ_min ≤ rcond · λ_max`,
-    `A − λ_min I = (λ_max − λ_min) v vᵀ` gives the rank-1 inverse `v vᵀ / λ_max`. Each
-    branch is evaluated with safe denominators, so the one not taken cannot put a nan into
-    the gradient.
+    simulation several times (docs/design_measurements.md#closed-form-pseudo-inverse). For size 2
+    with `λ_min ≤ rcond · λ_max`, `A − λ_min I = (λ_max − λ_min) v vᵀ` gives the rank-1 inverse
+    `v vᵀ / λ_max`. Each branch is evaluated with safe denominators, so the one not taken cannot put
+    a nan into the gradient.
 
     Beyond, by a symmetric eigendecomposition (LAPACK): the solves of an ODE's right-hand
     side use [`pivoted_pseudo_solve`][] up to `LOOPED_MAX` rows instead.

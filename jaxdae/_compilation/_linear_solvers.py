@@ -1,9 +1,9 @@
 """The linear solvers of the constraint and penalty solves, as lineax solvers.
 
 The formulations solve with symmetric positive (semi)definite matrices: `G M⁻¹ Gᵀ` for the
-multipliers (Mukharlyamov and Deressa (2015), eq. [21]; its pseudo-inverse for redundant constraints, eq. [6])
-and `M + Gᵀ𝔄G` for the modified Lagrange equation (eq. [30]). They pass the matrix as a
-lineax operator — [`SparseOperator`][] where the terms carry a sparsity pattern,
+multipliers (Mukharlyamov and Deressa (2015), eq. [21]; its pseudo-inverse for redundant
+constraints, eq. [6]) and `M + Gᵀ𝔄G` for the modified Lagrange equation (eq. [30]). They pass the
+matrix as a lineax operator — [`SparseOperator`][] where the terms carry a sparsity pattern,
 `lineax.MatrixLinearOperator` otherwise — to [`symmetric_solve`][] with one of the solvers
 here or any lineax solver a user passes (which goes through `lineax.linear_solve`).
 

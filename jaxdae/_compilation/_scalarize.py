@@ -408,7 +408,9 @@ def _structural(name, params, args: list[_Value]) -> list[_Value] | None:
         return [_Value([elements[i] for i in index.reshape(-1)], index.shape, x.dtype)]
     if name == "stack":
         offsets = np.cumsum([0] + [len(a.elements) for a in args])
-        index = np.stack([a.indices() + o for a, o in zip(args, offsets, strict=False)], axis=params["axis"])
+        index = np.stack(
+            [a.indices() + o for a, o in zip(args, offsets, strict=False)], axis=params["axis"]
+        )
         elements = [e for a in args for e in a.elements]
         return [_Value([elements[i] for i in index.reshape(-1)], index.shape, x.dtype)]
     if name == "unstack":
@@ -436,7 +438,9 @@ def _elementwise(graph: _Graph, prim, params, args: list[_Value], out_shape, dty
     columns = [a.elements if a.shape == tuple(out_shape)
                else a.take(np.broadcast_to(a.indices(), out_shape)).elements for a in args]
     return _Value(
-        [graph.apply(prim, params, list(row), dtype) for row in zip(*columns, strict=False)], out_shape, dtype
+        [graph.apply(prim, params, list(row), dtype) for row in zip(*columns, strict=False)],
+        out_shape,
+        dtype,
     )
 
 
@@ -604,8 +608,15 @@ def _traced(flat_fn: Callable, leaves: list):
     closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
     out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
     largest, work = _sizes(closed.jaxpr)
-    return closed, out_leaves, out_tree, bool(closed.effects) or largest > _thresholds.MAX_ELEMENTS or (
-        work > _thresholds.MAX_WORK) or _in_array_form_scope(closed.jaxpr)
+    return (
+        closed,
+        out_leaves,
+        out_tree,
+        bool(closed.effects)
+        or largest > _thresholds.MAX_ELEMENTS
+        or (work > _thresholds.MAX_WORK)
+        or _in_array_form_scope(closed.jaxpr),
+    )
 
 
 def _in_array_form_scope(jaxpr) -> bool:

@@ -314,8 +314,8 @@ def cholesky_solve(low: Float[Array, "b b"], rhs: Float[Array, "b m"],
                    unroll_max: int | None = None, *, tangent: bool = False
                    ) -> Float[Array, "b m"]:
     """`(L Lᵀ)⁻¹ rhs` for a Cholesky factor `low` (from `cholesky_factor`), `rhs` of
-    shape `(b, m)`: substitutions unrolled up to `unroll_max` rows (default `UNROLL_MAX`), loops up to
-    `LOOPED_MAX`, LAPACK beyond. With `tangent` (`rhs` a tangent inside a JVP rule, which
+    shape `(b, m)`: substitutions unrolled up to `unroll_max` rows (default `UNROLL_MAX`), loops up
+    to `LOOPED_MAX`, LAPACK beyond. With `tangent` (`rhs` a tangent inside a JVP rule, which
     reverse mode transposes) the loops are [`looped_substitution`][], which JAX can
     transpose."""
     b = low.shape[0]

@@ -173,8 +173,8 @@ def _numpy(name, params, args):
         return [np.flip(x, axis=tuple(params["dimensions"]))]
     if name == "slice":
         strides = params["strides"] or (1,) * x.ndim
-        return [x[tuple(slice(a, b, c) for a, b, c in
-                        zip(params["start_indices"], params["limit_indices"], strides, strict=False))]]
+        bounds = zip(params["start_indices"], params["limit_indices"], strides, strict=False)
+        return [x[tuple(slice(a, b, c) for a, b, c in bounds)]]
     if name == "concatenate":
         return [np.concatenate(args, axis=params["dimension"])]
     if name == "split":

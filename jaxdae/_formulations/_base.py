@@ -141,10 +141,10 @@ class AbstractFormulation(eqx.Module):
 
 class AbstractExactMultipliers(AbstractFormulation):
     """Formulations whose multipliers solve `(G M⁻¹ Gᵀ) λ = G M⁻¹ Q − s` exactly
-    (Mukharlyamov and Deressa (2015), eq. [21]): they cannot continue where `G M⁻¹ Gᵀ` is singular, so the solve stops
-    with `RESULTS.singular_constraint_matrix` when its smallest *pivot* falls below `rcond`
-    (default `sqrt(eps)` of the state's dtype) times the larger of its largest pivot now and
-    at the initial state. The second makes the test relative also where the whole matrix
+    (Mukharlyamov and Deressa (2015), eq. [21]): they cannot continue where `G M⁻¹ Gᵀ` is singular,
+    so the solve stops with `RESULTS.singular_constraint_matrix` when its smallest *pivot* falls
+    below `rcond` (default `sqrt(eps)` of the state's dtype) times the larger of its largest pivot
+    now and at the initial state. The second makes the test relative also where the whole matrix
     vanishes, e.g. a single constraint whose gradient vanishes (`G M⁻¹ Gᵀ` is 1 × 1, so its
     own condition number is always 1).
 
@@ -358,7 +358,8 @@ def check_rcond(rcond: float | None) -> None:
 def baumgarte_target(
     terms: ConstrainedTerms, kd, kp, kv
 ) -> Float[Array, " c"]:
-    """Right-hand side `s` of `G q̈ = s` that enforces Mukharlyamov and Deressa (2015) eq. [16] and Mukharlyamov (2019) eq. [0.7].
+    """Right-hand side `s` of `G q̈ = s` that enforces Mukharlyamov and Deressa (2015) eq. [16] and
+    Mukharlyamov (2019) eq. [0.7].
 
     `Φ̈ + K_D Φ̇ + K_P Φ = 0` and `Ψ̇ + K_V Ψ = 0` with `Φ̈ = J q̈ − γ`, `Ψ̇ = A q̈ − bias_Ψ`, so
     `s = bias + [−K_D Φ̇ − K_P Φ; −K_V Ψ]` (Mukharlyamov and Deressa (2015) eq. [20]).
@@ -375,7 +376,8 @@ def baumgarte_target(
 def second_order_matrix(
     stiffness: Float[Array, "m m"], damping: Float[Array, "m m"]
 ) -> Float[Array, "2m 2m"]:
-    """`H = [[0, I], [−K_P, −K_D]]` of `d/dt (Φ, Φ̇) = H (Φ, Φ̇)` (Mukharlyamov (2019), eq. [0.11])."""
+    """`H = [[0, I], [−K_P, −K_D]]` of `d/dt (Φ, Φ̇) = H (Φ, Φ̇)` (Mukharlyamov (2019), eq.
+    [0.11])."""
     m = stiffness.shape[0]
     eye = jnp.eye(m, dtype=stiffness.dtype)
     return jnp.block([[jnp.zeros_like(eye), eye], [-stiffness, -damping]])

@@ -168,8 +168,8 @@ class ConstraintEnforcingControl(eqx.Module):
                 raise ValueError(
                     f"The perturbation equation `f⁽ᵖ⁾ + Σ K_j f⁽ʲ⁾ = 0` of `{name}` is not "
                     f"asymptotically stable (largest real part of an eigenvalue of H: "
-                    f"{largest:.4g}); the constraints would not be restored (Mukharlyamov (2019), §3). "
-                    "Use e.g. `ConstraintEnforcingControl.with_poles(rate, order)`, or all "
+                    f"{largest:.4g}); the constraints would not be restored (Mukharlyamov (2019), "
+                    "§3). Use e.g. `ConstraintEnforcingControl.with_poles(rate, order)`, or all "
                     "gains zero for the unstabilized law."
                 )
 
@@ -177,8 +177,8 @@ class ConstraintEnforcingControl(eqx.Module):
         """Checks the gains' sizes against `num_constraints` (one per group for grouped
         gains) and returns the control. Concrete gains were checked for stability at
         construction; traced ones (under `jit`, `vmap`, `grad`) come back wrapped in one
-        `eqx.error_if` (`attach_checks`), which raises at run time unless each group's companion matrix is
-        Hurwitz or all its gains are zero (Lyapunov's test, as for
+        `eqx.error_if` (`attach_checks`), which raises at run time unless each group's companion
+        matrix is Hurwitz or all its gains are zero (Lyapunov's test, as for
         [`jaxdae.CoupledPerturbation`][]; for scalar and vector gains, constraint by
         constraint)."""
         self.perturbation_matrix(num_constraints)  # raises for gains of the wrong size
@@ -192,11 +192,13 @@ class ConstraintEnforcingControl(eqx.Module):
                 _companion(group, size, f"gains[{i}]") if blocks is None else blocks)
             unstabilized = jnp.all(jnp.stack([jnp.all(k == 0) for k in group]))
             bad = bad | (not_hurwitz(companion, jnp) & ~unstabilized)
-        message = ("The perturbation equation `f⁽ᵖ⁾ + Σ K_j f⁽ʲ⁾ = 0` of the traced "
-                   "`ConstraintEnforcingControl` gains is not asymptotically stable (H is not "
-                   "Hurwitz): the constraints would not be restored (Mukharlyamov (2019), §3). Tune "
-                   "the poles of `ConstraintEnforcingControl.from_poles` to keep the gains "
-                   "stable by construction.")
+        message = (
+            "The perturbation equation `f⁽ᵖ⁾ + Σ K_j f⁽ʲ⁾ = 0` of the traced "
+            "`ConstraintEnforcingControl` gains is not asymptotically stable (H is not "
+            "Hurwitz): the constraints would not be restored (Mukharlyamov (2019), §3). Tune "
+            "the poles of `ConstraintEnforcingControl.from_poles` to keep the gains "
+            "stable by construction."
+        )
         # One check for all the gains (one `lax.cond` with host callbacks each).
         return eqx.tree_at(lambda c: c.gains, self, attach_checks(self.gains, [(bad, message)]))
 
@@ -222,7 +224,9 @@ class ConstraintEnforcingControl(eqx.Module):
         ys, rows, rhs = [], [], []
         for i, (group, order) in enumerate(zip(self.groups, orders, strict=False)):
             y = jnp.stack([values[k][i] for k in range(order)])
-            target = -sum(k * yj if k.ndim <= 1 else k @ yj for k, yj in zip(group, y, strict=False))
+            target = -sum(
+                k * yj if k.ndim <= 1 else k @ yj for k, yj in zip(group, y, strict=False)
+            )
             ys.append(y)
             rows.append(input_gains[order - 1][i])
             rhs.append(target - rates[order - 1][i])

@@ -28,7 +28,8 @@ def _block(gain, rows: int, cols: int, dtype):
 
 
 class CoupledPerturbation(AbstractExactMultipliers, AbstractStabilizedFormulation):
-    """Constraint perturbations with arbitrary linear coupling (Mukharlyamov (2019), eqs. [0.11]–[0.12]).
+    """Constraint perturbations with arbitrary linear coupling (Mukharlyamov (2019), eqs.
+    [0.11]–[0.12]).
 
     The exact multipliers are chosen so that the perturbations `y = (Φ, Φ̇, Ψ)` obey
 
@@ -97,9 +98,12 @@ class CoupledPerturbation(AbstractExactMultipliers, AbstractStabilizedFormulatio
                     f"`{name}` couples different constraint kinds: pass a matrix of shape "
                     f"({rows}, {cols}) (or a scalar for a constant block); got shape {gain.shape}."
                 )
-            if rows == cols and (gain.ndim > 2 or (gain.ndim == 2 and gain.shape[0] != gain.shape[1])):
+            if rows == cols and (
+                gain.ndim > 2 or (gain.ndim == 2 and gain.shape[0] != gain.shape[1])
+            ):
                 raise ValueError(
-                    f"`{name}` must be a scalar, a vector or a square matrix; got shape {gain.shape}."
+                    f"`{name}` must be a scalar, a vector or a square matrix; got shape "
+                    f"{gain.shape}."
                 )
             if gain.ndim >= 1:
                 sizes[rows].add(gain.shape[0])
@@ -108,7 +112,8 @@ class CoupledPerturbation(AbstractExactMultipliers, AbstractStabilizedFormulatio
             if len(found) > 1:
                 what = "holonomic (m)" if kind == "m" else "nonholonomic (k)"
                 raise ValueError(
-                    f"The blocks disagree on the number of {what} constraints: sizes {sorted(found)}."
+                    f"The blocks disagree on the number of {what} constraints: sizes "
+                    f"{sorted(found)}."
                 )
         return tuple(next(iter(sizes[x])) if sizes[x] else None for x in ("m", "k"))
 
@@ -152,8 +157,8 @@ class CoupledPerturbation(AbstractExactMultipliers, AbstractStabilizedFormulatio
             raise ValueError(
                 "The perturbation matrix [[0, I, 0], [K10, K11, K12], [K20, K21, K22]] is not "
                 f"Hurwitz (eigenvalues {eig}): the constraint perturbations would not decay "
-                "(Mukharlyamov (2019), eq. [0.12]). Choose blocks whose matrix has all eigenvalues with "
-                "negative real part, e.g. K10 = −k², K11 = −2k, K22 = −k."
+                "(Mukharlyamov (2019), eq. [0.12]). Choose blocks whose matrix has all eigenvalues "
+                "with negative real part, e.g. K10 = −k², K11 = −2k, K22 = −k."
             )
 
     def validate(self, num_holonomic, num_nonholonomic):

@@ -24,7 +24,8 @@ PENALTY_CONDITION = (
 
 
 class ModifiedLagrange(AbstractBaumgarteFormulation):
-    """Modified Lagrange equation: `(M + Jᵀ𝔄J) q̈ = Q − Jᵀ𝔄 (K_D Φ̇ + K_P Φ − γ)` (Mukharlyamov and Deressa (2015), eq. [30]).
+    """Modified Lagrange equation: `(M + Jᵀ𝔄J) q̈ = Q − Jᵀ𝔄 (K_D Φ̇ + K_P Φ − γ)`
+    (Mukharlyamov and Deressa (2015), eq. [30]).
 
     The violations are treated as extra coordinates with "constraint masses" `𝔄`, damping
     `K_D` and stiffness `K_P`; the multipliers are `λ = 𝔄 (Φ̈ + K_D Φ̇ + K_P Φ)` (eq. [31]).
@@ -36,9 +37,10 @@ class ModifiedLagrange(AbstractBaumgarteFormulation):
     The violation does not vanish: the penalty forces need one to act on. It falls like
     `1/α` away from singular configurations (more slowly near them) at an unchanged step
     count, while the condition number of `M + Jᵀ𝔄J` grows like `α`; keep it well below
-    `1/eps` of the dtype, float32 especially. Mukharlyamov and Deressa (2015) (Remark 4) leaves the choice open;
-    the guide "Choosing a formulation and its gains" (docs/guides/choosing_a_formulation.md)
-    measures the trade-off (`experiments/studies/modified_lagrange_alpha.py`).
+    `1/eps` of the dtype, float32 especially. Mukharlyamov and Deressa (2015) (Remark 4) leaves the
+    choice open; the guide "Choosing a formulation and its gains"
+    (docs/guides/choosing_a_formulation.md) measures the trade-off
+    (`experiments/studies/modified_lagrange_alpha.py`).
 
     Wrapped in [`jaxdae.Projected`][], the solve integrates this equation with its
     multipliers refined by two augmented Lagrangian iterations (`for_projection`,

@@ -42,7 +42,8 @@ def extreme_pivots(elimination):
 
 
 class Elimination(NamedTuple):
-    """What eliminating `q̈` from `M q̈ + Gᵀλ = Q` gives (Mukharlyamov and Deressa (2015), eqs. [6], [21]).
+    """What eliminating `q̈` from `M q̈ + Gᵀλ = Q` gives (Mukharlyamov and Deressa (2015), eqs. [6],
+    [21]).
 
     - `minv_q`: `M⁻¹ Q`, `(n,)`.
     - `minv_gt`: `M⁻¹ Gᵀ`, `(n, c)`: a dense array or a [`SparseMatrix`][].
@@ -115,9 +116,9 @@ def _sparse_terms(terms: ConstrainedTerms) -> tuple[SparseMatrix | None, SparseM
 
 
 def penalized_mass(terms: ConstrainedTerms, apply_masses):
-    """`M + Gᵀ 𝔄 G` of the modified Lagrange equation (Mukharlyamov and Deressa (2015), eq. [30]) as a lineax
-    operator tagged positive semidefinite (symmetrized; on its pattern where the terms carry
-    sparse `M` and `G`), and `𝔄 G` (with `rmatvec`); `apply_masses(G)` gives `𝔄 G` for `G` a
+    """`M + Gᵀ 𝔄 G` of the modified Lagrange equation (Mukharlyamov and Deressa (2015), eq. [30]) as
+    a lineax operator tagged positive semidefinite (symmetrized; on its pattern where the terms
+    carry sparse `M` and `G`), and `𝔄 G` (with `rmatvec`); `apply_masses(G)` gives `𝔄 G` for `G` a
     `SparseMatrix` or a dense array."""
     mass, jacobian = _sparse_terms(terms)
     if mass is not None and jacobian is not None:
@@ -162,7 +163,8 @@ def _mass_solve(terms: ConstrainedTerms):
 
 
 def constraint_matrix(terms: ConstrainedTerms) -> Float[Array, "c c"]:
-    """`G M⁻¹ Gᵀ` (Mukharlyamov and Deressa's (2015) `A = J M⁻¹ Jᵀ`, extended to nonholonomic rows), symmetrized."""
+    """`G M⁻¹ Gᵀ` (Mukharlyamov and Deressa's (2015) `A = J M⁻¹ Jᵀ`, extended to nonholonomic rows),
+    symmetrized."""
     return eliminate(terms).matrix
 
 
@@ -171,7 +173,8 @@ def multiplier_solve(
     target: Float[Array, " c"],
     solver: lx.AbstractLinearSolver | None = None,
 ) -> tuple[Float[Array, " n"], Float[Array, " c"]]:
-    """Solves `M q̈ + Gᵀλ = Q`, `G q̈ = target` by eliminating `q̈` (Mukharlyamov and Deressa (2015) eqs. [6], [21]).
+    """Solves `M q̈ + Gᵀλ = Q`, `G q̈ = target` by eliminating `q̈` (Mukharlyamov and Deressa (2015)
+    eqs. [6], [21]).
 
     `λ = A⁻¹ (G M⁻¹ Q − target)` with `A = G M⁻¹ Gᵀ` as a positive semidefinite lineax
     operator, following the structure the terms carry (block-diagonal `M`, sparse `G`, a

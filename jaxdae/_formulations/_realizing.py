@@ -89,7 +89,9 @@ class ViscousForce(AbstractRealizingForce):
 
     def check(self, num_nonholonomic):
         _check_size("k", self.k, num_nonholonomic)
-        return eqx.tree_at(lambda f: f.k, self, _positive("k", self.k, "Matyukhin (1999), Theorem 1"))
+        return eqx.tree_at(
+            lambda f: f.k, self, _positive("k", self.k, "Matyukhin (1999), Theorem 1")
+        )
 
     def __call__(self, psi, reaction):
         return -self.k.astype(psi.dtype) * psi

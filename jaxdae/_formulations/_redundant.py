@@ -1,4 +1,5 @@
-"""Redundant coordinates without multipliers: Shulgin's equations (Krasinskaya and Krasinskiy (2013), eqs. [1]–[7])."""
+"""Redundant coordinates without multipliers: Shulgin's equations (Krasinskaya and Krasinskiy
+(2013), eqs. [1]–[7])."""
 
 import equinox as eqx
 import jax
@@ -109,7 +110,8 @@ def _constraint_rates(system, t, q, v):
 
 
 class RedundantCoordinates(AbstractIndependentVelocities):
-    """Redundant coordinates with the multiplier-free Shulgin equations (Krasinskaya and Krasinskiy (2013), eq. [7]).
+    """Redundant coordinates with the multiplier-free Shulgin equations (Krasinskaya and Krasinskiy
+    (2013), eq. [7]).
 
     The `n` coordinates are split into `n − m` independent ones and the `m` **dependent**
     ones named here, one per geometric constraint `F(t, q) = 0` [1]. The once-differentiated
@@ -205,9 +207,10 @@ class RedundantCoordinates(AbstractIndependentVelocities):
     def validate(self, num_holonomic, num_nonholonomic):
         if num_nonholonomic:
             raise ValueError(
-                "`RedundantCoordinates` handles geometric constraints only (Krasinskaya and Krasinskiy (2013)); the "
-                f"system has {num_nonholonomic} nonholonomic constraints. Use a "
-                "Lagrange-multiplier formulation such as `jaxdae.Baumgarte`."
+                "`RedundantCoordinates` handles geometric constraints only "
+                f"(Krasinskaya and Krasinskiy (2013)); the system has {num_nonholonomic} "
+                "nonholonomic constraints. Use a Lagrange-multiplier formulation such as "
+                "`jaxdae.Baumgarte`."
             )
         if len(self.dependent) != num_holonomic:
             raise ValueError(
@@ -294,12 +297,18 @@ class RedundantCoordinates(AbstractIndependentVelocities):
     @property
     def state_messages(self):
         return (
-            ("∂F/∂q_dep is singular at q0 (condition [4] of Krasinskaya and Krasinskiy (2013) fails): the dependent "
-             f"coordinates {self.dependent} cannot be solved for there. Choose other dependent "
-             "coordinates or another initial configuration.", "σ_min/σ_max"),
-            ("q0 violates the geometric constraints (Shulgin's equations keep Φ at its "
-             "initial value); start on the constraint manifold, e.g. with "
-             "`jaxdae.consistent_initial_state`.", "max |Φ(q0)|"),
+            (
+                "∂F/∂q_dep is singular at q0 (condition [4] of Krasinskaya and Krasinskiy (2013) "
+                f"fails): the dependent coordinates {self.dependent} cannot be solved for there. "
+                "Choose other dependent coordinates or another initial configuration.",
+                "σ_min/σ_max",
+            ),
+            (
+                "q0 violates the geometric constraints (Shulgin's equations keep Φ at its "
+                "initial value); start on the constraint manifold, e.g. with "
+                "`jaxdae.consistent_initial_state`.",
+                "max |Φ(q0)|",
+            ),
         )
 
     def state_problems(self, system, t0, q0, v0):

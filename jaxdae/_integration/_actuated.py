@@ -1,8 +1,8 @@
 """Constraint-enforcing control through actuator dynamics (Mukharlyamov (2019), §§2–5).
 
 A mechanism `q̇ = v`, `v̇ = a(t, q, v, w)` is driven by actuators with their own state `w`,
-`ẇ = b(t, q, v, w) + B(t, q, v, w) u` (Mukharlyamov (2019), eq. [2.1]). The goal of the control `u` is a
-set of *program constraints* `f(t, q, v) = 0` (eqs. [2.3]–[2.4]). `u` reaches `f` only through
+`ẇ = b(t, q, v, w) + B(t, q, v, w) u` (Mukharlyamov (2019), eq. [2.1]). The goal of the control `u`
+is a set of *program constraints* `f(t, q, v) = 0` (eqs. [2.3]–[2.4]). `u` reaches `f` only through
 the actuators, so it first appears in the derivative of order `ρ` (the relative degree) of
 `f` along the motion: `f⁽ᵖ⁾ = L_X^ρ f + g u` with the decoupling matrix
 `g = ∂(f⁽ᵖ⁻¹⁾)/∂w · B` (eqs. [2.8]–[2.9]; for the adaptive-optics element of §5, `ρ = 4` and

@@ -4,9 +4,9 @@ Reverse mode through diffrax's loop (`RecursiveCheckpointAdjoint`) differentiate
 everything the loop does: the stage loop's buffers, the step-size controller, the saving,
 the checkpoints, and that costs several times the right-hand side's own vector–Jacobian
 products (`experiments/diagnostics/bench_rhs.py` times one step and its VJP).
-[`jaxdae.ReverseSweepAdjoint`][] pays only for the latter: the forward solve stores the accepted steps (a long solve in segments, re-solved from
-checkpoints), and the backward pass is the discrete adjoint of the explicit Runge–Kutta
-step, applied step by step in reverse.
+[`jaxdae.ReverseSweepAdjoint`][] pays only for the latter: the forward solve stores the accepted
+steps (a long solve in segments, re-solved from checkpoints), and the backward pass is the discrete
+adjoint of the explicit Runge–Kutta step, applied step by step in reverse.
 """
 
 import contextlib
@@ -284,10 +284,10 @@ def jit_unless_staged(fn: Callable) -> Callable:
     (the swept solve, diffrax's checkpointed loop) traces its primal solve, which reverse
     mode then does not use: it traces the forward solve. Called inline, only the forward
     solve is traced, which shortens the gradient's trace by a fifth or so on the two-link
-    benchmark (`experiments/benchmarks/bench_compile.py --only gradient`). The price: a loss that calls `fn` several times traces each call's solves (the
-    jitted `fn`'s are cached); at three calls the two trace equally long. Eager calls,
-    eager `jax.grad` and `jax.vmap` included, keep the jitted `fn`: they run its compiled
-    program rather than one operation at a time."""
+    benchmark (`experiments/benchmarks/bench_compile.py --only gradient`). The price: a loss that
+    calls `fn` several times traces each call's solves (the jitted `fn`'s are cached); at three
+    calls the two trace equally long. Eager calls, eager `jax.grad` and `jax.vmap` included, keep
+    the jitted `fn`: they run its compiled program rather than one operation at a time."""
     jitted = eqx.filter_jit(fn)
 
     @functools.wraps(fn)

@@ -224,10 +224,10 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
     Newmark's average acceleration, `ρ∞ = 1`, the classical `h² (β − 1/6)(a_{n+1} −
     a_n)` of Zienkiewicz & Xie). Its part along `M⁻¹ Φ_qᵀ` is dropped (an oblique
     projection onto the constraints' tangent space: the step holds `Φ = 0` whatever its
-    size, and that part is the index-3 velocity drift over `h`). The controller is given `e/h`, the error per unit step (Shampine), with
-    `error_order = 2`: the local errors of a run then add up to about `(t1 − t0)` times
-    the tolerance, where per-step control (`e`) let them add up to the number of steps
-    times it. The velocities' entries of the estimate are zero. A step whose Newton
+    size, and that part is the index-3 velocity drift over `h`). The controller is given `e/h`, the
+    error per unit step (Shampine), with `error_order = 2`: the local errors of a run then add up to
+    about `(t1 − t0)` times the tolerance, where per-step control (`e`) let them add up to the
+    number of steps times it. The velocities' entries of the estimate are zero. A step whose Newton
     iteration does not converge is rejected and retried with a smaller step.
 
     **What the tolerance promises.** `rtol`, `atol` bound the positions' error per unit
@@ -235,9 +235,9 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
     pendulums, a Cartesian arm, a chain on stiff springs, the flyball governor) the
     global error of the positions is 1–25 times `rtol` (relative to the largest
     coordinate) for `rtol` from `10⁻³` to `10⁻⁶`; it grows with the horizon where errors
-    in the phase of a motion accumulate. The velocities (`O(h²)`) and the multipliers and `q̈` (whose errors are of
-    lower order after a change of step, as in every index-3 method) are not controlled;
-    `Φ̇` is not enforced.
+    in the phase of a motion accumulate. The velocities (`O(h²)`) and the multipliers and `q̈`
+    (whose errors are of lower order after a change of step, as in every index-3 method) are not
+    controlled; `Φ̇` is not enforced.
 
     **When it pays.** Its steps do not grow with the stiffness and a step costs a few
     evaluations of the terms (a Tsit5 step costs six): on stiff systems at engineering

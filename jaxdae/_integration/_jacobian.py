@@ -1,5 +1,5 @@
-"""The Jacobians of the stiff solvers (`Rodas5P`, `FusedChord`, `GeneralizedAlpha`): the columns of `∂f/∂y` as
-tangents of one `jax.linearize`, compressed by a column colouring of the structural
+"""The Jacobians of the stiff solvers (`Rodas5P`, `FusedChord`, `GeneralizedAlpha`): the columns of
+`∂f/∂y` as tangents of one `jax.linearize`, compressed by a column colouring of the structural
 sparsity."""
 
 from collections.abc import Callable

@@ -209,7 +209,9 @@ def _velocity_residual(system, formulation, t, q, s):
 def _state_change(system, t, q, s, terms, dv):
     """The change of the state `s` for a change `dv` of the velocities: the linear part of
     `ṡ(q̈)` (`ṡ` is affine in `q̈`; the identity for velocities, `M` for momenta)."""
-    rate = lambda a: system.state_rate(t, q, s, terms, a)
+    def rate(a):
+        return system.state_rate(t, q, s, terms, a)
+
     return jax.jvp(rate, (jnp.zeros_like(dv),), (dv,))[1]
 
 
@@ -273,9 +275,9 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
     the residual below the tolerance within two more iterations (a large correction, a
     nearly singular `G M⁻¹ Gᵀ`), the iterations stop and one step evaluates `M` and `G` at
     `(q, v)` and factorizes anew: it meets the affine constraints up to rounding. A state
-    that holds momenta (a [`jaxdae.HamiltonianSystem`][]) is changed by the matching impulse, `p ← p + M Δv`
-    (exact for a Hamiltonian quadratic in `p`). A [`jaxdae.RedundantCoordinates`][] state is
-    projected in its positions only: its velocities follow from the independent ones and
+    that holds momenta (a [`jaxdae.HamiltonianSystem`][]) is changed by the matching impulse,
+    `p ← p + M Δv` (exact for a Hamiltonian quadratic in `p`). A [`jaxdae.RedundantCoordinates`][]
+    state is projected in its positions only: its velocities follow from the independent ones and
     satisfy `Φ̇ = 0` by construction.
 
     Each iteration runs only while its residual is above `tol / 100` (rounding level for the
@@ -297,9 +299,13 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
         return _max_abs(phi) <= tol * (1.0 + gains.position_scale * _max_abs(q_))
 
     phi = _constraint_values(system, formulation, t, q_new, s)
-    q_new, phi = _iterate(position_step, q_new, phi,
-                          lambda q_, phi_: position_converged(q_, phi_, tol / _thresholds.PROJECTION_STOP),
-                          iterations - 1)
+    q_new, phi = _iterate(
+        position_step,
+        q_new,
+        phi,
+        lambda q_, phi_: position_converged(q_, phi_, tol / _thresholds.PROJECTION_STOP),
+        iterations - 1,
+    )
     position_ok = position_converged(q_new, phi)
     if derived:
         return (q_new, s), position_ok, jnp.array(True)
@@ -320,7 +326,9 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
         size = _max_abs(residual)
         rate = size / carry[2]
         return velocity_converged(carry[1], residual, tol / _thresholds.PROJECTION_STOP) | ~(
-            size * rate**2 <= tol / _thresholds.PROJECTION_STOP * (1.0 + gains.velocity_scale * _max_abs(carry[1])))
+            size * rate**2
+            <= tol / _thresholds.PROJECTION_STOP * (1.0 + gains.velocity_scale * _max_abs(carry[1]))
+        )
 
     def exact_step(carry, residual):
         s_ = carry[0] + _exact_velocity_step(system, formulation, t, q_new, carry[0],
@@ -334,8 +342,13 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
     # (under `vmap`, where every branch runs, one exact step in all).
     carry, residual = frozen_step((s, v, jnp.asarray(jnp.inf, residual.dtype)), residual)
     carry, residual = _iterate(frozen_step, carry, residual, done_or_slow, iterations - 1)
-    carry, residual = _iterate(exact_step, carry, residual,
-                               lambda c_, r_: velocity_converged(c_[1], r_, tol / _thresholds.PROJECTION_STOP), 1)
+    carry, residual = _iterate(
+        exact_step,
+        carry,
+        residual,
+        lambda c_, r_: velocity_converged(c_[1], r_, tol / _thresholds.PROJECTION_STOP),
+        1,
+    )
     return (q_new, carry[0]), position_ok, velocity_converged(carry[1], residual)
 
 
@@ -447,9 +460,9 @@ class Projected(AbstractSolverWrapper):
 
     - `solver`: the diffrax solver to wrap, e.g. `diffrax.Tsit5()`.
     - `iterations`: the most simplified Newton iterations for the positions, and with the
-        frozen factorization for the velocities (static); default 5. They converge linearly, at a rate set by how much
-        `J` changes over the correction and by the conditioning of `J M⁻¹ Jᵀ`: a drift of
-        1e-9 needs one, one of 8e-5 on the two-link arm near its fold four.
+        frozen factorization for the velocities (static); default 5. They converge linearly, at a
+        rate set by how much `J` changes over the correction and by the conditioning of `J M⁻¹ Jᵀ`:
+        a drift of 1e-9 needs one, one of 8e-5 on the two-link arm near its fold four.
     - `tol`: convergence tolerance of the residuals (relative, see above); default
         `1000 ε` of the state's dtype (`2.2e-13` in float64).
     - `linear_solver`: how `G M⁻¹ Gᵀ` is solved. `None` (default): a Cholesky
@@ -508,8 +521,11 @@ class Projected(AbstractSolverWrapper):
             terms, t0, t1, y0, _between_projections(y0, args), solver_state, True)
         q, s = y1
         tol = self.tol if self.tol is not None else float(1000 * jnp.finfo(q.dtype).eps)
-        project = lambda q_, s_: project_state(
-            system, formulation, t1, q_, s_, self.linear_solver, self.iterations, tol)
+
+        def project(q_, s_):
+            return project_state(
+                system, formulation, t1, q_, s_, self.linear_solver, self.iterations, tol)
+
         if q.ndim == 1:
             (q_new, s_new), position_ok, velocity_ok = project(q, s)
             ok = keep = position_ok & velocity_ok

@@ -189,8 +189,8 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
     There is no Newton iteration: no iteration count, no convergence test, no step
     rejected for a diverging iteration, and one step is a fixed sequence — one Jacobian,
     one LU factorization, eight evaluations of `f` and eight solves with the factors — that
-    XLA compiles into one loop body. The price is that the order holds only with the exact Jacobian (here by
-    automatic differentiation). The solve is L-stable (`R(∞) = 0`) and stiffly accurate
+    XLA compiles into one loop body. The price is that the order holds only with the exact Jacobian
+    (here by automatic differentiation). The solve is L-stable (`R(∞) = 0`) and stiffly accurate
     (the solution is the last stage's input plus `k₈`), so stiff components are damped
     rather than carried along, and the step is set by the accuracy of the slow motion.
     Rodas5P is Rodas5 (Di Marzo 1993) with coefficients chosen by Steinebach for a

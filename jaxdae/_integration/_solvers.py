@@ -19,8 +19,11 @@ def _combine(base: PyTree[Array], weights, ks: list) -> PyTree[Array]:
     terms = [(float(w), k) for w, k in zip(weights, ks, strict=False) if float(w) != 0.0]
     if not terms:
         return base
-    return jax.tree.map(lambda b, *k: b + sum(w * k_j for (w, _), k_j in zip(terms, k, strict=False)),
-                        base, *(k for _, k in terms))
+    return jax.tree.map(
+        lambda b, *k: b + sum(w * k_j for (w, _), k_j in zip(terms, k, strict=False)),
+        base,
+        *(k for _, k in terms),
+    )
 
 
 class AbstractFailureNamingSolver(diffrax.AbstractSolver):
@@ -91,8 +94,8 @@ class UnrolledERK(AbstractSteppingWrapper):
     Without the stage loop XLA fuses more of a step, and batches gain most, on a GPU most of
     all, where every loop of a step is a chain of kernel launches. The price is compile time:
     the right-hand side is compiled once per stage ([benchmarks](../benchmarks.md),
-    `experiments/benchmarks/bench_unrolled.py`). Use it for batches, ensembles, tuning and any batch on
-    a GPU; keep the plain solver where compile time matters.
+    `experiments/benchmarks/bench_unrolled.py`). Use it for batches, ensembles, tuning and any batch
+    on a GPU; keep the plain solver where compile time matters.
 
     ```python
     solver = jaxdae.UnrolledERK(diffrax.Tsit5())

@@ -374,8 +374,8 @@ def _jumps(static) -> bool:
 
 
 def _solve_in_segments(problem, static):
-    """`solve_storing_steps` in segments: one `diffrax.diffeqsolve` per segment, each from where the last
-    stopped (after a segment's length of steps), until the solve ends or `max_steps`. Keeps
+    """`solve_storing_steps` in segments: one `diffrax.diffeqsolve` per segment, each from where the
+    last stopped (after a segment's length of steps), until the solve ends or `max_steps`. Keeps
     every segment's start and the last segment's steps."""
     count, length = static.segments
     event, init, t0 = static.event, problem.init_state, problem.t0

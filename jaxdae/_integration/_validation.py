@@ -157,8 +157,8 @@ INITIAL_STATE_MESSAGES = (
     "The generalized forces at (t0, q0, v0) are not finite; check `potential_energy`, "
     "`generalized_forces` and `kinetic_energy` at the initial state.",
     "`velocity_constraints` is not affine in the velocities (∂²Ψ/∂v² ≠ 0 near the initial "
-    "state): every formulation needs Ψ = A(t, q) v + a(t, q) (Shemelova (2016) eq. [1]). Rewrite it "
-    "linearly in v (e.g. a rolling condition `v_x sin θ − v_y cos θ`, not its square).",
+    "state): every formulation needs Ψ = A(t, q) v + a(t, q) (Shemelova (2016) eq. [1]). Rewrite "
+    "it linearly in v (e.g. a rolling condition `v_x sin θ − v_y cos θ`, not its square).",
 )
 
 

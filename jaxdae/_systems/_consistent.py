@@ -115,7 +115,8 @@ def consistent_initial_state(
     t0 = jnp.asarray(t0, dtype=q0.dtype)
     if q0.ndim != 1 or q0.shape != v0.shape:
         raise ValueError(
-            f"`q0` and `v0` must be 1-D arrays of the same shape (n,); got {q0.shape} and {v0.shape}."
+            f"`q0` and `v0` must be 1-D arrays of the same shape (n,); got {q0.shape} and "
+            f"{v0.shape}."
         )
     for name, value in (("t0", t0), ("q0", q0), ("v0", v0)):
         check_finite(name, value)

@@ -24,7 +24,8 @@ from ._system import AbstractSystem
 
 
 class AbstractController(eqx.Module):
-    """A feedback law `u = controller(t, q, v)`, shape `(p,)` (Krasinskaya and Krasinskiy (2013) §6, Mukharlyamov (2019) [2.1])."""
+    """A feedback law `u = controller(t, q, v)`, shape `(p,)` (Krasinskaya and Krasinskiy (2013) §6,
+    Mukharlyamov (2019) [2.1])."""
 
     @abc.abstractmethod
     def __call__(
@@ -52,7 +53,8 @@ class ConstantControl(AbstractController):
 
 
 class LinearFeedback(AbstractController):
-    """`u = u_ref − K (x − x_ref)`, `x = (q[positions], v[velocities])` (Krasinskaya and Krasinskiy (2013), §6).
+    """`u = u_ref − K (x − x_ref)`, `x = (q[positions], v[velocities])` (Krasinskaya and Krasinskiy
+    (2013), §6).
 
     The state ordering is the one of [`jaxdae.linearize`][] (`Linearization.positions`,
     `Linearization.velocities`), so an LQR gain designed on a linearization plugs in

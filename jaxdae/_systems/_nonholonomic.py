@@ -1,4 +1,5 @@
-"""Checks shared by every system with nonholonomic constraints `Ψ(t, q, v) = A(t, q) v + a(t, q)`."""
+"""Checks shared by every system with nonholonomic constraints
+`Ψ(t, q, v) = A(t, q) v + a(t, q)`."""
 
 import jax
 import jax.numpy as jnp
@@ -9,9 +10,9 @@ from .._custom_types import Array, Float, Scalar
 def velocity_curvature(velocity_constraints, t, q, v) -> tuple[Scalar, Scalar]:
     """`max |∂²Ψ/∂v²|` at `v` and at a shifted velocity, and `max |Ψ_v|` for scale.
 
-    Every formulation assumes `Ψ` affine in `v` (Shemelova (2016) eq. [1], Mukharlyamov (2019) eq. [0.7]):
-    then `Ψ̇ = A q̈ + Ψ_t + Ψ_q v` exactly. Autodiff makes `∂²Ψ/∂v²` exactly zero for an affine
-    `Ψ`; it is evaluated at two velocities (`v` and `v + w`, `w` a fixed non-symmetric
+    Every formulation assumes `Ψ` affine in `v` (Shemelova (2016) eq. [1], Mukharlyamov (2019) eq.
+    [0.7]): then `Ψ̇ = A q̈ + Ψ_t + Ψ_q v` exactly. Autodiff makes `∂²Ψ/∂v²` exactly zero for an
+    affine `Ψ`; it is evaluated at two velocities (`v` and `v + w`, `w` a fixed non-symmetric
     direction) so that e.g. `Ψ = v³` is not missed at `v = 0`.
     """
     n = v.shape[0]

@@ -1,1 +1,2 @@
-"""Tuning and batches: optax loops over simulations, losses, parametrizations, checkpointed sweeps."""
+"""Tuning and batches: optax loops over simulations, losses, parametrizations, checkpointed
+sweeps."""

@@ -1,9 +1,9 @@
 """Parametrizations: unconstrained parameters that map to positive / SPD gains.
 
-Gradient descent on a raw gain can leave the set where the formulation is stable (Mukharlyamov and Deressa (2015),
-eq. [18]: `K_D ≻ 0`, `K_P ≻ 0`; `𝔄 ≻ 0` for eqs. [22]–[30]). A parametrization stores an
-unconstrained array and returns a gain that is positive definite by construction, so every
-optimizer step gives a valid formulation. Put one in place of a gain with
+Gradient descent on a raw gain can leave the set where the formulation is stable
+(Mukharlyamov and Deressa (2015), eq. [18]: `K_D ≻ 0`, `K_P ≻ 0`; `𝔄 ≻ 0` for eqs. [22]–[30]). A
+parametrization stores an unconstrained array and returns a gain that is positive definite by
+construction, so every optimizer step gives a valid formulation. Put one in place of a gain with
 [`jaxdae.parametrize`][] and turn a tree of parametrizations back into gains with
 [`jaxdae.unwrap`][].
 """

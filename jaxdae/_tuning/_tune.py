@@ -445,8 +445,8 @@ def tune(
     with `vmap` (see [`jaxdae.batch_map`][] for `chunk_size` and `mesh`), or together as
     one ensemble per chunk (`Batching(ensemble=True)`). Gains stay
     positive definite when `params` holds [`jaxdae.Positive`][] / [`jaxdae.PositiveDefinite`][]
-    parametrizations (see [`jaxdae.parametrize`][]). This answers Mukharlyamov and Deressa's (2015) Remark 4
-    (choosing `𝔄, K_D, K_P` is open) by optimization.
+    parametrizations (see [`jaxdae.parametrize`][]). This answers Mukharlyamov and Deressa's (2015)
+    Remark 4 (choosing `𝔄, K_D, K_P` is open) by optimization.
 
     ```python
     params = jaxdae.parametrize(jaxdae.Baumgarte(2.0, 1.0), lambda f: (f.kd, f.kp))
@@ -467,8 +467,8 @@ def tune(
     a zero gradient (selected with `jnp.where` on the computed per-scenario gradients, so a
     failed scenario's `inf`/`nan` never reaches the optimizer); `history["num_failed"]`
     counts them. If the update is still not finite (e.g. from the regularization), it is not
-    applied: `Failures(on_nonfinite="raise")` (default) raises `FloatingPointError`, `"skip"` records
-    `skipped` in the history and goes on.
+    applied: `Failures(on_nonfinite="raise")` (default) raises `FloatingPointError`, `"skip"`
+    records `skipped` in the history and goes on.
 
     **Checkpoints and determinism:** the run is a pure function of `(params, scenarios,
     seed)`. Every `Checkpointing.every` steps (and at the end) the trainable parameters,

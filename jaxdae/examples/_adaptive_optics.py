@@ -91,13 +91,13 @@ class AdaptiveOpticsElement(ActuatedSystem):
         return jnp.stack([zero, self.torque_constant / self.inductance])[:, None]
 
     def program_constraints(self, t, q, v):
-        s, c, l = self.source(t), self.distance, self.mechanism.length
-        return jnp.stack([l * (s + c) - 2 * c * s * jnp.cos(q[0])])
+        s, c, length = self.source(t), self.distance, self.mechanism.length
+        return jnp.stack([length * (s + c) - 2 * c * s * jnp.cos(q[0])])
 
     def programmed_angle(self, t):
         """`φ(t)` on the programmed motion: `cos φ = l (s + c)/(2 c s)`, `φ ∈ (0, π)`."""
-        s, c, l = self.source(t), self.distance, self.mechanism.length
-        return jnp.arccos(l * (s + c) / (2 * c * s))
+        s, c, length = self.source(t), self.distance, self.mechanism.length
+        return jnp.arccos(length * (s + c) / (2 * c * s))
 
     def programmed_state(self, t):
         """`(q, v, w)` exactly on the programmed motion at `t` (`f = ḟ = f̈ = f⃛ = 0`): the

@@ -1,4 +1,5 @@
-"""Krasinskaya and Krasinskiy (2013), §6: the GBB1005-like Ball & Beam with a four-bar lever and a DC motor."""
+"""Krasinskaya and Krasinskiy (2013), §6: the GBB1005-like Ball & Beam with a four-bar lever and a
+DC motor."""
 
 import equinox as eqx
 import jax
@@ -10,7 +11,8 @@ from .._systems._system import LagrangianSystem
 
 
 class BallAndBeam(LagrangianSystem, AbstractControlledSystem):
-    """A ball rolling on a beam tilted by a lever from a motor-driven wheel (Krasinskaya and Krasinskiy (2013), §6).
+    """A ball rolling on a beam tilted by a lever from a motor-driven wheel
+    (Krasinskaya and Krasinskiy (2013), §6).
 
     A beam of length `L` turns about its end `O` (angle `α`); a lever `AB` of length `l`
     joins the beam's other end `A` to a point `B` at radius `d` on a wheel turned by a DC
@@ -171,7 +173,8 @@ class BallAndBeam(LagrangianSystem, AbstractControlledSystem):
     # -- helpers ----------------------------------------------------------------------------
 
     def equilibrium_state(self, r0):
-        """Krasinskaya and Krasinskiy (2013) eq. [35]: `(q, v, e)` with the ball at `r0`, `θ = α = 0`, `i = i₀`."""
+        """Krasinskaya and Krasinskiy (2013) eq. [35]: `(q, v, e)` with the ball at `r0`,
+        `θ = α = 0`, `i = i₀`."""
         r0 = jnp.asarray(r0, dtype=float)
         current = self.lever_radius / self.beam_length * self.mass * self.gravity * r0
         current = current / self.torque_constant

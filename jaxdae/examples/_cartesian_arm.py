@@ -55,8 +55,8 @@ class CartesianArm(HamiltonianSystem):
 
 
 class CartesianArmLagrangian(LagrangianSystem):
-    """The same arm as [`jaxdae.examples.CartesianArm`][] in Lagrangian form (Shemelova (2016), eq. [1]):
-    `T = ½ m1 (q̇1² + q̇2²) + ½ m2 (q̇3² + q̇4²)`, same constraints and forces."""
+    """The same arm as [`jaxdae.examples.CartesianArm`][] in Lagrangian form (Shemelova (2016), eq.
+    [1]): `T = ½ m1 (q̇1² + q̇2²) + ½ m2 (q̇3² + q̇4²)`, same constraints and forces."""
 
     masses: Array = parameter((1.0, 1.0))
     lengths: Array = parameter((1.0, 0.8))

@@ -63,8 +63,9 @@ class PendulumWithStop(AbstractPointMass):
     meets the wall hanging straight down after a quarter period `K(sin(θ₀/2)) √(l/g)`;
     each impact scales its angular speed by `e`, so the amplitudes follow
     `1 − cos θ_k = e²ᵏ (1 − cos θ₀)` and the next impact comes a half period
-    `2 K(sin(θ_k/2)) √(l/g)` later ([`impact_times`][jaxdae.examples.PendulumWithStop.impact_times]).
-    The rod constraint stays bilateral through the impacts.
+    `2 K(sin(θ_k/2)) √(l/g)` later
+    ([`impact_times`][jaxdae.examples.PendulumWithStop.impact_times]). The rod constraint stays
+    bilateral through the impacts.
     """
 
     mass: Array = parameter(1.0)

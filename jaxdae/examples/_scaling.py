@@ -1,5 +1,6 @@
-"""Model families of growing size for the scaling benchmarks (`experiments/benchmarks/bench_scaling.py`)
-and the tests of structured terms, written as users write them.
+"""Model families of growing size for the scaling benchmarks
+(`experiments/benchmarks/bench_scaling.py`) and the tests of structured terms, written as users
+write them.
 
 Four planar families, each with unit masses, unit link lengths and gravity `g` along −y, in
 plain vectorized `jax.numpy` (no hand-derived matrices: jaxdae derives `M`, `J`, `γ`, ...):
@@ -378,8 +379,8 @@ def bars_rhs(first, second, anchors, lengths, gravity):
     `Φ_e = |d_e|² − L_e²`, `d_e = p_{first} − p_{second}` (or `− anchor`), so `J_e` holds
     `±2 d_e` in the two nodes' columns and `Φ̈ = J q̈ + 2 |ḋ_e|²`. With `M = I` and
     `Q = (0, −g)` per node: `(J Jᵀ) λ = J Q − s`, `s = −2 |ḋ|² − k_D Φ̇ − k_P Φ`,
-    `q̈ = Q − Jᵀ λ` (Mukharlyamov and Deressa (2015) eq. [21]); `J Jᵀ` is assembled densely and solved with
-    `jnp.linalg.solve`. Returns `rhs(t, y, (kd, kp))` of `y = (q, v)`.
+    `q̈ = Q − Jᵀ λ` (Mukharlyamov and Deressa (2015) eq. [21]); `J Jᵀ` is assembled densely and
+    solved with `jnp.linalg.solve`. Returns `rhs(t, y, (kd, kp))` of `y = (q, v)`.
     """
     first, second = np.asarray(first), np.asarray(second)
     anchored = second < 0

@@ -1,4 +1,5 @@
-"""Mukharlyamov and Deressa (2015), Example 1: a two-link manipulator whose tip tracks a moving point on a line."""
+"""Mukharlyamov and Deressa (2015), Example 1: a two-link manipulator whose tip tracks a moving
+point on a line."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +7,8 @@ import jax.numpy as jnp
 from .._custom_types import Array
 from .._systems._system import LagrangianSystem
 
-#: Initial state of Mukharlyamov and Deressa's (2015) Example 1 (`Φ = 0`, `Φ̇ = 0` for `speed = 0.6`).
+#: Initial state of Mukharlyamov and Deressa's (2015) Example 1 (`Φ = 0`, `Φ̇ = 0` for
+#: `speed = 0.6`).
 TWO_LINK_Q0 = (1.396263, 3.563268)
 TWO_LINK_V0 = (0.358620, -0.867745)
 
@@ -14,8 +16,8 @@ TWO_LINK_V0 = (0.358620, -0.867745)
 class TwoLinkManipulator(LagrangianSystem):
     """Two uniform rods in a vertical plane, tip constrained to `y = l/2`, `x = x0 − v t`.
 
-    Mukharlyamov and Deressa (2015), Example 1 (docs/methods.md): `l1 = l`, `l2 = l/2`, `m1 = 2m`, `m2 = m`,
-    `I_i = m_i l_i² / 12`, `l = 1 m`, `m = 1 kg`, gravity `g` along −y. Coordinates `q1`
+    Mukharlyamov and Deressa (2015), Example 1 (docs/methods.md): `l1 = l`, `l2 = l/2`, `m1 = 2m`,
+    `m2 = m`, `I_i = m_i l_i² / 12`, `l = 1 m`, `m = 1 kg`, gravity `g` along −y. Coordinates `q1`
     (link 1 from the x axis) and `q2` (link 2 relative to link 1). The tip
     `P = (l1 cos q1 + l2 cos(q1+q2), l1 sin q1 + l2 sin(q1+q2))` obeys the rheonomic
     constraints `Φ1 = P_y − l/2`, `Φ2 = P_x + v t − x0`. The kinetic and potential energies

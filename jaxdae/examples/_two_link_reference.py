@@ -14,8 +14,8 @@ in closed form so that SciPy and CasADi integrate an independent implementation:
 - `Φ = (l1 sin q1 + l2 sin(q1+q2) − l/2, l1 cos q1 + l2 cos(q1+q2) + v t − x0)`,
   `J = Φ_q`, `Φ̇ = J q̇ + (0, v)`, `γ = (l1 sin q1 v1² + l2 sin(q1+q2) w², l1 cos q1 v1² +
   l2 cos(q1+q2) w²)` with `w = v1 + v2`;
-- modified Lagrange (Mukharlyamov and Deressa (2015) eq. [30]) with `𝔄 = αI`, `K_D = diag(kd)`, `K_P = diag(kp)`:
-  `(M + α JᵀJ) q̈ = Q + α Jᵀ (γ − K_D Φ̇ − K_P Φ)`.
+- modified Lagrange (Mukharlyamov and Deressa (2015) eq. [30]) with `𝔄 = αI`, `K_D = diag(kd)`,
+  `K_P = diag(kp)`: `(M + α JᵀJ) q̈ = Q + α Jᵀ (γ − K_D Φ̇ − K_P Φ)`.
 
 Parameters are packed as `p = (alpha, kd1, kd2, kp1, kp2)`, the state as `y = (q1, q2, v1, v2)`.
 """
@@ -30,7 +30,8 @@ M1, M2 = 2 * MASS, MASS
 C1, C2 = L1 / 2, L2 / 2
 I1, I2 = M1 * L1**2 / 12, M2 * L2**2 / 12
 X0 = L1 * np.cos(Q0[0]) + L2 * np.cos(Q0[0] + Q0[1])
-PARAMS = np.array([10.0, 20.0, 10.0, 100.0, 25.0])  # alpha, kd, kp of ModifiedLagrange(10, [20, 10], [100, 25])
+# alpha, kd, kp of ModifiedLagrange(10, [20, 10], [100, 25])
+PARAMS = np.array([10.0, 20.0, 10.0, 100.0, 25.0])
 
 
 def _equations(xp, t, y, p):

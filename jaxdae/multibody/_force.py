@@ -400,7 +400,9 @@ class Torque(AbstractAppliedLoad):
 
     def __init__(self, at: str, actuator: Actuator, axis: ArrayLike | None = None, *,
                  local: bool = False, name: str | None = None):
-        self.axis = self._set_applied(at, actuator, local, name, f"`axis` of the Torque on {at!r}", axis)
+        self.axis = self._set_applied(
+            at, actuator, local, name, f"`axis` of the Torque on {at!r}", axis
+        )
 
     def check_dimension(self, dimension, owner):
         super().check_dimension(dimension, owner)

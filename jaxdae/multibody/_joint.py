@@ -447,8 +447,8 @@ class Driver(AbstractJoint):
     """Prescribed motion: marker `b` follows marker `a` along a given path,
     `p_b − p_a = motion(t)` in the global frame (2 rheonomic equations; 3 in space).
 
-    A trajectory to track (Mukharlyamov and Deressa's (2015) two-link arm, whose tip follows a point moving along
-    a line), or a kinematic input. The bodies turn freely.
+    A trajectory to track (Mukharlyamov and Deressa's (2015) two-link arm, whose tip follows a point
+    moving along a line), or a kinematic input. The bodies turn freely.
 
     **Arguments:**
 

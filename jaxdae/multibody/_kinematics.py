@@ -45,8 +45,8 @@ def turned(cos, sin, vectors):
     `Kinematics` computes the planar markers' points and arms so, not as products with
     the matrix `R(θ)` (elementwise and summed, or a batched matrix product), which XLA
     compiled into slower right-hand sides: with the matrix products the built slider-crank
-    of `experiments/benchmarks/bench_multibody.py` solved as fast as the hand-written model written out
-    (docs/benchmarks.md)."""
+    of `experiments/benchmarks/bench_multibody.py` solved as fast as the hand-written model written
+    out (docs/benchmarks.md)."""
     normal = jnp.stack([-vectors[..., 1], vectors[..., 0]], axis=-1)
     return cos * vectors + sin * normal
 
@@ -97,7 +97,9 @@ def quaternion_from_matrix(matrix):
     return jnp.where(p[0] < 0, -p, p)
 
 
-def rotation_matrix(axis: Float[ArrayLike, "3"], angle: Float[ArrayLike, ""]) -> Float[Array, "3 3"]:
+def rotation_matrix(
+    axis: Float[ArrayLike, "3"], angle: Float[ArrayLike, ""]
+) -> Float[Array, "3 3"]:
     """The rotation by `angle` (radians, right-handed) about `axis` (normalized), by
     Rodrigues' formula: for marker orientations and a body's initial `orientation`.
 

@@ -51,9 +51,9 @@ def _tree_kind(joint) -> str | None:
 
 def find_topology(bodies, joints, joint_names) -> Topology:
     """The spanning tree from the ground: a joint that can carry a body (`tree_motion`:
-    revolute, prismatic, fixed, spherical, and the joints registered there) whose marker `a` is on a body already reached (or the ground) and `b` on a new one
-    carries that body; a body that no such joint reaches is free (a floating base); the
-    other joints close loops."""
+    revolute, prismatic, fixed, spherical, and the joints registered there) whose marker `a` is on a
+    body already reached (or the ground) and `b` on a new one carries that body; a body that no such
+    joint reaches is free (a floating base); the other joints close loops."""
     slot = {b.name: i for i, b in enumerate(bodies)}
     reached = {GROUND: -1}
     carrier = [-1] * len(bodies)

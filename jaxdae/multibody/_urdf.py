@@ -16,8 +16,9 @@ from ._tree import TreeMechanism
 
 
 class UrdfLimit(NamedTuple):
-    """A URDF joint's `<limit>` as the file gives it. [`UrdfRobot.mechanism`][jaxdae.multibody.UrdfRobot.mechanism]
-    enforces its range by a [`jaxdae.multibody.JointLimit`][] (unless told otherwise).
+    """A URDF joint's `<limit>` as the file gives it.
+    [`UrdfRobot.mechanism`][jaxdae.multibody.UrdfRobot.mechanism] enforces its range by a
+    [`jaxdae.multibody.JointLimit`][] (unless told otherwise).
 
     - `lower`, `upper`: the range of the joint coordinate (rad or m); `None` for a
         continuous joint.
@@ -224,9 +225,9 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
     [`jaxdae.multibody.Revolute`][] joints about their `<axis>`, `prismatic` joints
     [`jaxdae.multibody.Prismatic`][] joints along it, `fixed` joints welds (a massless link
     on a fixed joint becomes a marker of the body it is welded to, as tool frames usually
-    are); `<limit>`s are kept in `limits`, and `robot.mechanism()` enforces their ranges. Every body starts at its pose for zero
-    joint coordinates. Links' `<visual>` geometry is kept in `visuals` for the 3-D viewer
-    (mesh files are located but not read); collision geometry is not read.
+    are); `<limit>`s are kept in `limits`, and `robot.mechanism()` enforces their ranges. Every body
+    starts at its pose for zero joint coordinates. Links' `<visual>` geometry is kept in `visuals`
+    for the 3-D viewer (mesh files are located but not read); collision geometry is not read.
 
     Close kinematic loops by adding joints in Python:
     `robot.mechanism(joints=[mb.Spherical("link3.tip", "ground.anchor")], forces=[mb.Gravity()])`.
@@ -246,8 +247,8 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
     `ValueError` naming the file and line for: a file that is not well-formed XML or has no
     `<robot>` element or no `<link>`; two links (or joints) of the same name; an attribute
     that should be a number and is not; a joint whose parent or child link is not in the
-    file; a link with two parents or a loop of URDF joints; a `floating` or `planar` joint; a link without
-    mass (or with a non-positive-definite inertia) that a moving joint would move; a
+    file; a link with two parents or a loop of URDF joints; a `floating` or `planar` joint; a link
+    without mass (or with a non-positive-definite inertia) that a moving joint would move; a
     revolute or prismatic joint whose `<axis>` is zero (or not finite); a link or joint
     name that jaxdae cannot use (containing `.`, or `ground`). `ImportError` when
     `yourdfpy` is not installed.
@@ -350,8 +351,10 @@ def _loop(path, where, parent_joint, links):
     parent of the one before it)."""
     joints = [parent_joint[name] for name in links]
     described = ", ".join(
-        f"{j.name!r} ({j.parent!r} → {j.child!r}, {where('joint', j.name).removeprefix(f'{path}, ')})"
-        for j in reversed(joints))
+        f"{j.name!r} ({j.parent!r} → {j.child!r}, "
+        f"{where('joint', j.name).removeprefix(f'{path}, ')})"
+        for j in reversed(joints)
+    )
     raise ValueError(f"{path}: the joints {described} form a loop; URDF describes trees: "
                      "remove one of them and close the loop with a joint added in Python, "
                      "`robot.mechanism(joints=[...])`.")

@@ -320,10 +320,15 @@ def populate(server, scene: Scene, frame: int = 0) -> list:
     server.initial_camera.position = tuple(float(x) for x in centre + 1.9 * extent * direction)
     server.initial_camera.look_at = tuple(float(x) for x in centre)
     server.initial_camera.up = tuple(float(x) for x in up)
-    server.scene.add_grid("/grid", width=3 * extent, height=3 * extent,
-                          cell_size=extent / 10, section_size=extent / 2,
-                          position=tuple(float(x) for x in centre + (scene.floor - centre @ up) * up),
-                          wxyz=tuple(float(x) for x in _z_to(up)))
+    server.scene.add_grid(
+        "/grid",
+        width=3 * extent,
+        height=3 * extent,
+        cell_size=extent / 10,
+        section_size=extent / 2,
+        position=tuple(float(x) for x in centre + (scene.floor - centre @ up) * up),
+        wxyz=tuple(float(x) for x in _z_to(up)),
+    )
     add_node(server.scene, scene.ground)
     return [add_node(server.scene, node, scene.positions[frame, k], scene.wxyz[frame, k])
             for k, node in enumerate(scene.moving)]
