@@ -70,8 +70,9 @@ class AbstractMechanism(AbstractControlledSystem):
     joints, force elements, stops and controller (a mechanism is a controlled system); the
     outputs at markers and joints, read through the mechanism's kinematics (`_kinematics`);
     the stops as the system's `gaps` (with their coefficients of restitution and friction
-    and their slip velocities); `mobility`; and `initial_state`. Listed before the system class among a mechanism's
-    bases, so that these override the system's defaults (no gaps).
+    and their slip velocities); `mobility`; and `initial_state`. Listed before the system
+    class among a mechanism's bases, so that these override the system's defaults (no
+    gaps).
 
     It declares the fields that its construction methods (`_set_bodies`,
     `_set_elements`) set, first among a mechanism's fields; a mechanism declares its own
