@@ -113,7 +113,7 @@ def equilibrium(
     - `cyclic`: indices of cyclic coordinates (their position appears nowhere, e.g. an
         electric charge); their velocities are unknowns (guess from `v_guess`).
     - `u_guess`: guess of the equilibrium input; if given, `u` is solved for (the system
-        must have a `controller` field, see [`jaxdae.with_controller`][]).
+        must be a [`jaxdae.AbstractControlledSystem`][], see [`jaxdae.with_controller`][]).
     - `t`: the time (for time-dependent systems).
     - `tol`: accepted `max(|Φ|, |q̈|)`; default `1e-8` in float64, `1e-4` in float32.
     - `max_steps`: Gauss–Newton iterations (least-squares steps via SVD, so redundant
@@ -152,7 +152,7 @@ def equilibrium(
         if not is_controlled(system):
             raise ValueError(
                 "`u_guess` was given but the system has no `controller` field to set the "
-                "input through (see `jaxdae.with_controller`)."
+                "input through (see `jaxdae.AbstractControlledSystem`)."
             )
         u0 = jnp.atleast_1d(jnp.asarray(u_guess, dtype=dtype))
     checks = list(_finite_checks(q_guess=q_guess, v_guess=v_all, u_guess=u0, t=t))
@@ -290,9 +290,9 @@ def linearize(
 
     **Arguments:**
 
-    - `system`: the system; if it has a `controller` field and `u` is given, the input is
-        set to the constant `u` and `B = ∂f/∂u` (for a closed loop, pass the system with its
-        feedback law and `u=None`: then `B` has no columns).
+    - `system`: the system; if it is controlled ([`jaxdae.AbstractControlledSystem`][])
+        and `u` is given, the input is set to the constant `u` and `B = ∂f/∂u` (for a closed
+        loop, pass the system with its feedback law and `u=None`: then `B` has no columns).
     - `formulation`: as for `simulate`.
     - `q`, `v`: the equilibrium (e.g. from [`jaxdae.equilibrium`][]); `v` defaults to 0.
     - `u`: the equilibrium input, or `None`.
@@ -328,7 +328,8 @@ def linearize(
     if u is not None:
         u = jnp.atleast_1d(jnp.asarray(u, dtype=q.dtype))
         if not is_controlled(system):
-            raise ValueError("`u` was given but the system has no `controller` field.")
+            raise ValueError("`u` was given but the system has no `controller` field (see "
+                             "`jaxdae.AbstractControlledSystem`).")
     t = jnp.asarray(t, dtype=q.dtype)
     cyclic = _indices("cyclic", cyclic, n)
     terms = eqx.filter_eval_shape(lambda s: s.terms(t, q, v), system)
