@@ -28,8 +28,16 @@ functions where the solve looks them up.
 `--model chain:64` (or `ladder:128`, `pendulum:32`, `net:32`) measures instead the forward solve and the
 gradient of `bench_scaling.py` on that family and size (`jaxdae/examples/_scaling.py`).
 
+Two models with one-sided constraints (solved by events):
+
+- `--model ball`: the time of the third impact of `jaxdae.examples.BouncingBall` (e = 0.8,
+  dropped from 1 m, 2 s at rtol 1e-10) and its gradient with respect to `e` and the height.
+- `--model urdf-arm`: the first 0.05 s of the guide's URDF arm (`tests/data/three_link_arm.urdf`,
+  four joints in joint coordinates under gravity) without its joint limits, with them (six
+  gaps), and with them under `jax.vmap` over 8 initial states.
+
     python experiments/benchmarks/bench_compile.py [--repeats 3] [--only forward] [--stages]
-        [--model two-link | chain:N | ladder:N | pendulum:N | net:N]
+        [--model two-link | ball | urdf-arm | chain:N | ladder:N | pendulum:N | net:N]
 """
 
 import argparse
@@ -48,6 +56,7 @@ import numpy as np  # noqa: E402
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
 FUNCTIONS = ("forward", "gradient", "gradient, reverse sweep")
+URDF_ARM = Path(__file__).resolve().parents[2] / "tests" / "data" / "three_link_arm.urdf"
 
 
 def program_size(lowered, compiled) -> dict:
@@ -137,18 +146,65 @@ def trace_stages(fn, args, repeats: int) -> dict:
             for label in runs[0]}
 
 
+def ball_functions():
+    """The third impact time of the bouncing ball, and its gradient."""
+    import jaxdae
+    from jaxdae.examples import BouncingBall
+
+    def third_impact(restitution, height):
+        sol = jaxdae.simulate(BouncingBall(e=restitution), jaxdae.Unstabilized(), 0.0, 2.0,
+                              jnp.stack([0.0 * height, height]), jnp.zeros(2), rtol=1e-10,
+                              atol=1e-12)
+        return sol.events.t[2]
+
+    return ({"forward": third_impact, "gradient": jax.grad(third_impact, argnums=(0, 1))},
+            (jnp.asarray(0.8), jnp.asarray(1.0)))
+
+
+def urdf_arm_functions():
+    """The URDF arm's first 0.05 s without and with its limits, and with them batched."""
+    import jaxdae
+    import jaxdae.multibody as mb
+
+    robot = mb.load_urdf(URDF_ARM)
+
+    def final_q(limits):
+        model = robot.mechanism(forces=[mb.Gravity()], limits=limits)
+
+        def run(q0, v0):
+            return jaxdae.simulate(model, jaxdae.Unstabilized(), 0.0, 0.05, q0, v0).q_final
+
+        return run
+
+    q0, v0 = robot.mechanism().initial_state(
+        joint_coordinates={"yaw": (0.0, 1.0), "shoulder": (0.4, 0.0), "elbow": -0.8,
+                           "wrist": 0.05})
+    batched = jax.vmap(final_q(True))
+    functions = {"forward, no limits": final_q(False), "forward, limits": final_q(True),
+                 "vmap of 8, limits": lambda q, v: batched(jnp.tile(q, (8, 1)),
+                                                             jnp.tile(v, (8, 1)))}
+    return functions, (q0, v0)
+
+
 def model_functions(model: str):
     """`(functions by name, their arguments)` of `--model`."""
     if model == "two-link":
         q0, v0 = (jnp.asarray(x) for x in TwoLinkManipulator().initial_state())
-        return bench_core.jaxdae_functions(), (bench_core.jaxdae_params(), q0, v0)
+        functions = bench_core.jaxdae_functions()
+        return ({name: functions[name] for name in FUNCTIONS},
+                (bench_core.jaxdae_params(), q0, v0))
+    if model == "ball":
+        return ball_functions()
+    if model == "urdf-arm":
+        return urdf_arm_functions()
     import bench_scaling
 
     import jaxdae.examples._scaling as scaling_models
 
     family, _, size = model.partition(":")
     if family not in scaling_models.FAMILIES or not size.isdigit():
-        raise SystemExit(f"--model: two-link, or chain:N, ladder:N, pendulum:N, net:N; got "
+        raise SystemExit(f"--model: two-link, ball, urdf-arm, or chain:N, ladder:N, pendulum:N, "
+                         f"net:N; got "
                          f"{model!r}")
     system = scaling_models.FAMILIES[family](int(size))
     forward, gradient = bench_scaling.jaxdae_functions(system)
@@ -160,19 +216,20 @@ def model_functions(model: str):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", choices=FUNCTIONS, action="append")
+    parser.add_argument("--only", action="append",
+                        help="one of the model's functions (e.g. forward, gradient)")
     parser.add_argument("--stages", action="store_true",
                         help="split the trace of `simulate` by stage")
     parser.add_argument("--model", default="two-link",
-                        help="two-link (bench_core's problem), or chain:N, ladder:N, pendulum:N, "
-                        "net:N")
+                        help="two-link (bench_core's problem), ball, urdf-arm, or chain:N, "
+                        "ladder:N, pendulum:N, net:N")
     options = parser.parse_args()
     bench_core.warm_up_jax()
     functions, args = model_functions(options.model)
     print("| function | | trace [s] | lower [s] | XLA compile [s] | XLA compile, CPU [s] | "
           "total [s] | StableHLO ops | HLO instructions | conditionals | custom calls |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for name in options.only or [f for f in FUNCTIONS if f in functions]:
+    for name in options.only or list(functions):
         m = measure(functions[name], args, options.repeats)
         for stat in ("min", "median"):
             times = " | ".join(f"{x:.2f}" for x in m[stat])
