@@ -128,5 +128,5 @@ def test_bad_input():
     q0, p0 = arm.initial_state()
     with pytest.raises(ValueError, match="same shape"):
         jaxdae.simulate(arm, jaxdae.Baumgarte(1.0, 1.0), 0.0, 1.0, q0, p0[:3])
-    with pytest.raises(TypeError):
-        jaxdae.HamiltonianSystem()  # abstract: `hamiltonian` is required
+    with pytest.raises(TypeError):  # abstract: `hamiltonian` is required
+        jaxdae.HamiltonianSystem()  # pyright: ignore[reportAbstractUsage]
