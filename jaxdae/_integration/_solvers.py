@@ -142,6 +142,7 @@ class UnrolledERK(AbstractSteppingWrapper):
         else:
             f0 = terms.vf(t0, y0, args)
         fs, ks = [f0], [terms.prod(f0, control)]
+        yi = y0  # the last stage's state (an `ssal` tableau has at least one stage)
         for c, row in zip(tableau.c, tableau.a_lower, strict=False):
             yi = _combine(y0, row, ks)
             # Python floats: the tableau's float64 numbers would promote float32 times.

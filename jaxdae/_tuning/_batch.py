@@ -325,6 +325,7 @@ def _name_failed_row(error: BaseException, fn, args, per_step: int, mesh, ensemb
         error.add_note("(jaxdae.batch_map: run again chunk by chunk and row by row, no row "
                        "raised on its own, so the row that failed is not known.)")
         return
+    k = int(rows[0]) // per_step  # the chunk that raised: halving stays within it
     error.add_note(
         f"(jaxdae.batch_map: row {int(rows[0])} of the batch raises, in chunk {k} (rows "
         f"{k * per_step} to {min((k + 1) * per_step, size) - 1}); a batch element named "

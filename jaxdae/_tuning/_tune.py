@@ -181,32 +181,31 @@ def _tune_step(trainable, static, opt_state, key, scenarios, simulate_fn, loss,
                excluded=None):
     key, subkey = jax.random.split(key)
     size = batch_size_of(scenarios)
-    if excluded is not None:
-        # Scenarios that raise when simulated run as a copy of one that does not, and then
-        # count as failed: `penalty`, no gradient.
-        substitute = jax.tree.map(lambda x: x[jnp.argmin(excluded)], scenarios)
+    # Scenarios that raise when simulated run as a copy of one that does not, and then
+    # count as failed: `penalty`, no gradient.
+    substitute = (None if excluded is None
+                  else jax.tree.map(lambda x: x[jnp.argmin(excluded)], scenarios))
     if batch_size is None:
         index = jnp.arange(size)
     else:
         index = jax.random.choice(subkey, size, (batch_size,), replace=False)
         scenarios = jax.tree.map(lambda x: x[index], scenarios)
-    if excluded is not None:
-        dropped = excluded[index]
+    dropped = None if excluded is None else excluded[index]
+    if dropped is not None:
         scenarios = jax.tree.map(lambda x, s: jnp.where(_rows(dropped, x), s, x), scenarios,
                                  substitute)
     if ensemble:
         fn = eqx.Partial(_ensemble_value_and_grad, trainable, static, simulate_fn, loss,
                          penalty)
-        values, grads, ok = _ensemble_map(fn, scenarios, chunk_size, mesh,
-                                          None if excluded is None else dropped)
+        values, grads, ok = _ensemble_map(fn, scenarios, chunk_size, mesh, dropped)
     else:
         fn = eqx.Partial(_scenario_value_and_grad, trainable, static, simulate_fn, loss,
                          penalty)
         values, grads, ok = _batch_map(fn, (scenarios,), chunk_size, mesh)
-        if excluded is not None:
+        if dropped is not None:
             grads = jax.tree.map(lambda g: jnp.where(_rows(dropped, g), 0.0, g), grads)
         grads = jax.tree.map(lambda g: jnp.mean(g, axis=0), grads)
-    if excluded is not None:
+    if dropped is not None:
         ok = ok & ~dropped
         values = jnp.where(dropped, penalty.astype(values.dtype), values)
     scenario_loss = jnp.mean(values)

@@ -120,7 +120,7 @@ def actuation(element, kin: Kinematics, shape=()):
         return jnp.zeros(shape, kin.q.dtype)
     if callable(actuator) and not eqx.is_array(actuator):
         return jnp.asarray(actuator(kin.t, kin.q, kin.v), kin.q.dtype).reshape(shape)
-    return actuator.reshape(shape)
+    return jnp.reshape(actuator, shape)
 
 
 def _applied(element, kin: Kinematics, direction, size):

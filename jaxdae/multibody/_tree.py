@@ -260,6 +260,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
             centres = first_pos + mat_vec(first_rot, centres)
             rotations = mat_mul(first_rot, rotations)
         parent = np.asarray([len(top.order) if i < 0 else i for i in top.parent])
+        parent_rot = parent_pos = None  # read by spherical joints only
         if SPHERICAL in top.kinds:
             parent_rot = take(jnp.concatenate([rotations, eye]), parent)
             parent_pos = take(jnp.concatenate([centres, zero]), parent)
