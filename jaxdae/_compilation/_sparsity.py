@@ -304,6 +304,7 @@ def _cond(eqn, ins):
     for branch in branches:
         result = _run_closed(branch, operands)
         outs = result if outs is None else _union(outs, result)
+    assert outs is not None  # a `cond` has at least one branch
     return [_Abstract(o.mask) for o in outs]
 
 
