@@ -191,7 +191,6 @@ def condition_values(system, formulation, contacts: ContactState, t, q, s, mass_
     friction, one per gap for the tangential mode: `μ λ − |λ_T|` where it sticks,
     `s v_T` less its offset where it slips, `inf` where it does not touch."""
     gap = jitted_open_gaps(system, contacts, t, q)
-    size = gap.shape[0]
 
     def forces():
         _, _, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s,
@@ -202,7 +201,13 @@ def condition_values(system, formulation, contacts: ContactState, t, q, s, mass_
         out = jax.eval_shape(forces)
         return tuple(jnp.zeros(x.shape, x.dtype) for x in out)
 
-    force, slip, friction = jax.lax.cond(contacts.modes.active.any(), forces, none)
+    return _conditions(contacts, gap, *jax.lax.cond(contacts.modes.active.any(), forces, none))
+
+
+def _conditions(contacts: ContactState, gap, force, slip, friction):
+    """[`condition_values`][] from the open gaps less their offsets, the contact forces (read
+    where a contact rests), the slip velocities and the coefficients of friction."""
+    size = gap.shape[0]
     normal = jnp.where(contacts.modes.active, force[:size], gap)
     if friction.shape[0] == 0:
         return normal
@@ -333,12 +338,15 @@ def transition(system, formulation, settings: EventDriven, contacts: ContactStat
     tolerance = settings.tolerance(q.dtype)
     active = contacts.modes.active
     size = active.shape[0]
-    values = condition_values(system, formulation, contacts, t, q, s, mass_factor)
+    # The terms and the contact problem at the event, once for the conditions that
+    # triggered it and the impact (a copy of the equations of motion each in the program).
+    s, terms, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s,
+                                             mass_factor)
+    held = problem.forces(contacts.modes)
+    values = _conditions(contacts, jitted_open_gaps(system, contacts, t, q), held, gaps.slip,
+                         gaps.friction)
     triggered = hit & ((values <= 0) | (jnp.arange(values.shape[0]) == jnp.argmin(values)))
-    s = formulation.velocities(system, t, q, s)
-    terms = with_mass_factor(system_terms(system, t, q, s), mass_factor)
     v = system.velocities(t, q, s)
-    gaps = gap_terms(system, t, q, v)
     restitution = jnp.broadcast_to(jnp.asarray(system.restitution(), v.dtype), (size,))
     released = triggered[:size] & active
     closed = active | triggered[:size] | (gaps.gap <= tolerance)
@@ -360,10 +368,8 @@ def transition(system, formulation, settings: EventDriven, contacts: ContactStat
     sign = jnp.where(gaps_after.slip < 0, -1.0, 1.0).astype(q.dtype)
     if gaps.slip.shape[0]:
         unstuck = triggered[size:] & active & contacts.modes.stick
-        held = contact_problem(formulation, terms, gaps, contacts.gains).forces(
-            contacts.modes)[size:]
         free = free & ~unstuck
-        sign = jnp.where(unstuck, jnp.where(held > 0, -1.0, 1.0).astype(q.dtype), sign)
+        sign = jnp.where(unstuck, jnp.where(held[size:] > 0, -1.0, 1.0).astype(q.dtype), sign)
     modes, solved = resting_contacts(
         contact_problem(formulation, terms_after, gaps_after, contacts.gains), candidates,
         free, sign)
