@@ -1,5 +1,6 @@
 """Shape-annotated array aliases shared by the whole package."""
 
+from collections.abc import Sequence
 from typing import TypeAlias
 
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PyTree
@@ -15,8 +16,14 @@ HolonomicJacobian: TypeAlias = Float[Array, "m n"]
 NonholonomicResidual: TypeAlias = Float[Array, " k"]
 NonholonomicJacobian: TypeAlias = Float[Array, "k n"]
 Gain: TypeAlias = Float[Array, ""] | Float[Array, " c"] | Float[Array, "c c"]
+# Lists of floats too: `Baumgarte([20.0, 10.0], ...)`.
 GainLike: TypeAlias = (
-    float | Float[ArrayLike, ""] | Float[ArrayLike, " c"] | Float[ArrayLike, "c c"]
+    float
+    | Sequence[float]
+    | Sequence[Sequence[float]]
+    | Float[ArrayLike, ""]
+    | Float[ArrayLike, " c"]
+    | Float[ArrayLike, "c c"]
 )
 
 __all__ = [

@@ -105,7 +105,7 @@ def apply_gain(gain: Gain, x: Float[Array, " c"]) -> Float[Array, " c"]:
     return gain @ x
 
 
-def not_positive_definite(gain: Gain, xnp=jnp) -> Bool[Array, ""]:
+def not_positive_definite(gain: Gain | np.ndarray, xnp=jnp) -> Bool[Array, ""] | np.bool_:
     """True if the gain is not (symmetric) positive definite, or not finite.
 
     `xnp` is `jax.numpy` (traced checks) or `numpy` (fast eager checks).
@@ -137,7 +137,7 @@ def gain_limit(dtype) -> float:
     return float(np.sqrt(np.finfo(dtype).max))
 
 
-def too_large(gain, xnp=jnp) -> Bool[Array, ""]:
+def too_large(gain, xnp=jnp) -> Bool[Array, ""] | np.bool_:
     """True where an entry of `gain` is infinite or exceeds `gain_limit` (`xnp` as for
     `not_positive_definite`; nan is left to that test)."""
     return xnp.any(xnp.abs(gain) > gain_limit(gain.dtype))

@@ -17,7 +17,7 @@ import lineax as lx
 import numpy as np
 
 from .. import _thresholds
-from .._custom_types import Array, Bool, Float, Int
+from .._custom_types import Array, ArrayLike, Bool, Float, Int, ScalarLike
 
 # The signature of a function that a decorator here returns unchanged in its types.
 _P = ParamSpec("_P")
@@ -305,7 +305,7 @@ def reciprocal_condition(matrix: Float[Array, "c c"]) -> Float[Array, ""]:
 
 
 def psd_pseudo_solve(matrix: Float[Array, "c c"], rhs: Float[Array, " c"],
-                     rcond: float) -> Float[Array, " c"]:
+                     rcond: ScalarLike) -> Float[Array, " c"]:
     """`A⁺ rhs` for a symmetric positive semidefinite `A`: the Moore–Penrose inverse with
     eigenvalues below `rcond · λ_max` treated as zero, as `lineax.SVD(rcond)` does.
 
@@ -320,7 +320,7 @@ def psd_pseudo_solve(matrix: Float[Array, "c c"], rhs: Float[Array, " c"],
     return small_matmul(psd_pseudo_inverse(matrix, rcond), rhs)
 
 
-def psd_pseudo_inverse(matrix: Float[Array, "c c"], rcond: float) -> Float[Array, "c c"]:
+def psd_pseudo_inverse(matrix: Float[Array, "c c"], rcond: ScalarLike) -> Float[Array, "c c"]:
     """`A⁺` of a symmetric positive semidefinite `A`, eigenvalues below `rcond · λ_max`
     treated as zero.
 
@@ -452,7 +452,7 @@ def pivoted_pseudo_solve(factor: PivotedPseudoFactor, rhs: Array) -> Array:
     return x[:, 0] if vector else x
 
 
-def not_hurwitz(matrix: Float[Array, "*stack d d"], xnp) -> Bool[Array, ""] | np.bool_:
+def not_hurwitz(matrix: Float[ArrayLike, "*stack d d"], xnp) -> Bool[Array, ""] | np.bool_:
     """True unless every eigenvalue of `matrix`, or of every matrix of a stack, has a
     negative real part.
 
@@ -481,7 +481,7 @@ def not_hurwitz(matrix: Float[Array, "*stack d d"], xnp) -> Bool[Array, ""] | np
     return jnp.any(jax.vmap(_lyapunov_not_hurwitz)(matrix.reshape(-1, n, n)))
 
 
-def _host_not_hurwitz(matrix: np.ndarray) -> np.ndarray:
+def _host_not_hurwitz(matrix: np.ndarray) -> np.ndarray | np.bool_:
     """`not_hurwitz` of each matrix of a NumPy stack, from the eigenvalues."""
     finite = np.all(np.isfinite(matrix), axis=(-2, -1))
     safe = np.where(finite[..., None, None], matrix, 0.0)
@@ -764,7 +764,7 @@ def factor_for_solves(matrix: Float[Array, "n n"], tangents: int | None = None):
     return lu_factor(matrix)
 
 
-def solve_factored(factored, rhs: Float[Array, " n"]) -> Float[Array, " n"]:
+def solve_factored(factored, rhs: Float[ArrayLike, " n"]) -> Float[Array, " n"]:
     """`matrix⁻¹ rhs` from `factor_for_solves(matrix)`."""
     if isinstance(factored, tuple):
         return lu_solve(factored, rhs)

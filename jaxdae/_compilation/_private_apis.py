@@ -16,6 +16,7 @@ correct results and are imported without a fallback.
 import importlib
 
 import jax
+import numpy as np
 
 # The names of diffrax and equinox are imported when first used: `backends_are_initialized`
 # is asked before jaxdae imports them, and some releases start JAX's backend on import.
@@ -126,9 +127,9 @@ def traced_for_jit(values) -> bool:
 # `RESULTS`) and the messages by code: equinox gives an item's comparisons, `where` and
 # message, but not its code, which the results of the elements of a batch (one code each)
 # are read and written by.
-def result_codes(item) -> jax.Array:
+def result_codes(item) -> "jax.Array | np.ndarray":
     """The integer code array of `item`, an item of an equinox enumeration (any shape:
-    one code per element of a batch)."""
+    one code per element of a batch; a NumPy array for a constant item)."""
     return item._value
 
 
