@@ -279,3 +279,37 @@ def test_bad_input_is_refused_before_the_solve():
         jaxdae.EventDriven(contact_gains=(1.0, -1.0))
     with pytest.raises(ValueError, match="`events` must be"):
         jaxdae.simulate(BouncingBall(), jaxdae.Unstabilized(), 0.0, 1.0, *start, events=3)
+
+
+class _FallingPoint(jaxdae.LagrangianSystem):
+    """The bouncing ball without its floor."""
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def potential_energy(self, t, q):
+        return 9.81 * q[1]
+
+
+def _copies_of_the_equations_of_motion(system) -> int:
+    """How many times the program of a traced `simulate` of `system` holds its equations of
+    motion: the calls of the jitted terms and right-hand side (each inlined by XLA)."""
+    from ._jaxprs import equations
+
+    def final(q0):
+        return jaxdae.simulate(system, jaxdae.Unstabilized(), 0.0, 1.0, q0, jnp.zeros(2)).q_final
+
+    jaxpr = jax.make_jaxpr(final)(jnp.array([0.0, 1.0])).jaxpr
+    return sum(1 for eqn in equations(jaxpr) if eqn.primitive.name in ("jit", "pjit")
+               and eqn.params["name"] in ("system_terms", "state_rates"))
+
+
+@pytest.mark.perf(reason="pins how often an event-driven solve's program holds the equations "
+                  "of motion (compile time)")
+def test_event_program_holds_the_equations_of_motion_a_bounded_number_of_times():
+    """Without gaps: the right-hand side and the diagnostics' two rows. With them, besides:
+    the rates with resting contacts (and their plain branch), the gaps' condition at the
+    start, after each step and in the root finder, and the transition before and after its
+    impact. XLA compiles each copy, so the compile time grows with their number."""
+    assert _copies_of_the_equations_of_motion(_FallingPoint()) == 3
+    assert _copies_of_the_equations_of_motion(BouncingBall()) <= 10
