@@ -32,7 +32,7 @@ from .._systems._structure import with_mass_factor
 from ._adjoint import ReverseSweepAdjoint
 from ._controllers import AbstractControllerWrapper
 from ._solve import Dynamics, SolveOptions, Times, integrate
-from ._vector_fields import SolveArgs, jitted_rates, system_terms
+from ._vector_fields import SolveArgs, system_terms
 
 
 class EventDriven(eqx.Module):
@@ -158,22 +158,19 @@ def _contact_setup(system, formulation, contacts, t, q, s, mass_factor):
 
 @eqx.filter_jit
 def contact_rates(system, formulation, contacts: ContactState, t, q, s, mass_factor=None):
-    """`(q̇, ṡ)` with the resting contacts' forces (the plain rates where none rests)."""
+    """`(q̇, ṡ)` with the resting contacts' forces, zero where a contact does not rest.
 
-    def pushed():
-        s_, terms, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s,
-                                                  mass_factor)
-        forces = problem.forces(contacts.modes)
-        pushed_terms = eqx.tree_at(lambda x: x.forces, terms,
-                                   terms.forces + gaps.directions.T @ forces)
-        acceleration = problem.acceleration + problem.response @ forces
-        return (system.velocities(t, q, s_),
-                system.state_rate(t, q, s_, pushed_terms, acceleration))
-
-    def free():
-        return jitted_rates(system, formulation, t, q, s, mass_factor)
-
-    return jax.lax.cond(contacts.modes.active.any(), pushed, free)
+    The rates of the solve between events where a contact rests: its modes hold for the
+    whole solve, so no branch to the plain rates is needed (in a batch, the members where
+    none rests get zero forces)."""
+    s_, terms, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s,
+                                              mass_factor)
+    forces = problem.forces(contacts.modes)
+    pushed_terms = eqx.tree_at(lambda x: x.forces, terms,
+                               terms.forces + gaps.directions.T @ forces)
+    acceleration = problem.acceleration + problem.response @ forces
+    return (system.velocities(t, q, s_),
+            system.state_rate(t, q, s_, pushed_terms, acceleration))
 
 
 def open_gaps(system, contacts: ContactState, t, q):
@@ -189,19 +186,12 @@ def condition_values(system, formulation, contacts: ContactState, t, q, s, mass_
     """Each gap's event condition (an event is a downcrossing of zero): the gap less its
     offset where open, the contact force where resting; then, where the contacts have
     friction, one per gap for the tangential mode: `μ λ − |λ_T|` where it sticks,
-    `s v_T` less its offset where it slips, `inf` where it does not touch."""
+    `s v_T` less its offset where it slips, `inf` where it does not touch. The condition of
+    the solve between events where a contact rests (where none does, `_open_gaps_status`
+    gives the gaps' condition without the contact problem)."""
     gap = jitted_open_gaps(system, contacts, t, q)
-
-    def forces():
-        _, _, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s,
-                                             mass_factor)
-        return problem.forces(contacts.modes), gaps.slip, gaps.friction
-
-    def none():
-        out = jax.eval_shape(forces)
-        return tuple(jnp.zeros(x.shape, x.dtype) for x in out)
-
-    return _conditions(contacts, gap, *jax.lax.cond(contacts.modes.active.any(), forces, none))
+    _, _, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s, mass_factor)
+    return _conditions(contacts, gap, problem.forces(contacts.modes), gaps.slip, gaps.friction)
 
 
 def _conditions(contacts: ContactState, gap, force, slip, friction):
@@ -488,8 +478,8 @@ def integrate_with_events(dynamics: EventDynamics, args: SolveArgs, y0, times: T
                                jnp.zeros(shapes.impulses.shape, dtype), jnp.asarray(True))
 
         closed = jitted_open_gaps(system, carry.contacts, carry.t, carry.q) <= tolerance
-        after = jax.lax.cond(unvmap_any(carry.hit | closed.any() | carry.contacts.modes.active.any()),
-                             apply, none)
+        touching = carry.hit | closed.any() | carry.contacts.modes.active.any()
+        after = jax.lax.cond(unvmap_any(touching), apply, none)
         released = (after.triggered[:size] & carry.contacts.modes.active).any()
         events = _recorded(carry.events, carry.hit, carry.t, after, released)
         contacts = ContactState(after.modes, after.offset, after.slip_offset, gains,
@@ -508,20 +498,21 @@ def integrate_with_events(dynamics: EventDynamics, args: SolveArgs, y0, times: T
         out, result = jax.lax.cond(unvmap_any(contacts.modes.active.any()),
                                    lambda: solve(dynamics.resting),
                                    lambda: solve(dynamics.free))
+        segment_rows = None
         if ts is None:
             t_end, (q_end, s_end) = out.ts[0], (out.ys[0][0], out.ys[1][0])
         else:
-            (_, end_t), ((rows_q, rows_s), (end_q, end_s)) = out.ts, out.ys
+            (_, end_t), (segment_rows, (end_q, end_s)) = out.ts, out.ys
             t_end, q_end, s_end = end_t[0], end_q[0], end_s[0]
         reached = out.result == diffrax.RESULTS.successful
         hit = (out.result == diffrax.RESULTS.event_occurred) & out.event_mask[0]
         failed = ~reached & ~hit
         over = hit & (events.count >= budget)
         rows, saved = carry.rows, carry.saved
-        if ts is not None:
+        if segment_rows is not None:
             inside = (ts >= carry.t) & ((ts < t_end) | (reached & (ts <= t_end)))
             rows = tuple(jnp.where(inside[:, None], new, old)
-                         for new, old in zip((rows_q, rows_s), rows, strict=True))
+                         for new, old in zip(segment_rows, rows, strict=True))
             saved = saved | inside
         result = RESULTS.where(failed, result, RESULTS.successful)
         result = RESULTS.where(over, RESULTS.event_budget_exceeded, result)
