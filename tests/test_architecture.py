@@ -162,7 +162,8 @@ def test_no_import_cycle():
 
     for module in sorted(MODULES):
         if module not in state and (cycle := visit(module)):
-            lines = [f"{a} (line {GRAPH[a][b]}) -> {b}" for a, b in zip(cycle[:-1], cycle[1:], strict=True)]
+            lines = [f"{a} (line {GRAPH[a][b]}) -> {b}"
+                     for a, b in zip(cycle[:-1], cycle[1:], strict=True)]
             pytest.fail("import cycle (module-level and function-level imports):\n"
                         + "\n".join(lines))
 

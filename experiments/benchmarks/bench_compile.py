@@ -25,8 +25,9 @@ the diagnostics at the saved states (`assemble_solution`), the structure and gai
 (`check_structure`) and the joined runtime checks (`check_traced`), by wrapping those
 functions where the solve looks them up.
 
-`--model chain:64` (or `ladder:128`, `pendulum:32`, `net:32`) measures instead the forward solve and the
-gradient of `bench_scaling.py` on that family and size (`jaxdae/examples/_scaling.py`).
+`--model chain:64` (or `ladder:128`, `pendulum:32`, `net:32`) measures instead the forward
+solve and the gradient of `bench_scaling.py` on that family and size
+(`jaxdae/examples/_scaling.py`).
 
 Two models with one-sided constraints (solved by events):
 
