@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from .._custom_types import Array, Bool, Float
+from ._linalg import inverse, pivoted_pseudo_factor, pivoted_pseudo_solve
 
 
 class LCPSolution(eqx.Module):
@@ -35,11 +36,13 @@ class LCPSolution(eqx.Module):
 def masked_solve(matrix: Float[Array, "u u"], rhs: Float[Array, " u"],
                  rows: Bool[Array, " u"]) -> Float[Array, " u"]:
     """`x` with `A[rows, rows] x[rows] = rhs[rows]` and `x = 0` off `rows`, at a static
-    shape: the other rows and columns are replaced by those of the identity."""
+    shape: the other rows and columns are replaced by those of the identity. By array
+    operations (no LAPACK call), so that a solve's step loop that computes contact forces
+    stays one kernel on the CPU."""
     both = rows[:, None] & rows[None, :]
     eye = jnp.eye(matrix.shape[0], dtype=matrix.dtype)
     reduced = jnp.where(both, matrix, eye)
-    return jnp.where(rows, jnp.linalg.solve(reduced, jnp.where(rows, rhs, 0.0)), 0.0)
+    return jnp.where(rows, inverse(reduced) @ jnp.where(rows, rhs, 0.0), 0.0)
 
 
 def solve_lcp(matrix: Float[Array, "u u"], vector: Float[Array, " u"],
@@ -119,7 +122,10 @@ def frictional_solve(matrix: Float[Array, "2u 2u"], vector: Float[Array, " 2u"],
     tangential row at zero, a slipping one has `x_T = −μ s x_N`; the rest `x_T = 0`.
 
     Solved in the least-squares sense (the least `x` where the rows are dependent: a body
-    stuck at more contacts than it has freedoms, whose forces are indeterminate)."""
+    stuck at more contacts than it has freedoms, whose forces are indeterminate), as
+    `x = Rᵀ (R Rᵀ)⁺ rhs` for the rows `R`, by a pivoted Cholesky factorization of `R Rᵀ`
+    ([`pivoted_pseudo_solve`][]): array operations, no LAPACK call, so that a solve's step
+    loop that computes contact forces stays one kernel on the CPU."""
     active, stick, sign = modes.active, modes.stick, modes.sign
     size = active.shape[0]
     dtype = vector.dtype
@@ -134,7 +140,8 @@ def frictional_solve(matrix: Float[Array, "2u 2u"], vector: Float[Array, " 2u"],
                   jnp.where(rubbing[:, None], slip_rows, eye[size:]))])
     rhs = jnp.concatenate([jnp.where(active, -vector[:size], 0.0),
                            jnp.where(holding, -vector[size:], 0.0)])
-    return jnp.linalg.pinv(rows, rtol=float(1e3 * jnp.finfo(dtype).eps)) @ rhs
+    factor = pivoted_pseudo_factor(rows @ rows.T, float(1e3 * jnp.finfo(dtype).eps))
+    return rows.T @ pivoted_pseudo_solve(factor, rhs)
 
 
 def solve_frictional_lcp(matrix: Float[Array, "2u 2u"], vector: Float[Array, " 2u"],
