@@ -32,7 +32,7 @@ from .._systems._structure import with_mass_factor
 from ._adjoint import ReverseSweepAdjoint
 from ._controllers import AbstractControllerWrapper
 from ._solve import Dynamics, SolveOptions, Times, integrate
-from ._vector_fields import SolveArgs, system_terms
+from ._vector_fields import SolveArgs, jitted_rates, system_terms
 
 
 class EventDriven(eqx.Module):
@@ -158,19 +158,23 @@ def _contact_setup(system, formulation, contacts, t, q, s, mass_factor):
 
 @eqx.filter_jit
 def contact_rates(system, formulation, contacts: ContactState, t, q, s, mass_factor=None):
-    """`(q̇, ṡ)` with the resting contacts' forces, zero where a contact does not rest.
+    """`(q̇, ṡ)` with the resting contacts' forces; the plain rates, behind one branch, where
+    none rests (in a batch: where none of the batch's does; the others get zero forces)."""
 
-    The rates of the solve between events where a contact rests: its modes hold for the
-    whole solve, so no branch to the plain rates is needed (in a batch, the members where
-    none rests get zero forces)."""
-    s_, terms, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s,
-                                              mass_factor)
-    forces = problem.forces(contacts.modes)
-    pushed_terms = eqx.tree_at(lambda x: x.forces, terms,
-                               terms.forces + gaps.directions.T @ forces)
-    acceleration = problem.acceleration + problem.response @ forces
-    return (system.velocities(t, q, s_),
-            system.state_rate(t, q, s_, pushed_terms, acceleration))
+    def pushed():
+        s_, terms, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s,
+                                                  mass_factor)
+        forces = problem.forces(contacts.modes)
+        pushed_terms = eqx.tree_at(lambda x: x.forces, terms,
+                                   terms.forces + gaps.directions.T @ forces)
+        acceleration = problem.acceleration + problem.response @ forces
+        return (system.velocities(t, q, s_),
+                system.state_rate(t, q, s_, pushed_terms, acceleration))
+
+    def free():
+        return jitted_rates(system, formulation, t, q, s, mass_factor)
+
+    return jax.lax.cond(unvmap_any(contacts.modes.active.any()), pushed, free)
 
 
 def open_gaps(system, contacts: ContactState, t, q):
@@ -186,12 +190,21 @@ def condition_values(system, formulation, contacts: ContactState, t, q, s, mass_
     """Each gap's event condition (an event is a downcrossing of zero): the gap less its
     offset where open, the contact force where resting; then, where the contacts have
     friction, one per gap for the tangential mode: `μ λ − |λ_T|` where it sticks,
-    `s v_T` less its offset where it slips, `inf` where it does not touch. The condition of
-    the solve between events where a contact rests (where none does, `_open_gaps_status`
-    gives the gaps' condition without the contact problem)."""
+    `s v_T` less its offset where it slips, `inf` where it does not touch. The contact
+    problem is solved behind one branch, where a contact rests (in a batch: any)."""
     gap = jitted_open_gaps(system, contacts, t, q)
-    _, _, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s, mass_factor)
-    return _conditions(contacts, gap, problem.forces(contacts.modes), gaps.slip, gaps.friction)
+
+    def forces():
+        _, _, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s,
+                                             mass_factor)
+        return problem.forces(contacts.modes), gaps.slip, gaps.friction
+
+    def none():
+        out = jax.eval_shape(forces)
+        return tuple(jnp.zeros(x.shape, x.dtype) for x in out)
+
+    active = unvmap_any(contacts.modes.active.any())
+    return _conditions(contacts, gap, *jax.lax.cond(active, forces, none))
 
 
 def _conditions(contacts: ContactState, gap, force, slip, friction):
@@ -232,30 +245,19 @@ def _first_condition(t, y, args: SolveArgs, **kwargs):
                                                    args.contacts, t, q, s, args.mass_factor)))
 
 
-def _first_open_gap(t, y, args: SolveArgs, **kwargs):
-    q, s = y
-    return _default_float(open_gaps_status(args.system, args.formulation, args.contacts, t,
-                                           q, s)[0])
+def event_dynamics(dynamics: Dynamics) -> Dynamics:
+    """What an event-driven solve integrates between two events, from the plain `dynamics`
+    with its failure conditions: the rates with the resting contacts' forces (the plain
+    rates, behind one branch, where no contact rests), stopped where a gap's condition
+    crosses zero (located) and at the formulation's conditions.
 
-
-class EventDynamics(eqx.Module):
-    """What an event-driven solve integrates between two events, stopped where a gap's
-    condition crosses zero (located) and at the formulation's conditions: `resting`, the
-    rates with the resting contacts' forces; `free`, the plain rates where no contact
-    rests (the solve of a model whose gaps stay open costs little more than one without
-    them)."""
-
-    resting: Dynamics
-    free: Dynamics
-
-
-def event_dynamics(dynamics: Dynamics) -> EventDynamics:
-    """The [`EventDynamics`][] of a solve whose plain `dynamics` has its failure
-    conditions."""
-    conditions, failures = dynamics.conditions, dynamics.failures
-    return EventDynamics(
-        Dynamics(contact_vector_field, conditions, failures, located=(_first_condition,)),
-        Dynamics(dynamics.vector_field, conditions, failures, located=(_first_open_gap,)))
+    One solve serves both cases: its program holds the solve once, and reverse mode
+    differentiates one solve inside the event loop's checkpointed loop. The branches cost
+    little in free flight because the contact forces are computed by array operations
+    (`_compilation/_lcp.py`), which keep the step loop one kernel on the CPU
+    (docs/design_measurements.md#one-solve-between-events)."""
+    return Dynamics(contact_vector_field, dynamics.conditions, dynamics.failures,
+                    located=(_first_condition,))
 
 
 class ApproachLimitedSteps(AbstractControllerWrapper):
@@ -431,7 +433,7 @@ def _recorded(events: Events, record, t, after: _Transition, released) -> Events
                                                            after.impulses[which]))
 
 
-def integrate_with_events(dynamics: EventDynamics, args: SolveArgs, y0, times: Times,
+def integrate_with_events(dynamics: Dynamics, args: SolveArgs, y0, times: Times,
                           options: SolveOptions, settings: EventDriven
                           ) -> tuple[EventSolve, RESULTS]:
     """The event-driven solve from `y0` over `times` (module docstring), and jaxdae's
@@ -489,15 +491,9 @@ def integrate_with_events(dynamics: EventDynamics, args: SolveArgs, y0, times: T
         else:
             saveat = diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=jnp.clip(ts, carry.t, t1)),
                                           diffrax.SubSaveAt(t1=True)])
-        def solve(which: Dynamics):
-            return integrate(which, args._replace(contacts=contacts), (carry.q, after.state),
-                             Times(carry.t, t1, None), limited, saveat)
-
-        # The plain rates unless a contact rests (in any member of a batch: the resting
-        # contacts' solve serves the others too, their forces zero).
-        out, result = jax.lax.cond(unvmap_any(contacts.modes.active.any()),
-                                   lambda: solve(dynamics.resting),
-                                   lambda: solve(dynamics.free))
+        out, result = integrate(dynamics, args._replace(contacts=contacts),
+                                (carry.q, after.state), Times(carry.t, t1, None), limited,
+                                saveat)
         segment_rows = None
         if ts is None:
             t_end, (q_end, s_end) = out.ts[0], (out.ys[0][0], out.ys[1][0])
