@@ -19,21 +19,8 @@ from jaxdae.examples._scaling import CartesianChain
 # -- controlled systems --------------------------------------------------------------------
 
 
-class Cart(jaxdae.LagrangianSystem, jaxdae.AbstractControlledSystem):
-    """A mass pushed by its input."""
-
-    mass: jax.Array
-    controller: jaxdae.AbstractController
-
-    def kinetic_energy(self, t, q, v):
-        return 0.5 * self.mass * v @ v
-
-    def generalized_forces(self, t, q, v):
-        return self.controller(t, q, v)
-
-
 class FieldOnlyCart(jaxdae.LagrangianSystem):
-    """The same mass with a field `controller` and no controlled base."""
+    """A mass pushed by its input, with a field `controller` and no controlled base."""
 
     mass: jax.Array
     controller: jaxdae.AbstractController
@@ -43,6 +30,10 @@ class FieldOnlyCart(jaxdae.LagrangianSystem):
 
     def generalized_forces(self, t, q, v):
         return self.controller(t, q, v)
+
+
+class Cart(FieldOnlyCart, jaxdae.AbstractControlledSystem):
+    """The same mass, declared a controlled system."""
 
 
 def test_the_in_repo_controlled_systems_declare_their_base():
