@@ -278,8 +278,8 @@ class ApproachLimitedSteps(AbstractControllerWrapper):
 
     def _limited(self, t, y, args: SolveArgs, tnext):
         q, s = y
-        return jnp.minimum(tnext, t + open_gaps_status(args.system, args.formulation,
-                                                       args.contacts, t, q, s)[1])
+        return jnp.minimum(tnext, t + approach_time(args.system, args.formulation,
+                                                    args.contacts, t, q, s))
 
     def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
         tnext, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
@@ -293,22 +293,19 @@ class ApproachLimitedSteps(AbstractControllerWrapper):
         return keep, tprev, self._limited(tprev, y, args, tnext), jump, state, result
 
 
-def _open_gaps_status(system, formulation, contacts: ContactState, t, q, s):
-    """Where no contact rests: the least gap less its offset (the event condition), and the
-    least time in which an open gap that closes reaches the tolerance past zero at its
-    present rate (`inf` where none closes; the step limit). One function for both, so that
-    the step's program evaluates the gaps once for the condition and the controller (they
-    ask at the same state)."""
+def _approach_time(system, formulation, contacts: ContactState, t, q, s):
+    """The least time in which an open gap that closes reaches the tolerance past zero at
+    its present rate (`inf` where none closes): the step limit of `ApproachLimitedSteps`."""
     v = system.velocities(t, q, formulation.velocities(system, t, q, s))
     gap, rate = jax.jvp(lambda t_, q_: system.gaps(t_, q_), (t, q), (jnp.ones_like(t), v))
     room = gap - contacts.offset
     closing = ~contacts.modes.active & (rate < 0)
     time = jnp.min(jnp.where(closing, (room + contacts.tolerance)
                              / jnp.where(closing, -rate, 1.0), jnp.inf), initial=jnp.inf)
-    return jnp.min(room), time
+    return time
 
 
-open_gaps_status = eqx.filter_jit(scalarize(_open_gaps_status))
+approach_time = eqx.filter_jit(scalarize(_approach_time))
 
 
 class _Transition(eqx.Module):
