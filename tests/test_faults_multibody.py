@@ -1,7 +1,8 @@
 """Faults in multibody input, refused at construction with a `ValueError` that names the
 body, joint or element (and for URDF the file and line) and the fix: orientations that are
 not rotations, zero or non-finite joint axes, non-finite parameters and bounds, a driver's
-motion of the wrong size, a mechanism without coordinates, and URDF files with duplicate
+motion of the wrong size, a mechanism without coordinates, limits and couplings of angles
+measured in (−π, π], and URDF files with duplicate
 names, no links, a loop of joints, text where a number belongs or no moving joint."""
 
 import os
@@ -101,6 +102,30 @@ def test_joint_limit_bounds():
         mb.JointLimit("pin0", upper=np.inf)
     with pytest.raises(ValueError, match=r"JointLimit of joint 'pin0' exceeds its `upper`"):
         mb.JointLimit("pin0", lower=1.0, upper=-1.0)
+
+
+def test_angles_measured_in_minus_pi_pi_refuse_wide_limits_and_couplings():
+    """A spatial revolute joint's angle in absolute coordinates lies in (−π, π]: a limit
+    beyond ±π there, or a coupling of it, is refused; in joint coordinates both hold."""
+    bodies = [mb.RigidBody("a", 1.0, INERTIA, {"tip": (1.0, 0.0, 0.0)}),
+              mb.RigidBody("b", 1.0, INERTIA, position=(1.0, 0.0, 0.0))]
+    joints = [mb.Revolute("ground", "a", name="j1"), mb.Revolute("a.tip", "b", name="j2")]
+    limit = [mb.JointLimit("j1", lower=-4.0, upper=1.0, name="wide")]
+    coupling = [mb.JointCoupling("j2", "j1", 2.0, name="gear")]
+    with pytest.raises(ValueError, match=r"JointLimit 'wide' bounds joint 'j1' beyond ±π "
+                                         r"\(`lower` -4\).*TreeMechanism"):
+        mb.Mechanism(bodies, joints, stops=limit)
+    with pytest.raises(ValueError, match=r"JointCoupling 'gear' couples joint 'j2'.*"
+                                         r"TreeMechanism"):
+        mb.Mechanism(bodies, joints, couplings=coupling)
+    tree = mb.TreeMechanism(bodies, joints, stops=limit, couplings=coupling)
+    assert tree.num_equations == 1 and tree.gap_names == ("wide.lower", "wide.upper")
+    with pytest.raises(ValueError, match=r"`joint` and `leader` are both 'j1'"):
+        mb.JointCoupling("j1", "j1")
+    with pytest.raises(ValueError, match=r"coupling 'gear' refers to joint 'missing', which is "
+                                         r"not in the mechanism"):
+        mb.TreeMechanism(bodies, joints, couplings=[mb.JointCoupling("missing", "j1",
+                                                                     name="gear")])
 
 
 def _rod():

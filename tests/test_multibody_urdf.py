@@ -1,7 +1,8 @@
 """URDF import: a small spatial arm from tests/data (links' inertials, continuous, revolute,
 prismatic and fixed joints, limits), its forward kinematics against the chain of transforms,
-a loop closed in Python, the links' visual geometry kept for the viewer, and the errors of
-files that do not parse or describe no tree."""
+a loop closed in Python, the links' visual geometry kept for the viewer, limits beyond ±π and
+open on one side, `<mimic>` joints as couplings of joint coordinates, and the errors of files
+that do not parse or describe no tree."""
 
 from pathlib import Path
 
@@ -194,3 +195,76 @@ def test_bad_urdf_files_name_file_and_line(tmp_path):
         mb.load_urdf(write(tmp_path, '<robt name="r"/>\n'))
     with pytest.raises(ValueError, match="Cannot read the URDF file"):
         mb.load_urdf(tmp_path / "missing.urdf")
+
+
+WIDE_HINGE = Path(__file__).parent / "data" / "wide_limit_hinge.urdf"
+MIMIC = Path(__file__).parent / "data" / "mimic_pair.urdf"
+
+
+def test_a_limit_beyond_pi_is_met_in_joint_coordinates_and_refused_in_absolute():
+    """Joint coordinates hold the angle without wrapping, so the limit of 4 rad is met;
+    absolute coordinates measure it in (−π, π] and refuse the limit, naming file, line and
+    fix (the limit as data is still accepted)."""
+    robot = mb.load_urdf(WIDE_HINGE)
+    with pytest.raises(ValueError, match=r"wide_limit_hinge.urdf, line 12: joint 'hinge' has "
+                       r"the <limit> \[-4, 4\] rad, beyond ±π.*coordinates=\\?\"joint\\?\""):
+        robot.mechanism(coordinates="absolute")
+    assert robot.mechanism(coordinates="absolute", limits=False).stops == ()
+    model = robot.mechanism()
+    q0, v0 = model.initial_state(joint_coordinates={"hinge": (0.0, 8.0)})
+    sol = jaxdae.simulate(model, jaxdae.Unstabilized(), 0.0, 0.6, q0, v0)
+    assert float(sol.events.t[0]) == pytest.approx(0.5, abs=1e-9)
+    assert float(sol.q[-1, 0]) == pytest.approx(4.0, abs=1e-9)
+
+
+def test_mimic_couples_joint_coordinates():
+    """`<mimic joint="j1" multiplier="2" offset="0.1"/>` on j2 is the constraint
+    `θ₂ = 2 θ₁ + 0.1` of the tree: a consistent start satisfies it and the motion keeps it;
+    `lower="-inf"` leaves j1's limit open below."""
+    robot = mb.load_urdf(MIMIC)
+    assert robot.limits["j1"][:2] == (None, 2.0)
+    (coupling,) = robot.couplings
+    assert (coupling.joint, coupling.leader, coupling.name) == ("j2", "j1", "j2.mimic")
+    assert robot.mechanism().gap_names == ("j1.limit.upper", "j2.limit.lower",
+                                           "j2.limit.upper")
+    model = robot.mechanism(forces=[mb.Gravity((0.0, -9.81, 0.0))], limits=False)
+    assert model.num_equations == 1
+    q0, v0 = model.initial_state(joint_coordinates={"j1": (0.3, 1.0)})
+    np.testing.assert_allclose(q0, [0.3, 0.7], atol=1e-12)
+    np.testing.assert_allclose(v0, [1.0, 2.0], atol=1e-12)
+    sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 0.5, q0, v0,
+                          ts=jnp.linspace(0.0, 0.5, 6))
+    assert float(jnp.ptp(sol.q[:, 0])) > 0.1  # it moves
+    np.testing.assert_allclose(sol.q[:, 1], 2 * sol.q[:, 0] + 0.1, atol=1e-9)
+
+
+def test_mimic_in_absolute_coordinates(tmp_path):
+    """Absolute coordinates refuse a revolute joint's <mimic> (its angle wraps at ±π), naming
+    file, line and fix; a prismatic pair's is a constraint there as in joint coordinates."""
+    with pytest.raises(ValueError, match=r"mimic_pair.urdf, line 26: joint 'j2' has a <mimic> "
+                       r"of joint 'j1'.*coordinates=\\?\"joint\\?\""):
+        mb.load_urdf(MIMIC).mechanism(coordinates="absolute")
+    path = tmp_path / "sliders.urdf"
+    path.write_text(MIMIC.read_text().replace('type="revolute"', 'type="prismatic"'))
+    robot = mb.load_urdf(path)
+    for coordinates in ("joint", "absolute"):
+        model = robot.mechanism(coordinates=coordinates)
+        q0, _ = model.initial_state(joint_coordinates={"j1": 0.2})
+        assert float(model.joint_coordinate("j2", q0)) == pytest.approx(0.5, abs=1e-9)
+
+
+def test_bad_mimics_and_nan_limits_name_file_and_line(tmp_path):
+    def joint(name, parent, child, body):
+        return (f'<joint name="{name}" type="revolute"><parent link="{parent}"/>'
+                f'<child link="{child}"/>{body}</joint>\n')
+
+    head = '<robot name="r">\n<link name="a"/>\n' + LINK.format("b") + '\n'
+    path = write(tmp_path, head + joint("j", "a", "b", '<mimic joint="k"/>') + '</robot>\n')
+    with pytest.raises(ValueError, match=r"bad.urdf, line 4: joint 'j' has <mimic "
+                       r"joint=\"k\">, which is not another moving joint"):
+        mb.load_urdf(path)
+    path = write(tmp_path, head + joint("j", "a", "b", '<limit lower="nan" upper="1"/>')
+                 + '</robot>\n')
+    with pytest.raises(ValueError, match=r"bad.urdf, line 4: joint 'j' has <limit "
+                       r"lower=\"nan\">"):
+        mb.load_urdf(path)

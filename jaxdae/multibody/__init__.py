@@ -13,6 +13,7 @@ formulation, differentiate with respect to any of its numbers.
 """
 
 from ._body import Ground as Ground, PlanarBody as PlanarBody, RigidBody as RigidBody
+from ._coupling import JointCoupling as JointCoupling
 from ._force import (
     AbstractActuatedForce as AbstractActuatedForce,
     AbstractForce as AbstractForce,

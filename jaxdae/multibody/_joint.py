@@ -114,6 +114,12 @@ class AbstractJoint(eqx.Module):
         `has_coordinate`)."""
         return None
 
+    def coordinate_wraps(self, dimension: int) -> bool:
+        """Whether `coordinate` in a mechanism of `dimension` is an angle measured in
+        `(−π, π]` from the markers' frames, which jumps by `2π` where the joint turns past
+        `±π` (a spatial revolute joint's). Default `False`."""
+        return False
+
 
 def axis_basis(u):
     """`(û, w₁, w₂)`: the unit axis and two unit vectors completing a right-handed frame."""
@@ -218,6 +224,9 @@ class Revolute(AbstractAxisJoint):
         if a.point.shape[0] == 2:
             return b.point - a.point
         return jnp.concatenate([b.point - a.point, aligned_axes(a, b, self._axis(a.point.dtype))])
+
+    def coordinate_wraps(self, dimension):
+        return dimension == 3
 
     def coordinate(self, a, b):
         if a.angle is not None:

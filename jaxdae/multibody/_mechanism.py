@@ -11,15 +11,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
+from .._gains import is_concrete
 from .._systems._consistent import consistent_initial_state
 from .._systems._control import AbstractControlledSystem, AbstractController, ConstantControl
 from .._systems._system import LagrangianSystem
 from ._body import GROUND, Ground, PlanarBody, RigidBody
+from ._coupling import JointCoupling
 from ._force import AbstractForce
 from ._joint import AbstractJoint
 from ._kinematics import split
 from ._results import Mobility
-from ._stop import AbstractStop, StopKinematics
+from ._stop import AbstractStop, JointLimit, StopKinematics
 
 
 def over_leading(fn, *arrays):
@@ -67,11 +69,11 @@ def element_names(kind, elements):
 class AbstractMechanism(AbstractControlledSystem):
     """What a [`jaxdae.multibody.Mechanism`][] (absolute coordinates) and a
     [`jaxdae.multibody.TreeMechanism`][] (joint coordinates) share: their checked bodies,
-    joints, force elements, stops and controller (a mechanism is a controlled system); the
-    outputs at markers and joints, read through the mechanism's kinematics (`_kinematics`);
-    the stops as the system's `gaps` (with their coefficients of restitution and friction
-    and their slip velocities); `mobility`; and `initial_state`. Listed before the system
-    class among a mechanism's bases, so that these override the system's defaults (no
+    joints, force elements, stops, joint couplings and controller (a mechanism is a controlled
+    system); the outputs at markers and joints, read through the mechanism's kinematics
+    (`_kinematics`); the stops as the system's `gaps` (with their coefficients of restitution
+    and friction and their slip velocities); `mobility`; and `initial_state`. Listed before the
+    system class among a mechanism's bases, so that these override the system's defaults (no
     gaps).
 
     It declares the fields that its construction methods (`_set_bodies`,
@@ -83,10 +85,12 @@ class AbstractMechanism(AbstractControlledSystem):
     joints: tuple[AbstractJoint, ...]
     forces: tuple[AbstractForce, ...]
     stops: tuple[AbstractStop, ...]
+    couplings: tuple[JointCoupling, ...]
     controller: AbstractController
     joint_names: tuple[str, ...] = eqx.field(static=True)
     force_names: tuple[str, ...] = eqx.field(static=True)
     stop_names: tuple[str, ...] = eqx.field(static=True)
+    coupling_names: tuple[str, ...] = eqx.field(static=True)
     dimension: eqx.AbstractVar[int]
 
     @abc.abstractmethod
@@ -117,6 +121,11 @@ class AbstractMechanism(AbstractControlledSystem):
         """`q` of the bodies' given poses: a guess; need not satisfy `Φ`."""
 
     @abc.abstractmethod
+    def _wrapped_joints(self) -> tuple[str, ...]:
+        """The joints whose coordinate this mechanism measures as an angle in `(−π, π]`
+        (see [`jaxdae.multibody.AbstractJoint.coordinate_wraps`][])."""
+
+    @abc.abstractmethod
     def _unheld_coordinates(self) -> int:
         """The number of coordinates that neither the constraints hold nor the motion
         changes (the norms of Euler parameters that need not be unit)."""
@@ -141,23 +150,28 @@ class AbstractMechanism(AbstractControlledSystem):
             raise ValueError(f"A {type(self).__name__} needs at least one {kinds}.")
         element_names("body", self.bodies)
 
-    def _set_elements(self, joints, forces, stops, controller):
-        """`joints`, `forces`, `stops` (with their names) and `controller`, checked against
-        the bodies: each element of the mechanism's dimension, on markers and joints it
-        has; each joint between two bodies; a controller (default: a constant zero input
-        of the size the actuators need)."""
+    def _set_elements(self, joints, forces, stops, controller, couplings=()):
+        """`joints`, `forces`, `stops`, `couplings` (with their names) and `controller`,
+        checked against the bodies: each element of the mechanism's dimension, on markers
+        and joints it has; each joint between two bodies; each coupling between joints
+        with coordinates; a controller (default: a constant zero input of the size the
+        actuators need)."""
         self.joints = kind_check("joints", joints, AbstractJoint,
                                  "joints (jaxdae.multibody.Revolute, Prismatic, ...)")
         self.forces = kind_check("forces", forces, AbstractForce,
                                  "force elements (jaxdae.multibody.Gravity, SpringDamper, ...)")
         self.stops = kind_check("stops", stops, AbstractStop,
                                 "stops (jaxdae.multibody.JointLimit, PlaneContact, ...)")
+        self.couplings = kind_check("couplings", couplings, JointCoupling,
+                                    "jaxdae.multibody.JointCoupling instances")
         self.joint_names = element_names("joint", self.joints)
         self.force_names = element_names("force element", self.forces)
         self.stop_names = element_names("stop", self.stops)
+        self.coupling_names = element_names("coupling", self.couplings)
         for kind, names, elements in (("joint", self.joint_names, self.joints),
                                       ("force element", self.force_names, self.forces),
-                                      ("stop", self.stop_names, self.stops)):
+                                      ("stop", self.stop_names, self.stops),
+                                      ("coupling", self.coupling_names, self.couplings)):
             for name, element in zip(names, elements, strict=True):
                 self._check_element(kind, name, element)
         channels = [c for force in self.forces for c in force.channels]
@@ -171,11 +185,12 @@ class AbstractMechanism(AbstractControlledSystem):
     def _check_element(self, kind, name, element):
         """Raise `ValueError` where the element (a joint, force element or stop) does not
         fit the mechanism."""
-        element.check_dimension(self.dimension, f"{kind} {name!r}")
-        refs = (element.a, element.b) if kind == "joint" else element.markers
+        if kind != "coupling":
+            element.check_dimension(self.dimension, f"{kind} {name!r}")
+        refs = (element.a, element.b) if kind == "joint" else getattr(element, "markers", ())
         for ref in refs:
             self._check_ref(f"{kind} {name!r}", ref)
-        for joint in (() if kind == "joint" else element.joints):
+        for joint in (() if kind == "joint" else element.joints):  # stops', couplings' joints
             if not self.joints[self._joint_index(joint, f"The {kind} {name!r}")].has_coordinate:
                 raise ValueError(
                     f"The {kind} {name!r} acts on joint {joint!r}, which has no joint "
@@ -185,6 +200,35 @@ class AbstractMechanism(AbstractControlledSystem):
             raise ValueError(
                 f"Joint {name!r} joins body {split(element.a)[0]!r} to itself "
                 f"({element.a!r} and {element.b!r}): a joint connects two bodies.")
+
+    def _check_wrapped(self):
+        """Raise `ValueError` for a joint limit beyond `±π` or a coupling on a joint whose
+        angle this mechanism measures in `(−π, π]` (`_wrapped_joints`): the gap of such a
+        bound never closes and the coupling's residual jumps by `2π` where the angle wraps."""
+        wrapped = set(self._wrapped_joints())
+        fix = ("Describe the mechanism in joint coordinates (a "
+               "jaxdae.multibody.TreeMechanism, or `coordinates=\"joint\"` for a URDF robot), "
+               "where a revolute joint's angle is a coordinate that turns without wrapping")
+        kind = type(self).__name__
+        for name, stop in zip(self.stop_names, self.stops, strict=True):
+            if not (isinstance(stop, JointLimit) and stop.joint in wrapped):
+                continue
+            beyond = [(side, float(bound)) for side, bound in (("lower", stop.lower),
+                                                              ("upper", stop.upper))
+                      if bound is not None and is_concrete(bound) and abs(float(bound)) > np.pi]
+            if beyond:
+                listed = ", ".join(f"`{side}` {value:g}" for side, value in beyond)
+                raise ValueError(
+                    f"The JointLimit {name!r} bounds joint {stop.joint!r} beyond ±π ({listed}), "
+                    f"but this {kind} measures the joint's angle in (−π, π]: the angle wraps at "
+                    f"±π and never reaches the bound. {fix}, or give bounds within [−π, π].")
+        for name, coupling in zip(self.coupling_names, self.couplings, strict=True):
+            turning = [j for j in coupling.joints if j in wrapped]
+            if turning:
+                raise ValueError(
+                    f"The JointCoupling {name!r} couples joint {turning[0]!r}, whose angle this "
+                    f"{kind} measures in (−π, π]: the coupling would break where the angle "
+                    f"wraps at ±π. {fix}.")
 
     def _check_ref(self, owner, ref):
         """Raise `ValueError` where `ref` names a body or marker the mechanism lacks."""
@@ -231,6 +275,12 @@ class AbstractMechanism(AbstractControlledSystem):
     def _inputs(self, t, q, v):
         """The controller's output at `(t, q, v)`, or `None` where no force element reads it."""
         return self.controller(t, q, v) if any(f.channels for f in self.forces) else None
+
+    def _coupling_residuals(self, kin, dtype):
+        """The couplings' residuals `(couplings,)`, their joints' coordinates read from
+        `kin`."""
+        return jnp.concatenate([coupling.residual(kin.coordinate).astype(dtype)
+                                for coupling in self.couplings])
 
     # -- outputs -----------------------------------------------------------------------
 

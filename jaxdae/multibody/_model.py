@@ -12,6 +12,7 @@ from .._custom_types import Array, ArrayLike, Float
 from .._systems._control import AbstractController
 from .._systems._system import LagrangianSystem
 from ._body import GROUND, Ground, PlanarBody, RigidBody, rigid_kinetic_energy, rigid_mass_matrix
+from ._coupling import JointCoupling
 from ._force import AbstractForce
 from ._groups import group_key, groups, reorder, vmapped
 from ._joint import AbstractJoint
@@ -46,9 +47,9 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
     rank-deficient `Φ_q` (see `mobility`).
 
     **The system.** `Mechanism` is a [`jaxdae.LagrangianSystem`][]: `Φ` stacks the joints'
-    equations in the order of `joints`, then each spatial body's Euler-parameter norm
-    `(pᵀp − 1)/2`; `V` sums gravity and the springs, the generalized forces sum the
-    dampers' and actuators' loads. Every formulation,
+    equations in the order of `joints`, then the couplings' in the order of `couplings`,
+    then each spatial body's Euler-parameter norm `(pᵀp − 1)/2`; `V` sums gravity and the
+    springs, the generalized forces sum the dampers' and actuators' loads. Every formulation,
     [`jaxdae.simulate`][], [`jaxdae.consistent_initial_state`][], [`jaxdae.linearize`][]
     and the gradients work on it; every number (masses, inertias, marker positions, joint
     axes and lengths, spring constants) is an array leaf that `eqx.filter_grad` reaches.
@@ -100,18 +101,22 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
         [`jaxdae.multibody.PlaneContact`][], [`jaxdae.multibody.DistanceStop`][]): the
         mechanism's `gaps`, which [`jaxdae.simulate`][] keeps open by impacts and resting
         contact.
+    - `couplings`: [`jaxdae.multibody.JointCoupling`][]s, equations between two joints'
+        coordinates (planar joints' or prismatic joints'; see there).
     - `controller`: the [`jaxdae.AbstractController`][] whose output the actuators with an
         input channel read. Default: a constant zero input of the size they need.
 
     **Raises:**
 
-    `ValueError` before any solve for: an element that is not a body, joint or force
-    element; duplicate body, joint or force names; a joint or force on a body that is not
-    in the mechanism or on a marker its body does not have; a joint between a body and
-    itself; planar and spatial bodies mixed, or a joint or force element of the other
-    dimension; a body with negative mass or inertia (from the body classes), or with zero
-    mass or inertia in a direction its joints let it move (a massless body must be held by
-    joints; see `kinetic_energy`).
+    `ValueError` before any solve for: an element that is not a body, joint or force element;
+    duplicate body, joint or force names; a joint or force on a body that is not in the
+    mechanism or on a marker its body does not have; a joint between a body and itself; a stop
+    or coupling on a joint without a coordinate; a [`jaxdae.multibody.JointLimit`][] beyond `±π`
+    or a coupling on a spatial revolute joint, whose angle is measured in `(−π, π]`; planar and
+    spatial bodies mixed, or a joint or force element of the other dimension; a body with
+    negative mass or inertia (from the body classes), or with zero mass or inertia in a
+    direction its joints let it move (a massless body must be held by joints; see
+    `kinetic_energy`).
     """
 
     joint_sizes: tuple[int, ...] = eqx.field(static=True)
@@ -126,6 +131,7 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
         forces: Sequence[AbstractForce] = (),
         *,
         stops: Sequence[AbstractStop] = (),
+        couplings: Sequence[JointCoupling] = (),
         controller: AbstractController | None = None,
     ):
         items = kind_check("bodies", bodies, (PlanarBody, RigidBody, Ground),
@@ -147,9 +153,10 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
             raise ValueError("Ground `orientations` are for spatial mechanisms.")
         self.offsets = tuple(int(o) for o in np.cumsum(
             [0] + [b.num_coordinates for b in self.bodies[:-1]]))
-        self._set_elements(joints, forces, stops, controller)
+        self._set_elements(joints, forces, stops, controller, couplings)
         self.joint_sizes = tuple(j.equations(self.dimension) for j in self.joints)
         self.holding = ()
+        self._check_wrapped()
         self._check_massless()
 
     def _check_massless(self):
@@ -199,9 +206,10 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
 
     @property
     def num_equations(self) -> int:
-        """`m`, the number of constraint equations: the joints', then (in space) one norm
-        constraint per body."""
-        return sum(self.joint_sizes) + sum(b.num_own_constraints for b in self.bodies)
+        """`m`, the number of constraint equations: the joints', one per coupling, then (in
+        space) one norm constraint per body."""
+        return (sum(self.joint_sizes) + len(self.couplings)
+                + sum(b.num_own_constraints for b in self.bodies))
 
     def slot(self, name: str) -> int:
         """The index of body `name` in `bodies` (its coordinates are
@@ -378,6 +386,8 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
         parts = []
         if self.joints:
             parts.append(self._joint_residuals(kin, t, range(len(self.joints))))
+        if self.couplings:
+            parts.append(self._coupling_residuals(kin, q.dtype))
         if self.dimension == 3:
             p = q.reshape(len(self.bodies), 7)[:, 3:]
             parts.append(0.5 * (jnp.sum(p * p, axis=1) - 1))
@@ -456,6 +466,10 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
 
     def _unheld_coordinates(self) -> int:
         return 0
+
+    def _wrapped_joints(self) -> tuple[str, ...]:
+        return tuple(name for name, joint in zip(self.joint_names, self.joints, strict=True)
+                     if joint.coordinate_wraps(self.dimension))
 
     def reference_coordinates(self) -> Float[Array, " n"]:
         """`q` from the bodies' `position` and `angle` (planar) or `orientation` (spatial):

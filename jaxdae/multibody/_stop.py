@@ -139,6 +139,11 @@ class JointLimit(AbstractRangeStop):
     prismatic joint's displacement; see [`jaxdae.multibody.Mechanism.joint_coordinates`][]):
     a gap per bound given, `θ − lower` and `upper − θ`.
 
+    Where the mechanism measures the joint's angle in `(−π, π]` (a spatial revolute joint in
+    a [`jaxdae.multibody.Mechanism`][], or one that closes a loop of a
+    [`jaxdae.multibody.TreeMechanism`][]), the bounds must lie within `[−π, π]`: the
+    mechanism refuses others, which the wrapping angle would never reach.
+
     **Arguments:**
 
     - `joint`: the joint's name; it must have a coordinate.

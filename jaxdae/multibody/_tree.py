@@ -30,6 +30,7 @@ from ._articulated import (
     tree_levels,
 )
 from ._body import GROUND, Ground, RigidBody
+from ._coupling import JointCoupling
 from ._force import AbstractForce, Gravity
 from ._joint import AbstractJoint, ScrewMotion, tree_motion
 from ._kinematics import Frame, euler_rotation, quaternion_from_matrix, split
@@ -111,7 +112,9 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
     algorithm (Table 7.1, in `_articulated.py`), `O(n)` per right-hand side. Joints that do not
     belong to the tree (those that close loops, and those of kinds that cannot carry a
     body: universal, cylindrical, distance, ...) contribute their residuals as holonomic
-    constraints, so that only the loop-closure equations are constraints.
+    constraints, and each [`jaxdae.multibody.JointCoupling`][] its equation between two
+    joints' coordinates, so that only the loop-closure and coupling equations are
+    constraints.
 
     It is an ordinary jaxdae system: every formulation, [`jaxdae.simulate`][],
     [`jaxdae.linearize`][], [`jaxdae.tune`][] and the gradients work on it, with respect to
@@ -122,8 +125,10 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
 
     **Raises:**
 
-    `ValueError` as [`jaxdae.multibody.Mechanism`][] does, and for a planar body or a tree
-    joint written with its marker `a` on the body farther from the ground.
+    `ValueError` as [`jaxdae.multibody.Mechanism`][] does (a joint limit beyond `±π` or a
+    coupling only on a revolute joint that closes a loop, whose angle is measured in
+    `(−π, π]`), and for a planar body or a tree joint written with its marker `a` on the
+    body farther from the ground.
     """
 
     bodies: tuple[RigidBody, ...]
@@ -137,6 +142,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         forces: Sequence[AbstractForce] = (),
         *,
         stops: Sequence[AbstractStop] = (),
+        couplings: Sequence[JointCoupling] = (),
         controller: AbstractController | None = None,
     ):
         items = tuple(bodies)
@@ -150,8 +156,9 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                            "jaxdae.multibody.RigidBody instances (and one Ground)")
         self._set_bodies(items, "RigidBody")
         self.dimension = 3
-        self._set_elements(joints, forces, stops, controller)
+        self._set_elements(joints, forces, stops, controller, couplings)
         self.topology = find_topology(self.bodies, self.joints, self.joint_names)
+        self._check_wrapped()
 
     # -- structure ---------------------------------------------------------------------
 
@@ -169,8 +176,9 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
 
     @property
     def num_equations(self) -> int:
-        """`m`: the closing joints' constraint equations."""
-        return sum(self.joints[i].equations(3) for i in self.topology.closures)
+        """`m`: the closing joints' constraint equations, then one per coupling."""
+        return (sum(self.joints[i].equations(3) for i in self.topology.closures)
+                + len(self.couplings))
 
     def joint_slice(self, name: str) -> slice:
         """The coordinates of tree joint `name` in `q` (and `v`)."""
@@ -603,7 +611,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         forces = applied - bias - norm_tau
         kinetic = 0.5 * jnp.sum(velocities * apply_inertia(parts, velocities)) + norm_energy
         energy = kinetic + self.potential_energy(t, q, motion)
-        if self.topology.closures:
+        if self.num_equations:
             phi, dphi, jacobian, gamma = holonomic_terms(self.constraints, t, q, v)
         else:
             phi = dphi = gamma = jnp.zeros((0,), q.dtype)
@@ -625,8 +633,9 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         return self.terms(t, q, v).energy
 
     def constraints(self, t, q):
-        """The residuals of the loop-closing joints, in the order of `joints`."""
-        if not self.topology.closures:
+        """The residuals of the loop-closing joints, in the order of `joints`, then the
+        couplings', in the order of `couplings`."""
+        if not self.num_equations:
             return jnp.zeros((0,), q.dtype)
         kin = TreeKinematics(self, t, q)
         parts = []
@@ -634,6 +643,8 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
             joint = self.joints[index]
             parts.append(jnp.asarray(joint.residual(t, kin.frame(joint.a), kin.frame(joint.b)),
                                      q.dtype).reshape(-1))
+        if self.couplings:
+            parts.append(self._coupling_residuals(kin, q.dtype))
         return jnp.concatenate(parts)
 
     # -- the shared interface ----------------------------------------------------------
@@ -644,14 +655,19 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
     def _unheld_coordinates(self) -> int:
         return sum(1 for kind in self.topology.kinds if kind != SCREW)
 
+    def _wrapped_joints(self) -> tuple[str, ...]:
+        return tuple(self.joint_names[i] for i in self.topology.closures
+                     if self.joints[i].coordinate_wraps(3))
+
     def _driven(self, t0, q, v, held):
         """The tree joints named in `held` take their values and rates; where loops are
-        closed, their joints are to hold with those coordinates."""
+        closed or couplings tie joints, their equations are to hold with those
+        coordinates."""
         for name, value, rate in zip(held.names, held.values, held.rates, strict=True):
             if name not in self.closure_joints:
                 index = self.joint_slice(name).start
                 q, v = q.at[index].set(value), v.at[index].set(rate)
-        return q, v, Driven(self, held, t0) if self.topology.closures else None
+        return q, v, Driven(self, held, t0) if self.num_equations else None
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,13 +1,16 @@
 """URDF import: serial and tree robots as the bodies and joints of a spatial mechanism."""
 
 import functools
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import NamedTuple
 
 import numpy as np
 
 from ._body import GROUND, Ground, RigidBody
+from ._coupling import JointCoupling
 from ._force import AbstractForce
 from ._joint import AbstractJoint, Fixed, Prismatic, Revolute
 from ._model import Mechanism
@@ -21,7 +24,7 @@ class UrdfLimit(NamedTuple):
     [`jaxdae.multibody.JointLimit`][] (unless told otherwise).
 
     - `lower`, `upper`: the range of the joint coordinate (rad or m); `None` for a
-        continuous joint.
+        continuous joint, and for a side the file leaves open (`-inf`, `inf`).
     - `effort`: the largest torque (force); `velocity`: the largest rate. `None` where the
         file gives none.
     """
@@ -81,6 +84,10 @@ class UrdfRobot(NamedTuple):
         the body that carries them (`"ground"` for the fixed root's); bodies without
         visuals are not keys. Draw them with `jaxdae.viz.view(robot, sol)` or
         `jaxdae.viz.view(model, sol, visuals=robot.visuals)`.
+    - `couplings`: a [`jaxdae.multibody.JointCoupling`][] per joint with a `<mimic>`,
+        named `<joint>.mimic`: `θ_joint = multiplier · θ_leader + offset`.
+    - `sources`: where each joint is written, by name (`"arm.urdf, line 12"`), for error
+        messages.
     """
 
     name: str
@@ -90,6 +97,8 @@ class UrdfRobot(NamedTuple):
     root: str
     joint_names: tuple[str, ...]
     visuals: dict[str, tuple[UrdfVisual, ...]]
+    couplings: tuple[JointCoupling, ...] = ()
+    sources: Mapping[str, str] = MappingProxyType({})
 
     def mechanism(self, joints: Sequence[AbstractJoint] = (), forces: Sequence[AbstractForce] = (),
                   *, stops: Sequence[AbstractStop] = (), limits: bool = True,
@@ -100,10 +109,13 @@ class UrdfRobot(NamedTuple):
 
         By default a [`jaxdae.multibody.TreeMechanism`][]: the joint coordinates of the
         file's moving joints in the order of `joint_names` (a free base's pose first), the
-        dynamics by the recursive algorithms, the extra joints as loop-closing constraints.
-        With `coordinates="absolute"`, the [`jaxdae.multibody.Mechanism`][] of the same
-        bodies and joints in absolute coordinates (every joint a constraint). The two
-        describe the same motion.
+        dynamics by the recursive algorithms, the extra joints as loop-closing constraints
+        and the `<mimic>`s (`couplings`) as constraints between joint coordinates. With
+        `coordinates="absolute"`, the [`jaxdae.multibody.Mechanism`][] of the same bodies
+        and joints in absolute coordinates (every joint a constraint). The two describe the
+        same motion. Absolute coordinates measure a revolute joint's angle in `(−π, π]`,
+        so they refuse what needs it to turn further: an enforced `<limit>` beyond `±π`
+        and a `<mimic>` of revolute or continuous joints.
 
         **Arguments:**
 
@@ -119,9 +131,17 @@ class UrdfRobot(NamedTuple):
         - `ground_markers`: more markers on the ground (global coordinates).
         - `controller`: as for [`jaxdae.multibody.Mechanism`][].
         - `coordinates`: `"joint"` (default) or `"absolute"`, see above.
+
+        **Raises:**
+
+        `ValueError` naming the file and line of a revolute joint whose `<limit>` lies beyond
+        `±π` (with `limits=True`) or that a `<mimic>` couples, in absolute coordinates; and
+        as the mechanism's class does.
         """
         if coordinates not in ("joint", "absolute"):
             raise ValueError(f"`coordinates` must be 'joint' or 'absolute'; got {coordinates!r}.")
+        if coordinates == "absolute":
+            self._check_absolute(limits)
         bodies = list(self.bodies)
         if ground_markers:
             ground = bodies[0]
@@ -140,7 +160,39 @@ class UrdfRobot(NamedTuple):
                 "continuous or prismatic joint.")
         kind = TreeMechanism if coordinates == "joint" else Mechanism
         return kind(bodies, tuple(self.joints) + tuple(joints), forces,
-                    stops=tuple(enforced) + tuple(stops), controller=controller)
+                    stops=tuple(enforced) + tuple(stops), couplings=self.couplings,
+                    controller=controller)
+
+    def _check_absolute(self, limits: bool):
+        """Raise `ValueError`, naming the file and line, for what absolute coordinates
+        cannot describe: a revolute joint's enforced limit beyond `±π`, or its `<mimic>`
+        (its angle is measured in `(−π, π]` there)."""
+        wrapped = {joint.name for joint in self.joints if joint.coordinate_wraps(3)}
+        fix = ("build it in joint coordinates, `robot.mechanism(coordinates=\"joint\")` (the "
+               "default), where the angle is a coordinate that turns without wrapping")
+        for name, limit in self.limits.items():
+            bounds = [b for b in (limit.lower, limit.upper) if b is not None]
+            if limits and name in wrapped and any(abs(b) > math.pi for b in bounds):
+                raise ValueError(
+                    f"{self.sources.get(name, self.name)}: joint {name!r} has the <limit> "
+                    f"[{_bound(limit.lower)}, {_bound(limit.upper)}] rad, beyond ±π; absolute "
+                    "coordinates (`coordinates=\"absolute\"`) measure a revolute joint's angle "
+                    "in (−π, π], so the angle would wrap at ±π and never meet the limit. "
+                    f"To enforce the limit, {fix}; or pass `limits=False` to keep the limits "
+                    "as data.")
+        for coupling in self.couplings:
+            turning = [j for j in coupling.joints if j in wrapped]
+            if turning:
+                raise ValueError(
+                    f"{self.sources.get(coupling.joint, self.name)}: joint {coupling.joint!r} "
+                    f"has a <mimic> of joint {coupling.leader!r}; absolute coordinates "
+                    "(`coordinates=\"absolute\"`) measure the angle of revolute joint "
+                    f"{turning[0]!r} in (−π, π], so the coupling would break where the angle "
+                    f"wraps at ±π. To keep the <mimic>, {fix}.")
+
+
+def _bound(value):
+    return "none" if value is None else f"{value:g}"
 
 
 def _where(path, lines, kind, name):
@@ -189,6 +241,7 @@ def _source_lines(path):
 _NUMERIC = {"mass": ("value",), "inertia": ("ixx", "ixy", "ixz", "iyy", "iyz", "izz"),
             "origin": ("xyz", "rpy"), "axis": ("xyz",),
             "limit": ("lower", "upper", "effort", "velocity"),
+            "mimic": ("multiplier", "offset"),
             "dynamics": ("damping", "friction"), "box": ("size",),
             "cylinder": ("radius", "length"), "sphere": ("radius",), "mesh": ("scale",),
             "color": ("rgba",)}
@@ -225,7 +278,11 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
     [`jaxdae.multibody.Revolute`][] joints about their `<axis>`, `prismatic` joints
     [`jaxdae.multibody.Prismatic`][] joints along it, `fixed` joints welds (a massless link
     on a fixed joint becomes a marker of the body it is welded to, as tool frames usually
-    are); `<limit>`s are kept in `limits`, and `robot.mechanism()` enforces their ranges. Every body
+    are); `<limit>`s are kept in `limits` (an infinite bound, `-inf` or `inf`, leaves that
+    side open), and `robot.mechanism()` enforces their ranges; a `<mimic>` becomes a
+    [`jaxdae.multibody.JointCoupling`][] of the two joints' coordinates,
+    `θ_joint = multiplier · θ_leader + offset` (URDF's defaults: multiplier 1, offset 0),
+    kept in `couplings`. Every body
     starts at its pose for zero joint coordinates. Links' `<visual>` geometry is kept in `visuals`
     for the 3-D viewer (mesh files are located but not read); collision geometry is not read.
 
@@ -250,8 +307,9 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
     file; a link with two parents or a loop of URDF joints; a `floating` or `planar` joint; a link
     without mass (or with a non-positive-definite inertia) that a moving joint would move; a
     revolute or prismatic joint whose `<axis>` is zero (or not finite); a link or joint
-    name that jaxdae cannot use (containing `.`, or `ground`). `ImportError` when
-    `yourdfpy` is not installed.
+    name that jaxdae cannot use (containing `.`, or `ground`); a `<limit>` bound that is nan;
+    a `<mimic>` on a fixed joint, or of a joint that is not a moving joint of the file (or of
+    itself). `ImportError` when `yourdfpy` is not installed.
     """
     try:
         import yourdfpy
@@ -297,8 +355,9 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
             raise ValueError(f"{where('link', name)}: {error}") from error
     moving = tuple(j.name for j in robot.joints if j.type != "fixed")
     visuals = _visuals(path, robot, order, carrier)
-    return UrdfRobot(robot.name, tuple(bodies), tuple(joints), _limits(robot), root, moving,
-                     visuals)
+    sources = {j.name: where("joint", j.name) for j in robot.joints}
+    return UrdfRobot(robot.name, tuple(bodies), tuple(joints), _limits(where, robot), root,
+                     moving, visuals, _mimics(where, robot, moving), MappingProxyType(sources))
 
 
 def _massive(link) -> bool:
@@ -445,20 +504,55 @@ def _joints(where, robot, links, world, carrier, markers):
     return joints
 
 
-def _limits(robot) -> dict:
-    """The `<limit>`s of the moving joints (a continuous joint has no position limits)."""
+def _limits(where, robot) -> dict:
+    """The `<limit>`s of the moving joints (a continuous joint has no position limits; an
+    infinite bound leaves its side open)."""
     limits = {}
     for joint in robot.joints:
         if joint.type == "fixed":
             continue
         limit = joint.limit
         value = (lambda x: None if x is None else float(x))  # noqa: E731
+        bounds = []
+        for side in ("lower", "upper"):
+            bound = None if joint.type == "continuous" or limit is None else value(
+                getattr(limit, side))
+            if bound is not None and math.isnan(bound):
+                raise ValueError(
+                    f"{where('joint', joint.name)}: joint {joint.name!r} has <limit "
+                    f"{side}=\"nan\">; give the bound as a number, or -inf / inf (or leave "
+                    "the attribute out) for no bound on that side.")
+            bounds.append(None if bound is None or math.isinf(bound) else bound)
         limits[joint.name] = UrdfLimit(
-            None if joint.type == "continuous" or limit is None else value(limit.lower),
-            None if joint.type == "continuous" or limit is None else value(limit.upper),
-            None if limit is None else value(limit.effort),
+            *bounds, None if limit is None else value(limit.effort),
             None if limit is None else value(limit.velocity))
     return limits
+
+
+def _mimics(where, robot, moving) -> tuple[JointCoupling, ...]:
+    """A [`jaxdae.multibody.JointCoupling`][] per `<mimic>`, named `<joint>.mimic`."""
+    couplings = []
+    for joint in robot.joints:
+        mimic = joint.mimic
+        if mimic is None:
+            continue
+        at = where("joint", joint.name)
+        if joint.type == "fixed":
+            raise ValueError(f"{at}: the fixed joint {joint.name!r} has a <mimic>; only a "
+                             "moving joint can follow another: remove the <mimic>.")
+        if mimic.joint not in moving or mimic.joint == joint.name:
+            raise ValueError(
+                f"{at}: joint {joint.name!r} has <mimic joint=\"{mimic.joint}\">, which is "
+                f"not another moving joint of the file (moving joints: {list(moving)}); name "
+                "the revolute, continuous or prismatic joint it follows.")
+        multiplier = 1.0 if mimic.multiplier is None else float(mimic.multiplier)
+        offset = 0.0 if mimic.offset is None else float(mimic.offset)
+        try:
+            couplings.append(JointCoupling(joint.name, mimic.joint, multiplier, offset=offset,
+                                           name=f"{joint.name}.mimic"))
+        except ValueError as error:
+            raise ValueError(f"{at}: the <mimic> of joint {joint.name!r}: {error}") from error
+    return tuple(couplings)
 
 
 def _visuals(path, robot, order, carrier) -> dict:
