@@ -485,6 +485,37 @@ def test_deprecated_keywords_warn_and_match_the_option_objects():
                     batchsize=2)
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda: jaxdae.Checkpointing("ckpt", every=float("nan")),
+     r"`Checkpointing.every` must be an integer ≥ 1 .*got nan"),
+    (lambda: jaxdae.Checkpointing("ckpt", every=float("inf")),
+     r"`Checkpointing.every` must be an integer ≥ 1 .*got inf"),
+    (lambda: jaxdae.Checkpointing(""), r"`Checkpointing.path` is empty.*Checkpointing\(\"ckpt\"\)"),
+    (lambda: jaxdae.Batching(batch_size=1.5), r"`Batching.batch_size` must be an integer ≥ 1"),
+    (lambda: jaxdae.Batching(seed=1.5), r"`Batching.seed` must be an integer in \[-2\*\*63"),
+    (lambda: jaxdae.Batching(seed=2**70), r"`Batching.seed` must be an integer in \[-2\*\*63"),
+    (lambda: jaxdae.Failures(penalty=-1.0), r"`Failures.penalty` must be non-negative.*rewards"),
+])
+def test_option_values_are_refused_naming_the_argument(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_a_keyword_that_conflicts_with_an_option_object_is_refused():
+    params = jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
+    targets = jnp.linspace(0.5, 2.0, 3)
+    with pytest.warns(DeprecationWarning), pytest.raises(
+            ValueError, match=r"`batch_size=3` conflicts with `batching=jaxdae.Batching\("
+                              r"batch_size=2, \.\.\.\)`"):
+        jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=1,
+                    batching=jaxdae.Batching(batch_size=2), batch_size=3, reporting=QUIET)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="path` is empty"):
+        jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=1,
+                    checkpoint="", reporting=QUIET)
+    assert jaxdae.Batching(batch_size=2.0, seed=np.int64(3)) == jaxdae.Batching(2, 3)
+    assert type(jaxdae.Checkpointing(".", every=4.0).every) is int
+
+
 def test_option_objects_check_their_values():
     with pytest.raises(ValueError, match="every"):
         jaxdae.Checkpointing("ckpt", every=0)

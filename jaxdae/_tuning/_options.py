@@ -2,12 +2,43 @@
 what is reported, and how failures count."""
 
 import dataclasses
+import math
+import numbers
 import os
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
+
+
+def _integer(field: str, value: Any, meaning: str, low: int, high: int | None = None) -> int:
+    """`value` as a Python int in `[low, high)` (`high=None`: no upper bound); else a
+    `ValueError` naming `field`, what it means and an example."""
+    integral = (not isinstance(value, bool) and isinstance(value, numbers.Real)
+                and (isinstance(value, numbers.Integral) or float(value).is_integer()))
+    if integral and low <= int(value) and (high is None or int(value) < high):
+        return int(value)
+    span = (f"≥ {low}" if high is None else "in [-2**63, 2**63)" if high == 2**63
+            else f"in [{low}, {high})")
+    raise ValueError(f"`{field}` must be an integer {span} ({meaning}); got {value!r}.")
+
+
+def _optional_count(field: str, meaning: str):
+    """A converter: `None`, or a positive integer (see `_integer`)."""
+    def convert(value: Any) -> int | None:
+        return None if value is None else _integer(field, value, meaning, 1)
+    return convert
+
+
+def _seed(value: Any) -> int:
+    return _integer("Batching.seed", value, "a PRNG seed, e.g. seed=0", -(2**63), 2**63)
+
+
+def _every(value: Any) -> int:
+    return _integer("Checkpointing.every", value,
+                    "a checkpoint every so many steps, e.g. every=10", 1)
 
 
 class Batching(eqx.Module):
@@ -25,9 +56,11 @@ class Batching(eqx.Module):
         [`jaxdae.simulate_ensemble`][] Solution; `loss` is still written for one scenario.
     """
 
-    batch_size: int | None = None
-    seed: int = 0
-    chunk_size: int | None = None
+    batch_size: int | None = eqx.field(default=None, converter=_optional_count(
+        "Batching.batch_size", "scenarios per step; None for all of them"))
+    seed: int = eqx.field(default=0, converter=_seed)
+    chunk_size: int | None = eqx.field(default=None, converter=_optional_count(
+        "Batching.chunk_size", "scenarios simulated at once; None for all of them"))
     mesh: jax.sharding.Mesh | None = None
     ensemble: bool = False
 
@@ -45,18 +78,25 @@ class Checkpointing(eqx.Module):
 
     **Arguments:**
 
-    - `path`: a directory for checkpoints.
-    - `every`: checkpoint period in steps (a checkpoint is also written at the end).
+    - `path`: a directory for checkpoints (`"."` for the working directory; an empty path is
+        refused).
+    - `every`: checkpoint period in steps, a positive integer (a checkpoint is also written
+        at the end).
     - `resume`: resume from the checkpoint in `path` if there is one.
     """
 
     path: str | os.PathLike
-    every: int = 10
+    every: int = eqx.field(default=10, converter=_every)
     resume: bool = True
 
     def __check_init__(self):
-        if int(self.every) != self.every or self.every < 1:
-            raise ValueError(f"`Checkpointing.every` must be a positive integer; got {self.every}.")
+        if not isinstance(self.path, str | os.PathLike):
+            raise ValueError(f"`Checkpointing.path` must be a directory (a str or os.PathLike); "
+                             f"got {self.path!r}.")
+        if not os.fspath(self.path):
+            raise ValueError('`Checkpointing.path` is empty: give the directory for the '
+                             'checkpoints, e.g. Checkpointing("ckpt") (Checkpointing(".") '
+                             'for the working directory).')
 
 
 class Reporting(eqx.Module):
@@ -80,7 +120,7 @@ class Failures(eqx.Module):
     **Arguments:**
 
     - `penalty`: the loss value of a failed scenario (default 1e3; choose it above any
-        loss a successful scenario can have). Must be finite.
+        loss a successful scenario can have). Must be finite and non-negative.
     - `on_nonfinite`: `"raise"` (default) or `"skip"`: what a non-finite update does.
     """
 
@@ -88,6 +128,18 @@ class Failures(eqx.Module):
     on_nonfinite: str = "raise"
 
     def __check_init__(self):
+        try:
+            penalty = float(self.penalty)
+        except (TypeError, ValueError):
+            raise ValueError(f"`Failures.penalty` must be a number (the loss of a failed "
+                             f"scenario); got {self.penalty!r}.") from None
+        if not math.isfinite(penalty):
+            raise ValueError(f"`Failures.penalty` must be finite; got {penalty}.")
+        if penalty < 0:
+            raise ValueError(
+                f"`Failures.penalty` must be non-negative; got {penalty}. It is the loss of a "
+                "failed scenario, so a negative one rewards failing: choose it above any loss "
+                "a successful scenario can have (default 1e3).")
         if self.on_nonfinite not in ("raise", "skip"):
             raise ValueError(
                 f"`on_nonfinite` must be 'raise' or 'skip'; got {self.on_nonfinite!r}.")
@@ -114,7 +166,8 @@ def options_from_keywords(options: dict, keywords: dict) -> dict:
     replaces it. Returns option class -> object (a default one where none was given;
     `None` for `Checkpointing` without a path).
 
-    **Raises:** `TypeError` for a keyword `tune` does not know."""
+    **Raises:** `TypeError` for a keyword `tune` does not know; `ValueError` for a keyword
+    that sets a field of an option object also given to another value."""
     unknown = sorted(set(keywords) - set(DEPRECATED_KEYWORDS))
     if unknown:
         raise TypeError(f"tune() got unexpected keyword argument(s) {', '.join(unknown)}.")
@@ -131,9 +184,21 @@ def options_from_keywords(options: dict, keywords: dict) -> dict:
         changes = fields.get(cls, {})
         if given is not None and not isinstance(given, cls):
             raise TypeError(f"expected a jaxdae.{cls.__name__}; got {type(given).__name__}.")
+        if given is not None:
+            for field, value in changes.items():
+                if not _same(getattr(given, field), value):
+                    keyword = next(k for k, (c, f) in DEPRECATED_KEYWORDS.items()
+                                   if c is cls and f == field)
+                    raise ValueError(
+                        f"The keyword `{keyword}={value!r}` conflicts with "
+                        f"`{cls.__name__.lower()}=jaxdae.{cls.__name__}({field}="
+                        f"{getattr(given, field)!r}, ...)`: give `{field}` in the "
+                        f"jaxdae.{cls.__name__} only.")
         if cls is Checkpointing and given is None:
             if changes.get("path") is None:
-                Checkpointing(path="", **{k: v for k, v in changes.items() if k != "path"})
+                # No checkpoints: the other fields are still checked (on a stand-in path).
+                Checkpointing(path=os.curdir,
+                              **{k: v for k, v in changes.items() if k != "path"})
                 result[cls] = None
                 continue
             given = Checkpointing(path=changes.pop("path"))
@@ -141,3 +206,11 @@ def options_from_keywords(options: dict, keywords: dict) -> dict:
             given = cls()
         result[cls] = dataclasses.replace(given, **changes) if changes else given
     return result
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether an option's value `a` and a keyword's `b` agree."""
+    try:
+        return a is b or bool(a == b)
+    except Exception:  # e.g. arrays of several elements
+        return False

@@ -4,7 +4,6 @@ import csv
 import hashlib
 import io
 import json
-import math
 import time
 import warnings
 from collections.abc import Callable
@@ -589,9 +588,6 @@ class _TuningRun:
         if not isinstance(optimizer, optax.GradientTransformation):
             raise ValueError(
                 "`optimizer` must be an optax GradientTransformation, e.g. optax.adam(1e-2).")
-        if not math.isfinite(self.failures.penalty):
-            raise ValueError(
-                f"`Failures.penalty` must be finite; got {self.failures.penalty}.")
         batch_size = self.batching.batch_size
         if batch_size is not None and not 1 <= batch_size <= self.size:
             raise ValueError(f"`batch_size` must be in [1, {self.size}] (the number of "
