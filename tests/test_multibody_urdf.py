@@ -6,6 +6,7 @@ that do not parse or describe no tree."""
 
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -236,6 +237,10 @@ def test_mimic_couples_joint_coordinates():
                           ts=jnp.linspace(0.0, 0.5, 6))
     assert float(jnp.ptp(sol.q[:, 0])) > 0.1  # it moves
     np.testing.assert_allclose(sol.q[:, 1], 2 * sol.q[:, 0] + 0.1, atol=1e-9)
+    # Φ = θ₂ − m θ₁ − c reaches the coupling's numbers: ∂Φ/∂m = −θ₁ along the solution.
+    grads = jax.jit(jax.vmap(lambda q: eqx.filter_grad(
+        lambda m: m.constraints(0.0, q)[0])(model).couplings[0].multiplier))(sol.q)
+    np.testing.assert_allclose(grads, -sol.q[:, 0], atol=1e-12)
 
 
 def test_mimic_in_absolute_coordinates(tmp_path):
