@@ -3,8 +3,7 @@
 import functools
 import math
 import os
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -98,7 +97,7 @@ class UrdfRobot(NamedTuple):
     joint_names: tuple[str, ...]
     visuals: dict[str, tuple[UrdfVisual, ...]]
     couplings: tuple[JointCoupling, ...] = ()
-    sources: Mapping[str, str] = MappingProxyType({})
+    sources: dict[str, str] = {}
 
     def mechanism(self, joints: Sequence[AbstractJoint] = (), forces: Sequence[AbstractForce] = (),
                   *, stops: Sequence[AbstractStop] = (), limits: bool = True,
@@ -357,7 +356,7 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
     visuals = _visuals(path, robot, order, carrier)
     sources = {j.name: where("joint", j.name) for j in robot.joints}
     return UrdfRobot(robot.name, tuple(bodies), tuple(joints), _limits(where, robot), root,
-                     moving, visuals, _mimics(where, robot, moving), MappingProxyType(sources))
+                     moving, visuals, _mimics(where, robot, moving), sources)
 
 
 def _massive(link) -> bool:
