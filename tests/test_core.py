@@ -359,7 +359,7 @@ def test_vmap_over_initial_states_gains_and_parameters_matches_loop():
         np.testing.assert_allclose(batched[i], single, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.perf(reason="pins the jit cache size of the private `solve_and_assemble`")
+@pytest.mark.perf(reason="pins the jit cache size of the private `solve_problem`")
 def test_fixed_step_solver_and_float32():
     """Any diffrax solver/controller may be passed; float32 inputs give a float32 solution."""
     sol = jaxdae.simulate(
@@ -376,7 +376,7 @@ def test_fixed_step_solver_and_float32():
     assert sol32.q.dtype == jnp.float32
     assert np.abs(sol32.phi).max() < 1e-4
     # A sweep over the step or the tolerances reuses the compiled solve.
-    compiled = jaxdae._integration._system_solve.solve_and_assemble.jitted._cached._cache_size()
+    compiled = jaxdae._integration._system_solve.solve_problem.jitted._cached._cache_size()
     sol = jaxdae.simulate(
         PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q_ON, V_ON,
         solver=diffrax.Heun(), stepsize_controller=diffrax.ConstantStepSize(), dt0=2e-3,
@@ -391,7 +391,7 @@ def test_fixed_step_solver_and_float32():
     )
     assert unchecked.succeeded
     assert (
-        jaxdae._integration._system_solve.solve_and_assemble.jitted._cached._cache_size()
+        jaxdae._integration._system_solve.solve_problem.jitted._cached._cache_size()
         == compiled
     )
 

@@ -221,16 +221,15 @@ def test_model_closed_over_by_jit_is_folded():
     """A system and formulation that the caller's `jax.jit` closes over are constants of
     the program: the ensemble's rates are traced with their values (folded) and equal
     those of the same model passed in as traced arguments, which keep the jitted rates."""
-    from jaxdae._integration._ensemble import constant_model_field, ensemble_vector_field
-    from jaxdae._integration._vector_fields import SolveArgs
+    from jaxdae._integration._ensemble import ensemble_term
 
     formulation = jaxdae.Baumgarte(10.0, 25.0)
-    folded = constant_model_field(SolveArgs(SYSTEM, formulation, None))
-    assert folded.keywords["constants"] == (SYSTEM, formulation)
-    fields = []
-    jax.make_jaxpr(lambda kd: fields.append(constant_model_field(SolveArgs(
-        SYSTEM, jaxdae.Baumgarte(kd, 25.0), None))))(10.0)
-    assert fields == [ensemble_vector_field]
+    folded = ensemble_term(SYSTEM, formulation, None, None).folded
+    assert folded is not None and folded.args == (SYSTEM, formulation)
+    terms = []
+    jax.make_jaxpr(lambda kd: terms.append(ensemble_term(
+        SYSTEM, jaxdae.Baumgarte(kd, 25.0), None, None)))(10.0)
+    assert terms[0].folded is None
     q0, v0 = states(3)
     closed = jax.jit(lambda q, v: jaxdae.simulate_ensemble(
         SYSTEM, formulation, 0.0, 1.0, q, v, rtol=1e-8, atol=1e-10).q_final)(q0, v0)

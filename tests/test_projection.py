@@ -11,7 +11,7 @@ import pytest
 import jaxdae
 from jaxdae._integration._adjoint import default_adjoint
 from jaxdae._integration._projection import project_state
-from jaxdae._integration._vector_fields import SolveArgs, vector_field
+from jaxdae._integration._term import SystemTerm
 from jaxdae.examples import CartesianArm, CartesianPendulum, TwoLinkManipulator
 
 from ._jaxprs import not_in_a_loop
@@ -106,8 +106,8 @@ def test_agrees_with_a_reference():
 
 def test_dense_output_ends_on_the_projected_state():
     """Between step ends the saved states interpolate; at a step end they are projected."""
-    term = diffrax.ODETerm(vector_field)
-    args = SolveArgs(PENDULUM, jaxdae.Unstabilized(), None)
+    term = SystemTerm(PENDULUM, jaxdae.Unstabilized())
+    args = None
     y0 = (Q0, V0)
     # one program each (eagerly, each operation compiles alone)
     state = eqx.filter_jit(PROJECTED.init)(term, 0.0, 0.1, y0, args)

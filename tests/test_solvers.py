@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jaxdae
-from jaxdae._integration._vector_fields import SolveArgs, vector_field
+from jaxdae._integration._term import SystemTerm
 from jaxdae.examples import CartesianPendulum
 
 PENDULUM = CartesianPendulum(mass=1.3, length=0.8)
@@ -26,8 +26,8 @@ def _max_diff(a, b):
                          ids=lambda s: type(s).__name__)
 def test_step_matches_the_wrapped_solver(solver):
     """One step: solution, error estimate and dense output (first-same-as-last or not)."""
-    term, y0 = diffrax.ODETerm(vector_field), (Q0, V0)
-    args = SolveArgs(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), None)
+    term, y0 = SystemTerm(PENDULUM, jaxdae.Baumgarte(10.0, 25.0)), (Q0, V0)
+    args = None
     unrolled = jaxdae.UnrolledERK(solver)
     ours = unrolled.step(term, 0.1, 0.15, y0, args, unrolled.init(term, 0.1, 0.15, y0, args), False)
     theirs = solver.step(term, 0.1, 0.15, y0, args, solver.init(term, 0.1, 0.15, y0, args), False)
@@ -37,7 +37,7 @@ def test_step_matches_the_wrapped_solver(solver):
              for s, out in ((unrolled, ours), (solver, theirs))]
     assert _max_diff(*dense) < 1e-14
     if solver.tableau.fsal:  # the stored last stage is the next step's first
-        np.testing.assert_allclose(ours[3][1], vector_field(0.15, ours[0], args)[1], atol=1e-12)
+        np.testing.assert_allclose(ours[3][1], term.vf(0.15, ours[0], args)[1], atol=1e-12)
 
 
 class PushedPendulum(CartesianPendulum):

@@ -48,7 +48,7 @@ def double_pendulum(limited: bool):
 
 def urdf_arm(limited: bool):
     robot = mb.load_urdf(URDF)
-    stops = [mb.JointLimit("shoulder", -10.0, 10.0)] if limited else []
+    stops = [mb.JointLimit("shoulder", -3.0, 3.0)] if limited else []
     model = robot.mechanism(forces=[mb.Gravity()], limits=False, stops=stops,
                             coordinates="absolute")
     q0, v0 = model.initial_state(joint_coordinates={"yaw": (0.0, 1.0), "shoulder": (0.4, 0.0),

@@ -38,7 +38,8 @@ from bench_precision import Chain  # noqa: E402
 import jaxdae  # noqa: E402
 from jaxdae import _thresholds
 from jaxdae._compilation import _scalarize  # noqa: E402
-from jaxdae._integration._vector_fields import SolveArgs, state_rates, vector_field  # noqa: E402
+from jaxdae._integration._term import SystemTerm  # noqa: E402
+from jaxdae._integration._vector_fields import state_rates  # noqa: E402
 from jaxdae.examples import (
     TwoLinkManipulator,  # noqa: E402
     _two_link_reference as _peers,
@@ -159,21 +160,20 @@ def steps(loop: int = 130):
     system = TwoLinkManipulator()
     formulation = jaxdae.ModifiedLagrange(10.0, jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0]))
     y0 = system.initial_state()
-    term = diffrax.ODETerm(vector_field)
 
     def stepper(solver):
         """One step from `y`, its first stage evaluated (by `init` or in the stage loop)."""
         def step(formulation, t0, t1, y):
-            args = SolveArgs(system, formulation, None)  # no failure reference
-            state = solver.init(term, t0, t1, y, args)
-            return solver.step(term, t0, t1, y, args, state, False)[0]
+            term = SystemTerm(system, formulation)  # no failure reference
+            state = solver.init(term, t0, t1, y, None)
+            return solver.step(term, t0, t1, y, None, state, False)[0]
         return step
 
     diffrax_step = stepper(diffrax.Tsit5())
     unrolled_step = stepper(jaxdae.UnrolledERK(diffrax.Tsit5()))
 
     def rhs(formulation, t0, t1, y):
-        rates = term.vf(t0, y, SolveArgs(system, formulation, None))
+        rates = SystemTerm(system, formulation).vf(t0, y, None)
         return jax.tree.map(lambda y_, f: y_ + 1e-9 * f, y, rates)
 
     def forward(step):

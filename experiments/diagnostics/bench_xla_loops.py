@@ -2,7 +2,7 @@
 per iteration with and without it.
 
 A `jax.lax.fori_loop` of 672 iterations whose body evaluates the two-link right-hand side
-(`ModifiedLagrange(10, [20, 10], [100, 25])`, jaxdae's scalarized `vector_field`) at `k`
+(`ModifiedLagrange(10, [20, 10], [100, 25])`, jaxdae's scalarized rates, `SystemTerm.vf`) at `k`
 different states, `k = 1, 2, 4, 6` (a Tsit5 step evaluates it 6 times), or its
 vector–Jacobian product once. Each configuration runs in its own process, once with the
 option jaxdae sets on import and once with `JAXDAE_SET_XLA_FLAGS=0` (XLA reads its flags
@@ -31,7 +31,7 @@ def measure() -> dict:
     import jax.numpy as jnp
 
     import jaxdae
-    from jaxdae._integration._vector_fields import SolveArgs, vector_field
+    from jaxdae._integration._term import SystemTerm
     from jaxdae.examples import TwoLinkManipulator
 
     system = TwoLinkManipulator()
@@ -42,8 +42,8 @@ def measure() -> dict:
     params = (jnp.asarray(10.0), jnp.asarray([20.0, 10.0]), jnp.asarray([100.0, 25.0]))
 
     def rates(t, y, params):
-        args = SolveArgs(system, jaxdae.ModifiedLagrange(*params), None)
-        return jnp.concatenate(vector_field(t, (y[:2], y[2:]), args))
+        term = SystemTerm(system, jaxdae.ModifiedLagrange(*params))
+        return jnp.concatenate(term.vf(t, (y[:2], y[2:]), None))
 
     def loop(k):
         def body(i, total):

@@ -49,6 +49,7 @@ from ._diagnostics import at_valid, masked, saved_rows
 from ._failures import all_finite
 from ._reporting import raise_failure, solve_traced_inputs
 from ._solve import Dynamics, SolveCall, SolveKeywords, in_current_mesh, integrate
+from ._term import AbstractTimeTerm
 from ._trajectories import SingleTrajectory
 
 
@@ -99,9 +100,18 @@ _outputs = eqx.filter_jit(scalarize(lambda system, control, t, q, v, w: control.
     system, t, q, v, w)))
 
 
-def _vector_field(t, x, args):
-    system, control, _ = args
-    return _rates(system, control, t, *x)
+class ActuatedTerm(AbstractTimeTerm):
+    """The ODE of an actuated system under its control, as a diffrax term: the rates of
+    the state `(q, v, w)`, and the largest eigenvalue of `g gᵀ` at the initial state, the
+    scale of the test for a singular decoupling matrix (`_singular`)."""
+
+    system: ActuatedSystem
+    control: ConstraintEnforcingControl
+    initial_largest: Array
+
+    def vf(self, t, y, args):
+        del args
+        return _rates(self.system, self.control, t, *y)
 
 
 def _decoupling_eigenvalues(system, control, t, q, v, w):
@@ -115,12 +125,20 @@ def _decoupling_eigenvalues(system, control, t, q, v, w):
 _eigenvalues = eqx.filter_jit(scalarize(_decoupling_eigenvalues))
 
 
-def _singular(t, x, args, **kwargs):
+def _singular(t, x, args, *, terms, **kwargs):
     """`g gᵀ` lost rank: its smallest eigenvalue fell below `rcond` times its largest at
     the initial state (a relative test also for one constraint, where `g gᵀ` is 1 × 1)."""
-    system, control, initial_largest = args
-    smallest, _ = _eigenvalues(system, control, t, *x)
-    return smallest < default_rcond(control.rcond, smallest.dtype) * initial_largest
+    del args, kwargs
+    term = _actuated_term(terms)
+    smallest, _ = _eigenvalues(term.system, term.control, t, *x)
+    return smallest < default_rcond(term.control.rcond, smallest.dtype) * term.initial_largest
+
+
+def _actuated_term(terms) -> ActuatedTerm:
+    """The `ActuatedTerm` inside the `terms` of a solve (as diffrax wrapped them)."""
+    is_actuated = lambda x: isinstance(x, ActuatedTerm)  # noqa: E731
+    [term] = [x for x in jax.tree.leaves(terms, is_leaf=is_actuated) if is_actuated(x)]
+    return term
 
 
 @eqx.filter_jit
@@ -272,7 +290,6 @@ def simulate_actuated(system: ActuatedSystem, control: ConstraintEnforcingContro
 
 # The actuated system's ODE on the common solve path: `args = (system, control, λ_max)`, the
 # largest eigenvalue of `g gᵀ` at the start the scale of `_singular`'s test.
-_DYNAMICS = Dynamics(_vector_field, (_singular,), (RESULTS.singular_decoupling_matrix,))
 
 
 @jit_unless_staged
@@ -281,7 +298,9 @@ def _simulate_actuated(system, control, times, y0, options) -> ActuatedSolution:
     t0 = times.t0
     # The scale of `_singular`'s test: a constant of the gradient, as the event is.
     initial_largest = jax.lax.stop_gradient(_eigenvalues(system, control, t0, *y0)[1])
-    out, result = integrate(_DYNAMICS, (system, control, initial_largest), y0, times, options)
+    dynamics = Dynamics(ActuatedTerm(system, control, initial_largest), (_singular,),
+                        (RESULTS.singular_decoupling_matrix,))
+    out, result = integrate(dynamics, y0, times, options)
     ts_out, ys, (t_final, y_final) = saved_rows(
         times.ts, (out.ts, out.ys), out.result == diffrax.RESULTS.successful)
     # Rows the solve did not reach are inf: evaluate at the initial state, then mask. The

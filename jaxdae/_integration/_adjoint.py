@@ -29,11 +29,12 @@ from ._sweep_forward import (
     SweepOptions,
     SweepProblem,
     final_state,
+    reads_solver_state,
     segment_plan,
     subsaves,
-    terms_within,
     unwrapped,
 )
+from ._term import terms_within
 
 
 class ReverseSweepAdjoint(AbstractStoredStepsAdjoint):
@@ -106,11 +107,10 @@ class ReverseSweepAdjoint(AbstractStoredStepsAdjoint):
       `t0`, `t1`, the save times or `dt0` differentiate diffrax's loop instead
       (`diffrax.RecursiveCheckpointAdjoint`), inside the same call. Reverse mode only:
       forward mode (`jax.jvp`) needs `diffrax.ForwardMode()`.
-    - **Extensions** (used by [`jaxdae.simulate_ensemble`][]): a solver that passes its
-      vector field more than `args` defines `step_args(args, solver_state, t)`, the
-      vector field's arguments in the step that starts at `t` given the solver state at
-      the end of the solve; an `ODETerm` subclass with a `stage_vjp` method brings its own
-      vector–Jacobian product (jaxdae's `ODETermWithVJP`).
+    - **Terms**: a `diffrax.ODETerm`, or the term jaxdae builds for a system and its
+      formulation. The term of [`jaxdae.simulate_ensemble`][] brings its own
+      vector–Jacobian product (each trajectory's, row by row), which the sweep applies at
+      each stage instead of differentiating the term.
 
     **Arguments:**
 
@@ -127,7 +127,7 @@ class ReverseSweepAdjoint(AbstractStoredStepsAdjoint):
             solver=solver, stepsize_controller=stepsize_controller, event=event,
             progress_meter=progress_meter, max_steps=max_steps,
             segments=segment_plan(max_steps, self.stored_steps, stepsize_controller),
-            tableau=explicit_tableau(solver), step_args=getattr(solver, "step_args", None))
+            tableau=explicit_tableau(solver), keeps_solver_state=reads_solver_state(terms))
         problem = SweepProblem(terms=terms, args=args, init_state=init_state, t0=t0, t1=t1,
                            dt0=dt0, saveat=saveat)
         return final_state(init_state, swept_solve(problem, static), saveat), {}
@@ -143,7 +143,7 @@ def _check_sweepable(terms, solver, saveat, event, max_steps, passed_solver_stat
            "`adjoint=diffrax.RecursiveCheckpointAdjoint()`.")
     explicit_tableau(solver)
     odes = terms_within(terms)
-    if len(odes) != 1 or not isinstance(odes[0], diffrax.ODETerm):
+    if len(odes) != 1 or isinstance(odes[0], diffrax.MultiTerm):
         raise ValueError(
             "`jaxdae.ReverseSweepAdjoint` differentiates an ODE given as one "
             f"`diffrax.ODETerm`; got {[type(x).__name__ for x in odes]}. Pass "

@@ -4,44 +4,83 @@ non-finite)."""
 
 
 import functools
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._compilation._operators import MassFactor
 from .._compilation._private_apis import unvmap_any
 from .._compilation._scalarize import scalarize
 from .._custom_types import Array
+from .._formulations import AbstractFormulation
 from .._gains import is_concrete
 from .._solution import RESULTS
+from .._systems._system import AbstractSystem
 from ._solvers import AbstractSteppingWrapper
-from ._vector_fields import (
-    SolveArgs,
-    detached,
-    jitted_failure,
-    jitted_rates,
-    jitted_row_vjp,
-    state_rates,
-)
+from ._term import AbstractSystemTerm, AbstractTermWithVJP, replace_system_term, system_term
+from ._vector_fields import detached, jitted_failure, jitted_rates, jitted_row_vjp, state_rates
 
 
-def ensemble_vector_field(t, y, args: SolveArgs, constants=None):
-    """The rates of every row. `constants`: the system and the formulation where they are
-    constants of the compiled program (no tracer: a model the caller's `jax.jit` closes
-    over; `constant_model_field`), read from here rather than from `args`, which diffrax
-    carries through its loop as traced values: their scalar graph is then traced with
-    their values, whose zeros and ones it folds away."""
-    q, v = y
-    if constants is None:
-        rates = jax.vmap(jitted_rates, in_axes=(None, None, None, 0, 0, None))(
-            args.system, args.formulation, t, q, v, args.mass_factor)
-    else:
-        rates = jax.vmap(_folded_rates, in_axes=(None, None, None, 0, 0, None))(
-            *constants, t, q, v, args.mass_factor)
-    if args.stopped is not None:  # `StopFailedTrajectories`: stopped rows stand still
-        rates = where_rows(args.stopped, jax.tree.map(jnp.zeros_like, rates), rates)
-    return rates
+class EnsembleTerm(AbstractSystemTerm, AbstractTermWithVJP):
+    """The term of [`jaxdae.simulate_ensemble`][]: the rates of every trajectory (row) of
+    the state, each from the shared system and formulation, with the rows that
+    `StopFailedTrajectories` has stopped standing still.
+
+    `folded`: the rates with the system and the formulation as constants of the compiled
+    program (`ensemble_term`), or None; read from there rather than from the term's fields,
+    which diffrax carries through its loop as traced values, their scalar graph is traced
+    with their values, whose zeros and ones it folds away."""
+
+    system: AbstractSystem
+    formulation: AbstractFormulation
+    reference: Any = None
+    mass_factor: MassFactor | None = None
+    # The rows stopped by `StopFailedTrajectories` in the step at hand, or None.
+    stopped: Array | None = None
+    folded: Callable | None = eqx.field(static=True, default=None)
+
+    reads_solver_state: ClassVar[bool] = True
+
+    def vf(self, t, y, args):
+        del args
+        q, v = y
+        if self.folded is None:
+            rates = jax.vmap(jitted_rates, in_axes=(None, None, None, 0, 0, None))(
+                self.system, self.formulation, t, q, v, self.mass_factor)
+        else:
+            rates = jax.vmap(self.folded, in_axes=(None, 0, 0, None))(t, q, v,
+                                                                     self.mass_factor)
+        if self.stopped is not None:  # stopped rows stand still
+            rates = where_rows(self.stopped, jax.tree.map(jnp.zeros_like, rates), rates)
+        return rates
+
+    def stopped_rows(self):
+        return self.stopped
+
+    def failure_rows(self, t, y):
+        """The formulation's failure test of every row (detached, as `failure`)."""
+        return jax.vmap(jitted_failure, in_axes=(None, None, None, 0, 0, 0, None))(*detached(
+            (self.system, self.formulation, t, *y, self.reference, self.mass_factor)))
+
+    def stage_vjp(self, t, y, args, solver_state, t_start, cotangent):
+        """Each trajectory's own vector–Jacobian product (a scalar graph under `vmap`, as
+        the rates are), summed over the rows for the shared system, formulation and mass
+        factor. Rows stopped at or before `t_start` have zero rates."""
+        del args
+        if solver_state is not None:
+            stopped = StopFailedTrajectories.stopped_at(solver_state, t_start)
+            cotangent = where_rows(stopped, jax.tree.map(jnp.zeros_like, cotangent), cotangent)
+        shared_bar, *y_bar = jax.vmap(jitted_row_vjp, in_axes=(None, None, None, None, 0, 0, 0))(
+            self.system, self.formulation, self.mass_factor, t, *y, cotangent)
+        shared_bar = jax.tree.map(lambda x: jnp.sum(x, axis=0), shared_bar)
+        term_bar = eqx.tree_at(lambda term: (term.system, term.formulation, term.mass_factor),
+                               jax.tree.map(jnp.zeros_like, self), shared_bar,
+                               is_leaf=lambda x: x is None)
+        return tuple(y_bar), term_bar, None
 
 
 # Not jitted: a jitted function traces its arrays as arguments, and their values would
@@ -49,33 +88,16 @@ def ensemble_vector_field(t, y, args: SolveArgs, constants=None):
 _folded_rates = scalarize(state_rates)
 
 
-def constant_model_field(args: SolveArgs):
-    """`ensemble_vector_field` for a solve with `args`: with the system and the formulation
-    as `constants` where no leaf of them is a tracer. A trajectory's rates then cost about
-    half as much where they are a scalar graph (the arm of
-    `experiments/benchmarks/bench_robots.py`); a traced model (differentiated, vmapped or
-    an argument of the caller's `jax.jit`) keeps the jitted rates."""
-    shared = (args.system, args.formulation)
-    if not is_concrete(shared):
-        return ensemble_vector_field
-    return functools.partial(ensemble_vector_field, constants=shared)
-
-
-def ensemble_stage_vjp(t, y, args, solver_state, t_start, cotangent):
-    """`ReverseSweepAdjoint`'s vector–Jacobian product of `ensemble_vector_field`: each
-    trajectory's own (a scalar graph under `vmap`, as the rates are), summed over the rows
-    for the shared system, formulation and mass factor. Rows stopped at or before `t_start`
-    have zero rates."""
-    if solver_state is not None:
-        stopped = StopFailedTrajectories.step_args(args, solver_state, t_start).stopped
-        cotangent = where_rows(stopped, jax.tree.map(jnp.zeros_like, cotangent), cotangent)
-    shared_bar, *y_bar = jax.vmap(jitted_row_vjp, in_axes=(None, None, None, None, 0, 0, 0))(
-        args.system, args.formulation, args.mass_factor, t, *y, cotangent)
-    system_bar, formulation_bar, mass_factor_bar = jax.tree.map(
-        lambda x: jnp.sum(x, axis=0), shared_bar)
-    return tuple(y_bar), args._replace(
-        system=system_bar, formulation=formulation_bar, mass_factor=mass_factor_bar,
-        reference=jax.tree.map(jnp.zeros_like, args.reference))
+def ensemble_term(system, formulation, reference, mass_factor) -> EnsembleTerm:
+    """The `EnsembleTerm` of a solve, with its rates `folded` where no leaf of the system
+    and the formulation is a tracer. A trajectory's rates then cost about half as much
+    where they are a scalar graph (the arm of `experiments/benchmarks/bench_robots.py`); a
+    traced model (differentiated, vmapped or an argument of the caller's `jax.jit`) keeps
+    the jitted rates."""
+    folded = None
+    if is_concrete((system, formulation)):
+        folded = functools.partial(_folded_rates, system, formulation)
+    return EnsembleTerm(system, formulation, reference, mass_factor, folded=folded)
 
 
 def where_rows(rows, a, b):
@@ -132,10 +154,12 @@ class StopFailedTrajectories(AbstractSteppingWrapper):
     solver: diffrax.AbstractSolver
     fails: bool = eqx.field(static=True, default=True)
 
+    term_structure: ClassVar = EnsembleTerm
+
     def init(self, terms, t0, t1, y0, args):
         rows = y0[0].shape[:1]
         t_failed = jnp.full(rows, jnp.inf, jnp.result_type(t0))
-        values = failure_rows(t0, y0, args) if self.fails else None
+        values = _ensemble_term(terms).failure_rows(t0, y0) if self.fails else None
         # (`t1` is the first step's end: diffrax does not pass the solve's end.)
         first_step = jnp.abs(jnp.asarray(t1 - t0, t_failed.dtype))
         return (self.solver.init(terms, t0, t1, y0, args), t_failed, values,
@@ -147,7 +171,7 @@ class StopFailedTrajectories(AbstractSteppingWrapper):
         broken = _non_finite_rows(terms, t0, t1, y0, args, stopped, first_step)
         stopped = stopped | broken
         y1, y_error, dense_info, inner, result = self.solver.step(
-            terms, t0, t1, y0, args._replace(stopped=stopped), inner, made_jump)
+            _with_stopped(terms, stopped), t0, t1, y0, args, inner, made_jump)
         # A first-same-as-last stage stored before the stop still holds the old rate.
         y1 = where_rows(stopped, y0, y1)
         y_error = where_rows(stopped, jax.tree.map(jnp.zeros_like, y_error), y_error)
@@ -162,7 +186,7 @@ class StopFailedTrajectories(AbstractSteppingWrapper):
         why = jnp.where(broken, _STALLED, jnp.where(lost, _NON_FINITE_STATE, why))
         values = None
         if self.fails:
-            values = failure_rows(t1, y1, args)
+            values = _ensemble_term(terms).failure_rows(t1, y1)
             # As `diffrax.Event`: a flag, or a real value that changed sign.
             failing = values if values.dtype == bool else jnp.sign(values) != jnp.sign(last)
             failing = failing & ~stopped & ~lost
@@ -171,11 +195,24 @@ class StopFailedTrajectories(AbstractSteppingWrapper):
         return y1, y_error, dense_info, (inner, t_failed, values, why, first_step), result
 
     @staticmethod
-    def step_args(args, solver_state, t):
-        """The vector field's arguments in the step from `t`, given the solver state at the
-        end of the solve: the rows stopped at or before `t` are stopped (for
-        [`jaxdae.ReverseSweepAdjoint`][], which recomputes the steps)."""
-        return args._replace(stopped=solver_state[1] <= t)
+    def stopped_at(solver_state, t) -> Array:
+        """The rows stopped at or before `t`, given the solver state at the end of the
+        solve (for [`jaxdae.ReverseSweepAdjoint`][], which recomputes the steps)."""
+        return solver_state[1] <= t
+
+
+def _ensemble_term(terms) -> EnsembleTerm:
+    term = system_term(terms)
+    if not isinstance(term, EnsembleTerm):
+        raise ValueError("`StopFailedTrajectories` solves the term of an ensemble "
+                         f"(`EnsembleTerm`); got {type(term).__name__}.")
+    return term
+
+
+def _with_stopped(terms, stopped):
+    """`terms` with the rows `stopped` standing still."""
+    return replace_system_term(terms, lambda term: eqx.tree_at(
+        lambda x: x.stopped, term, stopped, is_leaf=lambda x: x is None))
 
 
 def stopped_results(solver_state, formulation) -> tuple[Array, RESULTS]:
@@ -208,14 +245,14 @@ def _non_finite_rows(terms, t0, t1, y0, args, stopped, first_step) -> Array:
     short = jnp.asarray(t1 - t0, dtype) <= NON_FINITE_ULPS * unit
 
     def probe():
-        running = args._replace(stopped=stopped)
+        running = _with_stopped(terms, stopped)
 
         # The rates at `t0`, then at the Euler step's end: one evaluation in a loop of two,
         # so that the compiled program holds the vector field once more, not twice.
         def evaluate(i, carry):
             y, finite = carry
             first = i == 0
-            rates = terms.vf(jnp.where(first, t0, t1), y, running)
+            rates = running.vf(jnp.where(first, t0, t1), y, args)
             end = jax.tree.map(lambda y, r: y + (t1 - t0) * r, y, rates)
             finite = finite & _finite_rows(rates) & (_finite_rows(end) | ~first)
             return jax.tree.map(lambda e, y: jnp.where(first, e, y), end, y), finite
@@ -228,11 +265,6 @@ def _non_finite_rows(terms, t0, t1, y0, args, stopped, first_step) -> Array:
     return jax.lax.cond(unvmap_any(short), probe, lambda: stopped) & ~stopped
 
 
-def failure_rows(t, y, args: SolveArgs):
-    return jax.vmap(jitted_failure, in_axes=(None, None, None, 0, 0, 0, None))(*detached(
-        (args.system, args.formulation, t, *y, args.reference, args.mass_factor)))
-
-
 def worst_trajectory_rms(y) -> Array:
     """The step-size controller's norm for an ensemble: the largest over trajectories of
     each trajectory's RMS norm, so that a step is accepted only if every trajectory meets
@@ -241,11 +273,3 @@ def worst_trajectory_rms(y) -> Array:
     size = sum(leaf.shape[-1] for leaf in leaves)
     squares = sum(jnp.sum(jnp.abs(leaf) ** 2, axis=-1) for leaf in leaves) / size
     return jnp.sqrt(jnp.max(squares))
-
-
-def failure_event(t, y, args: SolveArgs, **kwargs):
-    # A flag has no derivative: detached, a differentiated solve does not linearize the
-    # test (diffrax evaluates it at `t0` outside its loop).
-    q, v = y
-    return jitted_failure(*detached((args.system, args.formulation, t, q, v, args.reference,
-                                args.mass_factor)))

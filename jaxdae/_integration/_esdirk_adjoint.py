@@ -22,7 +22,7 @@ from .._compilation._linalg import factor_for_solves, solve_factored
 from .._compilation._private_apis import unvmap_any
 from ._autodiff_step import autodiff_step_vjp
 from ._jacobian import column_seeds, tangent_products
-from ._sweep_forward import terms_within
+from ._term import terms_within
 
 # Iterative refinement of a stage's transposed equations with the matrix of a later stage
 # of the step: at most this many corrections, each at least this factor smaller than the
@@ -53,7 +53,7 @@ def _written_out(solver, terms) -> bool:
     if not isinstance(tableau, diffrax.ButcherTableau) or tableau.ssal:
         return False
     odes = terms_within(terms)
-    return len(odes) == 1 and isinstance(odes[0], diffrax.ODETerm)
+    return len(odes) == 1 and not isinstance(odes[0], diffrax.MultiTerm)
 
 
 def _coefficients(tableau: diffrax.ButcherTableau, dtype):

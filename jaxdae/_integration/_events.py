@@ -9,6 +9,8 @@ that meets more ends with `RESULTS.event_budget_exceeded`.
 """
 
 
+from typing import Any
+
 import diffrax
 import equinox as eqx
 import jax
@@ -16,9 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import check_instance
+from .._compilation._operators import MassFactor
 from .._compilation._private_apis import unvmap_any, while_loop
 from .._compilation._scalarize import scalarize
 from .._custom_types import Array, Bool, Float, Int
+from .._formulations import AbstractFormulation
 from .._formulations._impacts import (
     ContactModes,
     contact_problem,
@@ -29,10 +33,12 @@ from .._formulations._impacts import (
 from .._gains import is_concrete
 from .._solution import RESULTS, Events
 from .._systems._structure import with_mass_factor
+from .._systems._system import AbstractSystem
 from ._adjoint import ReverseSweepAdjoint
 from ._controllers import AbstractControllerWrapper
 from ._solve import Dynamics, SolveOptions, Times, integrate
-from ._vector_fields import SolveArgs, jitted_rates, system_terms
+from ._term import AbstractSystemTerm, system_term
+from ._vector_fields import jitted_rates, system_terms
 
 
 class EventDriven(eqx.Module):
@@ -220,10 +226,25 @@ def _conditions(contacts: ContactState, gap, force, slip, friction):
     return jnp.concatenate([normal, jnp.where(rubbing, tangential, jnp.inf)])
 
 
-def contact_vector_field(t, y, args: SolveArgs):
-    q, s = y
-    return contact_rates(args.system, args.formulation, args.contacts, t, q, s,
-                         args.mass_factor)
+class ContactTerm(AbstractSystemTerm):
+    """The term between two events of an event-driven solve: the rates with the resting
+    contacts' forces (`contact_rates`; the plain rates, behind one branch, where no contact
+    rests), for the gaps' state `contacts` since the last event."""
+
+    system: AbstractSystem
+    formulation: AbstractFormulation
+    reference: Any = None
+    mass_factor: MassFactor | None = None
+    contacts: ContactState | None = None
+
+    def vf(self, t, y, args):
+        del args
+        q, s = y
+        return contact_rates(self.system, self.formulation, self.contacts, t, q, s,
+                             self.mass_factor)
+
+    def stopped_rows(self):
+        return None
 
 
 # One condition for all gaps, the least of theirs: each starts a solve positive (an open
@@ -239,10 +260,12 @@ def _default_float(value):
     return value.astype(jnp.result_type(float))
 
 
-def _first_condition(t, y, args: SolveArgs, **kwargs):
+def _first_condition(t, y, args, *, terms, **kwargs):
+    del args, kwargs
     q, s = y
-    return _default_float(jnp.min(condition_values(args.system, args.formulation,
-                                                   args.contacts, t, q, s, args.mass_factor)))
+    term = system_term(terms)
+    return _default_float(jnp.min(condition_values(term.system, term.formulation,
+                                                   term.contacts, t, q, s, term.mass_factor)))
 
 
 def event_dynamics(dynamics: Dynamics) -> Dynamics:
@@ -256,8 +279,10 @@ def event_dynamics(dynamics: Dynamics) -> Dynamics:
     little in free flight because the contact forces are computed by array operations
     (`_compilation/_lcp.py`), which keep the step loop one kernel on the CPU
     (docs/design_measurements.md#one-solve-between-events)."""
-    return Dynamics(contact_vector_field, dynamics.conditions, dynamics.failures,
-                    located=(_first_condition,))
+    term = system_term(dynamics.term)
+    return Dynamics(ContactTerm(term.system, term.formulation, term.reference,
+                                term.mass_factor),
+                    dynamics.conditions, dynamics.failures, located=(_first_condition,))
 
 
 class ApproachLimitedSteps(AbstractControllerWrapper):
@@ -272,25 +297,28 @@ class ApproachLimitedSteps(AbstractControllerWrapper):
     """
 
     controller: diffrax.AbstractAdaptiveStepSizeController
+    # The solve's term, whose gaps limit the steps.
+    term: ContactTerm
 
     def wrap(self, direction):
-        return ApproachLimitedSteps(self.controller.wrap(direction))
+        return ApproachLimitedSteps(self.controller.wrap(direction), self.term)
 
-    def _limited(self, t, y, args: SolveArgs, tnext):
+    def _limited(self, t, y, tnext):
         q, s = y
-        return jnp.minimum(tnext, t + approach_time(args.system, args.formulation,
-                                                    args.contacts, t, q, s))
+        term = self.term
+        return jnp.minimum(tnext, t + approach_time(term.system, term.formulation,
+                                                    term.contacts, t, q, s))
 
     def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
         tnext, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
-        return self._limited(t0, y0, args, tnext), state
+        return self._limited(t0, y0, tnext), state
 
     def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order,
                         controller_state):
         keep, tprev, tnext, jump, state, result = self.controller.adapt_step_size(
             t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state)
         y = jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1_candidate, y0)
-        return keep, tprev, self._limited(tprev, y, args, tnext), jump, state, result
+        return keep, tprev, self._limited(tprev, y, tnext), jump, state, result
 
 
 def _approach_time(system, formulation, contacts: ContactState, t, q, s):
@@ -430,7 +458,7 @@ def _recorded(events: Events, record, t, after: _Transition, released) -> Events
                                                            after.impulses[which]))
 
 
-def integrate_with_events(dynamics: Dynamics, args: SolveArgs, y0, times: Times,
+def integrate_with_events(dynamics: Dynamics, y0, times: Times,
                           options: SolveOptions, settings: EventDriven
                           ) -> tuple[EventSolve, RESULTS]:
     """The event-driven solve from `y0` over `times` (module docstring), and jaxdae's
@@ -440,7 +468,8 @@ def integrate_with_events(dynamics: Dynamics, args: SolveArgs, y0, times: Times,
     q0, s0 = y0
     t0, t1, ts = times.t0, times.t1, times.ts
     dtype = q0.dtype
-    system, formulation = args.system, args.formulation
+    term = system_term(dynamics.term)
+    system, formulation = term.system, term.formulation
     size = jax.eval_shape(system.gaps, t0, q0).shape[0]
     gains = tuple(jnp.asarray(k, dtype) for k in settings.contact_gains)
     budget = settings.max_events
@@ -467,7 +496,7 @@ def integrate_with_events(dynamics: Dynamics, args: SolveArgs, y0, times: Times,
     def step(carry: _Carry) -> _Carry:
         def apply():
             return transition(system, formulation, settings, carry.contacts, carry.t,
-                              carry.q, carry.s, carry.hit, args.mass_factor)
+                              carry.q, carry.s, carry.hit, term.mass_factor)
 
         def none():  # all gaps open, none resting: nothing happens
             shapes = jax.eval_shape(apply)
@@ -488,9 +517,16 @@ def integrate_with_events(dynamics: Dynamics, args: SolveArgs, y0, times: Times,
         else:
             saveat = diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=jnp.clip(ts, carry.t, t1)),
                                           diffrax.SubSaveAt(t1=True)])
-        out, result = integrate(dynamics, args._replace(contacts=contacts),
-                                (carry.q, after.state), Times(carry.t, t1, None), limited,
-                                saveat)
+        segment = eqx.tree_at(lambda t: t.contacts, term, contacts,
+                              is_leaf=lambda x: x is None)
+        segment_options = options
+        if isinstance(options.stepsize_controller, diffrax.AbstractAdaptiveStepSizeController):
+            segment_options = eqx.tree_at(
+                lambda o: o.stepsize_controller, options,
+                ApproachLimitedSteps(options.stepsize_controller, segment))
+        out, result = integrate(eqx.tree_at(lambda d: d.term, dynamics, segment),
+                                (carry.q, after.state), Times(carry.t, t1, None),
+                                segment_options, saveat)
         segment_rows = None
         if ts is None:
             t_end, (q_end, s_end) = out.ts[0], (out.ys[0][0], out.ys[1][0])
@@ -522,10 +558,6 @@ def integrate_with_events(dynamics: Dynamics, args: SolveArgs, y0, times: Times,
             stats={key: carry.stats[key] + out.stats[key] for key in _STAT_KEYS},
         )
 
-    limited = options
-    if isinstance(options.stepsize_controller, diffrax.AbstractAdaptiveStepSizeController):
-        limited = eqx.tree_at(lambda o: o.stepsize_controller, options,
-                              ApproachLimitedSteps(options.stepsize_controller))
     kind = "lax" if isinstance(options.adjoint, diffrax.ForwardMode) else "checkpointed"
     final = while_loop(lambda c: ~c.done, step, carry, max_steps=budget + 1,
                        kind=kind, checkpoints=budget + 1 if kind == "checkpointed" else None)

@@ -19,13 +19,13 @@ from .._compilation._linalg import (
     lu_solve,
 )
 from .._compilation._linear_solvers import PositiveSemidefinitePseudoInverse
-from .._formulations._base import AbstractFormulation
 from .._formulations._multipliers import eliminate, multiplier_solve
 from .._solution import RESULTS
 from .._systems._system import AbstractSystem, inertia_minus_forces
 from ._generalized_alpha_newton import IterationMatrix, NewtonOptions, newton_solve
 from ._jacobian import linearization
 from ._solvers import AbstractFailureNamingSolver
+from ._term import AbstractSystemTerm, system_term
 
 # The Newton iteration stops once its remaining error is below this fraction of the
 # step's tolerance (as `jaxdae.ToleranceChord`'s default `kappa`).
@@ -320,7 +320,8 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
     root_finder: optx.AbstractRootFinder = diffrax.with_stepsize_controller_tols(optx.Chord)()
     root_find_max_steps: int = 10
 
-    term_structure: ClassVar = diffrax.AbstractTerm
+    # The DAE of `jaxdae.simulate` (`_term.py`): the method reads the system from it.
+    term_structure: ClassVar = AbstractSystemTerm
     interpolation_cls: ClassVar = diffrax.ThirdOrderHermitePolynomialInterpolation
 
     def __check_init__(self):
@@ -338,7 +339,7 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
         return 2
 
     def init(self, terms, t0, t1, y0, args):
-        system = _system(y0, args)
+        system = _system(y0, terms)
         acc, multipliers = _consistent(system, t0, *y0)
         size = y0[0].shape[0] + multipliers.shape[0]
         return acc, acc, multipliers, IterationMatrix.empty(size, acc.dtype)
@@ -360,8 +361,8 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
         return _residual(x, (system, t, step))[0]
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
-        del terms, made_jump
-        system = _system(y0, args)
+        del made_jump
+        system = _system(y0, terms)
         q0, v0 = y0
         a0, qdd0, lam0, kept = solver_state
         alpha_m, alpha_f, _, beta = chung_hulbert(float(self.rho_inf))
@@ -391,7 +392,7 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
                 (a1, qdd1, mu / step.c, matrix), result)
 
     def func(self, terms, t0, y0, args):
-        system = _system(y0, args)
+        system = _system(y0, terms)
         q, v = y0
         acc, _ = _consistent(system, t0, q, v)
         return v, acc
@@ -438,16 +439,11 @@ def _consistent(system, t, q, v):
     return multiplier_solve(terms, terms.bias, PositiveSemidefinitePseudoInverse(None))
 
 
-def _system(y0, args) -> AbstractSystem:
-    """The system of a solve (`args = (system, formulation, …)` as
-    [`jaxdae.simulate`][] passes them), checked for what the method needs."""
-    if not (isinstance(args, tuple) and len(args) >= 2 and isinstance(args[0], AbstractSystem)
-            and isinstance(args[1], AbstractFormulation)):
-        raise ValueError(
-            "`jaxdae.GeneralizedAlpha` reads the system from the solve's arguments, "
-            "`args = (system, formulation, ...)`: use it as `jaxdae.simulate(system, "
-            "formulation, ..., solver=jaxdae.GeneralizedAlpha())`.")
-    system, formulation = args[0], args[1]
+def _system(y0, terms) -> AbstractSystem:
+    """The system of a solve, read from its term (`_term.py`), checked for what the
+    method needs."""
+    term = system_term(terms)
+    system, formulation = term.system, term.formulation
     if y0[0].ndim != 1:
         raise ValueError(
             "`jaxdae.GeneralizedAlpha` integrates one trajectory at a time: batch it with "

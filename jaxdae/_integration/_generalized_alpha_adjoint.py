@@ -48,6 +48,7 @@ from ._sweep_forward import (
     unwrapped,
     warn_checkpointed,
 )
+from ._term import system_term
 
 # Iterative refinement of a step's adjoint equations with the inverse kept from a later
 # step: at most this many corrections, each at least this factor smaller than the last,
@@ -226,7 +227,8 @@ def _backward(stored, out_bar, perturbed, problem, static):
     if steps_y0_bar is not None:
         y0_bar = steps_y0_bar if y0_bar is None else y0_bar + steps_y0_bar
     final_bar = jnp.zeros(2 * n, q0.dtype) if final_bar is None else final_bar
-    diff_args, static_args = eqx.partition(problem.args, perturbed.args)
+    # The method reads the system from the term: the gradient is the term's.
+    diff_terms, static_terms = eqx.partition(problem.terms, perturbed.terms)
     times = jnp.concatenate([jnp.reshape(t0, (1,)), step_ts])  # step k: times[k] → times[k+1]
     save_step = None if save_ts is None else jnp.searchsorted(step_ts, save_ts, side="left")
 
@@ -259,13 +261,13 @@ def _backward(stored, out_bar, perturbed, problem, static):
                          record(start))
     zero_n = jnp.zeros_like(q0)
     end_bar = (final_bar[:n], final_bar[n:], zero_n, zero_n)
-    args_bar = jax.tree.map(jnp.zeros_like, diff_args)
+    terms_bar = jax.tree.map(jnp.zeros_like, diff_terms)
 
     def step_back(k, records, i, carry):
         """The cotangents at the start of step `k` (row `i` of `records`) from those at
         its end, and the factorized matrix to keep."""
         bars, kept = carry
-        (q_bar, v_bar, a_bar, qdd_bar), args_bar = bars
+        (q_bar, v_bar, a_bar, qdd_bar), terms_bar = bars
         if steps_bar is not None:  # the state saved at the step's end
             q_bar, v_bar = q_bar + steps_bar[k, :n], v_bar + steps_bar[k, n:]
         ta, tb = times[k], times[k + 1]
@@ -279,10 +281,10 @@ def _backward(stored, out_bar, perturbed, problem, static):
         else:
             start_saves = None
 
-        def through(inputs, diff_args, x):
+        def through(inputs, diff_terms, x):
             step = method.prepare(ta, tb, *inputs)
-            args = eqx.combine(diff_args, static_args)
-            residual = method.residual(x, args[0], tb, step)
+            terms = eqx.combine(diff_terms, static_terms)
+            residual = method.residual(x, system_term(terms).system, tb, step)
             q1 = x[:n]
             v1, qdd1, a1 = step.unpack(q1)
             return residual, (q1, v1, a1, qdd1)
@@ -292,14 +294,14 @@ def _backward(stored, out_bar, perturbed, problem, static):
         x_bar = jnp.concatenate([
             q_bar + (prepared.gamma / (prepared.h * prepared.beta)) * v_bar
             + a_bar / prepared.hb + qdd_bar / prepared.c, jnp.zeros_like(end.lam)])
-        (residual, ends), pull = jax.vjp(through, inputs, diff_args, x)
+        (residual, ends), pull = jax.vjp(through, inputs, diff_terms, x)
         no_ends = jax.tree.map(jnp.zeros_like, ends)
         w, kept = _adjoint_solve(lambda w: pull((w, no_ends))[2], x_bar, kept)
-        inputs_bar, step_args_bar, _ = pull((-w, (q_bar, v_bar, a_bar, qdd_bar)))
+        inputs_bar, step_terms_bar, _ = pull((-w, (q_bar, v_bar, a_bar, qdd_bar)))
         if start_saves is not None:
             inputs_bar = (inputs_bar[0] + start_saves[0], inputs_bar[1] + start_saves[1],
                           inputs_bar[2], inputs_bar[3] + start_saves[2])
-        return (inputs_bar, jax.tree.map(jnp.add, args_bar, step_args_bar)), kept
+        return (inputs_bar, jax.tree.map(jnp.add, terms_bar, step_terms_bar)), kept
 
     def segment_back(jj, carry):
         j = segments - 1 - jj
@@ -321,23 +323,23 @@ def _backward(stored, out_bar, perturbed, problem, static):
                                                   steps - 1 - ii, carry), carry)
 
     size = q0.shape[0] + problem.init_state.solver_state[2].shape[0]
-    ((q_bar, v_bar, a_bar, qdd_bar), args_bar), _ = jax.lax.fori_loop(
-        0, segments, segment_back, ((end_bar, args_bar), _Kept.empty(size, q0.dtype)))
+    ((q_bar, v_bar, a_bar, qdd_bar), terms_bar), _ = jax.lax.fori_loop(
+        0, segments, segment_back, ((end_bar, terms_bar), _Kept.empty(size, q0.dtype)))
 
-    def start(y0, diff_args):  # the consistent accelerations at `t0`: `a₀ = q̈₀`
-        a, qdd, _, _ = method.init(problem.terms, t0, problem.t1, y0,
-                                   eqx.combine(diff_args, static_args))
+    def start(y0, diff_terms):  # the consistent accelerations at `t0`: `a₀ = q̈₀`
+        a, qdd, _, _ = method.init(eqx.combine(diff_terms, static_terms), t0, problem.t1,
+                                   y0, problem.args)
         return a, qdd
 
-    _, pull_start = jax.vjp(start, (q0, v0), diff_args)
-    (q0_bar, v0_bar), init_args_bar = pull_start((a_bar, qdd_bar))
-    args_bar = jax.tree.map(jnp.add, args_bar, init_args_bar)
+    _, pull_start = jax.vjp(start, (q0, v0), diff_terms)
+    (q0_bar, v0_bar), init_terms_bar = pull_start((a_bar, qdd_bar))
+    terms_bar = jax.tree.map(jnp.add, terms_bar, init_terms_bar)
     start_bar = jnp.concatenate([q_bar + q0_bar, v_bar + v0_bar])
     if y0_bar is not None:
         start_bar = start_bar + y0_bar
     init_state_bar = eqx.tree_at(lambda s: s.y, nones(problem.init_state),
                                  (start_bar[:n], start_bar[n:]), is_leaf=is_none)
-    return dataclasses.replace(nones(problem), args=args_bar, init_state=init_state_bar)
+    return dataclasses.replace(nones(problem), terms=terms_bar, init_state=init_state_bar)
 
 
 class _Kept(eqx.Module):

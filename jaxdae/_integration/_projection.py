@@ -22,7 +22,7 @@ from .._formulations._multipliers import eliminate
 from .._solution import RESULTS
 from .._systems._system import AbstractSystem, ConstrainedTerms, terms_in_array_form
 from ._solvers import AbstractSolverWrapper
-from ._vector_fields import SolveArgs
+from ._term import AbstractSystemTerm, is_system_term, replace_system_term
 
 
 def _max_abs(x: Array) -> Array:
@@ -509,16 +509,17 @@ class Projected(AbstractSolverWrapper):
         return super().name_result(result)
 
     def func(self, terms, t0, y0, args):
-        return self.solver.func(terms, t0, y0, _between_projections(y0, args))
+        return self.solver.func(_between_projections(y0, terms), t0, y0, args)
 
     def init(self, terms, t0, t1, y0, args):
-        return self.solver.init(terms, t0, t1, y0, _between_projections(y0, args))
+        return self.solver.init(_between_projections(y0, terms), t0, t1, y0, args)
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
-        system, formulation = _check_args(y0, args)
+        term = _checked_term(y0, terms)
+        system, formulation = term.system, term.formulation
         # The stored first-same-as-last stage is that of the unprojected state: a jump.
         y1, y_error, dense_info, solver_state, result = self.solver.step(
-            terms, t0, t1, y0, _between_projections(y0, args), solver_state, True)
+            _between_projections(y0, terms), t0, t1, y0, args, solver_state, True)
         q, s = y1
         tol = self.tol if self.tol is not None else float(1000 * jnp.finfo(q.dtype).eps)
 
@@ -535,7 +536,8 @@ class Projected(AbstractSolverWrapper):
             ok = position_ok & velocity_ok
             # Rows stopped by their formulation's failure (`_StopFailedTrajectories`)
             # stand still: neither projected nor counted.
-            stopped = jnp.zeros_like(ok) if args.stopped is None else args.stopped
+            stopped = term.stopped_rows()
+            stopped = jnp.zeros_like(ok) if stopped is None else stopped
             failed = jnp.any(~ok & ~stopped)
             keep = (ok & ~stopped)[:, None]
         # Where the projection failed, the unprojected end (finite) is where it stopped.
@@ -545,21 +547,23 @@ class Projected(AbstractSolverWrapper):
                 _failure_item(failed, result))
 
 
-def _between_projections(y0, args):
-    """The solve's arguments with the formulation that is integrated between the
+def _between_projections(y0, terms):
+    """The solve's terms with the formulation that is integrated between the
     projections (`AbstractFormulation.for_projection`)."""
-    _, formulation = _check_args(y0, args)
-    return args._replace(formulation=formulation.for_projection())
+    _checked_term(y0, terms)
+    return replace_system_term(terms, lambda term: eqx.tree_at(
+        lambda x: x.formulation, term, term.formulation.for_projection()))
 
 
-def _check_args(y0, args) -> tuple[AbstractSystem, AbstractFormulation]:
-    """The system and formulation of a `simulate` / `simulate_ensemble` solve (its
-    arguments are a `SolveArgs`)."""
-    if not (isinstance(args, SolveArgs) and isinstance(y0, tuple) and len(y0) == 2):
+def _checked_term(y0, terms) -> AbstractSystemTerm:
+    """The term of a `simulate` / `simulate_ensemble` solve, which holds the system and
+    formulation to project with."""
+    found = [x for x in jax.tree.leaves(terms, is_leaf=is_system_term) if is_system_term(x)]
+    if not (len(found) == 1 and isinstance(y0, tuple) and len(y0) == 2):
         raise ValueError(
             "`jaxdae.Projected` projects the states of `jaxdae.simulate` and "
             "`jaxdae.simulate_ensemble` (it reads the system and formulation from their "
-            "solve); it does not apply to other solves (e.g. `jaxdae.simulate_actuated` "
-            "or a direct `diffrax.diffeqsolve`).")
-    return args.system, args.formulation
+            "solve's term); it does not apply to other solves (e.g. "
+            "`jaxdae.simulate_actuated` or a direct `diffrax.diffeqsolve`).")
+    return found[0]
 

@@ -11,7 +11,6 @@ every step is the forward solve's own to rounding.
 """
 
 import dataclasses
-from typing import ClassVar
 
 import diffrax
 import equinox as eqx
@@ -21,7 +20,6 @@ from jax.flatten_util import ravel_pytree
 
 from .. import _thresholds
 from .._compilation._linalg import full_precision
-from ._solvers import AbstractSolverWrapper
 from ._step_adjoints import reuses_outputs, step_vjp
 from ._sweep_backward import saves_bar
 from ._sweep_forward import (
@@ -118,10 +116,9 @@ class ReplayAdjoint(AbstractStoredStepsAdjoint):
             return diffrax.RecursiveCheckpointAdjoint(
                 checkpoints=_thresholds.CHECKPOINTS).loop(**options)
         count = -(-max_steps // self.stored_steps)  # segments of equal length
-        static = SweepOptions(solver=_Checked(solver), stepsize_controller=stepsize_controller,
+        static = SweepOptions(solver=solver, stepsize_controller=stepsize_controller,
                               event=event, progress_meter=progress_meter, max_steps=max_steps,
-                              segments=(count, -(-max_steps // count)), tableau=None,
-                              step_args=None)
+                              segments=(count, -(-max_steps // count)), tableau=None)
         problem = SweepProblem(terms=terms, args=args, init_state=init_state, t0=t0, t1=t1,
                                dt0=dt0, saveat=saveat)
         return final_state(init_state, _replayed(problem, static), saveat), {}
@@ -140,23 +137,6 @@ def replayable(saveat, event, stepsize_controller, max_steps, passed_state) -> b
     jumps = getattr(stepsize_controller, "jump_ts", None) is not None
     return (max_steps is not None and saves_replayable and not located and not jumps
             and not passed_state)
-
-
-class _Checked(AbstractSolverWrapper):
-    """`solver`, given the terms that `diffeqsolve` has already checked against its
-    `term_structure` and wrapped (`diffrax.WrapTerm`, for the direction of time): the
-    forward pass that records the steps is a `diffeqsolve` of those terms, which checks
-    them again, and a solver that declares `diffrax.ODETerm` (`jaxdae.Rodas5P`) would
-    refuse the wrapper."""
-
-    solver: diffrax.AbstractSolver
-    term_structure: ClassVar = diffrax.AbstractTerm
-
-    def init(self, terms, t0, t1, y0, args):
-        return self.solver.init(terms, t0, t1, y0, args)
-
-    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
-        return self.solver.step(terms, t0, t1, y0, args, solver_state, made_jump)
 
 
 @eqx.filter_custom_vjp
@@ -224,14 +204,14 @@ def _backward(stored, out_bar, perturbed, problem, static):
 
     # Whether the step's derivative takes the step's outputs that the replay computed
     # rather than running the step a third time: then the replay keeps them.
-    keep = reuses_outputs(solver.solver)
+    keep = reuses_outputs(solver)
 
     def step_back(k, state, bars, outputs):
         """The cotangents at the start of step `k` (from `state`, and its `outputs` if
         kept) from those at its end."""
         end_bar, p_bar = bars
         kept = {} if outputs is None else {"outputs": outputs}
-        (_, dense), pull = step_vjp(solver.solver, times[k], times[k + 1], state, diff_p,
+        (_, dense), pull = step_vjp(solver, times[k], times[k + 1], state, diff_p,
                                     static_p, **kept)
         dense_bar = (_zeros_where_inexact(dense) if save_ts is None
                      else dense_bar_of(k, dense))

@@ -12,6 +12,7 @@ from jax.flatten_util import ravel_pytree
 from .._compilation._linalg import factor_for_solves, solve_factored
 from .._custom_types import Array, Float, PyTree
 from ._jacobian import check_jacobian, linearization
+from ._term import one_ode_term
 
 # Rodas5P (Steinebach 2023), in the transformed variables of Hairer & Wanner (Solving ODEs
 # II, §IV.7, (7.4')): `(I/(hγ) − J) kᵢ = f(t₀ + cᵢh, y₀ + Σⱼ aᵢⱼ kⱼ) + Σⱼ (Cᵢⱼ/h) kⱼ
@@ -281,7 +282,8 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
 
     jacobian: str = "coloured"
 
-    term_structure: ClassVar = diffrax.ODETerm
+    # An ODE: `diffrax.ODETerm`, or the term of a system (`init` checks which).
+    term_structure: ClassVar = diffrax.AbstractTerm
     interpolation_cls: ClassVar = RodasInterpolation
 
     def __check_init__(self):
@@ -291,6 +293,7 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
         return 5
 
     def init(self, terms, t0, t1, y0, args):
+        one_ode_term(terms, "jaxdae.Rodas5P")
         return None
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import optimistix as optx
 
+from .. import _thresholds
 from .._compilation._private_apis import diffeqsolve_unjitted
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._gains import is_concrete
@@ -27,7 +28,6 @@ from ._failures import (
 )
 from ._implicit import configure_for_controller
 from ._solvers import name_result
-from ._sweep_forward import ODETermWithVJP
 from ._validation import as_step_count, check_real, check_solve_options, check_times
 
 # The signature that `in_current_mesh` keeps.
@@ -146,16 +146,22 @@ class SolveCall(eqx.Module):
         check_first_step(self.dt0, t0, t1, self.stepsize_controller)
         return Times(t0, t1, ts)
 
-    def options(self, dtype, norm=optx.rms_norm) -> SolveOptions:
+    def options(self, dtype, norm=optx.rms_norm, event_driven: bool = False) -> SolveOptions:
         """The solve's options with the defaults filled in: `step_options` (the default
         controller measures errors with `norm`), an implicit solver's root finder set to
-        stop at the step's tolerance (`configure_for_controller`), `default_adjoint`."""
+        stop at the step's tolerance (`configure_for_controller`), `default_adjoint`, or
+        for an `event_driven` solve diffrax's `RecursiveCheckpointAdjoint` (the event loop
+        is differentiated through its checkpointed loop)."""
         stepsize_controller, dt0 = step_options(self.stepsize_controller, self.dt0, self.rtol,
                                                 self.atol, dtype, norm)
         solver = (DEFAULT_SOLVER if self.solver is None
                   else configure_for_controller(self.solver, stepsize_controller))
-        adjoint = (default_adjoint(solver, self.max_steps) if self.adjoint is None
-                   else self.adjoint)
+        if self.adjoint is not None:
+            adjoint = self.adjoint
+        elif event_driven:
+            adjoint = diffrax.RecursiveCheckpointAdjoint(_thresholds.CHECKPOINTS)
+        else:
+            adjoint = default_adjoint(solver, self.max_steps)
         tolerances = None
         if isinstance(stepsize_controller, diffrax.AbstractAdaptiveStepSizeController):
             tolerances = tuple(jnp.asarray(x, dtype) for x in (stepsize_controller.rtol,
@@ -196,33 +202,28 @@ def in_current_mesh(fn: Callable[_P, _R]) -> Callable[_P, _R]:
 
 class Dynamics(eqx.Module):
     """What the solve path integrates for a model `(system, strategy)` (a system and its
-    formulation, or an actuated system and its control): the vector field
-    `vector_field(t, y, args)` with the solve's `args` (`SolveArgs` for a system and its
-    formulation), and the conditions (diffrax event conditions on the same arguments) that
-    stop the solve, each with the [`jaxdae.RESULTS`][] item it reports.
+    formulation, or an actuated system and its control): the term (`_term.py`), and the
+    conditions (diffrax event conditions, which read the problem from the `terms` diffrax
+    passes them) that stop the solve, each with the [`jaxdae.RESULTS`][] item it reports.
 
-    `stage_vjp`, if given, is the vector–Jacobian product that
-    [`jaxdae.ReverseSweepAdjoint`][] applies at each stage (`ODETermWithVJP`; an ensemble
-    applies each trajectory's own, row by row); other adjoints ignore it.
     `saves_solver_state`: the solve keeps its final solver state (an ensemble whose
     trajectories stop one by one reads the stopped rows from it)."""
 
-    vector_field: Callable = eqx.field(static=True)
+    term: diffrax.AbstractTerm
     conditions: tuple[Callable, ...] = eqx.field(static=True, default=())
     failures: tuple[RESULTS, ...] = ()
     located: tuple[Callable, ...] = eqx.field(static=True, default=())
-    stage_vjp: Callable | None = eqx.field(static=True, default=None)
     saves_solver_state: bool = eqx.field(static=True, default=False)
 
 
-def integrate(dynamics: Dynamics, args, y0, times: Times, options: SolveOptions,
+def integrate(dynamics: Dynamics, y0, times: Times, options: SolveOptions,
               saveat: diffrax.SaveAt | None = None) -> tuple[diffrax.Solution, RESULTS]:
     """The one diffrax solve of [`jaxdae.simulate`][], [`jaxdae.simulate_ensemble`][] and
-    [`jaxdae.simulate_actuated`][]: from `y0` over `times` with `options`, saving as
-    `save_at` says, stopped by `dynamics.conditions` (and a non-finite state under fixed
-    steps, `solve_event`) and by a stalled step (`stop_stalled_steps`). Returns diffrax's
-    solution and jaxdae's result: the failure that stopped it named by its condition
-    (`event_result`) or by the solver (`name_result`)."""
+    [`jaxdae.simulate_actuated`][]: of `dynamics.term` from `y0` over `times` with
+    `options`, saving as `save_at` says, stopped by `dynamics.conditions` (and a non-finite
+    state under fixed steps, `solve_event`) and by a stalled step (`stop_stalled_steps`).
+    Returns diffrax's solution and jaxdae's result: the failure that stopped it named by its
+    condition (`event_result`) or by the solver (`name_result`)."""
     solver, controller = options.solver, options.stepsize_controller
     t0, t1, ts = times.t0, times.t1, times.ts
     if saveat is None:
@@ -232,10 +233,8 @@ def integrate(dynamics: Dynamics, args, y0, times: Times, options: SolveOptions,
     event = solve_event(list(dynamics.conditions), controller, list(dynamics.located),
                         jnp.result_type(t0))
     controller = stop_stalled_steps(controller)
-    term = (diffrax.ODETerm(dynamics.vector_field) if dynamics.stage_vjp is None
-            else ODETermWithVJP(dynamics.vector_field, dynamics.stage_vjp))
     # Unjitted: `integrate` is always traced inside a jit (`diffeqsolve_unjitted`).
-    out = diffeqsolve_unjitted(term, solver, t0, t1, options.dt0, y0, args=args,
+    out = diffeqsolve_unjitted(dynamics.term, solver, t0, t1, options.dt0, y0, args=None,
                                saveat=saveat, stepsize_controller=controller,
                                adjoint=options.adjoint, event=event,
                                max_steps=options.max_steps, throw=False)

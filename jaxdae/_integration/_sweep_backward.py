@@ -15,7 +15,6 @@ from .._compilation._linalg import full_precision
 from .._compilation._scalarize import scalarize
 from ._sweep_forward import (
     LoopVJP,
-    ODETermWithVJP,
     accepted_steps,
     is_none,
     loop_solve,
@@ -23,9 +22,9 @@ from ._sweep_forward import (
     solve_segment,
     solve_storing_steps,
     subsaves,
-    terms_within,
     typed_literal_as_array,
 )
+from ._term import AbstractTermWithVJP, terms_within
 
 
 @eqx.filter_custom_vjp
@@ -79,7 +78,7 @@ def _sweep_segments(sweep, stored, problem, static, final_bar, save_bar, p_bar):
         start = unravel_start(starts[i])
         save_bar_i = None if save_ts is None else jnp.where(
             ((save_ts > start[0]) | (i == 0))[:, None], save_bar, 0)
-        solver_state = unravel_start(starts[i + 1])[2] if static.step_args else None
+        solver_state = unravel_start(starts[i + 1])[2] if static.keeps_solver_state else None
         return sweep(steps_i, solver_state, (start[0], sweep.flat(start[1])), end_bar,
                      save_bar_i, p_bar)
 
@@ -139,7 +138,7 @@ class _Sweep:
         # parameter of the system costs more.
         self.diff_p, self.static_p = eqx.partition((terms, problem.args),
                                                    (perturbed.terms, perturbed.args))
-        self.own_vjp = isinstance(terms_within(terms)[0], ODETermWithVJP)
+        self.own_vjp = isinstance(terms_within(terms)[0], AbstractTermWithVJP)
         # Larger states: each stage's linearization is kept from the stages' recomputation
         # (`jax.vjp`'s residuals, stacked over the stages) and only transposed on the way
         # back, instead of evaluating the right-hand side again inside each stage's product.
@@ -157,9 +156,8 @@ class _Sweep:
         return ravel_pytree(y)[0]
 
     def rates(self, t, y, diff_p, static_p, solver_state, t_start):
+        del solver_state, t_start  # (read by a term's own stage VJP only)
         terms, args = eqx.combine(diff_p, static_p)
-        if self.static.step_args is not None:
-            args = self.static.step_args(args, solver_state, t_start)
         return self.flat(terms.vf(t, self.unravel(y), args))
 
     def _rates_vjp(self, t, y, diff_p, static_p, solver_state, t_start, cotangent):
@@ -173,11 +171,17 @@ class _Sweep:
             return self.scalar_stage_vjp(t, y, self.diff_p, self.static_p, solver_state,
                                          t_start, cotangent)
         terms, args = eqx.combine(self.diff_p, self.static_p)
-        y_bar, args_bar = terms_within(terms)[0].stage_vjp(
+        own = terms_within(terms)[0]
+        y_bar, own_bar, args_bar = own.stage_vjp(
             self.direction * t, self.unravel(y), args, solver_state, t_start,
             self.unravel(cotangent))
-        return self.flat(y_bar), (jax.tree.map(jnp.zeros_like, self.diff_p[0]),
-                                  eqx.partition(args_bar, self.perturbed.args)[0])
+        # The cotangent of the terms: the own term's, zeros for what wraps it.
+        terms_bar = jax.tree.map(
+            lambda x: own_bar if x is own else jax.tree.map(jnp.zeros_like, x), terms,
+            is_leaf=lambda x: x is own)
+        args_bar = (jax.tree.map(jnp.zeros_like, self.diff_p[1]) if args_bar is None
+                    else eqx.partition(args_bar, self.perturbed.args)[0])
+        return self.flat(y_bar), (eqx.partition(terms_bar, self.perturbed.terms)[0], args_bar)
 
     def linearize(self, t, y, t_start, solver_state):
         """The rate and its pullback's residuals (and their tree)."""

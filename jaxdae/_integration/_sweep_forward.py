@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import warnings
 from collections.abc import Callable
+from typing import ClassVar
 
 import diffrax
 import equinox as eqx
@@ -16,29 +17,25 @@ from jax.flatten_util import ravel_pytree
 from .. import _thresholds
 from .._custom_types import Array
 from ._solvers import AbstractSteppingWrapper
+from ._term import AbstractTermWithVJP, terms_within
 
 
-class ODETermWithVJP(diffrax.ODETerm):
-    """`diffrax.ODETerm(vector_field)` with its own vector–Jacobian product, which
-    [`jaxdae.ReverseSweepAdjoint`][] applies at each stage instead of differentiating
-    `vector_field` (an ensemble applies each trajectory's own product row by row).
+class TermsChecked(AbstractSteppingWrapper):
+    """`solver`, given the terms that `diffeqsolve` has already checked against its
+    `term_structure` and wrapped (`diffrax.WrapTerm`, for the direction of time): the
+    adjoints' own solves (the forward pass that records the steps, a segment re-solved
+    from its checkpoint) are `diffeqsolve`s of those terms, which check them again, and a
+    solver that declares a term class (`jaxdae.Rodas5P`: `diffrax.ODETerm`;
+    `jaxdae.GeneralizedAlpha`: the term of a system) would refuse the wrapper."""
 
-    **Arguments:**
+    solver: diffrax.AbstractSolver
+    term_structure: ClassVar = diffrax.AbstractTerm
 
-    - `vector_field`: `vector_field(t, y, args)`, as for `diffrax.ODETerm`.
-    - `vjp`: `vjp(t, y, args, solver_state, t_start, cotangent) -> (y_bar, args_bar)`, the
-      vector–Jacobian product of `vector_field` at `(t, y)` in the step from `t_start`
-      (the solver's time, see `step_args` in [`jaxdae.ReverseSweepAdjoint`][]), with
-      respect to `y` and `args`; `solver_state` is the solver state at the end of the
-      solve (or of the segment that holds the step) if the solver defines `step_args`,
-      else None. `args_bar` has the structure of `args` (None for no cotangent).
-    """
+    def init(self, terms, t0, t1, y0, args):
+        return self.solver.init(terms, t0, t1, y0, args)
 
-    vjp: Callable
-
-    def stage_vjp(self, t, y, args, solver_state, t_start, cotangent):
-        """`(y_bar, args_bar)`: the vector–Jacobian product of `vector_field` (see `vjp`)."""
-        return self.vjp(t, y, args, solver_state, t_start, cotangent)
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        return self.solver.step(terms, t0, t1, y0, args, solver_state, made_jump)
 
 
 def unwrapped(solver):
@@ -48,10 +45,11 @@ def unwrapped(solver):
     return solver
 
 
-def terms_within(terms) -> list:
-    """The ODE terms and multi-terms inside `terms` (as `diffeqsolve` wrapped them)."""
-    is_term = lambda x: isinstance(x, (diffrax.ODETerm, diffrax.MultiTerm))  # noqa: E731
-    return [x for x in jax.tree.leaves(terms, is_leaf=is_term) if is_term(x)]
+def reads_solver_state(terms) -> bool:
+    """Whether the stage VJP of the ODE term inside `terms` reads the final solver
+    state (`AbstractTermWithVJP.reads_solver_state`)."""
+    term = terms_within(terms)[0]
+    return isinstance(term, AbstractTermWithVJP) and term.reads_solver_state
 
 
 def warn_checkpointed(stepsize_controller, what: str, fix: str,
@@ -81,7 +79,8 @@ class SweepOptions(eqx.Module):
     solve's solver, step-size controller, event and progress meter as `diffeqsolve` gave
     them to the adjoint, its step limit, the segments' `(count, length)` (`segment_plan`), the
     solver's Butcher tableau (None for a solve replayed by its step function,
-    `jaxdae.ReplayAdjoint`) and its `step_args` (or None). The solver, controller and
+    `jaxdae.ReplayAdjoint`) and whether the final solver state is kept for the term's stage
+    VJP (`reads_solver_state`). The solver, controller and
     event may hold arrays (a controller's tolerances): ordinary fields; the rest is
     static."""
 
@@ -92,7 +91,7 @@ class SweepOptions(eqx.Module):
     max_steps: int = eqx.field(static=True)
     segments: tuple[int, int] | None = eqx.field(static=True)
     tableau: diffrax.ButcherTableau | None
-    step_args: Callable | None = eqx.field(static=True)
+    keeps_solver_state: bool = eqx.field(static=True, default=False)
 
 
 class SweepProblem(eqx.Module):
@@ -200,8 +199,8 @@ def solve_storing_steps(problem, static):
     if static.segments is not None:
         return _solve_in_segments(problem, static)
     output, (step_ts, step_ys, steps, solver_state) = solve_saving_steps(
-        problem, static, SAVE_Y, bool(static.step_args))
-    return output, (step_ts, step_ys, steps, solver_state if static.step_args else None)
+        problem, static, SAVE_Y, static.keeps_solver_state)
+    return output, (step_ts, step_ys, steps, solver_state if static.keeps_solver_state else None)
 
 
 def solve_saving_steps(problem, static, fn, solver_state: bool):
@@ -211,7 +210,7 @@ def solve_saving_steps(problem, static, fn, solver_state: bool):
     final solver state."""
     saveat = problem.saveat
     out = diffrax.diffeqsolve(
-        problem.terms, static.solver, problem.t0, problem.t1, problem.dt0,
+        problem.terms, TermsChecked(static.solver), problem.t0, problem.t1, problem.dt0,
         problem.init_state.y, args=problem.args,
         saveat=diffrax.SaveAt(subs=[saveat.subs, diffrax.SubSaveAt(steps=True, fn=fn)],
                               solver_state=saveat.solver_state or solver_state),
@@ -358,7 +357,7 @@ def solve_segment(start, problem, static, save_ts=(), event=None):
             lambda fn: eqx.Partial(_after_start, fn, t), event.cond_fn, is_leaf=callable))
     restart = t, controller_state[1], made_jump if _jumps(static) else None
     return diffrax.diffeqsolve(
-        problem.terms, _Restart(static.solver, t), problem.t0, problem.t1, None, y,
+        problem.terms, _Restart(TermsChecked(static.solver), t), problem.t0, problem.t1, None, y,
         args=problem.args, saveat=diffrax.SaveAt(subs=subs, solver_state=True,
                                                  controller_state=True, made_jump=True),
         stepsize_controller=_RecordProposal(static.stepsize_controller, restart),

@@ -21,16 +21,15 @@ from .._solution import RESULTS, Solution
 from ._diagnostics import assemble_solution, cut_at
 from ._ensemble import (
     StopFailedTrajectories,
-    constant_model_field,
-    ensemble_stage_vjp,
-    failure_event,
+    ensemble_term,
     stopped_results,
     worst_trajectory_rms,
 )
 from ._failures import first_failure
 from ._solve import Dynamics
+from ._term import SystemTerm, failure_condition
 from ._validation import check_initial_state_jit, float_array
-from ._vector_fields import SolveArgs, failure_reference, vector_field
+from ._vector_fields import failure_reference
 
 
 class AbstractTrajectories(eqx.Module):
@@ -81,11 +80,13 @@ class AbstractTrajectories(eqx.Module):
         """The formulation's `failure_reference` of each trajectory."""
 
     @abc.abstractmethod
-    def dynamics(self, args: SolveArgs, solver: diffrax.AbstractSolver, fails: bool
+    def dynamics(self, system, formulation, reference, mass_factor,
+                 solver: diffrax.AbstractSolver, fails: bool
                  ) -> tuple[Dynamics, diffrax.AbstractSolver]:
-        """What the solve integrates, and its solver, for the solve's `args` (the system,
-        its formulation, ...); `fails`: the formulation's failure test stops the solve
-        (`fails_with` the system's constraint counts)."""
+        """What the solve integrates, and its solver: the term of the system and its
+        formulation (`_term.py`; `reference`: the formulation's failure reference, or None;
+        `mass_factor`: a constant mass matrix's factor, or None); `fails`: the formulation's
+        failure test stops the solve (`fails_with` the system's constraint counts)."""
 
     @abc.abstractmethod
     def solution(self, system, formulation, start, ts, out: diffrax.Solution, result: RESULTS,
@@ -134,11 +135,11 @@ class SingleTrajectory(AbstractTrajectories):
     def failure_reference(self, system, formulation, t0, q0, v0):
         return failure_reference(system, formulation, t0, q0, v0)
 
-    def dynamics(self, args, solver, fails):
+    def dynamics(self, system, formulation, reference, mass_factor, solver, fails):
+        term = SystemTerm(system, formulation, reference, mass_factor)
         if fails:  # the solve stops at the failure (`diffrax.Event`)
-            return Dynamics(vector_field, (failure_event,),
-                            (args.formulation.failure_result,)), solver
-        return Dynamics(vector_field), solver
+            return Dynamics(term, (failure_condition,), (formulation.failure_result,)), solver
+        return Dynamics(term), solver
 
     def solution(self, system, formulation, start, ts, out, result, limit, reverse):
         reached = out.result == diffrax.RESULTS.successful
@@ -200,11 +201,11 @@ class EnsembleTrajectories(AbstractTrajectories):
         return jax.vmap(failure_reference, in_axes=(None, None, None, 0, 0))(
             system, formulation, t0, q0, v0)
 
-    def dynamics(self, args, solver, fails):
+    def dynamics(self, system, formulation, reference, mass_factor, solver, fails):
         # Each trajectory stops alone (its formulation fails or its model turns non-finite),
         # read from the solver state.
-        return (Dynamics(constant_model_field(args), stage_vjp=ensemble_stage_vjp,
-                         saves_solver_state=True), StopFailedTrajectories(solver, fails))
+        term = ensemble_term(system, formulation, reference, mass_factor)
+        return (Dynamics(term, saves_solver_state=True), StopFailedTrajectories(solver, fails))
 
     def solution(self, system, formulation, start, ts, out, result, limit, reverse):
         t0, q0, v0 = start

@@ -2,17 +2,11 @@
 accelerations, the failure indicator checked after every step, and their vector-Jacobian
 products."""
 
-from typing import Any, NamedTuple
-
 import equinox as eqx
 import jax
 
-from .._compilation._operators import MassFactor
 from .._compilation._scalarize import scalarize
-from .._custom_types import Array
-from .._formulations import AbstractFormulation
 from .._systems._structure import with_mass_factor
-from .._systems._system import AbstractSystem
 
 
 def detached(tree):
@@ -64,30 +58,6 @@ jitted_failure = eqx.filter_jit(scalarize(failure_indicator))
 @eqx.filter_jit
 def formulation_velocities(system, formulation, t, q, v):
     return formulation.velocities(system, t, q, v)
-
-
-class SolveArgs(NamedTuple):
-    """The `args` of the diffrax solve of [`jaxdae.simulate`][] and
-    [`jaxdae.simulate_ensemble`][]."""
-
-    system: AbstractSystem
-    formulation: AbstractFormulation
-    # What the formulation's failure test compares with, evaluated at the start (or None).
-    reference: Any
-    # The factor of a constant `M` (`constant_mass_factor`), computed once per solve and
-    # shared by every stage (and every trajectory of an ensemble), or None.
-    mass_factor: MassFactor | None = None
-    # An ensemble's rows stopped by their formulation's failure, added to the arguments of
-    # each step by `StopFailedTrajectories`, or None.
-    stopped: Array | None = None
-    # The gaps' state between events of an event-driven solve (`_events.ContactState`),
-    # or None.
-    contacts: Any = None
-
-
-def vector_field(t, y, args: SolveArgs):
-    q, v = y
-    return jitted_rates(args.system, args.formulation, t, q, v, args.mass_factor)
 
 
 def rates_vjp(system, formulation, mass_factor, t, q, s, cotangent):

@@ -1,0 +1,144 @@
+"""The first stage of a solve of a system with its formulation ([`jaxdae.simulate`][],
+[`jaxdae.simulate_ensemble`][]): the problem. It checks every input once, resolves the
+options (solver, step-size controller, adjoint, event settings) once, and returns them as
+an immutable `Problem`, which the integration and the outcome only read."""
+
+import diffrax
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+
+from .._compilation._sharding import explicit_to_auto, is_explicitly_sharded
+from .._custom_types import Array
+from .._formulations import AbstractFormulation
+from .._gains import is_concrete
+from .._systems._system import AbstractSystem, cast_floating
+from ._adjoint import check_adjoint
+from ._events import EventDriven, event_settings
+from ._reporting import TracedChecks
+from ._solve import DEFAULT_SOLVER, SolveCall, SolveOptions, Times
+from ._trajectories import AbstractTrajectories
+from ._validation import (
+    INITIAL_STATE_MESSAGES,
+    check_structure,
+    check_types,
+    initial_state_message,
+    solvable_inputs,
+    warn_unstable_step,
+)
+
+
+class Problem(eqx.Module):
+    """A checked solve: the system and its formulation (in the state's precision), the
+    times, the initial states, the resolved options, the event settings (None: the system
+    has no gaps), whether the formulation's failure test can stop the solve (`fails`), what
+    is checked when anything is traced (`checks`), the layout of the trajectories and
+    whether a failure raises (`throw`)."""
+
+    system: AbstractSystem
+    formulation: AbstractFormulation
+    times: Times
+    q0: Array
+    v0: Array
+    options: SolveOptions
+    events: EventDriven | None
+    fails: bool = eqx.field(static=True)
+    checks: TracedChecks
+    trajectories: AbstractTrajectories
+    throw: bool = eqx.field(static=True)
+
+    def solvable(self) -> "Problem":
+        """The problem that a traced solve integrates: bad traced times and steps replaced
+        by stand-ins that diffrax accepts (jaxdae's checks name them, not diffrax's), and
+        with `throw=False` the invalid initial states too (reported by their result)."""
+        if not self.checks.traced:
+            return self
+        q0, v0 = self.q0, self.v0
+        if not self.checks.throw:
+            q0, v0 = self.trajectories.solvable_start(q0, v0)
+        times, dt0, controller = solvable_inputs(self.times, self.options.dt0,
+                                                 self.options.stepsize_controller)
+        options = eqx.tree_at(lambda o: (o.dt0, o.stepsize_controller), self.options,
+                              (dt0, controller), is_leaf=lambda x: x is None)
+        return eqx.tree_at(lambda p: (p.q0, p.v0, p.times, p.options), self,
+                           (q0, v0, times, options))
+
+
+def pose_problem(system, formulation, t0, t1, q0, v0, call: SolveCall,
+                 trajectories: AbstractTrajectories) -> Problem:
+    """The `Problem` of a call of `simulate` or `simulate_ensemble` (as `trajectories`):
+    its inputs checked (eagerly where they are concrete; the checks of traced ones are
+    collected in `checks`) and its options resolved."""
+    q0 = trajectories.state_array("q0", explicit_to_auto(q0))
+    v0 = trajectories.state_array("v0", explicit_to_auto(v0))
+    if is_explicitly_sharded(q0) or is_explicitly_sharded(v0):
+        raise ValueError(
+            "`q0` and `v0` are traced with an Explicit sharding in their type (a mesh from "
+            "`jax.make_mesh` with its default axis types); jaxdae's solves do not support "
+            "those. Build the mesh with `axis_types=(jax.sharding.AxisType.Auto,)` or pass "
+            "the placed arrays from outside `jax.jit`."
+        )
+    dtype = jnp.result_type(q0, v0)
+    q0, v0 = q0.astype(dtype), v0.astype(dtype)
+    if q0.shape != v0.shape:
+        raise ValueError(f"`q0` and `v0` must have the same shape {trajectories.state_shape}; "
+                         f"got {q0.shape} and {v0.shape}.")
+    check_types(system, formulation)
+    call.check_options()
+    times = call.times(t0, t1, dtype)
+    t0 = times.t0
+    # The state's dtype sets the precision: float32 states give a float32 simulation.
+    system, formulation = cast_floating((system, formulation), dtype)
+    formulation, counts = check_structure(system, formulation, t0,
+                                          *trajectories.one_state(q0, v0))
+    # Traced gains' checks join the solve's one branched error (`check_traced`).
+    gain_checks = formulation.traced_checks(*counts)
+    if is_concrete(formulation):
+        formulation.check_values()
+    eager = is_concrete(system, t0, q0, v0)
+    if eager:
+        _check_initial_state(system, formulation, t0, q0, v0, trajectories)
+
+    events = event_settings(system, call, trajectories, t0, q0, v0, eager)
+    options = call.options(dtype, trajectories.error_norm, event_driven=events is not None)
+    # (Known from the constraint counts: a test that cannot fail is not traced.)
+    fails = formulation.fails_with(*counts)
+    stops = [reason for stops, reason in (
+        (fails, f"{type(formulation).__name__}'s test for singular configurations"),
+        (events is not None, "the system's gaps"),
+        (isinstance(options.stepsize_controller, diffrax.ConstantStepSize),
+         "fixed steps' test for a non-finite state")) if stops]
+    check_adjoint(call.adjoint, bool(stops), ", ".join(stops))
+    if isinstance(options.stepsize_controller, diffrax.ConstantStepSize):
+        warn_unstable_step(formulation, counts,
+                           DEFAULT_SOLVER if call.solver is None else call.solver, options.dt0)
+    traced = not is_concrete(system, formulation, times, q0, v0, options.dt0,
+                             options.stepsize_controller)
+    # Untraced, `throw` acts after the solve: calls with and without it share one program.
+    checks = TracedChecks(
+        gain_flags=tuple(flag for flag, _ in gain_checks),
+        gain_messages=tuple(message for _, message in gain_checks), traced=traced,
+        check_state=not eager, throw=call.throw and traced)
+    return Problem(system=system, formulation=formulation, times=times, q0=q0, v0=v0,
+                   options=options, events=events, fails=fails, checks=checks,
+                   trajectories=trajectories, throw=call.throw)
+
+
+def _check_initial_state(system, formulation, t0, q0, v0, trajectories) -> None:
+    """A `ValueError` naming the first problem of concrete initial states
+    (`check_initial_state`), with the value it quotes."""
+    mass, flags, values, where = trajectories.initial_state_check(system, formulation, t0,
+                                                                  q0, v0)
+    if not flags.any():
+        return
+    problem = int(np.argmax(flags))
+    message = where + initial_state_message(formulation, problem)
+    if problem == 2:
+        mass = np.asarray(mass)
+        lowest = np.linalg.eigvalsh(0.5 * (mass + mass.T))[0] if np.all(
+            np.isfinite(mass)) else np.nan
+        message += f" (lowest eigenvalue of its symmetric part: {lowest:.3g})"
+    elif problem >= len(INITIAL_STATE_MESSAGES):  # the formulation's
+        own = problem - len(INITIAL_STATE_MESSAGES)
+        message += f" ({formulation.state_messages[own][1]}: {float(values[own]):.3g})"
+    raise ValueError(message)
