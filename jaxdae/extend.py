@@ -10,6 +10,9 @@ joints and solvers use, for a user who writes their own (docs/guides/extending.m
   [`inertia_minus_forces`][jaxdae.extend.inertia_minus_forces] and
   [`terms_in_array_form`][jaxdae.extend.terms_in_array_form] (what a system of one's own
   offers the solvers beyond its terms).
+- **The DAE as a diffrax term**: [`AbstractSystemTerm`][jaxdae.extend.AbstractSystemTerm]
+  carries the system, its formulation and the structure of the problem into the solve; a
+  solver of one's own reads them from its `terms` ([`system_term`][jaxdae.extend.system_term]).
 - **Declared capabilities**:
   [`AbstractIndependentVelocities`][jaxdae.extend.AbstractIndependentVelocities] for a formulation
   whose state holds the independent velocities.
@@ -47,6 +50,11 @@ from ._integration._step_adjoints import (
     autodiff_step_vjp as autodiff_step_vjp,
     reuses_outputs as reuses_outputs,
     step_vjp as step_vjp,
+)
+from ._integration._term import (
+    AbstractSystemTerm as AbstractSystemTerm,
+    SystemTerm as SystemTerm,
+    system_term as system_term,
 )
 from ._systems._system import (
     inertia_minus_forces as inertia_minus_forces,
