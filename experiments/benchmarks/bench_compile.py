@@ -99,8 +99,9 @@ def trace_stages(fn, args, repeats: int) -> dict:
     functions named in the module docstring; nested stages count in their parents too."""
 
     import jaxdae._compilation._scalarize as scalarize_module
+    import jaxdae._integration._outcome as outcome_module
+    import jaxdae._integration._problem as problem_module
     import jaxdae._integration._solve as solve_module
-    import jaxdae._integration._system_solve as system_solve_module
     import jaxdae._integration._trajectories as trajectories_module
     from jaxdae import LagrangianSystem
 
@@ -125,8 +126,8 @@ def trace_stages(fn, args, repeats: int) -> dict:
         (scalarize_module, "_eval", "scalar graphs (scalarize)"),
         (trajectories_module, "assemble_solution",
          "diagnostics at the saved states (assemble_solution)"),
-        (system_solve_module, "check_structure", "structure and gain checks (check_structure)"),
-        (system_solve_module, "check_traced", "joined runtime checks (check_traced)"),
+        (problem_module, "check_structure", "structure and gain checks (check_structure)"),
+        (outcome_module, "check_traced", "joined runtime checks (check_traced)"),
         (solve_module, "diffeqsolve_unjitted", "diffrax.diffeqsolve (with the right-hand side)"),
     ]
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]

@@ -252,12 +252,23 @@ adjoint_for.register(Rodas5P, lambda solver: ReplayAdjoint())
 adjoint_for.register(diffrax.AbstractImplicitSolver, lambda solver: ReplayAdjoint())
 
 
-def reverse_only(adjoint) -> bool:
-    """Whether `adjoint` differentiates a solve in reverse mode only (its forward mode raises):
-    [`jaxdae.ReverseSweepAdjoint`][], `GeneralizedAlphaAdjoint`, [`jaxdae.ReplayAdjoint`][]
-    and `diffrax.RecursiveCheckpointAdjoint`, all custom VJPs."""
-    return isinstance(adjoint, (ReverseSweepAdjoint, GeneralizedAlphaAdjoint, ReplayAdjoint,
-                                diffrax.RecursiveCheckpointAdjoint))
+@functools.singledispatch
+def reverse_only(adjoint: diffrax.AbstractAdjoint) -> bool:
+    """Whether `adjoint` differentiates a solve in reverse mode only (its forward mode
+    raises): a custom VJP. Then the diagnostics at the saved states are differentiated by
+    their own vector–Jacobian product, evaluated only where a loss reads them.
+
+    Dispatched on the adjoint's class: registered true for diffrax's
+    `RecursiveCheckpointAdjoint` and jaxdae's [`jaxdae.ReverseSweepAdjoint`][],
+    `GeneralizedAlphaAdjoint` and [`jaxdae.ReplayAdjoint`][]; an adjoint of one's own that
+    is a custom VJP registers itself."""
+    del adjoint
+    return False
+
+
+for _adjoint_class in (ReverseSweepAdjoint, GeneralizedAlphaAdjoint, ReplayAdjoint,
+                       diffrax.RecursiveCheckpointAdjoint):
+    reverse_only.register(_adjoint_class, lambda adjoint: True)
 
 
 @contextlib.contextmanager

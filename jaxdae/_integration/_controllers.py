@@ -2,6 +2,8 @@
 controller must step to, and the solve's step options and saved times."""
 
 
+import functools
+
 import diffrax
 import equinox as eqx
 import jax.numpy as jnp
@@ -24,6 +26,30 @@ class AbstractControllerWrapper(diffrax.AbstractAdaptiveStepSizeController):
     norm = Forwarded("controller")
 
 
+@functools.singledispatch
+def jump_times(controller: diffrax.AbstractStepSizeController) -> Array | None:
+    """The times at which `controller` steps across a discontinuity (after which the solver
+    re-evaluates a step's first stage): `diffrax.ClipStepSizeController`'s `jump_ts`, those
+    of the controller inside a wrapper, or None. Dispatched on the controller's class, so
+    that a controller of one's own with jumps registers them."""
+    del controller
+    return None
+
+
+jump_times.register(diffrax.ClipStepSizeController, lambda controller: controller.jump_ts)
+jump_times.register(AbstractControllerWrapper,
+                    lambda controller: jump_times(controller.controller))
+
+
+def inner_controller(controller: diffrax.AbstractStepSizeController
+                     ) -> diffrax.AbstractStepSizeController:
+    """The controller inside `controller`'s wrappers (`diffrax.ClipStepSizeController`,
+    jaxdae's `AbstractControllerWrapper`)."""
+    while isinstance(controller, diffrax.ClipStepSizeController | AbstractControllerWrapper):
+        controller = controller.controller
+    return controller
+
+
 class StopStalledSteps(AbstractControllerWrapper):
     """An adaptive controller that ends the solve with `diffrax.RESULTS.dt_min_reached`
     when the step it proposes has shrunk to the rounding level of `t`.
@@ -44,10 +70,6 @@ class StopStalledSteps(AbstractControllerWrapper):
     two ulps before the save time 2.9.)"""
 
     controller: diffrax.AbstractAdaptiveStepSizeController
-
-    @property
-    def jump_ts(self):  # read by the swept solve (`_sweep_forward._jumps`)
-        return getattr(self.controller, "jump_ts", None)
 
     def wrap(self, direction):
         return StopStalledSteps(self.controller.wrap(direction))

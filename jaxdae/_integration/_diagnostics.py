@@ -185,20 +185,20 @@ def assemble_solution(system, formulation, start, ts, saved, outcome, limit,
     final_finite = all_finite(t_final, q_final, v_final)
     final = tuple(jnp.where(final_finite, x, x0) for x, x0 in zip((t_final, q_final, v_final),
                                                                   (t0, q0, v0), strict=False))
+    # The initial state first, the saved states, the final state last. One row after the
+    # other in a loop: the program holds the equations once, traced once, where `vmap`
+    # would batch their scalar graph equation by equation at trace time and separate calls
+    # would each be compiled (docs/design_measurements.md#diagnostics-loop).
+    rows = (t0[None], q0[None], v0[None]) if ts is None else at_valid(
+        valid, (ts_out, q, v), (t0, q0, v0))
+    rows = tuple(jnp.concatenate([x0[None], row, x[None]]) if ts is not None
+                 else jnp.concatenate([row, x[None]])
+                 for x0, row, x in zip((t0, q0, v0), rows, final, strict=False))
+    *diagnostics, mass, definite, forces, allowance, spectra, range_inputs = jax.lax.map(
+        lambda row: diagnostics(system, formulation, *row), rows)
     if ts is None:
-        # Two rows, one call each: the second reuses the first's trace, where `vmap` would
-        # batch the equations' scalar graph, equation by equation, at trace time
-        # (docs/design_measurements.md#two-row-diagnostics).
-        per_row = [diagnostics(system, formulation, *row) for row in ((t0, q0, v0), final)]
-        *diagnostics, mass, definite, forces, allowance, spectra, range_inputs = jax.tree.map(
-            lambda *x: jnp.stack(x), *per_row)
         outputs = diagnostics
-    else:  # the initial state first, the final state last
-        rows = at_valid(valid, (ts_out, q, v), (t0, q0, v0))
-        rows = tuple(jnp.concatenate([x0[None], row, x[None]])
-                     for x0, row, x in zip((t0, q0, v0), rows, final, strict=False))
-        *diagnostics, mass, definite, forces, allowance, spectra, range_inputs = jax.vmap(
-            diagnostics, in_axes=(None, None, 0, 0, 0))(system, formulation, *rows)
+    else:
         outputs = [x[1:-1] for x in diagnostics]
         spectra = spectra[:-1]  # the initial state, then the saved ones
     phi, dphi, psi, multipliers, energy, v, p = outputs

@@ -416,15 +416,23 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
         return eqx.tree_at(lambda s: s.result, sol, RESULTS.singular_newton_matrix)
 
 
+def _linear_solver(solver: GeneralizedAlpha) -> lx.AbstractLinearSolver | None:
+    """The linear solver of the Newton iteration, where its root finder has one."""
+    finder = solver.root_finder
+    has_one = isinstance(finder, optx.Newton | optx.Chord | diffrax.VeryChord)
+    return finder.linear_solver if has_one else None
+
+
 def _rcond(solver: GeneralizedAlpha) -> float | None:
     """The relative cut-off of the least-squares solve, where its root finder's linear
     solver gives one."""
-    return getattr(getattr(solver.root_finder, "linear_solver", None), "rcond", None)
+    linear_solver = _linear_solver(solver)
+    return linear_solver.rcond if isinstance(linear_solver, lx.SVD) else None
 
 
 def _solves_least_squares(solver: GeneralizedAlpha) -> bool:
     """Whether the Newton iteration of `solver` solves rank-deficient systems (an SVD)."""
-    linear_solver = getattr(solver.root_finder, "linear_solver", None)
+    linear_solver = _linear_solver(solver)
     return isinstance(linear_solver, lx.SVD) or (
         isinstance(linear_solver, lx.AutoLinearSolver) and linear_solver.well_posed is False)
 

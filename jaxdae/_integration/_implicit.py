@@ -16,6 +16,7 @@ from jax.flatten_util import ravel_pytree
 from .._compilation._linalg import factor_for_solves, solve_factored
 from .._compilation._private_apis import use_stepsize_tol
 from .._custom_types import Array, PyTree, Scalar
+from ._controllers import inner_controller
 from ._jacobian import check_jacobian, column_seeds, tangent_products
 from ._solvers import AbstractSolverWrapper
 
@@ -299,10 +300,7 @@ def configure_for_controller(solver: diffrax.AbstractSolver, stepsize_controller
     `stepsize_controller` (a `diffrax.PIDController`, possibly inside a
     `diffrax.ClipStepSizeController`); `solver` unchanged for other controllers (fixed
     steps have no tolerance: diffrax then asks for the root finder's own)."""
-    controller = stepsize_controller
-    while isinstance(getattr(controller, "controller", None),
-                     diffrax.AbstractStepSizeController):
-        controller = controller.controller
+    controller = inner_controller(stepsize_controller)
     if not isinstance(controller, diffrax.PIDController):
         return solver
     return configure_implicit(solver, controller.rtol, controller.atol, controller.norm)

@@ -20,6 +20,7 @@ from jax.flatten_util import ravel_pytree
 
 from .. import _thresholds
 from .._compilation._linalg import full_precision
+from ._controllers import jump_times
 from ._step_adjoints import reuses_outputs, step_vjp
 from ._sweep_backward import saves_bar
 from ._sweep_forward import (
@@ -134,7 +135,7 @@ def replayable(saveat, event, stepsize_controller, max_steps, passed_state) -> b
                             or saveat.made_jump) and all(
         sub.fn is SAVE_Y and not sub.steps for sub in subsaves(saveat))
     located = event is not None and event.root_finder is not None
-    jumps = getattr(stepsize_controller, "jump_ts", None) is not None
+    jumps = jump_times(stepsize_controller) is not None
     return (max_steps is not None and saves_replayable and not located and not jumps
             and not passed_state)
 

@@ -111,9 +111,10 @@ class UnrolledERK(AbstractSteppingWrapper):
     solver: diffrax.AbstractERK
 
     def __check_init__(self):
-        # `getattr`: wrapped solvers (e.g. `diffrax.HalfSolver`) pass diffrax's isinstance.
-        if not (isinstance(self.solver, diffrax.AbstractERK)
-                and isinstance(getattr(self.solver, "tableau", None), diffrax.ButcherTableau)):
+        # The class, not `isinstance`: a wrapped solver (`diffrax.HalfSolver`) passes
+        # diffrax's `isinstance` tests of what it wraps, and has no tableau.
+        if not (issubclass(type(self.solver), diffrax.AbstractERK)
+                and isinstance(self.solver.tableau, diffrax.ButcherTableau)):
             raise ValueError(
                 "`UnrolledERK` wraps an explicit Runge–Kutta solver with one Butcher "
                 "tableau (e.g. `diffrax.Tsit5()`, `diffrax.Dopri5()`, `diffrax.Heun()`); got "

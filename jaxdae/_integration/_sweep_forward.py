@@ -16,6 +16,7 @@ from jax.flatten_util import ravel_pytree
 
 from .. import _thresholds
 from .._custom_types import Array
+from ._controllers import jump_times
 from ._solvers import AbstractSteppingWrapper
 from ._term import AbstractTermWithVJP, terms_within
 
@@ -369,7 +370,7 @@ def solve_segment(start, problem, static, save_ts=(), event=None):
 def _jumps(static) -> bool:
     """Whether the controller steps across discontinuities (the solver then re-evaluates a
     step's first stage); if not, diffrax resolves `made_jump` when tracing."""
-    return getattr(static.stepsize_controller, "jump_ts", None) is not None
+    return jump_times(static.stepsize_controller) is not None
 
 
 def _solve_in_segments(problem, static):
