@@ -92,6 +92,21 @@ def test_the_threshold_is_the_users_traced_too():
     for bad in (-1.0, 0.0, jnp.nan):
         with pytest.raises(ValueError, match="constraint_tol"):
             jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, constraint_tol=bad)
+        # Traced, a bad threshold is invalid input, not a threshold never met.
+        assert result(bad) == jaxdae.RESULTS.invalid_input._value
+    # One threshold per member of a batch.
+    batch = jax.vmap(lambda tol: jaxdae.simulate(
+        PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, constraint_tol=tol, throw=False).result._value)(
+            jnp.array([1e-15, 1e-3, -1.0]))
+    assert batch.tolist() == [EXCEEDED._value, jaxdae.RESULTS.successful._value,
+                              jaxdae.RESULTS.invalid_input._value]
+    with pytest.raises(Exception, match="constraint_tol"):
+        jax.block_until_ready(jax.jit(lambda tol: jaxdae.simulate(
+            PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, constraint_tol=tol).q_final)(-1.0))
+    # A threshold below the state's precision is named as such.
+    with pytest.raises(ValueError, match="zero in float32"):
+        jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0.astype(jnp.float32),
+                        V0.astype(jnp.float32), constraint_tol=1e-50)
 
 
 def test_a_penalty_is_allowed_its_equilibrium_violation():

@@ -16,7 +16,13 @@ from .._systems._system import AbstractSystem, cast_floating
 from ._adjoint import check_adjoint
 from ._events import EventDriven, event_settings
 from ._reporting import TracedChecks
-from ._solve import DEFAULT_SOLVER, SolveCall, SolveOptions, Times
+from ._solve import (
+    DEFAULT_SOLVER,
+    SolveCall,
+    SolveOptions,
+    Times,
+    traced_constraint_tol_check,
+)
 from ._trajectories import AbstractTrajectories
 from ._validation import (
     INITIAL_STATE_MESSAGES,
@@ -92,7 +98,7 @@ def pose_problem(system, formulation, t0, t1, q0, v0, call: SolveCall,
     formulation, counts = check_structure(system, formulation, t0,
                                           *trajectories.one_state(q0, v0))
     # Traced gains' checks join the solve's one branched error (`check_traced`).
-    gain_checks = formulation.traced_checks(*counts)
+    gain_checks = list(formulation.traced_checks(*counts))
     if is_concrete(formulation):
         formulation.check_values()
     eager = is_concrete(system, t0, q0, v0)
@@ -112,8 +118,10 @@ def pose_problem(system, formulation, t0, t1, q0, v0, call: SolveCall,
     if isinstance(options.stepsize_controller, diffrax.ConstantStepSize):
         warn_unstable_step(formulation, counts,
                            DEFAULT_SOLVER if call.solver is None else call.solver, options.dt0)
-    traced = not is_concrete(system, formulation, times, q0, v0, options.dt0,
-                             options.stepsize_controller)
+    # Anything traced (a gain, a state, a time, an option such as `constraint_tol`) makes
+    # the solution traced: its failures are reported from inside the program.
+    traced = not is_concrete(system, formulation, times, q0, v0, options)
+    gain_checks += traced_constraint_tol_check(call, options)
     # Untraced, `throw` acts after the solve: calls with and without it share one program.
     checks = TracedChecks(
         gain_flags=tuple(flag for flag, _ in gain_checks),

@@ -11,6 +11,7 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optimistix as optx
 
 from .. import _thresholds
@@ -80,6 +81,23 @@ class SolveOptions(eqx.Module):
         given = ~jnp.isnan(tol)
         limit = jnp.where(given, tol, default)
         return limit.astype(q0.dtype), jnp.broadcast_to(~given, limit.shape)
+
+
+# What `constraint_tol` must be.
+CONSTRAINT_TOL_RULE = ("`constraint_tol` must be a positive scalar (the largest constraint "
+                       "residual accepted at `t1`; `jnp.inf` accepts any)")
+
+
+def traced_constraint_tol_check(call: "SolveCall", options: "SolveOptions"
+                                ) -> tuple[tuple[Array, str], ...]:
+    """The run-time check of a traced `constraint_tol` (a flag and its message, as the
+    traced gains' checks): positive, not nan. None given, or concrete (checked when the
+    options are resolved): none."""
+    if call.constraint_tol is None or is_concrete(options.constraint_tol):
+        return ()
+    tol = options.constraint_tol
+    flag = ~(tol > 0) if tol.ndim == 0 else jnp.asarray(True)
+    return ((flag, f"{CONSTRAINT_TOL_RULE}; got a value that is not."),)
 
 
 class SolveKeywords(TypedDict, total=False):
@@ -168,13 +186,15 @@ class SolveCall(eqx.Module):
                                                              stepsize_controller.atol))
         constraint_tol = jnp.asarray(jnp.nan if self.constraint_tol is None
                                      else self.constraint_tol, dtype)
-        if self.constraint_tol is not None:
-            if is_concrete(constraint_tol) and not (
-                    constraint_tol.ndim == 0 and float(constraint_tol) > 0):
+        if self.constraint_tol is not None and is_concrete(constraint_tol):
+            given = np.asarray(self.constraint_tol)
+            if not (given.ndim == 0 and np.isreal(given) and given > 0):
+                raise ValueError(f"{CONSTRAINT_TOL_RULE}; got {self.constraint_tol}.")
+            if not constraint_tol > 0:
                 raise ValueError(
-                    "`constraint_tol` must be a positive scalar (the largest constraint "
-                    "residual accepted at `t1`; `jnp.inf` accepts any); got "
-                    f"{self.constraint_tol}.")
+                    f"`constraint_tol={self.constraint_tol}` is zero in {np.dtype(dtype).name}"
+                    f", the precision of `q0` and `v0`: pass at least "
+                    f"{float(jnp.finfo(dtype).smallest_normal):.3g}.")
         return SolveOptions(solver=solver, stepsize_controller=stepsize_controller, dt0=dt0,
                             max_steps=self.max_steps, adjoint=adjoint,
                             constraint_tol=constraint_tol, tolerances=tolerances)
