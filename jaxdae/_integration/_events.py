@@ -26,6 +26,7 @@ from .._formulations import AbstractFormulation
 from .._formulations._impacts import (
     ContactModes,
     contact_problem,
+    friction_coefficients,
     gap_terms,
     impact,
     resting_contacts,
@@ -38,7 +39,7 @@ from ._adjoint import ReverseSweepAdjoint
 from ._controllers import AbstractControllerWrapper
 from ._solve import Dynamics, SolveOptions, Times, integrate
 from ._term import AbstractSystemTerm, system_term
-from ._vector_fields import jitted_rates, system_terms
+from ._vector_fields import system_terms
 
 
 class EventDriven(eqx.Module):
@@ -146,13 +147,15 @@ class ContactState(eqx.Module):
     condition (a gap that starts closed counts as closing again only past the tolerance);
     `slip_offset`, subtracted from a slip's `s v_T` in its condition (a slip that starts
     from rest counts as stopping only past the tolerance); `gains`, `(k_d, k_p)`;
-    `tolerance`, [`EventDriven`][]'s gap tolerance."""
+    `tolerance`, [`EventDriven`][]'s gap tolerance; `start_forces`, the contact forces at
+    the solve's start (solved by the transition there)."""
 
     modes: ContactModes
     offset: Float[Array, " u"]
     slip_offset: Float[Array, " u"]
     gains: tuple[Array, Array]
     tolerance: Array
+    start_forces: Float[Array, " u+f"]
 
 
 def _contact_setup(system, formulation, contacts, t, q, s, mass_factor):
@@ -162,25 +165,36 @@ def _contact_setup(system, formulation, contacts, t, q, s, mass_factor):
     return s, terms, gaps, contact_problem(formulation, terms, gaps, contacts.gains)
 
 
+def _rates_and_terms(system, formulation, t, q, s, mass_factor):
+    s = formulation.velocities(system, t, q, s)
+    terms = with_mass_factor(system_terms(system, t, q, s), mass_factor)
+    acceleration, _ = formulation.accelerations(terms)
+    rates = system.velocities(t, q, s), system.state_rate(t, q, s, terms, acceleration)
+    return s, terms, rates
+
+
+# The terms and the plain rates as one scalar graph (`_scalarize.py`), whose terms the
+# resting contacts' branch reuses: the step loop holds the equations of motion once.
+_jitted_rates_and_terms = eqx.filter_jit(scalarize(_rates_and_terms))
+
+
 @eqx.filter_jit
 def contact_rates(system, formulation, contacts: ContactState, t, q, s, mass_factor=None):
     """`(q̇, ṡ)` with the resting contacts' forces; the plain rates, behind one branch, where
     none rests (in a batch: where none of the batch's does; the others get zero forces)."""
+    s, terms, rates = _jitted_rates_and_terms(system, formulation, t, q, s, mass_factor)
 
     def pushed():
-        s_, terms, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s,
-                                                  mass_factor)
+        gaps = gap_terms(system, t, q, system.velocities(t, q, s))
+        problem = contact_problem(formulation, terms, gaps, contacts.gains)
         forces = problem.forces(contacts.modes)
         pushed_terms = eqx.tree_at(lambda x: x.forces, terms,
                                    terms.forces + gaps.directions.T @ forces)
         acceleration = problem.acceleration + problem.response @ forces
-        return (system.velocities(t, q, s_),
-                system.state_rate(t, q, s_, pushed_terms, acceleration))
+        return (system.velocities(t, q, s),
+                system.state_rate(t, q, s, pushed_terms, acceleration))
 
-    def free():
-        return jitted_rates(system, formulation, t, q, s, mass_factor)
-
-    return jax.lax.cond(unvmap_any(contacts.modes.active.any()), pushed, free)
+    return jax.lax.cond(unvmap_any(contacts.modes.active.any()), pushed, lambda: rates)
 
 
 def open_gaps(system, contacts: ContactState, t, q):
@@ -192,13 +206,22 @@ jitted_open_gaps = eqx.filter_jit(scalarize(open_gaps))
 
 
 @eqx.filter_jit
-def condition_values(system, formulation, contacts: ContactState, t, q, s, mass_factor=None):
+def condition_values(system, formulation, contacts: ContactState, t, q, s, mass_factor=None,
+                     at_start: bool = False):
     """Each gap's event condition (an event is a downcrossing of zero): the gap less its
     offset where open, the contact force where resting; then, where the contacts have
     friction, one per gap for the tangential mode: `μ λ − |λ_T|` where it sticks,
     `s v_T` less its offset where it slips, `inf` where it does not touch. The contact
-    problem is solved behind one branch, where a contact rests (in a batch: any)."""
+    problem is solved behind one branch, where a contact rests (in a batch: any); `at_start`
+    (static): at the solve's start, where `contacts.start_forces` are its forces."""
     gap = jitted_open_gaps(system, contacts, t, q)
+    if at_start:
+        friction = friction_coefficients(system, gap.shape[0], q.dtype)
+        slip = jnp.zeros((0,), q.dtype)
+        if friction.shape[0]:
+            v = system.velocities(t, q, formulation.velocities(system, t, q, s))
+            slip = system.slip_velocities(t, q, v)
+        return _conditions(contacts, gap, contacts.start_forces, slip, friction)
 
     def forces():
         _, _, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s,
@@ -260,12 +283,16 @@ def _default_float(value):
     return value.astype(jnp.result_type(float))
 
 
-def _first_condition(t, y, args, *, terms, **kwargs):
+def _first_condition(t, y, args, *, terms, t0=None, **kwargs):
     del args, kwargs
     q, s = y
     term = system_term(terms)
+    # diffrax evaluates the condition at the solve's start with `t` its `t0` (the same
+    # array), where the transition has solved the contact forces: the program then holds
+    # the contact problem in the step loop and the root finder only.
     return _default_float(jnp.min(condition_values(term.system, term.formulation,
-                                                   term.contacts, t, q, s, term.mass_factor)))
+                                                   term.contacts, t, q, s, term.mass_factor,
+                                                   at_start=t is t0)))
 
 
 def event_dynamics(dynamics: Dynamics) -> Dynamics:
@@ -344,6 +371,7 @@ class _Transition(eqx.Module):
     triggered: Bool[Array, " u+f"]
     impulses: Float[Array, " u+f"]
     solved: Bool[Array, ""]
+    forces: Float[Array, " u+f"]
 
 
 @eqx.filter_jit
@@ -355,21 +383,36 @@ def transition(system, formulation, settings: EventDriven, contacts: ContactStat
     tolerance = settings.tolerance(q.dtype)
     active = contacts.modes.active
     size = active.shape[0]
-    # The terms and the contact problem at the event, once for the conditions that
-    # triggered it and the impact (a copy of the equations of motion each in the program).
-    s, terms, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s,
-                                             mass_factor)
-    held = problem.forces(contacts.modes)
-    values = _conditions(contacts, jitted_open_gaps(system, contacts, t, q), held, gaps.slip,
-                         gaps.friction)
-    triggered = hit & ((values <= 0) | (jnp.arange(values.shape[0]) == jnp.argmin(values)))
+    s = formulation.velocities(system, t, q, s)
     v = system.velocities(t, q, s)
+    gaps = gap_terms(system, t, q, v)
     restitution = jnp.broadcast_to(jnp.asarray(system.restitution(), v.dtype), (size,))
+    open_values = jitted_open_gaps(system, contacts, t, q)
+
+    def impact_at(terms):
+        # The conditions that triggered the event (with the resting contacts' forces
+        # there), and the impact of the closed gaps.
+        held = contact_problem(formulation, terms, gaps, contacts.gains).forces(contacts.modes)
+        values = _conditions(contacts, open_values, held, gaps.slip, gaps.friction)
+        triggered = hit & ((values <= 0) | (jnp.arange(values.shape[0]) == jnp.argmin(values)))
+        closed = active | triggered[:size] | (gaps.gap <= tolerance)
+        outcome = impact(terms, gaps, closed, restitution, settings.min_bounce_speed)
+        change = outcome.velocity_change
+        s_after = s + change if system.state_is_velocity else s + terms.mass_matrix @ change
+        return s_after, (held, triggered, closed, outcome, s_after)
+
+    def pass_(state, _):
+        terms = with_mass_factor(system_terms(system, t, q, state), mass_factor)
+        state_after, out = impact_at(terms)
+        return state_after, (terms, out)
+
+    # The terms before the impact and after it by one loop of two passes (the second's
+    # impact unused): the program holds the equations of motion once, not twice.
+    _, (both, outs) = jax.lax.scan(pass_, s, length=2)
+    held, triggered, closed, outcome, s_after = jax.tree.map(lambda x: x[0], outs)
+    terms_after = jax.tree.map(lambda x: x[1], both)
     released = triggered[:size] & active
-    closed = active | triggered[:size] | (gaps.gap <= tolerance)
-    outcome = impact(terms, gaps, closed, restitution, settings.min_bounce_speed)
     change = outcome.velocity_change
-    s_after = s + change if system.state_is_velocity else s + terms.mass_matrix @ change
     gaps_after = gap_terms(system, t, q, v + change)
     # At rest after the impact (to rounding): those may carry a force from now on, and
     # stick where they have friction.
@@ -377,7 +420,6 @@ def transition(system, formulation, settings: EventDriven, contacts: ContactStat
                      + 64 * jnp.finfo(q.dtype).eps * jnp.max(jnp.abs(gaps.rate), initial=0.0))
     at_rest = gaps_after.rate <= at_rest_speed
     candidates = closed & ~released & at_rest
-    terms_after = with_mass_factor(system_terms(system, t, q, s_after), mass_factor)
     # A contact at rest along its surface may stick, one that slides keeps its way. One
     # whose stick just failed (its tangential force at the friction limit) slips against
     # that force: at the limit, sticking would hold it on the boundary.
@@ -387,9 +429,8 @@ def transition(system, formulation, settings: EventDriven, contacts: ContactStat
         unstuck = triggered[size:] & active & contacts.modes.stick
         free = free & ~unstuck
         sign = jnp.where(unstuck, jnp.where(held[size:] > 0, -1.0, 1.0).astype(q.dtype), sign)
-    modes, solved = resting_contacts(
-        contact_problem(formulation, terms_after, gaps_after, contacts.gains), candidates,
-        free, sign)
+    problem_after = contact_problem(formulation, terms_after, gaps_after, contacts.gains)
+    modes, solved = resting_contacts(problem_after, candidates, free, sign)
     # A closed gap that does not rest starts its next solve open by a margin, so that its
     # condition is positive there and a step over its whole flight (a small bounce) still
     # ends below zero. The margin is the tolerance where it neither rests nor opens
@@ -404,7 +445,7 @@ def transition(system, formulation, settings: EventDriven, contacts: ContactStat
     if gaps_after.slip.shape[0]:
         slip_offset = jnp.where(jnp.abs(gaps_after.slip) <= at_rest_speed, -tolerance, 0.0)
     return _Transition(s_after, modes, offset, slip_offset, triggered, outcome.impulses,
-                       outcome.solved & solved)
+                       outcome.solved & solved, problem_after.forces(modes))
 
 
 class EventSolve(eqx.Module):
@@ -471,6 +512,7 @@ def integrate_with_events(dynamics: Dynamics, y0, times: Times,
     term = system_term(dynamics.term)
     system, formulation = term.system, term.formulation
     size = jax.eval_shape(system.gaps, t0, q0).shape[0]
+    slips = friction_coefficients(system, size, dtype).shape[0]
     gains = tuple(jnp.asarray(k, dtype) for k in settings.contact_gains)
     budget = settings.max_events
     count_rows = 0 if ts is None else ts.shape[0]
@@ -479,7 +521,8 @@ def integrate_with_events(dynamics: Dynamics, y0, times: Times,
         contacts=ContactState(ContactModes(jnp.zeros((size,), bool), jnp.zeros((size,), bool),
                                            jnp.zeros((size,), dtype)),
                               jnp.zeros((size,), dtype), jnp.zeros((size,), dtype), gains,
-                              jnp.asarray(settings.tolerance(dtype), dtype)),
+                              jnp.asarray(settings.tolerance(dtype), dtype),
+                              jnp.zeros((size + slips,), dtype)),
         hit=jnp.asarray(False), count=jnp.asarray(0), done=jnp.asarray(False),
         reached=jnp.asarray(False), result=RESULTS.successful,
         rows=(jnp.full((count_rows,) + q0.shape, jnp.inf, dtype),
@@ -503,7 +546,8 @@ def integrate_with_events(dynamics: Dynamics, y0, times: Times,
             return _Transition(carry.s, carry.contacts.modes, carry.contacts.offset,
                                carry.contacts.slip_offset,
                                jnp.zeros(shapes.triggered.shape, bool),
-                               jnp.zeros(shapes.impulses.shape, dtype), jnp.asarray(True))
+                               jnp.zeros(shapes.impulses.shape, dtype), jnp.asarray(True),
+                               jnp.zeros(shapes.forces.shape, dtype))
 
         closed = jitted_open_gaps(system, carry.contacts, carry.t, carry.q) <= tolerance
         touching = carry.hit | closed.any() | carry.contacts.modes.active.any()
@@ -511,7 +555,7 @@ def integrate_with_events(dynamics: Dynamics, y0, times: Times,
         released = (after.triggered[:size] & carry.contacts.modes.active).any()
         events = _recorded(carry.events, carry.hit, carry.t, after, released)
         contacts = ContactState(after.modes, after.offset, after.slip_offset, gains,
-                                carry.contacts.tolerance)
+                                carry.contacts.tolerance, after.forces)
         if ts is None:
             saveat = diffrax.SaveAt(t1=True)
         else:
