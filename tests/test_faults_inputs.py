@@ -433,3 +433,54 @@ def test_bad_traced_input_of_simulate_actuated():
 def test_bad_traced_input_of_simulate_actuated_raises_with_throw():
     with pytest.raises(Exception, match=r"`ts` must be finite, sorted and lie in"):
         jax.block_until_ready(_traced_actuated(True)(jnp.array([0.0, 0.5, 0.1]), 0.01))
+
+
+# --- stop data: eager, under jit and under vmap --------------------------------------------
+
+
+def _ball_result(restitution, height=1.0, throw=False):
+    sol = jaxdae.simulate(jaxdae.examples.BouncingBall(e=restitution), jaxdae.Unstabilized(),
+                          0.0, 0.5, jnp.stack([0.0, height]), jnp.zeros(2), throw=throw)
+    return sol.result._value if not throw else sol.q_final
+
+
+def _block_result(friction):
+    block = jaxdae.examples.SlidingBlock(friction_coefficient=friction)
+    return jaxdae.simulate(block, jaxdae.Unstabilized(), 0.0, 0.5, jnp.zeros(2),
+                           jnp.array([1.0, 0.0]), throw=False).result._value
+
+
+@pytest.mark.parametrize("restitution", [1.5, -0.2, np.nan])
+def test_bad_restitution_is_refused_eager_traced_and_batched(restitution):
+    with pytest.raises(ValueError, match="restitution must lie in"):
+        _ball_result(restitution)
+    assert int(jax.jit(_ball_result)(restitution)) == INVALID
+    batch = jax.vmap(_ball_result)(jnp.array([0.5, restitution]))
+    assert batch.tolist() == [SUCCESS, INVALID]
+    with pytest.raises(Exception, match="restitution must lie in"):
+        jax.block_until_ready(jax.jit(functools.partial(_ball_result, throw=True))(restitution))
+
+
+@pytest.mark.parametrize("friction", [-0.5, np.nan, np.inf])
+def test_bad_friction_is_refused_eager_traced_and_batched(friction):
+    with pytest.raises(ValueError, match="friction must be"):
+        _block_result(friction)
+    assert int(jax.jit(_block_result)(friction)) == INVALID
+    assert jax.vmap(_block_result)(jnp.array([0.5, friction])).tolist() == [SUCCESS, INVALID]
+
+
+class _RootGapBall(jaxdae.examples.BouncingBall):
+    """A gap `√y − 0.5`: not a number below the floor's level."""
+
+    def gaps(self, t, q):
+        return jnp.sqrt(q[1:2]) - 0.5
+
+
+def test_a_gap_that_is_nan_at_the_start_is_refused():
+    def result(height):
+        return jaxdae.simulate(_RootGapBall(e=0.5), jaxdae.Unstabilized(), 0.0, 0.5,
+                               jnp.stack([0.0, height]), jnp.zeros(2), throw=False).result._value
+
+    with pytest.raises(ValueError, match="gaps .* must be finite"):
+        result(-1.0)
+    assert int(jax.jit(result)(-1.0)) == INVALID

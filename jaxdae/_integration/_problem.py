@@ -106,6 +106,8 @@ def pose_problem(system, formulation, t0, t1, q0, v0, call: SolveCall,
         _check_initial_state(system, formulation, t0, q0, v0, trajectories)
 
     events = event_settings(system, call, trajectories, t0, q0, v0, eager)
+    if events is not None:
+        gain_checks += stop_value_checks(system, t0, q0)
     options = call.options(dtype, trajectories.error_norm, event_driven=events is not None)
     # (Known from the constraint counts: a test that cannot fail is not traced.)
     fails = formulation.fails_with(*counts)
@@ -130,6 +132,36 @@ def pose_problem(system, formulation, t0, t1, q0, v0, call: SolveCall,
     return Problem(system=system, formulation=formulation, times=times, q0=q0, v0=v0,
                    options=options, events=events, fails=fails, checks=checks,
                    trajectories=trajectories, throw=call.throw)
+
+
+def stop_value_checks(system, t0, q0) -> list[tuple[Array, str]]:
+    """The checks of a system's stop data (a flag and its message each): coefficients of
+    restitution in `[0, 1]`, finite non-negative coefficients of friction, and finite gaps
+    at the start. Where the values are concrete a `ValueError` names the first problem;
+    where they are traced (a system or state under `jit`, `vmap` or `grad`) the flags
+    join the traced checks (`check_traced`: `invalid_input` with `throw=False`)."""
+    restitution = jnp.asarray(system.restitution())
+    friction = jnp.asarray(system.friction())
+    checks = [
+        (restitution, lambda e: ~jnp.all((e >= 0) & (e <= 1)),
+         "The coefficients of restitution must lie in [0, 1] (0: plastic, 1: elastic "
+         "impacts)"),
+        (friction, lambda mu: ~jnp.all(jnp.isfinite(mu) & (mu >= 0)),
+         "Coulomb's coefficients of friction must be finite and non-negative (0: "
+         "frictionless)"),
+    ]
+    # (One trajectory: an ensemble's solve has no events.)
+    gaps = jnp.asarray(system.gaps(t0, q0))
+    checks.append((gaps, lambda g: ~jnp.all(jnp.isfinite(g)),
+                   "The gaps (`gaps`) of the initial state must be finite"))
+    traced = []
+    for values, problem, rule in checks:
+        if is_concrete(values):
+            if bool(problem(values)):
+                raise ValueError(f"{rule}; got {np.asarray(values)}.")
+        else:
+            traced.append((problem(values), f"{rule}; got a value that is not (traced)."))
+    return traced
 
 
 def _check_initial_state(system, formulation, t0, q0, v0, trajectories) -> None:
