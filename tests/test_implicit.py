@@ -305,6 +305,11 @@ def test_generalized_alpha_error_estimate_is_per_unit_step():
 def test_generalized_alpha_refuses_what_it_cannot_integrate():
     with pytest.raises(ValueError, match="rho_inf"):
         jaxdae.GeneralizedAlpha(1.5)
+    with pytest.raises(ValueError, match="rho_inf"):
+        jaxdae.GeneralizedAlpha(jnp.array([0.5, 0.6]))
+    # NumPy and JAX scalars are numbers too.
+    assert jaxdae.GeneralizedAlpha(np.float32(0.5)).rho_inf == 0.5
+    assert jaxdae.GeneralizedAlpha(jnp.array(0.25)).rho_inf == 0.25
     with pytest.raises(ValueError, match="jax.vmap"):
         jaxdae.simulate_ensemble(PENDULUM, BAUMGARTE, 0.0, 0.1, Q0[None], V0[None],
                                  solver=jaxdae.GeneralizedAlpha())
@@ -398,3 +403,16 @@ def test_fused_chord_vmap_and_gradient():
     grad = jax.grad(loss)(g)
     eps = 1e-5
     np.testing.assert_allclose(grad, (loss(g + eps) - loss(g - eps)) / (2 * eps), rtol=1e-6)
+
+
+@pytest.mark.parametrize("chord", [jaxdae.FusedChord, jaxdae.ToleranceChord])
+def test_chord_options_are_checked(chord):
+    """Tolerances by the step-size controller's rule; `kappa` a fraction in (0, 1]."""
+    for kappa in (-1.0, 0.0, 1e8, np.nan):
+        with pytest.raises(ValueError, match="kappa"):
+            chord(rtol=1e-6, atol=1e-9, kappa=kappa)
+    with pytest.raises(ValueError, match="rtol"):
+        chord(rtol=np.nan, atol=1e-9)
+    with pytest.raises(ValueError, match="rtol"):
+        jaxdae.configure_implicit(diffrax.Kvaerno5(), rtol=np.nan, atol=1e-9)
+    assert chord(rtol=1e-6, atol=1e-9, kappa=1.0).kappa == 1.0

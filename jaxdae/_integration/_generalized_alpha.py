@@ -20,6 +20,7 @@ from .._compilation._linalg import (
 )
 from .._compilation._linear_solvers import PositiveSemidefinitePseudoInverse
 from .._formulations._multipliers import eliminate, multiplier_solve
+from .._gains import is_concrete
 from .._solution import RESULTS
 from .._systems._system import AbstractSystem, inertia_minus_forces
 from ._generalized_alpha_newton import IterationMatrix, NewtonOptions, newton_solve
@@ -174,6 +175,17 @@ def _measure(x, delta, args):
     return slope * delta, jnp.concatenate([step.unpack(q)[0], slope * mu])
 
 
+def _concrete_float(value):
+    """A concrete real scalar (a Python, NumPy or JAX number) as a float; anything else as
+    it is, for the check to name."""
+    if isinstance(value, bool) or not is_concrete(value):
+        return value
+    try:
+        return float(value) if np.ndim(value) == 0 and np.isreal(value) else value
+    except TypeError:
+        return value
+
+
 class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolver,
                        diffrax.AbstractAdaptiveSolver):
     """The generalized-α method (Chung & Hulbert 1993) applied to the index-3 equations
@@ -316,7 +328,7 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
     II*, Springer 1996, §IV.8.
     """
 
-    rho_inf: float = 0.8
+    rho_inf: float = eqx.field(default=0.8, converter=_concrete_float)
     root_finder: optx.AbstractRootFinder = diffrax.with_stepsize_controller_tols(optx.Chord)()
     root_find_max_steps: int = 10
 
@@ -325,9 +337,10 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
     interpolation_cls: ClassVar = diffrax.ThirdOrderHermitePolynomialInterpolation
 
     def __check_init__(self):
-        if not (isinstance(self.rho_inf, (int, float)) and 0 <= self.rho_inf <= 1):
-            raise ValueError(f"`GeneralizedAlpha(rho_inf=...)` must be a number in [0, 1]; "
-                             f"got {self.rho_inf!r}.")
+        if not (isinstance(self.rho_inf, float) and 0 <= self.rho_inf <= 1):
+            raise ValueError(f"`GeneralizedAlpha(rho_inf=...)` must be a number in [0, 1] "
+                             "(concrete: it sets the method's coefficients when the solve is "
+                             f"traced); got {self.rho_inf!r}.")
         if not (isinstance(self.root_find_max_steps, int) and self.root_find_max_steps >= 1):
             raise ValueError("`GeneralizedAlpha(root_find_max_steps=...)` must be a positive "
                              f"integer; got {self.root_find_max_steps!r}.")

@@ -10,12 +10,15 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import lineax as lx
+import numpy as np
 import optimistix as optx
 from jax.flatten_util import ravel_pytree
 
+from .._checks import check_tolerances
 from .._compilation._linalg import factor_for_solves, solve_factored
 from .._compilation._private_apis import use_stepsize_tol
 from .._custom_types import Array, PyTree, Scalar
+from .._gains import is_concrete
 from ._controllers import inner_controller
 from ._jacobian import check_jacobian, column_seeds, tangent_products
 from ._solvers import AbstractSolverWrapper
@@ -35,6 +38,18 @@ def _terminate(state, kappa: float):
     failed_linear_solve = state.result != optx.RESULTS.successful
     result = optx.RESULTS.where(failed_linear_solve, state.result, result)
     return failed_linear_solve | small | converged | diverged, result
+
+
+def check_chord_options(name: str, rtol, atol, kappa) -> None:
+    """`ValueError` for a chord iteration's tolerances that break `check_tolerances`' rule
+    (the step-size controller's), or a `kappa` outside `(0, 1]`: the iteration stops at
+    increments of `kappa` times the tolerance, and above the tolerance itself the step's
+    error estimate no longer bounds what the iteration leaves."""
+    check_tolerances(rtol, atol, whose=f"`{name}`'s ")
+    if is_concrete(kappa) and not (np.ndim(kappa) == 0 and 0 < float(kappa) <= 1):
+        raise ValueError(
+            f"`{name}(kappa=...)` must be in (0, 1] (the fraction of the tolerance at which "
+            f"the iteration stops; default 0.01); got {kappa!r}.")
 
 
 class ToleranceChord(optx.AbstractRootFinder):
@@ -75,6 +90,9 @@ class ToleranceChord(optx.AbstractRootFinder):
     norm: Callable[[PyTree], Scalar] = optx.rms_norm
     kappa: float = 1e-2
     linear_solver: Any = None
+
+    def __check_init__(self):
+        check_chord_options("ToleranceChord", self.rtol, self.atol, self.kappa)
 
     @property
     def _chord(self) -> diffrax.VeryChord:
@@ -172,6 +190,7 @@ class FusedChord(optx.AbstractRootFinder):
     jacobian: str = "coloured"
 
     def __check_init__(self):
+        check_chord_options("FusedChord", self.rtol, self.atol, self.kappa)
         check_jacobian("FusedChord", self.jacobian)
 
     def init(self, fn, y, args, options, f_struct, aux_struct, tags):
