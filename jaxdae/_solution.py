@@ -14,8 +14,10 @@ import diffrax
 import equinox as eqx
 import numpy as np
 
+from . import _thresholds
 from ._compilation._private_apis import result_codes, result_messages
 from ._custom_types import Array, Float, Int
+from ._gains import is_concrete
 
 with warnings.catch_warnings():  # `successful` gets a message (diffrax's is empty)
     warnings.simplefilter("ignore")
@@ -322,12 +324,24 @@ class Solution(AbstractSolution):
             raise ValueError(
                 "`threshold` must be a number in (0, 1] (the conditioning σ_r / σ_1 below "
                 f"which a saved time counts as near a singular configuration); got {threshold}.")
+        if not is_concrete(self.jacobian_conditioning):
+            raise ValueError(
+                "`singular_passages()` reads a concrete solution: call it on the solution "
+                "returned outside `jax.jit` and `jax.vmap` (return the solution from the "
+                "compiled function, then call it).")
         conditioning, ts = np.asarray(self.jacobian_conditioning), np.asarray(self.ts)
-        if conditioning.ndim == 2:
+        if conditioning.ndim > 1:  # a batch, nested or not: one entry per member
             return [Solution.singular_passages(  # pyright: ignore[reportReturnType]
                 eqx.tree_at(lambda s: (s.ts, s.jacobian_conditioning), self,
                             (ts[i], conditioning[i])), threshold)
                 for i in range(conditioning.shape[0])]
+        if np.shape(self.phi)[-1] + np.shape(self.psi)[-1] > _thresholds.CONDITIONING_MAX:
+            raise ValueError(
+                "This solution has no `jacobian_conditioning` to read: its constraint "
+                f"Jacobian has more than {_thresholds.CONDITIONING_MAX} rows, beyond which "
+                "the conditioning is not computed at the saved states (`nan`). Evaluate "
+                "`jnp.linalg.svd(system.terms(t, q, v).jacobian, compute_uv=False)` at the "
+                "saved states of interest instead.")
         below = np.isfinite(conditioning) & (conditioning < threshold)
         # One time per passage: the lowest row of each run of rows below the threshold.
         edges = np.flatnonzero(np.diff(np.concatenate([[0], below.astype(int), [0]])))

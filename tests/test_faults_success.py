@@ -236,3 +236,33 @@ def test_a_projected_implicit_solver_stops_its_iterations_on_the_tolerances():
                           solver=jaxdae.Projected(diffrax.Kvaerno5()))
     reference = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.5, Q0, V0)
     np.testing.assert_allclose(sol.q_final, reference.q_final, atol=1e-7)
+
+
+class _ManyFixedCoordinates(jaxdae.LagrangianSystem):
+    """49 coordinates held at zero and one free: more constraints than the conditioning is
+    computed for."""
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def constraints(self, t, q):
+        return q[:49]
+
+
+def test_singular_passages_says_what_it_cannot_read():
+    many = jaxdae.simulate(_ManyFixedCoordinates(), jaxdae.Baumgarte(10.0, 25.0), 0.0, 0.1,
+                           jnp.zeros(50), jnp.zeros(50).at[49].set(1.0))
+    with pytest.raises(ValueError, match="more than 48 rows"):
+        many.singular_passages()
+    ts = jnp.linspace(0.0, 1.0, 5)
+
+    def solve(angle):
+        q0, v0 = PENDULUM.state_from_angle(angle, 0.0)
+        return jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, q0, v0, ts=ts)
+
+    # A nested batch: one list per level.
+    nested = jax.vmap(jax.vmap(solve))(jnp.full((2, 3), 0.5))
+    passages = nested.singular_passages()
+    assert len(passages) == 2 and all(len(row) == 3 for row in passages)
+    with pytest.raises(ValueError, match="concrete solution"):
+        jax.jit(lambda a: solve(a).singular_passages())(0.5)
