@@ -34,8 +34,9 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
         mid-run),
         `diverged`, `constraints_not_met`, `constraint_tol_exceeded` (checks after the
         solve), `projection_failed`
-        ([`jaxdae.Projected`][]), `singular_newton_matrix` ([`jaxdae.GeneralizedAlpha`][])
-        and `invalid_input`
+        ([`jaxdae.Projected`][]), `singular_newton_matrix` ([`jaxdae.GeneralizedAlpha`][]),
+        `event_budget_exceeded` and `impact_not_solved` ([`jaxdae.EventDriven`][]) and
+        `invalid_input`
         (a bad member of a traced batch with `throw=False`). The guide "Failures and
         guarantees" (docs/failures.md) says what each means and what to do about it."""
 

@@ -176,3 +176,55 @@ def test_design_measurement_links_resolve():
     assert cited, "the pattern finds the code's links"
     assert cited <= anchors, f"links to missing sections: {sorted(cited - anchors)}"
     assert not timings, "timings belong on docs/design_measurements.md:\n" + "\n".join(timings)
+
+
+# -- results -----------------------------------------------------------------------------
+
+
+def _documented_results(page: str) -> set[str]:
+    """The `RESULTS.` names in the first column of the table of docs/failures.md's section
+    "What each result means and what to do"."""
+    section = page.split("## What each result means and what to do", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    first_cells = [row.split("|")[1] for row in rows[2:]]  # past the header and the rule
+    return {name for cell in first_cells for name in re.findall(r"`(\w+)`", cell)}
+
+
+def _results_jaxdae_declares() -> set[str]:
+    """The members that the class body of `RESULTS` in jaxdae/_solution.py assigns (those
+    it inherits are diffrax's)."""
+    import ast
+
+    tree = ast.parse((ROOT / "jaxdae" / "_solution.py").read_text(encoding="utf-8"))
+    body = next(node for node in ast.walk(tree)
+                if isinstance(node, ast.ClassDef) and node.name == "RESULTS").body
+    return {target.id for node in body if isinstance(node, ast.Assign)
+            for target in node.targets if isinstance(target, ast.Name)}
+
+
+def test_every_result_has_a_row_in_the_failures_page():
+    """Each member of `jaxdae.RESULTS`, its own and those it inherits from diffrax, is named
+    in the first column of docs/failures.md's table of results."""
+    import jaxdae
+
+    documented = _documented_results((ROOT / "docs" / "failures.md").read_text(encoding="utf-8"))
+    declared = _results_jaxdae_declares()
+    assert "impact_not_solved" in declared and "successful" in documented  # the parsers work
+    missing = sorted(declared - documented)
+    assert not missing, ("add a row to docs/failures.md, 'What each result means and what to "
+                         f"do', for RESULTS.{', RESULTS.'.join(missing)}")
+    unknown = sorted(name for name in documented if not hasattr(jaxdae.RESULTS, name))
+    assert not unknown, f"docs/failures.md names results that do not exist: {unknown}"
+    # Every name documented is a member: equal counts mean no member (diffrax's included)
+    # lacks a row.
+    assert len(documented) == len(jaxdae.RESULTS), (
+        f"jaxdae.RESULTS has {len(jaxdae.RESULTS)} members, docs/failures.md names "
+        f"{len(documented)}: a member inherited from diffrax.RESULTS has no row "
+        f"(documented: {sorted(documented)})")
+
+
+def test_results_check_can_fail():
+    page = ("## What each result means and what to do\n\n| `RESULTS.` | Meaning | What to do |\n"
+            "|---|---|---|\n| `successful` | reached `t1` | — |\n| `a`, `b` | x | `c` |\n\n"
+            "## Next\n\n| `d` | | |\n")
+    assert _documented_results(page) == {"successful", "a", "b"}
