@@ -1,15 +1,20 @@
 """jaxdae: differentiable simulation of constrained mechanical systems in JAX.
 
-Importing jaxdae changes two settings of JAX (`jaxdae/_compilation/_xla_flags.py`):
+Importing jaxdae changes three of JAX's settings, for the whole process
+(`jaxdae/_compilation/_xla_flags.py`):
 
 - it enables 64-bit floats (`jax_enable_x64`), since accuracy matters for constrained
   dynamics; arrays created as float32 stay float32 (e.g. for GPU batches). The environment
   variable `JAXDAE_ENABLE_X64=0`, or JAX's own `JAX_ENABLE_X64`, leaves JAX's setting alone.
-- it lets XLA compile whole while loops into single CPU kernels (two options in
-  `XLA_FLAGS`: the size limit of such loops, and no library fusions, which keep a loop
-  from one kernel): solves of small systems run several times faster. Import jaxdae
-  before the first JAX computation for them to apply; `JAXDAE_SET_XLA_FLAGS=0` leaves
-  `XLA_FLAGS` alone.
+- it lets XLA compile whole while loops into single CPU kernels
+  (`xla_cpu_small_while_loop_byte_threshold` in `XLA_FLAGS`): solves of small systems run
+  several times faster.
+- it disables one XLA:CPU pass
+  (`--xla_disable_hlo_passes=dot-library-rewriter` in `XLA_FLAGS`), whose library calls
+  would split such a loop into separate kernels again.
+
+Import jaxdae before the first JAX computation for the two XLA options to apply;
+`JAXDAE_SET_XLA_FLAGS=0`, or naming an option in `XLA_FLAGS` yourself, leaves it alone.
 """
 
 from ._compilation._xla_flags import configure_on_import as _configure_on_import
