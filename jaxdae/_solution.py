@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import diffrax
 import equinox as eqx
+import jax
 import numpy as np
 
 from . import _thresholds
@@ -212,8 +213,16 @@ class Events(eqx.Module):
     SLIP: ClassVar[int] = 4
     KIND_NAMES: ClassVar[tuple[str, ...]] = ("impact", "contact", "release", "stick", "slip")
 
-    def table(self) -> list[tuple[float, int, str, float]]:
-        """The events as `(t, gap, kind, impulse)` rows (concrete values only)."""
+    def table(self) -> list:
+        """The events as `(t, gap, kind, impulse)` rows (concrete values only). For the
+        events of a batch (`jax.vmap(jaxdae.simulate)`), one table per member, as a list
+        (nested as the batch is)."""
+        if not is_concrete(self.count):
+            raise ValueError("`Events.table()` reads concrete events: call it on the "
+                             "solution returned outside `jax.jit` and `jax.vmap`.")
+        if np.ndim(self.count):
+            return [jax.tree.map(lambda x, i=i: x[i], self).table()
+                    for i in range(np.shape(self.count)[0])]
         count = int(self.count)
         return [(float(self.t[i]), int(self.gap[i]), self.KIND_NAMES[int(self.kind[i])],
                  float(self.impulse[i])) for i in range(count)]

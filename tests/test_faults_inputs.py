@@ -484,3 +484,25 @@ def test_a_gap_that_is_nan_at_the_start_is_refused():
     with pytest.raises(ValueError, match="gaps .* must be finite"):
         result(-1.0)
     assert int(jax.jit(result)(-1.0)) == INVALID
+
+
+class _IntegerGapBall(jaxdae.examples.BouncingBall):
+    def gaps(self, t, q):
+        return jnp.array([1])
+
+
+def test_integer_gaps_are_refused():
+    with pytest.raises(ValueError, match="`gaps` must return floating values"):
+        jaxdae.simulate(_IntegerGapBall(), jaxdae.Unstabilized(), 0.0, 0.5,
+                        jnp.array([0.0, 1.0]), jnp.zeros(2))
+
+
+def test_the_events_of_a_batch_tabulate_per_member():
+    def events(height):
+        return jaxdae.simulate(jaxdae.examples.BouncingBall(e=0.5), jaxdae.Unstabilized(),
+                               0.0, 1.0, jnp.stack([0.0, height]), jnp.zeros(2)).events
+
+    tables = jax.vmap(events)(jnp.array([1.0, 0.5])).table()
+    assert len(tables) == 2
+    assert tables[0] == events(1.0).table()
+    assert tables[1][0][2] == "impact"

@@ -152,6 +152,11 @@ def stop_value_checks(system, t0, q0) -> list[tuple[Array, str]]:
     ]
     # (One trajectory: an ensemble's solve has no events.)
     gaps = jnp.asarray(system.gaps(t0, q0))
+    if not jnp.issubdtype(gaps.dtype, jnp.floating):
+        raise ValueError(
+            f"`gaps` must return floating values; it returns {gaps.dtype.name}, and integers "
+            "have no derivatives (the impacts need the gaps' rates). Return floats (write "
+            "constants as `1.0`, or `jnp.asarray(x, float)`).")
     checks.append((gaps, lambda g: ~jnp.all(jnp.isfinite(g)),
                    "The gaps (`gaps`) of the initial state must be finite"))
     traced = []
