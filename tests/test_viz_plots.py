@@ -303,3 +303,23 @@ def test_exact_residuals_stay_on_a_linear_axis(pendulum):
                         replace_fn=lambda x: jnp.zeros_like(x))
     violations = _panels(exact.plot(), (Q, VIOLATIONS, ENERGY, MULTIPLIERS))[VIOLATIONS]
     assert violations.get_yscale() == "linear"
+
+
+def _has_combining(text: str) -> bool:
+    return any(0x300 <= ord(c) <= 0x36F for c in text)
+
+
+@pytest.mark.parametrize("name", ["pendulum", "ball", "optics"])
+def test_labels_are_distinct_and_render_in_the_default_font(name, request):
+    """Every legend's labels differ, and no text of the figure carries a combining character
+    (U+0300–U+036F): the default font draws `Φ̇` as `Φ`, so a derivative is written in
+    mathtext (`$|\\dot\\Phi|$`)."""
+    sol = request.getfixturevalue(name)
+    fig = sol.plot()
+    fig.canvas.draw()  # every label parses as mathtext
+    for ax in fig.axes:
+        labels = _legend(ax) if ax.get_legend() is not None else []
+        assert len(set(labels)) == len(labels), (ax.get_ylabel(), labels)
+        texts = labels + [ax.get_ylabel(), ax.get_xlabel(), ax.get_title()]
+        assert not [t for t in texts if _has_combining(t)], texts
+    assert not _has_combining(fig._suptitle.get_text() if fig._suptitle else "")
