@@ -1,16 +1,17 @@
 import os
 
-# XLA's code generation at LLVM's optimization level 0 in every test process, unless
-# `JAXDAE_TEST_OPTIMIZE=1`: the default run is mostly compiling small programs, which level 0
-# compiles faster, and they compute the same values to rounding. Speed is measured by the
-# benchmarks, never by these tests. `make test-slow` keeps the default: at level 0, separately
-# compiled programs round alike, which hides what some slow tests look for. Set before JAX
-# starts a backend; it joins any `XLA_FLAGS` given, and test subprocesses inherit it.
-_CODEGEN_LEVEL = "--xla_backend_optimization_level"
-if os.environ.get("JAXDAE_TEST_OPTIMIZE") != "1" and _CODEGEN_LEVEL not in os.environ.get(
-    "XLA_FLAGS", ""
-):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_CODEGEN_LEVEL}=0".strip()
+# XLA's code generation in every test process, unless `JAXDAE_TEST_OPTIMIZE=1`: LLVM's
+# optimization level 0 and XLA:CPU's elemental emitters in place of its fusion emitters. The
+# default run is mostly compiling small programs, which these settings compile in about half
+# the time (the fusion emitters alone take half of a solve's compile), and they compute the
+# same values to rounding. Speed is measured by the benchmarks, never by these tests.
+# `make test-slow` keeps XLA's defaults: at level 0, separately compiled programs round
+# alike, which hides what some slow tests look for. Set before JAX starts a backend; each
+# joins any `XLA_FLAGS` given unless that names it, and test subprocesses inherit them.
+if os.environ.get("JAXDAE_TEST_OPTIMIZE") != "1":
+    for _option in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
+        if _option.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_option}".strip()
 
 import jax  # noqa: E402
 
