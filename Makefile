@@ -32,9 +32,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pyright
 
-## Default test run after the lint: fast tests only (`slow` and `perf` excluded).
-test: lint
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+## The lint and the fast tests (`slow` and `perf` excluded): ruff first, then pyright beside
+## the tests (its report printed after theirs); fails if any of the three fails.
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pyright > $(VENV)/pyright.log 2>&1 & pyright=$$!; \
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder; tests=$$?; \
+	wait $$pyright; typed=$$?; cat $(VENV)/pyright.log; \
+	if [ $$tests -ne 0 ]; then exit $$tests; fi; exit $$typed
 
 ## The long tests only, compiled at XLA's default optimization (the default run compiles at
 ## level 0; some slow tests need the rounding of optimized programs).
