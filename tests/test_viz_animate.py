@@ -297,3 +297,17 @@ def test_every_planar_joint_and_stop_draws():
             } | {"joint:roll.line", "joint:slot.line"} <= set(anim.artists)
     assert "joint:gear" not in anim.artists
     assert {"stop:jointlimit_0", "stop:jointlimit_1", "stop:distancestop_0"} <= set(anim.artists)
+
+
+def test_save_mp4_warns_of_no_fork(short, tmp_path):
+    """Starting ffmpeg forks this process, whose JAX threads are running (the fixture's
+    solve started them): JAX's warning that a fork "will likely lead to a deadlock" does not
+    reach the user, as the child only execs ffmpeg."""
+    pytest.importorskip("imageio_ffmpeg", reason="MP4 needs imageio-ffmpeg: the viz extra")
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        short.save(tmp_path / "crank.mp4")
+    forks = [str(w.message) for w in caught if "fork" in str(w.message)]
+    assert not forks, forks

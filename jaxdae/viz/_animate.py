@@ -189,8 +189,13 @@ class Animation:
                         quality=6, macro_block_size=1, ffmpeg_log_level="error",
                         output_params=["-preset", "fast"])
                     with warnings.catch_warnings():
-                        # JAX warns of any fork; this child runs ffmpeg at once (exec).
-                        warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+                        # Starting ffmpeg forks (imageio-ffmpeg passes a `preexec_fn` that
+                        # puts it in its own process group, out of reach of a Ctrl-C meant
+                        # for Python), and JAX warns of every fork of its threaded process;
+                        # the child only sets its group and execs ffmpeg.
+                        warnings.filterwarnings(
+                            "ignore", r"os\.fork\(\) was called\. os\.fork\(\) is incompatible "
+                            r"with multithreaded code, and JAX is multithreaded", RuntimeWarning)
                         writer.send(None)
                 writer.send(np.ascontiguousarray(rgba[:h, :w]))
         finally:
