@@ -37,28 +37,31 @@ import jaxdae  # noqa: E402, F401
 
 # Files go to the two `make test` workers longest first (with `--no-loadscope-reorder` in
 # this order), so that the last ones handed out are short and both workers finish together
-# (longest-processing-time-first). Order by each file's time on a cold compilation cache,
-# as on CI; a file not listed runs last. Re-measure and reorder when a file grows.
+# (longest-processing-time-first). Ordered by each file's CPU time alone on a cold
+# compilation cache (`python -m pytest -p no:xdist tests/<file>` under `/usr/bin/time`), as on
+# CI. A file not listed runs first: its length is unknown, and a long file handed out last
+# leaves the other worker idle. Re-measure and reorder when a file grows.
 _ORDER = (
-    "test_faults.py", "test_projection.py", "test_linalg.py", "test_core.py",
-    "test_viz_plots.py", "test_actuated.py", "test_scalarize.py", "test_faults_jobs.py",
-    "test_structure.py", "test_multibody_tree.py", "test_linear_solvers.py",
-    "test_nonholonomic.py", "test_adjoint.py", "test_friction.py", "test_references.py",
-    "test_errors.py", "test_events.py", "test_extending.py", "test_viz_animate.py",
-    "test_scaling_models.py", "test_redundant_coordinates.py", "test_tune.py",
-    "test_xla_flags.py", "test_ball_and_beam.py", "test_multibody.py",
-    "test_multibody_spatial.py", "test_batch.py", "test_implicit.py", "test_solvers.py",
-    "test_lqr.py", "test_faults_inputs.py", "test_faults_success.py", "test_faults_batches.py",
-    "test_rosenbrock.py", "test_docs.py", "test_ensemble.py", "test_viz_viewer.py",
-    "test_hamiltonian.py", "test_multibody_groups.py", "test_kernels.py",
-    "test_private_apis.py", "test_multibody_stops.py", "test_multibody_urdf.py",
-    "test_realizing_forces.py", "test_faults_models.py", "test_faults_multibody.py",
-    "test_bench_stiff.py", "test_generalized_alpha_adjoint.py",
-    "test_generalized_alpha_residual.py", "test_implicit_adjoint.py", "test_multihost.py",
-    "test_notebooks.py", "test_singular_passages.py",
+    "test_projection.py", "test_linalg.py", "test_extending.py", "test_faults.py",
+    "test_faults_jobs.py", "test_rosenbrock.py", "test_actuated.py", "test_core.py",
+    "test_viz_plots.py", "test_references.py", "test_structure.py",
+    "test_declared_capabilities.py", "test_linear_solvers.py", "test_nonholonomic.py",
+    "test_errors.py", "test_multibody_tree.py", "test_friction.py", "test_adjoint.py",
+    "test_faults_success.py", "test_faults_inputs.py", "test_redundant_coordinates.py",
+    "test_scalarize.py", "test_events.py", "test_scaling_models.py", "test_ball_and_beam.py",
+    "test_viz_animate.py", "test_esdirk_adjoint.py", "test_xla_flags.py",
+    "test_faults_batches.py", "test_solvers.py", "test_implicit_adjoint.py", "test_tune.py",
+    "test_multibody_spatial.py", "test_multibody.py", "test_batch.py", "test_implicit.py",
+    "test_lqr.py", "test_docs.py", "test_viz_viewer.py", "test_hamiltonian.py",
+    "test_ensemble.py", "test_generalized_alpha_residual.py", "test_multibody_groups.py",
+    "test_multibody_stops.py", "test_private_apis.py", "test_faults_multibody.py",
+    "test_multibody_urdf.py", "test_architecture.py", "test_faults_models.py",
+    "test_kernels.py", "test_realizing_forces.py", "test_singular_passages.py",
+    "test_generalized_alpha_adjoint.py", "test_multihost.py", "test_notebooks.py",
+    "test_bench_stiff.py",
 )
 
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(_ORDER)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(_ORDER)))
+    items.sort(key=lambda item: rank.get(item.path.name, -1))
