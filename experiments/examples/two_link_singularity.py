@@ -1,10 +1,14 @@
 """Mukharlyamov and Deressa (2015), Example 1: a two-link arm tracks a point on a line through a
 singular configuration.
 
-Generalized Baumgarte (Case 1 gains) needs `(J M⁻¹ Jᵀ)⁻¹` and stops where the arm folds
-(`q = (π/2, π)`, `t = x0 / v ≈ 0.493 s`); the modified Lagrange equation (Cases 1–3) runs through
-it. After `t ≈ 2.85 s` the target point is out of reach (|P| > l1 + l2) and no configuration
-satisfies the constraints: what each formulation does there is reported, not hidden. An
+The paper's claim: generalized Baumgarte (Case 1 gains) needs `(J M⁻¹ Jᵀ)⁻¹` and stops where
+the arm folds (`q = (π/2, π)`, `t = x0 / v ≈ 0.493 s`); the modified Lagrange equations (Cases
+1–3) pass through that configuration. The script measures each case's outcome (`sol.result`),
+when it ends, and its constraint violation before and after `t ≈ 2.85 s`, where the target point
+leaves the workspace (|P| > l1 + l2): from there on no configuration satisfies the
+constraints. The runs go on to `t1` past that time on purpose, to show what each formulation
+does there, so they pass `constraint_tol=jnp.inf`: the residual at `t1` is reported (the
+"after" column), not turned into `RESULTS.constraint_tol_exceeded`. An
 animation (`jaxdae.viz.animate` with `draw=`, the `viz` extra) shows the arm under the
 modified Lagrange equation (Case 1) folding through the singular configuration, up to the
 time the target leaves the workspace.
@@ -65,7 +69,10 @@ def main(out: Path, quick: bool = False) -> dict:
     for label, kind, gains in progress(CASES, "cases", unit="case"):
         formulation = formulation_for(kind, gains)
         start = time.perf_counter()
-        sol = jaxdae.simulate(system, formulation, 0.0, t1, q0, v0, ts=ts, throw=False)
+        # Past `t_exit` no configuration meets Φ = 0, on purpose (module docstring): any
+        # residual at `t1` is accepted and reported below.
+        sol = jaxdae.simulate(system, formulation, 0.0, t1, q0, v0, ts=ts, throw=False,
+                              constraint_tol=jnp.inf)
         jax.block_until_ready(sol)
         wall = time.perf_counter() - start
         valid = np.isfinite(np.asarray(sol.ts))
@@ -77,7 +84,7 @@ def main(out: Path, quick: bool = False) -> dict:
             dict(
                 case=label,
                 gains=gains,
-                result=jaxdae.RESULTS[sol.result].split(".")[0] or "successful",
+                result=result_name(sol.result),
                 stopped=not bool(sol.succeeded),
                 t_final=float(sol.t_final),
                 q_final=np.asarray(sol.q_final).tolist(),
@@ -105,11 +112,11 @@ def main(out: Path, quick: bool = False) -> dict:
                              r["steps"], f"{r['wall_time_s']:.3f}"])
 
     table = [
-        "| case | outcome | t_final [s] | q_final | max‖Φ‖ before 2.85 s | max‖Φ‖ after | steps |",
+        "| case | result | t_final [s] | q_final | max‖Φ‖ before 2.85 s | max‖Φ‖ after | steps |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        outcome = "stops: singular J M⁻¹ Jᵀ" if r["stopped"] else "runs through"
+        outcome = f"`{r['result']}`" + (" (reached t1)" if not r["stopped"] else "")
         after = (
             "—" if r["max_violation_after_exit"] is None else f"{r['max_violation_after_exit']:.3g}"
         )
@@ -119,14 +126,22 @@ def main(out: Path, quick: bool = False) -> dict:
             f"{r['max_violation_before_exit']:.3g} | {after} | {r['steps']} |"
         )
     baum = rows[0]
-    passed = [r["case"] for r in rows[1:] if not r["stopped"]]
+    modified = rows[1:]
+    passed = [r for r in modified if r["t_final"] > t_singular]
+    results = ", ".join(f"{r['case'].split(', ')[1]} `{r['result']}` at t = {r['t_final']:.4g} s"
+                        for r in modified)
     headline = (
-        f"Baumgarte stops at t = {baum['t_final']:.4f} s (singular configuration predicted at "
-        f"x0/v = {t_singular:.4f} s, q = ({baum['q_final'][0]:.4f}, {baum['q_final'][1]:.4f}) "
-        f"vs (π/2, π)); {len(passed)}/3 modified-Lagrange cases run through it. After "
-        f"t = {t_exit:.3f} s the target is out of reach: no configuration satisfies Φ = 0, so the "
-        "penalty formulation keeps the arm stretched towards the target and ‖Φ‖ grows with the "
-        "distance (see the 'after' column) — the constraint is physically unrealizable there."
+        "Paper's claim (Mukharlyamov and Deressa (2015), Example 1): generalized Baumgarte "
+        "stops at the singular configuration q = (π/2, π), reached at x0/v = "
+        f"{t_singular:.4f} s; the modified Lagrange equations pass through it. Measured "
+        f"(`sol.result`, t1 = {t1:g} s): Baumgarte `{baum['result']}` at "
+        f"t = {baum['t_final']:.4f} s, q = ({baum['q_final'][0]:.4f}, "
+        f"{baum['q_final'][1]:.4f}); modified Lagrange {results}: {len(passed)}/{len(modified)} "
+        "pass the singular configuration. After "
+        f"t = {t_exit:.3f} s the target is out of reach, on purpose: no configuration satisfies "
+        "Φ = 0, the penalty formulation keeps the arm stretched towards the target and ‖Φ‖ grows "
+        "with the distance (the 'after' column). The runs pass `constraint_tol=jnp.inf`, so "
+        "that this residual is reported instead of ending them with `constraint_tol_exceeded`."
     )
     print("\n".join(table))
     print(headline)
@@ -139,6 +154,15 @@ def main(out: Path, quick: bool = False) -> dict:
         "animation of the arm under the modified Lagrange equation (Case 1), through the "
         "singular configuration up to the target's leaving the workspace, the tip's path "
         "traced")])
+
+
+def result_name(result) -> str:
+    """The name of a `jaxdae.RESULTS` item (one solve), as `RESULTS.<name>` spells it."""
+    for name in ("successful", "singular_constraint_matrix", "constraint_tol_exceeded",
+                 "max_steps_reached", "dt_min_reached", "diverged", "constraints_not_met"):
+        if bool(result == getattr(jaxdae.RESULTS, name)):
+            return name
+    return jaxdae.RESULTS[result]  # another failure: its message
 
 
 def arm_animation(system, t, q, **kwargs):
