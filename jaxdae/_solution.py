@@ -36,7 +36,8 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
         `diverged`, `constraints_not_met`, `constraint_tol_exceeded` (checks after the
         solve), `projection_failed`
         ([`jaxdae.Projected`][]), `singular_newton_matrix` ([`jaxdae.GeneralizedAlpha`][]),
-        `event_budget_exceeded` and `impact_not_solved` ([`jaxdae.EventDriven`][]) and
+        `event_budget_exceeded`, `impact_not_solved` and `resting_contact_unsupported`
+        ([`jaxdae.EventDriven`][]) and
         `invalid_input`
         (a bad member of a traced batch with `throw=False`). The guide "Failures and
         guarantees" (docs/failures.md) says what each means and what to do about it."""
@@ -163,6 +164,14 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
             "did not converge): the gaps' Jacobian at the reported state has rows that the "
             "mass metric cannot separate (gaps that repeat each other, or that the "
             "bilateral constraints already fix). Check `gaps` near the reported t and q."
+        )
+        resting_contact_unsupported = (
+            "A contact came to rest, and the solver integrates the bilateral constraints "
+            "alone (`jaxdae.GeneralizedAlpha`): the resting contact's force is not in its "
+            "equations, and the motion would pass through the contact. The solve ends where "
+            "the contact closed. Integrate a system whose contacts rest with an ODE solver "
+            "(`diffrax.Tsit5()`, `diffrax.Kvaerno5()`, `jaxdae.Rodas5P()`) or "
+            "`jaxdae.Projected`, whose rates carry the contact forces."
         )
         indefinite_mass_matrix = (
             "The mass matrix stopped being positive definite during the solve (singular or "

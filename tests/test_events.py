@@ -314,3 +314,30 @@ def test_event_program_holds_the_equations_of_motion_a_bounded_number_of_times()
     grows with their number."""
     assert _copies_of_the_equations_of_motion(_FallingPoint()) == 2
     assert _copies_of_the_equations_of_motion(BouncingBall()) <= 5
+
+
+# The default run keeps an explicit solver and generalized-α; the others in the slow tier.
+@pytest.mark.parametrize("name", [
+    "tsit5", "generalized_alpha", *(pytest.param(name, marks=pytest.mark.slow)
+                                    for name in ("projected", "kvaerno5", "rodas5p"))])
+def test_every_solver_keeps_a_ball_at_rest_or_says_it_cannot(name):
+    """A plastic ball dropped on the floor comes to rest: each solver whose rates carry the
+    contact force keeps it on the floor; generalized-α, which integrates the bilateral
+    constraints alone, ends the solve where the contact closed, with its result."""
+    solver = {"tsit5": diffrax.Tsit5(), "projected": jaxdae.Projected(diffrax.Tsit5()),
+              "kvaerno5": diffrax.Kvaerno5(), "rodas5p": jaxdae.Rodas5P(),
+              "generalized_alpha": jaxdae.GeneralizedAlpha()}[name]
+    sol = jaxdae.simulate(jaxdae.examples.BouncingBall(e=0.0), jaxdae.Unstabilized(), 0.0,
+                          0.6, jnp.array([0.0, 0.2]), jnp.zeros(2), solver=solver, rtol=1e-8,
+                          atol=1e-10, throw=False)
+    landing = float(np.sqrt(2 * 0.2 / 9.81))
+    if name != "generalized_alpha":
+        assert sol.succeeded
+        assert float(sol.q_final[1]) > -1e-6
+    else:
+        assert sol.result == jaxdae.RESULTS.resting_contact_unsupported
+        np.testing.assert_allclose(float(sol.t_final), landing, atol=1e-6)
+        with pytest.raises(jaxdae.SimulationError, match="came to rest"):
+            jaxdae.simulate(jaxdae.examples.BouncingBall(e=0.0), jaxdae.Unstabilized(), 0.0,
+                            0.6, jnp.array([0.0, 0.2]), jnp.zeros(2), solver=solver,
+                            rtol=1e-8, atol=1e-10)

@@ -38,6 +38,7 @@ from .._systems._system import AbstractSystem
 from ._adjoint import ReverseSweepAdjoint
 from ._controllers import AbstractControllerWrapper
 from ._solve import Dynamics, SolveOptions, Times, integrate
+from ._solvers import carries_contact_forces
 from ._term import AbstractSystemTerm, system_term
 from ._vector_fields import system_terms
 
@@ -589,19 +590,25 @@ def integrate_with_events(dynamics: Dynamics, y0, times: Times,
             saved = saved | inside
         result = RESULTS.where(failed, result, RESULTS.successful)
         result = RESULTS.where(over, RESULTS.event_budget_exceeded, result)
-        # An impact without a solution ends the solve where it happened, before it.
+        # An impact without a solution ends the solve where it happened, before it; so does
+        # a contact that comes to rest where the solver cannot carry its force.
         unsolved = ~after.solved
+        unsupported = (jnp.asarray(False) if carries_forces
+                       else after.modes.active.any() & after.solved)
+        ended = unsolved | unsupported
         keep = lambda old, new: jax.tree.map(  # noqa: E731
-            lambda a, b: jnp.where(unsolved, a, b), old, new)
+            lambda a, b: jnp.where(ended, a, b), old, new)
+        result = RESULTS.where(unsupported, RESULTS.resting_contact_unsupported, result)
         return _Carry(
             t=keep(carry.t, t_end), q=keep(carry.q, q_end), s=keep(carry.s, s_end),
-            contacts=contacts, hit=hit & ~unsolved, count=events.count,
-            done=reached | failed | over | unsolved, reached=reached & ~unsolved,
+            contacts=contacts, hit=hit & ~ended, count=events.count,
+            done=reached | failed | over | ended, reached=reached & ~ended,
             result=RESULTS.where(unsolved, RESULTS.impact_not_solved, result),
             rows=keep(carry.rows, rows), saved=keep(carry.saved, saved), events=events,
             stats={key: carry.stats[key] + out.stats[key] for key in _STAT_KEYS},
         )
 
+    carries_forces = carries_contact_forces(options.solver)
     kind = "lax" if isinstance(options.adjoint, diffrax.ForwardMode) else "checkpointed"
     final = while_loop(lambda c: ~c.done, step, carry, max_steps=budget + 1,
                        kind=kind, checkpoints=budget + 1 if kind == "checkpointed" else None)

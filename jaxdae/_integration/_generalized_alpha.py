@@ -25,7 +25,7 @@ from .._solution import RESULTS
 from .._systems._system import AbstractSystem, inertia_minus_forces
 from ._generalized_alpha_newton import IterationMatrix, NewtonOptions, newton_solve
 from ._jacobian import linearization
-from ._solvers import AbstractFailureNamingSolver
+from ._solvers import AbstractFailureNamingSolver, carries_contact_forces
 from ._term import AbstractSystemTerm, system_term
 
 # The Newton iteration stops once its remaining error is below this fraction of the
@@ -482,3 +482,8 @@ def _system(y0, terms) -> AbstractSystem:
             "coordinates) and cannot be combined with it. Pass e.g. `jaxdae.Unstabilized()` "
             "or `jaxdae.Baumgarte(...)` (used only for the saved multipliers).")
     return system
+
+
+# It integrates the system's own equations with the bilateral constraints, not the term's
+# rates, which between events carry the resting contacts' forces.
+carries_contact_forces.register(GeneralizedAlpha, lambda solver: False)

@@ -2,6 +2,8 @@
 base that delegates to a wrapped solver, and an explicit Runge–Kutta solver with its stages
 written out, for batched solves."""
 
+import functools
+
 import diffrax
 import equinox as eqx
 import jax
@@ -61,6 +63,18 @@ def name_stall(solver: diffrax.AbstractSolver, sol: Solution, system) -> Solutio
     return sol
 
 
+@functools.singledispatch
+def carries_contact_forces(solver: diffrax.AbstractSolver) -> bool:
+    """Whether `solver` integrates the rates of the solve's term, which between events hold
+    the resting contacts' forces (`_events.ContactTerm`). A solver that integrates the
+    system's own equations instead, as [`jaxdae.GeneralizedAlpha`][] does, registers False:
+    an event-driven solve with it ends with `RESULTS.resting_contact_unsupported` where a
+    contact comes to rest. Dispatched on the solver's class; jaxdae's wrappers ask what
+    they wrap."""
+    del solver
+    return True
+
+
 class AbstractSolverWrapper(AbstractFailureNamingSolver, diffrax.AbstractAdaptiveSolver):
     """A solver around a wrapped diffrax `solver`, from which it takes what it does not
     override (terms, interpolation, order, vector field), and whose failures it names."""
@@ -78,6 +92,10 @@ class AbstractSolverWrapper(AbstractFailureNamingSolver, diffrax.AbstractAdaptiv
 
     def name_stall(self, sol: Solution, system) -> Solution:
         return name_stall(self.solver, sol, system)
+
+
+carries_contact_forces.register(
+    AbstractSolverWrapper, lambda solver: carries_contact_forces(solver.solver))
 
 
 class AbstractSteppingWrapper(AbstractSolverWrapper):
