@@ -506,3 +506,12 @@ def test_the_events_of_a_batch_tabulate_per_member():
     assert len(tables) == 2
     assert tables[0] == events(1.0).table()
     assert tables[1][0][2] == "impact"
+
+
+def test_event_settings_are_checked():
+    assert jaxdae.EventDriven(max_events=np.int64(5)).max_events == 5
+    for bad in (True, 2.5, 0):
+        with pytest.raises(ValueError, match="max_events"):
+            jaxdae.EventDriven(max_events=bad)
+    with pytest.raises(ValueError, match="contact_gains"):
+        jaxdae.EventDriven(contact_gains=(np.inf, np.inf))

@@ -43,6 +43,14 @@ from ._term import AbstractSystemTerm, system_term
 from ._vector_fields import system_terms
 
 
+def _event_count(value):
+    """An integer count (a Python or NumPy integer, not a bool) as an `int`; anything else
+    as it is, for the check to name."""
+    if isinstance(value, np.integer) and not isinstance(value, np.bool_):
+        return int(value)
+    return value
+
+
 class EventDriven(eqx.Module):
     """How [`jaxdae.simulate`][] treats the one-sided constraints of a system
     ([`jaxdae.AbstractSystem.gaps`][]): exactly, by events.
@@ -66,20 +74,22 @@ class EventDriven(eqx.Module):
         `0.01 √ε` of the state's dtype).
     """
 
-    max_events: int = eqx.field(static=True, default=100)
+    max_events: int = eqx.field(static=True, default=100, converter=_event_count)
     min_bounce_speed: float = 1e-3
     contact_gains: tuple[float, float] = (20.0, 100.0)
     gap_tolerance: float | None = None
 
     def __check_init__(self):
-        if not isinstance(self.max_events, int) or self.max_events < 1:
+        if (isinstance(self.max_events, bool) or not isinstance(self.max_events, int)
+                or self.max_events < 1):
             raise ValueError(f"`max_events` must be a positive integer; got {self.max_events!r}.")
         if not self.min_bounce_speed >= 0:
             raise ValueError("`min_bounce_speed` must be non-negative; got "
                              f"{self.min_bounce_speed!r}.")
-        if len(self.contact_gains) != 2 or not all(k > 0 for k in self.contact_gains):
-            raise ValueError("`contact_gains` must be two positive numbers `(k_d, k_p)`; got "
-                             f"{self.contact_gains!r}.")
+        if len(self.contact_gains) != 2 or not all(
+                np.isfinite(k) and k > 0 for k in self.contact_gains):
+            raise ValueError("`contact_gains` must be two finite positive numbers `(k_d, k_p)`; "
+                             f"got {self.contact_gains!r}.")
         if self.gap_tolerance is not None and not self.gap_tolerance > 0:
             raise ValueError(f"`gap_tolerance` must be positive; got {self.gap_tolerance!r}.")
 
