@@ -221,3 +221,11 @@ PROJECTION_STOP = 100.0
 # to this many constraints: an eigendecomposition of `G Gᵀ` per saved time, whose cubic cost
 # beyond would exceed the solve's own on long chains.
 CONDITIONING_MAX = 48
+
+# A penalty formulation's violation (`residual_allowance`) is granted at the end of a solve only
+# where the constraint Jacobian's conditioning `σ_r / σ_1` there is at least this: the
+# correction that removes the residual to first order is then at most ten times the
+# residual over `σ_1`. Ending nearer a singular configuration (the two-link arm stretched
+# towards a target outside its workspace: 0.007; the same penalty's equilibrium inside it:
+# 0.45), the residual is not the penalty's rounding (docs/failures.md).
+PENALTY_CONDITIONING = 0.1

@@ -120,6 +120,15 @@ def test_a_penalty_is_allowed_its_equilibrium_violation():
     assert strict.result == EXCEEDED
 
 
+def test_a_penalty_is_not_allowed_an_unreachable_target():
+    # The arm's target leaves the workspace at 2.85 s: the penalty ends stretched towards it,
+    # 0.355 off, at a conditioning of 0.007, which no small correction removes.
+    sol = jaxdae.simulate(TwoLinkManipulator(), jaxdae.ModifiedLagrange(100.0, 10.0, 25.0),
+                          0.0, 3.5, TWO_LINK_Q0, TWO_LINK_V0, throw=False)
+    assert sol.result == EXCEEDED
+    assert _residual(sol) > 0.3 and float(sol.jacobian_conditioning[-1]) < 0.1
+
+
 @pytest.mark.slow
 def test_unstabilized_drift_and_an_inconsistent_start_are_no_failure():
     # Nothing pulls an unstabilized solve back: its drift is no failure, however large.

@@ -196,6 +196,8 @@ def assemble_solution(system, formulation, start, ts, saved, outcome, limit,
                  for x0, row, x in zip((t0, q0, v0), rows, final, strict=False))
     *diagnostics, mass, definite, forces, allowance, spectra, range_inputs = jax.lax.map(
         lambda row: diagnostics(system, formulation, *row), rows)
+    # The constraint Jacobian's conditioning at the final state (row 0: the initial one).
+    final_conditioning = conditioning(spectra[jnp.array([0, -1])])[-1]
     if ts is None:
         outputs = diagnostics
     else:
@@ -210,7 +212,13 @@ def assemble_solution(system, formulation, start, ts, saved, outcome, limit,
     # violation at the start (positions or velocities) where it is larger.
     initial_violation = jnp.max(jnp.abs(jnp.concatenate(
         [diagnostics[i][0] for i in (0, 1, 2)])), initial=0.0)
+    # A penalty's violation is granted only where a configuration that meets the
+    # constraints lies near, to first order: the Jacobian there is well conditioned. Near
+    # a singular configuration (a target outside the workspace: the arm stretched towards
+    # it) no small correction removes the residual, and it is not the penalty's
+    # (docs/failures.md, the rules).
     limit, allowed = limit
+    allowed = allowed & ~(final_conditioning < _thresholds.PENALTY_CONDITIONING)
     limit = jnp.maximum(jnp.where(allowed, limit + 10 * allowance[-1], limit),
                         initial_violation)
     result = checked_result(initial_residual,
