@@ -394,36 +394,21 @@ def transition(system, formulation, settings: EventDriven, contacts: ContactStat
     tolerance = settings.tolerance(q.dtype)
     active = contacts.modes.active
     size = active.shape[0]
-    s = formulation.velocities(system, t, q, s)
+    # The terms and the contact problem at the event, once for the conditions that
+    # triggered it and the impact; the terms after the impact for the resting contacts.
+    s, terms, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s,
+                                             mass_factor)
+    held = problem.forces(contacts.modes)
+    values = _conditions(contacts, jitted_open_gaps(system, contacts, t, q), held, gaps.slip,
+                         gaps.friction)
+    triggered = hit & ((values <= 0) | (jnp.arange(values.shape[0]) == jnp.argmin(values)))
     v = system.velocities(t, q, s)
-    gaps = gap_terms(system, t, q, v)
     restitution = jnp.broadcast_to(jnp.asarray(system.restitution(), v.dtype), (size,))
-    open_values = jitted_open_gaps(system, contacts, t, q)
-
-    def impact_at(terms):
-        # The conditions that triggered the event (with the resting contacts' forces
-        # there), and the impact of the closed gaps.
-        held = contact_problem(formulation, terms, gaps, contacts.gains).forces(contacts.modes)
-        values = _conditions(contacts, open_values, held, gaps.slip, gaps.friction)
-        triggered = hit & ((values <= 0) | (jnp.arange(values.shape[0]) == jnp.argmin(values)))
-        closed = active | triggered[:size] | (gaps.gap <= tolerance)
-        outcome = impact(terms, gaps, closed, restitution, settings.min_bounce_speed)
-        change = outcome.velocity_change
-        s_after = s + change if system.state_is_velocity else s + terms.mass_matrix @ change
-        return s_after, (held, triggered, closed, outcome, s_after)
-
-    def pass_(state, _):
-        terms = with_mass_factor(system_terms(system, t, q, state), mass_factor)
-        state_after, out = impact_at(terms)
-        return state_after, (terms, out)
-
-    # The terms before the impact and after it by one loop of two passes (the second's
-    # impact unused): the program holds the equations of motion once, not twice.
-    _, (both, outs) = jax.lax.scan(pass_, s, length=2)
-    held, triggered, closed, outcome, s_after = jax.tree.map(lambda x: x[0], outs)
-    terms_after = jax.tree.map(lambda x: x[1], both)
     released = triggered[:size] & active
+    closed = active | triggered[:size] | (gaps.gap <= tolerance)
+    outcome = impact(terms, gaps, closed, restitution, settings.min_bounce_speed)
     change = outcome.velocity_change
+    s_after = s + change if system.state_is_velocity else s + terms.mass_matrix @ change
     gaps_after = gap_terms(system, t, q, v + change)
     # At rest after the impact (to rounding): those may carry a force from now on, and
     # stick where they have friction.
@@ -431,6 +416,7 @@ def transition(system, formulation, settings: EventDriven, contacts: ContactStat
                      + 64 * jnp.finfo(q.dtype).eps * jnp.max(jnp.abs(gaps.rate), initial=0.0))
     at_rest = gaps_after.rate <= at_rest_speed
     candidates = closed & ~released & at_rest
+    terms_after = with_mass_factor(system_terms(system, t, q, s_after), mass_factor)
     # A contact at rest along its surface may stick, one that slides keeps its way. One
     # whose stick just failed (its tangential force at the friction limit) slips against
     # that force: at the limit, sticking would hold it on the boundary.
