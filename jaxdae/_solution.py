@@ -91,6 +91,12 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
             "/ `velocity_constraints` (and their first and second derivatives) near the "
             "reported t and q."
         )
+        non_finite_gaps = (
+            "The system's gaps (`gaps`, its one-sided constraints) became non-finite (nan or "
+            "inf) during the solve, so no crossing of theirs could be found: the motion "
+            "passed them unchecked. Check `gaps` near the reported t and q, and between the "
+            "last event and it."
+        )
         non_finite_rates = (
             "The rates of the state became non-finite (nan or inf) during the solve although "
             "the mass matrix, forces and constraints are finite there: the formulation's "

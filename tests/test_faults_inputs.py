@@ -450,6 +450,15 @@ def _block_result(friction):
                            jnp.array([1.0, 0.0]), throw=False).result._value
 
 
+def test_good_stop_data_passes_in_a_traced_call():
+    # Concrete stop data in a call that the caller's `jit` traces: checked as constants.
+    heights = jax.jit(lambda h: jaxdae.simulate(
+        jaxdae.examples.BouncingBall(e=0.5), jaxdae.Unstabilized(), 0.0, 0.5,
+        jnp.stack([0.0, h]), jnp.zeros(2)).q_final[1])(1.0)
+    assert np.isfinite(float(heights))
+    assert int(jax.jit(_block_result)(0.5)) == SUCCESS
+
+
 @pytest.mark.parametrize("restitution", [1.5, -0.2, np.nan])
 def test_bad_restitution_is_refused_eager_traced_and_batched(restitution):
     with pytest.raises(ValueError, match="restitution must lie in"):
@@ -515,3 +524,23 @@ def test_event_settings_are_checked():
             jaxdae.EventDriven(max_events=bad)
     with pytest.raises(ValueError, match="contact_gains"):
         jaxdae.EventDriven(contact_gains=(np.inf, np.inf))
+
+
+class _LateNaNGapBall(jaxdae.examples.BouncingBall):
+    """A gap that turns nan at t = 0.2, before the ball reaches the floor."""
+
+    def gaps(self, t, q):
+        return jnp.where(t > 0.2, jnp.nan, q[1:2])
+
+
+def test_a_gap_that_turns_nan_is_a_named_failure():
+    def result(height):
+        return jaxdae.simulate(_LateNaNGapBall(e=0.5), jaxdae.Unstabilized(), 0.0, 1.0,
+                               jnp.stack([0.0, height]), jnp.zeros(2), throw=False).result._value
+
+    named = jaxdae.RESULTS.non_finite_gaps._value
+    assert int(result(1.0)) == named
+    assert jax.vmap(result)(jnp.array([1.0, 0.5])).tolist() == [named, named]
+    with pytest.raises(jaxdae.SimulationError, match="gaps .* became non-finite"):
+        jaxdae.simulate(_LateNaNGapBall(e=0.5), jaxdae.Unstabilized(), 0.0, 1.0,
+                        jnp.array([0.0, 1.0]), jnp.zeros(2))

@@ -595,10 +595,15 @@ def integrate_with_events(dynamics: Dynamics, y0, times: Times,
         keep = lambda old, new: jax.tree.map(  # noqa: E731
             lambda a, b: jnp.where(ended, a, b), old, new)
         result = RESULTS.where(unsupported, RESULTS.resting_contact_unsupported, result)
+        # Gaps that turned non-finite hide every crossing: the motion passed them unchecked.
+        lost = ~ended & ~jnp.all(jnp.isfinite(jitted_open_gaps(system, contacts, t_end,
+                                                                q_end)))
+        result = RESULTS.where(lost, RESULTS.non_finite_gaps, result)
+        ended_here = ended | lost
         return _Carry(
             t=keep(carry.t, t_end), q=keep(carry.q, q_end), s=keep(carry.s, s_end),
-            contacts=contacts, hit=hit & ~ended, count=events.count,
-            done=reached | failed | over | ended, reached=reached & ~ended,
+            contacts=contacts, hit=hit & ~ended_here, count=events.count,
+            done=reached | failed | over | ended_here, reached=reached & ~ended_here,
             result=RESULTS.where(unsolved, RESULTS.impact_not_solved, result),
             rows=keep(carry.rows, rows), saved=keep(carry.saved, saved), events=events,
             stats={key: carry.stats[key] + out.stats[key] for key in _STAT_KEYS},

@@ -142,11 +142,13 @@ def stop_value_checks(system, t0, q0) -> list[tuple[Array, str]]:
     join the traced checks (`check_traced`: `invalid_input` with `throw=False`)."""
     restitution = jnp.asarray(system.restitution())
     friction = jnp.asarray(system.friction())
+    # Each test takes the array module: NumPy for concrete values (a call traced by the
+    # caller's `jit` stages every `jnp` operation, even on constants), `jnp` for traced ones.
     checks = [
-        (restitution, lambda e: ~jnp.all((e >= 0) & (e <= 1)),
+        (restitution, lambda xnp, e: ~xnp.all((e >= 0) & (e <= 1)),
          "The coefficients of restitution must lie in [0, 1] (0: plastic, 1: elastic "
          "impacts)"),
-        (friction, lambda mu: ~jnp.all(jnp.isfinite(mu) & (mu >= 0)),
+        (friction, lambda xnp, mu: ~xnp.all(xnp.isfinite(mu) & (mu >= 0)),
          "Coulomb's coefficients of friction must be finite and non-negative (0: "
          "frictionless)"),
     ]
@@ -157,15 +159,15 @@ def stop_value_checks(system, t0, q0) -> list[tuple[Array, str]]:
             f"`gaps` must return floating values; it returns {gaps.dtype.name}, and integers "
             "have no derivatives (the impacts need the gaps' rates). Return floats (write "
             "constants as `1.0`, or `jnp.asarray(x, float)`).")
-    checks.append((gaps, lambda g: ~jnp.all(jnp.isfinite(g)),
+    checks.append((gaps, lambda xnp, g: ~xnp.all(xnp.isfinite(g)),
                    "The gaps (`gaps`) of the initial state must be finite"))
     traced = []
     for values, problem, rule in checks:
         if is_concrete(values):
-            if bool(problem(values)):
+            if bool(problem(np, np.asarray(values))):
                 raise ValueError(f"{rule}; got {np.asarray(values)}.")
         else:
-            traced.append((problem(values), f"{rule}; got a value that is not (traced)."))
+            traced.append((problem(jnp, values), f"{rule}; got a value that is not (traced)."))
     return traced
 
 
