@@ -27,15 +27,18 @@ $(STAMP): pyproject.toml requirements-lock.txt
 demo: $(STAMP)
 	$(PY) experiments/run_all.py --out output $(ARGS)
 
-## Lint (ruff) and type-check (pyright) the code; the configuration is in pyproject.toml.
+## Lint (ruff), check the formatting (ruff format) and type-check (pyright) the code; the
+## configuration is in pyproject.toml.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pyright
 
 ## The lint and the fast tests (`slow` and `perf` excluded): ruff first, then pyright beside
 ## the tests (its report printed after theirs); fails if any of the three fails.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pyright > $(VENV)/pyright.log 2>&1 & pyright=$$!; \
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder; tests=$$?; \
 	wait $$pyright; typed=$$?; cat $(VENV)/pyright.log; \

@@ -27,16 +27,20 @@ def parse_args(name: str, description: str, only: bool = False) -> argparse.Name
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--out", type=Path, default=Path("output"),
+        "--out",
+        type=Path,
+        default=Path("output"),
         help=f"output root; results go to OUT/{name}/ (default: output)",
     )
     parser.add_argument(
-        "--quick", action="store_true",
+        "--quick",
+        action="store_true",
         help="smaller grids, fewer steps, shorter horizons: a smoke test with coarser figures",
     )
     if only:
-        parser.add_argument("--only", default=None,
-                            help="comma-separated parts of the names of the rows to run")
+        parser.add_argument(
+            "--only", default=None, help="comma-separated parts of the names of the rows to run"
+        )
     return parser.parse_args()
 
 
@@ -83,8 +87,11 @@ def write_json(path: Path, data) -> None:
 def interactive() -> bool:
     """Whether progress bars are shown: stderr is a terminal (not a log file or CI) and
     `NO_PROGRESS` is not set."""
-    return sys.stderr.isatty() and not os.environ.get("NO_PROGRESS") and (
-        os.environ.get("TERM") != "dumb")
+    return (
+        sys.stderr.isatty()
+        and not os.environ.get("NO_PROGRESS")
+        and (os.environ.get("TERM") != "dumb")
+    )
 
 
 def progress(iterable, description: str, total: int | None = None, unit: str = "it"):
@@ -99,8 +106,9 @@ def progress(iterable, description: str, total: int | None = None, unit: str = "
     if interactive():
         from tqdm.auto import tqdm
 
-        yield from tqdm(iterable, desc=description, total=total, unit=unit, leave=False,
-                        dynamic_ncols=True)
+        yield from tqdm(
+            iterable, desc=description, total=total, unit=unit, leave=False, dynamic_ncols=True
+        )
         return
     start, count = time.perf_counter(), 0
     for item in iterable:
@@ -136,12 +144,26 @@ def log_values(values, floor: float):
 def legend_below(ax, ncol: int = 2, **kwargs):
     """A legend under the axes (below its x label), so that it never covers data; use
     with `plt.subplots(..., layout="constrained")`, which makes room for it."""
-    return ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol, fontsize=8,
-                     frameon=False, **kwargs)
+    return ax.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.16),
+        ncol=ncol,
+        fontsize=8,
+        frameon=False,
+        **kwargs,
+    )
 
 
-def exudyn_solve(exu, mbs, sensor, t1: float, steps: int, *, singular_jacobian: bool = False,
-                 options: dict | None = None):
+def exudyn_solve(
+    exu,
+    mbs,
+    sensor,
+    t1: float,
+    steps: int,
+    *,
+    singular_jacobian: bool = False,
+    options: dict | None = None,
+):
     """Solve an assembled Exudyn system `mbs` with its generalized-α integrator in `steps`
     fixed steps over `[0, t1]` (Newton to a relative 1e-10, dense linear algebra; with
     `singular_jacobian`, redundant constraints accepted), and return the `sensor`'s stored
@@ -193,19 +215,23 @@ def exudyn_governor_system(exu, model, q0, v0):
     for body in model.bodies:
         inertia = np.asarray(body.inertia)
         numbers[body.name] = mbs.CreateRigidBody(
-            inertia=RigidBodyInertia(mass=float(body.mass), inertiaTensor=np.diag(inertia)
-                                     if inertia.ndim == 1 else inertia),
+            inertia=RigidBodyInertia(
+                mass=float(body.mass),
+                inertiaTensor=np.diag(inertia) if inertia.ndim == 1 else inertia,
+            ),
             referencePosition=list(np.asarray(model.marker_position(q0, body.name))),
             referenceRotationMatrix=np.asarray(model.marker_rotation(q0, body.name)),
             initialVelocity=list(np.asarray(model.marker_velocity(q0, v0, body.name))),
             initialAngularVelocity=list(np.asarray(model.angular_velocity(q0, v0, body.name))),
-            gravity=[0.0, 0.0, -9.81])
+            gravity=[0.0, 0.0, -9.81],
+        )
     for joint in model.joints:
         items = [numbers[joint.a.split(".")[0]], numbers[joint.b.split(".")[0]]]
         position = list(np.asarray(model.marker_position(q0, joint.a)))
         axis = list(np.asarray(model.marker_rotation(q0, joint.a) @ joint.axis))
-        create = (mbs.CreateRevoluteJoint if isinstance(joint, mb.Revolute)
-                  else mbs.CreatePrismaticJoint)
+        create = (
+            mbs.CreateRevoluteJoint if isinstance(joint, mb.Revolute) else mbs.CreatePrismaticJoint
+        )
         create(itemNumbers=items, position=position, axis=axis)
     for force in model.forces[1:]:
         (body_a, marker_a), (body_b, marker_b) = (ref.split(".") for ref in force.markers)
@@ -213,5 +239,8 @@ def exudyn_governor_system(exu, model, q0, v0):
             itemNumbers=[numbers[body_a], numbers[body_b]],
             localPosition0=list(np.asarray(model.body(body_a).markers[marker_a])),
             localPosition1=list(np.asarray(model.body(body_b).markers[marker_b])),
-            referenceLength=REST, stiffness=K, damping=C)
+            referenceLength=REST,
+            stiffness=K,
+            damping=C,
+        )
     return container, mbs, numbers

@@ -34,13 +34,13 @@ from _common import interactive  # noqa: E402
 # name: what it reproduces (one line, shown by --help)
 EXPERIMENTS = {
     "two_link_singularity": "Mukharlyamov and Deressa (2015): a two-link arm through a singular "
-                            "configuration",
+    "configuration",
     "ball_and_beam": "Krasinskaya and Krasinskiy (2013): LQR of the simplified model on the exact "
-                     "Ball & Beam",
+    "Ball & Beam",
     "tune_two_link": "Mukharlyamov and Deressa (2015): modified-Lagrange gains tuned for a "
-                     "fixed-step solver",
+    "fixed-step solver",
     "tune_ball_and_beam": "Krasinskaya and Krasinskiy (2013): LQR weights tuned through the "
-                          "nonlinear closed loop",
+    "nonlinear closed loop",
     "cartesian_arm_hamiltonian": "Shemelova (2016): Hamiltonian arm, exact decay of perturbations",
     "realizing_forces": "Matyukhin (1999): nonholonomic constraints realized by forces",
     "adaptive_optics": "Mukharlyamov (2019): constraint-enforcing control through a DC motor",
@@ -56,15 +56,17 @@ ALWAYS_QUICK = {"projection", "stiff_integration", "work_precision"}
 # ... and that run only when named (`--only`), not in the demo.
 ON_REQUEST = ALWAYS_QUICK
 
-EPILOG = "experiments:\n" + "\n".join(
-    f"  {name:<27} {text}" for name, text in EXPERIMENTS.items()
-) + """
+EPILOG = (
+    "experiments:\n"
+    + "\n".join(f"  {name:<27} {text}" for name, text in EXPERIMENTS.items())
+    + """
 
 examples:
   python experiments/run_all.py --out output          all but the studies (make demo)
   python experiments/run_all.py --quick --out /tmp/x  smoke test of the demo
   python experiments/run_all.py --only ball_and_beam,tune_two_link
 """
+)
 
 
 def _names(text: str) -> list[str]:
@@ -82,19 +84,26 @@ def parse_args(argv=None) -> argparse.Namespace:
         description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--out", type=Path, default=Path("output"),
+        "--out",
+        type=Path,
+        default=Path("output"),
         help="output folder: OUT/SUMMARY.md and OUT/<name>/ per experiment (default: output)",
     )
     parser.add_argument(
-        "--quick", action="store_true",
+        "--quick",
+        action="store_true",
         help="smaller grids, fewer tuning steps and shorter horizons: a smoke test that "
-             "takes a fraction of the full run's time; figures are coarser and the numbers "
-             "differ from the full run's",
+        "takes a fraction of the full run's time; figures are coarser and the numbers "
+        "differ from the full run's",
     )
     parser.add_argument(
-        "--only", metavar="NAME[,NAME...]", type=_names, action="extend", default=None,
+        "--only",
+        metavar="NAME[,NAME...]",
+        type=_names,
+        action="extend",
+        default=None,
         help="run only these experiments, in the order given (names below; the option "
-             "may be repeated)",
+        "may be repeated)",
     )
     return parser.parse_args(argv)
 
@@ -128,8 +137,15 @@ def run(names: list[str], out: Path, quick: bool) -> list[str]:
 
             # Prints go through tqdm.write so that they do not break the bars.
             stack.enter_context(contextlib.redirect_stdout(DummyTqdmFile(stdout)))
-            overall = stack.enter_context(tqdm(total=len(names), desc="demo", unit="experiment",
-                                               dynamic_ncols=True, file=sys.stderr))
+            overall = stack.enter_context(
+                tqdm(
+                    total=len(names),
+                    desc="demo",
+                    unit="experiment",
+                    dynamic_ncols=True,
+                    file=sys.stderr,
+                )
+            )
         for i, name in enumerate(names, 1):
             print(f"== [{i}/{len(names)}] {name}", flush=True)
             if bars:
@@ -137,7 +153,8 @@ def run(names: list[str], out: Path, quick: bool) -> list[str]:
             start = time.perf_counter()
             try:
                 summary = importlib.import_module(name).main(
-                    out, quick=quick or name in ALWAYS_QUICK)
+                    out, quick=quick or name in ALWAYS_QUICK
+                )
             except Exception:  # report and go on: one broken study must not hide the others
                 traceback.print_exc()
                 failed.append(name)
@@ -153,8 +170,13 @@ def run(names: list[str], out: Path, quick: bool) -> list[str]:
     if list(names) != list(EXPERIMENTS):
         command += " --only " + ",".join(names)
     count = f"{len(names)} experiment" + ("s" if len(names) > 1 else "")
-    lines += [(f"`{command}` ({mode} run, {count}, {total:.0f} s). Each section gives the "
-               "experiment's headline, its table and its figures."), ""]
+    lines += [
+        (
+            f"`{command}` ({mode} run, {count}, {total:.0f} s). Each section gives the "
+            "experiment's headline, its table and its figures."
+        ),
+        "",
+    ]
     (out / "SUMMARY.md").write_text("\n".join(lines + sections))
     print(f"wrote {out / 'SUMMARY.md'} ({total:.0f} s)")
     return failed

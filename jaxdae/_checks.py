@@ -16,8 +16,9 @@ def described(value) -> str:
     return type(value).__name__
 
 
-def check_instance(name: str, value, kind: type | tuple[type, ...], expected: str, *,
-                   optional: bool = False) -> None:
+def check_instance(
+    name: str, value, kind: type | tuple[type, ...], expected: str, *, optional: bool = False
+) -> None:
     """`ValueError` unless `value` is an instance of `kind` (or `None`, the default of an
     `optional` argument)."""
     if not (isinstance(value, kind) or (optional and value is None)):
@@ -47,7 +48,8 @@ def check_count(name: str, value, what: str, minimum: int = 0) -> None:
     a bool); `what` says what it counts, e.g. "Gauss–Newton iterations"."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         bound = {0: "a non-negative integer", 1: "a positive integer"}.get(
-            minimum, f"an integer of at least {minimum}")
+            minimum, f"an integer of at least {minimum}"
+        )
         raise ValueError(f"`{name}` must be {bound} ({what}); got {value!r}.")
 
 
@@ -59,8 +61,13 @@ def tolerance_problem(rtol, atol, xnp=jnp):
     `jax.numpy` (traced values give a traced flag) or `numpy` (eager checks)."""
     rtol, atol = xnp.asarray(rtol), xnp.asarray(atol)
     finite = xnp.all(xnp.isfinite(rtol)) & xnp.all(xnp.isfinite(atol))
-    return ~finite | xnp.any(rtol < 0) | xnp.any(rtol > 1) | xnp.any(atol < 0) | xnp.any(
-        (rtol <= 0) & (atol <= 0))
+    return (
+        ~finite
+        | xnp.any(rtol < 0)
+        | xnp.any(rtol > 1)
+        | xnp.any(atol < 0)
+        | xnp.any((rtol <= 0) & (atol <= 0))
+    )
 
 
 def check_tolerances(rtol, atol, whose: str = "") -> None:
@@ -81,14 +88,19 @@ def check_tolerances(rtol, atol, whose: str = "") -> None:
     if not bool(tolerance_problem(rtol_np, atol_np, np)):
         return
     if not np.all(np.isfinite(rtol_np) & (rtol_np >= 0) & (rtol_np <= 1)):
-        which = ("`rtol` must be in [0, 1] (a relative tolerance above 1 accepts any step)"
-                 if np.all(rtol_np >= 0) else "`rtol` must be in [0, 1]")
+        which = (
+            "`rtol` must be in [0, 1] (a relative tolerance above 1 accepts any step)"
+            if np.all(rtol_np >= 0)
+            else "`rtol` must be in [0, 1]"
+        )
     elif not np.all(np.isfinite(atol_np) & (atol_np >= 0)):
         which = "`atol` must be a finite non-negative number"
     else:
         which = "they must not both be zero (no step would pass its error test)"
-    raise ValueError(f"{whose}`rtol` and `atol` must be {TOLERANCE_RULE}: {which}; got "
-                     f"rtol = {rtol}, atol = {atol}.")
+    raise ValueError(
+        f"{whose}`rtol` and `atol` must be {TOLERANCE_RULE}: {which}; got "
+        f"rtol = {rtol}, atol = {atol}."
+    )
 
 
 _SMALL_FLOATS = ("float16", "bfloat16")
@@ -100,11 +112,15 @@ def dtype_problem(dtype) -> str | None:
     than float32."""
     dtype = np.dtype(dtype)
     if np.issubdtype(dtype, np.complexfloating):
-        return (f"must be real: it is complex ({dtype}), and jaxdae computes in real "
-                "arithmetic (the imaginary parts would be dropped)")
+        return (
+            f"must be real: it is complex ({dtype}), and jaxdae computes in real "
+            "arithmetic (the imaginary parts would be dropped)"
+        )
     if dtype.name in _SMALL_FLOATS:
-        return (f"must be float32 or float64: jaxdae does not support {dtype.name} (its "
-                "rounding is too coarse for the error tests and the constraint checks)")
+        return (
+            f"must be float32 or float64: jaxdae does not support {dtype.name} (its "
+            "rounding is too coarse for the error tests and the constraint checks)"
+        )
     return None
 
 

@@ -27,9 +27,13 @@ def as_gain(value: GainLike) -> Gain:
     A complex gain is refused (its imaginary part would be dropped), as is float16."""
     array = jnp.asarray(value)
     if jnp.issubdtype(array.dtype, jnp.complexfloating) or array.dtype.name in (
-            "float16", "bfloat16"):
-        raise ValueError(f"A gain must be real, of float32 or float64; got {array.dtype} "
-                         f"({np.array2string(np.asarray(value), precision=4)}).")
+        "float16",
+        "bfloat16",
+    ):
+        raise ValueError(
+            f"A gain must be real, of float32 or float64; got {array.dtype} "
+            f"({np.array2string(np.asarray(value), precision=4)})."
+        )
     if not jnp.issubdtype(array.dtype, jnp.floating):
         array = array.astype(jnp.result_type(float))
     return array
@@ -48,8 +52,9 @@ def attach_checks(value, checks: Sequence[TracedCheck]):
     if not checks:
         return value
     flags = jnp.stack([jnp.asarray(flag) for flag, _ in checks])
-    return eqx.branched_error_if(value, jnp.any(flags), jnp.argmax(flags),
-                                 tuple(message for _, message in checks))
+    return eqx.branched_error_if(
+        value, jnp.any(flags), jnp.argmax(flags), tuple(message for _, message in checks)
+    )
 
 
 def check_gain_structure(name: str, gain: Array, *, allow_zero_dim: bool = True) -> None:
@@ -81,8 +86,9 @@ def gain_matrix(gain: Gain, size: int, dtype) -> Float[Array, "c c"]:
     return gain
 
 
-def uncoupled_companions(gains: Sequence[Gain], size: int, dtype
-                         ) -> Float[Array, "size p p"] | None:
+def uncoupled_companions(
+    gains: Sequence[Gain], size: int, dtype
+) -> Float[Array, "size p p"] | None:
     """The companion matrices of `f⁽ᵖ⁾ + Σ_j K_j f⁽ʲ⁾ = 0` (`gains = (K_0, …, K_{p−1})`)
     constraint by constraint, `(size, p, p)`, where every `K_j` is a scalar or a vector: the
     `(p·size)`-square companion matrix is then, up to a permutation, block diagonal with
@@ -90,10 +96,12 @@ def uncoupled_companions(gains: Sequence[Gain], size: int, dtype
     if any(jnp.ndim(gain) > 1 for gain in gains):
         return None
     order = len(gains)
-    last = -jnp.stack([jnp.broadcast_to(jnp.asarray(gain, dtype), (size,)) for gain in gains],
-                      axis=-1)
-    shift = jnp.broadcast_to(jnp.eye(order, k=1, dtype=dtype)[: order - 1],
-                             (size, order - 1, order))
+    last = -jnp.stack(
+        [jnp.broadcast_to(jnp.asarray(gain, dtype), (size,)) for gain in gains], axis=-1
+    )
+    shift = jnp.broadcast_to(
+        jnp.eye(order, k=1, dtype=dtype)[: order - 1], (size, order - 1, order)
+    )
     return jnp.concatenate([shift, last[:, None, :]], axis=1)
 
 
@@ -153,7 +161,8 @@ def require_positive_definite(name: str, gain: Array, reason: str) -> tuple[Trac
         f"(√ of the largest {gain.dtype.name}): the formulation multiplies gains with each "
         "other and with the state, so a larger one overflows to inf or nan in the "
         "equations of motion, and the solve would fail as if the model had broken down. "
-        "Stabilization gains are usually far smaller (larger ones make the equations stiff).")
+        "Stabilization gains are usually far smaller (larger ones make the equations stiff)."
+    )
     message = f"`{name}` must be symmetric positive definite ({reason})."
     if is_concrete(gain):
         gain_np = np.asarray(gain)
@@ -163,7 +172,11 @@ def require_positive_definite(name: str, gain: Array, reason: str) -> tuple[Trac
             raise ValueError(f"{message} Got {describe_gain(gain)}.")
         return ()
     # One check per gain (each is a branch of the compiled program's error).
-    return ((too_large(gain) | not_positive_definite(gain),
-             f"{message[:-1]}, with entries of at most {gain_limit(gain.dtype):.3g} in "
-             "magnitude (larger ones overflow in the equations of motion, and the solve "
-             "would fail as if the model had broken down)."),)
+    return (
+        (
+            too_large(gain) | not_positive_definite(gain),
+            f"{message[:-1]}, with entries of at most {gain_limit(gain.dtype):.3g} in "
+            "magnitude (larger ones overflow in the equations of motion, and the solve "
+            "would fail as if the model had broken down).",
+        ),
+    )

@@ -188,6 +188,7 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
             "`mass_matrix`, a tree's bodies) near the reported t and q."
         )
 
+
 RESULTS.__module__ = "jaxdae"  # printed as `jaxdae.RESULTS<message>`
 
 
@@ -233,14 +234,25 @@ class Events(eqx.Module):
         events of a batch (`jax.vmap(jaxdae.simulate)`), one table per member, as a list
         (nested as the batch is)."""
         if not is_concrete(self.count):
-            raise ValueError("`Events.table()` reads concrete events: call it on the "
-                             "solution returned outside `jax.jit` and `jax.vmap`.")
+            raise ValueError(
+                "`Events.table()` reads concrete events: call it on the "
+                "solution returned outside `jax.jit` and `jax.vmap`."
+            )
         if np.ndim(self.count):
-            return [jax.tree.map(lambda x, i=i: x[i], self).table()
-                    for i in range(np.shape(self.count)[0])]
+            return [
+                jax.tree.map(lambda x, i=i: x[i], self).table()
+                for i in range(np.shape(self.count)[0])
+            ]
         count = int(self.count)
-        return [(float(self.t[i]), int(self.gap[i]), self.KIND_NAMES[int(self.kind[i])],
-                 float(self.impulse[i])) for i in range(count)]
+        return [
+            (
+                float(self.t[i]),
+                int(self.gap[i]),
+                self.KIND_NAMES[int(self.kind[i])],
+                float(self.impulse[i]),
+            )
+            for i in range(count)
+        ]
 
 
 class AbstractSolution(eqx.Module):
@@ -291,7 +303,8 @@ def plot(solution: AbstractSolution, **kwargs):
     del kwargs
     raise NotImplementedError(
         f"No plotting function is registered for {type(solution).__name__}: "
-        "`import jaxdae.viz` registers one.")
+        "`import jaxdae.viz` registers one."
+    )
 
 
 class Solution(AbstractSolution):
@@ -344,34 +357,45 @@ class Solution(AbstractSolution):
         [`jaxdae.PseudoInverse`][] (the guide "Failures and guarantees",
         docs/failures.md). Resolved at the saved times: pass dense `ts` to find them.
         For a batch, the times of each trajectory, as a list."""
-        if isinstance(threshold, str) or np.ndim(threshold) != 0 or not (
-                0 < float(threshold) <= 1):
+        if isinstance(threshold, str) or np.ndim(threshold) != 0 or not (0 < float(threshold) <= 1):
             raise ValueError(
                 "`threshold` must be a number in (0, 1] (the conditioning σ_r / σ_1 below "
-                f"which a saved time counts as near a singular configuration); got {threshold}.")
+                f"which a saved time counts as near a singular configuration); got {threshold}."
+            )
         if not is_concrete(self.jacobian_conditioning):
             raise ValueError(
                 "`singular_passages()` reads a concrete solution: call it on the solution "
                 "returned outside `jax.jit` and `jax.vmap` (return the solution from the "
-                "compiled function, then call it).")
+                "compiled function, then call it)."
+            )
         conditioning, ts = np.asarray(self.jacobian_conditioning), np.asarray(self.ts)
         if conditioning.ndim > 1:  # a batch, nested or not: one entry per member
-            return [Solution.singular_passages(  # pyright: ignore[reportReturnType]
-                eqx.tree_at(lambda s: (s.ts, s.jacobian_conditioning), self,
-                            (ts[i], conditioning[i])), threshold)
-                for i in range(conditioning.shape[0])]
+            return [
+                Solution.singular_passages(  # pyright: ignore[reportReturnType]
+                    eqx.tree_at(
+                        lambda s: (s.ts, s.jacobian_conditioning), self, (ts[i], conditioning[i])
+                    ),
+                    threshold,
+                )
+                for i in range(conditioning.shape[0])
+            ]
         if np.shape(self.phi)[-1] + np.shape(self.psi)[-1] > _thresholds.CONDITIONING_MAX:
             raise ValueError(
                 "This solution has no `jacobian_conditioning` to read: its constraint "
                 f"Jacobian has more than {_thresholds.CONDITIONING_MAX} rows, beyond which "
                 "the conditioning is not computed at the saved states (`nan`). Evaluate "
                 "`jnp.linalg.svd(system.terms(t, q, v).jacobian, compute_uv=False)` at the "
-                "saved states of interest instead.")
+                "saved states of interest instead."
+            )
         below = np.isfinite(conditioning) & (conditioning < threshold)
         # One time per passage: the lowest row of each run of rows below the threshold.
         edges = np.flatnonzero(np.diff(np.concatenate([[0], below.astype(int), [0]])))
-        return np.array([ts[start + np.argmin(conditioning[start:end])]
-                         for start, end in zip(edges[::2], edges[1::2], strict=True)])
+        return np.array(
+            [
+                ts[start + np.argmin(conditioning[start:end])]
+                for start, end in zip(edges[::2], edges[1::2], strict=True)
+            ]
+        )
 
 
 def failure_message(sol: Solution) -> str | None:
@@ -395,21 +419,24 @@ def failure_text(codes, t_final, q_final, phi=None, psi=None, element=None) -> s
     if not np.any(failed):
         return None
     index = tuple(int(i) for i in np.argwhere(failed)[0]) if codes.ndim else ()
-    named = index if element is None else index + tuple(
-        int(i) for i in np.asarray(element)[index])
+    named = index if element is None else index + tuple(int(i) for i in np.asarray(element)[index])
     text = result_messages(RESULTS)[int(codes[index])]
     t = np.asarray(t_final)[index]
     q = np.asarray(q_final)[index]
     where = f" (batch element {named})" if named else ""
-    message = (f"{text}\nThe solve stopped{where} at t = {t:.9g}, "
-               f"q = {np.array2string(q, precision=6)}.")
-    if phi is not None and int(codes[index]) in (result_codes(RESULTS.diverged),
-                                                 result_codes(RESULTS.constraints_not_met)):
-        residual = np.concatenate([np.asarray(phi)[index], np.asarray(psi)[index]],
-                                  axis=-1)
+    message = (
+        f"{text}\nThe solve stopped{where} at t = {t:.9g}, q = {np.array2string(q, precision=6)}."
+    )
+    if phi is not None and int(codes[index]) in (
+        result_codes(RESULTS.diverged),
+        result_codes(RESULTS.constraints_not_met),
+    ):
+        residual = np.concatenate([np.asarray(phi)[index], np.asarray(psi)[index]], axis=-1)
         last = residual[np.all(np.isfinite(residual), axis=-1)]
         if len(last):
-            message += (f" Constraint residual at the last saved time: |Φ| = "
-                        f"{np.max(np.abs(last[-1]), initial=0.0):.3g} "
-                        f"(at the start: {np.max(np.abs(residual[0]), initial=0.0):.3g}).")
+            message += (
+                f" Constraint residual at the last saved time: |Φ| = "
+                f"{np.max(np.abs(last[-1]), initial=0.0):.3g} "
+                f"(at the start: {np.max(np.abs(residual[0]), initial=0.0):.3g})."
+            )
     return message

@@ -20,9 +20,22 @@ def equations(jaxpr: jex_core.Jaxpr) -> Iterator[jex_core.JaxprEqn]:
 # Primitives that keep XLA:CPU from compiling a solve's while loop into one kernel
 # (`jaxdae/_compilation/_xla_flags.py`): scatters, sorts and custom calls (LAPACK, host
 # callbacks).
-NOT_IN_A_LOOP = frozenset({"scatter", "scatter-add", "scatter_add", "sort", "cholesky",
-                           "triangular_solve", "lu", "eigh", "svd", "qr", "pure_callback",
-                           "linear_solve"})
+NOT_IN_A_LOOP = frozenset(
+    {
+        "scatter",
+        "scatter-add",
+        "scatter_add",
+        "sort",
+        "cholesky",
+        "triangular_solve",
+        "lu",
+        "eigh",
+        "svd",
+        "qr",
+        "pure_callback",
+        "linear_solve",
+    }
+)
 
 
 def not_in_a_loop(jaxpr: jex_core.Jaxpr) -> set[str]:
@@ -44,10 +57,11 @@ def assert_rates_loop_is_one_kernel(system, formulation, q, v, mass_factor=None)
         def body(_, y):
             dq, dv = jitted_rates(system, formulation, 0.0, *y, mass_factor)
             return y[0] + 1e-9 * dq, y[1] + 1e-9 * dv
+
         return jax.lax.fori_loop(0, count, body, (q, v))
 
     text = loop.lower(q, v, 10).compile().as_text()
-    entry = text[text.index("\nENTRY"):]
-    entry = entry[:entry.index("\n}")]
+    entry = text[text.index("\nENTRY") :]
+    entry = entry[: entry.index("\n}")]
     assert " while(" not in entry and "xla_cpu_small_call" in entry
     assert "kind=kCustom" not in text and "custom_call_target" not in text

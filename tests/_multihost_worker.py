@@ -15,8 +15,9 @@ jax.config.update("jax_platforms", "cpu")
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.config.update("jax_num_cpu_devices", 2)
 # Before anything creates an array (the test module's system does).
-jax.distributed.initialize(coordinator_address=f"localhost:{PORT}", num_processes=2,
-                           process_id=RANK)
+jax.distributed.initialize(
+    coordinator_address=f"localhost:{PORT}", num_processes=2, process_id=RANK
+)
 
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
@@ -37,6 +38,10 @@ results = {
     "vmap": jaxdae.batch_map(run, *placed, mesh=mesh, chunk_size=1),
     "ensemble": jaxdae.batch_map(ensemble, *placed[1:], mesh=mesh, ensemble=True),
 }
-np.savez(OUT / f"rank{RANK}.npz", **{
-    name: np.asarray(multihost_utils.process_allgather(value, tiled=True))
-    for name, value in results.items()})
+np.savez(
+    OUT / f"rank{RANK}.npz",
+    **{
+        name: np.asarray(multihost_utils.process_allgather(value, tiled=True))
+        for name, value in results.items()
+    },
+)

@@ -94,25 +94,37 @@ class NFourBar(jaxdae.LagrangianSystem):
     n: int = eqx.field(static=True)
 
     def kinetic_energy(self, t, q, v):
-        theta, psi, dtheta, dpsi = q[: self.n + 1], q[self.n + 1:], v[: self.n + 1], v[self.n + 1:]
+        theta, psi, dtheta, dpsi = (
+            q[: self.n + 1],
+            q[self.n + 1 :],
+            v[: self.n + 1],
+            v[self.n + 1 :],
+        )
         vx = -dtheta[:-1] * jnp.sin(theta[:-1]) - 0.5 * dpsi * jnp.sin(psi)
         vy = dtheta[:-1] * jnp.cos(theta[:-1]) + 0.5 * dpsi * jnp.cos(psi)
         return jnp.sum(dtheta**2) / 6 + 0.5 * jnp.sum(vx**2 + vy**2) + jnp.sum(dpsi**2) / 24
 
     def potential_energy(self, t, q):
-        theta, psi = q[: self.n + 1], q[self.n + 1:]
-        return 9.81 * (0.5 * jnp.sum(jnp.sin(theta))
-                       + jnp.sum(jnp.sin(theta[:-1]) + 0.5 * jnp.sin(psi)))
+        theta, psi = q[: self.n + 1], q[self.n + 1 :]
+        return 9.81 * (
+            0.5 * jnp.sum(jnp.sin(theta)) + jnp.sum(jnp.sin(theta[:-1]) + 0.5 * jnp.sin(psi))
+        )
 
     def constraints(self, t, q):
-        theta, psi = q[: self.n + 1], q[self.n + 1:]
-        return jnp.concatenate([jnp.cos(theta[:-1]) + jnp.cos(psi) - jnp.cos(theta[1:]) - 1.0,
-                                jnp.sin(theta[:-1]) + jnp.sin(psi) - jnp.sin(theta[1:])])
+        theta, psi = q[: self.n + 1], q[self.n + 1 :]
+        return jnp.concatenate(
+            [
+                jnp.cos(theta[:-1]) + jnp.cos(psi) - jnp.cos(theta[1:]) - 1.0,
+                jnp.sin(theta[:-1]) + jnp.sin(psi) - jnp.sin(theta[1:]),
+            ]
+        )
 
     def initial_state(self):
         """Cranks vertical, the first crank's tip moving at 1 m/s along +x."""
-        return (jnp.concatenate([jnp.full(self.n + 1, jnp.pi / 2), jnp.zeros(self.n)]),
-                jnp.concatenate([jnp.full(self.n + 1, -1.0), jnp.zeros(self.n)]))
+        return (
+            jnp.concatenate([jnp.full(self.n + 1, jnp.pi / 2), jnp.zeros(self.n)]),
+            jnp.concatenate([jnp.full(self.n + 1, -1.0), jnp.zeros(self.n)]),
+        )
 
 
 def stiff_arm():

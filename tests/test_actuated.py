@@ -52,8 +52,7 @@ def test_lie_derivatives_and_decoupling_match_the_paper():
 
     rate, gains = quantities(t, q, v, w)
     c, length, s = OPTICS.distance, OPTICS.mechanism.length, OPTICS.source(t)
-    s_dot = OPTICS.source_amplitude * OPTICS.source_frequency * jnp.cos(
-        OPTICS.source_frequency * t)
+    s_dot = OPTICS.source_amplitude * OPTICS.source_frequency * jnp.cos(OPTICS.source_frequency * t)
     phi, omega = q[0], v[0]
     expected_rate = (length - 2 * c * jnp.cos(phi)) * s_dot + 2 * c * s * jnp.sin(phi) * omega
     np.testing.assert_allclose(rate[0], expected_rate, rtol=1e-12)
@@ -61,16 +60,32 @@ def test_lie_derivatives_and_decoupling_match_the_paper():
         assert np.all(np.asarray(g) == 0)
     np.testing.assert_allclose(
         gains[3][0, 0],
-        2 * c * s * jnp.sin(phi) * OPTICS.torque_constant / OPTICS.inductance
-        / (OPTICS.mechanism.mass * length**2), rtol=1e-12)
+        2
+        * c
+        * s
+        * jnp.sin(phi)
+        * OPTICS.torque_constant
+        / OPTICS.inductance
+        / (OPTICS.mechanism.mass * length**2),
+        rtol=1e-12,
+    )
 
 
 def _final_residual(rate, angle_error=0.05, adjoint=None):
     q0, v0, w0 = OPTICS.initial_state(angle_error=angle_error)
     control = jaxdae.ConstraintEnforcingControl.with_poles(rate, order=4)
-    sol = jaxdae.simulate_actuated(OPTICS, control, 0.0, 0.5, q0, v0, w0,
-                                   ts=jnp.array([0.0, 0.25, 0.5]), adjoint=adjoint,
-                                   max_steps=1024)
+    sol = jaxdae.simulate_actuated(
+        OPTICS,
+        control,
+        0.0,
+        0.5,
+        q0,
+        v0,
+        w0,
+        ts=jnp.array([0.0, 0.25, 0.5]),
+        adjoint=adjoint,
+        max_steps=1024,
+    )
     return sol.residuals[-1, 0, 0]
 
 
@@ -80,9 +95,12 @@ _ERRORS = jnp.array([0.05, -0.02])
 def _batched_gradients(adjoint=None):
     """Values and gradients w.r.t. the poles' rate and the initial angle error of a vmapped
     batch of two angle errors: one compiled program."""
-    return jax.jit(jax.vmap(jax.value_and_grad(
-        lambda *a: _final_residual(*a, adjoint=adjoint), argnums=(0, 1)),
-        in_axes=(None, 0)))(10.0, _ERRORS)
+    return jax.jit(
+        jax.vmap(
+            jax.value_and_grad(lambda *a: _final_residual(*a, adjoint=adjoint), argnums=(0, 1)),
+            in_axes=(None, 0),
+        )
+    )(10.0, _ERRORS)
 
 
 @pytest.mark.slow
@@ -122,9 +140,19 @@ def test_fixed_step_stability_follows_the_transition_matrix():
 
     def late_residual(dt):
         sol = jaxdae.simulate_actuated(
-            OPTICS, control, 0.0, 6.0, q0, v0, w0, ts=jnp.linspace(3.0, 6.0, 31),
-            solver=diffrax.Euler(), stepsize_controller=diffrax.ConstantStepSize(), dt0=dt,
-            throw=False)
+            OPTICS,
+            control,
+            0.0,
+            6.0,
+            q0,
+            v0,
+            w0,
+            ts=jnp.linspace(3.0, 6.0, 31),
+            solver=diffrax.Euler(),
+            stepsize_controller=diffrax.ConstantStepSize(),
+            dt0=dt,
+            throw=False,
+        )
         return sol.result, jnp.max(jnp.abs(sol.residuals[:, 0, 0]))
 
     stable, unstable = jnp.asarray(0.02), jnp.asarray(0.06)
@@ -136,9 +164,18 @@ def test_fixed_step_stability_follows_the_transition_matrix():
     assert result == jaxdae.RESULTS.non_finite_state
     with pytest.raises(jaxdae.SimulationError, match="non-finite"):
         jaxdae.simulate_actuated(
-            OPTICS, control, 0.0, 6.0, q0, v0, w0, ts=jnp.linspace(3.0, 6.0, 31),
-            solver=diffrax.Euler(), stepsize_controller=diffrax.ConstantStepSize(),
-            dt0=unstable)
+            OPTICS,
+            control,
+            0.0,
+            6.0,
+            q0,
+            v0,
+            w0,
+            ts=jnp.linspace(3.0, 6.0, 31),
+            solver=diffrax.Euler(),
+            stepsize_controller=diffrax.ConstantStepSize(),
+            dt0=unstable,
+        )
 
 
 def test_singular_configuration_is_reported():
@@ -199,7 +236,8 @@ def test_several_constraints_inputs_and_coupled_gains():
     system = _ThreeThrusters()
     coupling = jnp.array([[0.0, 0.3], [-0.3, 0.0]])
     control = jaxdae.ConstraintEnforcingControl(
-        [125.0 * jnp.eye(2), 75.0 * jnp.eye(2) + coupling, jnp.array([15.0, 16.0])])
+        [125.0 * jnp.eye(2), 75.0 * jnp.eye(2) + coupling, jnp.array([15.0, 16.0])]
+    )
     q0, v0, w0 = jnp.array([1.2, 0.1]), jnp.array([0.0, 0.8]), jnp.array([0.5, 0.0, -0.2])
     ts = jnp.linspace(0.0, 2.0, 5)
     sol = jaxdae.simulate_actuated(system, control, 0.0, 2.0, q0, v0, w0, ts=ts)
@@ -214,8 +252,9 @@ def test_several_constraints_inputs_and_coupled_gains():
     # A null-space input (eq. [2.10]): all thrusters pushing 2 N more cancel out, and the
     # part of `u₀` that would move the mass is projected away; the motion is unchanged.
     nominal = jnp.array([3.0, 2.0, 2.0])
-    pushed = jaxdae.ConstraintEnforcingControl(control.gains,
-                                               null_space_input=lambda t, q, v, w: nominal)
+    pushed = jaxdae.ConstraintEnforcingControl(
+        control.gains, null_space_input=lambda t, q, v, w: nominal
+    )
     sol2 = jaxdae.simulate_actuated(system, pushed, 0.0, 2.0, q0, v0, w0, ts=ts)
     np.testing.assert_allclose(sol2.q, sol.q, atol=1e-7)
     unit = null / np.linalg.norm(null)
@@ -237,7 +276,8 @@ class _PositionAndSpeedGoals(_ThreeThrusters):
 def test_groups_of_constraints_with_different_relative_degrees():
     system = _PositionAndSpeedGoals()
     control = jaxdae.ConstraintEnforcingControl(
-        ([125.0, 75.0, 15.0], jaxdae.ConstraintEnforcingControl.with_poles(4.0, 2).gains))
+        ([125.0, 75.0, 15.0], jaxdae.ConstraintEnforcingControl.with_poles(4.0, 2).gains)
+    )
     assert control.order == (3, 2)
     q0, v0, w0 = jnp.array([1.2, 0.1]), jnp.array([0.0, 0.8]), jnp.array([0.5, 0.0, -0.2])
     ts = jnp.linspace(0.0, 2.0, 5)
@@ -248,12 +288,19 @@ def test_groups_of_constraints_with_different_relative_degrees():
     expected = _exact_perturbations(control, (1, 1), ts, y[0])
     np.testing.assert_allclose(y, expected, atol=1e-7 * np.max(np.abs(y)))
     with pytest.raises(ValueError, match="returns 2 group\\(s\\) but the control has 1"):
-        jaxdae.simulate_actuated(system, jaxdae.ConstraintEnforcingControl.with_poles(4.0, 3),
-                                 0.0, 2.0, q0, v0, w0)
+        jaxdae.simulate_actuated(
+            system, jaxdae.ConstraintEnforcingControl.with_poles(4.0, 3), 0.0, 2.0, q0, v0, w0
+        )
     with pytest.raises(ValueError, match="group 1.*relative degree is 2"):
         jaxdae.simulate_actuated(
-            system, jaxdae.ConstraintEnforcingControl(([125.0, 75.0, 15.0], [1.0, 3.0, 3.0])),
-            0.0, 2.0, q0, v0, w0)
+            system,
+            jaxdae.ConstraintEnforcingControl(([125.0, 75.0, 15.0], [1.0, 3.0, 3.0])),
+            0.0,
+            2.0,
+            q0,
+            v0,
+            w0,
+        )
 
 
 def test_consistent_state_in_a_weighted_metric():
@@ -265,31 +312,47 @@ def test_consistent_state_in_a_weighted_metric():
     q0, v0, w0 = jnp.array([1.2, 0.1]), jnp.array([0.0, 0.8]), jnp.array([0.5, 0.0, -0.2])
     directions, target = np.asarray(system.directions()), 2.0 * np.array([-1.0, 0.0])
     for w_w in (np.ones(3), np.array([1.0, 1.0, 100.0])):
-        q, v, w = jaxdae.consistent_actuated_state(system, control, 0.0, q0, v0, w0,
-                                                   weights=(1.0, 1.0, w_w))
+        q, v, w = jaxdae.consistent_actuated_state(
+            system, control, 0.0, q0, v0, w0, weights=(1.0, 1.0, w_w)
+        )
         inverse = np.diag(1 / w_w)
         expected = w0 + inverse @ directions.T @ np.linalg.solve(
-            directions @ inverse @ directions.T, target - directions @ w0)
+            directions @ inverse @ directions.T, target - directions @ w0
+        )
         np.testing.assert_allclose(w, expected, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(q, [1.0, 0.0], atol=1e-14)
         np.testing.assert_allclose(v, [0.0, 1.0], atol=1e-14)
     assert abs(float(w[2]) - float(w0[2])) < 0.05  # the heavily weighted thruster kept its state
     with pytest.raises(ValueError, match="w_v must be positive"):
-        jaxdae.consistent_actuated_state(system, control, 0.0, q0, v0, w0,
-                                         weights=(1.0, -1.0, 1.0))
+        jaxdae.consistent_actuated_state(system, control, 0.0, q0, v0, w0, weights=(1.0, -1.0, 1.0))
     with pytest.raises(ValueError, match=r"w_w must be a scalar or have shape \(3,\)"):
-        jaxdae.consistent_actuated_state(system, control, 0.0, q0, v0, w0,
-                                         weights=(1.0, 1.0, jnp.ones(2)))
+        jaxdae.consistent_actuated_state(
+            system, control, 0.0, q0, v0, w0, weights=(1.0, 1.0, jnp.ones(2))
+        )
 
 
 def test_bad_input_is_refused():
     q0, v0, w0 = OPTICS.initial_state(angle_error=0.05)
     with pytest.raises(ValueError, match="relative degree is 4.*pass 4 gains"):
-        jaxdae.simulate_actuated(OPTICS, jaxdae.ConstraintEnforcingControl.with_poles(
-            10.0, order=5), 0.0, 1.0, q0, v0, w0)
+        jaxdae.simulate_actuated(
+            OPTICS,
+            jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=5),
+            0.0,
+            1.0,
+            q0,
+            v0,
+            w0,
+        )
     with pytest.raises(ValueError, match="decoupling matrix .* singular at the initial"):
-        jaxdae.simulate_actuated(OPTICS, jaxdae.ConstraintEnforcingControl.with_poles(
-            10.0, order=3), 0.0, 1.0, q0, v0, w0)
+        jaxdae.simulate_actuated(
+            OPTICS,
+            jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=3),
+            0.0,
+            1.0,
+            q0,
+            v0,
+            w0,
+        )
     with pytest.raises(ValueError, match="not asymptotically stable"):
         jaxdae.ConstraintEnforcingControl([1.0, -2.0])
     with pytest.raises(ValueError, match="list or tuple"):
@@ -303,33 +366,58 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="`t0` and `t1` must be finite"):
         jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, jnp.inf, q0, v0, w0)
     with pytest.raises(ValueError, match="ReverseSweepAdjoint` differentiates explicit"):
-        jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, 1.0, q0, v0, w0,
-                                 solver=diffrax.Kvaerno5(), adjoint=jaxdae.ReverseSweepAdjoint())
+        jaxdae.simulate_actuated(
+            OPTICS,
+            CONTROL,
+            0.0,
+            1.0,
+            q0,
+            v0,
+            w0,
+            solver=diffrax.Kvaerno5(),
+            adjoint=jaxdae.ReverseSweepAdjoint(),
+        )
     with pytest.raises(ValueError, match="ReverseSweepAdjoint` stores the steps"):
-        jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, 1.0, q0, v0, w0, max_steps=None,
-                                 adjoint=jaxdae.ReverseSweepAdjoint())
+        jaxdae.simulate_actuated(
+            OPTICS,
+            CONTROL,
+            0.0,
+            1.0,
+            q0,
+            v0,
+            w0,
+            max_steps=None,
+            adjoint=jaxdae.ReverseSweepAdjoint(),
+        )
     with pytest.raises(ValueError, match="`tol` must be a positive finite residual"):
         jaxdae.consistent_actuated_state(OPTICS, CONTROL, 0.0, q0, v0, w0, tol=0.0)
     with pytest.raises(ValueError, match="`v0` contains non-finite"):
         jaxdae.consistent_actuated_state(OPTICS, CONTROL, 0.0, q0, v0 * jnp.nan, w0)
-    constrained = eqx.tree_at(lambda s: s.mechanism, OPTICS, CartesianPendulum(),
-                              is_leaf=lambda x: x is None)
+    constrained = eqx.tree_at(
+        lambda s: s.mechanism, OPTICS, CartesianPendulum(), is_leaf=lambda x: x is None
+    )
     with pytest.raises(ValueError, match="no constraints of its own"):
-        jaxdae.simulate_actuated(constrained, CONTROL, 0.0, 1.0, jnp.zeros(2), jnp.zeros(2),
-                                 w0)
-    bouncing = eqx.tree_at(lambda s: s.mechanism, OPTICS, BouncingBall(),
-                           is_leaf=lambda x: x is None)
+        jaxdae.simulate_actuated(constrained, CONTROL, 0.0, 1.0, jnp.zeros(2), jnp.zeros(2), w0)
+    bouncing = eqx.tree_at(
+        lambda s: s.mechanism, OPTICS, BouncingBall(), is_leaf=lambda x: x is None
+    )
     with pytest.raises(ValueError, match="one-sided constraints"):
-        jaxdae.simulate_actuated(bouncing, CONTROL, 0.0, 1.0, jnp.array([0.0, 1.0]),
-                                 jnp.zeros(2), w0)
+        jaxdae.simulate_actuated(
+            bouncing, CONTROL, 0.0, 1.0, jnp.array([0.0, 1.0]), jnp.zeros(2), w0
+        )
     # All gains zero: the unstabilized law of eq. [2.9] is allowed, for comparison.
     assert jaxdae.ConstraintEnforcingControl([0.0] * 4).order == 4
 
 
 def test_traced_gains_are_checked_for_stability():
     q0, v0, w0 = OPTICS.initial_state(angle_error=0.05)
-    run = jax.jit(lambda gains: jaxdae.simulate_actuated(
-        OPTICS, jaxdae.ConstraintEnforcingControl(list(gains)), 0.0, 0.05, q0, v0, w0).q_final)
+    run = jax.jit(
+        lambda gains: (
+            jaxdae.simulate_actuated(
+                OPTICS, jaxdae.ConstraintEnforcingControl(list(gains)), 0.0, 0.05, q0, v0, w0
+            ).q_final
+        )
+    )
     stable = tuple(CONTROL.gains)
     assert jnp.all(jnp.isfinite(run(stable)))
     # All zero: the unstabilized law of eq. [2.9] passes the check under jit as well.
@@ -349,8 +437,12 @@ def test_uncoupled_companions_hold_the_companion_eigenvalues():
     blocks = uncoupled_companions(gains, 3, jnp.float64)
     assert blocks.shape == (3, 3, 3)
     full = np.linalg.eigvals(np.asarray(_companion(gains, 3, "gains")))
-    np.testing.assert_allclose(np.sort_complex(np.linalg.eigvals(np.asarray(blocks)).ravel()),
-                               np.sort_complex(full), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(
+        np.sort_complex(np.linalg.eigvals(np.asarray(blocks)).ravel()),
+        np.sort_complex(full),
+        rtol=1e-9,
+        atol=1e-9,
+    )
     assert uncoupled_companions((jnp.eye(3), jnp.asarray(1.0)), 3, jnp.float64) is None
 
 
@@ -373,15 +465,15 @@ def test_gains_from_poles():
     with pytest.raises(ValueError, match="conjugate pairs"):
         jaxdae.ConstraintEnforcingControl.from_poles(jnp.array([-1 + 2j, -3.0]))
     grad = jax.grad(lambda p: jaxdae.ConstraintEnforcingControl.from_poles(p).gains[0])(
-        jnp.array([-1.0, -2.0]))
+        jnp.array([-1.0, -2.0])
+    )
     np.testing.assert_allclose(grad, [-2.0, -1.0])  # K_0 = p_1 p_2
 
 
 @pytest.mark.slow
 def test_float32_states_give_a_float32_simulation():
     q0, v0, w0 = (x.astype(jnp.float32) for x in OPTICS.initial_state(angle_error=0.05))
-    sol = jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, 3.0, q0, v0, w0, rtol=1e-5,
-                                   atol=1e-7)
+    sol = jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, 3.0, q0, v0, w0, rtol=1e-5, atol=1e-7)
     assert sol.q.dtype == sol.u.dtype == sol.residuals.dtype == jnp.float32
     assert sol.succeeded and abs(float(sol.residuals[-1, 0, 0])) < 1e-6
 
@@ -401,9 +493,13 @@ def test_consistent_state_is_the_programmed_state():
     # Traced: a batch of guesses in one call, and the same refusal at run time.
     guesses = [OPTICS.initial_state(angle_error=e) for e in (0.05, -0.03)]
     batch = jax.vmap(lambda *x: jaxdae.consistent_actuated_state(OPTICS, CONTROL, 0.0, *x))(
-        *(jnp.stack(parts) for parts in zip(*guesses, strict=False)))
+        *(jnp.stack(parts) for parts in zip(*guesses, strict=False))
+    )
     for got, expected in zip(batch, OPTICS.programmed_state(0.0), strict=False):
         np.testing.assert_allclose(got, jnp.stack([expected, expected]), rtol=1e-10, atol=1e-14)
     with pytest.raises(Exception, match="No state on the programmed motion"):
-        jax.block_until_ready(jax.jit(lambda q: jaxdae.consistent_actuated_state(
-            unreachable, CONTROL, 0.0, q, v0, w0))(q0))
+        jax.block_until_ready(
+            jax.jit(
+                lambda q: jaxdae.consistent_actuated_state(unreachable, CONTROL, 0.0, q, v0, w0)
+            )(q0)
+        )

@@ -27,8 +27,7 @@ Q0, V0 = PENDULUM.state_from_angle(0.6, -0.5)
 
 
 def _gradients(loss, adjoint, *args):
-    return jax.jit(jax.grad(lambda *a: loss(*a, adjoint), argnums=tuple(range(len(args)))))(
-        *args)
+    return jax.jit(jax.grad(lambda *a: loss(*a, adjoint), argnums=tuple(range(len(args)))))(*args)
 
 
 def _assert_same(reference, swept, rtol=1e-11):
@@ -45,16 +44,25 @@ def test_same_gradient_as_the_default_adjoint():
     ts = jnp.linspace(0.0, 1.5, 7)
 
     def loss(system, formulation, q0, v0, adjoint):
-        sol = jaxdae.simulate(system, formulation, 0.0, 1.5, q0, v0, ts=ts, adjoint=adjoint,
-                              max_steps=2048)
-        return (jnp.sum(sol.q**2) + jnp.sum(jnp.sin(sol.v)) + jnp.sum(sol.multipliers)
-                + 10 * jnp.sum(sol.phi**2) + jnp.sum(sol.q_final**3))
+        sol = jaxdae.simulate(
+            system, formulation, 0.0, 1.5, q0, v0, ts=ts, adjoint=adjoint, max_steps=2048
+        )
+        return (
+            jnp.sum(sol.q**2)
+            + jnp.sum(jnp.sin(sol.v))
+            + jnp.sum(sol.multipliers)
+            + 10 * jnp.sum(sol.phi**2)
+            + jnp.sum(sol.q_final**3)
+        )
 
     args = (PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 1.05 * Q0, V0)
     grad = lambda adjoint: eqx.filter_jit(  # noqa: E731
-        eqx.filter_grad(lambda diff: loss(*diff, adjoint)))(args)
-    reference, swept, segmented = (grad(adjoint) for adjoint in (
-        CHECKPOINTED, jaxdae.ReverseSweepAdjoint(stored_steps=2048), SEGMENTED))
+        eqx.filter_grad(lambda diff: loss(*diff, adjoint))
+    )(args)
+    reference, swept, segmented = (
+        grad(adjoint)
+        for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint(stored_steps=2048), SEGMENTED)
+    )
     _assert_same(reference, swept)
     _assert_same(reference, segmented)
     assert float(jnp.abs(swept[1].kd)) > 0 and float(jnp.abs(swept[0].length)) > 0
@@ -78,8 +86,16 @@ def test_segmented_gradient_without_constraints():
     q0 = jnp.linspace(-0.5, 0.5, 10)
 
     def loss(v0, adjoint):
-        sol = jaxdae.simulate(_Swings(), jaxdae.Baumgarte(10.0, 25.0), 0.0, 3.0, q0, v0,
-                              adjoint=adjoint, max_steps=512)
+        sol = jaxdae.simulate(
+            _Swings(),
+            jaxdae.Baumgarte(10.0, 25.0),
+            0.0,
+            3.0,
+            q0,
+            v0,
+            adjoint=adjoint,
+            max_steps=512,
+        )
         return jnp.sum(sol.q_final**2)
 
     v0 = jnp.linspace(0.3, -0.2, 10)
@@ -95,12 +111,22 @@ def test_segments_take_the_solves_steps():
     `test_segment_starting_after_a_jump`.)"""
     ts = jnp.linspace(0.0, 1.5, 7)
     controller = diffrax.ClipStepSizeController(
-        diffrax.PIDController(rtol=1e-8, atol=1e-10), jump_ts=jnp.array([0.3, 0.77]))
+        diffrax.PIDController(rtol=1e-8, atol=1e-10), jump_ts=jnp.array([0.3, 0.77])
+    )
 
     def solve(kd):
-        return jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(kd, 25.0), 0.0, 1.5, 1.05 * Q0, V0,
-                               ts=ts, stepsize_controller=controller, adjoint=SEGMENTED,
-                               max_steps=2048)
+        return jaxdae.simulate(
+            PENDULUM,
+            jaxdae.Baumgarte(kd, 25.0),
+            0.0,
+            1.5,
+            1.05 * Q0,
+            V0,
+            ts=ts,
+            stepsize_controller=controller,
+            adjoint=SEGMENTED,
+            max_steps=2048,
+        )
 
     plain = jax.jit(solve)(10.0)
     segmented = jax.jit(lambda kd: jax.vjp(solve, kd)[0])(10.0)
@@ -108,8 +134,11 @@ def test_segments_take_the_solves_steps():
     for key in ("num_steps", "num_accepted_steps", "num_rejected_steps"):
         assert int(segmented.stats[key]) == int(plain.stats[key]), key
     assert segmented.result == plain.result
-    _assert_same((plain.q, plain.v, plain.q_final, plain.v_final),
-                 (segmented.q, segmented.v, segmented.q_final, segmented.v_final), rtol=1e-13)
+    _assert_same(
+        (plain.q, plain.v, plain.q_final, plain.v_final),
+        (segmented.q, segmented.v, segmented.q_final, segmented.v_final),
+        rtol=1e-13,
+    )
 
 
 @pytest.mark.slow  # the default run keeps segments under `vmap` (the compile test below)
@@ -118,18 +147,35 @@ def test_vmap_over_solves_with_different_segment_counts():
     most segments: one solved in a single segment (its stored steps swept before the loop,
     which then re-solves a segment whose result it does not use) gets its own gradient
     beside one re-solved from three checkpoints."""
+
     def loss(kd, t1, adjoint):
-        sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(kd, 25.0), 0.0, t1, 1.05 * Q0, V0,
-                              adjoint=adjoint, max_steps=2048)
+        sol = jaxdae.simulate(
+            PENDULUM,
+            jaxdae.Baumgarte(kd, 25.0),
+            0.0,
+            t1,
+            1.05 * Q0,
+            V0,
+            adjoint=adjoint,
+            max_steps=2048,
+        )
         return jnp.sum(sol.q_final**2) + jnp.sum(sol.phi[-1] ** 2)
 
     t1s = jnp.array([0.05, 1.0])
-    steps = jax.jit(jax.vmap(lambda t1: jaxdae.simulate(
-        PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, t1, 1.05 * Q0, V0,
-        max_steps=2048).stats["num_accepted_steps"]))(t1s)
+    steps = jax.jit(
+        jax.vmap(
+            lambda t1: jaxdae.simulate(
+                PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, t1, 1.05 * Q0, V0, max_steps=2048
+            ).stats["num_accepted_steps"]
+        )
+    )(t1s)
     assert int(steps[0]) < SEGMENTED.stored_steps < 3 * SEGMENTED.stored_steps < int(steps[1])
-    reference, segmented = (jax.jit(jax.vmap(jax.grad(lambda kd, t1, a=adjoint: loss(
-        kd, t1, a)), in_axes=(None, 0)))(10.0, t1s) for adjoint in (CHECKPOINTED, SEGMENTED))
+    reference, segmented = (
+        jax.jit(jax.vmap(jax.grad(lambda kd, t1, a=adjoint: loss(kd, t1, a)), in_axes=(None, 0)))(
+            10.0, t1s
+        )
+        for adjoint in (CHECKPOINTED, SEGMENTED)
+    )
     _assert_same(reference, segmented)
 
 
@@ -154,8 +200,13 @@ def test_vmapped_segments_compile_without_xla_errors():
     batched inside the backward pass's loop would send XLA's simplifier through diffrax's
     chain of 100 `prevbefore`s of it). XLA writes them from C++, so the program runs in a
     child process whose standard error is read."""
-    child = subprocess.run([sys.executable, "-c", _VMAPPED_SEGMENTS], capture_output=True,
-                           text=True, timeout=600, cwd=Path(__file__).parent.parent)
+    child = subprocess.run(
+        [sys.executable, "-c", _VMAPPED_SEGMENTS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).parent.parent,
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     assert "circular simplification" not in child.stderr, child.stderr[-3000:]
 
@@ -176,11 +227,21 @@ def test_segment_starting_after_a_jump():
     state by 3e-7, checked by hand."""
     q0, v0 = _Pushed().state_from_angle(0.6, -0.5)
     controller = diffrax.ClipStepSizeController(
-        diffrax.PIDController(rtol=1e-8, atol=1e-10), jump_ts=jnp.array([0.3]))
+        diffrax.PIDController(rtol=1e-8, atol=1e-10), jump_ts=jnp.array([0.3])
+    )
 
     def solve(kd, t1, adjoint=None):
-        return jaxdae.simulate(_Pushed(), jaxdae.Baumgarte(kd, 25.0), 0.0, t1, q0, v0,
-                               stepsize_controller=controller, adjoint=adjoint, max_steps=4096)
+        return jaxdae.simulate(
+            _Pushed(),
+            jaxdae.Baumgarte(kd, 25.0),
+            0.0,
+            t1,
+            q0,
+            v0,
+            stepsize_controller=controller,
+            adjoint=adjoint,
+            max_steps=4096,
+        )
 
     # The steps up to the jump (diffrax clips the last one to end just before it) make the
     # first segment.
@@ -191,8 +252,7 @@ def test_segment_starting_after_a_jump():
     assert int(plain.stats["num_steps"]) > int(before.stats["num_steps"])
     for key in ("num_steps", "num_accepted_steps", "num_rejected_steps"):
         assert int(segmented.stats[key]) == int(plain.stats[key]), key
-    _assert_same((plain.q_final, plain.v_final), (segmented.q_final, segmented.v_final),
-                 rtol=1e-13)
+    _assert_same((plain.q_final, plain.v_final), (segmented.q_final, segmented.v_final), rtol=1e-13)
 
 
 @pytest.mark.slow  # the default run keeps stopped ensemble rows (test_ensemble.py)
@@ -204,15 +264,27 @@ def test_ensemble_with_stopped_trajectories():
     q0 = jnp.stack([jnp.array([1.1, 1.3, 1.8, 2.0]), jnp.zeros(4)], axis=1)
 
     def loss(kd, kp, q0, adjoint):
-        sol = jaxdae.simulate_ensemble(Bead(), jaxdae.Baumgarte(kd, kp), 0.0, 2.0, q0,
-                                       jnp.zeros_like(q0), ts=ts, throw=False, adjoint=adjoint,
-                                       max_steps=1024)
+        sol = jaxdae.simulate_ensemble(
+            Bead(),
+            jaxdae.Baumgarte(kd, kp),
+            0.0,
+            2.0,
+            q0,
+            jnp.zeros_like(q0),
+            ts=ts,
+            throw=False,
+            adjoint=adjoint,
+            max_steps=1024,
+        )
         finite = lambda x: jnp.where(jnp.isfinite(x), x, 0.0)  # noqa: E731
-        return (jnp.sum(finite(sol.q) ** 2) + jnp.sum(finite(sol.multipliers))
-                + jnp.sum(sol.q_final**3))
+        return (
+            jnp.sum(finite(sol.q) ** 2) + jnp.sum(finite(sol.multipliers)) + jnp.sum(sol.q_final**3)
+        )
 
-    reference, swept, segmented = (_gradients(loss, adjoint, 1.0, 25.0, q0) for adjoint in (
-        CHECKPOINTED, jaxdae.ReverseSweepAdjoint(), SEGMENTED))
+    reference, swept, segmented = (
+        _gradients(loss, adjoint, 1.0, 25.0, q0)
+        for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint(), SEGMENTED)
+    )
     _assert_same(reference, swept)
     _assert_same(reference, segmented)
     assert np.all(np.abs(swept[2][:, 0]) > 0)  # every trajectory, stopped ones included
@@ -234,8 +306,16 @@ def test_equations_traced_once():
                 return super().kinetic_energy(t, q, v)
 
         def loss(kd, q0, v0):
-            sol = jaxdae.simulate(Counted(), jaxdae.Baumgarte(kd, 25.0), 0.0, 1.0, q0, v0,
-                                  adjoint=jaxdae.ReverseSweepAdjoint(), max_steps=256)
+            sol = jaxdae.simulate(
+                Counted(),
+                jaxdae.Baumgarte(kd, 25.0),
+                0.0,
+                1.0,
+                q0,
+                v0,
+                adjoint=jaxdae.ReverseSweepAdjoint(),
+                max_steps=256,
+            )
             return jnp.sum(sol.q_final**2)
 
         jax.jit(transform(loss)).trace(10.0, Q0, V0)
@@ -256,12 +336,12 @@ def test_reverse_mode_inside_jit_does_not_trace_the_primal_solve(monkeypatch):
 
     primal_solves = []
     loop_solve = _sweep_backward.loop_solve
-    monkeypatch.setattr(_sweep_backward, "loop_solve",
-                        lambda *a: primal_solves.append(1) or loop_solve(*a))
+    monkeypatch.setattr(
+        _sweep_backward, "loop_solve", lambda *a: primal_solves.append(1) or loop_solve(*a)
+    )
 
     def loss(kd):
-        sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(kd, 25.0), 0.0, 1.0, Q0, V0,
-                              max_steps=256)
+        sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(kd, 25.0), 0.0, 1.0, Q0, V0, max_steps=256)
         return jnp.sum(sol.q_final**2)
 
     jax.jit(jax.grad(loss)).trace(10.0)
@@ -269,9 +349,14 @@ def test_reverse_mode_inside_jit_does_not_trace_the_primal_solve(monkeypatch):
 
     staged = []
     probe = lambda x: staged.append(_adjoint.traced_for_jit(x)) or x  # noqa: E731
-    for transform, x in ((jax.jit, 1.0), (jax.grad, 1.0), (lambda f: jax.jit(jax.grad(f)), 1.0),
-                         (jax.vmap, jnp.ones(2)), (lambda f: jax.jit(jax.vmap(f)), jnp.ones(2)),
-                         (lambda f: f, jnp.ones(2))):
+    for transform, x in (
+        (jax.jit, 1.0),
+        (jax.grad, 1.0),
+        (lambda f: jax.jit(jax.grad(f)), 1.0),
+        (jax.vmap, jnp.ones(2)),
+        (lambda f: jax.jit(jax.vmap(f)), jnp.ones(2)),
+        (lambda f: f, jnp.ones(2)),
+    ):
         transform(probe)(x)
     assert staged == [True, False, True, False, True, False]
 
@@ -279,20 +364,37 @@ def test_reverse_mode_inside_jit_does_not_trace_the_primal_solve(monkeypatch):
 def test_errors():
     sweep = jaxdae.ReverseSweepAdjoint()
     with pytest.raises(ValueError, match="explicit Runge–Kutta.*Kvaerno5"):
-        jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q0, V0,
-                        solver=diffrax.Kvaerno5(), adjoint=sweep)
+        jaxdae.simulate(
+            PENDULUM,
+            jaxdae.Baumgarte(10.0, 25.0),
+            0.0,
+            1.0,
+            Q0,
+            V0,
+            solver=diffrax.Kvaerno5(),
+            adjoint=sweep,
+        )
     with pytest.raises(ValueError, match="integer `max_steps`"):
-        jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q0, V0,
-                        adjoint=sweep, max_steps=None)
+        jaxdae.simulate(
+            PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q0, V0, adjoint=sweep, max_steps=None
+        )
     for adjoint in (jaxdae.ReverseSweepAdjoint, jaxdae.GeneralizedAlphaAdjoint):
         for bad in (0, 2.5, True):
-            with pytest.raises(ValueError, match=rf"{adjoint.__name__}\(stored_steps=...\)` "
-                                                 "must be a positive integer"):
+            with pytest.raises(
+                ValueError,
+                match=rf"{adjoint.__name__}\(stored_steps=...\)` "
+                "must be a positive integer",
+            ):
                 adjoint(stored_steps=bad)
     # Forward mode through a custom VJP: JAX's TypeError, as a message that names the fix.
     with pytest.raises(ValueError, match=r"needs `adjoint=diffrax.ForwardMode\(\)`"):
-        jax.jacfwd(lambda kp: jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, kp), 0.0, 1.0,
-                                              Q0, V0, max_steps=256).q_final)(25.0)
+        jax.jacfwd(
+            lambda kp: (
+                jaxdae.simulate(
+                    PENDULUM, jaxdae.Baumgarte(10.0, kp), 0.0, 1.0, Q0, V0, max_steps=256
+                ).q_final
+            )
+        )(25.0)
 
 
 @pytest.mark.slow
@@ -305,16 +407,24 @@ def test_resolve_that_takes_other_steps_raises():
     rate = {"value": 1.0}
 
     def vector_field(t, y, k):
-        host = jax.pure_callback(lambda: np.asarray(rate["value"]),
-                                 jax.ShapeDtypeStruct((), jnp.float64))
+        host = jax.pure_callback(
+            lambda: np.asarray(rate["value"]), jax.ShapeDtypeStruct((), jnp.float64)
+        )
         return -k * host * y + jnp.sin(t)
 
     def final(k):
         out = diffrax.diffeqsolve(
-            diffrax.ODETerm(vector_field), diffrax.Tsit5(), 0.0, 3.0, 0.1,
-            jnp.array([1.0, 2.0]), args=k,
+            diffrax.ODETerm(vector_field),
+            diffrax.Tsit5(),
+            0.0,
+            3.0,
+            0.1,
+            jnp.array([1.0, 2.0]),
+            args=k,
             stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-10),
-            max_steps=256, adjoint=jaxdae.ReverseSweepAdjoint(stored_steps=16))
+            max_steps=256,
+            adjoint=jaxdae.ReverseSweepAdjoint(stored_steps=16),
+        )
         return jnp.sum(out.ys[-1] ** 2)
 
     _, pull = jax.vjp(final, 2.0)
@@ -329,14 +439,28 @@ def test_resolve_that_takes_other_steps_raises():
 def test_time_gradients_through_diffrax_loop():
     """The sweep holds the step times constant: gradients with respect to `t0`, `t1` and
     `ts` differentiate diffrax's loop instead, and equal `RecursiveCheckpointAdjoint`'s."""
+
     def loss(t0, t1, ts, adjoint):
-        sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), t0, t1, Q0, V0,
-                              ts=ts, adjoint=adjoint, max_steps=256)
+        sol = jaxdae.simulate(
+            PENDULUM,
+            jaxdae.Baumgarte(10.0, 25.0),
+            t0,
+            t1,
+            Q0,
+            V0,
+            ts=ts,
+            adjoint=adjoint,
+            max_steps=256,
+        )
         return jnp.sum(sol.q_final**2) + jnp.sum(sol.q[:, 0])
 
     times = (0.0, 1.0, jnp.array([0.25, 0.5, 1.0]))
-    _assert_same(*(_gradients(loss, adjoint, *times) for adjoint in (
-        diffrax.RecursiveCheckpointAdjoint(), jaxdae.ReverseSweepAdjoint())))
+    _assert_same(
+        *(
+            _gradients(loss, adjoint, *times)
+            for adjoint in (diffrax.RecursiveCheckpointAdjoint(), jaxdae.ReverseSweepAdjoint())
+        )
+    )
 
 
 @pytest.mark.slow  # two more gradient programs; the default test covers the sweep itself
@@ -344,30 +468,49 @@ def test_fixed_steps_and_a_stopped_solve():
     """Heun on a constant step with only the end saved; Baumgarte stopping at
     Mukharlyamov and Deressa's (2015) singular configuration (the sweep runs over the steps up
     to the stop)."""
+
     def loss(kd, kp, q0, adjoint, **options):
-        sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(kd, kp), 0.0, 1.0, q0, V0,
-                              adjoint=adjoint, **options)
+        sol = jaxdae.simulate(
+            PENDULUM, jaxdae.Baumgarte(kd, kp), 0.0, 1.0, q0, V0, adjoint=adjoint, **options
+        )
         return jnp.sum(sol.q_final**2) + jnp.sum(sol.v_final)
 
-    heun = dict(solver=diffrax.Heun(), stepsize_controller=diffrax.ConstantStepSize(),
-                dt0=0.01)
-    _assert_same(*(_gradients(lambda *a: loss(*a, **heun), adjoint, 10.0, 25.0, Q0)
-                   for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint())))
+    heun = dict(solver=diffrax.Heun(), stepsize_controller=diffrax.ConstantStepSize(), dt0=0.01)
+    _assert_same(
+        *(
+            _gradients(lambda *a: loss(*a, **heun), adjoint, 10.0, 25.0, Q0)
+            for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint())
+        )
+    )
 
     arm = TwoLinkManipulator()
     q0, v0 = arm.initial_state()
 
     def stopped(kd, kp, q0, adjoint):
-        sol = jaxdae.simulate(arm, jaxdae.Baumgarte(kd, kp), 0.0, 2.0, q0, v0, throw=False,
-                              adjoint=adjoint, max_steps=4096)
+        sol = jaxdae.simulate(
+            arm,
+            jaxdae.Baumgarte(kd, kp),
+            0.0,
+            2.0,
+            q0,
+            v0,
+            throw=False,
+            adjoint=adjoint,
+            max_steps=4096,
+        )
         return jnp.sum(sol.q_final**2)
 
     # Near the singular stop rounding is amplified: computing the sweep's stage VJPs as one
     # scalar graph instead of JAX's transpose (equal in exact arithmetic) moved this gradient
     # by 1.2e-4. A step missed or counted twice would move it by O(1).
     gains = (jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0]))
-    _assert_same(*(_gradients(stopped, adjoint, *gains, q0)
-                   for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint())), rtol=1e-3)
+    _assert_same(
+        *(
+            _gradients(stopped, adjoint, *gains, q0)
+            for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint())
+        ),
+        rtol=1e-3,
+    )
 
 
 @pytest.mark.slow  # four more gradient programs
@@ -377,19 +520,44 @@ def test_other_solvers_vmap_and_float32():
 
     def loss(kp, q0, adjoint, solver, dtype=jnp.float64):
         tol = dict(rtol=1e-5, atol=1e-7) if dtype == jnp.float32 else {}
-        sol = jaxdae.simulate(PENDULUM, jaxdae.ModifiedLagrange(5.0, 10.0, kp), 0.0, 1.0,
-                              q0.astype(dtype), V0.astype(dtype), ts=ts.astype(dtype),
-                              solver=solver, adjoint=adjoint, max_steps=4096, **tol)
+        sol = jaxdae.simulate(
+            PENDULUM,
+            jaxdae.ModifiedLagrange(5.0, 10.0, kp),
+            0.0,
+            1.0,
+            q0.astype(dtype),
+            V0.astype(dtype),
+            ts=ts.astype(dtype),
+            solver=solver,
+            adjoint=adjoint,
+            max_steps=4096,
+            **tol,
+        )
         return jnp.sum(sol.q**2) + jnp.sum(sol.v[-1])
 
     for solver in (diffrax.Dopri5(), diffrax.Bosh3(), jaxdae.UnrolledERK(diffrax.Tsit5())):
-        _assert_same(*(_gradients(lambda kp, q, a: loss(kp, q, a, solver), adjoint, 25.0,  # noqa: B023
-                                  1.03 * Q0)
-                       for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint())), rtol=1e-10)
+        _assert_same(
+            *(
+                _gradients(
+                    lambda kp, q, a: loss(kp, q, a, solver),  # noqa: B023
+                    adjoint,
+                    25.0,
+                    1.03 * Q0,
+                )
+                for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint())
+            ),
+            rtol=1e-10,
+        )
     starts = jnp.stack([1.02 * Q0, 1.05 * Q0])
-    float32 = [jax.jit(jax.vmap(jax.grad(lambda kp, q, a=adjoint: loss(
-        kp, q, a, diffrax.Tsit5(), jnp.float32)), in_axes=(None, 0)))(jnp.float32(25.0), starts)
-        for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint())]
+    float32 = [
+        jax.jit(
+            jax.vmap(
+                jax.grad(lambda kp, q, a=adjoint: loss(kp, q, a, diffrax.Tsit5(), jnp.float32)),
+                in_axes=(None, 0),
+            )
+        )(jnp.float32(25.0), starts)
+        for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint())
+    ]
     assert float32[1].dtype == jnp.float32
     np.testing.assert_allclose(float32[1], float32[0], rtol=1e-4)
 
@@ -401,8 +569,7 @@ def test_formulation_built_inside_the_differentiated_function():
 
     def loss(system, adjoint):
         formulation = jaxdae.Baumgarte(10.0, 25.0)
-        sol = jaxdae.simulate(system, formulation, 0.0, 0.3, Q0, V0, adjoint=adjoint,
-                              max_steps=64)
+        sol = jaxdae.simulate(system, formulation, 0.0, 0.3, Q0, V0, adjoint=adjoint, max_steps=64)
         return jnp.sum(sol.q_final**2)
 
     def gradient(adjoint):
@@ -429,12 +596,22 @@ _PID = diffrax.PIDController(rtol=1e-8, atol=1e-10)
 _USER_SOLVES = {  # saveat, step-size controller, (t0, t1)
     "t1, adaptive": (diffrax.SaveAt(t1=True), _PID, (0.0, 3.0)),
     "ts, adaptive": (diffrax.SaveAt(ts=jnp.linspace(0.0, 3.0, 7)), _PID, (0.0, 3.0)),
-    "ts, constant steps": (diffrax.SaveAt(ts=jnp.linspace(0.01, 2.93, 5)),
-                           diffrax.ConstantStepSize(), (0.0, 3.0)),
+    "ts, constant steps": (
+        diffrax.SaveAt(ts=jnp.linspace(0.01, 2.93, 5)),
+        diffrax.ConstantStepSize(),
+        (0.0, 3.0),
+    ),
     # two `SubSaveAt`s whose save times interleave, solved backwards in time
-    "t0, ts and t1, backwards": (diffrax.SaveAt(subs=[
-        diffrax.SubSaveAt(t0=True, ts=jnp.array([2.5, 1.1, 0.2])),
-        diffrax.SubSaveAt(ts=jnp.array([2.0, 0.6]), t1=True)]), _PID, (3.0, 0.0)),
+    "t0, ts and t1, backwards": (
+        diffrax.SaveAt(
+            subs=[
+                diffrax.SubSaveAt(t0=True, ts=jnp.array([2.5, 1.1, 0.2])),
+                diffrax.SubSaveAt(ts=jnp.array([2.0, 0.6]), t1=True),
+            ]
+        ),
+        _PID,
+        (3.0, 0.0),
+    ),
 }
 
 
@@ -450,29 +627,43 @@ def test_user_diffeqsolve_same_as_recursive_checkpoint(case):
 
     def solve(field, k, y0, adjoint):
         return diffrax.diffeqsolve(
-            diffrax.ODETerm(field), diffrax.Tsit5(), t0, t1, 0.05 * np.sign(t1 - t0), y0,
-            args=k, saveat=saveat, stepsize_controller=controller, max_steps=512,
-            adjoint=adjoint)
+            diffrax.ODETerm(field),
+            diffrax.Tsit5(),
+            t0,
+            t1,
+            0.05 * np.sign(t1 - t0),
+            y0,
+            args=k,
+            saveat=saveat,
+            stepsize_controller=controller,
+            max_steps=512,
+            adjoint=adjoint,
+        )
 
     def loss(diff, adjoint):
         ys = jax.tree.leaves(solve(*diff, adjoint).ys)
-        return sum(jnp.sum(jnp.sin(y) * jnp.arange(1.0, 1.0 + y.size).reshape(y.shape))
-                   for y in ys)
+        return sum(jnp.sum(jnp.sin(y) * jnp.arange(1.0, 1.0 + y.size).reshape(y.shape)) for y in ys)
 
     diff = (_Field(jnp.asarray(0.2)), jnp.array([4.0, 0.3]), jnp.array([1.0, 0.0]))
     results = {}
-    for name, adjoint in (("checkpointed", CHECKPOINTED),
-                          ("swept", jaxdae.ReverseSweepAdjoint()),
-                          ("segmented", jaxdae.ReverseSweepAdjoint(stored_steps=8))):
-        value_and_grad = eqx.filter_jit(eqx.filter_value_and_grad(
-            lambda diff, a=adjoint: loss(diff, a)))
+    for name, adjoint in (
+        ("checkpointed", CHECKPOINTED),
+        ("swept", jaxdae.ReverseSweepAdjoint()),
+        ("segmented", jaxdae.ReverseSweepAdjoint(stored_steps=8)),
+    ):
+        value_and_grad = eqx.filter_jit(
+            eqx.filter_value_and_grad(lambda diff, a=adjoint: loss(diff, a))
+        )
         results[name] = value_and_grad(diff)
     plain = eqx.filter_jit(solve)(*diff, jaxdae.ReverseSweepAdjoint())
     reference = eqx.filter_jit(solve)(*diff, CHECKPOINTED)
     assert int(reference.stats["num_steps"]) > 3 * 8  # several segments
     assert int(plain.stats["num_steps"]) == int(reference.stats["num_steps"])
-    for a, b in zip(jax.tree.leaves((plain.ts, plain.ys)),
-                    jax.tree.leaves((reference.ts, reference.ys)), strict=True):
+    for a, b in zip(
+        jax.tree.leaves((plain.ts, plain.ys)),
+        jax.tree.leaves((reference.ts, reference.ys)),
+        strict=True,
+    ):
         np.testing.assert_array_equal(a, b)
     value, gradient = results["checkpointed"]
     for name in ("swept", "segmented"):
@@ -509,15 +700,29 @@ def test_sweep_keeps_linearizations_of_larger_states():
     def loss(diff, adjoint):
         field, damping, y0 = diff
         ys = diffrax.diffeqsolve(
-            diffrax.ODETerm(field), diffrax.Tsit5(), t0, t1, 0.05, y0, args=damping,
-            saveat=saveat, stepsize_controller=controller, max_steps=256, adjoint=adjoint).ys
+            diffrax.ODETerm(field),
+            diffrax.Tsit5(),
+            t0,
+            t1,
+            0.05,
+            y0,
+            args=damping,
+            saveat=saveat,
+            stepsize_controller=controller,
+            max_steps=256,
+            adjoint=adjoint,
+        ).ys
         return jnp.sum(jnp.sin(ys) * jnp.arange(1.0, 1.0 + ys.shape[-1]))
 
     diff = (_Lattice(jnp.asarray(3.0)), jnp.asarray(0.1), y0)
     gradient, swept, segmented = (
         eqx.filter_jit(eqx.filter_grad(lambda diff, a=adjoint: loss(diff, a)))(diff)
-        for adjoint in (CHECKPOINTED, jaxdae.ReverseSweepAdjoint(),
-                        jaxdae.ReverseSweepAdjoint(stored_steps=16)))
+        for adjoint in (
+            CHECKPOINTED,
+            jaxdae.ReverseSweepAdjoint(),
+            jaxdae.ReverseSweepAdjoint(stored_steps=16),
+        )
+    )
     _assert_same(gradient, swept, rtol=1e-10)
     _assert_same(gradient, segmented, rtol=1e-10)
 
@@ -526,22 +731,38 @@ def test_sweep_keeps_linearizations_of_larger_states():
 def test_event_stops_a_solve_in_segments_as_diffrax(kind):
     """An event (a flag, or a real value that changes sign) that stops a solve in a later
     segment stops it where diffrax's own loop does, with the same values and gradients."""
+
     def condition(t, y, args, **kwargs):
         return t > 2.2 if kind == "flag" else 2.2 - t
 
     def loss(k, y0, adjoint):
         sol = diffrax.diffeqsolve(
-            diffrax.ODETerm(_forced_pendulum), diffrax.Tsit5(), 0.0, 3.0, 0.05, y0, args=k,
-            saveat=diffrax.SaveAt(t1=True), stepsize_controller=_PID,
-            event=diffrax.Event(condition), max_steps=512, adjoint=adjoint)
+            diffrax.ODETerm(_forced_pendulum),
+            diffrax.Tsit5(),
+            0.0,
+            3.0,
+            0.05,
+            y0,
+            args=k,
+            saveat=diffrax.SaveAt(t1=True),
+            stepsize_controller=_PID,
+            event=diffrax.Event(condition),
+            max_steps=512,
+            adjoint=adjoint,
+        )
         return jnp.sum(jnp.sin(sol.ys) * jnp.array([1.0, 2.0])), (sol.ts, sol.result)
 
     args = (jnp.array([4.0, 0.3]), jnp.array([1.0, 0.0]))
-    (value, (ts, result)), gradient = jax.jit(jax.value_and_grad(
-        lambda *a: loss(*a, CHECKPOINTED), argnums=(0, 1), has_aux=True))(*args)
-    (swept, (swept_ts, swept_result)), swept_gradient = jax.jit(jax.value_and_grad(
-        lambda *a: loss(*a, jaxdae.ReverseSweepAdjoint(stored_steps=8)), argnums=(0, 1),
-        has_aux=True))(*args)
+    (value, (ts, result)), gradient = jax.jit(
+        jax.value_and_grad(lambda *a: loss(*a, CHECKPOINTED), argnums=(0, 1), has_aux=True)
+    )(*args)
+    (swept, (swept_ts, swept_result)), swept_gradient = jax.jit(
+        jax.value_and_grad(
+            lambda *a: loss(*a, jaxdae.ReverseSweepAdjoint(stored_steps=8)),
+            argnums=(0, 1),
+            has_aux=True,
+        )
+    )(*args)
     assert result == diffrax.RESULTS.event_occurred and swept_result == result
     assert 2.2 < float(ts[0]) < 3.0 and float(swept_ts[0]) == float(ts[0])
     assert float(swept) == float(value)
@@ -555,18 +776,32 @@ def test_flag_raised_at_the_start_ends_the_solve_there(stored_steps):
     """A flag already true at `t0` ends the solve before its first step, as diffrax's own
     loop does, whether the solve runs in segments or in one: the end is `y0`, so the
     gradient w.r.t. the arguments is zero and w.r.t. `y0` the loss's own."""
+
     def loss(k, y0, adjoint):
         sol = diffrax.diffeqsolve(
-            diffrax.ODETerm(_forced_pendulum), diffrax.Tsit5(), 0.0, 3.0, 0.05, y0, args=k,
-            saveat=diffrax.SaveAt(t1=True), stepsize_controller=_PID,
-            event=diffrax.Event(lambda t, y, args, **kwargs: y[0] > 0.5), max_steps=512,
-            adjoint=adjoint)
+            diffrax.ODETerm(_forced_pendulum),
+            diffrax.Tsit5(),
+            0.0,
+            3.0,
+            0.05,
+            y0,
+            args=k,
+            saveat=diffrax.SaveAt(t1=True),
+            stepsize_controller=_PID,
+            event=diffrax.Event(lambda t, y, args, **kwargs: y[0] > 0.5),
+            max_steps=512,
+            adjoint=adjoint,
+        )
         return jnp.sum(jnp.sin(sol.ys) * jnp.array([1.0, 2.0])), (sol.ts, sol.result)
 
     args = (jnp.array([4.0, 0.3]), jnp.array([1.0, 0.0]))
-    (_, (ts, result)), (k_bar, y0_bar) = jax.jit(jax.value_and_grad(
-        lambda *a: loss(*a, jaxdae.ReverseSweepAdjoint(stored_steps=stored_steps)),
-        argnums=(0, 1), has_aux=True))(*args)
+    (_, (ts, result)), (k_bar, y0_bar) = jax.jit(
+        jax.value_and_grad(
+            lambda *a: loss(*a, jaxdae.ReverseSweepAdjoint(stored_steps=stored_steps)),
+            argnums=(0, 1),
+            has_aux=True,
+        )
+    )(*args)
     assert result == diffrax.RESULTS.event_occurred and float(ts[0]) == 0.0
     np.testing.assert_array_equal(k_bar, 0.0)
     np.testing.assert_allclose(y0_bar, [np.cos(1.0), 2.0], rtol=1e-14)
@@ -579,8 +814,9 @@ def test_user_diffeqsolve_refuses_what_it_cannot_sweep():
 
     def trace(term=diffrax.ODETerm(_forced_pendulum), solver=diffrax.Tsit5(), **options):  # noqa: B008
         options = dict(dict(max_steps=64, adjoint=jaxdae.ReverseSweepAdjoint()), **options)
-        return eqx.filter_eval_shape(lambda y0: diffrax.diffeqsolve(
-            term, solver, 0.0, 1.0, 0.1, y0, args=k, **options), y0)
+        return eqx.filter_eval_shape(
+            lambda y0: diffrax.diffeqsolve(term, solver, 0.0, 1.0, 0.1, y0, args=k, **options), y0
+        )
 
     trace()  # supported
     fix = "RecursiveCheckpointAdjoint"
@@ -597,8 +833,12 @@ def test_user_diffeqsolve_refuses_what_it_cannot_sweep():
     with pytest.raises(ValueError, match=f"controller_state.*{fix}"):
         trace(saveat=diffrax.SaveAt(t1=True, controller_state=True))
     with pytest.raises(ValueError, match=f"without a `root_finder`.*{fix}"):
-        trace(event=diffrax.Event(lambda t, y, args, **kwargs: y[0] + 2.0,
-                                  root_finder=optx.Newton(rtol=1e-8, atol=1e-8)))
+        trace(
+            event=diffrax.Event(
+                lambda t, y, args, **kwargs: y[0] + 2.0,
+                root_finder=optx.Newton(rtol=1e-8, atol=1e-8),
+            )
+        )
     term = diffrax.ODETerm(_forced_pendulum)
     with pytest.raises(ValueError, match=f"do not pass `solver_state`.*{fix}"):
         trace(solver_state=diffrax.Tsit5().init(term, 0.0, 0.1, y0, k))

@@ -23,15 +23,23 @@ def design():
     eq_e = jaxdae.equilibrium(
         exact, exact.equilibrium_state(R0)[0], fixed=(0,), cyclic=exact.cyclic, u_guess=[0.0]
     )
-    lin_s = jaxdae.linearize(simple, jaxdae.Baumgarte(1.0, 1.0), q_s, v_s, u_s,
-                             cyclic=simple.cyclic)
+    lin_s = jaxdae.linearize(
+        simple, jaxdae.Baumgarte(1.0, 1.0), q_s, v_s, u_s, cyclic=simple.cyclic
+    )
     lqr = jaxdae.lqr(lin_s.A, lin_s.B, jnp.eye(5), jnp.eye(1))
     pos, vel = exact.feedback_indices
     closed = jaxdae.with_controller(
         exact, jaxdae.LinearFeedback(lqr.gain, eq_e.q, eq_e.v, eq_e.u, pos, vel)
     )
-    return dict(exact=exact, simple=simple, eq_e=eq_e, lin_s=lin_s, lqr=lqr,
-                closed=closed, shulgin=jaxdae.RedundantCoordinates(dependent=exact.dependent))
+    return dict(
+        exact=exact,
+        simple=simple,
+        eq_e=eq_e,
+        lin_s=lin_s,
+        lqr=lqr,
+        closed=closed,
+        shulgin=jaxdae.RedundantCoordinates(dependent=exact.dependent),
+    )
 
 
 def _run(design, formulation, t1, q0, v0):
@@ -48,10 +56,10 @@ def test_equilibrium_matches_paper(design):
     np.testing.assert_allclose(eq.v, v35, rtol=1e-9, atol=1e-12)  # i₀ = (d/L) m g r₀ / K₂
     np.testing.assert_allclose(eq.u, u35, rtol=1e-9)  # e₀ = R_a i₀ / K₁
     simple = design["simple"]
-    eq_s = jaxdae.equilibrium(simple, simple.equilibrium_state(R0)[0], fixed=(0,),
-                              cyclic=simple.cyclic, u_guess=[0.0])
-    for got, expected in zip((eq_s.q, eq_s.v, eq_s.u), simple.equilibrium_state(R0),
-                             strict=True):
+    eq_s = jaxdae.equilibrium(
+        simple, simple.equilibrium_state(R0)[0], fixed=(0,), cyclic=simple.cyclic, u_guess=[0.0]
+    )
+    for got, expected in zip((eq_s.q, eq_s.v, eq_s.u), simple.equilibrium_state(R0), strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
 
 
@@ -75,19 +83,32 @@ def test_four_bar_geometry(design):
 @pytest.mark.slow
 def test_roots_exact_equal_simplified_plus_one_zero(design):
     lqr = design["lqr"]
-    lin = jaxdae.linearize(design["closed"], design["shulgin"], design["eq_e"].q,
-                           design["eq_e"].v, cyclic=design["exact"].cyclic)
+    lin = jaxdae.linearize(
+        design["closed"],
+        design["shulgin"],
+        design["eq_e"].q,
+        design["eq_e"].v,
+        cyclic=design["exact"].cyclic,
+    )
     assert lin.A.shape == (6, 6)
     assert int(lin.num_zero_roots) == 1 == lin.num_constraints
     assert bool(lin.asymptotically_stable)
     nonzero = np.asarray(lin.eigenvalues)[np.abs(lin.eigenvalues) > lin.tol]
     np.testing.assert_allclose(
-        np.sort_complex(nonzero), np.sort_complex(np.asarray(lqr.closed_loop_eigenvalues)),
-        rtol=1e-7, atol=1e-9,
+        np.sort_complex(nonzero),
+        np.sort_complex(np.asarray(lqr.closed_loop_eigenvalues)),
+        rtol=1e-7,
+        atol=1e-9,
     )
     # Open loop: one zero root and an unstable root (the ball rolls off).
-    open_loop = jaxdae.linearize(design["exact"], design["shulgin"], design["eq_e"].q,
-                                 design["eq_e"].v, design["eq_e"].u, cyclic=design["exact"].cyclic)
+    open_loop = jaxdae.linearize(
+        design["exact"],
+        design["shulgin"],
+        design["eq_e"].q,
+        design["eq_e"].v,
+        design["eq_e"].u,
+        cyclic=design["exact"].cyclic,
+    )
     assert int(open_loop.num_zero_roots) == 1
     assert not bool(open_loop.asymptotically_stable)
     assert open_loop.B.shape == (6, 1)
@@ -124,13 +145,20 @@ def test_equilibrium_jit_vmap_grad(design):
     simple = design["simple"]
 
     def voltage(r0):
-        eq = jaxdae.equilibrium(simple, jnp.zeros(3).at[0].set(r0), fixed=(0,),
-                                cyclic=simple.cyclic, u_guess=[0.0])
+        eq = jaxdae.equilibrium(
+            simple, jnp.zeros(3).at[0].set(r0), fixed=(0,), cyclic=simple.cyclic, u_guess=[0.0]
+        )
         return eq.u[0]
 
     # Eq. [35]: e0 = R_a (d/L) m g r0 / (K1 K2), linear in r0.
-    slope = (simple.resistance * simple.lever_radius / simple.beam_length * simple.mass
-             * simple.gravity / (simple.amplifier_gain * simple.torque_constant))
+    slope = (
+        simple.resistance
+        * simple.lever_radius
+        / simple.beam_length
+        * simple.mass
+        * simple.gravity
+        / (simple.amplifier_gain * simple.torque_constant)
+    )
     grads = jax.jit(jax.vmap(jax.grad(voltage)))(jnp.array([0.2, 0.6]))
     np.testing.assert_allclose(grads, [slope, slope], rtol=1e-8)
 

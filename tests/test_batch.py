@@ -14,8 +14,18 @@ TS = jnp.linspace(0.0, 0.5, 6)
 
 def run(kd, q0, v0):
     """One simulation per (gain, initial state): gains and states are both batched."""
-    sol = jaxdae.simulate(SYSTEM, jaxdae.Baumgarte(kd, kd**2 / 4), 0.0, 0.5, q0, v0, ts=TS,
-                          throw=False, rtol=1e-7, atol=1e-9)
+    sol = jaxdae.simulate(
+        SYSTEM,
+        jaxdae.Baumgarte(kd, kd**2 / 4),
+        0.0,
+        0.5,
+        q0,
+        v0,
+        ts=TS,
+        throw=False,
+        rtol=1e-7,
+        atol=1e-9,
+    )
     return sol.q, sol.phi, sol.result
 
 
@@ -65,8 +75,7 @@ def test_sharded_equals_unsharded(mesh, unchunked):
     q, _, _ = jaxdae.batch_map(run, *inputs(8), mesh=mesh)
     assert len(q.sharding.device_set) == 4
     assert q.sharding.shard_shape(q.shape) == (2, 6, 2)
-    np.testing.assert_allclose(q, jaxdae.batch_map(run, *inputs(8))[0], rtol=1e-10,
-                               atol=1e-12)
+    np.testing.assert_allclose(q, jaxdae.batch_map(run, *inputs(8))[0], rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.slow
@@ -102,12 +111,14 @@ def test_checkpointed_sweep_resumes_where_it_stopped(tmp_path, unchunked):
 
 @pytest.mark.slow
 def test_checkpointed_sweep_on_a_mesh(tmp_path, mesh):
-    sweep = jaxdae.batch_map(run, *inputs(8), mesh=mesh, chunk_size=1,
-                             checkpoint=tmp_path / "sweep", progress=False)  # 2 chunks of 4
+    sweep = jaxdae.batch_map(
+        run, *inputs(8), mesh=mesh, chunk_size=1, checkpoint=tmp_path / "sweep", progress=False
+    )  # 2 chunks of 4
     assert len(list((tmp_path / "sweep").glob("chunk_*.npz"))) == 2
     assert len(sweep[0].sharding.device_set) == 4
-    np.testing.assert_allclose(sweep[0], jaxdae.batch_map(run, *inputs(8))[0], rtol=1e-10,
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        sweep[0], jaxdae.batch_map(run, *inputs(8))[0], rtol=1e-10, atol=1e-12
+    )
 
 
 def test_chunk_layout_pads_only_to_the_next_full_step():

@@ -22,15 +22,29 @@ pytestmark = pytest.mark.slow  # each compiles a solve of its model (the governo
 
 
 def _jaxdae(case):
-    sol = jaxdae.simulate(case.system, case.formulation, 0.0, case.t1, case.q0, case.v0,
-                          ts=jnp.asarray(case.ts), solver=diffrax.Dopri8(), rtol=1e-11,
-                          atol=1e-13, max_steps=1_000_000)
+    sol = jaxdae.simulate(
+        case.system,
+        case.formulation,
+        0.0,
+        case.t1,
+        case.q0,
+        case.v0,
+        ts=jnp.asarray(case.ts),
+        solver=diffrax.Dopri8(),
+        rtol=1e-11,
+        atol=1e-13,
+        max_steps=1_000_000,
+    )
     return case.measure(np.asarray(sol.q))
 
 
-@pytest.mark.parametrize(("name", "setting"), [
-    ("governor", "index 3, ρ∞ = 0.9, Newton rel. 1e-8"),
-    ("chain", "index 3, ρ∞ = 0.9, Newton rel. 1e-6")])
+@pytest.mark.parametrize(
+    ("name", "setting"),
+    [
+        ("governor", "index 3, ρ∞ = 0.9, Newton rel. 1e-8"),
+        ("chain", "index 3, ρ∞ = 0.9, Newton rel. 1e-6"),
+    ],
+)
 def test_exudyn_model_follows_jaxdae(name, setting):
     """Over 0.1 s, Exudyn's generalized-α at h and h/2 against Dopri8 at rtol 1e-11: the
     differences are small (metres for the governor; relative for the chain) and fall like

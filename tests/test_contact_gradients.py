@@ -14,9 +14,16 @@ from jaxdae.examples import BouncingBall
 def _landing_state(restitution, height):
     """Where a ball dropped from `height` is at 0.9 s: after its impacts (0.2 s apart at
     first), and at rest for the plastic member."""
-    sol = jaxdae.simulate(BouncingBall(e=restitution), jaxdae.Unstabilized(), 0.0, 0.9,
-                          jnp.stack([0.0 * height, height]), jnp.zeros(2), rtol=1e-10,
-                          atol=1e-12)
+    sol = jaxdae.simulate(
+        BouncingBall(e=restitution),
+        jaxdae.Unstabilized(),
+        0.0,
+        0.9,
+        jnp.stack([0.0 * height, height]),
+        jnp.zeros(2),
+        rtol=1e-10,
+        atol=1e-12,
+    )
     return sol.q_final[1] + 0.1 * sol.events.t[0]
 
 

@@ -124,12 +124,25 @@ def test_two_link_modified_lagrange_matches_scipy():
     alpha, kd, kp = 10.0, np.array([20.0, 10.0]), np.array([100.0, 25.0])
     ts = np.linspace(0.0, 2.0, 9)
     sol = jaxdae.simulate(
-        system, jaxdae.ModifiedLagrange(alpha, kd, kp), 0.0, 2.0, q0, v0, ts=ts,
-        rtol=1e-11, atol=1e-12,
+        system,
+        jaxdae.ModifiedLagrange(alpha, kd, kp),
+        0.0,
+        2.0,
+        q0,
+        v0,
+        ts=ts,
+        rtol=1e-11,
+        atol=1e-12,
     )
     ref = solve_ivp(
-        _two_link_modified_lagrange_rhs, (0.0, 2.0), np.concatenate([q0, v0]), method="DOP853",
-        t_eval=ts, rtol=1e-12, atol=1e-13, args=(alpha, kd, kp),
+        _two_link_modified_lagrange_rhs,
+        (0.0, 2.0),
+        np.concatenate([q0, v0]),
+        method="DOP853",
+        t_eval=ts,
+        rtol=1e-12,
+        atol=1e-13,
+        args=(alpha, kd, kp),
     )
     np.testing.assert_allclose(sol.q, ref.y[:2].T, atol=1e-7)
     np.testing.assert_allclose(sol.v, ref.y[2:].T, atol=1e-6)
@@ -160,15 +173,25 @@ def test_failure_tests_only_where_they_can_turn_true():
     """The exact-multiplier and redundant-coordinate formulations test `G M⁻¹ Gᵀ` or
     `∂F/∂q_dep`, which a system without constraints does not have: its solve has no failure
     test to trace, and no event that `BacksolveAdjoint` would have to refuse."""
-    for formulation in (jaxdae.Unstabilized(), jaxdae.Baumgarte(1.0, 1.0),
-                        jaxdae.RedundantCoordinates((0,))):
+    for formulation in (
+        jaxdae.Unstabilized(),
+        jaxdae.Baumgarte(1.0, 1.0),
+        jaxdae.RedundantCoordinates((0,)),
+    ):
         assert formulation.can_fail
         assert not formulation.fails_with(0, 0)
         assert formulation.fails_with(1, 0)
     assert jaxdae.Unstabilized().fails_with(0, 1)
     assert not jaxdae.ModifiedLagrange(1.0, 1.0, 1.0).fails_with(1, 0)
-    sol = jaxdae.simulate(_Free(), jaxdae.Unstabilized(), 0.0, 0.1, jnp.zeros(1), jnp.ones(1),
-                          adjoint=diffrax.BacksolveAdjoint())
+    sol = jaxdae.simulate(
+        _Free(),
+        jaxdae.Unstabilized(),
+        0.0,
+        0.1,
+        jnp.zeros(1),
+        jnp.ones(1),
+        adjoint=diffrax.BacksolveAdjoint(),
+    )
     np.testing.assert_allclose(sol.q_final, [0.1], rtol=1e-8)
 
 
@@ -282,8 +305,9 @@ def _final_loss(formulation, q0, v0, system=PENDULUM, **kwargs):
 _TIGHT = dict(rtol=1e-12, atol=1e-12)
 _loss = eqx.filter_jit(lambda f, q0, v0: _final_loss(f, q0, v0, **_TIGHT))
 # One compiled gradient w.r.t. the gains and `q0` together (a gradient compiles in ≈ 10 s).
-_grad = eqx.filter_jit(eqx.filter_grad(
-    lambda gains_and_q0, v0: _final_loss(*gains_and_q0, v0, **_TIGHT)))
+_grad = eqx.filter_jit(
+    eqx.filter_grad(lambda gains_and_q0, v0: _final_loss(*gains_and_q0, v0, **_TIGHT))
+)
 
 
 def _central_difference(fn, x, eps=1e-6):
@@ -363,14 +387,27 @@ def test_vmap_over_initial_states_gains_and_parameters_matches_loop():
 def test_fixed_step_solver_and_float32():
     """Any diffrax solver/controller may be passed; float32 inputs give a float32 solution."""
     sol = jaxdae.simulate(
-        PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q_ON, V_ON,
-        solver=diffrax.Heun(), stepsize_controller=diffrax.ConstantStepSize(), dt0=1e-3,
+        PENDULUM,
+        jaxdae.Baumgarte(10.0, 25.0),
+        0.0,
+        1.0,
+        Q_ON,
+        V_ON,
+        solver=diffrax.Heun(),
+        stepsize_controller=diffrax.ConstantStepSize(),
+        dt0=1e-3,
     )
     assert sol.stats["num_steps"] == 1000
     assert np.abs(sol.phi).max() < 1e-4
     float32 = lambda rtol: jaxdae.simulate(  # noqa: E731
-        PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q_ON.astype(jnp.float32),
-        V_ON.astype(jnp.float32), rtol=rtol, atol=1e-6,
+        PENDULUM,
+        jaxdae.Baumgarte(10.0, 25.0),
+        0.0,
+        1.0,
+        Q_ON.astype(jnp.float32),
+        V_ON.astype(jnp.float32),
+        rtol=rtol,
+        atol=1e-6,
     )
     sol32 = float32(1e-5)
     assert sol32.q.dtype == jnp.float32
@@ -378,22 +415,33 @@ def test_fixed_step_solver_and_float32():
     # A sweep over the step or the tolerances reuses the compiled solve.
     compiled = jaxdae._integration._system_solve.solve_problem.jitted._cached._cache_size()
     sol = jaxdae.simulate(
-        PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q_ON, V_ON,
-        solver=diffrax.Heun(), stepsize_controller=diffrax.ConstantStepSize(), dt0=2e-3,
+        PENDULUM,
+        jaxdae.Baumgarte(10.0, 25.0),
+        0.0,
+        1.0,
+        Q_ON,
+        V_ON,
+        solver=diffrax.Heun(),
+        stepsize_controller=diffrax.ConstantStepSize(),
+        dt0=2e-3,
     )
     assert sol.stats["num_steps"] == 500
     assert float32(1e-4).stats["num_steps"] < sol32.stats["num_steps"]
     # So does an eager call with `throw=False` (it only decides what happens after the solve).
     unchecked = jaxdae.simulate(
-        PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q_ON, V_ON,
-        solver=diffrax.Heun(), stepsize_controller=diffrax.ConstantStepSize(), dt0=2e-3,
+        PENDULUM,
+        jaxdae.Baumgarte(10.0, 25.0),
+        0.0,
+        1.0,
+        Q_ON,
+        V_ON,
+        solver=diffrax.Heun(),
+        stepsize_controller=diffrax.ConstantStepSize(),
+        dt0=2e-3,
         throw=False,
     )
     assert unchecked.succeeded
-    assert (
-        jaxdae._integration._system_solve.solve_problem.jitted._cached._cache_size()
-        == compiled
-    )
+    assert jaxdae._integration._system_solve.solve_problem.jitted._cached._cache_size() == compiled
 
 
 def test_float32_despite_a_models_float64_constants():
@@ -403,9 +451,20 @@ def test_float32_despite_a_models_float64_constants():
     `UnrolledERK`, which must not promote the stage times with its float64 tableau."""
     system = MovingSupportPendulum()
     q0, v0 = jnp.array([0.6, -0.8], jnp.float32), jnp.zeros(2, jnp.float32)
-    sols = [jaxdae.simulate(system, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, q0, v0,
-                            solver=solver, rtol=1e-5, atol=1e-7)
-            for solver in (diffrax.Tsit5(), jaxdae.UnrolledERK(diffrax.Tsit5()))]
+    sols = [
+        jaxdae.simulate(
+            system,
+            jaxdae.Baumgarte(10.0, 25.0),
+            0.0,
+            1.0,
+            q0,
+            v0,
+            solver=solver,
+            rtol=1e-5,
+            atol=1e-7,
+        )
+        for solver in (diffrax.Tsit5(), jaxdae.UnrolledERK(diffrax.Tsit5()))
+    ]
     for sol in sols:
         assert sol.q.dtype == sol.phi.dtype == sol.multipliers.dtype == jnp.float32
         assert sol.succeeded
@@ -421,8 +480,16 @@ def test_gradient_of_save_times_on_the_fixed_step_grid():
 
     def solve(kd):
         return jaxdae.simulate(
-            PENDULUM, jaxdae.Baumgarte(kd, 25.0), 0.0, 1.5, Q_ON * 1.02, V_ON, ts=ts,
-            solver=diffrax.Heun(), stepsize_controller=diffrax.ConstantStepSize(), dt0=0.01,
+            PENDULUM,
+            jaxdae.Baumgarte(kd, 25.0),
+            0.0,
+            1.5,
+            Q_ON * 1.02,
+            V_ON,
+            ts=ts,
+            solver=diffrax.Heun(),
+            stepsize_controller=diffrax.ConstantStepSize(),
+            dt0=0.01,
             max_steps=200,
         )
 
@@ -458,8 +525,9 @@ def test_consistent_initial_state_is_the_mass_metric_projection():
 def test_consistent_initial_state_tolerance_scales_with_velocities():
     """A fast guess is projected to `Φ̇ = 0` up to rounding relative to its speed, not
     refused: the default tolerance of `Φ̇` and `Ψ` scales with `max |v0|`."""
-    q, v = jaxdae.consistent_initial_state(PENDULUM, 0.0, jnp.array([0.9, -0.5]),
-                                           1e6 * jnp.array([0.7, 0.4]))
+    q, v = jaxdae.consistent_initial_state(
+        PENDULUM, 0.0, jnp.array([0.9, -0.5]), 1e6 * jnp.array([0.7, 0.4])
+    )
     assert abs(float(q @ v)) < 1e3 * np.finfo(float).eps * 1e6
 
 
@@ -526,11 +594,27 @@ def test_diagnostics_differentiate_alike_in_forward_and_reverse_mode(saved):
     ts = jnp.linspace(0.0, 0.5, 6) if saved == "ts" else None
 
     def loss(kd, adjoint=None):
-        sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(kd, 25.0), 0.0, 0.5, q0, v0, ts=ts,
-                              solver=diffrax.Tsit5(), dt0=0.01,
-                              stepsize_controller=diffrax.ConstantStepSize(), adjoint=adjoint)
-        return (jnp.sum(sol.phi**2) + jnp.sum(sol.dphi) + jnp.sum(sol.energy)
-                + jnp.sum(sol.multipliers) + jnp.sum(sol.p_final) + jnp.sum(sol.q_final))
+        sol = jaxdae.simulate(
+            PENDULUM,
+            jaxdae.Baumgarte(kd, 25.0),
+            0.0,
+            0.5,
+            q0,
+            v0,
+            ts=ts,
+            solver=diffrax.Tsit5(),
+            dt0=0.01,
+            stepsize_controller=diffrax.ConstantStepSize(),
+            adjoint=adjoint,
+        )
+        return (
+            jnp.sum(sol.phi**2)
+            + jnp.sum(sol.dphi)
+            + jnp.sum(sol.energy)
+            + jnp.sum(sol.multipliers)
+            + jnp.sum(sol.p_final)
+            + jnp.sum(sol.q_final)
+        )
 
     kd = jnp.asarray(10.0)
     _, forward = jax.jvp(lambda k: loss(k, diffrax.ForwardMode()), (kd,), (jnp.ones(()),))

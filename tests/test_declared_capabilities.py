@@ -39,8 +39,7 @@ class Cart(FieldOnlyCart, jaxdae.AbstractControlledSystem):
 def test_the_in_repo_controlled_systems_declare_their_base():
     link = mb.PlanarBody("link", mass=1.0, inertia=0.1)
     body = mb.RigidBody("body", 1.0, np.eye(3))
-    for system in (jaxdae.examples.BallAndBeam(), mb.Mechanism([link]),
-                   mb.TreeMechanism([body])):
+    for system in (jaxdae.examples.BallAndBeam(), mb.Mechanism([link]), mb.TreeMechanism([body])):
         assert isinstance(system, jaxdae.AbstractControlledSystem)
 
 
@@ -49,8 +48,9 @@ def test_a_controlled_system_closes_its_loop_without_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pushed = jaxdae.with_controller(cart, jaxdae.ConstantControl(jnp.ones(1)))
-        lin = jaxdae.linearize(pushed, jaxdae.Unstabilized(), jnp.zeros(1), jnp.zeros(1),
-                               u=jnp.zeros(1))
+        lin = jaxdae.linearize(
+            pushed, jaxdae.Unstabilized(), jnp.zeros(1), jnp.zeros(1), u=jnp.zeros(1)
+        )
     np.testing.assert_allclose(lin.B, [[0.0], [0.5]])
 
 
@@ -62,8 +62,9 @@ def test_a_field_controller_alone_is_deprecated():
     assert record[0].filename == __file__  # named at the user's line, where Python shows it
     np.testing.assert_allclose(pushed.controller.u, [1.0])
     with pytest.warns(DeprecationWarning):
-        lin = jaxdae.linearize(cart, jaxdae.Unstabilized(), jnp.zeros(1), jnp.zeros(1),
-                               u=jnp.zeros(1))
+        lin = jaxdae.linearize(
+            cart, jaxdae.Unstabilized(), jnp.zeros(1), jnp.zeros(1), u=jnp.zeros(1)
+        )
     np.testing.assert_allclose(lin.B, [[0.0], [0.5]])
 
 
@@ -133,8 +134,10 @@ class Incompatible(CartesianPendulum):
 def test_terms_from_constraints_gives_the_range_test():
     q0, v0 = CartesianPendulum().state_from_angle(0.5, 0.0)
     formulation = jaxdae.ModifiedLagrange(10.0, 10.0, 25.0)
-    results = [jaxdae.simulate(cls(Incompatible()), formulation, 0.0, 1.0, q0, v0,
-                               throw=False).result for cls in (OwnSystem, FromConstraints)]
+    results = [
+        jaxdae.simulate(cls(Incompatible()), formulation, 0.0, 1.0, q0, v0, throw=False).result
+        for cls in (OwnSystem, FromConstraints)
+    ]
     assert results[0] != jaxdae.RESULTS.constraints_not_met  # the test is not run
     assert results[1] == jaxdae.RESULTS.constraints_not_met
 
@@ -144,8 +147,17 @@ def test_generalized_alpha_evaluates_a_registered_inertia_minus_forces():
     q0, v0 = chain.initial_state()
 
     def solve(system):
-        return jaxdae.simulate(system, jaxdae.Unstabilized(), 0.0, 0.05, q0, v0,
-                               solver=jaxdae.GeneralizedAlpha(), rtol=1e-6, atol=1e-8)
+        return jaxdae.simulate(
+            system,
+            jaxdae.Unstabilized(),
+            0.0,
+            0.05,
+            q0,
+            v0,
+            solver=jaxdae.GeneralizedAlpha(),
+            rtol=1e-6,
+            atol=1e-8,
+        )
 
     TRACED.clear()
     reference = solve(FromConstraints(chain))
@@ -162,8 +174,8 @@ def test_projection_takes_the_declared_form_of_the_terms():
     pendulum = CartesianPendulum()
     q, v = pendulum.state_from_angle(0.5, 0.0)
     formulation = jaxdae.Baumgarte(1.0, 1.0)
-    for system, array_form in ((FromConstraints(pendulum), False),
-                               (WithProducts(pendulum), True)):
-        jaxpr = jax.make_jaxpr(lambda q_, v_, s=system: _constraint_values(
-            s, formulation, 0.0, q_, v_))(q * 1.001, v)
+    for system, array_form in ((FromConstraints(pendulum), False), (WithProducts(pendulum), True)):
+        jaxpr = jax.make_jaxpr(
+            lambda q_, v_, s=system: _constraint_values(s, formulation, 0.0, q_, v_)
+        )(q * 1.001, v)
         assert _in_array_form_scope(jaxpr.jaxpr) == array_form

@@ -16,8 +16,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def require_mkdocs():
-    for module, package in (("mkdocs", "mkdocs"), ("mkdocstrings", "mkdocstrings[python]"),
-                            ("material", "mkdocs-material")):
+    for module, package in (
+        ("mkdocs", "mkdocs"),
+        ("mkdocstrings", "mkdocstrings[python]"),
+        ("material", "mkdocs-material"),
+    ):
         pytest.importorskip(module, reason=f"{package} is not installed: pip install -e '.[docs]'")
 
 
@@ -25,9 +28,22 @@ def build(config: Path, site_dir: Path) -> subprocess.CompletedProcess:
     """`mkdocs build --strict` of `config` into `site_dir` (the command `make docs` runs)."""
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     return subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config),
-         "--site-dir", str(site_dir)],
-        cwd=config.parent, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(config),
+            "--site-dir",
+            str(site_dir),
+        ],
+        cwd=config.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -62,11 +78,17 @@ def test_strict_build_fails_on_a_broken_link(tmp_path):
 _EQ = r"\[(\d+(?:\.\d+)?)\]"
 _RANGE = re.compile(_EQ + r"\s*[–-]\s*" + _EQ)
 # The papers as the code and the docs cite them (docs/methods.md, "The papers").
-_PAPERS = {"Krasinskaya and Krasinskiy (2013)": "000", "Shemelova (2016)": "001",
-           "Mukharlyamov (2019)": "002", "Matyukhin (1999)": "003",
-           "Mukharlyamov and Deressa (2015)": "004"}
-_NAME = (r"(Krasinskaya and Krasinskiy|Shemelova|Mukharlyamov and Deressa|Mukharlyamov|"
-         r"Matyukhin)(?:'s)?\s+\((\d{4})\)")
+_PAPERS = {
+    "Krasinskaya and Krasinskiy (2013)": "000",
+    "Shemelova (2016)": "001",
+    "Mukharlyamov (2019)": "002",
+    "Matyukhin (1999)": "003",
+    "Mukharlyamov and Deressa (2015)": "004",
+}
+_NAME = (
+    r"(Krasinskaya and Krasinskiy|Shemelova|Mukharlyamov and Deressa|Mukharlyamov|"
+    r"Matyukhin)(?:'s)?\s+\((\d{4})\)"
+)
 _PAPER = re.compile(_NAME)
 _LIST = r"((?:" + _EQ + r"(?:\s*[–-]\s*" + _EQ + r")?(?:,\s*)?)+)"
 _CITATION = re.compile(r"eqs?\.\s*" + _LIST + r"|" + _NAME + r",?\s+" + _LIST)
@@ -86,8 +108,7 @@ def _equations(text: str) -> set[str]:
             found |= {str(i) for i in range(int(a), int(b) + 1)}
         elif "." in a and "." in b and a.split(".")[0] == b.split(".")[0]:
             major = a.split(".")[0]
-            found |= {f"{major}.{i}" for i in range(int(a.split(".")[1]),
-                                                    int(b.split(".")[1]) + 1)}
+            found |= {f"{major}.{i}" for i in range(int(a.split(".")[1]), int(b.split(".")[1]) + 1)}
     return found
 
 
@@ -114,8 +135,13 @@ def test_every_cited_equation_is_on_the_methods_page():
     parts = re.split(r"^## (.+? \(\d{4}\)):", methods, flags=re.M)
     stated = {_PAPERS[parts[i]]: _equations(parts[i + 1]) for i in range(1, len(parts), 2)}
     assert sorted(stated) == ["000", "001", "002", "003", "004"]
-    files = [*ROOT.glob("jaxdae/**/*.py"), *ROOT.glob("experiments/**/*.py"),
-             *ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("docs/**/*.md"), ROOT / "README.md"]
+    files = [
+        *ROOT.glob("jaxdae/**/*.py"),
+        *ROOT.glob("experiments/**/*.py"),
+        *ROOT.glob("notebooks/*.ipynb"),
+        *ROOT.glob("docs/**/*.md"),
+        ROOT / "README.md",
+    ]
     checked, missing = 0, []
     for path in files:
         if path.name == "methods.md":
@@ -126,8 +152,10 @@ def test_every_cited_equation_is_on_the_methods_page():
                 cited = next(name for name, key in _PAPERS.items() if key == paper)
                 missing.append(f"{path.relative_to(ROOT)}:{line}: {cited}, eq. [{equation}]")
     assert checked > 50  # the pattern still finds the project's citations
-    assert not missing, ("cited but not stated in docs/methods.md (add the equation to its "
-                         "paper's section):\n" + "\n".join(missing))
+    assert not missing, (
+        "cited but not stated in docs/methods.md (add the equation to its "
+        "paper's section):\n" + "\n".join(missing)
+    )
 
 
 def test_citation_check_can_fail():
@@ -135,8 +163,12 @@ def test_citation_check_can_fail():
         '"""Uses Mukharlyamov and Deressa (2015), eq. [16] and eqs. [22]–[31]; Mukharlyamov '
         '(2019), eq. [9.9]."""'
     )
-    assert set(_citations(text)) == {("004", "16", 1), ("004", "22", 1), ("004", "31", 1),
-                                     ("002", "9.9", 1)}
+    assert set(_citations(text)) == {
+        ("004", "16", 1),
+        ("004", "22", 1),
+        ("004", "31", 1),
+        ("002", "9.9", 1),
+    }
     assert "9.9" not in _equations("[0.11]–[0.12], [2.9]–[2.11]")
     assert {"2.9", "2.10", "2.11", "0.11", "0.12"} <= _equations("[0.11]–[0.12], [2.9]–[2.11]")
 
@@ -148,8 +180,9 @@ def test_every_public_name_is_in_the_api_reference():
 
     documented = set()
     for page in (ROOT / "docs" / "api").glob("*.md"):
-        documented |= set(re.findall(r"^::: ([\w.]+)$", page.read_text(encoding="utf-8"),
-                                     flags=re.M))
+        documented |= set(
+            re.findall(r"^::: ([\w.]+)$", page.read_text(encoding="utf-8"), flags=re.M)
+        )
     missing = []
     for module in (jaxdae, jaxdae.examples, jaxdae.multibody):
         for name in dir(module):
@@ -171,8 +204,11 @@ def test_design_measurement_links_resolve():
     for path in ROOT.glob("jaxdae/**/*.py"):
         text = path.read_text(encoding="utf-8")
         cited |= set(re.findall(r"docs/design_measurements\.md#([\w-]+)", text))
-        timings += [f"{path.relative_to(ROOT)}: {line.strip()}" for line in text.splitlines()
-                    if timing.search(line)]
+        timings += [
+            f"{path.relative_to(ROOT)}: {line.strip()}"
+            for line in text.splitlines()
+            if timing.search(line)
+        ]
     assert cited, "the pattern finds the code's links"
     assert cited <= anchors, f"links to missing sections: {sorted(cited - anchors)}"
     assert not timings, "timings belong on docs/design_measurements.md:\n" + "\n".join(timings)
@@ -196,10 +232,16 @@ def _results_jaxdae_declares() -> set[str]:
     import ast
 
     tree = ast.parse((ROOT / "jaxdae" / "_solution.py").read_text(encoding="utf-8"))
-    body = next(node for node in ast.walk(tree)
-                if isinstance(node, ast.ClassDef) and node.name == "RESULTS").body
-    return {target.id for node in body if isinstance(node, ast.Assign)
-            for target in node.targets if isinstance(target, ast.Name)}
+    body = next(
+        node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == "RESULTS"
+    ).body
+    return {
+        target.id
+        for node in body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
 
 
 def test_every_result_has_a_row_in_the_failures_page():
@@ -211,8 +253,10 @@ def test_every_result_has_a_row_in_the_failures_page():
     declared = _results_jaxdae_declares()
     assert "impact_not_solved" in declared and "successful" in documented  # the parsers work
     missing = sorted(declared - documented)
-    assert not missing, ("add a row to docs/failures.md, 'What each result means and what to "
-                         f"do', for RESULTS.{', RESULTS.'.join(missing)}")
+    assert not missing, (
+        "add a row to docs/failures.md, 'What each result means and what to "
+        f"do', for RESULTS.{', RESULTS.'.join(missing)}"
+    )
     unknown = sorted(name for name in documented if not hasattr(jaxdae.RESULTS, name))
     assert not unknown, f"docs/failures.md names results that do not exist: {unknown}"
     # Every name documented is a member: equal counts mean no member (diffrax's included)
@@ -220,11 +264,14 @@ def test_every_result_has_a_row_in_the_failures_page():
     assert len(documented) == len(jaxdae.RESULTS), (
         f"jaxdae.RESULTS has {len(jaxdae.RESULTS)} members, docs/failures.md names "
         f"{len(documented)}: a member inherited from diffrax.RESULTS has no row "
-        f"(documented: {sorted(documented)})")
+        f"(documented: {sorted(documented)})"
+    )
 
 
 def test_results_check_can_fail():
-    page = ("## What each result means and what to do\n\n| `RESULTS.` | Meaning | What to do |\n"
-            "|---|---|---|\n| `successful` | reached `t1` | — |\n| `a`, `b` | x | `c` |\n\n"
-            "## Next\n\n| `d` | | |\n")
+    page = (
+        "## What each result means and what to do\n\n| `RESULTS.` | Meaning | What to do |\n"
+        "|---|---|---|\n| `successful` | reached `t1` | — |\n| `a`, `b` | x | `c` |\n\n"
+        "## Next\n\n| `d` | | |\n"
+    )
     assert _documented_results(page) == {"successful", "a", "b"}

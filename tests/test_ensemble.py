@@ -32,8 +32,9 @@ def ensemble(formulation, q0, v0):
 
 @eqx.filter_jit
 def independent(formulation, q0, v0):
-    return jax.vmap(lambda q, v: jaxdae.simulate(SYSTEM, formulation, 0.0, 1.0, q, v, ts=TS,
-                                                 **TOL))(q0, v0)
+    return jax.vmap(
+        lambda q, v: jaxdae.simulate(SYSTEM, formulation, 0.0, 1.0, q, v, ts=TS, **TOL)
+    )(q0, v0)
 
 
 FORMULATION = jaxdae.ModifiedLagrange(5.0, 10.0, 25.0)
@@ -48,13 +49,17 @@ def test_traced_checks_keep_constant_flags_off_the_batch():
     with the batch (2 s at 10⁶ rows on an H100)."""
     rows = 7
     q0, v0 = states(rows)
-    program = jax.make_jaxpr(lambda q, v: jaxdae.simulate_ensemble(
-        SYSTEM, FORMULATION, 0.0, 1.0, q, v).q_final)(q0, v0)
-    broadcasts = [eqn for eqn in equations(program.jaxpr)
-                  if eqn.primitive.name == "broadcast_in_dim"
-                  and isinstance(eqn.invars[0], Literal)
-                  and eqn.outvars[0].aval.dtype == jnp.bool_
-                  and rows in eqn.outvars[0].aval.shape]
+    program = jax.make_jaxpr(
+        lambda q, v: jaxdae.simulate_ensemble(SYSTEM, FORMULATION, 0.0, 1.0, q, v).q_final
+    )(q0, v0)
+    broadcasts = [
+        eqn
+        for eqn in equations(program.jaxpr)
+        if eqn.primitive.name == "broadcast_in_dim"
+        and isinstance(eqn.invars[0], Literal)
+        and eqn.outvars[0].aval.dtype == jnp.bool_
+        and rows in eqn.outvars[0].aval.shape
+    ]
     assert not broadcasts
 
 
@@ -63,8 +68,19 @@ def test_same_trajectories_as_vmap_of_simulate():
     q0, v0 = states(6)
     shared = ensemble(FORMULATION, q0, v0)
     alone = independent(FORMULATION, q0, v0)
-    for field in ("ts", "q", "v", "phi", "dphi", "multipliers", "energy", "t_final",
-                  "q_final", "v_final", "p"):
+    for field in (
+        "ts",
+        "q",
+        "v",
+        "phi",
+        "dphi",
+        "multipliers",
+        "energy",
+        "t_final",
+        "q_final",
+        "v_final",
+        "p",
+    ):
         a, b = getattr(shared, field), getattr(alone, field)
         assert a.shape == b.shape, field
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-7, err_msg=field)
@@ -75,8 +91,11 @@ def test_same_trajectories_as_vmap_of_simulate():
     assert steps[0] >= np.max(alone.stats["num_accepted_steps"]) - 2
     # Every trajectory meets the tolerances: errors against a much tighter solve are of
     # the size of the independent solves' errors.
-    tight = jax.vmap(lambda q, v: jaxdae.simulate(
-        SYSTEM, FORMULATION, 0.0, 1.0, q, v, ts=TS, rtol=1e-12, atol=1e-14).q)(q0, v0)
+    tight = jax.vmap(
+        lambda q, v: (
+            jaxdae.simulate(SYSTEM, FORMULATION, 0.0, 1.0, q, v, ts=TS, rtol=1e-12, atol=1e-14).q
+        )
+    )(q0, v0)
     error_shared = np.max(np.abs(shared.q - tight), axis=(1, 2))
     error_alone = np.max(np.abs(alone.q - tight), axis=(1, 2))
     assert np.all(error_shared <= 2 * np.max(error_alone) + 1e-12), (error_shared, error_alone)
@@ -118,8 +137,9 @@ def test_sharded_ensemble_equals_unsharded(capfd):
     # In `batch_map`'s sharded chunks the failure check (`throw=True`) is traced too: nor
     # does it gather the solution.
     capfd.readouterr()
-    chunked = jaxdae.batch_map(lambda q, v: ensemble(FORMULATION, q, v).q, q0, v0,
-                               chunk_size=2, mesh=auto, ensemble=True)
+    chunked = jaxdae.batch_map(
+        lambda q, v: ensemble(FORMULATION, q, v).q, q0, v0, chunk_size=2, mesh=auto, ensemble=True
+    )
     assert "Involuntary full rematerialization" not in capfd.readouterr().err
     np.testing.assert_allclose(chunked, plain.q, rtol=1e-12, atol=1e-14)
     explicit = jax.device_put((q0, v0), jaxdae.batch_sharding(jax.make_mesh((4,), ("batch",))))
@@ -147,8 +167,9 @@ def test_chunks_of_a_batch_as_ensembles(tmp_path):
     np.testing.assert_allclose(chunked.q, alone.q, rtol=0, atol=1e-7)
     if jax.device_count() >= 4:  # 4 devices x 1 row: 2 steps of 4 rows, saved as they finish
         mesh = jax.make_mesh((4,), ("batch",))
-        sweep = jaxdae.batch_map(run, q0, v0, chunk_size=1, mesh=mesh, ensemble=True,
-                                 checkpoint=tmp_path, progress=False)
+        sweep = jaxdae.batch_map(
+            run, q0, v0, chunk_size=1, mesh=mesh, ensemble=True, checkpoint=tmp_path, progress=False
+        )
         assert len(list(tmp_path.glob("chunk_*.npz"))) == 2
         np.testing.assert_allclose(sweep.q, alone.q, rtol=0, atol=1e-7)
     with pytest.raises(ValueError, match="`fn` receives 6 rows at once.*got shapes"):
@@ -159,8 +180,16 @@ def test_chunks_of_a_batch_as_ensembles(tmp_path):
 def test_float32_ensemble():
     q0, v0 = states(4)
     formulation = jaxdae.PseudoInverse(10.0, 25.0)
-    sol = jaxdae.simulate_ensemble(SYSTEM, formulation, 0.0, 1.0, q0.astype(jnp.float32),
-                                   v0.astype(jnp.float32), rtol=1e-5, atol=1e-7)
+    sol = jaxdae.simulate_ensemble(
+        SYSTEM,
+        formulation,
+        0.0,
+        1.0,
+        q0.astype(jnp.float32),
+        v0.astype(jnp.float32),
+        rtol=1e-5,
+        atol=1e-7,
+    )
     assert sol.q.dtype == jnp.float32 and sol.q.shape == (4, 2, 2)
     assert bool(jnp.all(sol.result == jaxdae.RESULTS.successful))
     reference = jaxdae.simulate_ensemble(SYSTEM, formulation, 0.0, 1.0, q0, v0)
@@ -176,12 +205,18 @@ def test_failed_trajectories_stop_alone():
     v0 = jnp.zeros_like(q0)
 
     def run(kp, **kwargs):
-        return jaxdae.simulate_ensemble(bead, jaxdae.Baumgarte(1.0, kp), 0.0, 2.0, q0, v0,
-                                        ts=ts, **kwargs)
+        return jaxdae.simulate_ensemble(
+            bead, jaxdae.Baumgarte(1.0, kp), 0.0, 2.0, q0, v0, ts=ts, **kwargs
+        )
 
     shared = run(25.0, throw=False)
-    alone = jax.jit(jax.vmap(lambda q, v: jaxdae.simulate(
-        bead, jaxdae.Baumgarte(1.0, 25.0), 0.0, 2.0, q, v, ts=ts, throw=False)))(q0, v0)
+    alone = jax.jit(
+        jax.vmap(
+            lambda q, v: jaxdae.simulate(
+                bead, jaxdae.Baumgarte(1.0, 25.0), 0.0, 2.0, q, v, ts=ts, throw=False
+            )
+        )
+    )(q0, v0)
     failed = jaxdae.RESULTS.singular_constraint_matrix._value
     assert alone.result._value.tolist() == [0, 0, failed, failed]
     assert shared.result._value.tolist() == alone.result._value.tolist()
@@ -189,8 +224,7 @@ def test_failed_trajectories_stop_alone():
     for field in ("ts", "q", "v"):
         a, b = getattr(shared, field), getattr(alone, field)
         assert np.array_equal(np.isinf(a), np.isinf(b)), field
-        np.testing.assert_allclose(a[np.isfinite(b)], b[np.isfinite(b)], atol=1e-6,
-                                   err_msg=field)
+        np.testing.assert_allclose(a[np.isfinite(b)], b[np.isfinite(b)], atol=1e-6, err_msg=field)
     # The stopped beads keep their states; the others' loss has a finite gradient.
     np.testing.assert_allclose(shared.q_final[2:, 0], 0.0, atol=1e-3)
     grad = jax.grad(lambda kp: jnp.sum(run(kp, throw=False).q_final[:2] ** 2))(25.0)
@@ -227,12 +261,21 @@ def test_model_closed_over_by_jit_is_folded():
     folded = ensemble_term(SYSTEM, formulation, None, None).folded
     assert folded is not None and folded.args == (SYSTEM, formulation)
     terms = []
-    jax.make_jaxpr(lambda kd: terms.append(ensemble_term(
-        SYSTEM, jaxdae.Baumgarte(kd, 25.0), None, None)))(10.0)
+    jax.make_jaxpr(
+        lambda kd: terms.append(ensemble_term(SYSTEM, jaxdae.Baumgarte(kd, 25.0), None, None))
+    )(10.0)
     assert terms[0].folded is None
     q0, v0 = states(3)
-    closed = jax.jit(lambda q, v: jaxdae.simulate_ensemble(
-        SYSTEM, formulation, 0.0, 1.0, q, v, rtol=1e-8, atol=1e-10).q_final)(q0, v0)
-    passed = eqx.filter_jit(lambda f, q, v: jaxdae.simulate_ensemble(
-        SYSTEM, f, 0.0, 1.0, q, v, rtol=1e-8, atol=1e-10).q_final)(formulation, q0, v0)
+    closed = jax.jit(
+        lambda q, v: (
+            jaxdae.simulate_ensemble(
+                SYSTEM, formulation, 0.0, 1.0, q, v, rtol=1e-8, atol=1e-10
+            ).q_final
+        )
+    )(q0, v0)
+    passed = eqx.filter_jit(
+        lambda f, q, v: (
+            jaxdae.simulate_ensemble(SYSTEM, f, 0.0, 1.0, q, v, rtol=1e-8, atol=1e-10).q_final
+        )
+    )(formulation, q0, v0)
     np.testing.assert_allclose(closed, passed, rtol=0, atol=1e-12)

@@ -141,23 +141,44 @@ def test_bad_gains_are_refused_at_construction(make, match):
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda: jaxdae.simulate_actuated(
-            AdaptiveOpticsElement(), jaxdae.ConstraintEnforcingControl, 0.0, 1.0,
-            *AdaptiveOpticsElement().initial_state()),
-         r"`control` must be a `jaxdae.ConstraintEnforcingControl`; got the class"),
-        (lambda: jaxdae.HamiltonianForm(PENDULUM.terms),
-         r"`lagrangian` must be a `jaxdae.LagrangianSystem`"),
-        (lambda: jaxdae.RealizedConstraints(PENDULUM, jaxdae.ViscousForce),
-         r"`force` must be a realizing-force law.*got the class ViscousForce"),
-        (lambda: jaxdae.linearize(PENDULUM, "unstabilized", Q0),
-         r"`formulation` must be a jaxdae formulation"),
-        (lambda: jaxdae.equilibrium(PENDULUM, jnp.array([jnp.nan, 1.0])),
-         r"`q_guess` contains non-finite values"),
+        (
+            lambda: jaxdae.simulate_actuated(
+                AdaptiveOpticsElement(),
+                jaxdae.ConstraintEnforcingControl,
+                0.0,
+                1.0,
+                *AdaptiveOpticsElement().initial_state(),
+            ),
+            r"`control` must be a `jaxdae.ConstraintEnforcingControl`; got the class",
+        ),
+        (
+            lambda: jaxdae.HamiltonianForm(PENDULUM.terms),
+            r"`lagrangian` must be a `jaxdae.LagrangianSystem`",
+        ),
+        (
+            lambda: jaxdae.RealizedConstraints(PENDULUM, jaxdae.ViscousForce),
+            r"`force` must be a realizing-force law.*got the class ViscousForce",
+        ),
+        (
+            lambda: jaxdae.linearize(PENDULUM, "unstabilized", Q0),
+            r"`formulation` must be a jaxdae formulation",
+        ),
+        (
+            lambda: jaxdae.equilibrium(PENDULUM, jnp.array([jnp.nan, 1.0])),
+            r"`q_guess` contains non-finite values",
+        ),
         (lambda: jaxdae.UnrolledERK(diffrax.Tsit5), r"got the class Tsit5 itself"),
         (lambda: jaxdae.with_controller(PENDULUM, None), r"CartesianPendulum has no `controller`"),
     ],
-    ids=["actuated-control-class", "hamiltonian-form", "realizing-force-class",
-         "linearize-formulation", "equilibrium-nan", "unrolled-class", "no-controller-field"],
+    ids=[
+        "actuated-control-class",
+        "hamiltonian-form",
+        "realizing-force-class",
+        "linearize-formulation",
+        "equilibrium-nan",
+        "unrolled-class",
+        "no-controller-field",
+    ],
 )
 def test_arguments_of_the_wrong_kind_are_named(call, match):
     with pytest.raises(ValueError, match=match):
@@ -167,18 +188,30 @@ def test_arguments_of_the_wrong_kind_are_named(call, match):
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda: _simulate(rtoll=1e-6),
-         r"simulate\(\) got an unexpected keyword argument 'rtoll'\. Did you mean `rtol`\? "
-         r"Its keyword arguments are: ts, solver, .*, throw, constraint_tol, events\."),
-        (lambda: jaxdae.simulate_ensemble(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0[None], V0[None],
-                                          events=None),
-         r"simulate_ensemble\(\) got an unexpected keyword argument 'events'\. Its "
-         r"keyword arguments are: .*, constraint_tol\.$"),
-        (lambda: jaxdae.simulate_actuated(
-            AdaptiveOpticsElement(), jaxdae.ConstraintEnforcingControl.with_poles(1.0, order=4),
-            0.0, 1.0, *AdaptiveOpticsElement().initial_state(), max_step=10),
-         r"simulate_actuated\(\) got an unexpected keyword argument 'max_step'\. Did you "
-         r"mean `max_steps`\?"),
+        (
+            lambda: _simulate(rtoll=1e-6),
+            r"simulate\(\) got an unexpected keyword argument 'rtoll'\. Did you mean `rtol`\? "
+            r"Its keyword arguments are: ts, solver, .*, throw, constraint_tol, events\.",
+        ),
+        (
+            lambda: jaxdae.simulate_ensemble(
+                PENDULUM, BAUMGARTE, 0.0, 1.0, Q0[None], V0[None], events=None
+            ),
+            r"simulate_ensemble\(\) got an unexpected keyword argument 'events'\. Its "
+            r"keyword arguments are: .*, constraint_tol\.$",
+        ),
+        (
+            lambda: jaxdae.simulate_actuated(
+                AdaptiveOpticsElement(),
+                jaxdae.ConstraintEnforcingControl.with_poles(1.0, order=4),
+                0.0,
+                1.0,
+                *AdaptiveOpticsElement().initial_state(),
+                max_step=10,
+            ),
+            r"simulate_actuated\(\) got an unexpected keyword argument 'max_step'\. Did you "
+            r"mean `max_steps`\?",
+        ),
     ],
     ids=["simulate", "ensemble-events", "actuated"],
 )
@@ -197,8 +230,9 @@ def test_gains_changed_after_construction_are_checked_by_simulate():
 
 
 # Traced input: one compiled simulation for the checks that run inside it.
-_traced = jax.jit(lambda kd, q0, t1, ts: _simulate(
-    formulation=jaxdae.Baumgarte(kd, 25.0), q0=q0, t1=t1, ts=ts).q)
+_traced = jax.jit(
+    lambda kd, q0, t1, ts: _simulate(formulation=jaxdae.Baumgarte(kd, 25.0), q0=q0, t1=t1, ts=ts).q
+)
 _TS = jnp.array([0.0, 0.5])
 
 
@@ -243,8 +277,13 @@ def test_traced_bad_initial_state_and_times_raise_under_jit():
 def test_traced_dense_mass_not_positive_definite_is_named_at_q0():
     """A system without a factor that shows definiteness keeps the traced check of its
     mass matrix at `q0` (a tree's stalls instead: `test_multibody_tree.py`)."""
-    solve = jax.jit(lambda q0: jaxdae.simulate(DegenerateMass(), jaxdae.Unstabilized(), 0.0,
-                                               0.1, q0, jnp.ones(2)).q_final)
+    solve = jax.jit(
+        lambda q0: (
+            jaxdae.simulate(
+                DegenerateMass(), jaxdae.Unstabilized(), 0.0, 0.1, q0, jnp.ones(2)
+            ).q_final
+        )
+    )
     with pytest.raises(Exception, match="mass matrix at `q0` is not symmetric positive"):
         jax.block_until_ready(solve(jnp.zeros(2)))
 
@@ -267,10 +306,12 @@ def test_no_consistent_state():
 
 @pytest.mark.parametrize(
     "overrides, match",
-    [(dict(tol=-1.0), "`tol` must be a positive finite residual"),
-     (dict(tol=0.0), "`tol` must be a positive finite residual"),
-     (dict(q0=jnp.array([jnp.nan, 0.0])), "`q0` contains non-finite values"),
-     (dict(t0=jnp.inf), "`t0` contains non-finite values")],
+    [
+        (dict(tol=-1.0), "`tol` must be a positive finite residual"),
+        (dict(tol=0.0), "`tol` must be a positive finite residual"),
+        (dict(q0=jnp.array([jnp.nan, 0.0])), "`q0` contains non-finite values"),
+        (dict(t0=jnp.inf), "`t0` contains non-finite values"),
+    ],
     ids=["tol-negative", "tol-zero", "q0-nan", "t0-inf"],
 )
 def test_bad_consistent_state_input(overrides, match):
@@ -280,8 +321,9 @@ def test_bad_consistent_state_input(overrides, match):
 
 
 def test_no_consistent_state_under_jit():
-    project = jax.jit(lambda q0: jaxdae.consistent_initial_state(Unreachable(), 0.0, q0,
-                                                                jnp.zeros(2))[0])
+    project = jax.jit(
+        lambda q0: jaxdae.consistent_initial_state(Unreachable(), 0.0, q0, jnp.zeros(2))[0]
+    )
     with pytest.raises(Exception, match="No consistent initial state found near `q0`"):
         jax.block_until_ready(project(jnp.array([0.5, 0.0])))
 
@@ -306,11 +348,18 @@ def test_fixed_step_blow_up_is_reported_not_returned_as_nan():
     gains = jaxdae.Baumgarte(200.0, 10_000.0)
     h = jaxdae.perturbation_matrix(gains, 1)
     assert jaxdae.spectral_radius(jaxdae.transition_matrix(h, diffrax.Euler(), 0.05)) > 1
-    fixed = dict(formulation=gains, t1=30.0, solver=diffrax.Euler(),
-                 stepsize_controller=diffrax.ConstantStepSize(), dt0=0.05)
+    fixed = dict(
+        formulation=gains,
+        t1=30.0,
+        solver=diffrax.Euler(),
+        stepsize_controller=diffrax.ConstantStepSize(),
+        dt0=0.05,
+    )
+
     def unstable():
-        return pytest.warns(UserWarning, match="makes the constraint perturbations of "
-                                               "Baumgarte unstable")
+        return pytest.warns(
+            UserWarning, match="makes the constraint perturbations of Baumgarte unstable"
+        )
 
     with unstable():
         sol = _simulate(**fixed, throw=False)
@@ -355,13 +404,20 @@ def test_formulation_arguments_are_named_as_in_the_signature(make, match):
         make()
     assert "Pass the gains by name, e.g. `" in str(info.value)
     assert inspect.signature(jaxdae.ModifiedLagrange).parameters.keys() == {
-        "alpha", "kd", "kp", "kv"}
+        "alpha",
+        "kd",
+        "kp",
+        "kv",
+    }
     formulation = jaxdae.ModifiedLagrange(alpha=100.0, kd=10.0, kp=25.0)
     assert float(formulation.alpha) == 100.0 and float(formulation.kp) == 25.0
 
 
 def test_coupled_perturbation_names_the_missing_blocks():
     """The blocks a system needs are checked against its constraints when it is simulated."""
-    with pytest.raises(ValueError, match=r"1 holonomic constraint: pass `k10` and `k11` to "
-                       r"`CoupledPerturbation`.*e\.g\. `CoupledPerturbation\(k10=-25\.0"):
+    with pytest.raises(
+        ValueError,
+        match=r"1 holonomic constraint: pass `k10` and `k11` to "
+        r"`CoupledPerturbation`.*e\.g\. `CoupledPerturbation\(k10=-25\.0",
+    ):
         _simulate(formulation=jaxdae.CoupledPerturbation())

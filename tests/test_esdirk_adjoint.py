@@ -50,8 +50,14 @@ def _first_and_next_step(solver):
 def _bars(outputs, seed):
     """Random cotangents of a step's outputs (end state, solver state, dense output)."""
     keys = iter(jax.random.split(jax.random.key(seed), 8))
-    return jax.tree.map(lambda x: jax.random.normal(next(keys), jnp.shape(x), x.dtype)
-                        if eqx.is_inexact_array(x) else None, outputs)
+    return jax.tree.map(
+        lambda x: (
+            jax.random.normal(next(keys), jnp.shape(x), x.dtype)
+            if eqx.is_inexact_array(x)
+            else None
+        ),
+        outputs,
+    )
 
 
 @eqx.filter_jit
@@ -62,8 +68,7 @@ def _pulled(vjp, solver, terms, t0, t1, state, mu, seed, given=False):
     diff, static = eqx.partition((terms, mu), (False, True))
     kept = {}
     if given:
-        y1, _, dense, solver_state1, _ = solver.step(terms, t0, t1, state[0], mu, state[1],
-                                                     False)
+        y1, _, dense, solver_state1, _ = solver.step(terms, t0, t1, state[0], mu, state[1], False)
         kept = {"outputs": ((y1, solver_state1), dense)}
     outputs, pull = vjp(solver, t0, t1, state, diff, static, **kept)
     state_bar, (_, mu_bar) = pull(_bars(outputs, seed))
@@ -88,7 +93,8 @@ def _stacked(solver, terms, t0, t1, state, mu, seed):
     times = t0 + jnp.asarray(c) * h
     jac_y = jax.vmap(jax.jacfwd(lambda t, z: terms.vf(t, z, mu), 1))(times, points)
     jac_mu = jax.vmap(jax.jacfwd(lambda t, z, m: terms.vf(t, z, m), 2), (0, 0, None))(
-        times, points, mu)
+        times, points, mu
+    )
     equation = jnp.concatenate([jnp.reshape(first_step, (1,)), jnp.ones(s - 1, bool)])
     jac_y = jnp.where(equation[:, None, None], jac_y, 0.0)
     jac_mu = jnp.where(equation[:, None], jac_mu, 0.0)
@@ -145,8 +151,9 @@ def test_step_derivative_is_that_of_the_step(monkeypatch):
     monkeypatch.setattr(_esdirk_adjoint, "_REFINE_ITERATIONS", 1)
     t0, t1, state = steps[1]
     own = _pulled(esdirk_step_vjp, KVAERNO5, terms, t0, t1, state, mu, 1)[1]
-    assert _relative(own, _pulled(autodiff_step_vjp, KVAERNO5, terms, t0, t1, state, mu,
-                                  1)[1]) < 1e-12
+    assert (
+        _relative(own, _pulled(autodiff_step_vjp, KVAERNO5, terms, t0, t1, state, mu, 1)[1]) < 1e-12
+    )
 
 
 MAX_STEPS = 400
@@ -157,12 +164,22 @@ def _loss(diff, solver, adjoint, dt0=None):
     """The forced Van der Pol loss of `tests/test_implicit_adjoint.py` (states saved inside
     the steps and at the end), of `μ` and `y0`; adaptive steps, or fixed ones of `dt0`."""
     mu, y0 = diff
-    controller = (diffrax.PIDController(rtol=1e-6, atol=1e-8) if dt0 is None
-                  else diffrax.ConstantStepSize())
-    sol = diffrax.diffeqsolve(diffrax.ODETerm(_van_der_pol), solver, 0.0, 1.0, dt0, y0,
-                              args=mu, saveat=diffrax.SaveAt(ts=TS, t1=True),
-                              stepsize_controller=controller, max_steps=MAX_STEPS,
-                              adjoint=adjoint)
+    controller = (
+        diffrax.PIDController(rtol=1e-6, atol=1e-8) if dt0 is None else diffrax.ConstantStepSize()
+    )
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(_van_der_pol),
+        solver,
+        0.0,
+        1.0,
+        dt0,
+        y0,
+        args=mu,
+        saveat=diffrax.SaveAt(ts=TS, t1=True),
+        stepsize_controller=controller,
+        max_steps=MAX_STEPS,
+        adjoint=adjoint,
+    )
     return jnp.sum(sol.ys[0] ** 2) + jnp.sum(jnp.sin(sol.ys[1]))
 
 
@@ -176,8 +193,7 @@ def test_solve_gradient_is_that_of_a_checkpoint_per_step():
     diff = (jnp.asarray(5.0), jnp.array([2.0, 0.0]))
     grad = eqx.filter_jit(jax.grad(_loss))
     replayed = grad(diff, KVAERNO5, jaxdae.ReplayAdjoint())
-    every_step = grad(diff, KVAERNO5,
-                      diffrax.RecursiveCheckpointAdjoint(checkpoints=MAX_STEPS))
+    every_step = grad(diff, KVAERNO5, diffrax.RecursiveCheckpointAdjoint(checkpoints=MAX_STEPS))
     assert _relative(replayed, every_step) < 1e-10
     segments = jaxdae.ReplayAdjoint(stored_steps=5)
     y0s = jnp.array([[2.0, 0.0], [1.0, 0.5]])
@@ -188,6 +204,8 @@ def test_solve_gradient_is_that_of_a_checkpoint_per_step():
     fixed = grad(diff, KVAERNO5, jaxdae.ReplayAdjoint(), 0.01)
     loss = eqx.filter_jit(_loss)
     eps, forward = 1e-5, diffrax.RecursiveCheckpointAdjoint()
-    central = (loss((diff[0] + eps, diff[1]), KVAERNO5, forward, 0.01)
-               - loss((diff[0] - eps, diff[1]), KVAERNO5, forward, 0.01)) / (2 * eps)
+    central = (
+        loss((diff[0] + eps, diff[1]), KVAERNO5, forward, 0.01)
+        - loss((diff[0] - eps, diff[1]), KVAERNO5, forward, 0.01)
+    ) / (2 * eps)
     assert abs(fixed[0] - central) < 1e-7 * abs(central)

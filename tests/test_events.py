@@ -29,8 +29,9 @@ def test_lcp_matches_scipy_nnls():
         matrix = a @ a.T + 0.05 * np.eye(size)
         vector = rng.standard_normal(size)
         low = np.linalg.cholesky(matrix)
-        expected, _ = scipy_optimize.nnls(low.T, -scipy.linalg.solve_triangular(low, vector,
-                                                                                lower=True))
+        expected, _ = scipy_optimize.nnls(
+            low.T, -scipy.linalg.solve_triangular(low, vector, lower=True)
+        )
         solution = solve(jnp.asarray(matrix), jnp.asarray(vector))
         assert bool(solution.solved)
         np.testing.assert_allclose(solution.x, expected, rtol=1e-10, atol=1e-11)
@@ -46,8 +47,7 @@ def test_lcp_candidates_and_derivative():
     first = solve(matrix, vector, jnp.array([True, False]))
     np.testing.assert_allclose(first.x, [0.5, 0.0], rtol=1e-14)
     # on the set {0}: x₀ = −b₀ / 2; the other component stays at zero
-    jac = jax.jit(jax.jacfwd(lambda b: solve_lcp(matrix, b, jnp.array([True, False])).x))(
-        vector)
+    jac = jax.jit(jax.jacfwd(lambda b: solve_lcp(matrix, b, jnp.array([True, False])).x))(vector)
     np.testing.assert_allclose(jac, [[-0.5, 0.0], [0.0, 0.0]], atol=1e-14)
 
 
@@ -62,15 +62,21 @@ def test_down_crossing_matches_optimistix_newton():
         return jnp.cos(t) - 0.5
 
     options = {"lower": jnp.asarray(0.0), "upper": jnp.asarray(2.0)}
-    ours = optx.root_find(condition, DownCrossing(1e-14, 1e-14), jnp.asarray(2.0),
-                          options=options)
+    ours = optx.root_find(condition, DownCrossing(1e-14, 1e-14), jnp.asarray(2.0), options=options)
     newton = optx.root_find(condition, optx.Newton(1e-14, 1e-14), jnp.asarray(1.0))
     np.testing.assert_allclose(ours.value, newton.value, rtol=0, atol=1e-13)
     assert float(condition(ours.value, None)) <= 0.0
     # the derivative of the root, by the implicit function theorem, as Newton's
-    shift = jax.grad(lambda c: optx.root_find(lambda t, a: jnp.cos(t) - c,
-                                              DownCrossing(1e-14, 1e-14), jnp.asarray(2.0),
-                                              options=options).value)(0.5)
+    shift = jax.grad(
+        lambda c: (
+            optx.root_find(
+                lambda t, a: jnp.cos(t) - c,
+                DownCrossing(1e-14, 1e-14),
+                jnp.asarray(2.0),
+                options=options,
+            ).value
+        )
+    )(0.5)
     np.testing.assert_allclose(shift, -1 / jnp.sin(jnp.pi / 3), rtol=1e-10)
 
 
@@ -81,10 +87,18 @@ _BALL_EVENTS = jaxdae.EventDriven(max_events=16)
 
 def _drop(e, height, t1, v0=0.0, throw=True):
     """A `BouncingBall` with the coefficient `e` dropped from `height`, saved at 51 times."""
-    return jaxdae.simulate(BouncingBall(e=e), jaxdae.Unstabilized(), 0.0, t1,
-                           jnp.array([0.0, height]), jnp.array([v0, 0.0]),
-                           ts=jnp.linspace(0.0, t1, 51), events=_BALL_EVENTS, throw=throw,
-                           **TIGHT)
+    return jaxdae.simulate(
+        BouncingBall(e=e),
+        jaxdae.Unstabilized(),
+        0.0,
+        t1,
+        jnp.array([0.0, height]),
+        jnp.array([v0, 0.0]),
+        ts=jnp.linspace(0.0, t1, 51),
+        events=_BALL_EVENTS,
+        throw=throw,
+        **TIGHT,
+    )
 
 
 _RESTITUTION = (0.5, 0.8, 0.9)
@@ -95,8 +109,9 @@ _TS = np.linspace(0.0, 2.5, 51)
 def ball_runs():
     """The drops for each coefficient, stacked as a batch (`jax.vmap` of event-driven solves
     is tested on the sliding blocks, tests/test_friction.py)."""
-    return jax.tree.map(lambda *rows: jnp.stack(rows),
-                        *(_drop(e, 1.0, 2.5, v0=0.3) for e in _RESTITUTION))
+    return jax.tree.map(
+        lambda *rows: jnp.stack(rows), *(_drop(e, 1.0, 2.5, v0=0.3) for e in _RESTITUTION)
+    )
 
 
 def test_bouncing_ball_matches_closed_form(ball_runs):
@@ -112,10 +127,14 @@ def test_bouncing_ball_matches_closed_form(ball_runs):
         times = np.asarray(sols.events.t[row, :count])
         kinds = np.asarray(sols.events.kind[row, :count])
         bounces = int(np.sum(kinds == jaxdae.Events.IMPACT))
-        np.testing.assert_allclose(times[:bounces], ball.impact_times(1.0, bounces), rtol=0,
-                                   atol=1e-10)
-        np.testing.assert_allclose(sols.events.impulse[row, :bounces],
-                                   (1 + e) * ball.impact_speeds(1.0, bounces), rtol=1e-8)
+        np.testing.assert_allclose(
+            times[:bounces], ball.impact_times(1.0, bounces), rtol=0, atol=1e-10
+        )
+        np.testing.assert_allclose(
+            sols.events.impulse[row, :bounces],
+            (1 + e) * ball.impact_speeds(1.0, bounces),
+            rtol=1e-8,
+        )
         # the height between impacts: a parabola from each impact
         g = 9.81
         starts = np.concatenate([[0.0], times[:bounces]])
@@ -147,8 +166,15 @@ def test_ball_comes_to_rest_on_the_floor(ball_runs):
 def _pendulum_runs(restitution, formulation):
     def run(e):
         pendulum = PendulumWithStop(e=e)
-        return jaxdae.simulate(pendulum, formulation, 0.0, 2.5, *pendulum.initial_state(0.8),
-                               ts=jnp.linspace(0.0, 2.5, 11), **TIGHT)
+        return jaxdae.simulate(
+            pendulum,
+            formulation,
+            0.0,
+            2.5,
+            *pendulum.initial_state(0.8),
+            ts=jnp.linspace(0.0, 2.5, 11),
+            **TIGHT,
+        )
 
     return jax.vmap(run)(restitution)
 
@@ -163,13 +189,13 @@ def test_pendulum_against_a_stop():
         pendulum = PendulumWithStop(e=e)
         count = int(sols.events.count[row])
         assert count >= 2
-        np.testing.assert_allclose(sols.events.t[row, :count],
-                                   pendulum.impact_times(0.8, count), rtol=0, atol=1e-10)
+        np.testing.assert_allclose(
+            sols.events.t[row, :count], pendulum.impact_times(0.8, count), rtol=0, atol=1e-10
+        )
         # the speed at the bottom before each impact: from the amplitudes
         amplitudes = pendulum.amplitudes(0.8, count)
         speeds = np.sqrt(2 * 9.81 * (1 - np.cos(amplitudes)))
-        np.testing.assert_allclose(sols.events.impulse[row, :count], (1 + e) * speeds,
-                                   rtol=1e-8)
+        np.testing.assert_allclose(sols.events.impulse[row, :count], (1 + e) * speeds, rtol=1e-8)
         assert float(jnp.max(jnp.abs(sols.phi[row]))) < 1e-9
 
 
@@ -177,27 +203,46 @@ def test_pendulum_against_a_stop():
 @pytest.mark.parametrize("name", ["projected", "kvaerno5", "generalized_alpha"])
 def test_other_solvers_between_events(name):
     """`Projected`, an implicit Runge–Kutta method and generalized-α between the events."""
-    solver = {"projected": jaxdae.Projected(diffrax.Tsit5()), "kvaerno5": diffrax.Kvaerno5(),
-              "generalized_alpha": jaxdae.GeneralizedAlpha()}[name]
+    solver = {
+        "projected": jaxdae.Projected(diffrax.Tsit5()),
+        "kvaerno5": diffrax.Kvaerno5(),
+        "generalized_alpha": jaxdae.GeneralizedAlpha(),
+    }[name]
     pendulum = PendulumWithStop(e=0.5)
-    sol = jaxdae.simulate(pendulum, jaxdae.Baumgarte(20.0, 100.0), 0.0, 1.6,
-                          *pendulum.initial_state(0.8), solver=solver, rtol=1e-9, atol=1e-11)
+    sol = jaxdae.simulate(
+        pendulum,
+        jaxdae.Baumgarte(20.0, 100.0),
+        0.0,
+        1.6,
+        *pendulum.initial_state(0.8),
+        solver=solver,
+        rtol=1e-9,
+        atol=1e-11,
+    )
     count = int(sol.events.count)
     assert count == 2 and sol.succeeded
     # (generalized-α is of second order: at this tolerance its steps, and the crossing
     # found on their interpolation, are good to a few microseconds)
     atol = 1e-5 if name == "generalized_alpha" else 1e-6
-    np.testing.assert_allclose(sol.events.t[:count], pendulum.impact_times(0.8, count),
-                               rtol=0, atol=atol)
+    np.testing.assert_allclose(
+        sol.events.t[:count], pendulum.impact_times(0.8, count), rtol=0, atol=atol
+    )
 
 
 @pytest.mark.slow
 def test_float32_events():
     """A float32 solve (as on a GPU) locates its impacts to float32 accuracy."""
     ball = BouncingBall(e=0.8)
-    sol = jaxdae.simulate(ball, jaxdae.Unstabilized(), 0.0, 2.0,
-                          jnp.array([0.0, 1.0], jnp.float32), jnp.zeros(2, jnp.float32),
-                          rtol=1e-5, atol=1e-6)
+    sol = jaxdae.simulate(
+        ball,
+        jaxdae.Unstabilized(),
+        0.0,
+        2.0,
+        jnp.array([0.0, 1.0], jnp.float32),
+        jnp.zeros(2, jnp.float32),
+        rtol=1e-5,
+        atol=1e-6,
+    )
     assert sol.q.dtype == jnp.float32 and sol.events.t.dtype == jnp.float32
     np.testing.assert_allclose(sol.events.t[:3], ball.impact_times(1.0, 3), rtol=1e-4)
 
@@ -212,8 +257,9 @@ def test_release_of_a_resting_contact():
             return jnp.stack([0.0 * t, 2 * self.mass * self.gravity * t])
 
     ball = Lifted(e=0.0)
-    sol = jaxdae.simulate(ball, jaxdae.Unstabilized(), 0.0, 1.0, jnp.zeros(2), jnp.zeros(2),
-                          **TIGHT)
+    sol = jaxdae.simulate(
+        ball, jaxdae.Unstabilized(), 0.0, 1.0, jnp.zeros(2), jnp.zeros(2), **TIGHT
+    )
     assert int(sol.events.count) == 1
     assert int(sol.events.kind[0]) == jaxdae.Events.RELEASE
     np.testing.assert_allclose(sol.events.t[0], 0.5, atol=1e-10)
@@ -224,14 +270,24 @@ def test_release_of_a_resting_contact():
 def _impact_loss(e, height, adjoint=None):
     """The third impact time plus the final height of a dropped `BouncingBall`."""
     ball = BouncingBall(e=e)
-    sol = jaxdae.simulate(ball, jaxdae.Unstabilized(), 0.0, 2.0, jnp.array([0.0, height]),
-                          jnp.zeros(2), adjoint=adjoint, **TIGHT)
+    sol = jaxdae.simulate(
+        ball,
+        jaxdae.Unstabilized(),
+        0.0,
+        2.0,
+        jnp.array([0.0, height]),
+        jnp.zeros(2),
+        adjoint=adjoint,
+        **TIGHT,
+    )
     return sol.events.t[2] + sol.q_final[1]
 
 
 def _central_differences(step=1e-6):
-    return [(_impact_loss(0.8 + step, 1.0) - _impact_loss(0.8 - step, 1.0)) / (2 * step),
-            (_impact_loss(0.8, 1.0 + step) - _impact_loss(0.8, 1.0 - step)) / (2 * step)]
+    return [
+        (_impact_loss(0.8 + step, 1.0) - _impact_loss(0.8 - step, 1.0)) / (2 * step),
+        (_impact_loss(0.8, 1.0 + step) - _impact_loss(0.8, 1.0 - step)) / (2 * step),
+    ]
 
 
 @pytest.mark.slow
@@ -240,7 +296,8 @@ def test_forward_mode_derivatives_through_events():
     coefficient of restitution and the drop height, in forward mode, against central
     differences."""
     jac = jax.jit(jax.jacfwd(lambda p: _impact_loss(p[0], p[1], diffrax.ForwardMode())))(
-        jnp.array([0.8, 1.0]))
+        jnp.array([0.8, 1.0])
+    )
     np.testing.assert_allclose(jac, _central_differences(), rtol=1e-5)
 
 
@@ -265,14 +322,22 @@ def test_bad_input_is_refused_before_the_solve():
     with pytest.raises(ValueError, match=r"restitution must lie in \[0, 1\]"):
         jaxdae.simulate(BouncingBall(e=1.5), jaxdae.Unstabilized(), 0.0, 1.0, *start)
     with pytest.raises(ValueError, match="violates gap 0"):
-        jaxdae.simulate(BouncingBall(), jaxdae.Unstabilized(), 0.0, 1.0,
-                        jnp.array([0.0, -0.1]), jnp.zeros(2))
+        jaxdae.simulate(
+            BouncingBall(), jaxdae.Unstabilized(), 0.0, 1.0, jnp.array([0.0, -0.1]), jnp.zeros(2)
+        )
     with pytest.raises(ValueError, match="jax.vmap"):
-        jaxdae.simulate_ensemble(BouncingBall(), jaxdae.Unstabilized(), 0.0, 1.0,
-                                 start[0][None], start[1][None])
+        jaxdae.simulate_ensemble(
+            BouncingBall(), jaxdae.Unstabilized(), 0.0, 1.0, start[0][None], start[1][None]
+        )
     with pytest.raises(ValueError, match="ReverseSweepAdjoint"):
-        jaxdae.simulate(BouncingBall(), jaxdae.Unstabilized(), 0.0, 1.0, *start,
-                        adjoint=jaxdae.ReverseSweepAdjoint())
+        jaxdae.simulate(
+            BouncingBall(),
+            jaxdae.Unstabilized(),
+            0.0,
+            1.0,
+            *start,
+            adjoint=jaxdae.ReverseSweepAdjoint(),
+        )
     with pytest.raises(ValueError, match="max_events"):
         jaxdae.EventDriven(max_events=0)
     with pytest.raises(ValueError, match="contact_gains"):
@@ -300,12 +365,18 @@ def _copies_of_the_equations_of_motion(system) -> int:
         return jaxdae.simulate(system, jaxdae.Unstabilized(), 0.0, 1.0, q0, jnp.zeros(2)).q_final
 
     jaxpr = jax.make_jaxpr(final)(jnp.array([0.0, 1.0])).jaxpr
-    return sum(1 for eqn in equations(jaxpr) if eqn.primitive.name in ("jit", "pjit")
-               and eqn.params["name"] in ("system_terms", "state_rates", "_rates_and_terms"))
+    return sum(
+        1
+        for eqn in equations(jaxpr)
+        if eqn.primitive.name in ("jit", "pjit")
+        and eqn.params["name"] in ("system_terms", "state_rates", "_rates_and_terms")
+    )
 
 
-@pytest.mark.perf(reason="pins how often an event-driven solve's program holds the equations "
-                  "of motion (compile time)")
+@pytest.mark.perf(
+    reason="pins how often an event-driven solve's program holds the equations "
+    "of motion (compile time)"
+)
 def test_event_program_holds_the_equations_of_motion_a_bounded_number_of_times():
     """Without gaps: the right-hand side and the diagnostics. With them, besides: the
     gaps' condition with resting contacts after each step and in the root finder, and the
@@ -317,19 +388,40 @@ def test_event_program_holds_the_equations_of_motion_a_bounded_number_of_times()
 
 
 # The default run keeps an explicit solver and generalized-α; the others in the slow tier.
-@pytest.mark.parametrize("name", [
-    "tsit5", "generalized_alpha", *(pytest.param(name, marks=pytest.mark.slow)
-                                    for name in ("projected", "kvaerno5", "rodas5p"))])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "tsit5",
+        "generalized_alpha",
+        *(
+            pytest.param(name, marks=pytest.mark.slow)
+            for name in ("projected", "kvaerno5", "rodas5p")
+        ),
+    ],
+)
 def test_every_solver_keeps_a_ball_at_rest_or_says_it_cannot(name):
     """A plastic ball dropped on the floor comes to rest: each solver whose rates carry the
     contact force keeps it on the floor; generalized-α, which integrates the bilateral
     constraints alone, ends the solve where the contact closed, with its result."""
-    solver = {"tsit5": diffrax.Tsit5(), "projected": jaxdae.Projected(diffrax.Tsit5()),
-              "kvaerno5": diffrax.Kvaerno5(), "rodas5p": jaxdae.Rodas5P(),
-              "generalized_alpha": jaxdae.GeneralizedAlpha()}[name]
-    sol = jaxdae.simulate(jaxdae.examples.BouncingBall(e=0.0), jaxdae.Unstabilized(), 0.0,
-                          0.6, jnp.array([0.0, 0.2]), jnp.zeros(2), solver=solver, rtol=1e-8,
-                          atol=1e-10, throw=False)
+    solver = {
+        "tsit5": diffrax.Tsit5(),
+        "projected": jaxdae.Projected(diffrax.Tsit5()),
+        "kvaerno5": diffrax.Kvaerno5(),
+        "rodas5p": jaxdae.Rodas5P(),
+        "generalized_alpha": jaxdae.GeneralizedAlpha(),
+    }[name]
+    sol = jaxdae.simulate(
+        jaxdae.examples.BouncingBall(e=0.0),
+        jaxdae.Unstabilized(),
+        0.0,
+        0.6,
+        jnp.array([0.0, 0.2]),
+        jnp.zeros(2),
+        solver=solver,
+        rtol=1e-8,
+        atol=1e-10,
+        throw=False,
+    )
     landing = float(np.sqrt(2 * 0.2 / 9.81))
     if name != "generalized_alpha":
         assert sol.succeeded
@@ -338,6 +430,14 @@ def test_every_solver_keeps_a_ball_at_rest_or_says_it_cannot(name):
         assert sol.result == jaxdae.RESULTS.resting_contact_unsupported
         np.testing.assert_allclose(float(sol.t_final), landing, atol=1e-6)
         with pytest.raises(jaxdae.SimulationError, match="came to rest"):
-            jaxdae.simulate(jaxdae.examples.BouncingBall(e=0.0), jaxdae.Unstabilized(), 0.0,
-                            0.6, jnp.array([0.0, 0.2]), jnp.zeros(2), solver=solver,
-                            rtol=1e-8, atol=1e-10)
+            jaxdae.simulate(
+                jaxdae.examples.BouncingBall(e=0.0),
+                jaxdae.Unstabilized(),
+                0.0,
+                0.6,
+                jnp.array([0.0, 0.2]),
+                jnp.zeros(2),
+                solver=solver,
+                rtol=1e-8,
+                atol=1e-10,
+            )

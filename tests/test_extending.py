@@ -22,8 +22,7 @@ GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guides" / "extending.
 
 def _guide_namespace() -> dict:
     """The names the guide's ```python blocks define, run in order in one namespace."""
-    blocks = re.findall(r"^```python\n(.*?)^```", GUIDE.read_text(encoding="utf-8"),
-                        re.S | re.M)
+    blocks = re.findall(r"^```python\n(.*?)^```", GUIDE.read_text(encoding="utf-8"), re.S | re.M)
     namespace: dict = {"__name__": "extending_guide"}
     for block in blocks:
         exec(compile(block, str(GUIDE), "exec"), namespace)  # noqa: S102
@@ -44,8 +43,8 @@ def test_the_guide_uses_public_names_only():
     text = GUIDE.read_text(encoding="utf-8")
     assert not re.search(r"jaxdae\._|from \._|import _", text)
 
-# -- a formulation -----------------------------------------------------------------------
 
+# -- a formulation -----------------------------------------------------------------------
 
 
 def test_a_new_formulation_is_baumgarte_with_tied_gains():
@@ -68,7 +67,6 @@ def test_a_new_formulation_is_baumgarte_with_tied_gains():
 
 
 # -- a joint -------------------------------------------------------------------------------
-
 
 
 def _slider(slide):
@@ -94,10 +92,10 @@ def test_a_new_joint_agrees_with_the_prismatic_joint():
 # -- a force element -----------------------------------------------------------------------
 
 
-
 def _hanging(spring):
-    body = mb.PlanarBody("bob", mass=1.0, inertia=0.01, markers={"top": (0.0, 0.1)},
-                         position=(0.3, -0.5))
+    body = mb.PlanarBody(
+        "bob", mass=1.0, inertia=0.01, markers={"top": (0.0, 0.1)}, position=(0.3, -0.5)
+    )
     return mb.Mechanism([body], [], [mb.Gravity(), spring])
 
 
@@ -108,6 +106,7 @@ def test_a_new_force_element_agrees_with_the_spring_damper():
     ours, reference = mine.terms(0.0, q, v), theirs.terms(0.0, q, v)
     np.testing.assert_allclose(ours.forces, reference.forces, atol=1e-12)
     np.testing.assert_allclose(ours.mass_matrix, reference.mass_matrix, atol=1e-12)
+
     # Its parameter is an array leaf: gradients reach it.
     def energy(k):
         return eqx.tree_at(lambda m: m.forces[1].stiffness, mine, k).energy(0.0, q, v)
@@ -117,7 +116,6 @@ def test_a_new_force_element_agrees_with_the_spring_damper():
 
 
 # -- a stop ---------------------------------------------------------------------------------
-
 
 
 def test_a_new_stop_agrees_with_the_plane_contact():
@@ -136,15 +134,19 @@ def test_a_new_stop_agrees_with_the_plane_contact():
 # -- a controller --------------------------------------------------------------------------
 
 
-
 def test_a_new_controller_holds_an_arm_at_its_reference():
-    arm = mb.PlanarBody("arm", mass=1.0, inertia=0.02, markers={"pin": (-0.25, 0.0)},
-                        position=(0.25, 0.0))
-    model = mb.Mechanism([arm], [mb.Revolute("ground", "arm.pin", name="shoulder")],
-                         [mb.Gravity(), mb.Torque("arm", 0)],
-                         controller=jaxdae.ConstantControl(jnp.zeros(1)))
+    arm = mb.PlanarBody(
+        "arm", mass=1.0, inertia=0.02, markers={"pin": (-0.25, 0.0)}, position=(0.25, 0.0)
+    )
+    model = mb.Mechanism(
+        [arm],
+        [mb.Revolute("ground", "arm.pin", name="shoulder")],
+        [mb.Gravity(), mb.Torque("arm", 0)],
+        controller=jaxdae.ConstantControl(jnp.zeros(1)),
+    )
     controlled = jaxdae.with_controller(
-        model, JointPD(jnp.asarray(60.0), jnp.asarray(12.0), jnp.asarray(0.3), index=2))
+        model, JointPD(jnp.asarray(60.0), jnp.asarray(12.0), jnp.asarray(0.3), index=2)
+    )
     q0, v0 = model.initial_state()
     sol = jaxdae.simulate(controlled, jaxdae.Baumgarte(20.0, 100.0), 0.0, 4.0, q0, v0)
     angle = model.joint_coordinates(sol.q)["shoulder"][-1]
@@ -162,15 +164,18 @@ def _pendulum(joint):
 
 
 def test_a_registered_tree_joint_carries_a_body_as_the_revolute_joint():
-    mine, theirs = _pendulum(HingeZ("ground", "link.top")), _pendulum(
-        mb.Revolute("ground", "link.top"))
+    mine, theirs = (
+        _pendulum(HingeZ("ground", "link.top")),
+        _pendulum(mb.Revolute("ground", "link.top")),
+    )
     assert len(mine.coordinate_names) == len(theirs.coordinate_names) == 1
     q, v = jnp.array([0.4]), jnp.array([-0.7])
     ours, reference = mine.terms(0.0, q, v), theirs.terms(0.0, q, v)
     np.testing.assert_allclose(ours.mass_matrix, reference.mass_matrix, atol=1e-12)
     np.testing.assert_allclose(ours.forces, reference.forces, atol=1e-12)
-    assert isinstance(jaxdae.extend.tree_motion(HingeZ("ground", "link.top")),
-                      jaxdae.extend.ScrewMotion)
+    assert isinstance(
+        jaxdae.extend.tree_motion(HingeZ("ground", "link.top")), jaxdae.extend.ScrewMotion
+    )
     assert jaxdae.extend.tree_motion(mb.Distance("ground", "link.top", 0.3)) is None
 
 
@@ -183,13 +188,15 @@ def test_a_registered_solver_gets_its_default_adjoint():
     q0, v0 = pendulum.state_from_angle(1.0, 0.0)
 
     def loss(kd):
-        sol = jaxdae.simulate(pendulum, jaxdae.Baumgarte(kd, 100.0), 0.0, 0.2, q0, v0,
-                              solver=MyHeun())
+        sol = jaxdae.simulate(
+            pendulum, jaxdae.Baumgarte(kd, 100.0), 0.0, 0.2, q0, v0, solver=MyHeun()
+        )
         return jnp.sum(sol.q[-1])
 
     def reference(kd):
-        sol = jaxdae.simulate(pendulum, jaxdae.Baumgarte(kd, 100.0), 0.0, 0.2, q0, v0,
-                              solver=diffrax.Heun())
+        sol = jaxdae.simulate(
+            pendulum, jaxdae.Baumgarte(kd, 100.0), 0.0, 0.2, q0, v0, solver=diffrax.Heun()
+        )
         return jnp.sum(sol.q[-1])
 
     np.testing.assert_allclose(jax.grad(loss)(20.0), jax.grad(reference)(20.0), rtol=1e-8)

@@ -53,11 +53,14 @@ class Incompatible(CartesianPendulum):
 # Model faults mid-run ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("system, result, term", [
-    (NaNForces(), jaxdae.RESULTS.non_finite_forces, "generalized forces"),
-    (NaNMass(), jaxdae.RESULTS.non_finite_mass_matrix, "mass matrix"),
-    (NaNConstraints(), jaxdae.RESULTS.non_finite_constraints, "constraints"),
-])
+@pytest.mark.parametrize(
+    "system, result, term",
+    [
+        (NaNForces(), jaxdae.RESULTS.non_finite_forces, "generalized forces"),
+        (NaNMass(), jaxdae.RESULTS.non_finite_mass_matrix, "mass matrix"),
+        (NaNConstraints(), jaxdae.RESULTS.non_finite_constraints, "constraints"),
+    ],
+)
 def test_a_model_that_turns_non_finite_mid_run_is_named(system, result, term):
     """Not `max_steps_reached`, and no endless loop with `max_steps=None`: the solve stops
     where the model broke, and the result names the term."""
@@ -71,26 +74,34 @@ def test_a_model_that_turns_non_finite_mid_run_is_named(system, result, term):
 
 def test_a_non_finite_model_raises_with_the_term_time_and_state():
     # (the solve of the first case above: one compiled program for both)
-    with pytest.raises(jaxdae.SimulationError,
-                       match=r"non-finite generalized forces(.|\n)*stopped at t = 0\.3"):
+    with pytest.raises(
+        jaxdae.SimulationError, match=r"non-finite generalized forces(.|\n)*stopped at t = 0\.3"
+    ):
         jaxdae.simulate(NaNForces(), BAUMGARTE, 0.0, 1.0, Q0, V0, max_steps=None)
 
 
 def test_a_non_finite_model_stops_under_jit_and_vmap():
     """Traced, the member whose model broke stops there (`dt_min_reached`: the term is named
     only eagerly, to keep the probe out of every compiled solve); the others reach `t1`."""
-    solve = jax.jit(jax.vmap(lambda t1: jaxdae.simulate(
-        NaNForces(), BAUMGARTE, 0.0, t1, Q0, V0, max_steps=1000, throw=False).result._value))
+    solve = jax.jit(
+        jax.vmap(
+            lambda t1: (
+                jaxdae.simulate(
+                    NaNForces(), BAUMGARTE, 0.0, t1, Q0, V0, max_steps=1000, throw=False
+                ).result._value
+            )
+        )
+    )
     codes = np.asarray(solve(jnp.array([0.2, 1.0, 0.25])))
-    expected = [jaxdae.RESULTS.successful, jaxdae.RESULTS.dt_min_reached,
-                jaxdae.RESULTS.successful]
+    expected = [jaxdae.RESULTS.successful, jaxdae.RESULTS.dt_min_reached, jaxdae.RESULTS.successful]
     assert codes.tolist() == [int(r._value) for r in expected]
 
 
 # Divergence -------------------------------------------------------------------------
 
-EULER_UNSTABLE = dict(solver=diffrax.Euler(), stepsize_controller=diffrax.ConstantStepSize(),
-                      dt0=0.1)
+EULER_UNSTABLE = dict(
+    solver=diffrax.Euler(), stepsize_controller=diffrax.ConstantStepSize(), dt0=0.1
+)
 
 
 def test_an_unstable_fixed_step_warns_and_its_divergence_is_a_failure():
@@ -98,20 +109,32 @@ def test_an_unstable_fixed_step_warns_and_its_divergence_is_a_failure():
     said before the solve; the residual then grows past 10⁶ and the solve fails."""
     formulation = jaxdae.Baumgarte(200.0, 1e4)
     with pytest.warns(UserWarning, match=r"spectral radius .* is 9 > 1"):
-        sol = jaxdae.simulate(PENDULUM, formulation, 0.0, 1.0, Q0, V0, throw=False,
-                              **EULER_UNSTABLE)
+        sol = jaxdae.simulate(
+            PENDULUM, formulation, 0.0, 1.0, Q0, V0, throw=False, **EULER_UNSTABLE
+        )
     assert sol.result == jaxdae.RESULTS.diverged
     assert not sol.succeeded
-    with pytest.warns(UserWarning), pytest.raises(
-            jaxdae.SimulationError, match=r"diverged(.|\n)*\|Φ\| = 2\.87e\+07"):
+    with (
+        pytest.warns(UserWarning),
+        pytest.raises(jaxdae.SimulationError, match=r"diverged(.|\n)*\|Φ\| = 2\.87e\+07"),
+    ):
         jaxdae.simulate(PENDULUM, formulation, 0.0, 1.0, Q0, V0, **EULER_UNSTABLE)
 
 
 def test_a_stable_fixed_step_does_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        sol = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, solver=diffrax.Heun(),
-                              stepsize_controller=diffrax.ConstantStepSize(), dt0=0.01)
+        sol = jaxdae.simulate(
+            PENDULUM,
+            BAUMGARTE,
+            0.0,
+            1.0,
+            Q0,
+            V0,
+            solver=diffrax.Heun(),
+            stepsize_controller=diffrax.ConstantStepSize(),
+            dt0=0.01,
+        )
     assert sol.succeeded
     assert repr(sol.result) == "jaxdae.RESULTS<The solve reached `t1`.>"
 
@@ -120,26 +143,32 @@ def test_a_stable_fixed_step_does_not_warn():
 def test_fixed_step_radius_matches_transition_matrix():
     from jaxdae._integration._validation import fixed_step_radius
 
-    for formulation, m in ((jaxdae.Baumgarte(200.0, 1e4), 1),
-                           (jaxdae.PseudoInverse([20.0, 10.0], [100.0, 25.0]), 2)):
+    for formulation, m in (
+        (jaxdae.Baumgarte(200.0, 1e4), 1),
+        (jaxdae.PseudoInverse([20.0, 10.0], [100.0, 25.0]), 2),
+    ):
         for solver in (diffrax.Euler(), diffrax.Heun(), diffrax.Tsit5()):
             h = jaxdae.perturbation_matrix(formulation, m)
             exact = float(jaxdae.spectral_radius(jaxdae.transition_matrix(h, solver, 0.05)))
-            assert fixed_step_radius(formulation, m, solver, 0.05) == pytest.approx(exact,
-                                                                                   rel=1e-6)
+            assert fixed_step_radius(formulation, m, solver, 0.05) == pytest.approx(exact, rel=1e-6)
 
 
 # Constraints that cannot be met -----------------------------------------------------
 
 
-@pytest.mark.parametrize("formulation", [
-    pytest.param(jaxdae.PseudoInverse(10.0, 25.0), marks=pytest.mark.slow, id="PseudoInverse"),
-    pytest.param(jaxdae.ModifiedLagrange(10.0, 10.0, 25.0), id="ModifiedLagrange")])
+@pytest.mark.parametrize(
+    "formulation",
+    [
+        pytest.param(jaxdae.PseudoInverse(10.0, 25.0), marks=pytest.mark.slow, id="PseudoInverse"),
+        pytest.param(jaxdae.ModifiedLagrange(10.0, 10.0, 25.0), id="ModifiedLagrange"),
+    ],
+)
 def test_incompatible_constraints_are_a_failure(formulation):
     sol = jaxdae.simulate(Incompatible(), formulation, 0.0, 1.0, Q0, V0, throw=False)
     assert sol.result == jaxdae.RESULTS.constraints_not_met
-    with pytest.raises(jaxdae.SimulationError,
-                       match=r"cannot be met(.|\n)*\|Φ\| = 1\.5\d+ \(at the start: 3\)"):
+    with pytest.raises(
+        jaxdae.SimulationError, match=r"cannot be met(.|\n)*\|Φ\| = 1\.5\d+ \(at the start: 3\)"
+    ):
         jaxdae.simulate(Incompatible(), formulation, 0.0, 1.0, Q0, V0)
 
 
@@ -153,17 +182,31 @@ def test_range_test_floor_follows_the_precision():
     def verdict(dtype, residual):
         g = jnp.asarray([[1.0, 0.0], [1.0, 0.0]], dtype)  # s outside the range of G
         target = jnp.asarray([1.0, -1.0], dtype)
-        return checked_result(jnp.zeros((), dtype), jnp.asarray(residual, dtype), (g, target),
-                              jaxdae.RESULTS.successful)
+        return checked_result(
+            jnp.zeros((), dtype),
+            jnp.asarray(residual, dtype),
+            (g, target),
+            jaxdae.RESULTS.successful,
+        )
 
     assert verdict(jnp.float32, 2e-5) == jaxdae.RESULTS.successful
     assert verdict(jnp.float64, 2e-5) == jaxdae.RESULTS.constraints_not_met
     assert verdict(jnp.float32, 1e-2) == jaxdae.RESULTS.constraints_not_met
-    system = jax.tree.map(lambda x: x.astype(jnp.float32) if eqx.is_inexact_array(x) else x,
-                          Incompatible())
+    system = jax.tree.map(
+        lambda x: x.astype(jnp.float32) if eqx.is_inexact_array(x) else x, Incompatible()
+    )
     formulation = jaxdae.PseudoInverse(jnp.float32(10.0), jnp.float32(25.0))
-    sol = jaxdae.simulate(system, formulation, 0.0, 1.0, Q0.astype(jnp.float32),
-                          V0.astype(jnp.float32), rtol=1e-5, atol=1e-7, throw=False)
+    sol = jaxdae.simulate(
+        system,
+        formulation,
+        0.0,
+        1.0,
+        Q0.astype(jnp.float32),
+        V0.astype(jnp.float32),
+        rtol=1e-5,
+        atol=1e-7,
+        throw=False,
+    )
     assert sol.q_final.dtype == jnp.float32
     assert sol.result == jaxdae.RESULTS.constraints_not_met
 
@@ -183,8 +226,10 @@ def test_range_test_of_a_batch():
 
     formulation = jaxdae.PseudoInverse(2.0, 1.0)
     q0 = jnp.stack([Q0, 1.5 * Q0])  # the second row's residual is large but consistent
-    solve = jax.vmap(lambda system, q: jaxdae.simulate(system, formulation, 0.0, 0.5, q, V0,
-                                                       throw=False), in_axes=(None, 0))
+    solve = jax.vmap(
+        lambda system, q: jaxdae.simulate(system, formulation, 0.0, 0.5, q, V0, throw=False),
+        in_axes=(None, 0),
+    )
     assert np.all(solve(PENDULUM, q0).result == jaxdae.RESULTS.successful)
     failed = solve(ThreeIncompatible(), q0)
     assert np.all(failed.result == jaxdae.RESULTS.constraints_not_met)
@@ -214,20 +259,43 @@ def test_contradicting_constraints_under_baumgarte():
     assert sol.result == jaxdae.RESULTS.singular_constraint_matrix and sol.t_final == 0.0
     for rcond, has_range_test in ((None, False), (1e-12, True)):
         formulation = jaxdae.Baumgarte(10.0, 25.0, rcond=rcond)
-        jaxpr = jax.make_jaxpr(lambda q, f=formulation: jaxdae.simulate(
-            ThreeIncompatible(), f, 0.0, 1.0, q, V0, throw=False).q_final)(Q0).jaxpr
+        jaxpr = jax.make_jaxpr(
+            lambda q, f=formulation: (
+                jaxdae.simulate(ThreeIncompatible(), f, 0.0, 1.0, q, V0, throw=False).q_final
+            )
+        )(Q0).jaxpr
         assert ("svd" in {eqn.primitive.name for eqn in equations(jaxpr)}) == has_range_test
 
 
-@pytest.mark.parametrize("system, formulation, scale, t1", [
-    pytest.param(TwicePendulum(), jaxdae.PseudoInverse(10.0, 25.0), 1.3, 0.2,  # redundant
-                 marks=pytest.mark.slow, id="redundant"),
-    pytest.param(PENDULUM, jaxdae.PseudoInverse(2.0, 1.0), 1.5, 0.5,  # a slow, large transient
-                 marks=pytest.mark.slow, id="slow-transient"),
-    pytest.param(PENDULUM, jaxdae.ModifiedLagrange(1.0, 2.0, 1.0), 1.5, 0.5, id="weak-penalty"),
-    pytest.param(PENDULUM, jaxdae.Unstabilized(), 1.2, 1.0,  # a violation that never decays
-                 id="unstabilized"),
-])
+@pytest.mark.parametrize(
+    "system, formulation, scale, t1",
+    [
+        pytest.param(
+            TwicePendulum(),
+            jaxdae.PseudoInverse(10.0, 25.0),
+            1.3,
+            0.2,  # redundant
+            marks=pytest.mark.slow,
+            id="redundant",
+        ),
+        pytest.param(
+            PENDULUM,
+            jaxdae.PseudoInverse(2.0, 1.0),
+            1.5,
+            0.5,  # a slow, large transient
+            marks=pytest.mark.slow,
+            id="slow-transient",
+        ),
+        pytest.param(PENDULUM, jaxdae.ModifiedLagrange(1.0, 2.0, 1.0), 1.5, 0.5, id="weak-penalty"),
+        pytest.param(
+            PENDULUM,
+            jaxdae.Unstabilized(),
+            1.2,
+            1.0,  # a violation that never decays
+            id="unstabilized",
+        ),
+    ],
+)
 def test_legitimate_residuals_are_not_failures(system, formulation, scale, t1):
     """Residuals that are still large at the end, or that no gain pulls back, are not a
     failure where the constraints are consistent."""
@@ -239,29 +307,63 @@ def test_legitimate_residuals_are_not_failures(system, formulation, scale, t1):
 # Strategy objects -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("options, match", [
-    (dict(stepsize_controller=diffrax.PIDController(rtol=-1, atol=1e-8)), r"`rtol` must be"),
-    (dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=float("nan"))),
-     r"`atol` must be"),
-    (dict(stepsize_controller=diffrax.PIDController(rtol=0.0, atol=0.0)), r"not both be zero"),
-    (dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8, dtmin=-1.0)),
-     r"`dtmin` must be a positive"),
-    (dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8, dtmin=0.1,
-                                                    dtmax=0.01)), r"`dtmin` .* must not exceed"),
-    (dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8, factormax=0.5)),
-     r"`factormax` must be at least 1"),
-    (dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8, safety=0.0)),
-     r"`safety` must be in \(0, 1\]"),
-    (dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8,
-                                                    pcoeff=float("inf"))), r"`pcoeff` must be"),
-    (dict(stepsize_controller=diffrax.ClipStepSizeController(
-        diffrax.PIDController(rtol=-1e-6, atol=1e-8))), r"`rtol` must be"),
-    (dict(stepsize_controller=diffrax.ClipStepSizeController(
-        diffrax.PIDController(rtol=1e-6, atol=1e-8), jump_ts=[0.5, float("nan")])),
-     r"jump_ts=...\)` must hold finite times"),
-    (dict(adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints=0)),
-     r"\(checkpoints=\.\.\.\)` must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        (dict(stepsize_controller=diffrax.PIDController(rtol=-1, atol=1e-8)), r"`rtol` must be"),
+        (
+            dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=float("nan"))),
+            r"`atol` must be",
+        ),
+        (dict(stepsize_controller=diffrax.PIDController(rtol=0.0, atol=0.0)), r"not both be zero"),
+        (
+            dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8, dtmin=-1.0)),
+            r"`dtmin` must be a positive",
+        ),
+        (
+            dict(
+                stepsize_controller=diffrax.PIDController(
+                    rtol=1e-6, atol=1e-8, dtmin=0.1, dtmax=0.01
+                )
+            ),
+            r"`dtmin` .* must not exceed",
+        ),
+        (
+            dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8, factormax=0.5)),
+            r"`factormax` must be at least 1",
+        ),
+        (
+            dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8, safety=0.0)),
+            r"`safety` must be in \(0, 1\]",
+        ),
+        (
+            dict(
+                stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8, pcoeff=float("inf"))
+            ),
+            r"`pcoeff` must be",
+        ),
+        (
+            dict(
+                stepsize_controller=diffrax.ClipStepSizeController(
+                    diffrax.PIDController(rtol=-1e-6, atol=1e-8)
+                )
+            ),
+            r"`rtol` must be",
+        ),
+        (
+            dict(
+                stepsize_controller=diffrax.ClipStepSizeController(
+                    diffrax.PIDController(rtol=1e-6, atol=1e-8), jump_ts=[0.5, float("nan")]
+                )
+            ),
+            r"jump_ts=...\)` must hold finite times",
+        ),
+        (
+            dict(adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints=0)),
+            r"\(checkpoints=\.\.\.\)` must be a positive integer",
+        ),
+    ],
+)
 def test_bad_strategy_objects_are_named(options, match):
     with pytest.raises(ValueError, match=match):
         jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, **options)
@@ -279,16 +381,20 @@ SUCCESS = int(jaxdae.RESULTS.successful._value)
 @pytest.mark.slow
 def test_a_bad_member_under_vmap_is_that_members_failure():
     """`throw=False`: a nan start or a negative gain fails its own member only."""
-    by_state = jax.jit(jax.vmap(lambda q, v: jaxdae.simulate(
-        PENDULUM, BAUMGARTE, 0.0, 1.0, q, v, throw=False)))
+    by_state = jax.jit(
+        jax.vmap(lambda q, v: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, q, v, throw=False))
+    )
     sol = by_state(BAD_Q0, BAD_V0)
     assert np.asarray(sol.result._value).tolist() == [SUCCESS, INVALID, SUCCESS]
     assert np.all(np.isnan(sol.q_final[1]))
     good = by_state(GOOD_Q0, BAD_V0[:2])
     np.testing.assert_allclose(sol.q_final[np.array([0, 2])], good.q_final, rtol=0, atol=1e-12)
 
-    by_gain = jax.vmap(lambda kp: jaxdae.simulate(
-        PENDULUM, jaxdae.Baumgarte(10.0, kp), 0.0, 1.0, Q0, V0, throw=False))
+    by_gain = jax.vmap(
+        lambda kp: jaxdae.simulate(
+            PENDULUM, jaxdae.Baumgarte(10.0, kp), 0.0, 1.0, Q0, V0, throw=False
+        )
+    )
     sol = by_gain(jnp.array([25.0, -1.0]))
     assert np.asarray(sol.result._value).tolist() == [SUCCESS, INVALID]
     assert np.all(np.isfinite(sol.q_final[0]))
@@ -298,8 +404,9 @@ def test_a_bad_member_under_vmap_is_that_members_failure():
 def test_a_bad_row_of_a_traced_ensemble_is_that_rows_failure():
     """`throw=False`: the row with a nan start does not stall the others' shared steps,
     which give what they give without it."""
-    solve = jax.jit(lambda q, v: jaxdae.simulate_ensemble(
-        PENDULUM, BAUMGARTE, 0.0, 1.0, q, v, throw=False))
+    solve = jax.jit(
+        lambda q, v: jaxdae.simulate_ensemble(PENDULUM, BAUMGARTE, 0.0, 1.0, q, v, throw=False)
+    )
     sol = solve(BAD_Q0, BAD_V0)
     assert np.asarray(sol.result._value).tolist() == [SUCCESS, INVALID, SUCCESS]
     assert np.all(np.isnan(sol.q_final[1]))
@@ -309,8 +416,7 @@ def test_a_bad_row_of_a_traced_ensemble_is_that_rows_failure():
 
 def test_a_bad_member_still_raises_with_throw():
     with pytest.raises(Exception, match=r"`q0` contains non-finite values"):
-        jax.vmap(lambda q, v: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, q, v))(
-            BAD_Q0, BAD_V0)
+        jax.vmap(lambda q, v: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, q, v))(BAD_Q0, BAD_V0)
 
 
 @pytest.mark.slow
@@ -320,8 +426,11 @@ def test_traced_failure_reports_member_time_and_state(capsys):
     at compile time); successful solves write nothing."""
     arm = TwoLinkManipulator()
     q0, v0 = arm.initial_state()
-    solve = jax.jit(jax.vmap(lambda t1: jaxdae.simulate(
-        arm, jaxdae.Baumgarte(20.0, 100.0), 0.0, t1, q0, v0).q_final))
+    solve = jax.jit(
+        jax.vmap(
+            lambda t1: jaxdae.simulate(arm, jaxdae.Baumgarte(20.0, 100.0), 0.0, t1, q0, v0).q_final
+        )
+    )
     solve(jnp.array([0.2, 0.3]))
     assert "jaxdae" not in capsys.readouterr().err
     with pytest.raises(Exception, match="singular"):
@@ -329,9 +438,11 @@ def test_traced_failure_reports_member_time_and_state(capsys):
     err = capsys.readouterr().err
     assert err.startswith("jaxdae.SimulationError: The constraint matrix")
     assert re.search(r"stopped \(batch element \(1,\)\) at t = 0\.49\d+, q = \[", err)
-    ensemble = jax.jit(lambda q, v: jaxdae.simulate_ensemble(
-        arm, jaxdae.Baumgarte(20.0, 100.0), 0.0, 2.0, q, v).q_final)
+    ensemble = jax.jit(
+        lambda q, v: (
+            jaxdae.simulate_ensemble(arm, jaxdae.Baumgarte(20.0, 100.0), 0.0, 2.0, q, v).q_final
+        )
+    )
     with pytest.raises(Exception, match="singular"):
         ensemble(jnp.stack([q0, q0]), jnp.stack([v0, 1.01 * v0]))
-    assert re.search(r"stopped \(batch element \(0,\)\) at t = 0\.49\d+",
-                     capsys.readouterr().err)
+    assert re.search(r"stopped \(batch element \(0,\)\) at t = 0\.49\d+", capsys.readouterr().err)

@@ -40,32 +40,41 @@ BAD_TOLERANCES = [
 def _optics_call(**options):
     optics = AdaptiveOpticsElement()
     control = jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=4)
-    return jaxdae.simulate_actuated(optics, control, 0.0, 0.1,
-                                    *optics.initial_state(angle_error=0.05), **options)
+    return jaxdae.simulate_actuated(
+        optics, control, 0.0, 0.1, *optics.initial_state(angle_error=0.05), **options
+    )
 
 
 @pytest.mark.parametrize("rtol, atol, match", BAD_TOLERANCES)
-@pytest.mark.parametrize("entry", ["simulate", "simulate_ensemble", "simulate_actuated",
-                                   "controller"])
+@pytest.mark.parametrize(
+    "entry", ["simulate", "simulate_ensemble", "simulate_actuated", "controller"]
+)
 def test_bad_tolerances_are_refused_eagerly(entry, rtol, atol, match):
     """Checked before anything is compiled, in every entry point and in a
     `diffrax.PIDController` passed to `simulate`."""
     calls = {
-        "simulate": lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0,
-                                            rtol=rtol, atol=atol),
+        "simulate": lambda: jaxdae.simulate(
+            PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0, rtol=rtol, atol=atol
+        ),
         "simulate_ensemble": lambda: jaxdae.simulate_ensemble(
-            PENDULUM, BAUMGARTE, 0.0, 0.2, Q0[None], V0[None], rtol=rtol, atol=atol),
+            PENDULUM, BAUMGARTE, 0.0, 0.2, Q0[None], V0[None], rtol=rtol, atol=atol
+        ),
         "simulate_actuated": lambda: _optics_call(rtol=rtol, atol=atol),
         "controller": lambda: jaxdae.simulate(
-            PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0,
-            stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol)),
+            PENDULUM,
+            BAUMGARTE,
+            0.0,
+            0.2,
+            Q0,
+            V0,
+            stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
+        ),
     }
     with pytest.raises(ValueError, match=match):
         calls[entry]()
 
 
-@pytest.mark.parametrize("rtol, atol", [(0.0, 1e-10), (1e-8, 0.0), (1.0, 1e-10),
-                                        (1e-8, 10.0)])
+@pytest.mark.parametrize("rtol, atol", [(0.0, 1e-10), (1e-8, 0.0), (1.0, 1e-10), (1e-8, 10.0)])
 def test_one_zero_tolerance_is_pure_relative_or_absolute_control(rtol, atol):
     """As in SUNDIALS, either tolerance may be zero alone; `atol` has no upper bound (it
     carries the state's units)."""
@@ -90,36 +99,83 @@ class IntegerConstraint(CartesianPendulum):
         return jnp.array([1])
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0 + 0j, V0),
-     r"`q0` must be real: it is complex"),
-    (lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0 + 1j),
-     r"`v0` must be real: it is complex"),
-    (lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2 + 0j, Q0, V0),
-     r"`t1` must be real"),
-    (lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0,
-                             ts=jnp.array([0.0, 0.1 + 1j])), r"`ts` must be real"),
-    (lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0, rtol=1e-8 + 0j),
-     r"`rtol` must be real"),
-    (lambda: jaxdae.Baumgarte(10.0 + 1j, 25.0), r"The gain `kd` of Baumgarte must be real"),
-    (lambda: jaxdae.ModifiedLagrange(alpha=100.0, kd=10.0, kp=jnp.asarray(25.0 + 0j)),
-     r"The gain `kp` of ModifiedLagrange must be real"),
-    (lambda: jaxdae.simulate(CartesianPendulum(length=1.0 + 0j), BAUMGARTE, 0.0, 0.2, Q0, V0),
-     r"The system parameter `length` of CartesianPendulum must be real"),
-    (lambda: jaxdae.simulate(ComplexConstraint(), BAUMGARTE, 0.0, 0.2, Q0, V0),
-     r"The output of `constraints` of ComplexConstraint must be real"),
-    (lambda: jaxdae.simulate(ComplexEnergy(), BAUMGARTE, 0.0, 0.2, Q0, V0),
-     r"The output of `potential_energy` of ComplexEnergy must be real"),
-    (lambda: jaxdae.simulate(IntegerConstraint(), BAUMGARTE, 0.0, 0.2, Q0, V0),
-     r"The output of `constraints` of IntegerConstraint must be floating: it is int"),
-    (lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0.astype(jnp.float16), V0),
-     r"`q0` must be float32 or float64: jaxdae does not support float16"),
-    (lambda: jaxdae.Baumgarte(jnp.float16(10.0), 25.0),
-     r"The gain `kd` of Baumgarte must be float32 or float64"),
-    (lambda: jaxdae.simulate(CartesianPendulum(length=jnp.bfloat16(1.0)), BAUMGARTE, 0.0, 0.2,
-                             Q0, V0), r"`length` .* must be float32 or float64"),
-], ids=["q0", "v0", "t1", "ts", "rtol", "kd", "kp", "parameter", "constraints", "energy",
-        "integer-constraints", "float16-q0", "float16-gain", "bfloat16-parameter"])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (
+            lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0 + 0j, V0),
+            r"`q0` must be real: it is complex",
+        ),
+        (
+            lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0 + 1j),
+            r"`v0` must be real: it is complex",
+        ),
+        (lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2 + 0j, Q0, V0), r"`t1` must be real"),
+        (
+            lambda: jaxdae.simulate(
+                PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0, ts=jnp.array([0.0, 0.1 + 1j])
+            ),
+            r"`ts` must be real",
+        ),
+        (
+            lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0, rtol=1e-8 + 0j),
+            r"`rtol` must be real",
+        ),
+        (lambda: jaxdae.Baumgarte(10.0 + 1j, 25.0), r"The gain `kd` of Baumgarte must be real"),
+        (
+            lambda: jaxdae.ModifiedLagrange(alpha=100.0, kd=10.0, kp=jnp.asarray(25.0 + 0j)),
+            r"The gain `kp` of ModifiedLagrange must be real",
+        ),
+        (
+            lambda: jaxdae.simulate(
+                CartesianPendulum(length=1.0 + 0j), BAUMGARTE, 0.0, 0.2, Q0, V0
+            ),
+            r"The system parameter `length` of CartesianPendulum must be real",
+        ),
+        (
+            lambda: jaxdae.simulate(ComplexConstraint(), BAUMGARTE, 0.0, 0.2, Q0, V0),
+            r"The output of `constraints` of ComplexConstraint must be real",
+        ),
+        (
+            lambda: jaxdae.simulate(ComplexEnergy(), BAUMGARTE, 0.0, 0.2, Q0, V0),
+            r"The output of `potential_energy` of ComplexEnergy must be real",
+        ),
+        (
+            lambda: jaxdae.simulate(IntegerConstraint(), BAUMGARTE, 0.0, 0.2, Q0, V0),
+            r"The output of `constraints` of IntegerConstraint must be floating: it is int",
+        ),
+        (
+            lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0.astype(jnp.float16), V0),
+            r"`q0` must be float32 or float64: jaxdae does not support float16",
+        ),
+        (
+            lambda: jaxdae.Baumgarte(jnp.float16(10.0), 25.0),
+            r"The gain `kd` of Baumgarte must be float32 or float64",
+        ),
+        (
+            lambda: jaxdae.simulate(
+                CartesianPendulum(length=jnp.bfloat16(1.0)), BAUMGARTE, 0.0, 0.2, Q0, V0
+            ),
+            r"`length` .* must be float32 or float64",
+        ),
+    ],
+    ids=[
+        "q0",
+        "v0",
+        "t1",
+        "ts",
+        "rtol",
+        "kd",
+        "kp",
+        "parameter",
+        "constraints",
+        "energy",
+        "integer-constraints",
+        "float16-q0",
+        "float16-gain",
+        "bfloat16-parameter",
+    ],
+)
 def test_complex_float16_and_integer_values_are_named(call, match):
     """Their imaginary parts would be dropped with only a NumPy warning, or the error
     would come from deep inside autodiff without naming the input."""
@@ -133,10 +189,13 @@ def test_complex_float16_and_integer_values_are_named(call, match):
 @functools.cache
 def _traced(throw: bool):
     """One compiled solve with the times, first step and tolerances traced."""
+
     def solve(ts, dt0, rtol, atol):
-        sol = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0, ts=ts, dt0=dt0,
-                              rtol=rtol, atol=atol, throw=throw)
+        sol = jaxdae.simulate(
+            PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0, ts=ts, dt0=dt0, rtol=rtol, atol=atol, throw=throw
+        )
         return sol.result._value, sol.q_final
+
     return jax.jit(solve)
 
 
@@ -153,8 +212,18 @@ TRACED_CASES = [
     (dict(rtol=2.0), r"`rtol` and `atol` must be finite and non-negative"),
     (dict(rtol=0.0, atol=0.0), r"`rtol` and `atol` must be finite and non-negative"),
 ]
-TRACED_IDS = ["ts-unsorted", "ts-beyond-t1", "ts-before-t0", "ts-nan", "dt0-negative",
-              "dt0-zero", "dt0-inf", "rtol-negative", "rtol-above-1", "both-zero"]
+TRACED_IDS = [
+    "ts-unsorted",
+    "ts-beyond-t1",
+    "ts-before-t0",
+    "ts-nan",
+    "dt0-negative",
+    "dt0-zero",
+    "dt0-inf",
+    "rtol-negative",
+    "rtol-above-1",
+    "both-zero",
+]
 
 
 def test_good_traced_input_succeeds():
@@ -182,14 +251,17 @@ def test_bad_traced_input_raises_jaxdaes_message_with_throw(bad, match, capsys):
 # Gains that overflow ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("make, name", [
-    (lambda: jaxdae.Baumgarte(1e300, 25.0), "kd"),
-    (lambda: jaxdae.Baumgarte(10.0, 1e300), "kp"),
-    (lambda: jaxdae.Baumgarte(np.inf, 25.0), "kd"),
-    (lambda: jaxdae.PseudoInverse(10.0, 1e160), "kp"),
-    (lambda: jaxdae.ModifiedLagrange(alpha=1e200, kd=10.0, kp=25.0), "alpha"),
-    (lambda: jaxdae.ModifiedLagrange(alpha=np.inf, kd=10.0, kp=25.0), "alpha"),
-])
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda: jaxdae.Baumgarte(1e300, 25.0), "kd"),
+        (lambda: jaxdae.Baumgarte(10.0, 1e300), "kp"),
+        (lambda: jaxdae.Baumgarte(np.inf, 25.0), "kd"),
+        (lambda: jaxdae.PseudoInverse(10.0, 1e160), "kp"),
+        (lambda: jaxdae.ModifiedLagrange(alpha=1e200, kd=10.0, kp=25.0), "alpha"),
+        (lambda: jaxdae.ModifiedLagrange(alpha=np.inf, kd=10.0, kp=25.0), "alpha"),
+    ],
+)
 def test_a_gain_that_overflows_is_blamed_on_the_gain(make, name):
     """Before, the solve failed with non-finite rates or a stalled step, which named the
     model."""
@@ -198,27 +270,43 @@ def test_a_gain_that_overflows_is_blamed_on_the_gain(make, name):
 
 
 def test_a_traced_gain_that_overflows_is_named():
-    solve = jax.jit(lambda kp: jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, kp), 0.0, 0.2,
-                                               Q0, V0).q_final)
-    with pytest.raises(Exception, match=r"`kp` must be symmetric positive definite .*, "
-                                         r"with entries of at most 1.34e\+154 in magnitude"):
+    solve = jax.jit(
+        lambda kp: jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, kp), 0.0, 0.2, Q0, V0).q_final
+    )
+    with pytest.raises(
+        Exception,
+        match=r"`kp` must be symmetric positive definite .*, "
+        r"with entries of at most 1.34e\+154 in magnitude",
+    ):
         jax.block_until_ready(solve(1e300))
 
 
 # Solvers jaxdae cannot use ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("solver", [diffrax.EulerHeun(), diffrax.SPaRK(), diffrax.ShARK(),
-                                    diffrax.ItoMilstein(), jaxdae.Projected(diffrax.SRA1())],
-                         ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize(
+    "solver",
+    [
+        diffrax.EulerHeun(),
+        diffrax.SPaRK(),
+        diffrax.ShARK(),
+        diffrax.ItoMilstein(),
+        jaxdae.Projected(diffrax.SRA1()),
+    ],
+    ids=lambda s: type(s).__name__,
+)
 def test_an_sde_solver_is_named(solver):
-    with pytest.raises(ValueError, match=r"a solver of stochastic differential equations.*"
-                                         r"such as `diffrax.Tsit5\(\)`"):
+    with pytest.raises(
+        ValueError,
+        match=r"a solver of stochastic differential equations.*"
+        r"such as `diffrax.Tsit5\(\)`",
+    ):
         jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0, solver=solver, dt0=0.01)
 
 
-@pytest.mark.parametrize("solver", [diffrax.KenCarp3(), diffrax.SemiImplicitEuler()],
-                         ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize(
+    "solver", [diffrax.KenCarp3(), diffrax.SemiImplicitEuler()], ids=lambda s: type(s).__name__
+)
 def test_a_solver_of_several_terms_is_named(solver):
     with pytest.raises(ValueError, match=r"which integrates several terms"):
         jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0, solver=solver, dt0=0.01)
@@ -230,8 +318,7 @@ def test_a_solver_of_several_terms_is_named(solver):
 @functools.partial(jax.jit, static_argnums=1)
 def _projected(q, iterations):
     q_start = PENDULUM.state_from_angle(0.5, 0.3)[1] + 0.01
-    return project_state(PENDULUM, BAUMGARTE, jnp.zeros(()), q, q_start, None, iterations,
-                         1e-13)
+    return project_state(PENDULUM, BAUMGARTE, jnp.zeros(()), q, q_start, None, iterations, 1e-13)
 
 
 def test_a_deep_projection_iterates_in_a_loop():
@@ -248,16 +335,24 @@ def test_a_deep_projection_iterates_in_a_loop():
 
 @pytest.mark.slow
 def test_a_solve_with_a_deep_projection():
-    sol = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.05, Q0, V0,
-                          solver=jaxdae.Projected(diffrax.Tsit5(), iterations=5000))
+    sol = jaxdae.simulate(
+        PENDULUM,
+        BAUMGARTE,
+        0.0,
+        0.05,
+        Q0,
+        V0,
+        solver=jaxdae.Projected(diffrax.Tsit5(), iterations=5000),
+    )
     assert sol.succeeded and float(jnp.max(jnp.abs(sol.phi[-1]))) < 1e-12
 
 
 # URDF -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind, xyz", [("revolute", "0 0 0"), ("prismatic", "0 0 0"),
-                                       ("continuous", "nan 0 1")])
+@pytest.mark.parametrize(
+    "kind, xyz", [("revolute", "0 0 0"), ("prismatic", "0 0 0"), ("continuous", "nan 0 1")]
+)
 def test_a_zero_urdf_joint_axis_names_file_and_line(tmp_path, kind, xyz):
     pytest.importorskip("yourdfpy")
     path = tmp_path / "zero_axis.urdf"
@@ -266,9 +361,13 @@ def test_a_zero_urdf_joint_axis_names_file_and_line(tmp_path, kind, xyz):
         '<inertia ixx="1" iyy="1" izz="1" ixy="0" ixz="0" iyz="0"/></inertial></link>\n'
         f'<joint name="j" type="{kind}">\n<parent link="a"/><child link="b"/>\n'
         f'<axis xyz="{xyz}"/>\n<limit lower="-1" upper="1" effort="1" velocity="1"/>\n'
-        '</joint>\n</robot>\n')
-    with pytest.raises(ValueError, match=rf"zero_axis.urdf, line 4: joint 'j' has the <axis> "
-                                         rf"xyz=\"{xyz}\": a {kind} joint needs a finite nonzero"):
+        "</joint>\n</robot>\n"
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"zero_axis.urdf, line 4: joint 'j' has the <axis> "
+        rf"xyz=\"{xyz}\": a {kind} joint needs a finite nonzero",
+    ):
         jaxdae.multibody.load_urdf(path)
 
 
@@ -277,27 +376,57 @@ def test_a_zero_urdf_joint_axis_names_file_and_line(tmp_path, kind, xyz):
 BOTTOM = jnp.array([0.0, -1.0])  # the pendulum's equilibrium
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, jnp.array([jnp.nan, -1.0])),
-     r"`q` contains non-finite values"),
-    (lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, BOTTOM, jnp.array([jnp.inf, 0.0])),
-     r"`v` contains non-finite values"),
-    (lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, BOTTOM, tol=-1.0),
-     r"`tol` must be a positive finite root tolerance"),
-    (lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, BOTTOM, tol=0.0),
-     r"`tol` must be a positive finite root tolerance"),
-    (lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, BOTTOM + 0j), r"`q` must be real"),
-    (lambda: jaxdae.equilibrium(PENDULUM, jnp.array([jnp.nan, -1.0])),
-     r"`q_guess` contains non-finite values"),
-    (lambda: jaxdae.equilibrium(PENDULUM, BOTTOM, v_guess=jnp.array([jnp.nan, 0.0])),
-     r"`v_guess` contains non-finite values"),
-    (lambda: jaxdae.equilibrium(PENDULUM, BOTTOM, tol=-1.0),
-     r"`tol` must be a positive finite residual tolerance"),
-    (lambda: jaxdae.equilibrium(PENDULUM, BOTTOM, tol=np.nan),
-     r"`tol` must be a positive finite residual tolerance"),
-    (lambda: jaxdae.equilibrium(PENDULUM, BOTTOM + 0j), r"`q_guess` must be real"),
-], ids=["lin-q-nan", "lin-v-inf", "lin-tol-negative", "lin-tol-zero", "lin-complex",
-        "eq-q-nan", "eq-v-nan", "eq-tol-negative", "eq-tol-nan", "eq-complex"])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (
+            lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, jnp.array([jnp.nan, -1.0])),
+            r"`q` contains non-finite values",
+        ),
+        (
+            lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, BOTTOM, jnp.array([jnp.inf, 0.0])),
+            r"`v` contains non-finite values",
+        ),
+        (
+            lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, BOTTOM, tol=-1.0),
+            r"`tol` must be a positive finite root tolerance",
+        ),
+        (
+            lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, BOTTOM, tol=0.0),
+            r"`tol` must be a positive finite root tolerance",
+        ),
+        (lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, BOTTOM + 0j), r"`q` must be real"),
+        (
+            lambda: jaxdae.equilibrium(PENDULUM, jnp.array([jnp.nan, -1.0])),
+            r"`q_guess` contains non-finite values",
+        ),
+        (
+            lambda: jaxdae.equilibrium(PENDULUM, BOTTOM, v_guess=jnp.array([jnp.nan, 0.0])),
+            r"`v_guess` contains non-finite values",
+        ),
+        (
+            lambda: jaxdae.equilibrium(PENDULUM, BOTTOM, tol=-1.0),
+            r"`tol` must be a positive finite residual tolerance",
+        ),
+        (
+            lambda: jaxdae.equilibrium(PENDULUM, BOTTOM, tol=np.nan),
+            r"`tol` must be a positive finite residual tolerance",
+        ),
+        (lambda: jaxdae.equilibrium(PENDULUM, BOTTOM + 0j), r"`q_guess` must be real"),
+    ],
+    ids=[
+        "lin-q-nan",
+        "lin-v-inf",
+        "lin-tol-negative",
+        "lin-tol-zero",
+        "lin-complex",
+        "eq-q-nan",
+        "eq-v-nan",
+        "eq-tol-negative",
+        "eq-tol-nan",
+        "eq-complex",
+    ],
+)
 def test_analysis_refuses_bad_input_eagerly(call, match):
     with pytest.raises(ValueError, match=match):
         call()
@@ -328,8 +457,11 @@ def test_analysis_refuses_bad_traced_input():
 def test_linearize_names_a_singular_dependent_jacobian():
     """At the pendulum's bottom `∂Φ/∂x = 2x = 0`: with `x` dependent, `A` was nan without
     a word; it is refused as `simulate` refuses such a `q0`."""
-    with pytest.raises(ValueError, match=r"∂F/∂q_dep is singular .* dependent coordinates "
-                                         r"\(0,\) cannot be solved for .*σ_min/σ_max: 0"):
+    with pytest.raises(
+        ValueError,
+        match=r"∂F/∂q_dep is singular .* dependent coordinates "
+        r"\(0,\) cannot be solved for .*σ_min/σ_max: 0",
+    ):
         jaxdae.linearize(PENDULUM, jaxdae.RedundantCoordinates((0,)), BOTTOM)
 
 
@@ -343,12 +475,15 @@ def _lqr_of(b0, **options):
     return jaxdae.lqr(UNSTABLE, jnp.array([[b0], [1.0]]), jnp.eye(2), jnp.eye(1), **options)
 
 
-@pytest.mark.parametrize("options, match", [
-    (dict(rtol=-1.0), r"`rtol` must be a relative tolerance in \(0, 1\]"),
-    (dict(rtol=0.0), r"`rtol` must be a relative tolerance in \(0, 1\]"),
-    (dict(rtol=2.0), r"`rtol` must be a relative tolerance in \(0, 1\]"),
-    (dict(max_steps=0), r"`max_steps` must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        (dict(rtol=-1.0), r"`rtol` must be a relative tolerance in \(0, 1\]"),
+        (dict(rtol=0.0), r"`rtol` must be a relative tolerance in \(0, 1\]"),
+        (dict(rtol=2.0), r"`rtol` must be a relative tolerance in \(0, 1\]"),
+        (dict(max_steps=0), r"`max_steps` must be a positive integer"),
+    ],
+)
 def test_lqr_refuses_bad_options(options, match):
     with pytest.raises(ValueError, match=match):
         jaxdae.lqr(*DOUBLE_INTEGRATOR, jnp.eye(2), jnp.eye(1), **options)
@@ -384,6 +519,7 @@ def test_lqr_gradient_near_an_uncontrollable_pair():
     the check of the solution must not read a traced residual: the gradient near the
     uncontrollable pair matches central differences, and at the pair itself the failure
     is named."""
+
     def cost(b0):
         return jnp.trace(_lqr_of(b0).riccati)
 
@@ -400,10 +536,12 @@ def test_lqr_gradient_near_an_uncontrollable_pair():
 
 @pytest.mark.slow
 def test_lqr_traced_input_checks():
-    solve = jax.jit(lambda a, rtol: jaxdae.lqr(a, DOUBLE_INTEGRATOR[1], jnp.eye(2), jnp.eye(1),
-                                               rtol=rtol).gain)
-    np.testing.assert_allclose(solve(DOUBLE_INTEGRATOR[0], 1e-12), [[1.0, np.sqrt(3.0)]],
-                               rtol=1e-10)
+    solve = jax.jit(
+        lambda a, rtol: jaxdae.lqr(a, DOUBLE_INTEGRATOR[1], jnp.eye(2), jnp.eye(1), rtol=rtol).gain
+    )
+    np.testing.assert_allclose(
+        solve(DOUBLE_INTEGRATOR[0], 1e-12), [[1.0, np.sqrt(3.0)]], rtol=1e-10
+    )
     with pytest.raises(Exception, match=r"`A`, `B`, `Q` and `R` must be finite"):
         jax.block_until_ready(solve(DOUBLE_INTEGRATOR[0].at[0, 0].set(jnp.nan), 1e-12))
     with pytest.raises(Exception, match=r"`rtol` must be a relative tolerance in \(0, 1\]"):
@@ -415,8 +553,13 @@ def _traced_actuated(throw: bool):
     optics = AdaptiveOpticsElement()
     control = jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=4)
     state = optics.initial_state(angle_error=0.05)
-    return jax.jit(lambda ts, dt0: jaxdae.simulate_actuated(
-        optics, control, 0.0, 0.1, *state, ts=ts, dt0=dt0, throw=throw).result._value)
+    return jax.jit(
+        lambda ts, dt0: (
+            jaxdae.simulate_actuated(
+                optics, control, 0.0, 0.1, *state, ts=ts, dt0=dt0, throw=throw
+            ).result._value
+        )
+    )
 
 
 @pytest.mark.slow
@@ -439,22 +582,37 @@ def test_bad_traced_input_of_simulate_actuated_raises_with_throw():
 
 
 def _ball_result(restitution, height=1.0, throw=False):
-    sol = jaxdae.simulate(jaxdae.examples.BouncingBall(e=restitution), jaxdae.Unstabilized(),
-                          0.0, 0.5, jnp.stack([0.0, height]), jnp.zeros(2), throw=throw)
+    sol = jaxdae.simulate(
+        jaxdae.examples.BouncingBall(e=restitution),
+        jaxdae.Unstabilized(),
+        0.0,
+        0.5,
+        jnp.stack([0.0, height]),
+        jnp.zeros(2),
+        throw=throw,
+    )
     return sol.result._value if not throw else sol.q_final
 
 
 def _block_result(friction):
     block = jaxdae.examples.SlidingBlock(friction_coefficient=friction)
-    return jaxdae.simulate(block, jaxdae.Unstabilized(), 0.0, 0.5, jnp.zeros(2),
-                           jnp.array([1.0, 0.0]), throw=False).result._value
+    return jaxdae.simulate(
+        block, jaxdae.Unstabilized(), 0.0, 0.5, jnp.zeros(2), jnp.array([1.0, 0.0]), throw=False
+    ).result._value
 
 
 def test_good_stop_data_passes_in_a_traced_call():
     # Concrete stop data in a call that the caller's `jit` traces: checked as constants.
-    heights = jax.jit(lambda h: jaxdae.simulate(
-        jaxdae.examples.BouncingBall(e=0.5), jaxdae.Unstabilized(), 0.0, 0.5,
-        jnp.stack([0.0, h]), jnp.zeros(2)).q_final[1])(1.0)
+    heights = jax.jit(
+        lambda h: jaxdae.simulate(
+            jaxdae.examples.BouncingBall(e=0.5),
+            jaxdae.Unstabilized(),
+            0.0,
+            0.5,
+            jnp.stack([0.0, h]),
+            jnp.zeros(2),
+        ).q_final[1]
+    )(1.0)
     assert np.isfinite(float(heights))
     assert int(jax.jit(_block_result)(0.5)) == SUCCESS
 
@@ -487,8 +645,15 @@ class _RootGapBall(jaxdae.examples.BouncingBall):
 
 def test_a_gap_that_is_nan_at_the_start_is_refused():
     def result(height):
-        return jaxdae.simulate(_RootGapBall(e=0.5), jaxdae.Unstabilized(), 0.0, 0.5,
-                               jnp.stack([0.0, height]), jnp.zeros(2), throw=False).result._value
+        return jaxdae.simulate(
+            _RootGapBall(e=0.5),
+            jaxdae.Unstabilized(),
+            0.0,
+            0.5,
+            jnp.stack([0.0, height]),
+            jnp.zeros(2),
+            throw=False,
+        ).result._value
 
     with pytest.raises(ValueError, match="gaps .* must be finite"):
         result(-1.0)
@@ -502,14 +667,21 @@ class _IntegerGapBall(jaxdae.examples.BouncingBall):
 
 def test_integer_gaps_are_refused():
     with pytest.raises(ValueError, match="`gaps` must return floating values"):
-        jaxdae.simulate(_IntegerGapBall(), jaxdae.Unstabilized(), 0.0, 0.5,
-                        jnp.array([0.0, 1.0]), jnp.zeros(2))
+        jaxdae.simulate(
+            _IntegerGapBall(), jaxdae.Unstabilized(), 0.0, 0.5, jnp.array([0.0, 1.0]), jnp.zeros(2)
+        )
 
 
 def test_the_events_of_a_batch_tabulate_per_member():
     def events(height):
-        return jaxdae.simulate(jaxdae.examples.BouncingBall(e=0.5), jaxdae.Unstabilized(),
-                               0.0, 1.0, jnp.stack([0.0, height]), jnp.zeros(2)).events
+        return jaxdae.simulate(
+            jaxdae.examples.BouncingBall(e=0.5),
+            jaxdae.Unstabilized(),
+            0.0,
+            1.0,
+            jnp.stack([0.0, height]),
+            jnp.zeros(2),
+        ).events
 
     tables = jax.vmap(events)(jnp.array([1.0, 0.5])).table()
     assert len(tables) == 2
@@ -535,12 +707,25 @@ class _LateNaNGapBall(jaxdae.examples.BouncingBall):
 
 def test_a_gap_that_turns_nan_is_a_named_failure():
     def result(height):
-        return jaxdae.simulate(_LateNaNGapBall(e=0.5), jaxdae.Unstabilized(), 0.0, 1.0,
-                               jnp.stack([0.0, height]), jnp.zeros(2), throw=False).result._value
+        return jaxdae.simulate(
+            _LateNaNGapBall(e=0.5),
+            jaxdae.Unstabilized(),
+            0.0,
+            1.0,
+            jnp.stack([0.0, height]),
+            jnp.zeros(2),
+            throw=False,
+        ).result._value
 
     named = jaxdae.RESULTS.non_finite_gaps._value
     assert int(result(1.0)) == named
     assert jax.vmap(result)(jnp.array([1.0, 0.5])).tolist() == [named, named]
     with pytest.raises(jaxdae.SimulationError, match="gaps .* became non-finite"):
-        jaxdae.simulate(_LateNaNGapBall(e=0.5), jaxdae.Unstabilized(), 0.0, 1.0,
-                        jnp.array([0.0, 1.0]), jnp.zeros(2))
+        jaxdae.simulate(
+            _LateNaNGapBall(e=0.5),
+            jaxdae.Unstabilized(),
+            0.0,
+            1.0,
+            jnp.array([0.0, 1.0]),
+            jnp.zeros(2),
+        )

@@ -20,8 +20,10 @@ import jaxdae
 
 # --- batch_map: a sweep's identity -------------------------------------------------------
 
+
 def _scaled(scale):
     """The same function (name and code) closing over another value."""
+
     def sweep(x):
         return jnp.sin(x) * scale
 
@@ -36,15 +38,19 @@ XS = jnp.linspace(0.0, 1.0, 10)
 
 
 def _sweep(fn, directory, *args, **kwargs):
-    return jaxdae.batch_map(fn, *(args or (XS,)), chunk_size=4, checkpoint=directory,
-                            progress=False, **kwargs)
+    return jaxdae.batch_map(
+        fn, *(args or (XS,)), chunk_size=4, checkpoint=directory, progress=False, **kwargs
+    )
 
 
-@pytest.mark.parametrize("make", [
-    lambda value: _scaled(value),                        # a Python float closed over
-    lambda value: _scaled(jnp.array([value, 1.0])[0]),   # an array closed over
-    lambda value: eqx.Partial(_bound, scale=jnp.asarray(value)),  # an eqx.Partial argument
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda value: _scaled(value),  # a Python float closed over
+        lambda value: _scaled(jnp.array([value, 1.0])[0]),  # an array closed over
+        lambda value: eqx.Partial(_bound, scale=jnp.asarray(value)),  # an eqx.Partial argument
+    ],
+)
 def test_a_changed_closure_is_another_sweep(tmp_path, make):
     directory = tmp_path / "sweep"
     first = _sweep(make(1.0), directory)
@@ -56,8 +62,11 @@ def test_a_changed_closure_is_another_sweep(tmp_path, make):
     np.testing.assert_array_equal(again, first)
     assert stamps == [path.stat().st_mtime_ns for path in sorted(directory.glob("chunk_*.npz"))]
     # ... another value of it is refused, not answered with the old chunks.
-    with pytest.raises(ValueError, match=f"{directory} holds the chunks of another sweep "
-                                         r"\(another function .*Use another `checkpoint`"):
+    with pytest.raises(
+        ValueError,
+        match=f"{directory} holds the chunks of another sweep "
+        r"\(another function .*Use another `checkpoint`",
+    ):
         _sweep(make(2.0), directory)
 
 
@@ -68,8 +77,17 @@ def test_a_changed_simulation_end_is_another_sweep(tmp_path):
     def make(t1):
         def final_state(angle):
             q0, v0 = system.state_from_angle(angle, 0.0)
-            return jaxdae.simulate(system, jaxdae.Baumgarte(4.0, 4.0), 0.0, t1, q0, v0,
-                                   throw=False, rtol=1e-5, atol=1e-7).q[-1]
+            return jaxdae.simulate(
+                system,
+                jaxdae.Baumgarte(4.0, 4.0),
+                0.0,
+                t1,
+                q0,
+                v0,
+                throw=False,
+                rtol=1e-5,
+                atol=1e-7,
+            ).q[-1]
 
         return final_state
 
@@ -90,6 +108,7 @@ def test_other_arguments_or_layout_name_what_differs(tmp_path):
 
 
 # --- batch_map: damaged files --------------------------------------------------------------
+
 
 def test_a_damaged_chunk_is_computed_again(tmp_path):
     directory = tmp_path / "sweep"
@@ -115,16 +134,18 @@ def test_a_damaged_sweep_file_is_written_again_keeping_the_chunks(tmp_path):
     stamps = [path.stat().st_mtime_ns for path in sorted(directory.glob("chunk_*.npz"))]
     meta = directory / "sweep.json"
     meta.write_text(meta.read_text()[:25])
-    with pytest.warns(UserWarning, match="sweep.json is damaged.*chunks of this sweep on disk "
-                                         "are kept"):
+    with pytest.warns(
+        UserWarning, match="sweep.json is damaged.*chunks of this sweep on disk are kept"
+    ):
         resumed = _sweep(fn, directory)
     np.testing.assert_array_equal(resumed, full)
     assert stamps == [path.stat().st_mtime_ns for path in sorted(directory.glob("chunk_*.npz"))]
     json.loads(meta.read_text())
     # With another sweep's chunks next to a damaged (or missing) sweep.json: refused.
     meta.write_text("{")
-    with pytest.raises(ValueError, match="holds the chunks of another sweep.*sweep.json is "
-                                         "damaged"):
+    with pytest.raises(
+        ValueError, match="holds the chunks of another sweep.*sweep.json is damaged"
+    ):
         _sweep(_scaled(4.0), directory)
     meta.unlink()
     with pytest.raises(ValueError, match="sweep.json is missing"):
@@ -148,15 +169,18 @@ def _params():
     return jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
 
 
-def _tune(directory, steps=2, *, penalty=1e3, seed=0, ensemble=False, resume=True, log=None,
-          **kwargs):
+def _tune(
+    directory, steps=2, *, penalty=1e3, seed=0, ensemble=False, resume=True, log=None, **kwargs
+):
     kwargs.setdefault("optimizer", optax.adam(0.1))
     kwargs.update(
-        checkpointing=None if directory is None else jaxdae.Checkpointing(
-            directory, every=1, resume=resume),
+        checkpointing=None
+        if directory is None
+        else jaxdae.Checkpointing(directory, every=1, resume=resume),
         batching=jaxdae.Batching(seed=seed, ensemble=ensemble),
         reporting=jaxdae.Reporting(log=log, progress=False),
-        failures=jaxdae.Failures(penalty=penalty))
+        failures=jaxdae.Failures(penalty=penalty),
+    )
     simulate_fn = kwargs.pop("simulate_fn", _quadratic)
     loss = kwargs.pop("loss", _square)
     scenarios = kwargs.pop("scenarios", TARGETS)
@@ -177,14 +201,17 @@ def _weighted(weight):
     return loss
 
 
-@pytest.mark.parametrize("change, differs", [
-    (dict(scenarios=TARGETS + 1), "other scenarios"),
-    (dict(optimizer=optax.adam(0.2)), "another problem"),
-    (dict(loss=_weighted(2.0)), "another problem"),
-    (dict(simulate_fn=_offset(0.5)), "another problem"),
-    (dict(penalty=5.0), "another problem"),
-    (dict(seed=1), "other initial parameters or another seed"),
-])
+@pytest.mark.parametrize(
+    "change, differs",
+    [
+        (dict(scenarios=TARGETS + 1), "other scenarios"),
+        (dict(optimizer=optax.adam(0.2)), "another problem"),
+        (dict(loss=_weighted(2.0)), "another problem"),
+        (dict(simulate_fn=_offset(0.5)), "another problem"),
+        (dict(penalty=5.0), "another problem"),
+        (dict(seed=1), "other initial parameters or another seed"),
+    ],
+)
 def test_a_tuning_checkpoint_is_resumed_only_by_its_own_run(tmp_path, change, differs):
     base = dict(loss=_weighted(1.0), simulate_fn=_offset(0.0))
     first = _tune(tmp_path, **base)
@@ -192,8 +219,11 @@ def test_a_tuning_checkpoint_is_resumed_only_by_its_own_run(tmp_path, change, di
     more = _tune(tmp_path, steps=3, **base)
     assert more.step == 3 and more.history["loss"][:2] == first.history["loss"]
     # ... another one is refused, with what differs.
-    with pytest.raises(ValueError, match=f"checkpoint in {tmp_path} was written by a run with "
-                                         f"{differs}.*Use another `checkpoint` directory"):
+    with pytest.raises(
+        ValueError,
+        match=f"checkpoint in {tmp_path} was written by a run with "
+        f"{differs}.*Use another `checkpoint` directory",
+    ):
         _tune(tmp_path, steps=3, **(base | change))
 
 
@@ -222,25 +252,43 @@ def test_a_scenario_that_raises_is_named_and_counted_as_failed(tmp_path, ensembl
     """One scenario that raises (here a check on its own data) does not lose the run: it is
     named, and counts as failed, as a solve that failed with `throw=False` would."""
     targets = jnp.array([0.5, 1.0, -2.0, 1.5])
-    with pytest.warns(UserWarning, match=r"in step 1, 1 scenario\(s\) raise when simulated on "
-                                         r"their own \(scenario 2: .*non-negative\)"):
-        result = _tune(tmp_path, scenarios=targets, simulate_fn=_raises_for_negative,
-                       penalty=7.0, ensemble=ensemble)
+    with pytest.warns(
+        UserWarning,
+        match=r"in step 1, 1 scenario\(s\) raise when simulated on "
+        r"their own \(scenario 2: .*non-negative\)",
+    ):
+        result = _tune(
+            tmp_path,
+            scenarios=targets,
+            simulate_fn=_raises_for_negative,
+            penalty=7.0,
+            ensemble=ensemble,
+        )
     assert result.step == 2 and result.history["failed_scenarios"] == [[2], [2]]
     # The others tune as they would without it: the same gradient steps (the failed
     # scenario adds `penalty / 4` to the mean loss and nothing to the gradient).
     alone = _tune(None, scenarios=targets[jnp.array([0, 1, 3])], simulate_fn=_quadratic)
-    np.testing.assert_allclose(result.history["scenario_loss"][0],
-                               (3 * alone.history["scenario_loss"][0] + 7.0) / 4)
+    np.testing.assert_allclose(
+        result.history["scenario_loss"][0], (3 * alone.history["scenario_loss"][0] + 7.0) / 4
+    )
     assert float(result.model.kd) != 1.0
     # The checkpoint remembers it: a resume does not need to find it again.
     assert json.loads((tmp_path / "checkpoint.json").read_text())["excluded"] == [2]
-    more = _tune(tmp_path, steps=3, scenarios=targets, simulate_fn=_raises_for_negative,
-                 penalty=7.0, ensemble=ensemble)
+    more = _tune(
+        tmp_path,
+        steps=3,
+        scenarios=targets,
+        simulate_fn=_raises_for_negative,
+        penalty=7.0,
+        ensemble=ensemble,
+    )
     assert more.history["failed_scenarios"] == [[2], [2], [2]]
     # Every scenario raising stops the run, with the scenarios named.
-    with pytest.raises(ValueError, match=r"Step 1 stopped: every scenario raises.*scenario 0: "
-                                         r".*non-negative") as info:
+    with pytest.raises(
+        ValueError,
+        match=r"Step 1 stopped: every scenario raises.*scenario 0: "
+        r".*non-negative",
+    ) as info:
         _tune(None, scenarios=-targets - 3, simulate_fn=_raises_for_negative)
     assert info.value.result.step == 0
 
@@ -252,8 +300,13 @@ def _sqrt_model(model, target):
 def test_failed_scenarios_are_named_in_the_history_and_the_log(tmp_path):
     log = tmp_path / "log.csv"
     with pytest.warns(UserWarning, match=r"at step 1, scenario\(s\) \[1, 3\] failed"):
-        result = _tune(None, scenarios=jnp.array([0.0, 5.0, 0.5, 7.0]),
-                       simulate_fn=_sqrt_model, loss=lambda x: x, log=log)
+        result = _tune(
+            None,
+            scenarios=jnp.array([0.0, 5.0, 0.5, 7.0]),
+            simulate_fn=_sqrt_model,
+            loss=lambda x: x,
+            log=log,
+        )
     assert result.history["failed_scenarios"] == [[1, 3], [1, 3]]
     assert result.history["num_failed"] == [2, 2]
     assert log.read_text().splitlines()[1].endswith(",1 3")
@@ -262,13 +315,22 @@ def test_failed_scenarios_are_named_in_the_history_and_the_log(tmp_path):
 def test_an_update_out_of_the_gains_domain_is_named_and_not_applied(tmp_path):
     """`optax.sgd(1e6)` on a raw (not parametrized) gain makes it negative at step 1."""
     params = jaxdae.Baumgarte(1.0, 1.0)
-    with pytest.raises(ValueError, match=r"Step 2's update took the parameters out of their "
-                                         r"domain \(Baumgarte: `kd` must be .*Got values -.*it "
-                                         r"was not applied.*lower the learning rate") as info:
-        jaxdae.tune(params, _quadratic, TARGETS, _square, steps=5,
-                    optimizer=optax.chain(optax.sgd(1e-3), _huge_from_step(1)),
-                    checkpointing=jaxdae.Checkpointing(tmp_path, every=1),
-                    reporting=jaxdae.Reporting(progress=False))
+    with pytest.raises(
+        ValueError,
+        match=r"Step 2's update took the parameters out of their "
+        r"domain \(Baumgarte: `kd` must be .*Got values -.*it "
+        r"was not applied.*lower the learning rate",
+    ) as info:
+        jaxdae.tune(
+            params,
+            _quadratic,
+            TARGETS,
+            _square,
+            steps=5,
+            optimizer=optax.chain(optax.sgd(1e-3), _huge_from_step(1)),
+            checkpointing=jaxdae.Checkpointing(tmp_path, every=1),
+            reporting=jaxdae.Reporting(progress=False),
+        )
     kept = info.value.result
     assert kept.step == 1 and float(kept.model.kd) > 0
     # The checkpoint holds the kept step.
@@ -277,6 +339,7 @@ def test_an_update_out_of_the_gains_domain_is_named_and_not_applied(tmp_path):
 
 def _huge_from_step(first):
     """Scales the updates by 1e6 from step `first` (counting from 0)."""
+
     def update(updates, count, params=None):
         scale = jnp.where(count >= first, 1e6, 1.0)
         return jax.tree.map(lambda u: u * scale, updates), count + 1
@@ -286,10 +349,17 @@ def _huge_from_step(first):
 
 def test_a_nonfinite_update_keeps_and_saves_the_last_good_parameters(tmp_path):
     with pytest.raises(FloatingPointError, match="Step 1: the update is not finite") as info:
-        jaxdae.tune(_params(), _quadratic, TARGETS, _square, steps=3,
-                    optimizer=optax.adam(0.1), regularization=lambda m: jnp.sqrt(-m.kd),
-                    checkpointing=jaxdae.Checkpointing(tmp_path),
-                    reporting=jaxdae.Reporting(progress=False))
+        jaxdae.tune(
+            _params(),
+            _quadratic,
+            TARGETS,
+            _square,
+            steps=3,
+            optimizer=optax.adam(0.1),
+            regularization=lambda m: jnp.sqrt(-m.kd),
+            checkpointing=jaxdae.Checkpointing(tmp_path),
+            reporting=jaxdae.Reporting(progress=False),
+        )
     kept = info.value.result
     np.testing.assert_array_equal(kept.model.kd, 1.0)
     assert json.loads((tmp_path / "checkpoint.json").read_text())["step"] == 1
@@ -299,7 +369,7 @@ def test_a_nonfinite_update_keeps_and_saves_the_last_good_parameters(tmp_path):
 
 # The job, run in a child process (killed) and in the test process (resumed there): the same
 # source in both, so that the functions are the same (name, code and program).
-JOB = '''
+JOB = """
 import jax
 import jax.numpy as jnp
 import optax
@@ -358,9 +428,9 @@ def tuning(kind, steps, directory=None, callback=None):
                        checkpointing=None if directory is None else jaxdae.Checkpointing(
                            directory, every=1),
                        reporting=jaxdae.Reporting(progress=False, callback=callback))
-'''
+"""
 
-CHILD = '''
+CHILD = """
 import sys, time
 import jaxdae._tuning._batch
 exec(open(sys.argv[1]).read())
@@ -376,7 +446,7 @@ if what == "sweep":
     sweep(kind, directory)
 else:
     tuning(kind, 40, directory, callback=lambda step, row: time.sleep(0.3))
-'''
+"""
 
 
 def _job():
@@ -389,9 +459,18 @@ def _kill_when(tmp_path, what, kind, directory, ready):
     """Runs the job in a child process and kills it (`SIGKILL`) as soon as `ready()`."""
     (tmp_path / "job.py").write_text(JOB)
     (tmp_path / "child.py").write_text(CHILD)
-    child = subprocess.Popen([sys.executable, str(tmp_path / "child.py"),
-                              str(tmp_path / "job.py"), what, kind, str(directory)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            str(tmp_path / "child.py"),
+            str(tmp_path / "job.py"),
+            what,
+            kind,
+            str(directory),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 300
     try:
         while not ready():
@@ -411,8 +490,9 @@ def _check_sweep_resume(tmp_path, kind, after):
     chunk = directory / f"chunk_{after:06d}.npz"
     _kill_when(tmp_path, "sweep", kind, directory, chunk.exists)
     kept = {path.name: path.stat().st_mtime_ns for path in directory.glob("chunk_*.npz")}
-    assert f"chunk_{after:06d}.npz" in kept and len(kept) < len(job["XS" if kind == "cheap"
-                                                                     else "ANGLES"])
+    assert f"chunk_{after:06d}.npz" in kept and len(kept) < len(
+        job["XS" if kind == "cheap" else "ANGLES"]
+    )
     resumed = job["sweep"](kind, directory)
     for name, stamp in kept.items():  # the chunks done before the kill are kept
         assert (directory / name).stat().st_mtime_ns == stamp
@@ -436,9 +516,11 @@ def _check_tuning_resume(tmp_path, kind, after, steps):
     resumed = job["tuning"](kind, steps, directory)
     uninterrupted = job["tuning"](kind, steps)
     assert resumed.step == steps
-    for a, b in zip(jax.tree.leaves((resumed.params, resumed.opt_state, resumed.key)),
-                    jax.tree.leaves((uninterrupted.params, uninterrupted.opt_state,
-                                     uninterrupted.key)), strict=False):
+    for a, b in zip(
+        jax.tree.leaves((resumed.params, resumed.opt_state, resumed.key)),
+        jax.tree.leaves((uninterrupted.params, uninterrupted.opt_state, uninterrupted.key)),
+        strict=False,
+    ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert resumed.history["loss"] == uninterrupted.history["loss"]
     assert resumed.history["failed_scenarios"] == uninterrupted.history["failed_scenarios"]
@@ -466,6 +548,7 @@ def test_a_killed_pendulum_tuning_run_resumes_bit_identically(tmp_path, after):
 
 # --- losses of a failed solve -----------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_the_loss_of_a_failed_solve_is_inf_with_a_zero_gradient():
     """One rule for every loss, tune's rule with `inf` for the penalty: a failed solve is
@@ -475,14 +558,27 @@ def test_the_loss_of_a_failed_solve_is_inf_with_a_zero_gradient():
     system = jaxdae.examples.CartesianPendulum()
     fast, slow = (system.state_from_angle(0.5, rate) for rate in (200.0, 0.0))
     ts = jnp.linspace(0.0, 1.0, 6)
-    losses = [jaxdae.ConstraintViolation(), jaxdae.TrackingError(lambda t: jnp.zeros(2)),
-              jaxdae.ControlEffort(), jaxdae.SettlingTime(1e-3),
-              jaxdae.ConstraintViolation() + 0.0 * jaxdae.ControlEffort()]
+    losses = [
+        jaxdae.ConstraintViolation(),
+        jaxdae.TrackingError(lambda t: jnp.zeros(2)),
+        jaxdae.ControlEffort(),
+        jaxdae.SettlingTime(1e-3),
+        jaxdae.ConstraintViolation() + 0.0 * jaxdae.ControlEffort(),
+    ]
 
     @jax.jit
     def values(kd, q0, v0):  # 2,435 steps from `fast`, 39 from `slow`
-        sol = jaxdae.simulate(system, jaxdae.Baumgarte(kd, 1.0), 0.0, 1.0, q0 * 1.1, v0, ts=ts,
-                              throw=False, max_steps=64)
+        sol = jaxdae.simulate(
+            system,
+            jaxdae.Baumgarte(kd, 1.0),
+            0.0,
+            1.0,
+            q0 * 1.1,
+            v0,
+            ts=ts,
+            throw=False,
+            max_steps=64,
+        )
         return jnp.stack([loss(sol) for loss in losses]), sol.succeeded
 
     (failed, succeeded) = values(1.0, *fast)

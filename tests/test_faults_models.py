@@ -20,6 +20,7 @@ BAUMGARTE = jaxdae.Baumgarte(10.0, 25.0)
 
 def _model(method, body):
     """A pendulum whose `method` is `body(t, q, v)` (`v` absent for methods of `(t, q)`)."""
+
     def of_position(self, t, q):
         return body(t, q, None)
 
@@ -39,25 +40,64 @@ def _branching(t, q, v):
 # Model methods ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method, body, error, match", [
-    ("generalized_forces", lambda t, q, v: -0.5 * v[0], ValueError,
-     r"`generalized_forces` must return a 1-D array of shape \(2,\); got shape \(\) from Bad\. "
-     r".*not broadcast"),
-    ("generalized_forces", lambda t, q, v: jnp.zeros(3), ValueError,
-     r"`generalized_forces` must return a 1-D array of shape \(2,\); got shape \(3,\)"),
-    ("generalized_forces", lambda t, q, v: [0.0 * q[0], 0.0 * q[1]], ValueError,
-     r"`generalized_forces` must return a 1-D array of shape \(2,\); got a list of 2 "),
-    ("potential_energy", lambda t, q, v: (9.81 * q[1], 0.0), ValueError,
-     r"`potential_energy` must return a scalar \(shape \(\)\); got a tuple of 2 entries "
-     r"from Bad"),
-    ("constraints", lambda t, q, v: (q @ q - 1.0,), ValueError,
-     r"`constraints` must return a 1-D array of shape \(m,\); got a tuple of 1 entry"),
-    ("constraints", lambda t, q, v: jnp.array([np.sin(q[0]) ** 2 + q[1] ** 2 - 1.0]),
-     TypeError, r"`constraints` of Bad converts a traced JAX array.*Use `jax.numpy`"),
-    ("constraints", _branching, TypeError,
-     r"`constraints` of Bad asks for the concrete value.*`jnp.where"),
-], ids=["forces-scalar", "forces-shape", "forces-list", "potential-tuple", "constraints-tuple",
-        "constraints-numpy", "constraints-python-if"])
+@pytest.mark.parametrize(
+    "method, body, error, match",
+    [
+        (
+            "generalized_forces",
+            lambda t, q, v: -0.5 * v[0],
+            ValueError,
+            r"`generalized_forces` must return a 1-D array of shape \(2,\); got shape \(\) "
+            r"from Bad\. .*not broadcast",
+        ),
+        (
+            "generalized_forces",
+            lambda t, q, v: jnp.zeros(3),
+            ValueError,
+            r"`generalized_forces` must return a 1-D array of shape \(2,\); got shape \(3,\)",
+        ),
+        (
+            "generalized_forces",
+            lambda t, q, v: [0.0 * q[0], 0.0 * q[1]],
+            ValueError,
+            r"`generalized_forces` must return a 1-D array of shape \(2,\); got a list of 2 ",
+        ),
+        (
+            "potential_energy",
+            lambda t, q, v: (9.81 * q[1], 0.0),
+            ValueError,
+            r"`potential_energy` must return a scalar \(shape \(\)\); got a tuple of 2 entries "
+            r"from Bad",
+        ),
+        (
+            "constraints",
+            lambda t, q, v: (q @ q - 1.0,),
+            ValueError,
+            r"`constraints` must return a 1-D array of shape \(m,\); got a tuple of 1 entry",
+        ),
+        (
+            "constraints",
+            lambda t, q, v: jnp.array([np.sin(q[0]) ** 2 + q[1] ** 2 - 1.0]),
+            TypeError,
+            r"`constraints` of Bad converts a traced JAX array.*Use `jax.numpy`",
+        ),
+        (
+            "constraints",
+            _branching,
+            TypeError,
+            r"`constraints` of Bad asks for the concrete value.*`jnp.where",
+        ),
+    ],
+    ids=[
+        "forces-scalar",
+        "forces-shape",
+        "forces-list",
+        "potential-tuple",
+        "constraints-tuple",
+        "constraints-numpy",
+        "constraints-python-if",
+    ],
+)
 def test_a_bad_model_method_is_named(method, body, error, match):
     with pytest.raises(error, match=match):
         jaxdae.simulate(_model(method, body), BAUMGARTE, 0.0, 0.3, Q0, V0)
@@ -101,17 +141,32 @@ def test_an_object_array_state_is_converted_or_named():
 # Arguments of the solve and the formulations -------------------------------------------
 
 
-@pytest.mark.parametrize("call, error, match", [
-    (lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.5, Q0, V0, dt0=1e-300), ValueError,
-     r"`dt0` = 1e-300 is not above the shortest step.*Pass a larger `dt0`"),
-    (lambda: jaxdae.Baumgarte("10", 25.0), TypeError,
-     r"The gain `kd` of Baumgarte must be a number or an array of numbers; got '10'"),
-    (lambda: jaxdae.RedundantCoordinates((1,), tol=-1.0), ValueError,
-     r"The `tol` of RedundantCoordinates.*must be a positive finite number; got -1.0"),
-    (lambda: jaxdae.CoupledPerturbation(k10=-25.0), ValueError,
-     r"act on holonomic constraints: pass `k11` to `CoupledPerturbation`"),
-], ids=["dt0-below-stall-floor", "gain-string", "redundant-tol-negative",
-        "coupled-missing-k11"])
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (
+            lambda: jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.5, Q0, V0, dt0=1e-300),
+            ValueError,
+            r"`dt0` = 1e-300 is not above the shortest step.*Pass a larger `dt0`",
+        ),
+        (
+            lambda: jaxdae.Baumgarte("10", 25.0),
+            TypeError,
+            r"The gain `kd` of Baumgarte must be a number or an array of numbers; got '10'",
+        ),
+        (
+            lambda: jaxdae.RedundantCoordinates((1,), tol=-1.0),
+            ValueError,
+            r"The `tol` of RedundantCoordinates.*must be a positive finite number; got -1.0",
+        ),
+        (
+            lambda: jaxdae.CoupledPerturbation(k10=-25.0),
+            ValueError,
+            r"act on holonomic constraints: pass `k11` to `CoupledPerturbation`",
+        ),
+    ],
+    ids=["dt0-below-stall-floor", "gain-string", "redundant-tol-negative", "coupled-missing-k11"],
+)
 def test_a_bad_argument_is_named(call, error, match):
     with pytest.raises(error, match=match):
         call()
@@ -120,8 +175,17 @@ def test_a_bad_argument_is_named(call, error, match):
 def test_a_numpy_max_steps_becomes_an_int():
     from jaxdae._integration._solve import SolveCall
 
-    call = SolveCall(ts=None, solver=None, stepsize_controller=None, dt0=None, rtol=1e-6,
-                     atol=1e-8, max_steps=np.int64(5000), adjoint=None, throw=True)
+    call = SolveCall(
+        ts=None,
+        solver=None,
+        stepsize_controller=None,
+        dt0=None,
+        rtol=1e-6,
+        atol=1e-8,
+        max_steps=np.int64(5000),
+        adjoint=None,
+        throw=True,
+    )
     call.check_options()
     assert type(call.max_steps) is int and call.max_steps == 5000
 
@@ -129,17 +193,33 @@ def test_a_numpy_max_steps_becomes_an_int():
 # Analysis and control -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda: jaxdae.equilibrium(PENDULUM, jnp.array([0.1, -1.0]), max_steps=0),
-     r"`max_steps` must be a positive integer \(Gauss–Newton iterations\); got 0"),
-    (lambda: jaxdae.perturbation_matrix(BAUMGARTE, -1),
-     r"`num_constraints` must be a non-negative integer.*got -1"),
-    (lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, jnp.array([[0.0], [-1.0]])),
-     r"`q` must be 1-D \(n,\); got shape \(2, 1\)"),
-    (lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, jnp.array([0.0, -1.0]), jnp.zeros(3)),
-     r"`v` must have the shape of `q`, \(2,\); got shape \(3,\)"),
-], ids=["equilibrium-max-steps-zero", "perturbation-negative", "linearize-q-2d",
-        "linearize-v-shape"])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (
+            lambda: jaxdae.equilibrium(PENDULUM, jnp.array([0.1, -1.0]), max_steps=0),
+            r"`max_steps` must be a positive integer \(Gauss–Newton iterations\); got 0",
+        ),
+        (
+            lambda: jaxdae.perturbation_matrix(BAUMGARTE, -1),
+            r"`num_constraints` must be a non-negative integer.*got -1",
+        ),
+        (
+            lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, jnp.array([[0.0], [-1.0]])),
+            r"`q` must be 1-D \(n,\); got shape \(2, 1\)",
+        ),
+        (
+            lambda: jaxdae.linearize(PENDULUM, BAUMGARTE, jnp.array([0.0, -1.0]), jnp.zeros(3)),
+            r"`v` must have the shape of `q`, \(2,\); got shape \(3,\)",
+        ),
+    ],
+    ids=[
+        "equilibrium-max-steps-zero",
+        "perturbation-negative",
+        "linearize-q-2d",
+        "linearize-v-shape",
+    ],
+)
 def test_analysis_names_a_bad_count_or_shape(call, match):
     with pytest.raises(ValueError, match=match):
         call()

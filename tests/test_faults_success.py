@@ -43,49 +43,88 @@ RECEDING_V0 = jnp.array([0.5, 0.5 * 0.5 / np.sqrt(0.75)])
 
 def test_a_target_that_leaves_the_workspace_is_not_a_success():
     pseudo = jaxdae.PseudoInverse(10.0, 25.0)
-    sol = jaxdae.simulate(RecedingSupport(), pseudo, 0.0, 1.5, RECEDING_Q0, RECEDING_V0,
-                          throw=False)
+    sol = jaxdae.simulate(
+        RecedingSupport(), pseudo, 0.0, 1.5, RECEDING_Q0, RECEDING_V0, throw=False
+    )
     assert sol.result == EXCEEDED and _residual(sol) > 1e-2
     with pytest.raises(jaxdae.SimulationError, match="constraint_tol"):
         jaxdae.simulate(RecedingSupport(), pseudo, 0.0, 1.5, RECEDING_Q0, RECEDING_V0)
     # Before it leaves, the same solve succeeds.
-    assert jaxdae.simulate(RecedingSupport(), pseudo, 0.0, 0.9, RECEDING_Q0,
-                           RECEDING_V0).succeeded
+    assert jaxdae.simulate(RecedingSupport(), pseudo, 0.0, 0.9, RECEDING_Q0, RECEDING_V0).succeeded
 
 
 @pytest.mark.slow
 def test_coarse_fixed_steps_are_not_a_success():
-    coarse = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 2.0, Q0, V0, solver=diffrax.Euler(),
-                             stepsize_controller=diffrax.ConstantStepSize(), dt0=0.02,
-                             throw=False)
+    coarse = jaxdae.simulate(
+        PENDULUM,
+        BAUMGARTE,
+        0.0,
+        2.0,
+        Q0,
+        V0,
+        solver=diffrax.Euler(),
+        stepsize_controller=diffrax.ConstantStepSize(),
+        dt0=0.02,
+        throw=False,
+    )
     assert coarse.result == EXCEEDED and _residual(coarse) > 1e-3
-    accepted = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 2.0, Q0, V0, solver=diffrax.Euler(),
-                               stepsize_controller=diffrax.ConstantStepSize(), dt0=0.02,
-                               constraint_tol=jnp.inf)
+    accepted = jaxdae.simulate(
+        PENDULUM,
+        BAUMGARTE,
+        0.0,
+        2.0,
+        Q0,
+        V0,
+        solver=diffrax.Euler(),
+        stepsize_controller=diffrax.ConstantStepSize(),
+        dt0=0.02,
+        constraint_tol=jnp.inf,
+    )
     assert accepted.succeeded
-    fine = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 2.0, Q0, V0, solver=diffrax.Heun(),
-                           stepsize_controller=diffrax.ConstantStepSize(), dt0=0.01)
+    fine = jaxdae.simulate(
+        PENDULUM,
+        BAUMGARTE,
+        0.0,
+        2.0,
+        Q0,
+        V0,
+        solver=diffrax.Heun(),
+        stepsize_controller=diffrax.ConstantStepSize(),
+        dt0=0.01,
+    )
     assert fine.succeeded
 
 
 @pytest.mark.slow
 def test_a_forced_minimum_step_that_misses_the_tolerance_is_not_a_success():
     controller = diffrax.PIDController(rtol=1e-10, atol=1e-12, dtmin=0.05, force_dtmin=True)
-    sol = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 2.0, Q0, V0, solver=diffrax.Heun(),
-                          stepsize_controller=controller, dt0=0.05, throw=False)
+    sol = jaxdae.simulate(
+        PENDULUM,
+        BAUMGARTE,
+        0.0,
+        2.0,
+        Q0,
+        V0,
+        solver=diffrax.Heun(),
+        stepsize_controller=controller,
+        dt0=0.05,
+        throw=False,
+    )
     assert sol.result == EXCEEDED
 
 
 def test_the_threshold_is_the_users_traced_too():
-    tight = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, constraint_tol=1e-15,
-                            throw=False)
+    tight = jaxdae.simulate(
+        PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, constraint_tol=1e-15, throw=False
+    )
     assert tight.result == EXCEEDED
     assert jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0).succeeded
 
     @jax.jit
     def result(tol):
-        return jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, constraint_tol=tol,
-                               throw=False).result._value
+        return jaxdae.simulate(
+            PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, constraint_tol=tol, throw=False
+        ).result._value
 
     assert result(1e-15) == EXCEEDED._value
     assert result(1e-3) == jaxdae.RESULTS.successful._value
@@ -95,18 +134,39 @@ def test_the_threshold_is_the_users_traced_too():
         # Traced, a bad threshold is invalid input, not a threshold never met.
         assert result(bad) == jaxdae.RESULTS.invalid_input._value
     # One threshold per member of a batch.
-    batch = jax.vmap(lambda tol: jaxdae.simulate(
-        PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, constraint_tol=tol, throw=False).result._value)(
-            jnp.array([1e-15, 1e-3, -1.0]))
-    assert batch.tolist() == [EXCEEDED._value, jaxdae.RESULTS.successful._value,
-                              jaxdae.RESULTS.invalid_input._value]
+    batch = jax.vmap(
+        lambda tol: (
+            jaxdae.simulate(
+                PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, constraint_tol=tol, throw=False
+            ).result._value
+        )
+    )(jnp.array([1e-15, 1e-3, -1.0]))
+    assert batch.tolist() == [
+        EXCEEDED._value,
+        jaxdae.RESULTS.successful._value,
+        jaxdae.RESULTS.invalid_input._value,
+    ]
     with pytest.raises(Exception, match="constraint_tol"):
-        jax.block_until_ready(jax.jit(lambda tol: jaxdae.simulate(
-            PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, constraint_tol=tol).q_final)(-1.0))
+        jax.block_until_ready(
+            jax.jit(
+                lambda tol: (
+                    jaxdae.simulate(
+                        PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, constraint_tol=tol
+                    ).q_final
+                )
+            )(-1.0)
+        )
     # A threshold below the state's precision is named as such.
     with pytest.raises(ValueError, match="zero in float32"):
-        jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0.astype(jnp.float32),
-                        V0.astype(jnp.float32), constraint_tol=1e-50)
+        jaxdae.simulate(
+            PENDULUM,
+            BAUMGARTE,
+            0.0,
+            1.0,
+            Q0.astype(jnp.float32),
+            V0.astype(jnp.float32),
+            constraint_tol=1e-50,
+        )
 
 
 def test_a_penalty_is_allowed_its_equilibrium_violation():
@@ -115,16 +175,22 @@ def test_a_penalty_is_allowed_its_equilibrium_violation():
     penalty = jaxdae.ModifiedLagrange(100.0, 10.0, 25.0)
     sol = jaxdae.simulate(PENDULUM, penalty, 0.0, 1.0, Q0, V0)
     assert sol.succeeded and _residual(sol) > 1e-4
-    strict = jaxdae.simulate(PENDULUM, penalty, 0.0, 1.0, Q0, V0, constraint_tol=1e-6,
-                             throw=False)
+    strict = jaxdae.simulate(PENDULUM, penalty, 0.0, 1.0, Q0, V0, constraint_tol=1e-6, throw=False)
     assert strict.result == EXCEEDED
 
 
 def test_a_penalty_is_not_allowed_an_unreachable_target():
     # The arm's target leaves the workspace at 2.85 s: the penalty ends stretched towards it,
     # 0.355 off, at a conditioning of 0.007, which no small correction removes.
-    sol = jaxdae.simulate(TwoLinkManipulator(), jaxdae.ModifiedLagrange(100.0, 10.0, 25.0),
-                          0.0, 3.5, TWO_LINK_Q0, TWO_LINK_V0, throw=False)
+    sol = jaxdae.simulate(
+        TwoLinkManipulator(),
+        jaxdae.ModifiedLagrange(100.0, 10.0, 25.0),
+        0.0,
+        3.5,
+        TWO_LINK_Q0,
+        TWO_LINK_V0,
+        throw=False,
+    )
     assert sol.result == EXCEEDED
     assert _residual(sol) > 0.3 and float(sol.jacobian_conditioning[-1]) < 0.1
 
@@ -132,9 +198,17 @@ def test_a_penalty_is_not_allowed_an_unreachable_target():
 @pytest.mark.slow
 def test_unstabilized_drift_and_an_inconsistent_start_are_no_failure():
     # Nothing pulls an unstabilized solve back: its drift is no failure, however large.
-    drift = jaxdae.simulate(PENDULUM, jaxdae.Unstabilized(), 0.0, 3.0, Q0, V0,
-                            solver=diffrax.Euler(), stepsize_controller=diffrax.ConstantStepSize(),
-                            dt0=0.02)
+    drift = jaxdae.simulate(
+        PENDULUM,
+        jaxdae.Unstabilized(),
+        0.0,
+        3.0,
+        Q0,
+        V0,
+        solver=diffrax.Euler(),
+        stepsize_controller=diffrax.ConstantStepSize(),
+        dt0=0.02,
+    )
     assert drift.succeeded and _residual(drift) > 1e-2
     # Started 0.1 off its constraint, a short solve has not yet pulled it back.
     start = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.05, Q0 * 1.05, V0)
@@ -145,8 +219,9 @@ def test_unstabilized_drift_and_an_inconsistent_start_are_no_failure():
 def test_each_trajectory_of_an_ensemble_has_its_own_result():
     q0 = jnp.stack([Q0, Q0])
     v0 = jnp.stack([V0, V0])
-    sols = jaxdae.simulate_ensemble(PENDULUM, BAUMGARTE, 0.0, 1.0, q0, v0,
-                                    constraint_tol=jnp.array(1e-15), throw=False)
+    sols = jaxdae.simulate_ensemble(
+        PENDULUM, BAUMGARTE, 0.0, 1.0, q0, v0, constraint_tol=jnp.array(1e-15), throw=False
+    )
     assert np.all(np.asarray(sols.result._value) == EXCEEDED._value)
 
 
@@ -154,8 +229,15 @@ def test_each_trajectory_of_an_ensemble_has_its_own_result():
 def test_a_passage_through_a_singular_configuration_is_reported():
     # The arm folds at t ≈ 0.493 s (`J M⁻¹ Jᵀ` singular); the pseudo-inverse runs through.
     ts = jnp.linspace(0.0, 0.8, 81)
-    sol = jaxdae.simulate(TwoLinkManipulator(), jaxdae.PseudoInverse(10.0, 25.0), 0.0, 0.8,
-                          TWO_LINK_Q0, TWO_LINK_V0, ts=ts)
+    sol = jaxdae.simulate(
+        TwoLinkManipulator(),
+        jaxdae.PseudoInverse(10.0, 25.0),
+        0.0,
+        0.8,
+        TWO_LINK_Q0,
+        TWO_LINK_V0,
+        ts=ts,
+    )
     assert sol.jacobian_conditioning.shape == ts.shape
     np.testing.assert_allclose(sol.singular_passages(), [0.49])
     assert sol.singular_passages(threshold=1e-4).size == 0
@@ -199,8 +281,15 @@ class VanishingGradient(jaxdae.LagrangianSystem):
 def test_a_gradient_that_vanishes_between_steps_is_reported():
     # Baumgarte's in-loop test sees the pivots at the ends of the steps only, which pass on
     # either side of t = 1; the saved times report the passage.
-    sol = jaxdae.simulate(VanishingGradient(), BAUMGARTE, 0.0, 2.0, jnp.array([1.0, 0.0]),
-                          jnp.array([-1.0, 0.0]), ts=jnp.linspace(0.0, 2.0, 21))
+    sol = jaxdae.simulate(
+        VanishingGradient(),
+        BAUMGARTE,
+        0.0,
+        2.0,
+        jnp.array([1.0, 0.0]),
+        jnp.array([-1.0, 0.0]),
+        ts=jnp.linspace(0.0, 2.0, 21),
+    )
     np.testing.assert_allclose(sol.singular_passages(), [1.0])
     assert float(sol.jacobian_conditioning[0]) == 1.0
     for bad in (float("nan"), 0.0, -1.0, 2.0, "0.1"):
@@ -215,8 +304,9 @@ def test_an_actuated_solve_checks_its_program_constraints():
     optics = AdaptiveOpticsElement()
     control = jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=4)
     q0, v0, w0 = optics.programmed_state(0.0)  # on the programmed motion
-    sol = jaxdae.simulate_actuated(optics, control, 0.0, 1.0, q0, v0, w0,
-                                   constraint_tol=1e-15, throw=False)
+    sol = jaxdae.simulate_actuated(
+        optics, control, 0.0, 1.0, q0, v0, w0, constraint_tol=1e-15, throw=False
+    )
     assert sol.result == EXCEEDED
     assert jaxdae.simulate_actuated(optics, control, 0.0, 1.0, q0, v0, w0).succeeded
 
@@ -231,18 +321,17 @@ def test_a_spectrum_not_computed_is_no_passage():
 
 def test_adjoints_that_cannot_differentiate_the_solve_are_named():
     with pytest.raises(ValueError, match="ImplicitAdjoint.*steady states"):
-        jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.5, Q0, V0,
-                        adjoint=diffrax.ImplicitAdjoint())
+        jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.5, Q0, V0, adjoint=diffrax.ImplicitAdjoint())
     with pytest.raises(ValueError, match="BacksolveAdjoint.*Baumgarte's test"):
-        jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.5, Q0, V0,
-                        adjoint=diffrax.BacksolveAdjoint())
+        jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.5, Q0, V0, adjoint=diffrax.BacksolveAdjoint())
 
 
 @pytest.mark.slow
 def test_a_projected_implicit_solver_stops_its_iterations_on_the_tolerances():
     # The wrapped implicit solver's root finder takes the controller's tolerances too.
-    sol = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.5, Q0, V0,
-                          solver=jaxdae.Projected(diffrax.Kvaerno5()))
+    sol = jaxdae.simulate(
+        PENDULUM, BAUMGARTE, 0.0, 0.5, Q0, V0, solver=jaxdae.Projected(diffrax.Kvaerno5())
+    )
     reference = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.5, Q0, V0)
     np.testing.assert_allclose(sol.q_final, reference.q_final, atol=1e-7)
 
@@ -259,8 +348,14 @@ class _ManyFixedCoordinates(jaxdae.LagrangianSystem):
 
 
 def test_singular_passages_says_what_it_cannot_read():
-    many = jaxdae.simulate(_ManyFixedCoordinates(), jaxdae.Baumgarte(10.0, 25.0), 0.0, 0.1,
-                           jnp.zeros(50), jnp.zeros(50).at[49].set(1.0))
+    many = jaxdae.simulate(
+        _ManyFixedCoordinates(),
+        jaxdae.Baumgarte(10.0, 25.0),
+        0.0,
+        0.1,
+        jnp.zeros(50),
+        jnp.zeros(50).at[49].set(1.0),
+    )
     with pytest.raises(ValueError, match="more than 48 rows"):
         many.singular_passages()
     ts = jnp.linspace(0.0, 1.0, 5)

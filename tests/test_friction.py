@@ -29,8 +29,14 @@ def test_frictional_lcp_meets_coulomb_and_complementarity():
         matrix = directions @ directions.T
         vector = rng.standard_normal(2 * size)
         friction = rng.uniform(0.1, 1.0, size)
-        out = solve(jnp.asarray(matrix), jnp.asarray(vector), jnp.asarray(friction),
-                    jnp.ones(size, bool), jnp.ones(size, bool), jnp.ones(size))
+        out = solve(
+            jnp.asarray(matrix),
+            jnp.asarray(vector),
+            jnp.asarray(friction),
+            jnp.ones(size, bool),
+            jnp.ones(size, bool),
+            jnp.ones(size),
+        )
         if not bool(out.solved):
             continue
         solved += 1
@@ -47,8 +53,7 @@ def test_frictional_lcp_meets_coulomb_and_complementarity():
                 assert abs(tangential[k]) <= friction[k] * normal[k] + tol
             else:
                 sign = float(out.modes.sign[k])
-                np.testing.assert_allclose(tangential[k], -friction[k] * sign * normal[k],
-                                           atol=tol)
+                np.testing.assert_allclose(tangential[k], -friction[k] * sign * normal[k], atol=tol)
                 assert sign * w[size + k] >= -tol
     assert solved >= 36  # pivoting may cycle on a rare non-monotone problem
 
@@ -64,8 +69,15 @@ def slides():
     def run(slopes, speeds):
         def one(slope, speed):
             block = SlidingBlock(slope=slope)
-            return jaxdae.simulate(block, jaxdae.Unstabilized(), 0.0, 1.5, jnp.zeros(2),
-                                   jnp.stack([speed, 0.0]), **TIGHT)
+            return jaxdae.simulate(
+                block,
+                jaxdae.Unstabilized(),
+                0.0,
+                1.5,
+                jnp.zeros(2),
+                jnp.stack([speed, 0.0]),
+                **TIGHT,
+            )
 
         return jax.vmap(one)(slopes, speeds)
 
@@ -74,8 +86,7 @@ def slides():
 
 def test_sliding_block_sticks_where_the_closed_form_says(slides):
     slopes, speeds, sols = slides
-    for k, (slope, speed) in enumerate(zip(np.asarray(slopes), np.asarray(speeds),
-                                           strict=True)):
+    for k, (slope, speed) in enumerate(zip(np.asarray(slopes), np.asarray(speeds), strict=True)):
         block = SlidingBlock(slope=float(slope))
         table = jax.tree.map(lambda x, k=k: x[k], sols.events).table()
         if speed == 0.0:  # at rest where it sticks: it stays, with no event
@@ -90,16 +101,25 @@ def test_sliding_block_sticks_where_the_closed_form_says(slides):
         else:
             assert table == []
             a = block.acceleration()
-            np.testing.assert_allclose(sols.q_final[k, 0], speed * 1.5 + 0.5 * a * 1.5**2,
-                                       rtol=1e-9)
+            np.testing.assert_allclose(
+                sols.q_final[k, 0], speed * 1.5 + 0.5 * a * 1.5**2, rtol=1e-9
+            )
         np.testing.assert_allclose(sols.q_final[k, 1], 0.0, atol=1e-9)
 
 
 def _stop_time(parameters):
     friction, speed = parameters[0], parameters[1]
     block = SlidingBlock(slope=0.2, friction_coefficient=friction)
-    sol = jaxdae.simulate(block, jaxdae.Unstabilized(), 0.0, 1.5, jnp.zeros(2),
-                          jnp.stack([speed, 0.0]), adjoint=diffrax.ForwardMode(), **TIGHT)
+    sol = jaxdae.simulate(
+        block,
+        jaxdae.Unstabilized(),
+        0.0,
+        1.5,
+        jnp.zeros(2),
+        jnp.stack([speed, 0.0]),
+        adjoint=diffrax.ForwardMode(),
+        **TIGHT,
+    )
     return jnp.stack([sol.events.t[0], sol.q_final[0]])
 
 
@@ -113,12 +133,17 @@ def test_derivatives_through_stick_events():
     g, slope, mu, v0 = 9.81, 0.2, 0.5, 2.0
     a = g * (mu * np.cos(slope) - np.sin(slope))
     da = g * np.cos(slope)
-    expected = np.array([[-v0 * da / a**2, 1 / a], [-v0**2 * da / (2 * a**2), v0 / a]])
+    expected = np.array([[-v0 * da / a**2, 1 / a], [-(v0**2) * da / (2 * a**2), v0 / a]])
     np.testing.assert_allclose(jac, expected, rtol=1e-7)
     step, stop_time = 1e-6, jax.jit(_stop_time)
-    central = np.stack([(np.asarray(stop_time(point + step * e))
-                         - np.asarray(stop_time(point - step * e))) / (2 * step)
-                        for e in np.eye(2)], axis=1)
+    central = np.stack(
+        [
+            (np.asarray(stop_time(point + step * e)) - np.asarray(stop_time(point - step * e)))
+            / (2 * step)
+            for e in np.eye(2)
+        ],
+        axis=1,
+    )
     np.testing.assert_allclose(jac, central, rtol=1e-5)
 
 
@@ -129,16 +154,20 @@ def test_rocking_block_loses_housners_fraction_per_impact():
     block = RockingBlock()
     q0, v0 = block.initial_state(0.1)
     ts = jnp.linspace(0.0, 1.3, 261)
-    sol = jaxdae.simulate(block, jaxdae.Unstabilized(), 0.0, 1.3, q0, v0, ts=ts,
-                          rtol=1e-12, atol=1e-14)
+    sol = jaxdae.simulate(
+        block, jaxdae.Unstabilized(), 0.0, 1.3, q0, v0, ts=ts, rtol=1e-12, atol=1e-14
+    )
     table = sol.events.table()
     assert [row[1] for row in table] == [1, 0, 1] and {row[2] for row in table} == {"contact"}
     times = [0.0] + [row[0] for row in table] + [1.3]
     rocking = np.asarray(sol.energy) - block.rest_energy()
-    between = [np.median(rocking[(np.asarray(ts) > a) & (np.asarray(ts) < b)])
-               for a, b in zip(times[:-1], times[1:], strict=True)]
-    np.testing.assert_allclose(np.array(between[1:]) / np.array(between[:-1]),
-                               block.energy_ratio(), rtol=1e-8)
+    between = [
+        np.median(rocking[(np.asarray(ts) > a) & (np.asarray(ts) < b)])
+        for a, b in zip(times[:-1], times[1:], strict=True)
+    ]
+    np.testing.assert_allclose(
+        np.array(between[1:]) / np.array(between[:-1]), block.energy_ratio(), rtol=1e-8
+    )
     assert np.all(np.asarray(sol.events.impulse[:3]) > 0)
 
 
@@ -148,12 +177,19 @@ def test_disc_spun_on_the_ground_slips_then_rolls():
     `v = −r ω₀ / 3` from `t = r ω₀ / (3 μ g)` (a `PlaneContact` with friction)."""
     radius, mu, spin = 0.2, 0.3, 10.0
     wheel = mb.Mechanism(
-        bodies=[mb.PlanarBody("disc", mass=1.0, inertia=0.5 * radius**2,
-                              position=(0.0, radius))],
+        bodies=[mb.PlanarBody("disc", mass=1.0, inertia=0.5 * radius**2, position=(0.0, radius))],
         forces=[mb.Gravity((0.0, -9.81))],
-        stops=[mb.PlaneContact("disc", radius=radius, friction=mu)])
-    sol = jaxdae.simulate(wheel, jaxdae.Unstabilized(), 0.0, 0.5, jnp.array([0.0, radius, 0.0]),
-                          jnp.array([0.0, 0.0, spin]), **TIGHT)
+        stops=[mb.PlaneContact("disc", radius=radius, friction=mu)],
+    )
+    sol = jaxdae.simulate(
+        wheel,
+        jaxdae.Unstabilized(),
+        0.0,
+        0.5,
+        jnp.array([0.0, radius, 0.0]),
+        jnp.array([0.0, 0.0, spin]),
+        **TIGHT,
+    )
     assert [row[2] for row in sol.events.table()] == ["stick"]
     np.testing.assert_allclose(sol.events.t[0], radius * spin / (3 * mu * 9.81), atol=1e-10)
     np.testing.assert_allclose(sol.v_final, [-radius * spin / 3, 0.0, spin / 3], atol=1e-9)
@@ -162,8 +198,9 @@ def test_disc_spun_on_the_ground_slips_then_rolls():
 def test_bad_friction_is_refused_before_the_solve():
     start = (jnp.zeros(2), jnp.zeros(2))
     with pytest.raises(ValueError, match="friction must be non-negative"):
-        jaxdae.simulate(SlidingBlock(friction_coefficient=-0.1), jaxdae.Unstabilized(), 0.0,
-                        1.0, *start)
+        jaxdae.simulate(
+            SlidingBlock(friction_coefficient=-0.1), jaxdae.Unstabilized(), 0.0, 1.0, *start
+        )
 
     class Wrong(SlidingBlock):
         def slip_velocities(self, t, q, v):
@@ -174,8 +211,10 @@ def test_bad_friction_is_refused_before_the_solve():
     with pytest.raises(ValueError, match="`friction` of the PlaneContact"):
         mb.PlaneContact("a", friction=-1.0)
     with pytest.raises(ValueError, match="in the plane only"):
-        mb.Mechanism(bodies=[mb.RigidBody("ball", mass=1.0, inertia=np.eye(3))],
-                     stops=[mb.PlaneContact("ball", friction=0.5)])
+        mb.Mechanism(
+            bodies=[mb.RigidBody("ball", mass=1.0, inertia=np.eye(3))],
+            stops=[mb.PlaneContact("ball", friction=0.5)],
+        )
 
 
 @pytest.mark.slow
@@ -184,8 +223,15 @@ def test_hamiltonian_form_sticks_where_the_lagrangian_does():
     event: the wrapper passes the friction and slip velocities on."""
     block = SlidingBlock(slope=0.2)
     q0, v0 = jnp.zeros(2), jnp.array([2.0, 0.0])
-    sol = jaxdae.simulate(jaxdae.HamiltonianForm(block), jaxdae.Unstabilized(), 0.0, 1.5, q0,
-                          block.momenta(0.0, q0, v0), **TIGHT)
+    sol = jaxdae.simulate(
+        jaxdae.HamiltonianForm(block),
+        jaxdae.Unstabilized(),
+        0.0,
+        1.5,
+        q0,
+        block.momenta(0.0, q0, v0),
+        **TIGHT,
+    )
     assert [row[2] for row in sol.events.table()] == ["stick"]
     np.testing.assert_allclose(sol.events.t[0], block.stopping(2.0)[0], atol=1e-10)
 
@@ -198,8 +244,7 @@ def test_woodpecker_toy_runs_through_its_published_state():
     four digits, and the motion converges to its cycle)."""
     toy = WoodpeckerToy()
     q0, v0 = toy.published_state()
-    sol = jaxdae.simulate(toy, jaxdae.Unstabilized(), 0.0, 0.1459, q0, v0,
-                          rtol=1e-10, atol=1e-12)
+    sol = jaxdae.simulate(toy, jaxdae.Unstabilized(), 0.0, 0.1459, q0, v0, rtol=1e-10, atol=1e-12)
     kinds = [row[2] for row in sol.events.table()]
     assert {"stick", "slip", "release", "impact", "contact"} <= set(kinds)
     assert 0 in [row[1] for row in sol.events.table() if row[2] == "impact"]  # the beak
@@ -213,8 +258,9 @@ def test_reverse_mode_gradient_through_stick_events():
 
     def stop_time(friction):
         block = SlidingBlock(slope=0.2, friction_coefficient=friction)
-        sol = jaxdae.simulate(block, jaxdae.Unstabilized(), 0.0, 1.5, jnp.zeros(2),
-                              jnp.array([2.0, 0.0]), **TIGHT)
+        sol = jaxdae.simulate(
+            block, jaxdae.Unstabilized(), 0.0, 1.5, jnp.zeros(2), jnp.array([2.0, 0.0]), **TIGHT
+        )
         return sol.events.t[0]
 
     g, slope, mu, v0 = 9.81, 0.2, 0.5, 2.0

@@ -33,8 +33,7 @@ def _relative(a, b):
 
 def test_default_for_generalized_alpha():
     assert isinstance(default_adjoint(jaxdae.GeneralizedAlpha(), 100), GeneralizedAlphaAdjoint)
-    assert not isinstance(default_adjoint(jaxdae.GeneralizedAlpha(), None),
-                          GeneralizedAlphaAdjoint)
+    assert not isinstance(default_adjoint(jaxdae.GeneralizedAlpha(), None), GeneralizedAlphaAdjoint)
 
 
 @pytest.mark.slow
@@ -48,14 +47,27 @@ def test_gradient_with_saves_inside_steps():
     def loss(diff, adjoint):
         gravity, q0, v0 = diff
         system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
-        sol = jaxdae.simulate(system, BAUMGARTE, 0.0, 0.3, q0, v0, ts=ts, rtol=1e-6,
-                              atol=1e-8, solver=jaxdae.GeneralizedAlpha(),
-                              max_steps=MAX_STEPS, adjoint=adjoint)
+        sol = jaxdae.simulate(
+            system,
+            BAUMGARTE,
+            0.0,
+            0.3,
+            q0,
+            v0,
+            ts=ts,
+            rtol=1e-6,
+            atol=1e-8,
+            solver=jaxdae.GeneralizedAlpha(),
+            max_steps=MAX_STEPS,
+            adjoint=adjoint,
+        )
         return jnp.sum(sol.q**2) + jnp.sum(jnp.sin(sol.v)) + jnp.sum(sol.q_final**3)
 
     diff = (jnp.asarray(9.81), Q0, V0 + 0.3)
-    grads = [eqx.filter_jit(jax.grad(loss))(diff, adjoint) for adjoint in (
-        EVERY_STEP, None, GeneralizedAlphaAdjoint(stored_steps=8))]
+    grads = [
+        eqx.filter_jit(jax.grad(loss))(diff, adjoint)
+        for adjoint in (EVERY_STEP, None, GeneralizedAlphaAdjoint(stored_steps=8))
+    ]
     assert _relative(grads[1], grads[0]) < 1e-9
     assert _relative(grads[2], grads[1]) < 1e-12
 
@@ -64,8 +76,17 @@ def test_gradient_with_saves_inside_steps():
 def test_forward_mode_is_refused_with_the_fix():
     def final(gravity):
         system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
-        return jaxdae.simulate(system, BAUMGARTE, 0.0, 0.05, Q0, V0, rtol=1e-6, atol=1e-8,
-                               solver=jaxdae.GeneralizedAlpha()).q_final
+        return jaxdae.simulate(
+            system,
+            BAUMGARTE,
+            0.0,
+            0.05,
+            Q0,
+            V0,
+            rtol=1e-6,
+            atol=1e-8,
+            solver=jaxdae.GeneralizedAlpha(),
+        ).q_final
 
     with pytest.raises(ValueError, match="adjoint=diffrax.ForwardMode()"):
         jax.jvp(final, (jnp.asarray(9.81),), (jnp.asarray(1.0),))
@@ -81,14 +102,29 @@ def test_adaptive_gradient_does_not_depend_on_checkpoints():
 
     def loss(mass, adjoint):
         model = eqx.tree_at(lambda s: s.masses, system, jnp.stack([mass, system.masses[1]]))
-        return jaxdae.simulate(model, formulation, 0.0, 0.5, q0, v0, rtol=1e-7, atol=1e-10,
-                               solver=jaxdae.GeneralizedAlpha(), max_steps=steps,
-                               adjoint=adjoint).q_final[0]
+        return jaxdae.simulate(
+            model,
+            formulation,
+            0.0,
+            0.5,
+            q0,
+            v0,
+            rtol=1e-7,
+            atol=1e-10,
+            solver=jaxdae.GeneralizedAlpha(),
+            max_steps=steps,
+            adjoint=adjoint,
+        ).q_final[0]
 
     mass = jnp.asarray(1.0)
-    every, default, segments = (float(jax.jit(jax.grad(loss), static_argnums=1)(mass, a))
-                                for a in (diffrax.RecursiveCheckpointAdjoint(checkpoints=steps),
-                                          None, GeneralizedAlphaAdjoint(stored_steps=100)))
+    every, default, segments = (
+        float(jax.jit(jax.grad(loss), static_argnums=1)(mass, a))
+        for a in (
+            diffrax.RecursiveCheckpointAdjoint(checkpoints=steps),
+            None,
+            GeneralizedAlphaAdjoint(stored_steps=100),
+        )
+    )
     assert abs(default - every) <= 1e-9 * abs(every)
     assert abs(segments - default) <= 1e-12 * abs(default)
 
@@ -101,9 +137,18 @@ def test_fixed_step_gradient_against_central_differences_and_under_vmap():
 
     def loss(gravity, q0):
         system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
-        return jaxdae.simulate(system, BAUMGARTE, 0.0, 0.5, q0, V0, solver=solver, dt0=0.01,
-                               stepsize_controller=diffrax.ConstantStepSize(),
-                               max_steps=100).q_final[0]
+        return jaxdae.simulate(
+            system,
+            BAUMGARTE,
+            0.0,
+            0.5,
+            q0,
+            V0,
+            solver=solver,
+            dt0=0.01,
+            stepsize_controller=diffrax.ConstantStepSize(),
+            max_steps=100,
+        ).q_final[0]
 
     g, eps = jnp.asarray(9.81), 1e-5
     grad = jax.jit(jax.grad(loss))
@@ -124,12 +169,20 @@ def test_saved_steps_are_replayed():
     def loss(gravity, adjoint):
         system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
         sol = diffrax.diffeqsolve(
-            diffrax.ODETerm(lambda t, y, args: y), jaxdae.GeneralizedAlpha(), 0.0, 0.2, 0.01,
-            (Q0, V0), args=(system, BAUMGARTE),
-            saveat=diffrax.SaveAt(subs=[diffrax.SubSaveAt(t0=True, steps=True),
-                                        diffrax.SubSaveAt(t1=True)]),
-            stepsize_controller=diffrax.PIDController(rtol=1e-5, atol=1e-7), max_steps=steps,
-            adjoint=adjoint)
+            diffrax.ODETerm(lambda t, y, args: y),
+            jaxdae.GeneralizedAlpha(),
+            0.0,
+            0.2,
+            0.01,
+            (Q0, V0),
+            args=(system, BAUMGARTE),
+            saveat=diffrax.SaveAt(
+                subs=[diffrax.SubSaveAt(t0=True, steps=True), diffrax.SubSaveAt(t1=True)]
+            ),
+            stepsize_controller=diffrax.PIDController(rtol=1e-5, atol=1e-7),
+            max_steps=steps,
+            adjoint=adjoint,
+        )
         saved = jnp.where(jnp.isfinite(sol.ys[0][0]), sol.ys[0][0], 0.0)
         return jnp.sum(saved[:, 0] ** 2) + jnp.sum(jnp.sin(sol.ys[1][1]))
 
@@ -138,28 +191,45 @@ def test_saved_steps_are_replayed():
         warnings.simplefilter("error")
         ours = jax.jit(jax.grad(loss), static_argnums=1)(g, GeneralizedAlphaAdjoint())
     every = jax.jit(jax.grad(loss), static_argnums=1)(
-        g, diffrax.RecursiveCheckpointAdjoint(checkpoints=steps))
+        g, diffrax.RecursiveCheckpointAdjoint(checkpoints=steps)
+    )
     assert abs(float(every)) > 1e-3
     np.testing.assert_allclose(ours, every, rtol=1e-9)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("saveat, event, what", [
-    (diffrax.SaveAt(t1=True, dense=True), None, "a dense output"),
-    (diffrax.SaveAt(steps=2), None, "every few steps"),
-    (diffrax.SaveAt(t1=True), diffrax.Event(lambda t, y, args, **kw: y[0][0] - 0.5,
-                                            optx.Newton(1e-8, 1e-8)), "root finder"),
-])
+@pytest.mark.parametrize(
+    "saveat, event, what",
+    [
+        (diffrax.SaveAt(t1=True, dense=True), None, "a dense output"),
+        (diffrax.SaveAt(steps=2), None, "every few steps"),
+        (
+            diffrax.SaveAt(t1=True),
+            diffrax.Event(lambda t, y, args, **kw: y[0][0] - 0.5, optx.Newton(1e-8, 1e-8)),
+            "root finder",
+        ),
+    ],
+)
 def test_what_the_sweep_does_not_replay_warns_with_the_fix(saveat, event, what):
     """With adaptive steps, a solve that the sweep does not replay is differentiated
     through diffrax's checkpointed loop, and says so when traced, naming the fix."""
+
     def loss(gravity):
         system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
         sol = diffrax.diffeqsolve(
-            diffrax.ODETerm(lambda t, y, args: y), jaxdae.GeneralizedAlpha(), 0.0, 0.2, 0.01,
-            (Q0, V0), args=(system, BAUMGARTE), saveat=saveat, event=event,
-            stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8), max_steps=64,
-            adjoint=GeneralizedAlphaAdjoint())
+            diffrax.ODETerm(lambda t, y, args: y),
+            jaxdae.GeneralizedAlpha(),
+            0.0,
+            0.2,
+            0.01,
+            (Q0, V0),
+            args=(system, BAUMGARTE),
+            saveat=saveat,
+            event=event,
+            stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8),
+            max_steps=64,
+            adjoint=GeneralizedAlphaAdjoint(),
+        )
         return jnp.sum(jnp.where(jnp.isfinite(sol.ys[0]), sol.ys[0], 0.0))
 
     with pytest.warns(UserWarning, match=f"(?s){what}.*checkpoints=max_steps"):
@@ -170,9 +240,20 @@ def test_what_the_sweep_does_not_replay_warns_with_the_fix(saveat, event, what):
 def test_gradient_with_respect_to_the_end_time_warns():
     """A gradient with respect to `t1` goes through diffrax's loop; with adaptive steps
     it says so when traced."""
+
     def final(t1):
-        return jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, t1, Q0, V0, rtol=1e-6, atol=1e-8,
-                               solver=jaxdae.GeneralizedAlpha(), max_steps=256).q_final[0]
+        return jaxdae.simulate(
+            PENDULUM,
+            BAUMGARTE,
+            0.0,
+            t1,
+            Q0,
+            V0,
+            rtol=1e-6,
+            atol=1e-8,
+            solver=jaxdae.GeneralizedAlpha(),
+            max_steps=256,
+        ).q_final[0]
 
     with pytest.warns(UserWarning, match="with respect to `t0`, `t1`"):
         jax.eval_shape(jax.grad(final), jnp.asarray(0.2))
@@ -183,8 +264,9 @@ def test_fixed_steps_go_through_diffrax_loop_without_a_warning():
     not depend on the checkpoints, and nothing is said; adaptive steps are warned of."""
     unreplayed = _not_replayed(diffrax.SaveAt(dense=True), None, 100, False, False)
     assert unreplayed is not None and "dense" in unreplayed[0]
-    assert _not_replayed(diffrax.SaveAt(ts=jnp.linspace(0.0, 1.0, 3)), None, 100, False,
-                         False) is None
+    assert (
+        _not_replayed(diffrax.SaveAt(ts=jnp.linspace(0.0, 1.0, 3)), None, 100, False, False) is None
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_checkpointed(diffrax.ConstantStepSize(), *unreplayed)

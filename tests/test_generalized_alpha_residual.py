@@ -91,7 +91,7 @@ class _Pinned(jaxdae.LagrangianSystem):
 
     def constraints(self, t, q):
         size = _thresholds.LU_UNROLL_MAX + 2
-        return jnp.sin(q[:size]) + 0.1 * q[1:size + 1] - 0.2
+        return jnp.sin(q[:size]) + 0.1 * q[1 : size + 1] - 0.2
 
 
 def test_error_projection_with_many_constraints_is_the_oblique_projection():

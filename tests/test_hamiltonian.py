@@ -103,7 +103,8 @@ def test_hamiltonian_grad_and_vmap(arm_runs):
     # One compiled program: the gradient w.r.t. m2 of a vmapped batch of initial momenta.
     m2 = jnp.array(MASSES[1])
     batch, grads = jax.vmap(jax.value_and_grad(final_x), in_axes=(None, 0))(
-        m2, jnp.stack([p0, 0.5 * p0]))
+        m2, jnp.stack([p0, 0.5 * p0])
+    )
     h = 1e-5
     fd = (final_x(m2 + h, p0) - final_x(m2 - h, p0)) / (2 * h)
     np.testing.assert_allclose(grads[0], fd, rtol=1e-5)
@@ -122,8 +123,9 @@ def test_bad_input():
     with pytest.raises(ValueError, match="LagrangianSystem"):
         jaxdae.HamiltonianForm(CartesianArm())
     with pytest.raises(ValueError, match="scalar"):
-        jaxdae.simulate(VectorHamiltonian(), jaxdae.Unstabilized(), 0.0, 1.0, jnp.zeros(2),
-                        jnp.ones(2))
+        jaxdae.simulate(
+            VectorHamiltonian(), jaxdae.Unstabilized(), 0.0, 1.0, jnp.zeros(2), jnp.ones(2)
+        )
     arm = CartesianArm()
     q0, p0 = arm.initial_state()
     with pytest.raises(ValueError, match="same shape"):

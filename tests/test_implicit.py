@@ -45,8 +45,10 @@ def test_configure_leaves_explicit_solvers_and_other_root_finders():
     assert jaxdae.configure_implicit(tsit5, 1e-6, 1e-9) is tsit5
     newton = diffrax.Kvaerno5(root_finder=optx.Newton(rtol=1e-5, atol=1e-7))
     assert jaxdae.configure_implicit(newton, 1e-6, 1e-9) is newton
-    assert configure_for_controller(diffrax.Kvaerno5(), diffrax.ConstantStepSize()).root_finder \
+    assert (
+        configure_for_controller(diffrax.Kvaerno5(), diffrax.ConstantStepSize()).root_finder
         is diffrax.Kvaerno5().root_finder
+    )
 
 
 def test_configure_replaces_very_chord():
@@ -59,8 +61,9 @@ def test_configure_replaces_very_chord():
     assert isinstance(finder, jaxdae.FusedChord)
     assert (finder.rtol, finder.atol, finder.kappa) == (1e-3, 1e-4, 0.1)
     # a linear solver of its own stays: the lineax iteration with jaxdae's stopping test
-    svd = diffrax.Kvaerno5(root_finder=diffrax.with_stepsize_controller_tols(
-        diffrax.VeryChord)(linear_solver=lx.SVD()))
+    svd = diffrax.Kvaerno5(
+        root_finder=diffrax.with_stepsize_controller_tols(diffrax.VeryChord)(linear_solver=lx.SVD())
+    )
     finder = jaxdae.configure_implicit(svd, 1e-6, 1e-9).root_finder
     assert isinstance(finder, jaxdae.ToleranceChord)
     assert isinstance(finder.linear_solver, lx.SVD)
@@ -87,9 +90,11 @@ def test_configured_kvaerno_takes_the_steps_of_an_explicit_solver():
     """On a non-stiff problem a `Kvaerno5` handed to `simulate` (which configures its root
     finder) takes no more than twice Tsit5's steps; diffrax's `VeryChord` rejected
     converged iterations and took several times more."""
+
     def steps(solver):
-        sol = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 2.0, Q0, V0, solver=solver,
-                              rtol=1e-6, atol=1e-8)
+        sol = jaxdae.simulate(
+            PENDULUM, BAUMGARTE, 0.0, 2.0, Q0, V0, solver=solver, rtol=1e-6, atol=1e-8
+        )
         return int(sol.stats["num_steps"]), sol.q_final
 
     explicit, q_explicit = steps(diffrax.Tsit5())
@@ -110,9 +115,18 @@ def test_chung_hulbert_parameters():
 
 def _fixed(dt, rho_inf=0.8, t1=T1, system=PENDULUM, q0=Q0, v0=V0):
     solver = jaxdae.GeneralizedAlpha(rho_inf, root_finder=optx.Newton(rtol=1e-13, atol=1e-13))
-    return jaxdae.simulate(system, BAUMGARTE, 0.0, t1, q0, v0, solver=solver,
-                           stepsize_controller=diffrax.ConstantStepSize(), dt0=dt,
-                           max_steps=10_000)
+    return jaxdae.simulate(
+        system,
+        BAUMGARTE,
+        0.0,
+        t1,
+        q0,
+        v0,
+        solver=solver,
+        stepsize_controller=diffrax.ConstantStepSize(),
+        dt0=dt,
+        max_steps=10_000,
+    )
 
 
 @pytest.mark.slow
@@ -129,16 +143,24 @@ def test_generalized_alpha_adaptive_meets_constraints_and_reference():
     ts = jnp.linspace(0.0, T1, 11)
     atol = 1e-10
     solver = jaxdae.GeneralizedAlpha()
-    sol = jaxdae.simulate(PENDULUM, jaxdae.Unstabilized(), 0.0, T1, Q0, V0, ts=ts,
-                          solver=solver, rtol=1e-8, atol=atol)
+    sol = jaxdae.simulate(
+        PENDULUM, jaxdae.Unstabilized(), 0.0, T1, Q0, V0, ts=ts, solver=solver, rtol=1e-8, atol=atol
+    )
     assert sol.succeeded
     # Φ = 0 to the Newton tolerance at the end of every step (between steps, `ts` are
     # interpolated)
     steps = diffrax.diffeqsolve(
-        diffrax.ODETerm(lambda t, y, args: y), solver, 0.0, T1, None, (Q0, V0),
-        args=(PENDULUM, jaxdae.Unstabilized(), None), saveat=diffrax.SaveAt(steps=True),
+        diffrax.ODETerm(lambda t, y, args: y),
+        solver,
+        0.0,
+        T1,
+        None,
+        (Q0, V0),
+        args=(PENDULUM, jaxdae.Unstabilized(), None),
+        saveat=diffrax.SaveAt(steps=True),
         stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=atol, norm=optx.rms_norm),
-        max_steps=50_000)
+        max_steps=50_000,
+    )
     q_steps = steps.ys[0][jnp.isfinite(steps.ts)]
     assert q_steps.shape[0] > 10
     phi = jax.vmap(lambda q: PENDULUM.constraints(0.0, q))(q_steps)
@@ -173,8 +195,18 @@ def test_generalized_alpha_redundant_constraints_with_a_least_squares_newton_sol
     svd = diffrax.with_stepsize_controller_tols(optx.Chord)(linear_solver=lx.SVD())
 
     def solve(system, solver):
-        return jaxdae.simulate(system, jaxdae.PseudoInverse(10.0, 25.0), 0.0, 0.5, Q0, V0,
-                               solver=solver, rtol=1e-6, atol=1e-9, throw=False)
+        return jaxdae.simulate(
+            system,
+            jaxdae.PseudoInverse(10.0, 25.0),
+            0.0,
+            0.5,
+            Q0,
+            V0,
+            solver=solver,
+            rtol=1e-6,
+            atol=1e-9,
+            throw=False,
+        )
 
     redundant = solve(twice, solver=jaxdae.GeneralizedAlpha(root_finder=svd))
     single = solve(PENDULUM, solver=jaxdae.GeneralizedAlpha())
@@ -185,8 +217,17 @@ def test_generalized_alpha_redundant_constraints_with_a_least_squares_newton_sol
     traced = eqx.filter_jit(solve)(twice, jaxdae.GeneralizedAlpha())
     assert traced.result == jaxdae.RESULTS.dt_min_reached
     with pytest.raises(jaxdae.SimulationError, match="linear_solver=lineax.SVD()"):
-        jaxdae.simulate(twice, jaxdae.PseudoInverse(10.0, 25.0), 0.0, 0.5, Q0, V0,
-                        solver=jaxdae.GeneralizedAlpha(), rtol=1e-6, atol=1e-9)
+        jaxdae.simulate(
+            twice,
+            jaxdae.PseudoInverse(10.0, 25.0),
+            0.0,
+            0.5,
+            Q0,
+            V0,
+            solver=jaxdae.GeneralizedAlpha(),
+            rtol=1e-6,
+            atol=1e-9,
+        )
 
 
 @pytest.mark.slow
@@ -206,8 +247,17 @@ def test_generalized_alpha_gradient_matches_central_differences():
 def test_generalized_alpha_adaptive_gradient():
     def loss(gravity):
         system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
-        return jaxdae.simulate(system, BAUMGARTE, 0.0, 0.5, Q0, V0, rtol=1e-9, atol=1e-11,
-                               solver=jaxdae.GeneralizedAlpha()).q_final[0]
+        return jaxdae.simulate(
+            system,
+            BAUMGARTE,
+            0.0,
+            0.5,
+            Q0,
+            V0,
+            rtol=1e-9,
+            atol=1e-11,
+            solver=jaxdae.GeneralizedAlpha(),
+        ).q_final[0]
 
     g = jnp.asarray(9.81)
     grad = jax.grad(loss)(g)
@@ -223,8 +273,9 @@ def test_generalized_alpha_vmap():
     solver = jaxdae.GeneralizedAlpha()
 
     def solve(q0, v0):
-        return jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.5, q0, v0, solver=solver,
-                               rtol=1e-7, atol=1e-9).q_final
+        return jaxdae.simulate(
+            PENDULUM, BAUMGARTE, 0.0, 0.5, q0, v0, solver=solver, rtol=1e-7, atol=1e-9
+        ).q_final
 
     batched = jax.vmap(solve)(q0s, v0s)
     for i in range(3):  # the same steps; batched arithmetic rounds differently
@@ -238,8 +289,17 @@ def test_generalized_alpha_nonholonomic():
     system = jaxdae.examples.KnifeEdge()
     q0, v0 = jnp.zeros(3), jnp.array([0.0, 0.0, 2.0])
     atol = 1e-10
-    sol = jaxdae.simulate(system, jaxdae.Unstabilized(), 0.0, 1.0, q0, v0,
-                          solver=jaxdae.GeneralizedAlpha(), rtol=1e-8, atol=atol)
+    sol = jaxdae.simulate(
+        system,
+        jaxdae.Unstabilized(),
+        0.0,
+        1.0,
+        q0,
+        v0,
+        solver=jaxdae.GeneralizedAlpha(),
+        rtol=1e-8,
+        atol=atol,
+    )
     assert float(jnp.max(jnp.abs(sol.psi))) < 10 * atol
     q1, _ = system.closed_form(jnp.asarray(1.0), 2.0)
     np.testing.assert_allclose(sol.q_final, q1, atol=1e-4)
@@ -253,8 +313,11 @@ def test_generalized_alpha_newton_kernel_against_optimistix():
     from jaxdae._integration._generalized_alpha import _residual, _split, _Step
 
     h, args = 0.01, (PENDULUM, jaxdae.Unstabilized(), None)
-    solver = eqx.tree_at(lambda s: (s.root_finder.rtol, s.root_finder.atol, s.root_finder.norm),
-                         jaxdae.GeneralizedAlpha(), (1e-8, 1e-10, optx.rms_norm))
+    solver = eqx.tree_at(
+        lambda s: (s.root_finder.rtol, s.root_finder.atol, s.root_finder.norm),
+        jaxdae.GeneralizedAlpha(),
+        (1e-8, 1e-10, optx.rms_norm),
+    )
 
     @jax.jit
     def run(y):
@@ -273,12 +336,23 @@ def test_generalized_alpha_newton_kernel_against_optimistix():
     a0, qdd0, lam0 = states[0][3], states[1][3], states[2][3]
     hb = h**2 * beta
     q_hat = q[3] + h * v[3] + h**2 * (0.5 - beta) * a0
-    step = _Step(h=jnp.asarray(h), c=hb * (1 - alpha_f) / (1 - alpha_m), hb=hb, q_hat=q_hat,
-                 q_tilde=q_hat + hb / (1 - alpha_m) * (alpha_f * qdd0 - alpha_m * a0),
-                 v_hat=v[3] + h * (1 - gamma) * a0, gamma=gamma, beta=beta)
+    step = _Step(
+        h=jnp.asarray(h),
+        c=hb * (1 - alpha_f) / (1 - alpha_m),
+        hb=hb,
+        q_hat=q_hat,
+        q_tilde=q_hat + hb / (1 - alpha_m) * (alpha_f * qdd0 - alpha_m * a0),
+        v_hat=v[3] + h * (1 - gamma) * a0,
+        gamma=gamma,
+        beta=beta,
+    )
     guess = jnp.concatenate([step.q_tilde + step.c * qdd0, step.c * lam0])
-    root = optx.root_find(lambda x, a: _residual(x, a)[0], optx.Newton(rtol=1e-14, atol=1e-14),
-                          guess, (PENDULUM, jnp.asarray(4 * h), step)).value
+    root = optx.root_find(
+        lambda x, a: _residual(x, a)[0],
+        optx.Newton(rtol=1e-14, atol=1e-14),
+        guess,
+        (PENDULUM, jnp.asarray(4 * h), step),
+    ).value
     np.testing.assert_allclose(q4, _split(root, step)[0], atol=1e-12)
 
 
@@ -287,8 +361,11 @@ def test_generalized_alpha_error_estimate_is_per_unit_step():
     step divides it by about 4 (`O(h²)`, `error_order` 2)."""
     solver = jaxdae.GeneralizedAlpha()
     term = SystemTerm(PENDULUM, jaxdae.Unstabilized())
-    solver = eqx.tree_at(lambda s: (s.root_finder.rtol, s.root_finder.atol, s.root_finder.norm),
-                         solver, (1e-10, 1e-12, optx.rms_norm))
+    solver = eqx.tree_at(
+        lambda s: (s.root_finder.rtol, s.root_finder.atol, s.root_finder.norm),
+        solver,
+        (1e-10, 1e-12, optx.rms_norm),
+    )
     y = tuple(jnp.asarray(x) for x in PENDULUM.state_from_angle(1.0, 1.0))  # swinging: q⃛ ≠ 0
 
     @jax.jit
@@ -311,18 +388,26 @@ def test_generalized_alpha_refuses_what_it_cannot_integrate():
     assert jaxdae.GeneralizedAlpha(np.float32(0.5)).rho_inf == 0.5
     assert jaxdae.GeneralizedAlpha(jnp.array(0.25)).rho_inf == 0.25
     with pytest.raises(ValueError, match="jax.vmap"):
-        jaxdae.simulate_ensemble(PENDULUM, BAUMGARTE, 0.0, 0.1, Q0[None], V0[None],
-                                 solver=jaxdae.GeneralizedAlpha())
+        jaxdae.simulate_ensemble(
+            PENDULUM, BAUMGARTE, 0.0, 0.1, Q0[None], V0[None], solver=jaxdae.GeneralizedAlpha()
+        )
     arm = jaxdae.examples.CartesianArm()
     with pytest.raises(ValueError, match="momenta"):
         q0 = jnp.array([1.0, 0.0, 1.0, 1.0])
-        jaxdae.simulate(arm, BAUMGARTE, 0.0, 0.1, q0, jnp.zeros(4),
-                        solver=jaxdae.GeneralizedAlpha())
+        jaxdae.simulate(
+            arm, BAUMGARTE, 0.0, 0.1, q0, jnp.zeros(4), solver=jaxdae.GeneralizedAlpha()
+        )
     # It declares the term of a system as its `term_structure`: diffrax refuses others.
     with pytest.raises(ValueError, match="AbstractSystemTerm"):
-        diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, a: y), jaxdae.GeneralizedAlpha(),
-                            0.0, 1.0, 0.1, (Q0, V0),
-                            stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-6))
+        diffrax.diffeqsolve(
+            diffrax.ODETerm(lambda t, y, a: y),
+            jaxdae.GeneralizedAlpha(),
+            0.0,
+            1.0,
+            0.1,
+            (Q0, V0),
+            stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-6),
+        )
 
 
 # --- FusedChord -------------------------------------------------------------------------
@@ -331,15 +416,23 @@ def test_generalized_alpha_refuses_what_it_cannot_integrate():
 def _stiff_vdp(t, y, args):
     """Van der Pol with `μ = 100` (stiff), a non-autonomous forcing, and a third, linear
     component coupled to the first (a Jacobian that is not dense)."""
-    return jnp.stack([y[1], 100.0 * ((1 - y[0] ** 2) * y[1] - y[0]) + jnp.sin(t),
-                      -50.0 * (y[2] - y[0])])
+    return jnp.stack(
+        [y[1], 100.0 * ((1 - y[0] ** 2) * y[1] - y[0]) + jnp.sin(t), -50.0 * (y[2] - y[0])]
+    )
 
 
 def _kvaerno(root_finder, y0):
     sol = diffrax.diffeqsolve(
-        diffrax.ODETerm(_stiff_vdp), diffrax.Kvaerno5(root_finder=root_finder), 0.0, 1.0,
-        0.5, y0, stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-9),
-        saveat=diffrax.SaveAt(ts=jnp.linspace(0.0, 1.0, 11)), max_steps=4096)
+        diffrax.ODETerm(_stiff_vdp),
+        diffrax.Kvaerno5(root_finder=root_finder),
+        0.0,
+        1.0,
+        0.5,
+        y0,
+        stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-9),
+        saveat=diffrax.SaveAt(ts=jnp.linspace(0.0, 1.0, 11)),
+        max_steps=4096,
+    )
     return sol.ys, sol.stats["num_accepted_steps"], sol.stats["num_rejected_steps"]
 
 
@@ -363,19 +456,26 @@ def test_fused_chord_as_an_optimistix_root_finder():
     """Outside diffrax's step: the root of a small nonlinear system, as optimistix's
     Newton finds it, with a dense and a coloured Jacobian (the system's block
     structure); a wrong `jacobian` is refused."""
+
     def fn(y, args):
         a, b = y
-        return (a**3 + a - args, jnp.stack([b[0] + 0.1 * jnp.sin(b[1]) - 1.0,
-                                            b[1] - 0.2 * b[0] ** 2]))
+        return (
+            a**3 + a - args,
+            jnp.stack([b[0] + 0.1 * jnp.sin(b[1]) - 1.0, b[1] - 0.2 * b[0] ** 2]),
+        )
 
     y0 = (jnp.array(0.9), jnp.array([0.9, 0.1]))
     newton = optx.root_find(fn, optx.Newton(rtol=1e-12, atol=1e-12), y0, 2.0).value
     for jacobian in ("dense", "coloured"):
-        chord = optx.root_find(fn, jaxdae.FusedChord(1e-12, 1e-12, jacobian=jacobian,
-                                                     kappa=1e-3), y0, 2.0, max_steps=64)
+        chord = optx.root_find(
+            fn,
+            jaxdae.FusedChord(1e-12, 1e-12, jacobian=jacobian, kappa=1e-3),
+            y0,
+            2.0,
+            max_steps=64,
+        )
         assert chord.result == optx.RESULTS.successful
-        for x, ref in zip(jax.tree.leaves(chord.value), jax.tree.leaves(newton),
-                          strict=True):
+        for x, ref in zip(jax.tree.leaves(chord.value), jax.tree.leaves(newton), strict=True):
             np.testing.assert_allclose(x, ref, rtol=1e-10)
     with pytest.raises(ValueError, match="coloured"):
         jaxdae.FusedChord(1e-6, 1e-9, jacobian="sparse")
@@ -389,15 +489,24 @@ def test_fused_chord_vmap_and_gradient():
     y0s = jnp.array([[2.0, 0.0, 1.0], [1.5, 0.5, 0.0]])
     batched = jax.vmap(lambda y0: _kvaerno(jaxdae.FusedChord(1e-6, 1e-9), y0)[0])(y0s)
     for i in range(2):
-        np.testing.assert_allclose(batched[i], _kvaerno(jaxdae.FusedChord(1e-6, 1e-9),
-                                                        y0s[i])[0], rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(
+            batched[i], _kvaerno(jaxdae.FusedChord(1e-6, 1e-9), y0s[i])[0], rtol=1e-10, atol=1e-12
+        )
 
     def loss(gravity):
         system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
         solver = jaxdae.configure_implicit(diffrax.Kvaerno5(), 1e-10, 1e-12)
-        return jaxdae.simulate(system, BAUMGARTE, 0.0, 0.5, Q0, V0, solver=solver,
-                               stepsize_controller=diffrax.ConstantStepSize(), dt0=0.01
-                               ).q_final[0]
+        return jaxdae.simulate(
+            system,
+            BAUMGARTE,
+            0.0,
+            0.5,
+            Q0,
+            V0,
+            solver=solver,
+            stepsize_controller=diffrax.ConstantStepSize(),
+            dt0=0.01,
+        ).q_final[0]
 
     g = jnp.asarray(9.81)
     grad = jax.grad(loss)(g)

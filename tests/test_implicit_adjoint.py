@@ -38,10 +38,19 @@ def _loss(diff, solver, adjoint, controller=None, dt0=None):
     Van der Pol solve, differentiated with respect to `mu` and `y0`."""
     mu, y0 = diff
     controller = controller or diffrax.PIDController(rtol=1e-6, atol=1e-8)
-    sol = diffrax.diffeqsolve(diffrax.ODETerm(_van_der_pol), solver, 0.0, 1.0, dt0, y0,
-                              args=mu, saveat=diffrax.SaveAt(ts=TS, t1=True),
-                              stepsize_controller=controller, max_steps=MAX_STEPS,
-                              adjoint=adjoint)
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(_van_der_pol),
+        solver,
+        0.0,
+        1.0,
+        dt0,
+        y0,
+        args=mu,
+        saveat=diffrax.SaveAt(ts=TS, t1=True),
+        stepsize_controller=controller,
+        max_steps=MAX_STEPS,
+        adjoint=adjoint,
+    )
     return jnp.sum(sol.ys[0] ** 2) + jnp.sum(jnp.sin(sol.ys[1]))
 
 
@@ -64,8 +73,10 @@ def test_rodas_gradient_is_that_of_a_checkpoint_per_step(monkeypatch):
     states), equals diffrax's loop differentiated with one checkpoint per step, in one
     segment and in segments of 3 steps."""
     monkeypatch.setattr(_thresholds, "ROSENBROCK_ADJOINT_MIN", 2)
-    grads = [_grad(DIFF, jaxdae.Rodas5P(), adjoint) for adjoint in
-             (EVERY_STEP, jaxdae.ReplayAdjoint(), jaxdae.ReplayAdjoint(stored_steps=3))]
+    grads = [
+        _grad(DIFF, jaxdae.Rodas5P(), adjoint)
+        for adjoint in (EVERY_STEP, jaxdae.ReplayAdjoint(), jaxdae.ReplayAdjoint(stored_steps=3))
+    ]
     assert _relative(grads[1], grads[0]) < 1e-12
     assert _relative(grads[2], grads[1]) < 1e-13
 
@@ -76,8 +87,14 @@ def test_kvaerno_gradient_is_that_of_a_checkpoint_per_step():
     stage, differentiated by the implicit-function rule in both adjoints)."""
     for solver in (diffrax.Kvaerno5(), diffrax.Kvaerno3()):
         solver = jaxdae.configure_implicit(solver, 1e-6, 1e-8)
-        grads = [_grad(DIFF, solver, adjoint) for adjoint in
-                 (EVERY_STEP, jaxdae.ReplayAdjoint(), jaxdae.ReplayAdjoint(stored_steps=3))]
+        grads = [
+            _grad(DIFF, solver, adjoint)
+            for adjoint in (
+                EVERY_STEP,
+                jaxdae.ReplayAdjoint(),
+                jaxdae.ReplayAdjoint(stored_steps=3),
+            )
+        ]
         assert _relative(grads[1], grads[0]) < 1e-11
         assert _relative(grads[2], grads[1]) < 1e-13
 
@@ -91,15 +108,19 @@ def test_fixed_step_gradients_against_central_differences(monkeypatch):
     kvaerno = jaxdae.configure_implicit(diffrax.Kvaerno5(), 1e-12, 1e-12)
     eps = 1e-6
     for solver in (jaxdae.Rodas5P(), kvaerno):
+
         def loss(diff, solver=solver):
-            return _loss(diff, solver, jaxdae.ReplayAdjoint(stored_steps=7),
-                         diffrax.ConstantStepSize(), 0.02)
+            return _loss(
+                diff, solver, jaxdae.ReplayAdjoint(stored_steps=7), diffrax.ConstantStepSize(), 0.02
+            )
 
         mu, y0 = DIFF
         grad_mu, grad_y0 = jax.jit(jax.grad(loss))(DIFF)
         central = [(loss((mu + eps, y0)) - loss((mu - eps, y0))) / (2 * eps)]
-        central += [(loss((mu, y0.at[i].add(eps))) - loss((mu, y0.at[i].add(-eps)))) / (2 * eps)
-                    for i in range(2)]
+        central += [
+            (loss((mu, y0.at[i].add(eps))) - loss((mu, y0.at[i].add(-eps)))) / (2 * eps)
+            for i in range(2)
+        ]
         np.testing.assert_allclose([grad_mu, *grad_y0], central, rtol=1e-6)
 
 
@@ -117,14 +138,28 @@ def test_simulate_gradient_is_that_of_a_checkpoint_per_step():
 
     def loss(mass, adjoint):
         model = eqx.tree_at(lambda s: s.masses, system, jnp.stack([mass, system.masses[1]]))
-        return jaxdae.simulate(model, formulation, 0.0, 1.0, q0, v0, solver=jaxdae.Rodas5P(),
-                               rtol=1e-8, atol=1e-11, max_steps=steps,
-                               adjoint=adjoint).q_final[0]
+        return jaxdae.simulate(
+            model,
+            formulation,
+            0.0,
+            1.0,
+            q0,
+            v0,
+            solver=jaxdae.Rodas5P(),
+            rtol=1e-8,
+            atol=1e-11,
+            max_steps=steps,
+            adjoint=adjoint,
+        ).q_final[0]
 
     mass = jnp.asarray(1.0)
-    every, segments = (float(jax.jit(jax.grad(loss), static_argnums=1)(mass, a)) for a in (
-        diffrax.RecursiveCheckpointAdjoint(checkpoints=steps),
-        jaxdae.ReplayAdjoint(stored_steps=1000)))
+    every, segments = (
+        float(jax.jit(jax.grad(loss), static_argnums=1)(mass, a))
+        for a in (
+            diffrax.RecursiveCheckpointAdjoint(checkpoints=steps),
+            jaxdae.ReplayAdjoint(stored_steps=1000),
+        )
+    )
     assert isinstance(default_adjoint(jaxdae.Rodas5P(), steps), jaxdae.ReplayAdjoint)
     assert abs(segments - every) <= 1e-10 * abs(every)
 
@@ -141,14 +176,25 @@ def test_under_vmap_and_what_is_not_replayed():
         assert _relative(jax.tree.map(lambda x, i=i: x[i], batched), one) < 1e-12
 
     def steps_loss(mu, adjoint):
-        sol = diffrax.diffeqsolve(diffrax.ODETerm(_van_der_pol), jaxdae.Rodas5P(), 0.0, 0.5,
-                                  0.05, DIFF[1], args=mu, saveat=diffrax.SaveAt(steps=True),
-                                  stepsize_controller=diffrax.ConstantStepSize(),
-                                  max_steps=16, adjoint=adjoint)
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(_van_der_pol),
+            jaxdae.Rodas5P(),
+            0.0,
+            0.5,
+            0.05,
+            DIFF[1],
+            args=mu,
+            saveat=diffrax.SaveAt(steps=True),
+            stepsize_controller=diffrax.ConstantStepSize(),
+            max_steps=16,
+            adjoint=adjoint,
+        )
         return jnp.sum(jnp.where(jnp.isfinite(sol.ys), sol.ys, 0.0))
 
-    ours, diffrax_loop = (jax.jit(jax.grad(steps_loss), static_argnums=1)(DIFF[0], a)
-                          for a in (adjoint, diffrax.RecursiveCheckpointAdjoint()))
+    ours, diffrax_loop = (
+        jax.jit(jax.grad(steps_loss), static_argnums=1)(DIFF[0], a)
+        for a in (adjoint, diffrax.RecursiveCheckpointAdjoint())
+    )
     assert abs(float(diffrax_loop)) > 1e-3
     np.testing.assert_allclose(ours, diffrax_loop, rtol=1e-12)
 
@@ -160,8 +206,14 @@ def _forced_oscillators(t, y, args):
     return {"x": y["v"], "v": mu * (1 - y["x"] ** 2) * y["v"] - y["x"] + jnp.sin(omega * t)}
 
 
-@pytest.mark.parametrize("factors", ["inverse", pytest.param("unrolled LU", marks=pytest.mark.slow),
-                                     pytest.param("LAPACK LU", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "factors",
+    [
+        "inverse",
+        pytest.param("unrolled LU", marks=pytest.mark.slow),
+        pytest.param("LAPACK LU", marks=pytest.mark.slow),
+    ],
+)
 def test_rodas_step_adjoint_is_the_step_derivative(factors, monkeypatch):
     """One Rodas5P step's discrete adjoint (the step's own factorization transposed, one
     vector–Jacobian product of `f` per stage, the Jacobian's derivative by directional
@@ -175,17 +227,24 @@ def test_rodas_step_adjoint_is_the_step_derivative(factors, monkeypatch):
     if factors == "LAPACK LU":
         monkeypatch.setattr(_thresholds, "LU_UNROLL_MAX", 0)
     solver = jaxdae.Rodas5P()
-    diff, static = eqx.partition((diffrax.ODETerm(_forced_oscillators),
-                                  (jnp.asarray(50.0), jnp.asarray(3.0))), eqx.is_inexact_array)
+    diff, static = eqx.partition(
+        (diffrax.ODETerm(_forced_oscillators), (jnp.asarray(50.0), jnp.asarray(3.0))),
+        eqx.is_inexact_array,
+    )
     y0 = {"x": jnp.array([2.0]), "v": jnp.array([-0.3])}
 
     @jax.jit
     def pulled(bars):
-        return [fn(solver, jnp.asarray(0.3), jnp.asarray(0.35), (y0, None), diff, static)[1](bars)
-                for fn in (autodiff_step_vjp, rodas_step_vjp)]
+        return [
+            fn(solver, jnp.asarray(0.3), jnp.asarray(0.35), (y0, None), diff, static)[1](bars)
+            for fn in (autodiff_step_vjp, rodas_step_vjp)
+        ]
 
-    outputs = jax.eval_shape(lambda: autodiff_step_vjp(
-        solver, jnp.asarray(0.3), jnp.asarray(0.35), (y0, None), diff, static)[0])
+    outputs = jax.eval_shape(
+        lambda: autodiff_step_vjp(
+            solver, jnp.asarray(0.3), jnp.asarray(0.35), (y0, None), diff, static
+        )[0]
+    )
     keys = iter(jax.random.split(jax.random.PRNGKey(0), 8))
     bars = jax.tree.map(lambda x: jax.random.normal(next(keys), x.shape), outputs)
     reference, ours = pulled(bars)
@@ -200,17 +259,28 @@ def test_rodas_gradient_backwards_in_time(monkeypatch):
     discrete adjoint differentiates through): the replayed gradient equals diffrax's loop
     with a checkpoint per step."""
     monkeypatch.setattr(_thresholds, "ROSENBROCK_ADJOINT_MIN", 2)
+
     def loss(diff, adjoint):
         mu, y0 = diff
-        sol = diffrax.diffeqsolve(diffrax.ODETerm(_van_der_pol), jaxdae.Rodas5P(), 1.0, 0.0,
-                                  -0.05, y0, args=mu, saveat=diffrax.SaveAt(ts=TS[::-1]),
-                                  stepsize_controller=diffrax.PIDController(rtol=1e-6,
-                                                                           atol=1e-8),
-                                  max_steps=MAX_STEPS, adjoint=adjoint)
-        return jnp.sum(sol.ys ** 2)
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(_van_der_pol),
+            jaxdae.Rodas5P(),
+            1.0,
+            0.0,
+            -0.05,
+            y0,
+            args=mu,
+            saveat=diffrax.SaveAt(ts=TS[::-1]),
+            stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8),
+            max_steps=MAX_STEPS,
+            adjoint=adjoint,
+        )
+        return jnp.sum(sol.ys**2)
 
-    every, replayed = (jax.jit(jax.grad(loss), static_argnums=1)(DIFF, a)
-                       for a in (EVERY_STEP, jaxdae.ReplayAdjoint()))
+    every, replayed = (
+        jax.jit(jax.grad(loss), static_argnums=1)(DIFF, a)
+        for a in (EVERY_STEP, jaxdae.ReplayAdjoint())
+    )
     assert _relative(replayed, every) < 1e-12
 
 
@@ -218,25 +288,42 @@ def test_rodas_runs_backwards_in_time():
     """diffrax hands a solve from `t0 > t1` its terms wrapped with the direction of time in
     their control, not in their vector field (the terms the adjoint sees): Rodas5P
     integrates `y' = −y` from `y(1) = 1` back to `y(0) = e`."""
-    sol = diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, args: -y), jaxdae.Rodas5P(), 1.0,
-                              0.0, -0.1, jnp.array([1.0]),
-                              stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-10))
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(lambda t, y, args: -y),
+        jaxdae.Rodas5P(),
+        1.0,
+        0.0,
+        -0.1,
+        jnp.array([1.0]),
+        stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-10),
+    )
     np.testing.assert_allclose(sol.ys[-1], [np.e], rtol=1e-6)
 
 
 def test_an_adaptive_solve_it_cannot_replay_warns():
     """Saving every step of an adaptive solve is not replayed: tracing its gradient warns
     that it goes through diffrax's checkpointed loop, naming the fix; fixed steps do not."""
+
     def loss(mu, controller):
-        sol = diffrax.diffeqsolve(diffrax.ODETerm(_van_der_pol), jaxdae.Rodas5P(), 0.0, 0.5,
-                                  0.05, DIFF[1], args=mu, saveat=diffrax.SaveAt(steps=True),
-                                  stepsize_controller=controller, max_steps=16,
-                                  adjoint=jaxdae.ReplayAdjoint())
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(_van_der_pol),
+            jaxdae.Rodas5P(),
+            0.0,
+            0.5,
+            0.05,
+            DIFF[1],
+            args=mu,
+            saveat=diffrax.SaveAt(steps=True),
+            stepsize_controller=controller,
+            max_steps=16,
+            adjoint=jaxdae.ReplayAdjoint(),
+        )
         return jnp.sum(jnp.where(jnp.isfinite(sol.ys), sol.ys, 0.0))
 
     with pytest.warns(UserWarning, match="ReplayAdjoint` does not replay.*max_steps"):
         jax.make_jaxpr(jax.grad(loss), static_argnums=1)(
-            DIFF[0], diffrax.PIDController(rtol=1e-4, atol=1e-6))
+            DIFF[0], diffrax.PIDController(rtol=1e-4, atol=1e-6)
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         jax.make_jaxpr(jax.grad(loss), static_argnums=1)(DIFF[0], diffrax.ConstantStepSize())

@@ -66,8 +66,12 @@ def test_spd_solve(n, dtype):
     x = spd_solve(jnp.asarray(a), jnp.asarray(b))
     assert x.dtype == dtype
     np.testing.assert_allclose(x, np.linalg.solve(a, b), rtol=tol, atol=tol)
-    np.testing.assert_allclose(spd_solve(jnp.asarray(a), jnp.asarray(b[:, 0])),
-                               np.linalg.solve(a, b[:, 0]), rtol=tol, atol=tol)
+    np.testing.assert_allclose(
+        spd_solve(jnp.asarray(a), jnp.asarray(b[:, 0])),
+        np.linalg.solve(a, b[:, 0]),
+        rtol=tol,
+        atol=tol,
+    )
     batched = jax.vmap(spd_solve, in_axes=(None, 1), out_axes=1)(jnp.asarray(a), jnp.asarray(b))
     np.testing.assert_allclose(batched, np.linalg.solve(a, b), rtol=tol, atol=tol)
 
@@ -90,8 +94,10 @@ def test_spd_solve_gradient_matches_lineax(n):
         return jnp.tril(g + g.T) - jnp.diag(jnp.diag(g))
 
     # each gradient one program (eagerly, each operation compiles alone)
-    (got_a, got_b), (want_a, want_b) = (jax.jit(jax.grad(ours, (0, 1)))(a, b),
-                                        jax.jit(jax.grad(reference, (0, 1)))(a, b))
+    (got_a, got_b), (want_a, want_b) = (
+        jax.jit(jax.grad(ours, (0, 1)))(a, b),
+        jax.jit(jax.grad(reference, (0, 1)))(a, b),
+    )
     np.testing.assert_allclose(symmetric(got_a), symmetric(want_a), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(got_b, want_b, rtol=1e-10, atol=1e-12)
 
@@ -121,29 +127,41 @@ def test_looped_cholesky_and_substitutions(n):
         return lambda a, b: jnp.sum(jnp.cos(triangular(factor(0.5 * (a + a.T)), b)))
 
     ours = solve(looped_cholesky, lambda low, b: looped_triangular_solve(low, b, True))
-    reference = solve(jnp.linalg.cholesky, lambda low, b: jax.scipy.linalg.solve_triangular(
-        low, b, lower=True, trans=1))
+    reference = solve(
+        jnp.linalg.cholesky,
+        lambda low, b: jax.scipy.linalg.solve_triangular(low, b, lower=True, trans=1),
+    )
 
     @jax.jit  # one program for all the comparisons (eagerly, each operation compiles alone)
     def pairs(a, b, tangent, batch):
         low = jnp.linalg.cholesky(a)
         return {
             "factor": (looped_cholesky(a), low),
-            **{f"substitution, transpose={transpose}": (
-                looped_triangular_solve(low, b, transpose),
-                jax.scipy.linalg.solve_triangular(low, b, lower=True, trans=int(transpose)))
-               for transpose in (False, True)},
-            "factor's tangent": (jax.jvp(looped_cholesky, (a,), (tangent,))[1],
-                                 jax.jvp(jnp.linalg.cholesky, (a,), (tangent,))[1]),
+            **{
+                f"substitution, transpose={transpose}": (
+                    looped_triangular_solve(low, b, transpose),
+                    jax.scipy.linalg.solve_triangular(low, b, lower=True, trans=int(transpose)),
+                )
+                for transpose in (False, True)
+            },
+            "factor's tangent": (
+                jax.jvp(looped_cholesky, (a,), (tangent,))[1],
+                jax.jvp(jnp.linalg.cholesky, (a,), (tangent,))[1],
+            ),
             "gradient": (jax.grad(ours, (0, 1))(a, b), jax.grad(reference, (0, 1))(a, b)),
             # under `vmap`: unrolled or LAPACK's batched routines
-            "batched factor": (jax.vmap(looped_cholesky)(batch[:2]),
-                               jnp.linalg.cholesky(batch[:2])),
+            "batched factor": (
+                jax.vmap(looped_cholesky)(batch[:2]),
+                jnp.linalg.cholesky(batch[:2]),
+            ),
             "batched gradient": (
                 jax.vmap(jax.grad(ours, (0, 1)), in_axes=(0, None))(batch[:2], b),
-                jax.vmap(jax.grad(reference, (0, 1)), in_axes=(0, None))(batch[:2], b)),
-            "indefinite, alone and batched": (looped_cholesky(indefinite),
-                                              jax.vmap(looped_cholesky)(batch)[2]),
+                jax.vmap(jax.grad(reference, (0, 1)), in_axes=(0, None))(batch[:2], b),
+            ),
+            "indefinite, alone and batched": (
+                looped_cholesky(indefinite),
+                jax.vmap(looped_cholesky)(batch)[2],
+            ),
         }
 
     for name, (got, want) in pairs(a, b, tangent, batch).items():
@@ -178,8 +196,9 @@ def test_is_positive_definite(n):
     assert jax.vmap(is_positive_definite)(batch).tolist() == [True, False]
 
 
-@pytest.mark.parametrize("shapes", [((2, 3), (3,)), ((2, 3), (3, 4)), ((9, 9), (9, 2)),
-                                    ((3, 12), (12,))])
+@pytest.mark.parametrize(
+    "shapes", [((2, 3), (3,)), ((2, 3), (3, 4)), ((9, 9), (9, 2)), ((3, 12), (12,))]
+)
 def test_small_matmul(shapes):
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal(shape) for shape in shapes)
@@ -192,12 +211,12 @@ def test_extreme_eigenvalues_in_closed_form_match_eigvalsh():
     rng = np.random.default_rng(0)
     g = rng.normal(size=(2, 3))
     nearly_singular = np.array([[1.0, 1.0], [1.0, 1.0 + 1e-7]])
-    for matrix in (g @ g.T, np.diag([3.0, 0.5]), nearly_singular, np.array([[2.5]]),
-                   g.T @ g):
+    for matrix in (g @ g.T, np.diag([3.0, 0.5]), nearly_singular, np.array([[2.5]]), g.T @ g):
         expected = np.linalg.eigvalsh(matrix)
         smallest, largest = extreme_eigenvalues(jnp.asarray(matrix))
-        np.testing.assert_allclose([smallest, largest], [expected[0], expected[-1]],
-                                   rtol=1e-9, atol=1e-15 * expected[-1])
+        np.testing.assert_allclose(
+            [smallest, largest], [expected[0], expected[-1]], rtol=1e-9, atol=1e-15 * expected[-1]
+        )
     assert abs(reciprocal_condition(jnp.asarray(nearly_singular)) - 2.5e-8) < 1e-12
     assert reciprocal_condition(jnp.zeros((0, 0))) == 1.0
 
@@ -213,8 +232,16 @@ def test_pseudo_inverse_in_closed_form_matches_pinv():
     row = rng.normal(size=(1, 3))
     twice = np.concatenate([row, row]) @ np.concatenate([row, row]).T
     nearly = np.array([[1.0, 1.0], [1.0, 1.0 + 1e-10]])
-    cases = (g @ g.T, twice, nearly, np.diag([2.0, 0.0]), np.zeros((2, 2)),
-             np.array([[2.5]]), np.zeros((1, 1)), g.T @ g)
+    cases = (
+        g @ g.T,
+        twice,
+        nearly,
+        np.diag([2.0, 0.0]),
+        np.zeros((2, 2)),
+        np.array([[2.5]]),
+        np.zeros((1, 1)),
+        g.T @ g,
+    )
     solve = jax.jit(psd_pseudo_solve)  # one program a shape (eagerly, each operation alone)
     for matrix in cases:
         b = rng.normal(size=matrix.shape[0])
@@ -224,7 +251,8 @@ def test_pseudo_inverse_in_closed_form_matches_pinv():
         got = solve(jnp.asarray(matrix), jnp.asarray(b), rcond)
         np.testing.assert_allclose(got, expected, rtol=1e-7, atol=1e-12)
     grad = jax.jit(jax.grad(lambda m: jnp.sum(psd_pseudo_solve(m, jnp.ones(2), rcond))))(
-        jnp.asarray(twice))
+        jnp.asarray(twice)
+    )
     assert np.all(np.isfinite(grad))
 
 
@@ -235,19 +263,22 @@ def _oscillators(count, damping):
     return block + 0.1 * jnp.eye(2 * count, k=1) * jnp.tile(jnp.asarray([0.0, 1.0]), count)[:, None]
 
 
-@pytest.mark.parametrize("matrix, hurwitz", [
-    ([[-1.0]], True),
-    ([[0.0]], False),
-    ([[0.0, 1.0], [-4.0, -0.5]], True),      # damped oscillator
-    ([[0.0, 1.0], [-4.0, 0.0]], False),      # undamped: eigenvalues on the imaginary axis
-    ([[0.0, 1.0], [4.0, -1.0]], False),      # a saddle
-    ([[-1.0, 5.0, 0.0], [0.0, -2.0, 3.0], [0.0, 0.0, -0.1]], True),
-    ([[np.nan, 0.0], [0.0, -1.0]], False),
-    # beyond LYAPUNOV_MAX rows (traced: eigenvalues on the host): 15 coupled oscillators,
-    # all damped, and with the last undamped
-    (_oscillators(15, damping=0.5), True),
-    (_oscillators(15, damping=0.5).at[-1, -1].set(0.0), False),
-])
+@pytest.mark.parametrize(
+    "matrix, hurwitz",
+    [
+        ([[-1.0]], True),
+        ([[0.0]], False),
+        ([[0.0, 1.0], [-4.0, -0.5]], True),  # damped oscillator
+        ([[0.0, 1.0], [-4.0, 0.0]], False),  # undamped: eigenvalues on the imaginary axis
+        ([[0.0, 1.0], [4.0, -1.0]], False),  # a saddle
+        ([[-1.0, 5.0, 0.0], [0.0, -2.0, 3.0], [0.0, 0.0, -0.1]], True),
+        ([[np.nan, 0.0], [0.0, -1.0]], False),
+        # beyond LYAPUNOV_MAX rows (traced: eigenvalues on the host): 15 coupled oscillators,
+        # all damped, and with the last undamped
+        (_oscillators(15, damping=0.5), True),
+        (_oscillators(15, damping=0.5).at[-1, -1].set(0.0), False),
+    ],
+)
 def test_not_hurwitz_eager_and_traced_agree_with_eigenvalues(matrix, hurwitz):
     """The eager path (NumPy's eigenvalues) and the traced one (Lyapunov's equation, or the
     host's eigenvalues for large matrices) agree."""
@@ -304,9 +335,16 @@ def test_cholesky_pivots(size):
     assert not pivots.min() > 1e-8 * pivots.max()
 
 
-@pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.slow),
-                               pytest.param(5, marks=pytest.mark.slow), LU_UNROLL_MAX,
-                               LU_UNROLL_MAX + 1])
+@pytest.mark.parametrize(
+    "n",
+    [
+        1,
+        pytest.param(2, marks=pytest.mark.slow),
+        pytest.param(5, marks=pytest.mark.slow),
+        LU_UNROLL_MAX,
+        LU_UNROLL_MAX + 1,
+    ],
+)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_lu_solve_matches_scipy(n, dtype):
     """`lu_factor`/`lu_solve` (unrolled up to `LU_UNROLL_MAX`, LAPACK beyond) give
@@ -375,8 +413,9 @@ def _saddle_point(n, m, seed):
 _inverse = jax.jit(inverse)  # one program a shape, shared by the tests below
 
 
-@pytest.mark.parametrize("n", [LU_UNROLL_MAX + 1, 33,
-                               pytest.param(LOOPED_INVERSE_MAX, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "n", [LU_UNROLL_MAX + 1, 33, pytest.param(LOOPED_INVERSE_MAX, marks=pytest.mark.slow)]
+)
 def test_looped_inverse_matches_numpy(n):
     """`inverse` (the checked block elimination from `LU_UNROLL_MAX + 1` rows up to
     `LOOPED_INVERSE_MAX`) against NumPy's LAPACK inverse and `jnp.linalg.solve`, on a
@@ -388,16 +427,18 @@ def test_looped_inverse_matches_numpy(n):
         result = np.asarray(_inverse(matrix))
         expected = np.linalg.inv(matrix)
         cond = np.linalg.cond(matrix)
-        np.testing.assert_allclose(result, expected,
-                                   atol=1e-14 * cond * np.max(np.abs(expected)))
+        np.testing.assert_allclose(result, expected, atol=1e-14 * cond * np.max(np.abs(expected)))
         factored = jax.eval_shape(factor_for_solves, matrix)
         assert isinstance(factored, tuple) == (n > INVERSE_MAX)  # LU factors or the inverse
         for tangents, lu in ((TANGENT_LOOP_MAX, False), (TANGENT_LOOP_MAX + 1, n > INVERSE_MAX)):
             factored = jax.eval_shape(lambda m, k=tangents: factor_for_solves(m, k), matrix)
             assert isinstance(factored, tuple) == lu
         b = rng.standard_normal(n)
-        np.testing.assert_allclose(solve_factored(result, b), jnp.linalg.solve(matrix, b),
-                                   atol=1e-14 * cond * np.max(np.abs(expected @ b)))
+        np.testing.assert_allclose(
+            solve_factored(result, b),
+            jnp.linalg.solve(matrix, b),
+            atol=1e-14 * cond * np.max(np.abs(expected @ b)),
+        )
 
 
 def test_looped_inverse_pivots_derivative_and_singular():
@@ -413,8 +454,9 @@ def test_looped_inverse_pivots_derivative_and_singular():
     np.testing.assert_allclose(tangent, expected, rtol=1e-10, atol=1e-12)
     assert not np.all(np.isfinite(_inverse(np.ones((n, n)))))
     stack = np.stack([a, a + da])
-    np.testing.assert_allclose(jax.jit(jax.vmap(looped_inverse))(stack), np.linalg.inv(stack),
-                               rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(
+        jax.jit(jax.vmap(looped_inverse))(stack), np.linalg.inv(stack), rtol=1e-9, atol=1e-12
+    )
 
 
 _blocked = jax.jit(blocked_inverse, static_argnums=1)
@@ -468,8 +510,9 @@ def test_blocked_inverse_matches_lapack(n):
         scale = np.linalg.cond(matrix) * np.max(np.abs(expected))
         np.testing.assert_allclose(result, expected, atol=1e-13 * scale)
         b = rng.standard_normal(n)
-        np.testing.assert_allclose(result @ b, jnp.linalg.solve(matrix, b),
-                                   atol=1e-13 * scale * np.max(np.abs(b)) * n)
+        np.testing.assert_allclose(
+            result @ b, jnp.linalg.solve(matrix, b), atol=1e-13 * scale * np.max(np.abs(b)) * n
+        )
 
 
 def test_blocked_inverse_derivative_vmap_and_singular_block():
@@ -478,8 +521,9 @@ def test_blocked_inverse_derivative_vmap_and_singular_block():
     inverse."""
     n = LU_UNROLL_MAX + 1
     a, da = _banded(n, 2, 0), _banded(n, 2, 1)
-    _, tangent = jax.jvp(lambda m: blocked_inverse(m, NEWTON_INVERSE_BLOCK), (jnp.asarray(a),),
-                         (jnp.asarray(da),))
+    _, tangent = jax.jvp(
+        lambda m: blocked_inverse(m, NEWTON_INVERSE_BLOCK), (jnp.asarray(a),), (jnp.asarray(da),)
+    )
     _, expected = jax.jvp(jnp.linalg.inv, (jnp.asarray(a),), (jnp.asarray(da),))
     np.testing.assert_allclose(tangent, expected, rtol=1e-10, atol=1e-12)
     stack = np.stack([a, a + 0.1 * da])
@@ -504,11 +548,19 @@ def test_checked_blocked_inverse_pivots_where_the_blocks_cannot():
     accurate = jax.jit(inverse_is_accurate)
     for matrix, blocks_suffice in ((a, True), (permutation, False), (nearly, False)):
         assert bool(accurate(matrix, _blocked(matrix, NEWTON_INVERSE_BLOCK))) == blocks_suffice
-        np.testing.assert_allclose(checked(matrix), np.linalg.inv(matrix), rtol=1e-10,
-                                   atol=1e-12 * np.max(np.abs(np.linalg.inv(matrix))))
+        np.testing.assert_allclose(
+            checked(matrix),
+            np.linalg.inv(matrix),
+            rtol=1e-10,
+            atol=1e-12 * np.max(np.abs(np.linalg.inv(matrix))),
+        )
     stack = np.stack([a, nearly])
-    np.testing.assert_allclose(jax.jit(jax.vmap(checked_blocked_inverse))(stack),
-                               np.linalg.inv(stack), rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(
+        jax.jit(jax.vmap(checked_blocked_inverse))(stack),
+        np.linalg.inv(stack),
+        rtol=1e-9,
+        atol=1e-10,
+    )
     single = np.asarray(checked(a.astype(np.float32)))
     assert single.dtype == np.float32
     np.testing.assert_allclose(single, np.linalg.inv(a), rtol=1e-3, atol=1e-4)
@@ -523,8 +575,9 @@ def test_pivoted_cholesky_of_a_rank_deficient_matrix():
     rng = np.random.default_rng(3)
     f = rng.standard_normal((12, 7)) * np.array([1e-3, 1.0, 5.0, 0.2, 3.0, 1.0, 0.05])
     a = f @ f.T
-    low, pivots, order = (np.asarray(x) for x in jax.jit(pivoted_cholesky, static_argnums=1)(
-        jnp.asarray(a), 1e-8))
+    low, pivots, order = (
+        np.asarray(x) for x in jax.jit(pivoted_cholesky, static_argnums=1)(jnp.asarray(a), 1e-8)
+    )
     np.testing.assert_allclose(low @ np.diag(pivots) @ low.T, a, atol=1e-12 * np.abs(a).max())
     assert np.sum(pivots > 0) == 7 and np.all(pivots[7:] == 0) and np.all(low[:, 7:] == 0)
     assert np.all(np.diff(pivots[:7]) <= 0) and pivots[0] == np.max(np.diag(a))

@@ -50,9 +50,17 @@ def _solve(solver, matrix, rhs):
     return lx.linear_solve(lx.MatrixLinearOperator(matrix, PSD), rhs, solver).value
 
 
-@pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.slow),
-                               pytest.param(3, marks=pytest.mark.slow), UNROLL_MAX,
-                               UNROLL_MAX + 1, 20])
+@pytest.mark.parametrize(
+    "n",
+    [
+        1,
+        pytest.param(2, marks=pytest.mark.slow),
+        pytest.param(3, marks=pytest.mark.slow),
+        UNROLL_MAX,
+        UNROLL_MAX + 1,
+        20,
+    ],
+)
 def test_positive_definite_matches_lineax_cholesky(n):
     """Values, gradients (through `lineax.linear_solve`, w.r.t. matrix and right-hand side)
     and `vmap` against `lineax.Cholesky`, on either side of `UNROLL_MAX`; the pivots multiply
@@ -74,7 +82,9 @@ def test_positive_definite_matches_lineax_cholesky(n):
     batch = jnp.stack([b, 2 * b, -b])
     np.testing.assert_allclose(
         jax.jit(jax.vmap(lambda c: _solve(StructuredCholesky(), a, c)))(batch),
-        jax.jit(jax.vmap(lambda c: _solve(lx.Cholesky(), a, c)))(batch), rtol=1e-12)
+        jax.jit(jax.vmap(lambda c: _solve(lx.Cholesky(), a, c)))(batch),
+        rtol=1e-12,
+    )
     pivots = jax.jit(lambda m: StructuredCholesky().init(_operator(m), {}).pivots)(a)
     np.testing.assert_allclose(np.prod(pivots), np.linalg.det(np.asarray(a)), rtol=1e-10)
 
@@ -90,14 +100,18 @@ def test_direct_gradient_matches_lineax(n):
 
     # each derivative one program (eagerly, each operation compiles alone)
     def along(solve):
-        return jax.jit(lambda: jax.jvp(lambda s: jnp.sum(jnp.sin(solve(a + s * direction, b))),
-                                       (0.0,), (1.0,))[1])()
+        return jax.jit(
+            lambda: jax.jvp(
+                lambda s: jnp.sum(jnp.sin(solve(a + s * direction, b))), (0.0,), (1.0,)
+            )[1]
+        )()
 
     ours = along(lambda m, c: symmetric_solve(_operator(m), c, StructuredCholesky()))
     theirs = along(lambda m, c: _solve(lx.Cholesky(), m, c))
     np.testing.assert_allclose(ours, theirs, rtol=1e-10)
-    grad = jax.jit(jax.grad(lambda c: jnp.sum(jnp.sin(symmetric_solve(_operator(a), c,
-                                                                      StructuredCholesky())))))(b)
+    grad = jax.jit(
+        jax.grad(lambda c: jnp.sum(jnp.sin(symmetric_solve(_operator(a), c, StructuredCholesky()))))
+    )(b)
     grad_lx = jax.jit(jax.grad(lambda c: jnp.sum(jnp.sin(_solve(lx.Cholesky(), a, c)))))(b)
     np.testing.assert_allclose(grad, grad_lx, rtol=1e-10)
 
@@ -136,26 +150,28 @@ def test_banded_operator_matches_lineax_cholesky():
     assert state.plan is not None
     b = jnp.asarray(np.random.default_rng(2).standard_normal(40))
     dense = sparse.dense()
-    np.testing.assert_allclose(np.prod(state.pivots), np.linalg.det(np.asarray(dense)),
-                               rtol=1e-9)
+    np.testing.assert_allclose(np.prod(state.pivots), np.linalg.det(np.asarray(dense)), rtol=1e-9)
 
     def banded(values, c):
         op = SparseOperator(SparseMatrix(values, sparse.pattern), PSD)
         return jnp.sum(jnp.sin(lx.linear_solve(op, c, StructuredCholesky()).value))
 
     def reference(values, c):
-        return jnp.sum(jnp.sin(_solve(lx.Cholesky(), SparseMatrix(values, sparse.pattern).dense(),
-                                      c)))
+        return jnp.sum(
+            jnp.sin(_solve(lx.Cholesky(), SparseMatrix(values, sparse.pattern).dense(), c))
+        )
 
-    np.testing.assert_allclose(banded(sparse.values, b), reference(sparse.values, b),
-                               rtol=1e-12)
+    np.testing.assert_allclose(banded(sparse.values, b), reference(sparse.values, b), rtol=1e-12)
     ours = jax.grad(banded, argnums=(0, 1))(sparse.values, b)
     theirs = jax.grad(reference, argnums=(0, 1))(sparse.values, b)
     for x, y in zip(ours, theirs, strict=False):
         np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12)
     values = jnp.stack([sparse.values, 2 * sparse.values])
-    np.testing.assert_allclose(jax.vmap(banded, in_axes=(0, None))(values, b),
-                               jax.vmap(reference, in_axes=(0, None))(values, b), rtol=1e-12)
+    np.testing.assert_allclose(
+        jax.vmap(banded, in_axes=(0, None))(values, b),
+        jax.vmap(reference, in_axes=(0, None))(values, b),
+        rtol=1e-12,
+    )
     direct = symmetric_solve(operator, b, StructuredCholesky())
     np.testing.assert_allclose(direct, np.linalg.solve(np.asarray(dense), b), rtol=1e-10)
 
@@ -166,8 +182,9 @@ def _rank_deficient(n, rank, seed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n, rank", [(1, 1), (1, 0), (2, 2), (2, 1), (3, 2), (5, 3), (5, 5),
-                                     (4, 0), (12, 7)])
+@pytest.mark.parametrize(
+    "n, rank", [(1, 1), (1, 0), (2, 2), (2, 1), (3, 2), (5, 3), (5, 5), (4, 0), (12, 7)]
+)
 def test_pseudo_inverse_matches_lineax_svd(n, rank):
     """Values against `lineax.SVD(rcond)` on random full-rank and rank-deficient positive
     semidefinite matrices, `vmap`, and gradients through `lineax.linear_solve`."""
@@ -177,16 +194,21 @@ def test_pseudo_inverse_matches_lineax_svd(n, rank):
     solver = PositiveSemidefinitePseudoInverse(rcond)
     expected = _solve(lx.SVD(rcond=rcond), a, b)
     np.testing.assert_allclose(_solve(solver, a, b), expected, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(symmetric_solve(_operator(a), b, solver), expected, rtol=1e-9,
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        symmetric_solve(_operator(a), b, solver), expected, rtol=1e-9, atol=1e-12
+    )
     batch = jnp.stack([b, -3 * b])
-    np.testing.assert_allclose(jax.vmap(lambda c: _solve(solver, a, c))(batch),
-                               jax.vmap(lambda c: _solve(lx.SVD(rcond=rcond), a, c))(batch),
-                               rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(
+        jax.vmap(lambda c: _solve(solver, a, c))(batch),
+        jax.vmap(lambda c: _solve(lx.SVD(rcond=rcond), a, c))(batch),
+        rtol=1e-9,
+        atol=1e-12,
+    )
     # gradients w.r.t. the right-hand side (any rank) and the matrix (lineax's rule)
     grad = jax.grad(lambda m, c: jnp.sum(jnp.sin(_solve(solver, m, c))), argnums=(0, 1))
-    grad_lx = jax.grad(lambda m, c: jnp.sum(jnp.sin(_solve(lx.SVD(rcond=rcond), m, c))),
-                       argnums=(0, 1))
+    grad_lx = jax.grad(
+        lambda m, c: jnp.sum(jnp.sin(_solve(lx.SVD(rcond=rcond), m, c))), argnums=(0, 1)
+    )
     for x, y in zip(grad(a, b), grad_lx(a, b), strict=False):
         np.testing.assert_allclose(x, y, rtol=1e-7, atol=1e-9)
 
@@ -205,8 +227,9 @@ def test_vmapped_pseudo_inverse_lapack_calls_run_in_sequence():
     program = solve.lower(matrices).compile().as_text()
     calls = re.findall(r'custom_call_target="(lapack_\w+)"', program)
     assert sorted(calls) == ["lapack_dpotrf_ffi"] + ["lapack_dtrsm_ffi"] * 2, calls
-    np.testing.assert_allclose(solve(matrices)[0], _solve(lx.SVD(rcond=1e-8), a, b),
-                               rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(
+        solve(matrices)[0], _solve(lx.SVD(rcond=1e-8), a, b), rtol=1e-9, atol=1e-12
+    )
 
 
 def test_pseudo_inverse_direct_gradient_of_full_rank_pair():
@@ -226,8 +249,9 @@ def test_structure_carrying_operators_in_lineax():
     their tags and pattern, and products and solves with them match their dense matrices."""
     rng = np.random.default_rng(3)
     dense_g = rng.standard_normal((4, 6)) * (rng.random((4, 6)) < 0.5)
-    g = SparseOperator(SparseMatrix.from_dense(jnp.asarray(dense_g),
-                                               Pattern.from_mask(dense_g != 0)))
+    g = SparseOperator(
+        SparseMatrix.from_dense(jnp.asarray(dense_g), Pattern.from_mask(dense_g != 0))
+    )
     x = rng.standard_normal(6)
     np.testing.assert_allclose(g.mv(jnp.asarray(x)), dense_g @ x, atol=1e-14)
     np.testing.assert_allclose(g.T.as_matrix(), dense_g.T)
@@ -238,28 +262,32 @@ def test_structure_carrying_operators_in_lineax():
     blocks = [_spd(2, seed) for seed in range(3)]
     dense_m = np.zeros((6, 6))
     for k, block in enumerate(blocks):
-        dense_m[2 * k:2 * k + 2, 2 * k:2 * k + 2] = block
-    mass = SparseOperator(SparseMatrix.from_dense(jnp.asarray(dense_m),
-                                                  Pattern.from_mask(dense_m != 0)),
-                          (PSD, state_independent_tag))
+        dense_m[2 * k : 2 * k + 2, 2 * k : 2 * k + 2] = block
+    mass = SparseOperator(
+        SparseMatrix.from_dense(jnp.asarray(dense_m), Pattern.from_mask(dense_m != 0)),
+        (PSD, state_independent_tag),
+    )
     assert lx.is_symmetric(mass) and lx.is_positive_semidefinite(mass) and mass.T is mass
     assert is_state_independent(mass) and not lx.is_diagonal(mass)
     assert not is_state_independent(_operator(dense_m))
     expected = np.linalg.solve(dense_m, x)
     for solver in (lx.Cholesky(), StructuredCholesky()):
-        np.testing.assert_allclose(lx.linear_solve(mass, jnp.asarray(x), solver).value,
-                                   expected, rtol=1e-12)
+        np.testing.assert_allclose(
+            lx.linear_solve(mass, jnp.asarray(x), solver).value, expected, rtol=1e-12
+        )
 
     factored = FactoredOperator(mass, MassFactor.factor(jnp.asarray(dense_m), mass.matrix))
     assert factored.factor.inverse is not None  # 2 × 2 blocks: inverted block by block
     assert factor_of(factored) is factored.factor and factor_of(mass) is None
     assert sparse_matrix(factored) is mass.matrix and sparse_matrix(_operator(dense_m)) is None
     assert is_state_independent(factored) and lx.is_positive_semidefinite(factored)
-    np.testing.assert_allclose(factored.factor.solve(jnp.asarray(x)[:, None])[:, 0], expected,
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        factored.factor.solve(jnp.asarray(x)[:, None])[:, 0], expected, rtol=1e-12
+    )
     np.testing.assert_allclose(factored.mv(jnp.asarray(x)), dense_m @ x, atol=1e-13)
-    np.testing.assert_allclose(lx.linear_solve(factored, jnp.asarray(x), lx.Cholesky()).value,
-                               expected, rtol=1e-12)
+    np.testing.assert_allclose(
+        lx.linear_solve(factored, jnp.asarray(x), lx.Cholesky()).value, expected, rtol=1e-12
+    )
 
 
 def test_solvers_refuse_operators_that_are_not_symmetric():
@@ -273,10 +301,15 @@ def _terms(c, seed):
     n = 4
     rng = np.random.default_rng(seed)
     g = jnp.asarray(rng.standard_normal((c, n)))
-    return ConstrainedTerms(mass_matrix=jnp.asarray(_spd(n, seed)),
-                            forces=jnp.asarray(rng.standard_normal(n)),
-                            phi=jnp.zeros(c), dphi=jnp.zeros(c), psi=jnp.zeros(0),
-                            jacobian=g, bias=jnp.asarray(rng.standard_normal(c)))
+    return ConstrainedTerms(
+        mass_matrix=jnp.asarray(_spd(n, seed)),
+        forces=jnp.asarray(rng.standard_normal(n)),
+        phi=jnp.zeros(c),
+        dphi=jnp.zeros(c),
+        psi=jnp.zeros(0),
+        jacobian=g,
+        bias=jnp.asarray(rng.standard_normal(c)),
+    )
 
 
 @pytest.mark.slow
@@ -286,18 +319,25 @@ def test_multiplier_solve_takes_any_lineax_solver(c):
     with the project's, values and gradients."""
     terms = _terms(c, c)
     target = jnp.linspace(-1.0, 1.0, c)
-    pairs = [(StructuredCholesky(), lx.Cholesky()), (StructuredCholesky(), lx.LU()),
-             (PositiveSemidefinitePseudoInverse(), lx.SVD(rcond=1e-8))]
+    pairs = [
+        (StructuredCholesky(), lx.Cholesky()),
+        (StructuredCholesky(), lx.LU()),
+        (PositiveSemidefinitePseudoInverse(), lx.SVD(rcond=1e-8)),
+    ]
     for ours, theirs in pairs:
-        for x, y in zip(multiplier_solve(terms, target, ours),
-                        multiplier_solve(terms, target, theirs), strict=False):
+        for x, y in zip(
+            multiplier_solve(terms, target, ours),
+            multiplier_solve(terms, target, theirs),
+            strict=False,
+        ):
             np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
 
         def loss(solver):
             return lambda t: jnp.sum(jnp.sin(multiplier_solve(terms, t, solver)[0]))
 
-        np.testing.assert_allclose(jax.grad(loss(ours))(target), jax.grad(loss(theirs))(target),
-                                   rtol=1e-9)
+        np.testing.assert_allclose(
+            jax.grad(loss(ours))(target), jax.grad(loss(theirs))(target), rtol=1e-9
+        )
 
 
 # -- structured against dense, every formulation -------------------------------------------
@@ -346,13 +386,21 @@ def test_structured_formulations_agree_with_dense(banded, monkeypatch):
     structured, dense = _StructuredChain(links), _DenseChain(links)
     q, _ = structured.initial_state()
     v = 0.3 * jnp.cos(jnp.arange(q.size, dtype=float))
-    formulations = [*_FORMULATIONS,
-                    jaxdae.RedundantCoordinates(dependent=tuple(range(1, q.size, 2)))]
+    formulations = [
+        *_FORMULATIONS,
+        jaxdae.RedundantCoordinates(dependent=tuple(range(1, q.size, 2))),
+    ]
     terms = structured.terms(0.1, q, v)
     assert terms.mass_operator is not None and dense.terms(0.1, q, v).mass_operator is None
     if banded:
-        assert _banded.banded_plan(_sparse.sparse_matmul(
-            terms.jacobian_operator.matrix, terms.jacobian_operator.matrix.T).pattern) is not None
+        assert (
+            _banded.banded_plan(
+                _sparse.sparse_matmul(
+                    terms.jacobian_operator.matrix, terms.jacobian_operator.matrix.T
+                ).pattern
+            )
+            is not None
+        )
     values_s, grads_s = _values_and_gradients(structured, formulations, q, v)
     values_d, grads_d = _values_and_gradients(dense, formulations, q, v)
     _banded.banded_plan.cache_clear()
@@ -366,8 +414,9 @@ def test_structured_formulations_agree_with_dense(banded, monkeypatch):
         leaves_s, leaves_d = jax.tree_util.tree_leaves(grad_s), jax.tree_util.tree_leaves(grad_d)
         assert len(leaves_s) == len(leaves_d) > 0
         for a, b in zip(leaves_s, leaves_d, strict=False):
-            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-10,
-                                       err_msg=type(formulation).__name__)
+            np.testing.assert_allclose(
+                a, b, rtol=1e-9, atol=1e-10, err_msg=type(formulation).__name__
+            )
 
 
 @pytest.mark.parametrize("redundant", [pytest.param(False, marks=pytest.mark.slow), True])
@@ -397,9 +446,15 @@ def test_banded_pseudo_inverse_matches_lineax_svd(redundant):
         return lambda c: jnp.sum(jnp.sin(lx.linear_solve(op, c, solver_).value))
 
     dense = _operator(matrix)
-    np.testing.assert_allclose(lx.linear_solve(operator, b, solver).value,
-                               lx.linear_solve(dense, b, lx.SVD(rcond=1e-8)).value,
-                               rtol=1e-8, atol=1e-10)
-    np.testing.assert_allclose(jax.jit(jax.grad(loss(solver, operator)))(b),
-                               jax.jit(jax.grad(loss(lx.SVD(rcond=1e-8), dense)))(b), rtol=1e-8,
-                               atol=1e-10)
+    np.testing.assert_allclose(
+        lx.linear_solve(operator, b, solver).value,
+        lx.linear_solve(dense, b, lx.SVD(rcond=1e-8)).value,
+        rtol=1e-8,
+        atol=1e-10,
+    )
+    np.testing.assert_allclose(
+        jax.jit(jax.grad(loss(solver, operator)))(b),
+        jax.jit(jax.grad(loss(lx.SVD(rcond=1e-8), dense)))(b),
+        rtol=1e-8,
+        atol=1e-10,
+    )

@@ -75,8 +75,10 @@ def test_jit_and_vmap(problem):
     gains = jax.vmap(lambda s: jaxdae.lqr(a, b, s * q, r).gain)(scales)
     for s, k in zip(scales, gains, strict=False):
         np.testing.assert_allclose(
-            k, np.linalg.solve(r, b.T @ scipy.linalg.solve_continuous_are(a, b, float(s) * q, r)),
-            rtol=1e-9, atol=1e-9,
+            k,
+            np.linalg.solve(r, b.T @ scipy.linalg.solve_continuous_are(a, b, float(s) * q, r)),
+            rtol=1e-9,
+            atol=1e-9,
         )
 
 

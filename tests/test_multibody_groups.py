@@ -43,8 +43,12 @@ def mixed_chain(n=7):
     """`n` links of different masses: revolute, prismatic and distance joints interleaved,
     a spring-damper across every second pair of links, a torque on every link, gravity."""
     ends = {"a": (-HALF, 0.0), "b": (HALF, 0.0)}
-    bodies = [mb.PlanarBody(f"l{i}", 1.0 + 0.1 * i, 0.01 * (1 + i), markers=ends,
-                            position=((2 * i + 1) * HALF, 0.0)) for i in range(n)]
+    bodies = [
+        mb.PlanarBody(
+            f"l{i}", 1.0 + 0.1 * i, 0.01 * (1 + i), markers=ends, position=((2 * i + 1) * HALF, 0.0)
+        )
+        for i in range(n)
+    ]
     joints = [mb.Revolute("ground", "l0.a", name="base")]
     for i in range(1, n):
         a, b, kind = f"l{i - 1}.b", f"l{i}.a", _kind(i)
@@ -55,8 +59,9 @@ def mixed_chain(n=7):
         else:
             joints.append(mb.Distance(a, b, DISTANCE))
     forces = [mb.Gravity()]
-    forces += [mb.SpringDamper(f"l{i - 2}.a", f"l{i}.b", 5.0 + i, 0.1 * i, 0.8)
-               for i in range(2, n, 2)]
+    forces += [
+        mb.SpringDamper(f"l{i - 2}.a", f"l{i}.b", 5.0 + i, 0.1 * i, 0.8) for i in range(2, n, 2)
+    ]
     forces += [mb.Torque(f"l{i}", 0.05 * (i + 1)) for i in range(n)]
     return mb.Mechanism(bodies, joints, forces)
 
@@ -93,13 +98,19 @@ class HandMixedChain(jaxdae.LagrangianSystem):
 
     def generalized_forces(self, t, q, v):
         def rayleigh(v_):
-            rates = jax.jvp(lambda q_: jnp.stack(
-                [jnp.linalg.norm(b - a) for _, _, a, b in self._springs(q_)]), (q,), (v_,))[1]
+            rates = jax.jvp(
+                lambda q_: jnp.stack([jnp.linalg.norm(b - a) for _, _, a, b in self._springs(q_)]),
+                (q,),
+                (v_,),
+            )[1]
             dampings = jnp.array([c for _, c, _, _ in self._springs(q)])
             return 0.5 * jnp.sum(dampings * rates**2)
 
-        torques = jnp.zeros((self.masses.shape[0], 3)).at[:, 2].set(
-            0.05 * (1 + jnp.arange(self.masses.shape[0])))
+        torques = (
+            jnp.zeros((self.masses.shape[0], 3))
+            .at[:, 2]
+            .set(0.05 * (1 + jnp.arange(self.masses.shape[0])))
+        )
         return torques.reshape(-1) - jax.grad(rayleigh)(v)
 
     def constraints(self, t, q):
@@ -114,8 +125,9 @@ class HandMixedChain(jaxdae.LagrangianSystem):
                 u = rot[i - 1] @ jnp.asarray(PRISMATIC_AXIS)
                 u = u / jnp.linalg.norm(u)
                 normal = jnp.stack([-u[1], u[0]])
-                rows.append(jnp.stack([normal @ (pb - pa),
-                                       b[i, 2] - b[i - 1, 2] - PRISMATIC_ANGLE]))
+                rows.append(
+                    jnp.stack([normal @ (pb - pa), b[i, 2] - b[i - 1, 2] - PRISMATIC_ANGLE])
+                )
             else:
                 d = pb - pa
                 rows.append(((d @ d - DISTANCE**2) / (2 * DISTANCE))[None])
@@ -141,13 +153,20 @@ def test_mixed_chain_matches_hand_written_rows_in_order():
     built, hand = mixed_chain(n), HandMixedChain(n)
     q, v = _state(n)
     t = jnp.asarray(0.3)
-    methods = (("constraints", (t, q)), ("mass_matrix", (t, q)), ("potential_energy", (t, q)),
-               ("generalized_forces", (t, q, v)), ("kinetic_energy", (t, q, v)))
+    methods = (
+        ("constraints", (t, q)),
+        ("mass_matrix", (t, q)),
+        ("potential_energy", (t, q)),
+        ("generalized_forces", (t, q, v)),
+        ("kinetic_energy", (t, q, v)),
+    )
 
     @eqx.filter_jit  # compiled once per model: evaluated eagerly, the terms take seconds
     def evaluate(system):
-        return ([getattr(system, method)(*args) for method, args in methods],
-                _accelerations(system, q, v))
+        return (
+            [getattr(system, method)(*args) for method, args in methods],
+            _accelerations(system, q, v),
+        )
 
     (values_b, (qdd_b, lam_b)), (values_h, (qdd_h, lam_h)) = evaluate(built), evaluate(hand)
     for (method, _), value_b, value_h in zip(methods, values_b, values_h, strict=True):
@@ -159,8 +178,9 @@ def test_mixed_chain_matches_hand_written_rows_in_order():
     start = 0
     for name, size in zip(built.joint_names, built.joint_sizes, strict=True):
         assert built.joint_rows(name) == slice(start, start + size)
-        np.testing.assert_allclose(phi_b[built.joint_rows(name)], phi_h[start : start + size],
-                                   atol=1e-14)
+        np.testing.assert_allclose(
+            phi_b[built.joint_rows(name)], phi_h[start : start + size], atol=1e-14
+        )
         start += size
 
 
@@ -178,14 +198,17 @@ def test_gradients_through_grouped_parameters():
         return jnp.sum(qdd**2) + jnp.sum(jnp.sin(lam))
 
     grads = eqx.filter_grad(loss)(mech)
-    for where, h in ((lambda m: m.bodies[3].mass, 1e-5),
-                     (lambda m: m.bodies[4].markers["a"], jnp.array([1e-6, 2e-6])),
-                     (lambda m: m.joints[5].length, 1e-6),
-                     (lambda m: m.joints[4].angle, 1e-6)):
+    for where, h in (
+        (lambda m: m.bodies[3].mass, 1e-5),
+        (lambda m: m.bodies[4].markers["a"], jnp.array([1e-6, 2e-6])),
+        (lambda m: m.joints[5].length, 1e-6),
+        (lambda m: m.joints[4].angle, 1e-6),
+    ):
         value = where(mech)
         h = jnp.asarray(h)
-        diff = (loss(eqx.tree_at(where, mech, value + h))
-                - loss(eqx.tree_at(where, mech, value - h))) / (2 * jnp.linalg.norm(h))
+        diff = (
+            loss(eqx.tree_at(where, mech, value + h)) - loss(eqx.tree_at(where, mech, value - h))
+        ) / (2 * jnp.linalg.norm(h))
         gradient = where(grads) if h.ndim == 0 else where(grads) @ h / jnp.linalg.norm(h)
         assert abs(float(diff)) > 1e-3
         np.testing.assert_allclose(gradient, diff, rtol=1e-5)
@@ -237,7 +260,8 @@ def chain(n):
     ends = {"a": (-HALF, 0.0), "b": (HALF, 0.0)}
     bodies = [mb.PlanarBody(f"l{i}", 1.0, 0.05, markers=ends) for i in range(n)]
     joints = [mb.Revolute("ground", "l0.a")] + [
-        mb.Revolute(f"l{i - 1}.b", f"l{i}.a") for i in range(1, n)]
+        mb.Revolute(f"l{i - 1}.b", f"l{i}.a") for i in range(1, n)
+    ]
     return mb.Mechanism(bodies, joints, [mb.Gravity()])
 
 
@@ -287,8 +311,10 @@ def test_built_chain_hands_the_core_the_hand_written_structure():
     plan = banded_plan(gram)
     assert plan is not None and plan.width == 3
     accelerations = eqx.filter_jit(_accelerations)
-    (qdd_b, lam_b), (qdd_h, lam_h) = (accelerations(chain(n), q, v),
-                                      accelerations(hand_chain(n), q, v))
+    (qdd_b, lam_b), (qdd_h, lam_h) = (
+        accelerations(chain(n), q, v),
+        accelerations(hand_chain(n), q, v),
+    )
     np.testing.assert_allclose(qdd_b, qdd_h, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(lam_b, lam_h, rtol=1e-10, atol=1e-10)
 
@@ -299,10 +325,15 @@ def _size(fn, *args):
 
 def spatial_chain(n):
     ends = {"a": (0.0, 0.0, 0.1), "b": (0.0, 0.0, -0.1)}
-    bodies = [mb.RigidBody(f"l{i}", 1.0, (0.01, 0.01, 0.002), markers=ends,
-                           position=(0.0, 0.0, -0.2 * i - 0.1)) for i in range(n)]
+    bodies = [
+        mb.RigidBody(
+            f"l{i}", 1.0, (0.01, 0.01, 0.002), markers=ends, position=(0.0, 0.0, -0.2 * i - 0.1)
+        )
+        for i in range(n)
+    ]
     joints = [mb.Revolute("ground", "l0.a", axis=(1.0, 0.0, 0.0))] + [
-        mb.Spherical(f"l{i - 1}.b", f"l{i}.a") for i in range(1, n)]
+        mb.Spherical(f"l{i - 1}.b", f"l{i}.a") for i in range(1, n)
+    ]
     springs = [mb.SpringDamper(f"l{i - 1}.a", f"l{i}.b", 10.0, 0.1, 0.2) for i in range(1, n)]
     return mb.Mechanism(bodies, joints, [mb.Gravity(), *springs])
 
@@ -324,24 +355,29 @@ def test_traced_size_does_not_grow_with_the_links():
     for n in (12, 32):
         mech = chain(n)
         q, v = _chain_state(n)
-        sizes[n] = [_method_size(getattr(mech, name), t, q)
-                    for name in ("constraints", "mass_matrix", "potential_energy")]
+        sizes[n] = [
+            _method_size(getattr(mech, name), t, q)
+            for name in ("constraints", "mass_matrix", "potential_energy")
+        ]
         sizes[n].append(_method_size(mech.generalized_forces, t, q, v))
     assert sizes[12] == sizes[32], sizes
     spatial = {}
     for n in (12, 32):  # rigid bodies, spherical joints, spring-dampers between the links
         mech = spatial_chain(n)
         q = mech.reference_coordinates()
-        spatial[n] = [_method_size(getattr(mech, name), t, q)
-                      for name in ("constraints", "mass_matrix", "potential_energy")]
+        spatial[n] = [
+            _method_size(getattr(mech, name), t, q)
+            for name in ("constraints", "mass_matrix", "potential_energy")
+        ]
         spatial[n].append(_method_size(mech.generalized_forces, t, q, jnp.zeros_like(q)))
     assert spatial[12] == spatial[32], spatial
     rhs = {}
     for n in (20, 40):
         q, v = _chain_state(n)
         for which, model in (("built", chain(n)), ("hand", hand_chain(n))):
-            rhs[which, n] = _size(lambda q_, v_, m=model: BAUMGARTE.accelerations(
-                m.terms(t, q_, v_)), q, v)
+            rhs[which, n] = _size(
+                lambda q_, v_, m=model: BAUMGARTE.accelerations(m.terms(t, q_, v_)), q, v
+            )
     assert rhs["built", 20] == rhs["built", 40], rhs
     assert rhs["built", 40] <= rhs["hand", 40] + 150, rhs
 
@@ -362,7 +398,10 @@ class _OneRowTooFew(mb.AbstractJoint):
 def test_a_residual_of_the_wrong_size_is_refused(count):
     """Alone or in a group, a joint whose residual has fewer rows than it declares."""
     mech = chain(3)
-    mech = mb.Mechanism(mech.bodies, [_OneRowTooFew("ground", "l0.a")] + [
-        _OneRowTooFew(f"l{i - 1}.b", f"l{i}.a") for i in range(1, count)])
+    mech = mb.Mechanism(
+        mech.bodies,
+        [_OneRowTooFew("ground", "l0.a")]
+        + [_OneRowTooFew(f"l{i - 1}.b", f"l{i}.a") for i in range(1, count)],
+    )
     with pytest.raises(ValueError, match="gave 1 equations where its `equations` says 2"):
         mech.constraints(0.0, mech.reference_coordinates())

@@ -4,7 +4,6 @@ built from spatial bodies against the planar layer, the mobility of every spatia
 Bricard's redundant linkage, gradients, linearization, ensembles, and the errors of bad
 models."""
 
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -60,11 +59,17 @@ def test_euler_parameter_maps():
         np.testing.assert_allclose(euler_rotation(quaternion_from_matrix(r)), r, atol=1e-13)
     # URDF's roll-pitch-yaw: fixed axes x, then y, then z.
     r = mb.rpy_matrix(0.3, -0.2, 0.5)
-    expected = (mb.rotation_matrix((0, 0, 1), 0.5) @ mb.rotation_matrix((0, 1, 0), -0.2)
-                @ mb.rotation_matrix((1, 0, 0), 0.3))
+    expected = (
+        mb.rotation_matrix((0, 0, 1), 0.5)
+        @ mb.rotation_matrix((0, 1, 0), -0.2)
+        @ mb.rotation_matrix((1, 0, 0), 0.3)
+    )
     np.testing.assert_allclose(r, expected, atol=1e-15)
-    np.testing.assert_allclose(mb.rotation_matrix((0, 0, 1), np.pi / 2) @ jnp.array([1.0, 0, 0]),
-                               [0.0, 1.0, 0.0], atol=1e-15)
+    np.testing.assert_allclose(
+        mb.rotation_matrix((0, 0, 1), np.pi / 2) @ jnp.array([1.0, 0, 0]),
+        [0.0, 1.0, 0.0],
+        atol=1e-15,
+    )
 
 
 @pytest.mark.slow
@@ -72,8 +77,9 @@ def test_free_body_follows_euler_equations():
     """A free spinning body: the centre does not accelerate and `J ω̇' = −ω' × J ω'`; the
     mass matrix is positive definite (the norm term) and the energy is `½ ω'ᵀ J ω'`."""
     inertia = jnp.array([[0.3, 0.02, -0.01], [0.02, 0.5, 0.03], [-0.01, 0.03, 0.6]])
-    mech = mb.Mechanism([mb.RigidBody("top", 2.0, inertia,
-                                      orientation=mb.rotation_matrix((1, 2, 3), 0.7))])
+    mech = mb.Mechanism(
+        [mb.RigidBody("top", 2.0, inertia, orientation=mb.rotation_matrix((1, 2, 3), 0.7))]
+    )
     assert mech.mobility() == mb.Mobility(7, 1, 6, 1, 6, 0)
     q = mech.reference_coordinates()
     p = q[3:]
@@ -89,8 +95,9 @@ def test_free_body_follows_euler_equations():
     np.testing.assert_allclose(omega_dot, expected, rtol=1e-11, atol=1e-12)
     energy = 0.5 * 2.0 * (v[:3] @ v[:3]) + 0.5 * omega_body @ inertia @ omega_body
     assert float(mech.energy(0.0, q, v)) == pytest.approx(float(energy), rel=1e-13)
-    np.testing.assert_allclose(mech.angular_velocity(q, v, "top"),
-                               euler_rotation(p) @ omega_body, atol=1e-14)
+    np.testing.assert_allclose(
+        mech.angular_velocity(q, v, "top"), euler_rotation(p) @ omega_body, atol=1e-14
+    )
 
 
 def test_applied_loads_and_spring_in_space():
@@ -103,10 +110,16 @@ def test_applied_loads_and_spring_in_space():
     f = jnp.array([0.5, -1.0, 2.0])
     k, rest, anchor = 7.0, 0.2, jnp.array([1.0, 0.5, -0.4])
     mech = mb.Mechanism(
-        [mb.Ground(markers={"anchor": anchor}),
-         mb.RigidBody("b", 1.5, inertia, markers={"m": s_body}, orientation=rot)],
-        forces=[mb.Force("b.m", f), mb.Torque("b", 0.7, axis=(0.0, 0.0, 1.0), local=True),
-                mb.SpringDamper("ground.anchor", "b.m", k, 3.0, rest)])
+        [
+            mb.Ground(markers={"anchor": anchor}),
+            mb.RigidBody("b", 1.5, inertia, markers={"m": s_body}, orientation=rot),
+        ],
+        forces=[
+            mb.Force("b.m", f),
+            mb.Torque("b", 0.7, axis=(0.0, 0.0, 1.0), local=True),
+            mb.SpringDamper("ground.anchor", "b.m", k, 3.0, rest),
+        ],
+    )
     q, v = mech.reference_coordinates(), jnp.zeros(7)
     acc, _ = accelerations(mech, q, v)
     point = rot @ s_body
@@ -114,21 +127,25 @@ def test_applied_loads_and_spring_in_space():
     spring = -k * (jnp.linalg.norm(d) - rest) * d / jnp.linalg.norm(d)
     total = f + spring
     np.testing.assert_allclose(acc[:3], total / 1.5, rtol=1e-12, atol=1e-13)
-    torque_body = rot.T @ (0.7 * rot @ jnp.array([0.0, 0.0, 1.0])) + jnp.cross(s_body,
-                                                                               rot.T @ total)
+    torque_body = rot.T @ (0.7 * rot @ jnp.array([0.0, 0.0, 1.0])) + jnp.cross(
+        s_body, rot.T @ total
+    )
     omega_dot = 2 * body_map(q[3:]) @ acc[3:]
-    np.testing.assert_allclose(omega_dot, jnp.linalg.solve(inertia, torque_body), rtol=1e-11,
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        omega_dot, jnp.linalg.solve(inertia, torque_body), rtol=1e-11, atol=1e-12
+    )
 
 
 def hinged(axis=(1.0, 0.0, 0.0), m=1.3, length=0.4, forces=()):
     """A body hanging from a hinge along `axis` (horizontal) at distance `length` above
     its centre of mass; principal moments (0.02, 0.03, 0.04) about its body axes."""
     inertia = jnp.diag(jnp.array([0.02, 0.03, 0.04]))
-    body = mb.RigidBody("bob", m, inertia, markers={"pivot": (0.0, 0.0, length)},
-                        position=(0.0, 0.0, -length))
-    return mb.Mechanism([body], [mb.Revolute("ground", "bob.pivot", axis=axis, name="pin")],
-                        [mb.Gravity(), *forces])
+    body = mb.RigidBody(
+        "bob", m, inertia, markers={"pivot": (0.0, 0.0, length)}, position=(0.0, 0.0, -length)
+    )
+    return mb.Mechanism(
+        [body], [mb.Revolute("ground", "bob.pivot", axis=axis, name="pin")], [mb.Gravity(), *forces]
+    )
 
 
 @pytest.mark.slow
@@ -146,12 +163,12 @@ def test_hinged_body_closed_form_reaction_and_spring():
     assert mech.joint_rates(q0, v0)["pin"] == pytest.approx(omega, abs=1e-12)
     acc, lam = accelerations(mech, q0, v0)
     alpha = (-m * G * length * np.sin(theta) - k * (theta - rest) - c * omega + u) / (
-        ix + m * length**2)
+        ix + m * length**2
+    )
     _, theta_dd = jax.jvp(lambda q, v: mech.joint_rates(q, v)["pin"], (q0, v0), (v0, acc))
     assert float(theta_dd) == pytest.approx(alpha, rel=1e-11)
     reaction = mech.reactions(q0, lam)["pin"]
-    np.testing.assert_allclose(reaction.force, m * acc[:3] - m * np.array([0, 0, -G]),
-                               atol=1e-11)
+    np.testing.assert_allclose(reaction.force, m * acc[:3] - m * np.array([0, 0, -G]), atol=1e-11)
     assert abs(float(reaction.torque[0])) < 1e-11  # free about the hinge
 
 
@@ -162,36 +179,63 @@ def test_spatial_bodies_reproduce_the_planar_layer():
     accelerations and hinge forces."""
     l1, l2, m1, m2 = 1.0, 0.7, 1.2, 0.8
     planar = mb.Mechanism(
-        [mb.PlanarBody("upper", m1, m1 * l1**2 / 12,
-                       markers={"top": (-l1 / 2, 0.0), "bottom": (l1 / 2, 0.0)}),
-         mb.PlanarBody("lower", m2, m2 * l2**2 / 12, markers={"top": (-l2 / 2, 0.0)})],
-        [mb.Revolute("ground", "upper.top", name="a"),
-         mb.Revolute("upper.bottom", "lower.top", name="b")],
-        [mb.Gravity((0.0, -G))])
+        [
+            mb.PlanarBody(
+                "upper",
+                m1,
+                m1 * l1**2 / 12,
+                markers={"top": (-l1 / 2, 0.0), "bottom": (l1 / 2, 0.0)},
+            ),
+            mb.PlanarBody("lower", m2, m2 * l2**2 / 12, markers={"top": (-l2 / 2, 0.0)}),
+        ],
+        [
+            mb.Revolute("ground", "upper.top", name="a"),
+            mb.Revolute("upper.bottom", "lower.top", name="b"),
+        ],
+        [mb.Gravity((0.0, -G))],
+    )
     spatial = mb.Mechanism(
-        [mb.RigidBody("upper", m1, (0.01, m1 * l1**2 / 12, m1 * l1**2 / 12),
-                      markers={"top": (-l1 / 2, 0.0, 0.0), "bottom": (l1 / 2, 0.0, 0.0)}),
-         mb.RigidBody("lower", m2, (0.01, m2 * l2**2 / 12, m2 * l2**2 / 12),
-                      markers={"top": (-l2 / 2, 0.0, 0.0)})],
-        [mb.Revolute("ground", "upper.top", name="a"),
-         mb.Revolute("upper.bottom", "lower.top", name="b")],
-        [mb.Gravity((0.0, -G, 0.0))])
+        [
+            mb.RigidBody(
+                "upper",
+                m1,
+                (0.01, m1 * l1**2 / 12, m1 * l1**2 / 12),
+                markers={"top": (-l1 / 2, 0.0, 0.0), "bottom": (l1 / 2, 0.0, 0.0)},
+            ),
+            mb.RigidBody(
+                "lower",
+                m2,
+                (0.01, m2 * l2**2 / 12, m2 * l2**2 / 12),
+                markers={"top": (-l2 / 2, 0.0, 0.0)},
+            ),
+        ],
+        [
+            mb.Revolute("ground", "upper.top", name="a"),
+            mb.Revolute("upper.bottom", "lower.top", name="b"),
+        ],
+        [mb.Gravity((0.0, -G, 0.0))],
+    )
     angles, rates = jnp.array([-0.9, -0.2]), jnp.array([1.0, -0.5])
     # planar state from the angles
     tip = jnp.array([jnp.cos(angles[0]), jnp.sin(angles[0])])
     c1 = 0.5 * l1 * tip
     c2 = l1 * tip + 0.5 * l2 * jnp.array([jnp.cos(angles[1]), jnp.sin(angles[1])])
     qp = jnp.concatenate([c1, angles[:1], c2, angles[1:]])
-    qp, vp = planar.initial_state(q=qp, joint_coordinates={"a": (angles[0], rates[0]),
-                                                          "b": (angles[1] - angles[0],
-                                                                rates[1] - rates[0])})
+    qp, vp = planar.initial_state(
+        q=qp,
+        joint_coordinates={
+            "a": (angles[0], rates[0]),
+            "b": (angles[1] - angles[0], rates[1] - rates[0]),
+        },
+    )
 
     def lift(q):
         parts = []
         for i in range(2):
             x, y, th = q[3 * i], q[3 * i + 1], q[3 * i + 2]
-            parts.append(jnp.stack([x, y, 0.0 * x, jnp.cos(th / 2), 0.0 * x, 0.0 * x,
-                                    jnp.sin(th / 2)]))
+            parts.append(
+                jnp.stack([x, y, 0.0 * x, jnp.cos(th / 2), 0.0 * x, 0.0 * x, jnp.sin(th / 2)])
+            )
         return jnp.concatenate(parts)
 
     qs, vs = jax.jvp(lift, (qp,), (vp,))
@@ -205,29 +249,42 @@ def test_spatial_bodies_reproduce_the_planar_layer():
         np.testing.assert_allclose(rs.force[:2], rp.force, atol=1e-11)
         np.testing.assert_allclose(rs.force[2], 0.0, atol=1e-11)
         np.testing.assert_allclose(rs.torque[2], rp.torque, atol=1e-11)
-    np.testing.assert_allclose(spatial.marker_velocity(qs, vs, "lower.top")[:2],
-                               planar.marker_velocity(qp, vp, "lower.top"), atol=1e-13)
+    np.testing.assert_allclose(
+        spatial.marker_velocity(qs, vs, "lower.top")[:2],
+        planar.marker_velocity(qp, vp, "lower.top"),
+        atol=1e-13,
+    )
 
 
 # -- joints and mobility ---------------------------------------------------------------------
 
 
 def one_body(joint, orientation=None):
-    body = mb.RigidBody("b", 1.0, (0.1, 0.2, 0.25), markers={"m": (0.0, 0.0, 0.5)},
-                        position=(0.0, 0.0, -0.5), orientation=orientation)
+    body = mb.RigidBody(
+        "b",
+        1.0,
+        (0.1, 0.2, 0.25),
+        markers={"m": (0.0, 0.0, 0.5)},
+        position=(0.0, 0.0, -0.5),
+        orientation=orientation,
+    )
     return mb.Mechanism([body], [joint])
 
 
-@pytest.mark.parametrize("joint, dof", [
-    (mb.Revolute("ground", "b.m", axis=(0.0, 1.0, 1.0)), 1),
-    (mb.Prismatic("ground", "b.m", axis=(1.0, 1.0, 0.0)), 1),
-    (mb.Cylindrical("ground", "b.m"), 2),
-    (mb.Universal("ground", "b.m"), 2),
-    (mb.Spherical("ground", "b.m"), 3),
-    (mb.Fixed("ground", "b.m"), 0),
-    (mb.PointOnLine("ground", "b.m", axis=(0.0, 0.0, 1.0)), 4),
-    (mb.Distance("ground", "b.m", 0.3), 5),
-], ids=lambda x: type(x).__name__ if isinstance(x, mb.AbstractJoint) else str(x))
+@pytest.mark.parametrize(
+    "joint, dof",
+    [
+        (mb.Revolute("ground", "b.m", axis=(0.0, 1.0, 1.0)), 1),
+        (mb.Prismatic("ground", "b.m", axis=(1.0, 1.0, 0.0)), 1),
+        (mb.Cylindrical("ground", "b.m"), 2),
+        (mb.Universal("ground", "b.m"), 2),
+        (mb.Spherical("ground", "b.m"), 3),
+        (mb.Fixed("ground", "b.m"), 0),
+        (mb.PointOnLine("ground", "b.m", axis=(0.0, 0.0, 1.0)), 4),
+        (mb.Distance("ground", "b.m", 0.3), 5),
+    ],
+    ids=lambda x: type(x).__name__ if isinstance(x, mb.AbstractJoint) else str(x),
+)
 def test_spatial_joint_mobility(joint, dof):
     mech = one_body(joint)
     q = mech.reference_coordinates()
@@ -252,8 +309,9 @@ def test_spatial_joint_coordinates_follow_the_motion():
     q = slide.reference_coordinates().at[:3].add(0.3 * unit([1.0, 1.0, 0.0]))
     assert float(jnp.max(jnp.abs(slide.constraints(0.0, q)))) < 1e-14
     assert slide.joint_coordinates(q)["s"] == pytest.approx(0.3, abs=1e-14)
-    cyl = one_body(mb.Cylindrical("ground", "b.m", name="c"), orientation=mb.rotation_matrix(
-        (0, 0, 1), 1.0))
+    cyl = one_body(
+        mb.Cylindrical("ground", "b.m", name="c"), orientation=mb.rotation_matrix((0, 0, 1), 1.0)
+    )
     q = cyl.reference_coordinates().at[2].add(0.2)
     assert float(jnp.max(jnp.abs(cyl.constraints(0.0, q)))) < 1e-14
     assert cyl.joint_coordinates(q)["c"] == pytest.approx(0.2, abs=1e-14)
@@ -277,8 +335,9 @@ def test_bricard_conserves_energy_with_pseudo_inverse():
     model = bricard()
     q0, v0 = model.initial_state()
     ts = jnp.linspace(0.0, 1.0, 11)
-    sol = jaxdae.simulate(model, jaxdae.PseudoInverse(20.0, 100.0), 0.0, 1.0, q0, v0, ts=ts,
-                          rtol=1e-10, atol=1e-10)
+    sol = jaxdae.simulate(
+        model, jaxdae.PseudoInverse(20.0, 100.0), 0.0, 1.0, q0, v0, ts=ts, rtol=1e-10, atol=1e-10
+    )
     energy = jax.vmap(model.energy)(sol.ts, sol.q, sol.v)
     assert float(jnp.max(jnp.abs(energy - energy[0]))) < 1e-8
     assert float(jnp.max(jnp.abs(sol.phi))) < 1e-9
@@ -303,12 +362,15 @@ def test_design_gradients_against_central_differences():
     mech = hinged()
     q0, v0 = mech.initial_state(joint_coordinates={"pin": (0.5, 0.0)})
     grads = eqx.filter_grad(final_angle)(mech, q0, v0)
-    for where, h in ((lambda m: m.bodies[0].mass, 1e-5),
-                     (lambda m: m.bodies[0].markers["pivot"], jnp.array([0.0, 0.0, 1e-5]))):
+    for where, h in (
+        (lambda m: m.bodies[0].mass, 1e-5),
+        (lambda m: m.bodies[0].markers["pivot"], jnp.array([0.0, 0.0, 1e-5])),
+    ):
         value, h = where(mech), jnp.asarray(h)
-        diff = (final_angle(eqx.tree_at(where, mech, value + h), q0, v0)
-                - final_angle(eqx.tree_at(where, mech, value - h), q0, v0)) / (
-            2 * jnp.linalg.norm(h))
+        diff = (
+            final_angle(eqx.tree_at(where, mech, value + h), q0, v0)
+            - final_angle(eqx.tree_at(where, mech, value - h), q0, v0)
+        ) / (2 * jnp.linalg.norm(h))
         gradient = where(grads) if h.ndim == 0 else where(grads) @ h / jnp.linalg.norm(h)
         assert abs(float(diff)) > 1e-4
         np.testing.assert_allclose(gradient, diff, rtol=1e-5)
@@ -327,17 +389,22 @@ def test_ensemble_equals_single_solves():
     mech = hinged()
     starts = [mech.initial_state(joint_coordinates={"pin": (a, 0.0)}) for a in (0.3, 0.5)]
     q0s, v0s = jnp.stack([s[0] for s in starts]), jnp.stack([s[1] for s in starts])
-    ensemble = jaxdae.simulate_ensemble(mech, BAUMGARTE, 0.0, 0.3, q0s, v0s, rtol=1e-10,
-                                        atol=1e-12)
+    ensemble = jaxdae.simulate_ensemble(mech, BAUMGARTE, 0.0, 0.3, q0s, v0s, rtol=1e-10, atol=1e-12)
     final = mech.joint_coordinates(ensemble.q[:, -1])["pin"]
     for k in range(2):
         assert float(final[k]) == pytest.approx(float(final_angle(mech, *starts[k])), abs=1e-8)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("formulation", [
-    jaxdae.Baumgarte(20.0, 100.0), jaxdae.PseudoInverse(20.0, 100.0),
-    jaxdae.ModifiedLagrange(1e4, 20.0, 100.0)], ids=["baumgarte", "pseudo_inverse", "ml"])
+@pytest.mark.parametrize(
+    "formulation",
+    [
+        jaxdae.Baumgarte(20.0, 100.0),
+        jaxdae.PseudoInverse(20.0, 100.0),
+        jaxdae.ModifiedLagrange(1e4, 20.0, 100.0),
+    ],
+    ids=["baumgarte", "pseudo_inverse", "ml"],
+)
 def test_hinged_body_formulations(formulation):
     mech = hinged(axis=(1.0, 1.0, 0.0))
     q0, v0 = mech.initial_state(joint_coordinates={"pin": (1.0, 0.0)})
@@ -361,8 +428,9 @@ def test_bad_spatial_models_are_refused():
     with pytest.raises(ValueError, match="mass 0.0"):
         mb.RigidBody("z", 0.0, (0.1, 0.1, 0.1))
     with pytest.raises(ValueError, match="not a rotation matrix"):
-        mb.RigidBody("z", 1.0, (0.1, 0.1, 0.1), markers={"p": (0, 0, 0)},
-                     orientations={"p": 2 * np.eye(3)})
+        mb.RigidBody(
+            "z", 1.0, (0.1, 0.1, 0.1), markers={"p": (0, 0, 0)}, orientations={"p": 2 * np.eye(3)}
+        )
     with pytest.raises(ValueError, match="not in its `markers`"):
         mb.RigidBody("z", 1.0, (0.1, 0.1, 0.1), orientations={"p": np.eye(3)})
     with pytest.raises(ValueError, match="vector of 3 numbers"):
@@ -382,11 +450,13 @@ def test_bad_spatial_models_are_refused():
     with pytest.raises(ValueError, match="in this 3-D mechanism it needs"):
         mb.Mechanism([body], forces=[mb.Gravity((0.0, -9.81))])
     with pytest.raises(ValueError, match="refers to joint 'hinge', which is not in"):
-        mb.Mechanism([body], [mb.Revolute("ground", "a", name="pin")],
-                     [mb.JointSpringDamper("hinge", 1.0)])
+        mb.Mechanism(
+            [body], [mb.Revolute("ground", "a", name="pin")], [mb.JointSpringDamper("hinge", 1.0)]
+        )
     with pytest.raises(ValueError, match="which has no joint coordinate"):
-        mb.Mechanism([body], [mb.Spherical("ground", "a", name="ball")],
-                     [mb.JointSpringDamper("ball", 1.0)])
+        mb.Mechanism(
+            [body], [mb.Spherical("ground", "a", name="ball")], [mb.JointSpringDamper("ball", 1.0)]
+        )
     with pytest.raises(ValueError, match="Ground marker 'o' has 2 coordinates"):
         mb.Mechanism([mb.Ground(markers={"o": (0.0, 0.0)}), body])
     with pytest.raises(ValueError, match="give it an `axis`"):
@@ -395,9 +465,12 @@ def test_bad_spatial_models_are_refused():
 
 # -- what a solve's loop holds -----------------------------------------------------------------
 
+
 @pytest.mark.slow
-@pytest.mark.perf(reason="pins which primitives a spatial model's right-hand side traces and "
-                         "how XLA compiles its loop")
+@pytest.mark.perf(
+    reason="pins which primitives a spatial model's right-hand side traces and "
+    "how XLA compiles its loop"
+)
 def test_governor_right_hand_side_runs_in_one_kernel():
     """The flyball governor (4 rigid bodies: Euler-parameter mass blocks, grouped springs,
     joints reading non-consecutive bodies) traces no scatter, sort or LAPACK call, and XLA

@@ -18,12 +18,19 @@ def rod_with_limit(restitution):
     """A uniform rod (length 1, mass 1) on a revolute joint at its top. Its angle `θ` (the
     joint coordinate) is `−π/2` hanging straight down, and limited to `θ ≤ −π/2`."""
     return mb.Mechanism(
-        bodies=[mb.PlanarBody("rod", mass=1.0, inertia=1 / 12, markers={"top": (-0.5, 0.0)},
-                              position=(0.0, -0.5), angle=-np.pi / 2)],
+        bodies=[
+            mb.PlanarBody(
+                "rod",
+                mass=1.0,
+                inertia=1 / 12,
+                markers={"top": (-0.5, 0.0)},
+                position=(0.0, -0.5),
+                angle=-np.pi / 2,
+            )
+        ],
         joints=[mb.Revolute("ground", "rod.top", name="pivot")],
         forces=[mb.Gravity((0.0, -G))],
-        stops=[mb.JointLimit("pivot", upper=-np.pi / 2, restitution=restitution,
-                             name="stop")],
+        stops=[mb.JointLimit("pivot", upper=-np.pi / 2, restitution=restitution, name="stop")],
     )
 
 
@@ -75,30 +82,33 @@ def test_plane_contact_of_a_disc_and_a_distance_stop():
 def test_newtons_cradle_passes_the_momentum_on():
     """Three equal balls on a line, the last two 1 mm apart: elastic impacts one after the
     other hand the first ball's velocity to the last."""
-    balls = [mb.PlanarBody(f"b{k}", mass=1.0, inertia=0.01, position=(0.101 * k,
-                                                                       0.0))
-             for k in range(3)]
+    balls = [
+        mb.PlanarBody(f"b{k}", mass=1.0, inertia=0.01, position=(0.101 * k, 0.0)) for k in range(3)
+    ]
     model = mb.Mechanism(
         bodies=balls,
         joints=[mb.Prismatic("ground", f"b{k}", name=f"slide{k}") for k in range(3)],
-        stops=[mb.DistanceStop(f"b{k}", f"b{k + 1}", lower=0.1, restitution=1.0)
-               for k in range(2)],
+        stops=[mb.DistanceStop(f"b{k}", f"b{k + 1}", lower=0.1, restitution=1.0) for k in range(2)],
     )
     q0, v0 = model.initial_state(joint_coordinates={"slide0": (-0.5, 1.0)})
     sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 1.0, q0, v0, **TIGHT)
     assert int(sol.events.count) == 2
     rates = model.joint_rates(sol.q_final, sol.v_final)
-    np.testing.assert_allclose([rates[f"slide{k}"] for k in range(3)], [0.0, 0.0, 1.0],
-                               atol=1e-10)
+    np.testing.assert_allclose([rates[f"slide{k}"] for k in range(3)], [0.0, 0.0, 1.0], atol=1e-10)
 
 
 def test_urdf_limits_are_enforced_by_default():
     pytest.importorskip("yourdfpy", reason="URDF import needs yourdfpy")
     robot = mb.load_urdf("tests/data/three_link_arm.urdf")
     limited = robot.mechanism(forces=[mb.Gravity()])
-    assert limited.gap_names == ("shoulder.limit.lower", "shoulder.limit.upper",
-                                 "elbow.limit.lower", "elbow.limit.upper",
-                                 "wrist.limit.lower", "wrist.limit.upper")
+    assert limited.gap_names == (
+        "shoulder.limit.lower",
+        "shoulder.limit.upper",
+        "elbow.limit.lower",
+        "elbow.limit.upper",
+        "wrist.limit.lower",
+        "wrist.limit.upper",
+    )
     # at zero joint coordinates, the limits' distances: ±1.5, ±2.5 and [0, 0.1]
     gaps = jax.jit(lambda q: limited.gaps(0.0, q))(limited.reference_coordinates())
     np.testing.assert_allclose(gaps, [1.5, 1.5, 2.5, 2.5, 0.0, 0.1], atol=1e-12)
@@ -117,8 +127,11 @@ def test_bad_stops_are_refused():
     with pytest.raises(ValueError, match="non-negative"):
         mb.PlaneContact("b", radius=-1.0)
     with pytest.raises(ValueError, match="has no joint coordinate"):
-        mb.Mechanism([body], [mb.Distance("ground", "b", 1.0, name="d")],
-                     stops=[mb.JointLimit("d", upper=0.0)])
+        mb.Mechanism(
+            [body],
+            [mb.Distance("ground", "b", 1.0, name="d")],
+            stops=[mb.JointLimit("d", upper=0.0)],
+        )
     with pytest.raises(ValueError, match="unknown|not in the mechanism|no joint"):
         mb.Mechanism([body], stops=[mb.JointLimit("missing", upper=0.0)])
     with pytest.raises(ValueError, match="`normal`"):

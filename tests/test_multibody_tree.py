@@ -28,16 +28,30 @@ def mixed_parts(damping=0.5):
     """A free base carrying a ball-jointed link, a hinged arm on it and a welded weight,
     with a spring-damper across: every kind of tree joint."""
     bodies = [
-        mb.RigidBody("base", 2.0, INERTIA, {"s": (0.1, 0.0, 0.05), "w": (0.0, 0.1, 0.0)},
-                     position=(0.0, 0.0, 1.0)),
-        mb.RigidBody("ball", 1.0, 0.5 * INERTIA, {"top": (0.0, 0.0, 0.2), "h": (0.05, 0.0, -0.1)},
-                     orientations={"top": mb.rotation_matrix((1.0, 1.0, 0.0), 0.3)}),
+        mb.RigidBody(
+            "base",
+            2.0,
+            INERTIA,
+            {"s": (0.1, 0.0, 0.05), "w": (0.0, 0.1, 0.0)},
+            position=(0.0, 0.0, 1.0),
+        ),
+        mb.RigidBody(
+            "ball",
+            1.0,
+            0.5 * INERTIA,
+            {"top": (0.0, 0.0, 0.2), "h": (0.05, 0.0, -0.1)},
+            orientations={"top": mb.rotation_matrix((1.0, 1.0, 0.0), 0.3)},
+        ),
         mb.RigidBody("arm", 0.5, 0.3 * INERTIA, {"p": (0.0, 0.0, 0.15)}),
         mb.RigidBody("slide", 0.4, 0.2 * INERTIA, {"c": (0.0, 0.0, 0.0)}),
         mb.RigidBody("weld", 0.3, 0.2 * INERTIA, {"f": (0.02, 0.01, 0.0)}),
     ]
-    joints = [mb.Spherical("base.s", "ball.top"), mb.Revolute("ball.h", "arm.p", axis=(0, 1, 1)),
-              mb.Prismatic("arm", "slide.c", axis=(1.0, 0.0, 1.0)), mb.Fixed("base.w", "weld.f")]
+    joints = [
+        mb.Spherical("base.s", "ball.top"),
+        mb.Revolute("ball.h", "arm.p", axis=(0, 1, 1)),
+        mb.Prismatic("arm", "slide.c", axis=(1.0, 0.0, 1.0)),
+        mb.Fixed("base.w", "weld.f"),
+    ]
     forces = [mb.Gravity(), mb.SpringDamper("ball.h", "weld", 10.0, damping, 0.2)]
     return bodies, joints, forces
 
@@ -72,10 +86,13 @@ def articulated():
 
 def _long_chain():
     """A chain of 12 links (hinges about alternating axes): the recursive path."""
-    links = [mb.RigidBody(f"l{i}", 0.1, 1e-4 * np.eye(3), {"end": (0.0, 0.0, -0.1)})
-             for i in range(12)]
-    hinges = [mb.Revolute("ground" if i == 0 else f"l{i - 1}.end", f"l{i}",
-                          axis=(0, 1, i % 2)) for i in range(12)]
+    links = [
+        mb.RigidBody(f"l{i}", 0.1, 1e-4 * np.eye(3), {"end": (0.0, 0.0, -0.1)}) for i in range(12)
+    ]
+    hinges = [
+        mb.Revolute("ground" if i == 0 else f"l{i - 1}.end", f"l{i}", axis=(0, 1, i % 2))
+        for i in range(12)
+    ]
     return mb.TreeMechanism(links, hinges, [mb.Gravity()])
 
 
@@ -90,8 +107,12 @@ def test_a_long_chain_takes_the_articulated_solve():
     np.testing.assert_allclose(terms.momenta, terms.mass_matrix @ jnp.ones(12), atol=1e-13)
     rhs = jnp.concatenate([terms.forces[:, None], jnp.eye(12)], axis=1)
     solution = eqx.filter_jit(lambda f, b: f.solve(b))(factor, rhs)
-    np.testing.assert_allclose(solution, np.linalg.solve(terms.mass_matrix, rhs), rtol=0,
-                               atol=1e-12 * float(jnp.max(jnp.abs(solution))))
+    np.testing.assert_allclose(
+        solution,
+        np.linalg.solve(terms.mass_matrix, rhs),
+        rtol=0,
+        atol=1e-12 * float(jnp.max(jnp.abs(solution))),
+    )
 
 
 def test_articulated_pivots_say_whether_the_mass_is_positive_definite():
@@ -112,8 +133,7 @@ def test_articulated_pivots_say_whether_the_mass_is_positive_definite():
         # Where it is not, the forces are nan, so that a solve stalls there.
         assert bool(jnp.all(jnp.isfinite(terms.forces))) == (lowest > 0)
         pivots = 1 / np.asarray(factor.pivots).reshape(-1)
-        np.testing.assert_allclose(np.prod(pivots), np.linalg.det(terms.mass_matrix),
-                                   rtol=1e-9)
+        np.testing.assert_allclose(np.prod(pivots), np.linalg.det(terms.mass_matrix), rtol=1e-9)
 
 
 @pytest.mark.slow
@@ -123,8 +143,13 @@ def test_a_traced_solve_of_an_indefinite_tree_stalls_at_the_start():
     the error names the likely causes; eagerly, the initial state's message."""
     chain = _long_chain()
     bad = eqx.tree_at(lambda m: m.bodies[5].mass, chain, jnp.asarray(-0.3))
-    solve = eqx.filter_jit(lambda model: jaxdae.simulate(
-        model, jaxdae.Unstabilized(), 0.0, 0.01, jnp.zeros(12), jnp.zeros(12)).q_final)
+    solve = eqx.filter_jit(
+        lambda model: (
+            jaxdae.simulate(
+                model, jaxdae.Unstabilized(), 0.0, 0.01, jnp.zeros(12), jnp.zeros(12)
+            ).q_final
+        )
+    )
     assert np.all(np.isfinite(solve(chain)))
     with pytest.raises(Exception, match=r"minimum step size(.|\n)*not positive definite"):
         jax.block_until_ready(solve(bad))
@@ -137,10 +162,14 @@ def _hinged_pair():
     centre 0.3 from its hinge, 0.5 between the hinges, inertias 0.095 and 0.028 about the
     axes): `det M = 4.5·10⁻⁴ − 9·10⁻⁴ cos² q₁`, positive definite where
     `|cos q₁| < 1/√2`, indefinite elsewhere."""
-    bodies = [mb.RigidBody("a", 1.0, 0.095 * np.eye(3), {"end": (0.0, 0.0, -0.5)}),
-              mb.RigidBody("b", 1.0, 0.028 * np.eye(3), {"top": (0.0, 0.0, 0.3)})]
-    joints = [mb.Revolute("ground", "a", axis=(0, 1, 0)),
-              mb.Revolute("a.end", "b.top", axis=(0, 1, 0))]
+    bodies = [
+        mb.RigidBody("a", 1.0, 0.095 * np.eye(3), {"end": (0.0, 0.0, -0.5)}),
+        mb.RigidBody("b", 1.0, 0.028 * np.eye(3), {"top": (0.0, 0.0, 0.3)}),
+    ]
+    joints = [
+        mb.Revolute("ground", "a", axis=(0, 1, 0)),
+        mb.Revolute("a.end", "b.top", axis=(0, 1, 0)),
+    ]
     tree = mb.TreeMechanism(bodies, joints, [mb.Gravity()])
     return eqx.tree_at(lambda m: m.bodies[1].mass, tree, jnp.asarray(-0.2))
 
@@ -154,18 +183,29 @@ def test_a_tree_whose_mass_turns_indefinite_stalls(articulated):
     `indefinite_mass_matrix` where it turned."""
     pair = _hinged_pair()
     for angle, definite in ((0.0, False), (np.pi / 2, True)):
-        terms = eqx.filter_jit(mb.TreeMechanism.terms)(pair, 0.0, jnp.array([0.0, angle]),
-                                                        jnp.zeros(2))
+        terms = eqx.filter_jit(mb.TreeMechanism.terms)(
+            pair, 0.0, jnp.array([0.0, angle]), jnp.zeros(2)
+        )
         assert bool(terms.mass_operator.factor.positive_definite()) == definite
         assert bool(jnp.all(jnp.isfinite(terms.forces))) == definite
-    solve = eqx.filter_jit(lambda q0: jaxdae.simulate(
-        pair, jaxdae.Unstabilized(), 0.0, 0.4, q0, jnp.array([0.0, 4.0]), throw=False))
+    solve = eqx.filter_jit(
+        lambda q0: jaxdae.simulate(
+            pair, jaxdae.Unstabilized(), 0.0, 0.4, q0, jnp.array([0.0, 4.0]), throw=False
+        )
+    )
     traced = solve(jnp.zeros(2))
     assert traced.result == jaxdae.RESULTS.dt_min_reached and float(traced.t_final) == 0.0
-    eager = jaxdae.simulate(pair, jaxdae.Unstabilized(), 0.0, 0.4, jnp.array([0.0, np.pi / 2]),
-                            jnp.array([0.0, 4.0]), throw=False)
+    eager = jaxdae.simulate(
+        pair,
+        jaxdae.Unstabilized(),
+        0.0,
+        0.4,
+        jnp.array([0.0, np.pi / 2]),
+        jnp.array([0.0, 4.0]),
+        throw=False,
+    )
     assert eager.result == jaxdae.RESULTS.indefinite_mass_matrix
-    assert abs(np.cos(float(eager.q_final[1]))) == pytest.approx(2 ** -0.5, abs=1e-3)
+    assert abs(np.cos(float(eager.q_final[1]))) == pytest.approx(2**-0.5, abs=1e-3)
 
 
 @pytest.mark.slow
@@ -193,26 +233,29 @@ def test_articulated_solve_is_the_inverse_mass():
 
     dense_forces, forces, mass, solution, rhs = both(q, v)
     assert isinstance(factors[0], ArticulatedFactor) and rhs.shape == (13, 4)
-    np.testing.assert_allclose(solution, np.linalg.solve(mass, rhs), rtol=0,
-                               atol=1e-12 * float(jnp.max(jnp.abs(solution))))
+    np.testing.assert_allclose(
+        solution, np.linalg.solve(mass, rhs), rtol=0, atol=1e-12 * float(jnp.max(jnp.abs(solution)))
+    )
     np.testing.assert_allclose(forces, dense_forces, rtol=0, atol=1e-12)
 
 
 @eqx.filter_jit
 def _lagrange(tree, q, v):
     """`(M, Q)` of Lagrange's equations of the tree's energy, by automatic differentiation."""
+
     def kinetic(q_, v_):
         rotations, centres, _, velocities, _ = tree._motion(q_, v_)
         parts = tree._inertias(rotations, centres)
-        return (0.5 * jnp.sum(velocities * apply_inertia(parts, velocities))
-                + tree._norm_terms(q_, v_)[1])
+        return (
+            0.5 * jnp.sum(velocities * apply_inertia(parts, velocities))
+            + tree._norm_terms(q_, v_)[1]
+        )
 
     def lagrangian(q_, v_):
         return kinetic(q_, v_) - tree.potential_energy(0.0, q_)
 
     mass = jax.hessian(kinetic, argnums=1)(q, v)
-    forces = (jax.grad(lagrangian)(q, v)
-              - jax.jacfwd(jax.grad(lagrangian, argnums=1))(q, v) @ v)
+    forces = jax.grad(lagrangian)(q, v) - jax.jacfwd(jax.grad(lagrangian, argnums=1))(q, v) @ v
     return mass, forces
 
 
@@ -221,9 +264,20 @@ def test_recursive_dynamics_are_lagranges_equations(mixed):
     energy, with a free base, a ball joint (unnormalized Euler parameters), a hinge, a
     slider and a weld; the damper's power is `−c ℓ̇²`; inverse dynamics inverts them."""
     assert mixed.coordinate_names == (
-        "base.x", "base.y", "base.z", "base.e0", "base.e1", "base.e2", "base.e3",
-        "spherical_0.e0", "spherical_0.e1", "spherical_0.e2", "spherical_0.e3",
-        "revolute_0", "prismatic_0")
+        "base.x",
+        "base.y",
+        "base.z",
+        "base.e0",
+        "base.e1",
+        "base.e2",
+        "base.e3",
+        "spherical_0.e0",
+        "spherical_0.e1",
+        "spherical_0.e2",
+        "spherical_0.e3",
+        "revolute_0",
+        "prismatic_0",
+    )
     rng = np.random.default_rng(1)
     q = mixed.reference_coordinates() + 0.3 * jnp.asarray(rng.normal(size=13))
     v = jnp.asarray(rng.normal(size=13))
@@ -236,8 +290,13 @@ def test_recursive_dynamics_are_lagranges_equations(mixed):
     # The momenta the terms carry are the system's: a solve's diagnostics read them there.
     np.testing.assert_allclose(terms.momenta, mass @ v, atol=1e-12)
     assert float(jnp.linalg.eigvalsh(terms.mass_matrix)[0]) > 0
-    rate = jax.jvp(lambda q_: jnp.linalg.norm(mixed.marker_position(q_, "weld")
-                                              - mixed.marker_position(q_, "ball.h")), (q,), (v,))[1]
+    rate = jax.jvp(
+        lambda q_: jnp.linalg.norm(
+            mixed.marker_position(q_, "weld") - mixed.marker_position(q_, "ball.h")
+        ),
+        (q,),
+        (v,),
+    )[1]
     damper_power = (terms.forces - undamped_terms.forces) @ v
     assert float(damper_power) == pytest.approx(-0.5 * float(rate) ** 2, rel=1e-10)
     acceleration = jnp.linalg.solve(terms.mass_matrix, terms.forces)
@@ -281,13 +340,21 @@ def test_agrees_with_absolute_coordinates():
     a_tree = _accelerations(tree, q_tree, v_tree)
     a_abs = _accelerations(absolute, q_abs, v_abs)
     for marker in ("turret.frame", "upper_arm", "forearm.wrist", "slider.tool"):
-        np.testing.assert_allclose(tree.marker_position(q_tree, marker),
-                                   absolute.marker_position(q_abs, marker), atol=1e-10)
-        np.testing.assert_allclose(tree.marker_velocity(q_tree, v_tree, marker),
-                                   absolute.marker_velocity(q_abs, v_abs, marker), atol=1e-10)
-        np.testing.assert_allclose(_marker_acceleration(tree, q_tree, v_tree, a_tree, marker),
-                                   _marker_acceleration(absolute, q_abs, v_abs, a_abs, marker),
-                                   atol=1e-8)
+        np.testing.assert_allclose(
+            tree.marker_position(q_tree, marker),
+            absolute.marker_position(q_abs, marker),
+            atol=1e-10,
+        )
+        np.testing.assert_allclose(
+            tree.marker_velocity(q_tree, v_tree, marker),
+            absolute.marker_velocity(q_abs, v_abs, marker),
+            atol=1e-10,
+        )
+        np.testing.assert_allclose(
+            _marker_acceleration(tree, q_tree, v_tree, a_tree, marker),
+            _marker_acceleration(absolute, q_abs, v_abs, a_abs, marker),
+            atol=1e-8,
+        )
 
 
 @pytest.mark.slow
@@ -295,8 +362,7 @@ def test_loops_are_closed_by_the_extra_joints():
     """Bricard's mechanism: five joints carry the five bars, the sixth closes the loop with
     its five equations, one redundant; the accelerations match the absolute model's."""
     absolute = bricard()
-    tree = mb.TreeMechanism((absolute.ground,) + absolute.bodies, absolute.joints,
-                            absolute.forces)
+    tree = mb.TreeMechanism((absolute.ground,) + absolute.bodies, absolute.joints, absolute.forces)
     assert tree.coordinate_names == ("j0", "j1", "j2", "j3", "j4")
     assert tree.closure_joints == ("j5",)
     q_tree, v_tree = tree.initial_state()
@@ -305,8 +371,11 @@ def test_loops_are_closed_by_the_extra_joints():
     q_abs, v_abs = absolute.initial_state()
     np.testing.assert_allclose(
         _marker_acceleration(tree, q_tree, v_tree, _accelerations(tree, q_tree, v_tree), "bar3.b"),
-        _marker_acceleration(absolute, q_abs, v_abs, _accelerations(absolute, q_abs, v_abs),
-                             "bar3.b"), atol=1e-9)
+        _marker_acceleration(
+            absolute, q_abs, v_abs, _accelerations(absolute, q_abs, v_abs), "bar3.b"
+        ),
+        atol=1e-9,
+    )
 
 
 @pytest.mark.slow
@@ -317,20 +386,24 @@ def test_flyball_governor_in_joint_coordinates():
     from jaxdae.examples._flyball_governor import governor, initial_state
 
     absolute = governor()
-    tree = mb.TreeMechanism((absolute.ground,) + absolute.bodies, absolute.joints,
-                            absolute.forces)
+    tree = mb.TreeMechanism((absolute.ground,) + absolute.bodies, absolute.joints, absolute.forces)
     assert tree.coordinate_names == ("spin", "slide", "hinge1", "hinge2")
     assert tree.num_equations == 0
     q_abs, v_abs = initial_state(absolute)
     coordinates, rates = absolute.joint_coordinates(q_abs), absolute.joint_rates(q_abs, v_abs)
-    q_tree, v_tree = tree.initial_state(joint_coordinates={
-        name: (coordinates[name], rates[name]) for name in tree.coordinate_names})
+    q_tree, v_tree = tree.initial_state(
+        joint_coordinates={name: (coordinates[name], rates[name]) for name in tree.coordinate_names}
+    )
     for marker in ("rod1.middle", "rod2.hinge", "slider.s1"):
         np.testing.assert_allclose(
-            _marker_acceleration(tree, q_tree, v_tree, _accelerations(tree, q_tree, v_tree),
-                                 marker),
-            _marker_acceleration(absolute, q_abs, v_abs,
-                                 _accelerations(absolute, q_abs, v_abs), marker), atol=1e-8)
+            _marker_acceleration(
+                tree, q_tree, v_tree, _accelerations(tree, q_tree, v_tree), marker
+            ),
+            _marker_acceleration(
+                absolute, q_abs, v_abs, _accelerations(absolute, q_abs, v_abs), marker
+            ),
+            atol=1e-8,
+        )
 
 
 @pytest.mark.slow
@@ -381,8 +454,17 @@ def test_simulates_and_keeps_the_energy(mixed):
         .set(jnp.asarray([0.5, 1.0, -2.0, 3.0, 0.2]))
     )
     v0 = v0.at[3:7].set(v0[3:7] - q0[3:7] * (q0[3:7] @ v0[3:7]))  # no change of norm
-    sol = jaxdae.simulate(model, jaxdae.Unstabilized(), 0.0, 0.3, q0, v0,
-                          ts=jnp.linspace(0.0, 0.3, 4), rtol=1e-10, atol=1e-10)
+    sol = jaxdae.simulate(
+        model,
+        jaxdae.Unstabilized(),
+        0.0,
+        0.3,
+        q0,
+        v0,
+        ts=jnp.linspace(0.0, 0.3, 4),
+        rtol=1e-10,
+        atol=1e-10,
+    )
     energy = jax.vmap(model.energy)(sol.ts, sol.q, sol.v)
     assert float(jnp.max(jnp.abs(energy - energy[0]))) < 1e-8
     np.testing.assert_allclose(jnp.linalg.norm(sol.q[:, 3:7], axis=1), 1.0, atol=1e-9)
@@ -395,11 +477,13 @@ def test_refuses_what_it_cannot_build():
     link = mb.RigidBody("link", 1.0, INERTIA, {"a": (0.0, 0.0, 0.1)})
     other = mb.RigidBody("other", 1.0, INERTIA, {"a": (0.0, 0.0, 0.1)})
     with pytest.raises(ValueError, match="marker `a` is on the body nearer the ground"):
-        mb.TreeMechanism([link, other], [mb.Revolute("ground", "link"),
-                                         mb.Revolute("other.a", "link.a")])
+        mb.TreeMechanism(
+            [link, other], [mb.Revolute("ground", "link"), mb.Revolute("other.a", "link.a")]
+        )
     with pytest.raises(ValueError, match="not in the mechanism"):
-        mb.TreeMechanism([link], [mb.Revolute("ground", "link.a")],
-                         [mb.JointSpringDamper("elbow", 1.0)])
+        mb.TreeMechanism(
+            [link], [mb.Revolute("ground", "link.a")], [mb.JointSpringDamper("elbow", 1.0)]
+        )
     robot = mb.load_urdf(ARM)
     assert isinstance(robot.mechanism(), mb.TreeMechanism)
     assert isinstance(robot.mechanism(coordinates="absolute"), mb.Mechanism)
@@ -417,21 +501,29 @@ def test_solve_gradients_match_central_differences():
 
     @eqx.filter_jit
     def loss(model):
-        sol = jaxdae.simulate(model, jaxdae.Unstabilized(), 0.0, 0.5, q0, v0,
-                              rtol=1e-10, atol=1e-10)
+        sol = jaxdae.simulate(
+            model, jaxdae.Unstabilized(), 0.0, 0.5, q0, v0, rtol=1e-10, atol=1e-10
+        )
         return jnp.sum(sol.q_final**2)
 
     grads = eqx.filter_jit(eqx.filter_grad(loss))(tree)
     rng = np.random.default_rng(0)
-    picks = {"mass": lambda m: m.bodies[2].mass, "origin": lambda m: m.bodies[1].markers["elbow"],
-             "axis": lambda m: m.joints[2].axis, "inertia": lambda m: m.bodies[3].inertia}
+    picks = {
+        "mass": lambda m: m.bodies[2].mass,
+        "origin": lambda m: m.bodies[1].markers["elbow"],
+        "axis": lambda m: m.joints[2].axis,
+        "inertia": lambda m: m.bodies[3].inertia,
+    }
     for name, where in picks.items():
         value = where(tree)
         direction = jnp.asarray(rng.normal(size=value.shape))
         if name == "inertia":
             direction = 0.005 * (direction + direction.T)
         step = 1e-6
-        central = (loss(eqx.tree_at(where, tree, value + step * direction))
-                   - loss(eqx.tree_at(where, tree, value - step * direction))) / (2 * step)
+        central = (
+            loss(eqx.tree_at(where, tree, value + step * direction))
+            - loss(eqx.tree_at(where, tree, value - step * direction))
+        ) / (2 * step)
         assert float(jnp.sum(where(grads) * direction)) == pytest.approx(
-            float(central), rel=1e-6), name
+            float(central), rel=1e-6
+        ), name

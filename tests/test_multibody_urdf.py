@@ -33,8 +33,9 @@ def tool_position(yaw, shoulder, elbow, wrist):
         (lambda a: mb.rotation_matrix((0, 1, 0), a)),
     )
     forearm = jnp.array([0.4 + wrist + 0.05, 0.0, 0.0])
-    return jnp.array([0, 0, 0.1]) + rz(yaw) @ (jnp.array([0, 0, 0.1]) + ry(shoulder) @ (
-        jnp.array([0, 0, 0.5]) + ry(elbow) @ forearm))
+    return jnp.array([0, 0, 0.1]) + rz(yaw) @ (
+        jnp.array([0, 0, 0.1]) + ry(shoulder) @ (jnp.array([0, 0, 0.5]) + ry(elbow) @ forearm)
+    )
 
 
 @pytest.mark.slow
@@ -59,10 +60,10 @@ def test_structure_limits_and_mobility(robot):
     assert tree.mobility() == mb.Mobility(4, 0, 4, 0, 4, 0)
     for each, at in ((model, q), (tree, tree.reference_coordinates())):
         # The forearm's inertial frame is pitched by π/2: its centre is 0.2 m along the link.
-        np.testing.assert_allclose(each.marker_position(at, "forearm"), [0.2, 0.0, 0.7],
-                                   atol=1e-15)
-        np.testing.assert_allclose(each.marker_position(at, "slider.tool"),
-                                   tool_position(0, 0, 0, 0), atol=1e-15)
+        np.testing.assert_allclose(each.marker_position(at, "forearm"), [0.2, 0.0, 0.7], atol=1e-15)
+        np.testing.assert_allclose(
+            each.marker_position(at, "slider.tool"), tool_position(0, 0, 0, 0), atol=1e-15
+        )
 
 
 @pytest.mark.slow
@@ -74,8 +75,9 @@ def test_forward_kinematics_of_the_joint_coordinates(robot, coordinates):
     coordinates = model.joint_coordinates(q0)
     for name, value in angles.items():
         assert float(coordinates[name]) == pytest.approx(value, abs=1e-10)
-    np.testing.assert_allclose(model.marker_position(q0, "slider.tool"),
-                               tool_position(*angles.values()), atol=1e-10)
+    np.testing.assert_allclose(
+        model.marker_position(q0, "slider.tool"), tool_position(*angles.values()), atol=1e-10
+    )
 
 
 @pytest.mark.slow
@@ -85,9 +87,12 @@ def test_loop_closed_in_python(robot, coordinates):
     (in joint coordinates, its three equations are the only constraints)."""
     angles = {"yaw": 0.0, "shoulder": 0.4, "elbow": -0.8, "wrist": 0.05}
     target = np.asarray(tool_position(*angles.values()))
-    model = robot.mechanism(joints=[mb.Spherical("slider.tool", "ground.anchor", name="loop")],
-                            forces=[mb.Gravity()], ground_markers={"anchor": target},
-                            coordinates=coordinates)
+    model = robot.mechanism(
+        joints=[mb.Spherical("slider.tool", "ground.anchor", name="loop")],
+        forces=[mb.Gravity()],
+        ground_markers={"anchor": target},
+        coordinates=coordinates,
+    )
     q0, _ = robot.mechanism(coordinates=coordinates).initial_state(joint_coordinates=angles)
     assert float(jnp.max(jnp.abs(model.constraints(0.0, q0)))) < 1e-10
     n = 4 if coordinates == "joint" else 28
@@ -97,36 +102,59 @@ def test_loop_closed_in_python(robot, coordinates):
 @pytest.mark.slow
 def test_urdf_arm_conserves_energy(robot):
     model = robot.mechanism(forces=[mb.Gravity()], limits=False, coordinates="absolute")
-    q0, v0 = model.initial_state(joint_coordinates={"yaw": (0.0, 1.0), "shoulder": (0.4, 0.0),
-                                                   "elbow": -0.8, "wrist": 0.05})
-    sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 0.5, q0, v0,
-                          ts=jnp.linspace(0.0, 0.5, 6), rtol=1e-10, atol=1e-10)
+    q0, v0 = model.initial_state(
+        joint_coordinates={"yaw": (0.0, 1.0), "shoulder": (0.4, 0.0), "elbow": -0.8, "wrist": 0.05}
+    )
+    sol = jaxdae.simulate(
+        model,
+        jaxdae.Baumgarte(20.0, 100.0),
+        0.0,
+        0.5,
+        q0,
+        v0,
+        ts=jnp.linspace(0.0, 0.5, 6),
+        rtol=1e-10,
+        atol=1e-10,
+    )
     energy = jax.vmap(model.energy)(sol.ts, sol.q, sol.v)
     assert float(jnp.max(jnp.abs(energy - energy[0]))) < 1e-7
     assert float(jnp.max(jnp.abs(sol.phi))) < 1e-8
     # In joint coordinates the same motion, with no constraints to keep
     tree = robot.mechanism(forces=[mb.Gravity()], limits=False)
     coordinates, rates = model.joint_coordinates(q0), model.joint_rates(q0, v0)
-    tq0, tv0 = tree.initial_state(joint_coordinates={k: (coordinates[k], rates[k])
-                                                     for k in robot.joint_names})
-    tree_sol = jaxdae.simulate(tree, jaxdae.Baumgarte(20.0, 100.0), 0.0, 0.5, tq0, tv0,
-                               ts=sol.ts, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(tree.marker_position(tree_sol.q, "slider.tool"),
-                               model.marker_position(sol.q, "slider.tool"), atol=1e-8)
+    tq0, tv0 = tree.initial_state(
+        joint_coordinates={k: (coordinates[k], rates[k]) for k in robot.joint_names}
+    )
+    tree_sol = jaxdae.simulate(
+        tree, jaxdae.Baumgarte(20.0, 100.0), 0.0, 0.5, tq0, tv0, ts=sol.ts, rtol=1e-10, atol=1e-10
+    )
+    np.testing.assert_allclose(
+        tree.marker_position(tree_sol.q, "slider.tool"),
+        model.marker_position(sol.q, "slider.tool"),
+        atol=1e-8,
+    )
 
 
 def test_visuals_by_body_with_their_link_frames():
     robot = mb.load_urdf(VISUAL_ARM)
     assert mb.load_urdf(ARM).visuals == {}
     assert list(robot.visuals) == ["ground", "turret", "upper_arm", "forearm", "slider"]
-    base, = robot.visuals["ground"]
-    assert base == mb.UrdfVisual("base_link", "ground.base_link", "box", (0.3, 0.3, 0.05), None,
-                              (1.0, 1.0, 1.0), (0.0, 0.0, 0.025), (0.0, 0.0, 0.0),
-                              (0.6, 0.6, 0.65, 1.0))  # colour of a top-level <material>
-    turret, = robot.visuals["turret"]
+    (base,) = robot.visuals["ground"]
+    assert base == mb.UrdfVisual(
+        "base_link",
+        "ground.base_link",
+        "box",
+        (0.3, 0.3, 0.05),
+        None,
+        (1.0, 1.0, 1.0),
+        (0.0, 0.0, 0.025),
+        (0.0, 0.0, 0.0),
+        (0.6, 0.6, 0.65, 1.0),
+    )  # colour of a top-level <material>
+    (turret,) = robot.visuals["turret"]
     assert (turret.kind, turret.size, turret.marker) == ("cylinder", (0.09, 0.1), "turret.frame")
     assert turret.color == (0.95, 0.5, 0.1, 1.0)
-    forearm, = robot.visuals["forearm"]
+    (forearm,) = robot.visuals["forearm"]
     assert forearm.kind == "mesh" and forearm.size == ()
     assert forearm.mesh == str((VISUAL_ARM.parent / "meshes" / "forearm.stl").resolve())
     assert forearm.scale == (0.7, 0.7, 1.0)
@@ -148,8 +176,12 @@ def test_package_mesh_files_resolve_up_the_tree(tmp_path):
     (tmp_path / "arm" / "meshes" / "x.stl").write_text("solid x\nendsolid x\n")
     mesh = '<visual><geometry><mesh filename="{}"/></geometry></visual>'
     path = tmp_path / "arm" / "urdf" / "arm.urdf"
-    path.write_text('<robot name="r"><link name="a">' + mesh.format("package://arm/meshes/x.stl")
-                    + mesh.format("package://arm/meshes/gone.stl") + "</link></robot>")
+    path.write_text(
+        '<robot name="r"><link name="a">'
+        + mesh.format("package://arm/meshes/x.stl")
+        + mesh.format("package://arm/meshes/gone.stl")
+        + "</link></robot>"
+    )
     found, gone = mb.load_urdf(path).visuals["ground"]
     assert found.mesh == str(tmp_path / "arm" / "meshes" / "x.stl")
     assert gone.mesh == str(tmp_path / "arm" / "urdf" / "meshes" / "gone.stl")
@@ -171,25 +203,37 @@ def test_bad_urdf_files_name_file_and_line(tmp_path):
     path = write(tmp_path, '<robot name="r">\n<link name="a">\n</robot>\n')
     with pytest.raises(ValueError, match=r"bad.urdf, line \d: not a well-formed URDF"):
         mb.load_urdf(path)
-    path = write(tmp_path, '<robot name="r">\n<link name="a"/>\n'
-                 '<joint name="j" type="revolute">\n<parent link="a"/><child link="b"/>\n'
-                 '</joint>\n</robot>\n')
+    path = write(
+        tmp_path,
+        '<robot name="r">\n<link name="a"/>\n'
+        '<joint name="j" type="revolute">\n<parent link="a"/><child link="b"/>\n'
+        "</joint>\n</robot>\n",
+    )
     with pytest.raises(ValueError, match=r"bad.urdf, line 3: joint 'j' names child link 'b'"):
         mb.load_urdf(path)
-    path = write(tmp_path, '<robot name="r">\n<link name="a"/>\n<link name="b"/>\n'
-                 '<joint name="j" type="revolute">\n<parent link="a"/><child link="b"/>\n'
-                 '</joint>\n</robot>\n')
+    path = write(
+        tmp_path,
+        '<robot name="r">\n<link name="a"/>\n<link name="b"/>\n'
+        '<joint name="j" type="revolute">\n<parent link="a"/><child link="b"/>\n'
+        "</joint>\n</robot>\n",
+    )
     with pytest.raises(ValueError, match=r"bad.urdf, line 3: link 'b' has no mass"):
         mb.load_urdf(path)
-    path = write(tmp_path, '<robot name="r">\n<link name="a"/>\n' + LINK.format("b") + '\n'
-                 '<joint name="j" type="floating">\n<parent link="a"/><child link="b"/>\n'
-                 '</joint>\n</robot>\n')
+    path = write(
+        tmp_path,
+        '<robot name="r">\n<link name="a"/>\n' + LINK.format("b") + "\n"
+        '<joint name="j" type="floating">\n<parent link="a"/><child link="b"/>\n'
+        "</joint>\n</robot>\n",
+    )
     with pytest.raises(ValueError, match=r"line 4: joint 'j' is of type 'floating'"):
         mb.load_urdf(path)
     bad_inertia = LINK.format("b").replace('ixx="1"', 'ixx="5"')
-    path = write(tmp_path, '<robot name="r">\n<link name="a"/>\n' + bad_inertia + '\n'
-                 '<joint name="j" type="revolute">\n<parent link="a"/><child link="b"/>\n'
-                 '</joint>\n</robot>\n')
+    path = write(
+        tmp_path,
+        '<robot name="r">\n<link name="a"/>\n' + bad_inertia + "\n"
+        '<joint name="j" type="revolute">\n<parent link="a"/><child link="b"/>\n'
+        "</joint>\n</robot>\n",
+    )
     with pytest.raises(ValueError, match=r"line 3: .*triangle inequality"):
         mb.load_urdf(path)
     with pytest.raises(ValueError, match="the root element is <robt>"):
@@ -207,8 +251,11 @@ def test_a_limit_beyond_pi_is_met_in_joint_coordinates_and_refused_in_absolute()
     absolute coordinates measure it in (−π, π] and refuse the limit, naming file, line and
     fix (the limit as data is still accepted)."""
     robot = mb.load_urdf(WIDE_HINGE)
-    with pytest.raises(ValueError, match=r"wide_limit_hinge.urdf, line 12: joint 'hinge' has "
-                       r"the <limit> \[-4, 4\] rad, beyond ±π.*coordinates=\\?\"joint\\?\""):
+    with pytest.raises(
+        ValueError,
+        match=r"wide_limit_hinge.urdf, line 12: joint 'hinge' has "
+        r"the <limit> \[-4, 4\] rad, beyond ±π.*coordinates=\\?\"joint\\?\"",
+    ):
         robot.mechanism(coordinates="absolute")
     assert robot.mechanism(coordinates="absolute", limits=False).stops == ()
     model = robot.mechanism()
@@ -226,28 +273,36 @@ def test_mimic_couples_joint_coordinates():
     assert robot.limits["j1"][:2] == (None, 2.0)
     (coupling,) = robot.couplings
     assert (coupling.joint, coupling.leader, coupling.name) == ("j2", "j1", "j2.mimic")
-    assert robot.mechanism().gap_names == ("j1.limit.upper", "j2.limit.lower",
-                                           "j2.limit.upper")
+    assert robot.mechanism().gap_names == ("j1.limit.upper", "j2.limit.lower", "j2.limit.upper")
     model = robot.mechanism(forces=[mb.Gravity((0.0, -9.81, 0.0))], limits=False)
     assert model.num_equations == 1
     q0, v0 = model.initial_state(joint_coordinates={"j1": (0.3, 1.0)})
     np.testing.assert_allclose(q0, [0.3, 0.7], atol=1e-12)
     np.testing.assert_allclose(v0, [1.0, 2.0], atol=1e-12)
-    sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 0.5, q0, v0,
-                          ts=jnp.linspace(0.0, 0.5, 6))
+    sol = jaxdae.simulate(
+        model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 0.5, q0, v0, ts=jnp.linspace(0.0, 0.5, 6)
+    )
     assert float(jnp.ptp(sol.q[:, 0])) > 0.1  # it moves
     np.testing.assert_allclose(sol.q[:, 1], 2 * sol.q[:, 0] + 0.1, atol=1e-9)
     # Φ = θ₂ − m θ₁ − c reaches the coupling's numbers: ∂Φ/∂m = −θ₁ along the solution.
-    grads = jax.jit(jax.vmap(lambda q: eqx.filter_grad(
-        lambda m: m.constraints(0.0, q)[0])(model).couplings[0].multiplier))(sol.q)
+    grads = jax.jit(
+        jax.vmap(
+            lambda q: (
+                eqx.filter_grad(lambda m: m.constraints(0.0, q)[0])(model).couplings[0].multiplier
+            )
+        )
+    )(sol.q)
     np.testing.assert_allclose(grads, -sol.q[:, 0], atol=1e-12)
 
 
 def test_mimic_in_absolute_coordinates(tmp_path):
     """Absolute coordinates refuse a revolute joint's <mimic> (its angle wraps at ±π), naming
     file, line and fix; a prismatic pair's is a constraint there as in joint coordinates."""
-    with pytest.raises(ValueError, match=r"mimic_pair.urdf, line 26: joint 'j2' has a <mimic> "
-                       r"of joint 'j1'.*coordinates=\\?\"joint\\?\""):
+    with pytest.raises(
+        ValueError,
+        match=r"mimic_pair.urdf, line 26: joint 'j2' has a <mimic> "
+        r"of joint 'j1'.*coordinates=\\?\"joint\\?\"",
+    ):
         mb.load_urdf(MIMIC).mechanism(coordinates="absolute")
     path = tmp_path / "sliders.urdf"
     path.write_text(MIMIC.read_text().replace('type="revolute"', 'type="prismatic"'))
@@ -260,16 +315,25 @@ def test_mimic_in_absolute_coordinates(tmp_path):
 
 def test_bad_mimics_and_nan_limits_name_file_and_line(tmp_path):
     def joint(name, parent, child, body):
-        return (f'<joint name="{name}" type="revolute"><parent link="{parent}"/>'
-                f'<child link="{child}"/>{body}</joint>\n')
+        return (
+            f'<joint name="{name}" type="revolute"><parent link="{parent}"/>'
+            f'<child link="{child}"/>{body}</joint>\n'
+        )
 
-    head = '<robot name="r">\n<link name="a"/>\n' + LINK.format("b") + '\n'
-    path = write(tmp_path, head + joint("j", "a", "b", '<mimic joint="k"/>') + '</robot>\n')
-    with pytest.raises(ValueError, match=r"bad.urdf, line 4: joint 'j' has <mimic "
-                       r"joint=\"k\">, which is not another moving joint"):
+    head = '<robot name="r">\n<link name="a"/>\n' + LINK.format("b") + "\n"
+    path = write(tmp_path, head + joint("j", "a", "b", '<mimic joint="k"/>') + "</robot>\n")
+    with pytest.raises(
+        ValueError,
+        match=r"bad.urdf, line 4: joint 'j' has <mimic "
+        r"joint=\"k\">, which is not another moving joint",
+    ):
         mb.load_urdf(path)
-    path = write(tmp_path, head + joint("j", "a", "b", '<limit lower="nan" upper="1"/>')
-                 + '</robot>\n')
-    with pytest.raises(ValueError, match=r"bad.urdf, line 4: joint 'j' has <limit "
-                       r"lower=\"nan\">"):
+    path = write(
+        tmp_path, head + joint("j", "a", "b", '<limit lower="nan" upper="1"/>') + "</robot>\n"
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"bad.urdf, line 4: joint 'j' has <limit "
+        r"lower=\"nan\">",
+    ):
         mb.load_urdf(path)

@@ -107,8 +107,7 @@ def test_sleigh_closed_form(sleigh):
     [
         jaxdae.Baumgarte(20.0, 100.0, kv=10.0),
         pytest.param(jaxdae.PseudoInverse(20.0, 100.0, kv=10.0), marks=pytest.mark.slow),
-        pytest.param(jaxdae.ModifiedLagrange(1e4, 20.0, 100.0, kv=10.0),
-                     marks=pytest.mark.slow),
+        pytest.param(jaxdae.ModifiedLagrange(1e4, 20.0, 100.0, kv=10.0), marks=pytest.mark.slow),
     ],
     ids=["baumgarte", "pseudo_inverse", "modified_lagrange"],
 )
@@ -160,8 +159,12 @@ def test_coupled_blocks_follow_linear_ode(sleigh):
     q0 = q0.at[2:].multiply(1.05)  # Φ ≠ 0
     v0 = v0 + jnp.array([0.0, 0.1, 0.05, 0.02])  # Φ̇ ≠ 0, Ψ ≠ 0
     f = jaxdae.CoupledPerturbation(
-        k10=jnp.array([[-25.0]]), k11=jnp.array([[-8.0]]), k12=jnp.array([[2.0]]),
-        k20=jnp.array([[1.0]]), k21=jnp.array([[-0.5]]), k22=jnp.array([[-4.0]]),
+        k10=jnp.array([[-25.0]]),
+        k11=jnp.array([[-8.0]]),
+        k12=jnp.array([[2.0]]),
+        k20=jnp.array([[1.0]]),
+        k21=jnp.array([[-0.5]]),
+        k22=jnp.array([[-4.0]]),
     )
     h = np.asarray(f.perturbation_matrix(1, 1))
     assert np.max(np.linalg.eigvals(h).real) < 0
@@ -180,8 +183,14 @@ def test_coupled_is_baumgarte_special_case(sleigh):
     a = run(system, jaxdae.Baumgarte(20.0, 100.0, kv=10.0), q0, v0, TS)
     # zero coupling blocks (given as (1, 1) matrices: the same compiled program as above)
     zero = jnp.zeros((1, 1))
-    f = jaxdae.CoupledPerturbation(k10=-100.0 * jnp.ones((1, 1)), k11=-20.0 * jnp.ones((1, 1)),
-                                   k12=zero, k20=zero, k21=zero, k22=-10.0 * jnp.ones((1, 1)))
+    f = jaxdae.CoupledPerturbation(
+        k10=-100.0 * jnp.ones((1, 1)),
+        k11=-20.0 * jnp.ones((1, 1)),
+        k12=zero,
+        k20=zero,
+        k21=zero,
+        k22=-10.0 * jnp.ones((1, 1)),
+    )
     b = run(system, f, q0, v0, TS)
     np.testing.assert_allclose(a.q, b.q, atol=1e-9)
     np.testing.assert_allclose(a.v, b.v, atol=1e-9)
@@ -263,12 +272,12 @@ def test_traced_hurwitz_checks_of_many_constraints():
         ((flag, _),) = formulation.traced_checks(20, 2)
         return flag
 
-    np.testing.assert_array_equal(jax.jit(jax.vmap(coupled))(jnp.array([-5.0, 1.0, -1.0])),
-                                  [False, True, False])
+    np.testing.assert_array_equal(
+        jax.jit(jax.vmap(coupled))(jnp.array([-5.0, 1.0, -1.0])), [False, True, False]
+    )
 
     def matrix_k22(k22):  # uncoupled, but a full `K22`: checked as one matrix
-        ((flag, _),) = jaxdae.CoupledPerturbation(k10=-25.0, k11=-10.0, k22=k22).traced_checks(
-            3, 2)
+        ((flag, _),) = jaxdae.CoupledPerturbation(k10=-25.0, k11=-10.0, k22=k22).traced_checks(3, 2)
         return flag
 
     assert not jax.jit(matrix_k22)(jnp.array([[-2.0, 1.0], [0.0, -1.0]]))
@@ -294,8 +303,9 @@ def test_kv_shape_checked(sleigh):
 def test_non_affine_velocity_constraint_refused_when_traced():
     q0 = jnp.zeros(2)
     simulate = jax.jit(
-        lambda v0: jaxdae.simulate(SquaredConstraint(), jaxdae.Baumgarte(1.0, 1.0), 0.0, 1.0,
-                                   q0, v0).q
+        lambda v0: (
+            jaxdae.simulate(SquaredConstraint(), jaxdae.Baumgarte(1.0, 1.0), 0.0, 1.0, q0, v0).q
+        )
     )
     with pytest.raises(Exception, match="not affine"):
         jax.block_until_ready(simulate(jnp.ones(2)))
@@ -310,8 +320,9 @@ def test_concrete_coupled_gains_closed_over_in_jit():
     q0, v0 = pendulum.state_from_angle(0.5, 0.0)
     stable = jaxdae.CoupledPerturbation(k10=-25.0, k11=-10.0)
     run = jax.jit(lambda q: jaxdae.simulate(pendulum, stable, 0.0, 1.0, q, v0).q_final)
-    np.testing.assert_allclose(run(q0), jaxdae.simulate(pendulum, stable, 0.0, 1.0, q0,
-                                                        v0).q_final, rtol=1e-12)
+    np.testing.assert_allclose(
+        run(q0), jaxdae.simulate(pendulum, stable, 0.0, 1.0, q0, v0).q_final, rtol=1e-12
+    )
     # Gains changed after construction are checked there too.
     unstable = eqx.tree_at(lambda f: f.k10, stable, jnp.asarray(25.0))
     with pytest.raises(ValueError, match="not Hurwitz"):

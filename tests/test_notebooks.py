@@ -16,9 +16,16 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 # (≈ 20 s each; their experiments' methods are tested in test_hamiltonian.py,
 # test_realizing_forces.py and test_core.py); `make test-slow` runs them. The quickstart runs
 # in the default test run.
-SLOW: set[str] = {"paper_000_redundant_coordinates", "paper_001_hamiltonian",
-                  "paper_002_adaptive_optics", "paper_003_realizing_forces",
-                  "paper_004_two_link", "tuning", "building_a_mechanism", "impacts"}
+SLOW: set[str] = {
+    "paper_000_redundant_coordinates",
+    "paper_001_hamiltonian",
+    "paper_002_adaptive_optics",
+    "paper_003_realizing_forces",
+    "paper_004_two_link",
+    "tuning",
+    "building_a_mechanism",
+    "impacts",
+}
 
 
 def _params():
@@ -36,7 +43,9 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     nbclient = pytest.importorskip("nbclient")
     notebook = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(
-        notebook, timeout=900, kernel_name="python3",
+        notebook,
+        timeout=900,
+        kernel_name="python3",
         resources={"metadata": {"path": str(tmp_path)}},
     )
     client.execute()

@@ -9,21 +9,22 @@ import jax.numpy as jnp
 
 from jaxdae._compilation import _private_apis as private
 
-VERSIONS = (f"jax {jax.__version__}, diffrax {diffrax.__version__}, "
-            f"equinox {eqx.__version__}")
+VERSIONS = f"jax {jax.__version__}, diffrax {diffrax.__version__}, equinox {eqx.__version__}"
 
 
 def test_every_private_name_was_found():
     assert not private.MISSING, (
         f"private names missing from {VERSIONS}: {sorted(private.MISSING)}; update "
-        "jaxdae/_compilation/_private_apis.py for this version or bound it in pyproject.toml")
+        "jaxdae/_compilation/_private_apis.py for this version or bound it in pyproject.toml"
+    )
 
 
 def test_backends_are_initialized_after_a_computation():
     jnp.zeros(1).block_until_ready()
     assert private.backends_are_initialized() is True, (
         f"jax._src.xla_bridge.backends_are_initialized does not report a started backend "
-        f"in {VERSIONS}")
+        f"in {VERSIONS}"
+    )
 
 
 def test_traced_for_jit_tells_jit_from_eager_transformations():
@@ -33,6 +34,7 @@ def test_traced_for_jit_tells_jit_from_eager_transformations():
         def fn(x):
             seen[name] = private.traced_for_jit((x, {"other": 1.0}))
             return jnp.sin(x)
+
         return fn
 
     x = jnp.asarray(0.5)
@@ -45,8 +47,14 @@ def test_traced_for_jit_tells_jit_from_eager_transformations():
     jax.grad(jax.jit(record("jit under grad")))(x)
     jax.make_jaxpr(record("make_jaxpr"))(x)
     assert seen == {
-        "eager": False, "jit": True, "grad": False, "vmap": False, "grad under jit": True,
-        "vmap under jit": True, "jit under grad": True, "make_jaxpr": True,
+        "eager": False,
+        "jit": True,
+        "grad": False,
+        "vmap": False,
+        "grad under jit": True,
+        "vmap under jit": True,
+        "jit under grad": True,
+        "make_jaxpr": True,
     }, f"JAX's trace internals (Tracer._trace, Trace.parent_trace) changed in {VERSIONS}"
 
 
@@ -54,7 +62,8 @@ def test_unvmap_any_ignores_the_batch_dimension():
     flags = jnp.array([[False, False], [False, True]])
     per_row = jax.vmap(private.unvmap_any)(flags)
     assert per_row.shape == (2,) and bool(per_row.all()), (
-        f"equinox.internal.unvmap_any is not one flag for the whole batch in {VERSIONS}")
+        f"equinox.internal.unvmap_any is not one flag for the whole batch in {VERSIONS}"
+    )
     assert not bool(jax.vmap(private.unvmap_any)(jnp.zeros((3, 2), bool)).any())
     assert bool(private.unvmap_any(jnp.array([False, True])))
 
@@ -63,17 +72,20 @@ def test_use_stepsize_tol_marks_a_root_finder_without_tolerances():
     finder = diffrax.with_stepsize_controller_tols(diffrax.VeryChord)()
     assert finder.rtol is finder.atol is finder.norm is private.use_stepsize_tol, (
         f"diffrax._root_finder.use_stepsize_tol is not the marker of "
-        f"diffrax.with_stepsize_controller_tols in {VERSIONS}")
+        f"diffrax.with_stepsize_controller_tols in {VERSIONS}"
+    )
     assert diffrax.Kvaerno5().root_finder.rtol is private.use_stepsize_tol
 
 
 def test_diffeqsolve_unjitted_is_diffeqsolve_without_its_jit():
     assert private.diffeqsolve_unjitted is not diffrax.diffeqsolve, (
         f"diffrax.diffeqsolve.__wrapped__ (the function under equinox's filter_jit) is "
-        f"missing in {VERSIONS}: solves fall back to the jitted diffeqsolve")
+        f"missing in {VERSIONS}: solves fall back to the jitted diffeqsolve"
+    )
     term = diffrax.ODETerm(lambda t, y, args: -y)
-    sol = jax.jit(lambda y0: private.diffeqsolve_unjitted(
-        term, diffrax.Tsit5(), 0.0, 1.0, 0.1, y0).ys)(jnp.asarray(1.0))
+    sol = jax.jit(
+        lambda y0: private.diffeqsolve_unjitted(term, diffrax.Tsit5(), 0.0, 1.0, 0.1, y0).ys
+    )(jnp.asarray(1.0))
     assert jnp.allclose(sol, jnp.exp(-1.0), rtol=1e-4)
 
 
@@ -82,12 +94,14 @@ def test_result_codes_read_and_write_the_codes_of_an_enumeration():
     item = results.where(jnp.asarray(True), results.max_steps_reached, results.successful)
     code = private.result_codes(item)
     assert jnp.shape(code) == () and jnp.issubdtype(jnp.result_type(code), jnp.integer), (
-        f"the code of an equinox enumeration item (`_value`) changed in {VERSIONS}")
+        f"the code of an equinox enumeration item (`_value`) changed in {VERSIONS}"
+    )
     assert private.result_messages(results)[int(code)] == results[item], (
-        f"equinox's messages by code (`_index_to_message`) changed in {VERSIONS}")
-    batch = jax.vmap(lambda flag: results.where(flag, results.successful,
-                                                results.max_steps_reached))(
-        jnp.array([True, False]))
+        f"equinox's messages by code (`_index_to_message`) changed in {VERSIONS}"
+    )
+    batch = jax.vmap(
+        lambda flag: results.where(flag, results.successful, results.max_steps_reached)
+    )(jnp.array([True, False]))
     swapped = private.with_result_codes(batch, private.result_codes(batch)[::-1])
     assert (swapped == results.max_steps_reached).tolist() == [True, False]
 
@@ -98,8 +112,10 @@ def test_while_loop_checkpointed_is_reverse_differentiable():
             i, y = carry
             return i + 1, y * x
 
-        return private.while_loop(lambda c: c[0] < 3, body, (0, x), max_steps=4,
-                                  kind="checkpointed", checkpoints=4)[1]
+        return private.while_loop(
+            lambda c: c[0] < 3, body, (0, x), max_steps=4, kind="checkpointed", checkpoints=4
+        )[1]
 
     assert abs(float(jax.grad(total)(2.0)) - 32.0) < 1e-12, (
-        f"equinox.internal.while_loop does not differentiate in reverse mode in {VERSIONS}")
+        f"equinox.internal.while_loop does not differentiate in reverse mode in {VERSIONS}"
+    )

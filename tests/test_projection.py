@@ -29,23 +29,38 @@ def _on_save_times(ts, rtol=1e-8, atol=1e-10):
     projected step ends. The tolerances are arrays (Python floats would be static): solves
     at other tolerances share one compiled program."""
     return diffrax.ClipStepSizeController(
-        diffrax.PIDController(rtol=jnp.asarray(rtol), atol=jnp.asarray(atol)), step_ts=ts)
+        diffrax.PIDController(rtol=jnp.asarray(rtol), atol=jnp.asarray(atol)), step_ts=ts
+    )
 
 
 def _residual(sol):
-    return (float(np.max(np.abs(sol.phi))), float(np.max(np.abs(sol.dphi))),
-            float(np.max(np.abs(sol.psi), initial=0.0)))
+    return (
+        float(np.max(np.abs(sol.phi))),
+        float(np.max(np.abs(sol.dphi))),
+        float(np.max(np.abs(sol.psi), initial=0.0)),
+    )
 
 
 def _pendulum(formulation, solver, **kwargs):
-    return jaxdae.simulate(PENDULUM, formulation, 0.0, T1, Q0, V0, ts=TS, solver=solver,
-                           stepsize_controller=_on_save_times(TS), **kwargs)
+    return jaxdae.simulate(
+        PENDULUM,
+        formulation,
+        0.0,
+        T1,
+        Q0,
+        V0,
+        ts=TS,
+        solver=solver,
+        stepsize_controller=_on_save_times(TS),
+        **kwargs,
+    )
 
 
-@pytest.mark.parametrize("formulation", [pytest.param(jaxdae.Unstabilized(),
-                                                     marks=pytest.mark.slow),
-                                        jaxdae.Baumgarte(10.0, 25.0)],
-                         ids=["Unstabilized", "Baumgarte"])
+@pytest.mark.parametrize(
+    "formulation",
+    [pytest.param(jaxdae.Unstabilized(), marks=pytest.mark.slow), jaxdae.Baumgarte(10.0, 25.0)],
+    ids=["Unstabilized", "Baumgarte"],
+)
 def test_stays_on_the_manifold(formulation):
     """|Φ| and |Φ̇| ≤ 1e-12 at every saved step end; without projection the same
     Unstabilized solve drifts."""
@@ -63,8 +78,17 @@ def test_rheonomic_two_link_arm_on_the_manifold():
     arm = TwoLinkManipulator()
     q0, v0, *_ = jaxdae.consistent_initial_state(arm, 0.0, *arm.initial_state())
     ts = jnp.linspace(0.0, 0.4, 9)
-    sol = jaxdae.simulate(arm, jaxdae.Unstabilized(), 0.0, 0.4, q0, v0, ts=ts,
-                          solver=PROJECTED, stepsize_controller=_on_save_times(ts))
+    sol = jaxdae.simulate(
+        arm,
+        jaxdae.Unstabilized(),
+        0.0,
+        0.4,
+        q0,
+        v0,
+        ts=ts,
+        solver=PROJECTED,
+        stepsize_controller=_on_save_times(ts),
+    )
     assert max(_residual(sol)) <= 1e-12
 
 
@@ -74,8 +98,17 @@ def test_hamiltonian_momenta_projected():
     arm = CartesianArm()
     q0, p0 = arm.initial_state()
     ts = jnp.linspace(0.0, 2.0, 11)
-    sol = jaxdae.simulate(arm, jaxdae.Unstabilized(), 0.0, 2.0, q0, p0, ts=ts,
-                          solver=PROJECTED, stepsize_controller=_on_save_times(ts))
+    sol = jaxdae.simulate(
+        arm,
+        jaxdae.Unstabilized(),
+        0.0,
+        2.0,
+        q0,
+        p0,
+        ts=ts,
+        solver=PROJECTED,
+        stepsize_controller=_on_save_times(ts),
+    )
     assert max(_residual(sol)) <= 1e-12
     np.testing.assert_allclose(sol.energy, sol.energy[0], rtol=1e-7)
 
@@ -94,9 +127,17 @@ def test_agrees_with_a_reference():
     the unprojected one (the projection moves the state by less than the local error)."""
     formulation = jaxdae.Baumgarte(10.0, 25.0)
     # (steps clipped to the save times as `plain`'s: one compiled solve for both)
-    reference = jaxdae.simulate(PENDULUM, formulation, 0.0, T1, Q0, V0, ts=TS,
-                                solver=diffrax.Tsit5(),
-                                stepsize_controller=_on_save_times(TS, 1e-13, 1e-13))
+    reference = jaxdae.simulate(
+        PENDULUM,
+        formulation,
+        0.0,
+        T1,
+        Q0,
+        V0,
+        ts=TS,
+        solver=diffrax.Tsit5(),
+        stepsize_controller=_on_save_times(TS, 1e-13, 1e-13),
+    )
     sol = _pendulum(formulation, PROJECTED)
     plain = _pendulum(formulation, diffrax.Tsit5())
     error = float(np.max(np.abs(sol.q - reference.q)))
@@ -111,8 +152,7 @@ def test_dense_output_ends_on_the_projected_state():
     y0 = (Q0, V0)
     # one program each (eagerly, each operation compiles alone)
     state = eqx.filter_jit(PROJECTED.init)(term, 0.0, 0.1, y0, args)
-    y1, _, dense, _, result = eqx.filter_jit(PROJECTED.step)(term, 0.0, 0.1, y0, args, state,
-                                                              False)
+    y1, _, dense, _, result = eqx.filter_jit(PROJECTED.step)(term, 0.0, 0.1, y0, args, state, False)
     assert result == diffrax.RESULTS.successful
     path = PROJECTED.interpolation_cls(t0=0.0, t1=0.1, **dense)
     for a, b in zip(path.evaluate(0.1), y1, strict=False):
@@ -127,16 +167,33 @@ def test_default_adjoint_and_the_sweep_refused():
     explicit `ReverseSweepAdjoint` is refused."""
     assert isinstance(default_adjoint(PROJECTED, 4096), diffrax.RecursiveCheckpointAdjoint)
     with pytest.raises(ValueError, match="ReverseSweepAdjoint.*Projected"):
-        jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q0, V0,
-                        solver=PROJECTED, adjoint=jaxdae.ReverseSweepAdjoint())
+        jaxdae.simulate(
+            PENDULUM,
+            jaxdae.Baumgarte(10.0, 25.0),
+            0.0,
+            1.0,
+            Q0,
+            V0,
+            solver=PROJECTED,
+            adjoint=jaxdae.ReverseSweepAdjoint(),
+        )
 
 
 def _final_angle_loss(length, solver, adjoint=None):
     system = eqx.tree_at(lambda s: s.length, PENDULUM, length)
     q0, v0 = system.state_from_angle(1.0, 0.5)
-    sol = jaxdae.simulate(system, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, q0, v0,
-                          solver=solver, dt0=0.01,
-                          stepsize_controller=diffrax.ConstantStepSize(), adjoint=adjoint)
+    sol = jaxdae.simulate(
+        system,
+        jaxdae.Baumgarte(10.0, 25.0),
+        0.0,
+        1.0,
+        q0,
+        v0,
+        solver=solver,
+        dt0=0.01,
+        stepsize_controller=diffrax.ConstantStepSize(),
+        adjoint=adjoint,
+    )
     return jnp.arctan2(sol.q_final[0], -sol.q_final[1])
 
 
@@ -148,7 +205,8 @@ def test_gradient_matches_central_differences():
     grad = jax.grad(_final_angle_loss)(length, PROJECTED)
     h = 1e-6
     fd = (_final_angle_loss(length + h, PROJECTED) - _final_angle_loss(length - h, PROJECTED)) / (
-        2 * h)
+        2 * h
+    )
     np.testing.assert_allclose(grad, fd, rtol=1e-6)
 
 
@@ -159,8 +217,9 @@ def test_forward_mode():
     length = jnp.asarray(0.8)
     grad = jax.grad(_final_angle_loss)(length, PROJECTED)
     solver = jaxdae.Projected(diffrax.Tsit5(scan_kind="lax"))
-    _, tangent = jax.jvp(lambda x: _final_angle_loss(x, solver, diffrax.ForwardMode()),
-                         (length,), (jnp.ones(()),))
+    _, tangent = jax.jvp(
+        lambda x: _final_angle_loss(x, solver, diffrax.ForwardMode()), (length,), (jnp.ones(()),)
+    )
     np.testing.assert_allclose(tangent, grad, rtol=1e-9)
 
 
@@ -172,8 +231,17 @@ def test_vmap_and_jit():
 
     def simulate(angle):
         q0, v0 = PENDULUM.state_from_angle(angle, 0.5)
-        return jaxdae.simulate(PENDULUM, formulation, 0.0, T1, q0, v0, ts=TS,
-                               solver=PROJECTED, stepsize_controller=_on_save_times(TS))
+        return jaxdae.simulate(
+            PENDULUM,
+            formulation,
+            0.0,
+            T1,
+            q0,
+            v0,
+            ts=TS,
+            solver=PROJECTED,
+            stepsize_controller=_on_save_times(TS),
+        )
 
     sols = jax.jit(jax.vmap(simulate))(angles)
     assert max(_residual(sols)) <= 1e-12
@@ -183,11 +251,20 @@ def test_vmap_and_jit():
 @pytest.mark.slow
 def test_ensemble():
     """`simulate_ensemble`: every trajectory projected (one projection per row)."""
-    q0, v0 = jax.vmap(PENDULUM.state_from_angle)(jnp.array([0.3, 1.0, 2.0]),
-                                                  jnp.array([0.5, 0.0, -1.0]))
-    sol = jaxdae.simulate_ensemble(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, T1, q0, v0,
-                                   ts=TS, solver=PROJECTED,
-                                   stepsize_controller=_on_save_times(TS))
+    q0, v0 = jax.vmap(PENDULUM.state_from_angle)(
+        jnp.array([0.3, 1.0, 2.0]), jnp.array([0.5, 0.0, -1.0])
+    )
+    sol = jaxdae.simulate_ensemble(
+        PENDULUM,
+        jaxdae.Baumgarte(10.0, 25.0),
+        0.0,
+        T1,
+        q0,
+        v0,
+        ts=TS,
+        solver=PROJECTED,
+        stepsize_controller=_on_save_times(TS),
+    )
     assert bool(jnp.all(sol.succeeded))
     assert max(_residual(sol)) <= 1e-12
 
@@ -202,13 +279,24 @@ DENSE_TS = jnp.linspace(0.0, 1.0, 101)
 
 # Tsit5 alone is slow: the controller under test is the same with `Projected`, and the
 # ensemble below clips Tsit5's steps.
-@pytest.mark.parametrize("solver", [pytest.param(diffrax.Tsit5(), marks=pytest.mark.slow),
-                                    PROJECTED], ids=["Tsit5", "Projected"])
+@pytest.mark.parametrize(
+    "solver",
+    [pytest.param(diffrax.Tsit5(), marks=pytest.mark.slow), PROJECTED],
+    ids=["Tsit5", "Projected"],
+)
 def test_steps_clipped_to_many_save_times_reach_t1(solver):
-    sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0, Q0, V0,
-                          ts=DENSE_TS, solver=solver,
-                          stepsize_controller=_on_save_times(DENSE_TS, 1e-9, 1e-11),
-                          throw=False)
+    sol = jaxdae.simulate(
+        PENDULUM,
+        jaxdae.Baumgarte(10.0, 25.0),
+        0.0,
+        1.0,
+        Q0,
+        V0,
+        ts=DENSE_TS,
+        solver=solver,
+        stepsize_controller=_on_save_times(DENSE_TS, 1e-9, 1e-11),
+        throw=False,
+    )
     assert sol.result == jaxdae.RESULTS.successful, jaxdae.RESULTS[sol.result]
     assert float(sol.t_final) == 1.0
     np.testing.assert_array_equal(sol.ts, DENSE_TS)
@@ -220,10 +308,17 @@ def test_steps_clipped_to_many_save_times_reach_t1(solver):
 @pytest.mark.slow
 def test_ensemble_steps_clipped_to_many_save_times_reach_t1():
     """Two copies of the same trajectory take that trajectory's steps."""
-    sol = jaxdae.simulate_ensemble(PENDULUM, jaxdae.Baumgarte(10.0, 25.0), 0.0, 1.0,
-                                   jnp.stack([Q0, Q0]), jnp.stack([V0, V0]), ts=DENSE_TS,
-                                   stepsize_controller=_on_save_times(DENSE_TS, 1e-9, 1e-11),
-                                   throw=False)
+    sol = jaxdae.simulate_ensemble(
+        PENDULUM,
+        jaxdae.Baumgarte(10.0, 25.0),
+        0.0,
+        1.0,
+        jnp.stack([Q0, Q0]),
+        jnp.stack([V0, V0]),
+        ts=DENSE_TS,
+        stepsize_controller=_on_save_times(DENSE_TS, 1e-9, 1e-11),
+        throw=False,
+    )
     assert bool(jnp.all(sol.succeeded))
     np.testing.assert_array_equal(sol.t_final, [1.0, 1.0])
 
@@ -235,7 +330,8 @@ def test_a_step_ending_just_short_of_a_clip_time_is_extended_to_it():
     from jaxdae._integration._controllers import snap_to_clip_times
 
     controller = diffrax.ClipStepSizeController(
-        diffrax.PIDController(rtol=1e-8, atol=1e-10), step_ts=DENSE_TS, jump_ts=[0.705])
+        diffrax.PIDController(rtol=1e-8, atol=1e-10), step_ts=DENSE_TS, jump_ts=[0.705]
+    )
     floor = jnp.asarray(1e-3)
 
     def below(t, ulps):
@@ -261,24 +357,34 @@ def test_failure_is_named():
     solve says so by name."""
     system = Unreachable()
     q0, v0 = jnp.array([0.5, 0.0]), jnp.array([0.0, 1.0])
-    sol = jaxdae.simulate(system, jaxdae.Baumgarte(1.0, 1.0), 0.0, 1.0, q0, v0,
-                          solver=PROJECTED, throw=False)
+    sol = jaxdae.simulate(
+        system, jaxdae.Baumgarte(1.0, 1.0), 0.0, 1.0, q0, v0, solver=PROJECTED, throw=False
+    )
     assert sol.result == jaxdae.RESULTS.projection_failed
     with pytest.raises(jaxdae.SimulationError, match="projection"):
-        jaxdae.simulate(system, jaxdae.Baumgarte(1.0, 1.0), 0.0, 1.0, q0, v0,
-                        solver=PROJECTED)
+        jaxdae.simulate(system, jaxdae.Baumgarte(1.0, 1.0), 0.0, 1.0, q0, v0, solver=PROJECTED)
 
 
-@pytest.mark.parametrize("linear_solver", [None, pytest.param(lx.SVD(), marks=pytest.mark.slow)],
-                         ids=["default", "SVD"])
+@pytest.mark.parametrize(
+    "linear_solver", [None, pytest.param(lx.SVD(), marks=pytest.mark.slow)], ids=["default", "SVD"]
+)
 def test_redundant_constraints_projected(linear_solver):
     """A constraint written twice (J M⁻¹ Jᵀ singular): the default shifted Cholesky solve
     projects it, as an SVD does."""
     system = TwicePendulum(mass=1.3, length=0.8)
     solver = jaxdae.Projected(diffrax.Tsit5(), linear_solver=linear_solver)
     ts = jnp.linspace(0.0, 1.0, 6)
-    sol = jaxdae.simulate(system, jaxdae.PseudoInverse(10.0, 25.0), 0.0, 1.0, Q0, V0, ts=ts,
-                          solver=solver, stepsize_controller=_on_save_times(ts, 1e-5, 1e-7))
+    sol = jaxdae.simulate(
+        system,
+        jaxdae.PseudoInverse(10.0, 25.0),
+        0.0,
+        1.0,
+        Q0,
+        V0,
+        ts=ts,
+        solver=solver,
+        stepsize_controller=_on_save_times(ts, 1e-5, 1e-7),
+    )
     assert max(_residual(sol)) <= 1e-12
 
 
@@ -292,14 +398,16 @@ def test_projects_a_large_drift():
     tol = 1e-13
     for iterations in (5, 8):
         (q_new, v_new), position_ok, velocity_ok = project_state(
-            PENDULUM, jaxdae.Baumgarte(1.0, 1.0), 0.0, q, v, None, iterations, tol)
+            PENDULUM, jaxdae.Baumgarte(1.0, 1.0), 0.0, q, v, None, iterations, tol
+        )
         assert bool(position_ok) and bool(velocity_ok)
         assert abs(float(PENDULUM.constraints(0.0, q_new)[0])) <= 1e-14
         assert abs(float(2 * q_new @ v_new)) <= 1e-13
         assert float(jnp.abs(q_new[0] * q[1] - q_new[1] * q[0])) <= 1e-15
     # one iteration of each is not enough for a drift this large
     _, position_ok, velocity_ok = project_state(
-        PENDULUM, jaxdae.Baumgarte(1.0, 1.0), 0.0, q, v, None, 1, tol)
+        PENDULUM, jaxdae.Baumgarte(1.0, 1.0), 0.0, q, v, None, 1, tol
+    )
     assert not (bool(position_ok) and bool(velocity_ok))
 
 
@@ -311,8 +419,11 @@ def test_derivatives_with_a_lineax_solver():
     q, v = Q0 * (1.0 + 1e-4), V0 + 1e-4 * Q0
 
     def projected(linear_solver):
-        return lambda q_, v_: jnp.concatenate(project_state(
-            PENDULUM, jaxdae.Baumgarte(1.0, 1.0), 0.0, q_, v_, linear_solver, 5, 1e-13)[0])
+        return lambda q_, v_: jnp.concatenate(
+            project_state(
+                PENDULUM, jaxdae.Baumgarte(1.0, 1.0), 0.0, q_, v_, linear_solver, 5, 1e-13
+            )[0]
+        )
 
     default = jax.jit(jax.jacrev(projected(None), argnums=(0, 1)))(q, v)
     for jacobian in (jax.jacrev, jax.jacfwd):
@@ -341,16 +452,19 @@ def test_modified_lagrange_integrated_with_augmented_multipliers():
         balance = terms.mass_matrix @ acc + terms.jacobian.T @ multipliers - terms.forces
         assert float(jnp.max(jnp.abs(balance))) <= 1e-12
         residuals.append(float(jnp.max(jnp.abs(terms.jacobian @ acc - target))))
-    rate = 1.0 / (1.0 + 20.0 * float((terms.jacobian @ jnp.linalg.solve(
-        terms.mass_matrix, terms.jacobian.T))[0, 0]))
+    rate = 1.0 / (
+        1.0
+        + 20.0
+        * float((terms.jacobian @ jnp.linalg.solve(terms.mass_matrix, terms.jacobian.T))[0, 0])
+    )
     assert residuals[1] <= 1.01 * rate * residuals[0]
     assert residuals[2] <= 1.01 * rate * residuals[1]
     assert penalty.for_projection().accelerations(terms)[0] == pytest.approx(
-        _accelerations(penalty, terms, 2)[0], abs=0.0)
+        _accelerations(penalty, terms, 2)[0], abs=0.0
+    )
 
     def projected(formulation):
-        return jaxdae.simulate(PENDULUM, formulation, 0.0, T1, Q0, V0, ts=TS,
-                               solver=PROJECTED).q
+        return jaxdae.simulate(PENDULUM, formulation, 0.0, T1, Q0, V0, ts=TS, solver=PROJECTED).q
 
     difference = projected(penalty) - projected(jaxdae.Baumgarte(10.0, 25.0))
     assert float(jnp.max(jnp.abs(difference))) <= 2e-5
@@ -365,8 +479,10 @@ def test_augmented_iterations_batched_as_in_turn(iterations):
 
     arm = TwoLinkManipulator()
     q, v = arm.initial_state()
-    cases = [(PENDULUM, PENDULUM.terms(0.0, Q0 * 1.01, V0 + 0.01 * Q0)),
-             (arm, arm.terms(0.1, q + 0.01, v))]
+    cases = [
+        (PENDULUM, PENDULUM.terms(0.0, Q0 * 1.01, V0 + 0.01 * Q0)),
+        (arm, arm.terms(0.1, q + 0.01, v)),
+    ]
     for _system, terms in cases:
         penalty = jaxdae.ModifiedLagrange(jnp.full(terms.phi.shape, 50.0), 10.0, 25.0)
         batched = _accelerations(penalty, terms, iterations, batched=True)
@@ -396,7 +512,8 @@ def test_projection_residuals_take_the_form_of_the_terms():
             jaxpr = jax.make_jaxpr(lambda q_, v_: piece(system, formulation, 0.0, q_, v_))(q, v)  # noqa: B023
             assert _in_array_form_scope(jaxpr.jaxpr) == array_form
         (q_new, v_new), position_ok, velocity_ok = project_state(
-            system, formulation, 0.0, q, v, None, 5, 2.2e-13)
+            system, formulation, 0.0, q, v, None, 5, 2.2e-13
+        )
         assert bool(position_ok) and bool(velocity_ok)
         projected.append(jnp.concatenate([q_new, v_new]))
     assert float(jnp.max(jnp.abs(projected[0] - projected[1]))) <= 1e-14
@@ -410,8 +527,9 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="solver"):
         jaxdae.Projected("Tsit5")
     with pytest.raises(ValueError, match="simulate"):
-        diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, args: -y), PROJECTED, 0.0, 1.0, 0.1,
-                            jnp.ones(2))
+        diffrax.diffeqsolve(
+            diffrax.ODETerm(lambda t, y, args: -y), PROJECTED, 0.0, 1.0, 0.1, jnp.ones(2)
+        )
 
 
 @pytest.mark.perf(reason="pins which primitives the projection and its derivative trace")
@@ -421,12 +539,20 @@ def test_projection_and_its_vjp_run_in_one_kernel(system):
     reverse loop evaluates at every step) hold no scatter, sort or custom call, each of
     which would make XLA:CPU run the whole loop kernel by kernel (a `jnp.diagonal` in the
     shifted Cholesky solve made the Hamiltonian arm's gradient 10× slower)."""
-    q, s = system.initial_state() if isinstance(system, CartesianArm) else (
-        jnp.array([0.6, -0.5]), jnp.array([0.1, 0.2]))
+    q, s = (
+        system.initial_state()
+        if isinstance(system, CartesianArm)
+        else (jnp.array([0.6, -0.5]), jnp.array([0.1, 0.2]))
+    )
 
     def projected_and_vjp(q, s):
-        out, pull = jax.vjp(lambda q, s: project_state(
-            system, jaxdae.Baumgarte(10.0, 25.0), 0.0, q, s, None, 5, 1e-13)[0], q, s)
+        out, pull = jax.vjp(
+            lambda q, s: project_state(
+                system, jaxdae.Baumgarte(10.0, 25.0), 0.0, q, s, None, 5, 1e-13
+            )[0],
+            q,
+            s,
+        )
         return out, pull(out)
 
     assert not not_in_a_loop(jax.make_jaxpr(projected_and_vjp)(q, s).jaxpr)

@@ -90,8 +90,9 @@ def test_smooth_bounded_force_gradient(sleigh, constrained):
 
     # One compiled program for the central differences and the gradient.
     h = 1e-5
-    values, grads = jax.jit(jax.vmap(jax.value_and_grad(final_x)))(jnp.array([2.0 + h, 2.0 - h,
-                                                                             2.0]))
+    values, grads = jax.jit(jax.vmap(jax.value_and_grad(final_x)))(
+        jnp.array([2.0 + h, 2.0 - h, 2.0])
+    )
     np.testing.assert_allclose(grads[2], (values[0] - values[1]) / (2 * h), rtol=1e-4)
     assert -0.1 < float(grads[2]) < -0.03
 
@@ -125,8 +126,9 @@ def test_bad_systems(sleigh):
     q0, v0 = sleigh.initial_state(0.5, 2.0)
     pendulum = jaxdae.RealizedConstraints(CartesianPendulum(), jaxdae.ViscousForce(1.0))
     with pytest.raises(ValueError, match="needs a system with nonholonomic"):
-        jaxdae.simulate(pendulum, jaxdae.Baumgarte(1.0, 1.0), 0.0, 1.0, jnp.array([0.0, -1.0]),
-                        jnp.zeros(2))
+        jaxdae.simulate(
+            pendulum, jaxdae.Baumgarte(1.0, 1.0), 0.0, 1.0, jnp.array([0.0, -1.0]), jnp.zeros(2)
+        )
     free = jaxdae.RealizedConstraints(sleigh, jaxdae.ViscousForce(jnp.ones(2)))
     with pytest.raises(ValueError, match="1 nonholonomic"):
         jaxdae.simulate(free, jaxdae.Unstabilized(), 0.0, 1.0, q0, v0)

@@ -36,9 +36,7 @@ class RodPendulum(jaxdae.LagrangianSystem):
         return jnp.array([-self.damping * v[0], 0.0, 0.0])
 
     def constraints(self, t, q):
-        return jnp.array(
-            [q[1] - self.length * jnp.sin(q[0]), q[2] + self.length * jnp.cos(q[0])]
-        )
+        return jnp.array([q[1] - self.length * jnp.sin(q[0]), q[2] + self.length * jnp.cos(q[0])])
 
     def state(self, angle, rate):
         q = jnp.array([angle, jnp.sin(angle), -jnp.cos(angle)]) * jnp.array([1.0, 1.0, 1.0])
@@ -120,8 +118,11 @@ def test_singular_initial_state_raises():
     with pytest.raises(ValueError, match=r"Trajectory 1 \(row of q0, v0\): ∂F/∂q_dep"):
         jaxdae.simulate_ensemble(pend, formulation, 0.0, 1.0, *rows)
     with pytest.raises(Exception, match=r"condition \[4\]"):  # raised when the result is
-        jax.block_until_ready(jax.jit(  # ready: on a GPU, not at the call
-            lambda q, v: jaxdae.simulate_ensemble(pend, formulation, 0.0, 1.0, q, v).q)(*rows))
+        jax.block_until_ready(
+            jax.jit(  # ready: on a GPU, not at the call
+                lambda q, v: jaxdae.simulate_ensemble(pend, formulation, 0.0, 1.0, q, v).q
+            )(*rows)
+        )
 
 
 @pytest.mark.slow
@@ -137,13 +138,20 @@ def test_singular_configuration_during_motion_is_named():
     # In an ensemble it stops alone (the real-valued failure changes sign, as for the
     # event of one solve); a small swing next to it runs to the end.
     small = pend.state_from_angle(0.3, 0.0)
-    both = jaxdae.simulate_ensemble(pend, formulation, 0.0, 1.5, jnp.stack([q0, small[0]]),
-                                    jnp.stack([v0, small[1]]), ts=TS, throw=False)
+    both = jaxdae.simulate_ensemble(
+        pend,
+        formulation,
+        0.0,
+        1.5,
+        jnp.stack([q0, small[0]]),
+        jnp.stack([v0, small[1]]),
+        ts=TS,
+        throw=False,
+    )
     assert both.result._value.tolist() == [sol.result._value, 0]
     np.testing.assert_allclose(both.t_final, [sol.t_final, 1.5], rtol=1e-6)
     assert np.array_equal(np.isinf(both.q[0]), np.isinf(sol.q))
-    np.testing.assert_allclose(both.q[0][np.isfinite(sol.q)], sol.q[np.isfinite(sol.q)],
-                               atol=1e-7)
+    np.testing.assert_allclose(both.q[0][np.isfinite(sol.q)], sol.q[np.isfinite(sol.q)], atol=1e-7)
     assert abs(float(sol.q_final[1])) < 0.05
 
 
@@ -172,7 +180,8 @@ def test_jit_vmap_grad_of_simulate():
     h = 1e-5
     # One compiled program: values (a batch and central differences) and gradients, vmapped.
     values, grads = eqx.filter_jit(jax.vmap(jax.value_and_grad(final_x)))(
-        jnp.array([0.4 + h, 0.4 - h, 0.3, 0.4]))
+        jnp.array([0.4 + h, 0.4 - h, 0.3, 0.4])
+    )
     reference = _simulate(pend, formulation, *pend.state_from_angle(0.3, 0.0)).q[-1, 0]
     np.testing.assert_allclose(values[2], reference, rtol=1e-9)
     np.testing.assert_allclose(grads[3], (values[0] - values[1]) / (2 * h), rtol=1e-5)
@@ -202,8 +211,9 @@ def test_equilibrium_not_found_raises():
     "system, q, dependent",
     [
         (DampedPendulum(damping=jnp.asarray(0.5)), jnp.array([0.0, -1.0]), (1,)),
-        pytest.param(RodPendulum(damping=0.3), jnp.array([0.0, 0.0, -1.0]), (1, 2),
-                     marks=pytest.mark.slow),
+        pytest.param(
+            RodPendulum(damping=0.3), jnp.array([0.0, 0.0, -1.0]), (1, 2), marks=pytest.mark.slow
+        ),
     ],
     ids=["one-constraint", "two-constraints"],
 )
@@ -226,7 +236,8 @@ def test_zero_roots_equal_number_of_constraints(system, q, dependent):
 
 def test_undamped_pendulum_is_not_asymptotically_stable():
     lin = jaxdae.linearize(
-        DampedPendulum(damping=jnp.asarray(0.0)), jaxdae.RedundantCoordinates(dependent=(1,)),
+        DampedPendulum(damping=jnp.asarray(0.0)),
+        jaxdae.RedundantCoordinates(dependent=(1,)),
         jnp.array([0.0, -1.0]),
     )
     assert int(lin.num_zero_roots) == 1
@@ -237,7 +248,8 @@ def test_linearize_rejects_non_equilibrium():
     with pytest.raises(ValueError, match="not an equilibrium"):
         jaxdae.linearize(
             DampedPendulum(damping=jnp.asarray(0.5)),
-            jaxdae.RedundantCoordinates(dependent=(1,)), jnp.array([0.6, -0.8]),
+            jaxdae.RedundantCoordinates(dependent=(1,)),
+            jnp.array([0.6, -0.8]),
         )
 
 
@@ -264,18 +276,25 @@ def test_small_closed_forms_match_lapack():
     for m in (1, 2, 3):
         jacobian = rng.normal(size=(m, m + 2))
         matrix = jacobian[:, :m]
-        expected = (np.linalg.svd(matrix, compute_uv=False)[-1]
-                    / np.linalg.svd(jacobian, compute_uv=False)[0])
-        np.testing.assert_allclose(singular_ratio(jnp.asarray(matrix), jnp.asarray(jacobian)),
-                                   expected, rtol=1e-12)
-        np.testing.assert_allclose(small_det(jnp.asarray(matrix)), np.linalg.det(matrix),
-                                   rtol=1e-12)
+        expected = (
+            np.linalg.svd(matrix, compute_uv=False)[-1]
+            / np.linalg.svd(jacobian, compute_uv=False)[0]
+        )
+        np.testing.assert_allclose(
+            singular_ratio(jnp.asarray(matrix), jnp.asarray(jacobian)), expected, rtol=1e-12
+        )
+        np.testing.assert_allclose(
+            small_det(jnp.asarray(matrix)), np.linalg.det(matrix), rtol=1e-12
+        )
         b = rng.normal(size=(m, 3))
-        np.testing.assert_allclose(lu_solver(jnp.asarray(matrix))(jnp.asarray(b)),
-                                   np.linalg.solve(matrix, b), rtol=1e-10)
+        np.testing.assert_allclose(
+            lu_solver(jnp.asarray(matrix))(jnp.asarray(b)), np.linalg.solve(matrix, b), rtol=1e-10
+        )
     nearly = np.array([[1.0, 1.0], [1.0, 1.0 + 1e-9]])
     jacobian = np.concatenate([nearly, np.eye(2)], axis=1)
-    expected = np.linalg.svd(nearly, compute_uv=False)[-1] / np.linalg.svd(
-        jacobian, compute_uv=False)[0]
-    np.testing.assert_allclose(singular_ratio(jnp.asarray(nearly), jnp.asarray(jacobian)),
-                               expected, rtol=1e-6)
+    expected = (
+        np.linalg.svd(nearly, compute_uv=False)[-1] / np.linalg.svd(jacobian, compute_uv=False)[0]
+    )
+    np.testing.assert_allclose(
+        singular_ratio(jnp.asarray(nearly), jnp.asarray(jacobian)), expected, rtol=1e-6
+    )

@@ -9,7 +9,6 @@
 - jaxdae's matrix products are traced at full precision (GPUs default to TF32 for float32).
 """
 
-
 import diffrax
 import equinox as eqx
 import jax
@@ -39,17 +38,24 @@ def reference_terms(system, t, q, v):
     psi, psi_rate = jax.jvp(lambda t_, q_: system.velocity_constraints(t_, q_, v), (t, q), (one, v))
     jac_psi = jax.jacfwd(system.velocity_constraints, argnums=2)(t, q, v)
     jac_psi = jac_psi.reshape(psi.shape[0], q.shape[0])
-    return dict(mass_matrix=mass, forces=forces, phi=phi, dphi=dphi, psi=psi,
-                jacobian=jnp.concatenate([jac_phi, jac_psi]),
-                bias=jnp.concatenate([-second, -psi_rate]))
+    return dict(
+        mass_matrix=mass,
+        forces=forces,
+        phi=phi,
+        dphi=dphi,
+        psi=psi,
+        jacobian=jnp.concatenate([jac_phi, jac_psi]),
+        bias=jnp.concatenate([-second, -psi_rate]),
+    )
 
 
 class Rheonomic(jaxdae.LagrangianSystem):
     """Time-dependent, velocity-non-quadratic energy, rheonomic + nonholonomic constraints."""
 
     def kinetic_energy(self, t, q, v):
-        inertia = jnp.array([[2.0 + jnp.cos(q[1]), 0.3, 0.0], [0.3, 1.0 + 0.1 * t, 0.0],
-                             [0.0, 0.0, 1.5]])
+        inertia = jnp.array(
+            [[2.0 + jnp.cos(q[1]), 0.3, 0.0], [0.3, 1.0 + 0.1 * t, 0.0], [0.0, 0.0, 1.5]]
+        )
         return 0.5 * v @ inertia @ v + 0.05 * (v @ v) ** 2 + jnp.sin(t) * v[0] * q[2]
 
     def potential_energy(self, t, q):
@@ -89,12 +95,12 @@ def test_terms_match_separate_derivation(system, n):
         got = terms(system, t, q, v)
         want = reference(system, t, q, v)
         for name, value in want.items():
-            np.testing.assert_allclose(getattr(got, name), value, rtol=1e-11, atol=1e-11,
-                                       err_msg=name)
+            np.testing.assert_allclose(
+                getattr(got, name), value, rtol=1e-11, atol=1e-11, err_msg=name
+            )
         # The energy and momenta `terms` computes anyway (simulate's diagnostics read them).
         np.testing.assert_allclose(got.energy, system.energy(t, q, v), rtol=1e-12)
-        np.testing.assert_allclose(got.momenta, system.momenta(t, q, v), rtol=1e-12,
-                                   atol=1e-12)
+        np.testing.assert_allclose(got.momenta, system.momenta(t, q, v), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.slow
@@ -110,8 +116,7 @@ def test_terms_energy_and_momenta_of_other_systems_and_overrides():
     q_sleigh, v_sleigh = sleigh.initial_state(0.5, 2.0)
     for system, state in [
         (jaxdae.HamiltonianForm(pendulum), (q, pendulum.momenta(0.0, q, v))),
-        (jaxdae.RealizedConstraints(sleigh, jaxdae.ViscousForce(10.0)),
-         (q_sleigh, v_sleigh + 0.1)),
+        (jaxdae.RealizedConstraints(sleigh, jaxdae.ViscousForce(10.0)), (q_sleigh, v_sleigh + 0.1)),
     ]:
         terms = system.terms(jnp.asarray(0.3), *state)
         np.testing.assert_allclose(terms.energy, system.energy(0.3, *state), rtol=1e-12)
@@ -141,8 +146,9 @@ def test_modified_lagrange_matches_dense_solve(alpha):
     terms = system.terms(jnp.asarray(0.3), q + 0.1, v)
     kd, kp = [20.0, 10.0], [[100.0, 5.0], [5.0, 25.0]]
     acc, lam = jaxdae.ModifiedLagrange(alpha, kd, kp).accelerations(terms)
-    m, f, g, bias = (np.asarray(x) for x in (terms.mass_matrix, terms.forces, terms.jacobian,
-                                              terms.bias))
+    m, f, g, bias = (
+        np.asarray(x) for x in (terms.mass_matrix, terms.forces, terms.jacobian, terms.bias)
+    )
     a = _dense(alpha, 2)
     target = bias - _dense(kd, 2) @ np.asarray(terms.dphi) - _dense(kp, 2) @ np.asarray(terms.phi)
     want = np.linalg.solve(m + g.T @ a @ g, f + g.T @ a @ target)
@@ -152,20 +158,26 @@ def test_modified_lagrange_matches_dense_solve(alpha):
 
 @pytest.mark.parametrize(
     "formulation",
-    [jaxdae.Baumgarte([20.0, 10.0], [100.0, 25.0]), jaxdae.PseudoInverse(20.0, 100.0),
-     jaxdae.Unstabilized()],
+    [
+        jaxdae.Baumgarte([20.0, 10.0], [100.0, 25.0]),
+        jaxdae.PseudoInverse(20.0, 100.0),
+        jaxdae.Unstabilized(),
+    ],
 )
 def test_multiplier_formulations_match_dense_solve(formulation):
     system = TwoLinkManipulator()
     q, v = system.initial_state()
     terms = system.terms(jnp.asarray(0.3), q + 0.1, v)
     acc, lam = formulation.accelerations(terms)
-    m, f, g, bias = (np.asarray(x) for x in (terms.mass_matrix, terms.forces, terms.jacobian,
-                                              terms.bias))
+    m, f, g, bias = (
+        np.asarray(x) for x in (terms.mass_matrix, terms.forces, terms.jacobian, terms.bias)
+    )
     target = bias
     if not isinstance(formulation, jaxdae.Unstabilized):
-        target = bias - (_dense(formulation.kd, 2) @ np.asarray(terms.dphi)
-                         + _dense(formulation.kp, 2) @ np.asarray(terms.phi))
+        target = bias - (
+            _dense(formulation.kd, 2) @ np.asarray(terms.dphi)
+            + _dense(formulation.kp, 2) @ np.asarray(terms.phi)
+        )
     minv = np.linalg.inv(m)
     want = np.linalg.solve(g @ minv @ g.T, g @ minv @ f - target)
     np.testing.assert_allclose(lam, want, rtol=1e-10, atol=1e-10)
@@ -184,16 +196,28 @@ def test_default_save_times_equal_explicit(two_link):
     formulation = jaxdae.ModifiedLagrange(10.0, [20.0, 10.0], [100.0, 25.0])
     a = jaxdae.simulate(system, formulation, 0.0, 1.0, q0, v0)
     b = jaxdae.simulate(system, formulation, 0.0, 1.0, q0, v0, ts=jnp.array([0.0, 1.0]))
-    for name in ("ts", "q", "v", "phi", "dphi", "multipliers", "energy", "t_final", "q_final",
-                 "v_final"):
-        np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=1e-13, atol=1e-13,
-                                   err_msg=name)
+    for name in (
+        "ts",
+        "q",
+        "v",
+        "phi",
+        "dphi",
+        "multipliers",
+        "energy",
+        "t_final",
+        "q_final",
+        "v_final",
+    ):
+        np.testing.assert_allclose(
+            getattr(a, name), getattr(b, name), rtol=1e-13, atol=1e-13, err_msg=name
+        )
 
 
 def test_baumgarte_failure_rows(two_link):
     system, q0, v0 = two_link
-    sol = jaxdae.simulate(system, jaxdae.Baumgarte([20.0, 10.0], [100.0, 25.0]), 0.0, 2.0,
-                          q0, v0, throw=False)
+    sol = jaxdae.simulate(
+        system, jaxdae.Baumgarte([20.0, 10.0], [100.0, 25.0]), 0.0, 2.0, q0, v0, throw=False
+    )
     assert sol.result == jaxdae.RESULTS.singular_constraint_matrix
     assert abs(float(sol.t_final) - 0.493) < 5e-3
     np.testing.assert_allclose(sol.q_final, [np.pi / 2, np.pi], atol=5e-3)
@@ -203,10 +227,17 @@ def test_baumgarte_failure_rows(two_link):
 
 def test_two_link_matches_scipy_peer(two_link):
     system, q0, v0 = two_link
-    sol = jaxdae.simulate(system, jaxdae.ModifiedLagrange(10.0, [20.0, 10.0], [100.0, 25.0]),
-                          0.0, 2.0, q0, v0)
-    ref = solve_ivp(_peers.numpy_rhs(), (0.0, 2.0), np.concatenate([q0, v0]), method="DOP853",
-                    rtol=1e-12, atol=1e-13).y[:, -1]
+    sol = jaxdae.simulate(
+        system, jaxdae.ModifiedLagrange(10.0, [20.0, 10.0], [100.0, 25.0]), 0.0, 2.0, q0, v0
+    )
+    ref = solve_ivp(
+        _peers.numpy_rhs(),
+        (0.0, 2.0),
+        np.concatenate([q0, v0]),
+        method="DOP853",
+        rtol=1e-12,
+        atol=1e-13,
+    ).y[:, -1]
     np.testing.assert_allclose(sol.q_final, ref[:2], atol=1e-7)
     np.testing.assert_allclose(sol.v_final, ref[2:], atol=1e-6)
 
@@ -233,8 +264,9 @@ def test_gradient_wrt_gains_matches_central_differences(two_link):
 
 def _dot_precisions(jaxpr) -> list:
     """The `precision` of every matrix product in `jaxpr` and its sub-jaxprs."""
-    return [eqn.params["precision"] for eqn in equations(jaxpr)
-            if eqn.primitive.name == "dot_general"]
+    return [
+        eqn.params["precision"] for eqn in equations(jaxpr) if eqn.primitive.name == "dot_general"
+    ]
 
 
 class _ArrayFormPendulum(CartesianPendulum):
@@ -251,8 +283,9 @@ def test_matrix_products_at_full_precision(monkeypatch):
     highest = (jax.lax.Precision.HIGHEST,) * 2
     a = jnp.array([[0.0, 1.0], [2.0, -1.0]], jnp.float32)
     b = jnp.array([[0.0], [1.0]], jnp.float32)
-    lqr = jax.make_jaxpr(lambda a: jaxdae.lqr(a, b, jnp.eye(2, dtype=a.dtype),
-                                               jnp.eye(1, dtype=a.dtype)).riccati)
+    lqr = jax.make_jaxpr(
+        lambda a: jaxdae.lqr(a, b, jnp.eye(2, dtype=a.dtype), jnp.eye(1, dtype=a.dtype)).riccati
+    )
     precisions = _dot_precisions(lqr(a).jaxpr)
     assert precisions and all(p == highest for p in precisions)
     with jax.default_matmul_precision("tensorfloat32"):  # the user's choice is kept
@@ -266,9 +299,19 @@ def test_matrix_products_at_full_precision(monkeypatch):
     q0, v0 = (x.astype(jnp.float32) for x in pend.state_from_angle(0.4, 0.0))
 
     for adjoint in (None, diffrax.RecursiveCheckpointAdjoint()):
+
         def loss(kp, adjoint=adjoint):
-            sol = jaxdae.simulate(pend, jaxdae.Baumgarte(jnp.float32(2.0), kp), 0.0, 0.1, q0,
-                                  v0, rtol=1e-5, atol=1e-7, adjoint=adjoint)
+            sol = jaxdae.simulate(
+                pend,
+                jaxdae.Baumgarte(jnp.float32(2.0), kp),
+                0.0,
+                0.1,
+                q0,
+                v0,
+                rtol=1e-5,
+                atol=1e-7,
+                adjoint=adjoint,
+            )
             return jnp.sum(sol.q_final**2)
 
         precisions = _dot_precisions(jax.make_jaxpr(jax.grad(loss))(jnp.float32(4.0)).jaxpr)

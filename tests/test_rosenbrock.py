@@ -25,16 +25,30 @@ VDP_Y0 = jnp.array([2.0, 0.0])
 @jax.jit
 def _fixed(y0, dt):
     """Rodas5P with a constant step `dt` (traced: one compile for every step)."""
-    sol = diffrax.diffeqsolve(diffrax.ODETerm(_forced_vdp), jaxdae.Rodas5P(), 0.0, 1.0, dt, y0,
-                              stepsize_controller=diffrax.ConstantStepSize(), max_steps=256)
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(_forced_vdp),
+        jaxdae.Rodas5P(),
+        0.0,
+        1.0,
+        dt,
+        y0,
+        stepsize_controller=diffrax.ConstantStepSize(),
+        max_steps=256,
+    )
     return sol.ys[-1]
 
 
 def _reference(t1=1.0):
     return diffrax.diffeqsolve(
-        diffrax.ODETerm(_forced_vdp), diffrax.Dopri8(), 0.0, t1, 0.01, VDP_Y0,
+        diffrax.ODETerm(_forced_vdp),
+        diffrax.Dopri8(),
+        0.0,
+        t1,
+        0.01,
+        VDP_Y0,
         stepsize_controller=diffrax.PIDController(rtol=1e-13, atol=1e-13),
-        max_steps=10_000).ys[-1]
+        max_steps=10_000,
+    ).ys[-1]
 
 
 def _slope(hs, errors):
@@ -74,13 +88,21 @@ def test_dense_output_is_fourth_order():
     ts = jnp.linspace(0.0, 1.0, 9)[1:]
     term = diffrax.ODETerm(_forced_vdp)
     reference = diffrax.diffeqsolve(
-        term, diffrax.Dopri8(), 0.0, 1.0, 0.01, VDP_Y0, saveat=diffrax.SaveAt(ts=ts),
-        stepsize_controller=diffrax.PIDController(rtol=1e-13, atol=1e-13)).ys
+        term,
+        diffrax.Dopri8(),
+        0.0,
+        1.0,
+        0.01,
+        VDP_Y0,
+        saveat=diffrax.SaveAt(ts=ts),
+        stepsize_controller=diffrax.PIDController(rtol=1e-13, atol=1e-13),
+    ).ys
     hs = np.array([0.3, 0.15, 0.075])  # step ends never at the saved times
     errors = []
     for h in hs:
-        sol = diffrax.diffeqsolve(term, jaxdae.Rodas5P(), 0.0, 1.0, h, VDP_Y0,
-                                  saveat=diffrax.SaveAt(ts=ts), max_steps=64)
+        sol = diffrax.diffeqsolve(
+            term, jaxdae.Rodas5P(), 0.0, 1.0, h, VDP_Y0, saveat=diffrax.SaveAt(ts=ts), max_steps=64
+        )
         errors.append(float(jnp.max(jnp.abs(sol.ys - reference))))
     assert _slope(hs, errors) > 3.8, errors
 
@@ -89,7 +111,7 @@ def test_coloured_jacobian_equals_the_dense_one():
     """A tridiagonal vector field: three tangents (colours) give the whole Jacobian."""
 
     def f(t, y):
-        inner = -2.0 * y ** 3 + jnp.sin(t) * y
+        inner = -2.0 * y**3 + jnp.sin(t) * y
         inner = inner.at[1:].add(y[:-1] ** 2).at[:-1].add(jnp.cos(y[1:]))
         return inner
 
@@ -109,7 +131,7 @@ def test_coloured_jacobian_equals_the_dense_one():
 def _stiff_tridiagonal(t, y, args):
     """A stiff nonlinear diffusion along a line of 24 cells, forced at one end."""
     diffusion = jnp.zeros_like(y).at[1:].add(y[:-1] - y[1:]).at[:-1].add(y[1:] - y[:-1])
-    return 1e4 * diffusion - y ** 3 + jnp.zeros_like(y).at[0].set(jnp.sin(10 * t))
+    return 1e4 * diffusion - y**3 + jnp.zeros_like(y).at[0].set(jnp.sin(10 * t))
 
 
 def test_banded_jacobian_of_many_states_is_inverted_without_lapack():
@@ -124,16 +146,23 @@ def test_banded_jacobian_of_many_states_is_inverted_without_lapack():
 
     def solve(solver, y0):
         return diffrax.diffeqsolve(
-            diffrax.ODETerm(_stiff_tridiagonal), solver, 0.0, 0.1, 1e-4, y0,
+            diffrax.ODETerm(_stiff_tridiagonal),
+            solver,
+            0.0,
+            0.1,
+            1e-4,
+            y0,
             stepsize_controller=diffrax.PIDController(rtol=1e-7, atol=1e-9),
-            max_steps=4096).ys[-1]
+            max_steps=4096,
+        ).ys[-1]
 
     chord = jaxdae.configure_implicit(diffrax.Kvaerno5(), 1e-7, 1e-9)
     dense = jaxdae.Rodas5P(jacobian="dense")  # 24 tangents: LAPACK's factors
     lapack = {"lu", "triangular_solve"}
-    traced = {name: jax.jit(lambda y, s=solver: solve(s, y)).trace(y0)
-              for name, solver in (("array", jaxdae.Rodas5P()), ("chord", chord),
-                                   ("lapack", dense))}
+    traced = {
+        name: jax.jit(lambda y, s=solver: solve(s, y)).trace(y0)
+        for name, solver in (("array", jaxdae.Rodas5P()), ("chord", chord), ("lapack", dense))
+    }
     for name, program in traced.items():
         assert bool(lapack & not_in_a_loop(program.jaxpr.jaxpr)) == (name == "lapack")
     results = [traced[name].lower().compile()(y0) for name in ("array", "lapack")]
@@ -142,16 +171,24 @@ def test_banded_jacobian_of_many_states_is_inverted_without_lapack():
 
 def _robertson(t, y, args, np=jnp):
     k1, k2, k3 = 0.04, 3e7, 1e4
-    return np.stack([-k1 * y[0] + k3 * y[1] * y[2],
-                     k1 * y[0] - k3 * y[1] * y[2] - k2 * y[1] ** 2,
-                     k2 * y[1] ** 2])
+    return np.stack(
+        [
+            -k1 * y[0] + k3 * y[1] * y[2],
+            k1 * y[0] - k3 * y[1] * y[2] - k2 * y[1] ** 2,
+            k2 * y[1] ** 2,
+        ]
+    )
 
 
 def _robertson_jacobian(t, y):
     k2, k3 = 3e7, 1e4
-    return np.array([[-0.04, k3 * y[2], k3 * y[1]],
-                     [0.04, -k3 * y[2] - 2 * k2 * y[1], -k3 * y[1]],
-                     [0.0, 2 * k2 * y[1], 0.0]])
+    return np.array(
+        [
+            [-0.04, k3 * y[2], k3 * y[1]],
+            [0.04, -k3 * y[2] - 2 * k2 * y[1], -k3 * y[1]],
+            [0.0, 2 * k2 * y[1], 0.0],
+        ]
+    )
 
 
 def test_robertson_against_scipy_radau():
@@ -159,13 +196,27 @@ def test_robertson_against_scipy_radau():
 
     ts = np.array([1.0, 10.0, 100.0, 1000.0])
     y0 = np.array([1.0, 0.0, 0.0])
-    radau = solve_ivp(lambda t, y: _robertson(t, y, None, np=np), (0.0, ts[-1]), y0,
-                      method="Radau", rtol=1e-12, atol=1e-16, t_eval=ts,
-                      jac=_robertson_jacobian).y.T
+    radau = solve_ivp(
+        lambda t, y: _robertson(t, y, None, np=np),
+        (0.0, ts[-1]),
+        y0,
+        method="Radau",
+        rtol=1e-12,
+        atol=1e-16,
+        t_eval=ts,
+        jac=_robertson_jacobian,
+    ).y.T
     sol = diffrax.diffeqsolve(
-        diffrax.ODETerm(_robertson), jaxdae.Rodas5P(), 0.0, ts[-1], 1e-6, jnp.asarray(y0),
-        saveat=diffrax.SaveAt(ts=jnp.asarray(ts)), max_steps=2000,
-        stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-12))
+        diffrax.ODETerm(_robertson),
+        jaxdae.Rodas5P(),
+        0.0,
+        ts[-1],
+        1e-6,
+        jnp.asarray(y0),
+        saveat=diffrax.SaveAt(ts=jnp.asarray(ts)),
+        max_steps=2000,
+        stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-12),
+    )
     relative = np.abs(np.asarray(sol.ys) - radau) / np.abs(radau)
     assert np.max(relative) < 1e-6, relative
     assert int(sol.stats["num_accepted_steps"]) < 300
@@ -184,14 +235,27 @@ def test_van_der_pol_relaxation_against_scipy_radau():
     def vdp(t, y, args=None):
         return jnp.stack([y[1], mu * (1 - y[0] ** 2) * y[1] - y[0]])
 
-    radau = solve_ivp(lambda t, y: np.array([y[1], mu * (1 - y[0] ** 2) * y[1] - y[0]]),
-                      (0.0, ts[-1]), y0, method="Radau", rtol=1e-12, atol=1e-12, t_eval=ts,
-                      jac=lambda t, y: np.array([[0.0, 1.0], [-2 * mu * y[0] * y[1] - 1,
-                                                              mu * (1 - y[0] ** 2)]])).y.T
+    radau = solve_ivp(
+        lambda t, y: np.array([y[1], mu * (1 - y[0] ** 2) * y[1] - y[0]]),
+        (0.0, ts[-1]),
+        y0,
+        method="Radau",
+        rtol=1e-12,
+        atol=1e-12,
+        t_eval=ts,
+        jac=lambda t, y: np.array([[0.0, 1.0], [-2 * mu * y[0] * y[1] - 1, mu * (1 - y[0] ** 2)]]),
+    ).y.T
     sol = diffrax.diffeqsolve(
-        diffrax.ODETerm(vdp), jaxdae.Rodas5P(), 0.0, ts[-1], 1e-6, jnp.asarray(y0),
-        saveat=diffrax.SaveAt(ts=jnp.asarray(ts)), max_steps=20_000,
-        stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-8))
+        diffrax.ODETerm(vdp),
+        jaxdae.Rodas5P(),
+        0.0,
+        ts[-1],
+        1e-6,
+        jnp.asarray(y0),
+        saveat=diffrax.SaveAt(ts=jnp.asarray(ts)),
+        max_steps=20_000,
+        stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-8),
+    )
     # the position y₀ (the velocity is O(μ) only within the jumps)
     assert np.max(np.abs(np.asarray(sol.ys[:, 0]) - radau[:, 0])) < 1e-4
 
@@ -209,9 +273,17 @@ def _dragged_spring(t, y, args):
 def _dragged_solve(args):
     ts = jnp.linspace(0.0, 10.0, 11)
     sol = diffrax.diffeqsolve(
-        diffrax.ODETerm(_dragged_spring), jaxdae.Rodas5P(), 0.0, 10.0, None,
-        jnp.array([0.0, 1.0]), args=args, saveat=diffrax.SaveAt(ts=ts), max_steps=5000,
-        stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-9))
+        diffrax.ODETerm(_dragged_spring),
+        jaxdae.Rodas5P(),
+        0.0,
+        10.0,
+        None,
+        jnp.array([0.0, 1.0]),
+        args=args,
+        saveat=diffrax.SaveAt(ts=ts),
+        max_steps=5000,
+        stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-9),
+    )
     return sol.stats["num_accepted_steps"], jnp.max(jnp.abs(sol.ys[:, 0] - jnp.sin(ts)))
 
 
@@ -228,9 +300,14 @@ def test_steps_on_a_stiff_damped_spring_do_not_grow_with_the_stiffness():
         args = (jnp.asarray(k), jnp.asarray(np.sqrt(k)))
         count, error = _dragged_solve(args)
         radau = solve_ivp(
-            lambda t, y, args=args: np.asarray(_dragged_spring(t, y, args)), (0.0, 10.0),
-            [0.0, 1.0], method="Radau", rtol=1e-6, atol=1e-9,
-            jac=lambda t, y, k=k: np.array([[0.0, 1.0], [-k, -np.sqrt(k)]]))
+            lambda t, y, args=args: np.asarray(_dragged_spring(t, y, args)),
+            (0.0, 10.0),
+            [0.0, 1.0],
+            method="Radau",
+            rtol=1e-6,
+            atol=1e-9,
+            jac=lambda t, y, k=k: np.array([[0.0, 1.0], [-k, -np.sqrt(k)]]),
+        )
         assert int(count) <= 1.5 * (len(radau.t) - 1), (k, int(count), len(radau.t) - 1)
         assert float(error) < 1e-5, (k, float(error))
         steps.append(int(count))
@@ -247,14 +324,25 @@ Q0, V0 = PENDULUM.state_from_angle(1.0, 0.0)
 @jax.jit
 def _simulate(length, q0, v0):
     system = jaxdae.examples.CartesianPendulum(length=length)
-    return jaxdae.simulate(system, BAUMGARTE, 0.0, 1.0, q0, v0, solver=jaxdae.Rodas5P(),
-                           ts=jnp.linspace(0.0, 1.0, 5), rtol=1e-8, atol=1e-10)
+    return jaxdae.simulate(
+        system,
+        BAUMGARTE,
+        0.0,
+        1.0,
+        q0,
+        v0,
+        solver=jaxdae.Rodas5P(),
+        ts=jnp.linspace(0.0, 1.0, 5),
+        rtol=1e-8,
+        atol=1e-10,
+    )
 
 
 def test_simulate_matches_the_explicit_reference():
     sol = _simulate(PENDULUM.length, Q0, V0)
-    reference = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0,
-                                ts=jnp.linspace(0.0, 1.0, 5), rtol=1e-12, atol=1e-14)
+    reference = jaxdae.simulate(
+        PENDULUM, BAUMGARTE, 0.0, 1.0, Q0, V0, ts=jnp.linspace(0.0, 1.0, 5), rtol=1e-12, atol=1e-14
+    )
     assert sol.succeeded
     np.testing.assert_allclose(sol.q, reference.q, atol=1e-7)
     assert float(jnp.max(jnp.abs(sol.phi))) < 1e-7
@@ -276,9 +364,17 @@ def test_grad_with_fixed_steps_equals_central_differences():
     @jax.jit
     def final_x(length):
         system = jaxdae.examples.CartesianPendulum(length=length)
-        return jaxdae.simulate(system, BAUMGARTE, 0.0, 0.5, Q0 * length, V0, dt0=0.05,
-                               solver=jaxdae.Rodas5P(),
-                               stepsize_controller=diffrax.ConstantStepSize()).q_final[0]
+        return jaxdae.simulate(
+            system,
+            BAUMGARTE,
+            0.0,
+            0.5,
+            Q0 * length,
+            V0,
+            dt0=0.05,
+            solver=jaxdae.Rodas5P(),
+            stepsize_controller=diffrax.ConstantStepSize(),
+        ).q_final[0]
 
     length, eps = jnp.asarray(1.0), 1e-5
     grad = float(jax.jit(jax.grad(final_x))(length))
@@ -288,9 +384,18 @@ def test_grad_with_fixed_steps_equals_central_differences():
 
 def test_float32_runs_without_nan():
     q0, v0 = Q0.astype(jnp.float32), V0.astype(jnp.float32)
-    sol = jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 1.0, q0, v0, solver=jaxdae.Rodas5P(),
-                          ts=jnp.linspace(0.0, 1.0, 5, dtype=jnp.float32), rtol=1e-4,
-                          atol=1e-6)
+    sol = jaxdae.simulate(
+        PENDULUM,
+        BAUMGARTE,
+        0.0,
+        1.0,
+        q0,
+        v0,
+        solver=jaxdae.Rodas5P(),
+        ts=jnp.linspace(0.0, 1.0, 5, dtype=jnp.float32),
+        rtol=1e-4,
+        atol=1e-6,
+    )
     assert sol.q.dtype == jnp.float32 and sol.succeeded
     assert bool(jnp.all(jnp.isfinite(sol.q)))
     reference = _simulate(PENDULUM.length, Q0, V0)
@@ -299,8 +404,16 @@ def test_float32_runs_without_nan():
 
 def test_reverse_sweep_adjoint_refuses_it():
     with pytest.raises(ValueError, match="explicit Runge–Kutta.*Rodas5P.*RecursiveCheckpoint"):
-        jaxdae.simulate(PENDULUM, BAUMGARTE, 0.0, 0.1, Q0, V0, solver=jaxdae.Rodas5P(),
-                        adjoint=jaxdae.ReverseSweepAdjoint())
+        jaxdae.simulate(
+            PENDULUM,
+            BAUMGARTE,
+            0.0,
+            0.1,
+            Q0,
+            V0,
+            solver=jaxdae.Rodas5P(),
+            adjoint=jaxdae.ReverseSweepAdjoint(),
+        )
 
 
 def test_bad_jacobian_option():

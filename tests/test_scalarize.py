@@ -25,20 +25,32 @@ CASES = {
     "two-link, modified Lagrange": (
         TwoLinkManipulator(),
         jaxdae.ModifiedLagrange(10.0, jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0])),
-        jnp.array([0.3, 1.2]), jnp.array([0.1, -0.2])),
+        jnp.array([0.3, 1.2]),
+        jnp.array([0.1, -0.2]),
+    ),
     "double pendulum, Baumgarte with matrix gains": (
         DoublePendulum(),
         jaxdae.Baumgarte(jnp.array([[4.0, 1.0], [1.0, 3.0]]), jnp.array([9.0, 4.0])),
-        jnp.array([0.6, -0.8, 1.5, -1.1]), jnp.array([0.2, 0.1, -0.3, 0.4])),
+        jnp.array([0.6, -0.8, 1.5, -1.1]),
+        jnp.array([0.2, 0.1, -0.3, 0.4]),
+    ),
     "redundant pendulum, pseudo-inverse": (
-        TwicePendulum(), jaxdae.PseudoInverse(4.0, 4.0),
-        jnp.array([0.6, -0.8]), jnp.array([0.8, 0.6])),
+        TwicePendulum(),
+        jaxdae.PseudoInverse(4.0, 4.0),
+        jnp.array([0.6, -0.8]),
+        jnp.array([0.8, 0.6]),
+    ),
     "Chaplygin sleigh (nonholonomic)": (
-        ChaplyginSleigh(), jaxdae.Baumgarte(2.0, 1.0),
-        jnp.array([0.1, 0.2, 0.3]), jnp.array([0.5, -0.2, 0.7])),
+        ChaplyginSleigh(),
+        jaxdae.Baumgarte(2.0, 1.0),
+        jnp.array([0.1, 0.2, 0.3]),
+        jnp.array([0.5, -0.2, 0.7]),
+    ),
     "Hamiltonian arm, coupled perturbation": (
-        CartesianArm(), CartesianArm.paper_formulation(-4.0, -4.0, -9.0, -6.0),
-        *CartesianArm().initial_state()),
+        CartesianArm(),
+        CartesianArm.paper_formulation(-4.0, -4.0, -9.0, -6.0),
+        *CartesianArm().initial_state(),
+    ),
 }
 
 
@@ -53,8 +65,10 @@ RATES, RATES_SCALAR = _pair(state_rates)
 _SLOW_CASES = {"Hamiltonian arm, coupled perturbation", "two-link, modified Lagrange"}
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in _SLOW_CASES
-                                  else name for name in CASES])
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(name, marks=pytest.mark.slow) if name in _SLOW_CASES else name for name in CASES],
+)
 def test_same_rates_and_gradients(name):
     system, formulation, q, v = CASES[name]
     t = jnp.asarray(0.4)
@@ -68,6 +82,7 @@ def test_same_rates_and_gradients(name):
         def f(system, formulation, q, v):
             dq, dv = fn(system, formulation, t, q, v)
             return jnp.sum(jnp.sin(dq)) + jnp.sum(dv**2)
+
         return eqx.filter_jit(eqx.filter_grad(f))
 
     g1 = loss(state_rates)(system, formulation, q, v)
@@ -86,7 +101,8 @@ def test_vmap_float32_and_failure_indicator():
 
     system32, formulation32, q32, v32 = jax.tree.map(
         lambda x: x.astype(jnp.float32) if eqx.is_inexact_array(x) else x,
-        (system, formulation, q, v))
+        (system, formulation, q, v),
+    )
     out = RATES_SCALAR(system32, formulation32, jnp.float32(0.0), q32, v32)[1]
     assert out.dtype == jnp.float32
     np.testing.assert_allclose(out, RATES(system, formulation, 0.0, q, v)[1], rtol=1e-4)
@@ -104,8 +120,9 @@ def test_products_of_mixed_precision_operands():
     model = np.arange(9.0).reshape(3, 3) / 7
 
     def product(x):
-        return jax.lax.dot_general(x, model, (((0,), (0,)), ((), ())),
-                                   preferred_element_type=jnp.float32)
+        return jax.lax.dot_general(
+            x, model, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
 
     x = jnp.asarray([0.1, -0.2, 0.3], jnp.float32)
     got = jax.jit(scalarize(product))(x)
@@ -118,11 +135,13 @@ def test_produces_a_scalar_graph():
     """The two-link right-hand side becomes scalar operations only: no matrix products,
     no data movement, the sine and cosine of each angle evaluated once, as polynomials."""
     system, formulation, q, v = CASES["two-link, modified Lagrange"]
-    jaxpr = jax.make_jaxpr(
-        lambda t, q, v: scalarize(state_rates)(system, formulation, t, q, v))(0.0, q, v)
+    jaxpr = jax.make_jaxpr(lambda t, q, v: scalarize(state_rates)(system, formulation, t, q, v))(
+        0.0, q, v
+    )
     counts = collections.Counter(e.primitive.name for e in jaxpr.eqns)
-    assert not {"dot_general", "pad", "concatenate", "transpose", "unstack", "jit"} & set(
-        counts), counts
+    assert not {"dot_general", "pad", "concatenate", "transpose", "unstack", "jit"} & set(counts), (
+        counts
+    )
     assert counts["sin"] == counts["cos"] == 0 and counts["custom_jvp_call"] == 2, counts
     assert sum(counts.values()) < 620, counts
 
@@ -170,8 +189,19 @@ def _kitchen_sink(x, y):
     j = jax.lax.cond(x[0, 0] > 0, lambda z: jnp.sin(z), lambda z: z**2, y[0])
     k = jax.lax.fori_loop(0, 3, lambda _, z: z * 0.5 + x[1], y[2])
     m = jnp.linalg.solve(x @ x.T + jnp.eye(3), y[1]) + jnp.linalg.norm(x, axis=1)
-    return (jnp.sum(a) + jnp.sum(b), c, d, e, f, g, h, i, j + k + m,
-            (x * y[:, :1]).astype(jnp.float32), jnp.sqrt(jnp.abs(x)) / (1 + x**2))
+    return (
+        jnp.sum(a) + jnp.sum(b),
+        c,
+        d,
+        e,
+        f,
+        g,
+        h,
+        i,
+        j + k + m,
+        (x * y[:, :1]).astype(jnp.float32),
+        jnp.sqrt(jnp.abs(x)) / (1 + x**2),
+    )
 
 
 def test_every_rule_matches_jax():
@@ -220,6 +250,7 @@ def test_gathers_of_the_project_become_element_bookkeeping():
     scalar = scalarize(fn)
     np.testing.assert_allclose(scalar(x), fn(x), rtol=1e-15)
     np.testing.assert_allclose(jax.jacfwd(scalar)(x), jax.jacfwd(fn)(x), rtol=1e-14)
+
     def names(jaxpr):
         for eqn in jaxpr.eqns:
             yield eqn.primitive.name

@@ -47,8 +47,11 @@ def jaxdae_rate(family):
 
 @pytest.mark.parametrize("size", [1, 3, 7])
 def test_initial_states_are_consistent(size):
-    for model, num in ((CartesianChain(size), size), (FourBarLadder(size), 3 * size),
-                       (BarNet(size), 9 * size)):
+    for model, num in (
+        (CartesianChain(size), size),
+        (FourBarLadder(size), 3 * size),
+        (BarNet(size), 9 * size),
+    ):
         q0, v0 = model.initial_state()
         phi = model.constraints(0.0, q0)
         assert phi.shape == (num,)
@@ -77,8 +80,9 @@ def test_two_link_pendulum_has_the_double_pendulum_mass_matrix():
     pendulum_terms = terms(NLinkPendulum(2), q, v)
     c = np.cos(-1.1)
     # unit masses at the ends of unit links, relative angles
-    np.testing.assert_allclose(pendulum_terms.mass_matrix, [[3 + 2 * c, 1 + c], [1 + c, 1]],
-                               rtol=1e-14)
+    np.testing.assert_allclose(
+        pendulum_terms.mass_matrix, [[3 + 2 * c, 1 + c], [1 + c, 1]], rtol=1e-14
+    )
     assert pendulum_terms.jacobian.shape == (0, 2)
 
 
@@ -95,8 +99,9 @@ def test_chain_and_pendulum_are_the_same_mechanism():
     def velocity(s):
         return jax.jvp(ends, (s,), (1.0,))[1]
 
-    p, pdot, pddot = jax.jit(lambda s: (ends(s), velocity(s),
-                                        jax.jvp(velocity, (s,), (1.0,))[1]))(0.0)
+    p, pdot, pddot = jax.jit(lambda s: (ends(s), velocity(s), jax.jvp(velocity, (s,), (1.0,))[1]))(
+        0.0
+    )
     np.testing.assert_allclose(chain.constraints(0.0, p), 0.0, atol=1e-14)
     acc = accelerations(chain, jaxdae.Unstabilized(), p, pdot)
     np.testing.assert_allclose(acc, pddot, rtol=1e-12, atol=1e-12)
@@ -126,7 +131,8 @@ def test_casadi_ode_matches_jaxdae(family):
     model, q, v, acc = jaxdae_rate(family)
     dae = casadi_baumgarte_ode(ca, model)
     rate = ca.Function("f", [dae["x"], dae["p"]], [dae["ode"]])(
-        np.concatenate([q, v]), np.array(GAINS))
+        np.concatenate([q, v]), np.array(GAINS)
+    )
     np.testing.assert_allclose(np.asarray(rate).ravel()[q.size :], acc, rtol=1e-12, atol=1e-12)
 
 

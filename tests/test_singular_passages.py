@@ -29,8 +29,16 @@ def _reference():
     def flat(t, y):
         return np.sin(y[0])
 
-    sol = solve_ivp(field, (0.0, T1), [np.pi / 2, -1.0], method="DOP853", t_eval=TS,
-                    events=flat, rtol=1e-12, atol=1e-12)
+    sol = solve_ivp(
+        field,
+        (0.0, T1),
+        [np.pi / 2, -1.0],
+        method="DOP853",
+        t_eval=TS,
+        events=flat,
+        rtol=1e-12,
+        atol=1e-12,
+    )
     return np.cos(sol.y[0]), sol.t_events[0]
 
 
@@ -39,15 +47,17 @@ X_REF, FLAT = _reference()
 
 def _solve(formulation):
     q0, v0 = SYSTEM.initial_state()
-    return jaxdae.simulate(SYSTEM, formulation, 0.0, T1, q0, v0, ts=jnp.asarray(TS),
-                           rtol=1e-8, atol=1e-10, throw=False)
+    return jaxdae.simulate(
+        SYSTEM, formulation, 0.0, T1, q0, v0, ts=jnp.asarray(TS), rtol=1e-8, atol=1e-10, throw=False
+    )
 
 
 def _off_branch(q):
     """Distance from the parallelogram: cranks at one angle, couplers horizontal."""
     turn = q[:, : N + 1] - q[:, :1]
-    return (np.max(np.abs(np.arctan2(np.sin(turn), np.cos(turn))), axis=1)
-            + np.max(np.abs(np.sin(q[:, N + 1:])), axis=1))
+    return np.max(np.abs(np.arctan2(np.sin(turn), np.cos(turn))), axis=1) + np.max(
+        np.abs(np.sin(q[:, N + 1 :])), axis=1
+    )
 
 
 @pytest.mark.slow

@@ -17,13 +17,17 @@ TSIT5 = jaxdae.UnrolledERK(diffrax.Tsit5())
 
 
 def _max_diff(a, b):
-    return max(float(jnp.max(jnp.abs(x - y))) for x, y in
-               zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=False))
+    return max(
+        float(jnp.max(jnp.abs(x - y)))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=False)
+    )
 
 
-@pytest.mark.parametrize("solver", [diffrax.Tsit5(), diffrax.Dopri5(), diffrax.Bosh3(),
-                                    diffrax.Heun(), diffrax.Ralston()],
-                         ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize(
+    "solver",
+    [diffrax.Tsit5(), diffrax.Dopri5(), diffrax.Bosh3(), diffrax.Heun(), diffrax.Ralston()],
+    ids=lambda s: type(s).__name__,
+)
 def test_step_matches_the_wrapped_solver(solver):
     """One step: solution, error estimate and dense output (first-same-as-last or not)."""
     term, y0 = SystemTerm(PENDULUM, jaxdae.Baumgarte(10.0, 25.0)), (Q0, V0)
@@ -33,8 +37,10 @@ def test_step_matches_the_wrapped_solver(solver):
     theirs = solver.step(term, 0.1, 0.15, y0, args, solver.init(term, 0.1, 0.15, y0, args), False)
     assert _max_diff(ours[0], theirs[0]) < 1e-14
     assert _max_diff(ours[1], theirs[1]) < 1e-14
-    dense = [s.interpolation_cls(t0=0.1, t1=0.15, **out[2]).evaluate(0.13)
-             for s, out in ((unrolled, ours), (solver, theirs))]
+    dense = [
+        s.interpolation_cls(t0=0.1, t1=0.15, **out[2]).evaluate(0.13)
+        for s, out in ((unrolled, ours), (solver, theirs))
+    ]
     assert _max_diff(*dense) < 1e-14
     if solver.tableau.fsal:  # the stored last stage is the next step's first
         np.testing.assert_allclose(ours[3][1], term.vf(0.15, ours[0], args)[1], atol=1e-12)
@@ -52,20 +58,31 @@ def test_solve_matches_with_jumps():
     """Whole adaptive solves agree step for step, also across jumps of the right-hand side
     (declared to the controller: there the stored last stage is stale and the first stage
     is evaluated again)."""
-    controller = diffrax.ClipStepSizeController(diffrax.PIDController(rtol=1e-8, atol=1e-10),
-                                                jump_ts=jnp.array([0.5, 1.0]))
+    controller = diffrax.ClipStepSizeController(
+        diffrax.PIDController(rtol=1e-8, atol=1e-10), jump_ts=jnp.array([0.5, 1.0])
+    )
     pushed = PushedPendulum(mass=1.3, length=0.8)
-    sols = [jaxdae.simulate(pushed, jaxdae.Baumgarte(10.0, 25.0), 0.0, 2.0, Q0, V0,
-                            ts=jnp.linspace(0.0, 2.0, 9), stepsize_controller=controller,
-                            solver=solver) for solver in (TSIT5, diffrax.Tsit5())]
+    sols = [
+        jaxdae.simulate(
+            pushed,
+            jaxdae.Baumgarte(10.0, 25.0),
+            0.0,
+            2.0,
+            Q0,
+            V0,
+            ts=jnp.linspace(0.0, 2.0, 9),
+            stepsize_controller=controller,
+            solver=solver,
+        )
+        for solver in (TSIT5, diffrax.Tsit5())
+    ]
     assert sols[0].stats["num_steps"] == sols[1].stats["num_steps"]
     assert _max_diff((sols[0].q, sols[0].v), (sols[1].q, sols[1].v)) < 1e-12
 
 
 def test_gradient_matches_central_differences():
     def loss(kd):
-        sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(kd, 25.0), 0.0, 1.0, Q0, V0,
-                              solver=TSIT5)
+        sol = jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(kd, 25.0), 0.0, 1.0, Q0, V0, solver=TSIT5)
         return jnp.sum(sol.q_final**2) + jnp.sum(sol.phi**2)
 
     forward, step = jax.jit(loss), 1e-5

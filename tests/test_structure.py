@@ -1,7 +1,6 @@
 """Structure of the derived terms: sparsity patterns found from the user's jaxprs, compressed
 derivatives, and the structured linear algebra against the dense path."""
 
-
 import diffrax
 import equinox as eqx
 import jax
@@ -65,18 +64,22 @@ def _gathered(q):
 def _scanned(q):
     def step(carry, x):
         return carry, carry * x
+
     _, ys = jax.lax.scan(step, q[0], q[1:])
     return ys
 
 
-@pytest.mark.parametrize("fn,n", [
-    (_chain_constraints_awkward, 8),
-    (_gathered, 7),
-    (_scanned, 5),
-    (lambda q: jnp.cumsum(q) ** 2, 5),
-    (lambda q: jnp.cos(q) - 1.0, 4),
-    (lambda q: jnp.outer(q, q) @ jnp.arange(4.0), 4),
-])
+@pytest.mark.parametrize(
+    "fn,n",
+    [
+        (_chain_constraints_awkward, 8),
+        (_gathered, 7),
+        (_scanned, 5),
+        (lambda q: jnp.cumsum(q) ** 2, 5),
+        (lambda q: jnp.cos(q) - 1.0, 4),
+        (lambda q: jnp.outer(q, q) @ jnp.arange(4.0), 4),
+    ],
+)
 def test_patterns_contain_every_nonzero(fn, n):
     found = _jacobian_mask(fn, n)
     numeric = _numeric_mask(fn, n)
@@ -146,12 +149,14 @@ def test_structured_above_threshold():
     """`STRUCTURED_MIN` coordinates keep the dense derivation, one more takes the patterns
     (`experiments/diagnostics/bench_structured_threshold.py` measured the crossover); the
     class attribute overrides both ways."""
-    for model, structured in ((NLinkPendulum(STRUCTURED_MIN), False),
-                              (NLinkPendulum(STRUCTURED_MIN + 1), True),
-                              (CartesianChain(STRUCTURED_MIN // 2), False),
-                              (CartesianChain(STRUCTURED_MIN // 2 + 1), True),
-                              (StructuredChain(2), True),
-                              (DenseChain(STRUCTURED_MIN), False)):
+    for model, structured in (
+        (NLinkPendulum(STRUCTURED_MIN), False),
+        (NLinkPendulum(STRUCTURED_MIN + 1), True),
+        (CartesianChain(STRUCTURED_MIN // 2), False),
+        (CartesianChain(STRUCTURED_MIN // 2 + 1), True),
+        (StructuredChain(2), True),
+        (DenseChain(STRUCTURED_MIN), False),
+    ):
         q, v = model.initial_state()
         assert (terms_structure(model, 0.0, q, v) is not None) == structured, model
 
@@ -238,20 +243,31 @@ def test_blocks_positive_definite():
     larger than `BLOCK_MAX`."""
     block = np.array([[2.0, 0.5, 0.1], [0.5, 1.0, 0.2], [0.1, 0.2, 1.5]])
     singular = np.array([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
-    for last, want in ((block, True), (np.diag([1.0, -1.0, 1.0]), False), (singular, False),
-                       (np.full((3, 3), np.nan), False)):
+    for last, want in (
+        (block, True),
+        (np.diag([1.0, -1.0, 1.0]), False),
+        (singular, False),
+        (np.full((3, 3), np.nan), False),
+    ):
         dense = jax.scipy.linalg.block_diag(jnp.asarray(block), jnp.asarray(last))
-        sparse = SparseMatrix.from_dense(dense, Pattern.from_mask(
-            np.kron(np.eye(2), np.ones((3, 3))).astype(bool)))
+        sparse = SparseMatrix.from_dense(
+            dense, Pattern.from_mask(np.kron(np.eye(2), np.ones((3, 3))).astype(bool))
+        )
         assert bool(blocks_positive_definite(sparse)) is want, last
     diagonal = Pattern.from_mask(np.eye(4, dtype=bool))
-    for values, want in (([1.0, 2.0, 3.0, 4.0], True), ([1.0, 0.0, 3.0, 4.0], False),
-                         ([1.0, 2.0, -3.0, 4.0], False), ([1.0, np.nan, 3.0, 4.0], False),
-                         ([1.0, np.inf, 3.0, 4.0], False)):
+    for values, want in (
+        ([1.0, 2.0, 3.0, 4.0], True),
+        ([1.0, 0.0, 3.0, 4.0], False),
+        ([1.0, 2.0, -3.0, 4.0], False),
+        ([1.0, np.nan, 3.0, 4.0], False),
+        ([1.0, np.inf, 3.0, 4.0], False),
+    ):
         assert bool(blocks_positive_definite(SparseMatrix(jnp.asarray(values), diagonal))) is want
     wide = Pattern.from_mask(np.ones((2 * _thresholds.BLOCK_MAX,) * 2, bool))
-    assert blocks_positive_definite(SparseMatrix.from_dense(
-        jnp.eye(2 * _thresholds.BLOCK_MAX), wide)) is None
+    assert (
+        blocks_positive_definite(SparseMatrix.from_dense(jnp.eye(2 * _thresholds.BLOCK_MAX), wide))
+        is None
+    )
 
 
 @pytest.mark.parametrize("model", [_IndefiniteGivenMass(), _MasslessLastChain(5)])
@@ -349,15 +365,18 @@ FORMULATIONS = {
 
 def _pairs():
     chain, ladder = StructuredChain(5), StructuredLadder(3)
-    return {"chain": (chain, DenseChain(5), *_state(chain)),
-            "ladder": (ladder, DenseLadder(3), *_state(ladder))}
+    return {
+        "chain": (chain, DenseChain(5), *_state(chain)),
+        "ladder": (ladder, DenseLadder(3), *_state(ladder)),
+    }
 
 
 @eqx.filter_jit
 def _everything(model, q, v, formulations):
     terms = model.terms(0.1, q, v)
-    fields = [getattr(terms, f) for f in ("mass_matrix", "forces", "phi", "dphi", "jacobian",
-                                         "bias")]
+    fields = [
+        getattr(terms, f) for f in ("mass_matrix", "forces", "phi", "dphi", "jacobian", "bias")
+    ]
     return fields, [f.accelerations(terms) for f in formulations], terms.mass_operator is None
 
 
@@ -439,8 +458,13 @@ def test_failure_check_agrees_on_a_singular_chain():
     # three constraint gradients dependent, `J M⁻¹ Jᵀ` singular; 12 cells: 36 constraints,
     # whose `J M⁻¹ Jᵀ` is banded (block LDLᵀ factorization)
     cells = 12
-    q = jnp.stack([jnp.ones(cells), -jnp.arange(cells), 2 * jnp.ones(cells),
-                   -jnp.arange(cells)], axis=1).ravel().astype(float)
+    q = (
+        jnp.stack(
+            [jnp.ones(cells), -jnp.arange(cells), 2 * jnp.ones(cells), -jnp.arange(cells)], axis=1
+        )
+        .ravel()
+        .astype(float)
+    )
     v = jnp.zeros(4 * cells)
     formulation = FORMULATIONS["Baumgarte"]
     structured, dense = StructuredLadder(cells), DenseLadder(cells)
@@ -477,9 +501,11 @@ def test_take_is_a_gather_both_ways():
 
     # each derivative one program (eagerly, each operation compiles alone)
     for transform in (jax.grad, jax.jacfwd):
-        np.testing.assert_allclose(jax.jit(transform(lambda x: loss(ours, x)))(x),
-                                   jax.jit(transform(lambda x: loss(reference, x)))(x),
-                                   rtol=1e-14)
+        np.testing.assert_allclose(
+            jax.jit(transform(lambda x: loss(ours, x)))(x),
+            jax.jit(transform(lambda x: loss(reference, x)))(x),
+            rtol=1e-14,
+        )
     for axis in (0, 1):
         batch = jnp.stack([x, 2 * x], axis=axis)
         got = jax.jit(jax.vmap(jax.grad(lambda x: loss(ours, x)), in_axes=axis))(batch)
@@ -497,8 +523,9 @@ def test_add_at_is_a_gather_both_ways():
     x = jnp.asarray(rng.standard_normal((5, 2)))
     index = np.array([[4, 0], [0, 2]])  # row 0 added to twice; rows 1 and 3 untouched
     values = jnp.asarray(rng.standard_normal((2, 2, 2)))
-    np.testing.assert_allclose(_gather.add_at(x, index, values),
-                               x.at[index].add(values), rtol=1e-15)
+    np.testing.assert_allclose(
+        _gather.add_at(x, index, values), x.at[index].add(values), rtol=1e-15
+    )
 
     def loss(fn, x, values):
         return jnp.sum(jnp.sin(fn(x, values)) * jnp.arange(10.0).reshape(5, 2))
@@ -513,8 +540,7 @@ def test_add_at_is_a_gather_both_ways():
     program = jax.jit(jax.grad(lambda v: loss(ours, x, v))).lower(values).compile().as_text()
     assert " scatter(" not in program
     (mask,) = nonzero_masks(lambda v: _gather.add_at(jnp.zeros((5, 2)), index, v), values)
-    np.testing.assert_array_equal(mask.reshape(5, 2).any(axis=1),
-                                  [True, False, True, False, True])
+    np.testing.assert_array_equal(mask.reshape(5, 2).any(axis=1), [True, False, True, False, True])
 
 
 @pytest.mark.slow
@@ -524,8 +550,11 @@ def test_banded_factorization(method, monkeypatch):
     # cyclic reduction (the accelerators' default), each at every half-bandwidth
     monkeypatch.setattr(_thresholds, "BAND_CHOLESKY_MIN_WIDTH", 1 if method == "rows" else 10**6)
     cyclic = method == "cyclic"
-    kind = {"rows": _banded.BandCholeskyFactor, "block rows": _banded.BandedFactor,
-            "cyclic": _banded.CyclicReductionFactor}[method]
+    kind = {
+        "rows": _banded.BandCholeskyFactor,
+        "block rows": _banded.BandedFactor,
+        "cyclic": _banded.CyclicReductionFactor,
+    }[method]
     rng = np.random.default_rng(3)
     # (200, 9): blocks wider than the unrolled Cholesky's limit (loops per block);
     # (9, 1): a block count that is not a power of two, at the banded minimum
@@ -554,8 +583,9 @@ def test_banded_factorization(method, monkeypatch):
             eigenvalues[1] - eigenvalues[0]
         )  # one eigenvalue below zero
         shifted = matrix - shift * np.eye(size)
-        _, pivots = solve(SparseMatrix.from_dense(jnp.asarray(shifted), Pattern.from_mask(mask)),
-                          jnp.asarray(rhs))
+        _, pivots = solve(
+            SparseMatrix.from_dense(jnp.asarray(shifted), Pattern.from_mask(mask)), jnp.asarray(rhs)
+        )
         assert not np.all(np.asarray(pivots) > 0)
     assert banded_plan(Pattern.full((40, 40))) is None
 
@@ -573,8 +603,9 @@ def test_cyclic_reduction_in_float32():
     rhs = np.random.default_rng(0).standard_normal(size)
     residuals = {}
     for cyclic in (False, True):  # one program each (eagerly, each operation compiles alone)
-        x, _ = eqx.filter_jit(banded_solve)(SparseMatrix(values, pattern),
-                                            jnp.asarray(rhs, jnp.float32), plan, cyclic)
+        x, _ = eqx.filter_jit(banded_solve)(
+            SparseMatrix(values, pattern), jnp.asarray(rhs, jnp.float32), plan, cyclic
+        )
         assert x.dtype == jnp.float32
         residuals[cyclic] = np.max(np.abs(matrix @ np.asarray(x, np.float64) - rhs))
     assert residuals[True] < 1e-4 * np.max(np.abs(rhs))
@@ -601,8 +632,7 @@ def test_banded_solve_derivatives(size, band, rows, monkeypatch):
     rhs = jnp.asarray(rng.standard_normal(size))
 
     def banded(values, rhs, cyclic=False):
-        return jnp.sum(jnp.sin(banded_solve(SparseMatrix(values, pattern), rhs, plan,
-                                            cyclic)[0]))
+        return jnp.sum(jnp.sin(banded_solve(SparseMatrix(values, pattern), rhs, plan, cyclic)[0]))
 
     def dense(values, rhs):
         return jnp.sum(jnp.sin(jnp.linalg.solve(SparseMatrix(values, pattern).dense(), rhs)))
@@ -615,8 +645,9 @@ def test_banded_solve_derivatives(size, band, rows, monkeypatch):
     batch = jnp.stack([rhs, 2 * rhs])
     want = jax.vmap(jax.grad(dense, argnums=1), in_axes=(None, 0))(values, batch)
     for cyclic in (False, True):
-        got = jax.jit(jax.vmap(jax.grad(lambda v, r, c=cyclic: banded(v, r, c), argnums=1),
-                               in_axes=(None, 0)))(values, batch)
+        got = jax.jit(
+            jax.vmap(jax.grad(lambda v, r, c=cyclic: banded(v, r, c), argnums=1), in_axes=(None, 0))
+        )(values, batch)
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
@@ -647,9 +678,17 @@ def test_banded_multiplier_solve_derivatives():
 
     def structured(m_values, g_values, forces, target):
         mass, g = SparseMatrix(m_values, m_pattern), SparseMatrix(g_values, g_pattern)
-        terms = ConstrainedTerms(mass.dense(), forces, target, target, empty, g.dense(), target,
-                                 mass_operator=SparseOperator(mass, lx.positive_semidefinite_tag),
-                                 jacobian_operator=SparseOperator(g))
+        terms = ConstrainedTerms(
+            mass.dense(),
+            forces,
+            target,
+            target,
+            empty,
+            g.dense(),
+            target,
+            mass_operator=SparseOperator(mass, lx.positive_semidefinite_tag),
+            jacobian_operator=SparseOperator(g),
+        )
         return multiplier_solve(terms, target, StructuredCholesky())
 
     def dense(m_values, g_values, forces, target):
@@ -661,8 +700,14 @@ def test_banded_multiplier_solve_derivatives():
         return jnp.linalg.solve(mass, forces) - minv_gt @ lam, lam
 
     args = (m_values, g_values, forces, target)
-    assert banded_plan(sparse_matmul(SparseMatrix(g_values, g_pattern), SparseMatrix(
-        g_values, g_pattern).T).pattern) is not None
+    assert (
+        banded_plan(
+            sparse_matmul(
+                SparseMatrix(g_values, g_pattern), SparseMatrix(g_values, g_pattern).T
+            ).pattern
+        )
+        is not None
+    )
     assert "name=_banded_multipliers" in str(jax.make_jaxpr(structured)(*args))
     for a, b in zip(jax.jit(structured)(*args), dense(*args), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
@@ -676,9 +721,13 @@ def test_banded_multiplier_solve_derivatives():
     batch = jnp.stack([forces, 2 * forces])
 
     def derivatives(fn):
-        return (jax.grad(loss(fn), argnums=(0, 1, 2, 3))(*args), jax.jvp(fn, args, tangents),
-                jax.vmap(jax.grad(loss(fn), argnums=(1, 2)), in_axes=(None, None, 0, None))(
-                    m_values, g_values, batch, target))
+        return (
+            jax.grad(loss(fn), argnums=(0, 1, 2, 3))(*args),
+            jax.jvp(fn, args, tangents),
+            jax.vmap(jax.grad(loss(fn), argnums=(1, 2)), in_axes=(None, None, 0, None))(
+                m_values, g_values, batch, target
+            ),
+        )
 
     derivatives = jax.jit(derivatives, static_argnums=0)
     for a, b in zip(
@@ -792,7 +841,8 @@ class _ConstantMass(jaxdae.LagrangianSystem):
     def kinetic_energy(self, t, q, v):
         w = v.reshape(-1, 2)
         energy = 0.5 * jnp.sum(self.masses[:, None] * w**2) + 0.25 * jnp.sum(
-            self.masses * w[:, 0] * w[:, 1])
+            self.masses * w[:, 0] * w[:, 1]
+        )
         return energy + 0.1 * jnp.sum(v[1:] * v[:-1]) if self.coupled else energy
 
     def potential_energy(self, t, q):
@@ -814,8 +864,10 @@ def _accelerations_with_factor(model, q, v):
 
     terms = model.terms(0.1, q, v)
     factored = with_mass_factor(terms, constant_mass_factor(model, 0.0, q, v))
-    return [(FORMULATIONS[name].accelerations(factored), FORMULATIONS[name].accelerations(terms))
-            for name in _MASS_FORMULATIONS]
+    return [
+        (FORMULATIONS[name].accelerations(factored), FORMULATIONS[name].accelerations(terms))
+        for name in _MASS_FORMULATIONS
+    ]
 
 
 @pytest.mark.slow
@@ -875,16 +927,21 @@ def test_constant_mass_factor_in_simulate():
     eps = 1e-5
     steps = eps * jnp.eye(8)[jnp.array([0, 3, 7])]
     ends = jax.jit(jax.vmap(loss))(jnp.concatenate([masses + steps, masses - steps]))
-    np.testing.assert_allclose(got[jnp.array([0, 3, 7])], (ends[:3] - ends[3:]) / (2 * eps),
-                               rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(
+        got[jnp.array([0, 3, 7])], (ends[:3] - ends[3:]) / (2 * eps), rtol=1e-6, atol=1e-9
+    )
 
 
 # Slow (about 20 s each, mostly compiling): the constant factor itself is checked in the
 # default run by `test_constant_mass_factor`.
 @pytest.mark.slow
-@pytest.mark.parametrize("adjoint", [
-    pytest.param(jaxdae.ReverseSweepAdjoint(), id="reverse-sweep"),
-    pytest.param(diffrax.RecursiveCheckpointAdjoint(), id="checkpoint")])
+@pytest.mark.parametrize(
+    "adjoint",
+    [
+        pytest.param(jaxdae.ReverseSweepAdjoint(), id="reverse-sweep"),
+        pytest.param(diffrax.RecursiveCheckpointAdjoint(), id="checkpoint"),
+    ],
+)
 def test_ensemble_shares_one_mass_factor(adjoint):
     # an ensemble's trajectories share the system: its constant `M` is factored once for all
     # of them, and the gradient with respect to the masses (the reverse sweep's own row-wise
@@ -900,10 +957,14 @@ def test_ensemble_shares_one_mass_factor(adjoint):
     def loss(masses, ensemble):
         model = _ConstantMass(masses, True)
         if ensemble:
-            return jnp.sum(jaxdae.simulate_ensemble(model, formulation, 0.0, 0.2, rows, v0,
-                                                    **options).q_final ** 2)
-        one = lambda q, v: jaxdae.simulate(model, formulation, 0.0, 0.2, q, v,  # noqa: E731
-                                           **options).q_final
+            return jnp.sum(
+                jaxdae.simulate_ensemble(model, formulation, 0.0, 0.2, rows, v0, **options).q_final
+                ** 2
+            )
+
+        def one(q, v):
+            return jaxdae.simulate(model, formulation, 0.0, 0.2, q, v, **options).q_final
+
         return jnp.sum(jax.vmap(one)(rows, v0) ** 2)
 
     masses = jnp.array([1.0, 1.5, 2.0])
@@ -920,14 +981,16 @@ def test_ensemble_shares_one_mass_factor(adjoint):
     finally:
         _simulate.constant_mass_factor = original
     # one factor, of one matrix: here the 36 entries of the dense `M⁻¹`
-    assert factors and all(f is not None and {x.shape for x in jax.tree.leaves(f)} == {(36,)}
-                           for f in factors)
+    assert factors and all(
+        f is not None and {x.shape for x in jax.tree.leaves(f)} == {(36,)} for f in factors
+    )
     expected, expected_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)(masses, False)
     np.testing.assert_allclose(value, expected, rtol=1e-10)
     np.testing.assert_allclose(grad, expected_grad, rtol=1e-7)
 
 
 # -- what a solve's loop may hold ------------------------------------------------------------
+
 
 class _ChainWithLevelCentre(CartesianChain):
     """The chain whose nodes' mean height is also held: a constraint on every node, so
@@ -939,11 +1002,20 @@ class _ChainWithLevelCentre(CartesianChain):
 
 
 @pytest.mark.slow
-@pytest.mark.perf(reason="pins which primitives the right-hand side of small structured "
-                         "models traces")
-@pytest.mark.parametrize("model", [CartesianChain(8), CartesianChain(16), FourBarLadder(4),
-                                   FourBarLadder(8), _ChainWithLevelCentre(12)],
-                         ids=["chain-8", "chain-16", "ladder-4", "ladder-8", "dense-13"])
+@pytest.mark.perf(
+    reason="pins which primitives the right-hand side of small structured models traces"
+)
+@pytest.mark.parametrize(
+    "model",
+    [
+        CartesianChain(8),
+        CartesianChain(16),
+        FourBarLadder(4),
+        FourBarLadder(8),
+        _ChainWithLevelCentre(12),
+    ],
+    ids=["chain-8", "chain-16", "ladder-4", "ladder-8", "dense-13"],
+)
 def test_right_hand_side_runs_in_one_kernel(model):
     """The right-hand side evaluated at every stage, its vector–Jacobian product (the
     reverse sweep's) and the failure indicator of constrained models with 16 to 32
@@ -985,8 +1057,9 @@ class _ChainClosedTwice(CartesianChain):
 
 @pytest.mark.slow
 @pytest.mark.perf(reason="pins that PseudoInverse's right-hand side compiles into one kernel")
-@pytest.mark.parametrize("model", [CartesianChain(5), _ChainClosedTwice(5)],
-                         ids=["independent", "redundant"])
+@pytest.mark.parametrize(
+    "model", [CartesianChain(5), _ChainClosedTwice(5)], ids=["independent", "redundant"]
+)
 def test_pseudo_inverse_loop_holds_no_lapack_call(model):
     """A loop of `PseudoInverse`'s right-hand side holds no custom call, in either branch of
     its solve (the factorization, or the pivoted one for a rank-deficient `J M⁻¹ Jᵀ`), and
@@ -1006,6 +1079,9 @@ def test_pseudo_inverse_loop_holds_no_lapack_call(model):
     terms = model.terms(0.0, q, v)
     target = jnp.linspace(-1.0, 1.0, terms.phi.shape[0])
     rcond = float(np.sqrt(np.finfo(q.dtype).eps))
-    for x, y in zip(multiplier_solve(terms, target, PositiveSemidefinitePseudoInverse()),
-                    multiplier_solve(terms, target, lx.SVD(rcond=rcond)), strict=True):
+    for x, y in zip(
+        multiplier_solve(terms, target, PositiveSemidefinitePseudoInverse()),
+        multiplier_solve(terms, target, lx.SVD(rcond=rcond)),
+        strict=True,
+    ):
         np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-11)

@@ -25,7 +25,16 @@ def run(formulation, scenario):
     """One pendulum simulation: the module-level function keeps the compiled step shared."""
     q0, v0 = scenario
     return jaxdae.simulate(
-        SYSTEM, formulation, 0.0, 1.0, q0, v0, ts=TS, throw=False, rtol=1e-6, atol=1e-8,
+        SYSTEM,
+        formulation,
+        0.0,
+        1.0,
+        q0,
+        v0,
+        ts=TS,
+        throw=False,
+        rtol=1e-6,
+        atol=1e-8,
         max_steps=256,
     )
 
@@ -37,9 +46,7 @@ def scenarios(scale=1.15):
 
 
 def initial_params():
-    return jaxdae.parametrize(
-        jaxdae.Baumgarte(0.5, 0.5), lambda f: (f.kd, f.kp), jaxdae.Positive
-    )
+    return jaxdae.parametrize(jaxdae.Baumgarte(0.5, 0.5), lambda f: (f.kd, f.kp), jaxdae.Positive)
 
 
 QUIET = jaxdae.Reporting(progress=False)
@@ -48,8 +55,9 @@ PENALTY_10 = jaxdae.Failures(penalty=10.0)
 
 def tune(steps, **kwargs):
     kwargs.setdefault("reporting", QUIET)
-    return jaxdae.tune(initial_params(), run, scenarios(), LOSS, optimizer=OPTIMIZER,
-                       steps=steps, **kwargs)
+    return jaxdae.tune(
+        initial_params(), run, scenarios(), LOSS, optimizer=OPTIMIZER, steps=steps, **kwargs
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,10 +96,16 @@ def test_checkpoint_resume_is_bit_identical(reference, tmp_path):
 
     log = tmp_path / "log.csv"
     with pytest.raises(Interrupt):
-        tune(12, checkpointing=jaxdae.Checkpointing(tmp_path / "ckpt", every=3),
-             reporting=jaxdae.Reporting(log=log, progress=False, callback=interrupt))
-    resumed = tune(12, checkpointing=jaxdae.Checkpointing(tmp_path / "ckpt", every=3),
-                   reporting=jaxdae.Reporting(log=log, progress=False))
+        tune(
+            12,
+            checkpointing=jaxdae.Checkpointing(tmp_path / "ckpt", every=3),
+            reporting=jaxdae.Reporting(log=log, progress=False, callback=interrupt),
+        )
+    resumed = tune(
+        12,
+        checkpointing=jaxdae.Checkpointing(tmp_path / "ckpt", every=3),
+        reporting=jaxdae.Reporting(log=log, progress=False),
+    )
     assert resumed.step == 12
     leaves = jax.tree.leaves(eqx.filter(resumed.params, eqx.is_array))
     expected = jax.tree.leaves(eqx.filter(reference.params, eqx.is_array))
@@ -109,8 +123,11 @@ def test_checkpoint_resume_is_bit_identical(reference, tmp_path):
     np.testing.assert_array_equal(np.asarray(again.model.kd), np.asarray(reference.model.kd))
     # Another run (other seed or start) refuses the checkpoint.
     with pytest.raises(ValueError, match="other initial parameters or another seed"):
-        tune(12, checkpointing=jaxdae.Checkpointing(tmp_path / "ckpt"),
-             batching=jaxdae.Batching(seed=3))
+        tune(
+            12,
+            checkpointing=jaxdae.Checkpointing(tmp_path / "ckpt"),
+            batching=jaxdae.Batching(seed=3),
+        )
 
 
 @pytest.mark.slow
@@ -120,8 +137,16 @@ def test_failed_scenario_gives_penalty_not_nan():
     v0 = v0.at[2].multiply(400.0)
     sol = run(jaxdae.Baumgarte(0.5, 0.5), (q0[2], v0[2]))
     assert not bool(sol.succeeded)
-    result = jaxdae.tune(initial_params(), run, (q0, v0), LOSS, optimizer=OPTIMIZER, steps=2,
-                         failures=jaxdae.Failures(penalty=7.0), reporting=QUIET)
+    result = jaxdae.tune(
+        initial_params(),
+        run,
+        (q0, v0),
+        LOSS,
+        optimizer=OPTIMIZER,
+        steps=2,
+        failures=jaxdae.Failures(penalty=7.0),
+        reporting=QUIET,
+    )
     assert result.history["num_failed"] == [1, 1]
     assert not any(result.history["skipped"])
     assert np.isfinite(result.history["grad_norm"]).all()
@@ -137,11 +162,20 @@ def _sqrt_model(model, target):
 def test_nan_scenario_gets_zero_gradient():
     params = jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
     targets = jnp.array([0.0, 0.5, 5.0])
-    result = jaxdae.tune(params, _sqrt_model, targets, lambda x: x, optimizer=OPTIMIZER,
-                         steps=1, failures=PENALTY_10, reporting=QUIET)
+    result = jaxdae.tune(
+        params,
+        _sqrt_model,
+        targets,
+        lambda x: x,
+        optimizer=OPTIMIZER,
+        steps=1,
+        failures=PENALTY_10,
+        reporting=QUIET,
+    )
     assert result.history["num_failed"] == [1]
-    np.testing.assert_allclose(result.history["scenario_loss"][0],
-                               (1.0 + np.sqrt(0.5) + 10.0) / 3, rtol=1e-12)
+    np.testing.assert_allclose(
+        result.history["scenario_loss"][0], (1.0 + np.sqrt(0.5) + 10.0) / 3, rtol=1e-12
+    )
     assert np.isfinite(result.history["grad_norm"][0]) and result.history["grad_norm"][0] > 0
     assert float(result.model.kd) < 1.0  # the successful scenarios pull kd down
 
@@ -155,26 +189,46 @@ def test_ensemble_chunks_fail_together_when_the_gradient_is_not_finite():
     targets = jnp.array([0.0, 0.5, 5.0])
     kwargs = dict(optimizer=OPTIMIZER, steps=1, failures=PENALTY_10, reporting=QUIET)
     # Chunks [0, 0.5] and [5.0, 5.0 (padding)]: only the second fails, as in the vmap test.
-    chunked = jaxdae.tune(params, _sqrt_ensemble, targets, lambda x: x,
-                          batching=jaxdae.Batching(chunk_size=2, ensemble=True), **kwargs)
+    chunked = jaxdae.tune(
+        params,
+        _sqrt_ensemble,
+        targets,
+        lambda x: x,
+        batching=jaxdae.Batching(chunk_size=2, ensemble=True),
+        **kwargs,
+    )
     assert chunked.history["num_failed"] == [1]
-    np.testing.assert_allclose(chunked.history["scenario_loss"][0],
-                               (1.0 + np.sqrt(0.5) + 10.0) / 3, rtol=1e-12)
-    reference = jaxdae.tune(params, _sqrt_model, targets, lambda x: x, optimizer=OPTIMIZER,
-                            steps=1, failures=PENALTY_10, reporting=QUIET)
+    np.testing.assert_allclose(
+        chunked.history["scenario_loss"][0], (1.0 + np.sqrt(0.5) + 10.0) / 3, rtol=1e-12
+    )
+    reference = jaxdae.tune(
+        params,
+        _sqrt_model,
+        targets,
+        lambda x: x,
+        optimizer=OPTIMIZER,
+        steps=1,
+        failures=PENALTY_10,
+        reporting=QUIET,
+    )
     np.testing.assert_allclose(chunked.model.kd, reference.model.kd, rtol=1e-12)
     # One chunk: the nan scenario's gradient poisons the chunk's (a shared solve), so
     # the failure takes the whole batch, and no gradient is applied.
     together = jaxdae.Batching(ensemble=True)
-    whole = jaxdae.tune(params, _sqrt_ensemble, targets, lambda x: x, batching=together,
-                        **kwargs)
+    whole = jaxdae.tune(params, _sqrt_ensemble, targets, lambda x: x, batching=together, **kwargs)
     assert whole.history["num_failed"] == [3]
     assert whole.history["scenario_loss"] == [10.0] and whole.history["grad_norm"] == [0.0]
     assert np.isfinite(whole.history["loss"][0])
     # A function of one scenario passed with ensemble=True: the error says what to do.
     with pytest.raises(ValueError, match="leading axis of that size.*ensemble=False"):
-        jaxdae.tune(params, lambda model, targets: jnp.sum(model.kd * targets), targets,
-                    lambda x: x, batching=together, **kwargs)
+        jaxdae.tune(
+            params,
+            lambda model, targets: jnp.sum(model.kd * targets),
+            targets,
+            lambda x: x,
+            batching=together,
+            **kwargs,
+        )
 
 
 class _Flagged(eqx.Module):
@@ -196,8 +250,14 @@ def test_ensemble_scenario_fails_alone():
     params = jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
     targets = jnp.array([0.5, 1.0, 5.0])
     kwargs = dict(optimizer=OPTIMIZER, steps=1, failures=PENALTY_10, reporting=QUIET)
-    together = jaxdae.tune(params, _flagged, targets, lambda out: out.value,
-                           batching=jaxdae.Batching(ensemble=True), **kwargs)
+    together = jaxdae.tune(
+        params,
+        _flagged,
+        targets,
+        lambda out: out.value,
+        batching=jaxdae.Batching(ensemble=True),
+        **kwargs,
+    )
     alone = jaxdae.tune(params, _flagged, targets, lambda out: out.value, **kwargs)
     assert together.history["num_failed"] == alone.history["num_failed"] == [1]
     np.testing.assert_allclose(together.history["scenario_loss"][0], (1.5 + 10.0) / 3)
@@ -210,18 +270,32 @@ def test_ensemble_tuning_matches_vmap():
     """`ensemble=True` with `simulate_ensemble`, differentiated by `ReverseSweepAdjoint`: the
     same losses and gains as the vmapped scenarios with the default adjoint, to the solver
     tolerance (the ensemble shares its step sizes)."""
+
     def run_ensemble(formulation, scenarios):
         q0, v0 = scenarios
-        return jaxdae.simulate_ensemble(SYSTEM, formulation, 0.0, 1.0, q0, v0, ts=TS,
-                                        throw=False, rtol=1e-6, atol=1e-8, max_steps=256,
-                                        adjoint=jaxdae.ReverseSweepAdjoint())
+        return jaxdae.simulate_ensemble(
+            SYSTEM,
+            formulation,
+            0.0,
+            1.0,
+            q0,
+            v0,
+            ts=TS,
+            throw=False,
+            rtol=1e-6,
+            atol=1e-8,
+            max_steps=256,
+            adjoint=jaxdae.ReverseSweepAdjoint(),
+        )
 
-    params = jaxdae.parametrize(jaxdae.ModifiedLagrange(1.0, 0.5, 0.5),
-                                lambda f: (f.alpha, f.kd, f.kp), jaxdae.Positive)
+    params = jaxdae.parametrize(
+        jaxdae.ModifiedLagrange(1.0, 0.5, 0.5), lambda f: (f.alpha, f.kd, f.kp), jaxdae.Positive
+    )
     kwargs = dict(optimizer=optax.adam(0.3), steps=2, reporting=QUIET)
     plain = jaxdae.tune(params, run, scenarios(), LOSS, **kwargs)
-    together = jaxdae.tune(params, run_ensemble, scenarios(), LOSS,
-                           batching=jaxdae.Batching(ensemble=True), **kwargs)
+    together = jaxdae.tune(
+        params, run_ensemble, scenarios(), LOSS, batching=jaxdae.Batching(ensemble=True), **kwargs
+    )
     assert together.history["num_failed"] == [0, 0]
     np.testing.assert_allclose(together.history["loss"], plain.history["loss"], rtol=1e-5)
     for a, b in zip(jax.tree.leaves(together.model), jax.tree.leaves(plain.model), strict=False):
@@ -242,11 +316,27 @@ def test_nonfinite_update_raises_or_skips():
     targets = jnp.array([1.0, 2.0])
     bad = lambda model: jnp.sqrt(-model.kd)  # noqa: E731  nan
     with pytest.raises(FloatingPointError, match="not finite"):
-        jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=1,
-                    regularization=bad, reporting=QUIET)
-    result = jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=2,
-                         regularization=bad, reporting=QUIET,
-                         failures=jaxdae.Failures(on_nonfinite="skip"))
+        jaxdae.tune(
+            params,
+            _quadratic,
+            targets,
+            _square,
+            optimizer=OPTIMIZER,
+            steps=1,
+            regularization=bad,
+            reporting=QUIET,
+        )
+    result = jaxdae.tune(
+        params,
+        _quadratic,
+        targets,
+        _square,
+        optimizer=OPTIMIZER,
+        steps=2,
+        regularization=bad,
+        reporting=QUIET,
+        failures=jaxdae.Failures(on_nonfinite="skip"),
+    )
     assert result.history["skipped"] == [True, True]
     np.testing.assert_array_equal(np.asarray(result.model.kd), 1.0)
 
@@ -255,23 +345,62 @@ def test_deterministic_minibatches_and_bad_arguments():
     params = jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
     targets = jnp.linspace(0.5, 2.0, 6)
     kwargs = dict(optimizer=OPTIMIZER, steps=5, reporting=QUIET)
-    a = jaxdae.tune(params, _quadratic, targets, _square,
-                    batching=jaxdae.Batching(batch_size=2, seed=1), **kwargs)
-    b = jaxdae.tune(params, _quadratic, targets, _square,
-                    batching=jaxdae.Batching(batch_size=2, seed=1), **kwargs)
-    c = jaxdae.tune(params, _quadratic, targets, _square,
-                    batching=jaxdae.Batching(batch_size=2, seed=2), **kwargs)
+    a = jaxdae.tune(
+        params,
+        _quadratic,
+        targets,
+        _square,
+        batching=jaxdae.Batching(batch_size=2, seed=1),
+        **kwargs,
+    )
+    b = jaxdae.tune(
+        params,
+        _quadratic,
+        targets,
+        _square,
+        batching=jaxdae.Batching(batch_size=2, seed=1),
+        **kwargs,
+    )
+    c = jaxdae.tune(
+        params,
+        _quadratic,
+        targets,
+        _square,
+        batching=jaxdae.Batching(batch_size=2, seed=2),
+        **kwargs,
+    )
     assert a.history["loss"] == b.history["loss"]
     assert a.history["loss"] != c.history["loss"]
     with pytest.raises(ValueError, match="batch_size"):
-        jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=1,
-                    batching=jaxdae.Batching(batch_size=7))
+        jaxdae.tune(
+            params,
+            _quadratic,
+            targets,
+            _square,
+            optimizer=OPTIMIZER,
+            steps=1,
+            batching=jaxdae.Batching(batch_size=7),
+        )
     with pytest.raises(ValueError, match="on_nonfinite"):
-        jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=1,
-                    failures=jaxdae.Failures(on_nonfinite="ignore"))
+        jaxdae.tune(
+            params,
+            _quadratic,
+            targets,
+            _square,
+            optimizer=OPTIMIZER,
+            steps=1,
+            failures=jaxdae.Failures(on_nonfinite="ignore"),
+        )
     with pytest.raises(ValueError, match="Nothing to tune"):
-        jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=1,
-                    trainable=lambda x: False)
+        jaxdae.tune(
+            params,
+            _quadratic,
+            targets,
+            _square,
+            optimizer=OPTIMIZER,
+            steps=1,
+            trainable=lambda x: False,
+        )
     with pytest.raises(ValueError, match="optimizer"):
         jaxdae.tune(params, _quadratic, targets, _square, optimizer=None, steps=1)
 
@@ -281,22 +410,36 @@ def test_sharded_float32_tuning_with_progress_bar():
     if jax.default_backend() != "cpu" and jax.device_count() < 4:
         pytest.skip("needs 4 devices: tests/conftest.py gives 4 host CPU devices on CPU")
     mesh = jax.make_mesh((4,), ("batch",))
-    params = jaxdae.parametrize(jaxdae.Baumgarte(jnp.float32(1.0), jnp.float32(1.0)),
-                                lambda f: f.kd)
+    params = jaxdae.parametrize(
+        jaxdae.Baumgarte(jnp.float32(1.0), jnp.float32(1.0)), lambda f: f.kd
+    )
     targets = jnp.linspace(0.5, 2.0, 6, dtype=jnp.float32)
     kwargs = dict(optimizer=OPTIMIZER, steps=3, failures=PENALTY_10)
-    plain = jaxdae.tune(params, _quadratic, targets, _square,
-                        reporting=jaxdae.Reporting(progress=True), **kwargs)
-    sharded = jaxdae.tune(params, _quadratic, targets, _square,
-                          batching=jaxdae.Batching(mesh=mesh, chunk_size=1),
-                          reporting=QUIET, **kwargs)
+    plain = jaxdae.tune(
+        params, _quadratic, targets, _square, reporting=jaxdae.Reporting(progress=True), **kwargs
+    )
+    sharded = jaxdae.tune(
+        params,
+        _quadratic,
+        targets,
+        _square,
+        batching=jaxdae.Batching(mesh=mesh, chunk_size=1),
+        reporting=QUIET,
+        **kwargs,
+    )
     assert plain.model.kd.dtype == jnp.float32
     np.testing.assert_allclose(sharded.history["loss"], plain.history["loss"], rtol=1e-6)
     np.testing.assert_allclose(sharded.model.kd, plain.model.kd, rtol=1e-6)
     # As one ensemble per chunk, each chunk split over the 4 devices (6 → 2 chunks of 4).
-    together = jaxdae.tune(params, _quadratic, targets, _square,
-                           batching=jaxdae.Batching(mesh=mesh, chunk_size=1, ensemble=True),
-                           reporting=QUIET, **kwargs)
+    together = jaxdae.tune(
+        params,
+        _quadratic,
+        targets,
+        _square,
+        batching=jaxdae.Batching(mesh=mesh, chunk_size=1, ensemble=True),
+        reporting=QUIET,
+        **kwargs,
+    )
     np.testing.assert_allclose(together.history["loss"], plain.history["loss"], rtol=1e-6)
     np.testing.assert_allclose(together.model.kd, plain.model.kd, rtol=1e-6)
 
@@ -312,16 +455,21 @@ def test_parametrizations():
     k = jnp.array([[4.0, 1.0], [1.0, 3.0]])
     spd = jaxdae.PositiveDefinite(k)
     np.testing.assert_allclose(spd.value(), k, rtol=1e-12)
-    random = eqx.tree_at(lambda x: (x.lower, x.raw_diagonal), spd,
-                         (jnp.array([[0.0, 0.0], [5.0, 0.0]]), jnp.array([-3.0, 2.0])))
+    random = eqx.tree_at(
+        lambda x: (x.lower, x.raw_diagonal),
+        spd,
+        (jnp.array([[0.0, 0.0], [5.0, 0.0]]), jnp.array([-3.0, 2.0])),
+    )
     value = random.value()
     np.testing.assert_allclose(value, value.T)
     assert np.linalg.eigvalsh(np.asarray(value)).min() > 0
-    formulation = jaxdae.unwrap(jaxdae.parametrize(
-        jaxdae.ModifiedLagrange(3.0, [20.0, 10.0], [[100.0, 0.0], [0.0, 25.0]]),
-        lambda f: (f.alpha, f.kd, f.kp),
-        (jaxdae.Positive, jaxdae.Positive, jaxdae.PositiveDefinite),
-    ))
+    formulation = jaxdae.unwrap(
+        jaxdae.parametrize(
+            jaxdae.ModifiedLagrange(3.0, [20.0, 10.0], [[100.0, 0.0], [0.0, 25.0]]),
+            lambda f: (f.alpha, f.kd, f.kp),
+            (jaxdae.Positive, jaxdae.Positive, jaxdae.PositiveDefinite),
+        )
+    )
     np.testing.assert_allclose(formulation.kp, [[100.0, 0.0], [0.0, 25.0]], rtol=1e-12)
     np.testing.assert_allclose(formulation.kd, [20.0, 10.0], rtol=1e-12)
     # Gradients through the parametrization (jit + grad).
@@ -336,8 +484,7 @@ def test_parametrizations():
     with pytest.raises(ValueError, match="size"):
         jaxdae.PositiveDefinite(1.0)
     with pytest.raises(ValueError, match="one per leaf"):
-        jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: (f.kd, f.kp),
-                           (jaxdae.Positive,))
+        jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: (f.kd, f.kp), (jaxdae.Positive,))
 
 
 @pytest.mark.slow
@@ -346,31 +493,41 @@ def test_losses_on_a_solution(reference):
     t = np.asarray(sol.ts)
     phi = np.asarray(sol.phi)[:, 0]
     dphi = np.asarray(sol.dphi)[:, 0]
-    np.testing.assert_allclose(jaxdae.ConstraintViolation(rate_weight=0.5)(sol),
-                               np.trapezoid(phi**2 + 0.5 * dphi**2, t), rtol=1e-12)
+    np.testing.assert_allclose(
+        jaxdae.ConstraintViolation(rate_weight=0.5)(sol),
+        np.trapezoid(phi**2 + 0.5 * dphi**2, t),
+        rtol=1e-12,
+    )
     combined = jaxdae.ConstraintViolation() + 2.0 * jaxdae.ControlEffort()
     effort = np.trapezoid(np.sum(np.asarray(sol.multipliers) ** 2, axis=1), t)
-    np.testing.assert_allclose(combined(sol), np.trapezoid(phi**2 + dphi**2, t) + 2 * effort,
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        combined(sol), np.trapezoid(phi**2 + dphi**2, t) + 2 * effort, rtol=1e-12
+    )
     tracking = jaxdae.TrackingError(lambda s: jnp.zeros(1), output=lambda s, q: q[:1])
-    np.testing.assert_allclose(tracking(sol), np.trapezoid(np.asarray(sol.q)[:, 0] ** 2, t),
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        tracking(sol), np.trapezoid(np.asarray(sol.q)[:, 0] ** 2, t), rtol=1e-12
+    )
     # The settling surrogate is between 0 and the horizon and grows with a tighter band.
     loose, tight = jaxdae.SettlingTime(1e-1)(sol), jaxdae.SettlingTime(1e-4)(sol)
     assert 0 < float(loose) < float(tight) <= 1.0
     # Rows after a failure are ignored (finite values).
-    failed = eqx.tree_at(lambda s: (s.ts, s.phi), sol,
-                         (sol.ts.at[5:].set(jnp.inf), sol.phi.at[5:].set(jnp.inf)))
+    failed = eqx.tree_at(
+        lambda s: (s.ts, s.phi), sol, (sol.ts.at[5:].set(jnp.inf), sol.phi.at[5:].set(jnp.inf))
+    )
     assert np.isfinite(float(jaxdae.ConstraintViolation()(failed)))
 
 
 @pytest.mark.parametrize(
     "make, match",
-    [(lambda: jaxdae.SettlingTime(-1e-3), "`tolerance` must be a positive finite band"),
-     (lambda: jaxdae.SettlingTime(1e-3, width=0.0), "`width` must be a positive"),
-     (lambda: jaxdae.ConstraintViolation(rate_weight=-1.0), "`rate_weight` must be a non-neg"),
-     (lambda: jaxdae.ConstraintViolation(nonholonomic_weight=float("nan")),
-      "`nonholonomic_weight` must be a non-negative finite")],
+    [
+        (lambda: jaxdae.SettlingTime(-1e-3), "`tolerance` must be a positive finite band"),
+        (lambda: jaxdae.SettlingTime(1e-3, width=0.0), "`width` must be a positive"),
+        (lambda: jaxdae.ConstraintViolation(rate_weight=-1.0), "`rate_weight` must be a non-neg"),
+        (
+            lambda: jaxdae.ConstraintViolation(nonholonomic_weight=float("nan")),
+            "`nonholonomic_weight` must be a non-negative finite",
+        ),
+    ],
     ids=["settling-tolerance", "settling-width", "rate-weight", "nonholonomic-weight"],
 )
 def test_loss_weights_are_checked(make, match):
@@ -386,12 +543,14 @@ def test_transition_matrix_is_the_stability_function():
     np.testing.assert_array_equal(h, formulation.perturbation_matrix(2))
     tau = 0.1
     eye = np.eye(4)
-    np.testing.assert_allclose(jaxdae.transition_matrix(h, diffrax.Euler(), tau),
-                               eye + tau * h, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(
+        jaxdae.transition_matrix(h, diffrax.Euler(), tau), eye + tau * h, rtol=1e-12, atol=1e-14
+    )
     second = eye + tau * h + 0.5 * tau**2 * h @ h
     for solver in (diffrax.Heun(), diffrax.Midpoint(), diffrax.Ralston()):
-        np.testing.assert_allclose(jaxdae.transition_matrix(h, solver, tau), second,
-                                   rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(
+            jaxdae.transition_matrix(h, solver, tau), second, rtol=1e-12, atol=1e-14
+        )
     # Implicit Euler: (I − τH)⁻¹.
     implicit = jaxdae.transition_matrix(h, diffrax.ImplicitEuler(), tau)
     np.testing.assert_allclose(implicit, np.linalg.inv(eye - tau * np.asarray(h)), rtol=1e-6)
@@ -436,8 +595,18 @@ TWO_LINK = jaxdae.examples.TwoLinkManipulator()
 
 def _two_link(formulation, scenario):
     q0, v0 = scenario
-    return jaxdae.simulate(TWO_LINK, formulation, 0.0, 0.8, q0, v0,
-                           ts=jnp.linspace(0.0, 0.8, 9), throw=False, rtol=1e-6, atol=1e-8)
+    return jaxdae.simulate(
+        TWO_LINK,
+        formulation,
+        0.0,
+        0.8,
+        q0,
+        v0,
+        ts=jnp.linspace(0.0, 0.8, 9),
+        throw=False,
+        rtol=1e-6,
+        atol=1e-8,
+    )
 
 
 @pytest.mark.slow
@@ -452,9 +621,16 @@ def test_baumgarte_stopping_at_the_singularity_is_a_failed_scenario():
         lambda f: (f.kd, f.kp),
     )
     assert not bool(_two_link(jaxdae.unwrap(params), (q0, v0)).succeeded)
-    result = jaxdae.tune(params, _two_link, (qs, vs), jaxdae.ConstraintViolation(),
-                         optimizer=OPTIMIZER, steps=2,
-                         failures=jaxdae.Failures(penalty=1e3), reporting=QUIET)
+    result = jaxdae.tune(
+        params,
+        _two_link,
+        (qs, vs),
+        jaxdae.ConstraintViolation(),
+        optimizer=OPTIMIZER,
+        steps=2,
+        failures=jaxdae.Failures(penalty=1e3),
+        reporting=QUIET,
+    )
     assert result.history["num_failed"] == [1, 1]
     assert np.all(np.isfinite(result.history["grad_norm"]))
     assert result.history["grad_norm"][0] > 0
@@ -465,37 +641,78 @@ def test_deprecated_keywords_warn_and_match_the_option_objects():
     that replaces it, and give the same run."""
     params = jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
     targets = jnp.linspace(0.5, 2.0, 6)
-    grouped = jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=3,
-                          batching=jaxdae.Batching(batch_size=2, seed=4),
-                          failures=jaxdae.Failures(penalty=5.0), reporting=QUIET)
+    grouped = jaxdae.tune(
+        params,
+        _quadratic,
+        targets,
+        _square,
+        optimizer=OPTIMIZER,
+        steps=3,
+        batching=jaxdae.Batching(batch_size=2, seed=4),
+        failures=jaxdae.Failures(penalty=5.0),
+        reporting=QUIET,
+    )
     with pytest.warns(DeprecationWarning) as record:
-        old = jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER,
-                          steps=3, batch_size=2, seed=4, failure_penalty=5.0,
-                          progress=False)
+        old = jaxdae.tune(
+            params,
+            _quadratic,
+            targets,
+            _square,
+            optimizer=OPTIMIZER,
+            steps=3,
+            batch_size=2,
+            seed=4,
+            failure_penalty=5.0,
+            progress=False,
+        )
     messages = {str(w.message) for w in record if w.category is DeprecationWarning}
-    for expected in ("batching=jaxdae.Batching(batch_size=", "batching=jaxdae.Batching(seed=",
-                     "failures=jaxdae.Failures(penalty=", "reporting=jaxdae.Reporting(progress="):
+    for expected in (
+        "batching=jaxdae.Batching(batch_size=",
+        "batching=jaxdae.Batching(seed=",
+        "failures=jaxdae.Failures(penalty=",
+        "reporting=jaxdae.Reporting(progress=",
+    ):
         assert any(expected in m for m in messages), (expected, messages)
     assert old.history["loss"] == grouped.history["loss"]
     with pytest.warns(DeprecationWarning, match=r"jaxdae\.Failures\(penalty="):
-        jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=1,
-                    failure_penalty=5.0, reporting=QUIET)
+        jaxdae.tune(
+            params,
+            _quadratic,
+            targets,
+            _square,
+            optimizer=OPTIMIZER,
+            steps=1,
+            failure_penalty=5.0,
+            reporting=QUIET,
+        )
     with pytest.raises(TypeError, match="unexpected keyword"):
-        jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=1,
-                    batchsize=2)
+        jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=1, batchsize=2)
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: jaxdae.Checkpointing("ckpt", every=float("nan")),
-     r"`Checkpointing.every` must be an integer ≥ 1 .*got nan"),
-    (lambda: jaxdae.Checkpointing("ckpt", every=float("inf")),
-     r"`Checkpointing.every` must be an integer ≥ 1 .*got inf"),
-    (lambda: jaxdae.Checkpointing(""), r"`Checkpointing.path` is empty.*Checkpointing\(\"ckpt\"\)"),
-    (lambda: jaxdae.Batching(batch_size=1.5), r"`Batching.batch_size` must be an integer ≥ 1"),
-    (lambda: jaxdae.Batching(seed=1.5), r"`Batching.seed` must be an integer in \[-2\*\*63"),
-    (lambda: jaxdae.Batching(seed=2**70), r"`Batching.seed` must be an integer in \[-2\*\*63"),
-    (lambda: jaxdae.Failures(penalty=-1.0), r"`Failures.penalty` must be non-negative.*rewards"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            lambda: jaxdae.Checkpointing("ckpt", every=float("nan")),
+            r"`Checkpointing.every` must be an integer ≥ 1 .*got nan",
+        ),
+        (
+            lambda: jaxdae.Checkpointing("ckpt", every=float("inf")),
+            r"`Checkpointing.every` must be an integer ≥ 1 .*got inf",
+        ),
+        (
+            lambda: jaxdae.Checkpointing(""),
+            r"`Checkpointing.path` is empty.*Checkpointing\(\"ckpt\"\)",
+        ),
+        (lambda: jaxdae.Batching(batch_size=1.5), r"`Batching.batch_size` must be an integer ≥ 1"),
+        (lambda: jaxdae.Batching(seed=1.5), r"`Batching.seed` must be an integer in \[-2\*\*63"),
+        (lambda: jaxdae.Batching(seed=2**70), r"`Batching.seed` must be an integer in \[-2\*\*63"),
+        (
+            lambda: jaxdae.Failures(penalty=-1.0),
+            r"`Failures.penalty` must be non-negative.*rewards",
+        ),
+    ],
+)
 def test_option_values_are_refused_naming_the_argument(make, message):
     with pytest.raises(ValueError, match=message):
         make()
@@ -504,14 +721,36 @@ def test_option_values_are_refused_naming_the_argument(make, message):
 def test_a_keyword_that_conflicts_with_an_option_object_is_refused():
     params = jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
     targets = jnp.linspace(0.5, 2.0, 3)
-    with pytest.warns(DeprecationWarning), pytest.raises(
-            ValueError, match=r"`batch_size=3` conflicts with `batching=jaxdae.Batching\("
-                              r"batch_size=2, \.\.\.\)`"):
-        jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=1,
-                    batching=jaxdae.Batching(batch_size=2), batch_size=3, reporting=QUIET)
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(
+            ValueError,
+            match=r"`batch_size=3` conflicts with `batching=jaxdae.Batching\("
+            r"batch_size=2, \.\.\.\)`",
+        ),
+    ):
+        jaxdae.tune(
+            params,
+            _quadratic,
+            targets,
+            _square,
+            optimizer=OPTIMIZER,
+            steps=1,
+            batching=jaxdae.Batching(batch_size=2),
+            batch_size=3,
+            reporting=QUIET,
+        )
     with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="path` is empty"):
-        jaxdae.tune(params, _quadratic, targets, _square, optimizer=OPTIMIZER, steps=1,
-                    checkpoint="", reporting=QUIET)
+        jaxdae.tune(
+            params,
+            _quadratic,
+            targets,
+            _square,
+            optimizer=OPTIMIZER,
+            steps=1,
+            checkpoint="",
+            reporting=QUIET,
+        )
     assert jaxdae.Batching(batch_size=2.0, seed=np.int64(3)) == jaxdae.Batching(2, 3)
     assert type(jaxdae.Checkpointing(".", every=4.0).every) is int
 
@@ -522,5 +761,12 @@ def test_option_objects_check_their_values():
     with pytest.raises(ValueError, match="on_nonfinite"):
         jaxdae.Failures(on_nonfinite="ignore")
     with pytest.raises(TypeError, match="jaxdae.Batching"):
-        jaxdae.tune(jaxdae.Baumgarte(1.0, 1.0), _quadratic, jnp.ones(2), _square,
-                    optimizer=OPTIMIZER, steps=1, batching=3)
+        jaxdae.tune(
+            jaxdae.Baumgarte(1.0, 1.0),
+            _quadratic,
+            jnp.ones(2),
+            _square,
+            optimizer=OPTIMIZER,
+            steps=1,
+            batching=3,
+        )

@@ -28,13 +28,18 @@ def covers(anim, points):
     """The view holds every point of `points (..., 2)`."""
     (x0, x1), (y0, y1) = anim.axes.get_xlim(), anim.axes.get_ylim()
     points = np.asarray(points).reshape(-1, 2)
-    return (x0 <= points[:, 0].min() and points[:, 0].max() <= x1
-            and y0 <= points[:, 1].min() and points[:, 1].max() <= y1)
+    return (
+        x0 <= points[:, 0].min()
+        and points[:, 0].max() <= x1
+        and y0 <= points[:, 1].min()
+        and points[:, 1].max() <= y1
+    )
 
 
 def markers(model):
-    return [b.name for b in model.bodies] + [f"{b.name}.{m}" for b in model.bodies
-                                             for m in b.markers]
+    return [b.name for b in model.bodies] + [
+        f"{b.name}.{m}" for b in model.bodies for m in b.markers
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +56,10 @@ def slider_crank():
     pin_v = 10 * 0.1 * np.array([-s, c])
     rod_rate = -pin_v[1] / (0.3 * np.cos(rod_angle))
     slider_v = pin_v[0] - 0.3 * np.sin(rod_angle) * rod_rate
-    v0 = jnp.array([0.0, 0.0, 10.0, *(pin_v + [slider_v, 0.0]) / 2, rod_rate, slider_v, 0.0,
-                    0.0])
-    sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 0.3, q0, v0,
-                          ts=jnp.linspace(0.0, 0.3, 31))
+    v0 = jnp.array([0.0, 0.0, 10.0, *(pin_v + [slider_v, 0.0]) / 2, rod_rate, slider_v, 0.0, 0.0])
+    sol = jaxdae.simulate(
+        model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 0.3, q0, v0, ts=jnp.linspace(0.0, 0.3, 31)
+    )
     assert bool(sol.succeeded) and float(jnp.abs(sol.phi).max()) < 1e-6
     return model, sol
 
@@ -63,16 +68,26 @@ def double_pendulum():
     """Two bars (0.5 m, 0.4 m) hanging from the ground, with a joint limit, a floor the tip's
     disc stays above, and a rope from the elbow to a hook."""
     return mb.Mechanism(
-        [mb.Ground(markers={"floor": (0.0, -1.2), "hook": (0.6, 0.0)}),
-         mb.PlanarBody("upper", 1.0, 0.02, markers={"top": (0.0, 0.25), "bottom": (0.0, -0.25)}),
-         mb.PlanarBody("lower", 1.0, 0.02, markers={"top": (0.0, 0.2), "tip": (0.0, -0.2),
-                                                    "side": (0.05, 0.0)})],
-        [mb.Revolute("ground", "upper.top", name="shoulder"),
-         mb.Revolute("upper.bottom", "lower.top", name="elbow")],
+        [
+            mb.Ground(markers={"floor": (0.0, -1.2), "hook": (0.6, 0.0)}),
+            mb.PlanarBody("upper", 1.0, 0.02, markers={"top": (0.0, 0.25), "bottom": (0.0, -0.25)}),
+            mb.PlanarBody(
+                "lower",
+                1.0,
+                0.02,
+                markers={"top": (0.0, 0.2), "tip": (0.0, -0.2), "side": (0.05, 0.0)},
+            ),
+        ],
+        [
+            mb.Revolute("ground", "upper.top", name="shoulder"),
+            mb.Revolute("upper.bottom", "lower.top", name="elbow"),
+        ],
         [mb.Gravity()],
-        stops=[mb.JointLimit("shoulder", -1.0, 1.0, name="limit"),
-               mb.PlaneContact("lower.tip", "ground.floor", radius=0.05, name="floor"),
-               mb.DistanceStop("upper.bottom", "ground.hook", upper=1.0, name="rope")],
+        stops=[
+            mb.JointLimit("shoulder", -1.0, 1.0, name="limit"),
+            mb.PlaneContact("lower.tip", "ground.floor", radius=0.05, name="floor"),
+            mb.DistanceStop("upper.bottom", "ground.hook", upper=1.0, name="rope"),
+        ],
     )
 
 
@@ -96,13 +111,22 @@ def parallelogram(count=9):
     motion: every crank at one angle, the coupler translating."""
     crank = {"mass": 0.4, "inertia": 0.02, "markers": {"base": (-0.25, 0.0), "tip": (0.25, 0.0)}}
     model = mb.Mechanism(
-        [mb.Ground(markers={"A": (0.0, 0.0), "B": (0.5, 0.0), "C": (1.0, 0.0)}),
-         mb.PlanarBody("left", **crank), mb.PlanarBody("middle", **crank),
-         mb.PlanarBody("right", **crank),
-         mb.PlanarBody("coupler", 1.0, 0.1, markers={"l": (-0.5, 0.0), "r": (0.5, 0.0)})],
-        [mb.Revolute("ground.A", "left.base"), mb.Revolute("ground.B", "middle.base"),
-         mb.Revolute("ground.C", "right.base"), mb.Revolute("left.tip", "coupler.l"),
-         mb.Revolute("middle.tip", "coupler"), mb.Revolute("right.tip", "coupler.r")])
+        [
+            mb.Ground(markers={"A": (0.0, 0.0), "B": (0.5, 0.0), "C": (1.0, 0.0)}),
+            mb.PlanarBody("left", **crank),
+            mb.PlanarBody("middle", **crank),
+            mb.PlanarBody("right", **crank),
+            mb.PlanarBody("coupler", 1.0, 0.1, markers={"l": (-0.5, 0.0), "r": (0.5, 0.0)}),
+        ],
+        [
+            mb.Revolute("ground.A", "left.base"),
+            mb.Revolute("ground.B", "middle.base"),
+            mb.Revolute("ground.C", "right.base"),
+            mb.Revolute("left.tip", "coupler.l"),
+            mb.Revolute("middle.tip", "coupler"),
+            mb.Revolute("right.tip", "coupler.r"),
+        ],
+    )
     ts = np.linspace(0.0, 1.0, count)
     a = -np.pi / 2 + 0.7 * np.sin(2 * np.pi * ts)
     arm = np.stack([np.cos(a), np.sin(a)], axis=-1)
@@ -124,8 +148,9 @@ def test_slider_crank_frame(slider_crank):
     points = np.stack([model.marker_position(sol.q, m) for m in markers(model)])
     assert covers(anim, points)
     pin = np.asarray(model.marker_position(sol.q[10], "rod.b"))
-    np.testing.assert_allclose(anim.artists["joint:revolute_2"].get_xydata()[0], pin,
-                               atol=1e-9)  # drawn at the slider's centre, its marker b
+    np.testing.assert_allclose(
+        anim.artists["joint:revolute_2"].get_xydata()[0], pin, atol=1e-9
+    )  # drawn at the slider's centre, its marker b
     assert anim.artists["time"].get_text() == "t = 0.100 s"
 
 
@@ -136,8 +161,16 @@ def test_double_pendulum_with_stops():
     figure = anim.frame(-1)
     assert figure is anim.figure
     assert sorted(body_artists(anim)) == ["body:lower", "body:upper"]
-    assert {"stop:limit", "stop:floor", "stop:floor.disc", "ground:floor", "stop:rope",
-            "ground:shoulder", "joint:shoulder", "joint:elbow"} <= set(anim.artists)
+    assert {
+        "stop:limit",
+        "stop:floor",
+        "stop:floor.disc",
+        "ground:floor",
+        "stop:rope",
+        "ground:shoulder",
+        "joint:shoulder",
+        "joint:elbow",
+    } <= set(anim.artists)
     # The lower bar's three markers and centre make a polygon; the upper's a bar.
     assert len(anim.artists["body:lower"].get_xy()) >= 3
     assert len(anim.artists["body:upper"].get_xydata()) == 2
@@ -153,8 +186,10 @@ def test_four_bar_frame():
     anim = animate(model, motion, frames=5)
     anim.frame(2)
     assert len(body_artists(anim)) == 4
-    assert sum(name.startswith("ground:") and not name.endswith(".hatch")
-               for name in anim.artists) == 3
+    assert (
+        sum(name.startswith("ground:") and not name.endswith(".hatch") for name in anim.artists)
+        == 3
+    )
     points = np.stack([model.marker_position(jnp.asarray(motion.q), m) for m in markers(model)])
     assert covers(anim, points)
 
@@ -167,8 +202,9 @@ def test_trace_grows_with_frames(slider_crank):
         path = anim.artists["trace:crank.pin"].get_xydata()
         assert len(path) == k + 1 and len(anim.artists["trace:rod"].get_xydata()) == k + 1
         q = [np.interp(anim.times[k], sol.ts, column) for column in np.asarray(sol.q).T]
-        np.testing.assert_allclose(path[-1], model.marker_position(jnp.asarray(q), "crank.pin"),
-                                   atol=1e-12)
+        np.testing.assert_allclose(
+            path[-1], model.marker_position(jnp.asarray(q), "crank.pin"), atol=1e-12
+        )
 
 
 @pytest.fixture(scope="module")
@@ -209,8 +245,7 @@ def test_repr_html_embeds_a_video(short, monkeypatch):
 def test_handwritten_system_through_draw():
     pendulum = CartesianPendulum()
     ts = np.linspace(0.0, 1.0, 8)
-    q = np.stack([np.asarray(pendulum.state_from_angle(0.6 * np.cos(3 * t), 0.0)[0])
-                  for t in ts])
+    q = np.stack([np.asarray(pendulum.state_from_angle(0.6 * np.cos(3 * t), 0.0)[0]) for t in ts])
 
     def draw(q):
         return {"rod": [(0.0, 0.0), (q[0], q[1])], "bob": q}
@@ -235,8 +270,9 @@ def test_batch_member():
         animate(model, batch)
     anim = animate(model, batch, member=1, frames=one.ts)
     anim.frame(3)
-    np.testing.assert_allclose(anim.artists["body:upper"].get_xydata().mean(0),
-                               other.q[3, :2], atol=1e-12)
+    np.testing.assert_allclose(
+        anim.artists["body:upper"].get_xydata().mean(0), other.q[3, :2], atol=1e-12
+    )
 
 
 def test_failed_rows_are_left_out():
@@ -267,8 +303,10 @@ def test_without_matplotlib(slider_crank, monkeypatch):
 
 
 def test_import_does_not_load_matplotlib():
-    code = ("import sys, jaxdae, jaxdae.viz._animate; "
-            "assert 'matplotlib' not in sys.modules, 'matplotlib was imported'")
+    code = (
+        "import sys, jaxdae, jaxdae.viz._animate; "
+        "assert 'matplotlib' not in sys.modules, 'matplotlib was imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -276,25 +314,38 @@ def test_every_planar_joint_and_stop_draws():
     """Rolling, point-on-line, distance, fixed and prismatic joints (gears are not drawn),
     limits on a line joint and on a pin, and a distance stop's spheres."""
     model = mb.Mechanism(
-        [mb.PlanarBody("beam", 1.0, 0.1, markers={"r": (0.5, 0.0), "track": (-0.5, 0.1)}),
-         mb.PlanarBody("ball", 0.1, 1e-3, position=(0.0, 0.1)),
-         mb.PlanarBody("bead", 0.1, 1e-3, position=(0.2, 0.0)),
-         mb.PlanarBody("tag", 0.1, 1e-3, markers={"p": (0.05, 0.0)}, position=(0.5, -0.3)),
-         mb.PlanarBody("weld", 0.1, 1e-3, markers={"p": (0.0, 0.05)}, position=(-0.5, -0.1))],
-        [mb.Revolute("ground", "beam", name="pivot"),
-         mb.Rolling("beam.track", "ball", radius=0.1, name="roll"),
-         mb.PointOnLine("beam", "bead", name="bead"), mb.Distance("beam.r", "tag.p", 0.3),
-         mb.Fixed("beam", "weld.p", name="weld"), mb.Gear("beam", "ball", 2.0, name="gear"),
-         mb.Prismatic("beam", "tag", axis=(0.0, 1.0), name="slot")],
-        stops=[mb.JointLimit("roll", -0.2, 0.8), mb.JointLimit("pivot", -0.3, 0.3),
-               mb.DistanceStop("ball", "tag", lower=0.1)])
+        [
+            mb.PlanarBody("beam", 1.0, 0.1, markers={"r": (0.5, 0.0), "track": (-0.5, 0.1)}),
+            mb.PlanarBody("ball", 0.1, 1e-3, position=(0.0, 0.1)),
+            mb.PlanarBody("bead", 0.1, 1e-3, position=(0.2, 0.0)),
+            mb.PlanarBody("tag", 0.1, 1e-3, markers={"p": (0.05, 0.0)}, position=(0.5, -0.3)),
+            mb.PlanarBody("weld", 0.1, 1e-3, markers={"p": (0.0, 0.05)}, position=(-0.5, -0.1)),
+        ],
+        [
+            mb.Revolute("ground", "beam", name="pivot"),
+            mb.Rolling("beam.track", "ball", radius=0.1, name="roll"),
+            mb.PointOnLine("beam", "bead", name="bead"),
+            mb.Distance("beam.r", "tag.p", 0.3),
+            mb.Fixed("beam", "weld.p", name="weld"),
+            mb.Gear("beam", "ball", 2.0, name="gear"),
+            mb.Prismatic("beam", "tag", axis=(0.0, 1.0), name="slot"),
+        ],
+        stops=[
+            mb.JointLimit("roll", -0.2, 0.8),
+            mb.JointLimit("pivot", -0.3, 0.3),
+            mb.DistanceStop("ball", "tag", lower=0.1),
+        ],
+    )
     q = np.asarray(model.reference_coordinates())
-    anim = animate(model, SimpleNamespace(ts=np.array([0.0, 1.0]), q=np.stack([q, q + 0.05])),
-                   frames=3)
+    anim = animate(
+        model, SimpleNamespace(ts=np.array([0.0, 1.0]), q=np.stack([q, q + 0.05])), frames=3
+    )
     anim.frame(1)
     assert len(body_artists(anim)) == 5
-    assert {f"joint:{name}" for name in ("pivot", "roll", "bead", "distance_0", "weld", "slot")
-            } | {"joint:roll.line", "joint:slot.line"} <= set(anim.artists)
+    assert {f"joint:{name}" for name in ("pivot", "roll", "bead", "distance_0", "weld", "slot")} | {
+        "joint:roll.line",
+        "joint:slot.line",
+    } <= set(anim.artists)
     assert "joint:gear" not in anim.artists
     assert {"stop:jointlimit_0", "stop:jointlimit_1", "stop:distancestop_0"} <= set(anim.artists)
 

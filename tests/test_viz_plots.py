@@ -45,8 +45,9 @@ def _close_figures():
 
 
 def _pendulum(angle):
-    return jaxdae.simulate(PENDULUM, STABLE, 0.0, T1, *PENDULUM.state_from_angle(angle, 0.0),
-                           ts=TS, **LOOSE)
+    return jaxdae.simulate(
+        PENDULUM, STABLE, 0.0, T1, *PENDULUM.state_from_angle(angle, 0.0), ts=TS, **LOOSE
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +63,25 @@ def batch():
 
 @pytest.fixture(scope="module")
 def ball():
-    return jaxdae.simulate(examples.BouncingBall(), jaxdae.Unstabilized(), 0.0, T1,
-                           jnp.array([0.0, 1.0]), jnp.zeros(2), ts=TS, **LOOSE)
+    return jaxdae.simulate(
+        examples.BouncingBall(),
+        jaxdae.Unstabilized(),
+        0.0,
+        T1,
+        jnp.array([0.0, 1.0]),
+        jnp.zeros(2),
+        ts=TS,
+        **LOOSE,
+    )
 
 
 @pytest.fixture(scope="module")
 def optics():
     system = examples.AdaptiveOpticsElement()
     control = jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=4)
-    return jaxdae.simulate_actuated(system, control, 0.0, T1,
-                                    *system.initial_state(angle_error=0.05), ts=TS, **LOOSE)
+    return jaxdae.simulate_actuated(
+        system, control, 0.0, T1, *system.initial_state(angle_error=0.05), ts=TS, **LOOSE
+    )
 
 
 def _panels(fig, ylabels):
@@ -92,8 +102,10 @@ def _legend(ax):
 
 
 def test_import_jaxdae_leaves_matplotlib_out():
-    code = ("import sys, jaxdae, jaxdae.viz._plots; "
-            "assert 'matplotlib' not in sys.modules, 'matplotlib was imported'")
+    code = (
+        "import sys, jaxdae, jaxdae.viz._plots; "
+        "assert 'matplotlib' not in sys.modules, 'matplotlib was imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -126,14 +138,17 @@ def test_fields_names_and_axes(pendulum):
 def test_mechanism_coordinate_names():
     """`names=mechanism.coordinate_names` labels the coordinates of a multibody model."""
     model = mb.Mechanism(
-        bodies=[mb.PlanarBody("bob", mass=1.0, inertia=0.01, markers={"top": (-0.5, 0.0)},
-                              position=(0.5, 0.0))],
-        joints=[mb.Revolute("ground", "bob.top", name="pivot")], forces=[mb.Gravity((0.0, -9.81))])
+        bodies=[
+            mb.PlanarBody(
+                "bob", mass=1.0, inertia=0.01, markers={"top": (-0.5, 0.0)}, position=(0.5, 0.0)
+            )
+        ],
+        joints=[mb.Revolute("ground", "bob.top", name="pivot")],
+        forces=[mb.Gravity((0.0, -9.81))],
+    )
     q0, v0 = model.initial_state(joint_coordinates={"pivot": (0.0, 1.0)})
-    sol = jaxdae.simulate(model, STABLE, 0.0, 0.2, q0, v0, ts=jnp.linspace(0.0, 0.2, 5),
-                          **LOOSE)
-    panels = _panels(sol.plot(names=model.coordinate_names),
-                     (Q, VIOLATIONS, ENERGY, MULTIPLIERS))
+    sol = jaxdae.simulate(model, STABLE, 0.0, 0.2, q0, v0, ts=jnp.linspace(0.0, 0.2, 5), **LOOSE)
+    panels = _panels(sol.plot(names=model.coordinate_names), (Q, VIOLATIONS, ENERGY, MULTIPLIERS))
     assert _legend(panels[Q]) == ["bob.x", "bob.y", "bob.theta"]
 
 
@@ -141,7 +156,7 @@ def test_events_are_marked(ball):
     """An unconstrained system with impacts: no violation or multiplier panels, and the
     impacts as vertical lines on every panel, named once."""
     panels = _panels(ball.plot(), (Q, ENERGY))
-    impacts = np.asarray(ball.events.t[:int(ball.events.count)])
+    impacts = np.asarray(ball.events.t[: int(ball.events.count)])
     assert len(impacts) >= 1
     for ax in panels.values():
         markers = [c for c in ax.collections if isinstance(c, LineCollection)]
@@ -154,8 +169,7 @@ def test_events_are_marked(ball):
 
 def test_nonholonomic_solution():
     sleigh = examples.ChaplyginSleigh()
-    sol = jaxdae.simulate(sleigh, STABLE, 0.0, T1, *sleigh.initial_state(1.0, 1.0), ts=TS,
-                          **LOOSE)
+    sol = jaxdae.simulate(sleigh, STABLE, 0.0, T1, *sleigh.initial_state(1.0, 1.0), ts=TS, **LOOSE)
     panels = _panels(sol.plot(), (Q, VIOLATIONS, ENERGY, MULTIPLIERS))
     assert len(panels[Q].lines) == 3
     assert _legend(panels[VIOLATIONS]) == [r"$|\Psi|$"]
@@ -168,8 +182,7 @@ def test_small_batch_as_lines(batch):
     panels = _panels(three.plot(), (Q, VIOLATIONS, ENERGY, MULTIPLIERS))
     assert len(panels[Q].lines) == 3 * 2  # a line per member and coordinate
     assert len(panels[ENERGY].lines) == 3
-    assert not any(isinstance(c, PolyCollection) for ax in panels.values()
-                   for c in ax.collections)
+    assert not any(isinstance(c, PolyCollection) for ax in panels.values() for c in ax.collections)
 
 
 def test_large_batch_as_band(batch):
@@ -195,10 +208,14 @@ def test_rows_after_a_failure_are_left_out(batch):
     def fail(x):
         return jnp.where(cut.reshape((-1,) + (1,) * (x.ndim - 2)), jnp.inf, x[1])
 
-    failed = eqx.tree_at(lambda s: (s.q, s.phi, s.dphi, s.multipliers, s.energy), three,
-                         replace_fn=lambda x: x.at[1].set(fail(x)))
-    result = jax.vmap(lambda ok: jaxdae.RESULTS.where(
-        ok, jaxdae.RESULTS.successful, jaxdae.RESULTS.diverged))(jnp.array([True, False, True]))
+    failed = eqx.tree_at(
+        lambda s: (s.q, s.phi, s.dphi, s.multipliers, s.energy),
+        three,
+        replace_fn=lambda x: x.at[1].set(fail(x)),
+    )
+    result = jax.vmap(
+        lambda ok: jaxdae.RESULTS.where(ok, jaxdae.RESULTS.successful, jaxdae.RESULTS.diverged)
+    )(jnp.array([True, False, True]))
     failed = eqx.tree_at(lambda s: s.result, failed, result)
     fig = failed.plot()
     panels = _panels(fig, (Q, VIOLATIONS, ENERGY, MULTIPLIERS))
@@ -208,8 +225,9 @@ def test_rows_after_a_failure_are_left_out(batch):
 
 
 def test_actuated_solution(optics):
-    panels = _panels(optics.plot(), (Q, "actuator states w", "inputs u",
-                                     "program constraints\n(largest entry)"))
+    panels = _panels(
+        optics.plot(), (Q, "actuator states w", "inputs u", "program constraints\n(largest entry)")
+    )
     assert len(panels[Q].lines) == 1 and len(panels["actuator states w"].lines) == 2
     assert len(panels["inputs u"].lines) == 1
     violations = panels["program constraints\n(largest entry)"]
@@ -240,14 +258,19 @@ def test_missing_matplotlib_names_the_extra(pendulum, monkeypatch):
 
 
 def _solve(system, formulation, q0, v0, t1=T1, **kwargs):
-    return jaxdae.simulate(system, formulation, 0.0, t1, q0, v0,
-                           ts=jnp.linspace(0.0, t1, 21), **LOOSE, **kwargs)
+    return jaxdae.simulate(
+        system, formulation, 0.0, t1, q0, v0, ts=jnp.linspace(0.0, t1, 21), **LOOSE, **kwargs
+    )
 
 
 def _ball_and_beam():
     model = examples.BallAndBeam(exact=True)
-    return (_solve(model, jaxdae.RedundantCoordinates(dependent=model.dependent),
-                   *model.state(0.4, 0.1)), model.coordinate_names)
+    return (
+        _solve(
+            model, jaxdae.RedundantCoordinates(dependent=model.dependent), *model.state(0.4, 0.1)
+        ),
+        model.coordinate_names,
+    )
 
 
 def _arm(system):
@@ -256,30 +279,62 @@ def _arm(system):
 
 # Every example system not covered above, with the panels its plot should have.
 _EXAMPLES = {
-    "PendulumWithStop": (lambda: _solve(examples.PendulumWithStop(), STABLE,
-                                        *examples.PendulumWithStop().initial_state(0.8)),
-                         (Q, VIOLATIONS, ENERGY, MULTIPLIERS)),
-    "SlidingBlock": (lambda: _solve(examples.SlidingBlock(), jaxdae.Unstabilized(),
-                                    jnp.zeros(2), jnp.array([1.0, 0.0])), (Q, ENERGY)),
-    "RockingBlock": (lambda: _solve(examples.RockingBlock(), jaxdae.Unstabilized(),
-                                    *examples.RockingBlock().initial_state(0.1)), (Q, ENERGY)),
-    "WoodpeckerToy": (lambda: _solve(examples.WoodpeckerToy(), jaxdae.Unstabilized(),
-                                     *examples.WoodpeckerToy().published_state(), t1=0.05),
-                      (Q, ENERGY)),
-    "KnifeEdge": (lambda: _solve(examples.KnifeEdge(), STABLE, jnp.zeros(3),
-                                 jnp.array([0.0, 0.0, 1.0])),
-                  (Q, VIOLATIONS, ENERGY, MULTIPLIERS)),
-    "TwoLinkManipulator": (lambda: _solve(
-        examples.TwoLinkManipulator(), jaxdae.ModifiedLagrange(10.0, [20.0, 10.0], [100.0, 25.0]),
-        *examples.TwoLinkManipulator().initial_state()), (Q, VIOLATIONS, ENERGY, MULTIPLIERS)),
-    "CartesianArm": (lambda: _arm(examples.CartesianArm()),
-                     (Q, VIOLATIONS, ENERGY, MULTIPLIERS)),
-    "CartesianArmLagrangian": (lambda: _arm(examples.CartesianArmLagrangian()),
-                               (Q, VIOLATIONS, ENERGY, MULTIPLIERS)),
+    "PendulumWithStop": (
+        lambda: _solve(
+            examples.PendulumWithStop(), STABLE, *examples.PendulumWithStop().initial_state(0.8)
+        ),
+        (Q, VIOLATIONS, ENERGY, MULTIPLIERS),
+    ),
+    "SlidingBlock": (
+        lambda: _solve(
+            examples.SlidingBlock(), jaxdae.Unstabilized(), jnp.zeros(2), jnp.array([1.0, 0.0])
+        ),
+        (Q, ENERGY),
+    ),
+    "RockingBlock": (
+        lambda: _solve(
+            examples.RockingBlock(),
+            jaxdae.Unstabilized(),
+            *examples.RockingBlock().initial_state(0.1),
+        ),
+        (Q, ENERGY),
+    ),
+    "WoodpeckerToy": (
+        lambda: _solve(
+            examples.WoodpeckerToy(),
+            jaxdae.Unstabilized(),
+            *examples.WoodpeckerToy().published_state(),
+            t1=0.05,
+        ),
+        (Q, ENERGY),
+    ),
+    "KnifeEdge": (
+        lambda: _solve(examples.KnifeEdge(), STABLE, jnp.zeros(3), jnp.array([0.0, 0.0, 1.0])),
+        (Q, VIOLATIONS, ENERGY, MULTIPLIERS),
+    ),
+    "TwoLinkManipulator": (
+        lambda: _solve(
+            examples.TwoLinkManipulator(),
+            jaxdae.ModifiedLagrange(10.0, [20.0, 10.0], [100.0, 25.0]),
+            *examples.TwoLinkManipulator().initial_state(),
+        ),
+        (Q, VIOLATIONS, ENERGY, MULTIPLIERS),
+    ),
+    "CartesianArm": (lambda: _arm(examples.CartesianArm()), (Q, VIOLATIONS, ENERGY, MULTIPLIERS)),
+    "CartesianArmLagrangian": (
+        lambda: _arm(examples.CartesianArmLagrangian()),
+        (Q, VIOLATIONS, ENERGY, MULTIPLIERS),
+    ),
     "BallAndBeam": (_ball_and_beam, (Q, VIOLATIONS, ENERGY, MULTIPLIERS)),
-    "Crank": (lambda: _solve(examples.Crank(jnp.array(0.1), jnp.array(0.05), jnp.array(9.81)),
-                             jaxdae.Unstabilized(), jnp.array([0.5]), jnp.zeros(1)),
-              (Q, ENERGY)),
+    "Crank": (
+        lambda: _solve(
+            examples.Crank(jnp.array(0.1), jnp.array(0.05), jnp.array(9.81)),
+            jaxdae.Unstabilized(),
+            jnp.array([0.5]),
+            jnp.zeros(1),
+        ),
+        (Q, ENERGY),
+    ),
 }
 
 
@@ -299,8 +354,7 @@ def test_every_example_plots(name):
 
 def test_exact_residuals_stay_on_a_linear_axis(pendulum):
     """Residuals that are exactly zero throughout have no log axis to go on."""
-    exact = eqx.tree_at(lambda s: (s.phi, s.dphi), pendulum,
-                        replace_fn=lambda x: jnp.zeros_like(x))
+    exact = eqx.tree_at(lambda s: (s.phi, s.dphi), pendulum, replace_fn=lambda x: jnp.zeros_like(x))
     violations = _panels(exact.plot(), (Q, VIOLATIONS, ENERGY, MULTIPLIERS))[VIOLATIONS]
     assert violations.get_yscale() == "linear"
 

@@ -32,26 +32,53 @@ def _fresh_env(**variables) -> dict:
 def _import_in_a_new_process(**variables) -> dict:
     """JAX's float64 setting before and after `import jaxdae`, and `XLA_FLAGS` after it, in a
     new Python process whose environment sets `variables`."""
-    code = ("import json, os, jax; before = jax.config.jax_enable_x64; import jaxdae; "
-            "print(json.dumps({'x64 before': before, 'x64': jax.config.jax_enable_x64, "
-            "'XLA_FLAGS': os.environ.get('XLA_FLAGS')}))")
-    run = subprocess.run([sys.executable, "-c", code], env=_fresh_env(**variables),
-                         capture_output=True, text=True, timeout=300)
+    code = (
+        "import json, os, jax; before = jax.config.jax_enable_x64; import jaxdae; "
+        "print(json.dumps({'x64 before': before, 'x64': jax.config.jax_enable_x64, "
+        "'XLA_FLAGS': os.environ.get('XLA_FLAGS')}))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_fresh_env(**variables),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("variables, x64, flags", [
-    ({}, True, f"--xla_backend_extra_options={OPTION} {PASS}"),
-    pytest.param({"JAXDAE_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION} {PASS}",
-                 marks=pytest.mark.slow),
-    pytest.param({"JAX_ENABLE_X64": "0"}, False, f"--xla_backend_extra_options={OPTION} {PASS}",
-                 marks=pytest.mark.slow),
-    ({"JAXDAE_SET_XLA_FLAGS": "0"}, True, None),
-    ({"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}, True,
-     f"--xla_force_host_platform_device_count=2 --xla_backend_extra_options={OPTION} {PASS}"),
-], ids=["default", "JAXDAE_ENABLE_X64=0", "JAX_ENABLE_X64=0", "JAXDAE_SET_XLA_FLAGS=0",
-        "XLA_FLAGS given"])
+@pytest.mark.parametrize(
+    "variables, x64, flags",
+    [
+        ({}, True, f"--xla_backend_extra_options={OPTION} {PASS}"),
+        pytest.param(
+            {"JAXDAE_ENABLE_X64": "0"},
+            False,
+            f"--xla_backend_extra_options={OPTION} {PASS}",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            {"JAX_ENABLE_X64": "0"},
+            False,
+            f"--xla_backend_extra_options={OPTION} {PASS}",
+            marks=pytest.mark.slow,
+        ),
+        ({"JAXDAE_SET_XLA_FLAGS": "0"}, True, None),
+        (
+            {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+            True,
+            f"--xla_force_host_platform_device_count=2 --xla_backend_extra_options={OPTION} {PASS}",
+        ),
+    ],
+    ids=[
+        "default",
+        "JAXDAE_ENABLE_X64=0",
+        "JAX_ENABLE_X64=0",
+        "JAXDAE_SET_XLA_FLAGS=0",
+        "XLA_FLAGS given",
+    ],
+)
 def test_what_importing_changes_and_the_opt_outs(variables, x64, flags):
     imported = _import_in_a_new_process(**variables)
     assert imported == {"x64 before": False, "x64": x64, "XLA_FLAGS": flags}
@@ -60,11 +87,12 @@ def test_what_importing_changes_and_the_opt_outs(variables, x64, flags):
 def test_the_option_joins_the_flags_given():
     assert with_small_loop_option("") == f"--xla_backend_extra_options={OPTION}"
     assert with_small_loop_option("--xla_force_host_platform_device_count=4") == (
-        f"--xla_force_host_platform_device_count=4 --xla_backend_extra_options={OPTION}")
+        f"--xla_force_host_platform_device_count=4 --xla_backend_extra_options={OPTION}"
+    )
     # The option joins the last `--xla_backend_extra_options`: the user's options stay.
     assert with_small_loop_option(
-        "--xla_backend_extra_options=a=1 --xla_backend_extra_options=b=2") == (
-        f"--xla_backend_extra_options=a=1 --xla_backend_extra_options=b=2,{OPTION}")
+        "--xla_backend_extra_options=a=1 --xla_backend_extra_options=b=2"
+    ) == (f"--xla_backend_extra_options=a=1 --xla_backend_extra_options=b=2,{OPTION}")
     # A threshold the user chose (here XLA's default, 1024 bytes) is kept.
     mine = f"--xla_backend_extra_options={SMALL_LOOP_OPTION}=1024"
     assert with_small_loop_option(mine) == mine
@@ -73,7 +101,8 @@ def test_the_option_joins_the_flags_given():
 def test_the_disabled_pass_joins_the_passes_given():
     assert without_dot_library_pass("") == PASS
     assert without_dot_library_pass("--xla_disable_hlo_passes=a,b") == (
-        f"--xla_disable_hlo_passes=a,b,{DOT_LIBRARY_PASS}")
+        f"--xla_disable_hlo_passes=a,b,{DOT_LIBRARY_PASS}"
+    )
     assert without_dot_library_pass(PASS) == PASS
 
 
@@ -98,8 +127,9 @@ def test_set_in_this_process():
 
 def test_warns_when_imported_after_a_computation():
     code = "import jax; jax.numpy.ones(1).block_until_ready(); import jaxdae"
-    run = subprocess.run([sys.executable, "-c", code], env=_fresh_env(), capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=_fresh_env(), capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr
     assert "imported after JAX started its backend" in run.stderr
     assert OPTION in run.stderr  # the message gives the setting

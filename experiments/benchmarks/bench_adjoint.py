@@ -52,14 +52,19 @@ def main(repeats: int = 7, inner: int = 5):
     for t1 in (2.0, 8.0):
         rows[(t1, "forward")] = eqx.filter_jit(_loss(system, q0, v0, t1, None))
         for stored in (1024, 4096):
-            rows[(t1, f"sweep {stored}")] = eqx.filter_jit(eqx.filter_grad(_loss(
-                system, q0, v0, t1, jaxdae.ReverseSweepAdjoint(stored_steps=stored))))
+            rows[(t1, f"sweep {stored}")] = eqx.filter_jit(
+                eqx.filter_grad(
+                    _loss(system, q0, v0, t1, jaxdae.ReverseSweepAdjoint(stored_steps=stored))
+                )
+            )
         for checkpoints in CHECKPOINTS:
             adjoint = diffrax.RecursiveCheckpointAdjoint(checkpoints=checkpoints)
             rows[(t1, checkpoints)] = eqx.filter_jit(
-                eqx.filter_grad(_loss(system, q0, v0, t1, adjoint)))
+                eqx.filter_grad(_loss(system, q0, v0, t1, adjoint))
+            )
         rows[(t1, "jacfwd")] = eqx.filter_jit(
-            eqx.filter_jacfwd(_loss(system, q0, v0, t1, diffrax.ForwardMode())))
+            eqx.filter_jacfwd(_loss(system, q0, v0, t1, diffrax.ForwardMode()))
+        )
     compile_s, times = {}, {key: [] for key in rows}
     for key, fn in rows.items():
         start = time.perf_counter()
@@ -90,8 +95,7 @@ def main(repeats: int = 7, inner: int = 5):
         else:
             name = f"RecursiveCheckpointAdjoint(checkpoints={kind})"
         forward = median_ms[(t1, "forward")]
-        print(f"| {t1:g} | {name} | {compile_s[(t1, kind)]:.2f} | {ms:.2f} | "
-              f"{ms / forward:.1f} |")
+        print(f"| {t1:g} | {name} | {compile_s[(t1, kind)]:.2f} | {ms:.2f} | {ms / forward:.1f} |")
 
 
 if __name__ == "__main__":

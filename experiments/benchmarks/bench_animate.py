@@ -46,8 +46,9 @@ def timed(fn, repeats):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=Path("output"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--frames", type=int, default=500)
@@ -62,11 +63,18 @@ def main():
     rows = [("build (`animate`)", build, None)]
     for suffix in ("mp4", "gif"):
         path = out / f"slider_crank.{suffix}"
-        rows.append((suffix.upper(), timed(lambda path=path: anim.save(path), args.repeats),
-                     path.stat().st_size))
+        rows.append(
+            (
+                suffix.upper(),
+                timed(lambda path=path: anim.save(path), args.repeats),
+                path.stat().st_size,
+            )
+        )
 
-    print(f"Slider-crank, {len(anim)} frames at {anim.fps:g} fps, {width} × {height} px; "
-          f"median of {args.repeats} (min–max), wall clock.\n")
+    print(
+        f"Slider-crank, {len(anim)} frames at {anim.fps:g} fps, {width} × {height} px; "
+        f"median of {args.repeats} (min–max), wall clock.\n"
+    )
     print("| output | time [s] | min–max [s] | per frame [ms] | file size [kB] |")
     print("| --- | ---: | ---: | ---: | ---: |")
     results = {}
@@ -74,11 +82,12 @@ def main():
         median = statistics.median(times)
         per_frame = f"{1e3 * median / len(anim):.1f}" if name != rows[0][0] else ""
         kb = f"{size / 1e3:.0f}" if size is not None else ""
-        print(f"| {name} | {median:.2f} | {min(times):.2f}–{max(times):.2f} | {per_frame} "
-              f"| {kb} |")
+        print(f"| {name} | {median:.2f} | {min(times):.2f}–{max(times):.2f} | {per_frame} | {kb} |")
         results[name] = {"times_s": times, "median_s": median, "bytes": size}
-    write_json(out / "bench_animate.json", {"frames": len(anim), "fps": anim.fps,
-                                            "pixels": [width, height], "results": results})
+    write_json(
+        out / "bench_animate.json",
+        {"frames": len(anim), "fps": anim.fps, "pixels": [width, height], "results": results},
+    )
 
 
 if __name__ == "__main__":

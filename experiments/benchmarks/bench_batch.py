@@ -48,8 +48,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 # One XLA CPU device per core, for the "sharded" rows (plain vmap runs on one device/core).
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + f" --xla_force_host_platform_device_count={os.cpu_count() or 1}")
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "")
+    + f" --xla_force_host_platform_device_count={os.cpu_count() or 1}"
+)
 
 import diffrax  # noqa: E402
 import equinox as eqx  # noqa: E402
@@ -68,9 +70,12 @@ from jaxdae.examples import (
 )
 
 NAME = "bench_batch"
-LOSS_LABELS = {"vmap": "`jax.vmap(simulate)`", "ensemble": "`simulate_ensemble`",
-               "sweep": "`jax.vmap(simulate)`, `ReverseSweepAdjoint`",
-               "ensemble sweep": "`simulate_ensemble`, `ReverseSweepAdjoint`"}
+LOSS_LABELS = {
+    "vmap": "`jax.vmap(simulate)`",
+    "ensemble": "`simulate_ensemble`",
+    "sweep": "`jax.vmap(simulate)`, `ReverseSweepAdjoint`",
+    "ensemble sweep": "`simulate_ensemble`, `ReverseSweepAdjoint`",
+}
 TOLERANCES = {"float64": (1e-8, 1e-10), "float32": (1e-5, 1e-7)}
 
 
@@ -87,14 +92,25 @@ def jaxdae_solve(dtype, solver=None, **options):
 
     def solve(params, q0, v0):
         alpha, kd, kp = params
-        return jaxdae.simulate(system, jaxdae.ModifiedLagrange(alpha, kd, kp), 0.0, T1, q0, v0,
-                               rtol=rtol, atol=atol, solver=solver, **options)
+        return jaxdae.simulate(
+            system,
+            jaxdae.ModifiedLagrange(alpha, kd, kp),
+            0.0,
+            T1,
+            q0,
+            v0,
+            rtol=rtol,
+            atol=atol,
+            solver=solver,
+            **options,
+        )
 
     return solve
 
 
 def batch_loss(solve):
     """The mean over a batch of `Σ q(2)² + |Φ(2)|²`, by `jax.vmap` of `solve`."""
+
     def loss(params, q0, v0):
         def one(q, v):
             sol = solve(params, q, v)
@@ -117,9 +133,18 @@ def jaxdae_batch(dtype, solver=None, **options):
 
     def ensemble(params, q0, v0):
         alpha, kd, kp = params
-        return jaxdae.simulate_ensemble(system, jaxdae.ModifiedLagrange(alpha, kd, kp), 0.0,
-                                        T1, q0, v0, rtol=rtol, atol=atol, solver=solver,
-                                        **options)
+        return jaxdae.simulate_ensemble(
+            system,
+            jaxdae.ModifiedLagrange(alpha, kd, kp),
+            0.0,
+            T1,
+            q0,
+            v0,
+            rtol=rtol,
+            atol=atol,
+            solver=solver,
+            **options,
+        )
 
     def ensemble_forward(params, q0, v0):
         return ensemble(params, q0, v0).q_final
@@ -133,8 +158,11 @@ def jaxdae_batch(dtype, solver=None, **options):
 
 def params_of(dtype):
     alpha, kd1, kd2, kp1, kp2 = _peers.PARAMS
-    return (jnp.asarray(alpha, dtype), jnp.asarray([kd1, kd2], dtype),
-            jnp.asarray([kp1, kp2], dtype))
+    return (
+        jnp.asarray(alpha, dtype),
+        jnp.asarray([kd1, kd2], dtype),
+        jnp.asarray([kp1, kp2], dtype),
+    )
 
 
 def compiled(fn, *args):
@@ -143,8 +171,9 @@ def compiled(fn, *args):
     return out, time.perf_counter() - start
 
 
-def main(out: Path, quick: bool = False, max_batch: int | None = None,
-         unrolled: bool = False) -> dict:
+def main(
+    out: Path, quick: bool = False, max_batch: int | None = None, unrolled: bool = False
+) -> dict:
     folder = output_dir(out, NAME)
     solver = jaxdae.UnrolledERK(diffrax.Tsit5()) if unrolled else None
     solver_name = "`UnrolledERK(Tsit5)`" if unrolled else "diffrax `Tsit5`"
@@ -175,18 +204,23 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
             for size in sizes:
                 q0, v0 = jnp.asarray(qs[:size], dtype), jnp.asarray(vs[:size], dtype)
                 fn, compile_s[(kind, dname, size)] = compiled(forward, params, q0, v0)
-                runners[(f"{label} {dname}", size)] = (
-                    lambda fn=fn, a=(params, q0, v0): jax.block_until_ready(fn(*a)))
+                runners[(f"{label} {dname}", size)] = lambda fn=fn, a=(params, q0, v0): (
+                    jax.block_until_ready(fn(*a))
+                )
                 cpus = jax.devices("cpu")
                 if len(cpus) > 1 and size % len(cpus) == 0 and not on_gpu and size >= 256:
                     mesh = jax.sharding.Mesh(np.array(cpus), ("batch",))
                     split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch"))
                     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-                    args = (jax.device_put(params, rep), jax.device_put(q0, split),
-                            jax.device_put(v0, split))
+                    args = (
+                        jax.device_put(params, rep),
+                        jax.device_put(q0, split),
+                        jax.device_put(v0, split),
+                    )
                     fn_sharded, _ = compiled(forward, *args)
                     runners[(f"{label} {dname} sharded ×{len(cpus)}", size)] = (
-                        lambda fn=fn_sharded, a=args: jax.block_until_ready(fn(*a)))
+                        lambda fn=fn_sharded, a=args: jax.block_until_ready(fn(*a))
+                    )
             print(f"  compiled {label} {dname}", file=sys.stderr, flush=True)
 
     # Peers: CasADi CVODES-Adams (loop and threaded map), SciPy DOP853 (loop), each at the
@@ -199,18 +233,20 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
         for size in sizes:
             x = np.concatenate([qs[:size], vs[:size]], axis=1)
             if size <= loop_cap:
-                runners[(f"CasADi loop @{dname} tol", size)] = (
-                    lambda f=integrator, x=x: [f(x0=xi, p=_peers.PARAMS)["xf"] for xi in x])
+                runners[(f"CasADi loop @{dname} tol", size)] = lambda f=integrator, x=x: [
+                    f(x0=xi, p=_peers.PARAMS)["xf"] for xi in x
+                ]
                 runners[(f"SciPy DOP853 loop @{dname} tol", size)] = (
                     lambda x=x, rtol=rtol, atol=atol: [
                         solve_ivp(rhs, (0.0, T1), xi, method="DOP853", rtol=rtol, atol=atol)  # noqa: B023
-                        for xi in x])
+                        for xi in x
+                    ]
+                )
             if size > map_cap:
                 continue
             mapped, map_mode = casadi_map(integrator, size)
             pb = np.tile(_peers.PARAMS[:, None], (1, size))
-            runners[(f"CasADi map @{dname} tol", size)] = (
-                lambda f=mapped, x=x.T, p=pb: f(x0=x, p=p))
+            runners[(f"CasADi map @{dname} tol", size)] = lambda f=mapped, x=x.T, p=pb: f(x0=x, p=p)
 
     # Gradient / forward of a batch loss (float64).
     dtype = jnp.float64
@@ -226,10 +262,12 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
         fwd_loss, c_fwd = compiled(loss, params, qg, vg)
         grad_loss, c_grad = compiled(jax.value_and_grad(loss), params, qg, vg)
         c_loss[kind] = (c_fwd, c_grad)
-        runners[(f"loss forward {kind}", grad_batch)] = (
-            lambda f=fwd_loss: jax.block_until_ready(f(params, qg, vg)))
-        runners[(f"loss gradient {kind}", grad_batch)] = (
-            lambda f=grad_loss: jax.block_until_ready(f(params, qg, vg)))
+        runners[(f"loss forward {kind}", grad_batch)] = lambda f=fwd_loss: jax.block_until_ready(
+            f(params, qg, vg)
+        )
+        runners[(f"loss gradient {kind}", grad_batch)] = lambda f=grad_loss: jax.block_until_ready(
+            f(params, qg, vg)
+        )
 
     for run in runners.values():  # warm-up
         run()
@@ -245,24 +283,33 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
     # Agreement at the largest batch: float32 against float64 (same device), and on a GPU its
     # float64 against the CPU's for the first 256 states.
     big = max(sizes)
-    final = {key: np.asarray(runners[key]()) for key in runners
-             if key[1] == big and key[0].startswith("jaxdae") and "sharded" not in key[0]}
+    final = {
+        key: np.asarray(runners[key]())
+        for key in runners
+        if key[1] == big and key[0].startswith("jaxdae") and "sharded" not in key[0]
+    }
     agreement = {
-        kind: float(np.max(np.abs(final[(f"{label} float32", big)]
-                                  - final[(f"{label} float64", big)])))
-        for kind, label in (("vmap", "jaxdae"), ("ensemble", "jaxdae ensemble"))}
+        kind: float(
+            np.max(np.abs(final[(f"{label} float32", big)] - final[(f"{label} float64", big)]))
+        )
+        for kind, label in (("vmap", "jaxdae"), ("ensemble", "jaxdae ensemble"))
+    }
     if on_gpu:
         cpu = jax.devices("cpu")[0]
         forward = jaxdae_batch(jnp.float64, solver)["vmap"][0]
         n = min(256, big)
-        on_cpu = jax.device_put((params_of(jnp.float64), jnp.asarray(qs[:n]), jnp.asarray(vs[:n])),
-                                cpu)
+        on_cpu = jax.device_put(
+            (params_of(jnp.float64), jnp.asarray(qs[:n]), jnp.asarray(vs[:n])), cpu
+        )
         reference = np.asarray(jax.jit(forward)(*on_cpu))
-        agreement["gpu float64 vs cpu float64"] = float(np.max(np.abs(
-            final[("jaxdae float64", big)][:n] - reference)))
+        agreement["gpu float64 vs cpu float64"] = float(
+            np.max(np.abs(final[("jaxdae float64", big)][:n] - reference))
+        )
 
-    tools = sorted({tool for tool, _ in runners if not tool.startswith("loss")},
-                   key=lambda t: (not t.startswith("jaxdae"), "float32" in t, "ensemble" in t, t))
+    tools = sorted(
+        {tool for tool, _ in runners if not tool.startswith("loss")},
+        key=lambda t: (not t.startswith("jaxdae"), "float32" in t, "ensemble" in t, t),
+    )
     lines = [
         f"Two-link, ModifiedLagrange(10, [20, 10], [100, 25]), t ∈ [0, {T1:g}]; device "
         f"{device_name()}; jaxdae solver {solver_name}; float64 rows at rtol=1e-8, "
@@ -287,18 +334,28 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
     ]
     for kind in ("vmap", "ensemble"):
         for dname in dtypes:
-            lines.append(f"| {kind} {dname} | " + " | ".join(
-                f"{compile_s[(kind, dname, s)]:.1f}" for s in sizes) + " |")
+            lines.append(
+                f"| {kind} {dname} | "
+                + " | ".join(f"{compile_s[(kind, dname, s)]:.1f}" for s in sizes)
+                + " |"
+            )
     lines += [
         "",
         f"Agreement of q(2) at batch {big:,}, max |difference| [rad]: "
         f"float32 vs float64 {agreement['vmap']:.1e} (`vmap`), {agreement['ensemble']:.1e} "
-        "(ensemble)" + (f"; {device_name()} float64 vs the CPU's, first {min(256, big)} "
-                        f"states: {agreement['gpu float64 vs cpu float64']:.1e}"
-                        if on_gpu else "") + ".",
+        "(ensemble)"
+        + (
+            f"; {device_name()} float64 vs the CPU's, first {min(256, big)} "
+            f"states: {agreement['gpu float64 vs cpu float64']:.1e}"
+            if on_gpu
+            else ""
+        )
+        + ".",
     ]
-    ratios = {kind: med[(f"loss gradient {kind}", grad_batch)]
-              / med[(f"loss forward {kind}", grad_batch)] for kind in c_loss}
+    ratios = {
+        kind: med[(f"loss gradient {kind}", grad_batch)] / med[(f"loss forward {kind}", grad_batch)]
+        for kind in c_loss
+    }
     ratio = min(ratios.values())
     lines += [
         "",
@@ -315,26 +372,39 @@ def main(out: Path, quick: bool = False, max_batch: int | None = None,
             f"| {LOSS_LABELS[kind]} | "
             f"{med[(f'loss forward {kind}', grad_batch)]:.3f} | "
             f"{med[(f'loss gradient {kind}', grad_batch)]:.3f} | {ratios[kind]:.2f} | "
-            f"{c_fwd:.1f} | {c_grad:.1f} |")
+            f"{c_fwd:.1f} | {c_grad:.1f} |"
+        )
     print("\n".join(lines))
-    write_json(folder / ("bench_batch_unrolled.json" if unrolled else "bench_batch.json"), {
-        "device": device_name(), "solver": solver_name, "sizes": sizes, "reps": reps,
-        "map_mode": map_mode,
-        "median_s": {f"{k[0]} | {k[1]}": v for k, v in med.items()},
-        "raw_s": {f"{k[0]} | {k[1]}": v for k, v in times.items()},
-        "compile_s": {" | ".join(map(str, k)): v for k, v in compile_s.items()},
-        "gradient_forward_ratio": ratios, "compile_loss": c_loss, "agreement": agreement,
-    })
+    write_json(
+        folder / ("bench_batch_unrolled.json" if unrolled else "bench_batch.json"),
+        {
+            "device": device_name(),
+            "solver": solver_name,
+            "sizes": sizes,
+            "reps": reps,
+            "map_mode": map_mode,
+            "median_s": {f"{k[0]} | {k[1]}": v for k, v in med.items()},
+            "raw_s": {f"{k[0]} | {k[1]}": v for k, v in times.items()},
+            "compile_s": {" | ".join(map(str, k)): v for k, v in compile_s.items()},
+            "gradient_forward_ratio": ratios,
+            "compile_loss": c_loss,
+            "agreement": agreement,
+        },
+    )
     rate = {tool: big / med[(tool, big)] for tool in tools if (tool, big) in med}
     mapped = max(s for s in sizes if ("CasADi map @float64 tol", s) in med)
-    cas = {tool: med[("CasADi map @float64 tol", mapped)] / med[(tool, mapped)]
-           for tool in ("jaxdae float64", "jaxdae ensemble float64")}
-    headline = (f"{device_name()}: at batch {big:,}, jaxdae float64 "
-                f"{rate['jaxdae float64']:,.0f} traj/s, ensemble "
-                f"{rate['jaxdae ensemble float64']:,.0f}; float32 {rate['jaxdae float32']:,.0f}, "
-                f"ensemble {rate['jaxdae ensemble float32']:,.0f}; at batch {mapped:,}, "
-                f"{cas['jaxdae float64']:.1f}× and {cas['jaxdae ensemble float64']:.1f}× CasADi "
-                f"map (float64); batch-loss gradient/forward {ratio:.2f}")
+    cas = {
+        tool: med[("CasADi map @float64 tol", mapped)] / med[(tool, mapped)]
+        for tool in ("jaxdae float64", "jaxdae ensemble float64")
+    }
+    headline = (
+        f"{device_name()}: at batch {big:,}, jaxdae float64 "
+        f"{rate['jaxdae float64']:,.0f} traj/s, ensemble "
+        f"{rate['jaxdae ensemble float64']:,.0f}; float32 {rate['jaxdae float32']:,.0f}, "
+        f"ensemble {rate['jaxdae ensemble float32']:,.0f}; at batch {mapped:,}, "
+        f"{cas['jaxdae float64']:.1f}× and {cas['jaxdae ensemble float64']:.1f}× CasADi "
+        f"map (float64); batch-loss gradient/forward {ratio:.2f}"
+    )
     print(headline)
     return {"headline": headline, "table": lines}
 
@@ -354,22 +424,32 @@ def large_batches(out: Path, sizes: list[int], chunk: int, unrolled: bool = Fals
         for kind, (forward, _) in jaxdae_batch(dtype, solver).items():
             ensemble = kind == "ensemble"
             # One function object per kind: batch_map's compiled programs are cached on it.
-            fn = eqx.Partial(forward if ensemble else
-                             lambda params, q, v: solve(params, q, v).q_final, params)  # noqa: B023
+            fn = eqx.Partial(
+                forward if ensemble else lambda params, q, v: solve(params, q, v).q_final,  # noqa: B023
+                params,
+            )
             for devices in (None, mesh) if mesh is not None else (None,):
-                label = (f"jaxdae {'ensemble ' if ensemble else ''}{dname}"
-                         + ("" if devices is None else f" sharded ×{devices.size}"))
+                label = f"jaxdae {'ensemble ' if ensemble else ''}{dname}" + (
+                    "" if devices is None else f" sharded ×{devices.size}"
+                )
                 for size in sizes:
                     q0, v0 = jnp.asarray(qs[:size], dtype), jnp.asarray(vs[:size], dtype)
                     calls = []
                     for _ in range(2):
                         start = time.perf_counter()
-                        jax.block_until_ready(jaxdae.batch_map(
-                            fn, q0, v0, chunk_size=chunk, mesh=devices, ensemble=ensemble))
+                        jax.block_until_ready(
+                            jaxdae.batch_map(
+                                fn, q0, v0, chunk_size=chunk, mesh=devices, ensemble=ensemble
+                            )
+                        )
                         calls.append(time.perf_counter() - start)
                     rows[(label, size)] = calls
-                    print(f"  {label} {size:,}: {calls[1]:.1f} s ({size / calls[1]:,.0f} "
-                          f"traj/s; first call {calls[0]:.1f} s)", file=sys.stderr, flush=True)
+                    print(
+                        f"  {label} {size:,}: {calls[1]:.1f} s ({size / calls[1]:,.0f} "
+                        f"traj/s; first call {calls[0]:.1f} s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     # CasADi's threaded map at the largest size of the default run, for the ratio.
     cas = {}
     for dname in ("float64", "float32"):
@@ -390,21 +470,31 @@ def large_batches(out: Path, sizes: list[int], chunk: int, unrolled: bool = Fals
         f"@float64 tol, {cas['float32']:,.0f} @float32 tol. Peak resident memory of the "
         f"whole run: {peak_gib:.1f} GiB.",
         "",
-        "| tool | " + " | ".join(f"batch {s:,} [traj/s]" for s in sizes)
+        "| tool | "
+        + " | ".join(f"batch {s:,} [traj/s]" for s in sizes)
         + " | vs CasADi map | first call at the largest batch [s] |",
         "| --- |" + " ---: |" * (len(sizes) + 2),
     ]
     for label in dict.fromkeys(label for label, _ in rows):
         rates = [size / rows[(label, size)][1] for size in sizes]
         ratio = rates[-1] / cas["float32" if "float32" in label else "float64"]
-        lines.append(f"| {label} | " + " | ".join(f"{r:,.0f}" for r in rates)
-                     + f" | {ratio:.0f}× | {rows[(label, sizes[-1])][0]:.1f} |")
+        lines.append(
+            f"| {label} | "
+            + " | ".join(f"{r:,.0f}" for r in rates)
+            + f" | {ratio:.0f}× | {rows[(label, sizes[-1])][0]:.1f} |"
+        )
     print("\n".join(lines))
-    write_json(folder / "bench_batch_large.json", {
-        "device": device_name(), "chunk": chunk, "sizes": sizes, "casadi_map": cas,
-        "peak_rss_gib": peak_gib,
-        "calls_s": {f"{k[0]} | {k[1]}": v for k, v in rows.items()},
-    })
+    write_json(
+        folder / "bench_batch_large.json",
+        {
+            "device": device_name(),
+            "chunk": chunk,
+            "sizes": sizes,
+            "casadi_map": cas,
+            "peak_rss_gib": peak_gib,
+            "calls_s": {f"{k[0]} | {k[1]}": v for k, v in rows.items()},
+        },
+    )
     return {"table": lines}
 
 
@@ -412,19 +502,30 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("output"))
     parser.add_argument("--quick", action="store_true", help="small sizes, for smoke tests")
-    parser.add_argument("--max-batch", type=int, default=None,
-                        help="largest batch size (default 4096 on the CPU, 10**6 on a GPU)")
-    parser.add_argument("--unrolled", action="store_true",
-                        help="jaxdae rows with jaxdae.UnrolledERK(diffrax.Tsit5())")
-    parser.add_argument("--large", action="store_true",
-                        help="chunked batches of 65,536 and 10**6 through jaxdae.batch_map")
-    parser.add_argument("--chunk", type=int, default=4096,
-                        help="with --large: rows per device and chunk")
-    parser.add_argument("--sizes", default="65536,1000000",
-                        help="with --large: comma-separated batch sizes")
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help="largest batch size (default 4096 on the CPU, 10**6 on a GPU)",
+    )
+    parser.add_argument(
+        "--unrolled",
+        action="store_true",
+        help="jaxdae rows with jaxdae.UnrolledERK(diffrax.Tsit5())",
+    )
+    parser.add_argument(
+        "--large",
+        action="store_true",
+        help="chunked batches of 65,536 and 10**6 through jaxdae.batch_map",
+    )
+    parser.add_argument(
+        "--chunk", type=int, default=4096, help="with --large: rows per device and chunk"
+    )
+    parser.add_argument(
+        "--sizes", default="65536,1000000", help="with --large: comma-separated batch sizes"
+    )
     args = parser.parse_args()
     if args.large:
-        large_batches(args.out, [int(s) for s in args.sizes.split(",")], args.chunk,
-                      args.unrolled)
+        large_batches(args.out, [int(s) for s in args.sizes.split(",")], args.chunk, args.unrolled)
     else:
         main(args.out, args.quick, args.max_batch, args.unrolled)

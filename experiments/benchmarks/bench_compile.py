@@ -66,10 +66,10 @@ def program_size(lowered, compiled) -> dict:
     optimized = compiled.as_text()
     instruction = re.compile(r"\s+(ROOT )?%?\S+ = ")
     return {
-        "stablehlo ops": sum(1 for line in lowered.as_text().splitlines()
-                             if re.match(r"\s+%\S+ = ", line)),
-        "HLO instructions": sum(1 for line in optimized.splitlines()
-                                if instruction.match(line)),
+        "stablehlo ops": sum(
+            1 for line in lowered.as_text().splitlines() if re.match(r"\s+%\S+ = ", line)
+        ),
+        "HLO instructions": sum(1 for line in optimized.splitlines() if instruction.match(line)),
         "conditionals": optimized.count(" conditional("),
         "custom calls": optimized.count(" custom-call("),
     }
@@ -86,12 +86,21 @@ def measure(fn, args, repeats: int) -> dict:
         lowered_at = time.perf_counter()
         cpu = time.process_time()
         compiled = lowered.compile()
-        runs.append((traced_at - start, lowered_at - traced_at,
-                     time.perf_counter() - lowered_at, time.process_time() - cpu,
-                     time.perf_counter() - start))
+        runs.append(
+            (
+                traced_at - start,
+                lowered_at - traced_at,
+                time.perf_counter() - lowered_at,
+                time.process_time() - cpu,
+                time.perf_counter() - start,
+            )
+        )
     runs = np.asarray(runs)
-    return {"min": runs.min(axis=0), "median": np.median(runs, axis=0),
-            **program_size(lowered, compiled)}
+    return {
+        "min": runs.min(axis=0),
+        "median": np.median(runs, axis=0),
+        **program_size(lowered, compiled),
+    }
 
 
 def trace_stages(fn, args, repeats: int) -> dict:
@@ -119,13 +128,17 @@ def trace_stages(fn, args, repeats: int) -> dict:
             finally:
                 active.discard(label)
                 spent[label] = spent.get(label, 0.0) + time.perf_counter() - start
+
         return wrapper
 
     patches = [
         (LagrangianSystem, "terms", "equations of motion (LagrangianSystem.terms)"),
         (scalarize_module, "_eval", "scalar graphs (scalarize)"),
-        (trajectories_module, "assemble_solution",
-         "diagnostics at the saved states (assemble_solution)"),
+        (
+            trajectories_module,
+            "assemble_solution",
+            "diagnostics at the saved states (assemble_solution)",
+        ),
         (problem_module, "check_structure", "structure and gain checks (check_structure)"),
         (outcome_module, "check_traced", "joined runtime checks (check_traced)"),
         (solve_module, "diffeqsolve_unjitted", "diffrax.diffeqsolve (with the right-hand side)"),
@@ -144,8 +157,7 @@ def trace_stages(fn, args, repeats: int) -> dict:
     finally:
         for owner, name, original in originals:
             setattr(owner, name, original)
-    return {label: float(np.median([run.get(label, 0.0) for run in runs]))
-            for label in runs[0]}
+    return {label: float(np.median([run.get(label, 0.0) for run in runs])) for label in runs[0]}
 
 
 def ball_functions():
@@ -154,13 +166,22 @@ def ball_functions():
     from jaxdae.examples import BouncingBall
 
     def third_impact(restitution, height):
-        sol = jaxdae.simulate(BouncingBall(e=restitution), jaxdae.Unstabilized(), 0.0, 2.0,
-                              jnp.stack([0.0 * height, height]), jnp.zeros(2), rtol=1e-10,
-                              atol=1e-12)
+        sol = jaxdae.simulate(
+            BouncingBall(e=restitution),
+            jaxdae.Unstabilized(),
+            0.0,
+            2.0,
+            jnp.stack([0.0 * height, height]),
+            jnp.zeros(2),
+            rtol=1e-10,
+            atol=1e-12,
+        )
         return sol.events.t[2]
 
-    return ({"forward": third_impact, "gradient": jax.grad(third_impact, argnums=(0, 1))},
-            (jnp.asarray(0.8), jnp.asarray(1.0)))
+    return (
+        {"forward": third_impact, "gradient": jax.grad(third_impact, argnums=(0, 1))},
+        (jnp.asarray(0.8), jnp.asarray(1.0)),
+    )
 
 
 def urdf_arm_functions():
@@ -179,12 +200,14 @@ def urdf_arm_functions():
         return run
 
     q0, v0 = robot.mechanism().initial_state(
-        joint_coordinates={"yaw": (0.0, 1.0), "shoulder": (0.4, 0.0), "elbow": -0.8,
-                           "wrist": 0.05})
+        joint_coordinates={"yaw": (0.0, 1.0), "shoulder": (0.4, 0.0), "elbow": -0.8, "wrist": 0.05}
+    )
     batched = jax.vmap(final_q(True))
-    functions = {"forward, no limits": final_q(False), "forward, limits": final_q(True),
-                 "vmap of 8, limits": lambda q, v: batched(jnp.tile(q, (8, 1)),
-                                                             jnp.tile(v, (8, 1)))}
+    functions = {
+        "forward, no limits": final_q(False),
+        "forward, limits": final_q(True),
+        "vmap of 8, limits": lambda q, v: batched(jnp.tile(q, (8, 1)), jnp.tile(v, (8, 1))),
+    }
     return functions, (q0, v0)
 
 
@@ -193,8 +216,7 @@ def model_functions(model: str):
     if model == "two-link":
         q0, v0 = (jnp.asarray(x) for x in TwoLinkManipulator().initial_state())
         functions = bench_core.jaxdae_functions()
-        return ({name: functions[name] for name in FUNCTIONS},
-                (bench_core.jaxdae_params(), q0, v0))
+        return ({name: functions[name] for name in FUNCTIONS}, (bench_core.jaxdae_params(), q0, v0))
     if model == "ball":
         return ball_functions()
     if model == "urdf-arm":
@@ -205,9 +227,11 @@ def model_functions(model: str):
 
     family, _, size = model.partition(":")
     if family not in scaling_models.FAMILIES or not size.isdigit():
-        raise SystemExit(f"--model: two-link, ball, urdf-arm, or chain:N, ladder:N, pendulum:N, "
-                         f"net:N; got "
-                         f"{model!r}")
+        raise SystemExit(
+            f"--model: two-link, ball, urdf-arm, or chain:N, ladder:N, pendulum:N, "
+            f"net:N; got "
+            f"{model!r}"
+        )
     system = scaling_models.FAMILIES[family](int(size))
     forward, gradient = bench_scaling.jaxdae_functions(system)
     q0, v0 = system.initial_state()
@@ -218,25 +242,38 @@ def model_functions(model: str):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", action="append",
-                        help="one of the model's functions (e.g. forward, gradient)")
-    parser.add_argument("--stages", action="store_true",
-                        help="split the trace of `simulate` by stage")
-    parser.add_argument("--model", default="two-link",
-                        help="two-link (bench_core's problem), ball, urdf-arm, or chain:N, "
-                        "ladder:N, pendulum:N, net:N")
+    parser.add_argument(
+        "--only", action="append", help="one of the model's functions (e.g. forward, gradient)"
+    )
+    parser.add_argument(
+        "--stages", action="store_true", help="split the trace of `simulate` by stage"
+    )
+    parser.add_argument(
+        "--model",
+        default="two-link",
+        help="two-link (bench_core's problem), ball, urdf-arm, or chain:N, "
+        "ladder:N, pendulum:N, net:N",
+    )
     options = parser.parse_args()
     bench_core.warm_up_jax()
     functions, args = model_functions(options.model)
-    print("| function | | trace [s] | lower [s] | XLA compile [s] | XLA compile, CPU [s] | "
-          "total [s] | StableHLO ops | HLO instructions | conditionals | custom calls |")
+    print(
+        "| function | | trace [s] | lower [s] | XLA compile [s] | XLA compile, CPU [s] | "
+        "total [s] | StableHLO ops | HLO instructions | conditionals | custom calls |"
+    )
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in options.only or list(functions):
         m = measure(functions[name], args, options.repeats)
         for stat in ("min", "median"):
             times = " | ".join(f"{x:.2f}" for x in m[stat])
-            size = (f"{m['stablehlo ops']} | {m['HLO instructions']} | {m['conditionals']} | "
-                    f"{m['custom calls']}") if stat == "min" else "| | |"
+            size = (
+                (
+                    f"{m['stablehlo ops']} | {m['HLO instructions']} | {m['conditionals']} | "
+                    f"{m['custom calls']}"
+                )
+                if stat == "min"
+                else "| | |"
+            )
             print(f"| {name} | {stat} | {times} | {size} |", flush=True)
     if options.stages:
         print("\n| stage of the trace of `simulate` (median) | wall [s] |\n| --- | ---: |")

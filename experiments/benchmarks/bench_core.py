@@ -85,8 +85,9 @@ def jaxdae_functions(dtype=jnp.float64):
         return jaxdae.ModifiedLagrange(alpha, kd, kp)
 
     def forward(params, q0, v0, **options):
-        return jaxdae.simulate(system, gains(params), 0.0, T1, q0, v0, rtol=RTOL, atol=ATOL,
-                               **options)
+        return jaxdae.simulate(
+            system, gains(params), 0.0, T1, q0, v0, rtol=RTOL, atol=ATOL, **options
+        )
 
     def final_q(params, q0, v0):
         return forward(params, q0, v0).q_final
@@ -96,8 +97,9 @@ def jaxdae_functions(dtype=jnp.float64):
         return jnp.sum(sol.q_final**2) + jnp.sum(sol.phi[-1] ** 2)
 
     def ensemble(params, q0, v0):
-        return jaxdae.simulate_ensemble(system, gains(params), 0.0, T1, q0, v0, rtol=RTOL,
-                                        atol=ATOL).q_final
+        return jaxdae.simulate_ensemble(
+            system, gains(params), 0.0, T1, q0, v0, rtol=RTOL, atol=ATOL
+        ).q_final
 
     return {
         "forward": final_q,
@@ -106,7 +108,8 @@ def jaxdae_functions(dtype=jnp.float64):
         "gradient": value_and_gradient(loss),
         # One segment: no checkpoints, no re-solve code in the program.
         "gradient, reverse sweep": value_and_gradient(
-            lambda *args: loss(*args, adjoint=jaxdae.ReverseSweepAdjoint(), max_steps=1024)),
+            lambda *args: loss(*args, adjoint=jaxdae.ReverseSweepAdjoint(), max_steps=1024)
+        ),
     }
 
 
@@ -116,6 +119,7 @@ def value_and_gradient(loss):
     (A jitted function returning four arrays, as `(value, (alpha, kd, kp))`, takes tens of
     µs more per call to reach NumPy than one returning one array: a cost of the harness, not
     of the gradient.)"""
+
     def value_and_vector(*args):
         value, grads = jax.value_and_grad(loss)(*args)
         return jnp.concatenate([value[None], ravel_pytree(grads)[0]])
@@ -154,20 +158,31 @@ def warm_up_jax():
     """Compiles an unrelated diffrax solve (and its gradient) once, so that the one-time
     costs of a process's first trace (Python-level caches in JAX, equinox and diffrax) are
     not charged to whichever tool happens to be compiled first."""
+
     def solve(k):
         return diffrax.diffeqsolve(
-            diffrax.ODETerm(lambda t, y, k: -k * y), diffrax.Tsit5(), 0.0, 1.0, 0.1,
-            jnp.ones(3), args=k, stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8),
+            diffrax.ODETerm(lambda t, y, k: -k * y),
+            diffrax.Tsit5(),
+            0.0,
+            1.0,
+            0.1,
+            jnp.ones(3),
+            args=k,
+            stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8),
         ).ys[-1, 0]
 
-    jax.block_until_ready((jax.jit(solve)(1.0), jax.jit(jax.grad(solve))(1.0),
-                           jax.jit(jax.vmap(solve))(jnp.ones(4))))
+    jax.block_until_ready(
+        (jax.jit(solve)(1.0), jax.jit(jax.grad(solve))(1.0), jax.jit(jax.vmap(solve))(jnp.ones(4)))
+    )
 
 
 def jaxdae_params(dtype=jnp.float64):
     alpha, kd1, kd2, kp1, kp2 = _peers.PARAMS
-    return (jnp.asarray(alpha, dtype), jnp.asarray([kd1, kd2], dtype),
-            jnp.asarray([kp1, kp2], dtype))
+    return (
+        jnp.asarray(alpha, dtype),
+        jnp.asarray([kd1, kd2], dtype),
+        jnp.asarray([kp1, kp2], dtype),
+    )
 
 
 def handwritten_functions():
@@ -180,9 +195,17 @@ def handwritten_functions():
 
     def final_y(p, q0, v0):
         sol = diffrax.diffeqsolve(
-            diffrax.ODETerm(rhs), diffrax.Tsit5(), 0.0, T1, None, jnp.concatenate([q0, v0]),
-            args=p, saveat=diffrax.SaveAt(t1=True), max_steps=100_000,
-            stepsize_controller=diffrax.PIDController(rtol=RTOL, atol=ATOL))
+            diffrax.ODETerm(rhs),
+            diffrax.Tsit5(),
+            0.0,
+            T1,
+            None,
+            jnp.concatenate([q0, v0]),
+            args=p,
+            saveat=diffrax.SaveAt(t1=True),
+            max_steps=100_000,
+            stepsize_controller=diffrax.PIDController(rtol=RTOL, atol=ATOL),
+        )
         return sol.ys[-1]
 
     def final_q(p, q0, v0):
@@ -204,8 +227,12 @@ def handwritten_functions():
 
 def casadi_integrator(method: str, t1: float = T1, rtol: float = RTOL, atol: float = ATOL):
     dae, phi = _peers.casadi_dae(ca)
-    opts = {"abstol": atol, "reltol": rtol, "linear_multistep_method": method,
-            "max_num_steps": 100_000}
+    opts = {
+        "abstol": atol,
+        "reltol": rtol,
+        "linear_multistep_method": method,
+        "max_num_steps": 100_000,
+    }
     return ca.integrator(f"F_{method}", "cvodes", dae, 0.0, t1, opts), phi
 
 
@@ -244,8 +271,9 @@ def main(out: Path, quick: bool = False) -> dict:
     params = jaxdae_params()
 
     # Reference for q(2): SciPy DOP853 at tight tolerances.
-    reference = solve_ivp(_peers.numpy_rhs(), (0.0, T1), y0, method="DOP853",
-                          rtol=1e-13, atol=1e-14).y[:2, -1]
+    reference = solve_ivp(
+        _peers.numpy_rhs(), (0.0, T1), y0, method="DOP853", rtol=1e-13, atol=1e-14
+    ).y[:2, -1]
 
     # Set-up / compile.
     warm_up_jax()
@@ -257,9 +285,13 @@ def main(out: Path, quick: bool = False) -> dict:
     jd_ensemble, c_ensemble = compile_jaxdae(fns["ensemble"], *argsb)
     jd_grad, c_grad = compile_jaxdae(fns["gradient"], *args1)
     jd_sweep, c_sweep = compile_jaxdae(fns["gradient, reverse sweep"], *args1)
-    setup = {"jaxdae": c_forward["total"], "jaxdae (gradient)": c_grad["total"],
-             "jaxdae (batch)": c_batch["total"], ENSEMBLE: c_ensemble["total"],
-             SWEEP: c_sweep["total"]}
+    setup = {
+        "jaxdae": c_forward["total"],
+        "jaxdae (gradient)": c_grad["total"],
+        "jaxdae (batch)": c_batch["total"],
+        ENSEMBLE: c_ensemble["total"],
+        SWEEP: c_sweep["total"],
+    }
     hw = handwritten_functions()
     p_hw = jnp.asarray(params_np)
     hw1 = (p_hw, jnp.asarray(q0), jnp.asarray(v0))
@@ -288,10 +320,16 @@ def main(out: Path, quick: bool = False) -> dict:
             "batch": lambda: np.asarray(_block(jd_batch(*argsb))),
             "grad": lambda: split_gradient(_block(jd_grad(*args1))),
         },
-        ENSEMBLE: {"single": None, "batch": lambda: np.asarray(_block(jd_ensemble(*argsb))),
-                   "grad": None},
-        SWEEP: {"single": None, "batch": None,
-                "grad": lambda: split_gradient(_block(jd_sweep(*args1)))},
+        ENSEMBLE: {
+            "single": None,
+            "batch": lambda: np.asarray(_block(jd_ensemble(*argsb))),
+            "grad": None,
+        },
+        SWEEP: {
+            "single": None,
+            "batch": None,
+            "grad": lambda: split_gradient(_block(jd_sweep(*args1))),
+        },
     }
     runners[HANDWRITTEN] = {
         "single": lambda: np.asarray(_block(hw_forward(*hw1))),
@@ -304,19 +342,24 @@ def main(out: Path, quick: bool = False) -> dict:
         pb = np.tile(params_np[:, None], (1, batch))
         runners[f"CasADi CVODES-{method}"] = {
             "single": (lambda f: lambda: np.asarray(f(x0=y0, p=params_np)["xf"]).ravel()[:2])(
-                integrator),
+                integrator
+            ),
             "batch": (lambda f, xb, pb: lambda: np.asarray(f(x0=xb, p=pb)["xf"])[:2].T)(  # noqa: B023
-                mapped, xb, pb),
-            "grad": (lambda g: lambda: (lambda o: (float(o[0]), np.asarray(o[1]).ravel()))(
-                g(params_np)))(grad),
+                mapped, xb, pb
+            ),
+            "grad": (
+                lambda g: lambda: (lambda o: (float(o[0]), np.asarray(o[1]).ravel()))(g(params_np))
+            )(grad),
         }
     for method in ("DOP853", "LSODA"):
+
         def single(method=method, y=y0):
             return solve_ivp(rhs, (0.0, T1), y, method=method, rtol=RTOL, atol=ATOL).y[:2, -1]
 
         def loop(method=method):
-            return np.stack([single(method, np.concatenate([qb[i], vb[i]]))
-                             for i in range(scipy_batch)])
+            return np.stack(
+                [single(method, np.concatenate([qb[i], vb[i]])) for i in range(scipy_batch)]
+            )
 
         runners[f"SciPy {method}"] = {"single": single, "batch": loop, "grad": None}
 
@@ -347,24 +390,39 @@ def main(out: Path, quick: bool = False) -> dict:
                 block_means[name]["grad"].append(statistics.mean(calls))
         print(f"  repetition {rep + 1}/{reps} done", file=sys.stderr, flush=True)
 
-    med = {name: {k: (statistics.median(v) if v else None) for k, v in r.items()}
-           for name, r in results.items()}
-    med_blocks = {name: {k: (statistics.median(v) if v else None) for k, v in r.items()}
-                  for name, r in block_means.items()}
+    med = {
+        name: {k: (statistics.median(v) if v else None) for k, v in r.items()}
+        for name, r in results.items()
+    }
+    med_blocks = {
+        name: {k: (statistics.median(v) if v else None) for k, v in r.items()}
+        for name, r in block_means.items()
+    }
     n_batch = {name: (scipy_batch if name.startswith("SciPy") else batch) for name in runners}
-    throughput = {name: n_batch[name] / med[name]["batch"] for name in runners
-                  if med[name]["batch"]}
-    agreement = {name: float(np.max(np.abs(outputs[name]["single"] - reference)))
-                 for name in runners if "single" in outputs[name]}
+    throughput = {
+        name: n_batch[name] / med[name]["batch"] for name in runners if med[name]["batch"]
+    }
+    agreement = {
+        name: float(np.max(np.abs(outputs[name]["single"] - reference)))
+        for name in runners
+        if "single" in outputs[name]
+    }
     batch_agreement = {
-        name: float(np.max(np.abs(outputs[name]["batch"] - outputs["CasADi CVODES-bdf"]["batch"][
-            : n_batch[name]])))
-        for name in runners if "batch" in outputs[name]
+        name: float(
+            np.max(
+                np.abs(
+                    outputs[name]["batch"] - outputs["CasADi CVODES-bdf"]["batch"][: n_batch[name]]
+                )
+            )
+        )
+        for name in runners
+        if "batch" in outputs[name]
     }
     grad_ref = outputs["CasADi CVODES-bdf"]["grad"][1]
     grad_agreement = {
         name: float(np.max(np.abs(outputs[name]["grad"][1] - grad_ref)) / np.max(np.abs(grad_ref)))
-        for name in runners if "grad" in outputs[name]
+        for name in runners
+        if "grad" in outputs[name]
     }
 
     # Tables.
@@ -388,10 +446,16 @@ def main(out: Path, quick: bool = False) -> dict:
         ratio = f"{m['grad'] / forward:.2f}" if m["grad"] else "n/a"
         gagree = f"{grad_agreement[name]:.1e}" if name in grad_agreement else "n/a"
         err = f"{agreement[name]:.1e}" if name in agreement else "–"
-        compile_s = (f"{setup[name]:.2f} (grad {setup[name + ' (gradient)']:.2f}, "
-                     f"batch {setup[name + ' (batch)']:.2f})" if name + " (batch)" in setup
-                     else f"grad {setup[name]:.2f}" if name == SWEEP
-                     else f"{setup[name]:.2f}" if name == ENSEMBLE else f"{setup[name]:.3f}")
+        compile_s = (
+            f"{setup[name]:.2f} (grad {setup[name + ' (gradient)']:.2f}, "
+            f"batch {setup[name + ' (batch)']:.2f})"
+            if name + " (batch)" in setup
+            else f"grad {setup[name]:.2f}"
+            if name == SWEEP
+            else f"{setup[name]:.2f}"
+            if name == ENSEMBLE
+            else f"{setup[name]:.3f}"
+        )
         rate = f"{throughput[name]:,.0f}" if name in throughput else "–"
         batch_err = f"{batch_agreement[name]:.1e}" if name in batch_agreement else "–"
         lines.append(
@@ -405,14 +469,20 @@ def main(out: Path, quick: bool = False) -> dict:
         "| function | trace | lower | XLA compile | total |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
-    for label, c in (("simulate", c_forward), ("gradient", c_grad),
-                     ("gradient, ReverseSweepAdjoint", c_sweep), ("vmap batch", c_batch),
-                     ("simulate_ensemble batch", c_ensemble),
-                     ("hand-written RHS: solve", hc_forward),
-                     ("hand-written RHS: gradient", hc_grad),
-                     ("hand-written RHS: vmap batch", hc_batch)):
-        lines.append(f"| {label} | {c['trace']:.2f} | {c['lower']:.2f} | {c['compile']:.2f} | "
-                     f"{c['total']:.2f} |")
+    for label, c in (
+        ("simulate", c_forward),
+        ("gradient", c_grad),
+        ("gradient, ReverseSweepAdjoint", c_sweep),
+        ("vmap batch", c_batch),
+        ("simulate_ensemble batch", c_ensemble),
+        ("hand-written RHS: solve", hc_forward),
+        ("hand-written RHS: gradient", hc_grad),
+        ("hand-written RHS: vmap batch", hc_batch),
+    ):
+        lines.append(
+            f"| {label} | {c['trace']:.2f} | {c['lower']:.2f} | {c['compile']:.2f} | "
+            f"{c['total']:.2f} |"
+        )
 
     jd, adams = med["jaxdae"], med["CasADi CVODES-adams"]
     sweep = med[SWEEP]["grad"]
@@ -420,50 +490,86 @@ def main(out: Path, quick: bool = False) -> dict:
     best_batch = max(throughput["jaxdae"], throughput[ENSEMBLE])
 
     def batch_ratio(peer):
-        return (f"ensemble {throughput[ENSEMBLE] / throughput[peer]:.1f}×, "
-                f"vmap {throughput['jaxdae'] / throughput[peer]:.1f}×")
+        return (
+            f"ensemble {throughput[ENSEMBLE] / throughput[peer]:.1f}×, "
+            f"vmap {throughput['jaxdae'] / throughput[peer]:.1f}×"
+        )
 
     targets = [
-        ("one trajectory ≤ CasADi CVODES-Adams", jd["single"] <= adams["single"],
-         f"{1e3 * jd['single']:.3g} ms vs {1e3 * adams['single']:.3g} ms"),
-        ("batch throughput ≥ 10× CasADi map (Adams)",
-         best_batch >= 10 * throughput["CasADi CVODES-adams"],
-         batch_ratio("CasADi CVODES-adams")),
-        ("batch throughput ≥ 10× CasADi map (BDF)",
-         best_batch >= 10 * throughput["CasADi CVODES-bdf"], batch_ratio("CasADi CVODES-bdf")),
-        ("gradient ≤ CasADi adjoint (Adams)", jd["grad"] <= adams["grad"],
-         f"{1e3 * jd['grad']:.3g} ms vs {1e3 * adams['grad']:.3g} ms"),
+        (
+            "one trajectory ≤ CasADi CVODES-Adams",
+            jd["single"] <= adams["single"],
+            f"{1e3 * jd['single']:.3g} ms vs {1e3 * adams['single']:.3g} ms",
+        ),
+        (
+            "batch throughput ≥ 10× CasADi map (Adams)",
+            best_batch >= 10 * throughput["CasADi CVODES-adams"],
+            batch_ratio("CasADi CVODES-adams"),
+        ),
+        (
+            "batch throughput ≥ 10× CasADi map (BDF)",
+            best_batch >= 10 * throughput["CasADi CVODES-bdf"],
+            batch_ratio("CasADi CVODES-bdf"),
+        ),
+        (
+            "gradient ≤ CasADi adjoint (Adams)",
+            jd["grad"] <= adams["grad"],
+            f"{1e3 * jd['grad']:.3g} ms vs {1e3 * adams['grad']:.3g} ms",
+        ),
         # The default adjoint decides the gradient targets; one segment is reported beside.
-        ("gradient ≤ 3× own forward", jd["grad"] <= 3 * jd["single"],
-         f"{jd['grad'] / jd['single']:.2f}× (one segment, `max_steps=1024`: "
-         f"{sweep / jd['single']:.2f}×; by medians of the repetitions' means: "
-         f"{med_blocks['jaxdae']['grad'] / med_blocks['jaxdae']['single']:.2f}× and "
-         f"{med_blocks[SWEEP]['grad'] / med_blocks['jaxdae']['single']:.2f}×)"),
+        (
+            "gradient ≤ 3× own forward",
+            jd["grad"] <= 3 * jd["single"],
+            f"{jd['grad'] / jd['single']:.2f}× (one segment, `max_steps=1024`: "
+            f"{sweep / jd['single']:.2f}×; by medians of the repetitions' means: "
+            f"{med_blocks['jaxdae']['grad'] / med_blocks['jaxdae']['single']:.2f}× and "
+            f"{med_blocks[SWEEP]['grad'] / med_blocks['jaxdae']['single']:.2f}×)",
+        ),
         ("compile simulate ≤ 2 s", c_forward["total"] <= 2.0, f"{c_forward['total']:.2f} s"),
-        ("compile gradient ≤ 5 s", c_grad["total"] <= 5.0,
-         f"{c_grad['total']:.2f} s (one segment, `max_steps=1024`: {c_sweep['total']:.2f} s)"),
+        (
+            "compile gradient ≤ 5 s",
+            c_grad["total"] <= 5.0,
+            f"{c_grad['total']:.2f} s (one segment, `max_steps=1024`: {c_sweep['total']:.2f} s)",
+        ),
     ]
     lines += ["", "| target | met | measured |", "| --- | :---: | --- |"]
     lines += [f"| {t} | {'yes' if ok else 'NO'} | {v} |" for t, ok, v in targets]
     print("\n".join(lines))
 
-    write_json(folder / "bench_core.json", {
-        "medians": med, "block_means": med_blocks, "inner": inner,
-        "throughput": throughput, "setup": setup,
-        "compile": {"forward": c_forward, "gradient": c_grad, "sweep_gradient": c_sweep,
-                    "batch": c_batch,
-                    "ensemble": c_ensemble},
-        "agreement_q2": agreement, "batch_agreement_q2": batch_agreement,
-        "grad_agreement": grad_agreement, "raw": results, "map_mode": map_mode,
-        "targets": {t: bool(ok) for t, ok, _ in targets}, "reps": reps, "batch": batch,
-    })
+    write_json(
+        folder / "bench_core.json",
+        {
+            "medians": med,
+            "block_means": med_blocks,
+            "inner": inner,
+            "throughput": throughput,
+            "setup": setup,
+            "compile": {
+                "forward": c_forward,
+                "gradient": c_grad,
+                "sweep_gradient": c_sweep,
+                "batch": c_batch,
+                "ensemble": c_ensemble,
+            },
+            "agreement_q2": agreement,
+            "batch_agreement_q2": batch_agreement,
+            "grad_agreement": grad_agreement,
+            "raw": results,
+            "map_mode": map_mode,
+            "targets": {t: bool(ok) for t, ok, _ in targets},
+            "reps": reps,
+            "batch": batch,
+        },
+    )
     met = sum(ok for _, ok, _ in targets)
-    headline = (f"jaxdae {1e3 * jd['single']:.2g} ms/trajectory vs CVODES-Adams "
-                f"{1e3 * adams['single']:.2g} ms; batch {throughput['jaxdae']:,.0f} traj/s "
-                f"({throughput['jaxdae'] / throughput['CasADi CVODES-adams']:.1f}× CasADi map), "
-                f"ensemble {throughput[ENSEMBLE]:,.0f} traj/s "
-                f"({throughput[ENSEMBLE] / throughput['CasADi CVODES-adams']:.1f}×); "
-                f"{met}/{len(targets)} targets met")
+    headline = (
+        f"jaxdae {1e3 * jd['single']:.2g} ms/trajectory vs CVODES-Adams "
+        f"{1e3 * adams['single']:.2g} ms; batch {throughput['jaxdae']:,.0f} traj/s "
+        f"({throughput['jaxdae'] / throughput['CasADi CVODES-adams']:.1f}× CasADi map), "
+        f"ensemble {throughput[ENSEMBLE]:,.0f} traj/s "
+        f"({throughput[ENSEMBLE] / throughput['CasADi CVODES-adams']:.1f}×); "
+        f"{met}/{len(targets)} targets met"
+    )
     return {"headline": headline, "table": lines}
 
 

@@ -34,25 +34,35 @@ TIGHT = {"rtol": 1e-8, "atol": 1e-10}
 
 
 def double_pendulum(limited: bool):
-    rods = [mb.PlanarBody("upper", mass=1.2, inertia=0.1, markers={"top": (-0.5, 0.0),
-                                                                  "bottom": (0.5, 0.0)}),
-            mb.PlanarBody("lower", mass=0.8, inertia=0.033, markers={"top": (-0.35, 0.0)})]
+    rods = [
+        mb.PlanarBody(
+            "upper", mass=1.2, inertia=0.1, markers={"top": (-0.5, 0.0), "bottom": (0.5, 0.0)}
+        ),
+        mb.PlanarBody("lower", mass=0.8, inertia=0.033, markers={"top": (-0.35, 0.0)}),
+    ]
     stops = [mb.JointLimit("elbow", -3.0, 3.0)] if limited else []
-    model = mb.Mechanism(rods, [mb.Revolute("ground", "upper.top", name="shoulder"),
-                                mb.Revolute("upper.bottom", "lower.top", name="elbow")],
-                         [mb.Gravity((0.0, -9.81))], stops=stops)
-    q0, v0 = model.initial_state(joint_coordinates={"shoulder": (-1.0, 0.0),
-                                                    "elbow": (0.5, 0.0)})
+    model = mb.Mechanism(
+        rods,
+        [
+            mb.Revolute("ground", "upper.top", name="shoulder"),
+            mb.Revolute("upper.bottom", "lower.top", name="elbow"),
+        ],
+        [mb.Gravity((0.0, -9.81))],
+        stops=stops,
+    )
+    q0, v0 = model.initial_state(joint_coordinates={"shoulder": (-1.0, 0.0), "elbow": (0.5, 0.0)})
     return model, q0, v0, 3.0
 
 
 def urdf_arm(limited: bool):
     robot = mb.load_urdf(URDF)
     stops = [mb.JointLimit("shoulder", -3.0, 3.0)] if limited else []
-    model = robot.mechanism(forces=[mb.Gravity()], limits=False, stops=stops,
-                            coordinates="absolute")
-    q0, v0 = model.initial_state(joint_coordinates={"yaw": (0.0, 1.0), "shoulder": (0.4, 0.0),
-                                                    "elbow": -0.8, "wrist": 0.05})
+    model = robot.mechanism(
+        forces=[mb.Gravity()], limits=False, stops=stops, coordinates="absolute"
+    )
+    q0, v0 = model.initial_state(
+        joint_coordinates={"yaw": (0.0, 1.0), "shoulder": (0.4, 0.0), "elbow": -0.8, "wrist": 0.05}
+    )
     return model, q0, v0, 0.5
 
 
@@ -78,20 +88,27 @@ def inactive_limit(repeats):
 
             @jax.jit
             def run(q0, v0, model=model, t1=t1):
-                sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, t1, q0, v0,
-                                      **TIGHT)
+                sol = jaxdae.simulate(
+                    model, jaxdae.Baumgarte(20.0, 100.0), 0.0, t1, q0, v0, **TIGHT
+                )
                 return sol.q_final
 
             rows.append(timed(run, q0, v0, repeats=repeats))
         (c0, r0), (c1, r1) = rows
-        print(f"| {name} | {1e3 * r0:.2f} | {1e3 * r1:.2f} | {r1 / r0:.2f} | "
-              f"{c0:.1f} / {c1:.1f} |")
+        print(f"| {name} | {1e3 * r0:.2f} | {1e3 * r1:.2f} | {r1 / r0:.2f} | {c0:.1f} / {c1:.1f} |")
 
 
 def bouncing(repeats):
     def run(e):
-        sol = jaxdae.simulate(BouncingBall(e=e), jaxdae.Unstabilized(), 0.0, 2.0,
-                              jnp.array([0.0, 1.0]), jnp.zeros(2), **TIGHT)
+        sol = jaxdae.simulate(
+            BouncingBall(e=e),
+            jaxdae.Unstabilized(),
+            0.0,
+            2.0,
+            jnp.array([0.0, 1.0]),
+            jnp.zeros(2),
+            **TIGHT,
+        )
         return sol.q_final, sol.events.count
 
     one = jax.jit(run)
@@ -107,8 +124,9 @@ def bouncing(repeats):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=7)
     options = parser.parse_args()
     inactive_limit(options.repeats)

@@ -90,22 +90,32 @@ CRANK = {"masses": (1.0, 0.5, 0.3), "inertias": (2e-3, 4e-3, 1e-4)}
 def built_slider_crank():
     (m1, m2, m3), (i1, i2, i3) = CRANK["masses"], CRANK["inertias"]
     return mb.Mechanism(
-        [mb.PlanarBody("crank", m1, i1, markers={"pin": (0.1, 0.0)}),
-         mb.PlanarBody("rod", m2, i2, markers={"a": (-0.15, 0.0), "b": (0.15, 0.0)},
-                       position=(0.25, 0.0)),
-         mb.PlanarBody("slider", m3, i3, position=(0.4, 0.0))],
-        [mb.Revolute("ground", "crank", name="crank"), mb.Revolute("crank.pin", "rod.a"),
-         mb.Revolute("rod.b", "slider"), mb.Prismatic("ground", "slider", name="slide")],
-        [mb.Gravity()])
+        [
+            mb.PlanarBody("crank", m1, i1, markers={"pin": (0.1, 0.0)}),
+            mb.PlanarBody(
+                "rod", m2, i2, markers={"a": (-0.15, 0.0), "b": (0.15, 0.0)}, position=(0.25, 0.0)
+            ),
+            mb.PlanarBody("slider", m3, i3, position=(0.4, 0.0)),
+        ],
+        [
+            mb.Revolute("ground", "crank", name="crank"),
+            mb.Revolute("crank.pin", "rod.a"),
+            mb.Revolute("rod.b", "slider"),
+            mb.Prismatic("ground", "slider", name="slide"),
+        ],
+        [mb.Gravity()],
+    )
 
 
 class HandSliderCrank(HandPlanar):
     def constraints(self, t, q):
         b = q.reshape(3, 3)
-        pin, a_end, b_end = _points(b[jnp.array([0, 1, 1])],
-                                    jnp.array([[0.1, 0.0], [-0.15, 0.0], [0.15, 0.0]]))
-        return jnp.concatenate([b[0, :2], pin - a_end, b_end - b[2, :2],
-                                jnp.stack([b[2, 1], b[2, 2]])])
+        pin, a_end, b_end = _points(
+            b[jnp.array([0, 1, 1])], jnp.array([[0.1, 0.0], [-0.15, 0.0], [0.15, 0.0]])
+        )
+        return jnp.concatenate(
+            [b[0, :2], pin - a_end, b_end - b[2, :2], jnp.stack([b[2, 1], b[2, 2]])]
+        )
 
 
 # -- two-link arm ------------------------------------------------------------------------
@@ -123,14 +133,23 @@ class LineTarget(eqx.Module):
 def built_two_link(arm):
     (l1, l2), (m1, m2) = arm.lengths, arm.masses
     return mb.Mechanism(
-        [mb.PlanarBody("link1", m1, m1 * l1**2 / 12,
-                       markers={"base": (-l1 / 2, 0.0), "end": (l1 / 2, 0.0)}),
-         mb.PlanarBody("link2", m2, m2 * l2**2 / 12,
-                       markers={"base": (-l2 / 2, 0.0), "tip": (l2 / 2, 0.0)})],
-        [mb.Revolute("ground", "link1.base"), mb.Revolute("link1.end", "link2.base"),
-         mb.Driver("ground", "link2.tip", LineTarget(arm.x0, arm.speed, 0.5 * arm.length),
-                   name="tip")],
-        [mb.Gravity(jnp.stack([0.0, -arm.gravity]))])
+        [
+            mb.PlanarBody(
+                "link1", m1, m1 * l1**2 / 12, markers={"base": (-l1 / 2, 0.0), "end": (l1 / 2, 0.0)}
+            ),
+            mb.PlanarBody(
+                "link2", m2, m2 * l2**2 / 12, markers={"base": (-l2 / 2, 0.0), "tip": (l2 / 2, 0.0)}
+            ),
+        ],
+        [
+            mb.Revolute("ground", "link1.base"),
+            mb.Revolute("link1.end", "link2.base"),
+            mb.Driver(
+                "ground", "link2.tip", LineTarget(arm.x0, arm.speed, 0.5 * arm.length), name="tip"
+            ),
+        ],
+        [mb.Gravity(jnp.stack([0.0, -arm.gravity]))],
+    )
 
 
 class HandTwoLink(HandPlanar):
@@ -166,7 +185,8 @@ def built_chain(n):
     ends = {"a": (-LINK / 2, 0.0), "b": (LINK / 2, 0.0)}
     bodies = [mb.PlanarBody(f"link{i}", LINK_MASS, inertia, markers=ends) for i in range(n)]
     joints = [mb.Revolute("ground", "link0.a")] + [
-        mb.Revolute(f"link{i - 1}.b", f"link{i}.a") for i in range(1, n)]
+        mb.Revolute(f"link{i - 1}.b", f"link{i}.a") for i in range(1, n)
+    ]
     return mb.Mechanism(bodies, joints, [mb.Gravity()])
 
 
@@ -180,8 +200,7 @@ class HandChain(HandPlanar):
 
 
 def hand_chain(n):
-    return HandChain(masses=jnp.full(n, LINK_MASS),
-                     inertias=jnp.full(n, LINK_MASS * LINK**2 / 12))
+    return HandChain(masses=jnp.full(n, LINK_MASS), inertias=jnp.full(n, LINK_MASS * LINK**2 / 12))
 
 
 # -- timing ------------------------------------------------------------------------------
@@ -202,6 +221,7 @@ def equations(jaxpr) -> int:
 
 def rhs_equations(system, q0, v0) -> int:
     """The size of the traced right-hand side (the model closed over, as in a solve)."""
+
     def rhs(t, q, v):
         return FORMULATION.accelerations(system.terms(t, q, v))
 
@@ -234,8 +254,9 @@ def timed_pair(built, hand, t1, q0, v0, reps):
             start = time.process_time()
             jax.block_until_ready(run[0](q0, v0))
             run[4].append(time.process_time() - start)
-    return {which: (float(np.median(run[4])), run[1], run[2], run[3])
-            for which, run in runs.items()}
+    return {
+        which: (float(np.median(run[4])), run[1], run[2], run[3]) for which, run in runs.items()
+    }
 
 
 def structure_check(n):
@@ -252,11 +273,13 @@ def structure_check(n):
             mask = np.zeros(jac.pattern.shape, bool)
             mask[jac.pattern.rows, jac.pattern.cols] = True
             rows, cols = np.nonzero(mask.astype(int) @ mask.T.astype(int))
-            entry.update(mass_nonzeros=int(mass.pattern.rows.shape[0]),
-                         jacobian_nonzeros=int(jac.pattern.rows.shape[0]),
-                         jacobian_density=float(jac.pattern.density),
-                         mass_is_constant=is_state_independent(terms.mass_operator),
-                         half_bandwidth=int(np.abs(rows - cols).max()))
+            entry.update(
+                mass_nonzeros=int(mass.pattern.rows.shape[0]),
+                jacobian_nonzeros=int(jac.pattern.rows.shape[0]),
+                jacobian_density=float(jac.pattern.density),
+                mass_is_constant=is_state_independent(terms.mass_operator),
+                half_bandwidth=int(np.abs(rows - cols).max()),
+            )
         out[which] = entry
     return out
 
@@ -266,14 +289,25 @@ def main():
     parser.add_argument("--out", type=Path, default=Path("output"))
     parser.add_argument("--quick", action="store_true", help="chains of 4 and 16 links only")
     parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--links", default=None,
-                        help="comma-separated chain lengths (default 4,16,64; --quick: 4,16)")
-    parser.add_argument("--no-small", action="store_true",
-                        help="the chains only (not the slider-crank and the two-link arm)")
+    parser.add_argument(
+        "--links",
+        default=None,
+        help="comma-separated chain lengths (default 4,16,64; --quick: 4,16)",
+    )
+    parser.add_argument(
+        "--no-small",
+        action="store_true",
+        help="the chains only (not the slider-crank and the two-link arm)",
+    )
     args = parser.parse_args()
     out = output_dir(args.out, "bench_multibody")
-    links = ([int(n) for n in args.links.split(",")] if args.links
-             else [4, 16] if args.quick else [4, 16, 64])
+    links = (
+        [int(n) for n in args.links.split(",")]
+        if args.links
+        else [4, 16]
+        if args.quick
+        else [4, 16, 64]
+    )
 
     arm = TwoLinkManipulator()
     q_rel, v_rel = jaxdae.consistent_initial_state(arm, 0.0, *arm.initial_state())
@@ -286,40 +320,66 @@ def main():
     if not args.no_small:
         arm_q0, arm_v0 = jax.jvp(absolute, (q_rel,), (v_rel,))
         (l1, l2), (m1, m2) = arm.lengths, arm.masses
-        hand_arm = HandTwoLink(masses=jnp.stack([m1, m2]),
-                               inertias=jnp.stack([m1 * l1**2 / 12, m2 * l2**2 / 12]),
-                               lengths=jnp.stack([l1, l2]), x0=arm.x0, speed=arm.speed)
+        hand_arm = HandTwoLink(
+            masses=jnp.stack([m1, m2]),
+            inertias=jnp.stack([m1 * l1**2 / 12, m2 * l2**2 / 12]),
+            lengths=jnp.stack([l1, l2]),
+            x0=arm.x0,
+            speed=arm.speed,
+        )
         crank = built_slider_crank()
         crank_q0, crank_v0 = crank.initial_state(joint_coordinates={"crank": (0.5, 10.0)})
-        hand_crank = HandSliderCrank(masses=jnp.asarray(CRANK["masses"]),
-                                     inertias=jnp.asarray(CRANK["inertias"]))
-        cases += [("slider-crank", 1.0, crank, hand_crank, crank_q0, crank_v0),
-                  ("two-link arm", 0.4, built_two_link(arm), hand_arm, arm_q0, arm_v0)]
+        hand_crank = HandSliderCrank(
+            masses=jnp.asarray(CRANK["masses"]), inertias=jnp.asarray(CRANK["inertias"])
+        )
+        cases += [
+            ("slider-crank", 1.0, crank, hand_crank, crank_q0, crank_v0),
+            ("two-link arm", 0.4, built_two_link(arm), hand_arm, arm_q0, arm_v0),
+        ]
     for n in links:
-        cases.append((f"chain of {n} links", 0.5, built_chain(n), hand_chain(n),
-                      *chain_start(n)))
+        cases.append((f"chain of {n} links", 0.5, built_chain(n), hand_chain(n), *chain_start(n)))
 
     rows = []
-    header = (f"{'model':<20} {'n':>4} {'jaxpr built/hand':>17} {'compile built/hand [s]':>23} "
-              f"{'built [ms]':>11} {'hand [ms]':>10} {'ratio':>6} {'steps':>11} "
-              f"{'max |Δq(t1)|':>13}")
+    header = (
+        f"{'model':<20} {'n':>4} {'jaxpr built/hand':>17} {'compile built/hand [s]':>23} "
+        f"{'built [ms]':>11} {'hand [ms]':>10} {'ratio':>6} {'steps':>11} "
+        f"{'max |Δq(t1)|':>13}"
+    )
     print(header)
     print("-" * len(header))
     for name, t1, built, hand, q0, v0 in cases:
         eb, eh = rhs_equations(built, q0, v0), rhs_equations(hand, q0, v0)
         runs = timed_pair(built, hand, t1, q0, v0, args.reps)
         (tb, cb, sb, qb), (th, ch, sh, qh) = runs["built"], runs["hand"]
-        row = dict(model=name, coordinates=int(q0.shape[0]), t1=t1, built_equations=eb,
-                   hand_equations=eh, built_ms=1e3 * tb, hand_ms=1e3 * th, ratio=tb / th,
-                   built_steps=sb, hand_steps=sh, built_compile_s=cb, hand_compile_s=ch,
-                   max_q_difference=float(np.abs(qb - qh).max()))
+        row = dict(
+            model=name,
+            coordinates=int(q0.shape[0]),
+            t1=t1,
+            built_equations=eb,
+            hand_equations=eh,
+            built_ms=1e3 * tb,
+            hand_ms=1e3 * th,
+            ratio=tb / th,
+            built_steps=sb,
+            hand_steps=sh,
+            built_compile_s=cb,
+            hand_compile_s=ch,
+            max_q_difference=float(np.abs(qb - qh).max()),
+        )
         rows.append(row)
-        print(f"{name:<20} {row['coordinates']:>4} {f'{eb}/{eh}':>17} "
-              f"{f'{cb:.1f}/{ch:.1f}':>23} {row['built_ms']:>11.2f} {row['hand_ms']:>10.2f} "
-              f"{row['ratio']:>6.2f} {f'{sb}/{sh}':>11} {row['max_q_difference']:>13.1e}",
-              flush=True)
-    result = {"rows": rows, "reps": args.reps, "rtol": RTOL, "atol": ATOL,
-              "device": jax.devices()[0].device_kind}
+        print(
+            f"{name:<20} {row['coordinates']:>4} {f'{eb}/{eh}':>17} "
+            f"{f'{cb:.1f}/{ch:.1f}':>23} {row['built_ms']:>11.2f} {row['hand_ms']:>10.2f} "
+            f"{row['ratio']:>6.2f} {f'{sb}/{sh}':>11} {row['max_q_difference']:>13.1e}",
+            flush=True,
+        )
+    result = {
+        "rows": rows,
+        "reps": args.reps,
+        "rtol": RTOL,
+        "atol": ATOL,
+        "device": jax.devices()[0].device_kind,
+    }
     if not args.no_small:
         # the same arm in relative angles (the paper's model), for scale
         compiled, cr = compiled_solve(arm, 0.4, q_rel, v_rel)
@@ -330,8 +390,10 @@ def main():
             jax.block_until_ready(compiled(q_rel, v_rel))
             times.append(time.process_time() - start)
         tr = float(np.median(times))
-        print(f"{'two-link (relative)':<20} {2:>4} {'':>17} {f'{cr:.1f}':>23} {'':>11} "
-              f"{1e3 * tr:>10.2f} {'':>6} {int(sr):>11}")
+        print(
+            f"{'two-link (relative)':<20} {2:>4} {'':>17} {f'{cr:.1f}':>23} {'':>11} "
+            f"{1e3 * tr:>10.2f} {'':>6} {int(sr):>11}"
+        )
         result.update(relative_two_link_ms=1e3 * tr, relative_two_link_steps=int(sr))
     structure = structure_check(max(links))
     print(f"structure handed to the core by the built chain: {structure}")

@@ -76,8 +76,9 @@ def chain_batch(dtype, size):
 
     def solve(q, v):
         formulation = jaxdae.Baumgarte(jnp.asarray(10.0, dtype), jnp.asarray(25.0, dtype))
-        sol = jaxdae.simulate(system, formulation, 0.0, 1.0, q, v, rtol=rtol, atol=atol,
-                              throw=False)
+        sol = jaxdae.simulate(
+            system, formulation, 0.0, 1.0, q, v, rtol=rtol, atol=atol, throw=False
+        )
         return sol.q_final, sol.stats["num_steps"]
 
     return jax.vmap(solve), (qs, vs)
@@ -131,12 +132,13 @@ def main(out: Path, quick: bool = False) -> dict:
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for label, row in rows.items():
-        lines.append(f"| {label} | {row['lqr_error']:.1e} | {row['chain_error']:.1e} | "
-                     f"{row['chain_steps_median']:.0f}, {row['chain_steps_max']} | "
-                     f"{row['chain_batch_s']:.3f} | {row['chain_compile_s']:.1f} |")
+        lines.append(
+            f"| {label} | {row['lqr_error']:.1e} | {row['chain_error']:.1e} | "
+            f"{row['chain_steps_median']:.0f}, {row['chain_steps_max']} | "
+            f"{row['chain_batch_s']:.3f} | {row['chain_compile_s']:.1f} |"
+        )
     print("\n".join(lines))
-    write_json(folder / "bench_precision.json", {"device": str(device), "size": size,
-                                                 "rows": rows})
+    write_json(folder / "bench_precision.json", {"device": str(device), "size": size, "rows": rows})
     return {"table": lines}
 
 

@@ -96,9 +96,11 @@ RATE = 0.5  # rad/s (m/s) on joints 0, 2, 4, ...
 SPREAD = 0.1  # the batch's rates: RATE pattern + N(0, SPREAD^2)
 BATCH = 1024
 POINTS = 101  # reference samples over [0, T1]
-INTEGRATORS = {"RK4": mujoco.mjtIntegrator.mjINT_RK4,
-               "Euler": mujoco.mjtIntegrator.mjINT_EULER,
-               "implicitfast": mujoco.mjtIntegrator.mjINT_IMPLICITFAST}
+INTEGRATORS = {
+    "RK4": mujoco.mjtIntegrator.mjINT_RK4,
+    "Euler": mujoco.mjtIntegrator.mjINT_EULER,
+    "implicitfast": mujoco.mjtIntegrator.mjINT_IMPLICITFAST,
+}
 DASH = "—"
 
 
@@ -166,8 +168,11 @@ def robot_files(folder: Path, quick: bool) -> dict[str, Path]:
     links = 8 if quick else 64
     chain = Path(folder) / f"chain{links}.urdf"
     chain.write_text(chain_urdf(links))
-    return {"arm": DATA / "three_link_arm.urdf", "humanoid": DATA / "humanoid.urdf",
-            f"chain{links}": chain}
+    return {
+        "arm": DATA / "three_link_arm.urdf",
+        "humanoid": DATA / "humanoid.urdf",
+        f"chain{links}": chain,
+    }
 
 
 def initial_rates(n: int) -> np.ndarray:
@@ -186,8 +191,9 @@ def batch_rates(v0: np.ndarray, size: int) -> np.ndarray:
 # -- MuJoCo's model ----------------------------------------------------------------------
 
 
-def mujoco_model(path: Path, integrator: str = "RK4", steps: int = 1000,
-                 energy: bool = False) -> mujoco.MjModel:
+def mujoco_model(
+    path: Path, integrator: str = "RK4", steps: int = 1000, energy: bool = False
+) -> mujoco.MjModel:
     """MuJoCo's model of a URDF file with the dynamics the file describes.
 
     URDF compiler settings (MuJoCo's defaults for URDF, set explicitly): `fusestatic` (bodies
@@ -220,9 +226,11 @@ def mujoco_model(path: Path, integrator: str = "RK4", steps: int = 1000,
     model.dof_armature[:] = 0.0
     model.dof_frictionloss[:] = 0.0
     model.opt.gravity[:] = GRAVITY
-    model.opt.disableflags |= (mujoco.mjtDisableBit.mjDSBL_CONTACT
-                               | mujoco.mjtDisableBit.mjDSBL_LIMIT
-                               | mujoco.mjtDisableBit.mjDSBL_AUTORESET)
+    model.opt.disableflags |= (
+        mujoco.mjtDisableBit.mjDSBL_CONTACT
+        | mujoco.mjtDisableBit.mjDSBL_LIMIT
+        | mujoco.mjtDisableBit.mjDSBL_AUTORESET
+    )
     if energy:
         model.opt.enableflags |= mujoco.mjtEnableBit.mjENBL_ENERGY
     model.opt.integrator = INTEGRATORS[integrator]
@@ -256,9 +264,13 @@ def joint_map(model: mujoco.MjModel, joint_names) -> JointMap:
         if int(model.jnt_type[j]) not in kinds:
             raise ValueError(f"joint {n!r} is neither a hinge nor a slide in MuJoCo")
     qpos = np.array([model.jnt_qposadr[j] for j in ids])
-    return JointMap(tuple(joint_names), qpos, np.array([model.jnt_dofadr[j] for j in ids]),
-                    tuple(kinds[int(model.jnt_type[j])] for j in ids),
-                    bool(np.array_equal(ids, np.arange(len(ids)))))
+    return JointMap(
+        tuple(joint_names),
+        qpos,
+        np.array([model.jnt_dofadr[j] for j in ids]),
+        tuple(kinds[int(model.jnt_type[j])] for j in ids),
+        bool(np.array_equal(ids, np.arange(len(ids)))),
+    )
 
 
 def _rotation(p) -> np.ndarray:
@@ -391,13 +403,25 @@ class MujocoReference(NamedTuple):
         """The reference that `save` wrote to `path`."""
         with np.load(path) as z:
             f = {k: z[k] for k in z.files}
-        return cls(str(f["robot"]), Path(str(f["urdf_path"])),
-                   tuple(str(n) for n in f["joint_names"]),
-                   tuple(str(k) for k in f["joint_kinds"]), float(f["t1"]),
-                   float(f["tolerance"]), tuple(float(g) for g in f["gravity"]), f["q0"],
-                   f["v0"], f["batch_v0"], f["times"], f["q"], f["v"], float(f["step"]),
-                   float(f["agreement"]), float(f["energy_drift"]),
-                   json.loads(str(f["mujoco"])))
+        return cls(
+            str(f["robot"]),
+            Path(str(f["urdf_path"])),
+            tuple(str(n) for n in f["joint_names"]),
+            tuple(str(k) for k in f["joint_kinds"]),
+            float(f["t1"]),
+            float(f["tolerance"]),
+            tuple(float(g) for g in f["gravity"]),
+            f["q0"],
+            f["v0"],
+            f["batch_v0"],
+            f["times"],
+            f["q"],
+            f["v"],
+            float(f["step"]),
+            float(f["agreement"]),
+            float(f["energy_drift"]),
+            json.loads(str(f["mujoco"])),
+        )
 
 
 def reference_run(path: Path, joints: JointMap, v0, steps: int):
@@ -432,8 +456,9 @@ def ladder(k: int) -> int:
     return int(np.ceil(10 * 1.25**k - 1e-9))
 
 
-def steps_to_tolerance(path: Path, joints: JointMap, v0, q_ref, integrator: str,
-                       trial_seconds: float) -> dict:
+def steps_to_tolerance(
+    path: Path, joints: JointMap, v0, q_ref, integrator: str, trial_seconds: float
+) -> dict:
     """The fewest steps over 1 s on the `ladder` whose joint error at `T1` is at most
     `TOLERANCE` (the largest step h = 1/N), for MuJoCo's `integrator`.
 
@@ -473,8 +498,15 @@ def steps_to_tolerance(path: Path, joints: JointMap, v0, q_ref, integrator: str,
         (n1, e1), (n2, e2) = finite[-2:]
         order = np.log(e1 / e2) / np.log(n2 / n1)
         steps = int(np.ceil(n2 * (e2 / TOLERANCE) ** (1 / order)))
-        return {"steps": steps, "h": T1 / steps, "error": None, "estimated": True,
-                "order": float(order), "step_us": 1e6 * step_cost, "trials": trials}
+        return {
+            "steps": steps,
+            "h": T1 / steps,
+            "error": None,
+            "estimated": True,
+            "order": float(order),
+            "step_us": 1e6 * step_cost,
+            "trials": trials,
+        }
     low, high = passed - 4, passed  # rung `low` failed (below rung 0: none tried)
     while high - low > 1 and high > 0:
         middle = max((low + high) // 2, 0)
@@ -483,12 +515,19 @@ def steps_to_tolerance(path: Path, joints: JointMap, v0, q_ref, integrator: str,
         else:
             high = middle
     steps = ladder(high)
-    return {"steps": steps, "h": T1 / steps, "error": trials[steps], "estimated": False,
-            "step_us": 1e6 * step_cost, "trials": trials}
+    return {
+        "steps": steps,
+        "h": T1 / steps,
+        "error": trials[steps],
+        "estimated": False,
+        "step_us": 1e6 * step_cost,
+        "trials": trials,
+    }
 
 
-def timed_second(path: Path, joints: JointMap, v0, integrator: str, steps: int,
-                 reps: int) -> tuple[float, float]:
+def timed_second(
+    path: Path, joints: JointMap, v0, integrator: str, steps: int, reps: int
+) -> tuple[float, float]:
     """Median wall time and median CPU time of this process (s) of
     `mj_step(model, data, nstep=steps)` (1 s of motion at `T1 / steps`; the loop over steps
     in C, one thread) over `reps` runs after a warm-up. The CPU time is the steadier figure
@@ -536,8 +575,10 @@ def forward_cost(path: Path, joints: JointMap, v0, settings: Settings) -> dict:
         out[key] = 1e6 * float(np.median(times))
     from mujoco import rollout
 
-    for key, integrator, per_step in (("rollout_euler_us", "Euler", 1),
-                                      ("rollout_rk4_quarter_us", "RK4", 4)):
+    for key, integrator, per_step in (
+        ("rollout_euler_us", "Euler", 1),
+        ("rollout_rk4_quarter_us", "RK4", 4),
+    ):
         model = mujoco_model(path, integrator, nstep)
         data = mujoco.MjData(model)
         start(model, data, joints, v0)
@@ -558,8 +599,9 @@ def forward_cost(path: Path, joints: JointMap, v0, settings: Settings) -> dict:
 # -- batches -------------------------------------------------------------------------------
 
 
-def batch_rollout(path: Path, joints: JointMap, rates, integrator: str, steps: int,
-                  seconds: float, q_ref) -> dict:
+def batch_rollout(
+    path: Path, joints: JointMap, rates, integrator: str, steps: int, seconds: float, q_ref
+) -> dict:
     """A batch (one trajectory per row of `rates`) over 1 s with `mujoco.rollout` on
     `THREADS` threads (a `Rollout` pool, one `MjData` per thread), in segments whose
     states fit in about 64 MB (each segment starts from the last one's end). Stops after
@@ -595,8 +637,12 @@ def batch_rollout(path: Path, joints: JointMap, rates, integrator: str, steps: i
     scaled = elapsed * steps / done
     qpos = 1 + joints.qpos  # the state starts with the time
     error = joint_error(states[0, qpos], q_ref) if done == steps else None
-    return {"seconds": scaled, "fraction": done / steps, "per_s": rates.shape[0] / scaled,
-            "error0": error}
+    return {
+        "seconds": scaled,
+        "fraction": done / steps,
+        "per_s": rates.shape[0] / scaled,
+        "error0": error,
+    }
 
 
 def _mjx_child(queue, path, joint_names, rates, integrator, steps, seconds):
@@ -621,8 +667,7 @@ def _mjx_child(queue, path, joint_names, rates, integrator, steps, seconds):
         devices = jax.device_count()
         split = None
         if rates.shape[0] % devices == 0:  # the batch split over the CPU devices (cores)
-            mesh = jax.make_mesh((devices,), ("batch",),
-                                 axis_types=(jax.sharding.AxisType.Auto,))
+            mesh = jax.make_mesh((devices,), ("batch",), axis_types=(jax.sharding.AxisType.Auto,))
             split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch"))
             batch = jax.device_put(batch, split)
         chunk = max(d for d in range(1, 21) if steps % d == 0)
@@ -648,12 +693,20 @@ def _mjx_child(queue, path, joint_names, rates, integrator, steps, seconds):
                 queue.put(("ran", elapsed))
             done += chunk
         cpu = time.process_time() - cpu
-        queue.put(("done", {"seconds": elapsed * steps / done, "fraction": done / steps,
-                            "cpu_seconds": cpu * steps / done,
-                            "chunk": chunk, "dtype": str(batch.qpos.dtype),
-                            "devices": len(batch.qpos.sharding.device_set),
-                            "q0_end": np.asarray(batch.qpos[0])[joints.qpos] if done == steps
-                            else None}))
+        queue.put(
+            (
+                "done",
+                {
+                    "seconds": elapsed * steps / done,
+                    "fraction": done / steps,
+                    "cpu_seconds": cpu * steps / done,
+                    "chunk": chunk,
+                    "dtype": str(batch.qpos.dtype),
+                    "devices": len(batch.qpos.sharding.device_set),
+                    "q0_end": np.asarray(batch.qpos[0])[joints.qpos] if done == steps else None,
+                },
+            )
+        )
     except Exception as error:  # reported in the table, the benchmark goes on
         queue.put(("error", f"{type(error).__name__}: {error}"))
 
@@ -664,40 +717,69 @@ MJX_DEVICES = (THREADS, 1)
 MJX_STALL_S = 180.0  # no chunk of steps done this long after the compile: stalled
 
 
-def batch_mjx(path: Path, joint_names, rates, integrator: str, steps: int,
-              settings: Settings, q_ref) -> dict:
+def batch_mjx(
+    path: Path, joint_names, rates, integrator: str, steps: int, settings: Settings, q_ref
+) -> dict:
     """`_batch_mjx` on `THREADS` CPU devices, and where that stalls (no chunk of steps done
     `MJX_STALL_S` after its compile) on one device; the note says so."""
     out = {}
     for devices in MJX_DEVICES:
-        out = _batch_mjx(path, joint_names, rates, integrator, steps, settings, q_ref,
-                         devices, note=out.get("note", ""))
+        out = _batch_mjx(
+            path,
+            joint_names,
+            rates,
+            integrator,
+            steps,
+            settings,
+            q_ref,
+            devices,
+            note=out.get("note", ""),
+        )
         if out["seconds"] is not None or "stalled" not in out["note"]:
             break
     return out
 
 
-def _batch_mjx(path: Path, joint_names, rates, integrator: str, steps: int,
-               settings: Settings, q_ref, devices: int, note: str = "") -> dict:
+def _batch_mjx(
+    path: Path,
+    joint_names,
+    rates,
+    integrator: str,
+    steps: int,
+    settings: Settings,
+    q_ref,
+    devices: int,
+    note: str = "",
+) -> dict:
     """MJX on the CPU for the batch: `_mjx_child` in a fresh process (its memory returned
     when it ends) with `devices` host devices, stopped if its compile passes
     `settings.mjx_compile_limit` or it stalls.
 
     Returns `{"compile_s", "seconds"` (for the whole second, scaled), `"fraction"`,
     `"per_s"`, `"dtype"`, `"error0"`, `"note"}` (`None` where it did not get there)."""
-    out = {"compile_s": None, "seconds": None, "fraction": None, "per_s": None,
-           "dtype": None, "error0": None, "devices": None, "cpu_seconds": None,
-           "note": note}
+    out = {
+        "compile_s": None,
+        "seconds": None,
+        "fraction": None,
+        "per_s": None,
+        "dtype": None,
+        "error0": None,
+        "devices": None,
+        "cpu_seconds": None,
+        "note": note,
+    }
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    child = context.Process(target=_mjx_child, args=(queue, path, tuple(joint_names),
-                                                     rates, integrator, steps,
-                                                     settings.mjx_seconds))
+    child = context.Process(
+        target=_mjx_child,
+        args=(queue, path, tuple(joint_names), rates, integrator, steps, settings.mjx_seconds),
+    )
     began = time.perf_counter()
     flags = os.environ["XLA_FLAGS"]
     # (The child reads the device count from the environment it is spawned with.)
-    os.environ["XLA_FLAGS"] = flags.replace(_DEVICES,
-                                            f"--xla_force_host_platform_device_count={devices}")
+    os.environ["XLA_FLAGS"] = flags.replace(
+        _DEVICES, f"--xla_force_host_platform_device_count={devices}"
+    )
     try:
         child.start()
     finally:
@@ -712,22 +794,31 @@ def _batch_mjx(path: Path, joint_names, rates, integrator: str, steps: int,
         try:
             kind, value = queue.get(timeout=MJX_STALL_S)
         except Exception:  # queue.Empty
-            out["note"] += (f"on {devices} devices: stalled, no chunk of steps done "
-                            f"{MJX_STALL_S:.0f} s after its {out['compile_s']:.0f} s compile; ")
+            out["note"] += (
+                f"on {devices} devices: stalled, no chunk of steps done "
+                f"{MJX_STALL_S:.0f} s after its {out['compile_s']:.0f} s compile; "
+            )
             return out
         if kind == "ran":
             kind, value = queue.get(timeout=8 * settings.mjx_seconds + 300.0)
         if kind == "error":
             out["note"] = value
             return out
-        out.update(seconds=value["seconds"], fraction=value["fraction"],
-                   per_s=rates.shape[0] / value["seconds"], dtype=value["dtype"],
-                   devices=value["devices"], cpu_seconds=value["cpu_seconds"])
+        out.update(
+            seconds=value["seconds"],
+            fraction=value["fraction"],
+            per_s=rates.shape[0] / value["seconds"],
+            dtype=value["dtype"],
+            devices=value["devices"],
+            cpu_seconds=value["cpu_seconds"],
+        )
         if value["q0_end"] is not None:
             out["error0"] = joint_error(value["q0_end"], q_ref)
     except Exception:  # queue.Empty: too slow
-        out["note"] = (f"stopped after {time.perf_counter() - began:.0f} s "
-                       f"({'compiling' if out['compile_s'] is None else 'running'})")
+        out["note"] = (
+            f"stopped after {time.perf_counter() - began:.0f} s "
+            f"({'compiling' if out['compile_s'] is None else 'running'})"
+        )
     finally:
         if child.is_alive():
             child.terminate()
@@ -735,8 +826,16 @@ def _batch_mjx(path: Path, joint_names, rates, integrator: str, steps: int,
     return out
 
 
-MJX_NOT_RUN = {"compile_s": None, "seconds": None, "fraction": None, "per_s": None,
-               "dtype": None, "error0": None, "devices": None, "cpu_seconds": None}
+MJX_NOT_RUN = {
+    "compile_s": None,
+    "seconds": None,
+    "fraction": None,
+    "per_s": None,
+    "dtype": None,
+    "error0": None,
+    "devices": None,
+    "cpu_seconds": None,
+}
 
 
 def mjx_skipped(name: str, settings: Settings) -> str | None:
@@ -753,8 +852,10 @@ def mjx_skipped(name: str, settings: Settings) -> str | None:
     if settings is QUICK:
         return "skipped in --quick (its compile takes tens of seconds)"
     if name.startswith("chain"):
-        return ("not run: MJX's XLA-CPU kinematics cost grows exponentially along a chain "
-                "(1.3 s per forward at 8 links; see `mjx_skipped`)")
+        return (
+            "not run: MJX's XLA-CPU kinematics cost grows exponentially along a chain "
+            "(1.3 s per forward at 8 links; see `mjx_skipped`)"
+        )
     return None
 
 
@@ -792,8 +893,13 @@ def jaxdae_rhs_us(model, q, v, reps: int, loop: int = 2000) -> float:
     return 1e6 * _median_times(lambda: run(y), reps)[0] / loop
 
 
-def jaxdae_rows(robot_name: str, urdf_path: Path, mujoco_reference: MujocoReference,
-                reps: int = 5, batch: int | None = None):
+def jaxdae_rows(
+    robot_name: str,
+    urdf_path: Path,
+    mujoco_reference: MujocoReference,
+    reps: int = 5,
+    batch: int | None = None,
+):
     """jaxdae's side for one robot: `load_urdf(urdf_path).mechanism()` (the joint-coordinate
     `TreeMechanism`, gravity, no limits), float64, CPU, from MuJoCo's start.
 
@@ -819,8 +925,9 @@ def jaxdae_rows(robot_name: str, urdf_path: Path, mujoco_reference: MujocoRefere
     @eqx.filter_jit
     def solve(model, solver, tolerance, q0, v0):
         controller = diffrax.PIDController(rtol=tolerance, atol=tolerance)
-        sol = jaxdae.simulate(model, formulation, 0.0, T1, q0, v0, solver=solver,
-                              stepsize_controller=controller)
+        sol = jaxdae.simulate(
+            model, formulation, 0.0, T1, q0, v0, solver=solver, stepsize_controller=controller
+        )
         return sol.q_final, sol.stats["num_steps"]
 
     found, compile_s = {}, {}
@@ -833,28 +940,47 @@ def jaxdae_rows(robot_name: str, urdf_path: Path, mujoco_reference: MujocoRefere
             error = joint_error(np.asarray(q1), q_ref)
             if error <= ref.tolerance:
                 wall, cpu = _median_times(
-                    lambda s=solvers[label], tol=traced: solve(model, s, tol, q0, v0)[0], reps)
-                found[label] = {"setting": f"{label}, rtol = atol = {tolerance:.1e}",
-                                "steps": int(steps), "error": error, "ms": 1e3 * wall,
-                                "cpu_ms": 1e3 * cpu, "solver": label, "tolerance": tolerance,
-                                "compile_s": compile_s[label]}
+                    lambda s=solvers[label], tol=traced: solve(model, s, tol, q0, v0)[0], reps
+                )
+                found[label] = {
+                    "setting": f"{label}, rtol = atol = {tolerance:.1e}",
+                    "steps": int(steps),
+                    "error": error,
+                    "ms": 1e3 * wall,
+                    "cpu_ms": 1e3 * cpu,
+                    "solver": label,
+                    "tolerance": tolerance,
+                    "compile_s": compile_s[label],
+                }
                 break
     best = min(found.values(), key=lambda r: r["ms"]) if found else None
     if best is not None:
         tolerance = best["tolerance"]
 
         def eager():
-            return jaxdae.simulate(model, formulation, 0.0, T1, q0, v0,
-                                   solver=solvers[best["solver"]], rtol=tolerance,
-                                   atol=tolerance).q_final
+            return jaxdae.simulate(
+                model,
+                formulation,
+                0.0,
+                T1,
+                q0,
+                v0,
+                solver=solvers[best["solver"]],
+                rtol=tolerance,
+                atol=tolerance,
+            ).q_final
 
         eager()
         best["eager_ms"] = 1e3 * _median_times(eager, reps)[0]
     middle = len(ref.times) // 2
     rhs_us = jaxdae_rhs_us(model, ref.q[middle], ref.v[middle], reps)
-    rows = {"time_to_tolerance": best, "rhs_us": rhs_us,
-            "fixed_steps": fixed_steps_to_tolerance(model, formulation, solvers, q0, v0, q_ref,
-                                                    ref.tolerance, reps)}
+    rows = {
+        "time_to_tolerance": best,
+        "rhs_us": rhs_us,
+        "fixed_steps": fixed_steps_to_tolerance(
+            model, formulation, solvers, q0, v0, q_ref, ref.tolerance, reps
+        ),
+    }
     if best is None:
         return rows
     if batch is None and q0.shape[0] > 32:
@@ -865,34 +991,56 @@ def jaxdae_rows(robot_name: str, urdf_path: Path, mujoco_reference: MujocoRefere
     @eqx.filter_jit
     def ensemble(model, positions, rates0):
         return jaxdae.simulate_ensemble(
-            model, formulation, 0.0, T1, positions, rates0, solver=solvers[best["solver"]],
-            rtol=best["tolerance"], atol=best["tolerance"]).q_final
+            model,
+            formulation,
+            0.0,
+            T1,
+            positions,
+            rates0,
+            solver=solvers[best["solver"]],
+            rtol=best["tolerance"],
+            atol=best["tolerance"],
+        ).q_final
 
     began = time.perf_counter()
     q1 = jax.block_until_ready(ensemble(model, positions, rates0))
     compile_s = time.perf_counter() - began
     wall = _median_times(lambda: ensemble(model, positions, rates0), max(1, reps // 2))[0]
-    rows["batch"] = {"compile_s": compile_s, "per_s": rates0.shape[0] / wall,
-                     "error0": joint_error(np.asarray(q1[0]), q_ref), "size": rates0.shape[0]}
-    adaptive = {"solver": solvers[best["solver"]], "rtol": best["tolerance"],
-                "atol": best["tolerance"]}
-    rows["batch_devices"] = jaxdae_devices_batch(model, formulation, adaptive, rates0, q_ref,
-                                                 reps, "ensemble", batch_chunk(model))
+    rows["batch"] = {
+        "compile_s": compile_s,
+        "per_s": rates0.shape[0] / wall,
+        "error0": joint_error(np.asarray(q1[0]), q_ref),
+        "size": rates0.shape[0],
+    }
+    adaptive = {
+        "solver": solvers[best["solver"]],
+        "rtol": best["tolerance"],
+        "atol": best["tolerance"],
+    }
+    rows["batch_devices"] = jaxdae_devices_batch(
+        model, formulation, adaptive, rates0, q_ref, reps, "ensemble", batch_chunk(model)
+    )
     fixed = rows["fixed_steps"]
     if fixed is not None:
-        settings = {"solver": solvers[fixed["solver"]],
-                    "stepsize_controller": diffrax.ConstantStepSize(),
-                    "dt0": T1 / fixed["steps"]}
+        settings = {
+            "solver": solvers[fixed["solver"]],
+            "stepsize_controller": diffrax.ConstantStepSize(),
+            "dt0": T1 / fixed["steps"],
+        }
         rows["batch_fixed"] = [
-            dict(jaxdae_devices_batch(model, formulation, settings, rates0, q_ref, reps, *layout),
-                 setting=f"{fixed['solver']}, {fixed['steps']} fixed steps")
-            for layout in batch_layouts(model)]
+            dict(
+                jaxdae_devices_batch(model, formulation, settings, rates0, q_ref, reps, *layout),
+                setting=f"{fixed['solver']}, {fixed['steps']} fixed steps",
+            )
+            for layout in batch_layouts(model)
+        ]
         rows["batch_fixed_error"] = batch_error(model, formulation, settings, rates0)
     return rows
 
 
-def fixed_steps_to_tolerance(model, formulation, solvers, q0, v0, q_ref, tolerance,
-                             reps) -> dict | None:
+def fixed_steps_to_tolerance(
+    model, formulation, solvers, q0, v0, q_ref, tolerance, reps
+) -> dict | None:
     """The cheapest fixed-step setting of jaxdae to `tolerance`: for each solver, the fewest
     steps over 1 s on `ladder` whose joint error at `T1` against MuJoCo's reference is at
     most `tolerance` (the criterion of MuJoCo's own step), timed as `jaxdae_rows` times the
@@ -902,9 +1050,18 @@ def fixed_steps_to_tolerance(model, formulation, solvers, q0, v0, q_ref, toleran
 
     @eqx.filter_jit
     def solve(model, solver, dt, q0, v0):
-        return jaxdae.simulate(model, formulation, 0.0, T1, q0, v0, solver=solver,
-                               stepsize_controller=diffrax.ConstantStepSize(), dt0=dt,
-                               throw=False).q_final
+        return jaxdae.simulate(
+            model,
+            formulation,
+            0.0,
+            T1,
+            q0,
+            v0,
+            solver=solver,
+            stepsize_controller=diffrax.ConstantStepSize(),
+            dt0=dt,
+            throw=False,
+        ).q_final
 
     found = []
     for label, solver in solvers.items():
@@ -915,10 +1072,16 @@ def fixed_steps_to_tolerance(model, formulation, solvers, q0, v0, q_ref, toleran
             dt = jnp.asarray(T1 / steps)
             error = joint_error(np.asarray(solve(model, solver, dt, q0, v0)), q_ref)
             if error <= tolerance:
-                wall, cpu = _median_times(
-                    lambda s=solver, dt=dt: solve(model, s, dt, q0, v0), reps)
-                found.append({"solver": label, "steps": steps, "error": error,
-                              "ms": 1e3 * wall, "cpu_ms": 1e3 * cpu})
+                wall, cpu = _median_times(lambda s=solver, dt=dt: solve(model, s, dt, q0, v0), reps)
+                found.append(
+                    {
+                        "solver": label,
+                        "steps": steps,
+                        "error": error,
+                        "ms": 1e3 * wall,
+                        "cpu_ms": 1e3 * cpu,
+                    }
+                )
                 break
     return min(found, key=lambda r: r["cpu_ms"]) if found else None
 
@@ -930,16 +1093,20 @@ def batch_error(model, formulation, settings: dict, rates0, members: int = 8) ->
     the step chosen on member 0."""
 
     def end(positions, rates, **options):
-        return jax.vmap(lambda q, v: jaxdae.simulate(model, formulation, 0.0, T1, q, v,
-                                                     throw=False, **options).q_final)(
-            positions, rates)
+        return jax.vmap(
+            lambda q, v: (
+                jaxdae.simulate(model, formulation, 0.0, T1, q, v, throw=False, **options).q_final
+            )
+        )(positions, rates)
 
     rates = rates0[:members]
     positions = jnp.zeros_like(rates)
-    reference = jax.jit(functools.partial(end, solver=diffrax.Dopri8(), rtol=1e-12,
-                                          atol=1e-12))(positions, rates)
-    return float(jnp.max(jnp.abs(jax.jit(functools.partial(end, **settings))(positions, rates)
-                                 - reference)))
+    reference = jax.jit(functools.partial(end, solver=diffrax.Dopri8(), rtol=1e-12, atol=1e-12))(
+        positions, rates
+    )
+    return float(
+        jnp.max(jnp.abs(jax.jit(functools.partial(end, **settings))(positions, rates) - reference))
+    )
 
 
 def batch_chunk(model) -> int | None:
@@ -965,8 +1132,16 @@ def batch_layouts(model) -> list[tuple[str, int | None]]:
     return [("ensemble", batch_chunk(model)), ("map", 1)]
 
 
-def jaxdae_devices_batch(model, formulation, options: dict, rates0, q_ref, reps,
-                         layout: str = "ensemble", chunk: int | None = None) -> dict:
+def jaxdae_devices_batch(
+    model,
+    formulation,
+    options: dict,
+    rates0,
+    q_ref,
+    reps,
+    layout: str = "ensemble",
+    chunk: int | None = None,
+) -> dict:
     """The batch as a user splits it over the CPU devices (one per core), with the solve's
     keyword arguments `options`: `layout="ensemble"`:
     `jaxdae.batch_map(run, q0, v0, ensemble=True, mesh=mesh, chunk_size=chunk)`, `run` a
@@ -979,20 +1154,35 @@ def jaxdae_devices_batch(model, formulation, options: dict, rates0, q_ref, reps,
     simulate = jaxdae.simulate_ensemble if layout == "ensemble" else jaxdae.simulate
 
     def run(positions, rates0):
-        return simulate(model, formulation, 0.0, T1, positions, rates0, throw=False,
-                        **options).q_final
+        return simulate(
+            model, formulation, 0.0, T1, positions, rates0, throw=False, **options
+        ).q_final
 
     def batch():
-        return jaxdae.batch_map(run, jnp.zeros_like(rates0), rates0, chunk_size=chunk,
-                                mesh=mesh, ensemble=layout == "ensemble")
+        return jaxdae.batch_map(
+            run,
+            jnp.zeros_like(rates0),
+            rates0,
+            chunk_size=chunk,
+            mesh=mesh,
+            ensemble=layout == "ensemble",
+        )
 
     began = time.perf_counter()
     q1 = jax.block_until_ready(batch())
     compile_s = time.perf_counter() - began
     wall, cpu = _median_times(batch, max(1, (reps + 1) // 2))
-    return {"compile_s": compile_s, "per_s": rates0.shape[0] / wall, "cpu_s": cpu,
-            "wall_s": wall, "error0": joint_error(np.asarray(q1[0]), q_ref),
-            "devices": devices, "chunk": chunk, "layout": layout, "size": rates0.shape[0]}
+    return {
+        "compile_s": compile_s,
+        "per_s": rates0.shape[0] / wall,
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "error0": joint_error(np.asarray(q1[0]), q_ref),
+        "devices": devices,
+        "chunk": chunk,
+        "layout": layout,
+        "size": rates0.shape[0],
+    }
 
 
 # -- the cost against the length of a chain -------------------------------------------------
@@ -1052,12 +1242,12 @@ def run_robot(name: str, path: Path, settings: Settings, out: Path) -> dict:
             found["ms"] = found["steps"] * found["step_us"] / 1e3
             found["cpu_ms"] = None
         else:
-            wall, cpu = timed_second(path, joints, v0, integrator, found["steps"],
-                                     settings.reps)
+            wall, cpu = timed_second(path, joints, v0, integrator, found["steps"], settings.reps)
             found["ms"], found["cpu_ms"] = 1e3 * wall, 1e3 * cpu
         ladders[integrator] = found
-    cheapest = min((k for k in ladders if not ladders[k]["estimated"]),
-                   key=lambda k: ladders[k]["ms"])
+    cheapest = min(
+        (k for k in ladders if not ladders[k]["estimated"]), key=lambda k: ladders[k]["ms"]
+    )
     steps = ladders[cheapest]["steps"]
     print(f"  {name}: ladders done", flush=True)
     rhs = forward_cost(path, joints, v0, settings)
@@ -1065,40 +1255,78 @@ def run_robot(name: str, path: Path, settings: Settings, out: Path) -> dict:
     rolled = batch_rollout(path, joints, rates, cheapest, steps, settings.batch_seconds, q[-1])
     print(f"  {name}: rollout done", flush=True)
     skip = mjx_skipped(name, settings)
-    device = (batch_mjx(path, robot.joint_names, rates, cheapest, steps, settings, q[-1])
-              if skip is None else dict(MJX_NOT_RUN, note=skip))
+    device = (
+        batch_mjx(path, robot.joint_names, rates, cheapest, steps, settings, q[-1])
+        if skip is None
+        else dict(MJX_NOT_RUN, note=skip)
+    )
     print(f"  {name}: MJX done", flush=True)
     reference = MujocoReference(
-        name, path, tuple(robot.joint_names), joints.kinds, T1, TOLERANCE, GRAVITY,
-        np.zeros(n), v0, rates, times, q, v, T1 / finer, agreement, drift,
-        {"integrator": cheapest, "steps": steps, "ms": ladders[cheapest]["ms"],
-         "forward_us": rhs["rollout_euler_us"], "batch_per_s": rolled["per_s"]})
+        name,
+        path,
+        tuple(robot.joint_names),
+        joints.kinds,
+        T1,
+        TOLERANCE,
+        GRAVITY,
+        np.zeros(n),
+        v0,
+        rates,
+        times,
+        q,
+        v,
+        T1 / finer,
+        agreement,
+        drift,
+        {
+            "integrator": cheapest,
+            "steps": steps,
+            "ms": ladders[cheapest]["ms"],
+            "forward_us": rhs["rollout_euler_us"],
+            "batch_per_s": rolled["per_s"],
+        },
+    )
     reference.save(out / f"reference_{name}.npz")
-    return {"robot": name, "urdf": str(path), "joints": n, "bodies": int(model.nbody - 1),
-            "joint_order_identity": joints.identity, "import_check": check,
-            "reference": {"steps": [fine, finer], "agreement": agreement,
-                          "energy_drift": drift},
-            "ladders": ladders, "cheapest": cheapest, "steps": steps, "rhs": rhs,
-            "rollout": rolled, "mjx": device,
-            "jaxdae": jaxdae_rows(name, path, reference, settings.reps)}
+    return {
+        "robot": name,
+        "urdf": str(path),
+        "joints": n,
+        "bodies": int(model.nbody - 1),
+        "joint_order_identity": joints.identity,
+        "import_check": check,
+        "reference": {"steps": [fine, finer], "agreement": agreement, "energy_drift": drift},
+        "ladders": ladders,
+        "cheapest": cheapest,
+        "steps": steps,
+        "rhs": rhs,
+        "rollout": rolled,
+        "mjx": device,
+        "jaxdae": jaxdae_rows(name, path, reference, settings.reps),
+    }
 
 
 def print_tables(results: list[dict], settings: Settings) -> None:
     """The Markdown tables of all robots."""
     print("\n### Robots and MuJoCo's import\n")
-    print("| robot | joints | MuJoCo bodies | moving mass [kg] | joint order = URDF's | "
-          "max Δ mass / COM / inertia / anchor / axis vs jaxdae's URDF | "
-          "reference h, 2h agree to | energy drift |")
+    print(
+        "| robot | joints | MuJoCo bodies | moving mass [kg] | joint order = URDF's | "
+        "max Δ mass / COM / inertia / anchor / axis vs jaxdae's URDF | "
+        "reference h, 2h agree to | energy drift |"
+    )
     print("| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |")
     for r in results:
         c, ref = r["import_check"], r["reference"]
-        print(f"| {r['robot']} | {r['joints']} | {r['bodies']} | {c['moving_mass']:.2f} | "
-              f"{'yes' if r['joint_order_identity'] else 'no (mapped)'} | "
-              f"{c['mass']:.0e} / {c['com']:.0e} / {c['inertia']:.0e} / {c['anchor']:.0e} / "
-              f"{c['axis']:.0e} | {ref['agreement']:.1e} | {ref['energy_drift']:.1e} |")
-    print(f"\nreference: RK4, h = {T1 / settings.reference_steps[1]:.2g} s, checked against "
-          f"h = {T1 / settings.reference_steps[0]:.2g} s at t = 1 s (max |Δq|); drift: max "
-          "|E − E(0)| / max kinetic energy over the reference run.")
+        print(
+            f"| {r['robot']} | {r['joints']} | {r['bodies']} | {c['moving_mass']:.2f} | "
+            f"{'yes' if r['joint_order_identity'] else 'no (mapped)'} | "
+            f"{c['mass']:.0e} / {c['com']:.0e} / {c['inertia']:.0e} / {c['anchor']:.0e} / "
+            f"{c['axis']:.0e} | {ref['agreement']:.1e} | {ref['energy_drift']:.1e} |"
+        )
+    print(
+        f"\nreference: RK4, h = {T1 / settings.reference_steps[1]:.2g} s, checked against "
+        f"h = {T1 / settings.reference_steps[0]:.2g} s at t = 1 s (max |Δq|); drift: max "
+        "|E − E(0)| / max kinetic energy over the reference run."
+    )
     print(f"\n### Time to a joint error of {TOLERANCE:.0e} after {T1:.0f} s (wall clock)\n")
     print("| robot | solver | h [s] | steps | max abs Δq(1) | ms per simulated s | CPU ms |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
@@ -1106,102 +1334,145 @@ def print_tables(results: list[dict], settings: Settings) -> None:
         for integrator, found in r["ladders"].items():
             mark = " (cheapest)" if integrator == r["cheapest"] else ""
             est = " est." if found["estimated"] else ""
-            error = (f"≤ {TOLERANCE:.0e} (p = {found['order']:.2f})" if found["estimated"]
-                     else f"{found['error']:.2e}")
-            print(f"| {r['robot']} | MuJoCo {integrator}{mark} | {found['h']:.3g}{est} | "
-                  f"{found['steps']:,}{est} | {error} | {found['ms']:.3g}{est} | "
-                  f"{_f(found['cpu_ms'], '.3g')} |")
+            error = (
+                f"≤ {TOLERANCE:.0e} (p = {found['order']:.2f})"
+                if found["estimated"]
+                else f"{found['error']:.2e}"
+            )
+            print(
+                f"| {r['robot']} | MuJoCo {integrator}{mark} | {found['h']:.3g}{est} | "
+                f"{found['steps']:,}{est} | {error} | {found['ms']:.3g}{est} | "
+                f"{_f(found['cpu_ms'], '.3g')} |"
+            )
         tt = _part(r["jaxdae"], "time_to_tolerance") or {}
         h = T1 / tt["steps"] if tt.get("steps") else None
         solver = f"jaxdae {tt.get('setting', '')}".strip()
-        print(f"| {r['robot']} | {solver} | {_f(h, '.3g')} | "
-              f"{_f(tt.get('steps'), ',')} | {_f(tt.get('error'), '.2e')} | "
-              f"{_f(tt.get('ms'), '.3g')} | {_f(tt.get('cpu_ms'), '.3g')} |")
+        print(
+            f"| {r['robot']} | {solver} | {_f(h, '.3g')} | "
+            f"{_f(tt.get('steps'), ',')} | {_f(tt.get('error'), '.2e')} | "
+            f"{_f(tt.get('ms'), '.3g')} | {_f(tt.get('cpu_ms'), '.3g')} |"
+        )
         fixed = _part(r["jaxdae"], "fixed_steps")
         if fixed:
-            print(f"| {r['robot']} | jaxdae {fixed['solver']}, fixed steps | "
-                  f"{T1 / fixed['steps']:.3g} | {fixed['steps']:,} | {fixed['error']:.2e} | "
-                  f"{fixed['ms']:.3g} | {fixed['cpu_ms']:.3g} |")
+            print(
+                f"| {r['robot']} | jaxdae {fixed['solver']}, fixed steps | "
+                f"{T1 / fixed['steps']:.3g} | {fixed['steps']:,} | {fixed['error']:.2e} | "
+                f"{fixed['ms']:.3g} | {fixed['cpu_ms']:.3g} |"
+            )
         if tt.get("eager_ms") is not None:
-            print(f"| {r['robot']} | jaxdae, the same called eagerly | | | | "
-                  f"{tt['eager_ms']:.3g} | |")
-            print(f"| {r['robot']} | jaxdae, compile and first call of the solve | | | | "
-                  f"{1e3 * tt['compile_s']:.4g} | |")
-    print("\njaxdae: `jaxdae.simulate` of the `TreeMechanism` compiled once with "
-          "`eqx.filter_jit` (the tolerances traced), compile excluded; \"called eagerly\": "
-          "`jaxdae.simulate` from Python, with its input checks and `Solution` assembly.")
-    print("\nMuJoCo: `mj_step(model, data, nstep=N)`, median wall (and CPU) time of "
-          f"{settings.reps}; est.: beyond the trial budget, N extrapolated from the last two "
-          "trials' order p and the time from the measured step cost. Euler and implicitfast "
-          "coincide here (no damping, no actuators: implicitfast has nothing to treat "
-          "implicitly).")
+            print(
+                f"| {r['robot']} | jaxdae, the same called eagerly | | | | {tt['eager_ms']:.3g} | |"
+            )
+            print(
+                f"| {r['robot']} | jaxdae, compile and first call of the solve | | | | "
+                f"{1e3 * tt['compile_s']:.4g} | |"
+            )
+    print(
+        "\njaxdae: `jaxdae.simulate` of the `TreeMechanism` compiled once with "
+        '`eqx.filter_jit` (the tolerances traced), compile excluded; "called eagerly": '
+        "`jaxdae.simulate` from Python, with its input checks and `Solution` assembly."
+    )
+    print(
+        "\nMuJoCo: `mj_step(model, data, nstep=N)`, median wall (and CPU) time of "
+        f"{settings.reps}; est.: beyond the trial budget, N extrapolated from the last two "
+        "trials' order p and the time from the measured step cost. Euler and implicitfast "
+        "coincide here (no damping, no actuators: implicitfast has nothing to treat "
+        "implicitly)."
+    )
     print("\n### One right-hand side [µs]\n")
-    print("| robot | mj_forward, Python loop | empty Python loop | mj_forward − loop | "
-          "rollout Euler step | rollout RK4 step / 4 | jaxdae |")
+    print(
+        "| robot | mj_forward, Python loop | empty Python loop | mj_forward − loop | "
+        "rollout Euler step | rollout RK4 step / 4 | jaxdae |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
         h = r["rhs"]
-        print(f"| {r['robot']} | {h['forward_us']:.2f} | {h['empty_loop_us']:.2f} | "
-              f"{h['forward_us'] - h['empty_loop_us']:.2f} | {h['rollout_euler_us']:.2f} | "
-              f"{h['rollout_rk4_quarter_us']:.2f} | {_f(_part(r['jaxdae'], 'rhs_us'), '.2f')} |")
-    print(f"\n### Batch of {settings.batch:,} over {T1:.0f} s on the CPU ({os.cpu_count()} "
-          "cores)\n")
-    print("| robot | integrator, steps | MuJoCo rollout, 2 threads [traj/s] | MJX compile [s] | "
-          "MJX [traj/s] | MJX member 0 Δq(1) | jaxdae compile [s] | jaxdae [traj/s] | "
-          "jaxdae over the devices: chunk, compile [s] | [traj/s] | member 0 Δq(1) | "
-          "/ MJX |")
+        print(
+            f"| {r['robot']} | {h['forward_us']:.2f} | {h['empty_loop_us']:.2f} | "
+            f"{h['forward_us'] - h['empty_loop_us']:.2f} | {h['rollout_euler_us']:.2f} | "
+            f"{h['rollout_rk4_quarter_us']:.2f} | {_f(_part(r['jaxdae'], 'rhs_us'), '.2f')} |"
+        )
+    print(
+        f"\n### Batch of {settings.batch:,} over {T1:.0f} s on the CPU ({os.cpu_count()} cores)\n"
+    )
+    print(
+        "| robot | integrator, steps | MuJoCo rollout, 2 threads [traj/s] | MJX compile [s] | "
+        "MJX [traj/s] | MJX member 0 Δq(1) | jaxdae compile [s] | jaxdae [traj/s] | "
+        "jaxdae over the devices: chunk, compile [s] | [traj/s] | member 0 Δq(1) | "
+        "/ MJX |"
+    )
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
     notes = []
     for r in results:
         ro, mx = r["rollout"], r["mjx"]
         jb = _part(r["jaxdae"], "batch") or {}
         jd = _part(r["jaxdae"], "batch_devices") or {}
-        ro_text = f"{ro['per_s']:.3g}" + (f" ({ro['fraction']:.0%} timed)"
-                                          if ro["fraction"] < 1 else "")
-        mx_text = _f(mx["per_s"], ".3g") + (f" ({mx['fraction']:.0%} timed)"
-                                            if mx["fraction"] and mx["fraction"] < 1 else "")
-        print(f"| {r['robot']} | {r['cheapest']}, {r['steps']:,} | {ro_text} | "
-              f"{_f(mx['compile_s'], '.1f')} | {mx_text} | {_f(mx['error0'], '.1e')} | "
-              f"{_f(jb.get('compile_s'), '.1f')} | {_f(jb.get('per_s'), '.3g')}"
-              + (f" (batch of {jb['size']})" if jb.get("size", settings.batch) < settings.batch
-                 else "") + f" | {_f(jd.get('chunk'), 'd') if jd else DASH}, "
-              f"{_f(jd.get('compile_s'), '.1f')} | {_f(jd.get('per_s'), '.3g')} | "
-              f"{_f(jd.get('error0'), '.1e')} | "
-              f"{_f(jd['per_s'] / mx['per_s'] if jd and mx['per_s'] else None, '.1f')} |")
+        ro_text = f"{ro['per_s']:.3g}" + (
+            f" ({ro['fraction']:.0%} timed)" if ro["fraction"] < 1 else ""
+        )
+        mx_text = _f(mx["per_s"], ".3g") + (
+            f" ({mx['fraction']:.0%} timed)" if mx["fraction"] and mx["fraction"] < 1 else ""
+        )
+        print(
+            f"| {r['robot']} | {r['cheapest']}, {r['steps']:,} | {ro_text} | "
+            f"{_f(mx['compile_s'], '.1f')} | {mx_text} | {_f(mx['error0'], '.1e')} | "
+            f"{_f(jb.get('compile_s'), '.1f')} | {_f(jb.get('per_s'), '.3g')}"
+            + (
+                f" (batch of {jb['size']})"
+                if jb.get("size", settings.batch) < settings.batch
+                else ""
+            )
+            + f" | {_f(jd.get('chunk'), 'd') if jd else DASH}, "
+            f"{_f(jd.get('compile_s'), '.1f')} | {_f(jd.get('per_s'), '.3g')} | "
+            f"{_f(jd.get('error0'), '.1e')} | "
+            f"{_f(jd['per_s'] / mx['per_s'] if jd and mx['per_s'] else None, '.1f')} |"
+        )
         if jd:
-            notes.append(f"{r['robot']}: jaxdae over {jd['devices']} devices, chunks of "
-                         f"{jd['chunk'] or 'the whole share'}: {jd['cpu_s']:.3g} s of CPU for "
-                         f"{jd['wall_s']:.3g} s of wall time")
+            notes.append(
+                f"{r['robot']}: jaxdae over {jd['devices']} devices, chunks of "
+                f"{jd['chunk'] or 'the whole share'}: {jd['cpu_s']:.3g} s of CPU for "
+                f"{jd['wall_s']:.3g} s of wall time"
+            )
         if mx.get("devices"):
-            notes.append(f"{r['robot']}: MJX's batch split over {mx['devices']} CPU devices, "
-                         f"{_f(mx.get('cpu_seconds'), '.3g')} s of CPU (the child process's, "
-                         "scaled as its time)")
+            notes.append(
+                f"{r['robot']}: MJX's batch split over {mx['devices']} CPU devices, "
+                f"{_f(mx.get('cpu_seconds'), '.3g')} s of CPU (the child process's, "
+                "scaled as its time)"
+            )
         if mx["note"]:
             notes.append(f"{r['robot']}: MJX {mx['note']}")
         if mx["dtype"]:
             notes.append(f"{r['robot']}: MJX ran in {mx['dtype']} (jax_enable_x64 on)")
-    print("\nRates perturbed by N(0, 0.1²), member 0 unperturbed; where a fraction is "
-          "given, the time of that fraction of the steps was scaled to all of them.")
+    print(
+        "\nRates perturbed by N(0, 0.1²), member 0 unperturbed; where a fraction is "
+        "given, the time of that fraction of the steps was scaled to all of them."
+    )
     for note in notes:
         print(f"- {note}")
     print(f"\n### jaxdae's batch of {settings.batch:,} at fixed steps, over the devices\n")
-    print("| robot | setting | layout, chunk | compile [s] | [traj/s] | wall [s] | CPU [s] | "
-          "member 0 Δq(1) | max Δq(1), members 0–7 | / MJX | / MuJoCo rollout |")
+    print(
+        "| robot | setting | layout, chunk | compile [s] | [traj/s] | wall [s] | CPU [s] | "
+        "member 0 Δq(1) | max Δq(1), members 0–7 | / MJX | / MuJoCo rollout |"
+    )
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
         mx, ro = r["mjx"], r["rollout"]
         spread = _part(r["jaxdae"], "batch_fixed_error")
         for b in _part(r["jaxdae"], "batch_fixed") or []:
-            print(f"| {r['robot']} | {b['setting']} | {b['layout']}, "
-                  f"{b['chunk'] or 'whole share'} | {b['compile_s']:.1f} | {b['per_s']:.4g} | "
-                  f"{b['wall_s']:.3g} | {b['cpu_s']:.3g} | {b['error0']:.1e} | "
-                  f"{_f(spread, '.1e')} | "
-                  f"{_f(b['per_s'] / mx['per_s'] if mx['per_s'] else None, '.1f')} | "
-                  f"{b['per_s'] / ro['per_s']:.1f} |")
-    print("\nFixed steps: the fewest on the ladder whose member 0 reaches the joint error "
-          "(MuJoCo's criterion for its step); \"map\": `jaxdae.simulate` of one row at a "
-          "time (`batch_map` without `ensemble`); \"ensemble\": `simulate_ensemble` of each "
-          "chunk. Members 0–7 against jaxdae's Dopri8 at rtol = atol = 1e-12.")
+            print(
+                f"| {r['robot']} | {b['setting']} | {b['layout']}, "
+                f"{b['chunk'] or 'whole share'} | {b['compile_s']:.1f} | {b['per_s']:.4g} | "
+                f"{b['wall_s']:.3g} | {b['cpu_s']:.3g} | {b['error0']:.1e} | "
+                f"{_f(spread, '.1e')} | "
+                f"{_f(b['per_s'] / mx['per_s'] if mx['per_s'] else None, '.1f')} | "
+                f"{b['per_s'] / ro['per_s']:.1f} |"
+            )
+    print(
+        "\nFixed steps: the fewest on the ladder whose member 0 reaches the joint error "
+        '(MuJoCo\'s criterion for its step); "map": `jaxdae.simulate` of one row at a '
+        'time (`batch_map` without `ensemble`); "ensemble": `simulate_ensemble` of each '
+        "chunk. Members 0–7 against jaxdae's Dopri8 at rtol = atol = 1e-12."
+    )
 
 
 def main():
@@ -1211,23 +1482,41 @@ def main():
         files = selected(robot_files(Path(folder), args.quick), args.only)
         results = [run_robot(name, path, settings, out) for name, path in files.items()]
         # (`--only` without the chain leaves out the chain's scaling too.)
-        chains = chain_scaling(Path(folder), CHAIN_LENGTHS[:2] if args.quick else CHAIN_LENGTHS,
-                               settings.reps) if any(k.startswith("chain") for k in files) else []
+        chains = (
+            chain_scaling(
+                Path(folder), CHAIN_LENGTHS[:2] if args.quick else CHAIN_LENGTHS, settings.reps
+            )
+            if any(k.startswith("chain") for k in files)
+            else []
+        )
     print_tables(results, settings)
     print("\n### One right-hand side against the length of a chain [µs]\n")
     print("| links | MuJoCo (rollout Euler step) | per link | jaxdae | per link |")
     print("| ---: | ---: | ---: | ---: | ---: |")
     for row in chains:
         n = row["links"]
-        print(f"| {n} | {row['mujoco_us']:.2f} | {row['mujoco_us'] / n:.3f} | "
-              f"{row['jaxdae_us']:.2f} | {row['jaxdae_us'] / n:.3f} |")
+        print(
+            f"| {n} | {row['mujoco_us']:.2f} | {row['mujoco_us'] / n:.3f} | "
+            f"{row['jaxdae_us']:.2f} | {row['jaxdae_us'] / n:.3f} |"
+        )
     total = time.perf_counter() - began
-    print(f"\ntotal {total:.0f} s; load average at the start {load:.1f} "
-          f"(a shared machine: wall times include others' work)")
-    write_json(out / f"{NAME}.json", {"results": results, "chains": chains, "quick": args.quick,
-                                      "settings": settings._asdict(), "seconds": total,
-                                      "load_average": load, "mujoco": mujoco.__version__,
-                                      "jax": jax.__version__})
+    print(
+        f"\ntotal {total:.0f} s; load average at the start {load:.1f} "
+        f"(a shared machine: wall times include others' work)"
+    )
+    write_json(
+        out / f"{NAME}.json",
+        {
+            "results": results,
+            "chains": chains,
+            "quick": args.quick,
+            "settings": settings._asdict(),
+            "seconds": total,
+            "load_average": load,
+            "mujoco": mujoco.__version__,
+            "jax": jax.__version__,
+        },
+    )
     print(f"wrote {out / (NAME + '.json')} and the reference_<robot>.npz files")
 
 

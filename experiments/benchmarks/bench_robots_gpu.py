@@ -93,8 +93,17 @@ def jaxdae_setting(model, v0, q_ref, reps: int) -> dict:
 
     @eqx.filter_jit
     def solve(solver, tolerance):
-        return jaxdae.simulate(model, formulation, 0.0, robots.T1, q0, jnp.asarray(v0),
-                               solver=solver, rtol=tolerance, atol=tolerance).q_final
+        return jaxdae.simulate(
+            model,
+            formulation,
+            0.0,
+            robots.T1,
+            q0,
+            jnp.asarray(v0),
+            solver=solver,
+            rtol=tolerance,
+            atol=tolerance,
+        ).q_final
 
     found = {}
     for label, solver in SOLVERS.items():
@@ -119,21 +128,34 @@ def jaxdae_batch(model, setting: dict, rates: np.ndarray, dtype, q_ref, reps: in
     v0 = jnp.asarray(rates, dtype)
 
     def batch(v0):
-        sol = jaxdae.simulate_ensemble(model, jaxdae.Unstabilized(), 0.0, robots.T1,
-                                       jnp.zeros_like(v0), v0, solver=solver, rtol=tolerance,
-                                       atol=tolerance)
+        sol = jaxdae.simulate_ensemble(
+            model,
+            jaxdae.Unstabilized(),
+            0.0,
+            robots.T1,
+            jnp.zeros_like(v0),
+            v0,
+            solver=solver,
+            rtol=tolerance,
+            atol=tolerance,
+        )
         return sol.q_final, sol.stats["num_steps"]
 
     run, compile_s = _compiled(batch, v0)
     q1, steps = jax.block_until_ready(run(v0))
     seconds = _median_seconds(lambda: run(v0), reps)
-    return {"per_s": rates.shape[0] / seconds, "seconds": seconds, "compile_s": compile_s,
-            "error0": robots.joint_error(np.asarray(q1[0], np.float64), q_ref),
-            "steps": int(np.max(steps)), "tolerance": tolerance, "dtype": str(q1.dtype)}
+    return {
+        "per_s": rates.shape[0] / seconds,
+        "seconds": seconds,
+        "compile_s": compile_s,
+        "error0": robots.joint_error(np.asarray(q1[0], np.float64), q_ref),
+        "steps": int(np.max(steps)),
+        "tolerance": tolerance,
+        "dtype": str(q1.dtype),
+    }
 
 
-def mjx_batch(path: Path, joints, rates: np.ndarray, steps: int, dtype, q_ref,
-              reps: int) -> dict:
+def mjx_batch(path: Path, joints, rates: np.ndarray, steps: int, dtype, q_ref, reps: int) -> dict:
     """MJX's RK4 at `steps` steps over 1 s for the batch, in `dtype`: trajectories per
     second, compile time, member 0's error."""
     with contextlib.redirect_stdout(io.StringIO()):  # "Failed to import warp": not used
@@ -144,8 +166,7 @@ def mjx_batch(path: Path, joints, rates: np.ndarray, steps: int, dtype, q_ref,
         model = robots.mujoco_model(path, "RK4", steps)
 
         def cast(tree):
-            return jax.tree.map(
-                lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, tree)
+            return jax.tree.map(lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, tree)
 
         device_model = cast(mjx.put_model(model))
         blank = cast(mjx.make_data(device_model))
@@ -165,10 +186,15 @@ def mjx_batch(path: Path, joints, rates: np.ndarray, steps: int, dtype, q_ref,
             seconds = _median_seconds(lambda: compiled(batch), reps)
         except Exception as error:  # reported in the table, the benchmark goes on
             return {"per_s": None, "note": f"{type(error).__name__}: {str(error)[:200]}"}
-        return {"per_s": rates.shape[0] / seconds, "seconds": seconds, "compile_s": compile_s,
-                "error0": robots.joint_error(np.asarray(end.qpos[0], np.float64)[joints.qpos],
-                                             q_ref),
-                "steps": steps, "dtype": str(end.qpos.dtype), "note": ""}
+        return {
+            "per_s": rates.shape[0] / seconds,
+            "seconds": seconds,
+            "compile_s": compile_s,
+            "error0": robots.joint_error(np.asarray(end.qpos[0], np.float64)[joints.qpos], q_ref),
+            "steps": steps,
+            "dtype": str(end.qpos.dtype),
+            "note": "",
+        }
 
 
 def run_robot(name: str, path: Path, sizes, quick: bool, reps: int) -> dict:
@@ -181,8 +207,11 @@ def run_robot(name: str, path: Path, sizes, quick: bool, reps: int) -> dict:
     rk4 = robots.steps_to_tolerance(path, joints, v0, q_ref, "RK4", 0.2 if quick else 3.0)
     model = robot.mechanism(forces=[mb.Gravity(robots.GRAVITY)], limits=False)
     setting = jaxdae_setting(model, v0, q_ref, reps)
-    print(f"  {name}: reference, MuJoCo's RK4 ({rk4['steps']} steps) and jaxdae's setting "
-          f"({setting['solver']}, {setting['tolerance']:.1e}) done", flush=True)
+    print(
+        f"  {name}: reference, MuJoCo's RK4 ({rk4['steps']} steps) and jaxdae's setting "
+        f"({setting['solver']}, {setting['tolerance']:.1e}) done",
+        flush=True,
+    )
     rows = []
     for size in sizes:
         rates = robots.batch_rates(v0, size)
@@ -201,23 +230,28 @@ def _f(value, spec: str) -> str:
 def print_table(results: list[dict]) -> None:
     device = jax.devices()[0]
     print(f"\n### Batches on {device.platform}: {device.device_kind} (JAX {jax.__version__})\n")
-    print("| robot | batch | type | jaxdae: setting, steps | trajectories/s | error | "
-          "compile [s] | MJX: RK4 steps | trajectories/s | error | compile [s] | "
-          "jaxdae / MJX |")
+    print(
+        "| robot | batch | type | jaxdae: setting, steps | trajectories/s | error | "
+        "compile [s] | MJX: RK4 steps | trajectories/s | error | compile [s] | "
+        "jaxdae / MJX |"
+    )
     print("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for result in results:
         for row in result["rows"]:
             ours, theirs = row["jaxdae"], row["mjx"]
             ratio = (ours["per_s"] / theirs["per_s"]) if theirs["per_s"] else None
-            print(f"| {result['robot']} | {row['size']:,} | {row['dtype']} | "
-                  f"{result['setting']['solver']}, {ours['tolerance']:.1e}, {ours['steps']} | "
-                  f"{ours['per_s']:,.0f} | {ours['error0']:.1e} | {ours['compile_s']:.1f} | "
-                  f"{result['rk4_steps']} | {_f(theirs['per_s'], ',.0f')} | "
-                  f"{_f(theirs.get('error0'), '.1e')} | {_f(theirs.get('compile_s'), '.1f')} | "
-                  f"{_f(ratio, '.1f')} |")
+            print(
+                f"| {result['robot']} | {row['size']:,} | {row['dtype']} | "
+                f"{result['setting']['solver']}, {ours['tolerance']:.1e}, {ours['steps']} | "
+                f"{ours['per_s']:,.0f} | {ours['error0']:.1e} | {ours['compile_s']:.1f} | "
+                f"{result['rk4_steps']} | {_f(theirs['per_s'], ',.0f')} | "
+                f"{_f(theirs.get('error0'), '.1e')} | {_f(theirs.get('compile_s'), '.1f')} | "
+                f"{_f(ratio, '.1f')} |"
+            )
             if theirs.get("note"):
-                print(f"\nMJX, {result['robot']}, {row['size']}, {row['dtype']}: "
-                      f"{theirs['note']}\n")
+                print(
+                    f"\nMJX, {result['robot']}, {row['size']}, {row['dtype']}: {theirs['note']}\n"
+                )
 
 
 def main():
@@ -230,8 +264,14 @@ def main():
     results = []
     for name in names:  # written after each robot, so a run cut short keeps what it measured
         results.append(run_robot(name, ROBOTS[name], sizes, args.quick, args.reps))
-        write_json(out / f"{NAME}.json", {"device": f"{device.platform}: {device.device_kind}",
-                                          "jax": jax.__version__, "results": results})
+        write_json(
+            out / f"{NAME}.json",
+            {
+                "device": f"{device.platform}: {device.device_kind}",
+                "jax": jax.__version__,
+                "results": results,
+            },
+        )
         print_table(results[-1:])
     print_table(results)
     print(f"wrote {out / f'{NAME}.json'}")

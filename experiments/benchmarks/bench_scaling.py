@@ -82,6 +82,7 @@ else:  # bench_core needs CasADi
     def warm_up_jax():
         pass
 
+
 NAME = "bench_scaling"
 T1, RTOL, ATOL = 1.0, 1e-8, 1e-10
 KD, KP = 20.0, 100.0
@@ -116,9 +117,11 @@ SOLVERS = {"Tsit5": diffrax.Tsit5(), "Dopri8": diffrax.Dopri8()}
 def jaxdae_functions(model, solver=SOLVERS["Tsit5"]):
     """`forward(gains, q0, v0) -> (q(1), steps)` and `gradient(gains, q0, v0)`, solved with
     `solver`."""
+
     def simulate(gains, q0, v0):
-        return jaxdae.simulate(model, jaxdae.Baumgarte(*gains), 0.0, T1, q0, v0, solver=solver,
-                               rtol=RTOL, atol=ATOL)
+        return jaxdae.simulate(
+            model, jaxdae.Baumgarte(*gains), 0.0, T1, q0, v0, solver=solver, rtol=RTOL, atol=ATOL
+        )
 
     def forward(gains, q0, v0):
         sol = simulate(gains, q0, v0)
@@ -127,8 +130,9 @@ def jaxdae_functions(model, solver=SOLVERS["Tsit5"]):
     def gradient(gains, q0, v0):
         def loss(diff):
             formulation, v0_ = diff
-            sol = jaxdae.simulate(model, formulation, 0.0, T1, q0, v0_, solver=solver,
-                                  rtol=RTOL, atol=ATOL)
+            sol = jaxdae.simulate(
+                model, formulation, 0.0, T1, q0, v0_, solver=solver, rtol=RTOL, atol=ATOL
+            )
             return jnp.sum(sol.q_final**2)
 
         return eqx.filter_grad(loss)((jaxdae.Baumgarte(*gains), v0))
@@ -142,9 +146,17 @@ def handwritten_functions(model, solver=SOLVERS["Tsit5"]):
 
     def solve(gains, q0, v0):
         return diffrax.diffeqsolve(
-            diffrax.ODETerm(rhs), solver, 0.0, T1, None, jnp.concatenate([q0, v0]),
-            args=gains, saveat=diffrax.SaveAt(t1=True), max_steps=100_000,
-            stepsize_controller=diffrax.PIDController(rtol=RTOL, atol=ATOL))
+            diffrax.ODETerm(rhs),
+            solver,
+            0.0,
+            T1,
+            None,
+            jnp.concatenate([q0, v0]),
+            args=gains,
+            saveat=diffrax.SaveAt(t1=True),
+            max_steps=100_000,
+            stepsize_controller=diffrax.PIDController(rtol=RTOL, atol=ATOL),
+        )
 
     def forward(gains, q0, v0):
         sol = solve(gains, q0, v0)
@@ -189,19 +201,23 @@ def measure_jax(functions, model, skip, batch, repeats, budget):
     out = {}
     jitted, out["compile"] = _compile(forward, gains, q0, v0)
     (q_final, steps), single = _median_time(
-        lambda: jax.block_until_ready(jitted(gains, q0, v0)), repeats)
-    out.update(single=single, steps=int(steps), per_step=single / int(steps),
-               q_final=np.asarray(q_final))
+        lambda: jax.block_until_ready(jitted(gains, q0, v0)), repeats
+    )
+    out.update(
+        single=single, steps=int(steps), per_step=single / int(steps), q_final=np.asarray(q_final)
+    )
     if "gradient" not in skip:
         jitted_grad, out["compile_gradient"] = _compile(gradient, gains, q0, v0)
         _, out["gradient"] = _median_time(
-            lambda: jax.block_until_ready(jitted_grad(gains, q0, v0)), repeats)
+            lambda: jax.block_until_ready(jitted_grad(gains, q0, v0)), repeats
+        )
     size = int(min(batch, max(1, budget // single)))
     vb = perturbed_velocities(v0, size)
     batched = jax.jit(jax.vmap(lambda v: forward(gains, q0, v)[0]))
     jax.block_until_ready(batched(vb))
-    _, t_batch = _median_time(lambda: jax.block_until_ready(batched(vb)),
-                              1 if size * single > 1.0 else repeats)
+    _, t_batch = _median_time(
+        lambda: jax.block_until_ready(batched(vb)), 1 if size * single > 1.0 else repeats
+    )
     out.update(batch=size, batch_time=t_batch, throughput=size / t_batch)
     return out
 
@@ -230,6 +246,7 @@ def cpu_per_step(families, sizes, repeats, max_coordinates=None, calls=300):
             def rates(q, v, model=model):
                 def body(i, total):  # each call depends on the last: not hoisted
                     return total + jitted_rates(model, formulation, 0.0, q + 1e-9 * total, v)[1]
+
                 return jax.lax.fori_loop(0, calls, body, jnp.zeros_like(v))
 
             @jax.jit
@@ -239,45 +256,69 @@ def cpu_per_step(families, sizes, repeats, max_coordinates=None, calls=300):
                 def body(i, total):
                     failed = jitted_failure(model, formulation, 0.0, q + 1e-9 * total, v, reference)
                     return total + jnp.asarray(failed, q.dtype)
+
                 return jax.lax.fori_loop(0, calls, body, jnp.zeros((), q.dtype))
 
             @jax.jit
             def rates_vjp(q, v, model=model):
                 def body(i, total):
-                    out, pull = jax.vjp(lambda q_, v_, f_: jitted_rates(model, f_, 0.0, q_, v_),
-                                        q + 1e-9 * total, v, formulation)
+                    out, pull = jax.vjp(
+                        lambda q_, v_, f_: jitted_rates(model, f_, 0.0, q_, v_),
+                        q + 1e-9 * total,
+                        v,
+                        formulation,
+                    )
                     q_bar, v_bar, _ = pull(out)
                     return total + q_bar + v_bar
+
                 return jax.lax.fori_loop(0, calls, body, jnp.zeros_like(v))
 
             forward, gradient = (jax.jit(f) for f in jaxdae_functions(model))
             steps = int(forward(gains, q0, v0)[1])
-            jax.block_until_ready((rates(q0, v0), gradient(gains, q0, v0), failure(q0, v0),
-                                   rates_vjp(q0, v0)))
+            jax.block_until_ready(
+                (rates(q0, v0), gradient(gains, q0, v0), failure(q0, v0), rates_vjp(q0, v0))
+            )
             times = {"solve": [], "rates": [], "gradient": [], "failure": [], "vjp": []}
             for _ in range(repeats):  # interleaved
-                for name, fn, fn_args in (("solve", forward, (gains, q0, v0)),
-                                          ("rates", rates, (q0, v0)),
-                                          ("gradient", gradient, (gains, q0, v0)),
-                                          ("failure", failure, (q0, v0)),
-                                          ("vjp", rates_vjp, (q0, v0))):
+                for name, fn, fn_args in (
+                    ("solve", forward, (gains, q0, v0)),
+                    ("rates", rates, (q0, v0)),
+                    ("gradient", gradient, (gains, q0, v0)),
+                    ("failure", failure, (q0, v0)),
+                    ("vjp", rates_vjp, (q0, v0)),
+                ):
                     start = time.process_time()
                     jax.block_until_ready(fn(*fn_args))
                     times[name].append(time.process_time() - start)
-            solve, rhs, grad, fail, vjp = (statistics.median(times[k]) for k in (
-                "solve", "rates", "gradient", "failure", "vjp"))
-            row = (family, size, q0.size, steps, 1e6 * solve / steps, 1e6 * rhs / calls,
-                   grad / solve, 1e6 * fail / calls, 1e6 * vjp / calls)
+            solve, rhs, grad, fail, vjp = (
+                statistics.median(times[k])
+                for k in ("solve", "rates", "gradient", "failure", "vjp")
+            )
+            row = (
+                family,
+                size,
+                q0.size,
+                steps,
+                1e6 * solve / steps,
+                1e6 * rhs / calls,
+                grad / solve,
+                1e6 * fail / calls,
+                1e6 * vjp / calls,
+            )
             rows.append(row)
-            print("| {} | {} | {} | {} | {:.1f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} |".format(*row),
-                  flush=True)
+            print(
+                "| {} | {} | {} | {} | {:.1f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} |".format(*row),
+                flush=True,
+            )
     for family in families:
         mine = [r for r in rows if r[0] == family]
         if len(mine) > 1:
             n = np.log([r[2] for r in mine])
             step, rhs = (np.polyfit(n, np.log([r[k] for r in mine]), 1)[0] for k in (4, 5))
-            print(f"{family}: time per step grows as n^{step:.2f}, one right-hand side as "
-                  f"n^{rhs:.2f} ({mine[0][2]} to {mine[-1][2]} coordinates)")
+            print(
+                f"{family}: time per step grows as n^{step:.2f}, one right-hand side as "
+                f"n^{rhs:.2f} ({mine[0][2]} to {mine[-1][2]} coordinates)"
+            )
     return rows
 
 
@@ -288,8 +329,13 @@ def casadi_integrator(model, rtol, atol):
     """CVODES Adams with functional iteration on `model`'s Baumgarte ODE (parameters: the
     gains), from 0 to `T1`."""
     dae = scaling_models.casadi_baumgarte_ode(ca, model)
-    options = {"abstol": atol, "reltol": rtol, "linear_multistep_method": "adams",
-               "nonlinear_solver_iteration": "functional", "max_num_steps": 100_000}
+    options = {
+        "abstol": atol,
+        "reltol": rtol,
+        "linear_multistep_method": "adams",
+        "nonlinear_solver_iteration": "functional",
+        "max_num_steps": 100_000,
+    }
     return ca.integrator("F", "cvodes", dae, 0.0, T1, options)
 
 
@@ -320,8 +366,9 @@ def measure_casadi(model, skip, batch, repeats, budget):
         _, out["gradient"] = _median_time(lambda: np.asarray(grad(gains, v0)), repeats)
     size = int(min(batch, max(1, budget // single)))
     mapped, mode = casadi_map(integrator, size)
-    xb = np.concatenate([np.tile(q0[:, None], (1, size)),
-                         np.asarray(perturbed_velocities(v0, size)).T])
+    xb = np.concatenate(
+        [np.tile(q0[:, None], (1, size)), np.asarray(perturbed_velocities(v0, size)).T]
+    )
     pb = np.tile(gains[:, None], (1, size))
     mapped(x0=xb, p=pb)
     _, t_batch = _median_time(lambda: mapped(x0=xb, p=pb), 1 if size * single > 1.0 else repeats)
@@ -349,19 +396,29 @@ def batched_solve(model, tool, dtype):
             # solve's increments to float64 (half the steps on the chain of 64 links).
             t0, t1 = jnp.asarray(0.0, q0.dtype), jnp.asarray(T1, q0.dtype)
             sol = diffrax.diffeqsolve(
-                diffrax.ODETerm(rhs), diffrax.Tsit5(), t0, t1, None, jnp.concatenate([q0, v0]),
-                args=gains, saveat=diffrax.SaveAt(t1=True), max_steps=100_000,
-                stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol))
+                diffrax.ODETerm(rhs),
+                diffrax.Tsit5(),
+                t0,
+                t1,
+                None,
+                jnp.concatenate([q0, v0]),
+                args=gains,
+                saveat=diffrax.SaveAt(t1=True),
+                max_steps=100_000,
+                stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
+            )
             return sol.ys[-1, : q0.shape[0]], sol.stats["num_steps"]
 
         return jax.vmap(one, in_axes=(None, None, 0))
     solver = jaxdae.UnrolledERK(diffrax.Tsit5()) if "Unrolled" in tool else diffrax.Tsit5()
     options = {"solver": solver, "rtol": rtol, "atol": atol}
     if tool == "ensemble":
+
         def ensemble(gains, q0, v0):
             q0 = jnp.broadcast_to(q0, v0.shape)
-            sol = jaxdae.simulate_ensemble(model, jaxdae.Baumgarte(*gains), 0.0, T1, q0, v0,
-                                           **options)
+            sol = jaxdae.simulate_ensemble(
+                model, jaxdae.Baumgarte(*gains), 0.0, T1, q0, v0, **options
+            )
             return sol.q_final, sol.stats["num_steps"]
 
         return ensemble
@@ -390,25 +447,36 @@ def batch_throughput(family, size, batch, repeats, tools, on_row=None):
             start = time.perf_counter()
             compiled, compile_times = _compile(batched_solve(model, tool, dtype), *args)
             (q_final, steps), seconds = _median_time(
-                lambda compiled=compiled, args=args: jax.block_until_ready(compiled(*args)),
-                repeats)
+                lambda compiled=compiled, args=args: jax.block_until_ready(compiled(*args)), repeats
+            )
             finals[tool, dtype] = np.asarray(q_final, dtype=np.float64)
             steps = np.asarray(steps)
-            row = {"tool": tool, "dtype": dtype, "batch": batch, "seconds": seconds,
-                   "throughput": batch / seconds, "compile": compile_times["total"],
-                   "steps_median": float(np.median(steps)), "steps_max": int(steps.max()),
-                   "finite": bool(np.isfinite(finals[tool, dtype]).all())}
+            row = {
+                "tool": tool,
+                "dtype": dtype,
+                "batch": batch,
+                "seconds": seconds,
+                "throughput": batch / seconds,
+                "compile": compile_times["total"],
+                "steps_median": float(np.median(steps)),
+                "steps_max": int(steps.max()),
+                "finite": bool(np.isfinite(finals[tool, dtype]).all()),
+            }
             rows.append(row)
-            print(f"  {tool} {dtype}: {batch / seconds:,.0f} traj/s ({seconds:.3g} s a call, "
-                  f"compile {row['compile']:.1f} s; {time.perf_counter() - start:.0f} s)",
-                  flush=True)
+            print(
+                f"  {tool} {dtype}: {batch / seconds:,.0f} traj/s ({seconds:.3g} s a call, "
+                f"compile {row['compile']:.1f} s; {time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
             if on_row is not None:
                 on_row(rows, {})
         if casadi_map is not None:
             rows.append(casadi_throughput(model, vb, repeats, dtype))
             finals[rows[-1]["tool"], dtype] = rows[-1].pop("q_final")
-            print(f"  {rows[-1]['tool']}, {dtype} tolerances: "
-                  f"{rows[-1]['throughput']:,.0f} traj/s", flush=True)
+            print(
+                f"  {rows[-1]['tool']}, {dtype} tolerances: {rows[-1]['throughput']:,.0f} traj/s",
+                flush=True,
+            )
     reference = finals["vmap", "float64"]
     agreement = {}
     for row in rows:
@@ -416,7 +484,8 @@ def batch_throughput(family, size, batch, repeats, tools, on_row=None):
         row["difference"] = float(np.max(np.abs(final - reference[: final.shape[0]])))
         if row["dtype"] == "float32" and row["tool"] in tools:
             agreement[f"{row['tool']}: float32 against float64"] = float(
-                np.max(np.abs(final - finals[row["tool"], "float64"])))
+                np.max(np.abs(final - finals[row["tool"], "float64"]))
+            )
     if jax.default_backend() != "cpu":
         cpu = jax.devices("cpu")[0]
         head = 16
@@ -425,7 +494,8 @@ def batch_throughput(family, size, batch, repeats, tools, on_row=None):
             args = jax.device_put(args, cpu)
             q_cpu, _ = jax.jit(batched_solve(model, "vmap", "float64"))(*args)
         agreement["vmap float64: accelerator against host CPU (16 trajectories)"] = float(
-            np.max(np.abs(reference[:head] - np.asarray(q_cpu))))
+            np.max(np.abs(reference[:head] - np.asarray(q_cpu)))
+        )
     if on_row is not None:
         on_row(rows, agreement)
     return rows, agreement
@@ -448,22 +518,36 @@ def casadi_throughput(model, vb, repeats, dtype):
     pb = np.tile(gains[:, None], (1, size))
     out, seconds = _median_time(lambda: mapped(x0=xb, p=pb), repeats)
     steps = int(integrator.stats()["nsteps"])
-    return {"tool": f"CasADi `map` ({mode})", "dtype": dtype, "batch": size,
-            "seconds": seconds, "throughput": size / seconds, "compile": None,
-            "steps_median": float(steps), "steps_max": steps, "finite": True,
-            "q_final": np.asarray(out["xf"])[: q0.size].T}
+    return {
+        "tool": f"CasADi `map` ({mode})",
+        "dtype": dtype,
+        "batch": size,
+        "seconds": seconds,
+        "throughput": size / seconds,
+        "compile": None,
+        "steps_median": float(steps),
+        "steps_max": steps,
+        "finite": True,
+        "q_final": np.asarray(out["xf"])[: q0.size].T,
+    }
 
 
 def throughput_table(rows, agreement):
-    lines = [("| tool | dtype | batch | trajectories / s | seconds a call | steps (median, max) "
-              "| compile [s] | largest `q(1)` difference from `vmap` float64 |"),
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        (
+            "| tool | dtype | batch | trajectories / s | seconds a call | steps (median, max) "
+            "| compile [s] | largest `q(1)` difference from `vmap` float64 |"
+        ),
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
         difference = f"{r['difference']:.1e}" if "difference" in r else "–"
         compile_time = "–" if r["compile"] is None else f"{r['compile']:.1f}"
-        lines.append(f"| {r['tool']} | {r['dtype']} | {r['batch']:,} | {r['throughput']:,.0f} | "
-                     f"{r['seconds']:.3g} | {r['steps_median']:g}, {r['steps_max']} | "
-                     f"{compile_time} | {difference} |")
+        lines.append(
+            f"| {r['tool']} | {r['dtype']} | {r['batch']:,} | {r['throughput']:,.0f} | "
+            f"{r['seconds']:.3g} | {r['steps_median']:g}, {r['steps_max']} | "
+            f"{compile_time} | {difference} |"
+        )
     lines += [f"- {name}: {value:.1e}" for name, value in agreement.items()]
     return lines
 
@@ -493,13 +577,26 @@ def predicted_skip(previous, n, budget, compile_budget):
         }, f"compile {previous['compile']['total']:.0f} s > budget at n = {previous['n']}"
     if "gradient" not in previous or previous["gradient"] * scale > budget:
         grad = previous.get("gradient")
-        return {"gradient"}, ("gradient skipped at the previous size" if grad is None else
-                              f"gradient ≈ {grad * scale:.0f} s > budget")
+        return {"gradient"}, (
+            "gradient skipped at the previous size"
+            if grad is None
+            else f"gradient ≈ {grad * scale:.0f} s > budget"
+        )
     return set(), ""
 
 
-def run(families, sizes, batch, budget, compile_budget, repeats, methods, on_row=None,
-        max_coordinates=None, solver=SOLVERS["Tsit5"]):
+def run(
+    families,
+    sizes,
+    batch,
+    budget,
+    compile_budget,
+    repeats,
+    methods,
+    on_row=None,
+    max_coordinates=None,
+    solver=SOLVERS["Tsit5"],
+):
     """Measures every family × size × method, the JAX methods with `solver`; `on_row(results)`
     after each size. Sizes with more coordinates than `max_coordinates[family]` (where
     given) are left out."""
@@ -511,8 +608,13 @@ def run(families, sizes, batch, budget, compile_budget, repeats, methods, on_row
             if n > (max_coordinates or {}).get(family, n):
                 continue
             model = scaling_models.FAMILIES[family](size)
-            row = {"family": family, "size": size, "coordinates": n,
-                   "constraints": constraints(family, size), "methods": {}}
+            row = {
+                "family": family,
+                "size": size,
+                "coordinates": n,
+                "constraints": constraints(family, size),
+                "methods": {},
+            }
             for method in methods:
                 skip, why = predicted_skip(previous[method], n, budget, compile_budget)
                 if "all" in skip:
@@ -525,16 +627,19 @@ def run(families, sizes, batch, budget, compile_budget, repeats, methods, on_row
                 else:
                     functions = functools.partial(
                         jaxdae_functions if method == JAXDAE else handwritten_functions,
-                        solver=solver)
+                        solver=solver,
+                    )
                     result = measure_jax(functions, model, skip, batch, repeats, budget)
                 result["n"] = n
                 if "gradient" in skip:
                     result["gradient_skipped"] = why
                 row["methods"][method] = result
                 previous[method] = result
-                print(f"  {family} N={size} {method}: solve {1e3 * result['single']:.3g} ms, "
-                      f"{result['steps']} steps ({time.perf_counter() - start:.1f} s)",
-                      flush=True)
+                print(
+                    f"  {family} N={size} {method}: solve {1e3 * result['single']:.3g} ms, "
+                    f"{result['steps']} steps ({time.perf_counter() - start:.1f} s)",
+                    flush=True,
+                )
             reference = row["methods"].get(JAXDAE, {}).get("q_final")
             for result in row["methods"].values():
                 if reference is not None and "q_final" in result:
@@ -551,9 +656,11 @@ def _ms(seconds):
 
 def table(results, methods):
     lines = [
-        ("| family | N | coordinates | method | solve [ms] | steps | per step [µs] | "
-         "gradient [ms] | grad/solve | batch [traj/s] (size) | compile solve / gradient [s] | "
-         "max \\|Δq(1)\\| vs jaxdae |"),
+        (
+            "| family | N | coordinates | method | solve [ms] | steps | per step [µs] | "
+            "gradient [ms] | grad/solve | batch [traj/s] (size) | compile solve / gradient [s] | "
+            "max \\|Δq(1)\\| vs jaxdae |"
+        ),
         "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in results:
@@ -563,14 +670,18 @@ def table(results, methods):
                 continue
             cells = [row["family"], str(row["size"]), str(row["coordinates"]), method]
             if "skipped" in r:
-                lines.append("| " + " | ".join(cells + [f"skipped: {r['skipped']}"]
-                                               + [""] * 7) + " |")
+                lines.append(
+                    "| " + " | ".join(cells + [f"skipped: {r['skipped']}"] + [""] * 7) + " |"
+                )
                 continue
             grad = r.get("gradient")
             compile_grad = r.get("compile_gradient", {}).get("total")
             cells += [
-                _ms(r["single"]), str(r["steps"]), f"{1e6 * r['per_step']:.3g}",
-                _ms(grad) if grad else "skipped", f"{grad / r['single']:.2f}" if grad else "–",
+                _ms(r["single"]),
+                str(r["steps"]),
+                f"{1e6 * r['per_step']:.3g}",
+                _ms(grad) if grad else "skipped",
+                f"{grad / r['single']:.2f}" if grad else "–",
                 f"{r['throughput']:,.3g} ({r['batch']})",
                 f"{r['compile']['total']:.2f} / "
                 + (f"{compile_grad:.2f}" if compile_grad is not None else "–"),
@@ -590,19 +701,29 @@ def plot(results, methods, path):
     fig, ax = plt.subplots(figsize=(7, 5.5), layout="constrained")
     for family, marker in markers.items():
         for method in methods:
-            points = [(row["coordinates"], row["methods"][method]["per_step"])
-                      for row in results if row["family"] == family
-                      and "per_step" in row["methods"].get(method, {})]
+            points = [
+                (row["coordinates"], row["methods"][method]["per_step"])
+                for row in results
+                if row["family"] == family and "per_step" in row["methods"].get(method, {})
+            ]
             if points:
                 x, y = zip(*points, strict=False)
-                ax.plot(x, 1e6 * np.asarray(y), styles[family], marker=marker,
-                        color=colors[method], label=f"{method}, {family}")
+                ax.plot(
+                    x,
+                    1e6 * np.asarray(y),
+                    styles[family],
+                    marker=marker,
+                    color=colors[method],
+                    label=f"{method}, {family}",
+                )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("coordinates n")
     ax.set_ylabel("time per step [µs]")
-    ax.set_title(f"Baumgarte(kd={KD:g}, kp={KP:g}), t ∈ [0, {T1:g}], rtol={RTOL:g}, "
-                 f"atol={ATOL:g}, float64", fontsize=9)
+    ax.set_title(
+        f"Baumgarte(kd={KD:g}, kp={KP:g}), t ∈ [0, {T1:g}], rtol={RTOL:g}, atol={ATOL:g}, float64",
+        fontsize=9,
+    )
     ax.grid(True, which="both", alpha=0.3)
     legend_below(ax, ncol=2)
     fig.savefig(path, dpi=110)
@@ -610,42 +731,87 @@ def plot(results, methods, path):
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("output"),
-                        help=f"output root; results go to OUT/{NAME}/ (default: output)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"a smoke test: sizes {QUICK_SIZES}, batch 8, one repeat")
-    parser.add_argument("--sizes", type=_int_list, default=None,
-                        help="links (cells) per model, comma-separated (default: "
-                        + ",".join(map(str, DEFAULT_SIZES)) + ")")
-    parser.add_argument("--families", type=_family_list, default=list(scaling_models.FAMILIES),
-                        help="comma-separated subset of " + ",".join(scaling_models.FAMILIES))
-    parser.add_argument("--batch", type=int, default=None,
-                        help="trajectories per vmap / map batch (default 256, fewer where "
-                        "the batch would exceed --budget; with --throughput 4096)")
-    parser.add_argument("--budget", type=float, default=20.0,
-                        help="seconds: skip a method × size whose single solve is predicted "
-                        "to take longer (default 20)")
-    parser.add_argument("--compile-budget", type=float, default=120.0,
-                        help="seconds: skip the sizes after one whose compile took longer "
-                        "(default 120)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="timed calls per measurement; the median is reported (default 3)")
-    parser.add_argument("--max-coordinates", type=_limits, default={},
-                        help="leave out the sizes with more coordinates: one number for "
-                        "every family, or family=number pairs, e.g. chain=512,pendulum=64")
-    parser.add_argument("--solver", choices=list(SOLVERS), default="Tsit5",
-                        help="the explicit solver of jaxdae and of the hand-written diffrax "
-                        "solve (default Tsit5)")
-    parser.add_argument("--cpu-per-step", action="store_true",
-                        help="jaxdae only: CPU time per step, per right-hand side and "
-                        "gradient / solve at each size, and the growth exponents")
-    parser.add_argument("--throughput", action="store_true",
-                        help="trajectories per second of one batch (--batch, default 4096) "
-                        "of each family × size (default: chains of 64 links), float64 and "
-                        "float32, by vmap, the ensemble, UnrolledERK, the hand-written ODE "
-                        "and CasADi's map; for GPUs")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("output"),
+        help=f"output root; results go to OUT/{NAME}/ (default: output)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a smoke test: sizes {QUICK_SIZES}, batch 8, one repeat",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=_int_list,
+        default=None,
+        help="links (cells) per model, comma-separated (default: "
+        + ",".join(map(str, DEFAULT_SIZES))
+        + ")",
+    )
+    parser.add_argument(
+        "--families",
+        type=_family_list,
+        default=list(scaling_models.FAMILIES),
+        help="comma-separated subset of " + ",".join(scaling_models.FAMILIES),
+    )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="trajectories per vmap / map batch (default 256, fewer where "
+        "the batch would exceed --budget; with --throughput 4096)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=20.0,
+        help="seconds: skip a method × size whose single solve is predicted "
+        "to take longer (default 20)",
+    )
+    parser.add_argument(
+        "--compile-budget",
+        type=float,
+        default=120.0,
+        help="seconds: skip the sizes after one whose compile took longer (default 120)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed calls per measurement; the median is reported (default 3)",
+    )
+    parser.add_argument(
+        "--max-coordinates",
+        type=_limits,
+        default={},
+        help="leave out the sizes with more coordinates: one number for "
+        "every family, or family=number pairs, e.g. chain=512,pendulum=64",
+    )
+    parser.add_argument(
+        "--solver",
+        choices=list(SOLVERS),
+        default="Tsit5",
+        help="the explicit solver of jaxdae and of the hand-written diffrax solve (default Tsit5)",
+    )
+    parser.add_argument(
+        "--cpu-per-step",
+        action="store_true",
+        help="jaxdae only: CPU time per step, per right-hand side and "
+        "gradient / solve at each size, and the growth exponents",
+    )
+    parser.add_argument(
+        "--throughput",
+        action="store_true",
+        help="trajectories per second of one batch (--batch, default 4096) "
+        "of each family × size (default: chains of 64 links), float64 and "
+        "float32, by vmap, the ensemble, UnrolledERK, the hand-written ODE "
+        "and CasADi's map; for GPUs",
+    )
     args = parser.parse_args()
     if args.batch is None:
         args.batch = 4096 if args.throughput else 256
@@ -680,7 +846,8 @@ def _limits(text):
         family, _, number = item.strip().rpartition("=")
         if not number.isdigit() or (family and family not in scaling_models.FAMILIES):
             raise argparse.ArgumentTypeError(
-                f"expected a number or family=number pairs, got {text!r}")
+                f"expected a number or family=number pairs, got {text!r}"
+            )
         for name in [family] if family else scaling_models.FAMILIES:
             limits[name] = int(number)
     return limits
@@ -691,7 +858,8 @@ def _family_list(text):
     unknown = [x for x in names if x not in scaling_models.FAMILIES]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
-            f"unknown family {unknown or text!r}; choose from {', '.join(scaling_models.FAMILIES)}")
+            f"unknown family {unknown or text!r}; choose from {', '.join(scaling_models.FAMILIES)}"
+        )
     return names
 
 
@@ -700,13 +868,18 @@ def throughput_run(args, folder):
     written with the JSON after every row (`bench_scaling_throughput.{md,json}`)."""
     warm_up_jax()
     device = jax.devices()[0]
-    header = (f"Baumgarte(kd={KD:g}, kp={KP:g}), t ∈ [0, {T1:g}], velocities perturbed by "
-              f"1e-3·N(0, 1), Tsit5; float64 at rtol={RTOL:g}, atol={ATOL:g}, float32 at "
-              "rtol={:g}, atol={:g}; medians of {} calls; device: {} ({}); jax {}".format(
-                  *THROUGHPUT_TOLERANCES["float32"], args.repeats, device.device_kind,
-                  device.platform, jax.__version__)
-              + (f", casadi {ca.__version__} on {os.cpu_count()} host cores"
-                 if ca is not None else ""))
+    header = (
+        f"Baumgarte(kd={KD:g}, kp={KP:g}), t ∈ [0, {T1:g}], velocities perturbed by "
+        f"1e-3·N(0, 1), Tsit5; float64 at rtol={RTOL:g}, atol={ATOL:g}, float32 at "
+        "rtol={:g}, atol={:g}; medians of {} calls; device: {} ({}); jax {}".format(
+            *THROUGHPUT_TOLERANCES["float32"],
+            args.repeats,
+            device.device_kind,
+            device.platform,
+            jax.__version__,
+        )
+        + (f", casadi {ca.__version__} on {os.cpu_count()} host cores" if ca is not None else "")
+    )
     results = {}
     for family in args.families:
         for size in args.sizes:
@@ -717,16 +890,27 @@ def throughput_run(args, folder):
                 results[key] = {"rows": rows, "agreement": agreement}
                 lines = [header, ""]
                 for name, result in results.items():
-                    lines += [f"**{name}**", ""] + throughput_table(
-                        result["rows"], result["agreement"]) + [""]
+                    lines += (
+                        [f"**{name}**", ""]
+                        + throughput_table(result["rows"], result["agreement"])
+                        + [""]
+                    )
                 (folder / "bench_scaling_throughput.md").write_text("\n".join(lines))
-                write_json(folder / "bench_scaling_throughput.json",
-                           {"header": header, "results": results, "batch": args.batch,
-                            "repeats": args.repeats, "jax": jax.__version__})
+                write_json(
+                    folder / "bench_scaling_throughput.json",
+                    {
+                        "header": header,
+                        "results": results,
+                        "batch": args.batch,
+                        "repeats": args.repeats,
+                        "jax": jax.__version__,
+                    },
+                )
                 return lines
 
-            batch_throughput(family, size, args.batch, args.repeats, THROUGHPUT_TOOLS,
-                             on_row=report)
+            batch_throughput(
+                family, size, args.batch, args.repeats, THROUGHPUT_TOOLS, on_row=report
+            )
     print((folder / "bench_scaling_throughput.md").read_text())
 
 
@@ -734,9 +918,11 @@ def main():
     args = parse_args()
     if args.cpu_per_step:
         warm_up_jax()
-        print("| family | N | coordinates | steps | solve per step [µs] | right-hand side [µs] "
-              "| gradient / solve | failure test [µs] | vector–Jacobian product [µs] |\n"
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print(
+            "| family | N | coordinates | steps | solve per step [µs] | right-hand side [µs] "
+            "| gradient / solve | failure test [µs] | vector–Jacobian product [µs] |\n"
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        )
         cpu_per_step(args.families, args.sizes, args.repeats, args.max_coordinates)
         return
     if ca is None:
@@ -763,18 +949,45 @@ def main():
         if final:
             print("\n".join(lines))
         plot(results, methods, folder / "bench_scaling.png")
-        rows = [{**row, "methods": {m: {k: x for k, x in r.items() if k != "q_final"}
-                                    for m, r in row["methods"].items()}} for row in results]
-        write_json(folder / "bench_scaling.json", {
-            "results": rows, "sizes": args.sizes, "families": args.families,
-            "batch": args.batch, "budget": args.budget, "repeats": args.repeats,
-            "max_coordinates": args.max_coordinates,
-            "jax": jax.__version__, "casadi": None if ca is None else ca.__version__,
-            "complete": final, "table": lines})
+        rows = [
+            {
+                **row,
+                "methods": {
+                    m: {k: x for k, x in r.items() if k != "q_final"}
+                    for m, r in row["methods"].items()
+                },
+            }
+            for row in results
+        ]
+        write_json(
+            folder / "bench_scaling.json",
+            {
+                "results": rows,
+                "sizes": args.sizes,
+                "families": args.families,
+                "batch": args.batch,
+                "budget": args.budget,
+                "repeats": args.repeats,
+                "max_coordinates": args.max_coordinates,
+                "jax": jax.__version__,
+                "casadi": None if ca is None else ca.__version__,
+                "complete": final,
+                "table": lines,
+            },
+        )
 
-    results = run(args.families, args.sizes, args.batch, args.budget, args.compile_budget,
-                  args.repeats, methods, on_row=report, max_coordinates=args.max_coordinates,
-                  solver=SOLVERS[args.solver])
+    results = run(
+        args.families,
+        args.sizes,
+        args.batch,
+        args.budget,
+        args.compile_budget,
+        args.repeats,
+        methods,
+        on_row=report,
+        max_coordinates=args.max_coordinates,
+        solver=SOLVERS[args.solver],
+    )
     report(results, final=True)
     print(f"wrote {folder / 'bench_scaling.json'} and {folder / 'bench_scaling.png'}")
 

@@ -64,8 +64,18 @@ def ball_and_beam():
 
     def run(start):
         q0, v0 = exact.state(start[0], start[1], current=equilibrium.v[3])
-        return jaxdae.simulate(design["closed"], design["shulgin"], 0.0, 20.0, q0, v0,
-                               rtol=1e-6, atol=1e-8, max_steps=20_000, throw=False).q_final
+        return jaxdae.simulate(
+            design["closed"],
+            design["shulgin"],
+            0.0,
+            20.0,
+            q0,
+            v0,
+            rtol=1e-6,
+            atol=1e-8,
+            max_steps=20_000,
+            throw=False,
+        ).q_final
 
     starts = jnp.stack([jnp.linspace(0.2, 0.8, BATCH), jnp.linspace(-0.2, 0.2, BATCH)], axis=1)
     return run, jnp.array([0.3, 0.1]), starts
@@ -95,8 +105,11 @@ def cartesian_arm():
 
     # The formulation crosses a jit boundary (as in
     # experiments/examples/cartesian_arm_hamiltonian.py).
-    solve = eqx.filter_jit(lambda system, formulation, q, p: jaxdae.simulate(
-        system, formulation, 0.0, 6.0, q, p).q_final)
+    solve = eqx.filter_jit(
+        lambda system, formulation, q, p: (
+            jaxdae.simulate(system, formulation, 0.0, 6.0, q, p).q_final
+        )
+    )
 
     def run(scale):  # scale the first point's position: off the constraints
         q = q0 * jnp.array([scale, scale, 1.0, 1.0])
@@ -118,8 +131,7 @@ def redundant_pendulum():
 
     def run(angle):
         q0, v0 = system.state_from_angle(angle, 0.0)
-        return jaxdae.simulate(system, jaxdae.PseudoInverse(10.0, 25.0), 0.0, 10.0, q0,
-                               v0).q_final
+        return jaxdae.simulate(system, jaxdae.PseudoInverse(10.0, 25.0), 0.0, 10.0, q0, v0).q_final
 
     return run, jnp.asarray(0.5), jnp.linspace(0.2, 1.2, BATCH)
 
@@ -162,20 +174,35 @@ def actuated_gradients(repeats: int):
 
     def loss(rate, w0, adjoint):
         control = jaxdae.ConstraintEnforcingControl.with_poles(rate, order=4)
-        sol = jaxdae.simulate_actuated(system, control, 0.0, 0.5, q0, v0, w0,
-                                       ts=jnp.linspace(0.0, 0.5, 4), adjoint=adjoint,
-                                       max_steps=1024)
+        sol = jaxdae.simulate_actuated(
+            system,
+            control,
+            0.0,
+            0.5,
+            q0,
+            v0,
+            w0,
+            ts=jnp.linspace(0.0, 0.5, 4),
+            adjoint=adjoint,
+            max_steps=1024,
+        )
         return jnp.sum(sol.residuals[:, 0, 0] ** 2) + jnp.sum(sol.w_final**2)
 
-    adjoints = {"RecursiveCheckpointAdjoint(checkpoints=32)":
-                diffrax.RecursiveCheckpointAdjoint(checkpoints=32),
-                "ReverseSweepAdjoint (the default)": jaxdae.ReverseSweepAdjoint()}
+    adjoints = {
+        "RecursiveCheckpointAdjoint(checkpoints=32)": diffrax.RecursiveCheckpointAdjoint(
+            checkpoints=32
+        ),
+        "ReverseSweepAdjoint (the default)": jaxdae.ReverseSweepAdjoint(),
+    }
     compiled, compile_s, grads = {}, {}, {}
     for name, adjoint in adjoints.items():
         jax.clear_caches()
         start = time.perf_counter()
-        compiled[name] = jax.jit(jax.value_and_grad(lambda r, w, a=adjoint: loss(r, w, a),
-                                                    argnums=(0, 1))).lower(10.0, w0).compile()
+        compiled[name] = (
+            jax.jit(jax.value_and_grad(lambda r, w, a=adjoint: loss(r, w, a), argnums=(0, 1)))
+            .lower(10.0, w0)
+            .compile()
+        )
         compile_s[name] = time.perf_counter() - start
         grads[name] = jax.block_until_ready(compiled[name](10.0, w0))
     times = {name: [] for name in adjoints}
@@ -185,13 +212,19 @@ def actuated_gradients(repeats: int):
             jax.block_until_ready(fn(10.0, w0))
             times[name].append(time.perf_counter() - start)
     reference = jax.tree.leaves(grads[next(iter(adjoints))][1])
-    print("\n| adaptive optics, gradient w.r.t. (rate, w0) | compile [s] | run [ms] | "
-          "max rel. difference |\n| --- | ---: | ---: | ---: |")
+    print(
+        "\n| adaptive optics, gradient w.r.t. (rate, w0) | compile [s] | run [ms] | "
+        "max rel. difference |\n| --- | ---: | ---: | ---: |"
+    )
     for name in adjoints:
-        difference = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
-                         for a, b in zip(jax.tree.leaves(grads[name][1]), reference, strict=False))
-        print(f"| {name} | {compile_s[name]:.1f} | {1e3 * np.median(times[name]):.3f} | "
-              f"{difference:.1e} |")
+        difference = max(
+            float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+            for a, b in zip(jax.tree.leaves(grads[name][1]), reference, strict=False)
+        )
+        print(
+            f"| {name} | {compile_s[name]:.1f} | {1e3 * np.median(times[name]):.3f} | "
+            f"{difference:.1e} |"
+        )
 
 
 if __name__ == "__main__":

@@ -118,14 +118,19 @@ EXUDYN_SETTINGS = {
         "timeIntegration.generalizedAlpha.useIndex2Constraints": True,
         "timeIntegration.generalizedAlpha.useNewmark": True,
         "timeIntegration.generalizedAlpha.newmarkBeta": 0.25,
-        "timeIntegration.generalizedAlpha.newmarkGamma": 0.5},
+        "timeIntegration.generalizedAlpha.newmarkGamma": 0.5,
+    },
 }
 
 
-
 def solver(name: str) -> diffrax.AbstractSolver:
-    return {"Tsit5": diffrax.Tsit5, "Dopri8": diffrax.Dopri8, "Kvaerno5": diffrax.Kvaerno5,
-            "Rodas5P": jaxdae.Rodas5P, "GeneralizedAlpha": jaxdae.GeneralizedAlpha}[name]()
+    return {
+        "Tsit5": diffrax.Tsit5,
+        "Dopri8": diffrax.Dopri8,
+        "Kvaerno5": diffrax.Kvaerno5,
+        "Rodas5P": jaxdae.Rodas5P,
+        "GeneralizedAlpha": jaxdae.GeneralizedAlpha,
+    }[name]()
 
 
 class Settings(NamedTuple):
@@ -142,14 +147,30 @@ class Settings(NamedTuple):
     solvers: tuple[str, ...]
 
 
-FULL = Settings(10.0, 1.0, 2.0, (2e-4, 1e-4),
-                {"governor": (25.0, 12.0), "chain": (8.0, 4.0), "small": (4.0, 2.0)}, 3,
-                JAXDAE_RTOLS, IDA_RTOLS, EXPLICIT + IMPLICIT)
+FULL = Settings(
+    10.0,
+    1.0,
+    2.0,
+    (2e-4, 1e-4),
+    {"governor": (25.0, 12.0), "chain": (8.0, 4.0), "small": (4.0, 2.0)},
+    3,
+    JAXDAE_RTOLS,
+    IDA_RTOLS,
+    EXPLICIT + IMPLICIT,
+)
 # the smoke run: short horizons, one solver (Dopri8, which also gives the reference: the
 # implicit solvers' compiles of the governor take minutes)
-QUICK = Settings(0.5, 0.1, 0.5, (2e-4,),
-                 {"governor": (5.0, 1.0), "chain": (3.0, 1.0), "small": (2.0, 1.0)}, 1,
-                 (1e-3, 1e-5, 1e-7), (1e-3, 1e-6), ("Dopri8",))
+QUICK = Settings(
+    0.5,
+    0.1,
+    0.5,
+    (2e-4,),
+    {"governor": (5.0, 1.0), "chain": (3.0, 1.0), "small": (2.0, 1.0)},
+    1,
+    (1e-3, 1e-5, 1e-7),
+    (1e-3, 1e-6),
+    ("Dopri8",),
+)
 
 
 # -- cases -------------------------------------------------------------------------------
@@ -177,11 +198,15 @@ class Case:
 
 def governor_positions(model):
     """Slider height and the rods' centres of mass, (N, 7), from jaxdae's coordinates."""
+
     def measure(q):
         q = jnp.asarray(q)
-        return np.concatenate([np.asarray(model.marker_position(q, "slider"))[:, 2:]]
-                              + [np.asarray(model.marker_position(q, rod))
-                                 for rod in ("rod1", "rod2")], axis=1)
+        return np.concatenate(
+            [np.asarray(model.marker_position(q, "slider"))[:, 2:]]
+            + [np.asarray(model.marker_position(q, rod)) for rod in ("rod1", "rod2")],
+            axis=1,
+        )
+
     return measure
 
 
@@ -195,9 +220,16 @@ def exudyn_governor(model, q0, v0):
 
     def build():
         _, mbs, numbers = exudyn_governor_system(exu, model, q0, v0)
-        sensors = [mbs.AddSensor(SensorBody(bodyNumber=numbers[name], storeInternal=True,
-                                            outputVariableType=exu.OutputVariableType.Position))
-                   for name in ("slider", "rod1", "rod2")]
+        sensors = [
+            mbs.AddSensor(
+                SensorBody(
+                    bodyNumber=numbers[name],
+                    storeInternal=True,
+                    outputVariableType=exu.OutputVariableType.Position,
+                )
+            )
+            for name in ("slider", "rod1", "rod2")
+        ]
 
         def measure(data):
             slider, rod1, rod2 = data
@@ -221,16 +253,25 @@ def exudyn_chain(system, q0):
     def build():
         mbs = exu.SystemContainer().AddSystem()
         ground = mbs.AddObject(ObjectGround())
-        masses = [mbs.CreateMassPoint(referencePosition=[x, y, 0.0], mass=1.0,
-                                      gravity=[0.0, -g, 0.0], create2D=True)
-                  for x, y in points]
+        masses = [
+            mbs.CreateMassPoint(
+                referencePosition=[x, y, 0.0], mass=1.0, gravity=[0.0, -g, 0.0], create2D=True
+            )
+            for x, y in points
+        ]
         mbs.CreateDistanceConstraint(itemNumbers=[ground, masses[0]], distance=1.0)
         for a, b in zip(masses[:-1], masses[1:], strict=True):
-            mbs.CreateSpringDamper(itemNumbers=[a, b], referenceLength=1.0, stiffness=k,
-                                   damping=c)
-        sensors = [mbs.AddSensor(SensorBody(bodyNumber=m, storeInternal=True,
-                                            outputVariableType=exu.OutputVariableType.Position))
-                   for m in masses]
+            mbs.CreateSpringDamper(itemNumbers=[a, b], referenceLength=1.0, stiffness=k, damping=c)
+        sensors = [
+            mbs.AddSensor(
+                SensorBody(
+                    bodyNumber=m,
+                    storeInternal=True,
+                    outputVariableType=exu.OutputVariableType.Position,
+                )
+            )
+            for m in masses
+        ]
 
         def measure(data):
             return np.concatenate([d[:, 1:3] for d in data], axis=1)
@@ -245,27 +286,65 @@ def make_cases(settings: Settings, have_exudyn: bool, have_ida: bool) -> dict[st
     model, formulation, q0, v0, _ = governor_case()
     t1 = settings.governor_t1
     cases["governor"] = Case(
-        "governor", f"flyball governor, {t1:g} s", model, formulation, q0, v0, t1,
-        np.linspace(0.0, t1, int(round(t1 / 0.01)) + 1), governor_positions(model), 1.0, "m",
-        exudyn_governor(model, q0, v0) if have_exudyn else None, False, "governor",
-        settings.caps["governor"])
+        "governor",
+        f"flyball governor, {t1:g} s",
+        model,
+        formulation,
+        q0,
+        v0,
+        t1,
+        np.linspace(0.0, t1, int(round(t1 / 0.01)) + 1),
+        governor_positions(model),
+        1.0,
+        "m",
+        exudyn_governor(model, q0, v0) if have_exudyn else None,
+        False,
+        "governor",
+        settings.caps["governor"],
+    )
     system, formulation, q0, v0, _ = chain_case()
     t1 = settings.chain_t1
     cases["chain"] = Case(
-        "chain", f"spring chain, 16 masses, k = 1e8, {t1:g} s", system, formulation, q0, v0,
-        t1, np.linspace(0.0, t1, int(round(t1 / 0.02)) + 1), np.asarray, 0.0, "relative",
-        exudyn_chain(system, q0) if have_exudyn else None, have_ida, "chain",
-        settings.caps["chain"])
+        "chain",
+        f"spring chain, 16 masses, k = 1e8, {t1:g} s",
+        system,
+        formulation,
+        q0,
+        v0,
+        t1,
+        np.linspace(0.0, t1, int(round(t1 / 0.02)) + 1),
+        np.asarray,
+        0.0,
+        "relative",
+        exudyn_chain(system, q0) if have_exudyn else None,
+        have_ida,
+        "chain",
+        settings.caps["chain"],
+    )
     t1 = settings.small_t1
-    for name, label, make in (("spring6", "spring pendulum, k = 1e6", spring_case),
-                              ("spring8", "spring pendulum, k = 1e8",
-                               lambda: spring_case(k=1e8, c=1e4)),
-                              ("arm", "Cartesian arm, Baumgarte(2000, 1e6)", arm_case)):
+    for name, label, make in (
+        ("spring6", "spring pendulum, k = 1e6", spring_case),
+        ("spring8", "spring pendulum, k = 1e8", lambda: spring_case(k=1e8, c=1e4)),
+        ("arm", "Cartesian arm, Baumgarte(2000, 1e6)", arm_case),
+    ):
         system, formulation, q0, v0, _ = make()
-        cases[name] = Case(name, f"{label}, {t1:g} s", system, formulation, q0, v0, t1,
-                           np.linspace(0.0, t1, 41), np.asarray, 0.0, "relative", None,
-                           have_ida, "spring" if name.startswith("spring") else name,
-                           settings.caps["small"])
+        cases[name] = Case(
+            name,
+            f"{label}, {t1:g} s",
+            system,
+            formulation,
+            q0,
+            v0,
+            t1,
+            np.linspace(0.0, t1, 41),
+            np.asarray,
+            0.0,
+            "relative",
+            None,
+            have_ida,
+            "spring" if name.startswith("spring") else name,
+            settings.caps["small"],
+        )
     return cases
 
 
@@ -299,9 +378,16 @@ class Run:
         return self
 
     def row(self) -> dict:
-        return {"code": self.code, "setting": self.setting, "knob": self.knob,
-                "error": self.error, "seconds": self.seconds, "timings": self.timings,
-                "ok": self.ok, **self.counts}
+        return {
+            "code": self.code,
+            "setting": self.setting,
+            "knob": self.knob,
+            "error": self.error,
+            "seconds": self.seconds,
+            "timings": self.timings,
+            "ok": self.ok,
+            **self.counts,
+        }
 
 
 def case_error(case: Case, values: np.ndarray, reference: np.ndarray) -> float:
@@ -318,12 +404,28 @@ def compiled_solves(case: Case, names, cache: dict) -> dict:
     for name in names:
         key = (case.share, name)
         if key not in cache:
+
             def solve(params, q0, v0, rtol, atol, name=name):
-                sol = jaxdae.simulate(eqx.combine(params, static), case.formulation, 0.0,
-                                      case.t1, q0, v0, ts=ts, solver=solver(name), rtol=rtol,
-                                      atol=atol, max_steps=2_000_000, throw=False)
-                return (sol.q, sol.stats["num_accepted_steps"], sol.stats["num_rejected_steps"],
-                        sol.succeeded)
+                sol = jaxdae.simulate(
+                    eqx.combine(params, static),
+                    case.formulation,
+                    0.0,
+                    case.t1,
+                    q0,
+                    v0,
+                    ts=ts,
+                    solver=solver(name),
+                    rtol=rtol,
+                    atol=atol,
+                    max_steps=2_000_000,
+                    throw=False,
+                )
+                return (
+                    sol.q,
+                    sol.stats["num_accepted_steps"],
+                    sol.stats["num_rejected_steps"],
+                    sol.succeeded,
+                )
 
             start = time.perf_counter()
             compiled = jax.jit(solve).lower(params, case.q0, case.v0, 1e-6, 1e-9).compile()
@@ -348,19 +450,30 @@ def compiled_fixed_ga(case: Case, cache: dict):
 
         def solve(params, q0, v0, h):
             sol = jaxdae.simulate(
-                eqx.combine(params, static), case.formulation, 0.0, case.t1, q0, v0, ts=ts,
-                solver=jaxdae.GeneralizedAlpha(0.9, root_finder=optx.Chord(rtol=1e-6,
-                                                                           atol=1e-8)),
-                stepsize_controller=diffrax.ConstantStepSize(), dt0=h, max_steps=2_000_000,
-                throw=False)
-            return (sol.q, sol.stats["num_accepted_steps"], sol.stats["num_rejected_steps"],
-                    sol.succeeded)
+                eqx.combine(params, static),
+                case.formulation,
+                0.0,
+                case.t1,
+                q0,
+                v0,
+                ts=ts,
+                solver=jaxdae.GeneralizedAlpha(0.9, root_finder=optx.Chord(rtol=1e-6, atol=1e-8)),
+                stepsize_controller=diffrax.ConstantStepSize(),
+                dt0=h,
+                max_steps=2_000_000,
+                throw=False,
+            )
+            return (
+                sol.q,
+                sol.stats["num_accepted_steps"],
+                sol.stats["num_rejected_steps"],
+                sol.succeeded,
+            )
 
         start = time.perf_counter()
         compiled = jax.jit(solve).lower(params, case.q0, case.v0, 1e-3).compile()
         cache[key] = (compiled, time.perf_counter() - start)
-        print(f"  compiled jaxdae {FIXED_GA} for {case.name}: {cache[key][1]:.1f} s",
-              flush=True)
+        print(f"  compiled jaxdae {FIXED_GA} for {case.name}: {cache[key][1]:.1f} s", flush=True)
         jax.block_until_ready(compiled(params, case.q0, case.v0, case.t1 / 10))
     return cache[key]
 
@@ -371,10 +484,14 @@ def fixed_ga_run(case: Case, compiled, h: float) -> Run:
     def go():
         start = time.perf_counter()
         q, accepted, rejected, succeeded = jax.block_until_ready(
-            compiled(params, case.q0, case.v0, h))
+            compiled(params, case.q0, case.v0, h)
+        )
         seconds = time.perf_counter() - start
-        return case.measure(np.asarray(q)), seconds, {
-            "steps": int(accepted), "rejected": int(rejected), "ok": bool(succeeded)}
+        return (
+            case.measure(np.asarray(q)),
+            seconds,
+            {"steps": int(accepted), "rejected": int(rejected), "ok": bool(succeeded)},
+        )
 
     return Run("jaxdae", FIXED_GA, f"h = {h:g}", go)
 
@@ -391,10 +508,14 @@ def jaxdae_run(case: Case, name: str, compiled, rtol: float, atol: float | None 
     def go():
         start = time.perf_counter()
         q, accepted, rejected, succeeded = jax.block_until_ready(
-            compiled(params, case.q0, case.v0, rtol, atol))
+            compiled(params, case.q0, case.v0, rtol, atol)
+        )
         seconds = time.perf_counter() - start
-        return case.measure(np.asarray(q)), seconds, {
-            "steps": int(accepted), "rejected": int(rejected), "ok": bool(succeeded)}
+        return (
+            case.measure(np.asarray(q)),
+            seconds,
+            {"steps": int(accepted), "rejected": int(rejected), "ok": bool(succeeded)},
+        )
 
     return Run("jaxdae", name, f"rtol = {rtol:g}", go)
 
@@ -407,8 +528,11 @@ def exudyn_run(case: Case, setting: str, h: float) -> Run:
     mbs, sensors, measure = build()
     steps = int(round(case.t1 / h))
     every = float(case.ts[1] - case.ts[0])
-    options = {"timeIntegration.newton.relativeTolerance": 1e-8,
-               "solution.sensors.writePeriod": every, **EXUDYN_SETTINGS[setting]}
+    options = {
+        "timeIntegration.newton.relativeTolerance": 1e-8,
+        "solution.sensors.writePeriod": every,
+        **EXUDYN_SETTINGS[setting],
+    }
 
     def go():
         data, seconds = exudyn_solve(exu, mbs, sensors, case.t1, steps, options=options)
@@ -462,16 +586,22 @@ def ggl_residual(case: Case):
         raise ValueError("the GGL form here covers holonomic constraints only")
 
     def residual(t, y, yp):
-        q, v, lam, mu = y[:n], y[n:2 * n], y[2 * n:2 * n + m], y[2 * n + m:]
+        q, v, lam, mu = y[:n], y[n : 2 * n], y[2 * n : 2 * n + m], y[2 * n + m :]
         terms = system.terms(t, q, v)
         g = terms.jacobian
-        return jnp.concatenate([yp[:n] - v + g.T @ mu,
-                                terms.mass_matrix @ yp[n:2 * n] - terms.forces + g.T @ lam,
-                                terms.dphi, terms.phi])
+        return jnp.concatenate(
+            [
+                yp[:n] - v + g.T @ mu,
+                terms.mass_matrix @ yp[n : 2 * n] - terms.forces + g.T @ lam,
+                terms.dphi,
+                terms.phi,
+            ]
+        )
 
     def matrix(t, y, yp, cj):
-        return (jax.jacfwd(residual, argnums=1)(t, y, yp)
-                + cj * jax.jacfwd(residual, argnums=2)(t, y, yp))
+        return jax.jacfwd(residual, argnums=1)(t, y, yp) + cj * jax.jacfwd(residual, argnums=2)(
+            t, y, yp
+        )
 
     g, mass = terms0.jacobian, terms0.mass_matrix
     kkt = jnp.block([[mass, g.T], [g, jnp.zeros((m, m))]])
@@ -510,9 +640,15 @@ def ida_runs(case: Case, form: str, rtols) -> tuple[list[Run], dict]:
         # the multipliers are left out of the error test (and weigh nothing in the Newton
         # test): their error is that of an index-2 and -3 variable, not the motion's
         atol = np.concatenate([np.full(differential, 1e-3 * rtol), np.full(algebraic, 1e10)])
-        return IDA(resfn, jacfn=jacfn, rtol=rtol, atol=atol, max_num_steps=10**6,
-                   linsolver="dense",
-                   algebraic_idx=list(range(differential, differential + algebraic)) or None)
+        return IDA(
+            resfn,
+            jacfn=jacfn,
+            rtol=rtol,
+            atol=atol,
+            max_num_steps=10**6,
+            linsolver="dense",
+            algebraic_idx=list(range(differential, differential + algebraic)) or None,
+        )
 
     def run(rtol):
         steps = []
@@ -526,9 +662,17 @@ def ida_runs(case: Case, form: str, rtols) -> tuple[list[Run], dict]:
             in_callbacks = inside[0]
             if not steps:  # a solve with one output per step counts them
                 steps.append(len(make(rtol).solve(np.array([0.0, case.t1]), y0, yp0).t) - 1)
-            return case.measure(np.asarray(sol.y)[:, :n]), seconds, {
-                "steps": steps[0], "residuals": int(sol.nfev), "jacobians": int(sol.njev),
-                "seconds_in_callbacks": in_callbacks, "ok": bool(sol.success)}
+            return (
+                case.measure(np.asarray(sol.y)[:, :n]),
+                seconds,
+                {
+                    "steps": steps[0],
+                    "residuals": int(sol.nfev),
+                    "jacobians": int(sol.njev),
+                    "seconds_in_callbacks": in_callbacks,
+                    "ok": bool(sol.success),
+                },
+            )
 
         return Run("IDA", form, f"rtol = {rtol:g}", go)
 
@@ -556,8 +700,11 @@ def cheapest(runs: list[Run], target: float) -> dict[tuple[str, str], Run]:
     best = {}
     for run in runs:
         key = (run.code, run.setting)
-        if run.ok and run.error <= target and (
-                key not in best or run.counts["steps"] < best[key].counts["steps"]):
+        if (
+            run.ok
+            and run.error <= target
+            and (key not in best or run.counts["steps"] < best[key].counts["steps"])
+        ):
             best[key] = run
     return best
 
@@ -565,43 +712,62 @@ def cheapest(runs: list[Run], target: float) -> dict[tuple[str, str], Run]:
 def run_case(case: Case, settings: Settings, cache: dict) -> dict:
     print(f"\n## {case.label}\n", flush=True)
     began = time.perf_counter()
-    result: dict = {"case": case.name, "label": case.label, "t1": case.t1,
-                    "saved_times": len(case.ts), "unit": case.unit}
+    result: dict = {
+        "case": case.name,
+        "label": case.label,
+        "t1": case.t1,
+        "saved_times": len(case.ts),
+        "unit": case.unit,
+    }
     solves = compiled_solves(case, [n for n in settings.solvers if n != FIXED_GA], cache)
     result["compile_s"] = {name: s for name, (_, s) in solves.items()}
-    reference_run = jaxdae_run(case, "Dopri8", solves["Dopri8"][0], REFERENCE_RTOL,
-                               REFERENCE_ATOL)
+    reference_run = jaxdae_run(case, "Dopri8", solves["Dopri8"][0], REFERENCE_RTOL, REFERENCE_ATOL)
     values, seconds, counts = reference_run.go()
     reference = values
     if case.scale == 0.0:
         case.scale = float(np.max(np.abs(reference)))
-    result["reference"] = {"solver": "Dopri8", "rtol": REFERENCE_RTOL, "atol": REFERENCE_ATOL,
-                           "seconds": seconds, **counts}
-    print(f"  reference (Dopri8, rtol {REFERENCE_RTOL:g}): {counts['steps']} steps, "
-          f"{seconds:.1f} s", flush=True)
+    result["reference"] = {
+        "solver": "Dopri8",
+        "rtol": REFERENCE_RTOL,
+        "atol": REFERENCE_ATOL,
+        "seconds": seconds,
+        **counts,
+    }
+    print(
+        f"  reference (Dopri8, rtol {REFERENCE_RTOL:g}): {counts['steps']} steps, {seconds:.1f} s",
+        flush=True,
+    )
     ladder_cap, final_cap = case.cap
     runs: list[Run] = []
     targets: dict[str, float] = {}
     if case.exudyn is not None:
         if case.name == "governor":
             result["agreement"] = exudyn_agreement(case, reference, settings)
-        steps_h = [4e-3 * 0.5**k for k in range(5)] if case.name == "chain" else [
-            2e-3 * 0.5**k for k in range(4)]
+        steps_h = (
+            [4e-3 * 0.5**k for k in range(5)]
+            if case.name == "chain"
+            else [2e-3 * 0.5**k for k in range(4)]
+        )
         exudyn = [exudyn_run(case, EXUDYN_DEFAULT, h).record(case, reference) for h in steps_h]
         for setting in list(EXUDYN_SETTINGS)[1:]:
-            exudyn += [exudyn_run(case, setting, h).record(case, reference)
-                       for h in (2 * EXUDYN_TARGET_H, EXUDYN_TARGET_H, EXUDYN_TARGET_H / 2)]
+            exudyn += [
+                exudyn_run(case, setting, h).record(case, reference)
+                for h in (2 * EXUDYN_TARGET_H, EXUDYN_TARGET_H, EXUDYN_TARGET_H / 2)
+            ]
         # Exudyn's accuracy at h = 5e-4: that of its most accurate setting there (a
         # setting whose Newton iteration stops early adds its own error)
-        at_target = min((r for r in exudyn if r.knob == f"h = {EXUDYN_TARGET_H:g}"),
-                        key=lambda r: r.error)
+        at_target = min(
+            (r for r in exudyn if r.knob == f"h = {EXUDYN_TARGET_H:g}"), key=lambda r: r.error
+        )
         targets[f"Exudyn at h = {EXUDYN_TARGET_H:g}"] = at_target.error
         result["exudyn_target_setting"] = at_target.setting
         runs += exudyn
         if FIXED_GA in settings.solvers:
             compiled, result["compile_s"][FIXED_GA] = compiled_fixed_ga(case, cache)
-            runs += [fixed_ga_run(case, compiled, h).record(case, reference)
-                     for h in (2 * EXUDYN_TARGET_H, EXUDYN_TARGET_H, EXUDYN_TARGET_H / 2)]
+            runs += [
+                fixed_ga_run(case, compiled, h).record(case, reference)
+                for h in (2 * EXUDYN_TARGET_H, EXUDYN_TARGET_H, EXUDYN_TARGET_H / 2)
+            ]
     if case.ida:
         for target in IDA_TARGETS:
             targets[f"{target:g}"] = target
@@ -615,16 +781,25 @@ def run_case(case: Case, settings: Settings, cache: dict) -> dict:
             result["ida_compile"][form] = info
             runs += ladder(form_runs, case, reference, tightest, ladder_cap)
     for name, (compiled, _) in solves.items():
-        runs += ladder([jaxdae_run(case, name, compiled, rtol)
-                        for rtol in settings.jaxdae_rtols], case, reference, tightest,
-                       ladder_cap)
+        runs += ladder(
+            [jaxdae_run(case, name, compiled, rtol) for rtol in settings.jaxdae_rtols],
+            case,
+            reference,
+            tightest,
+            ladder_cap,
+        )
         last = runs[-1]
-        print(f"  jaxdae {name}: down to {last.knob}, error {last.error:.2e}, "
-              f"{last.seconds:.2f} s", flush=True)
+        print(
+            f"  jaxdae {name}: down to {last.knob}, error {last.error:.2e}, {last.seconds:.2f} s",
+            flush=True,
+        )
     # the chosen runs, timed again in turn
     chosen = {label: cheapest(runs, target) for label, target in targets.items()}
-    again = list({id(r): r for best in chosen.values() for r in best.values()
-                  if r.seconds <= final_cap}.values())
+    again = list(
+        {
+            id(r): r for best in chosen.values() for r in best.values() if r.seconds <= final_cap
+        }.values()
+    )
     for _ in range(settings.repeats - 1):
         for run in again:
             values, seconds, _ = run.go()
@@ -633,8 +808,9 @@ def run_case(case: Case, settings: Settings, cache: dict) -> dict:
         run.seconds = float(np.median(run.timings))
     result["targets"] = targets
     result["runs"] = [r.row() for r in runs]
-    result["at_target"] = {label: [r.row() for r in best.values()]
-                           for label, best in chosen.items()}
+    result["at_target"] = {
+        label: [r.row() for r in best.values()] for label, best in chosen.items()
+    }
     result["seconds"] = time.perf_counter() - began
     print_case(result)
     return result
@@ -649,10 +825,14 @@ def exudyn_agreement(case: Case, reference: np.ndarray, settings: Settings) -> d
         run = exudyn_run(case, EXUDYN_DEFAULT, h)
         data, seconds, counts = run.go()
         values.append(data)
-        rows.append({"h": h, "seconds": seconds,
-                     "max_difference": case_error(case, data, reference)})
-        print(f"  Exudyn h = {h:g} against the reference: {rows[-1]['max_difference']:.2e} "
-              f"{case.unit} ({seconds:.1f} s)", flush=True)
+        rows.append(
+            {"h": h, "seconds": seconds, "max_difference": case_error(case, data, reference)}
+        )
+        print(
+            f"  Exudyn h = {h:g} against the reference: {rows[-1]['max_difference']:.2e} "
+            f"{case.unit} ({seconds:.1f} s)",
+            flush=True,
+        )
     out = {"exudyn": rows}
     if len(values) >= 2:
         (h1, x1), (h2, x2) = zip(settings.exudyn_reference_h[-2:], values[-2:], strict=True)
@@ -674,8 +854,10 @@ def counts_text(row: dict) -> str:
         return f"{row['steps']} ({row['rejected']})"
     if row["code"] == "Exudyn":
         return f"{row['steps']}, {row['newton_iterations']} Newton it., {row['jacobians']} Jac."
-    return (f"{row['steps']}, {row['residuals']} res., {row['jacobians']} Jac.; "
-            f"{row['seconds_in_callbacks']:.2f} s in callbacks")
+    return (
+        f"{row['steps']}, {row['residuals']} res., {row['jacobians']} Jac.; "
+        f"{row['seconds_in_callbacks']:.2f} s in callbacks"
+    )
 
 
 def seconds_text(row: dict) -> str:
@@ -689,21 +871,27 @@ def print_case(result: dict) -> None:
     print(f"| code | setting | | error ({unit}) | steps etc. | wall [s] |")
     print("| --- | --- | --- | ---: | --- | ---: |")
     for row in result["runs"]:
-        print(f"| {row['code']} | {row['setting']} | {row['knob']} | {row['error']:.2e} | "
-              f"{counts_text(row)} | {row['seconds']:.3g} |")
+        print(
+            f"| {row['code']} | {row['setting']} | {row['knob']} | {row['error']:.2e} | "
+            f"{counts_text(row)} | {row['seconds']:.3g} |"
+        )
     for label, rows in result["at_target"].items():
         target = result["targets"][label]
-        print(f"\n### {result['label']}: cheapest run per code at an error ≤ {target:.2e} "
-              f"({label})\n")
+        print(
+            f"\n### {result['label']}: cheapest run per code at an error ≤ {target:.2e} ({label})\n"
+        )
         print("| code | setting | | error | steps etc. | wall [s] | / fastest | compile [s] |")
         print("| --- | --- | --- | ---: | --- | ---: | ---: | ---: |")
         fastest = min((r["seconds"] for r in rows), default=np.nan)
         for row in sorted(rows, key=lambda r: r["seconds"]):
-            compile_s = (f"{result['compile_s'][row['setting']]:.1f}"
-                         if row["code"] == "jaxdae" else "–")
-            print(f"| {row['code']} | {row['setting']} | {row['knob']} | {row['error']:.2e} | "
-                  f"{counts_text(row)} | {seconds_text(row)} | "
-                  f"{row['seconds'] / fastest:.2f} | {compile_s} |")
+            compile_s = (
+                f"{result['compile_s'][row['setting']]:.1f}" if row["code"] == "jaxdae" else "–"
+            )
+            print(
+                f"| {row['code']} | {row['setting']} | {row['knob']} | {row['error']:.2e} | "
+                f"{counts_text(row)} | {seconds_text(row)} | "
+                f"{row['seconds'] / fastest:.2f} | {compile_s} |"
+            )
     print(f"\n{result['label']}: {result['seconds']:.0f} s", flush=True)
 
 
@@ -713,59 +901,81 @@ def verdicts(results: list[dict]) -> list[str]:
         for label, rows in result["at_target"].items():
             mine = [r for r in rows if r["code"] == "jaxdae"]
             best = min(mine, key=lambda r: r["seconds"], default=None)
-            explicit = min((r for r in mine if r["setting"] in EXPLICIT),
-                           key=lambda r: r["seconds"], default=None)
-            implicit = min((r for r in mine if r["setting"] in IMPLICIT),
-                           key=lambda r: r["seconds"], default=None)
+            explicit = min(
+                (r for r in mine if r["setting"] in EXPLICIT),
+                key=lambda r: r["seconds"],
+                default=None,
+            )
+            implicit = min(
+                (r for r in mine if r["setting"] in IMPLICIT),
+                key=lambda r: r["seconds"],
+                default=None,
+            )
             for peer in ("Exudyn", "IDA"):
-                theirs = min((r for r in rows if r["code"] == peer),
-                             key=lambda r: r["seconds"], default=None)
+                theirs = min(
+                    (r for r in rows if r["code"] == peer), key=lambda r: r["seconds"], default=None
+                )
                 if theirs is None:
                     continue
                 if best is None:
-                    lines.append(f"{result['label']}, error ≤ {label}: no jaxdae run reached "
-                                 f"it; {peer} {theirs['setting']} {theirs['knob']} "
-                                 f"{theirs['seconds']:.3g} s")
+                    lines.append(
+                        f"{result['label']}, error ≤ {label}: no jaxdae run reached "
+                        f"it; {peer} {theirs['setting']} {theirs['knob']} "
+                        f"{theirs['seconds']:.3g} s"
+                    )
                     continue
                 lines.append(
                     f"{result['label']}, error ≤ {label}: jaxdae {best['setting']} "
                     f"{best['knob']} {best['seconds']:.3g} s against {peer} "
                     f"{theirs['setting']} {theirs['knob']} {theirs['seconds']:.3g} s: "
-                    f"{best['seconds'] / theirs['seconds']:.2f}×")
+                    f"{best['seconds'] / theirs['seconds']:.2f}×"
+                )
             if explicit is not None and implicit is not None:
                 lines.append(
                     f"{result['label']}, error ≤ {label}: best jaxdae implicit "
                     f"({implicit['setting']}, {implicit['knob']}, {implicit['seconds']:.3g} s) "
                     f"/ best explicit ({explicit['setting']}, {explicit['knob']}, "
                     f"{explicit['seconds']:.3g} s) = "
-                    f"{implicit['seconds'] / explicit['seconds']:.2f}")
+                    f"{implicit['seconds'] / explicit['seconds']:.2f}"
+                )
     return lines
 
 
 def peers_available() -> tuple[bool, bool]:
     try:
         import exudyn  # noqa: F401
+
         have_exudyn = True
     except ImportError:
         have_exudyn = False
         print("exudyn is not installed: Exudyn's runs are skipped (pip install exudyn)")
     try:
         import sksundae.ida  # noqa: F401
+
         have_ida = True
     except ImportError:
         have_ida = False
-        print("scikit-sundae is not installed: IDA's runs are skipped "
-              "(pip install scikit-sundae)")
+        print("scikit-sundae is not installed: IDA's runs are skipped (pip install scikit-sundae)")
     return have_exudyn, have_ida
 
 
 def commit() -> str:
     root = Path(__file__).resolve().parents[2]
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "jaxdae"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "jaxdae"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + (" with uncommitted changes in jaxdae/" if dirty else "")
@@ -793,17 +1003,29 @@ def main():
         lines = verdicts(results)
         total = time.perf_counter() - began
         # after every case, so that a long run stopped half way keeps its finished cases
-        write_json(out / f"{NAME}.json", {
-            "results": results, "verdicts": lines, "quick": args.quick,
-            "settings": settings._asdict(), "seconds": total, "load_average": load,
-            "load_average_end": os.getloadavg()[0], "commit": revision, "versions": versions})
+        write_json(
+            out / f"{NAME}.json",
+            {
+                "results": results,
+                "verdicts": lines,
+                "quick": args.quick,
+                "settings": settings._asdict(),
+                "seconds": total,
+                "load_average": load,
+                "load_average_end": os.getloadavg()[0],
+                "commit": revision,
+                "versions": versions,
+            },
+        )
     lines = verdicts(results)
     print("\n### Verdicts\n")
     for line in lines:
         print(f"- {line}")
     total = time.perf_counter() - began
-    print(f"\ntotal {total:.0f} s; load average at the start {load:.1f}, at the end "
-          f"{os.getloadavg()[0]:.1f}; jaxdae at {revision}")
+    print(
+        f"\ntotal {total:.0f} s; load average at the start {load:.1f}, at the end "
+        f"{os.getloadavg()[0]:.1f}; jaxdae at {revision}"
+    )
     print(f"wrote {out / (NAME + '.json')}")
 
 

@@ -32,8 +32,9 @@ def _losses(system, q0s, v0s, solver):
 
     return {
         "one trajectory": lambda f: one(f, q0s[0], v0s[0]),
-        "`jax.vmap(simulate)`":
-            lambda f: jnp.mean(jax.vmap(one, in_axes=(None, 0, 0))(f, q0s, v0s)),
+        "`jax.vmap(simulate)`": lambda f: jnp.mean(
+            jax.vmap(one, in_axes=(None, 0, 0))(f, q0s, v0s)
+        ),
         "`simulate_ensemble`": ensemble,
     }
 
@@ -44,8 +45,10 @@ def main(batch: int = 256, repeats: int = 11):
     q0s = q0 + 1e-3 * jax.random.normal(jax.random.key(0), (batch, 2), q0.dtype)
     v0s = jnp.broadcast_to(v0, (batch, 2))
     formulation = jaxdae.ModifiedLagrange(10.0, jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0]))
-    solvers = {"diffrax Tsit5": diffrax.Tsit5(),
-               "UnrolledERK(Tsit5)": jaxdae.UnrolledERK(diffrax.Tsit5())}
+    solvers = {
+        "diffrax Tsit5": diffrax.Tsit5(),
+        "UnrolledERK(Tsit5)": jaxdae.UnrolledERK(diffrax.Tsit5()),
+    }
     fns, compile_s = {}, {}
     for solver_name, solver in solvers.items():
         for row, loss in _losses(system, q0s, v0s, solver).items():
@@ -64,17 +67,23 @@ def main(batch: int = 256, repeats: int = 11):
             jax.block_until_ready(out)
             times[key].append((time.perf_counter() - start) / inner)
     ms = {key: 1e3 * min(values) for key, values in times.items()}
-    print(f"device: {jax.devices()[0].platform}; batch {batch}; minimum of {repeats} interleaved "
-          "repetitions\n")
-    print("| run | solver | forward [ms] | gradient [ms] | gradient / forward "
-          "| compile forward [s] | compile gradient [s] |")
+    print(
+        f"device: {jax.devices()[0].platform}; batch {batch}; minimum of {repeats} interleaved "
+        "repetitions\n"
+    )
+    print(
+        "| run | solver | forward [ms] | gradient [ms] | gradient / forward "
+        "| compile forward [s] | compile gradient [s] |"
+    )
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for row in _losses(system, q0s, v0s, None):
         for solver_name in solvers:
             fwd, grad = ms[row, solver_name, "forward"], ms[row, solver_name, "gradient"]
-            print(f"| {row} | {solver_name} | {fwd:.3f} | {grad:.3f} | {grad / fwd:.1f} | "
-                  f"{compile_s[row, solver_name, 'forward']:.2f} | "
-                  f"{compile_s[row, solver_name, 'gradient']:.2f} |")
+            print(
+                f"| {row} | {solver_name} | {fwd:.3f} | {grad:.3f} | {grad / fwd:.1f} | "
+                f"{compile_s[row, solver_name, 'forward']:.2f} | "
+                f"{compile_s[row, solver_name, 'gradient']:.2f} |"
+            )
 
 
 if __name__ == "__main__":

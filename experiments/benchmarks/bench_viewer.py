@@ -38,10 +38,22 @@ from jaxdae.viz._viewer import view  # noqa: E402
 
 def browser_seconds(chromium: str, page: Path, shot: Path) -> float:
     start = time.perf_counter()
-    subprocess.run([chromium, "--headless", "--no-sandbox", "--use-angle=swiftshader",
-                    "--enable-unsafe-swiftshader", "--window-size=1000,700",
-                    "--virtual-time-budget=100", f"--screenshot={shot}", page.as_uri()],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--use-angle=swiftshader",
+            "--enable-unsafe-swiftshader",
+            "--window-size=1000,700",
+            "--virtual-time-budget=100",
+            f"--screenshot={shot}",
+            page.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return time.perf_counter() - start
 
 
@@ -64,9 +76,18 @@ def main():
     args = parser.parse_args()
     model = bricard()
     q0, v0 = model.initial_state()
-    sol = jaxdae.simulate(model, jaxdae.PseudoInverse(20.0, 100.0), 0.0, 10.0, q0, v0,
-                          ts=jnp.linspace(0.0, 10.0, 1001), rtol=1e-8, atol=1e-10,
-                          max_steps=200_000)
+    sol = jaxdae.simulate(
+        model,
+        jaxdae.PseudoInverse(20.0, 100.0),
+        0.0,
+        10.0,
+        q0,
+        v0,
+        ts=jnp.linspace(0.0, 10.0, 1001),
+        rtol=1e-8,
+        atol=1e-10,
+        max_steps=200_000,
+    )
     jax.block_until_ready(sol.q)
     chromium = shutil.which("chromium")
     rows = []
@@ -93,11 +114,14 @@ def main():
         rows.append((label, f"{cold:.2f}", f"{warm:.2f}"))
     total = [b + w for b, w in zip(timings["build"], timings["write"], strict=True)]
     rows.append(("build + write", f"{total[0]:.2f}", f"{statistics.median(total[1:]):.2f}"))
-    for key, label in (("browser", "headless Chromium: open the page, first frames"),
-                       ("box", "headless Chromium: a viser page with one box")):
+    for key, label in (
+        ("browser", "headless Chromium: open the page, first frames"),
+        ("box", "headless Chromium: a viser page with one box"),
+    ):
         if timings[key]:
-            rows.append((label, f"{timings[key][0]:.2f}",
-                         f"{statistics.median(timings[key][1:]):.2f}"))
+            rows.append(
+                (label, f"{timings[key][0]:.2f}", f"{statistics.median(timings[key][1:]):.2f}")
+            )
     print(f"Bricard's mechanism, 10 s at 30 fps: {frames} frames, HTML {size / 1e6:.2f} MB\n")
     print("| step | cold [s] | median of " + f"{args.repeats} [s] |")
     print("|---|---:|---:|")

@@ -66,12 +66,24 @@ KINDS = ("named", "ok", "misnamed", "cryptic", "silent_wrong", "lost", "hang")
 JAXDAE_DIR = str(Path(jaxdae.__file__).resolve().parent)
 THIS_FILE = str(Path(__file__).resolve())
 # A message names a fix when it says what to do.
-FIX_WORDS = re.compile(r"\b(pass|use|give|choose|check|fix|return|e\.g\.|instead|should|"
-                       r"must|needs?|set|call|reduce|raise|lower|loosen|add|remove|try|"
-                       r"ask|install|rename|run|make)\b", re.I)
-CRYPTIC_TYPES = (AttributeError, IndexError, KeyError, AssertionError, ZeroDivisionError,
-                 NotImplementedError, RecursionError, NameError, UnboundLocalError,
-                 UnicodeError)
+FIX_WORDS = re.compile(
+    r"\b(pass|use|give|choose|check|fix|return|e\.g\.|instead|should|"
+    r"must|needs?|set|call|reduce|raise|lower|loosen|add|remove|try|"
+    r"ask|install|rename|run|make)\b",
+    re.I,
+)
+CRYPTIC_TYPES = (
+    AttributeError,
+    IndexError,
+    KeyError,
+    AssertionError,
+    ZeroDivisionError,
+    NotImplementedError,
+    RecursionError,
+    NameError,
+    UnboundLocalError,
+    UnicodeError,
+)
 
 
 # --- the cases' registry and verdicts ------------------------------------------------------
@@ -127,8 +139,9 @@ def misnamed(detail):
 def result_names(result):
     """The RESULTS member names of a (batched) result, as a list."""
     codes = np.atleast_1d(np.asarray(result._value))
-    by_code = {int(np.asarray(item._value)): name
-               for name, item in jaxdae.RESULTS._name_to_item.items()}
+    by_code = {
+        int(np.asarray(item._value)): name for name, item in jaxdae.RESULTS._name_to_item.items()
+    }
     return [by_code.get(int(c), f"<{int(c)}>") for c in codes]
 
 
@@ -142,9 +155,11 @@ def close(actual, expected, atol, what="state"):
     err = float(np.max(np.abs(actual - expected))) if actual.size else 0.0
     if err <= atol:
         return ok(f"{what} within {err:.2e} of the reference")
-    return wrong(f"{what} is {err:.3g} off the reference (allowed {atol:g}): "
-                 f"{np.array2string(actual.ravel()[:6], precision=6)} vs "
-                 f"{np.array2string(expected.ravel()[:6], precision=6)}")
+    return wrong(
+        f"{what} is {err:.3g} off the reference (allowed {atol:g}): "
+        f"{np.array2string(actual.ravel()[:6], precision=6)} vs "
+        f"{np.array2string(expected.ravel()[:6], precision=6)}"
+    )
 
 
 def judge(sol, failures=(), check=None):
@@ -176,14 +191,20 @@ G = 9.81
 def _truth(theta0, omega0, t1, length=1.0, g=G, t0=0.0):
     """The pendulum's state at `t1` from the angle equation `θ̈ = −(g/l) sin θ`, solved by
     diffrax alone at tight tolerances (no jaxdae formulation)."""
+
     def rhs(t, y, args):
         return jnp.array([y[1], -(g / length) * jnp.sin(y[0])])
 
-    sol = diffrax.diffeqsolve(diffrax.ODETerm(rhs), diffrax.Tsit5(), t0, t1, 0.01,
-                              jnp.array([theta0, omega0]),
-                              stepsize_controller=diffrax.PIDController(rtol=1e-12,
-                                                                        atol=1e-14),
-                              max_steps=100_000)
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(rhs),
+        diffrax.Tsit5(),
+        t0,
+        t1,
+        0.01,
+        jnp.array([theta0, omega0]),
+        stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-14),
+        max_steps=100_000,
+    )
     th, om = (float(x) for x in sol.ys[-1])
     q = length * np.array([np.sin(th), -np.cos(th)])
     v = length * om * np.array([np.cos(th), np.sin(th)])
@@ -280,8 +301,7 @@ def q0_bool():
 
 @case("inputs", "q0 a NumPy object array", expect=r"`q0`")
 def q0_object_array():
-    sol = simulate(PEND, BAUM, 0.0, 0.3, np.array([float(Q0[0]), float(Q0[1])], dtype=object),
-                   V0)
+    sol = simulate(PEND, BAUM, 0.0, 0.3, np.array([float(Q0[0]), float(Q0[1])], dtype=object), V0)
     return pend_ok(sol, 0.3)
 
 
@@ -369,12 +389,18 @@ def huge_times():
     return judge(sol, ("dt_min_reached",), lambda s: pend_ok(s, 0.5, atol=1e-4))
 
 
-@case("inputs", "huge times t0 = 1e15, span 0.5 (about 2 ulps of t)",
-      expect=r"`t0`|`t1`|precision|resolution|rounding")
+@case(
+    "inputs",
+    "huge times t0 = 1e15, span 0.5 (about 2 ulps of t)",
+    expect=r"`t0`|`t1`|precision|resolution|rounding",
+)
 def huge_times_1e15():
     sol = simulate(PEND, BAUM, 1e15, 1e15 + 0.5, Q0, V0, throw=False, max_steps=2000)
-    return judge(sol, ("dt_min_reached", "max_steps_reached"),
-                 lambda s: pend_ok(s, float(np.float64(1e15 + 0.5) - 1e15), atol=1e-3))
+    return judge(
+        sol,
+        ("dt_min_reached", "max_steps_reached"),
+        lambda s: pend_ok(s, float(np.float64(1e15 + 0.5) - 1e15), atol=1e-3),
+    )
 
 
 @case("inputs", "a tiny span t1 - t0 = 1e-12")
@@ -486,8 +512,11 @@ def param_int():
     return pend_ok(simulate(pendulum, BAUM, 0.0, 0.5, q0, v0), 0.5, length=2.0)
 
 
-@case("nonfinite", "a vector length (2,) makes two contradicting constraints",
-      expect=r"`length`|constraint")
+@case(
+    "nonfinite",
+    "a vector length (2,) makes two contradicting constraints",
+    expect=r"`length`|constraint",
+)
 def param_vector_length():
     pendulum = CartesianPendulum(length=jnp.array([1.0, 2.0]))
     sol = simulate(pendulum, BAUM, 0.0, 0.5, Q0, V0, throw=False)
@@ -519,8 +548,11 @@ def gain_tree_at_nan():
     return wrong("nan gain accepted by simulate")
 
 
-@case("nonfinite", "forces nan at the start (sqrt of a negative number)",
-      expect=r"non-finite|forces|potential")
+@case(
+    "nonfinite",
+    "forces nan at the start (sqrt of a negative number)",
+    expect=r"non-finite|forces|potential",
+)
 def nan_forces_at_start():
     class Broken(CartesianPendulum):
         def potential_energy(self, t, q):
@@ -530,8 +562,11 @@ def nan_forces_at_start():
     return wrong("nan forces at t0 accepted")
 
 
-@case("nonfinite", "constraints nan at the start (sqrt of a negative coordinate)",
-      expect=r"non-finite|constraints")
+@case(
+    "nonfinite",
+    "constraints nan at the start (sqrt of a negative coordinate)",
+    expect=r"non-finite|constraints",
+)
 def nan_constraints_at_start():
     class Broken(CartesianPendulum):
         def constraints(self, t, q):
@@ -561,19 +596,30 @@ def gain_bool():
 
 @case("gains", "vector gains as Python lists on two constraints")
 def gain_lists():
-    sol = simulate(TwoPoint(), jaxdae.Baumgarte([10.0, 20.0], [25.0, 100.0]), 0.0, 0.5,
-                   TWO_Q0, TWO_V0)
+    sol = simulate(
+        TwoPoint(), jaxdae.Baumgarte([10.0, 20.0], [25.0, 100.0]), 0.0, 0.5, TWO_Q0, TWO_V0
+    )
     return close(sol.q_final, two_truth(0.5), 1e-5, "q(0.5)")
 
 
 @case("gains", "matrix gains on two constraints (diagonal, equal to the vector form)")
 def gain_matrix_equals_vector():
-    matrix = simulate(TwoPoint(), jaxdae.Baumgarte(jnp.diag(jnp.array([10.0, 20.0])),
-                                                   jnp.diag(jnp.array([25.0, 100.0]))),
-                      0.0, 0.5, 1.01 * TWO_Q0, TWO_V0)
-    vector = simulate(TwoPoint(), jaxdae.Baumgarte(jnp.array([10.0, 20.0]),
-                                                   jnp.array([25.0, 100.0])),
-                      0.0, 0.5, 1.01 * TWO_Q0, TWO_V0)
+    matrix = simulate(
+        TwoPoint(),
+        jaxdae.Baumgarte(jnp.diag(jnp.array([10.0, 20.0])), jnp.diag(jnp.array([25.0, 100.0]))),
+        0.0,
+        0.5,
+        1.01 * TWO_Q0,
+        TWO_V0,
+    )
+    vector = simulate(
+        TwoPoint(),
+        jaxdae.Baumgarte(jnp.array([10.0, 20.0]), jnp.array([25.0, 100.0])),
+        0.0,
+        0.5,
+        1.01 * TWO_Q0,
+        TWO_V0,
+    )
     return close(matrix.q, vector.q, 1e-10, "matrix-gain trajectory")
 
 
@@ -619,15 +665,21 @@ def unstabilized_rcond_negative():
     return wrong("Unstabilized(rcond=-1) accepted")
 
 
-@case("gains", "RedundantCoordinates with a repeated dependent index",
-      expect=r"`dependent`|repeat|twice|duplicate")
+@case(
+    "gains",
+    "RedundantCoordinates with a repeated dependent index",
+    expect=r"`dependent`|repeat|twice|duplicate",
+)
 def redundant_duplicate():
     simulate(TwoPoint(), jaxdae.RedundantCoordinates((1, 1)), 0.0, 0.5, TWO_Q0, TWO_V0)
     return wrong("dependent=(1, 1) accepted")
 
 
-@case("gains", "RedundantCoordinates with a negative index (-1: the last coordinate)",
-      expect=r"`dependent`|range|negative")
+@case(
+    "gains",
+    "RedundantCoordinates with a negative index (-1: the last coordinate)",
+    expect=r"`dependent`|range|negative",
+)
 def redundant_negative_index():
     sol = simulate(PEND, jaxdae.RedundantCoordinates((-1,)), 0.0, 0.5, Q0, V0)
     return pend_ok(sol, 0.5)
@@ -650,15 +702,17 @@ def gain_tree_at_shape():
 def traced_asymmetric_gain():
     @jax.jit
     def run(kd):
-        return simulate(TwoPoint(), jaxdae.Baumgarte(kd, 25.0), 0.0, 0.3, TWO_Q0, TWO_V0,
-                        throw=False).result._value
+        return simulate(
+            TwoPoint(), jaxdae.Baumgarte(kd, 25.0), 0.0, 0.3, TWO_Q0, TWO_V0, throw=False
+        ).result._value
 
     return _verdict_code(run(jnp.array([[10.0, 5.0], [0.0, 10.0]])), "invalid_input")
 
 
 def _verdict_code(code, expected):
-    by_code = {int(np.asarray(item._value)): name
-               for name, item in jaxdae.RESULTS._name_to_item.items()}
+    by_code = {
+        int(np.asarray(item._value)): name for name, item in jaxdae.RESULTS._name_to_item.items()
+    }
     got = by_code[int(np.asarray(code))]
     if got == expected:
         return named(f"result {got}")
@@ -675,8 +729,7 @@ def gain_float32():
 
 @case("gains", "huge but finite gains Baumgarte(1e6, 1e12), max_steps=2000")
 def gain_huge_finite():
-    sol = simulate(PEND, jaxdae.Baumgarte(1e6, 1e12), 0.0, 0.1, Q0, V0, max_steps=2000,
-                   throw=False)
+    sol = simulate(PEND, jaxdae.Baumgarte(1e6, 1e12), 0.0, 0.1, Q0, V0, max_steps=2000, throw=False)
     return judge(sol, ("max_steps_reached",), lambda s: pend_ok(s, 0.1))
 
 
@@ -758,12 +811,24 @@ def mass_singular_mid_run():
             return jnp.diag(jnp.array([1.0, 1.0 - t]))
 
     sol = simulate(Fading(), BAUM, 0.0, 1.5, Q0, V0, throw=False, max_steps=20_000)
-    return judge(sol, ("dt_min_reached", "non_finite_rates", "non_finite_mass_matrix",
-                       "singular_constraint_matrix", "max_steps_reached", "non_finite_forces"))
+    return judge(
+        sol,
+        (
+            "dt_min_reached",
+            "non_finite_rates",
+            "non_finite_mass_matrix",
+            "singular_constraint_matrix",
+            "max_steps_reached",
+            "non_finite_forces",
+        ),
+    )
 
 
-@case("models", "generalized_forces returns shape (3,) for 2 coordinates",
-      expect=r"generalized_forces")
+@case(
+    "models",
+    "generalized_forces returns shape (3,) for 2 coordinates",
+    expect=r"generalized_forces",
+)
 def forces_wrong_shape():
     class Bad(CartesianPendulum):
         def generalized_forces(self, t, q, v):
@@ -773,20 +838,23 @@ def forces_wrong_shape():
     return wrong("forces of shape (3,) accepted")
 
 
-@case("models", "generalized_forces returns a scalar (broadcast to every coordinate?)",
-      expect=r"generalized_forces")
+@case(
+    "models",
+    "generalized_forces returns a scalar (broadcast to every coordinate?)",
+    expect=r"generalized_forces",
+)
 def forces_scalar():
     class Bad(CartesianPendulum):
         def generalized_forces(self, t, q, v):
             return -0.5 * v[0]
 
     sol = simulate(Bad(), BAUM, 0.0, 0.5, Q0, V0)
-    return wrong(f"a scalar force accepted and broadcast (result "
-                 f"{result_names(sol.result)})")
+    return wrong(f"a scalar force accepted and broadcast (result {result_names(sol.result)})")
 
 
-@case("models", "generalized_forces returns a Python list of scalars",
-      expect=r"`generalized_forces`")
+@case(
+    "models", "generalized_forces returns a Python list of scalars", expect=r"`generalized_forces`"
+)
 def forces_list():
     class Listed(CartesianPendulum):
         def generalized_forces(self, t, q, v):
@@ -878,11 +946,15 @@ def coulomb_friction():
         def constraints(self, t, q):
             return jnp.array([q[1]])
 
-    sol = simulate(Bead(), BAUM, 0.0, 0.5, jnp.zeros(2), jnp.array([1.0, 0.0]),
-                   max_steps=20_000, throw=False)
+    sol = simulate(
+        Bead(), BAUM, 0.0, 0.5, jnp.zeros(2), jnp.array([1.0, 0.0]), max_steps=20_000, throw=False
+    )
     stop = 1.0 / (2 * 0.5 * G)  # v0² / (2 μ g)
-    return judge(sol, ("dt_min_reached", "max_steps_reached"),
-                 lambda s: close(s.q_final[0], stop, 1e-4, "stopping distance"))
+    return judge(
+        sol,
+        ("dt_min_reached", "max_steps_reached"),
+        lambda s: close(s.q_final[0], stop, 1e-4, "stopping distance"),
+    )
 
 
 @case("models", "a kinked potential k|x| (non-differentiable at 0), bead on a line")
@@ -902,8 +974,11 @@ def kinked_potential():
     return close(sol.q_final[0], -1.0, 1e-5, "x(2)")
 
 
-@case("models", "kinetic energy not quadratic in v: T = v²/2 + v⁴/10",
-      expect=r"kinetic_energy|quadratic")
+@case(
+    "models",
+    "kinetic energy not quadratic in v: T = v²/2 + v⁴/10",
+    expect=r"kinetic_energy|quadratic",
+)
 def non_quadratic_kinetic():
     class Quartic(jaxdae.LagrangianSystem):
         def kinetic_energy(self, t, q, v):
@@ -919,9 +994,15 @@ def non_quadratic_kinetic():
     def rhs(t, y, args):
         return jnp.array([y[1], -y[0] / (1 + 1.2 * y[1] ** 2)])
 
-    ref = diffrax.diffeqsolve(diffrax.ODETerm(rhs), diffrax.Tsit5(), 0.0, 1.0, 0.01,
-                              jnp.array([0.0, 1.0]), stepsize_controller=diffrax.PIDController(
-                                  rtol=1e-12, atol=1e-14)).ys[-1]
+    ref = diffrax.diffeqsolve(
+        diffrax.ODETerm(rhs),
+        diffrax.Tsit5(),
+        0.0,
+        1.0,
+        0.01,
+        jnp.array([0.0, 1.0]),
+        stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-14),
+    ).ys[-1]
     sol = simulate(Quartic(), BAUM, 0.0, 1.0, jnp.zeros(2), jnp.array([1.0, 0.0]))
     return close(sol.q_final[0], ref[0], 1e-5, "x(1)")
 
@@ -944,12 +1025,18 @@ def gyroscopic_kinetic():
         jv = jnp.array([-v[1], v[0]])
         return jnp.concatenate([v, -2 * omega * jv + omega**2 * q])
 
-    ref = diffrax.diffeqsolve(diffrax.ODETerm(rhs), diffrax.Tsit5(), 0.0, 0.5, 0.01,
-                              jnp.array([1.0, 0.0, 0.0, 0.5]),
-                              stepsize_controller=diffrax.PIDController(rtol=1e-12,
-                                                                        atol=1e-14)).ys[-1]
-    sol = simulate(Rotating(), BAUM, 0.0, 0.5, jnp.array([1.0, 0.0, 0.0]),
-                   jnp.array([0.0, 0.5, 0.0]))
+    ref = diffrax.diffeqsolve(
+        diffrax.ODETerm(rhs),
+        diffrax.Tsit5(),
+        0.0,
+        0.5,
+        0.01,
+        jnp.array([1.0, 0.0, 0.0, 0.5]),
+        stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-14),
+    ).ys[-1]
+    sol = simulate(
+        Rotating(), BAUM, 0.0, 0.5, jnp.array([1.0, 0.0, 0.0]), jnp.array([0.0, 0.5, 0.0])
+    )
     return close(sol.q_final[:2], ref[:2], 1e-5, "q(0.5)")
 
 
@@ -1015,8 +1102,7 @@ def overdetermined_pseudo():
         def constraints(self, t, q):
             return jnp.array([q[0], q[1], q[0] + q[1]])
 
-    sol = simulate(Pinned(), jaxdae.PseudoInverse(10.0, 25.0), 0.0, 0.5, jnp.zeros(2),
-                   jnp.zeros(2))
+    sol = simulate(Pinned(), jaxdae.PseudoInverse(10.0, 25.0), 0.0, 0.5, jnp.zeros(2), jnp.zeros(2))
     return close(sol.q_final, [0.0, 0.0], 1e-8, "q(0.5)")
 
 
@@ -1046,8 +1132,16 @@ def inconsistent_velocity():
 
 @case("constraints", "contradicting constraints under Projected(Tsit5) with PseudoInverse")
 def incompatible_projected():
-    sol = simulate(Incompatible(), jaxdae.PseudoInverse(10.0, 25.0), 0.0, 0.5, Q0, V0,
-                   solver=jaxdae.Projected(diffrax.Tsit5()), throw=False)
+    sol = simulate(
+        Incompatible(),
+        jaxdae.PseudoInverse(10.0, 25.0),
+        0.0,
+        0.5,
+        Q0,
+        V0,
+        solver=jaxdae.Projected(diffrax.Tsit5()),
+        throw=False,
+    )
     return judge(sol, ("projection_failed", "constraints_not_met"))
 
 
@@ -1069,8 +1163,9 @@ def consistent_no_constraints():
         def kinetic_energy(self, t, q, v):
             return 0.5 * v @ v
 
-    q, v = jaxdae.consistent_initial_state(Free(), 0.0, jnp.array([0.3, 0.4]),
-                                           jnp.array([1.0, 2.0]))
+    q, v = jaxdae.consistent_initial_state(
+        Free(), 0.0, jnp.array([0.3, 0.4]), jnp.array([1.0, 2.0])
+    )
     return close(np.concatenate([q, v]), [0.3, 0.4, 1.0, 2.0], 1e-14, "state")
 
 
@@ -1086,11 +1181,15 @@ def consistent_v0_shape():
     return wrong("v0 of length 3 accepted")
 
 
-@case("constraints", "consistent_initial_state from the centre (no nearest point)",
-      expect=r"consistent|singular")
+@case(
+    "constraints",
+    "consistent_initial_state from the centre (no nearest point)",
+    expect=r"consistent|singular",
+)
 def consistent_from_centre():
-    q, v, found = jaxdae.consistent_initial_state(PEND, 0.0, jnp.zeros(2), jnp.zeros(2),
-                                                  throw=False)
+    q, v, found = jaxdae.consistent_initial_state(
+        PEND, 0.0, jnp.zeros(2), jnp.zeros(2), throw=False
+    )
     if not bool(found):
         return named("found = False")
     phi = abs(float(q @ q) - 1.0)
@@ -1138,24 +1237,21 @@ def _batch_verdict(sol, bad, expected, others, reference):
 def vmap_t1_before_t0():
     t1 = jnp.array([0.5, -1.0, 0.3])
     sol = _vmapped_t1()(t1)
-    return _batch_verdict(sol, 1, ("invalid_input",), (0, 2),
-                          lambda i: truth(float(t1[i]))[0])
+    return _batch_verdict(sol, 1, ("invalid_input",), (0, 2), lambda i: truth(float(t1[i]))[0])
 
 
 @case("transforms", "vmap over t1 with a member t1 == t0, throw=False")
 def vmap_t1_equal_t0():
     t1 = jnp.array([0.5, 0.0, 0.3])
     sol = _vmapped_t1()(t1)
-    return _batch_verdict(sol, 1, ("invalid_input",), (0, 2),
-                          lambda i: truth(float(t1[i]))[0])
+    return _batch_verdict(sol, 1, ("invalid_input",), (0, 2), lambda i: truth(float(t1[i]))[0])
 
 
 @case("transforms", "vmap over t1 with a member t1 = nan, throw=False")
 def vmap_t1_nan():
     t1 = jnp.array([0.5, jnp.nan, 0.3])
     sol = _vmapped_t1()(t1)
-    return _batch_verdict(sol, 1, ("invalid_input",), (0, 2),
-                          lambda i: truth(float(t1[i]))[0])
+    return _batch_verdict(sol, 1, ("invalid_input",), (0, 2), lambda i: truth(float(t1[i]))[0])
 
 
 @case("transforms", "grad of x(t1) w.r.t. t1 equals the velocity v_x(t1)")
@@ -1187,12 +1283,14 @@ def grad_length():
     return close(float(jax.grad(f)(jnp.asarray(1.0))), fd(reference, 1.0), 1e-4, "dx/dl")
 
 
-@case("transforms", "grad through a failing solve (max_steps=3), throw=True",
-      expect=r"maximum number|max_steps")
+@case(
+    "transforms",
+    "grad through a failing solve (max_steps=3), throw=True",
+    expect=r"maximum number|max_steps",
+)
 def grad_failing_throw():
     def f(kd):
-        return simulate(PEND, jaxdae.Baumgarte(kd, 25.0), 0.0, 0.5, Q0, V0,
-                        max_steps=3).q_final[0]
+        return simulate(PEND, jaxdae.Baumgarte(kd, 25.0), 0.0, 0.5, Q0, V0, max_steps=3).q_final[0]
 
     g = jax.grad(f)(10.0)
     return wrong(f"no error; gradient {g}")
@@ -1201,8 +1299,17 @@ def grad_failing_throw():
 @case("transforms", "grad w.r.t. kd through Projected(Tsit5) vs finite differences")
 def grad_projected():
     def f(kd):
-        sol = simulate(PEND, jaxdae.Baumgarte(kd, 25.0), 0.0, 0.3, Q0, V0 + 0.3,
-                       solver=jaxdae.Projected(diffrax.Tsit5()), rtol=1e-10, atol=1e-12)
+        sol = simulate(
+            PEND,
+            jaxdae.Baumgarte(kd, 25.0),
+            0.0,
+            0.3,
+            Q0,
+            V0 + 0.3,
+            solver=jaxdae.Projected(diffrax.Tsit5()),
+            rtol=1e-10,
+            atol=1e-12,
+        )
         return sol.q_final[0]
 
     return close(float(jax.grad(f)(10.0)), float(fd(f, 10.0, 1e-4)), 1e-5, "dx/dkd")
@@ -1222,8 +1329,9 @@ def hessian_kp():
 def jacfwd_forward_mode():
     def f(x):
         q0 = jnp.array([x, Q0[1]])
-        return simulate(PEND, BAUM, 0.0, 0.3, q0, V0, adjoint=diffrax.ForwardMode(),
-                        rtol=1e-10, atol=1e-12).q_final[0]
+        return simulate(
+            PEND, BAUM, 0.0, 0.3, q0, V0, adjoint=diffrax.ForwardMode(), rtol=1e-10, atol=1e-12
+        ).q_final[0]
 
     return close(float(jax.jacfwd(f)(Q0[0])), float(fd(f, Q0[0], 1e-5)), 1e-5, "dx/dx0")
 
@@ -1238,17 +1346,16 @@ def vmap_param_nan_member():
         return simulate(pendulum, BAUM, 0.0, 0.3, q0, V0, throw=False)
 
     sol = jax.vmap(run)(lengths)
-    expected = ("invalid_input", "non_finite_constraints", "non_finite_forces",
-                "dt_min_reached")
-    return _batch_verdict(sol, 1, expected, (0, 2),
-                          lambda i: truth(0.3, length=float(lengths[i]))[0])
+    expected = ("invalid_input", "non_finite_constraints", "non_finite_forces", "dt_min_reached")
+    return _batch_verdict(
+        sol, 1, expected, (0, 2), lambda i: truth(0.3, length=float(lengths[i]))[0]
+    )
 
 
 @case("transforms", "vmap over t1, one member hits max_steps, throw=False")
 def vmap_member_max_steps():
     t1 = jnp.array([0.3, 100.0])
-    sol = jax.vmap(lambda t: simulate(PEND, BAUM, 0.0, t, Q0, V0, max_steps=200,
-                                      throw=False))(t1)
+    sol = jax.vmap(lambda t: simulate(PEND, BAUM, 0.0, t, Q0, V0, max_steps=200, throw=False))(t1)
     return _batch_verdict(sol, 1, ("max_steps_reached",), (0,), lambda i: truth(0.3)[0])
 
 
@@ -1265,16 +1372,22 @@ def nested_vmap():
     return close(out, expected, 1e-5, "batch")
 
 
-@case("transforms", "filter_jit solve that fails (max_steps), throw=True",
-      expect=r"maximum number|max_steps")
+@case(
+    "transforms",
+    "filter_jit solve that fails (max_steps), throw=True",
+    expect=r"maximum number|max_steps",
+)
 def filter_jit_failure():
     run = eqx.filter_jit(lambda q: simulate(PEND, BAUM, 0.0, 0.5, q, V0, max_steps=3).q_final)
     out = run(Q0)
     return wrong(f"no error: {out}")
 
 
-@case("transforms", "jax.jit solve whose model turns nan mid-run, throw=True",
-      expect=r"step size|dt_min|non-finite")
+@case(
+    "transforms",
+    "jax.jit solve whose model turns nan mid-run, throw=True",
+    expect=r"step size|dt_min|non-finite",
+)
 def jit_nan_mid_run():
     class Late(CartesianPendulum):
         def potential_energy(self, t, q):
@@ -1299,16 +1412,24 @@ def grad_ts():
 @case("transforms", "vmap over ts rows, one row unsorted, throw=False")
 def vmap_ts_unsorted_row():
     rows = jnp.array([[0.0, 0.2, 0.5], [0.0, 0.4, 0.2], [0.0, 0.1, 0.5]])
-    sol = jax.vmap(lambda ts: simulate(PEND, BAUM, 0.0, 0.5, Q0, V0, ts=ts,
-                                       throw=False))(rows)
+    sol = jax.vmap(lambda ts: simulate(PEND, BAUM, 0.0, 0.5, Q0, V0, ts=ts, throw=False))(rows)
     return _batch_verdict(sol, 1, ("invalid_input",), (0, 2), lambda i: truth(0.5)[0])
 
 
 @case("transforms", "grad with max_steps=None (default adjoint)", expect=r"max_steps")
 def grad_max_steps_none():
     def f(kd):
-        return simulate(PEND, jaxdae.Baumgarte(kd, 25.0), 0.0, 0.3, 1.05 * Q0, V0,
-                        max_steps=None, rtol=1e-10, atol=1e-12).q_final[0]
+        return simulate(
+            PEND,
+            jaxdae.Baumgarte(kd, 25.0),
+            0.0,
+            0.3,
+            1.05 * Q0,
+            V0,
+            max_steps=None,
+            rtol=1e-10,
+            atol=1e-12,
+        ).q_final[0]
 
     return close(float(jax.grad(f)(10.0)), float(fd(f, 10.0, 1e-4)), 1e-5, "dx/dkd")
 
@@ -1339,8 +1460,9 @@ def ensemble_singular_row():
     sol = jaxdae.simulate_ensemble(PEND, BAUM, 0.0, 0.3, q0, v0, throw=False)
     alone = [simulate(PEND, BAUM, 0.0, 0.3, q0[i], v0[i], throw=False) for i in (1, 2)]
     expected = tuple(result_names(alone[0].result))  # what the row gives alone
-    return _batch_verdict(sol, 1, expected, (0, 2),
-                          lambda i: truth(0.3)[0] if i == 0 else alone[1].q_final)
+    return _batch_verdict(
+        sol, 1, expected, (0, 2), lambda i: truth(0.3)[0] if i == 0 else alone[1].q_final
+    )
 
 
 @case("ensembles", "grad over the good rows of an ensemble with a singular row")
@@ -1353,8 +1475,10 @@ def ensemble_grad_failed_row():
 
     q0 = jnp.stack([Q0, jnp.zeros(2), 1.02 * Q0])
     grad = jax.grad(loss)(q0)
-    alone = [jax.grad(lambda q: simulate(PEND, BAUM, 0.0, 0.3, q, jnp.zeros(2)).q_final[0])(
-        q0[i]) for i in (0, 2)]
+    alone = [
+        jax.grad(lambda q: simulate(PEND, BAUM, 0.0, 0.3, q, jnp.zeros(2)).q_final[0])(q0[i])
+        for i in (0, 2)
+    ]
     verdict = close(grad[np.array([0, 2])], np.stack(alone), 1e-6, "good rows' gradient")
     if verdict.kind != "ok":
         return lost(verdict.detail)
@@ -1363,9 +1487,16 @@ def ensemble_grad_failed_row():
 
 @case("ensembles", "per-row constraint_tol [1e-15, 1e-3]", expect=r"`constraint_tol`")
 def ensemble_constraint_tol_rows():
-    sol = jaxdae.simulate_ensemble(PEND, BAUM, 0.0, 0.5, jnp.stack([Q0, Q0]),
-                                   jnp.stack([V0, V0]), constraint_tol=jnp.array([1e-15, 1e-3]),
-                                   throw=False)
+    sol = jaxdae.simulate_ensemble(
+        PEND,
+        BAUM,
+        0.0,
+        0.5,
+        jnp.stack([Q0, Q0]),
+        jnp.stack([V0, V0]),
+        constraint_tol=jnp.array([1e-15, 1e-3]),
+        throw=False,
+    )
     names = result_names(sol.result)
     if names == ["constraint_tol_exceeded", "successful"]:
         return named(f"{names}")
@@ -1377,15 +1508,15 @@ def ensemble_projected():
     solver = jaxdae.Projected(diffrax.Tsit5())
     q0 = jnp.stack([Q0, PEND.state_from_angle(0.8, 0.0)[0]])
     sol = jaxdae.simulate_ensemble(PEND, BAUM, 0.0, 0.5, q0, jnp.zeros((2, 2)), solver=solver)
-    return close(sol.q_final, np.stack([truth(0.5)[0], truth(0.5, theta0=0.8)[0]]), 1e-5,
-                 "rows")
+    return close(sol.q_final, np.stack([truth(0.5)[0], truth(0.5, theta0=0.8)[0]]), 1e-5, "rows")
 
 
 @case("ensembles", "a float32 ensemble")
 def ensemble_float32():
     q0 = jnp.stack([Q0, Q0]).astype(jnp.float32)
-    sol = jaxdae.simulate_ensemble(PEND, BAUM, 0.0, 0.5, q0, jnp.zeros_like(q0), rtol=1e-5,
-                                   atol=1e-7)
+    sol = jaxdae.simulate_ensemble(
+        PEND, BAUM, 0.0, 0.5, q0, jnp.zeros_like(q0), rtol=1e-5, atol=1e-7
+    )
     return close(sol.q_final, np.stack([truth(0.5)[0]] * 2), 1e-3, "rows")
 
 
@@ -1399,15 +1530,15 @@ def ensemble_lists():
 @case("ensembles", "vmap over simulate_ensemble")
 def ensemble_vmapped():
     q0 = jnp.stack([jnp.stack([Q0, Q0]), jnp.stack([Q0, Q0])])
-    sol = jax.vmap(lambda q: jaxdae.simulate_ensemble(PEND, BAUM, 0.0, 0.5, q,
-                                                      jnp.zeros_like(q)))(q0)
+    sol = jax.vmap(lambda q: jaxdae.simulate_ensemble(PEND, BAUM, 0.0, 0.5, q, jnp.zeros_like(q)))(
+        q0
+    )
     return close(sol.q_final, np.broadcast_to(truth(0.5)[0], (2, 2, 2)), 1e-5, "rows")
 
 
 @case("ensembles", "an ensemble with ts beyond t1", expect=r"`ts`")
 def ensemble_ts_outside():
-    jaxdae.simulate_ensemble(PEND, BAUM, 0.0, 0.5, Q0[None], V0[None],
-                             ts=jnp.array([0.0, 1.0]))
+    jaxdae.simulate_ensemble(PEND, BAUM, 0.0, 0.5, Q0[None], V0[None], ts=jnp.array([0.0, 1.0]))
     return wrong("ts beyond t1 accepted")
 
 
@@ -1419,8 +1550,9 @@ def ensemble_3d():
 
 @case("ensembles", "an ensemble with a row whose t1 is traced per row (vmap inside jit)")
 def ensemble_rows_under_jit():
-    run = jax.jit(lambda q: jaxdae.simulate_ensemble(PEND, BAUM, 0.0, 0.5, q,
-                                                     jnp.zeros_like(q)).q_final)
+    run = jax.jit(
+        lambda q: jaxdae.simulate_ensemble(PEND, BAUM, 0.0, 0.5, q, jnp.zeros_like(q)).q_final
+    )
     out = run(jnp.stack([Q0, PEND.state_from_angle(0.2, 0.0)[0]]))
     return close(out, np.stack([truth(0.5)[0], truth(0.5, theta0=0.2)[0]]), 1e-5, "rows")
 
@@ -1442,13 +1574,15 @@ def solver_rodas():
 
 @case("solvers", "Dopri8 with ConstantStepSize(dt0=0.01)")
 def solver_dopri8_fixed():
-    sol = pend(solver=diffrax.Dopri8(), stepsize_controller=diffrax.ConstantStepSize(),
-               dt0=0.01)
+    sol = pend(solver=diffrax.Dopri8(), stepsize_controller=diffrax.ConstantStepSize(), dt0=0.01)
     return pend_ok(sol, 0.5, atol=1e-6)
 
 
-@case("solvers", "Euler (no error estimate) with the default adaptive controller",
-      expect=r"Euler|error estimate|ConstantStepSize|adaptive")
+@case(
+    "solvers",
+    "Euler (no error estimate) with the default adaptive controller",
+    expect=r"Euler|error estimate|ConstantStepSize|adaptive",
+)
 def solver_euler_adaptive():
     sol = pend(solver=diffrax.Euler())
     return wrong(f"Euler accepted with an adaptive controller: {result_names(sol.result)}")
@@ -1469,9 +1603,17 @@ def stepto_short():
 @case("solvers", "BacksolveAdjoint grad vs finite differences", expect=r"BacksolveAdjoint")
 def backsolve_grad():
     def f(kd):
-        return simulate(PEND, jaxdae.Baumgarte(kd, 25.0), 0.0, 0.3, 1.05 * Q0, V0,
-                        adjoint=diffrax.BacksolveAdjoint(), rtol=1e-10,
-                        atol=1e-12).q_final[0]
+        return simulate(
+            PEND,
+            jaxdae.Baumgarte(kd, 25.0),
+            0.0,
+            0.3,
+            1.05 * Q0,
+            V0,
+            adjoint=diffrax.BacksolveAdjoint(),
+            rtol=1e-10,
+            atol=1e-12,
+        ).q_final[0]
 
     return close(float(jax.grad(f)(10.0)), float(fd(f, 10.0, 1e-4)), 1e-4, "dx/dkd")
 
@@ -1479,19 +1621,32 @@ def backsolve_grad():
 @case("solvers", "DirectAdjoint grad vs finite differences")
 def direct_adjoint_grad():
     def f(kd):
-        return simulate(PEND, jaxdae.Baumgarte(kd, 25.0), 0.0, 0.3, 1.05 * Q0, V0,
-                        adjoint=diffrax.DirectAdjoint(), rtol=1e-10, atol=1e-12,
-                        max_steps=4096).q_final[0]
+        return simulate(
+            PEND,
+            jaxdae.Baumgarte(kd, 25.0),
+            0.0,
+            0.3,
+            1.05 * Q0,
+            V0,
+            adjoint=diffrax.DirectAdjoint(),
+            rtol=1e-10,
+            atol=1e-12,
+            max_steps=4096,
+        ).q_final[0]
 
     return close(float(jax.grad(f)(10.0)), float(fd(f, 10.0, 1e-4)), 1e-5, "dx/dkd")
 
 
-@case("solvers", "ImplicitAdjoint (steady states only)",
-      expect=r"ImplicitAdjoint.*(simulate|jaxdae|steady)|`adjoint` must")
+@case(
+    "solvers",
+    "ImplicitAdjoint (steady states only)",
+    expect=r"ImplicitAdjoint.*(simulate|jaxdae|steady)|`adjoint` must",
+)
 def implicit_adjoint():
     def f(kd):
-        return simulate(PEND, jaxdae.Baumgarte(kd, 25.0), 0.0, 0.3, Q0, V0,
-                        adjoint=diffrax.ImplicitAdjoint()).q_final[0]
+        return simulate(
+            PEND, jaxdae.Baumgarte(kd, 25.0), 0.0, 0.3, Q0, V0, adjoint=diffrax.ImplicitAdjoint()
+        ).q_final[0]
 
     g = jax.grad(f)(10.0)
     return wrong(f"ImplicitAdjoint accepted, gradient {g}")
@@ -1531,11 +1686,13 @@ def projected_nested():
     return pend_ok(sol, 0.5)
 
 
-@case("solvers", "Projected(Tsit5()) from a start 5% off the constraint (default tolerances)",
-      expect=r"`q0`|initial|consistent_initial_state")
+@case(
+    "solvers",
+    "Projected(Tsit5()) from a start 5% off the constraint (default tolerances)",
+    expect=r"`q0`|initial|consistent_initial_state",
+)
 def projected_inconsistent_start():
-    sol = simulate(PEND, BAUM, 0.0, 0.5, 1.05 * Q0, V0,
-                   solver=jaxdae.Projected(diffrax.Tsit5()))
+    sol = simulate(PEND, BAUM, 0.0, 0.5, 1.05 * Q0, V0, solver=jaxdae.Projected(diffrax.Tsit5()))
     phi = float(np.max(np.abs(sol.phi[-1])))
     return ok(f"|Φ(t1)| = {phi:.1e}") if phi < 1e-9 else wrong(f"|Φ(t1)| = {phi:.3g}")
 
@@ -1547,35 +1704,46 @@ def projected_kvaerno():
 
 @case("solvers", "Projected(Euler) with coarse fixed steps keeps Φ = 0")
 def projected_euler_coarse():
-    sol = pend(solver=jaxdae.Projected(diffrax.Euler()),
-               stepsize_controller=diffrax.ConstantStepSize(), dt0=0.05)
+    sol = pend(
+        solver=jaxdae.Projected(diffrax.Euler()),
+        stepsize_controller=diffrax.ConstantStepSize(),
+        dt0=0.05,
+    )
     phi = float(np.max(np.abs(sol.phi)))
     return ok(f"|Φ| ≤ {phi:.1e}") if phi < 1e-9 else wrong(f"|Φ| = {phi:.3g}")
 
 
 @case("solvers", "PIDController(dtmax=1e-5) with max_steps=100")
 def pid_dtmax_tiny():
-    sol = pend(stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-10, dtmax=1e-5),
-               max_steps=100, throw=False)
+    sol = pend(
+        stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-10, dtmax=1e-5),
+        max_steps=100,
+        throw=False,
+    )
     return judge(sol, ("max_steps_reached",))
 
 
 @case("solvers", "ClipStepSizeController with step_ts outside the span")
 def clip_step_ts_outside():
-    controller = diffrax.ClipStepSizeController(diffrax.PIDController(rtol=1e-8, atol=1e-10),
-                                                step_ts=jnp.array([5.0, 6.0]))
+    controller = diffrax.ClipStepSizeController(
+        diffrax.PIDController(rtol=1e-8, atol=1e-10), step_ts=jnp.array([5.0, 6.0])
+    )
     return pend_ok(pend(stepsize_controller=controller), 0.5)
 
 
 @case("solvers", "ClipStepSizeController with unsorted jump_ts", expect=r"`jump_ts`")
 def clip_jump_ts_unsorted():
-    controller = diffrax.ClipStepSizeController(diffrax.PIDController(rtol=1e-8, atol=1e-10),
-                                                jump_ts=jnp.array([0.4, 0.2]))
+    controller = diffrax.ClipStepSizeController(
+        diffrax.PIDController(rtol=1e-8, atol=1e-10), jump_ts=jnp.array([0.4, 0.2])
+    )
     return pend_ok(pend(stepsize_controller=controller), 0.5)
 
 
-@case("solvers", "a solver instance of the wrong kind (a diffrax adjoint as solver)",
-      expect=r"`solver`")
+@case(
+    "solvers",
+    "a solver instance of the wrong kind (a diffrax adjoint as solver)",
+    expect=r"`solver`",
+)
 def solver_wrong_kind():
     pend(solver=diffrax.RecursiveCheckpointAdjoint())
     return wrong("an adjoint accepted as a solver")
@@ -1609,8 +1777,9 @@ def ball_elastic():
 
 @case("events", "BouncingBall starting on the floor moving down (impact at t0)")
 def ball_impact_at_t0():
-    sol = simulate(_ball(0.8), jaxdae.Unstabilized(), 0.0, 0.1, jnp.zeros(2),
-                   jnp.array([0.0, -1.0]))
+    sol = simulate(
+        _ball(0.8), jaxdae.Unstabilized(), 0.0, 0.1, jnp.zeros(2), jnp.array([0.0, -1.0])
+    )
     y = 0.8 * 0.1 - 0.5 * G * 0.1**2
     return close(sol.q_final[1], y, 1e-6, "y(0.1)")
 
@@ -1649,12 +1818,20 @@ def ball_vmap_heights():
     heights = jnp.array([0.5, 1.0])
 
     def run(h):
-        sol = simulate(_ball(0.8), jaxdae.Unstabilized(), 0.0, 0.5,
-                       jnp.array([0.0, h]), jnp.zeros(2), throw=False)
+        sol = simulate(
+            _ball(0.8),
+            jaxdae.Unstabilized(),
+            0.0,
+            0.5,
+            jnp.array([0.0, h]),
+            jnp.zeros(2),
+            throw=False,
+        )
         return sol.events.t[0]
 
-    return close(jax.vmap(run)(heights), np.sqrt(2 * np.asarray(heights) / G), 1e-6,
-                 "first impact times")
+    return close(
+        jax.vmap(run)(heights), np.sqrt(2 * np.asarray(heights) / G), 1e-6, "first impact times"
+    )
 
 
 @case("events", "grad of y(0.6) after one bounce w.r.t. the height vs closed form")
@@ -1662,8 +1839,16 @@ def ball_grad_height():
     e = 0.8
 
     def y_final(h):
-        return simulate(_ball(e), jaxdae.Unstabilized(), 0.0, 0.6, jnp.stack([0.0, h]),
-                        jnp.zeros(2), rtol=1e-10, atol=1e-12).q_final[1]
+        return simulate(
+            _ball(e),
+            jaxdae.Unstabilized(),
+            0.0,
+            0.6,
+            jnp.stack([0.0, h]),
+            jnp.zeros(2),
+            rtol=1e-10,
+            atol=1e-12,
+        ).q_final[1]
 
     def closed(h):
         t1 = np.sqrt(2 * h / G)
@@ -1675,8 +1860,9 @@ def ball_grad_height():
 
 @case("events", "BouncingBall without gravity, moving up (no impact)")
 def ball_no_gravity():
-    sol = simulate(_ball(0.8, gravity=0.0), jaxdae.Unstabilized(), 0.0, 1.0, BALL_Q0,
-                   jnp.array([0.0, 1.0]))
+    sol = simulate(
+        _ball(0.8, gravity=0.0), jaxdae.Unstabilized(), 0.0, 1.0, BALL_Q0, jnp.array([0.0, 1.0])
+    )
     return close(sol.q_final[1], 2.0, 1e-8, "y(1)")
 
 
@@ -1697,23 +1883,38 @@ def sliding_negative_friction():
 
 @case("events", "BouncingBall in float32")
 def ball_float32():
-    sol = simulate(_ball(0.8), jaxdae.Unstabilized(), 0.0, 0.5, BALL_Q0.astype(jnp.float32),
-                   jnp.zeros(2, jnp.float32), rtol=1e-5, atol=1e-7)
+    sol = simulate(
+        _ball(0.8),
+        jaxdae.Unstabilized(),
+        0.0,
+        0.5,
+        BALL_Q0.astype(jnp.float32),
+        jnp.zeros(2, jnp.float32),
+        rtol=1e-5,
+        atol=1e-7,
+    )
     return close(sol.events.t[0], np.sqrt(2 / G), 1e-4, "first impact")
 
 
 @case("events", "BouncingBall with Projected(Tsit5)")
 def ball_projected():
-    sol = simulate(_ball(0.8), jaxdae.Unstabilized(), 0.0, 0.5, BALL_Q0, jnp.zeros(2),
-                   solver=jaxdae.Projected(diffrax.Tsit5()))
+    sol = simulate(
+        _ball(0.8),
+        jaxdae.Unstabilized(),
+        0.0,
+        0.5,
+        BALL_Q0,
+        jnp.zeros(2),
+        solver=jaxdae.Projected(diffrax.Tsit5()),
+    )
     return close(sol.events.t[0], np.sqrt(2 / G), 1e-6, "first impact")
 
 
-@case("events", "BouncingBall with a ball starting below the floor at y = -1e-12",
-      expect=r"gap")
+@case("events", "BouncingBall with a ball starting below the floor at y = -1e-12", expect=r"gap")
 def ball_just_below():
-    sol = simulate(_ball(0.8), jaxdae.Unstabilized(), 0.0, 0.3, jnp.array([0.0, -1e-12]),
-                   jnp.zeros(2))
+    sol = simulate(
+        _ball(0.8), jaxdae.Unstabilized(), 0.0, 0.3, jnp.array([0.0, -1e-12]), jnp.zeros(2)
+    )
     return close(sol.q_final[1], 0.0, 1e-6, "y")
 
 
@@ -1724,8 +1925,7 @@ def ball_just_below():
 
 def _rod(**kw):
     kw.setdefault("markers", {"top": (-0.5, 0.0)})
-    return mb.PlanarBody("rod", mass=kw.pop("mass", 1.0), inertia=kw.pop("inertia", 1 / 12),
-                         **kw)
+    return mb.PlanarBody("rod", mass=kw.pop("mass", 1.0), inertia=kw.pop("inertia", 1 / 12), **kw)
 
 
 @case("multibody", "PlanarBody(mass=nan)", expect=r"mass")
@@ -1828,8 +2028,7 @@ def _hinged(axis, tree=False):
     return wrong(f"accepted: {result_names(sol.result)}, q_final {sol.q_final}")
 
 
-@case("multibody", "spatial Revolute with a zero axis (Mechanism), simulated",
-      expect=r"axis")
+@case("multibody", "spatial Revolute with a zero axis (Mechanism), simulated", expect=r"axis")
 def spatial_zero_axis():
     return _hinged((0.0, 0.0, 0.0))
 
@@ -1839,8 +2038,7 @@ def spatial_nan_axis():
     return _hinged((np.nan, 0.0, 1.0))
 
 
-@case("multibody", "spatial Revolute with a zero axis (TreeMechanism), simulated",
-      expect=r"axis")
+@case("multibody", "spatial Revolute with a zero axis (TreeMechanism), simulated", expect=r"axis")
 def tree_zero_axis():
     return _hinged((0.0, 0.0, 0.0), tree=True)
 
@@ -1851,11 +2049,15 @@ def distance_nan():
     return wrong("length nan accepted")
 
 
-@case("multibody", "Gravity((nan, -9.81))",
-      expect=r"acceleration|gravity|Gravity|not finite|non-finite")
+@case(
+    "multibody",
+    "Gravity((nan, -9.81))",
+    expect=r"acceleration|gravity|Gravity|not finite|non-finite",
+)
 def gravity_nan():
-    mech = mb.Mechanism([_rod()], [mb.Revolute("ground", "rod.top", name="pin0")],
-                        [mb.Gravity((jnp.nan, -G))])
+    mech = mb.Mechanism(
+        [_rod()], [mb.Revolute("ground", "rod.top", name="pin0")], [mb.Gravity((jnp.nan, -G))]
+    )
     q0, v0 = _rod_start(mech)
     sol = simulate(mech, BAUM, 0.0, 0.5, q0, v0, throw=False)
     return judge(sol, ("non_finite_forces", "invalid_input"))
@@ -1866,20 +2068,27 @@ def gear_ratio_nan():
     ground = mb.Ground(markers={"o": (1.0, 0.0)})
     a = mb.PlanarBody("a", 1.0, 0.1)
     b = mb.PlanarBody("b", 1.0, 0.1, position=(1.0, 0.0))
-    mech = mb.Mechanism([ground, a, b], [mb.Revolute("ground", "a"),
-                                         mb.Revolute("ground.o", "b"),
-                                         mb.Gear("a", "b", jnp.nan)])
+    mech = mb.Mechanism(
+        [ground, a, b],
+        [mb.Revolute("ground", "a"), mb.Revolute("ground.o", "b"), mb.Gear("a", "b", jnp.nan)],
+    )
     q0 = mech.reference_coordinates()
     sol = simulate(mech, BAUM, 0.0, 0.1, q0, jnp.zeros_like(q0).at[2].set(1.0), max_steps=2000)
     return wrong(f"gear ratio nan accepted: {result_names(sol.result)}")
 
 
-@case("multibody", "JointLimit(lower=nan) on a rod pendulum, simulated",
-      expect=r"`lower`|bound|JointLimit")
+@case(
+    "multibody",
+    "JointLimit(lower=nan) on a rod pendulum, simulated",
+    expect=r"`lower`|bound|JointLimit",
+)
 def joint_limit_nan():
-    mech = mb.Mechanism([_rod()], [mb.Revolute("ground", "rod.top", name="pin0")],
-                        [mb.Gravity((0.0, -G))],
-                        stops=[mb.JointLimit("pin0", lower=jnp.nan, upper=1.0)])
+    mech = mb.Mechanism(
+        [_rod()],
+        [mb.Revolute("ground", "rod.top", name="pin0")],
+        [mb.Gravity((0.0, -G))],
+        stops=[mb.JointLimit("pin0", lower=jnp.nan, upper=1.0)],
+    )
     q0, v0 = mech.initial_state(joint_coordinates={"pin0": -1.0})
     sol = simulate(mech, BAUM, 0.0, 0.5, q0, v0, max_steps=2000)
     return wrong(f"lower = nan accepted: {result_names(sol.result)}")
@@ -1907,23 +2116,30 @@ def rigid_orientation_bad():
     return wrong("orientation 2I accepted (read as a rotation)")
 
 
-@case("multibody", "TreeMechanism with a body joined to nothing falls freely",
-      expect=r"joint|connect|tree")
+@case(
+    "multibody",
+    "TreeMechanism with a body joined to nothing falls freely",
+    expect=r"joint|connect|tree",
+)
 def tree_disconnected():
     a = mb.RigidBody("a", 1.0, SPATIAL_INERTIA, {"p": (0.0, 0.0, 0.1)})
     b = mb.RigidBody("b", 1.0, SPATIAL_INERTIA, position=(1.0, 0.0, 0.0))
-    tree = mb.TreeMechanism([a, b], [mb.Revolute("ground", "a.p")],
-                            [mb.Gravity((0.0, 0.0, -G))])
+    tree = mb.TreeMechanism([a, b], [mb.Revolute("ground", "a.p")], [mb.Gravity((0.0, 0.0, -G))])
     q0 = tree.reference_coordinates()
     sol = simulate(tree, BAUM, 0.0, 0.3, q0, jnp.zeros_like(q0))
-    return close(tree.marker_position(sol.q_final, "b"), [1.0, 0.0, -0.5 * G * 0.09], 1e-8,
-                 "free body's position")
+    return close(
+        tree.marker_position(sol.q_final, "b"),
+        [1.0, 0.0, -0.5 * G * 0.09],
+        1e-8,
+        "free body's position",
+    )
 
 
 @case("multibody", "Driver whose motion returns 3 numbers in the plane", expect=r"motion")
 def driver_bad_shape():
-    mech = mb.Mechanism([_rod()], [mb.Driver("ground", "rod.top",
-                                             lambda t: jnp.array([0.0, 0.0, t]))])
+    mech = mb.Mechanism(
+        [_rod()], [mb.Driver("ground", "rod.top", lambda t: jnp.array([0.0, 0.0, t]))]
+    )
     q0 = mech.reference_coordinates()
     simulate(mech, BAUM, 0.0, 0.5, q0, jnp.zeros_like(q0))
     return wrong("a 3-vector planar motion accepted")
@@ -1937,8 +2153,10 @@ def spring_nan():
 
 # --- URDF ---------------------------------------------------------------------------------
 
-INERTIAL = ('<inertial><mass value="{m}"/><inertia ixx="{i}" iyy="0.1" izz="0.1" ixy="0" '
-            'ixz="0" iyz="0"/></inertial>')
+INERTIAL = (
+    '<inertial><mass value="{m}"/><inertia ixx="{i}" iyy="0.1" izz="0.1" ixy="0" '
+    'ixz="0" iyz="0"/></inertial>'
+)
 
 
 def _link(name, m="1", i="0.1"):
@@ -1947,8 +2165,10 @@ def _link(name, m="1", i="0.1"):
 
 def _joint(name, parent, child, kind="revolute", extra='<axis xyz="0 0 1"/>'):
     limit = '<limit lower="-1" upper="1" effort="1" velocity="1"/>'
-    return (f'<joint name="{name}" type="{kind}"><parent link="{parent}"/>'
-            f'<child link="{child}"/>{extra}{limit}</joint>')
+    return (
+        f'<joint name="{name}" type="{kind}"><parent link="{parent}"/>'
+        f'<child link="{child}"/>{extra}{limit}</joint>'
+    )
 
 
 def _urdf(*parts):
@@ -1968,15 +2188,17 @@ def urdf_missing_parent():
 
 @case("urdf", "a cycle of URDF joints", expect=r"loop|cycle|two parents|root")
 def urdf_cycle():
-    _urdf('<link name="a"/>', _link("b"), _link("c"), _joint("j1", "b", "c"),
-          _joint("j2", "c", "b"))
+    _urdf(
+        '<link name="a"/>', _link("b"), _link("c"), _joint("j1", "b", "c"), _joint("j2", "c", "b")
+    )
     return wrong("a cycle accepted")
 
 
 @case("urdf", "a link with two parents", expect=r"two parents|two joints|child of")
 def urdf_two_parents():
-    _urdf('<link name="a"/>', _link("b"), _link("c"), _joint("j1", "a", "c"),
-          _joint("j2", "b", "c"))
+    _urdf(
+        '<link name="a"/>', _link("b"), _link("c"), _joint("j1", "a", "c"), _joint("j2", "b", "c")
+    )
     return wrong("two parents accepted")
 
 
@@ -2043,8 +2265,9 @@ def urdf_no_links():
     return wrong("a robot without links accepted")
 
 
-@case("urdf", "two links with the same name (masses 1 and 5)",
-      expect=r"duplicate|twice|same name|'b'")
+@case(
+    "urdf", "two links with the same name (masses 1 and 5)", expect=r"duplicate|twice|same name|'b'"
+)
 def urdf_duplicate_link():
     robot = _urdf('<link name="a"/>', _link("b"), _link("b", m="5"), _joint("j", "a", "b"))
     masses = [float(b.mass) for b in robot.bodies if b.name == "b"]
@@ -2066,20 +2289,22 @@ def urdf_mass_text():
 
 @case("urdf", "a joint origin with rpy = nan", expect=r"origin|rpy|finite|rotation")
 def urdf_origin_nan():
-    robot = _urdf('<link name="a"/>', _link("b"),
-                  _joint("j", "a", "b", extra='<origin rpy="nan 0 0" xyz="0 0 0"/>'
-                         '<axis xyz="0 0 1"/>'))
+    robot = _urdf(
+        '<link name="a"/>',
+        _link("b"),
+        _joint("j", "a", "b", extra='<origin rpy="nan 0 0" xyz="0 0 0"/><axis xyz="0 0 1"/>'),
+    )
     tree = robot.mechanism()
     pos = tree.marker_position(tree.reference_coordinates(), "b")
     return wrong(f"rpy = nan accepted (position of b: {pos})")
 
 
-@case("urdf", "fixed_base=False with a root link without <inertial>",
-      expect=r"inertial|mass")
+@case("urdf", "fixed_base=False with a root link without <inertial>", expect=r"inertial|mass")
 def urdf_floating_root_massless():
     with tempfile.NamedTemporaryFile("w", suffix=".urdf", delete=False) as file:
-        file.write('<robot name="r"><link name="a"/>' + _link("b") + _joint("j", "a", "b")
-                   + "</robot>")
+        file.write(
+            '<robot name="r"><link name="a"/>' + _link("b") + _joint("j", "a", "b") + "</robot>"
+        )
     try:
         mb.load_urdf(file.name, fixed_base=False)
     finally:
@@ -2087,11 +2312,11 @@ def urdf_floating_root_massless():
     return wrong("a massless free root accepted")
 
 
-@case("urdf", "a robot with only a fixed joint (no coordinates)",
-      expect=r"coordinates|moving|fixed")
+@case(
+    "urdf", "a robot with only a fixed joint (no coordinates)", expect=r"coordinates|moving|fixed"
+)
 def urdf_only_fixed():
-    robot = _urdf('<link name="a"/>', _link("b"), _joint("j", "a", "b", kind="fixed",
-                                                          extra=""))
+    robot = _urdf('<link name="a"/>', _link("b"), _joint("j", "a", "b", kind="fixed", extra=""))
     tree = robot.mechanism()
     q0 = tree.reference_coordinates()
     sol = simulate(tree, BAUM, 0.0, 0.1, q0, jnp.zeros_like(q0))
@@ -2100,10 +2325,14 @@ def urdf_only_fixed():
 
 @case("urdf", "a revolute joint without <axis> (URDF's default 1 0 0)")
 def urdf_default_axis():
-    explicit = _urdf('<link name="a"/>', _link("b"),
-                     _joint("j", "a", "b", extra='<origin xyz="0 0 0"/><axis xyz="1 0 0"/>'))
-    implicit = _urdf('<link name="a"/>', _link("b"),
-                     _joint("j", "a", "b", extra='<origin xyz="0 0 0"/>'))
+    explicit = _urdf(
+        '<link name="a"/>',
+        _link("b"),
+        _joint("j", "a", "b", extra='<origin xyz="0 0 0"/><axis xyz="1 0 0"/>'),
+    )
+    implicit = _urdf(
+        '<link name="a"/>', _link("b"), _joint("j", "a", "b", extra='<origin xyz="0 0 0"/>')
+    )
     force = [mb.Gravity((0.0, 9.81, 0.0))]
     runs = []
     for robot in (explicit, implicit):
@@ -2129,21 +2358,29 @@ def _square(output):
 
 
 def _params(log_scale=False):
-    return jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd,
-                              functools.partial(jaxdae.Positive, log_scale=log_scale))
+    return jaxdae.parametrize(
+        jaxdae.Baumgarte(1.0, 1.0),
+        lambda f: f.kd,
+        functools.partial(jaxdae.Positive, log_scale=log_scale),
+    )
 
 
-def _tune(steps=2, directory=None, *, resume=True, every=1, batch_size=None, params=None,
-          **kwargs):
+def _tune(steps=2, directory=None, *, resume=True, every=1, batch_size=None, params=None, **kwargs):
     kwargs.setdefault("optimizer", _ADAM)
-    checkpointing = None if directory is None else jaxdae.Checkpointing(directory, every=every,
-                                                                        resume=resume)
-    return jaxdae.tune(params if params is not None else _params(),
-                       kwargs.pop("simulate_fn", _quadratic),
-                       kwargs.pop("scenarios", TARGETS), kwargs.pop("loss", _square),
-                       steps=steps, checkpointing=checkpointing,
-                       batching=jaxdae.Batching(batch_size=batch_size),
-                       reporting=jaxdae.Reporting(progress=False), **kwargs)
+    checkpointing = (
+        None if directory is None else jaxdae.Checkpointing(directory, every=every, resume=resume)
+    )
+    return jaxdae.tune(
+        params if params is not None else _params(),
+        kwargs.pop("simulate_fn", _quadratic),
+        kwargs.pop("scenarios", TARGETS),
+        kwargs.pop("loss", _square),
+        steps=steps,
+        checkpointing=checkpointing,
+        batching=jaxdae.Batching(batch_size=batch_size),
+        reporting=jaxdae.Reporting(progress=False),
+        **kwargs,
+    )
 
 
 def _adam():
@@ -2157,13 +2394,15 @@ _ADAM = _adam()
 
 @case("tune", "scenarios with mismatched leading axes", expect=r"scenarios|leading|axis")
 def tune_mismatched_scenarios():
-    _tune(scenarios=(jnp.ones(3), jnp.ones(4)),
-          simulate_fn=lambda m, s: m.kd * s[0] * s[1])
+    _tune(scenarios=(jnp.ones(3), jnp.ones(4)), simulate_fn=lambda m, s: m.kd * s[0] * s[1])
     return wrong("mismatched scenarios accepted")
 
 
-@case("tune", "no scenarios (leading axis 0)",
-      expect=r"no scenarios|empty|zero scenarios|at least one")
+@case(
+    "tune",
+    "no scenarios (leading axis 0)",
+    expect=r"no scenarios|empty|zero scenarios|at least one",
+)
 def tune_empty_scenarios():
     result = _tune(scenarios=jnp.zeros(0))
     return wrong(f"empty scenarios accepted: loss {result.history['loss']}")
@@ -2192,8 +2431,7 @@ def tune_loss_nan():
     result, caught = catch_warnings_run(lambda: _tune(loss=lambda out: jnp.nan * out))
     if any("fail" in w for w in caught) and result.history["num_failed"][0] == 3:
         return named(f"warned: {caught[0][:120]}")
-    return wrong(f"no warning; history {result.history['num_failed']}, kd "
-                 f"{float(result.model.kd)}")
+    return wrong(f"no warning; history {result.history['num_failed']}, kd {float(result.model.kd)}")
 
 
 @case("tune", "a loss that returns a vector", expect=r"`loss`")
@@ -2295,8 +2533,9 @@ def tune_resume_trainable():
     def run(d):
         params = jaxdae.Baumgarte(1.0, 1.0)
         _tune(2, d, params=params, trainable=eqx.is_inexact_array)
-        only_kp = eqx.tree_at(lambda f: (f.kd, f.kp), jax.tree.map(lambda _: False, params),
-                              (False, True))
+        only_kp = eqx.tree_at(
+            lambda f: (f.kd, f.kp), jax.tree.map(lambda _: False, params), (False, True)
+        )
         resumed = _tune(3, d, params=params, trainable=only_kp)
         return lost(f"resumed with another trainable set: kd {float(resumed.model.kd)}")
 
@@ -2323,8 +2562,7 @@ def tune_resume_batch_size():
     return _tune_dir(run)
 
 
-@case("tune", "a resume with another parametrization (log_scale)",
-      expect=r"another|differ|initial")
+@case("tune", "a resume with another parametrization (log_scale)", expect=r"another|differ|initial")
 def tune_resume_parametrization():
     def run(d):
         _tune(2, d)
@@ -2341,8 +2579,11 @@ def tune_resume_float32():
         resumed = _tune(4, d, scenarios=TARGETS.astype(jnp.float32))
         fresh = _tune(4, scenarios=TARGETS.astype(jnp.float32))
         verdict = close(resumed.history["loss"], fresh.history["loss"], 0.0, "losses")
-        return verdict if verdict.kind == "ok" else lost(
-            f"resumed a float64 run for float32 scenarios: {verdict.detail}")
+        return (
+            verdict
+            if verdict.kind == "ok"
+            else lost(f"resumed a float64 run for float32 scenarios: {verdict.detail}")
+        )
 
     return _tune_dir(run)
 
@@ -2392,12 +2633,18 @@ class _Gains(eqx.Module):
     k: float = 1.0
 
 
-@case("tune", "parametrize a Python float field, then tune it towards 2",
-      expect=r"where|array|float")
+@case(
+    "tune", "parametrize a Python float field, then tune it towards 2", expect=r"where|array|float"
+)
 def tune_parametrize_float_field():
     params = jaxdae.parametrize(_Gains(), lambda g: g.k)
-    result = _tune(5, params=params, simulate_fn=lambda m, s: m.k * s,
-                   loss=lambda out: (out - 2.0) ** 2, scenarios=jnp.ones(2))
+    result = _tune(
+        5,
+        params=params,
+        simulate_fn=lambda m, s: m.k * s,
+        loss=lambda out: (out - 2.0) ** 2,
+        scenarios=jnp.ones(2),
+    )
     k = float(result.model.k)
     return ok(f"k = {k:.3f}") if k > 1.2 else wrong(f"k stayed at {k}")
 
@@ -2464,15 +2711,20 @@ def batch_failing_rows():
     names = result_names(sol.result)
     if names != ["successful", "max_steps_reached"] * 2 + ["successful"]:
         return lost(f"{names}")
-    return close(sol.q_final[np.array([0, 2, 4])],
-                 np.stack([truth(float(t))[0] for t in (0.3, 0.2, 0.4)]), 1e-5, "good rows")
+    return close(
+        sol.q_final[np.array([0, 2, 4])],
+        np.stack([truth(float(t))[0] for t in (0.3, 0.2, 0.4)]),
+        1e-5,
+        "good rows",
+    )
 
 
 @case("batch_map", "a Solution per row, 4 rows in chunks of 2")
 def batch_solution_chunks():
     t1 = jnp.array([0.3, 0.2, 0.4, 0.1])
-    sol = jaxdae.batch_map(lambda t: simulate(PEND, BAUM, 0.0, t, Q0, V0, throw=False), t1,
-                           chunk_size=2)
+    sol = jaxdae.batch_map(
+        lambda t: simulate(PEND, BAUM, 0.0, t, Q0, V0, throw=False), t1, chunk_size=2
+    )
     return close(sol.q_final, np.stack([truth(float(t))[0] for t in t1]), 1e-5, "rows")
 
 
@@ -2489,8 +2741,9 @@ def _cosine(x):
 
 
 def _sweep(directory, xs=XS, **kwargs):
-    return jaxdae.batch_map(_cosine, xs, chunk_size=4, checkpoint=directory, progress=False,
-                            **kwargs)
+    return jaxdae.batch_map(
+        _cosine, xs, chunk_size=4, checkpoint=directory, progress=False, **kwargs
+    )
 
 
 @case("batch_map", "checkpoint is an existing file", expect=r"directory|file|exists")
@@ -2541,8 +2794,9 @@ def batch_dict_args():
     return close(out, 2.0 * XS**2, 1e-15, "output")
 
 
-@case("batch_map", "a sweep resumed with the same values in float32",
-      expect=r"another|differ|dtype")
+@case(
+    "batch_map", "a sweep resumed with the same values in float32", expect=r"another|differ|dtype"
+)
 def batch_resume_other_dtype():
     def run(d):
         _sweep(d)
@@ -2562,8 +2816,7 @@ def batch_ensemble_padding():
         return jaxdae.simulate_ensemble(PEND, BAUM, 0.0, 0.3, q, jnp.zeros_like(q)).q_final
 
     out = jaxdae.batch_map(run, q0, chunk_size=2, ensemble=True)
-    return close(out, np.stack([truth(0.3, theta0=a)[0] for a in (0.3, 0.5, 0.7)]), 1e-5,
-                 "rows")
+    return close(out, np.stack([truth(0.3, theta0=a)[0] for a in (0.3, 0.5, 0.7)]), 1e-5, "rows")
 
 
 # ============================================================================================
@@ -2591,8 +2844,7 @@ def linearize_v_shape():
     return wrong("v of length 3 accepted")
 
 
-@case("analysis", "linearize with u for a system without a controller",
-      expect=r"`u`|controller")
+@case("analysis", "linearize with u for a system without a controller", expect=r"`u`|controller")
 def linearize_u_no_controller():
     jaxdae.linearize(PEND, BAUM, BOTTOM, u=jnp.ones(1))
     return wrong("u accepted without a controller")
@@ -2620,8 +2872,11 @@ def equilibrium_fixed_range():
     return wrong("fixed=(7,) accepted")
 
 
-@case("analysis", "equilibrium of a bead under a constant force (none exists)",
-      expect=r"No equilibrium")
+@case(
+    "analysis",
+    "equilibrium of a bead under a constant force (none exists)",
+    expect=r"No equilibrium",
+)
 def equilibrium_none():
     class Pushed(jaxdae.LagrangianSystem):
         def kinetic_energy(self, t, q, v):
@@ -2687,26 +2942,34 @@ def lqr_a_1d():
 
 @case("analysis", "lqr with integer matrices (double integrator: K = [1, √3])")
 def lqr_int():
-    sol = jaxdae.lqr(np.array([[0, 1], [0, 0]]), np.array([[0], [1]]), np.eye(2, dtype=int),
-                     np.eye(1, dtype=int))
+    sol = jaxdae.lqr(
+        np.array([[0, 1], [0, 0]]), np.array([[0], [1]]), np.eye(2, dtype=int), np.eye(1, dtype=int)
+    )
     return close(sol.gain, [[1.0, np.sqrt(3.0)]], 1e-9, "gain")
 
 
 @case("analysis", "lqr with Q = 0 on an unstable scalar system (K = 2)")
 def lqr_q_zero_unstable():
-    sol = jaxdae.lqr(jnp.ones((1, 1)), jnp.ones((1, 1)), jnp.zeros((1, 1)), jnp.ones((1, 1)),
-                     throw=False)
+    sol = jaxdae.lqr(
+        jnp.ones((1, 1)), jnp.ones((1, 1)), jnp.zeros((1, 1)), jnp.ones((1, 1)), throw=False
+    )
     if not bool(sol.succeeded):
         return misnamed("no stabilizing solution reported; A - BK = -1 with K = 2 exists")
     return close(sol.gain, [[2.0]], 1e-8, "gain")
 
 
-@case("analysis", "lqr with Q = 1e200 I (stabilizable, detectable, overflows)",
-      expect=r"overflow|too large|magnitude|scale")
+@case(
+    "analysis",
+    "lqr with Q = 1e200 I (stabilizable, detectable, overflows)",
+    expect=r"overflow|too large|magnitude|scale",
+)
 def lqr_huge():
     sol = jaxdae.lqr(DI_A, DI_B, 1e200 * jnp.eye(2), jnp.eye(1))
-    return wrong(f"returned gain {sol.gain}") if not np.all(np.isfinite(sol.gain)) else ok(
-        f"gain {sol.gain}")
+    return (
+        wrong(f"returned gain {sol.gain}")
+        if not np.all(np.isfinite(sol.gain))
+        else ok(f"gain {sol.gain}")
+    )
 
 
 @case("analysis", "spectral_radius of a non-square matrix", expect=r"square|shape")
@@ -2715,8 +2978,11 @@ def spectral_radius_nonsquare():
     return wrong("a non-square matrix accepted")
 
 
-@case("analysis", "transition_matrix with an implicit solver (Kvaerno5)",
-      expect=r"explicit|solver|Kvaerno5")
+@case(
+    "analysis",
+    "transition_matrix with an implicit solver (Kvaerno5)",
+    expect=r"explicit|solver|Kvaerno5",
+)
 def transition_implicit():
     h = jaxdae.perturbation_matrix(BAUM, 1)
     t = jaxdae.transition_matrix(h, diffrax.Kvaerno5(), 0.01)
@@ -2740,8 +3006,14 @@ CONTROL = jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=4)
 
 @case("actuated", "simulate_actuated with unsorted ts", expect=r"`ts`")
 def actuated_ts_unsorted():
-    jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, 0.1, *OPTICS.initial_state(angle_error=0.05),
-                             ts=jnp.array([0.0, 0.08, 0.05]))
+    jaxdae.simulate_actuated(
+        OPTICS,
+        CONTROL,
+        0.0,
+        0.1,
+        *OPTICS.initial_state(angle_error=0.05),
+        ts=jnp.array([0.0, 0.08, 0.05]),
+    )
     return wrong("unsorted ts accepted")
 
 
@@ -2757,8 +3029,11 @@ def actuated_negative_rate():
     return wrong("a negative pole rate accepted")
 
 
-@case("actuated", "simulate_actuated on a system that is not an ActuatedSystem",
-      expect=r"`system`|ActuatedSystem")
+@case(
+    "actuated",
+    "simulate_actuated on a system that is not an ActuatedSystem",
+    expect=r"`system`|ActuatedSystem",
+)
 def actuated_wrong_system():
     jaxdae.simulate_actuated(PEND, CONTROL, 0.0, 0.1, Q0, V0, jnp.zeros(1))
     return wrong("a CartesianPendulum accepted")
@@ -2768,8 +3043,9 @@ def actuated_wrong_system():
 def actuated_w0_list():
     q0, v0, w0 = OPTICS.initial_state(angle_error=0.05)
     a = jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, 0.1, q0, v0, w0)
-    b = jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, 0.1, q0, v0,
-                                 [float(x) for x in np.atleast_1d(w0)])
+    b = jaxdae.simulate_actuated(
+        OPTICS, CONTROL, 0.0, 0.1, q0, v0, [float(x) for x in np.atleast_1d(w0)]
+    )
     return close(b.q_final, a.q_final, 1e-14, "q(0.1)")
 
 
@@ -2780,8 +3056,11 @@ def hamiltonian_form_pendulum():
     return pend_ok(sol, 0.5)
 
 
-@case("hamiltonian", "HamiltonianForm of a system with a singular mass matrix",
-      expect=r"mass matrix|singular|Legendre")
+@case(
+    "hamiltonian",
+    "HamiltonianForm of a system with a singular mass matrix",
+    expect=r"mass matrix|singular|Legendre",
+)
 def hamiltonian_form_singular():
     class Flat(CartesianPendulum):
         def mass_matrix(self, t, q):
@@ -2791,23 +3070,31 @@ def hamiltonian_form_singular():
     return wrong("a singular Legendre transform accepted")
 
 
-@case("solution", "singular_passages(threshold=nan) on the two-link arm's fold",
-      expect=r"`threshold`")
+@case(
+    "solution", "singular_passages(threshold=nan) on the two-link arm's fold", expect=r"`threshold`"
+)
 def passages_nan():
     from jaxdae.examples import TWO_LINK_Q0, TWO_LINK_V0, TwoLinkManipulator
 
-    sol = simulate(TwoLinkManipulator(), jaxdae.PseudoInverse(10.0, 25.0), 0.0, 0.8,
-                   TWO_LINK_Q0, TWO_LINK_V0, ts=jnp.linspace(0.0, 0.8, 81))
+    sol = simulate(
+        TwoLinkManipulator(),
+        jaxdae.PseudoInverse(10.0, 25.0),
+        0.0,
+        0.8,
+        TWO_LINK_Q0,
+        TWO_LINK_V0,
+        ts=jnp.linspace(0.0, 0.8, 81),
+    )
     found = sol.singular_passages()
     out = sol.singular_passages(threshold=float("nan"))
     return wrong(f"threshold=nan accepted: {out} (default threshold: {found})")
 
 
-@case("solution", "singular_passages of a vmapped batch of solutions",
-      expect=r"batch|member|vmap")
+@case("solution", "singular_passages of a vmapped batch of solutions", expect=r"batch|member|vmap")
 def passages_batch():
     sols = jax.vmap(lambda a: simulate(PEND, BAUM, 0.0, 0.5, *PEND.state_from_angle(a, 0.0)))(
-        jnp.array([0.3, 0.5]))
+        jnp.array([0.3, 0.5])
+    )
     out = sols.singular_passages()
     return ok(f"{out}") if np.size(out) == 0 or len(out) == 2 else wrong(f"{out}")
 
@@ -2856,7 +3143,7 @@ def headline(message):
         return found.group(1).strip()
     lines = [line for line in message.splitlines() if re.match(r"^[\w.]*Error: ", line)]
     if "CpuCallback error" in message and lines:
-        return message[message.rindex(lines[-1]):].split("\n\n")[0].strip()
+        return message[message.rindex(lines[-1]) :].split("\n\n")[0].strip()
     return message.split("\n--------------------\nFor simplicity")[0].strip()
 
 
@@ -2871,8 +3158,11 @@ def classify_exception(exc, c, stderr=""):
     if isinstance(exc, CRYPTIC_TYPES):
         return Verdict("cryptic", f"{name} from {origin}")
     traced = name in TRACED_ERRORS
-    from_jaxdae = (origin == "jaxdae" or isinstance(exc, jaxdae.SimulationError)
-                   or (traced and "jaxdae.SimulationError" in stderr))
+    from_jaxdae = (
+        origin == "jaxdae"
+        or isinstance(exc, jaxdae.SimulationError)
+        or (traced and "jaxdae.SimulationError" in stderr)
+    )
     if c.expect is None:  # a legitimate input: any error is a fault
         if from_jaxdae:
             return Verdict("misnamed", "a legitimate input refused by jaxdae")
@@ -2883,8 +3173,9 @@ def classify_exception(exc, c, stderr=""):
             return Verdict("named", f"raised in {origin}{fix}")
         if isinstance(exc, (ValueError, TypeError, RuntimeError, OSError)):
             return Verdict("named", f"upstream message from {origin}{fix}")
-    if from_jaxdae and isinstance(exc, (ValueError, TypeError, FloatingPointError,
-                                        jaxdae.SimulationError)):
+    if from_jaxdae and isinstance(
+        exc, (ValueError, TypeError, FloatingPointError, jaxdae.SimulationError)
+    ):
         return Verdict("misnamed", f"a jaxdae error that does not name {c.expect!r}")
     return Verdict("cryptic", f"{name} from {origin}")
 
@@ -2914,13 +3205,18 @@ def run_case(c):
     stderr_file.seek(0)
     err = stderr_file.read().decode(errors="replace")
     stderr_file.close()
-    record["stderr"] = "\n".join(line for line in err.splitlines()
-                                 if line.startswith("jaxdae"))[:600]
+    record["stderr"] = "\n".join(line for line in err.splitlines() if line.startswith("jaxdae"))[
+        :600
+    ]
     if error is not None:
         verdict = classify_exception(error, c, record["stderr"])
-        record.update(kind=verdict.kind, detail=verdict.detail,
-                      exception=type(error).__name__, origin=_origin(error),
-                      message=headline(_message(error))[:2000])
+        record.update(
+            kind=verdict.kind,
+            detail=verdict.detail,
+            exception=type(error).__name__,
+            origin=_origin(error),
+            message=headline(_message(error))[:2000],
+        )
     record["warnings"] = [str(w.message)[:300] for w in caught][:5]
     return record
 
@@ -2949,19 +3245,31 @@ def run_all(names, timeout):
             try:
                 record = conn.recv()
             except EOFError:
-                record = dict(name=name, area=c.area, what=c.what, kind="cryptic",
-                              detail=f"the worker process died (exit code {worker.exitcode})",
-                              exception="crash")
+                record = dict(
+                    name=name,
+                    area=c.area,
+                    what=c.what,
+                    kind="cryptic",
+                    detail=f"the worker process died (exit code {worker.exitcode})",
+                    exception="crash",
+                )
                 worker = None
         else:
             worker.kill()
             worker.join()
             worker = None
-            record = dict(name=name, area=c.area, what=c.what, kind="hang",
-                          detail=f"no answer within {timeout} s")
+            record = dict(
+                name=name,
+                area=c.area,
+                what=c.what,
+                kind="hang",
+                detail=f"no answer within {timeout} s",
+            )
         records.append(record)
-        print(f"[{i:3d}/{len(names)}] {record['kind']:12s} {name} "
-              f"({record.get('seconds', '-')} s)", flush=True)
+        print(
+            f"[{i:3d}/{len(names)}] {record['kind']:12s} {name} ({record.get('seconds', '-')} s)",
+            flush=True,
+        )
     if worker is not None:
         conn.send(None)
         worker.join(10)
@@ -2983,8 +3291,10 @@ def report(records):
         out.write(f"| {area} | " + " | ".join(map(str, row)) + " |\n")
     upstream = [r for r in records if r["kind"] == "named" and "upstream" in r.get("detail", "")]
     if upstream:
-        out.write(f"\nOf the named, {len(upstream)} by an upstream library's message (jaxdae "
-                  "checks nothing first): " + ", ".join(r["name"] for r in upstream) + "\n")
+        out.write(
+            f"\nOf the named, {len(upstream)} by an upstream library's message (jaxdae "
+            "checks nothing first): " + ", ".join(r["name"] for r in upstream) + "\n"
+        )
     flagged = [r for r in records if r["kind"] not in ("named", "ok")]
     out.write(f"\n{len(flagged)} cases to look at:\n")
     for r in flagged:
@@ -3001,10 +3311,15 @@ def report(records):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=None,
-                        help="write DIR/adversarial_pass/results.json and summary.md")
-    parser.add_argument("--only", default=None,
-                        help="comma-separated parts of case names or areas to run")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write DIR/adversarial_pass/results.json and summary.md",
+    )
+    parser.add_argument(
+        "--only", default=None, help="comma-separated parts of case names or areas to run"
+    )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     args = parser.parse_args()

@@ -83,9 +83,11 @@ def main():
         times["gradient"] += [timed(gradient) for _ in range(args.calls)]
     fwd, grad = (1e6 * statistics.median(times[k]) for k in ("forward", "gradient"))
     first = ", ".join(f"{1e6 * t:.0f}" for t in times["gradient"][: args.calls])
-    print(f"before the gradients: {args.before}; medians of {args.reps} × {args.calls} calls: "
-          f"forward {fwd:.0f} µs, gradient {grad:.0f} µs, ratio {grad / fwd:.2f}; "
-          f"first repetition's gradients [µs]: {first}")
+    print(
+        f"before the gradients: {args.before}; medians of {args.reps} × {args.calls} calls: "
+        f"forward {fwd:.0f} µs, gradient {grad:.0f} µs, ratio {grad / fwd:.2f}; "
+        f"first repetition's gradients [µs]: {first}"
+    )
 
 
 if __name__ == "__main__":

@@ -60,10 +60,25 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 HUMANOID = ROOT / "tests" / "data" / "humanoid.urdf"
-KEYS = ("trace_lower_s", "trace_lower_cpu_s", "xla_s", "xla_cpu_s", "call_s", "total_s",
-        "total_cpu_s", "hlo_instructions", "fusions", "while_loops")
-REPEAT_KEYS = ("trace_lower_cpu_min_s", "trace_lower_cpu_median_s", "xla_cpu_min_s",
-               "xla_cpu_median_s", "hlo_instructions")
+KEYS = (
+    "trace_lower_s",
+    "trace_lower_cpu_s",
+    "xla_s",
+    "xla_cpu_s",
+    "call_s",
+    "total_s",
+    "total_cpu_s",
+    "hlo_instructions",
+    "fusions",
+    "while_loops",
+)
+REPEAT_KEYS = (
+    "trace_lower_cpu_min_s",
+    "trace_lower_cpu_median_s",
+    "xla_cpu_min_s",
+    "xla_cpu_median_s",
+    "hlo_instructions",
+)
 RHS_KEYS = ("humanoid_rhs_us", "humanoid_rhs_cpu_us", "arm_rhs_us", "arm_rhs_cpu_us")
 ARM = ROOT / "tests" / "data" / "three_link_arm.urdf"
 VARIANTS = ("constant_checks", "checks_in_branch", "plain_loop")
@@ -89,8 +104,9 @@ def _apply_variants(variants) -> None:
             if terms is None:  # not checked: nothing to replace
                 return checked(system, formulation, state, terms, *args, **kwargs)
             mass, _, _ = terms
-            return checked(system, formulation, state, (mass, jnp.array(True), jnp.zeros(1)),
-                           *args, **kwargs)
+            return checked(
+                system, formulation, state, (mass, jnp.array(True), jnp.zeros(1)), *args, **kwargs
+            )
 
         _reporting.initial_state_problems = constant_inputs
     if "checks_in_branch" in variants:
@@ -101,31 +117,58 @@ def _apply_variants(variants) -> None:
 
         check_traced = _system_solve.check_traced
 
-        def in_branch(sol, system, formulation, times, initial, checks, trajectories,
-                      steps=(None, None)):
+        def in_branch(
+            sol, system, formulation, times, initial, checks, trajectories, steps=(None, None)
+        ):
             q0, v0, mass, _, _ = initial
 
             def evaluate():
                 terms = system_terms(system, times.t0, q0, v0)
                 return factored_positive_definite(terms), jnp.all(jnp.isfinite(terms.forces))
 
-            definite, finite = jax.lax.cond(sol.result != RESULTS.successful, evaluate,
-                                            lambda: (jnp.array(True), jnp.array(True)))
+            definite, finite = jax.lax.cond(
+                sol.result != RESULTS.successful,
+                evaluate,
+                lambda: (jnp.array(True), jnp.array(True)),
+            )
             forces = jnp.where(finite, 0.0, jnp.nan)[None]
-            return check_traced(sol, system, formulation, times,
-                                (q0, v0, mass, definite, forces), checks, trajectories, steps)
+            return check_traced(
+                sol,
+                system,
+                formulation,
+                times,
+                (q0, v0, mass, definite, forces),
+                checks,
+                trajectories,
+                steps,
+            )
 
         _system_solve.check_traced = in_branch
     if "plain_loop" in variants:
         import diffrax._adjoint as adjoint
 
-        def plain_loop(self, *, terms, saveat, init_state, max_steps, throw,
-                       passed_solver_state, passed_controller_state, **kwargs):
+        def plain_loop(
+            self,
+            *,
+            terms,
+            saveat,
+            init_state,
+            max_steps,
+            throw,
+            passed_solver_state,
+            passed_controller_state,
+            **kwargs,
+        ):
             del throw, passed_solver_state, passed_controller_state
             return self._loop(
-                terms=terms, saveat=saveat, init_state=init_state, max_steps=max_steps,
+                terms=terms,
+                saveat=saveat,
+                init_state=init_state,
+                max_steps=max_steps,
                 inner_while_loop=functools.partial(adjoint._inner_loop, kind="lax"),
-                outer_while_loop=functools.partial(adjoint._outer_loop, kind="lax"), **kwargs)
+                outer_while_loop=functools.partial(adjoint._outer_loop, kind="lax"),
+                **kwargs,
+            )
 
         adjoint.RecursiveCheckpointAdjoint.loop = plain_loop
 
@@ -133,8 +176,9 @@ def _apply_variants(variants) -> None:
 def _child(mode: str, variants=(), repeats: int = 1) -> dict:
     """This process's measurements: `"split"`, `"total"` or `"repeat"` (see the module's
     docstring)."""
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_force_host_platform_device_count=2").strip()
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+    ).strip()
     import diffrax
     import equinox as eqx
     import jax
@@ -145,8 +189,7 @@ def _child(mode: str, variants=(), repeats: int = 1) -> dict:
 
     _apply_variants(variants)
 
-    model = mb.load_urdf(HUMANOID).mechanism(forces=[mb.Gravity((0.0, 0.0, -9.81))],
-                                             limits=False)
+    model = mb.load_urdf(HUMANOID).mechanism(forces=[mb.Gravity((0.0, 0.0, -9.81))], limits=False)
     n = model.topology.num_coordinates
     q0 = jnp.zeros(n)
     v0 = jnp.asarray([0.5 if i % 2 == 0 else 0.0 for i in range(n)])
@@ -154,8 +197,16 @@ def _child(mode: str, variants=(), repeats: int = 1) -> dict:
 
     def solve(model, solver, tolerance, q0, v0):
         controller = diffrax.PIDController(rtol=tolerance, atol=tolerance)
-        sol = jaxdae.simulate(model, jaxdae.Unstabilized(), 0.0, 1.0, q0, v0, solver=solver,
-                              stepsize_controller=controller)
+        sol = jaxdae.simulate(
+            model,
+            jaxdae.Unstabilized(),
+            0.0,
+            1.0,
+            q0,
+            v0,
+            solver=solver,
+            stepsize_controller=controller,
+        )
         return sol.q_final, sol.stats["num_steps"]
 
     out = {"jaxdae": str(Path(jaxdae.__file__).parent)}
@@ -171,21 +222,23 @@ def _child(mode: str, variants=(), repeats: int = 1) -> dict:
 
         rates, loop = scalarize(state_rates), 2000
         for name, path in (("humanoid", HUMANOID), ("arm", ARM)):
-            robot = mb.load_urdf(path).mechanism(forces=[mb.Gravity((0.0, 0.0, -9.81))],
-                                                 limits=False)
+            robot = mb.load_urdf(path).mechanism(
+                forces=[mb.Gravity((0.0, 0.0, -9.81))], limits=False
+            )
             size = robot.topology.num_coordinates
 
             def rhs(y, robot=robot, size=size):
-                return jnp.concatenate(rates(robot, jaxdae.Unstabilized(), 0.3, y[:size],
-                                             y[size:]))
+                return jnp.concatenate(rates(robot, jaxdae.Unstabilized(), 0.3, y[:size], y[size:]))
 
-            run = jax.jit(lambda y, rhs=rhs: jax.lax.fori_loop(
-                0, loop, lambda i, y: y + 1e-9 * rhs(y), y))
+            run = jax.jit(
+                lambda y, rhs=rhs: jax.lax.fori_loop(0, loop, lambda i, y: y + 1e-9 * rhs(y), y)
+            )
             y = jnp.concatenate([jnp.zeros(size), jnp.asarray(initial_rates(size))])
             jax.block_until_ready(run(y))
             wall, cpu = _median_times(lambda run=run, y=y: run(y), 15)
-            out.update({f"{name}_rhs_us": 1e6 * wall / loop,
-                        f"{name}_rhs_cpu_us": 1e6 * cpu / loop})
+            out.update(
+                {f"{name}_rhs_us": 1e6 * wall / loop, f"{name}_rhs_cpu_us": 1e6 * cpu / loop}
+            )
         return out
     if mode == "repeat":
         traced, compiled_cpu = [], []
@@ -198,11 +251,13 @@ def _child(mode: str, variants=(), repeats: int = 1) -> dict:
             compiled = lowered.compile()
             compiled_cpu.append(time.process_time() - cpu)
         jax.block_until_ready(compiled(*args))
-        out.update(trace_lower_cpu_min_s=min(traced),
-                   trace_lower_cpu_median_s=float(np.median(traced)),
-                   xla_cpu_min_s=min(compiled_cpu),
-                   xla_cpu_median_s=float(np.median(compiled_cpu)),
-                   hlo_instructions=_instructions(compiled.compiled.as_text()))
+        out.update(
+            trace_lower_cpu_min_s=min(traced),
+            trace_lower_cpu_median_s=float(np.median(traced)),
+            xla_cpu_min_s=min(compiled_cpu),
+            xla_cpu_median_s=float(np.median(compiled_cpu)),
+            hlo_instructions=_instructions(compiled.compiled.as_text()),
+        )
         return out
     solve = eqx.filter_jit(solve)
     wall, cpu = time.perf_counter(), time.process_time()
@@ -217,29 +272,52 @@ def _child(mode: str, variants=(), repeats: int = 1) -> dict:
     jax.block_until_ready(compiled(*args))
     text = compiled.compiled.as_text()
     out.update(
-        trace_lower_s=wall_lowered - wall, trace_lower_cpu_s=cpu_lowered - cpu,
-        xla_s=wall_compiled - wall_lowered, xla_cpu_s=cpu_compiled - cpu_lowered,
+        trace_lower_s=wall_lowered - wall,
+        trace_lower_cpu_s=cpu_lowered - cpu,
+        xla_s=wall_compiled - wall_lowered,
+        xla_cpu_s=cpu_compiled - cpu_lowered,
         call_s=time.perf_counter() - wall_compiled,
         hlo_instructions=_instructions(text),
-        fusions=text.count(" fusion("), while_loops=text.count(" while("))
+        fusions=text.count(" fusion("),
+        while_loops=text.count(" while("),
+    )
     return out
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--src", action="append", default=None,
-                        help="import jaxdae from DIR/jaxdae (repeatable; default: this checkout)")
-    parser.add_argument("--in-process", type=int, default=0, metavar="N",
-                        help="lower and compile N times in one process per source and round")
-    parser.add_argument("--constant-checks", action="store_true",
-                        help="constants for the initial state's mass and force checks")
-    parser.add_argument("--checks-in-branch", action="store_true",
-                        help="the checks' inputs evaluated only where the solve failed")
-    parser.add_argument("--plain-loop", action="store_true",
-                        help="diffrax's loops as plain lax while loops")
-    parser.add_argument("--rhs", action="store_true",
-                        help="time one right-hand side of the humanoid and the arm instead")
+    parser.add_argument(
+        "--src",
+        action="append",
+        default=None,
+        help="import jaxdae from DIR/jaxdae (repeatable; default: this checkout)",
+    )
+    parser.add_argument(
+        "--in-process",
+        type=int,
+        default=0,
+        metavar="N",
+        help="lower and compile N times in one process per source and round",
+    )
+    parser.add_argument(
+        "--constant-checks",
+        action="store_true",
+        help="constants for the initial state's mass and force checks",
+    )
+    parser.add_argument(
+        "--checks-in-branch",
+        action="store_true",
+        help="the checks' inputs evaluated only where the solve failed",
+    )
+    parser.add_argument(
+        "--plain-loop", action="store_true", help="diffrax's loops as plain lax while loops"
+    )
+    parser.add_argument(
+        "--rhs",
+        action="store_true",
+        help="time one right-hand side of the humanoid and the arm instead",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     variants = tuple(v for v in VARIANTS if getattr(args, v))
@@ -255,20 +333,34 @@ def main():
             row = {}
             for mode in modes:
                 env = dict(os.environ, PYTHONPATH=src)
-                command = [sys.executable, __file__, "--child", mode,
-                           "--in-process", str(args.in_process)]
+                command = [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    mode,
+                    "--in-process",
+                    str(args.in_process),
+                ]
                 command += ["--" + v.replace("_", "-") for v in variants]
-                done = subprocess.run(command, check=True, capture_output=True, text=True,
-                                      env=env, cwd=ROOT)
+                done = subprocess.run(
+                    command, check=True, capture_output=True, text=True, env=env, cwd=ROOT
+                )
                 row.update(json.loads(done.stdout.strip().splitlines()[-1]))
             runs[src].append(row)
             loads.append(os.getloadavg()[0])
-    each = ("right-hand sides, a fresh process each" if args.rhs
-            else f"{args.in_process} compiles in one process per round" if args.in_process
-            else "fresh processes")
-    print(f"load average {min(loads):.1f}–{max(loads):.1f}; medians of {args.rounds} rounds "
-          f"of {each}, the sources alternating (each round's figure in brackets)"
-          + (f"; variants: {', '.join(variants)}" if variants else "") + "\n")
+    each = (
+        "right-hand sides, a fresh process each"
+        if args.rhs
+        else f"{args.in_process} compiles in one process per round"
+        if args.in_process
+        else "fresh processes"
+    )
+    print(
+        f"load average {min(loads):.1f}–{max(loads):.1f}; medians of {args.rounds} rounds "
+        f"of {each}, the sources alternating (each round's figure in brackets)"
+        + (f"; variants: {', '.join(variants)}" if variants else "")
+        + "\n"
+    )
     print("| quantity | " + " | ".join(runs[src][0]["jaxdae"] for src in sources) + " |")
     print("| --- |" + " ---: |" * len(sources))
     for key in RHS_KEYS if args.rhs else REPEAT_KEYS if args.in_process else KEYS:
@@ -277,8 +369,11 @@ def main():
             values = [r[key] for r in runs[src]]
             each = ", ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in values)
             middle = np.median(values)
-            cells.append(f"{middle:.3g} ({each})" if isinstance(values[0], float)
-                         else f"{middle:.0f} ({each})")
+            cells.append(
+                f"{middle:.3g} ({each})"
+                if isinstance(values[0], float)
+                else f"{middle:.0f} ({each})"
+            )
         print(f"| {key} | " + " | ".join(cells) + " |")
 
 

@@ -41,7 +41,8 @@ GOVERNOR_CONFIGURATIONS = {
     "XLA's library fusions on": {
         "JAXDAE_SET_XLA_FLAGS": "0",
         "XLA_FLAGS": "--xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold="
-                     "1000000000"},
+        "1000000000",
+    },
 }
 GOVERNOR_LOOP = 2000
 
@@ -67,15 +68,28 @@ def measure_governor(calls: int) -> dict:
         def body(_, y):
             dq, dv = jitted_rates(model, formulation, 0.0, *y)
             return y[0] + 1e-9 * dq, y[1] + 1e-9 * dv
+
         return jax.lax.fori_loop(0, count, body, (q, v))
 
     @jax.jit
     def solve(q, v):
-        return jaxdae.simulate(model, formulation, 0.0, 0.05, q, v, solver=diffrax.Tsit5(),
-                               rtol=1e-6, atol=1e-9, throw=False)
+        return jaxdae.simulate(
+            model,
+            formulation,
+            0.0,
+            0.05,
+            q,
+            v,
+            solver=diffrax.Tsit5(),
+            rtol=1e-6,
+            atol=1e-9,
+            throw=False,
+        )
 
-    functions = {"right-hand side": (lambda: loop(q0, v0, GOVERNOR_LOOP), GOVERNOR_LOOP),
-                 "Tsit5 step": (lambda: solve(q0, v0), None)}
+    functions = {
+        "right-hand side": (lambda: loop(q0, v0, GOVERNOR_LOOP), GOVERNOR_LOOP),
+        "Tsit5 step": (lambda: solve(q0, v0), None),
+    }
     result = {"XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
     for name, (fn, count) in functions.items():
         start = time.process_time()
@@ -104,15 +118,18 @@ def measure(calls: int) -> dict:
     gains = (jnp.asarray(10.0), jnp.asarray([20.0, 10.0]), jnp.asarray([100.0, 25.0]))
 
     def solve(gains):
-        return jaxdae.simulate(system, jaxdae.ModifiedLagrange(*gains), 0.0, 2.0, q0, v0,
-                               rtol=1e-8, atol=1e-10)
+        return jaxdae.simulate(
+            system, jaxdae.ModifiedLagrange(*gains), 0.0, 2.0, q0, v0, rtol=1e-8, atol=1e-10
+        )
 
     def loss(gains):
         sol = solve(gains)
         return jnp.sum(sol.q_final**2) + jnp.sum(sol.phi[-1] ** 2)
 
-    functions = {"forward": jax.jit(lambda g: solve(g).q_final),
-                 "gradient": jax.jit(jax.grad(loss))}
+    functions = {
+        "forward": jax.jit(lambda g: solve(g).q_final),
+        "gradient": jax.jit(jax.grad(loss)),
+    }
     result = {"dtype": str(q0.dtype), "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
     for name, fn in functions.items():
         start = time.perf_counter()
@@ -132,8 +149,12 @@ def measure(calls: int) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=None,
-                        help="timed calls after the first (default 200; the governor: 7)")
+    parser.add_argument(
+        "--calls",
+        type=int,
+        default=None,
+        help="timed calls after the first (default 200; the governor: 7)",
+    )
     parser.add_argument("--model", choices=("two-link", "governor"), default="two-link")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -144,33 +165,46 @@ def main():
         return
     runs = {}
     for label, variables in (GOVERNOR_CONFIGURATIONS if governor else CONFIGURATIONS).items():
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("XLA_FLAGS", "JAXDAE_SET_XLA_FLAGS", "JAXDAE_ENABLE_X64",
-                            "JAX_ENABLE_X64")} | variables
-        out = subprocess.run([sys.executable, __file__, "--measure", "--calls", str(calls),
-                              "--model", args.model],
-                             env=env, check=True, capture_output=True, text=True).stdout
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("XLA_FLAGS", "JAXDAE_SET_XLA_FLAGS", "JAXDAE_ENABLE_X64", "JAX_ENABLE_X64")
+        } | variables
+        out = subprocess.run(
+            [sys.executable, __file__, "--measure", "--calls", str(calls), "--model", args.model],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         runs[label] = json.loads(out.strip().splitlines()[-1])
     if governor:
         print(f"flyball governor; CPU time, median of {calls} calls after the first\n")
-        print("| configuration | right-hand side µs | Tsit5 step µs | first loop s "
-              "| first solve s |")
+        print(
+            "| configuration | right-hand side µs | Tsit5 step µs | first loop s | first solve s |"
+        )
         print("| --- | ---: | ---: | ---: | ---: |")
         for label, run in runs.items():
-            print(f"| {label} | {run['right-hand side us']:.1f} | {run['Tsit5 step us']:.0f} "
-                  f"| {run['right-hand side first call s']:.1f} "
-                  f"| {run['Tsit5 step first call s']:.1f} |")
+            print(
+                f"| {label} | {run['right-hand side us']:.1f} | {run['Tsit5 step us']:.0f} "
+                f"| {run['right-hand side first call s']:.1f} "
+                f"| {run['Tsit5 step first call s']:.1f} |"
+            )
         return
     reference = runs["as imported"]["q(2)"]
     print(f"two-link, rtol=1e-8; median of {calls} calls after the first\n")
-    print("| configuration | dtype | steps | forward ms | gradient ms | first forward s "
-          "| first gradient s | max abs q(2) difference |")
+    print(
+        "| configuration | dtype | steps | forward ms | gradient ms | first forward s "
+        "| first gradient s | max abs q(2) difference |"
+    )
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for label, run in runs.items():
         difference = max(abs(a - b) for a, b in zip(run["q(2)"], reference, strict=False))
-        print(f"| {label} | {run['dtype']} | {run['steps']} | {run['forward ms']:.3f} | "
-              f"{run['gradient ms']:.3f} | {run['forward first call s']:.1f} | "
-              f"{run['gradient first call s']:.1f} | {difference:.1e} |")
+        print(
+            f"| {label} | {run['dtype']} | {run['steps']} | {run['forward ms']:.3f} | "
+            f"{run['gradient ms']:.3f} | {run['forward first call s']:.1f} | "
+            f"{run['gradient first call s']:.1f} | {difference:.1e} |"
+        )
 
 
 if __name__ == "__main__":

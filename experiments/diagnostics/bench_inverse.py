@@ -46,10 +46,12 @@ def unrolled_inverse(matrix):
         _thresholds.LU_UNROLL_MAX = saved
 
 
-METHODS = {"looped Gauss–Jordan": looped_inverse,
-           "block Gauss–Jordan": lambda a: blocked_inverse(a, _thresholds.NEWTON_INVERSE_BLOCK),
-           "checked block Gauss–Jordan": checked_blocked_inverse,
-           "LAPACK (jnp.linalg.inv)": jnp.linalg.inv}
+METHODS = {
+    "looped Gauss–Jordan": looped_inverse,
+    "block Gauss–Jordan": lambda a: blocked_inverse(a, _thresholds.NEWTON_INVERSE_BLOCK),
+    "checked block Gauss–Jordan": checked_blocked_inverse,
+    "LAPACK (jnp.linalg.inv)": jnp.linalg.inv,
+}
 
 
 def timed(method, matrix, loop: int, reps: int):
@@ -91,8 +93,10 @@ def main():
                 raise RuntimeError(f"{name} at {n} rows: |A⁻¹A − I| = {error:.1e}")
             wall, cpu, compile_s = timed(method, matrix, args.loop, args.reps)
             per_column = f"{wall / n:.2f}" if method is looped_inverse else "—"
-            print(f"| {n} | {name} | {wall:.1f} | {cpu:.1f} | {per_column} | {compile_s:.1f} |",
-                  flush=True)
+            print(
+                f"| {n} | {name} | {wall:.1f} | {cpu:.1f} | {per_column} | {compile_s:.1f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -86,6 +86,7 @@ def right_hand_sides():
     def jaxdae_rhs(fn):
         def rhs(y):
             return jnp.concatenate(fn(system, formulation, t, y[:2], y[2:]))
+
         return rhs
 
     def handwritten(y):
@@ -98,9 +99,11 @@ def right_hand_sides():
         "hand-written jax.numpy equations": (handwritten, DEFAULT_WORK, True),
     }
     reference = np.asarray(jax.jit(handwritten)(y0))
-    print("| two-link right-hand side | jaxpr equations | HLO operations | fusions | "
-          f"µs per evaluation | ns per trajectory, batch of {BATCH} | "
-          "max abs diff vs hand-written |")
+    print(
+        "| two-link right-hand side | jaxpr equations | HLO operations | fusions | "
+        f"µs per evaluation | ns per trajectory, batch of {BATCH} | "
+        "max abs diff vs hand-written |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, (rhs, max_work, polynomials) in forms.items():
         _thresholds.MAX_WORK = max_work  # 0: nothing is re-traced as a scalar graph
@@ -111,8 +114,10 @@ def right_hand_sides():
         equations = _count_equations(jaxpr)
         ops, fusions = _hlo_counts(rhs, y0)
         diff = np.max(np.abs(np.asarray(jax.jit(rhs)(y0)) - reference))
-        print(f"| {name} | {equations} | {ops} | {fusions} | "
-              f"{_per_evaluation_us(rhs, y0):.3f} | {_batched_ns(rhs, y0):.1f} | {diff:.1e} |")
+        print(
+            f"| {name} | {equations} | {ops} | {fusions} | "
+            f"{_per_evaluation_us(rhs, y0):.3f} | {_batched_ns(rhs, y0):.1f} | {diff:.1e} |"
+        )
     _thresholds.MAX_WORK = DEFAULT_WORK
     _scalarize._SINCOS.update(SINCOS)
 
@@ -139,9 +144,22 @@ def chains():
             jax.clear_caches()
             start = time.perf_counter()
             # Compiled ahead of time: `jax.clear_caches()` does not touch the executable.
-            solves[on] = jax.jit(lambda q: jaxdae.simulate(
-                system, jaxdae.Baumgarte(10.0, 25.0), 0.0, 2.0, q, v0).q_final  # noqa: B023
-            ).lower(q0).compile()
+            solves[on] = (
+                jax.jit(
+                    lambda q: (
+                        jaxdae.simulate(
+                            system,  # noqa: B023
+                            jaxdae.Baumgarte(10.0, 25.0),
+                            0.0,
+                            2.0,
+                            q,
+                            v0,  # noqa: B023
+                        ).q_final
+                    )
+                )
+                .lower(q0)
+                .compile()
+            )
             jax.block_until_ready(solves[on](q0))
             compile_s[on] = time.perf_counter() - start
         times = {False: [], True: []}
@@ -151,8 +169,10 @@ def chains():
                 jax.block_until_ready(solve(q0))
                 times[on].append(time.perf_counter() - start)
         for on in (False, True):
-            print(f"| {2 * links} | {'on' if on else 'off'} | {compile_s[on]:.2f} | "
-                  f"{1e3 * float(np.median(times[on])):.2f} |")
+            print(
+                f"| {2 * links} | {'on' if on else 'off'} | {compile_s[on]:.2f} | "
+                f"{1e3 * float(np.median(times[on])):.2f} |"
+            )
     _thresholds.MAX_WORK = DEFAULT_WORK
 
 
@@ -163,10 +183,12 @@ def steps(loop: int = 130):
 
     def stepper(solver):
         """One step from `y`, its first stage evaluated (by `init` or in the stage loop)."""
+
         def step(formulation, t0, t1, y):
             term = SystemTerm(system, formulation)  # no failure reference
             state = solver.init(term, t0, t1, y, None)
             return solver.step(term, t0, t1, y, None, state, False)[0]
+
         return step
 
     diffrax_step = stepper(diffrax.Tsit5())
@@ -177,22 +199,31 @@ def steps(loop: int = 130):
         return jax.tree.map(lambda y_, f: y_ + 1e-9 * f, y, rates)
 
     def forward(step):
-        return jax.jit(lambda f, y: jax.lax.fori_loop(
-            0, loop, lambda i, y: step(f, 0.01 * i, 0.01 * (i + 1), y), y))
+        return jax.jit(
+            lambda f, y: jax.lax.fori_loop(
+                0, loop, lambda i, y: step(f, 0.01 * i, 0.01 * (i + 1), y), y
+            )
+        )
 
     def reverse(step):
         def run(formulation, y):
             def body(i, carry):  # linearized at (formulation, y) with the step's times
                 cotangent, gains = carry
-                _, vjp = jax.vjp(lambda f, y_: step(f, 0.01 * i, 0.01 * (i + 1), y_),
-                                 formulation, y)
+                _, vjp = jax.vjp(
+                    lambda f, y_: step(f, 0.01 * i, 0.01 * (i + 1), y_), formulation, y
+                )
                 d_gains, d_state = vjp(cotangent)
                 return d_state, jax.tree.map(jnp.add, gains, d_gains)
+
             return jax.lax.fori_loop(0, loop, body, (y, formulation))
+
         return jax.jit(run)
 
-    rows = (("right-hand side alone", rhs), ("diffrax `Tsit5` step", diffrax_step),
-            ("Tsit5 step, stages unrolled", unrolled_step))
+    rows = (
+        ("right-hand side alone", rhs),
+        ("diffrax `Tsit5` step", diffrax_step),
+        ("Tsit5 step, stages unrolled", unrolled_step),
+    )
     compiled = {}
     for name, step in rows:
         for kind, build in (("forward", forward), ("vjp", reverse)):
@@ -210,13 +241,17 @@ def steps(loop: int = 130):
             jax.block_until_ready(out)
             times[key].append((time.perf_counter() - start) / 10)
     us = {key: 1e6 * min(values) / loop for key, values in times.items()}
-    print(f"\n| per iteration of a compiled loop ({loop} iterations; minimum of 15 interleaved "
-          "repetitions) | forward [µs] | fusions | vjp [µs] | fusions | vjp / forward |")
+    print(
+        f"\n| per iteration of a compiled loop ({loop} iterations; minimum of 15 interleaved "
+        "repetitions) | forward [µs] | fusions | vjp [µs] | fusions | vjp / forward |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name, _ in rows:
         fwd, rev = us[name, "forward"], us[name, "vjp"]
-        print(f"| {name} | {fwd:.2f} | {compiled[name, 'forward'][1]} | {rev:.2f} | "
-              f"{compiled[name, 'vjp'][1]} | {rev / fwd:.1f} |")
+        print(
+            f"| {name} | {fwd:.2f} | {compiled[name, 'forward'][1]} | {rev:.2f} | "
+            f"{compiled[name, 'vjp'][1]} | {rev / fwd:.1f} |"
+        )
 
 
 if __name__ == "__main__":

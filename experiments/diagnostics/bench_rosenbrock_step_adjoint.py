@@ -38,9 +38,10 @@ from jaxdae._integration._rosenbrock_adjoint import rodas_step_vjp  # noqa: E402
 
 def case(name):
     if name.startswith("chain"):
-        return study.chain_case(num=int(name[len("chain"):]))[:4]
-    key = {"spring": "spring pendulum (k = 1e6)",
-           "arm": "Cartesian arm, Baumgarte(2000, 1e6)"}[name]
+        return study.chain_case(num=int(name[len("chain") :]))[:4]
+    key = {"spring": "spring pendulum (k = 1e6)", "arm": "Cartesian arm, Baumgarte(2000, 1e6)"}[
+        name
+    ]
     return study.CASES[key]()[:4]
 
 
@@ -49,8 +50,7 @@ def bench(name, steps, calls, h=1e-4):
 
     def f(t, y, system):
         n = y.size // 2
-        return jnp.concatenate([y[n:], formulation.accelerations(
-            system.terms(t, y[:n], y[n:]))[0]])
+        return jnp.concatenate([y[n:], formulation.accelerations(system.terms(t, y[:n], y[n:]))[0]])
 
     terms, solver = diffrax.ODETerm(f), jaxdae.Rodas5P()
     y0 = jnp.concatenate([q0, v0])
@@ -60,6 +60,7 @@ def bench(name, steps, calls, h=1e-4):
     def forward(y):
         def body(y, t):  # every step from `y`, its result kept live
             return y + 0 * solver.step(terms, t, t + h, y, system, None, False)[0], None
+
         return jax.lax.scan(body, y, times)[0]
 
     def pulled(step_vjp):
@@ -69,19 +70,28 @@ def bench(name, steps, calls, h=1e-4):
                 (_, dense), pull = step_vjp(solver, t, t + h, (y, None), diff, static)
                 (y_bar1, _), p_bar1 = pull(((y_bar, None), jax.tree.map(jnp.zeros_like, dense)))
                 return (y_bar + 1e-3 * y_bar1, jax.tree.map(jnp.add, p_bar, p_bar1)), None
+
             return jax.lax.scan(body, (y, jax.tree.map(jnp.zeros_like, diff)), times)[0]
+
         return run
 
     fns, compile_s = {}, {}
-    for label, fn in (("step", forward), ("reverse mode", pulled(autodiff_step_vjp)),
-                      ("discrete adjoint", pulled(rodas_step_vjp))):
+    for label, fn in (
+        ("step", forward),
+        ("reverse mode", pulled(autodiff_step_vjp)),
+        ("discrete adjoint", pulled(rodas_step_vjp)),
+    ):
         start = time.perf_counter()
         fns[label] = jax.jit(fn).lower(y0).compile()
         compile_s[label] = time.perf_counter() - start
         jax.block_until_ready(fns[label](y0))
     walls = study.median_walls(fns, (y0,), calls)
-    print(f"| {name} | {y0.size} | " + " | ".join(
-        f"{1e6 * walls[k] / steps:.1f} ({compile_s[k]:.0f} s)" for k in fns) + " |", flush=True)
+    print(
+        f"| {name} | {y0.size} | "
+        + " | ".join(f"{1e6 * walls[k] / steps:.1f} ({compile_s[k]:.0f} s)" for k in fns)
+        + " |",
+        flush=True,
+    )
 
 
 def main():
@@ -90,8 +100,10 @@ def main():
     parser.add_argument("--calls", type=int, default=7)
     parser.add_argument("--cases", default="spring,arm,chain4,chain8")
     args = parser.parse_args()
-    print("| case | states | step [µs] (compile) | step and pullback, reverse mode | "
-          "step and pullback, discrete adjoint |\n|---|---|---|---|---|")
+    print(
+        "| case | states | step [µs] (compile) | step and pullback, reverse mode | "
+        "step and pullback, discrete adjoint |\n|---|---|---|---|---|"
+    )
     for name in args.cases.split(","):
         bench(name, args.steps, args.calls)
 

@@ -37,8 +37,10 @@ from jaxdae._integration import _jacobian
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "studies"))
 import stiff_integration  # noqa: E402  # pyright: ignore[reportMissingImports]
 
-CASES = {"chain": (stiff_integration.chain_case, 1.0),
-         "governor": (stiff_integration.governor_case, 10.0)}
+CASES = {
+    "chain": (stiff_integration.chain_case, 1.0),
+    "governor": (stiff_integration.governor_case, 10.0),
+}
 
 
 def jacobian_tangents(system, formulation, q0, v0):
@@ -54,8 +56,13 @@ def jacobian_tangents(system, formulation, q0, v0):
 
     _jacobian.column_seeds = counted
     try:
-        jax.eval_shape(lambda q, v: jaxdae.simulate(system, formulation, 0.0, 1e-3, q, v,
-                                                    solver=jaxdae.Rodas5P()), q0, v0)
+        jax.eval_shape(
+            lambda q, v: jaxdae.simulate(
+                system, formulation, 0.0, 1e-3, q, v, solver=jaxdae.Rodas5P()
+            ),
+            q0,
+            v0,
+        )
     finally:
         _jacobian.column_seeds = column_seeds
     return counts[0]
@@ -70,11 +77,21 @@ def compiled_solve(system, formulation, q0, v0, t1, solver, rtol, way, force_arr
     elif force_array:  # the inverse whatever the number of tangents
         _thresholds.INVERSE_MAX = _thresholds.LOOPED_INVERSE_MAX
     try:
-        solve = eqx.filter_jit(lambda q, v: jaxdae.simulate(
-            system, formulation, 0.0, t1, q, v, solver=solver, rtol=rtol, atol=1e-3 * rtol,
-            max_steps=200_000))
-        calls = sorted(set(re.findall(r"custom_call @(lapack_\w+)",
-                                      solve.lower(q0, v0).as_text())))
+        solve = eqx.filter_jit(
+            lambda q, v: jaxdae.simulate(
+                system,
+                formulation,
+                0.0,
+                t1,
+                q,
+                v,
+                solver=solver,
+                rtol=rtol,
+                atol=1e-3 * rtol,
+                max_steps=200_000,
+            )
+        )
+        calls = sorted(set(re.findall(r"custom_call @(lapack_\w+)", solve.lower(q0, v0).as_text())))
         start = time.perf_counter()
         jax.block_until_ready(solve(q0, v0))
         first = time.perf_counter() - start
@@ -92,13 +109,19 @@ def main():
     args = parser.parse_args()
     make, t1 = CASES[args.case]
     system, formulation, q0, v0, _ = make()
-    print(f"{args.case}: {2 * q0.size} states, Jacobian of "
-          f"{jacobian_tangents(system, formulation, q0, v0)} tangents, rtol {args.rtol:g}, "
-          f"t1 {t1:g} s")
+    print(
+        f"{args.case}: {2 * q0.size} states, Jacobian of "
+        f"{jacobian_tangents(system, formulation, q0, v0)} tangents, rtol {args.rtol:g}, "
+        f"t1 {t1:g} s"
+    )
     for name in ("Rodas5P", "Kvaerno5 (configured)"):
         solver = stiff_integration.solvers(args.rtol, 1e-3 * args.rtol)[name]
-        ways = {way: compiled_solve(system, formulation, q0, v0, t1, solver, args.rtol, way,
-                                    args.force_array) for way in ("array", "lapack")}
+        ways = {
+            way: compiled_solve(
+                system, formulation, q0, v0, t1, solver, args.rtol, way, args.force_array
+            )
+            for way in ("array", "lapack")
+        }
         times = {way: [] for way in ways}
         solutions = {}
         for _ in range(args.reps):
@@ -109,10 +132,12 @@ def main():
         difference = float(abs(solutions["array"].q[-1] - solutions["lapack"].q[-1]).max())
         for way, (_, calls, first) in ways.items():
             sol = solutions[way]
-            print(f"  {name}, {way}: first call {first:.2f} s, median "
-                  f"{1e3 * statistics.median(times[way]):.1f} ms of {args.reps} "
-                  f"({', '.join(f'{1e3 * t:.1f}' for t in times[way])}), "
-                  f"{int(sol.stats['num_steps'])} steps, LAPACK calls {calls or 'none'}")
+            print(
+                f"  {name}, {way}: first call {first:.2f} s, median "
+                f"{1e3 * statistics.median(times[way]):.1f} ms of {args.reps} "
+                f"({', '.join(f'{1e3 * t:.1f}' for t in times[way])}), "
+                f"{int(sol.stats['num_steps'])} steps, LAPACK calls {calls or 'none'}"
+            )
         print(f"  {name}: final states differ by {difference:.2e}")
 
 

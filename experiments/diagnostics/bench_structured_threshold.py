@@ -34,10 +34,25 @@ from bench_scaling import KD, KP, jaxdae_functions
 
 import jaxdae.examples._scaling as scaling_models
 
-DEFAULT = ("chain:4", "chain:5", "chain:6", "chain:8", "chain:12", "chain:16",
-           "ladder:2", "ladder:3", "ladder:4", "ladder:6", "ladder:8",
-           "pendulum:8", "pendulum:10", "pendulum:12", "pendulum:16", "pendulum:24",
-           "pendulum:32")
+DEFAULT = (
+    "chain:4",
+    "chain:5",
+    "chain:6",
+    "chain:8",
+    "chain:12",
+    "chain:16",
+    "ladder:2",
+    "ladder:3",
+    "ladder:4",
+    "ladder:6",
+    "ladder:8",
+    "pendulum:8",
+    "pendulum:10",
+    "pendulum:12",
+    "pendulum:16",
+    "pendulum:24",
+    "pendulum:32",
+)
 
 
 def variant(family: str, size: int, structured: bool):
@@ -56,23 +71,35 @@ def compare(family: str, size: int, repeats: int) -> dict:
         forward, gradient = jaxdae_functions(model)
         start = time.perf_counter()
         compiled[structured] = jax.jit(forward).trace(gains, q0, v0).lower().compile()
-        row[structured] = {"compile": time.perf_counter() - start, "times": [],
-                           "gradient times": [],
-                           "steps": int(compiled[structured](gains, q0, v0)[1])}
+        row[structured] = {
+            "compile": time.perf_counter() - start,
+            "times": [],
+            "gradient times": [],
+            "steps": int(compiled[structured](gains, q0, v0)[1]),
+        }
         compiled[structured, "gradient"] = jax.jit(gradient).lower(gains, q0, v0).compile()
         jax.block_until_ready(compiled[structured, "gradient"](gains, q0, v0))
     for _ in range(repeats):
         for structured in (False, True):
-            for key, fn in (("times", compiled[structured]),
-                            ("gradient times", compiled[structured, "gradient"])):
+            for key, fn in (
+                ("times", compiled[structured]),
+                ("gradient times", compiled[structured, "gradient"]),
+            ):
                 start = time.process_time()
                 jax.block_until_ready(fn(gains, q0, v0))
                 row[structured][key].append(time.process_time() - start)
-    return {"coordinates": int(q0.shape[0]), **{
-        key: {"compile [s]": r["compile"], "steps": r["steps"],
-              "per step [µs]": 1e6 * statistics.median(r["times"]) / r["steps"],
-              "gradient per step [µs]": 1e6 * statistics.median(r["gradient times"]) / r["steps"]}
-        for key, r in (("dense", row[False]), ("structured", row[True]))}}
+    return {
+        "coordinates": int(q0.shape[0]),
+        **{
+            key: {
+                "compile [s]": r["compile"],
+                "steps": r["steps"],
+                "per step [µs]": 1e6 * statistics.median(r["times"]) / r["steps"],
+                "gradient per step [µs]": 1e6 * statistics.median(r["gradient times"]) / r["steps"],
+            }
+            for key, r in (("dense", row[False]), ("structured", row[True]))
+        },
+    }
 
 
 def main():
@@ -80,20 +107,27 @@ def main():
     parser.add_argument("models", nargs="*", default=DEFAULT, help="family:N")
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    print("| model | coordinates | steps | solve per step, dense / structured [µs] | "
-          "gradient per step, dense / structured [µs] | compile, dense / structured [s] |")
+    print(
+        "| model | coordinates | steps | solve per step, dense / structured [µs] | "
+        "gradient per step, dense / structured [µs] | compile, dense / structured [s] |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for spec in args.models:
         family, _, size = spec.partition(":")
         if family not in scaling_models.FAMILIES or not size.isdigit():
-            raise SystemExit(f"models are family:N with family in "
-                             f"{sorted(scaling_models.FAMILIES)}; got {spec!r}")
+            raise SystemExit(
+                f"models are family:N with family in "
+                f"{sorted(scaling_models.FAMILIES)}; got {spec!r}"
+            )
         r = compare(family, int(size), args.repeats)
         d, s = r["dense"], r["structured"]
-        print(f"| {spec} | {r['coordinates']} | {d['steps']} | {d['per step [µs]']:.1f} / "
-              f"{s['per step [µs]']:.1f} | {d['gradient per step [µs]']:.1f} / "
-              f"{s['gradient per step [µs]']:.1f} | {d['compile [s]']:.2f} / "
-              f"{s['compile [s]']:.2f} |", flush=True)
+        print(
+            f"| {spec} | {r['coordinates']} | {d['steps']} | {d['per step [µs]']:.1f} / "
+            f"{s['per step [µs]']:.1f} | {d['gradient per step [µs]']:.1f} / "
+            f"{s['gradient per step [µs]']:.1f} | {d['compile [s]']:.2f} / "
+            f"{s['compile [s]']:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

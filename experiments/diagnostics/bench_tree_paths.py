@@ -65,13 +65,19 @@ def _child(threshold: int) -> dict:
         def rhs(y, tree=tree, rates=rates, n=n):
             return jnp.concatenate(rates(tree, jaxdae.Unstabilized(), 0.3, y[:n], y[n:]))
 
-        run = jax.jit(lambda y, rhs=rhs, loop=loop: jax.lax.fori_loop(
-            0, loop, lambda i, y: y + 1e-9 * rhs(y), y))
+        run = jax.jit(
+            lambda y, rhs=rhs, loop=loop: jax.lax.fori_loop(
+                0, loop, lambda i, y: y + 1e-9 * rhs(y), y
+            )
+        )
         y = jnp.concatenate([q, v])
         jax.block_until_ready(run(y))
         wall, cpu = br._median_times(lambda run=run, y=y: run(y), 5)
-        out[name] = {"cpu_us": 1e6 * cpu / loop, "wall_us": 1e6 * wall / loop,
-                     "compile_cpu_s": compile_s}
+        out[name] = {
+            "cpu_us": 1e6 * cpu / loop,
+            "wall_us": 1e6 * wall / loop,
+            "compile_cpu_s": compile_s,
+        }
     return out
 
 
@@ -87,17 +93,30 @@ def main():
     load = os.getloadavg()[0]
     for _ in range(args.rounds):
         for path, threshold in PATHS.items():
-            done = subprocess.run([sys.executable, __file__, "--child", str(threshold)],
-                                  check=True, capture_output=True, text=True)
+            done = subprocess.run(
+                [sys.executable, __file__, "--child", str(threshold)],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
             runs[path].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    print(f"load average at the start {load:.1f}; medians of {args.rounds} alternating "
-          "processes per path\n")
-    print("| model | dense CPU µs | recursive CPU µs | ratio | dense wall µs | recursive wall µs "
-          "| dense compile s | recursive compile s |")
+    print(
+        f"load average at the start {load:.1f}; medians of {args.rounds} alternating "
+        "processes per path\n"
+    )
+    print(
+        "| model | dense CPU µs | recursive CPU µs | ratio | dense wall µs | recursive wall µs "
+        "| dense compile s | recursive compile s |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in MODELS:
-        med = {path: {key: float(np.median([r[name][key] for r in runs[path]]))
-                      for key in ("cpu_us", "wall_us", "compile_cpu_s")} for path in PATHS}
+        med = {
+            path: {
+                key: float(np.median([r[name][key] for r in runs[path]]))
+                for key in ("cpu_us", "wall_us", "compile_cpu_s")
+            }
+            for path in PATHS
+        }
         d, r = med["dense"], med["recursive"]
         label = name if name == "humanoid" else f"chain of {name}"
         print(

@@ -37,7 +37,8 @@ def measure() -> dict:
     system = TwoLinkManipulator()
     q0, v0 = system.initial_state()
     states = jnp.concatenate([q0, v0]) + 1e-3 * jax.random.normal(
-        jax.random.PRNGKey(0), (ITERATIONS, 4))
+        jax.random.PRNGKey(0), (ITERATIONS, 4)
+    )
     times = jnp.linspace(0.0, 2.0, ITERATIONS)
     params = (jnp.asarray(10.0), jnp.asarray([20.0, 10.0]), jnp.asarray([100.0, 25.0]))
 
@@ -50,12 +51,14 @@ def measure() -> dict:
             for j in range(k):
                 total = total + rates(times[i] + 0.01 * j, states[i] + 1e-3 * j, params)
             return total
+
         return lambda: jax.lax.fori_loop(0, ITERATIONS, body, jnp.zeros(4))
 
     def vjp_loop():
         def body(i, total):
             _, pull = jax.vjp(lambda y, p: rates(times[i], y, p), states[i], params)
             return total + pull(states[i])[0]
+
         return jax.lax.fori_loop(0, ITERATIONS, body, jnp.zeros(4))
 
     functions = dict(zip(BODIES, [loop(1), loop(2), loop(4), loop(6), vjp_loop], strict=False))
@@ -79,8 +82,13 @@ def main():
     for label, opt_out in (("with the option", "1"), ("JAXDAE_SET_XLA_FLAGS=0", "0")):
         env = dict(os.environ, JAXDAE_SET_XLA_FLAGS=opt_out)
         env.pop("XLA_FLAGS", None)
-        out = subprocess.run([sys.executable, __file__, "--measure"], env=env, check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [sys.executable, __file__, "--measure"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         runs[label] = json.loads(out.strip().splitlines()[-1])
     labels = list(runs)
     print(f"fori_loop of {ITERATIONS} iterations; µs per iteration, minimum of 20 calls\n")

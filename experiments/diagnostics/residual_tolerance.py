@@ -34,8 +34,12 @@ def main():
     pendulum = CartesianPendulum()
     models = {
         "pendulum, 10 s": (pendulum, *pendulum.state_from_angle(0.5, 0.0), 10.0),
-        "two-link arm, 3 s": (TwoLinkManipulator(), jnp.asarray(TWO_LINK_Q0),
-                              jnp.asarray(TWO_LINK_V0), 3.0),
+        "two-link arm, 3 s": (
+            TwoLinkManipulator(),
+            jnp.asarray(TWO_LINK_Q0),
+            jnp.asarray(TWO_LINK_V0),
+            3.0,
+        ),
     }
     formulations = {
         "Baumgarte(10, 25)": jaxdae.Baumgarte(10.0, 25.0),
@@ -50,19 +54,30 @@ def main():
         for name, formulation in formulations.items():
             for rtol in (1e-8, 1e-6, 1e-4, 1e-3):
                 atol = rtol / 100
-                sol = jaxdae.simulate(system, formulation, 0.0, t1, q0, v0, rtol=rtol,
-                                      atol=atol, ts=jnp.linspace(0.0, t1, 51), throw=False,
-                                      max_steps=50_000)
+                sol = jaxdae.simulate(
+                    system,
+                    formulation,
+                    0.0,
+                    t1,
+                    q0,
+                    v0,
+                    rtol=rtol,
+                    atol=atol,
+                    ts=jnp.linspace(0.0, t1, 51),
+                    throw=False,
+                    max_steps=50_000,
+                )
                 residual = np.max(np.abs(np.concatenate([sol.phi, sol.psi], 1)), axis=1)
                 tol = atol + rtol * scale
                 result = _name(sol.result)
-                print(f"| {model} | {name} | {rtol:.0e} | {residual[-1] / tol:.3g} | "
-                      f"{np.max(residual) / tol:.3g} | {result} |")
+                print(
+                    f"| {model} | {name} | {rtol:.0e} | {residual[-1] / tol:.3g} | "
+                    f"{np.max(residual) / tol:.3g} | {result} |"
+                )
 
 
 def _name(result):
-    return next(name for name, item in jaxdae.RESULTS._name_to_item.items()
-                if item == result)
+    return next(name for name, item in jaxdae.RESULTS._name_to_item.items() if item == result)
 
 
 if __name__ == "__main__":

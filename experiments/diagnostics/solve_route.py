@@ -53,8 +53,9 @@ def route() -> list[tuple[str, str]]:
 
     sys.setprofile(profile)
     try:
-        jaxdae.simulate(system, jaxdae.Baumgarte(5.0, 5.0), 0.0, 1.0, q0, v0,
-                        ts=jnp.linspace(0.0, 1.0, 3))
+        jaxdae.simulate(
+            system, jaxdae.Baumgarte(5.0, 5.0), 0.0, 1.0, q0, v0, ts=jnp.linspace(0.0, 1.0, 3)
+        )
     finally:
         sys.setprofile(None)
     return calls

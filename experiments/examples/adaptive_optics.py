@@ -58,13 +58,18 @@ SMALL_ERROR = 1e-4  # rad, for the unstabilized law
 
 @eqx.filter_jit
 def _adaptive(system, control, q0, v0, w0, ts):
-    return jaxdae.simulate_actuated(system, control, ts[0], ts[-1], q0, v0, w0, ts=ts,
-                                    rtol=1e-10, atol=1e-12, throw=False)
+    return jaxdae.simulate_actuated(
+        system, control, ts[0], ts[-1], q0, v0, w0, ts=ts, rtol=1e-10, atol=1e-12, throw=False
+    )
 
 
 def _result_name(result) -> str:
-    for name in ("successful", "singular_decoupling_matrix", "max_steps_reached",
-                 "non_finite_state"):
+    for name in (
+        "successful",
+        "singular_decoupling_matrix",
+        "max_steps_reached",
+        "non_finite_state",
+    ):
         if result == getattr(jaxdae.RESULTS, name):
             return name
     return str(result)
@@ -89,18 +94,27 @@ def _adaptive_study(system, t1, n_save):
         sol = _adaptive(system, control, q0, on_program[1], on_program[2], ts)
         f = np.asarray(sol.residuals[:, 0, 0])
         late = (np.asarray(ts) >= t1 / 2) & np.isfinite(f)
-        rows.append(dict(
-            law=law, start=start, result=_result_name(sol.result),
-            succeeded=bool(sol.succeeded), t_final=float(sol.t_final),
-            max_abs_f_late=float(np.max(np.abs(f[late]))),
-            abs_f_final=float(abs(f[np.isfinite(f)][-1])),
-            max_abs_angle_error_late=float(np.max(np.abs(np.asarray(sol.q[late, 0])
-                                                           - phi_program[late]))),
-            max_abs_voltage=float(np.max(np.abs(np.asarray(sol.u)[np.isfinite(f)]))),
-            steps=int(sol.stats["num_steps"]),
-            _ts=np.asarray(ts), _f=f, _phi_error=np.asarray(sol.q[:, 0]) - phi_program,
-            _u=np.asarray(sol.u[:, 0]), _torque=np.asarray(sol.w[:, 0]),
-        ))
+        rows.append(
+            dict(
+                law=law,
+                start=start,
+                result=_result_name(sol.result),
+                succeeded=bool(sol.succeeded),
+                t_final=float(sol.t_final),
+                max_abs_f_late=float(np.max(np.abs(f[late]))),
+                abs_f_final=float(abs(f[np.isfinite(f)][-1])),
+                max_abs_angle_error_late=float(
+                    np.max(np.abs(np.asarray(sol.q[late, 0]) - phi_program[late]))
+                ),
+                max_abs_voltage=float(np.max(np.abs(np.asarray(sol.u)[np.isfinite(f)]))),
+                steps=int(sol.stats["num_steps"]),
+                _ts=np.asarray(ts),
+                _f=f,
+                _phi_error=np.asarray(sol.q[:, 0]) - phi_program,
+                _u=np.asarray(sol.u[:, 0]),
+                _torque=np.asarray(sol.w[:, 0]),
+            )
+        )
     return rows
 
 
@@ -110,32 +124,57 @@ def _fixed_step_study(system, rates, steps, t1):
     q0 = q0 + 0.02
     ts = jnp.linspace(t1 / 2, t1, 31)
     rows = []
-    for solver in progress((diffrax.Euler(), diffrax.Heun()), "fixed-step sweeps",
-                           unit="solver"):
+    for solver in progress((diffrax.Euler(), diffrax.Heun()), "fixed-step sweeps", unit="solver"):
+
         @jax.jit
         @jax.vmap
         def run(rate, dt, solver=solver):
             control = jaxdae.ConstraintEnforcingControl.with_poles(rate, order=4)
             sol = jaxdae.simulate_actuated(
-                system, control, 0.0, t1, q0, v0, w0, ts=ts, solver=solver,
-                stepsize_controller=diffrax.ConstantStepSize(), dt0=dt,
-                max_steps=int(np.ceil(t1 / min(steps))) + 8, throw=False)
-            transition = jaxdae.transition_matrix(jaxdae.perturbation_matrix(control, 1),
-                                                  solver, dt)
+                system,
+                control,
+                0.0,
+                t1,
+                q0,
+                v0,
+                w0,
+                ts=ts,
+                solver=solver,
+                stepsize_controller=diffrax.ConstantStepSize(),
+                dt0=dt,
+                max_steps=int(np.ceil(t1 / min(steps))) + 8,
+                throw=False,
+            )
+            transition = jaxdae.transition_matrix(
+                jaxdae.perturbation_matrix(control, 1), solver, dt
+            )
             residual = jnp.max(jnp.abs(sol.residuals[:, 0, 0]))
-            return (sol.result._value, residual, jaxdae.spectral_radius(transition),
-                    jnp.linalg.norm(transition, 2))
+            return (
+                sol.result._value,
+                residual,
+                jaxdae.spectral_radius(transition),
+                jnp.linalg.norm(transition, 2),
+            )
 
         grid = [(r, tau) for r in rates for tau in steps]
-        codes, residuals, radii, norms = run(jnp.array([g[0] for g in grid]),
-                                             jnp.array([g[1] for g in grid]))
+        codes, residuals, radii, norms = run(
+            jnp.array([g[0] for g in grid]), jnp.array([g[1] for g in grid])
+        )
         for (rate, tau), code, res, rho, norm in zip(
             grid, codes, residuals, radii, norms, strict=False
         ):
             ok = int(code) == int(jaxdae.RESULTS.successful._value)
-            rows.append(dict(solver=type(solver).__name__, rate=rate, tau=tau,
-                             spectral_radius=float(rho), norm=float(norm), bounded=ok,
-                             max_abs_f_late=float(res) if ok else float("inf")))
+            rows.append(
+                dict(
+                    solver=type(solver).__name__,
+                    rate=rate,
+                    tau=tau,
+                    spectral_radius=float(rho),
+                    norm=float(norm),
+                    bounded=ok,
+                    max_abs_f_late=float(res) if ok else float("inf"),
+                )
+            )
     return rows
 
 
@@ -147,10 +186,20 @@ def _fixed_step_run(system, control, angle_error):
     """The Euler closed loop from the programmed state with an angle error (for tuning)."""
     q0, v0, w0 = system.programmed_state(0.0)
     return jaxdae.simulate_actuated(
-        system, control, 0.0, TUNE_T1, q0 + angle_error, v0, w0,
-        ts=jnp.linspace(0.0, TUNE_T1, 61), solver=diffrax.Euler(),
-        stepsize_controller=diffrax.ConstantStepSize(), dt0=TUNE_STEP,
-        max_steps=int(TUNE_T1 / TUNE_STEP) + 8, throw=False)
+        system,
+        control,
+        0.0,
+        TUNE_T1,
+        q0 + angle_error,
+        v0,
+        w0,
+        ts=jnp.linspace(0.0, TUNE_T1, 61),
+        solver=diffrax.Euler(),
+        stepsize_controller=diffrax.ConstantStepSize(),
+        dt0=TUNE_STEP,
+        max_steps=int(TUNE_T1 / TUNE_STEP) + 8,
+        throw=False,
+    )
 
 
 def _violation(sol):
@@ -168,19 +217,28 @@ def _tuning_study(system, quick):
     steps = 10 if quick else 40
     train = jnp.linspace(-0.05, 0.05, 8)
     held_out = jax.random.uniform(jax.random.key(1), (32,), minval=-0.06, maxval=0.06)
+
     # Tuned: the four poles −γ_i, through log γ_i (stable by construction).
     def control_of(rates):
         return jaxdae.ConstraintEnforcingControl.from_poles(-rates)
 
     start_rates = jnp.array([7.0, 9.0, 11.0, 13.0])
     params = jaxdae.Positive(start_rates, log_scale=True)
-    stability = jaxdae.DiscreteStability(diffrax.Euler(), dt=TUNE_STEP, num_constraints=1,
-                                         select=control_of)
+    stability = jaxdae.DiscreteStability(
+        diffrax.Euler(), dt=TUNE_STEP, num_constraints=1, select=control_of
+    )
     start = time.perf_counter()
-    result = jaxdae.tune(params, lambda rates, e: _fixed_step_run(system, control_of(rates), e),
-                         train, _violation, optimizer=optax.adam(0.1), steps=steps,
-                         regularization=stability, failures=jaxdae.Failures(penalty=1e3),
-                         reporting=jaxdae.Reporting(progress=interactive()))
+    result = jaxdae.tune(
+        params,
+        lambda rates, e: _fixed_step_run(system, control_of(rates), e),
+        train,
+        _violation,
+        optimizer=optax.adam(0.1),
+        steps=steps,
+        regularization=stability,
+        failures=jaxdae.Failures(penalty=1e3),
+        reporting=jaxdae.Reporting(progress=interactive()),
+    )
     tune_seconds = time.perf_counter() - start
     loop_done("jaxdae.tune", steps, "step", tune_seconds)
 
@@ -195,26 +253,38 @@ def _tuning_study(system, quick):
 
     start = time.perf_counter()
     rates = np.geomspace(3.0, 60.0, steps)
-    grid = [float(batch_loss(with_rate(r), train))
-            for r in progress(rates, "single-rate grid", unit="rate")]
+    grid = [
+        float(batch_loss(with_rate(r), train))
+        for r in progress(rates, "single-rate grid", unit="rate")
+    ]
     best_rate = float(rates[int(np.argmin(grid))])
     grid_seconds = time.perf_counter() - start
 
     def summary(name, control):
         h = jaxdae.perturbation_matrix(control, 1)
         rho = jaxdae.spectral_radius(jaxdae.transition_matrix(h, diffrax.Euler(), TUNE_STEP))
-        return dict(law=name, gains=[float(k) for k in control.gains],
-                    held_out_loss=float(batch_loss(control, held_out)),
-                    spectral_radius=float(rho),
-                    poles=[complex(z) for z in np.linalg.eigvals(np.asarray(h))])
+        return dict(
+            law=name,
+            gains=[float(k) for k in control.gains],
+            held_out_loss=float(batch_loss(control, held_out)),
+            spectral_radius=float(rho),
+            poles=[complex(z) for z in np.linalg.eigvals(np.asarray(h))],
+        )
 
     tuned_rates = ", ".join(f"{float(r):.3g}" for r in result.model)
-    rows = [summary(f"poles at −{RATE:g} (Mukharlyamov's (2019) (μ + γ)⁴)", with_rate(RATE)),
-            summary("start of the tuning: poles −7, −9, −11, −13", control_of(start_rates)),
-            summary(f"best (μ + γ)⁴ on the grid, γ = {best_rate:.3g}", with_rate(best_rate)),
-            summary(f"tuned poles (jaxdae.tune): −({tuned_rates})", control_of(result.model))]
-    return dict(rows=rows, history=result.history["loss"], tune_seconds=tune_seconds,
-                grid_seconds=grid_seconds, steps=steps)
+    rows = [
+        summary(f"poles at −{RATE:g} (Mukharlyamov's (2019) (μ + γ)⁴)", with_rate(RATE)),
+        summary("start of the tuning: poles −7, −9, −11, −13", control_of(start_rates)),
+        summary(f"best (μ + γ)⁴ on the grid, γ = {best_rate:.3g}", with_rate(best_rate)),
+        summary(f"tuned poles (jaxdae.tune): −({tuned_rates})", control_of(result.model)),
+    ]
+    return dict(
+        rows=rows,
+        history=result.history["loss"],
+        tune_seconds=tune_seconds,
+        grid_seconds=grid_seconds,
+        steps=steps,
+    )
 
 
 def main(out: Path, quick: bool = False) -> dict:
@@ -223,8 +293,11 @@ def main(out: Path, quick: bool = False) -> dict:
     folder = output_dir(out, NAME)
     system = AdaptiveOpticsElement()
     t1 = 4.0 if quick else 8.0
-    steps = ([0.01, 0.03, 0.06, 0.1] if quick else
-             [0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25])
+    steps = (
+        [0.01, 0.03, 0.06, 0.1]
+        if quick
+        else [0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25]
+    )
     start = time.perf_counter()
     adaptive = _adaptive_study(system, t1, 201 if quick else 801)
     fixed = _fixed_step_study(system, [10.0, 40.0], steps, 6.0)
@@ -246,15 +319,24 @@ def main(out: Path, quick: bool = False) -> dict:
     axes[1, 0].set_ylabel("u [V] (symmetric log scale)")
     for ax in axes.flat[:3]:
         ax.set_xlabel("t [s]")
-    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside upper center", ncol=4,
-               fontsize=9, title="Tsit5 (adaptive): law, initial crank angle")
+    fig.legend(
+        *axes[0, 0].get_legend_handles_labels(),
+        loc="outside upper center",
+        ncol=4,
+        fontsize=9,
+        title="Tsit5 (adaptive): law, initial crank angle",
+    )
     overflow = 1e3
     for solver, style in (("Euler", "o-"), ("Heun", "s--")):
         for rate in (10.0, 40.0):
             rows = [r for r in fixed if r["solver"] == solver and r["rate"] == rate]
             taus = [r["tau"] for r in rows]
-            axes[1, 1].loglog(taus, [min(r["max_abs_f_late"], overflow) for r in rows], style,
-                              label=f"{solver}, poles at −{rate:g}")
+            axes[1, 1].loglog(
+                taus,
+                [min(r["max_abs_f_late"], overflow) for r in rows],
+                style,
+                label=f"{solver}, poles at −{rate:g}",
+            )
     axes[1, 1].axhline(overflow, color="grey", lw=0.5)
     axes[1, 1].set_ylim(top=overflow * 10)
     axes[1, 1].set_title(f"Fixed steps: max |f| on [3, 6] s (drawn at {overflow:g}: overflowed)")
@@ -264,25 +346,36 @@ def main(out: Path, quick: bool = False) -> dict:
     fig.savefig(folder / "adaptive_optics.png", dpi=120)
     plt.close(fig)
 
-    write_json(folder / "results.json", dict(
-        seconds=elapsed, t1=t1, rate=RATE,
-        adaptive=[{k: v for k, v in r.items() if not k.startswith("_")} for r in adaptive],
-        fixed_step=fixed, tuning=tuning,
-    ))
+    write_json(
+        folder / "results.json",
+        dict(
+            seconds=elapsed,
+            t1=t1,
+            rate=RATE,
+            adaptive=[{k: v for k, v in r.items() if not k.startswith("_")} for r in adaptive],
+            fixed_step=fixed,
+            tuning=tuning,
+        ),
+    )
     table = [
         "| law | start | max\\|f\\| on second half | max\\|φ − φ*\\| on second half | "
         "max\\|u\\| [V] | steps | result |",
         "| --- | --- | --- | --- | --- | --- | --- |",
-    ] + [f"| {r['law']} | {r['start']} | {r['max_abs_f_late']:.1e} | "
-         f"{r['max_abs_angle_error_late']:.1e} | {r['max_abs_voltage']:.3g} | {r['steps']} | "
-         f"{'ok' if r['succeeded'] else r['result'] + ' at t = {:.3g}'.format(r['t_final'])} |"
-         for r in adaptive]
+    ] + [
+        f"| {r['law']} | {r['start']} | {r['max_abs_f_late']:.1e} | "
+        f"{r['max_abs_angle_error_late']:.1e} | {r['max_abs_voltage']:.3g} | {r['steps']} | "
+        f"{'ok' if r['succeeded'] else r['result'] + ' at t = {:.3g}'.format(r['t_final'])} |"
+        for r in adaptive
+    ]
     table += [
         "",
         "| solver | poles | τ [s] | ρ(R(τH)) | ‖R(τH)‖₂ | max\\|f\\| on [3, 6] s |",
         "| --- | --- | --- | --- | --- | --- |",
-    ] + [f"| {r['solver']} | −{r['rate']:g} | {r['tau']:g} | {r['spectral_radius']:.3f} | "
-         f"{r['norm']:.3g} | {r['max_abs_f_late']:.1e} |" for r in fixed]
+    ] + [
+        f"| {r['solver']} | −{r['rate']:g} | {r['tau']:g} | {r['spectral_radius']:.3f} | "
+        f"{r['norm']:.3g} | {r['max_abs_f_late']:.1e} |"
+        for r in fixed
+    ]
 
     table += [
         "",
@@ -293,17 +386,24 @@ def main(out: Path, quick: bool = False) -> dict:
         "",
         "| gains | K_0, K_1, K_2, K_3 | held-out loss | ρ(I + τH) |",
         "| --- | --- | --- | --- |",
-    ] + [f"| {r['law']} | {', '.join(f'{k:.4g}' for k in r['gains'])} | "
-         f"{r['held_out_loss']:.3g} | {r['spectral_radius']:.3f} |" for r in tuning["rows"]]
+    ] + [
+        f"| {r['law']} | {', '.join(f'{k:.4g}' for k in r['gains'])} | "
+        f"{r['held_out_loss']:.3g} | {r['spectral_radius']:.3f} |"
+        for r in tuning["rows"]
+    ]
 
     def largest_bounded(solver, rate):
-        ok = [r["tau"] for r in fixed
-              if r["solver"] == solver and r["rate"] == rate and r["bounded"]]
+        ok = [
+            r["tau"] for r in fixed if r["solver"] == solver and r["rate"] == rate and r["bounded"]
+        ]
         return max(ok) if ok else float("nan")
 
     def largest_stable(solver, rate):
-        ok = [r["tau"] for r in fixed if r["solver"] == solver and r["rate"] == rate
-              and r["spectral_radius"] < 1]
+        ok = [
+            r["tau"]
+            for r in fixed
+            if r["solver"] == solver and r["rate"] == rate and r["spectral_radius"] < 1
+        ]
         return max(ok) if ok else float("nan")
 
     stab, unstab = adaptive[1], adaptive[3]
@@ -325,11 +425,18 @@ def main(out: Path, quick: bool = False) -> dict:
     print(headline)
     print("\n".join(table))
     print(f"({elapsed:.0f} s)")
-    return {"headline": headline, "table": table, "figures": [figure(
-        folder / "adaptive_optics.png",
-        "the mirror's reflection-law residual, crank-angle error and armature voltage under "
-        "the stabilized and the unstabilized control law; the residual with fixed steps "
-        "against the step τ, bounded only where ρ(R(τH)) < 1")]}
+    return {
+        "headline": headline,
+        "table": table,
+        "figures": [
+            figure(
+                folder / "adaptive_optics.png",
+                "the mirror's reflection-law residual, crank-angle error and armature voltage "
+                "under the stabilized and the unstabilized control law; the residual with fixed "
+                "steps against the step τ, bounded only where ρ(R(τH)) < 1",
+            )
+        ],
+    }
 
 
 if __name__ == "__main__":

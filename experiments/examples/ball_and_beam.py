@@ -48,8 +48,9 @@ def plant(r0=R0):
     eq_e = jaxdae.equilibrium(
         exact, exact.equilibrium_state(r0)[0], fixed=(0,), cyclic=exact.cyclic, u_guess=[0.0]
     )
-    lin_s = jaxdae.linearize(simple, jaxdae.Baumgarte(1.0, 1.0), eq_s.q, eq_s.v, eq_s.u,
-                             cyclic=simple.cyclic)
+    lin_s = jaxdae.linearize(
+        simple, jaxdae.Baumgarte(1.0, 1.0), eq_s.q, eq_s.v, eq_s.u, cyclic=simple.cyclic
+    )
     return dict(exact=exact, simple=simple, eq_s=eq_s, eq_e=eq_e, lin_s=lin_s)
 
 
@@ -63,11 +64,19 @@ def design(r0=R0):
     shulgin = jaxdae.RedundantCoordinates(dependent=exact.dependent)
     lin_e = jaxdae.linearize(closed, shulgin, eq_e.q, eq_e.v, cyclic=exact.cyclic)
     lin_open = jaxdae.linearize(exact, shulgin, eq_e.q, eq_e.v, eq_e.u, cyclic=exact.cyclic)
-    lin_lm = jaxdae.linearize(closed, jaxdae.Baumgarte(20.0, 100.0), eq_e.q, eq_e.v,
-                              cyclic=exact.cyclic)
-    return dict(**p, lqr=lqr,
-                controller=controller, closed=closed, shulgin=shulgin, lin_e=lin_e,
-                lin_open=lin_open, lin_lm=lin_lm)
+    lin_lm = jaxdae.linearize(
+        closed, jaxdae.Baumgarte(20.0, 100.0), eq_e.q, eq_e.v, cyclic=exact.cyclic
+    )
+    return dict(
+        **p,
+        lqr=lqr,
+        controller=controller,
+        closed=closed,
+        shulgin=shulgin,
+        lin_e=lin_e,
+        lin_open=lin_open,
+        lin_lm=lin_lm,
+    )
 
 
 def responses(d, starts, t1, num):
@@ -76,11 +85,20 @@ def responses(d, starts, t1, num):
     out = []
     for r, theta in starts:
         q0, v0 = d["exact"].state(r, theta, current=d["eq_e"].v[3])
-        sol = jaxdae.simulate(d["closed"], d["shulgin"], 0.0, t1, q0, v0, ts=ts, rtol=1e-8,
-                              atol=1e-10)
+        sol = jaxdae.simulate(
+            d["closed"], d["shulgin"], 0.0, t1, q0, v0, ts=ts, rtol=1e-8, atol=1e-10
+        )
         voltage = jax.vmap(lambda t, q, v: d["controller"](t, q, v)[0])(sol.ts, sol.q, sol.v)
-        out.append(dict(start=(r, theta), ts=np.asarray(sol.ts), q=np.asarray(sol.q),
-                        v=np.asarray(sol.v), phi=np.asarray(sol.phi), voltage=np.asarray(voltage)))
+        out.append(
+            dict(
+                start=(r, theta),
+                ts=np.asarray(sol.ts),
+                q=np.asarray(sol.q),
+                v=np.asarray(sol.v),
+                phi=np.asarray(sol.phi),
+                voltage=np.asarray(voltage),
+            )
+        )
     return out
 
 
@@ -97,8 +115,19 @@ def region_of_attraction(d, rs, thetas, t1, tol=1e-2, chunk=512):
     def batch(starts):
         def one(start):
             q0, v0 = exact.state(start[0], start[1], current=eq.v[3])
-            sol = jaxdae.simulate(d["closed"], d["shulgin"], 0.0, t1, q0, v0, ts=ts,
-                                  rtol=1e-6, atol=1e-8, max_steps=20_000, throw=False)
+            sol = jaxdae.simulate(
+                d["closed"],
+                d["shulgin"],
+                0.0,
+                t1,
+                q0,
+                v0,
+                ts=ts,
+                rtol=1e-6,
+                atol=1e-8,
+                max_steps=20_000,
+                throw=False,
+            )
             r = sol.q[:, 0]
             on_beam = jnp.all((r >= 0.0) & (r <= exact.beam_length))
             final = jnp.maximum(jnp.abs(sol.q_final[0] - eq.q[0]), jnp.abs(sol.q_final[1]))
@@ -109,18 +138,25 @@ def region_of_attraction(d, rs, thetas, t1, tol=1e-2, chunk=512):
     chunk = min(chunk, len(starts))
     count = -(-len(starts) // chunk)
     padded = np.concatenate([starts, np.repeat(starts[-1:], count * chunk - len(starts), 0)])
-    parts = [jax.device_get(batch(jnp.asarray(part)))
-             for part in progress(np.split(padded, count), "region of attraction",
-                                  unit="chunk")]
+    parts = [
+        jax.device_get(batch(jnp.asarray(part)))
+        for part in progress(np.split(padded, count), "region of attraction", unit="chunk")
+    ]
     succeeded, on_beam, final, excursion = (
-        np.concatenate(column)[: len(starts)] for column in zip(*parts, strict=False))
+        np.concatenate(column)[: len(starts)] for column in zip(*parts, strict=False)
+    )
     shape = r_grid.shape
     converged = (succeeded & on_beam & (final < tol)).reshape(shape)
     converged_unbounded = (succeeded & (final < tol)).reshape(shape)
     return dict(
-        rs=rs, thetas=thetas, converged=converged, converged_unbounded=converged_unbounded,
-        succeeded=succeeded.reshape(shape), on_beam=on_beam.reshape(shape),
-        final_error=final.reshape(shape), excursion=excursion.reshape(shape),
+        rs=rs,
+        thetas=thetas,
+        converged=converged,
+        converged_unbounded=converged_unbounded,
+        succeeded=succeeded.reshape(shape),
+        on_beam=on_beam.reshape(shape),
+        final_error=final.reshape(shape),
+        excursion=excursion.reshape(shape),
     )
 
 
@@ -130,10 +166,21 @@ def _plots(path, d, runs, starts, roa):
     fig, ax = plt.subplots(figsize=(5.5, 4))
     simple = np.asarray(d["lqr"].closed_loop_eigenvalues)
     exact = np.asarray(d["lin_e"].eigenvalues)
-    ax.scatter(simple.real, simple.imag, s=90, facecolors="none", edgecolors="C0",
-               label="simplified model [37], closed loop")
-    ax.scatter(exact.real, exact.imag, marker="x", color="C3",
-               label="exact model [38] (Shulgin), closed loop")
+    ax.scatter(
+        simple.real,
+        simple.imag,
+        s=90,
+        facecolors="none",
+        edgecolors="C0",
+        label="simplified model [37], closed loop",
+    )
+    ax.scatter(
+        exact.real,
+        exact.imag,
+        marker="x",
+        color="C3",
+        label="exact model [38] (Shulgin), closed loop",
+    )
     ax.axvline(0, color="k", lw=0.5)
     ax.set_xlabel("Re λ [1/s]")
     ax.set_ylabel("Im λ [1/s]")
@@ -158,8 +205,14 @@ def _plots(path, d, runs, starts, roa):
     axes[1, 1].set_ylabel("voltage e [V]")
     for ax in axes[1]:
         ax.set_xlabel("t [s]")
-    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside lower center", ncol=3,
-               fontsize=8, title="initial state (at rest)", title_fontsize=8)
+    fig.legend(
+        *axes[0, 0].get_legend_handles_labels(),
+        loc="outside lower center",
+        ncol=3,
+        fontsize=8,
+        title="initial state (at rest)",
+        title_fontsize=8,
+    )
     fig.suptitle("Exact Ball & Beam under the LQR of the simplified model")
     fig.savefig(path / "responses.png", dpi=120)
     plt.close(fig)
@@ -172,26 +225,30 @@ def _plots(path, d, runs, starts, roa):
     # 0: does not converge, 1: converges only on an unbounded beam, 2: converges on the beam
     kind = roa["converged_unbounded"].astype(int) + roa["converged"].astype(int)
     colors = ["#b2182b", "#f4a582", "#1a9850"]
-    axes[0].pcolormesh(rs, thetas, kind.T, cmap=ListedColormap(colors), vmin=-0.5, vmax=2.5,
-                       shading="nearest")
-    axes[0].set_title(f"Outcome of {kind.size} closed-loop runs (t = 0 … {roa['t1']:g} s)",
-                      fontsize=10)
+    axes[0].pcolormesh(
+        rs, thetas, kind.T, cmap=ListedColormap(colors), vmin=-0.5, vmax=2.5, shading="nearest"
+    )
+    axes[0].set_title(
+        f"Outcome of {kind.size} closed-loop runs (t = 0 … {roa['t1']:g} s)", fontsize=10
+    )
     mesh = axes[1].pcolormesh(rs, thetas, roa["excursion"].T, cmap="viridis", shading="nearest")
     fig.colorbar(mesh, ax=axes[1], label="max |r(t) − r0| [m]")
     axes[1].contour(rs, thetas, roa["excursion"].T, levels=[R0], colors="w", linewidths=1.5)
-    axes[1].set_title("How far the ball runs (white: it reaches an end of the 1 m beam)",
-                      fontsize=10)
+    axes[1].set_title(
+        "How far the ball runs (white: it reaches an end of the 1 m beam)", fontsize=10
+    )
     for ax in axes:
         ax.plot([R0], [0.0], "k*", ms=12)
         ax.plot(*np.asarray(starts).T, "wo", mec="k", ms=6)
         ax.set_xlabel("initial ball position r [m]")
     axes[0].set_ylabel("initial wheel angle θ [rad]")
-    handles = [Patch(color=colors[2], label="converges, the ball stays on the beam"),
-               Patch(color=colors[1], label="converges only if the beam were longer"),
-               Patch(color=colors[0], label="does not converge"),
-               plt.Line2D([], [], ls="", marker="*", color="k", ms=10, label="equilibrium"),
-               plt.Line2D([], [], ls="", marker="o", mfc="w", mec="k",
-                          label="starts of responses.png")]
+    handles = [
+        Patch(color=colors[2], label="converges, the ball stays on the beam"),
+        Patch(color=colors[1], label="converges only if the beam were longer"),
+        Patch(color=colors[0], label="does not converge"),
+        plt.Line2D([], [], ls="", marker="*", color="k", ms=10, label="equilibrium"),
+        plt.Line2D([], [], ls="", marker="o", mfc="w", mec="k", label="starts of responses.png"),
+    ]
     fig.legend(handles=handles, loc="outside lower center", ncol=5, fontsize=9)
     fig.suptitle("Region of attraction of the exact model under the LQR of the simplified model")
     fig.savefig(path / "region_of_attraction.png", dpi=120)
@@ -204,8 +261,9 @@ def _roots(roots):
 
 def _fmt_roots(roots):
     roots = np.sort_complex(np.asarray(roots))
-    return ", ".join(f"{z.real:.4g}{z.imag:+.4g}i" if abs(z.imag) > 1e-12 else f"{z.real:.4g}"
-                     for z in roots)
+    return ", ".join(
+        f"{z.real:.4g}{z.imag:+.4g}i" if abs(z.imag) > 1e-12 else f"{z.real:.4g}" for z in roots
+    )
 
 
 def main(out: Path, quick: bool = False) -> dict:
@@ -236,10 +294,13 @@ def main(out: Path, quick: bool = False) -> dict:
     final_errors = [float(np.abs(run["q"][-1, 0] - R0)) for run in runs]
     data = dict(
         r0=R0,
-        equilibrium=dict(q=d["eq_e"].q, v=d["eq_e"].v, u=d["eq_e"].u,
-                         residual=float(d["eq_e"].residual)),
-        simplified_A=d["lin_s"].A, simplified_B=d["lin_s"].B,
-        lqr_gain=d["lqr"].gain, riccati=d["lqr"].riccati,
+        equilibrium=dict(
+            q=d["eq_e"].q, v=d["eq_e"].v, u=d["eq_e"].u, residual=float(d["eq_e"].residual)
+        ),
+        simplified_A=d["lin_s"].A,
+        simplified_B=d["lin_s"].B,
+        lqr_gain=d["lqr"].gain,
+        riccati=d["lqr"].riccati,
         riccati_residual=float(d["lqr"].residual),
         state_order="x = (r, theta, r_dot, theta_dot, i)",
         simplified_closed_loop_roots=_roots(simple_roots),
@@ -251,26 +312,34 @@ def main(out: Path, quick: bool = False) -> dict:
         exact_asymptotically_stable=bool(d["lin_e"].asymptotically_stable),
         max_root_difference=root_gap,
         responses=[
-            dict(start=run["start"], final_r_error=err,
-                 max_abs_phi=float(np.abs(run["phi"]).max()))
+            dict(start=run["start"], final_r_error=err, max_abs_phi=float(np.abs(run["phi"]).max()))
             for run, err in zip(runs, final_errors, strict=False)
         ],
         region_of_attraction=dict(
-            rs=rs, thetas=thetas, converged=roa["converged"].astype(int),
+            rs=rs,
+            thetas=thetas,
+            converged=roa["converged"].astype(int),
             fraction=float(roa["converged"].mean()),
             converged_unbounded=roa["converged_unbounded"].astype(int),
             fraction_unbounded=float(roa["converged_unbounded"].mean()),
             failed_solves=int((~roa["succeeded"]).sum()),
             left_beam=int((~roa["on_beam"]).sum()),
         ),
-        seconds=dict(design=t_design, responses=t_runs, region_of_attraction=t_roa,
-                     simulations_in_batch=int(roa["converged"].size)),
+        seconds=dict(
+            design=t_design,
+            responses=t_runs,
+            region_of_attraction=t_roa,
+            simulations_in_batch=int(roa["converged"].size),
+        ),
     )
     write_json(path / "results.json", data)
 
     gain_text = np.array2string(np.asarray(d["lqr"].gain)[0], precision=4)
-    verdict = ("asymptotically stable" if bool(d["lin_e"].asymptotically_stable)
-               else "not asymptotically stable")
+    verdict = (
+        "asymptotically stable"
+        if bool(d["lin_e"].asymptotically_stable)
+        else "not asymptotically stable"
+    )
     table = [
         "| quantity | value |",
         "| --- | --- |",
@@ -299,15 +368,28 @@ def main(out: Path, quick: bool = False) -> dict:
         f"keep the ball on the 1 m beam."
     )
     print(headline)
-    return {"headline": headline, "table": table, "figures": [
-        figure(path / "roots.png", "closed-loop characteristic roots of the simplified and "
-               "the exact model: the same, plus one zero root for the one constraint"),
-        figure(path / "responses.png", "nonlinear closed-loop responses of the exact model "
-               "from five initial states: ball position, wheel angle, beam angle, voltage"),
-        figure(path / "region_of_attraction.png", f"region of attraction on a {n_r}×{n_th} "
-               "grid of initial (r, θ): which starts converge with the ball on the beam, and "
-               "how far the ball runs"),
-    ]}
+    return {
+        "headline": headline,
+        "table": table,
+        "figures": [
+            figure(
+                path / "roots.png",
+                "closed-loop characteristic roots of the simplified and "
+                "the exact model: the same, plus one zero root for the one constraint",
+            ),
+            figure(
+                path / "responses.png",
+                "nonlinear closed-loop responses of the exact model "
+                "from five initial states: ball position, wheel angle, beam angle, voltage",
+            ),
+            figure(
+                path / "region_of_attraction.png",
+                f"region of attraction on a {n_r}×{n_th} "
+                "grid of initial (r, θ): which starts converge with the ball on the beam, and "
+                "how far the ball runs",
+            ),
+        ],
+    }
 
 
 if __name__ == "__main__":

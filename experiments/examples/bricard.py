@@ -38,8 +38,9 @@ def simulate(model, t1, num, rtol=1e-10, atol=1e-10, formulation=None):
     q0, v0 = model.initial_state()
     formulation = jaxdae.PseudoInverse(20.0, 100.0) if formulation is None else formulation
     ts = jnp.linspace(0.0, t1, num)
-    return jaxdae.simulate(model, formulation, 0.0, t1, q0, v0, ts=ts, rtol=rtol, atol=atol,
-                           max_steps=200_000)
+    return jaxdae.simulate(
+        model, formulation, 0.0, t1, q0, v0, ts=ts, rtol=rtol, atol=atol, max_steps=200_000
+    )
 
 
 def exudyn_p3(t1, steps):
@@ -59,25 +60,42 @@ def exudyn_p3(t1, steps):
     mbs = sc.AddSystem()
     inertia = InertiaCuboid(density=MASS / (LENGTH * SIDE**2), sideLengths=[LENGTH, SIDE, SIDE])
     inertia = inertia.Translated([0.5 * LENGTH, 0, 0])
-    rotations = [np.eye(3), RotationMatrixZ(-0.5 * np.pi), RotationMatrixY(-0.5 * np.pi),
-                 RotationMatrixZ(np.pi), RotationMatrixZ(0.5 * np.pi)]
+    rotations = [
+        np.eye(3),
+        RotationMatrixZ(-0.5 * np.pi),
+        RotationMatrixY(-0.5 * np.pi),
+        RotationMatrixZ(np.pi),
+        RotationMatrixZ(0.5 * np.pi),
+    ]
     ground = mbs.AddObject(ObjectGround())
     bodies = [ground]
     for i in range(6):
         body = ground
         if i < 5:
-            body = mbs.CreateRigidBody(inertia=inertia, referencePosition=list(POINTS[i]),
-                                       referenceRotationMatrix=rotations[i],
-                                       gravity=[0, -GRAVITY, 0])
-            mbs.CreateRevoluteJoint(itemNumbers=[bodies[-1], body], position=list(POINTS[i]),
-                                    axis=list(AXES[i]))
+            body = mbs.CreateRigidBody(
+                inertia=inertia,
+                referencePosition=list(POINTS[i]),
+                referenceRotationMatrix=rotations[i],
+                gravity=[0, -GRAVITY, 0],
+            )
+            mbs.CreateRevoluteJoint(
+                itemNumbers=[bodies[-1], body], position=list(POINTS[i]), axis=list(AXES[i])
+            )
         else:  # the loop closure: a joint free about x, as Exudyn's own model closes it
-            mbs.CreateGenericJoint(itemNumbers=[bodies[-1], body], position=list(POINTS[i]),
-                                   constrainedAxes=[1, 1, 1, 0, 1, 1])
+            mbs.CreateGenericJoint(
+                itemNumbers=[bodies[-1], body],
+                position=list(POINTS[i]),
+                constrainedAxes=[1, 1, 1, 0, 1, 1],
+            )
         bodies.append(body)
-    sensor = mbs.AddSensor(SensorBody(bodyNumber=bodies[3], localPosition=[LENGTH, 0, 0],
-                                      storeInternal=True,
-                                      outputVariableType=exu.OutputVariableType.Position))
+    sensor = mbs.AddSensor(
+        SensorBody(
+            bodyNumber=bodies[3],
+            localPosition=[LENGTH, 0, 0],
+            storeInternal=True,
+            outputVariableType=exu.OutputVariableType.Position,
+        )
+    )
     from _common import exudyn_solve
 
     data, elapsed = exudyn_solve(exu, mbs, sensor, t1, steps, singular_jacobian=True)
@@ -105,8 +123,9 @@ def main():
     for k, label in enumerate("xyz"):
         ax1.plot(sol.ts, p3[:, k], label=f"P3 {label} (jaxdae)")
         if reference is not None:
-            ax1.plot(reference[0], reference[1][:, k], "k--", lw=0.8,
-                     label="Exudyn" if k == 0 else None)
+            ax1.plot(
+                reference[0], reference[1][:, k], "k--", lw=0.8, label="Exudyn" if k == 0 else None
+            )
     ax1.set(xlabel="t [s]", ylabel="P3 [m]", title="Bricard's mechanism: point P3")
     ax1.legend(fontsize=8)
     ax2.plot(sol.ts, energy - energy[0])
@@ -125,8 +144,9 @@ def main():
     }
     if reference is not None:
         ts_ref, p3_ref, elapsed_ref = reference
-        p3_interp = np.stack([np.interp(np.asarray(sol.ts), ts_ref, p3_ref[:, k])
-                              for k in range(3)], axis=1)
+        p3_interp = np.stack(
+            [np.interp(np.asarray(sol.ts), ts_ref, p3_ref[:, k]) for k in range(3)], axis=1
+        )
         result["exudyn_max_p3_difference"] = float(np.abs(p3_interp - p3).max())
         result["exudyn_seconds"] = elapsed_ref
     write_json(out / "bricard.json", result)

@@ -31,8 +31,9 @@ FORCES = (0.0, -1.0, 0.5, -2.0)  # constant applied forces P_i (the paper's Q_i 
 
 @eqx.filter_jit
 def _run(system, formulation, q0, s0, ts):
-    return jaxdae.simulate(system, formulation, ts[0], ts[-1], q0, s0, ts=ts,
-                           rtol=1e-10, atol=1e-12)
+    return jaxdae.simulate(
+        system, formulation, ts[0], ts[-1], q0, s0, ts=ts, rtol=1e-10, atol=1e-12
+    )
 
 
 def main(out: Path, quick: bool = False) -> dict:
@@ -85,30 +86,50 @@ def main(out: Path, quick: bool = False) -> dict:
                 np.polyfit(t[mask], np.log(np.abs(y[mask, j])), 1)[0] if mask.sum() > 5 else np.nan
             )
             measured.append(-slope)
-        rows.append(dict(rate=float(r), c1=-2 * float(r) ** 2, c2=-3 * float(r),
-                         measured_rate_y1=measured[0], measured_rate_y2=measured[1],
-                         max_deviation_from_linear_ode=dev))
+        rows.append(
+            dict(
+                rate=float(r),
+                c1=-2 * float(r) ** 2,
+                c2=-3 * float(r),
+                measured_rate_y1=measured[0],
+                measured_rate_y2=measured[1],
+                max_deviation_from_linear_ode=dev,
+            )
+        )
 
     floor = 1e-16
     fig, axes = plt.subplots(1, 3, figsize=(15, 5), layout="constrained")
     ax = axes[0]
     for sol, style, form in ((sol_l, "-", "Lagrange (q, v)"), (sol_h, "--", "Hamilton (q, p)")):
         for j, mass in enumerate(("m1", "m2")):
-            ax.plot(sol.q[:, 2 * j], sol.q[:, 2 * j + 1], style, color=f"C{j}",
-                    lw=3.5 if style == "-" else 1.2, alpha=0.45 if style == "-" else 1.0,
-                    label=f"{mass}, {form}")
+            ax.plot(
+                sol.q[:, 2 * j],
+                sol.q[:, 2 * j + 1],
+                style,
+                color=f"C{j}",
+                lw=3.5 if style == "-" else 1.2,
+                alpha=0.45 if style == "-" else 1.0,
+                label=f"{mass}, {form}",
+            )
     ax.set_aspect("equal", adjustable="datalim")
     ax.set_xlabel("x [m]")
     ax.set_ylabel("y [m]")
     ax.set_title("Paths of the two masses (applied forces)")
     legend_below(ax)
     ax = axes[1]
-    ax.semilogy(ts, log_values(jnp.linalg.norm(sol_h.q - sol_l.q, axis=1), floor),
-                label="‖q_H − q_L‖ [m]")
-    ax.semilogy(ts, log_values(jnp.linalg.norm(sol_h.p - sol_l.p, axis=1), floor),
-                label="‖p_H − p_L‖ [kg m/s]")
-    ax.semilogy(ts, log_values(jnp.abs(sol_h.phi).max(axis=1), floor),
-                label="max_i |Φ_i| along the Hamilton run [m²]")
+    ax.semilogy(
+        ts, log_values(jnp.linalg.norm(sol_h.q - sol_l.q, axis=1), floor), label="‖q_H − q_L‖ [m]"
+    )
+    ax.semilogy(
+        ts,
+        log_values(jnp.linalg.norm(sol_h.p - sol_l.p, axis=1), floor),
+        label="‖p_H − p_L‖ [kg m/s]",
+    )
+    ax.semilogy(
+        ts,
+        log_values(jnp.abs(sol_h.phi).max(axis=1), floor),
+        label="max_i |Φ_i| along the Hamilton run [m²]",
+    )
     ax.set_xlabel("t [s]")
     ax.set_ylabel("difference, residual [m, kg m/s, m²]")
     ax.set_title("Hamilton vs Lagrange form: the same motion")
@@ -116,7 +137,7 @@ def main(out: Path, quick: bool = False) -> dict:
     ax = axes[2]
     floor = 1e-14
     for i, r in enumerate(np.asarray(rates)):
-        line, = ax.semilogy(ts, log_values(sols.phi[i, :, 0], floor), label=f"rate r = {r:g} 1/s")
+        (line,) = ax.semilogy(ts, log_values(sols.phi[i, :, 0], floor), label=f"rate r = {r:g} 1/s")
         ax.semilogy(ts, log_values(predictions[i][:, 0], floor), ":", color=line.get_color())
     ax.set_ylim(floor, 1)
     ax.set_xlabel("t [s]")
@@ -126,9 +147,15 @@ def main(out: Path, quick: bool = False) -> dict:
     fig.savefig(folder / "cartesian_arm.png", dpi=120)
     plt.close(fig)
 
-    data = dict(max_abs_q_hamilton_minus_lagrange=diff_q, max_abs_p_hamilton_minus_lagrange=diff_p,
-                max_abs_q_legendre_minus_lagrange=diff_t, max_abs_phi_hamilton=max_phi,
-                decay=rows, t1=t1, seconds=elapsed)
+    data = dict(
+        max_abs_q_hamilton_minus_lagrange=diff_q,
+        max_abs_p_hamilton_minus_lagrange=diff_p,
+        max_abs_q_legendre_minus_lagrange=diff_t,
+        max_abs_phi_hamilton=max_phi,
+        decay=rows,
+        t1=t1,
+        seconds=elapsed,
+    )
     write_json(folder / "results.json", data)
     table = [
         "| chosen rate r (c1 = −2r², c2 = −3r) | measured rate y1 | measured rate y2 | max dev. "
@@ -147,10 +174,17 @@ def main(out: Path, quick: bool = False) -> dict:
     )
     print(headline)
     print("\n".join(table))
-    return {"headline": headline, "table": table, "figures": [figure(
-        folder / "cartesian_arm.png",
-        "paths of the two masses in both forms; the Hamilton–Lagrange difference; the "
-        "link-length perturbation y1 decaying at each chosen rate against the exact ODE")]}
+    return {
+        "headline": headline,
+        "table": table,
+        "figures": [
+            figure(
+                folder / "cartesian_arm.png",
+                "paths of the two masses in both forms; the Hamilton–Lagrange difference; the "
+                "link-length perturbation y1 decaying at each chosen rate against the exact ODE",
+            )
+        ],
+    }
 
 
 if __name__ == "__main__":

@@ -50,8 +50,13 @@ def exudyn_s(model, t1, steps):
     from _common import exudyn_governor_system, exudyn_solve
 
     container, mbs, numbers = exudyn_governor_system(exu, model, q0, v0)
-    sensor = mbs.AddSensor(SensorBody(bodyNumber=numbers["slider"], storeInternal=True,
-                                      outputVariableType=exu.OutputVariableType.Position))
+    sensor = mbs.AddSensor(
+        SensorBody(
+            bodyNumber=numbers["slider"],
+            storeInternal=True,
+            outputVariableType=exu.OutputVariableType.Position,
+        )
+    )
     data, elapsed = exudyn_solve(exu, mbs, sensor, t1, steps)
     return data[:, 0], data[:, 3], elapsed
 
@@ -68,9 +73,19 @@ def main():
     ts = jnp.linspace(0.0, t1, num)
 
     def solve():
-        sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, t1, q0, v0, ts=ts,
-                              solver=diffrax.Kvaerno5(), rtol=1e-8, atol=1e-8,
-                              max_steps=1_000_000)
+        sol = jaxdae.simulate(
+            model,
+            jaxdae.Baumgarte(20.0, 100.0),
+            0.0,
+            t1,
+            q0,
+            v0,
+            ts=ts,
+            solver=diffrax.Kvaerno5(),
+            rtol=1e-8,
+            atol=1e-8,
+            max_steps=1_000_000,
+        )
         return jax.block_until_ready(sol)
 
     start = time.perf_counter()
@@ -104,17 +119,23 @@ def main():
         fine = np.interp(on_grid, ts_f, s_f)
         coarse = np.interp(on_grid, ts_c, s_c)
         ax2.semilogy(on_grid, log_values(fine - s, 1e-10), label="|jaxdae − Exudyn (fine)|")
-        ax2.semilogy(on_grid, log_values(fine - coarse, 1e-10), lw=0.8,
-                     label="|Exudyn (fine) − Exudyn (coarse)|")
+        ax2.semilogy(
+            on_grid,
+            log_values(fine - coarse, 1e-10),
+            lw=0.8,
+            label="|Exudyn (fine) − Exudyn (coarse)|",
+        )
         ax2.set(xlabel="t [s]", ylabel="|Δs| [m]", title="differences in s")
         ax2.legend(fontsize=8)
-        result.update({
-            "exudyn_steps": [int(round(t1 / dt)) for dt in dts],
-            "exudyn_max_s_difference": float(np.abs(fine - s).max()),
-            "exudyn_final_s_difference": float(abs(fine[-1] - s[-1])),
-            "exudyn_self_max_s_difference": float(np.abs(fine - coarse).max()),
-            "exudyn_seconds": [sec_c, sec_f],
-        })
+        result.update(
+            {
+                "exudyn_steps": [int(round(t1 / dt)) for dt in dts],
+                "exudyn_max_s_difference": float(np.abs(fine - s).max()),
+                "exudyn_final_s_difference": float(abs(fine[-1] - s[-1])),
+                "exudyn_self_max_s_difference": float(np.abs(fine - coarse).max()),
+                "exudyn_seconds": [sec_c, sec_f],
+            }
+        )
     ax1.set(xlabel="t [s]", ylabel="s [m]", title="flyball governor: slider position")
     ax1.legend(fontsize=8)
     ax3.semilogy(sol.ts, log_values(np.abs(np.asarray(sol.phi)).max(axis=1), 1e-14))

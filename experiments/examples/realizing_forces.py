@@ -34,8 +34,9 @@ REACHED = 1e-6  # |ψ| below this counts as "on the constraint"
 
 @eqx.filter_jit
 def _run(system, formulation, q0, v0, ts):
-    return jaxdae.simulate(system, formulation, ts[0], ts[-1], q0, v0, ts=ts,
-                           rtol=1e-9, atol=1e-11, max_steps=400_000)
+    return jaxdae.simulate(
+        system, formulation, ts[0], ts[-1], q0, v0, ts=ts, rtol=1e-9, atol=1e-11, max_steps=400_000
+    )
 
 
 def _free(system, make_force, params, q0s, v0s, ts):
@@ -69,18 +70,30 @@ def _study(name, system, q0, v0, kick, ks, t1, n_save):
 
     laws = {}
     kk = jnp.repeat(jnp.asarray(ks), 2)
-    q_v, psi_v, steps_v = _free(system, jaxdae.ViscousForce, kk, jnp.tile(q0s, (len(ks), 1)),
-                                jnp.tile(v0s, (len(ks), 1)), ts)
+    q_v, psi_v, steps_v = _free(
+        system,
+        jaxdae.ViscousForce,
+        kk,
+        jnp.tile(q0s, (len(ks), 1)),
+        jnp.tile(v0s, (len(ks), 1)),
+        ts,
+    )
     for i, k in enumerate(ks):
-        laws[f"viscous k = {k:g}"] = (q_v[2 * i:2 * i + 2], psi_v[2 * i:2 * i + 2],
-                                      steps_v[2 * i:2 * i + 2])
+        laws[f"viscous k = {k:g}"] = (
+            q_v[2 * i : 2 * i + 2],
+            psi_v[2 * i : 2 * i + 2],
+            steps_v[2 * i : 2 * i + 2],
+        )
     bounds = jnp.stack([r_bar + eta] * 2)
     laws[f"bounded R̄ = {float((r_bar + eta)[0]):.3g} (sliding)"] = _free(
-        system, jaxdae.BoundedForce, bounds, q0s, v0s, ts)
+        system, jaxdae.BoundedForce, bounds, q0s, v0s, ts
+    )
     laws[f"bounded R̄ = {float((r_bar + eta)[0]):.3g}, tanh ε = 1e-3"] = _free(
-        system, lambda b: jaxdae.BoundedForce(b, smoothing=1e-3), bounds, q0s, v0s, ts)
+        system, lambda b: jaxdae.BoundedForce(b, smoothing=1e-3), bounds, q0s, v0s, ts
+    )
     laws[f"bounded R̄ = {float(0.5 * r_bar[0]):.3g} < r̄ (sliding)"] = _free(
-        system, jaxdae.BoundedForce, jnp.stack([0.5 * r_bar] * 2), q0s, v0s, ts)
+        system, jaxdae.BoundedForce, jnp.stack([0.5 * r_bar] * 2), q0s, v0s, ts
+    )
 
     t = np.asarray(ts)
     late = t >= 0.5 * t1
@@ -88,16 +101,25 @@ def _study(name, system, q0, v0, kick, ks, t1, n_save):
     for law, (q, psi, steps) in laws.items():
         q, psi = np.asarray(q), np.asarray(psi)
         distance = np.linalg.norm(q[0] - np.asarray(ref.q), axis=1)
-        rows.append(dict(
-            system=name, law=law,
-            max_abs_psi_late_on_start=float(np.max(np.abs(psi[0, late]))),
-            max_distance_on_start=float(np.max(distance)),
-            time_to_psi_reached_off_start=_time_reached(t, psi[1]),
-            steps=int(np.max(np.asarray(steps))),
-            _distance=distance, _psi_off=np.abs(psi[1]),
-        ))
-    return dict(ts=t, rows=rows, r_bar=float(r_bar[0]), psi0=psi0,
-                max_reaction_late=float(np.max(np.abs(np.asarray(ref.multipliers)[late, 0]))))
+        rows.append(
+            dict(
+                system=name,
+                law=law,
+                max_abs_psi_late_on_start=float(np.max(np.abs(psi[0, late]))),
+                max_distance_on_start=float(np.max(distance)),
+                time_to_psi_reached_off_start=_time_reached(t, psi[1]),
+                steps=int(np.max(np.asarray(steps))),
+                _distance=distance,
+                _psi_off=np.abs(psi[1]),
+            )
+        )
+    return dict(
+        ts=t,
+        rows=rows,
+        r_bar=float(r_bar[0]),
+        psi0=psi0,
+        max_reaction_late=float(np.max(np.abs(np.asarray(ref.multipliers)[late, 0]))),
+    )
 
 
 def _time_or_never(t: float) -> str:
@@ -117,8 +139,10 @@ def main(out: Path, quick: bool = False) -> dict:
     skate = KnifeEdge(incline=0.3)
     q_k, v_k = jnp.zeros(3), jnp.array([0.0, 0.0, 2.0])
     systems = [("Chaplygin sleigh", sleigh, q_s, v_s), ("knife edge (skate)", skate, q_k, v_k)]
-    studies = [_study(name, system, q0, v0, jnp.array([0.0, 0.2, 0.0]), ks, t1, n_save)
-               for name, system, q0, v0 in progress(systems, "systems", unit="system")]
+    studies = [
+        _study(name, system, q0, v0, jnp.array([0.0, 0.2, 0.0]), ks, t1, n_save)
+        for name, system, q0, v0 in progress(systems, "systems", unit="system")
+    ]
     elapsed = time.perf_counter() - start
 
     floor = 1e-14
@@ -140,17 +164,26 @@ def main(out: Path, quick: bool = False) -> dict:
         for ax in row:
             ax.set_xlabel("t [s]")
             ax.set_ylim(floor, top)
-        row[1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
-                      title="force law", title_fontsize=8)
+        row[1].legend(
+            loc="upper left",
+            bbox_to_anchor=(1.02, 1.0),
+            fontsize=8,
+            title="force law",
+            title_fontsize=8,
+        )
     fig.savefig(folder / "realizing_forces.png", dpi=120)
     plt.close(fig)
 
     rows = [r for s in studies for r in s["rows"]]
-    write_json(folder / "results.json", dict(
-        seconds=elapsed, t1=t1,
-        reaction_bounds={s["rows"][0]["system"]: s["r_bar"] for s in studies},
-        rows=[{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
-    ))
+    write_json(
+        folder / "results.json",
+        dict(
+            seconds=elapsed,
+            t1=t1,
+            reaction_bounds={s["rows"][0]["system"]: s["r_bar"] for s in studies},
+            rows=[{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
+        ),
+    )
     table = [
         f"| system | law | max\\|ψ\\| on [{t1 / 2:g}, {t1:g}] (ψ₀ = 0) | max dist. to constrained "
         "(ψ₀ = 0) | t with \\|ψ\\| < 1e-6 for good (ψ₀ = 0.2) | steps |",
@@ -172,11 +205,18 @@ def main(out: Path, quick: bool = False) -> dict:
     print(headline)
     print("\n".join(table))
     print(f"({elapsed:.0f} s)")
-    return {"headline": headline, "table": table, "figures": [figure(
-        folder / "realizing_forces.png",
-        "Chaplygin sleigh and knife edge driven by forces on the free system: the "
-        "constraint residual |ψ| from an inconsistent start (left) and the distance to the "
-        "constrained motion from a consistent one (right), per force law")]}
+    return {
+        "headline": headline,
+        "table": table,
+        "figures": [
+            figure(
+                folder / "realizing_forces.png",
+                "Chaplygin sleigh and knife edge driven by forces on the free system: the "
+                "constraint residual |ψ| from an inconsistent start (left) and the distance to the "
+                "constrained motion from a consistent one (right), per force law",
+            )
+        ],
+    }
 
 
 if __name__ == "__main__":

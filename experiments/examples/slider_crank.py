@@ -36,8 +36,9 @@ def slider_crank_run(t1: float = 1.0, num: int = 501):
     # --- user code: model and simulation ---
     model = slider_crank()  # bodies, joints, gravity: jaxdae/examples/_slider_crank.py
     q0, v0 = model.initial_state(joint_coordinates={"crank": (0.5, 10.0)})
-    sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, t1, q0, v0,
-                          ts=jnp.linspace(0.0, t1, num))
+    sol = jaxdae.simulate(
+        model, jaxdae.Baumgarte(20.0, 100.0), 0.0, t1, q0, v0, ts=jnp.linspace(0.0, t1, num)
+    )
     # --- end of user code ---
     return model, sol
 
@@ -56,18 +57,27 @@ def main(out: Path, quick: bool = False) -> dict:
         animation.save(folder / "slider_crank.mp4")  # 121 frames at 30 fps: 4 s for 1 s
     # --- end of user code ---
     plt.close(fig)
-    small = jaxdae.viz.animate(model, sol, trace="rod", frames=31 if quick else 61, fps=15,
-                               dpi=50)
+    small = jaxdae.viz.animate(model, sol, trace="rod", frames=31 if quick else 61, fps=15, dpi=50)
     small.save(folder / "slider_crank.gif")
     phi = float(jnp.abs(sol.phi).max())
-    headline = (f"The slider-crank runs its second with max |Φ| = {phi:.1e} (Baumgarte, "
-                "kd = 20, kp = 100); the animation traces the rod's centre.")
+    headline = (
+        f"The slider-crank runs its second with max |Φ| = {phi:.1e} (Baumgarte, "
+        "kd = 20, kp = 100); the animation traces the rod's centre."
+    )
     print(headline)
-    figures = [figure(folder / "slider_crank.png", "slider position against crank angle, and "
-                      "the largest constraint violation over time")]
+    figures = [
+        figure(
+            folder / "slider_crank.png",
+            "slider position against crank angle, and the largest constraint violation over time",
+        )
+    ]
     if not quick:
-        figures.append(figure(folder / "slider_crank.mp4", "animation (MP4, a quarter of real "
-                              "speed), with the path of the rod's centre"))
+        figures.append(
+            figure(
+                folder / "slider_crank.mp4",
+                "animation (MP4, a quarter of real speed), with the path of the rod's centre",
+            )
+        )
     figures.append(figure(folder / "slider_crank.gif", "the same animation as a small GIF"))
     return dict(headline=headline, table=[], figures=figures)
 

@@ -86,8 +86,15 @@ class Problem(eqx.Module):
         q0, v0 = exact.state(start[0], start[1], current=eq.v[3])
         sol = jaxdae.simulate(
             jaxdae.with_controller(exact, controller),
-            jaxdae.RedundantCoordinates(dependent=exact.dependent), 0.0, self.t1, q0, v0,
-            ts=jnp.linspace(0.0, self.t1, self.num), rtol=1e-6, atol=1e-8, max_steps=4096,
+            jaxdae.RedundantCoordinates(dependent=exact.dependent),
+            0.0,
+            self.t1,
+            q0,
+            v0,
+            ts=jnp.linspace(0.0, self.t1, self.num),
+            rtol=1e-6,
+            atol=1e-8,
+            max_steps=4096,
             throw=False,
         )
         return ClosedLoop(sol, controller)
@@ -96,8 +103,13 @@ class Problem(eqx.Module):
 def starts(key, size):
     """Initial ball positions r ∈ [0.15, 0.85] m and wheel angles θ ∈ [−0.6, 0.6] rad."""
     kr, kt = jax.random.split(key)
-    return jnp.stack([jax.random.uniform(kr, (size,), minval=0.15, maxval=0.85),
-                      jax.random.uniform(kt, (size,), minval=-0.6, maxval=0.6)], axis=1)
+    return jnp.stack(
+        [
+            jax.random.uniform(kr, (size,), minval=0.15, maxval=0.85),
+            jax.random.uniform(kt, (size,), minval=-0.6, maxval=0.6),
+        ],
+        axis=1,
+    )
 
 
 @eqx.filter_jit
@@ -117,8 +129,16 @@ def evaluate(problem, weights, batch):
     final = jnp.maximum(jnp.abs(sol.q_final[:, 0] - R0), jnp.abs(sol.q_final[:, 1]))
     converged = sol.succeeded & on_beam & settled & (final < 1e-2)
     losses = jax.vmap(loss)(runs)
-    return dict(loss=losses, settling=settling, effort=effort, max_error=jnp.max(err, axis=1),
-                converged=converged, ts=sol.ts[0], r=r, u=u[..., 0])
+    return dict(
+        loss=losses,
+        settling=settling,
+        effort=effort,
+        max_error=jnp.max(err, axis=1),
+        converged=converged,
+        ts=sol.ts[0],
+        r=r,
+        u=u[..., 0],
+    )
 
 
 def _summary(metrics):
@@ -149,8 +169,14 @@ def main(out: Path, quick: bool = False) -> dict:
     params = {k: jaxdae.Positive(v, log_scale=True) for k, v in paper.items()}
     start = time.perf_counter()
     result = jaxdae.tune(
-        params, problem, train, loss, optimizer=optax.adam(0.2), steps=steps,
-        failures=jaxdae.Failures(penalty=PENALTY), batching=jaxdae.Batching(seed=0),
+        params,
+        problem,
+        train,
+        loss,
+        optimizer=optax.adam(0.2),
+        steps=steps,
+        failures=jaxdae.Failures(penalty=PENALTY),
+        batching=jaxdae.Batching(seed=0),
         reporting=jaxdae.Reporting(log=folder / "history.csv", progress=interactive()),
     )
     t_tune = time.perf_counter() - start
@@ -158,25 +184,48 @@ def main(out: Path, quick: bool = False) -> dict:
     tuned = result.model
 
     start = time.perf_counter()
-    metrics = {"paper (Q = I, R = 1)": evaluate(problem, paper, held_out),
-               "tuned (jaxdae.tune)": evaluate(problem, tuned, held_out)}
+    metrics = {
+        "paper (Q = I, R = 1)": evaluate(problem, paper, held_out),
+        "tuned (jaxdae.tune)": evaluate(problem, tuned, held_out),
+    }
     t_eval = time.perf_counter() - start
     rows = {label: _summary(m) for label, m in metrics.items()}
-    gains = {label: np.asarray(jaxdae.lqr(problem.p["lin_s"].A, problem.p["lin_s"].B,
-                                          jnp.diag(w["q"]), jnp.diag(w["r"])).gain)[0]
-             for label, w in zip(metrics, (paper, tuned), strict=False)}
+    gains = {
+        label: np.asarray(
+            jaxdae.lqr(
+                problem.p["lin_s"].A, problem.p["lin_s"].B, jnp.diag(w["q"]), jnp.diag(w["r"])
+            ).gain
+        )[0]
+        for label, w in zip(metrics, (paper, tuned), strict=False)
+    }
 
     _plot(folder, result.history, metrics, held_out)
-    write_json(folder / "summary.json", dict(
-        steps=steps, t1=t1, saved_times=num, settling_band=TOL, effort_weight=EFFORT_WEIGHT,
-        train_starts=train, held_out_starts=held_out, state_order=STATES,
-        tuned_Q_diag=tuned["q"], tuned_R=tuned["r"], gains=gains, held_out=rows,
-        history=result.history,
-        per_start={label: {k: np.asarray(m[k]) for k in
-                           ("loss", "settling", "effort", "max_error", "converged")}
-                   for label, m in metrics.items()},
-        seconds=dict(plant=t_plant, tune=t_tune, evaluate=t_eval),
-    ))
+    write_json(
+        folder / "summary.json",
+        dict(
+            steps=steps,
+            t1=t1,
+            saved_times=num,
+            settling_band=TOL,
+            effort_weight=EFFORT_WEIGHT,
+            train_starts=train,
+            held_out_starts=held_out,
+            state_order=STATES,
+            tuned_Q_diag=tuned["q"],
+            tuned_R=tuned["r"],
+            gains=gains,
+            held_out=rows,
+            history=result.history,
+            per_start={
+                label: {
+                    k: np.asarray(m[k])
+                    for k in ("loss", "settling", "effort", "max_error", "converged")
+                }
+                for label, m in metrics.items()
+            },
+            seconds=dict(plant=t_plant, tune=t_tune, evaluate=t_eval),
+        ),
+    )
 
     q_text = ", ".join(f"{x:.3g}" for x in np.asarray(tuned["q"]))
     table = [
@@ -185,8 +234,9 @@ def main(out: Path, quick: bool = False) -> dict:
         "converged |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for (label, r), qd, rr in zip(rows.items(), ("1, 1, 1, 1, 1", q_text),
-                                  (1.0, float(tuned["r"][0])), strict=False):
+    for (label, r), qd, rr in zip(
+        rows.items(), ("1, 1, 1, 1, 1", q_text), (1.0, float(tuned["r"][0])), strict=False
+    ):
         table.append(
             f"| {label} | {qd} | {rr:.3g} | {r['loss']:.3g} | {r['settling_mean']:.2f} / "
             f"{r['settling_max']:.2f} | {r['effort']:.3g} | {r['max_error']:.3f} | "
@@ -203,10 +253,17 @@ def main(out: Path, quick: bool = False) -> dict:
         f"{p['converged']:.0%} → {t['converged']:.0%}."
     )
     print(headline)
-    return {"headline": headline, "table": table, "figures": [figure(
-        folder / "tune_ball_and_beam.png",
-        "loss during the tuning of the LQR weights; ball position and voltage from held-out "
-        "starts with the paper's weights (dashed) and the tuned ones (solid)")]}
+    return {
+        "headline": headline,
+        "table": table,
+        "figures": [
+            figure(
+                folder / "tune_ball_and_beam.png",
+                "loss during the tuning of the LQR weights; ball position and voltage from "
+                "held-out starts with the paper's weights (dashed) and the tuned ones (solid)",
+            )
+        ],
+    }
 
 
 def _plot(folder, history, metrics, held_out):
@@ -230,14 +287,30 @@ def _plot(folder, history, metrics, held_out):
     ax[2].set_xlabel("t [s]")
     ax[2].set_ylabel("u − u₀ [V]")
     ax[2].set_title("Voltage deviation from the equilibrium's")
-    handles = [plt.Line2D([], [], ls=style, color="k", label=label)
-               for label, style in zip(metrics, ("--", "-"), strict=False)]
-    handles += [plt.Line2D([], [], color=f"C{i}", label=f"start r = {held_out[i][0]:.2f} m, "
-                           f"θ = {held_out[i][1]:.2f} rad") for i in range(shown)]
-    handles.append(plt.matplotlib.patches.Patch(color="gray", alpha=0.2,
-                                                label=f"settling band ±{TOL} m"))
-    ax[1].legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
-                 fontsize=8, frameon=False)
+    handles = [
+        plt.Line2D([], [], ls=style, color="k", label=label)
+        for label, style in zip(metrics, ("--", "-"), strict=False)
+    ]
+    handles += [
+        plt.Line2D(
+            [],
+            [],
+            color=f"C{i}",
+            label=f"start r = {held_out[i][0]:.2f} m, θ = {held_out[i][1]:.2f} rad",
+        )
+        for i in range(shown)
+    ]
+    handles.append(
+        plt.matplotlib.patches.Patch(color="gray", alpha=0.2, label=f"settling band ±{TOL} m")
+    )
+    ax[1].legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.16),
+        ncol=2,
+        fontsize=8,
+        frameon=False,
+    )
     fig.savefig(folder / "tune_ball_and_beam.png", dpi=120)
     plt.close(fig)
 

@@ -76,15 +76,26 @@ def formulation(g: dict) -> jaxdae.ModifiedLagrange:
 
 def gains_of(f: jaxdae.ModifiedLagrange) -> dict:
     kd, kp = np.asarray(f.kd), np.asarray(f.kp)
-    return dict(h=float(kd[0]), r=float(kd[1]), p=float(kp[0]), s=float(kp[1]),
-                alpha=float(f.alpha))
+    return dict(
+        h=float(kd[0]), r=float(kd[1]), p=float(kp[0]), s=float(kp[1]), alpha=float(f.alpha)
+    )
 
 
 def run(model, scenario):
     q0, v0 = scenario
     return jaxdae.simulate(
-        SYSTEM, model, 0.0, T1, q0, v0, ts=TS, solver=SOLVER,
-        stepsize_controller=diffrax.ConstantStepSize(), dt0=DT, max_steps=200, throw=False,
+        SYSTEM,
+        model,
+        0.0,
+        T1,
+        q0,
+        v0,
+        ts=TS,
+        solver=SOLVER,
+        stepsize_controller=diffrax.ConstantStepSize(),
+        dt0=DT,
+        max_steps=200,
+        throw=False,
     )
 
 
@@ -94,8 +105,18 @@ def run_ensemble(model, scenarios):
     those of `run`, in one solve and one reverse pass."""
     q0, v0 = scenarios
     return jaxdae.simulate_ensemble(
-        SYSTEM, model, 0.0, T1, q0, v0, ts=TS, solver=SOLVER,
-        stepsize_controller=diffrax.ConstantStepSize(), dt0=DT, max_steps=200, throw=False,
+        SYSTEM,
+        model,
+        0.0,
+        T1,
+        q0,
+        v0,
+        ts=TS,
+        solver=SOLVER,
+        stepsize_controller=diffrax.ConstantStepSize(),
+        dt0=DT,
+        max_steps=200,
+        throw=False,
     )
 
 
@@ -104,8 +125,10 @@ def scenarios(key, size):
     manifold)."""
     q0, v0 = SYSTEM.initial_state()
     kq, kv = jax.random.split(key)
-    return (q0 + 0.05 * jax.random.normal(kq, (size, 2)),
-            v0 + 0.2 * jax.random.normal(kv, (size, 2)))
+    return (
+        q0 + 0.05 * jax.random.normal(kq, (size, 2)),
+        v0 + 0.2 * jax.random.normal(kv, (size, 2)),
+    )
 
 
 @eqx.filter_jit
@@ -117,8 +140,7 @@ def evaluate(model, scenarios):
     ok = sols.succeeded & jnp.isfinite(losses)
     losses = jnp.where(ok, losses, PENALTY)
     late = (TS >= T_LATE)[None, :, None]  # after the initial transient
-    max_phi = jnp.max(jnp.where(jnp.isfinite(sols.phi) & late, jnp.abs(sols.phi), 0.0),
-                      axis=(1, 2))
+    max_phi = jnp.max(jnp.where(jnp.isfinite(sols.phi) & late, jnp.abs(sols.phi), 0.0), axis=(1, 2))
     integrand = jnp.sum(sols.phi**2, axis=-1) + LOSS.rate_weight * jnp.sum(sols.dphi**2, axis=-1)
     return losses, jnp.where(ok, max_phi, jnp.inf), ok, integrand
 
@@ -147,11 +169,14 @@ def random_search(key, budget, train):
     best, best_value, curve = None, np.inf, []
     start = time.perf_counter()
     names = list(BOX)
-    samples = np.exp(jax.random.uniform(
-        key, (budget, len(names)),
-        minval=jnp.log(jnp.array([BOX[n][0] for n in names], float)),
-        maxval=jnp.log(jnp.array([BOX[n][1] for n in names], float)),
-    ))
+    samples = np.exp(
+        jax.random.uniform(
+            key,
+            (budget, len(names)),
+            minval=jnp.log(jnp.array([BOX[n][0] for n in names], float)),
+            maxval=jnp.log(jnp.array([BOX[n][1] for n in names], float)),
+        )
+    )
     for row in progress(samples, "random search", unit="eval"):
         g = dict(zip(names, map(float, row), strict=False))
         value = objective(formulation(g), train)
@@ -169,12 +194,19 @@ def main(out: Path, quick: bool = False) -> dict:
 
     # Gradient tuning from Case 1, gains kept positive by softplus parametrizations.
     positive = lambda x: jaxdae.Positive(x, log_scale=True)  # noqa: E731  relative steps
-    params = jaxdae.parametrize(formulation(CASES["Case 1"]), lambda f: (f.alpha, f.kd, f.kp),
-                                positive)
+    params = jaxdae.parametrize(
+        formulation(CASES["Case 1"]), lambda f: (f.alpha, f.kd, f.kp), positive
+    )
     start = time.perf_counter()
     result = jaxdae.tune(
-        params, run_ensemble, train, LOSS, optimizer=optax.adam(0.1), steps=steps,
-        regularization=STABILITY, failures=jaxdae.Failures(penalty=PENALTY),
+        params,
+        run_ensemble,
+        train,
+        LOSS,
+        optimizer=optax.adam(0.1),
+        steps=steps,
+        regularization=STABILITY,
+        failures=jaxdae.Failures(penalty=PENALTY),
         batching=jaxdae.Batching(seed=0, ensemble=True),
         reporting=jaxdae.Reporting(log=folder / "history.csv", progress=interactive()),
     )
@@ -184,30 +216,49 @@ def main(out: Path, quick: bool = False) -> dict:
 
     search, search_curve, search_wall = random_search(jax.random.PRNGKey(2), steps, train)
 
-    candidates = {**{k: formulation(g) for k, g in CASES.items()},
-                  "random search": formulation(search), "tuned (jaxdae.tune)": tuned}
+    candidates = {
+        **{k: formulation(g) for k, g in CASES.items()},
+        "random search": formulation(search),
+        "tuned (jaxdae.tune)": tuned,
+    }
     rows, curves = [], {}
     for label, f in progress(candidates.items(), "held-out evaluation", unit="gain set"):
         losses, max_phi, ok, integrand = map(np.asarray, evaluate(f, held_out))
-        curves[label] = dict(integrand=integrand[ok].mean(axis=0),
-                             running=running_loss(integrand, losses, ok),
-                             failed=int((~ok).sum()))
-        rows.append(dict(
-            gains=label, **{k: round(v, 3) for k, v in gains_of(f).items()},
-            held_out_loss=float(losses.mean()),
-            max_violation=float(max_phi[ok].max()) if ok.any() else float("inf"),
+        curves[label] = dict(
+            integrand=integrand[ok].mean(axis=0),
+            running=running_loss(integrand, losses, ok),
             failed=int((~ok).sum()),
-            spectral_radius=spectral_radius(f),
-            train_objective=objective(f, train),
-            wall_s=tune_wall if label.startswith("tuned") else (
-                search_wall if label == "random search" else None),
-        ))
+        )
+        rows.append(
+            dict(
+                gains=label,
+                **{k: round(v, 3) for k, v in gains_of(f).items()},
+                held_out_loss=float(losses.mean()),
+                max_violation=float(max_phi[ok].max()) if ok.any() else float("inf"),
+                failed=int((~ok).sum()),
+                spectral_radius=spectral_radius(f),
+                train_objective=objective(f, train),
+                wall_s=tune_wall
+                if label.startswith("tuned")
+                else (search_wall if label == "random search" else None),
+            )
+        )
 
     _plot(folder, result.history, search_curve, curves, len(held_out[0]))
-    write_json(folder / "summary.json", dict(
-        steps=steps, solver="Heun", dt=DT, t1=T1, train=len(train[0]), held_out=len(held_out[0]),
-        rows=rows, history=result.history, random_search_curve=search_curve,
-    ))
+    write_json(
+        folder / "summary.json",
+        dict(
+            steps=steps,
+            solver="Heun",
+            dt=DT,
+            t1=T1,
+            train=len(train[0]),
+            held_out=len(held_out[0]),
+            rows=rows,
+            history=result.history,
+            random_search_curve=search_curve,
+        ),
+    )
     with open(folder / "summary.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -239,11 +290,18 @@ def main(out: Path, quick: bool = False) -> dict:
         "including compilation)."
     )
     print(headline)
-    return {"headline": headline, "table": table, "figures": [figure(
-        folder / "tune_two_link.png",
-        "training objective of the gradient tuning and of a random search; on the held-out "
-        "states, the integrand of the loss and its running integral, which ends at each "
-        "gain set's held-out loss")]}
+    return {
+        "headline": headline,
+        "table": table,
+        "figures": [
+            figure(
+                folder / "tune_two_link.png",
+                "training objective of the gradient tuning and of a random search; on the held-out "
+                "states, the integrand of the loss and its running integral, which ends at each "
+                "gain set's held-out loss",
+            )
+        ],
+    }
 
 
 def _plot(folder, history, search_curve, curves, num_held_out):
@@ -251,8 +309,9 @@ def _plot(folder, history, search_curve, curves, num_held_out):
 
     fig, ax = plt.subplots(1, 3, figsize=(16, 5), layout="constrained")
     ax[0].semilogy(history["step"], history["loss"], label="jaxdae.tune (Adam)")
-    ax[0].semilogy(np.arange(1, len(search_curve) + 1), search_curve,
-                   label="random search (best so far)")
+    ax[0].semilogy(
+        np.arange(1, len(search_curve) + 1), search_curve, label="random search (best so far)"
+    )
     ax[0].set_xlabel("batch evaluations (steps)")
     ax[0].set_ylabel("training objective: mean loss + stability penalty")
     ax[0].set_title("Training")
@@ -262,8 +321,9 @@ def _plot(folder, history, search_curve, curves, num_held_out):
     for label, curve in curves.items():
         failed = f", {curve['failed']} failed (left out)" if curve["failed"] else ""
         ax[1].semilogy(t, curve["integrand"], label=label)
-        ax[2].semilogy(t[1:], curve["running"][1:],
-                       label=f"{label}: {curve['running'][-1]:.3g}{failed}")
+        ax[2].semilogy(
+            t[1:], curve["running"][1:], label=f"{label}: {curve['running'][-1]:.3g}{failed}"
+        )
     w = LOSS.rate_weight
     ax[1].set_title(f"Held out: the loss's integrand, mean over {num_held_out} states")
     ax[1].set_ylabel(f"|Φ|² + {w:g} s² |Φ̇|² [m²]")

@@ -71,8 +71,9 @@ def main(out: Path, quick: bool = False) -> dict:
         start = time.perf_counter()
         # Past `t_exit` no configuration meets Φ = 0, on purpose (module docstring): any
         # residual at `t1` is accepted and reported below.
-        sol = jaxdae.simulate(system, formulation, 0.0, t1, q0, v0, ts=ts, throw=False,
-                              constraint_tol=jnp.inf)
+        sol = jaxdae.simulate(
+            system, formulation, 0.0, t1, q0, v0, ts=ts, throw=False, constraint_tol=jnp.inf
+        )
         jax.block_until_ready(sol)
         wall = time.perf_counter() - start
         valid = np.isfinite(np.asarray(sol.ts))
@@ -104,12 +105,32 @@ def main(out: Path, quick: bool = False) -> dict:
     )
     with open(folder / "summary.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["case", "stopped", "t_final", "q1_final", "q2_final",
-                         "max|Phi| before exit", "max|Phi| after exit", "steps", "wall_s"])
+        writer.writerow(
+            [
+                "case",
+                "stopped",
+                "t_final",
+                "q1_final",
+                "q2_final",
+                "max|Phi| before exit",
+                "max|Phi| after exit",
+                "steps",
+                "wall_s",
+            ]
+        )
         for r in rows:
-            writer.writerow([r["case"], r["stopped"], f"{r['t_final']:.6f}", *r["q_final"],
-                             r["max_violation_before_exit"], r["max_violation_after_exit"],
-                             r["steps"], f"{r['wall_time_s']:.3f}"])
+            writer.writerow(
+                [
+                    r["case"],
+                    r["stopped"],
+                    f"{r['t_final']:.6f}",
+                    *r["q_final"],
+                    r["max_violation_before_exit"],
+                    r["max_violation_after_exit"],
+                    r["steps"],
+                    f"{r['wall_time_s']:.3f}",
+                ]
+            )
 
     table = [
         "| case | result | t_final [s] | q_final | max‖Φ‖ before 2.85 s | max‖Φ‖ after | steps |",
@@ -128,8 +149,9 @@ def main(out: Path, quick: bool = False) -> dict:
     baum = rows[0]
     modified = rows[1:]
     passed = [r for r in modified if r["t_final"] > t_singular]
-    results = ", ".join(f"{r['case'].split(', ')[1]} `{r['result']}` at t = {r['t_final']:.4g} s"
-                        for r in modified)
+    results = ", ".join(
+        f"{r['case'].split(', ')[1]} `{r['result']}` at t = {r['t_final']:.4g} s" for r in modified
+    )
     headline = (
         "Paper's claim (Mukharlyamov and Deressa (2015), Example 1): generalized Baumgarte "
         "stops at the singular configuration q = (π/2, π), reached at x0/v = "
@@ -145,21 +167,37 @@ def main(out: Path, quick: bool = False) -> dict:
     )
     print("\n".join(table))
     print(headline)
-    return dict(headline=headline, table=table, figures=[figure(
-        folder / "two_link.png",
-        "joint angles and constraint violation of Baumgarte (stops at the singular "
-        "configuration) and the modified Lagrange equation with the paper's three gain sets "
-        "(run through it)"), figure(
-        folder / "two_link.mp4",
-        "animation of the arm under the modified Lagrange equation (Case 1), through the "
-        "singular configuration up to the target's leaving the workspace, the tip's path "
-        "traced")])
+    return dict(
+        headline=headline,
+        table=table,
+        figures=[
+            figure(
+                folder / "two_link.png",
+                "joint angles and constraint violation of Baumgarte (stops at the singular "
+                "configuration) and the modified Lagrange equation with the paper's three gain "
+                "sets (run through it)",
+            ),
+            figure(
+                folder / "two_link.mp4",
+                "animation of the arm under the modified Lagrange equation (Case 1), through the "
+                "singular configuration up to the target's leaving the workspace, the tip's path "
+                "traced",
+            ),
+        ],
+    )
 
 
 def result_name(result) -> str:
     """The name of a `jaxdae.RESULTS` item (one solve), as `RESULTS.<name>` spells it."""
-    for name in ("successful", "singular_constraint_matrix", "constraint_tol_exceeded",
-                 "max_steps_reached", "dt_min_reached", "diverged", "constraints_not_met"):
+    for name in (
+        "successful",
+        "singular_constraint_matrix",
+        "constraint_tol_exceeded",
+        "max_steps_reached",
+        "dt_min_reached",
+        "diverged",
+        "constraints_not_met",
+    ):
         if bool(result == getattr(jaxdae.RESULTS, name)):
             return name
     return jaxdae.RESULTS[result]  # another failure: its message
@@ -179,14 +217,15 @@ def arm_animation(system, t, q, **kwargs):
     def draw(q):  # one configuration (n,): polylines by name
         elbow = l1 * np.array([np.cos(q[0]), np.sin(q[0])])
         tip = elbow + l2 * np.array([np.cos(q[0] + q[1]), np.sin(q[0] + q[1])])
-        return {"line": line, "arm": np.stack([np.zeros(2), elbow, tip]),
-                "base": np.zeros((1, 2))}
+        return {"line": line, "arm": np.stack([np.zeros(2), elbow, tip]), "base": np.zeros((1, 2))}
 
-    animation = jaxdae.viz.animate(system, SimpleNamespace(ts=t, q=q), draw=draw,
-                                   trace="arm", **kwargs)
+    animation = jaxdae.viz.animate(
+        system, SimpleNamespace(ts=t, q=q), draw=draw, trace="arm", **kwargs
+    )
     animation.artists["draw:line"].set(color="0.55", linewidth=1, marker="", linestyle="--")
-    animation.artists["draw:arm"].set(color="C0", linewidth=4, markersize=7,
-                                      markerfacecolor="white", markeredgecolor="black")
+    animation.artists["draw:arm"].set(
+        color="C0", linewidth=4, markersize=7, markerfacecolor="white", markeredgecolor="black"
+    )
     animation.artists["draw:base"].set(color="black", marker="s", markersize=9)
     animation.axes.set(xlabel="x [m]", ylabel="y [m]")
     return animation
@@ -198,8 +237,12 @@ def _animate(folder: Path, system, run, t_singular: float, t_exit: float) -> Non
     t, q, _ = run
     keep = t <= t_exit
     animation = arm_animation(
-        system, t[keep], q[keep], dpi=80,
-        title=f"modified Lagrange, Case 1: folded (singular) at t = {t_singular:.3f} s")
+        system,
+        t[keep],
+        q[keep],
+        dpi=80,
+        title=f"modified Lagrange, Case 1: folded (singular) at t = {t_singular:.3f} s",
+    )
     animation.save(folder / "two_link.mp4")
 
 
@@ -222,8 +265,7 @@ def _plot(folder: Path, runs: dict, t_singular: float, t_exit: float) -> None:
         "Mukharlyamov and Deressa (2015), Example 1 (dotted: singular configuration, dashed: "
         "target out of reach)"
     )
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=4,
-               fontsize=9)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize=9)
     fig.savefig(folder / "two_link.png", dpi=120)
     plt.close(fig)
 

@@ -53,9 +53,13 @@ def exudyn_tool(robot, model, q0, v0, t1, steps):
         omega = np.asarray(model.angular_velocity(q0, v0, body.name))
         inertia = RigidBodyInertia(mass=float(body.mass), inertiaTensor=np.asarray(body.inertia))
         numbers[body.name] = mbs.CreateRigidBody(
-            inertia=inertia, referencePosition=list(position),
-            referenceRotationMatrix=rotation, initialVelocity=list(velocity),
-            initialAngularVelocity=list(omega), gravity=[0.0, 0.0, -9.81])
+            inertia=inertia,
+            referencePosition=list(position),
+            referenceRotationMatrix=rotation,
+            initialVelocity=list(velocity),
+            initialAngularVelocity=list(omega),
+            gravity=[0.0, 0.0, -9.81],
+        )
     for joint in robot.joints:
         bodies = [numbers[joint.a.split(".")[0]], numbers[joint.b.split(".")[0]]]
         position = list(np.asarray(model.marker_position(q0, joint.a)))
@@ -65,8 +69,9 @@ def exudyn_tool(robot, model, q0, v0, t1, steps):
         elif isinstance(joint, mb.Prismatic):
             mbs.CreatePrismaticJoint(itemNumbers=bodies, position=position, axis=axis)
         else:
-            mbs.CreateGenericJoint(itemNumbers=bodies, position=position,
-                                   constrainedAxes=[1, 1, 1, 1, 1, 1])
+            mbs.CreateGenericJoint(
+                itemNumbers=bodies, position=position, constrainedAxes=[1, 1, 1, 1, 1, 1]
+            )
     for force in model.forces:
         if isinstance(force, mb.SpringDamper):
             (body_a, marker_a), (body_b, marker_b) = (ref.split(".") for ref in force.markers)
@@ -74,12 +79,19 @@ def exudyn_tool(robot, model, q0, v0, t1, steps):
                 itemNumbers=[numbers[body_a], numbers[body_b]],
                 localPosition0=list(np.asarray(model.body(body_a).markers[marker_a])),
                 localPosition1=list(np.asarray(model.body(body_b).markers[marker_b])),
-                referenceLength=float(force.rest_length), stiffness=float(force.stiffness),
-                damping=float(force.damping))
+                referenceLength=float(force.rest_length),
+                stiffness=float(force.stiffness),
+                damping=float(force.damping),
+            )
     slider = robot.bodies[-1]
-    sensor = mbs.AddSensor(SensorBody(
-        bodyNumber=numbers[slider.name], localPosition=list(np.asarray(slider.markers["tool"])),
-        storeInternal=True, outputVariableType=exu.OutputVariableType.Position))
+    sensor = mbs.AddSensor(
+        SensorBody(
+            bodyNumber=numbers[slider.name],
+            localPosition=list(np.asarray(slider.markers["tool"])),
+            storeInternal=True,
+            outputVariableType=exu.OutputVariableType.Position,
+        )
+    )
     from _common import exudyn_solve
 
     data, elapsed = exudyn_solve(exu, mbs, sensor, t1, steps)
@@ -99,18 +111,21 @@ def main():
     q0, v0 = model.initial_state(joint_coordinates=RATES, tol=1e-10)
     ts = jnp.linspace(0.0, t1, num)
     start = time.perf_counter()
-    sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, t1, q0, v0,
-                          ts=ts, rtol=1e-10, atol=1e-10)
+    sol = jaxdae.simulate(
+        model, jaxdae.Baumgarte(20.0, 100.0), 0.0, t1, q0, v0, ts=ts, rtol=1e-10, atol=1e-10
+    )
     jax.block_until_ready(sol.q)
     elapsed = time.perf_counter() - start
     # The same start in joint coordinates: the absolute model's joint coordinates and rates
     tree = robot.mechanism(forces=forces, limits=False)
     coordinates, rates = model.joint_coordinates(q0), model.joint_rates(q0, v0)
-    tq0, tv0 = tree.initial_state(joint_coordinates={
-        name: (coordinates[name], rates[name]) for name in robot.joint_names})
+    tq0, tv0 = tree.initial_state(
+        joint_coordinates={name: (coordinates[name], rates[name]) for name in robot.joint_names}
+    )
     start = time.perf_counter()
-    tree_sol = jaxdae.simulate(tree, jaxdae.Unstabilized(), 0.0, t1, tq0, tv0, ts=ts,
-                               rtol=1e-10, atol=1e-10)
+    tree_sol = jaxdae.simulate(
+        tree, jaxdae.Unstabilized(), 0.0, t1, tq0, tv0, ts=ts, rtol=1e-10, atol=1e-10
+    )
     jax.block_until_ready(tree_sol.q)
     tree_elapsed = time.perf_counter() - start
     energy = np.asarray(jax.vmap(model.energy)(sol.ts, sol.q, sol.v))
@@ -123,8 +138,9 @@ def main():
     for k, label in enumerate("xyz"):
         ax1.plot(sol.ts, tool[:, k], label=f"tool {label} (jaxdae)")
         if reference is not None:
-            ax1.plot(reference[0], reference[1][:, k], "k--", lw=0.8,
-                     label="Exudyn" if k == 0 else None)
+            ax1.plot(
+                reference[0], reference[1][:, k], "k--", lw=0.8, label="Exudyn" if k == 0 else None
+            )
     ax1.set(xlabel="t [s]", ylabel="tool [m]", title="tool position")
     ax1.legend(fontsize=8)
     for name in robot.joint_names:
@@ -152,8 +168,9 @@ def main():
     }
     if reference is not None:
         ts_ref, tool_ref, elapsed_ref = reference
-        tool_interp = np.stack([np.interp(np.asarray(sol.ts), ts_ref, tool_ref[:, k])
-                                for k in range(3)], axis=1)
+        tool_interp = np.stack(
+            [np.interp(np.asarray(sol.ts), ts_ref, tool_ref[:, k]) for k in range(3)], axis=1
+        )
         result["exudyn_max_tool_difference"] = float(np.abs(tool_interp - tool).max())
         result["exudyn_seconds"] = elapsed_ref
     write_json(out / "urdf_arm.json", result)

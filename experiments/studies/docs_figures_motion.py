@@ -44,9 +44,15 @@ import jaxdae.viz  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 # headless Chromium, software WebGL; the virtual time lets the page load and play 1.5 s.
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--use-angle=swiftshader",
-                  "--enable-unsafe-swiftshader", "--window-size=1000,700",
-                  "--virtual-time-budget=1500", "--hide-scrollbars"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--use-angle=swiftshader",
+    "--enable-unsafe-swiftshader",
+    "--window-size=1000,700",
+    "--virtual-time-budget=1500",
+    "--hide-scrollbars",
+]
 
 
 def strip(animation, times, path: Path) -> None:
@@ -69,8 +75,12 @@ def screenshot(chromium: str, page: Path, path: Path, box, width: int) -> None:
 
     with tempfile.TemporaryDirectory() as folder:
         shot = Path(folder) / "shot.png"
-        subprocess.run([chromium, *CHROMIUM_FLAGS, f"--screenshot={shot}", page.as_uri()],
-                       check=True, capture_output=True, timeout=300)
+        subprocess.run(
+            [chromium, *CHROMIUM_FLAGS, f"--screenshot={shot}", page.as_uri()],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
         image = Image.open(shot).convert("RGB").crop(box)
     image = image.resize((width, round(width * image.height / image.width)), Image.LANCZOS)
     image.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
@@ -92,12 +102,25 @@ def viewer_figures(out: Path, chromium: str) -> list[Path]:
         written.append(out / "bricard_viewer.png")
 
         robot = mb.load_urdf(urdf_arm.URDF)
-        model = robot.mechanism(forces=[
-            mb.Gravity(), mb.SpringDamper("forearm.frame", "slider.frame", 200.0, 0.0, 0.45)],
-            limits=False)
+        model = robot.mechanism(
+            forces=[
+                mb.Gravity(),
+                mb.SpringDamper("forearm.frame", "slider.frame", 200.0, 0.0, 0.45),
+            ],
+            limits=False,
+        )
         q0, v0 = model.initial_state(joint_coordinates=urdf_arm.RATES, tol=1e-10)
-        sol = jaxdae.simulate(model, jaxdae.Baumgarte(20.0, 100.0), 0.0, 2.0, q0, v0,
-                              ts=jnp.linspace(0.0, 2.0, 201), rtol=1e-10, atol=1e-10)
+        sol = jaxdae.simulate(
+            model,
+            jaxdae.Baumgarte(20.0, 100.0),
+            0.0,
+            2.0,
+            q0,
+            v0,
+            ts=jnp.linspace(0.0, 2.0, 201),
+            rtol=1e-10,
+            atol=1e-10,
+        )
         page = Path(folder) / "urdf_arm.html"
         jaxdae.viz.view(model, sol).save_html(page)
         # the arm is small in the default view: the middle of the page, without the player
@@ -108,10 +131,17 @@ def viewer_figures(out: Path, chromium: str) -> list[Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "figures",
-                        help="folder of the figures (default: docs/figures)")
-    parser.add_argument("--no-viewer", action="store_true",
-                        help="leave out the 3-D viewer's screenshots (they take Chromium)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "docs" / "figures",
+        help="folder of the figures (default: docs/figures)",
+    )
+    parser.add_argument(
+        "--no-viewer",
+        action="store_true",
+        help="leave out the 3-D viewer's screenshots (they take Chromium)",
+    )
     args = parser.parse_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -145,9 +175,15 @@ def main() -> None:
     system = TwoLinkManipulator()
     q0, v0 = system.initial_state()
     t_singular = float(system.x0 / system.speed)
-    arm = jaxdae.simulate(system, formulation_for("modified", dict(h=20, r=10, p=100, s=25,
-                                                                  alpha=10)),
-                          0.0, 2.0, q0, v0, ts=jnp.linspace(0.0, 2.0, 401))
+    arm = jaxdae.simulate(
+        system,
+        formulation_for("modified", dict(h=20, r=10, p=100, s=25, alpha=10)),
+        0.0,
+        2.0,
+        q0,
+        v0,
+        ts=jnp.linspace(0.0, 2.0, 401),
+    )
     stills = arm_animation(system, np.asarray(arm.ts), np.asarray(arm.q), dpi=60)
     strip(stills, (0.2, t_singular, 1.5), out / "two_link_frames.png")
     written.append(out / "two_link_frames.png")

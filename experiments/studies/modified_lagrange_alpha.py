@@ -27,7 +27,7 @@ import numpy as np
 
 import jaxdae
 
-KD, KP = (20.0, 10.0), (100.0, 25.0)   # Mukharlyamov and Deressa (2015), Example 1, Case 1
+KD, KP = (20.0, 10.0), (100.0, 25.0)  # Mukharlyamov and Deressa (2015), Example 1, Case 1
 T1 = 2.0
 
 
@@ -35,12 +35,17 @@ def solve(system, alpha, dtype, fixed_step=None):
     cast = lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x  # noqa: E731
     system = jax.tree_util.tree_map(cast, system)
     q0, v0 = (x.astype(dtype) for x in system.initial_state())
-    formulation = jaxdae.ModifiedLagrange(jnp.asarray(alpha, dtype), jnp.asarray(KD, dtype),
-                                          jnp.asarray(KP, dtype))
+    formulation = jaxdae.ModifiedLagrange(
+        jnp.asarray(alpha, dtype), jnp.asarray(KD, dtype), jnp.asarray(KP, dtype)
+    )
     ts = jnp.linspace(0.0, T1, 2001, dtype=dtype)
     if fixed_step is not None:
-        options = dict(solver=diffrax.Heun(), stepsize_controller=diffrax.ConstantStepSize(),
-                       dt0=fixed_step, max_steps=int(T1 / fixed_step) + 10)
+        options = dict(
+            solver=diffrax.Heun(),
+            stepsize_controller=diffrax.ConstantStepSize(),
+            dt0=fixed_step,
+            max_steps=int(T1 / fixed_step) + 10,
+        )
     elif dtype == jnp.float32:
         options = dict(rtol=1e-5, atol=1e-7)
     else:
@@ -68,8 +73,10 @@ def main():
     parser.add_argument("--alphas", type=float, nargs="+", default=[1, 10, 100, 1e3, 1e4, 1e6, 1e8])
     args = parser.parse_args()
     system = jaxdae.examples.TwoLinkManipulator()
-    print("| α | max abs Φ, t ≤ 0.4 s [m] | max abs Φ [m] | steps (rejected) | cond(M + JᵀαJ) "
-          "| Heun, τ = 10 ms: max abs Φ | float32: max abs Φ |")
+    print(
+        "| α | max abs Φ, t ≤ 0.4 s [m] | max abs Φ [m] | steps (rejected) | cond(M + JᵀαJ) "
+        "| Heun, τ = 10 ms: max abs Φ | float32: max abs Φ |"
+    )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for alpha in args.alphas:
         sol = solve(system, alpha, jnp.float64)
@@ -78,9 +85,12 @@ def main():
         heun = solve(system, alpha, jnp.float64, fixed_step=0.01)
         single = solve(system, alpha, jnp.float32)
         before_fold = float(jnp.max(jnp.where(sol.ts[:, None] <= 0.4, jnp.abs(sol.phi), 0.0)))
-        print(f"| {alpha:g} | {before_fold:.2e} | {violation(sol)} "
-              f"| {steps} ({rejected}) | {largest_condition_number(system, sol, alpha):.1e} "
-              f"| {violation(heun)} | {violation(single)} |", flush=True)
+        print(
+            f"| {alpha:g} | {before_fold:.2e} | {violation(sol)} "
+            f"| {steps} ({rejected}) | {largest_condition_number(system, sol, alpha):.1e} "
+            f"| {violation(heun)} | {violation(single)} |",
+            flush=True,
+        )
     print(
         f"\njax {jax.__version__}, {jax.devices()[0].device_kind}; two-link arm of "
         f"Mukharlyamov and Deressa (2015), Case 1 gains, 0–{T1:g} s"

@@ -64,41 +64,75 @@ def mechanisms(quick: bool):
     )  # Mukharlyamov and Deressa (2015), Case 1
     scale = 0.2 if quick else 1.0
     return [
-        ("Cartesian pendulum", pendulum, pendulum.state_from_angle(1.0, 0.0), 10.0 * scale, {
-            "Unstabilized": jaxdae.Unstabilized(),
-            "Baumgarte(10, 25)": jaxdae.Baumgarte(10.0, 25.0),
-            "PseudoInverse(10, 25)": jaxdae.PseudoInverse(10.0, 25.0),
-            "ModifiedLagrange(10, 20, 100)": jaxdae.ModifiedLagrange(10.0, 20.0, 100.0),
-            "RedundantCoordinates(y)": jaxdae.RedundantCoordinates(dependent=(1,)),
-        }, lambda s: s.length),
-        ("two-link arm", arm, arm_state, 0.45, {
-            "Unstabilized": jaxdae.Unstabilized(),
-            "Baumgarte(Case 1)": jaxdae.Baumgarte(kd, kp),
-        }, lambda s: s.speed),
-        ("two-link arm through the fold", arm, arm_state, 1.0, {
-            "PseudoInverse(Case 1)": jaxdae.PseudoInverse(kd, kp),
-            "ModifiedLagrange(10, Case 1)": jaxdae.ModifiedLagrange(10.0, kd, kp),
-        }, lambda s: s.speed),
-        ("Ball & Beam (four-bar)", beam, beam.state(0.3, 0.2, 0.0, 0.5), 2.0 * scale, {
-            "Unstabilized": jaxdae.Unstabilized(),
-            "Baumgarte(10, 25)": jaxdae.Baumgarte(10.0, 25.0),
-            "ModifiedLagrange(10, 20, 100)": jaxdae.ModifiedLagrange(10.0, 20.0, 100.0),
-            "RedundantCoordinates(α)": jaxdae.RedundantCoordinates(dependent=beam.dependent),
-        }, lambda s: s.lever_length),
-        ("Cartesian arm (Hamiltonian)", hamiltonian, hamiltonian.initial_state(),
-         5.0 * scale, {
-             "Unstabilized": jaxdae.Unstabilized(),
-             "Baumgarte(10, 25)": jaxdae.Baumgarte(10.0, 25.0),
-             "paper's perturbation eq.": CartesianArm.paper_formulation(-25.0, -10.0, -25.0,
-                                                                         -10.0),
-         }, lambda s: s.lengths),
+        (
+            "Cartesian pendulum",
+            pendulum,
+            pendulum.state_from_angle(1.0, 0.0),
+            10.0 * scale,
+            {
+                "Unstabilized": jaxdae.Unstabilized(),
+                "Baumgarte(10, 25)": jaxdae.Baumgarte(10.0, 25.0),
+                "PseudoInverse(10, 25)": jaxdae.PseudoInverse(10.0, 25.0),
+                "ModifiedLagrange(10, 20, 100)": jaxdae.ModifiedLagrange(10.0, 20.0, 100.0),
+                "RedundantCoordinates(y)": jaxdae.RedundantCoordinates(dependent=(1,)),
+            },
+            lambda s: s.length,
+        ),
+        (
+            "two-link arm",
+            arm,
+            arm_state,
+            0.45,
+            {
+                "Unstabilized": jaxdae.Unstabilized(),
+                "Baumgarte(Case 1)": jaxdae.Baumgarte(kd, kp),
+            },
+            lambda s: s.speed,
+        ),
+        (
+            "two-link arm through the fold",
+            arm,
+            arm_state,
+            1.0,
+            {
+                "PseudoInverse(Case 1)": jaxdae.PseudoInverse(kd, kp),
+                "ModifiedLagrange(10, Case 1)": jaxdae.ModifiedLagrange(10.0, kd, kp),
+            },
+            lambda s: s.speed,
+        ),
+        (
+            "Ball & Beam (four-bar)",
+            beam,
+            beam.state(0.3, 0.2, 0.0, 0.5),
+            2.0 * scale,
+            {
+                "Unstabilized": jaxdae.Unstabilized(),
+                "Baumgarte(10, 25)": jaxdae.Baumgarte(10.0, 25.0),
+                "ModifiedLagrange(10, 20, 100)": jaxdae.ModifiedLagrange(10.0, 20.0, 100.0),
+                "RedundantCoordinates(α)": jaxdae.RedundantCoordinates(dependent=beam.dependent),
+            },
+            lambda s: s.lever_length,
+        ),
+        (
+            "Cartesian arm (Hamiltonian)",
+            hamiltonian,
+            hamiltonian.initial_state(),
+            5.0 * scale,
+            {
+                "Unstabilized": jaxdae.Unstabilized(),
+                "Baumgarte(10, 25)": jaxdae.Baumgarte(10.0, 25.0),
+                "paper's perturbation eq.": CartesianArm.paper_formulation(
+                    -25.0, -10.0, -25.0, -10.0
+                ),
+            },
+            lambda s: s.lengths,
+        ),
     ]
 
 
 def _name(result) -> str:
     """The name of a `jaxdae.RESULTS` item."""
-    return next(name for name, item in jaxdae.RESULTS._name_to_item.items()
-                if bool(item == result))
+    return next(name for name, item in jaxdae.RESULTS._name_to_item.items() if bool(item == result))
 
 
 def best_times(functions: dict, repeats: int) -> dict:
@@ -122,19 +156,39 @@ def run_case(system, state, t1, formulation, parameter, repeats, gradient: bool)
     row = {}
     for name, solver in solvers.items():
         clipped = diffrax.ClipStepSizeController(
-            diffrax.PIDController(rtol=RTOL, atol=ATOL), step_ts=ts)
-        sol = jaxdae.simulate(system, formulation, 0.0, t1, q0, s0, ts=ts, solver=solver,
-                              stepsize_controller=clipped, throw=False)
+            diffrax.PIDController(rtol=RTOL, atol=ATOL), step_ts=ts
+        )
+        sol = jaxdae.simulate(
+            system,
+            formulation,
+            0.0,
+            t1,
+            q0,
+            s0,
+            ts=ts,
+            solver=solver,
+            stepsize_controller=clipped,
+            throw=False,
+        )
         # Rows after a stop are inf: the residuals up to where the solve stopped.
         reached = np.isfinite(np.asarray(sol.ts[1:]))
-        residual_v = np.concatenate([np.asarray(sol.dphi[1:]), np.asarray(sol.psi[1:])],
-                                    axis=1)[reached]
-        row[name] = {"saved_result": _name(sol.result), "saved_until": float(sol.t_final),
-                         "max_phi": float(np.max(np.abs(sol.phi[1:][reached]))),
-                         "max_dphi": float(np.max(np.abs(residual_v)))}
-    solves = {name: jax.jit(lambda q, s, solver=solver: jaxdae.simulate(
-        system, formulation, 0.0, t1, q, s, solver=solver, rtol=RTOL, atol=ATOL,
-        throw=False)) for name, solver in solvers.items()}
+        residual_v = np.concatenate([np.asarray(sol.dphi[1:]), np.asarray(sol.psi[1:])], axis=1)[
+            reached
+        ]
+        row[name] = {
+            "saved_result": _name(sol.result),
+            "saved_until": float(sol.t_final),
+            "max_phi": float(np.max(np.abs(sol.phi[1:][reached]))),
+            "max_dphi": float(np.max(np.abs(residual_v))),
+        }
+    solves = {
+        name: jax.jit(
+            lambda q, s, solver=solver: jaxdae.simulate(
+                system, formulation, 0.0, t1, q, s, solver=solver, rtol=RTOL, atol=ATOL, throw=False
+            )
+        )
+        for name, solver in solvers.items()
+    }
     for name, solve in solves.items():
         sol = solve(q0, s0)
         row[name]["steps"] = int(sol.stats["num_accepted_steps"])
@@ -142,8 +196,10 @@ def run_case(system, state, t1, formulation, parameter, repeats, gradient: bool)
         row[name]["ok"] = bool(sol.succeeded)
         row[name]["result"] = _name(sol.result)
         row[name]["t_final"] = float(sol.t_final)
-    times = best_times({name: (lambda solve=solve: solve(q0, s0).q_final)
-                        for name, solve in solves.items()}, repeats)
+    times = best_times(
+        {name: (lambda solve=solve: solve(q0, s0).q_final) for name, solve in solves.items()},
+        repeats,
+    )
     for name in solvers:
         row[name]["time_ms"] = 1e3 * times[name]
     row["time_ratio"] = times["projected"] / times["plain"]
@@ -158,23 +214,38 @@ def run_case(system, state, t1, formulation, parameter, repeats, gradient: bool)
     @eqx.filter_jit
     def loss(value, solver, adjoint):
         model = eqx.tree_at(parameter, system, value)
-        sol = jaxdae.simulate(model, formulation, 0.0, t1, q0, s0, solver=solver, rtol=RTOL,
-                              atol=ATOL, adjoint=adjoint, throw=False)
+        sol = jaxdae.simulate(
+            model,
+            formulation,
+            0.0,
+            t1,
+            q0,
+            s0,
+            solver=solver,
+            rtol=RTOL,
+            atol=ATOL,
+            adjoint=adjoint,
+            throw=False,
+        )
         return jnp.sum(sol.q_final)
 
     checkpointed = diffrax.RecursiveCheckpointAdjoint(checkpoints=32)
-    variants = {"plain": (solvers["plain"], None),
-                "plain_checkpointed": (solvers["plain"], checkpointed),
-                "projected": (solvers["projected"], None)}
+    variants = {
+        "plain": (solvers["plain"], None),
+        "plain_checkpointed": (solvers["plain"], checkpointed),
+        "projected": (solvers["projected"], None),
+    }
     value = parameter(system)
     direction = jnp.ones_like(value)
     grads = {name: jax.jit(jax.grad(lambda x, v=v: loss(x, *v))) for name, v in variants.items()}
-    gtimes = best_times({name: (lambda g=g: g(value)) for name, g in grads.items()},
-                        max(3, repeats // 3))
+    gtimes = best_times(
+        {name: (lambda g=g: g(value)) for name, g in grads.items()}, max(3, repeats // 3)
+    )
     for name, variant in variants.items():
         h = 1e-6
-        fd = (loss(value + h * direction, *variant)
-              - loss(value - h * direction, *variant)) / (2 * h)
+        fd = (loss(value + h * direction, *variant) - loss(value - h * direction, *variant)) / (
+            2 * h
+        )
         g = float(jnp.sum(grads[name](value) * direction))
         entry = row.setdefault(name, {})
         entry["grad_ms"] = 1e3 * gtimes[name]
@@ -189,15 +260,22 @@ def plot(results, out):
 
     labels = [f"{r['mechanism']}\n{r['formulation']}" for r in results]
     y = np.arange(len(results))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 0.38 * len(results) + 1.5), sharey=True,
-                             layout="constrained")
-    for ax, key, title in ((axes[0], "max_phi", "max |Φ| at step ends"),
-                           (axes[1], "max_dphi", "max |dΦ/dt|, |Ψ| at step ends")):
-        for offset, name, colour in ((-0.2, "plain", "tab:red"),
-                                     (0.2, "projected", "tab:blue")):
+    fig, axes = plt.subplots(
+        1, 2, figsize=(11, 0.38 * len(results) + 1.5), sharey=True, layout="constrained"
+    )
+    for ax, key, title in (
+        (axes[0], "max_phi", "max |Φ| at step ends"),
+        (axes[1], "max_dphi", "max |dΦ/dt|, |Ψ| at step ends"),
+    ):
+        for offset, name, colour in ((-0.2, "plain", "tab:red"), (0.2, "projected", "tab:blue")):
             values = np.maximum([r[name][key] for r in results], 1e-17)
-            ax.barh(y + offset, values, height=0.4, color=colour,
-                    label={"plain": "Tsit5", "projected": "Projected(Tsit5)"}[name])
+            ax.barh(
+                y + offset,
+                values,
+                height=0.4,
+                color=colour,
+                label={"plain": "Tsit5", "projected": "Projected(Tsit5)"}[name],
+            )
         ax.axvline(1e-12, color="k", lw=0.8, ls="--")
         ax.set_xscale("log")
         ax.set_title(title, fontsize=9)
@@ -210,8 +288,12 @@ def plot(results, out):
 
     fig, ax = plt.subplots(figsize=(6.5, 0.3 * len(results) + 1.5), layout="constrained")
     ax.barh(y - 0.2, [r["time_ratio"] for r in results], height=0.4, label="solve")
-    ax.barh(y + 0.2, [r.get("grad_time_ratio", np.nan) for r in results], height=0.4,
-            label="gradient (one formulation per mechanism)")
+    ax.barh(
+        y + 0.2,
+        [r.get("grad_time_ratio", np.nan) for r in results],
+        height=0.4,
+        label="gradient (one formulation per mechanism)",
+    )
     ax.axvline(1.0, color="k", lw=0.8)
     ax.axvline(1.5, color="k", lw=0.8, ls="--")
     ax.set_yticks(y, labels, fontsize=7)
@@ -221,8 +303,10 @@ def plot(results, out):
     cost = out / "projection_cost.png"
     fig.savefig(cost, dpi=130)
     plt.close(fig)
-    return [figure(drift, "max |Φ| and |dΦ/dt|, |Ψ| at step ends, with and without projection"),
-            figure(cost, "cost of the projection: time ratio of the solve and its gradient")]
+    return [
+        figure(drift, "max |Φ| and |dΦ/dt|, |Ψ| at step ends, with and without projection"),
+        figure(cost, "cost of the projection: time ratio of the solve and its gradient"),
+    ]
 
 
 def main(out: Path, quick: bool = False, only: list[str] | None = None) -> dict:
@@ -231,40 +315,61 @@ def main(out: Path, quick: bool = False, only: list[str] | None = None) -> dict:
     results = []
     # Quick: two formulations per mechanism. The gradient is timed for the second
     # formulation of each mechanism (quick: the pendulum's only).
-    cases = [(m, f, i == 1 and (not quick or k == 0)) for k, m in enumerate(mechanisms(quick))
-             for i, f in enumerate(list(m[4].items())[:2 if quick else None])]
+    cases = [
+        (m, f, i == 1 and (not quick or k == 0))
+        for k, m in enumerate(mechanisms(quick))
+        for i, f in enumerate(list(m[4].items())[: 2 if quick else None])
+    ]
     if only:  # the rows whose "mechanism | formulation" contains one of `only`
         cases = [c for c in cases if any(o in f"{c[0][0]} | {c[1][0]}" for o in only)]
     for (name, system, state, t1, _, parameter), (fname, formulation), gradient in progress(
-            cases, "projection"):
+        cases, "projection"
+    ):
         row = run_case(system, state, t1, formulation, parameter, repeats, gradient)
         row.update(mechanism=name, formulation=fname, t1=t1)
         results.append(row)
     figures = plot(results, out)
-    lines = [("| mechanism | formulation | max abs Φ plain / projected | max abs Φ̇,Ψ plain / "
-             "projected | steps plain / projected | time ratio | gradient time ratio (same "
-             "adjoint) |"), "|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            "| mechanism | formulation | max abs Φ plain / projected | max abs Φ̇,Ψ plain / "
+            "projected | steps plain / projected | time ratio | gradient time ratio (same "
+            "adjoint) |"
+        ),
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         p, j = r["plain"], r["projected"]
-        grad = (f"{r['grad_time_ratio']:.2f} ({r['grad_time_ratio_same_adjoint']:.2f})"
-                if "grad_time_ratio" in r else "—")
-        steps = " / ".join(str(x["steps"]) + ("" if x["ok"] else f" ({x['result']} at t = "
-                                               f"{x['t_final']:.3g})") for x in (p, j))
-        until = ("" if p["saved_until"] >= r["t1"] else
-                 f" (to t = {p['saved_until']:.3g}: {p['saved_result']})")
+        grad = (
+            f"{r['grad_time_ratio']:.2f} ({r['grad_time_ratio_same_adjoint']:.2f})"
+            if "grad_time_ratio" in r
+            else "—"
+        )
+        steps = " / ".join(
+            str(x["steps"]) + ("" if x["ok"] else f" ({x['result']} at t = {x['t_final']:.3g})")
+            for x in (p, j)
+        )
+        until = (
+            ""
+            if p["saved_until"] >= r["t1"]
+            else f" (to t = {p['saved_until']:.3g}: {p['saved_result']})"
+        )
         lines.append(
             f"| {r['mechanism']} | {r['formulation']} | {p['max_phi']:.1e} / {j['max_phi']:.1e}"
             f"{until} | {p['max_dphi']:.1e} / {j['max_dphi']:.1e} | {steps} | "
-            f"{r['time_ratio']:.2f} | {grad} |")
+            f"{r['time_ratio']:.2f} | {grad} |"
+        )
     print("\n".join(lines))
     worst = max(max(r["projected"]["max_phi"], r["projected"]["max_dphi"]) for r in results)
-    headline = (f"Projected(Tsit5): max |Φ|, |Φ̇, Ψ| ≤ {worst:.1e} at every step end of "
-                f"{len(results)} mechanism × formulation solves; solve time ratio "
-                f"{min(r['time_ratio'] for r in results):.2f}–"
-                f"{max(r['time_ratio'] for r in results):.2f}")
+    headline = (
+        f"Projected(Tsit5): max |Φ|, |Φ̇, Ψ| ≤ {worst:.1e} at every step end of "
+        f"{len(results)} mechanism × formulation solves; solve time ratio "
+        f"{min(r['time_ratio'] for r in results):.2f}–"
+        f"{max(r['time_ratio'] for r in results):.2f}"
+    )
     print(headline)
-    write_json(out / "projection.json", {"rtol": RTOL, "atol": ATOL, "quick": quick,
-                                             "results": results})
+    write_json(
+        out / "projection.json", {"rtol": RTOL, "atol": ATOL, "quick": quick, "results": results}
+    )
     return {"headline": headline, "table": lines, "figures": figures}
 
 

@@ -63,8 +63,8 @@ KD, KP = 10.0, 25.0
 ALPHAS = (1e3, 1e5, 1e7)
 SAVE_DT = 0.01
 RTOL, ATOL = 1e-8, 1e-10
-DEPARTURE = 1e-3     # m: the tracked coordinate has left the reference
-OFF_BRANCH = 1e-2    # rad: the links have left the parallelogram
+DEPARTURE = 1e-3  # m: the tracked coordinate has left the reference
+OFF_BRANCH = 1e-2  # rad: the links have left the parallelogram
 SWEEP = (1e-6, 1e-10)  # further rtol (atol = rtol / 100) for the second table
 
 
@@ -84,25 +84,26 @@ class NFourBar(jaxdae.LagrangianSystem):
         self.gravity = jnp.asarray(gravity, dtype=float)
 
     def kinetic_energy(self, t, q, v):
-        theta, psi = q[: self.n + 1], q[self.n + 1:]
-        dtheta, dpsi = v[: self.n + 1], v[self.n + 1:]
+        theta, psi = q[: self.n + 1], q[self.n + 1 :]
+        dtheta, dpsi = v[: self.n + 1], v[self.n + 1 :]
         # A coupler's centre moves with the tip of the crank before it plus half its turn.
         vx = -dtheta[:-1] * jnp.sin(theta[:-1]) - 0.5 * dpsi * jnp.sin(psi)
         vy = dtheta[:-1] * jnp.cos(theta[:-1]) + 0.5 * dpsi * jnp.cos(psi)
-        return (jnp.sum(dtheta**2) / 6 + 0.5 * jnp.sum(vx**2 + vy**2)
-                + jnp.sum(dpsi**2) / 24)
+        return jnp.sum(dtheta**2) / 6 + 0.5 * jnp.sum(vx**2 + vy**2) + jnp.sum(dpsi**2) / 24
 
     def potential_energy(self, t, q):
-        theta, psi = q[: self.n + 1], q[self.n + 1:]
-        heights = 0.5 * jnp.sum(jnp.sin(theta)) + jnp.sum(jnp.sin(theta[:-1])
-                                                         + 0.5 * jnp.sin(psi))
+        theta, psi = q[: self.n + 1], q[self.n + 1 :]
+        heights = 0.5 * jnp.sum(jnp.sin(theta)) + jnp.sum(jnp.sin(theta[:-1]) + 0.5 * jnp.sin(psi))
         return self.gravity * heights
 
     def constraints(self, t, q):
-        theta, psi = q[: self.n + 1], q[self.n + 1:]
-        return jnp.concatenate([
-            jnp.cos(theta[:-1]) + jnp.cos(psi) - jnp.cos(theta[1:]) - 1.0,
-            jnp.sin(theta[:-1]) + jnp.sin(psi) - jnp.sin(theta[1:])])
+        theta, psi = q[: self.n + 1], q[self.n + 1 :]
+        return jnp.concatenate(
+            [
+                jnp.cos(theta[:-1]) + jnp.cos(psi) - jnp.cos(theta[1:]) - 1.0,
+                jnp.sin(theta[:-1]) + jnp.sin(psi) - jnp.sin(theta[1:]),
+            ]
+        )
 
     def initial_state(self):
         """Cranks vertical, `B_0` moving at 1 m/s along +x."""
@@ -119,37 +120,58 @@ def reference(n: int, t1: float, ts: np.ndarray):
         return jnp.array([y[1], -9.81 * weight * jnp.cos(y[0]) / inertia])
 
     sol = diffrax.diffeqsolve(
-        diffrax.ODETerm(field), diffrax.Dopri8(), 0.0, t1, 1e-3, jnp.array([jnp.pi / 2, -1.0]),
+        diffrax.ODETerm(field),
+        diffrax.Dopri8(),
+        0.0,
+        t1,
+        1e-3,
+        jnp.array([jnp.pi / 2, -1.0]),
         saveat=diffrax.SaveAt(dense=True),
-        stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-12), max_steps=100_000)
+        stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-12),
+        max_steps=100_000,
+    )
     phi = np.asarray(jax.vmap(lambda t: sol.evaluate(t)[0])(jnp.asarray(ts)))
     sine = np.sin(phi)
     crossings = np.flatnonzero(np.sign(sine[1:]) != np.sign(sine[:-1]))
-    flat = [brentq(lambda t: float(jnp.sin(sol.evaluate(t)[0])), ts[k], ts[k + 1],
-                   xtol=1e-12) for k in crossings]
+    flat = [
+        brentq(lambda t: float(jnp.sin(sol.evaluate(t)[0])), ts[k], ts[k + 1], xtol=1e-12)
+        for k in crossings
+    ]
     return phi, np.array(flat)
 
 
 def formulations() -> dict:
-    rows = {f"PseudoInverse({KD:g}, {KP:g})": jaxdae.PseudoInverse(KD, KP),
-            f"Baumgarte({KD:g}, {KP:g})": jaxdae.Baumgarte(KD, KP)}
+    rows = {
+        f"PseudoInverse({KD:g}, {KP:g})": jaxdae.PseudoInverse(KD, KP),
+        f"Baumgarte({KD:g}, {KP:g})": jaxdae.Baumgarte(KD, KP),
+    }
     for alpha in ALPHAS:
         rows[f"ModifiedLagrange({alpha:.0e}, {KD:g}, {KP:g})"] = jaxdae.ModifiedLagrange(
-            alpha, KD, KP)
+            alpha, KD, KP
+        )
     return rows
 
 
 def _name(result) -> str:
     """The name of a `jaxdae.RESULTS` item."""
-    return next(name for name, item in jaxdae.RESULTS._name_to_item.items()
-                if bool(item == result))
+    return next(name for name, item in jaxdae.RESULTS._name_to_item.items() if bool(item == result))
 
 
 def measure(system, formulation, ts, phi_ref, flat, rtol=RTOL):
     q0, v0 = system.initial_state()
     start = time.perf_counter()
-    sol = jaxdae.simulate(system, formulation, 0.0, float(ts[-1]), q0, v0, ts=jnp.asarray(ts),
-                          rtol=rtol, atol=rtol * ATOL / RTOL, throw=False)
+    sol = jaxdae.simulate(
+        system,
+        formulation,
+        0.0,
+        float(ts[-1]),
+        q0,
+        v0,
+        ts=jnp.asarray(ts),
+        rtol=rtol,
+        atol=rtol * ATOL / RTOL,
+        throw=False,
+    )
     t_final = float(sol.t_final)
     seconds = time.perf_counter() - start
     reached = np.isfinite(np.asarray(sol.ts))
@@ -158,8 +180,9 @@ def measure(system, formulation, ts, phi_ref, flat, rtol=RTOL):
     error = np.abs(np.cos(q[:, 0]) - np.cos(phi_ref[reached]))
     departs = np.flatnonzero(error > DEPARTURE)
     turn = q[:, : n + 1] - q[:, :1]
-    off_branch = (np.max(np.abs(np.arctan2(np.sin(turn), np.cos(turn))), axis=1)
-                  + np.max(np.abs(np.sin(q[:, n + 1:])), axis=1))
+    off_branch = np.max(np.abs(np.arctan2(np.sin(turn), np.cos(turn))), axis=1) + np.max(
+        np.abs(np.sin(q[:, n + 1 :])), axis=1
+    )
     leaves = np.flatnonzero(off_branch > OFF_BRANCH)
     energy = np.asarray(sol.energy)[reached]
     passages = np.asarray(sol.singular_passages())
@@ -204,16 +227,18 @@ def plot(out: Path, ts, phi_ref, flat, rows) -> dict:
     path = out / "singular_passages.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return figure(path, "x of B0 against the parallelogram reference, and the constraint "
-                        "Jacobian's conditioning at the saved times")
+    return figure(
+        path,
+        "x of B0 against the parallelogram reference, and the constraint "
+        "Jacobian's conditioning at the saved times",
+    )
 
 
 def _passages_cell(row) -> str:
     if not row["conditioning_computed"]:
         return "not computed (> 48 constraints)"
     extra = len(row["passages"]) - row["flat_matched"]
-    return (f"{row['flat_matched']}/{row['flat_reached']}"
-            + (f" + {extra} other" if extra else ""))
+    return f"{row['flat_matched']}/{row['flat_reached']}" + (f" + {extra} other" if extra else "")
 
 
 def _time(value) -> str:
@@ -221,14 +246,17 @@ def _time(value) -> str:
 
 
 def table(rows) -> list[str]:
-    lines = ["| formulation | rtol | result (t_final) | max err x_B0 [m] | departs [s] | "
-             "leaves branch [s] | ΔE [J] | abs Φ at end | passages: flat matched + other |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| formulation | rtol | result (t_final) | max err x_B0 [m] | departs [s] | "
+        "leaves branch [s] | ΔE [J] | abs Φ at end | passages: flat matched + other |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
     for (name, rtol), r in rows.items():
         lines.append(
             f"| {name} | {rtol:.0e} | {r['result']} ({r['t_final']:.2f}) | {r['max_error']:.1e} "
             f"| {_time(r['departs'])} | {_time(r['leaves_branch'])} | "
-            f"{r['energy_change']:.1e} | {r['final_residual']:.1e} | {_passages_cell(r)} |")
+            f"{r['energy_change']:.1e} | {r['final_residual']:.1e} | {_passages_cell(r)} |"
+        )
     return lines
 
 
@@ -247,42 +275,86 @@ def main(out: Path, quick: bool = False, n: int | None = None, t1: float | None 
         for name in chosen:
             kinds.setdefault(name.split("(")[0], name)
         cases += [(name, rtol) for name in kinds.values() for rtol in SWEEP]
-    rows = {(name, rtol): measure(system, chosen[name], ts, phi_ref, flat, rtol)
-            for name, rtol in progress(cases, "singular passages", unit="solve")}
+    rows = {
+        (name, rtol): measure(system, chosen[name], ts, phi_ref, flat, rtol)
+        for name, rtol in progress(cases, "singular passages", unit="solve")
+    }
     lines = table(rows)
     print("\n".join(lines))
     print(f"reference flat configurations (s): {np.array2string(flat, precision=3)}")
-    on_branch = [name for (name, rtol), r in rows.items()
-                 if rtol == RTOL and r["leaves_branch"] is None]
-    headline = (f"A02, N = {n}, 0–{t1:g} s, {flat.size} flat configurations; on the "
-                f"parallelogram branch throughout at rtol {RTOL:.0e}: "
-                f"{', '.join(on_branch) or 'none'}")
+    on_branch = [
+        name for (name, rtol), r in rows.items() if rtol == RTOL and r["leaves_branch"] is None
+    ]
+    headline = (
+        f"A02, N = {n}, 0–{t1:g} s, {flat.size} flat configurations; on the "
+        f"parallelogram branch throughout at rtol {RTOL:.0e}: "
+        f"{', '.join(on_branch) or 'none'}"
+    )
     print(headline)
-    columns = ["formulation", "rtol", "result", "t_final", "max_error", "departs",
-               "leaves_branch", "max_off_branch", "energy_change", "final_residual",
-               "flat_reached", "flat_matched", "steps", "seconds", "passages"]
+    columns = [
+        "formulation",
+        "rtol",
+        "result",
+        "t_final",
+        "max_error",
+        "departs",
+        "leaves_branch",
+        "max_off_branch",
+        "energy_change",
+        "final_residual",
+        "flat_reached",
+        "flat_matched",
+        "steps",
+        "seconds",
+        "passages",
+    ]
     with open(out / "singular_passages.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
         for (name, rtol), r in rows.items():
-            writer.writerow([name, rtol] + [" ".join(f"{t:.2f}" for t in r[c])
-                                            if c == "passages" else r[c] for c in columns[2:]])
-    figures = [plot(out, ts, phi_ref, flat,
-                    {name: r for (name, rtol), r in rows.items() if rtol == RTOL})]
-    write_json(out / "singular_passages.json", {
-        "n": n, "t1": t1, "save_dt": SAVE_DT, "atol_over_rtol": ATOL / RTOL, "kd": KD,
-        "kp": KP, "reference_flat_times": flat,
-        "results": [{"formulation": name, "rtol": rtol,
-                     **{k: v for k, v in r.items() if k not in ("x_b0", "conditioning")}}
-                    for (name, rtol), r in rows.items()]})
+            writer.writerow(
+                [name, rtol]
+                + [
+                    " ".join(f"{t:.2f}" for t in r[c]) if c == "passages" else r[c]
+                    for c in columns[2:]
+                ]
+            )
+    figures = [
+        plot(out, ts, phi_ref, flat, {name: r for (name, rtol), r in rows.items() if rtol == RTOL})
+    ]
+    write_json(
+        out / "singular_passages.json",
+        {
+            "n": n,
+            "t1": t1,
+            "save_dt": SAVE_DT,
+            "atol_over_rtol": ATOL / RTOL,
+            "kd": KD,
+            "kp": KP,
+            "reference_flat_times": flat,
+            "results": [
+                {
+                    "formulation": name,
+                    "rtol": rtol,
+                    **{k: v for k, v in r.items() if k not in ("x_b0", "conditioning")},
+                }
+                for (name, rtol), r in rows.items()
+            ],
+        },
+    )
     return {"headline": headline, "table": lines, "figures": figures}
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("output"),
-                        help="output root; results go to OUT/singular_passages/")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("output"),
+        help="output root; results go to OUT/singular_passages/",
+    )
     parser.add_argument("--quick", action="store_true", help="N = 3 over 3 s")
     parser.add_argument("--n", type=int, default=None, help="four-bars (default 24)")
     parser.add_argument("--t1", type=float, default=None, help="end time [s] (default 10)")

@@ -99,7 +99,8 @@ class SpringPendulum(jaxdae.LagrangianSystem):
 
     def __init__(self, m1=1.0, m2=1.0, k=1e6, c=1e3, rest=0.5, gravity=9.81):
         self.m1, self.m2, self.k, self.c, self.rest, self.gravity = (
-            jnp.asarray(x, dtype=float) for x in (m1, m2, k, c, rest, gravity))
+            jnp.asarray(x, dtype=float) for x in (m1, m2, k, c, rest, gravity)
+        )
 
     def kinetic_energy(self, t, q, v):
         return 0.5 * self.m1 * v[:2] @ v[:2] + 0.5 * self.m2 * v[2:] @ v[2:]
@@ -131,9 +132,11 @@ def arm_case():
     return system, jaxdae.Baumgarte(2000.0, 1e6), *system.initial_state(), "masses"
 
 
-CASES = {"spring pendulum (k = 1e6)": spring_case,
-         "spring pendulum (k = 1e8)": lambda: spring_case(k=1e8, c=1e4),
-         "Cartesian arm, Baumgarte(2000, 1e6)": arm_case}
+CASES = {
+    "spring pendulum (k = 1e6)": spring_case,
+    "spring pendulum (k = 1e8)": lambda: spring_case(k=1e8, c=1e4),
+    "Cartesian arm, Baumgarte(2000, 1e6)": arm_case,
+}
 
 
 def solvers(rtol, atol):
@@ -212,38 +215,60 @@ RTOLS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9)
 # once after compiling, and Tsit5 and Dopri8 stand for the explicit solvers; it leaves out
 # the configured Kvaerno5 (a step of its dense 56-state Jacobian costs milliseconds).
 LARGE_CASES = {
-    "spring chain, 16 masses (k = 1e8)": (chain_case, 1.0,
-                                          EXPLICIT + ("GeneralizedAlpha", "Rodas5P",
-                                                      "Kvaerno5 (configured)"),
-                                          RTOLS[1:], 5),
-    "flyball governor (A05)": (governor_case, 10.0,
-                               ("Tsit5", "Dopri8", "GeneralizedAlpha", "Rodas5P"),
-                               (1e-3, 1e-4, 1e-5, 1e-6, 1e-7), 1),
+    "spring chain, 16 masses (k = 1e8)": (
+        chain_case,
+        1.0,
+        EXPLICIT + ("GeneralizedAlpha", "Rodas5P", "Kvaerno5 (configured)"),
+        RTOLS[1:],
+        5,
+    ),
+    "flyball governor (A05)": (
+        governor_case,
+        10.0,
+        ("Tsit5", "Dopri8", "GeneralizedAlpha", "Rodas5P"),
+        (1e-3, 1e-4, 1e-5, 1e-6, 1e-7),
+        1,
+    ),
 }
 
 
 def all_cases(quick, only=None):
     """`case: (make, horizon, solvers, tolerances, repeats)`, those whose names contain one
     of `only` (all by default)."""
-    cases = {case: (make, T1, tuple(solvers(1e-6, 1e-9)), RTOLS, 5)
-             for case, make in CASES.items()}
+    cases = {case: (make, T1, tuple(solvers(1e-6, 1e-9)), RTOLS, 5) for case, make in CASES.items()}
     cases.update(LARGE_CASES)
     if quick:
-        cases = {case: (make, min(t1, 0.2) if case in LARGE_CASES else t1, names,
-                        (1e-3, 1e-5, 1e-7), 3)
-                 for case, (make, t1, names, _, _) in cases.items()}
-    return {case: spec for case, spec in cases.items()
-            if only is None or any(part in case for part in only)}
+        cases = {
+            case: (make, min(t1, 0.2) if case in LARGE_CASES else t1, names, (1e-3, 1e-5, 1e-7), 3)
+            for case, (make, t1, names, _, _) in cases.items()
+        }
+    return {
+        case: spec
+        for case, spec in cases.items()
+        if only is None or any(part in case for part in only)
+    }
 
 
 def solve_fn(system, formulation, name, ts=None, t1=T1):
     """The jitted solve `(q0, v0, rtol, atol) -> Solution` with solver `name` of `solvers`:
     the tolerances are traced, so one compile serves every tolerance."""
+
     @jax.jit
     def solve(q0, v0, rtol, atol):
-        return jaxdae.simulate(system, formulation, 0.0, t1, q0, v0, ts=ts,
-                               solver=solvers(rtol, atol)[name], rtol=rtol, atol=atol,
-                               max_steps=400_000, throw=False)
+        return jaxdae.simulate(
+            system,
+            formulation,
+            0.0,
+            t1,
+            q0,
+            v0,
+            ts=ts,
+            solver=solvers(rtol, atol)[name],
+            rtol=rtol,
+            atol=atol,
+            max_steps=400_000,
+            throw=False,
+        )
 
     return solve
 
@@ -282,9 +307,12 @@ def median_walls(fns: dict, args, calls: int) -> dict:
 
 
 def stats(sol, wall):
-    return dict(steps=int(sol.stats["num_accepted_steps"]),
-                rejected=int(sol.stats["num_rejected_steps"]), time_ms=1e3 * wall,
-                succeeded=bool(sol.succeeded))
+    return dict(
+        steps=int(sol.stats["num_accepted_steps"]),
+        rejected=int(sol.stats["num_rejected_steps"]),
+        time_ms=1e3 * wall,
+        succeeded=bool(sol.succeeded),
+    )
 
 
 def configuration_study(quick):
@@ -294,31 +322,64 @@ def configuration_study(quick):
     rows = []
     arm = jaxdae.examples.TwoLinkManipulator()
     q0, v0 = arm.initial_state()
-    runs = [(f"two-link arm, ModifiedLagrange(α = {alpha:g})", arm,
-             jaxdae.ModifiedLagrange(alpha, jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0])),
-             q0, v0, 1e-6, 1e-8) for alpha in ((10.0,) if quick else (10.0, 1e3, 1e5))]
+    runs = [
+        (
+            f"two-link arm, ModifiedLagrange(α = {alpha:g})",
+            arm,
+            jaxdae.ModifiedLagrange(alpha, jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0])),
+            q0,
+            v0,
+            1e-6,
+            1e-8,
+        )
+        for alpha in ((10.0,) if quick else (10.0, 1e3, 1e5))
+    ]
     system, formulation, q0, v0, _ = spring_case()
     runs.append(("spring pendulum (k = 1e6)", system, formulation, q0, v0, 1e-6, 1e-9))
-    for label, system, formulation, q0, v0, rtol, atol in progress(runs, "configuration",
-                                                                   unit="case"):
+    for label, system, formulation, q0, v0, rtol, atol in progress(
+        runs, "configuration", unit="case"
+    ):
         # the formulation's ODE solved by `diffrax.diffeqsolve` itself: `simulate` would
         # configure the `VeryChord` of Kvaerno5 as diffrax builds it
         term = diffrax.ODETerm(_ode(system, formulation))
-        for name, solver in (("Tsit5", diffrax.Tsit5()),
-                             ("Kvaerno5 (diffrax's VeryChord)", diffrax.Kvaerno5()),
-                             ("Kvaerno5 (configure_implicit)",
-                              jaxdae.configure_implicit(diffrax.Kvaerno5(), rtol, atol))):
-            solve = jax.jit(lambda y0, solver=solver, term=term, rtol=rtol, atol=atol:
-                            diffrax.diffeqsolve(
-                                term, solver, 0.0, T1, None, y0, max_steps=200_000,
-                                throw=False, stepsize_controller=diffrax.PIDController(
-                                    rtol=rtol, atol=atol, norm=optx.rms_norm)))
-            sol, wall = timed(solve, jnp.concatenate([q0, v0]),
-                              repeats=1 if "VeryChord" in name else 5)
-            rows.append(dict(case=label, solver=name, rtol=rtol, atol=atol,
-                             steps=int(sol.stats["num_accepted_steps"]),
-                             rejected=int(sol.stats["num_rejected_steps"]), time_ms=1e3 * wall,
-                             succeeded=bool(sol.result == diffrax.RESULTS.successful)))
+        for name, solver in (
+            ("Tsit5", diffrax.Tsit5()),
+            ("Kvaerno5 (diffrax's VeryChord)", diffrax.Kvaerno5()),
+            (
+                "Kvaerno5 (configure_implicit)",
+                jaxdae.configure_implicit(diffrax.Kvaerno5(), rtol, atol),
+            ),
+        ):
+            solve = jax.jit(
+                lambda y0, solver=solver, term=term, rtol=rtol, atol=atol: diffrax.diffeqsolve(
+                    term,
+                    solver,
+                    0.0,
+                    T1,
+                    None,
+                    y0,
+                    max_steps=200_000,
+                    throw=False,
+                    stepsize_controller=diffrax.PIDController(
+                        rtol=rtol, atol=atol, norm=optx.rms_norm
+                    ),
+                )
+            )
+            sol, wall = timed(
+                solve, jnp.concatenate([q0, v0]), repeats=1 if "VeryChord" in name else 5
+            )
+            rows.append(
+                dict(
+                    case=label,
+                    solver=name,
+                    rtol=rtol,
+                    atol=atol,
+                    steps=int(sol.stats["num_accepted_steps"]),
+                    rejected=int(sol.stats["num_rejected_steps"]),
+                    time_ms=1e3 * wall,
+                    succeeded=bool(sol.result == diffrax.RESULTS.successful),
+                )
+            )
     return rows
 
 
@@ -329,20 +390,30 @@ def work_precision(quick, only=None):
     for case, (make, t1, names, rtols, repeats) in all_cases(quick, only).items():
         system, formulation, q0, v0, _ = make()
         ts = jnp.linspace(0.0, t1, 41)
-        reference = jaxdae.simulate(system, formulation, 0.0, t1, q0, v0, ts=ts, rtol=1e-12,
-                                    atol=1e-14, max_steps=10**7).q
+        reference = jaxdae.simulate(
+            system, formulation, 0.0, t1, q0, v0, ts=ts, rtol=1e-12, atol=1e-14, max_steps=10**7
+        ).q
         scale = float(jnp.max(jnp.abs(reference)))
         solves = {name: solve_fn(system, formulation, name, ts, t1) for name in names}
         rows = []
         for rtol in progress(rtols, case, unit="tolerance"):
             atol = 1e-3 * rtol
             sols, walls = timed_interleaved(
-                solves, (q0, v0, jnp.asarray(rtol), jnp.asarray(atol)), repeats)
+                solves, (q0, v0, jnp.asarray(rtol), jnp.asarray(atol)), repeats
+            )
             for name, sol in sols.items():
                 error = float(jnp.max(jnp.abs(sol.q - reference))) / scale
-                rows.append(dict(solver=name, rtol=rtol, atol=atol, error=error, t1=t1,
-                                 max_phi=float(jnp.max(jnp.abs(sol.phi))),
-                                 **stats(sol, walls[name])))
+                rows.append(
+                    dict(
+                        solver=name,
+                        rtol=rtol,
+                        atol=atol,
+                        error=error,
+                        t1=t1,
+                        max_phi=float(jnp.max(jnp.abs(sol.phi))),
+                        **stats(sol, walls[name]),
+                    )
+                )
         results[case] = rows
     return results
 
@@ -352,8 +423,11 @@ def at_target(rows, target):
     (by steps, not time: the times are noisy)."""
     best = {}
     for row in rows:
-        if row["error"] <= target and row["succeeded"] and (
-                row["solver"] not in best or row["steps"] < best[row["solver"]]["steps"]):
+        if (
+            row["error"] <= target
+            and row["succeeded"]
+            and (row["solver"] not in best or row["steps"] < best[row["solver"]]["steps"])
+        ):
             best[row["solver"]] = row
     return best
 
@@ -391,9 +465,11 @@ def gradient_runs(rtol):
     thirty_two = diffrax.RecursiveCheckpointAdjoint(checkpoints=32)
     runs = [("Tsit5", diffrax.Tsit5(), None)]
     for name in ("Kvaerno5 (configured)", "GeneralizedAlpha", "Rodas5P"):
-        runs += [(name, implicit[name], None),
-                 (f"{name}, diffrax's loop, a checkpoint per step", implicit[name], every_step),
-                 (f"{name}, diffrax's loop, 32 checkpoints", implicit[name], thirty_two)]
+        runs += [
+            (name, implicit[name], None),
+            (f"{name}, diffrax's loop, a checkpoint per step", implicit[name], every_step),
+            (f"{name}, diffrax's loop, 32 checkpoints", implicit[name], thirty_two),
+        ]
     runs.insert(2, (ESDIRK_BY_AUTODIFF, implicit["Kvaerno5 (configured)"], None))
     return tuple(runs)
 
@@ -405,8 +481,19 @@ def mass_solve(parts, t1, mass, solver, adjoint, rtol):
     system, formulation, q0, v0, field = parts
     value = mass if field == "m1" else jnp.stack([mass, system.masses[1]])
     model = eqx.tree_at(lambda s: getattr(s, field), system, value)
-    return jaxdae.simulate(model, formulation, 0.0, t1, q0, v0, solver=solver, rtol=rtol,
-                           atol=1e-3 * rtol, max_steps=GRADIENT_MAX_STEPS, adjoint=adjoint)
+    return jaxdae.simulate(
+        model,
+        formulation,
+        0.0,
+        t1,
+        q0,
+        v0,
+        solver=solver,
+        rtol=rtol,
+        atol=1e-3 * rtol,
+        max_steps=GRADIENT_MAX_STEPS,
+        adjoint=adjoint,
+    )
 
 
 def gradients(quick, only=None, solvers_only=None):
@@ -430,18 +517,32 @@ def gradients(quick, only=None, solvers_only=None):
             return sol.q_final[0], sol.stats["num_accepted_steps"]
 
         mass, eps = jnp.asarray(1.0), 1e-4
-        reference = float((loss(mass + eps, diffrax.Tsit5(), None, rtol=1e-12)[0]
-                           - loss(mass - eps, diffrax.Tsit5(), None, rtol=1e-12)[0])
-                          / (2 * eps))
-        runs = [run for run in gradient_runs(rtol) if solvers_only is None
-                or any(part in run[0] for part in solvers_only)]
+        reference = float(
+            (
+                loss(mass + eps, diffrax.Tsit5(), None, rtol=1e-12)[0]
+                - loss(mass - eps, diffrax.Tsit5(), None, rtol=1e-12)[0]
+            )
+            / (2 * eps)
+        )
+        runs = [
+            run
+            for run in gradient_runs(rtol)
+            if solvers_only is None or any(part in run[0] for part in solvers_only)
+        ]
         for name, solver, adjoint in progress(runs, case, unit="solver"):
             compile_s = {}
             fns = {}
             for label, fn in (
-                    ("grad", jax.jit(jax.grad(lambda m, solver=solver, adjoint=adjoint:
-                                              loss(m, solver, adjoint)[0]))),
-                    ("forward", jax.jit(lambda m, solver=solver: loss(m, solver, None)))):
+                (
+                    "grad",
+                    jax.jit(
+                        jax.grad(
+                            lambda m, solver=solver, adjoint=adjoint: loss(m, solver, adjoint)[0]
+                        )
+                    ),
+                ),
+                ("forward", jax.jit(lambda m, solver=solver: loss(m, solver, None))),
+            ):
                 start = time.perf_counter()
                 with esdirk_steps_by_autodiff(name == ESDIRK_BY_AUTODIFF):
                     fns[label] = fn.lower(mass).compile()
@@ -452,14 +553,24 @@ def gradients(quick, only=None, solvers_only=None):
             walls = median_walls({"grad": grad_fn, "forward": forward_fn}, (mass,), 3)
             central = float((forward_fn(mass + eps)[0] - forward_fn(mass - eps)[0]) / (2 * eps))
             grad_s, forward_s = walls["grad"], walls["forward"]
-            rows.append(dict(case=case, solver=name, rtol=rtol, steps=steps, gradient=grad,
-                             central=central,
-                             relative_difference=abs(grad - central) / abs(central),
-                             reference=reference,
-                             error_vs_reference=abs(grad - reference) / abs(reference),
-                             time_ms=1e3 * grad_s, forward_ms=1e3 * forward_s,
-                             ratio=grad_s / forward_s, compile_gradient_s=compile_s["grad"],
-                             compile_forward_s=compile_s["forward"]))
+            rows.append(
+                dict(
+                    case=case,
+                    solver=name,
+                    rtol=rtol,
+                    steps=steps,
+                    gradient=grad,
+                    central=central,
+                    relative_difference=abs(grad - central) / abs(central),
+                    reference=reference,
+                    error_vs_reference=abs(grad - reference) / abs(reference),
+                    time_ms=1e3 * grad_s,
+                    forward_ms=1e3 * forward_s,
+                    ratio=grad_s / forward_s,
+                    compile_gradient_s=compile_s["grad"],
+                    compile_forward_s=compile_s["forward"],
+                )
+            )
     return rows
 
 
@@ -478,8 +589,7 @@ def gradient_segments(quick):
         parts = make()
 
         def loss(mass, adjoint, parts=parts):
-            return mass_solve(parts, t1, mass, jaxdae.GeneralizedAlpha(), adjoint,
-                              rtol).q_final[0]
+            return mass_solve(parts, t1, mass, jaxdae.GeneralizedAlpha(), adjoint, rtol).q_final[0]
 
         mass = jnp.asarray(1.0)
         fns = {"forward": jax.jit(lambda m, loss=loss: loss(m, None))}
@@ -497,9 +607,18 @@ def gradient_segments(quick):
         values.update({k: float(fn(mass)) for k, fn in fns.items() if k != every_step})
         walls = median_walls(fns, (mass,), 3)
         forward = walls["forward"]
-        rows += [dict(case=case, stored_steps=k, gradient=values[k], time_ms=1e3 * walls[k],
-                      forward_ms=1e3 * forward, ratio=walls[k] / forward)
-                 for k in fns if k != "forward"]
+        rows += [
+            dict(
+                case=case,
+                stored_steps=k,
+                gradient=values[k],
+                time_ms=1e3 * walls[k],
+                forward_ms=1e3 * forward,
+                ratio=walls[k] / forward,
+            )
+            for k in fns
+            if k != "forward"
+        ]
     return rows
 
 
@@ -538,15 +657,19 @@ def replay_segments(quick, only=None):
             return mass_solve(parts, t1, mass, jaxdae.Rodas5P(), adjoint, rtol).q_final[0]
 
         mass = jnp.asarray(1.0)
-        adjoints = {"ReplayAdjoint(stored_steps=1024)": jaxdae.ReplayAdjoint(stored_steps=1024),
-                    "ReplayAdjoint(stored_steps=4096)": jaxdae.ReplayAdjoint(stored_steps=4096),
-                    DISCRETE_STEPS: jaxdae.ReplayAdjoint(stored_steps=4096),
-                    "diffrax's loop, a checkpoint per step":
-                        diffrax.RecursiveCheckpointAdjoint(checkpoints=GRADIENT_MAX_STEPS)}
+        adjoints = {
+            "ReplayAdjoint(stored_steps=1024)": jaxdae.ReplayAdjoint(stored_steps=1024),
+            "ReplayAdjoint(stored_steps=4096)": jaxdae.ReplayAdjoint(stored_steps=4096),
+            DISCRETE_STEPS: jaxdae.ReplayAdjoint(stored_steps=4096),
+            "diffrax's loop, a checkpoint per step": diffrax.RecursiveCheckpointAdjoint(
+                checkpoints=GRADIENT_MAX_STEPS
+            ),
+        }
         fns, compile_s = {}, {}
         for label, fn in [("forward", jax.jit(lambda m, loss=loss: loss(m, None)))] + [
-                (name, jax.jit(jax.grad(lambda m, loss=loss, a=a: loss(m, a))))
-                for name, a in adjoints.items()]:
+            (name, jax.jit(jax.grad(lambda m, loss=loss, a=a: loss(m, a))))
+            for name, a in adjoints.items()
+        ]:
             start = time.perf_counter()
             with discrete_step_adjoint(label == DISCRETE_STEPS):
                 fns[label] = fn.lower(mass).compile()
@@ -554,9 +677,19 @@ def replay_segments(quick, only=None):
         values = {k: float(fn(mass)) for k, fn in fns.items()}
         walls = median_walls(fns, (mass,), 7)
         forward = walls["forward"]
-        rows += [dict(case=case, adjoint=k, gradient=values[k], time_ms=1e3 * walls[k],
-                      forward_ms=1e3 * forward, ratio=walls[k] / forward, compile_s=compile_s[k],
-                      compile_forward_s=compile_s["forward"]) for k in adjoints]
+        rows += [
+            dict(
+                case=case,
+                adjoint=k,
+                gradient=values[k],
+                time_ms=1e3 * walls[k],
+                forward_ms=1e3 * forward,
+                ratio=walls[k] / forward,
+                compile_s=compile_s[k],
+                compile_forward_s=compile_s["forward"],
+            )
+            for k in adjoints
+        ]
     return rows
 
 
@@ -600,8 +733,9 @@ def step_costs(quick):
     count = 2000
 
     def scanned(g):
-        return jax.jit(lambda: jax.lax.scan(lambda y, _: (y + 1e-12 * g(y), None), y0, None,
-                                            length=count)[0])
+        return jax.jit(
+            lambda: jax.lax.scan(lambda y, _: (y + 1e-12 * g(y), None), y0, None, length=count)[0]
+        )
 
     def lu(y):
         solver = lx.LU()
@@ -615,62 +749,95 @@ def step_costs(quick):
     pieces = {
         "right-hand side (jaxdae)": lambda y: f_jaxdae(0.0, y, None),
         "Jacobian, jax.jacfwd: tangents batched by vmap (jaxdae)": lambda y: jax.jacfwd(
-            lambda y: f_jaxdae(0.0, y, None))(y)[0],
+            lambda y: f_jaxdae(0.0, y, None)
+        )(y)[0],
         "Jacobian, jax.linearize: tangents in turn (jaxdae)": in_turn,
-        "Jacobian, jax.jacfwd (written out)": lambda y: jax.jacfwd(
-            lambda y: f_hand(0.0, y, None))(y)[0],
+        "Jacobian, jax.jacfwd (written out)": lambda y: jax.jacfwd(lambda y: f_hand(0.0, y, None))(
+            y
+        )[0],
         "LU factorization + solve, 8 x 8 (lineax)": lu,
     }
     costs = {name: _best_us(scanned(g), 7) / count for name, g in pieces.items()}
     matrix = jax.random.normal(jax.random.PRNGKey(0), (8, 8)) * 0.1
     rtol = 1e-7
     arm, arm_formulation, arm_q0, arm_v0, _ = arm_case()
-    odes = {"jaxdae": (f_jaxdae, y0), "written out": (f_hand, y0),
-            "Cartesian arm, Baumgarte(2000, 1e6) (jaxdae)": (
-                _ode(arm, arm_formulation), jnp.concatenate([arm_q0, arm_v0])),
-            "test ODE A y - 0.01 y^3": (lambda t, y, args: matrix @ y - 0.01 * y**3,
-                                        jnp.ones(8))}
+    odes = {
+        "jaxdae": (f_jaxdae, y0),
+        "written out": (f_hand, y0),
+        "Cartesian arm, Baumgarte(2000, 1e6) (jaxdae)": (
+            _ode(arm, arm_formulation),
+            jnp.concatenate([arm_q0, arm_v0]),
+        ),
+        "test ODE A y - 0.01 y^3": (lambda t, y, args: matrix @ y - 0.01 * y**3, jnp.ones(8)),
+    }
     per_step = generalized_alpha_step_costs(rtol)
     for label, (fn, y) in odes.items():
         solves = {}
-        for name in ("Tsit5", "Kvaerno5 (configured)", LINEAX_KVAERNO, "Rodas5P",
-                     LAPACK_RODAS):
+        for name in ("Tsit5", "Kvaerno5 (configured)", LINEAX_KVAERNO, "Rodas5P", LAPACK_RODAS):
             if name == LINEAX_KVAERNO:
                 solver = diffrax.Kvaerno5(root_finder=jaxdae.ToleranceChord(rtol, 1e-3 * rtol))
             else:
                 solver = solvers(rtol, 1e-3 * rtol)[
-                    name.split(" (")[0] if name == LAPACK_RODAS else name]
+                    name.split(" (")[0] if name == LAPACK_RODAS else name
+                ]
 
             def solve(fn=fn, y=y, solver=solver):
                 term = diffrax.ODETerm(lambda t, y, args: fn(t, y, args))  # one per variant
                 sol = diffrax.diffeqsolve(
-                    term, solver, 0.0, T1, 1e-4, y, max_steps=10**6,
-                    stepsize_controller=diffrax.PIDController(rtol=rtol, atol=1e-3 * rtol))
+                    term,
+                    solver,
+                    0.0,
+                    T1,
+                    1e-4,
+                    y,
+                    max_steps=10**6,
+                    stepsize_controller=diffrax.PIDController(rtol=rtol, atol=1e-3 * rtol),
+                )
                 return sol.stats["num_accepted_steps"] + sol.stats["num_rejected_steps"], sol.ys
 
             solves[name] = jax.jit(_lapack_rodas(solve) if name == LAPACK_RODAS else solve)
         steps = {name: int(solve()[0]) for name, solve in solves.items()}
         _, best = timed_interleaved(solves, (), 3)
-        per_step += [dict(ode=label, solver=name, steps=steps[name],
-                          us_per_step=1e6 * best[name] / steps[name]) for name in solves]
+        per_step += [
+            dict(
+                ode=label,
+                solver=name,
+                steps=steps[name],
+                us_per_step=1e6 * best[name] / steps[name],
+            )
+            for name in solves
+        ]
     chord = []
-    for rtol in ([1e-6] if quick else [1e-6, 1e-7]):
+    for rtol in [1e-6] if quick else [1e-6, 1e-7]:
         for kappa in (1e-2, 1e-4):
             solver = jaxdae.configure_implicit(diffrax.Kvaerno5(), rtol, 1e-3 * rtol)
             solver = eqx.tree_at(lambda s: s.root_finder.kappa, solver, kappa)
-            sol = jax.jit(lambda solver=solver, rtol=rtol: diffrax.diffeqsolve(
-                diffrax.ODETerm(f_hand), solver, 0.0, T1, 1e-4, y0, max_steps=20_000,
-                saveat=diffrax.SaveAt(steps=True),
-                stepsize_controller=diffrax.PIDController(rtol=rtol, atol=1e-3 * rtol)))()
+            sol = jax.jit(
+                lambda solver=solver, rtol=rtol: diffrax.diffeqsolve(
+                    diffrax.ODETerm(f_hand),
+                    solver,
+                    0.0,
+                    T1,
+                    1e-4,
+                    y0,
+                    max_steps=20_000,
+                    saveat=diffrax.SaveAt(steps=True),
+                    stepsize_controller=diffrax.PIDController(rtol=rtol, atol=1e-3 * rtol),
+                )
+            )()
             ts = np.asarray(sol.ts)
             ts = ts[np.isfinite(ts)]
             late = np.diff(ts)[ts[1:] > 0.5]
-            chord.append(dict(rtol=rtol, kappa=kappa,
-                              steps=int(sol.stats["num_accepted_steps"]),
-                              rejected=int(sol.stats["num_rejected_steps"]),
-                              median_step_after_half_second=float(np.median(late))))
-    return dict(pieces_us=costs, per_step=per_step, chord_tolerance=chord,
-                lu_us=lu_costs(quick))
+            chord.append(
+                dict(
+                    rtol=rtol,
+                    kappa=kappa,
+                    steps=int(sol.stats["num_accepted_steps"]),
+                    rejected=int(sol.stats["num_rejected_steps"]),
+                    median_step_after_half_second=float(np.median(late)),
+                )
+            )
+    return dict(pieces_us=costs, per_step=per_step, chord_tolerance=chord, lu_us=lu_costs(quick))
 
 
 def generalized_alpha_step_costs(rtol, repeats=3):
@@ -681,24 +848,38 @@ def generalized_alpha_step_costs(rtol, repeats=3):
     import optimistix as optx
 
     rows = []
-    for label, (k, c) in (("spring pendulum (k = 1e6)", (1e6, 1e3)),
-                          ("spring pendulum (k = 1e8)", (1e8, 1e4))):
+    for label, (k, c) in (
+        ("spring pendulum (k = 1e6)", (1e6, 1e3)),
+        ("spring pendulum (k = 1e8)", (1e8, 1e4)),
+    ):
         system, formulation, q0, v0, _ = spring_case(k, c)
-        solves = {name: solve_fn(system, formulation, name) for name in
-                  ("Tsit5", "GeneralizedAlpha")}
+        solves = {
+            name: solve_fn(system, formulation, name) for name in ("Tsit5", "GeneralizedAlpha")
+        }
         args = (q0, v0, jnp.asarray(rtol), jnp.asarray(1e-3 * rtol))
         sols, best = timed_interleaved(solves, args, repeats)
         controller = diffrax.PIDController(rtol=rtol, atol=1e-3 * rtol, norm=optx.rms_norm)
         steps_only = diffrax.diffeqsolve(
-            diffrax.ODETerm(lambda t, y, a: y), jaxdae.GeneralizedAlpha(), 0.0, T1, None,
-            (q0, v0), args=(system, formulation, None), max_steps=400_000,
+            diffrax.ODETerm(lambda t, y, a: y),
+            jaxdae.GeneralizedAlpha(),
+            0.0,
+            T1,
+            None,
+            (q0, v0),
+            args=(system, formulation, None),
+            max_steps=400_000,
             saveat=diffrax.SaveAt(t1=True, solver_state=True),
-            stepsize_controller=controller)
+            stepsize_controller=controller,
+        )
         builds = int(steps_only.solver_state[3].builds)
         for name, sol in sols.items():
             steps = int(sol.stats["num_accepted_steps"] + sol.stats["num_rejected_steps"])
-            row = dict(ode=f"{label}, jaxdae.simulate", solver=name, steps=steps,
-                       us_per_step=1e6 * best[name] / steps)
+            row = dict(
+                ode=f"{label}, jaxdae.simulate",
+                solver=name,
+                steps=steps,
+                us_per_step=1e6 * best[name] / steps,
+            )
             if name == "GeneralizedAlpha":
                 row["matrices_built"] = builds
             rows.append(row)
@@ -765,10 +946,16 @@ def lu_costs(quick):
             return x
 
         row = {"n": n}
-        for label, g in (("jax.scipy.linalg", scipy_lu), ("lineax.LU", lineax_lu),
-                         ("lu_factor", unrolled_lu)):
-            fn = jax.jit(lambda g=g, b=b, count=count: jax.lax.scan(
-                lambda x, _: (g(x), None), b, None, length=count)[0])
+        for label, g in (
+            ("jax.scipy.linalg", scipy_lu),
+            ("lineax.LU", lineax_lu),
+            ("lu_factor", unrolled_lu),
+        ):
+            fn = jax.jit(
+                lambda g=g, b=b, count=count: jax.lax.scan(
+                    lambda x, _: (g(x), None), b, None, length=count
+                )[0]
+            )
             row[label] = _best_us(fn, 5) / count
         rows.append(row)
     return rows
@@ -776,13 +963,19 @@ def lu_costs(quick):
 
 def _fewest_steps(rows, target=1e-6):
     """Per code, the run with the fewest steps whose error is at most `target`."""
-    return {code: min((r for r in rows if r["code"] == code and r["error"] <= target),
-                      key=lambda r: r["steps"], default=None)
-            for code in dict.fromkeys(r["code"] for r in rows)}
+    return {
+        code: min(
+            (r for r in rows if r["code"] == code and r["error"] <= target),
+            key=lambda r: r["steps"],
+            default=None,
+        )
+        for code in dict.fromkeys(r["code"] for r in rows)
+    }
 
 
 def _ode(system, formulation):
     """The formulation's ODE `f(t, y, args)` in `y = (q, v)`, as `simulate` integrates it."""
+
     def f(t, y, args):
         n = y.size // 2
         q, v = y[:n], y[n:]
@@ -794,6 +987,7 @@ def _ode(system, formulation):
 def _sundials_callbacks(f, jac):
     """SUNDIALS' callbacks `rhs(t, y, yp)` and `jacobian(t, y, yp, matrix)`, which fill
     their last argument (scikit-sundae counts the arguments: no defaults)."""
+
     def rhs(t, y, yp):
         yp[:] = np.asarray(f(t, y))
 
@@ -827,9 +1021,19 @@ def crosscheck(quick):
         y0 = jnp.concatenate([q0, v0])
         n = q0.size
         term = diffrax.ODETerm(f_ode)
-        reference = np.asarray(diffrax.diffeqsolve(
-            term, diffrax.Dopri8(), 0.0, T1, 1e-6, y0, saveat=diffrax.SaveAt(ts=jnp.asarray(ts)),
-            max_steps=10**7, stepsize_controller=diffrax.PIDController(rtol=1e-13, atol=1e-15)).ys)
+        reference = np.asarray(
+            diffrax.diffeqsolve(
+                term,
+                diffrax.Dopri8(),
+                0.0,
+                T1,
+                1e-6,
+                y0,
+                saveat=diffrax.SaveAt(ts=jnp.asarray(ts)),
+                max_steps=10**7,
+                stepsize_controller=diffrax.PIDController(rtol=1e-13, atol=1e-15),
+            ).ys
+        )
         scale = np.max(np.abs(reference[:, :n]))
         f = jax.jit(lambda t, y, f_ode=f_ode: f_ode(t, y, None))
         jac = jax.jit(jax.jacfwd(lambda t, y, f_ode=f_ode: f_ode(t, y, None), argnums=1))
@@ -837,34 +1041,54 @@ def crosscheck(quick):
         for rtol in progress(rtols, f"crosscheck {case}", unit="tolerance"):
             atol = 1e-3 * rtol
 
-            def record(code, steps, ys, rtol=rtol, n=n, reference=reference, scale=scale,
-                       rows=rows):
+            def record(
+                code, steps, ys, rtol=rtol, n=n, reference=reference, scale=scale, rows=rows
+            ):
                 error = float(np.max(np.abs(np.asarray(ys)[:, :n] - reference[:, :n])) / scale)
                 rows.append({"code": code, "rtol": rtol, "steps": int(steps), "error": error})
 
             for method in ("Radau", "BDF"):
                 sol = scipy.integrate.solve_ivp(
-                    lambda t, y, f=f: np.asarray(f(t, y)), (0.0, T1), np.asarray(y0),
-                    method=method, jac=lambda t, y, jac=jac: np.asarray(jac(t, y)), rtol=rtol,
-                    atol=atol, dense_output=True)
+                    lambda t, y, f=f: np.asarray(f(t, y)),
+                    (0.0, T1),
+                    np.asarray(y0),
+                    method=method,
+                    jac=lambda t, y, jac=jac: np.asarray(jac(t, y)),
+                    rtol=rtol,
+                    atol=atol,
+                    dense_output=True,
+                )
                 record(f"scipy {method}", len(sol.t) - 1, sol.sol(ts).T)
             if CVODE is not None:
                 rhs, jacobian = _sundials_callbacks(f, jac)
 
                 def cvode(span, rtol=rtol, atol=atol, rhs=rhs, jacobian=jacobian, y0=y0):
-                    return CVODE(rhs, rtol=rtol, atol=atol, jacfn=jacobian,
-                                 max_num_steps=10**6).solve(span, np.asarray(y0))
+                    return CVODE(
+                        rhs, rtol=rtol, atol=atol, jacfn=jacobian, max_num_steps=10**6
+                    ).solve(span, np.asarray(y0))
 
-                record("SUNDIALS CVODE (BDF)", len(cvode(np.array([0.0, T1])).t) - 1,
-                       cvode(ts).y)
-            for name, solver in (("Tsit5", diffrax.Tsit5()), ("Dopri8", diffrax.Dopri8()),
-                                 ("Rodas5P", jaxdae.Rodas5P()),
-                                 ("Kvaerno5 (configured)",
-                                  jaxdae.configure_implicit(diffrax.Kvaerno5(), rtol, atol))):
+                record("SUNDIALS CVODE (BDF)", len(cvode(np.array([0.0, T1])).t) - 1, cvode(ts).y)
+            for name, solver in (
+                ("Tsit5", diffrax.Tsit5()),
+                ("Dopri8", diffrax.Dopri8()),
+                ("Rodas5P", jaxdae.Rodas5P()),
+                (
+                    "Kvaerno5 (configured)",
+                    jaxdae.configure_implicit(diffrax.Kvaerno5(), rtol, atol),
+                ),
+            ):
                 sol = diffrax.diffeqsolve(
-                    term, solver, 0.0, T1, None, y0, saveat=diffrax.SaveAt(ts=jnp.asarray(ts)),
-                    max_steps=400_000, throw=False,
-                    stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol))
+                    term,
+                    solver,
+                    0.0,
+                    T1,
+                    None,
+                    y0,
+                    saveat=diffrax.SaveAt(ts=jnp.asarray(ts)),
+                    max_steps=400_000,
+                    throw=False,
+                    stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
+                )
                 record(f"diffrax {name}", sol.stats["num_accepted_steps"], sol.ys)
         out[case] = {"runs": rows, "fewest_steps_at_1e-6": _fewest_steps(rows)}
     out["rigid double pendulum"] = _rigid_double_pendulum(rtols)
@@ -882,9 +1106,16 @@ def local_error_split(t0=1.0, rtol=1e-6, atol=1e-9):
     term = diffrax.ODETerm(f_hand)
 
     def exact(y, start, h):
-        return diffrax.diffeqsolve(term, diffrax.Dopri8(), start, start + h, 1e-7, y,
-                                   max_steps=10**6, stepsize_controller=diffrax.PIDController(
-                                       rtol=1e-14, atol=1e-16)).ys[-1]
+        return diffrax.diffeqsolve(
+            term,
+            diffrax.Dopri8(),
+            start,
+            start + h,
+            1e-7,
+            y,
+            max_steps=10**6,
+            stepsize_controller=diffrax.PIDController(rtol=1e-14, atol=1e-16),
+        ).ys[-1]
 
     y = exact(y0, 0.0, t0)
     eigenvalues, vectors = np.linalg.eig(np.asarray(jax.jacfwd(lambda x: f_hand(t0, x, None))(y)))
@@ -901,8 +1132,9 @@ def local_error_split(t0=1.0, rtol=1e-6, atol=1e-9):
     for h in (1e-3, 2e-3, 4e-3, 8e-3, 16e-3):
         y1, estimate, *_ = jaxdae.Rodas5P().step(term, t0, t0 + h, y, None, None, False)
         scale = atol + rtol * np.maximum(np.abs(y), np.abs(y1))
-        rows.append({"h": h, "estimate": split(estimate, scale),
-                     "true": split(y1 - exact(y, t0, h), scale)})
+        rows.append(
+            {"h": h, "estimate": split(estimate, scale), "true": split(y1 - exact(y, t0, h), scale)}
+        )
     return {"stiff_eigenvalues": [str(x) for x in eigenvalues[stiff]], "steps": rows}
 
 
@@ -925,28 +1157,64 @@ def _rigid_double_pendulum(rtols, t0=0.05):
     """Steps and error of Tsit5, Dopri8 and Rodas5P on the rigid double pendulum from the
     spring pendulum's state at `t0` (projected onto the rigid link), over [t0, 2] s."""
     y0, _, f_hand = _spring_ode()
-    y = diffrax.diffeqsolve(diffrax.ODETerm(f_hand), diffrax.Dopri8(), 0.0, t0, 1e-6, y0,
-                            max_steps=10**6, stepsize_controller=diffrax.PIDController(
-                                rtol=1e-13, atol=1e-15)).ys[-1]
+    y = diffrax.diffeqsolve(
+        diffrax.ODETerm(f_hand),
+        diffrax.Dopri8(),
+        0.0,
+        t0,
+        1e-6,
+        y0,
+        max_steps=10**6,
+        stepsize_controller=diffrax.PIDController(rtol=1e-13, atol=1e-15),
+    ).ys[-1]
     p1, p2, v1, v2 = y[:2], y[2:4], y[4:6], y[6:]
     axis = (p2 - p1) / jnp.linalg.norm(p2 - p1)
     q0 = jnp.concatenate([p1, p1 + 0.5 * axis])
     v0 = jnp.concatenate([v1, v2 - ((v2 - v1) @ axis) * axis])
     system, formulation = RigidDoublePendulum(), jaxdae.Baumgarte(10.0, 25.0)
     ts = jnp.linspace(t0, T1, 41)
-    reference = jaxdae.simulate(system, formulation, t0, T1, q0, v0, ts=ts,
-                                solver=diffrax.Dopri8(), rtol=1e-13, atol=1e-15,
-                                max_steps=10**6).q
+    reference = jaxdae.simulate(
+        system,
+        formulation,
+        t0,
+        T1,
+        q0,
+        v0,
+        ts=ts,
+        solver=diffrax.Dopri8(),
+        rtol=1e-13,
+        atol=1e-15,
+        max_steps=10**6,
+    ).q
     scale = float(jnp.max(jnp.abs(reference)))
     rows = []
-    for name, solver in (("Tsit5", diffrax.Tsit5()), ("Dopri8", diffrax.Dopri8()),
-                         ("Rodas5P", jaxdae.Rodas5P())):
+    for name, solver in (
+        ("Tsit5", diffrax.Tsit5()),
+        ("Dopri8", diffrax.Dopri8()),
+        ("Rodas5P", jaxdae.Rodas5P()),
+    ):
         for rtol in rtols:
-            sol = jaxdae.simulate(system, formulation, t0, T1, q0, v0, ts=ts, solver=solver,
-                                  rtol=rtol, atol=1e-3 * rtol, max_steps=10**6)
-            rows.append({"code": f"diffrax {name}", "rtol": rtol,
-                         "steps": int(sol.stats["num_accepted_steps"]),
-                         "error": float(jnp.max(jnp.abs(sol.q - reference))) / scale})
+            sol = jaxdae.simulate(
+                system,
+                formulation,
+                t0,
+                T1,
+                q0,
+                v0,
+                ts=ts,
+                solver=solver,
+                rtol=rtol,
+                atol=1e-3 * rtol,
+                max_steps=10**6,
+            )
+            rows.append(
+                {
+                    "code": f"diffrax {name}",
+                    "rtol": rtol,
+                    "steps": int(sol.stats["num_accepted_steps"]),
+                    "error": float(jnp.max(jnp.abs(sol.q - reference))) / scale,
+                }
+            )
     return {"runs": rows, "fewest_steps_at_1e-6": _fewest_steps(rows)}
 
 
@@ -972,63 +1240,121 @@ def global_error(quick):
     def controller(rtol, atol):
         return diffrax.PIDController(rtol=rtol, atol=atol, norm=optx.rms_norm)
 
-    reference = np.asarray(diffrax.diffeqsolve(
-        term, diffrax.Tsit5(), 0.0, t1, None, y0, saveat=diffrax.SaveAt(ts=ts),
-        max_steps=10**6, stepsize_controller=controller(1e-12, 1e-14)).ys)
+    reference = np.asarray(
+        diffrax.diffeqsolve(
+            term,
+            diffrax.Tsit5(),
+            0.0,
+            t1,
+            None,
+            y0,
+            saveat=diffrax.SaveAt(ts=ts),
+            max_steps=10**6,
+            stepsize_controller=controller(1e-12, 1e-14),
+        ).ys
+    )
     scale = np.max(np.abs(reference[:, :n]))
     rod = 14  # rod1's centre (x, y, z): the coordinates of the third body
     out = {}
-    for name, solver in (("Rodas5P", jaxdae.Rodas5P()),
-                         ("Kvaerno5 (configured)",
-                          jaxdae.configure_implicit(diffrax.Kvaerno5(), rtol, 1e-3 * rtol))):
+    for name, solver in (
+        ("Rodas5P", jaxdae.Rodas5P()),
+        ("Kvaerno5 (configured)", jaxdae.configure_implicit(diffrax.Kvaerno5(), rtol, 1e-3 * rtol)),
+    ):
+
         def run(saveat, solver=solver):
-            return diffrax.diffeqsolve(term, solver, 0.0, t1, None, y0, saveat=saveat,
-                                       max_steps=100_000, throw=False,
-                                       stepsize_controller=controller(rtol, 1e-3 * rtol))
+            return diffrax.diffeqsolve(
+                term,
+                solver,
+                0.0,
+                t1,
+                None,
+                y0,
+                saveat=saveat,
+                max_steps=100_000,
+                throw=False,
+                stepsize_controller=controller(rtol, 1e-3 * rtol),
+            )
 
         ys = np.asarray(run(diffrax.SaveAt(ts=ts)).ys)
         error = np.max(np.abs(ys[:, :n] - reference[:, :n]), axis=1) / scale
         azimuth = np.unwrap(np.arctan2(ys[:, rod + 1], ys[:, rod]))
         phase = azimuth - np.unwrap(np.arctan2(reference[:, rod + 1], reference[:, rod]))
         c, s = np.cos(-phase), np.sin(-phase)
-        back = np.stack([c * ys[:, rod] - s * ys[:, rod + 1],
-                         s * ys[:, rod] + c * ys[:, rod + 1], ys[:, rod + 2]], 1)
-        without_phase = np.max(np.abs(back - reference[:, rod:rod + 3]), axis=1) / scale
+        back = np.stack(
+            [
+                c * ys[:, rod] - s * ys[:, rod + 1],
+                s * ys[:, rod] + c * ys[:, rod + 1],
+                ys[:, rod + 2],
+            ],
+            1,
+        )
+        without_phase = np.max(np.abs(back - reference[:, rod : rod + 3]), axis=1) / scale
         steps = run(diffrax.SaveAt(steps=True))
         step_ts = np.asarray(steps.ts)
         kept = np.isfinite(step_ts)
         starts = np.concatenate([[0.0], step_ts[kept]])
         states = np.concatenate([np.asarray(y0)[None], np.asarray(steps.ys)[kept]])
-        one_step = jax.jit(lambda a, b, y, solver=solver: solver.step(
-            term, a, b, y, None, solver.init(term, a, b, y, None), False)[:2])
-        exact = jax.jit(lambda a, b, y: diffrax.diffeqsolve(
-            term, diffrax.Tsit5(), a, b, None, y, max_steps=10**6,
-            stepsize_controller=controller(1e-13, 1e-15)).ys[-1])
+        one_step = jax.jit(
+            lambda a, b, y, solver=solver: solver.step(
+                term, a, b, y, None, solver.init(term, a, b, y, None), False
+            )[:2]
+        )
+        exact = jax.jit(
+            lambda a, b, y: diffrax.diffeqsolve(
+                term,
+                diffrax.Tsit5(),
+                a,
+                b,
+                None,
+                y,
+                max_steps=10**6,
+                stepsize_controller=controller(1e-13, 1e-15),
+            ).ys[-1]
+        )
         local = []
         for i in np.linspace(0, len(starts) - 2, 6 if quick else 12).astype(int):
             a, b, y = jnp.asarray(starts[i]), jnp.asarray(starts[i + 1]), jnp.asarray(states[i])
             y1, estimate = one_step(a, b, y)
             weight = 1e-3 * rtol + rtol * np.maximum(np.abs(states[i]), np.abs(np.asarray(y1)))
             rms = lambda e, weight=weight: float(np.sqrt(np.mean((np.asarray(e) / weight) ** 2)))  # noqa: E731
-            local.append({"t": float(starts[i]), "h": float(starts[i + 1] - starts[i]),
-                          "estimate": rms(estimate), "true": rms(y1 - exact(a, b, y))})
+            local.append(
+                {
+                    "t": float(starts[i]),
+                    "h": float(starts[i + 1] - starts[i]),
+                    "estimate": rms(estimate),
+                    "true": rms(y1 - exact(a, b, y)),
+                }
+            )
         late = slice(2, None)
-        growth = np.polyfit(np.log(np.asarray(ts)[late]), np.log(np.abs(phase[late]) + 1e-300),
-                            1)[0]
-        out[name] = {"rtol": rtol, "steps": int(steps.stats["num_accepted_steps"]),
-                     "ts": np.asarray(ts).tolist(), "error": error.tolist(),
-                     "rod_phase_error_rad": phase.tolist(),
-                     "rod_error_without_phase": without_phase.tolist(),
-                     "phase_error_growth_exponent": float(growth), "local": local}
+        growth = np.polyfit(np.log(np.asarray(ts)[late]), np.log(np.abs(phase[late]) + 1e-300), 1)[
+            0
+        ]
+        out[name] = {
+            "rtol": rtol,
+            "steps": int(steps.stats["num_accepted_steps"]),
+            "ts": np.asarray(ts).tolist(),
+            "error": error.tolist(),
+            "rod_phase_error_rad": phase.tolist(),
+            "rod_error_without_phase": without_phase.tolist(),
+            "phase_error_growth_exponent": float(growth),
+            "local": local,
+        }
     return out
 
 
-STUDIES = ("configuration", "work_precision", "gradients", "gradient_segments", "replay_segments",
-           "step_costs", "crosscheck", "global_error")
+STUDIES = (
+    "configuration",
+    "work_precision",
+    "gradients",
+    "gradient_segments",
+    "replay_segments",
+    "step_costs",
+    "crosscheck",
+    "global_error",
+)
 
 
-def main(out: Path, quick: bool = False, studies=STUDIES, only=None, solvers_only=None
-         ) -> dict:
+def main(out: Path, quick: bool = False, studies=STUDIES, only=None, solvers_only=None) -> dict:
     folder = output_dir(out, NAME)
     configuration = configuration_study(quick) if "configuration" in studies else []
     precision = work_precision(quick, only) if "work_precision" in studies else {}
@@ -1038,95 +1364,173 @@ def main(out: Path, quick: bool = False, studies=STUDIES, only=None, solvers_onl
     costs = step_costs(quick) if "step_costs" in studies else {}
     checks = crosscheck(quick) if "crosscheck" in studies else {}
     governor = global_error(quick) if "global_error" in studies else {}
-    best = {f"{target:g}": {case: at_target(rows, target) for case, rows in precision.items()}
-            for target in TARGETS}
-    write_json(folder / "summary.json", dict(target_relative_errors=TARGETS, t1=T1,
-                                             configuration=configuration,
-                                             work_precision=precision, at_target=best,
-                                             gradients=grads, gradient_segments=segments,
-                                             replay_segments=replayed,
-                                             step_costs=costs,
-                                             crosscheck=checks, global_error=governor))
+    best = {
+        f"{target:g}": {case: at_target(rows, target) for case, rows in precision.items()}
+        for target in TARGETS
+    }
+    write_json(
+        folder / "summary.json",
+        dict(
+            target_relative_errors=TARGETS,
+            t1=T1,
+            configuration=configuration,
+            work_precision=precision,
+            at_target=best,
+            gradients=grads,
+            gradient_segments=segments,
+            replay_segments=replayed,
+            step_costs=costs,
+            crosscheck=checks,
+            global_error=governor,
+        ),
+    )
     if precision:
         _plot(folder, precision)
 
     table = ["| case | solver | steps (rejected) | time [ms] |", "|---|---|---|---|"]
     for row in configuration:
-        table.append(f"| {row['case']} | {row['solver']} | {row['steps']} ({row['rejected']}) "
-                     f"| {row['time_ms']:.1f} |")
-    table += ["", "| target | stiff case | solver | rtol | rel. error | steps (rejected) | "
-              "time [ms] |", "|---|---|---|---|---|---|---|"]
+        table.append(
+            f"| {row['case']} | {row['solver']} | {row['steps']} ({row['rejected']}) "
+            f"| {row['time_ms']:.1f} |"
+        )
+    table += [
+        "",
+        "| target | stiff case | solver | rtol | rel. error | steps (rejected) | time [ms] |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for target, cases in best.items():
         for case, rows in cases.items():
             for name, row in rows.items():
-                table.append(f"| {target} | {case} | {name} | {row['rtol']:g} | "
-                             f"{row['error']:.1e} | {row['steps']} ({row['rejected']}) | "
-                             f"{row['time_ms']:.2f} |")
-    table += ["", "| stiff case | solver | steps | gradient | central difference (same "
-              "solver) | rel. diff. | rel. diff. to reference | forward [ms] | gradient [ms] | "
-              "gradient / forward | compile: forward, gradient [s] |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+                table.append(
+                    f"| {target} | {case} | {name} | {row['rtol']:g} | "
+                    f"{row['error']:.1e} | {row['steps']} ({row['rejected']}) | "
+                    f"{row['time_ms']:.2f} |"
+                )
+    table += [
+        "",
+        "| stiff case | solver | steps | gradient | central difference (same "
+        "solver) | rel. diff. | rel. diff. to reference | forward [ms] | gradient [ms] | "
+        "gradient / forward | compile: forward, gradient [s] |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in grads:
-        table.append(f"| {row['case']} | {row['solver']} | {row['steps']} | "
-                     f"{row['gradient']:.10g} | {row['central']:.8g} | "
-                     f"{row['relative_difference']:.1e} | {row['error_vs_reference']:.1e} | "
-                     f"{row['forward_ms']:.2f} | {row['time_ms']:.1f} | {row['ratio']:.1f} | "
-                     f"{row['compile_forward_s']:.1f}, {row['compile_gradient_s']:.1f} |")
-    table += ["", "| stiff case | GeneralizedAlpha's adjoint, stored steps | gradient | "
-              "gradient [ms] | forward [ms] | gradient / forward |", "|---|---|---|---|---|---|"]
-    table += [f"| {r['case']} | {r['stored_steps']} | {r['gradient']:.10g} | {r['time_ms']:.1f} "
-              f"| {r['forward_ms']:.2f} | {r['ratio']:.1f} |" for r in segments]
-    table += ["", "| stiff case | Rodas5P's adjoint | gradient | gradient [ms] | forward [ms] | "
-              "gradient / forward | compile: forward, gradient [s] |",
-              "|---|---|---|---|---|---|---|"]
-    table += [f"| {r['case']} | {r['adjoint']} | {r['gradient']:.12g} | {r['time_ms']:.1f} | "
-              f"{r['forward_ms']:.2f} | {r['ratio']:.2f} | {r['compile_forward_s']:.1f}, "
-              f"{r['compile_s']:.1f} |" for r in replayed]
+        table.append(
+            f"| {row['case']} | {row['solver']} | {row['steps']} | "
+            f"{row['gradient']:.10g} | {row['central']:.8g} | "
+            f"{row['relative_difference']:.1e} | {row['error_vs_reference']:.1e} | "
+            f"{row['forward_ms']:.2f} | {row['time_ms']:.1f} | {row['ratio']:.1f} | "
+            f"{row['compile_forward_s']:.1f}, {row['compile_gradient_s']:.1f} |"
+        )
+    table += [
+        "",
+        "| stiff case | GeneralizedAlpha's adjoint, stored steps | gradient | "
+        "gradient [ms] | forward [ms] | gradient / forward |",
+        "|---|---|---|---|---|---|",
+    ]
+    table += [
+        f"| {r['case']} | {r['stored_steps']} | {r['gradient']:.10g} | {r['time_ms']:.1f} "
+        f"| {r['forward_ms']:.2f} | {r['ratio']:.1f} |"
+        for r in segments
+    ]
+    table += [
+        "",
+        "| stiff case | Rodas5P's adjoint | gradient | gradient [ms] | forward [ms] | "
+        "gradient / forward | compile: forward, gradient [s] |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    table += [
+        f"| {r['case']} | {r['adjoint']} | {r['gradient']:.12g} | {r['time_ms']:.1f} | "
+        f"{r['forward_ms']:.2f} | {r['ratio']:.2f} | {r['compile_forward_s']:.1f}, "
+        f"{r['compile_s']:.1f} |"
+        for r in replayed
+    ]
     if costs:
         table += _cost_table(costs)
     for name, result in governor.items():
-        table += ["", f"| governor, {name} at rtol {result['rtol']:g}: t | error | rod phase "
-                  "error [rad] | rod error without the phase |", "|---|---|---|---|"]
-        table += [f"| {t:g} | {e:.1e} | {p:+.1e} | {w:.1e} |" for t, e, p, w in zip(
-            result["ts"], result["error"], result["rod_phase_error_rad"],
-            result["rod_error_without_phase"], strict=True)][::4]
+        table += [
+            "",
+            f"| governor, {name} at rtol {result['rtol']:g}: t | error | rod phase "
+            "error [rad] | rod error without the phase |",
+            "|---|---|---|---|",
+        ]
+        table += [
+            f"| {t:g} | {e:.1e} | {p:+.1e} | {w:.1e} |"
+            for t, e, p, w in zip(
+                result["ts"],
+                result["error"],
+                result["rod_phase_error_rad"],
+                result["rod_error_without_phase"],
+                strict=True,
+            )
+        ][::4]
         table += ["", "| t | h | estimate | true local error |", "|---|---|---|---|"]
-        table += [f"| {r['t']:.3g} | {r['h']:.2g} | {r['estimate']:.2g} | {r['true']:.2g} |"
-                  for r in result["local"]]
+        table += [
+            f"| {r['t']:.3g} | {r['h']:.2g} | {r['estimate']:.2g} | {r['true']:.2g} |"
+            for r in result["local"]
+        ]
     for case, result in checks.items():
         if "runs" not in result:
-            table += ["", "| h | estimate (stiff, slow) | true local error (stiff, slow) |",
-                      "|---|---|---|"]
-            table += ["| {:g} | {:.2g} ({:.2g}, {:.2g}) | {:.2g} ({:.2g}, {:.2g}) |".format(
-                r["h"], *r["estimate"], *r["true"]) for r in result["steps"]]
+            table += [
+                "",
+                "| h | estimate (stiff, slow) | true local error (stiff, slow) |",
+                "|---|---|---|",
+            ]
+            table += [
+                "| {:g} | {:.2g} ({:.2g}, {:.2g}) | {:.2g} ({:.2g}, {:.2g}) |".format(
+                    r["h"], *r["estimate"], *r["true"]
+                )
+                for r in result["steps"]
+            ]
             continue
         table += ["", f"| {case}: code | rtol | steps | rel. error |", "|---|---|---|---|"]
-        table += [f"| {r['code']} | {r['rtol']:g} | {r['steps']} | {r['error']:.1e} |"
-                  for r in result["runs"]]
+        table += [
+            f"| {r['code']} | {r['rtol']:g} | {r['steps']} | {r['error']:.1e} |"
+            for r in result["runs"]
+        ]
     headline = _headline(configuration, best)
     print("\n".join(table))
     print(headline)
-    return dict(headline=headline, table=table, figures=[figure(
-        folder / "work_precision.png",
-        "relative error against accepted steps and CPU time for explicit (Tsit5, Dopri5, "
-        "Dopri8) and implicit (configured Kvaerno5, GeneralizedAlpha, Rodas5P) solvers on "
-        "the stiff cases")])
+    return dict(
+        headline=headline,
+        table=table,
+        figures=[
+            figure(
+                folder / "work_precision.png",
+                "relative error against accepted steps and CPU time for explicit (Tsit5, Dopri5, "
+                "Dopri8) and implicit (configured Kvaerno5, GeneralizedAlpha, Rodas5P) solvers on "
+                "the stiff cases",
+            )
+        ],
+    )
 
 
 def _cost_table(costs) -> list[str]:
     table = ["", "| piece of an implicit step (spring pendulum) | µs |", "|---|---|"]
     table += [f"| {name} | {us:.2f} |" for name, us in costs["pieces_us"].items()]
     table += ["", "| ODE | solver | steps (incl. rejected) | µs per step |", "|---|---|---|---|"]
-    table += [f"| {r['ode']} | {r['solver']} | {r['steps']} | {r['us_per_step']:.1f} |"
-              for r in costs["per_step"]]
-    table += ["", "| rtol | kappa | steps (rejected) | median step for t > 0.5 s |",
-              "|---|---|---|---|"]
-    table += [f"| {r['rtol']:g} | {r['kappa']:g} | {r['steps']} ({r['rejected']}) | "
-              f"{r['median_step_after_half_second']:.2e} |" for r in costs["chord_tolerance"]]
-    table += ["", "| n | LU + 9 solves, jax.scipy.linalg [µs] | lineax.LU [µs] | "
-              "lu_factor [µs] |", "|---|---|---|---|"]
-    table += [f"| {r['n']} | {r['jax.scipy.linalg']:.1f} | {r['lineax.LU']:.1f} | "
-              f"{r['lu_factor']:.1f} |" for r in costs["lu_us"]]
+    table += [
+        f"| {r['ode']} | {r['solver']} | {r['steps']} | {r['us_per_step']:.1f} |"
+        for r in costs["per_step"]
+    ]
+    table += [
+        "",
+        "| rtol | kappa | steps (rejected) | median step for t > 0.5 s |",
+        "|---|---|---|---|",
+    ]
+    table += [
+        f"| {r['rtol']:g} | {r['kappa']:g} | {r['steps']} ({r['rejected']}) | "
+        f"{r['median_step_after_half_second']:.2e} |"
+        for r in costs["chord_tolerance"]
+    ]
+    table += [
+        "",
+        "| n | LU + 9 solves, jax.scipy.linalg [µs] | lineax.LU [µs] | lu_factor [µs] |",
+        "|---|---|---|---|",
+    ]
+    table += [
+        f"| {r['n']} | {r['jax.scipy.linalg']:.1f} | {r['lineax.LU']:.1f} | {r['lu_factor']:.1f} |"
+        for r in costs["lu_us"]
+    ]
     return table
 
 
@@ -1136,9 +1540,11 @@ def _headline(configuration, best) -> str:
     if spring:
         before = spring["Kvaerno5 (diffrax's VeryChord)"]
         after = spring["Kvaerno5 (configure_implicit)"]
-        parts.append(f"Spring pendulum, Kvaerno5: {before['steps']} steps "
-                     f"({before['rejected']} rejected) as diffrax builds it, {after['steps']} "
-                     f"({after['rejected']}) configured; Tsit5 {spring['Tsit5']['steps']}.")
+        parts.append(
+            f"Spring pendulum, Kvaerno5: {before['steps']} steps "
+            f"({before['rejected']} rejected) as diffrax builds it, {after['steps']} "
+            f"({after['rejected']}) configured; Tsit5 {spring['Tsit5']['steps']}."
+        )
     for target, cases in best.items():
         for case, rows in cases.items():
             explicit = [r for n, r in rows.items() if n in EXPLICIT]
@@ -1150,11 +1556,13 @@ def _headline(configuration, best) -> str:
                 if name not in rows:
                     continue
                 row = rows[name]
-                parts.append(f"{case}, {name} at relative error ≤ {target}: "
-                             f"{fewest['steps'] / row['steps']:.1f}× fewer steps than "
-                             f"the explicit solver with fewest ({fewest['solver']}), "
-                             f"{fastest['time_ms'] / row['time_ms']:.2f}× less time than the "
-                             f"fastest ({fastest['solver']}).")
+                parts.append(
+                    f"{case}, {name} at relative error ≤ {target}: "
+                    f"{fewest['steps'] / row['steps']:.1f}× fewer steps than "
+                    f"the explicit solver with fewest ({fewest['solver']}), "
+                    f"{fastest['time_ms'] / row['time_ms']:.2f}× less time than the "
+                    f"fastest ({fastest['solver']})."
+                )
     return " ".join(parts)
 
 
@@ -1162,8 +1570,9 @@ def _plot(folder: Path, precision: dict) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter
 
-    fig, axes = plt.subplots(len(precision), 2, figsize=(10, 4 * len(precision)),
-                             layout="constrained", squeeze=False)
+    fig, axes = plt.subplots(
+        len(precision), 2, figsize=(10, 4 * len(precision)), layout="constrained", squeeze=False
+    )
     for (case, rows), (ax_steps, ax_time) in zip(precision.items(), axes, strict=False):
         for name in dict.fromkeys(r["solver"] for r in rows):
             mine = [r for r in rows if r["solver"] == name and r["succeeded"]]
@@ -1189,11 +1598,10 @@ if __name__ == "__main__":
     # (repeatable) only the gradient runs whose names contain TEXT
     studies = tuple(sys.argv[i + 1] for i, a in enumerate(sys.argv) if a == "--study")
     only = tuple(sys.argv[i + 1] for i, a in enumerate(sys.argv) if a == "--case") or None
-    solvers_only = tuple(sys.argv[i + 1] for i, a in enumerate(sys.argv)
-                         if a == "--solver") or None
+    solvers_only = tuple(sys.argv[i + 1] for i, a in enumerate(sys.argv) if a == "--solver") or None
     for flag in ("--study", "--case", "--solver"):
         while flag in sys.argv:
             i = sys.argv.index(flag)
-            del sys.argv[i:i + 2]
+            del sys.argv[i : i + 2]
     args = parse_args(NAME, __doc__)
     main(args.out, args.quick, studies or STUDIES, only, solvers_only)

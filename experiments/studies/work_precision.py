@@ -109,6 +109,7 @@ MAX_STEPS = 20_000
 # Mechanisms and their references
 # ---------------------------------------------------------------------------------------
 
+
 class CoupledWheels(jaxdae.LagrangianSystem):
     """Three wheels on pivots `(0, 0)`, `(L, 0)`, `(2L, 0)` with crank pins at radius `r`,
     coupled by two uniform rods of length `L` and mass `m_r` (wheels 1–2, wheels 2–3);
@@ -122,27 +123,31 @@ class CoupledWheels(jaxdae.LagrangianSystem):
     wheel_inertia: jax.Array
     gravity: jax.Array
 
-    def __init__(self, length=1.0, radius=0.3, rod_mass=1.0, wheel_inertia=0.05,
-                 gravity=9.81):
+    def __init__(self, length=1.0, radius=0.3, rod_mass=1.0, wheel_inertia=0.05, gravity=9.81):
         self.length, self.radius, self.rod_mass, self.wheel_inertia, self.gravity = (
-            jnp.asarray(x, dtype=float)
-            for x in (length, radius, rod_mass, wheel_inertia, gravity))
+            jnp.asarray(x, dtype=float) for x in (length, radius, rod_mass, wheel_inertia, gravity)
+        )
 
     def _pin(self, q, i):
-        return jnp.array([i * self.length + self.radius * jnp.cos(q[i]),
-                          self.radius * jnp.sin(q[i])])
+        return jnp.array(
+            [i * self.length + self.radius * jnp.cos(q[i]), self.radius * jnp.sin(q[i])]
+        )
 
     def _rod_centres(self, q):
         half = 0.5 * self.length
-        return [self._pin(q, i) + half * jnp.array([jnp.cos(q[3 + i]), jnp.sin(q[3 + i])])
-                for i in (0, 1)]
+        return [
+            self._pin(q, i) + half * jnp.array([jnp.cos(q[3 + i]), jnp.sin(q[3 + i])])
+            for i in (0, 1)
+        ]
 
     def kinetic_energy(self, t, q, v):
         _, velocities = jax.jvp(lambda q: jnp.stack(self._rod_centres(q)), (q,), (v,))
         rod_inertia = self.rod_mass * self.length**2 / 12
-        return 0.5 * (self.wheel_inertia * v[:3] @ v[:3]
-                      + self.rod_mass * jnp.sum(velocities**2)
-                      + rod_inertia * v[3:] @ v[3:])
+        return 0.5 * (
+            self.wheel_inertia * v[:3] @ v[:3]
+            + self.rod_mass * jnp.sum(velocities**2)
+            + rod_inertia * v[3:] @ v[3:]
+        )
 
     def potential_energy(self, t, q):
         return self.rod_mass * self.gravity * sum(c[1] for c in self._rod_centres(q))
@@ -150,8 +155,7 @@ class CoupledWheels(jaxdae.LagrangianSystem):
     def constraints(self, t, q):
         closures = []
         for i in (0, 1):
-            end = self._pin(q, i) + self.length * jnp.array([jnp.cos(q[3 + i]),
-                                                              jnp.sin(q[3 + i])])
+            end = self._pin(q, i) + self.length * jnp.array([jnp.cos(q[3 + i]), jnp.sin(q[3 + i])])
             closures.append(end - self._pin(q, i + 1))
         return jnp.concatenate(closures)
 
@@ -161,9 +165,15 @@ class CoupledWheels(jaxdae.LagrangianSystem):
 
         inertia = 3 * float(self.wheel_inertia) + 2 * float(self.rod_mass * self.radius**2)
         torque = 2 * float(self.rod_mass * self.gravity * self.radius)
-        sol = solve_ivp(lambda t, y: [y[1], -torque * np.cos(y[0]) / inertia],
-                        (ts[0], ts[-1]), [theta0, omega0], method="DOP853", t_eval=ts,
-                        rtol=1e-13, atol=1e-13)
+        sol = solve_ivp(
+            lambda t, y: [y[1], -torque * np.cos(y[0]) / inertia],
+            (ts[0], ts[-1]),
+            [theta0, omega0],
+            method="DOP853",
+            t_eval=ts,
+            rtol=1e-13,
+            atol=1e-13,
+        )
         theta = sol.y[0]
         return np.stack([theta, theta, theta, 0 * theta, 0 * theta], axis=1)
 
@@ -191,8 +201,7 @@ def null_space_reference(system, q0, v0, ts, rtol=1e-12):
     from scipy.integrate import solve_ivp
 
     n = q0.shape[0]
-    rank = int(np.linalg.matrix_rank(np.asarray(system.terms(0.0, q0, v0).jacobian),
-                                     tol=1e-8))
+    rank = int(np.linalg.matrix_rank(np.asarray(system.terms(0.0, q0, v0).jacobian), tol=1e-8))
 
     @jax.jit
     def acceleration(t, q, v):
@@ -209,8 +218,7 @@ def null_space_reference(system, q0, v0, ts, rtol=1e-12):
         return np.concatenate([v, np.asarray(acceleration(t, q, v))])
 
     y0 = np.concatenate([np.asarray(q0), np.asarray(v0)])
-    sol = solve_ivp(rhs, (ts[0], ts[-1]), y0, method="DOP853", t_eval=ts, rtol=rtol,
-                    atol=rtol)
+    sol = solve_ivp(rhs, (ts[0], ts[-1]), y0, method="DOP853", t_eval=ts, rtol=rtol, atol=rtol)
     return sol.y[:n].T
 
 
@@ -219,8 +227,9 @@ def spring_reference(system, q0, v0, ts):
     downward vertical, second mass position) by scipy's Radau at rtol 1e-12."""
     from scipy.integrate import solve_ivp
 
-    m1, m2, k, c, rest, g = (float(x) for x in (system.m1, system.m2, system.k, system.c,
-                                                   system.rest, system.gravity))
+    m1, m2, k, c, rest, g = (
+        float(x) for x in (system.m1, system.m2, system.k, system.c, system.rest, system.gravity)
+    )
     q0, v0 = np.asarray(q0), np.asarray(v0)
 
     def rhs(t, y):
@@ -238,8 +247,15 @@ def spring_reference(system, q0, v0, ts):
 
     theta0 = np.arctan2(q0[0], -q0[1])
     w0 = v0[:2] @ np.array([np.cos(theta0), np.sin(theta0)])
-    sol = solve_ivp(rhs, (ts[0], ts[-1]), [theta0, q0[2], q0[3], w0, v0[2], v0[3]],
-                    method="Radau", t_eval=ts, rtol=1e-12, atol=1e-13)
+    sol = solve_ivp(
+        rhs,
+        (ts[0], ts[-1]),
+        [theta0, q0[2], q0[3], w0, v0[2], v0[3]],
+        method="Radau",
+        t_eval=ts,
+        rtol=1e-12,
+        atol=1e-13,
+    )
     theta = sol.y[0]
     return np.stack([np.sin(theta), -np.cos(theta), sol.y[1], sol.y[2]], axis=1)
 
@@ -299,10 +315,19 @@ def mechanisms(quick: bool, num: int, folder: Path) -> list[Mechanism]:
         [20.0, 10.0], [100.0, 25.0], 1e3
     )  # Mukharlyamov and Deressa (2015), Case 1
     formulations["RedundantCoordinates"] = (
-        "does not apply: as many constraints as coordinates (the motion is prescribed)")
-    out.append(Mechanism("two-link arm through its fold", arm, q0, v0, t1, formulations,
-                         reference(f"two-link {t1} {num}", two_link_reference, arm, ts,
-                                   q0)))
+        "does not apply: as many constraints as coordinates (the motion is prescribed)"
+    )
+    out.append(
+        Mechanism(
+            "two-link arm through its fold",
+            arm,
+            q0,
+            v0,
+            t1,
+            formulations,
+            reference(f"two-link {t1} {num}", two_link_reference, arm, ts, q0),
+        )
+    )
 
     # coupled wheels
     wheels = CoupledWheels()
@@ -313,9 +338,17 @@ def mechanisms(quick: bool, num: int, folder: Path) -> list[Mechanism]:
     ts = np.linspace(0.0, t1, num)
     formulations = standard(20.0, 100.0, 1e3)
     formulations["RedundantCoordinates"] = jaxdae.RedundantCoordinates(dependent=(1, 2, 3, 4))
-    out.append(Mechanism("coupled wheels (two gradients vanish when flat)", wheels, q0, v0,
-                         t1, formulations, reference(f"wheels {t1} {num}", wheels.reference,
-                                                     theta0, omega0, ts)))
+    out.append(
+        Mechanism(
+            "coupled wheels (two gradients vanish when flat)",
+            wheels,
+            q0,
+            v0,
+            t1,
+            formulations,
+            reference(f"wheels {t1} {num}", wheels.reference, theta0, omega0, ts),
+        )
+    )
 
     # stiff spring pendulum
     spring = SpringPendulum(k=1e6, c=1e3)
@@ -326,9 +359,17 @@ def mechanisms(quick: bool, num: int, folder: Path) -> list[Mechanism]:
     ts = np.linspace(0.0, t1, num)
     formulations = standard(10.0, 25.0, 1e3)
     formulations["RedundantCoordinates"] = jaxdae.RedundantCoordinates(dependent=(1,))
-    out.append(Mechanism("stiff spring pendulum (k = 1e6)", spring, q0, v0, t1, formulations,
-                         reference(f"spring {t1} {num}", spring_reference, spring, q0, v0,
-                                   ts)))
+    out.append(
+        Mechanism(
+            "stiff spring pendulum (k = 1e6)",
+            spring,
+            q0,
+            v0,
+            t1,
+            formulations,
+            reference(f"spring {t1} {num}", spring_reference, spring, q0, v0, ts),
+        )
+    )
 
     # Bricard
     model = bricard()
@@ -337,11 +378,20 @@ def mechanisms(quick: bool, num: int, folder: Path) -> list[Mechanism]:
     ts = np.linspace(0.0, t1, num)
     formulations = standard(20.0, 100.0, 1e3)
     formulations["RedundantCoordinates"] = (
-        "does not apply: a redundant constraint leaves no square, invertible ∂Φ/∂q_dep")
-    out.append(Mechanism("Bricard (spatial, redundant)", model, q0, v0, t1, formulations,
-                         reference(f"bricard {t1} {num}", null_space_reference, model, q0,
-                                   v0, ts),
-                         costly_with=None if not quick else ()))
+        "does not apply: a redundant constraint leaves no square, invertible ∂Φ/∂q_dep"
+    )
+    out.append(
+        Mechanism(
+            "Bricard (spatial, redundant)",
+            model,
+            q0,
+            v0,
+            t1,
+            formulations,
+            reference(f"bricard {t1} {num}", null_space_reference, model, q0, v0, ts),
+            costly_with=None if not quick else (),
+        )
+    )
 
     return out
 
@@ -375,7 +425,8 @@ def combinations(mechanism: Mechanism, integrators):
                 if integrator == "GeneralizedAlpha" and not mechanism.costly_with:
                     continue
             if isinstance(formulation, jaxdae.RedundantCoordinates) and integrator in (
-                    "GeneralizedAlpha",):
+                "GeneralizedAlpha",
+            ):
                 continue
             yield integrator, name, formulation
 
@@ -389,17 +440,41 @@ def solve_fn(mechanism: Mechanism, formulation, solver, ts, step_ends: bool = Fa
 
     @jax.jit
     def solve(rtol):
-        controller = (diffrax.ClipStepSizeController(
-            diffrax.PIDController(rtol=rtol, atol=1e-3 * rtol), step_ts=ts)
-            if step_ends else None)  # None: simulate's own, from rtol and atol
-        sol = jaxdae.simulate(system, formulation, 0.0, t1, q0, v0, ts=ts, solver=solver,
-                              stepsize_controller=controller, rtol=rtol, atol=1e-3 * rtol,
-                              max_steps=MAX_STEPS, throw=False)
+        controller = (
+            diffrax.ClipStepSizeController(
+                diffrax.PIDController(rtol=rtol, atol=1e-3 * rtol), step_ts=ts
+            )
+            if step_ends
+            else None
+        )  # None: simulate's own, from rtol and atol
+        sol = jaxdae.simulate(
+            system,
+            formulation,
+            0.0,
+            t1,
+            q0,
+            v0,
+            ts=ts,
+            solver=solver,
+            stepsize_controller=controller,
+            rtol=rtol,
+            atol=1e-3 * rtol,
+            max_steps=MAX_STEPS,
+            throw=False,
+        )
+
         def largest(x):  # over the saved times reached (later ones are inf)
             return jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), 0.0))
 
-        return (sol.q, sol.result, sol.t_final, sol.stats["num_accepted_steps"],
-                sol.stats["num_rejected_steps"], largest(sol.phi), largest(sol.dphi))
+        return (
+            sol.q,
+            sol.result,
+            sol.t_final,
+            sol.stats["num_accepted_steps"],
+            sol.stats["num_rejected_steps"],
+            largest(sol.phi),
+            largest(sol.dphi),
+        )
 
     return solve
 
@@ -417,14 +492,18 @@ def timed(solve, arg, repeats: int, budget: float = 0.3, limit: float = 10.0):
         result = jax.block_until_ready(solve(arg))
         times.append(time.process_time() - start)
         out = result if out is None else out
-        if (_name(out[1]) != "successful" or times[-1] > limit
-                or (i + 1 >= repeats and sum(times) >= budget)):
+        if (
+            _name(out[1]) != "successful"
+            or times[-1] > limit
+            or (i + 1 >= repeats and sum(times) >= budget)
+        ):
             break
     return out, float(np.median(times))
 
 
-def run(mechanism: Mechanism, integrator: str, formulation_name: str, formulation, rtols,
-        repeats: int) -> list[dict]:
+def run(
+    mechanism: Mechanism, integrator: str, formulation_name: str, formulation, rtols, repeats: int
+) -> list[dict]:
     ts = jnp.linspace(0.0, mechanism.t1, mechanism.reference.shape[0])
     solver = INTEGRATORS[integrator]
     solve = solve_fn(mechanism, formulation, solver, ts)
@@ -443,15 +522,30 @@ def run(mechanism: Mechanism, integrator: str, formulation_name: str, formulatio
         steps, rejected, max_phi, max_dphi = (np.asarray(x) for x in out[3:])
         finite = np.all(np.isfinite(q), axis=1)
         reached = int(np.argmin(finite)) if not finite.all() else len(finite)
-        error = (float(np.max(np.abs(q[:reached] - reference[:reached]))) / scale
-                 if reached else float("nan"))
-        rows.append(dict(
-            mechanism=mechanism.name, integrator=integrator, formulation=formulation_name,
-            rtol=rtol, atol=1e-3 * rtol, error=error,
-            succeeded=result == "successful" and bool(finite.all()),
-            result=result, stopped_at=None if result == "successful" else t_final,
-            steps=int(steps), rejected=int(rejected), max_phi=float(max_phi),
-            max_dphi=float(max_dphi), time_ms=1e3 * seconds, compile_s=compile_s))
+        error = (
+            float(np.max(np.abs(q[:reached] - reference[:reached]))) / scale
+            if reached
+            else float("nan")
+        )
+        rows.append(
+            dict(
+                mechanism=mechanism.name,
+                integrator=integrator,
+                formulation=formulation_name,
+                rtol=rtol,
+                atol=1e-3 * rtol,
+                error=error,
+                succeeded=result == "successful" and bool(finite.all()),
+                result=result,
+                stopped_at=None if result == "successful" else t_final,
+                steps=int(steps),
+                rejected=int(rejected),
+                max_phi=float(max_phi),
+                max_dphi=float(max_dphi),
+                time_ms=1e3 * seconds,
+                compile_s=compile_s,
+            )
+        )
     if isinstance(solver, jaxdae.Projected) and any(r["succeeded"] for r in rows):
         # The constraint residuals at step ends: the same solve with its steps clipped to
         # the saved times (between step ends the dense output is off the manifold by up
@@ -460,21 +554,25 @@ def run(mechanism: Mechanism, integrator: str, formulation_name: str, formulatio
         for row in rows:
             out = clipped(jnp.asarray(row["rtol"]))
             reached = np.isfinite(np.asarray(out[0])).all(axis=1)
-            row["step_ends"] = {"result": _name(out[1]), "steps": int(out[3]),
-                                "max_phi": float(out[5]), "max_dphi": float(out[6]),
-                                "saved": int(reached.sum())}
+            row["step_ends"] = {
+                "result": _name(out[1]),
+                "steps": int(out[3]),
+                "max_phi": float(out[5]),
+                "max_dphi": float(out[6]),
+                "saved": int(reached.sum()),
+            }
     return rows
 
 
 def _name(result) -> str:
     """The name of a `jaxdae.RESULTS` item."""
-    return next(name for name, item in jaxdae.RESULTS._name_to_item.items()
-                if bool(item == result))
+    return next(name for name, item in jaxdae.RESULTS._name_to_item.items() if bool(item == result))
 
 
 # ---------------------------------------------------------------------------------------
 # Summary, table, figure
 # ---------------------------------------------------------------------------------------
+
 
 def verdict(rows: list[dict]) -> dict:
     """What one combination does over the tolerances: follows the reference (its error
@@ -496,30 +594,49 @@ def verdict(rows: list[dict]) -> dict:
             errors = [f"{r['error']:.1e}" for r in group if np.isfinite(r["error"])]
             if errors:
                 part += f", error {' / '.join(errors)} until then"
-            rtols = ("every rtol" if len(group) == len(rows) else
-                     "rtol " + ", ".join(f"{r['rtol']:g}" for r in group))
+            rtols = (
+                "every rtol"
+                if len(group) == len(rows)
+                else "rtol " + ", ".join(f"{r['rtol']:g}" for r in group)
+            )
             parts.append(f"{part} at {rtols}")
         text = "; ".join(parts) + "".join(
             f"; at rtol {r['rtol']:g} it runs to t1 with error {r['error']:.1e}"
-            for r in rows if r["succeeded"])
+            for r in rows
+            if r["succeeded"]
+        )
         kind = "stops"
     elif all(r["error"] <= REACHED * r["rtol"] for r in rows):
-        text, kind = (f"follows the reference (error {tight['error']:.1e} at rtol "
-                      f"{tight['rtol']:g})"), "follows"
+        text, kind = (
+            (f"follows the reference (error {tight['error']:.1e} at rtol {tight['rtol']:g})"),
+            "follows",
+        )
     elif tight["error"] <= REACHED * tight["rtol"]:
         missed = ", ".join(f"{r['rtol']:g}" for r in rows if r["error"] > REACHED * r["rtol"])
-        text, kind = (f"converges (error {tight['error']:.1e} at rtol {tight['rtol']:g}; "
-                      f"above {REACHED:g} rtol at rtol {missed})"), "converges"
+        text, kind = (
+            (
+                f"converges (error {tight['error']:.1e} at rtol {tight['rtol']:g}; "
+                f"above {REACHED:g} rtol at rtol {missed})"
+            ),
+            "converges",
+        )
     elif rows[0]["error"] < 3 * tight["error"]:  # tightening the tolerance did not help
         text, kind = f"stalls at error {min(r['error'] for r in rows):.1e}", "stalls"
     else:
-        text, kind = (f"error {tight['error']:.1e} at rtol {tight['rtol']:g}, above "
-                      f"{REACHED:g} rtol"), "above"
-    return dict(kind=kind, text=text, errors={f"{r['rtol']:g}": r["error"] for r in rows},
-                reached={f"{r['rtol']:g}": r["succeeded"] and r["error"] <= REACHED * r["rtol"]
-                         for r in rows},
-                time_ms={f"{r['rtol']:g}": r["time_ms"] for r in rows},
-                steps={f"{r['rtol']:g}": r["steps"] for r in rows})
+        text, kind = (
+            (f"error {tight['error']:.1e} at rtol {tight['rtol']:g}, above {REACHED:g} rtol"),
+            "above",
+        )
+    return dict(
+        kind=kind,
+        text=text,
+        errors={f"{r['rtol']:g}": r["error"] for r in rows},
+        reached={
+            f"{r['rtol']:g}": r["succeeded"] and r["error"] <= REACHED * r["rtol"] for r in rows
+        },
+        time_ms={f"{r['rtol']:g}": r["time_ms"] for r in rows},
+        steps={f"{r['rtol']:g}": r["steps"] for r in rows},
+    )
 
 
 def fastest(rows: list[dict], target: float) -> dict | None:
@@ -529,9 +646,11 @@ def fastest(rows: list[dict], target: float) -> dict | None:
 
 
 def table(results: dict, rtols) -> list[str]:
-    header = ("| mechanism | formulation | integrator | "
-              + " | ".join(f"error at rtol {r:g}" for r in rtols)
-              + f" | steps / time [ms] at rtol {rtols[-1]:g} | verdict |")
+    header = (
+        "| mechanism | formulation | integrator | "
+        + " | ".join(f"error at rtol {r:g}" for r in rtols)
+        + f" | steps / time [ms] at rtol {rtols[-1]:g} | verdict |"
+    )
     lines = [header, "|" + "---|" * (len(rtols) + 5)]
     for key, entry in results.items():
         mechanism, formulation, integrator = key.split(" | ")
@@ -542,9 +661,12 @@ def table(results: dict, rtols) -> list[str]:
             mark = "" if r["succeeded"] else " (stopped)"
             cells.append(f"{r['error']:.1e}{mark}")
         last = rows[f"{rtols[-1]:g}"]
-        lines.append(f"| {mechanism} | {formulation} | {integrator} | " + " | ".join(cells)
-                     + f" | {last['steps']} / {last['time_ms']:.1f} | "
-                     f"{entry['verdict']['text']} |")
+        lines.append(
+            f"| {mechanism} | {formulation} | {integrator} | "
+            + " | ".join(cells)
+            + f" | {last['steps']} / {last['time_ms']:.1f} | "
+            f"{entry['verdict']['text']} |"
+        )
     return lines
 
 
@@ -553,17 +675,23 @@ def projection_table(results: dict, rtols) -> list[str]:
     and `|Φ̇|` at its step ends (the solve with its steps clipped to the saved times) over
     the tolerances at which it succeeded, and at each tolerance the CPU time of the
     projected solve over that of the unprojected `Tsit5` solve (or why there is none)."""
-    lines = ["| mechanism | formulation | max abs Φ at step ends | max abs Φ̇ at step ends | "
-             + " | ".join(f"time ratio at rtol {r:g}" for r in rtols) + " |",
-             "|" + "---|" * (len(rtols) + 4)]
+    lines = [
+        "| mechanism | formulation | max abs Φ at step ends | max abs Φ̇ at step ends | "
+        + " | ".join(f"time ratio at rtol {r:g}" for r in rtols)
+        + " |",
+        "|" + "---|" * (len(rtols) + 4),
+    ]
     for key, entry in results.items():
         mechanism, formulation, integrator = key.split(" | ")
         if integrator != "Projected(Tsit5)":
             continue
         plain = results.get(f"{mechanism} | {formulation} | Tsit5")
         plain = {r["rtol"]: r for r in plain["runs"]} if plain else {}
-        ends = [r["step_ends"] for r in entry["runs"] if "step_ends" in r
-                and r["step_ends"]["result"] == "successful"]
+        ends = [
+            r["step_ends"]
+            for r in entry["runs"]
+            if "step_ends" in r and r["step_ends"]["result"] == "successful"
+        ]
         if ends:
             phi = f"{max(e['max_phi'] for e in ends):.1e}"
             dphi = f"{max(e['max_dphi'] for e in ends):.1e}"
@@ -576,13 +704,16 @@ def projection_table(results: dict, rtols) -> list[str]:
             if not r["succeeded"]:
                 cells.append(f"— (stops: {r['result']})")
             elif p is None or not p["succeeded"]:
-                cells.append("— (Tsit5 " + ("not run" if p is None else
-                                            f"stops: {p['result']}") + ")")
+                cells.append(
+                    "— (Tsit5 " + ("not run" if p is None else f"stops: {p['result']}") + ")"
+                )
             else:
-                cells.append(f"{r['time_ms'] / p['time_ms']:.2f} "
-                             f"({r['steps']} / {p['steps']} steps)")
-        lines.append(f"| {mechanism} | {formulation} | {phi} | {dphi} | "
-                     + " | ".join(cells) + " |")
+                cells.append(
+                    f"{r['time_ms'] / p['time_ms']:.2f} ({r['steps']} / {p['steps']} steps)"
+                )
+        lines.append(
+            f"| {mechanism} | {formulation} | {phi} | {dphi} | " + " | ".join(cells) + " |"
+        )
     return lines
 
 
@@ -591,8 +722,20 @@ def plot(folder: Path, results: dict, mechanism_names) -> None:
 
     integrators = list(INTEGRATORS)
     colors = dict(zip(integrators, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
-    markers = dict(zip(["Unstabilized", "Baumgarte", "PseudoInverse", "ModifiedLagrange",
-                        "CoupledPerturbation", "RedundantCoordinates"], "xosD^v", strict=False))
+    markers = dict(
+        zip(
+            [
+                "Unstabilized",
+                "Baumgarte",
+                "PseudoInverse",
+                "ModifiedLagrange",
+                "CoupledPerturbation",
+                "RedundantCoordinates",
+            ],
+            "xosD^v",
+            strict=False,
+        )
+    )
     fig, axes = plt.subplots(2, 2, figsize=(12, 10), layout="constrained")
     for ax, mechanism in zip(axes.flat, mechanism_names, strict=False):
         for key, entry in results.items():
@@ -603,49 +746,80 @@ def plot(folder: Path, results: dict, mechanism_names) -> None:
             ok = [r for r in runs if r["succeeded"]]
             style = dict(color=colors[integrator], marker=markers[formulation], ms=5)
             if ok:
-                ax.loglog([r["time_ms"] for r in ok],
-                          [max(r["error"], 1e-16) for r in ok], "-", lw=1, **style)
+                ax.loglog(
+                    [r["time_ms"] for r in ok],
+                    [max(r["error"], 1e-16) for r in ok],
+                    "-",
+                    lw=1,
+                    **style,
+                )
             failed = [r for r in runs if not r["succeeded"] and r["error"] > 0]
             if failed:  # where it stopped: the error until then, hollow
-                ax.loglog([r["time_ms"] for r in failed],
-                          [max(r["error"], 1e-16) for r in failed], ls="none",
-                          mfc="none", **style)
-        ax.set(xlabel="CPU time of the solve [ms]", ylabel="relative error of q",
-               title=mechanism)
+                ax.loglog(
+                    [r["time_ms"] for r in failed],
+                    [max(r["error"], 1e-16) for r in failed],
+                    ls="none",
+                    mfc="none",
+                    **style,
+                )
+        ax.set(xlabel="CPU time of the solve [ms]", ylabel="relative error of q", title=mechanism)
         ax.grid(True, which="both", alpha=0.3)
     from matplotlib.lines import Line2D
 
-    handles = ([Line2D([], [], color=c, label=n) for n, c in colors.items()]
-               + [Line2D([], [], color="k", marker=m, ls="none", label=n)
-                  for n, m in markers.items()]
-               + [Line2D([], [], color="k", marker="o", mfc="none", ls="none",
-                         label="stopped (error until then)")])
+    handles = (
+        [Line2D([], [], color=c, label=n) for n, c in colors.items()]
+        + [Line2D([], [], color="k", marker=m, ls="none", label=n) for n, m in markers.items()]
+        + [
+            Line2D(
+                [],
+                [],
+                color="k",
+                marker="o",
+                mfc="none",
+                ls="none",
+                label="stopped (error until then)",
+            )
+        ]
+    )
     fig.legend(handles=handles, loc="outside lower center", ncol=6, fontsize=8)
     fig.savefig(folder / "work_precision.png", dpi=110)
     plt.close(fig)
 
 
-def main(out: Path, quick: bool = False, repeats: int | None = None,
-         only: list[str] | None = None, integrators: list[str] | None = None,
-         stored_only: bool = False) -> dict:
+def main(
+    out: Path,
+    quick: bool = False,
+    repeats: int | None = None,
+    only: list[str] | None = None,
+    integrators: list[str] | None = None,
+    stored_only: bool = False,
+) -> dict:
     folder = output_dir(out, NAME)
     rtols = [1e-4, 1e-7] if quick else [1e-3, 1e-5, 1e-7, 1e-9]
     repeats = repeats or (1 if quick else 3)
     integrators = integrators or (
-        ["Tsit5", "Kvaerno5", "Projected(Tsit5)", "GeneralizedAlpha"] if quick
-        else list(INTEGRATORS))
+        ["Tsit5", "Kvaerno5", "Projected(Tsit5)", "GeneralizedAlpha"]
+        if quick
+        else list(INTEGRATORS)
+    )
     all_mechanisms = mechanisms(quick, 21 if quick else 41, folder)
     if quick:
         for mechanism in all_mechanisms:
-            mechanism.formulations = {k: v for k, v in mechanism.formulations.items()
-                                      if k in QUICK_FORMULATIONS}
+            mechanism.formulations = {
+                k: v for k, v in mechanism.formulations.items() if k in QUICK_FORMULATIONS
+            }
     if only:
         all_mechanisms = [m for m in all_mechanisms if any(o in m.name for o in only)]
     results, skipped = {}, {}
     for mechanism in all_mechanisms:
         mechanism.reference = mechanism.reference()
-        settings = {"rtols": rtols, "repeats": repeats, "t1": mechanism.t1,
-                    "saved": mechanism.reference.shape[0], "max_steps": MAX_STEPS}
+        settings = {
+            "rtols": rtols,
+            "repeats": repeats,
+            "t1": mechanism.t1,
+            "saved": mechanism.reference.shape[0],
+            "max_steps": MAX_STEPS,
+        }
         todo = list(combinations(mechanism, integrators))
         for integrator, name, formulation in progress(todo, mechanism.name, unit="solve"):
             key = f"{mechanism.name} | {name} | {integrator}"
@@ -671,34 +845,53 @@ def main(out: Path, quick: bool = False, repeats: int | None = None,
     names = [m.name for m in all_mechanisms]
     best = {}
     for mechanism in names:
-        rows = [r for k, e in results.items() if k.startswith(mechanism + " | ")
-                for r in e["runs"]]
+        rows = [r for k, e in results.items() if k.startswith(mechanism + " | ") for r in e["runs"]]
         best[mechanism] = {f"{t:g}": fastest(rows, t) for t in (1e-3, 1e-6)}
     lines = table(results, rtols)
     projection_lines = projection_table(results, rtols)
-    write_json(folder / "work_precision.json", dict(
-        rtols=rtols, reached_factor=REACHED, repeats=repeats, integrators=integrators,
-        results=results, does_not_apply=skipped, fastest=best, table=lines,
-        projection_table=projection_lines))
+    write_json(
+        folder / "work_precision.json",
+        dict(
+            rtols=rtols,
+            reached_factor=REACHED,
+            repeats=repeats,
+            integrators=integrators,
+            results=results,
+            does_not_apply=skipped,
+            fastest=best,
+            table=lines,
+            projection_table=projection_lines,
+        ),
+    )
     plot(folder, results, names)
     parts = []
     for mechanism, targets in best.items():
         for target, row in targets.items():
             if row is not None:
-                parts.append(f"{mechanism}: fastest to error ≤ {target}: {row['formulation']} "
-                             f"+ {row['integrator']} ({row['time_ms']:.2f} ms).")
+                parts.append(
+                    f"{mechanism}: fastest to error ≤ {target}: {row['formulation']} "
+                    f"+ {row['integrator']} ({row['time_ms']:.2f} ms)."
+                )
     headline = " ".join(parts)
     print("\n".join(lines))
     print("\n".join(projection_lines))
     print(headline)
-    return dict(headline=headline, table=lines, figures=[figure(
-        folder / "work_precision.png",
-        "relative error against CPU time for every formulation × integrator on four "
-        "mechanisms (hollow: a solve that stopped, with its error until then)")])
+    return dict(
+        headline=headline,
+        table=lines,
+        figures=[
+            figure(
+                folder / "work_precision.png",
+                "relative error against CPU time for every formulation × integrator on four "
+                "mechanisms (hollow: a solve that stopped, with its error until then)",
+            )
+        ],
+    )
 
 
-def projection_cost(out: Path, only: list[str] | None = None,
-                    formulations: list[str] | None = None, rounds: int = 3) -> list[str]:
+def projection_cost(
+    out: Path, only: list[str] | None = None, formulations: list[str] | None = None, rounds: int = 3
+) -> list[str]:
     """The projection's cost alone: for each mechanism (`only`) and formulation
     (`formulations`, default all) that `Projected(Tsit5)` applies to, the CPU time of the
     projected solve over that of the unprojected `Tsit5` solve at each of the study's
@@ -711,8 +904,9 @@ def projection_cost(out: Path, only: list[str] | None = None,
     table."""
     folder = output_dir(out, NAME)
     rtols = [1e-3, 1e-5, 1e-7, 1e-9]
-    chosen = [m for m in mechanisms(False, 41, folder)
-              if not only or any(o in m.name for o in only)]
+    chosen = [
+        m for m in mechanisms(False, 41, folder) if not only or any(o in m.name for o in only)
+    ]
     cases = []
     for mechanism in chosen:
         ts = jnp.linspace(0.0, mechanism.t1, 41)
@@ -720,17 +914,19 @@ def projection_cost(out: Path, only: list[str] | None = None,
         for name, formulation in mechanism.formulations.items():
             if isinstance(formulation, str) or (formulations and name not in formulations):
                 continue
-            solves = [solve_fn(mechanism, formulation, solver, ts)
-                      for solver in (diffrax.Tsit5(), projected)]
+            solves = [
+                solve_fn(mechanism, formulation, solver, ts)
+                for solver in (diffrax.Tsit5(), projected)
+            ]
             for solve in solves:  # compile
                 jax.block_until_ready(solve(jnp.asarray(rtols[0])))
             # the residuals at step ends: the projected solve with its steps clipped to ts
             clipped = solve_fn(mechanism, formulation, projected, ts, step_ends=True)
             ends = [clipped(jnp.asarray(rtol)) for rtol in rtols]
-            ends = [(float(out[5]), float(out[6])) for out in ends
-                    if _name(out[1]) == "successful"]
-            residuals = (f"{max(e[0] for e in ends):.1e} / {max(e[1] for e in ends):.1e}"
-                         if ends else "—")
+            ends = [(float(out[5]), float(out[6])) for out in ends if _name(out[1]) == "successful"]
+            residuals = (
+                f"{max(e[0] for e in ends):.1e} / {max(e[1] for e in ends):.1e}" if ends else "—"
+            )
             cases.append((mechanism.name, name, solves, residuals))
             print(f"  compiled {mechanism.name} | {name}", flush=True)
     times = {}
@@ -742,25 +938,38 @@ def projection_cost(out: Path, only: list[str] | None = None,
                     entry = times.setdefault((mechanism, name, rtol, i), dict(times=[]))
                     entry["times"].append(seconds)
                     entry.update(result=_name(result[1]), steps=int(result[3]))
-    lines = ["| mechanism | formulation | max abs Φ / Φ̇ at step ends | "
-             + " | ".join(f"rtol {r:g}: ratio (min–max; steps)" for r in rtols) + " |",
-             "|" + "---|" * (len(rtols) + 3)]
+    lines = [
+        "| mechanism | formulation | max abs Φ / Φ̇ at step ends | "
+        + " | ".join(f"rtol {r:g}: ratio (min–max; steps)" for r in rtols)
+        + " |",
+        "|" + "---|" * (len(rtols) + 3),
+    ]
     rows = []
     for mechanism, name, _, residuals in cases:
         cells = []
         for rtol in rtols:
             plain, proj = (times[(mechanism, name, rtol, i)] for i in (0, 1))
             if "successful" not in (plain["result"], proj["result"]) or (
-                    plain["result"] != proj["result"]):
+                plain["result"] != proj["result"]
+            ):
                 cells.append(f"— (Tsit5 {plain['result']}, projected {proj['result']})")
                 continue
             ratios = np.array(proj["times"]) / np.array(plain["times"])
-            cells.append(f"{np.median(ratios):.2f} ({ratios.min():.2f}–{ratios.max():.2f}; "
-                         f"{proj['steps']} / {plain['steps']})")
-            rows.append(dict(mechanism=mechanism, formulation=name, rtol=rtol,
-                             plain_ms=[1e3 * t for t in plain["times"]],
-                             projected_ms=[1e3 * t for t in proj["times"]],
-                             ratios=ratios.tolist(), steps=[proj["steps"], plain["steps"]]))
+            cells.append(
+                f"{np.median(ratios):.2f} ({ratios.min():.2f}–{ratios.max():.2f}; "
+                f"{proj['steps']} / {plain['steps']})"
+            )
+            rows.append(
+                dict(
+                    mechanism=mechanism,
+                    formulation=name,
+                    rtol=rtol,
+                    plain_ms=[1e3 * t for t in plain["times"]],
+                    projected_ms=[1e3 * t for t in proj["times"]],
+                    ratios=ratios.tolist(),
+                    steps=[proj["steps"], plain["steps"]],
+                )
+            )
         lines.append(f"| {mechanism} | {name} | {residuals} | " + " | ".join(cells) + " |")
     write_json(folder / "projection_cost.json", dict(rounds=rounds, rows=rows, table=lines))
     print("\n".join(lines))
@@ -768,33 +977,67 @@ def projection_cost(out: Path, only: list[str] | None = None,
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("output"),
-                        help=f"output root; results go to OUT/{NAME}/ (default: output)")
-    parser.add_argument("--quick", action="store_true",
-                        help="two tolerances, four integrators, shorter Bricard run")
-    parser.add_argument("--repeats", type=int, default=None,
-                        help="timed calls per run (best taken; default 3, quick 1)")
-    parser.add_argument("--only", default=None,
-                        help="comma-separated parts of mechanism names to run")
-    parser.add_argument("--integrators", default=None,
-                        help=f"comma-separated integrators to run, of {', '.join(INTEGRATORS)}")
-    parser.add_argument("--stored-only", action="store_true",
-                        help="solve nothing: tabulate and plot the runs stored under OUT "
-                             "(by earlier calls, e.g. one per mechanism with --only)")
-    parser.add_argument("--projection-cost", action="store_true",
-                        help="time only Tsit5 against Projected(Tsit5), interleaved, "
-                             "median of --rounds (with --only, --formulations)")
-    parser.add_argument("--formulations", default=None,
-                        help="with --projection-cost: comma-separated formulations")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="with --projection-cost: interleaved rounds (default 3)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("output"),
+        help=f"output root; results go to OUT/{NAME}/ (default: output)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="two tolerances, four integrators, shorter Bricard run"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="timed calls per run (best taken; default 3, quick 1)",
+    )
+    parser.add_argument(
+        "--only", default=None, help="comma-separated parts of mechanism names to run"
+    )
+    parser.add_argument(
+        "--integrators",
+        default=None,
+        help=f"comma-separated integrators to run, of {', '.join(INTEGRATORS)}",
+    )
+    parser.add_argument(
+        "--stored-only",
+        action="store_true",
+        help="solve nothing: tabulate and plot the runs stored under OUT "
+        "(by earlier calls, e.g. one per mechanism with --only)",
+    )
+    parser.add_argument(
+        "--projection-cost",
+        action="store_true",
+        help="time only Tsit5 against Projected(Tsit5), interleaved, "
+        "median of --rounds (with --only, --formulations)",
+    )
+    parser.add_argument(
+        "--formulations", default=None, help="with --projection-cost: comma-separated formulations"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="with --projection-cost: interleaved rounds (default 3)",
+    )
     args = parser.parse_args()
     if args.projection_cost:
-        projection_cost(args.out, args.only.split(",") if args.only else None,
-                        args.formulations.split(",") if args.formulations else None,
-                        args.rounds)
+        projection_cost(
+            args.out,
+            args.only.split(",") if args.only else None,
+            args.formulations.split(",") if args.formulations else None,
+            args.rounds,
+        )
         raise SystemExit
-    main(args.out, args.quick, args.repeats, args.only.split(",") if args.only else None,
-         args.integrators.split(",") if args.integrators else None, args.stored_only)
+    main(
+        args.out,
+        args.quick,
+        args.repeats,
+        args.only.split(",") if args.only else None,
+        args.integrators.split(",") if args.integrators else None,
+        args.stored_only,
+    )

@@ -1,7 +1,6 @@
 """Consistent initial states of actuated systems: the state nearest a guess on which the
 program constraints and their derivatives hold."""
 
-
 import equinox as eqx
 import jax
 import jax.flatten_util
@@ -28,8 +27,7 @@ def _program_residual(system, control, t, x):
     """`y = (f, …, f⁽ᵖ⁻¹⁾)` of every group, flattened."""
     orders = tuple(len(group) for group in control.groups)
     values = lie_derivatives(system, max(orders), t, x)[0]
-    return jnp.concatenate([values[k][i] for i, order in enumerate(orders)
-                            for k in range(order)])
+    return jnp.concatenate([values[k][i] for i, order in enumerate(orders) for k in range(order)])
 
 
 def _kkt_residual(y, args):
@@ -50,11 +48,17 @@ def _programmed_state(system, control, t0, guess, weights, tol, max_steps):
     x0, unravel = jax.flatten_util.ravel_pytree(guess)
     metric, _ = jax.flatten_util.ravel_pytree(weights)
     lam0 = jnp.zeros_like(_program_residual(system, control, t0, unravel(x0)))
-    solver = optx.Newton(rtol=0.1 * tol, atol=0.1 * tol,
-                         linear_solver=lx.AutoLinearSolver(well_posed=False))
-    sol = optx.root_find(_kkt_residual, solver, (x0, lam0),
-                         args=(system, control, t0, x0, metric, unravel), max_steps=max_steps,
-                         throw=False)
+    solver = optx.Newton(
+        rtol=0.1 * tol, atol=0.1 * tol, linear_solver=lx.AutoLinearSolver(well_posed=False)
+    )
+    sol = optx.root_find(
+        _kkt_residual,
+        solver,
+        (x0, lam0),
+        args=(system, control, t0, x0, metric, unravel),
+        max_steps=max_steps,
+        throw=False,
+    )
     x = sol.value[0]
     return unravel(x), _program_residual(system, control, t0, unravel(x)), sol.result
 
@@ -65,16 +69,20 @@ def _metric_weights(weights, state):
     if weights is None:
         return tuple(jnp.ones_like(x) for x in state)
     if not (isinstance(weights, (tuple, list)) and len(weights) == 3):
-        raise ValueError("`weights` must be a tuple `(w_q, w_v, w_w)` of the metric's weights "
-                         f"for q, v and w; got {weights!r}.")
+        raise ValueError(
+            "`weights` must be a tuple `(w_q, w_v, w_w)` of the metric's weights "
+            f"for q, v and w; got {weights!r}."
+        )
     out = []
     for name, weight, x in zip(("w_q", "w_v", "w_w"), weights, state, strict=False):
         weight = jnp.asarray(weight, x.dtype)
         try:
             weight = jnp.broadcast_to(weight, x.shape)
         except ValueError:
-            raise ValueError(f"`weights`: {name} must be a scalar or have shape {x.shape}; "
-                             f"got shape {weight.shape}.") from None
+            raise ValueError(
+                f"`weights`: {name} must be a scalar or have shape {x.shape}; "
+                f"got shape {weight.shape}."
+            ) from None
         values = np.asarray(weight) if is_concrete(weight) else None
         if values is not None and not (np.all(values > 0) and np.all(np.isfinite(values))):
             raise ValueError(f"`weights`: {name} must be positive and finite; got {weight}.")
@@ -145,15 +153,22 @@ def consistent_actuated_state(
         size = jnp.max(jnp.stack([jnp.max(jnp.abs(x), initial=0.0) for x in (q0, v0, w0)]))
         tol = 1e3 * float(jnp.finfo(dtype).eps) * (1.0 + size)
     tol = jax.lax.stop_gradient(jnp.asarray(tol, dtype))
-    state, residual, result = _programmed_state(system, control, t0, (q0, v0, w0), weights, tol,
-                                                max_steps)
+    state, residual, result = _programmed_state(
+        system, control, t0, (q0, v0, w0), weights, tol, max_steps
+    )
     worst = jnp.max(jnp.abs(residual), initial=0.0)
     failed = ~(worst <= tol)  # also NaN
     if not is_concrete(failed):
-        return eqx.error_if(state, failed, _NOT_PROGRAMMED.format(
-            detail="max|f⁽ᵏ⁾| > tol after the Newton projection"))
+        return eqx.error_if(
+            state,
+            failed,
+            _NOT_PROGRAMMED.format(detail="max|f⁽ᵏ⁾| > tol after the Newton projection"),
+        )
     if failed:
-        raise ValueError(_NOT_PROGRAMMED.format(
-            detail=f"after Newton projection max|f⁽ᵏ⁾| = {float(worst):.3g} > tol = "
-                   f"{float(tol):.3g} ({optx.RESULTS[result]!s})"))
+        raise ValueError(
+            _NOT_PROGRAMMED.format(
+                detail=f"after Newton projection max|f⁽ᵏ⁾| = {float(worst):.3g} > tol = "
+                f"{float(tol):.3g} ({optx.RESULTS[result]!s})"
+            )
+        )
     return state

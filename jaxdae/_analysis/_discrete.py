@@ -68,7 +68,8 @@ def transition_matrix(
         unset = [a for a in values if getattr(solver.root_finder, a) is _use_stepsize_tol()]
         if unset:
             solver = eqx.tree_at(
-                lambda s: tuple(getattr(s.root_finder, a) for a in unset), solver,
+                lambda s: tuple(getattr(s.root_finder, a) for a in unset),
+                solver,
                 tuple(values[a] for a in unset),
             )
     t0 = jnp.zeros((), dtype)
@@ -125,14 +126,17 @@ def perturbation_matrix(
     for a count of constraints that is not a non-negative integer.
     """
 
-    counts = (num_constraints if isinstance(formulation, ConstraintEnforcingControl)
-              and isinstance(num_constraints, (list, tuple)) else (num_constraints,))
+    counts = (
+        num_constraints
+        if isinstance(formulation, ConstraintEnforcingControl)
+        and isinstance(num_constraints, (list, tuple))
+        else (num_constraints,)
+    )
     for count in counts:
         check_count("num_constraints", count, "the number of constraints")
     check_count("num_nonholonomic", num_nonholonomic, "the number of nonholonomic constraints")
     if isinstance(formulation, AbstractStabilizedFormulation):
-        return formulation.perturbation_matrix(num_constraints, num_nonholonomic,
-                                               constraint_matrix)
+        return formulation.perturbation_matrix(num_constraints, num_nonholonomic, constraint_matrix)
     if isinstance(formulation, ConstraintEnforcingControl):
         return formulation.perturbation_matrix(num_constraints)
     raise ValueError(

@@ -70,8 +70,10 @@ def _solve_equilibrium(system, t, q_guess, v_cyclic, u_guess, free, cyclic, rtol
     sol = optx.least_squares(
         _equilibrium_residual,
         optx.GaussNewton(rtol=rtol, atol=rtol, linear_solver=lx.AutoLinearSolver(well_posed=False)),
-        z0, args=args,
-        max_steps=max_steps, throw=False,
+        z0,
+        args=args,
+        max_steps=max_steps,
+        throw=False,
     )
     q_free, v_cyc, u = sol.value
     q = q_guess.at[jnp.asarray(free, dtype=int)].set(q_free)
@@ -170,8 +172,9 @@ def equilibrium(
     )
     if is_concrete(residual, tol):
         if not float(residual) <= tol:
-            raise ValueError(message.format(tol=f" = {float(tol):.3g}")
-                             + f" (residual {float(residual):.3g})")
+            raise ValueError(
+                message.format(tol=f" = {float(tol):.3g}") + f" (residual {float(residual):.3g})"
+            )
     else:
         checks.append((~(residual <= tol), message.format(tol="")))
     return attach_checks(Equilibrium(q=q, v=v, u=u, residual=residual), checks)
@@ -237,8 +240,9 @@ def _vector_field(x, u, args):
 @eqx.filter_jit
 def _linearize(system, formulation, t, q, v, u, positions, velocities, cyclic):
     args = (system, formulation, t, q, v, positions, velocities)
-    x0 = jnp.concatenate([q[jnp.asarray(positions, dtype=int)],
-                          v[jnp.asarray(velocities, dtype=int)]])
+    x0 = jnp.concatenate(
+        [q[jnp.asarray(positions, dtype=int)], v[jnp.asarray(velocities, dtype=int)]]
+    )
     a = jax.jacfwd(_vector_field, argnums=0)(x0, u, args)
     if u is None:
         b = jnp.zeros((x0.shape[0], 0), x0.dtype)
@@ -314,9 +318,13 @@ def linearize(
     errors with the same messages.
     """
     check_instance("system", system, AbstractSystem, "a jaxdae system")
-    check_instance("formulation", formulation, AbstractFormulation,
-                   "a jaxdae formulation such as `jaxdae.Unstabilized()` or "
-                   "`jaxdae.RedundantCoordinates(dependent)`")
+    check_instance(
+        "formulation",
+        formulation,
+        AbstractFormulation,
+        "a jaxdae formulation such as `jaxdae.Unstabilized()` or "
+        "`jaxdae.RedundantCoordinates(dependent)`",
+    )
     check_real(q=q, v=v, u=u, t=t, tol=tol)
     q = jnp.asarray(q, dtype=jnp.result_type(q, float))
     if q.ndim != 1:
@@ -328,15 +336,20 @@ def linearize(
     if u is not None:
         u = jnp.atleast_1d(jnp.asarray(u, dtype=q.dtype))
         if not is_controlled(system):
-            raise ValueError("`u` was given but the system has no `controller` field (see "
-                             "`jaxdae.AbstractControlledSystem`).")
+            raise ValueError(
+                "`u` was given but the system has no `controller` field (see "
+                "`jaxdae.AbstractControlledSystem`)."
+            )
     t = jnp.asarray(t, dtype=q.dtype)
     cyclic = _indices("cyclic", cyclic, n)
     terms = eqx.filter_eval_shape(lambda s: s.terms(t, q, v), system)
     counts = (terms.num_holonomic, terms.num_nonholonomic)
     formulation = attach_checks(formulation.validate(*counts), formulation.traced_checks(*counts))
-    checks = [*_finite_checks(q=q, v=v, u=u, t=t), *_positive_checks("root tolerance", tol=tol),
-              *_point_checks(system, formulation, t, q, v)]
+    checks = [
+        *_finite_checks(q=q, v=v, u=u, t=t),
+        *_positive_checks("root tolerance", tol=tol),
+        *_point_checks(system, formulation, t, q, v),
+    ]
     positions, velocities = _state_map(formulation, n, cyclic)
     a, b, dcyc, drift = _linearize(system, formulation, t, q, v, u, positions, velocities, cyclic)
     scale = 1.0 + jnp.max(jnp.abs(a), initial=0.0)
@@ -362,17 +375,28 @@ def linearize(
     stable = (num_zero == expected) & jnp.all(zero | (jnp.real(eig) < -tol))
     if not is_concrete(a, b):
         checks.append((~(jnp.all(jnp.isfinite(a)) & jnp.all(jnp.isfinite(b))), _NOT_FINITE))
-    return attach_checks(Linearization(
-        A=a, B=b, eigenvalues=eig, num_zero_roots=num_zero, num_constraints=m,
-        expected_zero_roots=expected, tol=tol, asymptotically_stable=stable,
-        positions=positions, velocities=velocities,
-    ), checks)
+    return attach_checks(
+        Linearization(
+            A=a,
+            B=b,
+            eigenvalues=eig,
+            num_zero_roots=num_zero,
+            num_constraints=m,
+            expected_zero_roots=expected,
+            tol=tol,
+            asymptotically_stable=stable,
+            positions=positions,
+            velocities=velocities,
+        ),
+        checks,
+    )
 
 
 _NOT_FINITE = (
     "The linearization is not finite: the vector field or its Jacobian holds nan or inf at "
     "(q, v, u). Evaluate the model there (a square root or division that leaves its "
-    "domain), or choose another equilibrium.")
+    "domain), or choose another equilibrium."
+)
 
 
 def _finite_checks(**named) -> tuple:
@@ -385,8 +409,12 @@ def _finite_checks(**named) -> tuple:
         if is_concrete(value):
             check_finite(name, value)
         else:
-            checks.append((~jnp.all(jnp.isfinite(value)),
-                           f"`{name}` contains non-finite values (nan or inf)."))
+            checks.append(
+                (
+                    ~jnp.all(jnp.isfinite(value)),
+                    f"`{name}` contains non-finite values (nan or inf).",
+                )
+            )
     return tuple(checks)
 
 
@@ -398,8 +426,12 @@ def _positive_checks(kind: str, **named) -> tuple:
         if value is None or is_concrete(value):
             check_positive(name, value, kind)
         else:
-            checks.append((~(jnp.isfinite(value) & (value > 0)),
-                           f"`{name}` must be a positive finite {kind}."))
+            checks.append(
+                (
+                    ~(jnp.isfinite(value) & (value > 0)),
+                    f"`{name}` must be a positive finite {kind}.",
+                )
+            )
     return tuple(checks)
 
 
@@ -416,17 +448,19 @@ def _point_checks(system, formulation, t, q, v) -> tuple:
     flags, values = _state_problems(system, formulation, t, q, v)
     where = "The linearization point (checked as `simulate` checks its `q0`): "
     if is_concrete(flags, values):
-        for flag, value, (message, name) in zip(np.asarray(flags), np.asarray(values),
-                                                formulation.state_messages, strict=True):
+        for flag, value, (message, name) in zip(
+            np.asarray(flags), np.asarray(values), formulation.state_messages, strict=True
+        ):
             if flag:
-                raise ValueError(f"{where}{message} ({name}: {float(value):.3g} at "
-                                 f"q = {np.asarray(q)})")
+                raise ValueError(
+                    f"{where}{message} ({name}: {float(value):.3g} at q = {np.asarray(q)})"
+                )
         return ()
-    return tuple((flags[i], where + message)
-                 for i, (message, _) in enumerate(formulation.state_messages))
+    return tuple(
+        (flags[i], where + message) for i, (message, _) in enumerate(formulation.state_messages)
+    )
 
 
 def closed_loop_matrix(linearization: Linearization, gain: Float[Array, "p s"]):
     """`A − B K` for a gain on the linearization's own state."""
     return linearization.A - linearization.B @ gain
-

@@ -97,8 +97,11 @@ def _sign_solution(a, b, q, r, rtol, max_steps):
     g = b @ jnp.linalg.solve(r, b.T)
     h = jnp.block([[a, -g], [-q, -a.T]])
     sol = optx.fixed_point(
-        _sign_step, optx.FixedPointIteration(rtol=rtol, atol=rtol), h,
-        max_steps=max_steps, throw=False,
+        _sign_step,
+        optx.FixedPointIteration(rtol=rtol, atol=rtol),
+        h,
+        max_steps=max_steps,
+        throw=False,
     )
     s = sol.value
     eye = jnp.eye(n, dtype=a.dtype)
@@ -129,25 +132,31 @@ def _lqr(a, b, q, r, rtol, max_steps):
     wide = jnp.result_type(float)
     p0, sign_result = _sign_solution(
         *(jax.lax.stop_gradient(x).astype(wide) for x in (a, b, q, r)),
-        jnp.maximum(jax.lax.stop_gradient(rtol), 100 * jnp.finfo(wide).eps), max_steps,
+        jnp.maximum(jax.lax.stop_gradient(rtol), 100 * jnp.finfo(wide).eps),
+        max_steps,
     )
     p0 = p0.astype(a.dtype)
     solver = optx.Newton(rtol=rtol, atol=rtol, linear_solver=lx.LU())
     sol = optx.root_find(
-        _riccati_residual, solver, p0, args=(a, b, q, r), max_steps=max_steps,
-        adjoint=optx.ImplicitAdjoint(linear_solver=lx.LU()), throw=False,
+        _riccati_residual,
+        solver,
+        p0,
+        args=(a, b, q, r),
+        max_steps=max_steps,
+        adjoint=optx.ImplicitAdjoint(linear_solver=lx.LU()),
+        throw=False,
     )
     p = _sym(sol.value)
     gain = jnp.linalg.solve(r, b.T @ p)
     closed = jnp.linalg.eigvals(a - b @ gain) if a.shape[0] else jnp.zeros((0,), complex)
     residual = jnp.max(jnp.abs(_riccati_residual(p, (a, b, q, r))), initial=0.0)
-    scale = 1.0 + jnp.max(jnp.abs(q), initial=0.0) + jnp.max(jnp.abs(p), initial=0.0) * (
-        1.0 + jnp.max(jnp.abs(a), initial=0.0)
+    scale = (
+        1.0
+        + jnp.max(jnp.abs(q), initial=0.0)
+        + jnp.max(jnp.abs(p), initial=0.0) * (1.0 + jnp.max(jnp.abs(a), initial=0.0))
     )
     bad = (
-        ~jnp.all(jnp.isfinite(p))
-        | ~jnp.all(jnp.real(closed) < 0)
-        | (residual > 1e3 * rtol * scale)
+        ~jnp.all(jnp.isfinite(p)) | ~jnp.all(jnp.real(closed) < 0) | (residual > 1e3 * rtol * scale)
     )
     return gain, p, closed, residual, bad, sign_result
 
@@ -170,11 +179,13 @@ def _scale_note(q, r, residual) -> str:
     if not (overflowed or ratio > limit or 0 < ratio < 1 / limit):
         return ""
     what = "overflowed to nan" if overflowed else "lost its precision"
-    return (f" The weights are badly scaled (max |Q| = {q_size:.3g}, max |R| = {r_size:.3g}, "
-            f"a ratio of {ratio:.3g}): the Riccati iteration {what}. The gain depends only "
-            "on the ratio of `Q` to `R`: scale both by the same factor to bring them near 1 "
-            "(e.g. divide both by max |Q|), or choose the state's units so that their ratio "
-            "lies within 1e15.")
+    return (
+        f" The weights are badly scaled (max |Q| = {q_size:.3g}, max |R| = {r_size:.3g}, "
+        f"a ratio of {ratio:.3g}): the Riccati iteration {what}. The gain depends only "
+        "on the ratio of `Q` to `R`: scale both by the same factor to bring them near 1 "
+        "(e.g. divide both by max |Q|), or choose the state's units so that their ratio "
+        "lies within 1e15."
+    )
 
 
 @full_precision
@@ -263,8 +274,12 @@ def lqr(
             )
         stabilizable = not bad_modes
     else:
-        checks.append((~jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in (a, b, q, r)])),
-                       "`A`, `B`, `Q` and `R` must be finite; a traced one holds nan or inf."))
+        checks.append(
+            (
+                ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in (a, b, q, r)])),
+                "`A`, `B`, `Q` and `R` must be finite; a traced one holds nan or inf.",
+            )
+        )
     gain, p, closed, residual, bad, _ = _lqr(a, b, q, r, rtol, max_steps)
     bad = bad | (not stabilizable)
     # `residual` as well: under an eager `jax.grad` the flag is concrete and it is not.
@@ -272,27 +287,38 @@ def lqr(
         if bool(bad):
             note = _scale_note(q, r, residual)
             if note:  # the likelier cause first
-                raise ValueError(f"No stabilizing solution of the Riccati equation (residual "
-                                 f"{float(residual):.3g}).{note} Else: "
-                                 f"{_NOT_STABILIZABLE.split(': ', 1)[1]}")
+                raise ValueError(
+                    f"No stabilizing solution of the Riccati equation (residual "
+                    f"{float(residual):.3g}).{note} Else: "
+                    f"{_NOT_STABILIZABLE.split(': ', 1)[1]}"
+                )
             raise ValueError(f"{_NOT_STABILIZABLE} (Riccati residual {float(residual):.3g}).")
     failed = bad
     for flag, _ in checks:
         failed = failed | flag
     if throw:
-        gain = attach_checks(gain, [*checks, (bad, _NOT_STABILIZABLE)] if not is_concrete(
-            bad, residual) else checks)
+        gain = attach_checks(
+            gain, [*checks, (bad, _NOT_STABILIZABLE)] if not is_concrete(bad, residual) else checks
+        )
     else:
         gain, p = (jnp.where(failed, jnp.nan, x) for x in (gain, p))
-    return LQRSolution(gain=gain, riccati=p, closed_loop_eigenvalues=closed, residual=residual,
-                       stabilizing=~jnp.asarray(failed))
+    return LQRSolution(
+        gain=gain,
+        riccati=p,
+        closed_loop_eigenvalues=closed,
+        residual=residual,
+        stabilizing=~jnp.asarray(failed),
+    )
 
 
 def _check_options(rtol, max_steps) -> tuple:
     """`ValueError` for a concrete `rtol` outside `(0, 1]` or a `max_steps` that is not a
     positive integer; a traced `rtol`'s check `(flag, message)`."""
-    if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or (
-            max_steps < 1):
+    if (
+        isinstance(max_steps, bool)
+        or not isinstance(max_steps, (int, np.integer))
+        or (max_steps < 1)
+    ):
         raise ValueError(f"`max_steps` must be a positive integer; got {max_steps!r}.")
     check_real(rtol=rtol)
     message = "`rtol` must be a relative tolerance in (0, 1]"

@@ -42,8 +42,7 @@ class BandedPlan:
         """`(diagonal, lower)` blocks of the permuted matrix, each `(blocks, b, b)` (an
         identity on the padded rows)."""
         padding = jnp.asarray(self.padding.reshape(self.blocks, self.width), values.dtype)
-        return (take(values, self.diagonal) + jax.vmap(jnp.diag)(padding),
-                take(values, self.lower))
+        return (take(values, self.diagonal) + jax.vmap(jnp.diag)(padding), take(values, self.lower))
 
     def band_values(self, values: Array) -> tuple[Array, Array]:
         """`(window, incoming)` of [`BandCholeskyFactor`][]: the permuted matrix's leading
@@ -51,15 +50,18 @@ class BandedPlan:
         after it, `A[j + 1 : j + b + 2, j + b + 1]` (an identity beyond the matrix and on
         the padded rows)."""
         (window, window_ones), (incoming, incoming_ones) = self.band_window, self.band_incoming
-        return (take(values, window) + jnp.asarray(window_ones, values.dtype),
-                take(values, incoming) + jnp.asarray(incoming_ones, values.dtype))
+        return (
+            take(values, window) + jnp.asarray(window_ones, values.dtype),
+            take(values, incoming) + jnp.asarray(incoming_ones, values.dtype),
+        )
 
     def to_blocks(self, rhs: Array) -> Array:
         """`rhs`, `(size,)` or `(size, m)`, permuted and cut into `(blocks, width, m)`
         (padded rows zero)."""
         columns = rhs[:, None] if rhs.ndim == 1 else rhs
-        padding_rows = jnp.zeros((self.blocks * self.width - self.size, columns.shape[1]),
-                                 columns.dtype)
+        padding_rows = jnp.zeros(
+            (self.blocks * self.width - self.size, columns.shape[1]), columns.dtype
+        )
         permuted = jnp.concatenate([take(columns, self.order), padding_rows])
         return permuted.reshape(self.blocks, self.width, -1)
 
@@ -86,8 +88,9 @@ def _band_indices(plan: BandedPlan) -> tuple[tuple[np.ndarray, np.ndarray], ...]
     cols = rows - offsets
     block, row = np.divmod(rows, b)
     col_block, col = np.divmod(np.maximum(cols, 0), b)
-    lower = np.where(col_block == block, plan.diagonal[block, row, col],
-                     plan.lower[block, row, col])
+    lower = np.where(
+        col_block == block, plan.diagonal[block, row, col], plan.lower[block, row, col]
+    )
     lower = np.concatenate([np.where(cols >= 0, lower, nnz), np.full((b + 1, b + 1), nnz)])
     ones = np.zeros(lower.shape)
     ones[:, 0] = np.concatenate([plan.padding, np.ones(b + 1, bool)])
@@ -95,8 +98,10 @@ def _band_indices(plan: BandedPlan) -> tuple[tuple[np.ndarray, np.ndarray], ...]
     # `A[j + 1 + i, j + b + 1] = lower[j + b + 1, b − i]`.
     i, j = np.indices((b + 1, b + 1))
     window = (np.maximum(i, j), np.abs(i - j))
-    return ((lower[window], ones[window]),
-            (lower[b + 1:, ::-1].copy(), ones[b + 1:, ::-1].copy()))
+    return (
+        (lower[window], ones[window]),
+        (lower[b + 1 :, ::-1].copy(), ones[b + 1 :, ::-1].copy()),
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -119,7 +124,8 @@ def banded_plan(pattern: Pattern) -> BandedPlan | None:
         from scipy.sparse.csgraph import reverse_cuthill_mckee
 
         graph = scipy.sparse.csr_matrix(
-            (np.ones(pattern.nnz), (pattern.rows, pattern.cols)), shape=(size, size))
+            (np.ones(pattern.nnz), (pattern.rows, pattern.cols)), shape=(size, size)
+        )
         rcm = np.asarray(reverse_cuthill_mckee(graph, symmetric_mode=True), np.int64)
         if bandwidth(rcm) < width:
             best, width = rcm, bandwidth(rcm)
@@ -241,8 +247,9 @@ def _band_cholesky(matrix: SparseMatrix, plan: BandedPlan) -> BandCholeskyFactor
     def row(window, entering):
         column = window[:, 0] / jnp.sqrt(window[0, 0])
         trailing = window[1:, 1:] - column[1:, None] * column[None, 1:]
-        window = jnp.concatenate([jnp.concatenate([trailing, entering[:b, None]], axis=1),
-                                  entering[None, :]])
+        window = jnp.concatenate(
+            [jnp.concatenate([trailing, entering[:b, None]], axis=1), entering[None, :]]
+        )
         return window, column
 
     _, columns = jax.lax.scan(row, window, incoming)
@@ -320,11 +327,13 @@ class CyclicReductionFactor(eqx.Module):
 
         def level(r, xs):
             alpha, gamma, stride = xs
-            return (r - alpha @ _shifted(r, -stride, zero)
-                    - gamma @ _shifted(r, stride, zero)), None
+            return (
+                r - alpha @ _shifted(r, -stride, zero) - gamma @ _shifted(r, stride, zero)
+            ), None
 
-        blocks, _ = jax.lax.scan(level, blocks,
-                                 (self.alphas, self.gammas, _strides(self.plan.blocks)))
+        blocks, _ = jax.lax.scan(
+            level, blocks, (self.alphas, self.gammas, _strides(self.plan.blocks))
+        )
         return self.plan.from_blocks(jax.vmap(cholesky_solve)(self.low, blocks), rhs)
 
 
@@ -344,14 +353,12 @@ def _cyclic_reduction(matrix: SparseMatrix, plan: BandedPlan) -> CyclicReduction
         alpha = _block_solve_right(_shifted(low, -stride, eye), coupling)
         above = jnp.swapaxes(_shifted(coupling, stride, zero), 1, 2)  # B_{i+s}ᵀ
         gamma = _block_solve_right(_shifted(low, stride, eye), above)
-        pivot = (pivot - alpha @ jnp.swapaxes(coupling, 1, 2)
-                 - gamma @ jnp.swapaxes(above, 1, 2))
+        pivot = pivot - alpha @ jnp.swapaxes(coupling, 1, 2) - gamma @ jnp.swapaxes(above, 1, 2)
         coupling = -alpha @ _shifted(coupling, -stride, zero)
         return (0.5 * (pivot + jnp.swapaxes(pivot, 1, 2)), coupling), (alpha, gamma)
 
     (pivot, _), (alphas, gammas) = jax.lax.scan(level, (diag, lower), _strides(plan.blocks))
-    return CyclicReductionFactor(alphas, gammas, jax.vmap(cholesky_factor)(pivot), matrix,
-                                 plan)
+    return CyclicReductionFactor(alphas, gammas, jax.vmap(cholesky_factor)(pivot), matrix, plan)
 
 
 def cyclic_reduction_default() -> bool:
@@ -362,8 +369,9 @@ def cyclic_reduction_default() -> bool:
     return jax.default_backend() != "cpu"
 
 
-def banded_factor(matrix: SparseMatrix, plan: BandedPlan, cyclic: bool | None = None
-                  ) -> BandedFactor | BandCholeskyFactor | CyclicReductionFactor:
+def banded_factor(
+    matrix: SparseMatrix, plan: BandedPlan, cyclic: bool | None = None
+) -> BandedFactor | BandCholeskyFactor | CyclicReductionFactor:
     """The factorization of a symmetric positive definite sparse `A` on `plan`: with
     `cyclic` (default: [`cyclic_reduction_default`][]) a [`CyclicReductionFactor`][];
     otherwise a [`BandCholeskyFactor`][] (one scan over the rows) from a half-bandwidth of
@@ -389,8 +397,9 @@ def _block_ldl(matrix: SparseMatrix, plan: BandedPlan) -> BandedFactor:
     return BandedFactor(low, coupling, plan)
 
 
-def banded_solve(matrix: SparseMatrix, rhs: Array, plan: BandedPlan,
-                 cyclic: bool | None = None) -> tuple[Array, Array]:
+def banded_solve(
+    matrix: SparseMatrix, rhs: Array, plan: BandedPlan, cyclic: bool | None = None
+) -> tuple[Array, Array]:
     """`(A⁻¹ rhs, pivots)` of a symmetric positive definite sparse `A` on `plan`; `rhs` of
     shape `(size,)` or `(size, m)`; factorized as [`banded_factor`][] says (`cyclic`).
     The pivots are those of symmetric eliminations of `A` (non-finite where `A` is not
@@ -418,5 +427,7 @@ def _banded_solve_jvp(plan, cyclic, primals, tangents):
     x = factor.solve(rhs)
     d_matrix = SparseMatrix(d_values, plan.pattern)
     d_matrix_x = d_matrix.matvec(x) if x.ndim == 1 else jax.vmap(d_matrix.matvec, 1, 1)(x)
-    return (x, factor.pivots), (factor.solve(d_rhs - d_matrix_x, tangent=True),
-                                jnp.zeros_like(factor.pivots))
+    return (x, factor.pivots), (
+        factor.solve(d_rhs - d_matrix_x, tangent=True),
+        jnp.zeros_like(factor.pivots),
+    )

@@ -74,9 +74,12 @@ class _Table:
         return self._hash
 
     def __eq__(self, other):
-        return (isinstance(other, _Table) and self.size == other.size
-                and self.index.shape == other.index.shape
-                and np.array_equal(self.index, other.index))
+        return (
+            isinstance(other, _Table)
+            and self.size == other.size
+            and self.index.shape == other.index.shape
+            and np.array_equal(self.index, other.index)
+        )
 
 
 def _gather_sum(x, *, table: _Table):
@@ -95,9 +98,11 @@ def _gather_sum_batched(args, dims, *, table: _Table):
 _gather_sum_p = jex.Primitive("jaxdae_gather_sum")
 _gather_sum_p.def_impl(_gather_sum)
 _gather_sum_p.def_abstract_eval(
-    lambda x, *, table: jax.core.ShapedArray((table.index.shape[0],) + x.shape[1:], x.dtype))
-ad.deflinear2(_gather_sum_p, lambda ct, x, *, table: [_gather_sum_p.bind(
-    ct, table=table.transposed())])
+    lambda x, *, table: jax.core.ShapedArray((table.index.shape[0],) + x.shape[1:], x.dtype)
+)
+ad.deflinear2(
+    _gather_sum_p, lambda ct, x, *, table: [_gather_sum_p.bind(ct, table=table.transposed())]
+)
 batching.primitive_batchers[_gather_sum_p] = _gather_sum_batched
 mlir.register_lowering(_gather_sum_p, mlir.lower_fun(_gather_sum, multiple_results=False))
 
@@ -110,8 +115,9 @@ def take(x: Array, index) -> Array:
     if index.size == 0 or x.shape[0] == 0:
         padded = jnp.concatenate([x, jnp.zeros((1,) + x.shape[1:], x.dtype)])
         return padded[index]
-    out = _gather_sum_p.bind(x, table=_table(index.reshape(-1, 1).tobytes(), index.size,
-                                             x.shape[0]))
+    out = _gather_sum_p.bind(
+        x, table=_table(index.reshape(-1, 1).tobytes(), index.size, x.shape[0])
+    )
     return out.reshape(index.shape + x.shape[1:])
 
 

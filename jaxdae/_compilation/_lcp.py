@@ -33,8 +33,9 @@ class LCPSolution(eqx.Module):
     solved: Bool[Array, ""]
 
 
-def masked_solve(matrix: Float[Array, "u u"], rhs: Float[Array, " u"],
-                 rows: Bool[Array, " u"]) -> Float[Array, " u"]:
+def masked_solve(
+    matrix: Float[Array, "u u"], rhs: Float[Array, " u"], rows: Bool[Array, " u"]
+) -> Float[Array, " u"]:
     """`x` with `A[rows, rows] x[rows] = rhs[rows]` and `x = 0` off `rows`, at a static
     shape: the other rows and columns are replaced by those of the identity. By array
     operations (no LAPACK call), so that a solve's step loop that computes contact forces
@@ -45,9 +46,12 @@ def masked_solve(matrix: Float[Array, "u u"], rhs: Float[Array, " u"],
     return jnp.where(rows, inverse(reduced) @ jnp.where(rows, rhs, 0.0), 0.0)
 
 
-def solve_lcp(matrix: Float[Array, "u u"], vector: Float[Array, " u"],
-              candidates: Bool[Array, " u"] | None = None,
-              max_pivots: int | None = None) -> LCPSolution:
+def solve_lcp(
+    matrix: Float[Array, "u u"],
+    vector: Float[Array, " u"],
+    candidates: Bool[Array, " u"] | None = None,
+    max_pivots: int | None = None,
+) -> LCPSolution:
     """The solution of the LCP `x ≥ 0, w = A x + b ≥ 0, xᵀw = 0` restricted to `candidates`
     (elsewhere `x = 0` and `w = b` unconstrained), for symmetric positive definite `A`
     (semidefinite: the pivoting uses `A + ε I`, `ε` a few ulps of its diagonal).
@@ -114,9 +118,12 @@ class FrictionalLCPSolution(eqx.Module):
     solved: Bool[Array, ""]
 
 
-def frictional_solve(matrix: Float[Array, "2u 2u"], vector: Float[Array, " 2u"],
-                     friction: Float[Array, " u"], modes: ContactModes
-                     ) -> Float[Array, " 2u"]:
+def frictional_solve(
+    matrix: Float[Array, "2u 2u"],
+    vector: Float[Array, " 2u"],
+    friction: Float[Array, " u"],
+    modes: ContactModes,
+) -> Float[Array, " 2u"]:
     """`x` of the contact `modes`: an `active` contact's normal row of `A x + b` vanishes,
     the others' normal `x` does; a sticking active contact with friction holds its
     tangential row at zero, a slipping one has `x_T = −μ s x_N`; the rest `x_T = 0`.
@@ -134,20 +141,30 @@ def frictional_solve(matrix: Float[Array, "2u 2u"], vector: Float[Array, " 2u"],
     rubbing = active & (friction > 0)
     holding = rubbing & stick
     slip_rows = eye[size:] + (friction * sign)[:, None] * eye[:size]
-    rows = jnp.concatenate([
-        jnp.where(active[:, None], matrix[:size], eye[:size]),
-        jnp.where(holding[:, None], matrix[size:],
-                  jnp.where(rubbing[:, None], slip_rows, eye[size:]))])
-    rhs = jnp.concatenate([jnp.where(active, -vector[:size], 0.0),
-                           jnp.where(holding, -vector[size:], 0.0)])
+    rows = jnp.concatenate(
+        [
+            jnp.where(active[:, None], matrix[:size], eye[:size]),
+            jnp.where(
+                holding[:, None], matrix[size:], jnp.where(rubbing[:, None], slip_rows, eye[size:])
+            ),
+        ]
+    )
+    rhs = jnp.concatenate(
+        [jnp.where(active, -vector[:size], 0.0), jnp.where(holding, -vector[size:], 0.0)]
+    )
     factor = pivoted_pseudo_factor(rows @ rows.T, float(1e3 * jnp.finfo(dtype).eps))
     return rows.T @ pivoted_pseudo_solve(factor, rhs)
 
 
-def solve_frictional_lcp(matrix: Float[Array, "2u 2u"], vector: Float[Array, " 2u"],
-                         friction: Float[Array, " u"], candidates: Bool[Array, " u"],
-                         free: Bool[Array, " u"], sign: Float[Array, " u"],
-                         max_pivots: int | None = None) -> FrictionalLCPSolution:
+def solve_frictional_lcp(
+    matrix: Float[Array, "2u 2u"],
+    vector: Float[Array, " 2u"],
+    friction: Float[Array, " u"],
+    candidates: Bool[Array, " u"],
+    free: Bool[Array, " u"],
+    sign: Float[Array, " u"],
+    max_pivots: int | None = None,
+) -> FrictionalLCPSolution:
     """Contacts with Coulomb friction in the plane: for each of `u` contacts a normal
     `x_N` and a tangential `x_T` (force or impulse), with `w = A x + b` their normal and
     tangential rates (accelerations or velocities after an impact), such that
@@ -178,8 +195,9 @@ def solve_frictional_lcp(matrix: Float[Array, "2u 2u"], vector: Float[Array, " 2
     def violations(active, stick, sign_):
         x = frictional_solve(a, b, friction_, ContactModes(active, stick, sign_))
         w = a @ x + b
-        normal = candidates & ((active & (x[:size] < -tolerance))
-                               | (~active & (w[:size] < -tolerance)))
+        normal = candidates & (
+            (active & (x[:size] < -tolerance)) | (~active & (w[:size] < -tolerance))
+        )
         rubbing = active & rubbing_free
         slips = rubbing & stick & (jnp.abs(x[size:]) > friction_ * x[:size] + tolerance)
         sticks = rubbing & ~stick & (sign_ * w[size:] < -tolerance)
@@ -195,13 +213,12 @@ def solve_frictional_lcp(matrix: Float[Array, "2u 2u"], vector: Float[Array, " 2
         any_ = flags.any()
         flip_normal = any_ & ~is_tangent
         flip_tangent = any_ & is_tangent
-        active = active.at[contact].set(jnp.where(flip_normal, ~active[contact],
-                                                  active[contact]))
+        active = active.at[contact].set(jnp.where(flip_normal, ~active[contact], active[contact]))
         new_sign = jnp.where(x[size + contact] > 0, -1.0, 1.0).astype(dtype)
-        sign_ = sign_.at[contact].set(jnp.where(flip_tangent & stick[contact], new_sign,
-                                                sign_[contact]))
-        stick = stick.at[contact].set(jnp.where(flip_tangent, ~stick[contact],
-                                                stick[contact]))
+        sign_ = sign_.at[contact].set(
+            jnp.where(flip_tangent & stick[contact], new_sign, sign_[contact])
+        )
+        stick = stick.at[contact].set(jnp.where(flip_tangent, ~stick[contact], stick[contact]))
         return pivots + 1, active, stick, sign_, ~any_
 
     def keep_going(carry):
@@ -215,10 +232,10 @@ def solve_frictional_lcp(matrix: Float[Array, "2u 2u"], vector: Float[Array, " 2
     start_stick = free & (jnp.abs(tangential) <= tolerance)
     start_sign = jnp.where(free, jnp.where(tangential < 0, -1.0, 1.0).astype(dtype), sign)
     _, active, stick, sign_, done = jax.lax.while_loop(
-        keep_going, step, (0, start_active, start_stick, start_sign, jnp.asarray(False)))
+        keep_going, step, (0, start_active, start_stick, start_sign, jnp.asarray(False))
+    )
     normal, tangent, _ = violations(active, stick, sign_)
     solved = done | ~(normal | tangent).any()
     modes = ContactModes(active, stick, sign_)
     x = frictional_solve(matrix, vector, friction, modes)
-    return FrictionalLCPSolution(x, matrix @ x + vector, modes,
-                                 solved & jnp.all(jnp.isfinite(x)))
+    return FrictionalLCPSolution(x, matrix @ x + vector, modes, solved & jnp.all(jnp.isfinite(x)))

@@ -64,8 +64,9 @@ def _looped_cholesky(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
     return jax.lax.fori_loop(0, n, column, jnp.zeros_like(matrix))
 
 
-def looped_substitution(low: Float[Array, "n n"], rhs: Float[Array, "n m"],
-                        transpose: bool) -> Float[Array, "n m"]:
+def looped_substitution(
+    low: Float[Array, "n n"], rhs: Float[Array, "n m"], transpose: bool
+) -> Float[Array, "n m"]:
     """`L⁻¹ rhs` (or `L⁻ᵀ rhs` where `transpose`) for a lower triangular `L` by a
     `lax.fori_loop` over the rows, differentiated and transposed by JAX through the loop and
     batched as a loop. [`looped_triangular_solve`][] is the same loop with a faster batched
@@ -89,12 +90,14 @@ def unrolled_cholesky_factor(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]
     n = matrix.shape[0]
     low = unrolled_cholesky(matrix)
     zero = jnp.zeros((), matrix.dtype)
-    return jnp.stack([jnp.stack([low[i][j] if j <= i else zero for j in range(n)])
-                      for i in range(n)])
+    return jnp.stack(
+        [jnp.stack([low[i][j] if j <= i else zero for j in range(n)]) for i in range(n)]
+    )
 
 
-def unrolled_substitution(low: Float[Array, "n n"], rhs: Float[Array, "n m"],
-                          transpose: bool) -> Float[Array, "n m"]:
+def unrolled_substitution(
+    low: Float[Array, "n n"], rhs: Float[Array, "n m"], transpose: bool
+) -> Float[Array, "n m"]:
     """`L⁻¹ rhs` (or `L⁻ᵀ rhs` where `transpose`) for a lower triangular `L`, unrolled into
     elementwise operations."""
     n = low.shape[0]
@@ -116,8 +119,10 @@ def _batched_otherwise(looped: Callable, small: Callable, lapack: Callable) -> C
 
     @function.def_vmap
     def _(axis_size, in_batched, *args):
-        args = [x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
-                for x, batched in zip(args, in_batched, strict=True)]
+        args = [
+            x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
+            for x, batched in zip(args, in_batched, strict=True)
+        ]
         if args[0].shape[-1] <= _thresholds.UNROLL_MAX:
             return jax.vmap(small)(*args), True
         return lapack(*args), True
@@ -126,15 +131,20 @@ def _batched_otherwise(looped: Callable, small: Callable, lapack: Callable) -> C
 
 
 _cholesky = _batched_otherwise(
-    _looped_cholesky, unrolled_cholesky_factor,
-    lambda a: jax.lax.linalg.cholesky(a, symmetrize_input=False))
+    _looped_cholesky,
+    unrolled_cholesky_factor,
+    lambda a: jax.lax.linalg.cholesky(a, symmetrize_input=False),
+)
 _substitutions = {
     transpose: _batched_otherwise(
         functools.partial(looped_substitution, transpose=transpose),
         functools.partial(unrolled_substitution, transpose=transpose),
-        functools.partial(jax.lax.linalg.triangular_solve, left_side=True, lower=True,
-                          transpose_a=transpose))
-    for transpose in (False, True)}
+        functools.partial(
+            jax.lax.linalg.triangular_solve, left_side=True, lower=True, transpose_a=transpose
+        ),
+    )
+    for transpose in (False, True)
+}
 
 
 @jax.custom_jvp
@@ -163,8 +173,9 @@ def _looped_cholesky_jvp(primals, tangents):
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
-def looped_triangular_solve(low: Float[Array, "n n"], rhs: Float[Array, "n m"],
-                            transpose: bool = False) -> Float[Array, "n m"]:
+def looped_triangular_solve(
+    low: Float[Array, "n n"], rhs: Float[Array, "n m"], transpose: bool = False
+) -> Float[Array, "n m"]:
     """`L⁻¹ rhs` (or `L⁻ᵀ rhs` where `transpose`) for a lower triangular `L`, by forward (back)
     substitution in a `lax.fori_loop` over the rows (under `jax.vmap`, unrolled up to
     `UNROLL_MAX` rows, LAPACK's batched triangular solve beyond). Differentiated implicitly,
@@ -304,8 +315,9 @@ def reciprocal_condition(matrix: Float[Array, "c c"]) -> Float[Array, ""]:
     return smallest / jnp.maximum(largest, jnp.finfo(matrix.dtype).tiny)
 
 
-def psd_pseudo_solve(matrix: Float[Array, "c c"], rhs: Float[Array, " c"],
-                     rcond: ScalarLike) -> Float[Array, " c"]:
+def psd_pseudo_solve(
+    matrix: Float[Array, "c c"], rhs: Float[Array, " c"], rcond: ScalarLike
+) -> Float[Array, " c"]:
     """`A⁺ rhs` for a symmetric positive semidefinite `A`: the Moore–Penrose inverse with
     eigenvalues below `rcond · λ_max` treated as zero, as `lineax.SVD(rcond)` does.
 
@@ -359,8 +371,9 @@ def psd_pseudo_inverse(matrix: Float[Array, "c c"], rcond: ScalarLike) -> Float[
     return jnp.where(full_rank, inverse, jnp.where(rank_one, truncated, 0.0))
 
 
-def pivoted_cholesky(matrix: Float[Array, "n n"], rcond: float
-                     ) -> tuple[Float[Array, "n n"], Float[Array, " n"], Int[Array, " n"]]:
+def pivoted_cholesky(
+    matrix: Float[Array, "n n"], rcond: float
+) -> tuple[Float[Array, "n n"], Float[Array, " n"], Int[Array, " n"]]:
     """The Cholesky factorization with symmetric (diagonal) pivoting of a symmetric positive
     semidefinite matrix, stopped at its numerical rank: `(low, pivots, order)` with
     `matrix = low diag(pivots) lowᵀ`; column `k` of `low` is the one eliminated at step `k`,
@@ -390,7 +403,8 @@ def pivoted_cholesky(matrix: Float[Array, "n n"], rcond: float
         entries = jax.lax.dynamic_index_in_dim(a, p, 1, keepdims=False)
         values = jnp.where(remaining & keep, entries / jnp.where(keep, pivot, 1.0), 0.0)
         low = jax.lax.dynamic_update_slice_in_dim(
-            low, (values + jnp.where((rows == p) & keep, 1.0, 0.0))[:, None], k, 1)
+            low, (values + jnp.where((rows == p) & keep, 1.0, 0.0))[:, None], k, 1
+        )
         kept_pivot = jnp.where(keep, pivot, 0.0)
         pivots = jnp.where(rows == k, kept_pivot, pivots)
         order = jnp.where(rows == k, p, order)
@@ -400,8 +414,8 @@ def pivoted_cholesky(matrix: Float[Array, "n n"], rcond: float
 
     zeros = jnp.zeros_like(matrix)
     _, low, pivots, order, _, _ = jax.lax.fori_loop(
-        0, n, column, (matrix, zeros, jnp.zeros(n, matrix.dtype), rows, diagonal,
-                       jnp.ones(n, bool)))
+        0, n, column, (matrix, zeros, jnp.zeros(n, matrix.dtype), rows, diagonal, jnp.ones(n, bool))
+    )
     return low, pivots, order
 
 
@@ -445,7 +459,8 @@ def pivoted_pseudo_solve(factor: PivotedPseudoFactor, rhs: Array) -> Array:
 
     def gram_solve(x):
         return looped_substitution(
-            factor.gram_low, looped_substitution(factor.gram_low, x, False), True)
+            factor.gram_low, looped_substitution(factor.gram_low, x, False), True
+        )
 
     y = gram_solve(factor.low.T @ b)
     x = factor.low @ gram_solve(inverse[:, None] * y)
@@ -474,10 +489,11 @@ def not_hurwitz(matrix: Float[ArrayLike, "*stack d d"], xnp) -> Bool[Array, ""] 
 
         def host(matrices):  # under `vmap`, with the batch axes in front
             bad = _host_not_hurwitz(np.asarray(matrices))
-            return np.any(bad.reshape(bad.shape[:bad.ndim - stack] + (-1,)), axis=-1)
+            return np.any(bad.reshape(bad.shape[: bad.ndim - stack] + (-1,)), axis=-1)
 
-        return jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.bool_), matrix,
-                                 vmap_method="expand_dims")
+        return jax.pure_callback(
+            host, jax.ShapeDtypeStruct((), jnp.bool_), matrix, vmap_method="expand_dims"
+        )
     return jnp.any(jax.vmap(_lyapunov_not_hurwitz)(matrix.reshape(-1, n, n)))
 
 
@@ -537,8 +553,9 @@ def lu_factor(matrix: Float[Array, "n n"]) -> tuple[Array, Array]:
         pivot = jnp.argmax(column)
         at_pivot, at_k = rows == pivot, rows == k
         pivot_row = jnp.sum(jnp.where(at_pivot[:, None], a, 0.0), axis=0)
-        a = jnp.where(at_k[:, None], pivot_row[None, :],
-                      jnp.where(at_pivot[:, None], a[k][None, :], a))
+        a = jnp.where(
+            at_k[:, None], pivot_row[None, :], jnp.where(at_pivot[:, None], a[k][None, :], a)
+        )
         pivot_index = jnp.sum(jnp.where(at_pivot, perm, 0))
         perm = jnp.where(at_k, pivot_index, jnp.where(at_pivot, perm[k], perm))
         below = rows > k
@@ -565,8 +582,11 @@ def lu_solve(factors: tuple[Array, Array], rhs: Array) -> Array:
         b = b - jnp.where(rows > k, lu[:, k], 0.0).reshape(shape) * b[k]
     for k in reversed(range(n)):
         x_k = b[k] / lu[k, k]
-        b = jnp.where((rows == k).reshape(shape), x_k,
-                      b - jnp.where(rows < k, lu[:, k], 0.0).reshape(shape) * x_k)
+        b = jnp.where(
+            (rows == k).reshape(shape),
+            x_k,
+            b - jnp.where(rows < k, lu[:, k], 0.0).reshape(shape) * x_k,
+        )
     return b
 
 
@@ -676,8 +696,9 @@ def _blocked_inverse_jvp(block, primals, tangents):
     return result, -(result @ d_matrix @ result)
 
 
-def inverse_is_accurate(matrix: Float[Array, "n n"],
-                        result: Float[Array, "n n"]) -> Bool[Array, ""]:
+def inverse_is_accurate(
+    matrix: Float[Array, "n n"], result: Float[Array, "n n"]
+) -> Bool[Array, ""]:
     """Whether `result` solves with `matrix` as accurately as a pivoted inverse would: for a
     fixed probe `p` (entries between 0.5 and 1.5), `x = result p` has a residual
     `‖matrix x − p‖∞ ≤ INVERSE_PROBE_TOLERANCE · n · eps · ‖matrix‖∞ ‖x‖∞`, a backward
@@ -707,8 +728,9 @@ def checked_blocked_inverse(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
     from 17 to `LOOPED_INVERSE_MAX` rows, is differentiated by `d(A⁻¹) = −A⁻¹ dA A⁻¹`
     instead."""
     fast = _blocked_inverse(matrix, _thresholds.NEWTON_INVERSE_BLOCK)
-    return jax.lax.cond(inverse_is_accurate(matrix, fast), lambda: fast,
-                        lambda: _looped_inverse(matrix))
+    return jax.lax.cond(
+        inverse_is_accurate(matrix, fast), lambda: fast, lambda: _looped_inverse(matrix)
+    )
 
 
 @checked_blocked_inverse.def_vmap
@@ -718,8 +740,7 @@ def _(axis_size, in_batched, matrix):
         return checked_blocked_inverse(matrix), False
     fast = jax.vmap(lambda m: _blocked_inverse(m, _thresholds.NEWTON_INVERSE_BLOCK))(matrix)
     accurate = jnp.all(jax.vmap(inverse_is_accurate)(matrix, fast))
-    return jax.lax.cond(accurate, lambda: fast,
-                        lambda: jax.vmap(_looped_inverse)(matrix)), True
+    return jax.lax.cond(accurate, lambda: fast, lambda: jax.vmap(_looped_inverse)(matrix)), True
 
 
 @jax.custom_jvp

@@ -40,8 +40,9 @@ from ._operators import SparseOperator, sparse_matrix
 from ._sparse import SparseMatrix, cholesky_factor, cholesky_solve
 
 
-def symmetric_operator(matrix: Float[Array, "c c"],
-                       sparse: SparseMatrix | None = None) -> lx.AbstractLinearOperator:
+def symmetric_operator(
+    matrix: Float[Array, "c c"], sparse: SparseMatrix | None = None
+) -> lx.AbstractLinearOperator:
     """A symmetric positive semidefinite matrix as a lineax operator: on its pattern where
     `sparse` (the same matrix as a `SparseMatrix`) is given, else dense."""
     if sparse is not None:
@@ -87,8 +88,9 @@ class AbstractDirectSolver(lx.AbstractLinearSolver):
         return True
 
 
-def symmetric_solve(operator: lx.AbstractLinearOperator, vector: Array,
-                    solver: lx.AbstractLinearSolver) -> Array:
+def symmetric_solve(
+    operator: lx.AbstractLinearOperator, vector: Array, solver: lx.AbstractLinearSolver
+) -> Array:
     """`operator⁻¹ vector` with `solver`, a failed solve giving non-finite values rather
     than an error (which make the ODE solver reject the step and the failure checks report
     it): directly for an [`AbstractDirectSolver`][] that allows it, else
@@ -131,7 +133,8 @@ class StructuredCholesky(AbstractDirectSolver):
         if not (lx.is_symmetric(operator) or lx.is_positive_semidefinite(operator)):
             raise ValueError(
                 "`StructuredCholesky` solves with symmetric positive definite operators: tag "
-                "the operator with `lineax.positive_semidefinite_tag`.")
+                "the operator with `lineax.positive_semidefinite_tag`."
+            )
         sparse = sparse_matrix(operator)
         plan = None if sparse is None else banded_plan(sparse.pattern)
         if plan is not None:
@@ -143,8 +146,7 @@ class StructuredCholesky(AbstractDirectSolver):
         # Structured terms keep their array form (`_systems/_structure.py`): there an
         # unrolled factorization is thousands of scalar operations, whose gradient compiles
         # slowly (docs/design_measurements.md#array-form-unroll).
-        unroll_max = (_thresholds.UNROLL_MAX if sparse is None
-                      else _thresholds.ARRAY_FORM_UNROLL_MAX)
+        unroll_max = _thresholds.UNROLL_MAX if sparse is None else _thresholds.ARRAY_FORM_UNROLL_MAX
         matrix = operator.as_matrix()
         factor = cholesky_factor(matrix, unroll_max) if matrix.shape[0] else matrix
         return CholeskyFactor(factor, jnp.diagonal(factor) ** 2, None, unroll_max)
@@ -212,7 +214,8 @@ class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):
             raise ValueError(
                 "`PositiveSemidefinitePseudoInverse` solves with symmetric positive "
                 "semidefinite operators: tag the operator with "
-                "`lineax.positive_semidefinite_tag`, or use `lineax.SVD`.")
+                "`lineax.positive_semidefinite_tag`, or use `lineax.SVD`."
+            )
         dtype = operator.out_structure().dtype
         rcond = float(np.sqrt(np.finfo(dtype).eps)) if self.rcond is None else self.rcond
         if operator.in_size() <= 2:
@@ -224,9 +227,12 @@ class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):
             return _PseudoInverseState(operator, full_rank, factor, None, rcond)
         matrix = operator.as_matrix()
         pivoted = jax.lax.cond(  # its structure without its cost where of full rank
-            full_rank, lambda: jax.tree.map(jnp.zeros_like, jax.eval_shape(
-                pivoted_pseudo_factor, matrix, rcond)),
-            lambda: pivoted_pseudo_factor(matrix, rcond))
+            full_rank,
+            lambda: jax.tree.map(
+                jnp.zeros_like, jax.eval_shape(pivoted_pseudo_factor, matrix, rcond)
+            ),
+            lambda: pivoted_pseudo_factor(matrix, rcond),
+        )
         return _PseudoInverseState(operator, full_rank, factor, pivoted, rcond)
 
     def compute(self, state, vector: Array, options: dict[str, Any]):

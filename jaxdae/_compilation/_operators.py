@@ -40,8 +40,9 @@ state_independent_tag = _Tag("state_independent_tag")
 
 
 # Tags that imply symmetry, as for lineax's own operators.
-_SYMMETRIC_TAGS = frozenset({lx.symmetric_tag, lx.positive_semidefinite_tag,
-                             lx.negative_semidefinite_tag})
+_SYMMETRIC_TAGS = frozenset(
+    {lx.symmetric_tag, lx.positive_semidefinite_tag, lx.negative_semidefinite_tag}
+)
 
 
 def _tag_set(tags: object) -> frozenset:
@@ -68,8 +69,9 @@ class SparseOperator(lx.AbstractLinearOperator):
         tags = _tag_set(tags)
         rows, cols = matrix.shape
         if rows != cols and tags & _SYMMETRIC_TAGS:
-            raise ValueError(f"A symmetric `SparseOperator` needs a square matrix; got "
-                             f"{matrix.shape}.")
+            raise ValueError(
+                f"A symmetric `SparseOperator` needs a square matrix; got {matrix.shape}."
+            )
         self.matrix = matrix
         self.tags = tags
 
@@ -125,8 +127,7 @@ class MassFactor(AbstractMassFactor):
     cholesky: Array | None
 
     @classmethod
-    def factor(cls, mass: Float[Array, "n n"], sparse: SparseMatrix | None = None
-               ) -> "MassFactor":
+    def factor(cls, mass: Float[Array, "n n"], sparse: SparseMatrix | None = None) -> "MassFactor":
         """The factor of `mass` (its values on their pattern as `sparse`, where known): block
         by block where its blocks are small, else one dense Cholesky factorization."""
         inverse = None if sparse is None else block_inverse(sparse)
@@ -175,7 +176,8 @@ class FactoredOperator(lx.AbstractLinearOperator):
     @property
     def tags(self) -> frozenset:
         return frozenset({lx.symmetric_tag, lx.positive_semidefinite_tag}) | (
-            _tag_set(self.operator.tags) & {state_independent_tag})
+            _tag_set(self.operator.tags) & {state_independent_tag}
+        )
 
 
 @functools.singledispatch
@@ -221,6 +223,7 @@ def _pattern_is(test):
     def query(operator):
         matrix = sparse_matrix(operator)
         return matrix is not None and bool(test(matrix.pattern))
+
     return query
 
 

@@ -78,8 +78,7 @@ def _versions() -> str:
     import diffrax
     import equinox
 
-    return (f"jax {jax.__version__}, diffrax {diffrax.__version__}, "
-            f"equinox {equinox.__version__}")
+    return f"jax {jax.__version__}, diffrax {diffrax.__version__}, equinox {equinox.__version__}"
 
 
 # Whether JAX has started a backend (and so read `XLA_FLAGS`). `jax.extend.backend` offers
@@ -109,8 +108,9 @@ def traced_for_jit(values) -> bool:
     `jax.jit`: a trace under its own (a `grad`'s or `vmap`'s is over the jit's) stages a
     jaxpr. False for concrete values, under eager transformations, and when JAX's trace
     internals (`Tracer._trace`, `Trace.parent_trace`) have moved."""
-    tracer = next((x for x in jax.tree_util.tree_leaves(values)
-                   if isinstance(x, jax.core.Tracer)), None)
+    tracer = next(
+        (x for x in jax.tree_util.tree_leaves(values) if isinstance(x, jax.core.Tracer)), None
+    )
     if tracer is None or DynamicJaxprTrace is None:
         return False
     try:
@@ -120,7 +120,6 @@ def traced_for_jit(values) -> bool:
     except AttributeError:  # an eager trace at the bottom
         return False
     return True
-
 
 
 # The integer codes of the items of an equinox enumeration (diffrax's and jaxdae's

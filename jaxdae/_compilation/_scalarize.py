@@ -47,6 +47,7 @@ def array_form_scope():
     trace anything inside it."""
     return jax.named_scope(ARRAY_FORM_SCOPE)
 
+
 _ELEMENTWISE = frozenset(
     """add add_any sub mul div rem pow max min atan2 nextafter neg sin cos tan asin acos atan
     sinh cosh tanh asinh acosh atanh exp exp2 log log1p expm1 sqrt rsqrt cbrt abs sign floor
@@ -58,14 +59,36 @@ _CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "remat", "checkpo
 
 # Constant folding in numpy for the common operations (others are evaluated by JAX eagerly).
 _NUMPY = {
-    "add": np.add, "add_any": np.add, "sub": np.subtract, "mul": np.multiply,
-    "div": lambda a, b: np.divide(a, b) if np.issubdtype(a.dtype, np.inexact) else np.trunc(
-        np.divide(a, b)).astype(a.dtype),
-    "neg": np.negative, "max": np.maximum, "min": np.minimum, "sin": np.sin, "cos": np.cos,
-    "sqrt": np.sqrt, "exp": np.exp, "log": np.log, "abs": np.abs, "sign": np.sign,
-    "tanh": np.tanh, "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
-    "gt": np.greater, "ge": np.greater_equal, "and": np.logical_and, "or": np.logical_or,
-    "not": np.logical_not, "square": np.square,
+    "add": np.add,
+    "add_any": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": lambda a, b: (
+        np.divide(a, b)
+        if np.issubdtype(a.dtype, np.inexact)
+        else np.trunc(np.divide(a, b)).astype(a.dtype)
+    ),
+    "neg": np.negative,
+    "max": np.maximum,
+    "min": np.minimum,
+    "sin": np.sin,
+    "cos": np.cos,
+    "sqrt": np.sqrt,
+    "exp": np.exp,
+    "log": np.log,
+    "abs": np.abs,
+    "sign": np.sign,
+    "tanh": np.tanh,
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "and": np.logical_and,
+    "or": np.logical_or,
+    "not": np.logical_not,
+    "square": np.square,
 }
 
 
@@ -167,12 +190,22 @@ class _Graph:
 _SINCOS = {
     np.dtype(np.float64): (
         (1.57079632673412561417e00, 6.07710050630396597660e-11, 2.02226624879595063154e-21),
-        (-1.66666666666666324348e-01, 8.33333333332248946124e-03,
-         -1.98412698298579493134e-04, 2.75573137070700676789e-06,
-         -2.50507602534068634195e-08, 1.58969099521155010221e-10),
-        (4.16666666666666019037e-02, -1.38888888888741095749e-03, 2.48015872894767294178e-05,
-         -2.75573143513906633035e-07, 2.08757232129817482790e-09,
-         -1.13596475577881948265e-11),
+        (
+            -1.66666666666666324348e-01,
+            8.33333333332248946124e-03,
+            -1.98412698298579493134e-04,
+            2.75573137070700676789e-06,
+            -2.50507602534068634195e-08,
+            1.58969099521155010221e-10,
+        ),
+        (
+            4.16666666666666019037e-02,
+            -1.38888888888741095749e-03,
+            2.48015872894767294178e-05,
+            -2.75573143513906633035e-07,
+            2.08757232129817482790e-09,
+            -1.13596475577881948265e-11,
+        ),
     ),
     np.dtype(np.float32): (
         (1.5703125, 4.837512969970703125e-4, 7.54978995489188216e-8),
@@ -336,12 +369,15 @@ def _from_array(x, dtype) -> _Value:
 
 def _to_array(value: _Value):
     if all(_is_const(e) for e in value.elements):
-        return jnp.asarray(np.asarray(
-            [e.item() for e in value.elements], dtype=value.dtype).reshape(value.shape))
+        return jnp.asarray(
+            np.asarray([e.item() for e in value.elements], dtype=value.dtype).reshape(value.shape)
+        )
     if not value.elements:
         return jnp.zeros(value.shape, value.dtype)
-    scalars = [lax.convert_element_type(e, value.dtype) if _is_const(e) or e.dtype != value.dtype
-               else e for e in value.elements]
+    scalars = [
+        lax.convert_element_type(e, value.dtype) if _is_const(e) or e.dtype != value.dtype else e
+        for e in value.elements
+    ]
     return jnp.stack(scalars).reshape(value.shape)
 
 
@@ -389,21 +425,27 @@ def _structural(name, params, args: list[_Value]) -> list[_Value] | None:
         shape = [d for i, d in enumerate(x.shape) if i not in set(params["dimensions"])]
         return [_Value(x.elements, shape, x.dtype)]
     if name == "expand_dims":
-        return [_Value(x.elements, np.expand_dims(x.indices(), params["dimensions"]).shape,
-                       x.dtype)]
+        return [
+            _Value(x.elements, np.expand_dims(x.indices(), params["dimensions"]).shape, x.dtype)
+        ]
     if name == "transpose":
         return [x.take(x.indices().transpose(params["permutation"]))]
     if name == "rev":
         return [x.take(np.flip(x.indices(), params["dimensions"]))]
     if name == "slice":
         strides = params["strides"] or (1,) * len(x.shape)
-        cut = tuple(slice(lo, hi, st) for lo, hi, st in
-                    zip(params["start_indices"], params["limit_indices"], strides, strict=False))
+        cut = tuple(
+            slice(lo, hi, st)
+            for lo, hi, st in zip(
+                params["start_indices"], params["limit_indices"], strides, strict=False
+            )
+        )
         return [x.take(x.indices()[cut])]
     if name == "concatenate":
         offsets = np.cumsum([0] + [len(a.elements) for a in args])
-        index = np.concatenate([a.indices() + o for a, o in zip(args, offsets, strict=False)],
-                               axis=params["dimension"])
+        index = np.concatenate(
+            [a.indices() + o for a, o in zip(args, offsets, strict=False)], axis=params["dimension"]
+        )
         elements = [e for a in args for e in a.elements]
         return [_Value([elements[i] for i in index.reshape(-1)], index.shape, x.dtype)]
     if name == "stack":
@@ -415,8 +457,10 @@ def _structural(name, params, args: list[_Value]) -> list[_Value] | None:
         return [_Value([elements[i] for i in index.reshape(-1)], index.shape, x.dtype)]
     if name == "unstack":
         indices = x.indices()
-        return [x.take(np.take(indices, i, axis=params["axis"]))
-                for i in range(indices.shape[params["axis"]])]
+        return [
+            x.take(np.take(indices, i, axis=params["axis"]))
+            for i in range(indices.shape[params["axis"]])
+        ]
     if name == "pad":
         return [_pad(x, args[1], params["padding_config"])]
     if name == "split":
@@ -435,8 +479,12 @@ def _structural(name, params, args: list[_Value]) -> list[_Value] | None:
 
 def _elementwise(graph: _Graph, prim, params, args: list[_Value], out_shape, dtype):
     # Operands may broadcast (size-1 dimensions or scalars), as in numpy.
-    columns = [a.elements if a.shape == tuple(out_shape)
-               else a.take(np.broadcast_to(a.indices(), out_shape)).elements for a in args]
+    columns = [
+        a.elements
+        if a.shape == tuple(out_shape)
+        else a.take(np.broadcast_to(a.indices(), out_shape)).elements
+        for a in args
+    ]
     return _Value(
         [graph.apply(prim, params, list(row), dtype) for row in zip(*columns, strict=False)],
         out_shape,
@@ -448,12 +496,18 @@ def _reduce(graph: _Graph, prim, x: _Value, axes, out_shape, dtype):
     keep = [i for i in range(len(x.shape)) if i not in set(axes)]
     count = math.prod(x.shape[i] for i in axes)
     index = x.indices().transpose(keep + list(axes)).reshape(math.prod(out_shape), count)
-    combine = {"reduce_sum": lax.add, "reduce_max": lax.max, "reduce_min": lax.min,
-               "reduce_prod": lax.mul}[prim.name]
-    combine_prim = {lax.add: lax.add_p, lax.max: lax.max_p, lax.min: lax.min_p,
-                    lax.mul: lax.mul_p}[combine]
-    identity = {"reduce_sum": 0, "reduce_max": -np.inf, "reduce_min": np.inf,
-                "reduce_prod": 1}[prim.name]
+    combine = {
+        "reduce_sum": lax.add,
+        "reduce_max": lax.max,
+        "reduce_min": lax.min,
+        "reduce_prod": lax.mul,
+    }[prim.name]
+    combine_prim = {lax.add: lax.add_p, lax.max: lax.max_p, lax.min: lax.min_p, lax.mul: lax.mul_p}[
+        combine
+    ]
+    identity = {"reduce_sum": 0, "reduce_max": -np.inf, "reduce_min": np.inf, "reduce_prod": 1}[
+        prim.name
+    ]
     out = []
     for row in index:
         if not len(row):
@@ -469,30 +523,50 @@ def _reduce(graph: _Graph, prim, x: _Value, axes, out_shape, dtype):
 
 def _dot_general(graph: _Graph, lhs: _Value, rhs: _Value, dimension_numbers, out_shape, dtype):
     if lhs.dtype != rhs.dtype:  # mixed operands (a float32 state, a float64 model) meet
-        lhs, rhs = (x if x.dtype == dtype else _elementwise(
-            graph, lax.convert_element_type_p,
-            {"new_dtype": dtype, "weak_type": False, "sharding": None}, [x], x.shape, dtype)
-            for x in (lhs, rhs))  # both in the result's type
+        lhs, rhs = (
+            x
+            if x.dtype == dtype
+            else _elementwise(
+                graph,
+                lax.convert_element_type_p,
+                {"new_dtype": dtype, "weak_type": False, "sharding": None},
+                [x],
+                x.shape,
+                dtype,
+            )
+            for x in (lhs, rhs)
+        )  # both in the result's type
     (lc, rc), (lb, rb) = dimension_numbers
     lf = [i for i in range(len(lhs.shape)) if i not in lc and i not in lb]
     rf = [i for i in range(len(rhs.shape)) if i not in rc and i not in rb]
     batch = math.prod(lhs.shape[i] for i in lb)
     contract = math.prod(lhs.shape[i] for i in lc)
-    li = lhs.indices().transpose(list(lb) + lf + list(lc)).reshape(
-        batch, math.prod(lhs.shape[i] for i in lf), contract)
-    ri = rhs.indices().transpose(list(rb) + rf + list(rc)).reshape(
-        batch, math.prod(rhs.shape[i] for i in rf), contract)
+    li = (
+        lhs.indices()
+        .transpose(list(lb) + lf + list(lc))
+        .reshape(batch, math.prod(lhs.shape[i] for i in lf), contract)
+    )
+    ri = (
+        rhs.indices()
+        .transpose(list(rb) + rf + list(rc))
+        .reshape(batch, math.prod(rhs.shape[i] for i in rf), contract)
+    )
     out = []
     for b in range(batch):
         for row in li[b]:
             for col in ri[b]:
-                products = [graph.mul(lhs.elements[i], rhs.elements[j], lhs.dtype)
-                            for i, j in zip(row, col, strict=False)]
+                products = [
+                    graph.mul(lhs.elements[i], rhs.elements[j], lhs.dtype)
+                    for i, j in zip(row, col, strict=False)
+                ]
                 total = graph.sum(products, lhs.dtype)
                 if lhs.dtype != dtype:
-                    total = graph.apply(lax.convert_element_type_p,
-                                        {"new_dtype": dtype, "weak_type": False,
-                                         "sharding": None}, [total], dtype)
+                    total = graph.apply(
+                        lax.convert_element_type_p,
+                        {"new_dtype": dtype, "weak_type": False, "sharding": None},
+                        [total],
+                        dtype,
+                    )
                 out.append(total)
     return _Value(out, out_shape, dtype)
 
@@ -507,13 +581,16 @@ def _fallback(graph: _Graph, eqn, args: list[_Value]) -> list[_Value]:
 
 
 def _eval(graph: _Graph, jaxpr, consts: list, args: list[_Value]) -> list[_Value]:
-    env: dict = {**dict(zip(jaxpr.constvars, consts, strict=True)),
-                 **dict(zip(jaxpr.invars, args, strict=True))}
+    env: dict = {
+        **dict(zip(jaxpr.constvars, consts, strict=True)),
+        **dict(zip(jaxpr.invars, args, strict=True)),
+    }
 
     def read(var):
         if isinstance(var, jex.Literal):
             return _from_array(np.asarray(var.val), var.aval.dtype)
         return env[var]
+
     for eqn in jaxpr.eqns:
         name, params = eqn.primitive.name, eqn.params
         operands = [read(v) for v in eqn.invars]
@@ -527,14 +604,26 @@ def _eval(graph: _Graph, jaxpr, consts: list, args: list[_Value]) -> list[_Value
             elif not inner.constvars:
                 outs = _eval(graph, inner, [], operands)
         elif name in _ELEMENTWISE:
-            outs = [_elementwise(graph, eqn.primitive, params, operands, out_aval.shape,
-                                 out_aval.dtype)]
+            outs = [
+                _elementwise(graph, eqn.primitive, params, operands, out_aval.shape, out_aval.dtype)
+            ]
         elif name in ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod"):
-            outs = [_reduce(graph, eqn.primitive, operands[0], params["axes"], out_aval.shape,
-                            out_aval.dtype)]
+            outs = [
+                _reduce(
+                    graph,
+                    eqn.primitive,
+                    operands[0],
+                    params["axes"],
+                    out_aval.shape,
+                    out_aval.dtype,
+                )
+            ]
         elif name == "dot_general":
-            outs = [_dot_general(graph, *operands, params["dimension_numbers"],
-                                 out_aval.shape, out_aval.dtype)]
+            outs = [
+                _dot_general(
+                    graph, *operands, params["dimension_numbers"], out_aval.shape, out_aval.dtype
+                )
+            ]
         elif name == "iota":
             outs = [_iota(out_aval, params)]
         elif name == "jaxdae_gather_sum":
@@ -565,8 +654,7 @@ def _gather_sum(graph: _Graph, x: _Value, table, aval) -> _Value:
                 continue
             acc = x.elements[reads[0][k]]
             for row in reads[1:]:
-                acc = graph.apply(lax.add_p, _params(lax.add), [acc, x.elements[row[k]]],
-                                  x.dtype)
+                acc = graph.apply(lax.add_p, _params(lax.add), [acc, x.elements[row[k]]], x.dtype)
             out.append(acc)
     return _Value(out, aval.shape, x.dtype)
 
@@ -574,8 +662,11 @@ def _gather_sum(graph: _Graph, x: _Value, table, aval) -> _Value:
 def _iota(aval, params) -> _Value:
     shape, dimension = aval.shape, params["dimension"]
     values = np.broadcast_to(
-        np.arange(shape[dimension]).reshape([-1 if i == dimension else 1
-                                             for i in range(len(shape))]), shape)
+        np.arange(shape[dimension]).reshape(
+            [-1 if i == dimension else 1 for i in range(len(shape))]
+        ),
+        shape,
+    )
     return _from_array(values, aval.dtype)
 
 
@@ -586,8 +677,13 @@ _NOT_COMPUTED = frozenset({"broadcast_in_dim"}) | _CALLS
 
 def _sizes(jaxpr) -> tuple[int, int]:
     """`(largest array, total entries computed)` of a jaxpr, calls included."""
-    largest = max([math.prod(getattr(v.aval, "shape", ()))
-                   for v in list(jaxpr.invars) + list(jaxpr.constvars)], default=0)
+    largest = max(
+        [
+            math.prod(getattr(v.aval, "shape", ()))
+            for v in list(jaxpr.invars) + list(jaxpr.constvars)
+        ],
+        default=0,
+    )
     work = 0
     for eqn in jaxpr.eqns:
         for var in eqn.outvars:
@@ -626,16 +722,21 @@ def _in_array_form_scope(jaxpr) -> bool:
         if ARRAY_FORM_SCOPE in str(eqn.source_info.name_stack):
             return True
         inner = eqn.params.get("jaxpr")
-        if eqn.primitive.name in _CALLS and inner is not None and _in_array_form_scope(
-                getattr(inner, "jaxpr", inner)):
+        if (
+            eqn.primitive.name in _CALLS
+            and inner is not None
+            and _in_array_form_scope(getattr(inner, "jaxpr", inner))
+        ):
             return True
     return False
 
 
 def _const_values(closed) -> list[_Value]:
     """The jaxpr's constants as values (tracers a closure held are constants here)."""
-    return [_from_array(c, c.dtype if hasattr(c, "dtype") else np.asarray(c).dtype)
-            for c in closed.consts]
+    return [
+        _from_array(c, c.dtype if hasattr(c, "dtype") else np.asarray(c).dtype)
+        for c in closed.consts
+    ]
 
 
 def scalarize(fn: Callable) -> Callable:
@@ -659,8 +760,10 @@ def scalarize(fn: Callable) -> Callable:
             return jax.tree_util.tree_unflatten(out_tree, jex.jaxpr_as_fun(closed)(*leaves))
         inputs = [_from_array(x, x.dtype) for x in leaves]
         outs = _eval(_Graph(), closed.jaxpr, _const_values(closed), inputs)
-        arrays = [_to_array(o).astype(s.dtype).reshape(s.shape)
-                  for o, s in zip(outs, out_leaves, strict=False)]
+        arrays = [
+            _to_array(o).astype(s.dtype).reshape(s.shape)
+            for o, s in zip(outs, out_leaves, strict=False)
+        ]
         return jax.tree_util.tree_unflatten(out_tree, arrays)
 
     return scalarized

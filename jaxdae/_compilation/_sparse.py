@@ -80,9 +80,12 @@ class Pattern:
         return self._hash
 
     def __eq__(self, other):
-        return (isinstance(other, Pattern) and self.shape == other.shape
-                and np.array_equal(self.rows, other.rows)
-                and np.array_equal(self.cols, other.cols))
+        return (
+            isinstance(other, Pattern)
+            and self.shape == other.shape
+            and np.array_equal(self.rows, other.rows)
+            and np.array_equal(self.cols, other.cols)
+        )
 
     def __repr__(self):
         return f"Pattern(shape={self.shape}, nnz={self.nnz})"
@@ -110,8 +113,7 @@ class SparseMatrix(eqx.Module):
     def from_dense(cls, matrix: Array, pattern: Pattern | None = None) -> "SparseMatrix":
         """The entries of `matrix` on `pattern` (default: every entry)."""
         pattern = Pattern.full(matrix.shape) if pattern is None else pattern
-        return cls(take(matrix.reshape(-1), pattern.rows * matrix.shape[1] + pattern.cols),
-                   pattern)
+        return cls(take(matrix.reshape(-1), pattern.rows * matrix.shape[1] + pattern.cols), pattern)
 
     def dense(self) -> Array:
         # Up to `GATHER_DENSE_MAX` entries a gather of every entry (padding read as zero):
@@ -122,8 +124,11 @@ class SparseMatrix(eqx.Module):
         p = self.pattern
         if p.shape[0] * p.shape[1] <= _thresholds.GATHER_DENSE_MAX:
             return take(self.values, _positions(p))
-        return jnp.zeros(p.shape, self.values.dtype).at[p.rows, p.cols].set(
-            self.values, indices_are_sorted=True, unique_indices=True)
+        return (
+            jnp.zeros(p.shape, self.values.dtype)
+            .at[p.rows, p.cols]
+            .set(self.values, indices_are_sorted=True, unique_indices=True)
+        )
 
     @property
     def T(self) -> "SparseMatrix":
@@ -294,8 +299,9 @@ def blocks_positive_definite(mass: SparseMatrix) -> Bool[Array, ""] | None:
     return jnp.all(jnp.isfinite(mass.values)) & jnp.all(jnp.isfinite(inverse.values))
 
 
-def cholesky_factor(block: Float[Array, "b b"], unroll_max: int | None = None
-                    ) -> Float[Array, "b b"]:
+def cholesky_factor(
+    block: Float[Array, "b b"], unroll_max: int | None = None
+) -> Float[Array, "b b"]:
     """The lower Cholesky factor of a small matrix (a block of the banded factorization,
     `StructuredCholesky`'s dense matrices): unrolled into elementwise operations
     up to `unroll_max` rows (default `UNROLL_MAX`), a loop of vector operations up to
@@ -310,9 +316,13 @@ def cholesky_factor(block: Float[Array, "b b"], unroll_max: int | None = None
     return unrolled_cholesky_factor(block)
 
 
-def cholesky_solve(low: Float[Array, "b b"], rhs: Float[Array, "b m"],
-                   unroll_max: int | None = None, *, tangent: bool = False
-                   ) -> Float[Array, "b m"]:
+def cholesky_solve(
+    low: Float[Array, "b b"],
+    rhs: Float[Array, "b m"],
+    unroll_max: int | None = None,
+    *,
+    tangent: bool = False,
+) -> Float[Array, "b m"]:
     """`(L Lᵀ)⁻¹ rhs` for a Cholesky factor `low` (from `cholesky_factor`), `rhs` of
     shape `(b, m)`: substitutions unrolled up to `unroll_max` rows (default `UNROLL_MAX`), loops up
     to `LOOPED_MAX`, LAPACK beyond. With `tangent` (`rhs` a tangent inside a JVP rule, which
@@ -322,8 +332,7 @@ def cholesky_solve(low: Float[Array, "b b"], rhs: Float[Array, "b m"],
     unroll_max = _thresholds.UNROLL_MAX if unroll_max is None else unroll_max
     if b > _thresholds.LOOPED_MAX:
         y = jax.lax.linalg.triangular_solve(low, rhs, left_side=True, lower=True)
-        return jax.lax.linalg.triangular_solve(low, y, left_side=True, lower=True,
-                                               transpose_a=True)
+        return jax.lax.linalg.triangular_solve(low, y, left_side=True, lower=True, transpose_a=True)
     if b > unroll_max:
         substitution = looped_substitution if tangent else looped_triangular_solve
         return substitution(low, substitution(low, rhs, False), True)

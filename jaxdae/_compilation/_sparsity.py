@@ -96,13 +96,16 @@ def _const(value) -> _Abstract:
 
 
 def _run(jaxpr, consts, inputs):
-    env = {**dict(zip(jaxpr.constvars, consts, strict=True)),
-           **dict(zip(jaxpr.invars, inputs, strict=True))}
+    env = {
+        **dict(zip(jaxpr.constvars, consts, strict=True)),
+        **dict(zip(jaxpr.invars, inputs, strict=True)),
+    }
 
     def read(var):
         if isinstance(var, jex.Literal):
             return _known(var.val)
         return env[var]
+
     for eqn in jaxpr.eqns:
         ins = [read(v) for v in eqn.invars]
         outs = _equation(eqn, ins)
@@ -124,12 +127,29 @@ def _evaluate(eqn, values):
 
 
 _NUMPY_ELEMENTWISE = {
-    "add": np.add, "add_any": np.add, "sub": np.subtract, "mul": np.multiply,
-    "neg": np.negative, "max": np.maximum, "min": np.minimum, "eq": np.equal,
-    "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
-    "ge": np.greater_equal, "and": np.logical_and, "or": np.logical_or, "not": np.logical_not,
-    "sin": np.sin, "cos": np.cos, "exp": np.exp, "sqrt": np.sqrt, "abs": np.abs,
-    "sign": np.sign, "square": np.square,
+    "add": np.add,
+    "add_any": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "neg": np.negative,
+    "max": np.maximum,
+    "min": np.minimum,
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "and": np.logical_and,
+    "or": np.logical_or,
+    "not": np.logical_not,
+    "sin": np.sin,
+    "cos": np.cos,
+    "exp": np.exp,
+    "sqrt": np.sqrt,
+    "abs": np.abs,
+    "sign": np.sign,
+    "square": np.square,
 }
 
 
@@ -181,8 +201,13 @@ def _numpy(name, params, args):
         cuts = np.cumsum(params["sizes"])[:-1]
         return np.split(x, cuts, axis=params["axis"])
     if name in ("reduce_sum", "reduce_max", "reduce_min", "reduce_or", "reduce_and"):
-        fn = {"reduce_sum": np.sum, "reduce_max": np.max, "reduce_min": np.min,
-              "reduce_or": np.any, "reduce_and": np.all}[name]
+        fn = {
+            "reduce_sum": np.sum,
+            "reduce_max": np.max,
+            "reduce_min": np.min,
+            "reduce_or": np.any,
+            "reduce_and": np.all,
+        }[name]
         return [fn(x, axis=tuple(params["axes"]))]
     if name == "cumsum":
         axis = params["axis"]
@@ -219,8 +244,11 @@ def _structural(eqn, ins):
     args = []
     for var, a in zip(eqn.invars, ins, strict=False):
         if jnp.issubdtype(var.aval.dtype, jnp.inexact):
-            args.append(a.mask.astype(np.float64 if var.aval.dtype == np.float64 else
-                                      np.dtype(var.aval.dtype)))
+            args.append(
+                a.mask.astype(
+                    np.float64 if var.aval.dtype == np.float64 else np.dtype(var.aval.dtype)
+                )
+            )
         elif a.value is not None:
             args.append(a.value)
         else:
@@ -240,8 +268,10 @@ def _equation(eqn, ins) -> list[_Abstract]:
     name = eqn.primitive.name
     outs_avals = [v.aval for v in eqn.outvars]
     sub = next((eqn.params[k] for k in _CALLS if k in eqn.params), None)
-    if all(a.value is not None for a in ins) and not eqn.effects and name not in (
-        "while", "scan", "cond"
+    if (
+        all(a.value is not None for a in ins)
+        and not eqn.effects
+        and name not in ("while", "scan", "cond")
     ):
         try:
             return _evaluate(eqn, [a.value for a in ins])
@@ -255,10 +285,10 @@ def _equation(eqn, ins) -> list[_Abstract]:
         return _scan(eqn, ins)
     if sub is not None:  # pjit, closed_call, custom_jvp_call, custom_vjp_call, remat, ...
         if isinstance(sub, jex.ClosedJaxpr):
-            inner_ins = ins[len(ins) - len(sub.jaxpr.invars):]
+            inner_ins = ins[len(ins) - len(sub.jaxpr.invars) :]
             return _run_closed(sub, inner_ins)
         if isinstance(sub, jex.Jaxpr):
-            return _run(sub, [], ins[len(ins) - len(sub.invars):])
+            return _run(sub, [], ins[len(ins) - len(sub.invars) :])
     floating = all(jnp.issubdtype(a.dtype, jnp.inexact) for a in outs_avals)
     if floating and name in _ZERO_PRESERVING:
         return [_Abstract(ins[0].mask)]
@@ -278,11 +308,19 @@ def _equation(eqn, ins) -> list[_Abstract]:
             cases = [np.broadcast_to(c.mask, outs_avals[0].shape) for c in ins[1:]]
             chosen = np.choose(np.asarray(predicate.value, dtype=int), cases)
             return [_Abstract(chosen)]
-        return [_Abstract(np.logical_or.reduce([np.broadcast_to(c.mask, outs_avals[0].shape)
-                                                for c in ins[1:]]))]
+        return [
+            _Abstract(
+                np.logical_or.reduce(
+                    [np.broadcast_to(c.mask, outs_avals[0].shape) for c in ins[1:]]
+                )
+            )
+        ]
     if floating and name == "clamp":
-        return [_Abstract(np.logical_or.reduce(
-            [np.broadcast_to(a.mask, outs_avals[0].shape) for a in ins]))]
+        return [
+            _Abstract(
+                np.logical_or.reduce([np.broadcast_to(a.mask, outs_avals[0].shape) for a in ins])
+            )
+        ]
     if floating and name in _STRUCTURAL:
         outs = _structural(eqn, ins)
         if outs is not None:
@@ -354,8 +392,10 @@ def _scan(eqn, ins):
     if not converged:
         return [_full(v.aval) for v in eqn.outvars]
     ys = _run_closed(p["jaxpr"], list(consts) + list(carry) + x_slices)[ncarry:]
-    ys = [_Abstract(np.broadcast_to(y.mask, v.aval.shape))
-          for y, v in zip(ys, eqn.outvars[ncarry:], strict=False)]
+    ys = [
+        _Abstract(np.broadcast_to(y.mask, v.aval.shape))
+        for y, v in zip(ys, eqn.outvars[ncarry:], strict=False)
+    ]
     return list(carry) + ys
 
 

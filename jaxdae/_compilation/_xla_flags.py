@@ -45,7 +45,7 @@ def _joined(flags: str, flag: str, item: str) -> str:
     tokens = flags.split()
     given = [i for i, token in enumerate(tokens) if token.startswith(flag)]
     if given:
-        value = tokens[given[-1]][len(flag):]
+        value = tokens[given[-1]][len(flag) :]
         tokens[given[-1]] = flag + (f"{value},{item}" if value else item)
     else:
         tokens.append(flag + item)
@@ -85,7 +85,8 @@ def set_xla_flags() -> None:
             "solve) kernel by kernel, several times slower on the CPU. Import jaxdae before "
             "the first JAX computation, or set the environment variable before starting "
             f"Python: XLA_FLAGS='{wanted}' (set JAXDAE_SET_XLA_FLAGS=0 to silence this).",
-            stacklevel=2)
+            stacklevel=2,
+        )
         return
     os.environ["XLA_FLAGS"] = wanted
 

@@ -44,8 +44,10 @@ def _check_dtypes(name: str, arguments) -> None:
     imaginary part. `TypeError` for a string (JAX's own error would not name the gain)."""
     for argument, value in arguments:
         if _is_text(value):
-            raise TypeError(f"The gain `{argument}` of {name} must be a number or an array of "
-                            f"numbers; got {value!r}. Pass e.g. `{argument}=10.0`, not a string.")
+            raise TypeError(
+                f"The gain `{argument}` of {name} must be a number or an array of "
+                f"numbers; got {value!r}. Pass e.g. `{argument}=10.0`, not a string."
+            )
         if value is None or not eqx.is_array_like(value) or isinstance(value, (int, float)):
             continue
         problem = dtype_problem(jnp.result_type(value))
@@ -59,8 +61,11 @@ def _is_text(value) -> bool:
         return True
     if isinstance(value, (list, tuple)):
         return any(_is_text(item) for item in value)
-    return isinstance(value, np.ndarray) and value.dtype.kind in "USO" and any(
-        _is_text(item) for item in value.ravel().tolist())
+    return (
+        isinstance(value, np.ndarray)
+        and value.dtype.kind in "USO"
+        and any(_is_text(item) for item in value.ravel().tolist())
+    )
 
 
 def _message(name, signature, args, kwargs, example, error) -> str:
@@ -92,11 +97,9 @@ def _message(name, signature, args, kwargs, example, error) -> str:
         problem = f"{call} {needs} {_names(required)}; {_names(missing)} {_is(missing)} missing."
         if len(read) > 1 and not kwargs and len(args) < len(required):
             # The same values read as the last gains instead: the other likely intent.
-            shifted = dict(zip(required[len(required) - len(args):], args, strict=False))
+            shifted = dict(zip(required[len(required) - len(args) :], args, strict=False))
             others = required[: len(required) - len(args)]
-            reading += (
-                f" If you meant {_pairs(shifted)}, {_names(others)} {_is(others)} missing."
-            )
+            reading += f" If you meant {_pairs(shifted)}, {_names(others)} {_is(others)} missing."
     else:  # pragma: no cover - `bind` failed for a reason not listed above
         problem = f"{call}: {error}"
     return f"{problem}{reading} Pass the gains by name, e.g. `{example}`."

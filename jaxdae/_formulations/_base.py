@@ -55,8 +55,9 @@ class AbstractFormulation(eqx.Module):
         `traced_checks`. Returns the formulation.
         """
 
-    def traced_checks(self, num_holonomic: int, num_nonholonomic: int
-                      ) -> tuple[tuple[Bool[Array, ""], str], ...]:
+    def traced_checks(
+        self, num_holonomic: int, num_nonholonomic: int
+    ) -> tuple[tuple[Bool[Array, ""], str], ...]:
         """The checks of traced gain values (under `jit`, `vmap`, `grad`) as `(flag,
         message)` pairs, the flag true where the message applies: `simulate` attaches them
         with its own checks as one `eqx.branched_error_if`, other callers with
@@ -66,9 +67,7 @@ class AbstractFormulation(eqx.Module):
     def check_values(self) -> None:
         """Eager checks of concrete gain values (`ValueError`); called by `simulate`."""
 
-    def failure(
-        self, terms: ConstrainedTerms, reference
-    ) -> Bool[Array, ""] | Float[Array, ""]:
+    def failure(self, terms: ConstrainedTerms, reference) -> Bool[Array, ""] | Float[Array, ""]:
         """True where the formulation cannot continue (checked at the end of every step).
 
         `reference` is `failure_reference` at the initial state. May instead return a real
@@ -301,8 +300,9 @@ class AbstractBaumgarteFormulation(AbstractStabilizedFormulation):
         if k == 0:
             return holonomic
         kv = gain_matrix(jnp.asarray(self.kv), k, dtype)
-        return jnp.block([[holonomic, jnp.zeros((2 * m, k), dtype)],
-                          [jnp.zeros((k, 2 * m), dtype), -kv]])
+        return jnp.block(
+            [[holonomic, jnp.zeros((2 * m, k), dtype)], [jnp.zeros((k, 2 * m), dtype), -kv]]
+        )
 
 
 def default_kv(kd: Gain) -> Gain:
@@ -332,8 +332,11 @@ def check_stabilization_gains(formulation, names, num_holonomic, num_nonholonomi
     the concrete ones (`ValueError`); traced ones: `stabilization_checks`. Returns
     `formulation`."""
     sizes = {"kd": num_holonomic, "kp": num_holonomic, "kv": num_nonholonomic}
-    what = {"kd": "holonomic constraints", "kp": "holonomic constraints",
-            "kv": "nonholonomic constraints"}
+    what = {
+        "kd": "holonomic constraints",
+        "kp": "holonomic constraints",
+        "kv": "nonholonomic constraints",
+    }
     for name in names:
         gain = getattr(formulation, name)
         size = sizes.get(name, num_holonomic + num_nonholonomic)
@@ -346,8 +349,9 @@ def check_stabilization_gains(formulation, names, num_holonomic, num_nonholonomi
 def stabilization_checks(formulation, names, reason) -> tuple:
     """The `(flag, message)` checks that the traced gains `names` are SPD (the
     formulation's `traced_checks`)."""
-    return sum((require_positive_definite(name, getattr(formulation, name), reason)
-                for name in names), ())
+    return sum(
+        (require_positive_definite(name, getattr(formulation, name), reason) for name in names), ()
+    )
 
 
 def check_rcond(rcond: float | None) -> None:
@@ -355,9 +359,7 @@ def check_rcond(rcond: float | None) -> None:
         raise ValueError(f"`rcond` must be in [0, 1) or None (default sqrt(eps)); got {rcond}.")
 
 
-def baumgarte_target(
-    terms: ConstrainedTerms, kd, kp, kv
-) -> Float[Array, " c"]:
+def baumgarte_target(terms: ConstrainedTerms, kd, kp, kv) -> Float[Array, " c"]:
     """Right-hand side `s` of `G q̈ = s` that enforces Mukharlyamov and Deressa (2015) eq. [16] and
     Mukharlyamov (2019) eq. [0.7].
 
@@ -381,5 +383,3 @@ def second_order_matrix(
     m = stiffness.shape[0]
     eye = jnp.eye(m, dtype=stiffness.dtype)
     return jnp.block([[jnp.zeros_like(eye), eye], [-stiffness, -damping]])
-
-

@@ -74,8 +74,9 @@ class AbstractMultiplierBaumgarte(AbstractFormulation):
     gain_condition: ClassVar[str] = LYAPUNOV_CONDITION
 
     @explain_arguments("kd=10.0, kp=25.0")
-    def __init__(self, kd: GainLike, kp: GainLike, kv: GainLike | None = None,
-                 rcond: float | None = None):
+    def __init__(
+        self, kd: GainLike, kp: GainLike, kv: GainLike | None = None, rcond: float | None = None
+    ):
         self.kd, self.kp, self.kv = stabilization_gains(kd, kp, kv)
         self.rcond = rcond
 
@@ -83,8 +84,9 @@ class AbstractMultiplierBaumgarte(AbstractFormulation):
         check_rcond(self.rcond)
 
 
-class Baumgarte(AbstractMultiplierBaumgarte, AbstractExactMultipliers,
-                AbstractBaumgarteFormulation):
+class Baumgarte(
+    AbstractMultiplierBaumgarte, AbstractExactMultipliers, AbstractBaumgarteFormulation
+):
     """Generalized Baumgarte stabilization (Mukharlyamov and Deressa (2015), eqs.
     [16]–[21]; Mukharlyamov (2019), eq. [0.7]).
 

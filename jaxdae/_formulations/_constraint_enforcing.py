@@ -69,8 +69,12 @@ class ConstraintEnforcingControl(eqx.Module):
     rcond: float | None = eqx.field(static=True, default=None)
     null_space_input: Callable | None = None
 
-    def __init__(self, gains: Sequence[GainLike] | Sequence[Sequence[GainLike]],
-                 rcond: float | None = None, null_space_input: Callable | None = None):
+    def __init__(
+        self,
+        gains: Sequence[GainLike] | Sequence[Sequence[GainLike]],
+        rcond: float | None = None,
+        null_space_input: Callable | None = None,
+    ):
         def convert(group, name):
             if isinstance(group, (jax.Array, np.ndarray)) or not isinstance(group, Sequence):
                 raise ValueError(
@@ -86,18 +90,29 @@ class ConstraintEnforcingControl(eqx.Module):
                 check_gain_structure(f"{name}[{j}]", gain)
             return group
 
-        grouped = (isinstance(gains, Sequence) and len(gains) > 0
-                   and all(isinstance(g, (list, tuple)) for g in gains))
-        self.gains = (tuple(convert(g, f"gains[{i}]") for i, g in enumerate(gains))
-                      if grouped else convert(gains, "gains"))
+        grouped = (
+            isinstance(gains, Sequence)
+            and len(gains) > 0
+            and all(isinstance(g, (list, tuple)) for g in gains)
+        )
+        self.gains = (
+            tuple(convert(g, f"gains[{i}]") for i, g in enumerate(gains))
+            if grouped
+            else convert(gains, "gains")
+        )
         self.rcond = rcond
         self.null_space_input = null_space_input
         if is_concrete(self.gains):
             self._check_hurwitz()
 
     @classmethod
-    def with_poles(cls, rate: GainLike, order: int, rcond: float | None = None,
-                   null_space_input: Callable | None = None) -> "ConstraintEnforcingControl":
+    def with_poles(
+        cls,
+        rate: GainLike,
+        order: int,
+        rcond: float | None = None,
+        null_space_input: Callable | None = None,
+    ) -> "ConstraintEnforcingControl":
         """The gains whose characteristic polynomial is `(μ + rate)^order` (one `order`-fold
         pole at `−rate`, per constraint when `rate` is a vector): the choice of Ascher, Chin
         and Reich that Mukharlyamov (2019) recommends (eqs. [0.8]–[0.10]); `K_j = C(order, j)
@@ -105,12 +120,16 @@ class ConstraintEnforcingControl(eqx.Module):
         rate = as_gain(rate)
         if rate.ndim > 1:
             raise ValueError(f"`rate` must be a scalar or a vector; got shape {rate.shape}.")
-        return cls([math.comb(order, j) * rate ** (order - j) for j in range(order)], rcond,
-                   null_space_input)
+        return cls(
+            [math.comb(order, j) * rate ** (order - j) for j in range(order)],
+            rcond,
+            null_space_input,
+        )
 
     @classmethod
-    def from_poles(cls, poles, rcond: float | None = None,
-                   null_space_input: Callable | None = None) -> "ConstraintEnforcingControl":
+    def from_poles(
+        cls, poles, rcond: float | None = None, null_space_input: Callable | None = None
+    ) -> "ConstraintEnforcingControl":
         """The scalar gains whose characteristic polynomial `Π (μ − p_i)` has the given
         poles (their number is the relative degree): real poles, or complex ones in
         conjugate pairs. Differentiable in the poles, so tuning them (e.g. the logarithms of
@@ -120,13 +139,17 @@ class ConstraintEnforcingControl(eqx.Module):
             raise ValueError(f"`poles` must be a non-empty 1-D array; got shape {poles.shape}.")
         coefficients = jnp.ones((1,), poles.dtype)  # of μ^k, highest power first
         for pole in poles:
-            coefficients = (jnp.concatenate([coefficients, jnp.zeros((1,), poles.dtype)])
-                            - pole * jnp.concatenate([jnp.zeros((1,), poles.dtype), coefficients]))
+            coefficients = jnp.concatenate(
+                [coefficients, jnp.zeros((1,), poles.dtype)]
+            ) - pole * jnp.concatenate([jnp.zeros((1,), poles.dtype), coefficients])
         if jnp.iscomplexobj(coefficients):
-            if is_concrete(coefficients) and np.max(np.abs(np.imag(np.asarray(coefficients)))
-                                                    ) > 1e-9 * np.max(np.abs(coefficients)):
-                raise ValueError("Complex `poles` must come in conjugate pairs (the gains are "
-                                 "real); got " + np.array2string(np.asarray(poles)) + ".")
+            if is_concrete(coefficients) and np.max(
+                np.abs(np.imag(np.asarray(coefficients)))
+            ) > 1e-9 * np.max(np.abs(coefficients)):
+                raise ValueError(
+                    "Complex `poles` must come in conjugate pairs (the gains are "
+                    "real); got " + np.array2string(np.asarray(poles)) + "."
+                )
             coefficients = jnp.real(coefficients)
         return cls(list(coefficients[1:][::-1]), rcond, null_space_input)
 
@@ -189,7 +212,8 @@ class ConstraintEnforcingControl(eqx.Module):
         for i, (group, size) in enumerate(zip(self.groups, sizes, strict=False)):
             blocks = uncoupled_companions(group, size, jnp.result_type(*group))
             companion = jax.lax.stop_gradient(
-                _companion(group, size, f"gains[{i}]") if blocks is None else blocks)
+                _companion(group, size, f"gains[{i}]") if blocks is None else blocks
+            )
             unstabilized = jnp.all(jnp.stack([jnp.all(k == 0) for k in group]))
             bad = bad | (not_hurwitz(companion, jnp) & ~unstabilized)
         message = (
@@ -212,8 +236,10 @@ class ConstraintEnforcingControl(eqx.Module):
                 f"`num_constraints` must give one size per group of gains ({len(self.groups)}); "
                 f"got {num_constraints}."
             )
-        blocks = [_companion(group, r, f"gains[{i}]" if self.grouped else "gains")
-                  for i, (group, r) in enumerate(zip(self.groups, sizes, strict=False))]
+        blocks = [
+            _companion(group, r, f"gains[{i}]" if self.grouped else "gains")
+            for i, (group, r) in enumerate(zip(self.groups, sizes, strict=False))
+        ]
         return jax.scipy.linalg.block_diag(*blocks)
 
     def outputs(self, system: ActuatedSystem, t, q, v, w):

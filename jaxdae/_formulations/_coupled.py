@@ -73,8 +73,7 @@ class CoupledPerturbation(AbstractExactMultipliers, AbstractStabilizedFormulatio
     rcond: float | None = None
 
     @explain_arguments(_EXAMPLE)
-    def __init__(self, k10=None, k11=None, k12=None, k20=None, k21=None, k22=None,
-                 rcond=None):
+    def __init__(self, k10=None, k11=None, k12=None, k20=None, k21=None, k22=None, rcond=None):
         self.k10, self.k11, self.k12, self.k20, self.k21, self.k22 = (
             None if g is None else as_gain(g) for g in (k10, k11, k12, k20, k21, k22)
         )
@@ -125,14 +124,18 @@ class CoupledPerturbation(AbstractExactMultipliers, AbstractStabilizedFormulatio
         m, k = num_holonomic, num_nonholonomic
         if dtype is None:
             dtype = jnp.result_type(*[g for g in self._gains() if g is not None], float)
-        b = {name: _block(getattr(self, name), *(dict(m=m, k=k)[x] for x in _SHAPES[name]), dtype)
-             for name in _BLOCKS}
+        b = {
+            name: _block(getattr(self, name), *(dict(m=m, k=k)[x] for x in _SHAPES[name]), dtype)
+            for name in _BLOCKS
+        }
         zero = lambda r, c: jnp.zeros((r, c), dtype)  # noqa: E731
-        return jnp.block([
-            [zero(m, m), jnp.eye(m, dtype=dtype), zero(m, k)],
-            [b["k10"], b["k11"], b["k12"]],
-            [b["k20"], b["k21"], b["k22"]],
-        ])
+        return jnp.block(
+            [
+                [zero(m, m), jnp.eye(m, dtype=dtype), zero(m, k)],
+                [b["k10"], b["k11"], b["k12"]],
+                [b["k20"], b["k21"], b["k22"]],
+            ]
+        )
 
     def _gains(self):
         return [getattr(self, name) for name in _BLOCKS]
@@ -183,10 +186,12 @@ class CoupledPerturbation(AbstractExactMultipliers, AbstractStabilizedFormulatio
         if missing:
             counts = [f"{m} holonomic"] if m else []
             counts += [f"{k} nonholonomic"] if k else []
-            whose = (f"The system has {' and '.join(counts)} constraint"
-                     f"{'s' if m + k > 1 else ''}" if system else
-                     f"The blocks given act on {' and '.join(c.split()[1] for c in counts)} "
-                     "constraints")
+            whose = (
+                f"The system has {' and '.join(counts)} constraint{'s' if m + k > 1 else ''}"
+                if system
+                else f"The blocks given act on {' and '.join(c.split()[1] for c in counts)} "
+                "constraints"
+            )
             raise ValueError(
                 f"{whose}: "
                 f"pass {' and '.join(f'`{n}`' for n in missing)} to `CoupledPerturbation` "
@@ -199,23 +204,32 @@ class CoupledPerturbation(AbstractExactMultipliers, AbstractStabilizedFormulatio
             return ()
         m, k = num_holonomic, num_nonholonomic
         dtype = jnp.result_type(*[g for g in self._gains() if g is not None], float)
-        message = ("The perturbation matrix of `CoupledPerturbation` is not Hurwitz: the "
-                   "constraint perturbations would not decay (Mukharlyamov (2019), eq. [0.12]).")
+        message = (
+            "The perturbation matrix of `CoupledPerturbation` is not Hurwitz: the "
+            "constraint perturbations would not decay (Mukharlyamov (2019), eq. [0.12])."
+        )
         # Uncoupled scalar or diagonal blocks: Hurwitz iff each constraint's block is, the
         # companion `[[0, 1], [k10_i, k11_i]]` of `f̈ − k11_i ḟ − k10_i f` and `k22_j`.
         holonomic = None
-        if (self.k12 is None and self.k20 is None and self.k21 is None
-                and (self.k22 is None or self.k22.ndim <= 1)):
+        if (
+            self.k12 is None
+            and self.k20 is None
+            and self.k21 is None
+            and (self.k22 is None or self.k22.ndim <= 1)
+        ):
             holonomic = uncoupled_companions(
                 [-(jnp.zeros((), dtype) if g is None else g) for g in (self.k10, self.k11)],
-                m, dtype)
+                m,
+                dtype,
+            )
         if holonomic is None:
             matrix = self._matrix(m, k, dtype)
             return ((not_hurwitz(jax.lax.stop_gradient(matrix), jnp), message),)
         k22 = jnp.zeros((k,), dtype) if self.k22 is None else self.k22
         nonholonomic = jnp.broadcast_to(k22, (k,))[:, None, None]
         flag = not_hurwitz(jax.lax.stop_gradient(holonomic), jnp) | not_hurwitz(
-            jax.lax.stop_gradient(nonholonomic), jnp)
+            jax.lax.stop_gradient(nonholonomic), jnp
+        )
         return ((flag, message),)
 
     def target(self, terms: ConstrainedTerms):
@@ -234,8 +248,12 @@ class CoupledPerturbation(AbstractExactMultipliers, AbstractStabilizedFormulatio
 
         phi, dphi, psi = terms.phi, terms.dphi, terms.psi
         # G q̈ − bias = (Φ̈, Ψ̇) = (K10 Φ + K11 Φ̇ + K12 Ψ, K20 Φ + K21 Φ̇ + K22 Ψ)
-        rates = jnp.concatenate([times("k10", phi) + times("k11", dphi) + times("k12", psi),
-                                 times("k20", phi) + times("k21", dphi) + times("k22", psi)])
+        rates = jnp.concatenate(
+            [
+                times("k10", phi) + times("k11", dphi) + times("k12", psi),
+                times("k20", phi) + times("k21", dphi) + times("k22", psi),
+            ]
+        )
         return terms.bias + rates
 
     def accelerations(self, terms: ConstrainedTerms):

@@ -61,7 +61,7 @@ class GapTerms(eqx.Module):
     @property
     def slip(self) -> Float[Array, " f"]:
         """The slip velocities `v_T`."""
-        return self.velocity[self.gap.shape[0]:]
+        return self.velocity[self.gap.shape[0] :]
 
 
 def friction_coefficients(system, size: int, dtype) -> Float[Array, " f"]:
@@ -81,13 +81,18 @@ def gap_terms(system, t, q, v) -> GapTerms:
     if friction.shape[0] == 0:
         return GapTerms(gap, rate, jacobian, bias, friction)
     slip, slip_jacobian, slip_rate = nonholonomic_terms(system.slip_velocities, t, q, v)
-    return GapTerms(gap, jnp.concatenate([rate, slip]),
-                    jnp.concatenate([jacobian, slip_jacobian]),
-                    jnp.concatenate([bias, -slip_rate]), friction)
+    return GapTerms(
+        gap,
+        jnp.concatenate([rate, slip]),
+        jnp.concatenate([jacobian, slip_jacobian]),
+        jnp.concatenate([bias, -slip_rate]),
+        friction,
+    )
 
 
-def constrained_inverse_mass(terms: ConstrainedTerms,
-                             forces: Float[Array, "n k"]) -> Float[Array, "n k"]:
+def constrained_inverse_mass(
+    terms: ConstrainedTerms, forces: Float[Array, "n k"]
+) -> Float[Array, "n k"]:
     """`(M⁻¹ − M⁻¹Gᵀ (G M⁻¹ Gᵀ)⁺ G M⁻¹) F`: the velocity changes of the impulses `F` (one
     per column) that leave the rates of the bilateral constraints as they are."""
     factor = factor_of(terms.mass_operator)
@@ -110,8 +115,13 @@ class Impact(eqx.Module):
     solved: Bool[Array, ""]
 
 
-def impact(terms: ConstrainedTerms, gaps: GapTerms, closed: Bool[Array, " u"],
-           restitution: Float[Array, " u"], min_bounce_speed) -> Impact:
+def impact(
+    terms: ConstrainedTerms,
+    gaps: GapTerms,
+    closed: Bool[Array, " u"],
+    restitution: Float[Array, " u"],
+    min_bounce_speed,
+) -> Impact:
     """Newton's impact law for the `closed` gaps (module docstring), with Coulomb's on the
     impulses where the contacts have friction. A gap that would bounce off slower than
     `min_bounce_speed` (`e |ġ⁻|` below it) closes plastically (`e = 0`)."""
@@ -126,8 +136,14 @@ def impact(terms: ConstrainedTerms, gaps: GapTerms, closed: Bool[Array, " u"],
         solution = solve_lcp(delassus, normal, closed)
         return Impact(response @ solution.x, solution.x, solution.solved)
     free = jnp.ones_like(closed)
-    frictional = solve_frictional_lcp(delassus, jnp.concatenate([normal, gaps.slip]),
-                                      gaps.friction, closed, free, jnp.ones_like(rate))
+    frictional = solve_frictional_lcp(
+        delassus,
+        jnp.concatenate([normal, gaps.slip]),
+        gaps.friction,
+        closed,
+        free,
+        jnp.ones_like(rate),
+    )
     return Impact(response @ frictional.x, frictional.x, frictional.solved)
 
 
@@ -151,8 +167,9 @@ class ContactProblem(eqx.Module):
         return frictional_solve(self.matrix, self.vector, self.friction, modes)
 
 
-def contact_problem(formulation: AbstractFormulation, terms: ConstrainedTerms,
-                    gaps: GapTerms, gains) -> ContactProblem:
+def contact_problem(
+    formulation: AbstractFormulation, terms: ConstrainedTerms, gaps: GapTerms, gains
+) -> ContactProblem:
     """The [`ContactProblem`][] of the formulation's accelerations at `terms`; `gains` are
     `(k_d, k_p)` of the resting contacts' stabilization."""
     directions = gaps.directions
@@ -169,15 +186,21 @@ def contact_problem(formulation: AbstractFormulation, terms: ConstrainedTerms,
     kd, kp = gains
     rates = directions @ acceleration
     # `[g̈; v̇_T] + k_d [ġ; v_T] + k_p [g; 0]`
-    vector = rates - gaps.bias + kd * gaps.velocity + kp * jnp.concatenate(
-        [gaps.gap, jnp.zeros_like(gaps.slip)])
-    return ContactProblem(acceleration, response, 0.5 * (matrix + matrix.T), vector,
-                          gaps.friction)
+    vector = (
+        rates
+        - gaps.bias
+        + kd * gaps.velocity
+        + kp * jnp.concatenate([gaps.gap, jnp.zeros_like(gaps.slip)])
+    )
+    return ContactProblem(acceleration, response, 0.5 * (matrix + matrix.T), vector, gaps.friction)
 
 
-def resting_contacts(problem: ContactProblem, candidates: Bool[Array, " u"],
-                     free: Bool[Array, " u"], sign: Float[Array, " u"]
-                     ) -> tuple[ContactModes, Bool[Array, ""]]:
+def resting_contacts(
+    problem: ContactProblem,
+    candidates: Bool[Array, " u"],
+    free: Bool[Array, " u"],
+    sign: Float[Array, " u"],
+) -> tuple[ContactModes, Bool[Array, ""]]:
     """The modes of the `candidates` (closed gaps at rest): which carry a pushing force
     (the contact forces' complementarity problem `K λ + b ≥ 0 ⊥ λ ≥ 0`), and, with
     friction, which of those stick (the `free` ones may; the others slide in the direction
@@ -186,9 +209,11 @@ def resting_contacts(problem: ContactProblem, candidates: Bool[Array, " u"],
     if problem.friction.shape[0] == 0:
         solution = solve_lcp(problem.matrix, problem.vector, candidates)
         active = candidates & (solution.x > 0)
-        return ContactModes(active, jnp.zeros_like(active),
-                            jnp.zeros(size, problem.vector.dtype)), solution.solved
-    solution = solve_frictional_lcp(problem.matrix, problem.vector, problem.friction,
-                                    candidates, free, sign)
+        return ContactModes(
+            active, jnp.zeros_like(active), jnp.zeros(size, problem.vector.dtype)
+        ), solution.solved
+    solution = solve_frictional_lcp(
+        problem.matrix, problem.vector, problem.friction, candidates, free, sign
+    )
     active = candidates & solution.modes.active & (solution.x[:size] > 0)
     return ContactModes(active, active & solution.modes.stick, solution.modes.sign), solution.solved

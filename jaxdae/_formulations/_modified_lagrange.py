@@ -64,8 +64,7 @@ class ModifiedLagrange(AbstractBaumgarteFormulation):
     exact_perturbations: ClassVar[bool] = False
 
     @explain_arguments("ModifiedLagrange(alpha=100.0, kd=10.0, kp=25.0)")
-    def __init__(self, alpha: GainLike, kd: GainLike, kp: GainLike,
-                 kv: GainLike | None = None):
+    def __init__(self, alpha: GainLike, kd: GainLike, kp: GainLike, kv: GainLike | None = None):
         self.alpha = as_gain(alpha)
         self.kd, self.kp, self.kv = stabilization_gains(kd, kp, kv)
 
@@ -105,8 +104,9 @@ class ModifiedLagrange(AbstractBaumgarteFormulation):
         return limit.at[m:].set(scale @ feedback)
 
 
-def _accelerations(formulation: ModifiedLagrange, terms, iterations: int,
-                   batched: bool | None = None):
+def _accelerations(
+    formulation: ModifiedLagrange, terms, iterations: int, batched: bool | None = None
+):
     """`(q̈, λ)` of the modified Lagrange equation, refined by `iterations` augmented
     Lagrangian iterations (`_AugmentedLagrange`) with the same factorization of
     `M + Jᵀ𝔄J`.
@@ -137,8 +137,7 @@ def _accelerations(formulation: ModifiedLagrange, terms, iterations: int,
             residual = jacobian_matvec(terms, acc) - target
             multipliers = multipliers + _apply_masses(alpha, residual)
         return acc, multipliers
-    masses_gt = (masses_g.dense() if isinstance(masses_g, SparseMatrix)
-                 else masses_g.matrix).T
+    masses_gt = (masses_g.dense() if isinstance(masses_g, SparseMatrix) else masses_g.matrix).T
     columns = solver.compute(factor, jnp.concatenate([rhs[:, None], masses_gt], 1), {})[0]
     acc, gain = columns[:, 0], columns[:, 1:]  # `gain = (M + Jᵀ𝔄J)⁻¹ Gᵀ𝔄`
     # The residuals `r_k = G q̈_k − s` follow `r_{k+1} = (I − C) r_k`, `C = G gain`, so
@@ -152,7 +151,8 @@ def _accelerations(formulation: ModifiedLagrange, terms, iterations: int,
     residual = jacobian_matvec(terms, acc) - target
     acc = acc - small_matmul(gain, small_matmul(polynomial, residual))
     multipliers = _apply_masses(
-        alpha, residual + small_matmul(step, small_matmul(polynomial, residual)))
+        alpha, residual + small_matmul(step, small_matmul(polynomial, residual))
+    )
     return acc, multipliers
 
 

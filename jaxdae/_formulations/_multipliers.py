@@ -199,11 +199,13 @@ def multiplier_solve(
     if sparse_factors is not None and isinstance(solver, StructuredCholesky):
         minv, g = sparse_factors
         matrix_pattern = product_pattern(
-            g.pattern, product_pattern(minv.pattern, transposed_pattern(g.pattern)))
+            g.pattern, product_pattern(minv.pattern, transposed_pattern(g.pattern))
+        )
         plan = banded_plan(matrix_pattern)
         if plan is not None:
-            return _banded_multipliers((minv.pattern, g.pattern, plan), minv.values,
-                                       g.values, terms.forces, target)
+            return _banded_multipliers(
+                (minv.pattern, g.pattern, plan), minv.values, g.values, terms.forces, target
+            )
     elimination = eliminate(terms)
     if target.shape[0] == 0:  # no constraints: `q̈ = M⁻¹ Q`
         return elimination.minv_q, target
@@ -212,8 +214,9 @@ def multiplier_solve(
     return elimination.minv_q - elimination.apply_minv_gt(lam), lam
 
 
-def _banded_parts(patterns: tuple[Pattern, Pattern, BandedPlan], minv_values, g_values,
-                  forces, target):
+def _banded_parts(
+    patterns: tuple[Pattern, Pattern, BandedPlan], minv_values, g_values, forces, target
+):
     """`(q̈, λ)` of `M q̈ + Gᵀλ = Q`, `G q̈ = target` by eliminating `q̈` with sparse `M⁻¹`
     and `G`, `A = G M⁻¹ Gᵀ` factorized on the banded plan; with the factor, `M⁻¹`, `G`
     and `M⁻¹ Gᵀ` (sparse)."""
@@ -247,7 +250,8 @@ def _banded_multipliers(patterns, minv_values, g_values, forces, target):
 def _banded_multipliers_jvp(patterns, primals, tangents):
     acc, lam, factor, minv, g, minv_gt = _banded_parts(patterns, *primals)
     d_minv, d_g, d_forces, d_target = (
-        None if isinstance(t, jax.custom_derivatives.SymbolicZero) else t for t in tangents)
+        None if isinstance(t, jax.custom_derivatives.SymbolicZero) else t for t in tangents
+    )
     d_g = None if d_g is None else SparseMatrix(d_g, g.pattern)
     r = jnp.zeros_like(acc) if d_forces is None else d_forces
     if d_g is not None:

@@ -27,5 +27,6 @@ class PseudoInverse(AbstractMultiplierBaumgarte, AbstractBaumgarteFormulation):
     """
 
     def accelerations(self, terms):
-        return multiplier_solve(terms, self.target(terms),
-                                PositiveSemidefinitePseudoInverse(self.rcond))
+        return multiplier_solve(
+            terms, self.target(terms), PositiveSemidefinitePseudoInverse(self.rcond)
+        )

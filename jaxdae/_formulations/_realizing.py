@@ -22,15 +22,18 @@ def _positive(name: str, value: Array, law: str) -> Array:
     traced."""
     message = f"`{name}` must be positive and finite ({law}); got {{}}."
     if value.ndim > 1:
-        raise ValueError(f"`{name}` must be a scalar or one value per nonholonomic constraint; "
-                         f"got shape {value.shape}.")
+        raise ValueError(
+            f"`{name}` must be a scalar or one value per nonholonomic constraint; "
+            f"got shape {value.shape}."
+        )
     if is_concrete(value):
         array = np.asarray(value)
         if not np.all(np.isfinite(array) & (array > 0)):
             raise ValueError(message.format(array))
         return value
-    return eqx.error_if(value, ~jnp.all(jnp.isfinite(value) & (value > 0)),
-                        message.format("a non-positive value"))
+    return eqx.error_if(
+        value, ~jnp.all(jnp.isfinite(value) & (value > 0)), message.format("a non-positive value")
+    )
 
 
 class AbstractRealizingForce(eqx.Module):
@@ -41,8 +44,9 @@ class AbstractRealizingForce(eqx.Module):
     """
 
     @abc.abstractmethod
-    def __call__(self, psi: NonholonomicResidual,
-                 reaction: Callable[[], NonholonomicResidual]) -> NonholonomicResidual:
+    def __call__(
+        self, psi: NonholonomicResidual, reaction: Callable[[], NonholonomicResidual]
+    ) -> NonholonomicResidual:
         """The force `R` for the constraint residual `ψ`.
 
         `reaction()` returns the equivalent force: the one that gives `ψ̇ = −rate · ψ`
@@ -62,8 +66,10 @@ class AbstractRealizingForce(eqx.Module):
 
 def _check_size(name, value, k):
     if value.ndim == 1 and value.shape[0] != k:
-        raise ValueError(f"`{name}` has shape {value.shape} but the system has {k} nonholonomic "
-                         f"constraints: pass a scalar or shape ({k},).")
+        raise ValueError(
+            f"`{name}` has shape {value.shape} but the system has {k} nonholonomic "
+            f"constraints: pass a scalar or shape ({k},)."
+        )
 
 
 class ViscousForce(AbstractRealizingForce):
@@ -147,8 +153,9 @@ class BoundedForce(AbstractRealizingForce):
         _check_size("bound", self.bound, num_nonholonomic)
         new = eqx.tree_at(lambda f: f.bound, self, _positive("bound", self.bound, "Theorem 2"))
         if self.smoothing is not None:
-            new = eqx.tree_at(lambda f: f.smoothing, new,
-                              _positive("smoothing", self.smoothing, "tanh law"))
+            new = eqx.tree_at(
+                lambda f: f.smoothing, new, _positive("smoothing", self.smoothing, "tanh law")
+            )
         return new
 
     def equivalent_rate(self):
@@ -177,8 +184,10 @@ class CustomForce(AbstractRealizingForce):
     def __call__(self, psi, reaction):
         force = self.law(psi)
         if jnp.shape(force) != psi.shape:
-            raise ValueError(f"The realizing-force law must return shape {psi.shape} (one force "
-                             f"per nonholonomic constraint); got {jnp.shape(force)}.")
+            raise ValueError(
+                f"The realizing-force law must return shape {psi.shape} (one force "
+                f"per nonholonomic constraint); got {jnp.shape(force)}."
+            )
         return force
 
 
@@ -213,16 +222,22 @@ class RealizedConstraints(AbstractOneSidedWrapper):
 
     def __check_init__(self):
         check_instance("system", self.system, AbstractSystem, "a jaxdae system")
-        check_instance("force", self.force, AbstractRealizingForce,
-                       "a realizing-force law such as `jaxdae.ViscousForce(k)` or "
-                       "`jaxdae.BoundedForce(bound)`")
+        check_instance(
+            "force",
+            self.force,
+            AbstractRealizingForce,
+            "a realizing-force law such as `jaxdae.ViscousForce(k)` or "
+            "`jaxdae.BoundedForce(bound)`",
+        )
 
     def terms(self, t, q, s) -> ConstrainedTerms:
         full = self.system.terms(t, q, s)
         m, k = full.num_holonomic, full.num_nonholonomic
         if k == 0:
-            raise ValueError("`RealizedConstraints` needs a system with nonholonomic constraints "
-                             "(`velocity_constraints`); this one has none.")
+            raise ValueError(
+                "`RealizedConstraints` needs a system with nonholonomic constraints "
+                "(`velocity_constraints`); this one has none."
+            )
         force = self.force.check(k)
         a_matrix = full.jacobian[m:]
 

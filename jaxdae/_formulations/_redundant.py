@@ -65,8 +65,9 @@ def lu_solver(matrix):
         if matrix.shape[0] == 1:
             inverse = 1.0 / matrix
         else:
-            adjugate = jnp.stack([jnp.stack([matrix[1, 1], -matrix[0, 1]]),
-                                  jnp.stack([-matrix[1, 0], matrix[0, 0]])])
+            adjugate = jnp.stack(
+                [jnp.stack([matrix[1, 1], -matrix[0, 1]]), jnp.stack([-matrix[1, 0], matrix[0, 0]])]
+            )
             inverse = adjugate / small_det(matrix)
         return lambda b: inverse @ b
     operator = lx.MatrixLinearOperator(matrix)
@@ -172,12 +173,16 @@ class RedundantCoordinates(AbstractIndependentVelocities):
         if len(set(dep)) != len(dep):
             raise ValueError(f"`dependent` contains repeated indices: {dep}.")
         tol = self.tol
-        if isinstance(tol, bool) or not isinstance(tol, (int, float, np.floating, np.integer)
-                                                   ) or not (np.isfinite(tol) and tol > 0):
+        if (
+            isinstance(tol, bool)
+            or not isinstance(tol, (int, float, np.floating, np.integer))
+            or not (np.isfinite(tol) and tol > 0)
+        ):
             raise ValueError(
                 "The `tol` of RedundantCoordinates, the accepted max |Φ(q0)| at the initial "
                 f"state, must be a positive finite number; got {tol!r}. Pass e.g. `tol=1e-6` "
-                "(the default).")
+                "(the default)."
+            )
 
     # -- index bookkeeping ---------------------------------------------------------------
 
@@ -190,9 +195,7 @@ class RedundantCoordinates(AbstractIndependentVelocities):
         dep = tuple(int(i) % n if -n <= i < n else int(i) for i in self.dependent)
         bad = [i for i in dep if not 0 <= i < n]
         if bad:
-            raise ValueError(
-                f"`dependent` indices {bad} are out of range for {n} coordinates."
-            )
+            raise ValueError(f"`dependent` indices {bad} are out of range for {n} coordinates.")
         if len(set(dep)) != len(dep):
             raise ValueError(f"`dependent` names the same coordinate twice: {self.dependent}.")
         return dep
@@ -253,9 +256,7 @@ class RedundantCoordinates(AbstractIndependentVelocities):
         n = g.shape[1]
         basis = self.basis(g)
         # Particular solution of J q̈₀ = γ with q̈₀[ind] = 0.
-        acc0 = jnp.zeros((n,), g.dtype).at[dep_idx].set(
-            lu_solver(jd)(terms.bias)
-        )
+        acc0 = jnp.zeros((n,), g.dtype).at[dep_idx].set(lu_solver(jd)(terms.bias))
         mass = _mass_product(terms)
         reduced = basis.T @ mass(basis)
         reduced = 0.5 * (reduced + reduced.T)
@@ -312,16 +313,23 @@ class RedundantCoordinates(AbstractIndependentVelocities):
         )
 
     def state_problems(self, system, t0, q0, v0):
-        check_instance("system", system, LagrangianSystem,
-                       "a `LagrangianSystem` for `RedundantCoordinates` (its state holds "
-                       "velocities, from which the dependent ones follow)")
+        check_instance(
+            "system",
+            system,
+            LagrangianSystem,
+            "a `LagrangianSystem` for `RedundantCoordinates` (its state holds "
+            "velocities, from which the dependent ones follow)",
+        )
         jac, _ = _constraint_rates(system, t0, q0, v0)
         (jd, _), _ = self._split(jac)
-        phi = system.constraints(t0, q0) if system.terms_from_constraints else (
-            system.terms(t0, q0, v0).phi
+        phi = (
+            system.constraints(t0, q0)
+            if system.terms_from_constraints
+            else (system.terms(t0, q0, v0).phi)
         )
         ratio = singular_ratio(jd, jac)
         violation = jnp.max(jnp.abs(phi), initial=0.0)
-        flags = jnp.stack([~(ratio >= default_rcond(self.rcond, jd.dtype)),
-                           ~(violation <= self.tol)])
+        flags = jnp.stack(
+            [~(ratio >= default_rcond(self.rcond, jd.dtype)), ~(violation <= self.tol)]
+        )
         return flags, jnp.stack([ratio, violation]).astype(q0.dtype)

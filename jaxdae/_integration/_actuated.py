@@ -18,7 +18,6 @@ actuator equations, never `f⁽ᵏ⁾` or `g` by hand. With all gains zero this 
 unstabilized law of eq. [2.9], for which the constraints are only first integrals.
 """
 
-
 from typing import Unpack
 
 import diffrax
@@ -56,11 +55,14 @@ from ._trajectories import SingleTrajectory
 def initial_actuated_state(q0, v0, w0):
     """`(q0, v0, w0)` as 1-D floating arrays of one dtype, `q0` and `v0` of one shape;
     concrete values must be finite."""
-    q0, v0, w0 = (SingleTrajectory().state_array(name, value) for name, value in
-                  (("q0", q0), ("v0", v0), ("w0", w0)))
+    q0, v0, w0 = (
+        SingleTrajectory().state_array(name, value)
+        for name, value in (("q0", q0), ("v0", v0), ("w0", w0))
+    )
     if q0.shape != v0.shape:
         raise ValueError(
-            f"`q0` and `v0` must have the same shape (n,); got {q0.shape} and {v0.shape}.")
+            f"`q0` and `v0` must have the same shape (n,); got {q0.shape} and {v0.shape}."
+        )
     for name, value in (("q0", q0), ("v0", v0), ("w0", w0)):
         check_finite(name, value)
     dtype = jnp.result_type(q0, v0, w0)
@@ -96,8 +98,9 @@ def _closed_loop(system, control, t, q, v, w):
 
 # As for `simulate`: traced once, re-traced as scalar graphs for small systems.
 _rates = eqx.filter_jit(scalarize(_closed_loop))
-_outputs = eqx.filter_jit(scalarize(lambda system, control, t, q, v, w: control.outputs(
-    system, t, q, v, w)))
+_outputs = eqx.filter_jit(
+    scalarize(lambda system, control, t, q, v, w: control.outputs(system, t, q, v, w))
+)
 
 
 class ActuatedTerm(AbstractTimeTerm):
@@ -158,8 +161,9 @@ def check_actuated_system(system, control, t0, q0, v0, w0):
     """Structure and, for concrete values, the relative degree at the initial state; returns
     the control with its traced gains checked (`ConstraintEnforcingControl.validate`)."""
     check_instance("system", system, ActuatedSystem, "a `jaxdae.ActuatedSystem`")
-    check_instance("control", control, ConstraintEnforcingControl,
-                   "a `jaxdae.ConstraintEnforcingControl`")
+    check_instance(
+        "control", control, ConstraintEnforcingControl, "a `jaxdae.ConstraintEnforcingControl`"
+    )
     terms = jax.eval_shape(system.mechanism.terms, t0, q0, v0)
     if terms.phi.shape[0] or terms.psi.shape[0]:
         raise ValueError(
@@ -174,24 +178,31 @@ def check_actuated_system(system, control, t0, q0, v0, w0):
             f"The `mechanism` of an `ActuatedSystem` has one-sided constraints (`gaps` of "
             f"shape {gaps}), which `simulate_actuated` does not treat: simulate the "
             "mechanism with a controller through `jaxdae.simulate`, which handles them by "
-            "events, or leave them out.")
+            "events, or leave them out."
+        )
     forces = jax.eval_shape(system.actuator_forces, t0, q0, v0, w0).shape
     if forces != q0.shape:
-        raise ValueError(f"`actuator_forces` must return shape {q0.shape}, one force per "
-                         f"coordinate; got {forces}.")
+        raise ValueError(
+            f"`actuator_forces` must return shape {q0.shape}, one force per "
+            f"coordinate; got {forces}."
+        )
     drift = jax.eval_shape(system.actuator_drift, t0, q0, v0, w0).shape
     if drift != w0.shape:
         raise ValueError(
             f"`w0` has shape {w0.shape} but `actuator_drift` returns shape {drift}: `w0` "
-            "must hold one value per actuator state.")
+            "must hold one value per actuator state."
+        )
     inputs = jax.eval_shape(system.input_matrix, t0, q0, v0, w0).shape
     if len(inputs) != 2 or inputs[0] != w0.shape[0]:
         raise ValueError(
-            f"`input_matrix` must return shape (k, s) = ({w0.shape[0]}, s); got {inputs}.")
+            f"`input_matrix` must return shape (k, s) = ({w0.shape[0]}, s); got {inputs}."
+        )
     shapes = [g.shape for g in jax.eval_shape(constraint_groups, system, t0, (q0, v0, w0))]
     if any(len(shape) != 1 or shape[0] == 0 for shape in shapes):
-        raise ValueError("`program_constraints` must return an array of shape (r,), r ≥ 1, or "
-                         f"a tuple of such groups; got shapes {shapes}.")
+        raise ValueError(
+            "`program_constraints` must return an array of shape (r,), r ≥ 1, or "
+            f"a tuple of such groups; got shapes {shapes}."
+        )
     if len(shapes) != len(control.groups) or (len(shapes) > 1 and not control.grouped):
         raise ValueError(
             f"`program_constraints` returns {len(shapes)} group(s) but the control has "
@@ -234,10 +245,16 @@ def check_actuated_system(system, control, t0, q0, v0, w0):
 
 @full_precision
 @in_current_mesh
-def simulate_actuated(system: ActuatedSystem, control: ConstraintEnforcingControl,
-                      t0: ScalarLike, t1: ScalarLike, q0: Float[ArrayLike, " n"],
-                      v0: Float[ArrayLike, " n"], w0: Float[ArrayLike, " k"],
-                      **options: Unpack[SolveKeywords]) -> ActuatedSolution:
+def simulate_actuated(
+    system: ActuatedSystem,
+    control: ConstraintEnforcingControl,
+    t0: ScalarLike,
+    t1: ScalarLike,
+    q0: Float[ArrayLike, " n"],
+    v0: Float[ArrayLike, " n"],
+    w0: Float[ArrayLike, " k"],
+    **options: Unpack[SolveKeywords],
+) -> ActuatedSolution:
     """Simulates an actuated system under constraint-enforcing control (Mukharlyamov (2019), eq.
     [2.12] with the stabilized input of [3.4]–[3.5]), with diffrax.
 
@@ -283,8 +300,14 @@ def simulate_actuated(system: ActuatedSystem, control: ConstraintEnforcingContro
     control = check_actuated_system(system, control, times.t0, q0, v0, w0)
     solve_options = call.options(dtype)
     with forward_mode_hint():
-        sol = solve_traced_inputs(lambda times_, options_: _simulate_actuated(
-            system, control, times_, (q0, v0, w0), options_), times, solve_options, call.throw)
+        sol = solve_traced_inputs(
+            lambda times_, options_: _simulate_actuated(
+                system, control, times_, (q0, v0, w0), options_
+            ),
+            times,
+            solve_options,
+            call.throw,
+        )
     return raise_failure(sol) if call.throw else sol
 
 
@@ -298,27 +321,44 @@ def _simulate_actuated(system, control, times, y0, options) -> ActuatedSolution:
     t0 = times.t0
     # The scale of `_singular`'s test: a constant of the gradient, as the event is.
     initial_largest = jax.lax.stop_gradient(_eigenvalues(system, control, t0, *y0)[1])
-    dynamics = Dynamics(ActuatedTerm(system, control, initial_largest), (_singular,),
-                        (RESULTS.singular_decoupling_matrix,))
+    dynamics = Dynamics(
+        ActuatedTerm(system, control, initial_largest),
+        (_singular,),
+        (RESULTS.singular_decoupling_matrix,),
+    )
     out, result = integrate(dynamics, y0, times, options)
     ts_out, ys, (t_final, y_final) = saved_rows(
-        times.ts, (out.ts, out.ys), out.result == diffrax.RESULTS.successful)
+        times.ts, (out.ts, out.ys), out.result == diffrax.RESULTS.successful
+    )
     # Rows the solve did not reach are inf: evaluate at the initial state, then mask. The
     # initial and final states come first and last, for the residual check.
     valid = jnp.isfinite(ts_out)
     final_finite = all_finite(t_final, *y_final)
-    final = tuple(jnp.where(final_finite, x, x0) for x, x0 in zip((t_final, *y_final),
-                                                                  (t0, *y0), strict=True))
-    rows = tuple(jnp.concatenate([x0[None], row, x[None]]) for x0, row, x in zip(
-        (t0, *y0), at_valid(valid, (ts_out, *ys), (t0, *y0)), final, strict=True))
+    final = tuple(
+        jnp.where(final_finite, x, x0) for x, x0 in zip((t_final, *y_final), (t0, *y0), strict=True)
+    )
+    rows = tuple(
+        jnp.concatenate([x0[None], row, x[None]])
+        for x0, row, x in zip(
+            (t0, *y0), at_valid(valid, (ts_out, *ys), (t0, *y0)), final, strict=True
+        )
+    )
     u, residuals = jax.vmap(_outputs, in_axes=(None, None, 0, 0, 0, 0))(system, control, *rows)
     result = _checked_result(residuals, final_finite, result, options.residual_limit(*y0[:2]))
     (q, v, w), (q_final, v_final, w_final) = ys, y_final
     return ActuatedSolution(
-        ts=ts_out, q=q, v=v, w=w, u=masked(valid, u[1:-1]),
+        ts=ts_out,
+        q=q,
+        v=v,
+        w=w,
+        u=masked(valid, u[1:-1]),
         residuals=jax.tree.map(lambda x: masked(valid, x[1:-1]), residuals),
-        t_final=t_final, q_final=q_final, v_final=v_final, w_final=w_final,
-        result=result, stats=out.stats,
+        t_final=t_final,
+        q_final=q_final,
+        v_final=v_final,
+        w_final=w_final,
+        result=result,
+        stats=out.stats,
     )
 
 
@@ -329,10 +369,8 @@ def _checked_result(residuals, final_finite, result, limit) -> RESULTS:
     `residuals`: the perturbations at the initial state, the saved ones and the final
     state."""
     residuals = jax.lax.stop_gradient(jax.tree.leaves(residuals))
-    initial = jnp.max(jnp.concatenate([jnp.abs(r[0, :2]).ravel() for r in residuals]),
-                      initial=0.0)
-    final = jnp.max(jnp.concatenate([jnp.abs(r[-1, 0]).ravel() for r in residuals]),
-                    initial=0.0)
+    initial = jnp.max(jnp.concatenate([jnp.abs(r[0, :2]).ravel() for r in residuals]), initial=0.0)
+    final = jnp.max(jnp.concatenate([jnp.abs(r[-1, 0]).ravel() for r in residuals]), initial=0.0)
     final = jnp.where(final_finite, final, jnp.inf)
     exceeded = (result == RESULTS.successful) & (final > jnp.maximum(limit[0], initial))
     return RESULTS.where(exceeded, RESULTS.constraint_tol_exceeded, result)

@@ -117,61 +117,93 @@ class ReverseSweepAdjoint(AbstractStoredStepsAdjoint):
     - `stored_steps`: the most steps stored at once (see *Memory*).
     """
 
-    def loop(self, *, args, terms, solver, stepsize_controller, event, saveat, t0, t1, dt0,
-             max_steps, throw, init_state, passed_solver_state, passed_controller_state,
-             progress_meter):
+    def loop(
+        self,
+        *,
+        args,
+        terms,
+        solver,
+        stepsize_controller,
+        event,
+        saveat,
+        t0,
+        t1,
+        dt0,
+        max_steps,
+        throw,
+        init_state,
+        passed_solver_state,
+        passed_controller_state,
+        progress_meter,
+    ):
         """diffrax's solve loop, whose reverse mode is the sweep (see the class)."""
         del throw, passed_controller_state  # `diffeqsolve` throws; the steps are constants
         _check_sweepable(terms, solver, saveat, event, max_steps, passed_solver_state)
         static = SweepOptions(
-            solver=solver, stepsize_controller=stepsize_controller, event=event,
-            progress_meter=progress_meter, max_steps=max_steps,
+            solver=solver,
+            stepsize_controller=stepsize_controller,
+            event=event,
+            progress_meter=progress_meter,
+            max_steps=max_steps,
             segments=segment_plan(max_steps, self.stored_steps, stepsize_controller),
-            tableau=explicit_tableau(solver), keeps_solver_state=reads_solver_state(terms))
-        problem = SweepProblem(terms=terms, args=args, init_state=init_state, t0=t0, t1=t1,
-                           dt0=dt0, saveat=saveat)
+            tableau=explicit_tableau(solver),
+            keeps_solver_state=reads_solver_state(terms),
+        )
+        problem = SweepProblem(
+            terms=terms, args=args, init_state=init_state, t0=t0, t1=t1, dt0=dt0, saveat=saveat
+        )
         return final_state(init_state, swept_solve(problem, static), saveat), {}
-
-
-
-
 
 
 def _check_sweepable(terms, solver, saveat, event, max_steps, passed_solver_state) -> None:
     """A `ValueError` naming the fix for a solve that `ReverseSweepAdjoint` cannot sweep."""
-    fix = ("or differentiate through diffrax's loop, "
-           "`adjoint=diffrax.RecursiveCheckpointAdjoint()`.")
+    fix = "or differentiate through diffrax's loop, `adjoint=diffrax.RecursiveCheckpointAdjoint()`."
     explicit_tableau(solver)
     odes = terms_within(terms)
     if len(odes) != 1 or isinstance(odes[0], diffrax.MultiTerm):
         raise ValueError(
             "`jaxdae.ReverseSweepAdjoint` differentiates an ODE given as one "
             f"`diffrax.ODETerm`; got {[type(x).__name__ for x in odes]}. Pass "
-            f"`diffrax.ODETerm(vector_field)`, {fix}")
+            f"`diffrax.ODETerm(vector_field)`, {fix}"
+        )
     if max_steps is None:
-        raise ValueError("`jaxdae.ReverseSweepAdjoint` stores the steps: pass an integer "
-                         "`max_steps` (it sizes the checkpoints of a long solve).")
+        raise ValueError(
+            "`jaxdae.ReverseSweepAdjoint` stores the steps: pass an integer "
+            "`max_steps` (it sizes the checkpoints of a long solve)."
+        )
     if saveat.dense:
-        raise ValueError("`jaxdae.ReverseSweepAdjoint` does not save a dense solution "
-                         f"(`SaveAt(dense=True)`): save at `SaveAt(ts=...)` instead, {fix}")
+        raise ValueError(
+            "`jaxdae.ReverseSweepAdjoint` does not save a dense solution "
+            f"(`SaveAt(dense=True)`): save at `SaveAt(ts=...)` instead, {fix}"
+        )
     if saveat.controller_state or saveat.made_jump:
-        raise ValueError("`jaxdae.ReverseSweepAdjoint` does not return the step-size "
-                         "controller's state or `made_jump` (`SaveAt(controller_state=True)`, "
-                         f"`SaveAt(made_jump=True)`): leave them unsaved, {fix}")
+        raise ValueError(
+            "`jaxdae.ReverseSweepAdjoint` does not return the step-size "
+            "controller's state or `made_jump` (`SaveAt(controller_state=True)`, "
+            f"`SaveAt(made_jump=True)`): leave them unsaved, {fix}"
+        )
     for sub in subsaves(saveat):
         if sub.steps:
-            raise ValueError("`jaxdae.ReverseSweepAdjoint` does not save every step "
-                             f"(`SaveAt(steps=True)`): save at `SaveAt(ts=...)` instead, {fix}")
+            raise ValueError(
+                "`jaxdae.ReverseSweepAdjoint` does not save every step "
+                f"(`SaveAt(steps=True)`): save at `SaveAt(ts=...)` instead, {fix}"
+            )
         if sub.fn is not SAVE_Y:
-            raise ValueError("`jaxdae.ReverseSweepAdjoint` saves the state itself: apply "
-                             f"`fn` to the saved states instead of `SaveAt(fn=fn)`, {fix}")
+            raise ValueError(
+                "`jaxdae.ReverseSweepAdjoint` saves the state itself: apply "
+                f"`fn` to the saved states instead of `SaveAt(fn=fn)`, {fix}"
+            )
     if event is not None and event.root_finder is not None:
-        raise ValueError("`jaxdae.ReverseSweepAdjoint` stops a solve at the end of the step "
-                         "where an event triggers: pass `diffrax.Event(cond_fn)` without a "
-                         f"`root_finder`, {fix}")
+        raise ValueError(
+            "`jaxdae.ReverseSweepAdjoint` stops a solve at the end of the step "
+            "where an event triggers: pass `diffrax.Event(cond_fn)` without a "
+            f"`root_finder`, {fix}"
+        )
     if passed_solver_state:
-        raise ValueError("`jaxdae.ReverseSweepAdjoint` recomputes the first step's stages "
-                         "from `y0`: do not pass `solver_state` to `diffeqsolve`, " + fix)
+        raise ValueError(
+            "`jaxdae.ReverseSweepAdjoint` recomputes the first step's stages "
+            "from `y0`: do not pass `solver_state` to `diffeqsolve`, " + fix
+        )
 
 
 def explicit_tableau(solver) -> diffrax.ButcherTableau:
@@ -181,7 +213,8 @@ def explicit_tableau(solver) -> diffrax.ButcherTableau:
         raise ValueError(
             "`jaxdae.ReverseSweepAdjoint` differentiates explicit Runge–Kutta solvers "
             f"(`diffrax.Tsit5`, `Dopri5`, `Bosh3`, `Heun`, …); got {type(base).__name__}. "
-            "Use the default adjoint (`diffrax.RecursiveCheckpointAdjoint`) for this solver.")
+            "Use the default adjoint (`diffrax.RecursiveCheckpointAdjoint`) for this solver."
+        )
     return base.tableau
 
 
@@ -189,17 +222,21 @@ def check_adjoint(adjoint, stops_at_events: bool, reason: str) -> None:
     """`ValueError` for a diffrax adjoint that cannot differentiate this solve:
     `diffrax.ImplicitAdjoint` (steady states only) always, `diffrax.BacksolveAdjoint` where
     the solve stops at events (`stops_at_events`, because of `reason`)."""
-    use = ("use the default (`adjoint=None`), `diffrax.RecursiveCheckpointAdjoint()` or "
-           "`diffrax.ForwardMode()`")
+    use = (
+        "use the default (`adjoint=None`), `diffrax.RecursiveCheckpointAdjoint()` or "
+        "`diffrax.ForwardMode()`"
+    )
     if isinstance(adjoint, diffrax.ImplicitAdjoint):
         raise ValueError(
             "`adjoint=diffrax.ImplicitAdjoint()` differentiates steady states (a solve saved "
-            f"at `t1` only, stopped by a steady-state event); a trajectory is not one: {use}.")
+            f"at `t1` only, stopped by a steady-state event); a trajectory is not one: {use}."
+        )
     if isinstance(adjoint, diffrax.BacksolveAdjoint) and stops_at_events:
         raise ValueError(
             "`adjoint=diffrax.BacksolveAdjoint()` cannot differentiate a solve that stops at "
             f"events, and this one does ({reason}): {use}; or a formulation without a "
-            "stopping test, such as `jaxdae.ModifiedLagrange` or `jaxdae.PseudoInverse`.")
+            "stopping test, such as `jaxdae.ModifiedLagrange` or `jaxdae.PseudoInverse`."
+        )
 
 
 def default_adjoint(solver, max_steps) -> diffrax.AbstractAdjoint | ReverseSweepAdjoint:
@@ -266,8 +303,12 @@ def reverse_only(adjoint: diffrax.AbstractAdjoint) -> bool:
     return False
 
 
-for _adjoint_class in (ReverseSweepAdjoint, GeneralizedAlphaAdjoint, ReplayAdjoint,
-                       diffrax.RecursiveCheckpointAdjoint):
+for _adjoint_class in (
+    ReverseSweepAdjoint,
+    GeneralizedAlphaAdjoint,
+    ReplayAdjoint,
+    diffrax.RecursiveCheckpointAdjoint,
+):
     reverse_only.register(_adjoint_class, lambda adjoint: True)
 
 
@@ -284,7 +325,8 @@ def forward_mode_hint():
             "Forward-mode differentiation (`jax.jvp`, `jax.jacfwd`, `jax.hessian`) of a "
             "solve needs `adjoint=diffrax.ForwardMode()`: the default adjoints "
             "(`jaxdae.ReverseSweepAdjoint`, `diffrax.RecursiveCheckpointAdjoint`) work in "
-            "reverse mode only (`jax.grad`, `jax.vjp`).") from error
+            "reverse mode only (`jax.grad`, `jax.vjp`)."
+        ) from error
 
 
 def jit_unless_staged(fn: Callable) -> Callable:
@@ -307,4 +349,3 @@ def jit_unless_staged(fn: Callable) -> Callable:
 
     call.jitted = jitted
     return call
-

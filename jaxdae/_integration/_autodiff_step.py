@@ -10,10 +10,15 @@ import equinox as eqx
 from .._custom_types import Array, PyTree
 
 
-def autodiff_step_vjp(solver: diffrax.AbstractSolver, t0: Array, t1: Array,
-                      state: tuple[PyTree, PyTree], diff: PyTree, static: PyTree,
-                      outputs: PyTree = None
-                      ) -> tuple[tuple[tuple[PyTree, PyTree], PyTree], Callable]:
+def autodiff_step_vjp(
+    solver: diffrax.AbstractSolver,
+    t0: Array,
+    t1: Array,
+    state: tuple[PyTree, PyTree],
+    diff: PyTree,
+    static: PyTree,
+    outputs: PyTree = None,
+) -> tuple[tuple[tuple[PyTree, PyTree], PyTree], Callable]:
     """The outputs of one step of `solver` and their pullback, by `eqx.filter_vjp` of
     `solver.step` (the default of [`step_vjp`][], and the reference that a registered
     derivative is tested against). Reverse mode runs the step again to linearize it:
@@ -22,8 +27,7 @@ def autodiff_step_vjp(solver: diffrax.AbstractSolver, t0: Array, t1: Array,
 
     def step(state, diff):
         terms, args = eqx.combine(diff, static)
-        y1, _, dense, solver_state1, _ = solver.step(terms, t0, t1, state[0], args, state[1],
-                                                     False)
+        y1, _, dense, solver_state1, _ = solver.step(terms, t0, t1, state[0], args, state[1], False)
         return (y1, solver_state1), dense
 
     return eqx.filter_vjp(step, state, diff)

@@ -1,7 +1,6 @@
 """Step-size control and saving: the wrapper that stops stalled steps, the clip times a
 controller must step to, and the solve's step options and saved times."""
 
-
 import functools
 
 import diffrax
@@ -37,12 +36,12 @@ def jump_times(controller: diffrax.AbstractStepSizeController) -> Array | None:
 
 
 jump_times.register(diffrax.ClipStepSizeController, lambda controller: controller.jump_ts)
-jump_times.register(AbstractControllerWrapper,
-                    lambda controller: jump_times(controller.controller))
+jump_times.register(AbstractControllerWrapper, lambda controller: jump_times(controller.controller))
 
 
-def inner_controller(controller: diffrax.AbstractStepSizeController
-                     ) -> diffrax.AbstractStepSizeController:
+def inner_controller(
+    controller: diffrax.AbstractStepSizeController,
+) -> diffrax.AbstractStepSizeController:
     """The controller inside `controller`'s wrappers (`diffrax.ClipStepSizeController`,
     jaxdae's `AbstractControllerWrapper`)."""
     while isinstance(controller, diffrax.ClipStepSizeController | AbstractControllerWrapper):
@@ -81,17 +80,19 @@ class StopStalledSteps(AbstractControllerWrapper):
         tnext = snap_to_clip_times(self.controller, t0, tnext, floor)
         return tnext, (state, floor)
 
-    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order,
-                        controller_state):
+    def adapt_step_size(
+        self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state
+    ):
         state, floor = controller_state
         keep, tprev, tnext, jump, state, result = self.controller.adapt_step_size(
-            t0, t1, y0, y1_candidate, args, y_error, error_order, state)
+            t0, t1, y0, y1_candidate, args, y_error, error_order, state
+        )
         tnext = snap_to_clip_times(self.controller, tprev, tnext, floor)
         eps = jnp.finfo(jnp.result_type(tprev)).eps
         stalled = tnext - tprev <= 4 * eps * jnp.maximum(jnp.abs(tprev), floor)
         result = diffrax.RESULTS.where(
-            stalled & (result == diffrax.RESULTS.successful), diffrax.RESULTS.dt_min_reached,
-            result)
+            stalled & (result == diffrax.RESULTS.successful), diffrax.RESULTS.dt_min_reached, result
+        )
         return keep, tprev, tnext, jump, (state, floor), result
 
 
@@ -121,8 +122,12 @@ def snap_to_clip_times(controller, tprev, tnext, floor, ulps: int = 128) -> Arra
         target = times[jnp.minimum(index, times.shape[0] - 1)]
         gap = target - tnext
         unit = jnp.finfo(gap.dtype).eps * jnp.maximum(jnp.abs(target), floor)
-        snap = (index < times.shape[0]) & (gap > 0) & (gap <= ulps * unit) & (
-            gap <= 0.5 * (tnext - tprev))
+        snap = (
+            (index < times.shape[0])
+            & (gap > 0)
+            & (gap <= ulps * unit)
+            & (gap <= 0.5 * (tnext - tprev))
+        )
         tnext = jnp.where(snap, target, tnext)
     return tnext
 
@@ -142,7 +147,8 @@ def step_options(stepsize_controller, dt0, rtol, atol, dtype, norm=optx.rms_norm
     if stepsize_controller is None:
         check_tolerances(rtol, atol)
         stepsize_controller = diffrax.PIDController(
-            rtol=jnp.asarray(rtol, dtype), atol=jnp.asarray(atol, dtype), norm=norm)
+            rtol=jnp.asarray(rtol, dtype), atol=jnp.asarray(atol, dtype), norm=norm
+        )
     if dt0 is None:
         return stepsize_controller, None
     dt0 = jnp.asarray(dt0, dtype)
@@ -163,7 +169,8 @@ def check_first_step(dt0, t0, t1, stepsize_controller) -> None:
     would stop the solve at once with `dt_min_reached`, blaming the model. Traced values,
     and `dt0` that are not positive finite scalars (`step_options` names those), pass."""
     adaptive = stepsize_controller is None or isinstance(
-        stepsize_controller, diffrax.AbstractAdaptiveStepSizeController)
+        stepsize_controller, diffrax.AbstractAdaptiveStepSizeController
+    )
     if dt0 is None or not adaptive or not is_concrete(dt0, t0, t1) or np.ndim(dt0) != 0:
         return
     step = float(dt0)
@@ -174,7 +181,8 @@ def check_first_step(dt0, t0, t1, stepsize_controller) -> None:
             f"4 ε max(|t0|, 10⁻³ |t1 − t0|) = {floor:.3g} (ε the machine epsilon of the "
             "times' dtype): the solve would stop at its first step as stalled "
             "(`dt_min_reached`). Pass a larger `dt0`, e.g. 1e-3 of the span, or leave it "
-            "None (the controller then picks the first step).")
+            "None (the controller then picks the first step)."
+        )
 
 
 def save_at(t0, t1, ts, stepsize_controller) -> diffrax.SaveAt:

@@ -42,11 +42,9 @@ class DownCrossing(optx.AbstractRootFinder):
     atol: float
     norm: ClassVar = staticmethod(jnp.abs)
 
-    def init(self, fn, y, args, options: dict[str, Any], f_struct, aux_struct, tags
-             ) -> _Interval:
+    def init(self, fn, y, args, options: dict[str, Any], f_struct, aux_struct, tags) -> _Interval:
         dtype = jnp.result_type(y)
-        return _Interval(jnp.asarray(options["lower"], dtype),
-                         jnp.asarray(options["upper"], dtype))
+        return _Interval(jnp.asarray(options["lower"], dtype), jnp.asarray(options["upper"], dtype))
 
     def step(self, fn, y, args, options, state: _Interval, tags):
         value, aux = _summed(fn)(y, args)

@@ -34,12 +34,21 @@ def state_diagnostics(system, formulation, t, q, s):
     range_inputs = None
     if tests_target_range(system, formulation, terms):
         range_inputs = terms.jacobian, formulation.target(terms)
-    return (terms.phi, terms.dphi, terms.psi, multipliers,
-            system.energy(t, q, s) if terms.energy is None else terms.energy,
-            system.velocities(t, q, s), saved_momenta(system, t, q, s, terms), terms.mass_matrix,
-            factored_positive_definite(terms), terms.forces,
-            jax.lax.stop_gradient(formulation.residual_allowance(terms)),
-            jacobian_spectrum(terms.jacobian), range_inputs)
+    return (
+        terms.phi,
+        terms.dphi,
+        terms.psi,
+        multipliers,
+        system.energy(t, q, s) if terms.energy is None else terms.energy,
+        system.velocities(t, q, s),
+        saved_momenta(system, t, q, s, terms),
+        terms.mass_matrix,
+        factored_positive_definite(terms),
+        terms.forces,
+        jax.lax.stop_gradient(formulation.residual_allowance(terms)),
+        jacobian_spectrum(terms.jacobian),
+        range_inputs,
+    )
 
 
 def jacobian_spectrum(jacobian: Float[Array, "c n"]) -> Float[Array, " c"]:
@@ -98,11 +107,20 @@ def _reverse_diagnostics_bwd(residuals, out_bar, perturbed, state):
         return nones(eqx.filter(state, eqx.is_inexact_array))
     state = jax.tree.map(typed_literal_as_array, state)
     diff, static = eqx.partition(state, perturbed)
-    out, pull = jax.vjp(lambda diff: eqx.filter(state_diagnostics(*eqx.combine(diff, static)),
-                                                eqx.is_inexact_array), diff)
-    (diff_bar,) = pull(jax.tree.map(
-        lambda x, bar: None if x is None else jnp.zeros_like(x) if bar is None else bar,
-        out, out_bar, is_leaf=is_none))
+    out, pull = jax.vjp(
+        lambda diff: eqx.filter(
+            state_diagnostics(*eqx.combine(diff, static)), eqx.is_inexact_array
+        ),
+        diff,
+    )
+    (diff_bar,) = pull(
+        jax.tree.map(
+            lambda x, bar: None if x is None else jnp.zeros_like(x) if bar is None else bar,
+            out,
+            out_bar,
+            is_leaf=is_none,
+        )
+    )
     return diff_bar
 
 
@@ -120,8 +138,7 @@ def cut_at(ts, ts_saved, ys, t_failed):
     (ts_requested, ts_end), ((q, v), final) = ts_saved, ys
     late = ts_requested > t_failed
     q, v = (jnp.where(late[:, None], jnp.inf, x) for x in (q, v))
-    return (jnp.where(late, jnp.inf, ts_requested), jnp.minimum(ts_end, t_failed)), (
-        (q, v), final)
+    return (jnp.where(late, jnp.inf, ts_requested), jnp.minimum(ts_end, t_failed)), ((q, v), final)
 
 
 def saved_times(ts, saved):
@@ -140,8 +157,9 @@ def saved_rows(ts, saved, reached):
     if ts is None:
         final = (ts_saved[1], jax.tree.map(lambda x: x[1], ys))
         # As for `SubSaveAt(ts=...)`: a save time the solve did not reach is inf.
-        ts_out, ys = jax.tree.map(lambda x: x.at[1].set(jnp.where(reached, x[1], jnp.inf)),
-                                  (ts_saved, ys))
+        ts_out, ys = jax.tree.map(
+            lambda x: x.at[1].set(jnp.where(reached, x[1], jnp.inf)), (ts_saved, ys)
+        )
         return ts_out, ys, final
     (ts_out, ts_final), (ys, y_final) = ts_saved, ys
     return saved_times(ts, ts_out), ys, (ts_final[0], jax.tree.map(lambda x: x[0], y_final))
@@ -151,8 +169,9 @@ def at_valid(valid, rows, start):
     """`rows` (leading axis: the saved times) where `valid`, else the start state: the
     diagnostics are evaluated at a safe state where nothing was saved (`inf`), then
     `masked` (no nan gradients)."""
-    return jax.tree.map(lambda x, x0: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)),
-                                                x, x0), rows, start)
+    return jax.tree.map(
+        lambda x, x0: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, x0), rows, start
+    )
 
 
 def masked(valid, x):
@@ -160,8 +179,9 @@ def masked(valid, x):
     return jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.inf)
 
 
-def assemble_solution(system, formulation, start, ts, saved, outcome, limit,
-                      reverse: bool = False) -> tuple[Solution, tuple[Array, Array]]:
+def assemble_solution(
+    system, formulation, start, ts, saved, outcome, limit, reverse: bool = False
+) -> tuple[Solution, tuple[Array, Array]]:
     """One trajectory's [`jaxdae.Solution`][] from its `start = (t0, q0, v0)`, the times
     and states diffrax `saved` and the solve's `outcome = (reached, result, stats)`, and the
     mass matrix, whether its factor shows it positive definite (None: it does not) and the
@@ -183,19 +203,28 @@ def assemble_solution(system, formulation, start, ts, saved, outcome, limit,
     # initial one), then mask (no nan gradients).
     valid = jnp.isfinite(ts_out)
     final_finite = all_finite(t_final, q_final, v_final)
-    final = tuple(jnp.where(final_finite, x, x0) for x, x0 in zip((t_final, q_final, v_final),
-                                                                  (t0, q0, v0), strict=False))
+    final = tuple(
+        jnp.where(final_finite, x, x0)
+        for x, x0 in zip((t_final, q_final, v_final), (t0, q0, v0), strict=False)
+    )
     # The initial state first, the saved states, the final state last. One row after the
     # other in a loop: the program holds the equations once, traced once, where `vmap`
     # would batch their scalar graph equation by equation at trace time and separate calls
     # would each be compiled (docs/design_measurements.md#diagnostics-loop).
-    rows = (t0[None], q0[None], v0[None]) if ts is None else at_valid(
-        valid, (ts_out, q, v), (t0, q0, v0))
-    rows = tuple(jnp.concatenate([x0[None], row, x[None]]) if ts is not None
-                 else jnp.concatenate([row, x[None]])
-                 for x0, row, x in zip((t0, q0, v0), rows, final, strict=False))
+    rows = (
+        (t0[None], q0[None], v0[None])
+        if ts is None
+        else at_valid(valid, (ts_out, q, v), (t0, q0, v0))
+    )
+    rows = tuple(
+        jnp.concatenate([x0[None], row, x[None]])
+        if ts is not None
+        else jnp.concatenate([row, x[None]])
+        for x0, row, x in zip((t0, q0, v0), rows, final, strict=False)
+    )
     *diagnostics, mass, definite, forces, allowance, spectra, range_inputs = jax.lax.map(
-        lambda row: diagnostics(system, formulation, *row), rows)
+        lambda row: diagnostics(system, formulation, *row), rows
+    )
     # The constraint Jacobian's conditioning at the final state (row 0: the initial one).
     final_conditioning = conditioning(spectra[jnp.array([0, -1])])[-1]
     if ts is None:
@@ -207,11 +236,13 @@ def assemble_solution(system, formulation, start, ts, saved, outcome, limit,
     # Row 0 is the initial state and the last row the final one, with or without `ts`.
     initial_residual, final_residual = (
         jnp.max(jnp.abs(jnp.concatenate([diagnostics[0][i], diagnostics[2][i]])), initial=0.0)
-        for i in (0, -1))
+        for i in (0, -1)
+    )
     # The limit at the end: what the tolerances and the formulation allow there, or the
     # violation at the start (positions or velocities) where it is larger.
-    initial_violation = jnp.max(jnp.abs(jnp.concatenate(
-        [diagnostics[i][0] for i in (0, 1, 2)])), initial=0.0)
+    initial_violation = jnp.max(
+        jnp.abs(jnp.concatenate([diagnostics[i][0] for i in (0, 1, 2)])), initial=0.0
+    )
     # A penalty's violation is granted only where a configuration that meets the
     # constraints lies near, to first order: the Jacobian there is well conditioned. Near
     # a singular configuration (a target outside the workspace: the arm stretched towards
@@ -219,11 +250,14 @@ def assemble_solution(system, formulation, start, ts, saved, outcome, limit,
     # (docs/failures.md, the rules).
     limit, allowed = limit
     allowed = allowed & ~(final_conditioning < _thresholds.PENALTY_CONDITIONING)
-    limit = jnp.maximum(jnp.where(allowed, limit + 10 * allowance[-1], limit),
-                        initial_violation)
-    result = checked_result(initial_residual,
-                            jnp.where(final_finite, final_residual, jnp.inf),
-                            jax.tree.map(lambda x: x[-1], range_inputs), result, limit)
+    limit = jnp.maximum(jnp.where(allowed, limit + 10 * allowance[-1], limit), initial_violation)
+    result = checked_result(
+        initial_residual,
+        jnp.where(final_finite, final_residual, jnp.inf),
+        jax.tree.map(lambda x: x[-1], range_inputs),
+        result,
+        limit,
+    )
     mask = functools.partial(masked, valid)
     sol = Solution(
         ts=ts_out,
@@ -241,6 +275,6 @@ def assemble_solution(system, formulation, start, ts, saved, outcome, limit,
         stats=stats,
         p=mask(p),
         p_final=jnp.where(final_finite, diagnostics[6][-1], jnp.nan),
-        jacobian_conditioning=mask(conditioning(spectra)[-valid.shape[0]:]),
+        jacobian_conditioning=mask(conditioning(spectra)[-valid.shape[0] :]),
     )
     return sol, jax.tree.map(lambda x: x[0], (mass, definite, forces))

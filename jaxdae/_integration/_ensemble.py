@@ -2,7 +2,6 @@
 member stopped alone where it fails (its formulation fails, or its model turns
 non-finite)."""
 
-
 import functools
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -50,10 +49,10 @@ class EnsembleTerm(AbstractSystemTerm, AbstractTermWithVJP):
         q, v = y
         if self.folded is None:
             rates = jax.vmap(jitted_rates, in_axes=(None, None, None, 0, 0, None))(
-                self.system, self.formulation, t, q, v, self.mass_factor)
+                self.system, self.formulation, t, q, v, self.mass_factor
+            )
         else:
-            rates = jax.vmap(self.folded, in_axes=(None, 0, 0, None))(t, q, v,
-                                                                     self.mass_factor)
+            rates = jax.vmap(self.folded, in_axes=(None, 0, 0, None))(t, q, v, self.mass_factor)
         if self.stopped is not None:  # stopped rows stand still
             rates = where_rows(self.stopped, jax.tree.map(jnp.zeros_like, rates), rates)
         return rates
@@ -63,8 +62,9 @@ class EnsembleTerm(AbstractSystemTerm, AbstractTermWithVJP):
 
     def failure_rows(self, t, y):
         """The formulation's failure test of every row (detached, as `failure`)."""
-        return jax.vmap(jitted_failure, in_axes=(None, None, None, 0, 0, 0, None))(*detached(
-            (self.system, self.formulation, t, *y, self.reference, self.mass_factor)))
+        return jax.vmap(jitted_failure, in_axes=(None, None, None, 0, 0, 0, None))(
+            *detached((self.system, self.formulation, t, *y, self.reference, self.mass_factor))
+        )
 
     def stage_vjp(self, t, y, args, solver_state, t_start, cotangent):
         """Each trajectory's own vector–Jacobian product (a scalar graph under `vmap`, as
@@ -75,11 +75,15 @@ class EnsembleTerm(AbstractSystemTerm, AbstractTermWithVJP):
             stopped = StopFailedTrajectories.stopped_at(solver_state, t_start)
             cotangent = where_rows(stopped, jax.tree.map(jnp.zeros_like, cotangent), cotangent)
         shared_bar, *y_bar = jax.vmap(jitted_row_vjp, in_axes=(None, None, None, None, 0, 0, 0))(
-            self.system, self.formulation, self.mass_factor, t, *y, cotangent)
+            self.system, self.formulation, self.mass_factor, t, *y, cotangent
+        )
         shared_bar = jax.tree.map(lambda x: jnp.sum(x, axis=0), shared_bar)
-        term_bar = eqx.tree_at(lambda term: (term.system, term.formulation, term.mass_factor),
-                               jax.tree.map(jnp.zeros_like, self), shared_bar,
-                               is_leaf=lambda x: x is None)
+        term_bar = eqx.tree_at(
+            lambda term: (term.system, term.formulation, term.mass_factor),
+            jax.tree.map(jnp.zeros_like, self),
+            shared_bar,
+            is_leaf=lambda x: x is None,
+        )
         return tuple(y_bar), term_bar, None
 
 
@@ -103,7 +107,8 @@ def ensemble_term(system, formulation, reference, mass_factor) -> EnsembleTerm:
 def where_rows(rows, a, b):
     """`a` in the rows (leading axis) where `rows` is true, else `b`."""
     return jax.tree.map(
-        lambda x, y: jnp.where(rows.reshape((-1,) + (1,) * (x.ndim - 1)), x, y), a, b)
+        lambda x, y: jnp.where(rows.reshape((-1,) + (1,) * (x.ndim - 1)), x, y), a, b
+    )
 
 
 # A trajectory whose rates turn non-finite stops once the shared step has shrunk to this
@@ -162,8 +167,13 @@ class StopFailedTrajectories(AbstractSteppingWrapper):
         values = _ensemble_term(terms).failure_rows(t0, y0) if self.fails else None
         # (`t1` is the first step's end: diffrax does not pass the solve's end.)
         first_step = jnp.abs(jnp.asarray(t1 - t0, t_failed.dtype))
-        return (self.solver.init(terms, t0, t1, y0, args), t_failed, values,
-                jnp.full(rows, _RUNNING, jnp.int32), first_step)
+        return (
+            self.solver.init(terms, t0, t1, y0, args),
+            t_failed,
+            values,
+            jnp.full(rows, _RUNNING, jnp.int32),
+            first_step,
+        )
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         inner, t_failed, last, why, first_step = solver_state
@@ -171,7 +181,8 @@ class StopFailedTrajectories(AbstractSteppingWrapper):
         broken = _non_finite_rows(terms, t0, t1, y0, args, stopped, first_step)
         stopped = stopped | broken
         y1, y_error, dense_info, inner, result = self.solver.step(
-            _with_stopped(terms, stopped), t0, t1, y0, args, inner, made_jump)
+            _with_stopped(terms, stopped), t0, t1, y0, args, inner, made_jump
+        )
         # A first-same-as-last stage stored before the stop still holds the old rate.
         y1 = where_rows(stopped, y0, y1)
         y_error = where_rows(stopped, jax.tree.map(jnp.zeros_like, y_error), y_error)
@@ -180,8 +191,9 @@ class StopFailedTrajectories(AbstractSteppingWrapper):
         # rejects the step, and the stop goes with it; fixed steps keep both.
         lost = ~(_finite_rows(y1) & _finite_rows(y_error))
         y1 = where_rows(lost, y0, y1)
-        y_error = where_rows(lost, jax.tree.map(lambda e: jnp.full_like(e, jnp.inf), y_error),
-                             y_error)
+        y_error = where_rows(
+            lost, jax.tree.map(lambda e: jnp.full_like(e, jnp.inf), y_error), y_error
+        )
         t_failed = jnp.where(broken | lost, jnp.asarray(t0, t_failed.dtype), t_failed)
         why = jnp.where(broken, _STALLED, jnp.where(lost, _NON_FINITE_STATE, why))
         values = None
@@ -204,15 +216,19 @@ class StopFailedTrajectories(AbstractSteppingWrapper):
 def _ensemble_term(terms) -> EnsembleTerm:
     term = system_term(terms)
     if not isinstance(term, EnsembleTerm):
-        raise ValueError("`StopFailedTrajectories` solves the term of an ensemble "
-                         f"(`EnsembleTerm`); got {type(term).__name__}.")
+        raise ValueError(
+            "`StopFailedTrajectories` solves the term of an ensemble "
+            f"(`EnsembleTerm`); got {type(term).__name__}."
+        )
     return term
 
 
 def _with_stopped(terms, stopped):
     """`terms` with the rows `stopped` standing still."""
-    return replace_system_term(terms, lambda term: eqx.tree_at(
-        lambda x: x.stopped, term, stopped, is_leaf=lambda x: x is None))
+    return replace_system_term(
+        terms,
+        lambda term: eqx.tree_at(lambda x: x.stopped, term, stopped, is_leaf=lambda x: x is None),
+    )
 
 
 def stopped_results(solver_state, formulation) -> tuple[Array, RESULTS]:
@@ -224,16 +240,23 @@ def stopped_results(solver_state, formulation) -> tuple[Array, RESULTS]:
     _, t_failed, _, why, _ = solver_state
 
     def result(why):
-        return RESULTS.where(why == _STALLED, RESULTS.dt_min_reached, RESULTS.where(
-            why == _NON_FINITE_STATE, RESULTS.non_finite_state, formulation.failure_result))
+        return RESULTS.where(
+            why == _STALLED,
+            RESULTS.dt_min_reached,
+            RESULTS.where(
+                why == _NON_FINITE_STATE, RESULTS.non_finite_state, formulation.failure_result
+            ),
+        )
 
     return t_failed, jax.vmap(result)(why)
 
 
 def _finite_rows(tree) -> Array:
     """Whether each row (leading axis) of every leaf of `tree` is finite."""
-    return functools.reduce(jnp.logical_and, [
-        jnp.all(jnp.isfinite(x).reshape(x.shape[0], -1), axis=1) for x in jax.tree.leaves(tree)])
+    return functools.reduce(
+        jnp.logical_and,
+        [jnp.all(jnp.isfinite(x).reshape(x.shape[0], -1), axis=1) for x in jax.tree.leaves(tree)],
+    )
 
 
 def _non_finite_rows(terms, t0, t1, y0, args, stopped, first_step) -> Array:

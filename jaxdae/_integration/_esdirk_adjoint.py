@@ -105,8 +105,9 @@ def _stage_solve(products_of, scale, f_bar, factored, valid, matrix_of):
     def correct(state):
         def build(factored):
             own = factor_for_solves(*matrix_of())
-            return jax.tree.map(lambda new, old: jnp.where(state.status == _BUILD, new, old),
-                                own, factored)
+            return jax.tree.map(
+                lambda new, old: jnp.where(state.status == _BUILD, new, old), own, factored
+            )
 
         building = state.status == _BUILD
         # (Under `vmap`, the matrix is built where any member needs it.)
@@ -121,23 +122,32 @@ def _stage_solve(products_of, scale, f_bar, factored, valid, matrix_of):
         keep = rounding & ~building  # the state before this correction, and its products
         w = jnp.where(keep, state.w, w)
         products = jax.lax.cond(unvmap_any(~keep), products_of, lambda _: state.products, w)
-        products = jax.tree.map(lambda old, new: jnp.where(keep, old, new), state.products,
-                                products)
-        slow = ((size > _REFINE_RATE * previous) | ~jnp.isfinite(size)
-                | (iteration + 1 >= _REFINE_ITERATIONS))
-        finished = (keep | (own & (iteration + 1 >= _OWN_MATRIX_CORRECTIONS)))
+        products = jax.tree.map(
+            lambda old, new: jnp.where(keep, old, new), state.products, products
+        )
+        slow = (
+            (size > _REFINE_RATE * previous)
+            | ~jnp.isfinite(size)
+            | (iteration + 1 >= _REFINE_ITERATIONS)
+        )
+        finished = keep | (own & (iteration + 1 >= _OWN_MATRIX_CORRECTIONS))
         status = jnp.where(finished, _DONE, jnp.where(slow & ~own, _BUILD, _GOING))
         return _Refinement(w, products, factored, size, iteration + 1, own, status)
 
-    start = _Refinement(jnp.zeros_like(f_bar), zero_products, factored,
-                        jnp.asarray(jnp.inf, f_bar.dtype), jnp.zeros((), jnp.int32),
-                        jnp.zeros((), jnp.bool_), jnp.where(valid, _GOING, _BUILD))
+    start = _Refinement(
+        jnp.zeros_like(f_bar),
+        zero_products,
+        factored,
+        jnp.asarray(jnp.inf, f_bar.dtype),
+        jnp.zeros((), jnp.int32),
+        jnp.zeros((), jnp.bool_),
+        jnp.where(valid, _GOING, _BUILD),
+    )
     end = jax.lax.while_loop(lambda s: s.status != _DONE, correct, start)
     return end.w, end.products, end.factored
 
 
-def esdirk_step_vjp(solver: diffrax.AbstractESDIRK, t0, t1, state, diff, static,
-                    outputs=None):
+def esdirk_step_vjp(solver: diffrax.AbstractESDIRK, t0, t1, state, diff, static, outputs=None):
     """One step of an ESDIRK method (`diffrax.Kvaerno5`, …) and its vector–Jacobian
     product, by the discrete adjoint of its stages (the contract of
     `_step_adjoints.step_vjp`, whose default, `eqx.filter_vjp` of the step, it equals to
@@ -174,8 +184,7 @@ def esdirk_step_vjp(solver: diffrax.AbstractESDIRK, t0, t1, state, diff, static,
         return autodiff_step_vjp(solver, t0, t1, state, diff, static)
     y0, solver_state = state
     if outputs is None:
-        y1, _, dense, solver_state1, _ = solver.step(terms, t0, t1, y0, args, solver_state,
-                                                     False)
+        y1, _, dense, solver_state1, _ = solver.step(terms, t0, t1, y0, args, solver_state, False)
         outputs = ((y1, solver_state1), dense)
     dense = outputs[1]
     flat_y0, unravel = ravel_pytree(y0)
@@ -200,6 +209,7 @@ def esdirk_step_vjp(solver: diffrax.AbstractESDIRK, t0, t1, state, diff, static,
 
     def transposed_matrix(i):
         """`(I − hγJ)ᵀ` at stage `i`'s point, and the number of tangents that gave `J`."""
+
         def f_i(z):
             return f(times[i], z, diff)
 
@@ -223,8 +233,9 @@ def esdirk_step_vjp(solver: diffrax.AbstractESDIRK, t0, t1, state, diff, static,
 
             def implicit(kept):
                 factored, valid = kept
-                _, products, factored = _stage_solve(vjp, scale, f_bar[i], factored, valid,
-                                                     lambda: transposed_matrix(i))
+                _, products, factored = _stage_solve(
+                    vjp, scale, f_bar[i], factored, valid, lambda: transposed_matrix(i)
+                )
                 return products, (factored, jnp.ones((), jnp.bool_))
 
             def explicit(kept):  # `f₀ = f(t₀, y₀)`, where it was evaluated
@@ -232,20 +243,24 @@ def esdirk_step_vjp(solver: diffrax.AbstractESDIRK, t0, t1, state, diff, static,
 
             (z_bar, stage_diff_bar), kept = jax.lax.cond(i > 0, implicit, explicit, kept)
             f_bar = f_bar + jnp.where((earlier < i)[:, None], h * a[i][:, None] * z_bar, 0.0)
-            return (f_bar, y0_bar + z_bar, jax.tree.map(jnp.add, diff_bar, stage_diff_bar),
-                    kept)
+            return (f_bar, y0_bar + z_bar, jax.tree.map(jnp.add, diff_bar, stage_diff_bar), kept)
 
         diff_bar = jax.tree.map(jnp.zeros_like, diff)
         y0_bar = y1_bar + ravel_pytree(dense_bar["y0"])[0]
         # No matrix yet: the last stage builds its own, and the stages before it refine
         # with it.
-        empty = (jax.tree.map(jnp.zeros_like,
-                              jax.eval_shape(lambda: factor_for_solves(*transposed_matrix(0)))),
-                 jnp.zeros((), jnp.bool_))
+        empty = (
+            jax.tree.map(
+                jnp.zeros_like, jax.eval_shape(lambda: factor_for_solves(*transposed_matrix(0)))
+            ),
+            jnp.zeros((), jnp.bool_),
+        )
         f_bar, y0_bar, diff_bar, _ = jax.lax.fori_loop(
-            0, stages, stage_back, (f_bar, y0_bar, diff_bar, empty))
-        solver_state_bar = None if solver_state is None else (
-            None, unravel(jnp.where(evaluated, 0.0, f_bar[0])))
+            0, stages, stage_back, (f_bar, y0_bar, diff_bar, empty)
+        )
+        solver_state_bar = (
+            None if solver_state is None else (None, unravel(jnp.where(evaluated, 0.0, f_bar[0])))
+        )
         return (unravel(y0_bar), solver_state_bar), diff_bar
 
     return outputs, pullback

@@ -8,7 +8,6 @@ until `t1`. The number of events is bounded ([`EventDriven`][]`.max_events`); a 
 that meets more ends with `RESULTS.event_budget_exceeded`.
 """
 
-
 from typing import Any
 
 import diffrax
@@ -80,16 +79,23 @@ class EventDriven(eqx.Module):
     gap_tolerance: float | None = None
 
     def __check_init__(self):
-        if (isinstance(self.max_events, bool) or not isinstance(self.max_events, int)
-                or self.max_events < 1):
+        if (
+            isinstance(self.max_events, bool)
+            or not isinstance(self.max_events, int)
+            or self.max_events < 1
+        ):
             raise ValueError(f"`max_events` must be a positive integer; got {self.max_events!r}.")
         if not self.min_bounce_speed >= 0:
-            raise ValueError("`min_bounce_speed` must be non-negative; got "
-                             f"{self.min_bounce_speed!r}.")
+            raise ValueError(
+                f"`min_bounce_speed` must be non-negative; got {self.min_bounce_speed!r}."
+            )
         if len(self.contact_gains) != 2 or not all(
-                np.isfinite(k) and k > 0 for k in self.contact_gains):
-            raise ValueError("`contact_gains` must be two finite positive numbers `(k_d, k_p)`; "
-                             f"got {self.contact_gains!r}.")
+            np.isfinite(k) and k > 0 for k in self.contact_gains
+        ):
+            raise ValueError(
+                "`contact_gains` must be two finite positive numbers `(k_d, k_p)`; "
+                f"got {self.contact_gains!r}."
+            )
         if self.gap_tolerance is not None and not self.gap_tolerance > 0:
             raise ValueError(f"`gap_tolerance` must be positive; got {self.gap_tolerance!r}.")
 
@@ -115,30 +121,43 @@ def event_settings(system, call, trajectories, t0, q0, v0, eager: bool) -> Event
         raise ValueError(
             "The system has one-sided constraints (`gaps`), whose events stop and restart "
             "each trajectory on its own; `simulate_ensemble` steps its trajectories "
-            "together. Use `jax.vmap(jaxdae.simulate)` (each member with its own events).")
+            "together. Use `jax.vmap(jaxdae.simulate)` (each member with its own events)."
+        )
     if isinstance(call.adjoint, ReverseSweepAdjoint):
         raise ValueError(
             "`ReverseSweepAdjoint` does not differentiate through the events of a system "
-            "with `gaps`; leave `adjoint` unset (`diffrax.RecursiveCheckpointAdjoint`).")
+            "with `gaps`; leave `adjoint` unset (`diffrax.RecursiveCheckpointAdjoint`)."
+        )
     restitution = system.restitution()
     if jnp.ndim(restitution) > 1 or jnp.size(restitution) not in (1, shape[0]):
-        raise ValueError(f"`restitution` must return one coefficient or one per gap ({shape[0]});"
-                         f" got shape {jnp.shape(restitution)}.")
-    if is_concrete(restitution) and not np.all((np.asarray(restitution) >= 0)
-                                               & (np.asarray(restitution) <= 1)):
-        raise ValueError("The coefficients of restitution must lie in [0, 1] (0: plastic, "
-                         f"1: elastic impacts); got {np.asarray(restitution)}.")
+        raise ValueError(
+            f"`restitution` must return one coefficient or one per gap ({shape[0]});"
+            f" got shape {jnp.shape(restitution)}."
+        )
+    if is_concrete(restitution) and not np.all(
+        (np.asarray(restitution) >= 0) & (np.asarray(restitution) <= 1)
+    ):
+        raise ValueError(
+            "The coefficients of restitution must lie in [0, 1] (0: plastic, "
+            f"1: elastic impacts); got {np.asarray(restitution)}."
+        )
     friction = system.friction()
     if jnp.ndim(friction) > 1 or jnp.size(friction) not in (1, shape[0]):
-        raise ValueError(f"`friction` must return one coefficient or one per gap ({shape[0]}); "
-                         f"got shape {jnp.shape(friction)}.")
+        raise ValueError(
+            f"`friction` must return one coefficient or one per gap ({shape[0]}); "
+            f"got shape {jnp.shape(friction)}."
+        )
     if is_concrete(friction) and not np.all(np.asarray(friction) >= 0):
-        raise ValueError("Coulomb's coefficients of friction must be non-negative (0: "
-                         f"frictionless); got {np.asarray(friction)}.")
+        raise ValueError(
+            "Coulomb's coefficients of friction must be non-negative (0: "
+            f"frictionless); got {np.asarray(friction)}."
+        )
     slip_shape = jax.eval_shape(system.slip_velocities, t0, q_one, q_one).shape
     if slip_shape != shape:
-        raise ValueError(f"`slip_velocities` must return one sliding velocity per gap, shape "
-                         f"{shape}; got shape {slip_shape}.")
+        raise ValueError(
+            f"`slip_velocities` must return one sliding velocity per gap, shape "
+            f"{shape}; got shape {slip_shape}."
+        )
     if eager:
         gaps = np.asarray(system.gaps(t0, q0))
         tolerance = settings.tolerance(q0.dtype)
@@ -147,7 +166,8 @@ def event_settings(system, call, trajectories, t0, q0, v0, eager: bool) -> Event
             raise ValueError(
                 f"The initial state violates gap {index}: g(t0, q0)[{index}] = "
                 f"{gaps[index]:.6g} < 0 (a one-sided constraint `gaps(t, q) ≥ 0`). Start "
-                "where every gap is open or closed (≥ 0).")
+                "where every gap is open or closed (≥ 0)."
+            )
     return settings
 
 
@@ -199,11 +219,11 @@ def contact_rates(system, formulation, contacts: ContactState, t, q, s, mass_fac
         gaps = gap_terms(system, t, q, system.velocities(t, q, s))
         problem = contact_problem(formulation, terms, gaps, contacts.gains)
         forces = problem.forces(contacts.modes)
-        pushed_terms = eqx.tree_at(lambda x: x.forces, terms,
-                                   terms.forces + gaps.directions.T @ forces)
+        pushed_terms = eqx.tree_at(
+            lambda x: x.forces, terms, terms.forces + gaps.directions.T @ forces
+        )
         acceleration = problem.acceleration + problem.response @ forces
-        return (system.velocities(t, q, s),
-                system.state_rate(t, q, s, pushed_terms, acceleration))
+        return (system.velocities(t, q, s), system.state_rate(t, q, s, pushed_terms, acceleration))
 
     return jax.lax.cond(unvmap_any(contacts.modes.active.any()), pushed, lambda: rates)
 
@@ -217,8 +237,9 @@ jitted_open_gaps = eqx.filter_jit(scalarize(open_gaps))
 
 
 @eqx.filter_jit
-def condition_values(system, formulation, contacts: ContactState, t, q, s, mass_factor=None,
-                     at_start: bool = False):
+def condition_values(
+    system, formulation, contacts: ContactState, t, q, s, mass_factor=None, at_start: bool = False
+):
     """Each gap's event condition (an event is a downcrossing of zero): the gap less its
     offset where open, the contact force where resting; then, where the contacts have
     friction, one per gap for the tangential mode: `μ λ − |λ_T|` where it sticks,
@@ -235,8 +256,7 @@ def condition_values(system, formulation, contacts: ContactState, t, q, s, mass_
         return _conditions(contacts, gap, contacts.start_forces, slip, friction)
 
     def forces():
-        _, _, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s,
-                                             mass_factor)
+        _, _, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s, mass_factor)
         return problem.forces(contacts.modes), gaps.slip, gaps.friction
 
     def none():
@@ -255,8 +275,11 @@ def _conditions(contacts: ContactState, gap, force, slip, friction):
     if friction.shape[0] == 0:
         return normal
     rubbing = contacts.modes.active & (friction > 0)
-    tangential = jnp.where(contacts.modes.stick, friction * force[:size] - jnp.abs(force[size:]),
-                           contacts.modes.sign * slip - contacts.slip_offset)
+    tangential = jnp.where(
+        contacts.modes.stick,
+        friction * force[:size] - jnp.abs(force[size:]),
+        contacts.modes.sign * slip - contacts.slip_offset,
+    )
     return jnp.concatenate([normal, jnp.where(rubbing, tangential, jnp.inf)])
 
 
@@ -274,8 +297,9 @@ class ContactTerm(AbstractSystemTerm):
     def vf(self, t, y, args):
         del args
         q, s = y
-        return contact_rates(self.system, self.formulation, self.contacts, t, q, s,
-                             self.mass_factor)
+        return contact_rates(
+            self.system, self.formulation, self.contacts, t, q, s, self.mass_factor
+        )
 
     def stopped_rows(self):
         return None
@@ -301,9 +325,20 @@ def _first_condition(t, y, args, *, terms, t0=None, **kwargs):
     # diffrax evaluates the condition at the solve's start with `t` its `t0` (the same
     # array), where the transition has solved the contact forces: the program then holds
     # the contact problem in the step loop and the root finder only.
-    return _default_float(jnp.min(condition_values(term.system, term.formulation,
-                                                   term.contacts, t, q, s, term.mass_factor,
-                                                   at_start=t is t0)))
+    return _default_float(
+        jnp.min(
+            condition_values(
+                term.system,
+                term.formulation,
+                term.contacts,
+                t,
+                q,
+                s,
+                term.mass_factor,
+                at_start=t is t0,
+            )
+        )
+    )
 
 
 def event_dynamics(dynamics: Dynamics) -> Dynamics:
@@ -318,9 +353,12 @@ def event_dynamics(dynamics: Dynamics) -> Dynamics:
     (`_compilation/_lcp.py`), which keep the step loop one kernel on the CPU
     (docs/design_measurements.md#one-solve-between-events)."""
     term = system_term(dynamics.term)
-    return Dynamics(ContactTerm(term.system, term.formulation, term.reference,
-                                term.mass_factor),
-                    dynamics.conditions, dynamics.failures, located=(_first_condition,))
+    return Dynamics(
+        ContactTerm(term.system, term.formulation, term.reference, term.mass_factor),
+        dynamics.conditions,
+        dynamics.failures,
+        located=(_first_condition,),
+    )
 
 
 class ApproachLimitedSteps(AbstractControllerWrapper):
@@ -344,17 +382,20 @@ class ApproachLimitedSteps(AbstractControllerWrapper):
     def _limited(self, t, y, tnext):
         q, s = y
         term = self.term
-        return jnp.minimum(tnext, t + approach_time(term.system, term.formulation,
-                                                    term.contacts, t, q, s))
+        return jnp.minimum(
+            tnext, t + approach_time(term.system, term.formulation, term.contacts, t, q, s)
+        )
 
     def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
         tnext, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
         return self._limited(t0, y0, tnext), state
 
-    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order,
-                        controller_state):
+    def adapt_step_size(
+        self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state
+    ):
         keep, tprev, tnext, jump, state, result = self.controller.adapt_step_size(
-            t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state)
+            t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state
+        )
         y = jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1_candidate, y0)
         return keep, tprev, self._limited(tprev, y, tnext), jump, state, result
 
@@ -366,8 +407,10 @@ def _approach_time(system, formulation, contacts: ContactState, t, q, s):
     gap, rate = jax.jvp(lambda t_, q_: system.gaps(t_, q_), (t, q), (jnp.ones_like(t), v))
     room = gap - contacts.offset
     closing = ~contacts.modes.active & (rate < 0)
-    time = jnp.min(jnp.where(closing, (room + contacts.tolerance)
-                             / jnp.where(closing, -rate, 1.0), jnp.inf), initial=jnp.inf)
+    time = jnp.min(
+        jnp.where(closing, (room + contacts.tolerance) / jnp.where(closing, -rate, 1.0), jnp.inf),
+        initial=jnp.inf,
+    )
     return time
 
 
@@ -386,8 +429,17 @@ class _Transition(eqx.Module):
 
 
 @eqx.filter_jit
-def transition(system, formulation, settings: EventDriven, contacts: ContactState, t, q, s,
-               hit, mass_factor=None) -> _Transition:
+def transition(
+    system,
+    formulation,
+    settings: EventDriven,
+    contacts: ContactState,
+    t,
+    q,
+    s,
+    hit,
+    mass_factor=None,
+) -> _Transition:
     """What happens at `(t, q, s)` where a solve stopped at an event (`hit`) or starts: the
     conditions that triggered it (at or below zero, the least among them), the impact of
     the closed gaps, the state after it, and which of them rest, stick or slip."""
@@ -396,11 +448,11 @@ def transition(system, formulation, settings: EventDriven, contacts: ContactStat
     size = active.shape[0]
     # The terms and the contact problem at the event, once for the conditions that
     # triggered it and the impact; the terms after the impact for the resting contacts.
-    s, terms, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s,
-                                             mass_factor)
+    s, terms, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s, mass_factor)
     held = problem.forces(contacts.modes)
-    values = _conditions(contacts, jitted_open_gaps(system, contacts, t, q), held, gaps.slip,
-                         gaps.friction)
+    values = _conditions(
+        contacts, jitted_open_gaps(system, contacts, t, q), held, gaps.slip, gaps.friction
+    )
     triggered = hit & ((values <= 0) | (jnp.arange(values.shape[0]) == jnp.argmin(values)))
     v = system.velocities(t, q, s)
     restitution = jnp.broadcast_to(jnp.asarray(system.restitution(), v.dtype), (size,))
@@ -412,8 +464,9 @@ def transition(system, formulation, settings: EventDriven, contacts: ContactStat
     gaps_after = gap_terms(system, t, q, v + change)
     # At rest after the impact (to rounding): those may carry a force from now on, and
     # stick where they have friction.
-    at_rest_speed = (1e-3 * settings.min_bounce_speed
-                     + 64 * jnp.finfo(q.dtype).eps * jnp.max(jnp.abs(gaps.rate), initial=0.0))
+    at_rest_speed = 1e-3 * settings.min_bounce_speed + 64 * jnp.finfo(q.dtype).eps * jnp.max(
+        jnp.abs(gaps.rate), initial=0.0
+    )
     at_rest = gaps_after.rate <= at_rest_speed
     candidates = closed & ~released & at_rest
     terms_after = with_mass_factor(system_terms(system, t, q, s_after), mass_factor)
@@ -441,8 +494,16 @@ def transition(system, formulation, settings: EventDriven, contacts: ContactStat
     slip_offset = jnp.zeros_like(offset)
     if gaps_after.slip.shape[0]:
         slip_offset = jnp.where(jnp.abs(gaps_after.slip) <= at_rest_speed, -tolerance, 0.0)
-    return _Transition(s_after, modes, offset, slip_offset, triggered, outcome.impulses,
-                       outcome.solved & solved, problem_after.forces(modes))
+    return _Transition(
+        s_after,
+        modes,
+        offset,
+        slip_offset,
+        triggered,
+        outcome.impulses,
+        outcome.solved & solved,
+        problem_after.forces(modes),
+    )
 
 
 class EventSolve(eqx.Module):
@@ -482,8 +543,11 @@ def _recorded(events: Events, record, t, after: _Transition, released) -> Events
     size = after.modes.active.shape[0]
     first = jnp.argmax(after.triggered)
     which = first % size
-    normal = jnp.where(released, Events.RELEASE,
-                       jnp.where(after.modes.active[which], Events.CONTACT, Events.IMPACT))
+    normal = jnp.where(
+        released,
+        Events.RELEASE,
+        jnp.where(after.modes.active[which], Events.CONTACT, Events.IMPACT),
+    )
     tangential = jnp.where(after.modes.stick[which], Events.STICK, Events.SLIP)
     kind = jnp.where(first < size, normal, tangential)
     index = jnp.minimum(events.count, events.t.shape[0] - 1)
@@ -491,14 +555,18 @@ def _recorded(events: Events, record, t, after: _Transition, released) -> Events
     def put(array, value):
         return array.at[index].set(jnp.where(record, value, array[index]))
 
-    return Events(count=events.count + record, t=put(events.t, t), gap=put(events.gap, which),
-                  kind=put(events.kind, kind), impulse=put(events.impulse,
-                                                           after.impulses[which]))
+    return Events(
+        count=events.count + record,
+        t=put(events.t, t),
+        gap=put(events.gap, which),
+        kind=put(events.kind, kind),
+        impulse=put(events.impulse, after.impulses[which]),
+    )
 
 
-def integrate_with_events(dynamics: Dynamics, y0, times: Times,
-                          options: SolveOptions, settings: EventDriven
-                          ) -> tuple[EventSolve, RESULTS]:
+def integrate_with_events(
+    dynamics: Dynamics, y0, times: Times, options: SolveOptions, settings: EventDriven
+) -> tuple[EventSolve, RESULTS]:
     """The event-driven solve from `y0` over `times` (module docstring), and jaxdae's
     result. Each pass of its loop applies the transition of the event where the last
     solve stopped (at the start: the impacts and resting contacts of the initial state),
@@ -514,20 +582,36 @@ def integrate_with_events(dynamics: Dynamics, y0, times: Times,
     budget = settings.max_events
     count_rows = 0 if ts is None else ts.shape[0]
     carry = _Carry(
-        t=t0, q=q0, s=s0,
-        contacts=ContactState(ContactModes(jnp.zeros((size,), bool), jnp.zeros((size,), bool),
-                                           jnp.zeros((size,), dtype)),
-                              jnp.zeros((size,), dtype), jnp.zeros((size,), dtype), gains,
-                              jnp.asarray(settings.tolerance(dtype), dtype),
-                              jnp.zeros((size + slips,), dtype)),
-        hit=jnp.asarray(False), count=jnp.asarray(0), done=jnp.asarray(False),
-        reached=jnp.asarray(False), result=RESULTS.successful,
-        rows=(jnp.full((count_rows,) + q0.shape, jnp.inf, dtype),
-              jnp.full((count_rows,) + s0.shape, jnp.inf, dtype)),
+        t=t0,
+        q=q0,
+        s=s0,
+        contacts=ContactState(
+            ContactModes(
+                jnp.zeros((size,), bool), jnp.zeros((size,), bool), jnp.zeros((size,), dtype)
+            ),
+            jnp.zeros((size,), dtype),
+            jnp.zeros((size,), dtype),
+            gains,
+            jnp.asarray(settings.tolerance(dtype), dtype),
+            jnp.zeros((size + slips,), dtype),
+        ),
+        hit=jnp.asarray(False),
+        count=jnp.asarray(0),
+        done=jnp.asarray(False),
+        reached=jnp.asarray(False),
+        result=RESULTS.successful,
+        rows=(
+            jnp.full((count_rows,) + q0.shape, jnp.inf, dtype),
+            jnp.full((count_rows,) + s0.shape, jnp.inf, dtype),
+        ),
         saved=jnp.zeros((count_rows,), bool),
-        events=Events(count=jnp.asarray(0), t=jnp.full((budget,), jnp.inf, dtype),
-                      gap=jnp.full((budget,), -1), kind=jnp.full((budget,), -1),
-                      impulse=jnp.zeros((budget,), dtype)),
+        events=Events(
+            count=jnp.asarray(0),
+            t=jnp.full((budget,), jnp.inf, dtype),
+            gap=jnp.full((budget,), -1),
+            kind=jnp.full((budget,), -1),
+            impulse=jnp.zeros((budget,), dtype),
+        ),
         stats={key: jnp.asarray(0) for key in _STAT_KEYS},
     )
 
@@ -535,39 +619,65 @@ def integrate_with_events(dynamics: Dynamics, y0, times: Times,
 
     def step(carry: _Carry) -> _Carry:
         def apply():
-            return transition(system, formulation, settings, carry.contacts, carry.t,
-                              carry.q, carry.s, carry.hit, term.mass_factor)
+            return transition(
+                system,
+                formulation,
+                settings,
+                carry.contacts,
+                carry.t,
+                carry.q,
+                carry.s,
+                carry.hit,
+                term.mass_factor,
+            )
 
         def none():  # all gaps open, none resting: nothing happens
             shapes = jax.eval_shape(apply)
-            return _Transition(carry.s, carry.contacts.modes, carry.contacts.offset,
-                               carry.contacts.slip_offset,
-                               jnp.zeros(shapes.triggered.shape, bool),
-                               jnp.zeros(shapes.impulses.shape, dtype), jnp.asarray(True),
-                               jnp.zeros(shapes.forces.shape, dtype))
+            return _Transition(
+                carry.s,
+                carry.contacts.modes,
+                carry.contacts.offset,
+                carry.contacts.slip_offset,
+                jnp.zeros(shapes.triggered.shape, bool),
+                jnp.zeros(shapes.impulses.shape, dtype),
+                jnp.asarray(True),
+                jnp.zeros(shapes.forces.shape, dtype),
+            )
 
         closed = jitted_open_gaps(system, carry.contacts, carry.t, carry.q) <= tolerance
         touching = carry.hit | closed.any() | carry.contacts.modes.active.any()
         after = jax.lax.cond(unvmap_any(touching), apply, none)
         released = (after.triggered[:size] & carry.contacts.modes.active).any()
         events = _recorded(carry.events, carry.hit, carry.t, after, released)
-        contacts = ContactState(after.modes, after.offset, after.slip_offset, gains,
-                                carry.contacts.tolerance, after.forces)
+        contacts = ContactState(
+            after.modes,
+            after.offset,
+            after.slip_offset,
+            gains,
+            carry.contacts.tolerance,
+            after.forces,
+        )
         if ts is None:
             saveat = diffrax.SaveAt(t1=True)
         else:
-            saveat = diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=jnp.clip(ts, carry.t, t1)),
-                                          diffrax.SubSaveAt(t1=True)])
-        segment = eqx.tree_at(lambda t: t.contacts, term, contacts,
-                              is_leaf=lambda x: x is None)
+            saveat = diffrax.SaveAt(
+                subs=[diffrax.SubSaveAt(ts=jnp.clip(ts, carry.t, t1)), diffrax.SubSaveAt(t1=True)]
+            )
+        segment = eqx.tree_at(lambda t: t.contacts, term, contacts, is_leaf=lambda x: x is None)
         segment_options = options
         if isinstance(options.stepsize_controller, diffrax.AbstractAdaptiveStepSizeController):
             segment_options = eqx.tree_at(
-                lambda o: o.stepsize_controller, options,
-                ApproachLimitedSteps(options.stepsize_controller, segment))
-        out, result = integrate(eqx.tree_at(lambda d: d.term, dynamics, segment),
-                                (carry.q, after.state), Times(carry.t, t1, None),
-                                segment_options, saveat)
+                lambda o: o.stepsize_controller,
+                options,
+                ApproachLimitedSteps(options.stepsize_controller, segment),
+            )
+        out, result = integrate(
+            eqx.tree_at(lambda d: d.term, dynamics, segment),
+            (carry.q, after.state),
+            Times(carry.t, t1, None),
+            segment_options,
+            saveat,
+        )
         segment_rows = None
         if ts is None:
             t_end, (q_end, s_end) = out.ts[0], (out.ys[0][0], out.ys[1][0])
@@ -581,38 +691,54 @@ def integrate_with_events(dynamics: Dynamics, y0, times: Times,
         rows, saved = carry.rows, carry.saved
         if segment_rows is not None:
             inside = (ts >= carry.t) & ((ts < t_end) | (reached & (ts <= t_end)))
-            rows = tuple(jnp.where(inside[:, None], new, old)
-                         for new, old in zip(segment_rows, rows, strict=True))
+            rows = tuple(
+                jnp.where(inside[:, None], new, old)
+                for new, old in zip(segment_rows, rows, strict=True)
+            )
             saved = saved | inside
         result = RESULTS.where(failed, result, RESULTS.successful)
         result = RESULTS.where(over, RESULTS.event_budget_exceeded, result)
         # An impact without a solution ends the solve where it happened, before it; so does
         # a contact that comes to rest where the solver cannot carry its force.
         unsolved = ~after.solved
-        unsupported = (jnp.asarray(False) if carries_forces
-                       else after.modes.active.any() & after.solved)
+        unsupported = (
+            jnp.asarray(False) if carries_forces else after.modes.active.any() & after.solved
+        )
         ended = unsolved | unsupported
         keep = lambda old, new: jax.tree.map(  # noqa: E731
-            lambda a, b: jnp.where(ended, a, b), old, new)
+            lambda a, b: jnp.where(ended, a, b), old, new
+        )
         result = RESULTS.where(unsupported, RESULTS.resting_contact_unsupported, result)
         # Gaps that turned non-finite hide every crossing: the motion passed them unchecked.
-        lost = ~ended & ~jnp.all(jnp.isfinite(jitted_open_gaps(system, contacts, t_end,
-                                                                q_end)))
+        lost = ~ended & ~jnp.all(jnp.isfinite(jitted_open_gaps(system, contacts, t_end, q_end)))
         result = RESULTS.where(lost, RESULTS.non_finite_gaps, result)
         ended_here = ended | lost
         return _Carry(
-            t=keep(carry.t, t_end), q=keep(carry.q, q_end), s=keep(carry.s, s_end),
-            contacts=contacts, hit=hit & ~ended_here, count=events.count,
-            done=reached | failed | over | ended_here, reached=reached & ~ended_here,
+            t=keep(carry.t, t_end),
+            q=keep(carry.q, q_end),
+            s=keep(carry.s, s_end),
+            contacts=contacts,
+            hit=hit & ~ended_here,
+            count=events.count,
+            done=reached | failed | over | ended_here,
+            reached=reached & ~ended_here,
             result=RESULTS.where(unsolved, RESULTS.impact_not_solved, result),
-            rows=keep(carry.rows, rows), saved=keep(carry.saved, saved), events=events,
+            rows=keep(carry.rows, rows),
+            saved=keep(carry.saved, saved),
+            events=events,
             stats={key: carry.stats[key] + out.stats[key] for key in _STAT_KEYS},
         )
 
     carries_forces = carries_contact_forces(options.solver)
     kind = "lax" if isinstance(options.adjoint, diffrax.ForwardMode) else "checkpointed"
-    final = while_loop(lambda c: ~c.done, step, carry, max_steps=budget + 1,
-                       kind=kind, checkpoints=budget + 1 if kind == "checkpointed" else None)
+    final = while_loop(
+        lambda c: ~c.done,
+        step,
+        carry,
+        max_steps=budget + 1,
+        kind=kind,
+        checkpoints=budget + 1 if kind == "checkpointed" else None,
+    )
     if ts is None:
         saved_ts = jnp.stack([t0, final.t])
         ys = (jnp.stack([q0, final.q]), jnp.stack([s0, final.s]))
@@ -620,6 +746,7 @@ def integrate_with_events(dynamics: Dynamics, y0, times: Times,
         saved_ts = (jnp.where(final.saved, ts, jnp.inf), final.t[None])
         ys = (final.rows, (final.q[None], final.s[None]))
     stats = {**final.stats, "max_steps": options.max_steps, "num_events": final.events.count}
-    reached = diffrax.RESULTS.where(final.reached, diffrax.RESULTS.successful,
-                                    diffrax.RESULTS.event_occurred)
+    reached = diffrax.RESULTS.where(
+        final.reached, diffrax.RESULTS.successful, diffrax.RESULTS.event_occurred
+    )
     return EventSolve(saved_ts, ys, reached, stats, final.events), final.result

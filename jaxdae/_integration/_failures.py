@@ -27,9 +27,13 @@ def non_finite_event(t, y, args, **kwargs):
 # The terms that `non_finite_term` tests, in its order: a mass matrix that is not
 # positive definite makes a tree's forces nan (`factored_positive_definite`), so it comes
 # before them.
-NON_FINITE_RESULTS = (RESULTS.non_finite_mass_matrix, RESULTS.indefinite_mass_matrix,
-                      RESULTS.non_finite_forces, RESULTS.non_finite_constraints,
-                      RESULTS.non_finite_rates)
+NON_FINITE_RESULTS = (
+    RESULTS.non_finite_mass_matrix,
+    RESULTS.indefinite_mass_matrix,
+    RESULTS.non_finite_forces,
+    RESULTS.non_finite_constraints,
+    RESULTS.non_finite_rates,
+)
 
 
 def all_finite(*arrays) -> Array:
@@ -46,21 +50,28 @@ def non_finite_term(system, formulation, t0, t, q, s):
     rejected ended there)."""
     rates = jitted_rates(system, formulation, t, q, s)
     rates = jax.tree.map(lambda r: jnp.where(jnp.isfinite(r), r, 0), rates)
-    unit = jnp.finfo(jnp.result_type(t)).eps * jnp.maximum(jnp.maximum(jnp.abs(t),
-                                                                       jnp.abs(t0)), 1e-300)
+    unit = jnp.finfo(jnp.result_type(t)).eps * jnp.maximum(
+        jnp.maximum(jnp.abs(t), jnp.abs(t0)), 1e-300
+    )
 
     def code(offset):
         tp, qp, sp = t + offset, q + offset * rates[0], s + offset * rates[1]
         velocities = formulation.velocities(system, tp, qp, sp)
         terms = system_terms(system, tp, qp, velocities)
-        flags = jnp.stack([
-            ~all_finite(terms.mass_matrix),
-            ~mass_positive_definite(system, (tp, qp, velocities), terms.mass_matrix,
-                                    factored_positive_definite(terms)),
-            ~all_finite(terms.forces),
-            ~all_finite(terms.phi, terms.dphi, terms.psi, terms.jacobian, terms.bias),
-            ~all_finite(*jitted_rates(system, formulation, tp, qp, sp)),
-        ])
+        flags = jnp.stack(
+            [
+                ~all_finite(terms.mass_matrix),
+                ~mass_positive_definite(
+                    system,
+                    (tp, qp, velocities),
+                    terms.mass_matrix,
+                    factored_positive_definite(terms),
+                ),
+                ~all_finite(terms.forces),
+                ~all_finite(terms.phi, terms.dphi, terms.psi, terms.jacobian, terms.bias),
+                ~all_finite(*jitted_rates(system, formulation, tp, qp, sp)),
+            ]
+        )
         return jnp.where(jnp.any(flags), jnp.argmax(flags) + 1, 0).astype(jnp.int32)
 
     codes = jax.lax.map(code, unit * jnp.array([0.0, 4.0, 64.0, 1024.0, 16384.0]))
@@ -79,10 +90,13 @@ def name_non_finite_term(sol, system, formulation, t0):
     if not np.any(stalled) or formulation.derives_velocities:
         return sol  # (a formulation that maps the state to velocities: state not at hand)
     state = sol.v_final if system.state_is_velocity else sol.p_final
-    for index in (np.argwhere(stalled) if codes.ndim else [()]):
+    for index in np.argwhere(stalled) if codes.ndim else [()]:
         index = tuple(index)
-        code = int(non_finite_term(system, formulation, t0, sol.t_final[index],
-                                    sol.q_final[index], state[index]))
+        code = int(
+            non_finite_term(
+                system, formulation, t0, sol.t_final[index], sol.q_final[index], state[index]
+            )
+        )
         if code:
             codes[index] = result_codes(NON_FINITE_RESULTS[code - 1])
     result = with_result_codes(sol.result, jnp.asarray(codes, codes.dtype))
@@ -103,13 +117,17 @@ def tests_target_range(system, formulation, terms) -> bool:
     stabilized formulation that asks for the test, on a system with constraints that its
     terms take from `constraints` and `velocity_constraints` (`terms_from_constraints`),
     the functions that `constraints_not_met` tells the user to fix."""
-    return (isinstance(formulation, AbstractStabilizedFormulation)
-            and formulation.tests_target_range and system.terms_from_constraints
-            and terms.jacobian.shape[0] > 0)
+    return (
+        isinstance(formulation, AbstractStabilizedFormulation)
+        and formulation.tests_target_range
+        and system.terms_from_constraints
+        and terms.jacobian.shape[0] > 0
+    )
 
 
-def checked_result(initial_residual, residual, range_inputs, result: RESULTS,
-                   limit=None) -> RESULTS:
+def checked_result(
+    initial_residual, residual, range_inputs, result: RESULTS, limit=None
+) -> RESULTS:
     """`result` after the checks at the end of a solve (docs/failures.md), from the
     constraint residual `max(|Φ|, |Ψ|)` at the start (`initial_residual`) and at the end
     (`residual`, `inf` where the final state is not finite):
@@ -137,7 +155,8 @@ def checked_result(initial_residual, residual, range_inputs, result: RESULTS,
     All on values that carry no gradient. (Which term of a stalled solve was non-finite is
     found after the solve, eagerly: `name_non_finite_term`.)"""
     initial_residual, residual, range_inputs = jax.lax.stop_gradient(
-        (initial_residual, residual, range_inputs))
+        (initial_residual, residual, range_inputs)
+    )
     scale = jnp.maximum(initial_residual, 1.0)
     floor = max(1e-6, 1e4 * float(jnp.finfo(residual.dtype).eps)) * scale
     ok = result == RESULTS.successful
@@ -164,15 +183,17 @@ def checked_result(initial_residual, residual, range_inputs, result: RESULTS,
     # masked below): under `vmap` a cond on each row's residual would run the SVD on every
     # row of every batch, whose batched SVD loops over the batch on a GPU
     # (docs/design_measurements.md#range-test).
-    gap, size = jax.lax.cond(unvmap_any(residual > floor), gap,
-                             lambda g, target: (zero, zero), g, target)
+    gap, size = jax.lax.cond(
+        unvmap_any(residual > floor), gap, lambda g, target: (zero, zero), g, target
+    )
     not_met = ok & ~diverged & (gap > 0.1 * size) & (residual > floor)
     # (Contradicting constraints are the more precise name where both apply.)
     return RESULTS.where(not_met, RESULTS.constraints_not_met, result)
 
 
-def solve_event(conditions: list, stepsize_controller, located: list | None = None,
-                dtype=float) -> diffrax.Event | None:
+def solve_event(
+    conditions: list, stepsize_controller, located: list | None = None, dtype=float
+) -> diffrax.Event | None:
     """The failure conditions of a solve, plus `non_finite_event` for fixed steps, after the
     `located` ones: real-valued conditions whose downcrossings of zero stop the solve at
     the crossing, located by a root finder to a few ulps (of `dtype`) of the time."""
@@ -187,8 +208,11 @@ def solve_event(conditions: list, stepsize_controller, located: list | None = No
     # condition like the others (its crossing is where it turns true).
     conditions = [_signed(condition) for condition in conditions]
     tolerance = float(64 * jnp.finfo(dtype).eps)
-    return diffrax.Event(located + conditions, DownCrossing(tolerance, tolerance),
-                         direction=[False] * len(located) + [None] * len(conditions))
+    return diffrax.Event(
+        located + conditions,
+        DownCrossing(tolerance, tolerance),
+        direction=[False] * len(located) + [None] * len(conditions),
+    )
 
 
 def _signed(flag):
@@ -208,8 +232,9 @@ def event_result(out: diffrax.Solution, failures: list, located: int = 0) -> RES
         return result
     names = failures + [RESULTS.non_finite_state]
     for stopped, name in zip(out.event_mask[located:], names, strict=False):
-        result = RESULTS.where((out.result == diffrax.RESULTS.event_occurred) & stopped,
-                               name, result)
+        result = RESULTS.where(
+            (out.result == diffrax.RESULTS.event_occurred) & stopped, name, result
+        )
     return result
 
 

@@ -117,10 +117,10 @@ def _iteration_matrix(x, args):
     v, _, _ = step.unpack(q)
     terms = system.terms(t, q, v)
     _, stiffness, _, _ = linearization(
-        lambda time, y: system.terms(time, y, step.unpack(y)[0]).forces, t, q, "coloured")
+        lambda time, y: system.terms(time, y, step.unpack(y)[0]).forces, t, q, "coloured"
+    )
     m = terms.num_holonomic
-    rows = jnp.concatenate([terms.jacobian[:m],
-                            (step.gamma / step.beta) * terms.jacobian[m:]])
+    rows = jnp.concatenate([terms.jacobian[:m], (step.gamma / step.beta) * terms.jacobian[m:]])
     top = jnp.concatenate([terms.mass_matrix - step.c * stiffness, terms.jacobian.T], 1)
     bottom = jnp.concatenate([rows, jnp.zeros((rows.shape[0], rows.shape[0]), x.dtype)], 1)
     return jnp.concatenate([top, bottom], 0)
@@ -154,7 +154,8 @@ def _tangential(terms, error, least_squares: bool):
         # LU beyond `LU_UNROLL_MAX` rows would be a call out of it.
         low = looped_cholesky(gram)
         coefficients = looped_triangular_solve(
-            low, looped_triangular_solve(low, rhs[:, None]), transpose=True)[:, 0]
+            low, looped_triangular_solve(low, rhs[:, None]), transpose=True
+        )[:, 0]
     padded = jnp.concatenate([coefficients, jnp.zeros(terms.num_nonholonomic, error.dtype)])
     return error - elimination.apply_minv_gt(padded)
 
@@ -186,8 +187,9 @@ def _concrete_float(value):
         return value
 
 
-class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolver,
-                       diffrax.AbstractAdaptiveSolver):
+class GeneralizedAlpha(
+    AbstractFailureNamingSolver, diffrax.AbstractImplicitSolver, diffrax.AbstractAdaptiveSolver
+):
     """The generalized-α method (Chung & Hulbert 1993) applied to the index-3 equations
     `M q̈ + Φ_qᵀ λ + Ψ_vᵀ μ = Q`, `Φ(t, q) = 0`, `Ψ(t, q, v) = 0` as Arnold & Brüls (2007)
     formulate it, with an adaptive step: the implicit integrator of multibody codes
@@ -338,12 +340,16 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
 
     def __check_init__(self):
         if not (isinstance(self.rho_inf, float) and 0 <= self.rho_inf <= 1):
-            raise ValueError(f"`GeneralizedAlpha(rho_inf=...)` must be a number in [0, 1] "
-                             "(concrete: it sets the method's coefficients when the solve is "
-                             f"traced); got {self.rho_inf!r}.")
+            raise ValueError(
+                f"`GeneralizedAlpha(rho_inf=...)` must be a number in [0, 1] "
+                "(concrete: it sets the method's coefficients when the solve is "
+                f"traced); got {self.rho_inf!r}."
+            )
         if not (isinstance(self.root_find_max_steps, int) and self.root_find_max_steps >= 1):
-            raise ValueError("`GeneralizedAlpha(root_find_max_steps=...)` must be a positive "
-                             f"integer; got {self.root_find_max_steps!r}.")
+            raise ValueError(
+                "`GeneralizedAlpha(root_find_max_steps=...)` must be a positive "
+                f"integer; got {self.root_find_max_steps!r}."
+            )
 
     def order(self, terms):
         return 2
@@ -365,9 +371,15 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
         hb = h**2 * beta
         q_hat = q0 + h * v0 + h**2 * (0.5 - beta) * a0
         return _Step(
-            h=h, c=hb * (1 - alpha_f) / (1 - alpha_m), hb=hb, q_hat=q_hat,
+            h=h,
+            c=hb * (1 - alpha_f) / (1 - alpha_m),
+            hb=hb,
+            q_hat=q_hat,
             q_tilde=q_hat + hb / (1 - alpha_m) * (alpha_f * qdd0 - alpha_m * a0),
-            v_hat=v0 + h * (1 - gamma) * a0, gamma=gamma, beta=beta)
+            v_hat=v0 + h * (1 - gamma) * a0,
+            gamma=gamma,
+            beta=beta,
+        )
 
     def residual(self, x, system: AbstractSystem, t, step: _Step):
         """The step's equations at `x = (q, μ)` (`_residual`), flat."""
@@ -384,25 +396,41 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
         guess = jnp.concatenate([step.q_tilde + step.c * qdd0, step.c * lam0])
         finder = self.root_finder
         options = NewtonOptions(
-            residual=_residual, matrix=_iteration_matrix, coefficient=_coefficient,
+            residual=_residual,
+            matrix=_iteration_matrix,
+            coefficient=_coefficient,
             measure=_measure,
-            norm=finder.norm, kappa=_KAPPA, max_steps=self.root_find_max_steps,
-            least_squares=_solves_least_squares(self), rcond=_rcond(self))
+            norm=finder.norm,
+            kappa=_KAPPA,
+            max_steps=self.root_find_max_steps,
+            least_squares=_solves_least_squares(self),
+            rcond=_rcond(self),
+        )
         x, matrix, converged, _, _ = newton_solve(
-            guess, (system, t1, step), kept, finder.rtol, finder.atol, options=options)
+            guess, (system, t1, step), kept, finder.rtol, finder.atol, options=options
+        )
         q1, mu = _split(x, step)
         v1, qdd1, a1 = step.unpack(q1)
         kept_terms = _kept_terms(system, t1, q1, v1)
         # The local error of the positions, per unit step (see the docstring).
-        local = _tangential(kept_terms, hb * (beta - 1 / 6 + (alpha_m - alpha_f) / 2) * (a1 - a0),
-                            options.least_squares)
+        local = _tangential(
+            kept_terms,
+            hb * (beta - 1 / 6 + (alpha_m - alpha_f) / 2) * (a1 - a0),
+            options.least_squares,
+        )
         q_error = jnp.where(converged, local / h, jnp.inf)
         y1 = (q1, v1)
         dense_info = dict(y0=y0, y1=y1, k0=(h * v0, h * qdd0), k1=(h * v1, h * qdd1))
-        result = diffrax.RESULTS.where(converged, diffrax.RESULTS.successful,
-                                       diffrax.RESULTS.nonlinear_divergence)
-        return (y1, (q_error, jnp.zeros_like(v1)), dense_info,
-                (a1, qdd1, mu / step.c, matrix), result)
+        result = diffrax.RESULTS.where(
+            converged, diffrax.RESULTS.successful, diffrax.RESULTS.nonlinear_divergence
+        )
+        return (
+            y1,
+            (q_error, jnp.zeros_like(v1)),
+            dense_info,
+            (a1, qdd1, mu / step.c, matrix),
+            result,
+        )
 
     def func(self, terms, t0, y0, args):
         system = _system(y0, terms)
@@ -416,8 +444,11 @@ class GeneralizedAlpha(AbstractFailureNamingSolver, diffrax.AbstractImplicitSolv
         state whose constraint Jacobian `G = [Φ_q; Ψ_v]` has fewer independent rows than
         rows (singular values below `√ε σ_max`, as `checked_result` counts the range of
         `G`): redundant constraints, or a singular configuration."""
-        if (_solves_least_squares(self) or np.ndim(sol.t_final) != 0
-                or sol.result != RESULTS.dt_min_reached):
+        if (
+            _solves_least_squares(self)
+            or np.ndim(sol.t_final) != 0
+            or sol.result != RESULTS.dt_min_reached
+        ):
             return sol
         jacobian = np.asarray(system.terms(sol.t_final, sol.q_final, sol.v_final).jacobian)
         if jacobian.shape[0] == 0 or not np.all(np.isfinite(jacobian)):
@@ -447,7 +478,8 @@ def _solves_least_squares(solver: GeneralizedAlpha) -> bool:
     """Whether the Newton iteration of `solver` solves rank-deficient systems (an SVD)."""
     linear_solver = _linear_solver(solver)
     return isinstance(linear_solver, lx.SVD) or (
-        isinstance(linear_solver, lx.AutoLinearSolver) and linear_solver.well_posed is False)
+        isinstance(linear_solver, lx.AutoLinearSolver) and linear_solver.well_posed is False
+    )
 
 
 def _consistent(system, t, q, v):
@@ -468,19 +500,22 @@ def _system(y0, terms) -> AbstractSystem:
     if y0[0].ndim != 1:
         raise ValueError(
             "`jaxdae.GeneralizedAlpha` integrates one trajectory at a time: batch it with "
-            "`jax.vmap(jaxdae.simulate)` instead of `jaxdae.simulate_ensemble`.")
+            "`jax.vmap(jaxdae.simulate)` instead of `jaxdae.simulate_ensemble`."
+        )
     if not system.state_is_velocity:
         raise ValueError(
             f"`jaxdae.GeneralizedAlpha` integrates positions and velocities; the state of "
             f"{type(system).__name__} holds something else (momenta of a "
             "`HamiltonianSystem`, realized constraints). Integrate it with an ODE solver "
-            "(e.g. `diffrax.Tsit5()`), or write it as a `jaxdae.LagrangianSystem`.")
+            "(e.g. `diffrax.Tsit5()`), or write it as a `jaxdae.LagrangianSystem`."
+        )
     if formulation.derives_velocities:
         raise ValueError(
             f"`jaxdae.GeneralizedAlpha` enforces the constraints itself; "
             f"{type(formulation).__name__} integrates other velocities (redundant "
             "coordinates) and cannot be combined with it. Pass e.g. `jaxdae.Unstabilized()` "
-            "or `jaxdae.Baumgarte(...)` (used only for the saved multipliers).")
+            "or `jaxdae.Baumgarte(...)` (used only for the saved multipliers)."
+        )
     return system
 
 

@@ -98,25 +98,61 @@ class GeneralizedAlphaAdjoint(AbstractStoredStepsAdjoint):
     - `stored_steps`: the most steps whose states the backward pass keeps at once.
     """
 
-    def loop(self, *, args, terms, solver, stepsize_controller, event, saveat, t0, t1, dt0,
-             max_steps, throw, init_state, passed_solver_state, passed_controller_state,
-             progress_meter):
+    def loop(
+        self,
+        *,
+        args,
+        terms,
+        solver,
+        stepsize_controller,
+        event,
+        saveat,
+        t0,
+        t1,
+        dt0,
+        max_steps,
+        throw,
+        init_state,
+        passed_solver_state,
+        passed_controller_state,
+        progress_meter,
+    ):
         method = _method(solver)
-        unreplayed = _not_replayed(saveat, event, max_steps, passed_solver_state,
-                                   passed_controller_state)
+        unreplayed = _not_replayed(
+            saveat, event, max_steps, passed_solver_state, passed_controller_state
+        )
         if unreplayed is not None:
             # What the sweep does not replay is differentiated through diffrax's loop.
             warn_checkpointed(stepsize_controller, *unreplayed)
             return diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS).loop(
-                args=args, terms=terms, solver=solver, stepsize_controller=stepsize_controller,
-                event=event, saveat=saveat, t0=t0, t1=t1, dt0=dt0, max_steps=max_steps,
-                throw=throw, init_state=init_state, passed_solver_state=passed_solver_state,
-                passed_controller_state=passed_controller_state, progress_meter=progress_meter)
-        static = _Static(solver=solver, stepsize_controller=stepsize_controller, event=event,
-                         progress_meter=progress_meter, max_steps=max_steps,
-                         stored_steps=min(self.stored_steps, max_steps), method=method)
-        problem = SweepProblem(terms=terms, args=args, init_state=init_state, t0=t0, t1=t1,
-                               dt0=dt0, saveat=saveat)
+                args=args,
+                terms=terms,
+                solver=solver,
+                stepsize_controller=stepsize_controller,
+                event=event,
+                saveat=saveat,
+                t0=t0,
+                t1=t1,
+                dt0=dt0,
+                max_steps=max_steps,
+                throw=throw,
+                init_state=init_state,
+                passed_solver_state=passed_solver_state,
+                passed_controller_state=passed_controller_state,
+                progress_meter=progress_meter,
+            )
+        static = _Static(
+            solver=solver,
+            stepsize_controller=stepsize_controller,
+            event=event,
+            progress_meter=progress_meter,
+            max_steps=max_steps,
+            stored_steps=min(self.stored_steps, max_steps),
+            method=method,
+        )
+        problem = SweepProblem(
+            terms=terms, args=args, init_state=init_state, t0=t0, t1=t1, dt0=dt0, saveat=saveat
+        )
         return final_state(init_state, _swept(problem, static), saveat), {}
 
 
@@ -135,14 +171,17 @@ class _Static(eqx.Module):
 def _method(solver) -> GeneralizedAlpha:
     solver = unwrapped(solver)
     if not isinstance(solver, GeneralizedAlpha):
-        raise ValueError("`GeneralizedAlphaAdjoint` differentiates `jaxdae.GeneralizedAlpha` "
-                         f"solves; got {type(solver).__name__}. Use the default adjoint "
-                         "(`adjoint=None`) for this solver.")
+        raise ValueError(
+            "`GeneralizedAlphaAdjoint` differentiates `jaxdae.GeneralizedAlpha` "
+            f"solves; got {type(solver).__name__}. Use the default adjoint "
+            "(`adjoint=None`) for this solver."
+        )
     return solver
 
 
-def _not_replayed(saveat, event, max_steps, passed_solver_state, passed_controller_state
-                  ) -> tuple[str, str] | None:
+def _not_replayed(
+    saveat, event, max_steps, passed_solver_state, passed_controller_state
+) -> tuple[str, str] | None:
     """`(what, fix)` for a solve that the sweep cannot replay, None for one it can: it
     replays saves of the state itself at `t0`, `ts`, `t1` and every step's end (no dense
     output, no controller state or `made_jump`), without an event located by a root
@@ -154,25 +193,36 @@ def _not_replayed(saveat, event, max_steps, passed_solver_state, passed_controll
         return "`max_steps=None`", "pass an integer `max_steps`"
     for sub in subsaves(saveat):
         if sub.steps and (sub.steps != 1 or sub.ts is not None):
-            return ("states saved every few steps, or at steps and at `ts` in one "
-                    "`SubSaveAt`", "save every step (`SubSaveAt(steps=True)`) and the times "
-                    "in `SubSaveAt`s of their own")
+            return (
+                "states saved every few steps, or at steps and at `ts` in one `SubSaveAt`",
+                "save every step (`SubSaveAt(steps=True)`) and the times "
+                "in `SubSaveAt`s of their own",
+            )
     if saveat.dense:
         return "a dense output (`SaveAt(dense=True)`)", "save at `SaveAt(ts=...)` instead"
     if saveat.controller_state or saveat.made_jump:
-        return ("the controller's state or `made_jump` (`SaveAt(controller_state=True)`, "
-                "`SaveAt(made_jump=True)`)", "leave them unsaved")
+        return (
+            "the controller's state or `made_jump` (`SaveAt(controller_state=True)`, "
+            "`SaveAt(made_jump=True)`)",
+            "leave them unsaved",
+        )
     for sub in subsaves(saveat):
         if sub.fn is not SAVE_Y:
-            return ("a function of the saved states (`SaveAt(fn=fn)`)",
-                    "apply `fn` to the saved states instead")
+            return (
+                "a function of the saved states (`SaveAt(fn=fn)`)",
+                "apply `fn` to the saved states instead",
+            )
     if event is not None and event.root_finder is not None:
-        return ("an event located by a root finder",
-                "pass `diffrax.Event(cond_fn)` without a `root_finder` (the solve stops at "
-                "the end of the step where it triggers)")
+        return (
+            "an event located by a root finder",
+            "pass `diffrax.Event(cond_fn)` without a `root_finder` (the solve stops at "
+            "the end of the step where it triggers)",
+        )
     if passed_solver_state or passed_controller_state:
-        return ("a solver or controller state passed to `diffeqsolve`",
-                "start the solve from the state that `diffeqsolve` makes")
+        return (
+            "a solver or controller state passed to `diffeqsolve`",
+            "start the solve from the state that `diffeqsolve` makes",
+        )
     return None
 
 
@@ -190,9 +240,11 @@ def _time(t, y, args):
 def _forward(perturbed, problem, static):
     if any(jax.tree.leaves((perturbed.t0, perturbed.t1, perturbed.dt0, perturbed.saveat))):
         # The steps' times are constants of the sweep.
-        warn_checkpointed(static.stepsize_controller,
-                          "a gradient with respect to `t0`, `t1`, `dt0` or the save times",
-                          "hold them constant (`jax.lax.stop_gradient`)")
+        warn_checkpointed(
+            static.stepsize_controller,
+            "a gradient with respect to `t0`, `t1`, `dt0` or the save times",
+            "hold them constant (`jax.lax.stop_gradient`)",
+        )
         return LoopVJP.of(problem, static)
     output, (step_ts, _, steps, _) = solve_saving_steps(problem, static, _time, False)
     return output, (step_ts, jnp.asarray(steps, jnp.int32))
@@ -222,7 +274,8 @@ def _backward(stored, out_bar, perturbed, problem, static):
     t0, (q0, v0) = problem.t0, problem.init_state.y
     n = q0.shape[0]
     ys_bar, saveat, steps_y0_bar, steps_bar = _saved_steps_bar(
-        out_bar.ys, problem.saveat, (q0, v0), static.max_steps)
+        out_bar.ys, problem.saveat, (q0, v0), static.max_steps
+    )
     y0_bar, final_bar, save_ts, save_bar = saves_bar(ys_bar, saveat, (q0, v0))
     if steps_y0_bar is not None:
         y0_bar = steps_y0_bar if y0_bar is None else y0_bar + steps_y0_bar
@@ -234,15 +287,17 @@ def _backward(stored, out_bar, perturbed, problem, static):
 
     def advance(k, state):
         y, solver_state = state
-        y1, _, _, solver_state1, _ = method.step(problem.terms, times[k], times[k + 1], y,
-                                                 problem.args, solver_state, False)
+        y1, _, _, solver_state1, _ = method.step(
+            problem.terms, times[k], times[k + 1], y, problem.args, solver_state, False
+        )
         return y1, solver_state1
 
     # Pass 1: the checkpoints at the segments' starts (none to replay for one segment).
     segments = -(-count // length)
     start = (problem.init_state.y, problem.init_state.solver_state)
     checkpoints = jax.tree.map(
-        lambda x: jnp.zeros((-(-static.max_steps // length),) + jnp.shape(x), x.dtype), start)
+        lambda x: jnp.zeros((-(-static.max_steps // length),) + jnp.shape(x), x.dtype), start
+    )
 
     def checkpoint(j, carry):
         state, checkpoints = carry
@@ -257,8 +312,7 @@ def _backward(stored, out_bar, perturbed, problem, static):
         (q, v), (a, qdd, lam, _) = state
         return _Records(q, v, a, qdd, lam)
 
-    empty = jax.tree.map(lambda x: jnp.zeros((length + 1,) + x.shape, x.dtype),
-                         record(start))
+    empty = jax.tree.map(lambda x: jnp.zeros((length + 1,) + x.shape, x.dtype), record(start))
     zero_n = jnp.zeros_like(q0)
     end_bar = (final_bar[:n], final_bar[n:], zero_n, zero_n)
     terms_bar = jax.tree.map(jnp.zeros_like, diff_terms)
@@ -277,7 +331,8 @@ def _backward(stored, out_bar, perturbed, problem, static):
         x = jnp.concatenate([end.q, prepared.c * end.lam])
         if save_ts is not None:  # states saved inside this step, by the dense output
             (q_bar, v_bar, qdd_bar), start_saves = _saves_back(
-                ta, tb, begin, end, k, save_ts, save_step, save_bar, (q_bar, v_bar, qdd_bar))
+                ta, tb, begin, end, k, save_ts, save_step, save_bar, (q_bar, v_bar, qdd_bar)
+            )
         else:
             start_saves = None
 
@@ -291,16 +346,26 @@ def _backward(stored, out_bar, perturbed, problem, static):
 
         # The end's `q`, `v`, `a`, `q̈` are affine in its positions (`_Step.unpack`):
         # `∂v/∂q = γ/(hβ)`, `∂a/∂q = 1/(h²β)`, `∂q̈/∂q = 1/c`; the multipliers do not enter.
-        x_bar = jnp.concatenate([
-            q_bar + (prepared.gamma / (prepared.h * prepared.beta)) * v_bar
-            + a_bar / prepared.hb + qdd_bar / prepared.c, jnp.zeros_like(end.lam)])
+        x_bar = jnp.concatenate(
+            [
+                q_bar
+                + (prepared.gamma / (prepared.h * prepared.beta)) * v_bar
+                + a_bar / prepared.hb
+                + qdd_bar / prepared.c,
+                jnp.zeros_like(end.lam),
+            ]
+        )
         (residual, ends), pull = jax.vjp(through, inputs, diff_terms, x)
         no_ends = jax.tree.map(jnp.zeros_like, ends)
         w, kept = _adjoint_solve(lambda w: pull((w, no_ends))[2], x_bar, kept)
         inputs_bar, step_terms_bar, _ = pull((-w, (q_bar, v_bar, a_bar, qdd_bar)))
         if start_saves is not None:
-            inputs_bar = (inputs_bar[0] + start_saves[0], inputs_bar[1] + start_saves[1],
-                          inputs_bar[2], inputs_bar[3] + start_saves[2])
+            inputs_bar = (
+                inputs_bar[0] + start_saves[0],
+                inputs_bar[1] + start_saves[1],
+                inputs_bar[2],
+                inputs_bar[3] + start_saves[2],
+            )
         return (inputs_bar, jax.tree.map(jnp.add, terms_bar, step_terms_bar)), kept
 
     def segment_back(jj, carry):
@@ -319,16 +384,21 @@ def _backward(stored, out_bar, perturbed, problem, static):
         # The kept matrix goes on from segment to segment, so that the steps' solves do
         # not depend on how the steps are segmented.
         return jax.lax.fori_loop(
-            0, steps, lambda ii, carry: step_back(first + steps - 1 - ii, records,
-                                                  steps - 1 - ii, carry), carry)
+            0,
+            steps,
+            lambda ii, carry: step_back(first + steps - 1 - ii, records, steps - 1 - ii, carry),
+            carry,
+        )
 
     size = q0.shape[0] + problem.init_state.solver_state[2].shape[0]
     ((q_bar, v_bar, a_bar, qdd_bar), terms_bar), _ = jax.lax.fori_loop(
-        0, segments, segment_back, ((end_bar, terms_bar), _Kept.empty(size, q0.dtype)))
+        0, segments, segment_back, ((end_bar, terms_bar), _Kept.empty(size, q0.dtype))
+    )
 
     def start(y0, diff_terms):  # the consistent accelerations at `t0`: `a₀ = q̈₀`
-        a, qdd, _, _ = method.init(eqx.combine(diff_terms, static_terms), t0, problem.t1,
-                                   y0, problem.args)
+        a, qdd, _, _ = method.init(
+            eqx.combine(diff_terms, static_terms), t0, problem.t1, y0, problem.args
+        )
         return a, qdd
 
     _, pull_start = jax.vjp(start, (q0, v0), diff_terms)
@@ -337,8 +407,9 @@ def _backward(stored, out_bar, perturbed, problem, static):
     start_bar = jnp.concatenate([q_bar + q0_bar, v_bar + v0_bar])
     if y0_bar is not None:
         start_bar = start_bar + y0_bar
-    init_state_bar = eqx.tree_at(lambda s: s.y, nones(problem.init_state),
-                                 (start_bar[:n], start_bar[n:]), is_leaf=is_none)
+    init_state_bar = eqx.tree_at(
+        lambda s: s.y, nones(problem.init_state), (start_bar[:n], start_bar[n:]), is_leaf=is_none
+    )
     return dataclasses.replace(nones(problem), terms=terms_bar, init_state=init_state_bar)
 
 
@@ -396,15 +467,15 @@ def _adjoint_solve(transposed, x_bar, kept: _Kept):
         # error left at this rate is: estimated from two corrections, it stops early enough
         # to move the arm's fixed-step gradient by ten times as much as a direct solve.)
         done = size <= _ROUNDING_UNITS * eps * jnp.max(jnp.abs(w))
-        slow = ~done & ((rate > _REFINE_RATE) | ~jnp.isfinite(size)
-                        | (iteration + 1 >= _REFINE_ITERATIONS))
+        slow = ~done & (
+            (rate > _REFINE_RATE) | ~jnp.isfinite(size) | (iteration + 1 >= _REFINE_ITERATIONS)
+        )
         return w, size, iteration + 1, jnp.where(done, 1, jnp.where(slow, 2, 0))
 
     def going_on(state):
         return state[3] == 0
 
-    start = (kept.inverse @ x_bar, inf, jnp.zeros((), jnp.int32),
-             jnp.where(kept.valid, 0, 2))
+    start = (kept.inverse @ x_bar, inf, jnp.zeros((), jnp.int32), jnp.where(kept.valid, 0, 2))
     w, _, _, outcome = jax.lax.while_loop(going_on, refine, start)
     return jax.lax.cond(outcome == 2, rebuild, lambda _: (w, kept), None)
 
@@ -427,9 +498,13 @@ def _saved_steps_bar(ys_bar, saveat, y0, max_steps):
         if sub.steps:
             rows = _rows_bar(bar, y0, int(sub.t0) + max_steps)
             y0_bar = y0_bar + rows[0] if sub.t0 else y0_bar
-            steps_bar = steps_bar + rows[int(sub.t0):]
-    return ([bar for _, bar in others], diffrax.SaveAt(subs=[sub for sub, _ in others]),
-            y0_bar, steps_bar)
+            steps_bar = steps_bar + rows[int(sub.t0) :]
+    return (
+        [bar for _, bar in others],
+        diffrax.SaveAt(subs=[sub for sub, _ in others]),
+        y0_bar,
+        steps_bar,
+    )
 
 
 def _saves_back(ta, tb, begin, end, k, save_ts, save_step, save_bar, end_bars):
@@ -441,17 +516,31 @@ def _saves_back(ta, tb, begin, end, k, save_ts, save_step, save_bar, end_bars):
 
     def interpolate(q0, v0, qdd0, q1, v1, qdd1, t):
         dense = diffrax.ThirdOrderHermitePolynomialInterpolation(
-            t0=ta, t1=tb, y0=jnp.concatenate([q0, v0]), y1=jnp.concatenate([q1, v1]),
-            k0=h * jnp.concatenate([v0, qdd0]), k1=h * jnp.concatenate([v1, qdd1]))
+            t0=ta,
+            t1=tb,
+            y0=jnp.concatenate([q0, v0]),
+            y1=jnp.concatenate([q1, v1]),
+            k0=h * jnp.concatenate([v0, qdd0]),
+            k1=h * jnp.concatenate([v1, qdd1]),
+        )
         return dense.evaluate(t)
 
     def save_back(j, bars):
         start, finish = bars
-        _, pull = jax.vjp(lambda *x: interpolate(*x, save_ts[j]), begin.q, begin.v,
-                          begin.qdd, end.q, end.v, end.qdd)
+        _, pull = jax.vjp(
+            lambda *x: interpolate(*x, save_ts[j]),
+            begin.q,
+            begin.v,
+            begin.qdd,
+            end.q,
+            end.v,
+            end.qdd,
+        )
         cot = pull(save_bar[j])
-        return (tuple(s + c for s, c in zip(start, cot[:3], strict=True)),
-                tuple(f + c for f, c in zip(finish, cot[3:], strict=True)))
+        return (
+            tuple(s + c for s, c in zip(start, cot[:3], strict=True)),
+            tuple(f + c for f, c in zip(finish, cot[3:], strict=True)),
+        )
 
     first, last = (jnp.searchsorted(save_step, k, side=side) for side in ("left", "right"))
     zeros = tuple(jnp.zeros((n,), begin.q.dtype) for _ in range(3))

@@ -63,12 +63,12 @@ class IterationMatrix(eqx.Module):
 
     @classmethod
     def empty(cls, size: int, dtype) -> "IterationMatrix":
-        return cls(jnp.zeros((size, size), dtype), jnp.zeros((), dtype),
-                   jnp.zeros((), jnp.int32))
+        return cls(jnp.zeros((size, size), dtype), jnp.zeros((), dtype), jnp.zeros((), jnp.int32))
 
 
-def invert(matrix: Float[Array, "N N"], least_squares: bool, rcond: float | None
-           ) -> Float[Array, "N N"]:
+def invert(
+    matrix: Float[Array, "N N"], least_squares: bool, rcond: float | None
+) -> Float[Array, "N N"]:
     """`A⁻¹` in array operations, so that it fuses into the step and the solve's loop stays
     one kernel: by `_linalg.inverse` up to `LU_UNROLL_MAX` rows (unrolled LU), by block
     Gauss–Jordan elimination (`_linalg.blocked_inverse`, blocks of `NEWTON_INVERSE_BLOCK`
@@ -134,18 +134,29 @@ class _Loop(eqx.Module):
     failed: Bool[Array, ""]
 
 
-def _iterate(x0: Array, args: Any, kept: IterationMatrix, rtol, atol,
-             options: NewtonOptions) -> tuple[Array, IterationMatrix, Array, Array, Any]:
+def _iterate(
+    x0: Array, args: Any, kept: IterationMatrix, rtol, atol, options: NewtonOptions
+) -> tuple[Array, IterationMatrix, Array, Array, Any]:
     """`(x, matrix, converged, iterations, aux)`: the modified Newton iteration from
     `x0`."""
     coefficient = options.coefficient(args)
     ratio = coefficient / jnp.where(kept.coefficient == 0, 1.0, kept.coefficient)
-    stale = ((kept.coefficient == 0) | (ratio > COEFFICIENT_RATIO)
-             | (ratio < 1 / COEFFICIENT_RATIO))
+    stale = (kept.coefficient == 0) | (ratio > COEFFICIENT_RATIO) | (ratio < 1 / COEFFICIENT_RATIO)
     inf = jnp.asarray(jnp.inf, x0.dtype)
     aux = jax.tree.map(jnp.zeros_like, jax.eval_shape(options.residual, x0, args)[1])
-    state = _Loop(x0, aux, kept.inverse, kept.coefficient, kept.builds, stale, jnp.asarray(False),
-                  inf, jnp.zeros((), jnp.int32), jnp.asarray(False), jnp.asarray(False))
+    state = _Loop(
+        x0,
+        aux,
+        kept.inverse,
+        kept.coefficient,
+        kept.builds,
+        stale,
+        jnp.asarray(False),
+        inf,
+        jnp.zeros((), jnp.int32),
+        jnp.asarray(False),
+        jnp.asarray(False),
+    )
 
     def build(s: _Loop):
         inverse = invert(options.matrix(s.x, args), options.least_squares, options.rcond)
@@ -153,7 +164,8 @@ def _iterate(x0: Array, args: Any, kept: IterationMatrix, rtol, atol,
 
     def body(s: _Loop) -> _Loop:
         inverse, coeff, builds = jax.lax.cond(
-            s.refresh, build, lambda s: (s.inverse, s.coefficient, s.builds), s)
+            s.refresh, build, lambda s: (s.inverse, s.coefficient, s.builds), s
+        )
         fresh = s.fresh | s.refresh
         previous = jnp.where(s.refresh, inf, s.previous)
         residual, aux = options.residual(s.x, args)
@@ -162,8 +174,9 @@ def _iterate(x0: Array, args: Any, kept: IterationMatrix, rtol, atol,
         size = options.norm(measured / (atol + rtol * jnp.abs(reference)))
         finite = jnp.isfinite(size)
         # An increment at the rounding level of `x` cannot shrink further.
-        rounding = jnp.max(jnp.abs(delta)) <= (_ROUNDING_UNITS * jnp.finfo(s.x.dtype).eps
-                                               * jnp.max(jnp.abs(s.x)))
+        rounding = jnp.max(jnp.abs(delta)) <= (
+            _ROUNDING_UNITS * jnp.finfo(s.x.dtype).eps * jnp.max(jnp.abs(s.x))
+        )
         # No rate before a second increment with the same matrix: `nan`, which fails
         # every comparison below.
         rate = jnp.where(jnp.isfinite(previous), size / previous, jnp.nan)
@@ -171,19 +184,36 @@ def _iterate(x0: Array, args: Any, kept: IterationMatrix, rtol, atol,
         # Increments within the tolerance that stop shrinking are rounding noise: the
         # iterate is as good as the arithmetic allows.
         stagnated = (rate >= 1) & (size <= 1)
-        converged = finite & ((size <= options.kappa) | rounding | stagnated
-                              | ((rate < 1) & (rate / (1 - rate) * size <= options.kappa)))
+        converged = finite & (
+            (size <= options.kappa)
+            | rounding
+            | stagnated
+            | ((rate < 1) & (rate / (1 - rate) * size <= options.kappa))
+        )
         # Too slow: the rate is poor, or at this rate the budget will not reach `kappa`.
-        slow = ~converged & (~finite | (rate > REFRESH_RATE)
-                             | ((rate < 1) & (rate**remaining / (1 - rate) * size
-                                              > options.kappa)))
+        slow = ~converged & (
+            ~finite
+            | (rate > REFRESH_RATE)
+            | ((rate < 1) & (rate**remaining / (1 - rate) * size > options.kappa))
+        )
         refresh = slow & ~fresh
         failed = ~converged & ((fresh & (~finite | (rate >= 1))) | (remaining <= 0))
         # A step that grows the error (or is not finite) is not taken.
         keep = finite & ~(rate >= 1)
         x = jnp.where(keep, s.x + delta, s.x)
-        return _Loop(x, aux, inverse, coeff, builds, refresh, fresh, jnp.where(refresh, inf, size),
-                     s.iterations + 1, converged, failed)
+        return _Loop(
+            x,
+            aux,
+            inverse,
+            coeff,
+            builds,
+            refresh,
+            fresh,
+            jnp.where(refresh, inf, size),
+            s.iterations + 1,
+            converged,
+            failed,
+        )
 
     def cond(s: _Loop):
         return ~(s.converged | s.failed)
@@ -194,8 +224,9 @@ def _iterate(x0: Array, args: Any, kept: IterationMatrix, rtol, atol,
 
 
 @eqx.filter_custom_jvp
-def newton_solve(x0: Array, args: Any, kept: IterationMatrix, rtol, atol, *,
-                 options: NewtonOptions):
+def newton_solve(
+    x0: Array, args: Any, kept: IterationMatrix, rtol, atol, *, options: NewtonOptions
+):
     """Solves `options.residual(x, args) = 0` from `x0` by the modified Newton iteration,
     with the kept matrix `kept` where it still serves.
 
@@ -226,4 +257,3 @@ def _newton_solve_jvp(primals, tangents, *, options: NewtonOptions):
         x_dot = -lu_solve(lu_factor(jacobian), r_dot)
     no_tangent = jax.tree.map(lambda _: None, out[1:])
     return out, (x_dot, *no_tangent)
-

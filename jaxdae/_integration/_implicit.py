@@ -33,8 +33,9 @@ def _terminate(state, kappa: float):
     at_least_two = state.step >= 2
     converged = at_least_two & (rate < 1) & (state.diffsize * rate / (1 - rate) < kappa)
     diverged = at_least_two & ~small & ~converged & ((rate > 2) | ~jnp.isfinite(rate))
-    result = optx.RESULTS.where(diverged, optx.RESULTS.nonlinear_divergence,
-                                optx.RESULTS.successful)
+    result = optx.RESULTS.where(
+        diverged, optx.RESULTS.nonlinear_divergence, optx.RESULTS.successful
+    )
     failed_linear_solve = state.result != optx.RESULTS.successful
     result = optx.RESULTS.where(failed_linear_solve, state.result, result)
     return failed_linear_solve | small | converged | diverged, result
@@ -49,7 +50,8 @@ def check_chord_options(name: str, rtol, atol, kappa) -> None:
     if is_concrete(kappa) and not (np.ndim(kappa) == 0 and 0 < float(kappa) <= 1):
         raise ValueError(
             f"`{name}(kappa=...)` must be in (0, 1] (the fraction of the tolerance at which "
-            f"the iteration stops; default 0.01); got {kappa!r}.")
+            f"the iteration stops; default 0.01); got {kappa!r}."
+        )
 
 
 class ToleranceChord(optx.AbstractRootFinder):
@@ -97,8 +99,9 @@ class ToleranceChord(optx.AbstractRootFinder):
     @property
     def _chord(self) -> diffrax.VeryChord:
         options = {} if self.linear_solver is None else dict(linear_solver=self.linear_solver)
-        return diffrax.VeryChord(rtol=self.rtol, atol=self.atol, norm=self.norm,
-                                 kappa=self.kappa, **options)
+        return diffrax.VeryChord(
+            rtol=self.rtol, atol=self.atol, norm=self.norm, kappa=self.kappa, **options
+        )
 
     def init(self, fn, y, args, options, f_struct, aux_struct, tags):
         return self._chord.init(fn, y, args, options, f_struct, aux_struct, tags)
@@ -129,8 +132,13 @@ def _stage_diagonal(args) -> Array | None:
     if not (isinstance(args, tuple) and len(args) in (7, 8)):
         return None
     stage, diagonal, vf = args[:3]
-    if not (eqx.is_array(stage) and jnp.issubdtype(stage.dtype, jnp.integer)
-            and eqx.is_array(diagonal) and jnp.shape(diagonal) == () and callable(vf)):
+    if not (
+        eqx.is_array(stage)
+        and jnp.issubdtype(stage.dtype, jnp.integer)
+        and eqx.is_array(diagonal)
+        and jnp.shape(diagonal) == ()
+        and callable(vf)
+    ):
         return None
     return diagonal
 
@@ -213,14 +221,21 @@ class FusedChord(optx.AbstractRootFinder):
             factored = factor()
         else:
             identity = jax.tree.map(
-                lambda leaf: (jnp.eye(x.size, dtype=leaf.dtype) if leaf.ndim == 2
-                              else jnp.arange(x.size, dtype=leaf.dtype)),
-                jax.eval_shape(factor))
+                lambda leaf: (
+                    jnp.eye(x.size, dtype=leaf.dtype)
+                    if leaf.ndim == 2
+                    else jnp.arange(x.size, dtype=leaf.dtype)
+                ),
+                jax.eval_shape(factor),
+            )
             factored = jax.lax.cond(diagonal == 0, lambda: identity, factor)
         return _FusedChordState(
             factored=jax.lax.stop_gradient(factored),
-            diffsize=jnp.array(jnp.inf, x.dtype), diffsize_prev=jnp.array(1.0, x.dtype),
-            result=optx.RESULTS.successful, step=jnp.array(0))
+            diffsize=jnp.array(jnp.inf, x.dtype),
+            diffsize_prev=jnp.array(1.0, x.dtype),
+            result=optx.RESULTS.successful,
+            step=jnp.array(0),
+        )
 
     def step(self, fn, y, args, options, state, tags):
         del options, tags
@@ -235,8 +250,12 @@ class FusedChord(optx.AbstractRootFinder):
         with jax.numpy_dtype_promotion("standard"):
             diffsize = self.norm(unravel(diff / (self.atol + self.rtol * jnp.abs(new))))
         new_state = _FusedChordState(
-            factored=state.factored, diffsize=diffsize, diffsize_prev=state.diffsize,
-            result=state.result, step=state.step + 1)
+            factored=state.factored,
+            diffsize=diffsize,
+            diffsize_prev=state.diffsize,
+            result=state.result,
+            step=state.step + 1,
+        )
         return unravel(new), new_state, aux
 
     def terminate(self, fn, y, args, options, state, tags):
@@ -247,9 +266,9 @@ class FusedChord(optx.AbstractRootFinder):
         return y, aux, {}
 
 
-def configure_implicit(solver: diffrax.AbstractSolver, rtol, atol,
-                       norm: Callable[[PyTree], Scalar] = optx.rms_norm
-                       ) -> diffrax.AbstractSolver:
+def configure_implicit(
+    solver: diffrax.AbstractSolver, rtol, atol, norm: Callable[[PyTree], Scalar] = optx.rms_norm
+) -> diffrax.AbstractSolver:
     """An implicit diffrax solver whose Newton (chord) iterations stop where they should and
     run inside the compiled step; any other solver unchanged.
 
@@ -295,17 +314,21 @@ def configure_implicit(solver: diffrax.AbstractSolver, rtol, atol,
     it has a linear solver other than lineax's default.
     """
     if isinstance(solver, AbstractSolverWrapper):  # e.g. `jaxdae.Projected`: the wrapped one
-        return eqx.tree_at(lambda s: s.solver, solver,
-                           configure_implicit(solver.solver, rtol, atol, norm))
+        return eqx.tree_at(
+            lambda s: s.solver, solver, configure_implicit(solver.solver, rtol, atol, norm)
+        )
     if not isinstance(solver, diffrax.AbstractImplicitSolver):
         return solver
     finder = solver.root_finder
     if not isinstance(finder, diffrax.VeryChord):
         return solver
     own = finder.rtol is not use_stepsize_tol
-    options = dict(rtol=finder.rtol if own else rtol, atol=finder.atol if own else atol,
-                   norm=finder.norm if finder.norm is not use_stepsize_tol else norm,
-                   kappa=finder.kappa)
+    options = dict(
+        rtol=finder.rtol if own else rtol,
+        atol=finder.atol if own else atol,
+        norm=finder.norm if finder.norm is not use_stepsize_tol else norm,
+        kappa=finder.kappa,
+    )
     if finder.linear_solver == lx.AutoLinearSolver(well_posed=None):  # lineax's default
         chord = FusedChord(**options)
     else:
@@ -313,8 +336,9 @@ def configure_implicit(solver: diffrax.AbstractSolver, rtol, atol,
     return eqx.tree_at(lambda s: s.root_finder, solver, chord)
 
 
-def configure_for_controller(solver: diffrax.AbstractSolver, stepsize_controller
-                             ) -> diffrax.AbstractSolver:
+def configure_for_controller(
+    solver: diffrax.AbstractSolver, stepsize_controller
+) -> diffrax.AbstractSolver:
     """[`jaxdae.configure_implicit`][] with the tolerances and norm of
     `stepsize_controller` (a `diffrax.PIDController`, possibly inside a
     `diffrax.ClipStepSizeController`); `solver` unchanged for other controllers (fixed

@@ -18,12 +18,15 @@ JACOBIANS = ("coloured", "dense")
 def check_jacobian(owner: str, jacobian: str) -> None:
     """Raises the `ValueError` of a `jacobian=` argument that is not one of `JACOBIANS`."""
     if jacobian not in JACOBIANS:
-        raise ValueError(f"`{owner}(jacobian=...)` must be \"coloured\" (compressed by the "
-                         f"Jacobian's sparsity) or \"dense\"; got {jacobian!r}.")
+        raise ValueError(
+            f'`{owner}(jacobian=...)` must be "coloured" (compressed by the '
+            f'Jacobian\'s sparsity) or "dense"; got {jacobian!r}.'
+        )
 
 
-def column_seeds(f_of_y: Callable[[Array], Array], y: Float[Array, " n"], jacobian: str
-                 ) -> tuple[np.ndarray, Callable[[Array], Array]]:
+def column_seeds(
+    f_of_y: Callable[[Array], Array], y: Float[Array, " n"], jacobian: str
+) -> tuple[np.ndarray, Callable[[Array], Array]]:
     """The tangents in `y` that give `∂f/∂y` (`f_of_y` maps `y`, of shape `(n,)`, to
     `(n,)`), as `(seeds, expand)`: `seeds` of shape `(groups, n)`, one per column
     (`"dense"`) or per colour group of columns (`"coloured"`, the structural non-zeros found
@@ -49,8 +52,7 @@ def tangent_products(tangent: Callable, *directions: np.ndarray) -> Array:
     products that XLA fuses), to all at once with `jax.vmap` beyond."""
     count = len(directions[0])
     if count <= _thresholds.TANGENT_LOOP_MAX:
-        return jnp.stack([tangent(*(jnp.asarray(d[i]) for d in directions))
-                          for i in range(count)])
+        return jnp.stack([tangent(*(jnp.asarray(d[i]) for d in directions)) for i in range(count)])
     return jax.vmap(tangent)(*(jnp.asarray(d) for d in directions))
 
 

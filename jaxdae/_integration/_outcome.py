@@ -24,14 +24,28 @@ def assemble_outcome(problem: Problem, solved: Problem, out, result) -> Solution
     times, options = solved.times, solved.options
     limit = jax.lax.stop_gradient(options.residual_limit(solved.q0, solved.v0))
     sol, initial = trajectories.solution(
-        solved.system, solved.formulation, (times.t0, solved.q0, solved.v0), times.ts, out,
-        result, limit, reverse_only(options.adjoint))
+        solved.system,
+        solved.formulation,
+        (times.t0, solved.q0, solved.v0),
+        times.ts,
+        out,
+        result,
+        limit,
+        reverse_only(options.adjoint),
+    )
     if problem.events is not None:
         sol = eqx.tree_at(lambda x: x.events, sol, out.events, is_leaf=lambda x: x is None)
     if problem.checks.traced:
-        sol = check_traced(sol, problem.system, problem.formulation, problem.times,
-                           (problem.q0, problem.v0, *initial), problem.checks, trajectories,
-                           (problem.options.dt0, problem.options.stepsize_controller))
+        sol = check_traced(
+            sol,
+            problem.system,
+            problem.formulation,
+            problem.times,
+            (problem.q0, problem.v0, *initial),
+            problem.checks,
+            trajectories,
+            (problem.options.dt0, problem.options.stepsize_controller),
+        )
     return sol
 
 

@@ -62,16 +62,23 @@ class Problem(eqx.Module):
         q0, v0 = self.q0, self.v0
         if not self.checks.throw:
             q0, v0 = self.trajectories.solvable_start(q0, v0)
-        times, dt0, controller = solvable_inputs(self.times, self.options.dt0,
-                                                 self.options.stepsize_controller)
-        options = eqx.tree_at(lambda o: (o.dt0, o.stepsize_controller), self.options,
-                              (dt0, controller), is_leaf=lambda x: x is None)
-        return eqx.tree_at(lambda p: (p.q0, p.v0, p.times, p.options), self,
-                           (q0, v0, times, options))
+        times, dt0, controller = solvable_inputs(
+            self.times, self.options.dt0, self.options.stepsize_controller
+        )
+        options = eqx.tree_at(
+            lambda o: (o.dt0, o.stepsize_controller),
+            self.options,
+            (dt0, controller),
+            is_leaf=lambda x: x is None,
+        )
+        return eqx.tree_at(
+            lambda p: (p.q0, p.v0, p.times, p.options), self, (q0, v0, times, options)
+        )
 
 
-def pose_problem(system, formulation, t0, t1, q0, v0, call: SolveCall,
-                 trajectories: AbstractTrajectories) -> Problem:
+def pose_problem(
+    system, formulation, t0, t1, q0, v0, call: SolveCall, trajectories: AbstractTrajectories
+) -> Problem:
     """The `Problem` of a call of `simulate` or `simulate_ensemble` (as `trajectories`):
     its inputs checked (eagerly where they are concrete; the checks of traced ones are
     collected in `checks`) and its options resolved."""
@@ -87,16 +94,17 @@ def pose_problem(system, formulation, t0, t1, q0, v0, call: SolveCall,
     dtype = jnp.result_type(q0, v0)
     q0, v0 = q0.astype(dtype), v0.astype(dtype)
     if q0.shape != v0.shape:
-        raise ValueError(f"`q0` and `v0` must have the same shape {trajectories.state_shape}; "
-                         f"got {q0.shape} and {v0.shape}.")
+        raise ValueError(
+            f"`q0` and `v0` must have the same shape {trajectories.state_shape}; "
+            f"got {q0.shape} and {v0.shape}."
+        )
     check_types(system, formulation)
     call.check_options()
     times = call.times(t0, t1, dtype)
     t0 = times.t0
     # The state's dtype sets the precision: float32 states give a float32 simulation.
     system, formulation = cast_floating((system, formulation), dtype)
-    formulation, counts = check_structure(system, formulation, t0,
-                                          *trajectories.one_state(q0, v0))
+    formulation, counts = check_structure(system, formulation, t0, *trajectories.one_state(q0, v0))
     # Traced gains' checks join the solve's one branched error (`check_traced`).
     gain_checks = list(formulation.traced_checks(*counts))
     if is_concrete(formulation):
@@ -111,15 +119,23 @@ def pose_problem(system, formulation, t0, t1, q0, v0, call: SolveCall,
     options = call.options(dtype, trajectories.error_norm, event_driven=events is not None)
     # (Known from the constraint counts: a test that cannot fail is not traced.)
     fails = formulation.fails_with(*counts)
-    stops = [reason for stops, reason in (
-        (fails, f"{type(formulation).__name__}'s test for singular configurations"),
-        (events is not None, "the system's gaps"),
-        (isinstance(options.stepsize_controller, diffrax.ConstantStepSize),
-         "fixed steps' test for a non-finite state")) if stops]
+    stops = [
+        reason
+        for stops, reason in (
+            (fails, f"{type(formulation).__name__}'s test for singular configurations"),
+            (events is not None, "the system's gaps"),
+            (
+                isinstance(options.stepsize_controller, diffrax.ConstantStepSize),
+                "fixed steps' test for a non-finite state",
+            ),
+        )
+        if stops
+    ]
     check_adjoint(call.adjoint, bool(stops), ", ".join(stops))
     if isinstance(options.stepsize_controller, diffrax.ConstantStepSize):
-        warn_unstable_step(formulation, counts,
-                           DEFAULT_SOLVER if call.solver is None else call.solver, options.dt0)
+        warn_unstable_step(
+            formulation, counts, DEFAULT_SOLVER if call.solver is None else call.solver, options.dt0
+        )
     # Anything traced (a gain, a state, a time, an option such as `constraint_tol`) makes
     # the solution traced: its failures are reported from inside the program.
     traced = not is_concrete(system, formulation, times, q0, v0, options)
@@ -127,11 +143,24 @@ def pose_problem(system, formulation, t0, t1, q0, v0, call: SolveCall,
     # Untraced, `throw` acts after the solve: calls with and without it share one program.
     checks = TracedChecks(
         gain_flags=tuple(flag for flag, _ in gain_checks),
-        gain_messages=tuple(message for _, message in gain_checks), traced=traced,
-        check_state=not eager, throw=call.throw and traced)
-    return Problem(system=system, formulation=formulation, times=times, q0=q0, v0=v0,
-                   options=options, events=events, fails=fails, checks=checks,
-                   trajectories=trajectories, throw=call.throw)
+        gain_messages=tuple(message for _, message in gain_checks),
+        traced=traced,
+        check_state=not eager,
+        throw=call.throw and traced,
+    )
+    return Problem(
+        system=system,
+        formulation=formulation,
+        times=times,
+        q0=q0,
+        v0=v0,
+        options=options,
+        events=events,
+        fails=fails,
+        checks=checks,
+        trajectories=trajectories,
+        throw=call.throw,
+    )
 
 
 def stop_value_checks(system, t0, q0) -> list[tuple[Array, str]]:
@@ -145,12 +174,16 @@ def stop_value_checks(system, t0, q0) -> list[tuple[Array, str]]:
     # Each test takes the array module: NumPy for concrete values (a call traced by the
     # caller's `jit` stages every `jnp` operation, even on constants), `jnp` for traced ones.
     checks = [
-        (restitution, lambda xnp, e: ~xnp.all((e >= 0) & (e <= 1)),
-         "The coefficients of restitution must lie in [0, 1] (0: plastic, 1: elastic "
-         "impacts)"),
-        (friction, lambda xnp, mu: ~xnp.all(xnp.isfinite(mu) & (mu >= 0)),
-         "Coulomb's coefficients of friction must be finite and non-negative (0: "
-         "frictionless)"),
+        (
+            restitution,
+            lambda xnp, e: ~xnp.all((e >= 0) & (e <= 1)),
+            "The coefficients of restitution must lie in [0, 1] (0: plastic, 1: elastic impacts)",
+        ),
+        (
+            friction,
+            lambda xnp, mu: ~xnp.all(xnp.isfinite(mu) & (mu >= 0)),
+            "Coulomb's coefficients of friction must be finite and non-negative (0: frictionless)",
+        ),
     ]
     # (One trajectory: an ensemble's solve has no events.)
     gaps = jnp.asarray(system.gaps(t0, q0))
@@ -158,9 +191,15 @@ def stop_value_checks(system, t0, q0) -> list[tuple[Array, str]]:
         raise ValueError(
             f"`gaps` must return floating values; it returns {gaps.dtype.name}, and integers "
             "have no derivatives (the impacts need the gaps' rates). Return floats (write "
-            "constants as `1.0`, or `jnp.asarray(x, float)`).")
-    checks.append((gaps, lambda xnp, g: ~xnp.all(xnp.isfinite(g)),
-                   "The gaps (`gaps`) of the initial state must be finite"))
+            "constants as `1.0`, or `jnp.asarray(x, float)`)."
+        )
+    checks.append(
+        (
+            gaps,
+            lambda xnp, g: ~xnp.all(xnp.isfinite(g)),
+            "The gaps (`gaps`) of the initial state must be finite",
+        )
+    )
     traced = []
     for values, problem, rule in checks:
         if is_concrete(values):
@@ -174,16 +213,16 @@ def stop_value_checks(system, t0, q0) -> list[tuple[Array, str]]:
 def _check_initial_state(system, formulation, t0, q0, v0, trajectories) -> None:
     """A `ValueError` naming the first problem of concrete initial states
     (`check_initial_state`), with the value it quotes."""
-    mass, flags, values, where = trajectories.initial_state_check(system, formulation, t0,
-                                                                  q0, v0)
+    mass, flags, values, where = trajectories.initial_state_check(system, formulation, t0, q0, v0)
     if not flags.any():
         return
     problem = int(np.argmax(flags))
     message = where + initial_state_message(formulation, problem)
     if problem == 2:
         mass = np.asarray(mass)
-        lowest = np.linalg.eigvalsh(0.5 * (mass + mass.T))[0] if np.all(
-            np.isfinite(mass)) else np.nan
+        lowest = (
+            np.linalg.eigvalsh(0.5 * (mass + mass.T))[0] if np.all(np.isfinite(mass)) else np.nan
+        )
         message += f" (lowest eigenvalue of its symmetric part: {lowest:.3g})"
     elif problem >= len(INITIAL_STATE_MESSAGES):  # the formulation's
         own = problem - len(INITIAL_STATE_MESSAGES)

@@ -70,8 +70,7 @@ class _Factored(eqx.Module):
         if self.linear_solver is None:
             return cholesky_solve(self.factor, rhs[:, None])[:, 0]
         operator, state = self.factor
-        return lx.linear_solve(operator, rhs, self.linear_solver, state=state,
-                               throw=False).value
+        return lx.linear_solve(operator, rhs, self.linear_solver, state=state, throw=False).value
 
 
 def _dense_minv_gt(terms: ConstrainedTerms):
@@ -94,7 +93,8 @@ def _derives_velocities(formulation) -> bool:
             f"`jaxdae.Projected` cannot project the state of {described(formulation)}: it "
             "derives the velocities from the state in its own way "
             "(`AbstractFormulation.velocities`). Use it with a formulation whose state "
-            "holds the velocities (or momenta), or with `jaxdae.RedundantCoordinates`.")
+            "holds the velocities (or momenta), or with `jaxdae.RedundantCoordinates`."
+        )
     return False
 
 
@@ -158,10 +158,17 @@ def _gains(system, formulation, t, q, s, linear_solver, velocities: bool):
     else:
         all_rows, velocity_factor = minv_gt, _Factored.of(matrix, linear_solver)
     if velocities and _momenta(system):  # the state's change for each column's `Δv`
-        all_rows = jax.vmap(lambda dv: _state_change(system, t, q, s, terms, dv),
-                            in_axes=1, out_axes=1)(all_rows)
-    gains = _Gains(minv_gt[:, :m], position_factor, all_rows, velocity_factor,
-                   _max_abs(terms.jacobian[:m]), _max_abs(terms.jacobian))
+        all_rows = jax.vmap(
+            lambda dv: _state_change(system, t, q, s, terms, dv), in_axes=1, out_axes=1
+        )(all_rows)
+    gains = _Gains(
+        minv_gt[:, :m],
+        position_factor,
+        all_rows,
+        velocity_factor,
+        _max_abs(terms.jacobian[:m]),
+        _max_abs(terms.jacobian),
+    )
     return gains, q - gains.position_step(terms.phi)
 
 
@@ -209,6 +216,7 @@ def _velocity_residual(system, formulation, t, q, s):
 def _state_change(system, t, q, s, terms, dv):
     """The change of the state `s` for a change `dv` of the velocities: the linear part of
     `ṡ(q̈)` (`ṡ` is affine in `q̈`; the identity for velocities, `M` for momenta)."""
+
     def rate(a):
         return system.state_rate(t, q, s, terms, a)
 
@@ -239,9 +247,9 @@ def _iterate(step, x, residual, converged, iterations: int):
     `lax.scan` of the same guarded step: differentiable in both modes too, one copy of the
     step, and a test per remaining iteration once converged."""
     if iterations > _NESTED_ITERATIONS:
+
         def guarded(carry, _):
-            return jax.lax.cond(converged(*carry), lambda x_, r_: (x_, r_), step,
-                                *carry), None
+            return jax.lax.cond(converged(*carry), lambda x_, r_: (x_, r_), step, *carry), None
 
         return jax.lax.scan(guarded, (x, residual), length=iterations)[0]
     if iterations == 0:
@@ -253,8 +261,16 @@ def _iterate(step, x, residual, converged, iterations: int):
     return jax.lax.cond(converged(x, residual), lambda x_, r_: (x_, r_), go_on, x, residual)
 
 
-def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q, s,
-                  linear_solver: lx.AbstractLinearSolver | None, iterations: int, tol: float):
+def project_state(
+    system: AbstractSystem,
+    formulation: AbstractFormulation,
+    t,
+    q,
+    s,
+    linear_solver: lx.AbstractLinearSolver | None,
+    iterations: int,
+    tol: float,
+):
     """The state `(q, s)` projected onto `Φ(t, q) = 0` and then onto `Φ̇ = 0, Ψ = 0`, and
     whether each projection converged (`(q, s), position_ok, velocity_ok`).
 
@@ -331,8 +347,9 @@ def project_state(system: AbstractSystem, formulation: AbstractFormulation, t, q
         )
 
     def exact_step(carry, residual):
-        s_ = carry[0] + _exact_velocity_step(system, formulation, t, q_new, carry[0],
-                                             residual, linear_solver)
+        s_ = carry[0] + _exact_velocity_step(
+            system, formulation, t, q_new, carry[0], residual, linear_solver
+        )
         residual_new, v = _velocity_residual(system, formulation, t, q_new, s_)
         return (s_, v, _max_abs(residual)), residual_new
 
@@ -364,17 +381,22 @@ class _ProjectedInterpolation(diffrax.AbstractLocalInterpolation):
 
     def evaluate(self, t0, t1=None, left: bool = True):
         if t1 is not None:
-            return jax.tree.map(lambda a, b: a - b, self.evaluate(t1, left=left),
-                                self.evaluate(t0, left=left))
+            return jax.tree.map(
+                lambda a, b: a - b, self.evaluate(t1, left=left), self.evaluate(t0, left=left)
+            )
         theta = (t0 - self.t0) / (self.t1 - self.t0)
-        return jax.tree.map(lambda y, c: y + (theta * c).astype(y.dtype),
-                            self.inner.evaluate(t0, left=left), self.correction)
+        return jax.tree.map(
+            lambda y, c: y + (theta * c).astype(y.dtype),
+            self.inner.evaluate(t0, left=left),
+            self.correction,
+        )
 
 
 def _interpolation(inner_cls: Callable) -> Callable:
     def build(*, t0, t1, inner, correction):
-        return _ProjectedInterpolation(t0=t0, t1=t1, inner=inner_cls(t0=t0, t1=t1, **inner),
-                                       correction=correction)
+        return _ProjectedInterpolation(
+            t0=t0, t1=t1, inner=inner_cls(t0=t0, t1=t1, **inner), correction=correction
+        )
 
     return build
 
@@ -389,8 +411,7 @@ _CARRIER = diffrax.RESULTS.conlim
 def _failure_item(failed: Bool[Array, ""], result):
     """`result` of the wrapped step, or the carrier of `projection_failed` where the step
     succeeded but its projection `failed`."""
-    return diffrax.RESULTS.where(failed & (result == diffrax.RESULTS.successful), _CARRIER,
-                                 result)
+    return diffrax.RESULTS.where(failed & (result == diffrax.RESULTS.successful), _CARRIER, result)
 
 
 class Projected(AbstractSolverWrapper):
@@ -486,16 +507,27 @@ class Projected(AbstractSolverWrapper):
     linear_solver: lx.AbstractLinearSolver | None = eqx.field(default=None, static=True)
 
     def __check_init__(self):
-        check_instance("solver", self.solver, diffrax.AbstractSolver,
-                       "a diffrax solver instance such as `diffrax.Tsit5()`")
-        if isinstance(self.iterations, bool) or not isinstance(
-                self.iterations, (int, np.integer)) or self.iterations < 1:
-            raise ValueError(
-                f"`iterations` must be a positive integer; got {self.iterations!r}.")
+        check_instance(
+            "solver",
+            self.solver,
+            diffrax.AbstractSolver,
+            "a diffrax solver instance such as `diffrax.Tsit5()`",
+        )
+        if (
+            isinstance(self.iterations, bool)
+            or not isinstance(self.iterations, (int, np.integer))
+            or self.iterations < 1
+        ):
+            raise ValueError(f"`iterations` must be a positive integer; got {self.iterations!r}.")
         if self.tol is not None and not (np.isfinite(self.tol) and self.tol > 0):
             raise ValueError(f"`tol` must be a positive finite number; got {self.tol!r}.")
-        check_instance("linear_solver", self.linear_solver, lx.AbstractLinearSolver,
-                       "a lineax solver such as `lineax.SVD()`, or None", optional=True)
+        check_instance(
+            "linear_solver",
+            self.linear_solver,
+            lx.AbstractLinearSolver,
+            "a lineax solver such as `lineax.SVD()`, or None",
+            optional=True,
+        )
 
     @property
     def interpolation_cls(self):  # pyright: ignore
@@ -504,8 +536,9 @@ class Projected(AbstractSolverWrapper):
     def name_result(self, result: RESULTS) -> RESULTS:
         """A failed projection named `RESULTS.projection_failed` (`_CARRIER`), then what the
         wrapped solver names."""
-        result = RESULTS.where(result == RESULTS.promote(_CARRIER), RESULTS.projection_failed,
-                               result)
+        result = RESULTS.where(
+            result == RESULTS.promote(_CARRIER), RESULTS.projection_failed, result
+        )
         return super().name_result(result)
 
     def func(self, terms, t0, y0, args):
@@ -519,13 +552,15 @@ class Projected(AbstractSolverWrapper):
         system, formulation = term.system, term.formulation
         # The stored first-same-as-last stage is that of the unprojected state: a jump.
         y1, y_error, dense_info, solver_state, result = self.solver.step(
-            _between_projections(y0, terms), t0, t1, y0, args, solver_state, True)
+            _between_projections(y0, terms), t0, t1, y0, args, solver_state, True
+        )
         q, s = y1
         tol = self.tol if self.tol is not None else float(1000 * jnp.finfo(q.dtype).eps)
 
         def project(q_, s_):
             return project_state(
-                system, formulation, t1, q_, s_, self.linear_solver, self.iterations, tol)
+                system, formulation, t1, q_, s_, self.linear_solver, self.iterations, tol
+            )
 
         if q.ndim == 1:
             (q_new, s_new), position_ok, velocity_ok = project(q, s)
@@ -543,16 +578,23 @@ class Projected(AbstractSolverWrapper):
         # Where the projection failed, the unprojected end (finite) is where it stopped.
         y_new = (jnp.where(keep, q_new, q), jnp.where(keep, s_new, s))
         correction = jax.tree.map(lambda a, b: a - b, y_new, y1)
-        return (y_new, y_error, {"inner": dense_info, "correction": correction}, solver_state,
-                _failure_item(failed, result))
+        return (
+            y_new,
+            y_error,
+            {"inner": dense_info, "correction": correction},
+            solver_state,
+            _failure_item(failed, result),
+        )
 
 
 def _between_projections(y0, terms):
     """The solve's terms with the formulation that is integrated between the
     projections (`AbstractFormulation.for_projection`)."""
     _checked_term(y0, terms)
-    return replace_system_term(terms, lambda term: eqx.tree_at(
-        lambda x: x.formulation, term, term.formulation.for_projection()))
+    return replace_system_term(
+        terms,
+        lambda term: eqx.tree_at(lambda x: x.formulation, term, term.formulation.for_projection()),
+    )
 
 
 def _checked_term(y0, terms) -> AbstractSystemTerm:
@@ -564,6 +606,6 @@ def _checked_term(y0, terms) -> AbstractSystemTerm:
             "`jaxdae.Projected` projects the states of `jaxdae.simulate` and "
             "`jaxdae.simulate_ensemble` (it reads the system and formulation from their "
             "solve's term); it does not apply to other solves (e.g. "
-            "`jaxdae.simulate_actuated` or a direct `diffrax.diffeqsolve`).")
+            "`jaxdae.simulate_actuated` or a direct `diffrax.diffeqsolve`)."
+        )
     return found[0]
-

@@ -96,32 +96,73 @@ class ReplayAdjoint(AbstractStoredStepsAdjoint):
 
     stored_steps: int = eqx.field(default=_thresholds.REPLAYED_STEPS, static=True)
 
-    def loop(self, *, args, terms, solver, stepsize_controller, event, saveat, t0, t1, dt0,
-             max_steps, throw, init_state, passed_solver_state, passed_controller_state,
-             progress_meter):
-        options = dict(args=args, terms=terms, solver=solver,
-                       stepsize_controller=stepsize_controller, event=event, saveat=saveat,
-                       t0=t0, t1=t1, dt0=dt0, max_steps=max_steps, throw=throw,
-                       init_state=init_state, passed_solver_state=passed_solver_state,
-                       passed_controller_state=passed_controller_state,
-                       progress_meter=progress_meter)
-        if not replayable(saveat, event, stepsize_controller, max_steps,
-                          passed_solver_state or passed_controller_state):
+    def loop(
+        self,
+        *,
+        args,
+        terms,
+        solver,
+        stepsize_controller,
+        event,
+        saveat,
+        t0,
+        t1,
+        dt0,
+        max_steps,
+        throw,
+        init_state,
+        passed_solver_state,
+        passed_controller_state,
+        progress_meter,
+    ):
+        options = dict(
+            args=args,
+            terms=terms,
+            solver=solver,
+            stepsize_controller=stepsize_controller,
+            event=event,
+            saveat=saveat,
+            t0=t0,
+            t1=t1,
+            dt0=dt0,
+            max_steps=max_steps,
+            throw=throw,
+            init_state=init_state,
+            passed_solver_state=passed_solver_state,
+            passed_controller_state=passed_controller_state,
+            progress_meter=progress_meter,
+        )
+        if not replayable(
+            saveat,
+            event,
+            stepsize_controller,
+            max_steps,
+            passed_solver_state or passed_controller_state,
+        ):
             warn_checkpointed(
                 stepsize_controller,
                 "these saves (dense output, every step, a function of the state, solver or "
                 "controller states), an event located by a root finder, controller jump "
                 "times, states passed in or no `max_steps`",
                 "save the state only at `t0`, `ts` and `t1`, with an integer `max_steps`",
-                adjoint="ReplayAdjoint")
-            return diffrax.RecursiveCheckpointAdjoint(
-                checkpoints=_thresholds.CHECKPOINTS).loop(**options)
+                adjoint="ReplayAdjoint",
+            )
+            return diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS).loop(
+                **options
+            )
         count = -(-max_steps // self.stored_steps)  # segments of equal length
-        static = SweepOptions(solver=solver, stepsize_controller=stepsize_controller,
-                              event=event, progress_meter=progress_meter, max_steps=max_steps,
-                              segments=(count, -(-max_steps // count)), tableau=None)
-        problem = SweepProblem(terms=terms, args=args, init_state=init_state, t0=t0, t1=t1,
-                               dt0=dt0, saveat=saveat)
+        static = SweepOptions(
+            solver=solver,
+            stepsize_controller=stepsize_controller,
+            event=event,
+            progress_meter=progress_meter,
+            max_steps=max_steps,
+            segments=(count, -(-max_steps // count)),
+            tableau=None,
+        )
+        problem = SweepProblem(
+            terms=terms, args=args, init_state=init_state, t0=t0, t1=t1, dt0=dt0, saveat=saveat
+        )
         return final_state(init_state, _replayed(problem, static), saveat), {}
 
 
@@ -131,13 +172,18 @@ def replayable(saveat, event, stepsize_controller, max_steps, passed_state) -> b
     whose cotangent the replay does not carry back), no event located by a root finder, no
     jumps of the controller (a jump changes the next step's solver state), and the
     solver's and controller's states made by `diffeqsolve` (`passed_state` false)."""
-    saves_replayable = not (saveat.dense or saveat.solver_state or saveat.controller_state
-                            or saveat.made_jump) and all(
-        sub.fn is SAVE_Y and not sub.steps for sub in subsaves(saveat))
+    saves_replayable = not (
+        saveat.dense or saveat.solver_state or saveat.controller_state or saveat.made_jump
+    ) and all(sub.fn is SAVE_Y and not sub.steps for sub in subsaves(saveat))
     located = event is not None and event.root_finder is not None
     jumps = jump_times(stepsize_controller) is not None
-    return (max_steps is not None and saves_replayable and not located and not jumps
-            and not passed_state)
+    return (
+        max_steps is not None
+        and saves_replayable
+        and not located
+        and not jumps
+        and not passed_state
+    )
 
 
 @eqx.filter_custom_vjp
@@ -166,16 +212,18 @@ def _backward(stored, out_bar, perturbed, problem, static):
     solver, init = static.solver, problem.init_state
     y0_bar, final_bar, save_ts, save_bar = saves_bar(out_bar.ys, problem.saveat, init.y)
     unravel = ravel_pytree(init.y)[1]
-    diff_p, static_p = eqx.partition((problem.terms, problem.args),
-                                     (perturbed.terms, perturbed.args))
+    diff_p, static_p = eqx.partition(
+        (problem.terms, problem.args), (perturbed.terms, perturbed.args)
+    )
     times = jnp.concatenate([jnp.reshape(problem.t0, (1,)), step_ts])  # step k: k → k + 1
     save_step = None if save_ts is None else jnp.searchsorted(step_ts, save_ts, side="left")
 
     def step(k, state, p):
         """Step `k` from `state = (y, solver state)`: its end state and dense output."""
         terms, args = eqx.combine(p, static_p)
-        y1, _, dense, solver_state1, _ = solver.step(terms, times[k], times[k + 1], state[0],
-                                                     args, state[1], False)
+        y1, _, dense, solver_state1, _ = solver.step(
+            terms, times[k], times[k + 1], state[0], args, state[1], False
+        )
         return (y1, solver_state1), dense
 
     def advance(k, state):
@@ -194,9 +242,14 @@ def _backward(stored, out_bar, perturbed, problem, static):
 
     def dense_bar_of(k, dense):
         """The cotangent of step `k`'s dense output from the states saved inside it."""
+
         def save_back(j, bar):
-            _, pull = eqx.filter_vjp(lambda d: ravel_pytree(solver.interpolation_cls(
-                t0=times[k], t1=times[k + 1], **d).evaluate(save_ts[j]))[0], dense)
+            _, pull = eqx.filter_vjp(
+                lambda d: ravel_pytree(
+                    solver.interpolation_cls(t0=times[k], t1=times[k + 1], **d).evaluate(save_ts[j])
+                )[0],
+                dense,
+            )
             (dense_bar,) = pull(save_bar[j])
             return jax.tree.map(jnp.add, bar, dense_bar)
 
@@ -212,10 +265,8 @@ def _backward(stored, out_bar, perturbed, problem, static):
         kept) from those at its end."""
         end_bar, p_bar = bars
         kept = {} if outputs is None else {"outputs": outputs}
-        (_, dense), pull = step_vjp(solver, times[k], times[k + 1], state, diff_p,
-                                    static_p, **kept)
-        dense_bar = (_zeros_where_inexact(dense) if save_ts is None
-                     else dense_bar_of(k, dense))
+        (_, dense), pull = step_vjp(solver, times[k], times[k + 1], state, diff_p, static_p, **kept)
+        dense_bar = _zeros_where_inexact(dense) if save_ts is None else dense_bar_of(k, dense)
         state_bar, step_p_bar = pull((end_bar, dense_bar))
         return state_bar, jax.tree.map(jnp.add, p_bar, step_p_bar)
 
@@ -235,13 +286,20 @@ def _backward(stored, out_bar, perturbed, problem, static):
             return jax.tree.map(lambda r: r[i], rows)
 
         if not keep:
+
             def replay(i, carry):
                 state, starts = carry
                 return advance(first + i, state), put(starts, i, state)
 
             _, starts = jax.lax.fori_loop(0, steps, replay, (begin, zeros(begin, length)))
-            return jax.lax.fori_loop(0, steps, lambda ii, bars: step_back(
-                first + steps - 1 - ii, row(starts, steps - 1 - ii), bars, None), bars)
+            return jax.lax.fori_loop(
+                0,
+                steps,
+                lambda ii, bars: step_back(
+                    first + steps - 1 - ii, row(starts, steps - 1 - ii), bars, None
+                ),
+                bars,
+            )
 
         # Every step's start state, the last step's end state after them (step `i` ends
         # where step `i + 1` starts), and every step's dense output.
@@ -252,28 +310,33 @@ def _backward(stored, out_bar, perturbed, problem, static):
 
         denses = zeros(jax.eval_shape(lambda: step(first, begin, diff_p)[1]), length)
         end, states, denses = jax.lax.fori_loop(
-            0, steps, replay_keeping, (begin, zeros(begin, length + 1), denses))
+            0, steps, replay_keeping, (begin, zeros(begin, length + 1), denses)
+        )
         states = put(states, steps, end)
 
         def back(ii, bars):
             i = steps - 1 - ii
-            return step_back(first + i, row(states, i), bars,
-                             (row(states, i + 1), row(denses, i)))
+            return step_back(first + i, row(states, i), bars, (row(states, i + 1), row(denses, i)))
 
         return jax.lax.fori_loop(0, steps, back, bars)
 
-    end_bar = (unravel(final_bar) if final_bar is not None
-               else jax.tree.map(jnp.zeros_like, init.y), _zeros_where_inexact(init.solver_state))
+    end_bar = (
+        unravel(final_bar) if final_bar is not None else jax.tree.map(jnp.zeros_like, init.y),
+        _zeros_where_inexact(init.solver_state),
+    )
     p_bar = jax.tree.map(jnp.zeros_like, diff_p)
     (y_bar, solver_state_bar), p_bar = jax.lax.fori_loop(
-        0, -(-count // length), segment_back, (end_bar, p_bar))
+        0, -(-count // length), segment_back, (end_bar, p_bar)
+    )
     if y0_bar is not None:
         y_bar = jax.tree.map(jnp.add, y_bar, unravel(y0_bar))
-    init_bar = dataclasses.replace(nones(init), y=y_bar, solver_state=eqx.filter(
-        solver_state_bar, perturbed.init_state.solver_state))
+    init_bar = dataclasses.replace(
+        nones(init),
+        y=y_bar,
+        solver_state=eqx.filter(solver_state_bar, perturbed.init_state.solver_state),
+    )
     terms_bar, args_bar = p_bar
-    return dataclasses.replace(nones(problem), terms=terms_bar, args=args_bar,
-                               init_state=init_bar)
+    return dataclasses.replace(nones(problem), terms=terms_bar, args=args_bar, init_state=init_bar)
 
 
 _replayed.def_fwd(_forward)

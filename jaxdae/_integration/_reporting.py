@@ -43,8 +43,9 @@ def raise_failure(sol, result: RESULTS | None = None):
             raise SimulationError(message)
         return sol
     result = sol.result if result is None else result
-    return attach_check(sol, lambda x: result.error_if(x + reported_failure(sol),
-                                                       result != RESULTS.successful))
+    return attach_check(
+        sol, lambda x: result.error_if(x + reported_failure(sol), result != RESULTS.successful)
+    )
 
 
 def reported_failure(sol) -> Array:
@@ -68,8 +69,7 @@ def reported_failure(sol) -> Array:
 
         def row(x):
             mask = pick.reshape(pick.shape + (1,) * (x.ndim - pick.ndim))
-            return jnp.sum(jnp.where(mask, x, jnp.zeros((), x.dtype)), axis=tuple(
-                range(pick.ndim)))
+            return jnp.sum(jnp.where(mask, x, jnp.zeros((), x.dtype)), axis=tuple(range(pick.ndim)))
 
         arrays = tuple(row(x) for x in arrays)
         element = (jnp.stack(jnp.unravel_index(first, codes.shape)),)
@@ -84,26 +84,31 @@ def reported_failure(sol) -> Array:
         return np.zeros(np.shape(values[1]), dtype)
 
     def callback():
-        return jax.pure_callback(report, jax.ShapeDtypeStruct((), dtype), *arrays, *element,
-                                 vmap_method="broadcast_all")
+        return jax.pure_callback(
+            report, jax.ShapeDtypeStruct((), dtype), *arrays, *element, vmap_method="broadcast_all"
+        )
 
-    return jax.lax.cond(unvmap_any(jnp.any(failed)), callback,
-                        lambda: jnp.zeros((), dtype))
+    return jax.lax.cond(unvmap_any(jnp.any(failed)), callback, lambda: jnp.zeros((), dtype))
 
 
 # Where a traced solve failed, its time and state are not in the message (it is fixed when
 # the program is compiled); this says where to find them (`reported_failure`).
-TRACED_HINT = (" (Traced: where the solve stopped is written to standard error just before "
-                "this error; with `throw=False`, read `sol.result`, `sol.t_final` and "
-                "`sol.q_final`.)")
+TRACED_HINT = (
+    " (Traced: where the solve stopped is written to standard error just before "
+    "this error; with `throw=False`, read `sol.result`, `sol.t_final` and "
+    "`sol.q_final`.)"
+)
 
 
 # What a traced solve cannot name and an eager one does: the causes of a stalled step.
-TRACED_CAUSES = {int(result_codes(RESULTS.dt_min_reached)): (
-    " Its likely cause: a term of the model that turned non-finite (nan or inf) at the "
-    "start or during the solve, or a mass matrix that is not positive definite there (a "
-    "tree's negative mass or inertia). Called eagerly (outside `jit`, `vmap` and `grad`), "
-    "the same solve names which.")}
+TRACED_CAUSES = {
+    int(result_codes(RESULTS.dt_min_reached)): (
+        " Its likely cause: a term of the model that turned non-finite (nan or inf) at the "
+        "start or during the solve, or a mass matrix that is not positive definite there (a "
+        "tree's negative mass or inertia). Called eagerly (outside `jit`, `vmap` and `grad`), "
+        "the same solve names which."
+    )
+}
 
 
 def invalid_as_result(sol, invalid):
@@ -113,22 +118,40 @@ def invalid_as_result(sol, invalid):
     invalid = jnp.asarray(invalid)
     result = sol.result
     codes = result_codes(result)
-    result = with_result_codes(result, jnp.where(
-        invalid, result_codes(RESULTS.invalid_input), codes).astype(codes.dtype))
+    result = with_result_codes(
+        result, jnp.where(invalid, result_codes(RESULTS.invalid_input), codes).astype(codes.dtype)
+    )
 
     def blank(x):
         if not eqx.is_inexact_array(x):
             return x
-        return jnp.where(invalid.reshape(invalid.shape + (1,) * (x.ndim - invalid.ndim)),
-                         jnp.nan, x)
+        return jnp.where(
+            invalid.reshape(invalid.shape + (1,) * (x.ndim - invalid.ndim)), jnp.nan, x
+        )
 
     sol = eqx.tree_at(lambda s: s.result, sol, result)
-    return eqx.tree_at(lambda s: [getattr(s, f) for f in FLOAT_FIELDS], sol,
-                       [blank(getattr(sol, f)) for f in FLOAT_FIELDS])
+    return eqx.tree_at(
+        lambda s: [getattr(s, f) for f in FLOAT_FIELDS],
+        sol,
+        [blank(getattr(sol, f)) for f in FLOAT_FIELDS],
+    )
 
 
-FLOAT_FIELDS = ("ts", "q", "v", "phi", "dphi", "psi", "multipliers", "energy", "t_final",
-                 "q_final", "v_final", "p", "p_final")
+FLOAT_FIELDS = (
+    "ts",
+    "q",
+    "v",
+    "phi",
+    "dphi",
+    "psi",
+    "multipliers",
+    "energy",
+    "t_final",
+    "q_final",
+    "v_final",
+    "p",
+    "p_final",
+)
 
 
 def attach_check(sol, check):
@@ -137,8 +160,9 @@ def attach_check(sol, check):
     `lax.cond` (whose callback runs on one device) made XLA gather a sharded ensemble's
     solution onto one device and partition it again."""
     checked = check(jnp.zeros((), sol.t_final.dtype))
-    return jax.tree.map(lambda x: x + checked.astype(x.dtype) if eqx.is_inexact_array(x) else x,
-                        sol)
+    return jax.tree.map(
+        lambda x: x + checked.astype(x.dtype) if eqx.is_inexact_array(x) else x, sol
+    )
 
 
 class TracedChecks(eqx.Module):
@@ -154,8 +178,9 @@ class TracedChecks(eqx.Module):
     throw: bool = eqx.field(static=True)
 
 
-def check_traced(sol, system, formulation, times, initial, checks: TracedChecks,
-                 trajectories, steps=(None, None)):
+def check_traced(
+    sol, system, formulation, times, initial, checks: TracedChecks, trajectories, steps=(None, None)
+):
     """`sol` with the checks of a traced call attached as one branched error: the
     gains' (`checks.gain_flags`), those of `check_initial_state` (`checks.check_state`) on
     `initial = (q0, v0, mass matrix, definite, forces)` (`initial_state_problems`), of the
@@ -178,7 +203,8 @@ def check_traced(sol, system, formulation, times, initial, checks: TracedChecks,
     input's error is raised."""
     # The checks carry no gradient: their inputs are detached, so they are not linearized.
     system, formulation, times, initial, checks, steps = detached(
-        (system, formulation, times, initial, checks, steps))
+        (system, formulation, times, initial, checks, steps)
+    )
     t0 = times.t0
     throw = checks.throw
     flags, messages = list(checks.gain_flags), checks.gain_messages
@@ -193,8 +219,9 @@ def check_traced(sol, system, formulation, times, initial, checks: TracedChecks,
             initial = initial[:2]
 
         def problems(q0, v0, *terms, rows):
-            return initial_state_problems(system, formulation, (t0, q0, v0), terms or None,
-                                          sol.psi.shape[-1], rows)
+            return initial_state_problems(
+                system, formulation, (t0, q0, v0), terms or None, sol.psi.shape[-1], rows
+            )
 
         state_flags, rows_invalid = trajectories.traced_state_flags(problems, initial, throw)
         if state_flags is not None:
@@ -210,16 +237,20 @@ def check_traced(sol, system, formulation, times, initial, checks: TracedChecks,
     result = trajectories.reported_result(sol.result)
     # Bad input is the error; the failure of the solve it ran (on stand-ins for bad times
     # or steps, `solvable_inputs`) is not reported.
-    reported = eqx.tree_at(lambda s: s.result, sol,
-                           RESULTS.where(wrong, RESULTS.successful, sol.result))
+    reported = eqx.tree_at(
+        lambda s: s.result, sol, RESULTS.where(wrong, RESULTS.successful, sol.result)
+    )
     index = jnp.where(wrong, index, len(messages) + result_codes(result))
     wrong = wrong | (result != RESULTS.successful)
-    messages = messages + tuple(m + TRACED_CAUSES.get(code, "") + TRACED_HINT
-                                for code, m in enumerate(result_messages(RESULTS)))
+    messages = messages + tuple(
+        m + TRACED_CAUSES.get(code, "") + TRACED_HINT
+        for code, m in enumerate(result_messages(RESULTS))
+    )
     # Under `vmap` equinox reports the largest index of the batch: 0 where nothing is wrong.
     index = jnp.where(wrong, index, 0)
-    return attach_check(sol, lambda x: eqx.branched_error_if(
-        x + reported_failure(reported), wrong, index, messages))
+    return attach_check(
+        sol, lambda x: eqx.branched_error_if(x + reported_failure(reported), wrong, index, messages)
+    )
 
 
 def solve_traced_inputs(solve, times, options, throw: bool):
@@ -231,11 +262,19 @@ def solve_traced_inputs(solve, times, options, throw: bool):
     if is_concrete(*checked):
         return solve(times, options)
     times, dt0, controller = solvable_inputs(*checked)
-    sol = solve(times, eqx.tree_at(lambda o: (o.dt0, o.stepsize_controller), options,
-                                   (dt0, controller), is_leaf=lambda x: x is None))
+    sol = solve(
+        times,
+        eqx.tree_at(
+            lambda o: (o.dt0, o.stepsize_controller),
+            options,
+            (dt0, controller),
+            is_leaf=lambda x: x is None,
+        ),
+    )
     checks = traced_input_checks(*checked)
     if throw:
         return attach_checks(sol, checks)
     invalid = jnp.any(jnp.stack([jnp.asarray(flag) for flag, _ in checks]))
-    return eqx.tree_at(lambda s: s.result, sol,
-                       RESULTS.where(invalid, RESULTS.invalid_input, sol.result))
+    return eqx.tree_at(
+        lambda s: s.result, sol, RESULTS.where(invalid, RESULTS.invalid_input, sol.result)
+    )

@@ -25,8 +25,13 @@ _A = {
     3: (2.849394379747939, 0.45842242204463923),
     4: (-6.954028509809101, 2.489845061869568, -10.358996098473584),
     5: (2.8029986275628964, 0.5072464736228206, -0.3988312541770524, -0.04721187230404641),
-    6: (-7.502846399306121, 2.561846144803919, -11.627539656261098, -0.18268767659942256,
-        0.030198172008377946),
+    6: (
+        -7.502846399306121,
+        2.561846144803919,
+        -11.627539656261098,
+        -0.18268767659942256,
+        0.030198172008377946,
+    ),
 }
 _A[7] = _A[6] + (1.0,)
 _A[8] = _A[7] + (1.0,)
@@ -36,26 +41,84 @@ _C = {
     3: (-17.97296035885952, -2.859693295451294),
     4: (147.12150275711716, -1.41221402718213, 71.68940251302358),
     5: (165.43517024871676, -0.4592823456491126, 42.90938336958603, -5.961986721573306),
-    6: (24.854864614690072, -3.0009227002832186, 47.4931110020768, 5.5814197821558125,
-        -0.6610691825249471),
-    7: (30.91273214028599, -3.1208243349937974, 77.79954646070892, 34.28646028294783,
-        -19.097331116725623, -28.087943162872662),
-    8: (37.80277123390563, -3.2571969029072276, 112.26918849496327, 66.9347231244047,
-        -40.06618937091002, -54.66780262877968, -9.48861652309627),
+    6: (
+        24.854864614690072,
+        -3.0009227002832186,
+        47.4931110020768,
+        5.5814197821558125,
+        -0.6610691825249471,
+    ),
+    7: (
+        30.91273214028599,
+        -3.1208243349937974,
+        77.79954646070892,
+        34.28646028294783,
+        -19.097331116725623,
+        -28.087943162872662,
+    ),
+    8: (
+        37.80277123390563,
+        -3.2571969029072276,
+        112.26918849496327,
+        66.9347231244047,
+        -40.06618937091002,
+        -54.66780262877968,
+        -9.48861652309627,
+    ),
 }
-_NODES = (0.0, 0.6358126895828704, 0.4095798393397535, 0.9769306725060716,
-          0.4288403609558664, 1.0, 1.0, 1.0)
-_D = (0.21193756319429014, -0.42387512638858027, -0.3384627126235924, 1.8046452872882734,
-      2.325825639765069, 0.0, 0.0, 0.0)
+_NODES = (
+    0.0,
+    0.6358126895828704,
+    0.4095798393397535,
+    0.9769306725060716,
+    0.4288403609558664,
+    1.0,
+    1.0,
+    1.0,
+)
+_D = (
+    0.21193756319429014,
+    -0.42387512638858027,
+    -0.3384627126235924,
+    1.8046452872882734,
+    2.325825639765069,
+    0.0,
+    0.0,
+    0.0,
+)
 # The dense output `y(t₀ + θh) = (1 − θ) y₀ + θ (y₁ + (1 − θ)(K₁ + θ (K₂ + θ K₃)))`, with
 # `Kᵣ = Σᵢ Hᵣᵢ kᵢ` (order 4).
 _H = (
-    (25.948786856663858, -2.5579724845846235, 10.433815404888879, -2.3679251022685204,
-     0.524948541321073, 1.1241088310450404, 0.4272876194431874, -0.17202221070155493),
-    (-9.91568850695171, -0.9689944594115154, 3.0438037242978453, -24.495224566215796,
-     20.176138334709044, 15.98066361424651, -6.789040303419874, -6.710236069923372),
-    (11.419903575922262, 2.8879645146136994, 72.92137995996029, 80.12511834622643,
-     -52.072871366152654, -59.78993625266729, -0.15582684282751913, 4.883087185713722),
+    (
+        25.948786856663858,
+        -2.5579724845846235,
+        10.433815404888879,
+        -2.3679251022685204,
+        0.524948541321073,
+        1.1241088310450404,
+        0.4272876194431874,
+        -0.17202221070155493,
+    ),
+    (
+        -9.91568850695171,
+        -0.9689944594115154,
+        3.0438037242978453,
+        -24.495224566215796,
+        20.176138334709044,
+        15.98066361424651,
+        -6.789040303419874,
+        -6.710236069923372,
+    ),
+    (
+        11.419903575922262,
+        2.8879645146136994,
+        72.92137995996029,
+        80.12511834622643,
+        -52.072871366152654,
+        -59.78993625266729,
+        -0.15582684282751913,
+        4.883087185713722,
+    ),
 )
 _STAGES = 8
 
@@ -93,8 +156,9 @@ def step_variables(t0, t1, y0) -> tuple[StepTimes, Float[Array, " n"], Callable]
     return StepTimes(t0.astype(t_dtype), t1, h), y, unravel
 
 
-def rate(terms, args, times: StepTimes, unravel: Callable, dtype
-         ) -> Callable[[Array, Array], Array]:
+def rate(
+    terms, args, times: StepTimes, unravel: Callable, dtype
+) -> Callable[[Array, Array], Array]:
     """The rate `f(t, y)` in the solver's time, on flattened states, in a step at `times`.
 
     diffrax solves in the time `direction × t` and hands the solver its terms wrapped
@@ -110,9 +174,13 @@ def rate(terms, args, times: StepTimes, unravel: Callable, dtype
     return f
 
 
-def stages(f: Callable[[Array, Array], Array], times: StepTimes, y: Float[Array, " n"],
-           jacobian: str, stage_rate: Callable[[int, Array, Array], Array] | None = None
-           ) -> tuple[Any, list[Array]]:
+def stages(
+    f: Callable[[Array, Array], Array],
+    times: StepTimes,
+    y: Float[Array, " n"],
+    jacobian: str,
+    stage_rate: Callable[[int, Array, Array], Array] | None = None,
+) -> tuple[Any, list[Array]]:
     """The stages `k₁ … k₈` of a Rodas5P step from `y` (flattened) with the rate `f`, and
     the factored `I − hγJ` that they are solved with (`factor_for_solves`). `stage_rate(i,
     t, x)`, if given, evaluates `f(t, x)` for stages 2 … 8 (the step's adjoint keeps their
@@ -134,8 +202,9 @@ def stages(f: Callable[[Array, Array], Array], times: StepTimes, y: Float[Array,
     return factored, ks
 
 
-def step_outputs(y0: PyTree[Array], y: Float[Array, " n"], ks: list[Array], unravel: Callable
-                 ) -> tuple[PyTree[Array], PyTree[Array], dict]:
+def step_outputs(
+    y0: PyTree[Array], y: Float[Array, " n"], ks: list[Array], unravel: Callable
+) -> tuple[PyTree[Array], PyTree[Array], dict]:
     """A step's end state, error estimate and dense output from its stages."""
     y1 = y + _combine(_M, ks)
     # A step that overflows (a singular `I − hγJ`, a blow-up) is rejected with an
@@ -299,11 +368,9 @@ class Rodas5P(diffrax.AbstractAdaptiveSolver):
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         del solver_state, made_jump
         times, y, unravel = step_variables(t0, t1, y0)
-        factored, ks = stages(rate(terms, args, times, unravel, y.dtype), times, y,
-                             self.jacobian)
+        factored, ks = stages(rate(terms, args, times, unravel, y.dtype), times, y, self.jacobian)
         y1, error, dense_info = step_outputs(y0, y, ks, unravel)
         return y1, error, dense_info, None, diffrax.RESULTS.successful
 
     def func(self, terms, t0, y0, args):
         return terms.vf(t0, y0, args)
-

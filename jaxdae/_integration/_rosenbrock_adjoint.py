@@ -65,8 +65,7 @@ def rodas_step_vjp(solver: Rodas5P, t0, t1, state, diff, static):
         f_i, pulls[i] = eqx.filter_vjp(lambda x, d: f_of(t, x, d), x, diff)
         return f_i
 
-    factored, ks = stages(lambda t, x: f_of(t, x, diff), times, y, solver.jacobian,
-                          stage_rate)
+    factored, ks = stages(lambda t, x: f_of(t, x, diff), times, y, solver.jacobian, stage_rate)
     y1, _, dense_info = step_outputs(y0, y, ks, unravel)
     h = times.h
     hg = h * _GAMMA
@@ -79,8 +78,10 @@ def rodas_step_vjp(solver: Rodas5P, t0, t1, state, diff, static):
         y_end_bar = jnp.where(finite, y_end_bar, 0.0)  # `y₁` is NaN where not finite
         y_bar = y_end_bar + ravel_pytree(dense_bar["y0"])[0]
         dense_k_bar = jax.vmap(lambda k: ravel_pytree(k)[0])(dense_bar["k"])
-        k_bars = [_M[j] * y_end_bar + sum(_H[r][j] * dense_k_bar[r] for r in range(3))
-                  for j in range(_STAGES)]
+        k_bars = [
+            _M[j] * y_end_bar + sum(_H[r][j] * dense_k_bar[r] for r in range(3))
+            for j in range(_STAGES)
+        ]
         diff_bar = None
         rs, t_bar = [None] * _STAGES, jnp.zeros_like(y)
         for i in range(_STAGES, 0, -1):

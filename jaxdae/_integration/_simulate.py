@@ -21,9 +21,15 @@ class SimulateKeywords(SolveKeywords, total=False):
 
 
 @full_precision
-def simulate(system: AbstractSystem, formulation: AbstractFormulation, t0: ScalarLike,
-             t1: ScalarLike, q0: Float[ArrayLike, " n"], v0: Float[ArrayLike, " n"],
-             **options: Unpack[SimulateKeywords]) -> Solution:
+def simulate(
+    system: AbstractSystem,
+    formulation: AbstractFormulation,
+    t0: ScalarLike,
+    t1: ScalarLike,
+    q0: Float[ArrayLike, " n"],
+    v0: Float[ArrayLike, " n"],
+    **options: Unpack[SimulateKeywords],
+) -> Solution:
     """Simulates a constrained system, turned into an ODE by `formulation`, with diffrax.
 
     Works under `jax.jit`, `jax.vmap` (over initial states, gains, system parameters) and
@@ -97,14 +103,28 @@ def simulate(system: AbstractSystem, formulation: AbstractFormulation, t0: Scala
     is not positive definite at `q0` (or non-finite forces there): its forces are nan
     where `M` is not, so the solve stalls (`dt_min_reached`; docs/failures.md).
     """
-    return solve_system(system, formulation, t0, t1, q0, v0,
-                        SolveCall.of("simulate", options, SimulateKeywords), SingleTrajectory())
+    return solve_system(
+        system,
+        formulation,
+        t0,
+        t1,
+        q0,
+        v0,
+        SolveCall.of("simulate", options, SimulateKeywords),
+        SingleTrajectory(),
+    )
 
 
 @full_precision
-def simulate_ensemble(system: AbstractSystem, formulation: AbstractFormulation, t0: ScalarLike,
-                      t1: ScalarLike, q0: Float[ArrayLike, "B n"], v0: Float[ArrayLike, "B n"],
-                      **options: Unpack[SolveKeywords]) -> Solution:
+def simulate_ensemble(
+    system: AbstractSystem,
+    formulation: AbstractFormulation,
+    t0: ScalarLike,
+    t1: ScalarLike,
+    q0: Float[ArrayLike, "B n"],
+    v0: Float[ArrayLike, "B n"],
+    **options: Unpack[SolveKeywords],
+) -> Solution:
     """Simulates `B` trajectories of one system from `B` initial states as one ODE whose
     trajectories share their time steps.
 
@@ -160,5 +180,13 @@ def simulate_ensemble(system: AbstractSystem, formulation: AbstractFormulation, 
     As [`jaxdae.simulate`][]: a bad initial state is reported with its row, and with
     `throw=True` the first trajectory that failed is named.
     """
-    return solve_system(system, formulation, t0, t1, q0, v0,
-                        SolveCall.of("simulate_ensemble", options), EnsembleTrajectories())
+    return solve_system(
+        system,
+        formulation,
+        t0,
+        t1,
+        q0,
+        v0,
+        SolveCall.of("simulate_ensemble", options),
+        EnsembleTrajectories(),
+    )

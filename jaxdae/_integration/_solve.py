@@ -76,20 +76,22 @@ class SolveOptions(eqx.Module):
             rtol, atol = self.tolerances
             default = RESIDUAL_TOLERANCE_FACTOR * (atol + rtol * scale)
         # (`nan`: none given; one program for calls with and without it.)
-        tol = jnp.asarray(jnp.nan if self.constraint_tol is None else self.constraint_tol,
-                          q0.dtype)
+        tol = jnp.asarray(jnp.nan if self.constraint_tol is None else self.constraint_tol, q0.dtype)
         given = ~jnp.isnan(tol)
         limit = jnp.where(given, tol, default)
         return limit.astype(q0.dtype), jnp.broadcast_to(~given, limit.shape)
 
 
 # What `constraint_tol` must be.
-CONSTRAINT_TOL_RULE = ("`constraint_tol` must be a positive scalar (the largest constraint "
-                       "residual accepted at `t1`; `jnp.inf` accepts any)")
+CONSTRAINT_TOL_RULE = (
+    "`constraint_tol` must be a positive scalar (the largest constraint "
+    "residual accepted at `t1`; `jnp.inf` accepts any)"
+)
 
 
-def traced_constraint_tol_check(call: "SolveCall", options: "SolveOptions"
-                                ) -> tuple[tuple[Array, str], ...]:
+def traced_constraint_tol_check(
+    call: "SolveCall", options: "SolveOptions"
+) -> tuple[tuple[Array, str], ...]:
     """The run-time check of a traced `constraint_tol` (a flag and its message, as the
     traced gains' checks): positive, not nan. None given, or concrete (checked when the
     options are resolved): none."""
@@ -147,13 +149,13 @@ class SolveCall(eqx.Module):
                 hint = f" Did you mean `{close[0]}`?" if close else ""
                 raise TypeError(
                     f"{function}() got an unexpected keyword argument {name!r}.{hint} Its "
-                    f"keyword arguments are: {', '.join(valid)}.")
+                    f"keyword arguments are: {', '.join(valid)}."
+                )
         return cls(**options)
 
     def check_options(self) -> None:
         """`check_solve_options` of the solver, controller, adjoint and step limit."""
-        check_solve_options(self.solver, self.stepsize_controller, self.adjoint,
-                            self.max_steps)
+        check_solve_options(self.solver, self.stepsize_controller, self.adjoint, self.max_steps)
 
     def times(self, t0, t1, dtype) -> Times:
         """`t0`, `t1` and `ts` as arrays of `dtype`, checked (`check_times`)."""
@@ -170,10 +172,14 @@ class SolveCall(eqx.Module):
         stop at the step's tolerance (`configure_for_controller`), `default_adjoint`, or
         for an `event_driven` solve diffrax's `RecursiveCheckpointAdjoint` (the event loop
         is differentiated through its checkpointed loop)."""
-        stepsize_controller, dt0 = step_options(self.stepsize_controller, self.dt0, self.rtol,
-                                                self.atol, dtype, norm)
-        solver = (DEFAULT_SOLVER if self.solver is None
-                  else configure_for_controller(self.solver, stepsize_controller))
+        stepsize_controller, dt0 = step_options(
+            self.stepsize_controller, self.dt0, self.rtol, self.atol, dtype, norm
+        )
+        solver = (
+            DEFAULT_SOLVER
+            if self.solver is None
+            else configure_for_controller(self.solver, stepsize_controller)
+        )
         if self.adjoint is not None:
             adjoint = self.adjoint
         elif event_driven:
@@ -182,10 +188,12 @@ class SolveCall(eqx.Module):
             adjoint = default_adjoint(solver, self.max_steps)
         tolerances = None
         if isinstance(stepsize_controller, diffrax.AbstractAdaptiveStepSizeController):
-            tolerances = tuple(jnp.asarray(x, dtype) for x in (stepsize_controller.rtol,
-                                                             stepsize_controller.atol))
-        constraint_tol = jnp.asarray(jnp.nan if self.constraint_tol is None
-                                     else self.constraint_tol, dtype)
+            tolerances = tuple(
+                jnp.asarray(x, dtype) for x in (stepsize_controller.rtol, stepsize_controller.atol)
+            )
+        constraint_tol = jnp.asarray(
+            jnp.nan if self.constraint_tol is None else self.constraint_tol, dtype
+        )
         if self.constraint_tol is not None and is_concrete(constraint_tol):
             given = np.asarray(self.constraint_tol)
             if not (given.ndim == 0 and np.isreal(given) and given > 0):
@@ -194,10 +202,17 @@ class SolveCall(eqx.Module):
                 raise ValueError(
                     f"`constraint_tol={self.constraint_tol}` is zero in {np.dtype(dtype).name}"
                     f", the precision of `q0` and `v0`: pass at least "
-                    f"{float(jnp.finfo(dtype).smallest_normal):.3g}.")
-        return SolveOptions(solver=solver, stepsize_controller=stepsize_controller, dt0=dt0,
-                            max_steps=self.max_steps, adjoint=adjoint,
-                            constraint_tol=constraint_tol, tolerances=tolerances)
+                    f"{float(jnp.finfo(dtype).smallest_normal):.3g}."
+                )
+        return SolveOptions(
+            solver=solver,
+            stepsize_controller=stepsize_controller,
+            dt0=dt0,
+            max_steps=self.max_steps,
+            adjoint=adjoint,
+            constraint_tol=constraint_tol,
+            tolerances=tolerances,
+        )
 
 
 def in_current_mesh(fn: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -236,8 +251,13 @@ class Dynamics(eqx.Module):
     saves_solver_state: bool = eqx.field(static=True, default=False)
 
 
-def integrate(dynamics: Dynamics, y0, times: Times, options: SolveOptions,
-              saveat: diffrax.SaveAt | None = None) -> tuple[diffrax.Solution, RESULTS]:
+def integrate(
+    dynamics: Dynamics,
+    y0,
+    times: Times,
+    options: SolveOptions,
+    saveat: diffrax.SaveAt | None = None,
+) -> tuple[diffrax.Solution, RESULTS]:
     """The one diffrax solve of [`jaxdae.simulate`][], [`jaxdae.simulate_ensemble`][] and
     [`jaxdae.simulate_actuated`][]: of `dynamics.term` from `y0` over `times` with
     `options`, saving as `save_at` says, stopped by `dynamics.conditions` (and a non-finite
@@ -250,13 +270,26 @@ def integrate(dynamics: Dynamics, y0, times: Times, options: SolveOptions,
         saveat = save_at(t0, t1, ts, controller)
     if dynamics.saves_solver_state:
         saveat = eqx.tree_at(lambda s: s.solver_state, saveat, True)
-    event = solve_event(list(dynamics.conditions), controller, list(dynamics.located),
-                        jnp.result_type(t0))
+    event = solve_event(
+        list(dynamics.conditions), controller, list(dynamics.located), jnp.result_type(t0)
+    )
     controller = stop_stalled_steps(controller)
     # Unjitted: `integrate` is always traced inside a jit (`diffeqsolve_unjitted`).
-    out = diffeqsolve_unjitted(dynamics.term, solver, t0, t1, options.dt0, y0, args=None,
-                               saveat=saveat, stepsize_controller=controller,
-                               adjoint=options.adjoint, event=event,
-                               max_steps=options.max_steps, throw=False)
-    return out, name_result(solver, event_result(out, list(dynamics.failures),
-                                                 len(dynamics.located)))
+    out = diffeqsolve_unjitted(
+        dynamics.term,
+        solver,
+        t0,
+        t1,
+        options.dt0,
+        y0,
+        args=None,
+        saveat=saveat,
+        stepsize_controller=controller,
+        adjoint=options.adjoint,
+        event=event,
+        max_steps=options.max_steps,
+        throw=False,
+    )
+    return out, name_result(
+        solver, event_result(out, list(dynamics.failures), len(dynamics.located))
+    )

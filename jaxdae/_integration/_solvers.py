@@ -95,7 +95,8 @@ class AbstractSolverWrapper(AbstractFailureNamingSolver, diffrax.AbstractAdaptiv
 
 
 carries_contact_forces.register(
-    AbstractSolverWrapper, lambda solver: carries_contact_forces(solver.solver))
+    AbstractSolverWrapper, lambda solver: carries_contact_forces(solver.solver)
+)
 
 
 class AbstractSteppingWrapper(AbstractSolverWrapper):
@@ -131,8 +132,10 @@ class UnrolledERK(AbstractSteppingWrapper):
     def __check_init__(self):
         # The class, not `isinstance`: a wrapped solver (`diffrax.HalfSolver`) passes
         # diffrax's `isinstance` tests of what it wraps, and has no tableau.
-        if not (issubclass(type(self.solver), diffrax.AbstractERK)
-                and isinstance(self.solver.tableau, diffrax.ButcherTableau)):
+        if not (
+            issubclass(type(self.solver), diffrax.AbstractERK)
+            and isinstance(self.solver.tableau, diffrax.ButcherTableau)
+        ):
             raise ValueError(
                 "`UnrolledERK` wraps an explicit Runge–Kutta solver with one Butcher "
                 "tableau (e.g. `diffrax.Tsit5()`, `diffrax.Dopri5()`, `diffrax.Heun()`); got "
@@ -156,8 +159,9 @@ class UnrolledERK(AbstractSteppingWrapper):
         elif fsal:
             # After a jump the stored last stage is stale. One flag for the whole batch, so
             # that `vmap` keeps a branch instead of evaluating both.
-            f0 = jax.lax.cond(unvmap_any(made_jump),
-                              lambda: terms.vf(t0, y0, args), lambda: solver_state)
+            f0 = jax.lax.cond(
+                unvmap_any(made_jump), lambda: terms.vf(t0, y0, args), lambda: solver_state
+            )
         else:
             f0 = terms.vf(t0, y0, args)
         fs, ks = [f0], [terms.prod(f0, control)]
@@ -173,4 +177,3 @@ class UnrolledERK(AbstractSteppingWrapper):
         dense_info = dict(y0=y0, y1=y1, k=jax.tree.map(lambda *k: jnp.stack(k), *ks))
         new_state = fs[-1] if fsal else None
         return y1, y_error, dense_info, new_state, diffrax.RESULTS.successful
-

@@ -18,9 +18,15 @@ from ._rosenbrock_adjoint import rodas_step_vjp
 
 
 @functools.singledispatch
-def step_vjp(solver: diffrax.AbstractSolver, t0: Array, t1: Array,
-             state: tuple[PyTree, PyTree], diff: PyTree, static: PyTree,
-             outputs: PyTree = None) -> tuple[tuple[tuple[PyTree, PyTree], PyTree], Callable]:
+def step_vjp(
+    solver: diffrax.AbstractSolver,
+    t0: Array,
+    t1: Array,
+    state: tuple[PyTree, PyTree],
+    diff: PyTree,
+    static: PyTree,
+    outputs: PyTree = None,
+) -> tuple[tuple[tuple[PyTree, PyTree], PyTree], Callable]:
     """One step of `solver` from `t0` to `t1` and its vector–Jacobian product, for the
     backward pass of [`jaxdae.ReplayAdjoint`][] (`_replay_adjoint._backward`), which calls
     it at every replayed step with `made_jump=False`.

@@ -54,17 +54,19 @@ def _backward(stored, out_bar, perturbed, problem, static):
     p_bar = jax.tree.map(jnp.zeros_like, sweep.diff_p)
     if static.segments is None:
         *steps, solver_state = stored
-        start_bar, p_bar = sweep(steps, solver_state, (t0, sweep.flat(y0)), final_bar,
-                                 save_bar, p_bar)
+        start_bar, p_bar = sweep(
+            steps, solver_state, (t0, sweep.flat(y0)), final_bar, save_bar, p_bar
+        )
     else:
-        start_bar, p_bar = _sweep_segments(sweep, stored, problem, static, final_bar,
-                                           save_bar, p_bar)
+        start_bar, p_bar = _sweep_segments(
+            sweep, stored, problem, static, final_bar, save_bar, p_bar
+        )
     y0_bar = sweep.unravel(start_bar if y0_bar is None else y0_bar + start_bar)
     terms_bar, args_bar = p_bar
-    init_state_bar = eqx.tree_at(lambda s: s.y, nones(problem.init_state), y0_bar,
-                                 is_leaf=is_none)
-    return dataclasses.replace(nones(problem), terms=terms_bar, args=args_bar,
-                               init_state=init_state_bar)
+    init_state_bar = eqx.tree_at(lambda s: s.y, nones(problem.init_state), y0_bar, is_leaf=is_none)
+    return dataclasses.replace(
+        nones(problem), terms=terms_bar, args=args_bar, init_state=init_state_bar
+    )
 
 
 def _sweep_segments(sweep, stored, problem, static, final_bar, save_bar, p_bar):
@@ -76,11 +78,15 @@ def _sweep_segments(sweep, stored, problem, static, final_bar, save_bar, p_bar):
     def sweep_segment(i, steps_i, end_bar, p_bar):
         """Sweeps the segment `i`, whose steps are `steps_i`."""
         start = unravel_start(starts[i])
-        save_bar_i = None if save_ts is None else jnp.where(
-            ((save_ts > start[0]) | (i == 0))[:, None], save_bar, 0)
+        save_bar_i = (
+            None
+            if save_ts is None
+            else jnp.where(((save_ts > start[0]) | (i == 0))[:, None], save_bar, 0)
+        )
         solver_state = unravel_start(starts[i + 1])[2] if static.keeps_solver_state else None
-        return sweep(steps_i, solver_state, (start[0], sweep.flat(start[1])), end_bar,
-                     save_bar_i, p_bar)
+        return sweep(
+            steps_i, solver_state, (start[0], sweep.flat(start[1])), end_bar, save_bar_i, p_bar
+        )
 
     def segment_back(k, bars):
         """Sweeps the segment `count − 1 − k`: the last one (`k = 0`) from its stored
@@ -98,8 +104,7 @@ def _sweep_segments(sweep, stored, problem, static, final_bar, save_bar, p_bar):
         # circular simplification loop" messages).
         out = solve_segment(unravel_start(starts[jnp.where(last, count, i)]), problem, static)
         resolved = _resolved_steps(out, unravel_start(starts[i + 1])[0], t0, t1, ~last)
-        steps_i = jax.tree.map(lambda s, r: jnp.where(last, s, r), tuple(steps),
-                               tuple(resolved))
+        steps_i = jax.tree.map(lambda s, r: jnp.where(last, s, r), tuple(steps), tuple(resolved))
         return sweep_segment(i, steps_i, *bars)
 
     if static.segments[0] == 1:
@@ -116,8 +121,12 @@ def _stage_coefficients(tableau, saves_inside: bool, dtype):
         a[i + 1, : i + 1] = row
     b = np.asarray(tableau.b_sol)
     c = np.concatenate([[tableau.c1], np.asarray(tableau.c)])
-    stages = tableau.num_stages if saves_inside else 1 + max(
-        i for i in range(tableau.num_stages) if b[i] != 0 or np.any(a[i + 1:, i] != 0))
+    stages = (
+        tableau.num_stages
+        if saves_inside
+        else 1
+        + max(i for i in range(tableau.num_stages) if b[i] != 0 or np.any(a[i + 1 :, i] != 0))
+    )
     a, b, c = a[:stages, :stages], b[:stages], c[:stages]
     return (*(jnp.asarray(x, dtype) for x in (a, b, c)), stages)
 
@@ -133,11 +142,13 @@ class _Sweep:
         flat_y0, self.unravel = ravel_pytree(problem.init_state.y)
         self.zero = jnp.zeros_like(flat_y0)
         self.a, self.b, self.c, self.stages = _stage_coefficients(
-            static.tableau, save_ts is not None, flat_y0.dtype)
+            static.tableau, save_ts is not None, flat_y0.dtype
+        )
         # Only the perturbed leaves of the terms and `args`: a cotangent for every
         # parameter of the system costs more.
-        self.diff_p, self.static_p = eqx.partition((terms, problem.args),
-                                                   (perturbed.terms, perturbed.args))
+        self.diff_p, self.static_p = eqx.partition(
+            (terms, problem.args), (perturbed.terms, perturbed.args)
+        )
         self.own_vjp = isinstance(terms_within(terms)[0], AbstractTermWithVJP)
         # Larger states: each stage's linearization is kept from the stages' recomputation
         # (`jax.vjp`'s residuals, stacked over the stages) and only transposed on the way
@@ -162,31 +173,46 @@ class _Sweep:
 
     def _rates_vjp(self, t, y, diff_p, static_p, solver_state, t_start, cotangent):
         _, pull = jax.vjp(
-            lambda y, p: self.rates(t, y, p, static_p, solver_state, t_start), y, diff_p)
+            lambda y, p: self.rates(t, y, p, static_p, solver_state, t_start), y, diff_p
+        )
         return pull(cotangent)
 
     def stage_vjp(self, t, y, solver_state, t_start, cotangent):
         """`(μ, p̄)`: the cotangents of a stage's state and parameters."""
         if not self.own_vjp:
-            return self.scalar_stage_vjp(t, y, self.diff_p, self.static_p, solver_state,
-                                         t_start, cotangent)
+            return self.scalar_stage_vjp(
+                t, y, self.diff_p, self.static_p, solver_state, t_start, cotangent
+            )
         terms, args = eqx.combine(self.diff_p, self.static_p)
         own = terms_within(terms)[0]
         y_bar, own_bar, args_bar = own.stage_vjp(
-            self.direction * t, self.unravel(y), args, solver_state, t_start,
-            self.unravel(cotangent))
+            self.direction * t,
+            self.unravel(y),
+            args,
+            solver_state,
+            t_start,
+            self.unravel(cotangent),
+        )
         # The cotangent of the terms: the own term's, zeros for what wraps it.
         terms_bar = jax.tree.map(
-            lambda x: own_bar if x is own else jax.tree.map(jnp.zeros_like, x), terms,
-            is_leaf=lambda x: x is own)
-        args_bar = (jax.tree.map(jnp.zeros_like, self.diff_p[1]) if args_bar is None
-                    else eqx.partition(args_bar, self.perturbed.args)[0])
+            lambda x: own_bar if x is own else jax.tree.map(jnp.zeros_like, x),
+            terms,
+            is_leaf=lambda x: x is own,
+        )
+        args_bar = (
+            jax.tree.map(jnp.zeros_like, self.diff_p[1])
+            if args_bar is None
+            else eqx.partition(args_bar, self.perturbed.args)[0]
+        )
         return self.flat(y_bar), (eqx.partition(terms_bar, self.perturbed.terms)[0], args_bar)
 
     def linearize(self, t, y, t_start, solver_state):
         """The rate and its pullback's residuals (and their tree)."""
-        rate, pull = jax.vjp(lambda y_, p_: self.rates(t, y_, p_, self.static_p, solver_state,
-                                                       t_start), y, self.diff_p)
+        rate, pull = jax.vjp(
+            lambda y_, p_: self.rates(t, y_, p_, self.static_p, solver_state, t_start),
+            y,
+            self.diff_p,
+        )
         leaves, tree = jax.tree_util.tree_flatten(pull)
         return rate, leaves, tree
 
@@ -205,12 +231,17 @@ class _Sweep:
         # One stack of the stages' values per residual, not one flat array of all of them
         # (docs/design_measurements.md#linearized-stages). Each step writes every stage's
         # row, so the stacks are carried from step to step rather than zeroed in each.
-        kept = [] if not self.linearized else [
-            jnp.zeros((self.stages,) + x.shape, x.dtype) for x in
-            jax.eval_shape(lambda: self.linearize(t0, flat_y0, t0, solver_state)[1])]
+        kept = (
+            []
+            if not self.linearized
+            else [
+                jnp.zeros((self.stages,) + x.shape, x.dtype)
+                for x in jax.eval_shape(lambda: self.linearize(t0, flat_y0, t0, solver_state)[1])
+            ]
+        )
         start_bar, p_bar, _ = jax.lax.fori_loop(
-            0, count, lambda k, carry: self._step_back(context, k, carry),
-            (end_bar, p_bar, kept))
+            0, count, lambda k, carry: self._step_back(context, k, carry), (end_bar, p_bar, kept)
+        )
         return start_bar, p_bar
 
     def _step_back(self, context, k, carry):
@@ -232,25 +263,34 @@ class _Sweep:
         start_bar, stages_bar = end_bar, h * self.b[:, None] * end_bar[None, :]
         if self.save_ts is not None:  # states saved inside this step, through the dense output
             start_bar, stages_bar = self._saves_back(
-                step, y_end, k_stages, n, save_step, save_bar, start_bar, stages_bar)
+                step, y_end, k_stages, n, save_step, save_bar, start_bar, stages_bar
+            )
 
         def stage_back(ii, bars):
             stages_bar, start_bar, p_bar = bars
             i = self.stages - 1 - ii
             if self.linearized:
-                pull = jax.tree_util.tree_unflatten(pullbacks["tree"],
-                                                    [stack[i] for stack in kept])
+                pull = jax.tree_util.tree_unflatten(pullbacks["tree"], [stack[i] for stack in kept])
                 mu, stage_p_bar = pull(stages_bar[i])
             else:
                 y_stage = y_start + h * (self.a[i] @ k_stages)
-                mu, stage_p_bar = self.stage_vjp(t_start + self.c[i] * (t_end - t_start),
-                                                 y_stage, solver_state, t_start, stages_bar[i])
+                mu, stage_p_bar = self.stage_vjp(
+                    t_start + self.c[i] * (t_end - t_start),
+                    y_stage,
+                    solver_state,
+                    t_start,
+                    stages_bar[i],
+                )
             stages_bar = stages_bar + h * self.a[i][:, None] * mu[None, :]
             return stages_bar, start_bar + mu, jax.tree.map(jnp.add, p_bar, stage_p_bar)
 
         _, start_bar, p_bar = jax.lax.fori_loop(
-            0, self.stages, stage_back, (stages_bar, start_bar, p_bar),
-            unroll=_thresholds.LINEARIZED_UNROLL if self.linearized else 1)
+            0,
+            self.stages,
+            stage_back,
+            (stages_bar, start_bar, p_bar),
+            unroll=_thresholds.LINEARIZED_UNROLL if self.linearized else 1,
+        )
         return start_bar, p_bar, kept
 
     def _stages(self, step, kept):
@@ -262,26 +302,36 @@ class _Sweep:
         k_init = jnp.zeros((self.stages, y_start.size), self.zero.dtype)
         pullbacks = {}
         if not self.linearized:
+
             def stage(i, k_stages):
                 y_stage = y_start + h * (a[i] @ k_stages)
-                return k_stages.at[i].set(self.rates(t_start + c[i] * dt, y_stage, self.diff_p,
-                                                     self.static_p, solver_state, t_start))
+                return k_stages.at[i].set(
+                    self.rates(
+                        t_start + c[i] * dt,
+                        y_stage,
+                        self.diff_p,
+                        self.static_p,
+                        solver_state,
+                        t_start,
+                    )
+                )
 
             return jax.lax.fori_loop(0, self.stages, stage, k_init), kept, pullbacks
 
         def stage_linearized(i, carry):
             k_stages, kept = carry
             y_stage = y_start + h * (a[i] @ k_stages)
-            rate, leaves, pullbacks["tree"] = self.linearize(t_start + c[i] * dt, y_stage,
-                                                             t_start, solver_state)
+            rate, leaves, pullbacks["tree"] = self.linearize(
+                t_start + c[i] * dt, y_stage, t_start, solver_state
+            )
             return k_stages.at[i].set(rate), [
-                stack.at[i].set(leaf) for stack, leaf in zip(kept, leaves, strict=True)]
+                stack.at[i].set(leaf) for stack, leaf in zip(kept, leaves, strict=True)
+            ]
 
         k_stages, kept = jax.lax.fori_loop(0, self.stages, stage_linearized, (k_init, kept))
         return k_stages, kept, pullbacks
 
-    def _saves_back(self, step, y_end, k_stages, n, save_step, save_bar, start_bar,
-                    stages_bar):
+    def _saves_back(self, step, y_end, k_stages, n, save_step, save_bar, start_bar, stages_bar):
         """Adds the cotangents of the states saved inside step `n` (through the solver's
         dense output) to those of its start and stages."""
         t_start, t_end, y_start, h, _ = step
@@ -289,21 +339,26 @@ class _Sweep:
 
         def interpolate(y_start, y_end, k_stages, t):
             dense = self.static.solver.interpolation_cls(
-                t0=t_start, t1=t_end, y0=self.unravel(y_start), y1=self.unravel(y_end),
-                k=jax.vmap(self.unravel)(h * k_stages))
+                t0=t_start,
+                t1=t_end,
+                y0=self.unravel(y_start),
+                y1=self.unravel(y_end),
+                k=jax.vmap(self.unravel)(h * k_stages),
+            )
             return self.flat(dense.evaluate(t))
 
         def save_back(j, bars):
             start_bar, end_inner, stages_bar = bars
-            _, pull = jax.vjp(lambda *x: interpolate(*x, save_ts[j]), y_start, y_end,
-                              k_stages)
+            _, pull = jax.vjp(lambda *x: interpolate(*x, save_ts[j]), y_start, y_end, k_stages)
             s_bar, e_bar, k_bar = pull(save_bar[j])
             return start_bar + s_bar, end_inner + e_bar, stages_bar + k_bar
 
-        first_save, end_save = (jnp.searchsorted(save_step, n, side=side)
-                                for side in ("left", "right"))
+        first_save, end_save = (
+            jnp.searchsorted(save_step, n, side=side) for side in ("left", "right")
+        )
         start_bar, end_extra, stages_bar = jax.lax.fori_loop(
-            first_save, end_save, save_back, (start_bar, self.zero, stages_bar))
+            first_save, end_save, save_back, (start_bar, self.zero, stages_bar)
+        )
         # y_end = y_start + h Σ bᵢ kᵢ: its cotangent from the dense output flows back too.
         start_bar = start_bar + end_extra
         stages_bar = stages_bar + h * b[:, None] * end_extra[None, :]
@@ -325,7 +380,7 @@ def saves_bar(ys_bar, saveat, y0):
             y0_bar = rows[0] if y0_bar is None else y0_bar + rows[0]
         if sub.ts is not None:
             times.append(sub.ts)
-            bars.append(rows[int(sub.t0): int(sub.t0) + at_ts])
+            bars.append(rows[int(sub.t0) : int(sub.t0) + at_ts])
         if sub.t1:
             final_bar = rows[-1] if final_bar is None else final_bar + rows[-1]
     if len(times) <= 1:
@@ -360,7 +415,8 @@ _RESOLVED_ELSEWHERE = (
     "gradient would be of steps the solve did not take. This happens when rounding changes "
     "whether a step is accepted (a chaotic or badly scaled solve). Store every step, "
     "`adjoint=jaxdae.ReverseSweepAdjoint(stored_steps=max_steps)`, or differentiate "
-    "through diffrax's loop, `adjoint=diffrax.RecursiveCheckpointAdjoint()`.")
+    "through diffrax's loop, `adjoint=diffrax.RecursiveCheckpointAdjoint()`."
+)
 
 
 def _rows_bar(rows, like, count):
@@ -370,9 +426,12 @@ def _rows_bar(rows, like, count):
     dtype = flat_like.dtype
     if rows is None:
         return jnp.zeros((count, flat_like.size), dtype)
-    leaves = [jnp.zeros((count,) + jnp.shape(x), dtype) if r is None else r
-              for r, x in zip(jax.tree.leaves(rows, is_leaf=lambda r: r is None),
-                              jax.tree.leaves(like), strict=False)]
+    leaves = [
+        jnp.zeros((count,) + jnp.shape(x), dtype) if r is None else r
+        for r, x in zip(
+            jax.tree.leaves(rows, is_leaf=lambda r: r is None), jax.tree.leaves(like), strict=False
+        )
+    ]
     return jnp.concatenate([leaf.reshape(count, -1) for leaf in leaves], axis=1)
 
 

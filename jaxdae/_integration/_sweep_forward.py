@@ -53,8 +53,9 @@ def reads_solver_state(terms) -> bool:
     return isinstance(term, AbstractTermWithVJP) and term.reads_solver_state
 
 
-def warn_checkpointed(stepsize_controller, what: str, fix: str,
-                      adjoint: str = "GeneralizedAlphaAdjoint") -> None:
+def warn_checkpointed(
+    stepsize_controller, what: str, fix: str, adjoint: str = "GeneralizedAlphaAdjoint"
+) -> None:
     """A `UserWarning` (when the solve is traced) that a solve with adaptive steps is
     differentiated through diffrax's loop with `CHECKPOINTS` checkpoints, whose gradient
     can differ from the solve's own (see [`jaxdae.GeneralizedAlphaAdjoint`][]); `adjoint`
@@ -72,7 +73,9 @@ def warn_checkpointed(stepsize_controller, what: str, fix: str,
         f"gradient, {fix}; or use fixed steps (`diffrax.ConstantStepSize()`); or pass "
         "`adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints=max_steps)` (one "
         "checkpoint per step, memory in proportion to `max_steps`).",
-        UserWarning, stacklevel=2)
+        UserWarning,
+        stacklevel=2,
+    )
 
 
 class SweepOptions(eqx.Module):
@@ -127,11 +130,14 @@ class _Output(eqx.Module):
     def of(cls, state, saveat: diffrax.SaveAt) -> "_Output":
         """The output of diffrax's final `state`."""
         saves = _subsaves_def(saveat).flatten_up_to(state.save_state)
-        return cls(ts=[s.ts for s in saves], ys=[s.ys for s in saves], result=state.result,
-                   counts=_counts(state.num_steps, state.num_accepted_steps,
-                                  state.num_rejected_steps),
-                   event_mask=state.event_mask,
-                   solver_state=state.solver_state if saveat.solver_state else None)
+        return cls(
+            ts=[s.ts for s in saves],
+            ys=[s.ys for s in saves],
+            result=state.result,
+            counts=_counts(state.num_steps, state.num_accepted_steps, state.num_rejected_steps),
+            event_mask=state.event_mask,
+            solver_state=state.solver_state if saveat.solver_state else None,
+        )
 
 
 def _counts(*counts) -> tuple:
@@ -141,8 +147,7 @@ def _counts(*counts) -> tuple:
 
 def _subsaves_def(saveat: diffrax.SaveAt):
     """The pytree structure of `saveat.subs` down to its `SubSaveAt`s."""
-    return jax.tree.structure(saveat.subs,
-                              is_leaf=lambda s: isinstance(s, diffrax.SubSaveAt))
+    return jax.tree.structure(saveat.subs, is_leaf=lambda s: isinstance(s, diffrax.SubSaveAt))
 
 
 def final_state(init_state, out: _Output, saveat: diffrax.SaveAt):
@@ -150,18 +155,27 @@ def final_state(init_state, out: _Output, saveat: diffrax.SaveAt):
     `out`'s (a custom VJP's output: the result and counts without tangents, since JAX
     gives a custom VJP's integer outputs symbolic ones, which `diffeqsolve`'s `throw`
     check cannot take)."""
-    out = jax.tree.map(lambda x: x if eqx.is_inexact_array(x) else jax.lax.stop_gradient(x),
-                       out)
+    out = jax.tree.map(lambda x: x if eqx.is_inexact_array(x) else jax.lax.stop_gradient(x), out)
     subs_def = _subsaves_def(saveat)
-    save_state = subs_def.unflatten([
-        dataclasses.replace(s, ts=ts, ys=ys) for s, ts, ys in zip(
-            subs_def.flatten_up_to(init_state.save_state), out.ts, out.ys, strict=True)])
+    save_state = subs_def.unflatten(
+        [
+            dataclasses.replace(s, ts=ts, ys=ys)
+            for s, ts, ys in zip(
+                subs_def.flatten_up_to(init_state.save_state), out.ts, out.ys, strict=True
+            )
+        ]
+    )
     num_steps, num_accepted_steps, num_rejected_steps = out.counts
     return dataclasses.replace(
-        init_state, save_state=save_state, result=out.result, num_steps=num_steps,
-        num_accepted_steps=num_accepted_steps, num_rejected_steps=num_rejected_steps,
+        init_state,
+        save_state=save_state,
+        result=out.result,
+        num_steps=num_steps,
+        num_accepted_steps=num_accepted_steps,
+        num_rejected_steps=num_rejected_steps,
         event_mask=out.event_mask,
-        solver_state=out.solver_state if saveat.solver_state else init_state.solver_state)
+        solver_state=out.solver_state if saveat.solver_state else init_state.solver_state,
+    )
 
 
 class AbstractStoredStepsAdjoint(diffrax.AbstractAdjoint):
@@ -173,8 +187,10 @@ class AbstractStoredStepsAdjoint(diffrax.AbstractAdjoint):
     def __check_init__(self):
         steps = self.stored_steps
         if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
-            raise ValueError(f"`{type(self).__name__}(stored_steps=...)` must be a positive "
-                             f"integer; got {steps!r}.")
+            raise ValueError(
+                f"`{type(self).__name__}(stored_steps=...)` must be a positive "
+                f"integer; got {steps!r}."
+            )
 
 
 def segment_plan(max_steps, stored_steps, stepsize_controller) -> tuple[int, int] | None:
@@ -200,7 +216,8 @@ def solve_storing_steps(problem, static):
     if static.segments is not None:
         return _solve_in_segments(problem, static)
     output, (step_ts, step_ys, steps, solver_state) = solve_saving_steps(
-        problem, static, SAVE_Y, static.keeps_solver_state)
+        problem, static, SAVE_Y, static.keeps_solver_state
+    )
     return output, (step_ts, step_ys, steps, solver_state if static.keeps_solver_state else None)
 
 
@@ -211,19 +228,33 @@ def solve_saving_steps(problem, static, fn, solver_state: bool):
     final solver state."""
     saveat = problem.saveat
     out = diffrax.diffeqsolve(
-        problem.terms, TermsChecked(static.solver), problem.t0, problem.t1, problem.dt0,
-        problem.init_state.y, args=problem.args,
-        saveat=diffrax.SaveAt(subs=[saveat.subs, diffrax.SubSaveAt(steps=True, fn=fn)],
-                              solver_state=saveat.solver_state or solver_state),
-        stepsize_controller=static.stepsize_controller, event=static.event,
-        max_steps=static.max_steps, adjoint=diffrax.RecursiveCheckpointAdjoint(),
-        throw=False)
+        problem.terms,
+        TermsChecked(static.solver),
+        problem.t0,
+        problem.t1,
+        problem.dt0,
+        problem.init_state.y,
+        args=problem.args,
+        saveat=diffrax.SaveAt(
+            subs=[saveat.subs, diffrax.SubSaveAt(steps=True, fn=fn)],
+            solver_state=saveat.solver_state or solver_state,
+        ),
+        stepsize_controller=static.stepsize_controller,
+        event=static.event,
+        max_steps=static.max_steps,
+        adjoint=diffrax.RecursiveCheckpointAdjoint(),
+        throw=False,
+    )
     (ts_saved, step_ts), (ys_saved, step_ys) = out.ts, out.ys
     subs_def = _subsaves_def(saveat)
-    output = _Output(ts=subs_def.flatten_up_to(ts_saved), ys=subs_def.flatten_up_to(ys_saved),
-                     result=out.result, counts=_counts(*(out.stats[k] for k in _COUNTS)),
-                     event_mask=out.event_mask,
-                     solver_state=out.solver_state if saveat.solver_state else None)
+    output = _Output(
+        ts=subs_def.flatten_up_to(ts_saved),
+        ys=subs_def.flatten_up_to(ys_saved),
+        result=out.result,
+        counts=_counts(*(out.stats[k] for k in _COUNTS)),
+        event_mask=out.event_mask,
+        solver_state=out.solver_state if saveat.solver_state else None,
+    )
     steps = out.stats["num_accepted_steps"]
     return output, (step_ts, step_ys, steps, out.solver_state if solver_state else None)
 
@@ -271,20 +302,26 @@ class _RecordProposal(diffrax.AbstractStepSizeController):
         tnext, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
         return tnext, (state, jnp.asarray(tnext, jnp.result_type(t0)))
 
-    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order,
-                        controller_state):
+    def adapt_step_size(
+        self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state
+    ):
         keep, tprev, tnext, jump, state, result = self.controller.adapt_step_size(
-            t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state[0])
+            t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state[0]
+        )
         state = (state, jnp.asarray(tnext, jnp.result_type(t1)))
         if self.restart is None:
             return keep, tprev, tnext, jump, state, result
         t_start, t_proposed, made_jump = self.restart
         restarting = t1 <= t_start
         pick = lambda new, old: jnp.where(restarting, old, new)  # noqa: E731
-        return (keep | restarting, pick(tprev, t_start), pick(tnext, t_proposed),
-                jump if made_jump is None else pick(jump, made_jump),
-                jax.tree.map(pick, state, controller_state),
-                diffrax.RESULTS.where(restarting, diffrax.RESULTS.successful, result))
+        return (
+            keep | restarting,
+            pick(tprev, t_start),
+            pick(tnext, t_proposed),
+            jump if made_jump is None else pick(jump, made_jump),
+            jax.tree.map(pick, state, controller_state),
+            diffrax.RESULTS.where(restarting, diffrax.RESULTS.successful, result),
+        )
 
 
 class _Restart(AbstractSteppingWrapper):
@@ -316,12 +353,16 @@ def _restarted_step(restart: _Restart, terms, t0, t1, y0, args, solver_state, ma
     # A step of length zero from the start: the start state, no error, the solver state
     # given, whatever the rates there.
     y1, y_error, dense_info, state, result = restart.solver.step(
-        terms, jnp.where(restarting, t1, t0), t1, y0, args, solver_state, made_jump)
+        terms, jnp.where(restarting, t1, t0), t1, y0, args, solver_state, made_jump
+    )
     pick = lambda new, old: jnp.where(restarting, old, new)  # noqa: E731
-    return (jax.tree.map(pick, y1, y0),
-            jax.tree.map(lambda e: jnp.where(restarting, 0, e), y_error),
-            dense_info, jax.tree.map(pick, state, solver_state),
-            diffrax.RESULTS.where(restarting, diffrax.RESULTS.successful, result))
+    return (
+        jax.tree.map(pick, y1, y0),
+        jax.tree.map(lambda e: jnp.where(restarting, 0, e), y_error),
+        dense_info,
+        jax.tree.map(pick, state, solver_state),
+        diffrax.RESULTS.where(restarting, diffrax.RESULTS.successful, result),
+    )
 
 
 def _after_start(cond_fn, t_start, t, y, args, **kwargs):
@@ -334,6 +375,7 @@ def _after_start(cond_fn, t_start, t, y, args, **kwargs):
     evaluation is a copy of the condition in the program, which XLA keeps (about 300 HLO
     instructions of the ladder of 128 four-bars' gradient, the failure test,
     `experiments/benchmarks/bench_compile.py`)."""
+
     def evaluate():
         return cond_fn(jnp.maximum(t, t_start), y, args, **kwargs)
 
@@ -354,17 +396,31 @@ def solve_segment(start, problem, static, save_ts=(), event=None):
     subs = [diffrax.SubSaveAt(ts=ts) for ts in save_ts]
     subs = subs + [diffrax.SubSaveAt(t1=True), diffrax.SubSaveAt(steps=True)]
     if event is not None:
-        event = eqx.tree_at(lambda e: e.cond_fn, event, jax.tree.map(
-            lambda fn: eqx.Partial(_after_start, fn, t), event.cond_fn, is_leaf=callable))
+        event = eqx.tree_at(
+            lambda e: e.cond_fn,
+            event,
+            jax.tree.map(
+                lambda fn: eqx.Partial(_after_start, fn, t), event.cond_fn, is_leaf=callable
+            ),
+        )
     restart = t, controller_state[1], made_jump if _jumps(static) else None
     return diffrax.diffeqsolve(
-        problem.terms, _Restart(TermsChecked(static.solver), t), problem.t0, problem.t1, None, y,
-        args=problem.args, saveat=diffrax.SaveAt(subs=subs, solver_state=True,
-                                                 controller_state=True, made_jump=True),
+        problem.terms,
+        _Restart(TermsChecked(static.solver), t),
+        problem.t0,
+        problem.t1,
+        None,
+        y,
+        args=problem.args,
+        saveat=diffrax.SaveAt(subs=subs, solver_state=True, controller_state=True, made_jump=True),
         stepsize_controller=_RecordProposal(static.stepsize_controller, restart),
-        event=event, max_steps=static.segments[1] + 1, solver_state=solver_state,
-        controller_state=controller_state, adjoint=diffrax.RecursiveCheckpointAdjoint(),
-        throw=False)
+        event=event,
+        max_steps=static.segments[1] + 1,
+        solver_state=solver_state,
+        controller_state=controller_state,
+        adjoint=diffrax.RecursiveCheckpointAdjoint(),
+        throw=False,
+    )
 
 
 def _jumps(static) -> bool:
@@ -383,8 +439,13 @@ def _solve_in_segments(problem, static):
     dtype = jnp.result_type(t0)
     # The start as `diffeqsolve` made it, `(t, y, solver state, controller state, made
     # jump)`; the controller's state holds its proposed step end too (`_RecordProposal`).
-    start = (t0, y0, init.solver_state, (init.controller_state, jnp.asarray(init.tnext, dtype)),
-             jnp.asarray(init.made_jump))
+    start = (
+        t0,
+        y0,
+        init.solver_state,
+        (init.controller_state, jnp.asarray(init.tnext, dtype)),
+        jnp.asarray(init.made_jump),
+    )
     save_ts = [sub.ts for sub in subsaves(problem.saveat) if sub.ts is not None]
     # The starts as rows of one array (leaves in their common dtype: flags and small counters
     # convert exactly), not one array per leaf. Each leaf's initial value and copy would be an
@@ -404,18 +465,23 @@ def _solve_in_segments(problem, static):
         step_ts=jnp.full(length, jnp.inf, dtype),
         step_ys=jax.tree.map(lambda y: inf((length,), y), y0),
         result=init.result,
-        event_mask=None if event is None else jax.tree.map(
-            lambda mask: jnp.asarray(mask, bool), init.event_mask),
-        steps=jnp.zeros((), jnp.int32))
-    saved = [(jnp.full(ts.shape, jnp.inf, dtype), jax.tree.map(
-        functools.partial(inf, ts.shape), y0)) for ts in save_ts]
+        event_mask=None
+        if event is None
+        else jax.tree.map(lambda mask: jnp.asarray(mask, bool), init.event_mask),
+        steps=jnp.zeros((), jnp.int32),
+    )
+    saved = [
+        (jnp.full(ts.shape, jnp.inf, dtype), jax.tree.map(functools.partial(inf, ts.shape), y0))
+        for ts in save_ts
+    ]
     counts = jnp.zeros(3, int)  # steps, accepted, rejected (diffrax's integer type)
 
     def going_on(carry):
         index, _, _, last, _, _ = carry
         return (index < count) & (
             ((index == 0) & (last["result"] == diffrax.RESULTS.successful))
-            | (last["result"] == diffrax.RESULTS.max_steps_reached))
+            | (last["result"] == diffrax.RESULTS.max_steps_reached)
+        )
 
     def segment(carry):
         index, starts, flat_start, _, saved, counts = carry
@@ -424,47 +490,78 @@ def _solve_in_segments(problem, static):
         *at_ts, t_end, _ = out.ts
         *ys_at_ts, y_end, _ = out.ys  # the end (`SubSaveAt(t1=True)`), saved as (1, ...)
         step_ts, step_ys, steps = accepted_steps(out)
-        end = (t_end[0], jax.tree.map(lambda y: y[0], y_end), out.solver_state,
-               out.controller_state, out.made_jump)
+        end = (
+            t_end[0],
+            jax.tree.map(lambda y: y[0], y_end),
+            out.solver_state,
+            out.controller_state,
+            out.made_jump,
+        )
         end = ravel_pytree(end)[0]
         starts = starts.at[index + 1].set(end)
         # A save time at or before the start was an earlier segment's.
-        saved = [_new_saves(old, (ts_k, ys_k), ts, (ts > start[0]) | (index == 0))
-                 for old, ts_k, ys_k, ts in zip(saved, at_ts, ys_at_ts, save_ts, strict=True)]
+        saved = [
+            _new_saves(old, (ts_k, ys_k), ts, (ts > start[0]) | (index == 0))
+            for old, ts_k, ys_k, ts in zip(saved, at_ts, ys_at_ts, save_ts, strict=True)
+        ]
         # Less the restart, a step taken and accepted.
-        counts = counts + jnp.stack([out.stats[k] for k in _COUNTS]).astype(
-            counts.dtype) - jnp.array([1, 1, 0], counts.dtype)
-        last = dict(step_ts=step_ts, step_ys=step_ys, result=out.result,
-                    event_mask=out.event_mask, steps=steps)
+        counts = (
+            counts
+            + jnp.stack([out.stats[k] for k in _COUNTS]).astype(counts.dtype)
+            - jnp.array([1, 1, 0], counts.dtype)
+        )
+        last = dict(
+            step_ts=step_ts,
+            step_ys=step_ys,
+            result=out.result,
+            event_mask=out.event_mask,
+            steps=steps,
+        )
         return index + 1, starts, end, last, saved, counts
 
     index, starts, end, last, saved, counts = jax.lax.while_loop(
-        going_on, segment, (jnp.zeros((), jnp.int32), starts, start, last, saved, counts))
+        going_on, segment, (jnp.zeros((), jnp.int32), starts, start, last, saved, counts)
+    )
     t_end, y_end, solver_state = unravel_start(end)[:3]
     end = t_end[None], jax.tree.map(lambda y: y[None], y_end)
     start = jnp.reshape(t0, (1,)).astype(dtype), jax.tree.map(lambda y: y[None], y0)
     saved = iter(saved)
     ts_out, ys_out = [], []
     for sub in subsaves(problem.saveat):  # rows as diffrax orders them: t0, ts, t1
-        rows = ([start] if sub.t0 else []) + ([next(saved)] if sub.ts is not None else []) + (
-            [end] if sub.t1 else [])
+        rows = (
+            ([start] if sub.t0 else [])
+            + ([next(saved)] if sub.ts is not None else [])
+            + ([end] if sub.t1 else [])
+        )
         ts_out.append(rows[0][0] if len(rows) == 1 else jnp.concatenate([r[0] for r in rows]))
-        ys_out.append(rows[0][1] if len(rows) == 1 else jax.tree.map(
-            lambda *ys: jnp.concatenate(ys), *[r[1] for r in rows]))
-    out = _Output(ts=ts_out, ys=ys_out, result=last["result"], counts=_counts(*counts),
-                  event_mask=last["event_mask"],
-                  solver_state=solver_state if problem.saveat.solver_state else None)
-    return out, (last["step_ts"], last["step_ys"], last["steps"], starts, index,
-                 unravel_start)
+        ys_out.append(
+            rows[0][1]
+            if len(rows) == 1
+            else jax.tree.map(lambda *ys: jnp.concatenate(ys), *[r[1] for r in rows])
+        )
+    out = _Output(
+        ts=ts_out,
+        ys=ys_out,
+        result=last["result"],
+        counts=_counts(*counts),
+        event_mask=last["event_mask"],
+        solver_state=solver_state if problem.saveat.solver_state else None,
+    )
+    return out, (last["step_ts"], last["step_ys"], last["steps"], starts, index, unravel_start)
 
 
 def _new_saves(saved, new, ts, after_start):
     """The saves `(times, states)` at `ts` so far, updated with a segment's `new` ones
     (those `after_start` and reached)."""
     take = jnp.isfinite(new[0]) & after_start
-    return (jnp.where(take, new[0], saved[0]), jax.tree.map(
-        lambda old, y: jnp.where(take.reshape((-1,) + (1,) * (y.ndim - 1)), y, old),
-        saved[1], new[1]))
+    return (
+        jnp.where(take, new[0], saved[0]),
+        jax.tree.map(
+            lambda old, y: jnp.where(take.reshape((-1,) + (1,) * (y.ndim - 1)), y, old),
+            saved[1],
+            new[1],
+        ),
+    )
 
 
 _COUNTS = ("num_steps", "num_accepted_steps", "num_rejected_steps")
@@ -486,9 +583,14 @@ class LoopVJP(eqx.Module):
     def __call__(self, out_bar):
         """The cotangent of the problem from that of the output `out_bar` (zeros where
         it is symbolic)."""
-        bar = jax.tree.map(lambda b, x: (jnp.zeros_like(x) if b is None else b)
-                           if eqx.is_inexact_array(x) else None, out_bar, self.out,
-                           is_leaf=is_none)
+        bar = jax.tree.map(
+            lambda b, x: (
+                (jnp.zeros_like(x) if b is None else b) if eqx.is_inexact_array(x) else None
+            ),
+            out_bar,
+            self.out,
+            is_leaf=is_none,
+        )
         (problem_bar,) = self.pull(bar)
         return problem_bar
 
@@ -496,12 +598,22 @@ class LoopVJP(eqx.Module):
 def loop_solve(problem, static) -> _Output:
     """The solve by diffrax's loop (differentiated through, if at all)."""
     final_state, _ = diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS).loop(
-        args=problem.args, terms=problem.terms, solver=static.solver,
-        stepsize_controller=static.stepsize_controller, event=static.event,
-        saveat=problem.saveat, t0=problem.t0, t1=problem.t1, dt0=problem.dt0,
-        max_steps=static.max_steps, throw=False, init_state=problem.init_state,
-        passed_solver_state=False, passed_controller_state=False,
-        progress_meter=static.progress_meter)
+        args=problem.args,
+        terms=problem.terms,
+        solver=static.solver,
+        stepsize_controller=static.stepsize_controller,
+        event=static.event,
+        saveat=problem.saveat,
+        t0=problem.t0,
+        t1=problem.t1,
+        dt0=problem.dt0,
+        max_steps=static.max_steps,
+        throw=False,
+        init_state=problem.init_state,
+        passed_solver_state=False,
+        passed_controller_state=False,
+        progress_meter=static.progress_meter,
+    )
     return _Output.of(final_state, problem.saveat)
 
 
@@ -535,5 +647,8 @@ def subsaves(saveat: diffrax.SaveAt) -> list:
 def accepted_steps(out):
     """The accepted steps' end times and states, and their number, of a `solve_segment` (its
     restart, saved first, left out)."""
-    return (out.ts[-1][1:], jax.tree.map(lambda y: y[1:], out.ys[-1]),
-            jnp.asarray(out.stats["num_accepted_steps"], jnp.int32) - 1)
+    return (
+        out.ts[-1][1:],
+        jax.tree.map(lambda y: y[1:], out.ys[-1]),
+        jnp.asarray(out.stats["num_accepted_steps"], jnp.int32) - 1,
+    )

@@ -27,8 +27,9 @@ from ._vector_fields import detached, system_terms
 
 
 @in_current_mesh
-def solve_system(system, formulation, t0, t1, q0, v0, call: SolveCall,
-                 trajectories: AbstractTrajectories) -> Solution:
+def solve_system(
+    system, formulation, t0, t1, q0, v0, call: SolveCall, trajectories: AbstractTrajectories
+) -> Solution:
     """The solve of a call of `simulate` or `simulate_ensemble` (as `trajectories`)."""
     problem = pose_problem(system, formulation, t0, t1, q0, v0, call, trajectories)
     with forward_mode_hint():
@@ -56,12 +57,13 @@ def integrate_problem(problem: Problem):
         reference = trajectories.failure_reference(*detached((system, formulation, t0, q0, v0)))
     # A constant mass matrix is factored once, here, not at every stage (an ensemble's
     # trajectories share the system, so they share it too).
-    mass_factor = constant_mass_factor(system, t0, *trajectories.first_state(q0, v0),
-                                       system_terms)
-    dynamics, solver = trajectories.dynamics(system, formulation, reference, mass_factor,
-                                             problem.options.solver, problem.fails)
+    mass_factor = constant_mass_factor(system, t0, *trajectories.first_state(q0, v0), system_terms)
+    dynamics, solver = trajectories.dynamics(
+        system, formulation, reference, mass_factor, problem.options.solver, problem.fails
+    )
     options = eqx.tree_at(lambda o: o.solver, problem.options, solver)
     if problem.events is None:
         return integrate(dynamics, (q0, v0), problem.times, options)
-    return integrate_with_events(event_dynamics(dynamics), (q0, v0), problem.times, options,
-                                 problem.events)
+    return integrate_with_events(
+        event_dynamics(dynamics), (q0, v0), problem.times, options, problem.events
+    )

@@ -77,8 +77,9 @@ class AbstractSystemTerm(AbstractTimeTerm):
         """The formulation's failure test at the state `y` of one trajectory (detached: a
         flag has no derivative, and a differentiated solve does not linearize it)."""
         q, s = y
-        return jitted_failure(*detached((self.system, self.formulation, t, q, s,
-                                         self.reference, self.mass_factor)))
+        return jitted_failure(
+            *detached((self.system, self.formulation, t, q, s, self.reference, self.mass_factor))
+        )
 
 
 class SystemTerm(AbstractSystemTerm):
@@ -103,7 +104,8 @@ def terms_within(terms) -> list:
     """The ODE terms and multi-terms inside `terms` (as `diffeqsolve` wrapped them):
     `diffrax.ODETerm` and jaxdae's terms whose control is time."""
     is_term = lambda x: isinstance(  # noqa: E731
-        x, (diffrax.ODETerm, diffrax.MultiTerm, AbstractTimeTerm))
+        x, (diffrax.ODETerm, diffrax.MultiTerm, AbstractTimeTerm)
+    )
     return [x for x in jax.tree.leaves(terms, is_leaf=is_term) if is_term(x)]
 
 
@@ -114,7 +116,8 @@ def one_ode_term(terms, solver: str):
     if len(odes) != 1 or isinstance(odes[0], diffrax.MultiTerm):
         raise ValueError(
             f"`{solver}` integrates an ODE given as one term whose control is time "
-            f"(`diffrax.ODETerm`); got {[type(x).__name__ for x in odes]}.")
+            f"(`diffrax.ODETerm`); got {[type(x).__name__ for x in odes]}."
+        )
     return odes[0]
 
 
@@ -135,11 +138,13 @@ def system_term(terms) -> AbstractSystemTerm:
         raise ValueError(
             "This solver reads the system and formulation from the solve's term, which "
             "`jaxdae.simulate` and `jaxdae.simulate_ensemble` build: use it through them, "
-            f"not in a `diffrax.diffeqsolve` of another term (got {terms!r:.200}).")
+            f"not in a `diffrax.diffeqsolve` of another term (got {terms!r:.200})."
+        )
     return found[0]
 
 
 def replace_system_term(terms, replace: Callable[[AbstractSystemTerm], AbstractSystemTerm]):
     """`terms` with the system's term inside them replaced by `replace(term)`."""
-    return jax.tree.map(lambda x: replace(x) if is_system_term(x) else x, terms,
-                        is_leaf=is_system_term)
+    return jax.tree.map(
+        lambda x: replace(x) if is_system_term(x) else x, terms, is_leaf=is_system_term
+    )

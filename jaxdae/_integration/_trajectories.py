@@ -56,14 +56,16 @@ class AbstractTrajectories(eqx.Module):
         """The initial state of the first trajectory."""
 
     @abc.abstractmethod
-    def initial_state_check(self, system, formulation, t0, q0, v0
-                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    def initial_state_check(
+        self, system, formulation, t0, q0, v0
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
         """`check_initial_state` of concrete initial states: the mass matrix, the flags and
         the values quoted of the first trajectory with a problem, and where that is."""
 
     @abc.abstractmethod
-    def traced_state_flags(self, problems: Callable, initial: tuple, throw: bool
-                           ) -> tuple[Array | None, Array | bool]:
+    def traced_state_flags(
+        self, problems: Callable, initial: tuple, throw: bool
+    ) -> tuple[Array | None, Array | bool]:
         """The initial state's flags of a traced solve from `problems(*initial, rows=rows)`
         (`initial_state_problems`; `initial = (q0, v0)`, then the mass matrix, whether its
         factor shows it positive definite and the forces where they are checked):
@@ -80,17 +82,32 @@ class AbstractTrajectories(eqx.Module):
         """The formulation's `failure_reference` of each trajectory."""
 
     @abc.abstractmethod
-    def dynamics(self, system, formulation, reference, mass_factor,
-                 solver: diffrax.AbstractSolver, fails: bool
-                 ) -> tuple[Dynamics, diffrax.AbstractSolver]:
+    def dynamics(
+        self,
+        system,
+        formulation,
+        reference,
+        mass_factor,
+        solver: diffrax.AbstractSolver,
+        fails: bool,
+    ) -> tuple[Dynamics, diffrax.AbstractSolver]:
         """What the solve integrates, and its solver: the term of the system and its
         formulation (`_term.py`; `reference`: the formulation's failure reference, or None;
         `mass_factor`: a constant mass matrix's factor, or None); `fails`: the formulation's
         failure test stops the solve (`fails_with` the system's constraint counts)."""
 
     @abc.abstractmethod
-    def solution(self, system, formulation, start, ts, out: diffrax.Solution, result: RESULTS,
-                 limit: tuple[Array, Array], reverse: bool) -> tuple[Solution, tuple]:
+    def solution(
+        self,
+        system,
+        formulation,
+        start,
+        ts,
+        out: diffrax.Solution,
+        result: RESULTS,
+        limit: tuple[Array, Array],
+        reverse: bool,
+    ) -> tuple[Solution, tuple]:
         """The [`jaxdae.Solution`][] of the solve `out` from `start = (t0, q0, v0)` with
         jaxdae's `result`, and the mass matrix, whether its factor shows it positive
         definite and the forces at the initial states (`assemble_solution`; `limit`: each
@@ -113,7 +130,8 @@ class SingleTrajectory(AbstractTrajectories):
         array = float_array(name, value)
         if array.ndim != 1:
             raise ValueError(
-                f"`{name}` must be a 1-D array of shape (n,); got shape {array.shape}.")
+                f"`{name}` must be a 1-D array of shape (n,); got shape {array.shape}."
+            )
         return array
 
     def one_state(self, q0, v0):
@@ -143,8 +161,16 @@ class SingleTrajectory(AbstractTrajectories):
 
     def solution(self, system, formulation, start, ts, out, result, limit, reverse):
         reached = out.result == diffrax.RESULTS.successful
-        return assemble_solution(system, formulation, start, ts, (out.ts, out.ys),
-                                 (reached, result, out.stats), limit, reverse)
+        return assemble_solution(
+            system,
+            formulation,
+            start,
+            ts,
+            (out.ts, out.ys),
+            (reached, result, out.stats),
+            limit,
+            reverse,
+        )
 
     def reported_result(self, result):
         return result
@@ -163,7 +189,8 @@ class EnsembleTrajectories(AbstractTrajectories):
         if array.ndim != 2 or array.shape[0] == 0:
             raise ValueError(
                 f"`{name}` must be a 2-D array of shape (B, n), one row per trajectory "
-                f"(B ≥ 1); got shape {array.shape}.")
+                f"(B ≥ 1); got shape {array.shape}."
+            )
         return array
 
     def one_state(self, q0, v0):
@@ -176,15 +203,17 @@ class EnsembleTrajectories(AbstractTrajectories):
 
     def initial_state_check(self, system, formulation, t0, q0, v0):
         mass, flags, values = jax.vmap(check_initial_state_jit, in_axes=(None, None, None, 0, 0))(
-            system, formulation, t0, q0, v0)
+            system, formulation, t0, q0, v0
+        )
         flags = np.asarray(flags)
         row = int(np.argmax(flags.any(axis=1)))
         return mass[row], flags[row], values[row], f"Trajectory {row} (row of q0, v0): "
 
     def traced_state_flags(self, problems, initial, throw):
         if throw:  # one flag per problem, raised for any row
-            flags, _ = jax.vmap(functools.partial(problems, rows="rows"), axis_name="rows",
-                                out_axes=(None, 0))(*initial)
+            flags, _ = jax.vmap(
+                functools.partial(problems, rows="rows"), axis_name="rows", out_axes=(None, 0)
+            )(*initial)
             return flags, False
         # each row's own flags, for its own result
         flags, _ = jax.vmap(functools.partial(problems, rows=None), out_axes=(0, 0))(*initial)
@@ -199,7 +228,8 @@ class EnsembleTrajectories(AbstractTrajectories):
 
     def failure_reference(self, system, formulation, t0, q0, v0):
         return jax.vmap(failure_reference, in_axes=(None, None, None, 0, 0))(
-            system, formulation, t0, q0, v0)
+            system, formulation, t0, q0, v0
+        )
 
     def dynamics(self, system, formulation, reference, mass_factor, solver, fails):
         # Each trajectory stops alone (its formulation fails or its model turns non-finite),
@@ -215,14 +245,21 @@ class EnsembleTrajectories(AbstractTrajectories):
             failed = jnp.isfinite(t_failed)
             ts_saved, ys = cut_at(ts, out.ts, ys, t_failed)
             return assemble_solution(
-                system, formulation, (t0, q0, v0), ts, (ts_saved, ys),
-                (reached & ~failed, RESULTS.where(failed, failure, result), out.stats), limit,
-                reverse)
+                system,
+                formulation,
+                (t0, q0, v0),
+                ts,
+                (ts_saved, ys),
+                (reached & ~failed, RESULTS.where(failed, failure, result), out.stats),
+                limit,
+                reverse,
+            )
 
         # Saved states are (time, trajectory, coordinate) in an ensemble: one trajectory each.
         t_failed, failures = stopped_results(out.solver_state, formulation)
-        return jax.vmap(trajectory, in_axes=(0, 0, 1, 0, 0, 0))(q0, v0, out.ys, t_failed,
-                                                                 failures, limit)
+        return jax.vmap(trajectory, in_axes=(0, 0, 1, 0, 0, 0))(
+            q0, v0, out.ys, t_failed, failures, limit
+        )
 
     def reported_result(self, result):
         return first_failure(result)

@@ -46,30 +46,38 @@ def float_array(name: str, value) -> Array:
         try:
             value = value.astype(float)
         except (TypeError, ValueError) as error:
-            raise TypeError(f"`{name}` must be an array of real numbers; got a NumPy object "
-                            f"array that does not convert to floats ({error}). Pass e.g. "
-                            f"`np.asarray({name}, dtype=float)`.") from error
+            raise TypeError(
+                f"`{name}` must be an array of real numbers; got a NumPy object "
+                f"array that does not convert to floats ({error}). Pass e.g. "
+                f"`np.asarray({name}, dtype=float)`."
+            ) from error
     try:
         array = jnp.asarray(value)
     except TypeError as error:
-        raise TypeError(f"`{name}` must be an array of real numbers; got {described(value)} "
-                        f"({error}). Pass a JAX or NumPy array of floats.") from error
+        raise TypeError(
+            f"`{name}` must be an array of real numbers; got {described(value)} "
+            f"({error}). Pass a JAX or NumPy array of floats."
+        ) from error
     check_real(**{name: array})
     if not jnp.issubdtype(array.dtype, jnp.floating):
         array = array.astype(jnp.result_type(float))
     return array
 
 
-def check_initial_state(system: AbstractSystem, formulation, t0, q0, v0
-                        ) -> tuple[Array, Array, Array]:
+def check_initial_state(
+    system: AbstractSystem, formulation, t0, q0, v0
+) -> tuple[Array, Array, Array]:
     """The mass matrix at the initial state, one flag per problem in
     `INITIAL_STATE_MESSAGES` followed by the formulation's `state_problems` flags, and the
     values those quote (the eager checks)."""
     terms = system_terms(system, t0, q0, v0)
     flags, values = initial_state_problems(
-        system, formulation, (t0, q0, v0),
+        system,
+        formulation,
+        (t0, q0, v0),
         (terms.mass_matrix, factored_positive_definite(terms), terms.forces),
-        terms.num_nonholonomic)
+        terms.num_nonholonomic,
+    )
     return terms.mass_matrix, flags, values
 
 
@@ -88,8 +96,9 @@ def factored_positive_definite(terms) -> Array | None:
     return operator.factor.positive_definite() if isinstance(operator, FactoredOperator) else None
 
 
-def initial_state_problems(system, formulation, state, terms, num_nonholonomic: int,
-                           rows: str | None = None) -> tuple[Array, Array]:
+def initial_state_problems(
+    system, formulation, state, terms, num_nonholonomic: int, rows: str | None = None
+) -> tuple[Array, Array]:
     """The flags and values of `check_initial_state` at the initial `state = (t0, q0, v0)`,
     given `terms = (mass matrix, definite, forces)` there, `definite` whether the mass
     matrix is positive definite as its factor shows it (`factored_positive_definite`; None:
@@ -119,10 +128,12 @@ def initial_state_problems(system, formulation, state, terms, num_nonholonomic: 
         non_finite_forces,
         # Only nonholonomic constraints can fail to be affine (a Hessian costs trace time).
         is_not_affine(*system.velocity_constraint_curvature(t0, q0, v0))
-        if num_nonholonomic else False,
+        if num_nonholonomic
+        else False,
     ]
     problems, values = formulation.state_problems(system, t0, q0, v0)
     if rows is not None:
+
         def anywhere(flag):
             return jax.lax.psum(jnp.asarray(flag, jnp.int32), rows) > 0
 
@@ -169,11 +180,19 @@ def check_types(system, formulation):
     """The system and formulation are jaxdae's, with real arrays of float32 or float64
     (`check_leaf_dtypes`: a complex parameter would lose its imaginary part when cast to
     the state's dtype)."""
-    check_instance("system", system, AbstractSystem,
-                   "a jaxdae system (e.g. a `jaxdae.LagrangianSystem` subclass)")
-    check_instance("formulation", formulation, AbstractFormulation,
-                   "a jaxdae formulation such as `jaxdae.Baumgarte(kd, kp)` or "
-                   "`jaxdae.ModifiedLagrange(alpha, kd, kp)`")
+    check_instance(
+        "system",
+        system,
+        AbstractSystem,
+        "a jaxdae system (e.g. a `jaxdae.LagrangianSystem` subclass)",
+    )
+    check_instance(
+        "formulation",
+        formulation,
+        AbstractFormulation,
+        "a jaxdae formulation such as `jaxdae.Baumgarte(kd, kp)` or "
+        "`jaxdae.ModifiedLagrange(alpha, kd, kp)`",
+    )
     check_leaf_dtypes(system, "system parameter")
     check_leaf_dtypes(formulation, "gain")
 
@@ -182,26 +201,44 @@ def check_solve_options(solver, stepsize_controller, adjoint, max_steps) -> None
     """The diffrax options of a solve are instances of the right kind; `max_steps` is a
     positive integer or `None`. (What [`jaxdae.ReverseSweepAdjoint`][] cannot sweep — an
     implicit solver, `max_steps=None` — it refuses itself when the solve is traced.)"""
-    check_instance("solver", solver, diffrax.AbstractSolver,
-                   "a diffrax solver instance such as `diffrax.Tsit5()`", optional=True)
+    check_instance(
+        "solver",
+        solver,
+        diffrax.AbstractSolver,
+        "a diffrax solver instance such as `diffrax.Tsit5()`",
+        optional=True,
+    )
     if solver is not None:
         check_ode_solver(solver)
-    check_instance("stepsize_controller", stepsize_controller,
-                   diffrax.AbstractStepSizeController,
-                   "a diffrax step-size controller such as `diffrax.PIDController(rtol, atol)` "
-                   "or `diffrax.ConstantStepSize()`", optional=True)
-    check_instance("adjoint", adjoint, diffrax.AbstractAdjoint,
-                   "a diffrax adjoint such as `diffrax.RecursiveCheckpointAdjoint()` or "
-                   "`jaxdae.ReverseSweepAdjoint()`", optional=True)
-    if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(
-            max_steps, (int, np.integer)) or max_steps < 1):
+    check_instance(
+        "stepsize_controller",
+        stepsize_controller,
+        diffrax.AbstractStepSizeController,
+        "a diffrax step-size controller such as `diffrax.PIDController(rtol, atol)` "
+        "or `diffrax.ConstantStepSize()`",
+        optional=True,
+    )
+    check_instance(
+        "adjoint",
+        adjoint,
+        diffrax.AbstractAdjoint,
+        "a diffrax adjoint such as `diffrax.RecursiveCheckpointAdjoint()` or "
+        "`jaxdae.ReverseSweepAdjoint()`",
+        optional=True,
+    )
+    if max_steps is not None and (
+        isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 1
+    ):
         raise ValueError(f"`max_steps` must be a positive integer or None; got {max_steps!r}.")
     check_controller_values(stepsize_controller)
     if isinstance(adjoint, diffrax.RecursiveCheckpointAdjoint) and not (
-            adjoint.checkpoints is None or (isinstance(adjoint.checkpoints, (int, np.integer))
-                                            and adjoint.checkpoints >= 1)):
-        raise ValueError("`diffrax.RecursiveCheckpointAdjoint(checkpoints=...)` must be a "
-                         f"positive integer or None; got {adjoint.checkpoints!r}.")
+        adjoint.checkpoints is None
+        or (isinstance(adjoint.checkpoints, (int, np.integer)) and adjoint.checkpoints >= 1)
+    ):
+        raise ValueError(
+            "`diffrax.RecursiveCheckpointAdjoint(checkpoints=...)` must be a "
+            f"positive integer or None; got {adjoint.checkpoints!r}."
+        )
 
 
 def as_step_count(max_steps):
@@ -229,26 +266,32 @@ def check_ode_solver(solver) -> None:
     `diffrax.ODETerm`."""
     structure = solver.term_structure
     origin = typing.get_origin(structure) or structure
-    if isinstance(origin, type) and issubclass(origin, diffrax.AbstractTerm) and not issubclass(
-            origin, diffrax.MultiTerm):
+    if (
+        isinstance(origin, type)
+        and issubclass(origin, diffrax.AbstractTerm)
+        and not issubclass(origin, diffrax.MultiTerm)
+    ):
         return
     inner = solver
     while isinstance(inner, AbstractSolverWrapper):
         inner = inner.solver
     name = type(inner).__name__
-    if isinstance(inner, (diffrax.AbstractItoSolver, diffrax.AbstractStratonovichSolver,
-                          diffrax.AbstractSRK)):
+    if isinstance(
+        inner, (diffrax.AbstractItoSolver, diffrax.AbstractStratonovichSolver, diffrax.AbstractSRK)
+    ):
         raise ValueError(
             f"`solver` is `diffrax.{name}`, a solver of stochastic differential equations: "
             "its terms are a drift and a diffusion driven by a Brownian motion "
             f"({structure}). jaxdae integrates an ODE (one `diffrax.ODETerm`) and cannot "
             "use it; pass an ODE solver such as `diffrax.Tsit5()` (adaptive), "
-            "`diffrax.Heun()` (fixed steps) or `diffrax.Kvaerno5()` (stiff).")
+            "`diffrax.Heun()` (fixed steps) or `diffrax.Kvaerno5()` (stiff)."
+        )
     raise ValueError(
         f"`solver` is `diffrax.{name}`, which integrates several terms ({structure}: an "
         "IMEX solver's explicit and implicit parts, or a partitioned solver's two halves "
         "of the state). jaxdae integrates one ODE term (`diffrax.ODETerm`); pass a solver "
-        "of one term such as `diffrax.Tsit5()` or, for stiff problems, `diffrax.Kvaerno5()`.")
+        "of one term such as `diffrax.Tsit5()` or, for stiff problems, `diffrax.Kvaerno5()`."
+    )
 
 
 def check_controller_values(controller) -> None:
@@ -260,37 +303,52 @@ def check_controller_values(controller) -> None:
     if isinstance(controller, diffrax.ClipStepSizeController):
         for name in ("step_ts", "jump_ts"):
             times = getattr(controller, name)
-            if times is not None and is_concrete(times) and not np.all(
-                    np.isfinite(np.asarray(times))):
-                raise ValueError(f"`diffrax.ClipStepSizeController({name}=...)` must hold "
-                                 f"finite times; got {times}.")
+            if (
+                times is not None
+                and is_concrete(times)
+                and not np.all(np.isfinite(np.asarray(times)))
+            ):
+                raise ValueError(
+                    f"`diffrax.ClipStepSizeController({name}=...)` must hold "
+                    f"finite times; got {times}."
+                )
         controller = controller.controller
     if isinstance(controller, diffrax.StepTo):
         times = controller.ts
         if is_concrete(times):
             times = np.asarray(times)
             if not (np.all(np.isfinite(times)) and np.all(np.diff(times) > 0)):
-                raise ValueError("`diffrax.StepTo(ts=...)` must hold finite, strictly "
-                                 f"increasing times; got {times}.")
+                raise ValueError(
+                    "`diffrax.StepTo(ts=...)` must hold finite, strictly "
+                    f"increasing times; got {times}."
+                )
     if not isinstance(controller, diffrax.PIDController):
         return
     check_tolerances(controller.rtol, controller.atol, "The step-size controller's ")
     for name in ("pcoeff", "icoeff", "dcoeff"):
         controller_value(name, getattr(controller, name), lambda x: True, "finite")
-    controller_value("icoeff", controller.icoeff, lambda x: x > 0,
-                      "positive (it sets how the step follows the error)")
+    controller_value(
+        "icoeff",
+        controller.icoeff,
+        lambda x: x > 0,
+        "positive (it sets how the step follows the error)",
+    )
     for name in ("dtmin", "dtmax"):
-        controller_value(name, getattr(controller, name), lambda x: x > 0,
-                          "a positive finite step or None")
+        controller_value(
+            name, getattr(controller, name), lambda x: x > 0, "a positive finite step or None"
+        )
     dtmin, dtmax = controller.dtmin, controller.dtmax
-    if dtmin is not None and dtmax is not None and is_concrete(dtmin, dtmax) and (
-            float(dtmin) > float(dtmax)):
-        raise ValueError(f"The step-size controller's `dtmin` ({dtmin}) must not exceed its "
-                         f"`dtmax` ({dtmax}).")
-    controller_value("factormin", controller.factormin, lambda x: 0 < x <= 1,
-                      "in (0, 1]")
-    controller_value("factormax", controller.factormax, lambda x: x >= 1,
-                      "at least 1")
+    if (
+        dtmin is not None
+        and dtmax is not None
+        and is_concrete(dtmin, dtmax)
+        and (float(dtmin) > float(dtmax))
+    ):
+        raise ValueError(
+            f"The step-size controller's `dtmin` ({dtmin}) must not exceed its `dtmax` ({dtmax})."
+        )
+    controller_value("factormin", controller.factormin, lambda x: 0 < x <= 1, "in (0, 1]")
+    controller_value("factormax", controller.factormax, lambda x: x >= 1, "at least 1")
     controller_value("safety", controller.safety, lambda x: 0 < x <= 1, "in (0, 1]")
 
 
@@ -309,8 +367,10 @@ def check_structure(system, formulation, t0, q0, v0):
             f"`q0` and `v0` must have the same shape (n,); got {q0.shape} and {v0.shape}."
         )
     if q0.shape[0] == 0:
-        raise ValueError(f"`q0` and `v0` are empty (shape {q0.shape}): a system needs at least "
-                         "one coordinate; pass one entry per generalized coordinate.")
+        raise ValueError(
+            f"`q0` and `v0` are empty (shape {q0.shape}): a system needs at least "
+            "one coordinate; pass one entry per generalized coordinate."
+        )
     key = (signature(system), signature((t0, q0, v0)))
     counts = COUNTS.get(key)
     if counts is None:
@@ -334,25 +394,36 @@ COUNTS: dict = {}  # constraint counts per (system, state) signature
 
 # The model functions a user writes, with the arguments they take and the shape of what
 # they return (a `str`: a size of any value; "n" the number of coordinates).
-_MODEL_FUNCTIONS = {"kinetic_energy": (3, ()), "mass_matrix": (2, ("n", "n")),
-                    "potential_energy": (2, ()), "generalized_forces": (3, ("n",)),
-                    "hamiltonian": (3, ()), "constraints": (2, ("m",)),
-                    "velocity_constraints": (3, ("k",))}
+_MODEL_FUNCTIONS = {
+    "kinetic_energy": (3, ()),
+    "mass_matrix": (2, ("n", "n")),
+    "potential_energy": (2, ()),
+    "generalized_forces": (3, ("n",)),
+    "hamiltonian": (3, ()),
+    "constraints": (2, ("m",)),
+    "velocity_constraints": (3, ("k",)),
+}
 
 _TRACER_FIXES = (
-    (jax.errors.TracerArrayConversionError,
-     "converts a traced JAX array to a NumPy array (a `numpy` function such as `np.sin` "
-     "called on `q`, or `np.asarray`): jaxdae traces the model functions to differentiate "
-     "and compile them. Use `jax.numpy` (`jnp.sin`, ...) instead of `numpy` on values that "
-     "depend on t, q or v"),
-    (jax.errors.ConcretizationTypeError,
-     "asks for the concrete value of a traced array (a Python `if` or `while` on a value "
-     "that depends on t, q or v, or `bool()`, `float()`, `int()` of it): jaxdae traces the "
-     "model functions to differentiate and compile them. Use `jnp.where(cond, a, b)` or "
-     "`jax.lax.cond` instead of a Python `if` on values"),
-    (jax.errors.TracerIntegerConversionError,
-     "uses a traced array as a Python integer (an index or a `range`): jaxdae traces the "
-     "model functions. Index with static integers, or use `jnp.take` / `jax.lax.dynamic_slice`"),
+    (
+        jax.errors.TracerArrayConversionError,
+        "converts a traced JAX array to a NumPy array (a `numpy` function such as `np.sin` "
+        "called on `q`, or `np.asarray`): jaxdae traces the model functions to differentiate "
+        "and compile them. Use `jax.numpy` (`jnp.sin`, ...) instead of `numpy` on values that "
+        "depend on t, q or v",
+    ),
+    (
+        jax.errors.ConcretizationTypeError,
+        "asks for the concrete value of a traced array (a Python `if` or `while` on a value "
+        "that depends on t, q or v, or `bool()`, `float()`, `int()` of it): jaxdae traces the "
+        "model functions to differentiate and compile them. Use `jnp.where(cond, a, b)` or "
+        "`jax.lax.cond` instead of a Python `if` on values",
+    ),
+    (
+        jax.errors.TracerIntegerConversionError,
+        "uses a traced array as a Python integer (an index or a `range`): jaxdae traces the "
+        "model functions. Index with static integers, or use `jnp.take` / `jax.lax.dynamic_slice`",
+    ),
 )
 
 
@@ -374,17 +445,16 @@ def check_model_outputs(system, t0, q0, v0) -> None:
             continue
         args = (t0, q0, v0)[:arity]
         try:
-            out = eqx.filter_eval_shape(lambda s, a, name=name: getattr(s, name)(*a),
-                                        system, args)
+            out = eqx.filter_eval_shape(lambda s, a, name=name: getattr(s, name)(*a), system, args)
         except tuple(kind for kind, _ in _TRACER_FIXES) as error:
             fix = next(fix for kind, fix in _TRACER_FIXES if isinstance(error, kind))
-            raise TypeError(f"`{name}` of {cls} {fix}. (JAX: {type(error).__name__}.)"
-                            ) from error
+            raise TypeError(f"`{name}` of {cls} {fix}. (JAX: {type(error).__name__}.)") from error
         except IndexError as error:
             raise ValueError(
                 f"`{name}` of {cls} indexes beyond the state it was given ({error}): `q0` "
                 f"and `v0` have shape {q0.shape}; they must have one entry per generalized "
-                "coordinate of the model.") from error
+                "coordinate of the model."
+            ) from error
         except Exception:  # reported by the terms' trace, with its own message
             continue
         require_output(name, out, tuple(n if s == "n" else s for s in shape), cls)
@@ -393,15 +463,18 @@ def check_model_outputs(system, t0, q0, v0) -> None:
         dtype = np.dtype(out.dtype)
         problem = dtype_problem(dtype)
         if problem is None and not np.issubdtype(dtype, np.floating):
-            problem = (f"must be floating: it is {dtype.name}, and integers have no "
-                       "derivatives. Return floats (write constants as `1.0`, or "
-                       "`jnp.asarray(x, float)`)")
+            problem = (
+                f"must be floating: it is {dtype.name}, and integers have no "
+                "derivatives. Return floats (write constants as `1.0`, or "
+                "`jnp.asarray(x, float)`)"
+            )
         if problem is not None:
             raise ValueError(f"The output of `{name}` of {cls} {problem}.")
 
 
-def fixed_step_radius(formulation, num_constraints: int, solver, dt,
-                      num_nonholonomic: int = 0) -> float | None:
+def fixed_step_radius(
+    formulation, num_constraints: int, solver, dt, num_nonholonomic: int = 0
+) -> float | None:
     """`ρ(R(τH))` for a fixed step `τ = dt` of `solver` on the perturbations of
     `formulation` (Mukharlyamov (2019) §4), in NumPy, or None where it is not known cheaply and
     exactly: traced gains or step, no constraints, a formulation whose perturbations do not
@@ -413,9 +486,13 @@ def fixed_step_radius(formulation, num_constraints: int, solver, dt,
     `R = I + τ Σ_i b_i K_i` (explicit Euler: `I + τH`), as [`jaxdae.transition_matrix`][]
     computes it by stepping the solver, without compiling anything (`simulate` asks it
     before every fixed-step solve)."""
-    if not (isinstance(formulation, AbstractStabilizedFormulation)
-            and formulation.exact_perturbations and num_constraints
-            and dt is not None and is_concrete(formulation, dt)):
+    if not (
+        isinstance(formulation, AbstractStabilizedFormulation)
+        and formulation.exact_perturbations
+        and num_constraints
+        and dt is not None
+        and is_concrete(formulation, dt)
+    ):
         return None
     if isinstance(solver, diffrax.Euler):
         a_lower, b = (), np.ones(1)
@@ -424,8 +501,9 @@ def fixed_step_radius(formulation, num_constraints: int, solver, dt,
     else:
         return None
     with jax.ensure_compile_time_eval():
-        h = np.asarray(formulation.perturbation_matrix(num_constraints, num_nonholonomic),
-                       np.float64)
+        h = np.asarray(
+            formulation.perturbation_matrix(num_constraints, num_nonholonomic), np.float64
+        )
     tau, eye = float(dt), np.eye(h.shape[0])
     stages = [h]
     for row in a_lower:
@@ -449,7 +527,9 @@ def warn_unstable_step(formulation, counts: tuple[int, int], solver, dt0) -> Non
             "(Mukharlyamov (2019) §4), so the residual grows by that factor per step. Reduce `dt0` "
             "(or the gains) until `jaxdae.spectral_radius(jaxdae.transition_matrix("
             "jaxdae.perturbation_matrix(formulation, m), solver, dt0))` < 1.",
-            UserWarning, stacklevel=6)
+            UserWarning,
+            stacklevel=6,
+        )
 
 
 def check_times(t0, t1, ts):
@@ -485,8 +565,7 @@ def _span_problem(t0, t1):
 
 
 def _ts_problem(t0, t1, ts):
-    return (jnp.any(jnp.diff(ts) < 0) | (ts[0] < t0) | (ts[-1] > t1)
-            | ~jnp.all(jnp.isfinite(ts)))
+    return jnp.any(jnp.diff(ts) < 0) | (ts[0] < t0) | (ts[-1] > t1) | ~jnp.all(jnp.isfinite(ts))
 
 
 def _step_problem(dt0):
@@ -498,15 +577,22 @@ def traced_input_checks(times, dt0, controller) -> tuple[tuple[Array, str], ...]
     controller's tolerances, the flag true where the message applies (`check_traced`
     reports them; [`solvable_inputs`][] keeps them from diffrax's own checks)."""
     t0, t1, ts = times.t0, times.t1, times.ts
-    checks = [(_span_problem(t0, t1),
-               "`t0` and `t1` must be finite, with `t1` greater than `t0`."),
-              (False if ts is None else _ts_problem(t0, t1, ts),
-               "`ts` must be finite, sorted and lie in [t0, t1].")]
+    checks = [
+        (_span_problem(t0, t1), "`t0` and `t1` must be finite, with `t1` greater than `t0`."),
+        (
+            False if ts is None else _ts_problem(t0, t1, ts),
+            "`ts` must be finite, sorted and lie in [t0, t1].",
+        ),
+    ]
     if dt0 is not None:
         checks.append((_step_problem(dt0), "`dt0` must be a positive finite step."))
     if isinstance(controller, diffrax.PIDController):
-        checks.append((tolerance_problem(controller.rtol, controller.atol),
-                       f"`rtol` and `atol` must be {TOLERANCE_RULE}."))
+        checks.append(
+            (
+                tolerance_problem(controller.rtol, controller.atol),
+                f"`rtol` and `atol` must be {TOLERANCE_RULE}.",
+            )
+        )
     return tuple(checks)
 
 
@@ -528,10 +614,16 @@ def solvable_inputs(times, dt0, controller):
     if dt0 is not None and not is_concrete(dt0, t0, t1):
         dt0 = jnp.where(_step_problem(dt0), (t1 - t0) / 100, dt0).astype(dt0.dtype)
     if isinstance(controller, diffrax.PIDController) and not is_concrete(
-            controller.rtol, controller.atol):
+        controller.rtol, controller.atol
+    ):
         bad = tolerance_problem(controller.rtol, controller.atol)
         controller = eqx.tree_at(
-            lambda c: (c.rtol, c.atol), controller,
-            (jnp.where(bad, 1e-3, controller.rtol), jnp.where(bad, 1e-6, controller.atol)))
-    return eqx.tree_at(lambda x: (x.t0, x.t1, x.ts), times, (t0, t1, ts),
-                       is_leaf=lambda x: x is None), dt0, controller
+            lambda c: (c.rtol, c.atol),
+            controller,
+            (jnp.where(bad, 1e-3, controller.rtol), jnp.where(bad, 1e-6, controller.atol)),
+        )
+    return (
+        eqx.tree_at(lambda x: (x.t0, x.t1, x.ts), times, (t0, t1, ts), is_leaf=lambda x: x is None),
+        dt0,
+        controller,
+    )

@@ -38,8 +38,9 @@ def state_rates(system, formulation, t, q, s, mass_factor=None):
 def failure_indicator(system, formulation, t, q, v, reference, mass_factor=None):
     """The formulation's `failure` at the state `(q, v)` (`mass_factor` as for
     `state_rates`)."""
-    return formulation.failure(with_mass_factor(system_terms(system, t, q, v), mass_factor),
-                               reference)
+    return formulation.failure(
+        with_mass_factor(system_terms(system, t, q, v), mass_factor), reference
+    )
 
 
 @eqx.filter_jit
@@ -63,8 +64,12 @@ def formulation_velocities(system, formulation, t, q, v):
 def rates_vjp(system, formulation, mass_factor, t, q, s, cotangent):
     """The vector–Jacobian product of `jitted_rates` with respect to the system, the formulation,
     the constant mass matrix's factor (or None) and the state."""
-    _, pull = eqx.filter_vjp(lambda sfm, q, s: jitted_rates(*sfm[:2], t, q, s, sfm[2]),
-                             (system, formulation, mass_factor), q, s)
+    _, pull = eqx.filter_vjp(
+        lambda sfm, q, s: jitted_rates(*sfm[:2], t, q, s, sfm[2]),
+        (system, formulation, mass_factor),
+        q,
+        s,
+    )
     return pull(cotangent)
 
 

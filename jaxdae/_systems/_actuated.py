@@ -81,6 +81,7 @@ def lie_derivatives(system: ActuatedSystem, order: int, t, x):
     `k = order − 1`, eq. [2.9]). One `jax.linearize` of the nested `jax.jvp`s gives every
     order at once.
     """
+
     def series(k):
         if k == 0:
             return lambda t_, x_: (constraint_groups(system, t_, x_),)

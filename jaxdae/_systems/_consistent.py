@@ -30,8 +30,12 @@ def _project(system, t0, q0, v0, rtol, atol, max_steps):
     lam0 = jnp.zeros_like(system.constraints(t0, q0))
     solver = optx.Newton(rtol=rtol, atol=atol, linear_solver=lx.AutoLinearSolver(well_posed=False))
     sol = optx.root_find(
-        _position_residual, solver, (q0, lam0), args=(system, t0, q0, mass0),
-        max_steps=max_steps, throw=False,
+        _position_residual,
+        solver,
+        (q0, lam0),
+        args=(system, t0, q0, mass0),
+        max_steps=max_steps,
+        throw=False,
     )
     q, _ = sol.value
     # Velocities: the mass-metric projection onto {G v = −(Φ_t, a)}, a linear problem.
@@ -128,23 +132,33 @@ def consistent_initial_state(
         velocity_tol = tol
     # Arrays, not Python floats: a float would be a static argument of `_project`, one
     # compilation per guess.
-    tol, velocity_tol = (jax.lax.stop_gradient(jnp.asarray(x, q0.dtype))
-                         for x in (tol, velocity_tol))
+    tol, velocity_tol = (
+        jax.lax.stop_gradient(jnp.asarray(x, q0.dtype)) for x in (tol, velocity_tol)
+    )
     q, v, phi, dphi, psi, result = _project(system, t0, q0, v0, 0.1 * tol, 0.1 * tol, max_steps)
     residual = jnp.max(jnp.stack([jnp.max(jnp.abs(x), initial=0.0) for x in (phi, dphi, psi)]))
     velocity_residual = jnp.max(jnp.abs(jnp.concatenate([dphi, psi])), initial=0.0)
-    failed = ~((jnp.max(jnp.abs(phi), initial=0.0) <= tol)
-               & (velocity_residual <= velocity_tol))  # also NaN
+    failed = ~(
+        (jnp.max(jnp.abs(phi), initial=0.0) <= tol) & (velocity_residual <= velocity_tol)
+    )  # also NaN
     if not throw:
         q, v = (jnp.where(failed, jnp.nan, x) for x in (q, v))
         return q, v, ~failed
     if not is_concrete(failed):
-        return eqx.error_if((q, v), failed, _NOT_FOUND.format(
-            where="`q0`", detail="max(|Φ|, |Φ̇|, |Ψ|) > tol after the Newton projection"))
+        return eqx.error_if(
+            (q, v),
+            failed,
+            _NOT_FOUND.format(
+                where="`q0`", detail="max(|Φ|, |Φ̇|, |Ψ|) > tol after the Newton projection"
+            ),
+        )
     if failed:
-        raise ValueError(_NOT_FOUND.format(
-            where=f"q0 = {np.asarray(q0)}",
-            detail=f"after Newton projection max(|Φ|, |Φ̇|, |Ψ|) = {float(residual):.3g} > "
-                   f"tol = {float(tol):.3g} (velocities: {float(velocity_tol):.3g}; "
-                   f"{optx.RESULTS[result]!s})"))
+        raise ValueError(
+            _NOT_FOUND.format(
+                where=f"q0 = {np.asarray(q0)}",
+                detail=f"after Newton projection max(|Φ|, |Φ̇|, |Ψ|) = {float(residual):.3g} > "
+                f"tol = {float(tol):.3g} (velocities: {float(velocity_tol):.3g}; "
+                f"{optx.RESULTS[result]!s})",
+            )
+        )
     return q, v

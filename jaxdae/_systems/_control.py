@@ -149,14 +149,18 @@ def is_controlled(system) -> bool:
     `DeprecationWarning`: that convention ends in the next release."""
     if isinstance(system, AbstractControlledSystem):
         return True
-    if not (dataclasses.is_dataclass(system) and any(
-            field.name == "controller" for field in dataclasses.fields(system))):
+    if not (
+        dataclasses.is_dataclass(system)
+        and any(field.name == "controller" for field in dataclasses.fields(system))
+    ):
         return False
     warnings.warn(
         f"{type(system).__name__} is a controlled system by its field `controller` alone, "
         "which is deprecated and stops working in the next release: subclass "
-        "`jaxdae.AbstractControlledSystem` as well.", DeprecationWarning,
-        stacklevel=_user_level())
+        "`jaxdae.AbstractControlledSystem` as well.",
+        DeprecationWarning,
+        stacklevel=_user_level(),
+    )
     return True
 
 
@@ -183,8 +187,7 @@ def with_controller(system, controller: AbstractController):
             "`jaxdae.AbstractControlledSystem`, declares `controller: "
             "jaxdae.AbstractController` and reads `u = self.controller(t, q, v)`."
         )
-    check_instance("controller", controller, AbstractController,
-                   "a `jaxdae.AbstractController`")
+    check_instance("controller", controller, AbstractController, "a `jaxdae.AbstractController`")
     return eqx.tree_at(lambda s: s.controller, system, controller)
 
 

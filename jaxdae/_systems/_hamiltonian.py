@@ -108,8 +108,14 @@ class HamiltonianSystem(AbstractSystem):
         psi, jac_psi, psi_rate = nonholonomic_terms(self.velocity_constraints, t, q, v)
         jacobian = jnp.concatenate([jac_phi, jac_psi], axis=0)
         bias = jnp.concatenate([gamma, -psi_rate])
-        return derived_terms(self, (mass, forces, phi, dphi, psi, jacobian, bias), hamiltonian,
-                             p, q.dtype, HamiltonianSystem)
+        return derived_terms(
+            self,
+            (mass, forces, phi, dphi, psi, jacobian, bias),
+            hamiltonian,
+            p,
+            q.dtype,
+            HamiltonianSystem,
+        )
 
     def state_rate(self, t, q, p, terms, acceleration):
         """`ṗ = M (q̈ − w)`, which equals `Q − ∇_q H − Gᵀλ` (Shemelova (2016), eq. [5])."""
@@ -142,8 +148,12 @@ class HamiltonianForm(HamiltonianSystem, AbstractOneSidedWrapper):
     lagrangian: LagrangianSystem
 
     def __check_init__(self):
-        check_instance("lagrangian", self.lagrangian, LagrangianSystem,
-                       "a `jaxdae.LagrangianSystem` (`HamiltonianForm` transforms one)")
+        check_instance(
+            "lagrangian",
+            self.lagrangian,
+            LagrangianSystem,
+            "a `jaxdae.LagrangianSystem` (`HamiltonianForm` transforms one)",
+        )
 
     def velocity_from_momenta(self, t, q, p):
         """`v` with `∂T/∂v (t, q, v) = p`."""

@@ -121,8 +121,9 @@ def _defines(cls: type, name: str, base: type | None) -> bool:
 
 
 def _avals(tree):
-    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
-                                  tree)
+    return jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), tree
+    )
 
 
 def _analyse(system, t, q, v) -> TermsStructure:
@@ -141,8 +142,11 @@ def _analyse(system, t, q, v) -> TermsStructure:
         return jax.hessian(s.kinetic_energy, argnums=2)(t_, q_, v_)
 
     def mass_rate(p, t_, q_, v_):
-        return jax.jvp(lambda a, b, c: mass(p, a, b, c), (t_, q_, v_),
-                       (jnp.ones_like(t_), jnp.ones_like(q_), jnp.ones_like(v_)))[1]
+        return jax.jvp(
+            lambda a, b, c: mass(p, a, b, c),
+            (t_, q_, v_),
+            (jnp.ones_like(t_), jnp.ones_like(q_), jnp.ones_like(v_)),
+        )[1]
 
     def jacobians(p, t_, q_, v_):
         s = model(p)
@@ -175,9 +179,14 @@ def with_mass_factor(terms, factor: MassFactor | None):
     operator = terms.mass_operator
     if operator is None:
         operator = lx.MatrixLinearOperator(
-            terms.mass_matrix, (lx.positive_semidefinite_tag, state_independent_tag))
-    return eqx.tree_at(lambda x: x.mass_operator, terms, FactoredOperator(operator, factor),
-                       is_leaf=lambda x: x is None)
+            terms.mass_matrix, (lx.positive_semidefinite_tag, state_independent_tag)
+        )
+    return eqx.tree_at(
+        lambda x: x.mass_operator,
+        terms,
+        FactoredOperator(operator, factor),
+        is_leaf=lambda x: x is None,
+    )
 
 
 @functools.lru_cache(maxsize=64)

@@ -159,7 +159,11 @@ class AbstractSystem(eqx.Module):
         return self.terms(t, q, s).mass_matrix @ self.velocities(t, q, s)
 
     def state_rate(
-        self, t: Scalar, q: Coordinates, s: Velocities, terms: ConstrainedTerms,
+        self,
+        t: Scalar,
+        q: Coordinates,
+        s: Velocities,
+        terms: ConstrainedTerms,
         acceleration: Float[Array, " n"],
     ) -> Velocities:
         """`ṡ` given `q̈` from a formulation (`terms` as returned by `terms(t, q, s)`).
@@ -279,8 +283,10 @@ class LagrangianSystem(AbstractSystem):
     terms_from_constraints: ClassVar[bool] = True
 
     def __check_init__(self):
-        if not (model_defines(self, "kinetic_energy", LagrangianSystem)
-                or model_defines(self, "mass_matrix", LagrangianSystem)):
+        if not (
+            model_defines(self, "kinetic_energy", LagrangianSystem)
+            or model_defines(self, "mass_matrix", LagrangianSystem)
+        ):
             cls = type(self)
             raise TypeError(
                 f"{cls.__name__} must override `kinetic_energy(self, t, q, v)` or "
@@ -304,7 +310,6 @@ class LagrangianSystem(AbstractSystem):
     def generalized_forces(self, t: Scalar, q: Coordinates, v: Velocities) -> Float[Array, " n"]:
         """Non-conservative applied generalized forces. Default: 0."""
         return jnp.zeros_like(q)
-
 
     # -- derived by autodiff -----------------------------------------------------------
 
@@ -331,14 +336,15 @@ class LagrangianSystem(AbstractSystem):
             energies = self.kinetic_energy(t_, q_, v_), self.potential_energy(t_, q_)
             for name, energy in zip(("kinetic_energy", "potential_energy"), energies, strict=False):
                 if jnp.shape(energy) != ():  # checked here: no trace of its own
-                    raise ValueError(f"`{name}` must return a scalar (shape ()); got shape "
-                                     f"{jnp.shape(energy)}. Return e.g. `expr[0]` or "
-                                     "`jnp.sum(expr)`.")
+                    raise ValueError(
+                        f"`{name}` must return a scalar (shape ()); got shape "
+                        f"{jnp.shape(energy)}. Return e.g. `expr[0]` or "
+                        "`jnp.sum(expr)`."
+                    )
             return energies[0] - energies[1], energies[0] + energies[1]
 
         def local(t_, q_, v_):
-            (lag_q, lag_v), energy = jax.grad(lagrangian, argnums=(1, 2), has_aux=True)(
-                t_, q_, v_)
+            (lag_q, lag_v), energy = jax.grad(lagrangian, argnums=(1, 2), has_aux=True)(t_, q_, v_)
             phi, dphi = jax.jvp(self.constraints, (t_, q_), (jnp.ones_like(t_), v_))
             psi = self.velocity_constraints(t_, q_, v_)
             return lag_q, lag_v, phi, dphi, psi, energy
@@ -351,9 +357,9 @@ class LagrangianSystem(AbstractSystem):
         tangent_t = jnp.concatenate([jnp.zeros((2 * n,), ttype), jnp.ones((1,), ttype)])
         tangent_q = jnp.concatenate([zeros, eye, v[None]])
         tangent_v = jnp.concatenate([eye, zeros, jnp.zeros((1, n), dtype)])
-        (lag_q, lag_v, phi, dphi, psi, energy), (_, d_lag_v, d_phi, d_dphi, d_psi, _) = (
-            jax.vmap(lambda *tangents: jax.jvp(local, (t, q, v), tangents),
-                     out_axes=(None, 0))(tangent_t, tangent_q, tangent_v))
+        (lag_q, lag_v, phi, dphi, psi, energy), (_, d_lag_v, d_phi, d_dphi, d_psi, _) = jax.vmap(
+            lambda *tangents: jax.jvp(local, (t, q, v), tangents), out_axes=(None, 0)
+        )(tangent_t, tangent_q, tangent_v)
         _require_vector("constraints", phi, "m")
         _require_vector("velocity_constraints", psi, "k")
         momentum_rate, second, psi_rate = d_lag_v[2 * n], d_dphi[2 * n], d_psi[2 * n]
@@ -362,11 +368,18 @@ class LagrangianSystem(AbstractSystem):
         # Lagrange: d/dt ∂T/∂v = M q̈ + (∂²T/∂v∂q) v + ∂²T/∂v∂t.
         forces = applied_forces(self, t, q, v) + lag_q - momentum_rate
         jacobian = jnp.concatenate(
-            [d_phi.T.reshape(phi.shape[0], n), d_psi.T.reshape(psi.shape[0], n)], axis=0)
+            [d_phi.T.reshape(phi.shape[0], n), d_psi.T.reshape(psi.shape[0], n)], axis=0
+        )
         bias = jnp.concatenate([-second, -psi_rate])
         # `p = ∂T/∂v = L_v`
-        return derived_terms(self, (mass, forces, phi, dphi, psi, jacobian, bias), energy, lag_v,
-                             dtype, LagrangianSystem)
+        return derived_terms(
+            self,
+            (mass, forces, phi, dphi, psi, jacobian, bias),
+            energy,
+            lag_v,
+            dtype,
+            LagrangianSystem,
+        )
 
     def _structured_terms(self, structure, local, t, q, v, mass_given):
         # As above, with compressed tangents: one per colour of `[M; Ψ_v]`'s columns
@@ -379,9 +392,9 @@ class LagrangianSystem(AbstractSystem):
         tangent_t = jnp.concatenate([jnp.zeros((kv + kq,), ttype), jnp.ones((1,), ttype)])
         tangent_q = jnp.concatenate([jnp.zeros((kv, n), dtype), seeds_q, v[None]])
         tangent_v = jnp.concatenate([seeds_v, jnp.zeros((kq + 1, n), dtype)])
-        (lag_q, lag_v, phi, dphi, psi, energy), (_, d_lag_v, d_phi, d_dphi, d_psi, _) = (
-            jax.vmap(lambda *tangents: jax.jvp(local, (t, q, v), tangents),
-                     out_axes=(None, 0))(tangent_t, tangent_q, tangent_v))
+        (lag_q, lag_v, phi, dphi, psi, energy), (_, d_lag_v, d_phi, d_dphi, d_psi, _) = jax.vmap(
+            lambda *tangents: jax.jvp(local, (t, q, v), tangents), out_axes=(None, 0)
+        )(tangent_t, tangent_q, tangent_v)
         _require_vector("constraints", phi, "m")
         _require_vector("velocity_constraints", psi, "k")
         m = phi.shape[0]
@@ -392,8 +405,9 @@ class LagrangianSystem(AbstractSystem):
             mass = SparseMatrix.from_dense(self.mass_matrix(t, q), structure.mass)
         else:
             p = structure.mass
-            mass = SparseMatrix(take(d_lag_v.reshape(-1), colours_v[p.cols] * n + p.rows),
-                                p).symmetrized()
+            mass = SparseMatrix(
+                take(d_lag_v.reshape(-1), colours_v[p.cols] * n + p.rows), p
+            ).symmetrized()
         mass_tags = {lx.symmetric_tag, lx.positive_semidefinite_tag}
         if structure.mass_is_constant:
             mass = SparseMatrix(jax.lax.optimization_barrier(mass.values), mass.pattern)
@@ -401,17 +415,27 @@ class LagrangianSystem(AbstractSystem):
         g = structure.jacobian
         holonomic = g.rows < m
         k = psi.shape[0]
-        values = jnp.concatenate([
-            take(d_phi.reshape(-1), (kv + colours_q[g.cols[holonomic]]) * m + g.rows[holonomic]),
-            take(d_psi.reshape(-1), colours_v[g.cols[~holonomic]] * k + g.rows[~holonomic] - m),
-        ]).astype(dtype)
+        values = jnp.concatenate(
+            [
+                take(
+                    d_phi.reshape(-1), (kv + colours_q[g.cols[holonomic]]) * m + g.rows[holonomic]
+                ),
+                take(d_psi.reshape(-1), colours_v[g.cols[~holonomic]] * k + g.rows[~holonomic] - m),
+            ]
+        ).astype(dtype)
         jacobian = SparseMatrix(values, g)
         forces = applied_forces(self, t, q, v) + lag_q - momentum_rate
         bias = jnp.concatenate([-second, -psi_rate])
         return derived_terms(
-            self, (mass.dense(), forces, phi, dphi, psi, jacobian.dense(), bias), energy, lag_v,
-            dtype, LagrangianSystem, mass_operator=SparseOperator(mass, mass_tags),
-            jacobian_operator=SparseOperator(jacobian))
+            self,
+            (mass.dense(), forces, phi, dphi, psi, jacobian.dense(), bias),
+            energy,
+            lag_v,
+            dtype,
+            LagrangianSystem,
+            mass_operator=SparseOperator(mass, mass_tags),
+            jacobian_operator=SparseOperator(jacobian),
+        )
 
 
 def applied_forces(system, t, q, s) -> Float[Array, " n"]:
@@ -423,8 +447,13 @@ def applied_forces(system, t, q, s) -> Float[Array, " n"]:
 
 
 @functools.singledispatch
-def inertia_minus_forces(system: AbstractSystem, t: Scalar, q: Coordinates, v: Velocities,
-                         acceleration: Float[Array, " n"]) -> Float[Array, " n"] | None:
+def inertia_minus_forces(
+    system: AbstractSystem,
+    t: Scalar,
+    q: Coordinates,
+    v: Velocities,
+    acceleration: Float[Array, " n"],
+) -> Float[Array, " n"] | None:
     """`M(t, q) q̈ − Q(t, q, v)` at `q̈ = acceleration`, computed as products of the model's
     functions without forming `M`, or None where only the system's `terms` give it (the
     default).
@@ -466,14 +495,14 @@ def _lagrange_expression(system, t, q, v, acceleration):
 
         return jax.grad(lagrangian, argnums=(0, 1))(q_, v_)
 
-    (lag_q, _), (_, momentum_rate) = jax.jvp(gradients, (t, q, v),
-                                             (jnp.ones_like(t), v, acceleration))
+    (lag_q, _), (_, momentum_rate) = jax.jvp(
+        gradients, (t, q, v), (jnp.ones_like(t), v, acceleration)
+    )
     return momentum_rate - lag_q - applied_forces(system, t, q, v)
 
 
 @functools.singledispatch
-def terms_in_array_form(system: AbstractSystem, t: Scalar, q: Coordinates,
-                        v: Velocities) -> bool:
+def terms_in_array_form(system: AbstractSystem, t: Scalar, q: Coordinates, v: Velocities) -> bool:
     """Whether the system's `terms` at the shapes of `(t, q, v)` trace its model's
     functions in array form (inside `array_form_scope`) rather than as a scalar graph;
     default False.
@@ -507,24 +536,29 @@ def _structured(system, t, q, v):
     return terms_structure(system, t, q, v) is not None
 
 
-def derived_terms(system, matrices: tuple, energy, momenta, dtype, base: type,
-                  **operators) -> ConstrainedTerms:
+def derived_terms(
+    system, matrices: tuple, energy, momenta, dtype, base: type, **operators
+) -> ConstrainedTerms:
     """The `ConstrainedTerms` a system derived, cast to `dtype`: `matrices` are `(M, Q, Φ,
     Φ̇, Ψ, G, bias)`, `operators` the structure found. `energy` and `momenta` come along
     where the derivation computed them anyway, unless the model (a subclass of `base`)
     writes its own (they are then left to its methods)."""
-    return cast_floating(ConstrainedTerms(
-        *matrices,
-        energy=None if model_defines(system, "energy", base) else energy,
-        momenta=None if model_defines(system, "momenta", base) else momenta,
-        **operators,
-    ), dtype)
+    return cast_floating(
+        ConstrainedTerms(
+            *matrices,
+            energy=None if model_defines(system, "energy", base) else energy,
+            momenta=None if model_defines(system, "momenta", base) else momenta,
+            **operators,
+        ),
+        dtype,
+    )
 
 
 def cast_floating(tree, dtype):
     """`tree` with its floating arrays cast to `dtype`: the state's dtype sets the precision,
     also against a model's float64 constants (e.g. `jnp.eye(n)` with float64 enabled) in a
     float32 simulation."""
+
     def cast(x):
         return x.astype(dtype) if eqx.is_inexact_array(x) and x.dtype != dtype else x
 
@@ -547,9 +581,7 @@ def holonomic_terms(constraints, t, q, v):
 def nonholonomic_terms(velocity_constraints, t, q, v):
     """`Ψ`, `A = Ψ_v` and `Ψ_t + Ψ_q v`, so that `Ψ̇ = A q̈ + Ψ_t + Ψ_q v` for affine `Ψ`."""
     one = jnp.ones_like(t)
-    psi, psi_rate = jax.jvp(
-        lambda t_, q_: velocity_constraints(t_, q_, v), (t, q), (one, v)
-    )
+    psi, psi_rate = jax.jvp(lambda t_, q_: velocity_constraints(t_, q_, v), (t, q), (one, v))
     _require_vector("velocity_constraints", psi, "k")
     jac = jax.jacfwd(velocity_constraints, argnums=2)(t, q, v)
     return psi, jac.reshape(psi.shape[0], q.shape[0]), psi_rate
@@ -562,14 +594,13 @@ def _require_vector(method: str, value, size: str) -> None:
 _OUTPUT_FIXES = {
     0: "Return one scalar, e.g. `expr[0]` or `jnp.sum(expr)`.",
     1: "Return a 1-D JAX array: stack the entries with `jnp.stack([...])` or "
-       "`jnp.array([...])`, and wrap a single one as `jnp.array([expr])` or "
-       "`jnp.atleast_1d(expr)`.",
+    "`jnp.array([...])`, and wrap a single one as `jnp.array([expr])` or "
+    "`jnp.atleast_1d(expr)`.",
     2: "Return a 2-D JAX array, e.g. `jnp.array([[...], ...])`.",
 }
 
 
-def require_output(method: str, value, shape: tuple[int | str, ...], owner: str = ""
-                   ) -> None:
+def require_output(method: str, value, shape: tuple[int | str, ...], owner: str = "") -> None:
     """`ValueError` naming the model method `method` (of the class `owner`) unless it
     returned an array of `shape` (a `str` entry, e.g. "m", is a size of any value). A
     Python number passes for a scalar (a constant energy); a list or tuple does not: jaxdae
@@ -587,9 +618,12 @@ def require_output(method: str, value, shape: tuple[int | str, ...], owner: str 
         raise ValueError(f"`{method}` must return {what}; got {got}{source}. {fix}")
     got = tuple(value.shape)
     if len(got) != len(shape) or any(
-            isinstance(s, int) and s != g for s, g in zip(shape, got, strict=True)):
+        isinstance(s, int) and s != g for s, g in zip(shape, got, strict=True)
+    ):
         if method == "generalized_forces" and got == ():
-            fix = ("It must hold one force per coordinate (a scalar is not broadcast); "
-                   "return e.g. `jnp.zeros_like(q).at[i].set(f)` for a force on coordinate "
-                   "`i` alone.")
+            fix = (
+                "It must hold one force per coordinate (a scalar is not broadcast); "
+                "return e.g. `jnp.zeros_like(q).at[i].set(f)` for a force on coordinate "
+                "`i` alone."
+            )
         raise ValueError(f"`{method}` must return {what}; got shape {got}{source}. {fix}")

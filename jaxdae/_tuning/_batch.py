@@ -115,8 +115,10 @@ def _chunked_map(fn, args, size: int, chunk_size: int):
         return [x for x in leaves if x.size]
 
     kept = iter(jax.lax.map(nonempty_outputs, args, batch_size=chunk_size))
-    leaves = [next(kept) if math.prod(x.shape) else jnp.zeros((size,) + x.shape, x.dtype)
-              for x in outputs["leaves"]]
+    leaves = [
+        next(kept) if math.prod(x.shape) else jnp.zeros((size,) + x.shape, x.dtype)
+        for x in outputs["leaves"]
+    ]
     return jax.tree.unflatten(outputs["tree"], leaves)
 
 
@@ -161,8 +163,10 @@ def _batch_map(fn, args, chunk_size, mesh, ensemble=False):
         def split(x):
             x = place(x, spec)
             x = x.reshape((devices, steps, local) + x.shape[1:]).swapaxes(0, 1)
-            return place(x.reshape((steps, per_step) + x.shape[3:]),
-                         None if mesh is None else PartitionSpec(None, spec[0]))
+            return place(
+                x.reshape((steps, per_step) + x.shape[3:]),
+                None if mesh is None else PartitionSpec(None, spec[0]),
+            )
 
         def merge(x):
             x = x.reshape((steps, devices, local) + x.shape[2:]).swapaxes(0, 1)
@@ -265,8 +269,13 @@ def batch_map(
     """
     if chunk_size is not None and (int(chunk_size) != chunk_size or chunk_size < 1):
         raise ValueError(f"`chunk_size` must be a positive integer or None; got {chunk_size}.")
-    check_instance("mesh", mesh, Mesh, "a `jax.sharding.Mesh`, e.g. "
-                   "`jax.make_mesh((jax.device_count(),), ('batch',))`", optional=True)
+    check_instance(
+        "mesh",
+        mesh,
+        Mesh,
+        "a `jax.sharding.Mesh`, e.g. `jax.make_mesh((jax.device_count(),), ('batch',))`",
+        optional=True,
+    )
     size = batch_size_of(args)
     args = jax.tree.map(_explicit_to_auto, args)
     chunk_size = None if chunk_size is None else int(chunk_size)
@@ -275,11 +284,13 @@ def batch_map(
             return _batch_map(fn, args, chunk_size, mesh, bool(ensemble))
         except RuntimeError as error:  # raised while running, by the values of some row
             per_step, padded = chunk_layout(size, chunk_size, 1 if mesh is None else mesh.size)
-            _name_failed_row(error, fn, args, per_step, mesh, bool(ensemble),
-                             range(padded // per_step))
+            _name_failed_row(
+                error, fn, args, per_step, mesh, bool(ensemble), range(padded // per_step)
+            )
             raise
-    return _checkpointed_batch_map(fn, args, chunk_size, mesh, Path(checkpoint), progress,
-                                   bool(ensemble))
+    return _checkpointed_batch_map(
+        fn, args, chunk_size, mesh, Path(checkpoint), progress, bool(ensemble)
+    )
 
 
 def _raised_by_a_check(error: BaseException) -> bool:
@@ -290,8 +301,9 @@ def _raised_by_a_check(error: BaseException) -> bool:
     return isinstance(error, eqx.EquinoxRuntimeError) or "EquinoxRuntimeError" in str(error)
 
 
-def _name_failed_row(error: BaseException, fn, args, per_step: int, mesh, ensemble: bool,
-                     chunks) -> None:
+def _name_failed_row(
+    error: BaseException, fn, args, per_step: int, mesh, ensemble: bool, chunks
+) -> None:
     """Adds to `error`, raised by a sweep of more than one chunk, a note naming the row of
     the batch that raises (the first one, among `chunks`); a traced solve's line on standard
     error names the element within its chunk. The chunks are run again, one after the
@@ -304,8 +316,9 @@ def _name_failed_row(error: BaseException, fn, args, per_step: int, mesh, ensemb
     def raises(rows) -> bool:
         rows = np.resize(rows, per_step)
         try:
-            jax.block_until_ready(_batch_map(fn, jax.tree.map(lambda x: x[rows], args), None,
-                                             mesh, ensemble))
+            jax.block_until_ready(
+                _batch_map(fn, jax.tree.map(lambda x: x[rows], args), None, mesh, ensemble)
+            )
         except RuntimeError as again:
             return _raised_by_a_check(again)
         return False
@@ -322,15 +335,18 @@ def _name_failed_row(error: BaseException, fn, args, per_step: int, mesh, ensemb
         known = raises(rows[:half])
         rows = rows[:half] if known else rows[half:]
     if rows is None or not (known or raises(rows)):
-        error.add_note("(jaxdae.batch_map: run again chunk by chunk and row by row, no row "
-                       "raised on its own, so the row that failed is not known.)")
+        error.add_note(
+            "(jaxdae.batch_map: run again chunk by chunk and row by row, no row "
+            "raised on its own, so the row that failed is not known.)"
+        )
         return
     k = int(rows[0]) // per_step  # the chunk that raised: halving stays within it
     error.add_note(
         f"(jaxdae.batch_map: row {int(rows[0])} of the batch raises, in chunk {k} (rows "
         f"{k * per_step} to {min((k + 1) * per_step, size) - 1}); a batch element named "
         "on standard error counts from the start of its chunk. Simulate with "
-        "`throw=False` to have each row's failure in its own `result`.)")
+        "`throw=False` to have each row's failure in its own `result`.)"
+    )
 
 
 _SWEEP_FILE = "sweep.json"
@@ -341,12 +357,11 @@ _FINGERPRINT, _INDEX, _DIGEST = "sweep_fingerprint", "chunk_index", "chunk_diges
 # What each part of a sweep's identity covers (for the message when one differs).
 _PARTS = {
     "function": "another function (another name or code, or other values that it closes "
-                "over or binds with `eqx.Partial`)",
+    "over or binds with `eqx.Partial`)",
     "arguments": "other arguments",
     "layout": "another batch size, chunk size, mesh or output shapes",
 }
-_FIX = ("Use another `checkpoint` directory, or empty this one (its chunks are then "
-        "computed again).")
+_FIX = "Use another `checkpoint` directory, or empty this one (its chunks are then computed again)."
 
 
 def _sweep_identity(fn, args, chunk_args, mesh, ensemble, size, per_step):
@@ -357,16 +372,17 @@ def _sweep_identity(fn, args, chunk_args, mesh, ensemble, size, per_step):
     `program_fingerprint`) and the values of its own array leaves (an `eqx.Partial`'s
     arguments), so a changed closure or bound argument is another sweep."""
     program, out_dynamic, out_static = eqx.filter_make_jaxpr(_batch_map)(
-        fn, chunk_args, None, mesh, ensemble)
+        fn, chunk_args, None, mesh, ensemble
+    )
     out_shape = eqx.combine(out_dynamic, out_static)
     shapes = [(x.shape, x.dtype) for x in jax.tree.leaves(out_shape)]
     name = getattr(getattr(fn, "func", fn), "__qualname__", type(fn).__qualname__)
     parts = {
-        "function": fingerprint(eqx.filter(fn, eqx.is_array), name,
-                                program_fingerprint(program)),
+        "function": fingerprint(eqx.filter(fn, eqx.is_array), name, program_fingerprint(program)),
         "arguments": fingerprint(args),
-        "layout": fingerprint(None, size, per_step, shapes, ensemble,
-                              None if mesh is None else mesh.shape),
+        "layout": fingerprint(
+            None, size, per_step, shapes, ensemble, None if mesh is None else mesh.shape
+        ),
     }
     return parts, fingerprint(None, *sorted(parts.items())), out_shape
 
@@ -384,8 +400,9 @@ def _read_chunk(path: Path, identity: str, index: int, shapes) -> tuple[str, Any
     another sweep)."""
     try:
         with np.load(path, allow_pickle=False) as data:
-            names = sorted((f for f in data.files if f.startswith("arr_")),
-                           key=lambda f: int(f[4:]))
+            names = sorted(
+                (f for f in data.files if f.startswith("arr_")), key=lambda f: int(f[4:])
+            )
             owner = str(data[_FINGERPRINT]) if _FINGERPRINT in data.files else None
             if _DIGEST not in data.files or _INDEX not in data.files:
                 if owner is not None and owner != identity:
@@ -403,8 +420,9 @@ def _read_chunk(path: Path, identity: str, index: int, shapes) -> tuple[str, Any
         return "damaged", f"{len(arrays)} arrays, expected {len(shapes)}"
     for array, (shape, dtype) in zip(arrays, shapes, strict=True):
         if array.shape != shape or array.dtype != dtype:
-            return "damaged", (f"an array of shape {array.shape} {array.dtype}, expected "
-                               f"{shape} {dtype}")
+            return "damaged", (
+                f"an array of shape {array.shape} {array.dtype}, expected {shape} {dtype}"
+            )
     return "ok", arrays
 
 
@@ -416,12 +434,15 @@ def _refuse_chunk(path: Path, identity: str, index: int, owner: tuple) -> None:
     if sweep == identity:
         what = f"{held} of this sweep ({short(identity)}), not chunk {index}"
     else:
-        what = (f"{held} of another sweep ({short(sweep)}), not chunk {index} of this sweep "
-                f"({short(identity)})")
+        what = (
+            f"{held} of another sweep ({short(sweep)}), not chunk {index} of this sweep "
+            f"({short(identity)})"
+        )
     raise ValueError(
         f"{path} holds {what}: a chunk file copied over another one? Resuming would return "
         "those rows in the place of others. Delete it (the chunk is then computed again), "
-        "or use another `checkpoint` directory.")
+        "or use another `checkpoint` directory."
+    )
 
 
 def _check_sweep_file(directory: Path, parts: dict, identity: str, paths, shapes, record):
@@ -437,22 +458,30 @@ def _check_sweep_file(directory: Path, parts: dict, identity: str, paths, shapes
         else:
             if old.get("fingerprint") == identity:
                 return
-            differ = [text for part, text in _PARTS.items()
-                      if old.get("parts", {}).get(part) != parts[part]]
+            differ = [
+                text
+                for part, text in _PARTS.items()
+                if old.get("parts", {}).get(part) != parts[part]
+            ]
             sizes = ""
             if (old.get("size"), old.get("chunks")) != (record["size"], record["chunks"]):
-                sizes = (f" It holds a sweep of {old.get('size')} rows in {old.get('chunks')} "
-                         f"chunks, this call has {record['size']} rows in "
-                         f"{record['chunks']} chunks: a directory holds one sweep (to get "
-                         "some of its rows, resume the whole sweep and slice its result).")
+                sizes = (
+                    f" It holds a sweep of {old.get('size')} rows in {old.get('chunks')} "
+                    f"chunks, this call has {record['size']} rows in "
+                    f"{record['chunks']} chunks: a directory holds one sweep (to get "
+                    "some of its rows, resume the whole sweep and slice its result)."
+                )
             raise ValueError(
                 f"{directory} holds the chunks of another sweep ({'; '.join(differ)}) than "
                 f"this call of `batch_map`: resuming would return that sweep's results (sweep "
                 f"{short(str(old.get('fingerprint')))} on disk, {short(identity)} "
                 f"here).{sizes} {_FIX}"
             )
-    others = [path for k, path in enumerate(paths) if path.exists()
-              and _read_chunk(path, identity, k, shapes)[0] == "other"]
+    others = [
+        path
+        for k, path in enumerate(paths)
+        if path.exists() and _read_chunk(path, identity, k, shapes)[0] == "other"
+    ]
     if others:
         raise ValueError(
             f"{directory} holds the chunks of another sweep ({others[0].name} and "
@@ -460,21 +489,26 @@ def _check_sweep_file(directory: Path, parts: dict, identity: str, paths, shapes
             f"{'damaged' if damaged else 'missing'}. {_FIX}"
         )
     if damaged is not None:
-        warnings.warn(f"{damaged.args[0].split('. ')[0]}; it was written again: the chunks "
-                      "of this sweep on disk are kept, damaged ones computed again.",
-                      stacklevel=4)
+        warnings.warn(
+            f"{damaged.args[0].split('. ')[0]}; it was written again: the chunks "
+            "of this sweep on disk are kept, damaged ones computed again.",
+            stacklevel=4,
+        )
     write_record(meta, record)
 
 
-def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progress: bool,
-                            ensemble: bool):
+def _checkpointed_batch_map(
+    fn, args, chunk_size, mesh, directory: Path, progress: bool, ensemble: bool
+):
     """`batch_map` chunk by chunk from Python, each chunk's output saved in `directory`
     (`chunk_000000.npz`, ... with the sweep's fingerprint, the chunk's index and their
     digest) and reused by a later call with the same sweep; a damaged chunk is computed
     again, another chunk (another sweep's, or another index) refused."""
     if jax.process_count() > 1:
-        raise ValueError("`checkpoint` works in a single process; in a multi-host run, "
-                         "checkpoint each process's share of the sweep yourself.")
+        raise ValueError(
+            "`checkpoint` works in a single process; in a multi-host run, "
+            "checkpoint each process's share of the sweep yourself."
+        )
     size = batch_size_of(args)
     mesh = None if mesh is None else _auto(mesh)
     per_step, padded = chunk_layout(size, chunk_size, 1 if mesh is None else mesh.size)
@@ -483,20 +517,32 @@ def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progres
     num_chunks = padded // per_step
 
     def chunk(k):
-        return jax.tree.map(lambda x: x[k * per_step:(k + 1) * per_step], args)
+        return jax.tree.map(lambda x: x[k * per_step : (k + 1) * per_step], args)
 
     # One chunk is one vmap (or one ensemble) over `per_step` rows (split over the mesh):
     # one compilation, traced once here for the sweep's identity and reused by the calls.
-    parts, identity, out_shape = _sweep_identity(fn, given, chunk(0), mesh, ensemble, size,
-                                                 per_step)
+    parts, identity, out_shape = _sweep_identity(
+        fn, given, chunk(0), mesh, ensemble, size, per_step
+    )
     leaves_shape, treedef = jax.tree.flatten(out_shape)
     shapes = [(x.shape, np.dtype(x.dtype)) for x in leaves_shape]
     directory.mkdir(parents=True, exist_ok=True)
     paths = [directory / f"chunk_{k:06d}.npz" for k in range(num_chunks)]
     name = getattr(getattr(fn, "func", fn), "__qualname__", type(fn).__qualname__)
-    _check_sweep_file(directory, parts, identity, paths, shapes,
-                      {"fingerprint": identity, "parts": parts, "function": name,
-                       "size": size, "chunks": num_chunks})
+    _check_sweep_file(
+        directory,
+        parts,
+        identity,
+        paths,
+        shapes,
+        {
+            "fingerprint": identity,
+            "parts": parts,
+            "function": name,
+            "size": size,
+            "chunks": num_chunks,
+        },
+    )
     saved: list = [None] * num_chunks
     for k, path in enumerate(paths):
         if path.exists():
@@ -504,8 +550,9 @@ def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progres
             if status == "other":
                 _refuse_chunk(path, identity, k, read)
             if status == "damaged":
-                warnings.warn(f"{path} is damaged ({read}); the chunk is computed again.",
-                              stacklevel=3)
+                warnings.warn(
+                    f"{path} is damaged ({read}); the chunk is computed again.", stacklevel=3
+                )
             else:
                 saved[k] = read
     done = sum(x is not None for x in saved)
@@ -515,15 +562,26 @@ def _checkpointed_batch_map(fn, args, chunk_size, mesh, directory: Path, progres
             if saved[k] is not None:
                 continue
             try:
-                out = [np.asarray(x) for x in
-                       jax.tree.leaves(_batch_map(fn, chunk(k), None, mesh, ensemble))]
+                out = [
+                    np.asarray(x)
+                    for x in jax.tree.leaves(_batch_map(fn, chunk(k), None, mesh, ensemble))
+                ]
             except RuntimeError as error:  # raised while running, by the values of some row
                 _name_failed_row(error, fn, given, per_step, mesh, ensemble, [k])
                 raise
             digest = _chunk_digest(out, identity, k)
-            atomic_write(path, lambda file, out=out, k=k, digest=digest: np.savez(
-                file, *out, **{_FINGERPRINT: np.array(identity), _INDEX: np.array(k),
-                               _DIGEST: np.array(digest)}))
+            atomic_write(
+                path,
+                lambda file, out=out, k=k, digest=digest: np.savez(
+                    file,
+                    *out,
+                    **{
+                        _FINGERPRINT: np.array(identity),
+                        _INDEX: np.array(k),
+                        _DIGEST: np.array(digest),
+                    },
+                ),
+            )
             saved[k] = out
             if bar is not None:
                 bar.update(1)

@@ -106,8 +106,7 @@ class ConstraintViolation(AbstractLoss):
 
     def __check_init__(self):
         check_positive("rate_weight", self.rate_weight, "weight", allow_zero=True)
-        check_positive("nonholonomic_weight", self.nonholonomic_weight, "weight",
-                       allow_zero=True)
+        check_positive("nonholonomic_weight", self.nonholonomic_weight, "weight", allow_zero=True)
 
     def __call__(self, solution):
         valid = _valid_rows(solution)

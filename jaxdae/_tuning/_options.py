@@ -16,19 +16,29 @@ import jax
 def _integer(field: str, value: Any, meaning: str, low: int, high: int | None = None) -> int:
     """`value` as a Python int in `[low, high)` (`high=None`: no upper bound); else a
     `ValueError` naming `field`, what it means and an example."""
-    integral = (not isinstance(value, bool) and isinstance(value, numbers.Real)
-                and (isinstance(value, numbers.Integral) or float(value).is_integer()))
+    integral = (
+        not isinstance(value, bool)
+        and isinstance(value, numbers.Real)
+        and (isinstance(value, numbers.Integral) or float(value).is_integer())
+    )
     if integral and low <= int(value) and (high is None or int(value) < high):
         return int(value)
-    span = (f"≥ {low}" if high is None else "in [-2**63, 2**63)" if high == 2**63
-            else f"in [{low}, {high})")
+    span = (
+        f"≥ {low}"
+        if high is None
+        else "in [-2**63, 2**63)"
+        if high == 2**63
+        else f"in [{low}, {high})"
+    )
     raise ValueError(f"`{field}` must be an integer {span} ({meaning}); got {value!r}.")
 
 
 def _optional_count(field: str, meaning: str):
     """A converter: `None`, or a positive integer (see `_integer`)."""
+
     def convert(value: Any) -> int | None:
         return None if value is None else _integer(field, value, meaning, 1)
+
     return convert
 
 
@@ -37,8 +47,9 @@ def _seed(value: Any) -> int:
 
 
 def _every(value: Any) -> int:
-    return _integer("Checkpointing.every", value,
-                    "a checkpoint every so many steps, e.g. every=10", 1)
+    return _integer(
+        "Checkpointing.every", value, "a checkpoint every so many steps, e.g. every=10", 1
+    )
 
 
 class Batching(eqx.Module):
@@ -56,11 +67,19 @@ class Batching(eqx.Module):
         [`jaxdae.simulate_ensemble`][] Solution; `loss` is still written for one scenario.
     """
 
-    batch_size: int | None = eqx.field(default=None, converter=_optional_count(
-        "Batching.batch_size", "scenarios per step; None for all of them"))
+    batch_size: int | None = eqx.field(
+        default=None,
+        converter=_optional_count(
+            "Batching.batch_size", "scenarios per step; None for all of them"
+        ),
+    )
     seed: int = eqx.field(default=0, converter=_seed)
-    chunk_size: int | None = eqx.field(default=None, converter=_optional_count(
-        "Batching.chunk_size", "scenarios simulated at once; None for all of them"))
+    chunk_size: int | None = eqx.field(
+        default=None,
+        converter=_optional_count(
+            "Batching.chunk_size", "scenarios simulated at once; None for all of them"
+        ),
+    )
     mesh: jax.sharding.Mesh | None = None
     ensemble: bool = False
 
@@ -91,12 +110,16 @@ class Checkpointing(eqx.Module):
 
     def __check_init__(self):
         if not isinstance(self.path, str | os.PathLike):
-            raise ValueError(f"`Checkpointing.path` must be a directory (a str or os.PathLike); "
-                             f"got {self.path!r}.")
+            raise ValueError(
+                f"`Checkpointing.path` must be a directory (a str or os.PathLike); "
+                f"got {self.path!r}."
+            )
         if not os.fspath(self.path):
-            raise ValueError('`Checkpointing.path` is empty: give the directory for the '
-                             'checkpoints, e.g. Checkpointing("ckpt") (Checkpointing(".") '
-                             'for the working directory).')
+            raise ValueError(
+                "`Checkpointing.path` is empty: give the directory for the "
+                'checkpoints, e.g. Checkpointing("ckpt") (Checkpointing(".") '
+                "for the working directory)."
+            )
 
 
 class Reporting(eqx.Module):
@@ -131,28 +154,39 @@ class Failures(eqx.Module):
         try:
             penalty = float(self.penalty)
         except (TypeError, ValueError):
-            raise ValueError(f"`Failures.penalty` must be a number (the loss of a failed "
-                             f"scenario); got {self.penalty!r}.") from None
+            raise ValueError(
+                f"`Failures.penalty` must be a number (the loss of a failed "
+                f"scenario); got {self.penalty!r}."
+            ) from None
         if not math.isfinite(penalty):
             raise ValueError(f"`Failures.penalty` must be finite; got {penalty}.")
         if penalty < 0:
             raise ValueError(
                 f"`Failures.penalty` must be non-negative; got {penalty}. It is the loss of a "
                 "failed scenario, so a negative one rewards failing: choose it above any loss "
-                "a successful scenario can have (default 1e3).")
+                "a successful scenario can have (default 1e3)."
+            )
         if self.on_nonfinite not in ("raise", "skip"):
             raise ValueError(
-                f"`on_nonfinite` must be 'raise' or 'skip'; got {self.on_nonfinite!r}.")
+                f"`on_nonfinite` must be 'raise' or 'skip'; got {self.on_nonfinite!r}."
+            )
 
 
 # Old keyword of `tune` -> (option class, its field).
 DEPRECATED_KEYWORDS = {
     keyword: (cls, field)
     for cls, renames in (
-        (Batching, {"batch_size": "batch_size", "seed": "seed", "chunk_size": "chunk_size",
-                    "mesh": "mesh", "ensemble": "ensemble"}),
-        (Checkpointing, {"checkpoint": "path", "checkpoint_every": "every",
-                         "resume": "resume"}),
+        (
+            Batching,
+            {
+                "batch_size": "batch_size",
+                "seed": "seed",
+                "chunk_size": "chunk_size",
+                "mesh": "mesh",
+                "ensemble": "ensemble",
+            },
+        ),
+        (Checkpointing, {"checkpoint": "path", "checkpoint_every": "every", "resume": "resume"}),
         (Reporting, {"log": "log", "progress": "progress", "callback": "callback"}),
         (Failures, {"failure_penalty": "penalty", "on_nonfinite": "on_nonfinite"}),
     )
@@ -178,7 +212,9 @@ def options_from_keywords(options: dict, keywords: dict) -> dict:
         warnings.warn(
             f"jaxdae.tune's keyword `{name}` is deprecated: pass "
             f"`{cls.__name__.lower()}=jaxdae.{cls.__name__}({field}=...)` instead.",
-            DeprecationWarning, stacklevel=3)
+            DeprecationWarning,
+            stacklevel=3,
+        )
     result = {}
     for cls, given in options.items():
         changes = fields.get(cls, {})
@@ -187,18 +223,19 @@ def options_from_keywords(options: dict, keywords: dict) -> dict:
         if given is not None:
             for field, value in changes.items():
                 if not _same(getattr(given, field), value):
-                    keyword = next(k for k, (c, f) in DEPRECATED_KEYWORDS.items()
-                                   if c is cls and f == field)
+                    keyword = next(
+                        k for k, (c, f) in DEPRECATED_KEYWORDS.items() if c is cls and f == field
+                    )
                     raise ValueError(
                         f"The keyword `{keyword}={value!r}` conflicts with "
                         f"`{cls.__name__.lower()}=jaxdae.{cls.__name__}({field}="
                         f"{getattr(given, field)!r}, ...)`: give `{field}` in the "
-                        f"jaxdae.{cls.__name__} only.")
+                        f"jaxdae.{cls.__name__} only."
+                    )
         if cls is Checkpointing and given is None:
             if changes.get("path") is None:
                 # No checkpoints: the other fields are still checked (on a stand-in path).
-                Checkpointing(path=os.curdir,
-                              **{k: v for k, v in changes.items() if k != "path"})
+                Checkpointing(path=os.curdir, **{k: v for k, v in changes.items() if k != "path"})
                 result[cls] = None
                 continue
             given = Checkpointing(path=changes.pop("path"))

@@ -112,9 +112,7 @@ class PositiveDefinite(AbstractParametrization):
         elif value.ndim == 1:
             value = jnp.diag(value)
         if value.ndim != 2 or value.shape[0] != value.shape[1]:
-            raise ValueError(
-                f"`PositiveDefinite` takes a square matrix; got shape {value.shape}."
-            )
+            raise ValueError(f"`PositiveDefinite` takes a square matrix; got shape {value.shape}.")
         if minimum < 0:
             raise ValueError(f"`minimum` must be >= 0; got {minimum}.")
         eye = jnp.eye(value.shape[0], dtype=value.dtype)

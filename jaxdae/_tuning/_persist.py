@@ -57,8 +57,10 @@ def unsealed(record: dict, path: Path, fix: str) -> dict:
     (`sealed`); else a `ValueError` that names the file and says `fix`."""
     content = {key: value for key, value in record.items() if key != "digest"}
     if record.get("digest") != _record_digest(content):
-        raise ValueError(f"{path} is damaged (its content does not match the digest written "
-                         f"with it: edited or only partly written). {fix}")
+        raise ValueError(
+            f"{path} is damaged (its content does not match the digest written "
+            f"with it: edited or only partly written). {fix}"
+        )
     return content
 
 

@@ -46,8 +46,15 @@ _META_FILE = "checkpoint.json"
 
 #: Columns of the tuning history (and of the CSV log).
 HISTORY_COLUMNS = (
-    "step", "loss", "scenario_loss", "regularization", "num_failed", "grad_norm",
-    "skipped", "time", "failed_scenarios",
+    "step",
+    "loss",
+    "scenario_loss",
+    "regularization",
+    "num_failed",
+    "grad_norm",
+    "skipped",
+    "time",
+    "failed_scenarios",
 )
 
 
@@ -103,8 +110,7 @@ def _scenario_value_and_grad(trainable, static, simulate_fn, loss, penalty, scen
     return value, grads, ok
 
 
-def _ensemble_value_and_grad(trainable, static, simulate_fn, loss, penalty, scenarios,
-                             weights):
+def _ensemble_value_and_grad(trainable, static, simulate_fn, loss, penalty, scenarios, weights):
     """A chunk of scenarios simulated together (e.g. by `simulate_ensemble`): their losses
     and the gradient of `Σ weights_i loss_i` over the scenarios that succeeded with a
     finite loss. The others count as `penalty`, as with `vmap`. They share the solve,
@@ -114,14 +120,14 @@ def _ensemble_value_and_grad(trainable, static, simulate_fn, loss, penalty, scen
     def chunk_loss(trainable):
         model = unwrap(eqx.combine(trainable, static))
         output = simulate_fn(model, scenarios)
-        check_ensemble_output(output, weights.shape[0], "`simulate_fn(model, scenarios)`",
-                              "scenario")
+        check_ensemble_output(
+            output, weights.shape[0], "`simulate_fn(model, scenarios)`", "scenario"
+        )
         values = jax.vmap(loss)(output)
         kept = ~output_failed(output) & jnp.isfinite(values)
         return jnp.sum(jnp.where(kept, weights * values, 0.0)), (values, kept)
 
-    (_, (values, kept)), grads = eqx.filter_value_and_grad(chunk_loss, has_aux=True)(
-        trainable)
+    (_, (values, kept)), grads = eqx.filter_value_and_grad(chunk_loss, has_aux=True)(trainable)
     finite = _all_finite(grads)
     ok = kept & finite
     values = jnp.where(ok, values, penalty.astype(jnp.result_type(values)))
@@ -175,15 +181,30 @@ def _rows(mask, x):
 
 
 @eqx.filter_jit
-def _tune_step(trainable, static, opt_state, key, scenarios, simulate_fn, loss,
-               regularization, optimizer, penalty, batch_size, chunk_size, mesh, ensemble,
-               excluded=None):
+def _tune_step(
+    trainable,
+    static,
+    opt_state,
+    key,
+    scenarios,
+    simulate_fn,
+    loss,
+    regularization,
+    optimizer,
+    penalty,
+    batch_size,
+    chunk_size,
+    mesh,
+    ensemble,
+    excluded=None,
+):
     key, subkey = jax.random.split(key)
     size = batch_size_of(scenarios)
     # Scenarios that raise when simulated run as a copy of one that does not, and then
     # count as failed: `penalty`, no gradient.
-    substitute = (None if excluded is None
-                  else jax.tree.map(lambda x: x[jnp.argmin(excluded)], scenarios))
+    substitute = (
+        None if excluded is None else jax.tree.map(lambda x: x[jnp.argmin(excluded)], scenarios)
+    )
     if batch_size is None:
         index = jnp.arange(size)
     else:
@@ -191,15 +212,14 @@ def _tune_step(trainable, static, opt_state, key, scenarios, simulate_fn, loss,
         scenarios = jax.tree.map(lambda x: x[index], scenarios)
     dropped = None if excluded is None else excluded[index]
     if dropped is not None:
-        scenarios = jax.tree.map(lambda x, s: jnp.where(_rows(dropped, x), s, x), scenarios,
-                                 substitute)
+        scenarios = jax.tree.map(
+            lambda x, s: jnp.where(_rows(dropped, x), s, x), scenarios, substitute
+        )
     if ensemble:
-        fn = eqx.Partial(_ensemble_value_and_grad, trainable, static, simulate_fn, loss,
-                         penalty)
+        fn = eqx.Partial(_ensemble_value_and_grad, trainable, static, simulate_fn, loss, penalty)
         values, grads, ok = _ensemble_map(fn, scenarios, chunk_size, mesh, dropped)
     else:
-        fn = eqx.Partial(_scenario_value_and_grad, trainable, static, simulate_fn, loss,
-                         penalty)
+        fn = eqx.Partial(_scenario_value_and_grad, trainable, static, simulate_fn, loss, penalty)
         values, grads, ok = _batch_map(fn, (scenarios,), chunk_size, mesh)
         if dropped is not None:
             grads = jax.tree.map(lambda g: jnp.where(_rows(dropped, g), 0.0, g), grads)
@@ -269,11 +289,13 @@ _PARTS = {
     "start": "other initial parameters or another seed",
     "scenarios": "other scenarios",
     "problem": "another problem: another `simulate_fn`, `loss`, `optimizer`, "
-               "`regularization`, failure penalty, fixed parameters, or `batching` "
-               "(batch size, chunk size, mesh, ensemble: the compiled step differs)",
+    "`regularization`, failure penalty, fixed parameters, or `batching` "
+    "(batch size, chunk size, mesh, ensemble: the compiled step differs)",
 }
-_FIX = ("Use another `checkpoint` directory, or `resume=False` to start afresh (the "
-        "checkpoint is then overwritten).")
+_FIX = (
+    "Use another `checkpoint` directory, or `resume=False` to start afresh (the "
+    "checkpoint is then overwritten)."
+)
 
 
 def _run_identity(step_args: tuple, start: str, scenarios) -> dict:
@@ -283,8 +305,11 @@ def _run_identity(step_args: tuple, start: str, scenarios) -> dict:
     `program_fingerprint`) and the array leaves of the functions and fixed parameters."""
     program = eqx.filter_make_jaxpr(_tune_step)(*step_args)[0]
     functions = eqx.filter(step_args[1:2] + step_args[5:10], eqx.is_array)
-    return {"start": start, "scenarios": run_fingerprint(scenarios),
-            "problem": run_fingerprint(functions, program_fingerprint(program))}
+    return {
+        "start": start,
+        "scenarios": run_fingerprint(scenarios),
+        "problem": run_fingerprint(functions, program_fingerprint(program)),
+    }
 
 
 def _run_name(identity: dict) -> str:
@@ -296,8 +321,9 @@ def _run_name(identity: dict) -> str:
 _STATE_HEADER = "jaxdae.tune state"
 
 
-def _save_checkpoint(directory: Path, state, step: int, history: dict, identity: dict,
-                     excluded=None):
+def _save_checkpoint(
+    directory: Path, state, step: int, history: dict, identity: dict, excluded=None
+):
     """Writes the state of step `step` to its own file (headed by the run and the step it
     holds), then `checkpoint.json` naming it, sealed with the digest of all its content
     (both atomically), then removes older states: a run killed at any point leaves a
@@ -305,16 +331,20 @@ def _save_checkpoint(directory: Path, state, step: int, history: dict, identity:
     directory.mkdir(parents=True, exist_ok=True)
     run = _run_name(identity)
     buffer = io.BytesIO()
-    buffer.write((json.dumps({"holds": _STATE_HEADER, "run": run, "step": step}) + "\n")
-                 .encode())
+    buffer.write((json.dumps({"holds": _STATE_HEADER, "run": run, "step": step}) + "\n").encode())
     eqx.tree_serialise_leaves(buffer, state)
     data = buffer.getvalue()
     name = f"state_{step:06d}.eqx"
     atomic_write(directory / name, lambda file: file.write(data))
-    meta = {"run": run, "step": step, "state": name,
-            "state_sha256": hashlib.sha256(data).hexdigest(), "parts": identity,
-            "history": history,
-            "excluded": [] if excluded is None else np.flatnonzero(excluded).tolist()}
+    meta = {
+        "run": run,
+        "step": step,
+        "state": name,
+        "state_sha256": hashlib.sha256(data).hexdigest(),
+        "parts": identity,
+        "history": history,
+        "excluded": [] if excluded is None else np.flatnonzero(excluded).tolist(),
+    }
     write_record(directory / _META_FILE, meta)
     for old in directory.glob("state_*.eqx"):
         if old.name != name:
@@ -353,8 +383,9 @@ def _load_checkpoint(directory: Path, like, identity: dict):
     state_path = directory / str(meta.get("state"))
 
     def damaged(why):
-        return ValueError(f"The checkpoint in {directory} is damaged: {state_path.name} "
-                          f"({why}). {_FIX}")
+        return ValueError(
+            f"The checkpoint in {directory} is damaged: {state_path.name} ({why}). {_FIX}"
+        )
 
     try:
         data = state_path.read_bytes()
@@ -367,7 +398,8 @@ def _load_checkpoint(directory: Path, like, identity: dict):
         raise ValueError(
             f"The checkpoint in {directory} is not one checkpoint: {state_path.name} holds "
             f"step {owner[1]} of run {short(owner[0])}, but {_META_FILE} names step {step} of "
-            f"run {short(run)} (a state file copied over another one?). {_FIX}")
+            f"run {short(run)} (a state file copied over another one?). {_FIX}"
+        )
     if owner is None or hashlib.sha256(data).hexdigest() != meta.get("state_sha256"):
         raise damaged("its content is not the one checkpoint.json recorded")
     if rows != {step}:
@@ -401,16 +433,20 @@ def _first_line(error: BaseException) -> str:
     compiled code (`eqx.error_if`), the runtime error's own message, not the callback's
     traceback around it."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    inner = [line.split("RuntimeError: ", 1)[1] for line in lines
-             if "EquinoxRuntimeError: " in line]
+    inner = [
+        line.split("RuntimeError: ", 1)[1] for line in lines if "EquinoxRuntimeError: " in line
+    ]
     return inner[-1] if inner else f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 def _bad_scenarios(model, simulate_fn, scenarios, ensemble, candidates) -> list[tuple]:
     """The scenarios among `candidates` whose simulation raises on its own while running:
     `(index, error)`. (One compiled call per scenario: run only after a step raised.)"""
-    one = eqx.filter_jit(simulate_fn if not ensemble else
-                         lambda m, s: simulate_fn(m, jax.tree.map(lambda x: x[None], s)))
+    one = eqx.filter_jit(
+        simulate_fn
+        if not ensemble
+        else lambda m, s: simulate_fn(m, jax.tree.map(lambda x: x[None], s))
+    )
     bad = []
     for i in candidates:
         try:
@@ -535,10 +571,17 @@ def tune(
     carry the last good state as `error.result`.
     """
     options = options_from_keywords(
-        {Batching: batching, Checkpointing: checkpointing, Reporting: reporting,
-         Failures: failures}, deprecated_keywords)
-    run = _TuningRun(params, simulate_fn, scenarios, loss, optimizer, steps, regularization,
-                     trainable, options)
+        {
+            Batching: batching,
+            Checkpointing: checkpointing,
+            Reporting: reporting,
+            Failures: failures,
+        },
+        deprecated_keywords,
+    )
+    run = _TuningRun(
+        params, simulate_fn, scenarios, loss, optimizer, steps, regularization, trainable, options
+    )
     return run.run()
 
 
@@ -546,16 +589,27 @@ class _TuningRun:
     """One tuning run: its state between steps (parameters, optimizer state, PRNG key,
     history, the scenarios found to raise) and what it does at each step."""
 
-    def __init__(self, params, simulate_fn, scenarios, loss, optimizer, steps,
-                 regularization, trainable, options):
+    def __init__(
+        self,
+        params,
+        simulate_fn,
+        scenarios,
+        loss,
+        optimizer,
+        steps,
+        regularization,
+        trainable,
+        options,
+    ):
         self.batching, self.checkpointing = options[Batching], options[Checkpointing]
         self.reporting, self.failures = options[Reporting], options[Failures]
         self.simulate_fn, self.scenarios, self.loss = simulate_fn, scenarios, loss
         self.optimizer, self.steps, self.regularization = optimizer, steps, regularization
         self.size = batch_size_of(scenarios)
         if self.size == 0:
-            raise ValueError("`scenarios` holds no scenario (its leading axis has length 0): "
-                             "pass at least one.")
+            raise ValueError(
+                "`scenarios` holds no scenario (its leading axis has length 0): pass at least one."
+            )
         self._check(steps, optimizer)
         trainable_params, self.static = eqx.partition(params, trainable)
         if not jax.tree.leaves(trainable_params):
@@ -577,8 +631,8 @@ class _TuningRun:
         if self.checkpointing is not None:
             self.directory = Path(self.checkpointing.path)
             self.identity = _run_identity(
-                self.step_args(), run_fingerprint(self.trainable, self.batching.seed),
-                scenarios)
+                self.step_args(), run_fingerprint(self.trainable, self.batching.seed), scenarios
+            )
             if self.checkpointing.resume:
                 self._resume()
 
@@ -587,11 +641,14 @@ class _TuningRun:
             raise ValueError(f"`steps` must be a non-negative integer; got {steps}.")
         if not isinstance(optimizer, optax.GradientTransformation):
             raise ValueError(
-                "`optimizer` must be an optax GradientTransformation, e.g. optax.adam(1e-2).")
+                "`optimizer` must be an optax GradientTransformation, e.g. optax.adam(1e-2)."
+            )
         batch_size = self.batching.batch_size
         if batch_size is not None and not 1 <= batch_size <= self.size:
-            raise ValueError(f"`batch_size` must be in [1, {self.size}] (the number of "
-                             f"scenarios); got {batch_size}.")
+            raise ValueError(
+                f"`batch_size` must be in [1, {self.size}] (the number of "
+                f"scenarios); got {batch_size}."
+            )
 
     def _resume(self):
         loaded = _load_checkpoint(self.directory, self.state(), self.identity)
@@ -605,7 +662,8 @@ class _TuningRun:
                 f"parameters after step {self.steps} are not in it. Ask for `steps={step}` "
                 f"(or more) to resume, or pass `resume=False` to run {self.steps} steps "
                 "afresh (the checkpoint is then overwritten), or use another `checkpoint` "
-                "directory.")
+                "directory."
+            )
         (self.trainable, self.opt_state, self.key), self.step, self.history, dropped = loaded
         if dropped:
             self.excluded = np.zeros(self.size, bool)
@@ -618,20 +676,40 @@ class _TuningRun:
 
     def step_args(self):
         b = self.batching
-        return (self.trainable, self.static, self.opt_state, self.key, self.scenarios,
-                self.simulate_fn, self.loss, self.regularization, self.optimizer,
-                self.penalty, b.batch_size, b.chunk_size, b.mesh, bool(b.ensemble),
-                None if self.excluded is None else jnp.asarray(self.excluded))
+        return (
+            self.trainable,
+            self.static,
+            self.opt_state,
+            self.key,
+            self.scenarios,
+            self.simulate_fn,
+            self.loss,
+            self.regularization,
+            self.optimizer,
+            self.penalty,
+            b.batch_size,
+            b.chunk_size,
+            b.mesh,
+            bool(b.ensemble),
+            None if self.excluded is None else jnp.asarray(self.excluded),
+        )
 
     def save(self):
         if self.directory is not None:
-            _save_checkpoint(self.directory, self.state(), self.step, self.history,
-                             self.identity, self.excluded)
+            _save_checkpoint(
+                self.directory, self.state(), self.step, self.history, self.identity, self.excluded
+            )
 
     def result(self) -> TuneResult:
         tuned = eqx.combine(self.trainable, self.static)
-        return TuneResult(params=tuned, model=unwrap(tuned), history=self.history,
-                          opt_state=self.opt_state, key=self.key, step=self.step)
+        return TuneResult(
+            params=tuned,
+            model=unwrap(tuned),
+            history=self.history,
+            opt_state=self.opt_state,
+            key=self.key,
+            step=self.step,
+        )
 
     def stop(self, error_type, message, cause):
         """Saves the run as it stands (its last good state) and raises `error_type` with
@@ -652,8 +730,7 @@ class _TuningRun:
         try:
             while self.step < self.steps:
                 try:
-                    new_trainable, new_opt_state, new_key, stats = _tune_step(
-                        *self.step_args())
+                    new_trainable, new_opt_state, new_key, stats = _tune_step(*self.step_args())
                     stats = jax.device_get(stats)
                 except Exception as error:  # raised inside the step, e.g. by `simulate_fn`
                     self.on_step_error(error)  # raises unless some scenarios were excluded
@@ -677,15 +754,24 @@ class _TuningRun:
         step = self.step
         domain = _domain_errors(model)
         if domain:
-            self.stop(ValueError, f"The parameters at step {step} are outside their "
-                      f"domain ({domain[0]}): step {step + 1} could not run "
-                      f"({_first_line(error)}).", error)
+            self.stop(
+                ValueError,
+                f"The parameters at step {step} are outside their "
+                f"domain ({domain[0]}): step {step + 1} could not run "
+                f"({_first_line(error)}).",
+                error,
+            )
         excluded = self.excluded
         candidates = [i for i in range(self.size) if excluded is None or not excluded[i]]
         # An error while running (not while tracing: a bug in the code, the same for every
         # scenario) may come from some scenarios' data: find them.
-        bad = [] if not isinstance(error, RuntimeError) else _bad_scenarios(
-            model, self.simulate_fn, self.scenarios, bool(self.batching.ensemble), candidates)
+        bad = (
+            []
+            if not isinstance(error, RuntimeError)
+            else _bad_scenarios(
+                model, self.simulate_fn, self.scenarios, bool(self.batching.ensemble), candidates
+            )
+        )
         listed = "; ".join(f"scenario {i}: {text}" for i, text in bad[:5])
         listed += f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
         if bad and len(bad) < len(candidates):
@@ -697,22 +783,34 @@ class _TuningRun:
                 f"simulated on their own ({listed}); from now on they count as "
                 f"failed (`Failures.penalty` = {self.failures.penalty}, no gradient) and "
                 "`history['failed_scenarios']` names them. Fix or remove them, or "
-                "simulate with `throw=False`.", stacklevel=4)
+                "simulate with `throw=False`.",
+                stacklevel=4,
+            )
             return
         if bad:
-            self.stop(ValueError,
-                      f"Step {step + 1} stopped: every scenario raises when simulated on "
-                      f"its own ({listed}). The parameters after step {step} are kept: "
-                      "`error.result`.", error)
+            self.stop(
+                ValueError,
+                f"Step {step + 1} stopped: every scenario raises when simulated on "
+                f"its own ({listed}). The parameters after step {step} are kept: "
+                "`error.result`.",
+                error,
+            )
         self.save()
         if isinstance(error, TypeError) and "scalar-output" in str(error):
-            error.add_note("`loss` must return a scalar for one scenario (it is applied to "
-                           "each scenario's output, and the losses are averaged): reduce "
-                           "it, e.g. with `jnp.sum`.")
-        error.add_note(f"(raised by jaxdae.tune in step {step + 1}"
-                       + ("" if self.directory is None else
-                          f"; the parameters after step {step} are saved in "
-                          f"{self.directory}") + ")")
+            error.add_note(
+                "`loss` must return a scalar for one scenario (it is applied to "
+                "each scenario's output, and the losses are averaged): reduce "
+                "it, e.g. with `jnp.sum`."
+            )
+        error.add_note(
+            f"(raised by jaxdae.tune in step {step + 1}"
+            + (
+                ""
+                if self.directory is None
+                else f"; the parameters after step {step} are saved in {self.directory}"
+            )
+            + ")"
+        )
         raise error
 
     def apply(self, new_trainable, new_opt_state, new_key, stats, logger) -> dict:
@@ -720,14 +818,17 @@ class _TuningRun:
         row in the history and the log."""
         domain = _domain_errors(unwrap(eqx.combine(new_trainable, self.static)))
         if domain:
-            self.stop(ValueError,
-                      f"Step {self.step + 1}'s update took the parameters out of their domain "
-                      f"({domain[0]}); it was not applied (loss {float(stats['loss'])}, "
-                      f"gradient norm {float(stats['grad_norm'])}). The optimizer's steps are "
-                      "too large for these gains: lower the learning rate, or parametrize the "
-                      "gains (`jaxdae.parametrize` with `jaxdae.Positive`) so that every "
-                      f"update stays valid. The parameters after step {self.step} are kept: "
-                      "`error.result`.", None)
+            self.stop(
+                ValueError,
+                f"Step {self.step + 1}'s update took the parameters out of their domain "
+                f"({domain[0]}); it was not applied (loss {float(stats['loss'])}, "
+                f"gradient norm {float(stats['grad_norm'])}). The optimizer's steps are "
+                "too large for these gains: lower the learning rate, or parametrize the "
+                "gains (`jaxdae.parametrize` with `jaxdae.Positive`) so that every "
+                f"update stays valid. The parameters after step {self.step} are kept: "
+                "`error.result`.",
+                None,
+            )
         self.trainable, self.opt_state, self.key = new_trainable, new_opt_state, new_key
         self.step += 1
         row = dict(
@@ -758,17 +859,22 @@ class _TuningRun:
                 f"{' ...' if len(unnamed) > 10 else ''} failed (a solve that did not "
                 "succeed, or a non-finite loss or gradient); they count as "
                 f"`Failures.penalty` = {self.failures.penalty} with no gradient. "
-                "`history['failed_scenarios']` lists them at every step.", stacklevel=4)
+                "`history['failed_scenarios']` lists them at every step.",
+                stacklevel=4,
+            )
         if row["skipped"] and self.failures.on_nonfinite == "raise":
-            self.stop(FloatingPointError,
-                      f"Step {step}: the update is not finite (loss {row['loss']}, gradient "
-                      f"norm {row['grad_norm']}); it was not applied. Failed scenarios are "
-                      "already masked, so look at the regularization, the optimizer's "
-                      "learning rate or the loss; pass `on_nonfinite='skip'` to skip such "
-                      "steps. The parameters before this step are kept: `error.result`.",
-                      None)
-        if self.directory is not None and (step % self.checkpointing.every == 0
-                                           or step == self.steps):
+            self.stop(
+                FloatingPointError,
+                f"Step {step}: the update is not finite (loss {row['loss']}, gradient "
+                f"norm {row['grad_norm']}); it was not applied. Failed scenarios are "
+                "already masked, so look at the regularization, the optimizer's "
+                "learning rate or the loss; pass `on_nonfinite='skip'` to skip such "
+                "steps. The parameters before this step are kept: `error.result`.",
+                None,
+            )
+        if self.directory is not None and (
+            step % self.checkpointing.every == 0 or step == self.steps
+        ):
             self.save()
             logger.flush(self.history)
         if self.reporting.callback is not None:

@@ -57,9 +57,21 @@ class AdaptiveOpticsElement(ActuatedSystem):
     source_amplitude: Array
     source_frequency: Array
 
-    def __init__(self, length=0.1, mass=0.05, gravity=9.81, distance=0.5, inductance=0.02,
-                 resistance=2.0, torque_constant=0.05, back_emf_constant=0.05, gear_ratio=20.0,
-                 source_mean=0.3, source_amplitude=0.1, source_frequency=2.0):
+    def __init__(
+        self,
+        length=0.1,
+        mass=0.05,
+        gravity=9.81,
+        distance=0.5,
+        inductance=0.02,
+        resistance=2.0,
+        torque_constant=0.05,
+        back_emf_constant=0.05,
+        gear_ratio=20.0,
+        source_mean=0.3,
+        source_amplitude=0.1,
+        source_frequency=2.0,
+    ):
         as_array = lambda x: jnp.asarray(x, dtype=float)  # noqa: E731
         self.mechanism = Crank(as_array(length), as_array(mass), as_array(gravity))
         self.distance = as_array(distance)
@@ -82,8 +94,7 @@ class AdaptiveOpticsElement(ActuatedSystem):
     def actuator_drift(self, t, q, v, w):
         torque_rate = w[1]
         k_v = self.resistance / self.inductance
-        k_w = self.torque_constant * self.back_emf_constant / (
-            self.gear_ratio * self.inductance)
+        k_w = self.torque_constant * self.back_emf_constant / (self.gear_ratio * self.inductance)
         return jnp.stack([torque_rate, -k_v * torque_rate - k_w * v[0]])
 
     def input_matrix(self, t, q, v, w):

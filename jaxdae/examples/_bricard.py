@@ -29,10 +29,17 @@ def bricard(length=LENGTH, mass=MASS, side=SIDE, gravity=GRAVITY) -> mb.Mechanis
         z /= np.linalg.norm(z)
         rotation = np.stack([x, np.cross(z, x), z], axis=1)  # body axes in the global frame
         half = 0.5 * length
-        bodies.append(mb.RigidBody(
-            f"bar{i}", mass, inertia, markers={"a": (-half, 0.0, 0.0), "b": (half, 0.0, 0.0)},
-            orientations={"a": rotation.T, "b": rotation.T},
-            position=0.5 * (start + end), orientation=rotation))
+        bodies.append(
+            mb.RigidBody(
+                f"bar{i}",
+                mass,
+                inertia,
+                markers={"a": (-half, 0.0, 0.0), "b": (half, 0.0, 0.0)},
+                orientations={"a": rotation.T, "b": rotation.T},
+                position=0.5 * (start + end),
+                orientation=rotation,
+            )
+        )
     for i in range(6):
         a = "ground.P0" if i == 0 else f"bar{i}.b"
         b = "ground.P5" if i == 5 else f"bar{i + 1}.a"

@@ -10,8 +10,9 @@ from ._parameters import parameter
 
 
 def _lengths(q, l1, l2):
-    return jnp.array([q[0] ** 2 + q[1] ** 2 - l1**2,
-                      (q[2] - q[0]) ** 2 + (q[3] - q[1]) ** 2 - l2**2])
+    return jnp.array(
+        [q[0] ** 2 + q[1] ** 2 - l1**2, (q[2] - q[0]) ** 2 + (q[3] - q[1]) ** 2 - l2**2]
+    )
 
 
 class CartesianArm(HamiltonianSystem):

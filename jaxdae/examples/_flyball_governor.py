@@ -34,16 +34,30 @@ def governor() -> mb.Mechanism:
     (prismatic along the shaft; its coordinate is s), `hinge1`, `hinge2` (revolute)."""
     m_bar, i_bar = _bar()
     m_rod, i_rod, offset = _rod_with_mass()
-    direction = {1: np.array([np.cos(ANGLE), 0.0, -np.sin(ANGLE)]),
-                 2: np.array([-np.cos(ANGLE), 0.0, -np.sin(ANGLE)])}
+    direction = {
+        1: np.array([np.cos(ANGLE), 0.0, -np.sin(ANGLE)]),
+        2: np.array([-np.cos(ANGLE), 0.0, -np.sin(ANGLE)]),
+    }
     side = {1: 0.05, 2: -0.05}
     bodies = [
-        mb.RigidBody("shaft", m_bar, i_bar, position=(0.0, 0.0, 0.5),
-                     markers={"bottom": (0.0, 0.0, -0.5), "top1": (0.05, 0.0, 0.5),
-                              "top2": (-0.05, 0.0, 0.5)}),
-        mb.RigidBody("slider", DENSITY * 0.1**3, DENSITY * 0.1**3 * 0.1**2 / 6 * np.ones(3),
-                     position=(0.0, 0.0, 0.5), markers={"s1": (0.05, 0.0, 0.0),
-                                                        "s2": (-0.05, 0.0, 0.0)}),
+        mb.RigidBody(
+            "shaft",
+            m_bar,
+            i_bar,
+            position=(0.0, 0.0, 0.5),
+            markers={
+                "bottom": (0.0, 0.0, -0.5),
+                "top1": (0.05, 0.0, 0.5),
+                "top2": (-0.05, 0.0, 0.5),
+            },
+        ),
+        mb.RigidBody(
+            "slider",
+            DENSITY * 0.1**3,
+            DENSITY * 0.1**3 * 0.1**2 / 6 * np.ones(3),
+            position=(0.0, 0.0, 0.5),
+            markers={"s1": (0.05, 0.0, 0.0), "s2": (-0.05, 0.0, 0.0)},
+        ),
     ]
     for k in (1, 2):
         # body z along the rod, from the hinge to the point mass; y along the hinge axis
@@ -51,19 +65,28 @@ def governor() -> mb.Mechanism:
         y = np.array([0.0, 1.0, 0.0])
         rotation = np.stack([np.cross(y, z), y, z], axis=1)
         hinge = np.array([side[k], 0.0, 1.0])
-        bodies.append(mb.RigidBody(
-            f"rod{k}", m_rod, i_rod, position=hinge + (0.5 + offset) * z, orientation=rotation,
-            markers={"hinge": (0.0, 0.0, -0.5 - offset), "middle": (0.0, 0.0, -offset)},
-            orientations={"hinge": rotation.T}))
+        bodies.append(
+            mb.RigidBody(
+                f"rod{k}",
+                m_rod,
+                i_rod,
+                position=hinge + (0.5 + offset) * z,
+                orientation=rotation,
+                markers={"hinge": (0.0, 0.0, -0.5 - offset), "middle": (0.0, 0.0, -offset)},
+                orientations={"hinge": rotation.T},
+            )
+        )
     joints = [
         mb.Revolute("ground", "shaft.bottom", axis=(0.0, 0.0, 1.0), name="spin"),
         mb.Prismatic("shaft.bottom", "slider", axis=(0.0, 0.0, 1.0), name="slide"),
         mb.Revolute("shaft.top1", "rod1.hinge", axis=(0.0, 1.0, 0.0), name="hinge1"),
         mb.Revolute("shaft.top2", "rod2.hinge", axis=(0.0, 1.0, 0.0), name="hinge2"),
     ]
-    forces = [mb.Gravity(),
-              mb.SpringDamper("slider.s1", "rod1.middle", K, C, REST, name="spring1"),
-              mb.SpringDamper("slider.s2", "rod2.middle", K, C, REST, name="spring2")]
+    forces = [
+        mb.Gravity(),
+        mb.SpringDamper("slider.s1", "rod1.middle", K, C, REST, name="spring1"),
+        mb.SpringDamper("slider.s2", "rod2.middle", K, C, REST, name="spring2"),
+    ]
     return mb.Mechanism(bodies, joints, forces)
 
 

@@ -100,8 +100,9 @@ class PendulumWithStop(AbstractPointMass):
     def impact_times(self, angle: float, count: int) -> np.ndarray:
         """The times of the first `count` impacts after a release from rest at `angle`."""
         scale = np.sqrt(float(self.length) / float(self.gravity))
-        quarters = np.array([_complete_elliptic_k(np.sin(a / 2)) * scale
-                             for a in self.amplitudes(angle, count)])
+        quarters = np.array(
+            [_complete_elliptic_k(np.sin(a / 2)) * scale for a in self.amplitudes(angle, count)]
+        )
         return quarters[0] + np.concatenate([[0.0], np.cumsum(2 * quarters[1:])])
 
 
@@ -122,8 +123,7 @@ class SlidingBlock(AbstractPointMass):
     friction_coefficient: Array = parameter(0.5)
 
     def potential_energy(self, t, q):
-        return self.mass * self.gravity * (q[1] * jnp.cos(self.slope)
-                                           - q[0] * jnp.sin(self.slope))
+        return self.mass * self.gravity * (q[1] * jnp.cos(self.slope) - q[0] * jnp.sin(self.slope))
 
     def gaps(self, t, q):
         return q[1:2]

@@ -101,6 +101,7 @@ class KnifeEdge(LagrangianSystem):
         x = g / (2 * w) * (1 - jnp.cos(2 * w * t)) / (2 * w)
         y = g / w * (t / 2 - jnp.sin(2 * w * t) / (4 * w))
         q = jnp.stack([x, y, w * t], axis=-1)
-        v = jnp.stack([g / (2 * w) * jnp.sin(2 * w * t), g / w * s**2, jnp.full_like(t, w)],
-                      axis=-1)
+        v = jnp.stack(
+            [g / (2 * w) * jnp.sin(2 * w * t), g / w * s**2, jnp.full_like(t, w)], axis=-1
+        )
         return q, v

@@ -169,8 +169,7 @@ class NLinkPendulum(_Links):
             angles, rates = jnp.cumsum(q), jnp.cumsum(v)
             difference = angles[:, None] - angles[None, :]
             mass = weights * jnp.cos(difference)
-            forces = (-(weights * jnp.sin(difference)) @ rates**2
-                      - gravity * below * jnp.sin(angles))
+            forces = -(weights * jnp.sin(difference)) @ rates**2 - gravity * below * jnp.sin(angles)
             angular = jnp.linalg.solve(mass, forces)
             return jnp.concatenate([v, jnp.diff(angular, prepend=0.0)])
 
@@ -235,7 +234,8 @@ class FourBarLadder(LagrangianSystem):
         singular where its rails turn parallel to its rung; from larger angles the free end
         of a long ladder whips up to that within `t = 1`.)"""
         rails = jnp.cumsum(
-            _unit_links(jnp.asarray(initial_angles(self.num_cells, 0.2, 0.1))), axis=0)
+            _unit_links(jnp.asarray(initial_angles(self.num_cells, 0.2, 0.1))), axis=0
+        )
         nodes = jnp.stack([rails, rails + jnp.array([1.0, 0.0]) * self.width], axis=1)
         q0 = nodes.ravel()
         return q0, jnp.zeros_like(q0)
@@ -267,8 +267,11 @@ class FourBarLadder(LagrangianSystem):
                 below_left, below_right = nodes[:, 2 * i - 2], nodes[:, 2 * i - 1]
             else:
                 below_left, below_right = ca.DM([0.0, 0.0]), ca.DM([w, 0.0])
-            phi += [ca.sumsqr(left - below_left) - 1.0, ca.sumsqr(right - below_right) - 1.0,
-                    ca.sumsqr(right - left) - w**2]
+            phi += [
+                ca.sumsqr(left - below_left) - 1.0,
+                ca.sumsqr(right - below_right) - 1.0,
+                ca.sumsqr(right - left) - w**2,
+            ]
         kinetic = 0.5 * ca.dot(v, v)
         potential = float(self.gravity) * ca.sum2(nodes[1, :])
         return kinetic, potential, ca.vertcat(*phi)
@@ -301,16 +304,16 @@ class BarNet(LagrangianSystem):
 
     def __init__(self, num_rows: int, num_cols: int = 5, gravity: float = GRAVITY):
         if int(num_rows) < 1 or int(num_cols) < 1:
-            raise ValueError(f"`num_rows` and `num_cols` must be at least 1; got {num_rows}, "
-                             f"{num_cols}.")
+            raise ValueError(
+                f"`num_rows` and `num_cols` must be at least 1; got {num_rows}, {num_cols}."
+            )
         self.num_rows, self.num_cols = int(num_rows), int(num_cols)
         self.gravity = jnp.asarray(gravity, dtype=float)
         self.squared_lengths = self._squared_distances(self.rest_positions())
 
     def rest_positions(self) -> jax.Array:
         """`q` of the rest state: node `(i, j)` near `(j, −1 − i)`."""
-        rows, cols = np.meshgrid(np.arange(self.num_rows), np.arange(self.num_cols),
-                                 indexing="ij")
+        rows, cols = np.meshgrid(np.arange(self.num_rows), np.arange(self.num_cols), indexing="ij")
         grid = np.stack([cols, -1.0 - rows], axis=-1)
         grid = grid + 0.1 * np.random.default_rng(0).standard_normal(grid.shape)
         return jnp.asarray(grid.ravel())
@@ -319,8 +322,9 @@ class BarNet(LagrangianSystem):
         """`|p_a − p_b|²` of every bar, row by row: the row's hanging bars, then its bars
         across."""
         nodes = q.reshape(self.num_rows, self.num_cols, 2)
-        anchors = jnp.stack([jnp.arange(self.num_cols, dtype=q.dtype),
-                             jnp.zeros(self.num_cols, q.dtype)], axis=-1)
+        anchors = jnp.stack(
+            [jnp.arange(self.num_cols, dtype=q.dtype), jnp.zeros(self.num_cols, q.dtype)], axis=-1
+        )
         above = jnp.concatenate([anchors[None], nodes[:-1]])
         hanging = jnp.sum((nodes - above) ** 2, axis=-1)
         across = jnp.sum((nodes[:, 1:] - nodes[:, :-1]) ** 2, axis=-1)
@@ -365,9 +369,10 @@ class BarNet(LagrangianSystem):
     def casadi_model(self, ca, q, v):
         first, second, anchors, lengths = self.bars()
         nodes = ca.reshape(q, 2, self.num_rows * self.num_cols)  # column k: node k
-        phi = [ca.sumsqr(nodes[:, a] - (nodes[:, b] if b >= 0 else ca.DM(anchor)))
-               - float(length) ** 2
-               for a, b, anchor, length in zip(first, second, anchors, lengths, strict=True)]
+        phi = [
+            ca.sumsqr(nodes[:, a] - (nodes[:, b] if b >= 0 else ca.DM(anchor))) - float(length) ** 2
+            for a, b, anchor, length in zip(first, second, anchors, lengths, strict=True)
+        ]
         kinetic = 0.5 * ca.dot(v, v)
         potential = float(self.gravity) * ca.sum2(nodes[1, :])
         return kinetic, potential, ca.vertcat(*phi)
@@ -433,8 +438,11 @@ def casadi_baumgarte_ode(ca, model):
     gains = ca.SX.sym("p", 2)
     kinetic, potential, phi = model.casadi_model(ca, q, v)
     mass, _ = ca.hessian(kinetic, v)
-    forces = (ca.gradient(kinetic, q) - ca.gradient(potential, q)
-              - ca.jtimes(ca.gradient(kinetic, v), q, v))
+    forces = (
+        ca.gradient(kinetic, q)
+        - ca.gradient(potential, q)
+        - ca.jtimes(ca.gradient(kinetic, v), q, v)
+    )
     x, p = ca.MX.sym("x", 2 * n), ca.MX.sym("p", 2)
     if phi.numel() == 0:
         terms = ca.Function("terms", [q, v], [mass, forces])
@@ -450,8 +458,9 @@ def casadi_baumgarte_ode(ca, model):
     minv_q = inverse * forces
     minv_jt = ca.mtimes(ca.diag(inverse), jac.T)
     matrix = ca.mtimes(jac, minv_jt)
-    terms = ca.Function("terms", [q, v, gains],
-                        [matrix, ca.mtimes(jac, minv_q) - target, minv_q, minv_jt])
+    terms = ca.Function(
+        "terms", [q, v, gains], [matrix, ca.mtimes(jac, minv_q) - target, minv_q, minv_jt]
+    )
     a_x, b_x, minv_q_x, minv_jt_x = terms(x[:n], x[n:], p)
     lam = ca.solve(a_x, b_x, "ldl")
     return {"x": x, "p": p, "ode": ca.vertcat(x[n:], minv_q_x - ca.mtimes(minv_jt_x, lam))}

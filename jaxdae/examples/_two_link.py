@@ -70,9 +70,7 @@ class TwoLinkManipulator(LagrangianSystem):
         _, (vc1, vc2) = jax.jvp(self._centres, (q,), (v,))
         inertia1, inertia2 = m1 * l1**2 / 12, m2 * l2**2 / 12
         omega1, omega2 = v[0], v[0] + v[1]
-        return 0.5 * (
-            m1 * vc1 @ vc1 + m2 * vc2 @ vc2 + inertia1 * omega1**2 + inertia2 * omega2**2
-        )
+        return 0.5 * (m1 * vc1 @ vc1 + m2 * vc2 @ vc2 + inertia1 * omega1**2 + inertia2 * omega2**2)
 
     def potential_energy(self, t, q):
         (m1, m2) = self.masses

@@ -46,26 +46,36 @@ class WoodpeckerToy(LagrangianSystem):
     def mass_matrix(self, t, q):
         m_s, l_m, l_g = self.bird_mass, self.hinge_offset, self.bird_centre
         total = self.sleeve_mass + m_s
-        return jnp.stack([
-            jnp.stack([total, m_s * l_m, m_s * l_g]),
-            jnp.stack([m_s * l_m, self.sleeve_inertia + m_s * l_m**2, m_s * l_m * l_g]),
-            jnp.stack([m_s * l_g, m_s * l_m * l_g, self.bird_inertia + m_s * l_g**2]),
-        ])
+        return jnp.stack(
+            [
+                jnp.stack([total, m_s * l_m, m_s * l_g]),
+                jnp.stack([m_s * l_m, self.sleeve_inertia + m_s * l_m**2, m_s * l_m * l_g]),
+                jnp.stack([m_s * l_g, m_s * l_m * l_g, self.bird_inertia + m_s * l_g**2]),
+            ]
+        )
 
     def potential_energy(self, t, q):
         y, sleeve, bird = q
         m_s = self.bird_mass
-        return ((self.sleeve_mass + m_s) * self.gravity * y
-                + m_s * self.gravity * (self.hinge_offset * sleeve + self.bird_centre * bird)
-                + 0.5 * self.spring * (sleeve - bird) ** 2)
+        return (
+            (self.sleeve_mass + m_s) * self.gravity * y
+            + m_s * self.gravity * (self.hinge_offset * sleeve + self.bird_centre * bird)
+            + 0.5 * self.spring * (sleeve - bird) ** 2
+        )
 
     def gaps(self, t, q):
         _, sleeve, bird = q
         clearance = self.sleeve_radius - self.pole_radius
-        beak = (self.hinge_offset + self.bird_centre - self.beak_reach - self.pole_radius
-                - self.beak_height * bird)
-        return jnp.stack([beak, clearance + self.sleeve_height * sleeve,
-                          clearance - self.sleeve_height * sleeve])
+        beak = (
+            self.hinge_offset
+            + self.bird_centre
+            - self.beak_reach
+            - self.pole_radius
+            - self.beak_height * bird
+        )
+        return jnp.stack(
+            [beak, clearance + self.sleeve_height * sleeve, clearance - self.sleeve_height * sleeve]
+        )
 
     def restitution(self):
         zero = jnp.zeros_like(self.beak_restitution)
@@ -76,8 +86,11 @@ class WoodpeckerToy(LagrangianSystem):
 
     def slip_velocities(self, t, q, v):
         y_rate, sleeve_rate, bird_rate = v
-        beak = (y_rate + self.hinge_offset * sleeve_rate
-                + (self.bird_centre - self.beak_reach) * bird_rate)
+        beak = (
+            y_rate
+            + self.hinge_offset * sleeve_rate
+            + (self.bird_centre - self.beak_reach) * bird_rate
+        )
         sleeve = y_rate + self.sleeve_radius * sleeve_rate
         return jnp.stack([beak, sleeve, sleeve])
 
@@ -86,5 +99,7 @@ class WoodpeckerToy(LagrangianSystem):
         (`φ_M` at the contact, `−0.1036` rounded in the source) and sliding down at
         `ẏ = −0.3411` m/s, the bird at `φ_S = −0.2788` rad swinging at `−7.4583` rad/s."""
         jammed = -(self.sleeve_radius - self.pole_radius) / self.sleeve_height
-        return (jnp.stack([jnp.zeros_like(jammed), jammed, jnp.asarray(-0.2788, jammed.dtype)]),
-                jnp.array([-0.3411, 0.0, -7.4583], jammed.dtype))
+        return (
+            jnp.stack([jnp.zeros_like(jammed), jammed, jnp.asarray(-0.2788, jammed.dtype)]),
+            jnp.array([-0.3411, 0.0, -7.4583], jammed.dtype),
+        )

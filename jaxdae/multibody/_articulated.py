@@ -96,8 +96,9 @@ def level_path_sums(levels: Levels, x: Array) -> Array:
     return from_levels(levels, sums, x.shape[0])
 
 
-def level_motion_sums(levels: Levels, relative: Float[Array, "b 6"],
-                      local: Float[Array, "b 6"] | None) -> tuple[Array, Array]:
+def level_motion_sums(
+    levels: Levels, relative: Float[Array, "b 6"], local: Float[Array, "b 6"] | None
+) -> tuple[Array, Array]:
     """The bodies' spatial velocities `V` (the sums of their joints' `relative` velocities
     `S q̇` along their paths) and the sums along their paths of `V_parent × S q̇ + local`
     (the accelerations at `q̈ = 0` of `TreeMechanism._motion`), in one `lax.scan` from the
@@ -111,8 +112,11 @@ def level_motion_sums(levels: Levels, relative: Float[Array, "b 6"],
         relative_l, local_l, parent_l = step
         parent_velocity = jnp.einsum("sr,rj->sj", parent_l, velocity_c)
         velocity = parent_velocity + relative_l
-        bias = (jnp.einsum("sr,rj->sj", parent_l, bias_c)
-                + motion_cross(parent_velocity, relative_l) + local_l)
+        bias = (
+            jnp.einsum("sr,rj->sj", parent_l, bias_c)
+            + motion_cross(parent_velocity, relative_l)
+            + local_l
+        )
         return (velocity, bias), (velocity, bias)
 
     per_level = [by_level(levels, x) for x in (relative, local)]
@@ -128,10 +132,13 @@ def inertia_matrices(parts) -> Float[Array, "b 6 6"]:
     mass, first, rotational = parts
     cross = skew_matrices(first)
     eye = jnp.eye(3, dtype=first.dtype)
-    return jnp.concatenate([
-        jnp.concatenate([rotational, cross], axis=2),
-        jnp.concatenate([jnp.swapaxes(cross, 1, 2), mass[:, None, None] * eye], axis=2)],
-        axis=1)
+    return jnp.concatenate(
+        [
+            jnp.concatenate([rotational, cross], axis=2),
+            jnp.concatenate([jnp.swapaxes(cross, 1, 2), mass[:, None, None] * eye], axis=2),
+        ],
+        axis=1,
+    )
 
 
 def _inverse(matrix: Float[Array, "s w w"]) -> Float[Array, "s w w"]:
@@ -215,10 +222,14 @@ class ArticulatedFactor(AbstractMassFactor):
         return take(qdd.reshape(-1, k), np.asarray(self.levels.index))
 
 
-def articulated_factor(levels: Levels, dofs, subspaces: Float[Array, "b 6 w"],
-                       inertias: Float[Array, "b 6 6"], joint_inertias: Float[Array, "b w w"],
-                       body_forces: Float[Array, "b 6"]
-                       ) -> tuple[ArticulatedFactor, Float[Array, "b w"]]:
+def articulated_factor(
+    levels: Levels,
+    dofs,
+    subspaces: Float[Array, "b 6 w"],
+    inertias: Float[Array, "b 6 6"],
+    joint_inertias: Float[Array, "b w w"],
+    body_forces: Float[Array, "b 6"],
+) -> tuple[ArticulatedFactor, Float[Array, "b w"]]:
     """The articulated inertias of the tree from its tips (Featherstone (2008), Table 7.1,
     pass 2: `I^A = I + Σ_children (I^A − U D⁻¹ Uᵀ)`, `U = I^A S`, `D = Sᵀ U + K`), one level
     of bodies per step, and, in the same pass, the subtrees' sums of `body_forces`
@@ -232,8 +243,9 @@ def articulated_factor(levels: Levels, dofs, subspaces: Float[Array, "b 6 w"],
     **Returns:** `(factor, τ)`: the [`ArticulatedFactor`][], and the joint forces per
     position `(b, w)`.
     """
-    s, inertia, joint, force = (by_level(levels, x) for x in (
-        subspaces, inertias, joint_inertias, body_forces))
+    s, inertia, joint, force = (
+        by_level(levels, x) for x in (subspaces, inertias, joint_inertias, body_forces)
+    )
     # Empty slots: no subspace, a unit pivot.
     width = subspaces.shape[2]
     empty = np.asarray(levels.positions) == subspaces.shape[0]
@@ -248,13 +260,16 @@ def articulated_factor(levels: Levels, dofs, subspaces: Float[Array, "b 6 w"],
         projected = articulated @ s_l
         pivots = _inverse(jnp.swapaxes(s_l, 1, 2) @ projected + joint_l)
         passed = articulated - projected @ pivots @ jnp.swapaxes(projected, 1, 2)
-        carry = (jnp.einsum("sr,sij->rij", parent_l, passed),
-                 jnp.einsum("sr,si->ri", parent_l, total))
+        carry = (
+            jnp.einsum("sr,sij->rij", parent_l, passed),
+            jnp.einsum("sr,si->ri", parent_l, total),
+        )
         return carry, (projected, pivots, jnp.einsum("sjw,sj->sw", s_l, total))
 
     slots = s.shape[1]
     zero = (jnp.zeros((slots, 6, 6), s.dtype), jnp.zeros((slots, 6), s.dtype))
     _, (projected, pivots, tau) = jax.lax.scan(
-        inward, zero, (s, inertia, joint, force, parents), reverse=True)
+        inward, zero, (s, inertia, joint, force, parents), reverse=True
+    )
     tau = from_levels(levels, tau, subspaces.shape[0])
     return ArticulatedFactor(s, projected, pivots, levels, tuple(map(tuple, dofs))), tau

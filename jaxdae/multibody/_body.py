@@ -32,11 +32,14 @@ def _array(name: str, value) -> Array:
         array = jnp.asarray(value)
     except TypeError as error:
         raise ValueError(
-            f"{name} must be a number or an array of numbers; got {value!r}.") from error
+            f"{name} must be a number or an array of numbers; got {value!r}."
+        ) from error
     array = array if jnp.issubdtype(array.dtype, jnp.inexact) else array.astype(float)
     if is_concrete(array) and not np.all(np.isfinite(np.asarray(array))):
-        raise ValueError(f"{name} must be finite; got {np.asarray(array).tolist()}. Give "
-                         "finite numbers (leave an optional value out rather than nan or inf).")
+        raise ValueError(
+            f"{name} must be finite; got {np.asarray(array).tolist()}. Give "
+            "finite numbers (leave an optional value out rather than nan or inf)."
+        )
     return array
 
 
@@ -53,8 +56,10 @@ def _optional_vector(name: str, value, sizes=(2, 3)) -> Array | None:
         return None
     array = _array(name, value)
     if array.ndim != 1 or array.shape[0] not in sizes:
-        raise ValueError(f"{name} must be a vector of {' or '.join(map(str, sizes))} numbers; "
-                         f"got shape {array.shape}.")
+        raise ValueError(
+            f"{name} must be a vector of {' or '.join(map(str, sizes))} numbers; "
+            f"got shape {array.shape}."
+        )
     return array
 
 
@@ -65,8 +70,9 @@ def _scalar(name: str, value) -> Array:
     return array
 
 
-def _check_element_dimension(element, dimension: int, owner: str,
-                             vectors: dict[str, tuple[int, ...]]) -> None:
+def _check_element_dimension(
+    element, dimension: int, owner: str, vectors: dict[str, tuple[int, ...]]
+) -> None:
     """Raise `ValueError` if `element` (a joint or a force element) does not exist in a
     mechanism of `dimension` (its `dimensions`), or if one of its `vectors` (field name ->
     the shape it needs there; `None` values are not given) has another shape."""
@@ -75,13 +81,15 @@ def _check_element_dimension(element, dimension: int, owner: str,
         raise ValueError(
             f"The {owner} is a {type(element).__name__}, which is "
             f"{' and '.join(kind[d] for d in element.dimensions)} only; this mechanism is "
-            f"{kind[dimension]}.")
+            f"{kind[dimension]}."
+        )
     for field, shape in vectors.items():
         value = getattr(element, field)
         if value is not None and eqx.is_array(value) and value.shape != shape:
             raise ValueError(
                 f"`{field}` of the {owner} has shape {value.shape}; in this "
-                f"{dimension}-D mechanism it needs {shape}.")
+                f"{dimension}-D mechanism it needs {shape}."
+            )
 
 
 def _moving_body_name(name) -> str:
@@ -90,7 +98,8 @@ def _moving_body_name(name) -> str:
     if name == GROUND:
         raise ValueError(
             f"{GROUND!r} names the fixed frame; give the moving body another name (use "
-            "`jaxdae.multibody.Ground(markers=...)` to put markers on the ground).")
+            "`jaxdae.multibody.Ground(markers=...)` to put markers on the ground)."
+        )
     return name
 
 
@@ -118,8 +127,8 @@ def _markers(owner: str, markers, sizes=(2,)) -> dict[str, Array]:
         if array.ndim != 1 or array.shape[0] not in sizes:
             size = " or ".join(str(n) for n in sizes)
             raise ValueError(
-                f"Marker {owner}.{key} must be a vector of {size} numbers; got shape "
-                f"{array.shape}.")
+                f"Marker {owner}.{key} must be a vector of {size} numbers; got shape {array.shape}."
+            )
         out[_check_name("marker", key)] = array
     return out
 
@@ -131,13 +140,15 @@ def _orientations(owner: str, orientations, markers) -> dict[str, Array]:
     if not isinstance(orientations, dict):
         raise ValueError(
             f"`orientations` of {owner!r} must be a dict from marker names to 3×3 rotation "
-            f"matrices; got {type(orientations).__name__}.")
+            f"matrices; got {type(orientations).__name__}."
+        )
     out = {}
     for key, value in orientations.items():
         if key not in markers:
             raise ValueError(
                 f"`orientations` of {owner!r} names marker {key!r}, which is not in its "
-                f"`markers` ({sorted(markers) or 'none'}); add the marker's position there.")
+                f"`markers` ({sorted(markers) or 'none'}); add the marker's position there."
+            )
         what = f"The orientation of marker {owner}.{key}"
         array = _array(what, value)
         if array.shape != (3, 3):
@@ -157,7 +168,8 @@ def _check_rotation(what: str, array, atol: float = 1e-6) -> None:
         raise ValueError(
             f"{what} is not a rotation matrix (orthonormal, determinant +1): |AᵀA − I| = "
             f"{error:.3g}, det A = {np.linalg.det(a):.6g}. Build one with "
-            "`jaxdae.multibody.rotation_matrix(axis, angle)` or `rpy_matrix`.")
+            "`jaxdae.multibody.rotation_matrix(axis, angle)` or `rpy_matrix`."
+        )
 
 
 def _body_orientation(name: str, orientation) -> Array:
@@ -172,12 +184,16 @@ def _body_orientation(name: str, orientation) -> Array:
         return quaternion_from_matrix(value)
     if value.shape == (4,):
         if is_concrete(value) and not np.any(np.asarray(value)):
-            raise ValueError(f"The {what} is the zero quaternion, which is no rotation; give "
-                             "Euler parameters (e0, e1, e2, e3) of a rotation, e.g. "
-                             "(1, 0, 0, 0) for the global axes.")
+            raise ValueError(
+                f"The {what} is the zero quaternion, which is no rotation; give "
+                "Euler parameters (e0, e1, e2, e3) of a rotation, e.g. "
+                "(1, 0, 0, 0) for the global axes."
+            )
         return value / jnp.sqrt(value @ value)
-    raise ValueError(f"The {what} must be a 3×3 rotation matrix or Euler parameters (4,); "
-                     f"got shape {value.shape}.")
+    raise ValueError(
+        f"The {what} must be a 3×3 rotation matrix or Euler parameters (4,); "
+        f"got shape {value.shape}."
+    )
 
 
 class PlanarBody(eqx.Module):
@@ -217,8 +233,16 @@ class PlanarBody(eqx.Module):
     position: Float[Array, "2"]
     angle: Float[Array, ""]
 
-    def __init__(self, name: str, mass: ArrayLike, inertia: ArrayLike, markers=None, *,
-                 position: ArrayLike = (0.0, 0.0), angle: ArrayLike = 0.0):
+    def __init__(
+        self,
+        name: str,
+        mass: ArrayLike,
+        inertia: ArrayLike,
+        markers=None,
+        *,
+        position: ArrayLike = (0.0, 0.0),
+        angle: ArrayLike = 0.0,
+    ):
         self.name = _moving_body_name(name)
         self.mass = _scalar(f"`mass` of body {name!r}", mass)
         self.inertia = _scalar(f"`inertia` of body {name!r}", inertia)
@@ -290,7 +314,8 @@ def _inertia_tensor(name, value) -> Array:
     if array.shape != (3, 3):
         raise ValueError(
             f"`inertia` of body {name!r} must be the 3×3 inertia tensor about the centre of "
-            f"mass, its principal moments (3,), or one number; got shape {array.shape}.")
+            f"mass, its principal moments (3,), or one number; got shape {array.shape}."
+        )
     return array
 
 
@@ -346,9 +371,17 @@ class RigidBody(eqx.Module):
     num_own_constraints: ClassVar[int] = 1
     coordinate_labels: ClassVar[tuple[str, ...]] = ("x", "y", "z", "e0", "e1", "e2", "e3")
 
-    def __init__(self, name: str, mass: ArrayLike, inertia: ArrayLike, markers=None, *,
-                 orientations=None, position: ArrayLike = (0.0, 0.0, 0.0),
-                 orientation: ArrayLike | None = None):
+    def __init__(
+        self,
+        name: str,
+        mass: ArrayLike,
+        inertia: ArrayLike,
+        markers=None,
+        *,
+        orientations=None,
+        position: ArrayLike = (0.0, 0.0, 0.0),
+        orientation: ArrayLike | None = None,
+    ):
         self.name = _moving_body_name(name)
         self.mass = _scalar(f"`mass` of body {name!r}", mass)
         self.inertia = _inertia_tensor(name, inertia)
@@ -362,27 +395,32 @@ class RigidBody(eqx.Module):
             raise ValueError(
                 f"Body {self.name!r} has mass {float(self.mass)}: a rigid body needs a positive "
                 "finite mass (it can move in every direction). Fix the body to the ground with "
-                "`Fixed` instead of giving it no mass.")
+                "`Fixed` instead of giving it no mass."
+            )
         if is_concrete(self.inertia):
             j = np.asarray(self.inertia, dtype=float)
-            if not np.all(np.isfinite(j)) or not np.allclose(j, j.T, rtol=1e-12,
-                                                             atol=1e-14 * np.abs(j).max()):
+            if not np.all(np.isfinite(j)) or not np.allclose(
+                j, j.T, rtol=1e-12, atol=1e-14 * np.abs(j).max()
+            ):
                 raise ValueError(
                     f"The inertia tensor of body {self.name!r} is not a finite symmetric "
-                    f"matrix: {j.tolist()}.")
+                    f"matrix: {j.tolist()}."
+                )
             moments = np.linalg.eigvalsh(j)
             if not moments[0] > 0:
                 raise ValueError(
                     f"The inertia tensor of body {self.name!r} is not positive definite "
                     f"(principal moments {moments.tolist()}): a body that can turn about "
                     "every axis needs a positive moment of inertia about each; fix a body "
-                    "that must not turn with a joint instead.")
+                    "that must not turn with a joint instead."
+                )
             if moments[0] + moments[1] < moments[2] * (1 - 1e-9):
                 raise ValueError(
                     f"The inertia tensor of body {self.name!r} breaks the triangle inequality "
                     f"(principal moments {moments.tolist()}: {moments[0]:.6g} + "
                     f"{moments[1]:.6g} < {moments[2]:.6g}); no distribution of mass has it. "
-                    "Check the units and the axes of the tensor.")
+                    "Check the units and the axes of the tensor."
+                )
 
     # -- what the mechanism needs (body coordinates qb = (r, p)) -------------------------
 

@@ -38,15 +38,24 @@ class JointCoupling(eqx.Module):
     offset: Float[Array, ""]
     name: str | None = eqx.field(static=True)
 
-    def __init__(self, joint: str, leader: str, multiplier: ArrayLike = 1.0, *,
-                 offset: ArrayLike = 0.0, name: str | None = None):
+    def __init__(
+        self,
+        joint: str,
+        leader: str,
+        multiplier: ArrayLike = 1.0,
+        *,
+        offset: ArrayLike = 0.0,
+        name: str | None = None,
+    ):
         for field, value in (("joint", joint), ("leader", leader)):
             if not isinstance(value, str):
-                raise ValueError(f"The `{field}` of a JointCoupling is a joint's name (a "
-                                 f"string); got {value!r}.")
+                raise ValueError(
+                    f"The `{field}` of a JointCoupling is a joint's name (a string); got {value!r}."
+                )
         if joint == leader:
-            raise ValueError(f"A JointCoupling ties two joints; `joint` and `leader` are both "
-                             f"{joint!r}.")
+            raise ValueError(
+                f"A JointCoupling ties two joints; `joint` and `leader` are both {joint!r}."
+            )
         owner = f"the JointCoupling of joint {joint!r} to {leader!r}"
         self.joint, self.leader, self.name = joint, leader, name
         self.multiplier = _scalar(f"`multiplier` of {owner}", multiplier)
@@ -62,5 +71,4 @@ class JointCoupling(eqx.Module):
         function of a joint's name that gives its coordinate."""
         follower, leader = coordinate(self.joint), coordinate(self.leader)
         dtype = jnp.result_type(follower, leader)
-        return (follower - self.multiplier.astype(dtype) * leader
-                - self.offset.astype(dtype))[None]
+        return (follower - self.multiplier.astype(dtype) * leader - self.offset.astype(dtype))[None]

@@ -18,6 +18,7 @@ from ._kinematics import Kinematics
 def _no_torque(kin):
     return jnp.zeros(() if kin.dimension == 2 else (3,), kin.q.dtype)
 
+
 #: An actuator: `None` (none), a constant, the index of an input channel of the
 #: mechanism's controller (`u[i]`), or a function `(t, q, v) -> value`.
 Actuator = None | int | ArrayLike | Callable
@@ -60,9 +61,15 @@ class AbstractForce(eqx.Module):
 
     def check_dimension(self, dimension: int, owner: str) -> None:
         """Raise `ValueError` if it does not exist in a mechanism of `dimension`."""
-        _check_element_dimension(self, dimension, owner, {
-            **dict.fromkeys(self.vector_fields, (dimension,)),
-            **dict.fromkeys(self.spatial_vector_fields, (3,))})
+        _check_element_dimension(
+            self,
+            dimension,
+            owner,
+            {
+                **dict.fromkeys(self.vector_fields, (dimension,)),
+                **dict.fromkeys(self.spatial_vector_fields, (3,)),
+            },
+        )
 
     def generalized_forces(self, kin: Kinematics) -> Float[Array, " n"] | None:
         """Generalized forces it applies directly (needs `kin.v`). Default: none."""
@@ -145,7 +152,8 @@ def _non_negative(owner, **values):
     for key, value in values.items():
         if is_concrete(value) and not (np.isfinite(value) and value >= 0):
             raise ValueError(
-                f"`{key}` of {owner} must be a non-negative number; got {float(value)}.")
+                f"`{key}` of {owner} must be a non-negative number; got {float(value)}."
+            )
 
 
 class Gravity(AbstractForce):
@@ -265,9 +273,17 @@ class SpringDamper(AbstractMarkerSpringDamper):
     rest_name: ClassVar[str] = "rest_length"
     non_negative_rest: ClassVar[bool] = True
 
-    def __init__(self, a: str, b: str, stiffness: ArrayLike = 0.0, damping: ArrayLike = 0.0,
-                 rest_length: ArrayLike = 0.0, *, actuator: Actuator = None,
-                 name: str | None = None):
+    def __init__(
+        self,
+        a: str,
+        b: str,
+        stiffness: ArrayLike = 0.0,
+        damping: ArrayLike = 0.0,
+        rest_length: ArrayLike = 0.0,
+        *,
+        actuator: Actuator = None,
+        name: str | None = None,
+    ):
         self.rest_length = self._set_markers(a, b, stiffness, damping, rest_length, actuator, name)
 
     def potential_energy(self, kin):
@@ -303,9 +319,17 @@ class RotationalSpringDamper(AbstractMarkerSpringDamper):
     rest_name: ClassVar[str] = "rest_angle"
     dimensions: ClassVar[tuple[int, ...]] = (2,)
 
-    def __init__(self, a: str, b: str, stiffness: ArrayLike = 0.0, damping: ArrayLike = 0.0,
-                 rest_angle: ArrayLike = 0.0, *, actuator: Actuator = None,
-                 name: str | None = None):
+    def __init__(
+        self,
+        a: str,
+        b: str,
+        stiffness: ArrayLike = 0.0,
+        damping: ArrayLike = 0.0,
+        rest_angle: ArrayLike = 0.0,
+        *,
+        actuator: Actuator = None,
+        name: str | None = None,
+    ):
         self.rest_angle = self._set_markers(a, b, stiffness, damping, rest_angle, actuator, name)
 
     def potential_energy(self, kin):
@@ -363,10 +387,18 @@ class Force(AbstractAppliedLoad):
     direction: Float[Array, " d"] | None
     vector_fields: ClassVar[tuple[str, ...]] = ("direction",)
 
-    def __init__(self, at: str, actuator: Actuator, direction: ArrayLike | None = None, *,
-                 local: bool = False, name: str | None = None):
-        self.direction = self._set_applied(at, actuator, local, name,
-                                           f"`direction` of the Force at {at!r}", direction)
+    def __init__(
+        self,
+        at: str,
+        actuator: Actuator,
+        direction: ArrayLike | None = None,
+        *,
+        local: bool = False,
+        name: str | None = None,
+    ):
+        self.direction = self._set_applied(
+            at, actuator, local, name, f"`direction` of the Force at {at!r}", direction
+        )
         if self.direction is None and self.channel is not None:
             raise ValueError(
                 "A Force driven by an input channel needs a `direction` (the channel is a "
@@ -374,8 +406,7 @@ class Force(AbstractAppliedLoad):
             )
 
     def loads(self, kin):
-        return (Load(self.at, _applied(self, kin, self.direction, kin.dimension),
-                     _no_torque(kin)),)
+        return (Load(self.at, _applied(self, kin, self.direction, kin.dimension), _no_torque(kin)),)
 
 
 class Torque(AbstractAppliedLoad):
@@ -398,8 +429,15 @@ class Torque(AbstractAppliedLoad):
     axis: Float[Array, "3"] | None
     spatial_vector_fields: ClassVar[tuple[str, ...]] = ("axis",)
 
-    def __init__(self, at: str, actuator: Actuator, axis: ArrayLike | None = None, *,
-                 local: bool = False, name: str | None = None):
+    def __init__(
+        self,
+        at: str,
+        actuator: Actuator,
+        axis: ArrayLike | None = None,
+        *,
+        local: bool = False,
+        name: str | None = None,
+    ):
         self.axis = self._set_applied(
             at, actuator, local, name, f"`axis` of the Torque on {at!r}", axis
         )
@@ -407,12 +445,14 @@ class Torque(AbstractAppliedLoad):
     def check_dimension(self, dimension, owner):
         super().check_dimension(dimension, owner)
         if dimension == 2 and (self.axis is not None or self.local):
-            raise ValueError(f"The {owner} is planar: its torque is about z; drop `axis` and "
-                             "`local`.")
+            raise ValueError(
+                f"The {owner} is planar: its torque is about z; drop `axis` and `local`."
+            )
         if dimension == 3 and self.axis is None and self.channel is not None:
             raise ValueError(
                 f"The {owner} reads a scalar input channel: give it an `axis`, e.g. "
-                "Torque('body', actuator=0, axis=(0.0, 0.0, 1.0)).")
+                "Torque('body', actuator=0, axis=(0.0, 0.0, 1.0))."
+            )
 
     def loads(self, kin):
         zero = jnp.zeros((kin.dimension,), kin.q.dtype)
@@ -443,8 +483,16 @@ class JointSpringDamper(AbstractSpringDamper):
     rest: Float[Array, ""]
     rest_name: ClassVar[str] = "rest"
 
-    def __init__(self, joint: str, stiffness: ArrayLike = 0.0, damping: ArrayLike = 0.0,
-                 rest: ArrayLike = 0.0, *, actuator: Actuator = None, name: str | None = None):
+    def __init__(
+        self,
+        joint: str,
+        stiffness: ArrayLike = 0.0,
+        damping: ArrayLike = 0.0,
+        rest: ArrayLike = 0.0,
+        *,
+        actuator: Actuator = None,
+        name: str | None = None,
+    ):
         if not isinstance(joint, str):
             raise ValueError(f"`joint` of a JointSpringDamper is a joint's name; got {joint!r}.")
         self.joint = joint

@@ -49,8 +49,9 @@ def group_key(element, markers: Sequence[str]) -> Hashable | None:
         leaves, treedef = jax.tree_util.tree_flatten(value)
         if not all(eqx.is_array(leaf) for leaf in leaves):
             return None
-        parts.append((field.name, treedef,
-                      tuple((jnp.shape(x), jnp.result_type(x)) for x in leaves)))
+        parts.append(
+            (field.name, treedef, tuple((jnp.shape(x), jnp.result_type(x)) for x in leaves))
+        )
     markers = tuple(markers)
     parts.append(tuple(markers.index(m) for m in markers))
     return tuple(parts)
@@ -77,12 +78,13 @@ def vmapped(elements: Sequence[eqx.Module], fn: Callable, *args):
     parameters and the leading axis of `args` (the elements share one group key; the
     static fields are the first element's)."""
     treedef = jax.tree_util.tree_structure(elements[0])
-    leaves = [jnp.stack(column) for column in
-              zip(*(jax.tree_util.tree_leaves(e) for e in elements), strict=True)]
+    leaves = [
+        jnp.stack(column)
+        for column in zip(*(jax.tree_util.tree_leaves(e) for e in elements), strict=True)
+    ]
     if not leaves:
         return jax.vmap(lambda *a: fn(elements[0], *a))(*args)
-    return jax.vmap(lambda ls, *a: fn(jax.tree_util.tree_unflatten(treedef, ls), *a))(
-        leaves, *args)
+    return jax.vmap(lambda ls, *a: fn(jax.tree_util.tree_unflatten(treedef, ls), *a))(leaves, *args)
 
 
 def reorder(parts: Sequence[Array], positions: Sequence[int]) -> Array:

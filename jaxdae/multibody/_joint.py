@@ -37,8 +37,10 @@ def _owner(kind: str, a, b, name) -> str:
 def _nonzero(owner: str, field: str, axis: Array, example: str) -> Array:
     """`axis`, a joint's direction `field`; `ValueError` where it is (concretely) zero."""
     if is_concrete(axis) and not np.any(np.asarray(axis)):
-        raise ValueError(f"The `{field}` of {owner} is zero: it needs a direction to turn "
-                         f"about or move along, e.g. {field}={example}.")
+        raise ValueError(
+            f"The `{field}` of {owner} is zero: it needs a direction to turn "
+            f"about or move along, e.g. {field}={example}."
+        )
     return axis
 
 
@@ -91,19 +93,23 @@ class AbstractJoint(eqx.Module):
     def __check_init__(self):
         for which in ("a", "b"):
             if not isinstance(getattr(self, which), str):
-                raise ValueError(f"Joint marker `{which}` must be a string, 'body' or "
-                                 f"'body.marker'; got {getattr(self, which)!r}.")
+                raise ValueError(
+                    f"Joint marker `{which}` must be a string, 'body' or "
+                    f"'body.marker'; got {getattr(self, which)!r}."
+                )
 
     def check_dimension(self, dimension: int, owner: str) -> None:
         """Raise `ValueError` if the joint does not exist in a mechanism of `dimension`."""
-        _check_element_dimension(self, dimension, owner,
-                                 dict.fromkeys(self.vector_fields, (dimension,)))
+        _check_element_dimension(
+            self, dimension, owner, dict.fromkeys(self.vector_fields, (dimension,))
+        )
         for field in self.planar_fields:
             value = getattr(self, field)
             if dimension == 3 and is_concrete(value) and float(value) != 0.0:
                 raise ValueError(
                     f"`{field}` of the {owner} is for planar mechanisms; in space give the "
-                    "markers orientations (`orientations=` of the bodies) instead.")
+                    "markers orientations (`orientations=` of the bodies) instead."
+                )
 
     @abc.abstractmethod
     def residual(self, t: Float[Array, ""], a: Frame, b: Frame) -> Float[Array, " m"]:
@@ -181,11 +187,15 @@ class AbstractAxisJoint(AbstractJoint):
     axis_sizes: eqx.AbstractClassVar[tuple[int, ...]]
     axis_example: eqx.AbstractClassVar[str]
 
-    def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
-                 name: str | None = None):
+    def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *, name: str | None = None):
         self.a, self.b, self.name = a, b, name
-        self.axis = _joint_axis(_owner(type(self).__name__, a, b, name), "axis", axis,
-                                self.axis_sizes, self.axis_example)
+        self.axis = _joint_axis(
+            _owner(type(self).__name__, a, b, name),
+            "axis",
+            axis,
+            self.axis_sizes,
+            self.axis_example,
+        )
 
 
 class Revolute(AbstractAxisJoint):
@@ -263,8 +273,15 @@ class Prismatic(AbstractJoint):
     vector_fields: ClassVar[tuple[str, ...]] = ("axis",)
     planar_fields: ClassVar[tuple[str, ...]] = ("angle",)
 
-    def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *,
-                 angle: ArrayLike = 0.0, name: str | None = None):
+    def __init__(
+        self,
+        a: str,
+        b: str,
+        axis: ArrayLike | None = None,
+        *,
+        angle: ArrayLike = 0.0,
+        name: str | None = None,
+    ):
         self.a, self.b, self.name = a, b, name
         owner = _owner("Prismatic", a, b, name)
         self.axis = _joint_axis(owner, "axis", axis, example="(1, 0, 0)")
@@ -329,8 +346,10 @@ class Distance(AbstractJoint):
         owner = _owner("Distance", a, b, name)
         self.length = _scalar(f"`length` of {owner}", length)
         if is_concrete(self.length) and not self.length > 0:
-            raise ValueError(f"{owner[0].upper()}{owner[1:]} needs a positive finite "
-                             f"`length`; got {float(self.length)}.")
+            raise ValueError(
+                f"{owner[0].upper()}{owner[1:]} needs a positive finite "
+                f"`length`; got {float(self.length)}."
+            )
 
     def residual(self, t, a, b):
         d = b.point - a.point
@@ -380,8 +399,9 @@ class Gear(AbstractJoint):
     name: str | None = eqx.field(static=True)
     num_equations: ClassVar[int] = 1
 
-    def __init__(self, a: str, b: str, ratio: ArrayLike, *, offset: ArrayLike = 0.0,
-                 name: str | None = None):
+    def __init__(
+        self, a: str, b: str, ratio: ArrayLike, *, offset: ArrayLike = 0.0, name: str | None = None
+    ):
         self.a, self.b, self.name = a, b, name
         owner = _owner("Gear", a, b, name)
         self.ratio = _scalar(f"`ratio` of {owner}", ratio)
@@ -428,16 +448,26 @@ class Rolling(AbstractJoint):
     has_coordinate: ClassVar[bool] = True
     vector_fields: ClassVar[tuple[str, ...]] = ("axis",)
 
-    def __init__(self, a: str, b: str, radius: ArrayLike, axis: ArrayLike | None = None, *,
-                 offset: ArrayLike = 0.0, name: str | None = None):
+    def __init__(
+        self,
+        a: str,
+        b: str,
+        radius: ArrayLike,
+        axis: ArrayLike | None = None,
+        *,
+        offset: ArrayLike = 0.0,
+        name: str | None = None,
+    ):
         self.a, self.b, self.name = a, b, name
         owner = _owner("Rolling", a, b, name)
         self.radius = _scalar(f"`radius` of {owner}", radius)
         self.axis = _joint_axis(owner, "axis", axis, (2,), example="(1, 0)")
         self.offset = _scalar(f"`offset` of {owner}", offset)
         if is_concrete(self.radius) and not self.radius > 0:
-            raise ValueError(f"{owner[0].upper()}{owner[1:]} needs a positive finite "
-                             f"`radius`; got {float(self.radius)}.")
+            raise ValueError(
+                f"{owner[0].upper()}{owner[1:]} needs a positive finite "
+                f"`radius`; got {float(self.radius)}."
+            )
 
     def _direction(self, a):
         return _unit(a.rotation @ _x_unless_given(self.axis, a))
@@ -445,8 +475,9 @@ class Rolling(AbstractJoint):
     def residual(self, t, a, b):
         u = self._direction(a)
         d = b.point - a.point
-        return jnp.stack([perpendicular(u) @ d,
-                          self.radius * (b.angle - a.angle) + u @ d - self.offset])
+        return jnp.stack(
+            [perpendicular(u) @ d, self.radius * (b.angle - a.angle) + u @ d - self.offset]
+        )
 
     def coordinate(self, a, b):
         return self._direction(a) @ (b.point - a.point)
@@ -488,7 +519,8 @@ class Driver(AbstractJoint):
             raise ValueError(
                 f"`motion` of the {owner} returns shape {tuple(shape)}: a Driver's motion is "
                 f"the offset p_b − p_a, a vector of {dimension} numbers in this "
-                f"{'planar' if dimension == 2 else 'spatial'} mechanism.")
+                f"{'planar' if dimension == 2 else 'spatial'} mechanism."
+            )
 
     def check_dimension(self, dimension, owner):
         super().check_dimension(dimension, owner)
@@ -540,14 +572,23 @@ class Universal(AbstractJoint):
     dimensions: ClassVar[tuple[int, ...]] = (3,)
     vector_fields: ClassVar[tuple[str, ...]] = ("axis_a", "axis_b")
 
-    def __init__(self, a: str, b: str, axis_a: ArrayLike = (1.0, 0.0, 0.0),
-                 axis_b: ArrayLike = (0.0, 1.0, 0.0), *, name: str | None = None):
+    def __init__(
+        self,
+        a: str,
+        b: str,
+        axis_a: ArrayLike = (1.0, 0.0, 0.0),
+        axis_b: ArrayLike = (0.0, 1.0, 0.0),
+        *,
+        name: str | None = None,
+    ):
         self.a, self.b, self.name = a, b, name
         owner = _owner("Universal", a, b, name)
-        self.axis_a = _nonzero(owner, "axis_a", _vector(f"`axis_a` of {owner}", axis_a, 3),
-                               "(1, 0, 0)")
-        self.axis_b = _nonzero(owner, "axis_b", _vector(f"`axis_b` of {owner}", axis_b, 3),
-                               "(0, 1, 0)")
+        self.axis_a = _nonzero(
+            owner, "axis_a", _vector(f"`axis_a` of {owner}", axis_a, 3), "(1, 0, 0)"
+        )
+        self.axis_b = _nonzero(
+            owner, "axis_b", _vector(f"`axis_b` of {owner}", axis_b, 3), "(0, 1, 0)"
+        )
 
     def residual(self, t, a, b):
         cross = (a.rotation @ _unit(self.axis_a)) @ (b.rotation @ _unit(self.axis_b))
@@ -573,12 +614,12 @@ class Cylindrical(AbstractJoint):
     dimensions: ClassVar[tuple[int, ...]] = (3,)
     vector_fields: ClassVar[tuple[str, ...]] = ("axis",)
 
-    def __init__(self, a: str, b: str, axis: ArrayLike = (0.0, 0.0, 1.0), *,
-                 name: str | None = None):
+    def __init__(
+        self, a: str, b: str, axis: ArrayLike = (0.0, 0.0, 1.0), *, name: str | None = None
+    ):
         self.a, self.b, self.name = a, b, name
         owner = _owner("Cylindrical", a, b, name)
-        self.axis = _nonzero(owner, "axis", _vector(f"`axis` of {owner}", axis, 3),
-                             "(0, 0, 1)")
+        self.axis = _nonzero(owner, "axis", _vector(f"`axis` of {owner}", axis, 3), "(0, 0, 1)")
 
     def residual(self, t, a, b):
         return jnp.concatenate([on_axis(a, b, self.axis), aligned_axes(a, b, self.axis)])

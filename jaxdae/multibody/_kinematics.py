@@ -54,8 +54,13 @@ def turned(cos, sin, vectors):
 def skew(w):
     """The matrix `w̃` with `w̃ x = w × x`."""
     zero = jnp.zeros((), w.dtype)
-    return jnp.stack([jnp.stack([zero, -w[2], w[1]]), jnp.stack([w[2], zero, -w[0]]),
-                      jnp.stack([-w[1], w[0], zero])])
+    return jnp.stack(
+        [
+            jnp.stack([zero, -w[2], w[1]]),
+            jnp.stack([w[2], zero, -w[0]]),
+            jnp.stack([-w[1], w[0], zero]),
+        ]
+    )
 
 
 def euler_rotation(p):
@@ -82,15 +87,35 @@ def quaternion_from_matrix(matrix):
     """The Euler parameters (`e₀ ≥ 0`) of a rotation matrix, by Shepperd's method."""
     r = matrix
     trace = r[0, 0] + r[1, 1] + r[2, 2]
-    candidates = jnp.stack([
-        jnp.stack([1 + trace, r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1]]),
-        jnp.stack([r[2, 1] - r[1, 2], 1 + r[0, 0] - r[1, 1] - r[2, 2], r[0, 1] + r[1, 0],
-                   r[0, 2] + r[2, 0]]),
-        jnp.stack([r[0, 2] - r[2, 0], r[0, 1] + r[1, 0], 1 - r[0, 0] + r[1, 1] - r[2, 2],
-                   r[1, 2] + r[2, 1]]),
-        jnp.stack([r[1, 0] - r[0, 1], r[0, 2] + r[2, 0], r[1, 2] + r[2, 1],
-                   1 - r[0, 0] - r[1, 1] + r[2, 2]]),
-    ])
+    candidates = jnp.stack(
+        [
+            jnp.stack([1 + trace, r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1]]),
+            jnp.stack(
+                [
+                    r[2, 1] - r[1, 2],
+                    1 + r[0, 0] - r[1, 1] - r[2, 2],
+                    r[0, 1] + r[1, 0],
+                    r[0, 2] + r[2, 0],
+                ]
+            ),
+            jnp.stack(
+                [
+                    r[0, 2] - r[2, 0],
+                    r[0, 1] + r[1, 0],
+                    1 - r[0, 0] + r[1, 1] - r[2, 2],
+                    r[1, 2] + r[2, 1],
+                ]
+            ),
+            jnp.stack(
+                [
+                    r[1, 0] - r[0, 1],
+                    r[0, 2] + r[2, 0],
+                    r[1, 2] + r[2, 1],
+                    1 - r[0, 0] - r[1, 1] + r[2, 2],
+                ]
+            ),
+        ]
+    )
     k = jnp.argmax(jnp.diagonal(candidates))
     c = candidates[k]
     p = c / (2 * jnp.sqrt(c[k]))
@@ -119,8 +144,9 @@ def rotation_matrix(
     return jnp.eye(3, dtype=axis.dtype) + jnp.sin(angle) * k + (1 - jnp.cos(angle)) * (k @ k)
 
 
-def rpy_matrix(roll: Float[ArrayLike, ""], pitch: Float[ArrayLike, ""],
-               yaw: Float[ArrayLike, ""]) -> Float[Array, "3 3"]:
+def rpy_matrix(
+    roll: Float[ArrayLike, ""], pitch: Float[ArrayLike, ""], yaw: Float[ArrayLike, ""]
+) -> Float[Array, "3 3"]:
     """The rotation of roll, pitch and yaw angles as URDF defines them:
     `R_z(yaw) R_y(pitch) R_x(roll)` (fixed axes x, y, z in that order).
 
@@ -128,8 +154,11 @@ def rpy_matrix(roll: Float[ArrayLike, ""], pitch: Float[ArrayLike, ""],
 
     The `(3, 3)` rotation matrix.
     """
-    return (rotation_matrix((0.0, 0.0, 1.0), yaw) @ rotation_matrix((0.0, 1.0, 0.0), pitch)
-            @ rotation_matrix((1.0, 0.0, 0.0), roll))
+    return (
+        rotation_matrix((0.0, 0.0, 1.0), yaw)
+        @ rotation_matrix((0.0, 1.0, 0.0), pitch)
+        @ rotation_matrix((1.0, 0.0, 0.0), roll)
+    )
 
 
 def split(ref: str) -> tuple[str, str | None]:
@@ -185,8 +214,12 @@ class Kinematics:
         d, dtype = self.dimension, self.q.dtype
         if slot < 0:
             rot = jnp.eye(d, dtype=dtype) if orientation is None else orientation.astype(dtype)
-            return Frame(jnp.zeros((d,), dtype), jnp.zeros((), dtype) if d == 2 else None, rot,
-                         s.astype(dtype))
+            return Frame(
+                jnp.zeros((d,), dtype),
+                jnp.zeros((), dtype) if d == 2 else None,
+                rot,
+                s.astype(dtype),
+            )
         if d == 2:
             qb = self.body_coordinates(slot)
             cos, sin = jnp.cos(qb[2]), jnp.sin(qb[2])
@@ -346,8 +379,7 @@ class ElementKinematics:
         self.mechanism, self.t, self.q, self.v = kin.mechanism, kin.t, kin.q, kin.v
         self.inputs, self.dimension = kin.inputs, kin.dimension
         self._frames = dict(zip(roles, frames, strict=True))
-        self._velocities = None if velocities is None else dict(
-            zip(roles, velocities, strict=True))
+        self._velocities = None if velocities is None else dict(zip(roles, velocities, strict=True))
 
     def frame(self, ref):
         return self._frames[ref]

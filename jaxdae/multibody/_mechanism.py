@@ -39,8 +39,11 @@ def kind_check(name, items, kind, expected):
     items = tuple(items)
     for item in items:
         if not isinstance(item, kind):
-            what = (f"the class {item.__name__} itself (pass an instance)"
-                    if isinstance(item, type) else repr(type(item).__name__))
+            what = (
+                f"the class {item.__name__} itself (pass an instance)"
+                if isinstance(item, type)
+                else repr(type(item).__name__)
+            )
             raise ValueError(f"`{name}` must hold {expected}; got {what}.")
     return items
 
@@ -109,7 +112,8 @@ class AbstractMechanism(AbstractControlledSystem):
                 f"This {type(self).__name__} has no coordinates: its joints ("
                 f"{list(self.joint_names)}) fix every body to the ground, so nothing can "
                 "move. Give it a moving joint (Revolute, Prismatic, ...) or a body that "
-                "no joint holds (a free body).")
+                "no joint holds (a free body)."
+            )
 
     @property
     @abc.abstractmethod
@@ -156,30 +160,41 @@ class AbstractMechanism(AbstractControlledSystem):
         and joints it has; each joint between two bodies; each coupling between joints
         with coordinates; a controller (default: a constant zero input of the size the
         actuators need)."""
-        self.joints = kind_check("joints", joints, AbstractJoint,
-                                 "joints (jaxdae.multibody.Revolute, Prismatic, ...)")
-        self.forces = kind_check("forces", forces, AbstractForce,
-                                 "force elements (jaxdae.multibody.Gravity, SpringDamper, ...)")
-        self.stops = kind_check("stops", stops, AbstractStop,
-                                "stops (jaxdae.multibody.JointLimit, PlaneContact, ...)")
-        self.couplings = kind_check("couplings", couplings, JointCoupling,
-                                    "jaxdae.multibody.JointCoupling instances")
+        self.joints = kind_check(
+            "joints", joints, AbstractJoint, "joints (jaxdae.multibody.Revolute, Prismatic, ...)"
+        )
+        self.forces = kind_check(
+            "forces",
+            forces,
+            AbstractForce,
+            "force elements (jaxdae.multibody.Gravity, SpringDamper, ...)",
+        )
+        self.stops = kind_check(
+            "stops", stops, AbstractStop, "stops (jaxdae.multibody.JointLimit, PlaneContact, ...)"
+        )
+        self.couplings = kind_check(
+            "couplings", couplings, JointCoupling, "jaxdae.multibody.JointCoupling instances"
+        )
         self.joint_names = element_names("joint", self.joints)
         self.force_names = element_names("force element", self.forces)
         self.stop_names = element_names("stop", self.stops)
         self.coupling_names = element_names("coupling", self.couplings)
-        for kind, names, elements in (("joint", self.joint_names, self.joints),
-                                      ("force element", self.force_names, self.forces),
-                                      ("stop", self.stop_names, self.stops),
-                                      ("coupling", self.coupling_names, self.couplings)):
+        for kind, names, elements in (
+            ("joint", self.joint_names, self.joints),
+            ("force element", self.force_names, self.forces),
+            ("stop", self.stop_names, self.stops),
+            ("coupling", self.coupling_names, self.couplings),
+        ):
             for name, element in zip(names, elements, strict=True):
                 self._check_element(kind, name, element)
         channels = [c for force in self.forces for c in force.channels]
         if controller is None:
             controller = ConstantControl(jnp.zeros((max(channels, default=-1) + 1,)))
         if not isinstance(controller, AbstractController):
-            raise ValueError("`controller` must be a jaxdae.AbstractController; got "
-                             f"{type(controller).__name__}.")
+            raise ValueError(
+                "`controller` must be a jaxdae.AbstractController; got "
+                f"{type(controller).__name__}."
+            )
         self.controller = controller
 
     def _check_element(self, kind, name, element):
@@ -190,45 +205,53 @@ class AbstractMechanism(AbstractControlledSystem):
         refs = (element.a, element.b) if kind == "joint" else getattr(element, "markers", ())
         for ref in refs:
             self._check_ref(f"{kind} {name!r}", ref)
-        for joint in (() if kind == "joint" else element.joints):  # stops', couplings' joints
+        for joint in () if kind == "joint" else element.joints:  # stops', couplings' joints
             if not self.joints[self._joint_index(joint, f"The {kind} {name!r}")].has_coordinate:
                 raise ValueError(
                     f"The {kind} {name!r} acts on joint {joint!r}, which has no joint "
                     "coordinate (a revolute, prismatic, cylindrical or point-on-line "
-                    "joint has one).")
+                    "joint has one)."
+                )
         if kind == "joint" and split(element.a)[0] == split(element.b)[0]:
             raise ValueError(
                 f"Joint {name!r} joins body {split(element.a)[0]!r} to itself "
-                f"({element.a!r} and {element.b!r}): a joint connects two bodies.")
+                f"({element.a!r} and {element.b!r}): a joint connects two bodies."
+            )
 
     def _check_wrapped(self):
         """Raise `ValueError` for a joint limit beyond `±π` or a coupling on a joint whose
         angle this mechanism measures in `(−π, π]` (`_wrapped_joints`): the gap of such a
         bound never closes and the coupling's residual jumps by `2π` where the angle wraps."""
         wrapped = set(self._wrapped_joints())
-        fix = ("Describe the mechanism in joint coordinates (a "
-               "jaxdae.multibody.TreeMechanism, or `coordinates=\"joint\"` for a URDF robot), "
-               "where a revolute joint's angle is a coordinate that turns without wrapping")
+        fix = (
+            "Describe the mechanism in joint coordinates (a "
+            'jaxdae.multibody.TreeMechanism, or `coordinates="joint"` for a URDF robot), '
+            "where a revolute joint's angle is a coordinate that turns without wrapping"
+        )
         kind = type(self).__name__
         for name, stop in zip(self.stop_names, self.stops, strict=True):
             if not (isinstance(stop, JointLimit) and stop.joint in wrapped):
                 continue
-            beyond = [(side, float(bound)) for side, bound in (("lower", stop.lower),
-                                                              ("upper", stop.upper))
-                      if bound is not None and is_concrete(bound) and abs(float(bound)) > np.pi]
+            beyond = [
+                (side, float(bound))
+                for side, bound in (("lower", stop.lower), ("upper", stop.upper))
+                if bound is not None and is_concrete(bound) and abs(float(bound)) > np.pi
+            ]
             if beyond:
                 listed = ", ".join(f"`{side}` {value:g}" for side, value in beyond)
                 raise ValueError(
                     f"The JointLimit {name!r} bounds joint {stop.joint!r} beyond ±π ({listed}), "
                     f"but this {kind} measures the joint's angle in (−π, π]: the angle wraps at "
-                    f"±π and never reaches the bound. {fix}, or give bounds within [−π, π].")
+                    f"±π and never reaches the bound. {fix}, or give bounds within [−π, π]."
+                )
         for name, coupling in zip(self.coupling_names, self.couplings, strict=True):
             turning = [j for j in coupling.joints if j in wrapped]
             if turning:
                 raise ValueError(
                     f"The JointCoupling {name!r} couples joint {turning[0]!r}, whose angle this "
                     f"{kind} measures in (−π, π]: the coupling would break where the angle "
-                    f"wraps at ±π. {fix}.")
+                    f"wraps at ±π. {fix}."
+                )
 
     def _check_ref(self, owner, ref):
         """Raise `ValueError` where `ref` names a body or marker the mechanism lacks."""
@@ -267,8 +290,11 @@ class AbstractMechanism(AbstractControlledSystem):
 
     def _joint_index(self, name, owner=None):
         if name not in self.joint_names:
-            where = f"{owner} refers to joint {name!r}, which is not in the mechanism" if owner \
+            where = (
+                f"{owner} refers to joint {name!r}, which is not in the mechanism"
+                if owner
                 else f"No joint named {name!r}"
+            )
             raise ValueError(f"{where}; the joints are {list(self.joint_names)}.")
         return self.joint_names.index(name)
 
@@ -279,8 +305,9 @@ class AbstractMechanism(AbstractControlledSystem):
     def _coupling_residuals(self, kin, dtype):
         """The couplings' residuals `(couplings,)`, their joints' coordinates read from
         `kin`."""
-        return jnp.concatenate([coupling.residual(kin.coordinate).astype(dtype)
-                                for coupling in self.couplings])
+        return jnp.concatenate(
+            [coupling.residual(kin.coordinate).astype(dtype) for coupling in self.couplings]
+        )
 
     # -- outputs -----------------------------------------------------------------------
 
@@ -290,31 +317,33 @@ class AbstractMechanism(AbstractControlledSystem):
         self._check_ref("request", marker)
         return over_leading(lambda q_: self._kinematics(0.0, q_).frame(marker).point, q)
 
-    def marker_velocity(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"],
-                        marker: str) -> Float[Array, "*batch d"]:
+    def marker_velocity(
+        self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"], marker: str
+    ) -> Float[Array, "*batch d"]:
         """The velocity of `marker` in the global frame, `ṙ + ω × R s` (`ω` the body's
         angular velocity; `θ̇` about z in the plane)."""
         self._check_ref("request", marker)
-        return over_leading(lambda q_, v_: self._kinematics(0.0, q_, v_).velocity(marker)[0],
-                            q, v)
+        return over_leading(lambda q_, v_: self._kinematics(0.0, q_, v_).velocity(marker)[0], q, v)
 
-    def marker_rotation(self, q: Float[Array, "*batch n"], marker: str
-                        ) -> Float[Array, "*batch d d"]:
+    def marker_rotation(
+        self, q: Float[Array, "*batch n"], marker: str
+    ) -> Float[Array, "*batch d d"]:
         """The orientation of `marker`'s frame in the global frame (its body's rotation times
         the marker's orientation on the body)."""
         self._check_ref("request", marker)
         return over_leading(lambda q_: self._kinematics(0.0, q_).frame(marker).rotation, q)
 
-    def angular_velocity(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"],
-                         name: str) -> Float[Array, "*batch"] | Float[Array, "*batch 3"]:
+    def angular_velocity(
+        self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"], name: str
+    ) -> Float[Array, "*batch"] | Float[Array, "*batch 3"]:
         """Body `name`'s angular velocity: `θ̇` in the plane, the vector `ω` in the global
         frame in space."""
         self._check_ref("request", name)
-        return over_leading(lambda q_, v_: self._kinematics(0.0, q_, v_).velocity(name)[1],
-                            q, v)
+        return over_leading(lambda q_, v_: self._kinematics(0.0, q_, v_).velocity(name)[1], q, v)
 
-    def joint_coordinate(self, name: str, q: Float[Array, " n"],
-                         t: ScalarLike = 0.0) -> Float[Array, ""]:
+    def joint_coordinate(
+        self, name: str, q: Float[Array, " n"], t: ScalarLike = 0.0
+    ) -> Float[Array, ""]:
         """The coordinate of joint `name` at one configuration `q` (see
         `joint_coordinates`)."""
         return self._kinematics(t, q).coordinate(name)
@@ -324,8 +353,7 @@ class AbstractMechanism(AbstractControlledSystem):
         (`θ_b − θ_a` in the plane; in `(−π, π]` about its axis in space), a prismatic,
         cylindrical or point-on-line joint's displacement along its axis. A
         [`jaxdae.multibody.TreeMechanism`][]'s tree joints read theirs from `q`."""
-        names = [n for n, j in zip(self.joint_names, self.joints, strict=True)
-                 if j.has_coordinate]
+        names = [n for n, j in zip(self.joint_names, self.joints, strict=True) if j.has_coordinate]
 
         def coords(q_):
             kin = self._kinematics(0.0, q_)
@@ -333,11 +361,11 @@ class AbstractMechanism(AbstractControlledSystem):
 
         return over_leading(coords, q)
 
-    def joint_rates(self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"]
-                    ) -> dict[str, Float[Array, "*batch"]]:
+    def joint_rates(
+        self, q: Float[Array, "*batch n"], v: Float[Array, "*batch n"]
+    ) -> dict[str, Float[Array, "*batch"]]:
         """The rates of the joint coordinates, `d/dt joint_coordinates(q)`."""
-        return over_leading(lambda q_, v_: jax.jvp(self.joint_coordinates, (q_,), (v_,))[1],
-                            q, v)
+        return over_leading(lambda q_, v_: jax.jvp(self.joint_coordinates, (q_,), (v_,))[1], q, v)
 
     # -- one-sided constraints ---------------------------------------------------------
 
@@ -355,13 +383,21 @@ class AbstractMechanism(AbstractControlledSystem):
 
     def restitution(self):
         """The stops' coefficients of restitution, one per gap."""
-        return jnp.concatenate([jnp.broadcast_to(stop.restitution, (stop.num_gaps,))
-                                for stop in self.stops]) if self.stops else 0.0
+        return (
+            jnp.concatenate(
+                [jnp.broadcast_to(stop.restitution, (stop.num_gaps,)) for stop in self.stops]
+            )
+            if self.stops
+            else 0.0
+        )
 
     def friction(self):
         """The stops' coefficients of friction, one per gap (`0` without friction)."""
-        return jnp.concatenate([stop.friction_coefficients() for stop in self.stops]
-                               ) if self.stops else 0.0
+        return (
+            jnp.concatenate([stop.friction_coefficients() for stop in self.stops])
+            if self.stops
+            else 0.0
+        )
 
     def slip_velocities(self, t, q, v):
         """The sliding velocities of the stops' contacts, one per gap (zero for gaps
@@ -369,20 +405,24 @@ class AbstractMechanism(AbstractControlledSystem):
         if not self.stops:
             return jnp.zeros((0,), q.dtype)
         stop_kin = self._stop_kinematics(t, q, v)
-        return jnp.concatenate([stop.slip_velocities(stop_kin).astype(q.dtype)
-                                for stop in self.stops])
+        return jnp.concatenate(
+            [stop.slip_velocities(stop_kin).astype(q.dtype) for stop in self.stops]
+        )
 
     @property
     def gap_names(self) -> tuple[str, ...]:
         """The gaps' names: each stop's name, with its label per gap (`.lower`, `.upper`)."""
-        return tuple(f"{name}.{label}" if label else name
-                     for name, stop in zip(self.stop_names, self.stops, strict=True)
-                     for label in stop.gap_labels)
+        return tuple(
+            f"{name}.{label}" if label else name
+            for name, stop in zip(self.stop_names, self.stops, strict=True)
+            for label in stop.gap_labels
+        )
 
     # -- analysis ----------------------------------------------------------------------
 
-    def mobility(self, q: Float[ArrayLike, " n"] | None = None, t: ScalarLike = 0.0, *,
-                 rtol: float = 1e-9) -> Mobility:
+    def mobility(
+        self, q: Float[ArrayLike, " n"] | None = None, t: ScalarLike = 0.0, *, rtol: float = 1e-9
+    ) -> Mobility:
         """The Grübler count against the rank of the constraint Jacobian at `q`. The Euler
         parameters' norms of a [`jaxdae.multibody.TreeMechanism`][] count as coordinates
         held by nothing.
@@ -403,8 +443,14 @@ class AbstractMechanism(AbstractControlledSystem):
         n, m = q.shape[0], self.num_equations
         rank = constraint_rank(self, q, t, rtol)
         free = n - self._unheld_coordinates()
-        return Mobility(coordinates=n, equations=m, grubler=free - m, rank=rank,
-                        dof=free - rank, redundant=m - rank)
+        return Mobility(
+            coordinates=n,
+            equations=m,
+            grubler=free - m,
+            rank=rank,
+            dof=free - rank,
+            redundant=m - rank,
+        )
 
     def initial_state(
         self,
@@ -469,17 +515,22 @@ def prescribed(mechanism, joint_coordinates, dtype) -> "Prescribed":
     for name, value in (joint_coordinates or {}).items():
         joint = mechanism.joint(name)
         if not joint.has_coordinate:
-            with_one = sorted(n for n, j in zip(mechanism.joint_names, mechanism.joints,
-                                                strict=True) if j.has_coordinate)
-            raise ValueError(f"Joint {name!r} has no joint coordinate to prescribe; joints with "
-                             f"one: {with_one}.")
+            with_one = sorted(
+                n
+                for n, j in zip(mechanism.joint_names, mechanism.joints, strict=True)
+                if j.has_coordinate
+            )
+            raise ValueError(
+                f"Joint {name!r} has no joint coordinate to prescribe; joints with one: {with_one}."
+            )
         value, rate = value if isinstance(value, tuple) else (value, 0.0)
         names.append(name)
         values.append(jnp.asarray(value, dtype))
         rates.append(jnp.asarray(rate, dtype))
     empty = jnp.zeros((0,), dtype)
-    return Prescribed(tuple(names), jnp.stack(values) if names else empty,
-                      jnp.stack(rates) if names else empty)
+    return Prescribed(
+        tuple(names), jnp.stack(values) if names else empty, jnp.stack(rates) if names else empty
+    )
 
 
 class Prescribed(eqx.Module):
@@ -506,6 +557,5 @@ class Driven(LagrangianSystem):
         if self.prescribed.names:
             coords = self.mechanism.joint_coordinates(q)
             driven = jnp.stack([coords[n] for n in self.prescribed.names])
-            parts.append(driven - self.prescribed.values
-                         - self.prescribed.rates * (t - self.t0))
+            parts.append(driven - self.prescribed.values - self.prescribed.rates * (t - self.t0))
         return jnp.concatenate(parts)

@@ -134,25 +134,32 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
         couplings: Sequence[JointCoupling] = (),
         controller: AbstractController | None = None,
     ):
-        items = kind_check("bodies", bodies, (PlanarBody, RigidBody, Ground),
-                           "jaxdae.multibody.PlanarBody or RigidBody (and one Ground) instances")
+        items = kind_check(
+            "bodies",
+            bodies,
+            (PlanarBody, RigidBody, Ground),
+            "jaxdae.multibody.PlanarBody or RigidBody (and one Ground) instances",
+        )
         self._set_bodies(items, "PlanarBody or RigidBody")
         dimensions = {b.dimension for b in self.bodies}
         if len(dimensions) > 1:
             raise ValueError(
                 "`bodies` mixes PlanarBody and RigidBody: a mechanism is planar or spatial. "
                 "Model a planar part in space with RigidBody and planar joints' spatial "
-                "counterparts.")
+                "counterparts."
+            )
         self.dimension = dimensions.pop()
         for key, point in self.ground.markers.items():
             if point.shape != (self.dimension,):
                 raise ValueError(
                     f"Ground marker {key!r} has {point.shape[0]} coordinates; this mechanism "
-                    f"is {self.dimension}-D.")
+                    f"is {self.dimension}-D."
+                )
         if self.dimension == 2 and self.ground.orientations:
             raise ValueError("Ground `orientations` are for spatial mechanisms.")
-        self.offsets = tuple(int(o) for o in np.cumsum(
-            [0] + [b.num_coordinates for b in self.bodies[:-1]]))
+        self.offsets = tuple(
+            int(o) for o in np.cumsum([0] + [b.num_coordinates for b in self.bodies[:-1]])
+        )
         self._set_elements(joints, forces, stops, controller, couplings)
         self.joint_sizes = tuple(j.equations(self.dimension) for j in self.joints)
         self.holding = ()
@@ -164,15 +171,23 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
         `Φ_q` restricted to the coordinates without mass has full column rank at the
         bodies' given poses. The joints on such bodies are recorded in `holding` (see
         `kinetic_energy`)."""
-        bodies = [(slot, b) for slot, b in enumerate(self.bodies)
-                  if isinstance(b, PlanarBody) and b.massless]
+        bodies = [
+            (slot, b)
+            for slot, b in enumerate(self.bodies)
+            if isinstance(b, PlanarBody) and b.massless
+        ]
         if not bodies:
             return
         names = {b.name for _, b in bodies}
-        self.holding = tuple(i for i, j in enumerate(self.joints)
-                             if {split(j.a)[0], split(j.b)[0]} & names)
-        columns = [self.offsets[slot] + k for slot, b in bodies
-                   for k, value in enumerate(np.asarray(b.mass_diagonal())) if value == 0.0]
+        self.holding = tuple(
+            i for i, j in enumerate(self.joints) if {split(j.a)[0], split(j.b)[0]} & names
+        )
+        columns = [
+            self.offsets[slot] + k
+            for slot, b in bodies
+            for k, value in enumerate(np.asarray(b.mass_diagonal()))
+            if value == 0.0
+        ]
         q = self.reference_coordinates()
         jacobian = np.asarray(jax.jacfwd(lambda q_: self.constraints(0.0, q_))(q))[:, columns]
         rank = np.linalg.matrix_rank(jacobian) if jacobian.size else 0
@@ -182,7 +197,8 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
                 f"Body {listed} has no mass or no moment of inertia in a direction its joints "
                 f"let it move (the joints hold {rank} of its {len(columns)} massless "
                 "coordinates at the bodies' given poses). Give it mass and inertia, or hold "
-                "it by joints (a massless beam pinned at one end and linked at the other).")
+                "it by joints (a massless beam pinned at one end and linked at the other)."
+            )
 
     def _holding_rates(self, t, q, v):
         """`Φ̇` of the joints on massless bodies and the weight `k` of `½ k |Φ̇|²`: the
@@ -208,8 +224,11 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
     def num_equations(self) -> int:
         """`m`, the number of constraint equations: the joints', one per coupling, then (in
         space) one norm constraint per body."""
-        return (sum(self.joint_sizes) + len(self.couplings)
-                + sum(b.num_own_constraints for b in self.bodies))
+        return (
+            sum(self.joint_sizes)
+            + len(self.couplings)
+            + sum(b.num_own_constraints for b in self.bodies)
+        )
 
     def slot(self, name: str) -> int:
         """The index of body `name` in `bodies` (its coordinates are
@@ -247,13 +266,10 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
             blocks = self._mass_blocks(q)
             count = blocks.shape[0]
             eye = jnp.eye(count, dtype=q.dtype)
-            mass = (eye[:, None, :, None] * blocks[:, :, None, :]).reshape(q.shape[0],
-                                                                           q.shape[0])
+            mass = (eye[:, None, :, None] * blocks[:, :, None, :]).reshape(q.shape[0], q.shape[0])
         if self.holding:
-            jacobian = jax.jacfwd(lambda v_: self._holding_rates(t, q, v_)[0])(
-                jnp.zeros_like(q))
-            mass = mass + self._holding_rates(t, q, jnp.zeros_like(q))[1] * (
-                jacobian.T @ jacobian)
+            jacobian = jax.jacfwd(lambda v_: self._holding_rates(t, q, v_)[0])(jnp.zeros_like(q))
+            mass = mass + self._holding_rates(t, q, jnp.zeros_like(q))[1] * (jacobian.T @ jacobian)
         return mass
 
     def kinetic_energy(self, t, q, v):
@@ -267,8 +283,11 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
             energy = 0.5 * jnp.sum(self._mass_diagonal(q.dtype) * v**2)
         else:
             shape = (len(self.bodies), 7)
-            energy = jnp.sum(jax.vmap(rigid_kinetic_energy)(
-                self.masses, self.inertias, q.reshape(shape), v.reshape(shape)))
+            energy = jnp.sum(
+                jax.vmap(rigid_kinetic_energy)(
+                    self.masses, self.inertias, q.reshape(shape), v.reshape(shape)
+                )
+            )
         if self.holding:
             rates, weight = self._holding_rates(t, q, v)
             energy = energy + 0.5 * weight * (rates @ rates)
@@ -308,7 +327,8 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
             rows = take(kin._poses_all()[0], slots[keep] + 1)
             arm = (frame.point - frame.origin)[keep]
             generalized = jax.vmap(self.bodies[0].generalized_load)(
-                rows, arm, load.force[keep], load.torque[keep])
+                rows, arm, load.force[keep], load.torque[keep]
+            )
             c = self.bodies[0].num_coordinates
             index = np.asarray(self.offsets)[slots[keep]][:, None] + np.arange(c)
             forces = add_at(forces, index, generalized)
@@ -326,12 +346,17 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
                         continue  # the ground takes it
                     frame, body = kin.frame(load.at), self.bodies[slot]
                     start = self.offsets[slot]
-                    generalized = body.generalized_load(kin.body_coordinates(slot),
-                                                        frame.point - frame.origin, load.force,
-                                                        load.torque)
+                    generalized = body.generalized_load(
+                        kin.body_coordinates(slot),
+                        frame.point - frame.origin,
+                        load.force,
+                        load.torque,
+                    )
                     # a pad, not `.at[...].add` (a scatter: see `_gather.add_at`)
-                    forces = forces + jnp.pad(generalized.astype(q.dtype), (
-                        start, q.shape[0] - start - body.num_coordinates))
+                    forces = forces + jnp.pad(
+                        generalized.astype(q.dtype),
+                        (start, q.shape[0] - start - body.num_coordinates),
+                    )
                 direct = element.generalized_forces(kin)
                 if direct is not None:
                     forces = forces + direct.astype(q.dtype)
@@ -346,8 +371,9 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
 
             loads = vmapped(elements, one, frames, velocities)
             where = [roles.index(load.at) for load in loads]
-            forces = self._add_loads(forces, kin, loads, [refs[k] for k in where],
-                                     [frames[k] for k in where])
+            forces = self._add_loads(
+                forces, kin, loads, [refs[k] for k in where], [frames[k] for k in where]
+            )
         return forces
 
     def _joint_residuals(self, kin, t, indices):
@@ -364,16 +390,20 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
                 j = group[0]
                 residual = j.residual(t, kin.frame(j.a), kin.frame(j.b))
             else:
-                residual = vmapped(group, lambda j, a, b: j.residual(t, a, b),
-                                   kin.frames([j.a for j in group]),
-                                   kin.frames([j.b for j in group]))
+                residual = vmapped(
+                    group,
+                    lambda j, a, b: j.residual(t, a, b),
+                    kin.frames([j.a for j in group]),
+                    kin.frames([j.b for j in group]),
+                )
             residual = jnp.asarray(residual, kin.q.dtype).reshape(-1)
             expected = sum(sizes[k] for k in members)
             if residual.shape[0] != expected:
                 raise ValueError(
                     f"A {type(group[0]).__name__} joint's `residual` gave "
                     f"{residual.shape[0] // len(group)} equations where its `equations` says "
-                    f"{expected // len(group)}: make them agree.")
+                    f"{expected // len(group)}: make them agree."
+                )
             parts.append(residual)
             positions += [starts[k] + r for k in members for r in range(sizes[k])]
         return reorder(parts, positions)
@@ -391,13 +421,15 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
         if self.dimension == 3:
             p = q.reshape(len(self.bodies), 7)[:, 3:]
             parts.append(0.5 * (jnp.sum(p * p, axis=1) - 1))
-        return jnp.concatenate(parts) if len(parts) > 1 else (
-            parts[0] if parts else jnp.zeros((0,), q.dtype))
+        return (
+            jnp.concatenate(parts)
+            if len(parts) > 1
+            else (parts[0] if parts else jnp.zeros((0,), q.dtype))
+        )
 
     # -- outputs -----------------------------------------------------------------------
 
-    def body_coordinates(self, q: Float[Array, "*batch n"], name: str
-                         ) -> Float[Array, "*batch c"]:
+    def body_coordinates(self, q: Float[Array, "*batch n"], name: str) -> Float[Array, "*batch c"]:
         """`(x, y, θ)` (planar) or `(x, y, z, e₀, e₁, e₂, e₃)` (spatial) of body `name`; `q`
         may carry leading (time, batch) axes."""
         self._check_ref("request", name)
@@ -407,8 +439,12 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
         start = self.offsets[slot]
         return q[..., start : start + self.bodies[slot].num_coordinates]
 
-    def reactions(self, q: Float[Array, "*batch n"], multipliers: Float[Array, "*batch c"],
-                  t: Float[ArrayLike, "*batch"] = 0.0) -> dict[str, Reaction]:
+    def reactions(
+        self,
+        q: Float[Array, "*batch n"],
+        multipliers: Float[Array, "*batch c"],
+        t: Float[ArrayLike, "*batch"] = 0.0,
+    ) -> dict[str, Reaction]:
         """The joints' reaction loads from the multipliers of a solve, by joint name.
 
         The constraint forces are `−Φ_qᵀ λ` (`M q̈ = Q − Φ_qᵀ λ`); each joint's rows give
@@ -444,8 +480,9 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
                 def wrench(ref, load=load):
                     slot = self.slot(split(ref)[0])
                     body, start = self.bodies[slot], self.offsets[slot]
-                    return body.wrench(kin.body_coordinates(slot),
-                                       load[start : start + body.num_coordinates])
+                    return body.wrench(
+                        kin.body_coordinates(slot), load[start : start + body.num_coordinates]
+                    )
 
                 if self.slot(split(joint.b)[0]) >= 0:
                     force, moment = wrench(joint.b)
@@ -468,8 +505,11 @@ class Mechanism(AbstractMechanism, LagrangianSystem):
         return 0
 
     def _wrapped_joints(self) -> tuple[str, ...]:
-        return tuple(name for name, joint in zip(self.joint_names, self.joints, strict=True)
-                     if joint.coordinate_wraps(self.dimension))
+        return tuple(
+            name
+            for name, joint in zip(self.joint_names, self.joints, strict=True)
+            if joint.coordinate_wraps(self.dimension)
+        )
 
     def reference_coordinates(self) -> Float[Array, " n"]:
         """`q` from the bodies' `position` and `angle` (planar) or `orientation` (spatial):

@@ -31,9 +31,9 @@ def force_cross(v: Float[Array, "*b 6"], f: Float[Array, "*b 6"]) -> Float[Array
     return jnp.concatenate([jnp.cross(w, n) + jnp.cross(u, g), jnp.cross(w, g)], axis=-1)
 
 
-def inertia_parts(mass: Float[Array, " *b"], centre: Float[Array, "*b 3"],
-                  rotational: Float[Array, "*b 3 3"]
-                  ) -> tuple[Float[Array, " *b"], Float[Array, "*b 3"], Float[Array, "*b 3 3"]]:
+def inertia_parts(
+    mass: Float[Array, " *b"], centre: Float[Array, "*b 3"], rotational: Float[Array, "*b 3 3"]
+) -> tuple[Float[Array, " *b"], Float[Array, "*b 3"], Float[Array, "*b 3 3"]]:
     """`(m, h, I_O)` of a body of mass `m` with centre of mass `c` and rotational inertia
     `I_c` about it (global axes)."""
     eye = jnp.eye(3, dtype=centre.dtype)
@@ -77,8 +77,10 @@ def unit_rotation(p):
     homogeneous of degree 0)."""
     e0, e = p[:, 0, None, None], p[:, 1:]
     norm2 = jnp.sum(p * p, axis=1)[:, None, None]
-    return ((2 * e0**2 - norm2) * np.eye(3) + 2 * (e[:, :, None] * e[:, None, :]
-                                                   + e0 * skew_matrices(e))) / norm2
+    return (
+        (2 * e0**2 - norm2) * np.eye(3)
+        + 2 * (e[:, :, None] * e[:, None, :] + e0 * skew_matrices(e))
+    ) / norm2
 
 
 def rate_map(p):

@@ -22,8 +22,10 @@ from ._kinematics import Frame, perpendicular
 def _restitution(owner: str, value) -> Array:
     array = _scalar(f"`restitution` of {owner}", value)
     if is_concrete(array) and not 0.0 <= float(array) <= 1.0:
-        raise ValueError(f"The `restitution` of {owner} must lie in [0, 1] (0: plastic, 1: "
-                         f"elastic impacts); got {float(array)}.")
+        raise ValueError(
+            f"The `restitution` of {owner} must lie in [0, 1] (0: plastic, 1: "
+            f"elastic impacts); got {float(array)}."
+        )
     return array
 
 
@@ -32,13 +34,21 @@ def _bounds(owner: str, lower, upper, *, positive: bool = False):
     upper = None if upper is None else _scalar(f"`upper` of {owner}", upper)
     if lower is None and upper is None:
         raise ValueError(f"{owner} needs a `lower` or an `upper` bound (or both).")
-    if (lower is not None and upper is not None and is_concrete(lower, upper)
-            and float(lower) > float(upper)):
-        raise ValueError(f"The `lower` bound of {owner} exceeds its `upper` bound: "
-                         f"{float(lower)} > {float(upper)}; give the smaller as `lower`.")
+    if (
+        lower is not None
+        and upper is not None
+        and is_concrete(lower, upper)
+        and float(lower) > float(upper)
+    ):
+        raise ValueError(
+            f"The `lower` bound of {owner} exceeds its `upper` bound: "
+            f"{float(lower)} > {float(upper)}; give the smaller as `lower`."
+        )
     if positive and lower is not None and is_concrete(lower) and float(lower) < 0:
-        raise ValueError(f"The `lower` bound of {owner} is a distance: it must be "
-                         f"non-negative; got {float(lower)}.")
+        raise ValueError(
+            f"The `lower` bound of {owner} is a distance: it must be "
+            f"non-negative; got {float(lower)}."
+        )
     return lower, upper
 
 
@@ -103,8 +113,9 @@ class AbstractStop(eqx.Module):
 
     def check_dimension(self, dimension: int, owner: str) -> None:
         """Raise `ValueError` if it does not exist in a mechanism of `dimension`."""
-        _check_element_dimension(self, dimension, owner,
-                                 dict.fromkeys(self.vector_fields, (dimension,)))
+        _check_element_dimension(
+            self, dimension, owner, dict.fromkeys(self.vector_fields, (dimension,))
+        )
 
 
 class AbstractRangeStop(AbstractStop):
@@ -125,13 +136,18 @@ class AbstractRangeStop(AbstractStop):
 
     @property
     def gap_labels(self):
-        return tuple(side for side, bound in (("lower", self.lower), ("upper", self.upper))
-                     if bound is not None)
+        return tuple(
+            side
+            for side, bound in (("lower", self.lower), ("upper", self.upper))
+            if bound is not None
+        )
 
     def gaps(self, kin):
         value = self.measured(kin)
-        return jnp.stack(([] if self.lower is None else [value - self.lower])
-                         + ([] if self.upper is None else [self.upper - value]))
+        return jnp.stack(
+            ([] if self.lower is None else [value - self.lower])
+            + ([] if self.upper is None else [self.upper - value])
+        )
 
 
 class JointLimit(AbstractRangeStop):
@@ -159,9 +175,15 @@ class JointLimit(AbstractRangeStop):
     restitution: Float[Array, ""]
     name: str | None = eqx.field(static=True)
 
-    def __init__(self, joint: str, lower: ArrayLike | None = None,
-                 upper: ArrayLike | None = None, *, restitution: ArrayLike = 0.0,
-                 name: str | None = None):
+    def __init__(
+        self,
+        joint: str,
+        lower: ArrayLike | None = None,
+        upper: ArrayLike | None = None,
+        *,
+        restitution: ArrayLike = 0.0,
+        name: str | None = None,
+    ):
         owner = f"the JointLimit of joint {joint!r}"
         self.joint, self.name = joint, name
         self.lower, self.upper = _bounds(owner, lower, upper)
@@ -208,26 +230,42 @@ class PlaneContact(AbstractStop):
     name: str | None = eqx.field(static=True)
     vector_fields: ClassVar[tuple[str, ...]] = ("normal",)
 
-    def __init__(self, point: str, surface: str = "ground", normal: ArrayLike | None = None, *,
-                 radius: ArrayLike = 0.0, restitution: ArrayLike = 0.0,
-                 friction: ArrayLike = 0.0, name: str | None = None):
+    def __init__(
+        self,
+        point: str,
+        surface: str = "ground",
+        normal: ArrayLike | None = None,
+        *,
+        radius: ArrayLike = 0.0,
+        restitution: ArrayLike = 0.0,
+        friction: ArrayLike = 0.0,
+        name: str | None = None,
+    ):
         owner = f"the PlaneContact of {point!r}"
         self.point, self.surface, self.name = point, surface, name
-        self.normal = None if normal is None else _vector(f"`normal` of {owner}", normal,
-                                                          np.size(normal))
-        if self.normal is not None and is_concrete(self.normal) and not np.any(
-                np.asarray(self.normal)):
-            raise ValueError(f"The `normal` of {owner} is zero; give the direction the point "
-                             "stays on.")
+        self.normal = (
+            None if normal is None else _vector(f"`normal` of {owner}", normal, np.size(normal))
+        )
+        if (
+            self.normal is not None
+            and is_concrete(self.normal)
+            and not np.any(np.asarray(self.normal))
+        ):
+            raise ValueError(
+                f"The `normal` of {owner} is zero; give the direction the point stays on."
+            )
         self.radius = _scalar(f"`radius` of {owner}", radius)
         if is_concrete(self.radius) and float(self.radius) < 0:
-            raise ValueError(f"The `radius` of {owner} must be non-negative; got "
-                             f"{float(self.radius)}.")
+            raise ValueError(
+                f"The `radius` of {owner} must be non-negative; got {float(self.radius)}."
+            )
         self.restitution = _restitution(owner, restitution)
         self.friction = _scalar(f"`friction` of {owner}", friction)
         if is_concrete(self.friction) and float(self.friction) < 0:
-            raise ValueError(f"The `friction` of {owner} must be non-negative (0: "
-                             f"frictionless); got {float(self.friction)}.")
+            raise ValueError(
+                f"The `friction` of {owner} must be non-negative (0: "
+                f"frictionless); got {float(self.friction)}."
+            )
 
     @property
     def markers(self):
@@ -242,12 +280,16 @@ class PlaneContact(AbstractStop):
         if dimension == 3 and not (is_concrete(self.friction) and float(self.friction) == 0):
             raise ValueError(
                 f"{owner}: Coulomb friction of a PlaneContact is modelled in the plane only "
-                "(one sliding direction); in space leave `friction` at 0.")
+                "(one sliding direction); in space leave `friction` at 0."
+            )
 
     def _normal(self, point: Frame, surface: Frame):
         dimension = point.point.shape[0]
-        normal = (jnp.eye(dimension, dtype=point.point.dtype)[-1] if self.normal is None
-                  else self.normal.astype(point.point.dtype))
+        normal = (
+            jnp.eye(dimension, dtype=point.point.dtype)[-1]
+            if self.normal is None
+            else self.normal.astype(point.point.dtype)
+        )
         return surface.rotation @ (normal / jnp.linalg.norm(normal))
 
     def gaps(self, kin):
@@ -263,7 +305,9 @@ class PlaneContact(AbstractStop):
         normal = self._normal(point, surface)
         contact = point.point - self.radius * normal
         (point_velocity, point_spin), (surface_velocity, surface_spin) = (
-            kin.velocity(self.point), kin.velocity(self.surface))
+            kin.velocity(self.point),
+            kin.velocity(self.surface),
+        )
         on_disc = point_velocity + point_spin * perpendicular(contact - point.point)
         on_line = surface_velocity + surface_spin * perpendicular(contact - surface.point)
         return (perpendicular(normal) @ (on_disc - on_line))[None]
@@ -289,9 +333,16 @@ class DistanceStop(AbstractRangeStop):
     restitution: Float[Array, ""]
     name: str | None = eqx.field(static=True)
 
-    def __init__(self, a: str, b: str, lower: ArrayLike | None = None,
-                 upper: ArrayLike | None = None, *, restitution: ArrayLike = 0.0,
-                 name: str | None = None):
+    def __init__(
+        self,
+        a: str,
+        b: str,
+        lower: ArrayLike | None = None,
+        upper: ArrayLike | None = None,
+        *,
+        restitution: ArrayLike = 0.0,
+        name: str | None = None,
+    ):
         owner = f"the DistanceStop of {a!r} and {b!r}"
         self.a, self.b, self.name = a, b, name
         self.lower, self.upper = _bounds(owner, lower, upper, positive=True)

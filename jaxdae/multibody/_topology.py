@@ -81,13 +81,18 @@ def find_topology(bodies, joints, joint_names) -> Topology:
         pending = [b for b in range(len(bodies)) if bodies[b].name not in reached]
         for index, joint in enumerate(joints):
             body_a, body_b = split(joint.a)[0], split(joint.b)[0]
-            if (_tree_kind(joint) is not None and body_b in reached and body_b != GROUND
-                    and body_a not in reached):
+            if (
+                _tree_kind(joint) is not None
+                and body_b in reached
+                and body_b != GROUND
+                and body_a not in reached
+            ):
                 raise ValueError(
                     f"Joint {joint_names[index]!r} reaches body {body_a!r} from its marker "
                     f"`b` ({joint.b!r}): in a TreeMechanism a tree joint's marker `a` is on "
                     "the body nearer the ground. Swap `a` and `b` (the joint coordinate "
-                    "changes sign).")
+                    "changes sign)."
+                )
         if pending:  # a free body: its own root
             reached[bodies[pending[0]].name] = pending[0]
     # coordinates: the free bodies', then the tree joints' in the order of `joints`
@@ -104,13 +109,23 @@ def find_topology(bodies, joints, joint_names) -> Topology:
         size = 4 if isinstance(motion, SphericalMotion) else motion.num_coordinates
         body_dofs[b] = tuple(range(len(names), len(names) + size))
         offsets.append((joint_names[index], len(names), size))
-        names += ([f"{joint_names[index]}.{c}" for c in _QUATERNION] if size == 4
-                  else [joint_names[index]] * size)
+        names += (
+            [f"{joint_names[index]}.{c}" for c in _QUATERNION]
+            if size == 4
+            else [joint_names[index]] * size
+        )
     # positions: by kind (floating, screw, spherical), then in the order of the coordinates
     # (where each body has one coordinate, per-body arrays are then `q`'s order, no gather)
     rank = {FLOATING: 0, SCREW: 1, SPHERICAL: 2}
-    order = sorted(range(len(bodies)), key=lambda b: (
-        rank[kinds[b]], body_dofs[b][0] if body_dofs[b] else len(names), depth[b], b))
+    order = sorted(
+        range(len(bodies)),
+        key=lambda b: (
+            rank[kinds[b]],
+            body_dofs[b][0] if body_dofs[b] else len(names),
+            depth[b],
+            b,
+        ),
+    )
     position = {b: i for i, b in enumerate(order)}
     groups, start = [], 0
     for i in range(1, len(order) + 1):
@@ -132,7 +147,17 @@ def find_topology(bodies, joints, joint_names) -> Topology:
     while any(i >= 0 for i in pointer):
         jumps.append(tuple(len(order) if i < 0 else i for i in pointer))
         pointer = [-1 if i < 0 else pointer[i] for i in pointer]
-    return Topology(tuple(order), tuple(kinds[b] for b in order), parent,
-                     tuple(carrier[b] for b in order), tuple(groups), tuple(jumps), dofs,
-                     tuple(map(tuple, ancestors.tolist())), closures, n, tuple(names),
-                     tuple(offsets))
+    return Topology(
+        tuple(order),
+        tuple(kinds[b] for b in order),
+        parent,
+        tuple(carrier[b] for b in order),
+        tuple(groups),
+        tuple(jumps),
+        dofs,
+        tuple(map(tuple, ancestors.tolist())),
+        closures,
+        n,
+        tuple(names),
+        tuple(offsets),
+    )

@@ -75,8 +75,11 @@ def _marker(mechanism: "TreeMechanism", ref: str, dtype):
     if marker is None:
         return position, jnp.zeros((3,), dtype), eye
     rotation = owner.orientations.get(marker)
-    return (position, owner.markers[marker].astype(dtype),
-            eye if rotation is None else rotation.astype(dtype))
+    return (
+        position,
+        owner.markers[marker].astype(dtype),
+        eye if rotation is None else rotation.astype(dtype),
+    )
 
 
 class TreeMechanism(AbstractMechanism, AbstractSystem):
@@ -151,9 +154,14 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 raise ValueError(
                     f"A TreeMechanism is spatial: body {getattr(item, 'name', item)!r} is a "
                     f"{type(item).__name__}. Use RigidBody, or jaxdae.multibody.Mechanism "
-                    "for a planar mechanism.")
-        items = kind_check("bodies", items, (RigidBody, Ground),
-                           "jaxdae.multibody.RigidBody instances (and one Ground)")
+                    "for a planar mechanism."
+                )
+        items = kind_check(
+            "bodies",
+            items,
+            (RigidBody, Ground),
+            "jaxdae.multibody.RigidBody instances (and one Ground)",
+        )
         self._set_bodies(items, "RigidBody")
         self.dimension = 3
         self._set_elements(joints, forces, stops, controller, couplings)
@@ -177,8 +185,9 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
     @property
     def num_equations(self) -> int:
         """`m`: the closing joints' constraint equations, then one per coupling."""
-        return (sum(self.joints[i].equations(3) for i in self.topology.closures)
-                + len(self.couplings))
+        return sum(self.joints[i].equations(3) for i in self.topology.closures) + len(
+            self.couplings
+        )
 
     def joint_slice(self, name: str) -> slice:
         """The coordinates of tree joint `name` in `q` (and `v`)."""
@@ -203,8 +212,11 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 parts.append(quaternion_from_matrix(frame_a.rotation.T @ frame_b.rotation))
             else:
                 parts.append(jnp.atleast_1d(joint.coordinate(frame_a, frame_b)))
-        floating = [self.bodies[b].reference_coordinates() for b in range(len(self.bodies))
-                    if self.topology.kinds[self.topology.order.index(b)] == FLOATING]
+        floating = [
+            self.bodies[b].reference_coordinates()
+            for b in range(len(self.bodies))
+            if self.topology.kinds[self.topology.order.index(b)] == FLOATING
+        ]
         return jnp.concatenate(floating + parts) if floating + parts else jnp.zeros((0,))
 
     # -- kinematics --------------------------------------------------------------------
@@ -216,8 +228,10 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         coordinates (`turn`, `slide`)."""
         joints = [self.joints[self.topology.joint[k]] for k in range(start, stop)]
         markers = [_marker(self, ref, dtype) for joint in joints for ref in (joint.a, joint.b)]
-        out = {key: jnp.stack([m[k] for m in markers[offset::2]])
-               for key, k, offset in (("s_a", 1, 0), ("o_a", 2, 0), ("s_b", 1, 1), ("o_b", 2, 1))}
+        out = {
+            key: jnp.stack([m[k] for m in markers[offset::2]])
+            for key, k, offset in (("s_a", 1, 0), ("o_a", 2, 0), ("s_b", 1, 1), ("o_b", 2, 1))
+        }
         motions = [tree_motion(j) for j in joints]
         if all(isinstance(m, ScrewMotion) for m in motions):
             axes = jnp.stack([m.axis.astype(dtype) for m in motions])
@@ -241,8 +255,11 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         width = len(top.dofs[0])
         coords = self._rates(q)
         local_rot, local_pos = [], []
-        parameters = {start: self._joint_parameters(start, stop, dtype)
-                      for kind, start, stop in top.groups if kind != FLOATING}
+        parameters = {
+            start: self._joint_parameters(start, stop, dtype)
+            for kind, start, stop in top.groups
+            if kind != FLOATING
+        }
         for kind, start, stop in top.groups:
             if kind == FLOATING:
                 local_rot.append(unit_rotation(coords[start:stop, 3:7]))
@@ -280,9 +297,13 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 count = stop - start
                 unit = jnp.asarray(np.broadcast_to(np.eye(3), (count, 3, 3)), dtype)
                 cross = jnp.cross(centres[start:stop, :, None], w, axis=1)
-                subspace = jnp.concatenate([
-                    jnp.concatenate([jnp.zeros((count, 3, 3), dtype), w], axis=2),
-                    jnp.concatenate([unit, cross], axis=2)], axis=1)
+                subspace = jnp.concatenate(
+                    [
+                        jnp.concatenate([jnp.zeros((count, 3, 3), dtype), w], axis=2),
+                        jnp.concatenate([unit, cross], axis=2),
+                    ],
+                    axis=1,
+                )
             elif kind == SCREW:
                 # The axis and the joint's point from the body's own pose (the markers
                 # coincide on the axis): no gather of the parents' poses.
@@ -291,18 +312,20 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 rotation = rotations[start:stop]
                 axis = mat_vec(rotation, mat_vec(o_b, u))
                 point = centres[start:stop] + mat_vec(rotation, s_b)
-                subspace = jnp.concatenate([
-                    turn[:, None] * axis,
-                    turn[:, None] * jnp.cross(point, axis) + slide[:, None] * axis,
-                ], axis=1)[:, :, None]
+                subspace = jnp.concatenate(
+                    [
+                        turn[:, None] * axis,
+                        turn[:, None] * jnp.cross(point, axis) + slide[:, None] * axis,
+                    ],
+                    axis=1,
+                )[:, :, None]
             else:
                 s_a, o_a = parameters[start]["s_a"], parameters[start]["o_a"]
                 frame_a = mat_mul(parent_rot[start:stop], o_a)
                 point_a = parent_pos[start:stop] + mat_vec(parent_rot[start:stop], s_a)
                 p = coords[start:stop, :4]
                 w = mat_mul(frame_a, rate_map(p))
-                subspace = jnp.concatenate(
-                    [w, jnp.cross(point_a[:, :, None], w, axis=1)], axis=1)
+                subspace = jnp.concatenate([w, jnp.cross(point_a[:, :, None], w, axis=1)], axis=1)
             subspaces.append(jnp.pad(subspace, ((0, 0), (0, 0), (0, width - subspace.shape[2]))))
         return rotations, centres, jnp.concatenate(subspaces)
 
@@ -371,15 +394,21 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         dtype = q.dtype
         ancestors = self._ancestors(dtype)
         mass, first, rotational = parts
-        composite = (ancestors @ mass, ancestors @ first,
-                     jnp.einsum("ik,kab->iab", ancestors, rotational))
+        composite = (
+            ancestors @ mass,
+            ancestors @ first,
+            jnp.einsum("ik,kab->iab", ancestors, rotational),
+        )
         columns = jnp.swapaxes(subspaces, 1, 2)  # (b, w, 6)
         forces = apply_inertia(tuple(x[:, None] for x in composite), columns)
         blocks = jnp.einsum("akj,blj->abkl", columns, forces)
         upper = ancestors[:, :, None, None]
         eye = np.eye(ancestors.shape[0])[:, :, None, None]
-        full = (upper * blocks + jnp.swapaxes(upper, 0, 1) * jnp.swapaxes(
-            jnp.swapaxes(blocks, 0, 1), 2, 3) - eye * blocks)
+        full = (
+            upper * blocks
+            + jnp.swapaxes(upper, 0, 1) * jnp.swapaxes(jnp.swapaxes(blocks, 0, 1), 2, 3)
+            - eye * blocks
+        )
         count, width = subspaces.shape[0], subspaces.shape[2]
         full = jnp.swapaxes(full, 1, 2).reshape(count * width, count * width)
         index = self._flat_index()
@@ -388,8 +417,9 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         for position in positions:
             select = self._selection(position, dtype)
             p = select @ q
-            mass_matrix = mass_matrix + weights[position] * select.T @ (
-                jnp.outer(p, p) / (p @ p)) @ select
+            mass_matrix = (
+                mass_matrix + weights[position] * select.T @ (jnp.outer(p, p) / (p @ p)) @ select
+            )
         return mass_matrix
 
     def _mass_factor(self, mass) -> MassFactor:
@@ -439,14 +469,24 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                     parts.append(jnp.zeros((stop - start, 6), q.dtype))
                     continue
                 first = 3 if kind == FLOATING else 0
-                p, pdot = coords[start:stop, first:first + 4], rates[start:stop, first:first + 4]
+                p, pdot = (
+                    coords[start:stop, first : first + 4],
+                    rates[start:stop, first : first + 4],
+                )
                 shrink = (-2 * jnp.sum(p * pdot, axis=1) / jnp.sum(p * p, axis=1))[:, None]
                 omega = relative[start:stop, :3]
                 if kind == FLOATING:
                     centre = centres[start:stop]
-                    parts.append(jnp.concatenate([
-                        shrink * omega, jnp.cross(rates[start:stop, :3], omega)
-                        + shrink * jnp.cross(centre, omega)], axis=1))
+                    parts.append(
+                        jnp.concatenate(
+                            [
+                                shrink * omega,
+                                jnp.cross(rates[start:stop, :3], omega)
+                                + shrink * jnp.cross(centre, omega),
+                            ],
+                            axis=1,
+                        )
+                    )
                 else:
                     parts.append(shrink * relative[start:stop])
             local = jnp.concatenate(parts)
@@ -467,8 +507,9 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         for element in self.forces:
             if isinstance(element, Gravity):
                 g = element.acceleration
-                total = total + (jnp.asarray([0.0, 0.0, -9.81], dtype) if g is None
-                                 else g.astype(dtype))
+                total = total + (
+                    jnp.asarray([0.0, 0.0, -9.81], dtype) if g is None else g.astype(dtype)
+                )
         return total
 
     def _body_forces(self, q, motion, parts, external, acceleration=None):
@@ -479,10 +520,12 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         ground = jnp.concatenate([jnp.zeros((3,), dtype), -self._gravity(dtype)])
         accelerations = bias + ground
         if acceleration is not None:
-            accelerations = accelerations + self._path_sums(jnp.einsum(
-                "bjk,bk->bj", subspaces, self._rates(acceleration)))
-        forces = (apply_inertia(parts, accelerations)
-                  + force_cross(velocities, apply_inertia(parts, velocities)))
+            accelerations = accelerations + self._path_sums(
+                jnp.einsum("bjk,bk->bj", subspaces, self._rates(acceleration))
+            )
+        forces = apply_inertia(parts, accelerations) + force_cross(
+            velocities, apply_inertia(parts, velocities)
+        )
         return forces if external is None else forces - external
 
     def _newton_euler(self, q, motion, parts, external, acceleration=None):
@@ -507,14 +550,17 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
             block = jnp.zeros((stop - start, width, width), dtype)
             if kind != SCREW:
                 first = 3 if kind == FLOATING else 0
-                p = coords[start:stop, first:first + 4]
-                outer = (weights[start:stop, None, None] * p[:, :, None] * p[:, None, :]
-                         / jnp.sum(p * p, axis=1)[:, None, None])
-                block = block.at[:, first:first + 4, first:first + 4].set(outer)
+                p = coords[start:stop, first : first + 4]
+                outer = (
+                    weights[start:stop, None, None]
+                    * p[:, :, None]
+                    * p[:, None, :]
+                    / jnp.sum(p * p, axis=1)[:, None, None]
+                )
+                block = block.at[:, first : first + 4, first : first + 4].set(outer)
             blocks.append(block)
         padded = np.asarray(top.dofs) == top.num_coordinates
-        return jnp.concatenate(blocks) + jnp.asarray(
-            padded[:, :, None] * np.eye(width), dtype)
+        return jnp.concatenate(blocks) + jnp.asarray(padded[:, :, None] * np.eye(width), dtype)
 
     def _norm_terms(self, q, v, acceleration=None):
         """The Euler parameters' norms' share of `τ` and of the kinetic energy: with
@@ -528,14 +574,18 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
             norm2 = p @ p
             radial_rate = (p @ pdot) / jnp.sqrt(norm2)
             curvature = (pdot @ pdot - radial_rate**2) / jnp.sqrt(norm2)
-            accel = curvature if acceleration is None else (
-                curvature + p @ (select @ acceleration) / jnp.sqrt(norm2))
+            accel = (
+                curvature
+                if acceleration is None
+                else (curvature + p @ (select @ acceleration) / jnp.sqrt(norm2))
+            )
             tau = tau + weights[position] * accel * (select.T @ p) / jnp.sqrt(norm2)
             energy = energy + 0.5 * weights[position] * radial_rate**2
         return tau, energy
 
-    def inverse_dynamics(self, t, q: Float[Array, " n"], v: Float[Array, " n"],
-                         acceleration: Float[Array, " n"]) -> Float[Array, " n"]:
+    def inverse_dynamics(
+        self, t, q: Float[Array, " n"], v: Float[Array, " n"], acceleration: Float[Array, " n"]
+    ) -> Float[Array, " n"]:
         """The generalized forces the joints must apply for the accelerations `q̈`:
         `M(q) q̈ + c(q, v) − Q(t, q, v)` with `c` the velocity-dependent and gravity
         forces and `Q` the other force elements' (the loop-closing constraints left out),
@@ -555,6 +605,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         others = [f for f in self.forces if not isinstance(f, Gravity)]
         applied = jnp.zeros_like(q)
         if others:
+
             def potential(q_):
                 inner = TreeKinematics(self, t, q_, None, inputs)
                 return sum((f.potential_energy(inner) for f in others), jnp.zeros((), q.dtype))
@@ -567,16 +618,20 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 if position < 0:
                     continue  # the ground takes it
                 point = kin.frame(load.at).point
-                wrenches.setdefault(position, []).append(jnp.concatenate(
-                    [load.torque + jnp.cross(point, load.force), load.force]).astype(q.dtype))
+                wrenches.setdefault(position, []).append(
+                    jnp.concatenate(
+                        [load.torque + jnp.cross(point, load.force), load.force]
+                    ).astype(q.dtype)
+                )
             direct = element.generalized_forces(kin)
             if direct is not None:
                 applied = applied + direct.astype(q.dtype)
         if not wrenches:
             return applied, None
         zero = jnp.zeros((6,), q.dtype)
-        external = jnp.stack([sum(wrenches[i], zero) if i in wrenches else zero
-                              for i in range(len(self.bodies))])
+        external = jnp.stack(
+            [sum(wrenches[i], zero) if i in wrenches else zero for i in range(len(self.bodies))]
+        )
         return applied, external
 
     def terms(self, t, q, v) -> ConstrainedTerms:
@@ -598,8 +653,13 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
             # inertias in one pass from the tips, `O(n)`; the dense `M` is left to the
             # callers that read it.
             factor, bias = articulated_factor(
-                levels, self.topology.dofs, subspaces, inertia_matrices(parts),
-                self._joint_inertias(q), self._body_forces(q, motion, parts, external))
+                levels,
+                self.topology.dofs,
+                subspaces,
+                inertia_matrices(parts),
+                self._joint_inertias(q),
+                self._body_forces(q, motion, parts, external),
+            )
             # Where the pivots show that `M` is not positive definite (a negative mass or
             # inertia), the forces are nan, so that every formulation's accelerations are:
             # a solve stalls there (`dt_min_reached`, named `indefinite_mass_matrix` by an
@@ -616,13 +676,26 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         else:
             phi = dphi = gamma = jnp.zeros((0,), q.dtype)
             jacobian = jnp.zeros((0, q.shape[0]), q.dtype)
-        operator = FactoredOperator(lx.MatrixLinearOperator(mass, lx.positive_semidefinite_tag),
-                                    factor)
-        return cast_floating(ConstrainedTerms(
-            mass, forces, phi, dphi, jnp.zeros((0,), q.dtype), jacobian, gamma,
-            # The momenta `M v` come along (one product with the `M` computed here), so
-            # that a solve's diagnostics do not trace the terms a second time for them.
-            energy=energy, momenta=mass @ v, mass_operator=operator), q.dtype)
+        operator = FactoredOperator(
+            lx.MatrixLinearOperator(mass, lx.positive_semidefinite_tag), factor
+        )
+        return cast_floating(
+            ConstrainedTerms(
+                mass,
+                forces,
+                phi,
+                dphi,
+                jnp.zeros((0,), q.dtype),
+                jacobian,
+                gamma,
+                # The momenta `M v` come along (one product with the `M` computed here), so
+                # that a solve's diagnostics do not trace the terms a second time for them.
+                energy=energy,
+                momenta=mass @ v,
+                mass_operator=operator,
+            ),
+            q.dtype,
+        )
 
     def potential_energy(self, t, q, motion=None) -> Float[Array, ""]:
         """The force elements' potential energy (gravity's included)."""
@@ -641,8 +714,11 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         parts = []
         for index in self.topology.closures:
             joint = self.joints[index]
-            parts.append(jnp.asarray(joint.residual(t, kin.frame(joint.a), kin.frame(joint.b)),
-                                     q.dtype).reshape(-1))
+            parts.append(
+                jnp.asarray(
+                    joint.residual(t, kin.frame(joint.a), kin.frame(joint.b)), q.dtype
+                ).reshape(-1)
+            )
         if self.couplings:
             parts.append(self._coupling_residuals(kin, q.dtype))
         return jnp.concatenate(parts)
@@ -656,8 +732,11 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         return sum(1 for kind in self.topology.kinds if kind != SCREW)
 
     def _wrapped_joints(self) -> tuple[str, ...]:
-        return tuple(self.joint_names[i] for i in self.topology.closures
-                     if self.joints[i].coordinate_wraps(3))
+        return tuple(
+            self.joint_names[i]
+            for i in self.topology.closures
+            if self.joints[i].coordinate_wraps(3)
+        )
 
     def _driven(self, t0, q, v, held):
         """The tree joints named in `held` take their values and rates; where loops are

@@ -99,10 +99,18 @@ class UrdfRobot(NamedTuple):
     couplings: tuple[JointCoupling, ...] = ()
     sources: dict[str, str] = {}
 
-    def mechanism(self, joints: Sequence[AbstractJoint] = (), forces: Sequence[AbstractForce] = (),
-                  *, stops: Sequence[AbstractStop] = (), limits: bool = True,
-                  limit_restitution: float = 0.0, ground_markers: dict | None = None,
-                  controller=None, coordinates: str = "joint") -> TreeMechanism | Mechanism:
+    def mechanism(
+        self,
+        joints: Sequence[AbstractJoint] = (),
+        forces: Sequence[AbstractForce] = (),
+        *,
+        stops: Sequence[AbstractStop] = (),
+        limits: bool = True,
+        limit_restitution: float = 0.0,
+        ground_markers: dict | None = None,
+        controller=None,
+        coordinates: str = "joint",
+    ) -> TreeMechanism | Mechanism:
         """The robot as a mechanism, with extra joints (to close loops), force elements
         (gravity, joint motors) and stops, and its joints' limits.
 
@@ -144,50 +152,67 @@ class UrdfRobot(NamedTuple):
         bodies = list(self.bodies)
         if ground_markers:
             ground = bodies[0]
-            bodies[0] = Ground({**ground.markers, **ground_markers},
-                               orientations=dict(ground.orientations))
-        enforced = [JointLimit(name, limit.lower, limit.upper, restitution=limit_restitution,
-                               name=f"{name}.limit")
-                    for name, limit in self.limits.items()
-                    if limits and (limit.lower is not None or limit.upper is not None)]
-        if coordinates == "joint" and not self.joint_names and all(
-                body.name != self.root for body in bodies):
+            bodies[0] = Ground(
+                {**ground.markers, **ground_markers}, orientations=dict(ground.orientations)
+            )
+        enforced = [
+            JointLimit(
+                name, limit.lower, limit.upper, restitution=limit_restitution, name=f"{name}.limit"
+            )
+            for name, limit in self.limits.items()
+            if limits and (limit.lower is not None or limit.upper is not None)
+        ]
+        if (
+            coordinates == "joint"
+            and not self.joint_names
+            and all(body.name != self.root for body in bodies)
+        ):
             raise ValueError(
                 f"The robot {self.name!r} has no moving joints: its fixed joints weld every "
                 "link to the fixed base, so it has no joint coordinates. Load it with "
                 "`fixed_base=False` for a free-floating robot, or give it a revolute, "
-                "continuous or prismatic joint.")
+                "continuous or prismatic joint."
+            )
         kind = TreeMechanism if coordinates == "joint" else Mechanism
-        return kind(bodies, tuple(self.joints) + tuple(joints), forces,
-                    stops=tuple(enforced) + tuple(stops), couplings=self.couplings,
-                    controller=controller)
+        return kind(
+            bodies,
+            tuple(self.joints) + tuple(joints),
+            forces,
+            stops=tuple(enforced) + tuple(stops),
+            couplings=self.couplings,
+            controller=controller,
+        )
 
     def _check_absolute(self, limits: bool):
         """Raise `ValueError`, naming the file and line, for what absolute coordinates
         cannot describe: a revolute joint's enforced limit beyond `±π`, or its `<mimic>`
         (its angle is measured in `(−π, π]` there)."""
         wrapped = {joint.name for joint in self.joints if joint.coordinate_wraps(3)}
-        fix = ("build it in joint coordinates, `robot.mechanism(coordinates=\"joint\")` (the "
-               "default), where the angle is a coordinate that turns without wrapping")
+        fix = (
+            'build it in joint coordinates, `robot.mechanism(coordinates="joint")` (the '
+            "default), where the angle is a coordinate that turns without wrapping"
+        )
         for name, limit in self.limits.items():
             bounds = [b for b in (limit.lower, limit.upper) if b is not None]
             if limits and name in wrapped and any(abs(b) > math.pi for b in bounds):
                 raise ValueError(
                     f"{self.sources.get(name, self.name)}: joint {name!r} has the <limit> "
                     f"[{_bound(limit.lower)}, {_bound(limit.upper)}] rad, beyond ±π; absolute "
-                    "coordinates (`coordinates=\"absolute\"`) measure a revolute joint's angle "
+                    'coordinates (`coordinates="absolute"`) measure a revolute joint\'s angle '
                     "in (−π, π], so the angle would wrap at ±π and never meet the limit. "
                     f"To enforce the limit, {fix}; or pass `limits=False` to keep the limits "
-                    "as data.")
+                    "as data."
+                )
         for coupling in self.couplings:
             turning = [j for j in coupling.joints if j in wrapped]
             if turning:
                 raise ValueError(
                     f"{self.sources.get(coupling.joint, self.name)}: joint {coupling.joint!r} "
                     f"has a <mimic> of joint {coupling.leader!r}; absolute coordinates "
-                    "(`coordinates=\"absolute\"`) measure the angle of revolute joint "
+                    '(`coordinates="absolute"`) measure the angle of revolute joint '
                     f"{turning[0]!r} in (−π, π], so the coupling would break where the angle "
-                    f"wraps at ±π. To keep the <mimic>, {fix}.")
+                    f"wraps at ±π. To keep the <mimic>, {fix}."
+                )
 
 
 def _bound(value):
@@ -210,40 +235,55 @@ def _source_lines(path):
         raise ValueError(f"Cannot read the URDF file {path}: {error}.") from error
     except etree.XMLSyntaxError as error:
         line = error.lineno if error.lineno is not None else "?"
-        raise ValueError(f"{path}, line {line}: not a well-formed URDF (XML) file: "
-                         f"{error.msg}.") from error
+        raise ValueError(
+            f"{path}, line {line}: not a well-formed URDF (XML) file: {error.msg}."
+        ) from error
     root = tree.getroot()
     if root.tag != "robot":
-        raise ValueError(f"{path}, line {root.sourceline}: the root element is <{root.tag}>; a "
-                         "URDF file has one <robot> element.")
+        raise ValueError(
+            f"{path}, line {root.sourceline}: the root element is <{root.tag}>; a "
+            "URDF file has one <robot> element."
+        )
     lines = {}
     for element in root:
         if element.tag in ("link", "joint"):
             name = element.get("name")
             if name is None:
-                raise ValueError(f"{path}, line {element.sourceline}: a <{element.tag}> without "
-                                 "a `name` attribute.")
+                raise ValueError(
+                    f"{path}, line {element.sourceline}: a <{element.tag}> without "
+                    "a `name` attribute."
+                )
             if (element.tag, name) in lines:
                 raise ValueError(
                     f"{path}, lines {lines[(element.tag, name)]} and {element.sourceline}: two "
                     f"<{element.tag}>s named {name!r}; every {element.tag} needs its own name: "
-                    "rename or remove one.")
+                    "rename or remove one."
+                )
             lines[(element.tag, name)] = element.sourceline
             _check_numbers(path, element)
     if not any(tag == "link" for tag, _ in lines):
-        raise ValueError(f"{path}: the robot {root.get('name')!r} has no <link>; a URDF robot "
-                         "needs at least one link (its root).")
+        raise ValueError(
+            f"{path}: the robot {root.get('name')!r} has no <link>; a URDF robot "
+            "needs at least one link (its root)."
+        )
     return lines
 
 
 #: The URDF attributes that hold numbers, by element.
-_NUMERIC = {"mass": ("value",), "inertia": ("ixx", "ixy", "ixz", "iyy", "iyz", "izz"),
-            "origin": ("xyz", "rpy"), "axis": ("xyz",),
-            "limit": ("lower", "upper", "effort", "velocity"),
-            "mimic": ("multiplier", "offset"),
-            "dynamics": ("damping", "friction"), "box": ("size",),
-            "cylinder": ("radius", "length"), "sphere": ("radius",), "mesh": ("scale",),
-            "color": ("rgba",)}
+_NUMERIC = {
+    "mass": ("value",),
+    "inertia": ("ixx", "ixy", "ixz", "iyy", "iyz", "izz"),
+    "origin": ("xyz", "rpy"),
+    "axis": ("xyz",),
+    "limit": ("lower", "upper", "effort", "velocity"),
+    "mimic": ("multiplier", "offset"),
+    "dynamics": ("damping", "friction"),
+    "box": ("size",),
+    "cylinder": ("radius", "length"),
+    "sphere": ("radius",),
+    "mesh": ("scale",),
+    "color": ("rgba",),
+}
 
 
 def _check_numbers(path, element):
@@ -258,9 +298,10 @@ def _check_numbers(path, element):
                 [float(x) for x in text.split()]
             except ValueError:
                 raise ValueError(
-                    f"{path}, line {child.sourceline}: <{child.tag} {attribute}=\"{text}\"> in "
+                    f'{path}, line {child.sourceline}: <{child.tag} {attribute}="{text}"> in '
                     f"{element.tag} {element.get('name')!r} is not a number (or a list of "
-                    "numbers); write it as decimal numbers, e.g. 1.5.") from None
+                    "numbers); write it as decimal numbers, e.g. 1.5."
+                ) from None
 
 
 def _transform(matrix):
@@ -313,12 +354,18 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
     try:
         import yourdfpy
     except ImportError as error:
-        raise ImportError("URDF import needs yourdfpy: pip install 'jaxdae[urdf]' (or "
-                          "pip install yourdfpy).") from error
+        raise ImportError(
+            "URDF import needs yourdfpy: pip install 'jaxdae[urdf]' (or pip install yourdfpy)."
+        ) from error
     lines = _source_lines(path)
     try:
-        urdf = yourdfpy.URDF.load(os.fspath(path), build_scene_graph=False, load_meshes=False,
-                                  build_collision_scene_graph=False, load_collision_meshes=False)
+        urdf = yourdfpy.URDF.load(
+            os.fspath(path),
+            build_scene_graph=False,
+            load_meshes=False,
+            build_collision_scene_graph=False,
+            load_collision_meshes=False,
+        )
     except (ValueError, TypeError) as error:
         raise ValueError(f"{path}: yourdfpy cannot read it: {error}") from error
     robot = urdf.robot
@@ -346,17 +393,33 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
         inertial = links[name].inertial
         rot, pos = frames[name]
         try:
-            bodies.append(RigidBody(name, inertial.mass, np.asarray(inertial.inertia, float),
-                                    markers.points[name],
-                                    orientations=markers.orientations[name],
-                                    position=pos, orientation=rot))
+            bodies.append(
+                RigidBody(
+                    name,
+                    inertial.mass,
+                    np.asarray(inertial.inertia, float),
+                    markers.points[name],
+                    orientations=markers.orientations[name],
+                    position=pos,
+                    orientation=rot,
+                )
+            )
         except ValueError as error:
             raise ValueError(f"{where('link', name)}: {error}") from error
     moving = tuple(j.name for j in robot.joints if j.type != "fixed")
     visuals = _visuals(path, robot, order, carrier)
     sources = {j.name: where("joint", j.name) for j in robot.joints}
-    return UrdfRobot(robot.name, tuple(bodies), tuple(joints), _limits(where, robot), root,
-                     moving, visuals, _mimics(where, robot, moving), sources)
+    return UrdfRobot(
+        robot.name,
+        tuple(bodies),
+        tuple(joints),
+        _limits(where, robot),
+        root,
+        moving,
+        visuals,
+        _mimics(where, robot, moving),
+        sources,
+    )
 
 
 def _massive(link) -> bool:
@@ -372,33 +435,42 @@ def _tree(path, where, robot, links):
             if "." in item.name or item.name == GROUND:
                 raise ValueError(
                     f"{where(kind, item.name)}: {kind} name {item.name!r} cannot "
-                    f"name a jaxdae body or joint (no '.', not {GROUND!r}); rename it.")
+                    f"name a jaxdae body or joint (no '.', not {GROUND!r}); rename it."
+                )
     parent_joint = {}
     for joint in robot.joints:
         at = where("joint", joint.name)
         for role in ("parent", "child"):
             if getattr(joint, role) not in links:
-                raise ValueError(f"{at}: joint {joint.name!r} names {role} link "
-                                 f"{getattr(joint, role)!r}, which is not in the file.")
+                raise ValueError(
+                    f"{at}: joint {joint.name!r} names {role} link "
+                    f"{getattr(joint, role)!r}, which is not in the file."
+                )
         if joint.child in parent_joint:
-            raise ValueError(f"{at}: link {joint.child!r} is the child of two joints "
-                             f"({parent_joint[joint.child].name!r} and {joint.name!r}); URDF "
-                             "describes trees: close loops with joints added in Python.")
+            raise ValueError(
+                f"{at}: link {joint.child!r} is the child of two joints "
+                f"({parent_joint[joint.child].name!r} and {joint.name!r}); URDF "
+                "describes trees: close loops with joints added in Python."
+            )
         if joint.type not in ("revolute", "continuous", "prismatic", "fixed"):
-            raise ValueError(f"{at}: joint {joint.name!r} is of type {joint.type!r}; jaxdae "
-                             "imports revolute, continuous, prismatic and fixed joints.")
+            raise ValueError(
+                f"{at}: joint {joint.name!r} is of type {joint.type!r}; jaxdae "
+                "imports revolute, continuous, prismatic and fixed joints."
+            )
         parent_joint[joint.child] = joint
     roots = [name for name in links if name not in parent_joint]
     if len(roots) > 1:
-        raise ValueError(f"{path}: the links form several trees (roots: {roots}); a URDF "
-                         "robot has one root link: join the others to it with joints.")
+        raise ValueError(
+            f"{path}: the links form several trees (roots: {roots}); a URDF "
+            "robot has one root link: join the others to it with joints."
+        )
     reached = set(roots)
     for name in links:  # each link's chain of parents must end at the root
         chain = [name]
         while chain[-1] not in reached and chain[-1] in parent_joint:
             parent = parent_joint[chain[-1]].parent
             if parent in chain:
-                _loop(path, where, parent_joint, chain[chain.index(parent):])
+                _loop(path, where, parent_joint, chain[chain.index(parent) :])
             chain.append(parent)
         reached.update(chain)
     return parent_joint, roots[0]
@@ -413,9 +485,11 @@ def _loop(path, where, parent_joint, links):
         f"{where('joint', j.name).removeprefix(f'{path}, ')})"
         for j in reversed(joints)
     )
-    raise ValueError(f"{path}: the joints {described} form a loop; URDF describes trees: "
-                     "remove one of them and close the loop with a joint added in Python, "
-                     "`robot.mechanism(joints=[...])`.")
+    raise ValueError(
+        f"{path}: the joints {described} form a loop; URDF describes trees: "
+        "remove one of them and close the loop with a joint added in Python, "
+        "`robot.mechanism(joints=[...])`."
+    )
 
 
 def _world_poses(robot, root):
@@ -443,8 +517,10 @@ def _carriers(where, links, parent_joint, order, root, fixed_base):
         if name == root:
             carrier[name] = GROUND if fixed_base else name
             if not fixed_base and not _massive(links[name]):
-                raise ValueError(f"{where('link', name)}: the root link {name!r} has no mass; "
-                                 "a free (fixed_base=False) base needs an <inertial>.")
+                raise ValueError(
+                    f"{where('link', name)}: the root link {name!r} has no mass; "
+                    "a free (fixed_base=False) base needs an <inertial>."
+                )
             continue
         joint = parent_joint[name]
         if _massive(links[name]):
@@ -455,7 +531,8 @@ def _carriers(where, links, parent_joint, order, root, fixed_base):
             raise ValueError(
                 f"{where('link', name)}: link {name!r} has no mass (no <inertial> with a "
                 f"positive <mass>) but the {joint.type} joint {joint.name!r} moves it; give "
-                "it an <inertial> or make the joint fixed.")
+                "it an <inertial> or make the joint fixed."
+            )
     return carrier
 
 
@@ -486,18 +563,24 @@ def _joints(where, robot, links, world, carrier, markers):
         a = f"{carrier[joint.parent]}.{joint.name}"
         b = f"{joint.child}.frame"
         axis = None if joint.axis is None else np.asarray(joint.axis, dtype=float)
-        if axis is not None and joint.type in ("revolute", "continuous", "prismatic") and not (
-                np.all(np.isfinite(axis)) and np.linalg.norm(axis) > 0):
+        if (
+            axis is not None
+            and joint.type in ("revolute", "continuous", "prismatic")
+            and not (np.all(np.isfinite(axis)) and np.linalg.norm(axis) > 0)
+        ):
             raise ValueError(
                 f"{where('joint', joint.name)}: joint '{joint.name}' has the <axis> "
-                f"xyz=\"{' '.join(f'{x:g}' for x in axis)}\": a {joint.type} joint needs a "
-                "finite nonzero axis to turn about or slide along, e.g. <axis xyz=\"0 0 1\"/>.")
+                f'xyz="{" ".join(f"{x:g}" for x in axis)}": a {joint.type} joint needs a '
+                'finite nonzero axis to turn about or slide along, e.g. <axis xyz="0 0 1"/>.'
+            )
         if joint.type in ("revolute", "continuous"):
-            joints.append(Revolute(a, b, axis=(0.0, 0.0, 1.0) if axis is None else axis,
-                                   name=joint.name))
+            joints.append(
+                Revolute(a, b, axis=(0.0, 0.0, 1.0) if axis is None else axis, name=joint.name)
+            )
         elif joint.type == "prismatic":
-            joints.append(Prismatic(a, b, axis=(1.0, 0.0, 0.0) if axis is None else axis,
-                                    name=joint.name))
+            joints.append(
+                Prismatic(a, b, axis=(1.0, 0.0, 0.0) if axis is None else axis, name=joint.name)
+            )
         else:
             joints.append(Fixed(a, b, name=joint.name))
     return joints
@@ -511,20 +594,24 @@ def _limits(where, robot) -> dict:
         if joint.type == "fixed":
             continue
         limit = joint.limit
-        value = (lambda x: None if x is None else float(x))  # noqa: E731
+        value = lambda x: None if x is None else float(x)  # noqa: E731
         bounds = []
         for side in ("lower", "upper"):
-            bound = None if joint.type == "continuous" or limit is None else value(
-                getattr(limit, side))
+            bound = (
+                None if joint.type == "continuous" or limit is None else value(getattr(limit, side))
+            )
             if bound is not None and math.isnan(bound):
                 raise ValueError(
                     f"{where('joint', joint.name)}: joint {joint.name!r} has <limit "
-                    f"{side}=\"nan\">; give the bound as a number, or -inf / inf (or leave "
-                    "the attribute out) for no bound on that side.")
+                    f'{side}="nan">; give the bound as a number, or -inf / inf (or leave '
+                    "the attribute out) for no bound on that side."
+                )
             bounds.append(None if bound is None or math.isinf(bound) else bound)
         limits[joint.name] = UrdfLimit(
-            *bounds, None if limit is None else value(limit.effort),
-            None if limit is None else value(limit.velocity))
+            *bounds,
+            None if limit is None else value(limit.effort),
+            None if limit is None else value(limit.velocity),
+        )
     return limits
 
 
@@ -537,18 +624,24 @@ def _mimics(where, robot, moving) -> tuple[JointCoupling, ...]:
             continue
         at = where("joint", joint.name)
         if joint.type == "fixed":
-            raise ValueError(f"{at}: the fixed joint {joint.name!r} has a <mimic>; only a "
-                             "moving joint can follow another: remove the <mimic>.")
+            raise ValueError(
+                f"{at}: the fixed joint {joint.name!r} has a <mimic>; only a "
+                "moving joint can follow another: remove the <mimic>."
+            )
         if mimic.joint not in moving or mimic.joint == joint.name:
             raise ValueError(
-                f"{at}: joint {joint.name!r} has <mimic joint=\"{mimic.joint}\">, which is "
+                f'{at}: joint {joint.name!r} has <mimic joint="{mimic.joint}">, which is '
                 f"not another moving joint of the file (moving joints: {list(moving)}); name "
-                "the revolute, continuous or prismatic joint it follows.")
+                "the revolute, continuous or prismatic joint it follows."
+            )
         multiplier = 1.0 if mimic.multiplier is None else float(mimic.multiplier)
         offset = 0.0 if mimic.offset is None else float(mimic.offset)
         try:
-            couplings.append(JointCoupling(joint.name, mimic.joint, multiplier, offset=offset,
-                                           name=f"{joint.name}.mimic"))
+            couplings.append(
+                JointCoupling(
+                    joint.name, mimic.joint, multiplier, offset=offset, name=f"{joint.name}.mimic"
+                )
+            )
         except ValueError as error:
             raise ValueError(f"{at}: the <mimic> of joint {joint.name!r}: {error}") from error
     return tuple(couplings)
@@ -577,8 +670,7 @@ def _visual(path, link, marker, visual, colors):
     if geometry.box is not None:
         kind, size = "box", tuple(float(x) for x in geometry.box.size)
     elif geometry.cylinder is not None:
-        kind, size = "cylinder", (float(geometry.cylinder.radius),
-                                  float(geometry.cylinder.length))
+        kind, size = "cylinder", (float(geometry.cylinder.radius), float(geometry.cylinder.length))
     elif geometry.sphere is not None:
         kind, size = "sphere", (float(geometry.sphere.radius),)
     elif geometry.mesh is not None:
@@ -594,16 +686,20 @@ def _visual(path, link, marker, visual, colors):
         found = visual.material.color or colors.get(visual.material.name)
         if found is not None:
             color = tuple(float(x) for x in found.rgba)
-    return UrdfVisual(link, marker, kind, size, mesh, scale, tuple(float(x) for x in pos),
-                      _rpy(rot), color)
+    return UrdfVisual(
+        link, marker, kind, size, mesh, scale, tuple(float(x) for x in pos), _rpy(rot), color
+    )
 
 
 def _rpy(rot):
     """URDF's roll, pitch, yaw of a rotation `R_z(yaw) R_y(pitch) R_x(roll)`."""
     pitch = float(np.arcsin(np.clip(-rot[2, 0], -1.0, 1.0))) + 0.0  # no -0.0
     if abs(rot[2, 0]) < 1.0 - 1e-12:
-        return (float(np.arctan2(rot[2, 1], rot[2, 2])), pitch,
-                float(np.arctan2(rot[1, 0], rot[0, 0])))
+        return (
+            float(np.arctan2(rot[2, 1], rot[2, 2])),
+            pitch,
+            float(np.arctan2(rot[1, 0], rot[0, 0])),
+        )
     # Pitch ±π/2: only roll ∓ yaw is defined; put it all in the roll.
     return (float(np.arctan2(-rot[1, 2], rot[1, 1])), pitch, 0.0)
 
@@ -615,10 +711,10 @@ def _mesh_file(path, filename):
     found nowhere is named under the URDF file's directory."""
     directory = os.path.dirname(os.path.abspath(os.fspath(path)))
     if filename.startswith("file://"):
-        filename = filename[len("file://"):]
+        filename = filename[len("file://") :]
     if not filename.startswith("package://"):
         return os.path.normpath(os.path.join(directory, filename))
-    package, _, rest = filename[len("package://"):].partition("/")
+    package, _, rest = filename[len("package://") :].partition("/")
     up = directory
     while True:
         for candidate in (os.path.join(up, rest), os.path.join(up, package, rest)):

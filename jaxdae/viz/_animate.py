@@ -35,8 +35,7 @@ def _matplotlib():
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as error:
-        raise ImportError(
-            f"jaxdae.viz.animate needs matplotlib: {_INSTALL}.") from error
+        raise ImportError(f"jaxdae.viz.animate needs matplotlib: {_INSTALL}.") from error
     return matplotlib, Figure, FigureCanvasAgg
 
 
@@ -49,9 +48,9 @@ def _ffmpeg():
     except (ImportError, RuntimeError) as error:
         raise ImportError(
             f"Writing MP4 needs imageio-ffmpeg (it ships an ffmpeg binary): {_INSTALL}; "
-            "or save a .gif.") from error
+            "or save a .gif."
+        ) from error
     return imageio_ffmpeg
-
 
 
 def _drawn(draw, q: np.ndarray):
@@ -63,19 +62,22 @@ def _drawn(draw, q: np.ndarray):
         if not isinstance(lines, Mapping):
             raise ValueError(
                 "`draw(q)` must return a dict from names to polylines, `(k, 2)` arrays of "
-                f"points; got {type(lines).__name__}.")
+                f"points; got {type(lines).__name__}."
+            )
         if names is None:
             names = tuple(lines)
         elif tuple(lines) != names:
             raise ValueError(
                 f"`draw(q)` returned the polylines {list(lines)} at frame {k} but {list(names)} "
-                "at frame 0: return the same names at every configuration.")
+                "at frame 0: return the same names at every configuration."
+            )
         for name, xy in lines.items():
             xy = np.asarray(xy, dtype=float)
             if xy.ndim not in (1, 2) or xy.shape[-1] != 2:
                 raise ValueError(
                     f"`draw(q)` polyline {name!r} must be a (k, 2) array of points (or one "
-                    f"point (2,)); got shape {xy.shape}.")
+                    f"point (2,)); got shape {xy.shape}."
+                )
             out.setdefault(str(name), []).append(xy.reshape(-1, 2))
     return out
 
@@ -103,13 +105,21 @@ class Animation:
         polylines of `draw`, and `"time"`.
     """
 
-    def __init__(self, figure: "Figure", axes: "Axes", times: np.ndarray,
-                 shapes: list[Shape], time_text, fps: float):
+    def __init__(
+        self,
+        figure: "Figure",
+        axes: "Axes",
+        times: np.ndarray,
+        shapes: list[Shape],
+        time_text,
+        fps: float,
+    ):
         self.figure, self.axes, self.times, self.fps = figure, axes, times, float(fps)
         self._shapes = shapes
         self._time = time_text
-        self._moving = sorted([s.artist for s in shapes if not s.static] + [time_text],
-                              key=lambda a: a.get_zorder())
+        self._moving = sorted(
+            [s.artist for s in shapes if not s.static] + [time_text], key=lambda a: a.get_zorder()
+        )
         self.artists: dict[str, Artist] = {s.name: s.artist for s in shapes}
         self.artists["time"] = time_text
 
@@ -172,8 +182,9 @@ class Animation:
         elif suffix in (".html", ".htm"):
             path.write_text(self._jshtml())
         else:
-            raise ValueError(f"Cannot save an animation as {path.name!r}: use a .mp4, .gif or "
-                             ".html file.")
+            raise ValueError(
+                f"Cannot save an animation as {path.name!r}: use a .mp4, .gif or .html file."
+            )
         return path
 
     def _write_mp4(self, path: Path) -> None:
@@ -185,17 +196,27 @@ class Animation:
                 h, w = rgba.shape[0] // 2 * 2, rgba.shape[1] // 2 * 2
                 if writer is None:
                     writer = imageio_ffmpeg.write_frames(
-                        str(path), (w, h), pix_fmt_in="rgba", fps=self.fps, codec="libx264",
-                        quality=6, macro_block_size=1, ffmpeg_log_level="error",
-                        output_params=["-preset", "fast"])
+                        str(path),
+                        (w, h),
+                        pix_fmt_in="rgba",
+                        fps=self.fps,
+                        codec="libx264",
+                        quality=6,
+                        macro_block_size=1,
+                        ffmpeg_log_level="error",
+                        output_params=["-preset", "fast"],
+                    )
                     with warnings.catch_warnings():
                         # Starting ffmpeg forks (imageio-ffmpeg passes a `preexec_fn` that
                         # puts it in its own process group, out of reach of a Ctrl-C meant
                         # for Python), and JAX warns of every fork of its threaded process;
                         # the child only sets its group and execs ffmpeg.
                         warnings.filterwarnings(
-                            "ignore", r"os\.fork\(\) was called\. os\.fork\(\) is incompatible "
-                            r"with multithreaded code, and JAX is multithreaded", RuntimeWarning)
+                            "ignore",
+                            r"os\.fork\(\) was called\. os\.fork\(\) is incompatible "
+                            r"with multithreaded code, and JAX is multithreaded",
+                            RuntimeWarning,
+                        )
                         writer.send(None)
                 writer.send(np.ascontiguousarray(rgba[:h, :w]))
         finally:
@@ -211,8 +232,14 @@ class Animation:
             if palette is None:  # one palette for all frames, from the first
                 palette = image.quantize(colors=255, method=Image.Quantize.MEDIANCUT)
             images.append(image.quantize(palette=palette, dither=Image.Dither.NONE))
-        images[0].save(path, save_all=True, append_images=images[1:], loop=0,
-                       duration=1000.0 / self.fps, optimize=False)
+        images[0].save(
+            path,
+            save_all=True,
+            append_images=images[1:],
+            loop=0,
+            duration=1000.0 / self.fps,
+            optimize=False,
+        )
 
     def _jshtml(self) -> str:
         from matplotlib.animation import HTMLWriter
@@ -238,8 +265,10 @@ class Animation:
             self._write_mp4(path)
             data = base64.b64encode(path.read_bytes()).decode("ascii")
         width = int(self.figure.get_figwidth() * self.figure.dpi)
-        return (f'<video width="{width}" controls autoplay loop muted playsinline>'
-                f'<source type="video/mp4" src="data:video/mp4;base64,{data}"></video>')
+        return (
+            f'<video width="{width}" controls autoplay loop muted playsinline>'
+            f'<source type="video/mp4" src="data:video/mp4;base64,{data}"></video>'
+        )
 
     def _repr_html_(self) -> str:
         return self.to_html()
@@ -337,8 +366,9 @@ def animate(
         axes.set(xlabel="x [m]", ylabel="y [m]")
     for shape in scene.shapes:
         shape.create(axes)
-    time_text = axes.text(0.02, 0.96, "", transform=axes.transAxes, va="top",
-                          family="monospace", zorder=5)
+    time_text = axes.text(
+        0.02, 0.96, "", transform=axes.transAxes, va="top", family="monospace", zorder=5
+    )
     animation = Animation(figure, axes, times, scene.shapes, time_text, fps)
     animation._show(0)
     return animation
@@ -351,13 +381,15 @@ def _check_model(model, draw, fps) -> None:
         if model.dimension != 2:
             raise ValueError(
                 "jaxdae.viz.animate draws planar mechanisms; this one is spatial. Show it "
-                "with the 3-D viewer, `jaxdae.viz.view(model, solution)`.")
+                "with the 3-D viewer, `jaxdae.viz.view(model, solution)`."
+            )
     elif draw is None:
         raise ValueError(
             f"jaxdae.viz.animate draws a jaxdae.multibody.Mechanism by itself; for a "
             f"{type(model).__name__}, pass `draw=`, a function of one configuration `q` "
             "returning polylines by name, e.g. `draw=lambda q: {'rod': [(0, 0), (q[0], "
-            "q[1])]}`.")
+            "q[1])]}`."
+        )
     if not fps > 0:
         raise ValueError(f"`fps` must be positive; got {fps!r}.")
 
@@ -371,16 +403,33 @@ def _scene(model, q: np.ndarray, traces: list, drawn: dict) -> Scene:
         scene = Scene()
         for ref in traces:
             if ref not in drawn:
-                raise ValueError(f"`trace` names {ref!r}, which is not a polyline of `draw` "
-                                 f"(it returns {sorted(drawn)}).")
-            scene.add(f"trace:{ref}", np.stack([xy[-1] for xy in drawn[ref]]), "trace",
-                      color="0.5", linewidth=1.2, alpha=0.8, zorder=1.5)
+                raise ValueError(
+                    f"`trace` names {ref!r}, which is not a polyline of `draw` "
+                    f"(it returns {sorted(drawn)})."
+                )
+            scene.add(
+                f"trace:{ref}",
+                np.stack([xy[-1] for xy in drawn[ref]]),
+                "trace",
+                color="0.5",
+                linewidth=1.2,
+                alpha=0.8,
+                zorder=1.5,
+            )
     for k, (name, xy) in enumerate(drawn.items()):
         stacked = np.stack(xy) if len({a.shape for a in xy}) == 1 else xy
         single = all(a.shape[0] == 1 for a in xy)
-        scene.add(f"draw:{name}", stacked, color=f"C{k % 10}", zorder=3,
-                  **(dict(marker="o", linestyle="none") if single else
-                     dict(marker="o", markersize=4, linewidth=2)))
+        scene.add(
+            f"draw:{name}",
+            stacked,
+            color=f"C{k % 10}",
+            zorder=3,
+            **(
+                dict(marker="o", linestyle="none")
+                if single
+                else dict(marker="o", markersize=4, linewidth=2)
+            ),
+        )
     return scene
 
 
@@ -414,8 +463,9 @@ def _figure(limits, figsize, dpi, title) -> tuple["Figure", "Axes"]:
     cx, cy, hw, hh = (x0 + x1) / 2, (y0 + y1) / 2, scale * box_w / 2, scale * box_h / 2
     figure = Figure(figsize=figsize, dpi=dpi)
     FigureCanvasAgg(figure)
-    axes = figure.add_axes((left / figsize[0], bottom / figsize[1], box_w / figsize[0],
-                            box_h / figsize[1]))
+    axes = figure.add_axes(
+        (left / figsize[0], bottom / figsize[1], box_w / figsize[0], box_h / figsize[1])
+    )
     axes.set_xlim(cx - hw, cx + hw)
     axes.set_ylim(cy - hh, cy + hh)
     axes.set_aspect("equal", adjustable="box")

@@ -12,12 +12,14 @@ def member_states(solution, member) -> tuple[np.ndarray, np.ndarray]:
     if q.ndim < 2 or ts.shape[-1] != q.shape[-2]:
         raise ValueError(
             f"`solution` must have `ts` (N,) and `q` (N, n) (with leading batch axes for a "
-            f"batch); got shapes {ts.shape} and {q.shape}.")
+            f"batch); got shapes {ts.shape} and {q.shape}."
+        )
     if batch:
         if member is None:
             raise ValueError(
                 f"`solution` holds a batch of shape {batch}: pick the member to show with "
-                f"`member=` (an index, or a tuple of {len(batch)} indices).")
+                f"`member=` (an index, or a tuple of {len(batch)} indices)."
+            )
         index = tuple(int(i) for i in np.atleast_1d(member))
         if len(index) != len(batch):
             raise ValueError(f"`member={member!r}` does not index the batch of shape {batch}.")
@@ -42,8 +44,10 @@ def resample(ts, q, frames, fps):
     else:
         times = np.asarray(frames, dtype=float)
         if times.ndim != 1 or times.size == 0 or not np.all(np.isfinite(times)):
-            raise ValueError("`frames` must be a number of frames, or the frames' times as a "
-                             f"1-D array (e.g. `sol.ts`); got {frames!r}.")
+            raise ValueError(
+                "`frames` must be a number of frames, or the frames' times as a "
+                f"1-D array (e.g. `sol.ts`); got {frames!r}."
+            )
     if ts.size == 1:
         return times, np.repeat(q, times.size, axis=0)
     return times, np.stack([np.interp(times, ts, column) for column in q.T], axis=-1)

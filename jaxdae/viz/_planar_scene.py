@@ -35,8 +35,15 @@ _BLOCK = (0.12, 0.07)  # a prismatic joint's slider block: length along the line
 _SUPPORT = (0.035, 0.05, 0.025)  # a ground pin's triangle: half-width, height; hatch band
 _TICK = 0.06  # a prismatic joint limit's tick
 _CIRCLE = 48  # points on a drawn circle
-_PIN = dict(marker="o", markersize=7, markerfacecolor="white", markeredgecolor="black",
-            markeredgewidth=1.5, linestyle="none", zorder=4)
+_PIN = dict(
+    marker="o",
+    markersize=7,
+    markerfacecolor="white",
+    markeredgecolor="black",
+    markeredgewidth=1.5,
+    linestyle="none",
+    zorder=4,
+)
 _STOP = dict(color="tab:red", linewidth=1.2, linestyle="--", zorder=1)
 _HATCH = dict(fill=False, hatch="////", edgecolor="0.4", linewidth=0, zorder=1)
 
@@ -52,12 +59,16 @@ def check_marker(model: Mechanism, ref) -> str:
     body, marker = _split(ref)
     names = (GROUND, *model.body_names)
     if body not in names:
-        raise ValueError(f"`trace` names {ref!r}, but the mechanism has no body {body!r} "
-                         f"(bodies: {', '.join(names)}).")
+        raise ValueError(
+            f"`trace` names {ref!r}, but the mechanism has no body {body!r} "
+            f"(bodies: {', '.join(names)})."
+        )
     markers = model.body(body).markers
     if marker is not None and marker not in markers:
-        raise ValueError(f"`trace` names {ref!r}, but body {body!r} has no marker {marker!r} "
-                         f"(its markers: {sorted(markers) or 'none'}).")
+        raise ValueError(
+            f"`trace` names {ref!r}, but body {body!r} has no marker {marker!r} "
+            f"(its markers: {sorted(markers) or 'none'})."
+        )
     return ref
 
 
@@ -130,8 +141,9 @@ class Shape:
         self.artist: Artist | None = None
 
     def first(self) -> np.ndarray:
-        return np.asarray(self.xy if self.static else self.xy[:1] if self.kind == "trace"
-                          else self.xy[0])
+        return np.asarray(
+            self.xy if self.static else self.xy[:1] if self.kind == "trace" else self.xy[0]
+        )
 
     def points(self) -> np.ndarray:
         if isinstance(self.xy, list):
@@ -175,7 +187,6 @@ class Scene:
         return points if points.size else np.zeros((1, 2))
 
 
-
 def _moving(ref: str) -> bool:
     return _split(ref)[0] != GROUND
 
@@ -196,11 +207,15 @@ class _MechanismDrawing:
             self.local[body.name] = np.zeros(2)
             for m, point in body.markers.items():
                 self.local[f"{body.name}.{m}"] = np.asarray(point, dtype=float)
-        refs = list(dict.fromkeys(
-            [r for body_refs in self.outlines for r in body_refs]
-            + [r for j in model.joints for r in (j.a, j.b)]
-            + [r for s in model.stops for r in s.markers]
-            + list(trace) + [GROUND]))
+        refs = list(
+            dict.fromkeys(
+                [r for body_refs in self.outlines for r in body_refs]
+                + [r for j in model.joints for r in (j.a, j.b)]
+                + [r for s in model.stops for r in s.markers]
+                + list(trace)
+                + [GROUND]
+            )
+        )
         self.where = {r: i for i, r in enumerate(refs)}
 
         @jax.jit
@@ -209,8 +224,9 @@ class _MechanismDrawing:
             return frame.point, frame.angle
 
         self.points, self.angles = (np.asarray(a) for a in marker_frames(jnp.asarray(q)))
-        body_points = self.points[:, [self.where[r] for refs_ in self.outlines
-                                      for r in refs_]].reshape(-1, 2)
+        body_points = self.points[
+            :, [self.where[r] for refs_ in self.outlines for r in refs_]
+        ].reshape(-1, 2)
         span = np.ptp(body_points, axis=0) if body_points.size else np.zeros(2)
         self.scale = float(max(span.max(), 1e-3 * np.abs(body_points).max(initial=0.0))) or 1.0
         self.scene = Scene()
@@ -235,30 +251,62 @@ class _MechanismDrawing:
             xy = np.stack([self.point(r) for r in hull], axis=1)
             c = self.colour[body.name]
             if len(hull) >= 3:
-                self.scene.add(f"body:{body.name}", xy, "polygon", facecolor=c, edgecolor=c,
-                               alpha=0.45, linewidth=2, zorder=2)
+                self.scene.add(
+                    f"body:{body.name}",
+                    xy,
+                    "polygon",
+                    facecolor=c,
+                    edgecolor=c,
+                    alpha=0.45,
+                    linewidth=2,
+                    zorder=2,
+                )
             elif len(hull) == 2:
-                self.scene.add(f"body:{body.name}", xy, color=c, linewidth=6, alpha=0.85,
-                               solid_capstyle="round", zorder=2)
+                self.scene.add(
+                    f"body:{body.name}",
+                    xy,
+                    color=c,
+                    linewidth=6,
+                    alpha=0.85,
+                    solid_capstyle="round",
+                    zorder=2,
+                )
             else:
-                self.scene.add(f"body:{body.name}", xy, color=c, marker="s", markersize=9,
-                               zorder=2)
+                self.scene.add(f"body:{body.name}", xy, color=c, marker="s", markersize=9, zorder=2)
 
     def support(self, name: str, at) -> None:
         """A hatched triangle under a pin to the ground at the fixed point `at`."""
         w, h, band = (f * self.scale for f in _SUPPORT)
         x, y = at
-        self.scene.add(f"ground:{name}", np.array([[x, y], [x - w, y - h], [x + w, y - h]]),
-                       "polygon", facecolor="0.85", edgecolor="0.2", linewidth=1, zorder=1)
-        self.scene.add(f"ground:{name}.hatch", np.array(
-            [[x - 1.5 * w, y - h], [x + 1.5 * w, y - h], [x + 1.5 * w, y - h - band],
-             [x - 1.5 * w, y - h - band]]), "polygon", **_HATCH)
+        self.scene.add(
+            f"ground:{name}",
+            np.array([[x, y], [x - w, y - h], [x + w, y - h]]),
+            "polygon",
+            facecolor="0.85",
+            edgecolor="0.2",
+            linewidth=1,
+            zorder=1,
+        )
+        self.scene.add(
+            f"ground:{name}.hatch",
+            np.array(
+                [
+                    [x - 1.5 * w, y - h],
+                    [x + 1.5 * w, y - h],
+                    [x + 1.5 * w, y - h - band],
+                    [x - 1.5 * w, y - h - band],
+                ]
+            ),
+            "polygon",
+            **_HATCH,
+        )
 
     def band_below(self, name: str, start, end, normal, **options) -> None:
         """A hatched band on the `-normal` side of the fixed segment `start`–`end`."""
         depth = _SUPPORT[2] * self.scale * normal
-        self.scene.add(name, np.array([start, end, end - depth, start - depth]), "polygon",
-                       **options, **_HATCH)
+        self.scene.add(
+            name, np.array([start, end, end - depth, start - depth]), "polygon", **options, **_HATCH
+        )
 
     def add_joints(self) -> None:
         """Revolute joints as pins (on a support where they hold a body to the ground),
@@ -276,14 +324,33 @@ class _MechanismDrawing:
             elif isinstance(joint, Prismatic | PointOnLine | Rolling):
                 self._line_joint(name, joint)
             elif isinstance(joint, Distance):
-                self.scene.add(f"joint:{name}", np.stack([self.point(a), self.point(b)], axis=1),
-                               color="0.25", linewidth=1.5, zorder=1)
+                self.scene.add(
+                    f"joint:{name}",
+                    np.stack([self.point(a), self.point(b)], axis=1),
+                    color="0.25",
+                    linewidth=1.5,
+                    zorder=1,
+                )
             elif isinstance(joint, Fixed):
-                self.scene.add(f"joint:{name}", self.point(b)[:, None], marker="s",
-                               markersize=5, color="black", linestyle="none", zorder=4)
+                self.scene.add(
+                    f"joint:{name}",
+                    self.point(b)[:, None],
+                    marker="s",
+                    markersize=5,
+                    color="black",
+                    linestyle="none",
+                    zorder=4,
+                )
             elif not isinstance(joint, Gear | Driver):
-                self.scene.add(f"joint:{name}", self.point(b)[:, None], marker="o",
-                               markersize=4, color="black", linestyle="none", zorder=4)
+                self.scene.add(
+                    f"joint:{name}",
+                    self.point(b)[:, None],
+                    marker="o",
+                    markersize=4,
+                    color="black",
+                    linestyle="none",
+                    zorder=4,
+                )
 
     def _line_joint(self, name: str, joint: Prismatic | PointOnLine | Rolling) -> None:
         """The line of a prismatic, point-on-line or rolling joint (hatched where it is the
@@ -294,8 +361,13 @@ class _MechanismDrawing:
         n = _perpendicular(u)
         s = np.sum(u * (self.point(b) - self.point(a)), axis=-1)
         scale = self.scale
-        half = (0.5 * _BLOCK[0] * scale if isinstance(joint, Prismatic) else
-                float(joint.radius) if isinstance(joint, Rolling) else 0.02 * scale)
+        half = (
+            0.5 * _BLOCK[0] * scale
+            if isinstance(joint, Prismatic)
+            else float(joint.radius)
+            if isinstance(joint, Rolling)
+            else 0.02 * scale
+        )
         lo, hi = s.min() - half - 0.05 * scale, s.max() + half + 0.05 * scale
         guide = np.stack([self.point(a) + lo * u, self.point(a) + hi * u], axis=1)
         self.lines[name] = (u, self.point(a))
@@ -307,15 +379,26 @@ class _MechanismDrawing:
         centre = self.point(b)
         if isinstance(joint, Prismatic):
             w, h = 0.5 * _BLOCK[0] * scale, 0.5 * _BLOCK[1] * scale
-            corners = (centre[:, None] + np.array([-w, w, w, -w])[:, None] * u[:, None]
-                       + np.array([-h, -h, h, h])[:, None] * n[:, None])
-            self.scene.add(f"joint:{name}", corners, "polygon",
-                           facecolor=self.colour.get(_split(b)[0], "0.7"), alpha=0.6,
-                           edgecolor="black", linewidth=1.5, zorder=3)
+            corners = (
+                centre[:, None]
+                + np.array([-w, w, w, -w])[:, None] * u[:, None]
+                + np.array([-h, -h, h, h])[:, None] * n[:, None]
+            )
+            self.scene.add(
+                f"joint:{name}",
+                corners,
+                "polygon",
+                facecolor=self.colour.get(_split(b)[0], "0.7"),
+                alpha=0.6,
+                edgecolor="black",
+                linewidth=1.5,
+                zorder=3,
+            )
         elif isinstance(joint, Rolling):
             spoke = centre + float(joint.radius) * _direction(self.angle(b), (1.0, 0.0))
-            xy = np.concatenate([_circle(centre, float(joint.radius)),
-                                 centre[:, None], spoke[:, None]], axis=1)
+            xy = np.concatenate(
+                [_circle(centre, float(joint.radius)), centre[:, None], spoke[:, None]], axis=1
+            )
             self.scene.add(f"joint:{name}", xy, color="black", linewidth=1.5, zorder=3)
         else:
             self.scene.add(f"joint:{name}", centre[:, None], **{**_PIN, "markersize": 5})
@@ -333,12 +416,17 @@ class _MechanismDrawing:
                 parts = []
                 if stop.lower is not None:  # two spheres that touch at d = lower
                     r = 0.5 * float(stop.lower)
-                    parts += [_circle(self.point(stop.a), r), gap,
-                              _circle(self.point(stop.b), r), gap]
+                    parts += [
+                        _circle(self.point(stop.a), r),
+                        gap,
+                        _circle(self.point(stop.b), r),
+                        gap,
+                    ]
                 if stop.upper is not None:  # a rope that goes taut at d = upper
                     parts.append(np.stack([self.point(stop.a), self.point(stop.b)], axis=1))
-                self.scene.add(f"stop:{name}", np.concatenate(parts, axis=1),
-                               **{**_STOP, "linestyle": ":"})
+                self.scene.add(
+                    f"stop:{name}", np.concatenate(parts, axis=1), **{**_STOP, "linestyle": ":"}
+                )
 
     def _joint_limit(self, name: str, stop: JointLimit) -> None:
         """A tick across a line joint's line where marker `b` stops, or rays where the
@@ -349,22 +437,34 @@ class _MechanismDrawing:
             u, start = self.lines[stop.joint]
             n = _perpendicular(u)
             half = 0.5 * _TICK * self.scale
-            marks = [np.stack([start + x * u - half * n, start + x * u + half * n], axis=1)
-                     for x in bounds]
+            marks = [
+                np.stack([start + x * u - half * n, start + x * u + half * n], axis=1)
+                for x in bounds
+            ]
             fixed = not _moving(joint.a)
         elif isinstance(joint, Revolute):
             # The coordinate is `θ_b − θ_a`: body b stops at `θ_a + bound`, or body a at
             # `θ_b − bound` where b is the ground.
-            side, other, sign = ((joint.b, joint.a, 1.0) if _moving(joint.b)
-                                 else (joint.a, joint.b, -1.0))
+            side, other, sign = (
+                (joint.b, joint.a, 1.0) if _moving(joint.b) else (joint.a, joint.b, -1.0)
+            )
             arms = [self.local[r] - self.local[side] for r in self.hulls[_split(side)[0]]]
             arm = max(arms, key=lambda x: float(np.linalg.norm(x)))
             length = float(np.linalg.norm(arm)) or 0.1 * self.scale
             phi = float(np.arctan2(arm[1], arm[0]))
             fixed = not (_moving(joint.a) and _moving(joint.b))
             centre = self.point(joint.a if not _moving(joint.a) else joint.b)
-            marks = [np.stack([centre, centre + length * _direction(
-                self.angle(other) + sign * x + phi, (1.0, 0.0))], axis=1) for x in bounds]
+            marks = [
+                np.stack(
+                    [
+                        centre,
+                        centre
+                        + length * _direction(self.angle(other) + sign * x + phi, (1.0, 0.0)),
+                    ],
+                    axis=1,
+                )
+                for x in bounds
+            ]
         else:
             return
         gap = np.full((self.frames, 1, 2), np.nan)
@@ -390,16 +490,26 @@ class _MechanismDrawing:
             self.band_below(f"ground:{name}", line[0, 0], line[0, 1], n[0], bounded=False)
         radius = float(stop.radius)
         if radius > 0:
-            self.scene.add(f"stop:{name}.disc", _circle(self.point(stop.point), radius),
-                           color=self.colour.get(_split(stop.point)[0], "0.3"), linewidth=1.5,
-                           zorder=2)
+            self.scene.add(
+                f"stop:{name}.disc",
+                _circle(self.point(stop.point), radius),
+                color=self.colour.get(_split(stop.point)[0], "0.3"),
+                linewidth=1.5,
+                zorder=2,
+            )
 
     def add_traces(self, trace: Sequence[str]) -> None:
         """The markers' paths, in the colour of each marker's body."""
         for ref in trace:
-            self.scene.add(f"trace:{ref}", self.point(ref), "trace",
-                           color=self.colour.get(_split(ref)[0], "0.3"), linewidth=1.2,
-                           alpha=0.7, zorder=1.5)
+            self.scene.add(
+                f"trace:{ref}",
+                self.point(ref),
+                "trace",
+                color=self.colour.get(_split(ref)[0], "0.3"),
+                linewidth=1.2,
+                alpha=0.7,
+                zorder=1.5,
+            )
 
 
 def mechanism_scene(model: Mechanism, q: np.ndarray, trace: Sequence[str]) -> Scene:

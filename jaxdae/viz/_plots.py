@@ -57,11 +57,12 @@ def _largest(x) -> np.ndarray:
         return np.max(np.abs(x), axis=-1)
 
 
-def _each(symbol: str, values: np.ndarray, labels: Sequence[str] | None = None
-          ) -> list[_Series]:
+def _each(symbol: str, values: np.ndarray, labels: Sequence[str] | None = None) -> list[_Series]:
     """One series per entry of the last axis of `values` `(B, N, n)`."""
-    return [_Series(labels[i] if labels is not None else f"${symbol}_{{{i}}}$",
-                    values[..., i]) for i in range(values.shape[-1])]
+    return [
+        _Series(labels[i] if labels is not None else f"${symbol}_{{{i}}}$", values[..., i])
+        for i in range(values.shape[-1])
+    ]
 
 
 def _derivative(symbol: str, order: int) -> str:
@@ -75,19 +76,25 @@ def _solution_panels(sol: Solution, batch_ndim: int, names) -> dict[str, _Panel]
     multipliers = _rows(sol.multipliers, batch_ndim)
     energy = _rows(sol.energy, batch_ndim)
     m = phi.shape[-1]
-    violations = [_Series(label, _largest(x)) for label, x in
-                  ((r"$|\Phi|$", phi), (r"$|\dot\Phi|$", dphi), (r"$|\Psi|$", psi))
-                  if x.shape[-1]]
+    violations = [
+        _Series(label, _largest(x))
+        for label, x in ((r"$|\Phi|$", phi), (r"$|\dot\Phi|$", dphi), (r"$|\Psi|$", psi))
+        if x.shape[-1]
+    ]
     return {
         "q": _Panel("q", "coordinates q", _each("q", q, names)),
         "v": _Panel("v", "velocities v", _each("v", v, names)),
-        "violations": _Panel("violations", "constraint violation\n(largest entry)",
-                             violations, log=True),
-        "energy": _Panel("energy", r"energy drift $E - E(t_0)$",
-                         [_Series(None, energy - energy[:, :1])]),
-        "multipliers": _Panel("multipliers", "multipliers",
-                              _each(r"\lambda", multipliers[..., :m])
-                              + _each(r"\mu", multipliers[..., m:])),
+        "violations": _Panel(
+            "violations", "constraint violation\n(largest entry)", violations, log=True
+        ),
+        "energy": _Panel(
+            "energy", r"energy drift $E - E(t_0)$", [_Series(None, energy - energy[:, :1])]
+        ),
+        "multipliers": _Panel(
+            "multipliers",
+            "multipliers",
+            _each(r"\lambda", multipliers[..., :m]) + _each(r"\mu", multipliers[..., m:]),
+        ),
     }
 
 
@@ -106,13 +113,15 @@ def _actuated_panels(sol: ActuatedSolution, batch_ndim: int, names) -> dict[str,
         "v": _Panel("v", "velocities v", _each("v", v, names)),
         "w": _Panel("w", "actuator states w", _each("w", w)),
         "u": _Panel("u", "inputs u", _each("u", u)),
-        "violations": _Panel("violations", "program constraints\n(largest entry)",
-                             violations, log=True),
+        "violations": _Panel(
+            "violations", "program constraints\n(largest entry)", violations, log=True
+        ),
     }
 
 
-def _draw(ax: "Axes", panel: _Panel, ts: np.ndarray, max_lines: int,
-          percentiles: tuple[float, float]) -> None:
+def _draw(
+    ax: "Axes", panel: _Panel, ts: np.ndarray, max_lines: int, percentiles: tuple[float, float]
+) -> None:
     lines = ts.shape[0] <= max_lines
     # Residuals that are exactly zero throughout (an exact formulation) stay on a linear axis.
     log = panel.log and any(np.any(s.values > 0) for s in panel.series)
@@ -124,14 +133,21 @@ def _draw(ax: "Axes", panel: _Panel, ts: np.ndarray, max_lines: int,
         if lines:
             single = ts.shape[0] == 1
             for b in range(ts.shape[0]):
-                ax.plot(ts[b], values[b], color=colour, linewidth=1.5 if single else 0.8,
-                        alpha=1.0 if single else 0.7, label=series.label if b == 0 else None)
+                ax.plot(
+                    ts[b],
+                    values[b],
+                    color=colour,
+                    linewidth=1.5 if single else 0.8,
+                    alpha=1.0 if single else 0.7,
+                    label=series.label if b == 0 else None,
+                )
         else:
             with warnings.catch_warnings():  # save times where every member failed
                 warnings.simplefilter("ignore", RuntimeWarning)
                 t = np.nanmedian(ts, axis=0)
-                low, middle, high = np.nanpercentile(values, (percentiles[0], 50.0,
-                                                              percentiles[1]), axis=0)
+                low, middle, high = np.nanpercentile(
+                    values, (percentiles[0], 50.0, percentiles[1]), axis=0
+                )
             ax.fill_between(t, low, high, color=colour, alpha=0.25, linewidth=0)
             ax.plot(t, middle, color=colour, linewidth=1.5, label=series.label)
     if log:
@@ -153,9 +169,17 @@ def _draw_events(ax: "Axes", events: Events, batch_ndim: int, labelled: bool) ->
         at = times[valid & (kinds == kind)]
         at = at[np.isfinite(at)]
         if at.size:
-            ax.vlines(at, 0.0, 1.0, transform=ax.get_xaxis_transform(),
-                      colors=_EVENT_COLOURS[kind], linestyles="--", linewidth=0.8,
-                      alpha=0.7, label=name if labelled else None)
+            ax.vlines(
+                at,
+                0.0,
+                1.0,
+                transform=ax.get_xaxis_transform(),
+                colors=_EVENT_COLOURS[kind],
+                linestyles="--",
+                linewidth=0.8,
+                alpha=0.7,
+                label=name if labelled else None,
+            )
             drawn.append(name)
     return drawn
 
@@ -164,8 +188,9 @@ def _notes(sol, batch: int, lines: bool, percentiles, title: str | None) -> list
     notes = [] if title is None else [title]
     failed = int(np.sum(~np.asarray(sol.succeeded)))
     if batch > 1 and not lines:
-        notes.append(f"median and {percentiles[0]:g}–{percentiles[1]:g} percentile band "
-                     f"of {batch} solves")
+        notes.append(
+            f"median and {percentiles[0]:g}–{percentiles[1]:g} percentile band of {batch} solves"
+        )
     if failed and batch == 1:
         t_final = float(np.asarray(sol.t_final).reshape(-1)[0])
         notes.append(f"the solve failed at t = {t_final:.6g} (see `result`)")
@@ -270,8 +295,7 @@ def plot_solution(
 plot.register(AbstractSolution, plot_solution)
 
 
-def _panels(solution, fields, names, percentiles
-            ) -> tuple[list[_Panel], int, tuple[float, float]]:
+def _panels(solution, fields, names, percentiles) -> tuple[list[_Panel], int, tuple[float, float]]:
     """The panels of `fields` (by default those of the solution's kind that have
     something to draw), the number of batch axes and the band's percentiles, checked."""
     if isinstance(solution, Solution):
@@ -279,27 +303,32 @@ def _panels(solution, fields, names, percentiles
     elif isinstance(solution, ActuatedSolution):
         available, default, build = _ACTUATED_FIELDS, _ACTUATED_DEFAULT, _actuated_panels
     else:
-        raise TypeError("`solution` must be a `jaxdae.Solution` or a "
-                        f"`jaxdae.ActuatedSolution`; got {type(solution).__name__}.")
+        raise TypeError(
+            "`solution` must be a `jaxdae.Solution` or a "
+            f"`jaxdae.ActuatedSolution`; got {type(solution).__name__}."
+        )
     batch_ndim = solution.q.ndim - 2
     n = solution.q.shape[-1]
     if names is not None:
         if isinstance(names, str) or len(names) != n:
-            raise ValueError(f"`names` must be a sequence of {n} strings, one per coordinate; "
-                             f"got {names!r}.")
+            raise ValueError(
+                f"`names` must be a sequence of {n} strings, one per coordinate; got {names!r}."
+            )
         names = [str(name) for name in names]
     low, high = (float(p) for p in percentiles)
     if not 0.0 <= low < high <= 100.0:
-        raise ValueError(f"`percentiles` must be (low, high) with 0 ≤ low < high ≤ 100; got "
-                         f"{percentiles!r}.")
+        raise ValueError(
+            f"`percentiles` must be (low, high) with 0 ≤ low < high ≤ 100; got {percentiles!r}."
+        )
     panels = build(solution, batch_ndim, names)
     if fields is None:
         return [panels[f] for f in default if panels[f].series], batch_ndim, (low, high)
     fields = [fields] if isinstance(fields, str) else list(fields)
     unknown = [f for f in fields if f not in available]
     if unknown:
-        raise ValueError(f"Unknown field(s) {unknown}: a {type(solution).__name__} has "
-                         f"{list(available)}.")
+        raise ValueError(
+            f"Unknown field(s) {unknown}: a {type(solution).__name__} has {list(available)}."
+        )
     empty = [f for f in fields if not panels[f].series]
     if empty:
         raise ValueError(f"This system has nothing to plot in {empty} (no constraints).")
@@ -309,14 +338,21 @@ def _panels(solution, fields, names, percentiles
 def _panel_axes(plt, axes, chosen: list[_Panel], figsize) -> tuple["Figure", list["Axes"]]:
     """The figure and one axes per panel: `axes` (checked), or a new figure's."""
     if axes is None:
-        figure, grid = plt.subplots(len(chosen), 1, sharex=True, squeeze=False,
-                                    figsize=figsize or (8.0, 1.0 + 2.0 * len(chosen)),
-                                    layout="constrained")
+        figure, grid = plt.subplots(
+            len(chosen),
+            1,
+            sharex=True,
+            squeeze=False,
+            figsize=figsize or (8.0, 1.0 + 2.0 * len(chosen)),
+            layout="constrained",
+        )
         return figure, list(grid[:, 0])
     panel_axes = list(np.ravel(np.asarray(axes, dtype=object)))
     if len(panel_axes) != len(chosen):
-        raise ValueError(f"`axes` must hold one axes per panel, {len(chosen)} for "
-                         f"{[p.field for p in chosen]}; got {len(panel_axes)}.")
+        raise ValueError(
+            f"`axes` must hold one axes per panel, {len(chosen)} for "
+            f"{[p.field for p in chosen]}; got {len(panel_axes)}."
+        )
     return panel_axes[0].figure, panel_axes
 
 
@@ -325,7 +361,13 @@ def _legend(ax: "Axes", named: int) -> None:
     ones (the events', drawn last)."""
     handles, labels = ax.get_legend_handles_labels()
     if len(handles) > _MAX_LEGEND:
-        handles, labels = handles[len(handles) - named:], labels[len(labels) - named:]
+        handles, labels = handles[len(handles) - named :], labels[len(labels) - named :]
     if handles:
-        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                  fontsize="small", frameon=False)
+        ax.legend(
+            handles,
+            labels,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            fontsize="small",
+            frameon=False,
+        )

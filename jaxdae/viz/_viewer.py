@@ -72,8 +72,7 @@ class Viewer:
     page to a file that opens offline in any browser; `show` serves it live.
     """
 
-    def __init__(self, scene: Scene, times: np.ndarray, fps: float, height: int,
-                 dark_mode: bool):
+    def __init__(self, scene: Scene, times: np.ndarray, fps: float, height: int, dark_mode: bool):
         self._scene, self.times, self.fps = scene, times, fps
         self.height, self.dark_mode = height, dark_mode
         self._html: str | None = None
@@ -120,8 +119,10 @@ class Viewer:
             file.write(self.to_html())
 
     def _repr_html_(self) -> str:
-        return (f'<iframe srcdoc="{html.escape(self.to_html(), quote=True)}" width="100%" '
-                f'height="{self.height}" style="border:none"></iframe>')
+        return (
+            f'<iframe srcdoc="{html.escape(self.to_html(), quote=True)}" width="100%" '
+            f'height="{self.height}" style="border:none"></iframe>'
+        )
 
     def show(self, *, host: str = "127.0.0.1", port: int = 8080):
         """Serve the scene live on `http://host:port` (the next free port from `port`), with
@@ -138,11 +139,11 @@ class Viewer:
         server = viser.ViserServer(host=host, port=port)
         handles = populate(server, self._scene)
         last = self.num_frames - 1
-        slider = server.gui.add_slider("frame", min=0, max=max(last, 1), step=1, initial_value=0,
-                                       disabled=last == 0)
+        slider = server.gui.add_slider(
+            "frame", min=0, max=max(last, 1), step=1, initial_value=0, disabled=last == 0
+        )
         play = server.gui.add_checkbox("play", initial_value=False, disabled=last == 0)
-        clock = server.gui.add_number("t [s]", initial_value=float(self.times[0]),
-                                      disabled=True)
+        clock = server.gui.add_number("t [s]", initial_value=float(self.times[0]), disabled=True)
 
         @slider.on_update
         def _(_event) -> None:
@@ -166,10 +167,18 @@ class Viewer:
 _PRIVATE_PORT = 8765
 
 
-def view(model: Mechanism | TreeMechanism | UrdfRobot, solution=None, *,
-         visuals: Mapping[str, Sequence[UrdfVisual]] | None = None, fps: float = 30.0,
-         frames=None, member: int | None = None, size: float | None = None, height: int = 480,
-         dark_mode: bool = False) -> Viewer:
+def view(
+    model: Mechanism | TreeMechanism | UrdfRobot,
+    solution=None,
+    *,
+    visuals: Mapping[str, Sequence[UrdfVisual]] | None = None,
+    fps: float = 30.0,
+    frames=None,
+    member: int | None = None,
+    size: float | None = None,
+    height: int = 480,
+    dark_mode: bool = False,
+) -> Viewer:
     """Show a mechanism's motion in 3-D: in a notebook, as a standalone HTML file, or live.
 
     !!! Example
@@ -233,13 +242,16 @@ def view(model: Mechanism | TreeMechanism | UrdfRobot, solution=None, *,
         raise ValueError(
             f"`model` must be a jaxdae.multibody.Mechanism or TreeMechanism; got "
             f"{type(model).__name__}. For "
-            "other systems, plot the coordinates or draw them with jaxdae.viz.animate.")
+            "other systems, plot the coordinates or draw them with jaxdae.viz.animate."
+        )
     if visuals:
         names = {model.ground.name, *model.body_names}
         unknown = sorted(set(visuals) - names)
         if unknown:
-            raise ValueError(f"`visuals` names bodies {unknown} that the mechanism does not "
-                             f"have (its bodies: {sorted(names)}).")
+            raise ValueError(
+                f"`visuals` names bodies {unknown} that the mechanism does not "
+                f"have (its bodies: {sorted(names)})."
+            )
         if model.dimension != 3:
             raise ValueError("`visuals` are URDF geometry, drawn on spatial mechanisms only.")
     if fps <= 0:
@@ -250,6 +262,8 @@ def view(model: Mechanism | TreeMechanism | UrdfRobot, solution=None, *,
     else:
         times, q = frame_states(solution, member, frames, fps)
     if q.shape[-1] != len(model.coordinate_names):
-        raise ValueError(f"`solution.q` has {q.shape[-1]} coordinates; the mechanism has "
-                         f"{len(model.coordinate_names)}.")
+        raise ValueError(
+            f"`solution.q` has {q.shape[-1]} coordinates; the mechanism has "
+            f"{len(model.coordinate_names)}."
+        )
     return Viewer(build_scene(model, q, size, visuals), times, float(fps), height, dark_mode)

@@ -15,8 +15,18 @@ from ..multibody import Cylindrical, Gravity, Mechanism, Revolute, RigidBody
 from ..multibody._kinematics import euler_rotation, quaternion_from_matrix, rpy_matrix, split
 
 # matplotlib's tab10 colours, one per body in turn.
-PALETTE = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
-           (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207))
+PALETTE = (
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+    (188, 189, 34),
+    (23, 190, 207),
+)
 JOINT_COLOR = (70, 70, 70)
 GROUND_COLOR = (110, 110, 110)
 
@@ -92,8 +102,14 @@ def _rod(name, start, end, radius, color):
     length = float(np.linalg.norm(end - start))
     if length < 1e-9:
         return None
-    return Shape(name, "cylinder", (radius, length), color, 0.5 * (start + end),
-                 _z_to((end - start) / length))
+    return Shape(
+        name,
+        "cylinder",
+        (radius, length),
+        color,
+        0.5 * (start + end),
+        _z_to((end - start) / length),
+    )
 
 
 def _inertia_box(body, minimum):
@@ -104,8 +120,14 @@ def _inertia_box(body, minimum):
         axes[:, 0] = -axes[:, 0]
     sides = 6.0 * (moments.sum() - 2.0 * moments) / float(body.mass)
     sides = np.maximum(np.sqrt(np.maximum(sides, 0.0)), minimum)
-    return Shape("inertia", "box", tuple(float(s) for s in sides), (0, 0, 0), np.zeros(3),
-                 np.asarray(quaternion_from_matrix(jnp.asarray(axes))))
+    return Shape(
+        "inertia",
+        "box",
+        tuple(float(s) for s in sides),
+        (0, 0, 0),
+        np.zeros(3),
+        np.asarray(quaternion_from_matrix(jnp.asarray(axes))),
+    )
 
 
 def _point3(point):
@@ -117,8 +139,11 @@ def _up(model):
     """Against the mechanism's gravity; +y in the plane and +z in space without one."""
     for force in model.forces:
         if isinstance(force, Gravity):
-            g = _point3(force.acceleration if force.acceleration is not None
-                        else -np.eye(model.dimension)[-1])  # Gravity's default
+            g = _point3(
+                force.acceleration
+                if force.acceleration is not None
+                else -np.eye(model.dimension)[-1]
+            )  # Gravity's default
             if np.linalg.norm(g) > 0:
                 return -g / np.linalg.norm(g)
     return np.array([0.0, 1.0, 0.0]) if model.dimension == 2 else np.array([0.0, 0.0, 1.0])
@@ -141,8 +166,11 @@ def _load_mesh(filename, link, cache):
     if filename not in cache:
         cache[filename] = None
         if not os.path.isfile(filename):
-            warnings.warn(f"The mesh file {filename} of link {link!r} does not exist; the "
-                          "body is drawn without it.", stacklevel=5)
+            warnings.warn(
+                f"The mesh file {filename} of link {link!r} does not exist; the "
+                "body is drawn without it.",
+                stacklevel=5,
+            )
             return None
         import trimesh  # a dependency of yourdfpy; only meshes need it
 
@@ -150,11 +178,13 @@ def _load_mesh(filename, link, cache):
             mesh = trimesh.load(filename, force="mesh")
             if len(mesh.faces) == 0:
                 raise ValueError("no triangles")
-            cache[filename] = (np.asarray(mesh.vertices, float),
-                               np.asarray(mesh.faces, np.int64))
+            cache[filename] = (np.asarray(mesh.vertices, float), np.asarray(mesh.faces, np.int64))
         except Exception as error:  # trimesh raises many kinds for files it cannot read
-            warnings.warn(f"The mesh file {filename} of link {link!r} cannot be read "
-                          f"({error}); the body is drawn without it.", stacklevel=5)
+            warnings.warn(
+                f"The mesh file {filename} of link {link!r} cannot be read "
+                f"({error}); the body is drawn without it.",
+                stacklevel=5,
+            )
     return cache[filename]
 
 
@@ -178,10 +208,18 @@ def _visual_shapes(body, visuals, color, cache) -> list[Shape]:
         rgba = visual.color
         shape_color = color if rgba is None else tuple(int(round(255 * c)) for c in rgba[:3])
         opacity = None if rgba is None or rgba[3] >= 1.0 else float(rgba[3])
-        shapes.append(Shape(f"visual_{visual.link}_{k}", visual.kind, tuple(visual.size),
-                            shape_color, position,
-                            np.asarray(quaternion_from_matrix(jnp.asarray(rot)), float),
-                            mesh, opacity))
+        shapes.append(
+            Shape(
+                f"visual_{visual.link}_{k}",
+                visual.kind,
+                tuple(visual.size),
+                shape_color,
+                position,
+                np.asarray(quaternion_from_matrix(jnp.asarray(rot)), float),
+                mesh,
+                opacity,
+            )
+        )
     return shapes
 
 
@@ -195,7 +233,8 @@ def _reach(shape, u):
     if shape.kind == "cylinder":
         radius, height = shape.size
         return radius * np.sqrt(np.clip(1.0 - u[..., 2] ** 2, 0.0, 1.0)) + 0.5 * height * np.abs(
-            u[..., 2])
+            u[..., 2]
+        )
     assert shape.mesh is not None
     return (u @ shape.mesh[0].T).max(axis=-1)
 
@@ -213,15 +252,13 @@ def _placed(shapes, positions, rotations, up):
     return centres, lowest
 
 
-def build_scene(model: Mechanism, q: np.ndarray, size: float | None = None,
-                visuals=None) -> Scene:
+def build_scene(model: Mechanism, q: np.ndarray, size: float | None = None, visuals=None) -> Scene:
     """The scene of `model` along the coordinates `q` `(F, n)`; `size` the length the
     shapes are scaled by (default: the extent of the motion); `visuals` URDF visuals by
     body name, drawn in place of those bodies' default shapes."""
     bodies, joints = model.bodies, model.joints
     refs = tuple(b.name for b in bodies) + tuple(j.a for j in joints)
-    positions, wxyz, rotations = (np.array(x, float)
-                                  for x in _poses(model, jnp.asarray(q), refs))
+    positions, wxyz, rotations = (np.array(x, float) for x in _poses(model, jnp.asarray(q), refs))
     wxyz /= np.linalg.norm(wxyz, axis=-1, keepdims=True)
     up = _up(model)
     cache: dict = {}
@@ -234,14 +271,18 @@ def build_scene(model: Mechanism, q: np.ndarray, size: float | None = None,
     visual_centres, floor = [], np.inf
     for k, body in enumerate((model.ground, *bodies)):
         if body.name in drawn:
-            at = ((np.zeros((1, 3)), np.eye(3)[None]) if k == 0
-                  else (positions[:, k - 1], rotations[:, k - 1]))
+            at = (
+                (np.zeros((1, 3)), np.eye(3)[None])
+                if k == 0
+                else (positions[:, k - 1], rotations[:, k - 1])
+            )
             centres, lowest = _placed(drawn[body.name], *at, up)
             visual_centres += centres
             floor = min(floor, lowest)
     ground_points = [_point3(p) for p in model.ground.markers.values()]
-    cloud = np.concatenate([positions.reshape(-1, 3)] + [p[None] for p in ground_points]
-                           + visual_centres)
+    cloud = np.concatenate(
+        [positions.reshape(-1, 3)] + [p[None] for p in ground_points] + visual_centres
+    )
     low, high = cloud.min(axis=0), cloud.max(axis=0)
     extent = float(np.max(high - low))
     if size is None:
@@ -265,23 +306,38 @@ def build_scene(model: Mechanism, q: np.ndarray, size: float | None = None,
     for name, joint in zip(model.joint_names, joints, strict=True):
         axis = _joint_axis(joint, model.dimension)
         if axis is None:
-            shape = Shape("glyph", "sphere", (pin,), JOINT_COLOR, np.zeros(3),
-                          np.array([1.0, 0, 0, 0]))
+            shape = Shape(
+                "glyph", "sphere", (pin,), JOINT_COLOR, np.zeros(3), np.array([1.0, 0, 0, 0])
+            )
         else:
-            shape = Shape("glyph", "cylinder", (pin, 4 * pin), JOINT_COLOR, np.zeros(3),
-                          _z_to(axis))
+            shape = Shape(
+                "glyph", "cylinder", (pin, 4 * pin), JOINT_COLOR, np.zeros(3), _z_to(axis)
+            )
         moving.append(Node(f"/joints/{name}", (shape,)))
-    used = {split(ref)[1] for j in joints for ref in (j.a, j.b)
-            if split(ref)[0] == model.ground.name}
-    ground = Node("/ground", tuple(
-        Shape(f"marker_{key}", "box", (2 * pin,) * 3, GROUND_COLOR, _point3(point),
-              np.array([1.0, 0, 0, 0]))
-        for key, point in model.ground.markers.items() if key in used)
-        + tuple(drawn.get(model.ground.name, ())))
+    used = {
+        split(ref)[1] for j in joints for ref in (j.a, j.b) if split(ref)[0] == model.ground.name
+    }
+    ground = Node(
+        "/ground",
+        tuple(
+            Shape(
+                f"marker_{key}",
+                "box",
+                (2 * pin,) * 3,
+                GROUND_COLOR,
+                _point3(point),
+                np.array([1.0, 0, 0, 0]),
+            )
+            for key, point in model.ground.markers.items()
+            if key in used
+        )
+        + tuple(drawn.get(model.ground.name, ())),
+    )
     # The grid a little below the glyphs' centres, and under the visual geometry.
     floor = min(floor, float((positions.reshape(-1, 3) @ up).min()) - 0.05 * max(extent, size))
-    return Scene(tuple(moving), ground, positions, wxyz, up, 0.5 * (low + high),
-                 max(extent, size), floor)
+    return Scene(
+        tuple(moving), ground, positions, wxyz, up, 0.5 * (low + high), max(extent, size), floor
+    )
 
 
 def add_node(scene_api, node: Node, position=(0.0, 0.0, 0.0), wxyz=(1.0, 0.0, 0.0, 0.0)):
@@ -293,16 +349,28 @@ def add_node(scene_api, node: Node, position=(0.0, 0.0, 0.0), wxyz=(1.0, 0.0, 0.
         if shape.kind == "box":
             scene_api.add_box(path, color=shape.color, dimensions=shape.size, **place)
         elif shape.kind == "sphere":
-            scene_api.add_icosphere(path, radius=shape.size[0], color=shape.color,
-                                    subdivisions=2, **place)
+            scene_api.add_icosphere(
+                path, radius=shape.size[0], color=shape.color, subdivisions=2, **place
+            )
         elif shape.kind == "cylinder":
-            scene_api.add_cylinder(path, radius=shape.size[0], height=shape.size[1],
-                                   color=shape.color, radial_segments=16, **place)
+            scene_api.add_cylinder(
+                path,
+                radius=shape.size[0],
+                height=shape.size[1],
+                color=shape.color,
+                radial_segments=16,
+                **place,
+            )
         else:
             assert shape.mesh is not None
-            scene_api.add_mesh_simple(path, shape.mesh[0].astype(np.float32),
-                                      shape.mesh[1].astype(np.uint32), color=shape.color,
-                                      flat_shading=True, **place)
+            scene_api.add_mesh_simple(
+                path,
+                shape.mesh[0].astype(np.float32),
+                shape.mesh[1].astype(np.uint32),
+                color=shape.color,
+                flat_shading=True,
+                **place,
+            )
     return handle
 
 
@@ -330,8 +398,10 @@ def populate(server, scene: Scene, frame: int = 0) -> list:
         wxyz=tuple(float(x) for x in _z_to(up)),
     )
     add_node(server.scene, scene.ground)
-    return [add_node(server.scene, node, scene.positions[frame, k], scene.wxyz[frame, k])
-            for k, node in enumerate(scene.moving)]
+    return [
+        add_node(server.scene, node, scene.positions[frame, k], scene.wxyz[frame, k])
+        for k, node in enumerate(scene.moving)
+    ]
 
 
 def show_frame(handles, scene: Scene, frame: int) -> None:
