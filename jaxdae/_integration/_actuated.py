@@ -311,10 +311,6 @@ def simulate_actuated(
     return raise_failure(sol) if call.throw else sol
 
 
-# The actuated system's ODE on the common solve path: `args = (system, control, λ_max)`, the
-# largest eigenvalue of `g gᵀ` at the start the scale of `_singular`'s test.
-
-
 @jit_unless_staged
 def _simulate_actuated(system, control, times, y0, options) -> ActuatedSolution:
     """The solve (`integrate`) and its `ActuatedSolution`."""

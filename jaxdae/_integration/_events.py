@@ -172,7 +172,8 @@ def event_settings(system, call, trajectories, t0, q0, v0, eager: bool) -> Event
 
 
 class ContactState(eqx.Module):
-    """The gaps' state during one solve between events, in the solve's arguments:
+    """The gaps' state during one solve between events, in the term of that solve
+    (`ContactTerm`):
     `modes`, which contacts rest and how those with friction stick or slip (see
     [`ContactModes`][]); `offset`, subtracted from an open gap in its event
     condition (a gap that starts closed counts as closing again only past the tolerance);

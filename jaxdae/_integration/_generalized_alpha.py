@@ -280,11 +280,11 @@ class GeneralizedAlpha(
                           solver=jaxdae.GeneralizedAlpha(), rtol=1e-6, atol=1e-9)
     ```
 
-    It integrates the exact constraints itself and reads the system from the solve's
-    arguments; the formulation does not change the motion. It is used where `simulate`
-    uses it besides the integration: the saved multipliers (the formulation's, at the
-    saved states, where `Φ ≈ 0`; for the exact ones of the index-1 equations pass
-    [`jaxdae.Unstabilized`][]) and the formulation's failure test (e.g.
+    It integrates the exact constraints itself and reads the system from the solve's term
+    (`jaxdae.extend.system_term`); the formulation does not change the motion. It is used
+    where `simulate` uses it besides the integration: the saved multipliers (the
+    formulation's, at the saved states, where `Φ ≈ 0`; for the exact ones of the index-1
+    equations pass [`jaxdae.Unstabilized`][]) and the formulation's failure test (e.g.
     [`jaxdae.Baumgarte`][] stops at a singular `G M⁻¹ Gᵀ`; [`jaxdae.ModifiedLagrange`][]
     does not). `Φ̇` is not enforced and is `O(h²)`. Saved states between step ends are
     interpolated (cubic Hermite), and there `Φ` is the interpolation's error. `jax.vmap`
