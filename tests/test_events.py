@@ -441,3 +441,14 @@ def test_every_solver_keeps_a_ball_at_rest_or_says_it_cannot(name):
                 rtol=1e-8,
                 atol=1e-10,
             )
+
+
+def test_an_impact_at_the_start_is_an_event():
+    """A ball on the floor moving into it at `t0`: its impact there is the first event,
+    with the impulse `(1 + e) |v⁻|`."""
+    sol = jaxdae.simulate(
+        BouncingBall(e=0.5), jaxdae.Unstabilized(), 0.0, 0.05, jnp.zeros(2), jnp.array([0.0, -1.0])
+    )
+    t, gap, kind, impulse = sol.events.table()[0]
+    assert (t, gap, kind) == (0.0, 0, "impact")
+    np.testing.assert_allclose(impulse, 1.5, rtol=1e-12)

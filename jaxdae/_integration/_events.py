@@ -649,7 +649,11 @@ def integrate_with_events(
         touching = carry.hit | closed.any() | carry.contacts.modes.active.any()
         after = jax.lax.cond(unvmap_any(touching), apply, none)
         released = (after.triggered[:size] & carry.contacts.modes.active).any()
-        events = _recorded(carry.events, carry.hit, carry.t, after, released)
+        # An impact of the initial state (a closed gap that closes further at `t0`) is an
+        # event too, though no solve stopped there.
+        at_start = (carry.t == t0) & (carry.events.count == 0)
+        record = carry.hit | (at_start & jnp.any(after.impulses > 0))
+        events = _recorded(carry.events, record, carry.t, after, released)
         contacts = ContactState(
             after.modes,
             after.offset,
