@@ -30,7 +30,6 @@ from .._formulations._impacts import (
     impact,
     resting_contacts,
 )
-from .._gains import is_concrete
 from .._solution import RESULTS, Events
 from .._systems._structure import with_mass_factor
 from .._systems._system import AbstractSystem
@@ -134,23 +133,11 @@ def event_settings(system, call, trajectories, t0, q0, v0, eager: bool) -> Event
             f"`restitution` must return one coefficient or one per gap ({shape[0]});"
             f" got shape {jnp.shape(restitution)}."
         )
-    if is_concrete(restitution) and not np.all(
-        (np.asarray(restitution) >= 0) & (np.asarray(restitution) <= 1)
-    ):
-        raise ValueError(
-            "The coefficients of restitution must lie in [0, 1] (0: plastic, "
-            f"1: elastic impacts); got {np.asarray(restitution)}."
-        )
     friction = system.friction()
     if jnp.ndim(friction) > 1 or jnp.size(friction) not in (1, shape[0]):
         raise ValueError(
             f"`friction` must return one coefficient or one per gap ({shape[0]}); "
             f"got shape {jnp.shape(friction)}."
-        )
-    if is_concrete(friction) and not np.all(np.asarray(friction) >= 0):
-        raise ValueError(
-            "Coulomb's coefficients of friction must be non-negative (0: "
-            f"frictionless); got {np.asarray(friction)}."
         )
     slip_shape = jax.eval_shape(system.slip_velocities, t0, q_one, q_one).shape
     if slip_shape != shape:

@@ -182,7 +182,7 @@ def stop_value_checks(system, t0, q0) -> list[tuple[Array, str]]:
         (
             friction,
             lambda xnp, mu: ~xnp.all(xnp.isfinite(mu) & (mu >= 0)),
-            "Coulomb's coefficients of friction must be finite and non-negative (0: frictionless)",
+            "Coulomb's coefficients of friction must be non-negative and finite (0: frictionless)",
         ),
     ]
     # (One trajectory: an ensemble's solve has no events.)
