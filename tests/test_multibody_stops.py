@@ -136,3 +136,31 @@ def test_bad_stops_are_refused():
         mb.Mechanism([body], stops=[mb.JointLimit("missing", upper=0.0)])
     with pytest.raises(ValueError, match="`normal`"):
         mb.Mechanism([body], stops=[mb.PlaneContact("b", normal=(0.0, 0.0, 1.0))])
+
+
+def test_plane_contact_in_space_slips_along_two_tangents():
+    """In space a contact's slip velocity is the contact point's velocity on the sphere less
+    the surface's, along two orthonormal tangents of the plane: rolling without slipping
+    gives zero, a spin about the normal none either."""
+    radius = 0.1
+    ball = mb.RigidBody("ball", mass=1.0, inertia=np.eye(3), position=[0.0, 0.0, radius])
+    tilted = mb.PlaneContact("ball", normal=[0.0, 1.0, 1.0], radius=radius, friction=0.3)
+    for stop in (mb.PlaneContact("ball", radius=radius, friction=0.3), tilted):
+        mech = mb.Mechanism(bodies=[ball], stops=[stop])
+        q = mech.reference_coordinates()
+        normal = np.array([0.0, 0.0, 1.0]) if stop.normal is None else np.asarray(stop.normal)
+        normal = normal / np.linalg.norm(normal)
+
+        def slip(velocity, spin, mech=mech, q=q):
+            # At the reference orientation `ė = (0, ω/2)`.
+            v = jnp.concatenate([jnp.asarray(velocity), jnp.zeros(1), 0.5 * jnp.asarray(spin)])
+            np.testing.assert_allclose(mech.angular_velocity(q, v, "ball"), spin, atol=1e-14)
+            return np.asarray(mech.slip_velocities(0.0, q, v))
+
+        along = np.cross(normal, [1.0, 0.0, 0.0])
+        along = along / np.linalg.norm(along)
+        assert slip(along, np.zeros(3)).shape == (1, 2)
+        np.testing.assert_allclose(np.linalg.norm(slip(along, np.zeros(3))), 1.0, rtol=1e-12)
+        rolling = np.cross(normal, along) / radius
+        np.testing.assert_allclose(slip(along, rolling), 0.0, atol=1e-12)
+        np.testing.assert_allclose(slip(np.zeros(3), 5.0 * normal), 0.0, atol=1e-12)

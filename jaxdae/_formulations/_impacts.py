@@ -42,16 +42,19 @@ from ._multipliers import eliminate
 class GapTerms(eqx.Module):
     """The gaps at one state, as rows of constraints in the convention of
     `ConstrainedTerms`: `gap` `g` `(u,)`; where the contacts have friction also their
-    coefficients `friction` `μ` `(f,)` and slip velocities `v_T` (`f = u`; `f = 0` for
-    frictionless contacts); the normal then the tangential rows `directions` `[W; W_T]`
-    `(u+f, n)` (`W = g_q`), their `velocity` `[ġ; v_T]` and `bias` `[γ_g; −w]`, so that
-    `[g̈; v̇_T] = [W; W_T] q̈ − bias` (`v̇_T = W_T q̈ + w`)."""
+    coefficients `friction` `μ` `(f,)` and slip velocities `v_T`, `tangents` per contact
+    (1 in the plane, 2 in space; `f = u`, or `f = 0` for frictionless contacts); the
+    normal then the tangential rows `directions` `[W; W_T]` `(u + tangents·f, n)` (`W =
+    g_q`; contact `i`'s tangents are the rows `u + tangents·i + j`), their `velocity`
+    `[ġ; v_T]` and `bias` `[γ_g; −w]`, so that `[g̈; v̇_T] = [W; W_T] q̈ − bias`
+    (`v̇_T = W_T q̈ + w`)."""
 
     gap: Float[Array, " u"]
-    velocity: Float[Array, " u+f"]
-    directions: Float[Array, "u+f n"]
-    bias: Float[Array, " u+f"]
+    velocity: Float[Array, " u+tf"]
+    directions: Float[Array, "u+tf n"]
+    bias: Float[Array, " u+tf"]
     friction: Float[Array, " f"]
+    tangents: int = eqx.field(static=True, default=1)
 
     @property
     def rate(self) -> Float[Array, " u"]:
@@ -59,8 +62,8 @@ class GapTerms(eqx.Module):
         return self.velocity[: self.gap.shape[0]]
 
     @property
-    def slip(self) -> Float[Array, " f"]:
-        """The slip velocities `v_T`."""
+    def slip(self) -> Float[Array, " tf"]:
+        """The slip velocities `v_T`, contact by contact."""
         return self.velocity[self.gap.shape[0] :]
 
 
@@ -73,20 +76,35 @@ def friction_coefficients(system, size: int, dtype) -> Float[Array, " f"]:
     return jnp.broadcast_to(jnp.asarray(friction, dtype), (size,))
 
 
-def gap_terms(system, t, q, v) -> GapTerms:
+def slip_tangents(system, t, q) -> int:
+    """How many slip velocities each contact of `system` has: 1 (`slip_velocities` of
+    shape `(u,)`, friction in the plane) or 2 (`(u, 2)`, friction in space)."""
+    shape = jax.eval_shape(system.slip_velocities, t, q, q).shape
+    return 1 if len(shape) == 1 else shape[1]
+
+
+def gap_terms(system, t, q, v, friction: Float[Array, " f"] | None = None) -> GapTerms:
     """The [`GapTerms`][] of `system.gaps` (and `system.slip_velocities` where the contacts
-    have friction) at `(t, q)` moving with the velocities `v`."""
+    have friction) at `(t, q)` moving with the velocities `v`; `friction`, the
+    coefficients to use (default: [`friction_coefficients`][])."""
     gap, rate, jacobian, bias = holonomic_terms(system.gaps, t, q, v)
-    friction = friction_coefficients(system, gap.shape[0], q.dtype)
+    if friction is None:
+        friction = friction_coefficients(system, gap.shape[0], q.dtype)
     if friction.shape[0] == 0:
         return GapTerms(gap, rate, jacobian, bias, friction)
-    slip, slip_jacobian, slip_rate = nonholonomic_terms(system.slip_velocities, t, q, v)
+    tangents = slip_tangents(system, t, q)
+
+    def slip_velocities(t_, q_, v_):
+        return system.slip_velocities(t_, q_, v_).reshape(-1)
+
+    slip, slip_jacobian, slip_rate = nonholonomic_terms(slip_velocities, t, q, v)
     return GapTerms(
         gap,
         jnp.concatenate([rate, slip]),
         jnp.concatenate([jacobian, slip_jacobian]),
         jnp.concatenate([bias, -slip_rate]),
         friction,
+        tangents,
     )
 
 

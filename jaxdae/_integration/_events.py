@@ -29,6 +29,7 @@ from .._formulations._impacts import (
     gap_terms,
     impact,
     resting_contacts,
+    slip_tangents,
 )
 from .._solution import RESULTS, Events
 from .._systems._structure import with_mass_factor
@@ -140,10 +141,11 @@ def event_settings(system, call, trajectories, t0, q0, v0, eager: bool) -> Event
             f"got shape {jnp.shape(friction)}."
         )
     slip_shape = jax.eval_shape(system.slip_velocities, t0, q_one, q_one).shape
-    if slip_shape != shape:
+    if slip_shape not in (shape, (*shape, 2)):
         raise ValueError(
             f"`slip_velocities` must return one sliding velocity per gap, shape "
-            f"{shape}; got shape {slip_shape}."
+            f"{shape} (in the plane), or two, shape {(*shape, 2)} (in space); got shape "
+            f"{slip_shape}."
         )
     if eager:
         gaps = np.asarray(system.gaps(t0, q0))
@@ -177,10 +179,25 @@ class ContactState(eqx.Module):
     start_forces: Float[Array, " u+f"]
 
 
+def event_friction(system, t, q) -> Float[Array, " f"]:
+    """The coefficients of friction an event-driven solve takes: Coulomb friction in the
+    plane (one slip velocity per gap); `(0,)` for contacts in space, whose friction
+    `stop_value_checks` refuses for event-driven solves."""
+    size = jax.eval_shape(system.gaps, t, q).shape[0]
+    if slip_tangents(system, t, q) != 1:
+        return jnp.zeros((0,), q.dtype)
+    return friction_coefficients(system, size, q.dtype)
+
+
+def event_gap_terms(system, t, q, v):
+    """[`gap_terms`][] with the friction of [`event_friction`][]."""
+    return gap_terms(system, t, q, v, event_friction(system, t, q))
+
+
 def _contact_setup(system, formulation, contacts, t, q, s, mass_factor):
     s = formulation.velocities(system, t, q, s)
     terms = with_mass_factor(system_terms(system, t, q, s), mass_factor)
-    gaps = gap_terms(system, t, q, system.velocities(t, q, s))
+    gaps = event_gap_terms(system, t, q, system.velocities(t, q, s))
     return s, terms, gaps, contact_problem(formulation, terms, gaps, contacts.gains)
 
 
@@ -204,7 +221,7 @@ def contact_rates(system, formulation, contacts: ContactState, t, q, s, mass_fac
     s, terms, rates = _jitted_rates_and_terms(system, formulation, t, q, s, mass_factor)
 
     def pushed():
-        gaps = gap_terms(system, t, q, system.velocities(t, q, s))
+        gaps = event_gap_terms(system, t, q, system.velocities(t, q, s))
         problem = contact_problem(formulation, terms, gaps, contacts.gains)
         forces = problem.forces(contacts.modes)
         pushed_terms = eqx.tree_at(
@@ -236,7 +253,7 @@ def condition_values(
     (static): at the solve's start, where `contacts.start_forces` are its forces."""
     gap = jitted_open_gaps(system, contacts, t, q)
     if at_start:
-        friction = friction_coefficients(system, gap.shape[0], q.dtype)
+        friction = event_friction(system, t, q)
         slip = jnp.zeros((0,), q.dtype)
         if friction.shape[0]:
             v = system.velocities(t, q, formulation.velocities(system, t, q, s))
@@ -449,7 +466,7 @@ def transition(
     outcome = impact(terms, gaps, closed, restitution, settings.min_bounce_speed)
     change = outcome.velocity_change
     s_after = s + change if system.state_is_velocity else s + terms.mass_matrix @ change
-    gaps_after = gap_terms(system, t, q, v + change)
+    gaps_after = event_gap_terms(system, t, q, v + change)
     # At rest after the impact (to rounding): those may carry a force from now on, and
     # stick where they have friction.
     at_rest_speed = 1e-3 * settings.min_bounce_speed + 64 * jnp.finfo(q.dtype).eps * jnp.max(
@@ -565,7 +582,7 @@ def integrate_with_events(
     term = system_term(dynamics.term)
     system, formulation = term.system, term.formulation
     size = jax.eval_shape(system.gaps, t0, q0).shape[0]
-    slips = friction_coefficients(system, size, dtype).shape[0]
+    slips = event_friction(system, t0, q0).shape[0]
     gains = tuple(jnp.asarray(k, dtype) for k in settings.contact_gains)
     budget = settings.max_events
     count_rows = 0 if ts is None else ts.shape[0]

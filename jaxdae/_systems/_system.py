@@ -146,11 +146,15 @@ class AbstractSystem(eqx.Module):
         `0`, frictionless contacts."""
         return 0.0
 
-    def slip_velocities(self, t: Scalar, q: Coordinates, v: Velocities) -> Float[Array, " u"]:
-        """The sliding velocity `v_T = W_T(t, q) v + w_T(t, q)` at each gap's contact, along
-        one tangent (friction in the plane), shape `(u,)`; affine in `v`. Friction acts
-        along it where [`friction`][jaxdae.AbstractSystem.friction] is not zero. Default:
-        zero (no sliding direction)."""
+    def slip_velocities(
+        self, t: Scalar, q: Coordinates, v: Velocities
+    ) -> Float[Array, " u"] | Float[Array, "u 2"]:
+        """The sliding velocity `v_T = W_T(t, q) v + w_T(t, q)` at each gap's contact,
+        affine in `v`: along one tangent (friction in the plane), shape `(u,)`, or along
+        two orthonormal tangents of the contact's tangent plane (friction in space, an
+        isotropic cone `|λ_T| ≤ μ λ_N`), shape `(u, 2)`. Friction acts along it where
+        [`friction`][jaxdae.AbstractSystem.friction] is not zero. Default: zero (no
+        sliding direction)."""
         del v
         return jnp.zeros_like(self.gaps(t, q))
 

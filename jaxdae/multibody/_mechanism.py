@@ -372,7 +372,7 @@ class AbstractMechanism(AbstractControlledSystem):
     def _stop_kinematics(self, t, q, v=None) -> StopKinematics:
         """The markers, joint coordinates and velocities the stops read at `(t, q, v)`."""
         kin = self._kinematics(t, q, v)
-        return StopKinematics(kin.frame, kin.coordinate, kin.velocity)
+        return StopKinematics(kin.frame, kin.coordinate, kin.velocity, self.dimension)
 
     def gaps(self, t, q):
         """The stops' gaps in the order of `stops` (see `gap_names`)."""
@@ -400,14 +400,17 @@ class AbstractMechanism(AbstractControlledSystem):
         )
 
     def slip_velocities(self, t, q, v):
-        """The sliding velocities of the stops' contacts, one per gap (zero for gaps
-        without friction)."""
+        """The sliding velocities of the stops' contacts, one row per gap (zero for gaps
+        without a sliding direction): `(u,)` in the plane, `(u, 2)` in space (two
+        orthonormal tangents)."""
+        tangents = (self.dimension - 1,) if self.dimension == 3 else ()
         if not self.stops:
-            return jnp.zeros((0,), q.dtype)
+            return jnp.zeros((0, *tangents), q.dtype)
         stop_kin = self._stop_kinematics(t, q, v)
-        return jnp.concatenate(
+        slip = jnp.concatenate(
             [stop.slip_velocities(stop_kin).astype(q.dtype) for stop in self.stops]
         )
+        return slip.reshape(slip.shape[0], *tangents)
 
     @property
     def gap_names(self) -> tuple[str, ...]:

@@ -54,13 +54,15 @@ def _bounds(owner: str, lower, upper, *, positive: bool = False):
 
 class StopKinematics(eqx.Module):
     """What a stop reads of the mechanism at one configuration: `frame(marker)` (a
-    [`jaxdae.multibody.Frame`][]), `coordinate(joint)`, a joint's coordinate, and
+    [`jaxdae.multibody.Frame`][]), `coordinate(joint)`, a joint's coordinate,
     `velocity(marker)`: `(ṗ, ω)`, the marker's velocity and its body's angular velocity
-    (for the slip velocities; the gaps are read without velocities)."""
+    (for the slip velocities; the gaps are read without velocities), and the mechanism's
+    `dimension` (2 or 3)."""
 
     frame: Callable[[str], Frame] = eqx.field(static=True)
     coordinate: Callable[[str], Array] = eqx.field(static=True)
     velocity: Callable[[str], tuple[Array, Array]] = eqx.field(static=True)
+    dimension: int = eqx.field(static=True)
 
 
 class AbstractStop(eqx.Module):
@@ -105,11 +107,11 @@ class AbstractStop(eqx.Module):
         """Coulomb's coefficient of each gap's contact (default: frictionless)."""
         return jnp.zeros((self.num_gaps,))
 
-    def slip_velocities(self, kin: StopKinematics) -> Float[Array, " g"]:
-        """The sliding velocity of each gap's contact, along which its friction acts
-        (default: none)."""
-        del kin
-        return jnp.zeros((self.num_gaps,))
+    def slip_velocities(self, kin: StopKinematics) -> Float[Array, "g d-1"]:
+        """The sliding velocity of each gap's contact in its tangent line (the plane,
+        `d − 1 = 1`) or plane (space, two orthonormal tangents), along which its friction
+        acts, shape `(num_gaps, d − 1)` (default: zero, no sliding direction)."""
+        return jnp.zeros((self.num_gaps, kin.dimension - 1))
 
     def check_dimension(self, dimension: int, owner: str) -> None:
         """Raise `ValueError` if it does not exist in a mechanism of `dimension`."""
@@ -203,11 +205,13 @@ class PlaneContact(AbstractStop):
     `n·(p − p₀) − radius`, `n` the unit normal `normal` in the frame of marker `surface`
     (through its point `p₀`), pointing to the side where the point may be.
 
-    In the plane the contact may have Coulomb friction: at the contact point `c = p −
-    radius n` the disc's material point slides along the line at `v_T = t·(v_c − v_s)`,
-    `t` the normal turned by +90° and `v_s` the velocity of the line's material point at
-    `c`; it sticks while the tangential force stays within `friction` times the normal
-    force. (Friction in space, a cone of directions, is not modelled.)
+    The contact may have Coulomb friction. At the contact point `c = p − radius n` the
+    sphere's (disc's) material point slides on the surface at `v_T = T (v_c − v_s)`, `v_s`
+    the velocity of the surface's material point at `c`: in the plane `T` is the normal
+    turned by +90° (one slip velocity), in space the two orthonormal tangents `T = [t₁;
+    t₂]` fixed on the surface (an isotropic cone: the friction force `λ_T` stays within
+    `|λ_T| ≤ μ λ_N` and opposes the slip). The sphere's spin about the normal and its
+    rolling meet no resistance.
 
     **Arguments:**
 
@@ -217,7 +221,7 @@ class PlaneContact(AbstractStop):
         plane, `+z` in space.
     - `radius`: of the sphere or disc about `point`, non-negative. Default `0`.
     - `restitution`: Newton's coefficient, in `[0, 1]`. Default `0`.
-    - `friction`: Coulomb's coefficient `μ ≥ 0`, in the plane only. Default `0`.
+    - `friction`: Coulomb's coefficient `μ ≥ 0`. Default `0`.
     - `name`: the stop's name in outputs.
     """
 
@@ -275,14 +279,6 @@ class PlaneContact(AbstractStop):
     def num_gaps(self):
         return 1
 
-    def check_dimension(self, dimension, owner):
-        super().check_dimension(dimension, owner)
-        if dimension == 3 and not (is_concrete(self.friction) and float(self.friction) == 0):
-            raise ValueError(
-                f"{owner}: Coulomb friction of a PlaneContact is modelled in the plane only "
-                "(one sliding direction); in space leave `friction` at 0."
-            )
-
     def _normal(self, point: Frame, surface: Frame):
         dimension = point.point.shape[0]
         normal = (
@@ -308,9 +304,24 @@ class PlaneContact(AbstractStop):
             kin.velocity(self.point),
             kin.velocity(self.surface),
         )
-        on_disc = point_velocity + point_spin * perpendicular(contact - point.point)
-        on_line = surface_velocity + surface_spin * perpendicular(contact - surface.point)
-        return (perpendicular(normal) @ (on_disc - on_line))[None]
+        if kin.dimension == 2:
+            on_point = point_velocity + point_spin * perpendicular(contact - point.point)
+            on_surface = surface_velocity + surface_spin * perpendicular(contact - surface.point)
+            return (perpendicular(normal) @ (on_point - on_surface))[None, None]
+        on_point = point_velocity + jnp.cross(point_spin, contact - point.point)
+        on_surface = surface_velocity + jnp.cross(surface_spin, contact - surface.point)
+        return (self._tangents(surface) @ (on_point - on_surface))[None]
+
+    def _tangents(self, surface: Frame) -> Float[Array, "2 3"]:
+        """Two orthonormal tangents of the plane in space, fixed on the surface's frame
+        (completed from the normal along the coordinate axis least aligned with it)."""
+        dtype = surface.point.dtype
+        normal = jnp.eye(3, dtype=dtype)[-1] if self.normal is None else self.normal.astype(dtype)
+        normal = normal / jnp.linalg.norm(normal)
+        axis = jnp.eye(3, dtype=dtype)[jnp.argmin(jnp.abs(normal))]
+        first = jnp.cross(normal, axis)
+        first = first / jnp.linalg.norm(first)
+        return jnp.stack([first, jnp.cross(normal, first)]) @ surface.rotation.T
 
 
 class DistanceStop(AbstractRangeStop):
