@@ -337,3 +337,45 @@ def test_bad_mimics_and_nan_limits_name_file_and_line(tmp_path):
         r"lower=\"nan\">",
     ):
         mb.load_urdf(path)
+
+
+SHAPES = Path(__file__).parent / "data" / "collision_shapes.urdf"
+
+
+def test_collision_spheres_and_boxes_become_point_contacts():
+    robot = mb.load_urdf(SHAPES, fixed_base=False)
+    assert [(c.marker, c.kind) for c in robot.collisions["base"]] == [
+        ("base.base_collision", "box")
+    ]
+    assert [(c.marker, c.kind) for c in robot.collisions["leg"]] == [
+        ("leg.leg_collision0", "cylinder"),
+        ("leg.leg_collision1", "sphere"),
+    ]
+    corners = robot.contacts(["base"], friction=0.5)
+    assert len(corners) == 8
+    assert all(float(c.radius) == 0.0 and float(c.friction) == 0.5 for c in corners)
+    model = robot.mechanism(stops=corners, limits=False)
+    q = model.reference_coordinates()
+    # The box's corners in the global frame: its centre 0.05 above the base's origin, turned
+    # by 0.5 rad about z, so their heights are 0 and 0.1.
+    turn = np.asarray(mb.rotation_matrix(jnp.array([0.0, 0.0, 1.0]), 0.5))
+    signs = np.array([(sx, sy, sz) for sx in (-1, 1) for sy in (-1, 1) for sz in (-1, 1)])
+    expected = 0.5 * signs * np.array([0.4, 0.2, 0.1]) @ turn.T + np.array([0.0, 0.0, 0.05])
+    np.testing.assert_allclose(model.gaps(0.0, q), expected[:, 2], atol=1e-12)
+    for corner, point in zip(robot.collisions["base"][0].corners, expected, strict=True):
+        np.testing.assert_allclose(model.marker_position(q, corner), point, atol=1e-12)
+    foot = mb.PlaneContact("leg.leg_collision1", radius=robot.collisions["leg"][1].size[0])
+    model = robot.mechanism(stops=[foot], limits=False)
+    np.testing.assert_allclose(model.gaps(0.0, model.reference_coordinates()), [-0.23], atol=1e-12)
+
+
+def test_collision_shapes_that_do_not_map_are_refused_with_their_line():
+    robot = mb.load_urdf(SHAPES, fixed_base=False)
+    with pytest.raises(
+        ValueError, match=r"collision_shapes.urdf, line 17: the <collision> cylinder"
+    ):
+        robot.contacts(["leg"])
+    with pytest.raises(ValueError, match="no <collision> geometry.*base, leg"):
+        robot.contacts(["foot"])
+    with pytest.raises(ValueError, match="sequence of link names"):
+        robot.contacts("base")

@@ -57,6 +57,7 @@ from ._stop import (
 )
 from ._tree import TreeKinematics as TreeKinematics, TreeMechanism as TreeMechanism
 from ._urdf import (
+    UrdfCollision as UrdfCollision,
     UrdfLimit as UrdfLimit,
     UrdfRobot as UrdfRobot,
     UrdfVisual as UrdfVisual,

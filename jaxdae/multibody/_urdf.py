@@ -13,7 +13,7 @@ from ._coupling import JointCoupling
 from ._force import AbstractForce
 from ._joint import AbstractJoint, Fixed, Prismatic, Revolute
 from ._model import Mechanism
-from ._stop import AbstractStop, JointLimit
+from ._stop import AbstractStop, JointLimit, PlaneContact
 from ._tree import TreeMechanism
 
 
@@ -65,6 +65,30 @@ class UrdfVisual(NamedTuple):
     color: tuple[float, float, float, float] | None
 
 
+class UrdfCollision(NamedTuple):
+    """One `<collision>` of a URDF link: the geometry
+    [`UrdfRobot.contacts`][jaxdae.multibody.UrdfRobot.contacts] turns into point contacts.
+
+    - `link`: the URDF link it belongs to.
+    - `marker`: the marker at the geometry's centre, oriented as the geometry,
+        `"body.marker"` (`"FR_lower.FR_toe_collision"`; named `<link>_collision`, numbered
+        `<link>_collision1`, ... where a link has several).
+    - `kind`: `"box"`, `"cylinder"`, `"sphere"` or `"mesh"`.
+    - `size`: a box's sides `(x, y, z)`; a cylinder's `(radius, length)`; a sphere's
+        `(radius,)`; `()` for a mesh.
+    - `corners`: a box's eight corner markers (`"<marker>_corner0"`, ...); `()` for the
+        others.
+    - `source`: where the link is written (`"a1.urdf, line 187"`), for error messages.
+    """
+
+    link: str
+    marker: str
+    kind: str
+    size: tuple[float, ...]
+    corners: tuple[str, ...]
+    source: str
+
+
 class UrdfRobot(NamedTuple):
     """A robot read from a URDF file: the parts of a spatial
     [`jaxdae.multibody.Mechanism`][], ready to be completed in Python.
@@ -87,6 +111,8 @@ class UrdfRobot(NamedTuple):
         named `<joint>.mimic`: `θ_joint = multiplier · θ_leader + offset`.
     - `sources`: where each joint is written, by name (`"arm.urdf, line 12"`), for error
         messages.
+    - `collisions`: the links' `<collision>` geometry as
+        [`jaxdae.multibody.UrdfCollision`][]s, by link name; `contacts` makes stops of them.
     """
 
     name: str
@@ -98,6 +124,76 @@ class UrdfRobot(NamedTuple):
     visuals: dict[str, tuple[UrdfVisual, ...]]
     couplings: tuple[JointCoupling, ...] = ()
     sources: dict[str, str] = {}
+    collisions: dict[str, tuple[UrdfCollision, ...]] = {}
+
+    def contacts(
+        self,
+        links: Sequence[str],
+        *,
+        friction: float = 0.0,
+        restitution: float = 0.0,
+        surface: str = "ground",
+        normal=None,
+    ) -> tuple[PlaneContact, ...]:
+        """Point contacts of the `<collision>` geometry of `links` against a plane: a
+        [`jaxdae.multibody.PlaneContact`][] per sphere (at its centre, with its radius) and
+        per corner of a box (radius 0), named `<marker>` and `<marker>_corner<k>`. Enough
+        for feet, fingertips and box corners; pass them as `stops` to `mechanism`.
+
+        **Arguments:**
+
+        - `links`: the URDF links whose collision geometry touches the plane, e.g. a
+            quadruped's four feet.
+        - `friction`, `restitution`: the contacts' Coulomb and Newton coefficients.
+        - `surface`, `normal`: the plane, as for `PlaneContact` (default: the ground,
+            `+z` up).
+
+        **Raises:**
+
+        `ValueError`, naming the file and line, for a link that is not in the file or has no
+        `<collision>`, and for a collision cylinder or mesh, which do not map to point
+        contacts (give the link a sphere or a box, or place `PlaneContact`s on markers).
+        """
+        if isinstance(links, str):
+            raise ValueError(
+                f"`links` must be a sequence of link names; got the string {links!r} "
+                f"(write [{links!r}])."
+            )
+        known = {link for link in self.collisions}
+        stops = []
+        for link in links:
+            found = self.collisions.get(link)
+            if not found:
+                where = self.sources.get(link, self.name)
+                have = ", ".join(sorted(known)) or "none"
+                raise ValueError(
+                    f"{where}: link {link!r} has no <collision> geometry (links with "
+                    f"collision geometry: {have})."
+                )
+            for shape in found:
+                if shape.kind == "sphere":
+                    points = [(shape.marker, shape.size[0])]
+                elif shape.kind == "box":
+                    points = [(corner, 0.0) for corner in shape.corners]
+                else:
+                    raise ValueError(
+                        f"{shape.source}: the <collision> {shape.kind} of link {link!r} does "
+                        "not map to point contacts; give the link a sphere or a box "
+                        "collision, or place `mb.PlaneContact`s on markers of its body."
+                    )
+                stops += [
+                    PlaneContact(
+                        marker,
+                        surface,
+                        normal,
+                        radius=radius,
+                        restitution=restitution,
+                        friction=friction,
+                        name=marker.partition(".")[2],
+                    )
+                    for marker, radius in points
+                ]
+        return tuple(stops)
 
     def mechanism(
         self,
@@ -324,7 +420,9 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
     `θ_joint = multiplier · θ_leader + offset` (URDF's defaults: multiplier 1, offset 0),
     kept in `couplings`. Every body
     starts at its pose for zero joint coordinates. Links' `<visual>` geometry is kept in `visuals`
-    for the 3-D viewer (mesh files are located but not read); collision geometry is not read.
+    for the 3-D viewer (mesh files are located but not read); `<collision>` geometry is kept
+    in `collisions`, with a marker at each shape's centre (and a box's corners), from which
+    `robot.contacts(links)` makes point contacts.
 
     Close kinematic loops by adding joints in Python:
     `robot.mechanism(joints=[mb.Spherical("link3.tip", "ground.anchor")], forces=[mb.Gravity()])`.
@@ -385,6 +483,7 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
     markers = _Markers(frames)
     for name in order:
         markers.add(carrier[name], "frame" if carrier[name] == name else name, *world[name])
+    collisions = _collisions(where, links, order, world, carrier, markers)
     joints = _joints(where, robot, links, world, carrier, markers)
     bodies = [Ground(markers.points[GROUND], orientations=markers.orientations[GROUND])]
     for name in order:
@@ -418,7 +517,8 @@ def load_urdf(path: str | os.PathLike, *, fixed_base: bool = True) -> UrdfRobot:
         moving,
         visuals,
         _mimics(where, robot, moving),
-        sources,
+        {**sources, **{name: where("link", name) for name in links}},
+        collisions,
     )
 
 
@@ -645,6 +745,50 @@ def _mimics(where, robot, moving) -> tuple[JointCoupling, ...]:
         except ValueError as error:
             raise ValueError(f"{at}: the <mimic> of joint {joint.name!r}: {error}") from error
     return tuple(couplings)
+
+
+def _collisions(where, links, order, world, carrier, markers) -> dict:
+    """The links' `<collision>` shapes by link, each with a marker at its centre (and a
+    box's corners) on the body that carries the link."""
+    collisions: dict[str, tuple[UrdfCollision, ...]] = {}
+    for name in order:
+        shapes = [c for c in links[name].collisions if c.geometry is not None]
+        entries = []
+        for k, collision in enumerate(shapes):
+            geometry = collision.geometry
+            if geometry.box is not None:
+                kind, size = "box", tuple(float(x) for x in geometry.box.size)
+            elif geometry.cylinder is not None:
+                kind = "cylinder"
+                size = (float(geometry.cylinder.radius), float(geometry.cylinder.length))
+            elif geometry.sphere is not None:
+                kind, size = "sphere", (float(geometry.sphere.radius),)
+            elif geometry.mesh is not None:
+                kind, size = "mesh", ()
+            else:
+                continue
+            key = f"{name}_collision" + (str(k) if len(shapes) > 1 else "")
+            link_rot, link_pos = world[name]
+            r, p = _transform(collision.origin)
+            rot, pos = link_rot @ r, link_pos + link_rot @ p
+            markers.add(carrier[name], key, rot, pos)
+            corners = ()
+            if kind == "box":
+                half = 0.5 * np.asarray(size)
+                signs = np.array(
+                    [[sx, sy, sz] for sx in (-1, 1) for sy in (-1, 1) for sz in (-1, 1)]
+                )
+                for j, sign in enumerate(signs):
+                    markers.add(carrier[name], f"{key}_corner{j}", rot, pos + rot @ (sign * half))
+                corners = tuple(f"{carrier[name]}.{key}_corner{j}" for j in range(len(signs)))
+            entries.append(
+                UrdfCollision(
+                    name, f"{carrier[name]}.{key}", kind, size, corners, where("link", name)
+                )
+            )
+        if entries:
+            collisions[name] = tuple(entries)
+    return collisions
 
 
 def _visuals(path, robot, order, carrier) -> dict:
