@@ -6,6 +6,8 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
 
 from jaxdae._compilation import _private_apis as private
 
@@ -87,6 +89,28 @@ def test_diffeqsolve_unjitted_is_diffeqsolve_without_its_jit():
         lambda y0: private.diffeqsolve_unjitted(term, diffrax.Tsit5(), 0.0, 1.0, 0.1, y0).ys
     )(jnp.asarray(1.0))
     assert jnp.allclose(sol, jnp.exp(-1.0), rtol=1e-4)
+
+
+def test_stage_diagonal_reads_the_implicit_stages_coefficient():
+    """diffrax's ESDIRK step hands each implicit stage's root finder its diagonal
+    coefficient `γ` (Kvaerno3: 0.4358665215) among positional arguments."""
+    seen = []
+
+    class Recording(optx.Chord):
+        def init(self, fn, y, args, options, f_struct, aux_struct, tags):
+            diagonal = private.stage_diagonal(args)
+            assert diagonal is not None, (
+                f"diffrax's root-find arguments of an implicit stage changed in {VERSIONS}: "
+                "FusedChord can no longer read the stage's diagonal coefficient"
+            )
+            jax.debug.callback(lambda d: seen.append(float(d)), diagonal)
+            return super().init(fn, y, args, options, f_struct, aux_struct, tags)
+
+    term = diffrax.ODETerm(lambda t, y, args: -y)
+    solver = diffrax.Kvaerno3(root_finder=Recording(rtol=1e-8, atol=1e-8))
+    diffrax.diffeqsolve(term, solver, 0.0, 0.1, 0.1, jnp.ones(2))
+    np.testing.assert_allclose(max(seen), 0.4358665215, rtol=1e-9)
+    assert private.stage_diagonal((1.0, 2.0)) is None
 
 
 def test_result_codes_read_and_write_the_codes_of_an_enumeration():

@@ -142,3 +142,26 @@ def with_result_codes(item, codes):
 def result_messages(enumeration) -> list[str]:
     """The messages of the items of `enumeration`, indexed by their codes."""
     return enumeration._index_to_message
+
+
+# The arguments that diffrax's Runge–Kutta step hands to the root finder of an implicit
+# stage: `(stage, aᵢᵢ, vf, prod, tᵢ, …)` in f-space, `(stage, aᵢᵢ, vf_prod, tᵢ, …)` in
+# k-space (`diffrax._solver.runge_kutta`). They are positional and undocumented; a root
+# finder that builds the stages' iteration matrix reads the diagonal coefficient from them.
+def stage_diagonal(args) -> "jax.Array | None":
+    """The diagonal coefficient `aᵢᵢ` among the root-find arguments of an implicit
+    Runge–Kutta stage; None for other arguments (a layout this does not recognise)."""
+    import equinox as eqx  # not at import: see `_LAZY`
+
+    if not (isinstance(args, tuple) and len(args) in (7, 8)):
+        return None
+    stage, diagonal, vf = args[:3]
+    if not (
+        eqx.is_array(stage)
+        and jax.numpy.issubdtype(stage.dtype, jax.numpy.integer)
+        and eqx.is_array(diagonal)
+        and jax.numpy.shape(diagonal) == ()
+        and callable(vf)
+    ):
+        return None
+    return diagonal

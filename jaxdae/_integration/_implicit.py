@@ -16,7 +16,7 @@ from jax.flatten_util import ravel_pytree
 
 from .._checks import check_tolerances
 from .._compilation._linalg import factor_for_solves, solve_factored
-from .._compilation._private_apis import use_stepsize_tol
+from .._compilation._private_apis import stage_diagonal, use_stepsize_tol
 from .._custom_types import Array, PyTree, Scalar
 from .._gains import is_concrete
 from ._controllers import inner_controller
@@ -125,24 +125,6 @@ class _FusedChordState(eqx.Module):
     step: Array
 
 
-def _stage_diagonal(args) -> Array | None:
-    """The diagonal coefficient `aᵢᵢ` among the arguments of the stage equations that
-    diffrax's Runge–Kutta step hands to its root finder (`(stage, aᵢᵢ, vf, prod, tᵢ, …)` in
-    f-space, `(stage, aᵢᵢ, vf_prod, tᵢ, …)` in k-space); None for other arguments."""
-    if not (isinstance(args, tuple) and len(args) in (7, 8)):
-        return None
-    stage, diagonal, vf = args[:3]
-    if not (
-        eqx.is_array(stage)
-        and jnp.issubdtype(stage.dtype, jnp.integer)
-        and eqx.is_array(diagonal)
-        and jnp.shape(diagonal) == ()
-        and callable(vf)
-    ):
-        return None
-    return diagonal
-
-
 class FusedChord(optx.AbstractRootFinder):
     """The chord (simplified Newton) iteration of diffrax's implicit Runge–Kutta solvers,
     with its iteration matrix built, factorized and applied by array operations that XLA
@@ -216,7 +198,7 @@ class FusedChord(optx.AbstractRootFinder):
             columns = tangent_products(tangent, seeds.astype(x.dtype)).T
             return factor_for_solves(expand(columns), len(seeds))
 
-        diagonal = _stage_diagonal(args)
+        diagonal = stage_diagonal(args)
         if diagonal is None:
             factored = factor()
         else:
