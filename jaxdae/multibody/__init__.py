@@ -55,7 +55,8 @@ from ._stop import (
     PlaneContact as PlaneContact,
     StopKinematics as StopKinematics,
 )
-from ._tree import TreeKinematics as TreeKinematics, TreeMechanism as TreeMechanism
+from ._tree import TreeMechanism as TreeMechanism
+from ._tree_kinematics import TreeKinematics as TreeKinematics
 from ._urdf import (
     UrdfCollision as UrdfCollision,
     UrdfLimit as UrdfLimit,

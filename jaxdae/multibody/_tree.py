@@ -29,11 +29,11 @@ from ._articulated import (
     level_path_sums,
     tree_levels,
 )
-from ._body import GROUND, Ground, RigidBody
+from ._body import Ground, RigidBody
 from ._coupling import JointCoupling
 from ._force import AbstractForce, Gravity
 from ._joint import AbstractJoint, ScrewMotion, tree_motion
-from ._kinematics import Frame, euler_rotation, quaternion_from_matrix, split
+from ._kinematics import quaternion_from_matrix
 from ._mechanism import AbstractMechanism, Driven, kind_check
 from ._spatial import (
     apply_inertia,
@@ -48,6 +48,7 @@ from ._spatial import (
 )
 from ._stop import AbstractStop
 from ._topology import FLOATING, SCREW, SPHERICAL, Topology, find_topology
+from ._tree_kinematics import TreeKinematics, given_frame, marker_on_body
 
 
 def _gather(x, index):
@@ -57,29 +58,6 @@ def _gather(x, index):
     if np.array_equal(index.reshape(-1), np.arange(index.size)):
         return x[: index.size].reshape(index.shape + x.shape[1:])
     return take(x, index)
-
-
-def _marker(mechanism: "TreeMechanism", ref: str, dtype):
-    """`(body position or −1, point, orientation)` of a marker on its body.
-
-    A function rather than a method: each lookup of a method on an equinox module builds a
-    bound method, which flattens the whole mechanism, and the traced equations look up two
-    markers per joint."""
-    name, marker = split(ref)
-    eye = jnp.asarray(np.eye(3), dtype)
-    if name == GROUND:
-        owner, position = mechanism.ground, -1
-    else:
-        index = mechanism.body_names.index(name)
-        owner, position = mechanism.bodies[index], mechanism.topology.order.index(index)
-    if marker is None:
-        return position, jnp.zeros((3,), dtype), eye
-    rotation = owner.orientations.get(marker)
-    return (
-        position,
-        owner.markers[marker].astype(dtype),
-        eye if rotation is None else rotation.astype(dtype),
-    )
 
 
 class TreeMechanism(AbstractMechanism, AbstractSystem):
@@ -207,7 +185,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
             if size == 0:
                 continue
             joint = self.joint(name)
-            frame_a, frame_b = _given_frame(self, joint.a), _given_frame(self, joint.b)
+            frame_a, frame_b = given_frame(self, joint.a), given_frame(self, joint.b)
             if size == 4:
                 parts.append(quaternion_from_matrix(frame_a.rotation.T @ frame_b.rotation))
             else:
@@ -227,7 +205,9 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         (`tree_motion`) the unit axes `u` and the turn and slide per unit of their
         coordinates (`turn`, `slide`)."""
         joints = [self.joints[self.topology.joint[k]] for k in range(start, stop)]
-        markers = [_marker(self, ref, dtype) for joint in joints for ref in (joint.a, joint.b)]
+        markers = [
+            marker_on_body(self, ref, dtype) for joint in joints for ref in (joint.a, joint.b)
+        ]
         out = {
             key: jnp.stack([m[k] for m in markers[offset::2]])
             for key, k, offset in (("s_a", 1, 0), ("o_a", 2, 0), ("s_b", 1, 1), ("o_b", 2, 1))
@@ -614,7 +594,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         wrenches: dict[int, list] = {}
         for element in others:
             for load in element.loads(kin):
-                position, _, _ = _marker(self, load.at, q.dtype)
+                position, _, _ = marker_on_body(self, load.at, q.dtype)
                 if position < 0:
                     continue  # the ground takes it
                 point = kin.frame(load.at).point
@@ -725,7 +705,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
 
     # -- the shared interface ----------------------------------------------------------
 
-    def _kinematics(self, t, q, v=None, inputs=None) -> "TreeKinematics":
+    def _kinematics(self, t, q, v=None, inputs=None) -> TreeKinematics:
         return TreeKinematics(self, t, q, v, inputs)
 
     def _unheld_coordinates(self) -> int:
@@ -771,78 +751,3 @@ def _subtree_blocks(top: Topology) -> tuple[tuple[int, int], ...] | None:
     if len(blocks) < 2 or len({subtree[start] for start, _ in blocks}) < len(blocks):
         return None
     return blocks
-
-
-class TreeKinematics:
-    """The markers of a [`jaxdae.multibody.TreeMechanism`][] at `(t, q, v)`, as joints,
-    force elements and stops read them (the interface of
-    [`jaxdae.multibody.Kinematics`][]): `frame`, `velocity`, `frames`, `velocities`,
-    `centres` and `coordinate`."""
-
-    def __init__(self, mechanism: TreeMechanism, t, q, v=None, inputs=None, motion=None):
-        self.mechanism, self.t, self.q, self.v, self.inputs = mechanism, t, q, v, inputs
-        self.dimension = 3
-        self._motion = motion
-
-    def _state(self):
-        if self._motion is None:
-            if self.v is None:
-                rotations, centres, subspaces = self.mechanism.poses(self.q)
-                self._motion = (rotations, centres, subspaces, None, None)
-            else:
-                self._motion = self.mechanism._motion(self.q, self.v)
-        return self._motion
-
-    def frame(self, ref: str) -> Frame:
-        position, point, orientation = _marker(self.mechanism, ref, self.q.dtype)
-        if position < 0:
-            return Frame(jnp.zeros((3,), self.q.dtype), None, orientation, point)
-        rotations, centres = self._state()[:2]
-        rotation, centre = rotations[position], centres[position]
-        return Frame(centre, None, rotation @ orientation, centre + rotation @ point)
-
-    def velocity(self, ref: str) -> tuple[Float[Array, " 3"], Float[Array, " 3"]]:
-        """`(ṗ, ω)`: the marker's velocity and its body's angular velocity."""
-        position, _, _ = _marker(self.mechanism, ref, self.q.dtype)
-        if position < 0:
-            zero = jnp.zeros((3,), self.q.dtype)
-            return zero, zero
-        if self.v is None:
-            raise ValueError("Marker velocities need the velocities `v`.")
-        velocities = self._state()[3]
-        omega, origin = velocities[position, :3], velocities[position, 3:]
-        return origin + jnp.cross(omega, self.frame(ref).point), omega
-
-    def frames(self, refs) -> Frame:
-        frames = [self.frame(ref) for ref in refs]
-        return Frame(*(None if f[0] is None else jnp.stack(f) for f in zip(*frames, strict=True)))
-
-    def velocities(self, refs):
-        pairs = [self.velocity(ref) for ref in refs]
-        return jnp.stack([p[0] for p in pairs]), jnp.stack([p[1] for p in pairs])
-
-    def centres(self) -> Float[Array, "bodies 3"]:
-        """The bodies' centres of mass in the order of `bodies`."""
-        order = np.asarray(self.mechanism.topology.order)
-        return take(self._state()[1], np.argsort(order))
-
-    def coordinate(self, name: str) -> Float[Array, ""]:
-        """Joint `name`'s coordinate."""
-        mechanism = self.mechanism
-        joint = mechanism.joint(name)
-        if not joint.has_coordinate:
-            raise ValueError(f"Joint {name!r} has no joint coordinate.")
-        if name in mechanism.closure_joints:
-            return joint.coordinate(self.frame(joint.a), self.frame(joint.b))
-        return self.q[mechanism.joint_slice(name).start]
-
-
-def _given_frame(mechanism: TreeMechanism, ref: str) -> Frame:
-    """The frame of marker `ref` with its body at its given `position` and `orientation`."""
-    position, point, orientation = _marker(mechanism, ref, jnp.result_type(float))
-    if position < 0:
-        return Frame(jnp.zeros_like(point), None, orientation, point)
-    body = mechanism.bodies[mechanism.topology.order[position]]
-    rotation = euler_rotation(body.orientation.astype(point.dtype))
-    centre = body.position.astype(point.dtype)
-    return Frame(centre, None, rotation @ orientation, centre + rotation @ point)

@@ -1,0 +1,113 @@
+"""What the joints, force elements and stops of a [`jaxdae.multibody.TreeMechanism`][] read
+of it at one state: its markers' frames and velocities and its joint coordinates."""
+
+from typing import TYPE_CHECKING
+
+import jax.numpy as jnp
+import numpy as np
+
+from .._compilation._gather import take
+from .._custom_types import Array, Float
+from ._body import GROUND
+from ._kinematics import Frame, euler_rotation, split
+
+if TYPE_CHECKING:
+    from ._tree import TreeMechanism
+
+
+def marker_on_body(mechanism: "TreeMechanism", ref: str, dtype):
+    """`(body position or −1, point, orientation)` of a marker on its body.
+
+    A function rather than a method: each lookup of a method on an equinox module builds a
+    bound method, which flattens the whole mechanism, and the traced equations look up two
+    markers per joint."""
+    name, marker = split(ref)
+    eye = jnp.asarray(np.eye(3), dtype)
+    if name == GROUND:
+        owner, position = mechanism.ground, -1
+    else:
+        index = mechanism.body_names.index(name)
+        owner, position = mechanism.bodies[index], mechanism.topology.order.index(index)
+    if marker is None:
+        return position, jnp.zeros((3,), dtype), eye
+    rotation = owner.orientations.get(marker)
+    return (
+        position,
+        owner.markers[marker].astype(dtype),
+        eye if rotation is None else rotation.astype(dtype),
+    )
+
+
+class TreeKinematics:
+    """The markers of a [`jaxdae.multibody.TreeMechanism`][] at `(t, q, v)`, as joints,
+    force elements and stops read them (the interface of
+    [`jaxdae.multibody.Kinematics`][]): `frame`, `velocity`, `frames`, `velocities`,
+    `centres` and `coordinate`."""
+
+    def __init__(self, mechanism: "TreeMechanism", t, q, v=None, inputs=None, motion=None):
+        self.mechanism, self.t, self.q, self.v, self.inputs = mechanism, t, q, v, inputs
+        self.dimension = 3
+        self._motion = motion
+
+    def _state(self):
+        if self._motion is None:
+            if self.v is None:
+                rotations, centres, subspaces = self.mechanism.poses(self.q)
+                self._motion = (rotations, centres, subspaces, None, None)
+            else:
+                self._motion = self.mechanism._motion(self.q, self.v)
+        return self._motion
+
+    def frame(self, ref: str) -> Frame:
+        position, point, orientation = marker_on_body(self.mechanism, ref, self.q.dtype)
+        if position < 0:
+            return Frame(jnp.zeros((3,), self.q.dtype), None, orientation, point)
+        rotations, centres = self._state()[:2]
+        rotation, centre = rotations[position], centres[position]
+        return Frame(centre, None, rotation @ orientation, centre + rotation @ point)
+
+    def velocity(self, ref: str) -> tuple[Float[Array, " 3"], Float[Array, " 3"]]:
+        """`(ṗ, ω)`: the marker's velocity and its body's angular velocity."""
+        position, _, _ = marker_on_body(self.mechanism, ref, self.q.dtype)
+        if position < 0:
+            zero = jnp.zeros((3,), self.q.dtype)
+            return zero, zero
+        if self.v is None:
+            raise ValueError("Marker velocities need the velocities `v`.")
+        velocities = self._state()[3]
+        omega, origin = velocities[position, :3], velocities[position, 3:]
+        return origin + jnp.cross(omega, self.frame(ref).point), omega
+
+    def frames(self, refs) -> Frame:
+        frames = [self.frame(ref) for ref in refs]
+        return Frame(*(None if f[0] is None else jnp.stack(f) for f in zip(*frames, strict=True)))
+
+    def velocities(self, refs):
+        pairs = [self.velocity(ref) for ref in refs]
+        return jnp.stack([p[0] for p in pairs]), jnp.stack([p[1] for p in pairs])
+
+    def centres(self) -> Float[Array, "bodies 3"]:
+        """The bodies' centres of mass in the order of `bodies`."""
+        order = np.asarray(self.mechanism.topology.order)
+        return take(self._state()[1], np.argsort(order))
+
+    def coordinate(self, name: str) -> Float[Array, ""]:
+        """Joint `name`'s coordinate."""
+        mechanism = self.mechanism
+        joint = mechanism.joint(name)
+        if not joint.has_coordinate:
+            raise ValueError(f"Joint {name!r} has no joint coordinate.")
+        if name in mechanism.closure_joints:
+            return joint.coordinate(self.frame(joint.a), self.frame(joint.b))
+        return self.q[mechanism.joint_slice(name).start]
+
+
+def given_frame(mechanism: "TreeMechanism", ref: str) -> Frame:
+    """The frame of marker `ref` with its body at its given `position` and `orientation`."""
+    position, point, orientation = marker_on_body(mechanism, ref, jnp.result_type(float))
+    if position < 0:
+        return Frame(jnp.zeros_like(point), None, orientation, point)
+    body = mechanism.bodies[mechanism.topology.order[position]]
+    rotation = euler_rotation(body.orientation.astype(point.dtype))
+    centre = body.position.astype(point.dtype)
+    return Frame(centre, None, rotation @ orientation, centre + rotation @ point)
