@@ -210,14 +210,6 @@ def test_bad_friction_is_refused_before_the_solve():
         jaxdae.simulate(Wrong(), jaxdae.Unstabilized(), 0.0, 1.0, *start)
     with pytest.raises(ValueError, match="`friction` of the PlaneContact"):
         mb.PlaneContact("a", friction=-1.0)
-    ball_on_ground = mb.Mechanism(
-        bodies=[mb.RigidBody("ball", mass=1.0, inertia=np.eye(3), position=[0.0, 0.0, 1.0])],
-        stops=[mb.PlaneContact("ball", friction=0.5)],
-    )
-    with pytest.raises(ValueError, match="Coulomb friction in space"):
-        jaxdae.simulate(
-            ball_on_ground, jaxdae.Unstabilized(), 0.0, 1.0, *ball_on_ground.initial_state()
-        )
 
 
 @pytest.mark.slow

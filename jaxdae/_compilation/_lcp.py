@@ -19,6 +19,7 @@ solve for the final set (the set itself is piecewise constant).
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .._custom_types import Array, Bool, Float
 from ._linalg import inverse, pivoted_pseudo_factor, pivoted_pseudo_solve
@@ -99,12 +100,44 @@ def solve_lcp(
 class ContactModes(eqx.Module):
     """The state of each contact: `active`, a resting contact that carries a normal force
     (in [`solve_frictional_lcp`][], one whose normal force is free to be positive);
-    `stick`, an active contact with friction that sticks; `sign`, the direction `±1` in
-    which it slips where it does not stick."""
+    `stick`, an active contact with friction that sticks; `sign`, the direction `d` in
+    which it slips where it does not stick: `±1` per contact in the plane, shape `(u,)`, a
+    unit 2-vector in its tangent plane in space, shape `(u, 2)`."""
 
     active: Bool[Array, " u"]
     stick: Bool[Array, " u"]
-    sign: Float[Array, " u"]
+    sign: Float[Array, " u"] | Float[Array, "u k"]
+
+
+def tangent_count(sign: Float[Array, " u"] | Float[Array, "u k"]) -> int:
+    """The slip velocities per contact that a direction array `sign` stands for: 1 for
+    `(u,)` (the plane), `k` for `(u, k)`."""
+    return 1 if sign.ndim == 1 else sign.shape[1]
+
+
+def magnitudes(x: Float[Array, "u k"]) -> Float[Array, " u"]:
+    """`|x_i|` of each row, with a zero derivative at zero (where a plain norm's is NaN):
+    the tangential forces of a contact at rest are often exactly zero."""
+    if x.shape[1] == 1:
+        return jnp.abs(x[:, 0])
+    squared = jnp.sum(x * x, axis=1)
+    positive = squared > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, squared, 1.0)), 0.0)
+
+
+def units(x: Float[Array, "u k"], fallback: Float[Array, "u k"]) -> Float[Array, "u k"]:
+    """`x_i / |x_i|` of each row, `fallback_i` where `x_i` is zero."""
+    size = magnitudes(x)[:, None]
+    return jnp.where(size > 0, x / jnp.where(size > 0, size, 1.0), fallback)
+
+
+def along(
+    sign: Float[Array, " u"] | Float[Array, "u k"], x: Float[Array, "u k"]
+) -> Float[Array, " u"]:
+    """`d_i · x_i` of each contact's direction `d_i` (`sign`) and tangential vector `x_i`."""
+    if sign.ndim == 1:
+        return sign * x[:, 0]
+    return jnp.sum(sign * x, axis=1)
 
 
 class FrictionalLCPSolution(eqx.Module):
@@ -112,21 +145,23 @@ class FrictionalLCPSolution(eqx.Module):
     forces or impulses), `w = A x + b`, the contact `modes` it ended on and whether the
     pivoting ended on a solution (`solved`)."""
 
-    x: Float[Array, " 2u"]
-    w: Float[Array, " 2u"]
+    x: Float[Array, " u+ku"]
+    w: Float[Array, " u+ku"]
     modes: ContactModes
     solved: Bool[Array, ""]
 
 
 def frictional_solve(
-    matrix: Float[Array, "2u 2u"],
-    vector: Float[Array, " 2u"],
+    matrix: Float[Array, "u+ku u+ku"],
+    vector: Float[Array, " u+ku"],
     friction: Float[Array, " u"],
     modes: ContactModes,
-) -> Float[Array, " 2u"]:
-    """`x` of the contact `modes`: an `active` contact's normal row of `A x + b` vanishes,
-    the others' normal `x` does; a sticking active contact with friction holds its
-    tangential row at zero, a slipping one has `x_T = −μ s x_N`; the rest `x_T = 0`.
+) -> Float[Array, " u+ku"]:
+    """`x` of the contact `modes` (`k` tangential components per contact, contact `i`'s at
+    `u + k i + j`): an `active` contact's normal row of `A x + b` vanishes, the others'
+    normal `x` does; a sticking active contact with friction holds its tangential rows at
+    zero, a slipping one has `x_T = −μ x_N d` (its direction `d`, `modes.sign`); the rest
+    `x_T = 0`.
 
     Solved in the least-squares sense (the least `x` where the rows are dependent: a body
     stuck at more contacts than it has freedoms, whose forces are indeterminate), as
@@ -135,53 +170,66 @@ def frictional_solve(
     loop that computes contact forces stays one kernel on the CPU."""
     active, stick, sign = modes.active, modes.stick, modes.sign
     size = active.shape[0]
+    tangents = tangent_count(sign)
     dtype = vector.dtype
     scale = jnp.max(jnp.abs(jnp.diagonal(matrix)), initial=0.0) + jnp.finfo(dtype).tiny
-    eye = scale * jnp.eye(2 * size, dtype=dtype)
+    eye = scale * jnp.eye((1 + tangents) * size, dtype=dtype)
     rubbing = active & (friction > 0)
     holding = rubbing & stick
-    slip_rows = eye[size:] + (friction * sign)[:, None] * eye[:size]
+    # Each tangential row's contact (static).
+    owner = np.repeat(np.arange(size), tangents)
+    slip_rows = eye[size:] + (friction[owner] * sign.reshape(-1))[:, None] * eye[:size][owner]
     rows = jnp.concatenate(
         [
             jnp.where(active[:, None], matrix[:size], eye[:size]),
             jnp.where(
-                holding[:, None], matrix[size:], jnp.where(rubbing[:, None], slip_rows, eye[size:])
+                holding[owner][:, None],
+                matrix[size:],
+                jnp.where(rubbing[owner][:, None], slip_rows, eye[size:]),
             ),
         ]
     )
     rhs = jnp.concatenate(
-        [jnp.where(active, -vector[:size], 0.0), jnp.where(holding, -vector[size:], 0.0)]
+        [jnp.where(active, -vector[:size], 0.0), jnp.where(holding[owner], -vector[size:], 0.0)]
     )
     factor = pivoted_pseudo_factor(rows @ rows.T, float(1e3 * jnp.finfo(dtype).eps))
     return rows.T @ pivoted_pseudo_solve(factor, rhs)
 
 
 def solve_frictional_lcp(
-    matrix: Float[Array, "2u 2u"],
-    vector: Float[Array, " 2u"],
+    matrix: Float[Array, "u+ku u+ku"],
+    vector: Float[Array, " u+ku"],
     friction: Float[Array, " u"],
     candidates: Bool[Array, " u"],
     free: Bool[Array, " u"],
-    sign: Float[Array, " u"],
+    sign: Float[Array, " u"] | Float[Array, "u k"],
     max_pivots: int | None = None,
 ) -> FrictionalLCPSolution:
-    """Contacts with Coulomb friction in the plane: for each of `u` contacts a normal
-    `x_N` and a tangential `x_T` (force or impulse), with `w = A x + b` their normal and
-    tangential rates (accelerations or velocities after an impact), such that
+    """Contacts with Coulomb friction: for each of `u` contacts a normal `x_N` and a
+    tangential `x_T` (force or impulse) with `k` components (`k = 1` in the plane, `sign` of
+    shape `(u,)`; `k = 2` in space, `sign` of shape `(u, 2)`), with `w = A x + b` their
+    normal and tangential rates (accelerations or velocities after an impact), such that
 
     - `x_N ≥ 0, w_N ≥ 0, x_N w_N = 0` (`x_N = 0` off `candidates`);
-    - stick: `w_T = 0` and `|x_T| ≤ μ x_N`; or slip in the direction `s = ±1`: `s w_T ≥ 0`
-        and `x_T = −μ s x_N` (Pfeiffer and Glocker (1996), ch. 7, in the plane).
+    - stick: `w_T = 0` and `|x_T| ≤ μ x_N`; or slip in the direction `d` (`±1` in the
+        plane, a unit vector in space): `d·w_T ≥ 0` and `x_T = −μ x_N d` (Pfeiffer and
+        Glocker (1996), ch. 7; Glocker (2001) for the spatial cone).
 
     Contacts not `free` slide in their given direction `sign` (a contact already sliding).
     The modes are found by least-index pivoting as [`solve_lcp`][]'s (a normal that pulls
     or a closed gap that penetrates flips its normal mode; a stick that needs more than
-    `μ x_N` slips against its force; a slip that would reverse sticks); then solved once
-    more for them, so that the derivative is that of the linear solve for the final modes.
-    Friction makes the problem non-symmetric, and pivoting need not end on every one: `solved`
-    is False where it ran out of its `max_pivots` (default `8 u + 8`).
+    `μ x_N` slips against its force, `d = −x_T/|x_T|`; a slip that would reverse sticks);
+    then solved once more for them, so that the derivative is that of the linear solve for
+    the final modes. A free contact starts slipping along `b_T` (its tangential rate
+    without forces; at an impact the slip velocity before it). In space the slip
+    direction is not solved for consistency with `w_T` (`w_T ∥ d`): it is exact where the
+    contact's tangential block of `A` is isotropic and uncoupled from its normal (a sphere
+    or a point mass on a plane), and the events of a solve turn it as the motion goes on.
+    Friction makes the problem non-symmetric, and pivoting need not end on every one:
+    `solved` is False where it ran out of its `max_pivots` (default `8 u + 8`).
     """
     size = candidates.shape[0]
+    tangents = tangent_count(sign)
     if max_pivots is None:
         max_pivots = 8 * size + 8
     dtype = vector.dtype
@@ -190,6 +238,7 @@ def solve_frictional_lcp(
     tolerance = 64 * eps * (jnp.max(jnp.abs(vector), initial=0.0) + scale)
     a, b = jax.lax.stop_gradient((matrix, vector))
     friction_ = jax.lax.stop_gradient(friction)
+    given = jax.lax.stop_gradient(sign)
     rubbing_free = free & (friction_ > 0)
 
     def violations(active, stick, sign_):
@@ -199,8 +248,9 @@ def solve_frictional_lcp(
             (active & (x[:size] < -tolerance)) | (~active & (w[:size] < -tolerance))
         )
         rubbing = active & rubbing_free
-        slips = rubbing & stick & (jnp.abs(x[size:]) > friction_ * x[:size] + tolerance)
-        sticks = rubbing & ~stick & (sign_ * w[size:] < -tolerance)
+        tangential = x[size:].reshape(size, tangents)
+        slips = rubbing & stick & (magnitudes(tangential) > friction_ * x[:size] + tolerance)
+        sticks = rubbing & ~stick & (along(sign_, w[size:].reshape(size, tangents)) < -tolerance)
         return normal, slips | sticks, x
 
     def step(carry):
@@ -214,7 +264,11 @@ def solve_frictional_lcp(
         flip_normal = any_ & ~is_tangent
         flip_tangent = any_ & is_tangent
         active = active.at[contact].set(jnp.where(flip_normal, ~active[contact], active[contact]))
-        new_sign = jnp.where(x[size + contact] > 0, -1.0, 1.0).astype(dtype)
+        force = x[size:].reshape(size, tangents)[contact]
+        if tangents == 1:
+            new_sign = jnp.where(force[0] > 0, -1.0, 1.0).astype(dtype)
+        else:
+            new_sign = -units(force[None], -sign_[contact][None])[0]
         sign_ = sign_.at[contact].set(
             jnp.where(flip_tangent & stick[contact], new_sign, sign_[contact])
         )
@@ -227,15 +281,30 @@ def solve_frictional_lcp(
 
     # Start: the closed gaps that approach; sticking where the tangential rate is nil,
     # else slipping its way.
-    tangential = b[size:]
+    tangential = b[size:].reshape(size, tangents)
     start_active = candidates & (b[:size] < 0)
-    start_stick = free & (jnp.abs(tangential) <= tolerance)
-    start_sign = jnp.where(free, jnp.where(tangential < 0, -1.0, 1.0).astype(dtype), sign)
+    start_stick = free & (magnitudes(tangential) <= tolerance)
+    if tangents == 1:
+        start_sign = jnp.where(
+            free, jnp.where(tangential[:, 0] < 0, -1.0, 1.0).astype(dtype), given
+        )
+    else:
+        start_sign = jnp.where(free[:, None], units(tangential, given), given)
     _, active, stick, sign_, done = jax.lax.while_loop(
         keep_going, step, (0, start_active, start_stick, start_sign, jnp.asarray(False))
     )
     normal, tangent, _ = violations(active, stick, sign_)
     solved = done | ~(normal | tangent).any()
+    if tangents > 1:
+        # The directions as functions of the inputs, for the derivatives: a contact not free
+        # keeps the given one; a free one that slips its starting way slides along `b_T`.
+        started = free[:, None] & jnp.all(sign_ == start_sign, axis=1, keepdims=True)
+        moving = units(vector[size:].reshape(size, tangents), given)
+        sign_ = jnp.where(
+            free[:, None],
+            jnp.where(started, sign_ + moving - jax.lax.stop_gradient(moving), sign_),
+            sign,
+        )
     modes = ContactModes(active, stick, sign_)
     x = frictional_solve(matrix, vector, friction, modes)
     return FrictionalLCPSolution(x, matrix @ x + vector, modes, solved & jnp.all(jnp.isfinite(x)))

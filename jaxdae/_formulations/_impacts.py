@@ -12,10 +12,11 @@ With the gaps `g(t, q) ≥ 0` of a system, `W = g_q` and `g̈ = W q̈ − γ_g`:
   force `Wᵀλ`) that holds `g̈ + k_d ġ + k_p g = 0` while it pushes. The accelerations
   are the formulation's under that force, linear in `λ`: `q̈ = a₀ + R λ`, so
   `g̈ + k_d ġ + k_p g = K λ + b` with `K = W R`.
-- **Coulomb friction** (in the plane: one slip velocity `v_T = W_T v + w_T` per gap): the
-  tangential forces and impulses join the normal ones, `[W; W_T]ᵀ [λ; λ_T]`, and a
-  contact sticks (`v̇_T + k_d v_T = 0`, or `v_T⁺ = 0` at an impact) while `|λ_T| ≤ μ λ`,
-  else slips with `λ_T = −μ λ sign(v_T)` ([`solve_frictional_lcp`][]).
+- **Coulomb friction** (slip velocities `v_T = W_T v + w_T`, one per gap in the plane, two
+  in space): the tangential forces and impulses join the normal ones, `[W; W_T]ᵀ [λ;
+  λ_T]`, and a contact sticks (`v̇_T + k_d v_T = 0`, or `v_T⁺ = 0` at an impact) while
+  `|λ_T| ≤ μ λ` (in space the isotropic cone, Glocker (2001)), else slips with `λ_T = −μ λ
+  v_T/|v_T|` ([`solve_frictional_lcp`][], [`slip_directions`][]).
 """
 
 import equinox as eqx
@@ -25,10 +26,12 @@ import numpy as np
 
 from .._compilation._lcp import (
     ContactModes,
+    along,
     frictional_solve,
     masked_solve,
     solve_frictional_lcp,
     solve_lcp,
+    units,
 )
 from .._compilation._linalg import psd_pseudo_inverse, spd_solve
 from .._compilation._operators import factor_of
@@ -141,7 +144,12 @@ def impact(
     min_bounce_speed,
 ) -> Impact:
     """Newton's impact law for the `closed` gaps (module docstring), with Coulomb's on the
-    impulses where the contacts have friction. A gap that would bounce off slower than
+    impulses where the contacts have friction: a contact's tangential impulse sticks it
+    (`v_T⁺ = 0`) where that impulse fits in the cone `|P_T| ≤ μ P_N`, else it slides with
+    `P_T = −μ P_N d`, `d` its slip direction before the impact, or where that would reverse
+    the slip, opposite the sticking impulse (exact where the contact's tangential block of
+    the Delassus matrix is isotropic and uncoupled from the normal: a sphere or a point
+    mass on a plane; [`solve_frictional_lcp`][]). A gap that would bounce off slower than
     `min_bounce_speed` (`e |ġ⁻|` below it) closes plastically (`e = 0`)."""
     directions = gaps.directions
     response = constrained_inverse_mass(terms, directions.T)
@@ -160,29 +168,67 @@ def impact(
         gaps.friction,
         closed,
         free,
-        jnp.ones_like(rate),
+        unit_directions(rate.shape[0], gaps.tangents, rate.dtype),
     )
     return Impact(response @ frictional.x, frictional.x, frictional.solved)
+
+
+def unit_directions(size: int, tangents: int, dtype) -> Float[Array, " u"] | Float[Array, "u k"]:
+    """Slip directions of `size` contacts with no motion to take one from: `+1` in the
+    plane (`tangents = 1`, shape `(u,)`), the first tangent in space (shape `(u, k)`)."""
+    if tangents == 1:
+        return jnp.ones((size,), dtype)
+    return jnp.broadcast_to(jnp.eye(tangents, dtype=dtype)[0], (size, tangents))
+
+
+def slip_directions(
+    sign: Float[Array, " u"] | Float[Array, "u k"],
+    slip: Float[Array, " ku"],
+    regularization,
+) -> Float[Array, " u"] | Float[Array, "u k"]:
+    """The directions `s` along which slipping contacts rub (`λ_T = −μ λ s`), at the
+    state whose slip velocities are `slip`, for their modes' reference directions `d`
+    (`sign`).
+
+    In the plane `s = d` (`±1`, constant in a mode: the slip→stick event is where `v_T`
+    reaches zero). In space `s = v_T/|v_T|` turns with the motion: `s = u/|u|`,
+    `u = sgn(d·v_T) v_T + ε d`, `ε` the `regularization` (a velocity far below any
+    resolved one). The sign makes `s` continuous where `v_T` passes through zero along a
+    line (a stop, located by the condition `d·v_T`: the step that crosses it sees the
+    same force on both sides, as in the plane), and `ε d` gives a slip that starts from
+    rest (`v_T` zero to rounding) its direction `d` until its motion takes over;
+    `|u| ≥ ε`, so `s` and its derivatives are finite everywhere."""
+    if sign.ndim == 1:
+        return sign
+    velocity = slip.reshape(sign.shape)
+    oriented = jnp.where(along(sign, velocity) < 0, -1.0, 1.0)[:, None] * velocity
+    return units(oriented + regularization * sign, sign)
 
 
 class ContactProblem(eqx.Module):
     """The accelerations under contact forces `λ` (normal, then tangential where the contacts
     have friction) at one state (module docstring): `q̈ = acceleration + response λ`, and
-    `K λ + b = [g̈ + k_d ġ + k_p g; v̇_T + k_d v_T]` (`matrix`, `vector`)."""
+    `K λ + b = [g̈ + k_d ġ + k_p g; v̇_T + k_d v_T]` (`matrix`, `vector`); the contacts'
+    `friction` and slip velocities `slip` there."""
 
     acceleration: Float[Array, " n"]
-    response: Float[Array, "n u+f"]
-    matrix: Float[Array, "u+f u+f"]
-    vector: Float[Array, " u+f"]
+    response: Float[Array, "n u+tf"]
+    matrix: Float[Array, "u+tf u+tf"]
+    vector: Float[Array, " u+tf"]
     friction: Float[Array, " f"]
+    slip: Float[Array, " tf"]
 
-    def forces(self, modes: ContactModes) -> Float[Array, " u+f"]:
+    def forces(self, modes: ContactModes, regularization=0.0) -> Float[Array, " u+tf"]:
         """The forces `λ` of the contacts in their `modes`: the `active` ones hold
         `g̈ + k_d ġ + k_p g = 0`, the sticking ones also `v̇_T + k_d v_T = 0`, the slipping
-        ones rub with `λ_T = −μ λ s` (zero for the others)."""
+        ones rub with `λ_T = −μ λ s` (zero for the others), `s` of [`slip_directions`][]
+        at this state (its `regularization`)."""
         if self.friction.shape[0] == 0:
             return masked_solve(self.matrix, -self.vector, modes.active)
-        return frictional_solve(self.matrix, self.vector, self.friction, modes)
+        turned = eqx.tree_at(
+            lambda m: m.sign, modes, slip_directions(modes.sign, self.slip, regularization)
+        )
+        return frictional_solve(self.matrix, self.vector, self.friction, turned)
 
 
 def contact_problem(
@@ -210,19 +256,22 @@ def contact_problem(
         + kd * gaps.velocity
         + kp * jnp.concatenate([gaps.gap, jnp.zeros_like(gaps.slip)])
     )
-    return ContactProblem(acceleration, response, 0.5 * (matrix + matrix.T), vector, gaps.friction)
+    return ContactProblem(
+        acceleration, response, 0.5 * (matrix + matrix.T), vector, gaps.friction, gaps.slip
+    )
 
 
 def resting_contacts(
     problem: ContactProblem,
     candidates: Bool[Array, " u"],
     free: Bool[Array, " u"],
-    sign: Float[Array, " u"],
+    sign: Float[Array, " u"] | Float[Array, "u k"],
 ) -> tuple[ContactModes, Bool[Array, ""]]:
     """The modes of the `candidates` (closed gaps at rest): which carry a pushing force
     (the contact forces' complementarity problem `K λ + b ≥ 0 ⊥ λ ≥ 0`), and, with
     friction, which of those stick (the `free` ones may; the others slide in the direction
-    `sign`); and whether that problem was solved."""
+    `sign`, `±1` in the plane, a unit 2-vector in space); and whether that problem was
+    solved."""
     size = candidates.shape[0]
     if problem.friction.shape[0] == 0:
         solution = solve_lcp(problem.matrix, problem.vector, candidates)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import check_instance
+from .._compilation._lcp import along, magnitudes, tangent_count, units
 from .._compilation._operators import MassFactor
 from .._compilation._private_apis import unvmap_any, while_loop
 from .._compilation._scalarize import scalarize
@@ -30,6 +31,7 @@ from .._formulations._impacts import (
     impact,
     resting_contacts,
     slip_tangents,
+    unit_directions,
 )
 from .._solution import RESULTS, Events
 from .._systems._structure import with_mass_factor
@@ -179,25 +181,10 @@ class ContactState(eqx.Module):
     start_forces: Float[Array, " u+f"]
 
 
-def event_friction(system, t, q) -> Float[Array, " f"]:
-    """The coefficients of friction an event-driven solve takes: Coulomb friction in the
-    plane (one slip velocity per gap); `(0,)` for contacts in space, whose friction
-    `stop_value_checks` refuses for event-driven solves."""
-    size = jax.eval_shape(system.gaps, t, q).shape[0]
-    if slip_tangents(system, t, q) != 1:
-        return jnp.zeros((0,), q.dtype)
-    return friction_coefficients(system, size, q.dtype)
-
-
-def event_gap_terms(system, t, q, v):
-    """[`gap_terms`][] with the friction of [`event_friction`][]."""
-    return gap_terms(system, t, q, v, event_friction(system, t, q))
-
-
 def _contact_setup(system, formulation, contacts, t, q, s, mass_factor):
     s = formulation.velocities(system, t, q, s)
     terms = with_mass_factor(system_terms(system, t, q, s), mass_factor)
-    gaps = event_gap_terms(system, t, q, system.velocities(t, q, s))
+    gaps = gap_terms(system, t, q, system.velocities(t, q, s))
     return s, terms, gaps, contact_problem(formulation, terms, gaps, contacts.gains)
 
 
@@ -221,9 +208,9 @@ def contact_rates(system, formulation, contacts: ContactState, t, q, s, mass_fac
     s, terms, rates = _jitted_rates_and_terms(system, formulation, t, q, s, mass_factor)
 
     def pushed():
-        gaps = event_gap_terms(system, t, q, system.velocities(t, q, s))
+        gaps = gap_terms(system, t, q, system.velocities(t, q, s))
         problem = contact_problem(formulation, terms, gaps, contacts.gains)
-        forces = problem.forces(contacts.modes)
+        forces = problem.forces(contacts.modes, contacts.tolerance)
         pushed_terms = eqx.tree_at(
             lambda x: x.forces, terms, terms.forces + gaps.directions.T @ forces
         )
@@ -248,21 +235,24 @@ def condition_values(
     """Each gap's event condition (an event is a downcrossing of zero): the gap less its
     offset where open, the contact force where resting; then, where the contacts have
     friction, one per gap for the tangential mode: `μ λ − |λ_T|` where it sticks,
-    `s v_T` less its offset where it slips, `inf` where it does not touch. The contact
-    problem is solved behind one branch, where a contact rests (in a batch: any); `at_start`
-    (static): at the solve's start, where `contacts.start_forces` are its forces."""
+    `d·v_T` less its offset where it slips (`d` its direction, `±1` in the plane), `inf`
+    where it does not touch; in space one more per gap, `d·v_T − cos 60° |v_T|` less the
+    offset where it slips (the slip turned 60° from `d`: `d` is taken anew there, so that
+    `d·v_T` reaches zero only where `v_T` does). The contact problem is solved behind one
+    branch, where a contact rests (in a batch: any); `at_start` (static): at the solve's
+    start, where `contacts.start_forces` are its forces."""
     gap = jitted_open_gaps(system, contacts, t, q)
     if at_start:
-        friction = event_friction(system, t, q)
+        friction = friction_coefficients(system, gap.shape[0], q.dtype)
         slip = jnp.zeros((0,), q.dtype)
         if friction.shape[0]:
             v = system.velocities(t, q, formulation.velocities(system, t, q, s))
-            slip = system.slip_velocities(t, q, v)
+            slip = system.slip_velocities(t, q, v).reshape(-1)
         return _conditions(contacts, gap, contacts.start_forces, slip, friction)
 
     def forces():
         _, _, gaps, problem = _contact_setup(system, formulation, contacts, t, q, s, mass_factor)
-        return problem.forces(contacts.modes), gaps.slip, gaps.friction
+        return problem.forces(contacts.modes, contacts.tolerance), gaps.slip, gaps.friction
 
     def none():
         out = jax.eval_shape(forces)
@@ -272,20 +262,39 @@ def condition_values(
     return _conditions(contacts, gap, *jax.lax.cond(active, forces, none))
 
 
+# The slip turned this far from its reference direction is an event that takes the
+# direction anew (`_conditions`): far enough that the events are few, short of 90° so
+# that `d·v_T` stays well away from zero while `v_T` does.
+_TURN_COSINE = 0.5
+
+
 def _conditions(contacts: ContactState, gap, force, slip, friction):
     """[`condition_values`][] from the open gaps less their offsets, the contact forces (read
-    where a contact rests), the slip velocities and the coefficients of friction."""
+    where a contact rests), the slip velocities and the coefficients of friction.
+
+    A stick's condition is `μ λ − |λ_T|`, not the smooth `μ² λ² − |λ_T|²`: it keeps the
+    units of the normal force's condition and is linear near its root, where `|λ_T| =
+    μ λ > 0` is smooth; its kink at `λ_T = 0` lies where the condition is `μ λ`, far from
+    zero, and [`magnitudes`][] gives it a zero derivative there."""
     size = gap.shape[0]
     normal = jnp.where(contacts.modes.active, force[:size], gap)
     if friction.shape[0] == 0:
         return normal
+    sign = contacts.modes.sign
+    tangents = tangent_count(sign)
     rubbing = contacts.modes.active & (friction > 0)
+    velocity = slip.reshape(size, tangents)
+    moving = along(sign, velocity) - contacts.slip_offset
     tangential = jnp.where(
         contacts.modes.stick,
-        friction * force[:size] - jnp.abs(force[size:]),
-        contacts.modes.sign * slip - contacts.slip_offset,
+        friction * force[:size] - magnitudes(force[size:].reshape(size, tangents)),
+        moving,
     )
-    return jnp.concatenate([normal, jnp.where(rubbing, tangential, jnp.inf)])
+    conditions = [normal, jnp.where(rubbing, tangential, jnp.inf)]
+    if tangents > 1:
+        turned = moving - _TURN_COSINE * magnitudes(velocity)
+        conditions.append(jnp.where(rubbing & ~contacts.modes.stick, turned, jnp.inf))
+    return jnp.concatenate(conditions)
 
 
 class ContactTerm(AbstractSystemTerm):
@@ -466,7 +475,7 @@ def transition(
     outcome = impact(terms, gaps, closed, restitution, settings.min_bounce_speed)
     change = outcome.velocity_change
     s_after = s + change if system.state_is_velocity else s + terms.mass_matrix @ change
-    gaps_after = event_gap_terms(system, t, q, v + change)
+    gaps_after = gap_terms(system, t, q, v + change)
     # At rest after the impact (to rounding): those may carry a force from now on, and
     # stick where they have friction.
     at_rest_speed = 1e-3 * settings.min_bounce_speed + 64 * jnp.finfo(q.dtype).eps * jnp.max(
@@ -478,12 +487,33 @@ def transition(
     # A contact at rest along its surface may stick, one that slides keeps its way. One
     # whose stick just failed (its tangential force at the friction limit) slips against
     # that force: at the limit, sticking would hold it on the boundary.
-    free = jnp.abs(gaps_after.slip) <= at_rest_speed
-    sign = jnp.where(gaps_after.slip < 0, -1.0, 1.0).astype(q.dtype)
+    # In space the direction `d` is the slip's present one (taken anew at every event).
+    # A stick that failed slips against its force, which for a contact whose tangential
+    # response is isotropic (a sphere, a point mass on a plane) is the direction in which
+    # it starts to move.
+    tangents = gaps_after.tangents
+    slip_after = gaps_after.slip.reshape(size, tangents)
+    speed = magnitudes(slip_after)
+    free = speed <= at_rest_speed
+    if tangents == 1:
+        sign = jnp.where(gaps_after.slip < 0, -1.0, 1.0).astype(q.dtype)
+    else:
+        # (A contact at rest to rounding keeps its last direction; the start's are zero,
+        # so the first tangent.)
+        last = contacts.modes.sign
+        fallback = jnp.where(
+            magnitudes(last)[:, None] > 0, last, unit_directions(size, tangents, q.dtype)
+        )
+        sign = units(slip_after, fallback)
     if gaps.slip.shape[0]:
-        unstuck = triggered[size:] & active & contacts.modes.stick
+        unstuck = triggered[size : 2 * size] & active & contacts.modes.stick
         free = free & ~unstuck
-        sign = jnp.where(unstuck, jnp.where(held[size:] > 0, -1.0, 1.0).astype(q.dtype), sign)
+        held_tangential = held[size:].reshape(size, tangents)
+        if tangents == 1:
+            opposed = jnp.where(held[size:] > 0, -1.0, 1.0).astype(q.dtype)
+        else:
+            opposed = -units(held_tangential, -sign)
+        sign = jnp.where(unstuck if tangents == 1 else unstuck[:, None], opposed, sign)
     problem_after = contact_problem(formulation, terms_after, gaps_after, contacts.gains)
     modes, solved = resting_contacts(problem_after, candidates, free, sign)
     # A closed gap that does not rest starts its next solve open by a margin, so that its
@@ -498,7 +528,7 @@ def transition(
     # the same reason.
     slip_offset = jnp.zeros_like(offset)
     if gaps_after.slip.shape[0]:
-        slip_offset = jnp.where(jnp.abs(gaps_after.slip) <= at_rest_speed, -tolerance, 0.0)
+        slip_offset = jnp.where(speed <= at_rest_speed, -tolerance, 0.0)
     return _Transition(
         s_after,
         modes,
@@ -507,7 +537,7 @@ def transition(
         triggered,
         outcome.impulses,
         outcome.solved & solved,
-        problem_after.forces(modes),
+        problem_after.forces(modes, tolerance),
     )
 
 
@@ -582,7 +612,8 @@ def integrate_with_events(
     term = system_term(dynamics.term)
     system, formulation = term.system, term.formulation
     size = jax.eval_shape(system.gaps, t0, q0).shape[0]
-    slips = event_friction(system, t0, q0).shape[0]
+    slips = friction_coefficients(system, size, dtype).shape[0]
+    tangents = slip_tangents(system, t0, q0) if slips else 1
     gains = tuple(jnp.asarray(k, dtype) for k in settings.contact_gains)
     budget = settings.max_events
     count_rows = 0 if ts is None else ts.shape[0]
@@ -592,13 +623,15 @@ def integrate_with_events(
         s=s0,
         contacts=ContactState(
             ContactModes(
-                jnp.zeros((size,), bool), jnp.zeros((size,), bool), jnp.zeros((size,), dtype)
+                jnp.zeros((size,), bool),
+                jnp.zeros((size,), bool),
+                jnp.zeros((size,) if tangents == 1 else (size, tangents), dtype),
             ),
             jnp.zeros((size,), dtype),
             jnp.zeros((size,), dtype),
             gains,
             jnp.asarray(settings.tolerance(dtype), dtype),
-            jnp.zeros((size + slips,), dtype),
+            jnp.zeros((size + tangents * slips,), dtype),
         ),
         hit=jnp.asarray(False),
         count=jnp.asarray(0),

@@ -11,7 +11,6 @@ import numpy as np
 from .._compilation._sharding import explicit_to_auto, is_explicitly_sharded
 from .._custom_types import Array
 from .._formulations import AbstractFormulation
-from .._formulations._impacts import slip_tangents
 from .._gains import is_concrete
 from .._systems._system import AbstractSystem, cast_floating
 from ._adjoint import check_adjoint
@@ -186,15 +185,6 @@ def stop_value_checks(system, t0, q0) -> list[tuple[Array, str]]:
             "Coulomb's coefficients of friction must be non-negative and finite (0: frictionless)",
         ),
     ]
-    if slip_tangents(system, t0, q0) != 1:
-        checks.append(
-            (
-                friction,
-                lambda xnp, mu: xnp.any(mu != 0),
-                "The contacts have Coulomb friction in space (two slip velocities per gap), "
-                "which event-driven solves do not take: give them `friction=0`",
-            )
-        )
     # (One trajectory: an ensemble's solve has no events.)
     gaps = jnp.asarray(system.gaps(t0, q0))
     if not jnp.issubdtype(gaps.dtype, jnp.floating):

@@ -1,0 +1,398 @@
+"""Coulomb friction in space: the isotropic cone `|λ_T| ≤ μ λ_N` of contacts with two slip
+velocities, in event-driven solves (`jaxdae/_compilation/_lcp.py`,
+`jaxdae/_formulations/_impacts.py`, `jaxdae/_integration/_events.py`), against closed
+forms and an independent integration of the sliding point mass."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.integrate import solve_ivp
+
+import jaxdae
+import jaxdae.multibody as mb
+from jaxdae._compilation._lcp import solve_frictional_lcp
+
+TIGHT = {"rtol": 1e-10, "atol": 1e-12}
+G = 9.81
+
+
+class Block(jaxdae.LagrangianSystem):
+    """A point mass on a plane inclined by `slope` (its coordinates: `x` downhill, `y`
+    across, `z` off the plane), with Coulomb's `friction` and pushed along the plane at
+    `(cos β, sin β)` (`angle` β) by a force growing as `push · t`."""
+
+    slope: jax.Array
+    mu: jax.Array
+    push: jax.Array
+    angle: jax.Array
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def potential_energy(self, t, q):
+        return G * (q[2] * jnp.cos(self.slope) - q[0] * jnp.sin(self.slope))
+
+    def generalized_forces(self, t, q, v):
+        return self.push * t * jnp.stack([jnp.cos(self.angle), jnp.sin(self.angle), 0.0])
+
+    def gaps(self, t, q):
+        return q[2:3]
+
+    def friction(self):
+        return self.mu
+
+    def slip_velocities(self, t, q, v):
+        return v[None, :2]
+
+
+class Ball(jaxdae.LagrangianSystem):
+    """A uniform sphere of `radius` (unit mass, `I = 2/5 r²`) over the ground `z = 0`: its
+    centre `q[:3]` and its angular velocity `v[3:]` (for a sphere the kinetic energy and the
+    slip velocity need no orientation), Newton's `e` and Coulomb's `mu`."""
+
+    radius: jax.Array
+    mu: jax.Array
+    e: jax.Array
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v[:3] @ v[:3] + 0.2 * self.radius**2 * v[3:] @ v[3:]
+
+    def potential_energy(self, t, q):
+        return G * q[2]
+
+    def gaps(self, t, q):
+        return q[2:3] - self.radius
+
+    def restitution(self):
+        return self.e
+
+    def friction(self):
+        return self.mu
+
+    def slip_velocities(self, t, q, v):
+        # The contact point's velocity `ṗ + ω × (−r e_z)` along `e_x`, `e_y`.
+        r = self.radius
+        return jnp.stack([v[0] - r * v[4], v[1] + r * v[3]])[None]
+
+
+# The blocks' batch: (slope, μ, push, angle, v₀).
+DIAGONAL, AT_REST, SLIDING, SIDEWAYS, PUSHED = range(5)
+BLOCKS = {
+    DIAGONAL: (0.0, 0.5, 0.0, 0.0, (1.2, -1.6)),  # on a level plane, stops on its line
+    AT_REST: (0.2, 0.5, 0.0, 0.0, (0.0, 0.0)),  # below the angle of friction: stays
+    SLIDING: (0.4, 0.3, 0.0, 0.0, (0.0, 0.0)),  # above it: slides
+    SIDEWAYS: (0.2, 0.5, 0.0, 0.0, (0.0, 2.0)),  # launched across: its slip turns downhill
+    PUSHED: (0.0, 0.4, 10.0, 0.7, (0.0, 0.0)),  # sticks until the push leaves the cone
+}
+T1 = 1.5
+
+
+@pytest.fixture(scope="module")
+def blocks():
+    """The blocks' solves, one `jax.vmap` (each member meets its own events)."""
+    columns = list(zip(*BLOCKS.values(), strict=True))
+    slope, mu, push, angle = (jnp.asarray(c, float) for c in columns[:4])
+    v0 = jnp.asarray(columns[4], float)
+
+    @jax.jit
+    def run(slope, mu, push, angle, v0):
+        def one(slope, mu, push, angle, v0):
+            return jaxdae.simulate(
+                Block(slope, mu, push, angle),
+                jaxdae.Unstabilized(),
+                0.0,
+                T1,
+                jnp.zeros(3),
+                jnp.concatenate([v0, jnp.zeros(1)]),
+                **TIGHT,
+            )
+
+        return jax.vmap(one)(slope, mu, push, angle, v0)
+
+    return run(slope, mu, push, angle, v0)
+
+
+def _member(sols, k):
+    return jax.tree.map(lambda x: x[k], sols)
+
+
+def test_block_pushed_diagonally_stops_on_its_line(blocks):
+    """`v₀ = (a, b)` on a level plane: it decelerates at `μ g` along `v₀`, sticks at
+    `|v₀| / (μ g)` a distance `|v₀|² / (2 μ g)` along its line."""
+    sol = _member(blocks, DIAGONAL)
+    mu, v0 = BLOCKS[DIAGONAL][1], np.array(BLOCKS[DIAGONAL][4])
+    speed = np.linalg.norm(v0)
+    table = sol.events.table()
+    assert [row[2] for row in table] == ["stick"]
+    np.testing.assert_allclose(table[0][0], speed / (mu * G), rtol=0, atol=1e-10)
+    position = np.asarray(sol.q_final[:2])
+    lateral = (v0[0] * position[1] - v0[1] * position[0]) / speed
+    assert abs(lateral) < 1e-9
+    np.testing.assert_allclose(position @ v0 / speed, speed**2 / (2 * mu * G), rtol=1e-9)
+    np.testing.assert_allclose(sol.v_final, 0.0, atol=1e-9)
+
+
+def test_block_on_an_incline_sticks_below_the_angle_of_friction_and_slides_above(blocks):
+    at_rest, sliding = _member(blocks, AT_REST), _member(blocks, SLIDING)
+    assert at_rest.events.table() == []
+    np.testing.assert_allclose(at_rest.q_final, 0.0, atol=1e-12)
+    slope, mu = BLOCKS[SLIDING][:2]
+    assert np.tan(slope) > mu and sliding.events.table() == []
+    a = G * (np.sin(slope) - mu * np.cos(slope))
+    np.testing.assert_allclose(sliding.q_final, [0.5 * a * T1**2, 0.0, 0.0], atol=1e-9)
+    np.testing.assert_allclose(sliding.v_final, [a * T1, 0.0, 0.0], atol=1e-9)
+
+
+def _sliding_reference(slope, mu, v0):
+    """The sliding point mass `ẍ = g_T − μ g_N ẋ/|ẋ|` on the incline by
+    `scipy.integrate.solve_ivp` to its stop: the time and the place. Once its slip points
+    downhill (`ẋ > 0`), the direction is `sgn(ẋ) ẋ/|ẋ|`, smooth through the stop, which is
+    where `ẋ` crosses zero."""
+    g_t, g_n = np.array([G * np.sin(slope), 0.0]), G * np.cos(slope)
+
+    def rates(t, y, signed):
+        v = y[2:]
+        s = v / np.linalg.norm(v) * (np.sign(v[0]) if signed else 1.0)
+        return np.concatenate([v, g_t - mu * g_n * s])
+
+    def downhill(t, y, signed):
+        return y[2] - abs(y[3])
+
+    def stopped(t, y, signed):
+        return y[2]
+
+    downhill.terminal = stopped.terminal = True
+    stopped.direction = -1
+    y0 = np.concatenate([np.zeros(2), v0])
+    first = solve_ivp(rates, (0, 5), y0, args=(False,), rtol=1e-12, atol=1e-14, events=downhill)
+    second = solve_ivp(
+        rates, (first.t[-1], 5), first.y[:, -1], args=(True,), rtol=1e-12, atol=1e-14,
+        events=stopped,
+    )  # fmt: skip
+    return second.t[-1], second.y[:2, -1]
+
+
+def test_block_launched_across_an_incline_turns_and_stops_as_the_reference(blocks):
+    """Its friction force turns with its slip (`λ_T = −μ λ_N v_T/|v_T|` at each state):
+    the solve meets the stop of an independent integration, taking its reference direction
+    anew where the slip has turned 60° from it (a `slip` event)."""
+    sol = _member(blocks, SIDEWAYS)
+    slope, mu = BLOCKS[SIDEWAYS][:2]
+    time, place = _sliding_reference(slope, mu, np.array(BLOCKS[SIDEWAYS][4]))
+    table = sol.events.table()
+    assert [row[2] for row in table] == ["slip", "stick"]
+    np.testing.assert_allclose(table[-1][0], time, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(sol.q_final[:2], place, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(sol.v_final, 0.0, atol=1e-9)
+
+
+def test_block_slips_where_a_growing_push_leaves_the_cone(blocks):
+    """A push `k t` along `(cos β, sin β)` on a level plane: stuck until `k t = μ g`, then it
+    slips along the push (opposite the sticking force that left the cone), `x = k (t −
+    t*)³ / 6`."""
+    sol = _member(blocks, PUSHED)
+    _, mu, push, angle, _ = BLOCKS[PUSHED]
+    start = mu * G / push
+    table = sol.events.table()
+    assert [row[2] for row in table] == ["slip"]
+    np.testing.assert_allclose(table[0][0], start, rtol=0, atol=1e-10)
+    along = np.array([np.cos(angle), np.sin(angle), 0.0])
+    np.testing.assert_allclose(sol.q_final, push * (T1 - start) ** 3 / 6 * along, atol=1e-9)
+    np.testing.assert_allclose(sol.v_final, push * (T1 - start) ** 2 / 2 * along, atol=1e-9)
+
+
+# The balls' batch: rolling from a slide at three μ, then an oblique impact with spin
+# that sticks (large μ) and one that slides (small μ).
+RADIUS, BOUNCE = 0.1, 0.5
+ROLL_SPEED = np.array([1.2, -1.6])
+ROLL_MUS = (0.2, 0.3, 0.5)
+FALL = (np.array([0.0, 0.0, 0.3]), np.array([1.0, -0.5, -1.0]), np.array([3.0, 4.0, 5.0]))
+IMPACT_MUS = (1.0, 0.02)
+
+
+def _impact_closed_form(mu):
+    """The impact time and the velocities after it (`ṗ`, `ω`) of the falling ball
+    (`FALL`): `P_N = (1 + e) |ż⁻|`; the sticking impulse `P_T = −v_c⁻ / (1 + r²/I)` where
+    it fits in the cone, else `P_T = −μ P_N v_c⁻/|v_c⁻|`."""
+    p, v, w = FALL
+    drop = p[2] - RADIUS
+    vz = -np.sqrt(v[2] ** 2 + 2 * G * drop)
+    time = (v[2] - vz) / G
+    normal = (1 + BOUNCE) * -vz
+    contact = np.array([v[0] - RADIUS * w[1], v[1] + RADIUS * w[0]])
+    sticking = -contact / (1 + RADIUS**2 / (0.4 * RADIUS**2))
+    if np.linalg.norm(sticking) <= mu * normal:
+        tangential = sticking
+    else:
+        tangential = -mu * normal * contact / np.linalg.norm(contact)
+    v_after = np.array([v[0] + tangential[0], v[1] + tangential[1], -BOUNCE * vz])
+    spin = np.array([RADIUS * tangential[1], -RADIUS * tangential[0], 0.0]) / (0.4 * RADIUS**2)
+    return time, v_after, w + spin, np.linalg.norm(sticking) <= mu * normal
+
+
+@pytest.fixture(scope="module")
+def balls():
+    """The balls' solves, one `jax.vmap`; the impacts end halfway through the bounce."""
+    rolling = [
+        (
+            mu,
+            np.array([0.0, 0.0, RADIUS, 0.0, 0.0, 0.0]),
+            np.concatenate([ROLL_SPEED, np.zeros(4)]),
+            0.5,
+        )
+        for mu in ROLL_MUS
+    ]
+    falling = []
+    for mu in IMPACT_MUS:
+        time, v_after, _, _ = _impact_closed_form(mu)
+        state = (np.concatenate([FALL[0], np.zeros(3)]), np.concatenate(FALL[1:]))
+        falling.append((mu, *state, time + v_after[2] / G))
+    mu, q0, v0, t1 = (jnp.asarray(np.stack(c)) for c in zip(*(rolling + falling), strict=True))
+
+    @jax.jit
+    def run(mu, q0, v0, t1):
+        def one(mu, q0, v0, t1):
+            ball = Ball(jnp.asarray(RADIUS), mu, jnp.asarray(BOUNCE))
+            return jaxdae.simulate(ball, jaxdae.Unstabilized(), 0.0, t1, q0, v0, **TIGHT)
+
+        return jax.vmap(one)(mu, q0, v0, t1)
+
+    return run(mu, q0, v0, t1)
+
+
+def test_sphere_slides_then_rolls_at_the_closed_form(balls):
+    """A sphere set sliding without spin rolls from `t = 2 v₀ / (7 μ g)` at `5 v₀ / 7`, for
+    each of a batch of μ (`jax.vmap`)."""
+    speed = np.linalg.norm(ROLL_SPEED)
+    for k, mu in enumerate(ROLL_MUS):
+        sol = _member(balls, k)
+        table = sol.events.table()
+        assert [row[2] for row in table] == ["stick"]
+        np.testing.assert_allclose(table[0][0], 2 * speed / (7 * mu * G), rtol=0, atol=1e-8)
+        rolling = 5 * ROLL_SPEED / 7
+        np.testing.assert_allclose(sol.v_final[:2], rolling, atol=1e-8)
+        np.testing.assert_allclose(
+            sol.v_final[3:5], [-rolling[1] / RADIUS, rolling[0] / RADIUS], atol=1e-7
+        )
+        np.testing.assert_allclose(np.asarray(sol.v_final)[[2, 5]], 0.0, atol=1e-9)
+
+
+def test_oblique_impact_with_spin_sticks_or_slides_as_the_closed_form(balls):
+    kinds = []
+    for k, mu in enumerate(IMPACT_MUS):
+        sol = _member(balls, len(ROLL_MUS) + k)
+        time, v_after, w_after, sticks = _impact_closed_form(mu)
+        kinds.append(sticks)
+        table = sol.events.table()
+        assert [row[2] for row in table] == ["impact"]
+        np.testing.assert_allclose(table[0][0], time, rtol=0, atol=1e-10)
+        # Halfway through the bounce: the vertical rate has gone, the rest is the impact's.
+        np.testing.assert_allclose(sol.v_final[:3], v_after * [1, 1, 0], atol=1e-8)
+        np.testing.assert_allclose(sol.v_final[3:], w_after, atol=1e-8)
+    assert kinds == [True, False]
+
+
+def test_cone_solver_meets_coulomb_and_complementarity():
+    """On random spatial contact problems (two tangents per contact, `A = D Dᵀ`), the modes
+    it ends on satisfy every condition: no pulling or penetrating normal, complementarity,
+    stick within the cone, slip on its edge against its direction with `d·w_T ≥ 0`."""
+    rng = np.random.default_rng(2)
+    solve = jax.jit(solve_frictional_lcp)
+    solved = 0
+    for _ in range(30):
+        size = int(rng.integers(1, 3))
+        directions = rng.standard_normal((3 * size, 4 * size))
+        matrix = directions @ directions.T
+        vector = rng.standard_normal(3 * size)
+        friction = rng.uniform(0.1, 1.0, size)
+        out = solve(
+            jnp.asarray(matrix),
+            jnp.asarray(vector),
+            jnp.asarray(friction),
+            jnp.ones(size, bool),
+            jnp.ones(size, bool),
+            jnp.tile(jnp.array([1.0, 0.0]), (size, 1)),
+        )
+        if not bool(out.solved):
+            continue
+        solved += 1
+        x, w = np.asarray(out.x), np.asarray(out.w)
+        normal, tangential = x[:size], x[size:].reshape(size, 2)
+        tol = 1e-9 * (1 + np.abs(vector).max())
+        assert np.all(normal >= -tol) and np.all(w[:size] >= -tol)
+        np.testing.assert_allclose(normal * w[:size], 0.0, atol=tol)
+        for k in range(size):
+            if normal[k] <= tol:
+                assert np.linalg.norm(tangential[k]) <= tol
+            elif bool(out.modes.stick[k]):
+                np.testing.assert_allclose(w[size + 2 * k : size + 2 * k + 2], 0.0, atol=tol)
+                assert np.linalg.norm(tangential[k]) <= friction[k] * normal[k] + tol
+            else:
+                d = np.asarray(out.modes.sign[k])
+                np.testing.assert_allclose(np.linalg.norm(d), 1.0, rtol=1e-12)
+                np.testing.assert_allclose(tangential[k], -friction[k] * normal[k] * d, atol=tol)
+                assert d @ w[size + 2 * k : size + 2 * k + 2] >= -tol
+    assert solved >= 25
+
+
+def _roll_time(mu):
+    ball = Ball(jnp.asarray(RADIUS), mu, jnp.asarray(BOUNCE))
+    sol = jaxdae.simulate(
+        ball,
+        jaxdae.Unstabilized(),
+        0.0,
+        0.5,
+        jnp.array([0.0, 0.0, RADIUS, 0.0, 0.0, 0.0]),
+        jnp.concatenate([jnp.asarray(ROLL_SPEED), jnp.zeros(4)]),
+        **TIGHT,
+    )
+    return sol.events.t[0]
+
+
+@pytest.mark.slow
+def test_gradient_of_the_roll_time_by_the_coefficient_of_friction():
+    """`jax.grad` of `2 v₀ / (7 μ g)` (the swept-back checkpointed adjoint through the
+    events) against the closed form and central differences; then `jax.vmap` of it."""
+    mu, speed = 0.3, np.linalg.norm(ROLL_SPEED)
+    grad = jax.jit(jax.grad(_roll_time))
+    expected = -2 * speed / (7 * mu**2 * G)
+    np.testing.assert_allclose(grad(mu), expected, rtol=1e-7)
+    step, roll_time = 1e-5, jax.jit(_roll_time)
+    central = (roll_time(mu + step) - roll_time(mu - step)) / (2 * step)
+    np.testing.assert_allclose(grad(mu), central, rtol=1e-6)
+    mus = jnp.array([0.2, 0.4])
+    np.testing.assert_allclose(
+        jax.jit(jax.vmap(jax.grad(_roll_time)))(mus),
+        -2 * speed / (7 * np.asarray(mus) ** 2 * G),
+        rtol=1e-7,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", [mb.Mechanism, mb.TreeMechanism])
+def test_sphere_on_the_ground_of_a_mechanism_rolls_at_the_closed_form(kind):
+    """The rolling sphere as a `PlaneContact` with friction of a spatial mechanism (Euler
+    parameters in a `Mechanism`, a floating base in a `TreeMechanism`)."""
+    mu = 0.3
+    ball = kind(
+        bodies=[
+            mb.RigidBody(
+                "ball", mass=1.0, inertia=0.4 * RADIUS**2 * np.eye(3), position=[0, 0, RADIUS]
+            )
+        ],
+        forces=[mb.Gravity([0.0, 0.0, -G])],
+        stops=[mb.PlaneContact("ball", radius=RADIUS, friction=mu)],
+    )
+    q, v = ball.initial_state()
+    v = v.at[:2].set(ROLL_SPEED)
+    sol = jaxdae.simulate(ball, jaxdae.Unstabilized(), 0.0, 0.5, q, v, **TIGHT)
+    speed = np.linalg.norm(ROLL_SPEED)
+    table = sol.events.table()
+    assert [row[2] for row in table] == ["stick"]
+    np.testing.assert_allclose(table[0][0], 2 * speed / (7 * mu * G), rtol=0, atol=1e-8)
+    np.testing.assert_allclose(sol.v_final[:2], 5 * ROLL_SPEED / 7, atol=1e-8)
+    spin = ball.angular_velocity(sol.q_final, sol.v_final, "ball")
+    np.testing.assert_allclose(
+        spin[:2], [-5 * ROLL_SPEED[1] / 7, 5 * ROLL_SPEED[0] / 7] / RADIUS, atol=1e-7
+    )
