@@ -85,6 +85,7 @@ from ._integration._replay_adjoint import ReplayAdjoint as ReplayAdjoint
 from ._integration._rosenbrock import Rodas5P as Rodas5P
 from ._integration._simulate import simulate as simulate, simulate_ensemble as simulate_ensemble
 from ._integration._solvers import UnrolledERK as UnrolledERK
+from ._integration._time_stepping import TimeStepping as TimeStepping
 from ._solution import (
     RESULTS as RESULTS,
     Events as Events,

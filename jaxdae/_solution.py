@@ -37,7 +37,7 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
         solve), `projection_failed`
         ([`jaxdae.Projected`][]), `singular_newton_matrix` ([`jaxdae.GeneralizedAlpha`][]),
         `event_budget_exceeded`, `impact_not_solved` and `resting_contact_unsupported`
-        ([`jaxdae.EventDriven`][]) and
+        ([`jaxdae.EventDriven`][]), `contact_not_converged` ([`jaxdae.TimeStepping`][]) and
         `invalid_input`
         (a bad member of a traced batch with `throw=False`). The guide "Failures and
         guarantees" (docs/failures.md) says what each means and what to do about it."""
@@ -178,6 +178,13 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
             "the contact closed. Integrate a system whose contacts rest with an ODE solver "
             "(`diffrax.Tsit5()`, `diffrax.Kvaerno5()`, `jaxdae.Rodas5P()`) or "
             "`jaxdae.Projected`, whose rates carry the contact forces."
+        )
+        contact_not_converged = (
+            "The contact problem of a step of `jaxdae.TimeStepping` (its cone quadratic "
+            "program) did not converge to its tolerance within `max_iterations`, and the "
+            "solve ends at that step: contacts with very different stiffness in the mass "
+            "metric (a light body pressed between heavy ones), or many redundant contacts. "
+            "Raise `TimeStepping(max_iterations=...)`, loosen its `tolerance`, or reduce `dt`."
         )
         indefinite_mass_matrix = (
             "The mass matrix stopped being positive definite during the solve (singular or "

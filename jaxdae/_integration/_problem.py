@@ -23,6 +23,7 @@ from ._solve import (
     Times,
     traced_constraint_tol_check,
 )
+from ._time_stepping import check_time_stepping, time_stepping_call
 from ._trajectories import AbstractTrajectories
 from ._validation import (
     INITIAL_STATE_MESSAGES,
@@ -100,6 +101,8 @@ def pose_problem(
         )
     check_types(system, formulation)
     call.check_options()
+    # Time stepping is a solver with a fixed step: no event loop (`events` None).
+    call, stepping = time_stepping_call(call)
     times = call.times(t0, t1, dtype)
     t0 = times.t0
     # The state's dtype sets the precision: float32 states give a float32 simulation.
@@ -113,17 +116,24 @@ def pose_problem(
     if eager:
         _check_initial_state(system, formulation, t0, q0, v0, trajectories)
 
-    events = event_settings(system, call, trajectories, t0, q0, v0, eager)
-    if events is not None:
-        gain_checks += stop_value_checks(system, t0, q0)
-    options = call.options(dtype, trajectories.error_norm, event_driven=events is not None)
+    if stepping is None:
+        events = event_settings(system, call, trajectories, t0, q0, v0, eager)
+    else:
+        check_time_stepping(system, formulation, trajectories, t0, q0, v0, eager)
+        call = eqx.tree_at(lambda c: c.solver, call, stepping.solver(dtype), is_leaf=_none)
+        events = None
+    if events is not None or stepping is not None:
+        gain_checks += stop_value_checks(system, t0, q0, event_driven=stepping is None)
+    options = call.options(
+        dtype, trajectories.error_norm, event_driven=events is not None or stepping is not None
+    )
     # (Known from the constraint counts: a test that cannot fail is not traced.)
     fails = formulation.fails_with(*counts)
     stops = [
         reason
         for stops, reason in (
             (fails, f"{type(formulation).__name__}'s test for singular configurations"),
-            (events is not None, "the system's gaps"),
+            (events is not None or stepping is not None, "the system's gaps"),
             (
                 isinstance(options.stepsize_controller, diffrax.ConstantStepSize),
                 "fixed steps' test for a non-finite state",
@@ -163,7 +173,11 @@ def pose_problem(
     )
 
 
-def stop_value_checks(system, t0, q0) -> list[tuple[Array, str]]:
+def _none(x) -> bool:
+    return x is None
+
+
+def stop_value_checks(system, t0, q0, event_driven: bool = True) -> list[tuple[Array, str]]:
     """The checks of a system's stop data (a flag and its message each): coefficients of
     restitution in `[0, 1]`, finite non-negative coefficients of friction, and finite gaps
     at the start. Where the values are concrete a `ValueError` names the first problem;

@@ -11,13 +11,14 @@ from .._systems._system import AbstractSystem
 from ._events import EventDriven
 from ._solve import SolveCall, SolveKeywords
 from ._system_solve import solve_system
+from ._time_stepping import TimeStepping
 from ._trajectories import EnsembleTrajectories, SingleTrajectory
 
 
 class SimulateKeywords(SolveKeywords, total=False):
     """[`jaxdae.simulate`][]'s keyword arguments: the solve's and `events`."""
 
-    events: EventDriven | None
+    events: EventDriven | TimeStepping | None
 
 
 @full_precision
@@ -84,12 +85,16 @@ def simulate(
     - `events`: how the system's one-sided constraints
         ([`jaxdae.AbstractSystem.gaps`][]) are treated: [`jaxdae.EventDriven`][]
         (the default where the system has gaps) stops at every impact and applies the
-        impact law. Their solves are differentiated by
+        impact law; [`jaxdae.TimeStepping`][] takes fixed steps with all contacts and
+        their friction in one convex problem per step (no `solver`,
+        `stepsize_controller` or `dt0` then: the step is its `dt`). Their solves are
+        differentiated by
         `diffrax.RecursiveCheckpointAdjoint` unless `adjoint` says otherwise.
 
     **Returns:**
 
-    A [`jaxdae.Solution`][] (with its `events` where the system has gaps).
+    A [`jaxdae.Solution`][] (with its `events` where the system has gaps and the solve is
+    event-driven).
 
     **Raises:**
 

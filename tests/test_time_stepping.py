@@ -1,0 +1,498 @@
+"""Time stepping of contacts with friction ([`jaxdae.TimeStepping`][]): the cone QP solver
+and its implicit derivative against independent references, closed forms of sliding,
+rolling, sticking and bouncing with first-order convergence, derivatives under `vmap`,
+`grad` and `jacfwd`, float32, and the refused inputs (`jaxdae/_compilation/_cones.py`,
+`jaxdae/_integration/_time_stepping.py`)."""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+
+import jaxdae
+import jaxdae.multibody as mb
+from jaxdae._compilation._cones import cone_solve, solve_cone_qp
+from jaxdae.examples import BouncingBall
+
+G = 9.81
+STEPS = (4e-3, 2e-3, 1e-3)
+
+
+class PointOnIncline(jaxdae.LagrangianSystem):
+    """A point mass on a plane inclined at `slope` about the `y` axis, in coordinates
+    along it (`x` down the slope, `z` off it): one contact (`g = z`) with an isotropic
+    Coulomb cone (two slip velocities, `ẋ` and `ẏ`)."""
+
+    slope: jax.Array
+    mu: jax.Array
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def potential_energy(self, t, q):
+        return G * (q[2] * jnp.cos(self.slope) - q[0] * jnp.sin(self.slope))
+
+    def gaps(self, t, q):
+        return q[2:3]
+
+    def friction(self):
+        return self.mu
+
+    def slip_velocities(self, t, q, v):
+        return v[None, :2]
+
+
+def _point_solve(slope, mu, v0, dt, t1=0.6, dtype=jnp.float64, **options):
+    system = PointOnIncline(jnp.asarray(slope, dtype), jnp.asarray(mu, dtype))
+    return jaxdae.simulate(
+        system,
+        jaxdae.Unstabilized(),
+        0.0,
+        t1,
+        jnp.zeros(3, dtype),
+        jnp.asarray(v0, dtype),
+        events=jaxdae.TimeStepping(dt=dt),
+        max_steps=1000,
+        **options,
+    )
+
+
+@pytest.fixture(scope="module")
+def point_solve():
+    """`PointOnIncline`'s solve, compiled once per dtype: `(slope, mu, v0, dt) ->
+    Solution` (the numbers as arrays, so that a new value does not compile anew)."""
+    solve = eqx.filter_jit(_point_solve)
+
+    def call(slope, mu, v0, dt, dtype=jnp.float64):
+        numbers = (jnp.asarray(x, dtype) for x in (slope, mu, v0, dt))
+        return solve(*numbers, dtype=dtype)
+
+    return call
+
+
+def _first_order(errors):
+    """The error ratios of halved steps: about 2 for a first-order method."""
+    errors = np.abs(np.asarray(errors))
+    ratios = errors[:-1] / errors[1:]
+    np.testing.assert_allclose(ratios, 2.0, rtol=0.15)
+
+
+# The cone QP solver.
+
+
+def _random_problem(rng, count, tangents):
+    size = count * (1 + tangents)
+    directions = rng.standard_normal((size, size + 2))
+    matrix = directions @ directions.T + 0.05 * np.eye(size)
+    vector = rng.standard_normal(size)
+    friction = rng.uniform(0.1, 1.0, count) if tangents else np.zeros(0)
+    return matrix, vector, friction
+
+
+def _slsqp(matrix, vector, friction, count, tangents):
+    constraints = [{"type": "ineq", "fun": lambda x, i=i: x[i]} for i in range(count)]
+    for i in range(count if tangents else 0):
+        rows = slice(count + tangents * i, count + tangents * (i + 1))
+        constraints.append(
+            {
+                "type": "ineq",
+                "fun": lambda x, i=i, rows=rows: friction[i] ** 2 * x[i] ** 2 - x[rows] @ x[rows],
+            }
+        )
+    return minimize(
+        lambda x: 0.5 * x @ matrix @ x + vector @ x,
+        np.zeros(vector.shape[0]),
+        jac=lambda x: matrix @ x + vector,
+        constraints=constraints,
+        method="SLSQP",
+        options={"ftol": 1e-13, "maxiter": 500},
+    ).x
+
+
+@pytest.mark.parametrize("tangents", [0, 1, 2])
+def test_cone_qp_meets_its_optimality_conditions_and_slsqp(tangents):
+    """On random problems (frictionless, plane, space): the impulses lie in the cones,
+    the velocities `y = D P + b` in the dual cones, `P · y = 0`, and they agree with
+    scipy's SLSQP on the same QP."""
+    rng = np.random.default_rng(tangents)
+    solve = jax.jit(cone_solve, static_argnums=(5, 6))
+    for _ in range(4):
+        count = 3
+        matrix, vector, friction = _random_problem(rng, count, tangents)
+        out = solve(
+            *map(jnp.asarray, (matrix, vector, friction)),
+            jnp.zeros(len(vector)),
+            1e-11,
+            5000,
+            False,
+        )
+        x = np.asarray(out.impulses)
+        y = matrix @ x + vector
+        assert float(out.residual) <= 1e-11
+        normal, slip = x[:count], x[count:].reshape(count, tangents)
+        y_normal, y_slip = y[:count], y[count:].reshape(count, tangents)
+        tol = 1e-8
+        if tangents:
+            assert np.all(np.linalg.norm(slip, axis=1) <= friction * normal + tol)
+            assert np.all(friction * np.linalg.norm(y_slip, axis=1) <= y_normal + tol)
+        else:
+            assert np.all(normal >= -tol) and np.all(y_normal >= -tol)
+        assert abs(x @ y) <= tol
+        np.testing.assert_allclose(x, _slsqp(matrix, vector, friction, count, tangents), atol=1e-5)
+
+
+@pytest.mark.parametrize("tangents", [1, 2])
+def test_exact_cone_problem_meets_coulombs_law(tangents):
+    """The exact problem (De Saxcé's fixed point): no contact penetrates or lifts off
+    (`y_n ≥ 0`, `P_n y_n = 0`), the impulses lie in the cones, and a sliding contact's
+    friction is on the cone's edge against its slip."""
+    rng = np.random.default_rng(10 + tangents)
+    solve = jax.jit(cone_solve, static_argnums=(5, 6))
+    for _ in range(4):
+        count = 3
+        matrix, vector, friction = _random_problem(rng, count, tangents)
+        out = solve(
+            *map(jnp.asarray, (matrix, vector, friction)), jnp.zeros(len(vector)), 1e-11, 5000, True
+        )
+        assert float(out.residual) <= 1e-11
+        x = np.asarray(out.impulses)
+        y = matrix @ x + vector
+        normal, slip = x[:count], x[count:].reshape(count, tangents)
+        y_normal, y_slip = y[:count], y[count:].reshape(count, tangents)
+        tol = 1e-8
+        assert np.all(y_normal >= -tol) and np.all(np.abs(normal * y_normal) <= tol)
+        assert np.all(np.linalg.norm(slip, axis=1) <= friction * normal + tol)
+        for i in range(count):
+            speed = np.linalg.norm(y_slip[i])
+            if speed > 1e-6:
+                np.testing.assert_allclose(
+                    slip[i], -friction[i] * normal[i] * y_slip[i] / speed, atol=1e-7
+                )
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_cone_qp_derivative_is_the_implicit_functions(exact):
+    """`jax.jacfwd` and `jax.jacrev` of the impulses with respect to `b`, `D` and `μ`
+    agree with each other and with central differences."""
+    rng = np.random.default_rng(3)
+    matrix, vector, friction = _random_problem(rng, 3, 2)
+    arrays = tuple(map(jnp.asarray, (matrix, vector, friction)))
+    start = jnp.zeros(len(vector))
+
+    @jax.jit
+    def impulses(matrix, vector, friction):
+        return solve_cone_qp(matrix, vector, friction, start, 1e-13, 20000, exact)
+
+    for argnum in range(3):
+        forward = jax.jit(jax.jacfwd(impulses, argnums=argnum))(*arrays)
+        reverse = jax.jit(jax.jacrev(impulses, argnums=argnum))(*arrays)
+        np.testing.assert_allclose(forward, reverse, atol=1e-12)
+        flat, unravel = jax.flatten_util.ravel_pytree(arrays[argnum])
+        eps = 1e-6
+        columns = []
+        for e in np.eye(flat.shape[0])[:6]:
+            moved = [list(arrays), list(arrays)]
+            moved[0][argnum] = unravel(flat + eps * e)
+            moved[1][argnum] = unravel(flat - eps * e)
+            columns.append((impulses(*moved[0]) - impulses(*moved[1])) / (2 * eps))
+        numeric = np.stack(columns, -1)
+        np.testing.assert_allclose(
+            np.asarray(forward).reshape(len(vector), -1)[:, :6], numeric, atol=1e-6
+        )
+
+
+# Closed forms.
+
+
+def test_block_on_an_incline_below_the_friction_angle_stays_put(point_solve):
+    """Released at rest on a slope of 0.2 rad with `μ = 0.5 > tan 0.2`: it does not move."""
+    sol = point_solve(0.2, 0.5, np.zeros(3), 2e-3)
+    assert sol.result == jaxdae.RESULTS.successful
+    np.testing.assert_allclose(sol.q[-1], 0.0, atol=1e-12)
+    np.testing.assert_allclose(sol.v[-1], 0.0, atol=1e-9)
+
+
+def test_block_launched_diagonally_stops_on_a_straight_line(point_solve):
+    """Launched at `(2, 1)` m/s on a horizontal plane with `μ = 0.6`: the isotropic cone
+    decelerates it along its velocity (a pyramid would bend its path), and it stops after
+    `|v₀|² / (2 μ g)`, converging at first order."""
+    v0, mu = np.array([2.0, 1.0, 0.0]), 0.6
+    distance = (v0 @ v0) / (2 * mu * G)
+    errors = []
+    for dt in STEPS:
+        sol = point_solve(0.0, mu, v0, dt)
+        q = np.asarray(sol.q[-1])
+        np.testing.assert_allclose(q[1] / q[0], 0.5, rtol=1e-12)
+        np.testing.assert_allclose(sol.v[-1], 0.0, atol=1e-9)
+        assert abs(q[2]) < 1e-12
+        errors.append(np.hypot(q[0], q[1]) - distance)
+    assert abs(errors[-1]) < 3e-3
+    _first_order(errors)
+
+
+def test_block_slides_down_a_steep_incline(point_solve):
+    """On a slope steeper than the friction angle it slides at `g (sin α − μ cos α)`:
+    `x(t) = ½ a t²` at first order."""
+    slope, mu, t1 = 0.6, 0.3, 0.6
+    a = G * (np.sin(slope) - mu * np.cos(slope))
+    errors = [
+        float(point_solve(slope, mu, np.zeros(3), dt).q[-1, 0]) - 0.5 * a * t1**2 for dt in STEPS
+    ]
+    _first_order(errors)
+
+
+@pytest.fixture(scope="module")
+def rolling_sphere():
+    """A uniform sphere (`I = ⅖ m r²`) in a spatial `Mechanism`, launched sliding at `v₀`
+    without spin on the ground with `μ`; its solve compiled once: `dt -> Solution`."""
+    radius, mu, speed = 0.1, 0.3, 2.0
+    ball = mb.Mechanism(
+        bodies=[
+            mb.RigidBody(
+                "ball", mass=1.0, inertia=0.4 * radius**2 * np.eye(3), position=[0.0, 0.0, radius]
+            )
+        ],
+        forces=[mb.Gravity([0.0, 0.0, -G])],
+        stops=[mb.PlaneContact("ball", radius=radius, friction=mu)],
+    )
+    q0, v0 = ball.initial_state()
+    v0 = v0.at[0].set(speed)
+    ts = jnp.linspace(0.0, 0.5, 251)
+    solve = eqx.filter_jit(
+        lambda dt: jaxdae.simulate(
+            ball,
+            jaxdae.Baumgarte(20.0, 100.0),
+            0.0,
+            0.5,
+            q0,
+            v0,
+            ts=ts,
+            events=jaxdae.TimeStepping(dt=dt),
+            max_steps=1000,
+        )
+    )
+    return solve, (radius, mu, speed)
+
+
+def test_sphere_slides_then_rolls(rolling_sphere):
+    """It slides until `t* = 2 v₀ / (7 μ g)`, then rolls at `5 v₀ / 7` without lifting
+    off; its position converges at first order."""
+    solve, (radius, mu, speed) = rolling_sphere
+    onset = 2 * speed / (7 * mu * G)
+
+    def exact_x(t):
+        sliding = min(t, onset)
+        return speed * sliding - 0.5 * mu * G * sliding**2 + 5 * speed / 7 * (t - sliding)
+
+    errors = []
+    for dt in STEPS:
+        sol = solve(jnp.asarray(dt))
+        assert sol.result == jaxdae.RESULTS.successful
+        ts, q, v = (np.asarray(x) for x in (sol.ts, sol.q, sol.v))
+        assert np.all(np.abs(q[:, 2] - radius) < 1e-10)  # exact Coulomb: no lift-off
+        # The contact point's slip `v_x − r ω_y` (`ω_y` from the quaternion's rate).
+        rolling = ts[np.argmax(np.abs(v[:, 0] - 5 * speed / 7) < 1e-2 * speed)]
+        assert abs(rolling - onset) < 0.02
+        np.testing.assert_allclose(v[-1, 0], 5 * speed / 7, rtol=2e-2 * dt / STEPS[0] + 1e-3)
+        errors.append(q[-1, 0] - exact_x(0.5))
+    _first_order(errors)
+
+
+def test_planar_disc_slides_then_rolls():
+    """A disc (`I = ½ m r²`) of a planar `Mechanism` launched sliding at `v₀` rolls at
+    `2 v₀ / 3` from `t* = v₀ / (3 μ g)`."""
+    radius, mu, speed = 0.2, 0.4, 3.0
+    wheel = mb.Mechanism(
+        bodies=[mb.PlanarBody("disc", mass=1.0, inertia=0.5 * radius**2, position=(0.0, radius))],
+        forces=[mb.Gravity((0.0, -G))],
+        stops=[mb.PlaneContact("disc", radius=radius, friction=mu)],
+    )
+    sol = jaxdae.simulate(
+        wheel,
+        jaxdae.Unstabilized(),
+        0.0,
+        0.5,
+        jnp.array([0.0, radius, 0.0]),
+        jnp.array([speed, 0.0, 0.0]),
+        ts=jnp.linspace(0.0, 0.5, 501),
+        events=jaxdae.TimeStepping(dt=1e-3),
+    )
+    assert sol.result == jaxdae.RESULTS.successful and sol.events is None
+    v = np.asarray(sol.v)
+    np.testing.assert_allclose(v[-1], [2 * speed / 3, 0.0, -2 * speed / (3 * radius)], atol=1e-9)
+    onset = speed / (3 * mu * G)
+    rolling = float(sol.ts[np.argmax(np.abs(v[:, 0] + radius * v[:, 2]) < 1e-9)])
+    assert abs(rolling - onset) <= 2e-3
+    np.testing.assert_allclose(np.asarray(sol.q)[:, 1], radius, atol=1e-12)
+
+
+def test_ball_bounces_to_e_squared_its_height():
+    """A ball dropped from 1 m (`e = 0.8`) lands at `√(2/g)` and bounces to `e²` m, at
+    first order: it bounces at the step that would pass the floor, from a height `y_b` in
+    `[0, h v₁)`, and then rises to `e² + (1 − e²) y_b` (energy), an error in
+    `[0, (1 − e²) v₁ h)` that depends on where the impact falls within a step."""
+    ts = jnp.linspace(0.0, 1.2, 12001)
+    solve = eqx.filter_jit(
+        lambda dt: jaxdae.simulate(
+            BouncingBall(e=0.8),
+            jaxdae.Unstabilized(),
+            0.0,
+            1.2,
+            jnp.array([0.0, 1.0]),
+            jnp.zeros(2),
+            ts=ts,
+            events=jaxdae.TimeStepping(dt=dt),
+            max_steps=2000,
+        )
+    )
+    for dt in STEPS:
+        sol = solve(jnp.asarray(dt))
+        height, rate = np.asarray(sol.q[:, 1]), np.asarray(sol.v[:, 1])
+        assert height.min() > -1e-12
+        # It bounces where it would pass the floor within the step: up to a step early.
+        landed = np.asarray(ts)[np.argmax(rate > 0)]
+        assert abs(landed - np.sqrt(2 / G)) < 2 * dt
+        error = height[np.asarray(ts) > 0.6].max() - 0.64
+        assert 0 <= error < (1 - 0.64) * np.sqrt(2 * G) * dt
+
+
+# Derivatives and batches.
+
+
+def _slide(mu, adjoint=None):
+    """Where the point launched at `(2, 1)` m/s with `μ` is at 0.5 s (steps of 10 ms)."""
+    options = {} if adjoint is None else {"adjoint": adjoint}
+    return _point_solve(0.0, mu, jnp.array([2.0, 1.0, 0.0]), 1e-2, t1=0.5, **options).q[-1, 0]
+
+
+# Coefficients whose points stop at different steps, or not at all before 0.5 s.
+FRICTION_BATCH = jnp.array([0.3, 0.55, 0.8])
+
+
+@pytest.fixture(scope="module")
+def batched_gradient():
+    """`jax.vmap(jax.grad(_slide))` of `FRICTION_BATCH`, compiled once."""
+    return eqx.filter_jit(jax.vmap(jax.grad(_slide)))(FRICTION_BATCH)
+
+
+def test_batched_gradient_equals_each_members_and_differences(batched_gradient):
+    """`vmap(grad)` of a batch whose members stop at different steps equals each member's
+    `grad` and central differences."""
+    friction_batch, batched = FRICTION_BATCH, batched_gradient
+    single = eqx.filter_jit(jax.grad(_slide))
+    eps = 1e-6
+    for mu, gradient in zip(friction_batch, batched, strict=True):
+        np.testing.assert_allclose(gradient, single(mu), atol=1e-10)
+        numeric = (_slide(mu + eps) - _slide(mu - eps)) / (2 * eps)
+        np.testing.assert_allclose(gradient, numeric, rtol=1e-5)
+    assert np.all(np.asarray(batched) < 0)  # more friction, shorter slide
+
+
+@pytest.mark.slow
+def test_gradient_of_a_batch_and_forward_mode(batched_gradient):
+    """`jax.grad` of a batch's sum, and `jax.jacfwd` (with `diffrax.ForwardMode()`),
+    equal the members' gradients."""
+    friction_batch, members = FRICTION_BATCH, batched_gradient
+    of_sum = jax.grad(lambda mu: jnp.sum(jax.vmap(_slide)(mu)))(friction_batch)
+    np.testing.assert_allclose(of_sum, members, atol=1e-10)
+    forward = jax.jacfwd(jax.vmap(lambda mu: _slide(mu, diffrax.ForwardMode())))(friction_batch)
+    np.testing.assert_allclose(forward, np.diag(np.asarray(members)), atol=1e-10)
+
+
+def test_float32(point_solve):
+    """A float32 state gives a float32 solve that stops on the same line."""
+    sol = point_solve(0.0, 0.6, np.array([2.0, 1.0, 0.0]), 2e-3, dtype=jnp.float32)
+    assert sol.q.dtype == jnp.float32 and sol.result == jaxdae.RESULTS.successful
+    q = np.asarray(sol.q[-1])
+    np.testing.assert_allclose(q[1] / q[0], 0.5, rtol=1e-5)
+    reference = np.asarray(point_solve(0.0, 0.6, np.array([2.0, 1.0, 0.0]), 2e-3).q[-1])
+    np.testing.assert_allclose(q, reference, rtol=1e-4, atol=1e-6)
+
+
+def test_a_step_that_does_not_converge_is_named():
+    """A cone QP capped at one iteration with a tolerance it cannot meet ends the solve
+    with `RESULTS.contact_not_converged`."""
+    sol = jaxdae.simulate(
+        PointOnIncline(jnp.asarray(0.0), jnp.asarray(0.6)),
+        jaxdae.Unstabilized(),
+        0.0,
+        0.1,
+        jnp.zeros(3),
+        jnp.array([2.0, 1.0, -1.0]),
+        events=jaxdae.TimeStepping(dt=1e-2, max_iterations=1, tolerance=1e-15),
+        throw=False,
+    )
+    assert sol.result == jaxdae.RESULTS.contact_not_converged
+
+
+# Refused inputs.
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"dt": 0.0}, "positive finite step"),
+        ({"dt": -1e-3}, "positive finite step"),
+        ({"dt": float("nan")}, "positive finite step"),
+        ({"dt": float("inf")}, "positive finite step"),
+        ({"dt": 1e-3, "tolerance": 0.0}, "tolerance"),
+        ({"dt": 1e-3, "max_iterations": 0}, "max_iterations"),
+        ({"dt": 1e-3, "min_bounce_speed": -1.0}, "min_bounce_speed"),
+        ({"dt": 1e-3, "relaxed": 1}, "relaxed"),
+    ],
+)
+def test_bad_settings_are_refused(options, match):
+    with pytest.raises(ValueError, match=match):
+        jaxdae.TimeStepping(**options)
+
+
+def test_bad_inputs_are_refused_before_the_solve():
+    start = (jnp.zeros(3), jnp.zeros(3))
+    stepping = jaxdae.TimeStepping(dt=1e-3)
+    for mu in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="friction must be non-negative and finite"):
+            jaxdae.simulate(
+                PointOnIncline(jnp.asarray(0.0), jnp.asarray(mu)),
+                jaxdae.Unstabilized(),
+                0.0,
+                1.0,
+                *start,
+                events=stepping,
+            )
+    system = PointOnIncline(jnp.asarray(0.0), jnp.asarray(0.5))
+    for name, value in (
+        ("solver", diffrax.Tsit5()),
+        ("stepsize_controller", diffrax.PIDController(rtol=1e-6, atol=1e-8)),
+        ("dt0", 1e-3),
+    ):
+        with pytest.raises(ValueError, match=f"`{name}` would be ignored"):
+            jaxdae.simulate(
+                system, jaxdae.Unstabilized(), 0.0, 1.0, *start, events=stepping, **{name: value}
+            )
+    with pytest.raises(TypeError, match="events"):
+        jaxdae.simulate_ensemble(
+            system,
+            jaxdae.Unstabilized(),
+            0.0,
+            1.0,
+            jnp.zeros((2, 3)),
+            jnp.zeros((2, 3)),
+            events=stepping,
+        )
+    with pytest.raises(ValueError, match="violates gap 0"):
+        jaxdae.simulate(
+            system, jaxdae.Unstabilized(), 0.0, 1.0, -jnp.ones(3), jnp.zeros(3), events=stepping
+        )
+    with pytest.raises(ValueError, match="has none"):
+        jaxdae.simulate(
+            jaxdae.examples.CartesianPendulum(),
+            jaxdae.Baumgarte(10.0, 25.0),
+            0.0,
+            1.0,
+            jnp.array([1.0, 0.0]),
+            jnp.zeros(2),
+            events=stepping,
+        )
