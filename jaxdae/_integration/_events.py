@@ -63,6 +63,14 @@ class EventDriven(eqx.Module):
     = 0`, any formulation between events) until that force would pull; then the solve
     stops again and releases it. [`jaxdae.Solution`][]`.events` lists what happened.
 
+    With Coulomb friction ([`jaxdae.AbstractSystem.friction`][]) a resting contact sticks
+    while its tangential force lies in the cone `|λ_T| ≤ μ λ_N` and slips with `λ_T = −μ
+    λ_N v_T/|v_T|` otherwise (Pfeiffer and Glocker (1996), ch. 7; in space the isotropic
+    cone of Glocker (2001)); stick and slip are events. In space a slipping contact's
+    friction force turns with its slip between events; the solve stops to take the slip's
+    reference direction anew where the slip has turned 60° from it (a `slip` event), so
+    that its stop is located where the slip velocity vanishes (docs/guides/impacts.md).
+
     **Arguments:**
 
     - `max_events`: the most events (impacts, contacts, releases) of one solve (static).
@@ -168,7 +176,7 @@ class ContactState(eqx.Module):
     `modes`, which contacts rest and how those with friction stick or slip (see
     [`ContactModes`][]); `offset`, subtracted from an open gap in its event
     condition (a gap that starts closed counts as closing again only past the tolerance);
-    `slip_offset`, subtracted from a slip's `s v_T` in its condition (a slip that starts
+    `slip_offset`, subtracted from a slip's `d·v_T` in its conditions (a slip that starts
     from rest counts as stopping only past the tolerance); `gains`, `(k_d, k_p)`;
     `tolerance`, [`EventDriven`][]'s gap tolerance; `start_forces`, the contact forces at
     the solve's start (solved by the transition there)."""
@@ -486,33 +494,29 @@ def transition(
     terms_after = with_mass_factor(system_terms(system, t, q, s_after), mass_factor)
     # A contact at rest along its surface may stick, one that slides keeps its way. One
     # whose stick just failed (its tangential force at the friction limit) slips against
-    # that force: at the limit, sticking would hold it on the boundary.
-    # In space the direction `d` is the slip's present one (taken anew at every event).
-    # A stick that failed slips against its force, which for a contact whose tangential
-    # response is isotropic (a sphere, a point mass on a plane) is the direction in which
-    # it starts to move.
-    tangents = gaps_after.tangents
-    slip_after = gaps_after.slip.reshape(size, tangents)
-    speed = magnitudes(slip_after)
-    free = speed <= at_rest_speed
-    if tangents == 1:
-        sign = jnp.where(gaps_after.slip < 0, -1.0, 1.0).astype(q.dtype)
-    else:
-        # (A contact at rest to rounding keeps its last direction; the start's are zero,
-        # so the first tangent.)
-        last = contacts.modes.sign
-        fallback = jnp.where(
-            magnitudes(last)[:, None] > 0, last, unit_directions(size, tangents, q.dtype)
-        )
-        sign = units(slip_after, fallback)
-    if gaps.slip.shape[0]:
-        unstuck = triggered[size : 2 * size] & active & contacts.modes.stick
-        free = free & ~unstuck
-        held_tangential = held[size:].reshape(size, tangents)
+    # that force: at the limit, sticking would hold it on the boundary. In space the
+    # direction `d` is the slip's present one (taken anew at every event), and that of a
+    # failed stick, against its force, is the direction in which it starts to move where
+    # the contact's tangential response is isotropic (a sphere, a point mass on a plane).
+    free, sign = jnp.zeros((size,), bool), contacts.modes.sign
+    speed = jnp.zeros((size,), q.dtype)
+    if gaps_after.slip.shape[0]:
+        tangents = gaps_after.tangents
+        slip_after = gaps_after.slip.reshape(size, tangents)
+        speed = magnitudes(slip_after)
         if tangents == 1:
+            sign = jnp.where(gaps_after.slip < 0, -1.0, 1.0).astype(q.dtype)
             opposed = jnp.where(held[size:] > 0, -1.0, 1.0).astype(q.dtype)
         else:
-            opposed = -units(held_tangential, -sign)
+            # (A contact at rest to rounding keeps its last direction, or at the start,
+            # whose are zero, the first tangent.)
+            fallback = jnp.where(
+                magnitudes(sign)[:, None] > 0, sign, unit_directions(size, tangents, q.dtype)
+            )
+            sign = units(slip_after, fallback)
+            opposed = -units(held[size:].reshape(size, tangents), -sign)
+        unstuck = triggered[size : 2 * size] & active & contacts.modes.stick
+        free = (speed <= at_rest_speed) & ~unstuck
         sign = jnp.where(unstuck if tangents == 1 else unstuck[:, None], opposed, sign)
     problem_after = contact_problem(formulation, terms_after, gaps_after, contacts.gains)
     modes, solved = resting_contacts(problem_after, candidates, free, sign)

@@ -210,8 +210,10 @@ class PlaneContact(AbstractStop):
     the velocity of the surface's material point at `c`: in the plane `T` is the normal
     turned by +90° (one slip velocity), in space the two orthonormal tangents `T = [t₁;
     t₂]` fixed on the surface (an isotropic cone: the friction force `λ_T` stays within
-    `|λ_T| ≤ μ λ_N` and opposes the slip). The sphere's spin about the normal and its
-    rolling meet no resistance.
+    `|λ_T| ≤ μ λ_N` and opposes the slip, `λ_T = −μ λ_N v_T/|v_T|` while it slides; see
+    [`jaxdae.EventDriven`][]). Spin and rolling resistance (torques about the normal and
+    against rolling, MuJoCo's `condim` 4 and 6) are not modelled: the sphere's spin about
+    the normal and its rolling meet no resistance.
 
     **Arguments:**
 
