@@ -336,6 +336,28 @@ def test_cone_solver_meets_coulomb_and_complementarity():
     assert solved >= 25
 
 
+def test_slip_direction_follows_the_slip_rate_where_the_response_is_anisotropic():
+    """A contact pressed (`b_N < 0`) and pushed along `b_T = (1, 1)` slides, with its
+    tangential response `diag(1, k)`: the direction it slides in is that of its slip rate
+    `w_T = b_T − μ x_N K d` (Coulomb's law), exactly where `K` is isotropic, closely (by
+    damped substitutions from the pivoting's `b_T/|b_T|`) where it is not."""
+    solve = jax.jit(solve_frictional_lcp)
+    for k, tol in ((1.0, 1e-12), (1.5, 1e-6), (3.0, 2e-3), (10.0, 1e-6)):
+        out = solve(
+            jnp.diag(jnp.array([1.0, 1.0, k])),
+            jnp.array([-1.0, 1.0, 1.0]),
+            jnp.array([0.3]),
+            jnp.ones(1, bool),
+            jnp.ones(1, bool),
+            jnp.array([[1.0, 0.0]]),
+        )
+        assert bool(out.solved) and not bool(out.modes.stick[0])
+        d, rate = np.asarray(out.modes.sign[0]), np.asarray(out.w[1:])
+        np.testing.assert_allclose(np.asarray(out.x[1:]), -0.3 * out.x[0] * d, atol=1e-14)
+        assert abs(d[0] * rate[1] - d[1] * rate[0]) / np.linalg.norm(rate) < tol
+        assert d @ rate > 0
+
+
 def _roll_time(mu):
     ball = Ball(jnp.asarray(RADIUS), mu, jnp.asarray(BOUNCE))
     sol = jaxdae.simulate(

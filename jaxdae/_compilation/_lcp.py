@@ -140,6 +140,11 @@ def along(
     return jnp.sum(sign * x, axis=1)
 
 
+# Substitutions `d ← w_T(d)/|w_T(d)|` of a free contact's slip direction in space
+# ([`solve_frictional_lcp`][]).
+DIRECTION_SUBSTITUTIONS = 16
+
+
 class FrictionalLCPSolution(eqx.Module):
     """The solution of [`solve_frictional_lcp`][]: `x` (the normal then the tangential
     forces or impulses), `w = A x + b`, the contact `modes` it ended on and whether the
@@ -204,6 +209,7 @@ def solve_frictional_lcp(
     free: Bool[Array, " u"],
     sign: Float[Array, " u"] | Float[Array, "u k"],
     max_pivots: int | None = None,
+    turning: Bool[Array, " u"] | None = None,
 ) -> FrictionalLCPSolution:
     """Contacts with Coulomb friction: for each of `u` contacts a normal `x_N` and a
     tangential `x_T` (force or impulse) with `k` components (`k = 1` in the plane, `sign` of
@@ -221,10 +227,15 @@ def solve_frictional_lcp(
     `μ x_N` slips against its force, `d = −x_T/|x_T|`; a slip that would reverse sticks);
     then solved once more for them, so that the derivative is that of the linear solve for
     the final modes. A free contact starts slipping along `b_T` (its tangential rate
-    without forces; at an impact the slip velocity before it). In space the slip
-    direction is not solved for consistency with `w_T` (`w_T ∥ d`): it is exact where the
-    contact's tangential block of `A` is isotropic and uncoupled from its normal (a sphere
-    or a point mass on a plane), and the events of a solve turn it as the motion goes on.
+    without forces; at an impact the slip velocity before it). In space a free contact
+    that slips then takes the direction of its slip rate, `d = w_T/|w_T|` (Coulomb's law
+    on the rates: at an impact the impulse opposes the slip after it), by
+    `DIRECTION_SUBSTITUTIONS` substitutions (so do the `turning` contacts, default the
+    free ones: a contact whose stick just failed starts to slide from rest with a given
+    direction): exact at once where the contact's tangential
+    block of `A` is isotropic and uncoupled from its normal (a sphere or a point mass on a
+    plane), a close approximation elsewhere, whose remainder the events of a solve take
+    up as the motion goes on.
     Friction makes the problem non-symmetric, and pivoting need not end on every one:
     `solved` is False where it ran out of its `max_pivots` (default `8 u + 8`).
     """
@@ -240,6 +251,8 @@ def solve_frictional_lcp(
     friction_ = jax.lax.stop_gradient(friction)
     given = jax.lax.stop_gradient(sign)
     rubbing_free = free & (friction_ > 0)
+    if turning is None:
+        turning = free
 
     def violations(active, stick, sign_):
         x = frictional_solve(a, b, friction_, ContactModes(active, stick, sign_))
@@ -293,17 +306,52 @@ def solve_frictional_lcp(
     _, active, stick, sign_, done = jax.lax.while_loop(
         keep_going, step, (0, start_active, start_stick, start_sign, jnp.asarray(False))
     )
+    if tangents > 1:
+        # A free contact that slips slides against its slip rate `w_T` (after an impact
+        # its slip velocity): the direction is the fixed point `d = w_T(d)/|w_T(d)|`,
+        # approached by damped substitutions `d ← (1 − s) d + s w_T/|w_T|` from the
+        # pivoting's (reached at once where the contact's tangential response is
+        # isotropic and uncoupled from its normal), each kept only where it aligns `d`
+        # better and meets every other condition.
+        sliding = active & turning & (friction_ > 0) & ~stick
+
+        def misalignment(sign_):
+            normal, tangent, x = violations(active, stick, sign_)
+            rate = (a @ x + b)[size:].reshape(size, tangents)
+            target = jnp.where(sliding[:, None], units(rate, sign_), sign_)
+            off = jnp.sum(jnp.where(sliding, 1.0 - along(sign_, target), 0.0))
+            return jnp.where((normal | tangent).any(), jnp.inf, off), target
+
+        def substitute(_, carry):
+            sign_, off, target, step = carry
+            trial = units((1 - step) * sign_ + step * target, sign_)
+            trial_off, trial_target = misalignment(trial)
+            better = trial_off < off
+            keep = lambda new, old: jnp.where(better, new, old)  # noqa: E731
+            # Longer steps while they align it better, shorter where one overshoots.
+            step = jnp.where(better, jnp.minimum(2 * step, 1.0), 0.5 * step)
+            return keep(trial, sign_), keep(trial_off, off), keep(trial_target, target), step
+
+        off, target = misalignment(sign_)
+        sign_, *_ = jax.lax.fori_loop(
+            0,
+            DIRECTION_SUBSTITUTIONS,
+            substitute,
+            (sign_, off, target, jnp.asarray(0.5, dtype)),
+        )
     normal, tangent, _ = violations(active, stick, sign_)
     solved = done | ~(normal | tangent).any()
     if tangents > 1:
         # The directions as functions of the inputs, for the derivatives: a contact not free
-        # keeps the given one; a free one that slips its starting way slides along `b_T`.
-        started = free[:, None] & jnp.all(sign_ == start_sign, axis=1, keepdims=True)
+        # takes the given one's; a free one that slides that of `b_T/|b_T|`, its direction
+        # where the tangential response is isotropic and uncoupled.
         moving = units(vector[size:].reshape(size, tangents), given)
         sign_ = jnp.where(
             free[:, None],
-            jnp.where(started, sign_ + moving - jax.lax.stop_gradient(moving), sign_),
-            sign,
+            jnp.where(
+                (free & ~stick)[:, None], sign_ + moving - jax.lax.stop_gradient(moving), sign_
+            ),
+            sign_ + sign - given,
         )
     modes = ContactModes(active, stick, sign_)
     x = frictional_solve(matrix, vector, friction, modes)

@@ -146,10 +146,10 @@ def impact(
     """Newton's impact law for the `closed` gaps (module docstring), with Coulomb's on the
     impulses where the contacts have friction: a contact's tangential impulse sticks it
     (`v_T⁺ = 0`) where that impulse fits in the cone `|P_T| ≤ μ P_N`, else it slides with
-    `P_T = −μ P_N d`, `d` its slip direction before the impact, or where that would reverse
-    the slip, opposite the sticking impulse (exact where the contact's tangential block of
-    the Delassus matrix is isotropic and uncoupled from the normal: a sphere or a point
-    mass on a plane; [`solve_frictional_lcp`][]). A gap that would bounce off slower than
+    `P_T = −μ P_N d` against its slip after the impact, `d = v_T⁺/|v_T⁺|` (in space found by
+    substitution from the slip before the impact; exact where the contact's tangential
+    block of the Delassus matrix is isotropic and uncoupled from the normal, a sphere or a
+    point mass on a plane; [`solve_frictional_lcp`][]). A gap that would bounce off slower than
     `min_bounce_speed` (`e |ġ⁻|` below it) closes plastically (`e = 0`)."""
     directions = gaps.directions
     response = constrained_inverse_mass(terms, directions.T)
@@ -266,12 +266,14 @@ def resting_contacts(
     candidates: Bool[Array, " u"],
     free: Bool[Array, " u"],
     sign: Float[Array, " u"] | Float[Array, "u k"],
+    turning: Bool[Array, " u"] | None = None,
 ) -> tuple[ContactModes, Bool[Array, ""]]:
     """The modes of the `candidates` (closed gaps at rest): which carry a pushing force
     (the contact forces' complementarity problem `K λ + b ≥ 0 ⊥ λ ≥ 0`), and, with
     friction, which of those stick (the `free` ones may; the others slide in the direction
-    `sign`, `±1` in the plane, a unit 2-vector in space); and whether that problem was
-    solved."""
+    `sign`, `±1` in the plane, a unit 2-vector in space; in space the `turning` ones, by
+    default the free ones, take their slip's direction, [`solve_frictional_lcp`][]); and
+    whether that problem was solved."""
     size = candidates.shape[0]
     if problem.friction.shape[0] == 0:
         solution = solve_lcp(problem.matrix, problem.vector, candidates)
@@ -280,7 +282,7 @@ def resting_contacts(
             active, jnp.zeros_like(active), jnp.zeros(size, problem.vector.dtype)
         ), solution.solved
     solution = solve_frictional_lcp(
-        problem.matrix, problem.vector, problem.friction, candidates, free, sign
+        problem.matrix, problem.vector, problem.friction, candidates, free, sign, turning=turning
     )
     active = candidates & solution.modes.active & (solution.x[:size] > 0)
     return ContactModes(active, active & solution.modes.stick, solution.modes.sign), solution.solved

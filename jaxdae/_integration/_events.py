@@ -499,6 +499,7 @@ def transition(
     # failed stick, against its force, is the direction in which it starts to move where
     # the contact's tangential response is isotropic (a sphere, a point mass on a plane).
     free, sign = jnp.zeros((size,), bool), contacts.modes.sign
+    turning = None
     speed = jnp.zeros((size,), q.dtype)
     if gaps_after.slip.shape[0]:
         tangents = gaps_after.tangents
@@ -517,9 +518,10 @@ def transition(
             opposed = -units(held[size:].reshape(size, tangents), -sign)
         unstuck = triggered[size : 2 * size] & active & contacts.modes.stick
         free = (speed <= at_rest_speed) & ~unstuck
+        turning = free | unstuck
         sign = jnp.where(unstuck if tangents == 1 else unstuck[:, None], opposed, sign)
     problem_after = contact_problem(formulation, terms_after, gaps_after, contacts.gains)
-    modes, solved = resting_contacts(problem_after, candidates, free, sign)
+    modes, solved = resting_contacts(problem_after, candidates, free, sign, turning)
     # A closed gap that does not rest starts its next solve open by a margin, so that its
     # condition is positive there and a step over its whole flight (a small bounce) still
     # ends below zero. The margin is the tolerance where it neither rests nor opens
