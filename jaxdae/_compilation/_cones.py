@@ -9,7 +9,9 @@ whose optimality conditions are the cone complementarity problem `K ∋ P ⊥ D 
 nonsmooth rigid multibody dynamics", Math. Program. 105 (2006), eq. (20)). The impulses
 `P` are stacked as the rows of `GapTerms`: the normal ones `(u,)`, then each contact's
 `tangents` tangential ones. Frictionless contacts (`μ` of shape `(0,)`) make `K` the
-non-negative orthant: a linear complementarity problem.
+non-negative orthant: a linear complementarity problem. Coulomb's law itself, the cone
+complementarity problem with De Saxcé's correction `D P + b + [μ|y_T|; 0] ∈ K*`, is
+solved as a fixed point of such QPs (`exact`).
 
 It is solved by accelerated projected gradient descent with gradient restarts (APGD:
 Mazhar, Heyn, Negrut, Tasora, "Using Nesterov's method to accelerate multibody dynamics

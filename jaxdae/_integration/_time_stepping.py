@@ -58,31 +58,35 @@ class TimeStepping(eqx.Module):
     with `q̈` the formulation's accelerations at `(t, q, v)` (the bilateral constraints
     with its stabilization); then the impulses `P` of all contacts,
     `v⁺ = v_free + M̃⁻¹ [W; W_T]ᵀ P` with `M̃⁻¹` the inverse mass that keeps the
-    bilateral constraints' rates; then `q⁺ = q + h q̇(q, v⁺)`. The impulses solve
-    Anitescu's convex relaxation of the Coulomb cone complementarity problem,
-    `min ½ PᵀDP + bᵀP` over `|P_T,i| ≤ μ_i P_n,i` (`D = [W; W_T] M̃⁻¹ [W; W_T]ᵀ`), whose
-    optimality conditions are
+    bilateral constraints' rates; then `q⁺ = q + h q̇(q, v⁺)`, moved onto the holonomic
+    constraints `Φ = 0` by one Newton step in the mass metric (as time-stepping codes
+    renormalize their quaternions). With `D = [W; W_T] M̃⁻¹ [W; W_T]ᵀ` and the contact
+    velocities `y = D P + b` (`b`: those of `v_free`, the normal ones plus `g/h`), the
+    impulses solve Coulomb's cone complementarity problem:
 
-    - normal: `0 ≤ P_n ⊥ ġ⁺ + g/h − μ|v_T⁺| ≥ 0` — the gap closes no further than to zero
-        within the step (all gaps take part: an open one pushes only where it would
-        close within the step);
-    - friction: `P_T` in the isotropic cone, opposing the slip with maximal dissipation
-        (one tangent per contact in the plane, two in space).
+    - normal: `0 ≤ P_n ⊥ ġ⁺ + g/h ≥ 0` — the gap closes no further than to zero within
+        the step (every gap takes part: an open one pushes only where it would close
+        within the step);
+    - friction: `P_T` in the isotropic cone `|P_T| ≤ μ P_n`, against the slip with
+        maximal dissipation (one tangent per contact in the plane, two in space).
 
-    The relaxation (the `−μ|v_T⁺|` in the normal condition) lets a sliding contact
-    separate at the rate `μ |v_T|`: it lifts by `O(h μ |v_T|)` while it slides, and
-    nothing while it sticks or rolls; it vanishes with `h`. A contact that closes within
-    the step faster than `min_bounce_speed / e` bounces instead, by Newton's law on the
-    velocities (Moreau's impact law): `ġ⁺ ≥ −e ġ⁻`, `e` the system's
-    [`restitution`][jaxdae.AbstractSystem.restitution], the other conditions unchanged.
+    It is solved as a fixed point of convex cone QPs `min ½ PᵀDP + (b + s)ᵀP` over the
+    cones, `s = [μ|v_T⁺|; 0]` from the last iterate (De Saxcé's correction; Acary et al.
+    (2011)). With `relaxed=True`, one QP with `s = 0`: Anitescu's convex relaxation,
+    whose normal condition reads `ġ⁺ + g/h ≥ μ|v_T⁺|`, so that a sliding contact lifts
+    off at the rate `μ|v_T|` (by `O(h μ |v_T|)` in one step, after which it may fly;
+    nothing while it sticks or rolls); it always has a solution and costs one QP. A
+    contact that closes within the step faster than `min_bounce_speed / e` bounces
+    instead, by Newton's law on the velocities (Moreau's impact law): `ġ⁺ ≥ −e ġ⁻`, `e`
+    the system's [`restitution`][jaxdae.AbstractSystem.restitution], friction as above.
 
-    The cone QP is solved by accelerated projected gradient descent with restarts
-    (APGD, Mazhar et al. (2015), as Project Chrono), warm-started from the previous
-    step's impulses, until the residual of its natural map is below `tolerance` times
-    `max(1, |contact velocities|)`; a step that does not get there in
-    `max_iterations` ends the solve with `RESULTS.contact_not_converged`. Derivatives
-    of a step are those of the implicit function theorem of the converged QP, not of
-    its iterations.
+    Each QP is solved by accelerated projected gradient descent with restarts (APGD,
+    Mazhar et al. (2015), as Project Chrono), warm-started from the previous step's
+    impulses, until the residual of the problem's natural map is below `tolerance`
+    times `max(1, |contact velocities|)`; a step that does not get there (`max_iterations`
+    APGD iterations per QP, at most 50 QPs) ends the solve with
+    `RESULTS.contact_not_converged`. Derivatives of a step are those of the implicit
+    function theorem of the converged problem's natural map, not of its iterations.
 
     **What the solution holds.** `Solution.ts`, `q`, `v` at `ts` (linear interpolation
     between steps), the result, and `stats["num_steps"]`; `Solution.events` is `None`
@@ -96,11 +100,16 @@ class TimeStepping(eqx.Module):
     **Arguments:**
 
     - `dt`: the step, positive and finite.
-    - `tolerance`: the relative tolerance of each step's cone QP (default: `ε^(2/3)` of
-        the state's dtype, `3.7e-11` in float64, `2.4e-5` in float32).
+    - `tolerance`: the relative tolerance of each step's contact problem, in units of the
+        contact velocities (default: `max(10⁻⁶, √ε)` of the state's dtype: `10⁻⁶` in
+        float64, `3.5e-4` in float32; far below the scheme's `O(dt)` error). Tighten it
+        where derivatives are compared with finite differences: the derivative is that
+        of the converged solution, and differences see the solver's error.
     - `max_iterations`: the most APGD iterations of a step's QP (static; default 1000).
     - `min_bounce_speed`: a contact that would bounce off slower than this closes
         plastically (as [`jaxdae.EventDriven`][]'s; default `1e-3`).
+    - `relaxed`: Anitescu's convex relaxation instead of Coulomb's law (static; default
+        False).
 
     **Raises:**
 
@@ -114,7 +123,8 @@ class TimeStepping(eqx.Module):
     dynamics", CISM 302 (1988) 1–82; M. Jean, "The non-smooth contact dynamics method",
     Comput. Methods Appl. Mech. Engrg. 177 (1999) 235–257; M. Anitescu, F. A. Potra,
     Nonlinear Dynamics 14 (1997) 231–247; M. Anitescu, "Optimization-based simulation of
-    nonsmooth rigid multibody dynamics", Math. Program. 105 (2006) 113–143;
+    nonsmooth rigid multibody dynamics", Math. Program. 105 (2006) 113–143; V. Acary,
+    F. Cadoux, C. Lemaréchal, J. Malick, ZAMM 91 (2011) 155–175;
     H. Mazhar, T. Heyn, D. Negrut, A. Tasora, ACM Trans. Graph. 34 (2015) 32.
     """
 
@@ -173,7 +183,7 @@ class TimeStepping(eqx.Module):
         """The diffrax solver of its steps for states of `dtype`."""
         tolerance = self.tolerance
         if tolerance is None:
-            tolerance = float(np.finfo(dtype).eps ** (2 / 3))
+            tolerance = max(1e-6, float(np.sqrt(np.finfo(dtype).eps)))
         return TimeSteppingSolver(
             tolerance, self.max_iterations, self.min_bounce_speed, self.relaxed
         )
