@@ -230,12 +230,11 @@ def solve_frictional_lcp(
     without forces; at an impact the slip velocity before it). In space a free contact
     that slips then takes the direction of its slip rate, `d = w_T/|w_T|` (Coulomb's law
     on the rates: at an impact the impulse opposes the slip after it), by
-    `DIRECTION_SUBSTITUTIONS` substitutions (so do the `turning` contacts, default the
-    free ones: a contact whose stick just failed starts to slide from rest with a given
-    direction): exact at once where the contact's tangential
-    block of `A` is isotropic and uncoupled from its normal (a sphere or a point mass on a
-    plane), a close approximation elsewhere, whose remainder the events of a solve take
-    up as the motion goes on.
+    `DIRECTION_SUBSTITUTIONS` damped substitutions, as do the `turning` contacts (default
+    the free ones; also a contact whose stick just failed, which slides from rest in a
+    given direction): exact at once where the contact's tangential block of `A` is
+    isotropic and uncoupled from its normal (a sphere or a point mass on a plane), close
+    elsewhere, the remainder taken up by the events of a solve as the motion goes on.
     Friction makes the problem non-symmetric, and pivoting need not end on every one:
     `solved` is False where it ran out of its `max_pivots` (default `8 u + 8`).
     """
@@ -328,16 +327,19 @@ def solve_frictional_lcp(
             trial_off, trial_target = misalignment(trial)
             better = trial_off < off
             keep = lambda new, old: jnp.where(better, new, old)  # noqa: E731
-            # Longer steps while they align it better, shorter where one overshoots.
-            step = jnp.where(better, jnp.minimum(2 * step, 1.0), 0.5 * step)
+            # Longer steps while they align it better, shorter where one overshoots; the
+            # first, of length zero, measures the pivoting's direction (one trace of the
+            # solve, not two: compile time).
+            step = jnp.where(
+                better, jnp.where(step == 0, 0.5, jnp.minimum(2 * step, 1.0)), 0.5 * step
+            )
             return keep(trial, sign_), keep(trial_off, off), keep(trial_target, target), step
 
-        off, target = misalignment(sign_)
         sign_, *_ = jax.lax.fori_loop(
             0,
-            DIRECTION_SUBSTITUTIONS,
+            DIRECTION_SUBSTITUTIONS + 1,
             substitute,
-            (sign_, off, target, jnp.asarray(0.5, dtype)),
+            (sign_, jnp.asarray(jnp.inf, dtype), sign_, jnp.asarray(0.0, dtype)),
         )
     normal, tangent, _ = violations(active, stick, sign_)
     solved = done | ~(normal | tangent).any()
