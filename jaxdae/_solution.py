@@ -217,8 +217,9 @@ class Events(eqx.Module):
         again), `Events.CONTACT` (it closed and stays closed: resting contact, a link on
         its limit), `Events.RELEASE` (a resting contact let go: its force would pull),
         for contacts with friction `Events.STICK` (it stopped sliding and sticks) and
-        `Events.SLIP` (it started to slide, or slides the other way), and `-1` past
-        `count`.
+        `Events.SLIP` (it started to slide, or slides the other way; in space also where
+        its slip has turned 60° from the direction it had at the last event, which the
+        solve takes anew there), and `-1` past `count`.
     - `impulse`: the normal impulse of the triggering gap (its multiplier's time integral
         over the impact, `≥ 0`; zero for a release, a stick or a slip), shape `(E,)`.
     """
