@@ -36,9 +36,9 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
         `diverged`, `constraints_not_met`, `constraint_tol_exceeded` (checks after the
         solve), `projection_failed`
         ([`jaxdae.Projected`][]), `singular_newton_matrix` ([`jaxdae.GeneralizedAlpha`][]),
-        `event_budget_exceeded`, `impact_not_solved` and `resting_contact_unsupported`
-        ([`jaxdae.EventDriven`][]), `contact_not_converged` ([`jaxdae.TimeStepping`][]) and
-        `invalid_input`
+        `event_budget_exceeded`, `impact_not_solved`, `contact_forces_not_solved` and
+        `resting_contact_unsupported` ([`jaxdae.EventDriven`][]), `contact_not_converged`
+        ([`jaxdae.TimeStepping`][]) and `invalid_input`
         (a bad member of a traced batch with `throw=False`). The guide "Failures and
         guarantees" (docs/failures.md) says what each means and what to do about it."""
 
@@ -170,6 +170,16 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
             "did not converge): the gaps' Jacobian at the reported state has rows that the "
             "mass metric cannot separate (gaps that repeat each other, or that the "
             "bilateral constraints already fix). Check `gaps` near the reported t and q."
+        )
+        contact_forces_not_solved = (
+            "The contact forces at an event had no solution: with Coulomb friction, a "
+            "sliding contact whose normal force would have to pull to stay closed "
+            "(Painlevé's paradox: a large coefficient of friction on a contact that slides "
+            "in the direction that loads it, e.g. a rod dragged along the ground at a steep "
+            "angle), or contacts whose forces repeat each other. No Coulomb force is "
+            "consistent there (the motion would need a tangential impact, which is not "
+            "applied), so the solve ends at that event. Lower `friction` at that contact, "
+            "or check `gaps` and `slip_velocities` near the reported t and q."
         )
         resting_contact_unsupported = (
             "A contact came to rest, and the solver integrates the bilateral constraints "

@@ -262,3 +262,34 @@ def test_reverse_mode_gradient_through_stick_events():
     a = g * (mu * np.cos(slope) - np.sin(slope))
     grad = jax.jit(jax.grad(stop_time))(mu)
     np.testing.assert_allclose(grad, -v0 * g * np.cos(slope) / a**2, rtol=1e-7)
+
+
+def _painleve_rod(mu, speed):
+    """A uniform rod of length 1 standing on its end at `tan θ = 2` to the ground, its
+    centre of mass moving at `speed` along the ground."""
+    angle, half = np.arctan(2.0), 0.5
+    centre = half * np.array([np.cos(angle), np.sin(angle)])
+    rod = mb.PlanarBody(
+        "rod", mass=1.0, inertia=1 / 12, position=centre, angle=angle, markers={"tip": [-half, 0.0]}
+    )
+    model = mb.Mechanism(
+        [rod], forces=[mb.Gravity([0.0, -9.81])], stops=[mb.PlaneContact("rod.tip", friction=mu)]
+    )
+    q0, v0 = jnp.array([*centre, angle]), jnp.array([speed, 0.0, 0.0])
+    return jaxdae.simulate(
+        model, jaxdae.Baumgarte(kd=10.0, kp=25.0), 0.0, 0.3, q0, v0, throw=False, **TIGHT
+    )
+
+
+@pytest.mark.slow
+def test_painleves_rod_is_reported_by_name():
+    """Painlevé's paradox: the rod's end slides away from under it with `μ = 1.5 > 4/3`, and
+    no Coulomb force keeps the contact (the normal force would have to pull). The solve
+    ends there with `RESULTS.contact_forces_not_solved`; below `4/3` it slides on."""
+    run = jax.jit(_painleve_rod)
+    inconsistent = run(1.5, -1.0)
+    assert inconsistent.result == jaxdae.RESULTS.contact_forces_not_solved
+    # It ends at the start, where the rod stands: nothing after it is saved.
+    assert np.isinf(inconsistent.ts[-1]) and int(inconsistent.events.count) == 0
+    consistent = run(1.0, -1.0)
+    assert consistent.result == jaxdae.RESULTS.successful

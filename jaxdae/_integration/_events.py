@@ -446,7 +446,8 @@ class _Transition(eqx.Module):
     slip_offset: Float[Array, " u"]
     triggered: Bool[Array, " u+f"]
     impulses: Float[Array, " u+f"]
-    solved: Bool[Array, ""]
+    impact_solved: Bool[Array, ""]
+    contacts_solved: Bool[Array, ""]
     forces: Float[Array, " u+f"]
 
 
@@ -542,7 +543,8 @@ def transition(
         slip_offset,
         triggered,
         outcome.impulses,
-        outcome.solved & solved,
+        outcome.solved,
+        solved,
         problem_after.forces(modes, tolerance),
     )
 
@@ -685,6 +687,7 @@ def integrate_with_events(
                 jnp.zeros(shapes.triggered.shape, bool),
                 jnp.zeros(shapes.impulses.shape, dtype),
                 jnp.asarray(True),
+                jnp.asarray(True),
                 jnp.zeros(shapes.forces.shape, dtype),
             )
 
@@ -746,13 +749,14 @@ def integrate_with_events(
             saved = saved | inside
         result = RESULTS.where(failed, result, RESULTS.successful)
         result = RESULTS.where(over, RESULTS.event_budget_exceeded, result)
-        # An impact without a solution ends the solve where it happened, before it; so does
-        # a contact that comes to rest where the solver cannot carry its force.
-        unsolved = ~after.solved
-        unsupported = (
-            jnp.asarray(False) if carries_forces else after.modes.active.any() & after.solved
-        )
-        ended = unsolved | unsupported
+        # An impact or contact forces without a solution end the solve where they
+        # happened, before them; so does a contact that comes to rest where the solver
+        # cannot carry its force.
+        impact_unsolved = ~after.impact_solved
+        contacts_unsolved = after.impact_solved & ~after.contacts_solved
+        solved = after.impact_solved & after.contacts_solved
+        unsupported = jnp.asarray(False) if carries_forces else after.modes.active.any() & solved
+        ended = ~solved | unsupported
         keep = lambda old, new: jax.tree.map(  # noqa: E731
             lambda a, b: jnp.where(ended, a, b), old, new
         )
@@ -770,7 +774,11 @@ def integrate_with_events(
             count=events.count,
             done=reached | failed | over | ended_here,
             reached=reached & ~ended_here,
-            result=RESULTS.where(unsolved, RESULTS.impact_not_solved, result),
+            result=RESULTS.where(
+                impact_unsolved,
+                RESULTS.impact_not_solved,
+                RESULTS.where(contacts_unsolved, RESULTS.contact_forces_not_solved, result),
+            ),
             rows=keep(carry.rows, rows),
             saved=keep(carry.saved, saved),
             events=events,
