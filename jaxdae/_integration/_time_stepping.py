@@ -97,6 +97,10 @@ class TimeStepping(eqx.Module):
     one of the one-sided derivatives there (that of the active set the QP solution
     lies on, as JAX's derivative of the cone projection picks it).
 
+    `rtol` and `atol` of [`jaxdae.simulate`][] do not apply (nothing adapts the step); the
+    constraint residual a run may end with is that of fixed steps (`constraint_tol`). A run
+    takes `(t1 − t0) / dt` steps: `max_steps` must allow them.
+
     **Arguments:**
 
     - `dt`: the step, positive and finite.
@@ -251,7 +255,7 @@ def contact_step(
     terms = with_mass_factor(system_terms(system, t0, q, v), mass_factor)
     acceleration, _ = formulation.accelerations(terms)
     v_free = v + h * acceleration
-    friction = friction_coefficients(system, terms_size(system, t0, q), q.dtype)
+    friction = friction_coefficients(system, gap_count(system, t0, q), q.dtype)
     gaps = gap_terms(system, t0, q, v, friction)
     directions = gaps.directions
     # `[ġ; v_T] = [W; W_T] v + offset` (the gaps' and slips' explicit time dependence).
@@ -298,7 +302,7 @@ def _position_correction(terms, phi: Float[Array, " m"]) -> Float[Array, " n"]:
     return elimination.apply_minv_gt(inverse @ residual)
 
 
-def terms_size(system, t, q) -> int:
+def gap_count(system, t, q) -> int:
     """The number of gaps of `system` at `(t, q)`."""
     return jax.eval_shape(system.gaps, t, q).shape[0]
 
