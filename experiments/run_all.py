@@ -46,6 +46,8 @@ EXPERIMENTS = {
     "adaptive_optics": "Mukharlyamov (2019): constraint-enforcing control through a DC motor",
     "slider_crank": "a slider-crank from jaxdae.multibody parts: plotted and animated (MP4, GIF)",
     "impacts": "one-sided constraints: impacts and joint limits vs closed forms and MuJoCo",
+    "quadruped_drop": "contact in space: a quadruped lands and stands by time stepping, vs "
+    "MuJoCo and pybullet",
     "projection": "projection onto the constraints after each step: drift and cost",
     "stiff_integration": "stiff systems: implicit against explicit solvers",
     "work_precision": "error against CPU time, every formulation x integrator",

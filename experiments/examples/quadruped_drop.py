@@ -16,7 +16,8 @@ step; MuJoCo's and pybullet's are their contact forces. `--quick` runs 0.6 s.
 A peer that is not installed is skipped with a message.
 
     python experiments/examples/quadruped_drop.py [--out output] [--quick]
-    # writes OUT/quadruped_drop/quadruped_drop.png and quadruped_drop.json
+    # writes OUT/quadruped_drop/quadruped_drop.png, quadruped_drop.json and
+    # quadruped_drop.html (the landing in the 3-D viewer)
 """
 
 import sys
@@ -31,6 +32,7 @@ import numpy as np
 
 import jaxdae
 import jaxdae.multibody as mb
+import jaxdae.viz
 
 jax.config.update("jax_enable_x64", True)
 
@@ -121,6 +123,7 @@ def jaxdae_drop(model, q0, v0, t1):
         "seconds_with_compile": first,
         "seconds": second,
         "result": str(sol.result),
+        "solution": sol,
     }
 
 
@@ -237,18 +240,18 @@ def summary(run, weight, settle):
     }
 
 
-def main():
+def main(out: Path, quick: bool = False) -> dict:
     import matplotlib.pyplot as plt
-    from _common import output_dir, parse_args, write_json
+    from _common import figure, output_dir, write_json
 
-    args = parse_args("quadruped_drop", __doc__.splitlines()[0])
-    out = output_dir(args.out, "quadruped_drop")
-    t1, settle = (0.6, 0.2) if args.quick else (2.0, 0.5)
+    folder = output_dir(out, "quadruped_drop")
+    t1, settle = (0.6, 0.2) if quick else (2.0, 0.5)
     path = urdf_path()
     if path is None or not path.exists():
-        print("pybullet_data (pip install pybullet) holds the A1's URDF: nothing to run")
-        return
-    model, _ = quadruped(path)
+        headline = "pybullet_data (pip install pybullet) holds the A1's URDF: nothing to run"
+        print(headline)
+        return {"headline": headline}
+    model, robot = quadruped(path)
     q0, v0 = initial_state(model)
     weight = float(model.masses.sum()) * GRAVITY
     runs = {}
@@ -271,7 +274,7 @@ def main():
     ax2.set_ylim(-0.5 * weight, 6 * weight)
     for ax in (ax1, ax2):
         ax.legend(fontsize=8)
-    fig.savefig(out / "quadruped_drop.png", dpi=120)
+    fig.savefig(folder / "quadruped_drop.png", dpi=120)
     plt.close(fig)
 
     result = {"t1": t1, "dt": DT, "height": HEIGHT, "mass": weight / GRAVITY}
@@ -290,11 +293,44 @@ def main():
                 "landing_time": None if None in landing else landing[0] - landing[1],
                 "max_abs_height": float(np.abs(ours["z"] - peer["z"]).max()),
             }
-    write_json(out / "quadruped_drop.json", result)
+    write_json(folder / "quadruped_drop.json", result)
     for key, value in result.items():
         print(f"{key}: {value}")
-    print(f"wrote {out / 'quadruped_drop.png'}")
+    print(f"wrote {folder / 'quadruped_drop.png'}")
+    if "jaxdae" in runs:
+        # The landing in 3-D, drawn from the URDF's visuals: an HTML file that plays offline.
+        sol = runs["jaxdae"]["solution"]
+        jaxdae.viz.view(model, sol, visuals=robot.visuals, fps=50.0).save_html(
+            folder / "quadruped_drop.html"
+        )
+        print(f"wrote {folder / 'quadruped_drop.html'}")
+    table = [
+        "| simulator | standing height [m] | landing [s] | peak Σ F_z [N] |",
+        "|---|---|---|---|",
+    ]
+    table += [
+        f"| {name} | {result[name]['standing_height']:.5f} | {result[name]['landing_time']} | "
+        f"{result[name]['peak_force']:.0f} |"
+        for name in runs
+    ]
+    headline = "The A1 lands and stands under PD control: " + ", ".join(
+        f"{name} at {result[name]['standing_height']:.4f} m" for name in runs
+    )
+    return {
+        "headline": headline,
+        "table": table,
+        "figures": [
+            figure(
+                folder / "quadruped_drop.png",
+                "The A1's base height and total vertical foot force through its landing: jaxdae "
+                "TimeStepping, MuJoCo and pybullet at the same 1 ms step",
+            )
+        ],
+    }
 
 
 if __name__ == "__main__":
-    main()
+    from _common import parse_args
+
+    args = parse_args("quadruped_drop", __doc__.splitlines()[0])
+    main(args.out, args.quick)
