@@ -1,7 +1,7 @@
 """What the joints, force elements and stops of a [`jaxdae.multibody.TreeMechanism`][] read
 of it at one state: its markers' frames and velocities and its joint coordinates."""
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -11,11 +11,11 @@ from .._custom_types import Array, Float
 from ._body import GROUND
 from ._kinematics import Frame, euler_rotation, split
 
-if TYPE_CHECKING:
-    from ._tree import TreeMechanism
+# The `mechanism` arguments below are `TreeMechanism`s, typed `Any`: `_tree.py` imports
+# this module, which must not import it back.
 
 
-def marker_on_body(mechanism: "TreeMechanism", ref: str, dtype):
+def marker_on_body(mechanism: Any, ref: str, dtype):
     """`(body position or −1, point, orientation)` of a marker on its body.
 
     A function rather than a method: each lookup of a method on an equinox module builds a
@@ -44,7 +44,7 @@ class TreeKinematics:
     [`jaxdae.multibody.Kinematics`][]): `frame`, `velocity`, `frames`, `velocities`,
     `centres` and `coordinate`."""
 
-    def __init__(self, mechanism: "TreeMechanism", t, q, v=None, inputs=None, motion=None):
+    def __init__(self, mechanism: Any, t, q, v=None, inputs=None, motion=None):
         self.mechanism, self.t, self.q, self.v, self.inputs = mechanism, t, q, v, inputs
         self.dimension = 3
         self._motion = motion
@@ -102,7 +102,7 @@ class TreeKinematics:
         return self.q[mechanism.joint_slice(name).start]
 
 
-def given_frame(mechanism: "TreeMechanism", ref: str) -> Frame:
+def given_frame(mechanism: Any, ref: str) -> Frame:
     """The frame of marker `ref` with its body at its given `position` and `orientation`."""
     position, point, orientation = marker_on_body(mechanism, ref, jnp.result_type(float))
     if position < 0:
