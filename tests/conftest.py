@@ -42,6 +42,8 @@ import jaxdae  # noqa: E402, F401
 # CI. A file not listed runs first: its length is unknown, and a long file handed out last
 # leaves the other worker idle. Re-measure and reorder when a file grows.
 _ORDER = (
+    "test_friction_spatial.py",
+    "test_time_stepping.py",
     "test_projection.py",
     "test_linalg.py",
     "test_extending.py",
