@@ -14,8 +14,9 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 # mechanism ≈ 2 min of CPU, its models tested in test_multibody*.py), and those of Shemelova
 # (2016), Matyukhin (1999) and Mukharlyamov and Deressa (2015)
 # (≈ 20 s each; their experiments' methods are tested in test_hamiltonian.py,
-# test_realizing_forces.py and test_core.py); `make test-slow` runs them. The quickstart runs
-# in the default test run.
+# test_realizing_forces.py and test_core.py), and the friction fit (it traces and compiles
+# three gradient programs through contact, minutes each); `make test-slow` runs them. The
+# quickstart runs in the default test run.
 SLOW: set[str] = {
     "paper_000_redundant_coordinates",
     "paper_001_hamiltonian",
@@ -25,6 +26,7 @@ SLOW: set[str] = {
     "tuning",
     "building_a_mechanism",
     "impacts",
+    "friction_fit",
 }
 
 
