@@ -71,6 +71,12 @@ class EventDriven(eqx.Module):
     reference direction anew where the slip has turned 60° from it (a `slip` event), so
     that its stop is located where the slip velocity vanishes (docs/guides/impacts.md).
 
+    Gradients pass through the event times and the impact maps. Where an event appears or
+    disappears with a parameter they are those of the branch the solve took: a gap that
+    touches zero without changing sign within a step is no event; at an exact tie of two
+    events the derivative of the least condition averages the tied ones
+    (docs/guides/gradients_through_contact.md).
+
     **Arguments:**
 
     - `max_events`: the most events (impacts, contacts, releases) of one solve (static).
