@@ -40,6 +40,7 @@ from ._adjoint import ReverseSweepAdjoint
 from ._controllers import AbstractControllerWrapper
 from ._solve import Dynamics, SolveOptions, Times, integrate
 from ._solvers import carries_contact_forces
+from ._stop_data import check_stop_shapes
 from ._term import AbstractSystemTerm, system_term
 from ._vector_fields import system_terms
 
@@ -144,35 +145,7 @@ def event_settings(system, call, trajectories, t0, q0, v0, eager: bool) -> Event
             "`ReverseSweepAdjoint` does not differentiate through the events of a system "
             "with `gaps`; leave `adjoint` unset (`diffrax.RecursiveCheckpointAdjoint`)."
         )
-    restitution = system.restitution()
-    if jnp.ndim(restitution) > 1 or jnp.size(restitution) not in (1, shape[0]):
-        raise ValueError(
-            f"`restitution` must return one coefficient or one per gap ({shape[0]});"
-            f" got shape {jnp.shape(restitution)}."
-        )
-    friction = system.friction()
-    if jnp.ndim(friction) > 1 or jnp.size(friction) not in (1, shape[0]):
-        raise ValueError(
-            f"`friction` must return one coefficient or one per gap ({shape[0]}); "
-            f"got shape {jnp.shape(friction)}."
-        )
-    slip_shape = jax.eval_shape(system.slip_velocities, t0, q_one, q_one).shape
-    if slip_shape not in (shape, (*shape, 2)):
-        raise ValueError(
-            f"`slip_velocities` must return one sliding velocity per gap, shape "
-            f"{shape} (in the plane), or two, shape {(*shape, 2)} (in space); got shape "
-            f"{slip_shape}."
-        )
-    if eager:
-        gaps = np.asarray(system.gaps(t0, q0))
-        tolerance = settings.tolerance(q0.dtype)
-        if np.any(gaps < -tolerance):
-            index = int(np.argmin(gaps))
-            raise ValueError(
-                f"The initial state violates gap {index}: g(t0, q0)[{index}] = "
-                f"{gaps[index]:.6g} < 0 (a one-sided constraint `gaps(t, q) ≥ 0`). Start "
-                "where every gap is open or closed (≥ 0)."
-            )
+    check_stop_shapes(system, t0, q_one, q0, settings.tolerance(q0.dtype) if eager else None)
     return settings
 
 

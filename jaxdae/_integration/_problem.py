@@ -123,7 +123,7 @@ def pose_problem(
         call = eqx.tree_at(lambda c: c.solver, call, stepping.solver(dtype), is_leaf=_none)
         events = None
     if events is not None or stepping is not None:
-        gain_checks += stop_value_checks(system, t0, q0, event_driven=stepping is None)
+        gain_checks += stop_value_checks(system, t0, q0)
     options = call.options(
         dtype, trajectories.error_norm, event_driven=events is not None or stepping is not None
     )
@@ -177,7 +177,7 @@ def _none(x) -> bool:
     return x is None
 
 
-def stop_value_checks(system, t0, q0, event_driven: bool = True) -> list[tuple[Array, str]]:
+def stop_value_checks(system, t0, q0) -> list[tuple[Array, str]]:
     """The checks of a system's stop data (a flag and its message each): coefficients of
     restitution in `[0, 1]`, finite non-negative coefficients of friction, and finite gaps
     at the start. Where the values are concrete a `ValueError` names the first problem;

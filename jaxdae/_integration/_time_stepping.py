@@ -26,6 +26,7 @@ from .._solution import RESULTS
 from .._systems._structure import with_mass_factor
 from ._adjoint import ReverseSweepAdjoint
 from ._solvers import AbstractFailureNamingSolver
+from ._stop_data import check_stop_shapes
 from ._term import AbstractSystemTerm, system_term
 from ._vector_fields import system_terms
 
@@ -368,25 +369,5 @@ def check_time_stepping(system, formulation, trajectories, t0, q0, v0, eager: bo
             f"{type(formulation).__name__} integrates other velocities (redundant "
             "coordinates). Pass e.g. `jaxdae.Baumgarte(...)` or `jaxdae.Unstabilized()`."
         )
-    for name, values in (("restitution", system.restitution()), ("friction", system.friction())):
-        if jnp.ndim(values) > 1 or jnp.size(values) not in (1, shape[0]):
-            raise ValueError(
-                f"`{name}` must return one coefficient or one per gap ({shape[0]}); got "
-                f"shape {jnp.shape(values)}."
-            )
-    slip_shape = jax.eval_shape(system.slip_velocities, t0, q_one, q_one).shape
-    if slip_shape not in (shape, (*shape, 2)):
-        raise ValueError(
-            f"`slip_velocities` must return one sliding velocity per gap, shape {shape} (in "
-            f"the plane), or two, shape {(*shape, 2)} (in space); got shape {slip_shape}."
-        )
-    if eager:
-        gaps = np.asarray(system.gaps(t0, q0))
-        tolerance = 0.01 * np.sqrt(np.finfo(q0.dtype).eps)
-        if np.any(gaps < -tolerance):
-            index = int(np.argmin(gaps))
-            raise ValueError(
-                f"The initial state violates gap {index}: g(t0, q0)[{index}] = "
-                f"{gaps[index]:.6g} < 0 (a one-sided constraint `gaps(t, q) ≥ 0`). Start "
-                "where every gap is open or closed (≥ 0)."
-            )
+    tolerance = 0.01 * np.sqrt(np.finfo(q0.dtype).eps)
+    check_stop_shapes(system, t0, q_one, q0, float(tolerance) if eager else None)

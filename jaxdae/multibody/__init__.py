@@ -57,10 +57,5 @@ from ._stop import (
 )
 from ._tree import TreeMechanism as TreeMechanism
 from ._tree_kinematics import TreeKinematics as TreeKinematics
-from ._urdf import (
-    UrdfCollision as UrdfCollision,
-    UrdfLimit as UrdfLimit,
-    UrdfRobot as UrdfRobot,
-    UrdfVisual as UrdfVisual,
-    load_urdf as load_urdf,
-)
+from ._urdf import UrdfLimit as UrdfLimit, UrdfRobot as UrdfRobot, load_urdf as load_urdf
+from ._urdf_geometry import UrdfCollision as UrdfCollision, UrdfVisual as UrdfVisual

@@ -31,7 +31,7 @@ from contextlib import redirect_stdout
 import numpy as np
 
 from ..multibody import Mechanism, TreeMechanism, UrdfRobot
-from ..multibody._urdf import UrdfVisual
+from ..multibody._urdf_geometry import UrdfVisual
 from ._frames import frame_states
 from ._viewer_scene import Scene, build_scene, populate, show_frame
 

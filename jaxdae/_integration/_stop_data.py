@@ -1,0 +1,35 @@
+"""The shapes of a system's one-sided constraint data, checked before either contact
+scheme ([`jaxdae.EventDriven`][], [`jaxdae.TimeStepping`][]) solves."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def check_stop_shapes(system, t0, q_one, q0, tolerance: float | None) -> None:
+    """`ValueError` for stop data of the wrong shape: `restitution` or `friction` not one
+    coefficient or one per gap, `slip_velocities` not one or two per gap; and, where
+    `tolerance` is given (concrete values), a start `q0` that violates a gap by more than
+    it. `q_one` is one trajectory's coordinates (for the shapes); the system has gaps."""
+    shape = jax.eval_shape(system.gaps, t0, q_one).shape
+    for name, values in (("restitution", system.restitution()), ("friction", system.friction())):
+        if jnp.ndim(values) > 1 or jnp.size(values) not in (1, shape[0]):
+            raise ValueError(
+                f"`{name}` must return one coefficient or one per gap ({shape[0]}); got "
+                f"shape {jnp.shape(values)}."
+            )
+    slip_shape = jax.eval_shape(system.slip_velocities, t0, q_one, q_one).shape
+    if slip_shape not in (shape, (*shape, 2)):
+        raise ValueError(
+            f"`slip_velocities` must return one sliding velocity per gap, shape {shape} (in "
+            f"the plane), or two, shape {(*shape, 2)} (in space); got shape {slip_shape}."
+        )
+    if tolerance is not None:
+        gaps = np.asarray(system.gaps(t0, q0))
+        if np.any(gaps < -tolerance):
+            index = int(np.argmin(gaps))
+            raise ValueError(
+                f"The initial state violates gap {index}: g(t0, q0)[{index}] = "
+                f"{gaps[index]:.6g} < 0 (a one-sided constraint `gaps(t, q) ≥ 0`). Start "
+                "where every gap is open or closed (≥ 0)."
+            )
