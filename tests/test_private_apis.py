@@ -128,18 +128,3 @@ def test_result_codes_read_and_write_the_codes_of_an_enumeration():
     )(jnp.array([True, False]))
     swapped = private.with_result_codes(batch, private.result_codes(batch)[::-1])
     assert (swapped == results.max_steps_reached).tolist() == [True, False]
-
-
-def test_while_loop_checkpointed_is_reverse_differentiable():
-    def total(x):
-        def body(carry):
-            i, y = carry
-            return i + 1, y * x
-
-        return private.while_loop(
-            lambda c: c[0] < 3, body, (0, x), max_steps=4, kind="checkpointed", checkpoints=4
-        )[1]
-
-    assert abs(float(jax.grad(total)(2.0)) - 32.0) < 1e-12, (
-        f"equinox.internal.while_loop does not differentiate in reverse mode in {VERSIONS}"
-    )

@@ -31,11 +31,6 @@ _LAZY = {
     # `while_loop`s use it to skip work that no batch entry needs. JAX has no public way for
     # a function to ignore the batch dimension that `jax.vmap` adds.
     "unvmap_any": ("equinox.internal", "unvmap_any"),
-    # A while loop that reverse mode differentiates (`kind="checkpointed"`: the forward
-    # pass a plain loop, the backward pass from checkpoints): the event loop of a system
-    # with gaps, whose passes each run a diffrax solve. `lax.while_loop` has no reverse
-    # mode, and equinox exports this loop only from its internal namespace.
-    "while_loop": ("equinox.internal", "while_loop"),
     # `diffrax.diffeqsolve` without its own `eqx.filter_jit` (the function that equinox's
     # wrapper keeps as `__wrapped__`): a solve is always traced inside a jit (its own,
     # `jit_unless_staged`, or the caller's). Reverse mode stages a jitted call before it

@@ -17,10 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import check_instance
+from .._compilation._kernels import kernel_boundary
 from .._compilation._lcp import along, magnitudes, tangent_count, units
 from .._compilation._operators import MassFactor
-from .._compilation._private_apis import unvmap_any, while_loop
+from .._compilation._private_apis import unvmap_any
 from .._compilation._scalarize import scalarize
+from .._compilation._stored_loop import stored_while_loop
 from .._custom_types import Array, Bool, Float, Int
 from .._formulations import AbstractFormulation
 from .._formulations._impacts import (
@@ -168,9 +170,18 @@ class ContactState(eqx.Module):
     start_forces: Float[Array, " u+f"]
 
 
+# The terms where the contact problem is set up (at an event, and in the conditions behind
+# the resting contacts' branch) keep their array form: they are evaluated once per event
+# or step, where a scalar graph's speed buys little, and each scalar graph is compiled
+# anew at every place the program evaluates it (docs/design_measurements.md#event-program-copies).
+@eqx.filter_jit
+def array_terms(system, t, q, v):
+    return system.terms(t, q, v)
+
+
 def _contact_setup(system, formulation, contacts, t, q, s, mass_factor):
     s = formulation.velocities(system, t, q, s)
-    terms = with_mass_factor(system_terms(system, t, q, s), mass_factor)
+    terms = with_mass_factor(array_terms(system, t, q, s), mass_factor)
     gaps = gap_terms(system, t, q, system.velocities(t, q, s))
     return s, terms, gaps, contact_problem(formulation, terms, gaps, contacts.gains)
 
@@ -471,7 +482,7 @@ def transition(
     )
     at_rest = gaps_after.rate <= at_rest_speed
     candidates = closed & ~released & at_rest
-    terms_after = with_mass_factor(system_terms(system, t, q, s_after), mass_factor)
+    terms_after = with_mass_factor(array_terms(system, t, q, s_after), mass_factor)
     # A contact at rest along its surface may stick, one that slides keeps its way. One
     # whose stick just failed (its tangential force at the friction limit) slips against
     # that force: at the limit, sticking would hold it on the boundary. In space the
@@ -714,6 +725,11 @@ def integrate_with_events(
         else:
             (_, end_t), (segment_rows, (end_q, end_s)) = out.ts, out.ys
             t_end, q_end, s_end = end_t[0], end_q[0], end_s[0]
+        # The event loop runs its body kernel by kernel, and the diffrax solve inside it as
+        # one kernel, compiled apart from the transition: as one kernel the whole loop
+        # compiles several times longer, and it turns once per event only.
+        y_end = kernel_boundary(jnp.concatenate([q_end, s_end]))
+        q_end, s_end = y_end[: q_end.shape[0]], y_end[q_end.shape[0] :]
         reached = out.result == diffrax.RESULTS.successful
         hit = (out.result == diffrax.RESULTS.event_occurred) & out.event_mask[0]
         failed = ~reached & ~hit
@@ -765,15 +781,10 @@ def integrate_with_events(
         )
 
     carries_forces = carries_contact_forces(options.solver)
-    kind = "lax" if isinstance(options.adjoint, diffrax.ForwardMode) else "checkpointed"
-    final = while_loop(
-        lambda c: ~c.done,
-        step,
-        carry,
-        max_steps=budget + 1,
-        kind=kind,
-        checkpoints=budget + 1 if kind == "checkpointed" else None,
-    )
+    if isinstance(options.adjoint, diffrax.ForwardMode):
+        final = jax.lax.while_loop(lambda c: ~c.done, step, carry)
+    else:
+        final = stored_while_loop(lambda c: ~c.done, step, carry, max_steps=budget + 1)
     if ts is None:
         saved_ts = jnp.stack([t0, final.t])
         ys = (jnp.stack([q0, final.q]), jnp.stack([s0, final.s]))
