@@ -98,6 +98,12 @@ MAX_ELEMENTS = 1024
 
 MAX_WORK = 6_000
 
+# The same limit for the terms evaluated outside the steps' stages (the diagnostics at the
+# saved states, the contact problem at events and in the gaps' conditions), whose speed
+# matters little: there a scalar graph is taken only where it compiles to no more than the
+# array form (docs/design_measurements.md#event-program-copies).
+OUTSIDE_STEPS_MAX_WORK = 4_000
+
 # -- Structured terms (`_systems/_structure.py`) ---------------------------------------------
 
 # Systems with at most this many coordinates keep the dense derivation (one batched JVP over

@@ -697,10 +697,10 @@ def _sizes(jaxpr) -> tuple[int, int]:
     return largest, work
 
 
-def _traced(flat_fn: Callable, leaves: list):
+def _traced(flat_fn: Callable, leaves: list, max_work: int):
     """`flat_fn`'s closed jaxpr at `leaves`, its outputs' shapes and tree, and whether it
     keeps its array form: side effects, an array of more than `MAX_ELEMENTS` entries,
-    more than `MAX_WORK` entries computed in all, or an `array_form_scope` inside."""
+    more than `max_work` entries computed in all, or an `array_form_scope` inside."""
     closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
     out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
     largest, work = _sizes(closed.jaxpr)
@@ -710,7 +710,7 @@ def _traced(flat_fn: Callable, leaves: list):
         out_tree,
         bool(closed.effects)
         or largest > _thresholds.MAX_ELEMENTS
-        or (work > _thresholds.MAX_WORK)
+        or (work > max_work)
         or _in_array_form_scope(closed.jaxpr),
     )
 
@@ -739,13 +739,15 @@ def _const_values(closed) -> list[_Value]:
     ]
 
 
-def scalarize(fn: Callable) -> Callable:
+def scalarize(fn: Callable, max_work: int | None = None) -> Callable:
     """`fn` (pytrees of arrays in and out) re-traced as a graph of scalar operations.
 
     Same values, same derivatives (it is built from JAX primitives). Functions with an array
-    of more than `MAX_ELEMENTS` entries, computing more than `MAX_WORK` entries in all,
-    with side effects, or tracing anything in [`array_form_scope`][], keep their array form.
+    of more than `MAX_ELEMENTS` entries, computing more than `max_work` (default
+    `MAX_WORK`) entries in all, with side effects, or tracing anything in
+    [`array_form_scope`][], keep their array form.
     """
+    max_work = _thresholds.MAX_WORK if max_work is None else max_work
 
     @functools.wraps(fn)
     def scalarized(*args):
@@ -755,7 +757,7 @@ def scalarize(fn: Callable) -> Callable:
         def flat_fn(*flat):
             return fn(*eqx.combine(jax.tree_util.tree_unflatten(treedef, flat), static))
 
-        closed, out_leaves, out_tree, array_form = _traced(flat_fn, leaves)
+        closed, out_leaves, out_tree, array_form = _traced(flat_fn, leaves, max_work)
         if array_form:  # replay the jaxpr rather than tracing `fn` a second time
             return jax.tree_util.tree_unflatten(out_tree, jex.jaxpr_as_fun(closed)(*leaves))
         inputs = [_from_array(x, x.dtype) for x in leaves]

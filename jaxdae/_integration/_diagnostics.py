@@ -16,7 +16,7 @@ from .._solution import (
 from ._failures import all_finite, checked_result, tests_target_range
 from ._sweep_forward import is_none, nones, typed_literal_as_array
 from ._validation import factored_positive_definite
-from ._vector_fields import formulation_velocities, system_terms
+from ._vector_fields import formulation_velocities, terms_outside_steps
 
 
 @eqx.filter_jit
@@ -29,7 +29,7 @@ def state_diagnostics(system, formulation, t, q, s):
     both; by its vector–Jacobian product where the adjoint works in reverse mode only
     (`reverse_diagnostics`)."""
     s = formulation_velocities(system, formulation, t, q, s)
-    terms = system_terms(system, t, q, s)
+    terms = terms_outside_steps(system, t, q, s)
     _, multipliers = formulation.accelerations(terms)
     range_inputs = None
     if tests_target_range(system, formulation, terms):

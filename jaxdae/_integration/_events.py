@@ -44,7 +44,7 @@ from ._solve import Dynamics, SolveOptions, Times, integrate
 from ._solvers import carries_contact_forces
 from ._stop_data import check_stop_shapes
 from ._term import AbstractSystemTerm, system_term
-from ._vector_fields import system_terms
+from ._vector_fields import system_terms, terms_outside_steps
 
 
 def _event_count(value):
@@ -170,18 +170,9 @@ class ContactState(eqx.Module):
     start_forces: Float[Array, " u+f"]
 
 
-# The terms where the contact problem is set up (at an event, and in the conditions behind
-# the resting contacts' branch) keep their array form: they are evaluated once per event
-# or step, where a scalar graph's speed buys little, and each scalar graph is compiled
-# anew at every place the program evaluates it (docs/design_measurements.md#event-program-copies).
-@eqx.filter_jit
-def array_terms(system, t, q, v):
-    return system.terms(t, q, v)
-
-
 def _contact_setup(system, formulation, contacts, t, q, s, mass_factor):
     s = formulation.velocities(system, t, q, s)
-    terms = with_mass_factor(array_terms(system, t, q, s), mass_factor)
+    terms = with_mass_factor(terms_outside_steps(system, t, q, s), mass_factor)
     gaps = gap_terms(system, t, q, system.velocities(t, q, s))
     return s, terms, gaps, contact_problem(formulation, terms, gaps, contacts.gains)
 
@@ -482,7 +473,7 @@ def transition(
     )
     at_rest = gaps_after.rate <= at_rest_speed
     candidates = closed & ~released & at_rest
-    terms_after = with_mass_factor(array_terms(system, t, q, s_after), mass_factor)
+    terms_after = with_mass_factor(terms_outside_steps(system, t, q, s_after), mass_factor)
     # A contact at rest along its surface may stick, one that slides keeps its way. One
     # whose stick just failed (its tangential force at the friction limit) slips against
     # that force: at the limit, sticking would hold it on the boundary. In space the

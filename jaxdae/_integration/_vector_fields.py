@@ -2,9 +2,12 @@
 accelerations, the failure indicator checked after every step, and their vector-Jacobian
 products."""
 
+import functools
+
 import equinox as eqx
 import jax
 
+from .. import _thresholds
 from .._compilation._scalarize import scalarize
 from .._systems._structure import with_mass_factor
 
@@ -22,6 +25,16 @@ def detached(tree):
 @eqx.filter_jit
 @scalarize
 def system_terms(system, t, q, v):
+    return system.terms(t, q, v)
+
+
+# The terms evaluated outside the steps' stages (the diagnostics at the saved states; the
+# contact problem at an event and, while a contact rests, in the gaps' conditions), where
+# a scalar graph's speed buys little: XLA compiles each place that evaluates the terms
+# anew, and the scalar graph of larger terms compiles to many times the array form's size.
+@eqx.filter_jit
+@functools.partial(scalarize, max_work=_thresholds.OUTSIDE_STEPS_MAX_WORK)
+def terms_outside_steps(system, t, q, v):
     return system.terms(t, q, v)
 
 
