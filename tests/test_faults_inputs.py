@@ -729,3 +729,50 @@ def test_a_gap_that_turns_nan_is_a_named_failure():
             jnp.array([0.0, 1.0]),
             jnp.zeros(2),
         )
+
+
+def _disc_result(radius=0.1, lower=0.0, upper=2.0, throw=False):
+    """A disc above the ground line whose contact radius and a distance stop's bounds may
+    be traced."""
+    import jaxdae.multibody as mb
+
+    disc = mb.Mechanism(
+        bodies=[mb.PlanarBody("disc", mass=1.0, inertia=0.01, position=(0.0, 0.5))],
+        forces=[mb.Gravity((0.0, -9.81))],
+        stops=[
+            mb.PlaneContact("disc", radius=radius, name="floor"),
+            mb.DistanceStop("ground", "disc", lower=lower, upper=upper, name="rope"),
+        ],
+    )
+    q0, v0 = disc.initial_state()
+    sol = jaxdae.simulate(disc, jaxdae.Unstabilized(), 0.0, 0.1, q0, v0, throw=throw)
+    # (With `throw`, the error is attached to the solution's arrays.)
+    return sol.q_final if throw else sol.result._value
+
+
+_GOOD_STOPS = {"radius": 0.1, "lower": 0.0, "upper": 2.0}
+# One program each, shared by the cases: every stop value traced.
+_disc_traced = jax.jit(_disc_result)
+_disc_batch = jax.jit(jax.vmap(_disc_result))
+_disc_thrown = jax.jit(functools.partial(_disc_result, throw=True))
+
+
+@pytest.mark.parametrize(
+    "bad, eager, match",
+    [
+        ({"radius": -0.2}, r"`radius` of .* non-negative", r"'floor': its `radius` must be"),
+        ({"lower": 0.8, "upper": 0.6}, r"exceeds its `upper`", r"'rope': its `lower` bound must"),
+        ({"lower": -0.5}, r"is a distance", r"'rope': its `lower` bound is a distance"),
+    ],
+)
+def test_bad_traced_stop_values_are_invalid_input(bad, eager, match):
+    """Stop data that is refused when concrete is reported when traced: `invalid_input`
+    under `jit` and per member under `vmap`, the rule as the error under `throw=True`."""
+    with pytest.raises(ValueError, match=eager):
+        _disc_result(**bad)
+    values = {**_GOOD_STOPS, **bad}
+    assert int(_disc_traced(**values)) == INVALID
+    batch = _disc_batch(**{k: jnp.array([_GOOD_STOPS[k], v]) for k, v in values.items()})
+    assert batch.tolist() == [SUCCESS, INVALID]
+    with pytest.raises(Exception, match=match):
+        jax.block_until_ready(_disc_thrown(**values))

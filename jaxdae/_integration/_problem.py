@@ -179,10 +179,11 @@ def _none(x) -> bool:
 
 def stop_value_checks(system, t0, q0) -> list[tuple[Array, str]]:
     """The checks of a system's stop data (a flag and its message each): coefficients of
-    restitution in `[0, 1]`, finite non-negative coefficients of friction, and finite gaps
-    at the start. Where the values are concrete a `ValueError` names the first problem;
-    where they are traced (a system or state under `jit`, `vmap` or `grad`) the flags
-    join the traced checks (`check_traced`: `invalid_input` with `throw=False`)."""
+    restitution in `[0, 1]`, finite non-negative coefficients of friction, finite gaps at
+    the start, and the system's own `stop_checks`. Where the values are concrete a
+    `ValueError` names the first problem; where they are traced (a system or state under
+    `jit`, `vmap` or `grad`) the flags join the traced checks (`check_traced`:
+    `invalid_input` with `throw=False`)."""
     restitution = jnp.asarray(system.restitution())
     friction = jnp.asarray(system.friction())
     # Each test takes the array module: NumPy for concrete values (a call traced by the
@@ -214,6 +215,8 @@ def stop_value_checks(system, t0, q0) -> list[tuple[Array, str]]:
             "The gaps (`gaps`) of the initial state must be finite",
         )
     )
+    for flag, rule in system.stop_checks():
+        checks.append((jnp.asarray(flag), lambda xnp, f: xnp.any(f), rule))
     traced = []
     for values, problem, rule in checks:
         if is_concrete(values):

@@ -146,6 +146,18 @@ class AbstractSystem(eqx.Module):
         `0`, frictionless contacts."""
         return 0.0
 
+    def stop_checks(self) -> tuple[tuple[ArrayLike, str], ...]:
+        """Checks of the data of the [`gaps`][jaxdae.AbstractSystem.gaps] beyond
+        [`restitution`][jaxdae.AbstractSystem.restitution] and
+        [`friction`][jaxdae.AbstractSystem.friction] (which are always checked), for data
+        that may be traced (a model under `jit`, `vmap` or `grad`): pairs `(problem, rule)`,
+        `problem` a boolean true where a value breaks `rule`, a sentence that names the
+        value and what it must be. [`jaxdae.simulate`][] raises `ValueError` with the rule
+        where the values are concrete; where they are traced the solve ends with
+        `RESULTS.invalid_input` (an error with the rule under `throw=True`). Default:
+        none."""
+        return ()
+
     def slip_velocities(
         self, t: Scalar, q: Coordinates, v: Velocities
     ) -> Float[Array, " u"] | Float[Array, "u 2"]:
@@ -217,6 +229,9 @@ class AbstractOneSidedWrapper(AbstractSystem):
 
     def slip_velocities(self, t, q, v):
         return self.wrapped_system.slip_velocities(t, q, v)
+
+    def stop_checks(self):
+        return self.wrapped_system.stop_checks()
 
 
 class LagrangianSystem(AbstractSystem):

@@ -399,6 +399,15 @@ class AbstractMechanism(AbstractControlledSystem):
             else 0.0
         )
 
+    def stop_checks(self):
+        """The stops' checks of their values where they are traced (see
+        [`jaxdae.AbstractSystem.stop_checks`][]), each rule naming its stop."""
+        return tuple(
+            (problem, f"Stop {name!r}: {rule}")
+            for name, stop in zip(self.stop_names, self.stops, strict=True)
+            for problem, rule in stop.value_checks()
+        )
+
     def slip_velocities(self, t, q, v):
         """The sliding velocities of the stops' contacts, one row per gap (zero for gaps
         without a sliding direction): `(u,)` in the plane, `(u, 2)` in space (two

@@ -119,6 +119,13 @@ class AbstractStop(eqx.Module):
             self, dimension, owner, dict.fromkeys(self.vector_fields, (dimension,))
         )
 
+    def value_checks(self) -> tuple[tuple[Array, str], ...]:
+        """Its values' checks that hold where they are traced (concrete values are checked
+        when it is made): pairs `(problem, rule)` as
+        [`jaxdae.AbstractSystem.stop_checks`][], the rule naming the value. Default: none
+        (its restitution and friction are checked as the mechanism's)."""
+        return ()
+
 
 class AbstractRangeStop(AbstractStop):
     """A stop that keeps a measured value `x` (a joint coordinate, a distance) within
@@ -131,6 +138,11 @@ class AbstractRangeStop(AbstractStop):
     @abc.abstractmethod
     def measured(self, kin: StopKinematics) -> Float[Array, ""]:
         """The value the bounds limit."""
+
+    def value_checks(self):
+        if self.lower is None or self.upper is None:
+            return ()
+        return ((self.lower > self.upper, "its `lower` bound must not exceed its `upper` bound"),)
 
     @property
     def num_gaps(self):
@@ -281,6 +293,9 @@ class PlaneContact(AbstractStop):
     def num_gaps(self):
         return 1
 
+    def value_checks(self):
+        return ((self.radius < 0, "its `radius` must be non-negative"),)
+
     def _normal(self, point: Frame, surface: Frame):
         dimension = point.point.shape[0]
         normal = (
@@ -364,6 +379,14 @@ class DistanceStop(AbstractRangeStop):
     @property
     def markers(self):
         return (self.a, self.b)
+
+    def value_checks(self):
+        checks = super().value_checks()
+        if self.lower is not None:
+            checks += (
+                (self.lower < 0, "its `lower` bound is a distance: it must be non-negative"),
+            )
+        return checks
 
     def measured(self, kin):
         offset = kin.frame(self.b).point - kin.frame(self.a).point
