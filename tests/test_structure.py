@@ -298,7 +298,7 @@ def test_sparse_operations():
     a, a_dense = _random_sparse(rng, (7, 9), 0.3)
     b, b_dense = _random_sparse(rng, (9, 5), 0.3)
     c, c_dense = _random_sparse(rng, (7, 9), 0.3)
-    x = rng.standard_normal(9)
+    x = jnp.asarray(rng.standard_normal(9))
     np.testing.assert_allclose(a.dense(), a_dense)
     np.testing.assert_allclose(a.matvec(x), a_dense @ x, atol=1e-14)
     np.testing.assert_allclose(a.rmatvec(x[:7]), a_dense.T @ x[:7], atol=1e-14)

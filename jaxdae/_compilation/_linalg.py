@@ -467,7 +467,9 @@ def pivoted_pseudo_solve(factor: PivotedPseudoFactor, rhs: Array) -> Array:
     return x[:, 0] if vector else x
 
 
-def not_hurwitz(matrix: Float[ArrayLike, "*stack d d"], xnp) -> Bool[Array, ""] | np.bool_:
+def not_hurwitz(
+    matrix: Float[ArrayLike, "*stack d d"], xnp
+) -> Bool[Array, ""] | Bool[np.ndarray, ""] | np.bool_:
     """True unless every eigenvalue of `matrix`, or of every matrix of a stack, has a
     negative real part.
 

@@ -23,7 +23,7 @@ large functions (`MAX_ELEMENTS`, `MAX_WORK`) are not re-traced at all.
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import equinox as eqx
 import jax
@@ -345,7 +345,7 @@ class _Value:
 
     __slots__ = ("elements", "shape", "dtype")
 
-    def __init__(self, elements: list, shape: tuple, dtype):
+    def __init__(self, elements: list, shape: Sequence[int], dtype):
         self.elements, self.shape, self.dtype = elements, tuple(shape), np.dtype(dtype)
 
     def indices(self) -> np.ndarray:

@@ -142,12 +142,12 @@ class SparseMatrix(eqx.Module):
             raise ValueError("symmetrized() needs a symmetric pattern.")
         return SparseMatrix(0.5 * (self.values + take(self.values, order)), self.pattern)
 
-    def matvec(self, x: Array) -> Array:
+    def matvec(self, x: Float[Array, " cols"]) -> Float[Array, " rows"]:
         """`A x` for `x` of shape `(cols,)`."""
         positions, cols = _rows(self.pattern)
         return row_sum(take(self.values, positions) * take(x, cols))
 
-    def rmatvec(self, x: Array) -> Array:
+    def rmatvec(self, x: Float[Array, " rows"]) -> Float[Array, " cols"]:
         """`Aᵀ x` for `x` of shape `(rows,)`."""
         return self.T.matvec(x)
 

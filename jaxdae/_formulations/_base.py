@@ -377,7 +377,7 @@ def baumgarte_target(terms: ConstrainedTerms, kd, kp, kv) -> Float[Array, " c"]:
 
 def second_order_matrix(
     stiffness: Float[Array, "m m"], damping: Float[Array, "m m"]
-) -> Float[Array, "2m 2m"]:
+) -> Float[Array, "2*m 2*m"]:
     """`H = [[0, I], [−K_P, −K_D]]` of `d/dt (Φ, Φ̇) = H (Φ, Φ̇)` (Mukharlyamov (2019), eq.
     [0.11])."""
     m = stiffness.shape[0]

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from .. import _thresholds
 from .._compilation._linalg import gram_eigenvalues
-from .._custom_types import Array, Float
+from .._custom_types import Array, Bool, Float
 from .._solution import (
     Solution,
 )
@@ -181,7 +181,7 @@ def masked(valid, x):
 
 def assemble_solution(
     system, formulation, start, ts, saved, outcome, limit, reverse: bool = False
-) -> tuple[Solution, tuple[Array, Array]]:
+) -> tuple[Solution, tuple[Float[Array, "n n"], Bool[Array, ""] | None, Float[Array, " n"]]]:
     """One trajectory's [`jaxdae.Solution`][] from its `start = (t0, q0, v0)`, the times
     and states diffrax `saved` and the solve's `outcome = (reached, result, stats)`, and the
     mass matrix, whether its factor shows it positive definite (None: it does not) and the

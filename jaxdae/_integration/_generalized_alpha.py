@@ -19,6 +19,7 @@ from .._compilation._linalg import (
     lu_solve,
 )
 from .._compilation._linear_solvers import PositiveSemidefinitePseudoInverse
+from .._custom_types import Array, Float, ScalarLike
 from .._formulations._multipliers import eliminate, multiplier_solve
 from .._gains import is_concrete
 from .._solution import RESULTS
@@ -47,12 +48,12 @@ def chung_hulbert(rho_inf: float) -> tuple[float, float, float, float]:
 class _Step(eqx.Module):
     """The quantities of one step that do not depend on the unknown new positions."""
 
-    h: jax.Array
-    c: jax.Array  # ∂q_{n+1}/∂q̈_{n+1} = h² β (1 − α_f)/(1 − α_m)
-    hb: jax.Array  # h² β
-    q_hat: jax.Array  # q_{n+1} − h² β a_{n+1}
-    q_tilde: jax.Array  # q_{n+1} − c q̈_{n+1}
-    v_hat: jax.Array  # v_{n+1} − h γ a_{n+1}
+    h: ScalarLike  # a float where the step's times are
+    c: ScalarLike  # ∂q_{n+1}/∂q̈_{n+1} = h² β (1 − α_f)/(1 − α_m)
+    hb: ScalarLike  # h² β
+    q_hat: Float[Array, " n"]  # q_{n+1} − h² β a_{n+1}
+    q_tilde: Float[Array, " n"]  # q_{n+1} − c q̈_{n+1}
+    v_hat: Float[Array, " n"]  # v_{n+1} − h γ a_{n+1}
     gamma: float
     beta: float
 

@@ -19,7 +19,7 @@ import equinox as eqx
 import jax.numpy as jnp
 
 from .._checks import check_instance, check_real, described
-from .._custom_types import Array, ArrayLike, Float, Scalar
+from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from ._system import AbstractSystem
 
 
@@ -29,7 +29,7 @@ class AbstractController(eqx.Module):
 
     @abc.abstractmethod
     def __call__(
-        self, t: Scalar, q: Float[Array, " n"], v: Float[Array, " n"]
+        self, t: ScalarLike, q: Float[Array, " n"], v: Float[Array, " n"]
     ) -> Float[Array, " p"]:
         """The input at the state `(t, q, v)`."""
 

@@ -15,6 +15,7 @@ from .._custom_types import (
     MassMatrix,
     Momenta,
     Scalar,
+    ScalarLike,
 )
 from ._system import (
     AbstractOneSidedWrapper,
@@ -65,10 +66,10 @@ class HamiltonianSystem(AbstractSystem):
     terms_from_constraints: ClassVar[bool] = True
 
     @abc.abstractmethod
-    def hamiltonian(self, t: Scalar, q: Coordinates, p: Momenta) -> Scalar:
+    def hamiltonian(self, t: ScalarLike, q: Coordinates, p: Momenta) -> Scalar:
         """`H(t, q, p)`."""
 
-    def generalized_forces(self, t: Scalar, q: Coordinates, p: Momenta) -> Float[Array, " n"]:
+    def generalized_forces(self, t: ScalarLike, q: Coordinates, p: Momenta) -> Float[Array, " n"]:
         """Non-conservative applied generalized forces `Q(t, q, p)`. Default: 0."""
         return jnp.zeros_like(q)
 

@@ -29,6 +29,7 @@ from .._custom_types import (
     Momenta,
     NonholonomicResidual,
     Scalar,
+    ScalarLike,
     Velocities,
 )
 from ._nonholonomic import velocity_curvature
@@ -92,11 +93,11 @@ class AbstractSystem(eqx.Module):
     """
 
     @abc.abstractmethod
-    def terms(self, t: Scalar, q: Coordinates, v: Velocities) -> ConstrainedTerms:
+    def terms(self, t: ScalarLike, q: Coordinates, v: Velocities) -> ConstrainedTerms:
         """All terms of the equations of motion at `(t, q, v)`."""
 
     @abc.abstractmethod
-    def energy(self, t: Scalar, q: Coordinates, v: Velocities) -> Scalar:
+    def energy(self, t: ScalarLike, q: Coordinates, v: Velocities) -> Scalar:
         """Total mechanical energy `T + V` (conserved by conservative scleronomic systems)."""
 
     # The state is `(q, s)`; `s` is the velocities `v` unless a subclass says otherwise
@@ -114,11 +115,11 @@ class AbstractSystem(eqx.Module):
     `HamiltonianSystem` declare `True`; a subclass of theirs that writes its own `terms`
     declares `False`."""
 
-    def velocities(self, t: Scalar, q: Coordinates, s: Velocities) -> Velocities:
+    def velocities(self, t: ScalarLike, q: Coordinates, s: Velocities) -> Velocities:
         """`q̇` at the state `(q, s)`. Default: `s` (the state holds velocities)."""
         return s
 
-    def gaps(self, t: Scalar, q: Coordinates) -> Float[Array, " u"]:
+    def gaps(self, t: ScalarLike, q: Coordinates) -> Float[Array, " u"]:
         """One-sided constraints `g(t, q) ≥ 0`, shape `(u,)`: joint limits, stops, contacts.
 
         Each gap is open while positive. When one closes, [`jaxdae.simulate`][] stops there
@@ -159,7 +160,7 @@ class AbstractSystem(eqx.Module):
         return ()
 
     def slip_velocities(
-        self, t: Scalar, q: Coordinates, v: Velocities
+        self, t: ScalarLike, q: Coordinates, v: Velocities
     ) -> Float[Array, " u"] | Float[Array, "u 2"]:
         """The sliding velocity `v_T = W_T(t, q) v + w_T(t, q)` at each gap's contact,
         affine in `v`: along one tangent (friction in the plane), shape `(u,)`, or along
@@ -170,13 +171,13 @@ class AbstractSystem(eqx.Module):
         del v
         return jnp.zeros_like(self.gaps(t, q))
 
-    def momenta(self, t: Scalar, q: Coordinates, s: Velocities) -> Momenta:
+    def momenta(self, t: ScalarLike, q: Coordinates, s: Velocities) -> Momenta:
         """Generalized momenta at the state `(q, s)`. Default: `M(t, q) q̇`."""
         return self.terms(t, q, s).mass_matrix @ self.velocities(t, q, s)
 
     def state_rate(
         self,
-        t: Scalar,
+        t: ScalarLike,
         q: Coordinates,
         s: Velocities,
         terms: ConstrainedTerms,
@@ -188,12 +189,12 @@ class AbstractSystem(eqx.Module):
         """
         return acceleration
 
-    def constraints(self, t: Scalar, q: Coordinates) -> HolonomicResidual:
+    def constraints(self, t: ScalarLike, q: Coordinates) -> HolonomicResidual:
         """Holonomic constraints `Φ(t, q)`, shape `(m,)`. Default: none."""
         return jnp.zeros((0,), q.dtype)
 
     def velocity_constraints(
-        self, t: Scalar, q: Coordinates, v: Velocities
+        self, t: ScalarLike, q: Coordinates, v: Velocities
     ) -> NonholonomicResidual:
         """Nonholonomic constraints `Ψ = A(t, q) v + a(t, q)` in the velocities, shape `(k,)`.
 
@@ -203,7 +204,7 @@ class AbstractSystem(eqx.Module):
         return jnp.zeros((0,), q.dtype)
 
     def velocity_constraint_curvature(
-        self, t: Scalar, q: Coordinates, s: Velocities
+        self, t: ScalarLike, q: Coordinates, s: Velocities
     ) -> tuple[Scalar, Scalar]:
         """`(max |∂²Ψ/∂v²|, max |Ψ_v|)` near the state; `simulate` refuses a non-affine `Ψ`."""
         return velocity_curvature(self.velocity_constraints, t, q, self.velocities(t, q, s))
@@ -314,19 +315,21 @@ class LagrangianSystem(AbstractSystem):
 
     # -- what the user overrides -------------------------------------------------------
 
-    def kinetic_energy(self, t: Scalar, q: Coordinates, v: Velocities) -> Scalar:
+    def kinetic_energy(self, t: ScalarLike, q: Coordinates, v: Velocities) -> Scalar:
         """`T(t, q, v)`. Default: `½ vᵀ M(t, q) v` from `mass_matrix`."""
         return 0.5 * v @ (self.mass_matrix(t, q) @ v)
 
-    def mass_matrix(self, t: Scalar, q: Coordinates) -> MassMatrix:
+    def mass_matrix(self, t: ScalarLike, q: Coordinates) -> MassMatrix:
         """`M(t, q) = ∂²T/∂v²`. Default: the Hessian of `kinetic_energy` at `v = 0`."""
         return jax.hessian(self.kinetic_energy, argnums=2)(t, q, jnp.zeros_like(q))
 
-    def potential_energy(self, t: Scalar, q: Coordinates) -> Scalar:
+    def potential_energy(self, t: ScalarLike, q: Coordinates) -> Scalar:
         """`V(t, q)`. Default: 0."""
         return jnp.zeros((), q.dtype)
 
-    def generalized_forces(self, t: Scalar, q: Coordinates, v: Velocities) -> Float[Array, " n"]:
+    def generalized_forces(
+        self, t: ScalarLike, q: Coordinates, v: Velocities
+    ) -> Float[Array, " n"]:
         """Non-conservative applied generalized forces. Default: 0."""
         return jnp.zeros_like(q)
 
@@ -468,7 +471,7 @@ def applied_forces(system, t, q, s) -> Float[Array, " n"]:
 @functools.singledispatch
 def inertia_minus_forces(
     system: AbstractSystem,
-    t: Scalar,
+    t: ScalarLike,
     q: Coordinates,
     v: Velocities,
     acceleration: Float[Array, " n"],
@@ -521,7 +524,9 @@ def _lagrange_expression(system, t, q, v, acceleration):
 
 
 @functools.singledispatch
-def terms_in_array_form(system: AbstractSystem, t: Scalar, q: Coordinates, v: Velocities) -> bool:
+def terms_in_array_form(
+    system: AbstractSystem, t: ScalarLike, q: Coordinates, v: Velocities
+) -> bool:
     """Whether the system's `terms` at the shapes of `(t, q, v)` trace its model's
     functions in array form (inside `array_form_scope`) rather than as a scalar graph;
     default False.
