@@ -31,6 +31,16 @@ jax.config.update(
 )
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
+# jaxtyping checks jaxdae's annotations (shapes and dtypes, consistent across each call's
+# arguments and return) with beartype on every call, as diffrax's and equinox's tests do,
+# unless `JAXDAE_TYPECHECK=0`. The hook rewrites the modules of `jaxdae` as they are imported,
+# so it is installed before jaxdae's first import and stays installed for the subpackages
+# imported later. Test subprocesses import jaxdae without it.
+if os.environ.get("JAXDAE_TYPECHECK") != "0":
+    import jaxtyping  # noqa: E402
+
+    jaxtyping.install_import_hook("jaxdae", "beartype.beartype")
+
 # jaxdae before any test module: its XLA option must be set before something (some diffrax
 # releases, on import) starts JAX's backend.
 import jaxdae  # noqa: E402, F401
