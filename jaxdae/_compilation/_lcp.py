@@ -145,23 +145,25 @@ def along(
 DIRECTION_SUBSTITUTIONS = 16
 
 
+# `u_plus_ku`: the size `u + k u` of the normal then the tangential components, a name of its
+# own, since a plane's directions (shape `(u,)`) bind no `k` for jaxtyping to add.
 class FrictionalLCPSolution(eqx.Module):
     """The solution of [`solve_frictional_lcp`][]: `x` (the normal then the tangential
     forces or impulses), `w = A x + b`, the contact `modes` it ended on and whether the
     pivoting ended on a solution (`solved`)."""
 
-    x: Float[Array, " u+ku"]
-    w: Float[Array, " u+ku"]
+    x: Float[Array, " u_plus_ku"]
+    w: Float[Array, " u_plus_ku"]
     modes: ContactModes
     solved: Bool[Array, ""]
 
 
 def frictional_solve(
-    matrix: Float[Array, "u+ku u+ku"],
-    vector: Float[Array, " u+ku"],
+    matrix: Float[Array, "u_plus_ku u_plus_ku"],
+    vector: Float[Array, " u_plus_ku"],
     friction: Float[Array, " u"],
     modes: ContactModes,
-) -> Float[Array, " u+ku"]:
+) -> Float[Array, " u_plus_ku"]:
     """`x` of the contact `modes` (`k` tangential components per contact, contact `i`'s at
     `u + k i + j`): an `active` contact's normal row of `A x + b` vanishes, the others'
     normal `x` does; a sticking active contact with friction holds its tangential rows at
@@ -202,8 +204,8 @@ def frictional_solve(
 
 
 def solve_frictional_lcp(
-    matrix: Float[Array, "u+ku u+ku"],
-    vector: Float[Array, " u+ku"],
+    matrix: Float[Array, "u_plus_ku u_plus_ku"],
+    vector: Float[Array, " u_plus_ku"],
     friction: Float[Array, " u"],
     candidates: Bool[Array, " u"],
     free: Bool[Array, " u"],

@@ -42,6 +42,8 @@ from ._base import AbstractFormulation
 from ._multipliers import eliminate
 
 
+# `u_plus_tf`: the size `u + tangents·f` of the normal then the tangential rows, a name of
+# its own, since no field binds `tangents·f` before jaxtyping would add it to `u`.
 class GapTerms(eqx.Module):
     """The gaps at one state, as rows of constraints in the convention of
     `ConstrainedTerms`: `gap` `g` `(u,)`; where the contacts have friction also their
@@ -53,9 +55,9 @@ class GapTerms(eqx.Module):
     (`v̇_T = W_T q̈ + w`)."""
 
     gap: Float[Array, " u"]
-    velocity: Float[Array, " u+tf"]
-    directions: Float[Array, "u+tf n"]
-    bias: Float[Array, " u+tf"]
+    velocity: Float[Array, " u_plus_tf"]
+    directions: Float[Array, "u_plus_tf n"]
+    bias: Float[Array, " u_plus_tf"]
     friction: Float[Array, " f"]
     tangents: int = eqx.field(static=True, default=1)
 
@@ -212,13 +214,13 @@ class ContactProblem(eqx.Module):
     `friction` and slip velocities `slip` there."""
 
     acceleration: Float[Array, " n"]
-    response: Float[Array, "n u+tf"]
-    matrix: Float[Array, "u+tf u+tf"]
-    vector: Float[Array, " u+tf"]
+    response: Float[Array, "n u_plus_tf"]
+    matrix: Float[Array, "u_plus_tf u_plus_tf"]
+    vector: Float[Array, " u_plus_tf"]
     friction: Float[Array, " f"]
     slip: Float[Array, " tf"]
 
-    def forces(self, modes: ContactModes, regularization=0.0) -> Float[Array, " u+tf"]:
+    def forces(self, modes: ContactModes, regularization=0.0) -> Float[Array, " u_plus_tf"]:
         """The forces `λ` of the contacts in their `modes`: the `active` ones hold
         `g̈ + k_d ġ + k_p g = 0`, the sticking ones also `v̇_T + k_d v_T = 0`, the slipping
         ones rub with `λ_T = −μ λ s` (zero for the others), `s` of [`slip_directions`][]

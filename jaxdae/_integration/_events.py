@@ -167,7 +167,7 @@ class ContactState(eqx.Module):
     slip_offset: Float[Array, " u"]
     gains: tuple[Array, Array]
     tolerance: Array
-    start_forces: Float[Array, " u+f"]
+    start_forces: Float[Array, " u_plus_f"]
 
 
 def _contact_setup(system, formulation, contacts, t, q, s, mass_factor):
@@ -425,11 +425,11 @@ class _Transition(eqx.Module):
     modes: ContactModes
     offset: Float[Array, " u"]
     slip_offset: Float[Array, " u"]
-    triggered: Bool[Array, " u+f"]
-    impulses: Float[Array, " u+f"]
+    triggered: Bool[Array, " u_plus_f"]
+    impulses: Float[Array, " u_plus_f"]
     impact_solved: Bool[Array, ""]
     contacts_solved: Bool[Array, ""]
-    forces: Float[Array, " u+f"]
+    forces: Float[Array, " u_plus_f"]
 
 
 @eqx.filter_jit

@@ -131,14 +131,14 @@ class AbstractSystem(eqx.Module):
         del t
         return jnp.zeros((0,), q.dtype)
 
-    def restitution(self) -> Float[ArrayLike, " u"]:
+    def restitution(self) -> ScalarLike | Float[ArrayLike, " u"]:
         """Newton's coefficients of restitution `e` of the [`gaps`][jaxdae.AbstractSystem.gaps],
         in `[0, 1]`, one per gap or one for all: a gap that closes at the rate `ġ⁻ < 0`
         opens at `ġ⁺ = −e ġ⁻` (for simultaneous impacts, the least impulses that achieve at
         least that, with none pulling). Default: `0`, plastic impacts."""
         return 0.0
 
-    def friction(self) -> Float[ArrayLike, " u"]:
+    def friction(self) -> ScalarLike | Float[ArrayLike, " u"]:
         """Coulomb's coefficients of friction `μ ≥ 0` of the contacts at the
         [`gaps`][jaxdae.AbstractSystem.gaps], one per gap or one for all, acting along the
         [`slip_velocities`][jaxdae.AbstractSystem.slip_velocities]: a closed gap sticks
