@@ -31,15 +31,19 @@ jax.config.update(
 )
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
+import jaxtyping  # noqa: E402
+import pytest  # noqa: E402
+
 # jaxtyping checks jaxdae's annotations (shapes and dtypes, consistent across each call's
 # arguments and return) with beartype on every call, as diffrax's and equinox's tests do,
 # unless `JAXDAE_TYPECHECK=0`. The hook rewrites the modules of `jaxdae` as they are imported,
 # so it is installed before jaxdae's first import and stays installed for the subpackages
-# imported later. Test subprocesses import jaxdae without it.
+# imported later. Test subprocesses import jaxdae without it. beartype takes an `int` for a
+# `float`, as PEP 484 and pyright do.
 if os.environ.get("JAXDAE_TYPECHECK") != "0":
-    import jaxtyping  # noqa: E402
-
-    jaxtyping.install_import_hook("jaxdae", "beartype.beartype")
+    jaxtyping.install_import_hook(
+        "jaxdae", "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))"
+    )
 
 # jaxdae before any test module: its XLA option must be set before something (some diffrax
 # releases, on import) starts JAX's backend.
@@ -111,6 +115,17 @@ _ORDER = (
     "test_notebooks.py",
     "test_bench_stiff.py",
 )
+
+
+@pytest.fixture
+def unchecked():
+    """No annotation checks in this test: for tests of the errors that jaxdae raises for
+    arguments of the wrong type, which the checks would refuse first."""
+    jaxtyping.config.update("jaxtyping_disable", True)
+    try:
+        yield
+    finally:
+        jaxtyping.config.update("jaxtyping_disable", False)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -654,7 +654,7 @@ def test_vmap_over_a_parameter_under_jit():
 # -- errors ----------------------------------------------------------------------------------
 
 
-def test_bad_models_are_refused():
+def test_bad_models_are_refused(unchecked):
     body = mb.PlanarBody("a", 1.0, 0.1, markers={"p": (0.1, 0.0)})
     with pytest.raises(ValueError, match="body 'b', which is not in the mechanism"):
         mb.Mechanism([body], [mb.Revolute("ground", "b")])

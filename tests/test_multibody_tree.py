@@ -470,7 +470,7 @@ def test_simulates_and_keeps_the_energy(mixed):
     np.testing.assert_allclose(jnp.linalg.norm(sol.q[:, 3:7], axis=1), 1.0, atol=1e-9)
 
 
-def test_refuses_what_it_cannot_build():
+def test_refuses_what_it_cannot_build(unchecked):
     planar = mb.PlanarBody("p", 1.0, 0.1)
     with pytest.raises(ValueError, match="TreeMechanism is spatial"):
         mb.TreeMechanism([planar], [mb.Revolute("ground", "p")])
