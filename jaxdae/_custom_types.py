@@ -16,6 +16,9 @@ HolonomicJacobian: TypeAlias = Float[Array, "m n"]
 NonholonomicResidual: TypeAlias = Float[Array, " k"]
 NonholonomicJacobian: TypeAlias = Float[Array, "k n"]
 Gain: TypeAlias = Float[Array, ""] | Float[Array, " c"] | Float[Array, "c c"]
+# What `jnp.asarray` takes for a model's vectors and matrices: arrays, numbers, and tuples
+# or lists of numbers or of such tuples, e.g. `RigidBody(..., position=(0.0, 0.0, 1.0))`.
+ArrayLikeOrSequence: TypeAlias = ArrayLike | Sequence[ArrayLike] | Sequence[Sequence[ArrayLike]]
 # Lists of floats too: `Baumgarte([20.0, 10.0], ...)`.
 GainLike: TypeAlias = (
     float
@@ -29,6 +32,7 @@ GainLike: TypeAlias = (
 __all__ = [
     "Array",
     "ArrayLike",
+    "ArrayLikeOrSequence",
     "Bool",
     "Coordinates",
     "Float",

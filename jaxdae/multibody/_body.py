@@ -11,7 +11,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from .._custom_types import Array, ArrayLike, Float
+from .._custom_types import Array, ArrayLike, ArrayLikeOrSequence, Float
 from .._gains import is_concrete
 from ._kinematics import (
     body_map,
@@ -240,7 +240,7 @@ class PlanarBody(eqx.Module):
         inertia: ArrayLike,
         markers=None,
         *,
-        position: ArrayLike = (0.0, 0.0),
+        position: ArrayLikeOrSequence = (0.0, 0.0),
         angle: ArrayLike = 0.0,
     ):
         self.name = _moving_body_name(name)
@@ -375,12 +375,12 @@ class RigidBody(eqx.Module):
         self,
         name: str,
         mass: ArrayLike,
-        inertia: ArrayLike,
+        inertia: ArrayLikeOrSequence,
         markers=None,
         *,
         orientations=None,
-        position: ArrayLike = (0.0, 0.0, 0.0),
-        orientation: ArrayLike | None = None,
+        position: ArrayLikeOrSequence = (0.0, 0.0, 0.0),
+        orientation: ArrayLikeOrSequence | None = None,
     ):
         self.name = _moving_body_name(name)
         self.mass = _scalar(f"`mass` of body {name!r}", mass)

@@ -9,10 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._custom_types import Array, ArrayLike, Float
+from .._custom_types import Array, ArrayLike, ArrayLikeOrSequence, Float
 from .._gains import is_concrete
 from ._body import _array, _check_element_dimension, _optional_vector, _scalar
 from ._kinematics import Kinematics
+from ._tree_kinematics import TreeKinematics
 
 
 def _no_torque(kin):
@@ -71,7 +72,7 @@ class AbstractForce(eqx.Module):
             },
         )
 
-    def generalized_forces(self, kin: Kinematics) -> Float[Array, " n"] | None:
+    def generalized_forces(self, kin: Kinematics | TreeKinematics) -> Float[Array, " n"] | None:
         """Generalized forces it applies directly (needs `kin.v`). Default: none."""
         return None
 
@@ -80,11 +81,11 @@ class AbstractForce(eqx.Module):
     def markers(self) -> tuple[str, ...]:
         """The markers (or bodies) it attaches to."""
 
-    def potential_energy(self, kin: Kinematics) -> Float[Array, ""]:
+    def potential_energy(self, kin: Kinematics | TreeKinematics) -> Float[Array, ""]:
         """Its potential energy. Default: 0."""
         return jnp.zeros((), kin.q.dtype)
 
-    def loads(self, kin: Kinematics) -> tuple[Load, ...]:
+    def loads(self, kin: Kinematics | TreeKinematics) -> tuple[Load, ...]:
         """Its non-conservative loads (needs `kin.v`). Default: none."""
         return ()
 
@@ -118,7 +119,7 @@ def _actuator(value):
     return None, _array("An actuator", value)
 
 
-def actuation(element, kin: Kinematics, shape=()):
+def actuation(element, kin: Kinematics | TreeKinematics, shape=()):
     """The value of `element`'s actuator at the state of `kin`."""
     if element.channel is not None:
         return kin.inputs[element.channel]
@@ -130,7 +131,7 @@ def actuation(element, kin: Kinematics, shape=()):
     return jnp.reshape(actuator, shape)
 
 
-def _applied(element, kin: Kinematics, direction, size):
+def _applied(element, kin: Kinematics | TreeKinematics, direction, size):
     """The vector an applied force or torque `element` acts with: `u · direction`, or its
     actuator `u` itself, shape `(size,)`, without a `direction`; in the global frame, turned
     from the frame of its marker `at` if it is `local`."""
@@ -169,7 +170,7 @@ class Gravity(AbstractForce):
     name: str | None = eqx.field(static=True)
     vector_fields: ClassVar[tuple[str, ...]] = ("acceleration",)
 
-    def __init__(self, acceleration: ArrayLike | None = None, *, name: str | None = None):
+    def __init__(self, acceleration: ArrayLikeOrSequence | None = None, *, name: str | None = None):
         self.acceleration = _optional_vector("`acceleration` of Gravity", acceleration)
         self.name = name
 
@@ -391,7 +392,7 @@ class Force(AbstractAppliedLoad):
         self,
         at: str,
         actuator: Actuator,
-        direction: ArrayLike | None = None,
+        direction: ArrayLikeOrSequence | None = None,
         *,
         local: bool = False,
         name: str | None = None,
@@ -433,7 +434,7 @@ class Torque(AbstractAppliedLoad):
         self,
         at: str,
         actuator: Actuator,
-        axis: ArrayLike | None = None,
+        axis: ArrayLikeOrSequence | None = None,
         *,
         local: bool = False,
         name: str | None = None,

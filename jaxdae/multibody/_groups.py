@@ -87,7 +87,7 @@ def vmapped(elements: Sequence[eqx.Module], fn: Callable, *args):
     return jax.vmap(lambda ls, *a: fn(jax.tree_util.tree_unflatten(treedef, ls), *a))(leaves, *args)
 
 
-def reorder(parts: Sequence[Array], positions: Sequence[int]) -> Array:
+def reorder(parts: Sequence[Array], positions: Sequence[int | np.integer]) -> Array:
     """The concatenated `parts` with entry `i` moved to `positions[i]` (one gather at static
     indices, `_gather.take`; none when they are in order)."""
     flat = jnp.concatenate(parts) if len(parts) > 1 else parts[0]

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._custom_types import Array, ArrayLike, Float
+from .._custom_types import Array, ArrayLike, ArrayLikeOrSequence, Float
 from .._gains import is_concrete
 from ._body import _check_element_dimension, _optional_vector, _scalar, _vector
 from ._kinematics import Frame, perpendicular
@@ -187,7 +187,9 @@ class AbstractAxisJoint(AbstractJoint):
     axis_sizes: eqx.AbstractClassVar[tuple[int, ...]]
     axis_example: eqx.AbstractClassVar[str]
 
-    def __init__(self, a: str, b: str, axis: ArrayLike | None = None, *, name: str | None = None):
+    def __init__(
+        self, a: str, b: str, axis: ArrayLikeOrSequence | None = None, *, name: str | None = None
+    ):
         self.a, self.b, self.name = a, b, name
         self.axis = _joint_axis(
             _owner(type(self).__name__, a, b, name),
@@ -277,7 +279,7 @@ class Prismatic(AbstractJoint):
         self,
         a: str,
         b: str,
-        axis: ArrayLike | None = None,
+        axis: ArrayLikeOrSequence | None = None,
         *,
         angle: ArrayLike = 0.0,
         name: str | None = None,
@@ -453,7 +455,7 @@ class Rolling(AbstractJoint):
         a: str,
         b: str,
         radius: ArrayLike,
-        axis: ArrayLike | None = None,
+        axis: ArrayLikeOrSequence | None = None,
         *,
         offset: ArrayLike = 0.0,
         name: str | None = None,
@@ -576,8 +578,8 @@ class Universal(AbstractJoint):
         self,
         a: str,
         b: str,
-        axis_a: ArrayLike = (1.0, 0.0, 0.0),
-        axis_b: ArrayLike = (0.0, 1.0, 0.0),
+        axis_a: ArrayLikeOrSequence = (1.0, 0.0, 0.0),
+        axis_b: ArrayLikeOrSequence = (0.0, 1.0, 0.0),
         *,
         name: str | None = None,
     ):
@@ -615,7 +617,12 @@ class Cylindrical(AbstractJoint):
     vector_fields: ClassVar[tuple[str, ...]] = ("axis",)
 
     def __init__(
-        self, a: str, b: str, axis: ArrayLike = (0.0, 0.0, 1.0), *, name: str | None = None
+        self,
+        a: str,
+        b: str,
+        axis: ArrayLikeOrSequence = (0.0, 0.0, 1.0),
+        *,
+        name: str | None = None,
     ):
         self.a, self.b, self.name = a, b, name
         owner = _owner("Cylindrical", a, b, name)

@@ -1,6 +1,7 @@
 """Markers at a configuration (what joints and force elements are written on), and the
 rotations of planar and spatial bodies."""
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -8,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._compilation._gather import take
-from .._custom_types import Array, ArrayLike, Float
+from .._custom_types import Array, ArrayLike, Float, ScalarLike
 
 
 class Frame(NamedTuple):
@@ -123,7 +124,7 @@ def quaternion_from_matrix(matrix):
 
 
 def rotation_matrix(
-    axis: Float[ArrayLike, "3"], angle: Float[ArrayLike, ""]
+    axis: Float[ArrayLike, "3"] | Sequence[ScalarLike], angle: ScalarLike
 ) -> Float[Array, "3 3"]:
     """The rotation by `angle` (radians, right-handed) about `axis` (normalized), by
     Rodrigues' formula: for marker orientations and a body's initial `orientation`.
@@ -144,9 +145,7 @@ def rotation_matrix(
     return jnp.eye(3, dtype=axis.dtype) + jnp.sin(angle) * k + (1 - jnp.cos(angle)) * (k @ k)
 
 
-def rpy_matrix(
-    roll: Float[ArrayLike, ""], pitch: Float[ArrayLike, ""], yaw: Float[ArrayLike, ""]
-) -> Float[Array, "3 3"]:
+def rpy_matrix(roll: ScalarLike, pitch: ScalarLike, yaw: ScalarLike) -> Float[Array, "3 3"]:
     """The rotation of roll, pitch and yaw angles as URDF defines them:
     `R_z(yaw) R_y(pitch) R_x(roll)` (fixed axes x, y, z in that order).
 

@@ -13,7 +13,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from .._custom_types import Array, ArrayLike, Float
+from .._custom_types import Array, ArrayLike, ArrayLikeOrSequence, Float
 from .._gains import is_concrete
 from ._body import _check_element_dimension, _scalar, _vector
 from ._kinematics import Frame, perpendicular
@@ -107,7 +107,7 @@ class AbstractStop(eqx.Module):
         """Coulomb's coefficient of each gap's contact (default: frictionless)."""
         return jnp.zeros((self.num_gaps,))
 
-    def slip_velocities(self, kin: StopKinematics) -> Float[Array, "g d-1"]:
+    def slip_velocities(self, kin: StopKinematics) -> Float[Array, "g k"]:
         """The sliding velocity of each gap's contact in its tangent line (the plane,
         `d − 1 = 1`) or plane (space, two orthonormal tangents), along which its friction
         acts, shape `(num_gaps, d − 1)` (default: zero, no sliding direction)."""
@@ -252,7 +252,7 @@ class PlaneContact(AbstractStop):
         self,
         point: str,
         surface: str = "ground",
-        normal: ArrayLike | None = None,
+        normal: ArrayLikeOrSequence | None = None,
         *,
         radius: ArrayLike = 0.0,
         restitution: ArrayLike = 0.0,
