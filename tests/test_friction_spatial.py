@@ -336,6 +336,22 @@ def test_cone_solver_meets_coulomb_and_complementarity():
     assert solved >= 25
 
 
+@pytest.mark.parametrize("mu", [0.3, 1e4, 1e8])
+def test_a_slipping_contacts_force_holds_for_large_friction(mu):
+    """A sphere's contact problem (its normal row uncoupled from its tangents) slipping
+    along `d` with a large `μ`: the normal force still holds `g̈ = 0` and the friction
+    is `−μ λ_N d` (the normal row is not lost beside the slip rows)."""
+    from jaxdae._compilation._lcp import ContactModes, frictional_solve
+
+    matrix = jnp.array([[1.0, 0.0, 0.0], [0.0, 3.5, 0.0], [0.0, 0.0, 3.5]])
+    vector = jnp.array([-9.81, 0.0, 0.0])
+    d = jnp.array([[0.6, 0.8]])
+    modes = ContactModes(jnp.array([True]), jnp.array([False]), d)
+    x = np.asarray(jax.jit(frictional_solve)(matrix, vector, jnp.array([mu]), modes))
+    np.testing.assert_allclose(x[0], 9.81, rtol=1e-12)
+    np.testing.assert_allclose(x[1:], -mu * 9.81 * np.asarray(d[0]), rtol=1e-12)
+
+
 def test_slip_direction_follows_the_slip_rate_where_the_response_is_anisotropic():
     """A contact pressed (`b_N < 0`) and pushed along `b_T = (1, 1)` slides, with its
     tangential response `diag(1, k)`: the direction it slides in is that of its slip rate

@@ -174,7 +174,13 @@ def frictional_solve(
     stuck at more contacts than it has freedoms, whose forces are indeterminate), as
     `x = Rᵀ (R Rᵀ)⁺ rhs` for the rows `R`, by a pivoted Cholesky factorization of `R Rᵀ`
     ([`pivoted_pseudo_solve`][]): array operations, no LAPACK call, so that a solve's step
-    loop that computes contact forces stays one kernel on the CPU."""
+    loop that computes contact forces stays one kernel on the CPU.
+
+    A slipping contact's force is one unknown along its unit direction
+    `(1, −μ d)/√(1 + μ²|d|²)` (`x = B z`), so that its normal row keeps its scale for any
+    `μ`: the rows `x_T + μ d x_N = 0` beside it would make the normal row nearly dependent
+    on them for large `μ` (its pivot in `R Rᵀ` of order `μ⁻⁴`), and the factorization drop
+    it. The least `z` is the least `x` (`B`'s columns are unit vectors)."""
     active, stick, sign = modes.active, modes.stick, modes.sign
     size = active.shape[0]
     tangents = tangent_count(sign)
@@ -183,24 +189,38 @@ def frictional_solve(
     eye = scale * jnp.eye((1 + tangents) * size, dtype=dtype)
     rubbing = active & (friction > 0)
     holding = rubbing & stick
+    slipping = rubbing & ~stick
     # Each tangential row's contact (static).
     owner = np.repeat(np.arange(size), tangents)
-    slip_rows = eye[size:] + (friction[owner] * sign.reshape(-1))[:, None] * eye[:size][owner]
-    rows = jnp.concatenate(
+    # `B`: a slipping contact's normal column `(e_N − μ d e_T)/n`, `n` its length.
+    rub = jnp.where(slipping[owner], -friction[owner] * sign.reshape(-1), 0.0)
+    length = jnp.sqrt(1.0 + jnp.zeros((size,), dtype).at[owner].add(rub**2))
+    unit = jnp.eye(size, dtype=dtype)
+    basis = jnp.concatenate(
         [
-            jnp.where(active[:, None], matrix[:size], eye[:size]),
-            jnp.where(
-                holding[owner][:, None],
-                matrix[size:],
-                jnp.where(rubbing[owner][:, None], slip_rows, eye[size:]),
+            jnp.concatenate([unit / length, jnp.zeros((size, tangents * size), dtype)], 1),
+            jnp.concatenate(
+                [rub[:, None] * unit[owner] / length, jnp.eye(tangents * size, dtype=dtype)], 1
             ),
         ]
     )
+    reduced = matrix @ basis
+    # (A slipping contact's tangential rows hold `z_T = 0`; its normal row is scaled back
+    # by `n`, its equation unchanged.)
+    rows = jnp.concatenate(
+        [
+            jnp.where(active[:, None], length[:, None] * reduced[:size], eye[:size]),
+            jnp.where(holding[owner][:, None], reduced[size:], eye[size:]),
+        ]
+    )
     rhs = jnp.concatenate(
-        [jnp.where(active, -vector[:size], 0.0), jnp.where(holding[owner], -vector[size:], 0.0)]
+        [
+            jnp.where(active, -length * vector[:size], 0.0),
+            jnp.where(holding[owner], -vector[size:], 0.0),
+        ]
     )
     factor = pivoted_pseudo_factor(rows @ rows.T, float(1e3 * jnp.finfo(dtype).eps))
-    return rows.T @ pivoted_pseudo_solve(factor, rhs)
+    return basis @ (rows.T @ pivoted_pseudo_solve(factor, rhs))
 
 
 def solve_frictional_lcp(
