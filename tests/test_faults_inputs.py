@@ -636,6 +636,33 @@ def test_bad_friction_is_refused_eager_traced_and_batched(friction):
     assert jax.vmap(_block_result)(jnp.array([0.5, friction])).tolist() == [SUCCESS, INVALID]
 
 
+def _stepped_ball_result(height):
+    return jaxdae.simulate(
+        jaxdae.examples.BouncingBall(e=0.5),
+        jaxdae.Unstabilized(),
+        0.0,
+        0.1,
+        jnp.stack([0.0, height]),
+        jnp.zeros(2),
+        events=jaxdae.TimeStepping(dt=1e-2),
+        throw=False,
+    ).result._value
+
+
+@pytest.mark.parametrize("result", [_ball_result, _stepped_ball_result], ids=["events", "stepping"])
+def test_a_traced_start_below_a_gap_is_invalid_input(result):
+    """A start that violates a gap is refused when concrete and `invalid_input` when
+    traced, per member under `vmap` (not launched out of the floor)."""
+    with pytest.raises(ValueError, match="violates gap 0"):
+        result(0.5, height=-0.1) if result is _ball_result else result(-0.1)
+    heights = jnp.array([1.0, -0.1])
+    if result is _ball_result:
+        batch = jax.vmap(functools.partial(_ball_result, 0.5))(heights)
+    else:
+        batch = jax.vmap(result)(heights)
+    assert batch.tolist() == [SUCCESS, INVALID]
+
+
 class _RootGapBall(jaxdae.examples.BouncingBall):
     """A gap `√y − 0.5`: not a number below the floor's level."""
 

@@ -123,7 +123,12 @@ def pose_problem(
         call = eqx.tree_at(lambda c: c.solver, call, stepping.solver(dtype), is_leaf=_none)
         events = None
     if events is not None or stepping is not None:
-        gain_checks += stop_value_checks(system, t0, q0)
+        gap_tolerance = (
+            events.tolerance(q0.dtype)
+            if events is not None
+            else float(0.01 * np.sqrt(np.finfo(q0.dtype).eps))
+        )
+        gain_checks += stop_value_checks(system, t0, q0, gap_tolerance)
     options = call.options(
         dtype, trajectories.error_norm, event_driven=events is not None or stepping is not None
     )
@@ -177,10 +182,11 @@ def _none(x) -> bool:
     return x is None
 
 
-def stop_value_checks(system, t0, q0) -> list[tuple[Array, str]]:
+def stop_value_checks(system, t0, q0, gap_tolerance: float) -> list[tuple[Array, str]]:
     """The checks of a system's stop data (a flag and its message each): coefficients of
     restitution in `[0, 1]`, finite non-negative coefficients of friction, finite gaps at
-    the start, and the system's own `stop_checks`. Where the values are concrete a
+    the start that none violates by more than `gap_tolerance`, and the system's own
+    `stop_checks`. Where the values are concrete a
     `ValueError` names the first problem; where they are traced (a system or state under
     `jit`, `vmap` or `grad`) the flags join the traced checks (`check_traced`:
     `invalid_input` with `throw=False`)."""
@@ -213,6 +219,14 @@ def stop_value_checks(system, t0, q0) -> list[tuple[Array, str]]:
             gaps,
             lambda xnp, g: ~xnp.all(xnp.isfinite(g)),
             "The gaps (`gaps`) of the initial state must be finite",
+        )
+    )
+    checks.append(
+        (
+            gaps,
+            lambda xnp, g: xnp.any(g < -gap_tolerance),
+            "The initial state violates a gap (a one-sided constraint `gaps(t, q) ≥ 0`): "
+            "start where every gap is open or closed (≥ 0)",
         )
     )
     for flag, rule in system.stop_checks():
