@@ -379,3 +379,25 @@ def test_collision_shapes_that_do_not_map_are_refused_with_their_line():
         robot.contacts(["foot"])
     with pytest.raises(ValueError, match="sequence of link names"):
         robot.contacts("base")
+
+
+@pytest.mark.parametrize(
+    "geometry, match",
+    [
+        ('<box size="0 0 0"/>', "box of link 'base' has size .*positive sides"),
+        ('<box size="-0.1 0.1 0.1"/>', "box of link 'base' has size .*positive sides"),
+        ('<sphere radius="-0.05"/>', "sphere of link 'base' has size .*a positive radius"),
+    ],
+)
+def test_collision_shapes_without_positive_size_are_refused_with_their_line(
+    tmp_path, geometry, match
+):
+    path = tmp_path / "flat.urdf"
+    path.write_text(
+        '<robot name="flat"><link name="base"><inertial><mass value="1"/><inertia ixx="1" '
+        'iyy="1" izz="1" ixy="0" ixz="0" iyz="0"/></inertial><collision><geometry>'
+        f"{geometry}</geometry></collision></link></robot>"
+    )
+    robot = mb.load_urdf(path, fixed_base=False)
+    with pytest.raises(ValueError, match=r"flat.urdf, line 1: the <collision> " + match):
+        robot.contacts(["base"])

@@ -103,8 +103,9 @@ class UrdfRobot(NamedTuple):
         **Raises:**
 
         `ValueError`, naming the file and line, for a link that is not in the file or has no
-        `<collision>`, and for a collision cylinder or mesh, which do not map to point
-        contacts (give the link a sphere or a box, or place `PlaneContact`s on markers).
+        `<collision>`, for a collision cylinder or mesh, which do not map to point
+        contacts (give the link a sphere or a box, or place `PlaneContact`s on markers), and
+        for a sphere or box whose radius or sides are not positive.
         """
         if isinstance(links, str):
             raise ValueError(
@@ -123,6 +124,13 @@ class UrdfRobot(NamedTuple):
                     f"collision geometry: {have})."
                 )
             for shape in found:
+                if shape.kind in ("sphere", "box") and not all(x > 0 for x in shape.size):
+                    raise ValueError(
+                        f"{shape.source}: the <collision> {shape.kind} of link {link!r} has "
+                        f"size {shape.size}; its point contacts need "
+                        f"{'a positive radius' if shape.kind == 'sphere' else 'positive sides'}"
+                        " (fix the file, or place `mb.PlaneContact`s on markers of its body)."
+                    )
                 if shape.kind == "sphere":
                     points = [(shape.marker, shape.size[0])]
                 elif shape.kind == "box":
