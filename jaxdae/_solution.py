@@ -416,7 +416,7 @@ class Solution(AbstractSolution):
         )
 
 
-def failure_message(sol: Solution) -> str | None:
+def failure_message(sol: AbstractSolution) -> str | None:
     """A message naming the first failed solve with its final `t` and `q` (concrete values only)."""
     return failure_text(result_codes(sol.result), sol.t_final, sol.q_final, *residuals(sol))
 

@@ -351,7 +351,7 @@ class _Value:
     def indices(self) -> np.ndarray:
         return np.arange(len(self.elements)).reshape(self.shape)
 
-    def take(self, index: np.ndarray) -> "_Value":
+    def take(self, index: np.ndarray | np.integer) -> "_Value":
         return _Value([self.elements[i] for i in index.reshape(-1)], index.shape, self.dtype)
 
 

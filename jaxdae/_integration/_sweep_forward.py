@@ -102,13 +102,14 @@ class SweepProblem(eqx.Module):
     """The differentiated arguments of the swept solve, as `diffeqsolve` gave them to the
     adjoint (times multiplied by the solve's direction, terms wrapped to match): the terms
     and `args`, the state it starts from (`init_state.y` is `y0`; the solver's and
-    controller's states are constants of the gradient), the times and what to save."""
+    controller's states are constants of the gradient), the times and what to save. Also
+    the cotangent of such a problem, where the times are None (no cotangent)."""
 
     terms: diffrax.AbstractTerm
     args: object
     init_state: eqx.Module
-    t0: Array
-    t1: Array
+    t0: Array | None
+    t1: Array | None
     dt0: Array | None
     saveat: diffrax.SaveAt
 

@@ -22,7 +22,7 @@ from .._checks import (
     tolerance_problem,
 )
 from .._compilation._operators import FactoredOperator
-from .._custom_types import Array
+from .._custom_types import Array, Bool
 from .._formulations import AbstractFormulation, AbstractStabilizedFormulation
 from .._gains import is_concrete
 from .._systems._hamiltonian import HamiltonianSystem
@@ -572,7 +572,7 @@ def _step_problem(dt0):
     return ~jnp.isfinite(dt0) | ~(dt0 > 0)
 
 
-def traced_input_checks(times, dt0, controller) -> tuple[tuple[Array, str], ...]:
+def traced_input_checks(times, dt0, controller) -> tuple[tuple[Bool[Array, ""] | bool, str], ...]:
     """`(flag, message)` checks of a traced solve's times, first step `dt0` and default
     controller's tolerances, the flag true where the message applies (`check_traced`
     reports them; [`solvable_inputs`][] keeps them from diffrax's own checks)."""

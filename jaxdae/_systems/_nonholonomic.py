@@ -4,7 +4,7 @@
 import jax
 import jax.numpy as jnp
 
-from .._custom_types import Array, Float, Scalar
+from .._custom_types import Array, Bool, Scalar
 
 
 def velocity_curvature(velocity_constraints, t, q, v) -> tuple[Scalar, Scalar]:
@@ -28,7 +28,7 @@ def velocity_curvature(velocity_constraints, t, q, v) -> tuple[Scalar, Scalar]:
     return curvature, scale
 
 
-def is_not_affine(curvature: Scalar, scale: Scalar) -> Float[Array, ""]:
+def is_not_affine(curvature: Scalar, scale: Scalar) -> Bool[Array, ""]:
     """True when the curvature of `Ψ` in `v` is not round-off relative to `A`."""
     tol = jnp.sqrt(jnp.finfo(curvature.dtype).eps) * (1.0 + scale)
     return ~(curvature <= tol)
