@@ -331,7 +331,7 @@ def test_consistent_state_in_a_weighted_metric():
         )
 
 
-def test_bad_input_is_refused():
+def test_bad_input_is_refused(unchecked):
     q0, v0, w0 = OPTICS.initial_state(angle_error=0.05)
     with pytest.raises(ValueError, match="relative degree is 4.*pass 4 gains"):
         jaxdae.simulate_actuated(

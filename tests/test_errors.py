@@ -96,7 +96,7 @@ def _simulate(**overrides):
         "potential-vector",
     ],
 )
-def test_bad_simulate_input(overrides, match):
+def test_bad_simulate_input(unchecked, overrides, match):
     with pytest.raises(ValueError, match=match):
         _simulate(**overrides)
 
@@ -133,7 +133,7 @@ def test_bad_simulate_input(overrides, match):
         "kd-nan",
     ],
 )
-def test_bad_gains_are_refused_at_construction(make, match):
+def test_bad_gains_are_refused_at_construction(unchecked, make, match):
     with pytest.raises(ValueError, match=match):
         make()
 
@@ -180,7 +180,7 @@ def test_bad_gains_are_refused_at_construction(make, match):
         "no-controller-field",
     ],
 )
-def test_arguments_of_the_wrong_kind_are_named(call, match):
+def test_arguments_of_the_wrong_kind_are_named(unchecked, call, match):
     with pytest.raises(ValueError, match=match):
         call()
 

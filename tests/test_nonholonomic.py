@@ -244,7 +244,7 @@ def test_non_affine_velocity_constraint_refused():
         (dict(k10=-jnp.eye(2), k11=-jnp.ones(3)), "disagree"),
     ],
 )
-def test_coupled_bad_blocks(kwargs, match):
+def test_coupled_bad_blocks(unchecked, kwargs, match):
     with pytest.raises(ValueError, match=match):
         jaxdae.CoupledPerturbation(**kwargs)
 

@@ -519,7 +519,7 @@ def test_projection_residuals_take_the_form_of_the_terms():
     assert float(jnp.max(jnp.abs(projected[0] - projected[1]))) <= 1e-14
 
 
-def test_bad_arguments():
+def test_bad_arguments(unchecked):
     with pytest.raises(ValueError, match="iterations"):
         jaxdae.Projected(diffrax.Tsit5(), iterations=0)
     with pytest.raises(ValueError, match="tol"):

@@ -155,7 +155,7 @@ def test_singular_configuration_during_motion_is_named():
     assert abs(float(sol.q_final[1])) < 0.05
 
 
-def test_structure_errors():
+def test_structure_errors(unchecked):
     pend = CartesianPendulum()
     q0, v0 = pend.state_from_angle(0.3, 0.0)
     with pytest.raises(ValueError, match="one coordinate per geometric constraint"):
