@@ -278,6 +278,29 @@ def test_sphere_slides_then_rolls_at_the_closed_form(balls):
         np.testing.assert_allclose(np.asarray(sol.v_final)[[2, 5]], 0.0, atol=1e-9)
 
 
+def test_sphere_in_float32_rolls_at_the_closed_form():
+    """In float32 the slip's stop is located to float32's width in time, and the slip
+    left there counts as at rest: one `stick` event, not a slip that restarts at every
+    event until `max_events`."""
+    mu, speed = 0.3, 2.0
+    ball = Ball(jnp.asarray(RADIUS, jnp.float32), jnp.asarray(mu, jnp.float32), jnp.asarray(0.0))
+    sol = jaxdae.simulate(
+        ball,
+        jaxdae.Unstabilized(),
+        0.0,
+        0.3,
+        jnp.array([0.0, 0.0, RADIUS, 0.0, 0.0, 0.0], jnp.float32),
+        jnp.array([speed, 0.0, 0.0, 0.0, 0.0, 0.0], jnp.float32),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    assert sol.q.dtype == jnp.float32
+    table = sol.events.table()
+    assert [row[2] for row in table] == ["stick"]
+    np.testing.assert_allclose(table[0][0], 2 * speed / (7 * mu * G), atol=1e-5)
+    np.testing.assert_allclose(sol.v_final[0], 5 * speed / 7, rtol=1e-4)
+
+
 def test_oblique_impact_with_spin_sticks_or_slides_as_the_closed_form(balls):
     kinds = []
     for k, mu in enumerate(IMPACT_MUS):

@@ -483,10 +483,17 @@ def transition(
     free, sign = jnp.zeros((size,), bool), contacts.modes.sign
     turning = None
     speed = jnp.zeros((size,), q.dtype)
+    slip_at_rest = at_rest_speed
     if gaps_after.slip.shape[0]:
         tangents = gaps_after.tangents
         slip_after = gaps_after.slip.reshape(size, tangents)
         speed = magnitudes(slip_after)
+        # A slip's stop is located to the crossing's width in time (`64 ε (1 + |t|)`, the
+        # events' `DownCrossing`): the slip left there, up to twice that width times the
+        # slip's rate, is at rest too (in float32 it exceeds `at_rest_speed`).
+        slip_rate = (problem.matrix @ held + problem.vector)[size:].reshape(size, tangents)
+        width = 64 * jnp.finfo(q.dtype).eps * (1 + jnp.abs(t))
+        slip_at_rest = at_rest_speed + 2 * width * magnitudes(slip_rate)
         if tangents == 1:
             sign = jnp.where(gaps_after.slip < 0, -1.0, 1.0).astype(q.dtype)
             opposed = jnp.where(held[size:] > 0, -1.0, 1.0).astype(q.dtype)
@@ -499,7 +506,7 @@ def transition(
             sign = units(slip_after, fallback)
             opposed = -units(held[size:].reshape(size, tangents), -sign)
         unstuck = triggered[size : 2 * size] & active & contacts.modes.stick
-        free = (speed <= at_rest_speed) & ~unstuck
+        free = (speed <= slip_at_rest) & ~unstuck
         turning = free | unstuck
         sign = jnp.where(unstuck if tangents == 1 else unstuck[:, None], opposed, sign)
     problem_after = contact_problem(formulation, terms_after, gaps_after, contacts.gains)
@@ -516,7 +523,7 @@ def transition(
     # the same reason.
     slip_offset = jnp.zeros_like(offset)
     if gaps_after.slip.shape[0]:
-        slip_offset = jnp.where(speed <= at_rest_speed, -tolerance, 0.0)
+        slip_offset = jnp.where(speed <= slip_at_rest, -tolerance, 0.0).astype(q.dtype)
     return _Transition(
         s_after,
         modes,
