@@ -126,6 +126,9 @@ def test_bad_stops_are_refused():
         mb.DistanceStop("ground", "b")
     with pytest.raises(ValueError, match="non-negative"):
         mb.PlaneContact("b", radius=-1.0)
+    for point, surface in (("b.tip", "b"), ("ground", "ground.floor")):
+        with pytest.raises(ValueError, match="on one body, so its gap never changes"):
+            mb.PlaneContact(point, surface)
     with pytest.raises(ValueError, match="has no joint coordinate"):
         mb.Mechanism(
             [body],

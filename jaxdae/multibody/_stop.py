@@ -260,6 +260,11 @@ class PlaneContact(AbstractStop):
         name: str | None = None,
     ):
         owner = f"the PlaneContact of {point!r}"
+        if point.partition(".")[0] == surface.partition(".")[0]:
+            raise ValueError(
+                f"The point {point!r} and the surface {surface!r} of {owner} are on one body, "
+                "so its gap never changes; put the surface on another body or the ground."
+            )
         self.point, self.surface, self.name = point, surface, name
         self.normal = (
             None if normal is None else _vector(f"`normal` of {owner}", normal, np.size(normal))
