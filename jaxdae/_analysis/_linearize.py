@@ -1,6 +1,8 @@
 """Equilibria, linearization and the stability verdict of Krasinskaya and Krasinskiy (2013)
 (§§2–4)."""
 
+from collections.abc import Sequence
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -10,7 +12,7 @@ import optimistix as optx
 
 from .._checks import check_count, check_finite, check_instance, check_positive, check_real
 from .._compilation._linalg import full_precision
-from .._custom_types import Array, ArrayLike, Bool, Float, Int
+from .._custom_types import Array, ArrayLike, Bool, Float, Int, ScalarLike
 from .._formulations import AbstractFormulation, AbstractIndependentVelocities, Unstabilized
 from .._gains import attach_checks, is_concrete
 from .._systems._control import ConstantControl, is_controlled, with_controller
@@ -85,12 +87,12 @@ def _solve_equilibrium(system, t, q_guess, v_cyclic, u_guess, free, cyclic, rtol
 @full_precision
 def equilibrium(
     system,
-    q_guess: Float[ArrayLike, " n"],
+    q_guess: Float[ArrayLike, " n"] | Sequence[ScalarLike],
     *,
     fixed: tuple[int, ...] = (),
     cyclic: tuple[int, ...] = (),
-    v_guess: Float[ArrayLike, " n"] | None = None,
-    u_guess: Float[ArrayLike, " p"] | None = None,
+    v_guess: Float[ArrayLike, " n"] | Sequence[ScalarLike] | None = None,
+    u_guess: Float[ArrayLike, " p"] | Sequence[ScalarLike] | None = None,
     t: float = 0.0,
     tol: float | None = None,
     max_steps: int = 256,

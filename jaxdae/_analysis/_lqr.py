@@ -33,7 +33,7 @@ import optimistix as optx
 
 from .._checks import check_finite, check_real
 from .._compilation._linalg import full_precision
-from .._custom_types import Array, ArrayLike, Bool, Float
+from .._custom_types import Array, ArrayLike, Bool, Float, ScalarLike
 from .._gains import attach_checks, is_concrete
 
 
@@ -191,9 +191,9 @@ def _scale_note(q, r, residual) -> str:
 @full_precision
 def lqr(
     A: Float[ArrayLike, "n n"],  # noqa: N803
-    B: Float[ArrayLike, "n p"],  # noqa: N803
+    B: Float[ArrayLike, "n p"] | Float[ArrayLike, " n"],  # noqa: N803
     Q: Float[ArrayLike, "n n"],  # noqa: N803
-    R: Float[ArrayLike, "p p"],  # noqa: N803
+    R: Float[ArrayLike, "p p"] | ScalarLike,  # noqa: N803
     *,
     rtol: float | None = None,
     max_steps: int = 100,

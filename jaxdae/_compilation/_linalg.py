@@ -372,7 +372,7 @@ def psd_pseudo_inverse(matrix: Float[Array, "c c"], rcond: ScalarLike) -> Float[
 
 
 def pivoted_cholesky(
-    matrix: Float[Array, "n n"], rcond: float
+    matrix: Float[Array, "n n"], rcond: ScalarLike
 ) -> tuple[Float[Array, "n n"], Float[Array, " n"], Int[Array, " n"]]:
     """The Cholesky factorization with symmetric (diagonal) pivoting of a symmetric positive
     semidefinite matrix, stopped at its numerical rank: `(low, pivots, order)` with
@@ -428,7 +428,7 @@ class PivotedPseudoFactor(NamedTuple):
     gram_low: Array
 
 
-def pivoted_pseudo_factor(matrix: Float[Array, "n n"], rcond: float) -> PivotedPseudoFactor:
+def pivoted_pseudo_factor(matrix: Float[Array, "n n"], rcond: ScalarLike) -> PivotedPseudoFactor:
     """The factorization of a symmetric positive semidefinite `matrix` from which
     [`pivoted_pseudo_solve`][] applies its Moore–Penrose inverse (of numerical rank set by
     `rcond`, as [`pivoted_cholesky`][] decides it)."""

@@ -44,7 +44,7 @@ class ConstantControl(AbstractController):
 
     u: Float[Array, " p"]
 
-    def __init__(self, u: Float[ArrayLike, " p"]):
+    def __init__(self, u: ScalarLike | Float[ArrayLike, " p"]):
         check_real(u=u)
         self.u = jnp.atleast_1d(jnp.asarray(u, dtype=jnp.result_type(u, float)))
 
@@ -140,6 +140,9 @@ class AbstractControlledSystem(AbstractSystem):
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Frames of the wrappers that jaxtyping's import hook puts around jaxdae's functions (with a
+# typechecker, beartype) count as jaxdae's.
+_WRAPPERS = ("jaxtyping.", "beartype.")
 
 
 def is_controlled(system) -> bool:
@@ -167,10 +170,19 @@ def is_controlled(system) -> bool:
 def _user_level() -> int:
     """The `stacklevel` of `warnings.warn`, called from a function of jaxdae, that names the
     first frame outside jaxdae: the user's line, where Python shows a `DeprecationWarning`."""
-    frame, level = sys._getframe(2), 2
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE + os.sep):
+    frame = sys._getframe(1)
+    while _wrapper(frame):  # around this function
+        frame = frame.f_back
+    frame, level = frame.f_back, 2  # level 1: the function that warns
+    while frame.f_back is not None and (
+        frame.f_code.co_filename.startswith(_PACKAGE + os.sep) or _wrapper(frame)
+    ):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _wrapper(frame) -> bool:
+    return frame.f_globals.get("__name__", "").startswith(_WRAPPERS)
 
 
 def with_controller(system, controller: AbstractController):
