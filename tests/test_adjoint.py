@@ -361,7 +361,7 @@ def test_reverse_mode_inside_jit_does_not_trace_the_primal_solve(monkeypatch):
     assert staged == [True, False, True, False, True, False]
 
 
-def test_errors():
+def test_errors(unchecked):
     sweep = jaxdae.ReverseSweepAdjoint()
     with pytest.raises(ValueError, match="explicit Runge–Kutta.*Kvaerno5"):
         jaxdae.simulate(

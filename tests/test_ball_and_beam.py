@@ -163,7 +163,7 @@ def test_equilibrium_jit_vmap_grad(design):
     np.testing.assert_allclose(grads, [slope, slope], rtol=1e-8)
 
 
-def test_controller_errors(design):
+def test_controller_errors(unchecked, design):
     eq = design["eq_e"]
     with pytest.raises(ValueError, match="no `controller` field"):
         jaxdae.with_controller(jaxdae.examples.CartesianPendulum(), jaxdae.ConstantControl(0.0))

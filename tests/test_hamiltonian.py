@@ -119,7 +119,7 @@ class VectorHamiltonian(jaxdae.HamiltonianSystem):
         return 0.5 * p * p
 
 
-def test_bad_input():
+def test_bad_input(unchecked):
     with pytest.raises(ValueError, match="LagrangianSystem"):
         jaxdae.HamiltonianForm(CartesianArm())
     with pytest.raises(ValueError, match="scalar"):

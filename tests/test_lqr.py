@@ -97,7 +97,7 @@ def test_not_stabilizable_traced_is_an_error():
         ).block_until_ready()
 
 
-def test_bad_input():
+def test_bad_input(unchecked):
     with pytest.raises(ValueError, match="square"):
         jaxdae.lqr(np.ones((2, 3)), np.ones((2, 1)), np.eye(2), np.eye(1))
     with pytest.raises(ValueError, match="`B` must have shape"):

@@ -117,7 +117,7 @@ def test_custom_force_equals_viscous(sleigh, constrained):
         (lambda: jaxdae.RealizedConstraints(CartesianPendulum(), "viscous"), "realizing-force law"),
     ],
 )
-def test_bad_parameters(make, match):
+def test_bad_parameters(unchecked, make, match):
     with pytest.raises(ValueError, match=match):
         make()
 

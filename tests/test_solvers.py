@@ -90,6 +90,6 @@ def test_gradient_matches_central_differences():
     np.testing.assert_allclose(jax.jit(jax.grad(loss))(10.0), fd, rtol=1e-5)
 
 
-def test_refuses_solvers_it_cannot_unroll():
+def test_refuses_solvers_it_cannot_unroll(unchecked):
     with pytest.raises(ValueError, match="explicit Runge–Kutta solver with one Butcher"):
         jaxdae.UnrolledERK(diffrax.Kvaerno5())
