@@ -4,6 +4,8 @@ rolling, sticking and bouncing with first-order convergence, derivatives under `
 `grad` and `jacfwd`, float32, and the refused inputs (`jaxdae/_compilation/_cones.py`,
 `jaxdae/_integration/_time_stepping.py`)."""
 
+from pathlib import Path
+
 import diffrax
 import equinox as eqx
 import jax
@@ -114,6 +116,28 @@ def _slsqp(matrix, vector, friction, count, tangents):
         method="SLSQP",
         options={"ftol": 1e-13, "maxiter": 500},
     ).x
+
+
+def test_frictionless_cones_project_onto_the_non_negative_ray():
+    """A coefficient `μ = 0` (a joint limit beside frictional contacts) is the ray
+    `x_T = 0, x_n ≥ 0`: a negative normal impulse projects to zero."""
+    from jaxdae._compilation._cones import project_cones
+
+    x = jnp.array([-1.0, 2.0, 0.0, 0.0, 3.0, 4.0])
+    np.testing.assert_array_equal(project_cones(x, jnp.zeros(2)), [0.0, 2.0, 0.0, 0.0, 0.0, 0.0])
+
+
+def test_joint_limits_of_a_robot_arm_take_fixed_steps():
+    """A URDF arm in space whose joint limits are frictionless gaps with two zero slip
+    velocities each: its first steps converge (open limits push nothing)."""
+    arm = mb.load_urdf(Path(__file__).parent / "data" / "three_link_arm.urdf").mechanism(
+        forces=[mb.Gravity([0.0, 0.0, -G])]
+    )
+    q0, v0 = arm.initial_state()
+    sol = jaxdae.simulate(
+        arm, jaxdae.Unstabilized(), 0.0, 0.005, q0, v0, events=jaxdae.TimeStepping(dt=1e-3)
+    )
+    assert sol.result == jaxdae.RESULTS.successful
 
 
 @pytest.mark.parametrize("tangents", [0, 1, 2])

@@ -50,7 +50,8 @@ def project_cones(x: Float[Array, " k"], friction: Float[Array, " f"]) -> Float[
         return jnp.maximum(x, 0.0)
     normal, tangential = x[:count], x[count:].reshape(count, -1)
     norm = _safe_norm(tangential)
-    inside = norm <= friction * normal
+    # (`normal ≥ 0` for `μ = 0`, whose cone is the ray `x_T = 0, x_n ≥ 0`.)
+    inside = (norm <= friction * normal) & (normal >= 0)
     polar = friction * norm <= -normal
     boundary = (normal + friction * norm) / (1 + friction**2)
     scale = jnp.where(norm > 0, friction * boundary / jnp.where(norm > 0, norm, 1.0), 0.0)
