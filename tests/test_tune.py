@@ -341,7 +341,7 @@ def test_nonfinite_update_raises_or_skips():
     np.testing.assert_array_equal(np.asarray(result.model.kd), 1.0)
 
 
-def test_deterministic_minibatches_and_bad_arguments():
+def test_deterministic_minibatches_and_bad_arguments(unchecked):
     params = jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
     targets = jnp.linspace(0.5, 2.0, 6)
     kwargs = dict(optimizer=OPTIMIZER, steps=5, reporting=QUIET)
@@ -536,7 +536,7 @@ def test_loss_weights_are_checked(make, match):
         make()
 
 
-def test_transition_matrix_is_the_stability_function():
+def test_transition_matrix_is_the_stability_function(unchecked):
     """Mukharlyamov (2019) §4: Euler gives I + τH, the two-stage RK family I + τH + τ²H²/2."""
     formulation = jaxdae.Baumgarte(jnp.array([4.0, 2.0]), jnp.array([4.0, 9.0]))
     h = jaxdae.perturbation_matrix(formulation, 2)
@@ -755,7 +755,7 @@ def test_a_keyword_that_conflicts_with_an_option_object_is_refused():
     assert type(jaxdae.Checkpointing(".", every=4.0).every) is int
 
 
-def test_option_objects_check_their_values():
+def test_option_objects_check_their_values(unchecked):
     with pytest.raises(ValueError, match="every"):
         jaxdae.Checkpointing("ckpt", every=0)
     with pytest.raises(ValueError, match="on_nonfinite"):

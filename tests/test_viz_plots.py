@@ -235,7 +235,7 @@ def test_actuated_solution(optics):
     assert _legend(violations) == ["$|f|$", r"$|\dot f|$", r"$|\ddot f|$", "$|f^{(3)}|$"]
 
 
-def test_bad_arguments(pendulum, ball, optics):
+def test_bad_arguments(unchecked, pendulum, ball, optics):
     with pytest.raises(ValueError, match="Unknown field"):
         pendulum.plot(fields=("q", "w"))
     with pytest.raises(ValueError, match="no constraints"):
