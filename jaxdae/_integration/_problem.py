@@ -221,6 +221,9 @@ def stop_value_checks(system, t0, q0, gap_tolerance: float) -> list[tuple[Array,
             "The gaps (`gaps`) of the initial state must be finite",
         )
     )
+    for flag, rule in system.stop_checks():
+        checks.append((jnp.asarray(flag), lambda xnp, f: xnp.any(f), rule))
+    # (After the stops' own checks: bad bounds or radii make the start's gaps wrong too.)
     checks.append(
         (
             gaps,
@@ -229,8 +232,6 @@ def stop_value_checks(system, t0, q0, gap_tolerance: float) -> list[tuple[Array,
             "start where every gap is open or closed (≥ 0)",
         )
     )
-    for flag, rule in system.stop_checks():
-        checks.append((jnp.asarray(flag), lambda xnp, f: xnp.any(f), rule))
     traced = []
     for values, problem, rule in checks:
         if is_concrete(values):
