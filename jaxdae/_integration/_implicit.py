@@ -17,7 +17,7 @@ from jax.flatten_util import ravel_pytree
 from .._checks import check_tolerances
 from .._compilation._linalg import factor_for_solves, solve_factored
 from .._compilation._private_apis import stage_diagonal, use_stepsize_tol
-from .._custom_types import Array, PyTree, Scalar
+from .._custom_types import Array, PyTree, Scalar, ScalarLike
 from .._gains import is_concrete
 from ._controllers import inner_controller
 from ._jacobian import check_jacobian, column_seeds, tangent_products
@@ -87,8 +87,8 @@ class ToleranceChord(optx.AbstractRootFinder):
         automatic choice, an LU factorization for a square matrix).
     """
 
-    rtol: float
-    atol: float
+    rtol: ScalarLike  # the step-size controller's, a JAX scalar there
+    atol: ScalarLike
     norm: Callable[[PyTree], Scalar] = optx.rms_norm
     kappa: float = 1e-2
     linear_solver: Any = None
@@ -173,8 +173,8 @@ class FusedChord(optx.AbstractRootFinder):
     `ValueError` for another `jacobian`.
     """
 
-    rtol: float
-    atol: float
+    rtol: ScalarLike  # the step-size controller's, a JAX scalar there
+    atol: ScalarLike
     norm: Callable[[PyTree], Scalar] = optx.rms_norm
     kappa: float = 1e-2
     jacobian: str = "coloured"
@@ -319,13 +319,14 @@ def configure_implicit(
 
 
 def configure_for_controller(
-    solver: diffrax.AbstractSolver, stepsize_controller
-) -> diffrax.AbstractSolver:
+    solver: diffrax.AbstractSolver | None, stepsize_controller
+) -> diffrax.AbstractSolver | None:
     """[`jaxdae.configure_implicit`][] with the tolerances and norm of
     `stepsize_controller` (a `diffrax.PIDController`, possibly inside a
     `diffrax.ClipStepSizeController`); `solver` unchanged for other controllers (fixed
-    steps have no tolerance: diffrax then asks for the root finder's own)."""
+    steps have no tolerance: diffrax then asks for the root finder's own) and None
+    (`simulate`'s default solver) unchanged."""
     controller = inner_controller(stepsize_controller)
-    if not isinstance(controller, diffrax.PIDController):
+    if solver is None or not isinstance(controller, diffrax.PIDController):
         return solver
     return configure_implicit(solver, controller.rtol, controller.atol, controller.norm)
