@@ -179,7 +179,7 @@ def test_grad_through_sharded_simulations(mesh):
     np.testing.assert_allclose(sharded, plain, rtol=1e-9, atol=1e-14)
 
 
-def test_batch_map_errors(mesh):
+def test_batch_map_errors(unchecked, mesh):
     kd, q0, v0 = inputs(4)
     with pytest.raises(ValueError, match="same leading"):
         jaxdae.batch_map(run, kd[:3], q0, v0)
