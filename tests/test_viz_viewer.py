@@ -266,7 +266,7 @@ def test_missing_mesh_warns_and_the_body_is_drawn_as_before(tmp_path):
         view(robot.mechanism(), visuals={"wheel": robot.visuals["turret"]})
 
 
-def test_errors():
+def test_errors(unchecked):
     model = mb.Mechanism(
         [mb.PlanarBody("rod", 1.0, 0.1, markers={"pin": (-0.5, 0.0)}, position=(0.5, 0.0))],
         [mb.Revolute("ground", "rod.pin", name="pin")],

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..multibody import Cylindrical, Gravity, Mechanism, Revolute, RigidBody
+from ..multibody import Cylindrical, Gravity, Mechanism, Revolute, RigidBody, TreeMechanism
 from ..multibody._kinematics import euler_rotation, quaternion_from_matrix, rpy_matrix, split
 
 # matplotlib's tab10 colours, one per body in turn.
@@ -252,7 +252,9 @@ def _placed(shapes, positions, rotations, up):
     return centres, lowest
 
 
-def build_scene(model: Mechanism, q: np.ndarray, size: float | None = None, visuals=None) -> Scene:
+def build_scene(
+    model: Mechanism | TreeMechanism, q: np.ndarray, size: float | None = None, visuals=None
+) -> Scene:
     """The scene of `model` along the coordinates `q` `(F, n)`; `size` the length the
     shapes are scaled by (default: the extent of the motion); `visuals` URDF visuals by
     body name, drawn in place of those bodies' default shapes."""
