@@ -594,6 +594,17 @@ def _ball_result(restitution, height=1.0, throw=False):
     return sol.result._value if not throw else sol.q_final
 
 
+_ball_gradient = jax.jit(jax.grad(lambda e: jnp.sum(_ball_result(e, throw=True))))
+
+
+def test_a_gradient_of_good_traced_stop_data_is_the_differences():
+    step = 1e-6
+    difference = (_ball_result(0.5 + step, throw=True) - _ball_result(0.5 - step, throw=True)) / (
+        2 * step
+    )
+    np.testing.assert_allclose(_ball_gradient(0.5), jnp.sum(difference), rtol=1e-5)
+
+
 def _block_result(friction):
     block = jaxdae.examples.SlidingBlock(friction_coefficient=friction)
     return jaxdae.simulate(
@@ -626,6 +637,9 @@ def test_bad_restitution_is_refused_eager_traced_and_batched(restitution):
     assert batch.tolist() == [SUCCESS, INVALID]
     with pytest.raises(Exception, match="restitution must lie in"):
         jax.block_until_ready(jax.jit(functools.partial(_ball_result, throw=True))(restitution))
+    # Under `jax.grad` the solution's values go unused: the check still runs.
+    with pytest.raises(Exception, match="restitution must lie in"):
+        jax.block_until_ready(_ball_gradient(restitution))
 
 
 @pytest.mark.parametrize("friction", [-0.5, np.nan, np.inf])
