@@ -367,7 +367,7 @@ class Solution(AbstractSolution):
     jacobian_conditioning: Float[Array, " N"]
     events: "Events | None" = None
 
-    def singular_passages(self, threshold: float = 1e-2) -> np.ndarray:
+    def singular_passages(self, threshold: float = 1e-2) -> np.ndarray | list:
         """The saved times where the solve passed through or near a singular configuration
         (concrete solutions only): the local minima of `jacobian_conditioning` below
         `threshold`. There the constraints lose rank and the continuation of the motion

@@ -342,6 +342,9 @@ def test_bad_input_is_refused_before_the_solve():
         jaxdae.EventDriven(max_events=0)
     with pytest.raises(ValueError, match="contact_gains"):
         jaxdae.EventDriven(contact_gains=(1.0, -1.0))
+    for speed in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="`min_bounce_speed` must be a finite non-negative"):
+            jaxdae.EventDriven(min_bounce_speed=speed)
     with pytest.raises(ValueError, match="`events` must be"):
         jaxdae.simulate(BouncingBall(), jaxdae.Unstabilized(), 0.0, 1.0, *start, events=3)
 

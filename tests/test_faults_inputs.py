@@ -99,6 +99,7 @@ class IntegerConstraint(CartesianPendulum):
         return jnp.array([1])
 
 
+@pytest.mark.usefixtures("unchecked")
 @pytest.mark.parametrize(
     "call, match",
     [
@@ -376,6 +377,7 @@ def test_a_zero_urdf_joint_axis_names_file_and_line(tmp_path, kind, xyz):
 BOTTOM = jnp.array([0.0, -1.0])  # the pendulum's equilibrium
 
 
+@pytest.mark.usefixtures("unchecked")
 @pytest.mark.parametrize(
     "call, match",
     [
@@ -489,6 +491,7 @@ def test_lqr_refuses_bad_options(options, match):
         jaxdae.lqr(*DOUBLE_INTEGRATOR, jnp.eye(2), jnp.eye(1), **options)
 
 
+@pytest.mark.usefixtures("unchecked")
 def test_lqr_refuses_complex_input():
     with pytest.raises(ValueError, match=r"`A` must be real"):
         jaxdae.lqr(DOUBLE_INTEGRATOR[0] + 0j, DOUBLE_INTEGRATOR[1], jnp.eye(2), jnp.eye(1))
@@ -706,6 +709,7 @@ class _IntegerGapBall(jaxdae.examples.BouncingBall):
         return jnp.array([1])
 
 
+@pytest.mark.usefixtures("unchecked")
 def test_integer_gaps_are_refused():
     with pytest.raises(ValueError, match="`gaps` must return floating values"):
         jaxdae.simulate(

@@ -129,6 +129,7 @@ def test_an_empty_state_is_refused(system):
         jaxdae.simulate(system, BAUMGARTE, 0.0, 0.3, jnp.zeros(0), jnp.zeros(0))
 
 
+@pytest.mark.usefixtures("unchecked")
 def test_an_object_array_state_is_converted_or_named():
     from jaxdae._integration._validation import float_array
 
@@ -193,6 +194,7 @@ def test_a_numpy_max_steps_becomes_an_int():
 # Analysis and control -------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("unchecked")
 @pytest.mark.parametrize(
     "call, match",
     [

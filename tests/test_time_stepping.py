@@ -490,6 +490,7 @@ def test_a_step_that_does_not_converge_is_named():
 # Refused inputs.
 
 
+@pytest.mark.usefixtures("unchecked")
 @pytest.mark.parametrize(
     ("options", "match"),
     [
@@ -506,6 +507,8 @@ def test_a_step_that_does_not_converge_is_named():
 def test_bad_settings_are_refused(options, match):
     with pytest.raises(ValueError, match=match):
         jaxdae.TimeStepping(**options)
+    # A NumPy bool is a flag too.
+    assert jaxdae.TimeStepping(dt=1e-3, relaxed=np.True_).relaxed is True
 
 
 def test_bad_inputs_are_refused_before_the_solve():

@@ -60,8 +60,8 @@ class LQRSolution(eqx.Module):
     stabilizing: Bool[Array, ""]
 
     @property
-    def succeeded(self) -> Bool[Array, ""]:
-        """`stabilizing`: a stabilizing solution was found."""
+    def succeeded(self) -> Bool[Array, "*batch"]:
+        """`stabilizing`: a stabilizing solution was found (per member of a batch)."""
         return self.stabilizing
 
     @property

@@ -104,9 +104,10 @@ class EventDriven(eqx.Module):
             or self.max_events < 1
         ):
             raise ValueError(f"`max_events` must be a positive integer; got {self.max_events!r}.")
-        if not self.min_bounce_speed >= 0:
+        if not (np.isfinite(self.min_bounce_speed) and self.min_bounce_speed >= 0):
             raise ValueError(
-                f"`min_bounce_speed` must be non-negative; got {self.min_bounce_speed!r}."
+                "`min_bounce_speed` must be a finite non-negative speed; got "
+                f"{self.min_bounce_speed!r}."
             )
         if len(self.contact_gains) != 2 or not all(
             np.isfinite(k) and k > 0 for k in self.contact_gains

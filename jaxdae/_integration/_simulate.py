@@ -1,6 +1,7 @@
 """The entry points of the solve of a system with its formulation: [`jaxdae.simulate`][]
 for one trajectory and [`jaxdae.simulate_ensemble`][] for an ensemble of them."""
 
+from collections.abc import Sequence
 from typing import Unpack
 
 from .._compilation._linalg import full_precision
@@ -27,8 +28,8 @@ def simulate(
     formulation: AbstractFormulation,
     t0: ScalarLike,
     t1: ScalarLike,
-    q0: Float[ArrayLike, " n"],
-    v0: Float[ArrayLike, " n"],
+    q0: Float[ArrayLike, " n"] | Sequence[float],
+    v0: Float[ArrayLike, " n"] | Sequence[float],
     **options: Unpack[SimulateKeywords],
 ) -> Solution:
     """Simulates a constrained system, turned into an ODE by `formulation`, with diffrax.

@@ -43,6 +43,11 @@ def _iteration_count(value):
     return value
 
 
+def _flag(value):
+    """A NumPy bool as a Python `bool`; anything else as it is, for the check to name."""
+    return bool(value) if isinstance(value, np.bool_) else value
+
+
 class TimeStepping(eqx.Module):
     """How [`jaxdae.simulate`][] treats the one-sided constraints of a system
     ([`jaxdae.AbstractSystem.gaps`][]), with their restitution and Coulomb friction: by
@@ -137,7 +142,7 @@ class TimeStepping(eqx.Module):
     tolerance: float | None = None
     max_iterations: int = eqx.field(static=True, default=1000, converter=_iteration_count)
     min_bounce_speed: float = 1e-3
-    relaxed: bool = eqx.field(static=True, default=False)
+    relaxed: bool = eqx.field(static=True, default=False, converter=_flag)
 
     def __check_init__(self):
         if is_concrete(self.dt):
