@@ -65,12 +65,14 @@ $(LOWEST)/.installed: pyproject.toml requirements-lowest.txt
 test-lowest: $(LOWEST)/.installed
 	JAXDAE_TEST_CACHE=.cache/jax-lowest $(LOWEST)/bin/python -m pytest -q -p no:xdist $(LOWEST_TESTS)
 
-## Benchmarks against SciPy, CasADi, MuJoCo/MJX, Exudyn and IDA (prints Markdown tables, writes JSON to output/; see docs/benchmarks.md).
+## Benchmarks against SciPy, CasADi, MuJoCo/MJX, Exudyn and IDA (prints Markdown tables, writes JSON to output/, renders the tables of docs/benchmarks.md that it measures; see that page).
 bench: $(STAMP)
 	$(PY) experiments/benchmarks/bench_core.py --out output
 	$(PY) experiments/benchmarks/bench_batch.py --out output
 	$(PY) experiments/benchmarks/bench_adjoint.py
-	$(PY) experiments/benchmarks/bench_compile.py
+	$(PY) experiments/benchmarks/bench_compile.py --out output
+	$(PY) experiments/benchmarks/bench_compile.py --model ball --repeats 1 --out output
+	$(PY) experiments/benchmarks/bench_compile.py --model urdf-arm --repeats 1 --out output
 	$(PY) experiments/benchmarks/bench_solves.py
 	$(PY) experiments/benchmarks/bench_unrolled.py
 	$(PY) experiments/benchmarks/bench_precision.py --out output
@@ -81,6 +83,7 @@ bench: $(STAMP)
 	$(PY) experiments/benchmarks/bench_viewer.py
 	OPENBLAS_NUM_THREADS=1 $(PY) experiments/benchmarks/bench_multibody.py --out output
 	$(PY) experiments/benchmarks/bench_stiff.py --out output
+	$(PY) experiments/render_benchmarks.py --collect output
 
 ## Build the documentation site into site/ (mkdocs --strict: a warning fails the build).
 docs: $(STAMP)

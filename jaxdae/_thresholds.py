@@ -138,8 +138,8 @@ TANGENT_LOOP_MAX = 17
 # From this many states `ReplayAdjoint` differentiates a Rodas5P step by its discrete adjoint
 # (`_integration/_rosenbrock_adjoint.py`: the step's factorization transposed, the
 # Jacobian's derivative along nine directions), below by reverse mode through the step:
-# the adjoint was 1.8–6× faster a step at 16 and 32 states, and slower at 8, where reverse
-# mode through the eight Jacobian tangents costs no more than through the nine directions
+# the adjoint was faster a step at 16 and 32 states, and slower at 8, where reverse mode
+# through the eight Jacobian tangents costs no more than through the nine directions
 # (docs/design_measurements.md#rosenbrock-step-adjoint).
 ROSENBROCK_ADJOINT_MIN = 16
 
@@ -154,8 +154,8 @@ ROSENBROCK_ADJOINT_MIN = 16
 # (Robertson's problem against Radau to 1e-6, Van der Pol with μ = 10³, float32) holds
 # with it. Beyond, up to `LOOPED_INVERSE_MAX` rows for a Jacobian of at most
 # `TANGENT_LOOP_MAX` tangents, the inverse too (`_linalg.checked_blocked_inverse`): without a
-# LAPACK call XLA runs the step loop as one kernel, 2–3 times faster on the 64-state spring
-# chain, while for a structurally dense Jacobian (one tangent per state) that one kernel
+# LAPACK call XLA runs the step loop as one kernel, faster on the 64-state spring chain,
+# while for a structurally dense Jacobian (one tangent per state) that one kernel
 # compiles for minutes (docs/design_measurements.md#checked-blocked-inverse). LAPACK's LU
 # factors otherwise.
 INVERSE_MAX = 16
@@ -171,8 +171,8 @@ LOOPED_INVERSE_MAX = 64
 # `jaxdae.GeneralizedAlpha`'s Newton matrices from `LU_UNROLL_MAX + 1` up to
 # `LOOPED_INVERSE_MAX` rows are inverted by block Gauss–Jordan elimination
 # (`_linalg.blocked_inverse`) in blocks of this many rows: a loop iteration of matrix products
-# per block instead of one of vector operations per column, 2–6 times faster on the spring
-# chain's and the flyball governor's matrices; 4 was the fastest of 2, 3, 4, 6 and 8 on
+# per block instead of one of vector operations per column, faster on the spring chain's
+# and the flyball governor's matrices; 4 was the fastest of 2, 3, 4, 6 and 8 on
 # both. The elimination does not pivot across blocks, which the saddle-point form of that
 # matrix allows (see `blocked_inverse`); the other solvers keep the pivoted inverses
 # (docs/design_measurements.md#blocked-inverse).

@@ -196,11 +196,16 @@ def test_every_public_name_is_in_the_api_reference():
 
 def test_design_measurement_links_resolve():
     """Every `docs/design_measurements.md#anchor` that the code cites names a section of
-    that page, and no module comment or docstring carries timings itself."""
+    that page, and no module comment or docstring carries timings or measured ratios
+    itself."""
     page = (ROOT / "docs" / "design_measurements.md").read_text(encoding="utf-8")
     anchors = set(re.findall(r"\{ #([\w-]+) \}", page))
     cited, timings = set(), []
-    timing = re.compile(r"\d(?:\.\d+)? ?(?:µs|ms)\b")
+    # Timings, and measured ratios ("1.8× faster", "3 times slower"; not a "3 × 3" matrix).
+    timing = re.compile(
+        r"\d(?:\.\d+)? ?(?:µs|ms)\b"
+        r"|\d(?:\.\d+)? ?(?:×|times) (?:faster|slower|longer|shorter|more|less|fewer)\b"
+    )
     for path in ROOT.glob("jaxdae/**/*.py"):
         text = path.read_text(encoding="utf-8")
         cited |= set(re.findall(r"docs/design_measurements\.md#([\w-]+)", text))
@@ -275,3 +280,37 @@ def test_results_check_can_fail():
         "## Next\n\n| `d` | | |\n"
     )
     assert _documented_results(page) == {"successful", "a", "b"}
+
+
+# -- benchmark tables --------------------------------------------------------------------
+
+
+def _benchmark_renderer():
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import render_benchmarks  # pyright: ignore[reportMissingImports]
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
+    return render_benchmarks
+
+
+def test_benchmark_tables_are_rendered_from_their_data():
+    """Each marked table of docs/benchmarks.md is the rendering of the data of the run that
+    measured it (`docs/benchmark_data/`, `experiments/render_benchmarks.py`), below the line
+    that states that run: none is edited by hand."""
+    renderer = _benchmark_renderer()
+    page = renderer.PAGE.read_text(encoding="utf-8")
+    names = re.findall(r"<!-- table: ([\w.-]+) -->", page)
+    assert names, "the page marks its rendered tables"
+    for name in names:
+        assert (renderer.DATA / f"{name}.json").exists(), name
+    assert renderer.rendered(page) == page, "run `python experiments/render_benchmarks.py`"
+
+
+def test_benchmark_table_check_can_fail():
+    renderer = _benchmark_renderer()
+    page = renderer.PAGE.read_text(encoding="utf-8")
+    start = re.search(r"<!-- table: [\w.-]+ -->\n", page).start()
+    row = page.index("\n| ", page.index("| ---", start)) + 1
+    edited = page[:row] + "| by hand " + page[row + 1 :]
+    assert renderer.rendered(edited) == page != edited

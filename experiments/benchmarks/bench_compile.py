@@ -42,6 +42,7 @@ Two models with one-sided constraints (solved by events):
 """
 
 import argparse
+import json
 import re
 import sys
 import time
@@ -53,6 +54,7 @@ import bench_core  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _tables import run_stamp, table  # noqa: E402
 
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
@@ -254,9 +256,17 @@ def main():
         help="two-link (bench_core's problem), ball, urdf-arm, or chain:N, "
         "ladder:N, pendulum:N, net:N",
     )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="also write the table to OUT/bench_compile/tables.json (as bench_compile.MODEL)",
+    )
     options = parser.parse_args()
+    stamp = run_stamp()
     bench_core.warm_up_jax()
     functions, args = model_functions(options.model)
+    rows = []
     print(
         "| function | | trace [s] | lower [s] | XLA compile [s] | XLA compile, CPU [s] | "
         "total [s] | StableHLO ops | HLO instructions | conditionals | custom calls |"
@@ -275,6 +285,37 @@ def main():
                 else "| | |"
             )
             print(f"| {name} | {stat} | {times} | {size} |", flush=True)
+        trace, lower, xla, _, total = m["median"]
+        rows.append(
+            [
+                name,
+                f"{trace:.2f}",
+                f"{lower:.2f}",
+                f"{xla:.2f}",
+                f"{total:.2f}",
+                f"{m['stablehlo ops']:,}",
+                f"{m['HLO instructions']:,}",
+            ]
+        )
+    if options.out is not None:
+        columns = [("function", "left")] + [
+            (title, "right")
+            for title in (
+                "trace [s]",
+                "lower [s]",
+                "XLA compile [s]",
+                "total [s]",
+                "StableHLO ops",
+                "HLO instructions",
+            )
+        ]
+        name = "bench_compile." + options.model.replace(":", "-")
+        out = options.out / "bench_compile"
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / "tables.json"
+        tables = json.loads(path.read_text()) if path.exists() else []
+        tables = [t for t in tables if t["name"] != name] + [table(name, columns, rows, stamp)]
+        path.write_text(json.dumps(tables, indent=2, ensure_ascii=False) + "\n")
     if options.stages:
         print("\n| stage of the trace of `simulate` (median) | wall [s] |\n| --- | ---: |")
         stages = trace_stages(functions["forward"], args, options.repeats)
