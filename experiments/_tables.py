@@ -26,7 +26,7 @@ def _cpu() -> str:
     return platform.processor() or platform.machine()
 
 
-def _commit() -> str:
+def commit() -> str:
     """The checkout's commit, with `+ local changes` where its tracked files differ."""
     try:
         commit = subprocess.run(
@@ -64,7 +64,7 @@ def run_stamp() -> dict:
         "machine": machine,
         "load": round(os.getloadavg()[0], 1),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "commit": _commit(),
+        "commit": commit(),
         "jax": jax.__version__,
         "command": " ".join(["python", str(script), *sys.argv[1:]]),
     }

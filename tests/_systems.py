@@ -1,5 +1,6 @@
 """Small systems used only by the tests."""
 
+import diffrax
 import equinox as eqx
 import jax.numpy as jnp
 
@@ -132,3 +133,15 @@ def stiff_arm():
     `Baumgarte(2000, 10⁶)` of the stiff integration guide, from its consistent state."""
     system = jaxdae.examples.CartesianArmLagrangian(forces=(0.0, -9.81, 0.0, -9.81))
     return system, jaxdae.Baumgarte(2000.0, 1e6), *system.initial_state()
+
+
+def solver_named(name: str):
+    """Each kind of solver jaxdae offers, by name: explicit, `Projected`, ESDIRK,
+    Rosenbrock, generalized-α."""
+    return {
+        "tsit5": diffrax.Tsit5(),
+        "projected": jaxdae.Projected(diffrax.Tsit5()),
+        "kvaerno5": diffrax.Kvaerno5(),
+        "rodas5p": jaxdae.Rodas5P(),
+        "generalized_alpha": jaxdae.GeneralizedAlpha(),
+    }[name]

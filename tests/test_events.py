@@ -12,6 +12,8 @@ import jaxdae
 from jaxdae._compilation._lcp import solve_lcp
 from jaxdae.examples import BouncingBall, PendulumWithStop
 
+from ._systems import solver_named
+
 TIGHT = {"rtol": 1e-11, "atol": 1e-13}
 
 
@@ -408,13 +410,7 @@ def test_every_solver_keeps_a_ball_at_rest_or_says_it_cannot(name):
     """A plastic ball dropped on the floor comes to rest: each solver whose rates carry the
     contact force keeps it on the floor; generalized-α, which integrates the bilateral
     constraints alone, ends the solve where the contact closed, with its result."""
-    solver = {
-        "tsit5": diffrax.Tsit5(),
-        "projected": jaxdae.Projected(diffrax.Tsit5()),
-        "kvaerno5": diffrax.Kvaerno5(),
-        "rodas5p": jaxdae.Rodas5P(),
-        "generalized_alpha": jaxdae.GeneralizedAlpha(),
-    }[name]
+    solver = solver_named(name)
     sol = jaxdae.simulate(
         jaxdae.examples.BouncingBall(e=0.0),
         jaxdae.Unstabilized(),

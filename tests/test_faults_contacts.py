@@ -5,48 +5,24 @@ floor: `tests/test_events.py`). A solver whose rates carry the contact forces ho
 contact; generalized-α, which integrates the bilateral constraints alone, ends the solve
 where the contact came to rest, with `RESULTS.resting_contact_unsupported`."""
 
-import diffrax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxdae
-import jaxdae.multibody as mb
 from jaxdae.examples import SlidingBlock
 
-G = 9.81
+from ._systems import solver_named
+from .test_multibody_stops import rod_with_limit
+
 # The rod's limit, 0.3 rad before the bottom of its swing: gravity presses it there.
 LIMIT = -np.pi / 2 - 0.3
-
-
-def _solver(name):
-    return {
-        "tsit5": diffrax.Tsit5(),
-        "projected": jaxdae.Projected(diffrax.Tsit5()),
-        "kvaerno5": diffrax.Kvaerno5(),
-        "rodas5p": jaxdae.Rodas5P(),
-        "generalized_alpha": jaxdae.GeneralizedAlpha(),
-    }[name]
 
 
 def _pressed_rod():
     """A uniform rod on a revolute joint at its top, let go 0.5 rad beyond its plastic limit
     (seen from the bottom): it swings into the limit and rests pressed against it."""
-    rod = mb.Mechanism(
-        bodies=[
-            mb.PlanarBody(
-                "rod",
-                mass=1.0,
-                inertia=1 / 12,
-                markers={"top": (-0.5, 0.0)},
-                position=(0.0, -0.5),
-                angle=-np.pi / 2,
-            )
-        ],
-        joints=[mb.Revolute("ground", "rod.top", name="pivot")],
-        forces=[mb.Gravity((0.0, -G))],
-        stops=[mb.JointLimit("pivot", upper=LIMIT, restitution=0.0, name="stop")],
-    )
+    rod = rod_with_limit(0.0, upper=LIMIT)
     return rod, rod.initial_state(joint_coordinates={"pivot": LIMIT - 0.5})
 
 
@@ -64,7 +40,7 @@ def test_every_solver_holds_a_rod_on_its_limit_or_says_it_cannot(name):
         1.5,
         q0,
         v0,
-        solver=_solver(name),
+        solver=solver_named(name),
         rtol=1e-8,
         atol=1e-10,
         throw=False,
@@ -94,7 +70,7 @@ def test_every_solver_holds_a_block_sticking_or_says_it_cannot(name):
         time + 0.5,
         jnp.zeros(2),
         jnp.array([0.5, 0.0]),
-        solver=_solver(name),
+        solver=solver_named(name),
         rtol=1e-8,
         atol=1e-10,
         throw=False,

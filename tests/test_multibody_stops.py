@@ -14,9 +14,9 @@ G = 9.81
 TIGHT = {"rtol": 1e-11, "atol": 1e-13}
 
 
-def rod_with_limit(restitution):
+def rod_with_limit(restitution, upper=-np.pi / 2):
     """A uniform rod (length 1, mass 1) on a revolute joint at its top. Its angle `θ` (the
-    joint coordinate) is `−π/2` hanging straight down, and limited to `θ ≤ −π/2`."""
+    joint coordinate) is `−π/2` hanging straight down, and limited to `θ ≤ upper`."""
     return mb.Mechanism(
         bodies=[
             mb.PlanarBody(
@@ -30,7 +30,7 @@ def rod_with_limit(restitution):
         ],
         joints=[mb.Revolute("ground", "rod.top", name="pivot")],
         forces=[mb.Gravity((0.0, -G))],
-        stops=[mb.JointLimit("pivot", upper=-np.pi / 2, restitution=restitution, name="stop")],
+        stops=[mb.JointLimit("pivot", upper=upper, restitution=restitution, name="stop")],
     )
 
 

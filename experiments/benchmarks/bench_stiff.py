@@ -61,7 +61,6 @@ saved times, jaxdae's compiled call to `block_until_ready`.
 """
 
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -86,6 +85,7 @@ from _common import (  # noqa: E402
     start_run,
     write_json,
 )
+from _tables import commit  # noqa: E402
 from stiff_integration import (  # noqa: E402  # pyright: ignore[reportMissingImports]
     arm_case,
     chain_case,
@@ -957,28 +957,6 @@ def peers_available() -> tuple[bool, bool]:
         have_ida = False
         print("scikit-sundae is not installed: IDA's runs are skipped (pip install scikit-sundae)")
     return have_exudyn, have_ida
-
-
-def commit() -> str:
-    root = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "jaxdae"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + (" with uncommitted changes in jaxdae/" if dirty else "")
 
 
 def main():
