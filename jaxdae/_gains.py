@@ -18,7 +18,8 @@ import numpy as np
 
 from ._custom_types import Array, Bool, Float, Gain, GainLike
 
-TracedCheck = tuple[Bool[Array, ""], str]
+# A flag (a Python `False` where a check is settled at trace time) and its message.
+TracedCheck = tuple[Bool[Array, ""] | bool, str]
 """A check of traced values: `(flag, message)`, the flag true where the message applies."""
 
 
