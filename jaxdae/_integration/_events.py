@@ -352,7 +352,7 @@ def event_dynamics(dynamics: Dynamics) -> Dynamics:
     crosses zero (located) and at the formulation's conditions.
 
     One solve serves both cases: its program holds the solve once, and reverse mode
-    differentiates one solve inside the event loop's checkpointed loop. The branches cost
+    differentiates one solve inside each pass of the event loop. The branches cost
     little in free flight because the contact forces are computed by array operations
     (`_compilation/_lcp.py`), which keep the step loop one kernel on the CPU
     (docs/design_measurements.md#one-solve-between-events)."""
