@@ -802,6 +802,11 @@ _disc_batch = jax.jit(jax.vmap(_disc_result))
 _disc_thrown = jax.jit(functools.partial(_disc_result, throw=True))
 
 
+def test_a_start_below_a_named_stop_names_it():
+    with pytest.raises(ValueError, match=r"violates gap 0 \('floor'\)"):
+        _disc_result(radius=0.6)  # the disc's centre 0.5 above the ground
+
+
 @pytest.mark.parametrize(
     "bad, eager, match",
     [

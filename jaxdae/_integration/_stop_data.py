@@ -29,7 +29,7 @@ def check_stop_shapes(system, t0, q_one, q0, tolerance: float | None) -> None:
         if np.any(gaps < -tolerance):
             index = int(np.argmin(gaps))
             raise ValueError(
-                f"The initial state violates gap {index}: g(t0, q0)[{index}] = "
+                f"The initial state violates {system.gap_label(index)}: g(t0, q0)[{index}] = "
                 f"{gaps[index]:.6g} < 0 (a one-sided constraint `gaps(t, q) ≥ 0`). Start "
                 "where every gap is open or closed (≥ 0)."
             )

@@ -147,6 +147,11 @@ class AbstractSystem(eqx.Module):
         `0`, frictionless contacts."""
         return 0.0
 
+    def gap_label(self, index: int) -> str:
+        """How messages name gap `index` of the [`gaps`][jaxdae.AbstractSystem.gaps].
+        Default: `gap <index>`."""
+        return f"gap {index}"
+
     def stop_checks(self) -> tuple[tuple[ArrayLike, str], ...]:
         """Checks of the data of the [`gaps`][jaxdae.AbstractSystem.gaps] beyond
         [`restitution`][jaxdae.AbstractSystem.restitution] and
@@ -233,6 +238,9 @@ class AbstractOneSidedWrapper(AbstractSystem):
 
     def stop_checks(self):
         return self.wrapped_system.stop_checks()
+
+    def gap_label(self, index):
+        return self.wrapped_system.gap_label(index)
 
 
 class LagrangianSystem(AbstractSystem):

@@ -421,6 +421,10 @@ class AbstractMechanism(AbstractControlledSystem):
         )
         return slip.reshape(slip.shape[0], *tangents)
 
+    def gap_label(self, index: int) -> str:
+        """Gap `index` with its name in `gap_names`."""
+        return f"gap {index} ({self.gap_names[index]!r})"
+
     @property
     def gap_names(self) -> tuple[str, ...]:
         """The gaps' names: each stop's name, with its label per gap (`.lower`, `.upper`)."""
