@@ -6,6 +6,7 @@ A table is a dict: its `name` (the marker's), its `columns` (title and alignment
 load, date, commit, command), which the page states once, above the table.
 """
 
+import json
 import os
 import platform
 import subprocess
@@ -84,11 +85,26 @@ def table(name: str, columns: list[tuple[str, str]], rows: list[list], stamp: di
     }
 
 
+def write(out: Path, script: str, tables: list[dict]) -> Path:
+    """Adds `tables` to `out/<script>/tables.json` (a table of the same name is replaced), where
+    `experiments/render_benchmarks.py --collect out` takes them from; the file's path."""
+    folder = Path(out) / script
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tables.json"
+    kept = json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
+    names = {t["name"] for t in tables}
+    kept = [t for t in kept if t["name"] not in names] + tables
+    path.write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
 def render(data: dict) -> str:
     """The table as Markdown, below a line that states its run."""
     stamp = data["stamp"]
+    # A run recorded before its script wrote data may lack its load (`null`).
+    load = "" if stamp.get("load") is None else f", load {stamp['load']}"
     caption = (
-        f"*{stamp['machine']}, load {stamp['load']}, {stamp['date']}, jaxdae at "
+        f"*{stamp['machine']}{load}, {stamp['date']}, jaxdae at "
         f"`{stamp['commit']}`, JAX {stamp['jax']}: `{stamp['command']}`*"
     )
     titles = [c["title"] for c in data["columns"]]

@@ -42,7 +42,6 @@ Two models with one-sided constraints (solved by events):
 """
 
 import argparse
-import json
 import re
 import sys
 import time
@@ -54,7 +53,7 @@ import bench_core  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _tables import run_stamp, table  # noqa: E402
+from _tables import run_stamp, table, write  # noqa: E402
 
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
@@ -310,12 +309,7 @@ def main():
             )
         ]
         name = "bench_compile." + options.model.replace(":", "-")
-        out = options.out / "bench_compile"
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / "tables.json"
-        tables = json.loads(path.read_text()) if path.exists() else []
-        tables = [t for t in tables if t["name"] != name] + [table(name, columns, rows, stamp)]
-        path.write_text(json.dumps(tables, indent=2, ensure_ascii=False) + "\n")
+        write(options.out, "bench_compile", [table(name, columns, rows, stamp)])
     if options.stages:
         print("\n| stage of the trace of `simulate` (median) | wall [s] |\n| --- | ---: |")
         stages = trace_stages(functions["forward"], args, options.repeats)
