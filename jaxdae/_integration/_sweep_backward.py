@@ -400,7 +400,7 @@ def _resolved_steps(out, t_next, t0, t1, check=True):
     differentiate steps that the forward solve did not take, so that raises instead. (The
     check also keeps XLA from compiling the backward loop into one CPU kernel holding both
     the re-solve and the sweep, which runs the two-link gradient slower:
-    experiments/diagnostics/README.md, "Design measurements".)"""
+    docs/design_measurements.md#checked-resolve.)"""
     steps = accepted_steps(out)
     t_end, dtype = out.ts[-2][0], jnp.result_type(t_next)
     scale = jnp.max(jnp.abs(jnp.stack([t0, t1, t1 - t0])))

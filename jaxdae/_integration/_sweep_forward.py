@@ -203,7 +203,7 @@ def segment_plan(max_steps, stored_steps, stepsize_controller) -> tuple[int, int
     state begins the gradient's program with many independent operations, and XLA's CPU
     runtime hands a program to its thread pool when more than 8 are ready at once, where its
     speed depends on what else runs. The segments' state keeps the program on the calling
-    thread (`_solve_in_segments`; experiments/diagnostics/README.md, "Design measurements")."""
+    thread (`_solve_in_segments`; docs/design_measurements.md#calling-thread)."""
     if isinstance(stepsize_controller, diffrax.StepTo):
         return None
     count = -(-max_steps // stored_steps)
@@ -453,7 +453,7 @@ def _solve_in_segments(problem, static):
     # independent operation at the top of the gradient's program; with more than 8 ready at
     # once XLA's CPU runtime runs the program on its thread pool, where it waits for threads
     # that other work keeps busy. One flat array keeps it on the calling thread
-    # (experiments/diagnostics/README.md, "Design measurements").
+    # (docs/design_measurements.md#calling-thread).
     start, unravel_start = ravel_pytree(start)
     starts = jnp.zeros((count + 1,) + start.shape, start.dtype).at[0].set(start)
     inf = lambda rows, y: jnp.full(rows + jnp.shape(y), jnp.inf, jnp.result_type(y))  # noqa: E731
