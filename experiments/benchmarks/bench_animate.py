@@ -15,7 +15,8 @@ frame, the artists). Each frame redraws only the moving artists over a backgroun
 once (blitting). Wall-clock times: on a shared machine, other processes count too.
 
     python experiments/benchmarks/bench_animate.py [--out output] [--repeats 3] [--frames 500]
-    # prints a Markdown table, writes OUT/bench_animate/ (the MP4, the GIF, a JSON file)
+    # prints a Markdown table, writes OUT/bench_animate/ (the MP4, the GIF, a JSON file,
+    # and the table as `bench_animate.outputs` in tables.json)
 """
 
 import argparse
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _c
 
 import jax  # noqa: E402
 from _common import output_dir, write_json  # noqa: E402
+from _tables import render, run_stamp, table, write  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -45,6 +47,28 @@ def timed(fn, repeats):
     return times
 
 
+COLUMNS = [
+    ("output", "left"),
+    ("time [s]", "right"),
+    ("min–max [s]", "right"),
+    ("per frame [ms]", "right"),
+    ("file size [kB]", "right"),
+]
+LABELS = {
+    "mp4": "MP4 (H.264, imageio-ffmpeg's ffmpeg)",
+    "gif": "GIF (pillow)",
+}
+
+
+def table_row(name, times, size, frames):
+    """A row of the table: the median of `times` [s] and their range, per frame where a file
+    was written (`size`, bytes)."""
+    median = statistics.median(times)
+    per_frame = f"{1e3 * median / frames:.1f}" if size is not None else ""
+    kb = f"{size / 1e3:.0f}" if size is not None else ""
+    return [name, f"{median:.2f}", f"{min(times):.2f}–{max(times):.2f}", per_frame, kb]
+
+
 def main():
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -53,6 +77,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--frames", type=int, default=500)
     args = parser.parse_args()
+    stamp = run_stamp()
     out = output_dir(args.out, "bench_animate")
 
     model, sol = slider_crank_run()
@@ -65,7 +90,7 @@ def main():
         path = out / f"slider_crank.{suffix}"
         rows.append(
             (
-                suffix.upper(),
+                LABELS[suffix],
                 timed(lambda path=path: anim.save(path), args.repeats),
                 path.stat().st_size,
             )
@@ -75,15 +100,13 @@ def main():
         f"Slider-crank, {len(anim)} frames at {anim.fps:g} fps, {width} × {height} px; "
         f"median of {args.repeats} (min–max), wall clock.\n"
     )
-    print("| output | time [s] | min–max [s] | per frame [ms] | file size [kB] |")
-    print("| --- | ---: | ---: | ---: | ---: |")
     results = {}
     for name, times, size in rows:
-        median = statistics.median(times)
-        per_frame = f"{1e3 * median / len(anim):.1f}" if name != rows[0][0] else ""
-        kb = f"{size / 1e3:.0f}" if size is not None else ""
-        print(f"| {name} | {median:.2f} | {min(times):.2f}–{max(times):.2f} | {per_frame} | {kb} |")
-        results[name] = {"times_s": times, "median_s": median, "bytes": size}
+        results[name] = {"times_s": times, "median_s": statistics.median(times), "bytes": size}
+    cells = [table_row(name, times, size, len(anim)) for name, times, size in rows]
+    data = table("bench_animate.outputs", COLUMNS, cells, stamp)
+    print(render(data))
+    write(args.out, "bench_animate", [data])
     write_json(
         out / "bench_animate.json",
         {"frames": len(anim), "fps": anim.fps, "pixels": [width, height], "results": results},

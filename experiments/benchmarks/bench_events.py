@@ -12,16 +12,23 @@
 Run time: medians of `--repeats` calls after compilation (float64, CPU); compile time: the
 first call's, one cold compile each.
 
-    python experiments/benchmarks/bench_events.py [--repeats 7]
+With `--out OUT` the two tables are also written to `OUT/bench_events/tables.json`
+(`bench_events.inactive-limit`, `bench_events.bouncing-ball`).
+
+    python experiments/benchmarks/bench_events.py [--repeats 7] [--out output]
 """
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _tables
+from _tables import render, run_stamp, table, write  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -78,10 +85,33 @@ def timed(fn, *args, repeats):
     return compile_time, float(np.median(runs))
 
 
+INACTIVE_COLUMNS = [
+    ("model", "left"),
+    ("without the limit [ms]", "right"),
+    ("with it [ms]", "right"),
+    ("ratio", "right"),
+    ("compile without / with [s]", "right"),
+]
+BOUNCING_COLUMNS = [
+    ("bouncing ball", "left"),
+    ("run [ms]", "right"),
+    ("compile [s]", "right"),
+    ("events", "left"),
+]
+
+
+def inactive_limit_row(name, without, with_limit):
+    """A row of the inactive limit's table from `(compile, run)` seconds without and with."""
+    (c0, r0), (c1, r1) = without, with_limit
+    return [name, f"{1e3 * r0:.2f}", f"{1e3 * r1:.2f}", f"{r1 / r0:.2f}", f"{c0:.1f} / {c1:.1f}"]
+
+
 def inactive_limit(repeats):
-    print("| model | without the limit [ms] | with it [ms] | ratio | compile without / with [s] |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for name, build in (("double pendulum", double_pendulum), ("URDF arm", urdf_arm)):
+    table_rows = []
+    for name, build in (
+        ("double pendulum (6 coordinates)", double_pendulum),
+        ("URDF arm (28 coordinates, absolute)", urdf_arm),
+    ):
         rows = []
         for limited in (False, True):
             model, q0, v0, t1 = build(limited)
@@ -94,8 +124,9 @@ def inactive_limit(repeats):
                 return sol.q_final
 
             rows.append(timed(run, q0, v0, repeats=repeats))
-        (c0, r0), (c1, r1) = rows
-        print(f"| {name} | {1e3 * r0:.2f} | {1e3 * r1:.2f} | {r1 / r0:.2f} | {c0:.1f} / {c1:.1f} |")
+        table_rows.append(inactive_limit_row(name, *rows))
+        print(" | ".join(table_rows[-1]), flush=True)
+    return table_rows
 
 
 def bouncing(repeats):
@@ -117,10 +148,11 @@ def bouncing(repeats):
     c1, r1 = timed(one, jnp.asarray(0.8), repeats=repeats)
     cb, rb = timed(batch, restitution, repeats=max(repeats // 2, 1))
     counts = np.asarray(batch(restitution)[1])
-    print("\n| bouncing ball | run [ms] | compile [s] | events |")
-    print("| --- | ---: | ---: | --- |")
-    print(f"| one, e = 0.8 | {1e3 * r1:.2f} | {c1:.1f} | {int(one(0.8)[1])} |")
-    print(f"| vmap of 1,024 | {1e3 * rb:.1f} | {cb:.1f} | {counts.min()} to {counts.max()} |")
+    rows = [
+        ["one, e = 0.8", f"{1e3 * r1:.2f}", f"{c1:.1f}", f"{int(one(0.8)[1])}"],
+        ["vmap of 1,024", f"{1e3 * rb:.1f}", f"{cb:.1f}", f"{counts.min()} to {counts.max()}"],
+    ]
+    return rows
 
 
 def main():
@@ -128,9 +160,20 @@ def main():
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--out", type=Path, default=None, help="also write the tables to OUT/bench_events/"
+    )
     options = parser.parse_args()
-    inactive_limit(options.repeats)
-    bouncing(options.repeats)
+    stamp = run_stamp()
+    limit_rows = inactive_limit(options.repeats)
+    ball_rows = bouncing(options.repeats)
+    tables = [
+        table("bench_events.inactive-limit", INACTIVE_COLUMNS, limit_rows, stamp),
+        table("bench_events.bouncing-ball", BOUNCING_COLUMNS, ball_rows, stamp),
+    ]
+    print("\n\n".join(render(t) for t in tables))
+    if options.out is not None:
+        print("wrote", write(options.out, "bench_events", tables))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ The ratio built / hand is the layer's cost. Models:
 
     OPENBLAS_NUM_THREADS=1 python experiments/benchmarks/bench_multibody.py [--out output] [--quick]
         [--reps 7] [--links 4,16,64] [--no-small]
-    # prints the table, writes OUT/bench_multibody/bench_multibody.json
+    # prints the table, writes OUT/bench_multibody/bench_multibody.json and the table as
+    # `bench_multibody.built-vs-hand` in OUT/bench_multibody/tables.json
 """
 
 import argparse
@@ -46,6 +47,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _common import output_dir, write_json  # noqa: E402
+from _tables import render, run_stamp, table, write  # noqa: E402
 
 import jaxdae  # noqa: E402
 import jaxdae.multibody as mb  # noqa: E402
@@ -284,6 +286,39 @@ def structure_check(n):
     return out
 
 
+COLUMNS = [
+    ("model", "left"),
+    ("coordinates", "right"),
+    ("jaxpr equations, built / by hand", "right"),
+    ("compile [s], built / by hand", "right"),
+    ("solve [ms], built / by hand", "right"),
+    ("ratio", "right"),
+    ("steps", "right"),
+]
+
+
+def _ms(x: float) -> str:
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+def table_row(row: dict) -> list[str]:
+    """The page's row of one model (a row of the JSON's `rows`)."""
+    steps = (
+        f"{row['built_steps']}"
+        if row["built_steps"] == row["hand_steps"]
+        else f"{row['built_steps']} / {row['hand_steps']}"
+    )
+    return [
+        row["model"],
+        f"{row['coordinates']}",
+        f"{row['built_equations']:,} / {row['hand_equations']:,}",
+        f"{row['built_compile_s']:.1f} / {row['hand_compile_s']:.1f}",
+        f"{_ms(row['built_ms'])} / {_ms(row['hand_ms'])}",
+        f"{row['ratio']:.2f}",
+        steps,
+    ]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("output"))
@@ -300,6 +335,7 @@ def main():
         help="the chains only (not the slider-crank and the two-link arm)",
     )
     args = parser.parse_args()
+    stamp = run_stamp()
     out = output_dir(args.out, "bench_multibody")
     links = (
         [int(n) for n in args.links.split(",")]
@@ -400,6 +436,9 @@ def main():
     result["structure"] = structure
     write_json(out / "bench_multibody.json", result)
     print(f"wrote {out / 'bench_multibody.json'}")
+    data = table("bench_multibody.built-vs-hand", COLUMNS, [table_row(r) for r in rows], stamp)
+    print(render(data))
+    print("wrote", write(args.out, "bench_multibody", [data]))
 
 
 if __name__ == "__main__":

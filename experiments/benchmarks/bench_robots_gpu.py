@@ -22,7 +22,8 @@ printed with the table.
 
     python experiments/benchmarks/bench_robots_gpu.py [--out output] [--quick] [--only arm]
         [--sizes 1024,16384] [--reps 3]  (default: a batch of 1,024)
-    # prints a Markdown table, writes OUT/bench_robots_gpu/bench_robots_gpu.json
+    # prints a Markdown table, writes OUT/bench_robots_gpu/bench_robots_gpu.json and the
+    # page's table as `bench_robots_gpu.batches` in OUT/bench_robots_gpu/tables.json
 
 On a CPU it runs too (one device), as a check of the script; `--quick` runs a batch of 8
 with a coarse reference.
@@ -44,6 +45,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _common import output_dir, write_json  # noqa: E402
+from _tables import render, run_stamp, table, write  # noqa: E402
 
 import jaxdae  # noqa: E402
 import jaxdae.multibody as mb  # noqa: E402
@@ -254,8 +256,57 @@ def print_table(results: list[dict]) -> None:
                 )
 
 
+COLUMNS = [
+    ("robot", "left"),
+    ("batch", "right"),
+    ("type", "left"),
+    ("jaxdae: steps", "right"),
+    ("traj./s", "right"),
+    ("error", "right"),
+    ("compile [s]", "right"),
+    ("MJX: traj./s", "right"),
+    ("error", "right"),
+    ("compile [s]", "right"),
+    ("jaxdae / MJX", "right"),
+]
+
+
+def _e(value) -> str:
+    """`2.4e-7` for 2.37e-07."""
+    if value is None:
+        return robots.DASH
+    mantissa, exponent = format(value, ".1e").split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def table_rows(results: list[dict]) -> list[list[str]]:
+    """The page's rows (`COLUMNS`) of the results of `run_robot`."""
+    rows = []
+    for result in results:
+        for row in result["rows"]:
+            ours, theirs = row["jaxdae"], row["mjx"]
+            ratio = (ours["per_s"] / theirs["per_s"]) if theirs["per_s"] else None
+            rows.append(
+                [
+                    result["robot"],
+                    f"{row['size']:,}",
+                    row["dtype"],
+                    f"{ours['steps']}",
+                    f"{ours['per_s']:,.0f}",
+                    _e(ours["error0"]),
+                    f"{ours['compile_s']:.1f}",
+                    _f(theirs["per_s"], ",.0f"),
+                    _e(theirs.get("error0")),
+                    _f(theirs.get("compile_s"), ".1f"),
+                    robots.DASH if ratio is None else f"**{ratio:.1f}**",
+                ]
+            )
+    return rows
+
+
 def main():
     args = parse()
+    stamp = run_stamp()
     out = output_dir(args.out, NAME)
     sizes = [8] if args.quick else [int(s) for s in args.sizes.split(",")]
     names = [n for n in ROBOTS if args.only is None or n in args.only.split(",")]
@@ -275,6 +326,9 @@ def main():
         print_table(results[-1:])
     print_table(results)
     print(f"wrote {out / f'{NAME}.json'}")
+    data = table(f"{NAME}.batches", COLUMNS, table_rows(results), stamp)
+    print(render(data))
+    print("wrote", write(args.out, NAME, [data]))
 
 
 if __name__ == "__main__":

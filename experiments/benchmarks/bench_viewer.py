@@ -15,19 +15,26 @@ to open it.
 The simulation itself is not timed (see `experiments/examples/bricard.py`). Figures: the
 median of `--repeats` calls after one cold call (float64, CPU).
 
-    python experiments/benchmarks/bench_viewer.py [--repeats 3]
+With `--out OUT` the table is also written to `OUT/bench_viewer/tables.json`
+(`bench_viewer.steps`).
+
+    python experiments/benchmarks/bench_viewer.py [--repeats 3] [--out output]
 """
 
 import argparse
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _tables
+from _tables import render, run_stamp, table, write  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -70,10 +77,18 @@ def one_box_page(path: Path) -> None:
         server.stop()
 
 
+def columns(repeats: int) -> list[tuple[str, str]]:
+    return [("step", "left"), ("cold [s]", "right"), (f"median of {repeats} [s]", "right")]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--out", type=Path, default=None, help="also write the table to OUT/bench_viewer/"
+    )
     args = parser.parse_args()
+    stamp = run_stamp()
     model = bricard()
     q0, v0 = model.initial_state()
     sol = jaxdae.simulate(
@@ -111,22 +126,22 @@ def main():
         frames = viewer.num_frames
     for key, label in (("build", "`view(model, sol)`"), ("write", "`save_html`")):
         cold, warm = timings[key][0], statistics.median(timings[key][1:])
-        rows.append((label, f"{cold:.2f}", f"{warm:.2f}"))
+        rows.append([label, f"{cold:.2f}", f"{warm:.2f}"])
     total = [b + w for b, w in zip(timings["build"], timings["write"], strict=True)]
-    rows.append(("build + write", f"{total[0]:.2f}", f"{statistics.median(total[1:]):.2f}"))
+    rows.append(["build + write", f"{total[0]:.2f}", f"{statistics.median(total[1:]):.2f}"])
     for key, label in (
         ("browser", "headless Chromium: open the page, first frames"),
         ("box", "headless Chromium: a viser page with one box"),
     ):
         if timings[key]:
             rows.append(
-                (label, f"{timings[key][0]:.2f}", f"{statistics.median(timings[key][1:]):.2f}")
+                [label, f"{timings[key][0]:.2f}", f"{statistics.median(timings[key][1:]):.2f}"]
             )
     print(f"Bricard's mechanism, 10 s at 30 fps: {frames} frames, HTML {size / 1e6:.2f} MB\n")
-    print("| step | cold [s] | median of " + f"{args.repeats} [s] |")
-    print("|---|---:|---:|")
-    for label, cold, warm in rows:
-        print(f"| {label} | {cold} | {warm} |")
+    data = table("bench_viewer.steps", columns(args.repeats), rows, stamp)
+    print(render(data))
+    if args.out is not None:
+        print("wrote", write(args.out, "bench_viewer", [data]))
 
 
 if __name__ == "__main__":
