@@ -18,11 +18,16 @@ after 2.85 s and the solve gets stiff). Rows:
 
 Every repetition times every row in turn; the table reports medians.
 
-    python experiments/benchmarks/bench_adjoint.py [--repeats 7]
+With `--out OUT` the table also goes to `OUT/bench_adjoint/tables.json` (as
+`bench_adjoint.gradient`, the table of docs/benchmarks.md).
+
+    python experiments/benchmarks/bench_adjoint.py [--repeats 7] [--out output]
 """
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import diffrax
 import equinox as eqx
@@ -32,6 +37,9 @@ import numpy as np
 
 import jaxdae
 from jaxdae.examples import TwoLinkManipulator
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _tables
+from _tables import run_stamp, table, write  # noqa: E402
 
 CHECKPOINTS = (None, 16, 32, 64, 256)
 
@@ -44,7 +52,43 @@ def _loss(system, q0, v0, t1, adjoint):
     return loss
 
 
-def main(repeats: int = 7, inner: int = 5):
+def row_label(kind) -> str:
+    """A row's adjoint as docs/benchmarks.md names it."""
+    if kind == "sweep 1024":
+        return (
+            "`ReverseSweepAdjoint()` (the default: segments of 1,024 steps, earlier ones re-solved)"
+        )
+    if kind == "sweep 4096":
+        return "`ReverseSweepAdjoint(stored_steps=4096)` (every step stored)"
+    if kind is None:
+        return "`RecursiveCheckpointAdjoint()` (diffrax's default, ≈ 450 checkpoints)"
+    if kind == 32:
+        return "`RecursiveCheckpointAdjoint(checkpoints=32)` (the default for other solvers)"
+    if kind == "jacfwd":
+        return "`diffrax.ForwardMode()` with `jax.jacfwd` (one tangent per gain)"
+    return f"`RecursiveCheckpointAdjoint(checkpoints={kind})`"
+
+
+def gradient_table(median_ms: dict, stamp: dict) -> dict:
+    """`bench_adjoint.gradient`: per adjoint and `t1`, the gradient's time as a multiple of
+    the forward solve's, and in milliseconds."""
+    spans = sorted({t1 for t1, _ in median_ms})
+    kinds = [kind for t1, kind in median_ms if t1 == spans[0] and kind != "forward"]
+    rows = [
+        [row_label(kind)]
+        + [
+            f"{median_ms[(t1, kind)] / median_ms[(t1, 'forward')]:.1f}× "
+            f"({median_ms[(t1, kind)]:.2f} ms)"
+            for t1 in spans
+        ]
+        for kind in kinds
+    ]
+    columns = [("adjoint", "left")] + [(f"`t1 = {t1:g}`", "right") for t1 in spans]
+    return table("bench_adjoint.gradient", columns, rows, stamp)
+
+
+def main(repeats: int = 7, inner: int = 5, out: Path | None = None):
+    stamp = run_stamp()
     system = TwoLinkManipulator()
     q0, v0 = system.initial_state()
     formulation = jaxdae.ModifiedLagrange(10.0, jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0]))
@@ -96,9 +140,15 @@ def main(repeats: int = 7, inner: int = 5):
             name = f"RecursiveCheckpointAdjoint(checkpoints={kind})"
         forward = median_ms[(t1, "forward")]
         print(f"| {t1:g} | {name} | {compile_s[(t1, kind)]:.2f} | {ms:.2f} | {ms / forward:.1f} |")
+    if out is not None:
+        write(out, "bench_adjoint", [gradient_table(median_ms, stamp)])
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
-    main(parser.parse_args().repeats)
+    parser.add_argument(
+        "--out", type=Path, default=None, help="also write the table to OUT/bench_adjoint/"
+    )
+    options = parser.parse_args()
+    main(options.repeats, out=options.out)

@@ -47,6 +47,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _common import output_dir, parse_args, write_json  # noqa: E402
+from _tables import run_stamp, table, write  # noqa: E402
 from jax.flatten_util import ravel_pytree  # noqa: E402
 from scipy.integrate import solve_ivp  # noqa: E402
 
@@ -258,6 +259,7 @@ def casadi_gradient(integrator, phi, x0):
 
 
 def main(out: Path, quick: bool = False) -> dict:
+    stamp = run_stamp()
     folder = output_dir(out, NAME)
     reps = 2 if quick else 7
     batch = 64 if quick else 1024
@@ -561,6 +563,31 @@ def main(out: Path, quick: bool = False) -> dict:
             "batch": batch,
         },
     )
+    write(
+        out,
+        NAME,
+        page_tables(
+            stamp,
+            batch=batch,
+            med=med,
+            throughput=throughput,
+            setup=setup,
+            compile_s={
+                "forward": c_forward,
+                "gradient": c_grad,
+                "sweep": c_sweep,
+                "batch": c_batch,
+                "ensemble": c_ensemble,
+                "hand-written forward": hc_forward,
+                "hand-written gradient": hc_grad,
+                "hand-written batch": hc_batch,
+            },
+            agreement=agreement,
+            batch_agreement=batch_agreement,
+            grad_agreement=grad_agreement,
+            targets=targets,
+        ),
+    )
     met = sum(ok for _, ok, _ in targets)
     headline = (
         f"jaxdae {1e3 * jd['single']:.2g} ms/trajectory vs CVODES-Adams "
@@ -571,6 +598,163 @@ def main(out: Path, quick: bool = False) -> dict:
         f"{met}/{len(targets)} targets met"
     )
     return {"headline": headline, "table": lines}
+
+
+# -- the tables of docs/benchmarks.md --------------------------------------------------------
+
+PAGE_TOOLS = {
+    "jaxdae": "jaxdae `simulate`",
+    ENSEMBLE: "jaxdae `simulate_ensemble`",
+    SWEEP: "jaxdae, one segment (`max_steps=1024`)",
+    HANDWRITTEN: "diffrax on hand-written equations",
+    "CasADi CVODES-adams": "CasADi CVODES-Adams",
+    "CasADi CVODES-bdf": "CasADi CVODES-BDF",
+    "SciPy DOP853": "SciPy DOP853",
+    "SciPy LSODA": "SciPy LSODA",
+}
+
+
+def _error(x: float | None) -> str:
+    return "–" if x is None else "0" if x == 0 else f"{x:.1e}"
+
+
+def page_tables(
+    stamp: dict,
+    *,
+    batch: int,
+    med: dict,
+    throughput: dict,
+    setup: dict,
+    compile_s: dict,
+    agreement: dict,
+    batch_agreement: dict,
+    grad_agreement: dict,
+    targets: list,
+) -> list[dict]:
+    """The three tables of docs/benchmarks.md (`bench_core.tools`, `bench_core.compile`,
+    `bench_core.targets`) from the run's medians (seconds), compile times and agreements."""
+    rows = []
+    for name, label in PAGE_TOOLS.items():
+        m = med[name]
+        if name + " (batch)" in setup:
+            compile_cell = (
+                f"{setup[name]:.2f} (gradient {setup[name + ' (gradient)']:.2f}, "
+                f"batch {setup[name + ' (batch)']:.2f})"
+            )
+        elif name == SWEEP:
+            compile_cell = f"gradient {setup[name]:.2f}"
+        elif name == ENSEMBLE:
+            compile_cell = f"{setup[name]:.2f}"
+        elif name.startswith("SciPy"):
+            compile_cell = "–"
+        else:
+            compile_cell = f"{setup[name]:.3f}"
+        forward = med["jaxdae"]["single"] if name == SWEEP else m["single"]
+        rows.append(
+            [
+                label,
+                compile_cell,
+                f"{1e3 * m['single']:.3g}" if m["single"] else "–",
+                f"{throughput[name]:,.0f}" if name in throughput else "–",
+                f"{1e3 * m['grad']:.3g}" if m["grad"] else "–",
+                f"{m['grad'] / forward:.2f}" if m["grad"] else "–",
+                _error(agreement.get(name)),
+                _error(batch_agreement.get(name)),
+                _error(grad_agreement.get(name)),
+            ]
+        )
+    tools = table(
+        "bench_core.tools",
+        [("tool", "left")]
+        + [
+            (title, "right")
+            for title in (
+                "compile [s]",
+                "one trajectory [ms]",
+                "batch [traj/s]",
+                "gradient [ms]",
+                "gradient / forward",
+                "max abs err q(2)",
+                "batch q(2) vs CVODES-BDF",
+                "gradient rel. diff. vs CVODES-BDF",
+            )
+        ],
+        rows,
+        stamp,
+    )
+    phases = []
+    for label, key in (
+        ("`simulate`", "forward"),
+        ("gradient, default adjoint", "gradient"),
+        ("gradient, one segment", "sweep"),
+        (f"`jax.vmap(simulate)`, {batch:,}", "batch"),
+        (f"`simulate_ensemble`, {batch:,}", "ensemble"),
+    ):
+        c = compile_s[key]
+        phases.append([label, *(f"{c[k]:.2f}" for k in ("trace", "lower", "compile", "total"))])
+    hand = [compile_s[f"hand-written {k}"] for k in ("forward", "gradient", "batch")]
+    phases.append(
+        [
+            "diffrax on hand-written equations: solve / gradient / batch",
+            *(
+                " / ".join(f"{c[k]:.2f}" for c in hand)
+                for k in ("trace", "lower", "compile", "total")
+            ),
+        ]
+    )
+    compile_table = table(
+        "bench_core.compile",
+        [("function", "left")] + [(t, "right") for t in ("trace", "lower", "XLA compile", "total")],
+        phases,
+        stamp,
+    )
+    jd, adams = med["jaxdae"], med["CasADi CVODES-adams"]
+    rate = throughput["CasADi CVODES-adams"]
+    c = {k: compile_s[k]["total"] for k in ("forward", "gradient", "sweep")}
+    met = {text: ok for text, ok, _ in targets}
+
+    def yes(prefix):
+        return next("yes" if ok else "no" for text, ok in met.items() if text.startswith(prefix))
+
+    target_rows = [
+        [
+            "one trajectory ≤ CasADi CVODES-Adams",
+            yes("one trajectory"),
+            f"{1e3 * jd['single']:.3g} vs {1e3 * adams['single']:.3g} ms "
+            f"({adams['single'] / jd['single']:.1f}× faster)",
+        ],
+        [
+            f"batch of {batch:,} ≥ 10× CasADi's `map` (Adams)",
+            yes("batch throughput ≥ 10× CasADi map (Adams)"),
+            f"ensemble {throughput[ENSEMBLE] / rate:.1f}× "
+            f"(`vmap` {throughput['jaxdae'] / rate:.1f}×)",
+        ],
+        [
+            "gradient ≤ CasADi's adjoint (Adams)",
+            yes("gradient ≤ CasADi"),
+            f"{1e3 * jd['grad']:.3g} vs {1e3 * adams['grad']:.3g} ms "
+            f"({adams['grad'] / jd['grad']:.1f}× faster)",
+        ],
+        [
+            "gradient ≤ 3× its own forward solve",
+            yes("gradient ≤ 3×"),
+            f"{jd['grad'] / jd['single']:.2f}× (one segment "
+            f"{med[SWEEP]['grad'] / jd['single']:.2f}×)",
+        ],
+        ["compile `simulate` ≤ 2 s", yes("compile simulate"), f"{c['forward']:.2f} s"],
+        [
+            "compile gradient ≤ 5 s",
+            yes("compile gradient"),
+            f"{c['gradient']:.2f} s (one segment {c['sweep']:.2f} s)",
+        ],
+    ]
+    targets_table = table(
+        "bench_core.targets",
+        [("target", "left"), ("met", "left"), ("measured", "left")],
+        target_rows,
+        stamp,
+    )
+    return [tools, compile_table, targets_table]
 
 
 if __name__ == "__main__":
