@@ -59,6 +59,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _common import output_dir, write_json  # noqa: E402
+from _tables import run_stamp, table, write  # noqa: E402
 from bench_core import T1, casadi_integrator, casadi_map  # noqa: E402
 from scipy.integrate import solve_ivp  # noqa: E402
 
@@ -77,6 +78,106 @@ LOSS_LABELS = {
     "ensemble sweep": "`simulate_ensemble`, `ReverseSweepAdjoint`",
 }
 TOLERANCES = {"float64": (1e-8, 1e-10), "float32": (1e-5, 1e-7)}
+# The batch-loss rows as docs/benchmarks.md names them.
+PAGE_LOSS_LABELS = {
+    "vmap": "`jax.vmap(simulate)`, default adjoint",
+    "ensemble": "`simulate_ensemble`, default adjoint",
+    "sweep": "`jax.vmap(simulate)`, one segment (`max_steps=1024`)",
+    "ensemble sweep": "`simulate_ensemble`, one segment",
+}
+
+
+def _table_name(kind: str, unrolled: bool) -> str:
+    """`bench_batch.KIND-cpu` (or `-gpu`), with `-unrolled` for `--unrolled`."""
+    device = "cpu" if jax.default_backend() == "cpu" else "gpu"
+    return f"{NAME}.{kind}-{device}" + ("-unrolled" if unrolled else "")
+
+
+def _size(n: int) -> str:
+    """A batch size as the page writes it: 10⁶ and 10⁷ as powers, others with commas."""
+    if n >= 10**6 and 10 ** (len(str(n)) - 1) == n:
+        return "10" + str(len(str(n)) - 1).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
+    return f"{n:,}"
+
+
+def _tool_label(tool: str, unrolled: bool, map_mode: str | None = None) -> str:
+    """A row's label on the page: `jaxdae ensemble float32 sharded ×2` as `ensemble, float32,
+    sharded ×2`; `CasADi map @float64 tol` as "CasADi `map`, float64 tolerances (...)"."""
+    dname = "float32" if "float32" in tool else "float64"
+    if tool.startswith("CasADi map"):
+        threads = (map_mode or "").removeprefix("thread×")
+        how = f"{threads} threads" if threads.isdigit() else map_mode
+        return f"CasADi `map`, {dname} tolerances ({how})"
+    label = ("ensemble" if "ensemble" in tool else "`vmap`") + f", {dname}"
+    if "sharded" in tool:
+        label += ", sharded " + tool.rpartition("sharded ")[2]
+    return label + (", `UnrolledERK(Tsit5)`" if unrolled else "")
+
+
+def throughput_tables(
+    stamp, sizes, med, tools, map_mode, grad_batch, c_loss, ratios, unrolled
+) -> list[dict]:
+    """The page's tables of a default run: trajectories per second by batch size (jaxdae's
+    rows and CasADi's `map`), and the batch loss's gradient."""
+    rows = [
+        [_tool_label(tool, unrolled, map_mode)]
+        + [f"{s / med[(tool, s)]:,.0f}" if (tool, s) in med else "–" for s in sizes]
+        for tool in tools
+        if tool.startswith(("jaxdae", "CasADi map"))
+    ]
+    throughput = table(
+        _table_name("throughput", unrolled),
+        [("tool", "left")] + [(f"{s:,}", "right") for s in sizes],
+        rows,
+        stamp,
+    )
+    suffix = ", `UnrolledERK`" if unrolled else ""
+    loss_rows = [
+        [
+            PAGE_LOSS_LABELS[kind] + suffix,
+            f"{med[(f'loss forward {kind}', grad_batch)]:.3f}",
+            f"{med[(f'loss gradient {kind}', grad_batch)]:.3f}",
+            f"{ratios[kind]:.2f}",
+            f"{c_grad:.1f}",
+        ]
+        for kind, (_, c_grad) in c_loss.items()
+    ]
+    gradient = table(
+        _table_name("gradient", unrolled),
+        [("batch", "left")]
+        + [
+            (t, "right")
+            for t in (
+                "forward [s]",
+                "value and gradient [s]",
+                "gradient / forward",
+                "compile gradient [s]",
+            )
+        ],
+        loss_rows,
+        stamp,
+    )
+    return [throughput, gradient]
+
+
+def large_table(stamp, sizes, rows, unrolled) -> dict:
+    """The page's table of a `--large` run: trajectories per second of the second call at
+    each size, and the first call (compile included) at the largest."""
+    labels = dict.fromkeys(label for label, _ in rows)
+    cells = [
+        [_tool_label(label, unrolled)]
+        + [f"{size / rows[(label, size)][1]:,.0f}" for size in sizes]
+        + [f"{rows[(label, sizes[-1])][0]:.1f}"]
+        for label in labels
+    ]
+    return table(
+        _table_name("large", unrolled),
+        [("tool", "left")]
+        + [(f"{s:,} [traj/s]", "right") for s in sizes]
+        + [(f"first call at {_size(sizes[-1])} [s]", "right")],
+        cells,
+        stamp,
+    )
 
 
 def device_name() -> str:
@@ -174,6 +275,7 @@ def compiled(fn, *args):
 def main(
     out: Path, quick: bool = False, max_batch: int | None = None, unrolled: bool = False
 ) -> dict:
+    stamp = run_stamp()
     folder = output_dir(out, NAME)
     solver = jaxdae.UnrolledERK(diffrax.Tsit5()) if unrolled else None
     solver_name = "`UnrolledERK(Tsit5)`" if unrolled else "diffrax `Tsit5`"
@@ -391,6 +493,11 @@ def main(
             "agreement": agreement,
         },
     )
+    write(
+        out,
+        NAME,
+        throughput_tables(stamp, sizes, med, tools, map_mode, grad_batch, c_loss, ratios, unrolled),
+    )
     rate = {tool: big / med[(tool, big)] for tool in tools if (tool, big) in med}
     mapped = max(s for s in sizes if ("CasADi map @float64 tol", s) in med)
     cas = {
@@ -411,6 +518,7 @@ def main(
 
 def large_batches(out: Path, sizes: list[int], chunk: int, unrolled: bool = False) -> dict:
     """Throughput of chunked batches through `jaxdae.batch_map` (`--large`)."""
+    stamp = run_stamp()
     folder = output_dir(out, NAME)
     solver = jaxdae.UnrolledERK(diffrax.Tsit5()) if unrolled else None
     cpus = jax.devices()
@@ -495,6 +603,7 @@ def large_batches(out: Path, sizes: list[int], chunk: int, unrolled: bool = Fals
             "calls_s": {f"{k[0]} | {k[1]}": v for k, v in rows.items()},
         },
     )
+    write(out, NAME, [large_table(stamp, sizes, rows, unrolled)])
     return {"table": lines}
 
 

@@ -22,7 +22,10 @@ final actuator state w.r.t. the pole rate and `w0` (t ∈ [0, 0.5], saves at 4 t
 diffrax's `RecursiveCheckpointAdjoint` and with `jaxdae.ReverseSweepAdjoint` (the default):
 compile time (one cold compile each) and run time.
 
-    python experiments/benchmarks/bench_solves.py [--repeats 15]
+With `--out OUT` both tables also go to `OUT/bench_solves/tables.json` (as
+`bench_solves.solves` and `bench_solves.gradient`, the tables of docs/benchmarks.md).
+
+    python experiments/benchmarks/bench_solves.py [--repeats 15] [--out output]
 """
 
 import argparse
@@ -39,6 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
 import _common  # noqa: E402, F401  (the examples' folder on sys.path: ball_and_beam)
+from _tables import run_stamp, table, write  # noqa: E402
 
 import jaxdae  # noqa: E402
 from jaxdae.examples import AdaptiveOpticsElement, CartesianPendulum  # noqa: E402
@@ -136,6 +140,27 @@ def redundant_pendulum():
     return run, jnp.asarray(0.5), jnp.linspace(0.2, 1.2, BATCH)
 
 
+# The rows as docs/benchmarks.md names them.
+PAGE_LABELS = {
+    "pendulum, Baumgarte, 10 s": (
+        "Cartesian pendulum, `Baumgarte(10, 25)`, 10 s (the failure check at every step)"
+    ),
+    "Ball & Beam, RedundantCoordinates + LQR, 20 s": (
+        "Ball & Beam, `RedundantCoordinates` + LQR, 20 s, `rtol=1e-6`"
+    ),
+    "adaptive optics, ConstraintEnforcingControl, 3 s": (
+        "adaptive optics, `ConstraintEnforcingControl` (poles at −10), 3 s"
+    ),
+    "Cartesian arm, HamiltonianForm + CoupledPerturbation, 6 s": (
+        "Cartesian arm, `HamiltonianForm` + `CoupledPerturbation`, the paper's gains, 6 s"
+    ),
+    "pendulum, constraint twice, PseudoInverse, 10 s": (
+        "Cartesian pendulum, constraint written twice, `PseudoInverse(10, 25)`, 10 s"
+    ),
+    "RecursiveCheckpointAdjoint(checkpoints=32)": "`RecursiveCheckpointAdjoint(checkpoints=32)`",
+    "ReverseSweepAdjoint (the default)": "`ReverseSweepAdjoint()` (the default)",
+}
+
 CASES = {
     "pendulum, Baumgarte, 10 s": pendulum,
     "Ball & Beam, RedundantCoordinates + LQR, 20 s": ball_and_beam,
@@ -145,7 +170,42 @@ CASES = {
 }
 
 
-def main(repeats: int = 15):
+def solves_table(medians_ms: dict, stamp: dict) -> dict:
+    """`bench_solves.solves`: per case, the medians of one trajectory and of the batch [ms]."""
+    rows = [
+        [PAGE_LABELS[name], f"{one:.2f}", f"{batch:.1f}"]
+        for name, (one, batch) in medians_ms.items()
+    ]
+    columns = [
+        ("system, formulation, time span", "left"),
+        ("one trajectory [ms]", "right"),
+        (f"batch of {BATCH} [ms]", "right"),
+    ]
+    return table("bench_solves.solves", columns, rows, stamp)
+
+
+def gradient_table(results: dict, stamp: dict) -> dict:
+    """`bench_solves.gradient`: per adjoint, `(compile [s], run [ms], max rel. difference)`."""
+    rows = [
+        [
+            PAGE_LABELS[name],
+            f"{compile_s:.1f}",
+            f"{run_ms:.2f}",
+            "0" if difference == 0 else f"{difference:.1e}",
+        ]
+        for name, (compile_s, run_ms, difference) in results.items()
+    ]
+    columns = [
+        ("adjoint", "left"),
+        ("compile [s]", "right"),
+        ("run [ms]", "right"),
+        ("max rel. difference", "right"),
+    ]
+    return table("bench_solves.gradient", columns, rows, stamp)
+
+
+def main(repeats: int = 15, out: Path | None = None):
+    stamp = run_stamp()
     rows = {}
     for name, make in CASES.items():
         run, one, batch = make()
@@ -162,13 +222,22 @@ def main(repeats: int = 15):
     print(f"device: {jax.devices()[0].platform}, {repeats} interleaved repetitions\n")
     print(f"| system | one trajectory [ms] | batch of {BATCH} [ms] |")
     print("| --- | ---: | ---: |")
+    medians_ms = {}
     for name in rows:
         one, batch = (1e3 * float(np.median(times[(name, k)])) for k in ("one", "batch"))
+        medians_ms[name] = (one, batch)
         print(f"| {name} | {one:.2f} | {batch:.1f} |")
-    actuated_gradients(repeats)
+    gradients = actuated_gradients(repeats)
+    if out is not None:
+        write(
+            out,
+            "bench_solves",
+            [solves_table(medians_ms, stamp), gradient_table(gradients, stamp)],
+        )
 
 
-def actuated_gradients(repeats: int):
+def actuated_gradients(repeats: int) -> dict:
+    """Prints the gradient table; per adjoint `(compile [s], run [ms], max rel. difference)`."""
     system = AdaptiveOpticsElement()
     q0, v0, w0 = system.initial_state(angle_error=0.05)
 
@@ -216,6 +285,7 @@ def actuated_gradients(repeats: int):
         "\n| adaptive optics, gradient w.r.t. (rate, w0) | compile [s] | run [ms] | "
         "max rel. difference |\n| --- | ---: | ---: | ---: |"
     )
+    results = {}
     for name in adjoints:
         difference = max(
             float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
@@ -225,9 +295,15 @@ def actuated_gradients(repeats: int):
             f"| {name} | {compile_s[name]:.1f} | {1e3 * np.median(times[name]):.3f} | "
             f"{difference:.1e} |"
         )
+        results[name] = (compile_s[name], 1e3 * float(np.median(times[name])), difference)
+    return results
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=15)
-    main(parser.parse_args().repeats)
+    parser.add_argument(
+        "--out", type=Path, default=None, help="also write the tables to OUT/bench_solves/"
+    )
+    options = parser.parse_args()
+    main(options.repeats, options.out)

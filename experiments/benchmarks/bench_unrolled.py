@@ -7,11 +7,16 @@ over `--batch` initial states perturbed by 1e-3. Each function is compiled first
 call reported), then all are timed in turn (interleaved), and the table reports the minimum
 over repetitions: on shared virtual cores the minimum is the steadiest estimate of the cost.
 
-    python experiments/benchmarks/bench_unrolled.py [--batch 256] [--repeats 11]
+With `--out OUT` the comparison also goes to `OUT/bench_unrolled/tables.json` (as
+`bench_unrolled.tsit5`, the table of docs/benchmarks.md).
+
+    python experiments/benchmarks/bench_unrolled.py [--batch 256] [--repeats 11] [--out output]
 """
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import diffrax
 import jax
@@ -19,6 +24,11 @@ import jax.numpy as jnp
 
 import jaxdae
 from jaxdae.examples import TwoLinkManipulator
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _tables
+from _tables import run_stamp, table, write  # noqa: E402
+
+SOLVERS = ("diffrax Tsit5", "UnrolledERK(Tsit5)")
 
 
 def _losses(system, q0s, v0s, solver):
@@ -39,16 +49,45 @@ def _losses(system, q0s, v0s, solver):
     }
 
 
-def main(batch: int = 256, repeats: int = 11):
+def _ms(x: float) -> str:
+    return f"{x:.3f}" if x < 1 else f"{x:.1f}"
+
+
+def comparison_table(ms: dict, compile_s: dict, rows: list, batch: int, stamp: dict) -> dict:
+    """`bench_unrolled.tsit5`: per row, `Tsit5` → `UnrolledERK` for the forward and the
+    gradient (minimum times, with the speed-up) and for the gradient's compile."""
+    old, new = SOLVERS
+    cells = []
+    for row in rows:
+        pair = [
+            f"{_ms(ms[row, old, kind])} → {_ms(ms[row, new, kind])} "
+            f"({ms[row, old, kind] / ms[row, new, kind]:.1f}×)"
+            for kind in ("forward", "gradient")
+        ]
+        label = row if row == "one trajectory" else f"{row}, {batch:,}"
+        compile_cell = (
+            f"{compile_s[row, old, 'gradient']:.1f} → {compile_s[row, new, 'gradient']:.1f}"
+        )
+        cells.append([label, *pair, compile_cell])
+    columns = [
+        ("run", "left"),
+        ("forward, `Tsit5` → `UnrolledERK` [ms]", "right"),
+        ("gradient, `Tsit5` → `UnrolledERK` [ms]", "right"),
+        ("compile of the gradient [s]", "right"),
+    ]
+    return table("bench_unrolled.tsit5", columns, cells, stamp)
+
+
+def main(batch: int = 256, repeats: int = 11, out: Path | None = None):
+    stamp = run_stamp()
     system = TwoLinkManipulator()
     q0, v0 = system.initial_state()
     q0s = q0 + 1e-3 * jax.random.normal(jax.random.key(0), (batch, 2), q0.dtype)
     v0s = jnp.broadcast_to(v0, (batch, 2))
     formulation = jaxdae.ModifiedLagrange(10.0, jnp.array([20.0, 10.0]), jnp.array([100.0, 25.0]))
-    solvers = {
-        "diffrax Tsit5": diffrax.Tsit5(),
-        "UnrolledERK(Tsit5)": jaxdae.UnrolledERK(diffrax.Tsit5()),
-    }
+    solvers = dict(
+        zip(SOLVERS, (diffrax.Tsit5(), jaxdae.UnrolledERK(diffrax.Tsit5())), strict=True)
+    )
     fns, compile_s = {}, {}
     for solver_name, solver in solvers.items():
         for row, loss in _losses(system, q0s, v0s, solver).items():
@@ -84,10 +123,16 @@ def main(batch: int = 256, repeats: int = 11):
                 f"{compile_s[row, solver_name, 'forward']:.2f} | "
                 f"{compile_s[row, solver_name, 'gradient']:.2f} |"
             )
+    if out is not None:
+        rows = list(_losses(system, q0s, v0s, None))
+        write(out, "bench_unrolled", [comparison_table(ms, compile_s, rows, batch, stamp)])
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument(
+        "--out", type=Path, default=None, help="also write the table to OUT/bench_unrolled/"
+    )
     main(**vars(parser.parse_args()))
