@@ -48,7 +48,8 @@ whose member 0 reaches the joint error, as MuJoCo's step is chosen), each of
 `--xla_force_host_platform_device_count=2` (two CPU devices, one per core).
 
     python experiments/benchmarks/bench_robots.py [--out output] [--quick] [--only humanoid]
-    # prints Markdown tables, writes OUT/bench_robots/bench_robots.json
+    # prints Markdown tables, writes OUT/bench_robots/bench_robots.json and the page's
+    # tables (bench_robots.time-to-error, .rhs, .chain, .batch) to tables.json
 """
 
 import contextlib
@@ -79,6 +80,7 @@ import jax.numpy as jnp  # noqa: E402
 import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
 from _common import selected, start_run, write_json  # noqa: E402
+from _tables import render, run_stamp, table, write  # noqa: E402
 
 import jaxdae  # noqa: E402
 import jaxdae.multibody as mb  # noqa: E402
@@ -1475,8 +1477,169 @@ def print_tables(results: list[dict], settings: Settings) -> None:
     )
 
 
+# -- the page's tables -------------------------------------------------------------------
+
+
+def _tol(tolerance: float) -> str:
+    """`1e-5` for 1e-05."""
+    mantissa, exponent = format(tolerance, ".0e").split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _rate(per_s: float) -> str:
+    return f"{per_s:,.0f}" if per_s >= 1000 else f"{per_s:.4g}"
+
+
+TIME_COLUMNS = [
+    ("robot", "left"),
+    ("MuJoCo", "left"),
+    ("ms", "right"),
+    ("jaxdae", "left"),
+    ("ms", "right"),
+    ("ratio", "right"),
+    ("`simulate` called eagerly [ms]", "right"),
+    ("compile and first call [s]", "right"),
+]
+RHS_COLUMNS = [("robot", "left"), ("MuJoCo", "right"), ("jaxdae", "right"), ("ratio", "right")]
+CHAIN_COLUMNS = [
+    ("links", "right"),
+    ("MuJoCo", "right"),
+    ("per link", "right"),
+    ("jaxdae", "right"),
+    ("per link", "right"),
+]
+BATCH_COLUMNS = [
+    ("robot", "left"),
+    ("MuJoCo: steps", "left"),
+    ("rollout, 2 threads", "right"),
+    ("MJX", "right"),
+    ("jaxdae: setting, layout", "left"),
+    ("traj/s", "right"),
+    ("CPU [s]", "right"),
+    ("/ MJX", "right"),
+    ("/ rollout", "right"),
+    ("compile [s]", "right"),
+]
+
+
+def time_rows(results: list[dict]) -> list[list[str]]:
+    """Time to the joint error: MuJoCo's cheapest fixed step against jaxdae's cheapest
+    setting, compiled; jaxdae called eagerly; its compile and first call."""
+    rows = []
+    for r in results:
+        found = r["ladders"][r["cheapest"]]
+        tt = _part(r["jaxdae"], "time_to_tolerance") or {}
+        mujoco_ms = found["ms"]
+        rows.append(
+            [
+                r["robot"],
+                f"{r['cheapest']}, h = {1e3 * found['h']:.3g} ms, {found['steps']:,} steps",
+                f"{mujoco_ms:.3g}",
+                f"{tt['solver']}, {_tol(tt['tolerance'])}, {tt['steps']} steps" if tt else DASH,
+                _f(tt.get("ms"), ".3g"),
+                _f(tt["ms"] / mujoco_ms if tt else None, ".2f"),
+                _f(tt.get("eager_ms"), ".3g"),
+                _f(tt.get("compile_s"), ".1f"),
+            ]
+        )
+    return rows
+
+
+def rhs_rows(results: list[dict]) -> list[list[str]]:
+    """One right-hand side: MuJoCo's `mj_forward` inside the rollout's Euler step, jaxdae's
+    in a compiled loop [µs]."""
+    rows = []
+    for r in results:
+        theirs, ours = r["rhs"]["rollout_euler_us"], _part(r["jaxdae"], "rhs_us")
+        ratio = None if ours is None else ours / theirs
+        rows.append([r["robot"], f"{theirs:.3g}", _f(ours, ".3g"), _f(ratio, ".2f")])
+    return rows
+
+
+def chain_rows(chains: list[dict]) -> list[list[str]]:
+    return [
+        [
+            f"{c['links']}",
+            f"{c['mujoco_us']:.3g}",
+            f"{c['mujoco_us'] / c['links']:.2f}",
+            f"{c['jaxdae_us']:.3g}",
+            f"{c['jaxdae_us'] / c['links']:.2f}",
+        ]
+        for c in chains
+    ]
+
+
+def _layout(b: dict) -> str:
+    if b["layout"] == "map":
+        return "one trajectory at a time"
+    return f"ensembles of {b['chunk']}" if b["chunk"] else "one ensemble per device"
+
+
+def batch_rows(results: list[dict]) -> list[list[str]]:
+    """The batch: MuJoCo's rollout and MJX at RK4's step; jaxdae at fixed steps in each
+    layout over the devices (the fastest in bold), at its adaptive setting over the
+    devices, and as one ensemble on one device."""
+    rows = []
+    for r in results:
+        ro, mx = r["rollout"], r["mjx"]
+        devices = mx.get("devices") or 1
+        mjx_text = (
+            f"{mx['per_s']:.3g} ({'one device' if devices == 1 else f'{devices} devices'})"
+            if mx["per_s"]
+            else "not run"
+        )
+        tt = _part(r["jaxdae"], "time_to_tolerance") or {}
+        adaptive = f"{tt.get('solver', '')}, rtol = atol = {_tol(tt.get('tolerance', 0.0))}"
+        fixed = _part(r["jaxdae"], "batch_fixed") or []
+        runs = [
+            (f"{b['setting'] if i == 0 else 'the same'}, {_layout(b)}", b)
+            for i, b in enumerate(fixed)
+        ]
+        jd = _part(r["jaxdae"], "batch_devices")
+        if jd:
+            runs.append((f"{adaptive} (adaptive), {_layout(jd)}", jd))
+        jb = _part(r["jaxdae"], "batch")
+        if jb:
+            runs.append(
+                ("the same, one ensemble on one device, the model an argument of `jax.jit`", jb)
+            )
+        fastest = max((b["per_s"] for _, b in runs), default=None)
+        for i, (label, b) in enumerate(runs):
+            over_mjx = b["per_s"] / mx["per_s"] if mx["per_s"] else None
+            bold = "**" if b["per_s"] == fastest else ""
+            rows.append(
+                [
+                    r["robot"],
+                    f"{r['cheapest']} {r['steps']:,}" if i == 0 else "",
+                    f"{ro['per_s']:.3g}" if i == 0 else "",
+                    mjx_text if i == 0 else "",
+                    label,
+                    f"{bold}{_rate(b['per_s'])}{bold}",
+                    _f(b.get("cpu_s"), ".2g"),
+                    f"{bold}{_f(over_mjx, '.3g')}{bold}" if over_mjx else DASH,
+                    f"{b['per_s'] / ro['per_s']:.2g}",
+                    f"{b['compile_s']:.1f}",
+                ]
+            )
+    return rows
+
+
+def page_tables(results: list[dict], chains: list[dict], stamp: dict) -> list[dict]:
+    tables = []
+    if results:
+        tables += [
+            table(f"{NAME}.time-to-error", TIME_COLUMNS, time_rows(results), stamp),
+            table(f"{NAME}.rhs", RHS_COLUMNS, rhs_rows(results), stamp),
+            table(f"{NAME}.batch", BATCH_COLUMNS, batch_rows(results), stamp),
+        ]
+    if chains:
+        tables.append(table(f"{NAME}.chain", CHAIN_COLUMNS, chain_rows(chains), stamp))
+    return tables
+
+
 def main():
     args, out, began, load = start_run(NAME, __doc__.splitlines()[0], only=True)
+    stamp = run_stamp()
     settings = QUICK if args.quick else FULL
     with tempfile.TemporaryDirectory() as folder:
         files = selected(robot_files(Path(folder), args.quick), args.only)
@@ -1518,6 +1681,10 @@ def main():
         },
     )
     print(f"wrote {out / (NAME + '.json')} and the reference_<robot>.npz files")
+    tables = page_tables(results, chains, stamp)
+    for data in tables:
+        print("\n" + render(data))
+    print("wrote", write(args.out, NAME, tables))
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
 
+import _tables
 import diffrax
 import equinox as eqx
 import jax
@@ -654,15 +655,81 @@ def _ms(seconds):
     return f"{1e3 * seconds:.3g}"
 
 
-def table(results, methods):
-    lines = [
-        (
-            "| family | N | coordinates | method | solve [ms] | steps | per step [µs] | "
-            "gradient [ms] | grad/solve | batch [traj/s] (size) | compile solve / gradient [s] | "
-            "max \\|Δq(1)\\| vs jaxdae |"
-        ),
-        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+# the page's tables (docs/benchmarks.md): `bench_scaling.solves` (the chain, the pendulum and
+# the ladder), `bench_scaling.net`, `bench_scaling.per-step` (`--cpu-per-step`) and, with
+# `--solver Dopri8`, `bench_scaling.dopri8`
+SOLVE_COLUMNS = [("family", "left"), ("N", "right"), ("coordinates", "right"), ("method", "left")]
+SOLVE_COLUMNS += [
+    (title, "right")
+    for title in (
+        "solve [ms]",
+        "steps",
+        "per step [µs]",
+        "gradient [ms]",
+        "grad/solve",
+        "batch [traj/s] (size)",
+        "compile solve / gradient [s]",
+        "max \\|Δq(1)\\| vs jaxdae",
+    )
+]
+PER_STEP_COLUMNS = [("family", "left")] + [
+    (title, "right")
+    for title in (
+        "coordinates",
+        "steps",
+        "solve per step [µs]",
+        "one right-hand side [µs]",
+        "gradient / solve",
+        "failure test [µs]",
+        "vector–Jacobian product [µs]",
+    )
+]
+AGAINST_CASADI_COLUMNS = [("run", "right")] + [
+    (title, "right")
+    for title in (
+        "jaxdae solve",
+        "CasADi solve",
+        "ratio",
+        "hand-written diffrax solve",
+        "\\|Δq(1)\\| CasADi vs jaxdae",
+    )
+]
+
+
+def per_step_cells(row):
+    """A `cpu_per_step` row as the page's `bench_scaling.per-step` shows it (no N)."""
+    family, _, n, steps, solve, rhs, ratio, fail, vjp = row
+    return [family, str(n), str(steps), f"{solve:.1f}"] + [
+        f"{x:.2f}" for x in (rhs, ratio, fail, vjp)
     ]
+
+
+def against_casadi_rows(results):
+    """One row per model: jaxdae's solve, CasADi's, their ratio, the hand-written diffrax
+    solve [ms] and the end states' difference (the run's label: `1` for a single model)."""
+    rows = []
+    for row in results:
+        m = row["methods"]
+        ours, theirs, hand = m.get(JAXDAE), m.get(CASADI), m.get(HANDWRITTEN)
+        if not ours or not theirs or "single" not in ours or "single" not in theirs:
+            continue
+        label = "1" if len(results) == 1 else f"{row['family']} {row['size']}"
+        rows.append(
+            [
+                label,
+                _ms(ours["single"]),
+                _ms(theirs["single"]),
+                f"{ours['single'] / theirs['single']:.2f}",
+                _ms(hand["single"]) if hand and "single" in hand else "–",
+                f"{theirs['difference']:.1e}" if "difference" in theirs else "–",
+            ]
+        )
+    return rows
+
+
+def table_rows(results, methods):
+    """The rows of the solve table (`SOLVE_COLUMNS`)."""
+    rows = []
     for row in results:
         for method in methods:
             r = row["methods"].get(method)
@@ -670,9 +737,7 @@ def table(results, methods):
                 continue
             cells = [row["family"], str(row["size"]), str(row["coordinates"]), method]
             if "skipped" in r:
-                lines.append(
-                    "| " + " | ".join(cells + [f"skipped: {r['skipped']}"] + [""] * 7) + " |"
-                )
+                rows.append(cells + [f"skipped: {r['skipped']}"] + [""] * 7)
                 continue
             grad = r.get("gradient")
             compile_grad = r.get("compile_gradient", {}).get("total")
@@ -687,8 +752,32 @@ def table(results, methods):
                 + (f"{compile_grad:.2f}" if compile_grad is not None else "–"),
                 f"{r['difference']:.1e}" if "difference" in r else "–",
             ]
-            lines.append("| " + " | ".join(cells) + " |")
-    return lines
+            rows.append(cells)
+    return rows
+
+
+def markdown_lines(results, methods):
+    """The solve table as Markdown lines."""
+    rule = ["---:" if align == "right" else "---" for _, align in SOLVE_COLUMNS]
+    lines = ["| " + " | ".join(t for t, _ in SOLVE_COLUMNS) + " |", "| " + " | ".join(rule) + " |"]
+    return lines + ["| " + " | ".join(cells) + " |" for cells in table_rows(results, methods)]
+
+
+def page_tables(results, methods, solver, stamp):
+    """The page's tables of a run: the solve table (its net rows apart), and with a solver
+    other than Tsit5 the comparison with CasADi."""
+    rows = table_rows(results, methods)
+    tables = []
+    for name, keep in (("solves", lambda r: r[0] != "net"), ("net", lambda r: r[0] == "net")):
+        mine = [r for r in rows if keep(r)]
+        if mine:
+            tables.append(_tables.table(f"{NAME}.{name}", SOLVE_COLUMNS, mine, stamp))
+    against = against_casadi_rows(results)
+    if solver != "Tsit5" and against:
+        tables.append(
+            _tables.table(f"{NAME}.{solver.lower()}", AGAINST_CASADI_COLUMNS, against, stamp)
+        )
+    return tables
 
 
 def plot(results, methods, path):
@@ -923,7 +1012,13 @@ def main():
             "| gradient / solve | failure test [µs] | vector–Jacobian product [µs] |\n"
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         )
-        cpu_per_step(args.families, args.sizes, args.repeats, args.max_coordinates)
+        stamp = _tables.run_stamp()
+        rows = cpu_per_step(args.families, args.sizes, args.repeats, args.max_coordinates)
+        data = _tables.table(
+            f"{NAME}.per-step", PER_STEP_COLUMNS, [per_step_cells(r) for r in rows], stamp
+        )
+        print("\n" + _tables.render(data))
+        print("wrote", _tables.write(args.out, NAME, [data]))
         return
     if ca is None:
         print("CasADi is not installed: its rows are left out (pip install casadi).")
@@ -932,6 +1027,7 @@ def main():
         throughput_run(args, folder)
         return
     methods = [m for m in METHODS if m != CASADI or ca is not None]
+    stamp = _tables.run_stamp()
     warm_up_jax()
     start = time.perf_counter()
 
@@ -945,7 +1041,7 @@ def main():
             + (f", casadi {ca.__version__}" if ca is not None else "")
             + f"; budget {args.budget:g} s per solve; {time.perf_counter() - start:.0f} s in all.",
             "",
-        ] + table(results, methods)
+        ] + markdown_lines(results, methods)
         if final:
             print("\n".join(lines))
         plot(results, methods, folder / "bench_scaling.png")
@@ -990,6 +1086,9 @@ def main():
     )
     report(results, final=True)
     print(f"wrote {folder / 'bench_scaling.json'} and {folder / 'bench_scaling.png'}")
+    tables = page_tables(results, methods, args.solver, stamp)
+    if tables:
+        print("wrote", _tables.write(args.out, NAME, tables))
 
 
 if __name__ == "__main__":

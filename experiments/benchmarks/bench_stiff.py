@@ -57,7 +57,8 @@ saved times, jaxdae's compiled call to `block_until_ready`.
 
     OPENBLAS_NUM_THREADS=1 python experiments/benchmarks/bench_stiff.py [--out output] [--quick]
         [--only governor,chain,spring6,spring8,arm]
-    # prints Markdown tables, writes OUT/bench_stiff/bench_stiff.json
+    # prints Markdown tables, writes OUT/bench_stiff/bench_stiff.json and the page's
+    # tables (bench_stiff.governor, bench_stiff.chain, bench_stiff.ida) to tables.json
 """
 
 import os
@@ -85,7 +86,7 @@ from _common import (  # noqa: E402
     start_run,
     write_json,
 )
-from _tables import commit  # noqa: E402
+from _tables import commit, render, run_stamp, table, write  # noqa: E402
 from stiff_integration import (  # noqa: E402  # pyright: ignore[reportMissingImports]
     arm_case,
     chain_case,
@@ -941,6 +942,189 @@ def verdicts(results: list[dict]) -> list[str]:
     return lines
 
 
+# -- the page's tables ----------------------------------------------------------------------
+
+# jaxdae's settings as the page names them
+PAGE_SETTING = {FIXED_GA: "GeneralizedAlpha(0.9), fixed step"}
+CHAIN_CODES = ("GeneralizedAlpha", FIXED_GA, "Tsit5", "Dopri8", "Kvaerno5", "Rodas5P")
+
+
+def _knob(row: dict) -> str:
+    """`h = 0.5 ms` for `h = 0.0005`; `rtol = 1e-6` for `rtol = 1e-06`."""
+    name, value = row["knob"].split(" = ")
+    if name == "h":
+        return f"h = {1e3 * float(value):g} ms"
+    return f"{name} = {float(value):.0e}".replace("e-0", "e-")
+
+
+def _ms(row: dict) -> str:
+    return f"{1e3 * row['seconds']:.3g}"
+
+
+def _label(target: str) -> str:
+    """The page's name of a target: `10⁻³`, or `Exudyn's at h = 0.5 ms`."""
+    if target.startswith("Exudyn"):
+        return "Exudyn's at " + _knob({"knob": target.removeprefix("Exudyn at ")})
+    exponent = str(int(np.log10(float(target))))
+    return "10" + exponent.translate(str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹"))
+
+
+def _targets(result: dict) -> list[str]:
+    """The case's targets, loosest first."""
+    return sorted(result["at_target"], key=lambda label: -result["targets"][label])
+
+
+def governor_rows(result: dict) -> list[list[str]]:
+    """The cheapest run per code at Exudyn's error at h = 0.5 ms, fastest first."""
+    label = next(t for t in result["targets"] if t.startswith("Exudyn"))
+    rows = sorted(result["at_target"][label], key=lambda r: r["seconds"])
+    fastest = rows[0]["seconds"] if rows else np.nan
+    cells = []
+    for row in rows:
+        if row["code"] == "jaxdae":
+            code = f"jaxdae {PAGE_SETTING.get(row['setting'], row['setting'])}"
+            compile_s = f"{result['compile_s'][row['setting']]:.1f}"
+        else:
+            code, compile_s = f"{row['code']}, {row['setting']}", "–"
+        cells.append(
+            [
+                code,
+                _knob(row),
+                f"{row['error']:.2e}",
+                counts_text(row),
+                seconds_text(row),
+                f"{row['seconds'] / fastest:.2f}",
+                compile_s,
+            ]
+        )
+    return cells
+
+
+def _best(rows: list[dict], keep) -> dict | None:
+    return min((r for r in rows if keep(r)), key=lambda r: r["seconds"], default=None)
+
+
+def _chain_cell(row: dict | None, fastest: float) -> str:
+    if row is None:
+        return "not reached"
+    text = f"{_knob(row)}: {_ms(row)}"
+    return f"**{text}**" if row["seconds"] == fastest else text
+
+
+def chain_rows(result: dict) -> list[list[str]]:
+    """Per target, the cheapest run of each jaxdae solver, Exudyn and IDA's GGL form
+    (`setting: ms`, the fastest in bold) and the best implicit over the best explicit."""
+    cells = []
+    for target in _targets(result):
+        rows = result["at_target"][target]
+        fastest = min((r["seconds"] for r in rows), default=np.nan)
+        best = [
+            _best(rows, lambda r, name=name: r["code"] == "jaxdae" and r["setting"] == name)
+            for name in CHAIN_CODES
+        ]
+        best.append(_best(rows, lambda r: r["code"] == "Exudyn"))
+        best.append(_best(rows, lambda r: r["setting"] == "GGL index-2 DAE"))
+        cells.append([_label(target)] + [_chain_cell(r, fastest) for r in best] + [_ratio(rows)])
+    return cells
+
+
+def _ratio(rows: list[dict]) -> str:
+    mine = [r for r in rows if r["code"] == "jaxdae"]
+    implicit = min((r["seconds"] for r in mine if r["setting"] in IMPLICIT), default=None)
+    explicit = min((r["seconds"] for r in mine if r["setting"] in EXPLICIT), default=None)
+    return "–" if implicit is None or explicit is None else f"{implicit / explicit:.2f}"
+
+
+def _ida_cell(row: dict | None, named: bool = False) -> str:
+    """`1e-5: 3418 steps, 479` (IDA), `Tsit5 1e-3: 5624 steps, 18.4` (jaxdae, `named`)."""
+    if row is None:
+        return "not reached"
+    knob = _knob(row).removeprefix("rtol = ")
+    if named:
+        setting = PAGE_SETTING.get(row["setting"], row["setting"])
+        knob = f"{setting}, {knob}" if knob.startswith("h") else f"{setting} {knob}"
+    return f"{knob}: {row['steps']} steps, {_ms(row)}"
+
+
+def ida_rows(results: list[dict]) -> list[list[str]]:
+    """Per case with IDA and per target: the cheapest run of each IDA form, of jaxdae's
+    explicit and of its implicit solvers (`rtol: steps, ms`)."""
+    cells = []
+    for result in results:
+        if not any(r["code"] == "IDA" for r in result["runs"]):
+            continue
+        for i, target in enumerate(t for t in _targets(result) if not t.startswith("Exudyn")):
+            rows = result["at_target"][target]
+            explicit = _best(rows, lambda r: r["code"] == "jaxdae" and r["setting"] in EXPLICIT)
+            implicit = _best(rows, lambda r: r["code"] == "jaxdae" and r["setting"] in IMPLICIT)
+            cells.append(
+                [
+                    result["label"] if i == 0 else "",
+                    _label(target),
+                    _ida_cell(_best(rows, lambda r: r["setting"] == "GGL index-2 DAE")),
+                    _ida_cell(_best(rows, lambda r: r["setting"] == "jaxdae's ODE as a residual")),
+                    _ida_cell(explicit, named=True),
+                    _ida_cell(implicit, named=True),
+                    _ratio(rows),
+                ]
+            )
+    return cells
+
+
+GOVERNOR_COLUMNS = [
+    ("code", "left"),
+    ("run", "left"),
+    ("error [m]", "right"),
+    ("steps", "left"),
+    ("wall [s]", "right"),
+    ("/ fastest", "right"),
+    ("compile [s]", "right"),
+]
+CHAIN_COLUMNS = [
+    ("target", "left"),
+    ("GeneralizedAlpha", "left"),
+    ("GeneralizedAlpha(0.9), fixed step", "left"),
+    ("Tsit5", "left"),
+    ("Dopri8", "left"),
+    ("Kvaerno5", "left"),
+    ("Rodas5P", "left"),
+    ("Exudyn", "left"),
+    ("IDA, GGL", "left"),
+    ("best implicit / best explicit", "right"),
+]
+IDA_COLUMNS = [
+    ("case", "left"),
+    ("target", "left"),
+    ("IDA, GGL index-2 DAE", "left"),
+    ("IDA, jaxdae's ODE", "left"),
+    ("jaxdae explicit", "left"),
+    ("jaxdae implicit", "left"),
+    ("implicit / explicit", "right"),
+]
+
+
+def page_tables(results: list[dict], stamp: dict) -> list[dict]:
+    """The tables of docs/benchmarks.md of the cases run."""
+    by_case = {r["case"]: r for r in results}
+    tables = []
+    if "governor" in by_case and any(
+        t.startswith("Exudyn") for t in by_case["governor"]["targets"]
+    ):
+        tables.append(
+            table(
+                "bench_stiff.governor", GOVERNOR_COLUMNS, governor_rows(by_case["governor"]), stamp
+            )
+        )
+    if "chain" in by_case:
+        tables.append(
+            table("bench_stiff.chain", CHAIN_COLUMNS, chain_rows(by_case["chain"]), stamp)
+        )
+    ida = ida_rows(results)
+    if ida:
+        tables.append(table("bench_stiff.ida", IDA_COLUMNS, ida, stamp))
+    return tables
+
+
 def peers_available() -> tuple[bool, bool]:
     try:
         import exudyn  # noqa: F401
@@ -961,6 +1145,7 @@ def peers_available() -> tuple[bool, bool]:
 
 def main():
     args, out, began, load = start_run(NAME, __doc__.splitlines()[0], only=True)
+    stamp = run_stamp()
     settings = QUICK if args.quick else FULL
     have_exudyn, have_ida = peers_available()
     cases = selected(make_cases(settings, have_exudyn, have_ida), args.only)
@@ -1005,6 +1190,11 @@ def main():
         f"{os.getloadavg()[0]:.1f}; jaxdae at {revision}"
     )
     print(f"wrote {out / (NAME + '.json')}")
+    tables = page_tables(results, stamp)
+    for data in tables:
+        print("\n" + render(data))
+    if tables:
+        print("wrote", write(args.out, NAME, tables))
 
 
 if __name__ == "__main__":
