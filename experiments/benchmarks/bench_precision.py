@@ -30,6 +30,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _common import output_dir, parse_args, write_json  # noqa: E402
+from _tables import run_stamp, table, write  # noqa: E402
 
 import jaxdae  # noqa: E402
 
@@ -98,7 +99,35 @@ def timed(fn, args, reps=5):
     return statistics.median(times)
 
 
+def precision_table(rows: dict, stamp: dict) -> dict:
+    """`bench_precision.float32`: per precision of the matrix products, the errors, the
+    chain's steps, its batch's time and its compile time."""
+    cells = [
+        [
+            label,
+            f"{row['lqr_error']:.1e}",
+            f"{row['chain_error']:.1e}",
+            f"{row['chain_steps_median']:.0f}, {row['chain_steps_max']}",
+            f"{row['chain_batch_s']:.3f}",
+            f"{row['chain_compile_s']:.1f}",
+        ]
+        for label, row in rows.items()
+    ]
+    columns = [("matrix products", "left")] + [
+        (title, "right")
+        for title in (
+            "`lqr` error",
+            "chain `q(1)` error",
+            "chain steps (median, max)",
+            "chain batch [s]",
+            "compile [s]",
+        )
+    ]
+    return table(f"{NAME}.float32", columns, cells, stamp)
+
+
 def main(out: Path, quick: bool = False) -> dict:
+    stamp = run_stamp()
     folder = output_dir(out, NAME)
     size = 16 if quick else 1024
     p_ref = jaxdae.lqr(*lqr_problem(jnp.float64)).riccati
@@ -139,6 +168,7 @@ def main(out: Path, quick: bool = False) -> dict:
         )
     print("\n".join(lines))
     write_json(folder / "bench_precision.json", {"device": str(device), "size": size, "rows": rows})
+    write(out, NAME, [precision_table(rows, stamp)])
     return {"table": lines}
 
 

@@ -553,6 +553,46 @@ def throughput_table(rows, agreement):
     return lines
 
 
+# The `--throughput` rows as docs/benchmarks.md names them.
+THROUGHPUT_LABELS = {
+    "vmap": "`jax.vmap(simulate)`",
+    "ensemble": "`simulate_ensemble`",
+    "vmap, UnrolledERK": "`vmap`, `UnrolledERK(Tsit5)`",
+    "hand-written, vmap": "hand-written ODE, `vmap`",
+}
+
+
+def throughput_page_table(results: dict, stamp: dict) -> dict:
+    """`bench_scaling.throughput-cpu` (or `-gpu`): trajectories per second of each tool, a
+    column per model and dtype, with the steps (median over the batch) and the compile time;
+    `results` maps `(family, size)` to `batch_throughput`'s rows."""
+    columns, cells = [("tool", "left")], {}
+    for (family, size), rows in results.items():
+        for dtype in ("float64", "float32"):
+            column = len(columns)
+            columns.append((f"{family} of {size}, {dtype}", "right"))
+            for r in rows:
+                if r["dtype"] != dtype:
+                    continue
+                if r["compile"] is None:  # CasADi's `map`, on the host's cores
+                    threads = r["tool"].partition("thread×")[2].rstrip(")")
+                    label = f"CasADi `map`, {threads} host cores" if threads else r["tool"]
+                    cell = f"{r['throughput']:,.0f} ({r['steps_median']:g} steps)"
+                else:
+                    label = THROUGHPUT_LABELS.get(r["tool"], r["tool"])
+                    cell = (
+                        f"{r['throughput']:,.0f} ({r['steps_median']:g} steps; "
+                        f"{r['compile']:.1f} s)"
+                    )
+                cells.setdefault(label, {})[column] = cell
+    body = [
+        [label] + [row.get(column, "–") for column in range(1, len(columns))]
+        for label, row in cells.items()
+    ]
+    device = "cpu" if jax.default_backend() == "cpu" else "gpu"
+    return _tables.table(f"{NAME}.throughput-{device}", columns, body, stamp)
+
+
 # -- the run ---------------------------------------------------------------------------------
 
 
@@ -954,7 +994,9 @@ def _family_list(text):
 
 def throughput_run(args, folder):
     """`--throughput`: `batch_throughput` of each family × size, its table printed and
-    written with the JSON after every row (`bench_scaling_throughput.{md,json}`)."""
+    written with the JSON after every row (`bench_scaling_throughput.{md,json}`), and as
+    the table of docs/benchmarks.md (`tables.json`)."""
+    stamp = _tables.run_stamp()
     warm_up_jax()
     device = jax.devices()[0]
     header = (
@@ -969,10 +1011,11 @@ def throughput_run(args, folder):
         )
         + (f", casadi {ca.__version__} on {os.cpu_count()} host cores" if ca is not None else "")
     )
-    results = {}
+    results, models = {}, {}
     for family in args.families:
         for size in args.sizes:
             key = f"{family} N={size} ({coordinates(family, size)} coordinates)"
+            models[key] = (family, size)
             print(key, flush=True)
 
             def report(rows, agreement, key=key):
@@ -995,6 +1038,8 @@ def throughput_run(args, folder):
                         "jax": jax.__version__,
                     },
                 )
+                by_model = {models[name]: result["rows"] for name, result in results.items()}
+                _tables.write(args.out, NAME, [throughput_page_table(by_model, stamp)])
                 return lines
 
             batch_throughput(
