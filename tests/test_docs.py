@@ -219,6 +219,38 @@ def test_design_measurement_links_resolve():
     assert not timings, "timings belong on docs/design_measurements.md:\n" + "\n".join(timings)
 
 
+def _commit_hashes_in_prose(text: str) -> list[str]:
+    """The lines of a Markdown page that name a commit (a hexadecimal hash of 7 to 40 digits
+    in backticks or after "commit") other than a run's stamp line, the italic line above a
+    measurement that states its machine, date and commit ("*…, jaxdae at `abc1234`, …*")."""
+    commit = re.compile(r"`[0-9a-f]{7,40}`|\bcommits? [0-9a-f]{7,40}\b")
+    return [
+        line.strip()
+        for line in text.splitlines()
+        if commit.search(line) and not (line.startswith("*") and "jaxdae at `" in line)
+    ]
+
+
+def test_docs_prose_names_no_commit():
+    """The docs describe jaxdae as it is: a measurement states its commit once, on its stamp
+    line, and the prose around it names none (no "measured at commit …" history). The raw
+    output kept under docs/measurements/ is left as it was printed."""
+    pages = [ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("experiments/**/*.md")]
+    found = [
+        f"{page.relative_to(ROOT)}: {line}"
+        for page in pages
+        if "measurements" not in page.relative_to(ROOT).parts[:2]
+        for line in _commit_hashes_in_prose(page.read_text(encoding="utf-8"))
+    ]
+    assert not found, "commits named in prose:\n" + "\n".join(found)
+
+
+def test_commit_check_can_fail():
+    page = "*2-core CPU, jaxdae at `46b2ee1`, JAX 0.10.2: `python x.py`*\n\nAs at commit 46b2ee1.\n"
+    assert _commit_hashes_in_prose(page) == ["As at commit 46b2ee1."]
+    assert _commit_hashes_in_prose("Measured at `8954cf5`.") == ["Measured at `8954cf5`."]
+
+
 # -- results -----------------------------------------------------------------------------
 
 
