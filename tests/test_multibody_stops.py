@@ -167,3 +167,28 @@ def test_plane_contact_in_space_slips_along_two_tangents():
         rolling = np.cross(normal, along) / radius
         np.testing.assert_allclose(slip(along, rolling), 0.0, atol=1e-12)
         np.testing.assert_allclose(slip(np.zeros(3), 5.0 * normal), 0.0, atol=1e-12)
+
+
+def test_a_known_frictionless_contact_compiles_no_friction_inside_jit():
+    """A contact made with a known `μ = 0` keeps no coefficient, so the mechanism's
+    coefficients are known at trace time even where it is built inside `jax.jit` (its
+    tangential rows are then not compiled); a traced `μ`, zero or not, stays traced."""
+
+    def coefficients(radius, friction):
+        disc = mb.Mechanism(
+            bodies=[mb.PlanarBody("disc", mass=1.0, inertia=0.01, position=(0.0, 0.5))],
+            stops=[
+                mb.PlaneContact("disc", radius=radius, friction=friction),
+                mb.DistanceStop("ground", "disc", upper=2.0),
+            ],
+        )
+        return disc.friction()
+
+    known = []
+    jax.jit(lambda r: known.append(coefficients(r, 0.0)) or r)(0.1)
+    assert isinstance(known[0], np.ndarray) and known[0].tolist() == [0.0, 0.0]
+    traced = []
+    jax.jit(lambda mu: traced.append(coefficients(0.1, mu)) or mu)(0.0)
+    assert isinstance(traced[0], jax.core.Tracer)
+    assert mb.PlaneContact("disc").friction is None
+    assert float(mb.PlaneContact("disc", friction=0.5).friction) == 0.5

@@ -392,12 +392,13 @@ class AbstractMechanism(AbstractControlledSystem):
         )
 
     def friction(self):
-        """The stops' coefficients of friction, one per gap (`0` without friction)."""
-        return (
-            jnp.concatenate([stop.friction_coefficients() for stop in self.stops])
-            if self.stops
-            else 0.0
-        )
+        """The stops' coefficients of friction, one per gap (`0` without friction): a NumPy
+        array where every stop's is known, so that frictionless contacts stay frictionless
+        at trace time where the mechanism is built inside `jax.jit`."""
+        if not self.stops:
+            return 0.0
+        coefficients = [stop.friction_coefficients() for stop in self.stops]
+        return (np.concatenate if is_concrete(coefficients) else jnp.concatenate)(coefficients)
 
     def stop_checks(self):
         """The stops' checks of their values where they are traced (see

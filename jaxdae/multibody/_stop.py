@@ -103,9 +103,11 @@ class AbstractStop(eqx.Module):
     def gaps(self, kin: StopKinematics) -> Float[Array, " g"]:
         """Its gaps at one configuration, shape `(num_gaps,)`."""
 
-    def friction_coefficients(self) -> Float[Array, " g"]:
-        """Coulomb's coefficient of each gap's contact (default: frictionless)."""
-        return jnp.zeros((self.num_gaps,))
+    def friction_coefficients(self) -> Float[ArrayLike, " g"]:
+        """Coulomb's coefficient of each gap's contact (default: frictionless). A NumPy
+        array where they are known when the stop is made, so that a frictionless contact
+        compiles no tangential rows even where the mechanism is built inside `jax.jit`."""
+        return np.zeros((self.num_gaps,))
 
     def slip_velocities(self, kin: StopKinematics) -> Float[Array, "g k"]:
         """The sliding velocity of each gap's contact in its tangent line (the plane,
@@ -235,7 +237,10 @@ class PlaneContact(AbstractStop):
         plane, `+z` in space.
     - `radius`: of the sphere or disc about `point`, non-negative. Default `0`.
     - `restitution`: Newton's coefficient, in `[0, 1]`. Default `0`.
-    - `friction`: Coulomb's coefficient `μ ≥ 0`. Default `0`.
+    - `friction`: Coulomb's coefficient `μ ≥ 0`. Default `0`. A known `0` makes the
+        contact frictionless: it keeps no coefficient (`friction` is `None`) and compiles
+        no tangential rows. To differentiate with respect to `μ` at `0`, give `μ` traced
+        (an argument of the function that `jax.grad` differentiates).
     - `name`: the stop's name in outputs.
     """
 
@@ -244,7 +249,7 @@ class PlaneContact(AbstractStop):
     normal: Float[Array, " d"] | None
     radius: Float[Array, ""]
     restitution: Float[Array, ""]
-    friction: Float[Array, ""]
+    friction: Float[Array, ""] | None
     name: str | None = eqx.field(static=True)
     vector_fields: ClassVar[tuple[str, ...]] = ("normal",)
 
@@ -283,12 +288,17 @@ class PlaneContact(AbstractStop):
                 f"The `radius` of {owner} must be non-negative; got {float(self.radius)}."
             )
         self.restitution = _restitution(owner, restitution)
-        self.friction = _scalar(f"`friction` of {owner}", friction)
-        if is_concrete(self.friction) and float(self.friction) < 0:
+        coefficient = _scalar(f"`friction` of {owner}", friction)
+        if is_concrete(friction) and float(friction) < 0:
             raise ValueError(
                 f"The `friction` of {owner} must be non-negative (0: "
-                f"frictionless); got {float(self.friction)}."
+                f"frictionless); got {float(friction)}."
             )
+        # A known zero is no coefficient at all (`None`): a frictionless contact then
+        # compiles no tangential rows, also where the mechanism is built inside `jax.jit`
+        # (where an array made from the zero would be traced).
+        frictionless = is_concrete(friction) and float(friction) == 0
+        self.friction = None if frictionless else coefficient
 
     @property
     def markers(self):
@@ -316,7 +326,7 @@ class PlaneContact(AbstractStop):
         return (normal @ (point.point - surface.point) - self.radius)[None]
 
     def friction_coefficients(self):
-        return self.friction[None]
+        return np.zeros((1,)) if self.friction is None else self.friction[None]
 
     def slip_velocities(self, kin):
         point, surface = kin.frame(self.point), kin.frame(self.surface)
