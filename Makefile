@@ -17,15 +17,14 @@ help:
 	     {doc = ""}' $(firstword $(MAKEFILE_LIST))
 
 # uv installs the locked packages in parallel and compiles no bytecode ahead (Python
-# compiles what it imports), a fraction of pip's time; pip where uv cannot be installed.
+# compiles what it imports), a fraction of pip's time; pip where uv cannot be installed or
+# cannot install them (uv reads no pip configuration, such as a local package index).
 $(STAMP): pyproject.toml requirements-lock.txt
 	$(PYTHON) -m venv $(VENV)
-	if $(PY) -m pip install --quiet -c requirements-lock.txt uv; then \
-		$(VENV)/bin/uv pip install --quiet --python $(PY) -c requirements-lock.txt -e ".[dev]"; \
-	else \
-		$(PY) -m pip install --quiet --upgrade pip && \
-		$(PY) -m pip install --quiet -c requirements-lock.txt -e ".[dev]"; \
-	fi
+	( $(PY) -m pip install --quiet -c requirements-lock.txt uv && \
+	  $(VENV)/bin/uv pip install --quiet --python $(PY) -c requirements-lock.txt -e ".[dev]" ) || \
+	( $(PY) -m pip install --quiet --upgrade pip && \
+	  $(PY) -m pip install --quiet -c requirements-lock.txt -e ".[dev]" )
 	touch $(STAMP)
 
 ## Reproduce the papers' worked examples: figures + output/SUMMARY.md
