@@ -66,27 +66,34 @@ def test_positive_definite_matches_lineax_cholesky(n):
     and `vmap` against `lineax.Cholesky`, on either side of `UNROLL_MAX`; the pivots multiply
     to the determinant."""
     a, b = jnp.asarray(_spd(n, n)), jnp.asarray(np.random.default_rng(n).standard_normal(n))
-    expected = _solve(lx.Cholesky(), a, b)
-    np.testing.assert_allclose(_solve(StructuredCholesky(), a, b), expected, rtol=1e-12)
-    # each comparison one program (eagerly, each operation compiles alone)
-    direct = jax.jit(lambda m, c: symmetric_solve(_operator(m), c, StructuredCholesky()))
-    np.testing.assert_allclose(direct(a, b), expected, rtol=1e-12)
+    batch = jnp.stack([b, 2 * b, -b])
 
     def loss(solver):
         return lambda a, b: jnp.sum(jnp.sin(_solve(solver, a, b)))
 
-    ours = jax.jit(jax.grad(loss(StructuredCholesky()), argnums=(0, 1)))(a, b)
-    theirs = jax.jit(jax.grad(loss(lx.Cholesky()), argnums=(0, 1)))(a, b)
-    for x, y in zip(ours, theirs, strict=False):
+    # Every quantity of a size in one compiled program (a program each compiles far longer).
+    @jax.jit
+    def compared(a, b, batch):
+        ours, theirs = StructuredCholesky(), lx.Cholesky()
+        return {
+            "expected": _solve(theirs, a, b),
+            "solved": _solve(ours, a, b),
+            "direct": symmetric_solve(_operator(a), b, ours),
+            "ours": jax.grad(loss(ours), argnums=(0, 1))(a, b),
+            "theirs": jax.grad(loss(theirs), argnums=(0, 1))(a, b),
+            "batched": jax.vmap(lambda c: _solve(ours, a, c))(batch),
+            "batched_lx": jax.vmap(lambda c: _solve(theirs, a, c))(batch),
+            "pivots": ours.init(_operator(a), {}).pivots,
+        }
+
+    out = compared(a, b, batch)
+    expected = out["expected"]
+    np.testing.assert_allclose(out["solved"], expected, rtol=1e-12)
+    np.testing.assert_allclose(out["direct"], expected, rtol=1e-12)
+    for x, y in zip(out["ours"], out["theirs"], strict=False):
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
-    batch = jnp.stack([b, 2 * b, -b])
-    np.testing.assert_allclose(
-        jax.jit(jax.vmap(lambda c: _solve(StructuredCholesky(), a, c)))(batch),
-        jax.jit(jax.vmap(lambda c: _solve(lx.Cholesky(), a, c)))(batch),
-        rtol=1e-12,
-    )
-    pivots = jax.jit(lambda m: StructuredCholesky().init(_operator(m), {}).pivots)(a)
-    np.testing.assert_allclose(np.prod(pivots), np.linalg.det(np.asarray(a)), rtol=1e-10)
+    np.testing.assert_allclose(out["batched"], out["batched_lx"], rtol=1e-12)
+    np.testing.assert_allclose(np.prod(out["pivots"]), np.linalg.det(np.asarray(a)), rtol=1e-10)
 
 
 @pytest.mark.parametrize("n", [3, UNROLL_MAX + 1])
@@ -98,21 +105,23 @@ def test_direct_gradient_matches_lineax(n):
     direction = jnp.asarray(np.random.default_rng(1).standard_normal((n, n)))
     direction = direction + direction.T
 
-    # each derivative one program (eagerly, each operation compiles alone)
+    # The four derivatives in one compiled program (a program each compiles far longer).
     def along(solve):
-        return jax.jit(
-            lambda: jax.jvp(
-                lambda s: jnp.sum(jnp.sin(solve(a + s * direction, b))), (0.0,), (1.0,)
-            )[1]
-        )()
+        return jax.jvp(lambda s: jnp.sum(jnp.sin(solve(a + s * direction, b))), (0.0,), (1.0,))[1]
 
-    ours = along(lambda m, c: symmetric_solve(_operator(m), c, StructuredCholesky()))
-    theirs = along(lambda m, c: _solve(lx.Cholesky(), m, c))
+    @jax.jit
+    def derivatives():
+        return (
+            along(lambda m, c: symmetric_solve(_operator(m), c, StructuredCholesky())),
+            along(lambda m, c: _solve(lx.Cholesky(), m, c)),
+            jax.grad(
+                lambda c: jnp.sum(jnp.sin(symmetric_solve(_operator(a), c, StructuredCholesky())))
+            )(b),
+            jax.grad(lambda c: jnp.sum(jnp.sin(_solve(lx.Cholesky(), a, c))))(b),
+        )
+
+    ours, theirs, grad, grad_lx = derivatives()
     np.testing.assert_allclose(ours, theirs, rtol=1e-10)
-    grad = jax.jit(
-        jax.grad(lambda c: jnp.sum(jnp.sin(symmetric_solve(_operator(a), c, StructuredCholesky()))))
-    )(b)
-    grad_lx = jax.jit(jax.grad(lambda c: jnp.sum(jnp.sin(_solve(lx.Cholesky(), a, c)))))(b)
     np.testing.assert_allclose(grad, grad_lx, rtol=1e-10)
 
 
@@ -123,9 +132,14 @@ def test_positive_definite_of_indefinite_matrix(n):
     a = _spd(n, 3)
     w, v = np.linalg.eigh(a)
     a = (v * np.concatenate([[-1.0], w[1:]])) @ v.T
-    x = symmetric_solve(_operator(a), jnp.ones(n), StructuredCholesky())
+    # the solve and the factorization in one program (eagerly, each operation compiles alone)
+    x, pivots = jax.jit(
+        lambda m: (
+            symmetric_solve(_operator(m), jnp.ones(n), StructuredCholesky()),
+            StructuredCholesky().init(_operator(m), {}).pivots,
+        )
+    )(jnp.asarray(a))
     assert not np.all(np.isfinite(x))
-    pivots = StructuredCholesky().init(_operator(a), {}).pivots
     assert not np.all(pivots > 0)
 
 
@@ -223,10 +237,10 @@ def test_vmapped_pseudo_inverse_lapack_calls_run_in_sequence():
     a = jnp.asarray(_rank_deficient(12, 7, 3))
     matrices = jnp.stack([a, a + 0.1 * jnp.eye(12)])
     b = jnp.asarray(np.random.default_rng(4).standard_normal(12))
-    solve = jax.jit(jax.vmap(lambda m: _solve(solver, m, b)))
-    program = solve.lower(matrices).compile().as_text()
-    calls = re.findall(r'custom_call_target="(lapack_\w+)"', program)
+    solve = jax.jit(jax.vmap(lambda m: _solve(solver, m, b))).lower(matrices).compile()
+    calls = re.findall(r'custom_call_target="(lapack_\w+)"', solve.as_text())
     assert sorted(calls) == ["lapack_dpotrf_ffi"] + ["lapack_dtrsm_ffi"] * 2, calls
+    # The program inspected is the one run (`jax.jit` would compile it again).
     np.testing.assert_allclose(
         solve(matrices)[0], _solve(lx.SVD(rcond=1e-8), a, b), rtol=1e-9, atol=1e-12
     )
@@ -237,9 +251,13 @@ def test_pseudo_inverse_direct_gradient_of_full_rank_pair():
     its gradient is that of the inverse."""
     a, b = jnp.asarray(_spd(2, 4)), jnp.array([0.3, -1.2])
     solver = PositiveSemidefinitePseudoInverse()
-    # each gradient one program (eagerly, each operation compiles alone)
-    grad = jax.jit(jax.grad(lambda m: jnp.sum(symmetric_solve(_operator(m), b, solver) ** 2)))(a)
-    grad_lx = jax.jit(jax.grad(lambda m: jnp.sum(_solve(lx.Cholesky(), m, b) ** 2)))(a)
+    # both gradients in one program (eagerly, each operation compiles alone)
+    grad, grad_lx = jax.jit(
+        lambda m: (
+            jax.grad(lambda m: jnp.sum(symmetric_solve(_operator(m), b, solver) ** 2))(m),
+            jax.grad(lambda m: jnp.sum(_solve(lx.Cholesky(), m, b) ** 2))(m),
+        )
+    )(a)
     sym = lambda g: 0.5 * (g + g.T)  # noqa: E731 - the closed form reads the mean off-diagonal
     np.testing.assert_allclose(sym(grad), sym(grad_lx), rtol=1e-10)
 
@@ -435,7 +453,7 @@ def test_banded_pseudo_inverse_matches_lineax_svd(redundant):
     sparse = SparseMatrix.from_dense(jnp.asarray(matrix), Pattern.from_mask(mask))
     operator = SparseOperator(sparse, PSD)
     solver = PositiveSemidefinitePseudoInverse(1e-8)
-    # the factorization and the gradients one program each (eagerly, each operation
+    # the factorization one program, the two gradients another (eagerly, each operation
     # compiles alone)
     state = eqx.filter_jit(solver.init)(operator, {})
     assert state.factor.plan is not None
@@ -452,9 +470,10 @@ def test_banded_pseudo_inverse_matches_lineax_svd(redundant):
         rtol=1e-8,
         atol=1e-10,
     )
-    np.testing.assert_allclose(
-        jax.jit(jax.grad(loss(solver, operator)))(b),
-        jax.jit(jax.grad(loss(lx.SVD(rcond=1e-8), dense)))(b),
-        rtol=1e-8,
-        atol=1e-10,
-    )
+    grads = jax.jit(
+        lambda c: (
+            jax.grad(loss(solver, operator))(c),
+            jax.grad(loss(lx.SVD(rcond=1e-8), dense))(c),
+        )
+    )(b)
+    np.testing.assert_allclose(*grads, rtol=1e-8, atol=1e-10)
