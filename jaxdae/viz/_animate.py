@@ -18,7 +18,7 @@ import numpy as np
 
 from .._custom_types import ArrayLike, Float
 from ..multibody import Mechanism
-from ._frames import frame_states
+from ._frames import check_fps, frame_states
 from ._planar_scene import Scene, Shape, check_marker, mechanism_scene
 
 if TYPE_CHECKING:
@@ -171,7 +171,9 @@ class Animation:
 
         **Raises:**
 
-        `ValueError` for another suffix; `ImportError` for MP4 without imageio-ffmpeg.
+        `ValueError` for another suffix; `ImportError` for MP4 without imageio-ffmpeg;
+        `FileNotFoundError` for an MP4 in a folder that does not exist, and `OSError` naming
+        the path where ffmpeg cannot write it.
         """
         path = Path(path)
         suffix = path.suffix.lower()
@@ -189,6 +191,12 @@ class Animation:
 
     def _write_mp4(self, path: Path) -> None:
         imageio_ffmpeg = _ffmpeg()
+        folder = path.parent
+        if not folder.is_dir():
+            raise FileNotFoundError(
+                f"Cannot save the animation to {str(path)!r}: its folder {str(folder)!r} does "
+                "not exist. Create it first, or pass a `path` in an existing folder."
+            )
         writer = None
         try:
             for rgba in self._rgba():
@@ -219,6 +227,14 @@ class Animation:
                         )
                         writer.send(None)
                 writer.send(np.ascontiguousarray(rgba[:h, :w]))
+        except OSError as error:
+            # ffmpeg exits where it cannot open its output, and the frames sent to it then
+            # meet a closed pipe ("Broken pipe").
+            raise OSError(
+                f"ffmpeg could not write the animation to {str(path)!r} (it stopped taking "
+                f"frames: {str(error).splitlines()[0]}): pass a `path` that can be written, "
+                "in a folder you may write to."
+            ) from error
         finally:
             if writer is not None:
                 writer.close()
@@ -352,13 +368,21 @@ def animate(
 
     `ImportError` naming `pip install jaxdae[viz]` without matplotlib. `ValueError` for a
     spatial mechanism (use the 3-D viewer, [`jaxdae.viz.view`][]), a model that is not a
-    mechanism without `draw`, a batch without `member`, an unknown trace marker, or a
+    mechanism without `draw`, a batch without `member` or a `member` that is not an index
+    of it, an `fps` that is not finite and positive, a solution of another mechanism (its
+    number of coordinates), a solution traced by `jax.jit`, an unknown trace marker, or a
     `draw` that does not return a dict of `(k, 2)` polylines.
     """
     _check_model(model, draw, fps)
     traces = [] if trace is None else [trace] if isinstance(trace, str) else list(trace)
     _matplotlib()  # before the frames are computed
     times, q = frame_states(solution, member, frames, fps)
+    if isinstance(model, Mechanism) and q.shape[-1] != len(model.coordinate_names):
+        raise ValueError(
+            f"`solution.q` has {q.shape[-1]} coordinates and the mechanism "
+            f"{len(model.coordinate_names)}: animate a solution of this mechanism "
+            "(`jaxdae.simulate(model, ...)` with the same `model`)."
+        )
     drawn = {} if draw is None else _drawn(draw, q)
     scene = _scene(model, q, traces, drawn)
     figure, axes = _figure(_view(scene) if limits is None else limits, figsize, dpi, title)
@@ -390,8 +414,7 @@ def _check_model(model, draw, fps) -> None:
             "returning polylines by name, e.g. `draw=lambda q: {'rod': [(0, 0), (q[0], "
             "q[1])]}`."
         )
-    if not fps > 0:
-        raise ValueError(f"`fps` must be positive; got {fps!r}.")
+    check_fps(fps)
 
 
 def _scene(model, q: np.ndarray, traces: list, drawn: dict) -> Scene:

@@ -3,10 +3,17 @@ interpolated at the frames' times."""
 
 import numpy as np
 
+from .._gains import is_concrete
+
 
 def member_states(solution, member) -> tuple[np.ndarray, np.ndarray]:
     """`(ts (N,), q (N, n))` of one member of a (possibly batched) solution, without the
     rows after a failure (`inf`)."""
+    if not is_concrete(solution.ts, solution.q):
+        raise ValueError(
+            "Drawing reads a concrete solution: pass the solution returned outside `jax.jit` "
+            "and `jax.vmap` (return the solution from the compiled function, then draw it)."
+        )
     ts, q = np.asarray(solution.ts, dtype=float), np.asarray(solution.q, dtype=float)
     batch = q.shape[:-2]
     if q.ndim < 2 or ts.shape[-1] != q.shape[-2]:
@@ -20,9 +27,7 @@ def member_states(solution, member) -> tuple[np.ndarray, np.ndarray]:
                 f"`solution` holds a batch of shape {batch}: pick the member to show with "
                 f"`member=` (an index, or a tuple of {len(batch)} indices)."
             )
-        index = tuple(int(i) for i in np.atleast_1d(member))
-        if len(index) != len(batch):
-            raise ValueError(f"`member={member!r}` does not index the batch of shape {batch}.")
+        index = member_index(member, batch)
         q = q[index]
         ts = ts[index[: ts.ndim - 1]] if ts.ndim > 1 else ts
     elif member is not None:
@@ -31,6 +36,40 @@ def member_states(solution, member) -> tuple[np.ndarray, np.ndarray]:
     if not np.any(finite):
         raise ValueError("`solution` has no finite saved state to show.")
     return ts[finite], q[finite]
+
+
+def member_index(member, batch: tuple[int, ...]) -> tuple[int, ...]:
+    """`member` as one integer index per batch axis, each within its axis (negative ones
+    count from the end, as in NumPy)."""
+    flat = np.atleast_1d(np.asarray(member))
+    if flat.shape != (len(batch),) or not np.issubdtype(flat.dtype, np.integer):
+        raise ValueError(
+            f"`member={member!r}` does not index the batch of shape {batch}: pass "
+            f"{'an integer' if len(batch) == 1 else f'a tuple of {len(batch)} integers'}, "
+            "e.g. `member=0`."
+        )
+    index = tuple(int(i) for i in flat)
+    for axis, (i, size) in enumerate(zip(index, batch, strict=True)):
+        if not -size <= i < size:
+            raise ValueError(
+                f"`member={member!r}` is out of range: axis {axis} of the batch of shape "
+                f"{batch} has {size} members, so pick an index from 0 to {size - 1}."
+            )
+    return index
+
+
+def check_fps(fps) -> float:
+    """`fps` as a float, refused unless it is a finite positive number."""
+    try:
+        value = float(fps)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(
+            f"`fps` must be a finite positive number of frames per second, e.g. fps=30; "
+            f"got {fps!r}."
+        )
+    return value
 
 
 def resample(ts, q, frames, fps):

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from .._gains import is_concrete
 from .._integration._actuated import ActuatedSolution
 from .._solution import AbstractSolution, Events, Solution, plot
 
@@ -306,6 +307,12 @@ def _panels(solution, fields, names, percentiles) -> tuple[list[_Panel], int, tu
         raise TypeError(
             "`solution` must be a `jaxdae.Solution` or a "
             f"`jaxdae.ActuatedSolution`; got {type(solution).__name__}."
+        )
+    if not is_concrete(solution):
+        raise ValueError(
+            "Plotting reads a concrete solution: call `plot()` on the solution returned "
+            "outside `jax.jit` and `jax.vmap` (return the solution from the compiled "
+            "function, then plot it)."
         )
     batch_ndim = solution.q.ndim - 2
     n = solution.q.shape[-1]

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..multibody import Mechanism, TreeMechanism, UrdfRobot
 from ..multibody._urdf_geometry import UrdfVisual
-from ._frames import frame_states
+from ._frames import check_fps, frame_states
 from ._viewer_scene import Scene, build_scene, populate, show_frame
 
 _VIZ_HINT = "The 3-D viewer needs viser: pip install 'jaxdae[viz]' (or pip install viser)."
@@ -254,8 +254,7 @@ def view(
             )
         if model.dimension != 3:
             raise ValueError("`visuals` are URDF geometry, drawn on spatial mechanisms only.")
-    if fps <= 0:
-        raise ValueError(f"`fps` must be positive; got {fps}.")
+    fps = check_fps(fps)
     if solution is None:
         times = np.zeros(1)
         q = np.asarray(model.reference_coordinates(), float)[None]
