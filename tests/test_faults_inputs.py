@@ -189,18 +189,29 @@ def test_complex_float16_and_integer_values_are_named(call, match):
 
 @functools.cache
 def _traced(throw: bool):
-    """One compiled solve with the times, first step and tolerances traced."""
+    """One compiled solve with the times, first step, tolerances and the gain `kp` traced
+    (the bad inputs below and the overflowing gain share it)."""
 
-    def solve(ts, dt0, rtol, atol):
+    def solve(ts, dt0, rtol, atol, kp):
         sol = jaxdae.simulate(
-            PENDULUM, BAUMGARTE, 0.0, 0.2, Q0, V0, ts=ts, dt0=dt0, rtol=rtol, atol=atol, throw=throw
+            PENDULUM,
+            jaxdae.Baumgarte(10.0, kp),
+            0.0,
+            0.2,
+            Q0,
+            V0,
+            ts=ts,
+            dt0=dt0,
+            rtol=rtol,
+            atol=atol,
+            throw=throw,
         )
         return sol.result._value, sol.q_final
 
     return jax.jit(solve)
 
 
-GOOD = dict(ts=jnp.array([0.0, 0.1, 0.2]), dt0=0.01, rtol=1e-8, atol=1e-10)
+GOOD = dict(ts=jnp.array([0.0, 0.1, 0.2]), dt0=0.01, rtol=1e-8, atol=1e-10, kp=25.0)
 TRACED_CASES = [
     (dict(ts=jnp.array([0.0, 0.15, 0.1])), r"`ts` must be finite, sorted and lie in"),
     (dict(ts=jnp.array([0.0, 0.1, 0.5])), r"`ts` must be finite, sorted and lie in"),
@@ -271,15 +282,12 @@ def test_a_gain_that_overflows_is_blamed_on_the_gain(make, name):
 
 
 def test_a_traced_gain_that_overflows_is_named():
-    solve = jax.jit(
-        lambda kp: jaxdae.simulate(PENDULUM, jaxdae.Baumgarte(10.0, kp), 0.0, 0.2, Q0, V0).q_final
-    )
     with pytest.raises(
         Exception,
         match=r"`kp` must be symmetric positive definite .*, "
         r"with entries of at most 1.34e\+154 in magnitude",
     ):
-        jax.block_until_ready(solve(1e300))
+        jax.block_until_ready(_traced(True)(**{**GOOD, "kp": 1e300}))
 
 
 # Solvers jaxdae cannot use ------------------------------------------------------------
@@ -584,20 +592,31 @@ def test_bad_traced_input_of_simulate_actuated_raises_with_throw():
 # --- stop data: eager, under jit and under vmap --------------------------------------------
 
 
-def _ball_result(restitution, height=1.0, throw=False):
-    sol = jaxdae.simulate(
+def _ball_solution(restitution, height=1.0, t1=0.5, throw=False):
+    return jaxdae.simulate(
         jaxdae.examples.BouncingBall(e=restitution),
         jaxdae.Unstabilized(),
         0.0,
-        0.5,
+        t1,
         jnp.stack([0.0, height]),
         jnp.zeros(2),
         throw=throw,
     )
+
+
+def _ball_result(restitution, height=1.0, throw=False):
+    sol = _ball_solution(restitution, height, throw=throw)
     return sol.result._value if not throw else sol.q_final
 
 
+# One program each, shared by the tests and their cases: the restitution traced under `jit`
+# (with and without `throw`) and under `grad`, and a batch over both the restitution and
+# the height (its end time unbatched), which the tests of bad restitutions, of starts below
+# the floor and of the events of a batch all read.
+_ball_traced = jax.jit(_ball_result)
+_ball_thrown = jax.jit(functools.partial(_ball_result, throw=True))
 _ball_gradient = jax.jit(jax.grad(lambda e: jnp.sum(_ball_result(e, throw=True))))
+_ball_batch = jax.vmap(_ball_solution, in_axes=(0, 0, None))
 
 
 def test_a_gradient_of_good_traced_stop_data_is_the_differences():
@@ -615,6 +634,10 @@ def _block_result(friction):
     ).result._value
 
 
+# One program, shared by the good and the bad frictions: the friction traced.
+_block_traced = jax.jit(_block_result)
+
+
 def test_good_stop_data_passes_in_a_traced_call():
     # Concrete stop data in a call that the caller's `jit` traces: checked as constants.
     heights = jax.jit(
@@ -628,18 +651,18 @@ def test_good_stop_data_passes_in_a_traced_call():
         ).q_final[1]
     )(1.0)
     assert np.isfinite(float(heights))
-    assert int(jax.jit(_block_result)(0.5)) == SUCCESS
+    assert int(_block_traced(0.5)) == SUCCESS
 
 
 @pytest.mark.parametrize("restitution", [1.5, -0.2, np.nan])
 def test_bad_restitution_is_refused_eager_traced_and_batched(restitution):
     with pytest.raises(ValueError, match="restitution must lie in"):
         _ball_result(restitution)
-    assert int(jax.jit(_ball_result)(restitution)) == INVALID
-    batch = jax.vmap(_ball_result)(jnp.array([0.5, restitution]))
-    assert batch.tolist() == [SUCCESS, INVALID]
+    assert int(_ball_traced(restitution)) == INVALID
+    batch = _ball_batch(jnp.array([0.5, restitution]), jnp.array([1.0, 1.0]), 0.5)
+    assert batch.result._value.tolist() == [SUCCESS, INVALID]
     with pytest.raises(Exception, match="restitution must lie in"):
-        jax.block_until_ready(jax.jit(functools.partial(_ball_result, throw=True))(restitution))
+        jax.block_until_ready(_ball_thrown(restitution))
     # Under `jax.grad` the solution's values go unused: the check still runs.
     with pytest.raises(Exception, match="restitution must lie in"):
         jax.block_until_ready(_ball_gradient(restitution))
@@ -649,7 +672,7 @@ def test_bad_restitution_is_refused_eager_traced_and_batched(restitution):
 def test_bad_friction_is_refused_eager_traced_and_batched(friction):
     with pytest.raises(ValueError, match="friction must be"):
         _block_result(friction)
-    assert int(jax.jit(_block_result)(friction)) == INVALID
+    assert int(_block_traced(friction)) == INVALID
     assert jax.vmap(_block_result)(jnp.array([0.5, friction])).tolist() == [SUCCESS, INVALID]
 
 
@@ -674,7 +697,7 @@ def test_a_traced_start_below_a_gap_is_invalid_input(result):
         result(0.5, height=-0.1) if result is _ball_result else result(-0.1)
     heights = jnp.array([1.0, -0.1])
     if result is _ball_result:
-        batch = jax.vmap(functools.partial(_ball_result, 0.5))(heights)
+        batch = _ball_batch(jnp.array([0.5, 0.5]), heights, 0.5).result._value
     else:
         batch = jax.vmap(result)(heights)
     assert batch.tolist() == [SUCCESS, INVALID]
@@ -718,19 +741,9 @@ def test_integer_gaps_are_refused():
 
 
 def test_the_events_of_a_batch_tabulate_per_member():
-    def events(height):
-        return jaxdae.simulate(
-            jaxdae.examples.BouncingBall(e=0.5),
-            jaxdae.Unstabilized(),
-            0.0,
-            1.0,
-            jnp.stack([0.0, height]),
-            jnp.zeros(2),
-        ).events
-
-    tables = jax.vmap(events)(jnp.array([1.0, 0.5])).table()
+    tables = _ball_batch(jnp.array([0.5, 0.5]), jnp.array([1.0, 0.5]), 1.0).events.table()
     assert len(tables) == 2
-    assert tables[0] == events(1.0).table()
+    assert tables[0] == _ball_solution(0.5, 1.0, 1.0, throw=True).events.table()
     assert tables[1][0][2] == "impact"
 
 
