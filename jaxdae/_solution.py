@@ -29,8 +29,9 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
         `sol.result == jaxdae.RESULTS.successful` (or `sol.succeeded`) tests an outcome;
         printed, an item shows its message. Besides diffrax's own (`max_steps_reached`,
         `dt_min_reached`, ...): `singular_constraint_matrix`,
-        `singular_dependent_jacobian`, `singular_decoupling_matrix`, `non_finite_state`
-        (fixed steps), `non_finite_mass_matrix`, `indefinite_mass_matrix`,
+        `stalled_near_singular_constraints`, `singular_dependent_jacobian`,
+        `singular_decoupling_matrix`, `non_finite_state` (fixed steps),
+        `non_finite_mass_matrix`, `indefinite_mass_matrix`,
         `non_finite_forces`, `non_finite_constraints`, `non_finite_rates` (the model broke
         mid-run),
         `diverged`, `constraints_not_met`, `constraint_tol_exceeded` (checks after the
@@ -49,6 +50,17 @@ with warnings.catch_warnings():  # `successful` gets a message (diffrax's is emp
             "singular configuration), so the exact Lagrange multipliers do not exist there. "
             "Use `jaxdae.PseudoInverse` or `jaxdae.ModifiedLagrange`, which continue through "
             "such configurations."
+        )
+        stalled_near_singular_constraints = (
+            "The steps shrank until the solve stalled (it reached `max_steps`, or a step "
+            "size at the rounding level of `t`) where the constraint Jacobian has lost most "
+            "of its scale: its smallest singular value below a tenth of its largest, now or "
+            "at t0. The constraints degenerate there (a constraint whose gradient vanishes, "
+            "such as a pendulum whose prescribed length reaches zero, or a configuration "
+            "where they stop being independent), and more steps will not carry the solve "
+            "through: end it before the reported `t`, or write the constraints so that their "
+            "gradient keeps its rank. With `ts`, `sol.jacobian_conditioning` shows the "
+            "approach."
         )
         singular_dependent_jacobian = (
             "The Jacobian ∂F/∂q_dep of the geometric constraints with respect to the dependent "

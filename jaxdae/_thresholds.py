@@ -235,3 +235,11 @@ CONDITIONING_MAX = 48
 # towards a target outside its workspace: 0.007; the same penalty's equilibrium inside it:
 # 0.45), the residual is not the penalty's rounding (docs/failures.md).
 PENALTY_CONDITIONING = 0.1
+
+# A solve that stalls (`max_steps_reached`, `dt_min_reached`) where the constraint
+# Jacobian's conditioning has fallen below this is reported as stalled near singular
+# constraints: the steps shrink towards a configuration where the constraints degenerate
+# (a pendulum whose prescribed length reaches zero stalls at a conditioning of 0.05 after
+# 500 steps, 0.0025 after 10,000), and more steps do not help. Far from such a place a
+# stalled solve's conditioning is of order one.
+STALL_CONDITIONING = 0.1

@@ -235,3 +235,53 @@ def test_lqr_names_badly_scaled_weights():
     assert "overflowed to nan" in overflow and "ratio of `Q` to `R`" in overflow
     assert "lost its precision" in _scale_note(np.eye(2), 1e-40 * np.eye(1), 0.0)
     assert _scale_note(np.eye(2), np.eye(1), 1.0) == ""
+
+
+class _ShrinkingPendulum(jaxdae.LagrangianSystem):
+    """A point on a circle whose radius `0.8 − t` reaches zero at `t = 0.8`: there the
+    constraint's gradient `2q` vanishes, whatever the formulation."""
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def potential_energy(self, t, q):
+        return 9.81 * q[1]
+
+    def constraints(self, t, q):
+        return jnp.array([q @ q - (0.8 - t) ** 2])
+
+
+_shrinking_results = jax.jit(
+    jax.vmap(
+        lambda speed: (
+            jaxdae.simulate(
+                _ShrinkingPendulum(),
+                jaxdae.PseudoInverse(10.0, 25.0),
+                0.0,
+                1.0,
+                jnp.array([0.8, 0.0]),
+                jnp.array([-1.0, 0.0]) * speed,
+                max_steps=500,
+                throw=False,
+            ).result._value
+        )
+    )
+)
+
+
+def test_a_stall_where_the_constraints_degenerate_is_named():
+    """A prescribed length that reaches zero stalls every formulation, its steps shrinking
+    towards `t = 0.8`: the solve names that (not `max_steps_reached`, whose advice, more
+    steps, would not help), eagerly and per member of a traced batch."""
+    named = jaxdae.RESULTS.stalled_near_singular_constraints
+    with pytest.raises(jaxdae.SimulationError, match="constraints degenerate there"):
+        jaxdae.simulate(
+            _ShrinkingPendulum(),
+            BAUMGARTE,
+            0.0,
+            1.0,
+            jnp.array([0.8, 0.0]),
+            jnp.array([-1.0, 0.0]),
+            max_steps=500,
+        )
+    assert _shrinking_results(jnp.ones(2)).tolist() == [named._value] * 2

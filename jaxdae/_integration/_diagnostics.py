@@ -10,9 +10,7 @@ import jax.numpy as jnp
 from .. import _thresholds
 from .._compilation._linalg import gram_eigenvalues
 from .._custom_types import Array, Bool, Float
-from .._solution import (
-    Solution,
-)
+from .._solution import RESULTS, Solution
 from ._failures import all_finite, checked_result, tests_target_range
 from ._sweep_forward import is_none, nones, typed_literal_as_array
 from ._validation import factored_positive_definite
@@ -257,6 +255,14 @@ def assemble_solution(
         jax.tree.map(lambda x: x[-1], range_inputs),
         result,
         limit,
+    )
+    # Steps that shrank to a stall where the constraints degenerate stalled because of
+    # them: name that, since more steps would not help (docs/failures.md).
+    stalled = (result == RESULTS.max_steps_reached) | (result == RESULTS.dt_min_reached)
+    result = RESULTS.where(
+        stalled & (final_conditioning < _thresholds.STALL_CONDITIONING),
+        RESULTS.stalled_near_singular_constraints,
+        result,
     )
     mask = functools.partial(masked, valid)
     sol = Solution(
