@@ -68,12 +68,13 @@ def _point_solve(slope, mu, v0, dt, t1=0.6, dtype=jnp.float64, **options):
 
 @pytest.fixture(scope="module")
 def point_solve():
-    """`PointOnIncline`'s solve, compiled once per dtype: `(slope, mu, v0, dt) ->
-    Solution` (the numbers as arrays, so that a new value does not compile anew)."""
+    """`PointOnIncline`'s solve, compiled once per dtype: `(slope, mu, v0, dt, t1) ->
+    Solution` (the numbers as arrays, so that a new value, `t1` included, does not compile
+    anew)."""
     solve = eqx.filter_jit(_point_solve)
 
-    def call(slope, mu, v0, dt, dtype=jnp.float64):
-        numbers = (jnp.asarray(x, dtype) for x in (slope, mu, v0, dt))
+    def call(slope, mu, v0, dt, dtype=jnp.float64, t1=0.6):
+        numbers = (jnp.asarray(x, dtype) for x in (slope, mu, v0, dt, t1))
         return solve(*numbers, dtype=dtype)
 
     return call
@@ -214,9 +215,10 @@ def test_cone_qp_derivative_is_the_implicit_functions(exact):
     def impulses(matrix, vector, friction):
         return solve_cone_qp(matrix, vector, friction, start, 1e-13, 20000, exact)
 
-    for argnum in range(3):
-        forward = jax.jit(jax.jacfwd(impulses, argnums=argnum))(*arrays)
-        reverse = jax.jit(jax.jacrev(impulses, argnums=argnum))(*arrays)
+    # One program per mode for the three arguments' derivatives together.
+    forwards = jax.jit(jax.jacfwd(impulses, argnums=(0, 1, 2)))(*arrays)
+    reverses = jax.jit(jax.jacrev(impulses, argnums=(0, 1, 2)))(*arrays)
+    for argnum, forward, reverse in zip(range(3), forwards, reverses, strict=True):
         np.testing.assert_allclose(forward, reverse, atol=1e-12)
         flat, unravel = jax.flatten_util.ravel_pytree(arrays[argnum])
         eps = 1e-6
@@ -437,15 +439,20 @@ def batched_gradient():
     return eqx.filter_jit(jax.vmap(jax.grad(_slide)))(FRICTION_BATCH)
 
 
-def test_batched_gradient_equals_each_members_and_differences(batched_gradient):
+def test_batched_gradient_equals_each_members_and_differences(batched_gradient, point_solve):
     """`vmap(grad)` of a batch whose members stop at different steps equals each member's
     `grad` and central differences."""
     friction_batch, batched = FRICTION_BATCH, batched_gradient
     single = eqx.filter_jit(jax.grad(_slide))
+
+    def slide(mu):
+        # `_slide`'s solve in the closed forms' compiled program (`t1` traced there).
+        return point_solve(0.0, mu, np.array([2.0, 1.0, 0.0]), 1e-2, t1=0.5).q[-1, 0]
+
     eps = 1e-6
     for mu, gradient in zip(friction_batch, batched, strict=True):
         np.testing.assert_allclose(gradient, single(mu), atol=1e-10)
-        numeric = (_slide(mu + eps) - _slide(mu - eps)) / (2 * eps)
+        numeric = (slide(mu + eps) - slide(mu - eps)) / (2 * eps)
         np.testing.assert_allclose(gradient, numeric, rtol=1e-5)
     assert np.all(np.asarray(batched) < 0)  # more friction, shorter slide
 
