@@ -59,17 +59,19 @@ def test_stability_function_and_embedded_estimate():
     """One step of `y' = λy`: `R(z) − eᶻ = O(z⁶)` (order 5), the error estimate `O(z⁵)`
     (embedded order 4), and `R(−∞) = 0` (L-stable)."""
     solver = jaxdae.Rodas5P()
+    # One program for every `λ` (eagerly, each operation of the step compiles alone).
+    step = jax.jit(lambda lam: solver.step(DECAY, 0.0, 1.0, jnp.ones(1), lam, None, False))
     zs = np.array([0.2, 0.1, 0.05])
     local, estimate = [], []
     for z in zs:
-        y1, error, _, _, result = solver.step(DECAY, 0.0, 1.0, jnp.ones(1), -z, None, False)
+        y1, error, _, _, result = step(jnp.asarray(-z))
         assert result == diffrax.RESULTS.successful
         local.append(abs(float(y1[0]) - np.exp(-z)))
         estimate.append(abs(float(error[0])))
     assert _slope(zs, local) > 5.8
     assert 4.7 < _slope(zs, estimate) < 5.5
     for stiff in (1e6, 1e10):
-        y1, *_ = solver.step(DECAY, 0.0, 1.0, jnp.ones(1), -stiff, None, False)
+        y1, *_ = step(jnp.asarray(-stiff))
         assert abs(float(y1[0])) < 100 / stiff  # R(z) = O(1/z)
 
 
