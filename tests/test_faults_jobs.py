@@ -169,10 +169,16 @@ def _params():
     return jaxdae.parametrize(jaxdae.Baumgarte(1.0, 1.0), lambda f: f.kd)
 
 
+# One optimizer for the runs that do not vary it: `tune` compiles its step per optimizer
+# object (a new `optax.adam(0.1)` is new functions), so the runs below share their steps'
+# programs where their other settings match.
+_ADAM = optax.adam(0.1)
+
+
 def _tune(
     directory, steps=2, *, penalty=1e3, seed=0, ensemble=False, resume=True, log=None, **kwargs
 ):
-    kwargs.setdefault("optimizer", optax.adam(0.1))
+    kwargs.setdefault("optimizer", _ADAM)
     kwargs.update(
         checkpointing=None
         if directory is None
@@ -201,6 +207,11 @@ def _weighted(weight):
     return loss
 
 
+# The run that each case below changes: one problem (the same functions) for every case,
+# so that the cases share its compiled steps.
+_BASE = dict(loss=_weighted(1.0), simulate_fn=_offset(0.0))
+
+
 @pytest.mark.parametrize(
     "change, differs",
     [
@@ -213,7 +224,7 @@ def _weighted(weight):
     ],
 )
 def test_a_tuning_checkpoint_is_resumed_only_by_its_own_run(tmp_path, change, differs):
-    base = dict(loss=_weighted(1.0), simulate_fn=_offset(0.0))
+    base = _BASE
     first = _tune(tmp_path, **base)
     # The same run resumes (and may go on for more steps) ...
     more = _tune(tmp_path, steps=3, **base)
