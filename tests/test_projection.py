@@ -396,8 +396,11 @@ def test_projects_a_large_drift():
     q = Q0 * (1.0 + 1e-3)
     v = V0 + 1e-3 * Q0
     tol = 1e-13
+    # One program per count of iterations (eagerly, each operation and each of the
+    # iterations' conditionals compiles alone).
+    project = eqx.filter_jit(project_state)
     for iterations in (5, 8):
-        (q_new, v_new), position_ok, velocity_ok = project_state(
+        (q_new, v_new), position_ok, velocity_ok = project(
             PENDULUM, jaxdae.Baumgarte(1.0, 1.0), 0.0, q, v, None, iterations, tol
         )
         assert bool(position_ok) and bool(velocity_ok)
@@ -405,7 +408,7 @@ def test_projects_a_large_drift():
         assert abs(float(2 * q_new @ v_new)) <= 1e-13
         assert float(jnp.abs(q_new[0] * q[1] - q_new[1] * q[0])) <= 1e-15
     # one iteration of each is not enough for a drift this large
-    _, position_ok, velocity_ok = project_state(
+    _, position_ok, velocity_ok = project(
         PENDULUM, jaxdae.Baumgarte(1.0, 1.0), 0.0, q, v, None, 1, tol
     )
     assert not (bool(position_ok) and bool(velocity_ok))
@@ -479,17 +482,30 @@ def test_augmented_iterations_batched_as_in_turn(iterations):
 
     arm = TwoLinkManipulator()
     q, v = arm.initial_state()
-    cases = [
-        (PENDULUM, PENDULUM.terms(0.0, Q0 * 1.01, V0 + 0.01 * Q0)),
-        (arm, arm.terms(0.1, q + 0.01, v)),
-    ]
-    for _system, terms in cases:
-        penalty = jaxdae.ModifiedLagrange(jnp.full(terms.phi.shape, 50.0), 10.0, 25.0)
-        batched = _accelerations(penalty, terms, iterations, batched=True)
-        in_turn = _accelerations(penalty, terms, iterations, batched=False)
+
+    # Both systems' terms and accelerations in one program (eagerly, each operation
+    # compiles alone).
+    @eqx.filter_jit
+    def accelerations(q, v):
+        out = []
+        for terms in (
+            PENDULUM.terms(0.0, Q0 * 1.01, V0 + 0.01 * Q0),
+            arm.terms(0.1, q + 0.01, v),
+        ):
+            penalty = jaxdae.ModifiedLagrange(jnp.full(terms.phi.shape, 50.0), 10.0, 25.0)
+            out.append(
+                (
+                    _accelerations(penalty, terms, iterations, batched=True),
+                    _accelerations(penalty, terms, iterations, batched=False),
+                    _accelerations(penalty, terms, 0),
+                )
+            )
+        return out
+
+    for batched, in_turn, plain in accelerations(q, v):
         for a, b in zip(batched, in_turn, strict=False):
             assert float(jnp.max(jnp.abs(a - b))) <= 1e-12 * (1.0 + float(jnp.max(jnp.abs(b))))
-        assert float(jnp.max(jnp.abs(batched[0] - _accelerations(penalty, terms, 0)[0]))) > 1e-6
+        assert float(jnp.max(jnp.abs(batched[0] - plain[0]))) > 1e-6
 
 
 class _StructuredPendulum(CartesianPendulum):
