@@ -311,10 +311,14 @@ def test_consistent_state_in_a_weighted_metric():
     control = jaxdae.ConstraintEnforcingControl.with_poles(5.0, order=3)
     q0, v0, w0 = jnp.array([1.2, 0.1]), jnp.array([0.0, 0.8]), jnp.array([0.5, 0.0, -0.2])
     directions, target = np.asarray(system.directions()), 2.0 * np.array([-1.0, 0.0])
-    for w_w in (np.ones(3), np.array([1.0, 1.0, 100.0])):
-        q, v, w = jaxdae.consistent_actuated_state(
+    # One program for both weights (eagerly, each operation compiles alone).
+    consistent = jax.jit(
+        lambda w_w: jaxdae.consistent_actuated_state(
             system, control, 0.0, q0, v0, w0, weights=(1.0, 1.0, w_w)
         )
+    )
+    for w_w in (np.ones(3), np.array([1.0, 1.0, 100.0])):
+        q, v, w = consistent(jnp.asarray(w_w))
         inverse = np.diag(1 / w_w)
         expected = w0 + inverse @ directions.T @ np.linalg.solve(
             directions @ inverse @ directions.T, target - directions @ w0
@@ -450,8 +454,11 @@ def test_discrete_stability_penalty_reads_the_control_gains():
     penalty = jaxdae.DiscreteStability(diffrax.Euler(), dt=0.02, num_constraints=1)
     slow = jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=4)
     fast = jaxdae.ConstraintEnforcingControl.with_poles(150.0, order=4)  # 1 − τγ = −2
-    assert penalty(slow) == 0 and penalty(fast) > 0
-    grads = jax.grad(lambda c: penalty(c))(fast)
+    # the penalties and the gradient in one program (eagerly, each operation compiles alone)
+    slow_penalty, fast_penalty, grads = jax.jit(
+        lambda slow, fast: (penalty(slow), penalty(fast), jax.grad(lambda c: penalty(c))(fast))
+    )(slow, fast)
+    assert slow_penalty == 0 and fast_penalty > 0
     assert all(np.isfinite(np.asarray(g)).all() for g in grads.gains)
 
 
