@@ -727,23 +727,34 @@ def test_sweep_keeps_linearizations_of_larger_states():
     _assert_same(gradient, segmented, rtol=1e-10)
 
 
-@pytest.mark.parametrize("kind", ["flag", pytest.param("real", marks=pytest.mark.slow)])
-def test_event_stops_a_solve_in_segments_as_diffrax(kind):
-    """An event (a flag, or a real value that changes sign) that stops a solve in a later
-    segment stops it where diffrax's own loop does, with the same values and gradients."""
+def _flag(t, y, args, **kwargs):
+    """Raised once `t` passes the time `args[1][0]` or the angle `y[0]` passes `args[1][1]`
+    (traced limits: the tests of either stop share one compiled program)."""
+    time, angle = args[1]
+    return (t > time) | (y[0] > angle)
 
-    def condition(t, y, args, **kwargs):
-        return t > 2.2 if kind == "flag" else 2.2 - t
 
-    def loss(k, y0, adjoint):
+def _sign_change(t, y, args, **kwargs):
+    """A real value that changes sign at `t = 2.2` (a constant: with a traced time the
+    root's rounding differs between the two adjoints' programs)."""
+    return 2.2 - t
+
+
+@eqx.filter_jit
+def _stopped_value_and_grad(k, y0, limits, adjoint, condition):
+    """The value, `(ts, result)` and gradient w.r.t. `k` and `y0` of the forced pendulum's
+    solve that the event `condition` (its limits traced, in `args` beside `k`) stops: one
+    program per adjoint and condition."""
+
+    def loss(k, y0):
         sol = diffrax.diffeqsolve(
-            diffrax.ODETerm(_forced_pendulum),
+            diffrax.ODETerm(lambda t, y, args: _forced_pendulum(t, y, args[0])),
             diffrax.Tsit5(),
             0.0,
             3.0,
             0.05,
             y0,
-            args=k,
+            args=(k, limits),
             saveat=diffrax.SaveAt(t1=True),
             stepsize_controller=_PID,
             event=diffrax.Event(condition),
@@ -752,17 +763,19 @@ def test_event_stops_a_solve_in_segments_as_diffrax(kind):
         )
         return jnp.sum(jnp.sin(sol.ys) * jnp.array([1.0, 2.0])), (sol.ts, sol.result)
 
-    args = (jnp.array([4.0, 0.3]), jnp.array([1.0, 0.0]))
-    (value, (ts, result)), gradient = jax.jit(
-        jax.value_and_grad(lambda *a: loss(*a, CHECKPOINTED), argnums=(0, 1), has_aux=True)
-    )(*args)
-    (swept, (swept_ts, swept_result)), swept_gradient = jax.jit(
-        jax.value_and_grad(
-            lambda *a: loss(*a, jaxdae.ReverseSweepAdjoint(stored_steps=8)),
-            argnums=(0, 1),
-            has_aux=True,
-        )
-    )(*args)
+    return jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(k, y0)
+
+
+@pytest.mark.parametrize("kind", ["flag", pytest.param("real", marks=pytest.mark.slow)])
+def test_event_stops_a_solve_in_segments_as_diffrax(kind):
+    """An event (a flag, or a real value that changes sign) that stops a solve in a later
+    segment stops it where diffrax's own loop does, with the same values and gradients."""
+    condition = _flag if kind == "flag" else _sign_change
+    args = (jnp.array([4.0, 0.3]), jnp.array([1.0, 0.0]), jnp.array([2.2, jnp.inf]))
+    (value, (ts, result)), gradient = _stopped_value_and_grad(*args, CHECKPOINTED, condition)
+    (swept, (swept_ts, swept_result)), swept_gradient = _stopped_value_and_grad(
+        *args, jaxdae.ReverseSweepAdjoint(stored_steps=8), condition
+    )
     assert result == diffrax.RESULTS.event_occurred and swept_result == result
     assert 2.2 < float(ts[0]) < 3.0 and float(swept_ts[0]) == float(ts[0])
     assert float(swept) == float(value)
@@ -776,32 +789,11 @@ def test_flag_raised_at_the_start_ends_the_solve_there(stored_steps):
     """A flag already true at `t0` ends the solve before its first step, as diffrax's own
     loop does, whether the solve runs in segments or in one: the end is `y0`, so the
     gradient w.r.t. the arguments is zero and w.r.t. `y0` the loss's own."""
-
-    def loss(k, y0, adjoint):
-        sol = diffrax.diffeqsolve(
-            diffrax.ODETerm(_forced_pendulum),
-            diffrax.Tsit5(),
-            0.0,
-            3.0,
-            0.05,
-            y0,
-            args=k,
-            saveat=diffrax.SaveAt(t1=True),
-            stepsize_controller=_PID,
-            event=diffrax.Event(lambda t, y, args, **kwargs: y[0] > 0.5),
-            max_steps=512,
-            adjoint=adjoint,
-        )
-        return jnp.sum(jnp.sin(sol.ys) * jnp.array([1.0, 2.0])), (sol.ts, sol.result)
-
-    args = (jnp.array([4.0, 0.3]), jnp.array([1.0, 0.0]))
-    (_, (ts, result)), (k_bar, y0_bar) = jax.jit(
-        jax.value_and_grad(
-            lambda *a: loss(*a, jaxdae.ReverseSweepAdjoint(stored_steps=stored_steps)),
-            argnums=(0, 1),
-            has_aux=True,
-        )
-    )(*args)
+    # `y[0] > 0.5`, from `y[0] = 1`; in segments of 8, the program of the test above.
+    args = (jnp.array([4.0, 0.3]), jnp.array([1.0, 0.0]), jnp.array([jnp.inf, 0.5]))
+    (_, (ts, result)), (k_bar, y0_bar) = _stopped_value_and_grad(
+        *args, jaxdae.ReverseSweepAdjoint(stored_steps=stored_steps), _flag
+    )
     assert result == diffrax.RESULTS.event_occurred and float(ts[0]) == 0.0
     np.testing.assert_array_equal(k_bar, 0.0)
     np.testing.assert_allclose(y0_bar, [np.cos(1.0), 2.0], rtol=1e-14)
