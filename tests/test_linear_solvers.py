@@ -289,23 +289,30 @@ def test_structure_carrying_operators_in_lineax():
     assert is_state_independent(mass) and not lx.is_diagonal(mass)
     assert not is_state_independent(_operator(dense_m))
     expected = np.linalg.solve(dense_m, x)
-    for solver in (lx.Cholesky(), StructuredCholesky()):
-        np.testing.assert_allclose(
-            lx.linear_solve(mass, jnp.asarray(x), solver).value, expected, rtol=1e-12
-        )
 
     factored = FactoredOperator(mass, MassFactor.factor(jnp.asarray(dense_m), mass.matrix))
     assert factored.factor.inverse is not None  # 2 × 2 blocks: inverted block by block
     assert factor_of(factored) is factored.factor and factor_of(mass) is None
     assert sparse_matrix(factored) is mass.matrix and sparse_matrix(_operator(dense_m)) is None
     assert is_state_independent(factored) and lx.is_positive_semidefinite(factored)
-    np.testing.assert_allclose(
-        factored.factor.solve(jnp.asarray(x)[:, None])[:, 0], expected, rtol=1e-12
-    )
-    np.testing.assert_allclose(factored.mv(jnp.asarray(x)), dense_m @ x, atol=1e-13)
-    np.testing.assert_allclose(
-        lx.linear_solve(factored, jnp.asarray(x), lx.Cholesky()).value, expected, rtol=1e-12
-    )
+
+    # the solves and products with both operators in one program (eagerly, each
+    # operation compiles alone)
+    @jax.jit
+    def solves(x):
+        return (
+            [lx.linear_solve(mass, x, s).value for s in (lx.Cholesky(), StructuredCholesky())],
+            factored.factor.solve(x[:, None])[:, 0],
+            factored.mv(x),
+            lx.linear_solve(factored, x, lx.Cholesky()).value,
+        )
+
+    of_mass, factor_solved, product, of_factored = solves(jnp.asarray(x))
+    for solved in of_mass:
+        np.testing.assert_allclose(solved, expected, rtol=1e-12)
+    np.testing.assert_allclose(factor_solved, expected, rtol=1e-12)
+    np.testing.assert_allclose(product, dense_m @ x, atol=1e-13)
+    np.testing.assert_allclose(of_factored, expected, rtol=1e-12)
 
 
 def test_solvers_refuse_operators_that_are_not_symmetric():
