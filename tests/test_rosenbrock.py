@@ -119,15 +119,24 @@ def test_coloured_jacobian_equals_the_dense_one():
 
     y = jnp.linspace(0.1, 1.0, 12)
     t = jnp.asarray(0.3)
-    # one program each (eagerly, each operation compiles alone)
-    linearization = jax.jit(jacobian_linearization, static_argnums=(0, 3))
-    f0, coloured, f_t, colours = linearization(f, t, y, "coloured")
-    _, dense, _, tangents = linearization(f, t, y, "dense")
+
+    # both linearizations and the references in one program (eagerly, each operation
+    # compiles alone)
+    @jax.jit
+    def linearizations(t, y):
+        return (
+            jacobian_linearization(f, t, y, "coloured"),
+            jacobian_linearization(f, t, y, "dense"),
+            (f(t, y), jax.jacfwd(lambda x: f(t, x))(y), jax.jacfwd(lambda s: f(s, y))(t)),
+        )
+
+    (f0, coloured, f_t, colours), (_, dense, _, tangents), references = linearizations(t, y)
+    f_reference, jacobian, time_derivative = references
     assert (colours, tangents) == (3, 12)
-    np.testing.assert_allclose(coloured, jax.jit(jax.jacfwd(lambda x: f(t, x)))(y), atol=1e-14)
+    np.testing.assert_allclose(coloured, jacobian, atol=1e-14)
     np.testing.assert_allclose(dense, coloured, atol=1e-14)
-    np.testing.assert_allclose(f0, f(t, y))
-    np.testing.assert_allclose(f_t, jax.jit(jax.jacfwd(lambda s: f(s, y)))(t), atol=1e-14)
+    np.testing.assert_allclose(f0, f_reference)
+    np.testing.assert_allclose(f_t, time_derivative, atol=1e-14)
 
 
 def _stiff_tridiagonal(t, y, args):
