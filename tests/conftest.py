@@ -111,6 +111,7 @@ _ORDER = (
     "test_architecture.py",
     "test_realizing_forces.py",
     "test_faults_models.py",
+    "test_faults_viz.py",
     "test_bench_stiff.py",
     "test_contact_gradients.py",
     "test_faults_contacts.py",
