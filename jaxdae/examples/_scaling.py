@@ -382,9 +382,11 @@ def bars_rhs(first, second, anchors, lengths, gravity):
     """The Baumgarte ODE of unit point masses joined by bars, written by hand.
 
     `Φ_e = |d_e|² − L_e²`, `d_e = p_{first} − p_{second}` (or `− anchor`), so `J_e` holds
-    `±2 d_e` in the two nodes' columns and `Φ̈ = J q̈ + 2 |ḋ_e|²`. With `M = I` and
-    `Q = (0, −g)` per node: `(J Jᵀ) λ = J Q − s`, `s = −2 |ḋ|² − k_D Φ̇ − k_P Φ`,
-    `q̈ = Q − Jᵀ λ` (Mukharlyamov and Deressa (2015) eq. [21]); `J Jᵀ` is assembled densely and
+    `±2 d_e` in the two nodes' columns and `Φ̈ = J q̈ + 2 |ḋ_e|²`. A node has as many
+    coordinates as an anchor (`anchors.shape[1]`: 2 or 3), gravity along the last. With
+    `M = I` and `Q = (0, −g)` (or `(0, 0, −g)`) per node: `(J Jᵀ) λ = J Q − s`,
+    `s = −2 |ḋ|² − k_D Φ̇ − k_P Φ`, `q̈ = Q − Jᵀ λ` (Mukharlyamov and Deressa (2015)
+    eq. [21]); `J Jᵀ` is assembled densely and
     solved with `jnp.linalg.solve`. Returns `rhs(t, y, (kd, kp))` of `y = (q, v)`.
     """
     first, second = np.asarray(first), np.asarray(second)
@@ -394,21 +396,22 @@ def bars_rhs(first, second, anchors, lengths, gravity):
     squared = jnp.asarray(lengths, dtype=float) ** 2
     bars = np.arange(first.size)
     num_nodes = int(max(first.max(), second.max())) + 1
+    dim = anchors.shape[1]
     mask = jnp.asarray(~anchored, dtype=float)[:, None]
 
     def rhs(t, y, gains):
         kd, kp = gains
-        q, v = y[: 2 * num_nodes].reshape(-1, 2), y[2 * num_nodes :].reshape(-1, 2)
+        q, v = y[: dim * num_nodes].reshape(-1, dim), y[dim * num_nodes :].reshape(-1, dim)
         keep = mask.astype(y.dtype)  # float32 states stay float32
         d = q[first] - jnp.where(keep > 0, q[second_node], anchors.astype(y.dtype))
         dd = v[first] - keep * v[second_node]
         phi = jnp.sum(d**2, axis=-1) - squared.astype(y.dtype)
         dphi = 2 * jnp.sum(d * dd, axis=-1)
         target = -2 * jnp.sum(dd**2, axis=-1) - kd * dphi - kp * phi
-        jac = jnp.zeros((first.size, num_nodes, 2), y.dtype)
+        jac = jnp.zeros((first.size, num_nodes, dim), y.dtype)
         jac = jac.at[bars, first].add(2 * d).at[bars, second_node].add(-2 * d * keep)
         jac = jac.reshape(first.size, -1)
-        forces = jnp.zeros((num_nodes, 2), y.dtype).at[:, 1].set(-gravity).ravel()
+        forces = jnp.zeros((num_nodes, dim), y.dtype).at[:, -1].set(-gravity).ravel()
         lam = jnp.linalg.solve(jac @ jac.T, jac @ forces - target)
         return jnp.concatenate([v.ravel(), forces - jac.T @ lam])
 
