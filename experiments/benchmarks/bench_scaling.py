@@ -115,13 +115,13 @@ def perturbed_velocities(v0, batch, seed=0):
 SOLVERS = {"Tsit5": diffrax.Tsit5(), "Dopri8": diffrax.Dopri8()}
 
 
-def jaxdae_functions(model, solver=SOLVERS["Tsit5"]):
+def jaxdae_functions(model, solver=SOLVERS["Tsit5"], rtol=RTOL, atol=ATOL):
     """`forward(gains, q0, v0) -> (q(1), steps)` and `gradient(gains, q0, v0)`, solved with
-    `solver`."""
+    `solver` at `rtol`, `atol`."""
 
     def simulate(gains, q0, v0):
         return jaxdae.simulate(
-            model, jaxdae.Baumgarte(*gains), 0.0, T1, q0, v0, solver=solver, rtol=RTOL, atol=ATOL
+            model, jaxdae.Baumgarte(*gains), 0.0, T1, q0, v0, solver=solver, rtol=rtol, atol=atol
         )
 
     def forward(gains, q0, v0):
@@ -132,7 +132,7 @@ def jaxdae_functions(model, solver=SOLVERS["Tsit5"]):
         def loss(diff):
             formulation, v0_ = diff
             sol = jaxdae.simulate(
-                model, formulation, 0.0, T1, q0, v0_, solver=solver, rtol=RTOL, atol=ATOL
+                model, formulation, 0.0, T1, q0, v0_, solver=solver, rtol=rtol, atol=atol
             )
             return jnp.sum(sol.q_final**2)
 
@@ -141,7 +141,7 @@ def jaxdae_functions(model, solver=SOLVERS["Tsit5"]):
     return forward, gradient
 
 
-def handwritten_functions(model, solver=SOLVERS["Tsit5"]):
+def handwritten_functions(model, solver=SOLVERS["Tsit5"], rtol=RTOL, atol=ATOL):
     """The same as `jaxdae_functions` on `model.handwritten_rhs()` with `diffrax` directly."""
     rhs = model.handwritten_rhs()
 
@@ -156,7 +156,7 @@ def handwritten_functions(model, solver=SOLVERS["Tsit5"]):
             args=gains,
             saveat=diffrax.SaveAt(t1=True),
             max_steps=100_000,
-            stepsize_controller=diffrax.PIDController(rtol=RTOL, atol=ATOL),
+            stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
         )
 
     def forward(gains, q0, v0):

@@ -1,0 +1,541 @@
+"""Benchmark: cost against the size of meshes of bars (jaxdae, hand-written diffrax, CasADi).
+
+Four families whose constraint graphs are meshes (`jaxdae/examples/_meshes.py`): a planar
+square net hanging from two corners, a spatial triangle-mesh cloth hanging from two
+corners, a planar Pratt truss with open bays (a mechanism) pinned at both ends, and a
+spatial cubic lattice hanging from a fixed top layer. Unlike the chains and ladders of
+`bench_scaling.py`, the band of their `J M⁻¹ Jᵀ` widens as they grow, so the factorization
+that jaxdae chooses decides how the cost grows: the script prints it per size (dense,
+banded with its half-bandwidth `b`, or the plan of another factorization that
+`StructuredCholesky` chooses), read from the solver's plan for the model's pattern.
+
+Each model of about `--sizes` coordinates (the family's size `N` closest) is solved with
+`Baumgarte(kd=20, kp=100)` over `t ∈ [0, 1]` from rest, Tsit5, `rtol = 1e-8`, `atol = 1e-10`,
+float64, by
+
+- jaxdae: one `jax.jit`-compiled `simulate` (compiled ahead of time; its compile time is
+  trace + lower + XLA compile);
+- "diffrax + hand-written RHS": the same ODE written by hand in `jax.numpy` (`bars_rhs`:
+  `J Jᵀ` assembled densely and solved with `jnp.linalg.solve`) in `diffrax.diffeqsolve`;
+- CasADi: the same ODE from SX derivatives with CasADi's sparse LDL, integrated by CVODES
+  Adams (functional iteration) at the same tolerances (`bench_scaling.casadi_integrator`);
+  its "compile" time is building the integrator. Left out if CasADi is not installed.
+
+Times are medians of `--repeats` calls after a first call; "per step" divides a solve by its
+steps (accepted and rejected). A method × size whose solve would exceed `--budget` seconds,
+extrapolated from the previous size as `t · (n / n_prev)^2.5`, or whose compile took more
+than `--compile-budget` seconds at the previous size, is skipped and marked
+(`bench_scaling.predicted_skip`). The growth table fits `time ∝ n^p` (log-log least squares
+over the sizes measured) to the time per step and to the solve.
+
+The work–precision table solves one model per family (about `--precision-size`
+coordinates) at `rtol` in `--tolerances` (`atol = rtol / 100`) and gives the largest error of
+`q(1)` against a reference solved by jaxdae with Dopri8 at `rtol = 1e-12`, `atol = 1e-14`.
+
+    python experiments/benchmarks/bench_sparse.py [--quick] [--out output]
+        [--sizes 50,100,200,400,700,1000] [--families square,cloth,truss,frame]
+        [--budget 20] [--compile-budget 120] [--repeats 3]
+        [--precision-size 200] [--tolerances 1e-4,1e-6,1e-8,1e-10] [--no-precision]
+"""
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+# One BLAS thread before NumPy and JAX load OpenBLAS, as in bench_scaling.py.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
+
+import _tables
+import diffrax
+import jax
+import numpy as np
+from _common import output_dir, write_json
+from bench_scaling import (
+    ATOL,
+    CASADI,
+    JAXDAE,
+    KD,
+    KP,
+    METHODS,
+    RTOL,
+    T1,
+    _compile,
+    _median_time,
+    ca,
+    casadi_integrator,
+    handwritten_functions,
+    jaxdae_functions,
+    predicted_skip,
+    warm_up_jax,
+)
+
+from jaxdae import _thresholds
+from jaxdae._compilation._banded import BandedPlan
+from jaxdae._compilation._linear_solvers import StructuredCholesky
+from jaxdae._formulations._multipliers import eliminate
+from jaxdae.examples._meshes import FAMILIES, family_size
+
+NAME = "bench_sparse"
+DEFAULT_SIZES = (50, 100, 200, 400, 700, 1000)
+QUICK_SIZES = (50, 100)
+DEFAULT_TOLERANCES = (1e-4, 1e-6, 1e-8, 1e-10)
+QUICK_TOLERANCES = (1e-6, 1e-8)
+REFERENCE_TOLERANCES = (1e-12, 1e-14)
+
+
+# -- what jaxdae chooses ---------------------------------------------------------------------
+
+
+def factorization(model) -> dict:
+    """How jaxdae factorizes `model`'s `J M⁻¹ Jᵀ`: `{"constraints", "nnz", "path"}` and, for
+    a banded plan, its half-bandwidth `"width"`. Traced abstractly (no compile): the terms'
+    pattern of the matrix and the plan that `StructuredCholesky` makes for it."""
+    q0, v0 = model.initial_state()
+    found = {}
+
+    def probe(q, v):
+        elimination = eliminate(model.terms(0.0, q, v))
+        found["constraints"] = elimination.matrix.shape[0]
+        sparse = elimination.sparse_matrix
+        found["nnz"] = None if sparse is None else sparse.pattern.nnz
+        found["plan"] = getattr(StructuredCholesky().init(elimination.operator, {}), "plan", None)
+        return elimination.matrix
+
+    jax.eval_shape(probe, q0, v0)
+    plan, size = found.pop("plan"), found["constraints"]
+    if isinstance(plan, BandedPlan):
+        found.update(path=f"banded, b = {plan.width}", width=plan.width)
+    elif plan is not None:  # another factorization on the pattern
+        found["path"] = f"sparse ({type(plan).__name__})"
+    elif size <= _thresholds.ARRAY_FORM_UNROLL_MAX:
+        found["path"] = "dense, unrolled"
+    elif size <= _thresholds.LOOPED_MAX:
+        found["path"] = "dense, looped"
+    else:
+        found["path"] = "dense, LAPACK"
+    return found
+
+
+# -- one method on one model -----------------------------------------------------------------
+
+
+def measure_jax(functions, model, repeats):
+    """`{compile, single, steps, per_step, q_final}` of the `forward` of `functions`
+    (`bench_scaling.jaxdae_functions` or `handwritten_functions`, bound to their options)."""
+    forward, _ = functions(model)
+    q0, v0 = model.initial_state()
+    gains = (np.float64(KD), np.float64(KP))
+    jitted, compile_times = _compile(forward, gains, q0, v0)
+    (q_final, steps), single = _median_time(
+        lambda: jax.block_until_ready(jitted(gains, q0, v0)), repeats
+    )
+    return {
+        "compile": compile_times,
+        "single": single,
+        "steps": int(steps),
+        "per_step": single / int(steps),
+        "q_final": np.asarray(q_final),
+    }
+
+
+def measure_casadi(model, repeats, rtol=RTOL, atol=ATOL):
+    """The same for CasADi's CVODES integrator; its compile time is its construction."""
+    q0, v0 = (np.asarray(x) for x in model.initial_state())
+    x0, gains = np.concatenate([q0, v0]), np.array([KD, KP])
+    start = time.perf_counter()
+    integrator = casadi_integrator(model, rtol, atol)
+    built = time.perf_counter() - start
+
+    def forward():
+        return np.asarray(integrator(x0=x0, p=gains)["xf"]).ravel()[: q0.size]
+
+    forward()
+    q_final, single = _median_time(forward, repeats)
+    steps = int(integrator.stats()["nsteps"])
+    return {
+        "compile": {"total": built},
+        "single": single,
+        "steps": steps,
+        "per_step": single / steps,
+        "q_final": q_final,
+    }
+
+
+def measure(method, model, repeats, rtol=RTOL, atol=ATOL, solver=None):
+    if method == CASADI:
+        return measure_casadi(model, repeats, rtol, atol)
+    maker = jaxdae_functions if method == JAXDAE else handwritten_functions
+    options = {"rtol": rtol, "atol": atol, "solver": solver or diffrax.Tsit5()}
+    return measure_jax(lambda m: maker(m, **options), model, repeats)
+
+
+# -- the runs --------------------------------------------------------------------------------
+
+
+def run(families, sizes, methods, repeats, budget, compile_budget, on_row=None):
+    """Each family at the sizes nearest `sizes` coordinates, by each method; `on_row(results)`
+    after each size."""
+    results = []
+    for family in families:
+        previous = dict.fromkeys(methods)
+        for size in sorted({family_size(family, n) for n in sizes}):
+            model = FAMILIES[family](size)
+            n = int(model.initial_state()[0].size)
+            row = {"family": family, "size": size, "coordinates": n, "methods": {}}
+            row.update(factorization(model))
+            print(f"{family} N={size}: {n} coordinates, jaxdae: {row['path']}", flush=True)
+            for method in methods:
+                skip, why = predicted_skip(previous[method], n, budget, compile_budget)
+                if "all" in skip:
+                    row["methods"][method] = {"skipped": why}
+                    print(f"  {method}: skipped ({why})", flush=True)
+                    continue
+                start = time.perf_counter()
+                result = measure(method, model, repeats)
+                result["n"] = n
+                row["methods"][method] = previous[method] = result
+                print(
+                    f"  {method}: solve {1e3 * result['single']:.4g} ms, {result['steps']} "
+                    f"steps, compile {result['compile']['total']:.1f} s "
+                    f"({time.perf_counter() - start:.0f} s)",
+                    flush=True,
+                )
+            reference = row["methods"].get(JAXDAE, {}).get("q_final")
+            for result in row["methods"].values():
+                if reference is not None and "q_final" in result:
+                    result["difference"] = float(np.max(np.abs(result["q_final"] - reference)))
+            results.append(row)
+            if on_row is not None:
+                on_row(results)
+    return results
+
+
+def precision_run(families, coordinates, tolerances, methods, repeats, on_row=None):
+    """The work–precision rows: one model per family of about `coordinates` coordinates,
+    each method at each `rtol` (`atol = rtol / 100`), its error against the reference."""
+    rows = []
+    for family in families:
+        model = FAMILIES[family](family_size(family, coordinates))
+        reference = measure(JAXDAE, model, 1, *REFERENCE_TOLERANCES, solver=diffrax.Dopri8())[
+            "q_final"
+        ]
+        for method in methods:
+            for rtol in tolerances:
+                result = measure(method, model, repeats, rtol, rtol / 100)
+                result.update(
+                    family=family,
+                    size=model.size,
+                    coordinates=int(reference.size),
+                    method=method,
+                    rtol=rtol,
+                    error=float(np.max(np.abs(result.pop("q_final") - reference))),
+                )
+                rows.append(result)
+                print(
+                    f"{family} N={model.size} {method} rtol={rtol:g}: "
+                    f"{1e3 * result['single']:.4g} ms, {result['steps']} steps, "
+                    f"error {result['error']:.1e}",
+                    flush=True,
+                )
+                if on_row is not None:
+                    on_row(rows)
+    return rows
+
+
+def growth(results, methods):
+    """`(family, method, smallest n, largest n, exponent of the time per step, of the
+    solve)`, fitted where a method ran at two sizes or more."""
+    rows = []
+    for family in dict.fromkeys(r["family"] for r in results):
+        for method in methods:
+            points = [
+                (r["coordinates"], r["methods"][method]["per_step"], r["methods"][method]["single"])
+                for r in results
+                if r["family"] == family and "single" in r["methods"].get(method, {})
+            ]
+            if len(points) < 2:
+                continue
+            n, step, solve = (np.log(np.array(x)) for x in zip(*points, strict=True))
+            rows.append(
+                (
+                    family,
+                    method,
+                    points[0][0],
+                    points[-1][0],
+                    float(np.polyfit(n, step, 1)[0]),
+                    float(np.polyfit(n, solve, 1)[0]),
+                )
+            )
+    return rows
+
+
+# -- tables ----------------------------------------------------------------------------------
+
+
+SOLVE_COLUMNS = [
+    ("family", "left"),
+    ("N", "right"),
+    ("coordinates", "right"),
+    ("constraints", "right"),
+    ("jaxdae's factorization", "left"),
+    ("method", "left"),
+    ("solve [ms]", "right"),
+    ("steps", "right"),
+    ("per step [µs]", "right"),
+    ("compile [s]", "right"),
+    ("max \\|Δq(1)\\| vs jaxdae", "right"),
+]
+GROWTH_COLUMNS = [
+    ("family", "left"),
+    ("method", "left"),
+    ("coordinates", "right"),
+    ("per step ∝ n^p", "right"),
+    ("solve ∝ n^p", "right"),
+]
+PRECISION_COLUMNS = [
+    ("family", "left"),
+    ("coordinates", "right"),
+    ("method", "left"),
+    ("rtol", "right"),
+    ("solve [ms]", "right"),
+    ("steps", "right"),
+    ("max \\|q(1) − reference\\|", "right"),
+]
+
+
+def solve_rows(results, methods):
+    rows = []
+    for row in results:
+        for method in methods:
+            r = row["methods"].get(method)
+            if r is None:
+                continue
+            cells = [row["family"], row["size"], row["coordinates"], row["constraints"]]
+            cells += [row["path"], method]
+            if "skipped" in r:
+                rows.append(cells + [f"skipped: {r['skipped']}", "", "", "", ""])
+                continue
+            rows.append(
+                cells
+                + [
+                    f"{1e3 * r['single']:.4g}",
+                    r["steps"],
+                    f"{1e6 * r['per_step']:.3g}",
+                    f"{r['compile']['total']:.1f}",
+                    f"{r['difference']:.1e}" if "difference" in r else "–",
+                ]
+            )
+    return rows
+
+
+def growth_rows(results, methods):
+    return [
+        [family, method, f"{lo}–{hi}", f"{step:.2f}", f"{solve:.2f}"]
+        for family, method, lo, hi, step, solve in growth(results, methods)
+    ]
+
+
+def precision_rows(rows):
+    return [
+        [
+            r["family"],
+            r["coordinates"],
+            r["method"],
+            f"{r['rtol']:g}",
+            f"{1e3 * r['single']:.4g}",
+            r["steps"],
+            f"{r['error']:.1e}",
+        ]
+        for r in rows
+    ]
+
+
+def page_tables(results, precision, methods, stamp):
+    """`bench_sparse.solves`, `bench_sparse.growth` and `bench_sparse.precision` (those with
+    rows)."""
+    tables = []
+    for name, columns, rows in (
+        ("solves", SOLVE_COLUMNS, solve_rows(results, methods)),
+        ("growth", GROWTH_COLUMNS, growth_rows(results, methods)),
+        ("precision", PRECISION_COLUMNS, precision_rows(precision)),
+    ):
+        if rows:
+            tables.append(_tables.table(f"{NAME}.{name}", columns, rows, stamp))
+    return tables
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+def _numbers(kind):
+    def parse(text):
+        try:
+            values = [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated numbers, got {text!r}"
+            ) from None
+        if not values or min(values) <= 0:
+            raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+        return values
+
+    return parse
+
+
+def _families(text):
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if x not in FAMILIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown family {unknown or text!r}; choose from {', '.join(FAMILIES)}"
+        )
+    return names
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("output"), help=f"results go to OUT/{NAME}/"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a smoke test: about {QUICK_SIZES} coordinates, one repeat, "
+        f"tolerances {QUICK_TOLERANCES} at 50 coordinates",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=_numbers(int),
+        default=None,
+        help="coordinates, comma-separated; each family at its nearest sizes (default "
+        + ",".join(map(str, DEFAULT_SIZES))
+        + ")",
+    )
+    parser.add_argument(
+        "--families",
+        type=_families,
+        default=list(FAMILIES),
+        help="comma-separated subset of " + ",".join(FAMILIES),
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=20.0,
+        help="seconds: skip a method × size whose solve is predicted to take longer",
+    )
+    parser.add_argument(
+        "--compile-budget",
+        type=float,
+        default=120.0,
+        help="seconds: skip the sizes after one whose compile took longer",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls; the median counts")
+    parser.add_argument(
+        "--precision-size",
+        type=int,
+        default=None,
+        help="coordinates of the work–precision models (default 200; --quick 50)",
+    )
+    parser.add_argument(
+        "--tolerances",
+        type=_numbers(float),
+        default=None,
+        help="rtol of the work–precision table (default "
+        + ",".join(f"{x:g}" for x in DEFAULT_TOLERANCES)
+        + "); atol = rtol / 100",
+    )
+    parser.add_argument(
+        "--no-precision", action="store_true", help="leave out the work–precision table"
+    )
+    args = parser.parse_args()
+    if args.repeats < 1 or args.budget <= 0 or args.compile_budget <= 0:
+        parser.error("--repeats must be at least 1, the budgets positive")
+    if args.quick:
+        args.repeats = 1
+        args.sizes = args.sizes or list(QUICK_SIZES)
+        args.tolerances = args.tolerances or list(QUICK_TOLERANCES)
+        args.precision_size = args.precision_size or 50
+    args.sizes = args.sizes or list(DEFAULT_SIZES)
+    args.tolerances = args.tolerances or list(DEFAULT_TOLERANCES)
+    args.precision_size = args.precision_size or 200
+    return args
+
+
+def main():
+    args = parse_args()
+    if ca is None:
+        print("CasADi is not installed: its rows are left out (pip install casadi).")
+    methods = [m for m in METHODS if m != CASADI or ca is not None]
+    folder = output_dir(args.out, NAME)
+    stamp = _tables.run_stamp()
+    warm_up_jax()
+    start, load = time.perf_counter(), os.getloadavg()[0]
+    state = {"results": [], "precision": []}
+
+    def report(final=False):
+        header = (
+            f"Baumgarte(kd={KD:g}, kp={KP:g}), t ∈ [0, {T1:g}] from rest, Tsit5, rtol={RTOL:g}, "
+            f"atol={ATOL:g}, float64; medians of {args.repeats} calls; "
+            f"{jax.devices()[0].device_kind}; load {load:.1f} at the start, "
+            f"{os.getloadavg()[0]:.1f} now; jax {jax.__version__}"
+            + (f", casadi {ca.__version__}" if ca is not None else "")
+            + f"; budget {args.budget:g} s per solve; {time.perf_counter() - start:.0f} s in all."
+        )
+        tables = page_tables(state["results"], state["precision"], methods, stamp)
+        rows = [
+            {
+                **row,
+                "methods": {
+                    m: {k: x for k, x in r.items() if k != "q_final"}
+                    for m, r in row["methods"].items()
+                },
+            }
+            for row in state["results"]
+        ]
+        write_json(
+            folder / f"{NAME}.json",
+            {
+                "header": header,
+                "results": rows,
+                "precision": state["precision"],
+                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                "complete": final,
+            },
+        )
+        if tables:
+            _tables.write(args.out, NAME, tables)
+        if final:
+            print("\n" + header)
+            for data in tables:
+                print(f"\n{data['name']}\n\n" + _tables.render(data))
+
+    state["results"] = run(
+        args.families,
+        args.sizes,
+        methods,
+        args.repeats,
+        args.budget,
+        args.compile_budget,
+        on_row=lambda results: (state.update(results=results), report()),
+    )
+    if not args.no_precision:
+        state["precision"] = precision_run(
+            args.families,
+            args.precision_size,
+            args.tolerances,
+            methods,
+            args.repeats,
+            on_row=lambda rows: (state.update(precision=rows), report()),
+        )
+    report(final=True)
+    print(f"\nwrote {folder / (NAME + '.json')} and {args.out / NAME / 'tables.json'}")
+
+
+if __name__ == "__main__":
+    main()
