@@ -82,6 +82,7 @@ bench: $(STAMP)
 	$(PY) experiments/benchmarks/bench_unrolled.py --out output
 	$(PY) experiments/benchmarks/bench_precision.py --out output
 	$(PY) experiments/benchmarks/bench_scaling.py --out output
+	$(PY) experiments/benchmarks/bench_sparse.py --out output
 	$(PY) experiments/benchmarks/bench_events.py --out output
 	$(PY) experiments/benchmarks/bench_robots.py --out output
 	$(PY) experiments/benchmarks/bench_animate.py --out output
