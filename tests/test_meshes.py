@@ -18,6 +18,7 @@ from jaxdae._formulations._multipliers import eliminate
 from jaxdae.examples._meshes import (
     FAMILIES,
     Cloth,
+    FourBarChain,
     PrattTruss,
     SpaceFrame,
     SquareNet,
@@ -27,13 +28,14 @@ from jaxdae.examples._scaling import casadi_baumgarte_ode
 
 GAINS = (20.0, 100.0)
 # Small sizes, each above the 8 coordinates from which jaxdae derives structured terms.
-SIZES = {"square": 4, "cloth": 3, "truss": 6, "frame": 2}
+SIZES = {"square": 4, "cloth": 3, "truss": 6, "frame": 2, "fourbars": 5}
 # `(coordinates, constraints)` at size `N`, as the docstrings count them.
 COUNTS = {
     SquareNet: lambda n: (2 * n * n - 4, 2 * n * (n - 1)),
     Cloth: lambda n: (3 * n * n - 6, (n - 1) * (3 * n - 1)),
     PrattTruss: lambda n: (4 * n, 3 * n + 1 + (n + 1) // 2),
     SpaceFrame: lambda n: (3 * n**3, n**3 + 2 * n * n * (n - 1)),
+    FourBarChain: lambda n: (2 * n + 2, 2 * n + 1),
 }
 
 

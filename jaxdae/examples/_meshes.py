@@ -29,11 +29,15 @@ Cholesky `O(n^{3/2})` (planar; George, "Nested dissection of a regular finite el
 - [`SpaceFrame`][]: a cubic lattice of `N × N` columns of `N` nodes (`3N³` coordinates)
   hanging from the `N × N` fixed nodes of a top layer: bars along the lattice's edges,
   `N³ + 2N²(N − 1)` of them, `2N²` degrees of freedom.
+- [`FourBarChain`][]: `N` parallelogram four-bars side by side (`2N + 2` coordinates), the
+  N-four-bar mechanism of the IFToMM benchmark library (A02) at large `N`, swinging from
+  rest: a closed-loop chain, whose `J M⁻¹ Jᵀ` keeps a narrow band (the others' reference).
 
 Every mesh starts at rest from a consistent configuration: the bars' lengths are the
 distances of the rest positions, which are moved off the regular grid by `0.1 · N(0, 1)`
 (seed 0, as [`BarNet`][]) so that no line of bars is straight between fixed points (a
-singular configuration) and the constraints are independent. None of them is at
+singular configuration) and the constraints are independent (the four-bars keep A02's exact
+geometry). None of them is at
 equilibrium: they fall and swing under gravity.
 
 As the families of `_scaling.py`, each also gives its Baumgarte ODE written by hand
@@ -155,6 +159,19 @@ def space_frame_topology(size: int) -> Topology:
         np.stack([node[:, :-1, 1:].ravel(), node[:, 1:, 1:].ravel()], -1),  # along y
     ]
     return _framework(points, pinned, np.concatenate(edges))
+
+
+@functools.cache
+def four_bars_topology(size: int) -> Topology:
+    angle = -0.5 * np.pi + 0.6  # cranks 0.6 rad from hanging down
+    pivots = np.stack([np.arange(size + 1.0), np.zeros(size + 1)], -1)
+    tips = pivots + [np.cos(angle), np.sin(angle)]
+    pinned = np.arange(2 * size + 2) > size  # the pivots
+    tip = np.arange(size + 1)
+    edges = np.concatenate(
+        [np.stack([tip, tip + size + 1], -1), np.stack([tip[:-1], tip[1:]], -1)]  # cranks, couplers
+    )
+    return _framework(np.concatenate([tips, pivots]), pinned, edges)
 
 
 class _AbstractBarFramework(LagrangianSystem):
@@ -333,11 +350,37 @@ class SpaceFrame(_AbstractBarFramework):
         return 3 * size**3
 
 
+class FourBarChain(_AbstractBarFramework):
+    """`N` parallelogram four-bars side by side, after the N-four-bar mechanism of the
+    IFToMM benchmark library (problem A02): `N + 1` unit cranks pinned to the ground at
+    `(i, 0)`, their tips (unit point masses) joined by `N` unit couplers: `2N + 2`
+    coordinates, `2N + 1` constraints, one degree of freedom, `N` closed loops. The cranks
+    start at rest 0.6 rad from hanging down and swing as one pendulum; A02's cranks turn
+    through the horizontal, where the constraints are dependent (every bar horizontal),
+    which a swing from here never reaches.
+
+    **Arguments:**
+
+    - `size`: `N ≥ 1`.
+    - `gravity`: `g` (along −y).
+    """
+
+    min_size = 1
+
+    def topology(self) -> Topology:
+        return four_bars_topology(self.size)
+
+    @staticmethod
+    def coordinates(size: int) -> int:
+        return 2 * size + 2
+
+
 FAMILIES = {
     "square": SquareNet,
     "cloth": Cloth,
     "truss": PrattTruss,
     "frame": SpaceFrame,
+    "fourbars": FourBarChain,
 }
 
 
