@@ -79,6 +79,24 @@ BANDED_MAX_RATIO = 0.5  # half-bandwidth at most this fraction of the size
 # (docs/design_measurements.md#band-cholesky).
 BAND_CHOLESKY_MIN_WIDTH = 2
 
+# -- Sparse Cholesky (`_compilation/_supernodal.py`) -----------------------------------------
+
+# Symmetric patterns of at least this many rows are considered for the multifrontal
+# factorization on a nested-dissection order; smaller ones keep the dense or banded
+# factorizations, whose loops cost less than the analysis and the tasks' dispatch.
+SUPERNODAL_MIN = 64
+
+# At most this many block-size classes of fronts: each is one branch of the factorization's
+# and the substitutions' loops (compile time), and padding to fewer classes costs work.
+SUPERNODAL_CLASSES = 4
+
+# The multifrontal factorization is chosen where its estimated work (multiply–adds of its
+# padded fronts plus a cost per task) times this ratio is below the banded factorization's
+# `size · (b + 1)²` (or the dense one's `size³ / 3`): its batched block operations and
+# scatter-adds cost more per multiply–add than the band Cholesky's fused row loop on the
+# CPU (`experiments/diagnostics/bench_sparse_factor.py`).
+SUPERNODAL_WORK_RATIO = 3.0
+
 # -- Trees in joint coordinates (`multibody/_tree.py`, `multibody/_articulated.py`) --------
 
 # Trees of at least this many bodies take the recursive path: sums along paths and `M⁻¹`

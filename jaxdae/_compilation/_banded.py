@@ -76,6 +76,16 @@ class BandedPlan:
         squares = jnp.diagonal(low, axis1=1, axis2=2).reshape(-1) ** 2
         return take(squares, np.flatnonzero(~self.padding))
 
+    def factor(
+        self, matrix: SparseMatrix
+    ) -> "BandedFactor | BandCholeskyFactor | CyclicReductionFactor":
+        """[`banded_factor`][] on this plan."""
+        return banded_factor(matrix, self)
+
+    def solve(self, matrix: SparseMatrix, rhs: Array) -> tuple[Array, Array]:
+        """[`banded_solve`][] on this plan: `(A⁻¹ rhs, pivots)`."""
+        return banded_solve(matrix, rhs, self)
+
 
 def _band_indices(plan: BandedPlan) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
     """Where [`BandedPlan.band_values`][] reads its entries in the matrix's values (the

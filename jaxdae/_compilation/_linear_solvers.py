@@ -10,7 +10,8 @@ here or any lineax solver a user passes (which goes through `lineax.linear_solve
 - [`StructuredCholesky`][]: a Cholesky factorization that follows the size and the structure:
   unrolled elementwise operations for tiny matrices and a loop of vector operations for
   small ones (which XLA fuses with the solve's loop), a banded Cholesky factorization where
-  the operator's pattern is banded, LAPACK for large dense ones. Its state carries the
+  the operator's pattern is banded, a multifrontal sparse one where its pattern is a mesh
+  or otherwise sparse but not narrow, LAPACK for large dense ones. Its state carries the
   pivots that the failure checks read.
 - [`PositiveSemidefinitePseudoInverse`][]: the Moore–Penrose inverse of a symmetric positive
   semidefinite matrix of numerical rank set by `rcond` (what `lineax.SVD(rcond)` computes
@@ -28,7 +29,7 @@ import numpy as np
 
 from .. import _thresholds
 from .._custom_types import Array, Float
-from ._banded import BandedPlan, banded_factor, banded_plan, banded_solve
+from ._banded import BandedPlan
 from ._linalg import (
     PivotedPseudoFactor,
     pivoted_pseudo_factor,
@@ -38,6 +39,7 @@ from ._linalg import (
 )
 from ._operators import SparseOperator, sparse_matrix
 from ._sparse import SparseMatrix, cholesky_factor, cholesky_solve
+from ._supernodal import SupernodalPlan, cholesky_plan
 
 
 def symmetric_operator(
@@ -54,18 +56,20 @@ class CholeskyFactor(eqx.Module):
     """The state of [`StructuredCholesky`][]: a factorization and its pivots.
 
     - `factor`: the lower Cholesky factor (unrolled, looped and LAPACK methods), or the matrix's
-        values on its pattern (banded method: `banded_solve` factorizes and solves in one
-        pass).
+        values on its pattern (banded and sparse methods: the plan's `solve` factorizes and
+        solves in one pass).
     - `pivots`: the pivots `D` of `P A Pᵀ = L D Lᵀ` (`L` unit lower triangular; `P = I`
-        unless banded): non-finite or not positive where `A` is not positive definite.
-    - `plan`: the banded plan, or `None`.
+        unless there is a plan): non-finite or not positive where `A` is not positive
+        definite.
+    - `plan`: the banded plan (`_banded.py`), the multifrontal one (`_supernodal.py`), or
+        `None` (dense).
     - `unroll_max`: the largest size factorized and solved unrolled (`cholesky_factor`;
         `None`: `UNROLL_MAX`).
     """
 
     factor: Array | SparseMatrix
     pivots: Float[Array, " c"]
-    plan: BandedPlan | None = eqx.field(static=True)
+    plan: BandedPlan | SupernodalPlan | None = eqx.field(static=True)
     unroll_max: int | None = eqx.field(static=True, default=None)
 
 
@@ -116,6 +120,10 @@ class StructuredCholesky(AbstractDirectSolver):
     - A [`SparseOperator`][] whose pattern (in its own order or after reverse
       Cuthill–McKee) is banded: a banded factorization (`banded_factor`), `O(size · b²)` work
       for a half-bandwidth `b` (`banded_plan` decides where it applies).
+    - A [`SparseOperator`][] of any other sparsity (a mesh, a truss with many loops) where
+      it costs less: a multifrontal sparse Cholesky factorization on a nested-dissection
+      order (`_supernodal.py`; `O(size^1.5)` work on a planar mesh, where the band's is
+      `O(size²)`). `cholesky_plan` chooses between the two from their estimated work.
     - Otherwise LAPACK's Cholesky factorization beyond `LOOPED_MAX` rows.
 
     Like `lineax.Cholesky` with `lineax.linear_solve(..., throw=False)`, a matrix that is not
@@ -136,12 +144,12 @@ class StructuredCholesky(AbstractDirectSolver):
                 "the operator with `lineax.positive_semidefinite_tag`."
             )
         sparse = sparse_matrix(operator)
-        plan = None if sparse is None else banded_plan(sparse.pattern)
+        plan = None if sparse is None else cholesky_plan(sparse.pattern)
         if plan is not None:
             # The pivots are a diagnostic (the failure checks read them); `compute` solves
-            # with `banded_solve`, whose derivative reuses its own factorization. Where only
-            # the solve is used, XLA drops this factorization as dead code.
-            pivots = jax.lax.stop_gradient(banded_factor(sparse, plan).pivots)
+            # with the plan's `solve`, whose derivative reuses its own factorization. Where
+            # only the solve is used, XLA drops this factorization as dead code.
+            pivots = jax.lax.stop_gradient(plan.factor(sparse).pivots)
             return CholeskyFactor(sparse, pivots, plan)
         # Structured terms keep their array form (`_systems/_structure.py`): there an
         # unrolled factorization is thousands of scalar operations, whose gradient compiles
@@ -156,7 +164,7 @@ class StructuredCholesky(AbstractDirectSolver):
         for the columns of `vector`, `(size, k)`, in one pass of substitutions."""
         del options
         if state.plan is not None:
-            solution, _ = banded_solve(state.factor, vector, state.plan)
+            solution, _ = state.plan.solve(state.factor, vector)
         elif vector.ndim == 2:  # columns, solved together (not a lineax call)
             solution = cholesky_solve(state.factor, vector, state.unroll_max)
         else:

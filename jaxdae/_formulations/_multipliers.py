@@ -10,7 +10,7 @@ import lineax as lx
 import numpy as np
 
 from .. import _thresholds
-from .._compilation._banded import BandedPlan, banded_factor, banded_plan
+from .._compilation._banded import BandedPlan
 from .._compilation._linalg import extreme_eigenvalues, small_matmul, spd_solve
 from .._compilation._linear_solvers import (
     StructuredCholesky,
@@ -27,6 +27,7 @@ from .._compilation._sparse import (
     sparse_matmul,
     transposed_pattern,
 )
+from .._compilation._supernodal import SupernodalPlan, cholesky_plan
 from .._custom_types import Array, Float
 from .._systems._system import ConstrainedTerms
 
@@ -178,7 +179,7 @@ def multiplier_solve(
 
     `λ = A⁻¹ (G M⁻¹ Q − target)` with `A = G M⁻¹ Gᵀ` as a positive semidefinite lineax
     operator, following the structure the terms carry (block-diagonal `M`, sparse `G`, a
-    banded `A`).
+    banded or sparse `A`).
 
     **Arguments:**
 
@@ -201,7 +202,7 @@ def multiplier_solve(
         matrix_pattern = product_pattern(
             g.pattern, product_pattern(minv.pattern, transposed_pattern(g.pattern))
         )
-        plan = banded_plan(matrix_pattern)
+        plan = cholesky_plan(matrix_pattern)
         if plan is not None:
             return _banded_multipliers(
                 (minv.pattern, g.pattern, plan), minv.values, g.values, terms.forces, target
@@ -215,16 +216,21 @@ def multiplier_solve(
 
 
 def _banded_parts(
-    patterns: tuple[Pattern, Pattern, BandedPlan], minv_values, g_values, forces, target
+    patterns: tuple[Pattern, Pattern, BandedPlan | SupernodalPlan],
+    minv_values,
+    g_values,
+    forces,
+    target,
 ):
     """`(q̈, λ)` of `M q̈ + Gᵀλ = Q`, `G q̈ = target` by eliminating `q̈` with sparse `M⁻¹`
-    and `G`, `A = G M⁻¹ Gᵀ` factorized on the banded plan; with the factor, `M⁻¹`, `G`
+    and `G`, `A = G M⁻¹ Gᵀ` factorized on its plan (banded or multifrontal,
+    `cholesky_plan`); with the factor, `M⁻¹`, `G`
     and `M⁻¹ Gᵀ` (sparse)."""
     minv_pattern, g_pattern, plan = patterns
     minv, g = SparseMatrix(minv_values, minv_pattern), SparseMatrix(g_values, g_pattern)
     minv_q = minv.matvec(forces)
     minv_gt = sparse_matmul(minv, g.T)
-    factor = banded_factor(sparse_matmul(g, minv_gt).symmetrized(), plan)
+    factor = plan.factor(sparse_matmul(g, minv_gt).symmetrized())
     lam = factor.solve(g.matvec(minv_q) - target)
     return minv_q - minv_gt.matvec(lam), lam, factor, minv, g, minv_gt
 
@@ -232,7 +238,8 @@ def _banded_parts(
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _banded_multipliers(patterns, minv_values, g_values, forces, target):
     """[`multiplier_solve`][] where `M⁻¹` and `G` are sparse (values on the static
-    `patterns = (M⁻¹'s, G's, A's banded plan)`) and `A = G M⁻¹ Gᵀ` is banded: `(q̈, λ)`.
+    `patterns = (M⁻¹'s, G's, A's plan)`) and `A = G M⁻¹ Gᵀ` is banded or sparse enough
+    for a plan of `cholesky_plan`: `(q̈, λ)`.
 
     Differentiated as the saddle-point system `[[M, Gᵀ], [G, 0]] (q̈, λ) = (Q, target)`
     that it solves, not through the elimination's products: with `f = Q − Gᵀλ` (so that

@@ -1,0 +1,389 @@
+"""The multifrontal sparse Cholesky factorization (`jaxdae/_compilation/_supernodal.py`)
+against NumPy's dense solves, under `jit`, `grad`, `vmap`, `vmap(grad)`, `jacfwd` and in
+float32; its orderings (METIS and the fallback nested dissection); its choice by
+`StructuredCholesky`; and the size of its traced program against the matrix's."""
+
+import functools
+import sys
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import lineax as lx
+import numpy as np
+import pytest
+
+from jaxdae import _thresholds
+from jaxdae._compilation import _supernodal
+from jaxdae._compilation._banded import BandedPlan
+from jaxdae._compilation._linear_solvers import (
+    PositiveSemidefinitePseudoInverse,
+    StructuredCholesky,
+    symmetric_solve,
+)
+from jaxdae._compilation._operators import SparseOperator
+from jaxdae._compilation._sparse import Pattern, SparseMatrix
+from jaxdae._compilation._supernodal import (
+    SupernodalPlan,
+    cholesky_plan,
+    fill_reducing_order,
+    supernodal_solve,
+)
+
+PSD = lx.positive_semidefinite_tag
+
+
+def _symmetric(n, rows, cols) -> Pattern:
+    rows, cols = np.asarray(rows), np.asarray(cols)
+    keys = np.unique(
+        np.concatenate([rows * n + cols, cols * n + rows, np.arange(n) * (n + 1)])
+    )
+    return Pattern((n, n), keys // n, keys % n)
+
+
+def grid(rows, cols, diagonals=False) -> Pattern:
+    """The 5-point grid graph (with `diagonals`, a triangular mesh: one diagonal per cell)."""
+    index = np.arange(rows * cols).reshape(rows, cols)
+    pairs = [(index[:, :-1], index[:, 1:]), (index[:-1], index[1:])]
+    if diagonals:
+        pairs.append((index[:-1, :-1], index[1:, 1:]))
+    a = np.concatenate([p.ravel() for p, _ in pairs])
+    b = np.concatenate([q.ravel() for _, q in pairs])
+    return _symmetric(rows * cols, a, b)
+
+
+def chain(n) -> Pattern:
+    return _symmetric(n, np.arange(n - 1), np.arange(1, n))
+
+
+def random_pattern(n, edges, seed) -> Pattern:
+    rng = np.random.default_rng(seed)
+    return _symmetric(n, rng.integers(0, n, edges), rng.integers(0, n, edges))
+
+
+def disconnected() -> Pattern:
+    """Two grids, a chain and isolated rows, interleaved by a permutation."""
+    parts = [grid(5, 6), grid(4, 4, diagonals=True), chain(7), Pattern.full((1, 1))]
+    rows, cols, offset = [], [], 0
+    for part in [*parts, Pattern.full((1, 1))]:
+        rows.append(part.rows + offset)
+        cols.append(part.cols + offset)
+        offset += part.shape[0]
+    permutation = np.random.default_rng(3).permutation(offset)
+    return Pattern(
+        (offset, offset), permutation[np.concatenate(rows)], permutation[np.concatenate(cols)]
+    )
+
+
+PATTERNS = {
+    "grid": lambda: grid(9, 9),
+    "triangular mesh": lambda: grid(7, 8, diagonals=True),
+    "random": lambda: random_pattern(60, 90, 1),
+    "disconnected": disconnected,
+    "chain": lambda: chain(70),
+}
+
+
+def spd_values(pattern: Pattern, seed: int, dtype=np.float64) -> np.ndarray:
+    """Symmetric values on `pattern`, strictly diagonally dominant (positive definite) and
+    not an M-matrix (random signs)."""
+    rng = np.random.default_rng(seed)
+    n = pattern.shape[0]
+    key = np.minimum(pattern.rows, pattern.cols) * n + np.maximum(pattern.rows, pattern.cols)
+    _, pair = np.unique(key, return_inverse=True)
+    weights = rng.standard_normal(pair.max() + 1)[pair]
+    off = pattern.rows != pattern.cols
+    diagonal = np.zeros(n)
+    np.add.at(diagonal, pattern.rows[off], np.abs(weights[off]))
+    values = np.where(off, weights, diagonal[pattern.rows] + 0.5 + rng.random(pattern.nnz))
+    return values.astype(dtype)
+
+
+def dense(pattern: Pattern, values) -> np.ndarray:
+    out = np.zeros(pattern.shape)
+    out[pattern.rows, pattern.cols] = np.asarray(values, np.float64)
+    return out
+
+
+@functools.cache
+def plan_of(name: str) -> SupernodalPlan:
+    return SupernodalPlan(PATTERNS[name]())
+
+
+@functools.cache
+def solver(plan: SupernodalPlan):
+    """`(x, X, pivots)` for a vector and a three-column right-hand side, one program."""
+
+    def solve(values, b, columns):
+        matrix = SparseMatrix(values, plan.pattern)
+        x, pivots = supernodal_solve(matrix, b, plan)
+        return x, supernodal_solve(matrix, columns, plan)[0], pivots
+
+    return jax.jit(solve)
+
+
+@pytest.mark.parametrize("name", list(PATTERNS))
+def test_solves_match_numpy(name):
+    """On each pattern, the solves for a vector and for columns equal `numpy.linalg.solve`'s
+    to 1e-10 (relative), and the pivots are positive and equal the squared diagonal of the
+    dense Cholesky factor of the permuted matrix."""
+    plan = plan_of(name)
+    pattern = plan.pattern
+    n = pattern.shape[0]
+    rng = np.random.default_rng(0)
+    values = spd_values(pattern, 1)
+    b, columns = rng.standard_normal(n), rng.standard_normal((n, 3))
+    x, xs, pivots = solver(plan)(values, b, columns)
+    a = dense(pattern, values)
+    scale = np.abs(np.linalg.solve(a, b)).max()
+    np.testing.assert_allclose(x, np.linalg.solve(a, b), atol=1e-10 * scale)
+    np.testing.assert_allclose(xs, np.linalg.solve(a, columns), atol=1e-10 * scale)
+    permuted = a[np.ix_(plan.order, plan.order)]
+    np.testing.assert_allclose(pivots, np.diag(np.linalg.cholesky(permuted)) ** 2, rtol=1e-10)
+    assert np.all(np.asarray(pivots) > 0)
+
+
+@pytest.mark.parametrize("name", list(PATTERNS))
+def test_symbolic_structure_holds_the_factor(name):
+    """The order is a permutation, and every nonzero of the permuted matrix's dense Cholesky
+    factor lies in a supernode's block (the symbolic factorization's structure)."""
+    plan = plan_of(name)
+    n = plan.size
+    assert np.array_equal(np.sort(plan.order), np.arange(n))
+    a = dense(plan.pattern, spd_values(plan.pattern, 2))
+    low = np.linalg.cholesky(a[np.ix_(plan.order, plan.order)])
+    counted = np.count_nonzero(np.abs(low) > 1e-14)
+    assert counted <= plan.factor_entries
+
+
+def _fill(pattern: Pattern, order) -> int:
+    return SupernodalPlan(pattern, order).factor_nonzeros
+
+
+def test_orderings_reduce_fill_on_a_grid(monkeypatch):
+    """On a 30 × 30 grid both nested dissections (METIS where installed, and the fallback
+    by level-structure separators) are permutations and give a factor with less than half
+    the entries of the natural (banded) order's and a third fewer than reverse
+    Cuthill–McKee's."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
+
+    pattern = grid(30, 30)
+    n = pattern.shape[0]
+    natural = _fill(pattern, np.arange(n))
+    graph = csr_matrix((np.ones(pattern.nnz), (pattern.rows, pattern.cols)))
+    rcm = _fill(pattern, np.asarray(reverse_cuthill_mckee(graph, symmetric_mode=True)))
+    orders = {}
+    if _supernodal._metis_order(*_supernodal._adjacency(pattern)) is not None:
+        orders["metis"] = fill_reducing_order(pattern)
+    monkeypatch.setitem(sys.modules, "pymetis", None)  # `import pymetis` fails
+    orders["fallback"] = fill_reducing_order(pattern)
+    for name, order in orders.items():
+        assert np.array_equal(np.sort(order), np.arange(n)), name
+        fill = _fill(pattern, order)
+        assert fill < natural / 2 and fill < 2 / 3 * rcm, (name, fill, natural, rcm)
+
+
+def test_fallback_order_solves(monkeypatch):
+    """Without pymetis the plan orders by the fallback nested dissection, and its solves on a
+    disconnected pattern equal NumPy's."""
+    monkeypatch.setitem(sys.modules, "pymetis", None)
+    pattern = disconnected()
+    order = fill_reducing_order(pattern)
+    assert np.array_equal(np.sort(order), np.arange(pattern.shape[0]))
+    plan = SupernodalPlan(pattern)
+    values = spd_values(pattern, 4)
+    b = np.random.default_rng(5).standard_normal(pattern.shape[0])
+    x, _, _ = solver(plan)(values, b, np.zeros((pattern.shape[0], 3)))
+    np.testing.assert_allclose(x, np.linalg.solve(dense(pattern, values), b), atol=1e-10)
+
+
+@pytest.mark.skipif(
+    _supernodal._metis_order(np.zeros(2, np.int64), np.zeros(0, np.int64)) is None,
+    reason="pymetis is not installed (the `sparse` extra)",
+)
+def test_metis_order_is_used():
+    """With pymetis installed, the plan's order is METIS's nested dissection (up to the
+    postorder of its elimination tree, which keeps its fill)."""
+    pattern = grid(9, 9)
+    metis = fill_reducing_order(pattern)
+    assert _fill(pattern, metis) == plan_of("grid").factor_nonzeros
+
+
+def test_indefinite_matrix_gives_non_finite_values():
+    """A symmetric matrix that is not positive definite gives non-finite or non-positive
+    pivots and a non-finite solution, not an error."""
+    plan = plan_of("grid")
+    pattern = plan.pattern
+    values = spd_values(pattern, 1)
+    diagonal = np.flatnonzero(pattern.rows == pattern.cols)
+    values[diagonal[40]] = -50.0
+    b = np.ones(pattern.shape[0])
+    x, _, pivots = solver(plan)(values, b, np.zeros((pattern.shape[0], 3)))
+    pivots = np.asarray(pivots)
+    assert not np.all(np.isfinite(pivots) & (pivots > 0))
+    assert not np.all(np.isfinite(np.asarray(x)))
+
+
+@functools.cache
+def _loss_and_grad(plan: SupernodalPlan):
+    def loss(values, b):
+        x, _ = supernodal_solve(SparseMatrix(values, plan.pattern), b, plan)
+        return jnp.sum(jnp.sin(x)) + 0.5 * jnp.sum(x**2)
+
+    return jax.jit(loss), jax.jit(jax.grad(loss, argnums=(0, 1)))
+
+
+def test_gradient_matches_central_differences():
+    """The gradient of a loss of the solution w.r.t. the matrix's values and the right-hand
+    side equals central differences along random directions (float64)."""
+    plan = plan_of("triangular mesh")
+    n = plan.size
+    rng = np.random.default_rng(6)
+    values, b = spd_values(plan.pattern, 7), rng.standard_normal(n)
+    loss, grad = _loss_and_grad(plan)
+    g_values, g_b = grad(values, b)
+    for _ in range(2):
+        dv, db = rng.standard_normal(values.shape), rng.standard_normal(n)
+        h = 1e-6
+        numeric = (loss(values + h * dv, b + h * db) - loss(values - h * dv, b - h * db)) / (2 * h)
+        analytic = np.dot(g_values, dv) + np.dot(g_b, db)
+        np.testing.assert_allclose(analytic, numeric, rtol=1e-6)
+
+
+def test_vmap_and_vmap_of_grad_match_each_member():
+    """`vmap` of the solve and `vmap(grad)` of the loss over a batch of matrices and
+    right-hand sides equal the members' own; `jacfwd` w.r.t. the right-hand side is `A⁻¹`."""
+    plan = plan_of("triangular mesh")
+    n = plan.size
+    rng = np.random.default_rng(8)
+    values = np.stack([spd_values(plan.pattern, s) for s in range(3)])
+    bs = rng.standard_normal((3, n))
+    loss, grad = _loss_and_grad(plan)
+
+    def solve(v, b):
+        return supernodal_solve(SparseMatrix(v, plan.pattern), b, plan)[0]
+
+    batched = jax.jit(jax.vmap(solve))(values, bs)
+    batched_grads = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1))))(values, bs)
+    for i in range(3):
+        np.testing.assert_allclose(
+            batched[i], np.linalg.solve(dense(plan.pattern, values[i]), bs[i]), atol=1e-10
+        )
+        g_values, g_b = grad(values[i], bs[i])
+        np.testing.assert_allclose(batched_grads[0][i], g_values, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(batched_grads[1][i], g_b, rtol=1e-9, atol=1e-12)
+    jacobian = jax.jit(jax.jacfwd(solve, argnums=1))(values[0], bs[0])
+    np.testing.assert_allclose(
+        jacobian, np.linalg.inv(dense(plan.pattern, values[0])), atol=1e-10
+    )
+
+
+def test_float32():
+    """In float32 the solve and its gradient w.r.t. the right-hand side agree with the
+    float64 solution to about 1e-4 (relative)."""
+    plan = plan_of("grid")
+    n = plan.size
+    values = spd_values(plan.pattern, 1)
+    b = np.random.default_rng(9).standard_normal(n)
+    reference = np.linalg.solve(dense(plan.pattern, values), b)
+
+    def solve(v, b):
+        return supernodal_solve(SparseMatrix(v, plan.pattern), b, plan)[0]
+
+    x = jax.jit(solve)(values.astype(np.float32), b.astype(np.float32))
+    assert x.dtype == jnp.float32
+    np.testing.assert_allclose(x, reference, atol=1e-4 * np.abs(reference).max())
+    g = jax.jit(jax.grad(lambda v, b: jnp.sum(solve(v, b)), argnums=1))(
+        values.astype(np.float32), b.astype(np.float32)
+    )
+    expected = np.linalg.solve(dense(plan.pattern, values), np.ones(n))
+    np.testing.assert_allclose(g, expected, atol=1e-4 * np.abs(expected).max())
+
+
+def _equations(jaxpr) -> int:
+    count = 0
+    for equation in jaxpr.eqns:
+        count += 1
+        for value in equation.params.values():
+            for inner in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(inner, jax.extend.core.ClosedJaxpr):
+                    count += _equations(inner.jaxpr)
+                elif isinstance(inner, jax.extend.core.Jaxpr):
+                    count += _equations(inner)
+    return count
+
+
+def test_program_does_not_grow_with_the_matrix():
+    """The traced factorization and solve (with its gradient) of a 32 × 32 and a 64 × 64
+    grid have the same number of equations: the schedule is data, not unrolled; a 8 × 8 grid
+    (fewer block-size classes) has no more."""
+    counts = []
+    for side in (8, 32, 64):
+        plan = SupernodalPlan(grid(side, side))
+        n = plan.size
+
+        def loss(values, b, plan=plan):
+            x, pivots = supernodal_solve(SparseMatrix(values, plan.pattern), b, plan)
+            return jnp.sum(x**2) + jnp.sum(pivots)
+
+        values, b = jnp.ones(plan.pattern.nnz), jnp.ones(n)
+        counts.append(_equations(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(values, b).jaxpr))
+    assert counts[1] == counts[2]
+    assert counts[0] <= counts[1]
+
+
+@pytest.fixture
+def sparse_path(monkeypatch):
+    """`StructuredCholesky` takes the multifrontal path from 16 rows on, whatever its work."""
+    monkeypatch.setattr(_thresholds, "SUPERNODAL_MIN", 16)
+    monkeypatch.setattr(_thresholds, "SUPERNODAL_WORK_RATIO", 0.0)
+    _supernodal.supernodal_plan.cache_clear()
+    cholesky_plan.cache_clear()
+    yield
+    _supernodal.supernodal_plan.cache_clear()
+    cholesky_plan.cache_clear()
+
+
+def test_structured_cholesky_uses_the_sparse_path(sparse_path):
+    """Through `StructuredCholesky` on a `SparseOperator` (and `PositiveSemidefinitePseudo
+    Inverse` beyond `LOOPED_MAX` rows, which factorizes with it): the multifrontal plan, the
+    pivots, the solution and its gradient w.r.t. the values equal the dense ones."""
+    pattern = grid(9, 9)
+    n = pattern.shape[0]
+    assert n > _thresholds.LOOPED_MAX
+    values = jnp.asarray(spd_values(pattern, 10))
+    b = jnp.asarray(np.random.default_rng(11).standard_normal(n))
+    a = dense(pattern, values)
+
+    def operator(v):
+        return SparseOperator(SparseMatrix(v, pattern), PSD)
+
+    state = eqx.filter_jit(lambda v: StructuredCholesky().init(operator(v), {}))(values)
+    assert isinstance(state.plan, SupernodalPlan)
+    assert np.all(np.asarray(state.pivots) > 0)
+
+    def loss(v, solver_):
+        return jnp.sum(symmetric_solve(operator(v), b, solver_) ** 2)
+
+    for solver_ in (StructuredCholesky(), PositiveSemidefinitePseudoInverse()):
+        x = jax.jit(lambda v, s=solver_: symmetric_solve(operator(v), b, s))(values)
+        np.testing.assert_allclose(x, np.linalg.solve(a, b), atol=1e-10)
+    x = np.linalg.solve(a, b)
+    y = np.linalg.solve(a, x)  # the gradient w.r.t. the symmetric part of `A`
+    expected = -(np.outer(y, x) + np.outer(x, y))[pattern.rows, pattern.cols]
+    g = jax.jit(jax.grad(lambda v: loss(v, StructuredCholesky())))(values)
+    np.testing.assert_allclose(g, expected, rtol=1e-8, atol=1e-12)
+
+
+def test_banded_patterns_keep_the_banded_plan():
+    """With the default thresholds a chain of 400 rows and a ladder keep the banded plan,
+    and a small grid below `SUPERNODAL_MIN` too."""
+    ladder = _symmetric(
+        400,
+        np.concatenate([np.arange(0, 398), np.arange(0, 400, 2)]),
+        np.concatenate([np.arange(2, 400), np.arange(1, 400, 2)]),
+    )
+    for pattern in (chain(400), ladder):
+        assert isinstance(cholesky_plan(pattern), BandedPlan)
+    assert not isinstance(cholesky_plan(grid(7, 7)), SupernodalPlan)
