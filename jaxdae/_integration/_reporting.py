@@ -3,6 +3,7 @@ from a traced solve, attached to it as one error (the input checks of a traced c
 solve's failure) or, with `throw=False`, as its result."""
 
 import sys
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -43,22 +44,25 @@ def raise_failure(sol, result: RESULTS | None = None):
             raise SimulationError(message)
         return sol
     result = sol.result if result is None else result
+    failed = result != RESULTS.successful
     return attach_check(
-        sol, lambda x: result.error_if(x + reported_failure(sol), result != RESULTS.successful)
+        sol, lambda x: raise_reported(x, sol, failed, lambda y: result.error_if(y, failed))
     )
 
 
-def reported_failure(sol) -> Array:
-    """A zero that, where a traced solve failed (`throw=True` inside the caller's `jit`,
-    `vmap` or `grad`), is computed by a host callback that first writes
-    [`failure_text`][] to standard error: what happened, the batch element, `t` and `q`.
+def raise_reported(x: Array, sol, wrong, error: Callable[[Array], Array]) -> Array:
+    """`error(x)` (an `equinox.error_if` on `x`) where anything is `wrong` (`throw=True`
+    inside the caller's `jit`, `vmap` or `grad`), after a host callback that, where the
+    traced solve `sol` failed, writes [`failure_text`][] to standard error: what happened,
+    the batch element, `t` and `q`; `x` itself where nothing is wrong.
 
-    The error raised next (`equinox.error_if`) has a message fixed when the program was
-    compiled, and under the caller's own `jax.jit` JAX puts its own lines before it; this
-    line comes first and keeps the time and state. Nothing runs where every solve
-    succeeded: the callback sits in a `lax.cond` on whether any element of the batch failed.
-    An ensemble's first failed row is picked by reductions, so that a sharded ensemble is
-    not gathered onto the callback's device."""
+    The error's message is fixed when the program is compiled, and under the caller's own
+    `jax.jit` JAX puts its own lines before it; the line written first keeps the time and
+    state. Both sit in one `lax.cond` on whether any element of the batch is wrong, so
+    that a successful solve runs one conditional and no callback: each conditional with a
+    host callback costs the gradient's program measurably
+    (docs/design_measurements.md#traced-checks). An ensemble's first failed row is picked by
+    reductions, so that a sharded ensemble is not gathered onto the callback's device."""
     codes = result_codes(sol.result)
     failed = sol.result != RESULTS.successful
     arrays = (codes, sol.t_final, sol.q_final, *residuals(sol))
@@ -74,7 +78,7 @@ def reported_failure(sol) -> Array:
         arrays = tuple(row(x) for x in arrays)
         element = (jnp.stack(jnp.unravel_index(first, codes.shape)),)
     arrays = jax.lax.stop_gradient(arrays)
-    dtype = sol.t_final.dtype
+    dtype = x.dtype
 
     def report(*values):
         *values, row = values if element else (*values, None)
@@ -83,16 +87,17 @@ def reported_failure(sol) -> Array:
             print(f"jaxdae.SimulationError: {message}", file=sys.stderr, flush=True)
         return np.zeros(np.shape(values[1]), dtype)
 
-    def callback():
-        return jax.pure_callback(
+    def raises():
+        written = jax.pure_callback(
             report, jax.ShapeDtypeStruct((), dtype), *arrays, *element, vmap_method="broadcast_all"
         )
+        return error(x + written)
 
-    return jax.lax.cond(unvmap_any(jnp.any(failed)), callback, lambda: jnp.zeros((), dtype))
+    return jax.lax.cond(unvmap_any(jnp.any(wrong)), raises, lambda: x)
 
 
 # Where a traced solve failed, its time and state are not in the message (it is fixed when
-# the program is compiled); this says where to find them (`reported_failure`).
+# the program is compiled); this says where to find them (`raise_reported`).
 TRACED_HINT = (
     " (Traced: where the solve stopped is written to standard error just before "
     "this error; with `throw=False`, read `sol.result`, `sol.t_final` and "
@@ -251,7 +256,10 @@ def check_traced(
     # Under `vmap` equinox reports the largest index of the batch: 0 where nothing is wrong.
     index = jnp.where(wrong, index, 0)
     return attach_check(
-        sol, lambda x: eqx.branched_error_if(x + reported_failure(reported), wrong, index, messages)
+        sol,
+        lambda x: raise_reported(
+            x, reported, wrong, lambda y: eqx.branched_error_if(y, wrong, index, messages)
+        ),
     )
 
 
