@@ -75,7 +75,7 @@ from bench_scaling import (
 
 from jaxdae import _thresholds
 from jaxdae._compilation._banded import BandedPlan
-from jaxdae._compilation._linear_solvers import StructuredCholesky
+from jaxdae._compilation._linear_solvers import CholeskyFactor, StructuredCholesky
 from jaxdae._formulations._multipliers import eliminate
 from jaxdae.examples._meshes import FAMILIES, family_size
 
@@ -102,7 +102,9 @@ def factorization(model) -> dict:
         found["constraints"] = elimination.matrix.shape[0]
         sparse = elimination.sparse_matrix
         found["nnz"] = None if sparse is None else sparse.pattern.nnz
-        found["plan"] = getattr(StructuredCholesky().init(elimination.operator, {}), "plan", None)
+        state = StructuredCholesky().init(elimination.operator, {})
+        # Another kind of state than the dense and banded ones is another factorization.
+        found["plan"] = getattr(state, "plan", None) if isinstance(state, CholeskyFactor) else state
         return elimination.matrix
 
     jax.eval_shape(probe, q0, v0)
