@@ -26,7 +26,9 @@ steps (accepted and rejected). A method × size whose solve would exceed `--budg
 extrapolated from the previous size as `t · (n / n_prev)^2.5`, or whose compile took more
 than `--compile-budget` seconds at the previous size, is skipped and marked
 (`bench_scaling.predicted_skip`). The growth table fits `time ∝ n^p` (log-log least squares
-over the sizes measured) to the time per step and to the solve.
+over the sizes measured) to the time per step and to the solve, and to the time per step
+over the largest three sizes (where the factorization, not the fixed cost of a step,
+dominates).
 
 The work–precision table solves one model per family (about `--precision-size`
 coordinates) at `rtol` in `--tolerances` (`atol = rtol / 100`) and gives the largest error of
@@ -250,7 +252,8 @@ def precision_run(families, coordinates, tolerances, methods, repeats, on_row=No
 
 def growth(results, methods):
     """`(family, method, smallest n, largest n, exponent of the time per step, of the
-    solve)`, fitted where a method ran at two sizes or more."""
+    solve, of the time per step over the largest three sizes)`, fitted where a method ran at
+    two sizes or more."""
     rows = []
     for family in dict.fromkeys(r["family"] for r in results):
         for method in methods:
@@ -270,6 +273,7 @@ def growth(results, methods):
                     points[-1][0],
                     float(np.polyfit(n, step, 1)[0]),
                     float(np.polyfit(n, solve, 1)[0]),
+                    float(np.polyfit(n[-3:], step[-3:], 1)[0]),
                 )
             )
     return rows
@@ -297,6 +301,7 @@ GROWTH_COLUMNS = [
     ("coordinates", "right"),
     ("per step ∝ n^p", "right"),
     ("solve ∝ n^p", "right"),
+    ("per step, largest three sizes", "right"),
 ]
 PRECISION_COLUMNS = [
     ("family", "left"),
@@ -336,8 +341,8 @@ def solve_rows(results, methods):
 
 def growth_rows(results, methods):
     return [
-        [family, method, f"{lo}–{hi}", f"{step:.2f}", f"{solve:.2f}"]
-        for family, method, lo, hi, step, solve in growth(results, methods)
+        [family, method, f"{lo}–{hi}", f"{step:.2f}", f"{solve:.2f}", f"{tail:.2f}"]
+        for family, method, lo, hi, step, solve, tail in growth(results, methods)
     ]
 
 
