@@ -88,14 +88,18 @@ SUPERNODAL_MIN = 64
 
 # At most this many block-size classes of fronts: each is one branch of the factorization's
 # and the substitutions' loops (compile time), and padding to fewer classes costs work.
-SUPERNODAL_CLASSES = 4
+SUPERNODAL_CLASSES = 6
 
 # The multifrontal factorization is chosen where its estimated work (multiply–adds of its
-# padded fronts plus a cost per task) times this ratio is below the banded factorization's
-# `size · (b + 1)²` (or the dense one's `size³ / 3`): its batched block operations and
-# scatter-adds cost more per multiply–add than the band Cholesky's fused row loop on the
-# CPU (`experiments/diagnostics/bench_sparse_factor.py`).
-SUPERNODAL_WORK_RATIO = 3.0
+# padded fronts, with a cost per task) times this ratio is below the banded factorization's
+# `size · (b + 1)²`, or, without a banded plan, the dense one's `size³ / 3` times
+# `DENSE_WORK_FACTOR`. On one core of the 2-core CPU a unit of the multifrontal estimate
+# took 0.6–0.8 ns, of the band's 0.35–0.5 ns and of LAPACK's dense Cholesky 0.055 ns; on a
+# 2-D grid the multifrontal factorization and solve overtook the banded one between 8,100
+# and 15,876 rows (`experiments/diagnostics/bench_sparse_factor.py`).
+SUPERNODAL_WORK_RATIO = 2.0
+
+DENSE_WORK_FACTOR = 0.08
 
 # -- Trees in joint coordinates (`multibody/_tree.py`, `multibody/_articulated.py`) --------
 

@@ -64,8 +64,12 @@ _RELAX_COLUMNS = (4, 16, 48)
 _RELAX_ZEROS = (1.0, 0.8, 0.1, 0.05)
 
 # Work equivalent (in multiply–adds) of one task of the loop, in choosing batch sizes and
-# classes: the cost of a loop iteration's dispatch on the CPU.
-_TASK_OVERHEAD = 4000.0
+# classes: the cost of a loop iteration's dispatch on the CPU (tens of microseconds).
+_TASK_OVERHEAD = 20000.0
+
+# Work equivalent of one entry of a front's storage (zeroed, assembled, read): a fresh
+# page's first touch costs several multiply–adds per entry.
+_ENTRY_COST = 4.0
 
 # Subgraphs up to this size end the nested dissection of the fallback ordering.
 _DISSECTION_LEAF = 8
@@ -304,7 +308,7 @@ def _supernodes(parent, structure) -> list[tuple[int, int, np.ndarray]]:
 def _block_cost(k, u) -> float:
     """Multiply–adds of one front with `k` pivots and `u` update rows (factorization,
     triangular solve, update, extend-add)."""
-    return k**3 / 3 + k * k * u + k * u * u / 2 + (k + u) ** 2
+    return k**3 / 3 + k * k * u + k * u * u / 2 + _ENTRY_COST * (k + u) ** 2
 
 
 def _classes(ks: np.ndarray, us: np.ndarray, levels: np.ndarray, max_classes: int):
@@ -561,14 +565,17 @@ def cholesky_plan(pattern: Pattern) -> BandedPlan | SupernodalPlan | None:
     """How a symmetric positive definite matrix on `pattern` is factorized: a
     [`SupernodalPlan`][] where its estimated work, times `SUPERNODAL_WORK_RATIO`, is below
     the banded factorization's (`size · (b + 1)²` for a half-bandwidth `b`) or, without a
-    banded plan, the dense factorization's (`size³ / 3`); else the `BandedPlan` of
-    `banded_plan`, or `None` (dense)."""
+    banded plan, the dense factorization's (`size³ / 3` times `DENSE_WORK_FACTOR`); else
+    the `BandedPlan` of `banded_plan`, or `None` (dense)."""
     band = banded_plan(pattern)
     plan = supernodal_plan(pattern)
     if plan is None:
         return band
     size = pattern.shape[0]
-    other = size * (band.width + 1) ** 2 if band is not None else size**3 / 3
+    if band is not None:
+        other = size * (band.width + 1) ** 2
+    else:
+        other = _thresholds.DENSE_WORK_FACTOR * size**3 / 3
     if plan.flops * _thresholds.SUPERNODAL_WORK_RATIO < other:
         return plan
     return band
