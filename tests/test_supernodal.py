@@ -13,6 +13,7 @@ import lineax as lx
 import numpy as np
 import pytest
 
+import jaxdae
 from jaxdae import _thresholds
 from jaxdae._compilation import _supernodal
 from jaxdae._compilation._banded import BandedPlan
@@ -29,6 +30,7 @@ from jaxdae._compilation._supernodal import (
     fill_reducing_order,
     supernodal_solve,
 )
+from jaxdae.examples._meshes import SquareNet
 
 PSD = lx.positive_semidefinite_tag
 
@@ -388,3 +390,41 @@ def test_banded_patterns_keep_the_banded_plan():
     for pattern in (chain(400), ladder):
         assert isinstance(cholesky_plan(pattern), BandedPlan)
     assert not isinstance(cholesky_plan(grid(7, 7)), SupernodalPlan)
+
+
+def test_multiplier_solve_of_a_mesh_through_the_sparse_plan(sparse_path, monkeypatch):
+    """`Baumgarte`'s accelerations and multipliers of a 6 × 6 square net of bars (60
+    constraints; `G M⁻¹ Gᵀ` factorized on the multifrontal plan by the sparse multiplier
+    solve), and their gradient w.r.t. the velocities and the gains, equal those on the
+    banded plan to 1e-10."""
+    model = SquareNet(6)
+    q, _ = model.initial_state()
+    v = 0.1 * jnp.cos(jnp.arange(q.size, dtype=float))
+    formulation = jaxdae.Baumgarte(2.0, 3.0)
+
+    @eqx.filter_jit
+    def values_and_gradient(formulation, v):
+        def loss(args):
+            formulation, v = args
+            acc, lam = formulation.accelerations(model.terms(0.1, q, v))
+            return jnp.sum(acc**2) + jnp.sum(jnp.sin(lam)), (acc, lam)
+
+        return eqx.filter_grad(loss, has_aux=True)((formulation, v))
+
+    factorized = []
+    factor = _supernodal.supernodal_factor
+    monkeypatch.setattr(
+        _supernodal, "supernodal_factor", lambda m, p: factorized.append(p.size) or factor(m, p)
+    )
+    grads, (acc, lam) = values_and_gradient(formulation, v)
+    assert factorized and set(factorized) == {lam.size}
+    monkeypatch.setattr(_thresholds, "SUPERNODAL_MIN", 10**9)
+    _supernodal.supernodal_plan.cache_clear()
+    cholesky_plan.cache_clear()
+    factorized.clear()
+    grads_b, (acc_b, lam_b) = values_and_gradient(formulation, v)
+    assert not factorized
+    np.testing.assert_allclose(acc, acc_b, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(lam, lam_b, rtol=1e-10, atol=1e-10)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_b), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-10)
