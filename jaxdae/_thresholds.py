@@ -86,6 +86,11 @@ BAND_CHOLESKY_MIN_WIDTH = 2
 # factorizations, whose loops cost less than the analysis and the tasks' dispatch.
 SUPERNODAL_MIN = 64
 
+# Banded patterns of a half-bandwidth below this keep the banded plan without the sparse
+# analysis: nested dissection's separators would be as wide as the band, and its fronts cost
+# what the band's rows do (chains, ladders, nets a few nodes wide).
+SUPERNODAL_MIN_WIDTH = 16
+
 # At most this many block-size classes of fronts: each is one branch of the factorization's
 # and the substitutions' loops (compile time), and padding to fewer classes costs work.
 SUPERNODAL_CLASSES = 6

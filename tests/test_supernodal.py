@@ -338,9 +338,11 @@ def test_program_does_not_grow_with_the_matrix():
 
 @pytest.fixture
 def sparse_path(monkeypatch):
-    """`StructuredCholesky` takes the multifrontal path from 16 rows on, whatever its work."""
+    """`StructuredCholesky` takes the multifrontal path from 16 rows on, whatever its work
+    and its band."""
     monkeypatch.setattr(_thresholds, "SUPERNODAL_MIN", 16)
     monkeypatch.setattr(_thresholds, "SUPERNODAL_WORK_RATIO", 0.0)
+    monkeypatch.setattr(_thresholds, "SUPERNODAL_MIN_WIDTH", 0)
     _supernodal.supernodal_plan.cache_clear()
     cholesky_plan.cache_clear()
     yield
@@ -380,16 +382,21 @@ def test_structured_cholesky_uses_the_sparse_path(sparse_path):
 
 
 def test_banded_patterns_keep_the_banded_plan():
-    """With the default thresholds a chain of 400 rows and a ladder keep the banded plan,
-    and a small grid below `SUPERNODAL_MIN` too."""
+    """With the default thresholds a chain of 400 rows and a ladder keep the banded plan
+    (without the sparse analysis), and a small grid below `SUPERNODAL_MIN` too; a grid of
+    128 × 128 takes the multifrontal plan."""
     ladder = _symmetric(
         400,
         np.concatenate([np.arange(0, 398), np.arange(0, 400, 2)]),
         np.concatenate([np.arange(2, 400), np.arange(1, 400, 2)]),
     )
+    cholesky_plan.cache_clear()
+    _supernodal.supernodal_plan.cache_clear()
     for pattern in (chain(400), ladder):
         assert isinstance(cholesky_plan(pattern), BandedPlan)
+    assert _supernodal.supernodal_plan.cache_info().currsize == 0
     assert not isinstance(cholesky_plan(grid(7, 7)), SupernodalPlan)
+    assert isinstance(cholesky_plan(grid(128, 128)), SupernodalPlan)
 
 
 def test_multiplier_solve_of_a_mesh_through_the_sparse_plan(sparse_path, monkeypatch):

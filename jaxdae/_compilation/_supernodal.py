@@ -71,6 +71,10 @@ _TASK_OVERHEAD = 20000.0
 # page's first touch costs several multiply–adds per entry.
 _ENTRY_COST = 4.0
 
+# Work equivalent of one more class (a loop body per class in the factorization and in each
+# substitution: compile time), so that small matrices take fewer classes.
+_CLASS_COST = 200_000.0
+
 # Subgraphs up to this size end the nested dissection of the fallback ordering.
 _DISSECTION_LEAF = 8
 
@@ -332,6 +336,7 @@ def _classes(ks: np.ndarray, us: np.ndarray, levels: np.ndarray, max_classes: in
         for b in range(a, m):
             k, u, c = max(k, kmax[b]), max(u, umax[b]), c + count[b]
             cost[a, b] = c * _block_cost(k, u) + overhead
+    cost = cost + _CLASS_COST
     best = np.full((max_classes + 1, m + 1), np.inf)
     cut = np.zeros((max_classes + 1, m + 1), np.int64)
     best[0, 0] = 0.0
@@ -562,12 +567,15 @@ def supernodal_plan(pattern: Pattern) -> SupernodalPlan | None:
 
 @functools.lru_cache(maxsize=256)
 def cholesky_plan(pattern: Pattern) -> BandedPlan | SupernodalPlan | None:
-    """How a symmetric positive definite matrix on `pattern` is factorized: a
-    [`SupernodalPlan`][] where its estimated work, times `SUPERNODAL_WORK_RATIO`, is below
+    """How a symmetric positive definite matrix on `pattern` is factorized: the banded plan
+    where its half-bandwidth is below `SUPERNODAL_MIN_WIDTH`; else a [`SupernodalPlan`][]
+    where its estimated work, times `SUPERNODAL_WORK_RATIO`, is below
     the banded factorization's (`size · (b + 1)²` for a half-bandwidth `b`) or, without a
     banded plan, the dense factorization's (`size³ / 3` times `DENSE_WORK_FACTOR`); else
     the `BandedPlan` of `banded_plan`, or `None` (dense)."""
     band = banded_plan(pattern)
+    if band is not None and band.width < _thresholds.SUPERNODAL_MIN_WIDTH:
+        return band  # no analysis for chains, ladders, narrow nets
     plan = supernodal_plan(pattern)
     if plan is None:
         return band
