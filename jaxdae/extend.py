@@ -23,7 +23,8 @@ joints and solvers use, for a user who writes their own (docs/guides/extending.m
 - **Joints**: the spatial constraint primitives the built-in joints are written with
   (Haug's dot-1 and dot-2 conditions) and the rotations of Euler parameters.
 - **Linear algebra**: the Cholesky solver that follows the structure of a symmetric
-  positive definite operator, and the banded factorization behind it.
+  positive definite operator, and the banded and multifrontal sparse factorizations behind
+  it.
 """
 
 from ._compilation._banded import (
@@ -33,6 +34,12 @@ from ._compilation._banded import (
 )
 from ._compilation._linear_solvers import StructuredCholesky as StructuredCholesky
 from ._compilation._sparse import Pattern as Pattern, SparseMatrix as SparseMatrix
+from ._compilation._supernodal import (
+    SupernodalPlan as SupernodalPlan,
+    cholesky_plan as cholesky_plan,
+    supernodal_plan as supernodal_plan,
+    supernodal_solve as supernodal_solve,
+)
 from ._formulations._base import AbstractIndependentVelocities as AbstractIndependentVelocities
 from ._gains import (
     apply_gain as apply_gain,

@@ -35,13 +35,19 @@ update it (a left-looking step would gather from a varying number of them).
 The schedule is static and does not grow with the matrix: supernodes are grouped by their
 level in the supernodal elimination tree (leaves first; those of one level are
 independent), padded to at most `SUPERNODAL_CLASSES` block-size classes (chosen to
-minimize the padded work), and batched into tasks. One `lax.fori_loop` runs the tasks in
-order, each a `lax.switch` over the classes whose branch is a batched dense Cholesky
-factorization, triangular solve and product on a slice of one flat buffer of fronts; the
-index arrays that say where each task reads and writes are data. The substitutions are
-the same loop over the tasks, forwards then backwards. So the traced program has the same
-size for every matrix (as many branches as classes), and a solve is differentiated
-implicitly with the factorization (`d(A⁻¹ r) = A⁻¹ (dr − dA A⁻¹ r)`).
+minimize the padded work), and batched into tasks. A `lax.fori_loop` over the levels holds
+one loop per class over that level's tasks of the class (their bounds are data); a task is
+a batched dense Cholesky factorization (LAPACK's), triangular solve and product on slices of
+two flat buffers, the assembled fronts (a task reads its own, then adds its update matrices
+into its parents') and the factor's columns (only written), so that XLA updates both in
+place (a `lax.switch` between the classes, or one buffer read after a write, made it copy
+them at every task). The index arrays that say where each task reads and writes are data. The
+substitutions are the same loops, up the tree then down. So the traced program has the
+same size for every matrix with as many classes, and its compile time stays flat.
+
+A solve is `jax.lax.custom_linear_solve` with the substitutions: differentiated implicitly
+(`d(A⁻¹ r) = A⁻¹ (dr − dA A⁻¹ r)`, a solve with the same factor) and transposed as a solve
+with the same symmetric matrix, so the loops themselves are never differentiated.
 """
 
 import functools
@@ -436,9 +442,9 @@ class SupernodalPlan:
         np.add.at(level_starts, (np.asarray(task_class, np.int64), np.asarray(task_level) + 1), 1)
         self.level_starts = np.cumsum(level_starts, axis=1).astype(np.int32)
 
-        # The flat buffer of fronts: each task's `batch` fronts of `f × f`, in task order,
-        # then one entry that receives the padding's writes.
-        # The factor's buffer: each task's `batch` blocks of columns `f × k`, in task order.
+        # Two flat buffers: the assembled fronts, each task's `batch` fronts of `f × f` in
+        # task order, then one entry that receives the padding's writes; and the factor,
+        # each task's `batch` blocks of columns `f × k` in task order.
         slot_of = np.zeros(len(nodes), np.int64)  # front offset of each supernode
         factor_of = np.zeros(len(nodes), np.int64)  # columns' offset of each supernode
         task_offset, task_factor_offset, task_index = [], [], []
@@ -481,7 +487,6 @@ class SupernodalPlan:
         self.entry_positions = np.concatenate(
             [slot_of[s] + entry_high * f + entry_low, slot_of[s] + entry_low * f + entry_high]
         )
-        self.entry_weights = np.tile(np.where(pr == pc, 0.5, 0.5), 2)
         # Padding pivots: an identity, so that they factorize to ones and change nothing.
         ones, pivot_positions = [], np.empty(n, np.int64)
         for node in range(len(nodes)):
@@ -531,11 +536,11 @@ class SupernodalPlan:
                     table["parent_size"][j, b] = front_size[p]
                     table["update_map"][j, b, : below.size] = position(p, below)
         self.one_positions = np.concatenate(ones + padding_ones + [np.empty(0, np.int64)])
+        index_type = np.int32 if max(offset, factor_offset, n) < 2**31 - 1 else np.int64
         self.tables = [
-            {name: np.asarray(value, np.int32) for name, value in table.items()} for table in tables
+            {name: np.asarray(value, index_type) for name, value in table.items()}
+            for table in tables
         ]
-        self.task_class = np.asarray(task_class, np.int32)
-        self.task_index = np.asarray(task_index, np.int32)
         self.factor_entries = int(
             sum(k * (k + 1) // 2 + k * u for k, u in zip(ks, us, strict=True))
         )
@@ -737,8 +742,8 @@ def _linear_solve(factor: SupernodalFactor, matrix: SparseMatrix, rhs: Array) ->
 def supernodal_factor(matrix: SparseMatrix, plan: SupernodalPlan) -> SupernodalFactor:
     """The multifrontal factorization of a symmetric positive definite `A` on `plan` (the
     symmetric part `(A + Aᵀ)/2` where the values are not symmetric). A matrix that is not
-    positive definite gives non-finite entries, never an error. Not differentiable (loops
-    with bounds that are data): [`supernodal_solve`][] differentiates the solve
+    positive definite gives non-finite entries, never an error. Not reverse-differentiable
+    (loops with bounds that are data): [`supernodal_solve`][] differentiates the solve
     implicitly."""
     values = matrix.values
     trash = plan.buffer_size
