@@ -140,14 +140,16 @@ def main():
         )
         print(head + " | ".join(cells) + " |")
     sizes = np.log([r["n"] for r in rows])
+    upper = sizes >= np.median(sizes)  # the asymptotic range
     for name in names:
         for what, column in (("run", 1), ("compile", 0)):
             times = np.array([r[name][column] for r in rows])
-            ok = np.isfinite(times)
-            if ok.sum() >= 2:
-                slope = np.polyfit(sizes[ok], np.log(times[ok]), 1)[0]
-                low, high = (round(float(np.exp(x))) for x in sizes[ok][[0, -1]])
-                print(f"{name}: {what} time ∝ n^{slope:.2f} over n = {low}…{high}")
+            for within in (np.ones_like(upper), upper):
+                ok = np.isfinite(times) & within
+                if ok.sum() >= 2:
+                    slope = np.polyfit(sizes[ok], np.log(times[ok]), 1)[0]
+                    low, high = (round(float(np.exp(x))) for x in sizes[ok][[0, -1]])
+                    print(f"{name}: {what} time ∝ n^{slope:.2f} over n = {low}…{high}")
 
 
 if __name__ == "__main__":
