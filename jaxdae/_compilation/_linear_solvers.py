@@ -189,17 +189,16 @@ class PositiveSemidefinitePseudoInverse(AbstractDirectSolver):
     matrix its singular values are its eigenvalues, so this is `lineax.SVD(rcond)`'s
     solution; an SVD's LAPACK call at every stage slows a whole simulation several times
     (docs/design_measurements.md#closed-form-pseudo-inverse). Beyond, the matrix is first
-    factorized as
-    [`StructuredCholesky`][] does (a banded factorization where its pattern is banded,
-    LAPACK's Cholesky otherwise): where the pivots show full rank (each above `rcond` times
-    the largest, the test of `jaxdae.Baumgarte`), `A⁺ = A⁻¹` is applied through that
-    factorization; where they do not (a `lax.cond`; under `vmap` both branches run), up to
-    `LOOPED_MAX` rows a Cholesky factorization with symmetric pivoting stopped at the
-    numerical rank (pivots below `rcond` times the largest diagonal entry count as zero)
-    gives the Moore–Penrose inverse (`pivoted_pseudo_solve`), beyond a symmetric
-    eigendecomposition (eigenvalues below `rcond · λ_max` count as zero). Up to
-    `LOOPED_MAX` both branches are array operations without LAPACK calls, so a solve's loop
-    still compiles into one kernel, and a step costs what `Baumgarte`'s does
+    factorized as [`StructuredCholesky`][] does (a banded or multifrontal sparse
+    factorization where its pattern allows, LAPACK's Cholesky otherwise): where the pivots
+    show full rank (each above `rcond` times the largest, the test of `jaxdae.Baumgarte`),
+    `A⁺ = A⁻¹` is applied through that factorization; where they do not (a `lax.cond`; under
+    `vmap` both branches run), up to `LOOPED_MAX` rows a Cholesky factorization with
+    symmetric pivoting stopped at the numerical rank (pivots below `rcond` times the largest
+    diagonal entry count as zero) gives the Moore–Penrose inverse (`pivoted_pseudo_solve`),
+    beyond a symmetric eigendecomposition (eigenvalues below `rcond · λ_max` count as zero).
+    Up to `LOOPED_MAX` both branches are array operations without LAPACK calls, so a solve's
+    loop still compiles into one kernel, and a step costs what `Baumgarte`'s does
     (docs/design_measurements.md#pseudo-inverse-by-cholesky). Gradients follow lineax's rule
     for pseudo-inverse solves.
 
