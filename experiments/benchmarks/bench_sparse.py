@@ -76,7 +76,7 @@ from bench_scaling import (
 )
 
 from jaxdae import _thresholds
-from jaxdae._compilation._banded import BandedPlan
+from jaxdae._compilation._banded import BandedPlan, banded_plan
 from jaxdae._compilation._linear_solvers import CholeskyFactor, StructuredCholesky
 from jaxdae._formulations._multipliers import eliminate
 from jaxdae.examples._meshes import FAMILIES, family_size
@@ -93,9 +93,11 @@ REFERENCE_TOLERANCES = (1e-12, 1e-14)
 
 
 def factorization(model) -> dict:
-    """How jaxdae factorizes `model`'s `J M⁻¹ Jᵀ`: `{"constraints", "nnz", "path"}` and, for
-    a banded plan, its half-bandwidth `"width"`. Traced abstractly (no compile): the terms'
-    pattern of the matrix and the plan that `StructuredCholesky` makes for it."""
+    """How jaxdae factorizes `model`'s `J M⁻¹ Jᵀ`: `{"constraints", "nnz", "path",
+    "banded_width"}` (the half-bandwidth a banded plan would have, `None` where none applies)
+    and, for a banded plan, its half-bandwidth `"width"`. Traced abstractly (no compile): the
+    terms' pattern of the matrix and the plan that `StructuredCholesky` makes for it (a
+    sparse plan is named with its estimated work, `flops`, where it gives one)."""
     q0, v0 = model.initial_state()
     found = {}
 
@@ -104,6 +106,8 @@ def factorization(model) -> dict:
         found["constraints"] = elimination.matrix.shape[0]
         sparse = elimination.sparse_matrix
         found["nnz"] = None if sparse is None else sparse.pattern.nnz
+        band = None if sparse is None else banded_plan(sparse.pattern)
+        found["banded_width"] = None if band is None else band.width
         state = StructuredCholesky().init(elimination.operator, {})
         # Another kind of state than the dense and banded ones is another factorization.
         found["plan"] = getattr(state, "plan", None) if isinstance(state, CholeskyFactor) else state
@@ -114,7 +118,11 @@ def factorization(model) -> dict:
     if isinstance(plan, BandedPlan):
         found.update(path=f"banded, b = {plan.width}", width=plan.width)
     elif plan is not None:  # another factorization on the pattern
-        found["path"] = f"sparse ({type(plan).__name__})"
+        flops = getattr(plan, "flops", None)
+        details = [type(plan).__name__] + ([f"{flops:.2g} flops"] if flops else [])
+        if found["banded_width"] is not None:
+            details.append(f"banded b = {found['banded_width']}")
+        found["path"] = f"sparse ({', '.join(details)})"
     elif size <= _thresholds.ARRAY_FORM_UNROLL_MAX:
         found["path"] = "dense, unrolled"
     elif size <= _thresholds.LOOPED_MAX:
