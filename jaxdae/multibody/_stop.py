@@ -213,13 +213,27 @@ class JointLimit(AbstractRangeStop):
         return kin.coordinate(self.joint)
 
 
+# A disc whose axis is within this angle (rad) of the plane's normal lies flat: the lowest
+# point of its rim is undefined there (and its direction jumps near it).
+_FLAT_SINE = 1e-6
+
+
 class PlaneContact(AbstractStop):
     """A point (a sphere or a disc of `radius` about it) on one side of a plane (in space)
     or a line (in the plane) fixed on another body or the ground: the gap
-    `n·(p − p₀) − radius`, `n` the unit normal `normal` in the frame of marker `surface`
-    (through its point `p₀`), pointing to the side where the point may be.
+    `n·(c − p₀)` of the contact point `c`, `n` the unit normal `normal` in the frame of
+    marker `surface` (through its point `p₀`), pointing to the side where the point may be.
 
-    The contact may have Coulomb friction. At the contact point `c = p − radius n` the
+    The contact point is `c = p − radius u`: for a point or sphere (and a disc in the
+    plane) `u = n`, so the gap is `n·(p − p₀) − radius`. A disc in space (a coin, a
+    wheel: `axis` given) touches the plane at the lowest point of its rim, which moves
+    around the rim as it rolls, leans and turns: `u = w/|w|`, `w = n − (n·a) a` the part of
+    the normal perpendicular to the disc's unit axis `a`, and the gap is
+    `n·(p − p₀) − radius |w|`. A disc that lies flat (`a ∥ n`, `|w| < 1e-6`) has no lowest
+    point: the solve stops there with an error naming it (a coin that may land flat needs
+    contacts on its faces, which this stop does not model).
+
+    The contact may have Coulomb friction. At the contact point `c` the
     sphere's (disc's) material point slides on the surface at `v_T = T (v_c − v_s)`, `v_s`
     the velocity of the surface's material point at `c`: in the plane `T` is the normal
     turned by +90° (one slip velocity), in space the two orthonormal tangents `T = [t₁;
@@ -236,6 +250,9 @@ class PlaneContact(AbstractStop):
     - `normal`: the surface's normal in `surface`'s frame, `(d,)`. Default: `+y` in the
         plane, `+z` in space.
     - `radius`: of the sphere or disc about `point`, non-negative. Default `0`.
+    - `axis`: in space, the axis of a disc of `radius` about `point` (a thin disc, its
+        rim's lowest point the contact), in `point`'s frame, `(3,)`, not zero. Default
+        `None`: a sphere. In the plane a disc needs no axis (give none).
     - `restitution`: Newton's coefficient, in `[0, 1]`. Default `0`.
     - `friction`: Coulomb's coefficient `μ ≥ 0`. Default `0`. A known `0` makes the
         contact frictionless: it keeps no coefficient (`friction` is `None`) and compiles
@@ -248,6 +265,7 @@ class PlaneContact(AbstractStop):
     surface: str = eqx.field(static=True)
     normal: Float[Array, " d"] | None
     radius: Float[Array, ""]
+    axis: Float[Array, "3"] | None
     restitution: Float[Array, ""]
     friction: Float[Array, ""] | None
     name: str | None = eqx.field(static=True)
@@ -260,6 +278,7 @@ class PlaneContact(AbstractStop):
         normal: ArrayLikeOrSequence | None = None,
         *,
         radius: ArrayLike = 0.0,
+        axis: ArrayLikeOrSequence | None = None,
         restitution: ArrayLike = 0.0,
         friction: ArrayLike = 0.0,
         name: str | None = None,
@@ -287,6 +306,9 @@ class PlaneContact(AbstractStop):
             raise ValueError(
                 f"The `radius` of {owner} must be non-negative; got {float(self.radius)}."
             )
+        self.axis = None if axis is None else _vector(f"`axis` of {owner}", axis, 3)
+        if self.axis is not None and is_concrete(self.axis) and not np.any(np.asarray(self.axis)):
+            raise ValueError(f"The `axis` of {owner} is zero; give the disc's axis.")
         self.restitution = _restitution(owner, restitution)
         coefficient = _scalar(f"`friction` of {owner}", friction)
         if is_concrete(friction) and float(friction) < 0:
@@ -309,7 +331,10 @@ class PlaneContact(AbstractStop):
         return 1
 
     def value_checks(self):
-        return ((self.radius < 0, "its `radius` must be non-negative"),)
+        checks = ((self.radius < 0, "its `radius` must be non-negative"),)
+        if self.axis is not None:
+            checks += ((jnp.all(self.axis == 0), "its `axis` must not be zero"),)
+        return checks
 
     def _normal(self, point: Frame, surface: Frame):
         dimension = point.point.shape[0]
@@ -320,10 +345,37 @@ class PlaneContact(AbstractStop):
         )
         return surface.rotation @ (normal / jnp.linalg.norm(normal))
 
+    def check_dimension(self, dimension, owner):
+        if self.axis is not None and dimension != 3:
+            raise ValueError(
+                f"The {owner} has an `axis`, which only a disc in space has; in the plane "
+                "a disc is its `radius` alone: leave `axis` out."
+            )
+        super().check_dimension(dimension, owner)
+
+    def _contact(self, point: Frame, normal) -> Float[Array, " d"]:
+        """The contact point `c = p − radius u` (`u = n`, or the unit part of `n`
+        perpendicular to a disc's axis: its rim's lowest point)."""
+        if self.axis is None:
+            return point.point - self.radius * normal
+        axis = point.rotation @ (self.axis / jnp.linalg.norm(self.axis)).astype(normal.dtype)
+        down = normal - (normal @ axis) * axis
+        size = down @ down
+        flat = size < _FLAT_SINE**2
+        down = down / jnp.sqrt(jnp.where(flat, 1.0, size))
+        down = eqx.error_if(
+            down,
+            flat,
+            f"The disc of the PlaneContact of {self.point!r} lies flat on its plane (its "
+            "axis along the normal): the lowest point of its rim is undefined. Model a "
+            "disc that may land flat with contacts on its faces.",
+        )
+        return point.point - self.radius * down
+
     def gaps(self, kin):
         point, surface = kin.frame(self.point), kin.frame(self.surface)
         normal = self._normal(point, surface)
-        return (normal @ (point.point - surface.point) - self.radius)[None]
+        return (normal @ (self._contact(point, normal) - surface.point))[None]
 
     def friction_coefficients(self):
         return np.zeros((1,)) if self.friction is None else self.friction[None]
@@ -331,7 +383,9 @@ class PlaneContact(AbstractStop):
     def slip_velocities(self, kin):
         point, surface = kin.frame(self.point), kin.frame(self.surface)
         normal = self._normal(point, surface)
-        contact = point.point - self.radius * normal
+        # The material point of the sphere or disc at `c` (not the rate of `c(q)`, which
+        # moves around a rolling disc's rim).
+        contact = self._contact(point, normal)
         (point_velocity, point_spin), (surface_velocity, surface_spin) = (
             kin.velocity(self.point),
             kin.velocity(self.surface),
