@@ -98,10 +98,8 @@ SUPERNODAL_CLASSES = 6
 # The multifrontal factorization is chosen where its estimated work (multiply–adds of its
 # padded fronts, with a cost per task) times this ratio is below the banded factorization's
 # `size · (b + 1)²`, or, without a banded plan, the dense one's `size³ / 3` times
-# `DENSE_WORK_FACTOR`. On one core of the 2-core CPU a unit of the multifrontal estimate
-# took 0.6–0.8 ns, of the band's 0.35–0.5 ns and of LAPACK's dense Cholesky 0.055 ns; on a
-# 2-D grid the multifrontal factorization and solve overtook the banded one between 8,100
-# and 15,876 rows (`experiments/diagnostics/bench_sparse_factor.py`).
+# `DENSE_WORK_FACTOR`: the ratios of their measured costs per unit of estimated work on the
+# CPU (docs/design_measurements.md#sparse-cholesky).
 SUPERNODAL_WORK_RATIO = 2.0
 
 DENSE_WORK_FACTOR = 0.08

@@ -134,7 +134,9 @@ def main():
     )
     print("|---" * 10 + "|")
     for r in rows:
-        cells = [f"{r[k][1] * 1e3:.3g}" for k in names] + [f"{r[k][0]:.2f}" for k in names]
+        cells = ["–" if np.isnan(r[k][1]) else f"{r[k][1] * 1e3:.3g}" for k in names] + [
+            "–" if np.isnan(r[k][0]) else f"{r[k][0]:.2f}" for k in names
+        ]
         head = (
             f"| {r['n']} | {r['width']} | {r['supernodes']} / {r['tasks']} | {r['analysis']:.2f} | "
         )
