@@ -14,6 +14,7 @@ from ._impacts import (
 )
 from ._nonholonomic import ChaplyginSleigh as ChaplyginSleigh, KnifeEdge as KnifeEdge
 from ._pendulum import CartesianPendulum as CartesianPendulum
+from ._rolling_disc import RollingDisc as RollingDisc
 from ._two_link import (
     TWO_LINK_Q0 as TWO_LINK_Q0,
     TWO_LINK_V0 as TWO_LINK_V0,
