@@ -5,7 +5,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from .._custom_types import Array, ArrayLike, Float
+from .._custom_types import Array, ArrayLike, ArrayLikeOrSequence, Float
 from ..multibody import Gravity, Mechanism, PlaneContact, RigidBody, rotation_matrix
 from ..multibody._kinematics import quaternion_from_matrix
 
@@ -71,7 +71,10 @@ class RollingDisc(eqx.Module):
         )
 
     def state(
-        self, angles: Float[ArrayLike, "3"], spin: Float[ArrayLike, "3"], contact=(0.0, 0.0)
+        self,
+        angles: ArrayLikeOrSequence,
+        spin: ArrayLikeOrSequence,
+        contact: ArrayLikeOrSequence = (0.0, 0.0),
     ) -> tuple[Float[Array, "7"], Float[Array, "7"]]:
         """The mechanism's `(q, v)` of the coin touching the ground at `contact` `(x, y)`
         with `angles` `(q_H, q_L, q_S)` and angular velocity `spin` `(w_x, w_y, w_z)` in
