@@ -48,6 +48,8 @@ EXPERIMENTS = {
     "impacts": "one-sided constraints: impacts and joint limits vs closed forms and MuJoCo",
     "quadruped_drop": "contact in space: a quadruped lands and stands by time stepping, vs "
     "MuJoCo and pybullet",
+    "rolling_disc": "contact in space: a coin rolling on its rim vs the reduced rolling-disc "
+    "equations",
     "projection": "projection onto the constraints after each step: drift and cost",
     "stiff_integration": "stiff systems: implicit against explicit solvers",
     "work_precision": "error against CPU time, every formulation x integrator",

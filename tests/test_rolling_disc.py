@@ -206,19 +206,18 @@ def test_gradient_of_the_lean_by_the_initial_spin():
     @jax.jit
     def lean(w_y):
         q0, v0 = DISC.state(jnp.array([0.0, 0.3, 0.0]), jnp.stack([0.0, w_y, 2.0]))
-        sol = jaxdae.simulate(
-            MECHANISM, jaxdae.Baumgarte(20.0, 100.0), 0.0, 0.5, q0, v0, **TIGHT
-        )
+        sol = jaxdae.simulate(MECHANISM, jaxdae.Baumgarte(20.0, 100.0), 0.0, 0.5, q0, v0, **TIGHT)
         return DISC.reduced_state(MECHANISM, sol.q_final, sol.v_final)[1]
 
-    w_y, step = jnp.asarray(-12.0), 1e-4
+    # They differ by 4e-6 (relative) for steps 1e-4 and 1e-3 alike: the adaptive solve's
+    # derivative, not the difference quotient's error.
+    w_y, step = jnp.asarray(-12.0), 1e-3
     grad = float(jax.jit(jax.grad(lean))(w_y))
     central = float((lean(w_y + step) - lean(w_y - step)) / (2 * step))
-    np.testing.assert_allclose(grad, central, rtol=1e-6)
+    np.testing.assert_allclose(grad, central, rtol=1e-5)
     assert abs(grad) > 1e-3
 
 
-@pytest.mark.slow
 def test_time_stepping_coin_rolls_at_first_order():
     """By `TimeStepping` the leaning coin follows the reduced equations, its lean error
     falling about in proportion to `dt`."""
@@ -233,7 +232,7 @@ def test_time_stepping_coin_rolls_at_first_order():
             q0,
             v0,
             ts=ts,
-            events=jaxdae.TimeStepping(dt=dt, tolerance=TIGHT),
+            events=jaxdae.TimeStepping(dt=dt, tolerance=1e-12),
             max_steps=2000,
         )
     )
@@ -244,5 +243,6 @@ def test_time_stepping_coin_rolls_at_first_order():
         assert sol.result == jaxdae.RESULTS.successful
         y = np.asarray(DISC.reduced_state(MECHANISM, sol.q, sol.v))
         errors.append(np.max(np.abs(y[:, 1] - ref[:, 1])))
+    print(f"lean errors by TimeStepping, dt = 2e-3, 1e-3: {errors}")
     assert errors[1] < 0.02
     assert 1.5 < errors[0] / errors[1] < 2.7

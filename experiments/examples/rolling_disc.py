@@ -159,7 +159,7 @@ def main(out: Path, quick: bool = False) -> dict:
     import matplotlib.pyplot as plt
 
     folder = output_dir(out, NAME)
-    result = run(2.0 if quick else 4.0, 201 if quick else 401)
+    result = run(1.5 if quick else 3.0, 151 if quick else 301)
     ts, cases = result["ts"], result["cases"]
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), layout="constrained")
