@@ -220,7 +220,8 @@ def test_gradient_of_the_lean_by_the_initial_spin():
 
 def test_time_stepping_coin_rolls_at_first_order():
     """By `TimeStepping` the leaning coin follows the reduced equations, its lean error
-    falling about in proportion to `dt`."""
+    falling in proportion to `dt` (5.7e-3 and 2.9e-3 rad over 0.5 s at `dt` = 2e-3 and
+    1e-3)."""
     q0, v0 = DISC.state(jnp.array([0.0, 0.3, 0.0]), jnp.array([0.0, -12.0, 2.0]))
     ts = jnp.linspace(0.0, 0.5, 26)
     solve = eqx.filter_jit(
@@ -243,6 +244,5 @@ def test_time_stepping_coin_rolls_at_first_order():
         assert sol.result == jaxdae.RESULTS.successful
         y = np.asarray(DISC.reduced_state(MECHANISM, sol.q, sol.v))
         errors.append(np.max(np.abs(y[:, 1] - ref[:, 1])))
-    print(f"lean errors by TimeStepping, dt = 2e-3, 1e-3: {errors}")
     assert errors[1] < 0.02
     assert 1.5 < errors[0] / errors[1] < 2.7
