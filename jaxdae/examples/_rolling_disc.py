@@ -177,13 +177,13 @@ class RollingDisc(eqx.Module):
         """`w_y` of steady rolling at constant `lean` and heading rate `precession`, the
         reduced equations' equilibrium (`w_x = 0`, `ẇ = 0`):
         `g sin q_L / r = ¼ tan q_L w_z² + (3/2) w_y w_z`, `w_z = q̇_H cos q_L`
-        (O'Reilly 1996, §4)."""
+        (O'Reilly 1996)."""
         r, g = self.radius, self.gravity
         w_z = precession * jnp.cos(lean)
         return (g * jnp.sin(lean) / r - 0.25 * jnp.tan(lean) * w_z**2) / (1.5 * w_z)
 
     def critical_speed(self):
         """The speed above which straight upright rolling is stable, `v² = g r / 3` for a
-        thin uniform disc (O'Reilly 1996, §5): below it the linearized reduced equations
+        thin uniform disc (O'Reilly 1996): below it the linearized reduced equations
         have an eigenvalue with positive real part and the coin falls over."""
         return jnp.sqrt(self.gravity * self.radius / 3)
