@@ -3,7 +3,9 @@
 checks as they are (one conditional holding the host callbacks that write the failure and
 raise the error); with the checks computed but that conditional replaced by arithmetic on
 the same flags; and with the checks left out of the program (`attach_check` replaced by the
-identity: no input checks, no failure check, nothing kept alive for them).
+identity: no input checks, no failure check, nothing kept alive for them). `--against DIR`
+adds the same rows with the jaxdae and `bench_core.py` of another checkout (for example
+`git worktree add /tmp/before REV`), as they are there.
 
 Each variant runs in its own process, the variants alternate (`--rounds` of each), and
 every process is pinned to one core where the platform allows it (`--core`), since the
@@ -12,6 +14,7 @@ difference is a few percent of a sub-millisecond call. Each process reports the 
 ratio of the checked program to the unchecked one.
 
     python experiments/diagnostics/bench_check_cost.py [--rounds 4] [--calls 500] [--core 1]
+        [--against DIR]
 """
 
 import argparse
@@ -27,10 +30,11 @@ _CHILD = """
 import json, statistics, sys, time
 sys.path.insert(0, {benchmarks!r})
 import jax, jax.numpy as jnp
-import jaxdae._integration._reporting as reporting
 if {variant!r} == "left out":
+    import jaxdae._integration._reporting as reporting
     reporting.attach_check = lambda sol, check: sol
 elif {variant!r} == "no callbacks":
+    import jaxdae._integration._reporting as reporting
     reporting.raise_reported = lambda x, sol, wrong, error: x + 0 * jnp.any(wrong)
 import bench_core
 functions = bench_core.jaxdae_functions()
@@ -53,14 +57,15 @@ print(json.dumps(medians))
 VARIANTS = ("as they are", "no callbacks", "left out")
 
 
-def _run(variant: str, calls: int, core: int | None) -> dict[str, float]:
+def _run(variant: str, calls: int, core: int | None, root: str = ROOT) -> dict[str, float]:
     code = _CHILD.format(
-        benchmarks=os.path.join(ROOT, "experiments", "benchmarks"), variant=variant, calls=calls
+        benchmarks=os.path.join(root, "experiments", "benchmarks"), variant=variant, calls=calls
     )
     command = [sys.executable, "-c", code]
     if core is not None and hasattr(os, "sched_setaffinity"):
         command = ["taskset", "-c", str(core)] + command
-    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+    env = {**os.environ, "PYTHONPATH": root}  # that checkout's jaxdae
+    out = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -69,18 +74,27 @@ def main():
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--core", type=int, default=1, help="-1: not pinned")
+    parser.add_argument("--against", help="another checkout, run as it is")
     args = parser.parse_args()
     core = None if args.core < 0 else args.core
     runs = {variant: [] for variant in VARIANTS}
+    if args.against:
+        runs["at " + args.against] = []
     for _ in range(args.rounds):
         for variant in VARIANTS:
             runs[variant].append(_run(variant, args.calls, core))
-    print("| call | " + " | ".join(f"checks {v} (ms)" for v in VARIANTS) + " | ratio to left out |")
-    print("| --- |" + " ---: |" * (len(VARIANTS) + 1))
+        if args.against:
+            root = os.path.abspath(args.against)
+            runs["at " + args.against].append(_run(VARIANTS[0], args.calls, core, root))
+    columns = list(runs)
+    print("| call | " + " | ".join(f"checks {v} (ms)" for v in VARIANTS), end="")
+    print("".join(f" | {c} (ms)" for c in columns[len(VARIANTS) :]) + " | ratios to left out |")
+    print("| --- |" + " ---: |" * (len(columns) + 1))
     for name in ("forward", "gradient"):
-        medians = [statistics.median(r[name] for r in runs[v]) for v in VARIANTS]
-        ratios = ", ".join(f"{m / medians[-1]:.3f}" for m in medians[:-1])
-        print(f"| {name} | " + " | ".join(f"{m:.3f}" for m in medians) + f" | {ratios} |")
+        medians = {c: statistics.median(r[name] for r in runs[c]) for c in columns}
+        left_out = medians[VARIANTS[-1]]
+        ratios = ", ".join(f"{m / left_out:.3f}" for c, m in medians.items() if c != VARIANTS[-1])
+        print(f"| {name} | " + " | ".join(f"{m:.3f}" for m in medians.values()) + f" | {ratios} |")
     with open("/proc/loadavg") if os.path.exists("/proc/loadavg") else open(os.devnull) as f:
         print("load:", f.read().strip() or "unknown")
 
