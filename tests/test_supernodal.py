@@ -15,7 +15,7 @@ import pytest
 
 import jaxdae
 from jaxdae import _thresholds
-from jaxdae._compilation import _supernodal
+from jaxdae._compilation import _ordering, _supernodal
 from jaxdae._compilation._banded import BandedPlan
 from jaxdae._compilation._linear_solvers import (
     PositiveSemidefinitePseudoInverse,
@@ -23,11 +23,11 @@ from jaxdae._compilation._linear_solvers import (
     symmetric_solve,
 )
 from jaxdae._compilation._operators import SparseOperator
+from jaxdae._compilation._ordering import adjacency, fill_reducing_order
 from jaxdae._compilation._sparse import Pattern, SparseMatrix
 from jaxdae._compilation._supernodal import (
     SupernodalPlan,
     cholesky_plan,
-    fill_reducing_order,
     supernodal_solve,
 )
 from jaxdae.examples._meshes import SquareNet
@@ -174,7 +174,7 @@ def test_orderings_reduce_fill_on_a_grid(monkeypatch):
     graph = csr_matrix((np.ones(pattern.nnz), (pattern.rows, pattern.cols)))
     rcm = _fill(pattern, np.asarray(reverse_cuthill_mckee(graph, symmetric_mode=True)))
     orders = {}
-    if _supernodal._metis_order(*_supernodal._adjacency(pattern)) is not None:
+    if _ordering._metis_order(*adjacency(pattern)) is not None:
         orders["metis"] = fill_reducing_order(pattern)
     monkeypatch.setitem(sys.modules, "pymetis", None)  # `import pymetis` fails
     orders["fallback"] = fill_reducing_order(pattern)
@@ -199,7 +199,7 @@ def test_fallback_order_solves(monkeypatch):
 
 
 @pytest.mark.skipif(
-    _supernodal._metis_order(np.zeros(2, np.int64), np.zeros(0, np.int64)) is None,
+    _ordering._metis_order(np.zeros(2, np.int64), np.zeros(0, np.int64)) is None,
     reason="pymetis is not installed (the `sparse` extra)",
 )
 def test_metis_order_is_used():
