@@ -681,14 +681,19 @@ def run(
                     f"{result['steps']} steps ({time.perf_counter() - start:.1f} s)",
                     flush=True,
                 )
-            reference = row["methods"].get(JAXDAE, {}).get("q_final")
-            for result in row["methods"].values():
-                if reference is not None and "q_final" in result:
-                    result["difference"] = float(np.max(np.abs(result["q_final"] - reference)))
+            set_differences(row["methods"])
             results.append(row)
             if on_row is not None:
                 on_row(results)
     return results
+
+
+def set_differences(methods: dict) -> None:
+    """Each method's `difference`: the largest `|q(1)|` difference from jaxdae's end state."""
+    reference = methods.get(JAXDAE, {}).get("q_final")
+    for result in methods.values():
+        if reference is not None and "q_final" in result:
+            result["difference"] = float(np.max(np.abs(result["q_final"] - reference)))
 
 
 def _ms(seconds):

@@ -72,6 +72,7 @@ from bench_scaling import (
     handwritten_functions,
     jaxdae_functions,
     predicted_skip,
+    set_differences,
     warm_up_jax,
 )
 
@@ -216,10 +217,7 @@ def run(families, sizes, methods, repeats, budget, compile_budget, on_row=None):
                     f"({time.perf_counter() - start:.0f} s)",
                     flush=True,
                 )
-            reference = row["methods"].get(JAXDAE, {}).get("q_final")
-            for result in row["methods"].values():
-                if reference is not None and "q_final" in result:
-                    result["difference"] = float(np.max(np.abs(result["q_final"] - reference)))
+            set_differences(row["methods"])
             results.append(row)
             if on_row is not None:
                 on_row(results)
