@@ -65,14 +65,18 @@ def _checked_modules() -> list[str]:
     ]
 
 
-if os.environ.get("JAXDAE_TYPECHECK") != "0":
-    jaxtyping.install_import_hook(
-        _checked_modules(), "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))"
-    )
+def pytest_configure(config):
+    """Installs the hook and imports jaxdae, in each process that runs tests. The controller
+    of a `pytest -n N` run runs none, and its import would delay the workers' start."""
+    if config.getoption("numprocesses", default=None) and "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    if os.environ.get("JAXDAE_TYPECHECK") != "0":
+        typechecker = "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))"
+        jaxtyping.install_import_hook(_checked_modules(), typechecker)
+    # jaxdae before any test module: its XLA option must be set before something (some
+    # diffrax releases, on import) starts JAX's backend.
+    import jaxdae  # noqa: F401
 
-# jaxdae before any test module: its XLA option must be set before something (some diffrax
-# releases, on import) starts JAX's backend.
-import jaxdae  # noqa: E402, F401
 
 # Files go to the two `make test` workers longest first (with `--no-loadscope-reorder` in
 # this order), so that the last ones handed out are short and both workers finish together
