@@ -6,6 +6,10 @@ STAMP := $(VENV)/.installed
 LOWEST := .venv-lowest
 LOWEST_TESTS := tests/test_private_apis.py tests/test_xla_flags.py tests/test_linalg.py tests/test_core.py tests/test_lqr.py \
 	tests/test_tune.py::test_tuning_decreases_loss tests/test_tune.py::test_losses_on_a_solution
+# uv installs the packages without bytecode, and with PYTHONDONTWRITEBYTECODE set (as on
+# some CI machines) each test process, and each subprocess a test starts, would compile
+# JAX, SciPy and jaxdae from source again; make lets Python write its bytecode caches.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help demo lint test test-slow test-perf test-lowest bench docs clean
 .DEFAULT_GOAL := help
