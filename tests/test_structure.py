@@ -40,9 +40,10 @@ def _jacobian_mask(fn, n):
 
 def _numeric_mask(fn, n, points=3):
     rng = np.random.default_rng(0)
+    jacobian = jax.jit(jax.jacfwd(fn))  # one program (eagerly, each operation compiles alone)
     mask = np.zeros((), bool)
     for _ in range(points):
-        mask = mask | (np.asarray(jax.jacfwd(fn)(jnp.asarray(rng.standard_normal(n)))) != 0)
+        mask = mask | (np.asarray(jacobian(rng.standard_normal(n))) != 0)
     return mask
 
 
@@ -127,7 +128,7 @@ class _Loops(jaxdae.LagrangianSystem):
 def test_system_structure():
     n = 6
     model = _Loops(jnp.linspace(1.0, 2.0, n))
-    q, v = jnp.linspace(0.1, 0.6, n), jnp.linspace(-0.3, 0.3, n)
+    q, v = np.linspace(0.1, 0.6, n), np.linspace(-0.3, 0.3, n)
     structure = terms_structure(model, 0.0, q, v)
     assert structure.mass.is_diagonal and structure.mass_is_constant
     assert structure.jacobian.nnz == 2 * (n - 1)
@@ -135,13 +136,13 @@ def test_system_structure():
     assert max(structure.velocity_colours) + 1 == 1
     # the dense pendulum: full mass matrix that depends on q
     pendulum = StructuredPendulum(10)
-    q, v = pendulum.initial_state()
+    q, v = _initial_state(pendulum)
     structure = terms_structure(pendulum, 0.0, q, v)
     assert structure.mass.nnz == 100 and not structure.mass_is_constant
     # small systems keep the dense derivation unless they ask; large ones are structured
-    q, v = CartesianChain(2).initial_state()
+    q, v = _initial_state(CartesianChain(2))
     assert terms_structure(CartesianChain(2), 0.0, q, v) is None
-    q, v = CartesianChain(20).initial_state()
+    q, v = _initial_state(CartesianChain(20))
     assert terms_structure(CartesianChain(20), 0.0, q, v).jacobian.nnz == 4 * 20 - 2
 
 
@@ -157,7 +158,7 @@ def test_structured_above_threshold():
         (StructuredChain(2), True),
         (DenseChain(STRUCTURED_MIN), False),
     ):
-        q, v = model.initial_state()
+        q, v = _initial_state(model)
         assert (terms_structure(model, 0.0, q, v) is not None) == structured, model
 
 
@@ -177,10 +178,11 @@ def test_array_form_scope():
         with array_form_scope():
             return small(x)
 
-    x = jnp.linspace(0.1, 0.5, 4)
+    x = np.linspace(0.1, 0.5, 4)
     assert _equations(scalarize(small), x) != _equations(small, x)
     assert _equations(scalarize(marked), x) == _equations(marked, x)
-    np.testing.assert_allclose(scalarize(marked)(x), small(x), rtol=1e-15)
+    # one program (eagerly, each operation compiles alone)
+    np.testing.assert_allclose(*jax.jit(lambda x: (scalarize(marked)(x), small(x)))(x), rtol=1e-15)
     for cls, array_form in ((StructuredChain, True), (DenseChain, False)):
         model = cls(3)
         q, v = _state(model)
@@ -243,18 +245,27 @@ def test_blocks_positive_definite():
     larger than `BLOCK_MAX`."""
     block = np.array([[2.0, 0.5, 0.1], [0.5, 1.0, 0.2], [0.1, 0.2, 1.5]])
     singular = np.array([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    blocks = Pattern.from_mask(np.kron(np.eye(2), np.ones((3, 3))).astype(bool))
+    diagonal = Pattern.from_mask(np.eye(4, dtype=bool))
+
+    # one program for the blocks, one for the diagonals (eagerly, each operation compiles
+    # alone)
+    @jax.jit
+    def by_blocks(block, last):
+        dense = jax.scipy.linalg.block_diag(block, last)
+        return blocks_positive_definite(SparseMatrix.from_dense(dense, blocks))
+
+    @jax.jit
+    def by_entries(values):
+        return blocks_positive_definite(SparseMatrix(values, diagonal))
+
     for last, want in (
         (block, True),
         (np.diag([1.0, -1.0, 1.0]), False),
         (singular, False),
         (np.full((3, 3), np.nan), False),
     ):
-        dense = jax.scipy.linalg.block_diag(jnp.asarray(block), jnp.asarray(last))
-        sparse = SparseMatrix.from_dense(
-            dense, Pattern.from_mask(np.kron(np.eye(2), np.ones((3, 3))).astype(bool))
-        )
-        assert bool(blocks_positive_definite(sparse)) is want, last
-    diagonal = Pattern.from_mask(np.eye(4, dtype=bool))
+        assert bool(by_blocks(block, last)) is want, last
     for values, want in (
         ([1.0, 2.0, 3.0, 4.0], True),
         ([1.0, 0.0, 3.0, 4.0], False),
@@ -262,10 +273,15 @@ def test_blocks_positive_definite():
         ([1.0, np.nan, 3.0, 4.0], False),
         ([1.0, np.inf, 3.0, 4.0], False),
     ):
-        assert bool(blocks_positive_definite(SparseMatrix(jnp.asarray(values), diagonal))) is want
+        assert bool(by_entries(np.asarray(values))) is want
     wide = Pattern.from_mask(np.ones((2 * _thresholds.BLOCK_MAX,) * 2, bool))
+    # decided from the pattern alone: traced for its shape, nothing compiled
     assert (
-        blocks_positive_definite(SparseMatrix.from_dense(jnp.eye(2 * _thresholds.BLOCK_MAX), wide))
+        jax.eval_shape(
+            lambda: blocks_positive_definite(
+                SparseMatrix.from_dense(jnp.eye(2 * _thresholds.BLOCK_MAX), wide)
+            )
+        )
         is None
     )
 
@@ -275,7 +291,7 @@ def test_a_mass_that_is_not_positive_definite_is_refused(model):
     """The structured models' initial mass check (block by block, without a dense
     factorization; the traced check calls the same `initial_state_problems`)."""
     if isinstance(model, _IndefiniteGivenMass):
-        q, v = jnp.array([0.0, 0.0, 1.0, 0.0, 1.0, -1.0, 2.0, -1.0]), jnp.zeros(8)
+        q, v = np.array([0.0, 0.0, 1.0, 0.0, 1.0, -1.0, 2.0, -1.0]), np.zeros(8)
     else:
         q, v = _state(model)
     assert terms_structure(model, 0.0, q, v) is not None
@@ -289,22 +305,37 @@ def test_a_mass_that_is_not_positive_definite_is_refused(model):
 
 def _random_sparse(rng, shape, density):
     mask = rng.random(shape) < density
-    values = rng.standard_normal(shape) * mask
-    return SparseMatrix.from_dense(jnp.asarray(values), Pattern.from_mask(mask)), values
+    return rng.standard_normal(shape) * mask, Pattern.from_mask(mask)
 
 
 def test_sparse_operations():
     rng = np.random.default_rng(1)
-    a, a_dense = _random_sparse(rng, (7, 9), 0.3)
-    b, b_dense = _random_sparse(rng, (9, 5), 0.3)
-    c, c_dense = _random_sparse(rng, (7, 9), 0.3)
-    x = jnp.asarray(rng.standard_normal(9))
-    np.testing.assert_allclose(a.dense(), a_dense)
-    np.testing.assert_allclose(a.matvec(x), a_dense @ x, atol=1e-14)
-    np.testing.assert_allclose(a.rmatvec(x[:7]), a_dense.T @ x[:7], atol=1e-14)
-    np.testing.assert_allclose(a.T.dense(), a_dense.T)
-    np.testing.assert_allclose(sparse_matmul(a, b).dense(), a_dense @ b_dense, atol=1e-14)
-    np.testing.assert_allclose(sparse_add(a, c).dense(), a_dense + c_dense, atol=1e-14)
+    a_dense, a_pattern = _random_sparse(rng, (7, 9), 0.3)
+    b_dense, b_pattern = _random_sparse(rng, (9, 5), 0.3)
+    c_dense, c_pattern = _random_sparse(rng, (7, 9), 0.3)
+    x = rng.standard_normal(9)
+
+    @jax.jit  # one program (eagerly, each operation compiles alone)
+    def operations(a_dense, b_dense, c_dense, x):
+        a = SparseMatrix.from_dense(a_dense, a_pattern)
+        b = SparseMatrix.from_dense(b_dense, b_pattern)
+        c = SparseMatrix.from_dense(c_dense, c_pattern)
+        return (
+            a.dense(),
+            a.matvec(x),
+            a.rmatvec(x[:7]),
+            a.T.dense(),
+            sparse_matmul(a, b).dense(),
+            sparse_add(a, c).dense(),
+        )
+
+    dense, matvec, rmatvec, transpose, product, total = operations(a_dense, b_dense, c_dense, x)
+    np.testing.assert_allclose(dense, a_dense)
+    np.testing.assert_allclose(matvec, a_dense @ x, atol=1e-14)
+    np.testing.assert_allclose(rmatvec, a_dense.T @ x[:7], atol=1e-14)
+    np.testing.assert_allclose(transpose, a_dense.T)
+    np.testing.assert_allclose(product, a_dense @ b_dense, atol=1e-14)
+    np.testing.assert_allclose(total, a_dense + c_dense, atol=1e-14)
 
 
 def test_colouring_is_valid():
@@ -348,6 +379,13 @@ class DenseGivenMass(_GivenMass):
     structured_terms = False
 
 
+@eqx.filter_jit
+def _initial_state(model):
+    # one program a model (eagerly, each operation of `initial_state` compiles alone)
+    return model.initial_state()
+
+
+@eqx.filter_jit
 def _state(model):
     q, _ = model.initial_state()
     v = 0.3 * jnp.cos(jnp.arange(q.size, dtype=float))
@@ -459,17 +497,17 @@ def test_failure_check_agrees_on_a_singular_chain():
     # whose `J M⁻¹ Jᵀ` is banded (block LDLᵀ factorization)
     cells = 12
     q = (
-        jnp.stack(
-            [jnp.ones(cells), -jnp.arange(cells), 2 * jnp.ones(cells), -jnp.arange(cells)], axis=1
-        )
+        np.stack([np.ones(cells), -np.arange(cells), 2 * np.ones(cells), -np.arange(cells)], axis=1)
         .ravel()
         .astype(float)
     )
-    v = jnp.zeros(4 * cells)
+    v = np.zeros(4 * cells)
     formulation = FORMULATIONS["Baumgarte"]
     structured, dense = StructuredLadder(cells), DenseLadder(cells)
     q0, v0 = _state(structured)
-    np.testing.assert_allclose(structured.constraints(0.0, q), 0.0, atol=1e-15)
+    # one program (eagerly, each operation compiles alone)
+    phi = eqx.filter_jit(lambda model, q: model.constraints(0.0, q))(structured, q)
+    np.testing.assert_allclose(phi, 0.0, atol=1e-15)
     for model in (structured, dense):
         assert bool(_fails(model, formulation, q, v))
         assert not bool(_fails(model, formulation, q0, v0))
@@ -485,10 +523,8 @@ def test_take_is_a_gather_both_ways():
     # `take` (the sparse algebra's gather) against indexing: values, padding, derivatives in
     # both modes, batching; its transpose is a gather too (no scatter in the program)
     rng = np.random.default_rng(2)
-    x = jnp.asarray(rng.standard_normal((7, 3)))
+    x = rng.standard_normal((7, 3))
     index = np.array([[6, 0, 7], [2, 2, 1]])  # 7 = padding (zeros); 2 read twice
-    padded = jnp.concatenate([x, jnp.zeros((1, 3))])
-    np.testing.assert_array_equal(_gather.take(x, index), padded[index])
 
     def loss(fn, x):
         return jnp.sum(jnp.sin(fn(x)) * jnp.arange(18.0).reshape(2, 3, 3))
@@ -499,17 +535,25 @@ def test_take_is_a_gather_both_ways():
     def reference(x):
         return jnp.concatenate([x, jnp.zeros((1, 3))])[index]
 
-    # each derivative one program (eagerly, each operation compiles alone)
-    for transform in (jax.grad, jax.jacfwd):
-        np.testing.assert_allclose(
-            jax.jit(transform(lambda x: loss(ours, x)))(x),
-            jax.jit(transform(lambda x: loss(reference, x)))(x),
-            rtol=1e-14,
-        )
-    for axis in (0, 1):
-        batch = jnp.stack([x, 2 * x], axis=axis)
-        got = jax.jit(jax.vmap(jax.grad(lambda x: loss(ours, x)), in_axes=axis))(batch)
-        want = jax.jit(jax.vmap(jax.grad(lambda x: loss(reference, x)), in_axes=axis))(batch)
+    # ours and the reference: values, derivatives in both modes and batched along either
+    # axis, all in one program (eagerly, each operation compiles alone)
+    losses = [lambda x, fn=fn: loss(fn, x) for fn in (ours, reference)]
+
+    @jax.jit
+    def pairs(x, batches):
+        return [
+            (ours(x), reference(x)),
+            *(tuple(transform(f)(x) for f in losses) for transform in (jax.grad, jax.jacfwd)),
+            *(
+                tuple(jax.vmap(jax.grad(f), in_axes=axis)(batch) for f in losses)
+                for axis, batch in enumerate(batches)
+            ),
+        ]
+
+    batches = [np.stack([x, 2 * x], axis=axis) for axis in (0, 1)]
+    (got, want), *derivatives = pairs(x, batches)
+    np.testing.assert_array_equal(got, want)
+    for got, want in derivatives:
         np.testing.assert_allclose(got, want, rtol=1e-14)
     program = jax.jit(jax.grad(lambda x: loss(ours, x))).lower(x).compile().as_text()
     assert " scatter(" not in program
@@ -520,25 +564,35 @@ def test_add_at_is_a_gather_both_ways():
     # derivatives; no scatter in the program, and the sparsity analysis sees which rows it
     # writes
     rng = np.random.default_rng(4)
-    x = jnp.asarray(rng.standard_normal((5, 2)))
+    x = rng.standard_normal((5, 2))
     index = np.array([[4, 0], [0, 2]])  # row 0 added to twice; rows 1 and 3 untouched
-    values = jnp.asarray(rng.standard_normal((2, 2, 2)))
-    np.testing.assert_allclose(
-        _gather.add_at(x, index, values), x.at[index].add(values), rtol=1e-15
-    )
+    values = rng.standard_normal((2, 2, 2))
 
     def loss(fn, x, values):
         return jnp.sum(jnp.sin(fn(x, values)) * jnp.arange(10.0).reshape(5, 2))
 
     ours = lambda x, v: _gather.add_at(x, index, v)  # noqa: E731
     reference = lambda x, v: x.at[index].add(v)  # noqa: E731
-    for transform in (jax.grad, jax.jacfwd):  # one program each, as for `take`
-        got = jax.jit(transform(lambda x, v: loss(ours, x, v), argnums=(0, 1)))(x, values)
-        want = jax.jit(transform(lambda x, v: loss(reference, x, v), argnums=(0, 1)))(x, values)
+
+    losses = [lambda x, v, fn=fn: loss(fn, x, v) for fn in (ours, reference)]
+
+    @jax.jit  # values and derivatives in one program, as for `take`
+    def pairs(x, values):
+        return [
+            (ours(x, values), reference(x, values)),
+            *(
+                tuple(transform(f, argnums=(0, 1))(x, values) for f in losses)
+                for transform in (jax.grad, jax.jacfwd)
+            ),
+        ]
+
+    (got, want), *derivatives = pairs(x, values)
+    np.testing.assert_allclose(got, want, rtol=1e-15)
+    for got, want in derivatives:
         for a, b in zip(got, want, strict=False):
             np.testing.assert_allclose(a, b, rtol=1e-14)
-    program = jax.jit(jax.grad(lambda v: loss(ours, x, v))).lower(values).compile().as_text()
-    assert " scatter(" not in program
+    gradient = jax.jit(jax.grad(lambda v: loss(ours, jnp.asarray(x), v)))
+    assert " scatter(" not in gradient.lower(values).compile().as_text()
     (mask,) = nonzero_masks(lambda v: _gather.add_at(jnp.zeros((5, 2)), index, v), values)
     np.testing.assert_array_equal(mask.reshape(5, 2).any(axis=1), [True, False, True, False, True])
 
