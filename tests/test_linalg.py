@@ -5,6 +5,7 @@ Each helper has an unrolled or closed-form path for tiny matrices and a LAPACK p
 every path is checked, under `vmap` and `grad` too.
 """
 
+import functools
 import sys
 from pathlib import Path
 
@@ -56,6 +57,17 @@ def _spd(n, seed, dtype=np.float64):
     return (a @ a.T + n * np.eye(n)).astype(dtype)
 
 
+@jax.jit
+def _spd_solves(a, b):
+    """Matrix and vector right-hand sides and `vmap` over columns: one program a case
+    (eagerly, each operation of the unrolled factorization compiles alone)."""
+    return (
+        spd_solve(a, b),
+        spd_solve(a, b[:, 0]),
+        jax.vmap(spd_solve, in_axes=(None, 1), out_axes=1)(a, b),
+    )
+
+
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_spd_solve(n, dtype):
@@ -63,16 +75,10 @@ def test_spd_solve(n, dtype):
     a = _spd(n, n, dtype)
     b = np.random.default_rng(n).standard_normal((n, 3)).astype(dtype)
     tol = 1e-12 if dtype == np.float64 else 1e-4
-    x = spd_solve(jnp.asarray(a), jnp.asarray(b))
+    x, vector, batched = _spd_solves(a, b)
     assert x.dtype == dtype
     np.testing.assert_allclose(x, np.linalg.solve(a, b), rtol=tol, atol=tol)
-    np.testing.assert_allclose(
-        spd_solve(jnp.asarray(a), jnp.asarray(b[:, 0])),
-        np.linalg.solve(a, b[:, 0]),
-        rtol=tol,
-        atol=tol,
-    )
-    batched = jax.vmap(spd_solve, in_axes=(None, 1), out_axes=1)(jnp.asarray(a), jnp.asarray(b))
+    np.testing.assert_allclose(vector, np.linalg.solve(a, b[:, 0]), rtol=tol, atol=tol)
     np.testing.assert_allclose(batched, np.linalg.solve(a, b), rtol=tol, atol=tol)
 
 
@@ -81,7 +87,7 @@ def test_spd_solve_gradient_matches_lineax(n):
     """The unrolled Cholesky's gradient w.r.t. matrix and right-hand side is lineax's. The
     unrolled factorization reads the lower triangle only, so the matrix gradients are compared
     as derivatives along symmetric perturbations (lower triangle of `G + Gᵀ − diag G`)."""
-    a, b = jnp.asarray(_spd(n, 7)), jnp.arange(1.0, n + 1.0)
+    a, b = _spd(n, 7), np.arange(1.0, n + 1.0)
 
     def ours(a, b):
         return jnp.sum(jnp.sin(spd_solve(a, b)))
@@ -91,7 +97,8 @@ def test_spd_solve_gradient_matches_lineax(n):
         return jnp.sum(jnp.sin(lx.linear_solve(operator, b, lx.Cholesky()).value))
 
     def symmetric(g):
-        return jnp.tril(g + g.T) - jnp.diag(jnp.diag(g))
+        g = np.asarray(g)
+        return np.tril(g + g.T) - np.diag(np.diag(g))
 
     # each gradient one program (eagerly, each operation compiles alone)
     (got_a, got_b), (want_a, want_b) = (
@@ -108,7 +115,8 @@ def test_spd_solve_of_indefinite_matrix_is_not_finite(n):
     the ODE solver rejects the step."""
     a = np.eye(n)
     a[0, 0] = -1.0
-    assert not np.all(np.isfinite(spd_solve(jnp.asarray(a), jnp.ones(n))))
+    # one program (eagerly, each operation of the unrolled factorization compiles alone)
+    assert not np.all(np.isfinite(jax.jit(spd_solve)(a, np.ones(n))))
 
 
 @pytest.mark.parametrize("n", [5, UNROLL_MAX + 1])
@@ -118,10 +126,11 @@ def test_looped_cholesky_and_substitutions(n):
     `solve_triangular` in both modes, on symmetric perturbations, also under `vmap`; the
     programs have no LAPACK call and no scatter (which would keep XLA:CPU from compiling a
     solve's loop as one kernel)."""
-    a, b = jnp.asarray(_spd(n, 11)), jnp.asarray(np.random.default_rng(n).standard_normal((n, 2)))
-    tangent = jnp.asarray(_spd(n, 12))
-    indefinite = a.at[n // 2, n // 2].set(-1.0)
-    batch = jnp.stack([a, 2.0 * a, indefinite])
+    a, b = _spd(n, 11), np.random.default_rng(n).standard_normal((n, 2))
+    tangent = _spd(n, 12)
+    indefinite = a.copy()
+    indefinite[n // 2, n // 2] = -1.0
+    batch = np.stack([a, 2.0 * a, indefinite])
 
     def solve(factor, triangular):
         return lambda a, b: jnp.sum(jnp.cos(triangular(factor(0.5 * (a + a.T)), b)))
@@ -180,20 +189,24 @@ def test_looped_cholesky_and_substitutions(n):
     assert " scatter(" not in program and " custom-call(" not in program
 
 
+@jax.jit
+def _positive_definite(matrices):
+    """`is_positive_definite` of each matrix, and under `vmap` of the first two: one program
+    a size (eagerly, each operation of the unrolled factorization compiles alone)."""
+    return [is_positive_definite(m) for m in matrices], jax.vmap(is_positive_definite)(matrices[:2])
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_is_positive_definite(n):
     a = _spd(n, 3)
-    assert bool(is_positive_definite(jnp.asarray(a)))
     indefinite = a.copy()
     indefinite[-1, -1] = -abs(indefinite[-1, -1]) - 10.0 * n
-    assert not bool(is_positive_definite(jnp.asarray(indefinite)))
     singular = np.zeros((n, n))
-    assert not bool(is_positive_definite(jnp.asarray(singular)))
     not_finite = a.copy()
     not_finite[0, 0] = np.nan
-    assert not bool(is_positive_definite(jnp.asarray(not_finite)))
-    batch = jnp.stack([jnp.asarray(a), jnp.asarray(indefinite)])
-    assert jax.vmap(is_positive_definite)(batch).tolist() == [True, False]
+    each, batched = _positive_definite(np.stack([a, indefinite, singular, not_finite]))
+    assert [bool(x) for x in each] == [True, False, False, False]
+    assert batched.tolist() == [True, False]
 
 
 @pytest.mark.parametrize(
@@ -202,7 +215,9 @@ def test_is_positive_definite(n):
 def test_small_matmul(shapes):
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal(shape) for shape in shapes)
-    np.testing.assert_allclose(small_matmul(jnp.asarray(a), jnp.asarray(b)), a @ b, rtol=1e-13)
+    # one program a case (eagerly, each of the unrolled products compiles alone)
+    product = jax.jit(small_matmul)(a, b)
+    np.testing.assert_allclose(product, a @ b, rtol=1e-13)
 
 
 def test_extreme_eigenvalues_in_closed_form_match_eigvalsh():
@@ -211,14 +226,16 @@ def test_extreme_eigenvalues_in_closed_form_match_eigvalsh():
     rng = np.random.default_rng(0)
     g = rng.normal(size=(2, 3))
     nearly_singular = np.array([[1.0, 1.0], [1.0, 1.0 + 1e-7]])
+    # one program a shape (eagerly, each operation of the closed forms compiles alone)
+    eigenvalues, condition = jax.jit(extreme_eigenvalues), jax.jit(reciprocal_condition)
     for matrix in (g @ g.T, np.diag([3.0, 0.5]), nearly_singular, np.array([[2.5]]), g.T @ g):
         expected = np.linalg.eigvalsh(matrix)
-        smallest, largest = extreme_eigenvalues(jnp.asarray(matrix))
+        smallest, largest = eigenvalues(matrix)
         np.testing.assert_allclose(
             [smallest, largest], [expected[0], expected[-1]], rtol=1e-9, atol=1e-15 * expected[-1]
         )
-    assert abs(reciprocal_condition(jnp.asarray(nearly_singular)) - 2.5e-8) < 1e-12
-    assert reciprocal_condition(jnp.zeros((0, 0))) == 1.0
+    assert abs(condition(nearly_singular) - 2.5e-8) < 1e-12
+    assert condition(np.zeros((0, 0))) == 1.0
 
 
 def test_pseudo_inverse_in_closed_form_matches_pinv():
@@ -248,19 +265,25 @@ def test_pseudo_inverse_in_closed_form_matches_pinv():
         w, vectors = np.linalg.eigh(matrix)
         keep = w > rcond * max(w.max(), 0.0)
         expected = vectors[:, keep] @ ((vectors[:, keep].T @ b) / w[keep])
-        got = solve(jnp.asarray(matrix), jnp.asarray(b), rcond)
+        got = solve(matrix, b, rcond)
         np.testing.assert_allclose(got, expected, rtol=1e-7, atol=1e-12)
-    grad = jax.jit(jax.grad(lambda m: jnp.sum(psd_pseudo_solve(m, jnp.ones(2), rcond))))(
-        jnp.asarray(twice)
-    )
+    grad = jax.jit(jax.grad(lambda m: jnp.sum(psd_pseudo_solve(m, jnp.ones(2), rcond))))(twice)
     assert np.all(np.isfinite(grad))
 
 
-def _oscillators(count, damping):
+def _oscillators(count, damping, last_damping=None):
     """`count` oscillators `ẍ_i = −4 x_i − damping ẋ_i + 0.1 x_{i+1}`, as one first-order
-    matrix."""
-    block = jnp.kron(jnp.eye(count), jnp.asarray([[0.0, 1.0], [-4.0, -damping]]))
-    return block + 0.1 * jnp.eye(2 * count, k=1) * jnp.tile(jnp.asarray([0.0, 1.0]), count)[:, None]
+    matrix (NumPy: eagerly, each JAX operation on a new shape compiles alone); the last one
+    damped by `last_damping` where given."""
+    block = np.kron(np.eye(count), np.asarray([[0.0, 1.0], [-4.0, -damping]]))
+    matrix = block + 0.1 * np.eye(2 * count, k=1) * np.tile([0.0, 1.0], count)[:, None]
+    if last_damping is not None:
+        matrix[-1, -1] = -last_damping
+    return matrix
+
+
+# one program a shape, shared by the cases and tests below
+_traced_not_hurwitz = jax.jit(lambda m: not_hurwitz(m, jnp))
 
 
 @pytest.mark.parametrize(
@@ -276,7 +299,7 @@ def _oscillators(count, damping):
         # beyond LYAPUNOV_MAX rows (traced: eigenvalues on the host): 15 coupled oscillators,
         # all damped, and with the last undamped
         (_oscillators(15, damping=0.5), True),
-        (_oscillators(15, damping=0.5).at[-1, -1].set(0.0), False),
+        (_oscillators(15, damping=0.5, last_damping=0.0), False),
     ],
 )
 def test_not_hurwitz_eager_and_traced_agree_with_eigenvalues(matrix, hurwitz):
@@ -284,18 +307,18 @@ def test_not_hurwitz_eager_and_traced_agree_with_eigenvalues(matrix, hurwitz):
     host's eigenvalues for large matrices) agree."""
     matrix = np.asarray(matrix)
     assert bool(not_hurwitz(matrix, np)) == (not hurwitz)
-    assert bool(jax.jit(lambda m: not_hurwitz(m, jnp))(jnp.asarray(matrix))) == (not hurwitz)
+    assert bool(_traced_not_hurwitz(matrix)) == (not hurwitz)
 
 
 def test_not_hurwitz_of_stacks_and_batches():
     """A stack is Hurwitz where each of its matrices is; batches of large matrices (host
     eigenvalues) keep one verdict per row."""
     stack = np.asarray([[[0.0, 1.0], [-4.0, -0.5]], [[0.0, 1.0], [4.0, -1.0]]])
-    traced = jax.jit(lambda m: not_hurwitz(m, jnp))
+    traced = _traced_not_hurwitz
     for matrices, bad in ((stack[:1], False), (stack, True), (stack[:0], False)):
         assert bool(not_hurwitz(matrices, np)) == bad
-        assert bool(traced(jnp.asarray(matrices))) == bad
-    large = jnp.stack([_oscillators(15, damping=d) for d in (0.5, 0.0, 0.1)])
+        assert bool(traced(matrices)) == bad
+    large = np.stack([_oscillators(15, damping=d) for d in (0.5, 0.0, 0.1)])
     assert large.shape[-1] > LYAPUNOV_MAX
     np.testing.assert_array_equal(jax.vmap(traced)(large), [False, True, False])
     np.testing.assert_array_equal(jax.vmap(traced)(large[:, None]), [False, True, False])
@@ -324,15 +347,30 @@ def test_cholesky_pivots(size):
     rng = np.random.default_rng(size)
     a = rng.standard_normal((size, size))
     matrix = a @ a.T + 0.1 * np.eye(size)
-    pivots = np.asarray(cholesky_pivots(jnp.asarray(matrix)))
+    pivots_of = jax.jit(cholesky_pivots)  # one program (eagerly, each operation alone)
+    pivots = np.asarray(pivots_of(matrix))
     eig = np.linalg.eigvalsh(matrix)
     np.testing.assert_allclose(np.prod(pivots), np.linalg.det(matrix), rtol=1e-9)
     assert eig[0] * (1 - 1e-12) <= pivots.min() and pivots.max() <= eig[-1] * (1 + 1e-12)
     singular = matrix.copy()
     singular[-1], singular[:, -1] = matrix[0], matrix[:, 0]
     singular[-1, -1] = matrix[0, 0]
-    pivots = np.asarray(cholesky_pivots(jnp.asarray(singular)))
+    pivots = np.asarray(pivots_of(singular))
     assert not pivots.min() > 1e-8 * pivots.max()
+
+
+@jax.jit
+def _lu_and_reference(a, b):
+    """Our factors and solves (matrix and vector right-hand sides) and `jax.scipy`'s and
+    LAPACK's: one program a case (eagerly, each operation compiles alone)."""
+    factors = lu_factor(a)
+    return (
+        factors,
+        lu_solve(factors, b),
+        lu_solve(factors, b[:, 0]),
+        jax.scipy.linalg.lu_solve(jax.scipy.linalg.lu_factor(a), b),
+        jax.lax.linalg.lu(a)[2],
+    )
 
 
 @pytest.mark.parametrize(
@@ -353,14 +391,12 @@ def test_lu_solve_matches_scipy(n, dtype):
     rng = np.random.default_rng(n)
     a = rng.standard_normal((n, n)).astype(dtype)
     b = rng.standard_normal((n, 3)).astype(dtype)
-    factors = jax.jit(lu_factor)(a)
-    expected = jax.scipy.linalg.lu_solve(jax.scipy.linalg.lu_factor(a), b)
+    factors, matrix_solution, vector_solution, expected, permutation = _lu_and_reference(a, b)
     tol = 1e-10 if dtype == np.float64 else 1e-3
     scale = np.max(np.abs(expected))
-    solve = jax.jit(lu_solve)  # one program (eagerly, each operation compiles alone)
-    np.testing.assert_allclose(solve(factors, b), expected, atol=tol * scale)
-    np.testing.assert_allclose(solve(factors, b[:, 0]), expected[:, 0], atol=tol * scale)
-    np.testing.assert_array_equal(factors[1], jax.lax.linalg.lu(a)[2])
+    np.testing.assert_allclose(matrix_solution, expected, atol=tol * scale)
+    np.testing.assert_allclose(vector_solution, expected[:, 0], atol=tol * scale)
+    np.testing.assert_array_equal(factors[1], permutation)
     assert factors[0].dtype == dtype
 
 
@@ -441,6 +477,13 @@ def test_looped_inverse_matches_numpy(n):
         )
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _tangents(fn, a, da):
+    """The tangents of `fn` and of `jnp.linalg.inv` at `a` along `da`: one program (eagerly,
+    each operation compiles alone)."""
+    return jax.jvp(fn, (a,), (da,))[1], jax.jvp(jnp.linalg.inv, (a,), (da,))[1]
+
+
 def test_looped_inverse_pivots_derivative_and_singular():
     """A permutation (zeros on the diagonal) is inverted exactly; the derivative is
     `jnp.linalg.inv`'s; a singular matrix gives non-finite entries; `vmap` works."""
@@ -449,8 +492,7 @@ def test_looped_inverse_pivots_derivative_and_singular():
     np.testing.assert_array_equal(_inverse(permutation), permutation.T)
     rng = np.random.default_rng(1)
     a, da = rng.standard_normal((2, n, n))
-    _, tangent = jax.jvp(looped_inverse, (jnp.asarray(a),), (jnp.asarray(da),))
-    _, expected = jax.jvp(jnp.linalg.inv, (jnp.asarray(a),), (jnp.asarray(da),))
+    tangent, expected = _tangents(looped_inverse, a, da)
     np.testing.assert_allclose(tangent, expected, rtol=1e-10, atol=1e-12)
     assert not np.all(np.isfinite(_inverse(np.ones((n, n)))))
     stack = np.stack([a, a + da])
@@ -460,6 +502,10 @@ def test_looped_inverse_pivots_derivative_and_singular():
 
 
 _blocked = jax.jit(blocked_inverse, static_argnums=1)
+
+
+def _newton_blocked_inverse(matrix):
+    return blocked_inverse(matrix, NEWTON_INVERSE_BLOCK)
 
 
 def _banded(n, width, seed):
@@ -482,11 +528,16 @@ def _chain_newton_matrix():
     from jaxdae._integration import _generalized_alpha as ga
 
     system, _, q0, v0, _ = chain_case()
-    zero = jnp.zeros_like(q0)
-    step = jaxdae.GeneralizedAlpha().prepare(0.0, 4e-3, q0, v0, zero, zero)
-    x = jnp.concatenate([step.q_tilde, jnp.zeros(1)])
-    matrix = jax.jit(ga._iteration_matrix)(x, (system, jnp.asarray(4e-3), step))
-    return np.asarray(matrix)
+    solver = jaxdae.GeneralizedAlpha()
+
+    @jax.jit  # one program (eagerly, each operation of the step compiles alone)
+    def matrix(q0, v0):
+        zero = jnp.zeros_like(q0)
+        step = solver.prepare(0.0, 4e-3, q0, v0, zero, zero)
+        x = jnp.concatenate([step.q_tilde, jnp.zeros(1)])
+        return ga._iteration_matrix(x, (system, jnp.asarray(4e-3), step))
+
+    return np.asarray(matrix(q0, v0))
 
 
 @pytest.mark.parametrize("n", [33, pytest.param(LU_UNROLL_MAX + 1, marks=pytest.mark.slow)])
@@ -521,13 +572,10 @@ def test_blocked_inverse_derivative_vmap_and_singular_block():
     inverse."""
     n = LU_UNROLL_MAX + 1
     a, da = _banded(n, 2, 0), _banded(n, 2, 1)
-    _, tangent = jax.jvp(
-        lambda m: blocked_inverse(m, NEWTON_INVERSE_BLOCK), (jnp.asarray(a),), (jnp.asarray(da),)
-    )
-    _, expected = jax.jvp(jnp.linalg.inv, (jnp.asarray(a),), (jnp.asarray(da),))
+    tangent, expected = _tangents(_newton_blocked_inverse, a, da)
     np.testing.assert_allclose(tangent, expected, rtol=1e-10, atol=1e-12)
     stack = np.stack([a, a + 0.1 * da])
-    batched = jax.jit(jax.vmap(lambda m: blocked_inverse(m, NEWTON_INVERSE_BLOCK)))(stack)
+    batched = jax.jit(jax.vmap(_newton_blocked_inverse))(stack)
     np.testing.assert_allclose(batched, np.linalg.inv(stack), rtol=1e-9, atol=1e-12)
     singular = np.roll(np.eye(n), NEWTON_INVERSE_BLOCK, axis=0)  # zero pivot blocks
     assert np.isfinite(np.linalg.inv(singular)).all()
@@ -576,7 +624,7 @@ def test_pivoted_cholesky_of_a_rank_deficient_matrix():
     f = rng.standard_normal((12, 7)) * np.array([1e-3, 1.0, 5.0, 0.2, 3.0, 1.0, 0.05])
     a = f @ f.T
     low, pivots, order = (
-        np.asarray(x) for x in jax.jit(pivoted_cholesky, static_argnums=1)(jnp.asarray(a), 1e-8)
+        np.asarray(x) for x in jax.jit(pivoted_cholesky, static_argnums=1)(a, 1e-8)
     )
     np.testing.assert_allclose(low @ np.diag(pivots) @ low.T, a, atol=1e-12 * np.abs(a).max())
     assert np.sum(pivots > 0) == 7 and np.all(pivots[7:] == 0) and np.all(low[:, 7:] == 0)
