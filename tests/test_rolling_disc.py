@@ -38,22 +38,19 @@ def _reference(y0, ts):
     return sol.y.T
 
 
-def _states(angles, spins):
-    return jax.vmap(DISC.state)(jnp.asarray(angles), jnp.asarray(spins))
+# The coin's states, gaps and reduced states, compiled once per shape (eagerly, each
+# operation compiles alone).
+_state = jax.jit(lambda angles, spin: DISC.state(angles, spin))
+_states = jax.jit(jax.vmap(DISC.state))
+_gaps = jax.jit(jax.vmap(lambda q: MECHANISM.gaps(0.0, q)))
+_reduced = jax.jit(lambda q, v: DISC.reduced_state(MECHANISM, q, v))
 
 
-def test_disc_touches_at_its_rims_lowest_point():
-    """A rolling state put on the ground has gap 0 and a material contact point at rest;
-    lifted by `h`, the gap is `h`; the gap's rate is the normal velocity of the disc's
-    material point at the contact (not of the contact point's path)."""
-    q, v = _states(ANGLES, SPINS)
-    gaps = jax.jit(jax.vmap(lambda q: MECHANISM.gaps(0.0, q)))
-    slips = jax.jit(jax.vmap(lambda q, v: MECHANISM.slip_velocities(0.0, q, v)))
-    np.testing.assert_allclose(gaps(q), 0.0, atol=1e-15)
-    np.testing.assert_allclose(slips(q, v), 0.0, atol=1e-14)
-    np.testing.assert_allclose(gaps(q.at[:, 2].add(0.07)), 0.07, atol=1e-15)
-    # A general velocity (the Euler parameters' rate tangent to their unit sphere): the
-    # gap's rate against the velocity of the disc's material point at the contact.
+@jax.jit
+def _gap_rates(q, v):
+    """The gaps' rates at a general velocity (`v` plus a random one, the Euler parameters'
+    rate tangent to their unit sphere), and the normal velocities of the disc's material
+    points at the contacts."""
     moving = v + jax.random.normal(jax.random.key(0), v.shape)
     p = q[:, 3:]
     moving = moving.at[:, 3:].add(-(p * moving[:, 3:]).sum(-1, keepdims=True) * p)
@@ -66,29 +63,42 @@ def test_disc_touches_at_its_rims_lowest_point():
     rates = jax.vmap(lambda q, v: jax.jvp(lambda q: MECHANISM.gaps(0.0, q), (q,), (v,))[1])(
         q, moving
     )
-    np.testing.assert_allclose(rates[:, 0], jax.vmap(material)(q, moving)[:, 2], atol=1e-13)
+    return rates[:, 0], jax.vmap(material)(q, moving)[:, 2]
+
+
+def test_disc_touches_at_its_rims_lowest_point():
+    """A rolling state put on the ground has gap 0 and a material contact point at rest;
+    lifted by `h`, the gap is `h`; the gap's rate is the normal velocity of the disc's
+    material point at the contact (not of the contact point's path)."""
+    q, v = (np.asarray(x) for x in _states(ANGLES, SPINS))
+    slips = jax.jit(jax.vmap(lambda q, v: MECHANISM.slip_velocities(0.0, q, v)))
+    np.testing.assert_allclose(_gaps(q), 0.0, atol=1e-15)
+    np.testing.assert_allclose(slips(q, v), 0.0, atol=1e-14)
+    lifted = q.copy()
+    lifted[:, 2] += 0.07
+    np.testing.assert_allclose(_gaps(lifted), 0.07, atol=1e-15)
+    rates, material = _gap_rates(q, v)
+    np.testing.assert_allclose(rates, material, atol=1e-13)
 
 
 def test_disc_gap_gradient_against_central_differences():
     """`jit(vmap(grad))` of the gap through the rim geometry, against central differences."""
-    q, _ = _states(ANGLES, SPINS)
-    direction = jax.random.normal(jax.random.key(1), q.shape)
+    q = np.asarray(_states(ANGLES, SPINS)[0])
+    direction = np.random.default_rng(1).standard_normal(q.shape)
 
     def gap(q):
         return MECHANISM.gaps(0.0, q)[0]
 
     grads = jax.jit(jax.vmap(jax.grad(gap)))(q)
     step = 1e-6
-    central = (jax.vmap(gap)(q + step * direction) - jax.vmap(gap)(q - step * direction)) / (
-        2 * step
-    )
+    central = (_gaps(q + step * direction) - _gaps(q - step * direction))[:, 0] / (2 * step)
     np.testing.assert_allclose((grads * direction).sum(-1), central, rtol=1e-8, atol=1e-10)
 
 
 def test_flat_disc_is_named_not_nan():
     """A disc lying flat (its axis along the normal) has no lowest rim point: an error
     names it."""
-    q, _ = DISC.state((0.0, np.pi / 2, 0.0), (0.0, 0.0, 0.0))
+    q, _ = _state(np.array([0.0, np.pi / 2, 0.0]), np.zeros(3))
     with pytest.raises(Exception, match="lies flat"):
         jax.block_until_ready(jax.jit(lambda q: MECHANISM.gaps(0.0, q))(q))
 
@@ -141,7 +151,7 @@ def _five_coins():
         return jax.vmap(one)(q0, v0, mu)
 
     sols = solve(q0, v0, mu)
-    y = np.asarray(DISC.reduced_state(MECHANISM, sols.q, sols.v))
+    y = np.asarray(_reduced(sols.q, sols.v))
     return sols, y, np.asarray(ts)
 
 
@@ -221,7 +231,7 @@ def test_time_stepping_coin_rolls_at_first_order():
     """By `TimeStepping` the leaning coin follows the reduced equations, its lean error
     falling in proportion to `dt` (5.7e-3 and 2.9e-3 rad over 0.5 s at `dt` = 2e-3 and
     1e-3)."""
-    q0, v0 = DISC.state(jnp.array([0.0, 0.3, 0.0]), jnp.array([0.0, -12.0, 2.0]))
+    q0, v0 = _state(np.array([0.0, 0.3, 0.0]), np.array([0.0, -12.0, 2.0]))
     ts = jnp.linspace(0.0, 0.5, 26)
     solve = eqx.filter_jit(
         lambda dt: jaxdae.simulate(
@@ -236,12 +246,12 @@ def test_time_stepping_coin_rolls_at_first_order():
             max_steps=2000,
         )
     )
-    ref = _reference(np.asarray(DISC.reduced_state(MECHANISM, q0, v0)), np.asarray(ts))
+    ref = _reference(np.asarray(_reduced(q0, v0)), np.asarray(ts))
     errors = []
     for dt in (2e-3, 1e-3):
         sol = solve(jnp.asarray(dt))
         assert sol.result == jaxdae.RESULTS.successful
-        y = np.asarray(DISC.reduced_state(MECHANISM, sol.q, sol.v))
+        y = np.asarray(_reduced(sol.q, sol.v))
         errors.append(np.max(np.abs(y[:, 1] - ref[:, 1])))
     assert errors[1] < 0.02
     assert 1.5 < errors[0] / errors[1] < 2.7
