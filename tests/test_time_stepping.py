@@ -136,9 +136,14 @@ def test_joint_limits_of_a_robot_arm_take_fixed_steps():
     arm = mb.load_urdf(Path(__file__).parent / "data" / "three_link_arm.urdf").mechanism(
         forces=[mb.Gravity([0.0, 0.0, -G])]
     )
-    q0, v0 = arm.initial_state()
-    sol = jaxdae.simulate(
-        arm, jaxdae.Unstabilized(), 0.0, 0.005, q0, v0, events=jaxdae.TimeStepping(dt=1e-3)
+    # Under `jit`: the initial state's checks in the solve's program, not a program apart.
+    sol = eqx.filter_jit(jaxdae.simulate)(
+        arm,
+        jaxdae.Unstabilized(),
+        0.0,
+        0.005,
+        *arm.initial_state(),
+        events=jaxdae.TimeStepping(dt=1e-3),
     )
     assert sol.result == jaxdae.RESULTS.successful
 
@@ -222,14 +227,17 @@ def test_cone_qp_derivative_is_the_implicit_functions(exact):
     reverses = jax.jit(jax.jacrev(impulses, argnums=(0, 1, 2)))(*arrays)
     for argnum, forward, reverse in zip(range(3), forwards, reverses, strict=True):
         np.testing.assert_allclose(forward, reverse, atol=1e-12)
-        flat, unravel = jax.flatten_util.ravel_pytree(arrays[argnum])
         eps = 1e-6
         columns = []
-        for e in np.eye(flat.shape[0])[:6]:
-            moved = [list(arrays), list(arrays)]
-            moved[0][argnum] = unravel(flat + eps * e)
-            moved[1][argnum] = unravel(flat - eps * e)
-            columns.append((impulses(*moved[0]) - impulses(*moved[1])) / (2 * eps))
+        # The first six entries of the argument moved by `±eps`, in NumPy (eagerly, each
+        # `jnp` operation would compile alone).
+        for i in range(min(6, np.size(arrays[argnum]))):
+            moved = [[matrix, vector, friction], [matrix, vector, friction]]
+            for sign, arguments in zip((1, -1), moved, strict=True):
+                arguments[argnum] = arguments[argnum].copy()
+                arguments[argnum].flat[i] += sign * eps
+            ends = [np.asarray(impulses(*arguments)) for arguments in moved]
+            columns.append((ends[0] - ends[1]) / (2 * eps))
         numeric = np.stack(columns, -1)
         np.testing.assert_allclose(
             np.asarray(forward).reshape(len(vector), -1)[:, :6], numeric, atol=1e-6
@@ -342,14 +350,15 @@ def test_planar_disc_slides_then_rolls():
         forces=[mb.Gravity((0.0, -G))],
         stops=[mb.PlaneContact("disc", radius=radius, friction=mu)],
     )
-    sol = jaxdae.simulate(
+    # Under `jit`: the initial state's checks in the solve's program, not a program apart.
+    sol = eqx.filter_jit(jaxdae.simulate)(
         wheel,
         jaxdae.Unstabilized(),
         0.0,
         0.5,
-        jnp.array([0.0, radius, 0.0]),
-        jnp.array([speed, 0.0, 0.0]),
-        ts=jnp.linspace(0.0, 0.5, 501),
+        np.array([0.0, radius, 0.0]),
+        np.array([speed, 0.0, 0.0]),
+        ts=np.linspace(0.0, 0.5, 501),
         events=jaxdae.TimeStepping(dt=1e-3),
     )
     assert sol.result == jaxdae.RESULTS.successful and sol.events is None
@@ -380,7 +389,7 @@ def test_tree_mechanism_link_comes_to_rest_on_the_floor():
         [mb.Gravity((0.0, -G, 0.0))],
         stops=[mb.PlaneContact("link.tip", "ground.floor", normal=(0.0, 1.0, 0.0), friction=0.5)],
     )
-    sol = jaxdae.simulate(
+    sol = eqx.filter_jit(jaxdae.simulate)(
         tree,
         jaxdae.Unstabilized(),
         0.0,
