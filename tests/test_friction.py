@@ -29,14 +29,11 @@ def test_frictional_lcp_meets_coulomb_and_complementarity():
         matrix = directions @ directions.T
         vector = rng.standard_normal(2 * size)
         friction = rng.uniform(0.1, 1.0, size)
+        # NumPy in and out: eager `jnp` calls and indexing compile a program each per size.
         out = solve(
-            jnp.asarray(matrix),
-            jnp.asarray(vector),
-            jnp.asarray(friction),
-            jnp.ones(size, bool),
-            jnp.ones(size, bool),
-            jnp.ones(size),
+            matrix, vector, friction, np.ones(size, bool), np.ones(size, bool), np.ones(size)
         )
+        out = jax.tree.map(np.asarray, out)
         if not bool(out.solved):
             continue
         solved += 1
@@ -62,7 +59,7 @@ def test_frictional_lcp_meets_coulomb_and_complementarity():
 def slides():
     """`SlidingBlock`s launched at 2 m/s down slopes they stick to and one they do not, and
     one at rest on a slope it sticks to, batched by `jax.vmap`: each member meets its own
-    events."""
+    events (as NumPy arrays: indexing them compiles nothing)."""
     slopes, speeds = jnp.array([0.1, 0.3, 0.6, 0.3]), jnp.array([2.0, 2.0, 2.0, 0.0])
 
     @jax.jit
@@ -81,12 +78,12 @@ def slides():
 
         return jax.vmap(one)(slopes, speeds)
 
-    return slopes, speeds, run(slopes, speeds)
+    return np.asarray(slopes), np.asarray(speeds), jax.tree.map(np.asarray, run(slopes, speeds))
 
 
 def test_sliding_block_sticks_where_the_closed_form_says(slides):
     slopes, speeds, sols = slides
-    for k, (slope, speed) in enumerate(zip(np.asarray(slopes), np.asarray(speeds), strict=True)):
+    for k, (slope, speed) in enumerate(zip(slopes, speeds, strict=True)):
         block = SlidingBlock(slope=float(slope))
         table = jax.tree.map(lambda x, k=k: x[k], sols.events).table()
         if speed == 0.0:  # at rest where it sticks: it stays, with no event
