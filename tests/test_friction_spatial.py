@@ -3,6 +3,8 @@ velocities, in event-driven solves (`jaxdae/_compilation/_lcp.py`,
 `jaxdae/_formulations/_impacts.py`, `jaxdae/_integration/_events.py`), against closed
 forms and an independent integration of the sliding point mass."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,49 +19,32 @@ TIGHT = {"rtol": 1e-10, "atol": 1e-12}
 G = 9.81
 
 
-class Block(jaxdae.LagrangianSystem):
-    """A point mass on a plane inclined by `slope` (its coordinates: `x` downhill, `y`
-    across, `z` off the plane), with Coulomb's `friction` and pushed along the plane at
-    `(cos β, sin β)` (`angle` β) by a force growing as `push · t`."""
+class Body(jaxdae.LagrangianSystem):
+    """A uniform sphere of `radius` (unit mass, moment of inertia `inertia`) on a plane
+    inclined by `slope` (its centre `q[:3]`: `x` downhill, `y` across, `z` off the plane;
+    its angular velocity `v[3:]`: for a sphere the kinetic energy and the slip velocity need
+    no orientation), with Newton's `e` and Coulomb's `mu`, pushed along the plane at
+    `(cos β, sin β)` (`angle` β) by a force growing as `push · t`. The blocks and the balls
+    below are its members (a block: a point mass, `radius = 0`, its spin apart), so that
+    their solves are one compiled program."""
 
-    slope: jax.Array
+    radius: jax.Array
+    inertia: jax.Array
     mu: jax.Array
+    e: jax.Array
+    slope: jax.Array
     push: jax.Array
     angle: jax.Array
 
     def kinetic_energy(self, t, q, v):
-        return 0.5 * v @ v
+        return 0.5 * v[:3] @ v[:3] + 0.5 * self.inertia * v[3:] @ v[3:]
 
     def potential_energy(self, t, q):
         return G * (q[2] * jnp.cos(self.slope) - q[0] * jnp.sin(self.slope))
 
     def generalized_forces(self, t, q, v):
-        return self.push * t * jnp.stack([jnp.cos(self.angle), jnp.sin(self.angle), 0.0])
-
-    def gaps(self, t, q):
-        return q[2:3]
-
-    def friction(self):
-        return self.mu
-
-    def slip_velocities(self, t, q, v):
-        return v[None, :2]
-
-
-class Ball(jaxdae.LagrangianSystem):
-    """A uniform sphere of `radius` (unit mass, `I = 2/5 r²`) over the ground `z = 0`: its
-    centre `q[:3]` and its angular velocity `v[3:]` (for a sphere the kinetic energy and the
-    slip velocity need no orientation), Newton's `e` and Coulomb's `mu`."""
-
-    radius: jax.Array
-    mu: jax.Array
-    e: jax.Array
-
-    def kinetic_energy(self, t, q, v):
-        return 0.5 * v[:3] @ v[:3] + 0.2 * self.radius**2 * v[3:] @ v[3:]
-
-    def potential_energy(self, t, q):
-        return G * q[2]
+        along = jnp.stack([jnp.cos(self.angle), jnp.sin(self.angle)])
+        return jnp.concatenate([self.push * t * along, jnp.zeros(4, along.dtype)])
 
     def gaps(self, t, q):
         return q[2:3] - self.radius
@@ -76,6 +61,12 @@ class Ball(jaxdae.LagrangianSystem):
         return jnp.stack([v[0] - r * v[4], v[1] + r * v[3]])[None]
 
 
+def _ball(radius, mu, e):
+    """A uniform sphere (`I = 2/5 r²`) over the level ground `z = 0`, not pushed."""
+    zero = jnp.zeros_like(mu)
+    return Body(radius, 0.4 * radius**2, mu, e, zero, zero, zero)
+
+
 # The blocks' batch: (slope, μ, push, angle, v₀).
 DIAGONAL, AT_REST, SLIDING, SIDEWAYS, PUSHED = range(5)
 BLOCKS = {
@@ -90,30 +81,12 @@ T1 = 1.5
 
 @pytest.fixture(scope="module")
 def blocks():
-    """The blocks' solves, one `jax.vmap` (each member meets its own events)."""
-    columns = list(zip(*BLOCKS.values(), strict=True))
-    slope, mu, push, angle = (jnp.asarray(c, float) for c in columns[:4])
-    v0 = jnp.asarray(columns[4], float)
-
-    @jax.jit
-    def run(slope, mu, push, angle, v0):
-        def one(slope, mu, push, angle, v0):
-            return jaxdae.simulate(
-                Block(slope, mu, push, angle),
-                jaxdae.Unstabilized(),
-                0.0,
-                T1,
-                jnp.zeros(3),
-                jnp.concatenate([v0, jnp.zeros(1)]),
-                **TIGHT,
-            )
-
-        return jax.vmap(one)(slope, mu, push, angle, v0)
-
-    return run(slope, mu, push, angle, v0)
+    """The blocks' solves (members `DIAGONAL` … `PUSHED` of `_solves`)."""
+    return _solves()
 
 
 def _member(sols, k):
+    """Member `k` of a batch of solutions (NumPy arrays: indexing them compiles nothing)."""
     return jax.tree.map(lambda x: x[k], sols)
 
 
@@ -140,8 +113,9 @@ def test_block_on_an_incline_sticks_below_the_angle_of_friction_and_slides_above
     slope, mu = BLOCKS[SLIDING][:2]
     assert np.tan(slope) > mu and sliding.events.table() == []
     a = G * (np.sin(slope) - mu * np.cos(slope))
-    np.testing.assert_allclose(sliding.q_final, [0.5 * a * T1**2, 0.0, 0.0], atol=1e-9)
-    np.testing.assert_allclose(sliding.v_final, [a * T1, 0.0, 0.0], atol=1e-9)
+    # (its spin, `q[3:]` and `v[3:]`, stays at rest)
+    np.testing.assert_allclose(sliding.q_final, np.r_[0.5 * a * T1**2, np.zeros(5)], atol=1e-9)
+    np.testing.assert_allclose(sliding.v_final, np.r_[a * T1, np.zeros(5)], atol=1e-9)
 
 
 def _sliding_reference(slope, mu, v0):
@@ -197,7 +171,7 @@ def test_block_slips_where_a_growing_push_leaves_the_cone(blocks):
     table = sol.events.table()
     assert [row[2] for row in table] == ["slip"]
     np.testing.assert_allclose(table[0][0], start, rtol=0, atol=1e-10)
-    along = np.array([np.cos(angle), np.sin(angle), 0.0])
+    along = np.r_[np.cos(angle), np.sin(angle), np.zeros(4)]
     np.testing.assert_allclose(sol.q_final, push * (T1 - start) ** 3 / 6 * along, atol=1e-9)
     np.testing.assert_allclose(sol.v_final, push * (T1 - start) ** 2 / 2 * along, atol=1e-9)
 
@@ -231,34 +205,42 @@ def _impact_closed_form(mu):
     return time, v_after, w + spin, np.linalg.norm(sticking) <= mu * normal
 
 
-@pytest.fixture(scope="module")
-def balls():
-    """The balls' solves, one `jax.vmap`; the impacts end halfway through the bounce."""
-    rolling = [
-        (
-            mu,
-            np.array([0.0, 0.0, RADIUS, 0.0, 0.0, 0.0]),
-            np.concatenate([ROLL_SPEED, np.zeros(4)]),
-            0.5,
-        )
-        for mu in ROLL_MUS
+@functools.cache
+def _solves():
+    """The blocks' and the balls' solves, one `jax.vmap` of one compiled program (each
+    member meets its own events), as NumPy arrays: the blocks (`BLOCKS`, to `T1`), then the
+    balls rolling (`ROLL_MUS`, to 0.5 s) and the impacts (`IMPACT_MUS`, to halfway through
+    the bounce)."""
+    rows = [  # (radius, inertia, μ, e, slope, push, angle), q₀, v₀, t₁
+        ((0.0, 1.0, mu, 0.0, slope, push, angle), np.zeros(6), np.r_[v0, np.zeros(4)], T1)
+        for slope, mu, push, angle, v0 in BLOCKS.values()
     ]
-    falling = []
+    ball = (RADIUS, 0.4 * RADIUS**2)
+    for mu in ROLL_MUS:
+        q0 = np.array([0.0, 0.0, RADIUS, 0.0, 0.0, 0.0])
+        rows.append(((*ball, mu, BOUNCE, 0.0, 0.0, 0.0), q0, np.r_[ROLL_SPEED, np.zeros(4)], 0.5))
     for mu in IMPACT_MUS:
         time, v_after, _, _ = _impact_closed_form(mu)
         state = (np.concatenate([FALL[0], np.zeros(3)]), np.concatenate(FALL[1:]))
-        falling.append((mu, *state, time + v_after[2] / G))
-    mu, q0, v0, t1 = (jnp.asarray(np.stack(c)) for c in zip(*(rolling + falling), strict=True))
+        rows.append(((*ball, mu, BOUNCE, 0.0, 0.0, 0.0), *state, time + v_after[2] / G))
+    parameters, q0, v0, t1 = zip(*rows, strict=True)
+    bodies = Body(*(jnp.asarray(c, float) for c in zip(*parameters, strict=True)))
 
     @jax.jit
-    def run(mu, q0, v0, t1):
-        def one(mu, q0, v0, t1):
-            ball = Ball(jnp.asarray(RADIUS), mu, jnp.asarray(BOUNCE))
-            return jaxdae.simulate(ball, jaxdae.Unstabilized(), 0.0, t1, q0, v0, **TIGHT)
+    def run(bodies, q0, v0, t1):
+        def one(body, q0, v0, t1):
+            return jaxdae.simulate(body, jaxdae.Unstabilized(), 0.0, t1, q0, v0, **TIGHT)
 
-        return jax.vmap(one)(mu, q0, v0, t1)
+        return jax.vmap(one)(bodies, q0, v0, t1)
 
-    return run(mu, q0, v0, t1)
+    sols = run(bodies, *(jnp.asarray(np.stack(x), float) for x in (q0, v0, t1)))
+    return jax.tree.map(np.asarray, sols)
+
+
+@pytest.fixture(scope="module")
+def balls():
+    """The balls' solves (from member `len(BLOCKS)` of `_solves`)."""
+    return jax.tree.map(lambda x: x[len(BLOCKS) :], _solves())
 
 
 def test_sphere_slides_then_rolls_at_the_closed_form(balls):
@@ -283,7 +265,7 @@ def test_sphere_in_float32_rolls_at_the_closed_form():
     left there counts as at rest: one `stick` event, not a slip that restarts at every
     event until `max_events`."""
     mu, speed = 0.3, 2.0
-    ball = Ball(jnp.asarray(RADIUS, jnp.float32), jnp.asarray(mu, jnp.float32), jnp.asarray(0.0))
+    ball = _ball(jnp.asarray(RADIUS, jnp.float32), jnp.asarray(mu, jnp.float32), jnp.asarray(0.0))
     sol = jaxdae.simulate(
         ball,
         jaxdae.Unstabilized(),
@@ -329,14 +311,10 @@ def test_cone_solver_meets_coulomb_and_complementarity():
         matrix = directions @ directions.T
         vector = rng.standard_normal(3 * size)
         friction = rng.uniform(0.1, 1.0, size)
-        out = solve(
-            jnp.asarray(matrix),
-            jnp.asarray(vector),
-            jnp.asarray(friction),
-            jnp.ones(size, bool),
-            jnp.ones(size, bool),
-            jnp.tile(jnp.array([1.0, 0.0]), (size, 1)),
-        )
+        # NumPy in and out: eager `jnp` calls and indexing compile a program each per size.
+        start = np.tile([1.0, 0.0], (size, 1))
+        out = solve(matrix, vector, friction, np.ones(size, bool), np.ones(size, bool), start)
+        out = jax.tree.map(np.asarray, out)
         if not bool(out.solved):
             continue
         solved += 1
@@ -383,13 +361,14 @@ def test_slip_direction_follows_the_slip_rate_where_the_response_is_anisotropic(
     solve = jax.jit(solve_frictional_lcp)
     for k, tol in ((1.0, 1e-12), (1.5, 1e-6), (3.0, 2e-3), (10.0, 1e-6)):
         out = solve(
-            jnp.diag(jnp.array([1.0, 1.0, k])),
-            jnp.array([-1.0, 1.0, 1.0]),
-            jnp.array([0.3]),
-            jnp.ones(1, bool),
-            jnp.ones(1, bool),
-            jnp.array([[1.0, 0.0]]),
+            np.diag([1.0, 1.0, k]),
+            np.array([-1.0, 1.0, 1.0]),
+            np.array([0.3]),
+            np.ones(1, bool),
+            np.ones(1, bool),
+            np.array([[1.0, 0.0]]),
         )
+        out = jax.tree.map(np.asarray, out)
         assert bool(out.solved) and not bool(out.modes.stick[0])
         d, rate = np.asarray(out.modes.sign[0]), np.asarray(out.w[1:])
         np.testing.assert_allclose(np.asarray(out.x[1:]), -0.3 * out.x[0] * d, atol=1e-14)
@@ -398,7 +377,7 @@ def test_slip_direction_follows_the_slip_rate_where_the_response_is_anisotropic(
 
 
 def _roll_time(mu):
-    ball = Ball(jnp.asarray(RADIUS), mu, jnp.asarray(BOUNCE))
+    ball = _ball(jnp.asarray(RADIUS), mu, jnp.asarray(BOUNCE))
     sol = jaxdae.simulate(
         ball,
         jaxdae.Unstabilized(),
