@@ -17,9 +17,13 @@ CONTROL = jaxdae.ConstraintEnforcingControl.with_poles(10.0, order=4)
 TS = jnp.linspace(0.0, 3.0, 7)
 
 
+# one program a control (eagerly, each operation of the block matrix compiles alone)
+_perturbation_matrix = eqx.filter_jit(jaxdae.perturbation_matrix)
+
+
 def _exact_perturbations(control, num_constraints, ts, y0):
     """`y(t) = expm(H t) y0`, `y = (f, ḟ, …)` stacked by derivative then constraint."""
-    h = np.asarray(jaxdae.perturbation_matrix(control, num_constraints))
+    h = np.asarray(_perturbation_matrix(control, num_constraints))
     return np.stack([scipy.linalg.expm(h * t) @ y0 for t in np.asarray(ts)])
 
 
@@ -29,12 +33,15 @@ def test_perturbations_decay_as_the_companion_equation():
     the programmed angle."""
     q0, v0, w0 = OPTICS.initial_state(angle_error=0.05)
     sol = jaxdae.simulate_actuated(OPTICS, CONTROL, 0.0, 3.0, q0, v0, w0, ts=TS)
-    y = np.asarray(sol.residuals[:, :, 0])
+    y = np.asarray(sol.residuals)[:, :, 0]
     expected = _exact_perturbations(CONTROL, 1, TS, y[0])
     scale = np.max(np.abs(y), axis=0)
     np.testing.assert_array_less(np.max(np.abs(y - expected), axis=0), 1e-6 * scale)
     assert abs(y[-1, 0]) < 1e-9 * abs(y[0, 0])
-    np.testing.assert_allclose(sol.q[-1, 0], OPTICS.programmed_angle(TS[-1]), atol=1e-9)
+    # one program (eagerly, each operation compiles alone)
+    angle = eqx.filter_jit(lambda system, t: system.programmed_angle(t))
+    programmed = angle(OPTICS, np.asarray(TS)[-1:])
+    np.testing.assert_allclose(np.asarray(sol.q)[-1, 0], programmed[0], atol=1e-9)
     assert sol.succeeded and sol.u.shape == (7, 1) and sol.w.shape == (7, 2)
     assert sol.t_final == 3.0
 
@@ -135,7 +142,7 @@ def test_fixed_step_stability_follows_the_transition_matrix():
     """Mukharlyamov (2019) §4: the continuous perturbation equation is stable for every step, but
     under explicit Euler the residual stays bounded only when `ρ(I + τH) < 1`."""
     control = jaxdae.ConstraintEnforcingControl.with_poles(40.0, order=4)
-    h = jaxdae.perturbation_matrix(control, 1)
+    h = _perturbation_matrix(control, 1)
     q0, v0, w0 = OPTICS.initial_state(angle_error=0.02)
 
     def late_residual(dt):
@@ -156,8 +163,12 @@ def test_fixed_step_stability_follows_the_transition_matrix():
         return sol.result, jnp.max(jnp.abs(sol.residuals[:, 0, 0]))
 
     stable, unstable = jnp.asarray(0.02), jnp.asarray(0.06)
-    assert jaxdae.spectral_radius(jaxdae.transition_matrix(h, diffrax.Euler(), stable)) < 1
-    assert jaxdae.spectral_radius(jaxdae.transition_matrix(h, diffrax.Euler(), unstable)) > 1
+    # one program for both steps (eagerly, each operation compiles alone)
+    radius = jax.jit(
+        lambda dt: jaxdae.spectral_radius(jaxdae.transition_matrix(h, diffrax.Euler(), dt))
+    )
+    assert radius(stable) < 1
+    assert radius(unstable) > 1
     result, residual = late_residual(stable)
     assert result == jaxdae.RESULTS.successful and residual < 1e-3
     result, _ = late_residual(unstable)
@@ -437,17 +448,22 @@ def test_uncoupled_companions_hold_the_companion_eigenvalues():
     from jaxdae._formulations._constraint_enforcing import _companion
     from jaxdae._gains import uncoupled_companions
 
-    gains = (jnp.array([6.0, 1.0, 10.0]), jnp.asarray(11.0), jnp.array([6.0, 3.0, 9.0]))
-    blocks = uncoupled_companions(gains, 3, jnp.float64)
+    gains = (np.array([6.0, 1.0, 10.0]), np.asarray(11.0), np.array([6.0, 3.0, 9.0]))
+    # one program (eagerly, each operation compiles alone)
+    blocks, companion = jax.jit(
+        lambda gains: (uncoupled_companions(gains, 3, jnp.float64), _companion(gains, 3, "gains"))
+    )(gains)
     assert blocks.shape == (3, 3, 3)
-    full = np.linalg.eigvals(np.asarray(_companion(gains, 3, "gains")))
+    full = np.linalg.eigvals(np.asarray(companion))
     np.testing.assert_allclose(
         np.sort_complex(np.linalg.eigvals(np.asarray(blocks)).ravel()),
         np.sort_complex(full),
         rtol=1e-9,
         atol=1e-9,
     )
-    assert uncoupled_companions((jnp.eye(3), jnp.asarray(1.0)), 3, jnp.float64) is None
+    # decided from the gains' shapes: traced for them, nothing compiled
+    coupled = (jnp.eye(3), jnp.asarray(1.0))
+    assert jax.eval_shape(lambda: uncoupled_companions(coupled, 3, jnp.float64)) is None
 
 
 def test_discrete_stability_penalty_reads_the_control_gains():
@@ -463,16 +479,19 @@ def test_discrete_stability_penalty_reads_the_control_gains():
 
 
 def test_gains_from_poles():
-    repeated = jaxdae.ConstraintEnforcingControl.from_poles(jnp.full(4, -10.0))
+    # one program a shape (eagerly, each operation of the product of the factors compiles
+    # alone); the check of conjugate pairs needs the poles' values, so it runs eagerly
+    from_poles = eqx.filter_jit(jaxdae.ConstraintEnforcingControl.from_poles)
+    repeated = from_poles(np.full(4, -10.0))
     np.testing.assert_allclose([float(k) for k in repeated.gains], [1e4, 4e3, 600.0, 40.0])
-    pair = jaxdae.ConstraintEnforcingControl.from_poles(jnp.array([-1 + 2j, -1 - 2j, -3.0]))
+    pair = from_poles(np.array([-1 + 2j, -1 - 2j, -3.0]))
     np.testing.assert_allclose([float(k) for k in pair.gains], [15.0, 11.0, 5.0])  # np.poly
-    eigenvalues = np.linalg.eigvals(np.asarray(jaxdae.perturbation_matrix(pair, 1)))
+    eigenvalues = np.linalg.eigvals(np.asarray(_perturbation_matrix(pair, 1)))
     np.testing.assert_allclose(np.sort_complex(eigenvalues), [-3, -1 - 2j, -1 + 2j], atol=1e-12)
     with pytest.raises(ValueError, match="conjugate pairs"):
         jaxdae.ConstraintEnforcingControl.from_poles(jnp.array([-1 + 2j, -3.0]))
-    grad = jax.grad(lambda p: jaxdae.ConstraintEnforcingControl.from_poles(p).gains[0])(
-        jnp.array([-1.0, -2.0])
+    grad = jax.jit(jax.grad(lambda p: jaxdae.ConstraintEnforcingControl.from_poles(p).gains[0]))(
+        np.array([-1.0, -2.0])
     )
     np.testing.assert_allclose(grad, [-2.0, -1.0])  # K_0 = p_1 p_2
 
