@@ -4,6 +4,7 @@ rolling, sticking and bouncing with first-order convergence, derivatives under `
 `grad` and `jacfwd`, float32, and the refused inputs (`jaxdae/_compilation/_cones.py`,
 `jaxdae/_integration/_time_stepping.py`)."""
 
+import functools
 from pathlib import Path
 
 import diffrax
@@ -17,7 +18,11 @@ from scipy.optimize import minimize
 import jaxdae
 import jaxdae.multibody as mb
 from jaxdae._compilation._cones import cone_solve, solve_cone_qp
+from jaxdae._compilation._operators import MassFactor
+from jaxdae._formulations._impacts import constrained_inverse_mass, friction_coefficients, gap_terms
+from jaxdae._integration._time_stepping import _dense_factor, contact_rows
 from jaxdae.examples import BouncingBall
+from jaxdae.multibody._articulated import ArticulatedFactor
 
 G = 9.81
 STEPS = (4e-3, 2e-3, 1e-3)
@@ -576,3 +581,56 @@ def test_bad_inputs_are_refused_before_the_solve():
             jnp.zeros(2),
             events=stepping,
         )
+
+
+@functools.cache
+def _contact_chain():
+    """A chain of 12 links (hinges about alternating axes, enough bodies for the tree's
+    articulated factor) whose last link's end has a frictional contact with the floor."""
+    links = [
+        mb.RigidBody(f"l{i}", 0.1, 1e-4 * np.eye(3), {"end": (0.0, 0.0, -0.1)}) for i in range(12)
+    ]
+    hinges = [
+        mb.Revolute("ground" if i == 0 else f"l{i - 1}.end", f"l{i}", axis=(0, 1, i % 2))
+        for i in range(12)
+    ]
+    floor = mb.Ground({"floor": (0.0, 0.0, -1.25)})
+    contact = mb.PlaneContact("l11.end", "ground.floor", normal=(0.0, 0.0, 1.0), friction=0.5)
+    return mb.TreeMechanism([floor, *links], hinges, [mb.Gravity()], stops=[contact])
+
+
+def test_contact_rows_are_those_of_the_gap_terms():
+    """A step's contact rows (first derivatives only) equal `gap_terms`' gaps, contact
+    velocities and rows, for a tree's contact in space and a point on an incline."""
+    chain = _contact_chain()
+    rng = np.random.default_rng(0)
+    cases = [
+        (chain, jnp.asarray(0.2 * rng.standard_normal(12)), jnp.asarray(rng.standard_normal(12))),
+        (PointOnIncline(jnp.asarray(0.3), jnp.asarray(0.4)), jnp.zeros(3), jnp.ones(3)),
+    ]
+    for system, q, v in cases:
+        friction = friction_coefficients(system, 1, q.dtype)
+        gaps = gap_terms(system, 0.1, q, v, friction)
+        gap, velocity, directions = eqx.filter_jit(contact_rows)(system, 0.1, q, v, friction)
+        np.testing.assert_allclose(gap, gaps.gap, rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(velocity, gaps.velocity, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(directions, gaps.directions, rtol=1e-12, atol=1e-14)
+
+
+def test_a_deep_trees_step_solves_with_the_dense_factor():
+    """Where a tree carries its articulated factor, a step solves with the dense Cholesky
+    factor of `M` instead: the same accelerations and contact response to rounding."""
+    chain = _contact_chain()
+    rng = np.random.default_rng(1)
+    q, v = jnp.asarray(0.2 * rng.standard_normal(12)), jnp.asarray(rng.standard_normal(12))
+    terms = chain.terms(0.0, q, v)
+    assert isinstance(terms.mass_operator.factor, ArticulatedFactor)
+    dense = _dense_factor(terms)
+    assert isinstance(dense.mass_operator.factor, MassFactor)
+    directions = contact_rows(chain, 0.0, q, v, friction_coefficients(chain, 1, q.dtype))[2]
+    for solve in (
+        lambda t: constrained_inverse_mass(t, directions.T),
+        lambda t: jaxdae.Unstabilized().accelerations(t)[0],
+    ):
+        expected, got = solve(terms), solve(dense)
+        np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12 * np.abs(expected).max())
