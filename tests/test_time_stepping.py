@@ -599,6 +599,14 @@ def _contact_chain():
     return mb.TreeMechanism([floor, *links], hinges, [mb.Gravity()], stops=[contact])
 
 
+@eqx.filter_jit
+def _rows_and_gap_terms(system, q, v):
+    """`contact_rows` and `gap_terms` at `t = 0.1`, one program per system (eagerly, each
+    operation compiles alone)."""
+    friction = friction_coefficients(system, 1, q.dtype)
+    return contact_rows(system, 0.1, q, v, friction), gap_terms(system, 0.1, q, v, friction)
+
+
 def test_contact_rows_are_those_of_the_gap_terms():
     """A step's contact rows (first derivatives only) equal `gap_terms`' gaps, contact
     velocities and rows, for a tree's contact in space and a point on an incline."""
@@ -609,9 +617,7 @@ def test_contact_rows_are_those_of_the_gap_terms():
         (PointOnIncline(jnp.asarray(0.3), jnp.asarray(0.4)), jnp.zeros(3), jnp.ones(3)),
     ]
     for system, q, v in cases:
-        friction = friction_coefficients(system, 1, q.dtype)
-        gaps = gap_terms(system, 0.1, q, v, friction)
-        gap, velocity, directions = eqx.filter_jit(contact_rows)(system, 0.1, q, v, friction)
+        (gap, velocity, directions), gaps = _rows_and_gap_terms(system, q, v)
         np.testing.assert_allclose(gap, gaps.gap, rtol=1e-13, atol=1e-15)
         np.testing.assert_allclose(velocity, gaps.velocity, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(directions, gaps.directions, rtol=1e-12, atol=1e-14)
@@ -622,15 +628,26 @@ def test_a_deep_trees_step_solves_with_the_dense_factor():
     factor of `M` instead: the same accelerations and contact response to rounding."""
     chain = _contact_chain()
     rng = np.random.default_rng(1)
-    q, v = jnp.asarray(0.2 * rng.standard_normal(12)), jnp.asarray(rng.standard_normal(12))
-    terms = chain.terms(0.0, q, v)
+    q, v = 0.2 * rng.standard_normal(12), rng.standard_normal(12)
+
+    # One program (eagerly, each operation compiles alone): both factors and, with each, the
+    # contact response and the accelerations.
+    @eqx.filter_jit
+    def solves(q, v):
+        terms = chain.terms(0.0, q, v)
+        dense = _dense_factor(terms)
+        directions = contact_rows(chain, 0.0, q, v, friction_coefficients(chain, 1, q.dtype))[2]
+        outputs = [
+            (solve(terms), solve(dense))
+            for solve in (
+                lambda t: constrained_inverse_mass(t, directions.T),
+                lambda t: jaxdae.Unstabilized().accelerations(t)[0],
+            )
+        ]
+        return terms, dense, outputs
+
+    terms, dense, outputs = solves(q, v)
     assert isinstance(terms.mass_operator.factor, ArticulatedFactor)
-    dense = _dense_factor(terms)
     assert isinstance(dense.mass_operator.factor, MassFactor)
-    directions = contact_rows(chain, 0.0, q, v, friction_coefficients(chain, 1, q.dtype))[2]
-    for solve in (
-        lambda t: constrained_inverse_mass(t, directions.T),
-        lambda t: jaxdae.Unstabilized().accelerations(t)[0],
-    ):
-        expected, got = solve(terms), solve(dense)
+    for expected, got in outputs:
         np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12 * np.abs(expected).max())
