@@ -21,26 +21,30 @@ PENDULUM = CartesianPendulum()
 Q0, V0 = PENDULUM.state_from_angle(0.5, 0.0)
 BAUMGARTE = jaxdae.Baumgarte(10.0, 25.0)
 T_BAD = 0.3  # where the broken models below stop being finite
+NEVER = 1e6  # a time the solves below do not reach
 
 
-def _broken(t):
-    """0 before `T_BAD`, nan after (and in every derivative there)."""
-    return jnp.sqrt(T_BAD - t) - jnp.sqrt(T_BAD - t)
+def _broken(t, t_bad):
+    """0 before `t_bad`, nan after (and in every derivative there)."""
+    return jnp.sqrt(t_bad - t) - jnp.sqrt(t_bad - t)
 
 
-class NaNForces(CartesianPendulum):
+class Broken(CartesianPendulum):
+    """The pendulum whose forces, mass matrix or constraints turn nan at the times given
+    (arrays: one program for the three, the term that breaks set by the values alone)."""
+
+    forces_from: jax.Array = eqx.field(default=NEVER, converter=jnp.asarray)
+    mass_from: jax.Array = eqx.field(default=NEVER, converter=jnp.asarray)
+    constraints_from: jax.Array = eqx.field(default=NEVER, converter=jnp.asarray)
+
     def potential_energy(self, t, q):
-        return super().potential_energy(t, q) * (1 + _broken(t))
+        return super().potential_energy(t, q) * (1 + _broken(t, self.forces_from))
 
-
-class NaNMass(CartesianPendulum):
     def mass_matrix(self, t, q):
-        return jnp.eye(2) * (1 + _broken(t))
+        return jnp.eye(2) * (1 + _broken(t, self.mass_from))
 
-
-class NaNConstraints(CartesianPendulum):
     def constraints(self, t, q):
-        return super().constraints(t, q) + _broken(t)
+        return super().constraints(t, q) + _broken(t, self.constraints_from)
 
 
 class Incompatible(CartesianPendulum):
@@ -56,9 +60,9 @@ class Incompatible(CartesianPendulum):
 @pytest.mark.parametrize(
     "system, result, term",
     [
-        (NaNForces(), jaxdae.RESULTS.non_finite_forces, "generalized forces"),
-        (NaNMass(), jaxdae.RESULTS.non_finite_mass_matrix, "mass matrix"),
-        (NaNConstraints(), jaxdae.RESULTS.non_finite_constraints, "constraints"),
+        (Broken(forces_from=T_BAD), jaxdae.RESULTS.non_finite_forces, "generalized forces"),
+        (Broken(mass_from=T_BAD), jaxdae.RESULTS.non_finite_mass_matrix, "mass matrix"),
+        (Broken(constraints_from=T_BAD), jaxdae.RESULTS.non_finite_constraints, "constraints"),
     ],
 )
 def test_a_model_that_turns_non_finite_mid_run_is_named(system, result, term):
@@ -73,11 +77,11 @@ def test_a_model_that_turns_non_finite_mid_run_is_named(system, result, term):
 
 
 def test_a_non_finite_model_raises_with_the_term_time_and_state():
-    # (the solve of the first case above: one compiled program for both)
+    # (the solve of the cases above: one compiled program for all)
     with pytest.raises(
         jaxdae.SimulationError, match=r"non-finite generalized forces(.|\n)*stopped at t = 0\.3"
     ):
-        jaxdae.simulate(NaNForces(), BAUMGARTE, 0.0, 1.0, Q0, V0, max_steps=None)
+        jaxdae.simulate(Broken(forces_from=T_BAD), BAUMGARTE, 0.0, 1.0, Q0, V0, max_steps=None)
 
 
 def test_a_non_finite_model_stops_under_jit_and_vmap():
@@ -87,7 +91,14 @@ def test_a_non_finite_model_stops_under_jit_and_vmap():
         jax.vmap(
             lambda t1: (
                 jaxdae.simulate(
-                    NaNForces(), BAUMGARTE, 0.0, t1, Q0, V0, max_steps=1000, throw=False
+                    Broken(forces_from=T_BAD),
+                    BAUMGARTE,
+                    0.0,
+                    t1,
+                    Q0,
+                    V0,
+                    max_steps=1000,
+                    throw=False,
                 ).result._value
             )
         )

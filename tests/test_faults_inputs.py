@@ -7,6 +7,7 @@ Each is refused with a message that names the input and the fix, or, traced with
 import functools
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -592,9 +593,19 @@ def test_bad_traced_input_of_simulate_actuated_raises_with_throw():
 # --- stop data: eager, under jit and under vmap --------------------------------------------
 
 
-def _ball_solution(restitution, height=1.0, t1=0.5, throw=False):
+class _Ball(jaxdae.examples.BouncingBall):
+    """The bouncing ball whose gap turns nan after the time `nan_after` (an array leaf:
+    balls with and without a nan gap, at the start or later, share their programs)."""
+
+    nan_after: jax.Array = eqx.field(default=np.inf, converter=jnp.asarray)
+
+    def gaps(self, t, q):
+        return jnp.where(t > self.nan_after, jnp.nan, q[1:2])
+
+
+def _ball_solution(restitution, height=1.0, t1=0.5, nan_after=np.inf, throw=False):
     return jaxdae.simulate(
-        jaxdae.examples.BouncingBall(e=restitution),
+        _Ball(e=restitution, nan_after=nan_after),
         jaxdae.Unstabilized(),
         0.0,
         t1,
@@ -604,19 +615,24 @@ def _ball_solution(restitution, height=1.0, t1=0.5, throw=False):
     )
 
 
-def _ball_result(restitution, height=1.0, throw=False):
-    sol = _ball_solution(restitution, height, throw=throw)
-    return sol.result._value if not throw else sol.q_final
+def _ball_result(restitution, height=1.0, nan_after=np.inf, throw=False):
+    sol = _ball_solution(restitution, height, nan_after=nan_after, throw=throw)
+    return sol.q_final if throw else sol.result._value
 
 
-# One program each, shared by the tests and their cases: the restitution traced under `jit`
-# (with and without `throw`) and under `grad`, and a batch over both the restitution and
-# the height (its end time unbatched), which the tests of bad restitutions, of starts below
-# the floor and of the events of a batch all read.
-_ball_traced = jax.jit(_ball_result)
-_ball_thrown = jax.jit(functools.partial(_ball_result, throw=True))
+def _ball_traced_result(restitution, height, nan_after):
+    sol = _ball_solution(restitution, height, nan_after=nan_after)
+    return sol.result._value, sol.q_final
+
+
+# The ball's programs, shared by the tests and their cases: eager calls (their end times
+# are arrays, so one program for all), the restitution, height and nan time traced under
+# `jit` (`throw=False`), a batch over all three (its end time unbatched) and the gradient
+# with respect to the restitution (`throw=True`: it also raises the rules of bad data).
+_ball_traced = jax.jit(_ball_traced_result)
+_ball_batch = jax.vmap(_ball_solution, in_axes=(0, 0, None, 0))
 _ball_gradient = jax.jit(jax.grad(lambda e: jnp.sum(_ball_result(e, throw=True))))
-_ball_batch = jax.vmap(_ball_solution, in_axes=(0, 0, None))
+_NEVER = jnp.array([np.inf, np.inf])  # no nan gap in either member of a batch
 
 
 def test_a_gradient_of_good_traced_stop_data_is_the_differences():
@@ -634,36 +650,54 @@ def _block_result(friction):
     ).result._value
 
 
-# One program, shared by the good and the bad frictions: the friction traced.
-_block_traced = jax.jit(_block_result)
+# One program for the good and the bad frictions: a batch over the friction. (An unbatched
+# traced check reports `invalid_input` as the ball's do, `_ball_traced`.)
+_block_batch = jax.vmap(_block_result)
+
+
+def _disc_result(radius=0.1, lower=0.0, upper=2.0, throw=False):
+    """A disc above the ground line whose contact radius and a distance stop's bounds may
+    be traced."""
+    import jaxdae.multibody as mb
+
+    disc = mb.Mechanism(
+        bodies=[mb.PlanarBody("disc", mass=1.0, inertia=0.01, position=(0.0, 0.5))],
+        forces=[mb.Gravity((0.0, -9.81))],
+        stops=[
+            mb.PlaneContact("disc", radius=radius, name="floor"),
+            mb.DistanceStop("ground", "disc", lower=lower, upper=upper, name="rope"),
+        ],
+    )
+    q0, v0 = disc.initial_state()
+    sol = jaxdae.simulate(disc, jaxdae.Unstabilized(), 0.0, 0.1, q0, v0, throw=throw)
+    # (With `throw`, the error is attached to the solution's arrays.)
+    return sol.q_final if throw else sol.result._value
+
+
+_GOOD_STOPS = {"radius": 0.1, "lower": 0.0, "upper": 2.0}
+# One program each, shared by the cases: every stop value traced, in a batch under `jit`
+# (`invalid_input` per member) and with `throw=True` (the rule as the error). Their known
+# zero friction: stop data known in a call that the caller's `jit` traces, checked as such.
+_disc_batch = jax.jit(jax.vmap(_disc_result))
+_disc_thrown = jax.jit(functools.partial(_disc_result, throw=True))
 
 
 def test_good_stop_data_passes_in_a_traced_call():
-    # Concrete stop data in a call that the caller's `jit` traces: checked as constants.
-    heights = jax.jit(
-        lambda h: jaxdae.simulate(
-            jaxdae.examples.BouncingBall(e=0.5),
-            jaxdae.Unstabilized(),
-            0.0,
-            0.5,
-            jnp.stack([0.0, h]),
-            jnp.zeros(2),
-        ).q_final[1]
-    )(1.0)
-    assert np.isfinite(float(heights))
-    assert int(_block_traced(0.5)) == SUCCESS
+    code, q_final = _ball_traced(0.5, 1.0, np.inf)
+    assert int(code) == SUCCESS and np.all(np.isfinite(q_final))
+    assert np.all(np.isfinite(_disc_thrown(**_GOOD_STOPS)))
+    assert _block_batch(jnp.array([0.5, 0.3])).tolist() == [SUCCESS, SUCCESS]
 
 
 @pytest.mark.parametrize("restitution", [1.5, -0.2, np.nan])
 def test_bad_restitution_is_refused_eager_traced_and_batched(restitution):
     with pytest.raises(ValueError, match="restitution must lie in"):
         _ball_result(restitution)
-    assert int(_ball_traced(restitution)) == INVALID
-    batch = _ball_batch(jnp.array([0.5, restitution]), jnp.array([1.0, 1.0]), 0.5)
+    assert int(_ball_traced(restitution, 1.0, np.inf)[0]) == INVALID
+    batch = _ball_batch(jnp.array([0.5, restitution]), jnp.array([1.0, 1.0]), 0.5, _NEVER)
     assert batch.result._value.tolist() == [SUCCESS, INVALID]
-    with pytest.raises(Exception, match="restitution must lie in"):
-        jax.block_until_ready(_ball_thrown(restitution))
-    # Under `jax.grad` the solution's values go unused: the check still runs.
+    # With `throw=True`, under `jax.grad`, whose solution's values go unused: the check
+    # still runs.
     with pytest.raises(Exception, match="restitution must lie in"):
         jax.block_until_ready(_ball_gradient(restitution))
 
@@ -672,8 +706,7 @@ def test_bad_restitution_is_refused_eager_traced_and_batched(restitution):
 def test_bad_friction_is_refused_eager_traced_and_batched(friction):
     with pytest.raises(ValueError, match="friction must be"):
         _block_result(friction)
-    assert int(_block_traced(friction)) == INVALID
-    assert jax.vmap(_block_result)(jnp.array([0.5, friction])).tolist() == [SUCCESS, INVALID]
+    assert _block_batch(jnp.array([0.5, friction])).tolist() == [SUCCESS, INVALID]
 
 
 def _stepped_ball_result(height):
@@ -697,34 +730,16 @@ def test_a_traced_start_below_a_gap_is_invalid_input(result):
         result(0.5, height=-0.1) if result is _ball_result else result(-0.1)
     heights = jnp.array([1.0, -0.1])
     if result is _ball_result:
-        batch = _ball_batch(jnp.array([0.5, 0.5]), heights, 0.5).result._value
+        batch = _ball_batch(jnp.array([0.5, 0.5]), heights, 0.5, _NEVER).result._value
     else:
         batch = jax.vmap(result)(heights)
     assert batch.tolist() == [SUCCESS, INVALID]
 
 
-class _RootGapBall(jaxdae.examples.BouncingBall):
-    """A gap `√y − 0.5`: not a number below the floor's level."""
-
-    def gaps(self, t, q):
-        return jnp.sqrt(q[1:2]) - 0.5
-
-
 def test_a_gap_that_is_nan_at_the_start_is_refused():
-    def result(height):
-        return jaxdae.simulate(
-            _RootGapBall(e=0.5),
-            jaxdae.Unstabilized(),
-            0.0,
-            0.5,
-            jnp.stack([0.0, height]),
-            jnp.zeros(2),
-            throw=False,
-        ).result._value
-
     with pytest.raises(ValueError, match="gaps .* must be finite"):
-        result(-1.0)
-    assert int(jax.jit(result)(-1.0)) == INVALID
+        _ball_result(0.5, nan_after=-1.0)
+    assert int(_ball_traced(0.5, 1.0, -1.0)[0]) == INVALID
 
 
 class _IntegerGapBall(jaxdae.examples.BouncingBall):
@@ -741,7 +756,7 @@ def test_integer_gaps_are_refused():
 
 
 def test_the_events_of_a_batch_tabulate_per_member():
-    tables = _ball_batch(jnp.array([0.5, 0.5]), jnp.array([1.0, 0.5]), 1.0).events.table()
+    tables = _ball_batch(jnp.array([0.5, 0.5]), jnp.array([1.0, 0.5]), 1.0, _NEVER).events.table()
     assert len(tables) == 2
     assert tables[0] == _ball_solution(0.5, 1.0, 1.0, throw=True).events.table()
     assert tables[1][0][2] == "impact"
@@ -756,63 +771,14 @@ def test_event_settings_are_checked():
         jaxdae.EventDriven(contact_gains=(np.inf, np.inf))
 
 
-class _LateNaNGapBall(jaxdae.examples.BouncingBall):
-    """A gap that turns nan at t = 0.2, before the ball reaches the floor."""
-
-    def gaps(self, t, q):
-        return jnp.where(t > 0.2, jnp.nan, q[1:2])
-
-
 def test_a_gap_that_turns_nan_is_a_named_failure():
-    def result(height):
-        return jaxdae.simulate(
-            _LateNaNGapBall(e=0.5),
-            jaxdae.Unstabilized(),
-            0.0,
-            1.0,
-            jnp.stack([0.0, height]),
-            jnp.zeros(2),
-            throw=False,
-        ).result._value
-
+    """A gap that turns nan at t = 0.2, before the ball reaches the floor."""
     named = jaxdae.RESULTS.non_finite_gaps._value
-    assert int(result(1.0)) == named
-    assert jax.vmap(result)(jnp.array([1.0, 0.5])).tolist() == [named, named]
+    assert int(_ball_solution(0.5, 1.0, 1.0, nan_after=0.2).result._value) == named
+    batch = _ball_batch(jnp.array([0.5, 0.5]), jnp.array([1.0, 0.5]), 1.0, jnp.array([0.2, 0.2]))
+    assert batch.result._value.tolist() == [named, named]
     with pytest.raises(jaxdae.SimulationError, match="gaps .* became non-finite"):
-        jaxdae.simulate(
-            _LateNaNGapBall(e=0.5),
-            jaxdae.Unstabilized(),
-            0.0,
-            1.0,
-            jnp.array([0.0, 1.0]),
-            jnp.zeros(2),
-        )
-
-
-def _disc_result(radius=0.1, lower=0.0, upper=2.0, throw=False):
-    """A disc above the ground line whose contact radius and a distance stop's bounds may
-    be traced."""
-    import jaxdae.multibody as mb
-
-    disc = mb.Mechanism(
-        bodies=[mb.PlanarBody("disc", mass=1.0, inertia=0.01, position=(0.0, 0.5))],
-        forces=[mb.Gravity((0.0, -9.81))],
-        stops=[
-            mb.PlaneContact("disc", radius=radius, name="floor"),
-            mb.DistanceStop("ground", "disc", lower=lower, upper=upper, name="rope"),
-        ],
-    )
-    q0, v0 = disc.initial_state()
-    sol = jaxdae.simulate(disc, jaxdae.Unstabilized(), 0.0, 0.1, q0, v0, throw=throw)
-    # (With `throw`, the error is attached to the solution's arrays.)
-    return sol.q_final if throw else sol.result._value
-
-
-_GOOD_STOPS = {"radius": 0.1, "lower": 0.0, "upper": 2.0}
-# One program each, shared by the cases: every stop value traced.
-_disc_traced = jax.jit(_disc_result)
-_disc_batch = jax.jit(jax.vmap(_disc_result))
-_disc_thrown = jax.jit(functools.partial(_disc_result, throw=True))
+        _ball_solution(0.5, 1.0, 1.0, nan_after=0.2, throw=True)
 
 
 def test_a_start_below_a_named_stop_names_it():
@@ -830,11 +796,10 @@ def test_a_start_below_a_named_stop_names_it():
 )
 def test_bad_traced_stop_values_are_invalid_input(bad, eager, match):
     """Stop data that is refused when concrete is reported when traced: `invalid_input`
-    under `jit` and per member under `vmap`, the rule as the error under `throw=True`."""
+    per member of a batch under `jit`, the rule as the error under `throw=True`."""
     with pytest.raises(ValueError, match=eager):
         _disc_result(**bad)
     values = {**_GOOD_STOPS, **bad}
-    assert int(_disc_traced(**values)) == INVALID
     batch = _disc_batch(**{k: jnp.array([_GOOD_STOPS[k], v]) for k, v in values.items()})
     assert batch.tolist() == [SUCCESS, INVALID]
     with pytest.raises(Exception, match=match):
