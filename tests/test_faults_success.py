@@ -369,5 +369,6 @@ def test_singular_passages_says_what_it_cannot_read():
     nested = jax.vmap(jax.vmap(solve))(jnp.full((2, 3), 0.5))
     passages = nested.singular_passages()
     assert len(passages) == 2 and all(len(row) == 3 for row in passages)
+    # A traced solution (here a computed one passed in: no solve traced anew).
     with pytest.raises(ValueError, match="concrete solution"):
-        jax.jit(lambda a: solve(a).singular_passages())(0.5)
+        jax.jit(lambda sol: sol.singular_passages())(nested)
