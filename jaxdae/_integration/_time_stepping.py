@@ -22,7 +22,7 @@ from .._custom_types import Array, Float
 from .._formulations._impacts import (
     constrained_inverse_mass,
     friction_coefficients,
-    gap_terms,
+    slip_tangents,
 )
 from .._formulations._multipliers import eliminate
 from .._gains import is_concrete
@@ -224,10 +224,13 @@ class TimeSteppingSolver(AbstractFailureNamingSolver):
         return terms.vf(t0, y0, args)
 
     def init(self, terms, t0, t1, y0, args):
-        q, v = y0
+        q, _ = y0
         system = system_term(terms).system
-        gaps = gap_terms(system, t0, q, v)
-        return jnp.zeros_like(gaps.velocity)
+        count = gap_count(system, t0, q)
+        friction = friction_coefficients(system, count, q.dtype)
+        # (Shapes only: tracing the contact rows here would lengthen the compile.)
+        tangents = slip_tangents(system, t0, q) if friction.shape[0] else 0
+        return jnp.zeros((count + tangents * friction.shape[0],), q.dtype)
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         del args, made_jump
