@@ -12,9 +12,12 @@ with the gaps and contact velocities (`contact_rows`); the contact response
 factor that a step takes (`_dense_factor`), each with the terms and rows it needs.
 With `--iterations`, drops from 0.35–0.55 m of `--t1` seconds: the accelerated
 projected gradient iterations and fixed-point iterations (QPs) per step, per member
-and at the batch's slowest member (which sets a batch's pace under `vmap`).
+and at the batch's slowest member (which sets a batch's pace under `vmap`). With
+`--dense-tree`, the tree takes its dense path (`ARTICULATED_MIN_BODIES` raised above its 13
+bodies: products with the ancestor matrix and the Cholesky factor of `M`).
 
-    python experiments/diagnostics/bench_time_stepping_step.py [--batch 64] [--iterations]
+    python experiments/diagnostics/bench_time_stepping_step.py [--batch 64] [--iterations] \
+        [--dense-tree]
 """
 
 import argparse
@@ -202,7 +205,12 @@ def main():
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--iterations", action="store_true")
     parser.add_argument("--t1", type=float, default=0.5)
+    parser.add_argument("--dense-tree", action="store_true")
     args = parser.parse_args()
+    if args.dense_tree:
+        from jaxdae import _thresholds
+
+        _thresholds.ARTICULATED_MIN_BODIES = 1_000
     quadruped = __import__("quadruped_drop")
     model, _ = quadruped.quadruped(quadruped.urdf_path())
     formulation = jaxdae.Baumgarte(kd=20.0, kp=100.0)
