@@ -306,9 +306,8 @@ def _dense_factor(terms):
     `LOOPED_MAX` rows; else `terms`. A step solves with `M` for the accelerations and for
     the `u + tangents·f` columns of the contacts' response; under `vmap` each solve through
     the articulated factor is a loop over the tree's levels, and factorizing the dense `M`
-    (which the tree's terms hold) costs less than those solves (the A1 quadruped: 19
-    coordinates, 12 contact rows, a batch of 64: the response in 0.7 instead of 14.5 ms,
-    measured alone; docs/guides/time_stepping.md)."""
+    (which the tree's terms hold) costs less than those solves
+    (docs/design_measurements.md#time-stepping-dense-factor)."""
     factor = factor_of(terms.mass_operator)
     size = terms.mass_matrix.shape[0]
     if factor is None or isinstance(factor, MassFactor) or size > _thresholds.LOOPED_MAX:
