@@ -49,7 +49,7 @@ def assemble_outcome(problem: Problem, solved: Problem, out, result) -> Solution
     return sol
 
 
-def report(problem: Problem, sol: Solution) -> Solution:
+def report(problem: Problem, sol: Solution, throw: bool) -> Solution:
     """After the compiled solve: a concrete solution's failure named by what only an eager
     call can evaluate (`name_non_finite_term`, the solver's `name_stall`), then raised as
     [`jaxdae.SimulationError`][] where the call asks (`throw`). A traced solve had its
@@ -58,6 +58,6 @@ def report(problem: Problem, sol: Solution) -> Solution:
         return sol
     sol = name_non_finite_term(sol, problem.system, problem.formulation, problem.times.t0)
     sol = name_stall(problem.options.solver, sol, problem.system)
-    if problem.throw:
+    if throw:
         sol = raise_failure(sol, problem.trajectories.reported_result(sol.result))
     return sol

@@ -39,8 +39,9 @@ class Problem(eqx.Module):
     """A checked solve: the system and its formulation (in the state's precision), the
     times, the initial states, the resolved options, the event settings (None: the system
     has no gaps), whether the formulation's failure test can stop the solve (`fails`), what
-    is checked when anything is traced (`checks`), the layout of the trajectories and
-    whether a failure raises (`throw`)."""
+    is checked when anything is traced (`checks`) and the layout of the trajectories.
+    Whether a failure raises is the call's `throw`, read after the compiled solve (by
+    `report`), so that calls with and without it share one program."""
 
     system: AbstractSystem
     formulation: AbstractFormulation
@@ -52,7 +53,6 @@ class Problem(eqx.Module):
     fails: bool = eqx.field(static=True)
     checks: TracedChecks
     trajectories: AbstractTrajectories
-    throw: bool = eqx.field(static=True)
 
     def solvable(self) -> "Problem":
         """The problem that a traced solve integrates: bad traced times and steps replaced
@@ -174,7 +174,6 @@ def pose_problem(
         fails=fails,
         checks=checks,
         trajectories=trajectories,
-        throw=call.throw,
     )
 
 

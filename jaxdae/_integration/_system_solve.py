@@ -34,7 +34,7 @@ def solve_system(
     problem = pose_problem(system, formulation, t0, t1, q0, v0, call, trajectories)
     with forward_mode_hint():
         sol = solve_problem(problem)
-    return report(problem, sol)
+    return report(problem, sol, call.throw)
 
 
 @jit_unless_staged
