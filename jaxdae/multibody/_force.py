@@ -12,7 +12,7 @@ import numpy as np
 from .._custom_types import Array, ArrayLike, ArrayLikeOrSequence, Float
 from .._gains import is_concrete
 from ._body import _array, _check_element_dimension, _optional_vector, _scalar
-from ._kinematics import Kinematics
+from ._kinematics import ElementKinematics, Kinematics
 from ._tree_kinematics import TreeKinematics
 
 
@@ -119,8 +119,9 @@ def _actuator(value):
     return None, _array("An actuator", value)
 
 
-def actuation(element, kin: Kinematics | TreeKinematics, shape=()):
-    """The value of `element`'s actuator at the state of `kin`."""
+def actuation(element, kin: Kinematics | TreeKinematics | ElementKinematics, shape=()):
+    """The value of `element`'s actuator at the state of `kin` (in a group of elements,
+    the state that each element of the group sees)."""
     if element.channel is not None:
         return kin.inputs[element.channel]
     actuator = element.actuator
@@ -131,7 +132,7 @@ def actuation(element, kin: Kinematics | TreeKinematics, shape=()):
     return jnp.reshape(actuator, shape)
 
 
-def _applied(element, kin: Kinematics | TreeKinematics, direction, size):
+def _applied(element, kin: Kinematics | TreeKinematics | ElementKinematics, direction, size):
     """The vector an applied force or torque `element` acts with: `u · direction`, or its
     actuator `u` itself, shape `(size,)`, without a `direction`; in the global frame, turned
     from the frame of its marker `at` if it is `local`."""
