@@ -11,6 +11,8 @@ linear ODE `ẏ = Hy` from each unit vector, so it works for any diffrax one-ste
 (explicit, implicit, SDIRK) without typing in a Butcher tableau.
 """
 
+from collections.abc import Sequence
+
 import diffrax
 import equinox as eqx
 import jax
@@ -87,7 +89,7 @@ def transition_matrix(
 @full_precision
 def perturbation_matrix(
     formulation: eqx.Module,
-    num_constraints: int,
+    num_constraints: int | Sequence[int],
     constraint_matrix: Float[Array, "c c"] | None = None,
     *,
     num_nonholonomic: int = 0,
@@ -111,7 +113,8 @@ def perturbation_matrix(
     - `formulation`: a stabilized formulation, or a
         [`jaxdae.ConstraintEnforcingControl`][] (its companion matrix, Mukharlyamov (2019) eqs.
         [3.12], [5.8]).
-    - `num_constraints`: `m`, the number of holonomic (or program) constraints.
+    - `num_constraints`: `m`, the number of holonomic (or program) constraints; for a
+        constraint-enforcing control with grouped gains, one size per group.
     - `constraint_matrix`: `W = G M⁻¹ Gᵀ` for the modified Lagrange formulation.
     - `num_nonholonomic`: `k`, the number of nonholonomic constraints (default 0): their
         rows `Ψ` are appended.

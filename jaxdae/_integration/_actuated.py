@@ -86,7 +86,8 @@ class ActuatedSolution(AbstractSolution):
 
     w: Float[Array, "N k"]
     u: Float[Array, "N s"]
-    residuals: Float[Array, "N order r"] | tuple[Float[Array, "N order r"], ...]
+    # (A group's order and size are its own: `_` leaves them unbound across the tuple.)
+    residuals: Float[Array, "N order r"] | tuple[Float[Array, "N _ _"], ...]
     w_final: Float[Array, " k"]
 
 
