@@ -86,66 +86,6 @@ def parts(model, formulation, batch):
     return {name: (1e3 * np.median(t), 1e3 * min(t)) for name, t in times.items()}
 
 
-def _counted_apgd(matrix, vector, friction, start, tolerance, max_iterations):
-    """`_cones._apgd`'s iteration, with its count."""
-    lipschitz = cones.lipschitz_bound(matrix)
-    x0 = cones.project_cones(start, friction)
-
-    def residual(x):
-        r = cones.natural_residual(x, matrix, vector, friction, lipschitz, False)
-        return jnp.max(jnp.abs(r))
-
-    def body(state):
-        k, x, y, theta, best_x, best_r = state
-        gradient = matrix @ y + vector
-        x_new = cones.project_cones(y - gradient / lipschitz, friction)
-        theta_new = 0.5 * theta * (jnp.sqrt(theta**2 + 4) - theta)
-        beta = theta * (1 - theta) / (theta**2 + theta_new)
-        restart = gradient @ (x_new - x) > 0
-        y_new = jnp.where(restart, x_new, x_new + beta * (x_new - x))
-        theta_new = jnp.where(restart, 1.0, theta_new)
-        r = residual(x_new)
-        better = r < best_r
-        return (
-            k + 1,
-            x_new,
-            y_new,
-            theta_new,
-            jnp.where(better, x_new, best_x),
-            jnp.where(better, r, best_r),
-        )
-
-    state = jax.lax.while_loop(
-        lambda s: (s[0] < max_iterations) & (s[5] > tolerance),
-        body,
-        (0, x0, x0, jnp.ones(()), x0, residual(x0)),
-    )
-    return state[4], state[0]
-
-
-def _counted_fixed_point(matrix, vector, friction, start, tolerance, max_iterations=1000):
-    """`_cones._fixed_point`, with its QP and APGD iteration counts."""
-    lipschitz = cones.lipschitz_bound(matrix)
-
-    def residual(x):
-        r = cones.natural_residual(x, matrix, vector, friction, lipschitz, True)
-        return jnp.max(jnp.abs(r))
-
-    def body(state):
-        k, x, _, n = state
-        shifted = vector + cones.de_saxce_shift(matrix @ x + vector, friction)
-        x, inner = _counted_apgd(matrix, shifted, friction, x, tolerance, max_iterations)
-        return k + 1, x, residual(x), n + inner
-
-    x0 = cones.project_cones(start, friction)
-    k, x, _, n = jax.lax.while_loop(
-        lambda s: (s[0] < cones.FIXED_POINT_ITERATIONS) & (s[2] > tolerance),
-        body,
-        (0, x0, residual(x0), 0),
-    )
-    return x, k, n
-
-
 def iterations(model, formulation, batch, t1):
     """The cone solve's QPs and APGD iterations per step along `batch` drops: each step's
     problem from the simulated states, solved warm-started from the previous step's
@@ -188,8 +128,14 @@ def iterations(model, formulation, batch, t1):
                 stepping.contact_step(settings, model, formulation, None, 0.0, DT, q, v, impulses)
             finally:
                 stepping.cone_solve = original
-            x, k, n = _counted_fixed_point(
-                captured["matrix"], captured["vector"], friction, impulses, captured["tolerance"]
+            # (The time step's own maximum of APGD iterations per QP.)
+            x, k, n = cones._fixed_point(
+                captured["matrix"],
+                captured["vector"],
+                friction,
+                impulses,
+                captured["tolerance"],
+                settings.max_iterations,
             )
             return x, (k, n)
 

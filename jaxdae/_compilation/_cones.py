@@ -97,7 +97,7 @@ def natural_residual(x, matrix, vector, friction, lipschitz, exact: bool) -> Flo
 
 def _apgd(matrix, vector, friction, start, tolerance, max_iterations: int):
     """APGD (module docstring) from `start`: the iterate with the smallest natural
-    residual, and that residual."""
+    residual, that residual and the number of iterations."""
     lipschitz = lipschitz_bound(matrix)
     step = 1 / lipschitz
     x0 = project_cones(start, friction)
@@ -136,8 +136,8 @@ def _apgd(matrix, vector, friction, start, tolerance, max_iterations: int):
         )
 
     state = (jnp.zeros((), jnp.int32), x0, x0, one, x0, r0)
-    _, _, _, _, best_x, best_r = jax.lax.while_loop(cond, body, state)
-    return best_x, best_r
+    k, _, _, _, best_x, best_r = jax.lax.while_loop(cond, body, state)
+    return best_x, best_r, k
 
 
 def _fixed_point(matrix, vector, friction, start, tolerance, max_iterations: int):
@@ -146,7 +146,8 @@ def _fixed_point(matrix, vector, friction, start, tolerance, max_iterations: int
     problem via convex optimization", ZAMM 91 (2011)): the QP with `b` shifted by De
     Saxcé's correction `[μ|y_T|; 0]` of the last iterate's velocities, solved by APGD
     (warm-started), until the exact natural residual is at most `tolerance`, or
-    `FIXED_POINT_ITERATIONS` QPs."""
+    `FIXED_POINT_ITERATIONS` QPs. Returns the impulses, the number of QPs and the APGD
+    iterations of all of them."""
     lipschitz = lipschitz_bound(matrix)
 
     def residual(x):
@@ -155,18 +156,19 @@ def _fixed_point(matrix, vector, friction, start, tolerance, max_iterations: int
         )
 
     def cond(state):
-        k, _, r = state
+        k, _, r, _ = state
         return (k < FIXED_POINT_ITERATIONS) & (r > tolerance)
 
     def body(state):
-        k, x, _ = state
+        k, x, _, inner = state
         shifted = vector + de_saxce_shift(matrix @ x + vector, friction)
-        x, _ = _apgd(matrix, shifted, friction, x, tolerance, max_iterations)
-        return k + 1, x, residual(x)
+        x, _, count = _apgd(matrix, shifted, friction, x, tolerance, max_iterations)
+        return k + 1, x, residual(x), inner + count
 
+    zero = jnp.zeros((), jnp.int32)
     x0 = project_cones(start, friction)
-    _, x, _ = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), x0, residual(x0)))
-    return x
+    k, x, _, inner = jax.lax.while_loop(cond, body, (zero, x0, residual(x0), zero))
+    return x, k, inner
 
 
 # The most cone QPs of one exact solve (`_fixed_point`).
@@ -198,7 +200,7 @@ def solve_cone_qp(
     `F_P` is singular (impulses that the contacts do not determine: the least-norm
     derivative). `start` and `tolerance` have no derivative."""
     if exact and friction.shape[0] > 0:
-        return _fixed_point(matrix, vector, friction, start, tolerance, max_iterations)
+        return _fixed_point(matrix, vector, friction, start, tolerance, max_iterations)[0]
     return _apgd(matrix, vector, friction, start, tolerance, max_iterations)[0]
 
 
