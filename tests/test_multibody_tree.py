@@ -115,6 +115,22 @@ def test_a_long_chain_takes_the_articulated_solve():
     )
 
 
+def test_time_stepping_takes_the_dense_path_of_a_deep_tree():
+    """A time step factors the dense `M` itself, so a tree that would take the recursive
+    path is solved on its dense one: the same terms, without the articulated factor. A
+    tree already on the dense path is itself."""
+    chain = _long_chain()
+    dense = chain._dense_mass_variant()
+    assert tree_levels(chain.topology) is not None and dense._levels() is None
+    assert mb.TreeMechanism(*mixed_parts())._dense_mass_variant()._levels() is None
+    q, v = jnp.linspace(0.0, 1.0, 12), jnp.ones(12)
+    recursive, direct = _terms(chain, q, v), _terms(dense, q, v)
+    assert isinstance(recursive.mass_operator.factor, ArticulatedFactor)
+    assert not isinstance(direct.mass_operator.factor, ArticulatedFactor)
+    np.testing.assert_allclose(direct.mass_matrix, recursive.mass_matrix, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(direct.forces, recursive.forces, rtol=1e-12, atol=1e-13)
+
+
 def test_articulated_pivots_say_whether_the_mass_is_positive_definite():
     """The articulated factor's pivots say whether `M` is positive definite, as the dense
     `M`'s eigenvalues do, also where one link's mass is negative (an optimizer's step can

@@ -20,7 +20,10 @@ import jaxdae.multibody as mb
 from jaxdae._compilation._cones import cone_solve, solve_cone_qp
 from jaxdae._compilation._operators import MassFactor
 from jaxdae._formulations._impacts import constrained_inverse_mass, friction_coefficients, gap_terms
-from jaxdae._integration._time_stepping import _dense_factor, contact_rows
+from jaxdae._integration._problem import pose_problem
+from jaxdae._integration._solve import SolveCall
+from jaxdae._integration._time_stepping import _dense_factor, contact_rows, contact_step
+from jaxdae._integration._trajectories import SingleTrajectory
 from jaxdae.examples import BouncingBall
 from jaxdae.multibody._articulated import ArticulatedFactor
 
@@ -651,3 +654,41 @@ def test_a_deep_trees_step_solves_with_the_dense_factor():
     assert isinstance(dense.mass_operator.factor, MassFactor)
     for expected, got in outputs:
         np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12 * np.abs(expected).max())
+
+
+def test_a_deep_tree_is_time_stepped_on_its_dense_path():
+    """A time step factors the dense `M` itself: a tree that would take the recursive path
+    (the articulated factor, loops over its levels) is posed on its dense path."""
+    chain = _contact_chain()
+    call = SolveCall(events=jaxdae.TimeStepping(dt=1e-3))
+    zero = jnp.zeros(12)
+    problem = pose_problem(
+        chain, jaxdae.Unstabilized(), 0.0, 0.01, zero, zero, call, SingleTrajectory()
+    )
+    assert problem.system._levels() is None and chain._levels() is not None
+
+
+def test_a_free_trees_float32_step_stays_float32():
+    """A step of a free-floating tree body (Euler parameters) sliding on the floor, from
+    float32 states with 64-bit types on: every output float32, and equal to the float64
+    step to the cone QP's tolerance."""
+    radius = 0.1
+    ball = mb.TreeMechanism(
+        [mb.RigidBody("ball", 1.0, 0.4 * radius**2 * np.eye(3), position=[0.0, 0.0, radius])],
+        forces=[mb.Gravity()],
+        stops=[mb.PlaneContact("ball", radius=radius, friction=0.5)],
+    )
+    q0, v0 = ball.initial_state()
+    v0 = v0.at[0].set(1.0)
+
+    @eqx.filter_jit
+    def step(q, v):
+        settings = jaxdae.TimeStepping(dt=1e-3, tolerance=1e-5).solver(q.dtype)
+        start = jnp.zeros(3, q.dtype)
+        return contact_step(settings, ball, jaxdae.Unstabilized(), None, 0.0, 1e-3, q, v, start)
+
+    single = step(q0.astype(jnp.float32), v0.astype(jnp.float32))
+    double = step(q0, v0)
+    for got, expected in zip(single, double, strict=True):
+        assert got.dtype == (jnp.bool_ if expected.dtype == jnp.bool_ else jnp.float32)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)

@@ -103,6 +103,9 @@ def pose_problem(
     call.check_options()
     # Time stepping is a solver with a fixed step: no event loop (`events` None).
     call, stepping = time_stepping_call(call)
+    if stepping is not None:
+        # A time step factors the dense `M` itself.
+        system = system._dense_mass_variant()
     times = call.times(t0, t1, dtype)
     t0 = times.t0
     # The state's dtype sets the precision: float32 states give a float32 simulation.

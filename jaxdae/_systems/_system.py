@@ -147,6 +147,11 @@ class AbstractSystem(eqx.Module):
         `0`, frictionless contacts."""
         return 0.0
 
+    def _dense_mass_variant(self) -> "AbstractSystem":
+        """This system for a solve that factors the dense `M` itself (a time step): the
+        same equations, computed along the path that suits that. Default: itself."""
+        return self
+
     def gap_label(self, index: int) -> str:
         """How messages name gap `index` of the [`gaps`][jaxdae.AbstractSystem.gaps].
         Default: `gap <index>`."""

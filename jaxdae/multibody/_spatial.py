@@ -69,7 +69,7 @@ for _i, _j, _k in ((0, 1, 2), (1, 2, 0), (2, 0, 1)):
 
 def skew_matrices(w):
     """The matrices `w̃` with `w̃ x = w × x` of a batch of vectors `(b, 3)`."""
-    return jnp.einsum("ijk,bk->bij", -_LEVI_CIVITA, w)
+    return jnp.einsum("ijk,bk->bij", jnp.asarray(-_LEVI_CIVITA, w.dtype), w)
 
 
 def unit_rotation(p):
@@ -78,7 +78,7 @@ def unit_rotation(p):
     e0, e = p[:, 0, None, None], p[:, 1:]
     norm2 = jnp.sum(p * p, axis=1)[:, None, None]
     return (
-        (2 * e0**2 - norm2) * np.eye(3)
+        (2 * e0**2 - norm2) * jnp.eye(3, dtype=p.dtype)
         + 2 * (e[:, :, None] * e[:, None, :] + e0 * skew_matrices(e))
     ) / norm2
 
@@ -87,7 +87,9 @@ def rate_map(p):
     """`2 E(p) / |p|²` of a batch of Euler parameters `(b, 4)`: the angular velocity of the
     rotation `R(p/|p|)` is `ω = 2 E(p) ṗ / |p|²` (`E = [−e, ẽ + e₀ I]`)."""
     e0, e = p[:, 0, None, None], p[:, 1:]
-    rate = jnp.concatenate([-e[:, :, None], skew_matrices(e) + e0 * np.eye(3)], axis=2)
+    rate = jnp.concatenate(
+        [-e[:, :, None], skew_matrices(e) + e0 * jnp.eye(3, dtype=p.dtype)], axis=2
+    )
     return 2 * rate / jnp.sum(p * p, axis=1)[:, None, None]
 
 
@@ -95,4 +97,4 @@ def axis_rotation(u, angle):
     """Rodrigues' rotations by `angle` about the unit vectors `u`, batched."""
     k = skew_matrices(u)
     s, c = jnp.sin(angle)[:, None, None], jnp.cos(angle)[:, None, None]
-    return np.eye(3) + s * k + (1 - c) * (k @ k)
+    return jnp.eye(3, dtype=k.dtype) + s * k + (1 - c) * (k @ k)

@@ -1,6 +1,7 @@
 """A spatial mechanism in joint coordinates: a tree of bodies whose dynamics come from the
 recursive algorithms of robotics, with loops closed by constraints."""
 
+import copy
 import functools
 from collections.abc import Sequence
 
@@ -23,6 +24,7 @@ from .._systems._system import (
     holonomic_terms,
 )
 from ._articulated import (
+    Levels,
     articulated_factor,
     inertia_matrices,
     level_motion_sums,
@@ -115,6 +117,8 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
     bodies: tuple[RigidBody, ...]
     topology: Topology = eqx.field(static=True)
     dimension: int = eqx.field(static=True)
+    # The dense path whatever the tree's size (`_dense_mass_variant`).
+    _dense_path: bool = eqx.field(static=True, default=False)
 
     def __init__(
         self,
@@ -332,11 +336,29 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
     def _ancestors(self, dtype):
         return jnp.asarray(np.asarray(self.topology.ancestors), dtype)
 
+    def _levels(self) -> Levels | None:
+        """The tree's levels where it takes the recursive path (`tree_levels`); `None`
+        where it takes the dense one."""
+        return None if self._dense_path else tree_levels(self.topology)
+
+    def _dense_mass_variant(self) -> "TreeMechanism":
+        """This tree on its dense path (products with the ancestor matrix, `M` by the
+        composite-rigid-body algorithm and its Cholesky factor), for a solve that factors
+        the dense `M` itself, where the tree would take the recursive path and `M` has at
+        most `LOOPED_MAX` rows: a time step needs `M` and its factor, so the articulated
+        inertias and the loops over the levels would be extra work
+        (docs/design_measurements.md#time-stepping-dense-factor)."""
+        if self._levels() is None or self.topology.num_coordinates > _thresholds.LOOPED_MAX:
+            return self
+        dense = copy.copy(self)
+        object.__setattr__(dense, "_dense_path", True)  # a static field: not a leaf to replace
+        return dense
+
     def _path_sums(self, x: Float[Array, "b 6"]) -> Float[Array, "b 6"]:
         """Each body's sum of `x` over its path from the ground (itself included): a
         product with the ancestor matrix, or for a large tree (`tree_levels`) one level of
         bodies per step of a loop from the ground (`level_path_sums`)."""
-        levels = tree_levels(self.topology)
+        levels = self._levels()
         if levels is None:
             return self._ancestors(x.dtype).T @ x
         return level_path_sums(levels, x)
@@ -383,7 +405,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         forces = apply_inertia(tuple(x[:, None] for x in composite), columns)
         blocks = jnp.einsum("akj,blj->abkl", columns, forces)
         upper = ancestors[:, :, None, None]
-        eye = np.eye(ancestors.shape[0])[:, :, None, None]
+        eye = jnp.eye(ancestors.shape[0], dtype=blocks.dtype)[:, :, None, None]
         full = (
             upper * blocks
             + jnp.swapaxes(upper, 0, 1) * jnp.swapaxes(jnp.swapaxes(blocks, 0, 1), 2, 3)
@@ -470,7 +492,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 else:
                     parts.append(shrink * relative[start:stop])
             local = jnp.concatenate(parts)
-        levels = tree_levels(top)
+        levels = self._levels()
         if levels is not None:
             # Both sums along the paths in one loop over the levels.
             velocities, bias = level_motion_sums(levels, relative, local)
@@ -621,7 +643,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         norm_tau, norm_energy = self._norm_terms(q, v)
         parts = self._inertias(rotations, centres)
         mass = self._crba(q, subspaces, parts)
-        levels = tree_levels(self.topology)
+        levels = self._levels()
         if levels is None:
             bias = self._newton_euler(q, motion, parts, external)
             # `M` factored here, where it is computed: the formulations' solves use the
