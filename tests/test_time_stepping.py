@@ -24,6 +24,7 @@ from jaxdae._integration._problem import pose_problem
 from jaxdae._integration._solve import SolveCall
 from jaxdae._integration._time_stepping import _dense_factor, contact_rows, contact_step
 from jaxdae._integration._trajectories import SingleTrajectory
+from jaxdae._integration._validation import mass_positive_definite
 from jaxdae.examples import BouncingBall
 from jaxdae.multibody._articulated import ArticulatedFactor
 
@@ -692,3 +693,24 @@ def test_a_free_trees_float32_step_stays_float32():
     for got, expected in zip(single, double, strict=True):
         assert got.dtype == (jnp.bool_ if expected.dtype == jnp.bool_ else jnp.float32)
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_float32_mass_matrix_is_symmetric_to_its_rounding():
+    """The initial state's test of `M` takes a float32 `M` that is symmetric to its
+    rounding as symmetric (a tree's dense `M` on a GPU), and still refuses an asymmetry
+    beyond it, in float64 from `10⁻⁸` of its largest entry."""
+    rng = np.random.default_rng(2)
+    base = rng.standard_normal((5, 5))
+    mass = base @ base.T + 5 * np.eye(5)
+    skew = np.triu(np.ones((5, 5)), 1) - np.tril(np.ones((5, 5)), -1)
+    state = (0.0, jnp.zeros(5), jnp.zeros(5))
+    system = jaxdae.examples.CartesianPendulum()
+    top = np.abs(mass).max()
+    for dtype, asymmetry, symmetric in [
+        (jnp.float32, 20 * np.finfo(np.float32).eps, True),
+        (jnp.float32, 1e-3, False),
+        (jnp.float64, 1e-9, True),
+        (jnp.float64, 1e-7, False),
+    ]:
+        matrix = jnp.asarray(mass + 0.5 * asymmetry * top * skew, dtype)
+        assert bool(mass_positive_definite(system, state, matrix, None)) == symmetric

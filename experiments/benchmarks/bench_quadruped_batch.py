@@ -19,7 +19,8 @@ JAX's 64-bit types off, so that its own constants are float32 too, and jaxdae fr
 states) on JAX's default device; each is compiled first (`lower` and `compile`, timed
 apart), then run `--reps` times: the table gives the median, the trajectories per second,
 and the largest difference of the final base heights from MuJoCo's over the first
-`--reference-members` drops (all by default). The target configuration is `--batch 1024
+`--reference-members` drops (all by default). jaxdae solves with `throw=False`, and the
+drops that end before `T` (`sol.result`) are listed. The target configuration is `--batch 1024
 --t1 5`; the defaults (batch 64, T = 0.5 s) take a few minutes on 2 cores. The JSON file
 is rewritten after each row, so that an interrupted run keeps the rows it finished.
 
@@ -101,8 +102,9 @@ def _compiled(fn, *args):
 
 
 def bench_jaxdae(model, q0, heights, t1, reps, dtype):
-    """jaxdae's vmapped time stepping from states of `dtype`: final base heights, compile
-    s, median run s."""
+    """jaxdae's vmapped time stepping from states of `dtype` (`throw=False`): final base
+    heights, compile s, median run s, and the members that ended before `t1` (index, time
+    and result)."""
     events = jaxdae.TimeStepping(dt=DT)
     q0, heights = q0.astype(dtype), heights.astype(dtype)
     formulation = jaxdae.Baumgarte(kd=20.0, kp=100.0)
@@ -111,13 +113,26 @@ def bench_jaxdae(model, q0, heights, t1, reps, dtype):
     def drop(height):
         start = q0.at[2].add(height)
         sol = jaxdae.simulate(
-            model, formulation, 0.0, t1, start, jnp.zeros_like(start), events=events, ts=ts
+            model,
+            formulation,
+            0.0,
+            t1,
+            start,
+            jnp.zeros_like(start),
+            events=events,
+            ts=ts,
+            throw=False,
         )
-        return sol.q[-1, 2]
+        return sol.q_final[2], sol.t_final, sol.result == jaxdae.RESULTS.successful
 
     compiled, compile_s = _compiled(jax.vmap(drop), heights)
-    z, seconds = _timed(lambda: compiled(heights), reps)
-    return np.asarray(z), compile_s, seconds
+    (z, t_final, reached), seconds = _timed(lambda: compiled(heights), reps)
+    z, t_final, reached = np.asarray(z), np.asarray(t_final), np.asarray(reached)
+    stopped = [
+        {"member": int(i), "t_final": float(t_final[i]), "height": float(heights[i])}
+        for i in np.nonzero(~reached)[0]
+    ]
+    return z, compile_s, seconds, stopped
 
 
 def bench_mjx(mj, qpos, t1, reps, dtype):
@@ -206,7 +221,7 @@ def main():
 
     def report(name, z, compile_s, run_s):
         per_s = args.batch / run_s
-        dz = None if reference is None else float(np.abs(z[:members] - reference).max())
+        dz = None if reference is None else float(np.nanmax(np.abs(z[:members] - reference)))
         shown = "—" if compile_s is None else f"{compile_s:.1f}"
         print(
             f"{name:30s} {shown:>12s} {run_s:10.3f} {per_s:10.1f} "
@@ -244,8 +259,13 @@ def main():
             mjx_row = bench_mjx(mj, qpos, args.t1, args.reps, dtype)
             if mjx_row is not None:
                 report(f"MJX, {name}", *mjx_row)
-        z, compile_s, seconds = bench_jaxdae(model, q0, heights, args.t1, args.reps, dtype)
-        report(f"jaxdae TimeStepping, {name}", z, compile_s, seconds)
+        z, compile_s, seconds, stopped = bench_jaxdae(model, q0, heights, args.t1, args.reps, dtype)
+        row = f"jaxdae TimeStepping, {name}"
+        report(row, z, compile_s, seconds)
+        result["rows"][row]["ended_before_t1"] = stopped
+        write_json(out / f"{NAME}.json", result)
+        if stopped:
+            print(f"  {len(stopped)} of {args.batch} ended before t1: {stopped[:5]}", flush=True)
     print(f"wrote {out / f'{NAME}.json'}")
 
 

@@ -145,10 +145,12 @@ def mass_positive_definite(system, state, mass, definite) -> Array:
     """Whether the mass matrix `mass` of `system` at `state = (t, q, v)` is symmetric
     positive definite: `definite` where its factor shows it (`factored_positive_definite`),
     else tested on the matrix (`is_mass_positive_definite` of its symmetric part, and
-    symmetric to `10⁻⁸` of its largest entry)."""
+    symmetric to `10⁻⁸` of its largest entry, or to 100 units in the last place where its
+    type is coarser: a float32 `M` is symmetric only to its rounding)."""
     if definite is not None:
         return definite
-    asym = jnp.max(jnp.abs(mass - mass.T)) > 1e-8 * (1 + jnp.max(jnp.abs(mass)))
+    tolerance = max(1e-8, 100 * float(jnp.finfo(mass.dtype).eps))
+    asym = jnp.max(jnp.abs(mass - mass.T)) > tolerance * (1 + jnp.max(jnp.abs(mass)))
     return ~asym & is_mass_positive_definite(system, *state, 0.5 * (mass + mass.T))
 
 
