@@ -47,6 +47,7 @@ import numpy as np
 from _common import output_dir, write_json
 
 import jaxdae
+from jaxdae._compilation._private_apis import result_codes, result_messages
 
 jax.config.update("jax_enable_x64", True)
 
@@ -123,13 +124,21 @@ def bench_jaxdae(model, q0, heights, t1, reps, dtype):
             ts=ts,
             throw=False,
         )
-        return sol.q_final[2], sol.t_final, sol.result == jaxdae.RESULTS.successful
+        return sol.q_final[2], sol.t_final, sol.result
 
     compiled, compile_s = _compiled(jax.vmap(drop), heights)
-    (z, t_final, reached), seconds = _timed(lambda: compiled(heights), reps)
-    z, t_final, reached = np.asarray(z), np.asarray(t_final), np.asarray(reached)
+    (z, t_final, result), seconds = _timed(lambda: compiled(heights), reps)
+    z, t_final = np.asarray(z), np.asarray(t_final)
+    codes = np.asarray(result_codes(result))
+    messages = result_messages(jaxdae.RESULTS)
+    reached = codes == 0
     stopped = [
-        {"member": int(i), "t_final": float(t_final[i]), "height": float(heights[i])}
+        {
+            "member": int(i),
+            "t_final": float(t_final[i]),
+            "height": float(heights[i]),
+            "result": messages[codes[i]],
+        }
         for i in np.nonzero(~reached)[0]
     ]
     return z, compile_s, seconds, stopped

@@ -12,9 +12,10 @@ with the gaps and contact velocities (`contact_rows`); the contact response
 factor that a step takes (`_dense_factor`), each with the terms and rows it needs.
 With `--iterations`, drops from 0.35–0.55 m of `--t1` seconds: the accelerated
 projected gradient iterations and fixed-point iterations (QPs) per step, per member
-and at the batch's slowest member (which sets a batch's pace under `vmap`). With
-`--dense-tree`, the tree takes its dense path (`ARTICULATED_MIN_BODIES` raised above its 13
-bodies: products with the ancestor matrix and the Cholesky factor of `M`).
+and at the batch's slowest member (which sets a batch's pace under `vmap`). The parts
+are timed on the tree as built (13 bodies: its recursive path); with `--dense-tree`, on its
+dense path (`ARTICULATED_MIN_BODIES` raised above its 13 bodies: products with the ancestor
+matrix and the Cholesky factor of `M`), which is the path a time-stepped solve poses it on.
 
     python experiments/diagnostics/bench_time_stepping_step.py [--batch 64] [--iterations] \
         [--dense-tree]

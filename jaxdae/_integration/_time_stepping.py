@@ -302,12 +302,13 @@ def contact_step(
 
 def _dense_factor(terms):
     """`terms` whose mass operator carries the dense Cholesky factor of `M`, where they
-    carry a factor of another kind (a tree's articulated factor) and `M` has at most
-    `LOOPED_MAX` rows; else `terms`. A step solves with `M` for the accelerations and for
-    the `u + tangents·f` columns of the contacts' response; under `vmap` each solve through
-    the articulated factor is a loop over the tree's levels, and factorizing the dense `M`
-    (which the tree's terms hold) costs less than those solves
-    (docs/design_measurements.md#time-stepping-dense-factor)."""
+    carry a factor of another kind (a sparse factor, or the articulated factor of a tree
+    that a time-stepped solve did not pose on its dense path: one wrapped in another
+    system) and `M` has at most `LOOPED_MAX` rows; else `terms`. A step solves with `M` for
+    the accelerations and for the `u + tangents·f` columns of the contacts' response;
+    under `vmap` each solve through the articulated factor is a loop over the tree's
+    levels, and factorizing the dense `M` (which the terms hold) costs less than those
+    solves (docs/design_measurements.md#time-stepping-dense-factor)."""
     factor = factor_of(terms.mass_operator)
     size = terms.mass_matrix.shape[0]
     if factor is None or isinstance(factor, MassFactor) or size > _thresholds.LOOPED_MAX:
