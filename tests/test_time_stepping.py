@@ -17,7 +17,14 @@ from scipy.optimize import minimize
 
 import jaxdae
 import jaxdae.multibody as mb
-from jaxdae._compilation._cones import cone_solve, solve_cone_qp
+from jaxdae._compilation._cones import (
+    FIXED_POINT_ITERATIONS,
+    _fixed_point,
+    cone_solve,
+    lipschitz_bound,
+    natural_residual,
+    solve_cone_qp,
+)
 from jaxdae._compilation._operators import MassFactor
 from jaxdae._formulations._impacts import constrained_inverse_mass, friction_coefficients, gap_terms
 from jaxdae._integration._problem import pose_problem
@@ -499,8 +506,8 @@ def test_float32(point_solve):
 
 
 def test_a_step_that_does_not_converge_is_named():
-    """A cone QP capped at one iteration with a tolerance it cannot meet ends the solve
-    with `RESULTS.contact_not_converged`."""
+    """A cone QP capped at one iteration with a tolerance below rounding, which it cannot
+    meet, ends the solve with `RESULTS.contact_not_converged`."""
     sol = jaxdae.simulate(
         PointOnIncline(jnp.asarray(0.0), jnp.asarray(0.6)),
         jaxdae.Unstabilized(),
@@ -508,7 +515,7 @@ def test_a_step_that_does_not_converge_is_named():
         0.1,
         jnp.zeros(3),
         jnp.array([2.0, 1.0, -1.0]),
-        events=jaxdae.TimeStepping(dt=1e-2, max_iterations=1, tolerance=1e-15),
+        events=jaxdae.TimeStepping(dt=1e-2, max_iterations=1, tolerance=1e-30),
         throw=False,
     )
     assert sol.result == jaxdae.RESULTS.contact_not_converged
@@ -714,3 +721,30 @@ def test_a_float32_mass_matrix_is_symmetric_to_its_rounding():
     ]:
         matrix = jnp.asarray(mass + 0.5 * asymmetry * top * skew, dtype)
         assert bool(mass_positive_definite(system, state, matrix, None)) == symmetric
+
+
+def test_the_exact_fixed_point_does_not_stall_at_its_tolerance():
+    """The cone problem of a step of the standing quadruped in float32 (saved from a
+    float32 drop of `bench_quadruped_batch.py`), solved exactly from 20,000 starts around
+    its solution: every solve converges within a few QPs. (A start whose exact residual
+    lies within rounding above the tolerance, while the QP's own residual, the same map
+    summed in another order, lies below it, stalled there when the QPs were solved to the
+    full tolerance.)"""
+    data = np.load(Path(__file__).parent / "data" / "quadruped_cone_qp.npz")
+    matrix, vector, friction, tolerance = (
+        jnp.asarray(data[k]) for k in ("matrix", "vector", "friction", "tolerance")
+    )
+    solution = _fixed_point(matrix, vector, friction, jnp.zeros_like(vector), tolerance, 1000)[0]
+    rng = np.random.default_rng(0)
+    scatter = rng.normal(0.0, 1.0, (20_000, 12)), rng.normal(0.0, 0.01, (20_000, 12))
+    starts = jnp.asarray(np.asarray(solution) * (1 + scatter[0]) + scatter[1], jnp.float32)
+    lipschitz = lipschitz_bound(matrix)
+
+    def solve(start):
+        x, qps, _ = _fixed_point(matrix, vector, friction, start, tolerance, 1000)
+        residual = natural_residual(x, matrix, vector, friction, lipschitz, True)
+        return qps, jnp.max(jnp.abs(residual))
+
+    qps, residual = jax.jit(jax.vmap(solve))(starts)
+    assert int(jnp.max(qps)) < FIXED_POINT_ITERATIONS // 10
+    assert bool(jnp.all(residual <= tolerance))
