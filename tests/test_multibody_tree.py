@@ -122,7 +122,8 @@ def test_time_stepping_takes_the_dense_path_of_a_deep_tree():
     chain = _long_chain()
     dense = chain._dense_mass_variant()
     assert tree_levels(chain.topology) is not None and dense._levels() is None
-    assert mb.TreeMechanism(*mixed_parts())._dense_mass_variant()._levels() is None
+    small = mb.TreeMechanism(*mixed_parts())
+    assert small._levels() is None and small._dense_mass_variant() is small
     q, v = jnp.linspace(0.0, 1.0, 12), jnp.ones(12)
     recursive, direct = _terms(chain, q, v), _terms(dense, q, v)
     assert isinstance(recursive.mass_operator.factor, ArticulatedFactor)

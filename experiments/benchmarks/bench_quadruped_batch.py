@@ -228,7 +228,7 @@ def main():
     }
     reference = None
 
-    def report(name, z, compile_s, run_s):
+    def report(name, z, compile_s, run_s, **extra):
         per_s = args.batch / run_s
         dz = None if reference is None else float(np.nanmax(np.abs(z[:members] - reference)))
         shown = "—" if compile_s is None else f"{compile_s:.1f}"
@@ -243,6 +243,7 @@ def main():
             "trajectories_per_s": per_s,
             "max_abs_final_height_vs_mujoco": dz,
             "final_height_range": [float(z.min()), float(z.max())],
+            **extra,
         }
         write_json(out / f"{NAME}.json", result)
 
@@ -269,10 +270,7 @@ def main():
             if mjx_row is not None:
                 report(f"MJX, {name}", *mjx_row)
         z, compile_s, seconds, stopped = bench_jaxdae(model, q0, heights, args.t1, args.reps, dtype)
-        row = f"jaxdae TimeStepping, {name}"
-        report(row, z, compile_s, seconds)
-        result["rows"][row]["ended_before_t1"] = stopped
-        write_json(out / f"{NAME}.json", result)
+        report(f"jaxdae TimeStepping, {name}", z, compile_s, seconds, ended_before_t1=stopped)
         if stopped:
             print(f"  {len(stopped)} of {args.batch} ended before t1: {stopped[:5]}", flush=True)
     print(f"wrote {out / f'{NAME}.json'}")
