@@ -58,6 +58,18 @@ def test_lcp_candidates_and_derivative():
     np.testing.assert_allclose(jac, [[-0.5, 0.0], [0.0, 0.0]], atol=1e-14)
 
 
+@pytest.mark.perf(reason="pins the size of the complementarity solve's program (compile time)")
+def test_lcp_program_does_not_grow_with_the_number_of_contacts():
+    """The pivoting's solves are one loop over the columns, not an elimination unrolled
+    per column: the program of 12 contacts is that of 2."""
+
+    def operations(size):
+        lowered = _solve_lcp.lower(jnp.eye(size), jnp.ones(size))
+        return sum("stablehlo." in line for line in lowered.as_text().splitlines())
+
+    assert operations(12) == operations(2)
+
+
 def test_down_crossing_matches_optimistix_newton():
     """The events' bisection finds the root `optimistix.Newton` finds, to its tolerance,
     with the crossing's upper end (the condition at or below zero) as the root."""

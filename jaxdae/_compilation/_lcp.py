@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._custom_types import Array, Bool, Float
-from ._linalg import inverse, pivoted_pseudo_factor, pivoted_pseudo_solve
+from ._linalg import looped_inverse, pivoted_pseudo_factor, pivoted_pseudo_solve
 
 
 class LCPSolution(eqx.Module):
@@ -38,13 +38,16 @@ def masked_solve(
     matrix: Float[Array, "u u"], rhs: Float[Array, " u"], rows: Bool[Array, " u"]
 ) -> Float[Array, " u"]:
     """`x` with `A[rows, rows] x[rows] = rhs[rows]` and `x = 0` off `rows`, at a static
-    shape: the other rows and columns are replaced by those of the identity. By array
-    operations (no LAPACK call), so that a solve's step loop that computes contact forces
-    stays one kernel on the CPU."""
+    shape: the other rows and columns are replaced by those of the identity. By Gauss–Jordan
+    elimination in a loop over the columns ([`looped_inverse`][]): no LAPACK call, so that a
+    solve's step loop that computes contact forces stays one kernel on the CPU, and a
+    program whose size does not grow with the number of contacts (an unrolled elimination
+    is a few dozen operations per column, at every use: each pivot test of [`solve_lcp`][],
+    an impact, the contact forces in a right-hand side)."""
     both = rows[:, None] & rows[None, :]
     eye = jnp.eye(matrix.shape[0], dtype=matrix.dtype)
     reduced = jnp.where(both, matrix, eye)
-    return jnp.where(rows, inverse(reduced) @ jnp.where(rows, rhs, 0.0), 0.0)
+    return jnp.where(rows, looped_inverse(reduced) @ jnp.where(rows, rhs, 0.0), 0.0)
 
 
 def solve_lcp(
