@@ -37,8 +37,18 @@ Two models with one-sided constraints (solved by events):
   four joints in joint coordinates under gravity) without its joint limits, with them (six
   gaps), and with them under `jax.vmap` over 8 initial states.
 
+Two models with contacts in space:
+
+- `--model sphere`: the event-driven sphere of the closed forms (a uniform sphere of radius
+  0.1 m, a `PlaneContact` with friction 0.3 in a spatial `Mechanism`, set sliding at
+  1.5 m/s without spin): the time at which it starts to roll.
+- `--model quadruped`: the A1 of `experiments/examples/quadruped_drop.py` (its URDF from
+  `pybullet_data`) dropped from 0.4 m, time-stepped (`TimeStepping(dt=1e-3)`) for 0.1 s: its
+  final base height, and that height's derivative with respect to the drop height.
+
     python experiments/benchmarks/bench_compile.py [--repeats 3] [--only forward] [--stages]
-        [--model two-link | ball | urdf-arm | chain:N | ladder:N | pendulum:N | net:N]
+        [--model two-link | ball | urdf-arm | sphere | quadruped | chain:N | ladder:N |
+        pendulum:N | net:N]
 """
 
 import argparse
@@ -212,6 +222,66 @@ def urdf_arm_functions():
     return functions, (q0, v0)
 
 
+def sphere_functions():
+    """The sliding sphere's roll time (the time of its stick event) as a function of its
+    launch speed."""
+    import jaxdae
+    import jaxdae.multibody as mb
+
+    radius, mu = 0.1, 0.3
+    sphere = mb.Mechanism(
+        bodies=[
+            mb.RigidBody(
+                "ball", mass=1.0, inertia=0.4 * radius**2 * np.eye(3), position=[0, 0, radius]
+            )
+        ],
+        forces=[mb.Gravity([0.0, 0.0, -9.81])],
+        stops=[mb.PlaneContact("ball", radius=radius, friction=mu)],
+    )
+    q0, v0 = sphere.initial_state()
+
+    def roll_time(speed):
+        v = v0.at[0].set(speed)
+        sol = jaxdae.simulate(
+            sphere, jaxdae.Unstabilized(), 0.0, 0.5, q0, v, rtol=1e-10, atol=1e-12
+        )
+        return sol.events.t[0]
+
+    return {"forward": roll_time}, (jnp.asarray(1.5),)
+
+
+def quadruped_functions():
+    """The A1's time-stepped drop: its final base height after 0.1 s as a function of the
+    drop height, and its derivative."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import quadruped_drop
+
+    import jaxdae
+
+    path = quadruped_drop.urdf_path()
+    if path is None or not path.exists():
+        raise SystemExit(
+            "--model quadruped reads the A1's URDF from pybullet_data: pip install pybullet"
+        )
+    model, _ = quadruped_drop.quadruped(path)
+    q0, _ = quadruped_drop.initial_state(model, 0.0)
+
+    def final_height(height):
+        start = q0.at[2].add(height)
+        sol = jaxdae.simulate(
+            model,
+            jaxdae.Baumgarte(kd=20.0, kp=100.0),
+            0.0,
+            0.1,
+            start,
+            jnp.zeros_like(start),
+            events=jaxdae.TimeStepping(dt=1e-3),
+        )
+        return sol.q_final[2]
+
+    return {"forward": final_height, "gradient": jax.grad(final_height)}, (jnp.asarray(0.4),)
+
+
 def model_functions(model: str):
     """`(functions by name, their arguments)` of `--model`."""
     if model == "two-link":
@@ -222,6 +292,10 @@ def model_functions(model: str):
         return ball_functions()
     if model == "urdf-arm":
         return urdf_arm_functions()
+    if model == "sphere":
+        return sphere_functions()
+    if model == "quadruped":
+        return quadruped_functions()
     import bench_scaling
 
     import jaxdae.examples._scaling as scaling_models
@@ -229,7 +303,8 @@ def model_functions(model: str):
     family, _, size = model.partition(":")
     if family not in scaling_models.FAMILIES or not size.isdigit():
         raise SystemExit(
-            f"--model: two-link, ball, urdf-arm, or chain:N, ladder:N, pendulum:N, "
+            f"--model: two-link, ball, urdf-arm, sphere, quadruped, or chain:N, ladder:N, "
+            f"pendulum:N, "
             f"net:N; got "
             f"{model!r}"
         )
@@ -252,7 +327,7 @@ def main():
     parser.add_argument(
         "--model",
         default="two-link",
-        help="two-link (bench_core's problem), ball, urdf-arm, or chain:N, "
+        help="two-link (bench_core's problem), ball, urdf-arm, sphere, quadruped, or chain:N, "
         "ladder:N, pendulum:N, net:N",
     )
     parser.add_argument(

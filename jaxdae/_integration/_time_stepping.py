@@ -250,6 +250,10 @@ class TimeSteppingSolver(AbstractFailureNamingSolver):
         )
 
 
+# Jitted so that JAX traces a step once: diffrax calls the solver's `step` four times while
+# it traces a solve (for the shapes of its dense output, twice for its loop body's, and the
+# body itself), each a full trace of the terms, the contact rows and the cone solve.
+@eqx.filter_jit
 def contact_step(
     settings: TimeSteppingSolver,
     system,
