@@ -257,6 +257,7 @@ def test_articulated_solve_is_the_inverse_mass():
 
 
 @eqx.filter_jit
+@eqx.filter_jit
 def _lagrange(tree, q, v):
     """`(M, Q)` of Lagrange's equations of the tree's energy, by automatic differentiation."""
 
@@ -307,13 +308,15 @@ def test_recursive_dynamics_are_lagranges_equations(mixed):
     # The momenta the terms carry are the system's: a solve's diagnostics read them there.
     np.testing.assert_allclose(terms.momenta, mass @ v, atol=1e-12)
     assert float(jnp.linalg.eigvalsh(terms.mass_matrix)[0]) > 0
-    rate = jax.jvp(
-        lambda q_: jnp.linalg.norm(
-            mixed.marker_position(q_, "weld") - mixed.marker_position(q_, "ball.h")
-        ),
-        (q,),
-        (v,),
-    )[1]
+    rate = eqx.filter_jit(
+        lambda m: jax.jvp(
+            lambda q_: jnp.linalg.norm(
+                m.marker_position(q_, "weld") - m.marker_position(q_, "ball.h")
+            ),
+            (q,),
+            (v,),
+        )[1]
+    )(mixed)
     damper_power = (terms.forces - undamped_terms.forces) @ v
     assert float(damper_power) == pytest.approx(-0.5 * float(rate) ** 2, rel=1e-10)
     acceleration = jnp.linalg.solve(terms.mass_matrix, terms.forces)
