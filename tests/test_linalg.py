@@ -6,6 +6,8 @@ every path is checked, under `vmap` and `grad` too.
 """
 
 import functools
+import importlib.metadata
+import re
 import sys
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from jaxdae._compilation._linalg import (
     inverse,
     inverse_is_accurate,
     is_positive_definite,
+    lapack_batches_can_deadlock,
     looped_cholesky,
     looped_inverse,
     looped_triangular_solve,
@@ -187,6 +190,47 @@ def test_looped_cholesky_and_substitutions(n):
             np.testing.assert_allclose(got_, want_, err_msg=name, **tolerance)
     program = jax.jit(jax.grad(ours, (0, 1))).lower(a, b).compile().as_text()
     assert " scatter(" not in program and " custom-call(" not in program
+
+
+@pytest.mark.parametrize(
+    "version, deadlocks",
+    [
+        ("0.9.2", False),
+        ("0.10.0", True),
+        ("0.10.2", True),
+        ("0.11.0rc1", True),
+        ("0.11.0", True),
+        ("0.11.1", False),
+        ("0.12.0.1", False),
+    ],
+)
+def test_lapack_batches_can_deadlock(version, deadlocks):
+    """The jaxlib releases whose CPU LAPACK kernels split a batch over XLA's thread pool
+    and wait for it (a deadlock when all the pool's threads do so at once)."""
+    assert lapack_batches_can_deadlock(version) == deadlocks
+
+
+def test_vmapped_loops_avoid_lapack_where_it_can_deadlock():
+    """Under `vmap` beyond `UNROLL_MAX` rows the factorization and the substitutions are
+    LAPACK's batched routines, or batched loops on the CPU where those can deadlock; both
+    equal LAPACK's results."""
+    n = UNROLL_MAX + 1
+    batch = np.stack([_spd(n, 5), _spd(n, 6)])
+    rhs = np.random.default_rng(7).standard_normal((2, n, 3))
+
+    def both(a, b):
+        low = looped_cholesky(a)
+        return low, looped_triangular_solve(low, b, False), looped_triangular_solve(low, b, True)
+
+    compiled = jax.jit(jax.vmap(both)).lower(batch, rhs).compile()
+    calls = re.findall(r'custom_call_target="(lapack_\w+)"', compiled.as_text())
+    deadlocks = lapack_batches_can_deadlock(importlib.metadata.version("jaxlib"))
+    assert bool(calls) == (jax.default_backend() != "cpu" or not deadlocks), calls
+    low, forward, back = compiled(batch, rhs)
+    want = np.linalg.cholesky(batch)
+    np.testing.assert_allclose(low, want, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(forward, np.linalg.solve(want, rhs), rtol=1e-10)
+    np.testing.assert_allclose(back, np.linalg.solve(np.swapaxes(want, 1, 2), rhs), rtol=1e-10)
 
 
 @jax.jit

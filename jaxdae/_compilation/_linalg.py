@@ -8,6 +8,8 @@ through lineax or `jnp.linalg` beyond it.
 """
 
 import functools
+import importlib.metadata
+import itertools
 from collections.abc import Callable
 from typing import NamedTuple, ParamSpec, TypeVar
 
@@ -110,11 +112,38 @@ def unrolled_substitution(
     return jnp.stack(x)
 
 
+def _version(text: str) -> tuple[int, ...]:
+    """The leading numbers of a version string: `"0.10.2"` → `(0, 10, 2)`."""
+    numbers = []
+    for part in text.split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        numbers.append(int(digits))
+    return tuple(numbers)
+
+
+def lapack_batches_can_deadlock(jaxlib_version: str) -> bool:
+    """Whether this jaxlib's CPU LAPACK kernels can deadlock on a large batch.
+
+    From 0.10.0 up to 0.11.0, a batched LAPACK call with enough work splits its batch into
+    tasks on XLA:CPU's intra-op thread pool and blocks its own pool thread until they are
+    done. When the program runs as many such calls at once as the pool has threads (two
+    independent solves on a 2-core machine), every thread waits for tasks that no thread is
+    free to run, and the program never finishes. Later releases run the batch on the calling
+    thread."""
+    return (0, 10) <= _version(jaxlib_version) < (0, 11, 1)
+
+
+_LAPACK_BATCHES_CAN_DEADLOCK = lapack_batches_can_deadlock(importlib.metadata.version("jaxlib"))
+
+
 def _batched_otherwise(looped: Callable, small: Callable, lapack: Callable) -> Callable:
     """`looped` (a function of arrays), whose `vmap` is `small` batched by `jax.vmap` for
     matrices of up to `UNROLL_MAX` rows and `lapack` applied to the batch beyond (every
     argument batched along axis 0): batched elementwise operations and LAPACK's batched
-    routines are faster than a batched loop."""
+    routines are faster than a batched loop. On the CPU with a jaxlib whose batched LAPACK
+    calls can deadlock (`lapack_batches_can_deadlock`), the batched loop instead."""
     function = jax.custom_batching.custom_vmap(looped)
 
     @function.def_vmap
@@ -125,6 +154,8 @@ def _batched_otherwise(looped: Callable, small: Callable, lapack: Callable) -> C
         ]
         if args[0].shape[-1] <= _thresholds.UNROLL_MAX:
             return jax.vmap(small)(*args), True
+        if _LAPACK_BATCHES_CAN_DEADLOCK:
+            return jax.lax.platform_dependent(*args, cpu=jax.vmap(looped), default=lapack), True
         return lapack(*args), True
 
     return function
@@ -153,7 +184,7 @@ def looped_cholesky(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
     is read), by a `lax.fori_loop` over the columns, each a few whole-vector operations that
     XLA fuses with a surrounding loop (no LAPACK call; see `LOOPED_MAX`). A matrix that is
     not positive definite gives non-finite entries. Under `jax.vmap`, unrolled up to
-    `UNROLL_MAX` rows, LAPACK's batched factorization beyond.
+    `UNROLL_MAX` rows, LAPACK's batched factorization beyond (`_batched_otherwise`).
 
     Differentiated by the factorization's own rule, `dL = L Φ(L⁻¹ dA L⁻ᵀ)` (`Φ`: the lower
     triangle with the diagonal halved), with the same loops, not through the loop."""
@@ -178,8 +209,8 @@ def looped_triangular_solve(
 ) -> Float[Array, "n m"]:
     """`L⁻¹ rhs` (or `L⁻ᵀ rhs` where `transpose`) for a lower triangular `L`, by forward (back)
     substitution in a `lax.fori_loop` over the rows (under `jax.vmap`, unrolled up to
-    `UNROLL_MAX` rows, LAPACK's batched triangular solve beyond). Differentiated implicitly,
-    `dx = L⁻¹ (d rhs − dL x)`."""
+    `UNROLL_MAX` rows, LAPACK's batched triangular solve beyond: `_batched_otherwise`).
+    Differentiated implicitly, `dx = L⁻¹ (d rhs − dL x)`."""
     return _substitutions[transpose](low, rhs)
 
 
@@ -445,12 +476,12 @@ def pivoted_pseudo_solve(factor: PivotedPseudoFactor, rhs: Array) -> Array:
     Array operations only (no LAPACK call, no sort), so it can sit in an ODE solve's loop
     that XLA:CPU compiles into one kernel. With [`pivoted_pseudo_factor`][] it stays loops
     under `vmap` too (not LAPACK's batched routines, as `looped_cholesky` and
-    `looped_triangular_solve` become there): beside it the full-rank branch of
-    `PositiveSemidefinitePseudoInverse` is a batched LAPACK call, and two such calls running
-    at once on XLA:CPU's thread pool each wait for pool threads the other holds (jaxlib
-    splits a batched LAPACK call over that pool): on 2 cores the vmapped diagnostics of
-    Bricard's `PseudoInverse` solve (1,001 saved states, `experiments/examples/bricard.py`) would
-    hang with both branches' factorizations in LAPACK.
+    `looped_triangular_solve` become there where jaxlib's are safe): beside it the full-rank
+    branch of `PositiveSemidefinitePseudoInverse` is a batched LAPACK call, and two such calls
+    running at once on XLA:CPU's thread pool each wait for pool threads the other holds
+    (`lapack_batches_can_deadlock`): on 2 cores the vmapped diagnostics of Bricard's
+    `PseudoInverse` solve (1,001 saved states, `experiments/examples/bricard.py`) would hang
+    with both branches' factorizations in LAPACK.
     """
     vector = rhs.ndim == 1
     b = rhs[:, None] if vector else rhs
