@@ -19,6 +19,7 @@ import jaxdae
 import jaxdae.multibody as mb
 from jaxdae._compilation._cones import (
     FIXED_POINT_ITERATIONS,
+    _apgd,
     _fixed_point,
     cone_solve,
     lipschitz_bound,
@@ -194,6 +195,32 @@ def test_cone_qp_meets_its_optimality_conditions_and_slsqp(tangents):
             assert np.all(normal >= -tol) and np.all(y_normal >= -tol)
         assert abs(x @ y) <= tol
         np.testing.assert_allclose(x, _slsqp(matrix, vector, friction, count, tangents), atol=1e-5)
+
+
+def test_a_cone_solve_reports_the_residual_its_loop_stopped_at():
+    """The residual by which a step accepts its cone QP is the one the solver's loop stopped
+    at (APGD's best iterate's; the fixed point's exact one), not the map computed again
+    apart, whose sums in another order can differ by rounding and reject a solve that
+    stopped at its tolerance."""
+    rng = np.random.default_rng(7)
+    matrix, vector, friction = (jnp.asarray(a) for a in _random_problem(rng, 3, 2))
+    start = jnp.zeros(len(vector))
+
+    @jax.jit
+    def residuals(tolerance):
+        reported = tuple(
+            cone_solve(matrix, vector, friction, start, tolerance, 5000, exact).residual
+            for exact in (False, True)
+        )
+        stopped = (
+            _apgd(matrix, vector, friction, start, tolerance, 5000)[1],
+            _fixed_point(matrix, vector, friction, start, tolerance, 5000)[1],
+        )
+        return reported, stopped
+
+    reported, stopped = residuals(1e-9)
+    assert [float(r) for r in reported] == [float(r) for r in stopped]
+    assert all(float(r) <= 1e-9 for r in reported)
 
 
 @pytest.mark.parametrize("tangents", [1, 2])
@@ -741,7 +768,7 @@ def test_the_exact_fixed_point_does_not_stall_at_its_tolerance():
     lipschitz = lipschitz_bound(matrix)
 
     def solve(start):
-        x, qps, _ = _fixed_point(matrix, vector, friction, start, tolerance, 1000)
+        x, _, qps, _ = _fixed_point(matrix, vector, friction, start, tolerance, 1000)
         residual = natural_residual(x, matrix, vector, friction, lipschitz, True)
         return qps, jnp.max(jnp.abs(residual))
 

@@ -126,11 +126,15 @@ def iterations(model, formulation, batch, t1):
             original = stepping.cone_solve
             stepping.cone_solve = capture
             try:
-                stepping.contact_step(settings, model, formulation, None, 0.0, DT, q, v, impulses)
+                # The step unjitted (`__wrapped__`), so that it is traced here and calls the
+                # capture: a jitted step already traced with these shapes would not.
+                stepping.contact_step.__wrapped__(
+                    settings, model, formulation, None, 0.0, DT, q, v, impulses
+                )
             finally:
                 stepping.cone_solve = original
             # (The time step's own maximum of APGD iterations per QP.)
-            x, k, n = cones._fixed_point(
+            x, _, k, n = cones._fixed_point(
                 captured["matrix"],
                 captured["vector"],
                 friction,
