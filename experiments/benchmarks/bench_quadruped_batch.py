@@ -25,7 +25,8 @@ drops that end before `T` (`sol.result`) are listed. The target configuration is
 is rewritten after each row, so that an interrupted run keeps the rows it finished.
 
     python experiments/benchmarks/bench_quadruped_batch.py [--batch 64] [--t1 0.5] \
-        [--reps 3] [--dtypes float64,float32] [--reference-members 8] [--quick] [--out output]
+        [--reps 3] [--dtypes float64,float32] [--reference-members 8] [--quick] [--no-mjx] \
+        [--out output]
     # writes OUT/bench_quadruped_batch/bench_quadruped_batch.json
 """
 
@@ -75,6 +76,11 @@ def parse_args() -> argparse.Namespace:
         help="MuJoCo's C reference for the first this many drops (default all)",
     )
     parser.add_argument("--quick", action="store_true", help="batch 8, T = 0.2 s, 2 runs")
+    parser.add_argument(
+        "--no-mjx",
+        action="store_true",
+        help="skip MJX (on the CPU with jaxlib 0.10.0 to 0.11.0 its batched step can deadlock)",
+    )
     args = parser.parse_args()
     args.dtypes = [name.strip() for name in args.dtypes.split(",")]
     for name in args.dtypes:
@@ -265,7 +271,7 @@ def main():
         report("MuJoCo (C, loop)", reference, None, seconds * args.batch / members)
     for name in args.dtypes:
         dtype = DTYPES[name]
-        if mj is not None:
+        if mj is not None and not args.no_mjx:
             mjx_row = bench_mjx(mj, qpos, args.t1, args.reps, dtype)
             if mjx_row is not None:
                 report(f"MJX, {name}", *mjx_row)
