@@ -324,6 +324,24 @@ def test_equations_traced_once():
     assert traces(lambda f: jax.grad(f, argnums=(0, 1, 2))) == traces(lambda f: f)
 
 
+@pytest.mark.perf(reason="counts traces of the equations of motion (forward trace time)")
+def test_a_forward_solve_traces_the_terms_once():
+    """The steps' scalar graph of the terms, the input checks' shapes and the diagnostics'
+    terms outside the steps all re-trace one trace of the system's terms."""
+    traced = []
+
+    class Counted(CartesianPendulum):  # a new class: in no trace cache
+        def terms(self, t, q, v):
+            traced.append(t)
+            return super().terms(t, q, v)
+
+    def final(kd, q0, v0):
+        return jaxdae.simulate(Counted(), jaxdae.Baumgarte(kd, 25.0), 0.0, 1.0, q0, v0).q_final
+
+    jax.jit(final).trace(10.0, Q0, V0)
+    assert len(traced) == 1
+
+
 @pytest.mark.perf(reason="monkeypatches the private `loop_solve` (gradient trace time)")
 def test_reverse_mode_inside_jit_does_not_trace_the_primal_solve(monkeypatch):
     """Staging a jitted call traces a custom VJP's primal solve (diffrax's loop), which

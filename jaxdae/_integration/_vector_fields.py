@@ -17,6 +17,13 @@ def detached(tree):
     return jax.tree.map(lambda x: jax.lax.stop_gradient(x) if eqx.is_array(x) else x, tree)
 
 
+@eqx.filter_jit
+def _equations(system, t, q, v):
+    # The system's terms, jitted so that JAX traces them once for both forms below: the
+    # scalar graphs re-trace the jaxpr that this trace leaves in JAX's cache.
+    return system.terms(t, q, v)
+
+
 # The per-state functions are jitted so that JAX traces them (and their derivatives) once,
 # however often diffrax and autodiff call them: tracing, not XLA, dominated compile time.
 # For small systems the terms, the right-hand side and the failure check (evaluated at
@@ -25,7 +32,7 @@ def detached(tree):
 @eqx.filter_jit
 @scalarize
 def system_terms(system, t, q, v):
-    return system.terms(t, q, v)
+    return _equations(system, t, q, v)
 
 
 # The terms evaluated outside the steps' stages (the diagnostics at the saved states; the
@@ -35,7 +42,7 @@ def system_terms(system, t, q, v):
 @eqx.filter_jit
 @functools.partial(scalarize, max_work=_thresholds.OUTSIDE_STEPS_MAX_WORK)
 def terms_outside_steps(system, t, q, v):
-    return system.terms(t, q, v)
+    return _equations(system, t, q, v)
 
 
 def state_rates(system, formulation, t, q, s, mass_factor=None):
