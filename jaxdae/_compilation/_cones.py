@@ -212,7 +212,8 @@ def solve_cone_qp(
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6))
 def _solved(matrix, vector, friction, start, tolerance, max_iterations: int, exact: bool):
-    """[`solve_cone_qp`][]'s impulses and the residual its loop stopped at (no derivative)."""
+    """[`solve_cone_qp`][]'s impulses, with its derivative, and the residual its loop stopped
+    at, whose tangent is zero."""
     if exact and friction.shape[0] > 0:
         x, residual, _, _ = _fixed_point(matrix, vector, friction, start, tolerance, max_iterations)
         return x, residual
