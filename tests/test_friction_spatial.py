@@ -13,7 +13,7 @@ from scipy.integrate import solve_ivp
 
 import jaxdae
 import jaxdae.multibody as mb
-from jaxdae._compilation._lcp import solve_frictional_lcp
+from jaxdae._compilation._lcp import ContactModes, frictional_solve, solve_frictional_lcp
 
 TIGHT = {"rtol": 1e-10, "atol": 1e-12}
 G = 9.81
@@ -296,6 +296,31 @@ def test_oblique_impact_with_spin_sticks_or_slides_as_the_closed_form(balls):
         np.testing.assert_allclose(sol.v_final[:3], v_after * [1, 1, 0], atol=1e-8)
         np.testing.assert_allclose(sol.v_final[3:], w_after, atol=1e-8)
     assert kinds == [True, False]
+
+
+def test_contact_forces_with_friction_keep_a_step_loop_one_kernel():
+    """The forces of resting contacts with friction in space (`frictional_solve`, which the
+    rates of every step evaluate behind a branch while a contact rests) are array
+    operations without a scatter or a library call: XLA:CPU then runs a solve's step loop
+    as one kernel."""
+
+    def in_a_loop(matrix, vector, friction, modes):
+        def body(i, x):
+            def resting():
+                return frictional_solve(matrix, vector + x, friction, modes)
+
+            return x + jax.lax.cond(modes.active.any(), resting, lambda: jnp.zeros_like(x))
+
+        return jax.lax.fori_loop(0, 3, body, jnp.zeros_like(vector))
+
+    # A sphere on the ground, slipping.
+    modes = ContactModes(jnp.array([True]), jnp.array([False]), jnp.array([[0.6, 0.8]]))
+    a = np.random.default_rng(4).standard_normal((3, 3))
+    arguments = (jnp.asarray(a @ a.T + np.eye(3)), jnp.ones(3), jnp.full(1, 0.4), modes)
+    # (The program as JAX emits it: XLA's passes, whose options the test run changes, may
+    # rewrite a scatter.)
+    program = jax.jit(in_a_loop).lower(*arguments).as_text()
+    assert "stablehlo.scatter" not in program and "stablehlo.custom_call" not in program
 
 
 def test_cone_solver_meets_coulomb_and_complementarity():

@@ -197,7 +197,9 @@ def frictional_solve(
     owner = np.repeat(np.arange(size), tangents)
     # `B`: a slipping contact's normal column `(e_N − μ d e_T)/n`, `n` its length.
     rub = jnp.where(slipping[owner], -friction[owner] * sign.reshape(-1), 0.0)
-    length = jnp.sqrt(1.0 + jnp.zeros((size,), dtype).at[owner].add(rub**2))
+    # (Summed per contact by a reshape: a scatter would make the step loop around a
+    # solve run kernel by kernel on the CPU.)
+    length = jnp.sqrt(1.0 + jnp.sum((rub**2).reshape(size, tangents), axis=1))
     unit = jnp.eye(size, dtype=dtype)
     basis = jnp.concatenate(
         [
