@@ -8,8 +8,6 @@ through lineax or `jnp.linalg` beyond it.
 """
 
 import functools
-import importlib.metadata
-import itertools
 from collections.abc import Callable
 from typing import NamedTuple, ParamSpec, TypeVar
 
@@ -20,6 +18,7 @@ import numpy as np
 
 from .. import _thresholds
 from .._custom_types import Array, ArrayLike, Bool, Float, Int, ScalarLike
+from ._jaxlib import LAPACK_BATCHES_CAN_DEADLOCK
 
 # The signature of a function that a decorator here returns unchanged in its types.
 _P = ParamSpec("_P")
@@ -112,38 +111,12 @@ def unrolled_substitution(
     return jnp.stack(x)
 
 
-def _version(text: str) -> tuple[int, ...]:
-    """The leading numbers of a version string: `"0.10.2"` → `(0, 10, 2)`."""
-    numbers = []
-    for part in text.split("."):
-        digits = "".join(itertools.takewhile(str.isdigit, part))
-        if not digits:
-            break
-        numbers.append(int(digits))
-    return tuple(numbers)
-
-
-def lapack_batches_can_deadlock(jaxlib_version: str) -> bool:
-    """Whether this jaxlib's CPU LAPACK kernels can deadlock on a large batch.
-
-    From 0.10.0 up to 0.11.0, a batched LAPACK call with enough work splits its batch into
-    tasks on XLA:CPU's intra-op thread pool and blocks its own pool thread until they are
-    done. When the program runs as many such calls at once as the pool has threads (two
-    independent solves on a 2-core machine), every thread waits for tasks that no thread is
-    free to run, and the program never finishes. Later releases run the batch on the calling
-    thread."""
-    return (0, 10) <= _version(jaxlib_version) < (0, 11, 1)
-
-
-_LAPACK_BATCHES_CAN_DEADLOCK = lapack_batches_can_deadlock(importlib.metadata.version("jaxlib"))
-
-
 def _batched_otherwise(looped: Callable, small: Callable, lapack: Callable) -> Callable:
     """`looped` (a function of arrays), whose `vmap` is `small` batched by `jax.vmap` for
     matrices of up to `UNROLL_MAX` rows and `lapack` applied to the batch beyond (every
     argument batched along axis 0): batched elementwise operations and LAPACK's batched
     routines are faster than a batched loop. On the CPU with a jaxlib whose batched LAPACK
-    calls can deadlock (`lapack_batches_can_deadlock`), the batched loop instead."""
+    calls can deadlock (`_jaxlib.lapack_batches_can_deadlock`), the batched loop instead."""
     function = jax.custom_batching.custom_vmap(looped)
 
     @function.def_vmap
@@ -154,7 +127,7 @@ def _batched_otherwise(looped: Callable, small: Callable, lapack: Callable) -> C
         ]
         if args[0].shape[-1] <= _thresholds.UNROLL_MAX:
             return jax.vmap(small)(*args), True
-        if _LAPACK_BATCHES_CAN_DEADLOCK:
+        if LAPACK_BATCHES_CAN_DEADLOCK:
             return jax.lax.platform_dependent(*args, cpu=jax.vmap(looped), default=lapack), True
         return lapack(*args), True
 
@@ -479,7 +452,7 @@ def pivoted_pseudo_solve(factor: PivotedPseudoFactor, rhs: Array) -> Array:
     `looped_triangular_solve` become there where jaxlib's are safe): beside it the full-rank
     branch of `PositiveSemidefinitePseudoInverse` is a batched LAPACK call, and two such calls
     running at once on XLA:CPU's thread pool each wait for pool threads the other holds
-    (`lapack_batches_can_deadlock`): on 2 cores the vmapped diagnostics of Bricard's
+    (`_jaxlib.lapack_batches_can_deadlock`): on 2 cores the vmapped diagnostics of Bricard's
     `PseudoInverse` solve (1,001 saved states, `experiments/examples/bricard.py`) would hang
     with both branches' factorizations in LAPACK.
     """
