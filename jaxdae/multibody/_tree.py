@@ -401,20 +401,17 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
             ancestors @ first,
             jnp.einsum("ik,kab->iab", ancestors, rotational),
         )
-        columns = jnp.swapaxes(subspaces, 1, 2)  # (b, w, 6)
-        forces = apply_inertia(tuple(x[:, None] for x in composite), columns)
-        blocks = jnp.einsum("akj,blj->abkl", columns, forces)
-        upper = ancestors[:, :, None, None]
-        eye = jnp.eye(ancestors.shape[0], dtype=blocks.dtype)[:, :, None, None]
-        full = (
-            upper * blocks
-            + jnp.swapaxes(upper, 0, 1) * jnp.swapaxes(jnp.swapaxes(blocks, 0, 1), 2, 3)
-            - eye * blocks
-        )
-        count, width = subspaces.shape[0], subspaces.shape[2]
-        full = jnp.swapaxes(full, 1, 2).reshape(count * width, count * width)
+        # One column `S_j` per coordinate (no padding to the widest joint) and its momentum
+        # `F_j = I^c S_j` under the composite inertia of its body's subtree; `M_ij = S_iᵀ F_j`
+        # where the body of `i` lies on the path of that of `j`, its transpose where the
+        # other way round, zero where neither does.
         index = self._flat_index()
-        mass_matrix = _gather(_gather(full, index).T, index)
+        columns = _gather(jnp.swapaxes(subspaces, 1, 2).reshape(-1, 6), index)
+        body = index // subspaces.shape[2]
+        forces = apply_inertia(tuple(_gather(x, body) for x in composite), columns)
+        products = mat_mul(columns, forces.T)
+        above, same = self._coordinate_masks(dtype)
+        mass_matrix = above * products + above.T * products.T - same * products
         positions, weights = self._radial(dtype)
         for position in positions:
             select = self._selection(position, dtype)
@@ -423,6 +420,16 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 mass_matrix + weights[position] * select.T @ (jnp.outer(p, p) / (p @ p)) @ select
             )
         return mass_matrix
+
+    def _coordinate_masks(self, dtype):
+        """`(above, same)`, `(n, n)`: whether the body of coordinate `i` lies on the path
+        from the ground of that of coordinate `j` (itself included), and whether the two
+        are the same body."""
+        body = self._flat_index() // len(self.topology.dofs[0])
+        ancestors = np.asarray(self.topology.ancestors)
+        above = ancestors[body][:, body]
+        same = body[:, None] == body[None, :]
+        return jnp.asarray(above, dtype), jnp.asarray(same, dtype)
 
     def _mass_factor(self, mass) -> MassFactor:
         """The Cholesky factor of `M`, block by block where several subtrees hang from the
