@@ -30,7 +30,7 @@ from jaxdae._compilation._operators import MassFactor
 from jaxdae._formulations._impacts import constrained_inverse_mass, friction_coefficients, gap_terms
 from jaxdae._integration._problem import pose_problem
 from jaxdae._integration._solve import SolveCall
-from jaxdae._integration._time_stepping import _dense_factor, contact_rows, contact_step
+from jaxdae._integration._time_stepping import _dense_factor, contact_step
 from jaxdae._integration._trajectories import SingleTrajectory
 from jaxdae._integration._validation import mass_positive_definite
 from jaxdae.examples import BouncingBall
@@ -639,10 +639,10 @@ def _contact_chain():
 
 @eqx.filter_jit
 def _rows_and_gap_terms(system, q, v):
-    """`contact_rows` and `gap_terms` at `t = 0.1`, one program per system (eagerly, each
+    """`_contact_rows` and `gap_terms` at `t = 0.1`, one program per system (eagerly, each
     operation compiles alone)."""
     friction = friction_coefficients(system, 1, q.dtype)
-    return contact_rows(system, 0.1, q, v, friction), gap_terms(system, 0.1, q, v, friction)
+    return system._contact_rows(0.1, q, v, friction), gap_terms(system, 0.1, q, v, friction)
 
 
 def test_contact_rows_are_those_of_the_gap_terms():
@@ -661,6 +661,68 @@ def test_contact_rows_are_those_of_the_gap_terms():
         np.testing.assert_allclose(directions, gaps.directions, rtol=1e-12, atol=1e-14)
 
 
+def _every_stop_tree():
+    """A tree with each kind of joint and of stop: a free base, a spherical arm on it, a
+    slider on the arm and a wheel on the slider; a sphere on the ground, a point on a plane
+    fixed on the arm (a moving surface), a disc's rim on the ground, the slider's limits
+    and a distance stop between two bodies; friction on the contacts."""
+    inertia = np.diag([0.02, 0.03, 0.04])
+    bodies = [
+        mb.RigidBody("base", 2.0, inertia, {"foot": (0.1, 0.0, -0.2)}, position=(0, 0, 0.5)),
+        mb.RigidBody("arm", 1.0, inertia, {"top": (0, 0, 0.1), "table": (0.2, 0, 0)}),
+        mb.RigidBody("slider", 0.5, inertia, {"tip": (0.0, 0.1, 0.0), "hub": (0, 0, -0.1)}),
+        mb.RigidBody("wheel", 0.3, inertia),
+    ]
+    joints = [
+        mb.Spherical("base", "arm.top", name="shoulder"),
+        mb.Prismatic("arm", "slider", axis=(1.0, 0.0, 0.0), name="slide"),
+        mb.Revolute("slider.hub", "wheel", axis=(0.0, 1.0, 0.0), name="axle"),
+    ]
+    stops = [
+        mb.PlaneContact("base.foot", radius=0.05, friction=0.5),
+        mb.PlaneContact("slider.tip", "arm.table", normal=(0.3, 0.0, 1.0), friction=0.4),
+        mb.PlaneContact("wheel", radius=0.1, axis=(0.0, 1.0, 0.0), friction=0.3),
+        mb.JointLimit("slide", lower=-0.2, upper=0.3),
+        mb.DistanceStop("base.foot", "slider.tip", lower=0.05, upper=1.0),
+    ]
+    return mb.TreeMechanism(bodies, joints, [mb.Gravity()], stops=stops)
+
+
+def test_a_trees_contact_rows_are_those_of_forward_mode():
+    """A tree's contact rows (from the bodies' frames and Jacobians) equal the default's
+    forward mode through the whole forward kinematics, for every kind of joint and stop."""
+    tree = _every_stop_tree()
+    q0, _ = tree.initial_state()
+    rng = np.random.default_rng(2)
+    q = jnp.asarray(q0 + 0.1 * rng.standard_normal(q0.shape))
+    v = jnp.asarray(rng.standard_normal(q0.shape))
+    friction = friction_coefficients(tree, 7, q.dtype)
+
+    weights = jnp.asarray(rng.standard_normal((7 + 2 * 7, q.shape[0])))
+
+    @jax.jit
+    def both(q, v):
+        # The rows and the gradient of a weighted sum of them (a time step's gradient
+        # differentiates them), by each.
+        def rows_and_gradient(contact_rows):
+            rows = contact_rows(tree, 0.0, q, v, friction)
+            gradient = jax.grad(
+                lambda q_: jnp.sum(weights * contact_rows(tree, 0.0, q_, v, friction)[2])
+            )(q)
+            return rows, gradient
+
+        return (
+            rows_and_gradient(type(tree)._contact_rows),
+            rows_and_gradient(jaxdae.AbstractSystem._contact_rows),
+        )
+
+    (rows, gradient), (reference, expected_gradient) = both(q, v)
+    assert rows[2].shape == (7 + 2 * 7, q.shape[0])
+    for got, expected in zip(rows, reference, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(gradient, expected_gradient, rtol=1e-11, atol=1e-12)
+
+
 def test_a_deep_trees_step_solves_with_the_dense_factor():
     """Where a tree carries its articulated factor, a step solves with the dense Cholesky
     factor of `M` instead: the same accelerations and contact response to rounding."""
@@ -674,7 +736,7 @@ def test_a_deep_trees_step_solves_with_the_dense_factor():
     def solves(q, v):
         terms = chain.terms(0.0, q, v)
         dense = _dense_factor(terms)
-        directions = contact_rows(chain, 0.0, q, v, friction_coefficients(chain, 1, q.dtype))[2]
+        directions = chain._contact_rows(0.0, q, v, friction_coefficients(chain, 1, q.dtype))[2]
         outputs = [
             (solve(terms), solve(dense))
             for solve in (

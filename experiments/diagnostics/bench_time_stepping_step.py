@@ -7,7 +7,7 @@ every part alike), and the cone solve's iteration counts along drops.
 Parts: the whole step (`contact_step`); the system's terms (`M` and the forces: the
 tree's composite-rigid-body and recursive passes); `M` alone (`mass_matrix`); the
 recursive Newton–Euler forces alone (`inverse_dynamics`); the contact rows `[W; W_T]`
-with the gaps and contact velocities (`contact_rows`); the contact response
+with the gaps and contact velocities (`_contact_rows`); the contact response
 `M⁻¹ [W; W_T]ᵀ` through the tree's articulated factor and through the dense Cholesky
 factor that a step takes (`_dense_factor`), each with the terms and rows it needs.
 With `--iterations`, drops from 0.35–0.55 m of `--t1` seconds: the accelerated
@@ -55,7 +55,7 @@ def parts(model, formulation, batch):
     start = jnp.zeros(12)
 
     def rows(q_, v_):
-        return stepping.contact_rows(model, 0.0, q_, v_, friction)[2]
+        return model._contact_rows(0.0, q_, v_, friction)[2]
 
     functions = {
         "step": lambda q_, v_: stepping.contact_step(

@@ -273,7 +273,7 @@ def contact_step(
     acceleration, _ = formulation.accelerations(terms)
     v_free = v + h * acceleration
     friction = friction_coefficients(system, gap_count(system, t0, q), q.dtype)
-    gap, velocity, directions = contact_rows(system, t0, q, v, friction)
+    gap, velocity, directions = system._contact_rows(t0, q, v, friction)
     # `[ġ; v_T] = [W; W_T] v + offset` (the gaps' and slips' explicit time dependence).
     offset = velocity - directions @ v
     response = constrained_inverse_mass(terms, directions.T)
@@ -323,37 +323,6 @@ def _dense_factor(terms):
         MassFactor(None, cholesky_factor(0.5 * (mass + mass.T))),
     )
     return eqx.tree_at(lambda x: x.mass_operator, terms, operator)
-
-
-def contact_rows(
-    system, t, q: Float[Array, " n"], v: Float[Array, " n"], friction: Float[Array, " f"]
-) -> tuple[Float[Array, " u"], Float[Array, " r"], Float[Array, "r n"]]:
-    """The gaps `g`, the contact velocities `[ġ; v_T]` and their rows `[W; W_T]` at
-    `(t, q, v)`: those of [`gap_terms`][] without its second derivatives `γ`, which a step
-    does not use; one forward-mode pass of `gaps` with `n + 1` tangents and, with
-    friction, one of `slip_velocities` (linear in `v`) with `n`."""
-
-    t = jnp.asarray(t, q.dtype)
-
-    def gaps(t_, q_):
-        value = system.gaps(t_, q_)
-        return value, value
-
-    (along_t, jacobian), gap = jax.jacfwd(gaps, argnums=(0, 1), has_aux=True)(t, q)
-    rate = along_t + jacobian @ v
-    if friction.shape[0] == 0:
-        return gap, rate, jacobian
-
-    def slips(v_):
-        value = system.slip_velocities(t, q, v_).reshape(-1)
-        return value, value
-
-    slip_jacobian, slip = jax.jacfwd(slips, has_aux=True)(v)
-    return (
-        gap,
-        jnp.concatenate([rate, slip]),
-        jnp.concatenate([jacobian, slip_jacobian]),
-    )
 
 
 def _position_correction(terms, phi: Float[Array, " m"]) -> Float[Array, " n"]:

@@ -147,6 +147,36 @@ class AbstractSystem(eqx.Module):
         `0`, frictionless contacts."""
         return 0.0
 
+    def _contact_rows(
+        self, t, q: Float[Array, " n"], v: Float[Array, " n"], friction: Float[Array, " f"]
+    ) -> tuple[Float[Array, " u"], Float[Array, " r"], Float[Array, "r n"]]:
+        """The gaps `g`, the contact velocities `[ġ; v_T]` and their rows `[W; W_T]` at
+        `(t, q, v)`, for a step that needs no second derivatives (a time step); the slips
+        only where `friction` has entries. Default: one forward-mode pass of `gaps` with
+        `n + 1` tangents and, with friction, one of `slip_velocities` (linear in `v`) with
+        `n`."""
+        t = jnp.asarray(t, q.dtype)
+
+        def gaps(t_, q_):
+            value = self.gaps(t_, q_)
+            return value, value
+
+        (along_t, jacobian), gap = jax.jacfwd(gaps, argnums=(0, 1), has_aux=True)(t, q)
+        rate = along_t + jacobian @ v
+        if friction.shape[0] == 0:
+            return gap, rate, jacobian
+
+        def slips(v_):
+            value = self.slip_velocities(t, q, v_).reshape(-1)
+            return value, value
+
+        slip_jacobian, slip = jax.jacfwd(slips, has_aux=True)(v)
+        return (
+            gap,
+            jnp.concatenate([rate, slip]),
+            jnp.concatenate([jacobian, slip_jacobian]),
+        )
+
     def _dense_mass_variant(self) -> "AbstractSystem":
         """This system for a solve that factors the dense `M` itself (a time step): the
         same equations, computed along the path that suits that. Default: itself."""

@@ -369,16 +369,15 @@ class AbstractMechanism(AbstractControlledSystem):
 
     # -- one-sided constraints ---------------------------------------------------------
 
-    def _stop_kinematics(self, t, q, v=None) -> StopKinematics:
-        """The markers, joint coordinates and velocities the stops read at `(t, q, v)`."""
-        kin = self._kinematics(t, q, v)
-        return StopKinematics(kin.frame, kin.coordinate, kin.velocity, self.dimension)
-
     def gaps(self, t, q):
         """The stops' gaps in the order of `stops` (see `gap_names`)."""
         if not self.stops:
             return jnp.zeros((0,), q.dtype)
-        stop_kin = self._stop_kinematics(t, q)
+        return self._stop_gaps(self._kinematics(t, q))
+
+    def _stop_gaps(self, kin) -> Float[Array, " u"]:
+        """The stops' gaps read from the kinematics `kin` (at least one stop)."""
+        stop_kin = StopKinematics(kin.frame, kin.coordinate, kin.velocity, self.dimension)
         return jnp.concatenate([stop.gaps(stop_kin) for stop in self.stops])
 
     def restitution(self):
@@ -416,11 +415,16 @@ class AbstractMechanism(AbstractControlledSystem):
         tangents = (self.dimension - 1,) if self.dimension == 3 else ()
         if not self.stops:
             return jnp.zeros((0, *tangents), q.dtype)
-        stop_kin = self._stop_kinematics(t, q, v)
-        slip = jnp.concatenate(
-            [stop.slip_velocities(stop_kin).astype(q.dtype) for stop in self.stops]
-        )
+        slip = self._stop_slips(self._kinematics(t, q, v), q.dtype)
         return slip.reshape(slip.shape[0], *tangents)
+
+    def _stop_slips(self, kin, dtype) -> Array:
+        """The stops' sliding velocities read from the kinematics `kin` (at least one
+        stop), one row per gap."""
+        stop_kin = StopKinematics(kin.frame, kin.coordinate, kin.velocity, self.dimension)
+        return jnp.concatenate(
+            [stop.slip_velocities(stop_kin).astype(dtype) for stop in self.stops]
+        )
 
     def gap_label(self, index: int) -> str:
         """Gap `index` with its name in `gap_names`."""

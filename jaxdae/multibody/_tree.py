@@ -46,6 +46,7 @@ from ._spatial import (
     mat_vec,
     motion_cross,
     rate_map,
+    skew_matrices,
     unit_rotation,
 )
 from ._stop import AbstractStop
@@ -405,9 +406,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         # `F_j = I^c S_j` under the composite inertia of its body's subtree; `M_ij = S_iᵀ F_j`
         # where the body of `i` lies on the path of that of `j`, its transpose where the
         # other way round, zero where neither does.
-        index = self._flat_index()
-        columns = _gather(jnp.swapaxes(subspaces, 1, 2).reshape(-1, 6), index)
-        body = index // subspaces.shape[2]
+        columns, body = self._columns(subspaces)
         forces = apply_inertia(tuple(_gather(x, body) for x in composite), columns)
         products = mat_mul(columns, forces.T)
         above, same = self._coordinate_masks(dtype)
@@ -421,6 +420,13 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
             )
         return mass_matrix
 
+    def _columns(self, subspaces) -> tuple[Float[Array, "n 6"], np.ndarray]:
+        """The motion subspace `S_j` of each coordinate (the rows of `subspaces` without
+        their padding) and the position of its body."""
+        index = self._flat_index()
+        columns = _gather(jnp.swapaxes(subspaces, 1, 2).reshape(-1, 6), index)
+        return columns, index // subspaces.shape[2]
+
     def _coordinate_masks(self, dtype):
         """`(above, same)`, `(n, n)`: whether the body of coordinate `i` lies on the path
         from the ground of that of coordinate `j` (itself included), and whether the two
@@ -430,6 +436,58 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         above = ancestors[body][:, body]
         same = body[:, None] == body[None, :]
         return jnp.asarray(above, dtype), jnp.asarray(same, dtype)
+
+    def _body_jacobians(self, subspaces) -> Float[Array, "b 6 n"]:
+        """Each body's spatial velocity `(ω, v_O)` per unit rate of each coordinate: the
+        subspace `S_j` of each coordinate whose body lies on its path from the ground, zero
+        for the others."""
+        columns, body = self._columns(subspaces)
+        on_path = np.asarray(self.topology.ancestors)[body].T
+        return jnp.asarray(on_path, columns.dtype)[:, None, :] * columns.T[None]
+
+    def _contact_rows(self, t, q, v, friction):
+        """The gaps, the contact velocities and their rows (see
+        [`jaxdae.AbstractSystem`][]'s default) from the bodies' frames: the stops read the
+        frames of markers and joint coordinates, so a gap's row is its derivative with
+        respect to a small twist of each body (reverse mode through the stops alone) times
+        the bodies' Jacobians, plus its derivative with respect to the coordinates read
+        directly; a slip's is its derivative with respect to the bodies' spatial
+        velocities times the same Jacobians. The default's forward mode carries `n + 1`
+        tangents through the whole forward kinematics instead. A tree's stops read no
+        time: `ġ = W v`."""
+        if not self.stops:
+            return super()._contact_rows(t, q, v, friction)
+        dtype = q.dtype
+        rotations, centres, subspaces = self.poses(q)
+        jacobians = self._body_jacobians(subspaces)
+
+        def gaps(twists, shift):
+            turn, move = twists[:, :3], twists[:, 3:]
+            moved = (
+                rotations + mat_mul(skew_matrices(turn), rotations),
+                centres + move + jnp.cross(turn, centres),
+                subspaces,
+                None,
+                None,
+            )
+            return self._stop_gaps(TreeKinematics(self, t, q + shift, motion=moved))
+
+        gap, pull = jax.vjp(gaps, jnp.zeros((rotations.shape[0], 6), dtype), jnp.zeros_like(q))
+        by_twist, by_coordinate = jax.vmap(pull)(jnp.eye(gap.shape[0], dtype=dtype))
+        jacobian = jnp.einsum("ubk,bkn->un", by_twist, jacobians) + by_coordinate
+        rate = jacobian @ v
+        if friction.shape[0] == 0:
+            return gap, rate, jacobian
+
+        def slips(velocities):
+            motion = (rotations, centres, subspaces, velocities, None)
+            kin = TreeKinematics(self, t, q, v, motion=motion)
+            return self._stop_slips(kin, dtype).reshape(-1)
+
+        slip, pull = jax.vjp(slips, jnp.einsum("bkn,n->bk", jacobians, v))
+        (by_velocity,) = jax.vmap(pull)(jnp.eye(slip.shape[0], dtype=dtype))
+        slip_jacobian = jnp.einsum("fbk,bkn->fn", by_velocity, jacobians)
+        return gap, jnp.concatenate([rate, slip]), jnp.concatenate([jacobian, slip_jacobian])
 
     def _mass_factor(self, mass) -> MassFactor:
         """The Cholesky factor of `M`, block by block where several subtrees hang from the
