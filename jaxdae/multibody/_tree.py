@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import _thresholds
 from .._compilation._gather import take
+from .._compilation._linalg import small_matmul
 from .._compilation._operators import FactoredOperator, MassFactor
 from .._compilation._sparse import cholesky_factor
 from .._custom_types import Array, Float
@@ -408,7 +409,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         # other way round, zero where neither does.
         columns, body = self._columns(subspaces)
         forces = apply_inertia(tuple(_gather(x, body) for x in composite), columns)
-        products = mat_mul(columns, forces.T)
+        products = small_matmul(columns, forces.T)
         above, same = self._coordinate_masks(dtype)
         mass_matrix = above * products + above.T * products.T - same * products
         positions, weights = self._radial(dtype)
