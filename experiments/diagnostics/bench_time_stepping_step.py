@@ -7,9 +7,11 @@ every part alike), and the cone solve's iteration counts along drops.
 Parts: the whole step (`contact_step`); the system's terms (`M` and the forces: the
 tree's composite-rigid-body and recursive passes); `M` alone (`mass_matrix`); the
 recursive Newton–Euler forces alone (`inverse_dynamics`); the contact rows `[W; W_T]`
-with the gaps and contact velocities (`_contact_rows`); the contact response
-`M⁻¹ [W; W_T]ᵀ` through the tree's articulated factor and through the dense Cholesky
-factor that a step takes (`_dense_factor`), each with the terms and rows it needs.
+with the gaps and contact velocities (`_contact_rows`: the tree's own, from its bodies'
+frames, and `AbstractSystem`'s default, forward mode through the forward kinematics); the
+contact response `M⁻¹ [W; W_T]ᵀ` through the tree's articulated factor and through the
+dense Cholesky factor that a step takes (`_dense_factor`), each with the terms and rows it
+needs.
 With `--iterations`, drops from 0.35–0.55 m of `--t1` seconds: the accelerated
 projected gradient iterations and fixed-point iterations (QPs) per step, per member
 and at the batch's slowest member (which sets a batch's pace under `vmap`). The parts
@@ -67,6 +69,9 @@ def parts(model, formulation, batch):
         "M alone": lambda q_, v_: model.mass_matrix(0.0, q_),
         "forces alone (RNEA)": lambda q_, v_: model.inverse_dynamics(0.0, q_, v_, 0 * v_),
         "contact rows": rows,
+        "contact rows, forward mode": lambda q_, v_: jaxdae.AbstractSystem._contact_rows(
+            model, 0.0, q_, v_, friction
+        )[2],
         "response, articulated": lambda q_, v_: constrained_inverse_mass(
             system_terms(model, 0.0, q_, v_), rows(q_, v_).T
         ),
@@ -167,7 +172,7 @@ def main():
     formulation = jaxdae.Baumgarte(kd=20.0, kp=100.0)
     print(f"batch {args.batch}, float64; ms per call of jit(vmap(part)), median and minimum")
     for name, (median, least) in parts(model, formulation, args.batch).items():
-        print(f"  {name:24s} {median:8.2f} {least:8.2f}")
+        print(f"  {name:28s} {median:8.2f} {least:8.2f}")
     if args.iterations:
         k, n = iterations(model, formulation, min(args.batch, 16), args.t1)
         print(
