@@ -690,37 +690,35 @@ def _every_stop_tree():
 
 def test_a_trees_contact_rows_are_those_of_forward_mode():
     """A tree's contact rows (from the bodies' frames and Jacobians) equal the default's
-    forward mode through the whole forward kinematics, for every kind of joint and stop."""
+    forward mode through the whole forward kinematics, for every kind of joint and stop,
+    and so does their derivative, by reverse mode for a batch of states (`vmap(grad)`, as
+    a time step's gradient takes it) against the default's directional derivative."""
     tree = _every_stop_tree()
     q0, _ = tree.initial_state()
     rng = np.random.default_rng(2)
-    q = jnp.asarray(q0 + 0.1 * rng.standard_normal(q0.shape))
-    v = jnp.asarray(rng.standard_normal(q0.shape))
+    q = jnp.asarray(q0 + 0.1 * rng.standard_normal((2, q0.size)))
+    v = jnp.asarray(rng.standard_normal((2, q0.size)))
+    direction = jnp.asarray(rng.standard_normal((2, q0.size)))
     friction = friction_coefficients(tree, 7, q.dtype)
+    weights = jnp.asarray(rng.standard_normal((7 + 2 * 7, q0.size)))
 
-    weights = jnp.asarray(rng.standard_normal((7 + 2 * 7, q.shape[0])))
+    def weighted(contact_rows, q_, v_):
+        return jnp.sum(weights * contact_rows(tree, 0.0, q_, v_, friction)[2])
 
     @jax.jit
-    def both(q, v):
-        # The rows and the gradient of a weighted sum of them (a time step's gradient
-        # differentiates them), by each.
-        def rows_and_gradient(contact_rows):
-            rows = contact_rows(tree, 0.0, q, v, friction)
-            gradient = jax.grad(
-                lambda q_: jnp.sum(weights * contact_rows(tree, 0.0, q_, v, friction)[2])
-            )(q)
-            return rows, gradient
+    @jax.vmap
+    def both(q, v, direction):
+        default = jaxdae.AbstractSystem._contact_rows
+        gradient = jax.grad(weighted, argnums=1)(type(tree)._contact_rows, q, v)
+        along = jax.jvp(lambda q_: weighted(default, q_, v), (q,), (direction,))[1]
+        rows = tree._contact_rows(0.0, q, v, friction)
+        return rows, default(tree, 0.0, q, v, friction), gradient @ direction, along
 
-        return (
-            rows_and_gradient(type(tree)._contact_rows),
-            rows_and_gradient(jaxdae.AbstractSystem._contact_rows),
-        )
-
-    (rows, gradient), (reference, expected_gradient) = both(q, v)
-    assert rows[2].shape == (7 + 2 * 7, q.shape[0])
+    rows, reference, derivative, expected_derivative = both(q, v, direction)
+    assert rows[2].shape == (2, 7 + 2 * 7, q0.size)
     for got, expected in zip(rows, reference, strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-13)
-    np.testing.assert_allclose(gradient, expected_gradient, rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(derivative, expected_derivative, rtol=1e-11)
 
 
 def test_a_deep_trees_step_solves_with_the_dense_factor():
