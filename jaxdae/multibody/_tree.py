@@ -421,18 +421,21 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
             )
         return mass_matrix
 
+    def _coordinate_bodies(self) -> np.ndarray:
+        """The position of each coordinate's body."""
+        return self._flat_index() // len(self.topology.dofs[0])
+
     def _columns(self, subspaces) -> tuple[Float[Array, "n 6"], np.ndarray]:
         """The motion subspace `S_j` of each coordinate (the rows of `subspaces` without
         their padding) and the position of its body."""
-        index = self._flat_index()
-        columns = _gather(jnp.swapaxes(subspaces, 1, 2).reshape(-1, 6), index)
-        return columns, index // subspaces.shape[2]
+        rows = jnp.swapaxes(subspaces, 1, 2).reshape(-1, 6)
+        return _gather(rows, self._flat_index()), self._coordinate_bodies()
 
     def _coordinate_masks(self, dtype):
         """`(above, same)`, `(n, n)`: whether the body of coordinate `i` lies on the path
         from the ground of that of coordinate `j` (itself included), and whether the two
         are the same body."""
-        body = self._flat_index() // len(self.topology.dofs[0])
+        body = self._coordinate_bodies()
         ancestors = np.asarray(self.topology.ancestors)
         above = ancestors[body][:, body]
         same = body[:, None] == body[None, :]
