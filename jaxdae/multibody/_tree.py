@@ -47,12 +47,11 @@ from ._spatial import (
     mat_vec,
     motion_cross,
     rate_map,
-    skew_matrices,
     unit_rotation,
 )
 from ._stop import AbstractStop
 from ._topology import FLOATING, SCREW, SPHERICAL, Topology, find_topology
-from ._tree_kinematics import TreeKinematics, given_frame, marker_on_body
+from ._tree_kinematics import TreeKinematics, given_frame, marker_on_body, tree_contact_rows
 
 
 def _gather(x, index):
@@ -441,57 +440,13 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
         same = body[:, None] == body[None, :]
         return jnp.asarray(above, dtype), jnp.asarray(same, dtype)
 
-    def _body_jacobians(self, subspaces) -> Float[Array, "b 6 n"]:
-        """Each body's spatial velocity `(ω, v_O)` per unit rate of each coordinate: the
-        subspace `S_j` of each coordinate whose body lies on its path from the ground, zero
-        for the others."""
-        columns, body = self._columns(subspaces)
-        on_path = np.asarray(self.topology.ancestors)[body].T
-        return jnp.asarray(on_path, columns.dtype)[:, None, :] * columns.T[None]
-
     def _contact_rows(self, t, q, v, friction):
         """The gaps, the contact velocities and their rows (see
-        [`jaxdae.AbstractSystem`][]'s default) from the bodies' frames: the stops read the
-        frames of markers and joint coordinates, so a gap's row is its derivative with
-        respect to a small twist of each body (reverse mode through the stops alone) times
-        the bodies' Jacobians, plus its derivative with respect to the coordinates read
-        directly; a slip's is its derivative with respect to the bodies' spatial
-        velocities times the same Jacobians. The default's forward mode carries `n + 1`
-        tangents through the whole forward kinematics instead. A tree's stops read no
-        time: `ġ = W v`."""
+        [`jaxdae.AbstractSystem`][]'s default) from the bodies' frames and Jacobians
+        (`tree_contact_rows`)."""
         if not self.stops:
             return super()._contact_rows(t, q, v, friction)
-        dtype = q.dtype
-        rotations, centres, subspaces = self.poses(q)
-        jacobians = self._body_jacobians(subspaces)
-
-        def gaps(twists, shift):
-            turn, move = twists[:, :3], twists[:, 3:]
-            moved = (
-                rotations + mat_mul(skew_matrices(turn), rotations),
-                centres + move + jnp.cross(turn, centres),
-                subspaces,
-                None,
-                None,
-            )
-            return self._stop_gaps(TreeKinematics(self, t, q + shift, motion=moved))
-
-        gap, pull = jax.vjp(gaps, jnp.zeros((rotations.shape[0], 6), dtype), jnp.zeros_like(q))
-        by_twist, by_coordinate = jax.vmap(pull)(jnp.eye(gap.shape[0], dtype=dtype))
-        jacobian = jnp.einsum("ubk,bkn->un", by_twist, jacobians) + by_coordinate
-        rate = jacobian @ v
-        if friction.shape[0] == 0:
-            return gap, rate, jacobian
-
-        def slips(velocities):
-            motion = (rotations, centres, subspaces, velocities, None)
-            kin = TreeKinematics(self, t, q, v, motion=motion)
-            return self._stop_slips(kin, dtype).reshape(-1)
-
-        slip, pull = jax.vjp(slips, jnp.einsum("bkn,n->bk", jacobians, v))
-        (by_velocity,) = jax.vmap(pull)(jnp.eye(slip.shape[0], dtype=dtype))
-        slip_jacobian = jnp.einsum("fbk,bkn->fn", by_velocity, jacobians)
-        return gap, jnp.concatenate([rate, slip]), jnp.concatenate([jacobian, slip_jacobian])
+        return tree_contact_rows(self, t, q, v, friction)
 
     def _mass_factor(self, mass) -> MassFactor:
         """The Cholesky factor of `M`, block by block where several subtrees hang from the

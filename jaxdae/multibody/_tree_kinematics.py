@@ -1,8 +1,10 @@
 """What the joints, force elements and stops of a [`jaxdae.multibody.TreeMechanism`][] read
-of it at one state: its markers' frames and velocities and its joint coordinates."""
+of it at one state: its markers' frames and velocities and its joint coordinates; and the
+rows of its contacts that a time step reads, from those frames and velocities."""
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -10,6 +12,7 @@ from .._compilation._gather import take
 from .._custom_types import Array, Float
 from ._body import GROUND
 from ._kinematics import Frame, euler_rotation, split
+from ._spatial import mat_mul, skew_matrices
 
 # The `mechanism` arguments below are `TreeMechanism`s, typed `Any`: `_tree.py` imports
 # this module, which must not import it back.
@@ -111,3 +114,56 @@ def given_frame(mechanism: Any, ref: str) -> Frame:
     rotation = euler_rotation(body.orientation.astype(point.dtype))
     centre = body.position.astype(point.dtype)
     return Frame(centre, None, rotation @ orientation, centre + rotation @ point)
+
+
+def body_jacobians(mechanism: Any, subspaces) -> Float[Array, "b 6 n"]:
+    """Each body's spatial velocity `(ω, v_O)` per unit rate of each coordinate: the subspace
+    `S_j` of each coordinate whose body lies on its path from the ground, zero for the
+    others."""
+    columns, body = mechanism._columns(subspaces)
+    on_path = np.asarray(mechanism.topology.ancestors)[body].T
+    return jnp.asarray(on_path, columns.dtype)[:, None, :] * columns.T[None]
+
+
+def tree_contact_rows(mechanism: Any, t, q, v, friction):
+    """The gaps, the contact velocities `[ġ; v_T]` and their rows `[W; W_T]` of a tree's
+    stops (at least one) at `(t, q, v)`, as `AbstractSystem._contact_rows` returns them.
+
+    The stops read the frames of markers and joint coordinates, so a gap's row is its
+    derivative with respect to a small twist of each body (reverse mode through the stops
+    alone) times the bodies' Jacobians, plus its derivative with respect to the
+    coordinates read directly; a slip's is its derivative with respect to the bodies'
+    spatial velocities times the same Jacobians. The default's forward mode carries
+    `n + 1` tangents through the whole forward kinematics instead. A tree's stops read no
+    time: `ġ = W v`."""
+    dtype = q.dtype
+    rotations, centres, subspaces = mechanism.poses(q)
+    jacobians = body_jacobians(mechanism, subspaces)
+
+    def gaps(twists, shift):
+        turn, move = twists[:, :3], twists[:, 3:]
+        moved = (
+            rotations + mat_mul(skew_matrices(turn), rotations),
+            centres + move + jnp.cross(turn, centres),
+            subspaces,
+            None,
+            None,
+        )
+        return mechanism._stop_gaps(TreeKinematics(mechanism, t, q + shift, motion=moved))
+
+    gap, pull = jax.vjp(gaps, jnp.zeros((rotations.shape[0], 6), dtype), jnp.zeros_like(q))
+    by_twist, by_coordinate = jax.vmap(pull)(jnp.eye(gap.shape[0], dtype=dtype))
+    jacobian = jnp.einsum("ubk,bkn->un", by_twist, jacobians) + by_coordinate
+    rate = jacobian @ v
+    if friction.shape[0] == 0:
+        return gap, rate, jacobian
+
+    def slips(velocities):
+        motion = (rotations, centres, subspaces, velocities, None)
+        kin = TreeKinematics(mechanism, t, q, v, motion=motion)
+        return mechanism._stop_slips(kin, dtype).reshape(-1)
+
+    slip, pull = jax.vjp(slips, jnp.einsum("bkn,n->bk", jacobians, v))
+    (by_velocity,) = jax.vmap(pull)(jnp.eye(slip.shape[0], dtype=dtype))
+    slip_jacobian = jnp.einsum("fbk,bkn->fn", by_velocity, jacobians)
+    return gap, jnp.concatenate([rate, slip]), jnp.concatenate([jacobian, slip_jacobian])
