@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import _thresholds
+from .._compilation._constants import jit_with_constants
 from .._compilation._linalg import gram_eigenvalues
 from .._custom_types import Array, Bool, Float
 from .._solution import RESULTS, Solution
@@ -17,7 +18,7 @@ from ._validation import factored_positive_definite
 from ._vector_fields import formulation_velocities, terms_outside_steps
 
 
-@eqx.filter_jit
+@jit_with_constants
 def state_diagnostics(system, formulation, t, q, s):
     """Constraint residuals, multipliers, energy, velocities and momenta at one saved state,
     the mass matrix there with whether its factor shows it positive definite

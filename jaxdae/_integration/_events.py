@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import check_instance
+from .._compilation._constants import jit_with_constants
 from .._compilation._kernels import kernel_boundary
 from .._compilation._lcp import along, magnitudes, tangent_count, units
 from .._compilation._operators import MassFactor
@@ -188,10 +189,10 @@ def _rates_and_terms(system, formulation, t, q, s, mass_factor):
 
 # The terms and the plain rates as one scalar graph (`_scalarize.py`), whose terms the
 # resting contacts' branch reuses: the step loop holds the equations of motion once.
-_jitted_rates_and_terms = eqx.filter_jit(scalarize(_rates_and_terms))
+_jitted_rates_and_terms = jit_with_constants(scalarize(_rates_and_terms))
 
 
-@eqx.filter_jit
+@jit_with_constants
 def contact_rates(system, formulation, contacts: ContactState, t, q, s, mass_factor=None):
     """`(q̇, ṡ)` with the resting contacts' forces; the plain rates, behind one branch, where
     none rests (in a batch: where none of the batch's does; the others get zero forces)."""
@@ -215,10 +216,10 @@ def open_gaps(system, contacts: ContactState, t, q):
     return system.gaps(t, q) - contacts.offset
 
 
-jitted_open_gaps = eqx.filter_jit(scalarize(open_gaps))
+jitted_open_gaps = jit_with_constants(scalarize(open_gaps))
 
 
-@eqx.filter_jit
+@jit_with_constants
 def condition_values(
     system, formulation, contacts: ContactState, t, q, s, mass_factor=None, at_start: bool = False
 ):
@@ -418,7 +419,7 @@ def _approach_time(system, formulation, contacts: ContactState, t, q, s):
     return time
 
 
-approach_time = eqx.filter_jit(scalarize(_approach_time))
+approach_time = jit_with_constants(scalarize(_approach_time))
 
 
 class _Transition(eqx.Module):
@@ -433,7 +434,7 @@ class _Transition(eqx.Module):
     forces: Float[Array, " u_plus_f"]
 
 
-@eqx.filter_jit
+@jit_with_constants
 def transition(
     system,
     formulation,

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._compilation._constants import jit_with_constants
 from .._compilation._linalg import psd_pseudo_solve
 from .._compilation._private_apis import result_codes, unvmap_any, with_result_codes
 from .._custom_types import Array
@@ -40,7 +41,7 @@ def all_finite(*arrays) -> Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in arrays]))
 
 
-@eqx.filter_jit
+@jit_with_constants
 def non_finite_term(system, formulation, t0, t, q, s):
     """Which term of the model is non-finite, or a mass matrix not positive definite, at or
     just after the state `(t, q, s)` where a solve stalled: `1 + i` for

@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import _thresholds
 from .._checks import check_instance, described
+from .._compilation._constants import jit_with_constants
 from .._compilation._linalg import small_matmul
 from .._compilation._linear_solvers import symmetric_operator
 from .._compilation._scalarize import array_form_scope, scalarize
@@ -139,7 +140,7 @@ class _Gains(eqx.Module):
 # Each piece is traced once per system and formulation and, for small systems, re-traced
 # as a scalar graph (`_scalarize.py`), as the right-hand side is: one function for the
 # whole projection would exceed the size up to which that pays.
-@eqx.filter_jit
+@jit_with_constants
 @scalarize
 def _gains(system, formulation, t, q, s, linear_solver, velocities: bool):
     """The gains `K` at the unprojected state, as their factors (`_Gains`; for the
@@ -185,7 +186,7 @@ def _form_of_terms(system, t, q, s):
     return contextlib.nullcontext()
 
 
-@eqx.filter_jit
+@jit_with_constants
 @scalarize
 def _constraint_values(system, formulation, t, q, s):
     """`Φ(t, q)`: from `constraints` where the system's terms take `Φ` from it, else from
@@ -196,7 +197,7 @@ def _constraint_values(system, formulation, t, q, s):
     return _terms_at(system, formulation, t, q, s).phi
 
 
-@eqx.filter_jit
+@jit_with_constants
 @scalarize
 def _velocity_residual(system, formulation, t, q, s):
     """`[Φ̇; Ψ]` at `(t, q, s)` and the velocities `v` (from `constraints` and
@@ -211,7 +212,7 @@ def _velocity_residual(system, formulation, t, q, s):
     return jnp.concatenate([terms.dphi, terms.psi]), v
 
 
-@eqx.filter_jit
+@jit_with_constants
 @scalarize
 def _state_change(system, t, q, s, terms, dv):
     """The change of the state `s` for a change `dv` of the velocities: the linear part of
@@ -223,7 +224,7 @@ def _state_change(system, t, q, s, terms, dv):
     return jax.jvp(rate, (jnp.zeros_like(dv),), (dv,))[1]
 
 
-@eqx.filter_jit
+@jit_with_constants
 @scalarize
 def _exact_velocity_step(system, formulation, t, q, s, residual, linear_solver):
     """`Δs` for `Δv = −M⁻¹Gᵀ(G M⁻¹ Gᵀ)⁻¹ r` with `M` and `G` at `(q, s)`: one step meets the

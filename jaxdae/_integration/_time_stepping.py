@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import _thresholds
 from .._compilation._cones import cone_solve
+from .._compilation._constants import jit_with_constants
 from .._compilation._linalg import psd_pseudo_inverse
 from .._compilation._operators import FactoredOperator, MassFactor, factor_of
 from .._compilation._sparse import cholesky_factor
@@ -253,7 +254,7 @@ class TimeSteppingSolver(AbstractFailureNamingSolver):
 # Jitted so that JAX traces a step once: diffrax calls the solver's `step` four times while
 # it traces a solve (for the shapes of its dense output, twice for its loop body's, and the
 # body itself), each a full trace of the terms, the contact rows and the cone solve.
-@eqx.filter_jit
+@jit_with_constants
 def contact_step(
     settings: TimeSteppingSolver,
     system,

@@ -21,6 +21,7 @@ from .._checks import (
     dtype_problem,
     tolerance_problem,
 )
+from .._compilation._constants import jit_with_constants
 from .._compilation._operators import FactoredOperator
 from .._custom_types import Array, Bool
 from .._formulations import AbstractFormulation, AbstractStabilizedFormulation
@@ -175,7 +176,7 @@ INITIAL_STATE_MESSAGES = (
 )
 
 
-check_initial_state_jit = eqx.filter_jit(check_initial_state)
+check_initial_state_jit = jit_with_constants(check_initial_state)
 
 
 def check_types(system, formulation):

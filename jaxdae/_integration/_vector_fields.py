@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 
 from .. import _thresholds
+from .._compilation._constants import jit_with_constants
 from .._compilation._scalarize import scalarize
 from .._systems._structure import with_mass_factor
 
@@ -17,7 +18,7 @@ def detached(tree):
     return jax.tree.map(lambda x: jax.lax.stop_gradient(x) if eqx.is_array(x) else x, tree)
 
 
-@eqx.filter_jit
+@jit_with_constants
 def _equations(system, t, q, v):
     # The system's terms, jitted so that JAX traces them once for both forms below: the
     # scalar graphs re-trace the jaxpr that this trace leaves in JAX's cache.
@@ -29,7 +30,7 @@ def _equations(system, t, q, v):
 # For small systems the terms, the right-hand side and the failure check (evaluated at
 # every stage of every step) are re-traced as scalar graphs, which XLA fuses
 # (`_scalarize.py`).
-@eqx.filter_jit
+@jit_with_constants
 @scalarize
 def system_terms(system, t, q, v):
     return _equations(system, t, q, v)
@@ -39,7 +40,7 @@ def system_terms(system, t, q, v):
 # contact problem at an event and, while a contact rests, in the gaps' conditions), where
 # a scalar graph's speed buys little: XLA compiles each place that evaluates the terms
 # anew, and the scalar graph of larger terms compiles to many times the array form's size.
-@eqx.filter_jit
+@jit_with_constants
 @functools.partial(scalarize, max_work=_thresholds.OUTSIDE_STEPS_MAX_WORK)
 def terms_outside_steps(system, t, q, v):
     return _equations(system, t, q, v)
@@ -63,20 +64,20 @@ def failure_indicator(system, formulation, t, q, v, reference, mass_factor=None)
     )
 
 
-@eqx.filter_jit
+@jit_with_constants
 def failure_reference(system, formulation, t, q, v):
     """The formulation's `failure_reference` at the initial state `(q, v)` (evaluated once
     per solve, so not re-traced as a scalar graph)."""
     return formulation.failure_reference(system_terms(system, t, q, v))
 
 
-jitted_rates = eqx.filter_jit(scalarize(state_rates))
+jitted_rates = jit_with_constants(scalarize(state_rates))
 
 
-jitted_failure = eqx.filter_jit(scalarize(failure_indicator))
+jitted_failure = jit_with_constants(scalarize(failure_indicator))
 
 
-@eqx.filter_jit
+@jit_with_constants
 def formulation_velocities(system, formulation, t, q, v):
     return formulation.velocities(system, t, q, v)
 
@@ -93,4 +94,4 @@ def rates_vjp(system, formulation, mass_factor, t, q, s, cotangent):
     return pull(cotangent)
 
 
-jitted_row_vjp = eqx.filter_jit(scalarize(rates_vjp))
+jitted_row_vjp = jit_with_constants(scalarize(rates_vjp))

@@ -1,0 +1,90 @@
+"""`eqx.filter_jit` for the functions a solve calls inside its own trace, keeping the
+caller's constants constant.
+
+`eqx.filter_jit` makes every array argument an input of the jitted function, so that one
+program serves all values of the same shape. Inside an enclosing `jax.jit`, though, the
+program is traced once into the caller's, and an array that the caller holds as a constant
+(a model closed over by the user's jitted function: a robot's joint axes, its link frames
+and inertias) would become a traced input there. The scalar graphs (`_scalarize.py`) then
+keep every product with its zeros and ones, which a constant would have folded away. So
+where the call is traced for a jit, [`jit_with_constants`][] passes such arrays as static
+data, compared by value, and the jitted function sees them as the constants they are.
+Eager calls keep `eqx.filter_jit`'s behaviour: their compiled program is shared by all
+values.
+"""
+
+import functools
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import numpy as np
+
+from .. import _thresholds
+from ._private_apis import traced_for_jit
+
+
+class _Constant:
+    """A concrete array held as static data of a jitted call: equal to another exactly
+    when its type, dtype, weak type, shape and bytes are (so `0.0` and `-0.0` differ, and a
+    `nan` equals itself), as a constant of a traced program must be to be reused."""
+
+    __slots__ = ("array", "_key")
+
+    def __init__(self, array):
+        host = np.asarray(array)
+        self.array = array
+        self._key = (
+            type(array),
+            host.dtype.str,
+            bool(getattr(array, "weak_type", False)),
+            host.shape,
+            host.tobytes(),
+        )
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __eq__(self, other):
+        return isinstance(other, _Constant) and self._key == other._key
+
+
+def _is_constant(x) -> bool:
+    """A concrete array small enough to be folded into a scalar graph (`MAX_ELEMENTS`),
+    on one device."""
+    if isinstance(x, np.ndarray):
+        return x.size <= _thresholds.MAX_ELEMENTS
+    return (
+        isinstance(x, jax.Array)
+        and not isinstance(x, jax.core.Tracer)
+        and x.size <= _thresholds.MAX_ELEMENTS
+        and len(x.sharding.device_set) == 1
+    )
+
+
+def _unwrap(tree):
+    return jax.tree.map(
+        lambda x: x.array if isinstance(x, _Constant) else x,
+        tree,
+        is_leaf=lambda x: isinstance(x, _Constant),
+    )
+
+
+def jit_with_constants(fn: Callable) -> Callable:
+    """`eqx.filter_jit(fn)`; where the call is traced for an enclosing `jax.jit` (under
+    `grad` or `vmap` too), its concrete array arguments of at most `MAX_ELEMENTS` entries
+    stay constants of `fn`'s trace (module docstring)."""
+
+    @eqx.filter_jit
+    def jitted(*args, **kwargs):
+        return fn(*_unwrap(args), **_unwrap(kwargs))
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if traced_for_jit((args, kwargs)):
+            args, kwargs = jax.tree.map(
+                lambda x: _Constant(x) if _is_constant(x) else x, (args, kwargs)
+            )
+        return jitted(*args, **kwargs)
+
+    return call
