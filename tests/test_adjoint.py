@@ -102,6 +102,29 @@ def test_segmented_gradient_without_constraints():
     _assert_same(*(_gradients(loss, adjoint, v0) for adjoint in (CHECKPOINTED, SEGMENTED)))
 
 
+def test_a_loss_on_some_diagnostics_gets_their_gradient():
+    """The diagnostics at the saved states are differentiated only in the outputs a loss
+    reads (`reverse_diagnostics`): a loss on the multipliers and the energy, not on `phi`,
+    gets their gradient (central differences)."""
+    ts = jnp.linspace(0.0, 0.3, 3)
+
+    def loss(gains):
+        sol = jaxdae.simulate(
+            PENDULUM, jaxdae.Baumgarte(*gains), 0.0, 0.3, 1.05 * Q0, V0, ts=ts, rtol=1e-11
+        )
+        return jnp.sum(sol.multipliers**2) + jnp.sum(jnp.sin(sol.energy))
+
+    gains, step = jnp.array([10.0, 25.0]), 1e-5
+    value = jax.jit(loss)
+    differences = [
+        (value(gains.at[i].add(step)) - value(gains.at[i].add(-step))) / (2 * step)
+        for i in range(2)
+    ]
+    gradient = jax.jit(jax.grad(loss))(gains)
+    assert np.all(np.abs(gradient) > 1e-3)
+    np.testing.assert_allclose(gradient, differences, rtol=1e-6)
+
+
 def test_segments_take_the_solves_steps():
     """In segments, each restarted from the solve's `t0` (`_Restart`), reverse mode's
     forward solve takes the steps of diffrax's uninterrupted solve (the primal): the same

@@ -106,20 +106,16 @@ def _reverse_diagnostics_bwd(residuals, out_bar, perturbed, state):
         return nones(eqx.filter(state, eqx.is_inexact_array))
     state = jax.tree.map(typed_literal_as_array, state)
     diff, static = eqx.partition(state, perturbed)
-    out, pull = jax.vjp(
-        lambda diff: eqx.filter(
-            state_diagnostics(*eqx.combine(diff, static)), eqx.is_inexact_array
-        ),
-        diff,
-    )
-    (diff_bar,) = pull(
-        jax.tree.map(
-            lambda x, bar: None if x is None else jnp.zeros_like(x) if bar is None else bar,
-            out,
-            out_bar,
-            is_leaf=is_none,
-        )
-    )
+    # Only the outputs with a cotangent are linearized: a loss on `phi` does not trace the
+    # derivatives of the multipliers, the energy or the mass matrix.
+    read = jax.tree.map(lambda bar: bar is not None, out_bar, is_leaf=is_none)
+
+    def outputs_read(diff):
+        out = eqx.filter(state_diagnostics(*eqx.combine(diff, static)), eqx.is_inexact_array)
+        return jax.tree.map(lambda x, r: x if r else None, out, read, is_leaf=is_none)
+
+    _, pull = jax.vjp(outputs_read, diff)
+    (diff_bar,) = pull(out_bar)
     return diff_bar
 
 
