@@ -316,9 +316,10 @@ def test_ensemble_with_stopped_trajectories():
 @pytest.mark.perf(reason="counts traces of the equations of motion (gradient trace time)")
 def test_equations_traced_once():
     """Reverse mode replays `simulate`'s jitted solve; the sweep's forward solve, traced
-    lazily there, reuses the trace of the equations of motion made by the input checks (it
-    traced them a second time, and the solve too, when the contexts differed): the gradient
-    traces the energies as often as the forward solve does."""
+    lazily there, and the diagnostics' backward pass (the loss reads `phi`) reuse the trace
+    of the equations of motion made by the input checks (they traced them a second time
+    when the contexts differed): the gradient traces the energies as often as the forward
+    solve does."""
 
     def traces(transform):
         traced = []
@@ -339,7 +340,7 @@ def test_equations_traced_once():
                 adjoint=jaxdae.ReverseSweepAdjoint(),
                 max_steps=256,
             )
-            return jnp.sum(sol.q_final**2)
+            return jnp.sum(sol.q_final**2) + jnp.sum(sol.phi[-1] ** 2)
 
         jax.jit(transform(loss)).trace(10.0, Q0, V0)
         return len(traced)

@@ -292,8 +292,9 @@ def test_matrix_products_at_full_precision(monkeypatch):
         assert (jax.lax.Precision.HIGH,) * 2 in _dot_precisions(lqr(a).jaxpr)
 
     # The simulation's gradient, with the right-hand side left in array form (a scalar
-    # graph has no products): the reverse sweep's backward pass is traced at transpose time;
-    # diffrax's checkpointed loop replays the traced step.
+    # graph has no products): the reverse sweep's backward pass and the diagnostics' (the
+    # loss reads `phi`) are traced at transpose time; diffrax's checkpointed loop replays
+    # the traced step.
     monkeypatch.setattr(_thresholds, "MAX_WORK", 0)
     pend = _ArrayFormPendulum()
     q0, v0 = (x.astype(jnp.float32) for x in pend.state_from_angle(0.4, 0.0))
@@ -312,7 +313,7 @@ def test_matrix_products_at_full_precision(monkeypatch):
                 atol=1e-7,
                 adjoint=adjoint,
             )
-            return jnp.sum(sol.q_final**2)
+            return jnp.sum(sol.q_final**2) + jnp.sum(sol.phi[-1] ** 2)
 
         precisions = _dot_precisions(jax.make_jaxpr(jax.grad(loss))(jnp.float32(4.0)).jaxpr)
         assert precisions and all(p == highest for p in precisions), adjoint

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from .. import _thresholds
 from .._compilation._constants import jit_with_constants
-from .._compilation._linalg import gram_eigenvalues
+from .._compilation._linalg import full_precision, gram_eigenvalues
 from .._custom_types import Array, Bool, Float
 from .._solution import RESULTS, Solution
 from ._failures import all_finite, checked_result, tests_target_range
@@ -100,6 +100,7 @@ def _reverse_diagnostics_fwd(perturbed, state):
 
 
 @reverse_diagnostics.def_bwd
+@full_precision
 def _reverse_diagnostics_bwd(residuals, out_bar, perturbed, state):
     del residuals
     if all(bar is None for bar in jax.tree.leaves(out_bar, is_leaf=is_none)):
