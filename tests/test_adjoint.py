@@ -102,6 +102,7 @@ def test_segmented_gradient_without_constraints():
     _assert_same(*(_gradients(loss, adjoint, v0) for adjoint in (CHECKPOINTED, SEGMENTED)))
 
 
+@pytest.mark.slow  # two more programs; the default run traces this backward pass (test_references)
 def test_a_loss_on_some_diagnostics_gets_their_gradient():
     """The diagnostics at the saved states are differentiated only in the outputs a loss
     reads (`reverse_diagnostics`): a loss on the multipliers and the energy, not on `phi`,
