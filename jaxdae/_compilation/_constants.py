@@ -75,9 +75,15 @@ def jit_with_constants(fn: Callable) -> Callable:
     `grad` or `vmap` too), its concrete array arguments of at most `MAX_ELEMENTS` entries
     stay constants of `fn`'s trace (module docstring)."""
 
-    @eqx.filter_jit
-    def jitted(*args, **kwargs):
+    def unwrapped(*args, **kwargs):
         return fn(*_unwrap(args), **_unwrap(kwargs))
+
+    # Named and signed as `fn` (equinox follows `__wrapped__`): the name of its calls in the
+    # traced program and in profiles. Not its annotations: the arguments may be `_Constant`s.
+    functools.update_wrapper(
+        unwrapped, fn, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=()
+    )
+    jitted = eqx.filter_jit(unwrapped)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
