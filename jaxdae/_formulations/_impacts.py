@@ -242,12 +242,14 @@ def contact_problem(
 
     def accelerations(forces):
         pushed = eqx.tree_at(lambda x: x.forces, terms, terms.forces + directions.T @ forces)
-        return formulation.accelerations(pushed)[0]
+        acceleration = formulation.accelerations(pushed)[0]
+        return acceleration, acceleration
 
-    # Forward mode, column by column (`vmap` of `jvp`, whose primal is computed once):
-    # the formulations' own derivative rules are written for it.
+    # Forward mode, column by column (`vmap` of `jvp`, whose primal is computed once and is
+    # the acceleration without contact forces): the formulations' own derivative rules are
+    # written for it.
     none = jnp.zeros((directions.shape[0],), directions.dtype)
-    acceleration, response = accelerations(none), jax.jacfwd(accelerations)(none)
+    response, acceleration = jax.jacfwd(accelerations, has_aux=True)(none)
     matrix = directions @ response
     kd, kp = gains
     rates = directions @ acceleration
