@@ -32,10 +32,19 @@ def test_a_closed_over_array_is_a_constant_inside_a_jit_and_eager_calls_share_a_
     np.testing.assert_array_equal(scaled(a, 2.0), [2.0, 0.0])
     np.testing.assert_array_equal(scaled(a + 1.0, 2.0), [4.0, 2.0])
     assert traced == [False, True]
-    # Too large to fold: an input inside the jit too.
+    # Too large to fold, or a PRNG key: an input inside the jit too.
     big = jnp.ones(2048)
     np.testing.assert_array_equal(jax.jit(lambda x: scaled(big, x))(2.0), 2.0 * big)
     assert traced == [False, True, True]
+    key = jax.random.key(0)
+
+    @jit_with_constants
+    def draw(key, x):
+        traced.append(isinstance(key, jax.core.Tracer))
+        return jax.random.uniform(key) * x
+
+    assert jax.jit(lambda x: draw(key, x))(2.0) == draw(key, 2.0)
+    assert traced[-1]
 
 
 def test_constants_that_differ_in_a_bit_or_a_weak_type_are_not_shared():

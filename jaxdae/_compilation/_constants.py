@@ -50,15 +50,17 @@ class _Constant:
 
 
 def _is_constant(x) -> bool:
-    """A concrete array small enough to be folded into a scalar graph (`MAX_ELEMENTS`),
-    on one device."""
-    if isinstance(x, np.ndarray):
-        return x.size <= _thresholds.MAX_ELEMENTS
-    return (
-        isinstance(x, jax.Array)
-        and not isinstance(x, jax.core.Tracer)
+    """A concrete array of numbers or booleans (not PRNG keys or objects) small enough to be
+    folded into a scalar graph (`MAX_ELEMENTS`), on one device."""
+    if not (
+        isinstance(x, np.ndarray | jax.Array)
+        and isinstance(x.dtype, np.dtype)
+        and x.dtype.kind in "biufc"
         and x.size <= _thresholds.MAX_ELEMENTS
-        and len(x.sharding.device_set) == 1
+    ):
+        return False
+    return isinstance(x, np.ndarray) or (
+        not isinstance(x, jax.core.Tracer) and len(x.sharding.device_set) == 1
     )
 
 
