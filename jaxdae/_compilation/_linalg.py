@@ -33,7 +33,8 @@ def full_precision(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     solves then lose accuracy, and the rounding noise makes the step-size controller take
     many more steps (docs/design_measurements.md#full-precision). Each product records its
     precision when traced, and the products of a gradient are transposes of those, so
-    gradients keep it too.
+    gradients keep it too; a custom VJP's backward pass, traced when JAX transposes (after
+    `fn` returned), takes this decorator itself, or it also misses the jit caches.
     """
 
     @functools.wraps(fn)

@@ -86,8 +86,8 @@ def reverse_diagnostics(state):
     JAX differentiates a function in reverse mode by linearizing it whole, so every output
     used or not: most losses read none of the diagnostics (a loss on `q_final`), and their
     linearization, which XLA removes again, lengthens the gradient's trace
-    (docs/design_measurements.md#reverse-diagnostics). A loss on them pays instead for a
-    second evaluation in the backward pass.
+    (docs/design_measurements.md#reverse-diagnostics). A loss on some of them pays instead
+    for a second evaluation in the backward pass, linearized in the outputs it reads.
     (Not for forward mode, which a custom VJP refuses: `simulate` keeps `state_diagnostics` for
     adjoints such as `diffrax.ForwardMode()`.)"""
     return state_diagnostics(*state)
