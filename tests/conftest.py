@@ -8,12 +8,18 @@ import os
 # `make test-slow` keeps XLA's defaults: at level 0, separately compiled programs round
 # alike, which hides what some slow tests look for. Set before JAX starts a backend; each
 # joins any `XLA_FLAGS` given unless that names it, and test subprocesses inherit them.
+# (Importing JAX starts no backend: the options may follow it.) The switch of the emitters
+# is XLA:CPU's up to JAX 0.10; JAX 0.11's XLA no longer knows it, and an option that XLA does
+# not know aborts the process.
+import jax
+
 if os.environ.get("JAXDAE_TEST_OPTIMIZE") != "1":
-    for _option in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
+    _OPTIONS = ["--xla_backend_optimization_level=0"]
+    if jax.__version_info__ < (0, 11):
+        _OPTIONS.append("--xla_cpu_use_fusion_emitters=false")
+    for _option in _OPTIONS:
         if _option.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
             os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_option}".strip()
-
-import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 # Four host CPU devices in every test process (set before any backend starts), so that the
@@ -153,6 +159,14 @@ _ORDER = (
     "test_notebooks.py",
     "test_singular_passages.py",
 )
+
+
+@pytest.fixture
+def on_cpu():
+    """The test's computations on the host CPU, whatever JAX's default backend (a GPU
+    machine's included): for tests that read the program XLA:CPU compiles."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
 
 
 @pytest.fixture

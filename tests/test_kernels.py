@@ -11,9 +11,11 @@ from jaxdae._compilation._kernels import kernel_boundary
 
 SMALL_CALL = 'xla_cpu_small_call="true"'
 # The kernels are counted as XLA compiles them for users, with its fusion emitters, which
-# the test processes turn off to compile faster (`tests/conftest.py`): with the elemental
-# emitters the two inner loops of the split program are four small calls.
-AS_FOR_USERS = {"xla_cpu_use_fusion_emitters": True}
+# the test processes turn off to compile faster where XLA has the switch (`tests/conftest.py`):
+# with the elemental emitters the two inner loops of the split program are four small calls.
+AS_FOR_USERS = {"xla_cpu_use_fusion_emitters": True} if jax.__version_info__ < (0, 11) else {}
+# The kernels counted are XLA:CPU's.
+pytestmark = pytest.mark.usefixtures("on_cpu")
 
 
 def _nested_loops(boundary: bool):

@@ -228,6 +228,7 @@ def test_pseudo_inverse_matches_lineax_svd(n, rank):
         np.testing.assert_allclose(x, y, rtol=1e-7, atol=1e-9)
 
 
+@pytest.mark.usefixtures("on_cpu")
 def test_vmapped_pseudo_inverse_lapack_calls_run_in_sequence():
     """Under `vmap` (a solve's saved states, an ensemble) the rank-deficient branch stays
     batched loops: the program's LAPACK calls are the full-rank branch's factorization and

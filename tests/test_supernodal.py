@@ -17,6 +17,7 @@ import jaxdae
 from jaxdae import _thresholds
 from jaxdae._compilation import _ordering, _supernodal
 from jaxdae._compilation._banded import BandedPlan
+from jaxdae._compilation._linalg import full_precision
 from jaxdae._compilation._linear_solvers import (
     PositiveSemidefinitePseudoInverse,
     StructuredCholesky,
@@ -279,13 +280,15 @@ def test_vmap_and_vmap_of_grad_match_each_member():
 
 def test_float32():
     """In float32 the solve and its gradient w.r.t. the right-hand side agree with the
-    float64 solution to about 1e-4 (relative)."""
+    float64 solution to about 1e-4 (relative), at full precision as a solve runs it (on a
+    GPU, float32 matrix products otherwise default to TF32)."""
     plan = plan_of("grid")
     n = plan.size
     values = spd_values(plan.pattern, 1)
     b = np.random.default_rng(9).standard_normal(n)
     reference = np.linalg.solve(dense(plan.pattern, values), b)
 
+    @full_precision
     def solve(v, b):
         return supernodal_solve(SparseMatrix(v, plan.pattern), b, plan)[0]
 

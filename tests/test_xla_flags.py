@@ -107,6 +107,7 @@ def test_the_disabled_pass_joins_the_passes_given():
 
 
 @pytest.mark.skipif(os.environ.get("JAXDAE_SET_XLA_FLAGS") == "0", reason="opted out")
+@pytest.mark.usefixtures("on_cpu")
 def test_no_matrix_product_leaves_a_loop_for_a_library():
     """A matrix product of 10 × 10 matrices inside a loop stays XLA's own (no library
     fusion): the loop can run as one kernel."""
