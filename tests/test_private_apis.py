@@ -128,3 +128,21 @@ def test_result_codes_read_and_write_the_codes_of_an_enumeration():
     )(jnp.array([True, False]))
     swapped = private.with_result_codes(batch, private.result_codes(batch)[::-1])
     assert (swapped == results.max_steps_reached).tolist() == [True, False]
+
+
+def test_scan_operand_groups_split_a_scans_operands():
+    """A scan with two constants, one carry and three scanned inputs: its equation's
+    operands split into those groups, in order."""
+
+    def f(a, b, c, xs, ys, zs):
+        def step(carry, x):
+            return carry * a + b, carry * x[0] + x[1] * x[2]
+
+        return jax.lax.scan(step, c, (xs, ys, zs))
+
+    args = (1.0, 2.0, 3.0, jnp.ones(4), jnp.ones(4), jnp.ones(4))
+    (scan,) = [e for e in jax.make_jaxpr(f)(*args).jaxpr.eqns if e.primitive.name == "scan"]
+    consts, carry, xs = private.scan_operand_groups(scan.params, scan.invars)
+    assert (len(consts), len(carry), len(xs)) == (2, 1, 3), VERSIONS
+    assert consts + carry + xs == list(scan.invars)
+    assert [v.aval.shape for v in xs] == [(4,)] * 3

@@ -160,3 +160,21 @@ def stage_diagonal(args) -> "jax.Array | None":
     ):
         return None
     return diagonal
+
+
+# How a `scan` equation's operands split into its constants, carry and scanned inputs: its
+# `num_consts` and `num_carry` up to JAX 0.10, from JAX 0.11 its `ft_in`, a flat tree of the
+# three groups (as JAX's own `_scan_impl` reads it). The parameters of a primitive are not
+# public; the sparsity patterns follow a scan's carry through them.
+def scan_operand_groups(params, operands) -> tuple[list, list, list]:
+    """`(consts, carry, xs)` among the `operands` of a `scan` equation with `params`."""
+    if "ft_in" in params:
+        consts, carry, xs = params["ft_in"].update(tuple(operands)).unpack()
+        return list(consts), list(carry), list(xs)
+    nconsts, ncarry = params["num_consts"], params["num_carry"]
+    operands = list(operands)
+    return (
+        operands[:nconsts],
+        operands[nconsts : nconsts + ncarry],
+        operands[nconsts + ncarry :],
+    )

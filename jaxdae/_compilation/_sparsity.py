@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex
 
+from ._private_apis import scan_operand_groups
+
 # Elementwise functions with f(0) = 0: the output may be non-zero only where the input is.
 _ZERO_PRESERVING = frozenset(
     """neg sin tan asin atan sinh tanh asinh atanh sqrt cbrt abs sign expm1 log1p erf
@@ -377,8 +379,8 @@ def _while(eqn, ins):
 
 def _scan(eqn, ins):
     p = eqn.params
-    nconsts, ncarry = p["num_consts"], p["num_carry"]
-    consts, carry, xs = ins[:nconsts], ins[nconsts : nconsts + ncarry], ins[nconsts + ncarry :]
+    consts, carry, xs = scan_operand_groups(p, ins)
+    ncarry = len(carry)
     # One iteration sees any slice of `xs`: the union over the scanned axis.
     x_slices = [_Abstract(np.any(x.mask, axis=0)) for x in xs]
     ys_masks = []
