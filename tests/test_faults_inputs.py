@@ -517,6 +517,12 @@ def test_lqr_without_throw_reports_per_member():
     np.testing.assert_allclose(a.T @ p + p @ a - p @ b @ b.T @ p + np.eye(2), 0, atol=1e-10)
     np.testing.assert_allclose(gain, b.T @ p, rtol=1e-12)
     assert np.all(np.isnan(sols.gain[1:])) and np.all(np.isnan(sols.riccati[1:]))
+    # The nan member's closed-loop eigenvalues are nan; the others' are its own.
+    closed = np.asarray(sols.closed_loop_eigenvalues)
+    assert np.all(np.isnan(closed[2])) and np.all(closed[0].real < 0)
+    np.testing.assert_allclose(
+        np.sort_complex(closed[0]), np.sort_complex(np.linalg.eigvals(a - b @ gain)), rtol=1e-10
+    )
 
 
 @pytest.mark.slow

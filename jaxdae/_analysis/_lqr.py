@@ -126,6 +126,15 @@ def _uncontrollable_unstable_modes(a, b, tol):
 
 
 @eqx.filter_jit
+def _eigenvalues(matrix: Float[Array, "n n"]) -> Array:
+    """The eigenvalues of `matrix`, nan where it is not finite: the eigenvalue routine
+    (`geev`, LAPACK's or on a GPU cuSOLVER's) is given finite matrices only, whose result
+    for other input is not defined, so that a non-finite member of a batch leaves the
+    others' eigenvalues as they are."""
+    finite = jnp.all(jnp.isfinite(matrix))
+    return jnp.where(finite, jnp.linalg.eigvals(jnp.where(finite, matrix, 0.0)), jnp.nan)
+
+
 def _lqr(a, b, q, r, rtol, max_steps):
     # The initial guess needs no gradient. It is computed in the widest float available
     # (optimistix' fixed-point state is float64 under x64, whatever the input dtype).
@@ -148,7 +157,7 @@ def _lqr(a, b, q, r, rtol, max_steps):
     )
     p = _sym(sol.value)
     gain = jnp.linalg.solve(r, b.T @ p)
-    closed = jnp.linalg.eigvals(a - b @ gain) if a.shape[0] else jnp.zeros((0,), complex)
+    closed = _eigenvalues(a - b @ gain) if a.shape[0] else jnp.zeros((0,), complex)
     residual = jnp.max(jnp.abs(_riccati_residual(p, (a, b, q, r))), initial=0.0)
     scale = (
         1.0
@@ -331,4 +340,4 @@ def _check_options(rtol, max_steps) -> tuple:
 
 def is_stabilizing(a, b, gain) -> Bool[Array, ""]:
     """Whether `A − BK` is Hurwitz."""
-    return jnp.all(jnp.real(jnp.linalg.eigvals(a - b @ gain)) < 0)
+    return jnp.all(jnp.real(_eigenvalues(a - b @ gain)) < 0)
