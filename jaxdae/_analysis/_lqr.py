@@ -125,7 +125,6 @@ def _uncontrollable_unstable_modes(a, b, tol):
     return bad
 
 
-@eqx.filter_jit
 def _eigenvalues(matrix: Float[Array, "n n"]) -> Array:
     """The eigenvalues of `matrix`, nan where it is not finite: the eigenvalue routine
     (`geev`, LAPACK's or on a GPU cuSOLVER's) is given finite matrices only, whose result
@@ -135,6 +134,7 @@ def _eigenvalues(matrix: Float[Array, "n n"]) -> Array:
     return jnp.where(finite, jnp.linalg.eigvals(jnp.where(finite, matrix, 0.0)), jnp.nan)
 
 
+@eqx.filter_jit
 def _lqr(a, b, q, r, rtol, max_steps):
     # The initial guess needs no gradient. It is computed in the widest float available
     # (optimistix' fixed-point state is float64 under x64, whatever the input dtype).
