@@ -280,8 +280,9 @@ def solve_frictional_lcp(
     if turning is None:
         turning = free
 
-    def violations(active, stick, sign_):
-        x = frictional_solve(a, b, friction_, ContactModes(active, stick, sign_))
+    def violations_of(x, active, stick, sign_):
+        """The modes' violated conditions at their solution `x`."""
+        x = jax.lax.stop_gradient(x)
         w = a @ x + b
         normal = candidates & (
             (active & (x[:size] < -tolerance)) | (~active & (w[:size] < -tolerance))
@@ -290,7 +291,11 @@ def solve_frictional_lcp(
         tangential = x[size:].reshape(size, tangents)
         slips = rubbing & stick & (magnitudes(tangential) > friction_ * x[:size] + tolerance)
         sticks = rubbing & ~stick & (along(sign_, w[size:].reshape(size, tangents)) < -tolerance)
-        return normal, slips | sticks, x
+        return normal, slips | sticks
+
+    def violations(active, stick, sign_):
+        x = frictional_solve(a, b, friction_, ContactModes(active, stick, sign_))
+        return *violations_of(x, active, stick, sign_), x
 
     def step(carry):
         pivots, active, stick, sign_, _ = carry
@@ -368,8 +373,9 @@ def solve_frictional_lcp(
             substitute,
             (sign_, jnp.asarray(jnp.inf, dtype), sign_, jnp.asarray(0.0, dtype)),
         )
-    normal, tangent, _ = violations(active, stick, sign_)
-    solved = done | ~(normal | tangent).any()
+    # The final solve's conditions, read from the solution returned (its value is that of
+    # the detached problem's: one solve in the program, not two).
+    checked_sign = sign_
     if tangents > 1:
         # The directions as functions of the inputs, for the derivatives: a contact not free
         # takes the given one's; a free one that slides that of `b_T/|b_T|`, its direction
@@ -384,4 +390,6 @@ def solve_frictional_lcp(
         )
     modes = ContactModes(active, stick, sign_)
     x = frictional_solve(matrix, vector, friction, modes)
+    normal, tangent = violations_of(x, active, stick, checked_sign)
+    solved = done | ~(normal | tangent).any()
     return FrictionalLCPSolution(x, matrix @ x + vector, modes, solved & jnp.all(jnp.isfinite(x)))
