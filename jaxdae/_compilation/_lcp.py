@@ -74,17 +74,18 @@ def solve_lcp(
     matrix = matrix + (16 * eps * scale + jnp.finfo(dtype).tiny) * jnp.eye(size, dtype=dtype)
     tolerance = 64 * eps * (jnp.max(jnp.abs(vector), initial=0.0) + scale)
 
-    def infeasible(basis, a, b):
-        x = masked_solve(a, -b, basis)
-        w = a @ x + b
-        return candidates & ((basis & (x < -tolerance)) | (~basis & (w < -tolerance)))
-
     # The set is found on detached values: the pivoting is piecewise constant.
     a, b = jax.lax.stop_gradient((matrix, vector))
 
+    def infeasible_at(basis, x):
+        """The violated conditions of the set `basis` at its solution `x`."""
+        x = jax.lax.stop_gradient(x)
+        w = a @ x + b
+        return candidates & ((basis & (x < -tolerance)) | (~basis & (w < -tolerance)))
+
     def step(carry):
         pivots, basis, _ = carry
-        bad = infeasible(basis, a, b)
+        bad = infeasible_at(basis, masked_solve(a, -b, basis))
         first = jnp.argmax(bad)
         flipped = basis.at[first].set(~basis[first])
         return pivots + 1, jnp.where(bad.any(), flipped, basis), ~bad.any()
@@ -95,8 +96,9 @@ def solve_lcp(
 
     start = candidates & (b < 0)
     _, basis, done = jax.lax.while_loop(keep_going, step, (0, start, jnp.asarray(False)))
-    solved = done | ~infeasible(basis, a, b).any()
+    # (The final set's conditions read from the solution returned: one solve, not two.)
     x = masked_solve(matrix, -vector, basis)
+    solved = done | ~infeasible_at(basis, x).any()
     return LCPSolution(x, matrix @ x + vector, solved & jnp.all(jnp.isfinite(x)))
 
 
