@@ -364,7 +364,7 @@ def test_save_mp4_warns_of_no_fork(short, tmp_path):
     """Starting ffmpeg forks this process, whose JAX threads are running (the fixture's
     solve started them): JAX's warning that a fork "will likely lead to a deadlock" does not
     reach the user, as the child only execs ffmpeg."""
-    pytest.importorskip("imageio_ffmpeg", reason="MP4 needs imageio-ffmpeg: the viz extra")
+    _needs_ffmpeg()
     import warnings
 
     with warnings.catch_warnings(record=True) as caught:
