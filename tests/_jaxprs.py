@@ -66,3 +66,22 @@ def assert_rates_loop_is_one_kernel(system, formulation, q, v, mass_factor=None)
     entry = entry[: entry.index("\n}")]
     assert " while(" not in entry and "xla_cpu_small_call" in entry
     assert "kind=kCustom" not in text and "custom_call_target" not in text
+
+
+def batch_indexed_in_loops(jaxpr: jex_core.Jaxpr, batch: int) -> list[str]:
+    """The gathers and scatters inside `jaxpr`'s loops whose indices carry a batch of
+    `batch` members (an index array with a dimension of that size): reads and writes at
+    per-member positions, which a loop with unbatched counters does without."""
+    found = []
+    for eqn in equations(jaxpr):
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                body = sub.jaxpr if isinstance(sub, jex_core.ClosedJaxpr) else sub
+                if eqn.primitive.name in ("while", "scan") and isinstance(body, jex_core.Jaxpr):
+                    found += [
+                        inner.primitive.name
+                        for inner in equations(body)
+                        if inner.primitive.name.startswith(("gather", "scatter"))
+                        and batch in inner.invars[1].aval.shape
+                    ]
+    return found

@@ -150,13 +150,12 @@ def test_generalized_alpha_adaptive_meets_constraints_and_reference():
     # Φ = 0 to the Newton tolerance at the end of every step (between steps, `ts` are
     # interpolated)
     steps = diffrax.diffeqsolve(
-        diffrax.ODETerm(lambda t, y, args: y),
+        SystemTerm(PENDULUM, jaxdae.Unstabilized()),
         solver,
         0.0,
         T1,
         None,
         (Q0, V0),
-        args=(PENDULUM, jaxdae.Unstabilized(), None),
         saveat=diffrax.SaveAt(steps=True),
         stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=atol, norm=optx.rms_norm),
         max_steps=50_000,
@@ -312,7 +311,7 @@ def test_generalized_alpha_newton_kernel_against_optimistix():
     size build it once."""
     from jaxdae._integration._generalized_alpha import _residual, _split, _Step
 
-    h, args = 0.01, (PENDULUM, jaxdae.Unstabilized(), None)
+    h, term = 0.01, SystemTerm(PENDULUM, jaxdae.Unstabilized())
     solver = eqx.tree_at(
         lambda s: (s.root_finder.rtol, s.root_finder.atol, s.root_finder.norm),
         jaxdae.GeneralizedAlpha(),
@@ -323,10 +322,10 @@ def test_generalized_alpha_newton_kernel_against_optimistix():
     def run(y):
         def one(carry, t):
             y, state = carry
-            y1, _, _, state1, _ = solver.step(None, t, t + h, y, args, state, False)
+            y1, _, _, state1, _ = solver.step(term, t, t + h, y, None, state, False)
             return (y1, state1), (y, state)
 
-        state = solver.init(None, jnp.asarray(0.0), jnp.asarray(h), y, args)
+        state = solver.init(term, jnp.asarray(0.0), jnp.asarray(h), y, None)
         return jax.lax.scan(one, (y, state), h * jnp.arange(4.0))
 
     ((q4, _), last), ((q, v), states) = run((jnp.asarray(Q0), jnp.asarray(V0)))

@@ -70,6 +70,15 @@ def test_unvmap_any_ignores_the_batch_dimension():
     assert bool(private.unvmap_any(jnp.array([False, True])))
 
 
+def test_unvmap_max_is_the_largest_entry_of_the_batch():
+    counts = jnp.array([3, 9, 4])
+    per_member = jax.vmap(private.unvmap_max)(counts)
+    assert per_member.shape == (3,) and (per_member == 9).all(), (
+        f"equinox.internal.unvmap_max is not one value for the whole batch in {VERSIONS}"
+    )
+    assert int(private.unvmap_max(jnp.asarray(5))) == 5
+
+
 def test_use_stepsize_tol_marks_a_root_finder_without_tolerances():
     finder = diffrax.with_stepsize_controller_tols(diffrax.VeryChord)()
     assert finder.rtol is finder.atol is finder.norm is private.use_stepsize_tol, (

@@ -31,6 +31,10 @@ _LAZY = {
     # `while_loop`s use it to skip work that no batch entry needs. JAX has no public way for
     # a function to ignore the batch dimension that `jax.vmap` adds.
     "unvmap_any": ("equinox.internal", "unvmap_any"),
+    # The largest entry of a batched integer array as one unbatched value: a loop bounded by
+    # it keeps an unbatched counter under `jax.vmap`, so that its reads and writes at the
+    # counter stay slices rather than becoming gathers and scatters.
+    "unvmap_max": ("equinox.internal", "unvmap_max"),
     # `diffrax.diffeqsolve` without its own `eqx.filter_jit` (the function that equinox's
     # wrapper keeps as `__wrapped__`): a solve is always traced inside a jit (its own,
     # `jit_unless_staged`, or the caller's). Reverse mode stages a jitted call before it

@@ -20,6 +20,7 @@ from jax.flatten_util import ravel_pytree
 
 from .. import _thresholds
 from .._compilation._linalg import full_precision
+from .._compilation._private_apis import unvmap_max
 from ._controllers import jump_times
 from ._step_adjoints import reuses_outputs, step_vjp
 from ._sweep_backward import saves_bar
@@ -216,7 +217,12 @@ def _backward(stored, out_bar, perturbed, problem, static):
         (problem.terms, problem.args), (perturbed.terms, perturbed.args)
     )
     times = jnp.concatenate([jnp.reshape(problem.t0, (1,)), step_ts])  # step k: k → k + 1
-    save_step = None if save_ts is None else jnp.searchsorted(step_ts, save_ts, side="left")
+    # The saves inside step `k` are `saves_from[k] … saves_from[k + 1] - 1`, found here
+    # rather than by a search in every step of the backward pass.
+    saves_from = None
+    if save_ts is not None:
+        save_step = jnp.searchsorted(step_ts, save_ts, side="left")
+        saves_from = jnp.searchsorted(save_step, jnp.arange(times.shape[0]), side="left")
 
     def step(k, state, p):
         """Step `k` from `state = (y, solver state)`: its end state and dense output."""
@@ -229,14 +235,24 @@ def _backward(stored, out_bar, perturbed, problem, static):
     def advance(k, state):
         return step(k, state, diff_p)[0]
 
-    # The checkpoints at the segments' starts: segment `j` holds steps `j·length …`; a
-    # segment past the last step replays none.
+    # Under `vmap` the members' step counts differ. Every loop below is bounded by the
+    # batch's largest count (`last`, one unbatched value) and a step past a member's own
+    # count leaves its carry as it was: the loop counters then stay unbatched, so that the
+    # reads and writes of the stored states at them are slices, not gathers and scatters.
+    last = unvmap_max(count)
+
+    def masked(active, new, old):
+        return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, old)
+
+    # The checkpoints at the segments' starts: segment `j` holds steps `j·length …`.
     start = (init.y, init.solver_state)
 
     def checkpoint(state, j):
         # (The last segment's end is not a checkpoint: it is not replayed to.)
-        end = jnp.where((j + 1) * length < count, (j + 1) * length, j * length)
-        return jax.lax.fori_loop(j * length, end, advance, state), state
+        end = jnp.where((j + 1) * length < last, (j + 1) * length, j * length)
+        return jax.lax.fori_loop(
+            j * length, end, lambda k, s: masked(k < count, advance(k, s), s), state
+        ), state
 
     _, checkpoints = jax.lax.scan(checkpoint, start, jnp.arange(segments))
 
@@ -253,8 +269,10 @@ def _backward(stored, out_bar, perturbed, problem, static):
             (dense_bar,) = pull(save_bar[j])
             return jax.tree.map(jnp.add, bar, dense_bar)
 
-        first, last = (jnp.searchsorted(save_step, k, side=side) for side in ("left", "right"))
-        return jax.lax.fori_loop(first, last, save_back, _zeros_where_inexact(dense))
+        assert saves_from is not None
+        return jax.lax.fori_loop(
+            saves_from[k], saves_from[k + 1], save_back, _zeros_where_inexact(dense)
+        )
 
     # Whether the step's derivative takes the step's outputs that the replay computed
     # rather than running the step a third time: then the replay keeps them.
@@ -271,9 +289,10 @@ def _backward(stored, out_bar, perturbed, problem, static):
         return state_bar, jax.tree.map(jnp.add, p_bar, step_p_bar)
 
     def segment_back(jj, bars):
-        j = (count - 1) // length - jj
+        j = (last - 1) // length - jj
         first = j * length
-        steps = jnp.minimum(length, count - first)
+        steps = jnp.minimum(length, last - first)  # of the member with the most
+        active = lambda i: first + i < count  # noqa: E731
         begin = jax.tree.map(lambda c: c[j], checkpoints)
 
         def zeros(tree, rows):
@@ -285,40 +304,43 @@ def _backward(stored, out_bar, perturbed, problem, static):
         def row(rows, i):
             return jax.tree.map(lambda r: r[i], rows)
 
+        def back_from(i, bars, outputs_of):
+            """The step back through step `first + i`, for the members that took it."""
+            new = step_back(first + i, row(starts, i), bars, outputs_of(i))
+            return masked(active(i), new, bars)
+
         if not keep:
 
             def replay(i, carry):
                 state, starts = carry
-                return advance(first + i, state), put(starts, i, state)
+                return masked(active(i), advance(first + i, state), state), put(starts, i, state)
 
             _, starts = jax.lax.fori_loop(0, steps, replay, (begin, zeros(begin, length)))
             return jax.lax.fori_loop(
-                0,
-                steps,
-                lambda ii, bars: step_back(
-                    first + steps - 1 - ii, row(starts, steps - 1 - ii), bars, None
-                ),
-                bars,
+                0, steps, lambda ii, bars: back_from(steps - 1 - ii, bars, lambda i: None), bars
             )
 
         # Every step's start state, the last step's end state after them (step `i` ends
-        # where step `i + 1` starts), and every step's dense output.
+        # where step `i + 1` starts; a member's rows past its last step hold its end
+        # state), and every step's dense output.
         def replay_keeping(i, carry):
             state, states, denses = carry
             end, dense = step(first + i, state, diff_p)
-            return end, put(states, i, state), put(denses, i, dense)
+            return masked(active(i), end, state), put(states, i, state), put(denses, i, dense)
 
         denses = zeros(jax.eval_shape(lambda: step(first, begin, diff_p)[1]), length)
-        end, states, denses = jax.lax.fori_loop(
+        end, starts, denses = jax.lax.fori_loop(
             0, steps, replay_keeping, (begin, zeros(begin, length + 1), denses)
         )
-        states = put(states, steps, end)
-
-        def back(ii, bars):
-            i = steps - 1 - ii
-            return step_back(first + i, row(states, i), bars, (row(states, i + 1), row(denses, i)))
-
-        return jax.lax.fori_loop(0, steps, back, bars)
+        starts = put(starts, steps, end)
+        return jax.lax.fori_loop(
+            0,
+            steps,
+            lambda ii, bars: back_from(
+                steps - 1 - ii, bars, lambda i: (row(starts, i + 1), row(denses, i))
+            ),
+            bars,
+        )
 
     end_bar = (
         unravel(final_bar) if final_bar is not None else jax.tree.map(jnp.zeros_like, init.y),
@@ -326,7 +348,7 @@ def _backward(stored, out_bar, perturbed, problem, static):
     )
     p_bar = jax.tree.map(jnp.zeros_like, diff_p)
     (y_bar, solver_state_bar), p_bar = jax.lax.fori_loop(
-        0, -(-count // length), segment_back, (end_bar, p_bar)
+        0, -(-last // length), segment_back, (end_bar, p_bar)
     )
     if y0_bar is not None:
         y_bar = jax.tree.map(jnp.add, y_bar, unravel(y0_bar))
