@@ -68,20 +68,28 @@ def assert_rates_loop_is_one_kernel(system, formulation, q, v, mass_factor=None)
     assert "kind=kCustom" not in text and "custom_call_target" not in text
 
 
-def batch_indexed_in_loops(jaxpr: jex_core.Jaxpr, batch: int) -> list[str]:
-    """The gathers and scatters inside `jaxpr`'s loops whose indices carry a batch of
-    `batch` members (an index array with a dimension of that size): reads and writes at
-    per-member positions, which a loop with unbatched counters does without."""
+def batch_indexed_in_loops(jaxpr: jex_core.Jaxpr, batch: int, depth: int = 1) -> list[str]:
+    """The gathers and scatters inside at least `depth` nested loops of `jaxpr` whose
+    array and indices both carry a batch of `batch` members (a dimension of that size):
+    reads and writes of per-member data at per-member positions, which a loop with
+    unbatched counters does without. (Reads of shared data at per-member positions, such
+    as a permutation by a member's pivots, are not counted.)"""
     found = []
-    for eqn in equations(jaxpr):
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (tuple, list)) else (param,):
-                body = sub.jaxpr if isinstance(sub, jex_core.ClosedJaxpr) else sub
-                if eqn.primitive.name in ("while", "scan") and isinstance(body, jex_core.Jaxpr):
-                    found += [
-                        inner.primitive.name
-                        for inner in equations(body)
-                        if inner.primitive.name.startswith(("gather", "scatter"))
-                        and batch in inner.invars[1].aval.shape
-                    ]
+
+    def visit(jaxpr, loops):
+        for eqn in jaxpr.eqns:
+            name = eqn.primitive.name
+            if loops >= depth and name.startswith(("gather", "scatter")):
+                array, indices = (v.aval.shape for v in eqn.invars[:2])
+                if batch in array and batch in indices:
+                    found.append(name)
+            inner = loops + (name in ("while", "scan"))
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (tuple, list)) else (param,):
+                    if isinstance(sub, jex_core.ClosedJaxpr):
+                        visit(sub.jaxpr, inner)
+                    elif isinstance(sub, jex_core.Jaxpr):
+                        visit(sub, inner)
+
+    visit(jaxpr, 0)
     return found

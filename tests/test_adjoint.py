@@ -17,6 +17,7 @@ import pytest
 import jaxdae
 from jaxdae.examples import CartesianPendulum, TwoLinkManipulator
 
+from ._jaxprs import batch_indexed_in_loops
 from ._systems import Bead
 
 PENDULUM = CartesianPendulum()
@@ -163,6 +164,60 @@ def test_segments_take_the_solves_steps():
         (segmented.q, segmented.v, segmented.q_final, segmented.v_final),
         rtol=1e-13,
     )
+
+
+def _van_der_pol_end(mu, adjoint):
+    return diffrax.diffeqsolve(
+        diffrax.ODETerm(lambda t, y, mu: jnp.stack([y[1], mu * (1 - y[0] ** 2) * y[1] - y[0]])),
+        diffrax.Tsit5(),
+        0.0,
+        1.0,
+        None,
+        jnp.array([2.0, 0.0]),
+        args=mu,
+        stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8),
+        max_steps=64,
+        adjoint=adjoint,
+    ).ys[-1, 0]
+
+
+def _generalized_alpha_end(kp):
+    return jaxdae.simulate(
+        PENDULUM,
+        jaxdae.Baumgarte(5.0, kp),
+        0.0,
+        1.0,
+        jnp.array([1.0, 0.0]),
+        jnp.full(2, 0.1 * kp),
+        solver=jaxdae.GeneralizedAlpha(),
+        max_steps=64,
+    ).q_final[0]
+
+
+@pytest.mark.parametrize(
+    "loss, depth",
+    [
+        # The sweep's steps run inside its loop over segments (the segment loop itself
+        # re-solves with diffrax, whose saving reads per-member positions).
+        pytest.param(lambda mu: _van_der_pol_end(mu, SEGMENTED), 2, id="ReverseSweepAdjoint"),
+        pytest.param(
+            lambda mu: _van_der_pol_end(mu, jaxdae.ReplayAdjoint(stored_steps=16)),
+            1,
+            id="ReplayAdjoint",
+        ),
+        pytest.param(_generalized_alpha_end, 1, id="GeneralizedAlphaAdjoint"),
+    ],
+)
+def test_batched_gradients_keep_loop_counters_unbatched(loss, depth):
+    """Under `vmap` the members take different numbers of steps, and the backward passes'
+    loops run to the batch's largest: their stored states and step times are read and
+    written at unbatched counters, never at per-member positions (gathers and scatters,
+    which keep XLA:CPU from compiling a loop as one kernel and made batched gradients
+    about twice as slow). The gradients themselves are checked under `vmap` in the slow
+    tier (`test_vmap_over_solves_with_different_segment_counts` and its kin)."""
+    batch = 7  # no other dimension of these solves has this size
+    jaxpr = jax.make_jaxpr(jax.vmap(jax.grad(loss)))(jnp.linspace(1.0, 8.0, batch)).jaxpr
+    assert batch_indexed_in_loops(jaxpr, batch, depth) == []
 
 
 @pytest.mark.slow  # the default run keeps segments under `vmap` (the compile test below)

@@ -16,6 +16,7 @@ import jaxdae
 from jaxdae._integration._adjoint import default_adjoint
 from jaxdae._integration._generalized_alpha_adjoint import GeneralizedAlphaAdjoint, _not_replayed
 from jaxdae._integration._sweep_forward import warn_checkpointed
+from jaxdae._integration._term import SystemTerm
 
 from ._systems import stiff_arm
 
@@ -160,6 +161,38 @@ def test_fixed_step_gradient_against_central_differences_and_under_vmap():
 
 
 @pytest.mark.slow
+def test_adaptive_gradients_under_vmap_with_different_step_counts():
+    """Adaptive steps, in segments of 32: a batch whose members take different numbers of
+    steps and segments gives under `vmap` the gradients one by one, saves inside the steps
+    included."""
+
+    def loss(gravity):
+        sol = jaxdae.simulate(
+            eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity),
+            BAUMGARTE,
+            0.0,
+            0.5,
+            Q0,
+            V0,
+            ts=jnp.linspace(0.1, 0.5, 5),
+            rtol=1e-5,
+            atol=1e-7,
+            solver=jaxdae.GeneralizedAlpha(),
+            max_steps=1000,
+            adjoint=GeneralizedAlphaAdjoint(stored_steps=32),
+        )
+        return jnp.sum(sol.q[:, 0]), sol.stats["num_accepted_steps"]
+
+    gravities = jnp.array([1.0, 9.81, 60.0])
+    grad = jax.grad(loss, has_aux=True)
+    batched, steps = jax.jit(jax.vmap(grad))(gravities)
+    assert len(set(np.asarray(steps).tolist())) == 3, steps
+    one_by_one = jnp.stack([jax.jit(grad)(g)[0] for g in gravities])
+    assert float(jnp.max(jnp.abs(one_by_one))) > 1e-3
+    assert _relative(batched, one_by_one) < 1e-11
+
+
+@pytest.mark.slow
 def test_saved_steps_are_replayed():
     """States saved at every step (`SaveAt(steps=True)`, with `t0`) are replayed: with
     adaptive steps the gradient equals diffrax's loop with one checkpoint per step, and
@@ -169,13 +202,12 @@ def test_saved_steps_are_replayed():
     def loss(gravity, adjoint):
         system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
         sol = diffrax.diffeqsolve(
-            diffrax.ODETerm(lambda t, y, args: y),
+            SystemTerm(system, BAUMGARTE),
             jaxdae.GeneralizedAlpha(),
             0.0,
             0.2,
             0.01,
             (Q0, V0),
-            args=(system, BAUMGARTE),
             saveat=diffrax.SaveAt(
                 subs=[diffrax.SubSaveAt(t0=True, steps=True), diffrax.SubSaveAt(t1=True)]
             ),
@@ -217,13 +249,12 @@ def test_what_the_sweep_does_not_replay_warns_with_the_fix(saveat, event, what):
     def loss(gravity):
         system = eqx.tree_at(lambda s: s.gravity, PENDULUM, gravity)
         sol = diffrax.diffeqsolve(
-            diffrax.ODETerm(lambda t, y, args: y),
+            SystemTerm(system, BAUMGARTE),
             jaxdae.GeneralizedAlpha(),
             0.0,
             0.2,
             0.01,
             (Q0, V0),
-            args=(system, BAUMGARTE),
             saveat=saveat,
             event=event,
             stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8),

@@ -17,7 +17,6 @@ from jaxdae._integration._adjoint import default_adjoint
 from jaxdae._integration._autodiff_step import autodiff_step_vjp
 from jaxdae._integration._rosenbrock_adjoint import rodas_step_vjp
 
-from ._jaxprs import batch_indexed_in_loops
 from ._systems import stiff_arm
 
 MAX_STEPS = 400
@@ -163,33 +162,6 @@ def test_simulate_gradient_is_that_of_a_checkpoint_per_step():
     )
     assert isinstance(default_adjoint(jaxdae.Rodas5P(), steps), jaxdae.ReplayAdjoint)
     assert abs(segments - every) <= 1e-10 * abs(every)
-
-
-def test_batched_gradient_keeps_loop_counters_unbatched():
-    """Under `vmap` the members' step counts differ, and the backward pass's loops run to
-    the batch's largest: its stored states and step times are read and written at an
-    unbatched counter, never at per-member positions (gathers and scatters, which keep
-    XLA:CPU from compiling a loop as one kernel and made batched gradients about twice as
-    slow). (The states saved inside a step are still read at per-member positions.)"""
-    batch = 7  # no other dimension of this solve has this size
-
-    def final_state(mu):
-        return diffrax.diffeqsolve(
-            diffrax.ODETerm(_van_der_pol),
-            diffrax.Tsit5(),
-            0.0,
-            1.0,
-            None,
-            DIFF[1],
-            args=mu,
-            stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8),
-            max_steps=64,
-            adjoint=jaxdae.ReplayAdjoint(stored_steps=16),
-        ).ys[-1, 0]
-
-    mus = jnp.linspace(1.0, 8.0, batch)
-    jaxpr = jax.make_jaxpr(jax.vmap(jax.grad(final_state)))(mus).jaxpr
-    assert batch_indexed_in_loops(jaxpr, batch) == []
 
 
 @pytest.mark.slow

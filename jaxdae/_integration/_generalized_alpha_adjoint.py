@@ -31,6 +31,7 @@ from jax.flatten_util import ravel_pytree
 
 from .. import _thresholds
 from .._compilation._linalg import full_precision, inverse
+from .._compilation._private_apis import unvmap_max
 from ._generalized_alpha import GeneralizedAlpha
 from ._sweep_backward import _rows_bar, saves_bar
 from ._sweep_forward import (
@@ -283,7 +284,18 @@ def _backward(stored, out_bar, perturbed, problem, static):
     # The method reads the system from the term: the gradient is the term's.
     diff_terms, static_terms = eqx.partition(problem.terms, perturbed.terms)
     times = jnp.concatenate([jnp.reshape(t0, (1,)), step_ts])  # step k: times[k] → times[k+1]
-    save_step = None if save_ts is None else jnp.searchsorted(step_ts, save_ts, side="left")
+    # The saves inside step `k` are `saves_from[k] … saves_from[k + 1] − 1`.
+    saves_from = None
+    if save_ts is not None:
+        save_step = jnp.searchsorted(step_ts, save_ts, side="left")
+        saves_from = jnp.searchsorted(save_step, jnp.arange(times.shape[0]))
+    # Under `vmap` the members' step counts differ: the loops run to the batch's largest
+    # count with unbatched counters, and a step past a member's own count leaves its carry
+    # as it was (docs/design_measurements.md#adjoints-under-vmap).
+    most = unvmap_max(count)
+
+    def masked(active, new, old):
+        return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, old)
 
     def advance(k, state):
         y, solver_state = state
@@ -293,7 +305,7 @@ def _backward(stored, out_bar, perturbed, problem, static):
         return y1, solver_state1
 
     # Pass 1: the checkpoints at the segments' starts (none to replay for one segment).
-    segments = -(-count // length)
+    segments = -(-most // length)
     start = (problem.init_state.y, problem.init_state.solver_state)
     checkpoints = jax.tree.map(
         lambda x: jnp.zeros((-(-static.max_steps // length),) + jnp.shape(x), x.dtype), start
@@ -302,7 +314,9 @@ def _backward(stored, out_bar, perturbed, problem, static):
     def checkpoint(j, carry):
         state, checkpoints = carry
         checkpoints = jax.tree.map(lambda c, x: c.at[j].set(x), checkpoints, state)
-        state = jax.lax.fori_loop(j * length, (j + 1) * length, advance, state)
+        state = jax.lax.fori_loop(
+            j * length, (j + 1) * length, lambda k, s: masked(k < count, advance(k, s), s), state
+        )
         return state, checkpoints
 
     last, checkpoints = jax.lax.fori_loop(0, segments - 1, checkpoint, (start, checkpoints))
@@ -331,7 +345,14 @@ def _backward(stored, out_bar, perturbed, problem, static):
         x = jnp.concatenate([end.q, prepared.c * end.lam])
         if save_ts is not None:  # states saved inside this step, by the dense output
             (q_bar, v_bar, qdd_bar), start_saves = _saves_back(
-                ta, tb, begin, end, k, save_ts, save_step, save_bar, (q_bar, v_bar, qdd_bar)
+                ta,
+                tb,
+                begin,
+                end,
+                (saves_from[k], saves_from[k + 1]),
+                save_ts,
+                save_bar,
+                (q_bar, v_bar, qdd_bar),
             )
         else:
             start_saves = None
@@ -371,13 +392,13 @@ def _backward(stored, out_bar, perturbed, problem, static):
     def segment_back(jj, carry):
         j = segments - 1 - jj
         first = j * length
-        steps = jnp.minimum(length, count - first)
+        steps = jnp.minimum(length, most - first)  # of the member with the most
         state = jax.tree.map(lambda c: c[j], checkpoints)
 
         def replay(i, carry):
             state, records = carry
             records = jax.tree.map(lambda r, x: r.at[i].set(x), records, record(state))
-            return advance(first + i, state), records
+            return masked(first + i < count, advance(first + i, state), state), records
 
         state, records = jax.lax.fori_loop(0, steps, replay, (state, empty))
         records = jax.tree.map(lambda r, x: r.at[steps].set(x), records, record(state))
@@ -386,7 +407,11 @@ def _backward(stored, out_bar, perturbed, problem, static):
         return jax.lax.fori_loop(
             0,
             steps,
-            lambda ii, carry: step_back(first + steps - 1 - ii, records, steps - 1 - ii, carry),
+            lambda ii, carry: masked(
+                first + steps - 1 - ii < count,
+                step_back(first + steps - 1 - ii, records, steps - 1 - ii, carry),
+                carry,
+            ),
             carry,
         )
 
@@ -507,10 +532,10 @@ def _saved_steps_bar(ys_bar, saveat, y0, max_steps):
     )
 
 
-def _saves_back(ta, tb, begin, end, k, save_ts, save_step, save_bar, end_bars):
-    """The cotangents of the states saved inside step `k` (cubic Hermite interpolation,
-    as the solver's dense output), added to those of its end `(q̄, v̄, q̈̄)`, and those of
-    its start `(q̄, v̄, q̈̄)`."""
+def _saves_back(ta, tb, begin, end, saves, save_ts, save_bar, end_bars):
+    """The cotangents of the states saved inside the step (`saves`: the first save's
+    index and one past the last's; cubic Hermite interpolation, as the solver's dense
+    output), added to those of its end `(q̄, v̄, q̈̄)`, and those of its start `(q̄, v̄, q̈̄)`."""
     n = begin.q.shape[0]
     h = tb - ta
 
@@ -542,9 +567,8 @@ def _saves_back(ta, tb, begin, end, k, save_ts, save_step, save_bar, end_bars):
             tuple(f + c for f, c in zip(finish, cot[3:], strict=True)),
         )
 
-    first, last = (jnp.searchsorted(save_step, k, side=side) for side in ("left", "right"))
     zeros = tuple(jnp.zeros((n,), begin.q.dtype) for _ in range(3))
-    start, finish = jax.lax.fori_loop(first, last, save_back, (zeros, zeros))
+    start, finish = jax.lax.fori_loop(*saves, save_back, (zeros, zeros))
     return tuple(e + f for e, f in zip(end_bars, finish, strict=True)), start
 
 

@@ -12,6 +12,7 @@ from jax.flatten_util import ravel_pytree
 from .. import _thresholds
 from .._compilation._kernels import kernel_boundary
 from .._compilation._linalg import full_precision
+from .._compilation._private_apis import unvmap_max
 from .._compilation._scalarize import scalarize
 from ._sweep_forward import (
     LoopVJP,
@@ -88,28 +89,35 @@ def _sweep_segments(sweep, stored, problem, static, final_bar, save_bar, p_bar):
             steps_i, solver_state, (start[0], sweep.flat(start[1])), end_bar, save_bar_i, p_bar
         )
 
-    def segment_back(k, bars):
-        """Sweeps the segment `count − 1 − k`: the last one (`k = 0`) from its stored
-        steps, the others re-solved from their checkpoints."""
-        last = k == 0
-        # Under `vmap` the loop runs as long as the longest member's: a member done
-        # re-solves its first segment, a real one, whose result is not used.
-        i = jnp.maximum(count - 1 - k, 0)
-        # The last segment's re-solve starts at the solve's end and takes no step: one
-        # copy of the sweep serves stored and re-solved steps, and no `lax.cond` on the
-        # segment's index picks between them (under `vmap` that cond becomes a select
-        # whose branches take every value they read as batched, `t1` included, and
-        # XLA's algebraic simplifier then sinks that broadcast through diffrax's 100
-        # `prevbefore`s of `t1` one operation per pass, and gives up with "stuck in a
-        # circular simplification loop" messages).
-        out = solve_segment(unravel_start(starts[jnp.where(last, count, i)]), problem, static)
-        resolved = _resolved_steps(out, unravel_start(starts[i + 1])[0], t0, t1, ~last)
-        steps_i = jax.tree.map(lambda s, r: jnp.where(last, s, r), tuple(steps), tuple(resolved))
-        return sweep_segment(i, steps_i, *bars)
-
     if static.segments[0] == 1:
         return sweep_segment(0, steps, final_bar, p_bar)
-    return jax.lax.fori_loop(0, count, segment_back, (final_bar, p_bar))
+    # Under `vmap` the members' segment counts differ: the loop runs to the batch's
+    # largest with an unbatched segment index, and a member with fewer segments leaves its
+    # cotangents as they were in the segments it did not solve.
+    most = unvmap_max(count)
+    at_end = starts[count]
+
+    def segment_back(k, bars):
+        """Sweeps the segment `most − 1 − k`: a member's last one from its stored steps,
+        its others re-solved from their checkpoints."""
+        i = most - 1 - k
+        last, active = i == count - 1, i < count
+        # A member's last segment is re-solved from the solve's end, where it takes no
+        # step, so that one copy of the sweep serves stored and re-solved steps, and no
+        # `lax.cond` on the segment's index picks between them (under `vmap` that cond
+        # becomes a select whose branches take every value they read as batched, `t1`
+        # included, and XLA's algebraic simplifier then sinks that broadcast through
+        # diffrax's 100 `prevbefore`s of `t1` one operation per pass, and gives up with
+        # "stuck in a circular simplification loop" messages). So is a segment past the
+        # member's last.
+        start = jnp.where(last | ~active, at_end, starts[i])
+        out = solve_segment(unravel_start(start), problem, static)
+        resolved = _resolved_steps(out, unravel_start(starts[i + 1])[0], t0, t1, active & ~last)
+        steps_i = jax.tree.map(lambda s, r: jnp.where(last, s, r), tuple(steps), tuple(resolved))
+        swept = sweep_segment(i, steps_i, *bars)
+        return jax.tree.map(lambda new, old: jnp.where(active, new, old), swept, bars)
+
+    return jax.lax.fori_loop(0, most, segment_back, (final_bar, p_bar))
 
 
 def _stage_coefficients(tableau, saves_inside: bool, dtype):
@@ -223,11 +231,13 @@ class _Sweep:
         `save_ts` inside the steps."""
         step_ts, step_ys, count = steps
         t0, flat_y0 = start
-        save_step = None
+        saves_from = None
         if self.save_ts is not None:  # the step that saved each `ts[j]`: the first ending
-            # at or after it (diffrax fills the times of steps not taken with inf)
+            # at or after it (diffrax fills the times of steps not taken with inf); the
+            # saves inside step `n` are `saves_from[n] … saves_from[n + 1] − 1`
             save_step = jnp.searchsorted(step_ts, self.save_ts, side="left")
-        context = (step_ts, step_ys, count, t0, flat_y0, solver_state, save_step, save_bar)
+            saves_from = jnp.searchsorted(save_step, jnp.arange(step_ts.shape[0] + 1))
+        context = (step_ts, step_ys, t0, flat_y0, solver_state, saves_from, save_bar)
         # One stack of the stages' values per residual, not one flat array of all of them
         # (docs/design_measurements.md#linearized-stages). Each step writes every stage's
         # row, so the stacks are carried from step to step rather than zeroed in each.
@@ -239,19 +249,29 @@ class _Sweep:
                 for x in jax.eval_shape(lambda: self.linearize(t0, flat_y0, t0, solver_state)[1])
             ]
         )
-        start_bar, p_bar, _ = jax.lax.fori_loop(
-            0, count, lambda k, carry: self._step_back(context, k, carry), (end_bar, p_bar, kept)
-        )
+        # Under `vmap` the members' step counts differ: the loop runs to the batch's
+        # largest count with an unbatched step index, and a step past a member's own count
+        # leaves its cotangents as they were (docs/design_measurements.md#adjoints-under-vmap).
+        last = unvmap_max(count)
+
+        def step_back(k, carry):
+            n = last - 1 - k
+            end_bar, p_bar, kept = self._step_back(context, n, carry)
+            active = n < count
+            bars = jax.tree.map(
+                lambda new, old: jnp.where(active, new, old), (end_bar, p_bar), carry[:2]
+            )
+            return *bars, kept
+
+        start_bar, p_bar, _ = jax.lax.fori_loop(0, last, step_back, (end_bar, p_bar, kept))
         return start_bar, p_bar
 
-    def _step_back(self, context, k, carry):
-        """The cotangents at the start of the stored step `count − 1 − k` from those at its
-        end."""
-        step_ts, step_ys, count, t0, flat_y0, solver_state, save_step, save_bar = context
+    def _step_back(self, context, n, carry):
+        """The cotangents at the start of the stored step `n` from those at its end."""
+        step_ts, step_ys, t0, flat_y0, solver_state, saves_from, save_bar = context
         end_bar, p_bar, kept = carry
         if self.linearized:  # its two stage loops compile as separate kernels
             end_bar = kernel_boundary(end_bar)
-        n = count - 1 - k
         first = n == 0
         stored_state = lambda i: self.flat(jax.tree.map(lambda x: x[i], step_ys))  # noqa: E731
         t_start = jnp.where(first, t0, step_ts[jnp.maximum(n - 1, 0)])
@@ -263,7 +283,13 @@ class _Sweep:
         start_bar, stages_bar = end_bar, h * self.b[:, None] * end_bar[None, :]
         if self.save_ts is not None:  # states saved inside this step, through the dense output
             start_bar, stages_bar = self._saves_back(
-                step, y_end, k_stages, n, save_step, save_bar, start_bar, stages_bar
+                step,
+                y_end,
+                k_stages,
+                (saves_from[n], saves_from[n + 1]),
+                save_bar,
+                start_bar,
+                stages_bar,
             )
 
         def stage_back(ii, bars):
@@ -331,9 +357,10 @@ class _Sweep:
         k_stages, kept = jax.lax.fori_loop(0, self.stages, stage_linearized, (k_init, kept))
         return k_stages, kept, pullbacks
 
-    def _saves_back(self, step, y_end, k_stages, n, save_step, save_bar, start_bar, stages_bar):
-        """Adds the cotangents of the states saved inside step `n` (through the solver's
-        dense output) to those of its start and stages."""
+    def _saves_back(self, step, y_end, k_stages, saves, save_bar, start_bar, stages_bar):
+        """Adds the cotangents of the states saved inside the step (`saves`: the first
+        save's index and one past the last's), through the solver's dense output, to those
+        of its start and stages."""
         t_start, t_end, y_start, h, _ = step
         save_ts, b = self.save_ts, self.b
 
@@ -353,11 +380,8 @@ class _Sweep:
             s_bar, e_bar, k_bar = pull(save_bar[j])
             return start_bar + s_bar, end_inner + e_bar, stages_bar + k_bar
 
-        first_save, end_save = (
-            jnp.searchsorted(save_step, n, side=side) for side in ("left", "right")
-        )
         start_bar, end_extra, stages_bar = jax.lax.fori_loop(
-            first_save, end_save, save_back, (start_bar, self.zero, stages_bar)
+            *saves, save_back, (start_bar, self.zero, stages_bar)
         )
         # y_end = y_start + h Σ bᵢ kᵢ: its cotangent from the dense output flows back too.
         start_bar = start_bar + end_extra
