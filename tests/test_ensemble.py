@@ -234,7 +234,7 @@ def test_failed_trajectories_stop_alone():
 
 
 @pytest.mark.slow
-def test_ensemble_errors():
+def test_ensemble_errors(unchecked):
     q0, v0 = states(4)
     with pytest.raises(ValueError, match=r"shape \(B, n\)"):
         jaxdae.simulate_ensemble(SYSTEM, FORMULATION, 0.0, 1.0, q0[0], v0[0])

@@ -107,7 +107,7 @@ def consistent_actuated_state(
     w0: Float[ArrayLike, " k"],
     *,
     weights: tuple[ArrayLike, ArrayLike, ArrayLike] | None = None,
-    tol: float | None = None,
+    tol: ScalarLike | None = None,
     max_steps: int = 64,
 ) -> tuple[Float[Array, " n"], Float[Array, " n"], Float[Array, " k"]]:
     """The state nearest to `(q0, v0, w0)` (in the metric `weights`) on the programmed motion:

@@ -94,7 +94,7 @@ def equilibrium(
     v_guess: Float[ArrayLike, " n"] | Sequence[ScalarLike] | None = None,
     u_guess: Float[ArrayLike, " p"] | Sequence[ScalarLike] | None = None,
     t: float = 0.0,
-    tol: float | None = None,
+    tol: ScalarLike | None = None,
     max_steps: int = 256,
 ) -> Equilibrium:
     """Finds an equilibrium (Krasinskaya and Krasinskiy (2013), eq. [11]) with optimistix'
@@ -275,7 +275,7 @@ def linearize(
     *,
     t: float = 0.0,
     cyclic: tuple[int, ...] = (),
-    tol: float | None = None,
+    tol: ScalarLike | None = None,
 ) -> Linearization:
     """First approximation about an equilibrium and the stability verdict of
     Krasinskaya and Krasinskiy (2013).

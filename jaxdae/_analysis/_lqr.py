@@ -204,7 +204,7 @@ def lqr(
     Q: Float[ArrayLike, "n n"],  # noqa: N803
     R: Float[ArrayLike, "p p"] | ScalarLike,  # noqa: N803
     *,
-    rtol: float | None = None,
+    rtol: ScalarLike | None = None,
     max_steps: int = 100,
     throw: bool = True,
 ) -> LQRSolution:

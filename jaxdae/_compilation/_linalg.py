@@ -573,7 +573,7 @@ def lu_factor(matrix: Float[Array, "n n"]) -> tuple[Array, Array]:
     return a, perm
 
 
-def lu_solve(factors: tuple[Array, Array], rhs: Array) -> Array:
+def lu_solve(factors: tuple[Array, Array], rhs: ArrayLike) -> Array:
     """Solves `matrix @ x = rhs` from `lu_factor(matrix)`, `rhs` of shape `(n,)` or
     `(n, k)`: forward and back substitution unrolled over the rows up to `LU_UNROLL_MAX`,
     `jax.scipy.linalg.solve_triangular` (LAPACK) beyond."""

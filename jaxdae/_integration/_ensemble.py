@@ -69,14 +69,18 @@ class EnsembleTerm(AbstractSystemTerm, AbstractTermWithVJP):
     def stage_vjp(self, t, y, args, solver_state, t_start, cotangent):
         """Each trajectory's own vector–Jacobian product (a scalar graph under `vmap`, as
         the rates are), summed over the rows for the shared system, formulation and mass
-        factor. Rows stopped at or before `t_start` have zero rates."""
+        factor. Rows stopped at or before `t_start` have zero rates, and so zero products:
+        their model may be non-finite where they stand, and a zero cotangent times a
+        non-finite derivative is nan."""
         del args
-        if solver_state is not None:
-            stopped = StopFailedTrajectories.stopped_at(solver_state, t_start)
-            cotangent = where_rows(stopped, jax.tree.map(jnp.zeros_like, cotangent), cotangent)
         shared_bar, *y_bar = jax.vmap(jitted_row_vjp, in_axes=(None, None, None, None, 0, 0, 0))(
             self.system, self.formulation, self.mass_factor, t, *y, cotangent
         )
+        if solver_state is not None:
+            stopped = StopFailedTrajectories.stopped_at(solver_state, t_start)
+            shared_bar, y_bar = where_rows(
+                stopped, jax.tree.map(jnp.zeros_like, (shared_bar, y_bar)), (shared_bar, y_bar)
+            )
         shared_bar = jax.tree.map(lambda x: jnp.sum(x, axis=0), shared_bar)
         term_bar = eqx.tree_at(
             lambda term: (term.system, term.formulation, term.mass_factor),

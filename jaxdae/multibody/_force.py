@@ -72,7 +72,9 @@ class AbstractForce(eqx.Module):
             },
         )
 
-    def generalized_forces(self, kin: Kinematics | TreeKinematics) -> Float[Array, " n"] | None:
+    def generalized_forces(
+        self, kin: Kinematics | TreeKinematics | ElementKinematics
+    ) -> Float[Array, " n"] | None:
         """Generalized forces it applies directly (needs `kin.v`). Default: none."""
         return None
 
@@ -81,11 +83,13 @@ class AbstractForce(eqx.Module):
     def markers(self) -> tuple[str, ...]:
         """The markers (or bodies) it attaches to."""
 
-    def potential_energy(self, kin: Kinematics | TreeKinematics) -> Float[Array, ""]:
+    def potential_energy(
+        self, kin: Kinematics | TreeKinematics | ElementKinematics
+    ) -> Float[Array, ""]:
         """Its potential energy. Default: 0."""
         return jnp.zeros((), kin.q.dtype)
 
-    def loads(self, kin: Kinematics | TreeKinematics) -> tuple[Load, ...]:
+    def loads(self, kin: Kinematics | TreeKinematics | ElementKinematics) -> tuple[Load, ...]:
         """Its non-conservative loads (needs `kin.v`). Default: none."""
         return ()
 
