@@ -48,6 +48,7 @@ from ._sweep_forward import (
     typed_literal_as_array,
     unwrapped,
     warn_checkpointed,
+    where_taken,
 )
 from ._term import system_term
 
@@ -294,9 +295,6 @@ def _backward(stored, out_bar, perturbed, problem, static):
     # as it was (docs/design_measurements.md#adjoints-under-vmap).
     most = unvmap_max(count)
 
-    def masked(active, new, old):
-        return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, old)
-
     def advance(k, state):
         y, solver_state = state
         y1, _, _, solver_state1, _ = method.step(
@@ -315,7 +313,10 @@ def _backward(stored, out_bar, perturbed, problem, static):
         state, checkpoints = carry
         checkpoints = jax.tree.map(lambda c, x: c.at[j].set(x), checkpoints, state)
         state = jax.lax.fori_loop(
-            j * length, (j + 1) * length, lambda k, s: masked(k < count, advance(k, s), s), state
+            j * length,
+            (j + 1) * length,
+            lambda k, s: where_taken(k < count, advance(k, s), s),
+            state,
         )
         return state, checkpoints
 
@@ -398,7 +399,7 @@ def _backward(stored, out_bar, perturbed, problem, static):
         def replay(i, carry):
             state, records = carry
             records = jax.tree.map(lambda r, x: r.at[i].set(x), records, record(state))
-            return masked(first + i < count, advance(first + i, state), state), records
+            return where_taken(first + i < count, advance(first + i, state), state), records
 
         state, records = jax.lax.fori_loop(0, steps, replay, (state, empty))
         records = jax.tree.map(lambda r, x: r.at[steps].set(x), records, record(state))
@@ -407,7 +408,7 @@ def _backward(stored, out_bar, perturbed, problem, static):
         return jax.lax.fori_loop(
             0,
             steps,
-            lambda ii, carry: masked(
+            lambda ii, carry: where_taken(
                 first + steps - 1 - ii < count,
                 step_back(first + steps - 1 - ii, records, steps - 1 - ii, carry),
                 carry,

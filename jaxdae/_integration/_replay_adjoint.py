@@ -38,6 +38,7 @@ from ._sweep_forward import (
     times_perturbed,
     typed_literal_as_array,
     warn_checkpointed,
+    where_taken,
 )
 
 
@@ -241,9 +242,6 @@ def _backward(stored, out_bar, perturbed, problem, static):
     # reads and writes of the stored states at them are slices, not gathers and scatters.
     last = unvmap_max(count)
 
-    def masked(active, new, old):
-        return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, old)
-
     # The checkpoints at the segments' starts: segment `j` holds steps `j·length …`.
     start = (init.y, init.solver_state)
 
@@ -251,7 +249,7 @@ def _backward(stored, out_bar, perturbed, problem, static):
         # (The last segment's end is not a checkpoint: it is not replayed to.)
         end = jnp.where((j + 1) * length < last, (j + 1) * length, j * length)
         return jax.lax.fori_loop(
-            j * length, end, lambda k, s: masked(k < count, advance(k, s), s), state
+            j * length, end, lambda k, s: where_taken(k < count, advance(k, s), s), state
         ), state
 
     _, checkpoints = jax.lax.scan(checkpoint, start, jnp.arange(segments))
@@ -307,13 +305,14 @@ def _backward(stored, out_bar, perturbed, problem, static):
         def back_from(i, bars, outputs_of):
             """The step back through step `first + i`, for the members that took it."""
             new = step_back(first + i, row(starts, i), bars, outputs_of(i))
-            return masked(active(i), new, bars)
+            return where_taken(active(i), new, bars)
 
         if not keep:
 
             def replay(i, carry):
                 state, starts = carry
-                return masked(active(i), advance(first + i, state), state), put(starts, i, state)
+                after = where_taken(active(i), advance(first + i, state), state)
+                return after, put(starts, i, state)
 
             _, starts = jax.lax.fori_loop(0, steps, replay, (begin, zeros(begin, length)))
             return jax.lax.fori_loop(
@@ -326,7 +325,7 @@ def _backward(stored, out_bar, perturbed, problem, static):
         def replay_keeping(i, carry):
             state, states, denses = carry
             end, dense = step(first + i, state, diff_p)
-            return masked(active(i), end, state), put(states, i, state), put(denses, i, dense)
+            return where_taken(active(i), end, state), put(states, i, state), put(denses, i, dense)
 
         denses = zeros(jax.eval_shape(lambda: step(first, begin, diff_p)[1]), length)
         end, starts, denses = jax.lax.fori_loop(

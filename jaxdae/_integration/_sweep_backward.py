@@ -24,6 +24,7 @@ from ._sweep_forward import (
     solve_storing_steps,
     subsaves,
     typed_literal_as_array,
+    where_taken,
 )
 from ._term import AbstractTermWithVJP, terms_within
 
@@ -115,7 +116,7 @@ def _sweep_segments(sweep, stored, problem, static, final_bar, save_bar, p_bar):
         resolved = _resolved_steps(out, unravel_start(starts[i + 1])[0], t0, t1, active & ~last)
         steps_i = jax.tree.map(lambda s, r: jnp.where(last, s, r), tuple(steps), tuple(resolved))
         swept = sweep_segment(i, steps_i, *bars)
-        return jax.tree.map(lambda new, old: jnp.where(active, new, old), swept, bars)
+        return where_taken(active, swept, bars)
 
     return jax.lax.fori_loop(0, most, segment_back, (final_bar, p_bar))
 
@@ -257,11 +258,7 @@ class _Sweep:
         def step_back(k, carry):
             n = last - 1 - k
             end_bar, p_bar, kept = self._step_back(context, n, carry)
-            active = n < count
-            bars = jax.tree.map(
-                lambda new, old: jnp.where(active, new, old), (end_bar, p_bar), carry[:2]
-            )
-            return *bars, kept
+            return *where_taken(n < count, (end_bar, p_bar), carry[:2]), kept
 
         start_bar, p_bar, _ = jax.lax.fori_loop(0, last, step_back, (end_bar, p_bar, kept))
         return start_bar, p_bar

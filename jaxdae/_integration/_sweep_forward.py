@@ -637,6 +637,13 @@ def nones(tree):
     return jax.tree.map(lambda _: None, tree)
 
 
+def where_taken(taken, new, old):
+    """`new` where the step was `taken`, else `old`: the carry of a backward loop that runs
+    to the largest step count of a batch, for the members whose own count is smaller
+    (docs/design_measurements.md#adjoints-under-vmap)."""
+    return jax.tree.map(lambda a, b: jnp.where(taken, a, b), new, old)
+
+
 SAVE_Y = diffrax.SubSaveAt(t1=True).fn  # a `SubSaveAt`'s default `fn`: the state itself
 
 
