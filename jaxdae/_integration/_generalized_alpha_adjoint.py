@@ -43,6 +43,7 @@ from ._sweep_forward import (
     is_none,
     loop_solve,
     nones,
+    saves_by_step,
     solve_saving_steps,
     subsaves,
     typed_literal_as_array,
@@ -285,11 +286,7 @@ def _backward(stored, out_bar, perturbed, problem, static):
     # The method reads the system from the term: the gradient is the term's.
     diff_terms, static_terms = eqx.partition(problem.terms, perturbed.terms)
     times = jnp.concatenate([jnp.reshape(t0, (1,)), step_ts])  # step k: times[k] → times[k+1]
-    # The saves inside step `k` are `saves_from[k] … saves_from[k + 1] − 1`.
-    saves_from = None
-    if save_ts is not None:
-        save_step = jnp.searchsorted(step_ts, save_ts, side="left")
-        saves_from = jnp.searchsorted(save_step, jnp.arange(times.shape[0]))
+    saves_from = None if save_ts is None else saves_by_step(step_ts, save_ts)
     # Under `vmap` the members' step counts differ: the loops run to the batch's largest
     # count with unbatched counters, and a step past a member's own count leaves its carry
     # as it was (docs/design_measurements.md#adjoints-under-vmap).

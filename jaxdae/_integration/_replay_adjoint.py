@@ -34,6 +34,7 @@ from ._sweep_forward import (
     loop_solve,
     nones,
     record_step_times,
+    saves_by_step,
     subsaves,
     times_perturbed,
     typed_literal_as_array,
@@ -218,12 +219,7 @@ def _backward(stored, out_bar, perturbed, problem, static):
         (problem.terms, problem.args), (perturbed.terms, perturbed.args)
     )
     times = jnp.concatenate([jnp.reshape(problem.t0, (1,)), step_ts])  # step k: k → k + 1
-    # The saves inside step `k` are `saves_from[k] … saves_from[k + 1] - 1`, found here
-    # rather than by a search in every step of the backward pass.
-    saves_from = None
-    if save_ts is not None:
-        save_step = jnp.searchsorted(step_ts, save_ts, side="left")
-        saves_from = jnp.searchsorted(save_step, jnp.arange(times.shape[0]), side="left")
+    saves_from = None if save_ts is None else saves_by_step(step_ts, save_ts)
 
     def step(k, state, p):
         """Step `k` from `state = (y, solver state)`: its end state and dense output."""

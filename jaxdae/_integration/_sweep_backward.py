@@ -20,6 +20,7 @@ from ._sweep_forward import (
     is_none,
     loop_solve,
     nones,
+    saves_by_step,
     solve_segment,
     solve_storing_steps,
     subsaves,
@@ -232,12 +233,7 @@ class _Sweep:
         `save_ts` inside the steps."""
         step_ts, step_ys, count = steps
         t0, flat_y0 = start
-        saves_from = None
-        if self.save_ts is not None:  # the step that saved each `ts[j]`: the first ending
-            # at or after it (diffrax fills the times of steps not taken with inf); the
-            # saves inside step `n` are `saves_from[n] … saves_from[n + 1] − 1`
-            save_step = jnp.searchsorted(step_ts, self.save_ts, side="left")
-            saves_from = jnp.searchsorted(save_step, jnp.arange(step_ts.shape[0] + 1))
+        saves_from = None if self.save_ts is None else saves_by_step(step_ts, self.save_ts)
         context = (step_ts, step_ys, t0, flat_y0, solver_state, saves_from, save_bar)
         # One stack of the stages' values per residual, not one flat array of all of them
         # (docs/design_measurements.md#linearized-stages). Each step writes every stage's

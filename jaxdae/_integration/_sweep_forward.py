@@ -637,6 +637,15 @@ def nones(tree):
     return jax.tree.map(lambda _: None, tree)
 
 
+def saves_by_step(step_ts, save_ts):
+    """Where the saves at `save_ts` (sorted) fall among the steps ending at `step_ts`:
+    the saves inside step `k` (the first step ending at or after each save time; diffrax
+    fills the times of steps not taken with inf) are `first[k] … first[k + 1] − 1`.
+    Found once, so that a backward pass's step reads its range rather than searching."""
+    save_step = jnp.searchsorted(step_ts, save_ts, side="left")
+    return jnp.searchsorted(save_step, jnp.arange(step_ts.shape[0] + 1), side="left")
+
+
 def where_taken(taken, new, old):
     """`new` where the step was `taken`, else `old`: the carry of a backward loop that runs
     to the largest step count of a batch, for the members whose own count is smaller
