@@ -433,9 +433,17 @@ def failure_message(sol: AbstractSolution) -> str | None:
     return failure_text(result_codes(sol.result), sol.t_final, sol.q_final, *residuals(sol))
 
 
-def residuals(sol) -> tuple:
-    """`(Φ, Ψ)` of a solution that has them (an `ActuatedSolution` has not: `()`)."""
-    return (sol.phi, sol.psi) if isinstance(sol, Solution) else ()
+@functools.singledispatch
+def residuals(sol: AbstractSolution) -> tuple:
+    """The saved constraint residuals `(Φ, Ψ)` that a failure message quotes, registered
+    per solution type; `()` for a solution without them (an `ActuatedSolution`)."""
+    del sol
+    return ()
+
+
+@residuals.register
+def _(sol: Solution) -> tuple:
+    return (sol.phi, sol.psi)
 
 
 def failure_text(codes, t_final, q_final, phi=None, psi=None, element=None) -> str | None:

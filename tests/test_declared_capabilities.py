@@ -1,7 +1,10 @@
 """What a system declares: a controlled system by its base, and the capabilities the solve
-path reads from a system's class or a registry, each given to a user's own system class."""
+path reads from a system's class or a registry, each given to a user's own system class;
+and that the solve path asks for capabilities rather than testing classes."""
 
+import sys
 import warnings
+from pathlib import Path
 from typing import ClassVar
 
 import jax
@@ -179,3 +182,35 @@ def test_projection_takes_the_declared_form_of_the_terms():
             lambda q_, v_, s=system: _constraint_values(s, formulation, 0.0, q_, v_)
         )(q * 1.001, v)
         assert _in_array_form_scope(jaxpr.jaxpr) == array_form
+
+
+# -- the solve path asks what a part can do, not what class it is -------------------------
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "diagnostics"))
+import solve_route  # noqa: E402  # pyright: ignore[reportMissingImports]
+
+
+def test_the_route_of_simulate_tests_no_concrete_class_and_probes_no_attribute():
+    """`isinstance` on a concrete jaxdae class, `getattr` with a default and `hasattr` in
+    jaxdae's code along one `simulate` (experiments/diagnostics/solve_route.py)."""
+    solve_route._simulate(0.1, saves=False)
+    assert solve_route.type_probes() == []
+
+
+def test_the_type_probes_see_what_they_look_for():
+    import builtins
+
+    from jaxdae._checks import check_instance
+    from jaxdae._compilation._constants import _Constant
+
+    real = builtins.isinstance
+    with pytest.raises(ValueError, match="events"):
+        solve_route.type_probes(lambda: check_instance("events", 1.0, jaxdae.EventDriven, "x"))
+    assert builtins.isinstance is real
+    found = solve_route.type_probes(lambda: _Constant(np.ones(2)))
+    assert [(probe, what) for probe, _, what in found] == [("getattr", "weak_type")]
+    found = solve_route.type_probes(
+        lambda: check_instance("events", jaxdae.EventDriven(), jaxdae.EventDriven, "a scheme")
+    )
+    assert [(probe, what) for probe, _, what in found] == [("isinstance", "EventDriven")]
+    assert found[0][1].startswith("jaxdae/_checks.py:")

@@ -775,6 +775,18 @@ def test_event_settings_are_checked():
             jaxdae.EventDriven(max_events=bad)
     with pytest.raises(ValueError, match="contact_gains"):
         jaxdae.EventDriven(contact_gains=(np.inf, np.inf))
+    # Not a contact scheme: refused before any solve, with gaps or without.
+    for system in (jaxdae.examples.BouncingBall(), CartesianPendulum()):
+        with pytest.raises(ValueError, match="`events` must be `jaxdae.EventDriven"):
+            jaxdae.simulate(
+                system,
+                jaxdae.Unstabilized(),
+                0.0,
+                0.1,
+                jnp.array([1.0, 0.0]),
+                jnp.zeros(2),
+                events=jaxdae.Unstabilized(),
+            )
 
 
 def test_a_gap_that_turns_nan_is_a_named_failure():

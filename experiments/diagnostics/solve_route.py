@@ -10,10 +10,18 @@ after the first), for the whole package and for the solve path alone
 checks, argument checks, compilation helpers and the result types, are counted apart, as
 library calls are).
 
+It also lists the type probes that jaxdae's code makes in such a call: `isinstance` tests on
+a concrete jaxdae class (not named `Abstract...` and without abstract methods), and
+attribute probes (`getattr` with a default, `hasattr`). A solve path that asks a system,
+solver or option what it can do, rather than what class it is, has none (`type_probes`;
+`tests/test_declared_capabilities.py` checks it).
+
     python experiments/diagnostics/solve_route.py
 """
 
+import builtins
 import collections
+import inspect
 import sys
 
 import jax.numpy as jnp
@@ -30,13 +38,22 @@ def _module(frame) -> str:
     return frame.f_globals.get("__name__", "")
 
 
+SYSTEM = CartesianPendulum()
+
+
+def _simulate(t1: float, saves: bool = True) -> None:
+    """The solve of the route: `CartesianPendulum`, `Baumgarte`, Tsit5, saved at three
+    times (`saves`) or at `t1`."""
+    q0, v0 = jnp.array([1.0, 0.0]), jnp.zeros(2)
+    ts = jnp.linspace(0.0, t1, 3) if saves else None
+    jaxdae.simulate(SYSTEM, jaxdae.Baumgarte(5.0, 5.0), 0.0, t1, q0, v0, ts=ts)
+
+
 def route() -> list[tuple[str, str]]:
     """The `(caller, callee)` modules of the calls between jaxdae modules in one call of
     `simulate` that traces and compiles."""
-    system = CartesianPendulum()
-    q0, v0 = jnp.array([1.0, 0.0]), jnp.zeros(2)
     # The model's own jitted functions traced once, as in a session that has run it.
-    jaxdae.simulate(system, jaxdae.Baumgarte(5.0, 5.0), 0.0, 0.1, q0, v0)
+    _simulate(0.1, saves=False)
     calls = []
 
     def profile(frame, event, arg):
@@ -53,12 +70,73 @@ def route() -> list[tuple[str, str]]:
 
     sys.setprofile(profile)
     try:
-        jaxdae.simulate(
-            system, jaxdae.Baumgarte(5.0, 5.0), 0.0, 1.0, q0, v0, ts=jnp.linspace(0.0, 1.0, 3)
-        )
+        _simulate(1.0)
     finally:
         sys.setprofile(None)
     return calls
+
+
+def _is_concrete_jaxdae_class(kind) -> bool:
+    return (
+        isinstance(kind, type)
+        and kind.__module__.startswith("jaxdae")
+        and not kind.__name__.startswith("Abstract")
+        and not inspect.isabstract(kind)
+    )
+
+
+def type_probes(call=lambda: _simulate(0.2)) -> list[tuple[str, str, str]]:
+    """`(probe, place, what)` of each type test on a concrete jaxdae class and each
+    attribute probe that jaxdae's own code makes during `call` (by default one `simulate`
+    of the route), found by replacing the built-ins `isinstance`, `getattr` and `hasattr`
+    while it runs: `("isinstance", "jaxdae/...py:LINE", class names)`, `("getattr", ...,
+    attribute)`, `("hasattr", ..., attribute)`."""
+    found = {}
+    real_isinstance, real_getattr, real_hasattr = isinstance, getattr, hasattr
+
+    def caller():
+        # The frame that called the replaced built-in, if it is jaxdae's.
+        code = sys._getframe(2).f_code
+        path = code.co_filename.replace("\\", "/")
+        if "/jaxdae/" not in path:
+            return None
+        return "jaxdae/" + path.rsplit("/jaxdae/", 1)[1] + f":{sys._getframe(2).f_lineno}"
+
+    def probed_isinstance(value, kinds):
+        place = caller()
+        if place is not None:
+            kinds_ = kinds if real_isinstance(kinds, tuple) else (kinds,)
+            concrete = [k.__name__ for k in kinds_ if _is_concrete_jaxdae_class(k)]
+            if concrete:
+                found[("isinstance", place, ", ".join(concrete))] = None
+        return real_isinstance(value, kinds)
+
+    def probed_getattr(value, name, *default):
+        place = caller()
+        if place is not None and default:
+            found[("getattr", place, name)] = None
+        return real_getattr(value, name, *default)
+
+    def probed_hasattr(value, name):
+        place = caller()
+        if place is not None:
+            found[("hasattr", place, name)] = None
+        return real_hasattr(value, name)
+
+    builtins.isinstance, builtins.getattr, builtins.hasattr = (
+        probed_isinstance,
+        probed_getattr,
+        probed_hasattr,
+    )
+    try:
+        call()
+    finally:
+        builtins.isinstance, builtins.getattr, builtins.hasattr = (
+            real_isinstance,
+            real_getattr,
+            real_hasattr,
+        )
+    return list(found)
 
 
 def report(calls, title: str) -> None:
@@ -74,6 +152,10 @@ def main() -> None:
     report(calls, "All of jaxdae")
     on_path = [(a, b) for a, b in calls if a.startswith(SOLVE_PATH) and b.startswith(SOLVE_PATH)]
     report(on_path, "Solve path")
+    probes = type_probes()
+    print(f"Type and attribute probes in jaxdae's code: {len(probes)}")
+    for probe, place, what in probes:
+        print(f"  {probe:10s} {place:48s} {what}")
 
 
 if __name__ == "__main__":

@@ -18,12 +18,11 @@ def explicit_to_auto(x):
     # Arrays placed on a mesh with Explicit axes (the default of `jax.make_mesh`) carry
     # their sharding in their type, which `lax.map`, lineax and diffrax refuse; the same
     # placement on the Auto version of the mesh moves no data.
-    sharding = getattr(x, "sharding", None)
-    if (
-        isinstance(x, jax.Array)
-        and not isinstance(x, jax.core.Tracer)
-        and isinstance(sharding, NamedSharding)
-        and any(kind == AxisType.Explicit for kind in sharding.mesh.axis_types)
+    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+        return x
+    sharding = x.sharding
+    if isinstance(sharding, NamedSharding) and any(
+        kind == AxisType.Explicit for kind in sharding.mesh.axis_types
     ):
         return jax.device_put(x, NamedSharding(auto_mesh(sharding.mesh), sharding.spec))
     return x
@@ -31,10 +30,9 @@ def explicit_to_auto(x):
 
 def is_explicitly_sharded(x) -> bool:
     """Whether the (possibly traced) array `x` carries an Explicit sharding in its type."""
-    sharding = getattr(jax.typeof(x), "sharding", None)
-    mesh = getattr(sharding, "mesh", None)
+    sharding = jax.typeof(x).sharding
     return (
-        mesh is not None
-        and any(kind == AxisType.Explicit for kind in mesh.axis_types)
+        isinstance(sharding, NamedSharding)
+        and any(kind == AxisType.Explicit for kind in sharding.mesh.axis_types)
         and any(axis is not None for axis in sharding.spec)
     )

@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_instance
 from .._compilation._constants import jit_with_constants
 from .._compilation._kernels import kernel_boundary
 from .._compilation._lcp import along, magnitudes, tangent_count, units
@@ -43,7 +42,7 @@ from ._adjoint import ReverseSweepAdjoint
 from ._controllers import AbstractControllerWrapper
 from ._solve import Dynamics, SolveOptions, Times, integrate
 from ._solvers import carries_contact_forces
-from ._stop_data import check_stop_shapes
+from ._stop_data import AbstractContactScheme, check_stop_shapes
 from ._term import AbstractSystemTerm, system_term
 from ._vector_fields import system_terms, terms_outside_steps
 
@@ -56,7 +55,7 @@ def _event_count(value):
     return value
 
 
-class EventDriven(eqx.Module):
+class EventDriven(AbstractContactScheme):
     """How [`jaxdae.simulate`][] treats the one-sided constraints of a system
     ([`jaxdae.AbstractSystem.gaps`][]): exactly, by events.
 
@@ -126,6 +125,9 @@ class EventDriven(eqx.Module):
             return self.gap_tolerance
         return float(0.01 * np.sqrt(np.finfo(dtype).eps))
 
+    def configure(self, call):
+        return call, None
+
 
 def event_settings(system, call, trajectories, t0, q0, v0, eager: bool) -> EventDriven | None:
     """The [`EventDriven`][] settings of a solve (`call.events`, or the default) where the
@@ -137,7 +139,6 @@ def event_settings(system, call, trajectories, t0, q0, v0, eager: bool) -> Event
     if shape[0] == 0:
         return None
     settings = EventDriven() if call.events is None else call.events
-    check_instance("events", settings, EventDriven, "a `jaxdae.EventDriven`")
     if not trajectories.event_driven:
         raise ValueError(
             "The system has one-sided constraints (`gaps`), whose events stop and restart "

@@ -8,6 +8,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import check_instance
 from .._compilation._sharding import explicit_to_auto, is_explicitly_sharded
 from .._custom_types import Array
 from .._formulations import AbstractFormulation
@@ -23,7 +24,8 @@ from ._solve import (
     Times,
     traced_constraint_tol_check,
 )
-from ._time_stepping import check_time_stepping, time_stepping_call
+from ._stop_data import AbstractContactScheme
+from ._time_stepping import check_time_stepping
 from ._trajectories import AbstractTrajectories
 from ._validation import (
     INITIAL_STATE_MESSAGES,
@@ -101,8 +103,17 @@ def pose_problem(
         )
     check_types(system, formulation)
     call.check_options()
-    # Time stepping is a solver with a fixed step: no event loop (`events` None).
-    call, stepping = time_stepping_call(call)
+    # The contact scheme, consulted here once: time stepping is a solver with a fixed step
+    # and no event loop (`events` None); exact events (the default) where the system has
+    # gaps.
+    check_instance(
+        "events",
+        call.events,
+        AbstractContactScheme,
+        "`jaxdae.EventDriven(...)` or `jaxdae.TimeStepping(...)`",
+        optional=True,
+    )
+    call, stepping = (call, None) if call.events is None else call.events.configure(call)
     if stepping is not None:
         # A time step factors the dense `M` itself.
         system = system._dense_mass_variant()

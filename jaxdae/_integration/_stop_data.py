@@ -1,9 +1,25 @@
-"""The shapes of a system's one-sided constraint data, checked before either contact
-scheme ([`jaxdae.EventDriven`][], [`jaxdae.TimeStepping`][]) solves."""
+"""What the two contact schemes ([`jaxdae.EventDriven`][], [`jaxdae.TimeStepping`][])
+share: their abstract base, which the problem stage consults, and the check of the shapes
+of a system's one-sided constraint data before either solves."""
 
+import abc
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+class AbstractContactScheme(eqx.Module):
+    """How [`jaxdae.simulate`][] treats the one-sided constraints of a system, given as its
+    `events`: exactly, by events ([`jaxdae.EventDriven`][]), or by fixed time steps
+    ([`jaxdae.TimeStepping`][]). The problem stage (`_problem.py`) consults it once."""
+
+    @abc.abstractmethod
+    def configure(self, call):
+        """`(call, stepping)`: the `SolveCall` as this scheme solves it, and the
+        [`jaxdae.TimeStepping`][] that steps it (`None` for a scheme that integrates
+        between events). Refuses, with a `ValueError`, options the scheme does not take."""
 
 
 def check_stop_shapes(system, t0, q_one, q0, tolerance: float | None) -> None:

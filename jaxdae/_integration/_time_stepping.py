@@ -31,7 +31,7 @@ from .._solution import RESULTS
 from .._systems._structure import with_mass_factor
 from ._adjoint import ReverseSweepAdjoint
 from ._solvers import AbstractFailureNamingSolver
-from ._stop_data import check_stop_shapes
+from ._stop_data import AbstractContactScheme, check_stop_shapes
 from ._term import AbstractSystemTerm, system_term
 from ._vector_fields import system_terms
 
@@ -53,7 +53,7 @@ def _flag(value):
     return bool(value) if isinstance(value, np.bool_) else value
 
 
-class TimeStepping(eqx.Module):
+class TimeStepping(AbstractContactScheme):
     """How [`jaxdae.simulate`][] treats the one-sided constraints of a system
     ([`jaxdae.AbstractSystem.gaps`][]), with their restitution and Coulomb friction: by
     fixed time steps, all contacts at once, each step one convex problem.
@@ -193,6 +193,31 @@ class TimeStepping(eqx.Module):
                 "`TimeStepping(min_bounce_speed=...)` must be a non-negative finite number; "
                 f"got {self.min_bounce_speed!r}."
             )
+
+    def configure(self, call):
+        """`(call, self)`: `call` with the fixed step `dt` (`dt0` and
+        `diffrax.ConstantStepSize`) and without `events` (no event loop). A `solver`,
+        `stepsize_controller` or `dt0` of the call are refused: the step is `dt`."""
+        for name in ("solver", "stepsize_controller", "dt0"):
+            if getattr(call, name) is not None:
+                raise ValueError(
+                    f"`events=jaxdae.TimeStepping(...)` takes its own steps (`dt`) with its "
+                    f"own scheme; `{name}` would be ignored. Leave `{name}` unset (set the "
+                    "step with `TimeStepping(dt=...)`), or use `events=jaxdae.EventDriven()` "
+                    "with an adaptive solver."
+                )
+        if isinstance(call.adjoint, ReverseSweepAdjoint):
+            raise ValueError(
+                "`ReverseSweepAdjoint` does not differentiate time stepping; leave `adjoint` "
+                "unset (`diffrax.RecursiveCheckpointAdjoint`) or pass `diffrax.ForwardMode()`."
+            )
+        call = eqx.tree_at(
+            lambda c: (c.solver, c.stepsize_controller, c.dt0, c.events),
+            call,
+            (None, diffrax.ConstantStepSize(), self.dt, None),
+            is_leaf=lambda x: x is None,
+        )
+        return call, self
 
     def solver(self, dtype) -> "TimeSteppingSolver":
         """The diffrax solver of its steps for states of `dtype`."""
@@ -343,36 +368,6 @@ def _position_correction(terms, phi: Float[Array, " m"]) -> Float[Array, " n"]:
 def gap_count(system, t, q) -> int:
     """The number of gaps of `system` at `(t, q)`."""
     return jax.eval_shape(system.gaps, t, q).shape[0]
-
-
-def time_stepping_call(call):
-    """`call` (a `SolveCall`) with the solver, fixed step and `dt0` of its
-    [`TimeStepping`][] filled in, and that `TimeStepping`; `(call, None)` for any other
-    `events`. A `solver`, `stepsize_controller` or `dt0` of the call are refused: the step
-    is `TimeStepping.dt`."""
-    stepping = call.events
-    if not isinstance(stepping, TimeStepping):
-        return call, None
-    for name in ("solver", "stepsize_controller", "dt0"):
-        if getattr(call, name) is not None:
-            raise ValueError(
-                f"`events=jaxdae.TimeStepping(...)` takes its own steps (`dt`) with its own "
-                f"scheme; `{name}` would be ignored. Leave `{name}` unset (set the step with "
-                "`TimeStepping(dt=...)`), or use `events=jaxdae.EventDriven()` with an "
-                "adaptive solver."
-            )
-    if isinstance(call.adjoint, ReverseSweepAdjoint):
-        raise ValueError(
-            "`ReverseSweepAdjoint` does not differentiate time stepping; leave `adjoint` unset "
-            "(`diffrax.RecursiveCheckpointAdjoint`) or pass `diffrax.ForwardMode()`."
-        )
-    call = eqx.tree_at(
-        lambda c: (c.solver, c.stepsize_controller, c.dt0, c.events),
-        call,
-        (None, diffrax.ConstantStepSize(), stepping.dt, None),
-        is_leaf=lambda x: x is None,
-    )
-    return call, stepping
 
 
 def check_time_stepping(system, formulation, trajectories, t0, q0, v0, eager: bool) -> None:

@@ -12,7 +12,6 @@ from .._compilation._operators import MassFactor, sparse_matrix
 from .._compilation._sparse import SparseMatrix, blocks_positive_definite
 from .._custom_types import Array, Bool, Float
 from ._structure import terms_structure
-from ._system import LagrangianSystem
 
 
 def constant_mass_factor(system, t, q, v, terms=None) -> MassFactor | None:
@@ -23,7 +22,7 @@ def constant_mass_factor(system, t, q, v, terms=None) -> MassFactor | None:
     ([`with_mass_factor`][]): only the parameters enter it, so its derivative is taken once
     per solve too. `terms(system, t, q, v)` computes the terms (default `system.terms`).
     """
-    if not isinstance(system, LagrangianSystem) or jnp.ndim(q) != 1:
+    if jnp.ndim(q) != 1:
         return None
     structure = terms_structure(system, t, q, v)
     if structure is None or not structure.mass_is_constant:
@@ -42,7 +41,7 @@ def is_mass_positive_definite(system, t, q, v, mass: Float[Array, "n n"]) -> Boo
     Cholesky factorization ([`is_positive_definite`][]). `simulate` checks the initial mass
     matrix so, at a cost small against a solve's even for large models
     (docs/design_measurements.md#mass-check)."""
-    if isinstance(system, LagrangianSystem) and jnp.ndim(q) == 1:
+    if jnp.ndim(q) == 1:
         structure = terms_structure(system, t, q, v)
         if structure is not None:
             blocks = blocks_positive_definite(SparseMatrix.from_dense(mass, structure.mass))

@@ -108,6 +108,12 @@ class AbstractSystem(eqx.Module):
     are the identity). A subclass whose state holds something else (momenta), or may
     (a wrapper of another system), declares `False`."""
 
+    structured_terms: ClassVar[bool | None] = False
+    """Whether `terms` are derived from the sparsity patterns of the model's functions,
+    found from their jaxprs: `None` above 8 coordinates, `True` always, `False` never. A
+    [`jaxdae.LagrangianSystem`][] derives them so (default `None`, see its "Structure");
+    other systems write their terms and keep `False`."""
+
     terms_from_constraints: ClassVar[bool] = False
     """Whether `terms` takes `Φ`, `Φ̇` and `Ψ` from `constraints` and `velocity_constraints`,
     so that those can be evaluated alone (as projections do) and a solve whose constraints
