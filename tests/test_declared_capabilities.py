@@ -197,6 +197,35 @@ def test_the_route_of_simulate_tests_no_concrete_class_and_probes_no_attribute()
     assert solve_route.type_probes() == []
 
 
+def _impact_time(height, events=None):
+    sol = jaxdae.simulate(
+        jaxdae.examples.BouncingBall(),
+        jaxdae.Unstabilized(),
+        0.0,
+        0.5,
+        jnp.stack([0.0, height]),
+        jnp.zeros(2),
+        events=events,
+    )
+    return sol.events.t[0] if events is None else sol.q_final[1]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(lambda: _impact_time(1.0), id="events"),
+        pytest.param(lambda: _impact_time(0.3, jaxdae.TimeStepping(dt=1e-2)), id="time stepping"),
+        pytest.param(
+            lambda: jax.grad(_impact_time)(1.0), id="events, gradient", marks=pytest.mark.slow
+        ),
+    ],
+)
+def test_the_routes_with_contacts_test_no_concrete_class(call):
+    """The same along an event-driven solve, a time-stepped one and a gradient."""
+    call()
+    assert solve_route.type_probes(call) == []
+
+
 def test_the_type_probes_see_what_they_look_for():
     import builtins
 

@@ -595,6 +595,16 @@ def test_bad_inputs_are_refused_before_the_solve():
             jaxdae.simulate(
                 system, jaxdae.Unstabilized(), 0.0, 1.0, *start, events=stepping, **{name: value}
             )
+    with pytest.raises(ValueError, match="ReverseSweepAdjoint` does not differentiate time"):
+        jaxdae.simulate(
+            system,
+            jaxdae.Unstabilized(),
+            0.0,
+            1.0,
+            *start,
+            events=stepping,
+            adjoint=jaxdae.ReverseSweepAdjoint(),
+        )
     with pytest.raises(TypeError, match="events"):
         jaxdae.simulate_ensemble(
             system,

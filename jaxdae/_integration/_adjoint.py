@@ -312,6 +312,19 @@ for _adjoint_class in (
     reverse_only.register(_adjoint_class, lambda adjoint: True)
 
 
+@functools.singledispatch
+def differentiates_contacts(adjoint: diffrax.AbstractAdjoint | None) -> bool:
+    """Whether `adjoint` differentiates a solve of a system with gaps, by events or by time
+    stepping (`None`: the default adjoint, which does). Dispatched on the adjoint's class:
+    registered false for [`jaxdae.ReverseSweepAdjoint`][], whose sweep re-solves the steps
+    of one diffrax solve; an adjoint of one's own that cannot registers itself."""
+    del adjoint
+    return True
+
+
+differentiates_contacts.register(ReverseSweepAdjoint, lambda adjoint: False)
+
+
 @contextlib.contextmanager
 def forward_mode_hint():
     """JAX's error for forward-mode differentiation of a solve whose adjoint is a custom VJP

@@ -29,7 +29,7 @@ from .._formulations._multipliers import eliminate
 from .._gains import is_concrete
 from .._solution import RESULTS
 from .._systems._structure import with_mass_factor
-from ._adjoint import ReverseSweepAdjoint
+from ._adjoint import differentiates_contacts
 from ._solvers import AbstractFailureNamingSolver
 from ._stop_data import AbstractContactScheme, check_stop_shapes
 from ._term import AbstractSystemTerm, system_term
@@ -206,10 +206,11 @@ class TimeStepping(AbstractContactScheme):
                     "step with `TimeStepping(dt=...)`), or use `events=jaxdae.EventDriven()` "
                     "with an adaptive solver."
                 )
-        if isinstance(call.adjoint, ReverseSweepAdjoint):
+        if not differentiates_contacts(call.adjoint):
             raise ValueError(
-                "`ReverseSweepAdjoint` does not differentiate time stepping; leave `adjoint` "
-                "unset (`diffrax.RecursiveCheckpointAdjoint`) or pass `diffrax.ForwardMode()`."
+                f"`{type(call.adjoint).__name__}` does not differentiate time stepping; leave "
+                "`adjoint` unset (`diffrax.RecursiveCheckpointAdjoint`) or pass "
+                "`diffrax.ForwardMode()`."
             )
         call = eqx.tree_at(
             lambda c: (c.solver, c.stepsize_controller, c.dt0, c.events),
