@@ -2,6 +2,7 @@
 diffrax's `RecursiveCheckpointAdjoint`'s gradients, all steps stored or in segments, in
 `simulate` and as the adjoint of a `diffrax.diffeqsolve` of one's own."""
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -125,6 +126,57 @@ def test_a_loss_on_some_diagnostics_gets_their_gradient():
     gradient = jax.jit(jax.grad(loss))(gains)
     assert np.all(np.abs(gradient) > 1e-3)
     np.testing.assert_allclose(gradient, differences, rtol=1e-6)
+
+
+def _equation_count(closed) -> int:
+    """The equations of a closed jaxpr, those of the jaxprs inside its equations included."""
+    count = 0
+    for eqn in closed.jaxpr.eqns:
+        count += 1
+        for param in eqn.params.values():
+            for inner in param if isinstance(param, (tuple, list)) else (param,):
+                if isinstance(inner, jax.extend.core.ClosedJaxpr):
+                    count += _equation_count(inner)
+                elif isinstance(inner, jax.extend.core.Jaxpr):
+                    count += _equation_count(jax.extend.core.ClosedJaxpr(inner, ()))
+    return count
+
+
+@pytest.mark.slow  # four gradient programs
+def test_a_loss_on_the_residuals_differentiates_the_constraints_alone():
+    """A loss on `phi`, `dphi` and `psi` alone of a system whose terms take them from its
+    constraints (`terms_from_constraints`) differentiates them from `constraints` and
+    `velocity_constraints` alone (`constraint_residuals`), not through the terms: the
+    same gradient as a class that declares otherwise, whose backward pass linearizes the
+    terms, for holonomic and nonholonomic constraints."""
+    sleigh = jaxdae.examples.ChaplyginSleigh()
+    ts = jnp.linspace(0.0, 0.3, 4)
+    sleigh_q0, sleigh_v0 = sleigh.initial_state(1.0, 0.5)
+    # Starts off the constraints, so that the residuals and their gradients are not zero.
+    starts = ((1.05 * Q0, V0), (sleigh_q0, sleigh_v0 + jnp.array([0.05, -0.03, 0.0])))
+    for system, (q0, v0) in zip((PENDULUM, sleigh), starts, strict=True):
+        declared = type("Declared", (type(system),), {"terms_from_constraints": False})
+        others = declared(**{f.name: getattr(system, f.name) for f in dataclasses.fields(system)})
+
+        def loss(gains, v0, system, q0=q0):
+            sol = jaxdae.simulate(
+                system, jaxdae.Baumgarte(*gains), 0.0, 0.3, q0, v0, ts=ts, rtol=1e-10, atol=1e-12
+            )
+            return jnp.sum(sol.phi**2) + jnp.sum(jnp.sin(sol.dphi)) + jnp.sum(sol.psi**3)
+
+        args = (jnp.array([5.0, 5.0]), v0)
+        alone, through_terms = (
+            jax.jit(jax.grad(lambda g, v, s=s: loss(g, v, s), argnums=(0, 1)))(*args)
+            for s in (system, others)
+        )
+        assert all(np.abs(x).max() > 1e-6 for x in alone)
+        for a, b in zip(alone, through_terms, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-14)
+        # The backward pass without the terms' linearization is the shorter program.
+        sizes = [
+            _equation_count(jax.make_jaxpr(jax.grad(loss))(*args, s)) for s in (system, others)
+        ]
+        assert sizes[0] < sizes[1]
 
 
 def test_segments_take_the_solves_steps():

@@ -15,7 +15,7 @@ from .._solution import RESULTS, Solution
 from ._failures import all_finite, checked_result, tests_target_range
 from ._sweep_forward import is_none, nones, typed_literal_as_array
 from ._validation import factored_positive_definite
-from ._vector_fields import formulation_velocities, terms_outside_steps
+from ._vector_fields import constraint_residuals, formulation_velocities, terms_outside_steps
 
 
 @jit_with_constants
@@ -110,9 +110,19 @@ def _reverse_diagnostics_bwd(residuals, out_bar, perturbed, state):
     # Only the outputs with a cotangent are linearized: a loss on `phi` does not trace the
     # derivatives of the multipliers, the energy or the mass matrix.
     read = jax.tree.map(lambda bar: bar is not None, out_bar, is_leaf=is_none)
+    # A loss on the residuals alone (`phi`, `dphi`, `psi`, the first three outputs) of a
+    # system whose terms take them from its constraints linearizes only those: not the
+    # terms, whose linearization is most of such a gradient's trace.
+    residuals_only = state[0].terms_from_constraints and not any(jax.tree.leaves(read[3:]))
 
     def outputs_read(diff):
-        out = eqx.filter(state_diagnostics(*eqx.combine(diff, static)), eqx.is_inexact_array)
+        system, formulation, t, q, s = eqx.combine(diff, static)
+        if residuals_only:
+            s = formulation_velocities(system, formulation, t, q, s)
+            out = (*constraint_residuals(system, t, q, system.velocities(t, q, s)), *out_bar[3:])
+        else:
+            out = state_diagnostics(system, formulation, t, q, s)
+        out = eqx.filter(out, eqx.is_inexact_array)
         return jax.tree.map(lambda x, r: x if r else None, out, read, is_leaf=is_none)
 
     _, pull = jax.vjp(outputs_read, diff)

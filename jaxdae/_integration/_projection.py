@@ -1,6 +1,5 @@
 """Projection onto the constraint manifold after every step: [`jaxdae.Projected`][]."""
 
-import contextlib
 from collections.abc import Callable
 
 import diffrax
@@ -15,15 +14,16 @@ from .._checks import check_instance, described
 from .._compilation._constants import jit_with_constants
 from .._compilation._linalg import small_matmul
 from .._compilation._linear_solvers import symmetric_operator
-from .._compilation._scalarize import array_form_scope, scalarize
+from .._compilation._scalarize import scalarize
 from .._compilation._sparse import cholesky_factor, cholesky_solve
 from .._custom_types import Array, Bool, Float, PyTree, ScalarLike
 from .._formulations._base import AbstractFormulation, AbstractIndependentVelocities
 from .._formulations._multipliers import eliminate
 from .._solution import RESULTS
-from .._systems._system import AbstractSystem, ConstrainedTerms, terms_in_array_form
+from .._systems._system import AbstractSystem, ConstrainedTerms
 from ._solvers import AbstractSolverWrapper
 from ._term import AbstractSystemTerm, is_system_term, replace_system_term
+from ._vector_fields import constraint_residuals, form_of_terms
 
 
 def _max_abs(x: Array) -> Array:
@@ -173,26 +173,13 @@ def _gains(system, formulation, t, q, s, linear_solver, velocities: bool):
     return gains, q - gains.position_step(terms.phi)
 
 
-def _form_of_terms(system, t, q, s):
-    """[`array_form_scope`][] where the system's terms are in array form
-    ([`terms_in_array_form`][]: a `LagrangianSystem`'s derived from their sparsity
-    patterns), else no scope: `Φ` and `[Φ̇; Ψ]`, evaluated from
-    `constraints` alone, take the form of the terms. A scalar graph is many small kernels
-    wherever the solve's loop does not run as one (a LAPACK call in it, as on Bricard's
-    mechanism of `experiments/studies/work_precision.py`: 35 coordinates, whose projection ran
-    about 1,560 kernels with them, 460 in array form)."""
-    if terms_in_array_form(system, t, q, s):
-        return array_form_scope()
-    return contextlib.nullcontext()
-
-
 @jit_with_constants
 @scalarize
 def _constraint_values(system, formulation, t, q, s):
     """`Φ(t, q)`: from `constraints` where the system's terms take `Φ` from it, else from
     its terms."""
     if _own_terms(system):
-        with _form_of_terms(system, t, q, s):
+        with form_of_terms(system, t, q, s):
             return system.constraints(t, q)
     return _terms_at(system, formulation, t, q, s).phi
 
@@ -205,9 +192,8 @@ def _velocity_residual(system, formulation, t, q, s):
     terms)."""
     v = system.velocities(t, q, s)
     if _own_terms(system):
-        with _form_of_terms(system, t, q, s):
-            _, dphi = jax.jvp(system.constraints, (t, q), (jnp.ones_like(t), v))
-            return jnp.concatenate([dphi, system.velocity_constraints(t, q, v)]), v
+        _, dphi, psi = constraint_residuals(system, t, q, v)
+        return jnp.concatenate([dphi, psi]), v
     terms = system.terms(t, q, v)
     return jnp.concatenate([terms.dphi, terms.psi]), v
 

@@ -2,15 +2,18 @@
 accelerations, the failure indicator checked after every step, and their vector-Jacobian
 products."""
 
+import contextlib
 import functools
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 
 from .. import _thresholds
 from .._compilation._constants import jit_with_constants
-from .._compilation._scalarize import scalarize
+from .._compilation._scalarize import array_form_scope, scalarize
 from .._systems._structure import with_mass_factor
+from .._systems._system import terms_in_array_form
 
 
 def detached(tree):
@@ -80,6 +83,28 @@ jitted_failure = jit_with_constants(scalarize(failure_indicator))
 @jit_with_constants
 def formulation_velocities(system, formulation, t, q, v):
     return formulation.velocities(system, t, q, v)
+
+
+def form_of_terms(system, t, q, s):
+    """[`array_form_scope`][] where the system's terms are in array form
+    ([`terms_in_array_form`][]: a `LagrangianSystem`'s derived from their sparsity
+    patterns), else no scope: what is evaluated from `constraints` and
+    `velocity_constraints` alone takes the form of the terms. A scalar graph is many small
+    kernels wherever the solve's loop does not run as one (a LAPACK call in it, as on
+    Bricard's mechanism of `experiments/studies/work_precision.py`: 35 coordinates, whose
+    projection ran about 1,560 kernels with them, 460 in array form)."""
+    if terms_in_array_form(system, t, q, s):
+        return array_form_scope()
+    return contextlib.nullcontext()
+
+
+def constraint_residuals(system, t, q, v):
+    """`(Φ, Φ̇, Ψ)` at `(t, q, v)` from the system's `constraints` and
+    `velocity_constraints` alone, equal to those of its terms where it declares
+    `terms_from_constraints` (`holonomic_terms`, `nonholonomic_terms`)."""
+    with form_of_terms(system, t, q, v):
+        phi, dphi = jax.jvp(system.constraints, (t, q), (jnp.ones_like(t), v))
+        return phi, dphi, system.velocity_constraints(t, q, v)
 
 
 def rates_vjp(system, formulation, mass_factor, t, q, s, cotangent):
