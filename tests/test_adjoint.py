@@ -3,6 +3,7 @@ diffrax's `RecursiveCheckpointAdjoint`'s gradients, all steps stored or in segme
 `simulate` and as the adjoint of a `diffrax.diffeqsolve` of one's own."""
 
 import dataclasses
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -142,41 +143,55 @@ def _equation_count(closed) -> int:
     return count
 
 
-@pytest.mark.slow  # four gradient programs
-def test_a_loss_on_the_residuals_differentiates_the_constraints_alone():
-    """A loss on `phi`, `dphi` and `psi` alone of a system whose terms take them from its
-    constraints (`terms_from_constraints`) differentiates them from `constraints` and
-    `velocity_constraints` alone (`constraint_residuals`), not through the terms: the
-    same gradient as a class that declares otherwise, whose backward pass linearizes the
-    terms, for holonomic and nonholonomic constraints."""
+def _residuals_loss(sol):
+    return jnp.sum(sol.phi**2) + jnp.sum(jnp.sin(sol.dphi)) + jnp.sum(sol.psi**3)
+
+
+def _energy_loss(sol):
+    return jnp.sum(jnp.sin(sol.energy)) + jnp.sum(sol.v**2)
+
+
+@pytest.mark.slow  # eight gradient programs
+@pytest.mark.parametrize("read", [_residuals_loss, _energy_loss], ids=["residuals", "energy"])
+def test_a_loss_on_what_the_model_functions_give_skips_the_terms(read, monkeypatch):
+    """A loss that reads only what the system's own functions give (`phi`, `dphi`, `psi`
+    from `constraints` and `velocity_constraints`, where its terms take them from these;
+    the energy; the velocities) linearizes only those functions in the backward pass, not
+    the terms: the same gradient as the backward pass through the terms, from a shorter
+    program; for holonomic and nonholonomic constraints."""
+    from jaxdae._integration import _diagnostics
+
     sleigh = jaxdae.examples.ChaplyginSleigh()
     ts = jnp.linspace(0.0, 0.3, 4)
     sleigh_q0, sleigh_v0 = sleigh.initial_state(1.0, 0.5)
     # Starts off the constraints, so that the residuals and their gradients are not zero.
     starts = ((1.05 * Q0, V0), (sleigh_q0, sleigh_v0 + jnp.array([0.05, -0.03, 0.0])))
     for system, (q0, v0) in zip((PENDULUM, sleigh), starts, strict=True):
-        declared = type("Declared", (type(system),), {"terms_from_constraints": False})
-        others = declared(**{f.name: getattr(system, f.name) for f in dataclasses.fields(system)})
 
-        def loss(gains, v0, system, q0=q0):
+        def loss(gains, v0, system=system, q0=q0):
             sol = jaxdae.simulate(
                 system, jaxdae.Baumgarte(*gains), 0.0, 0.3, q0, v0, ts=ts, rtol=1e-10, atol=1e-12
             )
-            return jnp.sum(sol.phi**2) + jnp.sum(jnp.sin(sol.dphi)) + jnp.sum(sol.psi**3)
+            return read(sol)
 
         args = (jnp.array([5.0, 5.0]), v0)
-        alone, through_terms = (
-            jax.jit(jax.grad(lambda g, v, s=s: loss(g, v, s), argnums=(0, 1)))(*args)
-            for s in (system, others)
+        grad = jax.grad(loss, argnums=(0, 1))
+        alone = jax.jit(grad)(*args)
+        size_alone = _equation_count(jax.make_jaxpr(grad)(*args))
+        # The same system as a class of its own, so that JAX traces its solve anew (its
+        # caches hold the transposed programs), with the backward pass through the terms.
+        same = type("Same", (type(system),), {})(
+            **{f.name: getattr(system, f.name) for f in dataclasses.fields(system)}
         )
+        grad_same = jax.grad(functools.partial(loss, system=same), argnums=(0, 1))
+        with monkeypatch.context() as patched:
+            patched.setattr(_diagnostics, "read_from_functions", lambda *_: False)
+            through_terms = jax.jit(grad_same)(*args)
+            size_through_terms = _equation_count(jax.make_jaxpr(grad_same)(*args))
         assert all(np.abs(x).max() > 1e-6 for x in alone)
         for a, b in zip(alone, through_terms, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-14)
-        # The backward pass without the terms' linearization is the shorter program.
-        sizes = [
-            _equation_count(jax.make_jaxpr(jax.grad(loss))(*args, s)) for s in (system, others)
-        ]
-        assert sizes[0] < sizes[1]
+        assert size_alone < size_through_terms
 
 
 def test_segments_take_the_solves_steps():

@@ -99,6 +99,17 @@ def _reverse_diagnostics_fwd(perturbed, state):
     return state_diagnostics(*state), None
 
 
+def read_from_functions(system, reads: list[bool]) -> bool:
+    """Whether the outputs of [`state_diagnostics`][] that a loss reads (`reads`, one flag
+    per output) are what the system's own functions give without its terms: the residuals
+    `phi`, `dphi`, `psi` of a system whose terms take them from its constraints
+    (`terms_from_constraints`), the energy and the velocities. The backward pass then
+    linearizes only those functions, not the terms, whose linearization is most of such a
+    gradient's trace (docs/design_measurements.md#reverse-diagnostics)."""
+    alone = (0, 1, 2, 4, 5) if system.terms_from_constraints else (4, 5)
+    return all(i in alone for i, r in enumerate(reads) if r)
+
+
 @reverse_diagnostics.def_bwd
 @full_precision
 def _reverse_diagnostics_bwd(residuals, out_bar, perturbed, state):
@@ -110,16 +121,16 @@ def _reverse_diagnostics_bwd(residuals, out_bar, perturbed, state):
     # Only the outputs with a cotangent are linearized: a loss on `phi` does not trace the
     # derivatives of the multipliers, the energy or the mass matrix.
     read = jax.tree.map(lambda bar: bar is not None, out_bar, is_leaf=is_none)
-    # A loss on the residuals alone (`phi`, `dphi`, `psi`, the first three outputs) of a
-    # system whose terms take them from its constraints linearizes only those: not the
-    # terms, whose linearization is most of such a gradient's trace.
-    residuals_only = state[0].terms_from_constraints and not any(jax.tree.leaves(read[3:]))
+    reads = [any(jax.tree.leaves(r)) for r in read]
+    from_functions = read_from_functions(state[0], reads)
 
     def outputs_read(diff):
         system, formulation, t, q, s = eqx.combine(diff, static)
-        if residuals_only:
+        if from_functions:
             s = formulation_velocities(system, formulation, t, q, s)
-            out = (*constraint_residuals(system, t, q, system.velocities(t, q, s)), *out_bar[3:])
+            v = system.velocities(t, q, s)
+            residuals = constraint_residuals(system, t, q, v) if any(reads[:3]) else (None,) * 3
+            out = (*residuals, out_bar[3], system.energy(t, q, s), v, *out_bar[6:])
         else:
             out = state_diagnostics(system, formulation, t, q, s)
         out = eqx.filter(out, eqx.is_inexact_array)
