@@ -1,7 +1,8 @@
 """Benchmark: where the compile time of `simulate` and its gradients goes.
 
 The three jaxdae functions of `bench_core.py` (the two-link forward solve, the gradient with
-the default adjoint and with `ReverseSweepAdjoint`), each traced, lowered and compiled from
+the default adjoint and with `ReverseSweepAdjoint`) and the gradient of the arm's energy
+drift (a loss on a diagnostic, `energy_drift_gradient`), each traced, lowered and compiled from
 cold caches `--repeats` times. Prints per phase the minimum and median wall time, the
 process CPU time of the XLA compile (all its threads; steadier than wall time on this
 machine's virtual cores), and the size of the compiled program: StableHLO operations
@@ -67,7 +68,7 @@ from _tables import run_stamp, table, write  # noqa: E402
 
 from jaxdae.examples import TwoLinkManipulator  # noqa: E402
 
-FUNCTIONS = ("forward", "gradient", "gradient, reverse sweep")
+FUNCTIONS = ("forward", "gradient", "gradient, reverse sweep")  # bench_core.py's
 URDF_ARM = Path(__file__).resolve().parents[2] / "tests" / "data" / "three_link_arm.urdf"
 
 
@@ -282,12 +283,38 @@ def quadruped_functions():
     return {"forward": final_height, "gradient": jax.grad(final_height)}, (jnp.asarray(0.4),)
 
 
+def energy_drift_gradient():
+    """The gradient of the two-link arm's energy drift at 5 saved times with respect to its
+    gains: a loss on a diagnostic that the model's own functions give (the energy)."""
+    import jaxdae
+
+    system = TwoLinkManipulator()
+
+    def drift(params, q0, v0):
+        sol = jaxdae.simulate(
+            system,
+            jaxdae.ModifiedLagrange(*params),
+            0.0,
+            bench_core.T1,
+            q0,
+            v0,
+            ts=jnp.linspace(0.0, bench_core.T1, 5),
+            rtol=bench_core.RTOL,
+            atol=bench_core.ATOL,
+        )
+        return jnp.sum((sol.energy - sol.energy[0]) ** 2)
+
+    return bench_core.value_and_gradient(drift)
+
+
 def model_functions(model: str):
     """`(functions by name, their arguments)` of `--model`."""
     if model == "two-link":
         q0, v0 = (jnp.asarray(x) for x in TwoLinkManipulator().initial_state())
-        functions = bench_core.jaxdae_functions()
-        return ({name: functions[name] for name in FUNCTIONS}, (bench_core.jaxdae_params(), q0, v0))
+        core = bench_core.jaxdae_functions()
+        functions = {name: core[name] for name in FUNCTIONS}
+        functions["gradient, energy drift"] = energy_drift_gradient()
+        return functions, (bench_core.jaxdae_params(), q0, v0)
     if model == "ball":
         return ball_functions()
     if model == "urdf-arm":
