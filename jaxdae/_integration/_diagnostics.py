@@ -106,6 +106,8 @@ def read_from_functions(system, reads: list[bool]) -> bool:
     (`terms_from_constraints`), the energy and the velocities. The backward pass then
     linearizes only those functions, not the terms, whose linearization is most of such a
     gradient's trace (docs/design_measurements.md#reverse-diagnostics)."""
+    # The positions of `phi`, `dphi`, `psi`, the energy and the velocities among
+    # `state_diagnostics`'s outputs (`outputs_read` below builds them in that order).
     alone = (0, 1, 2, 4, 5) if system.terms_from_constraints else (4, 5)
     return all(i in alone for i, r in enumerate(reads) if r)
 
