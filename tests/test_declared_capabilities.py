@@ -213,7 +213,7 @@ def _impact_time(height, events=None):
 @pytest.mark.parametrize(
     "call",
     [
-        pytest.param(lambda: _impact_time(1.0), id="events"),
+        pytest.param(lambda: _impact_time(1.0), id="events", marks=pytest.mark.slow),
         pytest.param(lambda: _impact_time(0.3, jaxdae.TimeStepping(dt=1e-2)), id="time stepping"),
         pytest.param(
             lambda: jax.grad(_impact_time)(1.0), id="events, gradient", marks=pytest.mark.slow
