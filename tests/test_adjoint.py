@@ -148,17 +148,19 @@ def _residuals_loss(sol):
 
 
 def _energy_loss(sol):
-    return jnp.sum(jnp.sin(sol.energy)) + jnp.sum(sol.v**2)
+    return jnp.sum(jnp.sin(sol.energy)) + jnp.sum(sol.v**2) + jnp.sum(sol.p**3)
 
 
 @pytest.mark.slow  # eight gradient programs
-@pytest.mark.parametrize("read", [_residuals_loss, _energy_loss], ids=["residuals", "energy"])
+@pytest.mark.parametrize(
+    "read", [_residuals_loss, _energy_loss], ids=["residuals", "energy, velocities, momenta"]
+)
 def test_a_loss_on_what_the_model_functions_give_skips_the_terms(read, monkeypatch):
     """A loss that reads only what the system's own functions give (`phi`, `dphi`, `psi`
     from `constraints` and `velocity_constraints`, where its terms take them from these;
-    the energy; the velocities) linearizes only those functions in the backward pass, not
-    the terms: the same gradient as the backward pass through the terms, from a shorter
-    program; for holonomic and nonholonomic constraints."""
+    the energy; the velocities; the momenta) linearizes only those functions in the
+    backward pass, not the terms: the same gradient as the backward pass through the terms,
+    from a shorter program; for holonomic and nonholonomic constraints."""
     from jaxdae._integration import _diagnostics
 
     sleigh = jaxdae.examples.ChaplyginSleigh()

@@ -103,12 +103,13 @@ def read_from_functions(system, reads: list[bool]) -> bool:
     """Whether the outputs of [`state_diagnostics`][] that a loss reads (`reads`, one flag
     per output) are what the system's own functions give without its terms: the residuals
     `phi`, `dphi`, `psi` of a system whose terms take them from its constraints
-    (`terms_from_constraints`), the energy and the velocities. The backward pass then
+    (`terms_from_constraints`), the energy, the velocities and the momenta (`momenta`,
+    `∂T/∂v` for a `LagrangianSystem`). The backward pass then
     linearizes only those functions, not the terms, whose linearization is most of such a
     gradient's trace (docs/design_measurements.md#reverse-diagnostics)."""
-    # The positions of `phi`, `dphi`, `psi`, the energy and the velocities among
-    # `state_diagnostics`'s outputs (`outputs_read` below builds them in that order).
-    alone = (0, 1, 2, 4, 5) if system.terms_from_constraints else (4, 5)
+    # The positions of `phi`, `dphi`, `psi`, the energy, the velocities and the momenta
+    # among `state_diagnostics`'s outputs (`outputs_read` below builds them in that order).
+    alone = (0, 1, 2, 4, 5, 6) if system.terms_from_constraints else (4, 5, 6)
     return all(i in alone for i, r in enumerate(reads) if r)
 
 
@@ -132,7 +133,8 @@ def _reverse_diagnostics_bwd(residuals, out_bar, perturbed, state):
             s = formulation_velocities(system, formulation, t, q, s)
             v = system.velocities(t, q, s)
             residuals = constraint_residuals(system, t, q, v) if any(reads[:3]) else (None,) * 3
-            out = (*residuals, out_bar[3], system.energy(t, q, s), v, *out_bar[6:])
+            momenta = system.momenta(t, q, s) if reads[6] else None
+            out = (*residuals, out_bar[3], system.energy(t, q, s), v, momenta, *out_bar[7:])
         else:
             out = state_diagnostics(system, formulation, t, q, s)
         out = eqx.filter(out, eqx.is_inexact_array)
