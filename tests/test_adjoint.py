@@ -19,7 +19,7 @@ import pytest
 import jaxdae
 from jaxdae.examples import CartesianPendulum, TwoLinkManipulator
 
-from ._jaxprs import batch_indexed_in_loops
+from ._jaxprs import batch_indexed_in_loops, equations
 from ._systems import Bead
 
 PENDULUM = CartesianPendulum()
@@ -129,20 +129,6 @@ def test_a_loss_on_some_diagnostics_gets_their_gradient():
     np.testing.assert_allclose(gradient, differences, rtol=1e-6)
 
 
-def _equation_count(closed) -> int:
-    """The equations of a closed jaxpr, those of the jaxprs inside its equations included."""
-    count = 0
-    for eqn in closed.jaxpr.eqns:
-        count += 1
-        for param in eqn.params.values():
-            for inner in param if isinstance(param, (tuple, list)) else (param,):
-                if isinstance(inner, jax.extend.core.ClosedJaxpr):
-                    count += _equation_count(inner)
-                elif isinstance(inner, jax.extend.core.Jaxpr):
-                    count += _equation_count(jax.extend.core.ClosedJaxpr(inner, ()))
-    return count
-
-
 def _residuals_loss(sol):
     return jnp.sum(sol.phi**2) + jnp.sum(jnp.sin(sol.dphi)) + jnp.sum(sol.psi**3)
 
@@ -179,7 +165,7 @@ def test_a_loss_on_what_the_model_functions_give_skips_the_terms(read, monkeypat
         args = (jnp.array([5.0, 5.0]), v0)
         grad = jax.grad(loss, argnums=(0, 1))
         alone = jax.jit(grad)(*args)
-        size_alone = _equation_count(jax.make_jaxpr(grad)(*args))
+        size_alone = len(list(equations(jax.make_jaxpr(grad)(*args).jaxpr)))
         # The same system as a class of its own, so that JAX traces its solve anew (its
         # caches hold the transposed programs), with the backward pass through the terms.
         same = type("Same", (type(system),), {})(
@@ -189,7 +175,7 @@ def test_a_loss_on_what_the_model_functions_give_skips_the_terms(read, monkeypat
         with monkeypatch.context() as patched:
             patched.setattr(_diagnostics, "read_from_functions", lambda *_: False)
             through_terms = jax.jit(grad_same)(*args)
-            size_through_terms = _equation_count(jax.make_jaxpr(grad_same)(*args))
+            size_through_terms = len(list(equations(jax.make_jaxpr(grad_same)(*args).jaxpr)))
         assert all(np.abs(x).max() > 1e-6 for x in alone)
         for a, b in zip(alone, through_terms, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-14)

@@ -133,8 +133,9 @@ def _reverse_diagnostics_bwd(residuals, out_bar, perturbed, state):
             s = formulation_velocities(system, formulation, t, q, s)
             v = system.velocities(t, q, s)
             residuals = constraint_residuals(system, t, q, v) if any(reads[:3]) else (None,) * 3
+            energy = system.energy(t, q, s) if reads[4] else None
             momenta = system.momenta(t, q, s) if reads[6] else None
-            out = (*residuals, out_bar[3], system.energy(t, q, s), v, momenta, *out_bar[7:])
+            out = (*residuals, out_bar[3], energy, v, momenta, *out_bar[7:])
         else:
             out = state_diagnostics(system, formulation, t, q, s)
         out = eqx.filter(out, eqx.is_inexact_array)
