@@ -29,6 +29,7 @@ from jaxdae._compilation._cones import (
 from jaxdae._compilation._operators import MassFactor
 from jaxdae._formulations._impacts import constrained_inverse_mass, friction_coefficients, gap_terms
 from jaxdae._integration._problem import pose_problem
+from jaxdae._integration._simulate import SimulateKeywords
 from jaxdae._integration._solve import SolveCall
 from jaxdae._integration._time_stepping import _dense_factor, contact_step
 from jaxdae._integration._trajectories import SingleTrajectory
@@ -520,6 +521,11 @@ def test_gradient_of_a_batch_and_forward_mode(batched_gradient):
     np.testing.assert_allclose(of_sum, members, atol=1e-10)
     forward = jax.jacfwd(jax.vmap(lambda mu: _slide(mu, diffrax.ForwardMode())))(friction_batch)
     np.testing.assert_allclose(forward, np.diag(np.asarray(members)), atol=1e-10)
+    # The default adjoint replays the steps; diffrax's checkpointed loop gives the same.
+    checkpointed = jax.vmap(
+        jax.grad(lambda mu: _slide(mu, diffrax.RecursiveCheckpointAdjoint(checkpoints=8)))
+    )(friction_batch)
+    np.testing.assert_allclose(checkpointed, members, atol=1e-10)
 
 
 def test_float32(point_solve):
@@ -772,6 +778,31 @@ def test_a_deep_tree_is_time_stepped_on_its_dense_path():
         chain, jaxdae.Unstabilized(), 0.0, 0.01, zero, zero, call, SingleTrajectory()
     )
     assert problem.system._levels() is None and chain._levels() is not None
+
+
+def test_a_time_stepped_solve_replays_its_steps_within_its_step_limit():
+    """Given no adjoint and no `max_steps`, a time-stepped solve is differentiated by
+    `ReplayAdjoint` and limited to the steps its span takes (and a percent more for
+    rounding); a `max_steps` that the call passes, or a traced span, keeps its limit."""
+    chain = _contact_chain()
+    zero = jnp.zeros(12)
+
+    def posed(t1, **options):
+        call = SolveCall.of(
+            "simulate", {"events": jaxdae.TimeStepping(dt=1e-3), **options}, SimulateKeywords
+        )
+        return pose_problem(
+            chain, jaxdae.Unstabilized(), 0.0, t1, zero, zero, call, SingleTrajectory()
+        ).options
+
+    options = posed(0.25)
+    assert isinstance(options.adjoint, jaxdae.ReplayAdjoint)
+    assert 250 <= options.max_steps <= 253
+    assert posed(0.25, max_steps=1000).max_steps == 1000
+    assert posed(200.0).max_steps == 100_000  # the default caps it
+    limits = []
+    jax.jit(lambda t1: limits.append(posed(t1).max_steps))(0.25)
+    assert limits == [100_000]
 
 
 def test_a_free_trees_float32_step_stays_float32():

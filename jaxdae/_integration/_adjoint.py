@@ -266,7 +266,8 @@ def adjoint_for(solver: diffrax.AbstractSolver) -> diffrax.AbstractAdjoint | Non
 
     Registered here: [`jaxdae.ReverseSweepAdjoint`][] for explicit Runge–Kutta solvers
     (`diffrax.AbstractERK`), `GeneralizedAlphaAdjoint` for [`jaxdae.GeneralizedAlpha`][],
-    [`jaxdae.ReplayAdjoint`][] for [`jaxdae.Rodas5P`][] and diffrax's implicit solvers.
+    [`jaxdae.ReplayAdjoint`][] for [`jaxdae.Rodas5P`][] and diffrax's implicit solvers (and,
+    in `_time_stepping.py`, for the step of [`jaxdae.TimeStepping`][]).
     Dispatch follows the class, not `isinstance`, so a solver wrapper (which
     `diffrax.AbstractWrappedSolver` makes pass diffrax's `isinstance` tests of what it
     wraps) takes the default unless it is registered itself.

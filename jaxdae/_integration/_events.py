@@ -125,7 +125,7 @@ class EventDriven(AbstractContactScheme):
             return self.gap_tolerance
         return float(0.01 * np.sqrt(np.finfo(dtype).eps))
 
-    def configure(self, call):
+    def configure(self, call, t0, t1):
         return call, None
 
 

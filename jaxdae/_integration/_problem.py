@@ -113,7 +113,7 @@ def pose_problem(
         "`jaxdae.EventDriven(...)` or `jaxdae.TimeStepping(...)`",
         optional=True,
     )
-    call, stepping = (call, None) if call.events is None else call.events.configure(call)
+    call, stepping = (call, None) if call.events is None else call.events.configure(call, t0, t1)
     if stepping is not None:
         # A time step factors the dense `M` itself.
         system = system._dense_mass_variant()
@@ -143,9 +143,7 @@ def pose_problem(
             else float(0.01 * np.sqrt(np.finfo(q0.dtype).eps))
         )
         gain_checks += stop_value_checks(system, t0, q0, gap_tolerance)
-    options = call.options(
-        dtype, trajectories.error_norm, event_driven=events is not None or stepping is not None
-    )
+    options = call.options(dtype, trajectories.error_norm, event_driven=events is not None)
     # (Known from the constraint counts: a test that cannot fail is not traced.)
     fails = formulation.fails_with(*counts)
     stops = [

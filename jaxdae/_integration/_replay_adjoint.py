@@ -66,9 +66,10 @@ class ReplayAdjoint(AbstractStoredStepsAdjoint):
     step, and its gradient depends on how many it keeps
     (docs/design_measurements.md#checkpoints).
 
-    It is the default adjoint of `simulate` for [`jaxdae.Rodas5P`][] and for diffrax's
+    It is the default adjoint of `simulate` for [`jaxdae.Rodas5P`][], for diffrax's
     implicit solvers (`diffrax.Kvaerno3`, `Kvaerno4`, `Kvaerno5`, `ImplicitEuler`, as
-    [`jaxdae.configure_implicit`][] configures them) with an integer `max_steps`; it
+    [`jaxdae.configure_implicit`][] configures them) with an integer `max_steps`, and for
+    [`jaxdae.TimeStepping`][]; it
     differentiates any diffrax solver whose step is a function of its arguments.
 
     - **Memory**: the forward solve keeps one time per step of `max_steps`. The backward
@@ -79,7 +80,8 @@ class ReplayAdjoint(AbstractStoredStepsAdjoint):
       step), from which their step derivatives take the stages instead of computing the
       step a third time. Every segment but the last is replayed twice, so a
       solve within one segment is the cheapest to differentiate
-      (docs/design_measurements.md#replayed-steps).
+      (docs/design_measurements.md#replayed-steps), and the cheapest to compile: where
+      `max_steps ≤ stored_steps` its program holds no pass to the checkpoints.
     - **Solves**: saves of the state at `t0`, `ts` and `t1` (inside the steps through the
       solver's dense output), events without a root finder (the solve stops at the end of
       the step where one triggers), any step-size controller that makes no jumps. Other
@@ -248,7 +250,10 @@ def _backward(stored, out_bar, perturbed, problem, static):
             j * length, end, lambda k, s: where_taken(k < count, advance(k, s), s), state
         ), state
 
-    _, checkpoints = jax.lax.scan(checkpoint, start, jnp.arange(segments))
+    if segments == 1:  # the start is the only checkpoint: no step is replayed to it
+        checkpoints = jax.tree.map(lambda x: jnp.asarray(x)[None], start)
+    else:
+        _, checkpoints = jax.lax.scan(checkpoint, start, jnp.arange(segments))
 
     def dense_bar_of(k, dense):
         """The cotangent of step `k`'s dense output from the states saved inside it."""

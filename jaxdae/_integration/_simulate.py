@@ -88,9 +88,10 @@ def simulate(
         (the default where the system has gaps) stops at every impact and applies the
         impact law; [`jaxdae.TimeStepping`][] takes fixed steps with all contacts and
         their friction in one convex problem per step (no `solver`,
-        `stepsize_controller` or `dt0` then: the step is its `dt`). Their solves are
-        differentiated by
-        `diffrax.RecursiveCheckpointAdjoint` unless `adjoint` says otherwise.
+        `stepsize_controller` or `dt0` then: the step is its `dt`, and `max_steps`
+        defaults to the steps of the span). Unless `adjoint` says otherwise, event-driven
+        solves are differentiated by `diffrax.RecursiveCheckpointAdjoint` and
+        time-stepped ones by [`jaxdae.ReplayAdjoint`][].
 
     **Returns:**
 

@@ -136,6 +136,8 @@ class SolveCall(eqx.Module):
     # How a system's one-sided constraints are treated (`_events.EventDriven`), or None.
     events: Any = None
     constraint_tol: ScalarLike | None = None
+    # The keyword arguments the call passed (the others take their defaults).
+    given: frozenset[str] = eqx.field(static=True, default=frozenset())
 
     @classmethod
     def of(cls, function: str, options: dict, accepted: type = SolveKeywords) -> "SolveCall":
@@ -151,7 +153,7 @@ class SolveCall(eqx.Module):
                     f"{function}() got an unexpected keyword argument {name!r}.{hint} Its "
                     f"keyword arguments are: {', '.join(valid)}."
                 )
-        return cls(**options)
+        return cls(**options, given=frozenset(options))
 
     def check_options(self) -> None:
         """`check_solve_options` of the solver, controller, adjoint and step limit."""

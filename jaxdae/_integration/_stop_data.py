@@ -16,10 +16,11 @@ class AbstractContactScheme(eqx.Module):
     ([`jaxdae.TimeStepping`][]). The problem stage (`_problem.py`) consults it once."""
 
     @abc.abstractmethod
-    def configure(self, call):
-        """`(call, stepping)`: the `SolveCall` as this scheme solves it, and the
-        [`jaxdae.TimeStepping`][] that steps it (`None` for a scheme that integrates
-        between events). Refuses, with a `ValueError`, options the scheme does not take."""
+    def configure(self, call, t0, t1):
+        """`(call, stepping)`: the `SolveCall` of a solve from `t0` to `t1` as this scheme
+        solves it, and the [`jaxdae.TimeStepping`][] that steps it (`None` for a scheme
+        that integrates between events). Refuses, with a `ValueError`, options the scheme
+        does not take."""
 
 
 def check_stop_shapes(system, t0, q_one, q0, tolerance: float | None) -> None:

@@ -29,7 +29,8 @@ from .._formulations._multipliers import eliminate
 from .._gains import is_concrete
 from .._solution import RESULTS
 from .._systems._structure import with_mass_factor
-from ._adjoint import differentiates_contacts
+from ._adjoint import adjoint_for, differentiates_contacts
+from ._replay_adjoint import ReplayAdjoint
 from ._solvers import AbstractFailureNamingSolver
 from ._stop_data import AbstractContactScheme, check_stop_shapes
 from ._term import AbstractSystemTerm, system_term
@@ -102,15 +103,17 @@ class TimeStepping(AbstractContactScheme):
     **What the solution holds.** `Solution.ts`, `q`, `v` at `ts` (linear interpolation
     between steps), the result, and `stats["num_steps"]`; `Solution.events` is `None`
     (time stepping locates no event). `jax.grad` differentiates the discrete trajectory
-    (diffrax's `RecursiveCheckpointAdjoint`); forward mode needs
-    `adjoint=diffrax.ForwardMode()`. Where a parameter makes a contact open or close
-    exactly at a step (a non-smooth point of the discrete trajectory), the derivative is
-    one of the one-sided derivatives there (that of the active set the QP solution
-    lies on, as JAX's derivative of the cone projection picks it).
+    by the reverse-mode derivative of its steps ([`jaxdae.ReplayAdjoint`][], the default);
+    forward mode needs `adjoint=diffrax.ForwardMode()`. Where a parameter makes a contact
+    open or close exactly at a step (a non-smooth point of the discrete trajectory), the
+    derivative is one of the one-sided derivatives there (that of the active set the QP
+    solution lies on, as JAX's derivative of the cone projection picks it).
 
     `rtol` and `atol` of [`jaxdae.simulate`][] do not apply (nothing adapts the step); the
     constraint residual a run may end with is that of fixed steps (`constraint_tol`). A run
-    takes `(t1 − t0) / dt` steps: `max_steps` must allow them.
+    takes `(t1 − t0) / dt` steps: a `max_steps` passed must allow them; by default the limit
+    is those steps and a percent more (at most 100,000) where `t0`, `t1` and `dt` are
+    concrete.
 
     **Arguments:**
 
@@ -194,9 +197,10 @@ class TimeStepping(AbstractContactScheme):
                 f"got {self.min_bounce_speed!r}."
             )
 
-    def configure(self, call):
+    def configure(self, call, t0, t1):
         """`(call, self)`: `call` with the fixed step `dt` (`dt0` and
-        `diffrax.ConstantStepSize`) and without `events` (no event loop). A `solver`,
+        `diffrax.ConstantStepSize`), without `events` (no event loop), and, unless it
+        passed one, a step limit of the steps from `t0` to `t1` (`step_limit`). A `solver`,
         `stepsize_controller` or `dt0` of the call are refused: the step is `dt`."""
         for name in ("solver", "stepsize_controller", "dt0"):
             if getattr(call, name) is not None:
@@ -209,16 +213,35 @@ class TimeStepping(AbstractContactScheme):
         if not differentiates_contacts(call.adjoint):
             raise ValueError(
                 f"`{type(call.adjoint).__name__}` does not differentiate time stepping; leave "
-                "`adjoint` unset (`diffrax.RecursiveCheckpointAdjoint`) or pass "
+                "`adjoint` unset (`jaxdae.ReplayAdjoint`) or pass "
                 "`diffrax.ForwardMode()`."
             )
+        max_steps = call.max_steps
+        if "max_steps" not in call.given:
+            max_steps = self.step_limit(t0, t1, max_steps)
         call = eqx.tree_at(
-            lambda c: (c.solver, c.stepsize_controller, c.dt0, c.events),
+            lambda c: (c.solver, c.stepsize_controller, c.dt0, c.events, c.max_steps),
             call,
-            (None, diffrax.ConstantStepSize(), self.dt, None),
+            (None, diffrax.ConstantStepSize(), self.dt, None, max_steps),
             is_leaf=lambda x: x is None,
         )
         return call, self
+
+    def step_limit(self, t0, t1, default: int) -> int:
+        """The step limit of a run from `t0` to `t1` that passes none: the run's
+        `⌈(t1 − t0) / dt⌉` steps, and a percent more for the rounding of the accumulated
+        times (at most `default`), where `t0`, `t1` and `dt` are concrete; `default`
+        otherwise. A tight limit keeps the stored-steps adjoint to one segment of steps,
+        which compiles one fewer copy of the step into the gradient
+        (`ReplayAdjoint`)."""
+        if not is_concrete((t0, t1, self.dt)):
+            return default
+        with np.errstate(all="ignore"):
+            steps = (np.asarray(t1, float) - np.asarray(t0, float)) / np.asarray(self.dt, float)
+        if not (np.ndim(steps) == 0 and np.isfinite(steps) and steps > 0):
+            return default  # (the times' checks name the problem)
+        needed = int(np.ceil(steps))
+        return min(needed + 1 + needed // 100, default)
 
     def solver(self, dtype) -> "TimeSteppingSolver":
         """The diffrax solver of its steps for states of `dtype`."""
@@ -275,6 +298,12 @@ class TimeSteppingSolver(AbstractFailureNamingSolver):
         return RESULTS.where(
             result == RESULTS.promote(_CARRIER), RESULTS.contact_not_converged, result
         )
+
+
+# A time-stepped solve is differentiated by the reverse-mode derivative of its steps,
+# replayed at their times: its program holds the step and its derivative once each, where
+# diffrax's checkpointed loop linearizes its whole loop body several times.
+adjoint_for.register(TimeSteppingSolver, lambda solver: ReplayAdjoint())
 
 
 # Jitted so that JAX traces a step once: diffrax calls the solver's `step` four times while
