@@ -413,7 +413,7 @@ def test_fixed_step_solver_and_float32():
     assert sol32.q.dtype == jnp.float32
     assert np.abs(sol32.phi).max() < 1e-4
     # A sweep over the step or the tolerances reuses the compiled solve.
-    compiled = jaxdae._integration._system_solve.solve_problem.jitted._cached._cache_size()
+    compiled = jaxdae._integration._simulate.solve_problem.jitted._cached._cache_size()
     sol = jaxdae.simulate(
         PENDULUM,
         jaxdae.Baumgarte(10.0, 25.0),
@@ -441,7 +441,7 @@ def test_fixed_step_solver_and_float32():
         throw=False,
     )
     assert unchecked.succeeded
-    assert jaxdae._integration._system_solve.solve_problem.jitted._cached._cache_size() == compiled
+    assert jaxdae._integration._simulate.solve_problem.jitted._cached._cache_size() == compiled
 
 
 def test_float32_despite_a_models_float64_constants():

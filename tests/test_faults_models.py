@@ -174,7 +174,7 @@ def test_a_bad_argument_is_named(call, error, match):
 
 
 def test_a_numpy_max_steps_becomes_an_int():
-    from jaxdae._integration._solve import SolveCall
+    from jaxdae._integration._problem import SolveCall
 
     call = SolveCall(
         ts=None,

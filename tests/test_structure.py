@@ -953,7 +953,7 @@ def test_constant_mass_factor_in_simulate():
     # the solve factors `M` once (passed to every right-hand side) and ends where a solve
     # that factors it at every stage ends; its derivative with respect to the masses goes
     # through that one factor: against central differences
-    from jaxdae._integration import _system_solve as _simulate
+    from jaxdae._integration import _trajectories
 
     q0, v0 = CartesianChain(8).initial_state()
     formulation = FORMULATIONS["Baumgarte"]
@@ -965,16 +965,16 @@ def test_constant_mass_factor_in_simulate():
 
     masses = jnp.linspace(1.0, 2.0, 8)
     calls = []
-    original = _simulate.constant_mass_factor
+    original = _trajectories.constant_mass_factor
 
     def per_stage(*args, **kwargs):  # returns None: the right-hand side factors `M` itself
         calls.append(original(*args, **kwargs))
 
-    _simulate.constant_mass_factor = per_stage
+    _trajectories.constant_mass_factor = per_stage
     try:
         unfactored = jax.jit(loss)(masses)
     finally:
-        _simulate.constant_mass_factor = original
+        _trajectories.constant_mass_factor = original
     assert calls and calls[0] is not None
     value, got = jax.jit(jax.value_and_grad(loss))(masses)
     np.testing.assert_allclose(value, unfactored, rtol=1e-12)
@@ -1000,7 +1000,7 @@ def test_ensemble_shares_one_mass_factor(adjoint):
     # an ensemble's trajectories share the system: its constant `M` is factored once for all
     # of them, and the gradient with respect to the masses (the reverse sweep's own row-wise
     # products included) goes through that factor: against the trajectories solved one by one
-    from jaxdae._integration import _system_solve as _simulate
+    from jaxdae._integration import _trajectories
 
     q0, _ = CartesianChain(3).initial_state()
     rows = jnp.stack([q0, q0 + 0.01, q0 - 0.02])
@@ -1023,17 +1023,17 @@ def test_ensemble_shares_one_mass_factor(adjoint):
 
     masses = jnp.array([1.0, 1.5, 2.0])
     factors = []
-    original = _simulate.constant_mass_factor
+    original = _trajectories.constant_mass_factor
 
     def recorded(*args, **kwargs):
         factors.append(original(*args, **kwargs))
         return factors[-1]
 
-    _simulate.constant_mass_factor = recorded
+    _trajectories.constant_mass_factor = recorded
     try:
         value, grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)(masses, True)
     finally:
-        _simulate.constant_mass_factor = original
+        _trajectories.constant_mass_factor = original
     # one factor, of one matrix: here the 36 entries of the dense `M⁻¹`
     assert factors and all(
         f is not None and {x.shape for x in jax.tree.leaves(f)} == {(36,)} for f in factors

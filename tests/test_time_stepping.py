@@ -28,9 +28,8 @@ from jaxdae._compilation._cones import (
 )
 from jaxdae._compilation._operators import MassFactor
 from jaxdae._formulations._impacts import constrained_inverse_mass, friction_coefficients, gap_terms
-from jaxdae._integration._problem import pose_problem
+from jaxdae._integration._problem import SolveCall, pose_problem
 from jaxdae._integration._simulate import SimulateKeywords
-from jaxdae._integration._solve import SolveCall
 from jaxdae._integration._time_stepping import _dense_factor, contact_step
 from jaxdae._integration._trajectories import SingleTrajectory
 from jaxdae._integration._validation import mass_positive_definite

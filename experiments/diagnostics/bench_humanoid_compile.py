@@ -110,12 +110,12 @@ def _apply_variants(variants) -> None:
 
         _reporting.initial_state_problems = constant_inputs
     if "checks_in_branch" in variants:
-        from jaxdae._integration import _system_solve
+        from jaxdae._integration import _outcome
         from jaxdae._integration._validation import factored_positive_definite
         from jaxdae._integration._vector_fields import system_terms
         from jaxdae._solution import RESULTS
 
-        check_traced = _system_solve.check_traced
+        check_traced = _outcome.check_traced
 
         def in_branch(
             sol, system, formulation, times, initial, checks, trajectories, steps=(None, None)
@@ -143,7 +143,7 @@ def _apply_variants(variants) -> None:
                 steps,
             )
 
-        _system_solve.check_traced = in_branch
+        _outcome.check_traced = in_branch
     if "plain_loop" in variants:
         import diffrax._adjoint as adjoint
 

@@ -1,10 +1,11 @@
 """The route of one `jaxdae.simulate` call through jaxdae's modules.
 
 Records every call from a function of one jaxdae module into a function of another
-(through equinox's method wrappers, but not from inside JAX or diffrax: what diffrax calls
-back, the vector field and the adjoint's loop, is the solve's work, not its route), during
-a call that traces and compiles (`CartesianPendulum`, `Baumgarte`, `Tsit5`, saved at three
-times). Prints the modules entered, how often each is entered, and the re-entries (entries
+(through equinox's method wrappers, but not inside what diffrax calls back: the vector
+field, the adjoint's loop and the event conditions are the solve's work, not its route),
+during a call that traces and compiles (`CartesianPendulum`, `Baumgarte`, `Tsit5`, saved
+at three times; the system and formulation built before it). Prints the modules entered,
+how often each is entered, and the re-entries (entries
 after the first), for the whole package and for the solve path alone
 (`jaxdae._integration`, the formulations and the systems; the base layer's helpers, gain
 checks, argument checks, compilation helpers and the result types, are counted apart, as
@@ -39,6 +40,7 @@ def _module(frame) -> str:
 
 
 SYSTEM = CartesianPendulum()
+FORMULATION = jaxdae.Baumgarte(5.0, 5.0)
 
 
 def _simulate(t1: float, saves: bool = True) -> None:
@@ -46,7 +48,17 @@ def _simulate(t1: float, saves: bool = True) -> None:
     times (`saves`) or at `t1`."""
     q0, v0 = jnp.array([1.0, 0.0]), jnp.zeros(2)
     ts = jnp.linspace(0.0, t1, 3) if saves else None
-    jaxdae.simulate(SYSTEM, jaxdae.Baumgarte(5.0, 5.0), 0.0, t1, q0, v0, ts=ts)
+    jaxdae.simulate(SYSTEM, FORMULATION, 0.0, t1, q0, v0, ts=ts)
+
+
+def _called_back(frame) -> bool:
+    """Whether `frame` runs inside a call from diffrax (a callback: the vector field, the
+    adjoint's loop, an event's condition)."""
+    while frame is not None:
+        if _module(frame).split(".")[0] == "diffrax":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def route() -> list[tuple[str, str]]:
@@ -66,7 +78,8 @@ def route() -> list[tuple[str, str]]:
             return
         callee, source = _module(frame), _module(caller)
         if callee.startswith("jaxdae") and source.startswith("jaxdae") and callee != source:
-            calls.append((source, callee))
+            if not _called_back(caller):
+                calls.append((source, callee))
 
     sys.setprofile(profile)
     try:

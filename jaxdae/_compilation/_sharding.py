@@ -1,7 +1,16 @@
-"""Arrays on meshes with Explicit axes, for the functions that do not support them."""
+"""Arrays on meshes with Explicit axes, for the functions that do not support them, and the
+abstract mesh that a solve's entry point sets for its traces."""
+
+import functools
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 import jax
 from jax.sharding import AxisType, Mesh, NamedSharding
+
+# The signature that `in_current_mesh` keeps.
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 def auto_mesh(mesh: Mesh) -> Mesh:
@@ -36,3 +45,23 @@ def is_explicitly_sharded(x) -> bool:
         and any(kind == AxisType.Explicit for kind in sharding.mesh.axis_types)
         and any(axis is not None for axis in sharding.spec)
     )
+
+
+def in_current_mesh(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`fn` run with JAX's current abstract mesh set explicitly (the empty mesh outside
+    any mesh).
+
+    When reverse mode differentiates a jitted function (a solve called eagerly), JAX
+    replays its equations with the context each was recorded in, which names the empty
+    mesh where the caller's context named none. What is traced lazily there
+    (`ReverseSweepAdjoint`'s forward solve) then missed every trace cache that the
+    structure checks had filled, and traced the equations of motion and the solve a second
+    time. Setting the current mesh explicitly keeps those caches valid
+    (`experiments/benchmarks/bench_compile.py` shows the gradient's trace time)."""
+
+    @functools.wraps(fn)
+    def in_mesh(*args, **kwargs):
+        with jax.sharding.use_abstract_mesh(jax.sharding.get_abstract_mesh()):
+            return fn(*args, **kwargs)
+
+    return in_mesh

@@ -34,6 +34,7 @@ from .._compilation._linalg import (
     reciprocal_condition,
 )
 from .._compilation._scalarize import scalarize
+from .._compilation._sharding import in_current_mesh
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._formulations._constraint_enforcing import ConstraintEnforcingControl
 from .._formulations._multipliers import default_rcond
@@ -46,8 +47,9 @@ from .._systems._system import cast_floating
 from ._adjoint import forward_mode_hint, jit_unless_staged
 from ._diagnostics import at_valid, masked, saved_rows
 from ._failures import all_finite
+from ._problem import SolveCall, SolveKeywords
 from ._reporting import raise_failure, solve_traced_inputs
-from ._solve import Dynamics, SolveCall, SolveKeywords, in_current_mesh, integrate
+from ._solve import Dynamics, integrate
 from ._term import AbstractTimeTerm
 from ._trajectories import SingleTrajectory
 

@@ -129,10 +129,10 @@ class EventDriven(AbstractContactScheme):
         return call, None
 
 
-def event_settings(system, call, trajectories, t0, q0, v0, eager: bool) -> EventDriven | None:
+def event_settings(system, call, trajectories, t0, q0, q_one, eager: bool) -> EventDriven | None:
     """The [`EventDriven`][] settings of a solve (`call.events`, or the default) where the
-    system has gaps, checked with the gaps at the start; `None` where it has none."""
-    q_one = trajectories.one_state(q0, v0)[0]
+    system has gaps, checked with the gaps at the start (`q_one`: one trajectory's
+    coordinates, or their shape); `None` where it has none."""
     shape = jax.eval_shape(system.gaps, t0, q_one).shape
     if len(shape) != 1:
         raise ValueError(f"`gaps` must return a vector of shape (u,); got shape {shape}.")

@@ -1,40 +1,183 @@
 """The first stage of a solve of a system with its formulation ([`jaxdae.simulate`][],
-[`jaxdae.simulate_ensemble`][]): the problem. It checks every input once, resolves the
-options (solver, step-size controller, adjoint, event settings) once, and returns them as
-an immutable `Problem`, which the integration and the outcome only read."""
+[`jaxdae.simulate_ensemble`][]): the problem. It takes the call's keyword arguments
+(`SolveCall`), checks every input once, resolves the options (solver, step-size
+controller, adjoint, event settings) once, and returns them as an immutable `Problem`,
+which the integration and the outcome only read."""
+
+import difflib
+from typing import Any, TypedDict
 
 import diffrax
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
+import optimistix as optx
 
+from .. import _thresholds
 from .._checks import check_instance
 from .._compilation._sharding import explicit_to_auto, is_explicitly_sharded
-from .._custom_types import Array
+from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._formulations import AbstractFormulation
 from .._gains import is_concrete
 from .._systems._system import AbstractSystem, cast_floating
-from ._adjoint import check_adjoint
+from ._adjoint import ReverseSweepAdjoint, check_adjoint, default_adjoint
+from ._controllers import check_first_step, step_options
 from ._events import EventDriven, event_settings
+from ._implicit import configure_for_controller
 from ._reporting import TracedChecks
-from ._solve import (
-    DEFAULT_SOLVER,
-    SolveCall,
-    SolveOptions,
-    Times,
-    traced_constraint_tol_check,
-)
+from ._solve import SolveOptions, Times
 from ._stop_data import AbstractContactScheme
 from ._time_stepping import check_time_stepping
 from ._trajectories import AbstractTrajectories
 from ._validation import (
     INITIAL_STATE_MESSAGES,
+    as_step_count,
+    check_real,
+    check_solve_options,
     check_structure,
+    check_times,
     check_types,
     initial_state_message,
     solvable_inputs,
     warn_unstable_step,
 )
+
+# The solver of a call that names none.
+DEFAULT_SOLVER = diffrax.Tsit5()
+
+# What `constraint_tol` must be.
+CONSTRAINT_TOL_RULE = (
+    "`constraint_tol` must be a positive scalar (the largest constraint "
+    "residual accepted at `t1`; `jnp.inf` accepts any)"
+)
+
+
+def traced_constraint_tol_check(
+    call: "SolveCall", options: "SolveOptions"
+) -> tuple[tuple[Array, str], ...]:
+    """The run-time check of a traced `constraint_tol` (a flag and its message, as the
+    traced gains' checks): positive, not nan. None given, or concrete (checked when the
+    options are resolved): none."""
+    if call.constraint_tol is None or is_concrete(options.constraint_tol):
+        return ()
+    tol = options.constraint_tol
+    flag = ~(tol > 0) if tol.ndim == 0 else jnp.asarray(True)
+    return ((flag, f"{CONSTRAINT_TOL_RULE}; got a value that is not."),)
+
+
+class SolveKeywords(TypedDict, total=False):
+    """The keyword arguments that [`jaxdae.simulate`][], [`jaxdae.simulate_ensemble`][] and
+    [`jaxdae.simulate_actuated`][] share (`**options: Unpack[SolveKeywords]`), with their
+    types: what each means is documented with `simulate`, the defaults are `SolveCall`'s."""
+
+    ts: Float[ArrayLike, " N"] | None
+    solver: diffrax.AbstractSolver | None
+    stepsize_controller: diffrax.AbstractStepSizeController | None
+    dt0: ScalarLike | None
+    rtol: float
+    atol: float
+    max_steps: int | None
+    adjoint: diffrax.AbstractAdjoint | None
+    throw: bool
+    constraint_tol: ScalarLike | None
+
+
+class SolveCall(eqx.Module):
+    """The keyword arguments of a call of [`jaxdae.simulate`][],
+    [`jaxdae.simulate_ensemble`][] or [`jaxdae.simulate_actuated`][], with the defaults of
+    those not given, and what the solve makes of them (`times`, `options`)."""
+
+    ts: Float[ArrayLike, " N"] | None = None
+    solver: diffrax.AbstractSolver | None = None
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None
+    dt0: ScalarLike | None = None
+    rtol: ScalarLike = 1e-8
+    atol: ScalarLike = 1e-10
+    max_steps: int | None = eqx.field(converter=as_step_count, default=100_000)
+    adjoint: diffrax.AbstractAdjoint | ReverseSweepAdjoint | None = None
+    throw: bool = True
+    # How a system's one-sided constraints are treated (`_events.EventDriven`), or None.
+    events: Any = None
+    constraint_tol: ScalarLike | None = None
+    # The keyword arguments the call passed (the others take their defaults).
+    given: frozenset[str] = eqx.field(static=True, default=frozenset())
+
+    @classmethod
+    def of(cls, function: str, options: dict, accepted: type = SolveKeywords) -> "SolveCall":
+        """The call of the entry point `function` with its keyword arguments `options`,
+        which must be keys of the `TypedDict` `accepted`: a `TypeError` names any other, and
+        the valid ones."""
+        valid = list(accepted.__annotations__)
+        for name in options:
+            if name not in valid:
+                close = difflib.get_close_matches(name, valid, n=1)
+                hint = f" Did you mean `{close[0]}`?" if close else ""
+                raise TypeError(
+                    f"{function}() got an unexpected keyword argument {name!r}.{hint} Its "
+                    f"keyword arguments are: {', '.join(valid)}."
+                )
+        return cls(**options, given=frozenset(options))
+
+    def check_options(self) -> None:
+        """`check_solve_options` of the solver, controller, adjoint and step limit."""
+        check_solve_options(self.solver, self.stepsize_controller, self.adjoint, self.max_steps)
+
+    def times(self, t0, t1, dtype) -> Times:
+        """`t0`, `t1` and `ts` as arrays of `dtype`, checked (`check_times`)."""
+        check_real(t0=t0, t1=t1, ts=self.ts, dt0=self.dt0, rtol=self.rtol, atol=self.atol)
+        t0, t1 = jnp.asarray(t0, dtype=dtype), jnp.asarray(t1, dtype=dtype)
+        ts = None if self.ts is None else jnp.asarray(self.ts, dtype=dtype)
+        check_times(t0, t1, ts)
+        check_first_step(self.dt0, t0, t1, self.stepsize_controller)
+        return Times(t0, t1, ts)
+
+    def options(self, dtype, norm=optx.rms_norm, event_driven: bool = False) -> SolveOptions:
+        """The solve's options with the defaults filled in: `step_options` (the default
+        controller measures errors with `norm`), an implicit solver's root finder set to
+        stop at the step's tolerance (`configure_for_controller`), `default_adjoint`, or
+        for an `event_driven` solve diffrax's `RecursiveCheckpointAdjoint` (the event loop
+        is differentiated through its checkpointed loop)."""
+        stepsize_controller, dt0 = step_options(
+            self.stepsize_controller, self.dt0, self.rtol, self.atol, dtype, norm
+        )
+        solver = (
+            DEFAULT_SOLVER
+            if self.solver is None
+            else configure_for_controller(self.solver, stepsize_controller)
+        )
+        if self.adjoint is not None:
+            adjoint = self.adjoint
+        elif event_driven:
+            adjoint = diffrax.RecursiveCheckpointAdjoint(_thresholds.CHECKPOINTS)
+        else:
+            adjoint = default_adjoint(solver, self.max_steps)
+        tolerances = None
+        if isinstance(stepsize_controller, diffrax.AbstractAdaptiveStepSizeController):
+            tolerances = tuple(
+                jnp.asarray(x, dtype) for x in (stepsize_controller.rtol, stepsize_controller.atol)
+            )
+        constraint_tol = jnp.asarray(
+            jnp.nan if self.constraint_tol is None else self.constraint_tol, dtype
+        )
+        if self.constraint_tol is not None and is_concrete(constraint_tol):
+            given = np.asarray(self.constraint_tol)
+            if not (given.ndim == 0 and np.isreal(given) and given > 0):
+                raise ValueError(f"{CONSTRAINT_TOL_RULE}; got {self.constraint_tol}.")
+            if not constraint_tol > 0:
+                raise ValueError(
+                    f"`constraint_tol={self.constraint_tol}` is zero in {np.dtype(dtype).name}"
+                    f", the precision of `q0` and `v0`: pass at least "
+                    f"{float(jnp.finfo(dtype).smallest_normal):.3g}."
+                )
+        return SolveOptions(
+            solver=solver,
+            stepsize_controller=stepsize_controller,
+            dt0=dt0,
+            max_steps=self.max_steps,
+            adjoint=adjoint,
+            constraint_tol=constraint_tol,
+            tolerances=tolerances,
+        )
 
 
 class Problem(eqx.Module):
@@ -85,8 +228,7 @@ def pose_problem(
     """The `Problem` of a call of `simulate` or `simulate_ensemble` (as `trajectories`):
     its inputs checked (eagerly where they are concrete; the checks of traced ones are
     collected in `checks`) and its options resolved."""
-    q0 = trajectories.state_array("q0", explicit_to_auto(q0))
-    v0 = trajectories.state_array("v0", explicit_to_auto(v0))
+    q0, v0, one = trajectories.initial_states(explicit_to_auto(q0), explicit_to_auto(v0))
     if is_explicitly_sharded(q0) or is_explicitly_sharded(v0):
         raise ValueError(
             "`q0` and `v0` are traced with an Explicit sharding in their type (a mesh from "
@@ -94,13 +236,7 @@ def pose_problem(
             "those. Build the mesh with `axis_types=(jax.sharding.AxisType.Auto,)` or pass "
             "the placed arrays from outside `jax.jit`."
         )
-    dtype = jnp.result_type(q0, v0)
-    q0, v0 = q0.astype(dtype), v0.astype(dtype)
-    if q0.shape != v0.shape:
-        raise ValueError(
-            f"`q0` and `v0` must have the same shape {trajectories.state_shape}; "
-            f"got {q0.shape} and {v0.shape}."
-        )
+    dtype = q0.dtype
     check_types(system, formulation)
     call.check_options()
     # The contact scheme, consulted here once: time stepping is a solver with a fixed step
@@ -121,7 +257,7 @@ def pose_problem(
     t0 = times.t0
     # The state's dtype sets the precision: float32 states give a float32 simulation.
     system, formulation = cast_floating((system, formulation), dtype)
-    formulation, counts = check_structure(system, formulation, t0, *trajectories.one_state(q0, v0))
+    formulation, counts = check_structure(system, formulation, t0, *one)
     # Traced gains' checks join the solve's one branched error (`check_traced`).
     gain_checks = list(formulation.traced_checks(*counts))
     if is_concrete(formulation):
@@ -131,9 +267,9 @@ def pose_problem(
         _check_initial_state(system, formulation, t0, q0, v0, trajectories)
 
     if stepping is None:
-        events = event_settings(system, call, trajectories, t0, q0, v0, eager)
+        events = event_settings(system, call, trajectories, t0, q0, one[0], eager)
     else:
-        check_time_stepping(system, formulation, trajectories, t0, q0, v0, eager)
+        check_time_stepping(system, formulation, trajectories, t0, q0, one[0], eager)
         call = eqx.tree_at(lambda c: c.solver, call, stepping.solver(dtype), is_leaf=_none)
         events = None
     if events is not None or stepping is not None:

@@ -1,19 +1,37 @@
 """The entry points of the solve of a system with its formulation: [`jaxdae.simulate`][]
-for one trajectory and [`jaxdae.simulate_ensemble`][] for an ensemble of them."""
+for one trajectory and [`jaxdae.simulate_ensemble`][] for an ensemble of them, and the
+solve behind both, in three stages, each entered once:
+
+1. **problem** (`_problem.py`): the call's keyword arguments, every input checked, the
+   options resolved, as an immutable `Problem`;
+2. **integrate** (`integrate_problem`): the term of the system and its formulation
+   (`_term.py`), and the one diffrax solve of it (`_solve.py`), or the event loop around it
+   (`_events.py`);
+3. **outcome** (`_outcome.py`): the [`jaxdae.Solution`][], its failures named and
+   reported.
+
+Stages 2 and 3 (but the names of an eager call's failure) are one compiled program. Where
+one trajectory and an ensemble differ, the stages ask the problem's
+`AbstractTrajectories`."""
 
 from collections.abc import Sequence
 from typing import Unpack
 
+import equinox as eqx
+
 from .._compilation._linalg import full_precision
+from .._compilation._sharding import in_current_mesh
 from .._custom_types import ArrayLike, Float, ScalarLike
 from .._formulations import AbstractFormulation
 from .._solution import Solution
 from .._systems._system import AbstractSystem
-from ._events import EventDriven
-from ._solve import SolveCall, SolveKeywords
-from ._system_solve import solve_system
+from ._adjoint import forward_mode_hint, jit_unless_staged
+from ._events import EventDriven, event_dynamics, integrate_with_events
+from ._outcome import assemble_outcome, report
+from ._problem import Problem, SolveCall, SolveKeywords, pose_problem
+from ._solve import integrate
 from ._time_stepping import TimeStepping
-from ._trajectories import EnsembleTrajectories, SingleTrajectory
+from ._trajectories import AbstractTrajectories, EnsembleTrajectories, SingleTrajectory
 
 
 class SimulateKeywords(SolveKeywords, total=False):
@@ -196,4 +214,45 @@ def simulate_ensemble(
         v0,
         SolveCall.of("simulate_ensemble", options),
         EnsembleTrajectories(),
+    )
+
+
+@in_current_mesh
+def solve_system(
+    system, formulation, t0, t1, q0, v0, call: SolveCall, trajectories: AbstractTrajectories
+) -> Solution:
+    """The solve of a call of `simulate` or `simulate_ensemble` (as `trajectories`)."""
+    problem = pose_problem(system, formulation, t0, t1, q0, v0, call, trajectories)
+    with forward_mode_hint():
+        sol = solve_problem(problem)
+    return report(problem, sol, call.throw)
+
+
+@jit_unless_staged
+def solve_problem(problem: Problem) -> Solution:
+    """The compiled solve of `problem`: its integration and its outcome."""
+    solved = problem.solvable()
+    out, result = integrate_problem(solved)
+    return assemble_outcome(problem, solved, out, result)
+
+
+def integrate_problem(problem: Problem):
+    """The second stage: the term of the problem's system and formulation, and its one
+    diffrax solve, or the event loop around it for a system with gaps. Returns diffrax's
+    solution (the event loop's `EventSolve`) and jaxdae's result."""
+    q0, v0 = problem.q0, problem.v0
+    dynamics, solver = problem.trajectories.dynamics(
+        problem.system,
+        problem.formulation,
+        problem.times.t0,
+        q0,
+        v0,
+        problem.options.solver,
+        problem.fails,
+    )
+    options = eqx.tree_at(lambda o: o.solver, problem.options, solver)
+    if problem.events is None:
+        return integrate(dynamics, (q0, v0), problem.times, options)
+    return integrate_with_events(
+        event_dynamics(dynamics), (q0, v0), problem.times, options, problem.events
     )

@@ -400,12 +400,11 @@ def gap_count(system, t, q) -> int:
     return jax.eval_shape(system.gaps, t, q).shape[0]
 
 
-def check_time_stepping(system, formulation, trajectories, t0, q0, v0, eager: bool) -> None:
+def check_time_stepping(system, formulation, trajectories, t0, q0, q_one, eager: bool) -> None:
     """`ValueError` for what [`TimeStepping`][] does not take: a system without gaps, an
     ensemble, a state that is not velocities, a formulation that changes the velocities,
     restitution, friction or slip velocities of the wrong shape, and a start that violates
-    a gap (concrete)."""
-    q_one = trajectories.one_state(q0, v0)[0]
+    a gap (concrete; `q_one`: one trajectory's coordinates, or their shape)."""
     shape = jax.eval_shape(system.gaps, t0, q_one).shape
     if len(shape) != 1 or shape[0] == 0:
         raise ValueError(

@@ -2,7 +2,7 @@
 states, the initial state's checks, the error norm, the dynamics and the solution's
 assembly. [`jaxdae.simulate`][] solves with `SingleTrajectory`,
 [`jaxdae.simulate_ensemble`][] with `EnsembleTrajectories`; the solve itself
-(`_system_solve.py`) is the same for both."""
+(`_simulate.py`) is the same for both."""
 
 import abc
 import functools
@@ -18,6 +18,7 @@ import optimistix as optx
 
 from .._custom_types import Array
 from .._solution import RESULTS, Solution
+from .._systems._mass import constant_mass_factor
 from ._diagnostics import assemble_solution, cut_at
 from ._ensemble import (
     StopFailedTrajectories,
@@ -29,7 +30,7 @@ from ._failures import first_failure
 from ._solve import Dynamics
 from ._term import SystemTerm, failure_condition
 from ._validation import check_initial_state_jit, float_array
-from ._vector_fields import failure_reference
+from ._vector_fields import detached, failure_reference, system_terms
 
 
 class AbstractTrajectories(eqx.Module):
@@ -46,6 +47,19 @@ class AbstractTrajectories(eqx.Module):
     @abc.abstractmethod
     def state_array(self, name: str, value) -> Array:
         """`value` (`q0` or `v0`) as a floating array, its shape checked (`state_shape`)."""
+
+    def initial_states(self, q0, v0) -> tuple[Array, Array, tuple]:
+        """`q0` and `v0` as floating arrays of one dtype and shape (`state_array`), and the
+        state of one trajectory (`one_state`)."""
+        q0, v0 = self.state_array("q0", q0), self.state_array("v0", v0)
+        dtype = jnp.result_type(q0, v0)
+        q0, v0 = q0.astype(dtype), v0.astype(dtype)
+        if q0.shape != v0.shape:
+            raise ValueError(
+                f"`q0` and `v0` must have the same shape {self.state_shape}; "
+                f"got {q0.shape} and {v0.shape}."
+            )
+        return q0, v0, self.one_state(q0, v0)
 
     @abc.abstractmethod
     def one_state(self, q0: Array, v0: Array) -> tuple:
@@ -81,8 +95,24 @@ class AbstractTrajectories(eqx.Module):
     def failure_reference(self, system, formulation, t0, q0, v0):
         """The formulation's `failure_reference` of each trajectory."""
 
-    @abc.abstractmethod
     def dynamics(
+        self, system, formulation, t0, q0, v0, solver: diffrax.AbstractSolver, fails: bool
+    ) -> tuple[Dynamics, diffrax.AbstractSolver]:
+        """What the solve from `(t0, q0, v0)` integrates, and its solver: the term of the
+        system and its formulation (`term`), with the reference of the formulation's
+        failure test where `fails` (it stops the solve: `fails_with` the system's constraint
+        counts) and the factor of a constant mass matrix, both computed once per solve."""
+        reference = None
+        if fails:
+            # Detached before the call: stopped after it, the call would still be linearized.
+            reference = self.failure_reference(*detached((system, formulation, t0, q0, v0)))
+        # A constant mass matrix is factored here, not at every stage (an ensemble's
+        # trajectories share the system, so they share it too).
+        mass_factor = constant_mass_factor(system, t0, *self.first_state(q0, v0), system_terms)
+        return self.term(system, formulation, reference, mass_factor, solver, fails)
+
+    @abc.abstractmethod
+    def term(
         self,
         system,
         formulation,
@@ -91,10 +121,8 @@ class AbstractTrajectories(eqx.Module):
         solver: diffrax.AbstractSolver,
         fails: bool,
     ) -> tuple[Dynamics, diffrax.AbstractSolver]:
-        """What the solve integrates, and its solver: the term of the system and its
-        formulation (`_term.py`; `reference`: the formulation's failure reference, or None;
-        `mass_factor`: a constant mass matrix's factor, or None); `fails`: the formulation's
-        failure test stops the solve (`fails_with` the system's constraint counts)."""
+        """`dynamics` from the failure reference (or None) and the constant mass matrix's
+        factor (or None)."""
 
     @abc.abstractmethod
     def solution(
@@ -153,7 +181,7 @@ class SingleTrajectory(AbstractTrajectories):
     def failure_reference(self, system, formulation, t0, q0, v0):
         return failure_reference(system, formulation, t0, q0, v0)
 
-    def dynamics(self, system, formulation, reference, mass_factor, solver, fails):
+    def term(self, system, formulation, reference, mass_factor, solver, fails):
         term = SystemTerm(system, formulation, reference, mass_factor)
         if fails:  # the solve stops at the failure (`diffrax.Event`)
             return Dynamics(term, (failure_condition,), (formulation.failure_result,)), solver
@@ -231,7 +259,7 @@ class EnsembleTrajectories(AbstractTrajectories):
             system, formulation, t0, q0, v0
         )
 
-    def dynamics(self, system, formulation, reference, mass_factor, solver, fails):
+    def term(self, system, formulation, reference, mass_factor, solver, fails):
         # Each trajectory stops alone (its formulation fails or its model turns non-finite),
         # read from the solver state.
         term = ensemble_term(system, formulation, reference, mass_factor)
