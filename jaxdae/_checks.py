@@ -1,10 +1,12 @@
-"""What bad arguments are told: the shared wording of the input checks."""
+"""What bad arguments are told: the shared wording of the input checks, and the conversion
+of a user's array of numbers to a floating array."""
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._custom_types import Array
 from ._gains import is_concrete
 
 
@@ -145,3 +147,29 @@ def check_leaf_dtypes(tree, what: str) -> None:
         if problem is not None:
             name = jax.tree_util.keystr(path, simple=True, separator=".") or "?"
             raise ValueError(f"The {what} `{name}` of {described(tree)} {problem}.")
+
+
+def float_array(name: str, value) -> Array:
+    """`value` as a real floating array (integers become floats); complex and float16
+    values are refused (`dtype_problem`), and so are values that are not numbers (`TypeError`;
+    a NumPy object array of numbers is converted)."""
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        try:
+            value = value.astype(float)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"`{name}` must be an array of real numbers; got a NumPy object "
+                f"array that does not convert to floats ({error}). Pass e.g. "
+                f"`np.asarray({name}, dtype=float)`."
+            ) from error
+    try:
+        array = jnp.asarray(value)
+    except TypeError as error:
+        raise TypeError(
+            f"`{name}` must be an array of real numbers; got {described(value)} "
+            f"({error}). Pass a JAX or NumPy array of floats."
+        ) from error
+    check_real(**{name: array})
+    if not jnp.issubdtype(array.dtype, jnp.floating):
+        array = array.astype(jnp.result_type(float))
+    return array

@@ -131,7 +131,7 @@ def test_an_empty_state_is_refused(system):
 
 @pytest.mark.usefixtures("unchecked")
 def test_an_object_array_state_is_converted_or_named():
-    from jaxdae._integration._validation import float_array
+    from jaxdae._checks import float_array
 
     q0 = float_array("q0", np.array([0.48, -0.88], dtype=object))
     assert q0.dtype == jnp.result_type(float) and np.allclose(q0, [0.48, -0.88])

@@ -10,7 +10,8 @@ keep every product with its zeros and ones, which a constant would have folded a
 where the call is traced for a jit, [`jit_with_constants`][] passes such arrays as static
 data, compared by value, and the jitted function sees them as the constants they are.
 Eager calls keep `eqx.filter_jit`'s behaviour: their compiled program is shared by all
-values.
+values. A solve's own compiled program is jitted only where nothing encloses it
+([`jit_unless_staged`][]).
 """
 
 import functools
@@ -95,4 +96,26 @@ def jit_with_constants(fn: Callable) -> Callable:
             )
         return jitted(*args, **kwargs)
 
+    return call
+
+
+def jit_unless_staged(fn: Callable) -> Callable:
+    """`eqx.filter_jit(fn)`, but `fn` itself when its input is traced for an enclosing
+    `jax.jit` (under `grad` or `vmap` too), which compiles it whole anyway.
+
+    JAX stages a jitted function before it differentiates it, and staging a custom VJP
+    (the swept solve, diffrax's checkpointed loop) traces its primal solve, which reverse
+    mode then does not use: it traces the forward solve. Called inline, only the forward
+    solve is traced, which shortens the gradient's trace by a fifth or so on the two-link
+    benchmark (`experiments/benchmarks/bench_compile.py --only gradient`). The price: a loss that
+    calls `fn` several times traces each call's solves (the jitted `fn`'s are cached); at three
+    calls the two trace equally long. Eager calls, eager `jax.grad` and `jax.vmap` included, keep
+    the jitted `fn`: they run its compiled program rather than one operation at a time."""
+    jitted = eqx.filter_jit(fn)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return (fn if traced_for_jit((args, kwargs)) else jitted)(*args, **kwargs)
+
+    call.jitted = jitted
     return call

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import check_finite, check_instance
+from .._compilation._constants import jit_unless_staged
 from .._compilation._linalg import (
     extreme_eigenvalues,
     full_precision,
@@ -44,7 +45,7 @@ from .._gains import (
 from .._solution import RESULTS, AbstractSolution
 from .._systems._actuated import ActuatedSystem, constraint_groups, lie_derivatives
 from .._systems._system import cast_floating
-from ._adjoint import forward_mode_hint, jit_unless_staged
+from ._adjoint import forward_mode_hint
 from ._diagnostics import at_valid, masked, saved_rows
 from ._failures import all_finite
 from ._problem import SolveCall, SolveKeywords

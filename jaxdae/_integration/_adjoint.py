@@ -11,13 +11,10 @@ adjoint of the explicit Runge–Kutta step, applied step by step in reverse.
 
 import contextlib
 import functools
-from collections.abc import Callable
 
 import diffrax
-import equinox as eqx
 
 from .. import _thresholds
-from .._compilation._private_apis import traced_for_jit
 from ._generalized_alpha import GeneralizedAlpha
 from ._generalized_alpha_adjoint import GeneralizedAlphaAdjoint
 from ._replay_adjoint import ReplayAdjoint
@@ -341,25 +338,3 @@ def forward_mode_hint():
             "(`jaxdae.ReverseSweepAdjoint`, `diffrax.RecursiveCheckpointAdjoint`) work in "
             "reverse mode only (`jax.grad`, `jax.vjp`)."
         ) from error
-
-
-def jit_unless_staged(fn: Callable) -> Callable:
-    """`eqx.filter_jit(fn)`, but `fn` itself when its input is traced for an enclosing
-    `jax.jit` (under `grad` or `vmap` too), which compiles it whole anyway.
-
-    JAX stages a jitted function before it differentiates it, and staging a custom VJP
-    (the swept solve, diffrax's checkpointed loop) traces its primal solve, which reverse
-    mode then does not use: it traces the forward solve. Called inline, only the forward
-    solve is traced, which shortens the gradient's trace by a fifth or so on the two-link
-    benchmark (`experiments/benchmarks/bench_compile.py --only gradient`). The price: a loss that
-    calls `fn` several times traces each call's solves (the jitted `fn`'s are cached); at three
-    calls the two trace equally long. Eager calls, eager `jax.grad` and `jax.vmap` included, keep
-    the jitted `fn`: they run its compiled program rather than one operation at a time."""
-    jitted = eqx.filter_jit(fn)
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        return (fn if traced_for_jit((args, kwargs)) else jitted)(*args, **kwargs)
-
-    call.jitted = jitted
-    return call

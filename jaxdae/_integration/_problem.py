@@ -14,7 +14,7 @@ import numpy as np
 import optimistix as optx
 
 from .. import _thresholds
-from .._checks import check_instance
+from .._checks import check_instance, check_real
 from .._compilation._sharding import explicit_to_auto, is_explicitly_sharded
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._formulations import AbstractFormulation
@@ -31,8 +31,6 @@ from ._time_stepping import check_time_stepping
 from ._trajectories import AbstractTrajectories
 from ._validation import (
     INITIAL_STATE_MESSAGES,
-    as_step_count,
-    check_real,
     check_solve_options,
     check_structure,
     check_times,
@@ -41,6 +39,15 @@ from ._validation import (
     solvable_inputs,
     warn_unstable_step,
 )
+
+
+def as_step_count(max_steps):
+    """A NumPy integer `max_steps` as a Python `int`, the only kind diffrax and equinox
+    take; anything else as given (`check_solve_options` judges it)."""
+    if isinstance(max_steps, np.integer):
+        return int(max_steps)
+    return max_steps
+
 
 # The solver of a call that names none.
 DEFAULT_SOLVER = diffrax.Tsit5()

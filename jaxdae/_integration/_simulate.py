@@ -19,13 +19,14 @@ from typing import Unpack
 
 import equinox as eqx
 
+from .._compilation._constants import jit_unless_staged
 from .._compilation._linalg import full_precision
 from .._compilation._sharding import in_current_mesh
 from .._custom_types import ArrayLike, Float, ScalarLike
 from .._formulations import AbstractFormulation
 from .._solution import Solution
 from .._systems._system import AbstractSystem
-from ._adjoint import forward_mode_hint, jit_unless_staged
+from ._adjoint import forward_mode_hint
 from ._events import EventDriven, event_dynamics, integrate_with_events
 from ._outcome import assemble_outcome, report
 from ._problem import Problem, SolveCall, SolveKeywords, pose_problem

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 
+from .._checks import float_array
 from .._custom_types import Array
 from .._solution import RESULTS, Solution
 from .._systems._mass import constant_mass_factor
@@ -29,7 +30,7 @@ from ._ensemble import (
 from ._failures import first_failure
 from ._solve import Dynamics
 from ._term import SystemTerm, failure_condition
-from ._validation import check_initial_state_jit, float_array
+from ._validation import check_initial_state_jit
 from ._vector_fields import detached, failure_reference, system_terms
 
 

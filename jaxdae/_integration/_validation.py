@@ -15,9 +15,7 @@ from .._checks import (
     TOLERANCE_RULE,
     check_instance,
     check_leaf_dtypes,
-    check_real,
     check_tolerances,
-    described,
     dtype_problem,
     tolerance_problem,
 )
@@ -37,32 +35,6 @@ from .._systems._system import (
 )
 from ._solvers import AbstractSolverWrapper
 from ._vector_fields import system_terms
-
-
-def float_array(name: str, value) -> Array:
-    """`value` as a real floating array (integers become floats); complex and float16
-    values are refused (`dtype_problem`), and so are values that are not numbers (`TypeError`;
-    a NumPy object array of numbers is converted)."""
-    if isinstance(value, np.ndarray) and value.dtype == object:
-        try:
-            value = value.astype(float)
-        except (TypeError, ValueError) as error:
-            raise TypeError(
-                f"`{name}` must be an array of real numbers; got a NumPy object "
-                f"array that does not convert to floats ({error}). Pass e.g. "
-                f"`np.asarray({name}, dtype=float)`."
-            ) from error
-    try:
-        array = jnp.asarray(value)
-    except TypeError as error:
-        raise TypeError(
-            f"`{name}` must be an array of real numbers; got {described(value)} "
-            f"({error}). Pass a JAX or NumPy array of floats."
-        ) from error
-    check_real(**{name: array})
-    if not jnp.issubdtype(array.dtype, jnp.floating):
-        array = array.astype(jnp.result_type(float))
-    return array
 
 
 def check_initial_state(
@@ -242,14 +214,6 @@ def check_solve_options(solver, stepsize_controller, adjoint, max_steps) -> None
             "`diffrax.RecursiveCheckpointAdjoint(checkpoints=...)` must be a "
             f"positive integer or None; got {adjoint.checkpoints!r}."
         )
-
-
-def as_step_count(max_steps):
-    """A NumPy integer `max_steps` as a Python `int`, the only kind diffrax and equinox
-    take; anything else as given (`check_solve_options` judges it)."""
-    if isinstance(max_steps, np.integer):
-        return int(max_steps)
-    return max_steps
 
 
 def controller_value(name, value, rule, fix):
