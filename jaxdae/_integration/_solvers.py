@@ -77,7 +77,15 @@ def carries_contact_forces(solver: diffrax.AbstractSolver) -> bool:
 
 class AbstractSolverWrapper(AbstractFailureNamingSolver, diffrax.AbstractAdaptiveSolver):
     """A solver around a wrapped diffrax `solver`, from which it takes what it does not
-    override (terms, interpolation, order, vector field), and whose failures it names."""
+    override (terms, interpolation, order, vector field), and whose failures it names.
+
+    Not a `diffrax.AbstractWrappedSolver`, whose metaclass makes every `isinstance` test
+    see through to the wrapped solver: `Projected(Tsit5())` would pass as a
+    `diffrax.AbstractERK` without the tableau that its class promises, a wrapper of
+    `GeneralizedAlpha` as an implicit solver whose `root_finder` diffrax rewrites, and
+    `diffrax.ForwardMode` and `DirectAdjoint` would set the `scan_kind` of any wrapped
+    Runge–Kutta solver. A wrapper here is what its class says; what it forwards is
+    declared below."""
 
     solver: eqx.AbstractVar[diffrax.AbstractSolver]
     term_structure = Forwarded("solver")
