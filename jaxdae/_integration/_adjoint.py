@@ -215,10 +215,12 @@ def explicit_tableau(solver) -> diffrax.ButcherTableau:
     return base.tableau
 
 
-def check_adjoint(adjoint, stops_at_events: bool, reason: str) -> None:
+def check_adjoint(adjoint, stops_at_events: bool, reason: str, contacts: str | None = None) -> None:
     """`ValueError` for a diffrax adjoint that cannot differentiate this solve:
     `diffrax.ImplicitAdjoint` (steady states only) always, `diffrax.BacksolveAdjoint` where
-    the solve stops at events (`stops_at_events`, because of `reason`)."""
+    the solve stops at events (`stops_at_events`, because of `reason`), and an adjoint that
+    does not differentiate a solve of a system with gaps (`differentiates_contacts`) where
+    the solve has `contacts` (what the contact scheme does: its events, its fixed steps)."""
     use = (
         "use the default (`adjoint=None`), `diffrax.RecursiveCheckpointAdjoint()` or "
         "`diffrax.ForwardMode()`"
@@ -227,6 +229,11 @@ def check_adjoint(adjoint, stops_at_events: bool, reason: str) -> None:
         raise ValueError(
             "`adjoint=diffrax.ImplicitAdjoint()` differentiates steady states (a solve saved "
             f"at `t1` only, stopped by a steady-state event); a trajectory is not one: {use}."
+        )
+    if contacts is not None and not differentiates_contacts(adjoint):
+        raise ValueError(
+            f"`{type(adjoint).__name__}` does not differentiate {contacts}; leave `adjoint` "
+            "unset (the default differentiates them) or pass `diffrax.ForwardMode()`."
         )
     if isinstance(adjoint, diffrax.BacksolveAdjoint) and stops_at_events:
         raise ValueError(

@@ -38,7 +38,6 @@ from .._formulations._impacts import (
 from .._solution import RESULTS, Events
 from .._systems._structure import with_mass_factor
 from .._systems._system import AbstractSystem
-from ._adjoint import differentiates_contacts
 from ._controllers import AbstractControllerWrapper
 from ._solve import Dynamics, SolveOptions, Times, integrate
 from ._solvers import carries_contact_forces
@@ -144,11 +143,6 @@ def event_settings(system, call, trajectories, t0, q0, q_one, eager: bool) -> Ev
             "The system has one-sided constraints (`gaps`), whose events stop and restart "
             "each trajectory on its own; `simulate_ensemble` steps its trajectories "
             "together. Use `jax.vmap(jaxdae.simulate)` (each member with its own events)."
-        )
-    if not differentiates_contacts(call.adjoint):
-        raise ValueError(
-            f"`{type(call.adjoint).__name__}` does not differentiate through the events of a "
-            "system with `gaps`; leave `adjoint` unset (`diffrax.RecursiveCheckpointAdjoint`)."
         )
     check_stop_shapes(system, t0, q_one, q0, settings.tolerance(q0.dtype) if eager else None)
     return settings

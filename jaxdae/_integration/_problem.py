@@ -301,7 +301,12 @@ def pose_problem(
         )
         if stops
     ]
-    check_adjoint(call.adjoint, bool(stops), ", ".join(stops))
+    contacts = None
+    if events is not None:
+        contacts = "the events of a system with `gaps`"
+    elif stepping is not None:
+        contacts = "time stepping"
+    check_adjoint(call.adjoint, bool(stops), ", ".join(stops), contacts)
     if isinstance(options.stepsize_controller, diffrax.ConstantStepSize):
         warn_unstable_step(
             formulation, counts, DEFAULT_SOLVER if call.solver is None else call.solver, options.dt0

@@ -29,7 +29,7 @@ from .._formulations._multipliers import eliminate
 from .._gains import is_concrete
 from .._solution import RESULTS
 from .._systems._structure import with_mass_factor
-from ._adjoint import adjoint_for, differentiates_contacts
+from ._adjoint import adjoint_for
 from ._replay_adjoint import ReplayAdjoint
 from ._solvers import AbstractFailureNamingSolver
 from ._stop_data import AbstractContactScheme, check_stop_shapes
@@ -210,12 +210,6 @@ class TimeStepping(AbstractContactScheme):
                     "step with `TimeStepping(dt=...)`), or use `events=jaxdae.EventDriven()` "
                     "with an adaptive solver."
                 )
-        if not differentiates_contacts(call.adjoint):
-            raise ValueError(
-                f"`{type(call.adjoint).__name__}` does not differentiate time stepping; leave "
-                "`adjoint` unset (`jaxdae.ReplayAdjoint`) or pass "
-                "`diffrax.ForwardMode()`."
-            )
         max_steps = call.max_steps
         if "max_steps" not in call.given:
             max_steps = self.step_limit(t0, t1, max_steps)
