@@ -87,26 +87,33 @@ def program_size(lowered, compiled) -> dict:
     }
 
 
+def compile_phases(fn, args, compiler_options=None):
+    """`jax.jit(fn)` at `args` traced, lowered and compiled from cold caches: the lowered
+    and compiled objects, and the seconds of each phase `(trace, lower, XLA compile, XLA
+    compile's process CPU time, total)`."""
+    jax.clear_caches()
+    start = time.perf_counter()
+    traced = jax.jit(fn).trace(*args)
+    traced_at = time.perf_counter()
+    lowered = traced.lower()
+    lowered_at = time.perf_counter()
+    cpu = time.process_time()
+    compiled = lowered.compile(compiler_options)
+    seconds = (
+        traced_at - start,
+        lowered_at - traced_at,
+        time.perf_counter() - lowered_at,
+        time.process_time() - cpu,
+        time.perf_counter() - start,
+    )
+    return lowered, compiled, seconds
+
+
 def measure(fn, args, repeats: int) -> dict:
     runs = []
     for _ in range(repeats):
-        jax.clear_caches()
-        start = time.perf_counter()
-        traced = jax.jit(fn).trace(*args)
-        traced_at = time.perf_counter()
-        lowered = traced.lower()
-        lowered_at = time.perf_counter()
-        cpu = time.process_time()
-        compiled = lowered.compile()
-        runs.append(
-            (
-                traced_at - start,
-                lowered_at - traced_at,
-                time.perf_counter() - lowered_at,
-                time.process_time() - cpu,
-                time.perf_counter() - start,
-            )
-        )
+        lowered, compiled, seconds = compile_phases(fn, args)
+        runs.append(seconds)
     runs = np.asarray(runs)
     return {
         "min": runs.min(axis=0),

@@ -15,7 +15,9 @@ the derivative.
 """
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import diffrax
 import jax
@@ -24,6 +26,10 @@ import numpy as np
 
 import jaxdae
 import jaxdae.multibody as mb
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: _common
+import _common  # noqa: E402, F401  (the benchmarks' folder on sys.path)
+from bench_compile import compile_phases  # noqa: E402  # pyright: ignore[reportMissingImports]
 
 jax.config.update("jax_enable_x64", True)
 
@@ -76,23 +82,15 @@ def main() -> None:
     print("| mode | trace [s] | lower [s] | XLA compile [s] | total [s] | call [ms] | dL/dθ |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, fn in modes.items():
-        jax.clear_caches()
-        start = time.perf_counter()
-        traced = jax.jit(fn).trace(*args)
-        traced_at = time.perf_counter()
-        lowered = traced.lower()
-        lowered_at = time.perf_counter()
-        compiled = lowered.compile(FAST_COMPILE)
-        compiled_at = time.perf_counter()
+        _, compiled, (trace, lower, xla, _, total) = compile_phases(fn, args, FAST_COMPILE)
         value = compiled(*args).block_until_ready()
         first = time.perf_counter()
         for _ in range(calls):
             compiled(*args).block_until_ready()
         per_call = (time.perf_counter() - first) / calls
         print(
-            f"| {name} | {traced_at - start:.1f} | {lowered_at - traced_at:.1f} | "
-            f"{compiled_at - lowered_at:.1f} | {compiled_at - start:.1f} | {1e3 * per_call:.0f} "
-            f"| {float(value):.10e} |",
+            f"| {name} | {trace:.1f} | {lower:.1f} | {xla:.1f} | {total:.1f} | "
+            f"{1e3 * per_call:.0f} | {float(value):.10e} |",
             flush=True,
         )
 
