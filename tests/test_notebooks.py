@@ -15,7 +15,7 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 # (2016), Matyukhin (1999) and Mukharlyamov and Deressa (2015)
 # (≈ 20 s each; their experiments' methods are tested in test_hamiltonian.py,
 # test_realizing_forces.py and test_core.py), and the friction fit (it traces and compiles
-# three gradient programs through contact, minutes each); `make test-slow` runs them. The
+# three derivative programs through contact, a minute or more each); `make test-slow` runs them. The
 # quickstart runs in the default test run.
 SLOW: set[str] = {
     "paper_000_redundant_coordinates",
