@@ -802,6 +802,9 @@ def test_a_time_stepped_solve_replays_its_steps_within_its_step_limit():
     limits = []
     jax.jit(lambda t1: limits.append(posed(t1).max_steps))(0.25)
     assert limits == [100_000]
+    # A span that is not real numbers is left to the times' own checks to name.
+    with pytest.raises(ValueError, match="`t1` must be real"):
+        posed(1.0 + 2.0j)
 
 
 def test_a_free_trees_float32_step_stays_float32():

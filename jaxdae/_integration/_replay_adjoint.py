@@ -69,8 +69,8 @@ class ReplayAdjoint(AbstractStoredStepsAdjoint):
     It is the default adjoint of `simulate` for [`jaxdae.Rodas5P`][], for diffrax's
     implicit solvers (`diffrax.Kvaerno3`, `Kvaerno4`, `Kvaerno5`, `ImplicitEuler`, as
     [`jaxdae.configure_implicit`][] configures them) with an integer `max_steps`, and for
-    [`jaxdae.TimeStepping`][]; it
-    differentiates any diffrax solver whose step is a function of its arguments.
+    [`jaxdae.TimeStepping`][]; it differentiates any diffrax solver whose step is a function
+    of its arguments.
 
     - **Memory**: the forward solve keeps one time per step of `max_steps`. The backward
       pass replays the steps in segments of at most `stored_steps`, each from a checkpoint

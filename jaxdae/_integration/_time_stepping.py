@@ -230,10 +230,13 @@ class TimeStepping(AbstractContactScheme):
         (`ReplayAdjoint`)."""
         if not is_concrete((t0, t1, self.dt)):
             return default
-        with np.errstate(all="ignore"):
-            steps = (np.asarray(t1, float) - np.asarray(t0, float)) / np.asarray(self.dt, float)
-        if not (np.ndim(steps) == 0 and np.isfinite(steps) and steps > 0):
+        values = [np.asarray(x) for x in (t0, t1, self.dt)]
+        if not all(v.ndim == 0 and v.dtype.kind in "biuf" for v in values):
             return default  # (the times' checks name the problem)
+        with np.errstate(all="ignore"):
+            steps = (float(values[1]) - float(values[0])) / float(values[2])
+        if not (np.isfinite(steps) and steps > 0):
+            return default
         needed = int(np.ceil(steps))
         return min(needed + 1 + needed // 100, default)
 
