@@ -579,7 +579,7 @@ def _chain_newton_matrix():
         zero = jnp.zeros_like(q0)
         step = solver.prepare(0.0, 4e-3, q0, v0, zero, zero)
         x = jnp.concatenate([step.q_tilde, jnp.zeros(1)])
-        return ga._iteration_matrix(x, (system, jnp.asarray(4e-3), step))
+        return ga._iteration_matrix(x, (system, jnp.asarray(4e-3), step)).matrix
 
     return np.asarray(matrix(q0, v0))
 

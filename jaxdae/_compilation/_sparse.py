@@ -212,6 +212,28 @@ def sparse_add(a: SparseMatrix, b: SparseMatrix) -> SparseMatrix:
     return SparseMatrix(take(a.values, a_index) + take(b.values, b_index), pattern)
 
 
+def sparse_blocks(blocks) -> SparseMatrix:
+    """The block matrix of a nested list of [`SparseMatrix`][] blocks (`None` for a zero
+    block; every block row and block column holds at least one matrix)."""
+    heights = [next(b.shape[0] for b in row if b is not None) for row in blocks]
+    widths = [
+        next(row[j].shape[1] for row in blocks if row[j] is not None) for j in range(len(blocks[0]))
+    ]
+    row_starts, col_starts = np.cumsum([0, *heights]), np.cumsum([0, *widths])
+    rows, cols, values = [], [], []
+    for i, row in enumerate(blocks):
+        for j, block in enumerate(row):
+            if block is not None:
+                rows.append(block.pattern.rows + row_starts[i])
+                cols.append(block.pattern.cols + col_starts[j])
+                values.append(block.values)
+    rows, cols = np.concatenate(rows), np.concatenate(cols)
+    # `Pattern` sorts its entries: reorder the values the same way.
+    order = np.lexsort((cols, rows))
+    pattern = Pattern((int(row_starts[-1]), int(col_starts[-1])), rows, cols)
+    return SparseMatrix(take(jnp.concatenate(values), order), pattern)
+
+
 @functools.lru_cache(maxsize=256)
 def _positions(pattern: Pattern) -> np.ndarray:
     """`(rows, cols)` array of each entry's position in the values, `nnz` off the pattern."""

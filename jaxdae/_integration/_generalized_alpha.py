@@ -19,13 +19,23 @@ from .._compilation._linalg import (
     lu_solve,
 )
 from .._compilation._linear_solvers import PositiveSemidefinitePseudoInverse
+from .._compilation._operators import sparse_matrix
+from .._compilation._sparse import SparseMatrix, sparse_add, sparse_blocks
+from .._compilation._supernodal import cholesky_plan
 from .._custom_types import Array, Float, ScalarLike
 from .._formulations._multipliers import eliminate, multiplier_solve
 from .._gains import is_concrete
 from .._solution import RESULTS
 from .._systems._system import AbstractSystem, inertia_minus_forces
-from ._generalized_alpha_newton import IterationMatrix, NewtonOptions, newton_solve
-from ._jacobian import linearization
+from ._generalized_alpha_newton import (
+    DenseInverse,
+    DenseNewtonMatrix,
+    IterationMatrix,
+    NewtonOptions,
+    SaddlePointMatrix,
+    newton_solve,
+)
+from ._jacobian import linearization, sparse_jacobian
 from ._solvers import AbstractFailureNamingSolver, carries_contact_forces
 from ._term import AbstractSystemTerm, system_term
 
@@ -112,19 +122,34 @@ def _iteration_matrix(x, args):
     the forces couple few coordinates). Left out, as in Arnold & Brüls (2007, §3) and the
     multibody codes: the derivatives of `M(q) q̈` and `Gᵀ μ` with respect to `q` (of order
     `c` next to `M`) and `h Ψ_q` (of order `h` next to `(γ/β) Ψ_v`); they slow the
-    iteration's contraction, not its solution."""
+    iteration's contraction, not its solution.
+
+    Of more than `LOOPED_INVERSE_MAX` unknowns, where the terms carry `M` and `G` on their
+    patterns, the matrix is assembled on its pattern (`K` from one tangent per colour group
+    of its columns) for the sparse LU factorization ([`SaddlePointMatrix`][])."""
     system, t, step = args
     q, _ = _split(x, step)
     v, _, _ = step.unpack(q)
     terms = system.terms(t, q, v)
+    m = terms.num_holonomic
+    mass, jacobian = sparse_matrix(terms.mass_operator), sparse_matrix(terms.jacobian_operator)
+    if x.shape[0] > _thresholds.LOOPED_INVERSE_MAX and mass is not None and jacobian is not None:
+        stiffness = sparse_jacobian(lambda y: system.terms(t, y, step.unpack(y)[0]).forces, q)
+        scaled = SparseMatrix(-step.c * stiffness.values, stiffness.pattern)
+        nonholonomic = jacobian.pattern.rows >= m
+        rows = SparseMatrix(
+            jnp.where(nonholonomic, step.gamma / step.beta, 1.0) * jacobian.values,
+            jacobian.pattern,
+        )
+        matrix = sparse_blocks([[sparse_add(mass, scaled), jacobian.T], [rows, None]])
+        return SaddlePointMatrix(matrix, q.shape[0])
     _, stiffness, _, _ = linearization(
         lambda time, y: system.terms(time, y, step.unpack(y)[0]).forces, t, q, "coloured"
     )
-    m = terms.num_holonomic
     rows = jnp.concatenate([terms.jacobian[:m], (step.gamma / step.beta) * terms.jacobian[m:]])
     top = jnp.concatenate([terms.mass_matrix - step.c * stiffness, terms.jacobian.T], 1)
     bottom = jnp.concatenate([rows, jnp.zeros((rows.shape[0], rows.shape[0]), x.dtype)], 1)
-    return jnp.concatenate([top, bottom], 0)
+    return DenseNewtonMatrix(jnp.concatenate([top, bottom], 0))
 
 
 def _tangential(terms, error, least_squares: bool):
@@ -138,14 +163,27 @@ def _tangential(terms, error, least_squares: bool):
     `M⁻¹ Gᵀ` and `G M⁻¹ Gᵀ` come from [`eliminate`][], which follows the structure the terms
     carry (a mass matrix of small blocks inverted block by block, or its factor kept by the
     solve): a dense Cholesky factorization of `M` here would be a LAPACK call inside the
-    solve's loop, which then runs kernel by kernel (`_xla_flags.py`)."""
+    solve's loop, which then runs kernel by kernel (`_xla_flags.py`). Of more than
+    `LOOPED_MAX` holonomic constraints alone, `G M⁻¹ Gᵀ` on its pattern is factorized as
+    the multiplier solves do (`cholesky_plan`: banded or sparse), where it has one."""
     m = terms.num_holonomic
     if m == 0:
         return error
     elimination = eliminate(terms)
     gram = elimination.matrix[:m, :m]
     rhs = terms.jacobian[:m] @ error
-    if least_squares:
+    sparse = elimination.sparse_matrix
+    plan = None
+    if (
+        sparse is not None
+        and not least_squares
+        and terms.num_nonholonomic == 0
+        and m > _thresholds.LOOPED_MAX
+    ):
+        plan = cholesky_plan(sparse.pattern)
+    if plan is not None:
+        coefficients, _ = plan.solve(sparse, rhs)
+    elif least_squares:
         coefficients = jnp.linalg.pinv(gram) @ rhs
     elif m <= _thresholds.LU_UNROLL_MAX:
         coefficients = lu_solve(lu_factor(gram), rhs)
@@ -362,7 +400,17 @@ class GeneralizedAlpha(
         system = _system(y0, terms)
         acc, multipliers = _consistent(system, t0, *y0)
         size = y0[0].shape[0] + multipliers.shape[0]
-        return acc, acc, multipliers, IterationMatrix.empty(size, acc.dtype)
+        if size <= _thresholds.LOOPED_INVERSE_MAX:
+            factor = DenseInverse(jnp.zeros((size, size), acc.dtype))
+        else:  # the structure of the factorization that the steps will build
+            x = jnp.concatenate([y0[0], multipliers])
+            step = self.prepare(t0, t1, *y0, acc, acc)
+            factor = jax.eval_shape(
+                lambda: _iteration_matrix(x, (system, t0, step)).factor(
+                    _solves_least_squares(self), _rcond(self)
+                )
+            )
+        return acc, acc, multipliers, IterationMatrix.empty(factor)
 
     def prepare(self, t0, t1, q0, v0, a0, qdd0) -> _Step:
         """The quantities of the step from `t0` to `t1` that do not depend on its unknown
@@ -406,6 +454,7 @@ class GeneralizedAlpha(
             max_steps=self.root_find_max_steps,
             least_squares=_solves_least_squares(self),
             rcond=_rcond(self),
+            coordinates=q0.shape[0],
         )
         x, matrix, converged, _, _ = newton_solve(
             guess, (system, t1, step), kept, finder.rtol, finder.atol, options=options

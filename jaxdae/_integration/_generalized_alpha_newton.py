@@ -1,24 +1,26 @@
 """The Newton iteration of [`jaxdae.GeneralizedAlpha`][]'s steps: a modified Newton method
-whose factorized iteration matrix is carried from step to step, written as one loop of
-array operations that XLA compiles into the step's kernel, and differentiated implicitly.
+whose factorized iteration matrix is carried from step to step, written as one loop of array
+operations that XLA compiles into the step's kernel, and differentiated implicitly.
 
 The iteration solves `r(x) = 0` with `xₖ₊₁ = xₖ − A⁻¹ r(xₖ)`, `A` an approximation of
-`∂r/∂x` that the caller builds (`matrix`). `A⁻¹` (the inverse from a pivoted LU
-factorization, or the pseudo-inverse where the caller asks for a least-squares solve) is
-kept while the iteration contracts well and refreshed only when it does not, or when the
-step's coefficient has changed much since it was built: the strategy of the implicit
-multibody and DAE codes (Hairer & Wanner, *Solving ODEs II*, §IV.8 and §VI.5 for the
-simplified Newton iteration and its convergence test; the Jacobian reuse of DASSL/IDA,
-Brenan, Campbell & Petzold 1996, §5.2.2).
+`∂r/∂x` that the caller builds (`matrix`). `A`'s factorization (the inverse from a pivoted
+LU factorization, the pseudo-inverse where the caller asks for a least-squares solve, or,
+for a large saddle-point matrix on its sparsity, its sparse LU factors) is kept while the
+iteration contracts well and refreshed only when it does not, or when the step's coefficient
+has changed much since it was built: the strategy of the implicit multibody and DAE codes
+(Hairer & Wanner, *Solving ODEs II*, §IV.8 and §VI.5 for the simplified Newton iteration and
+its convergence test; the Jacobian reuse of DASSL/IDA, Brenan, Campbell & Petzold 1996,
+§5.2.2).
 
 The loop is a `lax.while_loop` whose body evaluates the residual, applies `A⁻¹` (one
-matrix–vector product) and tests the increment; a refresh is a `lax.cond` branch of the
-same body. Its derivative is not taken through the loop: the solution `x*` of `r(x, p) = 0`
-has `dx*/dp = −(∂r/∂x)⁻¹ ∂r/∂p` (implicit function theorem), with the exact `∂r/∂x` at
-`x*` (forward mode, dense), so `jax.grad` through a solve with fixed steps equals the
-derivative of the exact step map.
-"""
+matrix–vector product, or the sparse factors' substitutions) and tests the increment; a
+refresh is a `lax.cond` branch of the same body. Its derivative is not taken through the
+loop: the solution `x*` of `r(x, p) = 0` has `dx*/dp = −(∂r/∂x)⁻¹ ∂r/∂p` (implicit function
+theorem), with the exact `∂r/∂x` at `x*` (forward mode, one tangent per unknown or per
+colour group of a sparse `∂r/∂x`), so `jax.grad` through a solve with fixed steps equals the
+derivative of the exact step map."""
 
+import abc
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +30,10 @@ import jax.numpy as jnp
 
 from .. import _thresholds
 from .._compilation._linalg import blocked_inverse, inverse, lu_factor, lu_solve
+from .._compilation._sparse import SparseMatrix
+from .._compilation._supernodal_lu import SupernodalLU, saddle_point_plan, supernodal_lu
 from .._custom_types import Array, Bool, Float, Int
+from ._jacobian import sparse_jacobian
 
 # The contraction rate above which a kept matrix is refreshed (and a fresh one is deemed to
 # diverge when the rate reaches 1): below it an iteration costs one residual and gains at
@@ -47,23 +52,89 @@ COEFFICIENT_RATIO = 1 / 0.6
 _ROUNDING_UNITS = 16
 
 
+class AbstractNewtonFactor(eqx.Module):
+    """A factorization of the iteration matrix `A`, applied as `A⁻¹ r` at every
+    iteration."""
+
+    @abc.abstractmethod
+    def apply(self, residual: Float[Array, " N"]) -> Float[Array, " N"]:
+        """`A⁻¹ residual` (`A⁺ residual` for a least-squares solve)."""
+
+
+class DenseInverse(AbstractNewtonFactor):
+    """`A⁻¹` (or `A⁺`) as a dense matrix: one matrix–vector product per iteration."""
+
+    inverse: Float[Array, "N N"]
+
+    def apply(self, residual):
+        return self.inverse @ residual
+
+
+class SparseLU(AbstractNewtonFactor):
+    """`A`'s sparse LU factors (`_compilation/_supernodal_lu.py`): two passes of
+    substitutions per iteration, `O(entries of the factors)`."""
+
+    factors: SupernodalLU
+
+    def apply(self, residual):
+        return self.factors.substitutions(residual)
+
+
+class AbstractNewtonMatrix(eqx.Module):
+    """An iteration matrix `A` in the form its caller built it."""
+
+    @abc.abstractmethod
+    def factor(self, least_squares: bool, rcond: float | None) -> AbstractNewtonFactor:
+        """The factorization that the iteration applies."""
+
+
+class DenseNewtonMatrix(AbstractNewtonMatrix):
+    """`A` as a dense matrix, inverted by [`invert`][]."""
+
+    matrix: Float[Array, "N N"]
+
+    def factor(self, least_squares, rcond):
+        return DenseInverse(invert(self.matrix, least_squares, rcond))
+
+
+class SaddlePointMatrix(AbstractNewtonMatrix):
+    """`A` on its sparsity pattern, its first `coordinates` unknowns coordinates and the
+    others the multipliers of constraints (the index-3 equations' `[[M − c K, Gᵀ], [G,
+    0]]`). Factorized by the sparse LU factorization on a saddle-point order where the
+    plan estimates it cheaper than the dense inverse (`saddle_point_plan`), else (and for a
+    least-squares solve) inverted densely."""
+
+    matrix: SparseMatrix
+    coordinates: int = eqx.field(static=True)
+
+    def factor(self, least_squares, rcond):
+        plan = None if least_squares else saddle_point_plan(self.matrix.pattern, self.coordinates)
+        if plan is None:
+            return DenseInverse(invert(self.matrix.dense(), least_squares, rcond))
+        return SparseLU(supernodal_lu(self.matrix, plan))
+
+
 class IterationMatrix(eqx.Module):
-    """The inverse of the Newton iteration matrix kept between steps.
+    """The factorization of the Newton iteration matrix kept between steps.
 
     **Fields:**
 
-    - `inverse`: `A⁻¹` (or `A⁺` for a least-squares solve), `(N, N)`.
+    - `factor`: `A`'s factorization ([`AbstractNewtonFactor`][]).
     - `coefficient`: the step coefficient `c` it was built for; `0` before the first.
     - `builds`: how many matrices were built so far (for statistics).
     """
 
-    inverse: Float[Array, "N N"]
+    factor: AbstractNewtonFactor
     coefficient: Float[Array, ""]
     builds: Int[Array, ""]
 
     @classmethod
-    def empty(cls, size: int, dtype) -> "IterationMatrix":
-        return cls(jnp.zeros((size, size), dtype), jnp.zeros((), dtype), jnp.zeros((), jnp.int32))
+    def empty(cls, factor: Any) -> "IterationMatrix":
+        """Before the first build: a factorization of `factor`'s structure (an
+        [`AbstractNewtonFactor`][] or its `jax.eval_shape`), zeroed."""
+        zeros = jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), factor)
+        dtype = jax.tree.leaves(zeros)[0].dtype
+        return cls(zeros, jnp.zeros((), dtype), jnp.zeros((), jnp.int32))
 
 
 def invert(
@@ -96,7 +167,8 @@ class NewtonOptions(eqx.Module):
 
     - `residual(x, args)`: `(r, aux)`: the equations, flat `(N,)`, and what the caller
         wants to keep from their last evaluation (`aux`, not differentiated).
-    - `matrix(x, args)`: the iteration matrix `A ≈ ∂r/∂x` at `x`, `(N, N)`.
+    - `matrix(x, args)`: the iteration matrix `A ≈ ∂r/∂x` at `x`, an
+        [`AbstractNewtonMatrix`][].
     - `coefficient(args)`: the step's coefficient, which `A` depends on.
     - `measure(x, delta, args)`: `(d, y)`, the increment `delta` at `x` in the units in
         which it is tested, and the quantity `y` whose tolerance `atol + rtol |y|` it is
@@ -105,6 +177,10 @@ class NewtonOptions(eqx.Module):
     - `kappa`: the iteration stops once its remaining error is below `kappa` (scaled norm).
     - `max_steps`: the most iterations.
     - `least_squares`, `rcond`: a pseudo-inverse instead of an inverse.
+    - `coordinates`: where the first `coordinates` unknowns are coordinates and the others
+        multipliers (a saddle point), the implicit function theorem's solve with the exact
+        `∂r/∂x` of more than `LOOPED_INVERSE_MAX` unknowns runs on its sparsity (the sparse LU
+        factorization, where its plan is cheaper than the dense one); `None`: dense.
     """
 
     residual: Callable = eqx.field(static=True)
@@ -116,6 +192,7 @@ class NewtonOptions(eqx.Module):
     max_steps: int = eqx.field(static=True)
     least_squares: bool = eqx.field(static=True)
     rcond: float | None = eqx.field(static=True)
+    coordinates: int | None = eqx.field(static=True, default=None)
 
 
 class _Loop(eqx.Module):
@@ -123,7 +200,7 @@ class _Loop(eqx.Module):
 
     x: Float[Array, " N"]
     aux: Any  # the residual's `aux` at the last evaluation
-    inverse: Float[Array, "N N"]
+    factor: AbstractNewtonFactor
     coefficient: Float[Array, ""]  # the `c` the matrix was built for
     builds: Int[Array, ""]
     refresh: Bool[Array, ""]  # build a matrix before the next iteration
@@ -147,7 +224,7 @@ def _iterate(
     state = _Loop(
         x0,
         aux,
-        kept.inverse,
+        kept.factor,
         kept.coefficient,
         kept.builds,
         stale,
@@ -159,17 +236,17 @@ def _iterate(
     )
 
     def build(s: _Loop):
-        inverse = invert(options.matrix(s.x, args), options.least_squares, options.rcond)
-        return inverse, coefficient, s.builds + 1
+        factor = options.matrix(s.x, args).factor(options.least_squares, options.rcond)
+        return factor, coefficient, s.builds + 1
 
     def body(s: _Loop) -> _Loop:
-        inverse, coeff, builds = jax.lax.cond(
-            s.refresh, build, lambda s: (s.inverse, s.coefficient, s.builds), s
+        factor, coeff, builds = jax.lax.cond(
+            s.refresh, build, lambda s: (s.factor, s.coefficient, s.builds), s
         )
         fresh = s.fresh | s.refresh
         previous = jnp.where(s.refresh, inf, s.previous)
         residual, aux = options.residual(s.x, args)
-        delta = -(inverse @ residual)
+        delta = -factor.apply(residual)
         measured, reference = options.measure(s.x, delta, args)
         size = options.norm(measured / (atol + rtol * jnp.abs(reference)))
         finite = jnp.isfinite(size)
@@ -204,7 +281,7 @@ def _iterate(
         return _Loop(
             x,
             aux,
-            inverse,
+            factor,
             coeff,
             builds,
             refresh,
@@ -219,7 +296,7 @@ def _iterate(
         return ~(s.converged | s.failed)
 
     out = jax.lax.while_loop(cond, body, state)
-    matrix = IterationMatrix(out.inverse, out.coefficient, out.builds)
+    matrix = IterationMatrix(out.factor, out.coefficient, out.builds)
     return out.x, matrix, out.converged, out.iterations, out.aux
 
 
@@ -250,10 +327,27 @@ def _newton_solve_jvp(primals, tangents, *, options: NewtonOptions):
         return options.residual(x, a)[0]
 
     _, r_dot = eqx.filter_jvp(residual_of_args, (args,), (t_args,))
-    jacobian = jax.jacfwd(lambda y: options.residual(y, args)[0])(x)
-    if options.least_squares:
-        x_dot = -(invert(jacobian, True, options.rcond) @ r_dot)
-    else:
-        x_dot = -lu_solve(lu_factor(jacobian), r_dot)
+    x_dot = -_exact_solve(lambda y: options.residual(y, args)[0], x, r_dot, options)
     no_tangent = jax.tree.map(lambda _: None, out[1:])
     return out, (x_dot, *no_tangent)
+
+
+def _exact_solve(residual, x, rhs, options: NewtonOptions) -> Array:
+    """`(∂r/∂x)⁻¹ rhs` at `x` with the exact `∂r/∂x` (`residual(x) = r`): on its sparsity
+    where `options.coordinates` says the unknowns form a saddle point of more than
+    `LOOPED_INVERSE_MAX` and its plan is cheaper than the dense factorization (one tangent
+    per colour group of its columns, the sparse LU factorization); else the dense Jacobian
+    (one tangent per unknown) and LU (the pseudo-inverse for a least-squares solve)."""
+    if (
+        options.coordinates is not None
+        and not options.least_squares
+        and x.shape[0] > _thresholds.LOOPED_INVERSE_MAX
+    ):
+        jacobian = sparse_jacobian(residual, x)
+        plan = saddle_point_plan(jacobian.pattern, options.coordinates)
+        if plan is not None:
+            return supernodal_lu(jacobian, plan).solve(rhs)
+    jacobian = jax.jacfwd(residual)(x)
+    if options.least_squares:
+        return invert(jacobian, True, options.rcond) @ rhs
+    return lu_solve(lu_factor(jacobian), rhs)

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _thresholds
+from .._compilation._gather import take
+from .._compilation._sparse import Pattern, SparseMatrix
 from .._compilation._sparsity import column_colouring, nonzero_masks
 from .._custom_types import Array, Float
 
@@ -67,3 +69,21 @@ def linearization(f, t, y, jacobian: str):
     in_t[-1] = 1.0
     products = tangent_products(tangent, in_t, directions)  # (tangents, n)
     return f0, expand(products[:-1].T), products[-1], len(seeds)
+
+
+def sparse_jacobian(f_of_y: Callable[[Array], Array], y: Float[Array, " n"]) -> SparseMatrix:
+    """`∂f/∂y` (`f_of_y` maps `(n,)` to `(k,)`) on its structural pattern (found once, when
+    traced, from `f_of_y`'s jaxpr) from one `jax.linearize` and one tangent per colour group
+    of its columns (Curtis, Powell & Reid 1974), never as a dense matrix."""
+    (mask,) = nonzero_masks(jax.jacfwd(f_of_y), y)
+    size = jax.eval_shape(f_of_y, y).shape[0]
+    pattern = Pattern.from_mask(np.asarray(mask, bool).reshape(size, y.size))
+    if pattern.nnz == 0:
+        return SparseMatrix(jnp.zeros((0,), y.dtype), pattern)
+    colours = column_colouring(pattern.mask())
+    seeds = (colours[None, :] == np.arange(int(colours.max()) + 1)[:, None]).astype(y.dtype)
+    _, tangent = jax.linearize(f_of_y, y)
+    products = tangent_products(tangent, seeds)  # (groups, k): row g holds Σ_{j in g} ∂f/∂y_j
+    return SparseMatrix(
+        take(products.reshape(-1), colours[pattern.cols] * size + pattern.rows), pattern
+    )
