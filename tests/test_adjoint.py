@@ -485,7 +485,8 @@ def test_reverse_mode_inside_jit_does_not_trace_the_primal_solve(monkeypatch):
     `diffrax.diffeqsolve` unjitted (`diffeqsolve_unjitted`), and is itself traced inline
     (`jit_unless_staged`: inside an enclosing jit `simulate` is traced inline; eager calls,
     under `grad` or `vmap` too, run the jitted `simulate`)."""
-    from jaxdae._integration import _adjoint, _sweep_backward
+    from jaxdae._compilation._private_apis import traced_for_jit
+    from jaxdae._integration import _sweep_backward
 
     primal_solves = []
     loop_solve = _sweep_backward.loop_solve
@@ -501,7 +502,7 @@ def test_reverse_mode_inside_jit_does_not_trace_the_primal_solve(monkeypatch):
     assert primal_solves == []
 
     staged = []
-    probe = lambda x: staged.append(_adjoint.traced_for_jit(x)) or x  # noqa: E731
+    probe = lambda x: staged.append(traced_for_jit(x)) or x  # noqa: E731
     for transform, x in (
         (jax.jit, 1.0),
         (jax.grad, 1.0),

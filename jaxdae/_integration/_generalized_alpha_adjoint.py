@@ -9,9 +9,11 @@ the step's equations `r(x, p) = 0` for its new positions and scaled multipliers 
 exact `∂r/∂x` of the linearization of `r` at the step's solution), and the `a`, `q̈`, `v`
 of the step's end are affine in `x` and the start (Arnold & Brüls 2007, the step of
 [`jaxdae.GeneralizedAlpha`][]). `(∂r/∂x)ᵀ w = x̄` is solved to rounding by iterative
-refinement with the inverse of a later step's exact `(∂r/∂x)ᵀ`, kept from step to step
-as the forward solve keeps its Newton matrix, and rebuilt (one vector–Jacobian product
-per unknown) only where the refinement does not converge quickly (`_adjoint_solve`).
+refinement with the factorization of a later step's exact `(∂r/∂x)ᵀ` (its inverse, or
+for a large saddle point its sparse LU factors), kept from step to step as the forward
+solve keeps its Newton matrix, and rebuilt (one vector–Jacobian product per unknown, or
+one tangent per colour group of its columns on its sparsity) only where the refinement
+does not converge quickly (`_adjoint_solve`).
 
 Differentiating diffrax's loop instead (`diffrax.RecursiveCheckpointAdjoint`) recomputes
 the steps between its checkpoints in the backward pass, in another compiled program:
@@ -32,7 +34,10 @@ from jax.flatten_util import ravel_pytree
 from .. import _thresholds
 from .._compilation._linalg import full_precision, inverse
 from .._compilation._private_apis import unvmap_max
+from .._compilation._supernodal_lu import saddle_point_plan, supernodal_lu
 from ._generalized_alpha import GeneralizedAlpha
+from ._generalized_alpha_newton import AbstractNewtonFactor, DenseInverse, SparseLU
+from ._jacobian import sparse_jacobian
 from ._sweep_backward import _rows_bar, saves_bar
 from ._sweep_forward import (
     SAVE_Y,
@@ -329,6 +334,19 @@ def _backward(stored, out_bar, perturbed, problem, static):
     end_bar = (final_bar[:n], final_bar[n:], zero_n, zero_n)
     terms_bar = jax.tree.map(jnp.zeros_like, diff_terms)
 
+    def through_step(ta, tb):
+        """The step's equations and its end's `(q, v, a, q̈)` from its start and `x`."""
+
+        def through(inputs, diff_terms, x):
+            step = method.prepare(ta, tb, *inputs)
+            terms = eqx.combine(diff_terms, static_terms)
+            residual = method.residual(x, system_term(terms).system, tb, step)
+            q1 = x[:n]
+            v1, qdd1, a1 = step.unpack(q1)
+            return residual, (q1, v1, a1, qdd1)
+
+        return through
+
     def step_back(k, records, i, carry):
         """The cotangents at the start of step `k` (row `i` of `records`) from those at
         its end, and the factorized matrix to keep."""
@@ -355,13 +373,7 @@ def _backward(stored, out_bar, perturbed, problem, static):
         else:
             start_saves = None
 
-        def through(inputs, diff_terms, x):
-            step = method.prepare(ta, tb, *inputs)
-            terms = eqx.combine(diff_terms, static_terms)
-            residual = method.residual(x, system_term(terms).system, tb, step)
-            q1 = x[:n]
-            v1, qdd1, a1 = step.unpack(q1)
-            return residual, (q1, v1, a1, qdd1)
+        through = through_step(ta, tb)
 
         # The end's `q`, `v`, `a`, `q̈` are affine in its positions (`_Step.unpack`):
         # `∂v/∂q = γ/(hβ)`, `∂a/∂q = 1/(h²β)`, `∂q̈/∂q = 1/c`; the multipliers do not enter.
@@ -376,7 +388,15 @@ def _backward(stored, out_bar, perturbed, problem, static):
         )
         (residual, ends), pull = jax.vjp(through, inputs, diff_terms, x)
         no_ends = jax.tree.map(jnp.zeros_like, ends)
-        w, kept = _adjoint_solve(lambda w: pull((w, no_ends))[2], x_bar, kept)
+        transposed = lambda w: pull((w, no_ends))[2]  # noqa: E731
+        w, kept = _adjoint_solve(
+            transposed,
+            x_bar,
+            kept,
+            lambda: _transposed_factor(
+                lambda y: through(inputs, diff_terms, y)[0], transposed, x, n
+            ),
+        )
         inputs_bar, step_terms_bar, _ = pull((-w, (q_bar, v_bar, a_bar, qdd_bar)))
         if start_saves is not None:
             inputs_bar = (
@@ -413,9 +433,24 @@ def _backward(stored, out_bar, perturbed, problem, static):
             carry,
         )
 
-    size = q0.shape[0] + problem.init_state.solver_state[2].shape[0]
+    begin = record(start)
+    size = n + begin.lam.shape[0]
+    if size <= _thresholds.LOOPED_INVERSE_MAX:
+        factor = DenseInverse(jnp.zeros((size, size), q0.dtype))
+    else:  # the structure of the factorization the steps will build
+        inputs = (begin.q, begin.v, begin.a, begin.qdd)
+        x = jnp.concatenate([begin.q, begin.lam])
+        through = through_step(times[0], times[1])
+
+        def residual(y):
+            return through(inputs, diff_terms, y)[0]
+
+        def transposed(w):
+            return jax.vjp(residual, x)[1](w)[0]
+
+        factor = jax.eval_shape(lambda: _transposed_factor(residual, transposed, x, n))
     ((q_bar, v_bar, a_bar, qdd_bar), terms_bar), _ = jax.lax.fori_loop(
-        0, segments, segment_back, ((end_bar, terms_bar), _Kept.empty(size, q0.dtype))
+        0, segments, segment_back, ((end_bar, terms_bar), _Kept.empty(factor))
     )
 
     def start(y0, diff_terms):  # the consistent accelerations at `t0`: `a₀ = q̈₀`
@@ -437,30 +472,50 @@ def _backward(stored, out_bar, perturbed, problem, static):
 
 
 class _Kept(eqx.Module):
-    """The inverse of `(∂r/∂x)ᵀ` at a later step, kept to solve the adjoint equations of
-    the steps before it by iterative refinement; `valid` is false before the first is
+    """A factorization of `(∂r/∂x)ᵀ` at a later step, kept to solve the adjoint equations
+    of the steps before it by iterative refinement; `valid` is false before the first is
     built."""
 
-    inverse: jax.Array
+    factor: AbstractNewtonFactor
     valid: jax.Array
 
     @classmethod
-    def empty(cls, size: int, dtype) -> "_Kept":
-        return cls(jnp.zeros((size, size), dtype), jnp.zeros((), jnp.bool_))
+    def empty(cls, factor) -> "_Kept":
+        """Before the first build: a factorization of `factor`'s structure (or its
+        `jax.eval_shape`), zeroed."""
+        zeros = jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), factor)
+        return cls(zeros, jnp.zeros((), jnp.bool_))
 
 
-def _adjoint_solve(transposed, x_bar, kept: _Kept):
+def _transposed_factor(residual, transposed, x, coordinates: int) -> AbstractNewtonFactor:
+    """A factorization of `(∂r/∂x)ᵀ` at `x` (`residual(x) = r`, `transposed(w) = (∂r/∂x)ᵀ
+    w`): of more than `LOOPED_INVERSE_MAX` unknowns, where the saddle point's sparse LU
+    factorization is cheaper than the dense one (`saddle_point_plan`), `∂r/∂x` on its
+    sparsity (one tangent per colour group of its columns) and its LU factors, applied
+    transposed; else its inverse from one vector–Jacobian product per unknown."""
+    if x.shape[0] > _thresholds.LOOPED_INVERSE_MAX:
+        jacobian = sparse_jacobian(residual, x)
+        plan = saddle_point_plan(jacobian.pattern, coordinates)
+        if plan is not None:
+            return SparseLU(supernodal_lu(jacobian, plan), transpose=True)
+    # The products `(∂r/∂x)ᵀ eᵢ` are the rows of `∂r/∂x`.
+    rows = jax.vmap(transposed)(jnp.eye(x.shape[0], dtype=x.dtype))
+    return DenseInverse(inverse(rows.T))
+
+
+def _adjoint_solve(transposed, x_bar, kept: _Kept, factorize):
     """`w` with `(∂r/∂x)ᵀ w = x̄` (`transposed(w) = (∂r/∂x)ᵀ w`, a vector–Jacobian product),
-    to rounding, and the inverse to keep.
+    to rounding, and the factorization to keep (`factorize()`: that of this step's
+    `(∂r/∂x)ᵀ`, [`_transposed_factor`][]).
 
-    Iterative refinement with the kept inverse `K` of a later step's `(∂r/∂x)ᵀ`
-    (`w ← w + K (x̄ − (∂r/∂x)ᵀ w)`; Golub & Van Loan 2013, §3.5.3): adjacent steps'
+    Iterative refinement with the kept factorization `K ≈ (∂r/∂x)⁻ᵀ` of a later step's
+    matrix (`w ← w + K (x̄ − (∂r/∂x)ᵀ w)`; Golub & Van Loan 2013, §3.5.3): adjacent steps'
     matrices differ by the change of the state and of `h` over a step, and a correction
-    costs one product and one matrix–vector product, where a new matrix costs one
-    product per unknown and an inversion (`_linalg.inverse`). Where the corrections do
-    not shrink by `_REFINE_RATE` per iteration, or have not reached rounding after
-    `_REFINE_ITERATIONS`, the exact `(∂r/∂x)ᵀ` of this step is built from the same
-    products, inverted, solved with and kept: the strategy of the forward solve's
+    costs one product and one application of `K`, where a new matrix costs one product
+    per unknown (per colour group, on its sparsity) and a factorization. Where the
+    corrections do not shrink by `_REFINE_RATE` per iteration, or have not reached rounding
+    after `_REFINE_ITERATIONS`, the exact `(∂r/∂x)ᵀ` of this step is built, factorized,
+    solved with and kept: the strategy of the forward solve's
     modified Newton iteration, applied to the linear adjoint equations. The solution is
     that of a direct solve to rounding, whichever matrix is kept.
     """
@@ -468,21 +523,20 @@ def _adjoint_solve(transposed, x_bar, kept: _Kept):
     inf = jnp.asarray(jnp.inf, x_bar.dtype)
 
     def rebuild(_):
-        rows = jax.vmap(transposed)(jnp.eye(x_bar.shape[0], dtype=x_bar.dtype))
-        kept = inverse(rows.T)  # the products `(∂r/∂x)ᵀ eᵢ` are the rows of `∂r/∂x`
-        w = kept @ x_bar
+        kept = factorize()
+        w = kept.apply(x_bar)
         # Two corrections: neither a product with the inverse nor the solve with the LU
         # factors reaches the refinement's rounding level (on the arm of the stiff
         # integration guide, a plain LU solve at every step moved the gradient by 10⁻⁸).
-        w = w + kept @ (x_bar - transposed(w))
-        return w + kept @ (x_bar - transposed(w)), _Kept(kept, jnp.ones((), jnp.bool_))
+        w = w + kept.apply(x_bar - transposed(w))
+        return w + kept.apply(x_bar - transposed(w)), _Kept(kept, jnp.ones((), jnp.bool_))
 
     if _REFINE_ITERATIONS == 0:
         return rebuild(None)
 
     def refine(state):
         w, previous, iteration, _ = state
-        delta = kept.inverse @ (x_bar - transposed(w))
+        delta = kept.factor.apply(x_bar - transposed(w))
         size = jnp.max(jnp.abs(delta))
         w = w + delta
         rate = size / previous
@@ -498,7 +552,7 @@ def _adjoint_solve(transposed, x_bar, kept: _Kept):
     def going_on(state):
         return state[3] == 0
 
-    start = (kept.inverse @ x_bar, inf, jnp.zeros((), jnp.int32), jnp.where(kept.valid, 0, 2))
+    start = (kept.factor.apply(x_bar), inf, jnp.zeros((), jnp.int32), jnp.where(kept.valid, 0, 2))
     w, _, _, outcome = jax.lax.while_loop(going_on, refine, start)
     return jax.lax.cond(outcome == 2, rebuild, lambda _: (w, kept), None)
 

@@ -71,13 +71,15 @@ class DenseInverse(AbstractNewtonFactor):
 
 
 class SparseLU(AbstractNewtonFactor):
-    """`A`'s sparse LU factors (`_compilation/_supernodal_lu.py`): two passes of
-    substitutions per iteration, `O(entries of the factors)`."""
+    """The sparse LU factors of `A` (of `Aᵀ` where `transpose`: the same factors
+    applied transposed; `_compilation/_supernodal_lu.py`): two passes of substitutions per
+    iteration, `O(entries of the factors)`."""
 
     factors: SupernodalLU
+    transpose: bool = eqx.field(static=True, default=False)
 
     def apply(self, residual):
-        return self.factors.substitutions(residual)
+        return self.factors.substitutions(residual, self.transpose)
 
 
 class AbstractNewtonMatrix(eqx.Module):
