@@ -190,7 +190,11 @@ INVERSE_MAX = 16
 # elimination of `checked_blocked_inverse` beyond), LAPACK beyond. `jaxdae.GeneralizedAlpha`
 # keeps its Newton matrix's inverse across iterations and steps: built from array
 # operations, it adds no custom call to the solve's loop, which XLA can then run as one
-# kernel (docs/design_measurements.md#looped-inverse).
+# kernel (docs/design_measurements.md#looped-inverse). Larger Newton matrices of
+# `GeneralizedAlpha` on a pattern (the terms carry sparse `M` and `G`) take the sparse LU
+# factorization where `saddle_point_plan` estimates it cheaper than the dense one, with
+# `SUPERNODAL_WORK_RATIO` and `DENSE_WORK_FACTOR` as `cholesky_plan` weighs them
+# (docs/design_measurements.md#sparse-newton).
 LOOPED_INVERSE_MAX = 64
 
 # `jaxdae.GeneralizedAlpha`'s Newton matrices from `LU_UNROLL_MAX + 1` up to

@@ -24,7 +24,8 @@ joints and solvers use, for a user who writes their own (docs/guides/extending.m
   (Haug's dot-1 and dot-2 conditions) and the rotations of Euler parameters.
 - **Linear algebra**: the Cholesky solver that follows the structure of a symmetric
   positive definite operator, and the banded and multifrontal sparse factorizations behind
-  it.
+  it; the multifrontal sparse LU factorization of saddle-point matrices (the Newton
+  matrices of the index-3 equations).
 """
 
 from ._compilation._banded import (
@@ -39,6 +40,13 @@ from ._compilation._supernodal import (
     cholesky_plan as cholesky_plan,
     supernodal_plan as supernodal_plan,
     supernodal_solve as supernodal_solve,
+)
+from ._compilation._supernodal_lu import (
+    LUPlan as LUPlan,
+    SupernodalLU as SupernodalLU,
+    saddle_point_order as saddle_point_order,
+    saddle_point_plan as saddle_point_plan,
+    supernodal_lu as supernodal_lu,
 )
 from ._formulations._base import AbstractIndependentVelocities as AbstractIndependentVelocities
 from ._gains import (

@@ -102,6 +102,35 @@ def test_patterns_are_exact_on_awkward_models():
     assert np.all(_jacobian_mask(_scanned, 5))
 
 
+def test_masks_are_reused_only_for_the_same_function(monkeypatch):
+    """A function traced again (as a solve traces its step several times) reuses the masks
+    found before; functions whose jaxprs print alike but gather at other index tables
+    (`take`'s tables print as their type), or close over other constant values, do not."""
+    from jaxdae._compilation import _sparsity
+
+    runs = []
+    run = _sparsity._run_closed
+    monkeypatch.setattr(_sparsity, "_run_closed", lambda *a: runs.append(1) or run(*a))
+    x = jax.ShapeDtypeStruct((3,), jnp.float64)
+
+    def gather(index):
+        return lambda y: _gather.take(y, index) * y
+
+    assert nonzero_masks(jax.jacfwd(gather(np.array([0, 2, 1]))), x)[0].sum() == 5
+    assert nonzero_masks(jax.jacfwd(gather(np.array([0, 2, 1]))), x)[0].sum() == 5
+    assert len(runs) == 1
+    expected = np.eye(3, dtype=bool)
+    expected[2, 1] = True  # y[1] · y[2]
+    np.testing.assert_array_equal(
+        nonzero_masks(jax.jacfwd(gather(np.array([0, 1, 1]))), x)[0], expected
+    )
+    scale = np.array([1.0, 0.0, 2.0])
+    masks = [nonzero_masks(lambda y, c=c: y * c, x)[0] for c in (scale, scale[::-1])]
+    np.testing.assert_array_equal(masks[0], [True, False, True])
+    np.testing.assert_array_equal(masks[1], [True, False, True][::-1])
+    assert len(runs) == 4
+
+
 class _Loops(jaxdae.LagrangianSystem):
     """Point masses on a line written with Python loops and `.at[].set`: diagonal `M`
     (masses as a parameter), a Jacobian with two entries per row."""

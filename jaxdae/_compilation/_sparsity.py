@@ -14,7 +14,9 @@ or a product with a constant zero is exact. Anything without a rule, or indices 
 on the inputs, gives `True`: the analysis may over-estimate a pattern, never miss an entry
 (floating-point exceptions such as `0 · inf` aside), at every point, not only where it was
 traced. Branches (`select_n`, `cond` with an unknown predicate) contribute the union of their
-masks; loops (`while`, `scan`) iterate their carry's mask to a fixed point.
+masks; loops (`while`, `scan`) iterate their carry's mask to a fixed point. The masks of a
+jaxpr are kept (by its text, its equations' other parameters and its constants' values), so
+that a function traced again is not analysed again.
 
 [`column_colouring`][] groups the columns of a pattern so that no two columns of a group share
 a row: one directional derivative per group then gives all of their entries (Curtis, Powell
@@ -81,8 +83,68 @@ def nonzero_masks(fn: Callable, *args) -> list[np.ndarray]:
     **Returns:** a list of boolean numpy arrays, one per output leaf, of the leaves' shapes.
     """
     closed = jax.make_jaxpr(fn)(*args)
-    inputs = [_full(v.aval) for v in closed.jaxpr.invars]
-    return [a.mask for a in _run_closed(closed, inputs)]
+    key = _key(closed)
+    masks = _MASKS.get(key) if key is not None else None
+    if masks is None:
+        inputs = [_full(v.aval) for v in closed.jaxpr.invars]
+        masks = [a.mask for a in _run_closed(closed, inputs)]
+        if key is not None:
+            while len(_MASKS) >= _MASKS_KEPT:
+                del _MASKS[next(iter(_MASKS))]
+            _MASKS[key] = masks
+    return [m.copy() for m in masks]
+
+
+# Masks found before, by jaxpr: a solve traces the same function several times (a solver's
+# step for its state's shape and again for the loop, each Newton matrix's build), and the
+# analysis of a large model's Jacobian costs seconds, its jaxpr's text milliseconds.
+_MASKS: dict = {}
+_MASKS_KEPT = 64
+
+
+def _key(closed) -> tuple | None:
+    """What decides the analysis of `closed`: its text, the parameters of its equations
+    that the text leaves out (objects such as the index tables of `take`, which print as
+    their type), and its constants' values (their shapes alone for a tracer closed over,
+    which the analysis takes as unknown); `None` where one of them cannot be compared."""
+    params: list = []
+    if not _parameters(closed.jaxpr, params):
+        return None
+    consts = []
+    for c in closed.consts:
+        try:
+            value = np.asarray(c)
+        except Exception:  # a tracer closed over: unknown value
+            consts.append(("unknown", tuple(np.shape(c))))
+            continue
+        if value.dtype == object:
+            return None
+        consts.append((value.dtype.str, value.shape, value.tobytes()))
+    return str(closed.jaxpr), tuple(params), tuple(consts)
+
+
+def _parameters(jaxpr, out: list) -> bool:
+    """Appends to `out` the parameters of `jaxpr`'s equations, inner jaxprs' included,
+    other than jaxprs and functions (the analysis reads neither: it runs the inner jaxprs);
+    false where one cannot be hashed."""
+
+    def collect(value) -> bool:
+        if isinstance(value, jex.ClosedJaxpr):
+            return _parameters(value.jaxpr, out)
+        if isinstance(value, jex.Jaxpr):
+            return _parameters(value, out)
+        if isinstance(value, (tuple, list)):
+            return all(collect(v) for v in value)
+        if callable(value) and not isinstance(value, type):
+            return True
+        try:
+            hash(value)
+        except TypeError:
+            return False
+        out.append(value)
+        return True
+
+    return all(collect(v) for eqn in jaxpr.eqns for v in eqn.params.values())
 
 
 def _run_closed(closed, inputs):

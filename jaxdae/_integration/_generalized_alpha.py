@@ -255,8 +255,13 @@ class GeneralizedAlpha(
     is built from the structured terms, `[[M − c (∂Q/∂q + s ∂Q/∂v), Gᵀ], [Φ_q; (γ/β) Ψ_v,
     0]]` with `s = γ/(hβ)` (the forces' derivatives by forward mode on the forces alone;
     the derivatives of `M(q) q̈`, `Gᵀμ` and `h Ψ_q`, of order `c` and `h`, left out as in
-    Arnold & Brüls 2007, §3), inverted once (in array operations up to
-    `LOOPED_INVERSE_MAX` unknowns) and kept across iterations and steps: it is rebuilt
+    Arnold & Brüls 2007, §3), factorized once and kept across iterations and steps:
+    inverted in array operations up to `LOOPED_INVERSE_MAX` unknowns; beyond, where the
+    terms carry `M` and `G` on their patterns (meshes, trusses, long chains of bodies in
+    absolute coordinates), assembled on its pattern and factorized by a sparse LU
+    factorization on an order that eliminates each multiplier after its constraint's
+    coordinates, wherever that costs less than the dense inverse (LAPACK's otherwise). It is
+    rebuilt
     only where the iteration contracts by less than a factor 2 per iteration, or where
     the step's `c` changed by more than a factor 1/0.6 since it was built (DASSL's and
     IDA's rule). Each iteration evaluates the equations from products, `M q̈` as the
