@@ -4,7 +4,9 @@ dense inverse, in one process: compile time, solve time, steps and matrix builds
 gradient of the final positions' squared norm w.r.t. gravity (the default discrete
 adjoint), and the largest difference of the two paths' results. "LU factors traced" says
 whether the plan chose the sparse factorization for the Newton matrix (where it does not,
-both rows run the dense inverse).
+both rows run the dense inverse). The path measured second reuses what the first traced
+(the patterns' analyses, the plans): compare compile times from `--paths sparse` and
+`--paths dense` in separate processes.
 
 The dense path is the same code with `saddle_point_plan` declining every plan
 (`DENSE_WORK_FACTOR = 0`): the dense inverse (LAPACK beyond `LOOPED_INVERSE_MAX`). Both
@@ -14,6 +16,7 @@ calls after a first.
 
     .venv/bin/python experiments/diagnostics/bench_sparse_newton.py
         [--models square:10,cloth:12] [--t1 1.0] [--repeats 3] [--gradient]
+        [--paths sparse,dense]
 """
 
 import argparse
@@ -84,6 +87,7 @@ def main():
     parser.add_argument("--t1", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gradient", action="store_true")
+    parser.add_argument("--paths", default="sparse,dense")
     args = parser.parse_args()
     dense_factor = _thresholds.DENSE_WORK_FACTOR
     traced = []  # the sparse factorizations traced by the Newton iteration
@@ -101,7 +105,8 @@ def main():
         q0, _ = system.initial_state()
         unknowns = q0.size + system.constraints(0.0, q0).size
         rows = {}
-        for path, factor in (("sparse LU", dense_factor), ("dense inverse", 0.0)):
+        paths = {"sparse": ("sparse LU", dense_factor), "dense": ("dense inverse", 0.0)}
+        for path, factor in (paths[p] for p in args.paths.split(",")):
             _thresholds.DENSE_WORK_FACTOR = factor
             saddle_point_plan.cache_clear()
             traced.clear()
@@ -110,7 +115,7 @@ def main():
         _thresholds.DENSE_WORK_FACTOR = dense_factor
         saddle_point_plan.cache_clear()
         for path, row in rows.items():
-            other = rows["dense inverse"]
+            other = rows.get("dense inverse", row)
             difference = np.abs(row["q"] - other["q"]).max()
             if args.gradient:
                 difference = max(difference, abs(row["dgravity"] - other["dgravity"]))
