@@ -415,7 +415,7 @@ class GeneralizedAlpha(
                     _solves_least_squares(self), _rcond(self)
                 )
             )
-        return acc, acc, multipliers, IterationMatrix.empty(factor)
+        return acc, acc, multipliers, IterationMatrix.empty(factor, acc.dtype)
 
     def prepare(self, t0, t1, q0, v0, a0, qdd0) -> _Step:
         """The quantities of the step from `t0` to `t1` that do not depend on its unknown

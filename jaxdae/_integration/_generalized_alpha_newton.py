@@ -131,11 +131,11 @@ class IterationMatrix(eqx.Module):
     builds: Int[Array, ""]
 
     @classmethod
-    def empty(cls, factor: Any) -> "IterationMatrix":
+    def empty(cls, factor: Any, dtype) -> "IterationMatrix":
         """Before the first build: a factorization of `factor`'s structure (an
-        [`AbstractNewtonFactor`][] or its `jax.eval_shape`), zeroed."""
+        [`AbstractNewtonFactor`][] or its `jax.eval_shape`), zeroed; `dtype` the
+        coefficient's."""
         zeros = jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), factor)
-        dtype = jax.tree.leaves(zeros)[0].dtype
         return cls(zeros, jnp.zeros((), dtype), jnp.zeros((), jnp.int32))
 
 
