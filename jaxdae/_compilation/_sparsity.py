@@ -105,34 +105,34 @@ _MASKS_KEPT = 64
 def _key(closed) -> tuple | None:
     """What decides the analysis of `closed`: its text, the parameters of its equations
     that the text leaves out (objects such as the index tables of `take`, which print as
-    their type), and its constants' values (their shapes alone for a tracer closed over,
-    which the analysis takes as unknown); `None` where one of them cannot be compared."""
-    params: list = []
-    if not _parameters(closed.jaxpr, params):
+    their type), and the constants' values of it and of its inner jaxprs (their shapes alone
+    for a tracer closed over, which the analysis takes as unknown); `None` where one of
+    them cannot be compared."""
+    parts: list = []
+    if not _parts(closed.jaxpr, closed.consts, parts):
         return None
-    consts = []
-    for c in closed.consts:
+    return str(closed.jaxpr), tuple(parts)
+
+
+def _parts(jaxpr, consts, out: list) -> bool:
+    """Appends to `out` the values of a jaxpr's `consts` and its equations' parameters,
+    inner jaxprs' included, other than jaxprs and functions (the analysis reads neither: it
+    runs the inner jaxprs); false where one cannot be compared."""
+    for c in consts:
         try:
             value = np.asarray(c)
         except Exception:  # a tracer closed over: unknown value
-            consts.append(("unknown", tuple(np.shape(c))))
+            out.append(("unknown", tuple(np.shape(c))))
             continue
         if value.dtype == object:
-            return None
-        consts.append((value.dtype.str, value.shape, value.tobytes()))
-    return str(closed.jaxpr), tuple(params), tuple(consts)
-
-
-def _parameters(jaxpr, out: list) -> bool:
-    """Appends to `out` the parameters of `jaxpr`'s equations, inner jaxprs' included,
-    other than jaxprs and functions (the analysis reads neither: it runs the inner jaxprs);
-    false where one cannot be hashed."""
+            return False
+        out.append((value.dtype.str, value.shape, value.tobytes()))
 
     def collect(value) -> bool:
         if isinstance(value, jex.ClosedJaxpr):
-            return _parameters(value.jaxpr, out)
+            return _parts(value.jaxpr, value.consts, out)
         if isinstance(value, jex.Jaxpr):
-            return _parameters(value, out)
+            return _parts(value, [], out)
         if isinstance(value, (tuple, list)):
             return all(collect(v) for v in value)
         if callable(value) and not isinstance(value, type):
