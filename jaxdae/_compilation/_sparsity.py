@@ -97,7 +97,8 @@ def nonzero_masks(fn: Callable, *args) -> list[np.ndarray]:
 
 # Masks found before, by jaxpr: a solve traces the same function several times (a solver's
 # step for its state's shape and again for the loop, each Newton matrix's build), and the
-# analysis of a large model's Jacobian costs seconds, its jaxpr's text milliseconds.
+# analysis of a large model's Jacobian costs far more than writing out its jaxpr's text
+# (docs/design_measurements.md#sparse-newton).
 _MASKS: dict = {}
 _MASKS_KEPT = 64
 
