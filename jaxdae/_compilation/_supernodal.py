@@ -486,6 +486,17 @@ def _run_tasks(plan: SupernodalPlan, steps, carry, reverse: bool = False):
     return jax.lax.fori_loop(0, plan.levels, level, carry)
 
 
+def extend_add(assembled: Array, table: dict, j: Array, update: Array, trash: int) -> Array:
+    """`assembled` with task `j`'s update matrices, `(batch, u, u)`, added into their
+    parents' fronts (the extend-add; padding and roots write to `trash`)."""
+    rows = table["update_map"][j]
+    parent = table["parent_offset"][j][:, None, None]
+    index = parent + rows[:, :, None] * table["parent_size"][j][:, None, None]
+    index = index + rows[:, None, :]
+    valid = (rows[:, :, None] >= 0) & (rows[:, None, :] >= 0) & (parent < trash)
+    return assembled.at[jnp.where(valid, index, trash)].add(update)
+
+
 def _fronts(buffer: Array, offset: Array, batch: int, size: int) -> Array:
     return _columns(buffer, offset, batch, size, size)
 
@@ -627,12 +638,7 @@ def supernodal_factor(matrix: SparseMatrix, plan: SupernodalPlan) -> SupernodalF
                 )
                 update = fronts[:, k:, k:] - below @ jnp.swapaxes(below, 1, 2)
                 columns = jnp.concatenate([low, below], axis=1)
-                rows = table["update_map"][j]
-                parent = table["parent_offset"][j][:, None, None]
-                index = parent + rows[:, :, None] * table["parent_size"][j][:, None, None]
-                index = index + rows[:, None, :]
-                valid = (rows[:, :, None] >= 0) & (rows[:, None, :] >= 0) & (parent < trash)
-                assembled = assembled.at[jnp.where(valid, index, trash)].add(update)
+                assembled = extend_add(assembled, table, j, update, trash)
             else:
                 columns = low
             factored = jax.lax.dynamic_update_slice_in_dim(

@@ -40,7 +40,7 @@ from .._custom_types import Array, Float
 from ._gather import take
 from ._ordering import fill_reducing_order
 from ._sparse import Pattern, SparseMatrix
-from ._supernodal import SupernodalPlan, _columns, _fronts, _run_tasks
+from ._supernodal import SupernodalPlan, _columns, _fronts, _run_tasks, extend_add
 
 
 def saddle_point_order(pattern: Pattern, coordinates: int) -> np.ndarray:
@@ -304,12 +304,7 @@ def supernodal_lu(matrix: SparseMatrix, plan: LUPlan) -> SupernodalLU:
                 update = fronts[:, k:, k:] - below @ upper
                 columns = jnp.concatenate([factors, below], axis=1)
                 uppers = _set(uppers, c, j, upper)
-                rows = table["update_map"][j]
-                parent = table["parent_offset"][j][:, None, None]
-                index = parent + rows[:, :, None] * table["parent_size"][j][:, None, None]
-                index = index + rows[:, None, :]
-                valid = (rows[:, :, None] >= 0) & (rows[:, None, :] >= 0) & (parent < trash)
-                assembled = assembled.at[jnp.where(valid, index, trash)].add(update)
+                assembled = extend_add(assembled, table, j, update, trash)
             else:
                 columns = factors
             factored = jax.lax.dynamic_update_slice_in_dim(
