@@ -75,8 +75,8 @@ BANDED_MAX_RATIO = 0.5  # half-bandwidth at most this fraction of the size
 
 # Half-bandwidths from which the CPU factorizes row by row (`BandCholeskyFactor`) rather
 # than by block rows (`BandedFactor`): row by row compiles faster and its steps cost the same
-# or less; a tridiagonal matrix (the chain) keeps the blocks, whose 1 × 1 blocks are scalars
-# (docs/design_measurements.md#band-cholesky).
+# or less; a tridiagonal matrix (the chain) has its own scalar LDLᵀ (`TridiagonalFactor`),
+# cheaper than either (docs/design_measurements.md#band-cholesky).
 BAND_CHOLESKY_MIN_WIDTH = 2
 
 # -- Sparse Cholesky (`_compilation/_supernodal.py`) -----------------------------------------

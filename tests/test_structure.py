@@ -633,11 +633,11 @@ def test_banded_factorization(method, monkeypatch):
     # cyclic reduction (the accelerators' default), each at every half-bandwidth
     monkeypatch.setattr(_thresholds, "BAND_CHOLESKY_MIN_WIDTH", 1 if method == "rows" else 10**6)
     cyclic = method == "cyclic"
-    kind = {
+    kinds = {
         "rows": _banded.BandCholeskyFactor,
         "block rows": _banded.BandedFactor,
         "cyclic": _banded.CyclicReductionFactor,
-    }[method]
+    }
     rng = np.random.default_rng(3)
     # (200, 9): blocks wider than the unrolled Cholesky's limit (loops per block);
     # (9, 1): a block count that is not a power of two, at the banded minimum
@@ -651,7 +651,9 @@ def test_banded_factorization(method, monkeypatch):
         assert plan is not None and plan.width <= 2 * band
         rhs = rng.standard_normal((size, 2))
         sparse = SparseMatrix.from_dense(jnp.asarray(matrix), Pattern.from_mask(mask))
-        assert isinstance(_banded.banded_factor(sparse, plan, cyclic), kind)
+        # (a tridiagonal matrix by blocks: its scalar LDLᵀ)
+        kind = _banded.TridiagonalFactor if (method, plan.width) == ("block rows", 1) else None
+        assert isinstance(_banded.banded_factor(sparse, plan, cyclic), kind or kinds[method])
         solve = jax.jit(lambda a, b, plan=plan: banded_solve(a, b, plan, cyclic))
         x, pivots = solve(sparse, jnp.asarray(rhs))
         np.testing.assert_allclose(x, np.linalg.solve(matrix, rhs), atol=1e-13)
@@ -671,6 +673,67 @@ def test_banded_factorization(method, monkeypatch):
         )
         assert not np.all(np.asarray(pivots) > 0)
     assert banded_plan(Pattern.full((40, 40))) is None
+
+
+def test_tridiagonal_factorization():
+    # the scalar LDLᵀ of a tridiagonal matrix (a chain's `J M⁻¹ Jᵀ`), scrambled and found
+    # again by reordering: the solve and pivots against NumPy's, derivatives against the
+    # dense solve's in reverse and forward mode and under vmap, float32, and nan (not a
+    # finite wrong answer) where the matrix is not positive definite
+    size = 12
+    rng = np.random.default_rng(11)
+    permutation = rng.permutation(size)
+    band = np.abs(np.arange(size)[:, None] - np.arange(size)[None]) <= 1
+    mask = band[permutation][:, permutation]
+    noise = rng.standard_normal((size, size)) * mask
+    matrix = (0.3 * (noise + noise.T) + 3 * np.eye(size)) * mask
+    pattern = Pattern.from_mask(mask)
+    plan = banded_plan(pattern)
+    assert plan.width == 1
+    values = jnp.asarray(matrix[pattern.rows, pattern.cols])
+    rhs = jnp.asarray(rng.standard_normal((size, 2)))
+    assert isinstance(
+        _banded.banded_factor(SparseMatrix(values, pattern), plan, False), _banded.TridiagonalFactor
+    )
+
+    def loss(solve, values, rhs):
+        return jnp.sum(jnp.sin(solve(values, rhs)) * jnp.arange(1.0, 3.0))
+
+    def ours(values, rhs):
+        return banded_solve(SparseMatrix(values, pattern), rhs, plan, False)[0]
+
+    def dense(values, rhs):
+        return jnp.linalg.solve(SparseMatrix(values, pattern).dense(), rhs)
+
+    @jax.jit
+    def results(values, rhs):
+        x, pivots = banded_solve(SparseMatrix(values, pattern), rhs, plan, False)
+        batch = jnp.stack([rhs, 2 * rhs])
+        derivatives = [
+            (
+                transform(lambda v, r: loss(ours, v, r), argnums=(0, 1))(values, rhs),
+                transform(lambda v, r: loss(dense, v, r), argnums=(0, 1))(values, rhs),
+            )
+            for transform in (jax.grad, jax.jacfwd)
+        ]
+        batched = [
+            jax.vmap(jax.grad(lambda r, f=f: loss(f, values, r)))(batch) for f in (ours, dense)
+        ]
+        return x, pivots, derivatives, batched
+
+    x, pivots, derivatives, (batched, batched_dense) = results(values, rhs)
+    np.testing.assert_allclose(x, np.linalg.solve(matrix, rhs), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(np.prod(pivots), np.linalg.det(matrix), rtol=1e-12)
+    for got, want in derivatives:
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(batched, batched_dense, rtol=1e-11, atol=1e-13)
+    x32 = jax.jit(ours)(values.astype(jnp.float32), rhs.astype(jnp.float32))
+    assert x32.dtype == jnp.float32
+    np.testing.assert_allclose(x32, x, rtol=1e-4, atol=1e-5)
+    shifted = matrix - (np.linalg.eigvalsh(matrix)[0] + 1e-3) * np.eye(size)
+    x_bad, pivots_bad = results(jnp.asarray(shifted[pattern.rows, pattern.cols]), rhs)[:2]
+    assert not np.all(np.isfinite(x_bad)) and not np.all(np.asarray(pivots_bad) > 0)
 
 
 def test_cyclic_reduction_in_float32():

@@ -78,7 +78,7 @@ class BandedPlan:
 
     def factor(
         self, matrix: SparseMatrix
-    ) -> "BandedFactor | BandCholeskyFactor | CyclicReductionFactor":
+    ) -> "BandedFactor | TridiagonalFactor | BandCholeskyFactor | CyclicReductionFactor":
         """[`banded_factor`][] on this plan."""
         return banded_factor(matrix, self)
 
@@ -192,6 +192,73 @@ class BandedFactor(eqx.Module):
 
         _, x = jax.lax.scan(backward, jnp.zeros_like(blocks[0]), (v, following), reverse=True)
         return self.plan.from_blocks(x, rhs)
+
+
+class TridiagonalFactor(eqx.Module):
+    """The LDLᵀ factorization of a symmetric positive definite tridiagonal matrix `A` (after
+    the plan's permutation; diagonal `a_i`, sub-diagonal `b_i = A[i, i − 1]`): the pivots
+    `d_0 = a_0`, `d_i = a_i − b_i² / d_{i−1}` and the multipliers `l_i = b_i / d_{i−1}`
+    (`l_0 = 0`), so that `A = L diag(d) Lᵀ` with `L` unit lower bidiagonal, `L[i, i − 1] = l_i`
+    (the Thomas algorithm). A [`BandedFactor`][] with 1 × 1 blocks computes the same
+    numbers with a square root and two divisions per row, and its scans carry 1 × 1
+    matrices; this one carries scalars. A pivot that is not positive is replaced by nan,
+    so that a matrix that is not positive definite gives a non-finite solution, as the
+    Cholesky factorizations do.
+
+    **Fields:**
+
+    - `diagonal`: the pivots `d_i`, `(size,)`.
+    - `multipliers`: the `l_i`, `(size,)`.
+    - `plan`: the [`BandedPlan`][] (static), of half-bandwidth 1.
+    """
+
+    diagonal: Float[Array, " size"]
+    multipliers: Float[Array, " size"]
+    plan: BandedPlan = eqx.field(static=True)
+
+    @property
+    def pivots(self) -> Float[Array, " size"]:
+        """The pivots `d` of `P A Pᵀ = L D Lᵀ`: nan where `A` is not positive definite."""
+        return self.diagonal
+
+    def solve(self, rhs: Array, tangent: bool = False) -> Array:
+        """`A⁻¹ rhs` for `rhs` of shape `(size,)` or `(size, m)`: `L y = rhs`, `z = D⁻¹ y`,
+        `Lᵀ x = z` (two scans over the rows, linear in `rhs`: JAX transposes them, so
+        `tangent` changes nothing)."""
+        del tangent
+        rows = self.plan.to_blocks(rhs)[:, 0, :]
+
+        def forward(previous, row):
+            multiplier, rhs_i = row
+            y = rhs_i - multiplier * previous
+            return y, y
+
+        _, y = jax.lax.scan(forward, jnp.zeros_like(rows[0]), (self.multipliers, rows))
+        z = y / self.diagonal[:, None]
+        following = jnp.concatenate([self.multipliers[1:], jnp.zeros_like(self.multipliers[:1])])
+
+        def backward(next_x, row):
+            z_i, multiplier_next = row
+            x = z_i - multiplier_next * next_x
+            return x, x
+
+        _, x = jax.lax.scan(backward, jnp.zeros_like(rows[0]), (z, following), reverse=True)
+        return self.plan.from_blocks(x[:, None, :], rhs)
+
+
+def _tridiagonal_ldl(matrix: SparseMatrix, plan: BandedPlan) -> TridiagonalFactor:
+    diag, lower = plan.block_values(matrix.values)
+
+    def step(previous_pivot, row):
+        a_i, b_i = row
+        multiplier = b_i / previous_pivot
+        pivot = a_i - multiplier * b_i
+        pivot = jnp.where(pivot > 0, pivot, jnp.nan)
+        return pivot, (pivot, multiplier)
+
+    one = jnp.ones((), diag.dtype)
+    _, (pivots, multipliers) = jax.lax.scan(step, one, (diag[:, 0, 0], lower[:, 0, 0]))
+    return TridiagonalFactor(pivots, multipliers, plan)
 
 
 class BandCholeskyFactor(eqx.Module):
@@ -381,15 +448,18 @@ def cyclic_reduction_default() -> bool:
 
 def banded_factor(
     matrix: SparseMatrix, plan: BandedPlan, cyclic: bool | None = None
-) -> BandedFactor | BandCholeskyFactor | CyclicReductionFactor:
+) -> BandedFactor | TridiagonalFactor | BandCholeskyFactor | CyclicReductionFactor:
     """The factorization of a symmetric positive definite sparse `A` on `plan`: with
     `cyclic` (default: [`cyclic_reduction_default`][]) a [`CyclicReductionFactor`][];
     otherwise a [`BandCholeskyFactor`][] (one scan over the rows) from a half-bandwidth of
-    `BAND_CHOLESKY_MIN_WIDTH`, a [`BandedFactor`][] (one scan over the block rows) below."""
+    `BAND_CHOLESKY_MIN_WIDTH`, below it a [`TridiagonalFactor`][] for a half-bandwidth of 1
+    and a [`BandedFactor`][] (one scan over the block rows) for wider bands."""
     if cyclic_reduction_default() if cyclic is None else cyclic:
         return _cyclic_reduction(matrix, plan)
     if plan.width >= _thresholds.BAND_CHOLESKY_MIN_WIDTH:
         return _band_cholesky(matrix, plan)
+    if plan.width == 1:
+        return _tridiagonal_ldl(matrix, plan)
     return _block_ldl(matrix, plan)
 
 
