@@ -128,13 +128,32 @@ def dtype_problem(dtype) -> str | None:
 
 def check_real(**named) -> None:
     """`ValueError` naming the first of the `named` inputs (array-likes or None) whose dtype
-    has a `dtype_problem`."""
+    has a `dtype_problem`; `TypeError` naming the first that holds text (a string, or a
+    NumPy array of them), which NumPy would otherwise convert to a number or refuse without
+    naming the input."""
     for name, value in named.items():
+        if _holds_text(value):
+            raise TypeError(
+                f"`{name}` must be a real number or an array of real numbers; got text "
+                f"({value!r:.60}). Pass the number itself, e.g. `float(...)` of the string."
+            )
         if value is None or not eqx.is_array_like(value):
             continue
         problem = dtype_problem(jnp.result_type(value))
         if problem is not None:
             raise ValueError(f"`{name}` {problem}.")
+
+
+def _holds_text(value) -> bool:
+    """Whether `value` is a string, holds one (a list or tuple, nested), or is a NumPy array
+    of them."""
+    if isinstance(value, (str, bytes)):
+        return True
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind in "SU"
+    if isinstance(value, (list, tuple)):
+        return any(_holds_text(item) for item in value)
+    return False
 
 
 def check_leaf_dtypes(tree, what: str) -> None:

@@ -185,6 +185,25 @@ def test_complex_float16_and_integer_values_are_named(call, match):
         call()
 
 
+@pytest.mark.parametrize(
+    "times, options, name",
+    [
+        (("0", 0.2), {}, "t0"),
+        ((0.0, "0.2"), {}, "t1"),
+        ((0.0, 0.2), {"ts": ["0.1", 0.2]}, "ts"),
+        ((0.0, 0.2), {"ts": np.array(["0.1", "0.2"])}, "ts"),
+        ((0.0, 0.2), {"rtol": "1e-6"}, "rtol"),
+        ((0.0, 0.2), {"dt0": b"0.01"}, "dt0"),
+    ],
+)
+@pytest.mark.usefixtures("unchecked")
+def test_text_for_a_number_is_refused_by_name(times, options, name):
+    """NumPy converts `"0"` to a number (a typo in a configuration file would pass
+    silently) and refuses `"a"` without naming the input."""
+    with pytest.raises(TypeError, match=rf"`{name}` must be a real number .* got text"):
+        jaxdae.simulate(PENDULUM, BAUMGARTE, *times, Q0, V0, **options)
+
+
 # Traced times, steps and tolerances -----------------------------------------------------
 
 
