@@ -30,14 +30,23 @@ over the sizes measured) to the time per step and to the solve, and to the time 
 over the largest three sizes (where the factorization, not the fixed cost of a step,
 dominates).
 
-The work–precision table solves one model per family (about `--precision-size`
-coordinates) at `rtol` in `--tolerances` (`atol = rtol / 100`) and gives the largest error of
-`q(1)` against a reference solved by jaxdae with Dopri8 at `rtol = 1e-12`, `atol = 1e-14`.
+The work–precision table solves one model per family of about each `--precision-sizes`
+coordinates at `rtol` in `--tolerances` (`atol = rtol / 100`), by jaxdae with Tsit5 and with
+Dopri8 (the explicit solver for tight tolerances), by the hand-written diffrax solve (up to
+`HANDWRITTEN_PRECISION_MAX` coordinates: beyond, its dense solve takes minutes a call) and
+by CasADi, which also runs at each decade down to `CASADI_EXTRA_DECADES` below the tightest
+(CVODES-Adams ends 10–200× further from the reference than jaxdae at the same `rtol`, so its
+curve must reach jaxdae's errors). It gives the largest error of `q(1)` against a reference solved by jaxdae
+with Dopri8 at `rtol = 1e-12`, `atol = 1e-14`. A method's tighter tolerances are skipped
+once its solve took more than `--budget` / 3. The matched-accuracy table compares along
+the error, not the tolerance: for each jaxdae run, CasADi's time at jaxdae's error,
+interpolated log-log between CasADi's two runs whose errors bracket it, and the ratio.
 
     python experiments/benchmarks/bench_sparse.py [--quick] [--out output]
         [--sizes 50,100,200,400,700,1000] [--families square,cloth,truss,frame]
         [--budget 20] [--compile-budget 120] [--repeats 3]
-        [--precision-size 200] [--tolerances 1e-4,1e-6,1e-8,1e-10] [--no-precision]
+        [--precision-sizes 200,1000] [--tolerances 1e-4,1e-6,1e-8,1e-10] [--no-precision]
+        [--precision-only]
 """
 
 import argparse
@@ -59,6 +68,7 @@ from _common import output_dir, write_json
 from bench_scaling import (
     ATOL,
     CASADI,
+    HANDWRITTEN,
     JAXDAE,
     KD,
     KP,
@@ -88,6 +98,10 @@ QUICK_SIZES = (50, 100)
 DEFAULT_TOLERANCES = (1e-4, 1e-6, 1e-8, 1e-10)
 QUICK_TOLERANCES = (1e-6, 1e-8)
 REFERENCE_TOLERANCES = (1e-12, 1e-14)
+# jaxdae's explicit solver for tight tolerances, as a method of the work–precision table.
+JAXDAE_DOPRI8 = "jaxdae, Dopri8"
+HANDWRITTEN_PRECISION_MAX = 400
+CASADI_EXTRA_DECADES = 3
 
 
 # -- what jaxdae chooses ---------------------------------------------------------------------
@@ -181,6 +195,8 @@ def measure_casadi(model, repeats, rtol=RTOL, atol=ATOL):
 def measure(method, model, repeats, rtol=RTOL, atol=ATOL, solver=None):
     if method == CASADI:
         return measure_casadi(model, repeats, rtol, atol)
+    if method == JAXDAE_DOPRI8:
+        method, solver = JAXDAE, diffrax.Dopri8()
     maker = jaxdae_functions if method == JAXDAE else handwritten_functions
     options = {"rtol": rtol, "atol": atol, "solver": solver or diffrax.Tsit5()}
     return measure_jax(lambda m: maker(m, **options), model, repeats)
@@ -224,36 +240,98 @@ def run(families, sizes, methods, repeats, budget, compile_budget, on_row=None):
     return results
 
 
-def precision_run(families, coordinates, tolerances, methods, repeats, on_row=None):
-    """The work–precision rows: one model per family of about `coordinates` coordinates,
-    each method at each `rtol` (`atol = rtol / 100`), its error against the reference."""
+def precision_tolerances(method, tolerances) -> list[float]:
+    """The `rtol` at which `method` runs in the work–precision table: `tolerances`, and for
+    CasADi each decade down to `CASADI_EXTRA_DECADES` below the tightest."""
+    if method != CASADI:
+        return sorted(tolerances, reverse=True)
+    tightest = min(tolerances)
+    extra = [tightest * 10.0**-k for k in range(1, CASADI_EXTRA_DECADES + 1)]
+    return sorted(set(tolerances) | set(extra), reverse=True)
+
+
+def precision_run(families, sizes, tolerances, methods, repeats, budget, on_row=None):
+    """The work–precision rows: one model per family of about each of `sizes` coordinates,
+    each method at each of its `precision_tolerances` (`atol = rtol / 100`; tighter ones
+    skipped once a solve took more than `budget / 3` seconds), its error against the
+    reference."""
     rows = []
     for family in families:
-        model = FAMILIES[family](family_size(family, coordinates))
-        reference = measure(JAXDAE, model, 1, *REFERENCE_TOLERANCES, solver=diffrax.Dopri8())[
-            "q_final"
-        ]
-        for method in methods:
-            for rtol in tolerances:
-                result = measure(method, model, repeats, rtol, rtol / 100)
-                result.update(
-                    family=family,
-                    size=model.size,
-                    coordinates=int(reference.size),
-                    method=method,
-                    rtol=rtol,
-                    error=float(np.max(np.abs(result.pop("q_final") - reference))),
-                )
-                rows.append(result)
-                print(
-                    f"{family} N={model.size} {method} rtol={rtol:g}: "
-                    f"{1e3 * result['single']:.4g} ms, {result['steps']} steps, "
-                    f"error {result['error']:.1e}",
-                    flush=True,
-                )
-                if on_row is not None:
-                    on_row(rows)
+        for coordinates in sizes:
+            model = FAMILIES[family](family_size(family, coordinates))
+            rows += _precision_of(model, family, tolerances, methods, repeats, budget, rows, on_row)
     return rows
+
+
+def _precision_of(model, family, tolerances, methods, repeats, budget, done, on_row):
+    reference = measure(JAXDAE, model, 1, *REFERENCE_TOLERANCES, solver=diffrax.Dopri8())["q_final"]
+    rows = []
+    for method in methods:
+        if method == HANDWRITTEN and reference.size > HANDWRITTEN_PRECISION_MAX:
+            continue
+        for rtol in precision_tolerances(method, tolerances):
+            if rows and rows[-1]["method"] == method and rows[-1]["single"] > budget / 3:
+                break
+            result = measure(method, model, repeats, rtol, rtol / 100)
+            result.update(
+                family=family,
+                size=model.size,
+                coordinates=int(reference.size),
+                method=method,
+                rtol=rtol,
+                error=float(np.max(np.abs(result.pop("q_final") - reference))),
+            )
+            rows.append(result)
+            print(
+                f"{family} N={model.size} {method} rtol={rtol:g}: "
+                f"{1e3 * result['single']:.4g} ms, {result['steps']} steps, "
+                f"error {result['error']:.1e}",
+                flush=True,
+            )
+            if on_row is not None:
+                on_row(done + rows)
+    return rows
+
+
+def time_at_error(runs, error) -> float | None:
+    """The time of a method at `error`, interpolated log-log between its two `runs` (dicts
+    with `error` and `single`) whose errors bracket it (the closest pair on each side); None
+    outside their range."""
+    points = sorted((r["error"], r["single"]) for r in runs if r["error"] > 0)
+    for (e_low, t_low), (e_high, t_high) in zip(points, points[1:], strict=False):
+        if e_low <= error <= e_high:
+            if e_high == e_low:
+                return min(t_low, t_high)
+            weight = np.log(error / e_low) / np.log(e_high / e_low)
+            return float(np.exp(np.log(t_low) + weight * np.log(t_high / t_low)))
+    return None
+
+
+def matched(precision) -> list[tuple]:
+    """`(family, coordinates, jaxdae method, rtol, error, time, CasADi's time at that error
+    or None)` for each jaxdae run of the work–precision `precision` rows."""
+    out = []
+    for r in precision:
+        if r["method"] not in (JAXDAE, JAXDAE_DOPRI8):
+            continue
+        casadi = [
+            c
+            for c in precision
+            if c["method"] == CASADI
+            and (c["family"], c["coordinates"]) == (r["family"], r["coordinates"])
+        ]
+        out.append(
+            (
+                r["family"],
+                r["coordinates"],
+                r["method"],
+                r["rtol"],
+                r["error"],
+                r["single"],
+                time_at_error(casadi, r["error"]),
+            )
+        )
+    return out
 
 
 def growth(results, methods):
@@ -318,6 +396,16 @@ PRECISION_COLUMNS = [
     ("steps", "right"),
     ("max \\|q(1) − reference\\|", "right"),
 ]
+MATCHED_COLUMNS = [
+    ("family", "left"),
+    ("coordinates", "right"),
+    ("jaxdae", "left"),
+    ("rtol", "right"),
+    ("error", "right"),
+    ("jaxdae [ms]", "right"),
+    ("CasADi at that error [ms]", "right"),
+    ("ratio", "right"),
+]
 
 
 def solve_rows(results, methods):
@@ -367,14 +455,31 @@ def precision_rows(rows):
     ]
 
 
+def matched_rows(precision):
+    return [
+        [
+            family,
+            coordinates,
+            "Dopri8" if method == JAXDAE_DOPRI8 else "Tsit5",
+            f"{rtol:g}",
+            f"{error:.1e}",
+            f"{1e3 * time:.4g}",
+            "outside CasADi's range" if casadi is None else f"{1e3 * casadi:.4g}",
+            "–" if casadi is None else f"{time / casadi:.2f}",
+        ]
+        for family, coordinates, method, rtol, error, time, casadi in matched(precision)
+    ]
+
+
 def page_tables(results, precision, methods, stamp):
-    """`bench_sparse.solves`, `bench_sparse.growth` and `bench_sparse.precision` (those with
-    rows)."""
+    """`bench_sparse.solves`, `bench_sparse.growth`, `bench_sparse.precision` and
+    `bench_sparse.matched` (those with rows)."""
     tables = []
     for name, columns, rows in (
         ("solves", SOLVE_COLUMNS, solve_rows(results, methods)),
         ("growth", GROWTH_COLUMNS, growth_rows(results, methods)),
         ("precision", PRECISION_COLUMNS, precision_rows(precision)),
+        ("matched", MATCHED_COLUMNS, matched_rows(precision)),
     ):
         if rows:
             tables.append(_tables.table(f"{NAME}.{name}", columns, rows, stamp))
@@ -450,10 +555,10 @@ def parse_args():
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed calls; the median counts")
     parser.add_argument(
-        "--precision-size",
-        type=int,
+        "--precision-sizes",
+        type=_numbers(int),
         default=None,
-        help="coordinates of the work–precision models (default 200; --quick 50)",
+        help="coordinates of the work–precision models, comma-separated (default 200; --quick 50)",
     )
     parser.add_argument(
         "--tolerances",
@@ -466,6 +571,11 @@ def parse_args():
     parser.add_argument(
         "--no-precision", action="store_true", help="leave out the work–precision table"
     )
+    parser.add_argument(
+        "--precision-only",
+        action="store_true",
+        help="only the work–precision and matched-accuracy tables",
+    )
     args = parser.parse_args()
     if args.repeats < 1 or args.budget <= 0 or args.compile_budget <= 0:
         parser.error("--repeats must be at least 1, the budgets positive")
@@ -473,10 +583,12 @@ def parse_args():
         args.repeats = 1
         args.sizes = args.sizes or list(QUICK_SIZES)
         args.tolerances = args.tolerances or list(QUICK_TOLERANCES)
-        args.precision_size = args.precision_size or 50
+        args.precision_sizes = args.precision_sizes or [50]
+    if args.no_precision and args.precision_only:
+        parser.error("--no-precision and --precision-only exclude each other")
     args.sizes = args.sizes or list(DEFAULT_SIZES)
     args.tolerances = args.tolerances or list(DEFAULT_TOLERANCES)
-    args.precision_size = args.precision_size or 200
+    args.precision_sizes = args.precision_sizes or [200]
     return args
 
 
@@ -528,22 +640,25 @@ def main():
             for data in tables:
                 print(f"\n{data['name']}\n\n" + _tables.render(data))
 
-    state["results"] = run(
-        args.families,
-        args.sizes,
-        methods,
-        args.repeats,
-        args.budget,
-        args.compile_budget,
-        on_row=lambda results: (state.update(results=results), report()),
-    )
-    if not args.no_precision:
-        state["precision"] = precision_run(
+    if not args.precision_only:
+        state["results"] = run(
             args.families,
-            args.precision_size,
-            args.tolerances,
+            args.sizes,
             methods,
             args.repeats,
+            args.budget,
+            args.compile_budget,
+            on_row=lambda results: (state.update(results=results), report()),
+        )
+    if not args.no_precision:
+        precision_methods = [JAXDAE, JAXDAE_DOPRI8] + [m for m in methods if m != JAXDAE]
+        state["precision"] = precision_run(
+            args.families,
+            args.precision_sizes,
+            args.tolerances,
+            precision_methods,
+            args.repeats,
+            args.budget,
             on_row=lambda rows: (state.update(precision=rows), report()),
         )
     report(final=True)
