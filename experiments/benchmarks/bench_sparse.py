@@ -36,11 +36,12 @@ Dopri8 (the explicit solver for tight tolerances), by the hand-written diffrax s
 `HANDWRITTEN_PRECISION_MAX` coordinates: beyond, its dense solve takes minutes a call) and
 by CasADi, which also runs at each decade down to `CASADI_EXTRA_DECADES` below the tightest
 (CVODES-Adams ends 10–200× further from the reference than jaxdae at the same `rtol`, so its
-curve must reach jaxdae's errors). It gives the largest error of `q(1)` against a reference solved by jaxdae
-with Dopri8 at `rtol = 1e-12`, `atol = 1e-14`. A method's tighter tolerances are skipped
-once its solve took more than `--budget` / 3. The matched-accuracy table compares along
-the error, not the tolerance: for each jaxdae run, CasADi's time at jaxdae's error,
-interpolated log-log between CasADi's two runs whose errors bracket it, and the ratio.
+curve must reach jaxdae's errors). It gives the largest error of `q(1)` against a
+reference solved by jaxdae with Dopri8 at `rtol = 1e-12`, `atol = 1e-14`. A method's tighter
+tolerances are skipped once its solve took more than `--budget` / 3. The matched-accuracy
+table compares along the error, not the tolerance: for each jaxdae run, CasADi's time at
+jaxdae's error, interpolated log-log between CasADi's two runs whose errors bracket it, and
+the ratio.
 
     python experiments/benchmarks/bench_sparse.py [--quick] [--out output]
         [--sizes 50,100,200,400,700,1000] [--families square,cloth,truss,frame]
