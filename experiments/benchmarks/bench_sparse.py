@@ -265,6 +265,8 @@ def precision_run(families, sizes, tolerances, methods, repeats, budget, on_row=
 
 
 def _precision_of(model, family, tolerances, methods, repeats, budget, done, on_row):
+    """`precision_run`'s rows of one model (`done`: the rows of the models before it, which
+    `on_row` receives with these)."""
     reference = measure(JAXDAE, model, 1, *REFERENCE_TOLERANCES, solver=diffrax.Dopri8())["q_final"]
     rows = []
     for method in methods:
