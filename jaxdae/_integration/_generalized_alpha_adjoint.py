@@ -62,11 +62,16 @@ from ._term import system_term
 # step: at most this many corrections, each at least this factor smaller than the last,
 # before the step's own matrix is built (`_adjoint_solve`; 0: every step's own matrix,
 # the comparison of `stiff_integration.py --study gradient_segments`).
-_REFINE_ITERATIONS = 6
+_REFINE_ITERATIONS = 10
 _REFINE_RATE = 0.1
 
 # Corrections below this many units of rounding of the largest entry end the refinement.
 _ROUNDING_UNITS = 4
+# Corrections that stop shrinking below this many units of rounding have reached what
+# refinement in working precision attains (about the rounding unit times the matrix's
+# condition number: a few dozen units on the meshes of bars), which a new matrix's solve
+# and its corrections reach too; they end the refinement as well.
+_ATTAINABLE_UNITS = 1024
 
 
 class GeneralizedAlphaAdjoint(AbstractStoredStepsAdjoint):
@@ -512,9 +517,12 @@ def _adjoint_solve(transposed, x_bar, kept: _Kept, factorize):
     matrix (`w ← w + K (x̄ − (∂r/∂x)ᵀ w)`; Golub & Van Loan 2013, §3.5.3): adjacent steps'
     matrices differ by the change of the state and of `h` over a step, and a correction
     costs one product and one application of `K`, where a new matrix costs one product
-    per unknown (per colour group, on its sparsity) and a factorization. Where the
-    corrections do not shrink by `_REFINE_RATE` per iteration, or have not reached rounding
-    after `_REFINE_ITERATIONS`, the exact `(∂r/∂x)ᵀ` of this step is built, factorized,
+    per unknown (per colour group, on its sparsity) and a factorization. The corrections
+    end at the rounding level of `w`, or where they stop shrinking within
+    `_ATTAINABLE_UNITS` of it (the level that refinement in working precision attains for
+    an ill-conditioned matrix, and a direct solve too). Where they do not shrink by
+    `_REFINE_RATE` per iteration above that level, or have not ended after
+    `_REFINE_ITERATIONS`, the exact `(∂r/∂x)ᵀ` of this step is built, factorized,
     solved with and kept: the strategy of the forward solve's
     modified Newton iteration, applied to the linear adjoint equations. The solution is
     that of a direct solve to rounding, whichever matrix is kept.
@@ -540,10 +548,13 @@ def _adjoint_solve(transposed, x_bar, kept: _Kept, factorize):
         size = jnp.max(jnp.abs(delta))
         w = w + delta
         rate = size / previous
-        # Converged where the correction is at the rounding level of `w`. (Not where the
-        # error left at this rate is: estimated from two corrections, it stops early enough
-        # to move the arm's fixed-step gradient by ten times as much as a direct solve.)
-        done = size <= _ROUNDING_UNITS * eps * jnp.max(jnp.abs(w))
+        # Converged where the correction is at the rounding level of `w`, or stalls just
+        # above it. (Not where the error left at this rate is: estimated from two
+        # corrections, it stops early enough to move the arm's fixed-step gradient by ten
+        # times as much as a direct solve.)
+        scale = eps * jnp.max(jnp.abs(w))
+        stalled = (rate > _REFINE_RATE) & (size <= _ATTAINABLE_UNITS * scale)
+        done = (size <= _ROUNDING_UNITS * scale) | stalled
         slow = ~done & (
             (rate > _REFINE_RATE) | ~jnp.isfinite(size) | (iteration + 1 >= _REFINE_ITERATIONS)
         )
