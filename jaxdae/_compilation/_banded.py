@@ -1,6 +1,6 @@
 """Banded factorizations of symmetric positive definite sparse matrices: a band Cholesky
-row by row, a block-tridiagonal LDLᵀ, and cyclic reduction on accelerators, with the
-derivative of their solves."""
+row by row, the scalar LDLᵀ of a tridiagonal matrix, a block-tridiagonal LDLᵀ, and cyclic
+reduction on accelerators, with the derivative of their solves."""
 
 import functools
 
