@@ -525,7 +525,7 @@ def _adjoint_solve(transposed, x_bar, kept: _Kept, factorize):
     `_REFINE_ITERATIONS`, the exact `(∂r/∂x)ᵀ` of this step is built, factorized,
     solved with and kept: the strategy of the forward solve's
     modified Newton iteration, applied to the linear adjoint equations. The solution is
-    that of a direct solve to rounding, whichever matrix is kept.
+    that of a direct solve, to the level refinement attains, whichever matrix is kept.
     """
     eps = jnp.finfo(x_bar.dtype).eps
     inf = jnp.asarray(jnp.inf, x_bar.dtype)
