@@ -475,7 +475,7 @@ def test_float32_despite_a_models_float64_constants():
 def test_gradient_of_save_times_on_the_fixed_step_grid():
     """Save times on the step grid (`linspace(0, 1.5, 31)`, `dt0 = 0.01`): the reverse pass
     of diffrax's checkpointed loop recomputed the step ends with other rounding and counted
-    the cotangent of `q(1.2)` twice under `jit` (`jaxdae._integration._controllers.save_at`)."""
+    the cotangent of `q(1.2)` twice under `jit` (`jaxdae._integration._solve.save_at`)."""
     ts = jnp.linspace(0.0, 1.5, 31)
 
     def solve(kd):

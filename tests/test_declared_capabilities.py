@@ -193,8 +193,22 @@ import solve_route  # noqa: E402  # pyright: ignore[reportMissingImports]
 def test_the_route_of_simulate_tests_no_concrete_class_and_probes_no_attribute():
     """`isinstance` on a concrete jaxdae class, `getattr` with a default and `hasattr` in
     jaxdae's code along one `simulate` (experiments/diagnostics/solve_route.py)."""
-    solve_route._simulate(0.1, saves=False)
+    solve_route._simulate(0.1, saves=0)
     assert solve_route.type_probes() == []
+
+
+def test_the_route_of_simulate_enters_few_modules_once():
+    """The modules that one `simulate` (traced and compiled: saved at a number of times no
+    other test uses) enters along the solve path, and how often it returns to one it left:
+    a guard against a route that grows back (experiments/diagnostics/solve_route.py prints
+    it)."""
+    calls = solve_route.solve_path(solve_route.route(saves=13))
+    entered = solve_route.entries(calls)
+    # The three stages were traced (a cached solve would skip the integration's calls).
+    assert {"_problem", "_solve", "_outcome"} <= {m.rsplit(".", 1)[1] for m in entered}
+    modules, reentries = solve_route.counts(calls)
+    assert modules <= 15, entered
+    assert reentries <= 12, entered
 
 
 def _impact_time(height, events=None):

@@ -77,7 +77,7 @@ def test_configure_for_simulates_controller():
     gives the root finder its tolerances and norm."""
     from jaxdae._integration._controllers import step_options
 
-    controller, _ = step_options(None, None, 1e-6, 1e-9, jnp.float64)
+    controller, _ = step_options(None, None, 1e-6, 1e-9, jnp.float64, (0.0, 1.0))
     finder = configure_for_controller(diffrax.Kvaerno5(), controller).root_finder
     assert isinstance(finder, jaxdae.FusedChord)
     assert (float(finder.rtol), float(finder.atol)) == (1e-6, 1e-9)

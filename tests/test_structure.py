@@ -1005,8 +1005,7 @@ _MASS_FORMULATIONS = ["Baumgarte", "PseudoInverse", "Unstabilized"]
 
 @eqx.filter_jit
 def _accelerations_with_factor(model, q, v):
-    from jaxdae._systems._mass import constant_mass_factor
-    from jaxdae._systems._structure import with_mass_factor
+    from jaxdae._systems._structure import constant_mass_factor, with_mass_factor
 
     terms = model.terms(0.1, q, v)
     factored = with_mass_factor(terms, constant_mass_factor(model, 0.0, q, v))
@@ -1019,7 +1018,7 @@ def _accelerations_with_factor(model, q, v):
 @pytest.mark.slow
 @pytest.mark.parametrize("coupled", [False, True])
 def test_constant_mass_factor(coupled):
-    from jaxdae._systems._mass import constant_mass_factor
+    from jaxdae._systems._structure import constant_mass_factor
 
     q0, _ = CartesianChain(8).initial_state()
     v0 = 0.3 * jnp.cos(jnp.arange(16.0))
@@ -1214,7 +1213,7 @@ def test_pseudo_inverse_loop_holds_no_lapack_call(model):
     rank-deficient branch gives the multipliers of `lineax.SVD`."""
     from jaxdae._compilation._linear_solvers import PositiveSemidefinitePseudoInverse
     from jaxdae._integration._vector_fields import system_terms
-    from jaxdae._systems._mass import constant_mass_factor
+    from jaxdae._systems._structure import constant_mass_factor
 
     formulation = jaxdae.PseudoInverse(20.0, 100.0)
     q, v = model.initial_state()

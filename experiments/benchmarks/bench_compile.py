@@ -22,8 +22,8 @@ virtual machine, so alternate and compare medians):
 `--stages` also splits the trace of `simulate` (the forward function) by stage: the
 equations of motion (`LagrangianSystem.terms`, first trace), their scalar graphs
 (`scalarize`), diffrax's solve (which includes the right-hand side's first trace),
-the diagnostics at the saved states (`assemble_solution`), the structure and gain checks
-(`check_structure`) and the joined runtime checks (`check_traced`), by wrapping those
+the diagnostics at the saved states (`assemble_solution`), the input, structure and gain
+checks (`check_inputs`) and the joined runtime checks (`check_traced`), by wrapping those
 functions where the solve looks them up.
 
 `--model chain:64` (or `ladder:128`, `pendulum:32`, `net:32`) measures instead the forward
@@ -158,7 +158,7 @@ def trace_stages(fn, args, repeats: int) -> dict:
             "assemble_solution",
             "diagnostics at the saved states (assemble_solution)",
         ),
-        (problem_module, "check_structure", "structure and gain checks (check_structure)"),
+        (problem_module, "check_inputs", "input, structure and gain checks (check_inputs)"),
         (outcome_module, "check_traced", "joined runtime checks (check_traced)"),
         (solve_module, "diffeqsolve_unjitted", "diffrax.diffeqsolve (with the right-hand side)"),
     ]

@@ -31,10 +31,10 @@ import json, statistics, sys, time
 sys.path.insert(0, {benchmarks!r})
 import jax, jax.numpy as jnp
 if {variant!r} == "left out":
-    import jaxdae._integration._reporting as reporting
+    import jaxdae._integration._outcome as reporting
     reporting.attach_check = lambda sol, check: sol
 elif {variant!r} == "no callbacks":
-    import jaxdae._integration._reporting as reporting
+    import jaxdae._integration._outcome as reporting
     reporting.raise_reported = lambda x, sol, wrong, error: x + 0 * jnp.any(wrong)
 import bench_core
 functions = bench_core.jaxdae_functions()

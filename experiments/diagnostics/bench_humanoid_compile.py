@@ -96,9 +96,9 @@ def _apply_variants(variants) -> None:
     import jax.numpy as jnp
 
     if "constant_checks" in variants:
-        from jaxdae._integration import _reporting
+        from jaxdae._integration import _outcome
 
-        checked = _reporting.initial_state_problems
+        checked = _outcome.initial_state_problems
 
         def constant_inputs(system, formulation, state, terms, *args, **kwargs):
             if terms is None:  # not checked: nothing to replace
@@ -108,7 +108,7 @@ def _apply_variants(variants) -> None:
                 system, formulation, state, (mass, jnp.array(True), jnp.zeros(1)), *args, **kwargs
             )
 
-        _reporting.initial_state_problems = constant_inputs
+        _outcome.initial_state_problems = constant_inputs
     if "checks_in_branch" in variants:
         from jaxdae._integration import _outcome
         from jaxdae._integration._validation import factored_positive_definite

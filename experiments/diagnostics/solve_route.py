@@ -43,11 +43,11 @@ SYSTEM = CartesianPendulum()
 FORMULATION = jaxdae.Baumgarte(5.0, 5.0)
 
 
-def _simulate(t1: float, saves: bool = True) -> None:
-    """The solve of the route: `CartesianPendulum`, `Baumgarte`, Tsit5, saved at three
-    times (`saves`) or at `t1`."""
+def _simulate(t1: float, saves: int = 3) -> None:
+    """The solve of the route: `CartesianPendulum`, `Baumgarte`, Tsit5, saved at `saves`
+    times (0: at `t1`)."""
     q0, v0 = jnp.array([1.0, 0.0]), jnp.zeros(2)
-    ts = jnp.linspace(0.0, t1, 3) if saves else None
+    ts = jnp.linspace(0.0, t1, saves) if saves else None
     jaxdae.simulate(SYSTEM, FORMULATION, 0.0, t1, q0, v0, ts=ts)
 
 
@@ -61,11 +61,12 @@ def _called_back(frame) -> bool:
     return False
 
 
-def route() -> list[tuple[str, str]]:
+def route(saves: int = 3) -> list[tuple[str, str]]:
     """The `(caller, callee)` modules of the calls between jaxdae modules in one call of
-    `simulate` that traces and compiles."""
+    `simulate` that traces and compiles (saved at `saves` times: a count that no earlier
+    solve of the process used, so that its program is traced)."""
     # The model's own jitted functions traced once, as in a session that has run it.
-    _simulate(0.1, saves=False)
+    _simulate(0.1, saves=0)
     calls = []
 
     def profile(frame, event, arg):
@@ -83,7 +84,7 @@ def route() -> list[tuple[str, str]]:
 
     sys.setprofile(profile)
     try:
-        _simulate(1.0)
+        _simulate(1.0, saves)
     finally:
         sys.setprofile(None)
     return calls
@@ -152,19 +153,38 @@ def type_probes(call=lambda: _simulate(0.2)) -> list[tuple[str, str, str]]:
     return list(found)
 
 
+def entries(calls) -> collections.Counter:
+    """How often each module is entered along `calls` (`_simulate`, where the route
+    starts, counts as entered)."""
+    entered = collections.Counter(callee for _, callee in calls)
+    entered.setdefault("jaxdae._integration._simulate", 0)
+    return entered
+
+
+def counts(calls) -> tuple[int, int]:
+    """`(modules, re-entries)` of `calls`: the modules entered, and the entries into a
+    module after its first."""
+    entered = entries(calls)
+    return len(entered), sum(n - 1 for n in entered.values() if n > 1)
+
+
+def solve_path(calls) -> list[tuple[str, str]]:
+    """The calls of `calls` between modules of the solve path (`SOLVE_PATH`)."""
+    return [(a, b) for a, b in calls if a.startswith(SOLVE_PATH) and b.startswith(SOLVE_PATH)]
+
+
 def report(calls, title: str) -> None:
-    entries = collections.Counter(callee for _, callee in calls)
-    modules = {"jaxdae._integration._simulate"} | set(entries)
-    print(f"{title}: {len(modules)} modules, {sum(entries.values()) - len(entries)} re-entries")
-    for module, count in entries.items():
-        print(f"  {module:48s} entered {count}")
+    modules, reentries = counts(calls)
+    print(f"{title}: {modules} modules, {reentries} re-entries")
+    for module, count in entries(calls).items():
+        if count:
+            print(f"  {module:48s} entered {count}")
 
 
 def main() -> None:
     calls = route()
     report(calls, "All of jaxdae")
-    on_path = [(a, b) for a, b in calls if a.startswith(SOLVE_PATH) and b.startswith(SOLVE_PATH)]
-    report(on_path, "Solve path")
+    report(solve_path(calls), "Solve path")
     probes = type_probes()
     print(f"Type and attribute probes in jaxdae's code: {len(probes)}")
     for probe, place, what in probes:

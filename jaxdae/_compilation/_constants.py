@@ -12,6 +12,9 @@ data, compared by value, and the jitted function sees them as the constants they
 Eager calls keep `eqx.filter_jit`'s behaviour: their compiled program is shared by all
 values. A solve's own compiled program is jitted only where nothing encloses it
 ([`jit_unless_staged`][]).
+
+Values that are constant for differentiation (a reference state, the inputs of checks)
+are [`detached`][].
 """
 
 import functools
@@ -119,3 +122,8 @@ def jit_unless_staged(fn: Callable) -> Callable:
 
     call.jitted = jitted
     return call
+
+
+def detached(tree):
+    """`tree` with `stop_gradient` on its arrays (a computation on it is not linearized)."""
+    return jax.tree.map(lambda x: jax.lax.stop_gradient(x) if eqx.is_array(x) else x, tree)

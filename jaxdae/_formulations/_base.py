@@ -67,6 +67,22 @@ class AbstractFormulation(eqx.Module):
     def check_values(self) -> None:
         """Eager checks of concrete gain values (`ValueError`); called by `simulate`."""
 
+    def checked(
+        self, num_holonomic: int, num_nonholonomic: int
+    ) -> tuple["AbstractFormulation", tuple[tuple[Bool[Array, ""], str], ...], RESULTS | None]:
+        """The formulation's checks against a system's constraint counts, as a solve makes
+        them, in one call: `validate`, `check_values` where the gains are concrete, and
+        `traced_checks`. Returns the validated formulation, its traced checks, and the
+        result that its failure test reports when it stops the solve (`failure_result`),
+        or None where it cannot fail with these counts (`fails_with`). Not overridden:
+        a formulation overrides the checks it calls."""
+        formulation = self.validate(num_holonomic, num_nonholonomic)
+        traced = tuple(formulation.traced_checks(num_holonomic, num_nonholonomic))
+        if is_concrete(formulation):
+            formulation.check_values()
+        fails = formulation.fails_with(num_holonomic, num_nonholonomic)
+        return formulation, traced, formulation.failure_result if fails else None
+
     def failure(self, terms: ConstrainedTerms, reference) -> Bool[Array, ""] | Float[Array, ""]:
         """True where the formulation cannot continue (checked at the end of every step).
 

@@ -45,13 +45,13 @@ from .._gains import (
 from .._solution import RESULTS, AbstractSolution
 from .._systems._actuated import ActuatedSystem, constraint_groups, lie_derivatives
 from .._systems._system import cast_floating
-from ._adjoint import forward_mode_hint
 from ._diagnostics import at_valid, masked, saved_rows
 from ._failures import all_finite
+from ._outcome import raise_failure, residual_limit, solve_traced_inputs
 from ._problem import SolveCall, SolveKeywords
-from ._reporting import raise_failure, solve_traced_inputs
-from ._solve import Dynamics, integrate
-from ._term import AbstractTimeTerm
+from ._simulate import forward_mode_hint
+from ._solve import integrate
+from ._term import AbstractTimeTerm, Dynamics
 from ._trajectories import SingleTrajectory
 
 
@@ -302,7 +302,7 @@ def simulate_actuated(
     # The state's dtype sets the precision: float32 states give a float32 simulation.
     system, control = cast_floating((system, control), dtype)
     control = check_actuated_system(system, control, times.t0, q0, v0, w0)
-    solve_options = call.options(dtype)
+    solve_options = call.options(dtype, times)
     with forward_mode_hint():
         sol = solve_traced_inputs(
             lambda times_, options_: _simulate_actuated(
@@ -344,7 +344,7 @@ def _simulate_actuated(system, control, times, y0, options) -> ActuatedSolution:
         )
     )
     u, residuals = jax.vmap(_outputs, in_axes=(None, None, 0, 0, 0, 0))(system, control, *rows)
-    result = _checked_result(residuals, final_finite, result, options.residual_limit(*y0[:2]))
+    result = _checked_result(residuals, final_finite, result, residual_limit(options, *y0[:2]))
     (q, v, w), (q_final, v_final, w_final) = ys, y_final
     return ActuatedSolution(
         ts=ts_out,

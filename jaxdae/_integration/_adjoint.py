@@ -9,7 +9,6 @@ steps (a long solve in segments, re-solved from checkpoints), and the backward p
 adjoint of the explicit Runge–Kutta step, applied step by step in reverse.
 """
 
-import contextlib
 import functools
 
 import diffrax
@@ -19,6 +18,7 @@ from ._generalized_alpha import GeneralizedAlpha
 from ._generalized_alpha_adjoint import GeneralizedAlphaAdjoint
 from ._replay_adjoint import ReplayAdjoint
 from ._rosenbrock import Rodas5P
+from ._solvers import AbstractSteppingWrapper
 from ._sweep_backward import swept_solve
 from ._sweep_forward import (
     SAVE_Y,
@@ -243,12 +243,35 @@ def check_adjoint(adjoint, stops_at_events: bool, reason: str, contacts: str | N
         )
 
 
+def resolve_adjoint(
+    given: diffrax.AbstractAdjoint | None,
+    solver: diffrax.AbstractSolver,
+    max_steps: int | None,
+    event_driven: bool,
+    stops: tuple[str, ...],
+    contacts: str | None,
+) -> tuple[diffrax.AbstractAdjoint, bool]:
+    """The adjoint of a solve, chosen once, and whether it differentiates in reverse mode
+    only ([`reverse_only`][]): the `given` one, checked against the solve
+    ([`check_adjoint`][]: `stops` names what stops it at events, `contacts` what its
+    contact scheme does); else for an `event_driven` solve diffrax's
+    `RecursiveCheckpointAdjoint` (the event loop is differentiated through its checkpointed
+    loop), and otherwise [`default_adjoint`][] of `solver`."""
+    check_adjoint(given, bool(stops), ", ".join(stops), contacts)
+    if given is not None:
+        adjoint = given
+    elif event_driven:
+        adjoint = diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS)
+    else:
+        adjoint = default_adjoint(solver, max_steps)
+    return adjoint, reverse_only(adjoint)
+
+
 def default_adjoint(solver, max_steps) -> diffrax.AbstractAdjoint | ReverseSweepAdjoint:
-    """The adjoint of a solve given none: [`adjoint_for`][] of the solver inside `solver`'s
-    stepping wrappers where the solve has a step limit (the stored-steps adjoints store
-    `max_steps` steps), else `diffrax.RecursiveCheckpointAdjoint` with `CHECKPOINTS`
-    checkpoints."""
-    adjoint = None if max_steps is None else adjoint_for(unwrapped(solver))
+    """The adjoint of a solve given none: [`adjoint_for`][] of `solver` where the solve has
+    a step limit (the stored-steps adjoints store `max_steps` steps), else
+    `diffrax.RecursiveCheckpointAdjoint` with `CHECKPOINTS` checkpoints."""
+    adjoint = None if max_steps is None else adjoint_for(solver)
     if adjoint is None:
         return diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS)
     return adjoint
@@ -271,14 +294,16 @@ def adjoint_for(solver: diffrax.AbstractSolver) -> diffrax.AbstractAdjoint | Non
     Registered here: [`jaxdae.ReverseSweepAdjoint`][] for explicit Runge–Kutta solvers
     (`diffrax.AbstractERK`), `GeneralizedAlphaAdjoint` for [`jaxdae.GeneralizedAlpha`][],
     [`jaxdae.ReplayAdjoint`][] for [`jaxdae.Rodas5P`][] and diffrax's implicit solvers (and,
-    in `_time_stepping.py`, for the step of [`jaxdae.TimeStepping`][]).
-    Dispatch follows the class, not `isinstance`, so a solver wrapper (which
-    `diffrax.AbstractWrappedSolver` makes pass diffrax's `isinstance` tests of what it
-    wraps) takes the default unless it is registered itself.
+    in `_time_stepping.py`, for the step of [`jaxdae.TimeStepping`][]); jaxdae's stepping
+    wrappers (`AbstractSteppingWrapper`, such as `jaxdae.UnrolledERK`) take the adjoint of
+    the solver they wrap. Dispatch follows the class, not `isinstance`, so another solver
+    wrapper (which `diffrax.AbstractWrappedSolver` makes pass diffrax's `isinstance` tests
+    of what it wraps) takes the default unless it is registered itself.
 
     **Arguments:**
 
-    - `solver`: the solver, inside its stepping wrappers (`jaxdae.UnrolledERK`).
+    - `solver`: the solver (a stepping wrapper such as `jaxdae.UnrolledERK` takes the
+        adjoint of the solver it wraps).
 
     **Returns:**
 
@@ -288,10 +313,18 @@ def adjoint_for(solver: diffrax.AbstractSolver) -> diffrax.AbstractAdjoint | Non
     return None
 
 
-adjoint_for.register(diffrax.AbstractERK, lambda solver: ReverseSweepAdjoint())
-adjoint_for.register(GeneralizedAlpha, lambda solver: GeneralizedAlphaAdjoint())
-adjoint_for.register(Rodas5P, lambda solver: ReplayAdjoint())
-adjoint_for.register(diffrax.AbstractImplicitSolver, lambda solver: ReplayAdjoint())
+# (One instance of each: adjoints are immutable, and a solve then builds none.)
+_REVERSE_SWEEP, _GENERALIZED_ALPHA, _REPLAY = (
+    ReverseSweepAdjoint(),
+    GeneralizedAlphaAdjoint(),
+    ReplayAdjoint(),
+)
+adjoint_for.register(diffrax.AbstractERK, lambda solver: _REVERSE_SWEEP)
+adjoint_for.register(GeneralizedAlpha, lambda solver: _GENERALIZED_ALPHA)
+adjoint_for.register(Rodas5P, lambda solver: _REPLAY)
+adjoint_for.register(diffrax.AbstractImplicitSolver, lambda solver: _REPLAY)
+# A stepping wrapper takes the adjoint of the solver whose steps it computes.
+adjoint_for.register(AbstractSteppingWrapper, lambda solver: adjoint_for(solver.solver))
 
 
 @functools.singledispatch
@@ -328,20 +361,3 @@ def differentiates_contacts(adjoint: diffrax.AbstractAdjoint | None) -> bool:
 
 
 differentiates_contacts.register(ReverseSweepAdjoint, lambda adjoint: False)
-
-
-@contextlib.contextmanager
-def forward_mode_hint():
-    """JAX's error for forward-mode differentiation of a solve whose adjoint is a custom VJP
-    (the sweep, diffrax's checkpointed loop), as one that names the fix."""
-    try:
-        yield
-    except TypeError as error:
-        if "forward-mode autodiff" not in str(error):
-            raise
-        raise ValueError(
-            "Forward-mode differentiation (`jax.jvp`, `jax.jacfwd`, `jax.hessian`) of a "
-            "solve needs `adjoint=diffrax.ForwardMode()`: the default adjoints "
-            "(`jaxdae.ReverseSweepAdjoint`, `diffrax.RecursiveCheckpointAdjoint`) work in "
-            "reverse mode only (`jax.grad`, `jax.vjp`)."
-        ) from error

@@ -139,11 +139,13 @@ def stop_stalled_steps(stepsize_controller):
     return stepsize_controller
 
 
-def step_options(stepsize_controller, dt0, rtol, atol, dtype, norm=optx.rms_norm):
+def step_options(stepsize_controller, dt0, rtol, atol, dtype, span, norm=optx.rms_norm):
     """The step-size controller (default: `diffrax.PIDController(rtol, atol, norm)`) and
-    `dt0`, with the numbers as arrays of `dtype`. Python floats would be static arguments of
+    `dt0`, with the numbers as arrays of `dtype`, `dt0` checked against the solve's
+    `span = (t0, t1)` ([`check_first_step`][]). Python floats would be static arguments of
     the compiled solve: a sweep over `τ = dt0` or over tolerances would compile at every
     value."""
+    given = stepsize_controller
     if stepsize_controller is None:
         check_tolerances(rtol, atol)
         stepsize_controller = diffrax.PIDController(
@@ -153,6 +155,7 @@ def step_options(stepsize_controller, dt0, rtol, atol, dtype, norm=optx.rms_norm
         return stepsize_controller, None
     dt0 = jnp.asarray(dt0, dtype)
     check_positive("dt0", dt0, "step")
+    check_first_step(dt0, *span, given)
     return stepsize_controller, dt0
 
 
@@ -183,30 +186,3 @@ def check_first_step(dt0, t0, t1, stepsize_controller) -> None:
             "(`dt_min_reached`). Pass a larger `dt0`, e.g. 1e-3 of the span, or leave it "
             "None (the controller then picks the first step)."
         )
-
-
-def save_at(t0, t1, ts, stepsize_controller) -> diffrax.SaveAt:
-    """What `simulate` and `simulate_actuated` ask diffrax to save: `t0` and `t1` without
-    `ts`; else `ts` (read back with `saved_times`) and `t1`.
-
-    Without `ts` the states at t0 and t1 are saved directly: an interpolated
-    `SubSaveAt(ts=[t0, t1])` would cost a search of the save times at every step for the
-    same values (docs/design_measurements.md#saving-the-ends).
-
-    With `ts` and fixed steps, each save time is moved 8 ulps (of max(|t0|, |ts[i]|))
-    earlier. diffrax saves `ts[i]` in the step whose end reaches it, and
-    `RecursiveCheckpointAdjoint` recomputes the steps in its reverse pass. When `ts[i]` lies
-    within rounding of a step's end (fixed steps on the save grid, e.g.
-    `ts = linspace(0, 1.5, 31)` with `dt0 = 0.01`), the recomputation can round that end the
-    other way (`t0 + (t1 − t0)·k/N` compiled with and without a fused multiply-add: at most
-    2 ulps apart) and save `ts[i]` in the neighbouring step; that row's cotangent is then
-    counted twice or lost, a gradient off by percents with no error. Moved earlier, every
-    save time lies inside one step. Adaptive steps end on a save time only by chance, so
-    their save times are not moved.
-    """
-    if ts is None:
-        return diffrax.SaveAt(t0=True, t1=True)
-    if isinstance(stepsize_controller, diffrax.ConstantStepSize):
-        ulps = 8 * jnp.finfo(ts.dtype).eps * jnp.maximum(jnp.abs(ts), jnp.abs(t0))
-        ts = jnp.maximum(ts - ulps, t0)
-    return diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)])

@@ -11,6 +11,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._compilation._constants import detached
 from .._compilation._operators import MassFactor
 from .._compilation._private_apis import unvmap_any
 from .._compilation._scalarize import scalarize
@@ -21,7 +22,7 @@ from .._solution import RESULTS
 from .._systems._system import AbstractSystem
 from ._solvers import AbstractSteppingWrapper
 from ._term import AbstractSystemTerm, AbstractTermWithVJP, replace_system_term, system_term
-from ._vector_fields import detached, jitted_failure, jitted_rates, jitted_row_vjp, state_rates
+from ._vector_fields import jitted_failure, jitted_rates, jitted_row_vjp, state_rates
 
 
 class EnsembleTerm(AbstractSystemTerm, AbstractTermWithVJP):

@@ -39,10 +39,10 @@ from .._solution import RESULTS, Events
 from .._systems._structure import with_mass_factor
 from .._systems._system import AbstractSystem
 from ._controllers import AbstractControllerWrapper
-from ._solve import Dynamics, SolveOptions, Times, integrate
+from ._solve import SolveOptions, Times, integrate
 from ._solvers import carries_contact_forces
 from ._stop_data import AbstractContactScheme, check_stop_shapes
-from ._term import AbstractSystemTerm, system_term
+from ._term import AbstractSystemTerm, Dynamics, system_term
 from ._vector_fields import system_terms, terms_outside_steps
 
 

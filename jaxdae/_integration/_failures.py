@@ -1,8 +1,8 @@
-"""Naming failures: the conditions that stop a solve and the results they name, the
-non-finite term that stopped a solve, and the end-of-solve checks of the residual and of
-the target's range. (Solvers name their own failures: `AbstractFailureNamingSolver`.)"""
+"""Naming failures after a solve: the non-finite term that stopped it, and the end-of-solve
+checks of the residual and of the target's range. (The conditions that stop a solve and
+the results they name are the solve's, `_solve.py`; solvers name their own failures:
+`AbstractFailureNamingSolver`.)"""
 
-import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -14,16 +14,8 @@ from .._compilation._private_apis import result_codes, unvmap_any, with_result_c
 from .._custom_types import Array
 from .._formulations import AbstractStabilizedFormulation
 from .._solution import RESULTS
-from ._crossing import DownCrossing
 from ._validation import factored_positive_definite, mass_positive_definite
 from ._vector_fields import jitted_rates, system_terms
-
-
-def non_finite_event(t, y, args, **kwargs):
-    """Stops a fixed-step solve whose state overflowed (adaptive controllers reject such
-    steps instead)."""
-    return ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(y)]))
-
 
 # The terms that `non_finite_term` tests, in its order: a mass matrix that is not
 # positive definite makes a tree's forces nan (`factored_positive_definite`), so it comes
@@ -38,6 +30,7 @@ NON_FINITE_RESULTS = (
 
 
 def all_finite(*arrays) -> Array:
+    """Whether every entry of `arrays` is finite."""
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in arrays]))
 
 
@@ -190,53 +183,6 @@ def checked_result(
     not_met = ok & ~diverged & (gap > 0.1 * size) & (residual > floor)
     # (Contradicting constraints are the more precise name where both apply.)
     return RESULTS.where(not_met, RESULTS.constraints_not_met, result)
-
-
-def solve_event(
-    conditions: list, stepsize_controller, located: list | None = None, dtype=float
-) -> diffrax.Event | None:
-    """The failure conditions of a solve, plus `non_finite_event` for fixed steps, after the
-    `located` ones: real-valued conditions whose downcrossings of zero stop the solve at
-    the crossing, located by a root finder to a few ulps (of `dtype`) of the time."""
-    if isinstance(stepsize_controller, diffrax.ConstantStepSize):
-        conditions = conditions + [non_finite_event]
-    located = located or []
-    if not located:
-        return diffrax.Event(conditions) if conditions else None
-    # With a root finder, diffrax turns a true flag into the distance to the step's end,
-    # in the time's dtype, beside a Python `0.0` in a `lax.cond`: a float32 solve under
-    # float64 mode fails to trace. As `±1` in the default float dtype, a flag is a
-    # condition like the others (its crossing is where it turns true).
-    conditions = [_signed(condition) for condition in conditions]
-    tolerance = float(64 * jnp.finfo(dtype).eps)
-    return diffrax.Event(
-        located + conditions,
-        DownCrossing(tolerance, tolerance),
-        direction=[False] * len(located) + [None] * len(conditions),
-    )
-
-
-def _signed(flag):
-    def condition(t, y, args, **kwargs):
-        return jnp.where(flag(t, y, args, **kwargs), -1.0, 1.0).astype(jnp.result_type(float))
-
-    return condition
-
-
-def event_result(out: diffrax.Solution, failures: list, located: int = 0) -> RESULTS:
-    """jaxdae's result of a solve with `solve_event`: the failure named by the condition
-    that stopped it (`failures[i]` for the i-th condition after the `located` ones),
-    `non_finite_state` for the appended non-finite condition; a located condition leaves
-    diffrax's `event_occurred`."""
-    result = RESULTS.promote(out.result)
-    if out.event_mask is None:
-        return result
-    names = failures + [RESULTS.non_finite_state]
-    for stopped, name in zip(out.event_mask[located:], names, strict=False):
-        result = RESULTS.where(
-            (out.result == diffrax.RESULTS.event_occurred) & stopped, name, result
-        )
-    return result
 
 
 def first_failure(result: RESULTS) -> RESULTS:

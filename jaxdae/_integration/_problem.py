@@ -13,30 +13,27 @@ import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 
-from .. import _thresholds
-from .._checks import check_instance, check_real
+from .._checks import check_instance
 from .._compilation._sharding import explicit_to_auto, is_explicitly_sharded
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._formulations import AbstractFormulation
 from .._gains import is_concrete
-from .._systems._system import AbstractSystem, cast_floating
-from ._adjoint import ReverseSweepAdjoint, check_adjoint, default_adjoint
-from ._controllers import check_first_step, step_options
+from .._solution import RESULTS
+from .._systems._system import AbstractSystem
+from ._adjoint import ReverseSweepAdjoint, default_adjoint, resolve_adjoint
+from ._controllers import step_options
 from ._events import EventDriven, event_settings
 from ._implicit import configure_for_controller
-from ._reporting import TracedChecks
 from ._solve import SolveOptions, Times
 from ._stop_data import AbstractContactScheme
 from ._time_stepping import check_time_stepping
 from ._trajectories import AbstractTrajectories
 from ._validation import (
     INITIAL_STATE_MESSAGES,
+    check_inputs,
     check_solve_options,
-    check_structure,
-    check_times,
-    check_types,
+    checked_times,
     initial_state_message,
-    solvable_inputs,
     warn_unstable_step,
 )
 
@@ -130,34 +127,39 @@ class SolveCall(eqx.Module):
         check_solve_options(self.solver, self.stepsize_controller, self.adjoint, self.max_steps)
 
     def times(self, t0, t1, dtype) -> Times:
-        """`t0`, `t1` and `ts` as arrays of `dtype`, checked (`check_times`)."""
-        check_real(t0=t0, t1=t1, ts=self.ts, dt0=self.dt0, rtol=self.rtol, atol=self.atol)
-        t0, t1 = jnp.asarray(t0, dtype=dtype), jnp.asarray(t1, dtype=dtype)
-        ts = None if self.ts is None else jnp.asarray(self.ts, dtype=dtype)
-        check_times(t0, t1, ts)
-        check_first_step(self.dt0, t0, t1, self.stepsize_controller)
-        return Times(t0, t1, ts)
+        """`t0`, `t1` and `ts` as arrays of `dtype`, checked (`checked_times`)."""
+        return Times(*checked_times(self, t0, t1, dtype))
 
-    def options(self, dtype, norm=optx.rms_norm, event_driven: bool = False) -> SolveOptions:
+    def options(
+        self,
+        dtype,
+        times: Times,
+        norm=optx.rms_norm,
+        adjoint: diffrax.AbstractAdjoint | None = None,
+    ) -> SolveOptions:
         """The solve's options with the defaults filled in: `step_options` (the default
-        controller measures errors with `norm`), an implicit solver's root finder set to
-        stop at the step's tolerance (`configure_for_controller`), `default_adjoint`, or
-        for an `event_driven` solve diffrax's `RecursiveCheckpointAdjoint` (the event loop
-        is differentiated through its checkpointed loop)."""
+        controller measures errors with `norm`; `dt0` checked against `times`), an implicit
+        solver's root finder set to stop at the step's tolerance
+        (`configure_for_controller`), and `adjoint` (as `resolve_adjoint` chose it; None:
+        the call's, else `default_adjoint`)."""
         stepsize_controller, dt0 = step_options(
-            self.stepsize_controller, self.dt0, self.rtol, self.atol, dtype, norm
+            self.stepsize_controller,
+            self.dt0,
+            self.rtol,
+            self.atol,
+            dtype,
+            (times.t0, times.t1),
+            norm,
         )
         solver = (
             DEFAULT_SOLVER
             if self.solver is None
             else configure_for_controller(self.solver, stepsize_controller)
         )
-        if self.adjoint is not None:
-            adjoint = self.adjoint
-        elif event_driven:
-            adjoint = diffrax.RecursiveCheckpointAdjoint(_thresholds.CHECKPOINTS)
-        else:
-            adjoint = default_adjoint(solver, self.max_steps)
+        if adjoint is None:
+            adjoint = (
+                default_adjoint(solver, self.max_steps) if self.adjoint is None else self.adjoint
+            )
         tolerances = None
         if isinstance(stepsize_controller, diffrax.AbstractAdaptiveStepSizeController):
             tolerances = tuple(
@@ -187,13 +189,28 @@ class SolveCall(eqx.Module):
         )
 
 
+class TracedChecks(eqx.Module):
+    """What a solve checks when anything is `traced` (`check_traced`): the checks of
+    traced gains (`gain_flags`, one message each: the formulation's `traced_checks`), the
+    initial state (`check_state`: a traced state) and the times, and the solve's failure
+    (`throw`)."""
+
+    gain_flags: tuple
+    gain_messages: tuple[str, ...] = eqx.field(static=True)
+    traced: bool = eqx.field(static=True)
+    check_state: bool = eqx.field(static=True)
+    throw: bool = eqx.field(static=True)
+
+
 class Problem(eqx.Module):
     """A checked solve: the system and its formulation (in the state's precision), the
     times, the initial states, the resolved options, the event settings (None: the system
-    has no gaps), whether the formulation's failure test can stop the solve (`fails`), what
-    is checked when anything is traced (`checks`) and the layout of the trajectories.
-    Whether a failure raises is the call's `throw`, read after the compiled solve (by
-    `report`), so that calls with and without it share one program."""
+    has no gaps), the result that the formulation's failure test reports where it can stop
+    the solve (`failure`; None where it cannot), whether the adjoint differentiates in
+    reverse mode only (`reverse_only`), what is checked when anything is traced (`checks`)
+    and the layout of the trajectories. Whether a failure raises is the call's `throw`, read
+    after the compiled solve (by `report`), so that calls with and without it share one
+    program."""
 
     system: AbstractSystem
     formulation: AbstractFormulation
@@ -202,31 +219,15 @@ class Problem(eqx.Module):
     v0: Array
     options: SolveOptions
     events: EventDriven | None
-    fails: bool = eqx.field(static=True)
+    failure: RESULTS | None
+    reverse_only: bool = eqx.field(static=True)
     checks: TracedChecks
     trajectories: AbstractTrajectories
 
-    def solvable(self) -> "Problem":
-        """The problem that a traced solve integrates: bad traced times and steps replaced
-        by stand-ins that diffrax accepts (jaxdae's checks name them, not diffrax's), and
-        with `throw=False` the invalid initial states too (reported by their result)."""
-        if not self.checks.traced:
-            return self
-        q0, v0 = self.q0, self.v0
-        if not self.checks.throw:
-            q0, v0 = self.trajectories.solvable_start(q0, v0)
-        times, dt0, controller = solvable_inputs(
-            self.times, self.options.dt0, self.options.stepsize_controller
-        )
-        options = eqx.tree_at(
-            lambda o: (o.dt0, o.stepsize_controller),
-            self.options,
-            (dt0, controller),
-            is_leaf=lambda x: x is None,
-        )
-        return eqx.tree_at(
-            lambda p: (p.q0, p.v0, p.times, p.options), self, (q0, v0, times, options)
-        )
+    @property
+    def fails(self) -> bool:
+        """Whether the formulation's failure test can stop the solve."""
+        return self.failure is not None
 
 
 def pose_problem(
@@ -244,8 +245,6 @@ def pose_problem(
             "the placed arrays from outside `jax.jit`."
         )
     dtype = q0.dtype
-    check_types(system, formulation)
-    call.check_options()
     # The contact scheme, consulted here once: time stepping is a solver with a fixed step
     # and no event loop (`events` None); exact events (the default) where the system has
     # gaps.
@@ -257,28 +256,25 @@ def pose_problem(
         optional=True,
     )
     call, stepping = (call, None) if call.events is None else call.events.configure(call, t0, t1)
-    if stepping is not None:
-        # A time step factors the dense `M` itself.
-        system = system._dense_mass_variant()
-    times = call.times(t0, t1, dtype)
+    # The state's dtype sets the precision: float32 states give a float32 simulation. (A
+    # time step factors the dense `M` itself.)
+    system, formulation, span, counts, gap_shape, gain_checks, failure = check_inputs(
+        system, formulation, call, t0, t1, one, dtype, dense_mass=stepping is not None
+    )
+    times = Times(*span)
     t0 = times.t0
-    # The state's dtype sets the precision: float32 states give a float32 simulation.
-    system, formulation = cast_floating((system, formulation), dtype)
-    formulation, counts = check_structure(system, formulation, t0, *one)
     # Traced gains' checks join the solve's one branched error (`check_traced`).
-    gain_checks = list(formulation.traced_checks(*counts))
-    if is_concrete(formulation):
-        formulation.check_values()
+    gain_checks = list(gain_checks)
     eager = is_concrete(system, t0, q0, v0)
     if eager:
         _check_initial_state(system, formulation, t0, q0, v0, trajectories)
 
-    if stepping is None:
-        events = event_settings(system, call, trajectories, t0, q0, one[0], eager)
-    else:
+    events = None
+    if stepping is not None:
         check_time_stepping(system, formulation, trajectories, t0, q0, one[0], eager)
         call = eqx.tree_at(lambda c: c.solver, call, stepping.solver(dtype), is_leaf=_none)
-        events = None
+    elif gap_shape != (0,):
+        events = event_settings(system, call, trajectories, t0, q0, one[0], eager)
     if events is not None or stepping is not None:
         gap_tolerance = (
             events.tolerance(q0.dtype)
@@ -286,31 +282,32 @@ def pose_problem(
             else float(0.01 * np.sqrt(np.finfo(q0.dtype).eps))
         )
         gain_checks += stop_value_checks(system, t0, q0, gap_tolerance)
-    options = call.options(dtype, trajectories.error_norm, event_driven=events is not None)
+    fixed_steps = isinstance(call.stepsize_controller, diffrax.ConstantStepSize)
     # (Known from the constraint counts: a test that cannot fail is not traced.)
-    fails = formulation.fails_with(*counts)
-    stops = [
+    stops = tuple(
         reason
         for stops, reason in (
-            (fails, f"{type(formulation).__name__}'s test for singular configurations"),
-            (events is not None or stepping is not None, "the system's gaps"),
             (
-                isinstance(options.stepsize_controller, diffrax.ConstantStepSize),
-                "fixed steps' test for a non-finite state",
+                failure is not None,
+                f"{type(formulation).__name__}'s test for singular configurations",
             ),
+            (events is not None or stepping is not None, "the system's gaps"),
+            (fixed_steps, "fixed steps' test for a non-finite state"),
         )
         if stops
-    ]
+    )
     contacts = None
     if events is not None:
         contacts = "the events of a system with `gaps`"
     elif stepping is not None:
         contacts = "time stepping"
-    check_adjoint(call.adjoint, bool(stops), ", ".join(stops), contacts)
-    if isinstance(options.stepsize_controller, diffrax.ConstantStepSize):
-        warn_unstable_step(
-            formulation, counts, DEFAULT_SOLVER if call.solver is None else call.solver, options.dt0
-        )
+    solver = DEFAULT_SOLVER if call.solver is None else call.solver
+    adjoint, reverse_only = resolve_adjoint(
+        call.adjoint, solver, call.max_steps, events is not None, stops, contacts
+    )
+    options = call.options(dtype, times, trajectories.error_norm, adjoint)
+    if fixed_steps:
+        warn_unstable_step(formulation, counts, solver, options.dt0)
     # Anything traced (a gain, a state, a time, an option such as `constraint_tol`) makes
     # the solution traced: its failures are reported from inside the program.
     traced = not is_concrete(system, formulation, times, q0, v0, options)
@@ -331,7 +328,8 @@ def pose_problem(
         v0=v0,
         options=options,
         events=events,
-        fails=fails,
+        failure=failure,
+        reverse_only=reverse_only,
         checks=checks,
         trajectories=trajectories,
     )

@@ -14,6 +14,7 @@ Stages 2 and 3 (but the names of an eager call's failure) are one compiled progr
 one trajectory and an ensemble differ, the stages ask the problem's
 `AbstractTrajectories`."""
 
+import contextlib
 from collections.abc import Sequence
 from typing import Unpack
 
@@ -26,19 +27,40 @@ from .._custom_types import ArrayLike, Float, ScalarLike
 from .._formulations import AbstractFormulation
 from .._solution import Solution
 from .._systems._system import AbstractSystem
-from ._adjoint import forward_mode_hint
 from ._events import EventDriven, event_dynamics, integrate_with_events
 from ._outcome import assemble_outcome, report
 from ._problem import Problem, SolveCall, SolveKeywords, pose_problem
 from ._solve import integrate
 from ._time_stepping import TimeStepping
 from ._trajectories import AbstractTrajectories, EnsembleTrajectories, SingleTrajectory
+from ._validation import solvable_inputs
 
 
 class SimulateKeywords(SolveKeywords, total=False):
     """[`jaxdae.simulate`][]'s keyword arguments: the solve's and `events`."""
 
     events: EventDriven | TimeStepping | None
+
+
+# The layouts of the trajectories (strategies without fields: one instance each).
+SINGLE_TRAJECTORY, ENSEMBLE_TRAJECTORIES = SingleTrajectory(), EnsembleTrajectories()
+
+
+@contextlib.contextmanager
+def forward_mode_hint():
+    """JAX's error for forward-mode differentiation of a solve whose adjoint is a custom VJP
+    (the sweep, diffrax's checkpointed loop), as one that names the fix."""
+    try:
+        yield
+    except TypeError as error:
+        if "forward-mode autodiff" not in str(error):
+            raise
+        raise ValueError(
+            "Forward-mode differentiation (`jax.jvp`, `jax.jacfwd`, `jax.hessian`) of a "
+            "solve needs `adjoint=diffrax.ForwardMode()`: the default adjoints "
+            "(`jaxdae.ReverseSweepAdjoint`, `diffrax.RecursiveCheckpointAdjoint`) work in "
+            "reverse mode only (`jax.grad`, `jax.vjp`)."
+        ) from error
 
 
 @full_precision
@@ -138,7 +160,7 @@ def simulate(
         q0,
         v0,
         SolveCall.of("simulate", options, SimulateKeywords),
-        SingleTrajectory(),
+        SINGLE_TRAJECTORY,
     )
 
 
@@ -215,7 +237,7 @@ def simulate_ensemble(
         q0,
         v0,
         SolveCall.of("simulate_ensemble", options),
-        EnsembleTrajectories(),
+        ENSEMBLE_TRAJECTORIES,
     )
 
 
@@ -233,9 +255,32 @@ def solve_system(
 @jit_unless_staged
 def solve_problem(problem: Problem) -> Solution:
     """The compiled solve of `problem`: its integration and its outcome."""
-    solved = problem.solvable()
+    solved = solvable(problem)
     out, result = integrate_problem(solved)
     return assemble_outcome(problem, solved, out, result)
+
+
+def solvable(problem: Problem) -> Problem:
+    """The problem that a traced solve integrates: bad traced times and steps replaced by
+    stand-ins that diffrax accepts (jaxdae's checks name them, not diffrax's), and with
+    `throw=False` the invalid initial states too (reported by their result)."""
+    if not problem.checks.traced:
+        return problem
+    q0, v0 = problem.q0, problem.v0
+    if not problem.checks.throw:
+        q0, v0 = problem.trajectories.solvable_start(q0, v0)
+    times, dt0, controller = solvable_inputs(
+        problem.times, problem.options.dt0, problem.options.stepsize_controller
+    )
+    options = eqx.tree_at(
+        lambda o: (o.dt0, o.stepsize_controller),
+        problem.options,
+        (dt0, controller),
+        is_leaf=lambda x: x is None,
+    )
+    return eqx.tree_at(
+        lambda p: (p.q0, p.v0, p.times, p.options), problem, (q0, v0, times, options)
+    )
 
 
 def integrate_problem(problem: Problem):
@@ -250,7 +295,7 @@ def integrate_problem(problem: Problem):
         q0,
         v0,
         problem.options.solver,
-        problem.fails,
+        problem.failure,
     )
     options = eqx.tree_at(lambda o: o.solver, problem.options, solver)
     if problem.events is None:

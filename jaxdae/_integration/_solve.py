@@ -1,25 +1,21 @@
 """The one diffrax solve of [`jaxdae.simulate`][], [`jaxdae.simulate_ensemble`][] and
-[`jaxdae.simulate_actuated`][]: what it integrates (`Dynamics`), its resolved times and
-options (`Times`, `SolveOptions`, which the problem stage builds), and `integrate`."""
-
-from collections.abc import Callable
+[`jaxdae.simulate_actuated`][]: its resolved times and options (`Times`, `SolveOptions`,
+which the problem stage builds), `integrate` of a `Dynamics` (`_term.py`), and the
+conditions that stop it with the results they name (`solve_event`, `event_result`)."""
 
 import diffrax
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 
 from .._compilation._private_apis import diffeqsolve_unjitted
 from .._custom_types import Array
 from .._solution import RESULTS
 from ._adjoint import ReverseSweepAdjoint
-from ._controllers import save_at, stop_stalled_steps
-from ._failures import (
-    FIXED_STEP_RESIDUAL,
-    RESIDUAL_TOLERANCE_FACTOR,
-    event_result,
-    solve_event,
-)
+from ._controllers import stop_stalled_steps
+from ._crossing import DownCrossing
 from ._solvers import name_result
+from ._term import Dynamics
 
 
 class Times(eqx.Module):
@@ -45,40 +41,32 @@ class SolveOptions(eqx.Module):
     # `(rtol, atol)` of an adaptive controller (None: fixed steps).
     tolerances: tuple[Array, Array] | None = None
 
-    def residual_limit(self, q0, v0) -> tuple[Array, Array]:
-        """The constraint residual a completed solve from `(q0, v0)` may end with (one per
-        trajectory of an ensemble), and whether the formulation's `residual_allowance` adds
-        to it: `constraint_tol` alone, by default
-        `RESIDUAL_TOLERANCE_FACTOR · (atol + rtol · scale)` with an adaptive controller or
-        `FIXED_STEP_RESIDUAL · scale` with fixed steps, `scale = max(1, |q0|, |v0|)`, plus
-        the allowance."""
-        scale = jnp.max(jnp.abs(jnp.concatenate([q0, v0], -1)), axis=-1, initial=1.0)
-        if self.tolerances is None:
-            default = FIXED_STEP_RESIDUAL * scale
-        else:
-            rtol, atol = self.tolerances
-            default = RESIDUAL_TOLERANCE_FACTOR * (atol + rtol * scale)
-        # (`nan`: none given; one program for calls with and without it.)
-        tol = jnp.asarray(jnp.nan if self.constraint_tol is None else self.constraint_tol, q0.dtype)
-        given = ~jnp.isnan(tol)
-        limit = jnp.where(given, tol, default)
-        return limit.astype(q0.dtype), jnp.broadcast_to(~given, limit.shape)
 
+def save_at(t0, t1, ts, stepsize_controller) -> diffrax.SaveAt:
+    """What `simulate` and `simulate_actuated` ask diffrax to save: `t0` and `t1` without
+    `ts`; else `ts` (read back with `saved_times`) and `t1`.
 
-class Dynamics(eqx.Module):
-    """What the solve path integrates for a model `(system, strategy)` (a system and its
-    formulation, or an actuated system and its control): the term (`_term.py`), and the
-    conditions (diffrax event conditions, which read the problem from the `terms` diffrax
-    passes them) that stop the solve, each with the [`jaxdae.RESULTS`][] item it reports.
+    Without `ts` the states at t0 and t1 are saved directly: an interpolated
+    `SubSaveAt(ts=[t0, t1])` would cost a search of the save times at every step for the
+    same values (docs/design_measurements.md#saving-the-ends).
 
-    `saves_solver_state`: the solve keeps its final solver state (an ensemble whose
-    trajectories stop one by one reads the stopped rows from it)."""
-
-    term: diffrax.AbstractTerm
-    conditions: tuple[Callable, ...] = eqx.field(static=True, default=())
-    failures: tuple[RESULTS, ...] = ()
-    located: tuple[Callable, ...] = eqx.field(static=True, default=())
-    saves_solver_state: bool = eqx.field(static=True, default=False)
+    With `ts` and fixed steps, each save time is moved 8 ulps (of max(|t0|, |ts[i]|))
+    earlier. diffrax saves `ts[i]` in the step whose end reaches it, and
+    `RecursiveCheckpointAdjoint` recomputes the steps in its reverse pass. When `ts[i]` lies
+    within rounding of a step's end (fixed steps on the save grid, e.g.
+    `ts = linspace(0, 1.5, 31)` with `dt0 = 0.01`), the recomputation can round that end the
+    other way (`t0 + (t1 − t0)·k/N` compiled with and without a fused multiply-add: at most
+    2 ulps apart) and save `ts[i]` in the neighbouring step; that row's cotangent is then
+    counted twice or lost, a gradient off by percents with no error. Moved earlier, every
+    save time lies inside one step. Adaptive steps end on a save time only by chance, so
+    their save times are not moved.
+    """
+    if ts is None:
+        return diffrax.SaveAt(t0=True, t1=True)
+    if isinstance(stepsize_controller, diffrax.ConstantStepSize):
+        ulps = 8 * jnp.finfo(ts.dtype).eps * jnp.maximum(jnp.abs(ts), jnp.abs(t0))
+        ts = jnp.maximum(ts - ulps, t0)
+    return diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)])
 
 
 def integrate(
@@ -123,3 +111,56 @@ def integrate(
     return out, name_result(
         solver, event_result(out, list(dynamics.failures), len(dynamics.located))
     )
+
+
+def non_finite_event(t, y, args, **kwargs):
+    """Stops a fixed-step solve whose state overflowed (adaptive controllers reject such
+    steps instead)."""
+    return ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(y)]))
+
+
+def solve_event(
+    conditions: list, stepsize_controller, located: list | None = None, dtype=float
+) -> diffrax.Event | None:
+    """The failure conditions of a solve, plus `non_finite_event` for fixed steps, after the
+    `located` ones: real-valued conditions whose downcrossings of zero stop the solve at
+    the crossing, located by a root finder to a few ulps (of `dtype`) of the time."""
+    if isinstance(stepsize_controller, diffrax.ConstantStepSize):
+        conditions = conditions + [non_finite_event]
+    located = located or []
+    if not located:
+        return diffrax.Event(conditions) if conditions else None
+    # With a root finder, diffrax turns a true flag into the distance to the step's end,
+    # in the time's dtype, beside a Python `0.0` in a `lax.cond`: a float32 solve under
+    # float64 mode fails to trace. As `±1` in the default float dtype, a flag is a
+    # condition like the others (its crossing is where it turns true).
+    conditions = [_signed(condition) for condition in conditions]
+    tolerance = float(64 * jnp.finfo(dtype).eps)
+    return diffrax.Event(
+        located + conditions,
+        DownCrossing(tolerance, tolerance),
+        direction=[False] * len(located) + [None] * len(conditions),
+    )
+
+
+def _signed(flag):
+    def condition(t, y, args, **kwargs):
+        return jnp.where(flag(t, y, args, **kwargs), -1.0, 1.0).astype(jnp.result_type(float))
+
+    return condition
+
+
+def event_result(out: diffrax.Solution, failures: list, located: int = 0) -> RESULTS:
+    """jaxdae's result of a solve with `solve_event`: the failure named by the condition
+    that stopped it (`failures[i]` for the i-th condition after the `located` ones),
+    `non_finite_state` for the appended non-finite condition; a located condition leaves
+    diffrax's `event_occurred`."""
+    result = RESULTS.promote(out.result)
+    if out.event_mask is None:
+        return result
+    names = failures + [RESULTS.non_finite_state]
+    for stopped, name in zip(out.event_mask[located:], names, strict=False):
+        result = RESULTS.where(
+            (out.result == diffrax.RESULTS.event_occurred) & stopped, name, result
+        )
+    return result

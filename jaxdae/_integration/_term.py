@@ -15,10 +15,12 @@ import diffrax
 import equinox as eqx
 import jax
 
+from .._compilation._constants import detached
 from .._compilation._operators import MassFactor
 from .._formulations import AbstractFormulation
+from .._solution import RESULTS
 from .._systems._system import AbstractSystem
-from ._vector_fields import detached, jitted_failure, jitted_rates
+from ._vector_fields import jitted_failure, jitted_rates
 
 
 class AbstractTimeTerm(diffrax.AbstractTerm):
@@ -98,6 +100,32 @@ class SystemTerm(AbstractSystemTerm):
 
     def stopped_rows(self):
         return None
+
+
+class Dynamics(eqx.Module):
+    """What the solve path integrates for a model `(system, strategy)` (a system and its
+    formulation, or an actuated system and its control): the term, and the
+    conditions (diffrax event conditions, which read the problem from the `terms` diffrax
+    passes them) that stop the solve, each with the [`jaxdae.RESULTS`][] item it reports.
+
+    `saves_solver_state`: the solve keeps its final solver state (an ensemble whose
+    trajectories stop one by one reads the stopped rows from it)."""
+
+    term: diffrax.AbstractTerm
+    conditions: tuple[Callable, ...] = eqx.field(static=True, default=())
+    failures: tuple[RESULTS, ...] = ()
+    located: tuple[Callable, ...] = eqx.field(static=True, default=())
+    saves_solver_state: bool = eqx.field(static=True, default=False)
+
+
+def system_dynamics(system, formulation, reference, mass_factor, failure) -> Dynamics:
+    """The `Dynamics` of one trajectory: its `SystemTerm`, stopped by the formulation's
+    failure test (`failure_condition`, a `diffrax.Event`) with the result `failure`, where
+    the formulation can fail (`failure` not None)."""
+    term = SystemTerm(system, formulation, reference, mass_factor)
+    if failure is None:
+        return Dynamics(term)
+    return Dynamics(term, (failure_condition,), (failure,))
 
 
 def terms_within(terms) -> list:

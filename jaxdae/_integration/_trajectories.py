@@ -17,9 +17,10 @@ import numpy as np
 import optimistix as optx
 
 from .._checks import float_array
+from .._compilation._constants import detached
 from .._custom_types import Array
 from .._solution import RESULTS, Solution
-from .._systems._mass import constant_mass_factor
+from .._systems._structure import constant_mass_factor
 from ._diagnostics import assemble_solution, cut_at
 from ._ensemble import (
     StopFailedTrajectories,
@@ -28,10 +29,9 @@ from ._ensemble import (
     worst_trajectory_rms,
 )
 from ._failures import first_failure
-from ._solve import Dynamics
-from ._term import SystemTerm, failure_condition
+from ._term import Dynamics, system_dynamics
 from ._validation import check_initial_state_jit
-from ._vector_fields import detached, failure_reference, system_terms
+from ._vector_fields import failure_reference, system_terms
 
 
 class AbstractTrajectories(eqx.Module):
@@ -97,20 +97,28 @@ class AbstractTrajectories(eqx.Module):
         """The formulation's `failure_reference` of each trajectory."""
 
     def dynamics(
-        self, system, formulation, t0, q0, v0, solver: diffrax.AbstractSolver, fails: bool
+        self,
+        system,
+        formulation,
+        t0,
+        q0,
+        v0,
+        solver: diffrax.AbstractSolver,
+        failure: RESULTS | None,
     ) -> tuple[Dynamics, diffrax.AbstractSolver]:
         """What the solve from `(t0, q0, v0)` integrates, and its solver: the term of the
         system and its formulation (`term`), with the reference of the formulation's
-        failure test where `fails` (it stops the solve: `fails_with` the system's constraint
-        counts) and the factor of a constant mass matrix, both computed once per solve."""
+        failure test where it stops the solve with the result `failure` (None: it cannot
+        fail with the system's constraint counts) and the factor of a constant mass matrix,
+        both computed once per solve."""
         reference = None
-        if fails:
+        if failure is not None:
             # Detached before the call: stopped after it, the call would still be linearized.
             reference = self.failure_reference(*detached((system, formulation, t0, q0, v0)))
         # A constant mass matrix is factored here, not at every stage (an ensemble's
         # trajectories share the system, so they share it too).
         mass_factor = constant_mass_factor(system, t0, *self.first_state(q0, v0), system_terms)
-        return self.term(system, formulation, reference, mass_factor, solver, fails)
+        return self.term(system, formulation, reference, mass_factor, solver, failure)
 
     @abc.abstractmethod
     def term(
@@ -120,10 +128,11 @@ class AbstractTrajectories(eqx.Module):
         reference,
         mass_factor,
         solver: diffrax.AbstractSolver,
-        fails: bool,
+        failure: RESULTS | None,
     ) -> tuple[Dynamics, diffrax.AbstractSolver]:
-        """`dynamics` from the failure reference (or None) and the constant mass matrix's
-        factor (or None)."""
+        """`dynamics` from the failure reference (or None), the constant mass matrix's
+        factor (or None) and the result of the formulation's failure (None: it cannot
+        fail)."""
 
     @abc.abstractmethod
     def solution(
@@ -182,11 +191,8 @@ class SingleTrajectory(AbstractTrajectories):
     def failure_reference(self, system, formulation, t0, q0, v0):
         return failure_reference(system, formulation, t0, q0, v0)
 
-    def term(self, system, formulation, reference, mass_factor, solver, fails):
-        term = SystemTerm(system, formulation, reference, mass_factor)
-        if fails:  # the solve stops at the failure (`diffrax.Event`)
-            return Dynamics(term, (failure_condition,), (formulation.failure_result,)), solver
-        return Dynamics(term), solver
+    def term(self, system, formulation, reference, mass_factor, solver, failure):
+        return system_dynamics(system, formulation, reference, mass_factor, failure), solver
 
     def solution(self, system, formulation, start, ts, out, result, limit, reverse):
         reached = out.result == diffrax.RESULTS.successful
@@ -260,11 +266,14 @@ class EnsembleTrajectories(AbstractTrajectories):
             system, formulation, t0, q0, v0
         )
 
-    def term(self, system, formulation, reference, mass_factor, solver, fails):
+    def term(self, system, formulation, reference, mass_factor, solver, failure):
         # Each trajectory stops alone (its formulation fails or its model turns non-finite),
         # read from the solver state.
         term = ensemble_term(system, formulation, reference, mass_factor)
-        return (Dynamics(term, saves_solver_state=True), StopFailedTrajectories(solver, fails))
+        return (
+            Dynamics(term, saves_solver_state=True),
+            StopFailedTrajectories(solver, failure is not None),
+        )
 
     def solution(self, system, formulation, start, ts, out, result, limit, reverse):
         t0, q0, v0 = start

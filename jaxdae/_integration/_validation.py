@@ -15,6 +15,7 @@ from .._checks import (
     TOLERANCE_RULE,
     check_instance,
     check_leaf_dtypes,
+    check_real,
     check_tolerances,
     dtype_problem,
     tolerance_problem,
@@ -25,11 +26,12 @@ from .._custom_types import Array, Bool
 from .._formulations import AbstractFormulation, AbstractStabilizedFormulation
 from .._gains import is_concrete
 from .._systems._hamiltonian import HamiltonianSystem
-from .._systems._mass import is_mass_positive_definite
 from .._systems._nonholonomic import is_not_affine
+from .._systems._structure import is_mass_positive_definite
 from .._systems._system import (
     AbstractSystem,
     LagrangianSystem,
+    cast_floating,
     model_defines,
     require_output,
 )
@@ -326,9 +328,45 @@ def signature(tree):
     )
 
 
-def check_structure(system, formulation, t0, q0, v0):
-    """Shapes and constraint counts; returns the formulation with its gains' shapes checked
-    (`validate`) and the constraint counts."""
+def check_inputs(system, formulation, call, t0, t1, one, dtype, dense_mass: bool = False):
+    """The inputs of a solve checked once, in the order one fixes them: the types of the
+    system and formulation ([`check_types`][]) and of the call's solve options
+    ([`check_solve_options`][]), the times ([`checked_times`][]), then, in the state's
+    precision (`cast_floating`; with its dense mass matrix where a time step factors it,
+    `dense_mass`), the model's outputs and constraint counts at one trajectory's state
+    `one = (q, v)` ([`check_structure`][]) and the formulation's gains against them
+    (`AbstractFormulation.checked`).
+
+    Returns `(system, formulation, (t0, t1, ts), counts, gap_shape, gain_checks,
+    failure)`: the system and formulation in the state's precision (the formulation
+    validated), the times as arrays of `dtype`, the constraint counts, the shape of the
+    system's gaps, the formulation's traced checks and its failure's result (None: its
+    test cannot stop this solve)."""
+    check_types(system, formulation)
+    check_solve_options(call.solver, call.stepsize_controller, call.adjoint, call.max_steps)
+    times = checked_times(call, t0, t1, dtype)
+    if dense_mass:
+        system = system._dense_mass_variant()
+    system, formulation = cast_floating((system, formulation), dtype)
+    counts, gap_shape = check_structure(system, times[0], *one)
+    formulation, gain_checks, failure = formulation.checked(*counts)
+    return system, formulation, times, counts, gap_shape, gain_checks, failure
+
+
+def checked_times(call, t0, t1, dtype) -> tuple[Array, Array, Array | None]:
+    """`t0`, `t1` and the call's `ts` as arrays of `dtype`, checked (real numbers:
+    `check_real`, with the call's other numbers; [`check_times`][])."""
+    check_real(t0=t0, t1=t1, ts=call.ts, dt0=call.dt0, rtol=call.rtol, atol=call.atol)
+    t0, t1 = jnp.asarray(t0, dtype=dtype), jnp.asarray(t1, dtype=dtype)
+    ts = None if call.ts is None else jnp.asarray(call.ts, dtype=dtype)
+    check_times(t0, t1, ts)
+    return t0, t1, ts
+
+
+def check_structure(system, t0, q0, v0) -> tuple[tuple[int, int], tuple[int, ...]]:
+    """Shapes of the model's outputs at `(t0, q0, v0)`: returns the constraint counts
+    `(holonomic, nonholonomic)` and the shape of the system's gaps (cached per signature of
+    the system and the state)."""
     if q0.shape != v0.shape:
         raise ValueError(
             f"`q0` and `v0` must have the same shape (n,); got {q0.shape} and {v0.shape}."
@@ -339,8 +377,8 @@ def check_structure(system, formulation, t0, q0, v0):
             "one coordinate; pass one entry per generalized coordinate."
         )
     key = (signature(system), signature((t0, q0, v0)))
-    counts = COUNTS.get(key)
-    if counts is None:
+    structure = COUNTS.get(key)
+    if structure is None:
         check_model_outputs(system, t0, q0, v0)
         terms = eqx.filter_eval_shape(system_terms, system, t0, q0, v0)
         n = q0.shape[0]
@@ -353,11 +391,12 @@ def check_structure(system, formulation, t0, q0, v0):
             raise ValueError(
                 f"`generalized_forces` must return shape ({n},); got {terms.forces.shape}."
             )
-        counts = COUNTS[key] = (terms.phi.shape[0], terms.psi.shape[0])
-    return formulation.validate(*counts), counts
+        counts = (terms.phi.shape[0], terms.psi.shape[0])
+        structure = COUNTS[key] = (counts, jax.eval_shape(system.gaps, t0, q0).shape)
+    return structure
 
 
-COUNTS: dict = {}  # constraint counts per (system, state) signature
+COUNTS: dict = {}  # constraint counts and gaps' shape per (system, state) signature
 
 # The model functions a user writes, with the arguments they take and the shape of what
 # they return (a `str`: a size of any value; "n" the number of coordinates).

@@ -16,11 +16,6 @@ from .._systems._structure import with_mass_factor
 from .._systems._system import terms_in_array_form
 
 
-def detached(tree):
-    """`tree` with `stop_gradient` on its arrays (a computation on it is not linearized)."""
-    return jax.tree.map(lambda x: jax.lax.stop_gradient(x) if eqx.is_array(x) else x, tree)
-
-
 @jit_with_constants
 def _equations(system, t, q, v):
     # The system's terms, jitted so that JAX traces them once for both forms below: the

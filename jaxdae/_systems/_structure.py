@@ -16,6 +16,11 @@ left out is zero for every state and every parameter value, not only where it wa
 Everything here runs once per model type and shape (cached) and yields static data; the
 terms then carry it as [`SparseMatrix`][] values, and the formulations' linear algebra
 follows the patterns.
+
+The mass matrix as a solve uses it follows from its structure too: factored once where
+it does not depend on the state ([`constant_mass_factor`][]), and checked positive
+definite block by block where it is made of small blocks
+([`is_mass_positive_definite`][]).
 """
 
 import functools
@@ -27,9 +32,16 @@ import lineax as lx
 import numpy as np
 
 from .. import _thresholds
-from .._compilation._operators import FactoredOperator, MassFactor, state_independent_tag
-from .._compilation._sparse import Pattern
+from .._compilation._linalg import is_positive_definite
+from .._compilation._operators import (
+    FactoredOperator,
+    MassFactor,
+    sparse_matrix,
+    state_independent_tag,
+)
+from .._compilation._sparse import Pattern, SparseMatrix, blocks_positive_definite
 from .._compilation._sparsity import column_colouring, nonzero_masks
+from .._custom_types import Array, Bool, Float
 
 
 class TermsStructure(eqx.Module):
@@ -195,3 +207,39 @@ def colour_matrix(colours: tuple[int, ...]) -> np.ndarray:
     colours = np.asarray(colours, np.int64)
     k = int(colours.max(initial=-1)) + 1
     return (np.arange(k)[:, None] == colours[None, :]).astype(np.float64)
+
+
+def constant_mass_factor(system, t, q, v, terms=None) -> MassFactor | None:
+    """`M⁻¹` of the system's mass matrix, factored at `(t, q, v)`, where its structure says
+    that `M` does not depend on the state (`TermsStructure.mass_is_constant`), else `None`.
+
+    A solve factors it once, before its loop, and hands it to every right-hand side
+    ([`with_mass_factor`][]): only the parameters enter it, so its derivative is taken once
+    per solve too. `terms(system, t, q, v)` computes the terms (default `system.terms`).
+    """
+    if jnp.ndim(q) != 1:
+        return None
+    structure = terms_structure(system, t, q, v)
+    if structure is None or not structure.mass_is_constant:
+        return None
+    # `M` does not depend on the state: detached, a differentiated solve does not linearize
+    # the other terms computed with it.
+    t, q, v = (jax.lax.stop_gradient(x) for x in (t, q, v))
+    at = (system.terms if terms is None else functools.partial(terms, system))(t, q, v)
+    return MassFactor.factor(at.mass_matrix, sparse_matrix(at.mass_operator))
+
+
+def is_mass_positive_definite(system, t, q, v, mass: Float[Array, "n n"]) -> Bool[Array, ""]:
+    """Whether `mass`, the symmetric mass matrix of `system` at `(t, q, v)`, is positive
+    definite: block by block where the system's structure ([`terms_structure`][]) finds it
+    made of small diagonal blocks ([`blocks_positive_definite`][]), else by one dense
+    Cholesky factorization ([`is_positive_definite`][]). `simulate` checks the initial mass
+    matrix so, at a cost small against a solve's even for large models
+    (docs/design_measurements.md#mass-check)."""
+    if jnp.ndim(q) == 1:
+        structure = terms_structure(system, t, q, v)
+        if structure is not None:
+            blocks = blocks_positive_definite(SparseMatrix.from_dense(mass, structure.mass))
+            if blocks is not None:
+                return blocks
+    return is_positive_definite(mass)
