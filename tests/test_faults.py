@@ -188,7 +188,7 @@ def test_range_test_floor_follows_the_precision():
     # a residual at float32's rounding level is not tested (no SVD where nothing failed);
     # the same residual in float64, and a float32 model whose constraints contradict each
     # other, are
-    from jaxdae._integration._failures import checked_result
+    from jaxdae._integration._diagnostics import checked_result
 
     def verdict(dtype, residual):
         g = jnp.asarray([[1.0, 0.0], [1.0, 0.0]], dtype)  # s outside the range of G

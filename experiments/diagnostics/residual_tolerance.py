@@ -1,5 +1,5 @@
 """Diagnostic: where the constraint residual of a completed solve ends, relative to the
-tolerances (`RESIDUAL_TOLERANCE_FACTOR` in `jaxdae/_integration/_failures.py`).
+tolerances (`RESIDUAL_TOLERANCE_FACTOR` in `jaxdae/_integration/_diagnostics.py`).
 
 For the Cartesian pendulum (`jaxdae.examples.CartesianPendulum`, from 0.5 rad, 10 s) and the
 two-link arm of Mukharlyamov and Deressa (2015) (`jaxdae.examples.TwoLinkManipulator`, 3 s,

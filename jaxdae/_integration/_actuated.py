@@ -45,8 +45,7 @@ from .._gains import (
 from .._solution import RESULTS, AbstractSolution
 from .._systems._actuated import ActuatedSystem, constraint_groups, lie_derivatives
 from .._systems._system import cast_floating
-from ._diagnostics import at_valid, masked, saved_rows
-from ._failures import all_finite
+from ._diagnostics import all_finite, at_valid, masked, saved_rows
 from ._outcome import raise_failure, residual_limit, solve_traced_inputs
 from ._problem import SolveCall, SolveKeywords
 from ._simulate import forward_mode_hint

@@ -31,7 +31,7 @@ from .._solution import (
     failure_text,
     residuals,
 )
-from ._failures import FIXED_STEP_RESIDUAL, RESIDUAL_TOLERANCE_FACTOR, name_non_finite_term
+from ._diagnostics import FIXED_STEP_RESIDUAL, RESIDUAL_TOLERANCE_FACTOR, name_non_finite_term
 from ._problem import Problem
 from ._solve import SolveOptions
 from ._solvers import name_stall
@@ -87,7 +87,7 @@ def report(problem: Problem, sol: Solution, throw: bool) -> Solution:
     sol = name_non_finite_term(sol, problem.system, problem.formulation, problem.times.t0)
     sol = name_stall(problem.options.solver, sol, problem.system)
     if throw:
-        sol = raise_failure(sol, problem.trajectories.reported_result(sol.result))
+        sol = raise_failure(sol)
     return sol
 
 
@@ -113,20 +113,31 @@ def residual_limit(options: SolveOptions, q0, v0) -> tuple[Array, Array]:
     return limit.astype(q0.dtype), jnp.broadcast_to(~given, limit.shape)
 
 
-def raise_failure(sol, result: RESULTS | None = None):
+def raise_failure(sol):
     """`throw=True`: raises [`jaxdae.SimulationError`][] naming the failure of a concrete
-    solution, or attaches the check (`eqx.error_if`) to a traced one. `result` defaults to
-    `sol.result`."""
+    solution, or attaches the check (`eqx.error_if`) to a traced one (that of its first
+    failed trajectory where it holds several, `reported_result`)."""
     if is_concrete(sol.result):
         message = failure_message(sol)
         if message is not None:
             raise SimulationError(message)
         return sol
-    result = sol.result if result is None else result
+    result = reported_result(sol.result)
     failed = result != RESULTS.successful
     return attach_check(
         sol, lambda x: raise_reported(x, sol, failed, lambda y: result.error_if(y, failed))
     )
+
+
+def reported_result(result: RESULTS) -> RESULTS:
+    """The one result that a raised error names: `result` itself, or where it holds one
+    per trajectory (an ensemble) that of its first failed trajectory (the first if none
+    failed)."""
+    failed = result != RESULTS.successful
+    if failed.ndim == 0:
+        return result
+    first = jnp.argmax(failed)
+    return jax.tree.map(lambda x: x[first], result)
 
 
 def raise_reported(x: Array, sol, wrong, error: Callable[[Array], Array]) -> Array:
@@ -308,7 +319,7 @@ def check_traced(
     wrong, index = jnp.any(flags), jnp.argmax(flags)
     if not throw:
         return invalid_as_result(sol, wrong | rows_invalid)
-    result = trajectories.reported_result(sol.result)
+    result = reported_result(sol.result)
     # Bad input is the error; the failure of the solve it ran (on stand-ins for bad times
     # or steps, `solvable_inputs`) is not reported.
     reported = eqx.tree_at(

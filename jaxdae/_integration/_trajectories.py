@@ -28,7 +28,6 @@ from ._ensemble import (
     stopped_results,
     worst_trajectory_rms,
 )
-from ._failures import first_failure
 from ._term import Dynamics, system_dynamics
 from ._validation import check_initial_state_jit
 from ._vector_fields import failure_reference, system_terms
@@ -152,10 +151,6 @@ class AbstractTrajectories(eqx.Module):
         trajectory's residual limit; `reverse`: the solve is differentiable in reverse mode
         only)."""
 
-    @abc.abstractmethod
-    def reported_result(self, result: RESULTS) -> RESULTS:
-        """The one result that a raised error names."""
-
 
 class SingleTrajectory(AbstractTrajectories):
     """One trajectory: initial states of shape `(n,)`; a failure stops the solve."""
@@ -206,9 +201,6 @@ class SingleTrajectory(AbstractTrajectories):
             limit,
             reverse,
         )
-
-    def reported_result(self, result):
-        return result
 
 
 class EnsembleTrajectories(AbstractTrajectories):
@@ -298,6 +290,3 @@ class EnsembleTrajectories(AbstractTrajectories):
         return jax.vmap(trajectory, in_axes=(0, 0, 1, 0, 0, 0))(
             q0, v0, out.ys, t_failed, failures, limit
         )
-
-    def reported_result(self, result):
-        return first_failure(result)
