@@ -69,8 +69,8 @@ from ._integration._actuated import (
     simulate_actuated as simulate_actuated,
 )
 from ._integration._adjoint import ReverseSweepAdjoint as ReverseSweepAdjoint
+from ._integration._contact_schemes import EventDriven as EventDriven
 from ._integration._ensemble import worst_trajectory_rms as worst_trajectory_rms
-from ._integration._events import EventDriven as EventDriven
 from ._integration._generalized_alpha import GeneralizedAlpha as GeneralizedAlpha
 from ._integration._generalized_alpha_adjoint import (
     GeneralizedAlphaAdjoint as GeneralizedAlphaAdjoint,

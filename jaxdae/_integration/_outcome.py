@@ -32,8 +32,7 @@ from .._solution import (
     residuals,
 )
 from ._diagnostics import FIXED_STEP_RESIDUAL, RESIDUAL_TOLERANCE_FACTOR, name_non_finite_term
-from ._problem import Problem
-from ._solve import SolveOptions
+from ._problem import Problem, SolveOptions
 from ._solvers import name_stall
 from ._validation import (
     INITIAL_STATE_MESSAGES,

@@ -21,11 +21,9 @@ from .._gains import is_concrete
 from .._solution import RESULTS
 from .._systems._system import AbstractSystem
 from ._adjoint import ReverseSweepAdjoint, default_adjoint, resolve_adjoint
+from ._contact_schemes import AbstractContactScheme, EventDriven, event_settings
 from ._controllers import step_options
-from ._events import EventDriven, event_settings
 from ._implicit import configure_for_controller
-from ._solve import SolveOptions, Times
-from ._stop_data import AbstractContactScheme
 from ._time_stepping import check_time_stepping
 from ._trajectories import AbstractTrajectories
 from ._validation import (
@@ -67,6 +65,30 @@ def traced_constraint_tol_check(
     tol = options.constraint_tol
     flag = ~(tol > 0) if tol.ndim == 0 else jnp.asarray(True)
     return ((flag, f"{CONSTRAINT_TOL_RULE}; got a value that is not."),)
+
+
+class Times(eqx.Module):
+    """The times of a checked solve: start, end and the save times (None: `[t0, t1]`)."""
+
+    t0: Array
+    t1: Array
+    ts: Array | None
+
+
+class SolveOptions(eqx.Module):
+    """How a solve runs: diffrax's solver, step-size controller, first step, step limit and
+    adjoint, with the defaults filled in."""
+
+    solver: diffrax.AbstractSolver
+    stepsize_controller: diffrax.AbstractStepSizeController
+    dt0: Array | None
+    max_steps: int | None = eqx.field(static=True)
+    adjoint: diffrax.AbstractAdjoint | ReverseSweepAdjoint
+    # The constraint residual a completed solve may end with (`nan` or None: the default
+    # from `tolerances`).
+    constraint_tol: Array | None = None
+    # `(rtol, atol)` of an adaptive controller (None: fixed steps).
+    tolerances: tuple[Array, Array] | None = None
 
 
 class SolveKeywords(TypedDict, total=False):

@@ -27,7 +27,8 @@ from .._custom_types import ArrayLike, Float, ScalarLike
 from .._formulations import AbstractFormulation
 from .._solution import Solution
 from .._systems._system import AbstractSystem
-from ._events import EventDriven, event_dynamics, integrate_with_events
+from ._contact_schemes import EventDriven
+from ._events import event_dynamics, integrate_with_events
 from ._outcome import assemble_outcome, report
 from ._problem import Problem, SolveCall, SolveKeywords, pose_problem
 from ._solve import integrate

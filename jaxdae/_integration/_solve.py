@@ -1,6 +1,6 @@
 """The one diffrax solve of [`jaxdae.simulate`][], [`jaxdae.simulate_ensemble`][] and
-[`jaxdae.simulate_actuated`][]: its resolved times and options (`Times`, `SolveOptions`,
-which the problem stage builds), `integrate` of a `Dynamics` (`_term.py`), and the
+[`jaxdae.simulate_actuated`][] (with the times and options that the problem stage
+resolves, `Times` and `SolveOptions`): `integrate` of a `Dynamics` (`_term.py`), and the
 conditions that stop it with the results they name (`solve_event`, `event_result`)."""
 
 import diffrax
@@ -9,37 +9,12 @@ import jax
 import jax.numpy as jnp
 
 from .._compilation._private_apis import diffeqsolve_unjitted
-from .._custom_types import Array
 from .._solution import RESULTS
-from ._adjoint import ReverseSweepAdjoint
 from ._controllers import stop_stalled_steps
 from ._crossing import DownCrossing
+from ._problem import SolveOptions, Times
 from ._solvers import name_result
 from ._term import Dynamics
-
-
-class Times(eqx.Module):
-    """The times of a checked solve: start, end and the save times (None: `[t0, t1]`)."""
-
-    t0: Array
-    t1: Array
-    ts: Array | None
-
-
-class SolveOptions(eqx.Module):
-    """How a solve runs: diffrax's solver, step-size controller, first step, step limit and
-    adjoint, with the defaults filled in."""
-
-    solver: diffrax.AbstractSolver
-    stepsize_controller: diffrax.AbstractStepSizeController
-    dt0: Array | None
-    max_steps: int | None = eqx.field(static=True)
-    adjoint: diffrax.AbstractAdjoint | ReverseSweepAdjoint
-    # The constraint residual a completed solve may end with (`nan` or None: the default
-    # from `tolerances`).
-    constraint_tol: Array | None = None
-    # `(rtol, atol)` of an adaptive controller (None: fixed steps).
-    tolerances: tuple[Array, Array] | None = None
 
 
 def save_at(t0, t1, ts, stepsize_controller) -> diffrax.SaveAt:

@@ -30,9 +30,9 @@ from .._gains import is_concrete
 from .._solution import RESULTS
 from .._systems._structure import with_mass_factor
 from ._adjoint import adjoint_for
+from ._contact_schemes import AbstractContactScheme, check_stop_shapes
 from ._replay_adjoint import ReplayAdjoint
 from ._solvers import AbstractFailureNamingSolver
-from ._stop_data import AbstractContactScheme, check_stop_shapes
 from ._term import AbstractSystemTerm, system_term
 from ._vector_fields import system_terms
 
