@@ -5,11 +5,12 @@ Records every call from a function of one jaxdae module into a function of anoth
 field, the adjoint's loop and the event conditions are the solve's work, not its route),
 during a call that traces and compiles (`CartesianPendulum`, `Baumgarte`, `Tsit5`, saved
 at three times; the system and formulation built before it). Prints the modules entered,
-how often each is entered, and the re-entries (entries
-after the first), for the whole package and for the solve path alone
-(`jaxdae._integration`, the formulations and the systems; the base layer's helpers, gain
-checks, argument checks, compilation helpers and the result types, are counted apart, as
-library calls are).
+how often each is entered, and the re-entries (entries after the first: every call into a
+module counts, a constructor of its classes too), for the whole package and for the solve
+path alone (`jaxdae._integration`, the formulations and the systems; the base layer's
+helpers, gain checks, argument checks, compilation helpers and the result types, are
+counted apart, as library calls are). `tests/test_declared_capabilities.py` bounds the
+solve path's counts (`route`, `solve_path`, `counts`).
 
 It also lists the type probes that jaxdae's code makes in such a call: `isinstance` tests on
 a concrete jaxdae class (not named `Abstract...` and without abstract methods), and
