@@ -136,14 +136,16 @@ class EventDriven(AbstractContactScheme):
         return call, None
 
 
-def event_settings(system, call, trajectories, t0, q0, q_one, eager: bool) -> EventDriven | None:
+def event_settings(
+    system, call, trajectories, t0, q0, q_one, gap_shape: tuple[int, ...], eager: bool
+) -> EventDriven | None:
     """The [`EventDriven`][] settings of a solve (`call.events`, or the default) where the
-    system has gaps, checked with the gaps at the start (`q_one`: one trajectory's
-    coordinates, or their shape); `None` where it has none."""
-    shape = jax.eval_shape(system.gaps, t0, q_one).shape
-    if len(shape) != 1:
-        raise ValueError(f"`gaps` must return a vector of shape (u,); got shape {shape}.")
-    if shape[0] == 0:
+    system has gaps (their shape `gap_shape`, as the structure check found it), checked
+    with the gaps at the start (`q_one`: one trajectory's coordinates, or their shape);
+    `None` where it has none."""
+    if len(gap_shape) != 1:
+        raise ValueError(f"`gaps` must return a vector of shape (u,); got shape {gap_shape}.")
+    if gap_shape[0] == 0:
         return None
     settings = EventDriven() if call.events is None else call.events
     if not trajectories.event_driven:

@@ -246,11 +246,6 @@ class Problem(eqx.Module):
     checks: TracedChecks
     trajectories: AbstractTrajectories
 
-    @property
-    def fails(self) -> bool:
-        """Whether the formulation's failure test can stop the solve."""
-        return self.failure is not None
-
 
 def pose_problem(
     system, formulation, t0, t1, q0, v0, call: SolveCall, trajectories: AbstractTrajectories
@@ -296,7 +291,7 @@ def pose_problem(
         check_time_stepping(system, formulation, trajectories, t0, q0, one[0], eager)
         call = eqx.tree_at(lambda c: c.solver, call, stepping.solver(dtype), is_leaf=_none)
     elif gap_shape != (0,):
-        events = event_settings(system, call, trajectories, t0, q0, one[0], eager)
+        events = event_settings(system, call, trajectories, t0, q0, one[0], gap_shape, eager)
     if events is not None or stepping is not None:
         gap_tolerance = (
             events.tolerance(q0.dtype)

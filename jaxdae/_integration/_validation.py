@@ -377,7 +377,7 @@ def check_structure(system, t0, q0, v0) -> tuple[tuple[int, int], tuple[int, ...
             "one coordinate; pass one entry per generalized coordinate."
         )
     key = (signature(system), signature((t0, q0, v0)))
-    structure = COUNTS.get(key)
+    structure = STRUCTURES.get(key)
     if structure is None:
         check_model_outputs(system, t0, q0, v0)
         terms = eqx.filter_eval_shape(system_terms, system, t0, q0, v0)
@@ -392,11 +392,11 @@ def check_structure(system, t0, q0, v0) -> tuple[tuple[int, int], tuple[int, ...
                 f"`generalized_forces` must return shape ({n},); got {terms.forces.shape}."
             )
         counts = (terms.phi.shape[0], terms.psi.shape[0])
-        structure = COUNTS[key] = (counts, jax.eval_shape(system.gaps, t0, q0).shape)
+        structure = STRUCTURES[key] = (counts, jax.eval_shape(system.gaps, t0, q0).shape)
     return structure
 
 
-COUNTS: dict = {}  # constraint counts and gaps' shape per (system, state) signature
+STRUCTURES: dict = {}  # constraint counts and gaps' shape per (system, state) signature
 
 # The model functions a user writes, with the arguments they take and the shape of what
 # they return (a `str`: a size of any value; "n" the number of coordinates).
