@@ -1,6 +1,8 @@
 """One-sided constraints: the complementarity solver, the event-driven solve against closed
 forms, its gradients, batches and errors (`jaxdae/_integration/_events.py`)."""
 
+import re
+
 import diffrax
 import equinox as eqx
 import jax
@@ -412,6 +414,59 @@ def test_event_program_holds_the_equations_of_motion_a_bounded_number_of_times()
     for system, outside in ((_FallingPoint(), 1), (BouncingBall(), 5)):
         assert _copies_of_the_equations_of_motion(system, _IN_THE_STEPS) == 1
         assert _copies_of_the_equations_of_motion(system, ("terms_outside_steps",)) == outside
+
+
+class _LineAboveFloor(jaxdae.LagrangianSystem):
+    """A point held on the line `x = 1`, written as `x² − 1 = 0` (whose gradient vanishes at
+    `x = 0`), above a floor it does not reach: an event-driven solve of a constrained
+    system."""
+
+    def kinetic_energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def potential_energy(self, t, q):
+        return 9.81 * q[1]
+
+    def constraints(self, t, q):
+        return jnp.array([q[0] ** 2 - 1.0])
+
+    def gaps(self, t, q):
+        return q[1:] + 10.0
+
+
+def _line_above_floor(q0, **kwargs):
+    # Baumgarte's underdamped gains make `Φ` overshoot from `x0 = 2` to `x = 0`, where
+    # `J M⁻¹ Jᵀ = 4x²` vanishes.
+    return jaxdae.simulate(
+        _LineAboveFloor(), jaxdae.Baumgarte(1.0, 25.0), 0.0, 2.0, q0, jnp.zeros(2), **kwargs
+    )
+
+
+def test_an_event_driven_solve_stops_where_its_formulation_fails():
+    """The formulation's failure test stops an event-driven solve as it stops a plain one,
+    at the end of the step where it turns true, and names it."""
+    sol = _line_above_floor(jnp.array([2.0, 1.0]), throw=False)
+    assert sol.result == jaxdae.RESULTS.singular_constraint_matrix
+    assert int(sol.stats["num_steps"]) < 1000 and int(sol.events.count) == 0
+    assert abs(float(sol.q_final[0])) < 1e-3
+    with pytest.raises(jaxdae.SimulationError, match=r"singular[\s\S]*t = 0\.42"):
+        _line_above_floor(jnp.array([2.0, 1.0]))
+
+
+@pytest.mark.perf(reason="pins what the compiled root finder of an event-driven solve holds")
+def test_the_root_finder_does_not_evaluate_the_failure_test():
+    """diffrax locates the gaps' crossings by a root finder on each step that ends past
+    one; the failure test (the model's terms again, and `J M⁻¹ Jᵀ`'s pivots) stops the
+    solve at a step's end and has no place in that root finder's compiled program."""
+    compiled = jax.jit(lambda q0: _line_above_floor(q0, throw=False).q_final).lower(
+        jnp.array([2.0, 1.0])
+    ).compile()
+    names = re.findall(r'op_name="([^"]*)"', compiled.as_text())
+    assert any("jit(root_find)" in name for name in names)
+    assert any("jit(failure_indicator)" in name for name in names)
+    assert not any(
+        "jit(root_find)" in name and "jit(failure_indicator)" in name for name in names
+    )
 
 
 # The default run keeps an explicit solver and generalized-α; the others in the slow tier.

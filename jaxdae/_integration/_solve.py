@@ -97,19 +97,24 @@ def non_finite_event(t, y, args, **kwargs):
 def solve_event(
     conditions: list, stepsize_controller, located: list | None = None, dtype=float
 ) -> diffrax.Event | None:
-    """The failure conditions of a solve, plus `non_finite_event` for fixed steps, after the
-    `located` ones: real-valued conditions whose downcrossings of zero stop the solve at
-    the crossing, located by a root finder to a few ulps (of `dtype`) of the time."""
+    """The failure conditions of a solve (flags that stop it at the end of the step where one
+    turns true), plus `non_finite_event` for fixed steps, after the `located` ones:
+    real-valued conditions whose downcrossings of zero stop the solve at the crossing,
+    located by a root finder to a few ulps (of `dtype`, the time's) of the time."""
     if isinstance(stepsize_controller, diffrax.ConstantStepSize):
         conditions = conditions + [non_finite_event]
     located = located or []
     if not located:
         return diffrax.Event(conditions) if conditions else None
-    # With a root finder, diffrax turns a true flag into the distance to the step's end,
-    # in the time's dtype, beside a Python `0.0` in a `lax.cond`: a float32 solve under
-    # float64 mode fails to trace. As `±1` in the default float dtype, a flag is a
-    # condition like the others (its crossing is where it turns true).
-    conditions = [_signed(condition) for condition in conditions]
+    # With a root finder too, diffrax stops at the end of the step where a flag turned
+    # true: its root finder puts the distance to the step's end in the flag's place, so
+    # the compiled root finder does not evaluate the flag (the failure tests recompute the
+    # model's terms). That distance has the time's dtype and sits beside a Python `0.0` in
+    # a `lax.cond`: a float32 solve under float64 mode fails to trace. There a flag
+    # becomes `±1` in the default float dtype, a condition like the others (located where
+    # it turns true, and evaluated at every iteration of the root finder).
+    if jnp.dtype(dtype) != jnp.result_type(float):
+        conditions = [_signed(condition) for condition in conditions]
     tolerance = float(64 * jnp.finfo(dtype).eps)
     return diffrax.Event(
         located + conditions,
