@@ -458,15 +458,15 @@ def test_the_root_finder_does_not_evaluate_the_failure_test():
     """diffrax locates the gaps' crossings by a root finder on each step that ends past
     one; the failure test (the model's terms again, and `J M⁻¹ Jᵀ`'s pivots) stops the
     solve at a step's end and has no place in that root finder's compiled program."""
-    compiled = jax.jit(lambda q0: _line_above_floor(q0, throw=False).q_final).lower(
-        jnp.array([2.0, 1.0])
-    ).compile()
+    compiled = (
+        jax.jit(lambda q0: _line_above_floor(q0, throw=False).q_final)
+        .lower(jnp.array([2.0, 1.0]))
+        .compile()
+    )
     names = re.findall(r'op_name="([^"]*)"', compiled.as_text())
     assert any("jit(root_find)" in name for name in names)
     assert any("jit(failure_indicator)" in name for name in names)
-    assert not any(
-        "jit(root_find)" in name and "jit(failure_indicator)" in name for name in names
-    )
+    assert not any("jit(root_find)" in name and "jit(failure_indicator)" in name for name in names)
 
 
 # The default run keeps an explicit solver and generalized-α; the others in the slow tier.
