@@ -34,6 +34,10 @@ class LCPSolution(eqx.Module):
     solved: Bool[Array, ""]
 
 
+# Jitted: a solve calls it at many places (the contact forces, the pivots of both
+# complementarity problems at an event), and JAX traces a jitted function once per
+# signature, then reuses its program (compile time). So is `frictional_solve`.
+@jax.jit
 def masked_solve(
     matrix: Float[Array, "u u"], rhs: Float[Array, " u"], rows: Bool[Array, " u"]
 ) -> Float[Array, " u"]:
@@ -163,6 +167,8 @@ class FrictionalLCPSolution(eqx.Module):
     solved: Bool[Array, ""]
 
 
+# Jitted for the reason `masked_solve` is.
+@jax.jit
 def frictional_solve(
     matrix: Float[Array, "u_plus_ku u_plus_ku"],
     vector: Float[Array, " u_plus_ku"],

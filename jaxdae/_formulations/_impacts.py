@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._compilation._constants import jit_with_constants
 from .._compilation._lcp import (
     ContactModes,
     along,
@@ -88,6 +89,10 @@ def slip_tangents(system, t, q) -> int:
     return 1 if len(shape) == 1 else shape[1]
 
 
+# Jitted, as `contact_problem` is: a solve calls both at every place it evaluates the
+# contacts (the steps' rates, the event conditions, the transition), and JAX traces a
+# jitted function once per signature, then reuses its program (compile time).
+@jit_with_constants
 def gap_terms(system, t, q, v, friction: Float[Array, " f"] | None = None) -> GapTerms:
     """The [`GapTerms`][] of `system.gaps` (and `system.slip_velocities` where the contacts
     have friction) at `(t, q)` moving with the velocities `v`; `friction`, the
@@ -233,6 +238,7 @@ class ContactProblem(eqx.Module):
         return frictional_solve(self.matrix, self.vector, self.friction, turned)
 
 
+@jit_with_constants
 def contact_problem(
     formulation: AbstractFormulation, terms: ConstrainedTerms, gaps: GapTerms, gains
 ) -> ContactProblem:
