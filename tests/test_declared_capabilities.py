@@ -208,7 +208,7 @@ def test_the_route_of_simulate_enters_few_modules_once():
     assert {"_problem", "_solve", "_outcome"} <= {m.rsplit(".", 1)[1] for m in entered}
     modules, reentries = solve_route.counts(calls)
     assert modules <= 14, entered
-    assert reentries <= 8, entered
+    assert reentries <= 7, entered
 
 
 def _impact_time(height, events=None):

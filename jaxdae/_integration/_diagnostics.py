@@ -1,8 +1,8 @@
 """What a solve reports besides the trajectory: residuals, multipliers, energy and momenta
-at the saved times, and the assembly of the [`jaxdae.Solution`][]; and the failures named
-after a solve: the end-of-solve checks of the residual and of the target's range
-(`checked_result`), and the non-finite term that stopped it (`name_non_finite_term`). (The
-conditions that stop a solve and the results they name are the solve's, `_solve.py`;
+at the saved times, and the assembly of the [`jaxdae.Solution`][]; the end-of-solve
+checks of the residual and of the target's range (`checked_result`); and the probe of the
+model's terms after a stalled solve (`non_finite_term`, which the outcome's report calls).
+(The conditions that stop a solve and the results they name are the solve's, `_solve.py`;
 solvers name their own failures: `AbstractFailureNamingSolver`.)"""
 
 import functools
@@ -10,12 +10,11 @@ import functools
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .. import _thresholds
 from .._compilation._constants import jit_with_constants
 from .._compilation._linalg import full_precision, gram_eigenvalues, psd_pseudo_solve
-from .._compilation._private_apis import result_codes, unvmap_any, with_result_codes
+from .._compilation._private_apis import unvmap_any
 from .._custom_types import Array, Bool, Float
 from .._formulations import AbstractStabilizedFormulation
 from .._solution import RESULTS, Solution
@@ -82,31 +81,6 @@ def non_finite_term(system, formulation, t0, t, q, s):
 
     codes = jax.lax.map(code, unit * jnp.array([0.0, 4.0, 64.0, 1024.0, 16384.0]))
     return codes[jnp.argmax(codes != 0)]
-
-
-def name_non_finite_term(sol, system, formulation, t0):
-    """`sol` (concrete) with each stalled solve (`dt_min_reached`) whose model is non-finite
-    at or just after its end relabelled by the term (`NON_FINITE_RESULTS`, found by
-    `non_finite_term`). Done here, after the solve and only for a stalled one, rather than
-    inside every compiled solve, where the probe would be a second copy of the equations of
-    motion to compile (docs/design_measurements.md#non-finite-probe); traced solves keep
-    `dt_min_reached`."""
-    codes = np.array(result_codes(sol.result))
-    stalled = np.asarray(sol.result == RESULTS.dt_min_reached)
-    if not np.any(stalled) or formulation.derives_velocities:
-        return sol  # (a formulation that maps the state to velocities: state not at hand)
-    state = sol.v_final if system.state_is_velocity else sol.p_final
-    for index in np.argwhere(stalled) if codes.ndim else [()]:
-        index = tuple(index)
-        code = int(
-            non_finite_term(
-                system, formulation, t0, sol.t_final[index], sol.q_final[index], state[index]
-            )
-        )
-        if code:
-            codes[index] = result_codes(NON_FINITE_RESULTS[code - 1])
-    result = with_result_codes(sol.result, jnp.asarray(codes, codes.dtype))
-    return eqx.tree_at(lambda s: s.result, sol, result)
 
 
 # How far beyond the step's error tolerance a stabilized solve's constraint residual may end:

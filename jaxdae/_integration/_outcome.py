@@ -31,7 +31,12 @@ from .._solution import (
     failure_text,
     residuals,
 )
-from ._diagnostics import FIXED_STEP_RESIDUAL, RESIDUAL_TOLERANCE_FACTOR, name_non_finite_term
+from ._diagnostics import (
+    FIXED_STEP_RESIDUAL,
+    NON_FINITE_RESULTS,
+    RESIDUAL_TOLERANCE_FACTOR,
+    non_finite_term,
+)
 from ._problem import Problem, SolveOptions
 from ._solvers import name_stall
 from ._validation import (
@@ -88,6 +93,31 @@ def report(problem: Problem, sol: Solution, throw: bool) -> Solution:
     if throw:
         sol = raise_failure(sol)
     return sol
+
+
+def name_non_finite_term(sol, system, formulation, t0):
+    """`sol` (concrete) with each stalled solve (`dt_min_reached`) whose model is non-finite
+    at or just after its end relabelled by the term (`NON_FINITE_RESULTS`, found by
+    `non_finite_term`). Done here, after the solve and only for a stalled one, rather than
+    inside every compiled solve, where the probe would be a second copy of the equations of
+    motion to compile (docs/design_measurements.md#non-finite-probe); traced solves keep
+    `dt_min_reached`."""
+    codes = np.array(result_codes(sol.result))
+    stalled = np.asarray(sol.result == RESULTS.dt_min_reached)
+    if not np.any(stalled) or formulation.derives_velocities:
+        return sol  # (a formulation that maps the state to velocities: state not at hand)
+    state = sol.v_final if system.state_is_velocity else sol.p_final
+    for index in np.argwhere(stalled) if codes.ndim else [()]:
+        index = tuple(index)
+        code = int(
+            non_finite_term(
+                system, formulation, t0, sol.t_final[index], sol.q_final[index], state[index]
+            )
+        )
+        if code:
+            codes[index] = result_codes(NON_FINITE_RESULTS[code - 1])
+    result = with_result_codes(sol.result, jnp.asarray(codes, codes.dtype))
+    return eqx.tree_at(lambda s: s.result, sol, result)
 
 
 def residual_limit(options: SolveOptions, q0, v0) -> tuple[Array, Array]:
