@@ -261,7 +261,7 @@ def resolve_adjoint(
     if given is not None:
         adjoint = given
     elif event_driven:
-        adjoint = diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS)
+        adjoint = _CHECKPOINTED
     else:
         adjoint = default_adjoint(solver, max_steps)
     return adjoint, reverse_only(adjoint)
@@ -272,9 +272,7 @@ def default_adjoint(solver, max_steps) -> diffrax.AbstractAdjoint | ReverseSweep
     a step limit (the stored-steps adjoints store `max_steps` steps), else
     `diffrax.RecursiveCheckpointAdjoint` with `CHECKPOINTS` checkpoints."""
     adjoint = None if max_steps is None else adjoint_for(solver)
-    if adjoint is None:
-        return diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS)
-    return adjoint
+    return _CHECKPOINTED if adjoint is None else adjoint
 
 
 @functools.singledispatch
@@ -319,6 +317,7 @@ _REVERSE_SWEEP, _GENERALIZED_ALPHA, _REPLAY = (
     GeneralizedAlphaAdjoint(),
     ReplayAdjoint(),
 )
+_CHECKPOINTED = diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS)
 adjoint_for.register(diffrax.AbstractERK, lambda solver: _REVERSE_SWEEP)
 adjoint_for.register(GeneralizedAlpha, lambda solver: _GENERALIZED_ALPHA)
 adjoint_for.register(Rodas5P, lambda solver: _REPLAY)
