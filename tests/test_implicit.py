@@ -75,7 +75,7 @@ def test_configure_replaces_very_chord():
 def test_configure_for_simulates_controller():
     """The hook for `simulate`: the controller `step_options` builds from `rtol`, `atol`
     gives the root finder its tolerances and norm."""
-    from jaxdae._integration._controllers import step_options
+    from jaxdae._integration._problem import step_options
 
     controller, _ = step_options(None, None, 1e-6, 1e-9, jnp.float64, (0.0, 1.0))
     finder = configure_for_controller(diffrax.Kvaerno5(), controller).root_finder

@@ -330,7 +330,7 @@ def test_a_step_ending_just_short_of_a_clip_time_is_extended_to_it():
     """`snap_to_clip_times`: a proposed step end a few ulps short of a save time, or of the
     last time before a jump, moves to it; a gap of more than 128 rounding units, or of more
     than half the step, stays."""
-    from jaxdae._integration._controllers import snap_to_clip_times
+    from jaxdae._integration._solve import snap_to_clip_times
 
     controller = diffrax.ClipStepSizeController(
         diffrax.PIDController(rtol=1e-8, atol=1e-10), step_ts=DENSE_TS, jump_ts=[0.705]

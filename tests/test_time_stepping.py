@@ -28,7 +28,7 @@ from jaxdae._compilation._cones import (
 )
 from jaxdae._compilation._operators import MassFactor
 from jaxdae._formulations._impacts import constrained_inverse_mass, friction_coefficients, gap_terms
-from jaxdae._integration._problem import SolveCall, pose_problem
+from jaxdae._integration._problem import pose_problem
 from jaxdae._integration._simulate import SimulateKeywords
 from jaxdae._integration._time_stepping import _dense_factor, contact_step
 from jaxdae._integration._trajectories import SingleTrajectory
@@ -771,9 +771,9 @@ def test_a_deep_tree_is_time_stepped_on_its_dense_path():
     """A time step factors the dense `M` itself: a tree that would take the recursive path
     (the articulated factor, loops over its levels) is posed on its dense path."""
     chain = _contact_chain()
-    call = SolveCall(events=jaxdae.TimeStepping(dt=1e-3))
+    call = ("simulate", {"events": jaxdae.TimeStepping(dt=1e-3)}, SimulateKeywords)
     zero = jnp.zeros(12)
-    problem = pose_problem(
+    problem, _ = pose_problem(
         chain, jaxdae.Unstabilized(), 0.0, 0.01, zero, zero, call, SingleTrajectory()
     )
     assert problem.system._levels() is None and chain._levels() is not None
@@ -787,12 +787,11 @@ def test_a_time_stepped_solve_replays_its_steps_within_its_step_limit():
     zero = jnp.zeros(12)
 
     def posed(t1, **options):
-        call = SolveCall.of(
-            "simulate", {"events": jaxdae.TimeStepping(dt=1e-3), **options}, SimulateKeywords
-        )
-        return pose_problem(
+        call = ("simulate", {"events": jaxdae.TimeStepping(dt=1e-3), **options}, SimulateKeywords)
+        problem, _ = pose_problem(
             chain, jaxdae.Unstabilized(), 0.0, t1, zero, zero, call, SingleTrajectory()
-        ).options
+        )
+        return problem.options
 
     options = posed(0.25)
     assert isinstance(options.adjoint, jaxdae.ReplayAdjoint)

@@ -46,7 +46,7 @@ from .._solution import RESULTS, AbstractSolution
 from .._systems._actuated import ActuatedSystem, constraint_groups, lie_derivatives
 from .._systems._system import cast_floating
 from ._diagnostics import all_finite, at_valid, masked, saved_rows
-from ._outcome import raise_failure, residual_limit, solve_traced_inputs
+from ._outcome import name_result, raise_failure, residual_limit, solve_traced_inputs
 from ._problem import SolveCall, SolveKeywords
 from ._simulate import forward_mode_hint
 from ._solve import integrate
@@ -326,6 +326,7 @@ def _simulate_actuated(system, control, times, y0, options) -> ActuatedSolution:
         (RESULTS.singular_decoupling_matrix,),
     )
     out, result = integrate(dynamics, y0, times, options)
+    result = name_result(options.solver, result)
     ts_out, ys, (t_final, y_final) = saved_rows(
         times.ts, (out.ts, out.ys), out.result == diffrax.RESULTS.successful
     )

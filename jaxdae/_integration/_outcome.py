@@ -9,6 +9,7 @@ failure (`raise_failure`)."""
 import sys
 from collections.abc import Callable
 
+import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -38,7 +39,7 @@ from ._diagnostics import (
     non_finite_term,
 )
 from ._problem import Problem, SolveOptions
-from ._solvers import name_stall
+from ._solvers import AbstractFailureNamingSolver, AbstractSolverWrapper
 from ._validation import (
     INITIAL_STATE_MESSAGES,
     initial_state_problems,
@@ -49,11 +50,13 @@ from ._validation import (
 
 def assemble_outcome(problem: Problem, solved: Problem, out, result) -> Solution:
     """The `Solution` of the solve `out` of `solved` (`problem` with the stand-ins of a
-    traced call, `solvable`), whose jaxdae result is `result`: with the events of
+    traced call, `solvable`), whose jaxdae result is `result` (named by the solver,
+    `name_result`): with the events of
     an event-driven solve, and with the checks of the traced inputs of `problem`
     (`check_traced`)."""
     trajectories = problem.trajectories
     times, options = solved.times, solved.options
+    result = name_result(options.solver, result)
     limit = jax.lax.stop_gradient(residual_limit(options, solved.q0, solved.v0))
     sol, initial = trajectories.solution(
         solved.system,
@@ -78,6 +81,33 @@ def assemble_outcome(problem: Problem, solved: Problem, out, result) -> Solution
             trajectories,
             (problem.options.dt0, problem.options.stepsize_controller),
         )
+    return sol
+
+
+def solver_layers(solver: diffrax.AbstractSolver) -> list[diffrax.AbstractSolver]:
+    """`solver` and the solvers inside its jaxdae wrappers ([`AbstractSolverWrapper`][]),
+    from the outside in."""
+    layers = [solver]
+    while isinstance(layers[-1], AbstractSolverWrapper):
+        layers.append(layers[-1].solver)
+    return layers
+
+
+def name_result(solver, result: RESULTS) -> RESULTS:
+    """`result` of a solve with `solver`, named by each of its layers (`solver_layers`)
+    that names its failures (`AbstractFailureNamingSolver.name_result`)."""
+    for layer in solver_layers(solver):
+        if isinstance(layer, AbstractFailureNamingSolver):
+            result = layer.name_result(result)
+    return result
+
+
+def name_stall(solver, sol: Solution, system) -> Solution:
+    """`sol` (concrete) relabelled by each layer of `solver` that explains a stall
+    (`AbstractFailureNamingSolver.name_stall`)."""
+    for layer in solver_layers(solver):
+        if isinstance(layer, AbstractFailureNamingSolver):
+            sol = layer.name_stall(sol, system)
     return sol
 
 

@@ -9,11 +9,12 @@ from typing import Any, TypedDict
 
 import diffrax
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 
-from .._checks import check_instance
+from .._checks import check_instance, check_positive, check_tolerances
 from .._compilation._sharding import explicit_to_auto, is_explicitly_sharded
 from .._custom_types import Array, ArrayLike, Float, ScalarLike
 from .._formulations import AbstractFormulation
@@ -22,12 +23,12 @@ from .._solution import RESULTS
 from .._systems._system import AbstractSystem
 from ._adjoint import ReverseSweepAdjoint, default_adjoint, resolve_adjoint
 from ._contact_schemes import AbstractContactScheme, EventDriven, event_settings
-from ._controllers import step_options
 from ._implicit import configure_for_controller
 from ._time_stepping import check_time_stepping
 from ._trajectories import AbstractTrajectories
 from ._validation import (
     INITIAL_STATE_MESSAGES,
+    check_initial_state_jit,
     check_inputs,
     check_solve_options,
     checked_times,
@@ -211,6 +212,55 @@ class SolveCall(eqx.Module):
         )
 
 
+def step_options(stepsize_controller, dt0, rtol, atol, dtype, span, norm=optx.rms_norm):
+    """The step-size controller (default: `diffrax.PIDController(rtol, atol, norm)`) and
+    `dt0`, with the numbers as arrays of `dtype`, `dt0` checked against the solve's
+    `span = (t0, t1)` ([`check_first_step`][]). Python floats would be static arguments of
+    the compiled solve: a sweep over `τ = dt0` or over tolerances would compile at every
+    value."""
+    given = stepsize_controller
+    if stepsize_controller is None:
+        check_tolerances(rtol, atol)
+        stepsize_controller = diffrax.PIDController(
+            rtol=jnp.asarray(rtol, dtype), atol=jnp.asarray(atol, dtype), norm=norm
+        )
+    if dt0 is None:
+        return stepsize_controller, None
+    dt0 = jnp.asarray(dt0, dtype)
+    check_positive("dt0", dt0, "step")
+    check_first_step(dt0, *span, given)
+    return stepsize_controller, dt0
+
+
+def stall_floor(t, t0, t1, xnp=jnp):
+    """The shortest step `StopStalledSteps` lets an adaptive solve of `[t0, t1]` propose at
+    `t`: `4 ε max(|t|, 10⁻³ |t1 − t0|)`, `ε` the machine epsilon of `t`'s dtype."""
+    eps = xnp.finfo(xnp.result_type(t)).eps
+    return 4 * eps * xnp.maximum(xnp.abs(t), 1e-3 * xnp.abs(t1 - t0))
+
+
+def check_first_step(dt0, t0, t1, stepsize_controller) -> None:
+    """`ValueError` where a concrete first step `dt0` of an adaptive solve (the default
+    controller or an adaptive one) is not above `stall_floor` at `t0`: `StopStalledSteps`
+    would stop the solve at once with `dt_min_reached`, blaming the model. Traced values,
+    and `dt0` that are not positive finite scalars (`step_options` names those), pass."""
+    adaptive = stepsize_controller is None or isinstance(
+        stepsize_controller, diffrax.AbstractAdaptiveStepSizeController
+    )
+    if dt0 is None or not adaptive or not is_concrete(dt0, t0, t1) or np.ndim(dt0) != 0:
+        return
+    step = float(dt0)
+    floor = float(stall_floor(np.asarray(t0), np.asarray(t0), np.asarray(t1), np))
+    if np.isfinite(step) and 0 < step <= floor:
+        raise ValueError(
+            f"`dt0` = {step:.3g} is not above the shortest step an adaptive solve may propose, "
+            f"4 ε max(|t0|, 10⁻³ |t1 − t0|) = {floor:.3g} (ε the machine epsilon of the "
+            "times' dtype): the solve would stop at its first step as stalled "
+            "(`dt_min_reached`). Pass a larger `dt0`, e.g. 1e-3 of the span, or leave it "
+            "None (the controller then picks the first step)."
+        )
+
+
 class TracedChecks(eqx.Module):
     """What a solve checks when anything is `traced` (`check_traced`): the checks of
     traced gains (`gain_flags`, one message each: the formulation's `traced_checks`), the
@@ -248,11 +298,21 @@ class Problem(eqx.Module):
 
 
 def pose_problem(
-    system, formulation, t0, t1, q0, v0, call: SolveCall, trajectories: AbstractTrajectories
-) -> Problem:
-    """The `Problem` of a call of `simulate` or `simulate_ensemble` (as `trajectories`):
-    its inputs checked (eagerly where they are concrete; the checks of traced ones are
-    collected in `checks`) and its options resolved."""
+    system,
+    formulation,
+    t0,
+    t1,
+    q0,
+    v0,
+    call: tuple[str, dict, type],
+    trajectories: AbstractTrajectories,
+) -> tuple[Problem, bool]:
+    """The `Problem` of a call of `simulate` or `simulate_ensemble` (as `trajectories`),
+    whose keyword arguments are `call = (entry point, keyword arguments, the accepted
+    ones)` (`SolveCall.of`): its inputs checked (eagerly where they are concrete; the
+    checks of traced ones are collected in `checks`) and its options resolved. Returned
+    with the call's `throw`, which `report` reads after the compiled solve."""
+    call = SolveCall.of(*call)
     q0, v0, one = trajectories.initial_states(explicit_to_auto(q0), explicit_to_auto(v0))
     if is_explicitly_sharded(q0) or is_explicitly_sharded(v0):
         raise ValueError(
@@ -284,7 +344,7 @@ def pose_problem(
     gain_checks = list(gain_checks)
     eager = is_concrete(system, t0, q0, v0)
     if eager:
-        _check_initial_state(system, formulation, t0, q0, v0, trajectories)
+        _check_initial_state(system, formulation, t0, q0, v0)
 
     events = None
     if stepping is not None:
@@ -337,7 +397,7 @@ def pose_problem(
         check_state=not eager,
         throw=call.throw and traced,
     )
-    return Problem(
+    problem = Problem(
         system=system,
         formulation=formulation,
         times=times,
@@ -350,6 +410,7 @@ def pose_problem(
         checks=checks,
         trajectories=trajectories,
     )
+    return problem, call.throw
 
 
 def _none(x) -> bool:
@@ -416,10 +477,22 @@ def stop_value_checks(system, t0, q0, gap_tolerance: float) -> list[tuple[Array,
     return traced
 
 
-def _check_initial_state(system, formulation, t0, q0, v0, trajectories) -> None:
+def _check_initial_state(system, formulation, t0, q0, v0) -> None:
     """A `ValueError` naming the first problem of concrete initial states
-    (`check_initial_state`), with the value it quotes."""
-    mass, flags, values, where = trajectories.initial_state_check(system, formulation, t0, q0, v0)
+    (`check_initial_state`), with the value it quotes: of one trajectory, `(n,)`, or of the
+    first row with a problem of an ensemble's, `(B, n)`."""
+    where = ""
+    if q0.ndim == 1:
+        mass, flags, values = check_initial_state_jit(system, formulation, t0, q0, v0)
+        flags = np.asarray(flags)
+    else:
+        mass, flags, values = jax.vmap(check_initial_state_jit, in_axes=(None, None, None, 0, 0))(
+            system, formulation, t0, q0, v0
+        )
+        flags = np.asarray(flags)
+        row = int(np.argmax(flags.any(axis=1)))
+        mass, flags, values = mass[row], flags[row], values[row]
+        where = f"Trajectory {row} (row of q0, v0): "
     if not flags.any():
         return
     problem = int(np.argmax(flags))

@@ -521,12 +521,9 @@ class Projected(AbstractSolverWrapper):
         return _interpolation(self.solver.interpolation_cls)
 
     def name_result(self, result: RESULTS) -> RESULTS:
-        """A failed projection named `RESULTS.projection_failed` (`_CARRIER`), then what the
-        wrapped solver names."""
-        result = RESULTS.where(
-            result == RESULTS.promote(_CARRIER), RESULTS.projection_failed, result
-        )
-        return super().name_result(result)
+        """A failed projection named `RESULTS.projection_failed` (`_CARRIER`); the outcome
+        asks the wrapped solver for its own names."""
+        return RESULTS.where(result == RESULTS.promote(_CARRIER), RESULTS.projection_failed, result)
 
     def func(self, terms, t0, y0, args):
         return self.solver.func(_between_projections(y0, terms), t0, y0, args)

@@ -30,7 +30,7 @@ from .._systems._system import AbstractSystem
 from ._contact_schemes import EventDriven
 from ._events import event_dynamics, integrate_with_events
 from ._outcome import assemble_outcome, report
-from ._problem import Problem, SolveCall, SolveKeywords, pose_problem
+from ._problem import Problem, SolveKeywords, pose_problem
 from ._solve import integrate
 from ._time_stepping import TimeStepping
 from ._trajectories import AbstractTrajectories, EnsembleTrajectories, SingleTrajectory
@@ -160,7 +160,7 @@ def simulate(
         t1,
         q0,
         v0,
-        SolveCall.of("simulate", options, SimulateKeywords),
+        ("simulate", options, SimulateKeywords),
         SINGLE_TRAJECTORY,
     )
 
@@ -237,20 +237,28 @@ def simulate_ensemble(
         t1,
         q0,
         v0,
-        SolveCall.of("simulate_ensemble", options),
+        ("simulate_ensemble", options, SolveKeywords),
         ENSEMBLE_TRAJECTORIES,
     )
 
 
 @in_current_mesh
 def solve_system(
-    system, formulation, t0, t1, q0, v0, call: SolveCall, trajectories: AbstractTrajectories
+    system,
+    formulation,
+    t0,
+    t1,
+    q0,
+    v0,
+    call: tuple[str, dict, type],
+    trajectories: AbstractTrajectories,
 ) -> Solution:
-    """The solve of a call of `simulate` or `simulate_ensemble` (as `trajectories`)."""
-    problem = pose_problem(system, formulation, t0, t1, q0, v0, call, trajectories)
+    """The solve of a call of `simulate` or `simulate_ensemble` (as `trajectories`), whose
+    keyword arguments are `call = (entry point, keyword arguments, the accepted ones)`."""
+    problem, throw = pose_problem(system, formulation, t0, t1, q0, v0, call, trajectories)
     with forward_mode_hint():
         sol = solve_problem(problem)
-    return report(problem, sol, call.throw)
+    return report(problem, sol, throw)
 
 
 @jit_unless_staged

@@ -1,7 +1,8 @@
 """The one diffrax solve of [`jaxdae.simulate`][], [`jaxdae.simulate_ensemble`][] and
 [`jaxdae.simulate_actuated`][] (with the times and options that the problem stage
 resolves, `Times` and `SolveOptions`): `integrate` of a `Dynamics` (`_term.py`), and the
-conditions that stop it with the results they name (`solve_event`, `event_result`)."""
+conditions that stop it with the results they name (`solve_event`, `event_result`, and a
+stalled step: `StopStalledSteps`)."""
 
 import diffrax
 import equinox as eqx
@@ -9,11 +10,11 @@ import jax
 import jax.numpy as jnp
 
 from .._compilation._private_apis import diffeqsolve_unjitted
+from .._custom_types import Array
 from .._solution import RESULTS
-from ._controllers import stop_stalled_steps
+from ._controllers import AbstractControllerWrapper
 from ._crossing import DownCrossing
 from ._problem import SolveOptions, Times
-from ._solvers import name_result
 from ._term import Dynamics
 
 
@@ -56,7 +57,8 @@ def integrate(
     `options`, saving as `save_at` says, stopped by `dynamics.conditions` (and a non-finite
     state under fixed steps, `solve_event`) and by a stalled step (`stop_stalled_steps`).
     Returns diffrax's solution and jaxdae's result: the failure that stopped it named by its
-    condition (`event_result`) or by the solver (`name_result`)."""
+    condition (`event_result`; the solver's own failures are named by the outcome,
+    `_outcome.name_result`)."""
     solver, controller = options.solver, options.stepsize_controller
     t0, t1, ts = times.t0, times.t1, times.ts
     if saveat is None:
@@ -83,9 +85,97 @@ def integrate(
         max_steps=options.max_steps,
         throw=False,
     )
-    return out, name_result(
-        solver, event_result(out, list(dynamics.failures), len(dynamics.located))
-    )
+    return out, event_result(out, list(dynamics.failures), len(dynamics.located))
+
+
+class StopStalledSteps(AbstractControllerWrapper):
+    """An adaptive controller that ends the solve with `diffrax.RESULTS.dt_min_reached`
+    when the step it proposes has shrunk to the rounding level of `t`.
+
+    Where the model yields nan or inf (a potential that leaves its domain at some `t` or
+    `q`), every step across that point is rejected and the step shrinks until `t + dt`
+    rounds to `t`: the solve then takes steps of length zero until `max_steps`, or forever
+    with `max_steps=None`. Here it stops at the first proposal shorter than
+    `4 ε max(|t|, 10⁻³ |t1 − t0|)` (`ε` the machine epsilon of `t`), which no solve that
+    can still reach `t1` proposes; called eagerly, `simulate` then names what was
+    non-finite (`name_non_finite_term`). One comparison per step, on scalars.
+
+    A step that the controller proposes to end just short of a time it steps to (a
+    `diffrax.ClipStepSizeController`'s `step_ts`, or the last time before one of its
+    `jump_ts`) is extended to that time (`snap_to_clip_times`): else the next step, clipped
+    to it, would be a rounding error long and stop the solve here. (Equal steps between
+    evenly spaced save times accumulate that rounding error, e.g. `t + 0.025` landing
+    two ulps before the save time 2.9.)"""
+
+    controller: diffrax.AbstractAdaptiveStepSizeController
+
+    def wrap(self, direction):
+        return StopStalledSteps(self.controller.wrap(direction))
+
+    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
+        tnext, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
+        dtype = jnp.result_type(t0)
+        floor = 1e-3 * jnp.abs(jnp.asarray(t1, dtype) - t0)
+        tnext = snap_to_clip_times(self.controller, t0, tnext, floor)
+        return tnext, (state, floor)
+
+    def adapt_step_size(
+        self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state
+    ):
+        state, floor = controller_state
+        keep, tprev, tnext, jump, state, result = self.controller.adapt_step_size(
+            t0, t1, y0, y1_candidate, args, y_error, error_order, state
+        )
+        tnext = snap_to_clip_times(self.controller, tprev, tnext, floor)
+        eps = jnp.finfo(jnp.result_type(tprev)).eps
+        stalled = tnext - tprev <= 4 * eps * jnp.maximum(jnp.abs(tprev), floor)
+        result = diffrax.RESULTS.where(
+            stalled & (result == diffrax.RESULTS.successful), diffrax.RESULTS.dt_min_reached, result
+        )
+        return keep, tprev, tnext, jump, (state, floor), result
+
+
+def clip_times(controller) -> list[Array]:
+    """The sorted times that `controller` (a `diffrax.ClipStepSizeController`, possibly
+    wrapping another) ends steps on: its `step_ts`, and the last time before each of its
+    `jump_ts` (after which it restarts just past the jump)."""
+    times = []
+    while isinstance(controller, diffrax.ClipStepSizeController):
+        if controller.step_ts is not None and controller.step_ts.size:
+            times.append(controller.step_ts)
+        if controller.jump_ts is not None and controller.jump_ts.size:
+            times.append(jnp.nextafter(controller.jump_ts, -jnp.inf))
+        controller = controller.controller
+    return times
+
+
+def snap_to_clip_times(controller, tprev, tnext, floor, ulps: int = 128) -> Array:
+    """`tnext`, the end of the step from `tprev` that `controller` proposes, moved up to the
+    next of its `clip_times` where that lies at most `ulps` rounding units
+    (`ε max(|t|, floor)`, as `StopStalledSteps` measures a stall) and at most half the step
+    beyond it. (Never more than half the step: a step that the error test keeps rejecting
+    still shrinks below the gap, and is then stopped as stalled.)"""
+    for times in clip_times(controller):
+        times = times.astype(jnp.result_type(tnext))
+        index = jnp.searchsorted(times, tnext, side="left", method="scan_unrolled")
+        target = times[jnp.minimum(index, times.shape[0] - 1)]
+        gap = target - tnext
+        unit = jnp.finfo(gap.dtype).eps * jnp.maximum(jnp.abs(target), floor)
+        snap = (
+            (index < times.shape[0])
+            & (gap > 0)
+            & (gap <= ulps * unit)
+            & (gap <= 0.5 * (tnext - tprev))
+        )
+        tnext = jnp.where(snap, target, tnext)
+    return tnext
+
+
+def stop_stalled_steps(stepsize_controller):
+    """`stepsize_controller` wrapped in `StopStalledSteps` if it is adaptive."""
+    if isinstance(stepsize_controller, diffrax.AbstractAdaptiveStepSizeController):
+        return StopStalledSteps(stepsize_controller)
+    return stepsize_controller
 
 
 def non_finite_event(t, y, args, **kwargs):

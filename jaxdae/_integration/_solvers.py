@@ -31,9 +31,10 @@ def _combine(base: PyTree[Array], weights, ks: list) -> PyTree[Array]:
 class AbstractFailureNamingSolver(diffrax.AbstractSolver):
     """A solver that names its own failures in jaxdae's terms ([`jaxdae.RESULTS`][]).
 
-    The solve asks every solver that declares this base (`name_result`, `name_stall`)
-    rather than knowing which solvers can fail in which way. Both default to leaving the
-    result as it is; a solver overrides what it can name."""
+    The outcome of a solve asks every solver that declares this base (`name_result`,
+    `name_stall`), and every solver inside a jaxdae wrapper ([`AbstractSolverWrapper`][]),
+    from the outside in, rather than knowing which solvers can fail in which way. Both
+    default to leaving the result as it is; a solver overrides what it can name."""
 
     def name_result(self, result: RESULTS) -> RESULTS:
         """The `result` of a solve with this solver (traced, at the end of the solve), with
@@ -45,22 +46,6 @@ class AbstractFailureNamingSolver(diffrax.AbstractSolver):
         solver explains why its steps stalled (`dt_min_reached`). Called after the solve,
         eagerly."""
         return sol
-
-
-def name_result(solver: diffrax.AbstractSolver, result: RESULTS) -> RESULTS:
-    """`result` of a solve with `solver`, named by the solver where it names its failures
-    (`AbstractFailureNamingSolver.name_result`)."""
-    if isinstance(solver, AbstractFailureNamingSolver):
-        return solver.name_result(result)
-    return result
-
-
-def name_stall(solver: diffrax.AbstractSolver, sol: Solution, system) -> Solution:
-    """`sol` relabelled by `solver` where it explains a stall
-    (`AbstractFailureNamingSolver.name_stall`)."""
-    if isinstance(solver, AbstractFailureNamingSolver):
-        return solver.name_stall(sol, system)
-    return sol
 
 
 @functools.singledispatch
@@ -85,7 +70,7 @@ class AbstractSolverWrapper(AbstractFailureNamingSolver, diffrax.AbstractAdaptiv
     `GeneralizedAlpha` as an implicit solver whose `root_finder` diffrax rewrites, and
     `diffrax.ForwardMode` and `DirectAdjoint` would set the `scan_kind` of any wrapped
     Runge–Kutta solver. A wrapper here is what its class says; what it forwards is
-    declared below."""
+    declared below. The outcome asks the wrapped solver to name its failures too."""
 
     solver: eqx.AbstractVar[diffrax.AbstractSolver]
     term_structure = Forwarded("solver")
@@ -94,12 +79,6 @@ class AbstractSolverWrapper(AbstractFailureNamingSolver, diffrax.AbstractAdaptiv
     order = Forwarded("solver")
     error_order = Forwarded("solver")
     func = Forwarded("solver")
-
-    def name_result(self, result: RESULTS) -> RESULTS:
-        return name_result(self.solver, result)
-
-    def name_stall(self, sol: Solution, system) -> Solution:
-        return name_stall(self.solver, sol, system)
 
 
 carries_contact_forces.register(

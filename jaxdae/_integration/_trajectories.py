@@ -1,5 +1,5 @@
 """What differs between one trajectory and an ensemble of them: the layout of the initial
-states, the initial state's checks, the error norm, the dynamics and the solution's
+states, the traced initial state's checks, the error norm, the dynamics and the solution's
 assembly. [`jaxdae.simulate`][] solves with `SingleTrajectory`,
 [`jaxdae.simulate_ensemble`][] with `EnsembleTrajectories`; the solve itself
 (`_simulate.py`) is the same for both."""
@@ -13,7 +13,6 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optimistix as optx
 
 from .._checks import float_array
@@ -29,7 +28,6 @@ from ._ensemble import (
     worst_trajectory_rms,
 )
 from ._term import Dynamics, system_dynamics
-from ._validation import check_initial_state_jit
 from ._vector_fields import failure_reference, system_terms
 
 
@@ -68,13 +66,6 @@ class AbstractTrajectories(eqx.Module):
     @abc.abstractmethod
     def first_state(self, q0: Array, v0: Array) -> tuple[Array, Array]:
         """The initial state of the first trajectory."""
-
-    @abc.abstractmethod
-    def initial_state_check(
-        self, system, formulation, t0, q0, v0
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
-        """`check_initial_state` of concrete initial states: the mass matrix, the flags and
-        the values quoted of the first trajectory with a problem, and where that is."""
 
     @abc.abstractmethod
     def traced_state_flags(
@@ -173,10 +164,6 @@ class SingleTrajectory(AbstractTrajectories):
     def first_state(self, q0, v0):
         return q0, v0
 
-    def initial_state_check(self, system, formulation, t0, q0, v0):
-        mass, flags, values = check_initial_state_jit(system, formulation, t0, q0, v0)
-        return mass, np.asarray(flags), values, ""
-
     def traced_state_flags(self, problems, initial, throw):
         return problems(*initial, rows=None)[0], False
 
@@ -227,14 +214,6 @@ class EnsembleTrajectories(AbstractTrajectories):
 
     def first_state(self, q0, v0):
         return q0[0], v0[0]
-
-    def initial_state_check(self, system, formulation, t0, q0, v0):
-        mass, flags, values = jax.vmap(check_initial_state_jit, in_axes=(None, None, None, 0, 0))(
-            system, formulation, t0, q0, v0
-        )
-        flags = np.asarray(flags)
-        row = int(np.argmax(flags.any(axis=1)))
-        return mass[row], flags[row], values[row], f"Trajectory {row} (row of q0, v0): "
 
     def traced_state_flags(self, problems, initial, throw):
         if throw:  # one flag per problem, raised for any row
