@@ -499,3 +499,39 @@ def test_bricard_modified_lagrange_runs_in_one_kernel():
     model = bricard()
     q0, v0 = model.initial_state()
     assert_rates_loop_is_one_kernel(model, jaxdae.ModifiedLagrange(1e3, 20.0, 100.0), q0, v0)
+
+
+def test_free_bodies_leave_out_the_test_for_a_singular_constraint_matrix(monkeypatch):
+    """A mechanism of free bodies alone: its norm constraints are regular, so the
+    exact-multiplier formulations' test for a singular `G M⁻¹ Gᵀ` is left out of the solve
+    (a hinge brings it back), and the motion is the same as with the test."""
+    from jaxdae._integration._problem import pose_problem
+    from jaxdae._integration._simulate import SimulateKeywords
+    from jaxdae._integration._trajectories import SingleTrajectory
+
+    inertia = jnp.diag(jnp.array([0.3, 0.5, 0.6]))
+    free = mb.Mechanism(
+        [mb.RigidBody("top", 2.0, inertia, orientation=mb.rotation_matrix((1, 2, 3), 0.7))],
+        forces=[mb.Gravity([0.0, 0.0, -G])],
+    )
+    q0 = free.reference_coordinates()
+    pdot = 0.5 * body_map(q0[3:]).T @ jnp.array([1.5, -0.7, 2.2])
+    v0 = jnp.concatenate([jnp.array([0.1, 0.2, 0.3]), pdot])
+    call = ("simulate", {}, SimulateKeywords)
+    assert free.constraints_are_regular() and not hinged().constraints_are_regular()
+    for formulation in (jaxdae.Baumgarte(5.0, 5.0), jaxdae.Unstabilized()):
+        problem, _ = pose_problem(free, formulation, 0.0, 1.0, q0, v0, call, SingleTrajectory())
+        assert problem.failure is None
+    hinge = hinged()
+    hinge_q0, hinge_v0 = hinge.initial_state(joint_coordinates={"pin": (0.6, -1.1)})
+    problem, _ = pose_problem(
+        hinge, jaxdae.Baumgarte(5.0, 5.0), 0.0, 1.0, hinge_q0, hinge_v0, call, SingleTrajectory()
+    )
+    assert problem.failure is not None
+
+    def final(system):
+        return jaxdae.simulate(system, jaxdae.Baumgarte(5.0, 5.0), 0.0, 1.0, q0, v0).q_final
+
+    without_test = final(free)
+    monkeypatch.setattr(mb.Mechanism, "constraints_are_regular", lambda self: False)
+    np.testing.assert_allclose(without_test, final(free), rtol=0, atol=1e-13)

@@ -67,20 +67,28 @@ class AbstractFormulation(eqx.Module):
     def check_values(self) -> None:
         """Eager checks of concrete gain values (`ValueError`); called by `simulate`."""
 
+    # Whether `failure` tests for a singular `G M⁻¹ Gᵀ` and nothing else: a system whose
+    # constraints are regular (`AbstractSystem.constraints_are_regular`) never reaches it.
+    tests_constraint_rank: ClassVar[bool] = False
+
     def checked(
-        self, num_holonomic: int, num_nonholonomic: int
+        self, num_holonomic: int, num_nonholonomic: int, constraints_regular: bool = False
     ) -> tuple["AbstractFormulation", tuple[tuple[Bool[Array, ""], str], ...], RESULTS | None]:
         """The formulation's checks against a system's constraint counts, as a solve makes
         them, in one call: `validate`, `check_values` where the gains are concrete, and
         `traced_checks`. Returns the validated formulation, its traced checks, and the
         result that its failure test reports when it stops the solve (`failure_result`),
-        or None where it cannot fail with these counts (`fails_with`). Not overridden:
-        a formulation overrides the checks it calls."""
+        or None where it cannot fail with these counts (`fails_with`), or where it tests
+        the rank of the constraints only (`tests_constraint_rank`) and the system declares
+        them regular (`constraints_regular`). Not overridden: a formulation overrides the
+        checks it calls."""
         formulation = self.validate(num_holonomic, num_nonholonomic)
         traced = tuple(formulation.traced_checks(num_holonomic, num_nonholonomic))
         if is_concrete(formulation):
             formulation.check_values()
-        fails = formulation.fails_with(num_holonomic, num_nonholonomic)
+        fails = formulation.fails_with(num_holonomic, num_nonholonomic) and not (
+            constraints_regular and formulation.tests_constraint_rank
+        )
         return formulation, traced, formulation.failure_result if fails else None
 
     def failure(self, terms: ConstrainedTerms, reference) -> Bool[Array, ""] | Float[Array, ""]:
@@ -172,6 +180,7 @@ class AbstractExactMultipliers(AbstractFormulation):
     """
 
     rcond: eqx.AbstractVar[float | None]
+    tests_constraint_rank: ClassVar[bool] = True
 
     def failure_reference(self, terms):
         """The largest pivot of `G M⁻¹ Gᵀ` at the initial state."""

@@ -399,6 +399,14 @@ class AbstractMechanism(AbstractControlledSystem):
         coefficients = [stop.friction_coefficients() for stop in self.stops]
         return (np.concatenate if is_concrete(coefficients) else jnp.concatenate)(coefficients)
 
+    def constraints_are_regular(self) -> bool:
+        """True without joints and couplings (see
+        [`jaxdae.AbstractSystem.constraints_are_regular`][]): the only constraints are then
+        the spatial bodies' unit-norm constraints, `G`'s rows `[0, pᵀ]` of distinct bodies'
+        Euler parameters `p`, independent wherever no `p` vanishes (a tree in joint
+        coordinates has none)."""
+        return not self.joints and not self.couplings
+
     def stop_checks(self):
         """The stops' checks of their values where they are traced (see
         [`jaxdae.AbstractSystem.stop_checks`][]), each rule naming its stop."""
