@@ -350,7 +350,7 @@ def check_inputs(system, formulation, call, t0, t1, one, dtype, dense_mass: bool
     system, formulation = cast_floating((system, formulation), dtype)
     counts, gap_shape = check_structure(system, times[0], *one)
     formulation, gain_checks, failure = formulation.checked(
-        *counts, constraints_regular=system.constraints_are_regular()
+        *counts, constraints_regular=system.constraints_are_regular
     )
     return system, formulation, times, counts, gap_shape, gain_checks, failure
 

@@ -188,15 +188,14 @@ class AbstractSystem(eqx.Module):
         same equations, computed along the path that suits that. Default: itself."""
         return self
 
-    def constraints_are_regular(self) -> bool:
-        """Whether the constraint Jacobian `G = [Φ_q; Ψ_v]` has full row rank at every state
-        a solve can reach, so that `G M⁻¹ Gᵀ` is never singular: a formulation's test for a
-        singular `G M⁻¹ Gᵀ` (that of [`jaxdae.Baumgarte`][] and the other exact-multiplier
-        formulations) is then left out of the solve, which compiles faster. Default: False
-        (the test runs). A mechanism of free bodies alone declares True: its only
-        constraints are the unit norms of the bodies' Euler parameters, whose rows are
-        independent wherever the parameters are not all zero."""
-        return False
+    constraints_are_regular: ClassVar[bool] = False
+    """Whether the constraint Jacobian `G = [Φ_q; Ψ_v]` has full row rank at every state a
+    solve can reach, so that `G M⁻¹ Gᵀ` is never singular: a formulation's test for a
+    singular `G M⁻¹ Gᵀ` (that of [`jaxdae.Baumgarte`][] and the other exact-multiplier
+    formulations) is then left out of the solve, which compiles faster. Default: False (the
+    test runs). A mechanism of free bodies alone declares True: its only constraints are the
+    unit norms of the bodies' Euler parameters, whose rows are independent wherever the
+    parameters are not all zero."""
 
     def gap_label(self, index: int) -> str:
         """How messages name gap `index` of the [`gaps`][jaxdae.AbstractSystem.gaps].

@@ -399,7 +399,8 @@ class AbstractMechanism(AbstractControlledSystem):
         coefficients = [stop.friction_coefficients() for stop in self.stops]
         return (np.concatenate if is_concrete(coefficients) else jnp.concatenate)(coefficients)
 
-    def constraints_are_regular(self) -> bool:
+    @property
+    def constraints_are_regular(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
         """True without joints and couplings (see
         [`jaxdae.AbstractSystem.constraints_are_regular`][]): the only constraints are then
         the spatial bodies' unit-norm constraints, `G`'s rows `[0, pᵀ]` of distinct bodies'
