@@ -481,15 +481,12 @@ def _check_initial_state(system, formulation, t0, q0, v0) -> None:
     """A `ValueError` naming the first problem of concrete initial states
     (`check_initial_state`), with the value it quotes: of one trajectory, `(n,)`, or of the
     first row with a problem of an ensemble's, `(B, n)`."""
-    where = ""
-    if q0.ndim == 1:
-        mass, flags, values = check_initial_state_jit(system, formulation, t0, q0, v0)
-        flags = np.asarray(flags)
-    else:
-        mass, flags, values = jax.vmap(check_initial_state_jit, in_axes=(None, None, None, 0, 0))(
-            system, formulation, t0, q0, v0
-        )
-        flags = np.asarray(flags)
+    where, check = "", check_initial_state_jit
+    if q0.ndim == 2:
+        check = jax.vmap(check, in_axes=(None, None, None, 0, 0))
+    mass, flags, values = check(system, formulation, t0, q0, v0)
+    flags = np.asarray(flags)
+    if q0.ndim == 2:
         row = int(np.argmax(flags.any(axis=1)))
         mass, flags, values = mass[row], flags[row], values[row]
         where = f"Trajectory {row} (row of q0, v0): "
