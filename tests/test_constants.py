@@ -1,6 +1,7 @@
 """The jit of the functions a solve calls inside its trace (`jaxdae/_compilation/_constants.py`):
 the caller's constants stay constants there, eager calls share one program, and constants
-that differ in any bit are never confused."""
+that differ in any bit are never confused; an eager solve's times given as Python numbers
+are compiled in."""
 
 from pathlib import Path
 
@@ -8,9 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import jaxdae
 import jaxdae.multibody as mb
 from jaxdae._compilation._constants import jit_with_constants
+from jaxdae._integration import _simulate
+from jaxdae._integration._problem import SolveKeywords, pose_problem
+from jaxdae._integration._trajectories import SingleTrajectory
 from jaxdae._integration._vector_fields import system_terms
+from jaxdae.examples import CartesianPendulum
 
 from ._jaxprs import equations
 
@@ -84,3 +90,44 @@ def test_a_closed_over_mechanism_folds_into_its_scalar_graph():
     a, b = jax.jit(closed)(q0, v0), jax.jit(lambda q, v: model.terms(t, q, v))(q0, v0)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-13, atol=1e-13)
+
+
+def test_times_given_as_python_numbers_are_compiled_into_an_eager_solve(monkeypatch):
+    """`simulate`'s `t0` and `t1` as Python numbers are constants of its compiled program, as
+    in `diffrax.diffeqsolve` (each value its own program, diffrax's 100 `prevbefore`s of `t1`
+    folded); as arrays they are inputs of one program for all values. Both give the same
+    solution."""
+    system = CartesianPendulum(mass=0.7, length=1.1)
+    formulation = jaxdae.Baumgarte(10.0, 25.0)
+    q0, v0 = system.state_from_angle(1.0, 0.5)
+    traces = []
+    integrate = _simulate.integrate_problem
+    monkeypatch.setattr(
+        _simulate, "integrate_problem", lambda problem: traces.append(1) or integrate(problem)
+    )
+
+    def final(t0, t1):
+        return jaxdae.simulate(system, formulation, t0, t1, q0, v0).q_final
+
+    # Values of their own: no other test compiled these programs.
+    numbers = final(0.0, 0.8125)
+    assert len(traces) == 1
+    final(0.0, 0.8125)
+    assert len(traces) == 1
+    final(0.0, 0.71875)
+    assert len(traces) == 2
+    arrays = final(jnp.asarray(0.0), jnp.asarray(0.8125))
+    count = len(traces)
+    final(jnp.asarray(0.0), jnp.asarray(0.71875))
+    assert len(traces) == count
+    np.testing.assert_allclose(numbers, arrays, rtol=1e-14, atol=1e-14)
+
+    def compiled(t0, t1):
+        call = ("simulate", {}, SolveKeywords)
+        problem, _ = pose_problem(system, formulation, t0, t1, q0, v0, call, SingleTrajectory())
+        return _simulate.solve_problem.jitted.lower(problem).lowered.compile().as_text()
+
+    # XLA folds the constant ones (each of the 100 is several instructions).
+    given = compiled(0.0, 0.8125).count("nextafter")
+    inputs = compiled(jnp.asarray(0.0), jnp.asarray(0.8125)).count("nextafter")
+    assert given + 100 <= inputs, (given, inputs)

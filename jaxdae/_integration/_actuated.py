@@ -48,7 +48,7 @@ from .._systems._system import cast_floating
 from ._diagnostics import all_finite, at_valid, masked, saved_rows
 from ._outcome import name_result, raise_failure, residual_limit, solve_traced_inputs
 from ._problem import SolveCall, SolveKeywords
-from ._simulate import forward_mode_hint
+from ._simulate import compiled_times, forward_mode_hint
 from ._solve import integrate
 from ._term import AbstractTimeTerm, Dynamics
 from ._trajectories import SingleTrajectory
@@ -269,7 +269,10 @@ def simulate_actuated(
     - `system`: a [`jaxdae.ActuatedSystem`][].
     - `control`: a [`jaxdae.ConstraintEnforcingControl`][]; its number of gains must be the
         relative degree of `system.program_constraints`.
-    - `t0`, `t1`: start and end time, `t1 > t0`.
+    - `t0`, `t1`: start and end time, `t1 > t0`. Python numbers are compiled into the
+        solve, as `diffrax.diffeqsolve` compiles its own: each value compiles a new
+        program. Pass arrays (`jnp.asarray(t1)`) where they change between calls: one
+        program then serves all their values.
     - `q0`, `v0`, `w0`: initial coordinates, velocities and actuator state. They need not
         satisfy the program constraints: the control pulls the motion back.
     - `ts`, `solver`, `stepsize_controller`, `dt0`, `rtol`, `atol`, `max_steps`, `adjoint`,
@@ -317,6 +320,7 @@ def simulate_actuated(
 @jit_unless_staged
 def _simulate_actuated(system, control, times, y0, options) -> ActuatedSolution:
     """The solve (`integrate`) and its `ActuatedSolution`."""
+    times = compiled_times(times)
     t0 = times.t0
     # The scale of `_singular`'s test: a constant of the gradient, as the event is.
     initial_largest = jax.lax.stop_gradient(_eigenvalues(system, control, t0, *y0)[1])

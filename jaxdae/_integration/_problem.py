@@ -69,11 +69,26 @@ def traced_constraint_tol_check(
 
 
 class Times(eqx.Module):
-    """The times of a checked solve: start, end and the save times (None: `[t0, t1]`)."""
+    """The times of a checked solve: start, end and the save times (None: `[t0, t1]`), and
+    `given`: `t0` and `t1` as Python floats where the call gave both as Python numbers
+    (`given_numbers`)."""
 
     t0: Array
     t1: Array
     ts: Array | None
+    # Static: equinox's `filter_jit` (and so `diffrax.diffeqsolve`) takes Python numbers as
+    # static, and the compiled solve takes these as constants (`_simulate.compiled_times`),
+    # one program per value.
+    given: tuple[float, float] | None = eqx.field(static=True, default=None)
+
+
+def given_numbers(t0, t1, times: tuple[Array, Array]) -> tuple[float, float] | None:
+    """The checked `times = (t0, t1)` as Python floats where the call gave `t0` and `t1` as
+    Python numbers and they are concrete, else None (`Times.given`)."""
+    numbers = all(isinstance(t, int | float) and not isinstance(t, bool) for t in (t0, t1))
+    if not numbers or not is_concrete(*times):
+        return None
+    return float(times[0]), float(times[1])
 
 
 class SolveOptions(eqx.Module):
@@ -151,7 +166,8 @@ class SolveCall(eqx.Module):
 
     def times(self, t0, t1, dtype) -> Times:
         """`t0`, `t1` and `ts` as arrays of `dtype`, checked (`checked_times`)."""
-        return Times(*checked_times(self, t0, t1, dtype))
+        span = checked_times(self, t0, t1, dtype)
+        return Times(*span, given=given_numbers(t0, t1, span[:2]))
 
     def options(
         self,
@@ -338,7 +354,7 @@ def pose_problem(
     system, formulation, span, counts, gap_shape, gain_checks, failure = check_inputs(
         system, formulation, call, t0, t1, one, dtype, dense_mass=stepping is not None
     )
-    times = Times(*span)
+    times = Times(*span, given=given_numbers(t0, t1, span[:2]))
     t0 = times.t0
     # Traced gains' checks join the solve's one branched error (`check_traced`).
     gain_checks = list(gain_checks)

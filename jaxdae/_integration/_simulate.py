@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Unpack
 
 import equinox as eqx
+import jax.numpy as jnp
 
 from .._compilation._constants import jit_unless_staged
 from .._compilation._linalg import full_precision
@@ -30,7 +31,7 @@ from .._systems._system import AbstractSystem
 from ._contact_schemes import EventDriven
 from ._events import event_dynamics, integrate_with_events
 from ._outcome import assemble_outcome, report
-from ._problem import Problem, SolveKeywords, pose_problem
+from ._problem import Problem, SolveKeywords, Times, pose_problem
 from ._solve import integrate
 from ._time_stepping import TimeStepping
 from ._trajectories import AbstractTrajectories, EnsembleTrajectories, SingleTrajectory
@@ -84,7 +85,10 @@ def simulate(
     - `system`: a [`jaxdae.LagrangianSystem`][] (or another `AbstractSystem`).
     - `formulation`: how the constraints are enforced, e.g. [`jaxdae.Baumgarte`][],
         [`jaxdae.PseudoInverse`][], [`jaxdae.ModifiedLagrange`][], [`jaxdae.Unstabilized`][].
-    - `t0`, `t1`: start and end time, `t1 > t0`.
+    - `t0`, `t1`: start and end time, `t1 > t0`. Python numbers are compiled into the
+        solve, as `diffrax.diffeqsolve` compiles its own: each value compiles a new
+        program. Pass arrays (`jnp.asarray(t1)`) where they change between calls: one
+        program then serves all their values.
     - `q0`, `v0`: initial coordinates and velocities, shape `(n,)` — for a system whose
         state holds momenta ([`jaxdae.HamiltonianSystem`][]) `v0` is the initial momenta
         `p0` (Shemelova (2016), eqs. [3]–[6]). They need not satisfy
@@ -269,10 +273,26 @@ def solve_problem(problem: Problem) -> Solution:
     return assemble_outcome(problem, solved, out, result)
 
 
+def compiled_times(times: Times) -> Times:
+    """`times` inside the compiled solve: `t0` and `t1` the constants `times.given` where
+    the call gave them as Python numbers, as `diffrax.diffeqsolve` compiles its own. XLA
+    then folds what depends on them, diffrax's threshold for the last step among it (100
+    `prevbefore`s of `t1`): the two-link arm's eager program has 30 % fewer instructions
+    (docs/design_measurements.md#times-compiled-in). Each value compiles its own program;
+    times given as arrays stay inputs of one program for all their values."""
+    if times.given is None:
+        return times
+    dtype = times.t0.dtype
+    constants = tuple(jnp.asarray(t, dtype) for t in times.given)
+    return eqx.tree_at(lambda t: (t.t0, t.t1), times, constants)
+
+
 def solvable(problem: Problem) -> Problem:
-    """The problem that a traced solve integrates: bad traced times and steps replaced by
-    stand-ins that diffrax accepts (jaxdae's checks name them, not diffrax's), and with
+    """The problem that a traced solve integrates: its times compiled in where given as
+    Python numbers (`compiled_times`), bad traced times and steps replaced by stand-ins
+    that diffrax accepts (jaxdae's checks name them, not diffrax's), and with
     `throw=False` the invalid initial states too (reported by their result)."""
+    problem = eqx.tree_at(lambda p: p.times, problem, compiled_times(problem.times))
     if not problem.checks.traced:
         return problem
     q0, v0 = problem.q0, problem.v0
