@@ -8,6 +8,8 @@ import pytest
 
 from jaxdae._compilation._stored_loop import stored_while_loop
 
+from ._jaxprs import equations
+
 
 def _stored(cond_fun, body_fun, init, max_steps):
     return stored_while_loop(cond_fun, body_fun, init, max_steps=max_steps)
@@ -68,3 +70,31 @@ def test_stops_at_max_steps_like_equinox():
     np.testing.assert_allclose(
         jax.grad(_grown)(1.05, X0, _stored, 4), jax.grad(_grown)(1.05, X0, _checkpointed, 4)
     )
+
+
+def test_a_closed_over_array_not_differentiated_stays_a_constant():
+    """Of the values the body closes over, only the differentiated ones are linearized: the
+    backward pass of a loss differentiated by `rate` alone is a smaller program than by
+    `rate` and `scale`, and the gradients are equinox's loop's."""
+
+    def loss(rate, scale, loop):
+        def body(carry):
+            count, x, done = carry
+            x = x * rate + 0.1 * jnp.sin(scale * x)
+            return count + 1, x, x.sum() > 50.0
+
+        count, x, _ = loop(lambda c: ~c[2], body, (0, X0, jnp.asarray(False)), 30)
+        return jnp.sum(x**2) + count
+
+    rate, scale = jnp.asarray(1.2), jnp.array([0.5, 2.0])
+    for argnums in (0, (0, 1)):
+        got = jax.grad(loss, argnums)(rate, scale, _stored)
+        want = jax.grad(loss, argnums)(rate, scale, _checkpointed)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-13)
+
+    def size(argnums):
+        jaxpr = jax.make_jaxpr(jax.grad(loss, argnums), static_argnums=2)(rate, scale, _stored)
+        return len(list(equations(jaxpr.jaxpr)))
+
+    assert size(0) < size((0, 1))

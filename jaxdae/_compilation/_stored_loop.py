@@ -7,8 +7,10 @@ trace: equinox's checkpointed `while_loop` (the general tool, for loops of unkno
 linearizes its body several times to find which values are perturbed and which
 cotangents are zero, and every diffrax solve inside the body does the same again inside
 each of those traces. This loop's backward pass is one `jax.vjp` of the body, traced once,
-inside a loop that runs over the stored passes in reverse; every floating-point value is
-taken as perturbed.
+inside a loop that runs over the stored passes in reverse; every floating-point value of
+the carry is taken as perturbed, and of the values the body closes over those that the
+caller differentiates (equinox's `perturbed`): the others stay constants of the pass's
+linearization, which is then smaller.
 
 It has reverse mode only (`jax.vjp`, `jax.grad`, and either under `jax.vmap`), as every
 custom VJP: a solve differentiated in forward mode runs its events in a `lax.while_loop`
@@ -69,10 +71,9 @@ def _stored_loop_fwd(perturbed, operands, max_steps):
 
 @_stored_loop.def_bwd
 def _stored_loop_bwd(residuals, final_cotangent, perturbed, operands, max_steps):
-    del perturbed
     passes, stored = residuals
     cond_fun, body_fun, carry = operands
-    body_diff, body_static = _split(body_fun)
+    body_diff, body_static = eqx.partition(body_fun, perturbed[1])
     final_cotangent = jax.tree.map(
         lambda leaf, ct: None if leaf is None else jnp.zeros_like(leaf) if ct is None else ct,
         _split(carry)[0],
