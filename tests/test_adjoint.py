@@ -183,7 +183,7 @@ def test_a_loss_on_what_the_model_functions_give_skips_the_terms(read, monkeypat
 
 
 def test_segments_take_the_solves_steps():
-    """In segments, each restarted from the solve's `t0` (`_Restart`), reverse mode's
+    """In segments, each restarted from the solve's `t0` (`Restart`), reverse mode's
     forward solve takes the steps of diffrax's uninterrupted solve (the primal): the same
     step counts and, up to XLA's rounding of another program, the same states. A
     controller with jump times (its state carried across restarts), saves at `ts`, a

@@ -599,18 +599,20 @@ def integrate_with_events(
             )
         segment = eqx.tree_at(lambda t: t.contacts, term, contacts, is_leaf=lambda x: x is None)
         segment_options = options
-        if isinstance(options.stepsize_controller, diffrax.AbstractAdaptiveStepSizeController):
+        if adaptive:
             segment_options = eqx.tree_at(
                 lambda o: o.stepsize_controller,
                 options,
                 ApproachLimitedSteps(options.stepsize_controller, segment),
             )
+        # Adaptive steps restart at the event from a constant `t_before` (`_restart`).
         out, result = integrate(
             eqx.tree_at(lambda d: d.term, dynamics, segment),
             (carry.q, after.state),
-            Times(carry.t, t1, None),
+            Times(t_before, t1, None) if adaptive else Times(carry.t, t1, None),
             segment_options,
             saveat,
+            start=carry.t if adaptive else None,
         )
         segment_rows = None
         if ts is None:
@@ -674,6 +676,9 @@ def integrate_with_events(
         )
 
     carries_forces = carries_contact_forces(options.solver)
+    adaptive = isinstance(options.stepsize_controller, diffrax.AbstractAdaptiveStepSizeController)
+    # Before `t0` by the solve's length: strictly before every event.
+    t_before = t0 - (t1 - t0)
     if isinstance(options.adjoint, diffrax.ForwardMode):
         final = jax.lax.while_loop(lambda c: ~c.done, step, carry)
     else:

@@ -15,6 +15,7 @@ from .._solution import RESULTS
 from ._controllers import AbstractControllerWrapper
 from ._crossing import DownCrossing
 from ._problem import SolveOptions, Times
+from ._restart import RestartedSteps, after_start, restarted
 from ._term import Dynamics
 
 
@@ -51,6 +52,7 @@ def integrate(
     times: Times,
     options: SolveOptions,
     saveat: diffrax.SaveAt | None = None,
+    start: Array | None = None,
 ) -> tuple[diffrax.Solution, RESULTS]:
     """The one diffrax solve of [`jaxdae.simulate`][], [`jaxdae.simulate_ensemble`][] and
     [`jaxdae.simulate_actuated`][]: of `dynamics.term` from `y0` over `times` with
@@ -58,16 +60,28 @@ def integrate(
     state under fixed steps, `solve_event`) and by a stalled step (`stop_stalled_steps`).
     Returns diffrax's solution and jaxdae's result: the failure that stopped it named by its
     condition (`event_result`; the solver's own failures are named by the outcome,
-    `_outcome.name_result`)."""
+    `_outcome.name_result`).
+
+    Given `start` (a time in `(t0, t1]`, with an adaptive controller), the solve begins
+    there as one from `start` would, run from the constant `t0` before it (`_restart`:
+    `times.t0` a constant keeps diffrax's time arithmetic constant); its step counts leave
+    out the step to `start`, which takes no time."""
     solver, controller = options.solver, options.stepsize_controller
     t0, t1, ts = times.t0, times.t1, times.ts
+    conditions, located = list(dynamics.conditions), list(dynamics.located)
+    max_steps = options.max_steps
     if saveat is None:
         saveat = save_at(t0, t1, ts, controller)
     if dynamics.saves_solver_state:
         saveat = eqx.tree_at(lambda s: s.solver_state, saveat, True)
-    event = solve_event(
-        list(dynamics.conditions), controller, list(dynamics.located), jnp.result_type(t0)
-    )
+    if start is not None:
+        solver = restarted(solver, controller, start)
+        controller = RestartedSteps(controller, start)
+        conditions, located = (
+            [eqx.Partial(after_start, fn, start) for fn in fns] for fns in (conditions, located)
+        )
+        max_steps = None if max_steps is None else max_steps + 1
+    event = solve_event(conditions, controller, located, jnp.result_type(t0))
     controller = stop_stalled_steps(controller)
     # Unjitted: `integrate` is always traced inside a jit (`diffeqsolve_unjitted`).
     out = diffeqsolve_unjitted(
@@ -82,9 +96,12 @@ def integrate(
         stepsize_controller=controller,
         adjoint=options.adjoint,
         event=event,
-        max_steps=options.max_steps,
+        max_steps=max_steps,
         throw=False,
     )
+    if start is not None:
+        counts = {key: out.stats[key] - 1 for key in ("num_steps", "num_accepted_steps")}
+        out = eqx.tree_at(lambda o: o.stats, out, {**out.stats, **counts})
     return out, event_result(out, list(dynamics.failures), len(dynamics.located))
 
 

@@ -17,6 +17,7 @@ from jax.flatten_util import ravel_pytree
 from .. import _thresholds
 from .._custom_types import Array
 from ._controllers import jump_times
+from ._restart import Restart, after_start
 from ._solvers import AbstractSteppingWrapper
 from ._term import AbstractTermWithVJP, terms_within
 
@@ -286,7 +287,7 @@ class _RecordProposal(diffrax.AbstractStepSizeController):
 
     Given `restart = (t_start, tnext, made_jump)`, a segment's start (`made_jump` None
     when the controller makes no jumps), the solve's first step ends at `t_start` and is
-    kept (`_Restart` makes it take no time). From there the solve goes on as from the
+    kept (`Restart` makes it take no time). From there the solve goes on as from the
     step that ended at `t_start`: with the controller state given to `diffeqsolve`, its
     next step ending at `tnext`, and `made_jump`. (Not through `dt0`: diffrax would check
     its sign at run time, a branch and two host callbacks per solve.)"""
@@ -325,74 +326,11 @@ class _RecordProposal(diffrax.AbstractStepSizeController):
         )
 
 
-class _Restart(AbstractSteppingWrapper):
-    """`solver`, restarting a solve at `t_start` with the solver state given to
-    `diffeqsolve`: a step that ends at or before `t_start` (the first, from the solve's
-    `t0`; see `_RecordProposal`) takes no time and keeps the solver state.
-
-    A segment is solved from the solve's own `t0` this way, not from its start: diffrax
-    multiplies times by `direction = where(t0 < t1, 1, -1)`, and a traced start makes it
-    traced. Then XLA cannot fold diffrax's end threshold, 100 `prevbefore` of
-    `t1 · direction`, and compiles it as about 1,700 instructions per solve."""
-
-    solver: diffrax.AbstractSolver
-    t_start: Array
-
-    def init(self, terms, t0, t1, y0, args):
-        return self.solver.init(terms, t0, t1, y0, args)
-
-    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
-        return _restarted_step(self, terms, t0, t1, y0, args, solver_state, made_jump)
-
-
-@eqx.filter_jit
-def _restarted_step(restart: _Restart, terms, t0, t1, y0, args, solver_state, made_jump):
-    """`restart.step`, jitted: diffrax traces a solve's step function three times, and
-    the backward pass of a solve in segments re-solves them with the same step; traced
-    once, the gradient traces faster (docs/design_measurements.md#restarted-step)."""
-    restarting = t1 <= restart.t_start
-    # A step of length zero from the start: the start state, no error, the solver state
-    # given, whatever the rates there.
-    y1, y_error, dense_info, state, result = restart.solver.step(
-        terms, jnp.where(restarting, t1, t0), t1, y0, args, solver_state, made_jump
-    )
-    pick = lambda new, old: jnp.where(restarting, old, new)  # noqa: E731
-    return (
-        jax.tree.map(pick, y1, y0),
-        jax.tree.map(lambda e: jnp.where(restarting, 0, e), y_error),
-        dense_info,
-        jax.tree.map(pick, state, solver_state),
-        diffrax.RESULTS.where(restarting, diffrax.RESULTS.successful, result),
-    )
-
-
-def _after_start(cond_fn, t_start, t, y, args, **kwargs):
-    """An event's condition in a solve restarted at `t_start` (`_Restart`). Earlier times
-    (the solve's `t0`, where diffrax first evaluates it) count as the start, so that a
-    real value does not change sign across the restart. A flag is false at the start (the
-    segment before checked it there; for the first segment, `diffeqsolve` at `t0`, and
-    `_solve_in_segments` stops there if it was raised): at diffrax's first evaluation,
-    recognized by its time being the solve's `t0` itself, a flag is not evaluated: that
-    evaluation is a copy of the condition in the program, which XLA keeps (about 300 HLO
-    instructions of the ladder of 128 four-bars' gradient, the failure test,
-    `experiments/benchmarks/bench_compile.py`)."""
-
-    def evaluate():
-        return cond_fn(jnp.maximum(t, t_start), y, args, **kwargs)
-
-    # (`jnp.result_type`: a condition may be a Python bool, e.g. the failure test of a
-    # system without constraints.)
-    if t is kwargs.get("t0") and jnp.result_type(eqx.filter_eval_shape(evaluate)) == jnp.bool_:
-        return jnp.zeros((), jnp.bool_)
-    value = evaluate()
-    return value & (t > t_start) if jnp.result_type(value) == jnp.bool_ else value
-
-
 def solve_segment(start, problem, static, save_ts=(), event=None):
     """At most one segment's length of steps from `start`, saving each step, the end (and
     the solver's and controller's states there) and each of `save_ts` (those before the
     start at the start). The solve runs from `t0`, the whole solve's start, restarting at
-    `start` (`_Restart`); its first saved step is that start, and its counts include it."""
+    `start` (`Restart`); its first saved step is that start, and its counts include it."""
     t, y, solver_state, controller_state, made_jump = start
     subs = [diffrax.SubSaveAt(ts=ts) for ts in save_ts]
     subs = subs + [diffrax.SubSaveAt(t1=True), diffrax.SubSaveAt(steps=True)]
@@ -401,13 +339,13 @@ def solve_segment(start, problem, static, save_ts=(), event=None):
             lambda e: e.cond_fn,
             event,
             jax.tree.map(
-                lambda fn: eqx.Partial(_after_start, fn, t), event.cond_fn, is_leaf=callable
+                lambda fn: eqx.Partial(after_start, fn, t), event.cond_fn, is_leaf=callable
             ),
         )
     restart = t, controller_state[1], made_jump if _jumps(static) else None
     return diffrax.diffeqsolve(
         problem.terms,
-        _Restart(TermsChecked(static.solver), t),
+        Restart(TermsChecked(static.solver), t),
         problem.t0,
         problem.t1,
         None,
@@ -461,7 +399,7 @@ def _solve_in_segments(problem, static):
     # the loop): the last segment's steps, saves at `ts`, result and event mask, and the
     # step counts of all segments. The result and mask start as `diffeqsolve` left them
     # at `t0`: a flag already raised there ends the solve before its first step, as in
-    # diffrax's own loop (a segment does not evaluate a flag at its start: `_after_start`).
+    # diffrax's own loop (a segment does not evaluate a flag at its start: `after_start`).
     last = dict(
         step_ts=jnp.full(length, jnp.inf, dtype),
         step_ys=jax.tree.map(lambda y: inf((length,), y), y0),

@@ -1,0 +1,138 @@
+"""A diffrax solve restarted at a traced time `t_start`, run from a constant `t0` before it.
+
+diffrax multiplies a solve's times by `direction = where(t0 < t1, 1, -1)`. A traced `t0`
+makes the direction traced, and XLA then cannot fold diffrax's end threshold (100
+`prevbefore` of `t1 · direction`): each such solve compiles it as about 1,500 instructions,
+in the forward program and again in its derivatives. The solves that start at a time known
+only at run time (a segment of [`jaxdae.ReverseSweepAdjoint`][]'s forward solve re-solved
+from its checkpoint, the solve between two events of an event-driven solve) therefore run
+from a constant `t0 < t_start`: their first step ends at `t_start` and takes no time
+(`Restart`), and the solve goes on from there as one started at `t_start` would."""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .._compilation._private_apis import use_stepsize_tol
+from .._custom_types import Array
+from ._controllers import AbstractControllerWrapper
+from ._solvers import AbstractSteppingWrapper
+
+
+class Restart(AbstractSteppingWrapper):
+    """`solver`, restarting a solve at `t_start`: a step that ends at or before `t_start`
+    (the first, from the solve's `t0`) takes no time and keeps the solver state. The solver
+    state is the one given to `diffeqsolve`, or else `solver`'s own at `t_start`."""
+
+    solver: diffrax.AbstractSolver
+    t_start: Array
+
+    def init(self, terms, t0, t1, y0, args):
+        del t0
+        return self.solver.init(terms, self.t_start, jnp.maximum(t1, self.t_start), y0, args)
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        return _restarted_step(self, terms, t0, t1, y0, args, solver_state, made_jump)
+
+
+def restarted(solver: diffrax.AbstractSolver, controller, t_start) -> Restart:
+    """`solver` restarting at `t_start` with the adaptive `controller`. An implicit solver's
+    root finder first takes the tolerances it leaves to the controller
+    (`diffrax.with_stepsize_controller_tols`), as `diffeqsolve` gives them: `Restart` is
+    not an implicit solver, and `diffeqsolve` does not look inside it."""
+    if isinstance(solver, diffrax.AbstractImplicitSolver):
+        names = [
+            name
+            for name in ("rtol", "atol", "norm")
+            if getattr(solver.root_finder, name) is use_stepsize_tol
+        ]
+        solver = eqx.tree_at(
+            lambda s: tuple(getattr(s.root_finder, name) for name in names),
+            solver,
+            tuple(getattr(controller, name) for name in names),
+        )
+    return Restart(solver, t_start)
+
+
+@eqx.filter_jit
+def _restarted_step(restart: Restart, terms, t0, t1, y0, args, solver_state, made_jump):
+    """`restart.step`, jitted: diffrax traces a solve's step function three times, and
+    the backward pass of a solve in segments re-solves them with the same step; traced
+    once, the gradient traces faster (docs/design_measurements.md#restarted-step)."""
+    restarting = t1 <= restart.t_start
+    # A step of length zero from the start: the start state, no error, the solver state
+    # given, whatever the rates there. (Its dense output, with increments of zero, is the
+    # start state over the whole no-op step.)
+    y1, y_error, dense_info, state, result = restart.solver.step(
+        terms, jnp.where(restarting, t1, t0), t1, y0, args, solver_state, made_jump
+    )
+    pick = lambda new, old: jnp.where(restarting, old, new)  # noqa: E731
+    return (
+        jax.tree.map(pick, y1, y0),
+        jax.tree.map(lambda e: jnp.where(restarting, 0, e), y_error),
+        dense_info,
+        jax.tree.map(pick, state, solver_state),
+        diffrax.RESULTS.where(restarting, diffrax.RESULTS.successful, result),
+    )
+
+
+class RestartedSteps(AbstractControllerWrapper):
+    """An adaptive `controller` that starts afresh at `t_start` (with `Restart`): its
+    first step ends at `t_start`, and is kept; the next is the step that `controller`
+    proposes for a solve from `t_start`, and from there it adapts as in such a solve."""
+
+    controller: diffrax.AbstractAdaptiveStepSizeController
+    t_start: Array
+
+    def wrap(self, direction):
+        return RestartedSteps(self.controller.wrap(direction), self.t_start)
+
+    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
+        del t0
+        tnext, state = self.controller.init(
+            terms, self.t_start, t1, y0, dt0, args, func, error_order
+        )
+        return jnp.asarray(self.t_start, jnp.result_type(tnext)), (state, tnext)
+
+    def adapt_step_size(
+        self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state
+    ):
+        state, first_end = controller_state
+        keep, tprev, tnext, jump, new_state, result = self.controller.adapt_step_size(
+            t0, t1, y0, y1_candidate, args, y_error, error_order, state
+        )
+        restarting = t1 <= self.t_start
+        pick = lambda new, old: jnp.where(restarting, old, new)  # noqa: E731
+        return (
+            keep | restarting,
+            pick(tprev, jnp.asarray(self.t_start, jnp.result_type(tprev))),
+            pick(tnext, first_end),
+            jump & ~restarting,
+            (jax.tree.map(pick, new_state, state), first_end),
+            diffrax.RESULTS.where(restarting, diffrax.RESULTS.successful, result),
+        )
+
+
+def after_start(cond_fn, t_start, t, y, args, **kwargs):
+    """An event's condition in a solve restarted at `t_start` (`Restart`). Earlier times
+    count as the start, so that a real value does not change sign across the restart. At
+    diffrax's first evaluation, recognized by its time being the solve's `t0` itself, a
+    real value is that of the start, with `t_start` as the condition's `t0`; a flag is
+    false there and at the restart (the solve before the restart checked it there): that
+    evaluation is a copy of the condition in the program, which XLA keeps (about 300 HLO
+    instructions of the ladder of 128 four-bars' gradient, the failure test,
+    `experiments/benchmarks/bench_compile.py`)."""
+
+    def evaluate():
+        return cond_fn(jnp.maximum(t, t_start), y, args, **kwargs)
+
+    # (`jnp.result_type`: a condition may be a Python bool, e.g. the failure test of a
+    # system without constraints.)
+    if t is kwargs.get("t0"):
+        if jnp.result_type(eqx.filter_eval_shape(evaluate)) == jnp.bool_:
+            return jnp.zeros((), jnp.bool_)
+        start = jnp.asarray(t_start, jnp.result_type(t))
+        return cond_fn(start, y, args, **{**kwargs, "t0": start})
+    value = evaluate()
+    return value & (t > t_start) if jnp.result_type(value) == jnp.bool_ else value
