@@ -115,24 +115,37 @@ class RestartedSteps(AbstractControllerWrapper):
 
 
 def after_start(cond_fn, t_start, t, y, args, **kwargs):
-    """An event's condition in a solve restarted at `t_start` (`Restart`). Earlier times
-    count as the start, so that a real value does not change sign across the restart. At
-    diffrax's first evaluation, recognized by its time being the solve's `t0` itself, a
-    real value is that of the start, with `t_start` as the condition's `t0`; a flag is
-    false there and at the restart (the solve before the restart checked it there): that
-    evaluation is a copy of the condition in the program, which XLA keeps (about 300 HLO
-    instructions of the ladder of 128 four-bars' gradient, the failure test,
+    """An event's condition (a flag or a real value) in a solve restarted at `t_start`
+    (`Restart`): `flag_after_start` or `value_after_start`, which it is. At diffrax's first
+    evaluation, recognized by its time being the solve's `t0` itself, a flag is not
+    evaluated: that evaluation is a copy of the condition in the program, which XLA keeps
+    (about 300 HLO instructions of the ladder of 128 four-bars' gradient, the failure test,
     `experiments/benchmarks/bench_compile.py`)."""
-
-    def evaluate():
-        return cond_fn(jnp.maximum(t, t_start), y, args, **kwargs)
-
-    # (`jnp.result_type`: a condition may be a Python bool, e.g. the failure test of a
-    # system without constraints.)
     if t is kwargs.get("t0"):
-        if jnp.result_type(eqx.filter_eval_shape(evaluate)) == jnp.bool_:
+        # (`jnp.result_type`: a condition may be a Python bool, e.g. the failure test of a
+        # system without constraints.)
+        shape = eqx.filter_eval_shape(cond_fn, jnp.maximum(t, t_start), y, args, **kwargs)
+        if jnp.result_type(shape) == jnp.bool_:
             return jnp.zeros((), jnp.bool_)
+        return value_after_start(cond_fn, t_start, t, y, args, **kwargs)
+    value = cond_fn(jnp.maximum(t, t_start), y, args, **kwargs)
+    return value & (t > t_start) if jnp.result_type(value) == jnp.bool_ else value
+
+
+def flag_after_start(cond_fn, t_start, t, y, args, **kwargs):
+    """A flag in a solve restarted at `t_start` (`Restart`): false at the start and at
+    earlier times (the solve before the restart checked it there)."""
+    if t is kwargs.get("t0"):
+        return jnp.zeros((), jnp.bool_)
+    return cond_fn(jnp.maximum(t, t_start), y, args, **kwargs) & (t > t_start)
+
+
+def value_after_start(cond_fn, t_start, t, y, args, **kwargs):
+    """A real-valued condition in a solve restarted at `t_start` (`Restart`). Earlier times
+    count as the start, so that its value does not change sign across the restart. At
+    diffrax's first evaluation, recognized by its time being the solve's `t0` itself, it is
+    evaluated as at the start of a solve from `t_start` (with `t_start` as its `t0`)."""
+    if t is kwargs.get("t0"):
         start = jnp.asarray(t_start, jnp.result_type(t))
         return cond_fn(start, y, args, **{**kwargs, "t0": start})
-    value = evaluate()
-    return value & (t > t_start) if jnp.result_type(value) == jnp.bool_ else value
+    return cond_fn(jnp.maximum(t, t_start), y, args, **kwargs)

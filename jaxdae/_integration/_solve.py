@@ -15,7 +15,7 @@ from .._solution import RESULTS
 from ._controllers import AbstractControllerWrapper
 from ._crossing import DownCrossing
 from ._problem import SolveOptions, Times
-from ._restart import RestartedSteps, after_start, restarted
+from ._restart import RestartedSteps, flag_after_start, restarted, value_after_start
 from ._term import Dynamics
 
 
@@ -77,9 +77,8 @@ def integrate(
     if start is not None:
         solver = restarted(solver, controller, start)
         controller = RestartedSteps(controller, start)
-        conditions, located = (
-            [eqx.Partial(after_start, fn, start) for fn in fns] for fns in (conditions, located)
-        )
+        conditions = [eqx.Partial(flag_after_start, fn, start) for fn in conditions]
+        located = [eqx.Partial(value_after_start, fn, start) for fn in located]
         max_steps = None if max_steps is None else max_steps + 1
     event = solve_event(conditions, controller, located, jnp.result_type(t0))
     controller = stop_stalled_steps(controller)
