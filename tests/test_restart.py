@@ -16,6 +16,7 @@ from jaxdae._integration._term import Dynamics
 from jaxdae.examples import BouncingBall
 
 T1 = 2.0
+CHECKPOINTED = diffrax.RecursiveCheckpointAdjoint()
 
 
 def _forced(t, y, args):
@@ -24,8 +25,8 @@ def _forced(t, y, args):
     return v, -4.0 * q + jnp.sin(3.0 * t)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def _solve(solver, start, y0, restart: bool):
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _solve(solver, start, y0, restart: bool, adjoint=CHECKPOINTED):
     """The forced oscillator from `start` to `T1`, saved at 7 times from `start`: solved
     from `start`, or (`restart`) from the constant `-T1 / 2`, restarting at `start`. The
     saved states and the step counts."""
@@ -34,7 +35,7 @@ def _solve(solver, start, y0, restart: bool):
         diffrax.PIDController(rtol=1e-8, atol=1e-10),
         None,
         4096,
-        diffrax.RecursiveCheckpointAdjoint(),
+        adjoint,
     )
     ts = start + (T1 - start) * jnp.linspace(0.0, 1.0, 7)
     saveat = diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)])
@@ -63,6 +64,24 @@ def test_a_restarted_solve_takes_the_steps_of_the_solve_from_its_start():
         for a, b in zip(jax.tree.leaves(direct), jax.tree.leaves(restarted), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
         assert direct[1][0] > 10
+
+
+def test_a_restarted_solve_differentiates_in_forward_mode():
+    """With `diffrax.ForwardMode`, the Runge–Kutta stages of the restarted solve run in
+    the loop that forward mode differentiates (`diffeqsolve` sets it on the solvers it
+    sees), and the tangents are those of the solve from its start."""
+
+    def final(start, q0, restart):
+        y0 = (q0, jnp.asarray(0.0))
+        (_, end), _ = _solve(diffrax.Tsit5(), start, y0, restart, diffrax.ForwardMode())
+        return end[0][0]
+
+    primals, tangents = (jnp.asarray(0.4), jnp.asarray(0.3)), (jnp.asarray(1.0), jnp.asarray(0.5))
+    direct, restarted = (
+        jax.jvp(functools.partial(final, restart=restart), primals, tangents)
+        for restart in (False, True)
+    )
+    np.testing.assert_allclose(direct, restarted, rtol=1e-9, atol=1e-11)
 
 
 # Two gradient programs through diffrax's checkpointed loop.

@@ -36,11 +36,13 @@ class Restart(AbstractSteppingWrapper):
         return _restarted_step(self, terms, t0, t1, y0, args, solver_state, made_jump)
 
 
-def restarted(solver: diffrax.AbstractSolver, controller, t_start) -> Restart:
-    """`solver` restarting at `t_start` with the adaptive `controller`. An implicit solver's
-    root finder first takes the tolerances it leaves to the controller
-    (`diffrax.with_stepsize_controller_tols`), as `diffeqsolve` gives them: `Restart` is
-    not an implicit solver, and `diffeqsolve` does not look inside it."""
+def restarted(solver: diffrax.AbstractSolver, controller, adjoint, t_start) -> Restart:
+    """`solver` restarting at `t_start`, prepared as `diffeqsolve` prepares the solvers it
+    sees (`Restart` is neither implicit nor Runge–Kutta, and `diffeqsolve` does not look
+    inside it): an implicit solver's root finder takes the tolerances it leaves to the
+    adaptive `controller` (`diffrax.with_stepsize_controller_tols`); a Runge–Kutta
+    solver's stages run in the loop that `adjoint` differentiates
+    (`diffrax.ForwardMode`: a plain loop, `diffrax.DirectAdjoint`: a bounded one)."""
     if isinstance(solver, diffrax.AbstractImplicitSolver):
         names = [
             name
@@ -52,6 +54,11 @@ def restarted(solver: diffrax.AbstractSolver, controller, t_start) -> Restart:
             solver,
             tuple(getattr(controller, name) for name in names),
         )
+    kinds = ((diffrax.ForwardMode, "lax"), (diffrax.DirectAdjoint, "bounded"))
+    runge_kutta = isinstance(solver, diffrax.AbstractRungeKutta | diffrax.AbstractSRK)
+    for adjoints, kind in kinds:
+        if runge_kutta and isinstance(adjoint, adjoints) and solver.scan_kind is None:
+            solver = eqx.tree_at(lambda s: s.scan_kind, solver, kind, is_leaf=lambda x: x is None)
     return Restart(solver, t_start)
 
 

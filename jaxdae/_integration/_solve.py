@@ -75,7 +75,7 @@ def integrate(
     if dynamics.saves_solver_state:
         saveat = eqx.tree_at(lambda s: s.solver_state, saveat, True)
     if start is not None:
-        solver = restarted(solver, controller, start)
+        solver = restarted(solver, controller, options.adjoint, start)
         controller = RestartedSteps(controller, start)
         conditions = [eqx.Partial(flag_after_start, fn, start) for fn in conditions]
         located = [eqx.Partial(value_after_start, fn, start) for fn in located]
