@@ -1,5 +1,5 @@
-"""A solve restarted at a traced time from a constant `t0` before it (`_restart.py`): the
-solve of each stretch between events of an event-driven solve."""
+"""A solve that starts at a traced time, run from a constant `t0` before it (`_restart.py`):
+the solve of each stretch between events of an event-driven solve."""
 
 import functools
 
@@ -28,7 +28,7 @@ def _forced(t, y, args):
 @functools.partial(jax.jit, static_argnums=(0, 3, 4))
 def _solve(solver, start, y0, restart: bool, adjoint=CHECKPOINTED):
     """The forced oscillator from `start` to `T1`, saved at 7 times from `start`: solved
-    from `start`, or (`restart`) from the constant `-T1 / 2`, restarting at `start`. The
+    from `start`, or (`restart`) from the constant `-T1 / 2`, starting at `start`. The
     saved states and the step counts."""
     options = SolveOptions(
         solver,
@@ -53,11 +53,11 @@ def _solve(solver, start, y0, restart: bool, adjoint=CHECKPOINTED):
     return out.ys, counts
 
 
-def test_a_restarted_solve_takes_the_steps_of_the_solve_from_its_start():
-    """Restarted at `start` from an earlier constant `t0`, a solve takes the steps that the
-    solve from `start` takes, and saves the same states (the one at `start` too); its
-    step counts leave out the step to `start`. An implicit solver takes the controller's
-    tolerances for its root finder, as in `diffeqsolve`."""
+def test_a_solve_started_late_takes_the_steps_of_the_solve_from_its_start():
+    """Run from an earlier constant `t0` and started at `start`, a solve takes the steps
+    that the solve from `start` takes, counts them alike, and saves the same states (the
+    one at `start` too). An implicit solver takes the controller's tolerances for its root
+    finder, as in `diffeqsolve`."""
     y0 = (jnp.asarray(0.3), jnp.asarray(-0.2))
     for solver in (diffrax.Tsit5(), diffrax.Kvaerno5()):
         direct, restarted = (_solve(solver, jnp.asarray(0.5), y0, r) for r in (False, True))
@@ -66,8 +66,8 @@ def test_a_restarted_solve_takes_the_steps_of_the_solve_from_its_start():
         assert direct[1][0] > 10
 
 
-def test_a_restarted_solve_differentiates_in_forward_mode():
-    """With `diffrax.ForwardMode`, the Runge–Kutta stages of the restarted solve run in
+def test_a_solve_started_late_differentiates_in_forward_mode():
+    """With `diffrax.ForwardMode`, the Runge–Kutta stages of the solve started late run in
     the loop that forward mode differentiates (`diffeqsolve` sets it on the solvers it
     sees), and the tangents are those of the solve from its start."""
 
@@ -86,7 +86,7 @@ def test_a_restarted_solve_differentiates_in_forward_mode():
 
 # Two gradient programs through diffrax's checkpointed loop.
 @pytest.mark.slow
-def test_a_restarted_solve_has_the_gradient_of_the_solve_from_its_start():
+def test_a_solve_started_late_has_the_gradient_of_the_solve_from_its_start():
     """The derivatives by the start time and state, under `jit`, `vmap` and `grad`, equal
     those of the solve from the start."""
 
@@ -106,9 +106,9 @@ def test_a_restarted_solve_has_the_gradient_of_the_solve_from_its_start():
 
 
 def test_an_event_driven_solve_compiles_without_the_end_threshold_of_each_stretch():
-    """Each stretch between events is restarted from the constant `t0` before it, so that
-    XLA folds diffrax's threshold for the last step (100 `prevbefore`s of `t1`) as in a
-    solve without events; the bounces are those of a solve restarted at each event."""
+    """Each stretch between events is solved from a constant time before `t0` and starts
+    at its event, so that XLA folds diffrax's threshold for the last step (100
+    `prevbefore`s of `t1`) as in a solve without events; the bounces are the exact ones."""
     system = BouncingBall(e=0.8)
     q0, v0 = jnp.array([0.0, 1.0]), jnp.zeros(2)
 

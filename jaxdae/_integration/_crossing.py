@@ -40,11 +40,16 @@ class DownCrossing(optx.AbstractRootFinder):
 
     rtol: float
     atol: float
+    # The earliest time of a crossing (a solve that starts there; None: the step's start).
+    floor: Array | None = None
     norm: ClassVar = staticmethod(jnp.abs)
 
     def init(self, fn, y, args, options: dict[str, Any], f_struct, aux_struct, tags) -> _Interval:
         dtype = jnp.result_type(y)
-        return _Interval(jnp.asarray(options["lower"], dtype), jnp.asarray(options["upper"], dtype))
+        lower = jnp.asarray(options["lower"], dtype)
+        if self.floor is not None:
+            lower = jnp.maximum(lower, jnp.asarray(self.floor, dtype))
+        return _Interval(lower, jnp.asarray(options["upper"], dtype))
 
     def step(self, fn, y, args, options, state: _Interval, tags):
         value, aux = _summed(fn)(y, args)

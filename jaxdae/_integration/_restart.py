@@ -1,13 +1,19 @@
-"""A diffrax solve restarted at a traced time `t_start`, run from a constant `t0` before it.
+"""A diffrax solve that starts at a traced time `t_start`, run from a constant `t0` before it.
 
 diffrax multiplies a solve's times by `direction = where(t0 < t1, 1, -1)`. A traced `t0`
 makes the direction traced, and XLA then cannot fold diffrax's end threshold (100
 `prevbefore` of `t1 · direction`): each such solve compiles it as about 1,500 instructions,
 in the forward program and again in its derivatives. The solves that start at a time known
-only at run time (a segment of [`jaxdae.ReverseSweepAdjoint`][]'s forward solve re-solved
-from its checkpoint, the solve between two events of an event-driven solve) therefore run
-from a constant `t0 < t_start`: their first step ends at `t_start` and takes no time
-(`Restart`), and the solve goes on from there as one started at `t_start` would."""
+only at run time therefore run from a constant `t0 < t_start`:
+
+- the solve between two events of an event-driven solve starts afresh at its event
+  (`started_at`): its first step runs from `t_start` while diffrax takes it to run from
+  `t0`; the step's interpolation is the start state before `t_start`, and the controller
+  and the root finder of its events work from `t_start`;
+- a segment of [`jaxdae.ReverseSweepAdjoint`][]'s forward solve resumes from its
+  checkpoint, with the solver and controller states stored there (`Restart`): its first
+  step ends at `t_start` and takes no time.
+"""
 
 import diffrax
 import equinox as eqx
@@ -21,45 +27,18 @@ from ._solvers import AbstractSteppingWrapper
 
 
 class Restart(AbstractSteppingWrapper):
-    """`solver`, restarting a solve at `t_start`: a step that ends at or before `t_start`
-    (the first, from the solve's `t0`) takes no time and keeps the solver state. The solver
-    state is the one given to `diffeqsolve`, or else `solver`'s own at `t_start`."""
+    """`solver`, restarting a solve at `t_start` with the solver state given to
+    `diffeqsolve`: a step that ends at or before `t_start` (the first, from the solve's
+    `t0`; see `_sweep_forward._RecordProposal`) takes no time and keeps the solver state."""
 
     solver: diffrax.AbstractSolver
     t_start: Array
 
     def init(self, terms, t0, t1, y0, args):
-        del t0
-        return self.solver.init(terms, self.t_start, jnp.maximum(t1, self.t_start), y0, args)
+        return self.solver.init(terms, t0, t1, y0, args)
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         return _restarted_step(self, terms, t0, t1, y0, args, solver_state, made_jump)
-
-
-def restarted(solver: diffrax.AbstractSolver, controller, adjoint, t_start) -> Restart:
-    """`solver` restarting at `t_start`, prepared as `diffeqsolve` prepares the solvers it
-    sees (`Restart` is neither implicit nor Runge–Kutta, and `diffeqsolve` does not look
-    inside it): an implicit solver's root finder takes the tolerances it leaves to the
-    adaptive `controller` (`diffrax.with_stepsize_controller_tols`); a Runge–Kutta
-    solver's stages run in the loop that `adjoint` differentiates
-    (`diffrax.ForwardMode`: a plain loop, `diffrax.DirectAdjoint`: a bounded one)."""
-    if isinstance(solver, diffrax.AbstractImplicitSolver):
-        names = [
-            name
-            for name in ("rtol", "atol", "norm")
-            if getattr(solver.root_finder, name) is use_stepsize_tol
-        ]
-        solver = eqx.tree_at(
-            lambda s: tuple(getattr(s.root_finder, name) for name in names),
-            solver,
-            tuple(getattr(controller, name) for name in names),
-        )
-    kinds = ((diffrax.ForwardMode, "lax"), (diffrax.DirectAdjoint, "bounded"))
-    runge_kutta = isinstance(solver, diffrax.AbstractRungeKutta | diffrax.AbstractSRK)
-    for adjoints, kind in kinds:
-        if runge_kutta and isinstance(adjoint, adjoints) and solver.scan_kind is None:
-            solver = eqx.tree_at(lambda s: s.scan_kind, solver, kind, is_leaf=lambda x: x is None)
-    return Restart(solver, t_start)
 
 
 @eqx.filter_jit
@@ -84,40 +63,103 @@ def _restarted_step(restart: Restart, terms, t0, t1, y0, args, solver_state, mad
     )
 
 
-class RestartedSteps(AbstractControllerWrapper):
-    """An adaptive `controller` that starts afresh at `t_start` (with `Restart`): its
-    first step ends at `t_start`, and is kept; the next is the step that `controller`
-    proposes for a solve from `t_start`, and from there it adapts as in such a solve."""
+def started_at(solver: diffrax.AbstractSolver, controller, adjoint, t_start):
+    """`solver` and the adaptive `controller` of a solve that starts afresh at `t_start`
+    (module docstring): `StartAt` and `StartAtSteps`. The solver is first prepared as
+    `diffeqsolve` prepares the solvers it sees (`StartAt` is neither implicit nor
+    Runge–Kutta, and `diffeqsolve` does not look inside it): an implicit solver's root
+    finder takes the tolerances it leaves to the controller
+    (`diffrax.with_stepsize_controller_tols`); a Runge–Kutta solver's stages run in the
+    loop that `adjoint` differentiates (`diffrax.ForwardMode`: a plain loop,
+    `diffrax.DirectAdjoint`: a bounded one)."""
+    if isinstance(solver, diffrax.AbstractImplicitSolver):
+        names = [
+            name
+            for name in ("rtol", "atol", "norm")
+            if getattr(solver.root_finder, name) is use_stepsize_tol
+        ]
+        solver = eqx.tree_at(
+            lambda s: tuple(getattr(s.root_finder, name) for name in names),
+            solver,
+            tuple(getattr(controller, name) for name in names),
+        )
+    kinds = ((diffrax.ForwardMode, "lax"), (diffrax.DirectAdjoint, "bounded"))
+    runge_kutta = isinstance(solver, diffrax.AbstractRungeKutta | diffrax.AbstractSRK)
+    for adjoints, kind in kinds:
+        if runge_kutta and isinstance(adjoint, adjoints) and solver.scan_kind is None:
+            solver = eqx.tree_at(lambda s: s.scan_kind, solver, kind, is_leaf=lambda x: x is None)
+    return StartAt(solver, t_start), StartAtSteps(controller, t_start)
+
+
+class StartAt(AbstractSteppingWrapper):
+    """`solver`, in a solve that starts at `t_start` though `diffeqsolve`'s `t0` is
+    earlier: a step from before `t_start` (the first) runs from `t_start`, and its
+    interpolation is the start state before `t_start`."""
+
+    solver: diffrax.AbstractSolver
+    t_start: Array
+
+    @property
+    def interpolation_cls(self):  # pyright: ignore
+        return _started_interpolation(self.solver.interpolation_cls)
+
+    def init(self, terms, t0, t1, y0, args):
+        del t0
+        return self.solver.init(terms, self.t_start, t1, y0, args)
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        start = jnp.maximum(t0, self.t_start)
+        y1, y_error, dense_info, state, result = self.solver.step(
+            terms, start, t1, y0, args, solver_state, made_jump
+        )
+        return y1, y_error, {"inner": dense_info, "start": start}, state, result
+
+
+class _StartedInterpolation(diffrax.AbstractLocalInterpolation):
+    """The interpolation `inner` of a step from `start`, over the step from `t0` that
+    diffrax sees: the start state before `start`."""
+
+    t0: Array
+    t1: Array
+    inner: diffrax.AbstractLocalInterpolation
+    start: Array
+
+    def evaluate(self, t0, t1=None, left=True):
+        if t1 is not None:
+            return jax.tree.map(
+                lambda a, b: a - b, self.evaluate(t1, left=left), self.evaluate(t0, left=left)
+            )
+        return self.inner.evaluate(jnp.maximum(t0, self.start), left=left)
+
+
+def _started_interpolation(inner_cls):
+    def build(*, t0, t1, inner, start):
+        return _StartedInterpolation(t0, t1, inner_cls(t0=start, t1=t1, **inner), start)
+
+    return build
+
+
+class StartAtSteps(AbstractControllerWrapper):
+    """An adaptive `controller` in a solve that starts at `t_start` though `diffeqsolve`'s
+    `t0` is earlier (`StartAt`): it proposes the first step of a solve from `t_start`, and
+    sizes a step from before `t_start` (the first) as one from `t_start`."""
 
     controller: diffrax.AbstractAdaptiveStepSizeController
     t_start: Array
 
     def wrap(self, direction):
-        return RestartedSteps(self.controller.wrap(direction), self.t_start)
+        return StartAtSteps(self.controller.wrap(direction), self.t_start)
 
     def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
         del t0
-        tnext, state = self.controller.init(
-            terms, self.t_start, t1, y0, dt0, args, func, error_order
-        )
-        return jnp.asarray(self.t_start, jnp.result_type(tnext)), (state, tnext)
+        return self.controller.init(terms, self.t_start, t1, y0, dt0, args, func, error_order)
 
     def adapt_step_size(
         self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state
     ):
-        state, first_end = controller_state
-        keep, tprev, tnext, jump, new_state, result = self.controller.adapt_step_size(
-            t0, t1, y0, y1_candidate, args, y_error, error_order, state
-        )
-        restarting = t1 <= self.t_start
-        pick = lambda new, old: jnp.where(restarting, old, new)  # noqa: E731
-        return (
-            keep | restarting,
-            pick(tprev, jnp.asarray(self.t_start, jnp.result_type(tprev))),
-            pick(tnext, first_end),
-            jump & ~restarting,
-            (jax.tree.map(pick, new_state, state), first_end),
-            diffrax.RESULTS.where(restarting, diffrax.RESULTS.successful, result),
+        start = jnp.maximum(t0, self.t_start)
+        return self.controller.adapt_step_size(
+            start, t1, y0, y1_candidate, args, y_error, error_order, controller_state
         )
 
 
@@ -140,16 +182,16 @@ def after_start(cond_fn, t_start, t, y, args, **kwargs):
 
 
 def flag_after_start(cond_fn, t_start, t, y, args, **kwargs):
-    """A flag in a solve restarted at `t_start` (`Restart`): false at the start and at
-    earlier times (the solve before the restart checked it there)."""
+    """A flag in a solve that starts at `t_start` (`StartAt`, `Restart`): false at the
+    start and at earlier times (the solve before it checked it there)."""
     if t is kwargs.get("t0"):
         return jnp.zeros((), jnp.bool_)
     return cond_fn(jnp.maximum(t, t_start), y, args, **kwargs) & (t > t_start)
 
 
 def value_after_start(cond_fn, t_start, t, y, args, **kwargs):
-    """A real-valued condition in a solve restarted at `t_start` (`Restart`). Earlier times
-    count as the start, so that its value does not change sign across the restart. At
+    """A real-valued condition in a solve that starts at `t_start` (`StartAt`, `Restart`).
+    Earlier times count as the start, so that its value does not change sign there. At
     diffrax's first evaluation, recognized by its time being the solve's `t0` itself, it is
     evaluated as at the start of a solve from `t_start` (with `t_start` as its `t0`)."""
     if t is kwargs.get("t0"):

@@ -15,7 +15,7 @@ from .._solution import RESULTS
 from ._controllers import AbstractControllerWrapper
 from ._crossing import DownCrossing
 from ._problem import SolveOptions, Times
-from ._restart import RestartedSteps, flag_after_start, restarted, value_after_start
+from ._restart import flag_after_start, started_at, value_after_start
 from ._term import Dynamics
 
 
@@ -62,25 +62,21 @@ def integrate(
     condition (`event_result`; the solver's own failures are named by the outcome,
     `_outcome.name_result`).
 
-    Given `start` (a time in `(t0, t1]`, with an adaptive controller), the solve begins
-    there as one from `start` would, run from the constant `t0` before it (`_restart`:
-    `times.t0` a constant keeps diffrax's time arithmetic constant); its step counts leave
-    out the step to `start`, which takes no time."""
+    Given `start` (a time in `(t0, t1]`, with an adaptive controller), the solve starts
+    there as one from `start` would, run from the constant `t0` before it (`_restart.py`:
+    `times.t0` a constant keeps diffrax's arithmetic on the times constant)."""
     solver, controller = options.solver, options.stepsize_controller
     t0, t1, ts = times.t0, times.t1, times.ts
     conditions, located = list(dynamics.conditions), list(dynamics.located)
-    max_steps = options.max_steps
     if saveat is None:
         saveat = save_at(t0, t1, ts, controller)
     if dynamics.saves_solver_state:
         saveat = eqx.tree_at(lambda s: s.solver_state, saveat, True)
     if start is not None:
-        solver = restarted(solver, controller, options.adjoint, start)
-        controller = RestartedSteps(controller, start)
+        solver, controller = started_at(solver, controller, options.adjoint, start)
         conditions = [eqx.Partial(flag_after_start, fn, start) for fn in conditions]
         located = [eqx.Partial(value_after_start, fn, start) for fn in located]
-        max_steps = None if max_steps is None else max_steps + 1
-    event = solve_event(conditions, controller, located, jnp.result_type(t0))
+    event = solve_event(conditions, controller, located, jnp.result_type(t0), start)
     controller = stop_stalled_steps(controller)
     # Unjitted: `integrate` is always traced inside a jit (`diffeqsolve_unjitted`).
     out = diffeqsolve_unjitted(
@@ -95,12 +91,9 @@ def integrate(
         stepsize_controller=controller,
         adjoint=options.adjoint,
         event=event,
-        max_steps=max_steps,
+        max_steps=options.max_steps,
         throw=False,
     )
-    if start is not None:
-        counts = {key: out.stats[key] - 1 for key in ("num_steps", "num_accepted_steps")}
-        out = eqx.tree_at(lambda o: o.stats, out, {**out.stats, **counts})
     return out, event_result(out, list(dynamics.failures), len(dynamics.located))
 
 
@@ -201,12 +194,13 @@ def non_finite_event(t, y, args, **kwargs):
 
 
 def solve_event(
-    conditions: list, stepsize_controller, located: list | None = None, dtype=float
+    conditions: list, stepsize_controller, located: list | None = None, dtype=float, start=None
 ) -> diffrax.Event | None:
     """The failure conditions of a solve (flags that stop it at the end of the step where one
     turns true), plus `non_finite_event` for fixed steps, after the `located` ones:
     real-valued conditions whose downcrossings of zero stop the solve at the crossing,
-    located by a root finder to a few ulps (of `dtype`, the time's) of the time."""
+    located by a root finder to a few ulps (of `dtype`, the time's) of the time, not before
+    `start` (a solve that starts there, `_restart.py`)."""
     if isinstance(stepsize_controller, diffrax.ConstantStepSize):
         conditions = conditions + [non_finite_event]
     located = located or []
@@ -224,7 +218,7 @@ def solve_event(
     tolerance = float(64 * jnp.finfo(dtype).eps)
     return diffrax.Event(
         located + conditions,
-        DownCrossing(tolerance, tolerance),
+        DownCrossing(tolerance, tolerance, start),
         direction=[False] * len(located) + [None] * len(conditions),
     )
 
