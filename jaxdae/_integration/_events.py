@@ -605,7 +605,8 @@ def integrate_with_events(
                 options,
                 ApproachLimitedSteps(options.stepsize_controller, segment),
             )
-        # Adaptive steps restart at the event from a constant `t_before` (`_restart`).
+        # With adaptive steps the stretch starts at the event, solved from the constant
+        # `t_before` (`_restart.py`).
         out, result = integrate(
             eqx.tree_at(lambda d: d.term, dynamics, segment),
             (carry.q, after.state),

@@ -63,8 +63,8 @@ def integrate(
     `_outcome.name_result`).
 
     Given `start` (a time in `(t0, t1]`, with an adaptive controller), the solve starts
-    there as one from `start` would, run from the constant `t0` before it (`_restart.py`:
-    `times.t0` a constant keeps diffrax's arithmetic on the times constant)."""
+    there and takes the steps of a solve from `start`, run from the constant `t0` before it
+    (`_restart.py`: `times.t0` a constant keeps diffrax's arithmetic on the times constant)."""
     solver, controller = options.solver, options.stepsize_controller
     t0, t1, ts = times.t0, times.t1, times.ts
     conditions, located = list(dynamics.conditions), list(dynamics.located)
