@@ -2,9 +2,9 @@
 
 diffrax multiplies a solve's times by `direction = where(t0 < t1, 1, -1)`. A traced `t0`
 makes the direction traced, and XLA then cannot fold diffrax's end threshold (100
-`prevbefore` of `t1 · direction`): each such solve compiles it as about 1,500 instructions,
-in the forward program and again in its derivatives. The solves that start at a time known
-only at run time therefore run from a constant `t0 < t_start`:
+`prevbefore` of `t1 · direction`): each such solve compiles it, in the forward program and
+again in its derivatives (docs/design_measurements.md#restarted-stretches). The solves
+that start at a time known only at run time therefore run from a constant `t0 < t_start`:
 
 - the solve between two events of an event-driven solve starts afresh at its event
   (`started_at`): its first step runs from `t_start` while diffrax takes it to run from

@@ -277,9 +277,9 @@ def compiled_times(times: Times) -> Times:
     """`times` inside the compiled solve: `t0` and `t1` the constants `times.given` where
     the call gave them as Python numbers, as `diffrax.diffeqsolve` compiles its own. XLA
     then folds what depends on them, diffrax's threshold for the last step among it (100
-    `prevbefore`s of `t1`): the two-link arm's eager program has 30 % fewer instructions
-    (docs/design_measurements.md#times-compiled-in). Each value compiles its own program;
-    times given as arrays stay inputs of one program for all their values."""
+    `prevbefore`s of `t1`; docs/design_measurements.md#times-compiled-in). Each value
+    compiles its own program; times given as arrays stay inputs of one program for all
+    their values."""
     if times.given is None:
         return times
     dtype = times.t0.dtype
