@@ -79,6 +79,15 @@ BANDED_MAX_RATIO = 0.5  # half-bandwidth at most this fraction of the size
 # cheaper than either (docs/design_measurements.md#band-cholesky).
 BAND_CHOLESKY_MIN_WIDTH = 2
 
+# From this half-bandwidth the band Cholesky factorizes `BAND_CHOLESKY_ROWS_PER_STEP` rows per
+# iteration of its scan, unrolled, so that XLA fuses their window updates: a step of a wide
+# band's solve (the meshes) costs less, while each place that factorizes compiles to a
+# larger program, a cost that narrower bands, whose solves are short, do not recoup
+# (docs/design_measurements.md#band-cholesky).
+BAND_CHOLESKY_UNROLL_WIDTH = 32
+
+BAND_CHOLESKY_ROWS_PER_STEP = 4
+
 # -- Sparse Cholesky (`_compilation/_supernodal.py`) -----------------------------------------
 
 # Symmetric patterns of at least this many rows are considered for the multifrontal

@@ -675,6 +675,54 @@ def test_banded_factorization(method, monkeypatch):
     assert banded_plan(Pattern.full((40, 40))) is None
 
 
+def test_band_cholesky_several_rows_per_step(monkeypatch):
+    # the band Cholesky's scan takes several rows per iteration on wide bands: the same
+    # factor as one row per iteration (the same operations in the same order), for sizes
+    # that are not a multiple of the rows per step, and a pivot that says where the matrix
+    # is not positive definite
+    rng = np.random.default_rng(11)
+    for size, band in ((45, 5), (90, 17)):
+        mask = np.abs(np.arange(size)[:, None] - np.arange(size)[None]) <= band
+        noise = rng.standard_normal((size, size)) * mask
+        matrix = (0.3 * (noise + noise.T) + 9 * np.eye(size)) * mask
+        pattern = Pattern.from_mask(mask)
+        plan = banded_plan(pattern)
+        sparse = SparseMatrix.from_dense(jnp.asarray(matrix), pattern)
+        factors = {}
+        for per_step in (1, 4):
+            monkeypatch.setattr(_thresholds, "BAND_CHOLESKY_UNROLL_WIDTH", 1)
+            monkeypatch.setattr(_thresholds, "BAND_CHOLESKY_ROWS_PER_STEP", per_step)
+            assert _banded.band_rows_per_step(plan.width) == per_step
+            factors[per_step] = jax.jit(lambda a, plan=plan: _banded.banded_factor(a, plan, False))(
+                sparse
+            )
+        assert isinstance(factors[4], _banded.BandCholeskyFactor)
+        np.testing.assert_array_equal(factors[4].columns, factors[1].columns)
+        # under vmap: each member's own factor
+        batch = jnp.stack([sparse.values, 2 * sparse.values])
+        batched = jax.jit(
+            jax.vmap(
+                lambda values, plan=plan, pattern=pattern: (
+                    _banded.banded_factor(SparseMatrix(values, pattern), plan, False).columns
+                )
+            )
+        )(batch)
+        np.testing.assert_allclose(batched[0], factors[1].columns, rtol=1e-15)
+        real = slice(0, size)  # (the plan's padding rows, at the end, hold the identity)
+        np.testing.assert_allclose(
+            batched[1][real], np.sqrt(2) * factors[1].columns[real], rtol=1e-12, atol=1e-15
+        )
+        rhs = rng.standard_normal(size)
+        np.testing.assert_allclose(
+            factors[4].solve(jnp.asarray(rhs)), np.linalg.solve(matrix, rhs), atol=1e-13
+        )
+        shifted = matrix - (np.linalg.eigvalsh(matrix)[0] + 0.1) * np.eye(size)
+        factor = _banded.banded_factor(
+            SparseMatrix.from_dense(jnp.asarray(shifted), pattern), plan, False
+        )
+        assert not np.all(np.asarray(factor.pivots) > 0)
+
+
 def test_tridiagonal_factorization():
     # the scalar LDLᵀ of a tridiagonal matrix (a chain's `J M⁻¹ Jᵀ`), scrambled and found
     # again by reordering: the solve and pivots against NumPy's, derivatives against the

@@ -266,12 +266,13 @@ class BandCholeskyFactor(eqx.Module):
     matrix (half-bandwidth `b` after the plan's permutation `P`), `L` held in band storage
     by columns as LAPACK's `?pbtrf` holds it: `columns[j, k] = L[j + k, j]`.
 
-    Right-looking, one row per iteration of a `lax.scan`: the iteration `j` carries the
-    `(b + 1) × (b + 1)` window of the trailing matrix that starts at row `j`, takes
-    `L[j:j + b + 1, j]` from its first column (`L[j, j] = √S₀₀`), updates the rest by that
-    column's outer product and appends the column that enters the band. A substitution is
-    one scan over the rows carrying `b` entries. Every iteration is a few vector operations
-    on `b + 1` entries, with no loop inside, so the solve compiles to a program of the same
+    Right-looking, row by row in a `lax.scan`: row `j` takes the `(b + 1) × (b + 1)`
+    window of the trailing matrix that starts at row `j`, takes `L[j:j + b + 1, j]` from
+    its first column (`L[j, j] = √S₀₀`), updates the rest by that column's outer product
+    and appends the column that enters the band. An iteration of the scan takes one row,
+    or on wide bands a few rows unrolled ([`band_rows_per_step`][]). A substitution is one
+    scan over the rows carrying `b` entries. Every row is a few vector operations on
+    `b + 1` entries, with no loop inside, so the solve compiles to a program of the same
     size whatever `b` is; block rows of `b` rows would hold `b × b` Cholesky factorizations
     and substitutions, unrolled (a program growing as `b²`) or as nested loops.
 
@@ -317,20 +318,43 @@ class BandCholeskyFactor(eqx.Module):
         return self.plan.from_blocks(x.reshape(blocks.shape), rhs)
 
 
+def band_rows_per_step(width: int) -> int:
+    """Rows of [`BandCholeskyFactor`][]'s factorization per iteration of its scan for a
+    half-bandwidth `width`: `BAND_CHOLESKY_ROWS_PER_STEP` from `BAND_CHOLESKY_UNROLL_WIDTH`
+    on, else 1."""
+    if width >= _thresholds.BAND_CHOLESKY_UNROLL_WIDTH:
+        return _thresholds.BAND_CHOLESKY_ROWS_PER_STEP
+    return 1
+
+
 def _band_cholesky(matrix: SparseMatrix, plan: BandedPlan) -> BandCholeskyFactor:
     window, incoming = plan.band_values(matrix.values)
     b = plan.width
+    size = incoming.shape[0]
+    # Several rows per iteration, unrolled: XLA fuses their window updates, which a wide
+    # band's factorization spends its time on (the same operations in the same order).
+    # Rows past the matrix enter as rows of the identity, and their columns are dropped.
+    per_step = band_rows_per_step(b)
+    steps = -(-size // per_step)
+    beyond = jnp.zeros((steps * per_step - size, b + 1), incoming.dtype).at[:, b].set(1.0)
+    entering_rows = jnp.concatenate([incoming, beyond]).reshape(steps, per_step, b + 1)
 
-    def row(window, entering):
-        column = window[:, 0] / jnp.sqrt(window[0, 0])
-        trailing = window[1:, 1:] - column[1:, None] * column[None, 1:]
-        window = jnp.concatenate(
-            [jnp.concatenate([trailing, entering[:b, None]], axis=1), entering[None, :]]
-        )
-        return window, column
+    def rows(window, entering):
+        columns = []
+        for entering_row in entering:
+            column = window[:, 0] / jnp.sqrt(window[0, 0])
+            trailing = window[1:, 1:] - column[1:, None] * column[None, 1:]
+            window = jnp.concatenate(
+                [
+                    jnp.concatenate([trailing, entering_row[:b, None]], axis=1),
+                    entering_row[None, :],
+                ]
+            )
+            columns.append(column)
+        return window, jnp.stack(columns)
 
-    _, columns = jax.lax.scan(row, window, incoming)
-    return BandCholeskyFactor(columns, plan)
+    _, columns = jax.lax.scan(rows, window, entering_rows)
+    return BandCholeskyFactor(columns.reshape(-1, b + 1)[:size], plan)
 
 
 def _shifted(blocks: Array, shift: Array, fill: Array) -> Array:
