@@ -334,6 +334,8 @@ def _band_cholesky(matrix: SparseMatrix, plan: BandedPlan) -> BandCholeskyFactor
     # Several rows per iteration, unrolled: XLA fuses their window updates, which a wide
     # band's factorization spends its time on (the same operations in the same order).
     # Rows past the matrix enter as rows of the identity, and their columns are dropped.
+    # (`jax.lax.scan`'s own `unroll`, which gives the same factor, ran the solves' steps
+    # slower: docs/design_measurements.md#band-cholesky.)
     per_step = band_rows_per_step(b)
     steps = -(-size // per_step)
     beyond = jnp.zeros((steps * per_step - size, b + 1), incoming.dtype).at[:, b].set(1.0)
