@@ -3,11 +3,11 @@
 what a change to the factorizations of wide bands costs or gains.
 
 The solve is `bench_scaling.py`'s `jaxdae_functions` (Baumgarte, the benchmarks' rtol and
-atol, the solver named per mesh), compiled ahead of time with `jax.jit(...).lower().compile()`
-(trace, lowering and XLA) and then called `--repeats` times; a run prints its compile time,
-the median solve time, the number of steps and the time per step. `--src DIR` (repeatable)
-imports jaxdae from `DIR/jaxdae` instead of this checkout (e.g. a `git worktree` of another
-commit); the medians of `--rounds` rounds are printed.
+atol, the solver named per mesh), compiled ahead of time as `bench_scaling.py` compiles it
+(`_compile`: trace, lowering and XLA) and then called `--repeats` times; a run prints its
+compile time, the median solve time, the number of steps and the time per step.
+`--src DIR` (repeatable) imports jaxdae from `DIR/jaxdae` instead of this checkout (e.g. a
+`git worktree` of another commit); the medians of `--rounds` rounds are printed.
 
     python experiments/diagnostics/bench_mesh_steps.py [--meshes square:22:Tsit5,cloth:18:Dopri8]
         [--rounds 3] [--repeats 5] [--src DIR ...]
@@ -21,7 +21,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +34,14 @@ def _child(mesh: str, repeats: int) -> dict:
     sys.path.insert(0, str(ROOT / "experiments"))
     import jax
     import jax.numpy as jnp
-    from bench_scaling import KD, KP, SOLVERS, jaxdae_functions  # pyright: ignore
+    from bench_scaling import (  # pyright: ignore
+        KD,
+        KP,
+        SOLVERS,
+        _compile,
+        _median_time,
+        jaxdae_functions,
+    )
 
     import jaxdae
     from jaxdae.examples._meshes import FAMILIES
@@ -45,16 +51,11 @@ def _child(mesh: str, repeats: int) -> dict:
     forward = jaxdae_functions(model, solver=SOLVERS[solver])[0]
     q0, v0 = model.initial_state()
     gains = (jnp.asarray(KD), jnp.asarray(KP))
-    start = time.perf_counter()
-    compiled = jax.jit(forward).lower(gains, q0, v0).compile()
-    compile_s = time.perf_counter() - start
-    _, steps = jax.block_until_ready(compiled(gains, q0, v0))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(gains, q0, v0))
-        times.append(time.perf_counter() - start)
-    solve = float(np.median(times))
+    compiled, compile_times = _compile(forward, gains, q0, v0)
+    (_, steps), solve = _median_time(
+        lambda: jax.block_until_ready(compiled(gains, q0, v0)), repeats
+    )
+    compile_s = compile_times["total"]
     return {
         "jaxdae": str(Path(jaxdae.__file__).parent),
         "coordinates": int(q0.shape[0]),
