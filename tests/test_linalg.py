@@ -21,6 +21,7 @@ from jaxdae._compilation._jaxlib import LAPACK_BATCHES_CAN_DEADLOCK, lapack_batc
 from jaxdae._compilation._linalg import (
     blocked_inverse,
     checked_blocked_inverse,
+    cholesky_pivots,
     extreme_eigenvalues,
     factor_for_solves,
     full_precision,
@@ -39,6 +40,8 @@ from jaxdae._compilation._linalg import (
     small_matmul,
     solve_factored,
     spd_solve,
+    unrolled_cholesky_factor,
+    unrolled_substitution,
 )
 from jaxdae._thresholds import (
     INVERSE_MAX,
@@ -253,6 +256,29 @@ def test_is_positive_definite(n):
     assert batched.tolist() == [True, False]
 
 
+def test_unrolled_factorizations_take_slices_not_reshaped_scalars():
+    """The unrolled factorization and solves work on `(1, 1)` slices of their matrix: the
+    lowered program reshapes at most the right-hand side in and the result out. (A scalar
+    entry is a slice reshaped, and XLA's reshape mover would sink each reshape through the
+    factorization's chain of operations one operation per round of its simplification
+    pipeline, running it to its round limit over the whole program.)"""
+    matrix, vector, columns = _spd(UNROLL_MAX, 0), np.ones(UNROLL_MAX), np.ones((UNROLL_MAX, 2))
+    functions = {
+        "spd_solve": (spd_solve, (matrix, vector)),
+        "spd_solve, columns": (spd_solve, (matrix, columns)),
+        "factor": (unrolled_cholesky_factor, (matrix,)),
+        "substitution": (
+            functools.partial(unrolled_substitution, transpose=True),
+            (matrix, columns),
+        ),
+        "positive definite": (is_positive_definite, (matrix,)),
+        "pivots": (cholesky_pivots, (matrix,)),
+    }
+    for name, (function, args) in functions.items():
+        text = jax.jit(function).lower(*args).as_text()
+        assert text.count("stablehlo.reshape") <= 2, name
+
+
 @pytest.mark.parametrize(
     "shapes", [((2, 3), (3,)), ((2, 3), (3, 4)), ((9, 9), (9, 2)), ((3, 12), (12,))]
 )
@@ -386,8 +412,6 @@ def test_full_precision_keeps_the_users_choice():
 
 @pytest.mark.parametrize("size", [3, 12])
 def test_cholesky_pivots(size):
-    from jaxdae._compilation._linalg import cholesky_pivots
-
     rng = np.random.default_rng(size)
     a = rng.standard_normal((size, size))
     matrix = a @ a.T + 0.1 * np.eye(size)
