@@ -91,8 +91,10 @@ def unrolled_cholesky_factor(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]
     """[`unrolled_cholesky`][] as a lower triangular matrix."""
     n = matrix.shape[0]
     low = unrolled_cholesky(matrix)
-    zero = jnp.zeros((1, 1), matrix.dtype)
-    return jnp.block([[low[i][j] if j <= i else zero for j in range(n)] for i in range(n)])
+    zero = jnp.zeros((), matrix.dtype)
+    return jnp.stack(
+        [jnp.stack([low[i][j] if j <= i else zero for j in range(n)]) for i in range(n)]
+    )
 
 
 def unrolled_substitution(
@@ -101,17 +103,13 @@ def unrolled_substitution(
     """`L⁻¹ rhs` (or `L⁻ᵀ rhs` where `transpose`) for a lower triangular `L`, unrolled into
     elementwise operations."""
     n = low.shape[0]
-    rows = rhs.reshape(n, -1)
     x = [None] * n
     for i in reversed(range(n)) if transpose else range(n):
-        entry = rows[i : i + 1]
+        entry = rhs[i]
         for k in range(i + 1, n) if transpose else range(i):
-            entry = (
-                entry
-                - (low[k : k + 1, i : i + 1] if transpose else low[i : i + 1, k : k + 1]) * x[k]
-            )
-        x[i] = entry / low[i : i + 1, i : i + 1]
-    return jnp.concatenate(x).reshape(rhs.shape)
+            entry = entry - (low[k, i] if transpose else low[i, k]) * x[k]
+        x[i] = entry / low[i, i]
+    return jnp.stack(x)
 
 
 def _batched_otherwise(looped: Callable, small: Callable, lapack: Callable) -> Callable:
@@ -223,10 +221,9 @@ def spd_solve(matrix: Float[Array, "n n"], rhs: Array) -> Array:
         solve = lambda b: lx.linear_solve(spd_operator(matrix), b, solver, throw=False).value  # noqa: E731
         return solve(rhs) if rhs.ndim == 1 else jax.vmap(solve, in_axes=1, out_axes=1)(rhs)
     low = unrolled_cholesky(matrix)
-    rows = rhs.reshape(n, -1)
     y = []
     for i in range(n):
-        entry = rows[i : i + 1]
+        entry = rhs[i]
         for k in range(i):
             entry = entry - low[i][k] * y[k]
         y.append(entry / low[i][i])
@@ -236,22 +233,21 @@ def spd_solve(matrix: Float[Array, "n n"], rhs: Array) -> Array:
         for k in range(i + 1, n):
             entry = entry - low[k][i] * x[k]
         x[i] = entry / low[i][i]
-    return jnp.concatenate(x).reshape(rhs.shape)
+    return jnp.stack(x)
 
 
 def unrolled_cholesky(matrix) -> list[list]:
-    """The lower Cholesky factor of a small matrix as nested lists of its entries, each an
-    array of shape `(1, 1)`; a matrix that is not positive definite gives a non-positive
-    pivot, whose square root is nan or 0.
+    """The lower Cholesky factor of a small matrix as nested lists of scalars; a matrix that
+    is not positive definite gives a non-positive pivot, whose square root is nan or 0.
 
-    The entries are slices, not scalars. A scalar entry is a slice reshaped, and XLA's
-    reshape mover sinks reshapes through elementwise operations one operation per round
-    of its simplification pipeline: a factorization's chain of operations on reshaped
-    entries keeps that pipeline running to its round limit over the whole program. The
-    unrolled solves here (`spd_solve`, `unrolled_substitution`) keep their rows as slices
-    for the same reason (docs/design_measurements.md#reshape-chains)."""
+    The entries are read behind an optimization barrier. Each is a slice reshaped to a
+    scalar, and XLA's reshape mover sinks reshapes through elementwise operations one
+    operation per round of its simplification pipeline: the factorization's chain of
+    operations on reshaped entries kept that pipeline running to its round limit over
+    the whole program (docs/design_measurements.md#reshape-chains)."""
     n = matrix.shape[0]
-    a = [[matrix[i : i + 1, j : j + 1] for j in range(n)] for i in range(n)]
+    entries = jax.lax.optimization_barrier([matrix[i, j] for i in range(n) for j in range(n)])
+    a = [entries[i * n : (i + 1) * n] for i in range(n)]
     low = [[None] * n for _ in range(n)]
     for j in range(n):
         diag = a[j][j]
@@ -282,7 +278,7 @@ def is_positive_definite(matrix: Float[Array, "n n"]) -> Bool[Array, ""]:
         diagonal = jnp.diagonal(low)
         return finite & jnp.all(jnp.isfinite(low)) & jnp.all(diagonal > 0)
     low = unrolled_cholesky(matrix)
-    pivots = jnp.concatenate([low[i][i] for i in range(n)])
+    pivots = jnp.stack([low[i][i] for i in range(n)])
     return finite & jnp.all(pivots > 0)
 
 
@@ -293,7 +289,7 @@ def cholesky_pivots(matrix: Float[Array, "n n"]) -> Float[Array, " n"]:
     n = matrix.shape[0]
     if n <= _thresholds.UNROLL_MAX:
         low = unrolled_cholesky(matrix)
-        return jnp.concatenate([low[i][i] ** 2 for i in range(n)]).reshape(n)
+        return jnp.stack([low[i][i] ** 2 for i in range(n)])
     return jnp.diagonal(jnp.linalg.cholesky(matrix)) ** 2
 
 
