@@ -243,8 +243,8 @@ def unrolled_cholesky(matrix) -> list[list]:
     The entries are read behind an optimization barrier. Each is a slice reshaped to a
     scalar, and XLA's reshape mover sinks reshapes through elementwise operations one
     operation per round of its simplification pipeline: the factorization's chain of
-    operations on reshaped entries kept that pipeline running to its round limit over
-    the whole program (docs/design_measurements.md#reshape-chains)."""
+    operations on reshaped entries would keep that pipeline running to its round limit
+    over the whole program (docs/design_measurements.md#reshape-chains)."""
     n = matrix.shape[0]
     entries = jax.lax.optimization_barrier([matrix[i, j] for i in range(n) for j in range(n)])
     a = [entries[i * n : (i + 1) * n] for i in range(n)]

@@ -418,8 +418,8 @@ def _structural(name, params, args: list[_Value]) -> list[_Value] | None:
     if name == "broadcast_in_dim":
         return [_broadcast_in_dim(x, params["shape"], params["broadcast_dimensions"])]
     if name == "optimization_barrier":
-        # (The unrolled factorizations read their entries behind one, for XLA's sake;
-        # a scalar graph holds scalars already.)
+        # (The unrolled Cholesky reads its entries behind one, for XLA's sake; a scalar
+        # graph holds scalars already.)
         return list(args)
     if name == "reshape":
         if params.get("dimensions") is not None:
