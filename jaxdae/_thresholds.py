@@ -21,10 +21,10 @@ UNROLL_MAX = 8
 # keep LAPACK (docs/design_measurements.md#looped-cholesky).
 LOOPED_MAX = 48
 
-# The traced Hurwitz test solves Lyapunov's equation in Kronecker form, a `d² × d²` system
-# (`d⁴` memory, `d⁶` work): up to this size `d`. Beyond, the eigenvalues are computed on the
-# host: a perturbation matrix of 81 constraints (`d = 162`) would otherwise take a 5.5 GB LU
-# factorization.
+# The traced Hurwitz test (`_compilation/_stability.py`) solves Lyapunov's equation in
+# Kronecker form, a `d² × d²` system (`d⁴` memory, `d⁶` work): up to this size `d`. Beyond,
+# the eigenvalues are computed on the host: a perturbation matrix of 81 constraints
+# (`d = 162`) would otherwise take a 5.5 GB LU factorization.
 LYAPUNOV_MAX = 24
 
 # Square matrices up to this size are LU-factorized by `lu_factor` with array operations

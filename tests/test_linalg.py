@@ -33,7 +33,6 @@ from jaxdae._compilation._linalg import (
     looped_triangular_solve,
     lu_factor,
     lu_solve,
-    not_hurwitz,
     pivoted_cholesky,
     psd_pseudo_solve,
     reciprocal_condition,
@@ -42,6 +41,7 @@ from jaxdae._compilation._linalg import (
     spd_solve,
     unrolled_cholesky_factor,
 )
+from jaxdae._compilation._stability import not_hurwitz
 from jaxdae._thresholds import (
     INVERSE_MAX,
     LOOPED_INVERSE_MAX,

@@ -10,10 +10,8 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 
-from .._compilation._linalg import (
-    not_hurwitz,
-    spd_solve,
-)
+from .._compilation._linalg import spd_solve
+from .._compilation._stability import not_hurwitz
 from .._custom_types import Array, Float, Gain, GainLike
 from .._gains import (
     as_gain,

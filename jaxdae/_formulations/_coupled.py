@@ -4,8 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._compilation._linalg import not_hurwitz
 from .._compilation._linear_solvers import StructuredCholesky
+from .._compilation._stability import not_hurwitz
 from .._custom_types import Array, Float
 from .._gains import apply_gain, as_gain, gain_matrix, is_concrete, uncoupled_companions
 from .._systems._system import ConstrainedTerms
