@@ -238,6 +238,15 @@ CHECKPOINTS = 32
 # solver state of a few dozen entries are a few MB (docs/design_measurements.md#replayed-steps).
 REPLAYED_STEPS = 4096
 
+# An event-driven solve is differentiated by `ReplayAdjoint` (each stretch between events
+# replayed, segments of `EVENT_REPLAYED_STEPS` steps) where its step limit is at most
+# `EVENT_REPLAY_MAX_STEPS`, else through diffrax's checkpointed loop. The replay records the
+# end time of each of `max_steps` steps at every stretch: past a few thousand, writing and
+# reading that record costs a batch's gradient more than the checkpointed loop's
+# recomputation (docs/design_measurements.md#replayed-stretches).
+EVENT_REPLAY_MAX_STEPS = 4096
+EVENT_REPLAYED_STEPS = 256
+
 # -- The reverse sweep (`_integration/_sweep_backward.py`) -----------------------------------
 
 # States of at least this many entries keep each stage's linearization in the reverse sweep

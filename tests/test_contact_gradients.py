@@ -2,6 +2,8 @@
 vmapped loss through impacts and a contact that comes to rest, against per-member
 gradients and central differences."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +13,7 @@ import jaxdae
 from jaxdae.examples import BouncingBall
 
 
-def _solve(restitution, height):
+def _solve(restitution, height, max_steps=100_000):
     return jaxdae.simulate(
         BouncingBall(e=restitution),
         jaxdae.Unstabilized(),
@@ -21,12 +23,13 @@ def _solve(restitution, height):
         jnp.zeros(2),
         rtol=1e-10,
         atol=1e-12,
+        max_steps=max_steps,
     )
 
 
-def _landing_state(restitution, height):
+def _landing_state(restitution, height, max_steps=100_000):
     """Where a ball dropped from `height` is at 0.9 s, and when it first lands."""
-    sol = _solve(restitution, height)
+    sol = _solve(restitution, height, max_steps)
     return sol.q_final[1] + 0.1 * sol.events.t[0]
 
 
@@ -41,15 +44,19 @@ _RESTITUTION = jnp.tile(jnp.linspace(0.0, 0.8, 8), 8)
 _HEIGHT = jnp.repeat(jnp.linspace(0.1, 0.6, 8), 8) + 0.013 * jnp.arange(64) % 0.05
 
 
-# Three gradient programs through the event loop (batched, per member, of the batch's sum).
+# Three gradient programs through the event loop (batched, per member, of the batch's sum),
+# with the default adjoint: diffrax's checkpointed loop with 100,000 steps allowed, each
+# stretch between events replayed with 4,096.
 @pytest.mark.slow
-def test_batched_gradients_through_impacts_and_rest():
+@pytest.mark.parametrize("max_steps", [100_000, 4096], ids=["checkpointed", "replayed"])
+def test_batched_gradients_through_impacts_and_rest(max_steps):
     counts = jax.jit(jax.vmap(_event_count))(_RESTITUTION, _HEIGHT)
     assert len(set(np.asarray(counts).tolist())) >= 5, counts
-    grad = jax.grad(_landing_state, argnums=(0, 1))
+    loss = functools.partial(_landing_state, max_steps=max_steps)
+    grad = jax.grad(loss, argnums=(0, 1))
     batched = jax.jit(jax.vmap(grad))(_RESTITUTION, _HEIGHT)
     member = jax.jit(grad)
-    forward = jax.jit(_landing_state)
+    forward = jax.jit(loss)
     step = 1e-6
     for i in range(_RESTITUTION.shape[0]):
         values = [_RESTITUTION[i], _HEIGHT[i]]
@@ -66,6 +73,6 @@ def test_batched_gradients_through_impacts_and_rest():
                 difference = (forward(*plus) - forward(*minus)) / (2 * step)
             np.testing.assert_allclose(batched[arg][i], difference, rtol=1e-5, atol=1e-7)
     # The gradient of the batch's sum: the same rows.
-    total = jax.jit(jax.grad(lambda e, h: jnp.sum(jax.vmap(_landing_state)(e, h)), argnums=(0, 1)))
+    total = jax.jit(jax.grad(lambda e, h: jnp.sum(jax.vmap(loss)(e, h)), argnums=(0, 1)))
     for whole, rows in zip(total(_RESTITUTION, _HEIGHT), batched, strict=True):
         np.testing.assert_allclose(whole, rows, rtol=1e-10, atol=1e-13)

@@ -1,6 +1,7 @@
 """One-sided constraints: the complementarity solver, the event-driven solve against closed
 forms, its gradients, batches and errors (`jaxdae/_integration/_events.py`)."""
 
+import functools
 import re
 
 import diffrax
@@ -326,9 +327,17 @@ def test_forward_mode_derivatives_through_events():
 
 
 @pytest.mark.slow
-def test_gradients_through_events_match_central_differences():
-    """The same in reverse mode (`jax.grad`, `RecursiveCheckpointAdjoint`)."""
-    grad = jax.jit(jax.grad(_impact_loss, argnums=(0, 1)))(0.8, 1.0)
+@pytest.mark.parametrize(
+    "adjoint",
+    [None, jaxdae.ReplayAdjoint(stored_steps=16)],
+    ids=["checkpointed", "replayed"],
+)
+def test_gradients_through_events_match_central_differences(adjoint):
+    """The same in reverse mode (`jax.grad`): through diffrax's checkpointed loop (the
+    default with 100,000 steps allowed) and with each stretch between events replayed
+    (several segments of steps)."""
+    loss = functools.partial(_impact_loss, adjoint=adjoint)
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))(0.8, 1.0)
     np.testing.assert_allclose(grad, _central_differences(), rtol=1e-5)
 
 

@@ -9,11 +9,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optimistix as optx
 import pytest
 
 import jaxdae
 from jaxdae import _thresholds
-from jaxdae._integration._adjoint import default_adjoint
+from jaxdae._integration._adjoint import default_adjoint, resolve_adjoint
 from jaxdae._integration._autodiff_step import autodiff_step_vjp
 from jaxdae._integration._rosenbrock_adjoint import rodas_step_vjp
 
@@ -327,3 +328,93 @@ def test_an_adaptive_solve_it_cannot_replay_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         jax.make_jaxpr(jax.grad(loss), static_argnums=1)(DIFF[0], diffrax.ConstantStepSize())
+
+
+def _event_loss(diff, adjoint, saveat):
+    """A loss of the time and state at which a forced Van der Pol solve first brings its
+    position down to 0.5 (an event located by a root finder), and of the states saved
+    before it."""
+    mu, y0 = diff
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(_van_der_pol),
+        diffrax.Tsit5(),
+        0.0,
+        3.0,
+        None,
+        y0,
+        args=mu,
+        saveat=saveat,
+        stepsize_controller=diffrax.PIDController(rtol=1e-9, atol=1e-11),
+        event=diffrax.Event(
+            lambda t, y, args, **kwargs: y[0] - 0.5, optx.Newton(rtol=1e-12, atol=1e-12)
+        ),
+        max_steps=MAX_STEPS,
+        adjoint=adjoint,
+    )
+    # The event's row is the last finite one (diffrax drops the saves after it).
+    last = jnp.sum(jnp.isfinite(sol.ts)) - 1
+    before = jnp.where(jnp.arange(sol.ts.shape[0]) < last, sol.ys[:, 0], 0.0)
+    return 3.0 * sol.ts[last] + jnp.sum(jnp.sin(sol.ys[last])) + jnp.sum(before**2)
+
+
+@pytest.mark.parametrize(
+    "saveat",
+    [
+        pytest.param(diffrax.SaveAt(t1=True), marks=pytest.mark.slow),
+        diffrax.SaveAt(t0=True, ts=jnp.linspace(0.1, 2.9, 8), t1=True),
+    ],
+    ids=["t1", "t0-ts-t1"],
+)
+def test_an_event_located_by_a_root_finder_is_replayed(saveat):
+    """A solve stopped by an event that a root finder locates: the gradient of the event's
+    time, of the state there and of the states saved before it, replayed in several
+    segments of steps, is that of a checkpoint per step, and matches central
+    differences."""
+    diff = (jnp.asarray(0.8), jnp.array([2.0, 0.0]))
+    reference = _event_grad(diff, EVERY_STEP, saveat)
+    assert abs(float(reference[0])) > 0.1
+    replayed = _event_grad(diff, jaxdae.ReplayAdjoint(stored_steps=3), saveat)
+    assert _relative(replayed, reference) < 1e-9
+    h = 1e-6
+    central = (
+        _event_loss((diff[0] + h, diff[1]), EVERY_STEP, saveat)
+        - _event_loss((diff[0] - h, diff[1]), EVERY_STEP, saveat)
+    ) / (2 * h)
+    np.testing.assert_allclose(reference[0], central, rtol=1e-5)
+
+
+_event_grad = eqx.filter_jit(jax.grad(_event_loss))
+
+
+@pytest.mark.slow
+def test_an_event_located_by_a_root_finder_is_replayed_under_vmap():
+    """The same gradients (in one segment of steps) for a batch of `μ`, under `vmap`, are
+    those of each member."""
+    saveat = diffrax.SaveAt(t0=True, ts=jnp.linspace(0.1, 2.9, 8), t1=True)
+    y0, mus = jnp.array([2.0, 0.0]), jnp.array([0.8, 1.1, 0.6])
+    batched = jax.vmap(lambda mu: _event_grad((mu, y0), jaxdae.ReplayAdjoint(), saveat))(mus)
+    for i, mu in enumerate(mus):
+        one = _event_grad((mu, y0), EVERY_STEP, saveat)
+        assert _relative(jax.tree.map(lambda x, i=i: x[i], batched), one) < 1e-9
+
+
+def test_default_for_event_driven_solves():
+    """An event-driven solve's stretches between events are replayed by default where each
+    is allowed at most `EVENT_REPLAY_MAX_STEPS` steps and the controller makes no jumps;
+    otherwise diffrax's checkpointed loop differentiates them."""
+    limit = _thresholds.EVENT_REPLAY_MAX_STEPS
+    jumps = diffrax.ClipStepSizeController(
+        diffrax.PIDController(rtol=1e-6, atol=1e-8), jump_ts=jnp.array([0.5])
+    )
+    for max_steps, controller, replayed in [
+        (limit, None, True),
+        (16, diffrax.PIDController(rtol=1e-6, atol=1e-8), True),
+        (limit + 1, None, False),
+        (None, None, False),
+        (limit, jumps, False),
+    ]:
+        adjoint, _ = resolve_adjoint(
+            None, diffrax.Tsit5(), max_steps, True, ("gaps",), "events", controller
+        )
+        assert isinstance(adjoint, jaxdae.ReplayAdjoint) == replayed
+        assert replayed or isinstance(adjoint, diffrax.RecursiveCheckpointAdjoint)

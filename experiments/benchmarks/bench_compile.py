@@ -33,7 +33,9 @@ solve and the gradient of `bench_scaling.py` on that family and size
 Two models with one-sided constraints (solved by events):
 
 - `--model ball`: the time of the third impact of `jaxdae.examples.BouncingBall` (e = 0.8,
-  dropped from 1 m, 2 s at rtol 1e-10) and its gradient with respect to `e` and the height.
+  dropped from 1 m, 2 s at rtol 1e-10) and its gradient with respect to `e` and the height;
+  `--model ball:N` allows `N` steps between two events instead of `simulate`'s default
+  100,000 (at most 4,096: the gradient replays each stretch, `jaxdae.ReplayAdjoint`).
 - `--model urdf-arm`: the first 0.05 s of the guide's URDF arm (`tests/data/three_link_arm.urdf`,
   four joints in joint coordinates under gravity) without its joint limits, with them (six
   gaps), and with them under `jax.vmap` over 8 initial states.
@@ -48,7 +50,7 @@ Two models with contacts in space:
   final base height, and that height's derivative with respect to the drop height.
 
     python experiments/benchmarks/bench_compile.py [--repeats 3] [--only forward] [--stages]
-        [--model two-link | ball | urdf-arm | sphere | quadruped | chain:N | ladder:N |
+        [--model two-link | ball | ball:N | urdf-arm | sphere | quadruped | chain:N | ladder:N |
         pendulum:N | net:N]
 """
 
@@ -179,8 +181,9 @@ def trace_stages(fn, args, repeats: int) -> dict:
     return {label: float(np.median([run.get(label, 0.0) for run in runs])) for label in runs[0]}
 
 
-def ball_functions():
-    """The third impact time of the bouncing ball, and its gradient."""
+def ball_functions(max_steps: int = 100_000):
+    """The third impact time of the bouncing ball, and its gradient, with `max_steps` steps
+    allowed between two events."""
     import jaxdae
     from jaxdae.examples import BouncingBall
 
@@ -194,6 +197,7 @@ def ball_functions():
             jnp.zeros(2),
             rtol=1e-10,
             atol=1e-12,
+            max_steps=max_steps,
         )
         return sol.events.t[2]
 
@@ -324,6 +328,8 @@ def model_functions(model: str):
         return functions, (bench_core.jaxdae_params(), q0, v0)
     if model == "ball":
         return ball_functions()
+    if model.startswith("ball:") and model[5:].isdigit():
+        return ball_functions(int(model[5:]))
     if model == "urdf-arm":
         return urdf_arm_functions()
     if model == "sphere":
@@ -337,10 +343,8 @@ def model_functions(model: str):
     family, _, size = model.partition(":")
     if family not in scaling_models.FAMILIES or not size.isdigit():
         raise SystemExit(
-            f"--model: two-link, ball, urdf-arm, sphere, quadruped, or chain:N, ladder:N, "
-            f"pendulum:N, "
-            f"net:N; got "
-            f"{model!r}"
+            "--model: two-link, ball, ball:N, urdf-arm, sphere, quadruped, or chain:N, "
+            f"ladder:N, pendulum:N, net:N; got {model!r}"
         )
     system = scaling_models.FAMILIES[family](int(size))
     forward, gradient = bench_scaling.jaxdae_functions(system)
@@ -361,8 +365,8 @@ def main():
     parser.add_argument(
         "--model",
         default="two-link",
-        help="two-link (bench_core's problem), ball, urdf-arm, sphere, quadruped, or chain:N, "
-        "ladder:N, pendulum:N, net:N",
+        help="two-link (bench_core's problem), ball, ball:N, urdf-arm, sphere, quadruped, or "
+        "chain:N, ladder:N, pendulum:N, net:N",
     )
     parser.add_argument(
         "--out",

@@ -14,6 +14,7 @@ import functools
 import diffrax
 
 from .. import _thresholds
+from ._controllers import jump_times
 from ._generalized_alpha import GeneralizedAlpha
 from ._generalized_alpha_adjoint import GeneralizedAlphaAdjoint
 from ._replay_adjoint import ReplayAdjoint
@@ -250,18 +251,25 @@ def resolve_adjoint(
     event_driven: bool,
     stops: tuple[str, ...],
     contacts: str | None,
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
 ) -> tuple[diffrax.AbstractAdjoint, bool]:
     """The adjoint of a solve, chosen once, and whether it differentiates in reverse mode
     only ([`reverse_only`][]): the `given` one, checked against the solve
     ([`check_adjoint`][]: `stops` names what stops it at events, `contacts` what its
-    contact scheme does); else for an `event_driven` solve diffrax's
-    `RecursiveCheckpointAdjoint` (the event loop is differentiated through its checkpointed
-    loop), and otherwise [`default_adjoint`][] of `solver`."""
+    contact scheme does); else for an `event_driven` solve [`jaxdae.ReplayAdjoint`][] for
+    each solve between two events where `max_steps` is at most `EVENT_REPLAY_MAX_STEPS`
+    and `stepsize_controller` makes no jumps, diffrax's `RecursiveCheckpointAdjoint`
+    otherwise, and for other solves [`default_adjoint`][] of `solver`."""
     check_adjoint(given, bool(stops), ", ".join(stops), contacts)
     if given is not None:
         adjoint = given
     elif event_driven:
-        adjoint = _CHECKPOINTED
+        replays = (
+            max_steps is not None
+            and max_steps <= _thresholds.EVENT_REPLAY_MAX_STEPS
+            and (stepsize_controller is None or jump_times(stepsize_controller) is None)
+        )
+        adjoint = _EVENT_REPLAY if replays else _CHECKPOINTED
     else:
         adjoint = default_adjoint(solver, max_steps)
     return adjoint, reverse_only(adjoint)
@@ -318,6 +326,7 @@ _REVERSE_SWEEP, _GENERALIZED_ALPHA, _REPLAY = (
     ReplayAdjoint(),
 )
 _CHECKPOINTED = diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS)
+_EVENT_REPLAY = ReplayAdjoint(stored_steps=_thresholds.EVENT_REPLAYED_STEPS)
 adjoint_for.register(diffrax.AbstractERK, lambda solver: _REVERSE_SWEEP)
 adjoint_for.register(GeneralizedAlpha, lambda solver: _GENERALIZED_ALPHA)
 adjoint_for.register(Rodas5P, lambda solver: _REPLAY)

@@ -490,6 +490,47 @@ def _recorded(events: Events, record, t, after: _Transition, released) -> Events
     )
 
 
+def shifted_start(term: diffrax.AbstractTerm, t, y):
+    """The start `(t, y)` of a solve, as `(t₀, y₀)` with `t₀` a constant of the derivatives
+    and `y₀` that carries `t`'s: `y₀` is `y`, with the derivative `ẏ − ṫ f(t, y)`.
+
+    The flow `φ(s; t, y)` of `ẏ = f(t, y)` from `y` at `t` has `∂φ/∂t = −(∂φ/∂y) f(t, y)`,
+    and so has every time and state that the solve computes from it (an event's time
+    too): moving the start along the trajectory changes nothing after it. A derivative
+    with respect to `t` is then one with respect to `y` along `−f`, to the solve's
+    tolerance, and the solve's adjoint holds its steps' times constant. (The rates are
+    evaluated by the derivatives only: a custom JVP.)"""
+    return jax.lax.stop_gradient(t), _start_state(y, t, term)
+
+
+@eqx.filter_custom_jvp
+def _start_state(y, t, term):
+    del t, term
+    return y
+
+
+@_start_state.def_jvp
+def _start_state_jvp(primals, tangents):
+    y, t, term = primals
+    y_dot, t_dot, _ = tangents
+    if t_dot is None:
+        return y, y_dot
+    rates = term.vf(t, y, None)
+    if y_dot is None:
+        y_dot = jax.tree.map(lambda _: None, y)
+    return y, jax.tree.map(
+        lambda d, f: -t_dot * f if d is None else d - t_dot * f,
+        y_dot,
+        rates,
+        is_leaf=lambda d: d is None,
+    )
+
+
+def _held(tree):
+    """`tree` with its floating-point arrays constants of the derivatives."""
+    return jax.tree.map(lambda x: jax.lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, tree)
+
+
 def integrate_with_events(
     dynamics: Dynamics, y0, times: Times, options: SolveOptions, settings: EventDriven
 ) -> tuple[EventSolve, RESULTS]:
@@ -600,20 +641,24 @@ def integrate_with_events(
         segment = eqx.tree_at(lambda t: t.contacts, term, contacts, is_leaf=lambda x: x is None)
         segment_options = options
         if adaptive:
+            # (The controller's decisions are constants of the derivatives.)
             segment_options = eqx.tree_at(
                 lambda o: o.stepsize_controller,
                 options,
-                ApproachLimitedSteps(options.stepsize_controller, segment),
+                ApproachLimitedSteps(options.stepsize_controller, _held(segment)),
             )
-        # With adaptive steps the stretch starts at the event, solved from the constant
-        # `t_before` (`_restart.py`).
+        # The stretch starts at the event's time as a constant of the derivatives, with a
+        # start state that carries the time's derivative instead (`shifted_start`): the
+        # adjoint then replays steps at fixed times. With adaptive steps it is solved from
+        # the constant `t_before` (`_restart.py`).
+        t_start, y_start = shifted_start(segment, carry.t, (carry.q, after.state))
         out, result = integrate(
             eqx.tree_at(lambda d: d.term, dynamics, segment),
-            (carry.q, after.state),
-            Times(t_before, t1, None) if adaptive else Times(carry.t, t1, None),
+            y_start,
+            Times(t_before, t1, None) if adaptive else Times(t_start, t1, None),
             segment_options,
             saveat,
-            start=carry.t if adaptive else None,
+            start=t_start if adaptive else None,
         )
         segment_rows = None
         if ts is None:

@@ -396,7 +396,13 @@ def pose_problem(
         contacts = "time stepping"
     solver = DEFAULT_SOLVER if call.solver is None else call.solver
     adjoint, reverse_only = resolve_adjoint(
-        call.adjoint, solver, call.max_steps, events is not None, stops, contacts
+        call.adjoint,
+        solver,
+        call.max_steps,
+        events is not None,
+        stops,
+        contacts,
+        call.stepsize_controller,
     )
     options = call.options(dtype, times, trajectories.error_norm, adjoint)
     if fixed_steps:

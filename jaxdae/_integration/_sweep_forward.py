@@ -272,12 +272,14 @@ def _step_time(t, y, args):
     return t
 
 
-def record_step_times(problem, static):
+def record_step_times(problem, static, solver_state: bool = False):
     """diffrax's solve of `problem` that also records the end time of every accepted step:
-    its output, and the times (`max_steps` of them, inf after the last step) and their
-    number."""
-    output, (step_ts, _, steps, _) = solve_saving_steps(problem, static, _step_time, False)
-    return output, (step_ts, jnp.asarray(steps, jnp.int32))
+    its output, and the times (`max_steps` of them, inf after the last step), their number
+    and (where `solver_state`) the final solver state."""
+    output, (step_ts, _, steps, state) = solve_saving_steps(
+        problem, static, _step_time, solver_state
+    )
+    return output, (step_ts, jnp.asarray(steps, jnp.int32), state)
 
 
 class _RecordProposal(diffrax.AbstractStepSizeController):
