@@ -13,6 +13,7 @@ import jaxdae
 from jaxdae import _thresholds
 from jaxdae._compilation import _banded, _gather
 from jaxdae._compilation._banded import banded_plan, banded_solve
+from jaxdae._compilation._linalg import unrolled_cholesky_factor
 from jaxdae._compilation._operators import SparseOperator
 from jaxdae._compilation._scalarize import array_form_scope, scalarize
 from jaxdae._compilation._sparse import (
@@ -45,6 +46,18 @@ def _numeric_mask(fn, n, points=3):
     for _ in range(points):
         mask = mask | (np.asarray(jacobian(rng.standard_normal(n))) != 0)
     return mask
+
+
+def test_masks_through_an_optimization_barrier_of_several_operands():
+    """A barrier passes each operand's mask through (the unrolled Cholesky reads its
+    entries behind one): a lower-triangular factor of a tridiagonal matrix."""
+
+    def factor(x):
+        matrix = jnp.diag(2.0 + x**2) + jnp.diag(x[1:], 1) + jnp.diag(x[1:], -1)
+        return unrolled_cholesky_factor(matrix)
+
+    (mask,) = nonzero_masks(factor, jax.ShapeDtypeStruct((4,), jnp.float64))
+    np.testing.assert_array_equal(mask, np.tri(4, k=0, dtype=bool) & ~np.tri(4, k=-2, dtype=bool))
 
 
 def _chain_constraints_awkward(q):

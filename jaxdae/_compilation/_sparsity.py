@@ -36,7 +36,7 @@ from ._private_apis import scan_operand_groups
 _ZERO_PRESERVING = frozenset(
     """neg sin tan asin atan sinh tanh asinh atanh sqrt cbrt abs sign expm1 log1p erf
     erf_inv floor ceil round square real imag conj copy copy_p reduce_precision
-    convert_element_type stop_gradient optimization_barrier""".split()
+    convert_element_type stop_gradient""".split()
 )
 # Elementwise: the output may be non-zero where any operand is (sums, maxima).
 _UNION = frozenset("add add_any sub max min or xor nextafter atan2".split())
@@ -342,6 +342,8 @@ def _equation(eqn, ins) -> list[_Abstract]:
             return _evaluate(eqn, [a.value for a in ins])
         except Exception:
             pass
+    if name == "optimization_barrier":  # the identity, operand by operand
+        return list(ins)
     if name == "cond":
         return _cond(eqn, ins)
     if name == "while":
