@@ -96,8 +96,8 @@ class ReplayAdjoint(AbstractStoredStepsAdjoint):
       controller that makes no jumps. Other solves (a dense output, saved steps, a saved
       solver or controller state, a controller with `jump_ts`, `max_steps=None`, a solver
       or controller state passed to `diffeqsolve`), and gradients with respect to `t0`,
-      `t1`, `dt0` or
-      the save times, differentiate diffrax's loop instead (`CHECKPOINTS` checkpoints).
+      `t1`, `dt0` or the save times, differentiate diffrax's loop instead (`CHECKPOINTS`
+      checkpoints).
       With adaptive steps, tracing such a solve's gradient warns (a `UserWarning` naming
       the fix), since its gradient can then change with the number of checkpoints.
       Reverse mode only.
