@@ -181,9 +181,9 @@ def trace_stages(fn, args, repeats: int) -> dict:
     return {label: float(np.median([run.get(label, 0.0) for run in runs])) for label in runs[0]}
 
 
-def ball_functions(max_steps: int = 100_000):
+def ball_functions(max_steps: int = 100_000, adjoint=None):
     """The third impact time of the bouncing ball, and its gradient, with `max_steps` steps
-    allowed between two events."""
+    allowed between two events (and `adjoint`; None: `simulate`'s choice)."""
     import jaxdae
     from jaxdae.examples import BouncingBall
 
@@ -198,6 +198,7 @@ def ball_functions(max_steps: int = 100_000):
             rtol=1e-10,
             atol=1e-12,
             max_steps=max_steps,
+            adjoint=adjoint,
         )
         return sol.events.t[2]
 

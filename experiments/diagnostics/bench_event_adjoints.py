@@ -35,11 +35,11 @@ def _child(case: str, repeats: int, batch: int) -> dict:
     import diffrax
     import jax
     import jax.numpy as jnp
+    from bench_compile import ball_functions  # pyright: ignore
     from bench_scaling import _compile, _median_time  # pyright: ignore
 
     import jaxdae
     from jaxdae import _thresholds
-    from jaxdae.examples import BouncingBall
 
     jax.config.update("jax_enable_x64", True)
     max_steps, name = case.split(":")
@@ -49,23 +49,8 @@ def _child(case: str, repeats: int, batch: int) -> dict:
         "checkpointed": diffrax.RecursiveCheckpointAdjoint(checkpoints=_thresholds.CHECKPOINTS),
     }[name]
 
-    def third_impact(restitution, height):
-        sol = jaxdae.simulate(
-            BouncingBall(e=restitution),
-            jaxdae.Unstabilized(),
-            0.0,
-            2.0,
-            jnp.stack([0.0 * height, height]),
-            jnp.zeros(2),
-            rtol=1e-10,
-            atol=1e-12,
-            max_steps=int(max_steps),
-            adjoint=adjoint,
-        )
-        return sol.events.t[2]
-
-    gradient = jax.grad(third_impact, argnums=(0, 1))
-    one = (jnp.asarray(0.8), jnp.asarray(1.0))
+    functions, one = ball_functions(int(max_steps), adjoint)
+    third_impact, gradient = functions["forward"], functions["gradient"]
     many = (jnp.linspace(0.6, 0.9, batch), jnp.linspace(0.8, 1.2, batch))
     _, compile_times = _compile(gradient, *one)
     # Timed through `jax.jit`: the compiled objects of `_compile` are called through JAX's
