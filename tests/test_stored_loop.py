@@ -98,3 +98,37 @@ def test_a_closed_over_array_not_differentiated_stays_a_constant():
         return len(list(equations(jaxpr.jaxpr)))
 
     assert size(0) < size((0, 1))
+
+
+def test_batched_loop_batches_its_body_once():
+    """Under `jax.vmap` the loop's body is batched once, not once per value of the carry
+    found batched and once more for the loop: a marker in the body (the identity, with a
+    batching rule that counts its calls) is batched once, and the batched loop gives each
+    member's result."""
+    calls = []
+
+    @jax.custom_batching.custom_vmap
+    def marker(x):
+        return x
+
+    @marker.def_vmap
+    def _(axis_size, in_batched, x):
+        calls.append(axis_size)
+        return x, in_batched[0]
+
+    def grown(rate):
+        def body(carry):
+            count, x, done = carry
+            x = marker(x) * rate + 0.1 * jnp.sin(x)
+            return count + 1, x, x.sum() > 50.0
+
+        return stored_while_loop(lambda c: ~c[2], body, (0, X0, jnp.asarray(False)), max_steps=30)
+
+    rates = jnp.array([1.05, 1.3, 2.0])
+    count, x, done = jax.vmap(grown)(rates)
+    assert calls == [3]
+    for i, rate in enumerate(rates):
+        want = grown(rate)
+        np.testing.assert_array_equal(count[i], want[0])
+        np.testing.assert_allclose(x[i], want[1], rtol=1e-15)
+        assert bool(done[i]) == bool(want[2])

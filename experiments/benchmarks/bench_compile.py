@@ -33,9 +33,10 @@ solve and the gradient of `bench_scaling.py` on that family and size
 Two models with one-sided constraints (solved by events):
 
 - `--model ball`: the time of the third impact of `jaxdae.examples.BouncingBall` (e = 0.8,
-  dropped from 1 m, 2 s at rtol 1e-10) and its gradient with respect to `e` and the height;
-  `--model ball:N` allows `N` steps between two events instead of `simulate`'s default
-  100,000 (at most 4,096: the gradient replays each stretch, `jaxdae.ReplayAdjoint`).
+  dropped from 1 m, 2 s at rtol 1e-10), its gradient with respect to `e` and the height,
+  and that gradient under `jax.vmap` over 8 copies of them; `--model ball:N` allows `N`
+  steps between two events instead of `simulate`'s default 100,000 (at most 4,096: the
+  gradient replays each stretch, `jaxdae.ReplayAdjoint`).
 - `--model urdf-arm`: the first 0.05 s of the guide's URDF arm (`tests/data/three_link_arm.urdf`,
   four joints in joint coordinates under gravity) without its joint limits, with them (six
   gaps), and with them under `jax.vmap` over 8 initial states.
@@ -202,8 +203,14 @@ def ball_functions(max_steps: int = 100_000, adjoint=None):
         )
         return sol.events.t[2]
 
+    gradient = jax.grad(third_impact, argnums=(0, 1))
+    batched = jax.vmap(gradient)
     return (
-        {"forward": third_impact, "gradient": jax.grad(third_impact, argnums=(0, 1))},
+        {
+            "forward": third_impact,
+            "gradient": gradient,
+            "vmap of 8, gradient": lambda e, h: batched(jnp.full(8, e), jnp.full(8, h)),
+        },
         (jnp.asarray(0.8), jnp.asarray(1.0)),
     )
 
