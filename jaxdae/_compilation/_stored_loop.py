@@ -15,7 +15,9 @@ linearization, which is then smaller.
 It has reverse mode only (`jax.vjp`, `jax.grad`, and either under `jax.vmap`), as every
 custom VJP: a solve differentiated in forward mode runs its events in a `lax.while_loop`
 instead. Its memory is that of a checkpoint per pass, as equinox's loop with as many
-checkpoints as passes. `tests/test_stored_loop.py` checks it against equinox's loop.
+checkpoints as passes. Under `jax.vmap` each of its two loops (the passes, and the passes
+back) batches its body once (`_while_loop`). `tests/test_stored_loop.py` checks it against
+equinox's loop.
 """
 
 import functools
