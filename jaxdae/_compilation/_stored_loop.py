@@ -16,17 +16,18 @@ It has reverse mode only (`jax.vjp`, `jax.grad`, and either under `jax.vmap`), a
 custom VJP: a solve differentiated in forward mode runs its events in a `lax.while_loop`
 instead. Its memory is that of a checkpoint per pass, as equinox's loop with as many
 checkpoints as passes. Under `jax.vmap` each of its two loops (the passes, and the passes
-back) batches its body once (`_while_loop`). `tests/test_stored_loop.py` checks it against
+back) batches its body once (`_batching.py`). `tests/test_stored_loop.py` checks it against
 equinox's loop.
 """
 
-import functools
 from collections.abc import Callable
 from typing import TypeVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+
+from ._batching import batched_like
 
 Carry = TypeVar("Carry")
 
@@ -41,55 +42,23 @@ def _while(cond_fun, body_fun, carry, max_steps: int, store: bool):
     """The loop from `carry`; with `store`, also every pass's starting carry (in a buffer of
     `max_steps` rows) and the number of passes."""
 
-    def cond(functions, state):
+    def cond(state):
         step, value, _ = state
-        return (step < max_steps) & functions[0](value)
+        return (step < max_steps) & cond_fun(value)
 
-    def body(functions, state):
+    def body(state):
         step, value, stored = state
         if stored is not None:
             stored = jax.tree.map(lambda rows, leaf: rows.at[step].set(leaf), stored, value)
-        return step + 1, functions[1](value), stored
+        return step + 1, body_fun(value), stored
 
     stored = None
     if store:
         stored = jax.tree.map(lambda leaf: jnp.zeros((max_steps,) + leaf.shape, leaf.dtype), carry)
-    return _while_loop(cond, body, (jnp.asarray(0), carry, stored), (cond_fun, body_fun))
-
-
-def _while_loop(cond, body, init, closed):
-    """`lax.while_loop(cond(closed, ·), body(closed, ·), init)`, whose batching (`jax.vmap`)
-    batches every value of the carry from the start.
-
-    The batching rule of `lax.while_loop` batches its body until it finds which values of
-    the carry end up batched, then once more for the loop it builds: for the event loop's
-    body, a whole diffrax solve and a transition (or its linearization), each such pass
-    costs about as much as a trace. A loop whose passes' count is batched has a batched
-    predicate, which makes every value of the carry batched: given them batched from the
-    start, the rule's first pass is the one it builds the loop from (JAX caches it). The
-    arrays of `closed` are the loop's operands, batched or not as `vmap` gives them."""
-    dynamic, static = eqx.partition(closed, eqx.is_array)
-
-    def loop(dynamic, init):
-        closed = eqx.combine(dynamic, static)
-        return jax.lax.while_loop(
-            functools.partial(cond, closed), functools.partial(body, closed), init
-        )
-
-    def batched_loop(axis_size, in_batched, dynamic, init):
-        dynamic_batched, init_batched = in_batched
-        init = jax.tree.map(
-            lambda batched, x: x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape),
-            init_batched,
-            init,
-        )
-        axes = jax.tree.map(lambda batched: 0 if batched else None, dynamic_batched)
-        out = jax.vmap(loop, in_axes=(axes, 0))(dynamic, init)
-        return out, jax.tree.map(lambda _: True, out)
-
-    batched = jax.custom_batching.custom_vmap(loop)
-    batched.def_vmap(batched_loop)
-    return batched(dynamic, init)
+    # Under `vmap` the passes' count differs between members: the predicate is batched,
+    # and with it every value of the state.
+    state = batched_like((jnp.asarray(0), carry, stored), (cond_fun, body_fun, carry))
+    return jax.lax.while_loop(cond, body, state)
 
 
 @eqx.filter_custom_vjp
@@ -119,8 +88,7 @@ def _stored_loop_bwd(residuals, final_cotangent, perturbed, operands, max_steps)
         is_leaf=lambda x: x is None,
     )
 
-    def one_pass(closed, step, carry_cotangent, body_cotangent):
-        stored, body_diff, body_static = closed
+    def one_pass(step, carry_cotangent, body_cotangent):
         start = jax.tree.map(lambda rows: rows[step], stored)
         start_diff, start_static = _split(start)
 
@@ -132,18 +100,17 @@ def _stored_loop_bwd(residuals, final_cotangent, perturbed, operands, max_steps)
         body_ct, carry_ct = vjp(carry_cotangent)
         return carry_ct, jax.tree.map(jnp.add, body_cotangent, body_ct)
 
-    def cond(closed, state):
+    def cond(state):
         return state[0] >= 0
 
-    def body(closed, state):
+    def body(state):
         step, carry_ct, body_ct = state
-        carry_ct, body_ct = one_pass(closed, step, carry_ct, body_ct)
+        carry_ct, body_ct = one_pass(step, carry_ct, body_ct)
         return step - 1, carry_ct, body_ct
 
     body_zero = jax.tree.map(jnp.zeros_like, body_diff)
-    _, carry_ct, body_ct = _while_loop(
-        cond, body, (passes - 1, final_cotangent, body_zero), (stored, body_diff, body_static)
-    )
+    state = batched_like((passes - 1, final_cotangent, body_zero), (passes, stored))
+    _, carry_ct, body_ct = jax.lax.while_loop(cond, body, state)
     return (jax.tree.map(lambda _: None, cond_fun), body_ct, carry_ct)
 
 

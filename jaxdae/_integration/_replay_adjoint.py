@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from .. import _thresholds
+from .._compilation._batching import batched_like
 from .._compilation._linalg import full_precision
 from .._compilation._private_apis import unvmap_any, unvmap_max
 from .._custom_types import Array
@@ -409,7 +410,10 @@ def _backward(stored, out_bar, perturbed, problem, static):
 
         assert saves_from is not None
         return jax.lax.fori_loop(
-            saves_from[k], saves_from[k + 1], save_back, _zeros_where_inexact(dense)
+            saves_from[k],
+            saves_from[k + 1],
+            save_back,
+            batched_like(_zeros_where_inexact(dense), dense),
         )
 
     # Whether the step's derivative takes the step's outputs that the replay computed
@@ -480,7 +484,9 @@ def _backward(stored, out_bar, perturbed, problem, static):
                 after = where_taken(active(i), advance(first + i, state), state)
                 return after, put(starts, i, state)
 
-            _, starts = jax.lax.fori_loop(0, steps, replay, (begin, zeros(begin, length)))
+            _, starts = jax.lax.fori_loop(
+                0, steps, replay, batched_like((begin, zeros(begin, length)), (times, begin))
+            )
             return jax.lax.fori_loop(
                 0, steps, lambda ii, bars: back_from(steps - 1 - ii, bars, lambda i: None), bars
             )
@@ -495,7 +501,10 @@ def _backward(stored, out_bar, perturbed, problem, static):
 
         denses = zeros(jax.eval_shape(lambda: step(first, begin, diff_p)[1]), length)
         end, starts, denses = jax.lax.fori_loop(
-            0, steps, replay_keeping, (begin, zeros(begin, length + 1), denses)
+            0,
+            steps,
+            replay_keeping,
+            batched_like((begin, zeros(begin, length + 1), denses), (times, begin)),
         )
         starts = put(starts, steps, end)
         return jax.lax.fori_loop(
@@ -512,8 +521,9 @@ def _backward(stored, out_bar, perturbed, problem, static):
         _zeros_where_inexact(init.solver_state),
     )
     p_bar = jax.tree.map(jnp.zeros_like, diff_p)
+    # (The cotangents start as zeros that the steps' batched derivatives fill.)
     (y_bar, solver_state_bar), p_bar = jax.lax.fori_loop(
-        0, -(-last // length), segment_back, (end_bar, p_bar)
+        0, -(-last // length), segment_back, batched_like((end_bar, p_bar), (times, init.y))
     )
     if y0_bar is not None:
         y_bar = jax.tree.map(jnp.add, y_bar, unravel(y0_bar))
