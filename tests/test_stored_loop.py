@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxdae._compilation._batching import batched_like
 from jaxdae._compilation._stored_loop import stored_while_loop
 
 from ._jaxprs import equations
@@ -132,3 +133,31 @@ def test_batched_loop_batches_its_body_once():
         np.testing.assert_array_equal(count[i], want[0])
         np.testing.assert_allclose(x[i], want[1], rtol=1e-15)
         assert bool(done[i]) == bool(want[2])
+
+
+def test_batched_like_batches_where_its_reference_is():
+    """`batched_like` returns its tree; under `vmap` with every leaf batched where a leaf of
+    the reference is batched, and as given where none is (what a probe with a batching
+    rule sees of its output: the rule runs only for a batched input)."""
+    seen = []
+
+    @jax.custom_batching.custom_vmap
+    def probe(tree):
+        return tree
+
+    @probe.def_vmap
+    def _(axis_size, in_batched, tree):
+        seen.append(in_batched[0])
+        return tree, in_batched[0]
+
+    zeros = (jnp.zeros(2), jnp.asarray(0))
+
+    def aligned(reference, other):
+        return probe(batched_like(zeros, reference)), other
+
+    out, _ = jax.vmap(aligned)(jnp.arange(3.0), jnp.arange(3.0))
+    assert seen == [(True, True)]
+    np.testing.assert_array_equal(out[0], np.zeros((3, 2)))
+    jax.vmap(aligned, in_axes=(None, 0))(1.0, jnp.arange(3.0))
+    assert len(seen) == 1  # nothing batched reaches the probe: its rule does not run
+    assert batched_like(zeros, jnp.ones(3)) is not None
