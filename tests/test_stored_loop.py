@@ -101,21 +101,30 @@ def test_a_closed_over_array_not_differentiated_stays_a_constant():
     assert size(0) < size((0, 1))
 
 
+def _probe(calls: list):
+    """The identity, whose batching rule appends `(axis size, which leaves are batched)` to
+    `calls`: it runs once per batching pass over a body that calls it, and only where its
+    input is batched."""
+
+    @jax.custom_batching.custom_vmap
+    def probe(tree):
+        return tree
+
+    @probe.def_vmap
+    def _(axis_size, in_batched, tree):
+        calls.append((axis_size, in_batched[0]))
+        return tree, in_batched[0]
+
+    return probe
+
+
 def test_batched_loop_batches_its_body_once():
     """Under `jax.vmap` the loop's body is batched once, not once per value of the carry
     found batched and once more for the loop: a marker in the body (the identity, with a
     batching rule that counts its calls) is batched once, and the batched loop gives each
     member's result."""
     calls = []
-
-    @jax.custom_batching.custom_vmap
-    def marker(x):
-        return x
-
-    @marker.def_vmap
-    def _(axis_size, in_batched, x):
-        calls.append(axis_size)
-        return x, in_batched[0]
+    marker = _probe(calls)
 
     def grown(rate):
         def body(carry):
@@ -127,7 +136,7 @@ def test_batched_loop_batches_its_body_once():
 
     rates = jnp.array([1.05, 1.3, 2.0])
     count, x, done = jax.vmap(grown)(rates)
-    assert calls == [3]
+    assert [size for size, _ in calls] == [3]
     for i, rate in enumerate(rates):
         want = grown(rate)
         np.testing.assert_array_equal(count[i], want[0])
@@ -140,15 +149,7 @@ def test_batched_like_batches_where_its_reference_is():
     the reference is batched, and as given where none is (what a probe with a batching
     rule sees of its output: the rule runs only for a batched input)."""
     seen = []
-
-    @jax.custom_batching.custom_vmap
-    def probe(tree):
-        return tree
-
-    @probe.def_vmap
-    def _(axis_size, in_batched, tree):
-        seen.append(in_batched[0])
-        return tree, in_batched[0]
+    probe = _probe(seen)
 
     zeros = (jnp.zeros(2), jnp.asarray(0))
 
@@ -156,7 +157,7 @@ def test_batched_like_batches_where_its_reference_is():
         return probe(batched_like(zeros, reference)), other
 
     out, _ = jax.vmap(aligned)(jnp.arange(3.0), jnp.arange(3.0))
-    assert seen == [(True, True)]
+    assert [batched for _, batched in seen] == [(True, True)]
     np.testing.assert_array_equal(out[0], np.zeros((3, 2)))
     jax.vmap(aligned, in_axes=(None, 0))(1.0, jnp.arange(3.0))
     assert len(seen) == 1  # nothing batched reaches the probe: its rule does not run

@@ -54,7 +54,7 @@ def _child(case: str, repeats: int, batch: int) -> dict:
     many = (jnp.linspace(0.6, 0.9, batch), jnp.linspace(0.8, 1.2, batch))
     _, compile_times = _compile(gradient, *one)
     # Timed through `jax.jit`: the compiled objects of `_compile` are called through JAX's
-    # Python path where a program has host callbacks, as these do (about 0.7 ms a call).
+    # Python path where a program has host callbacks, as these do, which lengthens each call.
     times = {}
     for label, fn, inputs in [
         ("forward", third_impact, one),

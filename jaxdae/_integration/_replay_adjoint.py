@@ -521,7 +521,8 @@ def _backward(stored, out_bar, perturbed, problem, static):
         _zeros_where_inexact(init.solver_state),
     )
     p_bar = jax.tree.map(jnp.zeros_like, diff_p)
-    # (The cotangents start as zeros that the steps' batched derivatives fill.)
+    # The loops' cotangents and rows start batched under `vmap` (`_compilation/_batching.py`):
+    # the batched steps fill them.
     (y_bar, solver_state_bar), p_bar = jax.lax.fori_loop(
         0, -(-last // length), segment_back, batched_like((end_bar, p_bar), (times, init.y))
     )
