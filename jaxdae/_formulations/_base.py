@@ -19,7 +19,14 @@ from .._gains import (
 )
 from .._solution import RESULTS
 from .._systems._system import ConstrainedTerms
-from ._multipliers import default_rcond, eliminate, extreme_pivots
+from ._multipliers import (
+    PivotRange,
+    default_rcond,
+    eliminate,
+    extreme_pivots,
+    pivot_range,
+    recording_pivots,
+)
 
 
 class AbstractFormulation(eqx.Module):
@@ -106,6 +113,17 @@ class AbstractFormulation(eqx.Module):
         makes its test relative). Default: `None`."""
         return None
 
+    # Whether `accelerations_and_failure` reads the failure test, a flag, from what the
+    # accelerations compute: a solve with a first-same-as-last solver then evaluates it with
+    # the rates of each step's last stage, for little more than the rates.
+    shares_failure_with_accelerations: ClassVar[bool] = False
+
+    def accelerations_and_failure(self, terms: ConstrainedTerms, reference):
+        """`(accelerations(terms), failure(terms, reference))`. Default: each on its own; a
+        formulation whose test reads what its accelerations compute overrides it (and
+        declares `shares_failure_with_accelerations`)."""
+        return self.accelerations(terms), self.failure(terms, reference)
+
     @property
     def can_fail(self) -> bool:
         """Whether the formulation has a `failure` test at all."""
@@ -187,20 +205,37 @@ class AbstractExactMultipliers(AbstractFormulation):
         elimination = eliminate(terms)
         return extreme_pivots(elimination)[1] if elimination.matrix.shape[0] else None
 
+    shares_failure_with_accelerations: ClassVar[bool] = True
+
     def failure(self, terms, initial_largest):
         elimination = eliminate(terms)
-        matrix = elimination.matrix
-        if matrix.shape[0] == 0:
+        if elimination.matrix.shape[0] == 0:
             return jnp.array(False)
-        smallest, largest = extreme_pivots(elimination)
-        tol = default_rcond(self.rcond, matrix.dtype)
-        if matrix.shape[0] <= 2:
-            return smallest <= tol * jnp.maximum(largest, initial_largest)
+        return self._fails_at(
+            pivot_range(elimination), elimination.matrix.shape[0], initial_largest
+        )
+
+    def accelerations_and_failure(self, terms, initial_largest):
+        """The accelerations, and the failure test on the pivots of the factorization that
+        they solved the multipliers with ([`jaxdae.multiplier_solve`][] with its default
+        solver, once on `terms`: `recording_pivots`), else on its own."""
+        with recording_pivots() as record:
+            accelerations = self.accelerations(terms)
+        size = terms.jacobian.shape[0]
+        if size == 0 or len(record) != 1 or record[0][0] is not terms:
+            return accelerations, self.failure(terms, initial_largest)
+        return accelerations, self._fails_at(record[0][1], size, initial_largest)
+
+    def _fails_at(self, pivots: PivotRange, size: int, initial_largest):
+        """The test on the `pivots` of `G M⁻¹ Gᵀ` of `size` rows."""
+        tol = default_rcond(self.rcond, pivots.smallest.dtype)
+        if size <= 2:
+            return pivots.smallest <= tol * jnp.maximum(pivots.largest, initial_largest)
         # A pivot that is not positive (nan from the factorization) counts as failed; a
         # matrix that is not finite is the non-finite check's to report.
-        values = matrix if elimination.sparse_matrix is None else elimination.sparse_matrix.values
-        finite = jnp.all(jnp.isfinite(values))
-        return finite & ~(smallest > tol * jnp.maximum(largest, initial_largest))
+        return pivots.finite & ~(
+            pivots.smallest > tol * jnp.maximum(pivots.largest, initial_largest)
+        )
 
     @property
     def can_fail(self):

@@ -1,7 +1,9 @@
 """The linear algebra of the formulations: eliminating `q̈` from `M q̈ + Gᵀλ = Q` and solving
 for the multipliers, dense or following the sparse and banded structure the terms carry."""
 
+import contextlib
 import functools
+import threading
 from typing import NamedTuple
 
 import jax
@@ -32,14 +34,58 @@ from .._custom_types import Array, Float
 from .._systems._system import ConstrainedTerms
 
 
-def extreme_pivots(elimination):
+class PivotRange(NamedTuple):
+    """What the failure test of `AbstractExactMultipliers` reads of `A = G M⁻¹ Gᵀ`: its
+    `smallest` and `largest` pivot (see `extreme_pivots`) and whether its entries are
+    `finite`."""
+
+    smallest: Array
+    largest: Array
+    finite: Array
+
+
+def extreme_pivots(elimination, pivots=None):
     """`(smallest, largest)` pivot of `G M⁻¹ Gᵀ` (see `AbstractExactMultipliers`): closed-form
     eigenvalues for one or two constraints, else the pivots of [`StructuredCholesky`][]'s
-    factorization (the one the multipliers are solved with)."""
+    factorization (the one the multipliers are solved with; given as `pivots`, or computed
+    here)."""
     if elimination.matrix.shape[0] <= 2:
         return extreme_eigenvalues(elimination.matrix)
-    pivots = StructuredCholesky().init(elimination.operator, {}).pivots
+    if pivots is None:
+        pivots = StructuredCholesky().init(elimination.operator, {}).pivots
     return jnp.min(pivots), jnp.max(pivots)
+
+
+def pivot_range(elimination, pivots=None) -> PivotRange:
+    """The `PivotRange` of the `elimination`'s `A` (`pivots` as for `extreme_pivots`)."""
+    smallest, largest = extreme_pivots(elimination, pivots)
+    values = elimination.matrix
+    if elimination.sparse_matrix is not None:
+        values = elimination.sparse_matrix.values
+    return PivotRange(smallest, largest, jnp.all(jnp.isfinite(values)))
+
+
+class _PivotRecord(threading.local):
+    def __init__(self):
+        self.stack: list[list] = []
+
+
+_recorded = _PivotRecord()
+
+
+@contextlib.contextmanager
+def recording_pivots():
+    """Within it, each [`multiplier_solve`][] with [`StructuredCholesky`][] appends `(terms,
+    PivotRange)` of the factorization it solved with to the list it yields: a failure test
+    that reads the pivots then takes them from the solve instead of factorizing `A` once
+    more (`AbstractExactMultipliers.accelerations_and_failure`). Traced values: read them
+    in the same trace."""
+    record: list = []
+    _recorded.stack.append(record)
+    try:
+        yield record
+    finally:
+        _recorded.stack.pop()
 
 
 class Elimination(NamedTuple):
@@ -204,14 +250,24 @@ def multiplier_solve(
         )
         plan = cholesky_plan(matrix_pattern)
         if plan is not None:
-            return _banded_multipliers(
+            acc, lam, summary = _banded_multipliers(
                 (minv.pattern, g.pattern, plan), minv.values, g.values, terms.forces, target
             )
+            if _recorded.stack:
+                smallest, largest, finite = summary
+                _recorded.stack[-1].append((terms, PivotRange(smallest, largest, finite > 0)))
+            return acc, lam
     elimination = eliminate(terms)
     if target.shape[0] == 0:  # no constraints: `q̈ = M⁻¹ Q`
         return elimination.minv_q, target
     rhs = elimination.g_minv_q - target
-    lam = symmetric_solve(elimination.operator, rhs, solver)
+    operator = elimination.operator
+    if _recorded.stack and isinstance(solver, StructuredCholesky) and solver.direct(operator):
+        state = solver.init(operator, {})
+        lam, _, _ = solver.compute(state, rhs, {})
+        _recorded.stack[-1].append((terms, pivot_range(elimination, state.pivots)))
+    else:
+        lam = symmetric_solve(operator, rhs, solver)
     return elimination.minv_q - elimination.apply_minv_gt(lam), lam
 
 
@@ -224,22 +280,24 @@ def _banded_parts(
 ):
     """`(q̈, λ)` of `M q̈ + Gᵀλ = Q`, `G q̈ = target` by eliminating `q̈` with sparse `M⁻¹`
     and `G`, `A = G M⁻¹ Gᵀ` factorized on its plan (banded or multifrontal,
-    `cholesky_plan`); with the factor, `M⁻¹`, `G`
-    and `M⁻¹ Gᵀ` (sparse)."""
+    `cholesky_plan`); with the factor, `M⁻¹`, `G`,
+    `M⁻¹ Gᵀ` and `A` (sparse)."""
     minv_pattern, g_pattern, plan = patterns
     minv, g = SparseMatrix(minv_values, minv_pattern), SparseMatrix(g_values, g_pattern)
     minv_q = minv.matvec(forces)
     minv_gt = sparse_matmul(minv, g.T)
-    factor = plan.factor(sparse_matmul(g, minv_gt).symmetrized())
+    matrix = sparse_matmul(g, minv_gt).symmetrized()
+    factor = plan.factor(matrix)
     lam = factor.solve(g.matvec(minv_q) - target)
-    return minv_q - minv_gt.matvec(lam), lam, factor, minv, g, minv_gt
+    return minv_q - minv_gt.matvec(lam), lam, factor, minv, g, minv_gt, matrix
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _banded_multipliers(patterns, minv_values, g_values, forces, target):
     """[`multiplier_solve`][] where `M⁻¹` and `G` are sparse (values on the static
     `patterns = (M⁻¹'s, G's, A's plan)`) and `A = G M⁻¹ Gᵀ` is banded or sparse enough
-    for a plan of `cholesky_plan`: `(q̈, λ)`.
+    for a plan of `cholesky_plan`: `(q̈, λ)` and the pivots of its factorization (no derivative:
+    what the failure test reads, `recording_pivots`).
 
     Differentiated as the saddle-point system `[[M, Gᵀ], [G, 0]] (q̈, λ) = (Q, target)`
     that it solves, not through the elimination's products: with `f = Q − Gᵀλ` (so that
@@ -251,11 +309,21 @@ def _banded_multipliers(patterns, minv_values, g_values, forces, target):
     `dλ`'s right-hand side. On the chain of 64 links (`experiments/benchmarks/bench_scaling.py
     --families chain --sizes 64`, Tsit5, 2-core CPU) that made the gradient 3.4 instead of
     3.9 times the solve."""
-    return _banded_parts(patterns, minv_values, g_values, forces, target)[:2]
+    acc, lam, factor, *_, matrix = _banded_parts(patterns, minv_values, g_values, forces, target)
+    return acc, lam, _pivot_summary(factor, matrix)
+
+
+def _pivot_summary(factor, matrix: SparseMatrix):
+    """The `PivotRange` of `matrix` from its `factor`, as one array (an output without
+    derivative)."""
+    pivots, values = factor.pivots, matrix.values
+    finite = jnp.all(jnp.isfinite(values)).astype(pivots.dtype)
+    return jax.lax.stop_gradient(jnp.stack([jnp.min(pivots), jnp.max(pivots), finite]))
 
 
 def _banded_multipliers_jvp(patterns, primals, tangents):
-    acc, lam, factor, minv, g, minv_gt = _banded_parts(patterns, *primals)
+    acc, lam, factor, minv, g, minv_gt, matrix = _banded_parts(patterns, *primals)
+    summary = _pivot_summary(factor, matrix)
     d_minv, d_g, d_forces, d_target = (
         None if isinstance(t, jax.custom_derivatives.SymbolicZero) else t for t in tangents
     )
@@ -272,7 +340,7 @@ def _banded_multipliers_jvp(patterns, primals, tangents):
     if d_target is not None:
         r = r - d_target
     d_lam = factor.solve(r, tangent=True)
-    return (acc, lam), (p - minv_gt.matvec(d_lam), d_lam)
+    return (acc, lam, summary), (p - minv_gt.matvec(d_lam), d_lam, jnp.zeros_like(summary))
 
 
 # Symbolic zeros: a constant mass matrix (or one not differentiated) adds no work.

@@ -1,8 +1,13 @@
 """The one diffrax solve of [`jaxdae.simulate`][], [`jaxdae.simulate_ensemble`][] and
 [`jaxdae.simulate_actuated`][] (with the times and options that the problem stage
 resolves, `Times` and `SolveOptions`): `integrate` of a `Dynamics` (`_term.py`), and the
-conditions that stop it with the results they name (`solve_event`, `event_result`, and a
-stalled step: `StopStalledSteps`)."""
+conditions that stop it with the results they name (`solve_event`, `event_result`, a
+stalled step: `StopStalledSteps`, and the formulation's failure test read from the rates of
+each step's last stage: `StopAtFailure`)."""
+
+import functools
+from collections.abc import Callable
+from typing import Any
 
 import diffrax
 import equinox as eqx
@@ -16,7 +21,15 @@ from ._controllers import AbstractControllerWrapper
 from ._crossing import DownCrossing
 from ._problem import SolveOptions, Times
 from ._restart import flag_after_start, started_at, value_after_start
-from ._term import Dynamics
+from ._solvers import AbstractSteppingWrapper, UnrolledERK
+from ._term import (
+    AbstractSystemTerm,
+    AbstractTimeTerm,
+    Dynamics,
+    failure_condition,
+    replace_system_term,
+    system_term,
+)
 
 
 def save_at(t0, t1, ts, stepsize_controller) -> diffrax.SaveAt:
@@ -68,6 +81,10 @@ def integrate(
     solver, controller = options.solver, options.stepsize_controller
     t0, t1, ts = times.t0, times.t1, times.ts
     conditions, located = list(dynamics.conditions), list(dynamics.located)
+    failures = list(dynamics.failures)
+    tested_in_steps = start is None and tests_failure_in_steps(dynamics, solver)
+    if tested_in_steps:
+        solver, conditions = StopAtFailure(solver), [failure_at_start]
     if saveat is None:
         saveat = save_at(t0, t1, ts, controller)
     if dynamics.saves_solver_state:
@@ -94,7 +111,10 @@ def integrate(
         max_steps=options.max_steps,
         throw=False,
     )
-    return out, event_result(out, list(dynamics.failures), len(dynamics.located))
+    result = event_result(out, failures, len(located))
+    if tested_in_steps:
+        result = RESULTS.where(out.result == STEP_FAILURE, failures[0], result)
+    return out, result
 
 
 class StopStalledSteps(AbstractControllerWrapper):
@@ -244,3 +264,112 @@ def event_result(out: diffrax.Solution, failures: list, located: int = 0) -> RES
             (out.result == diffrax.RESULTS.event_occurred) & stopped, name, result
         )
     return result
+
+
+# -- the failure test read from the rates of each step's last stage ------------------------
+#
+# A formulation that solves for exact multipliers cannot continue where `G M⁻¹ Gᵀ` turns
+# singular, and its test reads the pivots of the factorization that its rates solve with.
+# As a `diffrax.Event` condition it is evaluated after every accepted step: the terms and
+# the factorization once more per step, beside the rates of the step's stages. A
+# first-same-as-last explicit Runge–Kutta solver (`diffrax.Tsit5`, `Dopri5`, `Bosh3`)
+# already evaluates the rates at the step's end, as its last stage, and keeps them in its
+# solver state for the next step: `StopAtFailure` hands it a term whose vector field is the
+# rates and the test together (`AbstractSystemTerm.rates_and_failure`, one evaluation of the
+# terms and the factorization) and reads the test from the kept stage
+# (docs/design_measurements.md#failure-in-steps).
+
+# The diffrax result with which `StopAtFailure` ends a solve at a failed test (keeping the
+# step, as the event does), named by `integrate`: an explicit Runge–Kutta step reports no
+# singular linear solve of its own.
+STEP_FAILURE = diffrax.RESULTS.singular
+
+
+@functools.singledispatch
+def last_stage_in_state(solver: diffrax.AbstractSolver) -> Callable[[Any], Any] | None:
+    """How `solver` keeps the vector field of its last stage (the step's end, first same as
+    last) in its solver state: a function from the solver state to it, or None where it
+    does not keep it. Dispatched on the solver's class; registered for diffrax's explicit
+    Runge–Kutta solvers and [`jaxdae.UnrolledERK`][] with a first-same-as-last tableau. A
+    solve with such a solver reads the formulation's failure test from that stage
+    (`StopAtFailure`)."""
+    del solver
+    return None
+
+
+@last_stage_in_state.register
+def _(solver: diffrax.AbstractERK):
+    tableau = solver.tableau
+    if isinstance(tableau, diffrax.ButcherTableau) and tableau.fsal:
+        return lambda state: state[1]  # diffrax's `(first_step, f0)`
+    return None
+
+
+@last_stage_in_state.register
+def _(solver: UnrolledERK):
+    return (lambda state: state) if solver.solver.tableau.fsal else None
+
+
+def tests_failure_in_steps(dynamics: Dynamics, solver: diffrax.AbstractSolver) -> bool:
+    """Whether the one condition of `dynamics` is its term's failure test
+    (`failure_condition`), which the term computes with its rates
+    (`computes_failure_with_rates`, for a formulation that `shares_failure_with_accelerations`)
+    and `solver` keeps its last stage (`last_stage_in_state`): then `StopAtFailure` tests it,
+    and `failure_at_start` at the start."""
+    term = dynamics.term
+    return (
+        dynamics.conditions == (failure_condition,)
+        and not dynamics.located
+        and isinstance(term, AbstractSystemTerm)
+        and term.computes_failure_with_rates
+        and term.formulation.shares_failure_with_accelerations
+        and last_stage_in_state(solver) is not None
+    )
+
+
+class RatesAndFailure(AbstractTimeTerm):
+    """The system's term whose vector field also returns the failure test's flag
+    (`AbstractSystemTerm.rates_and_failure`); its product with the control is the rates'."""
+
+    term: AbstractSystemTerm
+
+    def vf(self, t, y, args):
+        return self.term.rates_and_failure(t, y, args)
+
+    def prod(self, vf, control):
+        return self.term.prod(vf[0], control)
+
+
+class StopAtFailure(AbstractSteppingWrapper):
+    """Ends the solve of the wrapped first-same-as-last explicit Runge–Kutta `solver` with
+    `STEP_FAILURE` at the end of the first kept step where the formulation's failure test
+    (a flag) is true, as a `diffrax.Event` condition after each step would: the flag comes
+    with the rates of the step's last stage (`RatesAndFailure`). A flag already true at the
+    start is `failure_at_start`'s to report (an event before any step)."""
+
+    solver: diffrax.AbstractSolver
+
+    def init(self, terms, t0, t1, y0, args):
+        return self.solver.init(replace_system_term(terms, RatesAndFailure), t0, t1, y0, args)
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        y1, y_error, dense_info, solver_state, result = self.solver.step(
+            replace_system_term(terms, RatesAndFailure), t0, t1, y0, args, solver_state, made_jump
+        )
+        last_stage = last_stage_in_state(self.solver)
+        assert last_stage is not None
+        _, failed = last_stage(solver_state)
+        result = diffrax.RESULTS.where(
+            (failed > 0) & (result == diffrax.RESULTS.successful), STEP_FAILURE, result
+        )
+        return y1, y_error, dense_info, solver_state, result
+
+
+def failure_at_start(t, y, args, *, terms, t0=None, **kwargs):
+    """The failure test as a `diffrax.Event` condition at the solve's start only (diffrax
+    evaluates its conditions there with `t` its `t0`, the same array); after each step
+    `StopAtFailure` tests it."""
+    del args, kwargs
+    if t is not t0:
+        return jnp.array(False)
+    return system_term(terms).failure(t, y)

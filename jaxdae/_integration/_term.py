@@ -14,13 +14,14 @@ from typing import Any, ClassVar
 import diffrax
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 
 from .._compilation._constants import detached
 from .._compilation._operators import MassFactor
 from .._formulations import AbstractFormulation
 from .._solution import RESULTS
 from .._systems._system import AbstractSystem
-from ._vector_fields import jitted_failure, jitted_rates
+from ._vector_fields import jitted_failure, jitted_rates, jitted_rates_and_failure
 
 
 class AbstractTimeTerm(diffrax.AbstractTerm):
@@ -75,6 +76,11 @@ class AbstractSystemTerm(AbstractTimeTerm):
         """The trajectories (rows) of an ensemble that stand still in the step at hand, or
         None."""
 
+    # Whether `rates_and_failure` computes the failure test with the rates (for a formulation
+    # that `shares_failure_with_accelerations`): a solve then reads the test from the last
+    # stage of each step (`_solve.StopAtFailure`).
+    computes_failure_with_rates: ClassVar[bool] = False
+
     def failure(self, t, y):
         """The formulation's failure test at the state `y` of one trajectory (detached: a
         flag has no derivative, and a differentiated solve does not linearize it)."""
@@ -82,6 +88,11 @@ class AbstractSystemTerm(AbstractTimeTerm):
         return jitted_failure(
             *detached((self.system, self.formulation, t, q, s, self.reference, self.mass_factor))
         )
+
+    def rates_and_failure(self, t, y, args):
+        """`(vf(t, y, args), failure(t, y))`, the failure's flag as a float of the state's
+        dtype (0 or 1). Default: each computed on its own."""
+        return self.vf(t, y, args), jnp.asarray(self.failure(t, y), y[0].dtype)
 
 
 class SystemTerm(AbstractSystemTerm):
@@ -93,10 +104,19 @@ class SystemTerm(AbstractSystemTerm):
     reference: Any = None
     mass_factor: MassFactor | None = None
 
+    computes_failure_with_rates: ClassVar[bool] = True
+
     def vf(self, t, y, args):
         del args
         q, s = y
         return jitted_rates(self.system, self.formulation, t, q, s, self.mass_factor)
+
+    def rates_and_failure(self, t, y, args):
+        del args
+        q, s = y
+        return jitted_rates_and_failure(
+            self.system, self.formulation, t, q, s, self.reference, self.mass_factor
+        )
 
     def stopped_rows(self):
         return None

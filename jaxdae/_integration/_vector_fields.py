@@ -69,10 +69,32 @@ def failure_reference(system, formulation, t, q, v):
     return formulation.failure_reference(system_terms(system, t, q, v))
 
 
+def rates_and_failure(system, formulation, t, q, s, reference, mass_factor=None):
+    """`state_rates` and the flag of `failure_indicator` (without derivative, as a float of
+    the state's dtype) at one state, from one evaluation of the terms, the failure test
+    reading what the accelerations computed (`AbstractFormulation.accelerations_and_failure`
+    of a formulation that `shares_failure_with_accelerations`)."""
+    s = formulation.velocities(system, t, q, s)
+    terms = with_mass_factor(system_terms(system, t, q, s), mass_factor)
+    (acc, _), failed = formulation.accelerations_and_failure(terms, reference)
+    if jnp.result_type(failed) != jnp.bool_:
+        raise TypeError(
+            f"`{type(formulation).__name__}` declares `shares_failure_with_accelerations`, "
+            "whose `failure` must return a flag (a boolean scalar); got "
+            f"{jnp.result_type(failed)}. Return `value < 0` or the like, or leave the "
+            "declaration out (the solve then evaluates `failure` after each step)."
+        )
+    rates = system.velocities(t, q, s), system.state_rate(t, q, s, terms, acc)
+    return rates, jax.lax.stop_gradient(jnp.asarray(failed, q.dtype))
+
+
 jitted_rates = jit_with_constants(scalarize(state_rates))
 
 
 jitted_failure = jit_with_constants(scalarize(failure_indicator))
+
+
+jitted_rates_and_failure = jit_with_constants(scalarize(rates_and_failure))
 
 
 @jit_with_constants
