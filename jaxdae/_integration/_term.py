@@ -107,7 +107,12 @@ class SystemTerm(AbstractSystemTerm):
     computes_failure_with_rates: ClassVar[bool] = True
 
     def vf(self, t, y, args):
-        del args
+        if self.reference is not None and self.formulation.shares_failure_with_accelerations:
+            # The function whose flag a solve reads at the steps' last stages
+            # (`_solve.StopAtFailure`), so that JAX traces the rates once; XLA leaves out the
+            # flag where it is not read.
+            rates, _ = self.rates_and_failure(t, y, args)
+            return rates
         q, s = y
         return jitted_rates(self.system, self.formulation, t, q, s, self.mass_factor)
 
