@@ -5,7 +5,10 @@ joints and solvers use, for a user who writes their own (docs/guides/extending.m
   as lineax's operator rules are: [`adjoint_for`][jaxdae.extend.adjoint_for] (the default
   adjoint of a solver), [`step_vjp`][jaxdae.extend.step_vjp] and
   [`reuses_outputs`][jaxdae.extend.reuses_outputs] (the derivative of one solver step
-  that [`jaxdae.ReplayAdjoint`][] applies), [`tree_motion`][jaxdae.extend.tree_motion]
+  that [`jaxdae.ReplayAdjoint`][] applies),
+  [`last_stage_in_state`][jaxdae.extend.last_stage_in_state] (where a first-same-as-last
+  solver keeps its last stage, from which a solve reads the formulation's failure test),
+  [`tree_motion`][jaxdae.extend.tree_motion]
   (the joints that carry a body in a [`jaxdae.multibody.TreeMechanism`][]),
   [`inertia_minus_forces`][jaxdae.extend.inertia_minus_forces] and
   [`terms_in_array_form`][jaxdae.extend.terms_in_array_form] (what a system of one's own
@@ -61,6 +64,7 @@ from ._gains import (
     require_positive_definite as require_positive_definite,
 )
 from ._integration._adjoint import adjoint_for as adjoint_for
+from ._integration._solve import last_stage_in_state as last_stage_in_state
 from ._integration._step_adjoints import (
     autodiff_step_vjp as autodiff_step_vjp,
     reuses_outputs as reuses_outputs,

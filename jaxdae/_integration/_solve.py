@@ -287,12 +287,21 @@ STEP_FAILURE = diffrax.RESULTS.singular
 
 @functools.singledispatch
 def last_stage_in_state(solver: diffrax.AbstractSolver) -> Callable[[Any], Any] | None:
-    """How `solver` keeps the vector field of its last stage (the step's end, first same as
-    last) in its solver state: a function from the solver state to it, or None where it
-    does not keep it. Dispatched on the solver's class; registered for diffrax's explicit
-    Runge–Kutta solvers and [`jaxdae.UnrolledERK`][] with a first-same-as-last tableau. A
-    solve with such a solver reads the formulation's failure test from that stage
-    (`StopAtFailure`)."""
+    """How `solver` keeps the vector field of its last stage (at the step's end: first same
+    as last) in its solver state: a function from the solver state to it, or None where it
+    does not keep it.
+
+    A solve with such a solver reads an exact-multiplier formulation's failure test from
+    that stage: its term's vector field then returns the rates and the test's flag, and a
+    flag true at a step's last stage ends the solve there. Dispatched on the solver's class
+    (`functools.singledispatch`); registered for diffrax's explicit Runge–Kutta solvers and
+    [`jaxdae.UnrolledERK`][] with a first-same-as-last tableau. A solver of one's own that
+    keeps its last stage registers where:
+
+    ```python
+    jaxdae.extend.last_stage_in_state.register(MySolver, lambda solver: lambda state: state[1])
+    ```
+    """
     del solver
     return None
 
