@@ -6,10 +6,12 @@ result that, the test as a `diffrax.Event` after every step stops it."""
 import diffrax
 import jax
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
 import pytest
 
 import jaxdae
+from jaxdae._compilation._linear_solvers import StructuredCholesky
 from jaxdae._formulations._multipliers import eliminate, pivot_range, recording_pivots
 from jaxdae._integration._solve import last_stage_in_state
 from jaxdae._integration._vector_fields import system_terms
@@ -147,3 +149,18 @@ def test_the_gradient_is_the_events():
     kp = jnp.asarray([100.0, 25.0])
     grads = [jax.grad(loss)(kp, solver) for solver in (diffrax.Tsit5(), EventTsit5())]
     np.testing.assert_allclose(grads[0], grads[1], rtol=1e-8)
+
+
+def test_solve_with_pivots_is_init_and_compute():
+    """On a banded sparse operator (one factorization for both) and a dense one."""
+    system = Cloth(3)
+    q0, v0 = system.initial_state()
+    elimination = eliminate(_terms_at(system, q0, v0))
+    rhs = jnp.linspace(1.0, 2.0, elimination.matrix.shape[0])
+    solver = StructuredCholesky()
+    dense = lx.MatrixLinearOperator(elimination.matrix, lx.positive_semidefinite_tag)
+    for operator in (elimination.operator, dense):
+        solution, pivots = solver.solve_with_pivots(operator, rhs)
+        state = solver.init(operator, {})
+        np.testing.assert_allclose(solution, solver.compute(state, rhs, {})[0], rtol=1e-12)
+        np.testing.assert_allclose(pivots, state.pivots, rtol=1e-12)

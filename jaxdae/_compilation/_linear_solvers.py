@@ -159,6 +159,21 @@ class StructuredCholesky(AbstractDirectSolver):
         factor = cholesky_factor(matrix, unroll_max) if matrix.shape[0] else matrix
         return CholeskyFactor(factor, jnp.diagonal(factor) ** 2, None, unroll_max)
 
+    def solve_with_pivots(
+        self, operator: lx.AbstractLinearOperator, vector: Array
+    ) -> tuple[Array, Array]:
+        """`(operator⁻¹ vector, pivots)` from one factorization (`init`'s `pivots`, which on
+        a sparse plan come from a factorization of their own that `compute` does not
+        share): what a failure test reads beside the solve."""
+        sparse = sparse_matrix(operator)
+        plan = None if sparse is None else cholesky_plan(sparse.pattern)
+        if plan is not None:
+            solution, pivots = plan.solve(sparse, vector)
+            return solution, jax.lax.stop_gradient(pivots)
+        state = self.init(operator, {})
+        solution, _, _ = self.compute(state, vector, {})
+        return solution, state.pivots
+
     def compute(self, state: CholeskyFactor, vector: Array, options: dict[str, Any]):
         """The solution for `vector`, `(size,)`, or (called directly, not through lineax)
         for the columns of `vector`, `(size, k)`, in one pass of substitutions."""

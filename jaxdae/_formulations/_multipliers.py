@@ -263,9 +263,8 @@ def multiplier_solve(
     rhs = elimination.g_minv_q - target
     operator = elimination.operator
     if _recorded.stack and isinstance(solver, StructuredCholesky) and solver.direct(operator):
-        state = solver.init(operator, {})
-        lam, _, _ = solver.compute(state, rhs, {})
-        _recorded.stack[-1].append((terms, pivot_range(elimination, state.pivots)))
+        lam, pivots = solver.solve_with_pivots(operator, rhs)
+        _recorded.stack[-1].append((terms, pivot_range(elimination, pivots)))
     else:
         lam = symmetric_solve(operator, rhs, solver)
     return elimination.minv_q - elimination.apply_minv_gt(lam), lam
@@ -280,16 +279,15 @@ def _banded_parts(
 ):
     """`(q̈, λ)` of `M q̈ + Gᵀλ = Q`, `G q̈ = target` by eliminating `q̈` with sparse `M⁻¹`
     and `G`, `A = G M⁻¹ Gᵀ` factorized on its plan (banded or multifrontal,
-    `cholesky_plan`); with the factor, `M⁻¹`, `G`,
-    `M⁻¹ Gᵀ` and `A` (sparse)."""
+    `cholesky_plan`); with the factor, `M⁻¹`, `G`
+    and `M⁻¹ Gᵀ` (sparse)."""
     minv_pattern, g_pattern, plan = patterns
     minv, g = SparseMatrix(minv_values, minv_pattern), SparseMatrix(g_values, g_pattern)
     minv_q = minv.matvec(forces)
     minv_gt = sparse_matmul(minv, g.T)
-    matrix = sparse_matmul(g, minv_gt).symmetrized()
-    factor = plan.factor(matrix)
+    factor = plan.factor(sparse_matmul(g, minv_gt).symmetrized())
     lam = factor.solve(g.matvec(minv_q) - target)
-    return minv_q - minv_gt.matvec(lam), lam, factor, minv, g, minv_gt, matrix
+    return minv_q - minv_gt.matvec(lam), lam, factor, minv, g, minv_gt
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
@@ -309,21 +307,24 @@ def _banded_multipliers(patterns, minv_values, g_values, forces, target):
     `dλ`'s right-hand side. On the chain of 64 links (`experiments/benchmarks/bench_scaling.py
     --families chain --sizes 64`, Tsit5, 2-core CPU) that made the gradient 3.4 instead of
     3.9 times the solve."""
-    acc, lam, factor, *_, matrix = _banded_parts(patterns, minv_values, g_values, forces, target)
-    return acc, lam, _pivot_summary(factor, matrix)
+    acc, lam, factor, *_ = _banded_parts(patterns, minv_values, g_values, forces, target)
+    return acc, lam, _pivot_summary(factor, minv_values, g_values)
 
 
-def _pivot_summary(factor, matrix: SparseMatrix):
-    """The `PivotRange` of `matrix` from its `factor`, as one array (an output without
-    derivative)."""
-    pivots, values = factor.pivots, matrix.values
-    finite = jnp.all(jnp.isfinite(values)).astype(pivots.dtype)
+def _pivot_summary(factor, minv_values, g_values):
+    """The `PivotRange` of `A = G M⁻¹ Gᵀ` from its `factor`, as one array (an output without
+    derivative). `A` is finite where `M⁻¹` and `G` are: testing their entries, not `A`'s
+    (which the factorization reads), keeps XLA from computing `A` a second time."""
+    pivots = factor.pivots
+    finite = (jnp.all(jnp.isfinite(minv_values)) & jnp.all(jnp.isfinite(g_values))).astype(
+        pivots.dtype
+    )
     return jax.lax.stop_gradient(jnp.stack([jnp.min(pivots), jnp.max(pivots), finite]))
 
 
 def _banded_multipliers_jvp(patterns, primals, tangents):
-    acc, lam, factor, minv, g, minv_gt, matrix = _banded_parts(patterns, *primals)
-    summary = _pivot_summary(factor, matrix)
+    acc, lam, factor, minv, g, minv_gt = _banded_parts(patterns, *primals)
+    summary = _pivot_summary(factor, primals[0], primals[1])
     d_minv, d_g, d_forces, d_target = (
         None if isinstance(t, jax.custom_derivatives.SymbolicZero) else t for t in tangents
     )
