@@ -151,6 +151,23 @@ def test_the_gradient_is_the_events():
     np.testing.assert_allclose(grads[0], grads[1], rtol=1e-8)
 
 
+def test_forward_mode_takes_the_event():
+    """`diffrax.ForwardMode` sets the stage loop of the solver `diffeqsolve` sees, so its
+    solves keep the test as an event (the wrapped solver's loop would not be
+    differentiable in forward mode); its derivative is the reverse one's."""
+    system = TwoLinkManipulator()
+    q0, v0 = system.initial_state()
+
+    def loss(kp, adjoint=None):
+        formulation = jaxdae.Baumgarte([20.0, 10.0], kp)
+        sol = jaxdae.simulate(system, formulation, 0.0, 0.3, q0, v0, adjoint=adjoint)
+        return jnp.sum(sol.q_final**2)
+
+    kp, tangent = jnp.asarray([100.0, 25.0]), jnp.asarray([1.0, -2.0])
+    _, forward = jax.jvp(lambda k: loss(k, diffrax.ForwardMode()), (kp,), (tangent,))
+    np.testing.assert_allclose(forward, jax.grad(loss)(kp) @ tangent, rtol=1e-6)
+
+
 def test_solve_with_pivots_is_init_and_compute():
     """On a banded sparse operator (one factorization for both) and a dense one."""
     system = Cloth(3)

@@ -217,8 +217,9 @@ class AbstractExactMultipliers(AbstractFormulation):
 
     def accelerations_and_failure(self, terms, initial_largest):
         """The accelerations, and the failure test on the pivots of the factorization that
-        they solved the multipliers with ([`jaxdae.multiplier_solve`][] with its default
-        solver, once on `terms`: `recording_pivots`), else on its own."""
+        they solved the multipliers with, where they call [`jaxdae.multiplier_solve`][]
+        once on `terms` with its default solver (which then records the pivots); else the
+        test on its own."""
         with recording_pivots() as record:
             accelerations = self.accelerations(terms)
         size = terms.jacobian.shape[0]

@@ -66,6 +66,8 @@ def pivot_range(elimination, pivots=None) -> PivotRange:
 
 
 class _PivotRecord(threading.local):
+    """The open records of `recording_pivots`, per thread (JAX traces on the caller's)."""
+
     def __init__(self):
         self.stack: list[list] = []
 
@@ -294,8 +296,9 @@ def _banded_parts(
 def _banded_multipliers(patterns, minv_values, g_values, forces, target):
     """[`multiplier_solve`][] where `M⁻¹` and `G` are sparse (values on the static
     `patterns = (M⁻¹'s, G's, A's plan)`) and `A = G M⁻¹ Gᵀ` is banded or sparse enough
-    for a plan of `cholesky_plan`: `(q̈, λ)` and the pivots of its factorization (no derivative:
-    what the failure test reads, `recording_pivots`).
+    for a plan of `cholesky_plan`: `(q̈, λ)` and `(smallest pivot, largest pivot, finite)` of
+    its factorization as one array (no derivative: what the failure test reads,
+    `recording_pivots`).
 
     Differentiated as the saddle-point system `[[M, Gᵀ], [G, 0]] (q̈, λ) = (Q, target)`
     that it solves, not through the elimination's products: with `f = Q − Gᵀλ` (so that

@@ -63,6 +63,12 @@ def _restarted_step(restart: Restart, terms, t0, t1, y0, args, solver_state, mad
     )
 
 
+# The adjoints for which `diffeqsolve` sets the loop over a Runge–Kutta solver's stages (one
+# it sees, not one inside a wrapper): a plain loop, which forward mode differentiates, and a
+# bounded one.
+STAGE_LOOP_KINDS = ((diffrax.ForwardMode, "lax"), (diffrax.DirectAdjoint, "bounded"))
+
+
 def started_at(solver: diffrax.AbstractSolver, controller, adjoint, t_start):
     """`solver` and the adaptive `controller` of a solve that starts afresh at `t_start`
     (module docstring): `StartAt` and `StartAtSteps`. The solver is first prepared as
@@ -83,9 +89,8 @@ def started_at(solver: diffrax.AbstractSolver, controller, adjoint, t_start):
             solver,
             tuple(getattr(controller, name) for name in names),
         )
-    kinds = ((diffrax.ForwardMode, "lax"), (diffrax.DirectAdjoint, "bounded"))
     runge_kutta = isinstance(solver, diffrax.AbstractRungeKutta | diffrax.AbstractSRK)
-    for adjoints, kind in kinds:
+    for adjoints, kind in STAGE_LOOP_KINDS:
         if runge_kutta and isinstance(adjoint, adjoints) and solver.scan_kind is None:
             solver = eqx.tree_at(lambda s: s.scan_kind, solver, kind, is_leaf=lambda x: x is None)
     return StartAt(solver, t_start), StartAtSteps(controller, t_start)

@@ -20,7 +20,7 @@ from .._solution import RESULTS
 from ._controllers import AbstractControllerWrapper
 from ._crossing import DownCrossing
 from ._problem import SolveOptions, Times
-from ._restart import flag_after_start, started_at, value_after_start
+from ._restart import STAGE_LOOP_KINDS, flag_after_start, started_at, value_after_start
 from ._solvers import AbstractSteppingWrapper, UnrolledERK
 from ._term import (
     AbstractSystemTerm,
@@ -82,7 +82,13 @@ def integrate(
     t0, t1, ts = times.t0, times.t1, times.ts
     conditions, located = list(dynamics.conditions), list(dynamics.located)
     failures = list(dynamics.failures)
-    tested_in_steps = start is None and tests_failure_in_steps(dynamics, solver)
+    # (Not for an adjoint that sets the stages' loop of the solver it sees, which would then
+    # be the wrapper: forward mode could not differentiate the wrapped solver's loop.)
+    tested_in_steps = (
+        start is None
+        and not isinstance(options.adjoint, tuple(adjoint for adjoint, _ in STAGE_LOOP_KINDS))
+        and tests_failure_in_steps(dynamics, solver)
+    )
     if tested_in_steps:
         solver, conditions = StopAtFailure(solver), [failure_at_start]
     if saveat is None:
