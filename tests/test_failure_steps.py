@@ -54,7 +54,7 @@ def test_the_solve_records_the_pivots_of_its_factorization(name):
     np.testing.assert_allclose(recorded.smallest, separate.smallest, rtol=1e-12)
     np.testing.assert_allclose(recorded.largest, separate.largest, rtol=1e-12)
     assert bool(recorded.finite)
-    # The accelerations are those of the plain call, and nothing is recorded outside.
+    # The accelerations are those of the plain call.
     plain = formulation.accelerations(terms)
     np.testing.assert_allclose(accelerations[0], plain[0], rtol=1e-12, atol=1e-12)
 
