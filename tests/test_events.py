@@ -15,6 +15,7 @@ import jaxdae
 from jaxdae._compilation._lcp import solve_lcp
 from jaxdae.examples import BouncingBall, PendulumWithStop
 
+from ._jaxprs import equations
 from ._systems import solver_named
 
 TIGHT = {"rtol": 1e-11, "atol": 1e-13}
@@ -59,6 +60,41 @@ def test_lcp_candidates_and_derivative():
     # on the set {0}: x₀ = −b₀ / 2; the other component stays at zero
     jac = jax.jit(jax.jacfwd(lambda b: solve_lcp(matrix, b, jnp.array([True, False])).x))(vector)
     np.testing.assert_allclose(jac, [[-0.5, 0.0], [0.0, 0.0]], atol=1e-14)
+
+
+def test_lcp_solves_once_and_differentiates_as_its_final_set():
+    """A program that does not differentiate the LCP holds one solve (the pivoting's),
+    and the derivative is that of the linear solve for the final set, in forward and
+    reverse mode alike and as central differences give it, under `vmap` too."""
+    matrix = jnp.array([[2.0, 1.0, 0.2], [1.0, 3.0, 0.5], [0.2, 0.5, 1.5]])
+    vector = jnp.array([-1.0, 0.4, -0.8])  # the set {0, 2}
+
+    def x(matrix, vector):
+        return solve_lcp(matrix, vector).x
+
+    program = jax.make_jaxpr(x)(matrix, vector).jaxpr
+    assert sum(eqn.params.get("name") == "masked_solve" for eqn in equations(program)) == 1
+    solution = _solve_lcp(matrix, vector)
+    np.testing.assert_array_equal(np.asarray(solution.x) > 0, [True, False, True])
+    forward = jax.jit(jax.jacfwd(x, argnums=(0, 1)))(matrix, vector)
+    reverse = jax.jit(jax.jacrev(x, argnums=(0, 1)))(matrix, vector)
+    for f, r in zip(forward, reverse, strict=True):
+        np.testing.assert_allclose(f, r, rtol=1e-13, atol=1e-15)
+    # The set {0, 2}: x = −A[S, S]⁻¹ b[S] there, zero elsewhere.
+    kept = np.ix_([0, 2], [0, 2])
+    expected = np.zeros((3, 3))
+    expected[kept] = -np.linalg.inv(np.asarray(matrix)[kept])
+    np.testing.assert_allclose(forward[1], expected, rtol=1e-13, atol=1e-15)
+    h = 1e-6
+    central = np.stack(
+        [(x(matrix, vector + h * e) - x(matrix, vector - h * e)) / (2 * h) for e in jnp.eye(3)], 1
+    )
+    np.testing.assert_allclose(forward[1], central, rtol=1e-7, atol=1e-9)
+    # Members on different sets: the batch's derivatives are each member's.
+    vectors = jnp.stack([vector, jnp.array([-1.0, -1.0, -1.0]), jnp.array([0.5, 0.5, -1.0])])
+    batched = jax.jit(jax.vmap(jax.grad(lambda v: jnp.sum(x(matrix, v) ** 2))))(vectors)
+    one_by_one = [jax.grad(lambda v: jnp.sum(x(matrix, v) ** 2))(v) for v in vectors]
+    np.testing.assert_allclose(batched, np.stack(one_by_one), rtol=1e-13, atol=1e-15)
 
 
 @pytest.mark.perf(reason="pins the size of the complementarity solve's program (compile time)")

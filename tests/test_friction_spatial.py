@@ -15,6 +15,8 @@ import jaxdae
 import jaxdae.multibody as mb
 from jaxdae._compilation._lcp import ContactModes, frictional_solve, solve_frictional_lcp
 
+from ._jaxprs import equations
+
 TIGHT = {"rtol": 1e-10, "atol": 1e-12}
 G = 9.81
 
@@ -360,6 +362,40 @@ def test_cone_solver_meets_coulomb_and_complementarity():
                 np.testing.assert_allclose(tangential[k], -friction[k] * normal[k] * d, atol=tol)
                 assert d @ w[size + 2 * k : size + 2 * k + 2] >= -tol
     assert solved >= 25
+
+
+@pytest.mark.parametrize("tangents", [1, 2], ids=["plane", "space"])
+def test_cone_solver_solves_once_and_differentiates_its_final_modes(tangents):
+    """A program that does not differentiate the frictional LCP holds one
+    `frictional_solve` (the one in its pivoting and substitution loop); its derivative,
+    in forward and reverse mode alike, is that of the final modes' solve with the slip
+    direction of a free contact turning with `b_T` (exact for a sphere's isotropic,
+    uncoupled contact), as central differences give it, and under `vmap` each member's."""
+    matrix = jnp.diag(jnp.array([1.0, 3.5, 3.5])[: 1 + tangents])
+    friction = jnp.array([0.3])
+    yes = jnp.array([True])
+    start = jnp.ones(1) if tangents == 1 else jnp.array([[1.0, 0.0]])
+
+    def x(vector):
+        return solve_frictional_lcp(matrix, vector, friction, yes, yes, start).x
+
+    # Pressed and pushed along the surface: it slips.
+    vector = jnp.array([-9.81, 1.0, -0.5])[: 1 + tangents]
+    program = jax.make_jaxpr(x)(vector).jaxpr
+    assert sum(eqn.params.get("name") == "frictional_solve" for eqn in equations(program)) == 1
+    forward = jax.jit(jax.jacfwd(x))(vector)
+    reverse = jax.jit(jax.jacrev(x))(vector)
+    np.testing.assert_allclose(forward, reverse, rtol=1e-13, atol=1e-15)
+    h = 1e-6
+    central = np.stack(
+        [(x(vector + h * e) - x(vector - h * e)) / (2 * h) for e in jnp.eye(1 + tangents)], 1
+    )
+    np.testing.assert_allclose(forward, central, rtol=1e-7, atol=1e-8)
+    # One slips, one sticks (pushed less than `μ` times its normal force), one lifts off.
+    vectors = jnp.stack([vector, vector.at[1:].multiply(0.1), vector.at[0].set(1.0)])
+    loss = jax.grad(lambda v: jnp.sum(x(v) ** 2))
+    batched = jax.jit(jax.vmap(loss))(vectors)
+    np.testing.assert_allclose(batched, np.stack([loss(v) for v in vectors]), rtol=1e-13)
 
 
 @pytest.mark.parametrize("mu", [0.3, 1e4, 1e8])

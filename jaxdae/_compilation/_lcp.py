@@ -11,9 +11,11 @@ is unique, and it minimizes `½ xᵀA x + bᵀx` over `x ≥ 0`.
 
 [`solve_lcp`][] finds the set of positive `x` by Murty's least-index principal pivoting
 (Murty (1988), §4.2; docs/methods.md#one-sided-constraints), which
-ends in finitely many pivots for positive definite `A`, and then solves once more for
-that set: the solution is exact to rounding, and its derivative is that of the linear
-solve for the final set (the set itself is piecewise constant).
+ends in finitely many pivots for positive definite `A`. The solution is the last pivot's
+solve, for the final set, exact to rounding; its derivative is that of the linear solve
+for that set (the set itself is piecewise constant), by a custom JVP, so that a program
+that does not differentiate holds the pivoting's solve only
+(docs/design_measurements.md#lcp-last-solve).
 """
 
 import equinox as eqx
@@ -78,32 +80,51 @@ def solve_lcp(
     matrix = matrix + (16 * eps * scale + jnp.finfo(dtype).tiny) * jnp.eye(size, dtype=dtype)
     tolerance = 64 * eps * (jnp.max(jnp.abs(vector), initial=0.0) + scale)
 
-    # The set is found on detached values: the pivoting is piecewise constant.
+    x, solved = _positive_set(matrix, vector, candidates, tolerance, max_pivots=max_pivots)
+    return LCPSolution(x, matrix @ x + vector, solved & jnp.all(jnp.isfinite(x)))
+
+
+# The set is found by pivoting on detached values (it is piecewise constant), each pivot
+# one `masked_solve` for the set it tries; the solution is the last one. Its derivative is
+# that of the linear solve for the final set: a custom JVP, so that a program that does not
+# differentiate holds one solve (the loop's), not a second one on the differentiable inputs
+# (compile time).
+@eqx.filter_custom_jvp
+def _positive_set(matrix, vector, candidates, tolerance, *, max_pivots):
+    """`(x, solved)` of [`solve_lcp`][] for its regularized `matrix`."""
+    return _pivoted_set(matrix, vector, candidates, tolerance, max_pivots)[:2]
+
+
+def _pivoted_set(matrix, vector, candidates, tolerance, max_pivots):
     a, b = jax.lax.stop_gradient((matrix, vector))
 
-    def infeasible_at(basis, x):
-        """The violated conditions of the set `basis` at its solution `x`."""
-        x = jax.lax.stop_gradient(x)
+    def iteration(state):
+        pivots, basis, _, _, _ = state
+        x = masked_solve(a, -b, basis)
         w = a @ x + b
-        return candidates & ((basis & (x < -tolerance)) | (~basis & (w < -tolerance)))
-
-    def step(carry):
-        pivots, basis, _ = carry
-        bad = infeasible_at(basis, masked_solve(a, -b, basis))
+        bad = candidates & ((basis & (x < -tolerance)) | (~basis & (w < -tolerance)))
+        # Least index first; the set of the last solve is kept where the pivots ran out.
+        flip = bad.any() & (pivots < max_pivots)
         first = jnp.argmax(bad)
-        flipped = basis.at[first].set(~basis[first])
-        return pivots + 1, jnp.where(bad.any(), flipped, basis), ~bad.any()
-
-    def keep_going(carry):
-        pivots, _, done = carry
-        return (pivots < max_pivots) & ~done
+        flipped = basis.at[first].set(jnp.where(flip, ~basis[first], basis[first]))
+        return pivots + flip, flipped, x, ~bad.any(), ~flip
 
     start = candidates & (b < 0)
-    _, basis, done = jax.lax.while_loop(keep_going, step, (0, start, jnp.asarray(False)))
-    # (The final set's conditions read from the solution returned: one solve, not two.)
-    x = masked_solve(matrix, -vector, basis)
-    solved = done | ~infeasible_at(basis, x).any()
-    return LCPSolution(x, matrix @ x + vector, solved & jnp.all(jnp.isfinite(x)))
+    init = (jnp.asarray(0), start, jnp.zeros_like(b), jnp.asarray(False), jnp.asarray(False))
+    _, basis, x, solved, _ = jax.lax.while_loop(lambda state: ~state[4], iteration, init)
+    return x, solved, basis
+
+
+@_positive_set.def_jvp
+def _positive_set_jvp(primals, tangents, *, max_pivots):
+    matrix, vector, candidates, tolerance = primals
+    _, solved, basis = _pivoted_set(matrix, vector, candidates, tolerance, max_pivots)
+    inputs = (matrix, vector)
+    tangents = tuple(
+        jnp.zeros_like(p) if t is None else t for p, t in zip(inputs, tangents[:2], strict=True)
+    )
+    x, x_dot = jax.jvp(lambda m, v: masked_solve(m, -v, basis), inputs, tangents)
+    return (x, solved), (x_dot, None)
 
 
 class ContactModes(eqx.Module):
@@ -273,24 +294,56 @@ def solve_frictional_lcp(
     Friction makes the problem non-symmetric, and pivoting need not end on every one:
     `solved` is False where it ran out of its `max_pivots` (default `8 u + 8`).
     """
-    size = candidates.shape[0]
-    tangents = tangent_count(sign)
     if max_pivots is None:
-        max_pivots = 8 * size + 8
-    dtype = vector.dtype
-    eps = jnp.finfo(dtype).eps
-    scale = jnp.max(jnp.abs(jnp.diagonal(matrix)), initial=0.0)
-    tolerance = 64 * eps * (jnp.max(jnp.abs(vector), initial=0.0) + scale)
-    a, b = jax.lax.stop_gradient((matrix, vector))
-    friction_ = jax.lax.stop_gradient(friction)
-    given = jax.lax.stop_gradient(sign)
-    rubbing_free = free & (friction_ > 0)
+        max_pivots = 8 * candidates.shape[0] + 8
     if turning is None:
         turning = free
+    x, active, stick, sign_, solved = _frictional_modes(
+        matrix, vector, friction, sign, candidates, free, turning, max_pivots=max_pivots
+    )
+    modes = ContactModes(active, stick, sign_)
+    return FrictionalLCPSolution(x, matrix @ x + vector, modes, solved & jnp.all(jnp.isfinite(x)))
+
+
+class _PivotingState(eqx.Module):
+    """The state of [`solve_frictional_lcp`][]'s iterations."""
+
+    pivots: Array  # pivots made
+    substitutions: Array  # substitutions tried
+    pivoting: Array  # still finding the modes (else: turning the directions)
+    finished: Array
+    active: Array
+    stick: Array
+    sign: Array  # the directions of the modes found (kept by the substitutions)
+    x: Array  # their solution
+    clean: Array  # they violate no condition
+    off: Array  # the substitutions' misalignment at `sign`
+    target: Array  # the slip rates' directions there
+    step: Array  # the next substitution's step
+
+
+# The modes are found by pivoting and substitution on detached values, each iteration one
+# `frictional_solve` at the modes it tries, and the solution of the modes found is the last
+# one kept. Its derivative is that of the linear solve for those modes: a custom JVP, so
+# that a program that does not differentiate holds one solve (the loop's), not a second one
+# on the differentiable inputs (compile time).
+@eqx.filter_custom_jvp
+def _frictional_modes(matrix, vector, friction, sign, candidates, free, turning, *, max_pivots):
+    """`(x, active, stick, sign, solved)` of [`solve_frictional_lcp`][]."""
+    size = candidates.shape[0]
+    tangents = tangent_count(sign)
+    dtype = vector.dtype
+    eps = jnp.finfo(dtype).eps
+    a, b = jax.lax.stop_gradient((matrix, vector))
+    friction_, given = jax.lax.stop_gradient((friction, sign))
+    scale = jnp.max(jnp.abs(jnp.diagonal(a)), initial=0.0)
+    tolerance = 64 * eps * (jnp.max(jnp.abs(b), initial=0.0) + scale)
+    rubbing_free = free & (friction_ > 0)
+    # The slipping contacts whose direction is found by substitution (in space).
+    substituting = tangents > 1
 
     def violations_of(x, active, stick, sign_):
-        """The modes' violated conditions at their solution `x`."""
-        x = jax.lax.stop_gradient(x)
+        """The modes' violated conditions at their solution `x`, and `w = A x + b`."""
         w = a @ x + b
         normal = candidates & (
             (active & (x[:size] < -tolerance)) | (~active & (w[:size] < -tolerance))
@@ -299,105 +352,152 @@ def solve_frictional_lcp(
         tangential = x[size:].reshape(size, tangents)
         slips = rubbing & stick & (magnitudes(tangential) > friction_ * x[:size] + tolerance)
         sticks = rubbing & ~stick & (along(sign_, w[size:].reshape(size, tangents)) < -tolerance)
-        return normal, slips | sticks
+        return normal, slips | sticks, w
 
-    def violations(active, stick, sign_):
-        x = frictional_solve(a, b, friction_, ContactModes(active, stick, sign_))
-        return *violations_of(x, active, stick, sign_), x
+    def misalignment(active, stick, sign_, w, violated):
+        """How far the sliding contacts' directions `sign_` are from their slip rates'
+        (`inf` where the modes are violated), and those rates' directions."""
+        sliding = active & turning & (friction_ > 0) & ~stick
+        rate = w[size:].reshape(size, tangents)
+        target = jnp.where(sliding[:, None], units(rate, sign_), sign_)
+        off = jnp.sum(jnp.where(sliding, 1.0 - along(sign_, target), 0.0))
+        return jnp.where(violated, jnp.inf, off), target
 
-    def step(carry):
-        pivots, active, stick, sign_, _ = carry
-        normal, tangent, x = violations(active, stick, sign_)
-        # Least index first, a contact's normal before its tangent.
+    def iteration(state: _PivotingState) -> _PivotingState:
+        # A pivoting iteration solves the modes as they stand; a substitution tries the
+        # directions `d ← (1 − s) d + s w_T/|w_T|`, kept only where they align `d` better
+        # and meet every other condition; longer steps while they do, shorter where one
+        # overshoots.
+        trial = state.sign
+        if substituting:
+            trial = jnp.where(
+                state.pivoting,
+                state.sign,
+                units((1 - state.step) * state.sign + state.step * state.target, state.sign),
+            )
+        x = frictional_solve(a, b, friction_, ContactModes(state.active, state.stick, trial))
+        normal, tangent, w = violations_of(x, state.active, state.stick, trial)
+        violated = (normal | tangent).any()
+        # Pivoting: least index first, a contact's normal before its tangent; the modes
+        # of the last solve are kept where the pivots ran out.
         flags = jnp.stack([normal, tangent], axis=1).reshape(-1)
         first = jnp.argmax(flags)
         contact, is_tangent = first // 2, first % 2 == 1
-        any_ = flags.any()
-        flip_normal = any_ & ~is_tangent
-        flip_tangent = any_ & is_tangent
-        active = active.at[contact].set(jnp.where(flip_normal, ~active[contact], active[contact]))
+        flip = state.pivoting & violated & (state.pivots < max_pivots)
+        flip_normal = flip & ~is_tangent
+        flip_tangent = flip & is_tangent
+        active = state.active.at[contact].set(
+            jnp.where(flip_normal, ~state.active[contact], state.active[contact])
+        )
         force = x[size:].reshape(size, tangents)[contact]
         if tangents == 1:
             new_sign = jnp.where(force[0] > 0, -1.0, 1.0).astype(dtype)
         else:
-            new_sign = -units(force[None], -sign_[contact][None])[0]
-        sign_ = sign_.at[contact].set(
-            jnp.where(flip_tangent & stick[contact], new_sign, sign_[contact])
+            new_sign = -units(force[None], -state.sign[contact][None])[0]
+        sign_ = state.sign.at[contact].set(
+            jnp.where(flip_tangent & state.stick[contact], new_sign, state.sign[contact])
         )
-        stick = stick.at[contact].set(jnp.where(flip_tangent, ~stick[contact], stick[contact]))
-        return pivots + 1, active, stick, sign_, ~any_
-
-    def keep_going(carry):
-        pivots, *_, done = carry
-        return (pivots < max_pivots) & ~done
+        stick = state.stick.at[contact].set(
+            jnp.where(flip_tangent, ~state.stick[contact], state.stick[contact])
+        )
+        pivoted = state.pivoting & ~flip  # the modes are found (or the pivots ran out)
+        off, target = state.off, state.target
+        step = state.step
+        keep = pivoted
+        if substituting:
+            trial_off, trial_target = misalignment(state.active, state.stick, trial, w, violated)
+            better = ~state.pivoting & (trial_off < state.off)
+            keep = pivoted | better
+            # The pivoting's own directions are measured by its last solve.
+            off = jnp.where(keep, trial_off, off)
+            target = jnp.where(keep, trial_target, target)
+            step = jnp.where(
+                pivoted,
+                0.5,
+                jnp.where(better, jnp.minimum(2 * step, 1.0), 0.5 * step),
+            )
+            sign_ = jnp.where(keep, trial, sign_)
+        x_kept = jnp.where(keep, x, state.x)
+        clean = jnp.where(keep, ~violated, state.clean)
+        substitutions = state.substitutions + ~state.pivoting
+        finished = pivoted
+        if substituting:
+            # Substitutions follow modes that violate no condition, up to their number or
+            # until the directions are aligned (no trial can do better).
+            finished = (
+                (pivoted & violated) | (substitutions >= DIRECTION_SUBSTITUTIONS) | (off == 0)
+            )
+        return _PivotingState(
+            pivots=state.pivots + flip,
+            substitutions=substitutions,
+            pivoting=state.pivoting & flip,
+            finished=state.finished | finished,
+            active=active,
+            stick=stick,
+            sign=sign_,
+            x=x_kept,
+            clean=clean,
+            off=off,
+            target=target,
+            step=step,
+        )
 
     # Start: the closed gaps that approach; sticking where the tangential rate is nil,
     # else slipping its way.
     tangential = b[size:].reshape(size, tangents)
-    start_active = candidates & (b[:size] < 0)
-    start_stick = free & (magnitudes(tangential) <= tolerance)
     if tangents == 1:
         start_sign = jnp.where(
             free, jnp.where(tangential[:, 0] < 0, -1.0, 1.0).astype(dtype), given
         )
     else:
         start_sign = jnp.where(free[:, None], units(tangential, given), given)
-    _, active, stick, sign_, done = jax.lax.while_loop(
-        keep_going, step, (0, start_active, start_stick, start_sign, jnp.asarray(False))
+    start = _PivotingState(
+        pivots=jnp.asarray(0),
+        substitutions=jnp.asarray(0),
+        pivoting=jnp.asarray(True),
+        finished=jnp.asarray(False),
+        active=candidates & (b[:size] < 0),
+        stick=free & (magnitudes(tangential) <= tolerance),
+        sign=start_sign,
+        x=jnp.zeros_like(b),
+        clean=jnp.asarray(False),
+        off=jnp.asarray(jnp.inf, dtype),
+        target=start_sign,
+        step=jnp.asarray(0.0, dtype),
     )
-    if tangents > 1:
-        # A free contact that slips slides against its slip rate `w_T` (after an impact
-        # its slip velocity): the direction is the fixed point `d = w_T(d)/|w_T(d)|`,
-        # approached by damped substitutions `d ← (1 − s) d + s w_T/|w_T|` from the
-        # pivoting's (reached at once where the contact's tangential response is
-        # isotropic and uncoupled from its normal), each kept only where it aligns `d`
-        # better and meets every other condition.
-        sliding = active & turning & (friction_ > 0) & ~stick
+    end = jax.lax.while_loop(lambda state: ~state.finished, iteration, start)
+    return end.x, end.active, end.stick, end.sign, end.clean
 
-        def misalignment(sign_):
-            normal, tangent, x = violations(active, stick, sign_)
-            rate = (a @ x + b)[size:].reshape(size, tangents)
-            target = jnp.where(sliding[:, None], units(rate, sign_), sign_)
-            off = jnp.sum(jnp.where(sliding, 1.0 - along(sign_, target), 0.0))
-            return jnp.where((normal | tangent).any(), jnp.inf, off), target
 
-        def substitute(_, carry):
-            sign_, off, target, step = carry
-            trial = units((1 - step) * sign_ + step * target, sign_)
-            trial_off, trial_target = misalignment(trial)
-            better = trial_off < off
-            keep = lambda new, old: jnp.where(better, new, old)  # noqa: E731
-            # Longer steps while they align it better, shorter where one overshoots; the
-            # first, of length zero, measures the pivoting's direction (one trace of the
-            # solve, not two: compile time).
-            step = jnp.where(
-                better, jnp.where(step == 0, 0.5, jnp.minimum(2 * step, 1.0)), 0.5 * step
+@_frictional_modes.def_jvp
+def _frictional_modes_jvp(primals, tangents, *, max_pivots):
+    matrix, vector, friction, sign, candidates, free, turning = primals
+    _, active, stick, found, solved = _frictional_modes(*primals, max_pivots=max_pivots)
+    size, tangent_count_ = candidates.shape[0], tangent_count(sign)
+
+    def solution(matrix, vector, friction, sign):
+        directions = found
+        if tangent_count_ > 1:
+            # The directions as functions of the inputs: a contact not free takes the
+            # given one's; a free one that slides that of `b_T/|b_T|`, its direction where
+            # the tangential response is isotropic and uncoupled.
+            given = jax.lax.stop_gradient(sign)
+            moving = units(vector[size:].reshape(size, tangent_count_), given)
+            directions = jnp.where(
+                free[:, None],
+                jnp.where(
+                    (free & ~stick)[:, None],
+                    found + moving - jax.lax.stop_gradient(moving),
+                    found,
+                ),
+                found + sign - given,
             )
-            return keep(trial, sign_), keep(trial_off, off), keep(trial_target, target), step
+        x = frictional_solve(matrix, vector, friction, ContactModes(active, stick, directions))
+        return x, directions
 
-        sign_, *_ = jax.lax.fori_loop(
-            0,
-            DIRECTION_SUBSTITUTIONS + 1,
-            substitute,
-            (sign_, jnp.asarray(jnp.inf, dtype), sign_, jnp.asarray(0.0, dtype)),
-        )
-    # The final solve's conditions, read from the solution returned (its value is that of
-    # the detached problem's: one solve in the program, not two).
-    checked_sign = sign_
-    if tangents > 1:
-        # The directions as functions of the inputs, for the derivatives: a contact not free
-        # takes the given one's; a free one that slides that of `b_T/|b_T|`, its direction
-        # where the tangential response is isotropic and uncoupled.
-        moving = units(vector[size:].reshape(size, tangents), given)
-        sign_ = jnp.where(
-            free[:, None],
-            jnp.where(
-                (free & ~stick)[:, None], sign_ + moving - jax.lax.stop_gradient(moving), sign_
-            ),
-            sign_ + sign - given,
-        )
-    modes = ContactModes(active, stick, sign_)
-    x = frictional_solve(matrix, vector, friction, modes)
-    normal, tangent = violations_of(x, active, stick, checked_sign)
-    solved = done | ~(normal | tangent).any()
-    return FrictionalLCPSolution(x, matrix @ x + vector, modes, solved & jnp.all(jnp.isfinite(x)))
+    inputs = (matrix, vector, friction, sign)
+    tangents = tuple(
+        jnp.zeros_like(p) if t is None else t for p, t in zip(inputs, tangents[:4], strict=True)
+    )
+    (x, directions), (x_dot, directions_dot) = jax.jvp(solution, inputs, tangents)
+    return (x, active, stick, directions, solved), (x_dot, None, None, directions_dot, None)
