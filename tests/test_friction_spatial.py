@@ -379,8 +379,10 @@ def test_cone_solver_solves_once_and_differentiates_its_final_modes(tangents):
     def x(vector):
         return solve_frictional_lcp(matrix, vector, friction, yes, yes, start).x
 
-    # Pressed and pushed along the surface: it slips.
-    vector = jnp.array([-9.81, 1.0, -0.5])[: 1 + tangents]
+    # Pressed and pushed along the surface harder than friction holds: it slips.
+    vector = jnp.array([-9.81, 20.0, -10.0])[: 1 + tangents]
+    modes = solve_frictional_lcp(matrix, vector, friction, yes, yes, start).modes
+    assert bool(modes.active[0]) and not bool(modes.stick[0])
     program = jax.make_jaxpr(x)(vector).jaxpr
     assert sum(eqn.params.get("name") == "frictional_solve" for eqn in equations(program)) == 1
     forward = jax.jit(jax.jacfwd(x))(vector)
@@ -393,9 +395,13 @@ def test_cone_solver_solves_once_and_differentiates_its_final_modes(tangents):
     np.testing.assert_allclose(forward, central, rtol=1e-7, atol=1e-8)
     # One slips, one sticks (pushed less than `μ` times its normal force), one lifts off.
     vectors = jnp.stack([vector, vector.at[1:].multiply(0.1), vector.at[0].set(1.0)])
+    sticks = solve_frictional_lcp(matrix, vectors[1], friction, yes, yes, start).modes.stick
+    assert bool(sticks[0])
     loss = jax.grad(lambda v: jnp.sum(x(v) ** 2))
     batched = jax.jit(jax.vmap(loss))(vectors)
-    np.testing.assert_allclose(batched, np.stack([loss(v) for v in vectors]), rtol=1e-13)
+    np.testing.assert_allclose(
+        batched, np.stack([loss(v) for v in vectors]), rtol=1e-13, atol=1e-13
+    )
 
 
 @pytest.mark.parametrize("mu", [0.3, 1e4, 1e8])
