@@ -431,21 +431,24 @@ def pivoted_cholesky(
 
 
 class PivotedPseudoFactor(NamedTuple):
-    """[`pivoted_cholesky`][]'s `low` and `pivots`, and the Cholesky factor of `LᵀL` (the cut
-    columns of `L` replaced by unit vectors), for [`pivoted_pseudo_solve`][]."""
+    """[`pivoted_cholesky`][]'s `low` and `pivots`, and the inverse of `LᵀL` (the cut columns
+    of `L` replaced by unit vectors), for [`pivoted_pseudo_solve`][]."""
 
     low: Array
     pivots: Array
-    gram_low: Array
+    gram_inverse: Array
 
 
 def pivoted_pseudo_factor(matrix: Float[Array, "n n"], rcond: ScalarLike) -> PivotedPseudoFactor:
     """The factorization of a symmetric positive semidefinite `matrix` from which
     [`pivoted_pseudo_solve`][] applies its Moore–Penrose inverse (of numerical rank set by
-    `rcond`, as [`pivoted_cholesky`][] decides it)."""
+    `rcond`, as [`pivoted_cholesky`][] decides it). The inverse of `LᵀL` by
+    [`looped_inverse`][]: one loop where its Cholesky factor and the four substitutions of
+    a solve would take five, each inlined at every use (compile time:
+    docs/design_measurements.md#lcp-last-solve)."""
     low, pivots, _ = pivoted_cholesky(0.5 * (matrix + matrix.T), rcond)
     gram = low.T @ low + jnp.diag(jnp.where(pivots > 0, 0.0, 1.0))
-    return PivotedPseudoFactor(low, pivots, _looped_cholesky(gram))
+    return PivotedPseudoFactor(low, pivots, looped_inverse(gram))
 
 
 def pivoted_pseudo_solve(factor: PivotedPseudoFactor, rhs: Array) -> Array:
@@ -468,13 +471,8 @@ def pivoted_pseudo_solve(factor: PivotedPseudoFactor, rhs: Array) -> Array:
     kept = factor.pivots > 0
     inverse = jnp.where(kept, 1.0 / jnp.where(kept, factor.pivots, 1.0), 0.0)
 
-    def gram_solve(x):
-        return looped_substitution(
-            factor.gram_low, looped_substitution(factor.gram_low, x, False), True
-        )
-
-    y = gram_solve(factor.low.T @ b)
-    x = factor.low @ gram_solve(inverse[:, None] * y)
+    y = factor.gram_inverse @ (factor.low.T @ b)
+    x = factor.low @ (factor.gram_inverse @ (inverse[:, None] * y))
     return x[:, 0] if vector else x
 
 
