@@ -84,6 +84,15 @@ def solve_lcp(
     return LCPSolution(x, matrix @ x + vector, solved & jnp.all(jnp.isfinite(x)))
 
 
+def _materialized(inputs: tuple, tangents: tuple) -> tuple:
+    """The tangents of `inputs` (the first of `tangents`) for `jax.jvp`: zeros where
+    `eqx.filter_custom_jvp` passes `None` (a symbolic zero)."""
+    return tuple(
+        jnp.zeros_like(x) if t is None else t
+        for x, t in zip(inputs, tangents[: len(inputs)], strict=True)
+    )
+
+
 # The set is found by pivoting on detached values (it is piecewise constant), each pivot
 # one `masked_solve` for the set it tries; the solution is the last one. Its derivative is
 # that of the linear solve for the final set: a custom JVP, so that a program that does not
@@ -120,10 +129,9 @@ def _positive_set_jvp(primals, tangents, *, max_pivots):
     matrix, vector, candidates, tolerance = primals
     _, solved, basis = _pivoted_set(matrix, vector, candidates, tolerance, max_pivots)
     inputs = (matrix, vector)
-    tangents = tuple(
-        jnp.zeros_like(p) if t is None else t for p, t in zip(inputs, tangents[:2], strict=True)
+    x, x_dot = jax.jvp(
+        lambda m, v: masked_solve(m, -v, basis), inputs, _materialized(inputs, tangents)
     )
-    x, x_dot = jax.jvp(lambda m, v: masked_solve(m, -v, basis), inputs, tangents)
     return (x, solved), (x_dot, None)
 
 
@@ -496,8 +504,7 @@ def _frictional_modes_jvp(primals, tangents, *, max_pivots):
         return x, directions
 
     inputs = (matrix, vector, friction, sign)
-    tangents = tuple(
-        jnp.zeros_like(p) if t is None else t for p, t in zip(inputs, tangents[:4], strict=True)
+    (x, directions), (x_dot, directions_dot) = jax.jvp(
+        solution, inputs, _materialized(inputs, tangents)
     )
-    (x, directions), (x_dot, directions_dot) = jax.jvp(solution, inputs, tangents)
     return (x, active, stick, directions, solved), (x_dot, None, None, directions_dot, None)
