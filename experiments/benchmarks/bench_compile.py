@@ -45,7 +45,8 @@ Two models with contacts in space:
 
 - `--model sphere`: the event-driven sphere of the closed forms (a uniform sphere of radius
   0.1 m, a `PlaneContact` with friction 0.3 in a spatial `Mechanism`, set sliding at
-  1.5 m/s without spin): the time at which it starts to roll.
+  1.5 m/s without spin): the time at which it starts to roll, and that time's derivative
+  with respect to the launch speed.
 - `--model quadruped`: the A1 of `experiments/examples/quadruped_drop.py` (its URDF from
   `pybullet_data`) dropped from 0.4 m, time-stepped (`TimeStepping(dt=1e-3)`) for 0.1 s: its
   final base height, and that height's derivative with respect to the drop height.
@@ -244,7 +245,7 @@ def urdf_arm_functions():
 
 def sphere_functions():
     """The sliding sphere's roll time (the time of its stick event) as a function of its
-    launch speed."""
+    launch speed, and its derivative."""
     import jaxdae
     import jaxdae.multibody as mb
 
@@ -267,7 +268,7 @@ def sphere_functions():
         )
         return sol.events.t[0]
 
-    return {"forward": roll_time}, (jnp.asarray(1.5),)
+    return {"forward": roll_time, "gradient": jax.grad(roll_time)}, (jnp.asarray(1.5),)
 
 
 def quadruped_functions():

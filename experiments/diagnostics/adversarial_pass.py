@@ -1,10 +1,11 @@
 """Diagnostic: an adversarial pass over jaxdae's public API, tried as a new user would.
 
-Runs about 200 small cases of bad input, faults and edge cases (shapes and dtypes, nan and
+Runs about 300 small cases of bad input, faults and edge cases (shapes and dtypes, nan and
 inf in every input, odd times, bad gains, broken model functions, redundant and singular
-constraints, `jit` / `vmap` / `grad`, ensembles, solvers and adjoints, events, multibody
-models and URDF files, `tune` and `batch_map` with their checkpoints, the analysis and
-control functions), each in a worker process with a time limit, and classifies each
+constraints, `jit` / `vmap` / `grad`, ensembles, solvers and adjoints, events, contact in
+space (friction, time stepping, URDF collision shapes), multibody models and URDF files,
+`tune` and `batch_map` with their checkpoints, the analysis and control functions), each in
+a worker process with a time limit, and classifies each
 outcome automatically:
 
 - `named`: a `ValueError`, `TypeError`, `jaxdae.SimulationError` (or a runtime error of a
@@ -1919,6 +1920,204 @@ def ball_just_below():
         _ball(0.8), jaxdae.Unstabilized(), 0.0, 0.3, jnp.array([0.0, -1e-12]), jnp.zeros(2)
     )
     return close(sol.q_final[1], 0.0, 1e-6, "y")
+
+
+# ============================================================================================
+# contact in space
+# ============================================================================================
+
+
+R_BALL = 0.1
+
+
+def _sphere(mu=0.3, radius=R_BALL, body="ball", restitution=0.0):
+    """A uniform sphere resting on the ground in space, with Coulomb friction `mu`."""
+    return mb.Mechanism(
+        bodies=[
+            mb.RigidBody(
+                "ball", mass=1.0, inertia=0.4 * R_BALL**2 * np.eye(3), position=[0, 0, R_BALL]
+            )
+        ],
+        forces=[mb.Gravity([0.0, 0.0, -G])],
+        stops=[mb.PlaneContact(body, radius=radius, friction=mu, restitution=restitution)],
+    )
+
+
+def _launched(speed, ball=None):
+    ball = _sphere() if ball is None else ball
+    q0, v0 = ball.initial_state()
+    return ball, q0, v0.at[0].set(speed)
+
+
+@case("contact", "PlaneContact in space with friction -0.3", expect=r"friction|μ")
+def sphere_negative_friction():
+    ball, q0, v0 = _launched(1.0, _sphere(mu=-0.3))
+    simulate(ball, jaxdae.Unstabilized(), 0.0, 0.1, q0, v0)
+    return wrong("a negative friction coefficient accepted")
+
+
+@case("contact", "PlaneContact in space with friction nan", expect=r"friction|μ")
+def sphere_nan_friction():
+    ball, q0, v0 = _launched(1.0, _sphere(mu=jnp.nan))
+    simulate(ball, jaxdae.Unstabilized(), 0.0, 0.1, q0, v0)
+    return wrong("a nan friction coefficient accepted")
+
+
+@case("contact", "PlaneContact in space with friction nan, traced", expect=r"friction|μ")
+def sphere_nan_friction_traced():
+    def final(mu):
+        ball, q0, v0 = _launched(1.0, _sphere(mu=mu))
+        return simulate(ball, jaxdae.Unstabilized(), 0.0, 0.1, q0, v0).q_final
+
+    q = jax.jit(final)(jnp.nan)
+    return wrong(f"a traced nan friction coefficient accepted: q = {np.asarray(q)[:3]}")
+
+
+@case("contact", "PlaneContact with radius -0.1", expect=r"radius")
+def sphere_negative_radius():
+    ball, q0, v0 = _launched(1.0, _sphere(radius=-0.1))
+    simulate(ball, jaxdae.Unstabilized(), 0.0, 0.1, q0, v0)
+    return wrong("a negative contact radius accepted")
+
+
+@case("contact", "PlaneContact on a body that does not exist", expect=r"'wheel'|body")
+def sphere_unknown_body():
+    _sphere(body="wheel")
+    return wrong("a contact on an unknown body accepted")
+
+
+@case("contact", "TimeStepping(dt=0)", expect=r"dt|step")
+def time_stepping_zero_step():
+    ball, q0, v0 = _launched(1.0)
+    simulate(ball, BAUM, 0.0, 0.1, q0, v0, events=jaxdae.TimeStepping(dt=0.0))
+    return wrong("a zero time step accepted")
+
+
+@case("contact", "TimeStepping(dt=-1e-3)", expect=r"dt|step")
+def time_stepping_negative_step():
+    ball, q0, v0 = _launched(1.0)
+    simulate(ball, BAUM, 0.0, 0.1, q0, v0, events=jaxdae.TimeStepping(dt=-1e-3))
+    return wrong("a negative time step accepted")
+
+
+@case("contact", "TimeStepping(dt=nan)", expect=r"dt|step")
+def time_stepping_nan_step():
+    ball, q0, v0 = _launched(1.0)
+    simulate(ball, BAUM, 0.0, 0.1, q0, v0, events=jaxdae.TimeStepping(dt=float("nan")))
+    return wrong("a nan time step accepted")
+
+
+def _roll_time(speed, mu=0.3):
+    return 2 * speed / (7 * mu * G)
+
+
+@case("contact", "a sphere launched sliding rolls at 2 v0 / (7 mu g), event-driven")
+def sphere_rolls_event_driven():
+    ball, q0, v0 = _launched(2.0)
+    sol = simulate(ball, jaxdae.Unstabilized(), 0.0, 0.5, q0, v0, rtol=1e-10, atol=1e-12)
+    verdict = close(sol.events.t[0], _roll_time(2.0), 1e-8, "roll time")
+    if verdict.kind != "ok":
+        return verdict
+    return close(sol.v_final[0], 5 * 2.0 / 7, 1e-8, "rolling speed")
+
+
+@case("contact", "the sphere's rolling speed by TimeStepping(dt=1e-3)")
+def sphere_rolls_time_stepping():
+    ball, q0, v0 = _launched(2.0)
+    sol = simulate(ball, BAUM, 0.0, 0.5, q0, v0, events=jaxdae.TimeStepping(dt=1e-3))
+    return close(sol.v_final[0], 5 * 2.0 / 7, 1e-2, "rolling speed")
+
+
+@case("contact", "vmap(grad) of the sphere's roll time w.r.t. the launch speed")
+def sphere_roll_time_vmap_grad():
+    ball, q0, v0 = _launched(2.0)
+
+    def roll_time(speed):
+        sol = simulate(
+            ball, jaxdae.Unstabilized(), 0.0, 0.5, q0, v0.at[0].set(speed), rtol=1e-10, atol=1e-12
+        )
+        return sol.events.t[0]
+
+    speeds = jnp.array([1.0, 1.5, 2.0])
+    return close(
+        jax.vmap(jax.grad(roll_time))(speeds), np.full(3, 2 / (7 * 0.3 * G)), 1e-6, "dt/dv0"
+    )
+
+
+@case("contact", "jacfwd (ForwardMode) of the sphere's roll time w.r.t. mu")
+def sphere_roll_time_jacfwd_mu():
+    def roll_time(mu):
+        ball, q0, v0 = _launched(2.0, _sphere(mu=mu))
+        sol = simulate(
+            ball,
+            jaxdae.Unstabilized(),
+            0.0,
+            0.5,
+            q0,
+            v0,
+            rtol=1e-10,
+            atol=1e-12,
+            adjoint=diffrax.ForwardMode(),
+        )
+        return sol.events.t[0]
+
+    return close(jax.jacfwd(roll_time)(0.3), -_roll_time(2.0) / 0.3, 1e-6, "dt/dmu")
+
+
+@case("contact", "the sphere's roll time in float32")
+def sphere_float32():
+    ball = _sphere(mu=jnp.asarray(0.3, jnp.float32))
+    q0, v0 = ball.initial_state()
+    q0, v0 = q0.astype(jnp.float32), v0.astype(jnp.float32).at[0].set(2.0)
+    sol = simulate(ball, jaxdae.Unstabilized(), 0.0, 0.5, q0, v0, rtol=1e-5, atol=1e-7)
+    return close(sol.events.t[0], _roll_time(2.0), 1e-4, "roll time")
+
+
+@case("contact", "grad of the sphere's distance at t = 0.5 w.r.t. mu by TimeStepping")
+def sphere_time_stepping_grad_mu():
+    speed, t1 = 2.0, 0.5
+
+    def distance(mu):
+        ball, q0, v0 = _launched(speed, _sphere(mu=mu))
+        sol = simulate(ball, BAUM, 0.0, t1, q0, v0, events=jaxdae.TimeStepping(dt=1e-4))
+        return sol.q_final[0]
+
+    def closed(mu):
+        tr = _roll_time(speed, mu)
+        return speed * tr - 0.5 * mu * G * tr**2 + 5 * speed / 7 * (t1 - tr)
+
+    return close(jax.grad(distance)(0.3), fd(closed, 0.3), 2e-2, "dx/dmu")
+
+
+@case("contact", "a URDF link with a collision cylinder as contacts", expect=r"cylinder")
+def urdf_collision_cylinder():
+    robot = _urdf(
+        '<link name="a"/>',
+        '<link name="b">'
+        + INERTIAL.format(m="1", i="0.1")
+        + '<collision><geometry><cylinder radius="0.1" length="0.2"/></geometry></collision>'
+        + "</link>",
+        _joint("j", "a", "b"),
+    )
+    robot.contacts(["b"], friction=0.5)
+    return wrong("a collision cylinder mapped to point contacts")
+
+
+@case("contact", "URDF contacts with friction -1", expect=r"friction|μ")
+def urdf_contacts_negative_friction():
+    robot = _urdf(
+        '<link name="a"/>',
+        '<link name="b">'
+        + INERTIAL.format(m="1", i="0.1")
+        + '<collision><geometry><sphere radius="0.05"/></geometry></collision>'
+        + "</link>",
+        _joint("j", "a", "b"),
+    )
+    stops = robot.contacts(["b"], friction=-1.0)
+    model = robot.mechanism(forces=[mb.Gravity()], stops=list(stops))
+    q0, v0 = model.initial_state()
+    simulate(model, jaxdae.Unstabilized(), 0.0, 0.05, q0, v0)
+    return wrong("a negative friction coefficient accepted")
 
 
 # ============================================================================================
