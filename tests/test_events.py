@@ -223,6 +223,39 @@ def test_ball_comes_to_rest_on_the_floor(ball_runs):
     assert abs(float(sols.q_final[0, 1])) < 1e-8 and abs(float(sols.v_final[0, 1])) < 1e-8
 
 
+def test_the_gaps_condition_after_each_step_comes_with_the_last_stage():
+    """With a first-same-as-last solver whose loop diffrax differentiates (the default with
+    100,000 steps allowed), the gaps' condition after each step comes with the rates of the
+    step's last stage (`StopAtCrossing`), and the crossing is located on that step's
+    interpolation; with at most 4,096 steps each stretch is replayed
+    (`jaxdae.ReplayAdjoint`) and the condition is a `diffrax.Event`'s, evaluated after each
+    step. Both meet the same impacts and the same resting contact, at the same times and
+    states to rounding."""
+
+    def drop(max_steps):
+        return jaxdae.simulate(
+            BouncingBall(e=0.5),
+            jaxdae.Unstabilized(),
+            0.0,
+            2.5,
+            jnp.array([0.0, 1.0]),
+            jnp.array([0.3, 0.0]),
+            ts=jnp.linspace(0.0, 2.5, 51),
+            events=_BALL_EVENTS,
+            max_steps=max_steps,
+            **TIGHT,
+        )
+
+    read, evaluated = drop(100_000), drop(4096)
+    count = int(read.events.count)
+    assert count > 3 and count == int(evaluated.events.count)
+    assert int(read.events.kind[count - 1]) == jaxdae.Events.CONTACT
+    np.testing.assert_array_equal(read.events.kind, evaluated.events.kind)
+    np.testing.assert_allclose(read.events.t[:count], evaluated.events.t[:count], atol=1e-12)
+    np.testing.assert_allclose(read.q, evaluated.q, rtol=0, atol=1e-11)
+    np.testing.assert_allclose(read.v, evaluated.v, rtol=0, atol=1e-10)
+
+
 @eqx.filter_jit
 def _pendulum_runs(restitution, formulation):
     def run(e):
@@ -452,11 +485,12 @@ _IN_THE_STEPS = ("system_terms", "state_rates", "_rates_and_terms")
     "of motion (compile time)"
 )
 def test_event_program_holds_the_equations_of_motion_a_bounded_number_of_times():
-    """In the steps' stages once: the rates (with resting contacts, the plain rates' terms).
-    Outside them, as a scalar graph only for small terms: the diagnostics; with gaps also
-    the gaps' condition with resting contacts after each step and in the root finder, and
-    the transition before and after its impact. XLA compiles each copy."""
-    for system, outside in ((_FallingPoint(), 1), (BouncingBall(), 5)):
+    """In the steps' stages once: the rates (with resting contacts, the plain rates' terms;
+    their last stage gives the gaps' condition after each step). Outside them, as a scalar
+    graph only for small terms: the diagnostics; with gaps also the gaps' condition with
+    resting contacts in the root finder, and the transition before and after its impact.
+    XLA compiles each copy."""
+    for system, outside in ((_FallingPoint(), 1), (BouncingBall(), 4)):
         assert _copies_of_the_equations_of_motion(system, _IN_THE_STEPS) == 1
         assert _copies_of_the_equations_of_motion(system, ("terms_outside_steps",)) == outside
 

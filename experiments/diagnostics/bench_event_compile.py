@@ -12,18 +12,25 @@ computes nothing meaningful, so that only its size and compile time are measured
   by a comparison with the time, so that XLA cannot fold them (the contact branches of the
   rates and of the conditions stay);
 - `root-finder`: the gaps' condition stops a stretch at the end of the step where it
-  crossed zero (a `diffrax.Event` without a root finder);
-- `contact-conditions`: the conditions are the open gaps alone (no contact problem in the
-  conditions after each step and in the root finder);
-- `impact`: the impact changes no velocity (no impact problem in the transition).
+  crossed zero, not located within it;
+- `contact-conditions`: the conditions are the open gaps alone where the solve evaluates
+  them on their own (no contact problem in the root finder; after each step the condition
+  still comes with the rates of the step's last stage);
+- `impact`: the impact changes no velocity (no impact problem in the transition);
+- `condition-as-event` (not left out but moved back): the gaps' condition is a
+  `diffrax.Event` condition evaluated after each step, with its own contact problem, instead
+  of coming with the rates of each step's last stage (`_solve.StopAtCrossing`); this
+  variant computes what the full program does.
 
 Per round, one fresh process per variant (the full program first) lowers and compiles the
 function: trace and lowering, XLA's compilation (wall and process CPU), the optimized
-program's HLO instructions and fused kernels. The medians of `--rounds` rounds are printed,
+program's HLO instructions and fused kernels, and the median time of five calls of the
+compiled program (after a first). The medians of `--rounds` rounds are printed,
 with each variant's difference from the full program.
 
     python experiments/diagnostics/bench_event_compile.py [--model urdf-arm] [--function NAME]
-        [--rounds 3] [--variants transition,root-finder,contact-conditions,impact]
+        [--rounds 3]
+        [--variants transition,root-finder,contact-conditions,impact,condition-as-event]
 """
 
 import argparse
@@ -38,14 +45,15 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-VARIANTS = ("transition", "root-finder", "contact-conditions", "impact")
+VARIANTS = ("transition", "root-finder", "contact-conditions", "impact", "condition-as-event")
 DEFAULT_FUNCTION = {"urdf-arm": "forward, limits", "sphere": "forward", "ball": "forward"}
-KEYS = ("trace_lower_s", "xla_s", "xla_cpu_s", "hlo_instructions", "fusions")
+KEYS = ("trace_lower_s", "xla_s", "xla_cpu_s", "hlo_instructions", "fusions", "call_ms")
 
 
 def _left_out(variant: str) -> None:
     """Replaces the part of `_integration/_events.py` that `variant` names (the docstring)."""
     import diffrax
+    import equinox as eqx
     import jax
     import jax.numpy as jnp
 
@@ -75,12 +83,19 @@ def _left_out(variant: str) -> None:
         _events.transition = unchanged
     elif variant == "root-finder":
 
-        def at_step_ends(conditions, stepsize_controller, located=None, dtype=float, start=None):
-            del stepsize_controller, dtype, start
-            located = list(located or []) + list(conditions)
-            return diffrax.Event(located) if located else None
+        def at_step_end(out, solver, condition, terms, saveat, start=None):
+            del solver, condition, terms, saveat, start
+            crossed = out.solver_state.crossed
+            flags = [] if out.event_mask is None else [m & ~crossed for m in out.event_mask]
+            result = diffrax.RESULTS.where(crossed, diffrax.RESULTS.event_occurred, out.result)
+            return eqx.tree_at(
+                lambda o: (o.event_mask, o.result),
+                out,
+                ([crossed, *flags], result),
+                is_leaf=lambda x: x is None,
+            )
 
-        _solve.solve_event = at_step_ends
+        _solve.located_crossing = at_step_end
     elif variant == "contact-conditions":
 
         def open_gaps_only(system, formulation, contacts, t, q, s, mass_factor=None, **kwargs):
@@ -99,6 +114,8 @@ def _left_out(variant: str) -> None:
             )
 
         _events.impact = no_change
+    elif variant == "condition-as-event":
+        _solve.locates_in_steps = lambda dynamics, solver, adjoint: None
     elif variant != "full":
         raise SystemExit(f"unknown variant {variant!r}")
 
@@ -117,7 +134,14 @@ def _child(model: str, function: str, variant: str) -> dict:
     wall_lowered, cpu_lowered = time.perf_counter(), time.process_time()
     compiled = lowered.compile()
     text = compiled.as_text()
+    jax.block_until_ready(compiled(*args))
+    calls = []
+    for _ in range(5):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        calls.append(time.perf_counter() - start)
     return {
+        "call_ms": 1e3 * float(np.median(calls)),
         "trace_lower_s": wall_lowered - wall,
         "xla_s": time.perf_counter() - wall_lowered,
         "xla_cpu_s": time.process_time() - cpu_lowered,

@@ -277,22 +277,25 @@ def resting_contacts(
     free: Bool[Array, " u"],
     sign: Float[Array, " u"] | Float[Array, "u k"],
     turning: Bool[Array, " u"] | None = None,
-) -> tuple[ContactModes, Bool[Array, ""]]:
+) -> tuple[ContactModes, Float[Array, " u_plus_ku"], Bool[Array, ""]]:
     """The modes of the `candidates` (closed gaps at rest): which carry a pushing force
     (the contact forces' complementarity problem `K λ + b ≥ 0 ⊥ λ ≥ 0`), and, with
     friction, which of those stick (the `free` ones may; the others slide in the direction
     `sign`, `±1` in the plane, a unit 2-vector in space; in space the `turning` ones, by
-    default the free ones, take their slip's direction, [`solve_frictional_lcp`][]); and
-    whether that problem was solved."""
+    default the free ones, take their slip's direction, [`solve_frictional_lcp`][]); the
+    forces of that solution, zero where no contact rests (normal, then tangential, as
+    [`ContactProblem.forces`][]); and whether that problem was solved."""
     size = candidates.shape[0]
     if problem.friction.shape[0] == 0:
         solution = solve_lcp(problem.matrix, problem.vector, candidates)
         active = candidates & (solution.x > 0)
-        return ContactModes(
-            active, jnp.zeros_like(active), jnp.zeros(size, problem.vector.dtype)
-        ), solution.solved
+        modes = ContactModes(active, jnp.zeros_like(active), jnp.zeros(size, problem.vector.dtype))
+        return modes, jnp.where(active, solution.x, 0.0), solution.solved
     solution = solve_frictional_lcp(
         problem.matrix, problem.vector, problem.friction, candidates, free, sign, turning=turning
     )
     active = candidates & solution.modes.active & (solution.x[:size] > 0)
-    return ContactModes(active, active & solution.modes.stick, solution.modes.sign), solution.solved
+    tangents = solution.x.shape[0] // size - 1
+    resting = jnp.concatenate([active, jnp.repeat(active, tangents)])
+    modes = ContactModes(active, active & solution.modes.stick, solution.modes.sign)
+    return modes, jnp.where(resting, solution.x, 0.0), solution.solved

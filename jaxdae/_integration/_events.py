@@ -8,7 +8,7 @@ until `t1`. The number of events is bounded ([`EventDriven`][]`.max_events`); a 
 that meets more ends with `RESULTS.event_budget_exceeded`.
 """
 
-from typing import Any
+from typing import Any, ClassVar
 
 import diffrax
 import equinox as eqx
@@ -54,8 +54,9 @@ class ContactState(eqx.Module):
     condition (a gap that starts closed counts as closing again only past the tolerance);
     `slip_offset`, subtracted from a slip's `d·v_T` in its conditions (a slip that starts
     from rest counts as stopping only past the tolerance); `gains`, `(k_d, k_p)`;
-    `tolerance`, [`EventDriven`][]'s gap tolerance; `start_forces`, the contact forces at
-    the solve's start (solved by the transition there)."""
+    `tolerance`, [`EventDriven`][]'s gap tolerance; `start_forces`, the resting contacts'
+    forces at the solve's start (the transition's complementarity solution there), which
+    its conditions read there."""
 
     modes: ContactModes
     offset: Float[Array, " u"]
@@ -87,9 +88,12 @@ _jitted_rates_and_terms = jit_with_constants(scalarize(_rates_and_terms))
 
 @jit_with_constants
 def contact_rates(system, formulation, contacts: ContactState, t, q, s, mass_factor=None):
-    """`(q̇, ṡ)` with the resting contacts' forces; the plain rates, behind one branch, where
-    none rests (in a batch: where none of the batch's does; the others get zero forces)."""
+    """`((q̇, ṡ), least)`: the rates with the resting contacts' forces, and the least of the
+    event conditions there ([`condition_values`][], from the same contact forces); the plain
+    rates and the least open gap, behind one branch, where none rests (in a batch: where
+    none of the batch's does; the others get zero forces)."""
     s, terms, rates = _jitted_rates_and_terms(system, formulation, t, q, s, mass_factor)
+    gap = jitted_open_gaps(system, contacts, t, q)
 
     def pushed():
         gaps = gap_terms(system, t, q, system.velocities(t, q, s))
@@ -99,9 +103,15 @@ def contact_rates(system, formulation, contacts: ContactState, t, q, s, mass_fac
             lambda x: x.forces, terms, terms.forces + gaps.directions.T @ forces
         )
         acceleration = problem.acceleration + problem.response @ forces
-        return (system.velocities(t, q, s), system.state_rate(t, q, s, pushed_terms, acceleration))
+        least = jnp.min(_conditions(contacts, gap, forces, gaps.slip, gaps.friction))
+        return (
+            system.velocities(t, q, s),
+            system.state_rate(t, q, s, pushed_terms, acceleration),
+        ), least
 
-    return jax.lax.cond(unvmap_any(contacts.modes.active.any()), pushed, lambda: rates)
+    # (No contact rests: every tangential condition is `inf`.)
+    plain = lambda: (rates, jnp.min(gap))  # noqa: E731
+    return jax.lax.cond(unvmap_any(contacts.modes.active.any()), pushed, plain)
 
 
 def open_gaps(system, contacts: ContactState, t, q):
@@ -192,7 +202,13 @@ class ContactTerm(AbstractSystemTerm):
     mass_factor: MassFactor | None = None
     contacts: ContactState | None = None
 
+    computes_located_with_rates: ClassVar[bool] = True
+
     def vf(self, t, y, args):
+        rates, _ = self.rates_and_located(t, y, args)
+        return rates
+
+    def rates_and_located(self, t, y, args):
         del args
         q, s = y
         return contact_rates(
@@ -405,7 +421,7 @@ def transition(
         turning = free | unstuck
         sign = jnp.where(unstuck if tangents == 1 else unstuck[:, None], opposed, sign)
     problem_after = contact_problem(formulation, terms_after, gaps_after, contacts.gains)
-    modes, solved = resting_contacts(problem_after, candidates, free, sign, turning)
+    modes, forces, solved = resting_contacts(problem_after, candidates, free, sign, turning)
     # A closed gap that does not rest starts its next solve open by a margin, so that its
     # condition is positive there and a step over its whole flight (a small bounce) still
     # ends below zero. The margin is the tolerance where it neither rests nor opens
@@ -428,7 +444,7 @@ def transition(
         outcome.impulses,
         outcome.solved,
         solved,
-        problem_after.forces(modes, tolerance),
+        forces,
     )
 
 

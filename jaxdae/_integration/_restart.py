@@ -89,11 +89,18 @@ def started_at(solver: diffrax.AbstractSolver, controller, adjoint, t_start):
             solver,
             tuple(getattr(controller, name) for name in names),
         )
+    return StartAt(with_stage_loop(solver, adjoint), t_start), StartAtSteps(controller, t_start)
+
+
+def with_stage_loop(solver: diffrax.AbstractSolver, adjoint) -> diffrax.AbstractSolver:
+    """`solver`, a Runge–Kutta solver about to be wrapped, with its stages in the loop that
+    `adjoint` differentiates, as `diffeqsolve` sets it for the solvers it sees
+    (`STAGE_LOOP_KINDS`); any other solver as it is."""
     runge_kutta = isinstance(solver, diffrax.AbstractRungeKutta | diffrax.AbstractSRK)
     for adjoints, kind in STAGE_LOOP_KINDS:
         if runge_kutta and isinstance(adjoint, adjoints) and solver.scan_kind is None:
             solver = eqx.tree_at(lambda s: s.scan_kind, solver, kind, is_leaf=lambda x: x is None)
-    return StartAt(solver, t_start), StartAtSteps(controller, t_start)
+    return solver
 
 
 class StartAt(AbstractSteppingWrapper):

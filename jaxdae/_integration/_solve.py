@@ -13,14 +13,21 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import optimistix as optx
 
-from .._compilation._private_apis import diffeqsolve_unjitted
+from .._compilation._private_apis import diffeqsolve_unjitted, unvmap_any
 from .._custom_types import Array
 from .._solution import RESULTS
 from ._controllers import AbstractControllerWrapper
 from ._crossing import DownCrossing
 from ._problem import SolveOptions, Times
-from ._restart import STAGE_LOOP_KINDS, flag_after_start, started_at, value_after_start
+from ._restart import (
+    STAGE_LOOP_KINDS,
+    flag_after_start,
+    started_at,
+    value_after_start,
+    with_stage_loop,
+)
 from ._solvers import AbstractSteppingWrapper, UnrolledERK
 from ._term import (
     AbstractSystemTerm,
@@ -91,15 +98,26 @@ def integrate(
     )
     if tested_in_steps:
         solver, conditions = StopAtFailure(solver), [failure_at_start]
+    last_stage = locates_in_steps(dynamics, solver, options.adjoint)
     if saveat is None:
         saveat = save_at(t0, t1, ts, controller)
-    if dynamics.saves_solver_state:
+    if dynamics.saves_solver_state or last_stage is not None:
         saveat = eqx.tree_at(lambda s: s.solver_state, saveat, True)
     if start is not None:
         solver, controller = started_at(solver, controller, options.adjoint, start)
         conditions = [eqx.Partial(flag_after_start, fn, start) for fn in conditions]
         located = [eqx.Partial(value_after_start, fn, start) for fn in located]
-    event = solve_event(conditions, controller, located, jnp.result_type(t0), start)
+    if last_stage is not None:
+        if start is None:
+            solver = with_stage_loop(solver, options.adjoint)
+        solver = StopAtCrossing(solver, last_stage, located[0])
+    event = solve_event(
+        conditions,
+        controller,
+        [] if last_stage is not None else located,
+        jnp.result_type(t0),
+        start,
+    )
     controller = stop_stalled_steps(controller)
     # Unjitted: `integrate` is always traced inside a jit (`diffeqsolve_unjitted`).
     out = diffeqsolve_unjitted(
@@ -117,6 +135,8 @@ def integrate(
         max_steps=options.max_steps,
         throw=False,
     )
+    if last_stage is not None:
+        out = located_crossing(out, solver, located[0], dynamics.term, saveat, start)
     result = event_result(out, failures, len(located))
     if tested_in_steps:
         result = RESULTS.where(out.result == STEP_FAILURE, failures[0], result)
@@ -342,34 +362,48 @@ def tests_failure_in_steps(dynamics: Dynamics, solver: diffrax.AbstractSolver) -
     )
 
 
-class RatesAndFailure(AbstractTimeTerm):
-    """The system's term whose vector field also returns the failure test's flag
-    (`AbstractSystemTerm.rates_and_failure`); its product with the control is the rates'."""
+class LastStageTerm(AbstractTimeTerm):
+    """The system's term whose vector field also returns a value that the solve reads from
+    the last stage of each step: `with_rates(term, t, y, args)` is `(rates, value)`
+    (`rates_with_failure`, `rates_with_located`); its product with the control is the
+    rates'."""
 
     term: AbstractSystemTerm
+    with_rates: Callable = eqx.field(static=True)
 
     def vf(self, t, y, args):
-        return self.term.rates_and_failure(t, y, args)
+        return self.with_rates(self.term, t, y, args)
 
     def prod(self, vf, control):
         return self.term.prod(vf[0], control)
+
+
+def rates_with_failure(term: AbstractSystemTerm, t, y, args):
+    return term.rates_and_failure(t, y, args)
+
+
+def rates_with_located(term: AbstractSystemTerm, t, y, args):
+    return term.rates_and_located(t, y, args)
 
 
 class StopAtFailure(AbstractSteppingWrapper):
     """Ends the solve of the wrapped first-same-as-last explicit Runge–Kutta `solver` with
     `STEP_FAILURE` at the end of the first kept step where the formulation's failure test
     (a flag) is true, as a `diffrax.Event` condition after each step would: the flag comes
-    with the rates of the step's last stage (`RatesAndFailure`). A flag already true at the
-    start is `failure_at_start`'s to report (an event before any step)."""
+    with the rates of the step's last stage (`rates_with_failure`). A flag already true at
+    the start is `failure_at_start`'s to report (an event before any step)."""
 
     solver: diffrax.AbstractSolver
 
+    def _terms(self, terms):
+        return replace_system_term(terms, lambda x: LastStageTerm(x, rates_with_failure))
+
     def init(self, terms, t0, t1, y0, args):
-        return self.solver.init(replace_system_term(terms, RatesAndFailure), t0, t1, y0, args)
+        return self.solver.init(self._terms(terms), t0, t1, y0, args)
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         y1, y_error, dense_info, solver_state, result = self.solver.step(
-            replace_system_term(terms, RatesAndFailure), t0, t1, y0, args, solver_state, made_jump
+            self._terms(terms), t0, t1, y0, args, solver_state, made_jump
         )
         last_stage = last_stage_in_state(self.solver)
         assert last_stage is not None
@@ -388,3 +422,164 @@ def failure_at_start(t, y, args, *, terms, t0=None, **kwargs):
     if t is not t0:
         return jnp.array(False)
     return system_term(terms).failure(t, y)
+
+
+# -- the located condition read from the rates of each step's last stage -------------------
+#
+# An event-driven solve stops where its located condition (the least of its gaps'
+# conditions, with the resting contacts' forces) crosses zero downwards. As a
+# `diffrax.Event` condition it is evaluated after every accepted step: the terms and the
+# contact problem once more per step, and compiled once more beside the stages' rates. A
+# first-same-as-last explicit Runge–Kutta solver already evaluates the rates at the step's
+# end: there the term computes the condition with them (`rates_with_located`),
+# `StopAtCrossing` ends the solve at the step where it crosses, and `located_crossing`
+# locates the crossing on that step's interpolation, as diffrax's event does
+# (docs/design_measurements.md#crossings-in-steps).
+
+# The adjoints that differentiate diffrax's own loop, and with it the crossing's location;
+# jaxdae's stored-steps adjoints differentiate the location of a `diffrax.Event`'s.
+_LOOP_ADJOINTS = (diffrax.RecursiveCheckpointAdjoint, diffrax.DirectAdjoint, diffrax.ForwardMode)
+
+
+def locates_in_steps(dynamics: Dynamics, solver, adjoint) -> Callable[[Any], Any] | None:
+    """How `solver` keeps its last stage (`last_stage_in_state`) where the solve of
+    `dynamics` reads its one located condition from there (`StopAtCrossing`): the term
+    `computes_located_with_rates`, `solver` keeps its last stage and `adjoint`
+    differentiates diffrax's loop; else None."""
+    term = dynamics.term
+    if not (
+        len(dynamics.located) == 1
+        and isinstance(term, AbstractSystemTerm)
+        and term.computes_located_with_rates
+        and isinstance(adjoint, _LOOP_ADJOINTS)
+    ):
+        return None
+    return last_stage_in_state(solver)
+
+
+# The diffrax result with which `StopAtCrossing` ends a solve at a crossing, until
+# `located_crossing` turns it into `event_occurred`: an explicit Runge–Kutta step reports no
+# stagnation of its own, and a result that is not an event's keeps the stepsize
+# controller from overriding it (a step limited to a gap's approach stalls past it).
+STEP_CROSSING = diffrax.RESULTS.stagnation
+
+
+class _CrossingState(eqx.Module):
+    # The wrapped solver's state; the located condition at the last kept step's end (at the
+    # start: `condition`'s); that step's ends and dense output; whether the condition crossed
+    # zero downwards in it.
+    inner: Any
+    value: Array
+    t0: Array
+    t1: Array
+    dense: Any
+    crossed: Array
+
+
+class StopAtCrossing(AbstractSteppingWrapper):
+    """Ends the solve of the wrapped first-same-as-last explicit Runge–Kutta `solver` with
+    `STEP_CROSSING` at the end of the first kept step where the located
+    condition crosses zero downwards (positive at the step's start, at or below zero at its
+    end), as a `diffrax.Event` with a root finder would stop it: the condition comes with the
+    rates of the step's last stage (`rates_with_located`; `last_stage` reads that stage from
+    the solver state). Its state keeps the step and its dense output for
+    `located_crossing`."""
+
+    solver: diffrax.AbstractSolver
+    last_stage: Callable[[Any], Any] = eqx.field(static=True)
+    # The located condition as a `diffrax.Event` condition, evaluated at the start (as
+    # diffrax evaluates its conditions there: with `t` its `t0`).
+    condition: Callable
+
+    def _terms(self, terms):
+        return replace_system_term(terms, lambda x: LastStageTerm(x, rates_with_located))
+
+    def init(self, terms, t0, t1, y0, args):
+        value = self.condition(t0, y0, args, terms=terms, t0=t0)
+        terms = self._terms(terms)
+        inner = self.solver.init(terms, t0, t1, y0, args)
+        dense = eqx.filter_eval_shape(self.solver.step, terms, t0, t1, y0, args, inner, False)[2]
+        t0 = jnp.asarray(t0)
+        _, stage_value = eqx.filter_eval_shape(self.last_stage, inner)
+        return _CrossingState(
+            inner,
+            jnp.asarray(value, stage_value.dtype),
+            t0,
+            t0,
+            jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), dense),
+            jnp.asarray(False),
+        )
+
+    def step(self, terms, t0, t1, y0, args, solver_state: _CrossingState, made_jump):
+        y1, y_error, dense, inner, result = self.solver.step(
+            self._terms(terms), t0, t1, y0, args, solver_state.inner, made_jump
+        )
+        _, value = self.last_stage(inner)
+        crossed = (solver_state.value > 0) & (value <= 0) & (result == diffrax.RESULTS.successful)
+        result = diffrax.RESULTS.where(crossed, STEP_CROSSING, result)
+        dtype = solver_state.t0.dtype
+        state = _CrossingState(
+            inner, value, jnp.asarray(t0, dtype), jnp.asarray(t1, dtype), dense, crossed
+        )
+        return y1, y_error, dense, state, result
+
+
+def located_crossing(
+    out: diffrax.Solution, solver: StopAtCrossing, condition, terms, saveat, start=None
+) -> diffrax.Solution:
+    """`out`, of a solve that `StopAtCrossing` stopped, as diffrax's event with a root finder
+    leaves it: the crossing of `condition` located on the last step's interpolation by
+    `DownCrossing` (to a few ulps of the time, not before `start`), its time and state in
+    place of the end that `saveat` saves last (`t1`), and the event mask with the located
+    condition first (the flags of diffrax's own event after it, false where it crossed)."""
+    state: _CrossingState = out.solver_state
+    # (A crossing ends the solve: the last kept step is the one that crossed.)
+    crossed = state.crossed
+    subs = saveat.subs
+    many = isinstance(subs, list | tuple)
+    last = subs[-1] if many else subs
+    assert last.t1 and last.ts is None and not last.t0 and not last.steps
+    end = (lambda o: o[-1]) if many else (lambda o: o)  # noqa: E731
+    t_end = end(out.ts)[0]
+    y_end = jax.tree.map(lambda x: x[0], end(out.ys))
+    dtype = jnp.result_type(t_end)
+
+    def locate():
+        interpolation = solver.interpolation_cls(t0=state.t0, t1=state.t1, **state.dense)
+
+        def value(t, _):
+            # (Where it did not cross, in a batch: a root at the step's end.)
+            located = condition(t, interpolation.evaluate(t), None, terms=terms)
+            return jnp.where(crossed, located, state.t1 - t)
+
+        tolerance = float(64 * jnp.finfo(dtype).eps)
+        root = optx.root_find(
+            value,
+            DownCrossing(tolerance, tolerance, start),
+            y0=state.t1,
+            options={"lower": state.t0, "upper": state.t1},
+            throw=False,
+        )
+        return root.value, interpolation.evaluate(root.value), root.result
+
+    t, y, found = jax.lax.cond(
+        unvmap_any(crossed), locate, lambda: (state.t1, y_end, optx.RESULTS.successful)
+    )
+    t = jnp.where(crossed, t, t_end)
+    y = jax.tree.map(lambda a, b: jnp.where(crossed, a, b), y, y_end)
+    flags = [] if out.event_mask is None else [m & ~crossed for m in out.event_mask]
+    result = diffrax.RESULTS.where(
+        crossed,
+        diffrax.RESULTS.where(
+            found == optx.RESULTS.successful,
+            diffrax.RESULTS.event_occurred,
+            diffrax.RESULTS.promote(found),
+        ),
+        out.result,
+    )
+    return eqx.tree_at(
+        lambda o: (end(o.ts), end(o.ys), o.event_mask, o.result),
+        out,
+        (t[None], jax.tree.map(lambda x: x[None], y), [crossed, *flags], result),
+        is_leaf=lambda x: x is None,
+    )

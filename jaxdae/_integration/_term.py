@@ -94,6 +94,17 @@ class AbstractSystemTerm(AbstractTimeTerm):
         dtype (0 or 1). Default: each computed on its own."""
         return self.vf(t, y, args), jnp.asarray(self.failure(t, y), y[0].dtype)
 
+    # Whether `rates_and_located` computes the solve's located event condition with the
+    # rates: a solve then reads it from the last stage of each step (`_solve.StopAtCrossing`).
+    computes_located_with_rates: ClassVar[bool] = False
+
+    def rates_and_located(self, t, y, args):
+        """`(vf(t, y, args), value)`: the rates and the solve's located event condition (its
+        `Dynamics.located`), for a term that `computes_located_with_rates`."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not compute its located condition with its rates."
+        )
+
 
 class SystemTerm(AbstractSystemTerm):
     """The term of one trajectory of [`jaxdae.simulate`][]: the rates of the state from
