@@ -25,7 +25,8 @@ computes nothing meaningful, so that only its size and compile time are measured
 Per round, one fresh process per variant (the full program first) lowers and compiles the
 function: trace and lowering, XLA's compilation (wall and process CPU), the optimized
 program's HLO instructions and fused kernels, and the median time of five calls of the
-compiled program (after a first). The medians of `--rounds` rounds are printed,
+compiled program (after a first; `nan` where a variant's program fails at run time, as one
+that leaves out a part may). The medians of `--rounds` rounds are printed,
 with each variant's difference from the full program.
 
     python experiments/diagnostics/bench_event_compile.py [--model urdf-arm] [--function NAME]
@@ -134,12 +135,15 @@ def _child(model: str, function: str, variant: str) -> dict:
     wall_lowered, cpu_lowered = time.perf_counter(), time.process_time()
     compiled = lowered.compile()
     text = compiled.as_text()
-    jax.block_until_ready(compiled(*args))
     calls = []
-    for _ in range(5):
-        start = time.perf_counter()
+    try:
         jax.block_until_ready(compiled(*args))
-        calls.append(time.perf_counter() - start)
+        for _ in range(5):
+            start = time.perf_counter()
+            jax.block_until_ready(compiled(*args))
+            calls.append(time.perf_counter() - start)
+    except Exception:  # noqa: BLE001 (a variant that leaves out a part may fail at run time)
+        calls = [float("nan")]
     return {
         "call_ms": 1e3 * float(np.median(calls)),
         "trace_lower_s": wall_lowered - wall,
