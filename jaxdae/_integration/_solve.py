@@ -2,8 +2,9 @@
 [`jaxdae.simulate_actuated`][] (with the times and options that the problem stage
 resolves, `Times` and `SolveOptions`): `integrate` of a `Dynamics` (`_term.py`), and the
 conditions that stop it with the results they name (`solve_event`, `event_result`, a
-stalled step: `StopStalledSteps`, and the formulation's failure test read from the rates of
-each step's last stage: `StopAtFailure`)."""
+stalled step: `StopStalledSteps`; the formulation's failure test read from the rates of
+each step's last stage: `StopAtFailure`; an event-driven stretch's gaps' condition read
+there too, its crossing located after the solve: `StopAtCrossing`, `located_crossing`)."""
 
 import functools
 from collections.abc import Callable
@@ -77,7 +78,9 @@ def integrate(
     """The one diffrax solve of [`jaxdae.simulate`][], [`jaxdae.simulate_ensemble`][] and
     [`jaxdae.simulate_actuated`][]: of `dynamics.term` from `y0` over `times` with
     `options`, saving as `save_at` says, stopped by `dynamics.conditions` (and a non-finite
-    state under fixed steps, `solve_event`) and by a stalled step (`stop_stalled_steps`).
+    state under fixed steps, `solve_event`), at the located crossing of `dynamics.located`
+    (read from the steps' last stages where `locates_in_steps`, else a `diffrax.Event`'s
+    root finder's) and by a stalled step (`stop_stalled_steps`).
     Returns diffrax's solution and jaxdae's result: the failure that stopped it named by its
     condition (`event_result`; the solver's own failures are named by the outcome,
     `_outcome.name_result`).
