@@ -246,6 +246,16 @@ def test_the_gaps_condition_after_each_step_comes_with_the_last_stage():
             **TIGHT,
         )
 
+    # (The premise: the condition is evaluated on its own one place less.)
+    def evaluations(max_steps):
+        jaxpr = jax.make_jaxpr(lambda: drop(max_steps).q_final)().jaxpr
+        return sum(
+            1
+            for eqn in equations(jaxpr)
+            if eqn.primitive.name in ("jit", "pjit") and eqn.params["name"] == "condition_values"
+        )
+
+    assert evaluations(100_000) == evaluations(4096) - 1
     read, evaluated = drop(100_000), drop(4096)
     count = int(read.events.count)
     assert count > 3 and count == int(evaluated.events.count)

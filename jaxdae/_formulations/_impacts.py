@@ -32,6 +32,7 @@ from .._compilation._lcp import (
     masked_solve,
     solve_frictional_lcp,
     solve_lcp,
+    tangent_count,
     units,
 )
 from .._compilation._linalg import psd_pseudo_inverse, spd_solve
@@ -295,7 +296,6 @@ def resting_contacts(
         problem.matrix, problem.vector, problem.friction, candidates, free, sign, turning=turning
     )
     active = candidates & solution.modes.active & (solution.x[:size] > 0)
-    tangents = solution.x.shape[0] // size - 1
-    resting = jnp.concatenate([active, jnp.repeat(active, tangents)])
+    resting = jnp.concatenate([active, jnp.repeat(active, tangent_count(sign))])
     modes = ContactModes(active, active & solution.modes.stick, solution.modes.sign)
     return modes, jnp.where(resting, solution.x, 0.0), solution.solved

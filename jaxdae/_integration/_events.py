@@ -236,9 +236,10 @@ def _first_condition(t, y, args, *, terms, t0=None, **kwargs):
     del args, kwargs
     q, s = y
     term = system_term(terms)
-    # diffrax evaluates the condition at the solve's start with `t` its `t0` (the same
-    # array), where the transition has solved the contact forces: the program then holds
-    # the contact problem in the step loop and the root finder only.
+    # The condition is evaluated at the solve's start with `t` its `t0` (the same array;
+    # by diffrax, or by `StopAtCrossing`), where the transition's complementarity solution
+    # gives the contact forces: the program then solves the contact problem in the step
+    # loop and the root finder only.
     return _default_float(
         jnp.min(
             condition_values(
