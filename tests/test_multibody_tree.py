@@ -6,6 +6,7 @@ URDF import and the errors of what it cannot build."""
 import contextlib
 from pathlib import Path
 
+import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -191,27 +192,77 @@ def _hinged_pair():
     return eqx.tree_at(lambda m: m.bodies[1].mass, tree, jnp.asarray(-0.2))
 
 
+def test_dense_cholesky_pivots_say_whether_the_mass_is_positive_definite():
+    """On the dense path (a tree of fewer bodies than the recursive path takes) the
+    Cholesky factor's pivots say whether `M` is positive definite, and where they do not
+    the accelerations through the factor are nan, as on the recursive path: so a traced
+    solve need not evaluate `M` and the forces at `q0` to check them."""
+    pair = _hinged_pair()
+    terms_of = eqx.filter_jit(mb.TreeMechanism.terms)
+    for angle in (0.0, 0.3, np.pi / 2):
+        terms = terms_of(pair, 0.0, jnp.array([0.0, angle]), jnp.zeros(2))
+        assert not isinstance(terms.mass_operator.factor, ArticulatedFactor)
+        definite = np.linalg.eigvalsh(np.asarray(terms.mass_matrix))[0] > 0
+        assert definite == (abs(np.cos(angle)) < 2**-0.5)
+        assert bool(factored_positive_definite(terms)) == definite
+        accelerations = terms.mass_operator.factor.solve(terms.forces[:, None])
+        assert bool(jnp.all(jnp.isfinite(accelerations))) == definite
+
+
+@pytest.mark.perf(reason="pins what a traced solve of a tree evaluates at q0 (compile time)")
+def test_a_traced_solve_of_a_tree_evaluates_diagnostics_only_where_read():
+    """A traced solve of a tree (here on the dense path) whose caller reads only the final
+    state holds no diagnostics in its compiled program: the initial state's checks do not
+    read `M` and the forces at `q0` (the factor's pivots stall the solve instead), and XLA
+    removes the rest. Read, the energy brings them back."""
+    pair = eqx.tree_at(lambda m: m.bodies[1].mass, _hinged_pair(), jnp.asarray(0.2))
+
+    def program(read):
+        def run(q0):
+            return read(jaxdae.simulate(pair, jaxdae.Unstabilized(), 0.0, 0.1, q0, jnp.ones(2)))
+
+        return jax.jit(run).lower(jnp.array([0.0, 0.5])).compile().as_text()
+
+    assert "jit(state_diagnostics)" not in program(lambda sol: sol.q_final)
+    assert "jit(state_diagnostics)" in program(lambda sol: sol.energy)
+
+
 @pytest.mark.slow
-def test_a_tree_whose_mass_turns_indefinite_stalls(articulated):
-    """Where the articulated pivots show `M` not positive definite, the tree's forces are
-    nan (a negative `1 × 1` pivot inverts to a finite number): a solve stalls there
-    instead of going on. Traced from such a start, `dt_min_reached` at `t0`; eagerly, from
-    a start where `M` is positive definite and into a configuration where it is not,
-    `indefinite_mass_matrix` where it turned."""
+@pytest.mark.parametrize("path", ["dense", "articulated"])
+def test_a_tree_whose_mass_turns_indefinite_stalls(path, request):
+    """Where the factor's pivots show `M` not positive definite, the tree's forces are
+    nan (on the recursive path a negative `1 × 1` pivot inverts to a finite number): a
+    solve stalls there instead of going on. Traced from such a start, `dt_min_reached` at
+    `t0`; eagerly, from a start where `M` is positive definite and into a configuration
+    where it is not, `indefinite_mass_matrix` where it turned."""
+    if path == "articulated":
+        request.getfixturevalue("articulated")
     pair = _hinged_pair()
     for angle, definite in ((0.0, False), (np.pi / 2, True)):
         terms = eqx.filter_jit(mb.TreeMechanism.terms)(
             pair, 0.0, jnp.array([0.0, angle]), jnp.zeros(2)
         )
-        assert bool(terms.mass_operator.factor.positive_definite()) == definite
-        assert bool(jnp.all(jnp.isfinite(terms.forces))) == definite
-    solve = eqx.filter_jit(
-        lambda q0: jaxdae.simulate(
-            pair, jaxdae.Unstabilized(), 0.0, 0.4, q0, jnp.array([0.0, 4.0]), throw=False
+        assert isinstance(terms.mass_operator.factor, ArticulatedFactor) == (path == "articulated")
+        factor = terms.mass_operator.factor
+        assert bool(factor.positive_definite()) == definite
+        accelerations = factor.solve(terms.forces[:, None])
+        assert bool(jnp.all(jnp.isfinite(accelerations))) == definite
+    # Also generalized-α, whose Newton matrix holds `M` itself rather than the factor.
+    for solver in (diffrax.Tsit5(), jaxdae.GeneralizedAlpha()):
+        solve = eqx.filter_jit(
+            lambda q0, solver=solver: jaxdae.simulate(
+                pair,
+                jaxdae.Unstabilized(),
+                0.0,
+                0.4,
+                q0,
+                jnp.array([0.0, 4.0]),
+                solver=solver,
+                throw=False,
+            )
         )
-    )
-    traced = solve(jnp.zeros(2))
-    assert traced.result == jaxdae.RESULTS.dt_min_reached and float(traced.t_final) == 0.0
+        traced = solve(jnp.zeros(2))
+        assert traced.result == jaxdae.RESULTS.dt_min_reached and float(traced.t_final) == 0.0
     eager = jaxdae.simulate(
         pair,
         jaxdae.Unstabilized(),

@@ -135,6 +135,15 @@ class MassFactor(AbstractMassFactor):
             return cls(inverse, None)
         return cls(None, cholesky_factor(0.5 * (mass + mass.T)))
 
+    def positive_definite(self) -> Bool[Array, ""] | None:
+        """Whether `M` is positive definite, from the Cholesky factor's diagonal: a pivot
+        that is not positive makes its square root `nan` or zero, and every later entry
+        non-finite. `None` for a factor block by block (`inverse`), whose small inverses
+        are finite whatever the blocks' signs."""
+        if self.cholesky is None:
+            return None
+        return jnp.all(jnp.diagonal(self.cholesky) > 0)
+
     def solve(self, rhs: Float[Array, "n k"]) -> Float[Array, "n k"]:
         """`M⁻¹ rhs` (dense)."""
         if self.inverse is not None:

@@ -63,15 +63,16 @@ def non_finite_term(system, formulation, t0, t, q, s):
         tp, qp, sp = t + offset, q + offset * rates[0], s + offset * rates[1]
         velocities = formulation.velocities(system, tp, qp, sp)
         terms = system_terms(system, tp, qp, velocities)
+        definite = factored_positive_definite(terms)
+        non_finite_mass = ~all_finite(terms.mass_matrix)
+        if definite is not None:
+            # A tree makes `M` nan where its factor shows it not positive definite
+            # (`TreeMechanism.terms`): named as not positive definite.
+            non_finite_mass = non_finite_mass & definite
         flags = jnp.stack(
             [
-                ~all_finite(terms.mass_matrix),
-                ~mass_positive_definite(
-                    system,
-                    (tp, qp, velocities),
-                    terms.mass_matrix,
-                    factored_positive_definite(terms),
-                ),
+                non_finite_mass,
+                ~mass_positive_definite(system, (tp, qp, velocities), terms.mass_matrix, definite),
                 ~all_finite(terms.forces),
                 ~all_finite(terms.phi, terms.dphi, terms.psi, terms.jacobian, terms.bias),
                 ~all_finite(*jitted_rates(system, formulation, tp, qp, sp)),

@@ -333,10 +333,11 @@ def check_traced(
     (`TRACED_CAUSES`). `trajectories`: the solve's `AbstractTrajectories`.
 
     Where the system's factor shows whether `M` is positive definite (`definite` not
-    None: a tree's articulated pivots), `M` and the forces at `q0` are not checked: the
-    system's forces are nan where `M` is not positive definite
+    None: the pivots of a tree's articulated or Cholesky factor), `M` and the forces at
+    `q0` are not checked: the system's forces are nan where `M` is not positive definite
     (`factored_positive_definite`), so such a start stalls the solve at `t0`
-    (`dt_min_reached`), as does an `M` that turns indefinite later.
+    (`dt_min_reached`), as does an `M` that turns indefinite later. The solve's program
+    then evaluates the equations at `q0` only for the diagnostics the caller reads.
 
     One `error_if` for all, each being a `lax.cond` with host callbacks. The initial
     state's checks run after the solve, on the mass matrix (or what its factor shows) and

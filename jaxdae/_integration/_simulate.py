@@ -152,10 +152,11 @@ def simulate(
     `t1 <= t0`, unsorted `ts`, tolerances that break the rule above, complex or float16
     values); [`jaxdae.SimulationError`][] for a failed solve with `throw=True`; `TypeError`
     for a keyword argument not listed above, or text where a number belongs (`t1="2"`).
-    Traced, the same checks are attached to the solve, except that a tree on the
-    recursive path is not checked for a mass matrix that is not positive definite at
-    `q0` (or non-finite forces there): its forces are nan where `M` is not, so the solve
-    stalls (`dt_min_reached`; docs/failures.md).
+    Traced, the same checks are attached to the solve, except that a tree
+    ([`jaxdae.multibody.TreeMechanism`][]) is not checked for a mass matrix that is not
+    positive definite at `q0` (or non-finite forces there): its forces are nan where its
+    factor's pivots show `M` not positive definite, so the solve stalls (`dt_min_reached`;
+    docs/failures.md).
     """
     return solve_system(
         system,

@@ -674,6 +674,12 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
             # factor (written out for small `M`, a loop fused with the rest of the
             # right-hand side up to `LOOPED_MAX`), not a library call of their own.
             factor = self._mass_factor(mass)
+            # Where the Cholesky factor's pivots show that `M` is not positive definite (a
+            # negative mass or inertia), the factor's entries are nan, and so are the
+            # solves through it; `M` is made nan there too, for the solvers that factor it
+            # themselves (generalized-α's Newton matrix). Not the forces: the solves would
+            # then wait for every pivot before their first substitution.
+            mass = jnp.where(factor.positive_definite(), mass, jnp.nan)
         else:
             # A deep tree: the subtrees' sums of the bodies' forces and the articulated
             # inertias in one pass from the tips, `O(n)`; the dense `M` is left to the
@@ -686,14 +692,15 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 self._joint_inertias(q),
                 self._body_forces(q, motion, parts, external),
             )
-            # Where the pivots show that `M` is not positive definite (a negative mass or
-            # inertia), the forces are nan, so that every formulation's accelerations are:
-            # a solve stalls there (`dt_min_reached`, named `indefinite_mass_matrix` by an
-            # eager call) instead of going on with `D⁻¹` of a negative pivot, which is
-            # finite. A traced solve relies on it in place of a check of `M` at `q0`
-            # (`factored_positive_definite`), which would be a second copy of these
-            # equations in its program.
+            # Where the pivots show that `M` is not positive definite, the forces are nan,
+            # so that every formulation's accelerations are, instead of going on with
+            # `D⁻¹` of a negative pivot, which is finite.
             bias = jnp.where(factor.positive_definite(), self._to_coordinates(bias), jnp.nan)
+        # On either path a solve from or into a configuration where `M` is not positive
+        # definite stalls there (`dt_min_reached`, named `indefinite_mass_matrix` by an
+        # eager call). A traced solve relies on it in place of a check of `M` and the
+        # forces at `q0` (`factored_positive_definite`), which would keep the evaluation of
+        # these equations at `q0` in its program.
         forces = applied - bias - norm_tau
         kinetic = 0.5 * jnp.sum(velocities * apply_inertia(parts, velocities)) + norm_energy
         energy = kinetic + self.potential_energy(t, q, motion)
