@@ -334,8 +334,8 @@ def check_traced(
 
     Where the system's factor shows whether `M` is positive definite (`definite` not
     None: the pivots of a tree's articulated or Cholesky factor), `M` and the forces at
-    `q0` are not checked: the system's forces are nan where `M` is not positive definite
-    (`factored_positive_definite`), so such a start stalls the solve at `t0`
+    `q0` are not checked: the system's accelerations are nan where `M` is not positive
+    definite (`factored_positive_definite`), so such a start stalls the solve at `t0`
     (`dt_min_reached`), as does an `M` that turns indefinite later. The solve's program
     then evaluates the equations at `q0` only for the diagnostics the caller reads.
 
@@ -356,11 +356,12 @@ def check_traced(
     rows_invalid = False
     if checks.check_state:
         if initial[3] is not None:
-            # The system's factor shows whether `M` is positive definite, and its forces are
-            # nan where it does not (`factored_positive_definite`): a bad `M` or forces at
-            # `q0` stall the solve. Read here, they would keep the evaluation of the
-            # equations at the initial state in the program (a third of the humanoid's
-            # compile time, docs/benchmarks.md).
+            # The system's factor shows whether `M` is positive definite, and its
+            # accelerations are nan where it does not (`factored_positive_definite`): a bad
+            # `M` or forces at `q0` stall the solve. Read here, they would keep the
+            # evaluation of the equations at the initial state in the program (a third of
+            # the humanoid's compile time, docs/benchmarks.md; on a small tree, the
+            # diagnostics' loop: docs/design_measurements.md#tree-mass-check).
             initial = initial[:2]
 
         def problems(q0, v0, *terms, rows):

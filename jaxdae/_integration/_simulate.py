@@ -154,9 +154,9 @@ def simulate(
     for a keyword argument not listed above, or text where a number belongs (`t1="2"`).
     Traced, the same checks are attached to the solve, except that a tree
     ([`jaxdae.multibody.TreeMechanism`][]) is not checked for a mass matrix that is not
-    positive definite at `q0` (or non-finite forces there): its forces are nan where its
-    factor's pivots show `M` not positive definite, so the solve stalls (`dt_min_reached`;
-    docs/failures.md).
+    positive definite at `q0` (or non-finite forces there): its accelerations are nan
+    where its factor's pivots show `M` not positive definite, so the solve stalls
+    (`dt_min_reached`; docs/failures.md).
     """
     return solve_system(
         system,

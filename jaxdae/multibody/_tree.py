@@ -675,7 +675,7 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
             # right-hand side up to `LOOPED_MAX`), not a library call of their own.
             factor = self._mass_factor(mass)
             # Where the Cholesky factor's pivots show that `M` is not positive definite (a
-            # negative mass or inertia), the factor's entries are nan, and so are the
+            # negative mass or inertia), the factor's entries are not finite, nor are the
             # solves through it; `M` is made nan there too, for the solvers that factor it
             # themselves (generalized-α's Newton matrix). Not the forces: the solves would
             # then wait for every pivot before their first substitution.
