@@ -390,7 +390,9 @@ def _frictional_modes(matrix, vector, friction, sign, candidates, free, turning,
         # of the last solve are kept where the pivots ran out.
         flags = jnp.stack([normal, tangent], axis=1).reshape(-1)
         first = jnp.argmax(flags)
-        contact, is_tangent = first // 2, first % 2 == 1
+        # (`lax` integer division: `//` and `%` correct for negative operands, which an
+        # index is not.)
+        contact, is_tangent = jax.lax.div(first, 2), jax.lax.rem(first, 2) == 1
         flip = state.pivoting & violated & (state.pivots < max_pivots)
         flip_normal = flip & ~is_tangent
         flip_tangent = flip & is_tangent
