@@ -199,14 +199,15 @@ def test_dense_cholesky_pivots_say_whether_the_mass_is_positive_definite():
     solve need not evaluate `M` and the forces at `q0` to check them."""
     pair = _hinged_pair()
     terms_of = eqx.filter_jit(mb.TreeMechanism.terms)
-    for angle in (0.0, 0.3, np.pi / 2):
+    for angle in (0.0, 0.3, 1.2, np.pi / 2):
         terms = terms_of(pair, 0.0, jnp.array([0.0, angle]), jnp.zeros(2))
         assert not isinstance(terms.mass_operator.factor, ArticulatedFactor)
-        definite = np.linalg.eigvalsh(np.asarray(terms.mass_matrix))[0] > 0
-        assert definite == (abs(np.cos(angle)) < 2**-0.5)
+        definite = abs(np.cos(angle)) < 2**-0.5  # `det M > 0` (`_hinged_pair`)
         assert bool(factored_positive_definite(terms)) == definite
+        # Where it is not, the solves through the factor and `M` itself are nan.
         accelerations = terms.mass_operator.factor.solve(terms.forces[:, None])
         assert bool(jnp.all(jnp.isfinite(accelerations))) == definite
+        assert bool(jnp.all(jnp.isfinite(terms.mass_matrix))) == definite
 
 
 @pytest.mark.perf(reason="pins what a traced solve of a tree evaluates at q0 (compile time)")
@@ -230,11 +231,12 @@ def test_a_traced_solve_of_a_tree_evaluates_diagnostics_only_where_read():
 @pytest.mark.slow
 @pytest.mark.parametrize("path", ["dense", "articulated"])
 def test_a_tree_whose_mass_turns_indefinite_stalls(path, request):
-    """Where the factor's pivots show `M` not positive definite, the tree's forces are
-    nan (on the recursive path a negative `1 × 1` pivot inverts to a finite number): a
-    solve stalls there instead of going on. Traced from such a start, `dt_min_reached` at
-    `t0`; eagerly, from a start where `M` is positive definite and into a configuration
-    where it is not, `indefinite_mass_matrix` where it turned."""
+    """Where the factor's pivots show `M` not positive definite, the accelerations
+    through it are nan (on the recursive path its forces are, since a negative `1 × 1`
+    pivot inverts to a finite number): a solve stalls there instead of going on. Traced
+    from such a start, `dt_min_reached` at `t0`; eagerly, from a start where `M` is
+    positive definite and into a configuration where it is not, `indefinite_mass_matrix`
+    where it turned."""
     if path == "articulated":
         request.getfixturevalue("articulated")
     pair = _hinged_pair()

@@ -674,11 +674,9 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
             # factor (written out for small `M`, a loop fused with the rest of the
             # right-hand side up to `LOOPED_MAX`), not a library call of their own.
             factor = self._mass_factor(mass)
-            # Where the Cholesky factor's pivots show that `M` is not positive definite (a
-            # negative mass or inertia), the factor's entries are not finite, nor are the
-            # solves through it; `M` is made nan there too, for the solvers that factor it
-            # themselves (generalized-α's Newton matrix). Not the forces: the solves would
-            # then wait for every pivot before their first substitution.
+            # Where the pivots show `M` not positive definite, the factor and its solves
+            # are not finite; `M` is made nan too, for solvers that factor it themselves
+            # (generalized-α). Not the forces: the solves would wait for every pivot.
             mass = jnp.where(factor.positive_definite(), mass, jnp.nan)
         else:
             # A deep tree: the subtrees' sums of the bodies' forces and the articulated
@@ -692,15 +690,10 @@ class TreeMechanism(AbstractMechanism, AbstractSystem):
                 self._joint_inertias(q),
                 self._body_forces(q, motion, parts, external),
             )
-            # Where the pivots show that `M` is not positive definite, the forces are nan,
-            # so that every formulation's accelerations are, instead of going on with
-            # `D⁻¹` of a negative pivot, which is finite.
+            # There the forces are nan instead: `D⁻¹` of a negative pivot is finite.
             bias = jnp.where(factor.positive_definite(), self._to_coordinates(bias), jnp.nan)
-        # On either path a solve from or into a configuration where `M` is not positive
-        # definite stalls there (`dt_min_reached`, named `indefinite_mass_matrix` by an
-        # eager call). A traced solve relies on it in place of a check of `M` and the
-        # forces at `q0` (`factored_positive_definite`), which would keep the evaluation of
-        # these equations at `q0` in its program.
+        # So a solve from or into an indefinite `M` stalls (`dt_min_reached`), and a traced
+        # solve need not check `M` at `q0` (`factored_positive_definite`).
         forces = applied - bias - norm_tau
         kinetic = 0.5 * jnp.sum(velocities * apply_inertia(parts, velocities)) + norm_energy
         energy = kinetic + self.potential_energy(t, q, motion)
