@@ -380,6 +380,18 @@ def test_sparse_operations():
     np.testing.assert_allclose(total, a_dense + c_dense, atol=1e-14)
 
 
+def test_pattern_positions_find_each_entry():
+    """`Pattern.positions` of every place of random patterns (empty ones too): an entry's
+    index in the values, `nnz` off the pattern, as a table of the whole matrix says."""
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        shape = tuple(int(k) for k in rng.integers(1, 12, 2))
+        pattern = Pattern.from_mask(rng.random(shape) < rng.random())
+        table = np.full(shape, pattern.nnz, np.int64)
+        table[pattern.rows, pattern.cols] = np.arange(pattern.nnz)
+        np.testing.assert_array_equal(pattern.positions(*np.indices(shape)), table)
+
+
 def test_colouring_is_valid():
     rng = np.random.default_rng(2)
     mask = rng.random((30, 40)) < 0.1

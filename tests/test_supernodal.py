@@ -5,6 +5,7 @@ float32; its orderings (METIS and the fallback nested dissection); its choice by
 
 import functools
 import sys
+import tracemalloc
 
 import equinox as eqx
 import jax
@@ -16,7 +17,7 @@ import pytest
 import jaxdae
 from jaxdae import _thresholds
 from jaxdae._compilation import _ordering, _supernodal
-from jaxdae._compilation._banded import BandedPlan
+from jaxdae._compilation._banded import BandedPlan, banded_plan
 from jaxdae._compilation._linalg import full_precision
 from jaxdae._compilation._linear_solvers import (
     PositiveSemidefinitePseudoInverse,
@@ -400,6 +401,37 @@ def test_banded_patterns_keep_the_banded_plan():
     assert _supernodal.supernodal_plan.cache_info().currsize == 0
     assert not isinstance(cholesky_plan(grid(7, 7)), SupernodalPlan)
     assert isinstance(cholesky_plan(grid(128, 128)), SupernodalPlan)
+
+
+def test_the_plans_of_a_large_grid_take_memory_of_their_entries():
+    """The plans of a grid of 4,096 rows (half-bandwidth 64 in its bandwidth order): the
+    banded plan places each entry in its block from the entries alone, and neither it nor
+    the multifrontal analysis allocates a table of the whole matrix (4,096² indices,
+    134 MB); the blocks it gives are those of that table."""
+    pattern = grid(64, 64)
+    banded_plan.cache_clear()
+    cholesky_plan.cache_clear()
+    _supernodal.supernodal_plan.cache_clear()
+    tracemalloc.start()
+    try:
+        band = banded_plan(pattern)
+        _supernodal.supernodal_plan(pattern)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert band is not None and band.width == 64
+    assert peak < 32 * 2**20
+    # The blocks against the table of every entry's position in the permuted matrix.
+    size, width = pattern.shape[0], band.width
+    inverse = np.empty(size, np.int64)
+    inverse[band.order] = np.arange(size)
+    table = np.full((size, size), pattern.nnz, np.int64)
+    table[inverse[pattern.rows], inverse[pattern.cols]] = np.arange(pattern.nnz)
+    blocks = table.reshape(band.blocks, width, band.blocks, width)
+    index = np.arange(band.blocks)
+    np.testing.assert_array_equal(band.diagonal, blocks[index, :, index, :])
+    np.testing.assert_array_equal(band.lower[1:], blocks[index[1:], :, index[:-1], :])
+    assert np.all(band.lower[0] == pattern.nnz)
 
 
 def test_multiplier_solve_of_a_mesh_through_the_sparse_plan(sparse_path, monkeypatch):

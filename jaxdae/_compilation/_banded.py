@@ -26,13 +26,19 @@ class BandedPlan:
         padded = self.blocks * width
         inverse = np.empty(size, np.int64)
         inverse[order] = np.arange(size)
-        position = np.full((padded, padded), pattern.nnz, np.int64)
-        position[inverse[pattern.rows], inverse[pattern.cols]] = np.arange(pattern.nnz)
-        grid = position.reshape(self.blocks, width, self.blocks, width)
-        index = np.arange(self.blocks)
-        self.diagonal = grid[index, :, index, :]  # (blocks, b, b)
+        # Each entry's block and place in it, from the entries alone (a table of the whole
+        # matrix would take `size²` memory): within the band, an entry lies in a diagonal
+        # block or in the block beside it.
+        block_row, row = np.divmod(inverse[pattern.rows], width)
+        block_col, col = np.divmod(inverse[pattern.cols], width)
+        entries = np.arange(pattern.nnz)
+        diagonal = np.full((self.blocks, width, width), pattern.nnz, np.int64)
         lower = np.full((self.blocks, width, width), pattern.nnz, np.int64)
-        lower[1:] = grid[index[1:], :, index[:-1], :]
+        on = block_row == block_col
+        diagonal[block_row[on], row[on], col[on]] = entries[on]
+        below = block_row == block_col + 1
+        lower[block_row[below], row[below], col[below]] = entries[below]
+        self.diagonal = diagonal  # (blocks, b, b)
         self.lower = lower  # A[i, i − 1] blocks
         self.padding = np.arange(padded) >= size  # padded rows (an identity there)
         self.inverse_order = inverse

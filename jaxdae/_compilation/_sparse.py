@@ -63,6 +63,19 @@ class Pattern:
         out[self.rows, self.cols] = True
         return out
 
+    def positions(self, rows, cols) -> np.ndarray:
+        """Where the entries `(rows, cols)` (integer arrays of one shape) sit in a matrix's
+        values on this pattern, `nnz` for those off it: by binary search in the row-major
+        entries, in memory of the query's size (a table of the whole matrix would take
+        `rows × cols` of it)."""
+        rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
+        query = rows * self.shape[1] + cols
+        if not self.nnz:
+            return np.zeros(query.shape, np.int64)
+        keys = self.rows * self.shape[1] + self.cols
+        at = np.minimum(np.searchsorted(keys, query), self.nnz - 1)
+        return np.where(keys[at] == query, at, self.nnz)
+
     @property
     def nnz(self) -> int:
         return int(self.rows.size)
@@ -123,7 +136,7 @@ class SparseMatrix(eqx.Module):
         # gathers (docs/design_measurements.md#dense-gather).
         p = self.pattern
         if p.shape[0] * p.shape[1] <= _thresholds.GATHER_DENSE_MAX:
-            return take(self.values, _positions(p))
+            return take(self.values, p.positions(*np.indices(p.shape)))
         return (
             jnp.zeros(p.shape, self.values.dtype)
             .at[p.rows, p.cols]
@@ -206,9 +219,13 @@ def transposed_pattern(pattern: Pattern) -> Pattern:
 
 def sparse_add(a: SparseMatrix, b: SparseMatrix) -> SparseMatrix:
     """`A + B` on the union of the patterns."""
-    pattern = Pattern.from_mask(a.pattern.mask() | b.pattern.mask())
-    a_index = _positions(a.pattern)[pattern.rows, pattern.cols]
-    b_index = _positions(b.pattern)[pattern.rows, pattern.cols]
+    width = a.shape[1]
+    keys = np.union1d(
+        a.pattern.rows * width + a.pattern.cols, b.pattern.rows * width + b.pattern.cols
+    )
+    pattern = Pattern(a.shape, keys // width, keys % width)
+    a_index = a.pattern.positions(pattern.rows, pattern.cols)
+    b_index = b.pattern.positions(pattern.rows, pattern.cols)
     return SparseMatrix(take(a.values, a_index) + take(b.values, b_index), pattern)
 
 
@@ -232,14 +249,6 @@ def sparse_blocks(blocks) -> SparseMatrix:
     order = np.lexsort((cols, rows))
     pattern = Pattern((int(row_starts[-1]), int(col_starts[-1])), rows, cols)
     return SparseMatrix(take(jnp.concatenate(values), order), pattern)
-
-
-@functools.lru_cache(maxsize=256)
-def _positions(pattern: Pattern) -> np.ndarray:
-    """`(rows, cols)` array of each entry's position in the values, `nnz` off the pattern."""
-    index = np.full(pattern.shape, pattern.nnz, np.int64)
-    index[pattern.rows, pattern.cols] = np.arange(pattern.nnz)
-    return index
 
 
 @functools.lru_cache(maxsize=256)
@@ -287,7 +296,7 @@ def block_inverse(mass: SparseMatrix) -> SparseMatrix | None:
     size = blocks.shape[1]
     valid = blocks >= 0
     safe = np.where(valid, blocks, 0)
-    entry = _positions(pattern)[safe[:, :, None], safe[:, None, :]]  # (blocks, size, size)
+    entry = pattern.positions(safe[:, :, None], safe[:, None, :])  # (blocks, size, size)
     present = valid[:, :, None] & valid[:, None, :]
     values = take(mass.values, np.where(present, entry, pattern.nnz))
     padding = np.eye(size, dtype=bool)[None] & ~valid[:, :, None]
