@@ -64,10 +64,10 @@ class Pattern:
         return out
 
     def positions(self, rows, cols) -> np.ndarray:
-        """Where the entries `(rows, cols)` (integer arrays of one shape) sit in a matrix's
-        values on this pattern, `nnz` for those off it: by binary search in the row-major
-        entries, in memory of the query's size (a table of the whole matrix would take
-        `rows × cols` of it)."""
+        """Where the entries `(rows, cols)` (integer arrays, broadcast together) sit in a
+        matrix's values on this pattern, `nnz` for those off it: by binary search in the
+        row-major entries, in memory of the query's size (a table of the whole matrix would
+        take `rows × cols` of it)."""
         rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
         query = rows * self.shape[1] + cols
         if not self.nnz:
@@ -219,6 +219,8 @@ def transposed_pattern(pattern: Pattern) -> Pattern:
 
 def sparse_add(a: SparseMatrix, b: SparseMatrix) -> SparseMatrix:
     """`A + B` on the union of the patterns."""
+    if a.shape != b.shape:
+        raise ValueError(f"shapes {a.shape} and {b.shape} do not add")
     width = a.shape[1]
     keys = np.union1d(
         a.pattern.rows * width + a.pattern.cols, b.pattern.rows * width + b.pattern.cols
